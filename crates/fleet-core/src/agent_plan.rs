@@ -1,0 +1,245 @@
+//! The agent's decisions: from what should run on this machine and what the unit manager
+//! holds, the ordered tasks that close the gap. A pure function.
+
+use std::collections::BTreeMap;
+
+use crate::machine::MachineState;
+use crate::requirements::Requirements;
+use crate::state::DesiredState;
+use crate::unit_file::UnitHash;
+
+/// A unit this machine should hold, and whether it should be started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DesiredUnit {
+    pub hash: UnitHash,
+    pub state: DesiredState,
+}
+
+/// A unit the unit manager holds now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadedUnit {
+    pub hash: UnitHash,
+    pub launched: bool,
+}
+
+/// One step, in the order the original runs them.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Task {
+    Unload(String),
+    Load(String),
+    /// One `daemon-reload` after all loads and unloads.
+    ReloadUnitFiles,
+    Stop(String),
+    Start(String),
+}
+
+impl Task {
+    fn rank(&self) -> u8 {
+        match self {
+            Self::Unload(_) => 1,
+            Self::Load(_) => 2,
+            Self::ReloadUnitFiles => 3,
+            Self::Stop(_) => 4,
+            Self::Start(_) => 5,
+        }
+    }
+}
+
+/// The tasks that take `loaded` to `desired`: unloads, loads, one reload, stops, starts.
+pub fn plan(
+    desired: &BTreeMap<String, DesiredUnit>,
+    loaded: &BTreeMap<String, LoadedUnit>,
+) -> Vec<Task> {
+    let mut tasks = Vec::new();
+    for (name, current) in loaded {
+        match desired.get(name) {
+            None => tasks.push(Task::Unload(name.clone())),
+            Some(wanted) if wanted.state == DesiredState::Inactive => {
+                tasks.push(Task::Unload(name.clone()))
+            }
+            Some(wanted) if wanted.hash != current.hash => {
+                tasks.push(Task::Unload(name.clone()));
+                tasks.push(Task::Load(name.clone()));
+                if wanted.state == DesiredState::Launched {
+                    tasks.push(Task::Start(name.clone()));
+                }
+            }
+            Some(wanted) => match (wanted.state, current.launched) {
+                (DesiredState::Launched, false) => tasks.push(Task::Start(name.clone())),
+                (DesiredState::Loaded, true) => tasks.push(Task::Stop(name.clone())),
+                _ => {}
+            },
+        }
+    }
+    for (name, wanted) in desired {
+        if wanted.state != DesiredState::Inactive && !loaded.contains_key(name) {
+            tasks.push(Task::Load(name.clone()));
+            if wanted.state == DesiredState::Launched {
+                tasks.push(Task::Start(name.clone()));
+            }
+        }
+    }
+    if tasks
+        .iter()
+        .any(|task| matches!(task, Task::Load(_) | Task::Unload(_)))
+    {
+        tasks.push(Task::ReloadUnitFiles);
+    }
+    tasks.sort_by(|a, b| a.rank().cmp(&b.rank()).then_with(|| a.cmp(b)));
+    tasks
+}
+
+/// A global unit as an agent sees it.
+pub struct GlobalUnit<'a> {
+    pub name: &'a str,
+    pub desired: DesiredUnit,
+    pub requirements: &'a Requirements,
+}
+
+/// Which global units this machine runs: those whose metadata it has and that conflict with
+/// nothing already in its desired set (checked both ways, in name order).
+pub fn add_global_units(
+    machine: &MachineState,
+    desired: &mut BTreeMap<String, DesiredUnit>,
+    desired_requirements: &BTreeMap<String, Requirements>,
+    globals: &[GlobalUnit<'_>],
+) {
+    let mut taken: Vec<(String, Vec<String>)> = desired_requirements
+        .iter()
+        .map(|(name, requirements)| (name.clone(), requirements.conflicts.clone()))
+        .collect();
+    let mut globals: Vec<&GlobalUnit<'_>> = globals.iter().collect();
+    globals.sort_by_key(|global| global.name);
+    for global in globals {
+        if global.desired.state == DesiredState::Inactive
+            || !global.requirements.metadata_matches(&machine.metadata)
+        {
+            continue;
+        }
+        let conflicted = taken.iter().any(|(other, conflicts)| {
+            global
+                .requirements
+                .conflicts_with(global.name, other, conflicts)
+        });
+        if !conflicted {
+            desired.insert(global.name.to_string(), global.desired.clone());
+            taken.push((
+                global.name.to_string(),
+                global.requirements.conflicts.clone(),
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(n: u8) -> UnitHash {
+        UnitHash([n; 20])
+    }
+
+    fn want(n: u8, state: DesiredState) -> DesiredUnit {
+        DesiredUnit {
+            hash: hash(n),
+            state,
+        }
+    }
+
+    fn have(n: u8, launched: bool) -> LoadedUnit {
+        LoadedUnit {
+            hash: hash(n),
+            launched,
+        }
+    }
+
+    #[test]
+    fn tasks_follow_the_original_order() {
+        use DesiredState::*;
+        let desired = BTreeMap::from([
+            ("new.service".to_string(), want(1, Launched)),
+            ("changed.service".to_string(), want(2, Launched)),
+            ("stop.service".to_string(), want(3, Loaded)),
+            ("start.service".to_string(), want(4, Launched)),
+            ("same.service".to_string(), want(5, Launched)),
+            ("inactive.service".to_string(), want(6, Inactive)),
+        ]);
+        let loaded = BTreeMap::from([
+            ("changed.service".to_string(), have(9, true)),
+            ("stop.service".to_string(), have(3, true)),
+            ("start.service".to_string(), have(4, false)),
+            ("same.service".to_string(), have(5, true)),
+            ("gone.service".to_string(), have(7, true)),
+            ("inactive.service".to_string(), have(6, false)),
+        ]);
+        let tasks = plan(&desired, &loaded);
+        assert_eq!(
+            tasks,
+            vec![
+                Task::Unload("changed.service".into()),
+                Task::Unload("gone.service".into()),
+                Task::Unload("inactive.service".into()),
+                Task::Load("changed.service".into()),
+                Task::Load("new.service".into()),
+                Task::ReloadUnitFiles,
+                Task::Stop("stop.service".into()),
+                Task::Start("changed.service".into()),
+                Task::Start("new.service".into()),
+                Task::Start("start.service".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn nothing_to_do_means_no_reload() {
+        let desired = BTreeMap::from([("a.service".to_string(), want(1, DesiredState::Loaded))]);
+        let loaded = BTreeMap::from([("a.service".to_string(), have(1, false))]);
+        assert!(plan(&desired, &loaded).is_empty());
+    }
+
+    #[test]
+    fn globals_skip_conflicts_and_other_metadata() {
+        let machine = MachineState {
+            id: "m".into(),
+            metadata: [("role".into(), "web".into())].into(),
+            ..Default::default()
+        };
+        let web = Requirements {
+            metadata: [("role".into(), vec!["web".into()])].into(),
+            ..Default::default()
+        };
+        let db = Requirements {
+            metadata: [("role".into(), vec!["db".into()])].into(),
+            ..Default::default()
+        };
+        let conflicting = Requirements {
+            conflicts: vec!["local.service".into()],
+            ..Default::default()
+        };
+        let mut desired =
+            BTreeMap::from([("local.service".to_string(), want(1, DesiredState::Launched))]);
+        let requirements = BTreeMap::from([("local.service".to_string(), Requirements::default())]);
+        let globals = [
+            GlobalUnit {
+                name: "web.service",
+                desired: want(2, DesiredState::Launched),
+                requirements: &web,
+            },
+            GlobalUnit {
+                name: "db.service",
+                desired: want(3, DesiredState::Launched),
+                requirements: &db,
+            },
+            GlobalUnit {
+                name: "c.service",
+                desired: want(4, DesiredState::Launched),
+                requirements: &conflicting,
+            },
+        ];
+        add_global_units(&machine, &mut desired, &requirements, &globals);
+        assert_eq!(
+            desired.keys().collect::<Vec<_>>(),
+            vec!["local.service", "web.service"]
+        );
+    }
+}

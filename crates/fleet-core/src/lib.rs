@@ -1,0 +1,18 @@
+//! The sans-I/O core of fleet.
+//!
+//! Everything in this crate is plain data and pure functions: no I/O, no clock, no async.
+//! The drivers (registry, agent, engine, API) feed it snapshots and carry out what it decides.
+
+pub mod agent_plan;
+pub mod glob;
+pub mod machine;
+pub mod requirements;
+pub mod schedule;
+pub mod state;
+pub mod unit_file;
+pub mod unit_name;
+
+pub use machine::{MachineId, MachineState};
+pub use requirements::Requirements;
+pub use state::{CurrentState, DesiredState, SystemdState, UnitState};
+pub use unit_file::{UnitFile, UnitHash, UnitOption};

@@ -1,0 +1,86 @@
+//! Machines as the scheduler and the API see them.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub type MachineId = String;
+
+/// A live machine: its identity, address and effective metadata.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineState {
+    pub id: MachineId,
+    pub public_ip: String,
+    pub metadata: BTreeMap<String, String>,
+    pub version: String,
+    pub disable_engine: bool,
+}
+
+impl MachineState {
+    /// Whether `requested` names this machine, by full ID or by its 8-character short ID.
+    pub fn matches_id(&self, requested: &str) -> bool {
+        self.id == requested || (requested.len() == 8 && self.id.starts_with(requested))
+    }
+
+    /// The machine's metadata with the runtime changes laid over it: a value replaces the
+    /// configured one, an empty value removes the key.
+    pub fn with_overrides(mut self, overrides: &BTreeMap<String, String>) -> Self {
+        for (key, value) in overrides {
+            if value.is_empty() {
+                self.metadata.remove(key);
+            } else {
+                self.metadata.insert(key.clone(), value.clone());
+            }
+        }
+        self
+    }
+}
+
+/// Parses fleet.conf's `metadata="k=v,k2=v2"`: items without `=` are ignored, keys and values
+/// are trimmed, a later duplicate wins.
+pub fn parse_metadata(text: &str) -> BTreeMap<String, String> {
+    text.split(',')
+        .filter_map(|item| item.split_once('='))
+        .map(|(key, value)| (key.trim().to_string(), value.trim().to_string()))
+        .filter(|(key, _)| !key.is_empty())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn short_ids_match() {
+        let machine = MachineState {
+            id: "3d1219c7aaaabbbbccccddddeeeeffff".into(),
+            ..Default::default()
+        };
+        assert!(machine.matches_id("3d1219c7"));
+        assert!(machine.matches_id("3d1219c7aaaabbbbccccddddeeeeffff"));
+        assert!(!machine.matches_id("3d1219c"));
+        assert!(!machine.matches_id("3d1219c8"));
+    }
+
+    #[test]
+    fn metadata_parsing_and_overrides() {
+        let parsed = parse_metadata(" region = us ,az=1,bogus,az=2,=x");
+        assert_eq!(
+            parsed,
+            BTreeMap::from([("region".into(), "us".into()), ("az".into(), "2".into())])
+        );
+        let machine = MachineState {
+            metadata: parsed,
+            ..Default::default()
+        };
+        let overrides = BTreeMap::from([
+            ("region".into(), String::new()),
+            ("disk".into(), "ssd".into()),
+        ]);
+        let merged = machine.with_overrides(&overrides).metadata;
+        assert_eq!(
+            merged,
+            BTreeMap::from([("az".into(), "2".into()), ("disk".into(), "ssd".into())])
+        );
+    }
+}

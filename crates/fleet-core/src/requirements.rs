@@ -1,0 +1,353 @@
+//! The `[X-Fleet]` section: where a unit may run, and the rules on combining options.
+
+use std::collections::BTreeMap;
+
+use crate::glob::glob_matches;
+use crate::unit_file::{UnitFile, UnitOption};
+use crate::unit_name::UnitNameInfo;
+
+pub const SECTION: &str = "X-Fleet";
+
+/// Every key the original recognises in `[X-Fleet]`, legacy names included.
+pub const KNOWN_KEYS: &[&str] = &[
+    "MachineID",
+    "X-ConditionMachineID",
+    "X-ConditionMachineBootID",
+    "MachineOf",
+    "X-ConditionMachineOf",
+    "Conflicts",
+    "X-Conflicts",
+    "MachineMetadata",
+    "X-ConditionMachineMetadata",
+    "Global",
+    "Replaces",
+];
+
+/// A unit's placement rules, with the unit's own specifiers already substituted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Requirements {
+    /// `MachineID=`: full or 8-character short ID.
+    pub machine_id: Option<String>,
+    /// `MachineOf=`: units this one must share a machine with.
+    pub machine_of: Vec<String>,
+    /// `MachineMetadata=`: for each key, the values any one of which a machine must have.
+    pub metadata: BTreeMap<String, Vec<String>>,
+    /// `Conflicts=`: patterns of units this one may not share a machine with.
+    pub conflicts: Vec<String>,
+    /// `Global=`: runs on every machine whose metadata matches.
+    pub global: bool,
+    /// `Replaces=`: patterns of units this one pushes off its machine.
+    pub replaces: Vec<String>,
+    /// Keys of `[X-Fleet]` the original does not know.
+    pub unknown_keys: Vec<String>,
+}
+
+/// Splits `"a=1" "b=2"` into its quoted parts, as the original does for `[X-Fleet]` values
+/// that start and end with a double quote.
+fn split_quoted(value: &str) -> Vec<String> {
+    if !(value.len() >= 2 && value.starts_with('"') && value.ends_with('"')) {
+        return vec![value.to_string()];
+    }
+    let mut values = Vec::new();
+    let mut current = String::new();
+    let mut quoted = false;
+    for c in value.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            ' ' if !quoted => values.push(std::mem::take(&mut current)),
+            c => current.push(c),
+        }
+    }
+    values.push(current);
+    values
+}
+
+/// Substitutes `%n %N %p %i` with the parts of the unit's name.
+pub fn expand_specifiers(value: &str, name: &UnitNameInfo<'_>) -> String {
+    value
+        .replace("%n", name.full)
+        .replace("%N", name.stem)
+        .replace("%p", name.prefix)
+        .replace("%i", name.instance)
+}
+
+fn is_truthy(value: &str) -> bool {
+    matches!(
+        value.to_ascii_lowercase().as_str(),
+        "true" | "yes" | "1" | "on" | "t"
+    )
+}
+
+impl Requirements {
+    /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
+    pub fn from_unit(unit_name: &str, unit: &UnitFile) -> Self {
+        Self::from_options(unit_name, unit.options())
+    }
+
+    pub fn from_options(unit_name: &str, options: &[UnitOption]) -> Self {
+        let name = UnitNameInfo::new(unit_name);
+        let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+        let mut requirements = Self::default();
+        for option in options.iter().filter(|option| option.section == SECTION) {
+            if !KNOWN_KEYS.contains(&option.name.as_str()) {
+                if !requirements.unknown_keys.contains(&option.name) {
+                    requirements.unknown_keys.push(option.name.clone());
+                }
+                continue;
+            }
+            let expanded = split_quoted(&option.value)
+                .into_iter()
+                .map(|value| expand_specifiers(&value, &name));
+            values
+                .entry(option.name.as_str())
+                .or_default()
+                .extend(expanded);
+        }
+        let all = |keys: &[&str]| -> Vec<String> {
+            keys.iter()
+                .flat_map(|key| values.get(key).into_iter().flatten().cloned())
+                .collect()
+        };
+        requirements.machine_id = [
+            "MachineID",
+            "X-ConditionMachineID",
+            "X-ConditionMachineBootID",
+        ]
+        .iter()
+        .find_map(|key| values.get(key).and_then(|list| list.first()).cloned());
+        requirements.machine_of = all(&["MachineOf", "X-ConditionMachineOf"]);
+        for item in all(&["MachineMetadata", "X-ConditionMachineMetadata"]) {
+            let parts: Vec<&str> = item.split('=').collect();
+            if let [key, value] = parts[..]
+                && !key.is_empty()
+                && !value.is_empty()
+            {
+                let allowed = requirements.metadata.entry(key.to_string()).or_default();
+                if !allowed.iter().any(|known| known == value) {
+                    allowed.push(value.to_string());
+                }
+            }
+        }
+        requirements.conflicts = all(&["Conflicts", "X-Conflicts"])
+            .iter()
+            .flat_map(|value| value.split_whitespace().map(str::to_string))
+            .collect();
+        requirements.global = values
+            .get("Global")
+            .and_then(|list| list.last())
+            .is_some_and(|value| is_truthy(value));
+        requirements.replaces = all(&["Replaces"]);
+        requirements
+    }
+
+    /// Whether a machine with `metadata` satisfies every `MachineMetadata=` key.
+    pub fn metadata_matches(&self, metadata: &BTreeMap<String, String>) -> bool {
+        self.metadata.iter().all(|(key, allowed)| {
+            metadata
+                .get(key)
+                .is_some_and(|value| allowed.contains(value))
+        })
+    }
+
+    /// Whether this unit may not share a machine with `other`, whose conflicts are
+    /// `other_conflicts`: conflicts are checked in both directions.
+    pub fn conflicts_with(&self, own_name: &str, other: &str, other_conflicts: &[String]) -> bool {
+        own_name != other
+            && (self
+                .conflicts
+                .iter()
+                .any(|pattern| glob_matches(pattern, other))
+                || other_conflicts
+                    .iter()
+                    .any(|pattern| glob_matches(pattern, own_name)))
+    }
+
+    /// The original's combination rules, checked when a unit is created.
+    pub fn validate(&self) -> Result<(), CombinationError> {
+        for peer in &self.machine_of {
+            if let Some(conflict) = self
+                .conflicts
+                .iter()
+                .find(|pattern| glob_matches(pattern, peer))
+            {
+                return Err(CombinationError::PeerMatchesConflict(
+                    peer.clone(),
+                    conflict.clone(),
+                ));
+            }
+            if let Some(replace) = self
+                .replaces
+                .iter()
+                .find(|pattern| glob_matches(pattern, peer))
+            {
+                return Err(CombinationError::PeerMatchesReplace(
+                    peer.clone(),
+                    replace.clone(),
+                ));
+            }
+        }
+        let (peers, conflicts, replaces) = (
+            !self.machine_of.is_empty(),
+            !self.conflicts.is_empty(),
+            !self.replaces.is_empty(),
+        );
+        let pinned = self.machine_id.is_some();
+        let error = match () {
+            _ if pinned && peers => CombinationError::MachineIdWith("Peers"),
+            _ if pinned && conflicts => CombinationError::MachineIdWith("Conflicts"),
+            _ if pinned && self.global => CombinationError::MachineIdWith("Global"),
+            _ if pinned && replaces => CombinationError::MachineIdWith("Replaces"),
+            _ if self.global && peers => CombinationError::GlobalWith("Peers"),
+            _ if self.global && replaces => CombinationError::GlobalWith("Replaces"),
+            _ if conflicts && replaces => CombinationError::ConflictsWithReplaces,
+            _ => return Ok(()),
+        };
+        Err(error)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CombinationError {
+    #[error("MachineID cannot be used with {0}")]
+    MachineIdWith(&'static str),
+    #[error("Global cannot be used with {0}")]
+    GlobalWith(&'static str),
+    #[error("Conflicts cannot be used with Replaces")]
+    ConflictsWithReplaces,
+    #[error("unresolvable requirements: peer {0:?} matches conflict {1:?}")]
+    PeerMatchesConflict(String, String),
+    #[error("unresolvable requirements: peer {0:?} matches replace {1:?}")]
+    PeerMatchesReplace(String, String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn requirements(name: &str, x_fleet: &str) -> Requirements {
+        let unit = UnitFile::parse(&format!("[X-Fleet]\n{x_fleet}")).unwrap();
+        Requirements::from_unit(name, &unit)
+    }
+
+    #[test]
+    fn quoted_values_split() {
+        let r = requirements(
+            "a.service",
+            "MachineMetadata=\"region=us-east-1\" \"diskType=SSD\"\n",
+        );
+        assert_eq!(r.metadata["region"], vec!["us-east-1"]);
+        assert_eq!(r.metadata["diskType"], vec!["SSD"]);
+    }
+
+    #[test]
+    fn metadata_or_within_a_key_and_across_keys() {
+        let r = requirements(
+            "a.service",
+            "MachineMetadata=region=us\nMachineMetadata=region=eu\nX-ConditionMachineMetadata=disk=ssd\nMachineMetadata=bad=a=b\n",
+        );
+        assert_eq!(r.metadata.len(), 2);
+        let machine = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert!(r.metadata_matches(&machine(&[("region", "eu"), ("disk", "ssd")])));
+        assert!(!r.metadata_matches(&machine(&[("region", "eu")])));
+        assert!(!r.metadata_matches(&machine(&[("region", "asia"), ("disk", "ssd")])));
+    }
+
+    #[test]
+    fn specifiers_come_from_the_instance() {
+        let r = requirements(
+            "pin@3d1219c7.service",
+            "MachineID=%i\nMachineMetadata=hostname=%p-%N\nConflicts=%n\n",
+        );
+        assert_eq!(r.machine_id.as_deref(), Some("3d1219c7"));
+        assert_eq!(r.metadata["hostname"], vec!["pin-pin@3d1219c7"]);
+        assert_eq!(r.conflicts, vec!["pin@3d1219c7.service"]);
+    }
+
+    #[test]
+    fn conflicts_split_on_whitespace_and_accumulate() {
+        let r = requirements(
+            "a.service",
+            "Conflicts=b.service c.service\nX-Conflicts=d*\nReplaces=e f\n",
+        );
+        assert_eq!(r.conflicts, vec!["b.service", "c.service", "d*"]);
+        assert_eq!(r.replaces, vec!["e f"]);
+        assert!(r.conflicts_with("a.service", "d1.service", &[]));
+        assert!(!r.conflicts_with("a.service", "x.service", &[]));
+        assert!(Requirements::default().conflicts_with("a.service", "x.service", &["a.*".into()]));
+    }
+
+    #[test]
+    fn global_and_machine_id_precedence() {
+        let r = requirements(
+            "a.service",
+            "Global=true\nGlobal=no\nX-ConditionMachineID=b\nMachineID=a\n",
+        );
+        assert!(!r.global);
+        assert_eq!(r.machine_id.as_deref(), Some("a"));
+        assert!(requirements("a.service", "Global=ON\n").global);
+        let r = requirements("a.service", "X-ConditionMachineBootID=boot\nBogus=1\n");
+        assert_eq!(r.machine_id.as_deref(), Some("boot"));
+        assert_eq!(r.unknown_keys, vec!["Bogus"]);
+    }
+
+    #[test]
+    fn combination_rules() {
+        let cases = [
+            (
+                "MachineID=a\nMachineOf=b.service\n",
+                "MachineID cannot be used with Peers",
+            ),
+            (
+                "MachineID=a\nConflicts=b\n",
+                "MachineID cannot be used with Conflicts",
+            ),
+            (
+                "MachineID=a\nGlobal=true\n",
+                "MachineID cannot be used with Global",
+            ),
+            (
+                "MachineID=a\nReplaces=b\n",
+                "MachineID cannot be used with Replaces",
+            ),
+            (
+                "Global=true\nMachineOf=b.service\n",
+                "Global cannot be used with Peers",
+            ),
+            (
+                "Global=true\nReplaces=b\n",
+                "Global cannot be used with Replaces",
+            ),
+            (
+                "Conflicts=b\nReplaces=c\n",
+                "Conflicts cannot be used with Replaces",
+            ),
+            (
+                "MachineOf=b.service\nConflicts=b.*\n",
+                "unresolvable requirements: peer \"b.service\" matches conflict \"b.*\"",
+            ),
+            (
+                "MachineOf=b.service\nReplaces=b.*\n",
+                "unresolvable requirements: peer \"b.service\" matches replace \"b.*\"",
+            ),
+        ];
+        for (x_fleet, message) in cases {
+            assert_eq!(
+                requirements("a.service", x_fleet)
+                    .validate()
+                    .unwrap_err()
+                    .to_string(),
+                message
+            );
+        }
+        assert!(
+            requirements("a.service", "MachineOf=b.service\nConflicts=c*\n")
+                .validate()
+                .is_ok()
+        );
+    }
+}

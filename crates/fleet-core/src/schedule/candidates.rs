@@ -1,0 +1,180 @@
+//! Where one unit may go: the least-loaded machine that satisfies all its requirements.
+
+use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
+
+use super::reason::UnplacedReason;
+use super::working::{Rank, Working};
+
+/// Machines whose metadata satisfies one `MachineMetadata=` requirement.
+pub(super) struct Eligible {
+    ranks: Vec<Rank>,
+    mask: Vec<bool>,
+}
+
+/// Below this many eligible machines the planner scans them all rather than walking every
+/// machine in load order and skipping the ineligible ones.
+const SMALL_ELIGIBLE_SET: usize = 64;
+
+#[derive(Default)]
+pub(super) struct MetadataIndex<'a> {
+    cache: HashMap<&'a BTreeMap<String, Vec<String>>, Rc<Eligible>>,
+}
+
+impl<'a> MetadataIndex<'a> {
+    fn eligible(
+        &mut self,
+        working: &Working<'a>,
+        wanted: &'a BTreeMap<String, Vec<String>>,
+    ) -> Rc<Eligible> {
+        self.cache
+            .entry(wanted)
+            .or_insert_with(|| {
+                let mask: Vec<bool> = working
+                    .machines
+                    .iter()
+                    .map(|machine| {
+                        wanted.iter().all(|(key, allowed)| {
+                            machine
+                                .metadata
+                                .get(key)
+                                .is_some_and(|v| allowed.contains(v))
+                        })
+                    })
+                    .collect();
+                let ranks = mask
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, ok)| **ok)
+                    .map(|(rank, _)| rank)
+                    .collect();
+                Rc::new(Eligible { ranks, mask })
+            })
+            .clone()
+    }
+}
+
+/// Checks that `unit` may run on `rank`, given everything placed so far.
+pub(super) fn able_to_run(
+    working: &Working<'_>,
+    unit: usize,
+    rank: Rank,
+) -> Result<(), UnplacedReason> {
+    fits_machine(working, unit, rank)?;
+    match working.conflicting_resident(unit, rank) {
+        Some(other) => Err(UnplacedReason::ConflictsEverywhere(
+            working.units[other].name.clone(),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Checks `MachineID=`, `MachineMetadata=` and `MachineOf=` against `rank`: the rules that
+/// do not depend on which other units share the machine.
+pub(super) fn fits_machine(
+    working: &Working<'_>,
+    unit: usize,
+    rank: Rank,
+) -> Result<(), UnplacedReason> {
+    let spec = &working.units[unit];
+    let machine = working.machines[rank];
+    if let Some(wanted) = &spec.requirements.machine_id
+        && !machine.matches_id(wanted)
+    {
+        return Err(UnplacedReason::MachineIdMismatch {
+            machine: machine.id.clone(),
+            wanted: wanted.clone(),
+        });
+    }
+    if !spec.requirements.metadata_matches(&machine.metadata) {
+        return Err(UnplacedReason::MetadataMismatch {
+            machine: machine.id.clone(),
+        });
+    }
+    if let Some(peer_rank) = peers_rank(working, unit)?
+        && peer_rank != rank
+    {
+        return Err(UnplacedReason::PeersApart(
+            spec.requirements.machine_of.clone(),
+        ));
+    }
+    Ok(())
+}
+
+/// The one machine all of a unit's `MachineOf=` peers are on, if it has peers.
+fn peers_rank(working: &Working<'_>, unit: usize) -> Result<Option<Rank>, UnplacedReason> {
+    let peers = &working.units[unit].requirements.machine_of;
+    let mut found: Option<Rank> = None;
+    for peer in peers {
+        let rank = working
+            .unit_index(peer)
+            .and_then(|index| working.placement(index))
+            .ok_or_else(|| UnplacedReason::PeerNotScheduled(peer.clone()))?;
+        match found {
+            Some(other) if other != rank => return Err(UnplacedReason::PeersApart(peers.clone())),
+            _ => found = Some(rank),
+        }
+    }
+    Ok(found)
+}
+
+/// The least-loaded machine `unit` can run on, or why there is none.
+pub(super) fn choose<'a>(
+    working: &Working<'a>,
+    index: &mut MetadataIndex<'a>,
+    unit: usize,
+) -> Result<Rank, UnplacedReason> {
+    if working.machines.is_empty() {
+        return Err(UnplacedReason::NoMachines);
+    }
+    let requirements = &working.units[unit].requirements;
+    let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit)? {
+        Some(vec![rank])
+    } else if let Some(wanted) = &requirements.machine_id {
+        let ranks: Vec<Rank> = (0..working.machines.len())
+            .filter(|rank| working.machines[*rank].matches_id(wanted))
+            .collect();
+        if ranks.is_empty() {
+            return Err(UnplacedReason::NoMachineWithId(wanted.clone()));
+        }
+        Some(ranks)
+    } else {
+        None
+    };
+    let eligible = (!requirements.metadata.is_empty())
+        .then(|| index.eligible(working, &requirements.metadata));
+    if let Some(eligible) = &eligible
+        && eligible.ranks.is_empty()
+    {
+        return Err(UnplacedReason::NoMachineWithMetadata(
+            requirements.metadata.clone(),
+        ));
+    }
+    let mut first_conflict: Option<UnplacedReason> = None;
+    let mut consider = |rank: Rank| match able_to_run(working, unit, rank) {
+        Ok(()) => true,
+        Err(reason) => {
+            first_conflict.get_or_insert(reason);
+            false
+        }
+    };
+    let least_loaded = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
+        ranks
+            .iter()
+            .copied()
+            .filter(|rank| consider(*rank))
+            .min_by_key(|rank| (working.load(*rank), *rank))
+    };
+    let chosen = match (&fixed, &eligible) {
+        (Some(ranks), _) => least_loaded(ranks, &mut consider),
+        (None, Some(eligible)) if eligible.ranks.len() <= SMALL_ELIGIBLE_SET => {
+            least_loaded(&eligible.ranks, &mut consider)
+        }
+        (None, Some(eligible)) => working
+            .by_load()
+            .filter(|rank| eligible.mask[*rank])
+            .find(|rank| consider(*rank)),
+        (None, None) => working.by_load().find(|rank| consider(*rank)),
+    };
+    chosen.ok_or_else(|| first_conflict.unwrap_or(UnplacedReason::NoMachines))
+}

@@ -1,0 +1,58 @@
+//! The engine's decisions: `plan(snapshot) -> Plan`, a pure function.
+//!
+//! Units already placed stay where they are while their machine lives and they can still run
+//! there (no rebalancing). Unplaced units go to the least-loaded eligible machine, ties broken
+//! by machine ID. A unit that cannot be placed gets a reason.
+
+mod candidates;
+mod plan;
+mod reason;
+mod working;
+
+pub use plan::plan;
+pub use reason::{UnplacedReason, UnscheduleReason};
+
+use crate::machine::MachineState;
+use crate::requirements::Requirements;
+use crate::state::DesiredState;
+
+/// One unit as the engine sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitSpec {
+    pub name: String,
+    pub desired: DesiredState,
+    pub requirements: Requirements,
+    /// The machine the unit is scheduled on now, if any.
+    pub scheduled_on: Option<String>,
+}
+
+/// Everything the engine decides from: the live machines and every unit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterSnapshot {
+    pub machines: Vec<MachineState>,
+    pub units: Vec<UnitSpec>,
+}
+
+/// A change to the schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    Schedule {
+        unit: String,
+        machine: String,
+    },
+    Unschedule {
+        unit: String,
+        machine: String,
+        reason: UnscheduleReason,
+    },
+}
+
+/// What the engine should write, and why the units it left unplaced could not go anywhere.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub decisions: Vec<Decision>,
+    pub unplaced: Vec<(String, UnplacedReason)>,
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,71 @@
+//! Why the engine unscheduled a unit, or could not place it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnscheduleReason {
+    TargetStateInactive,
+    MachineWentAway,
+    CannotRunThere(UnplacedReason),
+}
+
+impl fmt::Display for UnscheduleReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::TargetStateInactive => f.write_str("target state inactive"),
+            Self::MachineWentAway => f.write_str("target machine went away"),
+            Self::CannotRunThere(reason) => write!(f, "can no longer run there: {reason}"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum UnplacedReason {
+    NoMachines,
+    NoMachineWithId(String),
+    NoMachineWithMetadata(BTreeMap<String, Vec<String>>),
+    PeerNotScheduled(String),
+    PeersApart(Vec<String>),
+    MachineIdMismatch { machine: String, wanted: String },
+    MetadataMismatch { machine: String },
+    ConflictsEverywhere(String),
+}
+
+impl fmt::Display for UnplacedReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NoMachines => f.write_str("no machines are available"),
+            Self::NoMachineWithId(id) => write!(f, "no machine with ID {id} is available"),
+            Self::NoMachineWithMetadata(wanted) => {
+                f.write_str("no machine has metadata ")?;
+                let alternatives: Vec<String> = wanted
+                    .iter()
+                    .map(|(key, values)| {
+                        values
+                            .iter()
+                            .map(|value| format!("{key}={value}"))
+                            .collect::<Vec<_>>()
+                            .join(" or ")
+                    })
+                    .collect();
+                f.write_str(&alternatives.join(" and "))
+            }
+            Self::PeerNotScheduled(peer) => write!(f, "MachineOf {peer}, which is not scheduled"),
+            Self::PeersApart(peers) => write!(
+                f,
+                "MachineOf {}, which are on different machines",
+                peers.join(", ")
+            ),
+            Self::MachineIdMismatch { machine, wanted } => {
+                write!(f, "machine {machine} is not {wanted}")
+            }
+            Self::MetadataMismatch { machine } => {
+                write!(f, "machine {machine} lacks the required metadata")
+            }
+            Self::ConflictsEverywhere(other) => {
+                write!(f, "conflicts with {other} on every eligible machine")
+            }
+        }
+    }
+}

@@ -1,0 +1,140 @@
+//! Desired states, current states and what a unit manager reports.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::unit_file::UnitHash;
+
+/// What the user asked for: `submit` → inactive, `load` → loaded, `start` → launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DesiredState {
+    Inactive,
+    Loaded,
+    Launched,
+}
+
+/// The state fleet derives for a scheduled unit. It has the same three values.
+pub type CurrentState = DesiredState;
+
+impl DesiredState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Inactive => "inactive",
+            Self::Loaded => "loaded",
+            Self::Launched => "launched",
+        }
+    }
+
+    /// The current state of a scheduled unit, as the original derives it: `inactive` until
+    /// its machine reports a state for it, `launched` while that machine says it started it.
+    pub fn derive_current(
+        scheduled: bool,
+        reported_by_target: bool,
+        launched_by_target: bool,
+    ) -> Self {
+        match (scheduled, reported_by_target, launched_by_target) {
+            (false, _, _) | (true, false, _) => Self::Inactive,
+            (true, true, false) => Self::Loaded,
+            (true, true, true) => Self::Launched,
+        }
+    }
+}
+
+impl fmt::Display for DesiredState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid desiredState: {0:?}")]
+pub struct InvalidState(pub String);
+
+impl FromStr for DesiredState {
+    type Err = InvalidState;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "inactive" => Ok(Self::Inactive),
+            "loaded" => Ok(Self::Loaded),
+            "launched" => Ok(Self::Launched),
+            other => Err(InvalidState(other.to_string())),
+        }
+    }
+}
+
+/// systemd's three words for a unit: LoadState, ActiveState, SubState.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct SystemdState {
+    pub load: String,
+    pub active: String,
+    pub sub: String,
+}
+
+impl SystemdState {
+    pub fn new(load: &str, active: &str, sub: &str) -> Self {
+        Self {
+            load: load.into(),
+            active: active.into(),
+            sub: sub.into(),
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.load == "loaded" && self.active == "active"
+    }
+}
+
+/// What one machine reports about one unit it holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitState {
+    pub name: String,
+    pub machine_id: String,
+    pub hash: UnitHash,
+    pub systemd: SystemdState,
+    /// Whether the agent has started the unit (the original's "launched" heartbeat).
+    pub launched: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_and_print() {
+        for state in [
+            DesiredState::Inactive,
+            DesiredState::Loaded,
+            DesiredState::Launched,
+        ] {
+            assert_eq!(state.as_str().parse::<DesiredState>(), Ok(state));
+        }
+        assert_eq!(
+            "bogus".parse::<DesiredState>().unwrap_err().to_string(),
+            "invalid desiredState: \"bogus\""
+        );
+    }
+
+    #[test]
+    fn current_state_derivation() {
+        assert_eq!(
+            DesiredState::derive_current(false, true, true),
+            DesiredState::Inactive
+        );
+        assert_eq!(
+            DesiredState::derive_current(true, false, false),
+            DesiredState::Inactive
+        );
+        assert_eq!(
+            DesiredState::derive_current(true, true, false),
+            DesiredState::Loaded
+        );
+        assert_eq!(
+            DesiredState::derive_current(true, true, true),
+            DesiredState::Launched
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! Unit files: the lexer, the normalised serialisation and the unit hash.
+//!
+//! The serialisation defines the unit hash, so it follows the original byte for byte:
+//! sections in order of first appearance, each option under its section in file order,
+//! `Name=Value` lines, one blank line between sections and none at the end.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha1::{Digest, Sha1};
+
+/// The longest line the lexer accepts, in bytes (systemd's own limit).
+pub const LINE_MAX: usize = 2048;
+
+/// One `Name=Value` line of a unit file, with the section it stands in.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct UnitOption {
+    pub section: String,
+    pub name: String,
+    pub value: String,
+}
+
+impl UnitOption {
+    pub fn new(section: &str, name: &str, value: &str) -> Self {
+        Self {
+            section: section.into(),
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// A parsed unit file: its options in file order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnitFile {
+    options: Vec<UnitOption>,
+}
+
+/// Why a unit file could not be read, and on which line (1-based).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}: {reason}")]
+pub struct ParseError {
+    pub line: usize,
+    pub reason: ParseErrorReason,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ParseErrorReason {
+    #[error("line too long (max {LINE_MAX} bytes)")]
+    LineTooLong,
+    #[error("section header has no closing \"]\"")]
+    UnclosedSection,
+    #[error("found garbage after section name {0:?}")]
+    GarbageAfterSection(String),
+    #[error("option {0:?} stands before any [Section] header")]
+    OptionOutsideSection(String),
+    #[error("expected \"Name=Value\", found {0:?}")]
+    MissingEquals(String),
+    #[error("option name is empty")]
+    EmptyName,
+}
+
+impl UnitFile {
+    /// Reads unit-file text the way systemd's lexer does (comments dropped, names and values
+    /// trimmed, backslash continuations kept in the value).
+    pub fn parse(text: &str) -> Result<Self, ParseError> {
+        let lines: Vec<&str> = text.split('\n').collect();
+        let mut options = Vec::new();
+        let mut section: Option<String> = None;
+        let mut index = 0;
+        while index < lines.len() {
+            let number = index + 1;
+            let line = lines[index];
+            index += 1;
+            let fail = |reason| {
+                Err(ParseError {
+                    line: number,
+                    reason,
+                })
+            };
+            if line.len() >= LINE_MAX {
+                return fail(ParseErrorReason::LineTooLong);
+            }
+            let content = line.trim_start();
+            if content.is_empty() || content.starts_with('#') || content.starts_with(';') {
+                continue;
+            }
+            if let Some(header) = content.strip_prefix('[') {
+                let Some(end) = header.find(']') else {
+                    return fail(ParseErrorReason::UnclosedSection);
+                };
+                let name = &header[..end];
+                if !header[end + 1..].trim().is_empty() {
+                    return fail(ParseErrorReason::GarbageAfterSection(name.to_string()));
+                }
+                section = Some(name.to_string());
+                continue;
+            }
+            let Some(equals) = content.find('=') else {
+                return fail(ParseErrorReason::MissingEquals(
+                    content.trim_end().to_string(),
+                ));
+            };
+            let name = content[..equals].trim();
+            if name.is_empty() {
+                return fail(ParseErrorReason::EmptyName);
+            }
+            let Some(section) = &section else {
+                return fail(ParseErrorReason::OptionOutsideSection(name.to_string()));
+            };
+            // The value runs to the end of the line, and on through every line that the
+            // previous one continued with a trailing backslash; a blank line ends it.
+            let mut value = String::new();
+            let mut segment = &content[equals + 1..];
+            loop {
+                if segment.trim().is_empty() {
+                    break;
+                }
+                value.push_str(segment);
+                let continues = segment.ends_with('\\');
+                // A continued line that the file ends on has no next line to join.
+                if !continues || index >= lines.len() {
+                    break;
+                }
+                value.push('\n');
+                segment = lines[index];
+                if segment.len() >= LINE_MAX {
+                    return Err(ParseError {
+                        line: index + 1,
+                        reason: ParseErrorReason::LineTooLong,
+                    });
+                }
+                index += 1;
+            }
+            let value = if value.ends_with('\n') {
+                format!("{}\n", value.trim())
+            } else {
+                value.trim().to_string()
+            };
+            options.push(UnitOption {
+                section: section.clone(),
+                name: name.to_string(),
+                value,
+            });
+        }
+        Ok(Self { options })
+    }
+
+    pub fn from_options(options: Vec<UnitOption>) -> Self {
+        Self { options }
+    }
+
+    pub fn options(&self) -> &[UnitOption] {
+        &self.options
+    }
+
+    pub fn into_options(self) -> Vec<UnitOption> {
+        self.options
+    }
+
+    /// The values of every option `name` in section `section`, in file order.
+    pub fn values<'a>(
+        &'a self,
+        section: &'a str,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a str> + 'a {
+        self.options
+            .iter()
+            .filter(move |option| option.section == section && option.name == name)
+            .map(|option| option.value.as_str())
+    }
+
+    pub fn has_section(&self, section: &str) -> bool {
+        self.options.iter().any(|option| option.section == section)
+    }
+
+    /// The first `[Unit] Description=`, as list-unit-files shows it.
+    pub fn description(&self) -> Option<&str> {
+        self.values("Unit", "Description").next()
+    }
+
+    /// The normalised text: what `fleetctl cat` prints and what the hash is taken over.
+    pub fn serialize(&self) -> String {
+        let mut sections: Vec<(&str, Vec<&UnitOption>)> = Vec::new();
+        for option in &self.options {
+            match sections
+                .iter_mut()
+                .find(|(name, _)| *name == option.section)
+            {
+                Some((_, options)) => options.push(option),
+                None => sections.push((&option.section, vec![option])),
+            }
+        }
+        let mut text = String::new();
+        for (position, (section, options)) in sections.iter().enumerate() {
+            if position > 0 {
+                text.push('\n');
+            }
+            text.push('[');
+            text.push_str(section);
+            text.push_str("]\n");
+            for option in options {
+                text.push_str(&option.name);
+                text.push('=');
+                text.push_str(&option.value);
+                text.push('\n');
+            }
+        }
+        text
+    }
+
+    pub fn hash(&self) -> UnitHash {
+        UnitHash(Sha1::digest(self.serialize().as_bytes()).into())
+    }
+}
+
+/// The SHA1 of a unit's normalised text; two units match iff their hashes are equal.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct UnitHash(pub [u8; 20]);
+
+impl UnitHash {
+    /// The 7-character form tables show.
+    pub fn short(&self) -> String {
+        self.to_string()[..7].to_string()
+    }
+
+    pub fn parse_hex(text: &str) -> Option<Self> {
+        if text.len() != 40 {
+            return None;
+        }
+        let mut bytes = [0u8; 20];
+        for (position, byte) in bytes.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(text.get(position * 2..position * 2 + 2)?, 16).ok()?;
+        }
+        Some(Self(bytes))
+    }
+}
+
+impl fmt::Display for UnitHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+impl fmt::Debug for UnitHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UnitHash({self})")
+    }
+}
+
+impl Serialize for UnitHash {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for UnitHash {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Self::parse_hex(&text)
+            .ok_or_else(|| serde::de::Error::custom(format!("invalid unit hash {text:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests;
