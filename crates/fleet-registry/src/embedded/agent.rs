@@ -1,0 +1,128 @@
+//! The agents' facet of the embedded store.
+
+use async_trait::async_trait;
+use fleet_core::{MachineState, UnitFile, UnitHash};
+use redb::ReadableTable;
+
+use super::api::read_machines;
+use super::tables::{self, Options, UnitRecord, decode, encode, read_all, state_key};
+use super::{EmbeddedRegistry, Touched, unavailable};
+use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Result, StateReport};
+
+#[async_trait]
+impl AgentRegistry for EmbeddedRegistry {
+    async fn register_machine(&self, machine: &MachineState) -> Result<()> {
+        let machine = machine.clone();
+        self.write(move |txn, touched| {
+            let mut machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
+            machines
+                .insert(machine.id.as_str(), encode(&machine).as_slice())
+                .map_err(unavailable)?;
+            *touched = Touched::engine();
+            touched.machines.push(machine.id.clone());
+            Ok(())
+        })
+        .await
+    }
+
+    async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
+        let machine_id = machine_id.to_string();
+        self.write(move |txn, touched| {
+            txn.open_table(tables::MACHINES)
+                .map_err(unavailable)?
+                .remove(machine_id.as_str())
+                .map_err(unavailable)?;
+            let suffix = format!("\0{machine_id}");
+            let mut states = txn.open_table(tables::STATES).map_err(unavailable)?;
+            states
+                .retain(|key, _| !key.ends_with(&suffix))
+                .map_err(unavailable)?;
+            *touched = Touched::engine();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
+        let machine_id = machine_id.to_string();
+        self.read(move |txn| {
+            let machine = read_machines(txn)?
+                .into_iter()
+                .find(|machine| machine.id == machine_id);
+            let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
+            let mut work = MachineWork {
+                machine,
+                ..MachineWork::default()
+            };
+            for row in schedule.iter().map_err(unavailable)? {
+                let (unit, machine) = row.map_err(unavailable)?;
+                if machine.value() != machine_id {
+                    continue;
+                }
+                let name = unit.value().to_string();
+                if let Some(record) = units.get(name.as_str()).map_err(unavailable)? {
+                    let record: UnitRecord = decode(&name, record.value())?;
+                    work.scheduled.push(AssignedUnit {
+                        name,
+                        hash: record.hash,
+                        desired: record.desired,
+                    });
+                }
+            }
+            for (name, record) in read_all::<UnitRecord>(&units)? {
+                if record.global {
+                    work.globals.push(AssignedUnit {
+                        name,
+                        hash: record.hash,
+                        desired: record.desired,
+                    });
+                }
+            }
+            Ok(work)
+        })
+        .await
+    }
+
+    async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
+        let key = hash.to_string();
+        self.read(move |txn| {
+            let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
+            let body = bodies.get(key.as_str()).map_err(unavailable)?;
+            body.map(|body| decode::<Options>(&key, body.value()).map(UnitFile::from_options))
+                .transpose()
+        })
+        .await
+    }
+
+    async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let (machine_id, reports) = (machine_id.to_string(), reports.to_vec());
+        self.write(move |txn, _| {
+            let mut states = txn.open_table(tables::STATES).map_err(unavailable)?;
+            for report in &reports {
+                match report {
+                    StateReport::Set(state) => {
+                        let key = state_key(&state.name, &machine_id);
+                        states
+                            .insert(key.as_str(), encode(state).as_slice())
+                            .map_err(unavailable)?;
+                    }
+                    StateReport::Remove(name) => {
+                        states
+                            .remove(state_key(name, &machine_id).as_str())
+                            .map_err(unavailable)?;
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
+        self.machine_signal(machine_id)
+    }
+}

@@ -1,0 +1,289 @@
+//! The API's facet of the embedded store.
+
+use async_trait::async_trait;
+use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitState};
+use redb::{ReadTransaction, ReadableTable, WriteTransaction};
+
+use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
+use super::{EmbeddedRegistry, Touched, unavailable};
+use crate::{ApiRegistry, MetadataChange, Result, UnitView};
+
+/// Reads one unit with its body, schedule, reason and derived current state.
+fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<UnitView> {
+    let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
+    let hash_key = record.hash.to_string();
+    let options = match bodies.get(hash_key.as_str()).map_err(unavailable)? {
+        Some(body) => decode(&hash_key, body.value())?,
+        None => {
+            return Err(crate::RegistryError::Corrupt {
+                key: hash_key,
+                reason: "unit body missing".into(),
+            });
+        }
+    };
+    let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
+    let machine_id = schedule
+        .get(name)
+        .map_err(unavailable)?
+        .map(|m| m.value().to_string());
+    let reasons = txn.open_table(tables::REASONS).map_err(unavailable)?;
+    let reason = reasons
+        .get(name)
+        .map_err(unavailable)?
+        .map(|r| r.value().to_string());
+    let current = if record.global {
+        None
+    } else {
+        let reported = match &machine_id {
+            Some(machine) => {
+                let states = txn.open_table(tables::STATES).map_err(unavailable)?;
+                let key = tables::state_key(name, machine);
+                states
+                    .get(key.as_str())
+                    .map_err(unavailable)?
+                    .map(|s| decode::<UnitState>(&key, s.value()))
+                    .transpose()?
+            }
+            None => None,
+        };
+        Some(DesiredState::derive_current(
+            machine_id.is_some(),
+            reported.is_some(),
+            reported.is_some_and(|state| state.launched),
+        ))
+    };
+    Ok(UnitView {
+        name: name.to_string(),
+        file: UnitFile::from_options(options),
+        hash: record.hash,
+        desired: record.desired,
+        current,
+        machine_id: if record.global { None } else { machine_id },
+        global: record.global,
+        reason,
+    })
+}
+
+/// Who hears of a change to unit `name`: the engine, and the machines that may hold it.
+fn touch_unit(
+    txn: &WriteTransaction,
+    name: &str,
+    global: bool,
+    touched: &mut Touched,
+) -> Result<()> {
+    touched.engine = true;
+    if global {
+        touched.all_machines = true;
+    } else if let Some(machine) = txn
+        .open_table(tables::SCHEDULE)
+        .map_err(unavailable)?
+        .get(name)
+        .map_err(unavailable)?
+    {
+        touched.machines.push(machine.value().to_string());
+    }
+    Ok(())
+}
+
+/// Counts one more reference to `file`'s body, writing the body on the first.
+fn reference_body(txn: &WriteTransaction, file: &UnitFile) -> Result<()> {
+    let key = file.hash().to_string();
+    let mut refs = txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
+    let count = refs
+        .get(key.as_str())
+        .map_err(unavailable)?
+        .map_or(0, |c| c.value());
+    refs.insert(key.as_str(), count + 1).map_err(unavailable)?;
+    if count == 0 {
+        let mut bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
+        bodies
+            .insert(key.as_str(), encode(&file.options()).as_slice())
+            .map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+/// Drops one reference to a body, deleting the body with the last one.
+fn release_body(txn: &WriteTransaction, hash: &fleet_core::UnitHash) -> Result<()> {
+    let key = hash.to_string();
+    let mut refs = txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
+    let count = refs
+        .get(key.as_str())
+        .map_err(unavailable)?
+        .map_or(0, |c| c.value());
+    if count <= 1 {
+        refs.remove(key.as_str()).map_err(unavailable)?;
+        txn.open_table(tables::BODIES)
+            .map_err(unavailable)?
+            .remove(key.as_str())
+            .map_err(unavailable)?;
+    } else {
+        refs.insert(key.as_str(), count - 1).map_err(unavailable)?;
+    }
+    Ok(())
+}
+
+fn unit_record(txn: &WriteTransaction, name: &str) -> Result<Option<UnitRecord>> {
+    let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+    let record = units.get(name).map_err(unavailable)?;
+    record.map(|r| decode(name, r.value())).transpose()
+}
+
+pub(super) fn read_machines(txn: &ReadTransaction) -> Result<Vec<MachineState>> {
+    let machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
+    let metadata = txn.open_table(tables::METADATA).map_err(unavailable)?;
+    let mut result = Vec::new();
+    for (id, machine) in read_all::<MachineState>(&machines)? {
+        let overrides: MetadataOverrides = match metadata.get(id.as_str()).map_err(unavailable)? {
+            Some(bytes) => decode(&id, bytes.value())?,
+            None => MetadataOverrides::new(),
+        };
+        result.push(machine.with_overrides(&overrides));
+    }
+    Ok(result)
+}
+
+#[async_trait]
+impl ApiRegistry for EmbeddedRegistry {
+    async fn units(&self) -> Result<Vec<UnitView>> {
+        self.read(|txn| {
+            let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            read_all::<UnitRecord>(&units)?
+                .into_iter()
+                .map(|(name, record)| unit_view(txn, &name, record))
+                .collect()
+        })
+        .await
+    }
+
+    async fn unit(&self, name: &str) -> Result<Option<UnitView>> {
+        let name = name.to_string();
+        self.read(move |txn| {
+            let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            let Some(record) = units.get(name.as_str()).map_err(unavailable)? else {
+                return Ok(None);
+            };
+            let record = decode(&name, record.value())?;
+            unit_view(txn, &name, record).map(Some)
+        })
+        .await
+    }
+
+    async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
+        let (name, file) = (name.to_string(), file.clone());
+        self.write(move |txn, touched| {
+            let hash = file.hash();
+            let global = Requirements::from_unit(&name, &file).global;
+            let previous = unit_record(txn, &name)?;
+            if previous.as_ref().is_none_or(|old| old.hash != hash) {
+                reference_body(txn, &file)?;
+                if let Some(old) = &previous {
+                    release_body(txn, &old.hash)?;
+                }
+            }
+            let record = UnitRecord {
+                hash,
+                desired,
+                global,
+            };
+            txn.open_table(tables::UNITS)
+                .map_err(unavailable)?
+                .insert(name.as_str(), encode(&record).as_slice())
+                .map_err(unavailable)?;
+            touch_unit(
+                txn,
+                &name,
+                global || previous.is_some_and(|old| old.global),
+                touched,
+            )
+        })
+        .await
+    }
+
+    async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool> {
+        let name = name.to_string();
+        self.write(move |txn, touched| {
+            let Some(mut record) = unit_record(txn, &name)? else {
+                return Ok(false);
+            };
+            record.desired = desired;
+            txn.open_table(tables::UNITS)
+                .map_err(unavailable)?
+                .insert(name.as_str(), encode(&record).as_slice())
+                .map_err(unavailable)?;
+            touch_unit(txn, &name, record.global, touched)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn destroy_unit(&self, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.write(move |txn, touched| {
+            let Some(record) = unit_record(txn, &name)? else {
+                return Ok(false);
+            };
+            touch_unit(txn, &name, record.global, touched)?;
+            txn.open_table(tables::UNITS)
+                .map_err(unavailable)?
+                .remove(name.as_str())
+                .map_err(unavailable)?;
+            txn.open_table(tables::SCHEDULE)
+                .map_err(unavailable)?
+                .remove(name.as_str())
+                .map_err(unavailable)?;
+            txn.open_table(tables::REASONS)
+                .map_err(unavailable)?
+                .remove(name.as_str())
+                .map_err(unavailable)?;
+            release_body(txn, &record.hash)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn unit_states(&self) -> Result<Vec<UnitState>> {
+        self.read(|txn| {
+            let states = txn.open_table(tables::STATES).map_err(unavailable)?;
+            Ok(read_all::<UnitState>(&states)?
+                .into_iter()
+                .map(|(_, state)| state)
+                .collect())
+        })
+        .await
+    }
+
+    async fn machines(&self) -> Result<Vec<MachineState>> {
+        self.read(read_machines).await
+    }
+
+    async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()> {
+        let changes = changes.to_vec();
+        self.write(move |txn, touched| {
+            let mut table = txn.open_table(tables::METADATA).map_err(unavailable)?;
+            for change in &changes {
+                let (machine_id, key, value) = match change {
+                    MetadataChange::Set {
+                        machine_id,
+                        key,
+                        value,
+                    } => (machine_id, key, value.as_str()),
+                    MetadataChange::Remove { machine_id, key } => (machine_id, key, ""),
+                };
+                let mut overrides: MetadataOverrides =
+                    match table.get(machine_id.as_str()).map_err(unavailable)? {
+                        Some(bytes) => decode(machine_id, bytes.value())?,
+                        None => MetadataOverrides::new(),
+                    };
+                overrides.insert(key.clone(), value.to_string());
+                table
+                    .insert(machine_id.as_str(), encode(&overrides).as_slice())
+                    .map_err(unavailable)?;
+                touched.machines.push(machine_id.clone());
+            }
+            touched.engine = true;
+            Ok(())
+        })
+        .await
+    }
+}

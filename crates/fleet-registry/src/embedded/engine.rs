@@ -1,0 +1,133 @@
+//! The engine's facet of the embedded store. One fleetd owns the file, so leadership is
+//! always its own; the lease is still checked so the seam behaves as on etcd.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use fleet_core::schedule::Decision;
+use fleet_core::{UnitFile, UnitHash};
+use redb::ReadableTable;
+
+use super::api::read_machines;
+use super::tables::{self, Options, UnitRecord, decode, read_all};
+use super::{EmbeddedRegistry, unavailable};
+use crate::{
+    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit,
+};
+
+const EMBEDDED_LEASE_TOKEN: u64 = 1;
+
+#[async_trait]
+impl EngineRegistry for EmbeddedRegistry {
+    async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>> {
+        Ok(Some(EngineLease {
+            machine_id: machine_id.to_string(),
+            token: EMBEDDED_LEASE_TOKEN,
+        }))
+    }
+
+    async fn release_leadership(&self, _lease: &EngineLease) -> Result<()> {
+        Ok(())
+    }
+
+    async fn snapshot(&self) -> Result<EngineSnapshot> {
+        self.read(|txn| {
+            let machines = read_machines(txn)?;
+            let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
+            let mut placed = HashMap::new();
+            for row in schedule.iter().map_err(unavailable)? {
+                let (unit, machine) = row.map_err(unavailable)?;
+                placed.insert(unit.value().to_string(), machine.value().to_string());
+            }
+            let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            let units = read_all::<UnitRecord>(&units)?
+                .into_iter()
+                .map(|(name, record)| ScheduledUnit {
+                    machine_id: placed.remove(&name),
+                    name,
+                    hash: record.hash,
+                    desired: record.desired,
+                })
+                .collect();
+            Ok(EngineSnapshot { machines, units })
+        })
+        .await
+    }
+
+    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        let hashes = hashes.to_vec();
+        self.read(move |txn| {
+            let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
+            let mut found = HashMap::new();
+            for hash in hashes {
+                let key = hash.to_string();
+                if let Some(body) = bodies.get(key.as_str()).map_err(unavailable)? {
+                    found.insert(
+                        hash,
+                        UnitFile::from_options(decode::<Options>(&key, body.value())?),
+                    );
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
+    async fn apply(
+        &self,
+        lease: &EngineLease,
+        decisions: &[Decision],
+        unplaced: &[(String, String)],
+    ) -> Result<()> {
+        if lease.token != EMBEDDED_LEASE_TOKEN {
+            return Err(RegistryError::LeadershipLost);
+        }
+        let decisions = decisions.to_vec();
+        let reasons: BTreeMap<String, String> = unplaced.iter().cloned().collect();
+        self.write(move |txn, touched| {
+            let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            let mut schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
+            for decision in &decisions {
+                match decision {
+                    Decision::Schedule { unit, machine } => {
+                        let exists = units.get(unit.as_str()).map_err(unavailable)?.is_some();
+                        let free = schedule.get(unit.as_str()).map_err(unavailable)?.is_none();
+                        if exists && free {
+                            schedule
+                                .insert(unit.as_str(), machine.as_str())
+                                .map_err(unavailable)?;
+                            touched.machines.push(machine.clone());
+                        }
+                    }
+                    Decision::Unschedule { unit, machine, .. } => {
+                        let current = schedule
+                            .get(unit.as_str())
+                            .map_err(unavailable)?
+                            .map(|m| m.value() == machine);
+                        if current == Some(true) {
+                            schedule.remove(unit.as_str()).map_err(unavailable)?;
+                            touched.machines.push(machine.clone());
+                        }
+                    }
+                }
+            }
+            let mut table = txn.open_table(tables::REASONS).map_err(unavailable)?;
+            table
+                .retain(|unit, reason| reasons.get(unit).is_some_and(|new| new == reason))
+                .map_err(unavailable)?;
+            for (unit, reason) in &reasons {
+                if units.get(unit.as_str()).map_err(unavailable)?.is_some() {
+                    table
+                        .insert(unit.as_str(), reason.as_str())
+                        .map_err(unavailable)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    fn engine_changes(&self) -> ChangeSignal {
+        self.signals.engine.subscribe()
+    }
+}

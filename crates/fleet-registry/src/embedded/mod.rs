@@ -1,0 +1,153 @@
+//! The embedded store: one redb file under `state_dir`, the single-machine default.
+//!
+//! Every write is one redb transaction, so a crash leaves either all of a change or none
+//! of it. Readers are told of changes through watch channels: the engine on any change to
+//! units or machines, each machine only on changes to its own work.
+
+mod agent;
+mod api;
+mod engine;
+mod tables;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use redb::{Database, ReadTransaction, ReadableDatabase, WriteTransaction};
+use tokio::sync::watch;
+
+use crate::{ChangeSignal, RegistryError, Result};
+
+pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
+    RegistryError::Unavailable(error.to_string())
+}
+
+/// Who must hear of a write.
+#[derive(Default)]
+pub(crate) struct Touched {
+    engine: bool,
+    all_machines: bool,
+    machines: Vec<String>,
+}
+
+impl Touched {
+    fn engine() -> Self {
+        Self {
+            engine: true,
+            ..Self::default()
+        }
+    }
+}
+
+struct Signals {
+    engine: watch::Sender<u64>,
+    machines: Mutex<HashMap<String, watch::Sender<u64>>>,
+}
+
+#[derive(Clone)]
+pub struct EmbeddedRegistry {
+    db: Arc<Database>,
+    signals: Arc<Signals>,
+}
+
+impl EmbeddedRegistry {
+    /// Opens (or creates) the store at `path`.
+    pub fn open(path: &Path) -> Result<Self> {
+        let db = Database::create(path).map_err(|error| {
+            RegistryError::Unavailable(format!(
+                "cannot open embedded store {}: {error}",
+                path.display()
+            ))
+        })?;
+        let txn = db.begin_write().map_err(unavailable)?;
+        for table in [
+            tables::UNITS,
+            tables::BODIES,
+            tables::MACHINES,
+            tables::METADATA,
+            tables::STATES,
+        ] {
+            txn.open_table(table).map_err(unavailable)?;
+        }
+        for table in [tables::SCHEDULE, tables::REASONS] {
+            txn.open_table(table).map_err(unavailable)?;
+        }
+        txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
+        txn.commit().map_err(unavailable)?;
+        let signals = Signals {
+            engine: watch::channel(0).0,
+            machines: Mutex::new(HashMap::new()),
+        };
+        Ok(Self {
+            db: Arc::new(db),
+            signals: Arc::new(signals),
+        })
+    }
+
+    async fn read<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&ReadTransaction) -> Result<T> + Send + 'static,
+    {
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || work(&db.begin_read().map_err(unavailable)?))
+            .await
+            .map_err(unavailable)?
+    }
+
+    /// Runs `work` in one write transaction, commits it, then tells whoever it touched.
+    async fn write<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&WriteTransaction, &mut Touched) -> Result<T> + Send + 'static,
+    {
+        let db = self.db.clone();
+        let (value, touched) = tokio::task::spawn_blocking(move || {
+            let txn = db.begin_write().map_err(unavailable)?;
+            let mut touched = Touched::default();
+            let value = work(&txn, &mut touched)?;
+            txn.commit().map_err(unavailable)?;
+            Ok::<_, RegistryError>((value, touched))
+        })
+        .await
+        .map_err(unavailable)??;
+        self.notify(&touched);
+        Ok(value)
+    }
+
+    fn notify(&self, touched: &Touched) {
+        let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
+        if touched.engine {
+            bump(&self.signals.engine);
+        }
+        let machines = self
+            .signals
+            .machines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if touched.all_machines {
+            machines.values().for_each(bump);
+        } else {
+            touched
+                .machines
+                .iter()
+                .filter_map(|id| machines.get(id))
+                .for_each(bump);
+        }
+    }
+
+    fn machine_signal(&self, machine_id: &str) -> ChangeSignal {
+        let mut machines = self
+            .signals
+            .machines
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        machines
+            .entry(machine_id.to_string())
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests;

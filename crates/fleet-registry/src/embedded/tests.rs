@@ -1,0 +1,204 @@
+use fleet_core::schedule::{Decision, UnscheduleReason};
+use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
+
+use super::EmbeddedRegistry;
+use crate::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, StateReport};
+
+fn unit(text: &str) -> UnitFile {
+    UnitFile::parse(text).unwrap()
+}
+
+fn machine(id: &str) -> MachineState {
+    MachineState {
+        id: id.into(),
+        public_ip: "127.0.0.1".into(),
+        ..Default::default()
+    }
+}
+
+async fn body_count(registry: &EmbeddedRegistry) -> usize {
+    registry
+        .read(|txn| {
+            use redb::ReadableTableMetadata;
+            Ok(txn
+                .open_table(super::tables::BODIES)
+                .map_err(super::unavailable)?
+                .len()
+                .map_err(super::unavailable)? as usize)
+        })
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn units_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.redb");
+    {
+        let registry = EmbeddedRegistry::open(&path).unwrap();
+        registry
+            .put_unit(
+                "a.service",
+                &unit("[Service]\nExecStart=/bin/sleep 1000\n"),
+                DesiredState::Launched,
+            )
+            .await
+            .unwrap();
+        registry.register_machine(&machine("m1")).await.unwrap();
+    }
+    let registry = EmbeddedRegistry::open(&path).unwrap();
+    let view = registry.unit("a.service").await.unwrap().unwrap();
+    assert_eq!(
+        view.hash.to_string(),
+        "2d432f4a06608c1a8b2848b66c836793a1d48ce6"
+    );
+    assert_eq!(view.desired, DesiredState::Launched);
+    assert_eq!(view.current, Some(DesiredState::Inactive));
+    assert_eq!(registry.machines().await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn bodies_are_shared_and_collected() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let body = unit("[Service]\nExecStart=/bin/true\n");
+    registry
+        .put_unit("a.service", &body, DesiredState::Inactive)
+        .await
+        .unwrap();
+    registry
+        .put_unit("b.service", &body, DesiredState::Inactive)
+        .await
+        .unwrap();
+    assert_eq!(body_count(&registry).await, 1);
+    registry
+        .put_unit(
+            "b.service",
+            &unit("[Service]\nExecStart=/bin/false\n"),
+            DesiredState::Inactive,
+        )
+        .await
+        .unwrap();
+    assert_eq!(body_count(&registry).await, 2);
+    assert!(registry.destroy_unit("a.service").await.unwrap());
+    assert_eq!(body_count(&registry).await, 1);
+    assert!(registry.destroy_unit("b.service").await.unwrap());
+    assert!(!registry.destroy_unit("b.service").await.unwrap());
+    assert_eq!(body_count(&registry).await, 0);
+}
+
+#[tokio::test]
+async fn schedule_states_and_current_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let mut machine_signal = registry.machine_changes("m1");
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let file = unit("[Service]\nExecStart=/bin/true\n");
+    registry
+        .put_unit("a.service", &file, DesiredState::Launched)
+        .await
+        .unwrap();
+    let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
+    let schedule = [Decision::Schedule {
+        unit: "a.service".into(),
+        machine: "m1".into(),
+    }];
+    machine_signal.mark_unchanged();
+    registry
+        .apply(&lease, &schedule, &[("b.service".into(), "nowhere".into())])
+        .await
+        .unwrap();
+    assert!(machine_signal.has_changed().unwrap());
+    let work = registry.machine_work("m1").await.unwrap();
+    assert_eq!(work.scheduled.len(), 1);
+    assert_eq!(
+        registry.unit("a.service").await.unwrap().unwrap().current,
+        Some(DesiredState::Inactive)
+    );
+
+    let mut state = UnitState {
+        name: "a.service".into(),
+        machine_id: "m1".into(),
+        hash: file.hash(),
+        systemd: SystemdState::new("loaded", "inactive", "dead"),
+        launched: false,
+    };
+    registry
+        .report_states("m1", &[StateReport::Set(state.clone())])
+        .await
+        .unwrap();
+    assert_eq!(
+        registry.unit("a.service").await.unwrap().unwrap().current,
+        Some(DesiredState::Loaded)
+    );
+    state.launched = true;
+    registry
+        .report_states("m1", &[StateReport::Set(state)])
+        .await
+        .unwrap();
+    let view = registry.unit("a.service").await.unwrap().unwrap();
+    assert_eq!(
+        (view.current, view.machine_id.as_deref()),
+        (Some(DesiredState::Launched), Some("m1"))
+    );
+
+    // A second schedule of a placed unit is skipped; an unschedule from another machine too.
+    let stale = [
+        Decision::Schedule {
+            unit: "a.service".into(),
+            machine: "m2".into(),
+        },
+        Decision::Unschedule {
+            unit: "a.service".into(),
+            machine: "m2".into(),
+            reason: UnscheduleReason::MachineWentAway,
+        },
+    ];
+    registry.apply(&lease, &stale, &[]).await.unwrap();
+    assert_eq!(
+        registry
+            .unit("a.service")
+            .await
+            .unwrap()
+            .unwrap()
+            .machine_id
+            .as_deref(),
+        Some("m1")
+    );
+
+    registry.unregister_machine("m1").await.unwrap();
+    assert!(registry.unit_states().await.unwrap().is_empty());
+    assert!(registry.machines().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn runtime_metadata_overlays_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let mut configured = machine("m1");
+    configured
+        .metadata
+        .insert("hostname".into(), "smoke".into());
+    registry.register_machine(&configured).await.unwrap();
+    let set = |key: &str, value: &str| MetadataChange::Set {
+        machine_id: "m1".into(),
+        key: key.into(),
+        value: value.into(),
+    };
+    registry
+        .change_metadata(&[set("foo", "bar"), set("hostname", "other")])
+        .await
+        .unwrap();
+    let metadata = &registry.machines().await.unwrap()[0].metadata;
+    assert_eq!(metadata.get("foo").map(String::as_str), Some("bar"));
+    assert_eq!(metadata.get("hostname").map(String::as_str), Some("other"));
+    let remove = |key: &str| MetadataChange::Remove {
+        machine_id: "m1".into(),
+        key: key.into(),
+    };
+    registry
+        .change_metadata(&[remove("foo"), remove("hostname")])
+        .await
+        .unwrap();
+    assert!(registry.machines().await.unwrap()[0].metadata.is_empty());
+}

@@ -1,0 +1,102 @@
+//! The Registry seam: the cluster's shared state, in three facets, one per role.
+//!
+//! - [`ApiRegistry`]: what the HTTP API reads and writes (units, desired states, machines,
+//!   unit states).
+//! - [`EngineRegistry`]: the engine's snapshot and its fenced schedule writes.
+//! - [`AgentRegistry`]: one machine's presence, its own work, unit bodies and its states.
+//!
+//! Implementations: [`embedded::EmbeddedRegistry`] (a redb file; the single-machine default).
+
+pub mod embedded;
+mod model;
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use fleet_core::schedule::Decision;
+use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
+use tokio::sync::watch;
+
+pub use model::{
+    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, ScheduledUnit, StateReport, UnitView,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The store could not be reached or failed; the caller may retry.
+    #[error("registry unavailable: {0}")]
+    Unavailable(String),
+    /// The store holds something this version cannot read.
+    #[error("registry holds unreadable data under {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+    /// The engine's leadership was lost before a fenced write.
+    #[error("engine leadership lost")]
+    LeadershipLost,
+}
+
+pub type Result<T> = std::result::Result<T, RegistryError>;
+
+/// A counter that moves on every change a reader cares about; readers wait on it and then
+/// re-read. Changes may be coalesced, never lost.
+pub type ChangeSignal = watch::Receiver<u64>;
+
+#[async_trait]
+pub trait ApiRegistry: Send + Sync {
+    /// Every unit, in name order, with its schedule and derived current state.
+    async fn units(&self) -> Result<Vec<UnitView>>;
+    async fn unit(&self, name: &str) -> Result<Option<UnitView>>;
+    /// Stores `file` under `name` with `desired`, replacing any unit of that name.
+    async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()>;
+    /// Sets a unit's desired state; `false` when there is no such unit.
+    async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool>;
+    /// Removes a unit; `false` when there was none.
+    async fn destroy_unit(&self, name: &str) -> Result<bool>;
+    /// Every unit state every machine reported, in (unit, machine) order.
+    async fn unit_states(&self) -> Result<Vec<UnitState>>;
+    /// Live machines with their effective metadata, in ID order.
+    async fn machines(&self) -> Result<Vec<MachineState>>;
+    /// Applies runtime metadata changes all at once.
+    async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()>;
+}
+
+/// Proof of engine leadership, checked by every schedule write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineLease {
+    pub machine_id: String,
+    pub token: u64,
+}
+
+#[async_trait]
+pub trait EngineRegistry: Send + Sync {
+    /// Takes or renews the engine leadership for `machine_id`; `None` when another holds it.
+    async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>>;
+    async fn release_leadership(&self, lease: &EngineLease) -> Result<()>;
+    async fn snapshot(&self) -> Result<EngineSnapshot>;
+    /// The bodies of the given units, for the ones the engine has not cached yet.
+    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>>;
+    /// Writes the decisions and the reasons for unplaced units, fenced by `lease`. A decision
+    /// that no longer applies (the unit was destroyed or moved meanwhile) is skipped.
+    async fn apply(
+        &self,
+        lease: &EngineLease,
+        decisions: &[Decision],
+        unplaced: &[(String, String)],
+    ) -> Result<()>;
+    /// Moves when units, desired states or machines change.
+    fn engine_changes(&self) -> ChangeSignal;
+}
+
+#[async_trait]
+pub trait AgentRegistry: Send + Sync {
+    /// Announces this machine; it stays until [`AgentRegistry::unregister_machine`].
+    async fn register_machine(&self, machine: &MachineState) -> Result<()>;
+    /// Removes the machine and the unit states it reported.
+    async fn unregister_machine(&self, machine_id: &str) -> Result<()>;
+    /// What this machine should hold: its own schedule and the global units.
+    async fn machine_work(&self, machine_id: &str) -> Result<MachineWork>;
+    async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>>;
+    /// Records state changes of this machine's units in one write.
+    async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()>;
+    /// Moves when this machine's work may have changed.
+    fn machine_changes(&self, machine_id: &str) -> ChangeSignal;
+}

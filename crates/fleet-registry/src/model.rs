@@ -1,0 +1,70 @@
+//! The plain records the registry hands out.
+
+use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
+
+/// A unit as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitView {
+    pub name: String,
+    pub file: UnitFile,
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+    /// `None` for global units, which have no single current state.
+    pub current: Option<CurrentState>,
+    pub machine_id: Option<String>,
+    pub global: bool,
+    /// Why the engine could not place the unit, when it could not.
+    pub reason: Option<String>,
+}
+
+/// A change made through `PATCH /machines`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataChange {
+    Set {
+        machine_id: String,
+        key: String,
+        value: String,
+    },
+    Remove {
+        machine_id: String,
+        key: String,
+    },
+}
+
+/// A unit in the engine's snapshot: no body, only its hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScheduledUnit {
+    pub name: String,
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+    pub machine_id: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineSnapshot {
+    pub machines: Vec<MachineState>,
+    pub units: Vec<ScheduledUnit>,
+}
+
+/// A unit some machine should hold.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AssignedUnit {
+    pub name: String,
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+}
+
+/// One machine's work: itself as the cluster sees it, its schedule and the global units.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineWork {
+    pub machine: Option<MachineState>,
+    pub scheduled: Vec<AssignedUnit>,
+    pub globals: Vec<AssignedUnit>,
+}
+
+/// A change in what a machine reports about one of its units.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateReport {
+    Set(UnitState),
+    Remove(String),
+}
