@@ -1,0 +1,58 @@
+//! The UnitManager seam: what runs units on one machine.
+//!
+//! Implementations: [`native::NativeManager`], a built-in supervisor for hosts without
+//! systemd as PID 1 (containers, development, CI). The agent drives a manager only through
+//! this trait.
+
+pub mod native;
+
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use fleet_core::{SystemdState, UnitFile, UnitHash};
+use tokio::sync::watch;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UnitManagerError {
+    #[error("unit {0} is not loaded")]
+    NotLoaded(String),
+    #[error("unit {unit}: {reason}")]
+    Refused { unit: String, reason: String },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, UnitManagerError>;
+
+/// A unit the manager holds, as the agent needs to know it after a restart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldUnit {
+    pub hash: UnitHash,
+    pub state: SystemdState,
+}
+
+#[async_trait]
+pub trait UnitManager: Send + Sync {
+    /// Which implementation this is, for logs ("native", "systemd").
+    fn kind(&self) -> &'static str;
+    /// Makes `file` known under `name` without starting it.
+    async fn load(&self, name: &str, file: &UnitFile) -> Result<()>;
+    /// Stops the unit if it runs and forgets it.
+    async fn unload(&self, name: &str) -> Result<()>;
+    /// Picks up loads and unloads (systemd's daemon-reload); once per batch.
+    async fn reload_unit_files(&self) -> Result<()>;
+    async fn start(&self, name: &str) -> Result<()>;
+    async fn stop(&self, name: &str) -> Result<()>;
+    /// Every unit held, with its state.
+    async fn units(&self) -> Result<BTreeMap<String, HeldUnit>>;
+    /// Moves whenever a unit's state changes.
+    fn state_changes(&self) -> watch::Receiver<u64>;
+    /// The last `lines` lines of a unit's log.
+    async fn journal(&self, name: &str, lines: usize) -> Result<String>;
+    /// Stops every unit, for a clean shutdown.
+    async fn stop_all(&self) -> Result<()>;
+}

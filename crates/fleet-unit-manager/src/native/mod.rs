@@ -1,0 +1,447 @@
+//! The native supervisor: runs `.service` units as process groups of fleetd's own, for
+//! hosts and containers without systemd as PID 1.
+//!
+//! Each started unit gets a [`runner::Runner`] task; states use systemd's words so the rest
+//! of fleet cannot tell the managers apart. Unit processes die with fleetd (parent-death
+//! signal), and a fleetd restarting after a crash kills what its predecessor left behind.
+
+mod command;
+mod journal;
+mod process;
+mod runner;
+mod service;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use async_trait::async_trait;
+use fleet_core::unit_name::UnitNameInfo;
+use fleet_core::{SystemdState, UnitFile, UnitHash};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+pub use service::{ServiceConfig, ServiceError};
+
+use self::command::{Specifiers, parse_assignments, parse_environment_file};
+use self::journal::{LogSink, log_path, tail};
+use self::process::{ExecContext, kill_leftovers, lookup_group, lookup_user};
+use self::runner::{Runner, StateSink};
+use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
+
+pub struct NativeOptions {
+    /// Where unit logs live (`<state_dir>/native/logs`).
+    pub state_dir: PathBuf,
+    pub machine_id: String,
+    pub hostname: String,
+}
+
+struct RunningUnit {
+    stop: watch::Sender<bool>,
+    done: JoinHandle<()>,
+}
+
+struct Slot {
+    hash: UnitHash,
+    file: UnitFile,
+    config: std::result::Result<ServiceConfig, String>,
+    state: SystemdState,
+    generation: u64,
+    running: Option<RunningUnit>,
+    log: LogSink,
+}
+
+struct Shared {
+    units: Mutex<BTreeMap<String, Slot>>,
+    changes: watch::Sender<u64>,
+    log_dir: PathBuf,
+    marker: String,
+    machine_id: String,
+    hostname: String,
+}
+
+impl Shared {
+    fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
+        self.units
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|revision| *revision += 1);
+    }
+}
+
+/// A runner's handle on its unit's state; a runner from an earlier start cannot overwrite
+/// the state of a later one.
+struct SlotState {
+    shared: Weak<Shared>,
+    unit: String,
+    generation: u64,
+}
+
+impl StateSink for SlotState {
+    fn set(&self, active: &str, sub: &str) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        {
+            let mut slots = shared.slots();
+            let Some(slot) = slots
+                .get_mut(&self.unit)
+                .filter(|slot| slot.generation == self.generation)
+            else {
+                return;
+            };
+            slot.state = SystemdState::new("loaded", active, sub);
+        }
+        shared.changed();
+    }
+}
+
+pub struct NativeManager {
+    shared: Arc<Shared>,
+}
+
+impl NativeManager {
+    pub fn new(options: NativeOptions) -> Result<Self> {
+        let log_dir = options.state_dir.join("native").join("logs");
+        std::fs::create_dir_all(&log_dir).map_err(|source| UnitManagerError::Io {
+            context: format!("creating {}", log_dir.display()),
+            source,
+        })?;
+        let marker = std::fs::canonicalize(&options.state_dir)
+            .unwrap_or(options.state_dir.clone())
+            .to_string_lossy()
+            .into_owned();
+        let leftovers = kill_leftovers(&marker);
+        if leftovers > 0 {
+            tracing::warn!(
+                leftovers,
+                "killed unit processes left behind by an earlier fleetd"
+            );
+        }
+        let shared = Shared {
+            units: Mutex::new(BTreeMap::new()),
+            changes: watch::channel(0).0,
+            log_dir,
+            marker,
+            machine_id: options.machine_id,
+            hostname: options.hostname,
+        };
+        Ok(Self {
+            shared: Arc::new(shared),
+        })
+    }
+
+    fn specifiers(&self, unit: &str) -> Specifiers {
+        let name = UnitNameInfo::new(unit);
+        Specifiers {
+            name: unit.to_string(),
+            stem: name.stem.to_string(),
+            prefix: name.prefix.to_string(),
+            instance: name.instance.to_string(),
+            hostname: self.shared.hostname.clone(),
+            machine_id: self.shared.machine_id.clone(),
+        }
+    }
+
+    /// Everything a unit's commands share, read when it starts (environment files included).
+    fn context(
+        &self,
+        config: &ServiceConfig,
+        specifiers: &Specifiers,
+    ) -> std::result::Result<ExecContext, String> {
+        let mut environment = BTreeMap::new();
+        for value in &config.environment {
+            parse_assignments(&specifiers.expand(value), &mut environment);
+        }
+        for value in &config.environment_files {
+            let (optional, path) = match value.strip_prefix('-') {
+                Some(path) => (true, path),
+                None => (false, value.as_str()),
+            };
+            let path = specifiers.expand(path);
+            match std::fs::read_to_string(&path) {
+                Ok(text) => parse_environment_file(&text, &mut environment),
+                Err(_) if optional => {}
+                Err(error) => {
+                    return Err(format!("Failed to load environment file {path}: {error}"));
+                }
+            }
+        }
+        let account = match &config.user {
+            Some(user) => Some(
+                lookup_user(&specifiers.expand(user))
+                    .map_err(|error| format!("Failed to determine user credentials: {error}"))?,
+            ),
+            None => None,
+        };
+        let gid = match &config.group {
+            Some(group) => Some(
+                lookup_group(&specifiers.expand(group))
+                    .map_err(|error| format!("Failed to determine group credentials: {error}"))?,
+            ),
+            None => None,
+        };
+        let working_directory = match &config.working_directory {
+            None => None,
+            Some(value) => {
+                let (optional, path) = match value.strip_prefix('-') {
+                    Some(path) => (true, path),
+                    None => (false, value.as_str()),
+                };
+                let path = match (path, &account) {
+                    ("~", Some(account)) => PathBuf::from(&account.home),
+                    ("~", None) => PathBuf::from("/root"),
+                    (path, _) => PathBuf::from(specifiers.expand(path)),
+                };
+                match (path.is_dir(), optional) {
+                    (true, _) => Some(path),
+                    (false, true) => None,
+                    (false, false) => {
+                        return Err(format!(
+                            "Changing to the requested working directory failed: {} does not exist",
+                            path.display()
+                        ));
+                    }
+                }
+            }
+        };
+        Ok(ExecContext {
+            environment,
+            working_directory,
+            account,
+            gid,
+            marker: self.shared.marker.clone(),
+        })
+    }
+
+    fn log_sink(&self, unit: &str) -> Result<LogSink> {
+        let path = log_path(&self.shared.log_dir, unit);
+        LogSink::open(&path, &self.shared.hostname).map_err(|source| UnitManagerError::Io {
+            context: format!("opening {}", path.display()),
+            source,
+        })
+    }
+
+    /// Asks a unit's runner to stop and waits for it.
+    async fn stop_runner(running: RunningUnit) {
+        let _ = running.stop.send(true);
+        let _ = running.done.await;
+    }
+}
+
+fn description(unit: &str, file: &UnitFile) -> String {
+    file.description()
+        .map_or_else(|| unit.to_string(), str::to_string)
+}
+
+#[async_trait]
+impl UnitManager for NativeManager {
+    fn kind(&self) -> &'static str {
+        "native"
+    }
+
+    async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
+        let previous = self
+            .shared
+            .slots()
+            .get_mut(name)
+            .and_then(|slot| slot.running.take());
+        if let Some(running) = previous {
+            Self::stop_runner(running).await;
+        }
+        let log = self.log_sink(name)?;
+        let config = match ServiceConfig::from_unit(name, file) {
+            Ok((config, warnings)) => {
+                for warning in warnings {
+                    tracing::warn!(unit = name, "{warning}");
+                    log.line("fleetd", None, &format!("{name}: {warning}"));
+                }
+                Ok(config)
+            }
+            Err(error) => {
+                tracing::warn!(unit = name, "{error}");
+                log.line("fleetd", None, &format!("{name}: {error}"));
+                Err(error.to_string())
+            }
+        };
+        let state = match &config {
+            Ok(_) => SystemdState::new("loaded", "inactive", "dead"),
+            Err(_) => SystemdState::new("bad-setting", "inactive", "dead"),
+        };
+        let mut slots = self.shared.slots();
+        let generation = slots.get(name).map_or(0, |slot| slot.generation + 1);
+        slots.insert(
+            name.to_string(),
+            Slot {
+                hash: file.hash(),
+                file: file.clone(),
+                config,
+                state,
+                generation,
+                running: None,
+                log,
+            },
+        );
+        drop(slots);
+        self.shared.changed();
+        Ok(())
+    }
+
+    async fn unload(&self, name: &str) -> Result<()> {
+        let running = self
+            .shared
+            .slots()
+            .get_mut(name)
+            .and_then(|slot| slot.running.take());
+        if let Some(running) = running {
+            Self::stop_runner(running).await;
+        }
+        self.shared.slots().remove(name);
+        self.shared.changed();
+        Ok(())
+    }
+
+    async fn reload_unit_files(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn start(&self, name: &str) -> Result<()> {
+        let (config, file, log, generation) = {
+            let mut slots = self.shared.slots();
+            let slot = slots
+                .get_mut(name)
+                .ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
+            if slot
+                .running
+                .as_ref()
+                .is_some_and(|running| !running.done.is_finished())
+            {
+                return Ok(());
+            }
+            let config = slot
+                .config
+                .clone()
+                .map_err(|reason| UnitManagerError::Refused {
+                    unit: name.to_string(),
+                    reason,
+                })?;
+            slot.generation += 1;
+            (config, slot.file.clone(), slot.log.clone(), slot.generation)
+        };
+        let specifiers = self.specifiers(name);
+        let state = SlotState {
+            shared: Arc::downgrade(&self.shared),
+            unit: name.to_string(),
+            generation,
+        };
+        let context = match self.context(&config, &specifiers) {
+            Ok(context) => context,
+            Err(reason) => {
+                log.line("fleetd", None, &format!("{name}: {reason}"));
+                state.set("failed", "failed");
+                return Err(UnitManagerError::Refused {
+                    unit: name.to_string(),
+                    reason,
+                });
+            }
+        };
+        let (stop, stop_requests) = watch::channel(false);
+        state.set("activating", "start");
+        let runner = Runner {
+            unit: name.to_string(),
+            description: description(name, &file),
+            config,
+            context,
+            specifiers,
+            log,
+            state,
+            stop: stop_requests,
+        };
+        let done = tokio::spawn(runner.run());
+        if let Some(slot) = self.shared.slots().get_mut(name) {
+            slot.running = Some(RunningUnit { stop, done });
+        }
+        Ok(())
+    }
+
+    async fn stop(&self, name: &str) -> Result<()> {
+        let running = {
+            let mut slots = self.shared.slots();
+            let slot = slots
+                .get_mut(name)
+                .ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
+            slot.running.take()
+        };
+        if let Some(running) = running {
+            Self::stop_runner(running).await;
+        }
+        Ok(())
+    }
+
+    async fn units(&self) -> Result<BTreeMap<String, HeldUnit>> {
+        Ok(self
+            .shared
+            .slots()
+            .iter()
+            .map(|(name, slot)| {
+                (
+                    name.clone(),
+                    HeldUnit {
+                        hash: slot.hash,
+                        state: slot.state.clone(),
+                    },
+                )
+            })
+            .collect())
+    }
+
+    fn state_changes(&self) -> watch::Receiver<u64> {
+        self.shared.changes.subscribe()
+    }
+
+    async fn journal(&self, name: &str, lines: usize) -> Result<String> {
+        let path = log_path(&self.shared.log_dir, name);
+        tokio::task::spawn_blocking(move || tail(&path, lines))
+            .await
+            .map_err(|error| UnitManagerError::Io {
+                context: "reading unit log".into(),
+                source: std::io::Error::other(error),
+            })?
+            .map_err(|source| UnitManagerError::Io {
+                context: "reading unit log".into(),
+                source,
+            })
+    }
+
+    async fn stop_all(&self) -> Result<()> {
+        let running: Vec<RunningUnit> = self
+            .shared
+            .slots()
+            .values_mut()
+            .filter_map(|slot| slot.running.take())
+            .collect();
+        futures_join_all(running.into_iter().map(Self::stop_runner)).await;
+        Ok(())
+    }
+}
+
+/// Waits for every future, running them at once.
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
+    futures: impl Iterator<Item = F>,
+) {
+    let handles: Vec<JoinHandle<()>> = futures.map(tokio::spawn).collect();
+    for handle in handles {
+        let _ = handle.await;
+    }
+}
+
+/// Where a unit's log lives, for callers that read it without a manager.
+pub fn unit_log_path(state_dir: &Path, unit: &str) -> PathBuf {
+    log_path(&state_dir.join("native").join("logs"), unit)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,264 @@
+//! Starting one command of a unit: its own process group, a clean environment, its output
+//! into the unit's log, and death with fleetd.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+
+use super::command::ExecCommand;
+use super::journal::LogSink;
+
+/// Set in every unit process, so that a fleetd restarting after a crash can find and stop
+/// the processes its predecessor left behind.
+pub const SUPERVISOR_MARKER: &str = "FLEET_NATIVE_SUPERVISOR";
+
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// A resolved `User=`.
+#[derive(Clone, Debug)]
+pub struct Account {
+    pub uid: u32,
+    pub gid: u32,
+    pub name: String,
+    pub home: String,
+    pub shell: String,
+}
+
+/// Everything a unit's commands share.
+#[derive(Clone, Debug)]
+pub struct ExecContext {
+    pub environment: BTreeMap<String, String>,
+    pub working_directory: Option<PathBuf>,
+    pub account: Option<Account>,
+    pub gid: Option<u32>,
+    pub marker: String,
+}
+
+fn c_string(text: &str) -> io::Result<CString> {
+    CString::new(text)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))
+}
+
+/// Looks a user up by name or number.
+pub fn lookup_user(name: &str) -> io::Result<Account> {
+    let wanted = c_string(name)?;
+    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: every pointer refers to live, correctly sized memory for the duration of the call.
+    let status = unsafe {
+        match name.parse::<u32>() {
+            Ok(uid) => libc::getpwuid_r(
+                uid,
+                &mut entry,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+                &mut found,
+            ),
+            Err(_) => libc::getpwnam_r(
+                wanted.as_ptr(),
+                &mut entry,
+                buffer.as_mut_ptr(),
+                buffer.len(),
+                &mut found,
+            ),
+        }
+    };
+    if status != 0 || found.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no such user {name:?}"),
+        ));
+    }
+    // SAFETY: on success the strings point into `buffer`, which is still alive.
+    let text = |pointer: *const libc::c_char| {
+        unsafe { std::ffi::CStr::from_ptr(pointer) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    Ok(Account {
+        uid: entry.pw_uid,
+        gid: entry.pw_gid,
+        name: text(entry.pw_name),
+        home: text(entry.pw_dir),
+        shell: text(entry.pw_shell),
+    })
+}
+
+/// Looks a group up by name or number.
+pub fn lookup_group(name: &str) -> io::Result<u32> {
+    if let Ok(gid) = name.parse::<u32>() {
+        return Ok(gid);
+    }
+    let wanted = c_string(name)?;
+    let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    let mut entry: libc::group = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::group = std::ptr::null_mut();
+    // SAFETY: as in lookup_user.
+    let status = unsafe {
+        libc::getgrnam_r(
+            wanted.as_ptr(),
+            &mut entry,
+            buffer.as_mut_ptr(),
+            buffer.len(),
+            &mut found,
+        )
+    };
+    if status != 0 || found.is_null() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("no such group {name:?}"),
+        ));
+    }
+    Ok(entry.gr_gid)
+}
+
+impl ExecContext {
+    /// The environment a command starts with: systemd's basics, the unit's own variables.
+    fn full_environment(&self) -> BTreeMap<String, String> {
+        let mut environment = BTreeMap::from([
+            ("PATH".to_string(), DEFAULT_PATH.to_string()),
+            (SUPERVISOR_MARKER.to_string(), self.marker.clone()),
+        ]);
+        if let Some(account) = &self.account {
+            environment.insert("HOME".into(), account.home.clone());
+            environment.insert("USER".into(), account.name.clone());
+            environment.insert("LOGNAME".into(), account.name.clone());
+            environment.insert("SHELL".into(), account.shell.clone());
+        }
+        environment.extend(self.environment.clone());
+        environment
+    }
+}
+
+/// Starts `command` in a new process group whose output goes to `sink`.
+pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io::Result<Child> {
+    let program = &command.argv[0];
+    let mut process = Command::new(program);
+    process
+        .args(&command.argv[1..])
+        .env_clear()
+        .envs(context.full_environment())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(directory) = &context.working_directory {
+        process.current_dir(directory);
+    }
+    if let Some(account) = &context.account {
+        process
+            .uid(account.uid)
+            .gid(context.gid.unwrap_or(account.gid));
+    } else if let Some(gid) = context.gid {
+        process.gid(gid);
+    }
+    // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
+    unsafe {
+        process.pre_exec(|| {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = process.spawn()?;
+    let pid = child.id();
+    let ident = program.rsplit('/').next().unwrap_or(program).to_string();
+    if let Some(stdout) = child.stdout.take() {
+        tokio::spawn(copy_lines(stdout, sink.clone(), ident.clone(), pid));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(copy_lines(stderr, sink.clone(), ident, pid));
+    }
+    Ok(child)
+}
+
+async fn copy_lines(
+    stream: impl AsyncRead + Unpin,
+    sink: LogSink,
+    ident: String,
+    pid: Option<u32>,
+) {
+    let mut lines = BufReader::new(stream).split(b'\n');
+    while let Ok(Some(line)) = lines.next_segment().await {
+        sink.line(
+            &ident,
+            pid,
+            String::from_utf8_lossy(&line).trim_end_matches('\r'),
+        );
+    }
+}
+
+/// Sends `signal` to every process in the group `pgid`.
+pub fn signal_group(pgid: u32, signal: i32) {
+    // SAFETY: kill has no memory-safety preconditions.
+    unsafe {
+        libc::kill(-(pgid as i32), signal);
+    }
+}
+
+pub fn signal_process(pid: u32, signal: i32) {
+    // SAFETY: as above.
+    unsafe {
+        libc::kill(pid as i32, signal);
+    }
+}
+
+/// Whether any process of the group `pgid` is still alive.
+pub fn group_alive(pgid: u32) -> bool {
+    // SAFETY: as above; signal 0 only checks for existence.
+    unsafe { libc::kill(-(pgid as i32), 0) == 0 }
+}
+
+pub fn process_alive(pid: u32) -> bool {
+    // SAFETY: as above.
+    unsafe { libc::kill(pid as i32, 0) == 0 }
+}
+
+/// Kills every process whose environment carries `marker`: the units a crashed fleetd left.
+/// Returns how many it found.
+pub fn kill_leftovers(marker: &str) -> usize {
+    let wanted = format!("{SUPERVISOR_MARKER}={marker}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let own = std::process::id();
+    let mut found = 0;
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|byte| *byte == 0)
+            .any(|item| item == wanted.as_bytes())
+        {
+            signal_process(pid, libc::SIGKILL);
+            found += 1;
+        }
+    }
+    found
+}

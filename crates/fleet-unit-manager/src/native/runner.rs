@@ -1,0 +1,456 @@
+//! One unit's life under the native supervisor, from `start` until it is stopped or gives
+//! up: the start commands, the main process, restarts, and the stop sequence.
+
+use std::collections::VecDeque;
+use std::os::unix::process::ExitStatusExt;
+use std::time::{Duration, Instant};
+
+use tokio::process::Child;
+use tokio::sync::watch;
+
+use super::command::{ExecCommand, Specifiers, parse_command};
+use super::journal::LogSink;
+use super::process::{
+    ExecContext, group_alive, process_alive, signal_group, signal_process, spawn,
+};
+use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
+
+/// systemd's exit status for a command that could not be executed.
+const EXIT_EXEC: i32 = 203;
+/// More starts than this within [`START_LIMIT_INTERVAL`] and the unit fails for good.
+const START_LIMIT_BURST: usize = 5;
+const START_LIMIT_INTERVAL: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(200);
+
+/// How the runner tells the world what state its unit is in.
+pub trait StateSink: Send + Sync + 'static {
+    fn set(&self, active: &str, sub: &str);
+}
+
+/// What the runner works with.
+pub struct Runner<S: StateSink> {
+    pub unit: String,
+    pub description: String,
+    pub config: ServiceConfig,
+    pub context: ExecContext,
+    pub specifiers: Specifiers,
+    pub log: LogSink,
+    pub state: S,
+    pub stop: watch::Receiver<bool>,
+}
+
+enum Outcome {
+    Ended(Exit),
+    Stopped,
+}
+
+fn exit_of(status: std::process::ExitStatus) -> Exit {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Exit::Code(code),
+        (None, Some(signal)) => Exit::Signal(signal),
+        (None, None) => Exit::Code(EXIT_EXEC),
+    }
+}
+
+fn describe(exit: Exit) -> String {
+    match exit {
+        Exit::Code(code) => format!("code=exited, status={code}"),
+        Exit::Signal(signal) => format!("code=killed, signal={signal}"),
+        Exit::Timeout => "timeout".to_string(),
+    }
+}
+
+impl<S: StateSink> Runner<S> {
+    fn say(&self, line: &str) {
+        self.log.line("fleetd", None, line);
+    }
+
+    fn stop_requested(&self) -> bool {
+        *self.stop.borrow()
+    }
+
+    /// Resolves when a stop has been asked for.
+    async fn stopped(stop: &mut watch::Receiver<bool>) {
+        if stop.wait_for(|requested| *requested).await.is_err() {
+            // The manager is gone: behave as if asked to stop.
+        }
+    }
+
+    fn command(&self, value: &str) -> Result<ExecCommand, Exit> {
+        parse_command(value, &self.specifiers, &self.context.environment).map_err(|error| {
+            self.say(&format!(
+                "{}: invalid command line {value:?}: {error}",
+                self.unit
+            ));
+            Exit::Code(EXIT_EXEC)
+        })
+    }
+
+    fn start_process(&self, command: &ExecCommand) -> Result<Child, Exit> {
+        spawn(command, &self.context, &self.log).map_err(|error| {
+            self.say(&format!(
+                "{}: Failed to execute {}: {error}",
+                self.unit, command.argv[0]
+            ));
+            Exit::Code(EXIT_EXEC)
+        })
+    }
+
+    /// Runs the unit until it is stopped or ends for good.
+    pub async fn run(mut self) {
+        let mut starts: VecDeque<Instant> = VecDeque::new();
+        loop {
+            let now = Instant::now();
+            starts.push_back(now);
+            while starts
+                .front()
+                .is_some_and(|start| now.duration_since(*start) > START_LIMIT_INTERVAL)
+            {
+                starts.pop_front();
+            }
+            if starts.len() > START_LIMIT_BURST {
+                self.say(&format!(
+                    "{}: Start request repeated too quickly.",
+                    self.unit
+                ));
+                self.say(&format!("Failed to start {}.", self.description));
+                self.state.set("failed", "failed");
+                return;
+            }
+            self.say(&format!("Starting {}...", self.description));
+            match self.start_once().await {
+                Outcome::Stopped => {
+                    self.say(&format!("Stopped {}.", self.description));
+                    self.state.set("inactive", "dead");
+                    return;
+                }
+                Outcome::Ended(_) if self.stop_requested() => {
+                    self.state.set("inactive", "dead");
+                    return;
+                }
+                Outcome::Ended(exit) if self.config.restart.restarts_after(exit) => {
+                    self.state.set("activating", "auto-restart");
+                    self.say(&format!(
+                        "{}: Scheduled restart job, restart counter is at {}.",
+                        self.unit,
+                        starts.len()
+                    ));
+                    let delay = tokio::time::sleep(self.config.restart_sec);
+                    tokio::select! {
+                        () = delay => continue,
+                        () = Self::stopped(&mut self.stop) => {
+                            self.state.set("inactive", "dead");
+                            return;
+                        }
+                    }
+                }
+                Outcome::Ended(Exit::Code(0)) => {
+                    self.say(&format!("{}: Deactivated successfully.", self.unit));
+                    self.state.set("inactive", "dead");
+                    return;
+                }
+                Outcome::Ended(exit) => {
+                    let result = if exit == Exit::Timeout {
+                        "timeout"
+                    } else {
+                        "exit-code"
+                    };
+                    self.say(&format!("{}: Failed with result '{result}'.", self.unit));
+                    self.state.set("failed", "failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One attempt: start commands, main process, and how it ended.
+    async fn start_once(&mut self) -> Outcome {
+        if !self.config.exec_start_pre.is_empty() {
+            self.state.set("activating", "start-pre");
+        }
+        if let Some(outcome) = self
+            .run_all(
+                self.config.exec_start_pre.clone(),
+                self.config.timeout_start,
+            )
+            .await
+        {
+            return self.after_failed_start(outcome).await;
+        }
+        match self.config.kind {
+            ServiceType::Oneshot => self.run_oneshot().await,
+            ServiceType::Simple | ServiceType::Exec => self.run_simple().await,
+            ServiceType::Forking => self.run_forking().await,
+        }
+    }
+
+    async fn after_failed_start(&mut self, outcome: Outcome) -> Outcome {
+        self.run_stop_post().await;
+        outcome
+    }
+
+    /// Runs control commands in order; `Some` when one failed (and was not `-`) or a stop came.
+    async fn run_all(&mut self, values: Vec<String>, timeout: Option<Duration>) -> Option<Outcome> {
+        for value in values {
+            let command = match self.command(&value) {
+                Ok(command) => command,
+                Err(exit) => return Some(Outcome::Ended(exit)),
+            };
+            match self.run_to_end(&command, timeout).await {
+                Outcome::Ended(exit) if exit != Exit::Code(0) && !command.ignore_failure => {
+                    self.say(&format!(
+                        "{}: Control process exited, {}",
+                        self.unit,
+                        describe(exit)
+                    ));
+                    return Some(Outcome::Ended(exit));
+                }
+                Outcome::Ended(_) => {}
+                Outcome::Stopped => return Some(Outcome::Stopped),
+            }
+        }
+        None
+    }
+
+    /// Runs one command to its end, within `timeout`, unless a stop comes first.
+    async fn run_to_end(&mut self, command: &ExecCommand, timeout: Option<Duration>) -> Outcome {
+        let mut child = match self.start_process(command) {
+            Ok(child) => child,
+            Err(exit) => return Outcome::Ended(exit),
+        };
+        let pgid = child.id();
+        let deadline = async {
+            match timeout {
+                Some(timeout) => tokio::time::sleep(timeout).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            status = child.wait() => {
+                if let Some(pgid) = pgid { signal_group(pgid, libc::SIGKILL) }
+                Outcome::Ended(status.map_or(Exit::Code(EXIT_EXEC), exit_of))
+            }
+            () = deadline => {
+                self.say(&format!("{}: {} timed out, killing", self.unit, command.argv[0]));
+                if let Some(pgid) = pgid { signal_group(pgid, libc::SIGKILL) }
+                let _ = child.wait().await;
+                Outcome::Ended(Exit::Timeout)
+            }
+            () = Self::stopped(&mut self.stop) => {
+                self.terminate(&mut child).await;
+                Outcome::Stopped
+            }
+        }
+    }
+
+    async fn run_oneshot(&mut self) -> Outcome {
+        self.state.set("activating", "start");
+        if let Some(outcome) = self
+            .run_all(self.config.exec_start.clone(), self.config.timeout_start)
+            .await
+        {
+            return self.after_failed_start(outcome).await;
+        }
+        if let Some(outcome) = self
+            .run_all(
+                self.config.exec_start_post.clone(),
+                self.config.timeout_start,
+            )
+            .await
+        {
+            return self.after_failed_start(outcome).await;
+        }
+        if self.config.remain_after_exit {
+            self.state.set("active", "exited");
+            self.say(&format!("Finished {}.", self.description));
+            Self::stopped(&mut self.stop).await;
+            self.state.set("deactivating", "stop");
+            let _ = self
+                .run_all(self.config.exec_stop.clone(), self.config.timeout_stop)
+                .await;
+            self.run_stop_post().await;
+            return Outcome::Stopped;
+        }
+        self.run_stop_post().await;
+        Outcome::Ended(Exit::Code(0))
+    }
+
+    async fn run_simple(&mut self) -> Outcome {
+        let command = match self.command(&self.config.exec_start[0].clone()) {
+            Ok(command) => command,
+            Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
+        };
+        let mut main = match self.start_process(&command) {
+            Ok(child) => child,
+            Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
+        };
+        let pgid = main.id();
+        if !self.config.exec_start_post.is_empty() {
+            self.state.set("activating", "start-post");
+            if let Some(outcome) = self
+                .run_all(
+                    self.config.exec_start_post.clone(),
+                    self.config.timeout_start,
+                )
+                .await
+            {
+                self.terminate(&mut main).await;
+                return self.after_failed_start(outcome).await;
+            }
+        }
+        self.state.set("active", "running");
+        self.say(&format!("Started {}.", self.description));
+        tokio::select! {
+            status = main.wait() => {
+                let exit = status.map_or(Exit::Code(EXIT_EXEC), exit_of);
+                self.say(&format!("{}: Main process exited, {}", self.unit, describe(exit)));
+                self.state.set("deactivating", "stop");
+                let _ = self.run_all(self.config.exec_stop.clone(), self.config.timeout_stop).await;
+                if let Some(pgid) = pgid { signal_group(pgid, libc::SIGKILL) }
+                self.run_stop_post().await;
+                Outcome::Ended(exit)
+            }
+            () = Self::stopped(&mut self.stop) => {
+                self.say(&format!("Stopping {}...", self.description));
+                self.state.set("deactivating", "stop");
+                let _ = self.run_all_unstoppable(self.config.exec_stop.clone()).await;
+                self.terminate(&mut main).await;
+                self.run_stop_post().await;
+                Outcome::Stopped
+            }
+        }
+    }
+
+    async fn run_forking(&mut self) -> Outcome {
+        self.state.set("activating", "start");
+        let command = match self.command(&self.config.exec_start[0].clone()) {
+            Ok(command) => command,
+            Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
+        };
+        let mut starter = match self.start_process(&command) {
+            Ok(child) => child,
+            Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
+        };
+        let Some(pgid) = starter.id() else {
+            return self
+                .after_failed_start(Outcome::Ended(Exit::Code(EXIT_EXEC)))
+                .await;
+        };
+        let timeout = self.config.timeout_start.unwrap_or(Duration::MAX);
+        let status = tokio::select! {
+            status = starter.wait() => status.map_or(Exit::Code(EXIT_EXEC), exit_of),
+            () = tokio::time::sleep(timeout) => Exit::Timeout,
+            () = Self::stopped(&mut self.stop) => {
+                self.terminate(&mut starter).await;
+                return Outcome::Stopped;
+            }
+        };
+        if status != Exit::Code(0) {
+            signal_group(pgid, libc::SIGKILL);
+            return self.after_failed_start(Outcome::Ended(status)).await;
+        }
+        let main_pid = self.config.pid_file.as_ref().and_then(|path| {
+            std::fs::read_to_string(path)
+                .ok()
+                .and_then(|text| text.trim().parse::<u32>().ok())
+        });
+        let alive = move || main_pid.map_or_else(|| group_alive(pgid), process_alive);
+        if !alive() {
+            self.run_stop_post().await;
+            return Outcome::Ended(Exit::Code(0));
+        }
+        self.state.set("active", "running");
+        self.say(&format!("Started {}.", self.description));
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(POLL) => {
+                    if !alive() {
+                        self.say(&format!("{}: Main process exited", self.unit));
+                        signal_group(pgid, libc::SIGKILL);
+                        self.run_stop_post().await;
+                        return Outcome::Ended(Exit::Code(0));
+                    }
+                }
+                () = Self::stopped(&mut self.stop) => break,
+            }
+        }
+        self.say(&format!("Stopping {}...", self.description));
+        self.state.set("deactivating", "stop");
+        let _ = self
+            .run_all_unstoppable(self.config.exec_stop.clone())
+            .await;
+        self.state.set("deactivating", "stop-sigterm");
+        match main_pid {
+            Some(pid) if self.config.kill_mode != KillMode::ControlGroup => {
+                signal_process(pid, self.config.kill_signal)
+            }
+            _ => signal_group(pgid, self.config.kill_signal),
+        }
+        let deadline = Instant::now() + self.config.timeout_stop.unwrap_or(Duration::MAX);
+        while alive() && Instant::now() < deadline {
+            tokio::time::sleep(POLL).await;
+        }
+        if self.config.kill_mode != KillMode::None {
+            signal_group(pgid, libc::SIGKILL);
+            if let Some(pid) = main_pid {
+                signal_process(pid, libc::SIGKILL);
+            }
+        }
+        self.run_stop_post().await;
+        Outcome::Stopped
+    }
+
+    /// Stop-time commands run to their end even though a stop is what is going on.
+    async fn run_all_unstoppable(&mut self, values: Vec<String>) -> Option<Outcome> {
+        let (_keep, never) = watch::channel(false);
+        let real = std::mem::replace(&mut self.stop, never);
+        let outcome = self.run_all(values, self.config.timeout_stop).await;
+        self.stop = real;
+        outcome
+    }
+
+    async fn run_stop_post(&mut self) {
+        if !self.config.exec_stop_post.is_empty() {
+            self.state.set("deactivating", "stop-post");
+            let _ = self
+                .run_all_unstoppable(self.config.exec_stop_post.clone())
+                .await;
+        }
+    }
+
+    /// Stops a running process as `KillMode=` and `KillSignal=` say, escalating to SIGKILL
+    /// after `TimeoutStopSec=`.
+    async fn terminate(&mut self, child: &mut Child) {
+        let Some(pid) = child.id() else { return };
+        self.state.set("deactivating", "stop-sigterm");
+        let signal = self.config.kill_signal;
+        match self.config.kill_mode {
+            KillMode::ControlGroup => {
+                signal_group(pid, signal);
+                signal_group(pid, libc::SIGCONT);
+            }
+            KillMode::Mixed | KillMode::Process => signal_process(pid, signal),
+            KillMode::None => {}
+        }
+        let timeout = self.config.timeout_stop.unwrap_or(Duration::MAX);
+        if tokio::time::timeout(timeout, child.wait()).await.is_err() {
+            self.state.set("deactivating", "stop-sigkill");
+            self.say(&format!(
+                "{}: State 'stop-sigterm' timed out. Killing.",
+                self.unit
+            ));
+            match self.config.kill_mode {
+                KillMode::Process => signal_process(pid, libc::SIGKILL),
+                KillMode::None => {}
+                _ => signal_group(pid, libc::SIGKILL),
+            }
+            let _ = child.wait().await;
+        }
+        if matches!(
+            self.config.kill_mode,
+            KillMode::ControlGroup | KillMode::Mixed
+        ) {
+            signal_group(pid, libc::SIGKILL);
+        }
+    }
+}

@@ -1,0 +1,408 @@
+//! What the native supervisor reads from a unit file: the `[Service]` directives it
+//! supports, and a warning for everything it does not. Pure.
+
+use std::time::Duration;
+
+use fleet_core::UnitFile;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServiceType {
+    Simple,
+    Exec,
+    Oneshot,
+    Forking,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestartPolicy {
+    No,
+    Always,
+    OnSuccess,
+    OnFailure,
+    OnAbnormal,
+    OnAbort,
+}
+
+/// How a main process ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    Timeout,
+}
+
+impl Exit {
+    pub fn is_clean(self) -> bool {
+        matches!(self, Exit::Code(0))
+            || matches!(self, Exit::Signal(s) if [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGPIPE].contains(&s))
+    }
+}
+
+impl RestartPolicy {
+    /// Whether a main process that ended with `exit` is restarted.
+    pub fn restarts_after(self, exit: Exit) -> bool {
+        let clean = exit.is_clean();
+        match self {
+            Self::No => false,
+            Self::Always => true,
+            Self::OnSuccess => clean,
+            Self::OnFailure => !clean,
+            Self::OnAbnormal => matches!(exit, Exit::Signal(_) | Exit::Timeout) && !clean,
+            Self::OnAbort => matches!(exit, Exit::Signal(_)) && !clean,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KillMode {
+    ControlGroup,
+    Mixed,
+    Process,
+    None,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceConfig {
+    pub kind: ServiceType,
+    pub exec_start_pre: Vec<String>,
+    pub exec_start: Vec<String>,
+    pub exec_start_post: Vec<String>,
+    pub exec_stop: Vec<String>,
+    pub exec_stop_post: Vec<String>,
+    pub restart: RestartPolicy,
+    pub restart_sec: Duration,
+    pub environment: Vec<String>,
+    pub environment_files: Vec<String>,
+    pub working_directory: Option<String>,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub kill_signal: i32,
+    pub kill_mode: KillMode,
+    pub timeout_start: Option<Duration>,
+    pub timeout_stop: Option<Duration>,
+    pub remain_after_exit: bool,
+    pub pid_file: Option<String>,
+}
+
+/// A unit the native supervisor cannot run, with systemd's kind of wording.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceError {
+    #[error("unit type {0:?} is not supported by the native unit manager (only .service)")]
+    UnsupportedType(String),
+    #[error(
+        "Service has no ExecStart= setting, which is only allowed for Type=oneshot services. Refusing."
+    )]
+    NoExecStart,
+    #[error(
+        "Service has more than one ExecStart= setting, which is only allowed for Type=oneshot services. Refusing."
+    )]
+    SeveralExecStart,
+    #[error("invalid value {value:?} for {key}=")]
+    BadValue { key: &'static str, value: String },
+}
+
+/// `[Unit]` keys that only describe the unit; nothing to run.
+const DESCRIPTIVE_UNIT_KEYS: &[&str] = &["Description", "Documentation"];
+
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Parses a systemd time span: `90`, `5s`, `100ms`, `1min 30s`, `infinity`.
+pub fn parse_timespan(text: &str) -> Option<Option<Duration>> {
+    let text = text.trim();
+    if text == "infinity" {
+        return Some(None);
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().ok()?;
+        rest = rest[digits..].trim_start();
+        let unit_len = rest
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(rest.len());
+        let seconds_per = match &rest[..unit_len] {
+            "" | "s" | "sec" | "second" | "seconds" => 1.0,
+            "ms" | "msec" => 0.001,
+            "us" | "usec" => 0.000_001,
+            "m" | "min" | "minute" | "minutes" => 60.0,
+            "h" | "hr" | "hour" | "hours" => 3600.0,
+            "d" | "day" | "days" => 86400.0,
+            _ => return None,
+        };
+        total += Duration::from_secs_f64(number * seconds_per);
+        rest = rest[unit_len..].trim_start();
+    }
+    Some(Some(total))
+}
+
+pub fn parse_signal(text: &str) -> Option<i32> {
+    let name = text.trim().trim_start_matches("SIG");
+    Some(match name {
+        "TERM" => libc::SIGTERM,
+        "KILL" => libc::SIGKILL,
+        "INT" => libc::SIGINT,
+        "HUP" => libc::SIGHUP,
+        "QUIT" => libc::SIGQUIT,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        "CONT" => libc::SIGCONT,
+        "STOP" => libc::SIGSTOP,
+        "WINCH" => libc::SIGWINCH,
+        number => number.parse().ok().filter(|n| (1..=64).contains(n))?,
+    })
+}
+
+fn parse_bool(text: &str) -> Option<bool> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "1" | "yes" | "true" | "on" | "y" | "t" => Some(true),
+        "0" | "no" | "false" | "off" | "n" | "f" => Some(false),
+        _ => None,
+    }
+}
+
+impl ServiceConfig {
+    /// Reads the unit `name` into what the supervisor runs, and the warnings for the
+    /// directives it ignores.
+    pub fn from_unit(name: &str, file: &UnitFile) -> Result<(Self, Vec<String>), ServiceError> {
+        if !name.ends_with(".service") {
+            let kind = name.rsplit_once('.').map_or(name, |(_, kind)| kind);
+            return Err(ServiceError::UnsupportedType(kind.to_string()));
+        }
+        let mut config = Self {
+            kind: ServiceType::Simple,
+            exec_start_pre: Vec::new(),
+            exec_start: Vec::new(),
+            exec_start_post: Vec::new(),
+            exec_stop: Vec::new(),
+            exec_stop_post: Vec::new(),
+            restart: RestartPolicy::No,
+            restart_sec: Duration::from_millis(100),
+            environment: Vec::new(),
+            environment_files: Vec::new(),
+            working_directory: None,
+            user: None,
+            group: None,
+            kill_signal: libc::SIGTERM,
+            kill_mode: KillMode::ControlGroup,
+            timeout_start: Some(DEFAULT_TIMEOUT),
+            timeout_stop: Some(DEFAULT_TIMEOUT),
+            remain_after_exit: false,
+            pid_file: None,
+        };
+        let mut warnings = Vec::new();
+        let bad = |key: &'static str, value: &str| ServiceError::BadValue {
+            key,
+            value: value.to_string(),
+        };
+        for option in file.options() {
+            let value = option.value.as_str();
+            match (option.section.as_str(), option.name.as_str()) {
+                ("Service", "Type") => {
+                    config.kind = match value {
+                        "simple" => ServiceType::Simple,
+                        "exec" => ServiceType::Exec,
+                        "oneshot" => ServiceType::Oneshot,
+                        "forking" => ServiceType::Forking,
+                        "notify" | "dbus" | "idle" => {
+                            warnings.push(format!(
+                                "Type={value} is run as Type=simple by the native unit manager"
+                            ));
+                            ServiceType::Simple
+                        }
+                        _ => return Err(bad("Type", value)),
+                    }
+                }
+                // An empty assignment resets the list, as in systemd.
+                (
+                    "Service",
+                    key @ ("ExecStartPre" | "ExecStart" | "ExecStartPost" | "ExecStop"
+                    | "ExecStopPost"),
+                ) => {
+                    let list = match key {
+                        "ExecStartPre" => &mut config.exec_start_pre,
+                        "ExecStart" => &mut config.exec_start,
+                        "ExecStartPost" => &mut config.exec_start_post,
+                        "ExecStop" => &mut config.exec_stop,
+                        _ => &mut config.exec_stop_post,
+                    };
+                    if value.trim().is_empty() {
+                        list.clear();
+                    } else {
+                        list.push(value.to_string());
+                    }
+                }
+                ("Service", "Restart") => {
+                    config.restart = match value {
+                        "no" => RestartPolicy::No,
+                        "always" => RestartPolicy::Always,
+                        "on-success" => RestartPolicy::OnSuccess,
+                        "on-failure" => RestartPolicy::OnFailure,
+                        "on-abnormal" | "on-watchdog" => RestartPolicy::OnAbnormal,
+                        "on-abort" => RestartPolicy::OnAbort,
+                        _ => return Err(bad("Restart", value)),
+                    }
+                }
+                ("Service", "RestartSec") => {
+                    config.restart_sec = parse_timespan(value)
+                        .ok_or_else(|| bad("RestartSec", value))?
+                        .unwrap_or(Duration::MAX)
+                }
+                ("Service", "Environment") => config.environment.push(value.to_string()),
+                ("Service", "EnvironmentFile") => config.environment_files.push(value.to_string()),
+                ("Service", "WorkingDirectory") => {
+                    config.working_directory = Some(value.to_string())
+                }
+                ("Service", "User") => config.user = Some(value.to_string()),
+                ("Service", "Group") => config.group = Some(value.to_string()),
+                ("Service", "KillSignal") => {
+                    config.kill_signal =
+                        parse_signal(value).ok_or_else(|| bad("KillSignal", value))?
+                }
+                ("Service", "KillMode") => {
+                    config.kill_mode = match value {
+                        "control-group" => KillMode::ControlGroup,
+                        "mixed" => KillMode::Mixed,
+                        "process" => KillMode::Process,
+                        "none" => KillMode::None,
+                        _ => return Err(bad("KillMode", value)),
+                    }
+                }
+                ("Service", "TimeoutStartSec") => {
+                    config.timeout_start =
+                        parse_timespan(value).ok_or_else(|| bad("TimeoutStartSec", value))?
+                }
+                ("Service", "TimeoutStopSec") => {
+                    config.timeout_stop =
+                        parse_timespan(value).ok_or_else(|| bad("TimeoutStopSec", value))?
+                }
+                ("Service", "TimeoutSec") => {
+                    let timeout = parse_timespan(value).ok_or_else(|| bad("TimeoutSec", value))?;
+                    config.timeout_start = timeout;
+                    config.timeout_stop = timeout;
+                }
+                ("Service", "RemainAfterExit") => {
+                    config.remain_after_exit =
+                        parse_bool(value).ok_or_else(|| bad("RemainAfterExit", value))?
+                }
+                ("Service", "PIDFile") => config.pid_file = Some(value.to_string()),
+                ("Unit", key) if DESCRIPTIVE_UNIT_KEYS.contains(&key) => {}
+                ("X-Fleet", _) => {}
+                (section, key) => warnings.push(format!(
+                    "[{section}] {key}= is not supported by the native unit manager, ignoring"
+                )),
+            }
+        }
+        match (config.kind, config.exec_start.len()) {
+            (ServiceType::Oneshot, _) => {}
+            (_, 0) => return Err(ServiceError::NoExecStart),
+            (_, 1) => {}
+            _ => return Err(ServiceError::SeveralExecStart),
+        }
+        if config.kind == ServiceType::Oneshot && config.timeout_start == Some(DEFAULT_TIMEOUT) {
+            // systemd does not time out oneshot services by default.
+            config.timeout_start = None;
+        }
+        Ok((config, warnings))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn read(name: &str, text: &str) -> Result<(ServiceConfig, Vec<String>), ServiceError> {
+        ServiceConfig::from_unit(name, &UnitFile::parse(text).unwrap())
+    }
+
+    #[test]
+    fn reads_the_supported_directives() {
+        let (config, warnings) = read(
+            "a.service",
+            "[Unit]\nDescription=x\nAfter=b.service\n[Service]\nType=oneshot\nExecStart=/bin/true\nExecStart=/bin/false\nRestart=on-failure\nRestartSec=1min 30s\nKillSignal=SIGINT\nKillMode=mixed\nTimeoutStopSec=500ms\nRemainAfterExit=yes\nBogus=1\n[X-Fleet]\nGlobal=true\n",
+        )
+        .unwrap();
+        assert_eq!(config.kind, ServiceType::Oneshot);
+        assert_eq!(config.exec_start.len(), 2);
+        assert_eq!(config.restart, RestartPolicy::OnFailure);
+        assert_eq!(config.restart_sec, Duration::from_secs(90));
+        assert_eq!(config.kill_signal, libc::SIGINT);
+        assert_eq!(config.kill_mode, KillMode::Mixed);
+        assert_eq!(config.timeout_stop, Some(Duration::from_millis(500)));
+        assert!(config.remain_after_exit);
+        assert_eq!(
+            warnings,
+            vec![
+                "[Unit] After= is not supported by the native unit manager, ignoring",
+                "[Service] Bogus= is not supported by the native unit manager, ignoring"
+            ]
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_run() {
+        assert_eq!(
+            read("a.service", "[Service]\nType=simple\n").unwrap_err(),
+            ServiceError::NoExecStart
+        );
+        assert_eq!(
+            read("a.service", "[Service]\nExecStart=a\nExecStart=b\n").unwrap_err(),
+            ServiceError::SeveralExecStart
+        );
+        assert_eq!(
+            read("a.socket", "[Socket]\nListenStream=1\n")
+                .unwrap_err()
+                .to_string(),
+            "unit type \"socket\" is not supported by the native unit manager (only .service)"
+        );
+        assert_eq!(
+            read("a.service", "[Service]\nExecStart=a\nRestart=sometimes\n")
+                .unwrap_err()
+                .to_string(),
+            "invalid value \"sometimes\" for Restart="
+        );
+        // An empty ExecStart= resets the list.
+        assert!(
+            read(
+                "a.service",
+                "[Service]\nExecStart=a\nExecStart=\nExecStart=b\n"
+            )
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn restart_policies() {
+        use Exit::*;
+        assert!(RestartPolicy::Always.restarts_after(Code(0)));
+        assert!(!RestartPolicy::OnFailure.restarts_after(Code(0)));
+        assert!(RestartPolicy::OnFailure.restarts_after(Code(1)));
+        assert!(RestartPolicy::OnFailure.restarts_after(Signal(libc::SIGKILL)));
+        assert!(!RestartPolicy::OnFailure.restarts_after(Signal(libc::SIGTERM)));
+        assert!(!RestartPolicy::OnAbnormal.restarts_after(Code(1)));
+        assert!(RestartPolicy::OnAbnormal.restarts_after(Timeout));
+        assert!(RestartPolicy::OnAbort.restarts_after(Signal(libc::SIGSEGV)));
+        assert!(RestartPolicy::OnSuccess.restarts_after(Code(0)));
+        assert!(!RestartPolicy::No.restarts_after(Code(1)));
+    }
+
+    #[test]
+    fn timespans_and_signals() {
+        assert_eq!(parse_timespan("5"), Some(Some(Duration::from_secs(5))));
+        assert_eq!(
+            parse_timespan("2h 1s"),
+            Some(Some(Duration::from_secs(7201)))
+        );
+        assert_eq!(parse_timespan("infinity"), Some(None));
+        assert_eq!(parse_timespan("5 parsecs"), None);
+        assert_eq!(parse_timespan(""), None);
+        assert_eq!(parse_signal("KILL"), Some(libc::SIGKILL));
+        assert_eq!(parse_signal("15"), Some(15));
+        assert_eq!(parse_signal("SIGBOGUS"), None);
+    }
+}
