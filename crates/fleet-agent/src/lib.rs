@@ -1,0 +1,11 @@
+//! The agent: a reconciler that makes its machine's unit manager hold what the registry
+//! says this machine should run, and reports what the manager says back.
+//!
+//! Decisions come from [`fleet_core::agent_plan`]; this crate only fetches, executes and
+//! reports. It wakes on changes to its own machine's work and on unit-state changes, with
+//! a periodic reconcile as the fallback.
+
+mod reconciler;
+mod states;
+
+pub use reconciler::{Agent, AgentConfig};

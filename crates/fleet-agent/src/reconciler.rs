@@ -1,0 +1,310 @@
+//! The agent's loop: fetch this machine's work, plan, execute, report.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::agent_plan::{self, DesiredUnit, GlobalUnit, LoadedUnit, Task};
+use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
+use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, StateReport};
+use fleet_unit_manager::UnitManager;
+use tokio::sync::watch;
+
+use crate::states::state_reports;
+
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The machine as configured: ID, address, metadata.
+    pub machine: MachineState,
+    /// The fallback reconcile period.
+    pub reconcile_interval: Duration,
+    /// How long to let a burst of changes settle before acting on it.
+    pub debounce: Duration,
+}
+
+pub struct Agent {
+    config: AgentConfig,
+    registry: Arc<dyn AgentRegistry>,
+    manager: Arc<dyn UnitManager>,
+    bodies: HashMap<UnitHash, UnitFile>,
+    /// What this agent has loaded into the manager, and whether it started it.
+    loaded: BTreeMap<String, LoadedUnit>,
+    /// The states last written to the registry.
+    reported: BTreeMap<String, UnitState>,
+}
+
+const RETRY_MIN: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+impl Agent {
+    pub fn new(
+        config: AgentConfig,
+        registry: Arc<dyn AgentRegistry>,
+        manager: Arc<dyn UnitManager>,
+    ) -> Self {
+        Self {
+            config,
+            registry,
+            manager,
+            bodies: HashMap::new(),
+            loaded: BTreeMap::new(),
+            reported: BTreeMap::new(),
+        }
+    }
+
+    fn machine_id(&self) -> &str {
+        &self.config.machine.id
+    }
+
+    /// Runs until `shutdown` turns true, then stops every unit and leaves the cluster.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut work_changes = self.registry.machine_changes(self.machine_id());
+        let mut state_changes = self.manager.state_changes();
+        self.adopt_running_units().await;
+        let mut retry = RETRY_MIN;
+        let mut registered = false;
+        loop {
+            if !registered {
+                match self.registry.register_machine(&self.config.machine).await {
+                    Ok(()) => registered = true,
+                    Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
+                }
+            }
+            let next = match self.reconcile().await {
+                Ok(()) => {
+                    retry = RETRY_MIN;
+                    self.config.reconcile_interval
+                }
+                Err(error) => {
+                    tracing::warn!(%error, retry_in = ?retry, "agent reconcile failed; running units are left alone");
+                    let wait = retry;
+                    retry = (retry * 2).min(RETRY_MAX);
+                    wait
+                }
+            };
+            tokio::select! {
+                _ = work_changes.changed() => {}
+                _ = state_changes.changed() => {}
+                () = tokio::time::sleep(next) => {}
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            }
+            tokio::time::sleep(self.config.debounce).await;
+            work_changes.mark_unchanged();
+            state_changes.mark_unchanged();
+        }
+        self.leave().await;
+    }
+
+    /// Takes over what the manager already runs (a systemd that outlived fleetd), so a
+    /// restart does not restart running units.
+    async fn adopt_running_units(&mut self) {
+        match self.manager.units().await {
+            Ok(units) => {
+                for (name, held) in units {
+                    let launched =
+                        held.state.active == "active" || held.state.active == "activating";
+                    self.loaded.insert(
+                        name,
+                        LoadedUnit {
+                            hash: held.hash,
+                            launched,
+                        },
+                    );
+                }
+            }
+            Err(error) => tracing::warn!(%error, "cannot list the units the manager holds"),
+        }
+    }
+
+    /// One pass: what should run here, the tasks to get there, and the states to report.
+    async fn reconcile(&mut self) -> Result<(), RegistryError> {
+        let work = self.registry.machine_work(self.machine_id()).await?;
+        let machine = work
+            .machine
+            .clone()
+            .unwrap_or_else(|| self.config.machine.clone());
+        let desired = self
+            .desired_units(&machine, &work.scheduled, &work.globals)
+            .await?;
+        let tasks = agent_plan::plan(&desired, &self.loaded);
+        for task in tasks {
+            self.execute(task, &desired).await;
+        }
+        self.report_states().await
+    }
+
+    async fn body(&mut self, hash: UnitHash) -> Result<Option<&UnitFile>, RegistryError> {
+        if !self.bodies.contains_key(&hash) {
+            match self.registry.unit_body(&hash).await? {
+                Some(file) => {
+                    self.bodies.insert(hash, file);
+                }
+                None => return Ok(None),
+            }
+        }
+        Ok(self.bodies.get(&hash))
+    }
+
+    async fn desired_units(
+        &mut self,
+        machine: &MachineState,
+        scheduled: &[AssignedUnit],
+        globals: &[AssignedUnit],
+    ) -> Result<BTreeMap<String, DesiredUnit>, RegistryError> {
+        let mut desired = BTreeMap::new();
+        let mut requirements = BTreeMap::new();
+        for unit in scheduled {
+            if let Some(file) = self.body(unit.hash).await? {
+                requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
+                desired.insert(
+                    unit.name.clone(),
+                    DesiredUnit {
+                        hash: unit.hash,
+                        state: unit.desired,
+                    },
+                );
+            }
+        }
+        let mut global_requirements = Vec::new();
+        for unit in globals
+            .iter()
+            .filter(|unit| unit.desired != DesiredState::Inactive)
+        {
+            if let Some(file) = self.body(unit.hash).await? {
+                global_requirements.push((unit, Requirements::from_unit(&unit.name, file)));
+            }
+        }
+        let global_units: Vec<GlobalUnit<'_>> = global_requirements
+            .iter()
+            .map(|(unit, requirements)| GlobalUnit {
+                name: &unit.name,
+                desired: DesiredUnit {
+                    hash: unit.hash,
+                    state: unit.desired,
+                },
+                requirements,
+            })
+            .collect();
+        agent_plan::add_global_units(machine, &mut desired, &requirements, &global_units);
+        // Keep only the bodies still in use.
+        let in_use: Vec<UnitHash> = desired.values().map(|unit| unit.hash).collect();
+        self.bodies.retain(|hash, _| in_use.contains(hash));
+        Ok(desired)
+    }
+
+    /// Carries out one task; a failure is logged and the other units go on.
+    async fn execute(&mut self, task: Task, desired: &BTreeMap<String, DesiredUnit>) {
+        let result = match &task {
+            Task::Load(name) => {
+                let Some(hash) = desired.get(name).map(|unit| unit.hash) else {
+                    return;
+                };
+                let Some(file) = self.bodies.get(&hash).cloned() else {
+                    return;
+                };
+                let result = self.manager.load(name, &file).await;
+                if result.is_ok() {
+                    self.loaded.insert(
+                        name.clone(),
+                        LoadedUnit {
+                            hash,
+                            launched: false,
+                        },
+                    );
+                }
+                result
+            }
+            Task::Unload(name) => {
+                let result = self.manager.unload(name).await;
+                if result.is_ok() {
+                    self.loaded.remove(name);
+                }
+                result
+            }
+            Task::ReloadUnitFiles => self.manager.reload_unit_files().await,
+            Task::Stop(name) => {
+                let result = self.manager.stop(name).await;
+                if let Some(unit) = self.loaded.get_mut(name) {
+                    unit.launched = false;
+                }
+                result
+            }
+            Task::Start(name) => {
+                let result = self.manager.start(name).await;
+                if let Some(unit) = self.loaded.get_mut(name) {
+                    // The start was asked for; the manager's state says how it went.
+                    unit.launched = true;
+                }
+                result
+            }
+        };
+        match result {
+            Ok(()) => tracing::debug!(?task, "done"),
+            Err(error) => tracing::warn!(?task, %error, "task failed"),
+        }
+    }
+
+    async fn report_states(&mut self) -> Result<(), RegistryError> {
+        let held = match self.manager.units().await {
+            Ok(held) => held,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read unit states");
+                return Ok(());
+            }
+        };
+        let current: BTreeMap<String, UnitState> = self
+            .loaded
+            .iter()
+            .filter_map(|(name, loaded)| {
+                let held = held.get(name)?;
+                Some((
+                    name.clone(),
+                    UnitState {
+                        name: name.clone(),
+                        machine_id: self.config.machine.id.clone(),
+                        hash: loaded.hash,
+                        systemd: held.state.clone(),
+                        launched: loaded.launched,
+                    },
+                ))
+            })
+            .collect();
+        let reports = state_reports(&self.reported, &current);
+        if !reports.is_empty() {
+            self.registry
+                .report_states(self.machine_id(), &reports)
+                .await?;
+            self.reported = current;
+        }
+        Ok(())
+    }
+
+    /// A clean exit: stop every unit, withdraw the states, leave the cluster.
+    async fn leave(self) {
+        if let Err(error) = self.manager.stop_all().await {
+            tracing::warn!(%error, "stopping units at shutdown");
+        }
+        let names: Vec<String> = self.loaded.keys().cloned().collect();
+        for name in names {
+            if let Err(error) = self.manager.unload(&name).await {
+                tracing::warn!(unit = name, %error, "unloading at shutdown");
+            }
+        }
+        let removals: Vec<StateReport> = self
+            .reported
+            .keys()
+            .cloned()
+            .map(StateReport::Remove)
+            .collect();
+        if let Err(error) = self
+            .registry
+            .report_states(self.machine_id(), &removals)
+            .await
+        {
+            tracing::warn!(%error, "withdrawing unit states at shutdown");
+        }
+        if let Err(error) = self.registry.unregister_machine(self.machine_id()).await {
+            tracing::warn!(%error, "leaving the cluster at shutdown");
+        }
+    }
+}

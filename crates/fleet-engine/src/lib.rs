@@ -1,0 +1,153 @@
+//! The engine: a reconciler that, while it holds the leadership, turns the registry's
+//! snapshot into schedule decisions with [`fleet_core::schedule::plan`] and writes them,
+//! fenced by its lease. It wakes on changes to units and machines, with the periodic
+//! reconcile as a fallback only.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::schedule::{ClusterSnapshot, UnitSpec, plan};
+use fleet_core::{Requirements, UnitHash};
+use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
+use tokio::sync::watch;
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub machine_id: String,
+    /// The fallback reconcile period (`engine_reconcile_interval`).
+    pub reconcile_interval: Duration,
+    pub debounce: Duration,
+}
+
+pub struct Engine {
+    config: EngineConfig,
+    registry: Arc<dyn EngineRegistry>,
+    /// Parsed requirements by unit name and body hash; bodies never change under a hash.
+    requirements: HashMap<(String, UnitHash), Requirements>,
+    /// The reasons last written, so unchanged ones are not written again.
+    reasons: Vec<(String, String)>,
+    lease: Option<EngineLease>,
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig, registry: Arc<dyn EngineRegistry>) -> Self {
+        Self {
+            config,
+            registry,
+            requirements: HashMap::new(),
+            reasons: Vec::new(),
+            lease: None,
+        }
+    }
+
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        let mut changes = self.registry.engine_changes();
+        loop {
+            if let Err(error) = self.reconcile().await {
+                tracing::warn!(%error, "engine reconcile failed");
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                () = tokio::time::sleep(self.config.reconcile_interval) => {}
+                _ = shutdown.wait_for(|stop| *stop) => break,
+            }
+            tokio::time::sleep(self.config.debounce).await;
+            changes.mark_unchanged();
+        }
+        if let Some(lease) = self.lease.take()
+            && let Err(error) = self.registry.release_leadership(&lease).await
+        {
+            tracing::warn!(%error, "releasing engine leadership");
+        }
+    }
+
+    async fn reconcile(&mut self) -> Result<(), RegistryError> {
+        let lease = self
+            .registry
+            .acquire_leadership(&self.config.machine_id)
+            .await?;
+        match (&self.lease, &lease) {
+            (None, Some(_)) => tracing::info!("Engine leadership acquired"),
+            (Some(_), None) => tracing::info!("Engine leadership lost"),
+            _ => {}
+        }
+        self.lease = lease;
+        let Some(lease) = self.lease.clone() else {
+            return Ok(());
+        };
+        let snapshot = self.registry.snapshot().await?;
+        let missing: Vec<UnitHash> = snapshot
+            .units
+            .iter()
+            .filter(|unit| {
+                !self
+                    .requirements
+                    .contains_key(&(unit.name.clone(), unit.hash))
+            })
+            .map(|unit| unit.hash)
+            .collect();
+        if !missing.is_empty() {
+            let bodies = self.registry.unit_bodies(&missing).await?;
+            for unit in &snapshot.units {
+                if let Some(file) = bodies.get(&unit.hash) {
+                    self.requirements
+                        .entry((unit.name.clone(), unit.hash))
+                        .or_insert_with(|| Requirements::from_unit(&unit.name, file));
+                }
+            }
+        }
+        let live: std::collections::HashSet<(String, UnitHash)> = snapshot
+            .units
+            .iter()
+            .map(|unit| (unit.name.clone(), unit.hash))
+            .collect();
+        self.requirements.retain(|key, _| live.contains(key));
+        let units = snapshot
+            .units
+            .into_iter()
+            .filter_map(|unit| {
+                let requirements = self
+                    .requirements
+                    .get(&(unit.name.clone(), unit.hash))?
+                    .clone();
+                Some(UnitSpec {
+                    name: unit.name,
+                    desired: unit.desired,
+                    requirements,
+                    scheduled_on: unit.machine_id,
+                })
+            })
+            .collect();
+        let cluster = ClusterSnapshot {
+            machines: snapshot.machines,
+            units,
+        };
+        let decided = plan(&cluster);
+        let reasons: Vec<(String, String)> = decided
+            .unplaced
+            .iter()
+            .map(|(unit, reason)| (unit.clone(), reason.to_string()))
+            .collect();
+        if decided.decisions.is_empty() && reasons == self.reasons {
+            return Ok(());
+        }
+        for decision in &decided.decisions {
+            tracing::info!(?decision, "engine decision");
+        }
+        let by_unit: BTreeMap<&str, &str> = reasons
+            .iter()
+            .map(|(u, r)| (u.as_str(), r.as_str()))
+            .collect();
+        for (unit, reason) in &by_unit {
+            if !self.reasons.iter().any(|(u, r)| u == unit && r == reason) {
+                tracing::info!(unit, reason, "unit cannot be scheduled");
+            }
+        }
+        self.registry
+            .apply(&lease, &decided.decisions, &reasons)
+            .await?;
+        self.reasons = reasons;
+        Ok(())
+    }
+}
