@@ -1,0 +1,6 @@
+//! One module per resource.
+
+pub mod journal;
+pub mod machines;
+pub mod state;
+pub mod units;

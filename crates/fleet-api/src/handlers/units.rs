@@ -1,0 +1,196 @@
+//! `/units` and `/units/{name}`.
+
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use fleet_core::unit_name::{UnitNameInfo, validate_name};
+use fleet_core::{DesiredState, Requirements, UnitFile};
+use fleet_registry::UnitView;
+
+use crate::router::{ApiError, ApiState, json_response, page_token};
+use crate::schema::{Unit, UnitOption, UnitPage};
+
+/// A stored unit as the API shows it. `listed` keeps the original's quirk of giving
+/// global units a current state of `inactive` in lists only.
+pub fn to_schema(view: UnitView, listed: bool) -> Unit {
+    let current = match view.current {
+        Some(state) => Some(state.to_string()),
+        None if listed => Some(DesiredState::Inactive.to_string()),
+        None => None,
+    };
+    Unit {
+        current_state: current,
+        desired_state: Some(view.desired.to_string()),
+        machine_id: view.machine_id,
+        name: view.name,
+        options: view
+            .file
+            .into_options()
+            .into_iter()
+            .map(|option| UnitOption {
+                name: option.name,
+                section: option.section,
+                value: option.value,
+            })
+            .collect(),
+        reason: view.reason,
+    }
+}
+
+pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let token = page_token(query, state.token_limit)?;
+    let units: Vec<Unit> = state
+        .registry
+        .units()
+        .await?
+        .into_iter()
+        .map(|view| to_schema(view, true))
+        .collect();
+    let (units, next) = token.page(units);
+    Ok(json_response(
+        StatusCode::OK,
+        &UnitPage {
+            next_page_token: next.map(|t| t.encode()),
+            units,
+        },
+    ))
+}
+
+pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+    match state.registry.unit(name).await? {
+        Some(view) => Ok(json_response(StatusCode::OK, &to_schema(view, false))),
+        None => Err(ApiError::not_found("unit does not exist")),
+    }
+}
+
+pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+    if state.registry.destroy_unit(name).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found("unit does not exist"))
+    }
+}
+
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let values: Vec<_> = headers.get_all(header::CONTENT_TYPE).iter().collect();
+    if values.len() != 1 {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!("expected 1 Content-Type, got {}", values.len()),
+        ));
+    }
+    let media_type = values[0]
+        .to_str()
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim();
+    if !media_type.eq_ignore_ascii_case("application/json") {
+        return Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "only acceptable Content-Type is application/json",
+        ));
+    }
+    Ok(())
+}
+
+/// The checks the original makes before creating a unit, plus one: the options must read
+/// back from their own serialisation (e.g. no line over the length limit).
+pub fn validate_options(name: &str, file: &UnitFile) -> Result<(), ApiError> {
+    UnitFile::parse(&file.serialize())
+        .map_err(|error| ApiError::bad_request(error.reason.to_string()))?;
+    if let Some(option) = file.options().iter().find(|option| {
+        option.name.is_empty()
+            || option.name.contains(['=', '\n'])
+            || option.section.contains([']', '\n'])
+    }) {
+        return Err(ApiError::bad_request(format!(
+            "invalid option {:?} in section {:?}",
+            option.name, option.section
+        )));
+    }
+    Requirements::from_unit(name, file)
+        .validate()
+        .map_err(|error| ApiError::bad_request(error.to_string()))
+}
+
+fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), ApiError> {
+    if UnitNameInfo::new(name).is_template() && desired != DesiredState::Inactive {
+        return Err(ApiError::bad_request(format!(
+            "cannot activate template {name:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// PUT /units/{name}: create, replace (new options) or change the desired state.
+pub async fn put(
+    state: &ApiState,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    check_content_type(headers)?;
+    let request: Unit = serde_json::from_slice(body)
+        .map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))?;
+    if !request.name.is_empty() && request.name != name {
+        return Err(ApiError::bad_request(format!(
+            "name in URL {name:?} differs from unit name in request body {:?}",
+            request.name
+        )));
+    }
+    validate_name(name).map_err(|error| ApiError::bad_request(error.to_string()))?;
+    let desired = match request
+        .desired_state
+        .as_deref()
+        .filter(|state| !state.is_empty())
+    {
+        Some(text) => Some(
+            text.parse::<DesiredState>()
+                .map_err(|error| ApiError::bad_request(error.to_string()))?,
+        ),
+        None => None,
+    };
+    let file = UnitFile::from_options(
+        request
+            .options
+            .into_iter()
+            .map(|option| fleet_core::UnitOption {
+                section: option.section,
+                name: option.name,
+                value: option.value,
+            })
+            .collect(),
+    );
+    let existing = state.registry.unit(name).await?;
+    let has_options = !file.options().is_empty();
+    let replaces = match &existing {
+        None => true,
+        Some(view) => has_options && view.hash != file.hash(),
+    };
+    if replaces {
+        if !has_options {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "unit does not exist and options field empty",
+            ));
+        }
+        validate_options(name, &file)?;
+        let desired = desired.unwrap_or(DesiredState::Inactive);
+        refuse_template_activation(name, desired)?;
+        state.registry.put_unit(name, &file, desired).await?;
+        return Ok(StatusCode::CREATED.into_response());
+    }
+    let Some(desired) = desired else {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "must provide DesiredState to update existing unit",
+        ));
+    };
+    refuse_template_activation(name, desired)?;
+    if state.registry.set_desired_state(name, desired).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found("unit does not exist"))
+    }
+}

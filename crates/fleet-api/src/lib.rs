@@ -1,0 +1,18 @@
+//! The fleet HTTP API v1, wire-compatible with the original (compat.md §2, with its fixes).
+//!
+//! - [`schema`]: the JSON entities, shared with the client.
+//! - [`pagination`]: page tokens.
+//! - [`router`]: one dispatcher that maps paths and methods to handlers and every error to
+//!   the original's JSON error body.
+//! - [`listen`]: Unix socket, TCP and socket-activation listeners.
+
+mod handlers;
+pub mod listen;
+pub mod pagination;
+pub mod router;
+pub mod schema;
+
+pub use router::{ApiState, router};
+
+/// The version fleetd reports in `Server: fleetd/<version>`.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,155 @@
+//! Where the API listens: a Unix socket (mode 0660), TCP addresses, and sockets passed by
+//! systemd socket activation (`LISTEN_PID`/`LISTEN_FDS`).
+
+use std::io;
+use std::os::fd::{FromRawFd, RawFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+use axum::Router;
+use tokio::sync::watch;
+
+/// A bound listening socket, kept in std form so it can be served again after a reload.
+pub enum ApiListener {
+    Unix(std::os::unix::net::UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+impl ApiListener {
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Unix(listener) => match listener
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
+            {
+                Some(path) => format!("unix://{}", path.display()),
+                None => "unix socket".to_string(),
+            },
+            Self::Tcp(listener) => listener
+                .local_addr()
+                .map_or("tcp socket".to_string(), |a| format!("http://{a}")),
+        }
+    }
+
+    pub fn try_clone(&self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Unix(listener) => Self::Unix(listener.try_clone()?),
+            Self::Tcp(listener) => Self::Tcp(listener.try_clone()?),
+        })
+    }
+}
+
+/// Binds the Unix socket at `path`, replacing a stale one, readable and writable by owner
+/// and group only.
+pub fn bind_unix(path: &Path) -> io::Result<ApiListener> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))?;
+    listener.set_nonblocking(true)?;
+    Ok(ApiListener::Unix(listener))
+}
+
+pub fn bind_tcp(address: &str) -> io::Result<ApiListener> {
+    let listener = std::net::TcpListener::bind(address)?;
+    listener.set_nonblocking(true)?;
+    Ok(ApiListener::Tcp(listener))
+}
+
+/// The listeners systemd passed to this process, if any.
+pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
+    let for_us = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|pid| pid.parse::<u32>().ok())
+        == Some(std::process::id());
+    let count = std::env::var("LISTEN_FDS")
+        .ok()
+        .and_then(|n| n.parse::<RawFd>().ok())
+        .unwrap_or(0);
+    if !for_us || count <= 0 {
+        return Ok(Vec::new());
+    }
+    const FIRST_FD: RawFd = 3;
+    let mut listeners = Vec::new();
+    for fd in FIRST_FD..FIRST_FD + count {
+        // SAFETY: getsockname only writes into the storage we pass, sized as declared.
+        let family = unsafe {
+            let mut storage: libc::sockaddr_storage = std::mem::zeroed();
+            let mut length = std::mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            if libc::getsockname(fd, std::ptr::addr_of_mut!(storage).cast(), &mut length) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::c_int::from(storage.ss_family)
+        };
+        // SAFETY: systemd hands these descriptors to this process to own.
+        let listener = unsafe {
+            match family {
+                libc::AF_UNIX => {
+                    ApiListener::Unix(std::os::unix::net::UnixListener::from_raw_fd(fd))
+                }
+                _ => ApiListener::Tcp(std::net::TcpListener::from_raw_fd(fd)),
+            }
+        };
+        match &listener {
+            ApiListener::Unix(l) => l.set_nonblocking(true)?,
+            ApiListener::Tcp(l) => l.set_nonblocking(true)?,
+        }
+        listeners.push(listener);
+    }
+    // SAFETY: removing variables before any other thread reads them is how sd_listen_fds does it.
+    unsafe {
+        std::env::remove_var("LISTEN_PID");
+        std::env::remove_var("LISTEN_FDS");
+        std::env::remove_var("LISTEN_FDNAMES");
+    }
+    Ok(listeners)
+}
+
+/// Serves `router` on every listener until `shutdown` turns true.
+pub async fn serve(
+    listeners: &[ApiListener],
+    router: Router,
+    shutdown: watch::Receiver<bool>,
+) -> io::Result<()> {
+    let mut servers = tokio::task::JoinSet::new();
+    for listener in listeners {
+        let router = router.clone();
+        let mut stop = shutdown.clone();
+        let signal = async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        match listener.try_clone()? {
+            ApiListener::Unix(listener) => {
+                let listener = tokio::net::UnixListener::from_std(listener)?;
+                servers.spawn(async move {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(signal)
+                        .await
+                });
+            }
+            ApiListener::Tcp(listener) => {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                servers.spawn(async move {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(signal)
+                        .await
+                });
+            }
+        }
+    }
+    while let Some(result) = servers.join_next().await {
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "API listener failed"),
+            Err(error) => tracing::warn!(%error, "API listener task failed"),
+        }
+    }
+    Ok(())
+}

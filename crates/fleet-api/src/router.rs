@@ -1,0 +1,287 @@
+//! One dispatcher for the whole API: it maps each path and method to its handler, answers
+//! everything else with the original's status codes, and turns every error into the JSON
+//! error body. No input reaches a panic: handlers return [`ApiError`].
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use fleet_registry::{ApiRegistry, RegistryError};
+use fleet_unit_manager::UnitManager;
+
+use crate::handlers::{journal, machines, state, units};
+use crate::schema::{ErrorBody, ErrorDetail};
+
+/// The largest request body accepted.
+pub const BODY_LIMIT: usize = 1024 * 1024;
+
+/// The machine answering, for what only it can tell (its units' logs).
+#[derive(Clone)]
+pub struct LocalMachine {
+    pub machine_id: String,
+    pub manager: Arc<dyn UnitManager>,
+}
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub registry: Arc<dyn ApiRegistry>,
+    /// Page size (`token_limit`).
+    pub token_limit: u16,
+    pub local: Option<LocalMachine>,
+}
+
+/// An error answer: a status and the message of the JSON error body.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, message)
+    }
+
+    fn method_not_allowed(message: &str) -> Self {
+        Self::new(StatusCode::METHOD_NOT_ALLOWED, message)
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(error: RegistryError) -> Self {
+        tracing::warn!(%error, "registry error while serving the API");
+        match error {
+            RegistryError::Unavailable(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "fleet server unable to communicate with etcd",
+            ),
+            RegistryError::Corrupt { .. } | RegistryError::LeadershipLost => {
+                Self::new(StatusCode::INTERNAL_SERVER_ERROR, "")
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.status.as_u16(),
+                message: self.message,
+            },
+        };
+        json_response(self.status, &body)
+    }
+}
+
+pub fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// The query string's parameters, percent-decoded, in order (a name may repeat).
+pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
+    query
+        .unwrap_or("")
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let decode = |text: &str| {
+                percent_decode(&text.replace('+', " ")).unwrap_or_else(|| text.to_string())
+            };
+            (decode(name), decode(value))
+        })
+        .collect()
+}
+
+pub fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] == b'%' {
+            let hex = text.get(index + 1..index + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            index += 3;
+        } else {
+            out.push(bytes[index]);
+            index += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// What a request asks for once the API prefix is off.
+enum Resource {
+    Root,
+    ApiRoot,
+    Discovery,
+    Units,
+    Unit(String),
+    States,
+    State(String),
+    Machines,
+    Journal(String),
+    Unknown,
+}
+
+fn resource(path: &str) -> Resource {
+    if path == "/" {
+        return Resource::Root;
+    }
+    let Some(rest) = path
+        .strip_prefix("/fleet/v1")
+        .or_else(|| path.strip_prefix("/v1-alpha"))
+    else {
+        return Resource::Unknown;
+    };
+    if rest.is_empty() {
+        return Resource::ApiRoot;
+    }
+    let segments: Vec<&str> = rest.trim_start_matches('/').split('/').collect();
+    let name = |segment: &str| match percent_decode(segment) {
+        Some(name) if !name.is_empty() => Some(name),
+        _ => None,
+    };
+    match segments.as_slice() {
+        ["discovery"] => Resource::Discovery,
+        ["units"] => Resource::Units,
+        ["units", unit] => name(unit).map_or(Resource::Unknown, Resource::Unit),
+        ["state"] => Resource::States,
+        ["state", unit] => name(unit).map_or(Resource::Unknown, Resource::State),
+        ["machines"] => Resource::Machines,
+        ["journal", unit] => name(unit).map_or(Resource::Unknown, Resource::Journal),
+        _ => Resource::Unknown,
+    }
+}
+
+const DISCOVERY: &str = include_str!("discovery.json");
+
+async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    let method = parts.method.clone();
+    let query = parts.uri.query().map(str::to_string);
+    let path = parts.uri.path().to_string();
+    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("request body exceeds {BODY_LIMIT} bytes"),
+            )
+            .into_response();
+        }
+    };
+    let result = route(
+        &state,
+        &method,
+        &path,
+        query.as_deref(),
+        &parts.headers,
+        body,
+    )
+    .await;
+    let mut response = result.unwrap_or_else(IntoResponse::into_response);
+    let server = HeaderValue::from_static(concat!("fleetd/", env!("CARGO_PKG_VERSION")));
+    response.headers_mut().insert(header::SERVER, server);
+    response
+}
+
+async fn route(
+    state: &ApiState,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let query = query_pairs(query);
+    match (resource(path), method) {
+        (Resource::Root | Resource::ApiRoot, _) => Err(ApiError::method_not_allowed("")),
+        (Resource::Discovery, &Method::GET) => Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(DISCOVERY),
+        )
+            .into_response()),
+        (Resource::Discovery, _) => Err(ApiError::method_not_allowed(
+            "only HTTP GET supported against this resource",
+        )),
+        (Resource::Units, &Method::GET) => units::list(state, &query).await,
+        (Resource::Units, _) => Err(ApiError::method_not_allowed(
+            "only GET supported against this resource",
+        )),
+        (Resource::Unit(name), &Method::GET) => units::get(state, &name).await,
+        (Resource::Unit(name), &Method::PUT) => units::put(state, &name, headers, &body).await,
+        (Resource::Unit(name), &Method::DELETE) => units::delete(state, &name).await,
+        (Resource::Unit(_), _) => Err(ApiError::method_not_allowed(
+            "only GET, PUT and DELETE supported against this resource",
+        )),
+        (Resource::States, &Method::GET) => state::list(state, &query).await,
+        (Resource::State(name), &Method::GET) => state::get(state, &name).await,
+        (Resource::States | Resource::State(_), _) => Err(ApiError::method_not_allowed(
+            "only GET supported against this resource",
+        )),
+        (Resource::Machines, &Method::GET) => machines::list(state, &query).await,
+        (Resource::Machines, &Method::PATCH) => machines::patch(state, &body).await,
+        (Resource::Machines, _) => Err(ApiError::method_not_allowed(
+            "only GET and PATCH supported against this resource",
+        )),
+        (Resource::Journal(name), &Method::GET) => journal::get(state, &name, &query).await,
+        (Resource::Journal(_), _) => Err(ApiError::method_not_allowed(
+            "only GET supported against this resource",
+        )),
+        (Resource::Unknown, _) => Err(ApiError::not_found("")),
+    }
+}
+
+/// The API as one axum service.
+pub fn router(state: ApiState) -> Router {
+    Router::new().fallback(dispatch).with_state(state)
+}
+
+/// Reads the one page token a request may carry.
+pub fn page_token(
+    query: &[(String, String)],
+    limit: u16,
+) -> Result<crate::pagination::PageToken, ApiError> {
+    let tokens: Vec<&String> = query
+        .iter()
+        .filter(|(name, _)| name == "nextPageToken")
+        .map(|(_, value)| value)
+        .collect();
+    match tokens.as_slice() {
+        [] => Ok(crate::pagination::PageToken::first(limit)),
+        [token] => {
+            crate::pagination::PageToken::decode(token, limit).map_err(ApiError::bad_request)
+        }
+        _ => Err(ApiError::bad_request("too many values for page token")),
+    }
+}
+
+/// The first value of a query parameter.
+pub fn first_value<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    query
+        .iter()
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.as_str())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,465 @@
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use fleet_core::MachineState;
+use fleet_registry::AgentRegistry;
+use fleet_registry::embedded::EmbeddedRegistry;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+use super::*;
+
+struct Api {
+    router: Router,
+    registry: EmbeddedRegistry,
+    _dir: tempfile::TempDir,
+}
+
+async fn api(token_limit: u16) -> Api {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let state = ApiState {
+        registry: Arc::new(registry.clone()),
+        token_limit,
+        local: None,
+    };
+    Api {
+        router: router(state),
+        registry,
+        _dir: dir,
+    }
+}
+
+struct Answer {
+    status: StatusCode,
+    content_type: Option<String>,
+    server: Option<String>,
+    body: Value,
+}
+
+impl Api {
+    async fn call(&self, method: &str, path: &str, body: Option<Value>) -> Answer {
+        let mut request = Request::builder().method(method).uri(path);
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(body.map_or(Body::empty(), |b| Body::from(b.to_string())))
+            .unwrap();
+        self.send(request).await
+    }
+
+    async fn send(&self, request: Request<Body>) -> Answer {
+        let response = self.router.clone().oneshot(request).await.unwrap();
+        let status = response.status();
+        let text = |name| {
+            response
+                .headers()
+                .get(name)
+                .map(|v: &HeaderValue| v.to_str().unwrap().to_string())
+        };
+        let (content_type, server) = (text(header::CONTENT_TYPE), text(header::SERVER));
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        Answer {
+            status,
+            content_type,
+            server,
+            body,
+        }
+    }
+}
+
+fn error(code: u16, message: &str) -> Value {
+    json!({"error": {"code": code, "message": message}})
+}
+
+fn hello(desired: Option<&str>) -> Value {
+    let mut unit = json!({"options": [{"section": "Service", "name": "ExecStart", "value": "/bin/sleep 1000"}]});
+    if let Some(desired) = desired {
+        unit["desiredState"] = json!(desired);
+    }
+    unit
+}
+
+#[tokio::test]
+async fn routing_and_method_errors() {
+    let api = api(100).await;
+    let cases: &[(&str, &str, u16, &str)] = &[
+        ("GET", "/", 405, ""),
+        ("GET", "/fleet/v1", 405, ""),
+        ("GET", "/nothing", 404, ""),
+        ("GET", "/fleet/v1/units/", 404, ""),
+        ("GET", "/fleet/v1/units/a/b", 404, ""),
+        (
+            "POST",
+            "/fleet/v1/units",
+            405,
+            "only GET supported against this resource",
+        ),
+        (
+            "POST",
+            "/fleet/v1/units/a.service",
+            405,
+            "only GET, PUT and DELETE supported against this resource",
+        ),
+        (
+            "DELETE",
+            "/fleet/v1/state",
+            405,
+            "only GET supported against this resource",
+        ),
+        (
+            "PUT",
+            "/fleet/v1/machines",
+            405,
+            "only GET and PATCH supported against this resource",
+        ),
+        (
+            "POST",
+            "/fleet/v1/discovery",
+            405,
+            "only HTTP GET supported against this resource",
+        ),
+        (
+            "GET",
+            "/fleet/v1/units/nope.service",
+            404,
+            "unit does not exist",
+        ),
+        (
+            "GET",
+            "/fleet/v1/state/nope.service",
+            404,
+            "unit state does not exist",
+        ),
+        (
+            "DELETE",
+            "/v1-alpha/units/nope.service",
+            404,
+            "unit does not exist",
+        ),
+    ];
+    for (method, path, code, message) in cases {
+        let answer = api.call(method, path, None).await;
+        assert_eq!(answer.status.as_u16(), *code, "{method} {path}");
+        assert_eq!(answer.body, error(*code, message), "{method} {path}");
+        assert_eq!(answer.content_type.as_deref(), Some("application/json"));
+        assert_eq!(answer.server, Some(format!("fleetd/{}", crate::VERSION)));
+    }
+    let discovery = api.call("GET", "/fleet/v1/discovery", None).await;
+    assert_eq!(discovery.status, StatusCode::OK);
+    assert_eq!(discovery.body["id"], "fleet:v1");
+}
+
+#[tokio::test]
+async fn empty_collections_are_empty_objects() {
+    let api = api(100).await;
+    for path in ["/fleet/v1/units", "/fleet/v1/state", "/fleet/v1/machines"] {
+        let answer = api.call("GET", path, None).await;
+        assert_eq!(
+            (answer.status, answer.body),
+            (StatusCode::OK, json!({})),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn unit_lifecycle_through_put() {
+    let api = api(100).await;
+    let path = "/fleet/v1/units/hello.service";
+    assert_eq!(
+        api.call("PUT", path, Some(json!({"desiredState": "launched"})))
+            .await
+            .body,
+        error(409, "unit does not exist and options field empty")
+    );
+    let created = api.call("PUT", path, Some(hello(None))).await;
+    assert_eq!(
+        (created.status, created.body, created.content_type),
+        (StatusCode::CREATED, Value::Null, None)
+    );
+    let unit = api.call("GET", path, None).await.body;
+    assert_eq!(
+        unit,
+        json!({"currentState": "inactive", "desiredState": "inactive", "name": "hello.service",
+               "options": [{"name": "ExecStart", "section": "Service", "value": "/bin/sleep 1000"}]})
+    );
+    assert_eq!(
+        api.call("PUT", path, Some(json!({}))).await.body,
+        error(409, "must provide DesiredState to update existing unit")
+    );
+    assert_eq!(
+        api.call("PUT", path, Some(json!({"desiredState": "bogus"})))
+            .await
+            .body,
+        error(400, "invalid desiredState: \"bogus\"")
+    );
+    assert_eq!(
+        api.call("GET", path, None).await.body["desiredState"],
+        "inactive",
+        "a bad state stores nothing"
+    );
+    assert_eq!(
+        api.call("PUT", path, Some(json!({"desiredState": "launched"})))
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        api.call("GET", path, None).await.body["desiredState"],
+        "launched"
+    );
+    // Same options: only the state changes. New options: a new unit, inactive unless told.
+    assert_eq!(
+        api.call("PUT", path, Some(hello(Some("loaded"))))
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    let mut changed = hello(None);
+    changed["options"][0]["value"] = json!("/bin/sleep 2000");
+    assert_eq!(
+        api.call("PUT", path, Some(changed)).await.status,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        api.call("GET", path, None).await.body["desiredState"],
+        "inactive"
+    );
+    assert_eq!(
+        api.call("DELETE", path, None).await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        api.call("DELETE", path, None).await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+#[tokio::test]
+async fn put_refusals() {
+    let api = api(100).await;
+    let with_x_fleet = |pairs: &[(&str, &str)]| {
+        let options: Vec<Value> = pairs
+            .iter()
+            .map(|(n, v)| json!({"section": "X-Fleet", "name": n, "value": v}))
+            .collect();
+        json!({"options": options})
+    };
+    let cases = [
+        (
+            "/fleet/v1/units/a.bad",
+            hello(None),
+            400,
+            "invalid unit type: \"bad\"",
+        ),
+        (
+            "/fleet/v1/units/a.service",
+            json!({"name": "b.service"}),
+            400,
+            "name in URL \"a.service\" differs from unit name in request body \"b.service\"",
+        ),
+        (
+            "/fleet/v1/units/a.service",
+            with_x_fleet(&[("MachineID", "x"), ("Global", "true")]),
+            400,
+            "MachineID cannot be used with Global",
+        ),
+        (
+            "/fleet/v1/units/t@.service",
+            hello(Some("launched")),
+            400,
+            "cannot activate template \"t@.service\"",
+        ),
+        (
+            "/fleet/v1/units/a.service",
+            json!({"options": [{"section": "Service", "name": "ExecStart", "value": "x".repeat(3000)}]}),
+            400,
+            "line too long (max 2048 bytes)",
+        ),
+        (
+            "/fleet/v1/units/a.service",
+            json!({"options": "nope"}),
+            400,
+            "",
+        ),
+        (
+            "/fleet/v1/units/a.service",
+            hello(Some("bogus")),
+            400,
+            "invalid desiredState: \"bogus\"",
+        ),
+    ];
+    for (path, body, code, message) in cases {
+        let answer = api.call("PUT", path, Some(body)).await;
+        assert_eq!(answer.status.as_u16(), code, "{path}");
+        if message.is_empty() {
+            assert!(
+                answer.body["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("unable to decode body: ")
+            );
+        } else {
+            assert_eq!(answer.body, error(code, message), "{path}");
+        }
+    }
+    assert_eq!(
+        api.call("GET", "/fleet/v1/units", None).await.body,
+        json!({}),
+        "nothing was stored"
+    );
+    let plain = Request::builder()
+        .method("PUT")
+        .uri("/fleet/v1/units/a.service")
+        .header(header::CONTENT_TYPE, "text/plain")
+        .body(Body::from(hello(None).to_string()))
+        .unwrap();
+    assert_eq!(
+        api.send(plain).await.body,
+        error(415, "only acceptable Content-Type is application/json")
+    );
+    let none = Request::builder()
+        .method("PUT")
+        .uri("/fleet/v1/units/a.service")
+        .body(Body::from("{}"))
+        .unwrap();
+    assert_eq!(
+        api.send(none).await.body,
+        error(415, "expected 1 Content-Type, got 0")
+    );
+    let huge = Request::builder()
+        .method("PUT")
+        .uri("/fleet/v1/units/a.service")
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(vec![b' '; BODY_LIMIT + 1]))
+        .unwrap();
+    assert_eq!(api.send(huge).await.status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn pagination_tokens() {
+    let api = api(2).await;
+    for n in 0..4 {
+        api.call(
+            "PUT",
+            &format!("/fleet/v1/units/u{n}.service"),
+            Some(hello(None)),
+        )
+        .await;
+    }
+    let first = api.call("GET", "/fleet/v1/units", None).await.body;
+    assert_eq!(first["units"].as_array().unwrap().len(), 2);
+    assert_eq!(first["nextPageToken"], "AgACAA==");
+    let second = api
+        .call("GET", "/fleet/v1/units?nextPageToken=AgACAA%3D%3D", None)
+        .await
+        .body;
+    assert_eq!(second["units"][0]["name"], "u2.service");
+    assert!(
+        second.get("nextPageToken").is_none(),
+        "no token on the last page"
+    );
+    let cases = [
+        (
+            "?nextPageToken=AgACAA==&nextPageToken=AgACAA==",
+            "too many values for page token",
+        ),
+        ("?nextPageToken=EwBMLg==", "token limit must be 2"),
+        (
+            "?nextPageToken=AgAAAA==",
+            "token page must be greater than zero",
+        ),
+    ];
+    for (query, message) in cases {
+        assert_eq!(
+            api.call("GET", &format!("/fleet/v1/machines{query}"), None)
+                .await
+                .body,
+            error(400, message),
+            "{query}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn machine_metadata_patch() {
+    let api = api(100).await;
+    let machine = MachineState {
+        id: "m1".into(),
+        public_ip: "10.0.0.1".into(),
+        metadata: [("hostname".to_string(), "smoke".to_string())].into(),
+        ..Default::default()
+    };
+    api.registry.register_machine(&machine).await.unwrap();
+    let ops = json!([
+        {"op": "add", "path": "/m1/metadata/foo", "Value": {"value": "bar"}},
+        {"op": "replace", "path": "/m1/metadata/zone", "value": "z1"},
+    ]);
+    let answer = api.call("PATCH", "/fleet/v1/machines", Some(ops)).await;
+    assert_eq!(
+        (answer.status, answer.content_type.as_deref()),
+        (StatusCode::NO_CONTENT, Some("application/json"))
+    );
+    let listed = api.call("GET", "/fleet/v1/machines", None).await.body;
+    assert_eq!(
+        listed,
+        json!({"machines": [{"id": "m1", "metadata": {"foo": "bar", "hostname": "smoke", "zone": "z1"}, "primaryIP": "10.0.0.1"}]})
+    );
+    let remove = json!([{"op": "remove", "path": "/m1/metadata/foo"}, {"op": "remove", "path": "/m1/metadata/zone"}]);
+    assert_eq!(
+        api.call("PATCH", "/fleet/v1/machines", Some(remove))
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(
+        api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0]["metadata"],
+        json!({"hostname": "smoke"})
+    );
+    let bad = [
+        (
+            json!([{"op": "move", "path": "/m1/metadata/a", "value": "b"}]),
+            "invalid op: expect add, remove, or replace",
+        ),
+        (
+            json!([{"op": "add", "path": "/m1/meta/a", "value": "b"}]),
+            "machine metadata path invalid",
+        ),
+        (
+            json!([{"op": "add", "path": "/m1/metadata/a b", "value": "b"}]),
+            "machine metadata path invalid",
+        ),
+        (
+            json!([{"op": "add", "path": "/m1/metadata/a", "value": {"value": ""}}]),
+            "invalid value: add and replace require a value",
+        ),
+        (
+            json!([{"op": "add", "path": "/m1/metadata/ok", "value": "1"}, {"op": "bad"}]),
+            "invalid op: expect add, remove, or replace",
+        ),
+    ];
+    for (ops, message) in bad {
+        assert_eq!(
+            api.call("PATCH", "/fleet/v1/machines", Some(ops))
+                .await
+                .body,
+            error(400, message)
+        );
+    }
+    assert!(
+        api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0]["metadata"]
+            .get("ok")
+            .is_none(),
+        "all ops are checked before any applies"
+    );
+}

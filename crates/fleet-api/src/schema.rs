@@ -1,0 +1,129 @@
+//! The API's JSON entities. Field order is alphabetical and empty fields are omitted, as the
+//! original's encoder does; clients must ignore fields they do not know (e.g. `reason`).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+fn is_empty(text: &Option<String>) -> bool {
+    text.as_deref().is_none_or(str::is_empty)
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitOption {
+    pub name: String,
+    pub section: String,
+    pub value: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Unit {
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub current_state: Option<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub desired_state: Option<String>,
+    #[serde(rename = "machineID", default, skip_serializing_if = "is_empty")]
+    pub machine_id: Option<String>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<UnitOption>,
+    /// Why the engine could not place the unit (our addition).
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitState {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub hash: String,
+    #[serde(
+        rename = "machineID",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub machine_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    #[serde(
+        rename = "systemdActiveState",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub systemd_active_state: String,
+    #[serde(
+        rename = "systemdLoadState",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub systemd_load_state: String,
+    #[serde(
+        rename = "systemdSubState",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub systemd_sub_state: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub id: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(
+        rename = "primaryIP",
+        default,
+        skip_serializing_if = "String::is_empty"
+    )]
+    pub primary_ip: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitPage {
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub next_page_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<Unit>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitStatePage {
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub next_page_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub states: Vec<UnitState>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePage {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub machines: Vec<Machine>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub next_page_token: Option<String>,
+}
+
+/// The error body: `{"error":{"code":404,"message":"unit does not exist"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: u16,
+    pub message: String,
+}
+
+/// A unit's log lines, served for units on the answering machine (our addition).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Journal {
+    pub machine_id: String,
+    pub name: String,
+    pub text: String,
+}
