@@ -8,4 +8,4 @@
 mod reconciler;
 mod states;
 
-pub use reconciler::{Agent, AgentConfig};
+pub use reconciler::{Agent, AgentConfig, Lifecycle};

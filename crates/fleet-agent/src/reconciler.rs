@@ -12,6 +12,16 @@ use tokio::sync::watch;
 
 use crate::states::state_reports;
 
+/// What fleetd wants its components to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Running,
+    /// Stop this instance but leave the units running: a new one takes over.
+    Reloading,
+    /// Stop the units and leave the cluster.
+    ShuttingDown,
+}
+
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
     /// The machine as configured: ID, address, metadata.
@@ -56,8 +66,10 @@ impl Agent {
         &self.config.machine.id
     }
 
-    /// Runs until `shutdown` turns true, then stops every unit and leaves the cluster.
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until `lifecycle` leaves [`Lifecycle::Running`]. On shutdown it stops every unit
+    /// and leaves the cluster; on reload it returns with the units left running, for the
+    /// next agent to adopt.
+    pub async fn run(mut self, mut lifecycle: watch::Receiver<Lifecycle>) {
         let mut work_changes = self.registry.machine_changes(self.machine_id());
         let mut state_changes = self.manager.state_changes();
         self.adopt_running_units().await;
@@ -86,13 +98,15 @@ impl Agent {
                 _ = work_changes.changed() => {}
                 _ = state_changes.changed() => {}
                 () = tokio::time::sleep(next) => {}
-                _ = shutdown.wait_for(|stop| *stop) => break,
+                _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => break,
             }
             tokio::time::sleep(self.config.debounce).await;
             work_changes.mark_unchanged();
             state_changes.mark_unchanged();
         }
-        self.leave().await;
+        if *lifecycle.borrow() == Lifecycle::ShuttingDown {
+            self.leave().await;
+        }
     }
 
     /// Takes over what the manager already runs (a systemd that outlived fleetd), so a

@@ -41,7 +41,8 @@ impl Engine {
         }
     }
 
-    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+    /// Runs until `stop` turns true, then gives up the leadership.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut changes = self.registry.engine_changes();
         loop {
             if let Err(error) = self.reconcile().await {
@@ -50,7 +51,7 @@ impl Engine {
             tokio::select! {
                 _ = changes.changed() => {}
                 () = tokio::time::sleep(self.config.reconcile_interval) => {}
-                _ = shutdown.wait_for(|stop| *stop) => break,
+                _ = stop.wait_for(|stop| *stop) => break,
             }
             tokio::time::sleep(self.config.debounce).await;
             changes.mark_unchanged();

@@ -1,0 +1,275 @@
+//! A client for the fleet HTTP API v1, over a Unix socket or HTTP.
+
+use std::time::Duration;
+
+use fleet_api::schema::{
+    ErrorBody, Journal, Machine, MachinePage, Unit, UnitPage, UnitState, UnitStatePage,
+};
+use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The endpoint cannot be used (no scheme, a Unix URL with a host...).
+    #[error("{0}")]
+    Endpoint(String),
+    /// The API answered with an error; shown as the original's Go client shows it.
+    #[error("googleapi: Error {code}: {message}")]
+    Api { code: u16, message: String },
+    #[error("{0}")]
+    Transport(String),
+    #[error("unreadable answer from the fleet API: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::Api { code: 404, .. })
+    }
+}
+
+pub type Result<T> = std::result::Result<T, ClientError>;
+
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+/// Where to reach the API, read from an endpoint URL.
+#[derive(Debug, PartialEq, Eq)]
+enum Endpoint {
+    Unix(String),
+    Http(String),
+}
+
+fn parse_endpoint(endpoint: &str) -> Result<Endpoint> {
+    let first = endpoint.split(',').next().unwrap_or("").trim();
+    let Some((scheme, rest)) = first.split_once("://") else {
+        return Err(ClientError::Endpoint("URL scheme undefined".into()));
+    };
+    match scheme {
+        "unix" | "file" => {
+            if !rest.starts_with('/') {
+                let host = rest.split('/').next().unwrap_or("");
+                return Err(ClientError::Endpoint(format!(
+                    "unable to connect to host {host:?} with scheme {scheme:?}"
+                )));
+            }
+            Ok(Endpoint::Unix(rest.to_string()))
+        }
+        "http" | "https" => Ok(Endpoint::Http(first.trim_end_matches('/').to_string())),
+        other => Err(ClientError::Endpoint(format!(
+            "unable to connect to host {rest:?} with scheme {other:?}"
+        ))),
+    }
+}
+
+impl Client {
+    /// A client for `endpoint` (`unix:///var/run/fleet.sock`, `http://host:port`); every
+    /// request gives up after `timeout`.
+    pub fn new(endpoint: &str, timeout: Duration) -> Result<Self> {
+        let builder = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout);
+        let (builder, base) = match parse_endpoint(endpoint)? {
+            Endpoint::Unix(path) => (builder.unix_socket(path), "http://localhost".to_string()),
+            Endpoint::Http(base) => (builder, base),
+        };
+        let http = builder
+            .build()
+            .map_err(|error| ClientError::Transport(error.to_string()))?;
+        Ok(Self { http, base })
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+    ) -> Result<(StatusCode, Vec<u8>)> {
+        let url = format!("{}/fleet/v1/{path}", self.base);
+        let mut request = self.http.request(method, url);
+        if let Some(body) = body {
+            request = request
+                .header("Content-Type", "application/json")
+                .body(body);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|error| ClientError::Transport(describe_transport(&error)))?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|error| ClientError::Transport(error.to_string()))?;
+        if status.is_client_error() || status.is_server_error() {
+            let message = serde_json::from_slice::<ErrorBody>(&bytes)
+                .map(|body| body.error.message)
+                .unwrap_or_default();
+            return Err(ClientError::Api {
+                code: status.as_u16(),
+                message,
+            });
+        }
+        Ok((status, bytes.to_vec()))
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let (_, bytes) = self.send(Method::GET, path, None).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    /// Follows page tokens to the end.
+    async fn all_pages<P: DeserializeOwned, T>(
+        &self,
+        path: &str,
+        split: impl Fn(P) -> (Vec<T>, Option<String>),
+    ) -> Result<Vec<T>> {
+        let mut items = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let separator = if path.contains('?') { '&' } else { '?' };
+            let url = match &token {
+                Some(token) => {
+                    format!("{path}{separator}nextPageToken={}", encode_component(token))
+                }
+                None => path.to_string(),
+            };
+            let (page, next) = split(self.get::<P>(&url).await?);
+            items.extend(page);
+            match next.filter(|next| !next.is_empty()) {
+                Some(next) => token = Some(next),
+                None => return Ok(items),
+            }
+        }
+    }
+
+    pub async fn units(&self) -> Result<Vec<Unit>> {
+        self.all_pages("units", |page: UnitPage| (page.units, page.next_page_token))
+            .await
+    }
+
+    pub async fn unit(&self, name: &str) -> Result<Option<Unit>> {
+        match self.get(&format!("units/{}", encode_component(name))).await {
+            Ok(unit) => Ok(Some(unit)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Creates or replaces a unit (PUT with options).
+    pub async fn put_unit(&self, unit: &Unit) -> Result<()> {
+        let body =
+            serde_json::to_string(unit).map_err(|error| ClientError::Decode(error.to_string()))?;
+        self.send(
+            Method::PUT,
+            &format!("units/{}", encode_component(&unit.name)),
+            Some(body),
+        )
+        .await
+        .map(drop)
+    }
+
+    pub async fn set_desired_state(&self, name: &str, state: &str) -> Result<()> {
+        let unit = Unit {
+            name: name.to_string(),
+            desired_state: Some(state.to_string()),
+            ..Unit::default()
+        };
+        self.put_unit(&unit).await
+    }
+
+    /// Destroys a unit; `false` when there was none.
+    pub async fn destroy_unit(&self, name: &str) -> Result<bool> {
+        match self
+            .send(
+                Method::DELETE,
+                &format!("units/{}", encode_component(name)),
+                None,
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(error) if error.is_not_found() => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    pub async fn unit_states(&self, unit: Option<&str>) -> Result<Vec<UnitState>> {
+        let path = match unit {
+            Some(name) => format!("state?unitName={}", encode_component(name)),
+            None => "state".to_string(),
+        };
+        self.all_pages(&path, |page: UnitStatePage| {
+            (page.states, page.next_page_token)
+        })
+        .await
+    }
+
+    pub async fn machines(&self) -> Result<Vec<Machine>> {
+        self.all_pages("machines", |page: MachinePage| {
+            (page.machines, page.next_page_token)
+        })
+        .await
+    }
+
+    pub async fn journal(&self, name: &str, lines: usize) -> Result<Journal> {
+        self.get(&format!("journal/{}?lines={lines}", encode_component(name)))
+            .await
+    }
+}
+
+fn describe_transport(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Percent-encodes a path segment or query value.
+fn encode_component(text: &str) -> String {
+    text.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'@' | b':' => {
+                (byte as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(
+            parse_endpoint("unix:///var/run/fleet.sock").unwrap(),
+            Endpoint::Unix("/var/run/fleet.sock".into())
+        );
+        assert_eq!(
+            parse_endpoint("http://127.0.0.1:49153/,http://x").unwrap(),
+            Endpoint::Http("http://127.0.0.1:49153".into())
+        );
+        assert_eq!(
+            parse_endpoint("/var/run/fleet.sock")
+                .unwrap_err()
+                .to_string(),
+            "URL scheme undefined"
+        );
+        assert_eq!(
+            parse_endpoint("unix://var/run/fleet.sock")
+                .unwrap_err()
+                .to_string(),
+            "unable to connect to host \"var\" with scheme \"unix\""
+        );
+        assert_eq!(encode_component("a b/c=="), "a%20b%2Fc%3D%3D");
+    }
+}

@@ -1,0 +1,545 @@
+//! fleetd's configuration: `fleet.conf` (INI, options at the global level), overridden by
+//! `FLEET_<OPTION>` environment variables. Every value is checked at start; a bad one is
+//! refused with the option's name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fleet_core::machine::parse_metadata;
+
+pub const DEFAULT_CONFIG: &str = "/etc/fleet/fleet.conf";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UnitManagerChoice {
+    Auto,
+    Systemd,
+    Native,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub verbosity: u32,
+    pub etcd_servers: Vec<String>,
+    pub etcd_key_prefix: String,
+    pub etcd_request_timeout: Duration,
+    pub engine_reconcile_interval: Duration,
+    pub public_ip: String,
+    pub metadata: BTreeMap<String, String>,
+    pub agent_ttl: Duration,
+    pub units_directory: PathBuf,
+    pub systemd_user: bool,
+    pub token_limit: u16,
+    pub disable_engine: bool,
+    pub disable_watches: bool,
+    pub verify_units: bool,
+    pub authorized_keys_file: String,
+    /// The machine ID itself, or a file to read it from.
+    pub machine_id: String,
+    pub unit_manager: UnitManagerChoice,
+    /// `unix:///path` and `host:port` entries, comma-separated.
+    pub api_listen: Vec<String>,
+    pub state_dir: PathBuf,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            verbosity: 0,
+            etcd_servers: Vec::new(),
+            etcd_key_prefix: "/_coreos.com/fleet/".into(),
+            etcd_request_timeout: Duration::from_secs(1),
+            engine_reconcile_interval: Duration::from_secs(2),
+            public_ip: String::new(),
+            metadata: BTreeMap::new(),
+            agent_ttl: Duration::from_secs(30),
+            units_directory: "/run/fleet/units/".into(),
+            systemd_user: false,
+            token_limit: 100,
+            disable_engine: false,
+            disable_watches: false,
+            verify_units: false,
+            authorized_keys_file: String::new(),
+            machine_id: "/etc/machine-id".into(),
+            unit_manager: UnitManagerChoice::Auto,
+            api_listen: vec!["unix:///var/run/fleet.sock".into()],
+            state_dir: "/var/lib/fleet".into(),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum ConfigError {
+    Read(PathBuf, std::io::Error),
+    NotAFile(PathBuf),
+    Syntax {
+        path: PathBuf,
+        line: usize,
+        text: String,
+    },
+    UnknownOption {
+        source: String,
+        name: String,
+    },
+    BadValue {
+        name: String,
+        value: String,
+        reason: String,
+    },
+}
+
+impl std::fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Read(path, error) => {
+                write!(f, "cannot read config file {}: {error}", path.display())
+            }
+            Self::NotAFile(path) => write!(f, "config file {} is not a file", path.display()),
+            Self::Syntax { path, line, text } => {
+                write!(
+                    f,
+                    "{}:{line}: expected \"option = value\", found {text:?}",
+                    path.display()
+                )
+            }
+            Self::UnknownOption { source, name } => write!(f, "{source}: unknown option {name:?}"),
+            Self::BadValue {
+                name,
+                value,
+                reason,
+            } => write!(f, "invalid value {value:?} for option {name}: {reason}"),
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Every option name, so that a typo is refused rather than ignored.
+const OPTIONS: &[&str] = &[
+    "verbosity",
+    "etcd_servers",
+    "etcd_username",
+    "etcd_password",
+    "etcd_keyfile",
+    "etcd_certfile",
+    "etcd_cafile",
+    "etcd_key_prefix",
+    "etcd_request_timeout",
+    "engine_reconcile_interval",
+    "public_ip",
+    "metadata",
+    "agent_ttl",
+    "units_directory",
+    "systemd_user",
+    "token_limit",
+    "enable_grpc",
+    "disable_engine",
+    "disable_watches",
+    "verify_units",
+    "authorized_keys_file",
+    "machine_id",
+    "unit_manager",
+    "api_listen",
+    "state_dir",
+];
+
+/// Strips one pair of matching quotes.
+fn unquote(value: &str) -> &str {
+    let value = value.trim();
+    for quote in ['"', '\''] {
+        if let Some(inner) = value
+            .strip_prefix(quote)
+            .and_then(|v| v.strip_suffix(quote))
+        {
+            return inner;
+        }
+    }
+    value
+}
+
+/// Reads fleet.conf text into option → value.
+pub fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    let mut values = BTreeMap::new();
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty()
+            || line.starts_with('#')
+            || line.starts_with(';')
+            || line.starts_with('[')
+        {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            return Err(ConfigError::Syntax {
+                path: path.to_path_buf(),
+                line: index + 1,
+                text: line.to_string(),
+            });
+        };
+        let name = name.trim().to_string();
+        if !OPTIONS.contains(&name.as_str()) {
+            return Err(ConfigError::UnknownOption {
+                source: path.display().to_string(),
+                name,
+            });
+        }
+        values.insert(name, unquote(value).to_string());
+    }
+    Ok(values)
+}
+
+/// The original's list syntax: split on `,`, each item trimmed of spaces, quotes and brackets.
+fn parse_list(value: &str) -> Vec<String> {
+    value
+        .split(',')
+        .map(|item| {
+            item.trim_start_matches([' ', '[', '"'])
+                .trim_end_matches([' ', ']', '"'])
+                .to_string()
+        })
+        .filter(|item| !item.is_empty())
+        .collect()
+}
+
+fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "t" | "true" | "yes" | "on" => Ok(true),
+        "0" | "f" | "false" | "no" | "off" | "" => Ok(false),
+        _ => Err(bad(name, value, "expected true or false")),
+    }
+}
+
+fn bad(name: &str, value: &str, reason: &str) -> ConfigError {
+    ConfigError::BadValue {
+        name: name.to_string(),
+        value: value.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+fn parse_seconds(name: &str, value: &str) -> Result<Duration, ConfigError> {
+    value
+        .parse::<f64>()
+        .ok()
+        .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
+        .map(Duration::from_secs_f64)
+        .ok_or_else(|| bad(name, value, "expected a positive number of seconds"))
+}
+
+/// Go's duration syntax (`30s`, `1m30s`, `500ms`).
+pub fn parse_go_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
+    let mut rest = value.trim();
+    let mut total = Duration::ZERO;
+    if rest.is_empty() {
+        return Err(bad(name, value, "expected a duration such as 30s"));
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..digits]
+            .parse()
+            .map_err(|_| bad(name, value, "expected a duration such as 30s"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds = match &rest[..unit_len] {
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 0.001,
+            "us" | "µs" => 0.000_001,
+            "ns" => 0.000_000_001,
+            _ => return Err(bad(name, value, "expected a duration such as 30s")),
+        };
+        total += Duration::from_secs_f64(number * seconds);
+        rest = &rest[unit_len..];
+    }
+    if total.is_zero() {
+        return Err(bad(name, value, "must be longer than zero"));
+    }
+    Ok(total)
+}
+
+impl Config {
+    /// Reads the config file (the given one must exist; the default one may not) and the
+    /// environment.
+    pub fn load(
+        path: Option<&Path>,
+        environment: &BTreeMap<String, String>,
+    ) -> Result<Self, ConfigError> {
+        let mut values = BTreeMap::new();
+        let (path, required) = match path {
+            Some(path) => (path.to_path_buf(), true),
+            None => (PathBuf::from(DEFAULT_CONFIG), false),
+        };
+        match std::fs::metadata(&path) {
+            Ok(metadata) if !metadata.is_file() => return Err(ConfigError::NotAFile(path)),
+            Ok(_) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|error| ConfigError::Read(path.clone(), error))?;
+                values = parse_file(&path, &text)?;
+            }
+            Err(error) if required => return Err(ConfigError::Read(path, error)),
+            Err(_) => {}
+        }
+        for option in OPTIONS {
+            if let Some(value) = environment.get(&format!("FLEET_{}", option.to_ascii_uppercase()))
+            {
+                values.insert(option.to_string(), value.clone());
+            }
+        }
+        Self::from_values(&values)
+    }
+
+    pub fn from_values(values: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
+        let mut config = Self::default();
+        for (name, value) in values {
+            let value = value.trim();
+            match name.as_str() {
+                "verbosity" => {
+                    config.verbosity = value
+                        .parse()
+                        .map_err(|_| bad(name, value, "expected a whole number"))?
+                }
+                "etcd_servers" => config.etcd_servers = parse_list(value),
+                "etcd_key_prefix" => config.etcd_key_prefix = value.to_string(),
+                "etcd_request_timeout" => config.etcd_request_timeout = parse_seconds(name, value)?,
+                "engine_reconcile_interval" => {
+                    config.engine_reconcile_interval = parse_seconds(name, value)?
+                }
+                "public_ip" => {
+                    if !value.is_empty() && value.parse::<std::net::IpAddr>().is_err() {
+                        return Err(bad(name, value, "expected an IP address"));
+                    }
+                    config.public_ip = value.to_string();
+                }
+                "metadata" => config.metadata = parse_metadata(value),
+                "agent_ttl" => config.agent_ttl = parse_go_duration(name, value)?,
+                "units_directory" => config.units_directory = value.into(),
+                "systemd_user" => config.systemd_user = parse_bool(name, value)?,
+                "token_limit" => {
+                    config.token_limit = value
+                        .parse::<u16>()
+                        .ok()
+                        .filter(|limit| *limit > 0)
+                        .ok_or_else(|| {
+                            bad(name, value, "expected a whole number from 1 to 65535")
+                        })?
+                }
+                "disable_engine" => config.disable_engine = parse_bool(name, value)?,
+                "disable_watches" => config.disable_watches = parse_bool(name, value)?,
+                "verify_units" => config.verify_units = parse_bool(name, value)?,
+                "enable_grpc" => {
+                    parse_bool(name, value)?;
+                }
+                "authorized_keys_file" => config.authorized_keys_file = value.to_string(),
+                "machine_id" => {
+                    if value.is_empty() {
+                        return Err(bad(
+                            name,
+                            value,
+                            "expected a machine ID or the file holding it",
+                        ));
+                    }
+                    config.machine_id = value.to_string();
+                }
+                "unit_manager" => {
+                    config.unit_manager = match value {
+                        "auto" => UnitManagerChoice::Auto,
+                        "systemd" => UnitManagerChoice::Systemd,
+                        "native" => UnitManagerChoice::Native,
+                        _ => return Err(bad(name, value, "expected auto, systemd or native")),
+                    }
+                }
+                "api_listen" => {
+                    let listen = parse_list(value);
+                    for entry in &listen {
+                        let valid = match entry.strip_prefix("unix://") {
+                            Some(path) => path.starts_with('/'),
+                            None => entry
+                                .trim_start_matches("http://")
+                                .parse::<std::net::SocketAddr>()
+                                .is_ok(),
+                        };
+                        if !valid {
+                            return Err(bad(name, entry, "expected unix:///path or host:port"));
+                        }
+                    }
+                    config.api_listen = listen;
+                }
+                "state_dir" => config.state_dir = value.into(),
+                // Accepted for compatibility: TLS and credentials of the etcd registry.
+                "etcd_username" | "etcd_password" | "etcd_keyfile" | "etcd_certfile"
+                | "etcd_cafile" => {}
+                _ => {
+                    return Err(ConfigError::UnknownOption {
+                        source: "configuration".into(),
+                        name: name.clone(),
+                    });
+                }
+            }
+        }
+        Ok(config)
+    }
+
+    /// The machine ID: the value itself, or the first line of the file it names.
+    pub fn resolve_machine_id(&self) -> Result<String, ConfigError> {
+        let id = if self.machine_id.starts_with('/') {
+            std::fs::read_to_string(&self.machine_id)
+                .map_err(|error| bad("machine_id", &self.machine_id, &error.to_string()))?
+                .trim()
+                .to_string()
+        } else {
+            self.machine_id.clone()
+        };
+        if id.is_empty()
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(bad(
+                "machine_id",
+                &id,
+                "unable to determine local machine ID",
+            ));
+        }
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn file_environment_and_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.conf");
+        std::fs::write(&path, "# comment\nmetadata=\"region=us-west,az=us-west-1\"\nagent_ttl = \"3s\"\netcd_servers=[\"http://a:2379\",\"http://b:2379\"]\ntoken_limit=5\n").unwrap();
+        let environment = values(&[
+            ("FLEET_TOKEN_LIMIT", "7"),
+            ("FLEET_STATE_DIR", "/tmp/x"),
+            ("OTHER", "1"),
+        ]);
+        let config = Config::load(Some(&path), &environment).unwrap();
+        assert_eq!(config.metadata["az"], "us-west-1");
+        assert_eq!(config.agent_ttl, Duration::from_secs(3));
+        assert_eq!(config.etcd_servers, vec!["http://a:2379", "http://b:2379"]);
+        assert_eq!(config.token_limit, 7, "the environment wins");
+        assert_eq!(config.state_dir, PathBuf::from("/tmp/x"));
+        assert_eq!(config.engine_reconcile_interval, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn bad_values_name_the_option() {
+        let cases = [
+            (
+                "token_limit",
+                "0",
+                "invalid value \"0\" for option token_limit: expected a whole number from 1 to 65535",
+            ),
+            (
+                "agent_ttl",
+                "soon",
+                "invalid value \"soon\" for option agent_ttl: expected a duration such as 30s",
+            ),
+            (
+                "unit_manager",
+                "docker",
+                "invalid value \"docker\" for option unit_manager: expected auto, systemd or native",
+            ),
+            (
+                "disable_engine",
+                "maybe",
+                "invalid value \"maybe\" for option disable_engine: expected true or false",
+            ),
+            (
+                "public_ip",
+                "x.y",
+                "invalid value \"x.y\" for option public_ip: expected an IP address",
+            ),
+            (
+                "api_listen",
+                "unix://relative",
+                "invalid value \"unix://relative\" for option api_listen: expected unix:///path or host:port",
+            ),
+            (
+                "engine_reconcile_interval",
+                "-1",
+                "invalid value \"-1\" for option engine_reconcile_interval: expected a positive number of seconds",
+            ),
+        ];
+        for (name, value, message) in cases {
+            assert_eq!(
+                Config::from_values(&values(&[(name, value)]))
+                    .unwrap_err()
+                    .to_string(),
+                message
+            );
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fleet.conf");
+        std::fs::write(&path, "tokn_limit=5\n").unwrap();
+        assert!(
+            Config::load(Some(&path), &BTreeMap::new())
+                .unwrap_err()
+                .to_string()
+                .ends_with("unknown option \"tokn_limit\"")
+        );
+        assert!(Config::load(Some(&dir.path().join("missing")), &BTreeMap::new()).is_err());
+        assert!(matches!(
+            Config::load(Some(dir.path()), &BTreeMap::new()),
+            Err(ConfigError::NotAFile(_))
+        ));
+    }
+
+    #[test]
+    fn machine_id_from_value_or_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("machine-id");
+        std::fs::write(&file, "abc123\n").unwrap();
+        let from_file = Config {
+            machine_id: file.display().to_string(),
+            ..Config::default()
+        };
+        assert_eq!(from_file.resolve_machine_id().unwrap(), "abc123");
+        let direct = Config {
+            machine_id: "m-1".into(),
+            ..Config::default()
+        };
+        assert_eq!(direct.resolve_machine_id().unwrap(), "m-1");
+        let empty_file = dir.path().join("empty");
+        std::fs::write(&empty_file, "").unwrap();
+        assert!(
+            Config {
+                machine_id: empty_file.display().to_string(),
+                ..Config::default()
+            }
+            .resolve_machine_id()
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(
+            parse_go_duration("x", "1m30s").unwrap(),
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            parse_go_duration("x", "500ms").unwrap(),
+            Duration::from_millis(500)
+        );
+        assert!(parse_go_duration("x", "0s").is_err());
+        assert!(parse_go_duration("x", "5").is_err());
+    }
+}

@@ -1,0 +1,144 @@
+//! fleetd: on every machine, the engine, the agent and the HTTP API v1.
+
+mod config;
+mod host;
+mod run;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use config::Config;
+
+const USAGE: &str = "Usage: fleetd [-config PATH] [-version]";
+
+enum Invocation {
+    Run(Option<PathBuf>),
+    Version,
+    Help,
+}
+
+/// Reads Go-style flags: `-config PATH`, `--config=PATH`, `-version`, `fleetd version`.
+fn parse_args(args: &[String]) -> Result<Invocation, String> {
+    let mut config = None;
+    let mut index = 0;
+    while index < args.len() {
+        let arg = &args[index];
+        let flag = arg.trim_start_matches('-');
+        let (name, inline) = match flag.split_once('=') {
+            Some((name, value)) => (name, Some(value.to_string())),
+            None => (flag, None),
+        };
+        match (arg.starts_with('-'), name) {
+            (true, "version" | "v") => return Ok(Invocation::Version),
+            (true, "help" | "h") => return Ok(Invocation::Help),
+            (true, "config") => {
+                let value = match inline {
+                    Some(value) => value,
+                    None => {
+                        index += 1;
+                        args.get(index)
+                            .cloned()
+                            .ok_or("flag needs an argument: -config")?
+                    }
+                };
+                config = Some(PathBuf::from(value));
+            }
+            (true, _) => return Err(format!("flag provided but not defined: {arg}")),
+            (false, "version") if index == 0 => return Ok(Invocation::Version),
+            (false, _) => {
+                return Err(
+                    "fleetd takes no arguments. Did you mean to invoke fleetctl instead?"
+                        .to_string(),
+                );
+            }
+        }
+        index += 1;
+    }
+    Ok(Invocation::Run(config))
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let config_path = match parse_args(&args) {
+        Ok(Invocation::Run(path)) => path,
+        Ok(Invocation::Version) => {
+            println!("fleetd version {}", fleet_api::VERSION);
+            return ExitCode::SUCCESS;
+        }
+        Ok(Invocation::Help) => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(message) => {
+            eprintln!("{message}\n{USAGE}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let environment: BTreeMap<String, String> = std::env::vars().collect();
+    let config = match Config::load(config_path.as_deref(), &environment) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("fleetd: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let filter = if config.verbosity > 0 {
+        "debug"
+    } else {
+        "info"
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FLEETD_LOG")
+                .unwrap_or_else(|_| filter.into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("fleetd: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run::run(config, config_path, environment)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            eprintln!("fleetd: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Invocation, String> {
+        parse_args(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn go_style_flags() {
+        assert!(
+            matches!(parse(&["-config", "/x"]), Ok(Invocation::Run(Some(p))) if p == PathBuf::from("/x"))
+        );
+        assert!(
+            matches!(parse(&["--config=/y"]), Ok(Invocation::Run(Some(p))) if p == PathBuf::from("/y"))
+        );
+        assert!(matches!(parse(&["-version"]), Ok(Invocation::Version)));
+        assert!(matches!(parse(&["version"]), Ok(Invocation::Version)));
+        assert_eq!(
+            parse(&["list-units"]).err().unwrap(),
+            "fleetd takes no arguments. Did you mean to invoke fleetctl instead?"
+        );
+        assert!(parse(&["-bogus"]).is_err());
+        assert!(parse(&["-config"]).is_err());
+    }
+}

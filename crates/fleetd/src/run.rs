@@ -1,0 +1,234 @@
+//! Wiring: the registry, the unit manager, the engine, the agent and the API, and the
+//! signals that reload or stop them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_api::listen::{ApiListener, activated_listeners, bind_tcp, bind_unix, serve};
+use fleet_api::router::LocalMachine;
+use fleet_api::{ApiState, router};
+use fleet_core::MachineState;
+use fleet_engine::{Engine, EngineConfig};
+use fleet_registry::embedded::EmbeddedRegistry;
+use fleet_unit_manager::UnitManager;
+use fleet_unit_manager::native::{NativeManager, NativeOptions};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::config::{Config, UnitManagerChoice};
+use crate::host;
+
+/// The agent's fallback reconcile period (the original's fixed 5 s).
+const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long a burst of changes may settle before a reconcile acts on it.
+const DEBOUNCE: Duration = Duration::from_millis(10);
+
+fn machine_state(config: &Config, machine_id: &str) -> MachineState {
+    let public_ip = if config.public_ip.is_empty() {
+        host::default_public_ip()
+            .map(|ip| ip.to_string())
+            .unwrap_or_default()
+    } else {
+        config.public_ip.clone()
+    };
+    MachineState {
+        id: machine_id.to_string(),
+        public_ip,
+        metadata: config.metadata.clone(),
+        version: fleet_api::VERSION.to_string(),
+        disable_engine: config.disable_engine,
+    }
+}
+
+fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<dyn UnitManager>> {
+    let systemd_booted = Path::new("/run/systemd/system").exists();
+    match config.unit_manager {
+        UnitManagerChoice::Systemd => {
+            bail!("unit_manager = systemd is not available in this build yet; use native or auto")
+        }
+        UnitManagerChoice::Auto if systemd_booted => {
+            tracing::warn!(
+                "systemd is running, but this build has no systemd unit manager yet: using the native one"
+            )
+        }
+        UnitManagerChoice::Auto | UnitManagerChoice::Native => {
+            tracing::info!("using the native unit manager")
+        }
+    }
+    let options = NativeOptions {
+        state_dir: config.state_dir.clone(),
+        machine_id: machine_id.to_string(),
+        hostname: host::hostname(),
+    };
+    Ok(Arc::new(NativeManager::new(options)?))
+}
+
+fn listeners(config: &Config) -> anyhow::Result<Vec<ApiListener>> {
+    let activated = activated_listeners().context("reading sockets passed by systemd")?;
+    if !activated.is_empty() {
+        return Ok(activated);
+    }
+    config
+        .api_listen
+        .iter()
+        .map(|entry| match entry.strip_prefix("unix://") {
+            Some(path) => {
+                bind_unix(Path::new(path)).with_context(|| format!("listening on {entry}"))
+            }
+            None => bind_tcp(entry.trim_start_matches("http://"))
+                .with_context(|| format!("listening on {entry}")),
+        })
+        .collect()
+}
+
+/// Warns about options a reload cannot change.
+fn warn_fixed_options(old: &Config, new: &Config) {
+    let fixed = [
+        ("state_dir", old.state_dir != new.state_dir),
+        ("machine_id", old.machine_id != new.machine_id),
+        ("api_listen", old.api_listen != new.api_listen),
+        ("unit_manager", old.unit_manager != new.unit_manager),
+        ("etcd_servers", old.etcd_servers != new.etcd_servers),
+    ];
+    for (name, changed) in fixed {
+        if changed {
+            tracing::warn!(
+                option = name,
+                "this option changes only when fleetd restarts"
+            );
+        }
+    }
+}
+
+fn check_supported(config: &Config) -> anyhow::Result<()> {
+    if !config.etcd_servers.is_empty() {
+        bail!(
+            "etcd_servers is set, but this build has no etcd registry yet; unset it to use the embedded store"
+        );
+    }
+    if config.verify_units {
+        tracing::error!("verify_units is deprecated and ignored");
+    }
+    if !config.authorized_keys_file.is_empty() {
+        tracing::error!("authorized_keys_file is deprecated and ignored");
+    }
+    Ok(())
+}
+
+pub async fn run(
+    mut config: Config,
+    config_path: Option<PathBuf>,
+    _environment: BTreeMap<String, String>,
+) -> anyhow::Result<()> {
+    check_supported(&config)?;
+    let machine_id = config.resolve_machine_id()?;
+    std::fs::create_dir_all(&config.state_dir)
+        .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
+    let registry = Arc::new(EmbeddedRegistry::open(
+        &config.state_dir.join("registry.redb"),
+    )?);
+    let manager = unit_manager(&config, &machine_id)?;
+    let listeners = listeners(&config)?;
+    for listener in &listeners {
+        tracing::info!(address = listener.describe(), "API listening");
+    }
+    let mut terminate =
+        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    tracing::info!(machine_id, "fleetd {} starting", fleet_api::VERSION);
+    loop {
+        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+        let (stop, stop_watch) = watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        let agent_config = AgentConfig {
+            machine: machine_state(&config, &machine_id),
+            reconcile_interval: AGENT_RECONCILE_INTERVAL,
+            debounce: DEBOUNCE,
+        };
+        tasks.spawn(
+            Agent::new(agent_config, registry.clone(), manager.clone()).run(lifecycle_watch),
+        );
+        if !config.disable_engine {
+            let engine_config = EngineConfig {
+                machine_id: machine_id.clone(),
+                reconcile_interval: config.engine_reconcile_interval,
+                debounce: DEBOUNCE,
+            };
+            tasks.spawn(Engine::new(engine_config, registry.clone()).run(stop_watch.clone()));
+        }
+        let api_state = ApiState {
+            registry: registry.clone(),
+            token_limit: config.token_limit,
+            local: Some(LocalMachine {
+                machine_id: machine_id.clone(),
+                manager: manager.clone(),
+            }),
+        };
+        let api_listeners = listeners
+            .iter()
+            .map(ApiListener::try_clone)
+            .collect::<Result<Vec<_>, _>>()?;
+        let api_stop = stop_watch.clone();
+        tasks.spawn(async move {
+            if let Err(error) = serve(&api_listeners, router(api_state), api_stop).await {
+                tracing::error!(%error, "API server failed");
+            }
+        });
+        let reload = tokio::select! {
+            _ = terminate.recv() => false,
+            _ = interrupt.recv() => false,
+            _ = hangup.recv() => true,
+        };
+        if reload {
+            tracing::info!("Reloading configuration");
+            let environment: BTreeMap<String, String> = std::env::vars().collect();
+            match Config::load(config_path.as_deref(), &environment)
+                .map_err(anyhow::Error::from)
+                .and_then(|new| {
+                    check_supported(&new)?;
+                    Ok(new)
+                }) {
+                Ok(new) => {
+                    warn_fixed_options(&config, &new);
+                    let (state_dir, api_listen, machine, manager_choice) = (
+                        config.state_dir.clone(),
+                        config.api_listen.clone(),
+                        config.machine_id.clone(),
+                        config.unit_manager,
+                    );
+                    config = Config {
+                        state_dir,
+                        api_listen,
+                        machine_id: machine,
+                        unit_manager: manager_choice,
+                        ..new
+                    };
+                }
+                Err(error) => tracing::error!("keeping the running configuration: {error:#}"),
+            }
+            let _ = lifecycle.send(Lifecycle::Reloading);
+        } else {
+            tracing::info!("Shutting down");
+            let _ = lifecycle.send(Lifecycle::ShuttingDown);
+        }
+        let _ = stop.send(true);
+        while tasks.join_next().await.is_some() {}
+        if !reload {
+            for listener in &listeners {
+                if let ApiListener::Unix(socket) = listener
+                    && let Ok(address) = socket.local_addr()
+                    && let Some(path) = address.as_pathname()
+                {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+            tracing::info!("fleetd stopped");
+            return Ok(());
+        }
+    }
+}
