@@ -1,0 +1,194 @@
+//! Sending units to the cluster the way the original does before submit, load, start and
+//! restart: from the registry if there, else from the local file (or, for an instance,
+//! from its template in the registry or beside the file).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use fleet_api::schema::{Unit, UnitOption};
+use fleet_core::requirements::KNOWN_KEYS;
+use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name};
+use fleet_core::{Requirements, UnitFile};
+
+use crate::context::Context;
+use crate::local_units::{local_template_path, read_unit_file};
+use crate::wait::{Attempts, fetch_units, wait_for_state};
+
+/// How many requests fleetctl keeps in flight at once.
+pub const PARALLEL_REQUESTS: usize = 32;
+
+pub fn schema_options(file: &UnitFile) -> Vec<UnitOption> {
+    file.options()
+        .iter()
+        .map(|option| UnitOption {
+            name: option.name.clone(),
+            section: option.section.clone(),
+            value: option.value.clone(),
+        })
+        .collect()
+}
+
+pub fn unit_file(unit: &Unit) -> UnitFile {
+    UnitFile::from_options(
+        unit.options
+            .iter()
+            .map(|option| fleet_core::UnitOption::new(&option.section, &option.name, &option.value))
+            .collect(),
+    )
+}
+
+pub fn is_global(unit: &Unit) -> bool {
+    Requirements::from_unit(&unit.name, &unit_file(unit)).global
+}
+
+/// Runs `work` on every item, `PARALLEL_REQUESTS` at a time; results in item order.
+pub async fn in_parallel<T, R, F, Fut>(items: Vec<T>, work: F) -> Vec<R>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
+    let mut results = Vec::with_capacity(items.len());
+    let mut items = items.into_iter().peekable();
+    while items.peek().is_some() {
+        let handles: Vec<_> = items
+            .by_ref()
+            .take(PARALLEL_REQUESTS)
+            .map(|item| tokio::spawn(work(item)))
+            .collect();
+        for handle in handles {
+            match handle.await {
+                Ok(result) => results.push(result),
+                Err(error) => std::panic::resume_unwind(error.into_panic()),
+            }
+        }
+    }
+    results
+}
+
+/// The local content for `name`: its own file, else its template (registry first).
+async fn local_content(
+    argument: &str,
+    name: &str,
+    registry: &BTreeMap<String, Unit>,
+    templates_on_disk: &mut HashMap<std::path::PathBuf, Option<UnitFile>>,
+) -> Result<Option<UnitFile>, String> {
+    if let Some(file) = read_unit_file(std::path::Path::new(argument))? {
+        return Ok(Some(file));
+    }
+    let Some(template) = UnitNameInfo::new(name).template() else {
+        return Ok(None);
+    };
+    if let Some(unit) = registry.get(&template) {
+        return Ok(Some(unit_file(unit)));
+    }
+    let Some(path) = local_template_path(argument, name) else {
+        return Ok(None);
+    };
+    if !templates_on_disk.contains_key(&path) {
+        let file = read_unit_file(&path)?;
+        templates_on_disk.insert(path.clone(), file);
+    }
+    Ok(templates_on_disk.get(&path).cloned().flatten())
+}
+
+/// Makes sure every unit named by `arguments` exists in the cluster; returns their names.
+/// `replaceable` lists the desired states in which `--replace` may replace a unit.
+pub async fn lazy_create(
+    context: &Context,
+    arguments: &[String],
+    replace: bool,
+    replaceable: &[&str],
+    attempts: Attempts,
+) -> Result<Vec<String>, String> {
+    let names: Vec<String> = arguments.iter().map(|argument| mangle(argument)).collect();
+    for name in &names {
+        validate_name(name).map_err(|error| format!("invalid unit name {name:?}: {error}"))?;
+    }
+    let mut wanted: BTreeSet<String> = names.iter().cloned().collect();
+    wanted.extend(
+        names
+            .iter()
+            .filter_map(|name| UnitNameInfo::new(name).template()),
+    );
+    let registry = fetch_units(context, &wanted).await?;
+    let mut templates_on_disk = HashMap::new();
+    let mut to_create: Vec<Unit> = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (argument, name) in arguments.iter().zip(&names) {
+        if !seen.insert(name.clone()) {
+            continue;
+        }
+        let local = local_content(argument, name, &registry, &mut templates_on_disk).await?;
+        if let Some(existing) = registry.get(name) {
+            let Some(local) = local else { continue };
+            let stored = unit_file(existing);
+            if stored.hash() == local.hash() {
+                if replace {
+                    println!("Found same Unit({name}) in Registry, nothing to do");
+                }
+                continue;
+            }
+            let desired = existing.desired_state.as_deref().unwrap_or("inactive");
+            if !replace {
+                eprintln!(
+                    "WARNING: Unit {name} in registry differs from local unit file {argument}. Add --replace to override."
+                );
+            } else if replaceable.contains(&desired) {
+                to_create.push(new_unit(name, &local)?);
+            } else {
+                eprintln!(
+                    "Warning: can not replace Unit({name}) in state '{desired}', use the appropriate command"
+                );
+            }
+            continue;
+        }
+        let Some(local) = local else {
+            return Err(format!(
+                "unable to find Unit({name}) in Registry or on filesystem"
+            ));
+        };
+        to_create.push(new_unit(name, &local)?);
+    }
+    let created: Vec<String> = to_create.iter().map(|unit| unit.name.clone()).collect();
+    let globals: BTreeSet<String> = to_create
+        .iter()
+        .filter(|unit| is_global(unit))
+        .map(|unit| unit.name.clone())
+        .collect();
+    let client = context.client.clone();
+    let results = in_parallel(to_create, move |unit| {
+        let client = client.clone();
+        async move {
+            client
+                .put_unit(&unit)
+                .await
+                .map_err(|error| error.to_string())
+        }
+    })
+    .await;
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    let (global, scheduled): (Vec<String>, Vec<String>) =
+        created.into_iter().partition(|name| globals.contains(name));
+    for name in &global {
+        println!("Unit {name}");
+    }
+    wait_for_state(context, &scheduled, "inactive", attempts).await?;
+    Ok(names)
+}
+
+fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {
+    let requirements = Requirements::from_unit(name, file);
+    requirements
+        .validate()
+        .map_err(|error| format!("unit {name}: {error}"))?;
+    for key in &requirements.unknown_keys {
+        if !KNOWN_KEYS.contains(&key.as_str()) {
+            eprintln!("Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}");
+        }
+    }
+    Ok(Unit {
+        name: name.to_string(),
+        options: schema_options(file),
+        ..Unit::default()
+    })
+}

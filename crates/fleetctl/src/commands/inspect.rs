@@ -1,0 +1,156 @@
+//! cat, status and journal.
+
+use std::time::Duration;
+
+use fleet_core::unit_name::mangle;
+
+use super::create::{is_global, unit_file};
+use crate::Outcome;
+use crate::context::Context;
+use crate::table::machine_full_legend;
+
+pub async fn cat(context: &Context, arguments: &[String]) -> Outcome {
+    let [argument] = arguments else {
+        eprintln!("One unit file must be provided");
+        return Outcome::Usage;
+    };
+    let name = mangle(argument);
+    match context.client.unit(&name).await {
+        Ok(Some(unit)) => {
+            print!("{}", unit_file(&unit).serialize());
+            Outcome::Success
+        }
+        Ok(None) => {
+            eprintln!("Unit {name} not found");
+            Outcome::Failure
+        }
+        Err(error) => {
+            eprintln!("Error retrieving Unit {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+/// A systemctl-status-like report built from what the cluster knows, with the unit's
+/// recent log from the machine serving the API.
+pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Outcome::Usage;
+    }
+    let machines = context.machines().await;
+    for (index, argument) in arguments.iter().enumerate() {
+        let name = mangle(argument);
+        let unit = match context.client.unit(&name).await {
+            Ok(Some(unit)) => unit,
+            Ok(None) => {
+                eprintln!("Unit {name} does not exist.");
+                return Outcome::Failure;
+            }
+            Err(error) => {
+                eprintln!("Error retrieving Unit {name}: {error}");
+                return Outcome::Failure;
+            }
+        };
+        if !is_global(&unit) && unit.current_state.as_deref().unwrap_or("inactive") == "inactive" {
+            eprintln!("Unit {name} does not appear to be loaded.");
+            return Outcome::Failure;
+        }
+        if index > 0 {
+            println!();
+        }
+        let description = unit_file(&unit).description().map(str::to_string);
+        let states = context
+            .client
+            .unit_states(Some(&name))
+            .await
+            .unwrap_or_default();
+        match &description {
+            Some(description) => println!("● {name} - {description}"),
+            None => println!("● {name}"),
+        }
+        for state in &states {
+            println!(
+                "   Machine: {}",
+                machine_full_legend(&state.machine_id, &machines, false)
+            );
+            println!("    Loaded: {}", state.systemd_load_state);
+            println!(
+                "    Active: {} ({})",
+                state.systemd_active_state, state.systemd_sub_state
+            );
+        }
+        if let Ok(journal) = context.client.journal(&name, 10).await
+            && !journal.text.is_empty()
+        {
+            println!();
+            print!("{}", journal.text);
+        }
+    }
+    Outcome::Success
+}
+
+pub async fn journal(
+    context: &Context,
+    arguments: &[String],
+    lines: usize,
+    follow: bool,
+) -> Outcome {
+    let [argument] = arguments else {
+        eprintln!("One unit file must be provided.");
+        return Outcome::Usage;
+    };
+    let name = mangle(argument);
+    let unit = match context.client.unit(&name).await {
+        Ok(Some(unit)) => unit,
+        Ok(None) => {
+            eprintln!("Unit {name} does not exist.");
+            return Outcome::Failure;
+        }
+        Err(error) => {
+            eprintln!("Error retrieving Unit {name}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    if is_global(&unit) {
+        eprintln!("Unable to retrieve journal of global unit {name}.");
+        return Outcome::Failure;
+    }
+    if unit.current_state.as_deref().unwrap_or("inactive") == "inactive" {
+        eprintln!("Unit {name} does not appear to be running.");
+        return Outcome::Failure;
+    }
+    let mut printed: Vec<String> = match context.client.journal(&name, lines).await {
+        Ok(journal) => journal.text.lines().map(str::to_string).collect(),
+        Err(error) => {
+            eprintln!("Error retrieving journal of {name}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    for line in &printed {
+        println!("{line}");
+    }
+    if !follow {
+        return Outcome::Success;
+    }
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(journal) = context.client.journal(&name, lines.max(1000)).await else {
+            continue;
+        };
+        let recent: Vec<String> = journal.text.lines().map(str::to_string).collect();
+        let start = match printed.last() {
+            Some(last) => recent
+                .iter()
+                .rposition(|line| line == last)
+                .map_or(0, |position| position + 1),
+            None => 0,
+        };
+        for line in &recent[start..] {
+            println!("{line}");
+        }
+        if start < recent.len() {
+            printed = recent;
+        }
+    }
+}

@@ -1,0 +1,421 @@
+//! submit, load, start, stop, unload, destroy and restart.
+
+use std::collections::BTreeSet;
+
+use fleet_api::schema::Unit;
+use fleet_core::unit_name::mangle;
+
+use super::create::{in_parallel, is_global, lazy_create};
+use crate::context::Context;
+use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
+use crate::{BlockFlags, CreateFlags, Outcome};
+
+/// The existing units among `arguments`, in argument order.
+async fn find_units(context: &Context, arguments: &[String]) -> Result<Vec<Unit>, String> {
+    let names: Vec<String> = arguments.iter().map(|argument| mangle(argument)).collect();
+    let wanted: BTreeSet<String> = names.iter().cloned().collect();
+    let mut found = fetch_units(context, &wanted).await?;
+    let mut seen = BTreeSet::new();
+    Ok(names
+        .into_iter()
+        .filter(|name| seen.insert(name.clone()))
+        .filter_map(|name| found.remove(&name))
+        .collect())
+}
+
+/// Sets `target` as the desired state of every unit not already there; returns those it
+/// changed.
+async fn set_desired_state(
+    context: &Context,
+    units: Vec<Unit>,
+    target: &'static str,
+) -> Result<Vec<Unit>, String> {
+    let triggered: Vec<Unit> = units
+        .into_iter()
+        .filter(|unit| unit.desired_state.as_deref() != Some(target))
+        .collect();
+    let client = context.client.clone();
+    let results = in_parallel(triggered.clone(), move |unit| {
+        let client = client.clone();
+        async move {
+            client
+                .set_desired_state(&unit.name, target)
+                .await
+                .map_err(|error| error.to_string())
+        }
+    })
+    .await;
+    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    Ok(triggered)
+}
+
+fn go_list(names: &[String]) -> String {
+    format!("[{}]", names.join(" "))
+}
+
+pub async fn submit(context: &Context, arguments: &[String], create: &CreateFlags) -> Outcome {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Outcome::Usage;
+    }
+    match lazy_create(
+        context,
+        arguments,
+        create.replace,
+        &["inactive"],
+        Attempts::Forever,
+    )
+    .await
+    {
+        Ok(_) => Outcome::Success,
+        Err(error) => {
+            eprintln!("Error creating units: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+/// load and start: create, set the desired state, wait for the current state.
+async fn schedule(
+    context: &Context,
+    arguments: &[String],
+    create: &CreateFlags,
+    block: &BlockFlags,
+    (target, verb, failing): (&'static str, &str, &str),
+) -> Outcome {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Outcome::Usage;
+    }
+    let replaceable: &[&str] = if target == "launched" {
+        &["inactive", "loaded", "launched"]
+    } else {
+        &["inactive", "loaded"]
+    };
+    let names = match lazy_create(
+        context,
+        arguments,
+        create.replace,
+        replaceable,
+        Attempts::from_count(block.block_attempts),
+    )
+    .await
+    {
+        Ok(names) => names,
+        Err(error) => {
+            eprintln!("Error creating units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let units = match find_units(context, &names).await {
+        Ok(units) => units,
+        Err(error) => {
+            eprintln!("Error {failing} units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let triggered = match set_desired_state(context, units, target).await {
+        Ok(triggered) => triggered,
+        Err(error) => {
+            eprintln!("Error {failing} units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let (global, scheduled): (Vec<Unit>, Vec<Unit>) = triggered.into_iter().partition(is_global);
+    for unit in &global {
+        println!("Triggered global unit {} {verb}", unit.name);
+    }
+    let names: Vec<String> = scheduled.into_iter().map(|unit| unit.name).collect();
+    let attempts = Attempts::from_flags(block);
+    if attempts == Attempts::NoBlock {
+        for name in &names {
+            println!("Triggered unit {name} {verb}");
+        }
+        return Outcome::Success;
+    }
+    if let Err(error) = wait_for_state(context, &names, target, attempts).await {
+        eprintln!("Error waiting for units: {error}");
+        return Outcome::Failure;
+    }
+    if target == "launched"
+        && let Err(error) = wait_for_active(context, &names).await
+    {
+        eprintln!("Error waiting for units: {error}");
+        return Outcome::Failure;
+    }
+    Outcome::Success
+}
+
+pub async fn load(
+    context: &Context,
+    arguments: &[String],
+    create: &CreateFlags,
+    block: &BlockFlags,
+) -> Outcome {
+    schedule(
+        context,
+        arguments,
+        create,
+        block,
+        ("loaded", "load", "loading"),
+    )
+    .await
+}
+
+pub async fn start(
+    context: &Context,
+    arguments: &[String],
+    create: &CreateFlags,
+    block: &BlockFlags,
+) -> Outcome {
+    schedule(
+        context,
+        arguments,
+        create,
+        block,
+        ("launched", "start", "starting"),
+    )
+    .await
+}
+
+/// stop and unload: only existing units; wait for the lower state.
+async fn lower(
+    context: &Context,
+    arguments: &[String],
+    block: &BlockFlags,
+    (target, verb, done): (&'static str, &str, &str),
+) -> Outcome {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Outcome::Usage;
+    }
+    let units = match find_units(context, arguments).await {
+        Ok(units) if units.is_empty() => {
+            eprintln!("Units not found in registry");
+            return Outcome::Success;
+        }
+        Ok(units) => units,
+        Err(error) => {
+            eprintln!("Error retrieving units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let mut outcome = Outcome::Success;
+    let mut acting = Vec::new();
+    for unit in units {
+        let current = unit.current_state.as_deref().unwrap_or("inactive");
+        let global = is_global(&unit);
+        if !global && current == "inactive" {
+            if target == "loaded" {
+                eprintln!("Unable to stop unit {} in state inactive", unit.name);
+                outcome = Outcome::Failure;
+            }
+            continue;
+        }
+        acting.push(unit);
+    }
+    let triggered = match set_desired_state(context, acting, target).await {
+        Ok(triggered) => triggered,
+        Err(error) => {
+            eprintln!("Error {verb}ing units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let (global, scheduled): (Vec<Unit>, Vec<Unit>) = triggered.into_iter().partition(is_global);
+    for unit in &global {
+        println!("Triggered global unit {} {verb}", unit.name);
+    }
+    let names: Vec<String> = scheduled.into_iter().map(|unit| unit.name).collect();
+    let attempts = Attempts::from_flags(block);
+    if attempts == Attempts::NoBlock {
+        for name in &names {
+            println!("Triggered unit {name} {verb}");
+        }
+        return outcome;
+    }
+    match wait_for_state(context, &names, target, attempts).await {
+        Ok(()) => {
+            eprintln!("Successfully {done} units {}.", go_list(&names));
+            outcome
+        }
+        Err(error) => {
+            eprintln!("Failed to {verb} units {}. err: {error}", go_list(&names));
+            Outcome::Failure
+        }
+    }
+}
+
+pub async fn stop(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
+    lower(context, arguments, block, ("loaded", "stop", "stopped")).await
+}
+
+pub async fn unload(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
+    lower(
+        context,
+        arguments,
+        block,
+        ("inactive", "unload", "unloaded"),
+    )
+    .await
+}
+
+pub async fn destroy(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Outcome::Usage;
+    }
+    let units = match find_units(context, arguments).await {
+        Ok(units) if units.is_empty() => {
+            eprintln!("Units not found in registry");
+            return Outcome::Success;
+        }
+        Ok(units) => units,
+        Err(error) => {
+            eprintln!("Error destroying units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let names: Vec<String> = units.into_iter().map(|unit| unit.name).collect();
+    let client = context.client.clone();
+    let results = in_parallel(names.clone(), move |name| {
+        let client = client.clone();
+        async move {
+            client
+                .destroy_unit(&name)
+                .await
+                .map_err(|error| error.to_string())
+        }
+    })
+    .await;
+    for (name, result) in names.iter().zip(results) {
+        if let Err(error) = result {
+            eprintln!("Error destroying units: {error}");
+            return Outcome::Failure;
+        }
+        println!("Destroyed {name}");
+    }
+    let attempts = Attempts::from_flags(block);
+    if attempts != Attempts::NoBlock
+        && let Err(error) = wait_for_gone(context, &names, attempts).await
+    {
+        eprintln!("Error waiting for units: {error}");
+        return Outcome::Failure;
+    }
+    Outcome::Success
+}
+
+/// Waits until no machine reports the global unit `name` as active.
+async fn wait_global_stopped(
+    context: &Context,
+    name: &str,
+    attempts: Attempts,
+) -> Result<(), String> {
+    let deadline = match attempts {
+        Attempts::Limited(n) => Some(std::time::Instant::now() + crate::wait::ATTEMPT * n),
+        _ => None,
+    };
+    loop {
+        let states = context
+            .client
+            .unit_states(Some(name))
+            .await
+            .map_err(|error| error.to_string())?;
+        if states
+            .iter()
+            .all(|state| state.systemd_active_state != "active")
+        {
+            return Ok(());
+        }
+        if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
+            return Err(format!("timed out waiting for global unit {name} to stop"));
+        }
+        tokio::time::sleep(crate::wait::POLL).await;
+    }
+}
+
+pub async fn restart(context: &Context, arguments: &[String], block_attempts: u32) -> Outcome {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Outcome::Usage;
+    }
+    let attempts = Attempts::from_count(block_attempts);
+    let names = match lazy_create(context, arguments, false, &[], attempts).await {
+        Ok(names) => names,
+        Err(error) => {
+            eprintln!("Error creating units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let units = match find_units(context, &names).await {
+        Ok(units) => units,
+        Err(error) => {
+            eprintln!("Error restarting units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    for unit in units {
+        let name = unit.name.clone();
+        let step = async |target: &'static str| -> Result<(), String> {
+            context
+                .client
+                .set_desired_state(&name, target)
+                .await
+                .map_err(|error| error.to_string())
+        };
+        let result = if is_global(&unit) {
+            let result = match step("loaded").await {
+                Ok(()) => wait_global_stopped(context, &name, attempts).await,
+                Err(error) => Err(error),
+            };
+            match result {
+                Ok(()) => step("launched")
+                    .await
+                    .map(|()| println!("Triggered global unit {name} restart")),
+                Err(error) => Err(error),
+            }
+        } else {
+            match unit.current_state.as_deref().unwrap_or("inactive") {
+                "inactive" => {
+                    eprintln!("Unable to restart unit {name} in state inactive");
+                    continue;
+                }
+                "loaded" => match step("launched").await {
+                    Ok(()) => {
+                        wait_for_state(context, std::slice::from_ref(&name), "launched", attempts)
+                            .await
+                    }
+                    Err(error) => Err(error),
+                },
+                _ => {
+                    let stopped = match step("loaded").await {
+                        Ok(()) => {
+                            wait_for_state(context, std::slice::from_ref(&name), "loaded", attempts)
+                                .await
+                        }
+                        Err(error) => Err(error),
+                    };
+                    match stopped {
+                        Ok(()) => match step("launched").await {
+                            Ok(()) => {
+                                wait_for_state(
+                                    context,
+                                    std::slice::from_ref(&name),
+                                    "launched",
+                                    attempts,
+                                )
+                                .await
+                            }
+                            Err(error) => Err(error),
+                        },
+                        Err(error) => Err(error),
+                    }
+                }
+            }
+        };
+        if let Err(error) = result {
+            eprintln!("Error restarting units: {error}");
+            return Outcome::Failure;
+        }
+    }
+    Outcome::Success
+}

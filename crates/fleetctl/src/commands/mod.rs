@@ -1,0 +1,6 @@
+//! The commands, grouped by what they do.
+
+pub mod create;
+pub mod inspect;
+pub mod lifecycle;
+pub mod list;

@@ -1,0 +1,58 @@
+//! Unit files on the local disk, and the lookup of templates for instances.
+
+use std::path::{Path, PathBuf};
+
+use fleet_core::UnitFile;
+use fleet_core::unit_name::UnitNameInfo;
+
+/// Reads a unit file; `None` when there is no such file. A malformed file is an error that
+/// names the file and the line.
+pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>, String> {
+    let text = match std::fs::read(path) {
+        Ok(bytes) => {
+            String::from_utf8(bytes).map_err(|_| format!("{}: not valid UTF-8", path.display()))?
+        }
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) if error.kind() == std::io::ErrorKind::IsADirectory => return Ok(None),
+        Err(error) => return Err(format!("{}: {error}", path.display())),
+    };
+    UnitFile::parse(&text)
+        .map(Some)
+        .map_err(|error| format!("{}: {error}", path.display()))
+}
+
+/// Where the template of the instance `name` would be, beside the file `argument` names.
+pub fn local_template_path(argument: &str, name: &str) -> Option<PathBuf> {
+    let template = UnitNameInfo::new(name).template()?;
+    let directory = Path::new(argument).parent().unwrap_or(Path::new(""));
+    Some(directory.join(template))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_and_reports_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.service");
+        std::fs::write(&good, "[Service]\nExecStart=/bin/true\n").unwrap();
+        assert!(read_unit_file(&good).unwrap().is_some());
+        let bad = dir.path().join("bad.service");
+        std::fs::write(&bad, "[Service]\nExecStart=/bin/true\nnonsense\n").unwrap();
+        let error = read_unit_file(&bad).unwrap_err();
+        assert!(
+            error.ends_with("bad.service: line 3: expected \"Name=Value\", found \"nonsense\""),
+            "{error}"
+        );
+        assert_eq!(
+            read_unit_file(&dir.path().join("missing.service")).unwrap(),
+            None
+        );
+        assert_eq!(
+            local_template_path("units/web@1.service", "web@1.service"),
+            Some(PathBuf::from("units/web@.service"))
+        );
+        assert_eq!(local_template_path("web.service", "web.service"), None);
+    }
+}

@@ -1,0 +1,407 @@
+//! fleetctl: the original's commands, flags and output, against the fleet API.
+
+mod commands;
+mod context;
+mod local_units;
+mod table;
+mod wait;
+
+use std::process::ExitCode;
+
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand};
+
+use crate::context::Context;
+
+const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "fleetctl",
+    about = "fleetctl drives a fleet cluster: systemd units scheduled across machines",
+    disable_version_flag = true,
+    disable_help_flag = true,
+    infer_subcommands = true,
+    after_help = concat!("VERSION:\n  ", env!("CARGO_PKG_VERSION"))
+)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalFlags,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct GlobalFlags {
+    /// Print this help
+    #[arg(short = 'h', long = "help", alias = "h", action = ArgAction::Help, global = true)]
+    help: Option<bool>,
+    /// Print debug logs to stderr
+    #[arg(long, global = true, env = "FLEETCTL_DEBUG")]
+    pub debug: bool,
+    /// Print the version and exit
+    #[arg(short = 'v', long, global = true)]
+    pub version: bool,
+    /// How to reach the cluster: API
+    #[arg(long, global = true, env = "FLEETCTL_DRIVER", default_value = "API")]
+    pub driver: String,
+    /// Location of the fleet API (unix:///path or http://host:port)
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_ENDPOINT",
+        default_value = "unix:///var/run/fleet.sock"
+    )]
+    pub endpoint: String,
+    /// Keyspace of fleet data in etcd (etcd driver)
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_ETCD_KEY_PREFIX",
+        default_value = "/_coreos.com/fleet/"
+    )]
+    pub etcd_key_prefix: String,
+    /// TLS client key
+    #[arg(long, global = true, env = "FLEETCTL_KEY_FILE", default_value = "")]
+    pub key_file: String,
+    /// TLS client certificate
+    #[arg(long, global = true, env = "FLEETCTL_CERT_FILE", default_value = "")]
+    pub cert_file: String,
+    /// TLS certificate authority
+    #[arg(long, global = true, env = "FLEETCTL_CA_FILE", default_value = "")]
+    pub ca_file: String,
+    /// SSH known hosts file
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_KNOWN_HOSTS_FILE",
+        default_value = "~/.fleetctl/known_hosts"
+    )]
+    pub known_hosts_file: String,
+    /// Verify SSH host keys
+    #[arg(long, global = true, env = "FLEETCTL_STRICT_HOST_KEY_CHECKING", default_value_t = true, action = ArgAction::Set)]
+    pub strict_host_key_checking: bool,
+    /// SSH connection timeout in seconds
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_SSH_TIMEOUT",
+        default_value_t = 10.0
+    )]
+    pub ssh_timeout: f64,
+    /// SSH bastion host[:port]
+    #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "")]
+    pub tunnel: String,
+    /// Seconds to wait for each API request
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_REQUEST_TIMEOUT",
+        default_value_t = 3.0
+    )]
+    pub request_timeout: f64,
+    /// SSH user
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_SSH_USERNAME",
+        default_value = "core"
+    )]
+    pub ssh_username: String,
+    /// Deprecated; has no effect
+    #[arg(long, global = true, env = "FLEETCTL_EXPERIMENTAL_API", default_value_t = true, action = ArgAction::Set, hide = true)]
+    pub experimental_api: bool,
+    /// Deprecated alias of --key-file
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_ETCD_KEYFILE",
+        default_value = "",
+        hide = true
+    )]
+    pub etcd_keyfile: String,
+    /// Deprecated alias of --cert-file
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_ETCD_CERTFILE",
+        default_value = "",
+        hide = true
+    )]
+    pub etcd_certfile: String,
+    /// Deprecated alias of --ca-file
+    #[arg(
+        long,
+        global = true,
+        env = "FLEETCTL_ETCD_CAFILE",
+        default_value = "",
+        hide = true
+    )]
+    pub etcd_cafile: String,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct BlockFlags {
+    /// Wait this many attempts (about 2 s each) for each unit; 0 waits forever
+    #[arg(long, default_value_t = 0)]
+    pub block_attempts: u32,
+    /// Do not wait for the units to reach their state
+    #[arg(long)]
+    pub no_block: bool,
+}
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct CreateFlags {
+    /// Replace units in the registry that differ from the local files
+    #[arg(long)]
+    pub replace: bool,
+    /// Deprecated: signed units are no longer supported
+    #[arg(long, hide = true)]
+    pub sign: bool,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ListFlags {
+    /// Show full machine IDs and hashes
+    #[arg(short = 'l', long = "full", alias = "l")]
+    pub full: bool,
+    /// Omit the header line
+    #[arg(long)]
+    pub no_legend: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Print a unit's normalised file as stored in the cluster
+    Cat { units: Vec<String> },
+    /// Destroy units: stop, unload and remove them from the cluster
+    Destroy {
+        #[command(flatten)]
+        block: BlockFlags,
+        units: Vec<String>,
+    },
+    /// Forward standard input and output to a Unix socket (used by --tunnel)
+    #[command(hide = true)]
+    FdForward { socket: Vec<String> },
+    /// Print the log of a unit
+    Journal {
+        /// Number of recent lines to print
+        #[arg(long, default_value_t = 10)]
+        lines: usize,
+        /// Keep printing new lines as they arrive
+        #[arg(short = 'f', long = "follow", alias = "f")]
+        follow: bool,
+        /// SSH port (unused: logs come through the API)
+        #[arg(long, default_value_t = 22)]
+        ssh_port: u16,
+        /// Read the log with sudo (unused: logs come through the API)
+        #[arg(long)]
+        sudo: bool,
+        /// Output mode: short
+        #[arg(long, default_value = "short")]
+        output: String,
+        units: Vec<String>,
+    },
+    /// List the machines in the cluster
+    ListMachines {
+        #[command(flatten)]
+        list: ListFlags,
+        /// Columns: machine,ip,metadata
+        #[arg(long, default_value = "machine,ip,metadata")]
+        fields: String,
+    },
+    /// List the units in the cluster and their desired and current states
+    ListUnitFiles {
+        /// Show full machine IDs and hashes
+        #[arg(long)]
+        full: bool,
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+        /// Columns: desc,dstate,global,hash,reason,state,target,tmachine,unit
+        #[arg(long, default_value = "unit,hash,dstate,state,target")]
+        fields: String,
+    },
+    /// List the units running in the cluster, one row per machine
+    ListUnits {
+        #[command(flatten)]
+        list: ListFlags,
+        /// Columns: active,hash,load,machine,sub,unit
+        #[arg(long, default_value = "unit,machine,active,sub")]
+        fields: String,
+    },
+    /// Schedule units onto machines and load them, without starting them
+    Load {
+        #[command(flatten)]
+        block: BlockFlags,
+        #[command(flatten)]
+        create: CreateFlags,
+        units: Vec<String>,
+    },
+    /// Stop and start units again
+    Restart {
+        /// Wait this many attempts (about 2 s each) for each unit; 0 waits forever
+        #[arg(long, default_value_t = 0)]
+        block_attempts: u32,
+        units: Vec<String>,
+    },
+    /// Open a shell on a machine (not supported by this fleetctl)
+    Ssh {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Schedule, load and start units
+    Start {
+        #[command(flatten)]
+        block: BlockFlags,
+        #[command(flatten)]
+        create: CreateFlags,
+        units: Vec<String>,
+    },
+    /// Show the status of units
+    Status {
+        /// SSH port (unused: status comes through the API)
+        #[arg(long, default_value_t = 22)]
+        ssh_port: u16,
+        units: Vec<String>,
+    },
+    /// Stop units, leaving them loaded
+    Stop {
+        #[command(flatten)]
+        block: BlockFlags,
+        units: Vec<String>,
+    },
+    /// Send units to the cluster without scheduling them
+    Submit {
+        #[command(flatten)]
+        create: CreateFlags,
+        units: Vec<String>,
+    },
+    /// Unload units from their machines, leaving them in the cluster
+    Unload {
+        #[command(flatten)]
+        block: BlockFlags,
+        units: Vec<String>,
+    },
+    /// Deprecated: signed units are no longer supported
+    #[command(hide = true)]
+    Verify { units: Vec<String> },
+    /// Print the version
+    Version,
+}
+
+/// How a command ended: success, a runtime failure (1) or bad usage (2).
+pub enum Outcome {
+    Success,
+    Failure,
+    Usage,
+}
+
+fn exit(outcome: Outcome) -> ExitCode {
+    match outcome {
+        Outcome::Success => ExitCode::SUCCESS,
+        Outcome::Failure => ExitCode::from(1),
+        Outcome::Usage => ExitCode::from(2),
+    }
+}
+
+const SIGN_DEPRECATED: &str =
+    "WARNING: The signed/verified units feature is DEPRECATED and cannot be used.";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if cli.global.version {
+        println!("fleetctl version {VERSION}");
+        return ExitCode::SUCCESS;
+    }
+    let Some(command) = cli.command else {
+        let _ = Cli::command().print_help();
+        return ExitCode::SUCCESS;
+    };
+    match &command {
+        Command::Version => {
+            println!("fleetctl version {VERSION}");
+            return ExitCode::SUCCESS;
+        }
+        Command::Verify { .. } => {
+            eprintln!("Command \"verify\" is deprecated, DEPRECATED - No longer works");
+            eprintln!("{SIGN_DEPRECATED}");
+            return exit(Outcome::Usage);
+        }
+        Command::Load { create, .. }
+        | Command::Start { create, .. }
+        | Command::Submit { create, .. }
+            if create.sign =>
+        {
+            eprintln!("{SIGN_DEPRECATED}");
+            return exit(Outcome::Usage);
+        }
+        Command::Ssh { .. } | Command::FdForward { .. } => {
+            eprintln!(
+                "fleetctl: SSH access to machines is not supported by this fleetctl; status and journal work through the API"
+            );
+            return exit(Outcome::Failure);
+        }
+        _ => {}
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("fleetctl: {error}");
+            return exit(Outcome::Failure);
+        }
+    };
+    let context = match Context::new(&cli.global) {
+        Ok(context) => context,
+        Err(message) => {
+            eprintln!("{message}");
+            return exit(Outcome::Failure);
+        }
+    };
+    exit(runtime.block_on(run(context, command)))
+}
+
+async fn run(context: Context, command: Command) -> Outcome {
+    use commands::{inspect, lifecycle, list};
+    match command {
+        Command::Cat { units } => inspect::cat(&context, &units).await,
+        Command::Status { units, .. } => inspect::status(&context, &units).await,
+        Command::Journal {
+            lines,
+            follow,
+            units,
+            ..
+        } => inspect::journal(&context, &units, lines, follow).await,
+        Command::ListMachines { list, fields } => list::machines(&context, &list, &fields).await,
+        Command::ListUnitFiles {
+            full,
+            no_legend,
+            fields,
+        } => list::unit_files(&context, &ListFlags { full, no_legend }, &fields).await,
+        Command::ListUnits { list, fields } => list::units(&context, &list, &fields).await,
+        Command::Submit { create, units } => lifecycle::submit(&context, &units, &create).await,
+        Command::Load {
+            block,
+            create,
+            units,
+        } => lifecycle::load(&context, &units, &create, &block).await,
+        Command::Start {
+            block,
+            create,
+            units,
+        } => lifecycle::start(&context, &units, &create, &block).await,
+        Command::Stop { block, units } => lifecycle::stop(&context, &units, &block).await,
+        Command::Unload { block, units } => lifecycle::unload(&context, &units, &block).await,
+        Command::Destroy { block, units } => lifecycle::destroy(&context, &units, &block).await,
+        Command::Restart {
+            block_attempts,
+            units,
+        } => lifecycle::restart(&context, &units, block_attempts).await,
+        Command::Version
+        | Command::Verify { .. }
+        | Command::Ssh { .. }
+        | Command::FdForward { .. } => Outcome::Success,
+    }
+}
