@@ -233,6 +233,9 @@ async fn lower(
         }
         return outcome;
     }
+    if names.is_empty() && matches!(outcome, Outcome::Failure) {
+        return outcome;
+    }
     match wait_for_state(context, &names, target, attempts).await {
         Ok(()) => {
             eprintln!("Successfully {done} units {}.", go_list(&names));

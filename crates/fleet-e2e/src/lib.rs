@@ -1,0 +1,212 @@
+//! A harness that runs the real `fleetd` and `fleetctl` binaries: each [`Fleetd`] gets its
+//! own state directory, machine ID and API socket, and is stopped when dropped.
+//!
+//! The binaries are found beside the test executable (`target/<profile>/`), so the
+//! workspace's binaries must be built first (`cargo build --workspace --bins`, which
+//! `cargo test --workspace` and `cargo nextest run --workspace` do).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The directory holding the workspace's binaries.
+pub fn binary_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let deps = exe.parent().expect("deps directory");
+    deps.parent().expect("profile directory").to_path_buf()
+}
+
+pub fn binary(name: &str) -> PathBuf {
+    let path = binary_dir().join(name);
+    assert!(path.exists(), "{} is missing: build the workspace binaries first", path.display());
+    path
+}
+
+/// The unit files shipped in `examples/`.
+pub fn examples_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
+}
+
+pub struct Fleetd {
+    pub dir: tempfile::TempDir,
+    pub machine_id: String,
+    child: Option<Child>,
+    extra: Vec<(String, String)>,
+}
+
+/// What a fleetctl run printed and how it ended.
+#[derive(Debug)]
+pub struct Ran {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Ran {
+    fn from(output: Output) -> Self {
+        Self {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+}
+
+impl Fleetd {
+    /// Starts a fleetd with `config` lines (fleet.conf syntax) on top of the harness's own.
+    pub fn start(machine_id: &str, config: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut fleetd = Self { dir, machine_id: machine_id.to_string(), child: None, extra };
+        fleetd.launch();
+        fleetd
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("fleet.sock")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("fleetd.log")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("fleet.conf")
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("fleetd running").id()
+    }
+
+    fn write_config(&self) {
+        let mut text = format!(
+            "machine_id = {}\nstate_dir = {}\napi_listen = unix://{}\npublic_ip = 127.0.0.1\n",
+            self.machine_id,
+            self.state_dir().display(),
+            self.socket().display()
+        );
+        for (key, value) in &self.extra {
+            text.push_str(&format!("{key} = {value}\n"));
+        }
+        std::fs::write(self.config_path(), text).expect("write fleet.conf");
+    }
+
+    /// (Re)starts the fleetd process on the same directory and waits for its API.
+    pub fn launch(&mut self) {
+        self.write_config();
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("log file");
+        let child = Command::new(binary("fleetd"))
+            .arg("-config")
+            .arg(self.config_path())
+            .env_remove("FLEET_METADATA")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("start fleetd");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let short = &self.machine_id[..8.min(self.machine_id.len())];
+        while !self.fleetctl(&["list-machines", "--no-legend"]).stdout.contains(short) {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                panic!("fleetd exited at start ({status}); log:\n{}", self.log());
+            }
+            assert!(Instant::now() < deadline, "fleetd's API did not answer; log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sends `signal` and waits for fleetd to exit; returns its exit code.
+    pub fn stop_with(&mut self, signal: i32) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY: kill has no memory-safety preconditions.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("fleetd did not exit after signal {signal}; log:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: as above.
+        unsafe { libc::kill(self.pid() as i32, signal) };
+    }
+
+    pub fn fleetctl(&self, args: &[&str]) -> Ran {
+        Command::new(binary("fleetctl"))
+            .arg(format!("--endpoint=unix://{}", self.socket().display()))
+            .args(args)
+            .env_remove("FLEETCTL_ENDPOINT")
+            .output()
+            .expect("run fleetctl")
+            .into()
+    }
+
+    /// Runs fleetctl and insists that it succeeds.
+    pub fn ok(&self, args: &[&str]) -> Ran {
+        let ran = self.fleetctl(args);
+        assert_eq!(ran.code, 0, "fleetctl {args:?} failed: {ran:#?}\nfleetd log:\n{}", self.log());
+        ran
+    }
+
+    /// Polls `check` every 100 ms until it holds, or fails the test after `timeout`.
+    pub fn wait_until(&self, what: &str, timeout: Duration, mut check: impl FnMut(&Self) -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !check(self) {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}; fleetd log:\n{}", self.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `list-units` rows as (unit, active, sub).
+    pub fn unit_rows(&self) -> Vec<(String, String, String)> {
+        self.ok(&["list-units", "--no-legend", "--fields", "unit,active,sub"])
+            .stdout
+            .lines()
+            .map(|line| {
+                let cells: Vec<&str> = line.split('\t').filter(|cell| !cell.is_empty()).collect();
+                (cells[0].to_string(), cells[1].to_string(), cells[2].to_string())
+            })
+            .collect()
+    }
+}
+
+impl Drop for Fleetd {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            self.stop_with(libc::SIGTERM);
+        }
+    }
+}
+
+/// Processes whose environment carries the native supervisor's marker for `state_dir`.
+pub fn unit_processes(state_dir: &Path) -> Vec<u32> {
+    let Ok(canonical) = std::fs::canonicalize(state_dir) else { return Vec::new() };
+    let wanted = format!("FLEET_NATIVE_SUPERVISOR={}", canonical.display());
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| environ.split(|b| *b == 0).any(|item| item == wanted.as_bytes()))
+        })
+        .collect()
+}

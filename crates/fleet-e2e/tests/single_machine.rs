@@ -1,0 +1,188 @@
+//! A single-machine fleet, end to end: real fleetd on the embedded store with the native
+//! supervisor, driven by the real fleetctl.
+
+use std::time::Duration;
+
+use fleet_e2e::{Fleetd, examples_dir, unit_processes};
+
+fn example(name: &str) -> String {
+    examples_dir().join(name).display().to_string()
+}
+
+const WAIT: Duration = Duration::from_secs(20);
+
+#[test]
+fn hello_runs_and_stops() {
+    let fleet = Fleetd::start("e2e0hello0000001", &[]);
+    let started = fleet.ok(&["start", &example("hello.service")]);
+    assert_eq!(started.stdout, "Unit hello.service inactive\nUnit hello.service launched on e2e0hell.../127.0.0.1\n");
+    assert_eq!(fleet.unit_rows(), vec![("hello.service".into(), "active".into(), "running".into())]);
+    assert_eq!(unit_processes(&fleet.state_dir()).len(), 2, "sh and its sleep run under the supervisor");
+    let table = fleet.ok(&["list-units"]).stdout;
+    assert_eq!(table, "UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\nhello.service\te2e0hell.../127.0.0.1\tactive\trunning\n");
+    fleet.wait_until("the journal shows the greeting", WAIT, |f| f.ok(&["journal", "hello.service"]).stdout.contains("Hello, World!"));
+    let status = fleet.ok(&["status", "hello.service"]).stdout;
+    assert!(status.contains("Active: active (running)"), "{status}");
+    let stopped = fleet.ok(&["stop", "hello.service"]);
+    assert_eq!(stopped.stderr, "Successfully stopped units [hello.service].\n");
+    assert!(unit_processes(&fleet.state_dir()).is_empty(), "stop kills the unit's processes");
+    assert_eq!(fleet.unit_rows(), vec![("hello.service".into(), "inactive".into(), "dead".into())]);
+    let again = fleet.fleetctl(&["stop", "hello.service"]);
+    assert_eq!(again.code, 0, "a loaded unit is already stopped: {again:?}");
+    fleet.ok(&["unload", "hello.service"]);
+    let inactive = fleet.fleetctl(&["stop", "hello.service"]);
+    assert_eq!((inactive.code, inactive.stderr.as_str()), (1, "Unable to stop unit hello.service in state inactive\n"));
+    assert_eq!(fleet.ok(&["destroy", "hello.service"]).stdout, "Destroyed hello.service\n");
+    assert_eq!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout, "");
+}
+
+#[test]
+fn templates_cycles_order_and_cat() {
+    let fleet = Fleetd::start("e2e0templates001", &[]);
+    let instances: Vec<String> = (1..=9).map(|n| example(&format!("hello@{n}.service"))).collect();
+    let args: Vec<&str> = std::iter::once("submit").chain(instances.iter().map(String::as_str)).collect();
+    fleet.ok(&args);
+    let files = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,dstate"]).stdout;
+    assert_eq!(files.lines().count(), 9, "{files}");
+    assert!(files.lines().all(|line| line.ends_with("inactive")));
+    // Loaded, then started, then stopped, then unloaded, then destroyed: twice.
+    for _ in 0..2 {
+        fleet.ok(&["load", &example("hello@1.service"), &example("hello@2.service")]);
+        fleet.wait_until("two units are loaded", WAIT, |f| f.unit_rows().len() == 2);
+        fleet.ok(&["start", "hello@1", "hello@2"]);
+        assert!(fleet.unit_rows().iter().all(|(_, active, _)| active == "active"));
+        fleet.ok(&["restart", "hello@1", "hello@2"]);
+        assert!(fleet.unit_rows().iter().all(|(_, active, _)| active == "active"));
+        fleet.ok(&["stop", "hello@1", "hello@2"]);
+        fleet.ok(&["unload", "hello@1", "hello@2"]);
+        assert!(fleet.unit_rows().is_empty());
+    }
+    let cat = fleet.ok(&["cat", "hello@3.service"]).stdout;
+    let template = std::fs::read_to_string(examples_dir().join("hello@.service")).unwrap();
+    assert_eq!(cat.trim(), template.trim());
+    let names: Vec<String> = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout.lines().map(str::to_string).collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+    let destroy: Vec<&str> = std::iter::once("destroy").chain(instances.iter().map(String::as_str)).collect();
+    fleet.ok(&destroy);
+    assert_eq!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout, "");
+}
+
+#[test]
+fn replace_changes_the_stored_unit() {
+    let fleet = Fleetd::start("e2e0replace00001", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("changing.service");
+    std::fs::write(&path, "[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
+    let unit = path.display().to_string();
+    fleet.ok(&["start", &unit]);
+    std::fs::write(&path, "[Service]\nExecStart=/bin/sleep 2000\n").unwrap();
+    let warned = fleet.ok(&["start", &unit]);
+    assert!(warned.stderr.contains("differs from local unit file"), "{warned:?}");
+    assert!(fleet.ok(&["cat", "changing.service"]).stdout.contains("sleep 1000"));
+    fleet.ok(&["start", "--replace", &unit]);
+    assert!(fleet.ok(&["cat", "changing.service"]).stdout.contains("sleep 2000"));
+    fleet.wait_until("the new version runs", WAIT, |f| f.unit_rows() == vec![("changing.service".into(), "active".into(), "running".into())]);
+    let same = fleet.ok(&["submit", "--replace", &unit]);
+    assert_eq!(same.stdout, "Found same Unit(changing.service) in Registry, nothing to do\n");
+}
+
+#[test]
+fn malformed_units_are_refused_and_nothing_is_stored() {
+    let fleet = Fleetd::start("e2e0malformed001", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.service");
+    std::fs::write(&bad, "[Service]\nExecStart=/bin/true\nthis is not an option\n").unwrap();
+    let ran = fleet.fleetctl(&["start", &bad.display().to_string()]);
+    assert_eq!(ran.code, 1);
+    assert!(ran.stderr.contains("bad.service: line 3: expected \"Name=Value\""), "{ran:?}");
+    let combo = dir.path().join("combo.service");
+    std::fs::write(&combo, "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineID=abc\nGlobal=true\n").unwrap();
+    let ran = fleet.fleetctl(&["submit", &combo.display().to_string()]);
+    assert_eq!(ran.code, 1);
+    assert!(ran.stderr.contains("MachineID cannot be used with Global"), "{ran:?}");
+    let missing = fleet.fleetctl(&["start", "nowhere.service"]);
+    assert_eq!((missing.code, missing.stderr.as_str()), (1, "Error creating units: unable to find Unit(nowhere.service) in Registry or on filesystem\n"));
+    let template = fleet.fleetctl(&["start", &example("hello@.service")]);
+    assert_eq!(template.code, 1);
+    assert!(template.stderr.contains("cannot activate template \"hello@.service\""), "{template:?}");
+    assert_eq!(fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout, "hello@.service\n");
+}
+
+#[test]
+fn usage_errors_and_version() {
+    let fleet = Fleetd::start("e2e0usage0000001", &[]);
+    for args in [&["bogus"][..], &["list-units", "--bogus"], &["cat"], &["destroy"]] {
+        assert_eq!(fleet.fleetctl(args).code, 2, "{args:?}");
+    }
+    let version = fleet.ok(&["version"]).stdout;
+    assert_eq!(version, format!("fleetctl version {}\n", env!("CARGO_PKG_VERSION")));
+    assert_eq!(fleet.ok(&["list-units", "--version"]).stdout, version);
+    assert!(fleet.ok(&["help"]).stdout.contains(env!("CARGO_PKG_VERSION")));
+    assert!(!fleet.ok(&[]).stdout.is_empty());
+    assert!(!fleet.ok(&["-h"]).stdout.is_empty());
+    assert_eq!(fleet.ok(&["list-m", "--no-legend", "--fields", "machine"]).stdout, "e2e0usag...\n", "unique prefixes work");
+    let bad_fields = fleet.fleetctl(&["list-units", "--fields", "bogus"]);
+    assert_eq!((bad_fields.code, bad_fields.stderr.as_str()), (1, "Invalid key in output format: \"bogus\"\n"));
+}
+
+#[test]
+fn units_survive_a_fleetd_restart_and_die_with_it() {
+    let mut fleet = Fleetd::start("e2e0restart00001", &[]);
+    fleet.ok(&["start", &example("hello.service")]);
+    assert!(!unit_processes(&fleet.state_dir()).is_empty());
+    // SIGTERM: units stop cleanly and fleetd exits 0.
+    assert_eq!(fleet.stop_with(libc::SIGTERM), Some(0));
+    assert!(unit_processes(&fleet.state_dir()).is_empty(), "SIGTERM stops the units");
+    // The store kept the unit: a new fleetd starts it again.
+    fleet.launch();
+    fleet.wait_until("hello runs again", WAIT, |f| f.unit_rows() == vec![("hello.service".into(), "active".into(), "running".into())]);
+    // SIGKILL: the unit's processes die with fleetd (parent-death signal) or at the next start.
+    fleet.stop_with(libc::SIGKILL);
+    let state_dir = fleet.state_dir();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !unit_processes(&state_dir).iter().all(|pid| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).map_or(true, |c| c.contains("sleep"))) {
+        assert!(std::time::Instant::now() < deadline, "the main process outlived a killed fleetd");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    fleet.launch();
+    fleet.wait_until("hello runs after the crash", WAIT, |f| f.unit_rows() == vec![("hello.service".into(), "active".into(), "running".into())]);
+    std::thread::sleep(Duration::from_millis(1500));
+    let processes = unit_processes(&fleet.state_dir());
+    assert_eq!(processes.len(), 2, "nothing left over from before the crash: {processes:?}");
+}
+
+#[test]
+fn sighup_reloads_without_touching_units() {
+    let fleet = Fleetd::start("e2e0reload000001", &[("metadata", "region=one")]);
+    fleet.ok(&["start", &example("hello.service")]);
+    let before = unit_processes(&fleet.state_dir());
+    let config = std::fs::read_to_string(fleet.config_path()).unwrap().replace("region=one", "region=two");
+    std::fs::write(fleet.config_path(), config).unwrap();
+    fleet.signal(libc::SIGHUP);
+    fleet.wait_until("the new metadata is published", WAIT, |f| {
+        f.ok(&["list-machines", "--no-legend", "--fields", "metadata"]).stdout == "region=two\n"
+    });
+    assert!(fleet.log().contains("Reloading configuration"));
+    let mut after = unit_processes(&fleet.state_dir());
+    let mut before = before;
+    before.sort();
+    after.sort();
+    assert_eq!(before, after, "no unit was restarted");
+    assert_eq!(fleet.unit_rows(), vec![("hello.service".into(), "active".into(), "running".into())]);
+}
+
+#[test]
+fn fleetd_refuses_bad_configuration() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("fleet.conf");
+    std::fs::write(&config, "machine_id = x1\ntoken_limit = lots\n").unwrap();
+    let output = std::process::Command::new(fleet_e2e::binary("fleetd")).arg("-config").arg(&config).output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("option token_limit"), "{stderr}");
+    let output = std::process::Command::new(fleet_e2e::binary("fleetd")).arg("extra").output().unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("Did you mean to invoke fleetctl instead?"));
+}
