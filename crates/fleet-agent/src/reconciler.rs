@@ -47,19 +47,8 @@ const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl Agent {
-    pub fn new(
-        config: AgentConfig,
-        registry: Arc<dyn AgentRegistry>,
-        manager: Arc<dyn UnitManager>,
-    ) -> Self {
-        Self {
-            config,
-            registry,
-            manager,
-            bodies: HashMap::new(),
-            loaded: BTreeMap::new(),
-            reported: BTreeMap::new(),
-        }
+    pub fn new(config: AgentConfig, registry: Arc<dyn AgentRegistry>, manager: Arc<dyn UnitManager>) -> Self {
+        Self { config, registry, manager, bodies: HashMap::new(), loaded: BTreeMap::new(), reported: BTreeMap::new() }
     }
 
     fn machine_id(&self) -> &str {
@@ -115,15 +104,8 @@ impl Agent {
         match self.manager.units().await {
             Ok(units) => {
                 for (name, held) in units {
-                    let launched =
-                        held.state.active == "active" || held.state.active == "activating";
-                    self.loaded.insert(
-                        name,
-                        LoadedUnit {
-                            hash: held.hash,
-                            launched,
-                        },
-                    );
+                    let launched = held.state.active == "active" || held.state.active == "activating";
+                    self.loaded.insert(name, LoadedUnit { hash: held.hash, launched });
                 }
             }
             Err(error) => tracing::warn!(%error, "cannot list the units the manager holds"),
@@ -133,13 +115,8 @@ impl Agent {
     /// One pass: what should run here, the tasks to get there, and the states to report.
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
         let work = self.registry.machine_work(self.machine_id()).await?;
-        let machine = work
-            .machine
-            .clone()
-            .unwrap_or_else(|| self.config.machine.clone());
-        let desired = self
-            .desired_units(&machine, &work.scheduled, &work.globals)
-            .await?;
+        let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
+        let desired = self.desired_units(&machine, &work.scheduled, &work.globals).await?;
         let tasks = agent_plan::plan(&desired, &self.loaded);
         for task in tasks {
             self.execute(task, &desired).await;
@@ -170,20 +147,11 @@ impl Agent {
         for unit in scheduled {
             if let Some(file) = self.body(unit.hash).await? {
                 requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
-                desired.insert(
-                    unit.name.clone(),
-                    DesiredUnit {
-                        hash: unit.hash,
-                        state: unit.desired,
-                    },
-                );
+                desired.insert(unit.name.clone(), DesiredUnit { hash: unit.hash, state: unit.desired });
             }
         }
         let mut global_requirements = Vec::new();
-        for unit in globals
-            .iter()
-            .filter(|unit| unit.desired != DesiredState::Inactive)
-        {
+        for unit in globals.iter().filter(|unit| unit.desired != DesiredState::Inactive) {
             if let Some(file) = self.body(unit.hash).await? {
                 global_requirements.push((unit, Requirements::from_unit(&unit.name, file)));
             }
@@ -192,10 +160,7 @@ impl Agent {
             .iter()
             .map(|(unit, requirements)| GlobalUnit {
                 name: &unit.name,
-                desired: DesiredUnit {
-                    hash: unit.hash,
-                    state: unit.desired,
-                },
+                desired: DesiredUnit { hash: unit.hash, state: unit.desired },
                 requirements,
             })
             .collect();
@@ -218,13 +183,7 @@ impl Agent {
                 };
                 let result = self.manager.load(name, &file).await;
                 if result.is_ok() {
-                    self.loaded.insert(
-                        name.clone(),
-                        LoadedUnit {
-                            hash,
-                            launched: false,
-                        },
-                    );
+                    self.loaded.insert(name.clone(), LoadedUnit { hash, launched: false });
                 }
                 result
             }
@@ -285,9 +244,7 @@ impl Agent {
             .collect();
         let reports = state_reports(&self.reported, &current);
         if !reports.is_empty() {
-            self.registry
-                .report_states(self.machine_id(), &reports)
-                .await?;
+            self.registry.report_states(self.machine_id(), &reports).await?;
             self.reported = current;
         }
         Ok(())
@@ -304,17 +261,8 @@ impl Agent {
                 tracing::warn!(unit = name, %error, "unloading at shutdown");
             }
         }
-        let removals: Vec<StateReport> = self
-            .reported
-            .keys()
-            .cloned()
-            .map(StateReport::Remove)
-            .collect();
-        if let Err(error) = self
-            .registry
-            .report_states(self.machine_id(), &removals)
-            .await
-        {
+        let removals: Vec<StateReport> = self.reported.keys().cloned().map(StateReport::Remove).collect();
+        if let Err(error) = self.registry.report_states(self.machine_id(), &removals).await {
             tracing::warn!(%error, "withdrawing unit states at shutdown");
         }
         if let Err(error) = self.registry.unregister_machine(self.machine_id()).await {

@@ -16,10 +16,7 @@ pub fn state_reports(
         .map(|(_, state)| StateReport::Set(state.clone()))
         .collect();
     reports.extend(
-        reported
-            .keys()
-            .filter(|name| !current.contains_key(*name))
-            .map(|name| StateReport::Remove(name.clone())),
+        reported.keys().filter(|name| !current.contains_key(*name)).map(|name| StateReport::Remove(name.clone())),
     );
     reports
 }
@@ -43,16 +40,8 @@ mod tests {
 
     #[test]
     fn only_changes_are_reported() {
-        let reported = BTreeMap::from([
-            state("same", "active"),
-            state("changed", "active"),
-            state("gone", "active"),
-        ]);
-        let current = BTreeMap::from([
-            state("same", "active"),
-            state("changed", "failed"),
-            state("new", "active"),
-        ]);
+        let reported = BTreeMap::from([state("same", "active"), state("changed", "active"), state("gone", "active")]);
+        let current = BTreeMap::from([state("same", "active"), state("changed", "failed"), state("new", "active")]);
         let reports = state_reports(&reported, &current);
         assert_eq!(
             reports,

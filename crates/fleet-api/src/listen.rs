@@ -18,17 +18,13 @@ pub enum ApiListener {
 impl ApiListener {
     pub fn describe(&self) -> String {
         match self {
-            Self::Unix(listener) => match listener
-                .local_addr()
-                .ok()
-                .and_then(|a| a.as_pathname().map(Path::to_path_buf))
-            {
-                Some(path) => format!("unix://{}", path.display()),
-                None => "unix socket".to_string(),
-            },
-            Self::Tcp(listener) => listener
-                .local_addr()
-                .map_or("tcp socket".to_string(), |a| format!("http://{a}")),
+            Self::Unix(listener) => {
+                match listener.local_addr().ok().and_then(|a| a.as_pathname().map(Path::to_path_buf)) {
+                    Some(path) => format!("unix://{}", path.display()),
+                    None => "unix socket".to_string(),
+                }
+            }
+            Self::Tcp(listener) => listener.local_addr().map_or("tcp socket".to_string(), |a| format!("http://{a}")),
         }
     }
 
@@ -65,14 +61,8 @@ pub fn bind_tcp(address: &str) -> io::Result<ApiListener> {
 
 /// The listeners systemd passed to this process, if any.
 pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
-    let for_us = std::env::var("LISTEN_PID")
-        .ok()
-        .and_then(|pid| pid.parse::<u32>().ok())
-        == Some(std::process::id());
-    let count = std::env::var("LISTEN_FDS")
-        .ok()
-        .and_then(|n| n.parse::<RawFd>().ok())
-        .unwrap_or(0);
+    let for_us = std::env::var("LISTEN_PID").ok().and_then(|pid| pid.parse::<u32>().ok()) == Some(std::process::id());
+    let count = std::env::var("LISTEN_FDS").ok().and_then(|n| n.parse::<RawFd>().ok()).unwrap_or(0);
     if !for_us || count <= 0 {
         return Ok(Vec::new());
     }
@@ -91,9 +81,7 @@ pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
         // SAFETY: systemd hands these descriptors to this process to own.
         let listener = unsafe {
             match family {
-                libc::AF_UNIX => {
-                    ApiListener::Unix(std::os::unix::net::UnixListener::from_raw_fd(fd))
-                }
+                libc::AF_UNIX => ApiListener::Unix(std::os::unix::net::UnixListener::from_raw_fd(fd)),
                 _ => ApiListener::Tcp(std::net::TcpListener::from_raw_fd(fd)),
             }
         };
@@ -113,11 +101,7 @@ pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
 }
 
 /// Serves `router` on every listener until `shutdown` turns true.
-pub async fn serve(
-    listeners: &[ApiListener],
-    router: Router,
-    shutdown: watch::Receiver<bool>,
-) -> io::Result<()> {
+pub async fn serve(listeners: &[ApiListener], router: Router, shutdown: watch::Receiver<bool>) -> io::Result<()> {
     let mut servers = tokio::task::JoinSet::new();
     for listener in listeners {
         let router = router.clone();
@@ -128,19 +112,11 @@ pub async fn serve(
         match listener.try_clone()? {
             ApiListener::Unix(listener) => {
                 let listener = tokio::net::UnixListener::from_std(listener)?;
-                servers.spawn(async move {
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(signal)
-                        .await
-                });
+                servers.spawn(async move { axum::serve(listener, router).with_graceful_shutdown(signal).await });
             }
             ApiListener::Tcp(listener) => {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                servers.spawn(async move {
-                    axum::serve(listener, router)
-                        .with_graceful_shutdown(signal)
-                        .await
-                });
+                servers.spawn(async move { axum::serve(listener, router).with_graceful_shutdown(signal).await });
             }
         }
     }

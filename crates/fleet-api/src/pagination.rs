@@ -25,8 +25,7 @@ impl PageToken {
     /// messages.
     pub fn decode(text: &str, server_limit: u16) -> Result<Self, String> {
         let bytes = URL_SAFE.decode(text).map_err(|error| match error {
-            base64::DecodeError::InvalidByte(offset, _)
-            | base64::DecodeError::InvalidLastSymbol(offset, _) => {
+            base64::DecodeError::InvalidByte(offset, _) | base64::DecodeError::InvalidLastSymbol(offset, _) => {
                 format!("illegal base64 data at input byte {offset}")
             }
             _ => format!("illegal base64 data at input byte {}", text.len()),
@@ -34,10 +33,9 @@ impl PageToken {
         let token = match bytes.len() {
             0 => return Err("EOF".to_string()),
             1..=3 => return Err("unexpected EOF".to_string()),
-            _ => Self {
-                limit: u16::from_le_bytes([bytes[0], bytes[1]]),
-                page: u16::from_le_bytes([bytes[2], bytes[3]]),
-            },
+            _ => {
+                Self { limit: u16::from_le_bytes([bytes[0], bytes[1]]), page: u16::from_le_bytes([bytes[2], bytes[3]]) }
+            }
         };
         if token.limit != server_limit {
             return Err(format!("token limit must be {server_limit}"));
@@ -54,15 +52,8 @@ impl PageToken {
         let start = (usize::from(self.page) - 1).saturating_mul(limit);
         let total = items.len();
         let end = start.saturating_add(limit).min(total);
-        let page: Vec<T> = if start >= total {
-            Vec::new()
-        } else {
-            items.drain(start..end).collect()
-        };
-        let next = (end < total).then(|| Self {
-            limit: self.limit,
-            page: self.page + 1,
-        });
+        let page: Vec<T> = if start >= total { Vec::new() } else { items.drain(start..end).collect() };
+        let next = (end < total).then(|| Self { limit: self.limit, page: self.page + 1 });
         (page, next)
     }
 }
@@ -74,37 +65,17 @@ mod tests {
     #[test]
     fn token_format_matches_the_original() {
         assert_eq!(PageToken { limit: 2, page: 2 }.encode(), "AgACAA==");
+        assert_eq!(PageToken::decode("AgACAA==", 2), Ok(PageToken { limit: 2, page: 2 }));
+        assert_eq!(PageToken::decode("AgACAA==", 100), Err("token limit must be 100".into()));
         assert_eq!(
-            PageToken::decode("AgACAA==", 2),
-            Ok(PageToken { limit: 2, page: 2 })
-        );
-        assert_eq!(
-            PageToken::decode("AgACAA==", 100),
-            Err("token limit must be 100".into())
-        );
-        assert_eq!(
-            PageToken::decode(
-                &PageToken {
-                    limit: 100,
-                    page: 0
-                }
-                .encode(),
-                100
-            ),
+            PageToken::decode(&PageToken { limit: 100, page: 0 }.encode(), 100),
             Err("token page must be greater than zero".into())
         );
         assert_eq!(PageToken::decode("", 100), Err("EOF".into()));
         assert_eq!(PageToken::decode("AgA=", 100), Err("unexpected EOF".into()));
-        assert!(
-            PageToken::decode("!!!!", 100)
-                .unwrap_err()
-                .starts_with("illegal base64 data at input byte")
-        );
+        assert!(PageToken::decode("!!!!", 100).unwrap_err().starts_with("illegal base64 data at input byte"));
         // The functional tests' bad token decodes but names another limit.
-        assert_eq!(
-            PageToken::decode("EwBMLg==", 100),
-            Err("token limit must be 100".into())
-        );
+        assert_eq!(PageToken::decode("EwBMLg==", 100), Err("token limit must be 100".into()));
     }
 
     #[test]

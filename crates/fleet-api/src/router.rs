@@ -42,10 +42,7 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            message: message.into(),
-        }
+        Self { status, message: message.into() }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -65,10 +62,9 @@ impl From<RegistryError> for ApiError {
     fn from(error: RegistryError) -> Self {
         tracing::warn!(%error, "registry error while serving the API");
         match error {
-            RegistryError::Unavailable(_) => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "fleet server unable to communicate with etcd",
-            ),
+            RegistryError::Unavailable(_) => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "fleet server unable to communicate with etcd")
+            }
             RegistryError::Corrupt { .. } | RegistryError::LeadershipLost => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "")
             }
@@ -78,12 +74,7 @@ impl From<RegistryError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.status.as_u16(),
-                message: self.message,
-            },
-        };
+        let body = ErrorBody { error: ErrorDetail { code: self.status.as_u16(), message: self.message } };
         json_response(self.status, &body)
     }
 }
@@ -103,9 +94,7 @@ pub fn query_pairs(query: Option<&str>) -> Vec<(String, String)> {
         .filter(|pair| !pair.is_empty())
         .map(|pair| {
             let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-            let decode = |text: &str| {
-                percent_decode(&text.replace('+', " ")).unwrap_or_else(|| text.to_string())
-            };
+            let decode = |text: &str| percent_decode(&text.replace('+', " ")).unwrap_or_else(|| text.to_string());
             (decode(name), decode(value))
         })
         .collect()
@@ -146,10 +135,7 @@ fn resource(path: &str) -> Resource {
     if path == "/" {
         return Resource::Root;
     }
-    let Some(rest) = path
-        .strip_prefix("/fleet/v1")
-        .or_else(|| path.strip_prefix("/v1-alpha"))
-    else {
+    let Some(rest) = path.strip_prefix("/fleet/v1").or_else(|| path.strip_prefix("/v1-alpha")) else {
         return Resource::Unknown;
     };
     if rest.is_empty() {
@@ -182,22 +168,11 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
         Ok(bytes) => bytes,
         Err(_) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("request body exceeds {BODY_LIMIT} bytes"),
-            )
-            .into_response();
+            return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {BODY_LIMIT} bytes"))
+                .into_response();
         }
     };
-    let result = route(
-        &state,
-        &method,
-        &path,
-        query.as_deref(),
-        &parts.headers,
-        body,
-    )
-    .await;
+    let result = route(&state, &method, &path, query.as_deref(), &parts.headers, body).await;
     let mut response = result.unwrap_or_else(IntoResponse::into_response);
     let server = HeaderValue::from_static(concat!("fleetd/", env!("CARGO_PKG_VERSION")));
     response.headers_mut().insert(header::SERVER, server);
@@ -215,38 +190,30 @@ async fn route(
     let query = query_pairs(query);
     match (resource(path), method) {
         (Resource::Root | Resource::ApiRoot, _) => Err(ApiError::method_not_allowed("")),
-        (Resource::Discovery, &Method::GET) => Ok((
-            [(header::CONTENT_TYPE, "application/json")],
-            Body::from(DISCOVERY),
-        )
-            .into_response()),
-        (Resource::Discovery, _) => Err(ApiError::method_not_allowed(
-            "only HTTP GET supported against this resource",
-        )),
+        (Resource::Discovery, &Method::GET) => {
+            Ok(([(header::CONTENT_TYPE, "application/json")], Body::from(DISCOVERY)).into_response())
+        }
+        (Resource::Discovery, _) => Err(ApiError::method_not_allowed("only HTTP GET supported against this resource")),
         (Resource::Units, &Method::GET) => units::list(state, &query).await,
-        (Resource::Units, _) => Err(ApiError::method_not_allowed(
-            "only GET supported against this resource",
-        )),
+        (Resource::Units, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
         (Resource::Unit(name), &Method::GET) => units::get(state, &name).await,
         (Resource::Unit(name), &Method::PUT) => units::put(state, &name, headers, &body).await,
         (Resource::Unit(name), &Method::DELETE) => units::delete(state, &name).await,
-        (Resource::Unit(_), _) => Err(ApiError::method_not_allowed(
-            "only GET, PUT and DELETE supported against this resource",
-        )),
+        (Resource::Unit(_), _) => {
+            Err(ApiError::method_not_allowed("only GET, PUT and DELETE supported against this resource"))
+        }
         (Resource::States, &Method::GET) => state::list(state, &query).await,
         (Resource::State(name), &Method::GET) => state::get(state, &name).await,
-        (Resource::States | Resource::State(_), _) => Err(ApiError::method_not_allowed(
-            "only GET supported against this resource",
-        )),
+        (Resource::States | Resource::State(_), _) => {
+            Err(ApiError::method_not_allowed("only GET supported against this resource"))
+        }
         (Resource::Machines, &Method::GET) => machines::list(state, &query).await,
         (Resource::Machines, &Method::PATCH) => machines::patch(state, &body).await,
-        (Resource::Machines, _) => Err(ApiError::method_not_allowed(
-            "only GET and PATCH supported against this resource",
-        )),
+        (Resource::Machines, _) => {
+            Err(ApiError::method_not_allowed("only GET and PATCH supported against this resource"))
+        }
         (Resource::Journal(name), &Method::GET) => journal::get(state, &name, &query).await,
-        (Resource::Journal(_), _) => Err(ApiError::method_not_allowed(
-            "only GET supported against this resource",
-        )),
+        (Resource::Journal(_), _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
         (Resource::Unknown, _) => Err(ApiError::not_found("")),
     }
 }
@@ -257,30 +224,19 @@ pub fn router(state: ApiState) -> Router {
 }
 
 /// Reads the one page token a request may carry.
-pub fn page_token(
-    query: &[(String, String)],
-    limit: u16,
-) -> Result<crate::pagination::PageToken, ApiError> {
-    let tokens: Vec<&String> = query
-        .iter()
-        .filter(|(name, _)| name == "nextPageToken")
-        .map(|(_, value)| value)
-        .collect();
+pub fn page_token(query: &[(String, String)], limit: u16) -> Result<crate::pagination::PageToken, ApiError> {
+    let tokens: Vec<&String> =
+        query.iter().filter(|(name, _)| name == "nextPageToken").map(|(_, value)| value).collect();
     match tokens.as_slice() {
         [] => Ok(crate::pagination::PageToken::first(limit)),
-        [token] => {
-            crate::pagination::PageToken::decode(token, limit).map_err(ApiError::bad_request)
-        }
+        [token] => crate::pagination::PageToken::decode(token, limit).map_err(ApiError::bad_request),
         _ => Err(ApiError::bad_request("too many values for page token")),
     }
 }
 
 /// The first value of a query parameter.
 pub fn first_value<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    query
-        .iter()
-        .find(|(key, _)| key == name)
-        .map(|(_, value)| value.as_str())
+    query.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
 }
 
 #[cfg(test)]

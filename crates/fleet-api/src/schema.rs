@@ -38,31 +38,15 @@ pub struct Unit {
 pub struct UnitState {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub hash: String,
-    #[serde(
-        rename = "machineID",
-        default,
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(rename = "machineID", default, skip_serializing_if = "String::is_empty")]
     pub machine_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub name: String,
-    #[serde(
-        rename = "systemdActiveState",
-        default,
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(rename = "systemdActiveState", default, skip_serializing_if = "String::is_empty")]
     pub systemd_active_state: String,
-    #[serde(
-        rename = "systemdLoadState",
-        default,
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(rename = "systemdLoadState", default, skip_serializing_if = "String::is_empty")]
     pub systemd_load_state: String,
-    #[serde(
-        rename = "systemdSubState",
-        default,
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(rename = "systemdSubState", default, skip_serializing_if = "String::is_empty")]
     pub systemd_sub_state: String,
 }
 
@@ -72,11 +56,7 @@ pub struct Machine {
     pub id: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
-    #[serde(
-        rename = "primaryIP",
-        default,
-        skip_serializing_if = "String::is_empty"
-    )]
+    #[serde(rename = "primaryIP", default, skip_serializing_if = "String::is_empty")]
     pub primary_ip: String,
 }
 

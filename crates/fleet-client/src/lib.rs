@@ -2,9 +2,7 @@
 
 use std::time::Duration;
 
-use fleet_api::schema::{
-    ErrorBody, Journal, Machine, MachinePage, Unit, UnitPage, UnitState, UnitStatePage,
-};
+use fleet_api::schema::{ErrorBody, Journal, Machine, MachinePage, Unit, UnitPage, UnitState, UnitStatePage};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 
@@ -59,9 +57,7 @@ fn parse_endpoint(endpoint: &str) -> Result<Endpoint> {
             Ok(Endpoint::Unix(rest.to_string()))
         }
         "http" | "https" => Ok(Endpoint::Http(first.trim_end_matches('/').to_string())),
-        other => Err(ClientError::Endpoint(format!(
-            "unable to connect to host {rest:?} with scheme {other:?}"
-        ))),
+        other => Err(ClientError::Endpoint(format!("unable to connect to host {rest:?} with scheme {other:?}"))),
     }
 }
 
@@ -69,49 +65,28 @@ impl Client {
     /// A client for `endpoint` (`unix:///var/run/fleet.sock`, `http://host:port`); every
     /// request gives up after `timeout`.
     pub fn new(endpoint: &str, timeout: Duration) -> Result<Self> {
-        let builder = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(timeout);
+        let builder = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout);
         let (builder, base) = match parse_endpoint(endpoint)? {
             Endpoint::Unix(path) => (builder.unix_socket(path), "http://localhost".to_string()),
             Endpoint::Http(base) => (builder, base),
         };
-        let http = builder
-            .build()
-            .map_err(|error| ClientError::Transport(error.to_string()))?;
+        let http = builder.build().map_err(|error| ClientError::Transport(error.to_string()))?;
         Ok(Self { http, base })
     }
 
-    async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<String>,
-    ) -> Result<(StatusCode, Vec<u8>)> {
+    async fn send(&self, method: Method, path: &str, body: Option<String>) -> Result<(StatusCode, Vec<u8>)> {
         let url = format!("{}/fleet/v1/{path}", self.base);
         let mut request = self.http.request(method, url);
         if let Some(body) = body {
-            request = request
-                .header("Content-Type", "application/json")
-                .body(body);
+            request = request.header("Content-Type", "application/json").body(body);
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|error| ClientError::Transport(describe_transport(&error)))?;
+        let response = request.send().await.map_err(|error| ClientError::Transport(describe_transport(&error)))?;
         let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|error| ClientError::Transport(error.to_string()))?;
+        let bytes = response.bytes().await.map_err(|error| ClientError::Transport(error.to_string()))?;
         if status.is_client_error() || status.is_server_error() {
-            let message = serde_json::from_slice::<ErrorBody>(&bytes)
-                .map(|body| body.error.message)
-                .unwrap_or_default();
-            return Err(ClientError::Api {
-                code: status.as_u16(),
-                message,
-            });
+            let message =
+                serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
+            return Err(ClientError::Api { code: status.as_u16(), message });
         }
         Ok((status, bytes.to_vec()))
     }
@@ -147,8 +122,7 @@ impl Client {
     }
 
     pub async fn units(&self) -> Result<Vec<Unit>> {
-        self.all_pages("units", |page: UnitPage| (page.units, page.next_page_token))
-            .await
+        self.all_pages("units", |page: UnitPage| (page.units, page.next_page_token)).await
     }
 
     pub async fn unit(&self, name: &str) -> Result<Option<Unit>> {
@@ -161,36 +135,18 @@ impl Client {
 
     /// Creates or replaces a unit (PUT with options).
     pub async fn put_unit(&self, unit: &Unit) -> Result<()> {
-        let body =
-            serde_json::to_string(unit).map_err(|error| ClientError::Decode(error.to_string()))?;
-        self.send(
-            Method::PUT,
-            &format!("units/{}", encode_component(&unit.name)),
-            Some(body),
-        )
-        .await
-        .map(drop)
+        let body = serde_json::to_string(unit).map_err(|error| ClientError::Decode(error.to_string()))?;
+        self.send(Method::PUT, &format!("units/{}", encode_component(&unit.name)), Some(body)).await.map(drop)
     }
 
     pub async fn set_desired_state(&self, name: &str, state: &str) -> Result<()> {
-        let unit = Unit {
-            name: name.to_string(),
-            desired_state: Some(state.to_string()),
-            ..Unit::default()
-        };
+        let unit = Unit { name: name.to_string(), desired_state: Some(state.to_string()), ..Unit::default() };
         self.put_unit(&unit).await
     }
 
     /// Destroys a unit; `false` when there was none.
     pub async fn destroy_unit(&self, name: &str) -> Result<bool> {
-        match self
-            .send(
-                Method::DELETE,
-                &format!("units/{}", encode_component(name)),
-                None,
-            )
-            .await
-        {
+        match self.send(Method::DELETE, &format!("units/{}", encode_component(name)), None).await {
             Ok(_) => Ok(true),
             Err(error) if error.is_not_found() => Ok(false),
             Err(error) => Err(error),
@@ -202,22 +158,15 @@ impl Client {
             Some(name) => format!("state?unitName={}", encode_component(name)),
             None => "state".to_string(),
         };
-        self.all_pages(&path, |page: UnitStatePage| {
-            (page.states, page.next_page_token)
-        })
-        .await
+        self.all_pages(&path, |page: UnitStatePage| (page.states, page.next_page_token)).await
     }
 
     pub async fn machines(&self) -> Result<Vec<Machine>> {
-        self.all_pages("machines", |page: MachinePage| {
-            (page.machines, page.next_page_token)
-        })
-        .await
+        self.all_pages("machines", |page: MachinePage| (page.machines, page.next_page_token)).await
     }
 
     pub async fn journal(&self, name: &str, lines: usize) -> Result<Journal> {
-        self.get(&format!("journal/{}?lines={lines}", encode_component(name)))
-            .await
+        self.get(&format!("journal/{}?lines={lines}", encode_component(name))).await
     }
 }
 
@@ -250,24 +199,14 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(
-            parse_endpoint("unix:///var/run/fleet.sock").unwrap(),
-            Endpoint::Unix("/var/run/fleet.sock".into())
-        );
+        assert_eq!(parse_endpoint("unix:///var/run/fleet.sock").unwrap(), Endpoint::Unix("/var/run/fleet.sock".into()));
         assert_eq!(
             parse_endpoint("http://127.0.0.1:49153/,http://x").unwrap(),
             Endpoint::Http("http://127.0.0.1:49153".into())
         );
+        assert_eq!(parse_endpoint("/var/run/fleet.sock").unwrap_err().to_string(), "URL scheme undefined");
         assert_eq!(
-            parse_endpoint("/var/run/fleet.sock")
-                .unwrap_err()
-                .to_string(),
-            "URL scheme undefined"
-        );
-        assert_eq!(
-            parse_endpoint("unix://var/run/fleet.sock")
-                .unwrap_err()
-                .to_string(),
+            parse_endpoint("unix://var/run/fleet.sock").unwrap_err().to_string(),
             "unable to connect to host \"var\" with scheme \"unix\""
         );
         assert_eq!(encode_component("a b/c=="), "a%20b%2Fc%3D%3D");

@@ -20,10 +20,7 @@ fn snapshot() -> ClusterSnapshot {
             id: format!("{n:032x}"),
             metadata: [
                 ("region".to_string(), REGIONS[n % REGIONS.len()].to_string()),
-                (
-                    "disk".to_string(),
-                    if n % 3 == 0 { "ssd" } else { "hdd" }.to_string(),
-                ),
+                ("disk".to_string(), if n % 3 == 0 { "ssd" } else { "hdd" }.to_string()),
             ]
             .into(),
             ..Default::default()
@@ -34,22 +31,14 @@ fn snapshot() -> ClusterSnapshot {
             let (name, x_fleet) = match n % 10 {
                 0 | 1 => (
                     format!("db-{n}.service"),
-                    format!(
-                        "MachineMetadata=region={}\nMachineMetadata=disk=ssd\n",
-                        REGIONS[n % REGIONS.len()]
-                    ),
+                    format!("MachineMetadata=region={}\nMachineMetadata=disk=ssd\n", REGIONS[n % REGIONS.len()]),
                 ),
                 // Instances of one service, ten to a group, kept on distinct machines.
-                2 => (
-                    format!("web-{}@{n}.service", n / 100),
-                    format!("Conflicts=web-{}@*.service\n", n / 100),
-                ),
+                2 => (format!("web-{}@{n}.service", n / 100), format!("Conflicts=web-{}@*.service\n", n / 100)),
                 _ => (format!("app-{n}.service"), String::new()),
             };
-            let file = UnitFile::parse(&format!(
-                "[Service]\nExecStart=/bin/true\n\n[X-Fleet]\n{x_fleet}"
-            ))
-            .expect("benchmark units parse");
+            let file = UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n\n[X-Fleet]\n{x_fleet}"))
+                .expect("benchmark units parse");
             UnitSpec {
                 requirements: Requirements::from_unit(&name, &file),
                 name,
@@ -63,23 +52,13 @@ fn snapshot() -> ClusterSnapshot {
 
 fn main() {
     let snapshot = snapshot();
-    println!(
-        "planner: {UNITS} units onto {MACHINES} machines (70% free, 20% MachineMetadata, 10% Conflicts)"
-    );
+    println!("planner: {UNITS} units onto {MACHINES} machines (70% free, 20% MachineMetadata, 10% Conflicts)");
     for run in 1..=3 {
         let started = Instant::now();
         let result = plan(&snapshot);
         let elapsed = started.elapsed();
-        let placed = result
-            .decisions
-            .iter()
-            .filter(|d| matches!(d, Decision::Schedule { .. }))
-            .count();
-        println!(
-            "run {run}: placed {placed}, unplaced {}, {:.3} s",
-            result.unplaced.len(),
-            elapsed.as_secs_f64()
-        );
+        let placed = result.decisions.iter().filter(|d| matches!(d, Decision::Schedule { .. })).count();
+        println!("run {run}: placed {placed}, unplaced {}, {:.3} s", result.unplaced.len(), elapsed.as_secs_f64());
     }
     // The steady state: every unit already placed, nothing to change.
     let mut settled = snapshot.clone();
@@ -96,9 +75,5 @@ fn main() {
     }
     let started = Instant::now();
     let idle = plan(&settled);
-    println!(
-        "steady state (all placed): {} decisions, {:.3} s",
-        idle.decisions.len(),
-        started.elapsed().as_secs_f64()
-    );
+    println!("steady state (all placed): {} decisions, {:.3} s", idle.decisions.len(), started.elapsed().as_secs_f64());
 }

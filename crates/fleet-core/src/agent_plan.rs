@@ -46,17 +46,12 @@ impl Task {
 }
 
 /// The tasks that take `loaded` to `desired`: unloads, loads, one reload, stops, starts.
-pub fn plan(
-    desired: &BTreeMap<String, DesiredUnit>,
-    loaded: &BTreeMap<String, LoadedUnit>,
-) -> Vec<Task> {
+pub fn plan(desired: &BTreeMap<String, DesiredUnit>, loaded: &BTreeMap<String, LoadedUnit>) -> Vec<Task> {
     let mut tasks = Vec::new();
     for (name, current) in loaded {
         match desired.get(name) {
             None => tasks.push(Task::Unload(name.clone())),
-            Some(wanted) if wanted.state == DesiredState::Inactive => {
-                tasks.push(Task::Unload(name.clone()))
-            }
+            Some(wanted) if wanted.state == DesiredState::Inactive => tasks.push(Task::Unload(name.clone())),
             Some(wanted) if wanted.hash != current.hash => {
                 tasks.push(Task::Unload(name.clone()));
                 tasks.push(Task::Load(name.clone()));
@@ -79,10 +74,7 @@ pub fn plan(
             }
         }
     }
-    if tasks
-        .iter()
-        .any(|task| matches!(task, Task::Load(_) | Task::Unload(_)))
-    {
+    if tasks.iter().any(|task| matches!(task, Task::Load(_) | Task::Unload(_))) {
         tasks.push(Task::ReloadUnitFiles);
     }
     tasks.sort_by(|a, b| a.rank().cmp(&b.rank()).then_with(|| a.cmp(b)));
@@ -111,22 +103,14 @@ pub fn add_global_units(
     let mut globals: Vec<&GlobalUnit<'_>> = globals.iter().collect();
     globals.sort_by_key(|global| global.name);
     for global in globals {
-        if global.desired.state == DesiredState::Inactive
-            || !global.requirements.metadata_matches(&machine.metadata)
-        {
+        if global.desired.state == DesiredState::Inactive || !global.requirements.metadata_matches(&machine.metadata) {
             continue;
         }
-        let conflicted = taken.iter().any(|(other, conflicts)| {
-            global
-                .requirements
-                .conflicts_with(global.name, other, conflicts)
-        });
+        let conflicted =
+            taken.iter().any(|(other, conflicts)| global.requirements.conflicts_with(global.name, other, conflicts));
         if !conflicted {
             desired.insert(global.name.to_string(), global.desired.clone());
-            taken.push((
-                global.name.to_string(),
-                global.requirements.conflicts.clone(),
-            ));
+            taken.push((global.name.to_string(), global.requirements.conflicts.clone()));
         }
     }
 }
@@ -140,17 +124,11 @@ mod tests {
     }
 
     fn want(n: u8, state: DesiredState) -> DesiredUnit {
-        DesiredUnit {
-            hash: hash(n),
-            state,
-        }
+        DesiredUnit { hash: hash(n), state }
     }
 
     fn have(n: u8, launched: bool) -> LoadedUnit {
-        LoadedUnit {
-            hash: hash(n),
-            launched,
-        }
+        LoadedUnit { hash: hash(n), launched }
     }
 
     #[test]
@@ -199,47 +177,19 @@ mod tests {
 
     #[test]
     fn globals_skip_conflicts_and_other_metadata() {
-        let machine = MachineState {
-            id: "m".into(),
-            metadata: [("role".into(), "web".into())].into(),
-            ..Default::default()
-        };
-        let web = Requirements {
-            metadata: [("role".into(), vec!["web".into()])].into(),
-            ..Default::default()
-        };
-        let db = Requirements {
-            metadata: [("role".into(), vec!["db".into()])].into(),
-            ..Default::default()
-        };
-        let conflicting = Requirements {
-            conflicts: vec!["local.service".into()],
-            ..Default::default()
-        };
-        let mut desired =
-            BTreeMap::from([("local.service".to_string(), want(1, DesiredState::Launched))]);
+        let machine =
+            MachineState { id: "m".into(), metadata: [("role".into(), "web".into())].into(), ..Default::default() };
+        let web = Requirements { metadata: [("role".into(), vec!["web".into()])].into(), ..Default::default() };
+        let db = Requirements { metadata: [("role".into(), vec!["db".into()])].into(), ..Default::default() };
+        let conflicting = Requirements { conflicts: vec!["local.service".into()], ..Default::default() };
+        let mut desired = BTreeMap::from([("local.service".to_string(), want(1, DesiredState::Launched))]);
         let requirements = BTreeMap::from([("local.service".to_string(), Requirements::default())]);
         let globals = [
-            GlobalUnit {
-                name: "web.service",
-                desired: want(2, DesiredState::Launched),
-                requirements: &web,
-            },
-            GlobalUnit {
-                name: "db.service",
-                desired: want(3, DesiredState::Launched),
-                requirements: &db,
-            },
-            GlobalUnit {
-                name: "c.service",
-                desired: want(4, DesiredState::Launched),
-                requirements: &conflicting,
-            },
+            GlobalUnit { name: "web.service", desired: want(2, DesiredState::Launched), requirements: &web },
+            GlobalUnit { name: "db.service", desired: want(3, DesiredState::Launched), requirements: &db },
+            GlobalUnit { name: "c.service", desired: want(4, DesiredState::Launched), requirements: &conflicting },
         ];
         add_global_units(&machine, &mut desired, &requirements, &globals);
-        assert_eq!(
-            desired.keys().collect::<Vec<_>>(),
-            vec!["local.service", "web.service"]
-        );
+        assert_eq!(desired.keys().collect::<Vec<_>>(), vec!["local.service", "web.service"]);
     }
 }

@@ -7,10 +7,7 @@ enum Token {
     Literal(char),
     AnyOne,
     AnyRun,
-    Class {
-        negated: bool,
-        ranges: Vec<(char, char)>,
-    },
+    Class { negated: bool, ranges: Vec<(char, char)> },
 }
 
 /// A compiled pattern.
@@ -65,9 +62,7 @@ impl Glob {
 
     /// Whether the pattern is a plain name with no wildcard in it.
     pub fn is_literal(&self) -> bool {
-        self.tokens
-            .iter()
-            .all(|token| matches!(token, Token::Literal(_)))
+        self.tokens.iter().all(|token| matches!(token, Token::Literal(_)))
     }
 }
 

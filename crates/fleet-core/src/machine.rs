@@ -52,10 +52,7 @@ mod tests {
 
     #[test]
     fn short_ids_match() {
-        let machine = MachineState {
-            id: "3d1219c7aaaabbbbccccddddeeeeffff".into(),
-            ..Default::default()
-        };
+        let machine = MachineState { id: "3d1219c7aaaabbbbccccddddeeeeffff".into(), ..Default::default() };
         assert!(machine.matches_id("3d1219c7"));
         assert!(machine.matches_id("3d1219c7aaaabbbbccccddddeeeeffff"));
         assert!(!machine.matches_id("3d1219c"));
@@ -65,22 +62,10 @@ mod tests {
     #[test]
     fn metadata_parsing_and_overrides() {
         let parsed = parse_metadata(" region = us ,az=1,bogus,az=2,=x");
-        assert_eq!(
-            parsed,
-            BTreeMap::from([("region".into(), "us".into()), ("az".into(), "2".into())])
-        );
-        let machine = MachineState {
-            metadata: parsed,
-            ..Default::default()
-        };
-        let overrides = BTreeMap::from([
-            ("region".into(), String::new()),
-            ("disk".into(), "ssd".into()),
-        ]);
+        assert_eq!(parsed, BTreeMap::from([("region".into(), "us".into()), ("az".into(), "2".into())]));
+        let machine = MachineState { metadata: parsed, ..Default::default() };
+        let overrides = BTreeMap::from([("region".into(), String::new()), ("disk".into(), "ssd".into())]);
         let merged = machine.with_overrides(&overrides).metadata;
-        assert_eq!(
-            merged,
-            BTreeMap::from([("az".into(), "2".into()), ("disk".into(), "ssd".into())])
-        );
+        assert_eq!(merged, BTreeMap::from([("az".into(), "2".into()), ("disk".into(), "ssd".into())]));
     }
 }

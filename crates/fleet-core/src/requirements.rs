@@ -64,18 +64,11 @@ fn split_quoted(value: &str) -> Vec<String> {
 
 /// Substitutes `%n %N %p %i` with the parts of the unit's name.
 pub fn expand_specifiers(value: &str, name: &UnitNameInfo<'_>) -> String {
-    value
-        .replace("%n", name.full)
-        .replace("%N", name.stem)
-        .replace("%p", name.prefix)
-        .replace("%i", name.instance)
+    value.replace("%n", name.full).replace("%N", name.stem).replace("%p", name.prefix).replace("%i", name.instance)
 }
 
 fn is_truthy(value: &str) -> bool {
-    matches!(
-        value.to_ascii_lowercase().as_str(),
-        "true" | "yes" | "1" | "on" | "t"
-    )
+    matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t")
 }
 
 impl Requirements {
@@ -95,26 +88,15 @@ impl Requirements {
                 }
                 continue;
             }
-            let expanded = split_quoted(&option.value)
-                .into_iter()
-                .map(|value| expand_specifiers(&value, &name));
-            values
-                .entry(option.name.as_str())
-                .or_default()
-                .extend(expanded);
+            let expanded = split_quoted(&option.value).into_iter().map(|value| expand_specifiers(&value, &name));
+            values.entry(option.name.as_str()).or_default().extend(expanded);
         }
         let all = |keys: &[&str]| -> Vec<String> {
-            keys.iter()
-                .flat_map(|key| values.get(key).into_iter().flatten().cloned())
-                .collect()
+            keys.iter().flat_map(|key| values.get(key).into_iter().flatten().cloned()).collect()
         };
-        requirements.machine_id = [
-            "MachineID",
-            "X-ConditionMachineID",
-            "X-ConditionMachineBootID",
-        ]
-        .iter()
-        .find_map(|key| values.get(key).and_then(|list| list.first()).cloned());
+        requirements.machine_id = ["MachineID", "X-ConditionMachineID", "X-ConditionMachineBootID"]
+            .iter()
+            .find_map(|key| values.get(key).and_then(|list| list.first()).cloned());
         requirements.machine_of = all(&["MachineOf", "X-ConditionMachineOf"]);
         for item in all(&["MachineMetadata", "X-ConditionMachineMetadata"]) {
             let parts: Vec<&str> = item.split('=').collect();
@@ -132,65 +114,36 @@ impl Requirements {
             .iter()
             .flat_map(|value| value.split_whitespace().map(str::to_string))
             .collect();
-        requirements.global = values
-            .get("Global")
-            .and_then(|list| list.last())
-            .is_some_and(|value| is_truthy(value));
+        requirements.global = values.get("Global").and_then(|list| list.last()).is_some_and(|value| is_truthy(value));
         requirements.replaces = all(&["Replaces"]);
         requirements
     }
 
     /// Whether a machine with `metadata` satisfies every `MachineMetadata=` key.
     pub fn metadata_matches(&self, metadata: &BTreeMap<String, String>) -> bool {
-        self.metadata.iter().all(|(key, allowed)| {
-            metadata
-                .get(key)
-                .is_some_and(|value| allowed.contains(value))
-        })
+        self.metadata.iter().all(|(key, allowed)| metadata.get(key).is_some_and(|value| allowed.contains(value)))
     }
 
     /// Whether this unit may not share a machine with `other`, whose conflicts are
     /// `other_conflicts`: conflicts are checked in both directions.
     pub fn conflicts_with(&self, own_name: &str, other: &str, other_conflicts: &[String]) -> bool {
         own_name != other
-            && (self
-                .conflicts
-                .iter()
-                .any(|pattern| glob_matches(pattern, other))
-                || other_conflicts
-                    .iter()
-                    .any(|pattern| glob_matches(pattern, own_name)))
+            && (self.conflicts.iter().any(|pattern| glob_matches(pattern, other))
+                || other_conflicts.iter().any(|pattern| glob_matches(pattern, own_name)))
     }
 
     /// The original's combination rules, checked when a unit is created.
     pub fn validate(&self) -> Result<(), CombinationError> {
         for peer in &self.machine_of {
-            if let Some(conflict) = self
-                .conflicts
-                .iter()
-                .find(|pattern| glob_matches(pattern, peer))
-            {
-                return Err(CombinationError::PeerMatchesConflict(
-                    peer.clone(),
-                    conflict.clone(),
-                ));
+            if let Some(conflict) = self.conflicts.iter().find(|pattern| glob_matches(pattern, peer)) {
+                return Err(CombinationError::PeerMatchesConflict(peer.clone(), conflict.clone()));
             }
-            if let Some(replace) = self
-                .replaces
-                .iter()
-                .find(|pattern| glob_matches(pattern, peer))
-            {
-                return Err(CombinationError::PeerMatchesReplace(
-                    peer.clone(),
-                    replace.clone(),
-                ));
+            if let Some(replace) = self.replaces.iter().find(|pattern| glob_matches(pattern, peer)) {
+                return Err(CombinationError::PeerMatchesReplace(peer.clone(), replace.clone()));
             }
         }
-        let (peers, conflicts, replaces) = (
-            !self.machine_of.is_empty(),
-            !self.conflicts.is_empty(),
-            !self.replaces.is_empty(),
-        );
+        let (peers, conflicts, replaces) =
+            (!self.machine_of.is_empty(), !self.conflicts.is_empty(), !self.replaces.is_empty());
         let pinned = self.machine_id.is_some();
         let error = match () {
             _ if pinned && peers => CombinationError::MachineIdWith("Peers"),
@@ -231,10 +184,7 @@ mod tests {
 
     #[test]
     fn quoted_values_split() {
-        let r = requirements(
-            "a.service",
-            "MachineMetadata=\"region=us-east-1\" \"diskType=SSD\"\n",
-        );
+        let r = requirements("a.service", "MachineMetadata=\"region=us-east-1\" \"diskType=SSD\"\n");
         assert_eq!(r.metadata["region"], vec!["us-east-1"]);
         assert_eq!(r.metadata["diskType"], vec!["SSD"]);
     }
@@ -246,12 +196,7 @@ mod tests {
             "MachineMetadata=region=us\nMachineMetadata=region=eu\nX-ConditionMachineMetadata=disk=ssd\nMachineMetadata=bad=a=b\n",
         );
         assert_eq!(r.metadata.len(), 2);
-        let machine = |pairs: &[(&str, &str)]| {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
+        let machine = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         assert!(r.metadata_matches(&machine(&[("region", "eu"), ("disk", "ssd")])));
         assert!(!r.metadata_matches(&machine(&[("region", "eu")])));
         assert!(!r.metadata_matches(&machine(&[("region", "asia"), ("disk", "ssd")])));
@@ -259,10 +204,7 @@ mod tests {
 
     #[test]
     fn specifiers_come_from_the_instance() {
-        let r = requirements(
-            "pin@3d1219c7.service",
-            "MachineID=%i\nMachineMetadata=hostname=%p-%N\nConflicts=%n\n",
-        );
+        let r = requirements("pin@3d1219c7.service", "MachineID=%i\nMachineMetadata=hostname=%p-%N\nConflicts=%n\n");
         assert_eq!(r.machine_id.as_deref(), Some("3d1219c7"));
         assert_eq!(r.metadata["hostname"], vec!["pin-pin@3d1219c7"]);
         assert_eq!(r.conflicts, vec!["pin@3d1219c7.service"]);
@@ -270,10 +212,7 @@ mod tests {
 
     #[test]
     fn conflicts_split_on_whitespace_and_accumulate() {
-        let r = requirements(
-            "a.service",
-            "Conflicts=b.service c.service\nX-Conflicts=d*\nReplaces=e f\n",
-        );
+        let r = requirements("a.service", "Conflicts=b.service c.service\nX-Conflicts=d*\nReplaces=e f\n");
         assert_eq!(r.conflicts, vec!["b.service", "c.service", "d*"]);
         assert_eq!(r.replaces, vec!["e f"]);
         assert!(r.conflicts_with("a.service", "d1.service", &[]));
@@ -283,10 +222,7 @@ mod tests {
 
     #[test]
     fn global_and_machine_id_precedence() {
-        let r = requirements(
-            "a.service",
-            "Global=true\nGlobal=no\nX-ConditionMachineID=b\nMachineID=a\n",
-        );
+        let r = requirements("a.service", "Global=true\nGlobal=no\nX-ConditionMachineID=b\nMachineID=a\n");
         assert!(!r.global);
         assert_eq!(r.machine_id.as_deref(), Some("a"));
         assert!(requirements("a.service", "Global=ON\n").global);
@@ -298,34 +234,13 @@ mod tests {
     #[test]
     fn combination_rules() {
         let cases = [
-            (
-                "MachineID=a\nMachineOf=b.service\n",
-                "MachineID cannot be used with Peers",
-            ),
-            (
-                "MachineID=a\nConflicts=b\n",
-                "MachineID cannot be used with Conflicts",
-            ),
-            (
-                "MachineID=a\nGlobal=true\n",
-                "MachineID cannot be used with Global",
-            ),
-            (
-                "MachineID=a\nReplaces=b\n",
-                "MachineID cannot be used with Replaces",
-            ),
-            (
-                "Global=true\nMachineOf=b.service\n",
-                "Global cannot be used with Peers",
-            ),
-            (
-                "Global=true\nReplaces=b\n",
-                "Global cannot be used with Replaces",
-            ),
-            (
-                "Conflicts=b\nReplaces=c\n",
-                "Conflicts cannot be used with Replaces",
-            ),
+            ("MachineID=a\nMachineOf=b.service\n", "MachineID cannot be used with Peers"),
+            ("MachineID=a\nConflicts=b\n", "MachineID cannot be used with Conflicts"),
+            ("MachineID=a\nGlobal=true\n", "MachineID cannot be used with Global"),
+            ("MachineID=a\nReplaces=b\n", "MachineID cannot be used with Replaces"),
+            ("Global=true\nMachineOf=b.service\n", "Global cannot be used with Peers"),
+            ("Global=true\nReplaces=b\n", "Global cannot be used with Replaces"),
+            ("Conflicts=b\nReplaces=c\n", "Conflicts cannot be used with Replaces"),
             (
                 "MachineOf=b.service\nConflicts=b.*\n",
                 "unresolvable requirements: peer \"b.service\" matches conflict \"b.*\"",
@@ -336,18 +251,8 @@ mod tests {
             ),
         ];
         for (x_fleet, message) in cases {
-            assert_eq!(
-                requirements("a.service", x_fleet)
-                    .validate()
-                    .unwrap_err()
-                    .to_string(),
-                message
-            );
+            assert_eq!(requirements("a.service", x_fleet).validate().unwrap_err().to_string(), message);
         }
-        assert!(
-            requirements("a.service", "MachineOf=b.service\nConflicts=c*\n")
-                .validate()
-                .is_ok()
-        );
+        assert!(requirements("a.service", "MachineOf=b.service\nConflicts=c*\n").validate().is_ok());
     }
 }

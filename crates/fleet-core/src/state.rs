@@ -30,11 +30,7 @@ impl DesiredState {
 
     /// The current state of a scheduled unit, as the original derives it: `inactive` until
     /// its machine reports a state for it, `launched` while that machine says it started it.
-    pub fn derive_current(
-        scheduled: bool,
-        reported_by_target: bool,
-        launched_by_target: bool,
-    ) -> Self {
+    pub fn derive_current(scheduled: bool, reported_by_target: bool, launched_by_target: bool) -> Self {
         match (scheduled, reported_by_target, launched_by_target) {
             (false, _, _) | (true, false, _) => Self::Inactive,
             (true, true, false) => Self::Loaded,
@@ -76,11 +72,7 @@ pub struct SystemdState {
 
 impl SystemdState {
     pub fn new(load: &str, active: &str, sub: &str) -> Self {
-        Self {
-            load: load.into(),
-            active: active.into(),
-            sub: sub.into(),
-        }
+        Self { load: load.into(), active: active.into(), sub: sub.into() }
     }
 
     pub fn is_running(&self) -> bool {
@@ -105,36 +97,17 @@ mod tests {
 
     #[test]
     fn parse_and_print() {
-        for state in [
-            DesiredState::Inactive,
-            DesiredState::Loaded,
-            DesiredState::Launched,
-        ] {
+        for state in [DesiredState::Inactive, DesiredState::Loaded, DesiredState::Launched] {
             assert_eq!(state.as_str().parse::<DesiredState>(), Ok(state));
         }
-        assert_eq!(
-            "bogus".parse::<DesiredState>().unwrap_err().to_string(),
-            "invalid desiredState: \"bogus\""
-        );
+        assert_eq!("bogus".parse::<DesiredState>().unwrap_err().to_string(), "invalid desiredState: \"bogus\"");
     }
 
     #[test]
     fn current_state_derivation() {
-        assert_eq!(
-            DesiredState::derive_current(false, true, true),
-            DesiredState::Inactive
-        );
-        assert_eq!(
-            DesiredState::derive_current(true, false, false),
-            DesiredState::Inactive
-        );
-        assert_eq!(
-            DesiredState::derive_current(true, true, false),
-            DesiredState::Loaded
-        );
-        assert_eq!(
-            DesiredState::derive_current(true, true, true),
-            DesiredState::Launched
-        );
+        assert_eq!(DesiredState::derive_current(false, true, true), DesiredState::Inactive);
+        assert_eq!(DesiredState::derive_current(true, false, false), DesiredState::Inactive);
+        assert_eq!(DesiredState::derive_current(true, true, false), DesiredState::Loaded);
+        assert_eq!(DesiredState::derive_current(true, true, true), DesiredState::Launched);
     }
 }

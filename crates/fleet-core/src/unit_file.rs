@@ -22,11 +22,7 @@ pub struct UnitOption {
 
 impl UnitOption {
     pub fn new(section: &str, name: &str, value: &str) -> Self {
-        Self {
-            section: section.into(),
-            name: name.into(),
-            value: value.into(),
-        }
+        Self { section: section.into(), name: name.into(), value: value.into() }
     }
 }
 
@@ -72,12 +68,7 @@ impl UnitFile {
             let number = index + 1;
             let line = lines[index];
             index += 1;
-            let fail = |reason| {
-                Err(ParseError {
-                    line: number,
-                    reason,
-                })
-            };
+            let fail = |reason| Err(ParseError { line: number, reason });
             if line.len() >= LINE_MAX {
                 return fail(ParseErrorReason::LineTooLong);
             }
@@ -97,9 +88,7 @@ impl UnitFile {
                 continue;
             }
             let Some(equals) = content.find('=') else {
-                return fail(ParseErrorReason::MissingEquals(
-                    content.trim_end().to_string(),
-                ));
+                return fail(ParseErrorReason::MissingEquals(content.trim_end().to_string()));
             };
             let name = content[..equals].trim();
             if name.is_empty() {
@@ -125,23 +114,12 @@ impl UnitFile {
                 value.push('\n');
                 segment = lines[index];
                 if segment.len() >= LINE_MAX {
-                    return Err(ParseError {
-                        line: index + 1,
-                        reason: ParseErrorReason::LineTooLong,
-                    });
+                    return Err(ParseError { line: index + 1, reason: ParseErrorReason::LineTooLong });
                 }
                 index += 1;
             }
-            let value = if value.ends_with('\n') {
-                format!("{}\n", value.trim())
-            } else {
-                value.trim().to_string()
-            };
-            options.push(UnitOption {
-                section: section.clone(),
-                name: name.to_string(),
-                value,
-            });
+            let value = if value.ends_with('\n') { format!("{}\n", value.trim()) } else { value.trim().to_string() };
+            options.push(UnitOption { section: section.clone(), name: name.to_string(), value });
         }
         Ok(Self { options })
     }
@@ -159,11 +137,7 @@ impl UnitFile {
     }
 
     /// The values of every option `name` in section `section`, in file order.
-    pub fn values<'a>(
-        &'a self,
-        section: &'a str,
-        name: &'a str,
-    ) -> impl Iterator<Item = &'a str> + 'a {
+    pub fn values<'a>(&'a self, section: &'a str, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.options
             .iter()
             .filter(move |option| option.section == section && option.name == name)
@@ -183,10 +157,7 @@ impl UnitFile {
     pub fn serialize(&self) -> String {
         let mut sections: Vec<(&str, Vec<&UnitOption>)> = Vec::new();
         for option in &self.options {
-            match sections
-                .iter_mut()
-                .find(|(name, _)| *name == option.section)
-            {
+            match sections.iter_mut().find(|(name, _)| *name == option.section) {
                 Some((_, options)) => options.push(option),
                 None => sections.push((&option.section, vec![option])),
             }
@@ -257,8 +228,7 @@ impl Serialize for UnitHash {
 impl<'de> Deserialize<'de> for UnitHash {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         let text = String::deserialize(deserializer)?;
-        Self::parse_hex(&text)
-            .ok_or_else(|| serde::de::Error::custom(format!("invalid unit hash {text:?}")))
+        Self::parse_hex(&text).ok_or_else(|| serde::de::Error::custom(format!("invalid unit hash {text:?}")))
     }
 }
 

@@ -76,10 +76,7 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
     if name.contains('@') && !TEMPLATE_TYPES.contains(&suffix) {
         return Err(NameError::InvalidTemplateType(suffix.to_string()));
     }
-    if let Some(bad) = stem
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || ":_.@-\\".contains(*c)))
-    {
+    if let Some(bad) = stem.chars().find(|c| !(c.is_ascii_alphanumeric() || ":_.@-\\".contains(*c))) {
         return Err(NameError::InvalidCharacter(bad));
     }
     if name.starts_with('@') {
@@ -107,20 +104,8 @@ impl<'a> UnitNameInfo<'a> {
     pub fn new(full: &'a str) -> Self {
         let stem = full.rfind('.').map_or(full, |dot| &full[..dot]);
         match stem.find('@') {
-            Some(at) => Self {
-                full,
-                stem,
-                prefix: &stem[..at],
-                instance: &stem[at + 1..],
-                has_at: true,
-            },
-            None => Self {
-                full,
-                stem,
-                prefix: stem,
-                instance: "",
-                has_at: false,
-            },
+            Some(at) => Self { full, stem, prefix: &stem[..at], instance: &stem[at + 1..], has_at: true },
+            None => Self { full, stem, prefix: stem, instance: "", has_at: false },
         }
     }
 
@@ -136,27 +121,16 @@ impl<'a> UnitNameInfo<'a> {
 
     /// The template an instance comes from (`foo@bar.service` → `foo@.service`).
     pub fn template(&self) -> Option<String> {
-        self.is_instance()
-            .then(|| format!("{}@{}", self.prefix, &self.full[self.stem.len()..]))
+        self.is_instance().then(|| format!("{}@{}", self.prefix, &self.full[self.stem.len()..]))
     }
 }
 
 /// What fleetctl makes of a unit argument: its file name, with `.service` added unless it
 /// already ends in a valid unit type (the original only knew seven of them).
 pub fn mangle(argument: &str) -> String {
-    let base = argument
-        .trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or(argument);
-    let known = base
-        .rsplit_once('.')
-        .is_some_and(|(_, suffix)| UNIT_TYPES.contains(&suffix));
-    if known {
-        base.to_string()
-    } else {
-        format!("{base}.service")
-    }
+    let base = argument.trim_end_matches('/').rsplit('/').next().unwrap_or(argument);
+    let known = base.rsplit_once('.').is_some_and(|(_, suffix)| UNIT_TYPES.contains(&suffix));
+    if known { base.to_string() } else { format!("{base}.service") }
 }
 
 #[cfg(test)]
@@ -178,18 +152,9 @@ mod tests {
             ("foo.", Some("unit name cannot end in \".\"")),
             ("foo.bad", Some("invalid unit type: \"bad\"")),
             ("foo.Service", Some("invalid unit type: \"Service\"")),
-            (
-                "foo@bar.mount",
-                Some("invalid unit type for template: \"mount\""),
-            ),
-            (
-                "foo/bar.service",
-                Some("invalid character '/' in unit name"),
-            ),
-            (
-                "foo bar.service",
-                Some("invalid character ' ' in unit name"),
-            ),
+            ("foo@bar.mount", Some("invalid unit type for template: \"mount\"")),
+            ("foo/bar.service", Some("invalid character '/' in unit name")),
+            ("foo bar.service", Some("invalid character ' ' in unit name")),
             ("@foo.service", Some("unit name cannot start in \"@\"")),
         ];
         for (name, expected) in cases {
@@ -201,10 +166,7 @@ mod tests {
     #[test]
     fn name_parts() {
         let info = UnitNameInfo::new("web@8080.service");
-        assert_eq!(
-            (info.prefix, info.instance, info.stem),
-            ("web", "8080", "web@8080")
-        );
+        assert_eq!((info.prefix, info.instance, info.stem), ("web", "8080", "web@8080"));
         assert!(info.is_instance() && !info.is_template());
         assert_eq!(info.template().as_deref(), Some("web@.service"));
         let template = UnitNameInfo::new("web@.service");

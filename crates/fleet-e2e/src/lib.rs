@@ -9,11 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-/// The directory holding the workspace's binaries.
+/// The directory holding the workspace's binaries: the test's own directory, or its parent
+/// when the test runs from `deps/`.
 pub fn binary_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("test executable path");
-    let deps = exe.parent().expect("deps directory");
-    deps.parent().expect("profile directory").to_path_buf()
+    let dir = exe.parent().expect("executable directory");
+    if dir.ends_with("deps") { dir.parent().expect("profile directory").to_path_buf() } else { dir.to_path_buf() }
 }
 
 pub fn binary(name: &str) -> PathBuf {

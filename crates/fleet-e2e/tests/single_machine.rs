@@ -20,7 +20,9 @@ fn hello_runs_and_stops() {
     assert_eq!(unit_processes(&fleet.state_dir()).len(), 2, "sh and its sleep run under the supervisor");
     let table = fleet.ok(&["list-units"]).stdout;
     assert_eq!(table, "UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\nhello.service\te2e0hell.../127.0.0.1\tactive\trunning\n");
-    fleet.wait_until("the journal shows the greeting", WAIT, |f| f.ok(&["journal", "hello.service"]).stdout.contains("Hello, World!"));
+    fleet.wait_until("the journal shows the greeting", WAIT, |f| {
+        f.ok(&["journal", "hello.service"]).stdout.contains("Hello, World!")
+    });
     let status = fleet.ok(&["status", "hello.service"]).stdout;
     assert!(status.contains("Active: active (running)"), "{status}");
     let stopped = fleet.ok(&["stop", "hello.service"]);
@@ -60,7 +62,8 @@ fn templates_cycles_order_and_cat() {
     let cat = fleet.ok(&["cat", "hello@3.service"]).stdout;
     let template = std::fs::read_to_string(examples_dir().join("hello@.service")).unwrap();
     assert_eq!(cat.trim(), template.trim());
-    let names: Vec<String> = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout.lines().map(str::to_string).collect();
+    let names: Vec<String> =
+        fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout.lines().map(str::to_string).collect();
     let mut sorted = names.clone();
     sorted.sort();
     assert_eq!(names, sorted);
@@ -83,7 +86,9 @@ fn replace_changes_the_stored_unit() {
     assert!(fleet.ok(&["cat", "changing.service"]).stdout.contains("sleep 1000"));
     fleet.ok(&["start", "--replace", &unit]);
     assert!(fleet.ok(&["cat", "changing.service"]).stdout.contains("sleep 2000"));
-    fleet.wait_until("the new version runs", WAIT, |f| f.unit_rows() == vec![("changing.service".into(), "active".into(), "running".into())]);
+    fleet.wait_until("the new version runs", WAIT, |f| {
+        f.unit_rows() == vec![("changing.service".into(), "active".into(), "running".into())]
+    });
     let same = fleet.ok(&["submit", "--replace", &unit]);
     assert_eq!(same.stdout, "Found same Unit(changing.service) in Registry, nothing to do\n");
 }
@@ -103,7 +108,10 @@ fn malformed_units_are_refused_and_nothing_is_stored() {
     assert_eq!(ran.code, 1);
     assert!(ran.stderr.contains("MachineID cannot be used with Global"), "{ran:?}");
     let missing = fleet.fleetctl(&["start", "nowhere.service"]);
-    assert_eq!((missing.code, missing.stderr.as_str()), (1, "Error creating units: unable to find Unit(nowhere.service) in Registry or on filesystem\n"));
+    assert_eq!(
+        (missing.code, missing.stderr.as_str()),
+        (1, "Error creating units: unable to find Unit(nowhere.service) in Registry or on filesystem\n")
+    );
     let template = fleet.fleetctl(&["start", &example("hello@.service")]);
     assert_eq!(template.code, 1);
     assert!(template.stderr.contains("cannot activate template \"hello@.service\""), "{template:?}");
@@ -122,7 +130,11 @@ fn usage_errors_and_version() {
     assert!(fleet.ok(&["help"]).stdout.contains(env!("CARGO_PKG_VERSION")));
     assert!(!fleet.ok(&[]).stdout.is_empty());
     assert!(!fleet.ok(&["-h"]).stdout.is_empty());
-    assert_eq!(fleet.ok(&["list-m", "--no-legend", "--fields", "machine"]).stdout, "e2e0usag...\n", "unique prefixes work");
+    assert_eq!(
+        fleet.ok(&["list-m", "--no-legend", "--fields", "machine"]).stdout,
+        "e2e0usag...\n",
+        "unique prefixes work"
+    );
     let bad_fields = fleet.fleetctl(&["list-units", "--fields", "bogus"]);
     assert_eq!((bad_fields.code, bad_fields.stderr.as_str()), (1, "Invalid key in output format: \"bogus\"\n"));
 }
@@ -137,17 +149,24 @@ fn units_survive_a_fleetd_restart_and_die_with_it() {
     assert!(unit_processes(&fleet.state_dir()).is_empty(), "SIGTERM stops the units");
     // The store kept the unit: a new fleetd starts it again.
     fleet.launch();
-    fleet.wait_until("hello runs again", WAIT, |f| f.unit_rows() == vec![("hello.service".into(), "active".into(), "running".into())]);
+    fleet.wait_until("hello runs again", WAIT, |f| {
+        f.unit_rows() == vec![("hello.service".into(), "active".into(), "running".into())]
+    });
     // SIGKILL: the unit's processes die with fleetd (parent-death signal) or at the next start.
     fleet.stop_with(libc::SIGKILL);
     let state_dir = fleet.state_dir();
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while !unit_processes(&state_dir).iter().all(|pid| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).map_or(true, |c| c.contains("sleep"))) {
+    while !unit_processes(&state_dir)
+        .iter()
+        .all(|pid| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).map_or(true, |c| c.contains("sleep")))
+    {
         assert!(std::time::Instant::now() < deadline, "the main process outlived a killed fleetd");
         std::thread::sleep(Duration::from_millis(50));
     }
     fleet.launch();
-    fleet.wait_until("hello runs after the crash", WAIT, |f| f.unit_rows() == vec![("hello.service".into(), "active".into(), "running".into())]);
+    fleet.wait_until("hello runs after the crash", WAIT, |f| {
+        f.unit_rows() == vec![("hello.service".into(), "active".into(), "running".into())]
+    });
     std::thread::sleep(Duration::from_millis(1500));
     let processes = unit_processes(&fleet.state_dir());
     assert_eq!(processes.len(), 2, "nothing left over from before the crash: {processes:?}");

@@ -32,13 +32,7 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(config: EngineConfig, registry: Arc<dyn EngineRegistry>) -> Self {
-        Self {
-            config,
-            registry,
-            requirements: HashMap::new(),
-            reasons: Vec::new(),
-            lease: None,
-        }
+        Self { config, registry, requirements: HashMap::new(), reasons: Vec::new(), lease: None }
     }
 
     /// Runs until `stop` turns true, then gives up the leadership.
@@ -64,10 +58,7 @@ impl Engine {
     }
 
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
-        let lease = self
-            .registry
-            .acquire_leadership(&self.config.machine_id)
-            .await?;
+        let lease = self.registry.acquire_leadership(&self.config.machine_id).await?;
         match (&self.lease, &lease) {
             (None, Some(_)) => tracing::info!("Engine leadership acquired"),
             (Some(_), None) => tracing::info!("Engine leadership lost"),
@@ -81,11 +72,7 @@ impl Engine {
         let missing: Vec<UnitHash> = snapshot
             .units
             .iter()
-            .filter(|unit| {
-                !self
-                    .requirements
-                    .contains_key(&(unit.name.clone(), unit.hash))
-            })
+            .filter(|unit| !self.requirements.contains_key(&(unit.name.clone(), unit.hash)))
             .map(|unit| unit.hash)
             .collect();
         if !missing.is_empty() {
@@ -98,56 +85,34 @@ impl Engine {
                 }
             }
         }
-        let live: std::collections::HashSet<(String, UnitHash)> = snapshot
-            .units
-            .iter()
-            .map(|unit| (unit.name.clone(), unit.hash))
-            .collect();
+        let live: std::collections::HashSet<(String, UnitHash)> =
+            snapshot.units.iter().map(|unit| (unit.name.clone(), unit.hash)).collect();
         self.requirements.retain(|key, _| live.contains(key));
         let units = snapshot
             .units
             .into_iter()
             .filter_map(|unit| {
-                let requirements = self
-                    .requirements
-                    .get(&(unit.name.clone(), unit.hash))?
-                    .clone();
-                Some(UnitSpec {
-                    name: unit.name,
-                    desired: unit.desired,
-                    requirements,
-                    scheduled_on: unit.machine_id,
-                })
+                let requirements = self.requirements.get(&(unit.name.clone(), unit.hash))?.clone();
+                Some(UnitSpec { name: unit.name, desired: unit.desired, requirements, scheduled_on: unit.machine_id })
             })
             .collect();
-        let cluster = ClusterSnapshot {
-            machines: snapshot.machines,
-            units,
-        };
+        let cluster = ClusterSnapshot { machines: snapshot.machines, units };
         let decided = plan(&cluster);
-        let reasons: Vec<(String, String)> = decided
-            .unplaced
-            .iter()
-            .map(|(unit, reason)| (unit.clone(), reason.to_string()))
-            .collect();
+        let reasons: Vec<(String, String)> =
+            decided.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string())).collect();
         if decided.decisions.is_empty() && reasons == self.reasons {
             return Ok(());
         }
         for decision in &decided.decisions {
             tracing::info!(?decision, "engine decision");
         }
-        let by_unit: BTreeMap<&str, &str> = reasons
-            .iter()
-            .map(|(u, r)| (u.as_str(), r.as_str()))
-            .collect();
+        let by_unit: BTreeMap<&str, &str> = reasons.iter().map(|(u, r)| (u.as_str(), r.as_str())).collect();
         for (unit, reason) in &by_unit {
             if !self.reasons.iter().any(|(u, r)| u == unit && r == reason) {
                 tracing::info!(unit, reason, "unit cannot be scheduled");
             }
         }
-        self.registry
-            .apply(&lease, &decided.decisions, &reasons)
-            .await?;
+        self.registry.apply(&lease, &decided.decisions, &reasons).await?;
         self.reasons = reasons;
         Ok(())
     }

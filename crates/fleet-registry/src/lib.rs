@@ -17,9 +17,7 @@ use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
-pub use model::{
-    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, ScheduledUnit, StateReport, UnitView,
-};
+pub use model::{AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, ScheduledUnit, StateReport, UnitView};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -76,12 +74,7 @@ pub trait EngineRegistry: Send + Sync {
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>>;
     /// Writes the decisions and the reasons for unplaced units, fenced by `lease`. A decision
     /// that no longer applies (the unit was destroyed or moved meanwhile) is skipped.
-    async fn apply(
-        &self,
-        lease: &EngineLease,
-        decisions: &[Decision],
-        unplaced: &[(String, String)],
-    ) -> Result<()>;
+    async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
 }

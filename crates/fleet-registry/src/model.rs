@@ -20,15 +20,8 @@ pub struct UnitView {
 /// A change made through `PATCH /machines`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetadataChange {
-    Set {
-        machine_id: String,
-        key: String,
-        value: String,
-    },
-    Remove {
-        machine_id: String,
-        key: String,
-    },
+    Set { machine_id: String, key: String, value: String },
+    Remove { machine_id: String, key: String },
 }
 
 /// A unit in the engine's snapshot: no body, only its hash.

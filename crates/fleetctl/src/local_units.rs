@@ -9,16 +9,12 @@ use fleet_core::unit_name::UnitNameInfo;
 /// names the file and the line.
 pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>, String> {
     let text = match std::fs::read(path) {
-        Ok(bytes) => {
-            String::from_utf8(bytes).map_err(|_| format!("{}: not valid UTF-8", path.display()))?
-        }
+        Ok(bytes) => String::from_utf8(bytes).map_err(|_| format!("{}: not valid UTF-8", path.display()))?,
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(error) if error.kind() == std::io::ErrorKind::IsADirectory => return Ok(None),
         Err(error) => return Err(format!("{}: {error}", path.display())),
     };
-    UnitFile::parse(&text)
-        .map(Some)
-        .map_err(|error| format!("{}: {error}", path.display()))
+    UnitFile::parse(&text).map(Some).map_err(|error| format!("{}: {error}", path.display()))
 }
 
 /// Where the template of the instance `name` would be, beside the file `argument` names.
@@ -41,14 +37,8 @@ mod tests {
         let bad = dir.path().join("bad.service");
         std::fs::write(&bad, "[Service]\nExecStart=/bin/true\nnonsense\n").unwrap();
         let error = read_unit_file(&bad).unwrap_err();
-        assert!(
-            error.ends_with("bad.service: line 3: expected \"Name=Value\", found \"nonsense\""),
-            "{error}"
-        );
-        assert_eq!(
-            read_unit_file(&dir.path().join("missing.service")).unwrap(),
-            None
-        );
+        assert!(error.ends_with("bad.service: line 3: expected \"Name=Value\", found \"nonsense\""), "{error}");
+        assert_eq!(read_unit_file(&dir.path().join("missing.service")).unwrap(), None);
         assert_eq!(
             local_template_path("units/web@1.service", "web@1.service"),
             Some(PathBuf::from("units/web@.service"))

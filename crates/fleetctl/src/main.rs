@@ -45,20 +45,10 @@ pub struct GlobalFlags {
     #[arg(long, global = true, env = "FLEETCTL_DRIVER", default_value = "API")]
     pub driver: String,
     /// Location of the fleet API (unix:///path or http://host:port)
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_ENDPOINT",
-        default_value = "unix:///var/run/fleet.sock"
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_ENDPOINT", default_value = "unix:///var/run/fleet.sock")]
     pub endpoint: String,
     /// Keyspace of fleet data in etcd (etcd driver)
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_ETCD_KEY_PREFIX",
-        default_value = "/_coreos.com/fleet/"
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_ETCD_KEY_PREFIX", default_value = "/_coreos.com/fleet/")]
     pub etcd_key_prefix: String,
     /// TLS client key
     #[arg(long, global = true, env = "FLEETCTL_KEY_FILE", default_value = "")]
@@ -70,72 +60,34 @@ pub struct GlobalFlags {
     #[arg(long, global = true, env = "FLEETCTL_CA_FILE", default_value = "")]
     pub ca_file: String,
     /// SSH known hosts file
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_KNOWN_HOSTS_FILE",
-        default_value = "~/.fleetctl/known_hosts"
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_KNOWN_HOSTS_FILE", default_value = "~/.fleetctl/known_hosts")]
     pub known_hosts_file: String,
     /// Verify SSH host keys
     #[arg(long, global = true, env = "FLEETCTL_STRICT_HOST_KEY_CHECKING", default_value_t = true, action = ArgAction::Set)]
     pub strict_host_key_checking: bool,
     /// SSH connection timeout in seconds
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_SSH_TIMEOUT",
-        default_value_t = 10.0
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_SSH_TIMEOUT", default_value_t = 10.0)]
     pub ssh_timeout: f64,
     /// SSH bastion host[:port]
     #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "")]
     pub tunnel: String,
     /// Seconds to wait for each API request
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_REQUEST_TIMEOUT",
-        default_value_t = 3.0
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_REQUEST_TIMEOUT", default_value_t = 3.0)]
     pub request_timeout: f64,
     /// SSH user
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_SSH_USERNAME",
-        default_value = "core"
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_SSH_USERNAME", default_value = "core")]
     pub ssh_username: String,
     /// Deprecated; has no effect
     #[arg(long, global = true, env = "FLEETCTL_EXPERIMENTAL_API", default_value_t = true, action = ArgAction::Set, hide = true)]
     pub experimental_api: bool,
     /// Deprecated alias of --key-file
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_ETCD_KEYFILE",
-        default_value = "",
-        hide = true
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_ETCD_KEYFILE", default_value = "", hide = true)]
     pub etcd_keyfile: String,
     /// Deprecated alias of --cert-file
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_ETCD_CERTFILE",
-        default_value = "",
-        hide = true
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_ETCD_CERTFILE", default_value = "", hide = true)]
     pub etcd_certfile: String,
     /// Deprecated alias of --ca-file
-    #[arg(
-        long,
-        global = true,
-        env = "FLEETCTL_ETCD_CAFILE",
-        default_value = "",
-        hide = true
-    )]
+    #[arg(long, global = true, env = "FLEETCTL_ETCD_CAFILE", default_value = "", hide = true)]
     pub etcd_cafile: String,
 }
 
@@ -304,8 +256,7 @@ fn exit(outcome: Outcome) -> ExitCode {
     }
 }
 
-const SIGN_DEPRECATED: &str =
-    "WARNING: The signed/verified units feature is DEPRECATED and cannot be used.";
+const SIGN_DEPRECATED: &str = "WARNING: The signed/verified units feature is DEPRECATED and cannot be used.";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -327,9 +278,7 @@ fn main() -> ExitCode {
             eprintln!("{SIGN_DEPRECATED}");
             return exit(Outcome::Usage);
         }
-        Command::Load { create, .. }
-        | Command::Start { create, .. }
-        | Command::Submit { create, .. }
+        Command::Load { create, .. } | Command::Start { create, .. } | Command::Submit { create, .. }
             if create.sign =>
         {
             eprintln!("{SIGN_DEPRECATED}");
@@ -343,10 +292,7 @@ fn main() -> ExitCode {
         }
         _ => {}
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("fleetctl: {error}");
@@ -368,40 +314,19 @@ async fn run(context: Context, command: Command) -> Outcome {
     match command {
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Status { units, .. } => inspect::status(&context, &units).await,
-        Command::Journal {
-            lines,
-            follow,
-            units,
-            ..
-        } => inspect::journal(&context, &units, lines, follow).await,
+        Command::Journal { lines, follow, units, .. } => inspect::journal(&context, &units, lines, follow).await,
         Command::ListMachines { list, fields } => list::machines(&context, &list, &fields).await,
-        Command::ListUnitFiles {
-            full,
-            no_legend,
-            fields,
-        } => list::unit_files(&context, &ListFlags { full, no_legend }, &fields).await,
+        Command::ListUnitFiles { full, no_legend, fields } => {
+            list::unit_files(&context, &ListFlags { full, no_legend }, &fields).await
+        }
         Command::ListUnits { list, fields } => list::units(&context, &list, &fields).await,
         Command::Submit { create, units } => lifecycle::submit(&context, &units, &create).await,
-        Command::Load {
-            block,
-            create,
-            units,
-        } => lifecycle::load(&context, &units, &create, &block).await,
-        Command::Start {
-            block,
-            create,
-            units,
-        } => lifecycle::start(&context, &units, &create, &block).await,
+        Command::Load { block, create, units } => lifecycle::load(&context, &units, &create, &block).await,
+        Command::Start { block, create, units } => lifecycle::start(&context, &units, &create, &block).await,
         Command::Stop { block, units } => lifecycle::stop(&context, &units, &block).await,
         Command::Unload { block, units } => lifecycle::unload(&context, &units, &block).await,
         Command::Destroy { block, units } => lifecycle::destroy(&context, &units, &block).await,
-        Command::Restart {
-            block_attempts,
-            units,
-        } => lifecycle::restart(&context, &units, block_attempts).await,
-        Command::Version
-        | Command::Verify { .. }
-        | Command::Ssh { .. }
-        | Command::FdForward { .. } => Outcome::Success,
+        Command::Restart { block_attempts, units } => lifecycle::restart(&context, &units, block_attempts).await,
+        Command::Version | Command::Verify { .. } | Command::Ssh { .. } | Command::FdForward { .. } => Outcome::Success,
     }
 }

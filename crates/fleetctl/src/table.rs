@@ -34,21 +34,13 @@ pub fn tab_table(rows: &[Vec<String>]) -> String {
 
 /// `3d1219c7...`, or the full ID with `--full`.
 pub fn machine_id_legend(id: &str, full: bool) -> String {
-    if full || id.len() <= 8 {
-        id.to_string()
-    } else {
-        format!("{}...", &id[..8])
-    }
+    if full || id.len() <= 8 { id.to_string() } else { format!("{}...", &id[..8]) }
 }
 
 /// The ID legend followed by `/<ip>` when the machine's address is known.
 pub fn machine_full_legend(id: &str, machines: &BTreeMap<String, Machine>, full: bool) -> String {
     let legend = machine_id_legend(id, full);
-    match machines
-        .get(id)
-        .map(|machine| machine.primary_ip.as_str())
-        .filter(|ip| !ip.is_empty())
-    {
+    match machines.get(id).map(|machine| machine.primary_ip.as_str()).filter(|ip| !ip.is_empty()) {
         Some(ip) => format!("{legend}/{ip}"),
         None => legend,
     }
@@ -61,29 +53,12 @@ mod tests {
     #[test]
     fn matches_the_original_layout() {
         let rows = vec![
-            vec![
-                "MACHINE".to_string(),
-                "IP".to_string(),
-                "METADATA".to_string(),
-            ],
-            vec![
-                "3d1219c7...".to_string(),
-                "127.0.0.1".to_string(),
-                "region=local".to_string(),
-            ],
+            vec!["MACHINE".to_string(), "IP".to_string(), "METADATA".to_string()],
+            vec!["3d1219c7...".to_string(), "127.0.0.1".to_string(), "region=local".to_string()],
         ];
-        assert_eq!(
-            tab_table(&rows),
-            "MACHINE\t\tIP\t\tMETADATA\n3d1219c7...\t127.0.0.1\tregion=local\n"
-        );
+        assert_eq!(tab_table(&rows), "MACHINE\t\tIP\t\tMETADATA\n3d1219c7...\t127.0.0.1\tregion=local\n");
         let units = vec![
-            vec![
-                "UNIT".into(),
-                "HASH".into(),
-                "DSTATE".into(),
-                "STATE".into(),
-                "TARGET".into(),
-            ],
+            vec!["UNIT".into(), "HASH".into(), "DSTATE".into(), "STATE".into(), "TARGET".into()],
             vec![
                 "described.service".into(),
                 "5b850b3".into(),
@@ -91,13 +66,7 @@ mod tests {
                 "loaded".into(),
                 "3d1219c7.../127.0.0.1".into(),
             ],
-            vec![
-                "hello.service".into(),
-                "3750b3e".into(),
-                "inactive".into(),
-                "inactive".into(),
-                "-".into(),
-            ],
+            vec!["hello.service".into(), "3750b3e".into(), "inactive".into(), "inactive".into(), "-".into()],
         ];
         assert_eq!(
             tab_table(&units),
@@ -109,23 +78,10 @@ mod tests {
     fn legends() {
         let machines = BTreeMap::from([(
             "3d1219c7abcdef".to_string(),
-            Machine {
-                id: "3d1219c7abcdef".into(),
-                primary_ip: "127.0.0.1".into(),
-                ..Default::default()
-            },
+            Machine { id: "3d1219c7abcdef".into(), primary_ip: "127.0.0.1".into(), ..Default::default() },
         )]);
-        assert_eq!(
-            machine_full_legend("3d1219c7abcdef", &machines, false),
-            "3d1219c7.../127.0.0.1"
-        );
-        assert_eq!(
-            machine_full_legend("3d1219c7abcdef", &machines, true),
-            "3d1219c7abcdef/127.0.0.1"
-        );
-        assert_eq!(
-            machine_full_legend("ffffffff0000", &machines, false),
-            "ffffffff..."
-        );
+        assert_eq!(machine_full_legend("3d1219c7abcdef", &machines, false), "3d1219c7.../127.0.0.1");
+        assert_eq!(machine_full_legend("3d1219c7abcdef", &machines, true), "3d1219c7abcdef/127.0.0.1");
+        assert_eq!(machine_full_legend("ffffffff0000", &machines, false), "ffffffff...");
     }
 }

@@ -32,11 +32,7 @@ impl Attempts {
     }
 
     pub fn from_count(count: u32) -> Self {
-        if count == 0 {
-            Self::Forever
-        } else {
-            Self::Limited(count)
-        }
+        if count == 0 { Self::Forever } else { Self::Limited(count) }
     }
 
     fn deadline(self) -> Option<Instant> {
@@ -49,16 +45,9 @@ impl Attempts {
 }
 
 /// Reads the units named `names`, in one listing when there are many.
-pub async fn fetch_units(
-    context: &Context,
-    names: &BTreeSet<String>,
-) -> Result<BTreeMap<String, Unit>, String> {
+pub async fn fetch_units(context: &Context, names: &BTreeSet<String>) -> Result<BTreeMap<String, Unit>, String> {
     if names.len() > LIST_THRESHOLD {
-        let units = context
-            .client
-            .units()
-            .await
-            .map_err(|error| error.to_string())?;
+        let units = context.client.units().await.map_err(|error| error.to_string())?;
         return Ok(units
             .into_iter()
             .filter(|unit| names.contains(&unit.name))
@@ -67,12 +56,7 @@ pub async fn fetch_units(
     }
     let mut found = BTreeMap::new();
     for name in names {
-        if let Some(unit) = context
-            .client
-            .unit(name)
-            .await
-            .map_err(|error| error.to_string())?
-        {
+        if let Some(unit) = context.client.unit(name).await.map_err(|error| error.to_string())? {
             found.insert(name.clone(), unit);
         }
     }
@@ -105,11 +89,7 @@ pub async fn wait_for_state(
                             }
                             format!(
                                 " on {}",
-                                machine_full_legend(
-                                    id,
-                                    machines.as_ref().unwrap_or(&BTreeMap::new()),
-                                    false
-                                )
+                                machine_full_legend(id, machines.as_ref().unwrap_or(&BTreeMap::new()), false)
                             )
                         }
                         None => String::new(),
@@ -137,11 +117,7 @@ pub async fn wait_for_state(
 }
 
 /// Waits until none of `names` exists any more.
-pub async fn wait_for_gone(
-    context: &Context,
-    names: &[String],
-    attempts: Attempts,
-) -> Result<(), String> {
+pub async fn wait_for_gone(context: &Context, names: &[String], attempts: Attempts) -> Result<(), String> {
     let deadline = attempts.deadline();
     let wanted: BTreeSet<String> = names.iter().cloned().collect();
     loop {
@@ -163,18 +139,11 @@ pub async fn wait_for_active(context: &Context, names: &[String]) -> Result<(), 
     let deadline = Instant::now() + ATTEMPT;
     let mut pending: BTreeSet<String> = names.iter().cloned().collect();
     loop {
-        let states = context
-            .client
-            .unit_states(None)
-            .await
-            .map_err(|error| error.to_string())?;
+        let states = context.client.unit_states(None).await.map_err(|error| error.to_string())?;
         let mut last_seen = BTreeMap::new();
         let mut active = Vec::new();
         for state in states.iter().filter(|state| pending.contains(&state.name)) {
-            last_seen.insert(
-                state.name.clone(),
-                format!("{}/{}", state.systemd_active_state, state.systemd_sub_state),
-            );
+            last_seen.insert(state.name.clone(), format!("{}/{}", state.systemd_active_state, state.systemd_sub_state));
             if state.systemd_load_state == "loaded" && state.systemd_active_state == "active" {
                 active.push(state.name.clone());
             }
@@ -187,10 +156,7 @@ pub async fn wait_for_active(context: &Context, names: &[String]) -> Result<(), 
         }
         if Instant::now() >= deadline {
             let name = pending.iter().next().cloned().unwrap_or_default();
-            let seen = last_seen
-                .get(&name)
-                .cloned()
-                .unwrap_or_else(|| "no state reported".to_string());
+            let seen = last_seen.get(&name).cloned().unwrap_or_else(|| "no state reported".to_string());
             return Err(format!(
                 "Failed to find an active unit {name} within {}s, err: unit is {seen}",
                 ATTEMPT.as_secs()

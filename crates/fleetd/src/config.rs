@@ -72,20 +72,9 @@ impl Default for Config {
 pub enum ConfigError {
     Read(PathBuf, std::io::Error),
     NotAFile(PathBuf),
-    Syntax {
-        path: PathBuf,
-        line: usize,
-        text: String,
-    },
-    UnknownOption {
-        source: String,
-        name: String,
-    },
-    BadValue {
-        name: String,
-        value: String,
-        reason: String,
-    },
+    Syntax { path: PathBuf, line: usize, text: String },
+    UnknownOption { source: String, name: String },
+    BadValue { name: String, value: String, reason: String },
 }
 
 impl std::fmt::Display for ConfigError {
@@ -96,18 +85,10 @@ impl std::fmt::Display for ConfigError {
             }
             Self::NotAFile(path) => write!(f, "config file {} is not a file", path.display()),
             Self::Syntax { path, line, text } => {
-                write!(
-                    f,
-                    "{}:{line}: expected \"option = value\", found {text:?}",
-                    path.display()
-                )
+                write!(f, "{}:{line}: expected \"option = value\", found {text:?}", path.display())
             }
             Self::UnknownOption { source, name } => write!(f, "{source}: unknown option {name:?}"),
-            Self::BadValue {
-                name,
-                value,
-                reason,
-            } => write!(f, "invalid value {value:?} for option {name}: {reason}"),
+            Self::BadValue { name, value, reason } => write!(f, "invalid value {value:?} for option {name}: {reason}"),
         }
     }
 }
@@ -147,10 +128,7 @@ const OPTIONS: &[&str] = &[
 fn unquote(value: &str) -> &str {
     let value = value.trim();
     for quote in ['"', '\''] {
-        if let Some(inner) = value
-            .strip_prefix(quote)
-            .and_then(|v| v.strip_suffix(quote))
-        {
+        if let Some(inner) = value.strip_prefix(quote).and_then(|v| v.strip_suffix(quote)) {
             return inner;
         }
     }
@@ -162,26 +140,15 @@ pub fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<String, String>, C
     let mut values = BTreeMap::new();
     for (index, line) in text.lines().enumerate() {
         let line = line.trim();
-        if line.is_empty()
-            || line.starts_with('#')
-            || line.starts_with(';')
-            || line.starts_with('[')
-        {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') || line.starts_with('[') {
             continue;
         }
         let Some((name, value)) = line.split_once('=') else {
-            return Err(ConfigError::Syntax {
-                path: path.to_path_buf(),
-                line: index + 1,
-                text: line.to_string(),
-            });
+            return Err(ConfigError::Syntax { path: path.to_path_buf(), line: index + 1, text: line.to_string() });
         };
         let name = name.trim().to_string();
         if !OPTIONS.contains(&name.as_str()) {
-            return Err(ConfigError::UnknownOption {
-                source: path.display().to_string(),
-                name,
-            });
+            return Err(ConfigError::UnknownOption { source: path.display().to_string(), name });
         }
         values.insert(name, unquote(value).to_string());
     }
@@ -192,11 +159,7 @@ pub fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<String, String>, C
 fn parse_list(value: &str) -> Vec<String> {
     value
         .split(',')
-        .map(|item| {
-            item.trim_start_matches([' ', '[', '"'])
-                .trim_end_matches([' ', ']', '"'])
-                .to_string()
-        })
+        .map(|item| item.trim_start_matches([' ', '[', '"']).trim_end_matches([' ', ']', '"']).to_string())
         .filter(|item| !item.is_empty())
         .collect()
 }
@@ -210,11 +173,7 @@ fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
 }
 
 fn bad(name: &str, value: &str, reason: &str) -> ConfigError {
-    ConfigError::BadValue {
-        name: name.to_string(),
-        value: value.to_string(),
-        reason: reason.to_string(),
-    }
+    ConfigError::BadValue { name: name.to_string(), value: value.to_string(), reason: reason.to_string() }
 }
 
 fn parse_seconds(name: &str, value: &str) -> Result<Duration, ConfigError> {
@@ -234,16 +193,10 @@ pub fn parse_go_duration(name: &str, value: &str) -> Result<Duration, ConfigErro
         return Err(bad(name, value, "expected a duration such as 30s"));
     }
     while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
-        let number: f64 = rest[..digits]
-            .parse()
-            .map_err(|_| bad(name, value, "expected a duration such as 30s"))?;
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let number: f64 = rest[..digits].parse().map_err(|_| bad(name, value, "expected a duration such as 30s"))?;
         rest = &rest[digits..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
         let seconds = match &rest[..unit_len] {
             "h" => 3600.0,
             "m" => 60.0,
@@ -265,10 +218,7 @@ pub fn parse_go_duration(name: &str, value: &str) -> Result<Duration, ConfigErro
 impl Config {
     /// Reads the config file (the given one must exist; the default one may not) and the
     /// environment.
-    pub fn load(
-        path: Option<&Path>,
-        environment: &BTreeMap<String, String>,
-    ) -> Result<Self, ConfigError> {
+    pub fn load(path: Option<&Path>, environment: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
         let mut values = BTreeMap::new();
         let (path, required) = match path {
             Some(path) => (path.to_path_buf(), true),
@@ -277,16 +227,14 @@ impl Config {
         match std::fs::metadata(&path) {
             Ok(metadata) if !metadata.is_file() => return Err(ConfigError::NotAFile(path)),
             Ok(_) => {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|error| ConfigError::Read(path.clone(), error))?;
+                let text = std::fs::read_to_string(&path).map_err(|error| ConfigError::Read(path.clone(), error))?;
                 values = parse_file(&path, &text)?;
             }
             Err(error) if required => return Err(ConfigError::Read(path, error)),
             Err(_) => {}
         }
         for option in OPTIONS {
-            if let Some(value) = environment.get(&format!("FLEET_{}", option.to_ascii_uppercase()))
-            {
+            if let Some(value) = environment.get(&format!("FLEET_{}", option.to_ascii_uppercase())) {
                 values.insert(option.to_string(), value.clone());
             }
         }
@@ -299,16 +247,12 @@ impl Config {
             let value = value.trim();
             match name.as_str() {
                 "verbosity" => {
-                    config.verbosity = value
-                        .parse()
-                        .map_err(|_| bad(name, value, "expected a whole number"))?
+                    config.verbosity = value.parse().map_err(|_| bad(name, value, "expected a whole number"))?
                 }
                 "etcd_servers" => config.etcd_servers = parse_list(value),
                 "etcd_key_prefix" => config.etcd_key_prefix = value.to_string(),
                 "etcd_request_timeout" => config.etcd_request_timeout = parse_seconds(name, value)?,
-                "engine_reconcile_interval" => {
-                    config.engine_reconcile_interval = parse_seconds(name, value)?
-                }
+                "engine_reconcile_interval" => config.engine_reconcile_interval = parse_seconds(name, value)?,
                 "public_ip" => {
                     if !value.is_empty() && value.parse::<std::net::IpAddr>().is_err() {
                         return Err(bad(name, value, "expected an IP address"));
@@ -324,9 +268,7 @@ impl Config {
                         .parse::<u16>()
                         .ok()
                         .filter(|limit| *limit > 0)
-                        .ok_or_else(|| {
-                            bad(name, value, "expected a whole number from 1 to 65535")
-                        })?
+                        .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 65535"))?
                 }
                 "disable_engine" => config.disable_engine = parse_bool(name, value)?,
                 "disable_watches" => config.disable_watches = parse_bool(name, value)?,
@@ -337,11 +279,7 @@ impl Config {
                 "authorized_keys_file" => config.authorized_keys_file = value.to_string(),
                 "machine_id" => {
                     if value.is_empty() {
-                        return Err(bad(
-                            name,
-                            value,
-                            "expected a machine ID or the file holding it",
-                        ));
+                        return Err(bad(name, value, "expected a machine ID or the file holding it"));
                     }
                     config.machine_id = value.to_string();
                 }
@@ -358,10 +296,7 @@ impl Config {
                     for entry in &listen {
                         let valid = match entry.strip_prefix("unix://") {
                             Some(path) => path.starts_with('/'),
-                            None => entry
-                                .trim_start_matches("http://")
-                                .parse::<std::net::SocketAddr>()
-                                .is_ok(),
+                            None => entry.trim_start_matches("http://").parse::<std::net::SocketAddr>().is_ok(),
                         };
                         if !valid {
                             return Err(bad(name, entry, "expected unix:///path or host:port"));
@@ -371,13 +306,9 @@ impl Config {
                 }
                 "state_dir" => config.state_dir = value.into(),
                 // Accepted for compatibility: TLS and credentials of the etcd registry.
-                "etcd_username" | "etcd_password" | "etcd_keyfile" | "etcd_certfile"
-                | "etcd_cafile" => {}
+                "etcd_username" | "etcd_password" | "etcd_keyfile" | "etcd_certfile" | "etcd_cafile" => {}
                 _ => {
-                    return Err(ConfigError::UnknownOption {
-                        source: "configuration".into(),
-                        name: name.clone(),
-                    });
+                    return Err(ConfigError::UnknownOption { source: "configuration".into(), name: name.clone() });
                 }
             }
         }
@@ -394,16 +325,8 @@ impl Config {
         } else {
             self.machine_id.clone()
         };
-        if id.is_empty()
-            || !id
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-        {
-            return Err(bad(
-                "machine_id",
-                &id,
-                "unable to determine local machine ID",
-            ));
+        if id.is_empty() || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(bad("machine_id", &id, "unable to determine local machine ID"));
         }
         Ok(id)
     }
@@ -414,10 +337,7 @@ mod tests {
     use super::*;
 
     fn values(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect()
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }
 
     #[test]
@@ -425,11 +345,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fleet.conf");
         std::fs::write(&path, "# comment\nmetadata=\"region=us-west,az=us-west-1\"\nagent_ttl = \"3s\"\netcd_servers=[\"http://a:2379\",\"http://b:2379\"]\ntoken_limit=5\n").unwrap();
-        let environment = values(&[
-            ("FLEET_TOKEN_LIMIT", "7"),
-            ("FLEET_STATE_DIR", "/tmp/x"),
-            ("OTHER", "1"),
-        ]);
+        let environment = values(&[("FLEET_TOKEN_LIMIT", "7"), ("FLEET_STATE_DIR", "/tmp/x"), ("OTHER", "1")]);
         let config = Config::load(Some(&path), &environment).unwrap();
         assert_eq!(config.metadata["az"], "us-west-1");
         assert_eq!(config.agent_ttl, Duration::from_secs(3));
@@ -442,31 +358,15 @@ mod tests {
     #[test]
     fn bad_values_name_the_option() {
         let cases = [
-            (
-                "token_limit",
-                "0",
-                "invalid value \"0\" for option token_limit: expected a whole number from 1 to 65535",
-            ),
-            (
-                "agent_ttl",
-                "soon",
-                "invalid value \"soon\" for option agent_ttl: expected a duration such as 30s",
-            ),
+            ("token_limit", "0", "invalid value \"0\" for option token_limit: expected a whole number from 1 to 65535"),
+            ("agent_ttl", "soon", "invalid value \"soon\" for option agent_ttl: expected a duration such as 30s"),
             (
                 "unit_manager",
                 "docker",
                 "invalid value \"docker\" for option unit_manager: expected auto, systemd or native",
             ),
-            (
-                "disable_engine",
-                "maybe",
-                "invalid value \"maybe\" for option disable_engine: expected true or false",
-            ),
-            (
-                "public_ip",
-                "x.y",
-                "invalid value \"x.y\" for option public_ip: expected an IP address",
-            ),
+            ("disable_engine", "maybe", "invalid value \"maybe\" for option disable_engine: expected true or false"),
+            ("public_ip", "x.y", "invalid value \"x.y\" for option public_ip: expected an IP address"),
             (
                 "api_listen",
                 "unix://relative",
@@ -479,12 +379,7 @@ mod tests {
             ),
         ];
         for (name, value, message) in cases {
-            assert_eq!(
-                Config::from_values(&values(&[(name, value)]))
-                    .unwrap_err()
-                    .to_string(),
-                message
-            );
+            assert_eq!(Config::from_values(&values(&[(name, value)])).unwrap_err().to_string(), message);
         }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("fleet.conf");
@@ -496,10 +391,7 @@ mod tests {
                 .ends_with("unknown option \"tokn_limit\"")
         );
         assert!(Config::load(Some(&dir.path().join("missing")), &BTreeMap::new()).is_err());
-        assert!(matches!(
-            Config::load(Some(dir.path()), &BTreeMap::new()),
-            Err(ConfigError::NotAFile(_))
-        ));
+        assert!(matches!(Config::load(Some(dir.path()), &BTreeMap::new()), Err(ConfigError::NotAFile(_))));
     }
 
     #[test]
@@ -507,38 +399,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("machine-id");
         std::fs::write(&file, "abc123\n").unwrap();
-        let from_file = Config {
-            machine_id: file.display().to_string(),
-            ..Config::default()
-        };
+        let from_file = Config { machine_id: file.display().to_string(), ..Config::default() };
         assert_eq!(from_file.resolve_machine_id().unwrap(), "abc123");
-        let direct = Config {
-            machine_id: "m-1".into(),
-            ..Config::default()
-        };
+        let direct = Config { machine_id: "m-1".into(), ..Config::default() };
         assert_eq!(direct.resolve_machine_id().unwrap(), "m-1");
         let empty_file = dir.path().join("empty");
         std::fs::write(&empty_file, "").unwrap();
         assert!(
-            Config {
-                machine_id: empty_file.display().to_string(),
-                ..Config::default()
-            }
-            .resolve_machine_id()
-            .is_err()
+            Config { machine_id: empty_file.display().to_string(), ..Config::default() }.resolve_machine_id().is_err()
         );
     }
 
     #[test]
     fn go_durations() {
-        assert_eq!(
-            parse_go_duration("x", "1m30s").unwrap(),
-            Duration::from_secs(90)
-        );
-        assert_eq!(
-            parse_go_duration("x", "500ms").unwrap(),
-            Duration::from_millis(500)
-        );
+        assert_eq!(parse_go_duration("x", "1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_go_duration("x", "500ms").unwrap(), Duration::from_millis(500));
         assert!(parse_go_duration("x", "0s").is_err());
         assert!(parse_go_duration("x", "5").is_err());
     }

@@ -3,9 +3,7 @@
 use std::net::Ipv4Addr;
 
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|name| name.trim().to_string())
-        .unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|name| name.trim().to_string()).unwrap_or_default()
 }
 
 /// The interface that carries the default route, from `/proc/net/route`.

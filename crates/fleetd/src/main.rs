@@ -37,9 +37,7 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
                     Some(value) => value,
                     None => {
                         index += 1;
-                        args.get(index)
-                            .cloned()
-                            .ok_or("flag needs an argument: -config")?
+                        args.get(index).cloned().ok_or("flag needs an argument: -config")?
                     }
                 };
                 config = Some(PathBuf::from(value));
@@ -47,10 +45,7 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
             (true, _) => return Err(format!("flag provided but not defined: {arg}")),
             (false, "version") if index == 0 => return Ok(Invocation::Version),
             (false, _) => {
-                return Err(
-                    "fleetd takes no arguments. Did you mean to invoke fleetctl instead?"
-                        .to_string(),
-                );
+                return Err("fleetd takes no arguments. Did you mean to invoke fleetctl instead?".to_string());
             }
         }
         index += 1;
@@ -83,23 +78,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let filter = if config.verbosity > 0 {
-        "debug"
-    } else {
-        "info"
-    };
+    let filter = if config.verbosity > 0 { "debug" } else { "info" };
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FLEETD_LOG")
-                .unwrap_or_else(|_| filter.into()),
-        )
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLEETD_LOG").unwrap_or_else(|_| filter.into()))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("fleetd: cannot start the async runtime: {error}");

@@ -29,9 +29,7 @@ const DEBOUNCE: Duration = Duration::from_millis(10);
 
 fn machine_state(config: &Config, machine_id: &str) -> MachineState {
     let public_ip = if config.public_ip.is_empty() {
-        host::default_public_ip()
-            .map(|ip| ip.to_string())
-            .unwrap_or_default()
+        host::default_public_ip().map(|ip| ip.to_string()).unwrap_or_default()
     } else {
         config.public_ip.clone()
     };
@@ -51,9 +49,7 @@ fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<dyn Uni
             bail!("unit_manager = systemd is not available in this build yet; use native or auto")
         }
         UnitManagerChoice::Auto if systemd_booted => {
-            tracing::warn!(
-                "systemd is running, but this build has no systemd unit manager yet: using the native one"
-            )
+            tracing::warn!("systemd is running, but this build has no systemd unit manager yet: using the native one")
         }
         UnitManagerChoice::Auto | UnitManagerChoice::Native => {
             tracing::info!("using the native unit manager")
@@ -76,11 +72,8 @@ fn listeners(config: &Config) -> anyhow::Result<Vec<ApiListener>> {
         .api_listen
         .iter()
         .map(|entry| match entry.strip_prefix("unix://") {
-            Some(path) => {
-                bind_unix(Path::new(path)).with_context(|| format!("listening on {entry}"))
-            }
-            None => bind_tcp(entry.trim_start_matches("http://"))
-                .with_context(|| format!("listening on {entry}")),
+            Some(path) => bind_unix(Path::new(path)).with_context(|| format!("listening on {entry}")),
+            None => bind_tcp(entry.trim_start_matches("http://")).with_context(|| format!("listening on {entry}")),
         })
         .collect()
 }
@@ -96,19 +89,14 @@ fn warn_fixed_options(old: &Config, new: &Config) {
     ];
     for (name, changed) in fixed {
         if changed {
-            tracing::warn!(
-                option = name,
-                "this option changes only when fleetd restarts"
-            );
+            tracing::warn!(option = name, "this option changes only when fleetd restarts");
         }
     }
 }
 
 fn check_supported(config: &Config) -> anyhow::Result<()> {
     if !config.etcd_servers.is_empty() {
-        bail!(
-            "etcd_servers is set, but this build has no etcd registry yet; unset it to use the embedded store"
-        );
+        bail!("etcd_servers is set, but this build has no etcd registry yet; unset it to use the embedded store");
     }
     if config.verify_units {
         tracing::error!("verify_units is deprecated and ignored");
@@ -128,16 +116,13 @@ pub async fn run(
     let machine_id = config.resolve_machine_id()?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
-    let registry = Arc::new(EmbeddedRegistry::open(
-        &config.state_dir.join("registry.redb"),
-    )?);
+    let registry = Arc::new(EmbeddedRegistry::open(&config.state_dir.join("registry.redb"))?);
     let manager = unit_manager(&config, &machine_id)?;
     let listeners = listeners(&config)?;
     for listener in &listeners {
         tracing::info!(address = listener.describe(), "API listening");
     }
-    let mut terminate =
-        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tracing::info!(machine_id, "fleetd {} starting", fleet_api::VERSION);
@@ -150,9 +135,7 @@ pub async fn run(
             reconcile_interval: AGENT_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
         };
-        tasks.spawn(
-            Agent::new(agent_config, registry.clone(), manager.clone()).run(lifecycle_watch),
-        );
+        tasks.spawn(Agent::new(agent_config, registry.clone(), manager.clone()).run(lifecycle_watch));
         if !config.disable_engine {
             let engine_config = EngineConfig {
                 machine_id: machine_id.clone(),
@@ -164,15 +147,9 @@ pub async fn run(
         let api_state = ApiState {
             registry: registry.clone(),
             token_limit: config.token_limit,
-            local: Some(LocalMachine {
-                machine_id: machine_id.clone(),
-                manager: manager.clone(),
-            }),
+            local: Some(LocalMachine { machine_id: machine_id.clone(), manager: manager.clone() }),
         };
-        let api_listeners = listeners
-            .iter()
-            .map(ApiListener::try_clone)
-            .collect::<Result<Vec<_>, _>>()?;
+        let api_listeners = listeners.iter().map(ApiListener::try_clone).collect::<Result<Vec<_>, _>>()?;
         let api_stop = stop_watch.clone();
         tasks.spawn(async move {
             if let Err(error) = serve(&api_listeners, router(api_state), api_stop).await {
@@ -187,12 +164,10 @@ pub async fn run(
         if reload {
             tracing::info!("Reloading configuration");
             let environment: BTreeMap<String, String> = std::env::vars().collect();
-            match Config::load(config_path.as_deref(), &environment)
-                .map_err(anyhow::Error::from)
-                .and_then(|new| {
-                    check_supported(&new)?;
-                    Ok(new)
-                }) {
+            match Config::load(config_path.as_deref(), &environment).map_err(anyhow::Error::from).and_then(|new| {
+                check_supported(&new)?;
+                Ok(new)
+            }) {
                 Ok(new) => {
                     warn_fixed_options(&config, &new);
                     let (state_dir, api_listen, machine, manager_choice) = (
@@ -201,13 +176,7 @@ pub async fn run(
                         config.machine_id.clone(),
                         config.unit_manager,
                     );
-                    config = Config {
-                        state_dir,
-                        api_listen,
-                        machine_id: machine,
-                        unit_manager: manager_choice,
-                        ..new
-                    };
+                    config = Config { state_dir, api_listen, machine_id: machine, unit_manager: manager_choice, ..new };
                 }
                 Err(error) => tracing::error!("keeping the running configuration: {error:#}"),
             }

@@ -10,20 +10,15 @@ use crate::schema::Journal;
 const DEFAULT_LINES: usize = 10;
 const MAX_LINES: usize = 100_000;
 
-pub async fn get(
-    state: &ApiState,
-    name: &str,
-    query: &[(String, String)],
-) -> Result<Response, ApiError> {
+pub async fn get(state: &ApiState, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
     let Some(local) = &state.local else {
         return Err(ApiError::not_found("this fleetd runs no units"));
     };
     let lines = match first_value(query, "lines") {
         None => DEFAULT_LINES,
-        Some(text) => text
-            .parse::<usize>()
-            .map_err(|_| ApiError::bad_request(format!("invalid lines: {text:?}")))?
-            .min(MAX_LINES),
+        Some(text) => {
+            text.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid lines: {text:?}")))?.min(MAX_LINES)
+        }
     };
     if state.registry.unit(name).await?.is_none() {
         return Err(ApiError::not_found("unit does not exist"));
@@ -33,12 +28,5 @@ pub async fn get(
         .journal(name, lines)
         .await
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-    Ok(json_response(
-        StatusCode::OK,
-        &Journal {
-            machine_id: local.machine_id.clone(),
-            name: name.to_string(),
-            text,
-        },
-    ))
+    Ok(json_response(StatusCode::OK, &Journal { machine_id: local.machine_id.clone(), name: name.to_string(), text }))
 }

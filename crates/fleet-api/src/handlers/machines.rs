@@ -15,99 +15,55 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
         .machines()
         .await?
         .into_iter()
-        .map(|machine| Machine {
-            id: machine.id,
-            metadata: machine.metadata,
-            primary_ip: machine.public_ip,
-        })
+        .map(|machine| Machine { id: machine.id, metadata: machine.metadata, primary_ip: machine.public_ip })
         .collect();
     machines.sort_by(|a, b| a.id.cmp(&b.id));
     let (machines, next) = token.page(machines);
-    Ok(json_response(
-        StatusCode::OK,
-        &MachinePage {
-            machines,
-            next_page_token: next.map(|t| t.encode()),
-        },
-    ))
+    Ok(json_response(StatusCode::OK, &MachinePage { machines, next_page_token: next.map(|t| t.encode()) }))
 }
 
 /// A field of a JSON object, its name matched case-insensitively as the original's decoder does.
 fn field<'a>(object: &'a serde_json::Map<String, Value>, name: &str) -> Option<&'a Value> {
-    object.get(name).or_else(|| {
-        object
-            .iter()
-            .find(|(key, _)| key.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v)
-    })
+    object.get(name).or_else(|| object.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, v)| v))
 }
 
 /// `/<machine>/metadata/<key>`, where the key is made of `[A-Za-z0-9_.-]`.
 fn metadata_path(path: &str) -> Option<(String, String)> {
     let rest = path.strip_prefix('/')?;
     let (machine, key) = rest.split_once("/metadata/")?;
-    let valid_key = !key.is_empty()
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-    (!machine.is_empty() && !machine.contains('/') && valid_key)
-        .then(|| (machine.to_string(), key.to_string()))
+    let valid_key = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
+    (!machine.is_empty() && !machine.contains('/') && valid_key).then(|| (machine.to_string(), key.to_string()))
 }
 
 /// Reads one operation; the value may be `"x"` (documented) or `{"value":"x"}` (the
 /// original's actual wire form).
 fn operation(value: &Value) -> Result<MetadataChange, ApiError> {
-    let object = value
-        .as_object()
-        .ok_or_else(|| ApiError::bad_request("unable to decode body: expected an object"))?;
-    let text = |name: &str| {
-        field(object, name)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string()
-    };
+    let object = value.as_object().ok_or_else(|| ApiError::bad_request("unable to decode body: expected an object"))?;
+    let text = |name: &str| field(object, name).and_then(Value::as_str).unwrap_or("").to_string();
     let op = text("op");
     if !["add", "remove", "replace"].contains(&op.as_str()) {
-        return Err(ApiError::bad_request(
-            "invalid op: expect add, remove, or replace",
-        ));
+        return Err(ApiError::bad_request("invalid op: expect add, remove, or replace"));
     }
-    let (machine_id, key) = metadata_path(&text("path"))
-        .ok_or_else(|| ApiError::bad_request("machine metadata path invalid"))?;
+    let (machine_id, key) =
+        metadata_path(&text("path")).ok_or_else(|| ApiError::bad_request("machine metadata path invalid"))?;
     if op == "remove" {
         return Ok(MetadataChange::Remove { machine_id, key });
     }
     let value = match field(object, "value") {
         Some(Value::String(value)) => value.clone(),
-        Some(Value::Object(nested)) => field(nested, "value")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
+        Some(Value::Object(nested)) => field(nested, "value").and_then(Value::as_str).unwrap_or("").to_string(),
         _ => String::new(),
     };
     if value.is_empty() {
-        return Err(ApiError::bad_request(
-            "invalid value: add and replace require a value",
-        ));
+        return Err(ApiError::bad_request("invalid value: add and replace require a value"));
     }
-    Ok(MetadataChange::Set {
-        machine_id,
-        key,
-        value,
-    })
+    Ok(MetadataChange::Set { machine_id, key, value })
 }
 
 pub async fn patch(state: &ApiState, body: &[u8]) -> Result<Response, ApiError> {
     let operations: Vec<Value> = serde_json::from_slice(body)
         .map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))?;
-    let changes = operations
-        .iter()
-        .map(operation)
-        .collect::<Result<Vec<_>, _>>()?;
+    let changes = operations.iter().map(operation).collect::<Result<Vec<_>, _>>()?;
     state.registry.change_metadata(&changes).await?;
-    Ok((
-        StatusCode::NO_CONTENT,
-        [(header::CONTENT_TYPE, "application/json")],
-    )
-        .into_response())
+    Ok((StatusCode::NO_CONTENT, [(header::CONTENT_TYPE, "application/json")]).into_response())
 }

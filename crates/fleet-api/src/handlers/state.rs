@@ -31,22 +31,11 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
         .collect();
     states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
     let (states, next) = token.page(states);
-    Ok(json_response(
-        StatusCode::OK,
-        &UnitStatePage {
-            next_page_token: next.map(|t| t.encode()),
-            states,
-        },
-    ))
+    Ok(json_response(StatusCode::OK, &UnitStatePage { next_page_token: next.map(|t| t.encode()), states }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
-    let found = state
-        .registry
-        .unit_states()
-        .await?
-        .into_iter()
-        .find(|s| s.name == name);
+    let found = state.registry.unit_states().await?.into_iter().find(|s| s.name == name);
     match found {
         Some(unit_state) => Ok(json_response(StatusCode::OK, &to_schema(unit_state))),
         None => Err(ApiError::not_found("unit state does not exist")),

@@ -26,11 +26,7 @@ pub fn to_schema(view: UnitView, listed: bool) -> Unit {
             .file
             .into_options()
             .into_iter()
-            .map(|option| UnitOption {
-                name: option.name,
-                section: option.section,
-                value: option.value,
-            })
+            .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
             .collect(),
         reason: view.reason,
     }
@@ -38,21 +34,9 @@ pub fn to_schema(view: UnitView, listed: bool) -> Unit {
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit)?;
-    let units: Vec<Unit> = state
-        .registry
-        .units()
-        .await?
-        .into_iter()
-        .map(|view| to_schema(view, true))
-        .collect();
+    let units: Vec<Unit> = state.registry.units().await?.into_iter().map(|view| to_schema(view, true)).collect();
     let (units, next) = token.page(units);
-    Ok(json_response(
-        StatusCode::OK,
-        &UnitPage {
-            next_page_token: next.map(|t| t.encode()),
-            units,
-        },
-    ))
+    Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
@@ -78,13 +62,7 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
             format!("expected 1 Content-Type, got {}", values.len()),
         ));
     }
-    let media_type = values[0]
-        .to_str()
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim();
+    let media_type = values[0].to_str().unwrap_or("").split(';').next().unwrap_or("").trim();
     if !media_type.eq_ignore_ascii_case("application/json") {
         return Err(ApiError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -97,39 +75,24 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 /// The checks the original makes before creating a unit, plus one: the options must read
 /// back from their own serialisation (e.g. no line over the length limit).
 pub fn validate_options(name: &str, file: &UnitFile) -> Result<(), ApiError> {
-    UnitFile::parse(&file.serialize())
-        .map_err(|error| ApiError::bad_request(error.reason.to_string()))?;
+    UnitFile::parse(&file.serialize()).map_err(|error| ApiError::bad_request(error.reason.to_string()))?;
     if let Some(option) = file.options().iter().find(|option| {
-        option.name.is_empty()
-            || option.name.contains(['=', '\n'])
-            || option.section.contains([']', '\n'])
+        option.name.is_empty() || option.name.contains(['=', '\n']) || option.section.contains([']', '\n'])
     }) {
-        return Err(ApiError::bad_request(format!(
-            "invalid option {:?} in section {:?}",
-            option.name, option.section
-        )));
+        return Err(ApiError::bad_request(format!("invalid option {:?} in section {:?}", option.name, option.section)));
     }
-    Requirements::from_unit(name, file)
-        .validate()
-        .map_err(|error| ApiError::bad_request(error.to_string()))
+    Requirements::from_unit(name, file).validate().map_err(|error| ApiError::bad_request(error.to_string()))
 }
 
 fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), ApiError> {
     if UnitNameInfo::new(name).is_template() && desired != DesiredState::Inactive {
-        return Err(ApiError::bad_request(format!(
-            "cannot activate template {name:?}"
-        )));
+        return Err(ApiError::bad_request(format!("cannot activate template {name:?}")));
     }
     Ok(())
 }
 
 /// PUT /units/{name}: create, replace (new options) or change the desired state.
-pub async fn put(
-    state: &ApiState,
-    name: &str,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<Response, ApiError> {
+pub async fn put(state: &ApiState, name: &str, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     check_content_type(headers)?;
     let request: Unit = serde_json::from_slice(body)
         .map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))?;
@@ -140,26 +103,15 @@ pub async fn put(
         )));
     }
     validate_name(name).map_err(|error| ApiError::bad_request(error.to_string()))?;
-    let desired = match request
-        .desired_state
-        .as_deref()
-        .filter(|state| !state.is_empty())
-    {
-        Some(text) => Some(
-            text.parse::<DesiredState>()
-                .map_err(|error| ApiError::bad_request(error.to_string()))?,
-        ),
+    let desired = match request.desired_state.as_deref().filter(|state| !state.is_empty()) {
+        Some(text) => Some(text.parse::<DesiredState>().map_err(|error| ApiError::bad_request(error.to_string()))?),
         None => None,
     };
     let file = UnitFile::from_options(
         request
             .options
             .into_iter()
-            .map(|option| fleet_core::UnitOption {
-                section: option.section,
-                name: option.name,
-                value: option.value,
-            })
+            .map(|option| fleet_core::UnitOption { section: option.section, name: option.name, value: option.value })
             .collect(),
     );
     let existing = state.registry.unit(name).await?;
@@ -170,10 +122,7 @@ pub async fn put(
     };
     if replaces {
         if !has_options {
-            return Err(ApiError::new(
-                StatusCode::CONFLICT,
-                "unit does not exist and options field empty",
-            ));
+            return Err(ApiError::new(StatusCode::CONFLICT, "unit does not exist and options field empty"));
         }
         validate_options(name, &file)?;
         let desired = desired.unwrap_or(DesiredState::Inactive);
@@ -182,10 +131,7 @@ pub async fn put(
         return Ok(StatusCode::CREATED.into_response());
     }
     let Some(desired) = desired else {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "must provide DesiredState to update existing unit",
-        ));
+        return Err(ApiError::new(StatusCode::CONFLICT, "must provide DesiredState to update existing unit"));
     };
     refuse_template_activation(name, desired)?;
     if state.registry.set_desired_state(name, desired).await? {

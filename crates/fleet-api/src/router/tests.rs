@@ -19,16 +19,8 @@ struct Api {
 async fn api(token_limit: u16) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    let state = ApiState {
-        registry: Arc::new(registry.clone()),
-        token_limit,
-        local: None,
-    };
-    Api {
-        router: router(state),
-        registry,
-        _dir: dir,
-    }
+    let state = ApiState { registry: Arc::new(registry.clone()), token_limit, local: None };
+    Api { router: router(state), registry, _dir: dir }
 }
 
 struct Answer {
@@ -44,36 +36,18 @@ impl Api {
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
-        let request = request
-            .body(body.map_or(Body::empty(), |b| Body::from(b.to_string())))
-            .unwrap();
+        let request = request.body(body.map_or(Body::empty(), |b| Body::from(b.to_string()))).unwrap();
         self.send(request).await
     }
 
     async fn send(&self, request: Request<Body>) -> Answer {
         let response = self.router.clone().oneshot(request).await.unwrap();
         let status = response.status();
-        let text = |name| {
-            response
-                .headers()
-                .get(name)
-                .map(|v: &HeaderValue| v.to_str().unwrap().to_string())
-        };
+        let text = |name| response.headers().get(name).map(|v: &HeaderValue| v.to_str().unwrap().to_string());
         let (content_type, server) = (text(header::CONTENT_TYPE), text(header::SERVER));
-        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
-            .await
-            .unwrap();
-        let body = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap()
-        };
-        Answer {
-            status,
-            content_type,
-            server,
-            body,
-        }
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+        let body = if bytes.is_empty() { Value::Null } else { serde_json::from_slice(&bytes).unwrap() };
+        Answer { status, content_type, server, body }
     }
 }
 
@@ -98,54 +72,14 @@ async fn routing_and_method_errors() {
         ("GET", "/nothing", 404, ""),
         ("GET", "/fleet/v1/units/", 404, ""),
         ("GET", "/fleet/v1/units/a/b", 404, ""),
-        (
-            "POST",
-            "/fleet/v1/units",
-            405,
-            "only GET supported against this resource",
-        ),
-        (
-            "POST",
-            "/fleet/v1/units/a.service",
-            405,
-            "only GET, PUT and DELETE supported against this resource",
-        ),
-        (
-            "DELETE",
-            "/fleet/v1/state",
-            405,
-            "only GET supported against this resource",
-        ),
-        (
-            "PUT",
-            "/fleet/v1/machines",
-            405,
-            "only GET and PATCH supported against this resource",
-        ),
-        (
-            "POST",
-            "/fleet/v1/discovery",
-            405,
-            "only HTTP GET supported against this resource",
-        ),
-        (
-            "GET",
-            "/fleet/v1/units/nope.service",
-            404,
-            "unit does not exist",
-        ),
-        (
-            "GET",
-            "/fleet/v1/state/nope.service",
-            404,
-            "unit state does not exist",
-        ),
-        (
-            "DELETE",
-            "/v1-alpha/units/nope.service",
-            404,
-            "unit does not exist",
-        ),
+        ("POST", "/fleet/v1/units", 405, "only GET supported against this resource"),
+        ("POST", "/fleet/v1/units/a.service", 405, "only GET, PUT and DELETE supported against this resource"),
+        ("DELETE", "/fleet/v1/state", 405, "only GET supported against this resource"),
+        ("PUT", "/fleet/v1/machines", 405, "only GET and PATCH supported against this resource"),
+        ("POST", "/fleet/v1/discovery", 405, "only HTTP GET supported against this resource"),
+        ("GET", "/fleet/v1/units/nope.service", 404, "unit does not exist"),
+        ("GET", "/fleet/v1/state/nope.service", 404, "unit state does not exist"),
+        ("DELETE", "/v1-alpha/units/nope.service", 404, "unit does not exist"),
     ];
     for (method, path, code, message) in cases {
         let answer = api.call(method, path, None).await;
@@ -164,11 +98,7 @@ async fn empty_collections_are_empty_objects() {
     let api = api(100).await;
     for path in ["/fleet/v1/units", "/fleet/v1/state", "/fleet/v1/machines"] {
         let answer = api.call("GET", path, None).await;
-        assert_eq!(
-            (answer.status, answer.body),
-            (StatusCode::OK, json!({})),
-            "{path}"
-        );
+        assert_eq!((answer.status, answer.body), (StatusCode::OK, json!({})), "{path}");
     }
 }
 
@@ -177,16 +107,11 @@ async fn unit_lifecycle_through_put() {
     let api = api(100).await;
     let path = "/fleet/v1/units/hello.service";
     assert_eq!(
-        api.call("PUT", path, Some(json!({"desiredState": "launched"})))
-            .await
-            .body,
+        api.call("PUT", path, Some(json!({"desiredState": "launched"}))).await.body,
         error(409, "unit does not exist and options field empty")
     );
     let created = api.call("PUT", path, Some(hello(None))).await;
-    assert_eq!(
-        (created.status, created.body, created.content_type),
-        (StatusCode::CREATED, Value::Null, None)
-    );
+    assert_eq!((created.status, created.body, created.content_type), (StatusCode::CREATED, Value::Null, None));
     let unit = api.call("GET", path, None).await.body;
     assert_eq!(
         unit,
@@ -198,70 +123,32 @@ async fn unit_lifecycle_through_put() {
         error(409, "must provide DesiredState to update existing unit")
     );
     assert_eq!(
-        api.call("PUT", path, Some(json!({"desiredState": "bogus"})))
-            .await
-            .body,
+        api.call("PUT", path, Some(json!({"desiredState": "bogus"}))).await.body,
         error(400, "invalid desiredState: \"bogus\"")
     );
-    assert_eq!(
-        api.call("GET", path, None).await.body["desiredState"],
-        "inactive",
-        "a bad state stores nothing"
-    );
-    assert_eq!(
-        api.call("PUT", path, Some(json!({"desiredState": "launched"})))
-            .await
-            .status,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(
-        api.call("GET", path, None).await.body["desiredState"],
-        "launched"
-    );
+    assert_eq!(api.call("GET", path, None).await.body["desiredState"], "inactive", "a bad state stores nothing");
+    assert_eq!(api.call("PUT", path, Some(json!({"desiredState": "launched"}))).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(api.call("GET", path, None).await.body["desiredState"], "launched");
     // Same options: only the state changes. New options: a new unit, inactive unless told.
-    assert_eq!(
-        api.call("PUT", path, Some(hello(Some("loaded"))))
-            .await
-            .status,
-        StatusCode::NO_CONTENT
-    );
+    assert_eq!(api.call("PUT", path, Some(hello(Some("loaded")))).await.status, StatusCode::NO_CONTENT);
     let mut changed = hello(None);
     changed["options"][0]["value"] = json!("/bin/sleep 2000");
-    assert_eq!(
-        api.call("PUT", path, Some(changed)).await.status,
-        StatusCode::CREATED
-    );
-    assert_eq!(
-        api.call("GET", path, None).await.body["desiredState"],
-        "inactive"
-    );
-    assert_eq!(
-        api.call("DELETE", path, None).await.status,
-        StatusCode::NO_CONTENT
-    );
-    assert_eq!(
-        api.call("DELETE", path, None).await.status,
-        StatusCode::NOT_FOUND
-    );
+    assert_eq!(api.call("PUT", path, Some(changed)).await.status, StatusCode::CREATED);
+    assert_eq!(api.call("GET", path, None).await.body["desiredState"], "inactive");
+    assert_eq!(api.call("DELETE", path, None).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(api.call("DELETE", path, None).await.status, StatusCode::NOT_FOUND);
 }
 
 #[tokio::test]
 async fn put_refusals() {
     let api = api(100).await;
     let with_x_fleet = |pairs: &[(&str, &str)]| {
-        let options: Vec<Value> = pairs
-            .iter()
-            .map(|(n, v)| json!({"section": "X-Fleet", "name": n, "value": v}))
-            .collect();
+        let options: Vec<Value> =
+            pairs.iter().map(|(n, v)| json!({"section": "X-Fleet", "name": n, "value": v})).collect();
         json!({"options": options})
     };
     let cases = [
-        (
-            "/fleet/v1/units/a.bad",
-            hello(None),
-            400,
-            "invalid unit type: \"bad\"",
-        ),
+        ("/fleet/v1/units/a.bad", hello(None), 400, "invalid unit type: \"bad\""),
         (
             "/fleet/v1/units/a.service",
             json!({"name": "b.service"}),
@@ -274,69 +161,35 @@ async fn put_refusals() {
             400,
             "MachineID cannot be used with Global",
         ),
-        (
-            "/fleet/v1/units/t@.service",
-            hello(Some("launched")),
-            400,
-            "cannot activate template \"t@.service\"",
-        ),
+        ("/fleet/v1/units/t@.service", hello(Some("launched")), 400, "cannot activate template \"t@.service\""),
         (
             "/fleet/v1/units/a.service",
             json!({"options": [{"section": "Service", "name": "ExecStart", "value": "x".repeat(3000)}]}),
             400,
             "line too long (max 2048 bytes)",
         ),
-        (
-            "/fleet/v1/units/a.service",
-            json!({"options": "nope"}),
-            400,
-            "",
-        ),
-        (
-            "/fleet/v1/units/a.service",
-            hello(Some("bogus")),
-            400,
-            "invalid desiredState: \"bogus\"",
-        ),
+        ("/fleet/v1/units/a.service", json!({"options": "nope"}), 400, ""),
+        ("/fleet/v1/units/a.service", hello(Some("bogus")), 400, "invalid desiredState: \"bogus\""),
     ];
     for (path, body, code, message) in cases {
         let answer = api.call("PUT", path, Some(body)).await;
         assert_eq!(answer.status.as_u16(), code, "{path}");
         if message.is_empty() {
-            assert!(
-                answer.body["error"]["message"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("unable to decode body: ")
-            );
+            assert!(answer.body["error"]["message"].as_str().unwrap().starts_with("unable to decode body: "));
         } else {
             assert_eq!(answer.body, error(code, message), "{path}");
         }
     }
-    assert_eq!(
-        api.call("GET", "/fleet/v1/units", None).await.body,
-        json!({}),
-        "nothing was stored"
-    );
+    assert_eq!(api.call("GET", "/fleet/v1/units", None).await.body, json!({}), "nothing was stored");
     let plain = Request::builder()
         .method("PUT")
         .uri("/fleet/v1/units/a.service")
         .header(header::CONTENT_TYPE, "text/plain")
         .body(Body::from(hello(None).to_string()))
         .unwrap();
-    assert_eq!(
-        api.send(plain).await.body,
-        error(415, "only acceptable Content-Type is application/json")
-    );
-    let none = Request::builder()
-        .method("PUT")
-        .uri("/fleet/v1/units/a.service")
-        .body(Body::from("{}"))
-        .unwrap();
-    assert_eq!(
-        api.send(none).await.body,
-        error(415, "expected 1 Content-Type, got 0")
-    );
+    assert_eq!(api.send(plain).await.body, error(415, "only acceptable Content-Type is application/json"));
+    let none = Request::builder().method("PUT").uri("/fleet/v1/units/a.service").body(Body::from("{}")).unwrap();
+    assert_eq!(api.send(none).await.body, error(415, "expected 1 Content-Type, got 0"));
     let huge = Request::builder()
         .method("PUT")
         .uri("/fleet/v1/units/a.service")
@@ -350,41 +203,22 @@ async fn put_refusals() {
 async fn pagination_tokens() {
     let api = api(2).await;
     for n in 0..4 {
-        api.call(
-            "PUT",
-            &format!("/fleet/v1/units/u{n}.service"),
-            Some(hello(None)),
-        )
-        .await;
+        api.call("PUT", &format!("/fleet/v1/units/u{n}.service"), Some(hello(None))).await;
     }
     let first = api.call("GET", "/fleet/v1/units", None).await.body;
     assert_eq!(first["units"].as_array().unwrap().len(), 2);
     assert_eq!(first["nextPageToken"], "AgACAA==");
-    let second = api
-        .call("GET", "/fleet/v1/units?nextPageToken=AgACAA%3D%3D", None)
-        .await
-        .body;
+    let second = api.call("GET", "/fleet/v1/units?nextPageToken=AgACAA%3D%3D", None).await.body;
     assert_eq!(second["units"][0]["name"], "u2.service");
-    assert!(
-        second.get("nextPageToken").is_none(),
-        "no token on the last page"
-    );
+    assert!(second.get("nextPageToken").is_none(), "no token on the last page");
     let cases = [
-        (
-            "?nextPageToken=AgACAA==&nextPageToken=AgACAA==",
-            "too many values for page token",
-        ),
+        ("?nextPageToken=AgACAA==&nextPageToken=AgACAA==", "too many values for page token"),
         ("?nextPageToken=EwBMLg==", "token limit must be 2"),
-        (
-            "?nextPageToken=AgAAAA==",
-            "token page must be greater than zero",
-        ),
+        ("?nextPageToken=AgAAAA==", "token page must be greater than zero"),
     ];
     for (query, message) in cases {
         assert_eq!(
-            api.call("GET", &format!("/fleet/v1/machines{query}"), None)
-                .await
-                .body,
+            api.call("GET", &format!("/fleet/v1/machines{query}"), None).await.body,
             error(400, message),
             "{query}"
         );
@@ -406,39 +240,22 @@ async fn machine_metadata_patch() {
         {"op": "replace", "path": "/m1/metadata/zone", "value": "z1"},
     ]);
     let answer = api.call("PATCH", "/fleet/v1/machines", Some(ops)).await;
-    assert_eq!(
-        (answer.status, answer.content_type.as_deref()),
-        (StatusCode::NO_CONTENT, Some("application/json"))
-    );
+    assert_eq!((answer.status, answer.content_type.as_deref()), (StatusCode::NO_CONTENT, Some("application/json")));
     let listed = api.call("GET", "/fleet/v1/machines", None).await.body;
     assert_eq!(
         listed,
         json!({"machines": [{"id": "m1", "metadata": {"foo": "bar", "hostname": "smoke", "zone": "z1"}, "primaryIP": "10.0.0.1"}]})
     );
     let remove = json!([{"op": "remove", "path": "/m1/metadata/foo"}, {"op": "remove", "path": "/m1/metadata/zone"}]);
-    assert_eq!(
-        api.call("PATCH", "/fleet/v1/machines", Some(remove))
-            .await
-            .status,
-        StatusCode::NO_CONTENT
-    );
+    assert_eq!(api.call("PATCH", "/fleet/v1/machines", Some(remove)).await.status, StatusCode::NO_CONTENT);
     assert_eq!(
         api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0]["metadata"],
         json!({"hostname": "smoke"})
     );
     let bad = [
-        (
-            json!([{"op": "move", "path": "/m1/metadata/a", "value": "b"}]),
-            "invalid op: expect add, remove, or replace",
-        ),
-        (
-            json!([{"op": "add", "path": "/m1/meta/a", "value": "b"}]),
-            "machine metadata path invalid",
-        ),
-        (
-            json!([{"op": "add", "path": "/m1/metadata/a b", "value": "b"}]),
-            "machine metadata path invalid",
-        ),
+        (json!([{"op": "move", "path": "/m1/metadata/a", "value": "b"}]), "invalid op: expect add, remove, or replace"),
+        (json!([{"op": "add", "path": "/m1/meta/a", "value": "b"}]), "machine metadata path invalid"),
+        (json!([{"op": "add", "path": "/m1/metadata/a b", "value": "b"}]), "machine metadata path invalid"),
         (
             json!([{"op": "add", "path": "/m1/metadata/a", "value": {"value": ""}}]),
             "invalid value: add and replace require a value",
@@ -449,17 +266,10 @@ async fn machine_metadata_patch() {
         ),
     ];
     for (ops, message) in bad {
-        assert_eq!(
-            api.call("PATCH", "/fleet/v1/machines", Some(ops))
-                .await
-                .body,
-            error(400, message)
-        );
+        assert_eq!(api.call("PATCH", "/fleet/v1/machines", Some(ops)).await.body, error(400, message));
     }
     assert!(
-        api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0]["metadata"]
-            .get("ok")
-            .is_none(),
+        api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0]["metadata"].get("ok").is_none(),
         "all ops are checked before any applies"
     );
 }

@@ -22,11 +22,7 @@ pub(super) struct MetadataIndex<'a> {
 }
 
 impl<'a> MetadataIndex<'a> {
-    fn eligible(
-        &mut self,
-        working: &Working<'a>,
-        wanted: &'a BTreeMap<String, Vec<String>>,
-    ) -> Rc<Eligible> {
+    fn eligible(&mut self, working: &Working<'a>, wanted: &'a BTreeMap<String, Vec<String>>) -> Rc<Eligible> {
         self.cache
             .entry(wanted)
             .or_insert_with(|| {
@@ -34,20 +30,12 @@ impl<'a> MetadataIndex<'a> {
                     .machines
                     .iter()
                     .map(|machine| {
-                        wanted.iter().all(|(key, allowed)| {
-                            machine
-                                .metadata
-                                .get(key)
-                                .is_some_and(|v| allowed.contains(v))
-                        })
+                        wanted
+                            .iter()
+                            .all(|(key, allowed)| machine.metadata.get(key).is_some_and(|v| allowed.contains(v)))
                     })
                     .collect();
-                let ranks = mask
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, ok)| **ok)
-                    .map(|(rank, _)| rank)
-                    .collect();
+                let ranks = mask.iter().enumerate().filter(|(_, ok)| **ok).map(|(rank, _)| rank).collect();
                 Rc::new(Eligible { ranks, mask })
             })
             .clone()
@@ -55,48 +43,31 @@ impl<'a> MetadataIndex<'a> {
 }
 
 /// Checks that `unit` may run on `rank`, given everything placed so far.
-pub(super) fn able_to_run(
-    working: &Working<'_>,
-    unit: usize,
-    rank: Rank,
-) -> Result<(), UnplacedReason> {
+pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), UnplacedReason> {
     fits_machine(working, unit, rank)?;
     match working.conflicting_resident(unit, rank) {
-        Some(other) => Err(UnplacedReason::ConflictsEverywhere(
-            working.units[other].name.clone(),
-        )),
+        Some(other) => Err(UnplacedReason::ConflictsEverywhere(working.units[other].name.clone())),
         None => Ok(()),
     }
 }
 
 /// Checks `MachineID=`, `MachineMetadata=` and `MachineOf=` against `rank`: the rules that
 /// do not depend on which other units share the machine.
-pub(super) fn fits_machine(
-    working: &Working<'_>,
-    unit: usize,
-    rank: Rank,
-) -> Result<(), UnplacedReason> {
+pub(super) fn fits_machine(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), UnplacedReason> {
     let spec = &working.units[unit];
     let machine = working.machines[rank];
     if let Some(wanted) = &spec.requirements.machine_id
         && !machine.matches_id(wanted)
     {
-        return Err(UnplacedReason::MachineIdMismatch {
-            machine: machine.id.clone(),
-            wanted: wanted.clone(),
-        });
+        return Err(UnplacedReason::MachineIdMismatch { machine: machine.id.clone(), wanted: wanted.clone() });
     }
     if !spec.requirements.metadata_matches(&machine.metadata) {
-        return Err(UnplacedReason::MetadataMismatch {
-            machine: machine.id.clone(),
-        });
+        return Err(UnplacedReason::MetadataMismatch { machine: machine.id.clone() });
     }
     if let Some(peer_rank) = peers_rank(working, unit)?
         && peer_rank != rank
     {
-        return Err(UnplacedReason::PeersApart(
-            spec.requirements.machine_of.clone(),
-        ));
+        return Err(UnplacedReason::PeersApart(spec.requirements.machine_of.clone()));
     }
     Ok(())
 }
@@ -131,9 +102,8 @@ pub(super) fn choose<'a>(
     let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit)? {
         Some(vec![rank])
     } else if let Some(wanted) = &requirements.machine_id {
-        let ranks: Vec<Rank> = (0..working.machines.len())
-            .filter(|rank| working.machines[*rank].matches_id(wanted))
-            .collect();
+        let ranks: Vec<Rank> =
+            (0..working.machines.len()).filter(|rank| working.machines[*rank].matches_id(wanted)).collect();
         if ranks.is_empty() {
             return Err(UnplacedReason::NoMachineWithId(wanted.clone()));
         }
@@ -141,14 +111,11 @@ pub(super) fn choose<'a>(
     } else {
         None
     };
-    let eligible = (!requirements.metadata.is_empty())
-        .then(|| index.eligible(working, &requirements.metadata));
+    let eligible = (!requirements.metadata.is_empty()).then(|| index.eligible(working, &requirements.metadata));
     if let Some(eligible) = &eligible
         && eligible.ranks.is_empty()
     {
-        return Err(UnplacedReason::NoMachineWithMetadata(
-            requirements.metadata.clone(),
-        ));
+        return Err(UnplacedReason::NoMachineWithMetadata(requirements.metadata.clone()));
     }
     let mut first_conflict: Option<UnplacedReason> = None;
     let mut consider = |rank: Rank| match able_to_run(working, unit, rank) {
@@ -159,21 +126,14 @@ pub(super) fn choose<'a>(
         }
     };
     let least_loaded = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
-        ranks
-            .iter()
-            .copied()
-            .filter(|rank| consider(*rank))
-            .min_by_key(|rank| (working.load(*rank), *rank))
+        ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.load(*rank), *rank))
     };
     let chosen = match (&fixed, &eligible) {
         (Some(ranks), _) => least_loaded(ranks, &mut consider),
         (None, Some(eligible)) if eligible.ranks.len() <= SMALL_ELIGIBLE_SET => {
             least_loaded(&eligible.ranks, &mut consider)
         }
-        (None, Some(eligible)) => working
-            .by_load()
-            .filter(|rank| eligible.mask[*rank])
-            .find(|rank| consider(*rank)),
+        (None, Some(eligible)) => working.by_load().filter(|rank| eligible.mask[*rank]).find(|rank| consider(*rank)),
         (None, None) => working.by_load().find(|rank| consider(*rank)),
     };
     chosen.ok_or_else(|| first_conflict.unwrap_or(UnplacedReason::NoMachines))

@@ -36,15 +36,8 @@ pub struct ClusterSnapshot {
 /// A change to the schedule.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Decision {
-    Schedule {
-        unit: String,
-        machine: String,
-    },
-    Unschedule {
-        unit: String,
-        machine: String,
-        reason: UnscheduleReason,
-    },
+    Schedule { unit: String, machine: String },
+    Unschedule { unit: String, machine: String, reason: UnscheduleReason },
 }
 
 /// What the engine should write, and why the units it left unplaced could not go anywhere.

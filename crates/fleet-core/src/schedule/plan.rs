@@ -21,30 +21,22 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     let mut working = Working::new(snapshot);
     let mut plan = Plan::default();
     let units = &snapshot.units;
-    let mut order: Vec<usize> = (0..units.len())
-        .filter(|index| !UnitNameInfo::new(&units[*index].name).is_template())
-        .collect();
+    let mut order: Vec<usize> =
+        (0..units.len()).filter(|index| !UnitNameInfo::new(&units[*index].name).is_template()).collect();
     order.sort_by(|a, b| units[*a].name.cmp(&units[*b].name));
 
     for &index in &order {
         let unit = &units[index];
         if unit.requirements.global && unit.desired != DesiredState::Inactive {
             for rank in 0..working.machines.len() {
-                if unit
-                    .requirements
-                    .metadata_matches(&working.machines[rank].metadata)
-                {
+                if unit.requirements.metadata_matches(&working.machines[rank].metadata) {
                     working.place(index, rank);
                 }
             }
         }
     }
 
-    let placeable: Vec<usize> = order
-        .iter()
-        .copied()
-        .filter(|index| !units[*index].requirements.global)
-        .collect();
+    let placeable: Vec<usize> = order.iter().copied().filter(|index| !units[*index].requirements.global).collect();
     for &index in &placeable {
         let unit = &units[index];
         let Some(machine) = &unit.scheduled_on else {
@@ -58,11 +50,7 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
         } else {
             UnscheduleReason::MachineWentAway
         };
-        plan.decisions.push(Decision::Unschedule {
-            unit: unit.name.clone(),
-            machine: machine.clone(),
-            reason,
-        });
+        plan.decisions.push(Decision::Unschedule { unit: unit.name.clone(), machine: machine.clone(), reason });
     }
     // Units that no longer fit their machine leave first, followers after their leaders
     // (hence the repeat); only then are conflicts between the units that stay resolved, so
@@ -72,9 +60,7 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
             .iter()
             .filter_map(|&index| {
                 let rank = working.placement(index)?;
-                fits_machine(&working, index, rank)
-                    .err()
-                    .map(|reason| (index, reason))
+                fits_machine(&working, index, rank).err().map(|reason| (index, reason))
             })
             .collect();
         if leaving.is_empty() {
@@ -96,9 +82,7 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     let mut pending: Vec<usize> = placeable
         .iter()
         .copied()
-        .filter(|index| {
-            units[*index].desired != DesiredState::Inactive && working.placement(*index).is_none()
-        })
+        .filter(|index| units[*index].desired != DesiredState::Inactive && working.placement(*index).is_none())
         .collect();
     // Leaders before followers; each round places the followers whose peers now have a place.
     pending.sort_by_key(|index| !units[*index].requirements.machine_of.is_empty());
@@ -119,14 +103,9 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
             }
         }
         let progressed = failed.len() < before;
-        let followers_left = failed
-            .iter()
-            .any(|(index, _)| !units[*index].requirements.machine_of.is_empty());
+        let followers_left = failed.iter().any(|(index, _)| !units[*index].requirements.machine_of.is_empty());
         if !(progressed && followers_left) {
-            plan.unplaced = failed
-                .into_iter()
-                .map(|(index, reason)| (units[index].name.clone(), reason))
-                .collect();
+            plan.unplaced = failed.into_iter().map(|(index, reason)| (units[index].name.clone(), reason)).collect();
             break;
         }
         pending = failed.into_iter().map(|(index, _)| index).collect();
@@ -134,12 +113,7 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     plan
 }
 
-fn unschedule_misfit(
-    working: &mut Working<'_>,
-    plan: &mut Plan,
-    index: usize,
-    reason: UnplacedReason,
-) {
+fn unschedule_misfit(working: &mut Working<'_>, plan: &mut Plan, index: usize, reason: UnplacedReason) {
     if let Some(rank) = working.placement(index) {
         plan.decisions.push(Decision::Unschedule {
             unit: working.units[index].name.clone(),

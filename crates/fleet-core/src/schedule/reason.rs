@@ -42,21 +42,13 @@ impl fmt::Display for UnplacedReason {
                 let alternatives: Vec<String> = wanted
                     .iter()
                     .map(|(key, values)| {
-                        values
-                            .iter()
-                            .map(|value| format!("{key}={value}"))
-                            .collect::<Vec<_>>()
-                            .join(" or ")
+                        values.iter().map(|value| format!("{key}={value}")).collect::<Vec<_>>().join(" or ")
                     })
                     .collect();
                 f.write_str(&alternatives.join(" and "))
             }
             Self::PeerNotScheduled(peer) => write!(f, "MachineOf {peer}, which is not scheduled"),
-            Self::PeersApart(peers) => write!(
-                f,
-                "MachineOf {}, which are on different machines",
-                peers.join(", ")
-            ),
+            Self::PeersApart(peers) => write!(f, "MachineOf {}, which are on different machines", peers.join(", ")),
             Self::MachineIdMismatch { machine, wanted } => {
                 write!(f, "machine {machine} is not {wanted}")
             }

@@ -8,10 +8,7 @@ use crate::glob::glob_matches;
 fn machine(id: &str, metadata: &[(&str, &str)]) -> MachineState {
     MachineState {
         id: id.to_string(),
-        metadata: metadata
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
+        metadata: metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
         ..Default::default()
     }
 }
@@ -40,20 +37,10 @@ fn scheduled(plan: &Plan) -> BTreeMap<String, String> {
 fn least_loaded_with_id_tie_break() {
     let snapshot = ClusterSnapshot {
         machines: vec![machine("b", &[]), machine("a", &[]), machine("c", &[])],
-        units: vec![
-            unit("x.service", "", Some("a")),
-            unit("y.service", "", None),
-            unit("z.service", "", None),
-        ],
+        units: vec![unit("x.service", "", Some("a")), unit("y.service", "", None), unit("z.service", "", None)],
     };
     let plan = plan(&snapshot);
-    assert_eq!(
-        scheduled(&plan),
-        BTreeMap::from([
-            ("y.service".into(), "b".into()),
-            ("z.service".into(), "c".into())
-        ])
-    );
+    assert_eq!(scheduled(&plan), BTreeMap::from([("y.service".into(), "b".into()), ("z.service".into(), "c".into())]));
     assert!(plan.unplaced.is_empty());
 }
 
@@ -92,10 +79,7 @@ fn machine_loss_and_inactive_units_are_unscheduled() {
                 machine: "a".into(),
                 reason: UnscheduleReason::TargetStateInactive
             },
-            Decision::Schedule {
-                unit: "gone.service".into(),
-                machine: "a".into()
-            },
+            Decision::Schedule { unit: "gone.service".into(), machine: "a".into() },
         ]
     );
 }
@@ -114,26 +98,16 @@ fn machine_id_full_and_short() {
     assert_eq!(scheduled(&plan)["full.service"], "bbbbbbbb2222");
     assert_eq!(scheduled(&plan)["short.service"], "bbbbbbbb2222");
     assert_eq!(plan.unplaced[0].0, "missing.service");
-    assert_eq!(
-        plan.unplaced[0].1.to_string(),
-        "no machine with ID cccccccc is available"
-    );
+    assert_eq!(plan.unplaced[0].1.to_string(), "no machine with ID cccccccc is available");
 }
 
 #[test]
 fn metadata_constraints_and_reason() {
     let snapshot = ClusterSnapshot {
-        machines: vec![
-            machine("a", &[("region", "us")]),
-            machine("b", &[("region", "eu"), ("disk", "ssd")]),
-        ],
+        machines: vec![machine("a", &[("region", "us")]), machine("b", &[("region", "eu"), ("disk", "ssd")])],
         units: vec![
             unit("eu.service", "MachineMetadata=region=eu\n", None),
-            unit(
-                "either.service",
-                "MachineMetadata=region=eu\nMachineMetadata=region=us\n",
-                None,
-            ),
+            unit("either.service", "MachineMetadata=region=eu\nMachineMetadata=region=us\n", None),
             unit("asia.service", "MachineMetadata=region=asia\n", None),
         ],
     };
@@ -144,50 +118,27 @@ fn metadata_constraints_and_reason() {
         plan.unplaced,
         vec![(
             "asia.service".to_string(),
-            UnplacedReason::NoMachineWithMetadata(BTreeMap::from([(
-                "region".into(),
-                vec!["asia".into()]
-            )]))
+            UnplacedReason::NoMachineWithMetadata(BTreeMap::from([("region".into(), vec!["asia".into()])]))
         )]
     );
-    assert_eq!(
-        plan.unplaced[0].1.to_string(),
-        "no machine has metadata region=asia"
-    );
+    assert_eq!(plan.unplaced[0].1.to_string(), "no machine has metadata region=asia");
 }
 
 #[test]
 fn conflicts_both_ways_and_reason() {
     let snapshot = ClusterSnapshot {
         machines: vec![machine("a", &[])],
-        units: vec![
-            unit("web@1.service", "Conflicts=web@*.service", Some("a")),
-            unit("web@2.service", "", None),
-        ],
+        units: vec![unit("web@1.service", "Conflicts=web@*.service", Some("a")), unit("web@2.service", "", None)],
     };
     let plan = plan(&snapshot);
     assert!(plan.decisions.is_empty());
-    assert_eq!(
-        plan.unplaced[0].1.to_string(),
-        "conflicts with web@1.service on every eligible machine"
-    );
+    assert_eq!(plan.unplaced[0].1.to_string(), "conflicts with web@1.service on every eligible machine");
 }
 
 #[test]
 fn conflicting_units_spread_then_wait() {
-    let units = (0..5)
-        .map(|n| {
-            unit(
-                &format!("conflict.{n}.service"),
-                "Conflicts=conflict.*.service",
-                None,
-            )
-        })
-        .collect();
-    let snapshot = ClusterSnapshot {
-        machines: vec![machine("a", &[]), machine("b", &[]), machine("c", &[])],
-        units,
-    };
+    let units = (0..5).map(|n| unit(&format!("conflict.{n}.service"), "Conflicts=conflict.*.service", None)).collect();
+    let snapshot = ClusterSnapshot { machines: vec![machine("a", &[]), machine("b", &[]), machine("c", &[])], units };
     let plan = plan(&snapshot);
     let placed = scheduled(&plan);
     assert_eq!(placed.len(), 3);
@@ -198,19 +149,11 @@ fn conflicting_units_spread_then_wait() {
 
 #[test]
 fn global_units_are_not_placed_but_conflict() {
-    let mut global = unit(
-        "global.service",
-        "Global=true\nMachineMetadata=role=edge\n",
-        None,
-    );
+    let mut global = unit("global.service", "Global=true\nMachineMetadata=role=edge\n", None);
     global.requirements.global = true;
     let snapshot = ClusterSnapshot {
         machines: vec![machine("a", &[("role", "edge")]), machine("b", &[])],
-        units: vec![
-            global,
-            unit("x.service", "Conflicts=global.service", None),
-            unit("y.service", "", None),
-        ],
+        units: vec![global, unit("x.service", "Conflicts=global.service", None), unit("y.service", "", None)],
     };
     let plan = plan(&snapshot);
     // a carries the global unit, so both x (conflict) and y (load) go to b first.
@@ -234,10 +177,7 @@ fn followers_go_with_their_leader_even_in_chains() {
     assert_eq!(placed["z-leader.service"], "b");
     assert_eq!(placed["b-middle.service"], "b");
     assert_eq!(placed["a-follower.service"], "b");
-    assert_eq!(
-        plan.unplaced[0].1.to_string(),
-        "MachineOf nowhere.service, which is not scheduled"
-    );
+    assert_eq!(plan.unplaced[0].1.to_string(), "MachineOf nowhere.service, which is not scheduled");
 }
 
 #[test]
@@ -256,16 +196,11 @@ fn followers_move_when_their_leader_moved() {
 
 #[test]
 fn templates_are_never_scheduled_and_no_machines_is_a_reason() {
-    let snapshot = ClusterSnapshot {
-        machines: vec![],
-        units: vec![unit("t@.service", "", None), unit("u.service", "", None)],
-    };
+    let snapshot =
+        ClusterSnapshot { machines: vec![], units: vec![unit("t@.service", "", None), unit("u.service", "", None)] };
     let plan = plan(&snapshot);
     assert!(plan.decisions.is_empty());
-    assert_eq!(
-        plan.unplaced,
-        vec![("u.service".into(), UnplacedReason::NoMachines)]
-    );
+    assert_eq!(plan.unplaced, vec![("u.service".into(), UnplacedReason::NoMachines)]);
 }
 
 // ---- properties over random clusters ----
@@ -276,13 +211,7 @@ fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
         let count = ids.len();
         (Just(ids), prop::collection::vec(0u8..3, count))
     });
-    let raw_unit = (
-        0u8..6,
-        0u8..4,
-        prop::option::of(0u8..12),
-        any::<bool>(),
-        0u8..4,
-    );
+    let raw_unit = (0u8..6, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4);
     (machines, prop::collection::vec(raw_unit, 0..25)).prop_map(|((ids, regions), raw_units)| {
         let machines: Vec<MachineState> = ids
             .iter()

@@ -29,19 +29,9 @@ impl<'a> Working<'a> {
         let units = snapshot.units.as_slice();
         let conflict_globs = units
             .iter()
-            .map(|unit| {
-                unit.requirements
-                    .conflicts
-                    .iter()
-                    .filter_map(|pattern| Glob::new(pattern))
-                    .collect()
-            })
+            .map(|unit| unit.requirements.conflicts.iter().filter_map(|pattern| Glob::new(pattern)).collect())
             .collect();
-        let by_name = units
-            .iter()
-            .enumerate()
-            .map(|(index, unit)| (unit.name.as_str(), index))
-            .collect();
+        let by_name = units.iter().enumerate().map(|(index, unit)| (unit.name.as_str(), index)).collect();
         let count = machines.len();
         Self {
             machines,
@@ -56,9 +46,7 @@ impl<'a> Working<'a> {
     }
 
     pub fn rank_of(&self, id: &str) -> Option<Rank> {
-        self.machines
-            .binary_search_by(|machine| machine.id.as_str().cmp(id))
-            .ok()
+        self.machines.binary_search_by(|machine| machine.id.as_str().cmp(id)).ok()
     }
 
     pub fn unit_index(&self, name: &str) -> Option<usize> {
@@ -107,9 +95,7 @@ impl<'a> Working<'a> {
             let other_name = self.units[other].name.as_str();
             other_name != name
                 && (own.iter().any(|glob| glob.matches(other_name))
-                    || self.conflict_globs[other]
-                        .iter()
-                        .any(|glob| glob.matches(name)))
+                    || self.conflict_globs[other].iter().any(|glob| glob.matches(name)))
         })
     }
 }

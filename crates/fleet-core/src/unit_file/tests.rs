@@ -4,10 +4,7 @@ use proptest::prelude::*;
 #[test]
 fn hash_matches_the_original() {
     let unit = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
-    assert_eq!(
-        unit.hash().to_string(),
-        "2d432f4a06608c1a8b2848b66c836793a1d48ce6"
-    );
+    assert_eq!(unit.hash().to_string(), "2d432f4a06608c1a8b2848b66c836793a1d48ce6");
     assert_eq!(unit.hash().short(), "2d432f4");
 }
 
@@ -46,18 +43,10 @@ fn empty_values_and_files() {
 #[test]
 fn errors_name_the_line() {
     let cases = [
-        (
-            "[Unit]\nDescription=x\nbogus line\n",
-            3,
-            "expected \"Name=Value\", found \"bogus line\"",
-        ),
+        ("[Unit]\nDescription=x\nbogus line\n", 3, "expected \"Name=Value\", found \"bogus line\""),
         ("[Unit\n", 1, "section header has no closing \"]\""),
         ("[Unit] x\n", 1, "found garbage after section name \"Unit\""),
-        (
-            "Description=x\n",
-            1,
-            "option \"Description\" stands before any [Section] header",
-        ),
+        ("Description=x\n", 1, "option \"Description\" stands before any [Section] header"),
         ("[Unit]\n=x\n", 2, "option name is empty"),
     ];
     for (text, line, reason) in cases {

@@ -15,9 +15,7 @@ impl AgentRegistry for EmbeddedRegistry {
         let machine = machine.clone();
         self.write(move |txn, touched| {
             let mut machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
-            machines
-                .insert(machine.id.as_str(), encode(&machine).as_slice())
-                .map_err(unavailable)?;
+            machines.insert(machine.id.as_str(), encode(&machine).as_slice()).map_err(unavailable)?;
             *touched = Touched::engine();
             touched.machines.push(machine.id.clone());
             Ok(())
@@ -28,15 +26,10 @@ impl AgentRegistry for EmbeddedRegistry {
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
         let machine_id = machine_id.to_string();
         self.write(move |txn, touched| {
-            txn.open_table(tables::MACHINES)
-                .map_err(unavailable)?
-                .remove(machine_id.as_str())
-                .map_err(unavailable)?;
+            txn.open_table(tables::MACHINES).map_err(unavailable)?.remove(machine_id.as_str()).map_err(unavailable)?;
             let suffix = format!("\0{machine_id}");
             let mut states = txn.open_table(tables::STATES).map_err(unavailable)?;
-            states
-                .retain(|key, _| !key.ends_with(&suffix))
-                .map_err(unavailable)?;
+            states.retain(|key, _| !key.ends_with(&suffix)).map_err(unavailable)?;
             *touched = Touched::engine();
             Ok(())
         })
@@ -46,15 +39,10 @@ impl AgentRegistry for EmbeddedRegistry {
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
         let machine_id = machine_id.to_string();
         self.read(move |txn| {
-            let machine = read_machines(txn)?
-                .into_iter()
-                .find(|machine| machine.id == machine_id);
+            let machine = read_machines(txn)?.into_iter().find(|machine| machine.id == machine_id);
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
             let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
-            let mut work = MachineWork {
-                machine,
-                ..MachineWork::default()
-            };
+            let mut work = MachineWork { machine, ..MachineWork::default() };
             for row in schedule.iter().map_err(unavailable)? {
                 let (unit, machine) = row.map_err(unavailable)?;
                 if machine.value() != machine_id {
@@ -63,20 +51,12 @@ impl AgentRegistry for EmbeddedRegistry {
                 let name = unit.value().to_string();
                 if let Some(record) = units.get(name.as_str()).map_err(unavailable)? {
                     let record: UnitRecord = decode(&name, record.value())?;
-                    work.scheduled.push(AssignedUnit {
-                        name,
-                        hash: record.hash,
-                        desired: record.desired,
-                    });
+                    work.scheduled.push(AssignedUnit { name, hash: record.hash, desired: record.desired });
                 }
             }
             for (name, record) in read_all::<UnitRecord>(&units)? {
                 if record.global {
-                    work.globals.push(AssignedUnit {
-                        name,
-                        hash: record.hash,
-                        desired: record.desired,
-                    });
+                    work.globals.push(AssignedUnit { name, hash: record.hash, desired: record.desired });
                 }
             }
             Ok(work)
@@ -89,8 +69,7 @@ impl AgentRegistry for EmbeddedRegistry {
         self.read(move |txn| {
             let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
             let body = bodies.get(key.as_str()).map_err(unavailable)?;
-            body.map(|body| decode::<Options>(&key, body.value()).map(UnitFile::from_options))
-                .transpose()
+            body.map(|body| decode::<Options>(&key, body.value()).map(UnitFile::from_options)).transpose()
         })
         .await
     }
@@ -106,14 +85,10 @@ impl AgentRegistry for EmbeddedRegistry {
                 match report {
                     StateReport::Set(state) => {
                         let key = state_key(&state.name, &machine_id);
-                        states
-                            .insert(key.as_str(), encode(state).as_slice())
-                            .map_err(unavailable)?;
+                        states.insert(key.as_str(), encode(state).as_slice()).map_err(unavailable)?;
                     }
                     StateReport::Remove(name) => {
-                        states
-                            .remove(state_key(name, &machine_id).as_str())
-                            .map_err(unavailable)?;
+                        states.remove(state_key(name, &machine_id).as_str()).map_err(unavailable)?;
                     }
                 }
             }

@@ -15,22 +15,13 @@ fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<Un
     let options = match bodies.get(hash_key.as_str()).map_err(unavailable)? {
         Some(body) => decode(&hash_key, body.value())?,
         None => {
-            return Err(crate::RegistryError::Corrupt {
-                key: hash_key,
-                reason: "unit body missing".into(),
-            });
+            return Err(crate::RegistryError::Corrupt { key: hash_key, reason: "unit body missing".into() });
         }
     };
     let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
-    let machine_id = schedule
-        .get(name)
-        .map_err(unavailable)?
-        .map(|m| m.value().to_string());
+    let machine_id = schedule.get(name).map_err(unavailable)?.map(|m| m.value().to_string());
     let reasons = txn.open_table(tables::REASONS).map_err(unavailable)?;
-    let reason = reasons
-        .get(name)
-        .map_err(unavailable)?
-        .map(|r| r.value().to_string());
+    let reason = reasons.get(name).map_err(unavailable)?.map(|r| r.value().to_string());
     let current = if record.global {
         None
     } else {
@@ -65,20 +56,12 @@ fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<Un
 }
 
 /// Who hears of a change to unit `name`: the engine, and the machines that may hold it.
-fn touch_unit(
-    txn: &WriteTransaction,
-    name: &str,
-    global: bool,
-    touched: &mut Touched,
-) -> Result<()> {
+fn touch_unit(txn: &WriteTransaction, name: &str, global: bool, touched: &mut Touched) -> Result<()> {
     touched.engine = true;
     if global {
         touched.all_machines = true;
-    } else if let Some(machine) = txn
-        .open_table(tables::SCHEDULE)
-        .map_err(unavailable)?
-        .get(name)
-        .map_err(unavailable)?
+    } else if let Some(machine) =
+        txn.open_table(tables::SCHEDULE).map_err(unavailable)?.get(name).map_err(unavailable)?
     {
         touched.machines.push(machine.value().to_string());
     }
@@ -89,16 +72,11 @@ fn touch_unit(
 fn reference_body(txn: &WriteTransaction, file: &UnitFile) -> Result<()> {
     let key = file.hash().to_string();
     let mut refs = txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
-    let count = refs
-        .get(key.as_str())
-        .map_err(unavailable)?
-        .map_or(0, |c| c.value());
+    let count = refs.get(key.as_str()).map_err(unavailable)?.map_or(0, |c| c.value());
     refs.insert(key.as_str(), count + 1).map_err(unavailable)?;
     if count == 0 {
         let mut bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
-        bodies
-            .insert(key.as_str(), encode(&file.options()).as_slice())
-            .map_err(unavailable)?;
+        bodies.insert(key.as_str(), encode(&file.options()).as_slice()).map_err(unavailable)?;
     }
     Ok(())
 }
@@ -107,16 +85,10 @@ fn reference_body(txn: &WriteTransaction, file: &UnitFile) -> Result<()> {
 fn release_body(txn: &WriteTransaction, hash: &fleet_core::UnitHash) -> Result<()> {
     let key = hash.to_string();
     let mut refs = txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
-    let count = refs
-        .get(key.as_str())
-        .map_err(unavailable)?
-        .map_or(0, |c| c.value());
+    let count = refs.get(key.as_str()).map_err(unavailable)?.map_or(0, |c| c.value());
     if count <= 1 {
         refs.remove(key.as_str()).map_err(unavailable)?;
-        txn.open_table(tables::BODIES)
-            .map_err(unavailable)?
-            .remove(key.as_str())
-            .map_err(unavailable)?;
+        txn.open_table(tables::BODIES).map_err(unavailable)?.remove(key.as_str()).map_err(unavailable)?;
     } else {
         refs.insert(key.as_str(), count - 1).map_err(unavailable)?;
     }
@@ -148,10 +120,7 @@ impl ApiRegistry for EmbeddedRegistry {
     async fn units(&self) -> Result<Vec<UnitView>> {
         self.read(|txn| {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
-            read_all::<UnitRecord>(&units)?
-                .into_iter()
-                .map(|(name, record)| unit_view(txn, &name, record))
-                .collect()
+            read_all::<UnitRecord>(&units)?.into_iter().map(|(name, record)| unit_view(txn, &name, record)).collect()
         })
         .await
     }
@@ -181,21 +150,12 @@ impl ApiRegistry for EmbeddedRegistry {
                     release_body(txn, &old.hash)?;
                 }
             }
-            let record = UnitRecord {
-                hash,
-                desired,
-                global,
-            };
+            let record = UnitRecord { hash, desired, global };
             txn.open_table(tables::UNITS)
                 .map_err(unavailable)?
                 .insert(name.as_str(), encode(&record).as_slice())
                 .map_err(unavailable)?;
-            touch_unit(
-                txn,
-                &name,
-                global || previous.is_some_and(|old| old.global),
-                touched,
-            )
+            touch_unit(txn, &name, global || previous.is_some_and(|old| old.global), touched)
         })
         .await
     }
@@ -224,18 +184,9 @@ impl ApiRegistry for EmbeddedRegistry {
                 return Ok(false);
             };
             touch_unit(txn, &name, record.global, touched)?;
-            txn.open_table(tables::UNITS)
-                .map_err(unavailable)?
-                .remove(name.as_str())
-                .map_err(unavailable)?;
-            txn.open_table(tables::SCHEDULE)
-                .map_err(unavailable)?
-                .remove(name.as_str())
-                .map_err(unavailable)?;
-            txn.open_table(tables::REASONS)
-                .map_err(unavailable)?
-                .remove(name.as_str())
-                .map_err(unavailable)?;
+            txn.open_table(tables::UNITS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
+            txn.open_table(tables::SCHEDULE).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
+            txn.open_table(tables::REASONS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
             release_body(txn, &record.hash)?;
             Ok(true)
         })
@@ -245,10 +196,7 @@ impl ApiRegistry for EmbeddedRegistry {
     async fn unit_states(&self) -> Result<Vec<UnitState>> {
         self.read(|txn| {
             let states = txn.open_table(tables::STATES).map_err(unavailable)?;
-            Ok(read_all::<UnitState>(&states)?
-                .into_iter()
-                .map(|(_, state)| state)
-                .collect())
+            Ok(read_all::<UnitState>(&states)?.into_iter().map(|(_, state)| state).collect())
         })
         .await
     }
@@ -263,22 +211,15 @@ impl ApiRegistry for EmbeddedRegistry {
             let mut table = txn.open_table(tables::METADATA).map_err(unavailable)?;
             for change in &changes {
                 let (machine_id, key, value) = match change {
-                    MetadataChange::Set {
-                        machine_id,
-                        key,
-                        value,
-                    } => (machine_id, key, value.as_str()),
+                    MetadataChange::Set { machine_id, key, value } => (machine_id, key, value.as_str()),
                     MetadataChange::Remove { machine_id, key } => (machine_id, key, ""),
                 };
-                let mut overrides: MetadataOverrides =
-                    match table.get(machine_id.as_str()).map_err(unavailable)? {
-                        Some(bytes) => decode(machine_id, bytes.value())?,
-                        None => MetadataOverrides::new(),
-                    };
+                let mut overrides: MetadataOverrides = match table.get(machine_id.as_str()).map_err(unavailable)? {
+                    Some(bytes) => decode(machine_id, bytes.value())?,
+                    None => MetadataOverrides::new(),
+                };
                 overrides.insert(key.clone(), value.to_string());
-                table
-                    .insert(machine_id.as_str(), encode(&overrides).as_slice())
-                    .map_err(unavailable)?;
+                table.insert(machine_id.as_str(), encode(&overrides).as_slice()).map_err(unavailable)?;
                 touched.machines.push(machine_id.clone());
             }
             touched.engine = true;

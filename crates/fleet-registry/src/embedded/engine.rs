@@ -11,19 +11,14 @@ use redb::ReadableTable;
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, decode, read_all};
 use super::{EmbeddedRegistry, unavailable};
-use crate::{
-    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit,
-};
+use crate::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit};
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
 
 #[async_trait]
 impl EngineRegistry for EmbeddedRegistry {
     async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>> {
-        Ok(Some(EngineLease {
-            machine_id: machine_id.to_string(),
-            token: EMBEDDED_LEASE_TOKEN,
-        }))
+        Ok(Some(EngineLease { machine_id: machine_id.to_string(), token: EMBEDDED_LEASE_TOKEN }))
     }
 
     async fn release_leadership(&self, _lease: &EngineLease) -> Result<()> {
@@ -62,10 +57,7 @@ impl EngineRegistry for EmbeddedRegistry {
             for hash in hashes {
                 let key = hash.to_string();
                 if let Some(body) = bodies.get(key.as_str()).map_err(unavailable)? {
-                    found.insert(
-                        hash,
-                        UnitFile::from_options(decode::<Options>(&key, body.value())?),
-                    );
+                    found.insert(hash, UnitFile::from_options(decode::<Options>(&key, body.value())?));
                 }
             }
             Ok(found)
@@ -73,12 +65,7 @@ impl EngineRegistry for EmbeddedRegistry {
         .await
     }
 
-    async fn apply(
-        &self,
-        lease: &EngineLease,
-        decisions: &[Decision],
-        unplaced: &[(String, String)],
-    ) -> Result<()> {
+    async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {
         if lease.token != EMBEDDED_LEASE_TOKEN {
             return Err(RegistryError::LeadershipLost);
         }
@@ -93,17 +80,12 @@ impl EngineRegistry for EmbeddedRegistry {
                         let exists = units.get(unit.as_str()).map_err(unavailable)?.is_some();
                         let free = schedule.get(unit.as_str()).map_err(unavailable)?.is_none();
                         if exists && free {
-                            schedule
-                                .insert(unit.as_str(), machine.as_str())
-                                .map_err(unavailable)?;
+                            schedule.insert(unit.as_str(), machine.as_str()).map_err(unavailable)?;
                             touched.machines.push(machine.clone());
                         }
                     }
                     Decision::Unschedule { unit, machine, .. } => {
-                        let current = schedule
-                            .get(unit.as_str())
-                            .map_err(unavailable)?
-                            .map(|m| m.value() == machine);
+                        let current = schedule.get(unit.as_str()).map_err(unavailable)?.map(|m| m.value() == machine);
                         if current == Some(true) {
                             schedule.remove(unit.as_str()).map_err(unavailable)?;
                             touched.machines.push(machine.clone());
@@ -112,14 +94,10 @@ impl EngineRegistry for EmbeddedRegistry {
                 }
             }
             let mut table = txn.open_table(tables::REASONS).map_err(unavailable)?;
-            table
-                .retain(|unit, reason| reasons.get(unit).is_some_and(|new| new == reason))
-                .map_err(unavailable)?;
+            table.retain(|unit, reason| reasons.get(unit).is_some_and(|new| new == reason)).map_err(unavailable)?;
             for (unit, reason) in &reasons {
                 if units.get(unit.as_str()).map_err(unavailable)?.is_some() {
-                    table
-                        .insert(unit.as_str(), reason.as_str())
-                        .map_err(unavailable)?;
+                    table.insert(unit.as_str(), reason.as_str()).map_err(unavailable)?;
                 }
             }
             Ok(())

@@ -32,10 +32,7 @@ pub(crate) struct Touched {
 
 impl Touched {
     fn engine() -> Self {
-        Self {
-            engine: true,
-            ..Self::default()
-        }
+        Self { engine: true, ..Self::default() }
     }
 }
 
@@ -54,19 +51,10 @@ impl EmbeddedRegistry {
     /// Opens (or creates) the store at `path`.
     pub fn open(path: &Path) -> Result<Self> {
         let db = Database::create(path).map_err(|error| {
-            RegistryError::Unavailable(format!(
-                "cannot open embedded store {}: {error}",
-                path.display()
-            ))
+            RegistryError::Unavailable(format!("cannot open embedded store {}: {error}", path.display()))
         })?;
         let txn = db.begin_write().map_err(unavailable)?;
-        for table in [
-            tables::UNITS,
-            tables::BODIES,
-            tables::MACHINES,
-            tables::METADATA,
-            tables::STATES,
-        ] {
+        for table in [tables::UNITS, tables::BODIES, tables::MACHINES, tables::METADATA, tables::STATES] {
             txn.open_table(table).map_err(unavailable)?;
         }
         for table in [tables::SCHEDULE, tables::REASONS] {
@@ -74,14 +62,8 @@ impl EmbeddedRegistry {
         }
         txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
-        let signals = Signals {
-            engine: watch::channel(0).0,
-            machines: Mutex::new(HashMap::new()),
-        };
-        Ok(Self {
-            db: Arc::new(db),
-            signals: Arc::new(signals),
-        })
+        let signals = Signals { engine: watch::channel(0).0, machines: Mutex::new(HashMap::new()) };
+        Ok(Self { db: Arc::new(db), signals: Arc::new(signals) })
     }
 
     async fn read<T, F>(&self, work: F) -> Result<T>
@@ -90,9 +72,7 @@ impl EmbeddedRegistry {
         F: FnOnce(&ReadTransaction) -> Result<T> + Send + 'static,
     {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || work(&db.begin_read().map_err(unavailable)?))
-            .await
-            .map_err(unavailable)?
+        tokio::task::spawn_blocking(move || work(&db.begin_read().map_err(unavailable)?)).await.map_err(unavailable)?
     }
 
     /// Runs `work` in one write transaction, commits it, then tells whoever it touched.
@@ -120,32 +100,17 @@ impl EmbeddedRegistry {
         if touched.engine {
             bump(&self.signals.engine);
         }
-        let machines = self
-            .signals
-            .machines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let machines = self.signals.machines.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if touched.all_machines {
             machines.values().for_each(bump);
         } else {
-            touched
-                .machines
-                .iter()
-                .filter_map(|id| machines.get(id))
-                .for_each(bump);
+            touched.machines.iter().filter_map(|id| machines.get(id)).for_each(bump);
         }
     }
 
     fn machine_signal(&self, machine_id: &str) -> ChangeSignal {
-        let mut machines = self
-            .signals
-            .machines
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        machines
-            .entry(machine_id.to_string())
-            .or_insert_with(|| watch::channel(0).0)
-            .subscribe()
+        let mut machines = self.signals.machines.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        machines.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).subscribe()
     }
 }
 

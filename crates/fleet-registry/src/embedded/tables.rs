@@ -45,10 +45,8 @@ pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, RegistryError> {
-    serde_json::from_slice(bytes).map_err(|error| RegistryError::Corrupt {
-        key: key.to_string(),
-        reason: error.to_string(),
-    })
+    serde_json::from_slice(bytes)
+        .map_err(|error| RegistryError::Corrupt { key: key.to_string(), reason: error.to_string() })
 }
 
 /// Reads and decodes every row of a table whose values are JSON.

@@ -9,22 +9,15 @@ fn unit(text: &str) -> UnitFile {
 }
 
 fn machine(id: &str) -> MachineState {
-    MachineState {
-        id: id.into(),
-        public_ip: "127.0.0.1".into(),
-        ..Default::default()
-    }
+    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), ..Default::default() }
 }
 
 async fn body_count(registry: &EmbeddedRegistry) -> usize {
     registry
         .read(|txn| {
             use redb::ReadableTableMetadata;
-            Ok(txn
-                .open_table(super::tables::BODIES)
-                .map_err(super::unavailable)?
-                .len()
-                .map_err(super::unavailable)? as usize)
+            Ok(txn.open_table(super::tables::BODIES).map_err(super::unavailable)?.len().map_err(super::unavailable)?
+                as usize)
         })
         .await
         .unwrap()
@@ -37,21 +30,14 @@ async fn units_survive_a_restart() {
     {
         let registry = EmbeddedRegistry::open(&path).unwrap();
         registry
-            .put_unit(
-                "a.service",
-                &unit("[Service]\nExecStart=/bin/sleep 1000\n"),
-                DesiredState::Launched,
-            )
+            .put_unit("a.service", &unit("[Service]\nExecStart=/bin/sleep 1000\n"), DesiredState::Launched)
             .await
             .unwrap();
         registry.register_machine(&machine("m1")).await.unwrap();
     }
     let registry = EmbeddedRegistry::open(&path).unwrap();
     let view = registry.unit("a.service").await.unwrap().unwrap();
-    assert_eq!(
-        view.hash.to_string(),
-        "2d432f4a06608c1a8b2848b66c836793a1d48ce6"
-    );
+    assert_eq!(view.hash.to_string(), "2d432f4a06608c1a8b2848b66c836793a1d48ce6");
     assert_eq!(view.desired, DesiredState::Launched);
     assert_eq!(view.current, Some(DesiredState::Inactive));
     assert_eq!(registry.machines().await.unwrap().len(), 1);
@@ -62,23 +48,10 @@ async fn bodies_are_shared_and_collected() {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     let body = unit("[Service]\nExecStart=/bin/true\n");
-    registry
-        .put_unit("a.service", &body, DesiredState::Inactive)
-        .await
-        .unwrap();
-    registry
-        .put_unit("b.service", &body, DesiredState::Inactive)
-        .await
-        .unwrap();
+    registry.put_unit("a.service", &body, DesiredState::Inactive).await.unwrap();
+    registry.put_unit("b.service", &body, DesiredState::Inactive).await.unwrap();
     assert_eq!(body_count(&registry).await, 1);
-    registry
-        .put_unit(
-            "b.service",
-            &unit("[Service]\nExecStart=/bin/false\n"),
-            DesiredState::Inactive,
-        )
-        .await
-        .unwrap();
+    registry.put_unit("b.service", &unit("[Service]\nExecStart=/bin/false\n"), DesiredState::Inactive).await.unwrap();
     assert_eq!(body_count(&registry).await, 2);
     assert!(registry.destroy_unit("a.service").await.unwrap());
     assert_eq!(body_count(&registry).await, 1);
@@ -94,27 +67,15 @@ async fn schedule_states_and_current_state() {
     let mut machine_signal = registry.machine_changes("m1");
     registry.register_machine(&machine("m1")).await.unwrap();
     let file = unit("[Service]\nExecStart=/bin/true\n");
-    registry
-        .put_unit("a.service", &file, DesiredState::Launched)
-        .await
-        .unwrap();
+    registry.put_unit("a.service", &file, DesiredState::Launched).await.unwrap();
     let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
-    let schedule = [Decision::Schedule {
-        unit: "a.service".into(),
-        machine: "m1".into(),
-    }];
+    let schedule = [Decision::Schedule { unit: "a.service".into(), machine: "m1".into() }];
     machine_signal.mark_unchanged();
-    registry
-        .apply(&lease, &schedule, &[("b.service".into(), "nowhere".into())])
-        .await
-        .unwrap();
+    registry.apply(&lease, &schedule, &[("b.service".into(), "nowhere".into())]).await.unwrap();
     assert!(machine_signal.has_changed().unwrap());
     let work = registry.machine_work("m1").await.unwrap();
     assert_eq!(work.scheduled.len(), 1);
-    assert_eq!(
-        registry.unit("a.service").await.unwrap().unwrap().current,
-        Some(DesiredState::Inactive)
-    );
+    assert_eq!(registry.unit("a.service").await.unwrap().unwrap().current, Some(DesiredState::Inactive));
 
     let mut state = UnitState {
         name: "a.service".into(),
@@ -123,31 +84,16 @@ async fn schedule_states_and_current_state() {
         systemd: SystemdState::new("loaded", "inactive", "dead"),
         launched: false,
     };
-    registry
-        .report_states("m1", &[StateReport::Set(state.clone())])
-        .await
-        .unwrap();
-    assert_eq!(
-        registry.unit("a.service").await.unwrap().unwrap().current,
-        Some(DesiredState::Loaded)
-    );
+    registry.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
+    assert_eq!(registry.unit("a.service").await.unwrap().unwrap().current, Some(DesiredState::Loaded));
     state.launched = true;
-    registry
-        .report_states("m1", &[StateReport::Set(state)])
-        .await
-        .unwrap();
+    registry.report_states("m1", &[StateReport::Set(state)]).await.unwrap();
     let view = registry.unit("a.service").await.unwrap().unwrap();
-    assert_eq!(
-        (view.current, view.machine_id.as_deref()),
-        (Some(DesiredState::Launched), Some("m1"))
-    );
+    assert_eq!((view.current, view.machine_id.as_deref()), (Some(DesiredState::Launched), Some("m1")));
 
     // A second schedule of a placed unit is skipped; an unschedule from another machine too.
     let stale = [
-        Decision::Schedule {
-            unit: "a.service".into(),
-            machine: "m2".into(),
-        },
+        Decision::Schedule { unit: "a.service".into(), machine: "m2".into() },
         Decision::Unschedule {
             unit: "a.service".into(),
             machine: "m2".into(),
@@ -155,16 +101,7 @@ async fn schedule_states_and_current_state() {
         },
     ];
     registry.apply(&lease, &stale, &[]).await.unwrap();
-    assert_eq!(
-        registry
-            .unit("a.service")
-            .await
-            .unwrap()
-            .unwrap()
-            .machine_id
-            .as_deref(),
-        Some("m1")
-    );
+    assert_eq!(registry.unit("a.service").await.unwrap().unwrap().machine_id.as_deref(), Some("m1"));
 
     registry.unregister_machine("m1").await.unwrap();
     assert!(registry.unit_states().await.unwrap().is_empty());
@@ -176,29 +113,15 @@ async fn runtime_metadata_overlays_configuration() {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     let mut configured = machine("m1");
-    configured
-        .metadata
-        .insert("hostname".into(), "smoke".into());
+    configured.metadata.insert("hostname".into(), "smoke".into());
     registry.register_machine(&configured).await.unwrap();
-    let set = |key: &str, value: &str| MetadataChange::Set {
-        machine_id: "m1".into(),
-        key: key.into(),
-        value: value.into(),
-    };
-    registry
-        .change_metadata(&[set("foo", "bar"), set("hostname", "other")])
-        .await
-        .unwrap();
+    let set =
+        |key: &str, value: &str| MetadataChange::Set { machine_id: "m1".into(), key: key.into(), value: value.into() };
+    registry.change_metadata(&[set("foo", "bar"), set("hostname", "other")]).await.unwrap();
     let metadata = &registry.machines().await.unwrap()[0].metadata;
     assert_eq!(metadata.get("foo").map(String::as_str), Some("bar"));
     assert_eq!(metadata.get("hostname").map(String::as_str), Some("other"));
-    let remove = |key: &str| MetadataChange::Remove {
-        machine_id: "m1".into(),
-        key: key.into(),
-    };
-    registry
-        .change_metadata(&[remove("foo"), remove("hostname")])
-        .await
-        .unwrap();
+    let remove = |key: &str| MetadataChange::Remove { machine_id: "m1".into(), key: key.into() };
+    registry.change_metadata(&[remove("foo"), remove("hostname")]).await.unwrap();
     assert!(registry.machines().await.unwrap()[0].metadata.is_empty());
 }

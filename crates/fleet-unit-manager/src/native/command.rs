@@ -100,10 +100,7 @@ fn expand_environment(words: Vec<String>, environment: &BTreeMap<String, String>
     for word in words {
         if let Some(name) = word.strip_prefix('$').filter(|name| is_variable_name(name)) {
             result.extend(
-                environment
-                    .get(name)
-                    .into_iter()
-                    .flat_map(|value| value.split_whitespace().map(str::to_string)),
+                environment.get(name).into_iter().flat_map(|value| value.split_whitespace().map(str::to_string)),
             );
             continue;
         }
@@ -150,10 +147,7 @@ pub fn parse_command(
     if argv.is_empty() {
         return Err(CommandError::Empty);
     }
-    Ok(ExecCommand {
-        argv,
-        ignore_failure,
-    })
+    Ok(ExecCommand { argv, ignore_failure })
 }
 
 /// Reads `Environment=` values: whitespace-separated, quotable `NAME=value` assignments.
@@ -201,41 +195,19 @@ mod tests {
     #[test]
     fn prefixes_quotes_and_specifiers() {
         let env = BTreeMap::from([("PORT".to_string(), "1 2".to_string())]);
-        let command = parse_command(
-            "-/bin/sh -c \"echo %i on %H; exit 1\" 'a b' 100%%",
-            &specifiers(),
-            &env,
-        )
-        .unwrap();
+        let command = parse_command("-/bin/sh -c \"echo %i on %H; exit 1\" 'a b' 100%%", &specifiers(), &env).unwrap();
         assert!(command.ignore_failure);
-        assert_eq!(
-            command.argv,
-            vec!["/bin/sh", "-c", "echo 8080 on host; exit 1", "a b", "100%"]
-        );
-        let command = parse_command(
-            "/bin/echo $PORT ${PORT} x${MISSING}y \"\"",
-            &specifiers(),
-            &env,
-        )
-        .unwrap();
+        assert_eq!(command.argv, vec!["/bin/sh", "-c", "echo 8080 on host; exit 1", "a b", "100%"]);
+        let command = parse_command("/bin/echo $PORT ${PORT} x${MISSING}y \"\"", &specifiers(), &env).unwrap();
         assert_eq!(command.argv, vec!["/bin/echo", "1", "2", "1 2", "xy", ""]);
         assert!(!command.ignore_failure);
     }
 
     #[test]
     fn continuation_and_errors() {
-        assert_eq!(
-            split_words("/bin/echo a \\\n   b").unwrap(),
-            vec!["/bin/echo", "a", "b"]
-        );
-        assert_eq!(
-            parse_command("  ", &specifiers(), &BTreeMap::new()),
-            Err(CommandError::Empty)
-        );
-        assert!(matches!(
-            split_words("echo \"open"),
-            Err(CommandError::UnbalancedQuotes(_))
-        ));
+        assert_eq!(split_words("/bin/echo a \\\n   b").unwrap(), vec!["/bin/echo", "a", "b"]);
+        assert_eq!(parse_command("  ", &specifiers(), &BTreeMap::new()), Err(CommandError::Empty));
+        assert!(matches!(split_words("echo \"open"), Err(CommandError::UnbalancedQuotes(_))));
     }
 
     #[test]

@@ -62,9 +62,7 @@ struct Shared {
 
 impl Shared {
     fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
-        self.units
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn changed(&self) {
@@ -87,10 +85,7 @@ impl StateSink for SlotState {
         };
         {
             let mut slots = shared.slots();
-            let Some(slot) = slots
-                .get_mut(&self.unit)
-                .filter(|slot| slot.generation == self.generation)
-            else {
+            let Some(slot) = slots.get_mut(&self.unit).filter(|slot| slot.generation == self.generation) else {
                 return;
             };
             slot.state = SystemdState::new("loaded", active, sub);
@@ -106,20 +101,15 @@ pub struct NativeManager {
 impl NativeManager {
     pub fn new(options: NativeOptions) -> Result<Self> {
         let log_dir = options.state_dir.join("native").join("logs");
-        std::fs::create_dir_all(&log_dir).map_err(|source| UnitManagerError::Io {
-            context: format!("creating {}", log_dir.display()),
-            source,
-        })?;
+        std::fs::create_dir_all(&log_dir)
+            .map_err(|source| UnitManagerError::Io { context: format!("creating {}", log_dir.display()), source })?;
         let marker = std::fs::canonicalize(&options.state_dir)
             .unwrap_or(options.state_dir.clone())
             .to_string_lossy()
             .into_owned();
         let leftovers = kill_leftovers(&marker);
         if leftovers > 0 {
-            tracing::warn!(
-                leftovers,
-                "killed unit processes left behind by an earlier fleetd"
-            );
+            tracing::warn!(leftovers, "killed unit processes left behind by an earlier fleetd");
         }
         let shared = Shared {
             units: Mutex::new(BTreeMap::new()),
@@ -129,9 +119,7 @@ impl NativeManager {
             machine_id: options.machine_id,
             hostname: options.hostname,
         };
-        Ok(Self {
-            shared: Arc::new(shared),
-        })
+        Ok(Self { shared: Arc::new(shared) })
     }
 
     fn specifiers(&self, unit: &str) -> Specifiers {
@@ -147,11 +135,7 @@ impl NativeManager {
     }
 
     /// Everything a unit's commands share, read when it starts (environment files included).
-    fn context(
-        &self,
-        config: &ServiceConfig,
-        specifiers: &Specifiers,
-    ) -> std::result::Result<ExecContext, String> {
+    fn context(&self, config: &ServiceConfig, specifiers: &Specifiers) -> std::result::Result<ExecContext, String> {
         let mut environment = BTreeMap::new();
         for value in &config.environment {
             parse_assignments(&specifiers.expand(value), &mut environment);
@@ -208,21 +192,13 @@ impl NativeManager {
                 }
             }
         };
-        Ok(ExecContext {
-            environment,
-            working_directory,
-            account,
-            gid,
-            marker: self.shared.marker.clone(),
-        })
+        Ok(ExecContext { environment, working_directory, account, gid, marker: self.shared.marker.clone() })
     }
 
     fn log_sink(&self, unit: &str) -> Result<LogSink> {
         let path = log_path(&self.shared.log_dir, unit);
-        LogSink::open(&path, &self.shared.hostname).map_err(|source| UnitManagerError::Io {
-            context: format!("opening {}", path.display()),
-            source,
-        })
+        LogSink::open(&path, &self.shared.hostname)
+            .map_err(|source| UnitManagerError::Io { context: format!("opening {}", path.display()), source })
     }
 
     /// Asks a unit's runner to stop and waits for it.
@@ -233,8 +209,7 @@ impl NativeManager {
 }
 
 fn description(unit: &str, file: &UnitFile) -> String {
-    file.description()
-        .map_or_else(|| unit.to_string(), str::to_string)
+    file.description().map_or_else(|| unit.to_string(), str::to_string)
 }
 
 #[async_trait]
@@ -244,11 +219,7 @@ impl UnitManager for NativeManager {
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
-        let previous = self
-            .shared
-            .slots()
-            .get_mut(name)
-            .and_then(|slot| slot.running.take());
+        let previous = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = previous {
             Self::stop_runner(running).await;
         }
@@ -275,15 +246,7 @@ impl UnitManager for NativeManager {
         let generation = slots.get(name).map_or(0, |slot| slot.generation + 1);
         slots.insert(
             name.to_string(),
-            Slot {
-                hash: file.hash(),
-                file: file.clone(),
-                config,
-                state,
-                generation,
-                running: None,
-                log,
-            },
+            Slot { hash: file.hash(), file: file.clone(), config, state, generation, running: None, log },
         );
         drop(slots);
         self.shared.changed();
@@ -291,11 +254,7 @@ impl UnitManager for NativeManager {
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
-        let running = self
-            .shared
-            .slots()
-            .get_mut(name)
-            .and_then(|slot| slot.running.take());
+        let running = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = running {
             Self::stop_runner(running).await;
         }
@@ -311,41 +270,23 @@ impl UnitManager for NativeManager {
     async fn start(&self, name: &str) -> Result<()> {
         let (config, file, log, generation) = {
             let mut slots = self.shared.slots();
-            let slot = slots
-                .get_mut(name)
-                .ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
-            if slot
-                .running
-                .as_ref()
-                .is_some_and(|running| !running.done.is_finished())
-            {
+            let slot = slots.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
+            if slot.running.as_ref().is_some_and(|running| !running.done.is_finished()) {
                 return Ok(());
             }
-            let config = slot
-                .config
-                .clone()
-                .map_err(|reason| UnitManagerError::Refused {
-                    unit: name.to_string(),
-                    reason,
-                })?;
+            let config =
+                slot.config.clone().map_err(|reason| UnitManagerError::Refused { unit: name.to_string(), reason })?;
             slot.generation += 1;
             (config, slot.file.clone(), slot.log.clone(), slot.generation)
         };
         let specifiers = self.specifiers(name);
-        let state = SlotState {
-            shared: Arc::downgrade(&self.shared),
-            unit: name.to_string(),
-            generation,
-        };
+        let state = SlotState { shared: Arc::downgrade(&self.shared), unit: name.to_string(), generation };
         let context = match self.context(&config, &specifiers) {
             Ok(context) => context,
             Err(reason) => {
                 log.line("fleetd", None, &format!("{name}: {reason}"));
                 state.set("failed", "failed");
-                return Err(UnitManagerError::Refused {
-                    unit: name.to_string(),
-                    reason,
-                });
+                return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
             }
         };
         let (stop, stop_requests) = watch::channel(false);
@@ -370,9 +311,7 @@ impl UnitManager for NativeManager {
     async fn stop(&self, name: &str) -> Result<()> {
         let running = {
             let mut slots = self.shared.slots();
-            let slot = slots
-                .get_mut(name)
-                .ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
+            let slot = slots.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
             slot.running.take()
         };
         if let Some(running) = running {
@@ -386,15 +325,7 @@ impl UnitManager for NativeManager {
             .shared
             .slots()
             .iter()
-            .map(|(name, slot)| {
-                (
-                    name.clone(),
-                    HeldUnit {
-                        hash: slot.hash,
-                        state: slot.state.clone(),
-                    },
-                )
-            })
+            .map(|(name, slot)| (name.clone(), HeldUnit { hash: slot.hash, state: slot.state.clone() }))
             .collect())
     }
 
@@ -410,28 +341,19 @@ impl UnitManager for NativeManager {
                 context: "reading unit log".into(),
                 source: std::io::Error::other(error),
             })?
-            .map_err(|source| UnitManagerError::Io {
-                context: "reading unit log".into(),
-                source,
-            })
+            .map_err(|source| UnitManagerError::Io { context: "reading unit log".into(), source })
     }
 
     async fn stop_all(&self) -> Result<()> {
-        let running: Vec<RunningUnit> = self
-            .shared
-            .slots()
-            .values_mut()
-            .filter_map(|slot| slot.running.take())
-            .collect();
+        let running: Vec<RunningUnit> =
+            self.shared.slots().values_mut().filter_map(|slot| slot.running.take()).collect();
         futures_join_all(running.into_iter().map(Self::stop_runner)).await;
         Ok(())
     }
 }
 
 /// Waits for every future, running them at once.
-async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
-    futures: impl Iterator<Item = F>,
-) {
+async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(futures: impl Iterator<Item = F>) {
     let handles: Vec<JoinHandle<()>> = futures.map(tokio::spawn).collect();
     for handle in handles {
         let _ = handle.await;

@@ -40,8 +40,7 @@ pub struct ExecContext {
 }
 
 fn c_string(text: &str) -> io::Result<CString> {
-    CString::new(text)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))
+    CString::new(text).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "name contains a NUL byte"))
 }
 
 /// Looks a user up by name or number.
@@ -53,34 +52,16 @@ pub fn lookup_user(name: &str) -> io::Result<Account> {
     // SAFETY: every pointer refers to live, correctly sized memory for the duration of the call.
     let status = unsafe {
         match name.parse::<u32>() {
-            Ok(uid) => libc::getpwuid_r(
-                uid,
-                &mut entry,
-                buffer.as_mut_ptr(),
-                buffer.len(),
-                &mut found,
-            ),
-            Err(_) => libc::getpwnam_r(
-                wanted.as_ptr(),
-                &mut entry,
-                buffer.as_mut_ptr(),
-                buffer.len(),
-                &mut found,
-            ),
+            Ok(uid) => libc::getpwuid_r(uid, &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut found),
+            Err(_) => libc::getpwnam_r(wanted.as_ptr(), &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut found),
         }
     };
     if status != 0 || found.is_null() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("no such user {name:?}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("no such user {name:?}")));
     }
     // SAFETY: on success the strings point into `buffer`, which is still alive.
-    let text = |pointer: *const libc::c_char| {
-        unsafe { std::ffi::CStr::from_ptr(pointer) }
-            .to_string_lossy()
-            .into_owned()
-    };
+    let text =
+        |pointer: *const libc::c_char| unsafe { std::ffi::CStr::from_ptr(pointer) }.to_string_lossy().into_owned();
     Ok(Account {
         uid: entry.pw_uid,
         gid: entry.pw_gid,
@@ -100,20 +81,10 @@ pub fn lookup_group(name: &str) -> io::Result<u32> {
     let mut entry: libc::group = unsafe { std::mem::zeroed() };
     let mut found: *mut libc::group = std::ptr::null_mut();
     // SAFETY: as in lookup_user.
-    let status = unsafe {
-        libc::getgrnam_r(
-            wanted.as_ptr(),
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut found,
-        )
-    };
+    let status =
+        unsafe { libc::getgrnam_r(wanted.as_ptr(), &mut entry, buffer.as_mut_ptr(), buffer.len(), &mut found) };
     if status != 0 || found.is_null() {
-        return Err(io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("no such group {name:?}"),
-        ));
+        return Err(io::Error::new(io::ErrorKind::NotFound, format!("no such group {name:?}")));
     }
     Ok(entry.gr_gid)
 }
@@ -153,23 +124,14 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
         process.current_dir(directory);
     }
     if let Some(account) = &context.account {
-        process
-            .uid(account.uid)
-            .gid(context.gid.unwrap_or(account.gid));
+        process.uid(account.uid).gid(context.gid.unwrap_or(account.gid));
     } else if let Some(gid) = context.gid {
         process.gid(gid);
     }
     // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
     unsafe {
         process.pre_exec(|| {
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             Ok(())
@@ -187,19 +149,10 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
     Ok(child)
 }
 
-async fn copy_lines(
-    stream: impl AsyncRead + Unpin,
-    sink: LogSink,
-    ident: String,
-    pid: Option<u32>,
-) {
+async fn copy_lines(stream: impl AsyncRead + Unpin, sink: LogSink, ident: String, pid: Option<u32>) {
     let mut lines = BufReader::new(stream).split(b'\n');
     while let Ok(Some(line)) = lines.next_segment().await {
-        sink.line(
-            &ident,
-            pid,
-            String::from_utf8_lossy(&line).trim_end_matches('\r'),
-        );
+        sink.line(&ident, pid, String::from_utf8_lossy(&line).trim_end_matches('\r'));
     }
 }
 
@@ -239,11 +192,7 @@ pub fn kill_leftovers(marker: &str) -> usize {
     let own = std::process::id();
     let mut found = 0;
     for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<u32>().ok())
-        else {
+        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
             continue;
         };
         if pid == own {
@@ -252,10 +201,7 @@ pub fn kill_leftovers(marker: &str) -> usize {
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
             continue;
         };
-        if environ
-            .split(|byte| *byte == 0)
-            .any(|item| item == wanted.as_bytes())
-        {
+        if environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()) {
             signal_process(pid, libc::SIGKILL);
             found += 1;
         }

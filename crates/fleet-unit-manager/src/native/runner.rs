@@ -10,9 +10,7 @@ use tokio::sync::watch;
 
 use super::command::{ExecCommand, Specifiers, parse_command};
 use super::journal::LogSink;
-use super::process::{
-    ExecContext, group_alive, process_alive, signal_group, signal_process, spawn,
-};
+use super::process::{ExecContext, group_alive, process_alive, signal_group, signal_process, spawn};
 use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
 
 /// systemd's exit status for a command that could not be executed.
@@ -78,20 +76,14 @@ impl<S: StateSink> Runner<S> {
 
     fn command(&self, value: &str) -> Result<ExecCommand, Exit> {
         parse_command(value, &self.specifiers, &self.context.environment).map_err(|error| {
-            self.say(&format!(
-                "{}: invalid command line {value:?}: {error}",
-                self.unit
-            ));
+            self.say(&format!("{}: invalid command line {value:?}: {error}", self.unit));
             Exit::Code(EXIT_EXEC)
         })
     }
 
     fn start_process(&self, command: &ExecCommand) -> Result<Child, Exit> {
         spawn(command, &self.context, &self.log).map_err(|error| {
-            self.say(&format!(
-                "{}: Failed to execute {}: {error}",
-                self.unit, command.argv[0]
-            ));
+            self.say(&format!("{}: Failed to execute {}: {error}", self.unit, command.argv[0]));
             Exit::Code(EXIT_EXEC)
         })
     }
@@ -102,17 +94,11 @@ impl<S: StateSink> Runner<S> {
         loop {
             let now = Instant::now();
             starts.push_back(now);
-            while starts
-                .front()
-                .is_some_and(|start| now.duration_since(*start) > START_LIMIT_INTERVAL)
-            {
+            while starts.front().is_some_and(|start| now.duration_since(*start) > START_LIMIT_INTERVAL) {
                 starts.pop_front();
             }
             if starts.len() > START_LIMIT_BURST {
-                self.say(&format!(
-                    "{}: Start request repeated too quickly.",
-                    self.unit
-                ));
+                self.say(&format!("{}: Start request repeated too quickly.", self.unit));
                 self.say(&format!("Failed to start {}.", self.description));
                 self.state.set("failed", "failed");
                 return;
@@ -130,11 +116,7 @@ impl<S: StateSink> Runner<S> {
                 }
                 Outcome::Ended(exit) if self.config.restart.restarts_after(exit) => {
                     self.state.set("activating", "auto-restart");
-                    self.say(&format!(
-                        "{}: Scheduled restart job, restart counter is at {}.",
-                        self.unit,
-                        starts.len()
-                    ));
+                    self.say(&format!("{}: Scheduled restart job, restart counter is at {}.", self.unit, starts.len()));
                     let delay = tokio::time::sleep(self.config.restart_sec);
                     tokio::select! {
                         () = delay => continue,
@@ -150,11 +132,7 @@ impl<S: StateSink> Runner<S> {
                     return;
                 }
                 Outcome::Ended(exit) => {
-                    let result = if exit == Exit::Timeout {
-                        "timeout"
-                    } else {
-                        "exit-code"
-                    };
+                    let result = if exit == Exit::Timeout { "timeout" } else { "exit-code" };
                     self.say(&format!("{}: Failed with result '{result}'.", self.unit));
                     self.state.set("failed", "failed");
                     return;
@@ -168,13 +146,7 @@ impl<S: StateSink> Runner<S> {
         if !self.config.exec_start_pre.is_empty() {
             self.state.set("activating", "start-pre");
         }
-        if let Some(outcome) = self
-            .run_all(
-                self.config.exec_start_pre.clone(),
-                self.config.timeout_start,
-            )
-            .await
-        {
+        if let Some(outcome) = self.run_all(self.config.exec_start_pre.clone(), self.config.timeout_start).await {
             return self.after_failed_start(outcome).await;
         }
         match self.config.kind {
@@ -198,11 +170,7 @@ impl<S: StateSink> Runner<S> {
             };
             match self.run_to_end(&command, timeout).await {
                 Outcome::Ended(exit) if exit != Exit::Code(0) && !command.ignore_failure => {
-                    self.say(&format!(
-                        "{}: Control process exited, {}",
-                        self.unit,
-                        describe(exit)
-                    ));
+                    self.say(&format!("{}: Control process exited, {}", self.unit, describe(exit)));
                     return Some(Outcome::Ended(exit));
                 }
                 Outcome::Ended(_) => {}
@@ -245,19 +213,10 @@ impl<S: StateSink> Runner<S> {
 
     async fn run_oneshot(&mut self) -> Outcome {
         self.state.set("activating", "start");
-        if let Some(outcome) = self
-            .run_all(self.config.exec_start.clone(), self.config.timeout_start)
-            .await
-        {
+        if let Some(outcome) = self.run_all(self.config.exec_start.clone(), self.config.timeout_start).await {
             return self.after_failed_start(outcome).await;
         }
-        if let Some(outcome) = self
-            .run_all(
-                self.config.exec_start_post.clone(),
-                self.config.timeout_start,
-            )
-            .await
-        {
+        if let Some(outcome) = self.run_all(self.config.exec_start_post.clone(), self.config.timeout_start).await {
             return self.after_failed_start(outcome).await;
         }
         if self.config.remain_after_exit {
@@ -265,9 +224,7 @@ impl<S: StateSink> Runner<S> {
             self.say(&format!("Finished {}.", self.description));
             Self::stopped(&mut self.stop).await;
             self.state.set("deactivating", "stop");
-            let _ = self
-                .run_all(self.config.exec_stop.clone(), self.config.timeout_stop)
-                .await;
+            let _ = self.run_all(self.config.exec_stop.clone(), self.config.timeout_stop).await;
             self.run_stop_post().await;
             return Outcome::Stopped;
         }
@@ -287,13 +244,7 @@ impl<S: StateSink> Runner<S> {
         let pgid = main.id();
         if !self.config.exec_start_post.is_empty() {
             self.state.set("activating", "start-post");
-            if let Some(outcome) = self
-                .run_all(
-                    self.config.exec_start_post.clone(),
-                    self.config.timeout_start,
-                )
-                .await
-            {
+            if let Some(outcome) = self.run_all(self.config.exec_start_post.clone(), self.config.timeout_start).await {
                 self.terminate(&mut main).await;
                 return self.after_failed_start(outcome).await;
             }
@@ -332,9 +283,7 @@ impl<S: StateSink> Runner<S> {
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
         let Some(pgid) = starter.id() else {
-            return self
-                .after_failed_start(Outcome::Ended(Exit::Code(EXIT_EXEC)))
-                .await;
+            return self.after_failed_start(Outcome::Ended(Exit::Code(EXIT_EXEC))).await;
         };
         let timeout = self.config.timeout_start.unwrap_or(Duration::MAX);
         let status = tokio::select! {
@@ -349,11 +298,11 @@ impl<S: StateSink> Runner<S> {
             signal_group(pgid, libc::SIGKILL);
             return self.after_failed_start(Outcome::Ended(status)).await;
         }
-        let main_pid = self.config.pid_file.as_ref().and_then(|path| {
-            std::fs::read_to_string(path)
-                .ok()
-                .and_then(|text| text.trim().parse::<u32>().ok())
-        });
+        let main_pid = self
+            .config
+            .pid_file
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok().and_then(|text| text.trim().parse::<u32>().ok()));
         let alive = move || main_pid.map_or_else(|| group_alive(pgid), process_alive);
         if !alive() {
             self.run_stop_post().await;
@@ -376,9 +325,7 @@ impl<S: StateSink> Runner<S> {
         }
         self.say(&format!("Stopping {}...", self.description));
         self.state.set("deactivating", "stop");
-        let _ = self
-            .run_all_unstoppable(self.config.exec_stop.clone())
-            .await;
+        let _ = self.run_all_unstoppable(self.config.exec_stop.clone()).await;
         self.state.set("deactivating", "stop-sigterm");
         match main_pid {
             Some(pid) if self.config.kill_mode != KillMode::ControlGroup => {
@@ -412,9 +359,7 @@ impl<S: StateSink> Runner<S> {
     async fn run_stop_post(&mut self) {
         if !self.config.exec_stop_post.is_empty() {
             self.state.set("deactivating", "stop-post");
-            let _ = self
-                .run_all_unstoppable(self.config.exec_stop_post.clone())
-                .await;
+            let _ = self.run_all_unstoppable(self.config.exec_stop_post.clone()).await;
         }
     }
 
@@ -435,10 +380,7 @@ impl<S: StateSink> Runner<S> {
         let timeout = self.config.timeout_stop.unwrap_or(Duration::MAX);
         if tokio::time::timeout(timeout, child.wait()).await.is_err() {
             self.state.set("deactivating", "stop-sigkill");
-            self.say(&format!(
-                "{}: State 'stop-sigterm' timed out. Killing.",
-                self.unit
-            ));
+            self.say(&format!("{}: State 'stop-sigterm' timed out. Killing.", self.unit));
             match self.config.kill_mode {
                 KillMode::Process => signal_process(pid, libc::SIGKILL),
                 KillMode::None => {}
@@ -446,10 +388,7 @@ impl<S: StateSink> Runner<S> {
             }
             let _ = child.wait().await;
         }
-        if matches!(
-            self.config.kill_mode,
-            KillMode::ControlGroup | KillMode::Mixed
-        ) {
+        if matches!(self.config.kill_mode, KillMode::ControlGroup | KillMode::Mixed) {
             signal_group(pid, libc::SIGKILL);
         }
     }

@@ -89,13 +89,9 @@ pub struct ServiceConfig {
 pub enum ServiceError {
     #[error("unit type {0:?} is not supported by the native unit manager (only .service)")]
     UnsupportedType(String),
-    #[error(
-        "Service has no ExecStart= setting, which is only allowed for Type=oneshot services. Refusing."
-    )]
+    #[error("Service has no ExecStart= setting, which is only allowed for Type=oneshot services. Refusing.")]
     NoExecStart,
-    #[error(
-        "Service has more than one ExecStart= setting, which is only allowed for Type=oneshot services. Refusing."
-    )]
+    #[error("Service has more than one ExecStart= setting, which is only allowed for Type=oneshot services. Refusing.")]
     SeveralExecStart,
     #[error("invalid value {value:?} for {key}=")]
     BadValue { key: &'static str, value: String },
@@ -118,14 +114,10 @@ pub fn parse_timespan(text: &str) -> Option<Option<Duration>> {
         return None;
     }
     while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .unwrap_or(rest.len());
+        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
         let number: f64 = rest[..digits].parse().ok()?;
         rest = rest[digits..].trim_start();
-        let unit_len = rest
-            .find(|c: char| !c.is_ascii_alphabetic())
-            .unwrap_or(rest.len());
+        let unit_len = rest.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(rest.len());
         let seconds_per = match &rest[..unit_len] {
             "" | "s" | "sec" | "second" | "seconds" => 1.0,
             "ms" | "msec" => 0.001,
@@ -196,10 +188,7 @@ impl ServiceConfig {
             pid_file: None,
         };
         let mut warnings = Vec::new();
-        let bad = |key: &'static str, value: &str| ServiceError::BadValue {
-            key,
-            value: value.to_string(),
-        };
+        let bad = |key: &'static str, value: &str| ServiceError::BadValue { key, value: value.to_string() };
         for option in file.options() {
             let value = option.value.as_str();
             match (option.section.as_str(), option.name.as_str()) {
@@ -210,20 +199,14 @@ impl ServiceConfig {
                         "oneshot" => ServiceType::Oneshot,
                         "forking" => ServiceType::Forking,
                         "notify" | "dbus" | "idle" => {
-                            warnings.push(format!(
-                                "Type={value} is run as Type=simple by the native unit manager"
-                            ));
+                            warnings.push(format!("Type={value} is run as Type=simple by the native unit manager"));
                             ServiceType::Simple
                         }
                         _ => return Err(bad("Type", value)),
                     }
                 }
                 // An empty assignment resets the list, as in systemd.
-                (
-                    "Service",
-                    key @ ("ExecStartPre" | "ExecStart" | "ExecStartPost" | "ExecStop"
-                    | "ExecStopPost"),
-                ) => {
+                ("Service", key @ ("ExecStartPre" | "ExecStart" | "ExecStartPost" | "ExecStop" | "ExecStopPost")) => {
                     let list = match key {
                         "ExecStartPre" => &mut config.exec_start_pre,
                         "ExecStart" => &mut config.exec_start,
@@ -249,20 +232,16 @@ impl ServiceConfig {
                     }
                 }
                 ("Service", "RestartSec") => {
-                    config.restart_sec = parse_timespan(value)
-                        .ok_or_else(|| bad("RestartSec", value))?
-                        .unwrap_or(Duration::MAX)
+                    config.restart_sec =
+                        parse_timespan(value).ok_or_else(|| bad("RestartSec", value))?.unwrap_or(Duration::MAX)
                 }
                 ("Service", "Environment") => config.environment.push(value.to_string()),
                 ("Service", "EnvironmentFile") => config.environment_files.push(value.to_string()),
-                ("Service", "WorkingDirectory") => {
-                    config.working_directory = Some(value.to_string())
-                }
+                ("Service", "WorkingDirectory") => config.working_directory = Some(value.to_string()),
                 ("Service", "User") => config.user = Some(value.to_string()),
                 ("Service", "Group") => config.group = Some(value.to_string()),
                 ("Service", "KillSignal") => {
-                    config.kill_signal =
-                        parse_signal(value).ok_or_else(|| bad("KillSignal", value))?
+                    config.kill_signal = parse_signal(value).ok_or_else(|| bad("KillSignal", value))?
                 }
                 ("Service", "KillMode") => {
                     config.kill_mode = match value {
@@ -274,12 +253,10 @@ impl ServiceConfig {
                     }
                 }
                 ("Service", "TimeoutStartSec") => {
-                    config.timeout_start =
-                        parse_timespan(value).ok_or_else(|| bad("TimeoutStartSec", value))?
+                    config.timeout_start = parse_timespan(value).ok_or_else(|| bad("TimeoutStartSec", value))?
                 }
                 ("Service", "TimeoutStopSec") => {
-                    config.timeout_stop =
-                        parse_timespan(value).ok_or_else(|| bad("TimeoutStopSec", value))?
+                    config.timeout_stop = parse_timespan(value).ok_or_else(|| bad("TimeoutStopSec", value))?
                 }
                 ("Service", "TimeoutSec") => {
                     let timeout = parse_timespan(value).ok_or_else(|| bad("TimeoutSec", value))?;
@@ -287,15 +264,14 @@ impl ServiceConfig {
                     config.timeout_stop = timeout;
                 }
                 ("Service", "RemainAfterExit") => {
-                    config.remain_after_exit =
-                        parse_bool(value).ok_or_else(|| bad("RemainAfterExit", value))?
+                    config.remain_after_exit = parse_bool(value).ok_or_else(|| bad("RemainAfterExit", value))?
                 }
                 ("Service", "PIDFile") => config.pid_file = Some(value.to_string()),
                 ("Unit", key) if DESCRIPTIVE_UNIT_KEYS.contains(&key) => {}
                 ("X-Fleet", _) => {}
-                (section, key) => warnings.push(format!(
-                    "[{section}] {key}= is not supported by the native unit manager, ignoring"
-                )),
+                (section, key) => {
+                    warnings.push(format!("[{section}] {key}= is not supported by the native unit manager, ignoring"))
+                }
             }
         }
         match (config.kind, config.exec_start.len()) {
@@ -346,34 +322,21 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_run() {
-        assert_eq!(
-            read("a.service", "[Service]\nType=simple\n").unwrap_err(),
-            ServiceError::NoExecStart
-        );
+        assert_eq!(read("a.service", "[Service]\nType=simple\n").unwrap_err(), ServiceError::NoExecStart);
         assert_eq!(
             read("a.service", "[Service]\nExecStart=a\nExecStart=b\n").unwrap_err(),
             ServiceError::SeveralExecStart
         );
         assert_eq!(
-            read("a.socket", "[Socket]\nListenStream=1\n")
-                .unwrap_err()
-                .to_string(),
+            read("a.socket", "[Socket]\nListenStream=1\n").unwrap_err().to_string(),
             "unit type \"socket\" is not supported by the native unit manager (only .service)"
         );
         assert_eq!(
-            read("a.service", "[Service]\nExecStart=a\nRestart=sometimes\n")
-                .unwrap_err()
-                .to_string(),
+            read("a.service", "[Service]\nExecStart=a\nRestart=sometimes\n").unwrap_err().to_string(),
             "invalid value \"sometimes\" for Restart="
         );
         // An empty ExecStart= resets the list.
-        assert!(
-            read(
-                "a.service",
-                "[Service]\nExecStart=a\nExecStart=\nExecStart=b\n"
-            )
-            .is_ok()
-        );
+        assert!(read("a.service", "[Service]\nExecStart=a\nExecStart=\nExecStart=b\n").is_ok());
     }
 
     #[test]
@@ -394,10 +357,7 @@ mod tests {
     #[test]
     fn timespans_and_signals() {
         assert_eq!(parse_timespan("5"), Some(Some(Duration::from_secs(5))));
-        assert_eq!(
-            parse_timespan("2h 1s"),
-            Some(Some(Duration::from_secs(7201)))
-        );
+        assert_eq!(parse_timespan("2h 1s"), Some(Some(Duration::from_secs(7201))));
         assert_eq!(parse_timespan("infinity"), Some(None));
         assert_eq!(parse_timespan("5 parsecs"), None);
         assert_eq!(parse_timespan(""), None);

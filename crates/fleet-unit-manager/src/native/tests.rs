@@ -3,12 +3,8 @@ use std::time::{Duration, Instant};
 use super::*;
 
 fn manager(dir: &Path) -> NativeManager {
-    NativeManager::new(NativeOptions {
-        state_dir: dir.to_path_buf(),
-        machine_id: "m1".into(),
-        hostname: "host".into(),
-    })
-    .unwrap()
+    NativeManager::new(NativeOptions { state_dir: dir.to_path_buf(), machine_id: "m1".into(), hostname: "host".into() })
+        .unwrap()
 }
 
 async fn state_of(manager: &NativeManager, name: &str) -> SystemdState {
@@ -32,29 +28,19 @@ async fn wait_for(manager: &NativeManager, name: &str, active: &str, sub: &str) 
 }
 
 async fn load(manager: &NativeManager, name: &str, text: &str) {
-    manager
-        .load(name, &UnitFile::parse(text).unwrap())
-        .await
-        .unwrap();
+    manager.load(name, &UnitFile::parse(text).unwrap()).await.unwrap();
 }
 
 /// The processes a manager started for `state_dir`, found by the marker in their environment.
 fn pids_with(state_dir: &Path) -> Vec<u32> {
-    let wanted = format!(
-        "{}={}",
-        process::SUPERVISOR_MARKER,
-        std::fs::canonicalize(state_dir).unwrap().display()
-    );
+    let wanted = format!("{}={}", process::SUPERVISOR_MARKER, std::fs::canonicalize(state_dir).unwrap().display());
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
-                environ
-                    .split(|b| *b == 0)
-                    .any(|item| item == wanted.as_bytes())
-            })
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| environ.split(|b| *b == 0).any(|item| item == wanted.as_bytes()))
         })
         .collect()
 }
@@ -66,28 +52,15 @@ async fn simple_service_starts_and_stops_with_its_children() {
     let tag = dir.path();
     let unit = "[Unit]\nDescription=Hello\n[Service]\nExecStart=/bin/sh -c 'sleep 1000 & exec sleep 1001'\n";
     load(&manager, "hello.service", unit).await;
-    assert_eq!(
-        state_of(&manager, "hello.service").await,
-        SystemdState::new("loaded", "inactive", "dead")
-    );
+    assert_eq!(state_of(&manager, "hello.service").await, SystemdState::new("loaded", "inactive", "dead"));
     manager.start("hello.service").await.unwrap();
     wait_for(&manager, "hello.service", "active", "running").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(
-        pids_with(tag).len(),
-        2,
-        "both the main process and its child run"
-    );
+    assert_eq!(pids_with(tag).len(), 2, "both the main process and its child run");
     manager.stop("hello.service").await.unwrap();
-    assert_eq!(
-        state_of(&manager, "hello.service").await,
-        SystemdState::new("loaded", "inactive", "dead")
-    );
+    assert_eq!(state_of(&manager, "hello.service").await, SystemdState::new("loaded", "inactive", "dead"));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(
-        pids_with(tag).is_empty(),
-        "stop kills the whole process group"
-    );
+    assert!(pids_with(tag).is_empty(), "stop kills the whole process group");
     let journal = manager.journal("hello.service", 10).await.unwrap();
     assert!(journal.contains("Started Hello."), "{journal}");
     assert!(journal.contains("Stopped Hello."), "{journal}");
@@ -112,40 +85,21 @@ async fn output_environment_and_specifiers_reach_the_journal() {
     assert!(journal.contains(": hi world filed"), "{journal}");
     assert!(journal.contains(": oops"), "{journal}");
     manager.stop("greet@world.service").await.unwrap();
-    assert_eq!(
-        state_of(&manager, "greet@world.service").await.active,
-        "inactive"
-    );
+    assert_eq!(state_of(&manager, "greet@world.service").await.active, "inactive");
 }
 
 #[tokio::test]
 async fn failures_and_restart_limits() {
     let dir = tempfile::tempdir().unwrap();
     let manager = manager(dir.path());
-    load(
-        &manager,
-        "fail.service",
-        "[Service]\nType=oneshot\nExecStart=/bin/false\n",
-    )
-    .await;
+    load(&manager, "fail.service", "[Service]\nType=oneshot\nExecStart=/bin/false\n").await;
     manager.start("fail.service").await.unwrap();
     wait_for(&manager, "fail.service", "failed", "failed").await;
 
-    load(
-        &manager,
-        "missing.service",
-        "[Service]\nExecStart=/does/not/exist\n",
-    )
-    .await;
+    load(&manager, "missing.service", "[Service]\nExecStart=/does/not/exist\n").await;
     manager.start("missing.service").await.unwrap();
     wait_for(&manager, "missing.service", "failed", "failed").await;
-    assert!(
-        manager
-            .journal("missing.service", 5)
-            .await
-            .unwrap()
-            .contains("Failed to execute /does/not/exist")
-    );
+    assert!(manager.journal("missing.service", 5).await.unwrap().contains("Failed to execute /does/not/exist"));
 
     let counter = dir.path().join("count");
     let unit = format!(
@@ -156,17 +110,8 @@ async fn failures_and_restart_limits() {
     manager.start("flaky.service").await.unwrap();
     wait_for(&manager, "flaky.service", "failed", "failed").await;
     let runs = std::fs::read_to_string(&counter).unwrap().lines().count();
-    assert_eq!(
-        runs, 5,
-        "the first start and four restarts, then the start limit"
-    );
-    assert!(
-        manager
-            .journal("flaky.service", 50)
-            .await
-            .unwrap()
-            .contains("Start request repeated too quickly.")
-    );
+    assert_eq!(runs, 5, "the first start and four restarts, then the start limit");
+    assert!(manager.journal("flaky.service", 50).await.unwrap().contains("Start request repeated too quickly."));
 }
 
 #[tokio::test]
@@ -174,12 +119,7 @@ async fn restart_always_brings_a_killed_service_back() {
     let dir = tempfile::tempdir().unwrap();
     let manager = manager(dir.path());
     let tag = dir.path();
-    load(
-        &manager,
-        "always.service",
-        "[Service]\nExecStart=/bin/sleep 1000\nRestart=always\nRestartSec=0\n",
-    )
-    .await;
+    load(&manager, "always.service", "[Service]\nExecStart=/bin/sleep 1000\nRestart=always\nRestartSec=0\n").await;
     manager.start("always.service").await.unwrap();
     wait_for(&manager, "always.service", "active", "running").await;
     let first = pids_with(tag);
@@ -192,10 +132,7 @@ async fn restart_always_brings_a_killed_service_back() {
     }
     wait_for(&manager, "always.service", "active", "running").await;
     manager.stop_all().await.unwrap();
-    assert_eq!(
-        state_of(&manager, "always.service").await.active,
-        "inactive"
-    );
+    assert_eq!(state_of(&manager, "always.service").await.active, "inactive");
 }
 
 #[tokio::test]
@@ -209,10 +146,7 @@ async fn stubborn_processes_are_killed_after_the_stop_timeout() {
     let started = Instant::now();
     manager.stop("stubborn.service").await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(
-        state_of(&manager, "stubborn.service").await.active,
-        "inactive"
-    );
+    assert_eq!(state_of(&manager, "stubborn.service").await.active, "inactive");
     let journal = manager.journal("stubborn.service", 20).await.unwrap();
     assert!(journal.contains("timed out. Killing."), "{journal}");
     assert!(journal.contains(": cleaned"), "{journal}");
@@ -223,34 +157,13 @@ async fn units_it_cannot_run_say_why() {
     let dir = tempfile::tempdir().unwrap();
     let manager = manager(dir.path());
     load(&manager, "empty.service", "[Service]\nUser=root\n").await;
-    assert_eq!(
-        state_of(&manager, "empty.service").await.load,
-        "bad-setting"
-    );
-    let error = manager
-        .start("empty.service")
-        .await
-        .unwrap_err()
-        .to_string();
+    assert_eq!(state_of(&manager, "empty.service").await.load, "bad-setting");
+    let error = manager.start("empty.service").await.unwrap_err().to_string();
     assert!(error.contains("no ExecStart="), "{error}");
-    load(
-        &manager,
-        "nouser.service",
-        "[Service]\nExecStart=/bin/true\nUser=no-such-user-here\n",
-    )
-    .await;
+    load(&manager, "nouser.service", "[Service]\nExecStart=/bin/true\nUser=no-such-user-here\n").await;
     assert!(manager.start("nouser.service").await.is_err());
     assert_eq!(state_of(&manager, "nouser.service").await.active, "failed");
-    assert!(matches!(
-        manager.start("unknown.service").await,
-        Err(UnitManagerError::NotLoaded(_))
-    ));
+    assert!(matches!(manager.start("unknown.service").await, Err(UnitManagerError::NotLoaded(_))));
     manager.unload("nouser.service").await.unwrap();
-    assert!(
-        !manager
-            .units()
-            .await
-            .unwrap()
-            .contains_key("nouser.service")
-    );
+    assert!(!manager.units().await.unwrap().contains_key("nouser.service"));
 }

@@ -50,11 +50,7 @@ where
     let mut results = Vec::with_capacity(items.len());
     let mut items = items.into_iter().peekable();
     while items.peek().is_some() {
-        let handles: Vec<_> = items
-            .by_ref()
-            .take(PARALLEL_REQUESTS)
-            .map(|item| tokio::spawn(work(item)))
-            .collect();
+        let handles: Vec<_> = items.by_ref().take(PARALLEL_REQUESTS).map(|item| tokio::spawn(work(item))).collect();
         for handle in handles {
             match handle.await {
                 Ok(result) => results.push(result),
@@ -105,11 +101,7 @@ pub async fn lazy_create(
         validate_name(name).map_err(|error| format!("invalid unit name {name:?}: {error}"))?;
     }
     let mut wanted: BTreeSet<String> = names.iter().cloned().collect();
-    wanted.extend(
-        names
-            .iter()
-            .filter_map(|name| UnitNameInfo::new(name).template()),
-    );
+    wanted.extend(names.iter().filter_map(|name| UnitNameInfo::new(name).template()));
     let registry = fetch_units(context, &wanted).await?;
     let mut templates_on_disk = HashMap::new();
     let mut to_create: Vec<Unit> = Vec::new();
@@ -136,39 +128,26 @@ pub async fn lazy_create(
             } else if replaceable.contains(&desired) {
                 to_create.push(new_unit(name, &local)?);
             } else {
-                eprintln!(
-                    "Warning: can not replace Unit({name}) in state '{desired}', use the appropriate command"
-                );
+                eprintln!("Warning: can not replace Unit({name}) in state '{desired}', use the appropriate command");
             }
             continue;
         }
         let Some(local) = local else {
-            return Err(format!(
-                "unable to find Unit({name}) in Registry or on filesystem"
-            ));
+            return Err(format!("unable to find Unit({name}) in Registry or on filesystem"));
         };
         to_create.push(new_unit(name, &local)?);
     }
     let created: Vec<String> = to_create.iter().map(|unit| unit.name.clone()).collect();
-    let globals: BTreeSet<String> = to_create
-        .iter()
-        .filter(|unit| is_global(unit))
-        .map(|unit| unit.name.clone())
-        .collect();
+    let globals: BTreeSet<String> =
+        to_create.iter().filter(|unit| is_global(unit)).map(|unit| unit.name.clone()).collect();
     let client = context.client.clone();
     let results = in_parallel(to_create, move |unit| {
         let client = client.clone();
-        async move {
-            client
-                .put_unit(&unit)
-                .await
-                .map_err(|error| error.to_string())
-        }
+        async move { client.put_unit(&unit).await.map_err(|error| error.to_string()) }
     })
     .await;
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
-    let (global, scheduled): (Vec<String>, Vec<String>) =
-        created.into_iter().partition(|name| globals.contains(name));
+    let (global, scheduled): (Vec<String>, Vec<String>) = created.into_iter().partition(|name| globals.contains(name));
     for name in &global {
         println!("Unit {name}");
     }
@@ -178,17 +157,11 @@ pub async fn lazy_create(
 
 fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {
     let requirements = Requirements::from_unit(name, file);
-    requirements
-        .validate()
-        .map_err(|error| format!("unit {name}: {error}"))?;
+    requirements.validate().map_err(|error| format!("unit {name}: {error}"))?;
     for key in &requirements.unknown_keys {
         if !KNOWN_KEYS.contains(&key.as_str()) {
             eprintln!("Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}");
         }
     }
-    Ok(Unit {
-        name: name.to_string(),
-        options: schema_options(file),
-        ..Unit::default()
-    })
+    Ok(Unit { name: name.to_string(), options: schema_options(file), ..Unit::default() })
 }

@@ -60,25 +60,15 @@ pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
             println!();
         }
         let description = unit_file(&unit).description().map(str::to_string);
-        let states = context
-            .client
-            .unit_states(Some(&name))
-            .await
-            .unwrap_or_default();
+        let states = context.client.unit_states(Some(&name)).await.unwrap_or_default();
         match &description {
             Some(description) => println!("● {name} - {description}"),
             None => println!("● {name}"),
         }
         for state in &states {
-            println!(
-                "   Machine: {}",
-                machine_full_legend(&state.machine_id, &machines, false)
-            );
+            println!("   Machine: {}", machine_full_legend(&state.machine_id, &machines, false));
             println!("    Loaded: {}", state.systemd_load_state);
-            println!(
-                "    Active: {} ({})",
-                state.systemd_active_state, state.systemd_sub_state
-            );
+            println!("    Active: {} ({})", state.systemd_active_state, state.systemd_sub_state);
         }
         if let Ok(journal) = context.client.journal(&name, 10).await
             && !journal.text.is_empty()
@@ -90,12 +80,7 @@ pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
     Outcome::Success
 }
 
-pub async fn journal(
-    context: &Context,
-    arguments: &[String],
-    lines: usize,
-    follow: bool,
-) -> Outcome {
+pub async fn journal(context: &Context, arguments: &[String], lines: usize, follow: bool) -> Outcome {
     let [argument] = arguments else {
         eprintln!("One unit file must be provided.");
         return Outcome::Usage;
@@ -140,10 +125,7 @@ pub async fn journal(
         };
         let recent: Vec<String> = journal.text.lines().map(str::to_string).collect();
         let start = match printed.last() {
-            Some(last) => recent
-                .iter()
-                .rposition(|line| line == last)
-                .map_or(0, |position| position + 1),
+            Some(last) => recent.iter().rposition(|line| line == last).map_or(0, |position| position + 1),
             None => 0,
         };
         for line in &recent[start..] {

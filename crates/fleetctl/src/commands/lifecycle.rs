@@ -16,33 +16,17 @@ async fn find_units(context: &Context, arguments: &[String]) -> Result<Vec<Unit>
     let wanted: BTreeSet<String> = names.iter().cloned().collect();
     let mut found = fetch_units(context, &wanted).await?;
     let mut seen = BTreeSet::new();
-    Ok(names
-        .into_iter()
-        .filter(|name| seen.insert(name.clone()))
-        .filter_map(|name| found.remove(&name))
-        .collect())
+    Ok(names.into_iter().filter(|name| seen.insert(name.clone())).filter_map(|name| found.remove(&name)).collect())
 }
 
 /// Sets `target` as the desired state of every unit not already there; returns those it
 /// changed.
-async fn set_desired_state(
-    context: &Context,
-    units: Vec<Unit>,
-    target: &'static str,
-) -> Result<Vec<Unit>, String> {
-    let triggered: Vec<Unit> = units
-        .into_iter()
-        .filter(|unit| unit.desired_state.as_deref() != Some(target))
-        .collect();
+async fn set_desired_state(context: &Context, units: Vec<Unit>, target: &'static str) -> Result<Vec<Unit>, String> {
+    let triggered: Vec<Unit> = units.into_iter().filter(|unit| unit.desired_state.as_deref() != Some(target)).collect();
     let client = context.client.clone();
     let results = in_parallel(triggered.clone(), move |unit| {
         let client = client.clone();
-        async move {
-            client
-                .set_desired_state(&unit.name, target)
-                .await
-                .map_err(|error| error.to_string())
-        }
+        async move { client.set_desired_state(&unit.name, target).await.map_err(|error| error.to_string()) }
     })
     .await;
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
@@ -58,15 +42,7 @@ pub async fn submit(context: &Context, arguments: &[String], create: &CreateFlag
         eprintln!("No units given");
         return Outcome::Usage;
     }
-    match lazy_create(
-        context,
-        arguments,
-        create.replace,
-        &["inactive"],
-        Attempts::Forever,
-    )
-    .await
-    {
+    match lazy_create(context, arguments, create.replace, &["inactive"], Attempts::Forever).await {
         Ok(_) => Outcome::Success,
         Err(error) => {
             eprintln!("Error creating units: {error}");
@@ -87,26 +63,18 @@ async fn schedule(
         eprintln!("No units given");
         return Outcome::Usage;
     }
-    let replaceable: &[&str] = if target == "launched" {
-        &["inactive", "loaded", "launched"]
-    } else {
-        &["inactive", "loaded"]
-    };
-    let names = match lazy_create(
-        context,
-        arguments,
-        create.replace,
-        replaceable,
-        Attempts::from_count(block.block_attempts),
-    )
-    .await
-    {
-        Ok(names) => names,
-        Err(error) => {
-            eprintln!("Error creating units: {error}");
-            return Outcome::Failure;
-        }
-    };
+    let replaceable: &[&str] =
+        if target == "launched" { &["inactive", "loaded", "launched"] } else { &["inactive", "loaded"] };
+    let names =
+        match lazy_create(context, arguments, create.replace, replaceable, Attempts::from_count(block.block_attempts))
+            .await
+        {
+            Ok(names) => names,
+            Err(error) => {
+                eprintln!("Error creating units: {error}");
+                return Outcome::Failure;
+            }
+        };
     let units = match find_units(context, &names).await {
         Ok(units) => units,
         Err(error) => {
@@ -146,36 +114,12 @@ async fn schedule(
     Outcome::Success
 }
 
-pub async fn load(
-    context: &Context,
-    arguments: &[String],
-    create: &CreateFlags,
-    block: &BlockFlags,
-) -> Outcome {
-    schedule(
-        context,
-        arguments,
-        create,
-        block,
-        ("loaded", "load", "loading"),
-    )
-    .await
+pub async fn load(context: &Context, arguments: &[String], create: &CreateFlags, block: &BlockFlags) -> Outcome {
+    schedule(context, arguments, create, block, ("loaded", "load", "loading")).await
 }
 
-pub async fn start(
-    context: &Context,
-    arguments: &[String],
-    create: &CreateFlags,
-    block: &BlockFlags,
-) -> Outcome {
-    schedule(
-        context,
-        arguments,
-        create,
-        block,
-        ("launched", "start", "starting"),
-    )
-    .await
+pub async fn start(context: &Context, arguments: &[String], create: &CreateFlags, block: &BlockFlags) -> Outcome {
+    schedule(context, arguments, create, block, ("launched", "start", "starting")).await
 }
 
 /// stop and unload: only existing units; wait for the lower state.
@@ -253,13 +197,7 @@ pub async fn stop(context: &Context, arguments: &[String], block: &BlockFlags) -
 }
 
 pub async fn unload(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
-    lower(
-        context,
-        arguments,
-        block,
-        ("inactive", "unload", "unloaded"),
-    )
-    .await
+    lower(context, arguments, block, ("inactive", "unload", "unloaded")).await
 }
 
 pub async fn destroy(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
@@ -282,12 +220,7 @@ pub async fn destroy(context: &Context, arguments: &[String], block: &BlockFlags
     let client = context.client.clone();
     let results = in_parallel(names.clone(), move |name| {
         let client = client.clone();
-        async move {
-            client
-                .destroy_unit(&name)
-                .await
-                .map_err(|error| error.to_string())
-        }
+        async move { client.destroy_unit(&name).await.map_err(|error| error.to_string()) }
     })
     .await;
     for (name, result) in names.iter().zip(results) {
@@ -308,25 +241,14 @@ pub async fn destroy(context: &Context, arguments: &[String], block: &BlockFlags
 }
 
 /// Waits until no machine reports the global unit `name` as active.
-async fn wait_global_stopped(
-    context: &Context,
-    name: &str,
-    attempts: Attempts,
-) -> Result<(), String> {
+async fn wait_global_stopped(context: &Context, name: &str, attempts: Attempts) -> Result<(), String> {
     let deadline = match attempts {
         Attempts::Limited(n) => Some(std::time::Instant::now() + crate::wait::ATTEMPT * n),
         _ => None,
     };
     loop {
-        let states = context
-            .client
-            .unit_states(Some(name))
-            .await
-            .map_err(|error| error.to_string())?;
-        if states
-            .iter()
-            .all(|state| state.systemd_active_state != "active")
-        {
+        let states = context.client.unit_states(Some(name)).await.map_err(|error| error.to_string())?;
+        if states.iter().all(|state| state.systemd_active_state != "active") {
             return Ok(());
         }
         if deadline.is_some_and(|deadline| std::time::Instant::now() >= deadline) {
@@ -359,11 +281,7 @@ pub async fn restart(context: &Context, arguments: &[String], block_attempts: u3
     for unit in units {
         let name = unit.name.clone();
         let step = async |target: &'static str| -> Result<(), String> {
-            context
-                .client
-                .set_desired_state(&name, target)
-                .await
-                .map_err(|error| error.to_string())
+            context.client.set_desired_state(&name, target).await.map_err(|error| error.to_string())
         };
         let result = if is_global(&unit) {
             let result = match step("loaded").await {
@@ -371,9 +289,7 @@ pub async fn restart(context: &Context, arguments: &[String], block_attempts: u3
                 Err(error) => Err(error),
             };
             match result {
-                Ok(()) => step("launched")
-                    .await
-                    .map(|()| println!("Triggered global unit {name} restart")),
+                Ok(()) => step("launched").await.map(|()| println!("Triggered global unit {name} restart")),
                 Err(error) => Err(error),
             }
         } else {
@@ -383,31 +299,17 @@ pub async fn restart(context: &Context, arguments: &[String], block_attempts: u3
                     continue;
                 }
                 "loaded" => match step("launched").await {
-                    Ok(()) => {
-                        wait_for_state(context, std::slice::from_ref(&name), "launched", attempts)
-                            .await
-                    }
+                    Ok(()) => wait_for_state(context, std::slice::from_ref(&name), "launched", attempts).await,
                     Err(error) => Err(error),
                 },
                 _ => {
                     let stopped = match step("loaded").await {
-                        Ok(()) => {
-                            wait_for_state(context, std::slice::from_ref(&name), "loaded", attempts)
-                                .await
-                        }
+                        Ok(()) => wait_for_state(context, std::slice::from_ref(&name), "loaded", attempts).await,
                         Err(error) => Err(error),
                     };
                     match stopped {
                         Ok(()) => match step("launched").await {
-                            Ok(()) => {
-                                wait_for_state(
-                                    context,
-                                    std::slice::from_ref(&name),
-                                    "launched",
-                                    attempts,
-                                )
-                                .await
-                            }
+                            Ok(()) => wait_for_state(context, std::slice::from_ref(&name), "launched", attempts).await,
                             Err(error) => Err(error),
                         },
                         Err(error) => Err(error),

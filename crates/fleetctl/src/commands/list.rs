@@ -29,11 +29,7 @@ fn print_table(fields: &[&str], rows: Vec<Vec<String>>, no_legend: bool) {
 }
 
 fn or_dash(text: &str) -> String {
-    if text.is_empty() {
-        "-".to_string()
-    } else {
-        text.to_string()
-    }
+    if text.is_empty() { "-".to_string() } else { text.to_string() }
 }
 
 pub async fn machines(context: &Context, list: &ListFlags, fields: &str) -> Outcome {
@@ -59,14 +55,9 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str) -> Outc
                 .map(|field| match *field {
                     "machine" => machine_id_legend(&machine.id, list.full),
                     "ip" => or_dash(&machine.primary_ip),
-                    _ => or_dash(
-                        &machine
-                            .metadata
-                            .iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(","),
-                    ),
+                    _ => {
+                        or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
+                    }
                 })
                 .collect()
         })
@@ -76,9 +67,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str) -> Outc
 }
 
 pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str) -> Outcome {
-    let valid = [
-        "desc", "dstate", "global", "hash", "reason", "state", "target", "tmachine", "unit",
-    ];
+    let valid = ["desc", "dstate", "global", "hash", "reason", "state", "target", "tmachine", "unit"];
     let fields = match parse_fields(fields, &valid) {
         Ok(fields) => fields,
         Err(message) => {
@@ -133,10 +122,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str) -> Ou
 }
 
 pub async fn units(context: &Context, list: &ListFlags, fields: &str) -> Outcome {
-    let fields = match parse_fields(
-        fields,
-        &["active", "hash", "load", "machine", "sub", "unit"],
-    ) {
+    let fields = match parse_fields(fields, &["active", "hash", "load", "machine", "sub", "unit"]) {
         Ok(fields) => fields,
         Err(message) => {
             eprintln!("{message}");
@@ -151,11 +137,7 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str) -> Outcome
         }
     };
     states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
-    let machines = if fields.contains(&"machine") {
-        context.machines().await
-    } else {
-        Default::default()
-    };
+    let machines = if fields.contains(&"machine") { context.machines().await } else { Default::default() };
     let rows = states
         .iter()
         .map(|state| {

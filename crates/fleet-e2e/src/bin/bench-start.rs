@@ -1,0 +1,53 @@
+//! Benchmark: one machine with the native supervisor; `fleetctl start` of 1,000 template
+//! instances, timed until all report active. Prints its numbers.
+//!
+//! Run: `cargo build --release --workspace --bins && target/release/bench-start [COUNT]`
+
+use std::process::Command;
+use std::time::Instant;
+
+use fleet_e2e::{Fleetd, binary};
+
+fn main() {
+    let count: usize = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(1000);
+    let fleet = Fleetd::start("bench0start00001", &[]);
+    let units = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(units.path().join("bench@.service"), "[Service]\nExecStart=/bin/sleep 100000\n").expect("template");
+    let names: Vec<String> =
+        (1..=count).map(|n| units.path().join(format!("bench@{n}.service")).display().to_string()).collect();
+    let cpu_before = cpu_seconds(fleet.pid());
+    let started = Instant::now();
+    let output = Command::new(binary("fleetctl"))
+        .arg(format!("--endpoint=unix://{}", fleet.socket().display()))
+        .arg("start")
+        .args(&names)
+        .output()
+        .expect("run fleetctl");
+    let elapsed = started.elapsed();
+    assert!(output.status.success(), "fleetctl start failed: {}", String::from_utf8_lossy(&output.stderr));
+    let rows = fleet.ok(&["list-units", "--no-legend", "--fields", "active"]).stdout;
+    let active = rows.lines().filter(|line| *line == "active").count();
+    let cpu = cpu_seconds(fleet.pid()) - cpu_before;
+    println!("bench-start: fleetctl start of {count} template instances on one machine (native supervisor)");
+    println!("  until all active: {:.2} s", elapsed.as_secs_f64());
+    println!("  units reported active afterwards: {active}/{count}");
+    println!("  fleetd CPU time during the start: {cpu:.2} s");
+    assert_eq!(active, count, "every instance runs");
+    let stop = Instant::now();
+    let mut stop_args = vec!["destroy".to_string()];
+    stop_args.extend((1..=count).map(|n| format!("bench@{n}.service")));
+    let stop_args: Vec<&str> = stop_args.iter().map(String::as_str).collect();
+    fleet.ok(&stop_args);
+    println!("  fleetctl destroy of all {count}: {:.2} s", stop.elapsed().as_secs_f64());
+}
+
+/// User plus system CPU seconds of a process, from /proc.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    // After the command name: state is field 0, utime is 11, stime is 12.
+    let ticks: f64 = [11, 12].iter().filter_map(|i| fields.get(*i)?.parse::<f64>().ok()).sum();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / per_second
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Starts a single-machine fleet from this checkout: fleetd on the embedded store with the
+# native supervisor, examples/hello.service launched, and its state shown by fleetctl.
+# Everything lives in ./.fleet (state, socket, logs); `scripts/quickstart.sh stop` ends it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root="$PWD/.fleet"
+socket="$root/fleet.sock"
+export FLEETCTL_ENDPOINT="unix://$socket"
+
+if [ "${1:-}" = "stop" ]; then
+  if [ -f "$root/fleetd.pid" ]; then kill -TERM "$(cat "$root/fleetd.pid")" 2>/dev/null || true; fi
+  echo "fleetd stopped"
+  exit 0
+fi
+
+command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
+cargo build --release -p fleetd -p fleetctl
+mkdir -p "$root"
+if [ ! -s "$root/machine-id" ]; then
+  if [ -s /etc/machine-id ]; then cp /etc/machine-id "$root/machine-id"; else od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$root/machine-id"; fi
+fi
+cat > "$root/fleet.conf" <<CONF
+machine_id = $root/machine-id
+state_dir = $root/state
+api_listen = unix://$socket
+metadata = "role=demo"
+CONF
+
+if [ -f "$root/fleetd.pid" ] && kill -0 "$(cat "$root/fleetd.pid")" 2>/dev/null; then
+  echo "fleetd already running (pid $(cat "$root/fleetd.pid"))"
+else
+  nohup target/release/fleetd -config "$root/fleet.conf" >"$root/fleetd.log" 2>&1 &
+  echo $! > "$root/fleetd.pid"
+  for _ in $(seq 1 100); do [ -S "$socket" ] && break; sleep 0.1; done
+fi
+
+target/release/fleetctl start examples/hello.service
+target/release/fleetctl list-machines
+target/release/fleetctl list-units
+cat <<MSG
+
+fleet is running (log: $root/fleetd.log). Try:
+  export FLEETCTL_ENDPOINT=$FLEETCTL_ENDPOINT
+  target/release/fleetctl journal hello.service
+  target/release/fleetctl start examples/hello@{1,2,3}.service
+  scripts/quickstart.sh stop
+MSG
