@@ -197,17 +197,4 @@ impl Drop for Fleetd {
     }
 }
 
-/// Processes whose environment carries the native supervisor's marker for `state_dir`.
-pub fn unit_processes(state_dir: &Path) -> Vec<u32> {
-    let Ok(canonical) = std::fs::canonicalize(state_dir) else { return Vec::new() };
-    let wanted = format!("FLEET_NATIVE_SUPERVISOR={}", canonical.display());
-    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
-    entries
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|environ| environ.split(|b| *b == 0).any(|item| item == wanted.as_bytes()))
-        })
-        .collect()
-}
+pub use fleet_unit_manager::native::unit_processes;

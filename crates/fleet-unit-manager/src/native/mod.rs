@@ -103,10 +103,7 @@ impl NativeManager {
         let log_dir = options.state_dir.join("native").join("logs");
         std::fs::create_dir_all(&log_dir)
             .map_err(|source| UnitManagerError::Io { context: format!("creating {}", log_dir.display()), source })?;
-        let marker = std::fs::canonicalize(&options.state_dir)
-            .unwrap_or(options.state_dir.clone())
-            .to_string_lossy()
-            .into_owned();
+        let marker = supervisor_marker(&options.state_dir);
         let leftovers = kill_leftovers(&marker);
         if leftovers > 0 {
             tracing::warn!(leftovers, "killed unit processes left behind by an earlier fleetd");
@@ -358,6 +355,16 @@ async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(
     for handle in handles {
         let _ = handle.await;
     }
+}
+
+/// What marks the processes a manager for `state_dir` started.
+fn supervisor_marker(state_dir: &Path) -> String {
+    std::fs::canonicalize(state_dir).unwrap_or(state_dir.to_path_buf()).to_string_lossy().into_owned()
+}
+
+/// The processes a native manager for `state_dir` started and that still run.
+pub fn unit_processes(state_dir: &Path) -> Vec<u32> {
+    process::marked_processes(&supervisor_marker(state_dir))
 }
 
 /// Where a unit's log lives, for callers that read it without a manager.

@@ -182,29 +182,28 @@ pub fn process_alive(pid: u32) -> bool {
     unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
+/// Every process (but this one) whose environment carries `marker`.
+pub fn marked_processes(marker: &str) -> Vec<u32> {
+    let wanted = format!("{SUPERVISOR_MARKER}={marker}");
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let own = std::process::id();
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != own)
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()))
+        })
+        .collect()
+}
+
 /// Kills every process whose environment carries `marker`: the units a crashed fleetd left.
 /// Returns how many it found.
 pub fn kill_leftovers(marker: &str) -> usize {
-    let wanted = format!("{SUPERVISOR_MARKER}={marker}");
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return 0;
-    };
-    let own = std::process::id();
-    let mut found = 0;
-    for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
-            continue;
-        };
-        if pid == own {
-            continue;
-        }
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()) {
-            signal_process(pid, libc::SIGKILL);
-            found += 1;
-        }
+    let leftovers = marked_processes(marker);
+    for pid in &leftovers {
+        signal_process(*pid, libc::SIGKILL);
     }
-    found
+    leftovers.len()
 }

@@ -31,20 +31,6 @@ async fn load(manager: &NativeManager, name: &str, text: &str) {
     manager.load(name, &UnitFile::parse(text).unwrap()).await.unwrap();
 }
 
-/// The processes a manager started for `state_dir`, found by the marker in their environment.
-fn pids_with(state_dir: &Path) -> Vec<u32> {
-    let wanted = format!("{}={}", process::SUPERVISOR_MARKER, std::fs::canonicalize(state_dir).unwrap().display());
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|environ| environ.split(|b| *b == 0).any(|item| item == wanted.as_bytes()))
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn simple_service_starts_and_stops_with_its_children() {
     let dir = tempfile::tempdir().unwrap();
@@ -56,11 +42,11 @@ async fn simple_service_starts_and_stops_with_its_children() {
     manager.start("hello.service").await.unwrap();
     wait_for(&manager, "hello.service", "active", "running").await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(pids_with(tag).len(), 2, "both the main process and its child run");
+    assert_eq!(unit_processes(tag).len(), 2, "both the main process and its child run");
     manager.stop("hello.service").await.unwrap();
     assert_eq!(state_of(&manager, "hello.service").await, SystemdState::new("loaded", "inactive", "dead"));
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(pids_with(tag).is_empty(), "stop kills the whole process group");
+    assert!(unit_processes(tag).is_empty(), "stop kills the whole process group");
     let journal = manager.journal("hello.service", 10).await.unwrap();
     assert!(journal.contains("Started Hello."), "{journal}");
     assert!(journal.contains("Stopped Hello."), "{journal}");
@@ -122,11 +108,11 @@ async fn restart_always_brings_a_killed_service_back() {
     load(&manager, "always.service", "[Service]\nExecStart=/bin/sleep 1000\nRestart=always\nRestartSec=0\n").await;
     manager.start("always.service").await.unwrap();
     wait_for(&manager, "always.service", "active", "running").await;
-    let first = pids_with(tag);
+    let first = unit_processes(tag);
     assert_eq!(first.len(), 1);
     process::signal_process(first[0], libc::SIGKILL);
     let deadline = Instant::now() + Duration::from_secs(5);
-    while pids_with(tag).first() == first.first() || pids_with(tag).is_empty() {
+    while unit_processes(tag).first() == first.first() || unit_processes(tag).is_empty() {
         assert!(Instant::now() < deadline, "not restarted");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -31,6 +31,21 @@ pub async fn cat(context: &Context, arguments: &[String]) -> Outcome {
     }
 }
 
+/// The unit `name`, or the original's message when it does not exist.
+async fn existing_unit(context: &Context, name: &str) -> Result<fleet_api::schema::Unit, Outcome> {
+    match context.client.unit(name).await {
+        Ok(Some(unit)) => Ok(unit),
+        Ok(None) => {
+            eprintln!("Unit {name} does not exist.");
+            Err(Outcome::Failure)
+        }
+        Err(error) => {
+            eprintln!("Error retrieving Unit {name}: {error}");
+            Err(Outcome::Failure)
+        }
+    }
+}
+
 /// A systemctl-status-like report built from what the cluster knows, with the unit's
 /// recent log from the machine serving the API.
 pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
@@ -41,16 +56,9 @@ pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
     let machines = context.machines().await;
     for (index, argument) in arguments.iter().enumerate() {
         let name = mangle(argument);
-        let unit = match context.client.unit(&name).await {
-            Ok(Some(unit)) => unit,
-            Ok(None) => {
-                eprintln!("Unit {name} does not exist.");
-                return Outcome::Failure;
-            }
-            Err(error) => {
-                eprintln!("Error retrieving Unit {name}: {error}");
-                return Outcome::Failure;
-            }
+        let unit = match existing_unit(context, &name).await {
+            Ok(unit) => unit,
+            Err(outcome) => return outcome,
         };
         if !is_global(&unit) && unit.current_state.as_deref().unwrap_or("inactive") == "inactive" {
             eprintln!("Unit {name} does not appear to be loaded.");
@@ -86,16 +94,9 @@ pub async fn journal(context: &Context, arguments: &[String], lines: usize, foll
         return Outcome::Usage;
     };
     let name = mangle(argument);
-    let unit = match context.client.unit(&name).await {
-        Ok(Some(unit)) => unit,
-        Ok(None) => {
-            eprintln!("Unit {name} does not exist.");
-            return Outcome::Failure;
-        }
-        Err(error) => {
-            eprintln!("Error retrieving Unit {name}: {error}");
-            return Outcome::Failure;
-        }
+    let unit = match existing_unit(context, &name).await {
+        Ok(unit) => unit,
+        Err(outcome) => return outcome,
     };
     if is_global(&unit) {
         eprintln!("Unable to retrieve journal of global unit {name}.");

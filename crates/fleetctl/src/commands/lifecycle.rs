@@ -33,6 +33,24 @@ async fn set_desired_state(context: &Context, units: Vec<Unit>, target: &'static
     Ok(triggered)
 }
 
+/// Says which units changed state: global ones are never waited for; with `--no-block` the
+/// others are only announced. Returns the non-global units to wait for, or `None` when no
+/// wait follows.
+fn announce_triggered(triggered: Vec<Unit>, verb: &str, attempts: Attempts) -> Option<Vec<String>> {
+    let (global, scheduled): (Vec<Unit>, Vec<Unit>) = triggered.into_iter().partition(is_global);
+    for unit in &global {
+        println!("Triggered global unit {} {verb}", unit.name);
+    }
+    let names: Vec<String> = scheduled.into_iter().map(|unit| unit.name).collect();
+    if attempts == Attempts::NoBlock {
+        for name in &names {
+            println!("Triggered unit {name} {verb}");
+        }
+        return None;
+    }
+    Some(names)
+}
+
 fn go_list(names: &[String]) -> String {
     format!("[{}]", names.join(" "))
 }
@@ -89,18 +107,8 @@ async fn schedule(
             return Outcome::Failure;
         }
     };
-    let (global, scheduled): (Vec<Unit>, Vec<Unit>) = triggered.into_iter().partition(is_global);
-    for unit in &global {
-        println!("Triggered global unit {} {verb}", unit.name);
-    }
-    let names: Vec<String> = scheduled.into_iter().map(|unit| unit.name).collect();
     let attempts = Attempts::from_flags(block);
-    if attempts == Attempts::NoBlock {
-        for name in &names {
-            println!("Triggered unit {name} {verb}");
-        }
-        return Outcome::Success;
-    }
+    let Some(names) = announce_triggered(triggered, verb, attempts) else { return Outcome::Success };
     if let Err(error) = wait_for_state(context, &names, target, attempts).await {
         eprintln!("Error waiting for units: {error}");
         return Outcome::Failure;
@@ -165,18 +173,8 @@ async fn lower(
             return Outcome::Failure;
         }
     };
-    let (global, scheduled): (Vec<Unit>, Vec<Unit>) = triggered.into_iter().partition(is_global);
-    for unit in &global {
-        println!("Triggered global unit {} {verb}", unit.name);
-    }
-    let names: Vec<String> = scheduled.into_iter().map(|unit| unit.name).collect();
     let attempts = Attempts::from_flags(block);
-    if attempts == Attempts::NoBlock {
-        for name in &names {
-            println!("Triggered unit {name} {verb}");
-        }
-        return outcome;
-    }
+    let Some(names) = announce_triggered(triggered, verb, attempts) else { return outcome };
     if names.is_empty() && matches!(outcome, Outcome::Failure) {
         return outcome;
     }
