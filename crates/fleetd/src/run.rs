@@ -63,19 +63,26 @@ fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<dyn Uni
     Ok(Arc::new(NativeManager::new(options)?))
 }
 
-fn listeners(config: &Config) -> anyhow::Result<Vec<ApiListener>> {
+/// The API's listeners: those systemd passed, else those `api_listen` names; and the Unix
+/// socket files fleetd created itself (to remove at shutdown).
+fn listeners(config: &Config) -> anyhow::Result<(Vec<ApiListener>, Vec<PathBuf>)> {
     let activated = activated_listeners().context("reading sockets passed by systemd")?;
     if !activated.is_empty() {
-        return Ok(activated);
+        return Ok((activated, Vec::new()));
     }
-    config
-        .api_listen
-        .iter()
-        .map(|entry| match entry.strip_prefix("unix://") {
-            Some(path) => bind_unix(Path::new(path)).with_context(|| format!("listening on {entry}")),
-            None => bind_tcp(entry.trim_start_matches("http://")).with_context(|| format!("listening on {entry}")),
-        })
-        .collect()
+    let mut owned = Vec::new();
+    let mut listeners = Vec::new();
+    for entry in &config.api_listen {
+        let listener = match entry.strip_prefix("unix://") {
+            Some(path) => {
+                owned.push(PathBuf::from(path));
+                bind_unix(Path::new(path))
+            }
+            None => bind_tcp(entry.trim_start_matches("http://")),
+        };
+        listeners.push(listener.with_context(|| format!("listening on {entry}"))?);
+    }
+    Ok((listeners, owned))
 }
 
 /// Warns about options a reload cannot change.
@@ -118,7 +125,7 @@ pub async fn run(
         .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
     let registry = Arc::new(EmbeddedRegistry::open(&config.state_dir.join("registry.redb"))?);
     let manager = unit_manager(&config, &machine_id)?;
-    let listeners = listeners(&config)?;
+    let (listeners, owned_sockets) = listeners(&config)?;
     for listener in &listeners {
         tracing::info!(address = listener.describe(), "API listening");
     }
@@ -188,13 +195,8 @@ pub async fn run(
         let _ = stop.send(true);
         while tasks.join_next().await.is_some() {}
         if !reload {
-            for listener in &listeners {
-                if let ApiListener::Unix(socket) = listener
-                    && let Ok(address) = socket.local_addr()
-                    && let Some(path) = address.as_pathname()
-                {
-                    let _ = std::fs::remove_file(path);
-                }
+            for path in &owned_sockets {
+                let _ = std::fs::remove_file(path);
             }
             tracing::info!("fleetd stopped");
             return Ok(());
