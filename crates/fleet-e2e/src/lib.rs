@@ -160,6 +160,20 @@ impl Fleetd {
             .into()
     }
 
+    /// Sends one raw HTTP/1.0 request to the API's Unix socket; returns the whole answer.
+    pub fn api(&self, method: &str, path: &str, json: &str) -> String {
+        use std::io::{Read, Write};
+        let mut stream = std::os::unix::net::UnixStream::connect(self.socket()).expect("connect to the API");
+        let request = format!(
+            "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+            json.len()
+        );
+        stream.write_all(request.as_bytes()).expect("send request");
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).expect("read answer");
+        answer
+    }
+
     /// Runs fleetctl and insists that it succeeds.
     pub fn ok(&self, args: &[&str]) -> Ran {
         let ran = self.fleetctl(args);

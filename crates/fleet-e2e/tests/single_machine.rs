@@ -205,3 +205,45 @@ fn fleetd_refuses_bad_configuration() {
     assert_eq!(output.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&output.stderr).contains("Did you mean to invoke fleetctl instead?"));
 }
+
+#[test]
+fn no_block_global_units_and_reasons() {
+    let fleet = Fleetd::start("e2e0reasons00001", &[("metadata", "region=local")]);
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path.display().to_string()
+    };
+    let quick = write("quick.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    let ran = fleet.ok(&["start", "--no-block", &quick]);
+    assert_eq!(ran.stdout, "Unit quick.service inactive\nTriggered unit quick.service start\n", "announced once");
+    let global = write("everywhere.service", "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nGlobal=true\n");
+    assert_eq!(
+        fleet.ok(&["start", &global]).stdout,
+        "Unit everywhere.service\nTriggered global unit everywhere.service start\n"
+    );
+    fleet.wait_until("the global unit runs here", WAIT, |f| {
+        f.unit_rows().contains(&("everywhere.service".into(), "active".into(), "running".into()))
+    });
+    let files = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,state,target"]).stdout;
+    assert!(files.contains("everywhere.service\t-\t\tglobal"), "{files}");
+    let elsewhere =
+        write("elsewhere.service", "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=region=eu\n");
+    let ran = fleet.fleetctl(&["start", "--block-attempts=1", &elsewhere]);
+    assert_eq!(ran.code, 1);
+    assert!(ran.stderr.contains("timed out waiting for unit elsewhere.service to report state launched"), "{ran:?}");
+    assert!(
+        ran.stderr.contains("Unit elsewhere.service cannot be scheduled: no machine has metadata region=eu"),
+        "{ran:?}"
+    );
+    let reasons = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,reason"]).stdout;
+    assert!(reasons.contains("elsewhere.service\tno machine has metadata region=eu"), "{reasons}");
+    // Runtime metadata counts: once the machine says region=eu, the unit is placed.
+    let patch = r#"[{"op":"add","path":"/e2e0reasons00001/metadata/region","value":"eu"}]"#;
+    let answer = fleet.api("PATCH", "/fleet/v1/machines", patch);
+    assert!(answer.starts_with("HTTP/1.0 204") || answer.starts_with("HTTP/1.1 204"), "{answer}");
+    fleet.wait_until("the unit is placed", WAIT, |f| {
+        f.unit_rows().contains(&("elsewhere.service".into(), "active".into(), "running".into()))
+    });
+}
