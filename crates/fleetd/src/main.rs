@@ -55,6 +55,12 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if let [keeper, marker] = args.as_slice()
+        && keeper == fleet_unit_manager::native::KEEPER_ARGUMENT
+    {
+        fleet_unit_manager::native::run_keeper(marker);
+        return ExitCode::SUCCESS;
+    }
     let config_path = match parse_args(&args) {
         Ok(Invocation::Run(path)) => path,
         Ok(Invocation::Version) => {

@@ -55,10 +55,12 @@ fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<dyn Uni
             tracing::info!("using the native unit manager")
         }
     }
+    let keeper_program = std::env::current_exe().context("locating the fleetd binary for the unit keeper")?;
     let options = NativeOptions {
         state_dir: config.state_dir.clone(),
         machine_id: machine_id.to_string(),
         hostname: host::hostname(),
+        keeper_program: Some(keeper_program),
     };
     Ok(Arc::new(NativeManager::new(options)?))
 }

@@ -7,6 +7,7 @@
 
 mod command;
 mod journal;
+mod keeper;
 mod process;
 mod runner;
 mod service;
@@ -21,6 +22,7 @@ use fleet_core::{SystemdState, UnitFile, UnitHash};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use keeper::{KEEPER_ARGUMENT, run_keeper};
 pub use service::{ServiceConfig, ServiceError};
 
 use self::command::{Specifiers, parse_assignments, parse_environment_file};
@@ -34,6 +36,9 @@ pub struct NativeOptions {
     pub state_dir: PathBuf,
     pub machine_id: String,
     pub hostname: String,
+    /// A program that runs [`run_keeper`] when given [`KEEPER_ARGUMENT`] (fleetd itself);
+    /// without one, only the unit's main processes die with fleetd.
+    pub keeper_program: Option<PathBuf>,
 }
 
 struct RunningUnit {
@@ -58,6 +63,8 @@ struct Shared {
     marker: String,
     machine_id: String,
     hostname: String,
+    /// Held for its pipe: when fleetd dies the keeper reads end-of-file.
+    _keeper: Option<std::process::Child>,
 }
 
 impl Shared {
@@ -108,7 +115,15 @@ impl NativeManager {
         if leftovers > 0 {
             tracing::warn!(leftovers, "killed unit processes left behind by an earlier fleetd");
         }
+        let keeper = match &options.keeper_program {
+            Some(program) => Some(keeper::spawn_keeper(program, &marker).map_err(|source| UnitManagerError::Io {
+                context: format!("starting the unit keeper {}", program.display()),
+                source,
+            })?),
+            None => None,
+        };
         let shared = Shared {
+            _keeper: keeper,
             units: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
             log_dir,

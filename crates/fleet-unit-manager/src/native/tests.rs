@@ -3,8 +3,13 @@ use std::time::{Duration, Instant};
 use super::*;
 
 fn manager(dir: &Path) -> NativeManager {
-    NativeManager::new(NativeOptions { state_dir: dir.to_path_buf(), machine_id: "m1".into(), hostname: "host".into() })
-        .unwrap()
+    NativeManager::new(NativeOptions {
+        state_dir: dir.to_path_buf(),
+        machine_id: "m1".into(),
+        hostname: "host".into(),
+        keeper_program: None,
+    })
+    .unwrap()
 }
 
 async fn state_of(manager: &NativeManager, name: &str) -> SystemdState {
