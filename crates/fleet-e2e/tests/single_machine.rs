@@ -135,6 +135,22 @@ fn usage_errors_and_version() {
         "e2e0usag...\n",
         "unique prefixes work"
     );
+    let with_env = std::process::Command::new(fleet_e2e::binary("fleetctl"))
+        .args(["list-machines", "--no-legend", "--fields", "machine"])
+        .env("FLEETCTL_ENDPOINT", format!("unix://{}", fleet.socket().display()))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&with_env.stdout), "e2e0usag...\n", "FLEETCTL_ENDPOINT works like --endpoint");
+    let unreachable: fleet_e2e::Ran = std::process::Command::new(fleet_e2e::binary("fleetctl"))
+        .args(["--endpoint=unix:///nonexistent/fleet.sock", "list-machines"])
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(unreachable.code, 1);
+    assert!(
+        unreachable.stderr.starts_with("Error retrieving list of active machines from fleet API ("),
+        "{unreachable:?}"
+    );
     let bad_fields = fleet.fleetctl(&["list-units", "--fields", "bogus"]);
     assert_eq!((bad_fields.code, bad_fields.stderr.as_str()), (1, "Invalid key in output format: \"bogus\"\n"));
 }
