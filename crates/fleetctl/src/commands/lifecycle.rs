@@ -19,6 +19,26 @@ async fn find_units(context: &Context, arguments: &[String]) -> Result<Vec<Unit>
     Ok(names.into_iter().filter(|name| seen.insert(name.clone())).filter_map(|name| found.remove(&name)).collect())
 }
 
+/// The existing units among `arguments` for stop, unload and destroy; the original's
+/// messages when there are none (unknown names are ignored).
+async fn units_to_act_on(context: &Context, arguments: &[String], failing: &str) -> Result<Vec<Unit>, Outcome> {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Err(Outcome::Usage);
+    }
+    match find_units(context, arguments).await {
+        Ok(units) if units.is_empty() => {
+            eprintln!("Units not found in registry");
+            Err(Outcome::Success)
+        }
+        Ok(units) => Ok(units),
+        Err(error) => {
+            eprintln!("{failing}: {error}");
+            Err(Outcome::Failure)
+        }
+    }
+}
+
 /// Sets `target` as the desired state of every unit not already there; returns those it
 /// changed.
 async fn set_desired_state(context: &Context, units: Vec<Unit>, target: &'static str) -> Result<Vec<Unit>, String> {
@@ -137,20 +157,9 @@ async fn lower(
     block: &BlockFlags,
     (target, verb, done): (&'static str, &str, &str),
 ) -> Outcome {
-    if arguments.is_empty() {
-        eprintln!("No units given");
-        return Outcome::Usage;
-    }
-    let units = match find_units(context, arguments).await {
-        Ok(units) if units.is_empty() => {
-            eprintln!("Units not found in registry");
-            return Outcome::Success;
-        }
+    let units = match units_to_act_on(context, arguments, "Error retrieving units").await {
         Ok(units) => units,
-        Err(error) => {
-            eprintln!("Error retrieving units: {error}");
-            return Outcome::Failure;
-        }
+        Err(outcome) => return outcome,
     };
     let mut outcome = Outcome::Success;
     let mut acting = Vec::new();
@@ -199,20 +208,9 @@ pub async fn unload(context: &Context, arguments: &[String], block: &BlockFlags)
 }
 
 pub async fn destroy(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
-    if arguments.is_empty() {
-        eprintln!("No units given");
-        return Outcome::Usage;
-    }
-    let units = match find_units(context, arguments).await {
-        Ok(units) if units.is_empty() => {
-            eprintln!("Units not found in registry");
-            return Outcome::Success;
-        }
+    let units = match units_to_act_on(context, arguments, "Error destroying units").await {
         Ok(units) => units,
-        Err(error) => {
-            eprintln!("Error destroying units: {error}");
-            return Outcome::Failure;
-        }
+        Err(outcome) => return outcome,
     };
     let names: Vec<String> = units.into_iter().map(|unit| unit.name).collect();
     let client = context.client.clone();
