@@ -166,7 +166,7 @@ impl Agent {
             .collect();
         agent_plan::add_global_units(machine, &mut desired, &requirements, &global_units);
         // Keep only the bodies still in use.
-        let in_use: Vec<UnitHash> = desired.values().map(|unit| unit.hash).collect();
+        let in_use: std::collections::HashSet<UnitHash> = desired.values().map(|unit| unit.hash).collect();
         self.bodies.retain(|hash, _| in_use.contains(hash));
         Ok(desired)
     }

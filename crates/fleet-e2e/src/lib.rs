@@ -104,10 +104,16 @@ impl Fleetd {
     pub fn launch(&mut self) {
         self.write_config();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("log file");
-        let child = Command::new(binary("fleetd"))
+        let mut command = Command::new(binary("fleetd"));
+        // Only the test's fleet.conf configures this fleetd: no FLEET_* from the caller.
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("FLEET_") {
+                command.env_remove(name);
+            }
+        }
+        let child = command
             .arg("-config")
             .arg(self.config_path())
-            .env_remove("FLEET_METADATA")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
             .stderr(log)

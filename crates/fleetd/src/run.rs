@@ -116,11 +116,7 @@ fn check_supported(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn run(
-    mut config: Config,
-    config_path: Option<PathBuf>,
-    _environment: BTreeMap<String, String>,
-) -> anyhow::Result<()> {
+pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     check_supported(&config)?;
     let machine_id = config.resolve_machine_id()?;
     std::fs::create_dir_all(&config.state_dir)

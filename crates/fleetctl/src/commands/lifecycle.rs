@@ -10,6 +10,30 @@ use crate::context::Context;
 use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
 use crate::{BlockFlags, CreateFlags, Outcome};
 
+/// Creates what is missing among `arguments` (the original's lazy creation), then reads back
+/// every named unit with its current state.
+async fn create_and_find(
+    context: &Context,
+    arguments: &[String],
+    replace: bool,
+    replaceable: &[&str],
+    attempts: Attempts,
+    failing: &str,
+) -> Result<Vec<Unit>, Outcome> {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Err(Outcome::Usage);
+    }
+    let names = lazy_create(context, arguments, replace, replaceable, attempts).await.map_err(|error| {
+        eprintln!("Error creating units: {error}");
+        Outcome::Failure
+    })?;
+    find_units(context, &names).await.map_err(|error| {
+        eprintln!("Error {failing} units: {error}");
+        Outcome::Failure
+    })
+}
+
 /// The existing units among `arguments`, in argument order.
 async fn find_units(context: &Context, arguments: &[String]) -> Result<Vec<Unit>, String> {
     let names: Vec<String> = arguments.iter().map(|argument| mangle(argument)).collect();
@@ -97,28 +121,12 @@ async fn schedule(
     block: &BlockFlags,
     (target, verb, failing): (&'static str, &str, &str),
 ) -> Outcome {
-    if arguments.is_empty() {
-        eprintln!("No units given");
-        return Outcome::Usage;
-    }
     let replaceable: &[&str] =
         if target == "launched" { &["inactive", "loaded", "launched"] } else { &["inactive", "loaded"] };
-    let names =
-        match lazy_create(context, arguments, create.replace, replaceable, Attempts::from_count(block.block_attempts))
-            .await
-        {
-            Ok(names) => names,
-            Err(error) => {
-                eprintln!("Error creating units: {error}");
-                return Outcome::Failure;
-            }
-        };
-    let units = match find_units(context, &names).await {
+    let attempts = Attempts::from_count(block.block_attempts);
+    let units = match create_and_find(context, arguments, create.replace, replaceable, attempts, failing).await {
         Ok(units) => units,
-        Err(error) => {
-            eprintln!("Error {failing} units: {error}");
-            return Outcome::Failure;
-        }
+        Err(outcome) => return outcome,
     };
     let triggered = match set_desired_state(context, units, target).await {
         Ok(triggered) => triggered,
@@ -254,66 +262,43 @@ async fn wait_global_stopped(context: &Context, name: &str, attempts: Attempts) 
     }
 }
 
-pub async fn restart(context: &Context, arguments: &[String], block_attempts: u32) -> Outcome {
-    if arguments.is_empty() {
-        eprintln!("No units given");
-        return Outcome::Usage;
+/// Restarts one unit: a global one on every machine, a scheduled one through loaded and
+/// back to launched, waiting for each step.
+async fn restart_one(context: &Context, unit: &Unit, attempts: Attempts) -> Result<(), String> {
+    let name = std::slice::from_ref(&unit.name);
+    let set = async |target: &'static str| {
+        context.client.set_desired_state(&unit.name, target).await.map_err(|error| error.to_string())
+    };
+    if is_global(unit) {
+        set("loaded").await?;
+        wait_global_stopped(context, &unit.name, attempts).await?;
+        set("launched").await?;
+        println!("Triggered global unit {} restart", unit.name);
+        return Ok(());
     }
+    match unit.current_state.as_deref().unwrap_or("inactive") {
+        "inactive" => {
+            eprintln!("Unable to restart unit {} in state inactive", unit.name);
+            return Ok(());
+        }
+        "loaded" => {}
+        _ => {
+            set("loaded").await?;
+            wait_for_state(context, name, "loaded", attempts).await?;
+        }
+    }
+    set("launched").await?;
+    wait_for_state(context, name, "launched", attempts).await
+}
+
+pub async fn restart(context: &Context, arguments: &[String], block_attempts: u32) -> Outcome {
     let attempts = Attempts::from_count(block_attempts);
-    let names = match lazy_create(context, arguments, false, &[], attempts).await {
-        Ok(names) => names,
-        Err(error) => {
-            eprintln!("Error creating units: {error}");
-            return Outcome::Failure;
-        }
-    };
-    let units = match find_units(context, &names).await {
+    let units = match create_and_find(context, arguments, false, &[], attempts, "restarting").await {
         Ok(units) => units,
-        Err(error) => {
-            eprintln!("Error restarting units: {error}");
-            return Outcome::Failure;
-        }
+        Err(outcome) => return outcome,
     };
-    for unit in units {
-        let name = unit.name.clone();
-        let step = async |target: &'static str| -> Result<(), String> {
-            context.client.set_desired_state(&name, target).await.map_err(|error| error.to_string())
-        };
-        let result = if is_global(&unit) {
-            let result = match step("loaded").await {
-                Ok(()) => wait_global_stopped(context, &name, attempts).await,
-                Err(error) => Err(error),
-            };
-            match result {
-                Ok(()) => step("launched").await.map(|()| println!("Triggered global unit {name} restart")),
-                Err(error) => Err(error),
-            }
-        } else {
-            match unit.current_state.as_deref().unwrap_or("inactive") {
-                "inactive" => {
-                    eprintln!("Unable to restart unit {name} in state inactive");
-                    continue;
-                }
-                "loaded" => match step("launched").await {
-                    Ok(()) => wait_for_state(context, std::slice::from_ref(&name), "launched", attempts).await,
-                    Err(error) => Err(error),
-                },
-                _ => {
-                    let stopped = match step("loaded").await {
-                        Ok(()) => wait_for_state(context, std::slice::from_ref(&name), "loaded", attempts).await,
-                        Err(error) => Err(error),
-                    };
-                    match stopped {
-                        Ok(()) => match step("launched").await {
-                            Ok(()) => wait_for_state(context, std::slice::from_ref(&name), "launched", attempts).await,
-                            Err(error) => Err(error),
-                        },
-                        Err(error) => Err(error),
-                    }
-                }
-            }
-        };
-        if let Err(error) = result {
+    for unit in &units {
+        if let Err(error) = restart_one(context, unit, attempts).await {
             eprintln!("Error restarting units: {error}");
             return Outcome::Failure;
         }
