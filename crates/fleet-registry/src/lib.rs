@@ -7,7 +7,9 @@
 //!
 //! Implementations: [`embedded::EmbeddedRegistry`] (a redb file; the single-machine default).
 
+mod codec;
 pub mod embedded;
+pub mod etcd;
 mod model;
 
 use std::collections::HashMap;
@@ -17,7 +19,9 @@ use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
-pub use model::{AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, ScheduledUnit, StateReport, UnitView};
+pub use model::{
+    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, ScheduledUnit, StateReport, UnitRecord, UnitView,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -30,6 +34,12 @@ pub enum RegistryError {
     /// The engine's leadership was lost before a fenced write.
     #[error("engine leadership lost")]
     LeadershipLost,
+    /// Another live fleetd already holds this machine ID.
+    #[error(
+        "machine ID {machine_id} is already in use by another live fleetd; give each machine its own machine_id \
+         (if that fleetd has died, its presence expires after agent_ttl)"
+    )]
+    MachineInUse { machine_id: String },
 }
 
 pub type Result<T> = std::result::Result<T, RegistryError>;

@@ -1,6 +1,16 @@
 //! The plain records the registry hands out.
 
 use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
+use serde::{Deserialize, Serialize};
+
+/// A unit as the stores keep it: its body's hash, its desired state and whether it is global
+/// (so that agents can find the global units without reading every body).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitRecord {
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+    pub global: bool,
+}
 
 /// A unit as the API shows it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,12 +45,15 @@ pub struct ScheduledUnit {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct EngineSnapshot {
+    /// Moves whenever anything in the snapshot may have changed; equal revisions mean equal
+    /// snapshots, so the engine can skip planning.
+    pub revision: u64,
     pub machines: Vec<MachineState>,
     pub units: Vec<ScheduledUnit>,
 }
 
 /// A unit some machine should hold.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AssignedUnit {
     pub name: String,
     pub hash: UnitHash,

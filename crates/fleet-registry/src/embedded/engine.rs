@@ -26,7 +26,9 @@ impl EngineRegistry for EmbeddedRegistry {
     }
 
     async fn snapshot(&self) -> Result<EngineSnapshot> {
-        self.read(|txn| {
+        // Read before the data: a write in between only makes the engine plan once more.
+        let revision = *self.signals.engine.borrow();
+        self.read(move |txn| {
             let machines = read_machines(txn)?;
             let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
             let mut placed = HashMap::new();
@@ -44,7 +46,7 @@ impl EngineRegistry for EmbeddedRegistry {
                     desired: record.desired,
                 })
                 .collect();
-            Ok(EngineSnapshot { machines, units })
+            Ok(EngineSnapshot { revision, machines, units })
         })
         .await
     }

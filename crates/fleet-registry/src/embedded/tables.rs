@@ -1,11 +1,7 @@
 //! The embedded store's tables and how records are encoded in them.
 
-use std::collections::BTreeMap;
-
-use fleet_core::{DesiredState, UnitHash, UnitOption};
 use redb::{ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 
 use crate::RegistryError;
 
@@ -26,28 +22,13 @@ pub const METADATA: TableDefinition<&str, &[u8]> = TableDefinition::new("metadat
 /// `unit\0machine` → [`fleet_core::UnitState`].
 pub const STATES: TableDefinition<&str, &[u8]> = TableDefinition::new("states");
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct UnitRecord {
-    pub hash: UnitHash,
-    pub desired: DesiredState,
-    pub global: bool,
-}
-
-pub type Options = Vec<UnitOption>;
-pub type MetadataOverrides = BTreeMap<String, String>;
+pub use crate::model::UnitRecord;
 
 pub fn state_key(unit: &str, machine: &str) -> String {
     format!("{unit}\0{machine}")
 }
 
-pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
-    serde_json::to_vec(value).expect("registry records always serialise")
-}
-
-pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, RegistryError> {
-    serde_json::from_slice(bytes)
-        .map_err(|error| RegistryError::Corrupt { key: key.to_string(), reason: error.to_string() })
-}
+pub use crate::codec::{MetadataOverrides, Options, decode, encode};
 
 /// Reads and decodes every row of a table whose values are JSON.
 pub fn read_all<T: DeserializeOwned>(

@@ -1,0 +1,23 @@
+//! How every store encodes its records: JSON, with a decode error that names the key.
+
+use std::collections::BTreeMap;
+
+use fleet_core::UnitOption;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::RegistryError;
+
+pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).expect("registry records always serialise")
+}
+
+pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, RegistryError> {
+    serde_json::from_slice(bytes)
+        .map_err(|error| RegistryError::Corrupt { key: key.to_string(), reason: error.to_string() })
+}
+
+/// A unit body as stored: its options, in order.
+pub type Options = Vec<UnitOption>;
+/// A machine's runtime metadata changes: key → value, an empty value removing the key.
+pub type MetadataOverrides = BTreeMap<String, String>;

@@ -1,0 +1,120 @@
+//! The agents' facet of the etcd store. Each machine reads from its own watch-fed copy of
+//! `schedule/<machine>/`, `global/`, its presence and its metadata: a fallback reconcile
+//! reads nothing from etcd, and only changes to this machine's work wake it.
+
+use async_trait::async_trait;
+use etcd_client::{PutOptions, Txn, TxnOp};
+use fleet_core::{MachineState, UnitFile, UnitHash};
+
+use super::EtcdRegistry;
+use super::connection::MAX_TXN_OPS;
+use super::keys::KeyRange;
+use super::mirror::MirrorData;
+use super::records::Assignment;
+use crate::codec::{MetadataOverrides, Options, decode, encode};
+use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Result, StateReport};
+
+/// The assignments under `collection` in a machine's copy.
+fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -> Result<Vec<AssignedUnit>> {
+    let range = KeyRange::prefix(collection.clone());
+    let mut units = Vec::new();
+    for (key, entry) in data.range(&range) {
+        let Some(name) = registry.keys().name_in(&collection, key) else { continue };
+        let assignment: Assignment = decode(key, &entry.value)?;
+        units.push(AssignedUnit { name: name.to_string(), hash: assignment.hash, desired: assignment.desired });
+    }
+    Ok(units)
+}
+
+#[async_trait]
+impl AgentRegistry for EtcdRegistry {
+    async fn register_machine(&self, machine: &MachineState) -> Result<()> {
+        let Some(session) = self.session(&machine.id) else {
+            return self.open_session(machine).await;
+        };
+        // Registered already (a reload): refresh what the cluster sees of this machine.
+        *session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = machine.clone();
+        let key = self.keys().machine(&machine.id);
+        let put = TxnOp::put(key.as_str(), encode(machine), Some(PutOptions::new().with_lease(session.lease())));
+        self.connection().txn(Txn::new().and_then([put])).await.map(|_| ())
+    }
+
+    async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
+        let Some(session) = self.take_session(machine_id) else {
+            return Ok(());
+        };
+        session.stop_keepalive();
+        // The presence and every unit state go with the lease, at once.
+        super::session::revoke(self.connection(), session.lease()).await
+    }
+
+    async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
+        let mirror = self.machine_mirror(machine_id);
+        let data = mirror.synced()?;
+        let keys = self.keys();
+        let machine_key = keys.machine(machine_id);
+        let machine = match data.entries.get(&machine_key) {
+            Some(entry) => {
+                let machine: MachineState = decode(&machine_key, &entry.value)?;
+                let metadata_key = keys.metadata(machine_id);
+                let overrides: MetadataOverrides = match data.entries.get(&metadata_key) {
+                    Some(entry) => decode(&metadata_key, &entry.value)?,
+                    None => MetadataOverrides::new(),
+                };
+                Some(machine.with_overrides(&overrides))
+            }
+            None => None,
+        };
+        Ok(MachineWork {
+            machine,
+            scheduled: assignments(self, &data, keys.schedule(machine_id))?,
+            globals: assignments(self, &data, keys.globals())?,
+        })
+    }
+
+    async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
+        let key = self.keys().body(&hash.to_string());
+        let reply = self.connection().get(&key, None).await?;
+        reply.kvs().first().map(|kv| decode::<Options>(&key, kv.value()).map(UnitFile::from_options)).transpose()
+    }
+
+    async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()> {
+        if reports.is_empty() {
+            return Ok(());
+        }
+        let Some(session) = self.session(machine_id) else {
+            return Err(crate::RegistryError::Unavailable(format!("machine {machine_id} is not registered")));
+        };
+        let keys = self.keys();
+        let lease = session.lease();
+        let changes: Vec<(String, Option<Vec<u8>>)> = reports
+            .iter()
+            .map(|report| match report {
+                StateReport::Set(state) => (keys.state(machine_id, &state.name), Some(encode(state))),
+                StateReport::Remove(name) => (keys.state(machine_id, name), None),
+            })
+            .collect();
+        for chunk in changes.chunks(MAX_TXN_OPS) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(key, value)| match value {
+                    Some(value) => TxnOp::put(key.as_str(), value.clone(), Some(PutOptions::new().with_lease(lease))),
+                    None => TxnOp::delete(key.as_str(), None),
+                })
+                .collect();
+            self.connection().txn(Txn::new().and_then(ops)).await?;
+            let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (key, value) in chunk {
+                match value {
+                    Some(value) => written.insert(key.clone(), value.clone()),
+                    None => written.remove(key),
+                };
+            }
+        }
+        Ok(())
+    }
+
+    fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
+        self.machine_mirror(machine_id).changes()
+    }
+}

@@ -1,0 +1,353 @@
+//! The API's facet of the etcd store: reads straight from etcd (consistent), writes as
+//! transactions conditional on the revisions read, retried when another writer got there
+//! first.
+
+use std::collections::{BTreeMap, HashMap};
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, Txn, TxnOp};
+use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
+
+use super::EtcdRegistry;
+use super::connection::get_prefix;
+use super::records::Assignment;
+use crate::codec::{MetadataOverrides, Options, decode, encode};
+use crate::{ApiRegistry, MetadataChange, RegistryError, Result, UnitRecord, UnitView};
+
+/// How often a conditional write is tried before giving up on a busy key.
+const ATTEMPTS: usize = 10;
+
+fn busy() -> RegistryError {
+    RegistryError::Unavailable("etcd: the unit kept changing under concurrent writes; try again".to_string())
+}
+
+fn first(reply: &GetResponse) -> Option<&KeyValue> {
+    reply.kvs().first()
+}
+
+fn text(kv: &KeyValue) -> String {
+    String::from_utf8_lossy(kv.value()).into_owned()
+}
+
+fn mod_revision(reply: &GetResponse) -> i64 {
+    first(reply).map_or(0, KeyValue::mod_revision)
+}
+
+/// What a unit write starts from: the unit and where it is placed, with their revisions.
+struct Current {
+    record: Option<UnitRecord>,
+    record_revision: i64,
+    machine: Option<String>,
+    placement_revision: i64,
+}
+
+impl EtcdRegistry {
+    async fn current(&self, name: &str) -> Result<Current> {
+        let keys = self.keys();
+        let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));
+        let (_, replies) = self
+            .connection()
+            .read(vec![TxnOp::get(unit_key.as_str(), None), TxnOp::get(placement_key.as_str(), None)])
+            .await?;
+        let [unit, placement] = replies.as_slice() else {
+            return Err(RegistryError::Unavailable("etcd: short reply".into()));
+        };
+        Ok(Current {
+            record: first(unit).map(|kv| decode(&unit_key, kv.value())).transpose()?,
+            record_revision: mod_revision(unit),
+            machine: first(placement).map(text),
+            placement_revision: mod_revision(placement),
+        })
+    }
+
+    /// The conditions that `current` still holds.
+    fn unchanged(&self, name: &str, current: &Current) -> Vec<Compare> {
+        let keys = self.keys();
+        vec![
+            Compare::mod_revision(keys.unit(name), CompareOp::Equal, current.record_revision),
+            Compare::mod_revision(keys.placement(name), CompareOp::Equal, current.placement_revision),
+        ]
+    }
+
+    /// The writes that tell the agents about `record`: the schedule entry of the machine it
+    /// is placed on, and the global index.
+    fn agent_copies(&self, name: &str, record: &UnitRecord, current: &Current, ops: &mut Vec<TxnOp>) {
+        let keys = self.keys();
+        let assignment = encode(&Assignment { hash: record.hash, desired: record.desired });
+        if record.global {
+            ops.push(TxnOp::put(keys.global(name), assignment.clone(), None));
+        } else if current.record.as_ref().is_some_and(|old| old.global) {
+            ops.push(TxnOp::delete(keys.global(name), None));
+        }
+        if let Some(machine) = &current.machine {
+            ops.push(TxnOp::put(keys.scheduled(machine, name), assignment, None));
+        }
+    }
+
+    /// Deletes a body no unit refers to any more. A unit written meanwhile adds its ref in
+    /// the same transaction as its body, so the condition keeps any body in use.
+    async fn collect_body(&self, hash: &UnitHash) -> Result<()> {
+        let keys = self.keys();
+        let hash = hash.to_string();
+        let no_refs = Compare::version(keys.refs(&hash), CompareOp::Equal, 0).with_prefix();
+        self.connection().txn(Txn::new().when([no_refs]).and_then([TxnOp::delete(keys.body(&hash), None)])).await?;
+        Ok(())
+    }
+
+    /// Builds a view from the raw records.
+    fn view(
+        &self,
+        name: &str,
+        record: UnitRecord,
+        file: UnitFile,
+        machine: Option<String>,
+        reason: Option<String>,
+        state: Option<UnitState>,
+    ) -> UnitView {
+        let current = (!record.global).then(|| {
+            DesiredState::derive_current(machine.is_some(), state.is_some(), state.as_ref().is_some_and(|s| s.launched))
+        });
+        UnitView {
+            name: name.to_string(),
+            file,
+            hash: record.hash,
+            desired: record.desired,
+            current,
+            machine_id: if record.global { None } else { machine },
+            global: record.global,
+            reason,
+        }
+    }
+}
+
+fn missing_body(key: String) -> RegistryError {
+    RegistryError::Corrupt { key, reason: "unit body missing".into() }
+}
+
+#[async_trait]
+impl ApiRegistry for EtcdRegistry {
+    async fn units(&self) -> Result<Vec<UnitView>> {
+        let keys = self.keys();
+        let prefixes = [keys.units(), keys.placements(), keys.reasons(), keys.all_states(), keys.bodies()];
+        let (_, replies) = self.connection().read(prefixes.iter().map(|prefix| get_prefix(prefix)).collect()).await?;
+        let [units, placements, reasons, states, bodies] = replies.as_slice() else {
+            return Err(RegistryError::Unavailable("etcd: short reply".into()));
+        };
+        let named = |reply: &GetResponse, collection: &str| -> Vec<(String, String)> {
+            reply
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    keys.name_in(collection, &key).map(|name| (name.to_string(), text(kv)))
+                })
+                .collect()
+        };
+        let placed: HashMap<String, String> = named(placements, &keys.placements()).into_iter().collect();
+        let reasons: HashMap<String, String> = named(reasons, &keys.reasons()).into_iter().collect();
+        let mut state_of: HashMap<String, UnitState> = HashMap::new();
+        for kv in states.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            state_of.insert(key.clone(), decode(&key, kv.value())?);
+        }
+        let mut files: HashMap<String, UnitFile> = HashMap::new();
+        for kv in bodies.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            files.insert(key.clone(), UnitFile::from_options(decode::<Options>(&key, kv.value())?));
+        }
+        let mut views = Vec::new();
+        for kv in units.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(name) = keys.name_in(&keys.units(), &key) else { continue };
+            let record: UnitRecord = decode(&key, kv.value())?;
+            let body_key = keys.body(&record.hash.to_string());
+            let file = files.get(&body_key).cloned().ok_or_else(|| missing_body(body_key))?;
+            let machine = placed.get(name).cloned();
+            let state = machine.as_ref().and_then(|machine| state_of.remove(&keys.state(machine, name)));
+            views.push(self.view(name, record, file, machine, reasons.get(name).cloned(), state));
+        }
+        Ok(views)
+    }
+
+    async fn unit(&self, name: &str) -> Result<Option<UnitView>> {
+        let keys = self.keys();
+        let current = self.current(name).await?;
+        let Some(record) = current.record else {
+            return Ok(None);
+        };
+        let body_key = keys.body(&record.hash.to_string());
+        let mut gets = vec![TxnOp::get(body_key.as_str(), None), TxnOp::get(keys.reason(name), None)];
+        if let Some(machine) = &current.machine {
+            gets.push(TxnOp::get(keys.state(machine, name), None));
+        }
+        let (_, replies) = self.connection().read(gets).await?;
+        let body = replies.first().and_then(first).ok_or_else(|| missing_body(body_key.clone()))?;
+        let file = UnitFile::from_options(decode::<Options>(&body_key, body.value())?);
+        let reason = replies.get(1).and_then(first).map(text);
+        let state = match (replies.get(2).and_then(first), &current.machine) {
+            (Some(kv), Some(machine)) => Some(decode(&keys.state(machine, name), kv.value())?),
+            _ => None,
+        };
+        Ok(Some(self.view(name, record, file, current.machine, reason, state)))
+    }
+
+    async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
+        let keys = self.keys();
+        let hash = file.hash();
+        let hash_text = hash.to_string();
+        let record = UnitRecord { hash, desired, global: Requirements::from_unit(name, file).global };
+        for _ in 0..ATTEMPTS {
+            let current = self.current(name).await?;
+            let mut ops = vec![
+                TxnOp::put(keys.unit(name), encode(&record), None),
+                TxnOp::put(keys.body(&hash_text), encode(&file.options()), None),
+                TxnOp::put(keys.body_ref(&hash_text, name), "", None),
+            ];
+            let replaced = current.record.as_ref().map(|old| old.hash).filter(|old| *old != hash);
+            if let Some(old) = replaced {
+                ops.push(TxnOp::delete(keys.body_ref(&old.to_string(), name), None));
+            }
+            self.agent_copies(name, &record, &current, &mut ops);
+            let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
+            if self.connection().txn(txn).await?.succeeded() {
+                if let Some(old) = replaced {
+                    self.collect_body(&old).await?;
+                }
+                return Ok(());
+            }
+        }
+        Err(busy())
+    }
+
+    async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool> {
+        for _ in 0..ATTEMPTS {
+            let current = self.current(name).await?;
+            let Some(old) = &current.record else {
+                return Ok(false);
+            };
+            let record = UnitRecord { desired, ..old.clone() };
+            let mut ops = vec![TxnOp::put(self.keys().unit(name), encode(&record), None)];
+            self.agent_copies(name, &record, &current, &mut ops);
+            let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
+            if self.connection().txn(txn).await?.succeeded() {
+                return Ok(true);
+            }
+        }
+        Err(busy())
+    }
+
+    async fn destroy_unit(&self, name: &str) -> Result<bool> {
+        let keys = self.keys();
+        for _ in 0..ATTEMPTS {
+            let current = self.current(name).await?;
+            let Some(record) = &current.record else {
+                return Ok(false);
+            };
+            let mut ops = vec![
+                TxnOp::delete(keys.unit(name), None),
+                TxnOp::delete(keys.placement(name), None),
+                TxnOp::delete(keys.reason(name), None),
+                TxnOp::delete(keys.body_ref(&record.hash.to_string(), name), None),
+            ];
+            if record.global {
+                ops.push(TxnOp::delete(keys.global(name), None));
+            }
+            if let Some(machine) = &current.machine {
+                ops.push(TxnOp::delete(keys.scheduled(machine, name), None));
+            }
+            let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
+            if self.connection().txn(txn).await?.succeeded() {
+                self.collect_body(&record.hash).await?;
+                return Ok(true);
+            }
+        }
+        Err(busy())
+    }
+
+    async fn unit_states(&self) -> Result<Vec<UnitState>> {
+        let reply = self
+            .connection()
+            .get(&self.keys().all_states(), Some(etcd_client::GetOptions::new().with_prefix()))
+            .await?;
+        let mut states = Vec::new();
+        for kv in reply.kvs() {
+            states.push(decode::<UnitState>(&String::from_utf8_lossy(kv.key()), kv.value())?);
+        }
+        states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
+        Ok(states)
+    }
+
+    async fn machines(&self) -> Result<Vec<MachineState>> {
+        let keys = self.keys();
+        let (_, replies) =
+            self.connection().read(vec![get_prefix(&keys.machines()), get_prefix(&keys.all_metadata())]).await?;
+        let [machines, metadata] = replies.as_slice() else {
+            return Err(RegistryError::Unavailable("etcd: short reply".into()));
+        };
+        let mut overrides: HashMap<String, MetadataOverrides> = HashMap::new();
+        for kv in metadata.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if let Some(machine) = keys.name_in(&keys.all_metadata(), &key) {
+                overrides.insert(machine.to_string(), decode(&key, kv.value())?);
+            }
+        }
+        let mut result = Vec::new();
+        for kv in machines.kvs() {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let machine: MachineState = decode(&key, kv.value())?;
+            let changes = overrides.get(&machine.id).cloned().unwrap_or_default();
+            result.push(machine.with_overrides(&changes));
+        }
+        result.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(result)
+    }
+
+    async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()> {
+        let keys = self.keys();
+        let machines: Vec<String> = changes
+            .iter()
+            .map(|change| match change {
+                MetadataChange::Set { machine_id, .. } | MetadataChange::Remove { machine_id, .. } => {
+                    machine_id.clone()
+                }
+            })
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for _ in 0..ATTEMPTS {
+            let gets = machines.iter().map(|machine| TxnOp::get(keys.metadata(machine), None)).collect();
+            let (_, replies) = self.connection().read(gets).await?;
+            let mut current: BTreeMap<&str, (MetadataOverrides, i64)> = BTreeMap::new();
+            for (machine, reply) in machines.iter().zip(&replies) {
+                let overrides = match first(reply) {
+                    Some(kv) => decode(&keys.metadata(machine), kv.value())?,
+                    None => MetadataOverrides::new(),
+                };
+                current.insert(machine, (overrides, mod_revision(reply)));
+            }
+            for change in changes {
+                let (machine_id, key, value) = match change {
+                    MetadataChange::Set { machine_id, key, value } => (machine_id, key, value.clone()),
+                    MetadataChange::Remove { machine_id, key } => (machine_id, key, String::new()),
+                };
+                if let Some((overrides, _)) = current.get_mut(machine_id.as_str()) {
+                    overrides.insert(key.clone(), value);
+                }
+            }
+            let compares: Vec<Compare> = current
+                .iter()
+                .map(|(machine, (_, revision))| {
+                    Compare::mod_revision(keys.metadata(machine), CompareOp::Equal, *revision)
+                })
+                .collect();
+            let puts: Vec<TxnOp> = current
+                .iter()
+                .map(|(machine, (overrides, _))| TxnOp::put(keys.metadata(machine), encode(overrides), None))
+                .collect();
+            if self.connection().txn(Txn::new().when(compares).and_then(puts)).await?.succeeded() {
+                return Ok(());
+            }
+        }
+        Err(busy())
+    }
+}

@@ -1,0 +1,152 @@
+//! One etcd client with fleet's request timeout on every call, and etcd's errors turned into
+//! [`RegistryError`]s.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Certificate, Client, ConnectOptions, GetOptions, GetResponse, Identity, KvClient, TlsOptions, Txn, TxnOp,
+    TxnResponse, WatchClient,
+};
+
+use crate::{RegistryError, Result};
+
+/// How to reach etcd: the original's `etcd_*` options.
+#[derive(Clone, Debug, Default)]
+pub struct EtcdOptions {
+    pub endpoints: Vec<String>,
+    pub key_prefix: String,
+    pub request_timeout: Duration,
+    pub username: String,
+    pub password: String,
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
+}
+
+/// etcd's default limit on operations per transaction (`--max-txn-ops`).
+pub const MAX_TXN_OPS: usize = 128;
+/// Replies listing a whole collection can be large; etcd itself limits requests, not replies.
+const MAX_REPLY_BYTES: usize = 512 * 1024 * 1024;
+
+#[derive(Clone)]
+pub struct Connection {
+    client: Client,
+    pub timeout: Duration,
+}
+
+pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
+    RegistryError::Unavailable(format!("etcd: {error}"))
+}
+
+fn read_file(option: &str, path: &str) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|error| RegistryError::Unavailable(format!("cannot read {option} {path}: {error}")))
+}
+
+fn tls_options(options: &EtcdOptions) -> Result<Option<TlsOptions>> {
+    let uses_tls = options.endpoints.iter().any(|endpoint| endpoint.starts_with("https://"));
+    if !uses_tls && options.ca_file.is_empty() && options.cert_file.is_empty() {
+        return Ok(None);
+    }
+    let mut tls = TlsOptions::new();
+    if !options.ca_file.is_empty() {
+        tls = tls.ca_certificate(Certificate::from_pem(read_file("etcd_cafile", &options.ca_file)?));
+    }
+    match (options.cert_file.is_empty(), options.key_file.is_empty()) {
+        (false, false) => {
+            let cert = read_file("etcd_certfile", &options.cert_file)?;
+            let key = read_file("etcd_keyfile", &options.key_file)?;
+            tls = tls.identity(Identity::from_pem(cert, key));
+        }
+        (true, true) => {}
+        _ => {
+            return Err(RegistryError::Unavailable(
+                "etcd_certfile and etcd_keyfile must be given together".to_string(),
+            ));
+        }
+    }
+    Ok(Some(tls))
+}
+
+impl Connection {
+    /// Connects lazily: an etcd that is down now is reached when it comes back. With a user
+    /// name, etcd must answer now, to hand out the token.
+    pub async fn connect(options: &EtcdOptions) -> Result<Self> {
+        if options.endpoints.is_empty() {
+            return Err(RegistryError::Unavailable("etcd_servers lists no server".to_string()));
+        }
+        let mut connect = ConnectOptions::new()
+            .with_connect_timeout(options.request_timeout)
+            .with_keep_alive(Duration::from_secs(5), options.request_timeout.max(Duration::from_secs(2)))
+            .with_keep_alive_while_idle(true);
+        if let Some(tls) = tls_options(options)? {
+            connect = connect.with_tls(tls);
+        }
+        if !options.username.is_empty() {
+            connect = connect.with_user(options.username.clone(), options.password.clone());
+        }
+        let client =
+            tokio::time::timeout(options.request_timeout * 5, Client::connect(&options.endpoints, Some(connect)))
+                .await
+                .map_err(|_| unavailable("connecting timed out"))?
+                .map_err(unavailable)?;
+        Ok(Self { client, timeout: options.request_timeout })
+    }
+
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn kv(&self) -> KvClient {
+        self.client.kv_client().max_decoding_message_size(MAX_REPLY_BYTES)
+    }
+
+    pub fn watch_client(&self) -> WatchClient {
+        self.client.watch_client().max_decoding_message_size(MAX_REPLY_BYTES)
+    }
+
+    /// Runs one etcd call within `limit`.
+    pub async fn within<T>(
+        &self,
+        limit: Duration,
+        call: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
+        tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| unavailable(format!("no answer within {limit:?}")))?
+            .map_err(unavailable)
+    }
+
+    pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.within(self.timeout, self.kv().txn(txn)).await
+    }
+
+    /// A transaction that may carry many operations or large replies: a longer limit.
+    pub async fn big_txn(&self, txn: Txn) -> Result<TxnResponse> {
+        self.within(self.timeout * 10, self.kv().txn(txn)).await
+    }
+
+    pub async fn get(&self, key: &str, options: Option<GetOptions>) -> Result<GetResponse> {
+        self.within(self.timeout * 10, self.kv().get(key, options)).await
+    }
+
+    /// Several reads at one revision, in one round trip.
+    pub async fn read(&self, gets: Vec<TxnOp>) -> Result<(i64, Vec<GetResponse>)> {
+        let response = self.big_txn(Txn::new().and_then(gets)).await?;
+        let revision = response.header().map_or(0, |header| header.revision());
+        let replies = response
+            .op_responses()
+            .into_iter()
+            .filter_map(|reply| match reply {
+                etcd_client::TxnOpResponse::Get(get) => Some(get),
+                _ => None,
+            })
+            .collect();
+        Ok((revision, replies))
+    }
+}
+
+/// A range read of every key under `prefix`.
+pub fn get_prefix(prefix: &str) -> TxnOp {
+    TxnOp::get(prefix, Some(GetOptions::new().with_prefix()))
+}

@@ -1,0 +1,276 @@
+//! The engine's facet of the etcd store: leadership through a lease-backed key, a snapshot
+//! from the watch-fed copy, and schedule writes batched into transactions fenced by the
+//! leader key's create revision, so a deposed leader cannot write.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use fleet_core::schedule::{Decision, UnscheduleReason};
+use fleet_core::{MachineState, UnitFile, UnitHash};
+
+use super::EtcdRegistry;
+use super::connection::MAX_TXN_OPS;
+use super::keys::KeyRange;
+use super::mirror::MirrorData;
+use super::records::Assignment;
+use super::session::{Leadership, grant, renew};
+use crate::codec::{MetadataOverrides, Options, decode, encode};
+use crate::{
+    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit, UnitRecord,
+};
+
+/// How long the engine waits for its own writes to come back through its watch.
+const CATCH_UP: Duration = Duration::from_secs(2);
+
+/// What one unit's schedule write does.
+#[derive(Default)]
+struct UnitChange {
+    /// Unschedule from this machine (and why).
+    from: Option<(String, bool)>,
+    to: Option<String>,
+    /// `Some(None)`: drop the reason; `Some(Some(text))`: write it.
+    reason: Option<Option<String>>,
+}
+
+fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<MachineState>> {
+    let keys = registry.keys();
+    let machines = keys.machines();
+    let machine_range = KeyRange::prefix(machines.clone());
+    let mut result = Vec::new();
+    for (key, entry) in data.range(&machine_range) {
+        if keys.name_in(&machines, key).is_none() {
+            continue;
+        }
+        let machine: MachineState = decode(key, &entry.value)?;
+        let overrides: MetadataOverrides = match data.entries.get(&keys.metadata(&machine.id)) {
+            Some(entry) => decode(&keys.metadata(&machine.id), &entry.value)?,
+            None => MetadataOverrides::new(),
+        };
+        result.push(machine.with_overrides(&overrides));
+    }
+    Ok(result)
+}
+
+impl EtcdRegistry {
+    /// One nested transaction for one unit: its own conditions, so a unit that changed
+    /// meanwhile is skipped without holding back the rest of the batch.
+    fn unit_txn(&self, data: &MirrorData, unit: &str, change: &UnitChange) -> Option<TxnOp> {
+        let keys = self.keys();
+        let (unit_key, placement_key) = (keys.unit(unit), keys.placement(unit));
+        let mut compares = Vec::new();
+        let mut ops = Vec::new();
+        if change.from.is_some() || change.to.is_some() {
+            let unit_entry = data.entries.get(&unit_key)?;
+            compares.push(Compare::mod_revision(unit_key.as_str(), CompareOp::Equal, unit_entry.mod_revision));
+            match &change.from {
+                Some((machine, machine_gone)) => {
+                    compares.push(Compare::value(placement_key.as_str(), CompareOp::Equal, machine.as_str()));
+                    if *machine_gone {
+                        compares.push(Compare::version(keys.machine(machine), CompareOp::Equal, 0));
+                    }
+                    ops.push(TxnOp::delete(keys.scheduled(machine, unit), None));
+                    if change.to.is_none() {
+                        ops.push(TxnOp::delete(placement_key.as_str(), None));
+                    }
+                }
+                None => compares.push(Compare::version(placement_key.as_str(), CompareOp::Equal, 0)),
+            }
+            if let Some(machine) = &change.to {
+                let record: UnitRecord = decode(&unit_key, &unit_entry.value).ok()?;
+                let assignment = Assignment { hash: record.hash, desired: record.desired };
+                ops.push(TxnOp::put(placement_key.as_str(), machine.as_str(), None));
+                ops.push(TxnOp::put(keys.scheduled(machine, unit), encode(&assignment), None));
+            }
+        }
+        match &change.reason {
+            Some(Some(reason)) => {
+                if compares.is_empty() {
+                    compares.push(Compare::version(unit_key.as_str(), CompareOp::Greater, 0));
+                }
+                ops.push(TxnOp::put(keys.reason(unit), reason.as_str(), None));
+            }
+            Some(None) => ops.push(TxnOp::delete(keys.reason(unit), None)),
+            None => {}
+        }
+        if ops.is_empty() {
+            return None;
+        }
+        Some(TxnOp::txn(Txn::new().when(compares).and_then(ops)))
+    }
+
+    /// Every unit's change: the decisions, and the reasons that differ from those stored.
+    fn unit_changes(
+        &self,
+        data: &MirrorData,
+        decisions: &[Decision],
+        unplaced: &[(String, String)],
+    ) -> BTreeMap<String, UnitChange> {
+        let keys = self.keys();
+        let mut changes: BTreeMap<String, UnitChange> = BTreeMap::new();
+        for decision in decisions {
+            match decision {
+                Decision::Schedule { unit, machine } => {
+                    changes.entry(unit.clone()).or_default().to = Some(machine.clone());
+                }
+                Decision::Unschedule { unit, machine, reason } => {
+                    let gone = *reason == UnscheduleReason::MachineWentAway;
+                    changes.entry(unit.clone()).or_default().from = Some((machine.clone(), gone));
+                }
+            }
+        }
+        let wanted: HashMap<&str, &str> =
+            unplaced.iter().map(|(unit, reason)| (unit.as_str(), reason.as_str())).collect();
+        let reasons = keys.reasons();
+        let reason_range = KeyRange::prefix(reasons.clone());
+        for (key, _) in data.range(&reason_range) {
+            let Some(unit) = keys.name_in(&reasons, key) else { continue };
+            if !wanted.contains_key(unit) {
+                changes.entry(unit.to_string()).or_default().reason = Some(None);
+            }
+        }
+        for (unit, reason) in wanted {
+            let stored = data.entries.get(&keys.reason(unit));
+            if stored.is_none_or(|entry| entry.value.as_slice() != reason.as_bytes()) {
+                changes.entry(unit.to_string()).or_default().reason = Some(Some(reason.to_string()));
+            }
+        }
+        changes
+    }
+}
+
+/// The highest revision at which any nested transaction in `reply` wrote.
+fn written_revision(reply: &etcd_client::TxnResponse) -> Option<i64> {
+    let wrote = reply.op_responses().iter().any(|op| matches!(op, TxnOpResponse::Txn(inner) if inner.succeeded()));
+    wrote.then(|| reply.header().map_or(0, |header| header.revision()))
+}
+
+#[async_trait]
+impl EngineRegistry for EtcdRegistry {
+    async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>> {
+        let mut leadership = self.inner.leadership.lock().await;
+        let lease_of = |held: &Leadership| EngineLease { machine_id: machine_id.to_string(), token: held.token as u64 };
+        if let Some(held) = leadership.as_mut() {
+            let lease = held.lease;
+            if renew(self.connection(), lease, &mut held.keeper).await? {
+                return Ok(Some(lease_of(held)));
+            }
+            tracing::warn!("engine lease expired");
+            *leadership = None;
+        }
+        let leader_key = self.keys().leader();
+        {
+            let data = self.engine_mirror().read();
+            if data.synced && data.entries.contains_key(&leader_key) {
+                return Ok(None);
+            }
+        }
+        let lease = grant(self.connection(), self.inner.lifetimes.engine_lease_ttl).await?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(leader_key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(leader_key.as_str(), machine_id, Some(PutOptions::new().with_lease(lease)))]);
+        let reply = self.connection().txn(txn).await?;
+        if !reply.succeeded() {
+            let _ = super::session::revoke(self.connection(), lease).await;
+            return Ok(None);
+        }
+        let token = reply.header().map_or(0, |header| header.revision());
+        let held = Leadership { lease, token, keeper: None };
+        let granted = lease_of(&held);
+        *leadership = Some(held);
+        Ok(Some(granted))
+    }
+
+    async fn release_leadership(&self, lease: &EngineLease) -> Result<()> {
+        let mut leadership = self.inner.leadership.lock().await;
+        if let Some(held) = leadership.take() {
+            if held.token as u64 != lease.token {
+                *leadership = Some(held);
+                return Ok(());
+            }
+            super::session::revoke(self.connection(), held.lease).await?;
+        }
+        Ok(())
+    }
+
+    async fn snapshot(&self) -> Result<EngineSnapshot> {
+        let mirror = self.engine_mirror();
+        let data = mirror.synced()?;
+        let keys = self.keys();
+        let (units_prefix, placements) = (keys.units(), keys.placements());
+        let mut placed: HashMap<&str, String> = HashMap::new();
+        let placement_range = KeyRange::prefix(placements.clone());
+        for (key, entry) in data.range(&placement_range) {
+            if let Some(unit) = keys.name_in(&placements, key) {
+                placed.insert(unit, String::from_utf8_lossy(&entry.value).into_owned());
+            }
+        }
+        let mut units = Vec::new();
+        let unit_range = KeyRange::prefix(units_prefix.clone());
+        for (key, entry) in data.range(&unit_range) {
+            let Some(name) = keys.name_in(&units_prefix, key) else { continue };
+            let record: UnitRecord = decode(key, &entry.value)?;
+            units.push(ScheduledUnit {
+                name: name.to_string(),
+                hash: record.hash,
+                desired: record.desired,
+                machine_id: placed.remove(name),
+            });
+        }
+        Ok(EngineSnapshot { revision: data.generation, machines: machines_in(self, &data)?, units })
+    }
+
+    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        let keys = self.keys();
+        let mut found = HashMap::new();
+        let mut bodies = Vec::new();
+        if hashes.len() > MAX_TXN_OPS {
+            let (_, replies) = self.connection().read(vec![super::connection::get_prefix(&keys.bodies())]).await?;
+            bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
+        } else if !hashes.is_empty() {
+            let gets = hashes.iter().map(|hash| TxnOp::get(keys.body(&hash.to_string()), None)).collect();
+            let (_, replies) = self.connection().read(gets).await?;
+            bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
+        }
+        let bodies_prefix = keys.bodies();
+        for kv in bodies {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(hash) = keys.name_in(&bodies_prefix, &key).and_then(UnitHash::parse_hex) else { continue };
+            if hashes.contains(&hash) || hashes.len() > MAX_TXN_OPS {
+                found.insert(hash, UnitFile::from_options(decode::<Options>(&key, kv.value())?));
+            }
+        }
+        Ok(found)
+    }
+
+    async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {
+        let mirror = self.engine_mirror();
+        let unit_txns: Vec<TxnOp> = {
+            let data = mirror.synced()?;
+            let changes = self.unit_changes(&data, decisions, unplaced);
+            changes.iter().filter_map(|(unit, change)| self.unit_txn(&data, unit, change)).collect()
+        };
+        let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
+        let mut last_write = None;
+        for batch in unit_txns.chunks(MAX_TXN_OPS) {
+            let txn = Txn::new().when([fence.clone()]).and_then(batch.to_vec());
+            let reply = self.connection().big_txn(txn).await?;
+            if !reply.succeeded() {
+                *self.inner.leadership.lock().await = None;
+                return Err(RegistryError::LeadershipLost);
+            }
+            last_write = written_revision(&reply).or(last_write);
+        }
+        if let Some(revision) = last_write
+            && !mirror.wait_for(revision, CATCH_UP).await
+        {
+            tracing::debug!(revision, "the engine's watch has not caught up with its own writes yet");
+        }
+        Ok(())
+    }
+
+    fn engine_changes(&self) -> ChangeSignal {
+        self.engine_mirror().changes()
+    }
+}

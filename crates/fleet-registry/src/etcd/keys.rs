@@ -1,0 +1,181 @@
+//! The etcd key layout, everything under `etcd_key_prefix`:
+//!
+//! | key | value | lease | writer |
+//! |---|---|---|---|
+//! | `units/<unit>` | [`crate::UnitRecord`] | — | API |
+//! | `bodies/<hash>` | the unit's options | — | API (content-addressed) |
+//! | `refs/<hash>/<unit>` | empty | — | API; a body goes when its last ref goes |
+//! | `global/<unit>` | [`crate::AssignedUnit`] fields | — | API, for global units |
+//! | `placement/<unit>` | machine ID | — | engine, fenced |
+//! | `schedule/<machine>/<unit>` | [`crate::AssignedUnit`] fields | — | engine (fenced); API on desired-state changes |
+//! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
+//! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
+//! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
+//! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
+//! | `engine/leader` | machine ID | engine's | engine |
+//!
+//! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
+//! a schedule change wakes exactly one agent. The engine watches units, placements, reasons,
+//! machines, metadata and the leader key; unit states, which change most, wake nobody.
+
+/// Builds keys under one prefix.
+#[derive(Clone, Debug)]
+pub struct Keys {
+    prefix: String,
+}
+
+/// The end of the range holding every key that starts with `prefix`.
+pub fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// A key range `[start, end)`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyRange {
+    pub start: String,
+    pub end: Vec<u8>,
+}
+
+impl KeyRange {
+    pub fn prefix(prefix: String) -> Self {
+        let end = prefix_end(&prefix);
+        Self { start: prefix, end }
+    }
+
+    /// Exactly one key.
+    pub fn single(key: String) -> Self {
+        let mut end = key.as_bytes().to_vec();
+        end.push(0);
+        Self { start: key, end }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        key.as_bytes() >= self.start.as_bytes() && key.as_bytes() < self.end.as_slice()
+    }
+}
+
+impl Keys {
+    /// `prefix` as configured; a missing trailing `/` is added.
+    pub fn new(prefix: &str) -> Self {
+        let mut prefix = prefix.to_string();
+        if !prefix.ends_with('/') {
+            prefix.push('/');
+        }
+        Self { prefix }
+    }
+
+    fn key(&self, parts: &[&str]) -> String {
+        let mut key = self.prefix.clone();
+        key.push_str(&parts.join("/"));
+        key
+    }
+
+    pub fn units(&self) -> String {
+        self.key(&["units", ""])
+    }
+    pub fn unit(&self, name: &str) -> String {
+        self.key(&["units", name])
+    }
+    pub fn bodies(&self) -> String {
+        self.key(&["bodies", ""])
+    }
+    pub fn body(&self, hash: &str) -> String {
+        self.key(&["bodies", hash])
+    }
+    pub fn refs(&self, hash: &str) -> String {
+        self.key(&["refs", hash, ""])
+    }
+    pub fn body_ref(&self, hash: &str, unit: &str) -> String {
+        self.key(&["refs", hash, unit])
+    }
+    pub fn globals(&self) -> String {
+        self.key(&["global", ""])
+    }
+    pub fn global(&self, name: &str) -> String {
+        self.key(&["global", name])
+    }
+    pub fn placements(&self) -> String {
+        self.key(&["placement", ""])
+    }
+    pub fn placement(&self, name: &str) -> String {
+        self.key(&["placement", name])
+    }
+    pub fn schedule(&self, machine: &str) -> String {
+        self.key(&["schedule", machine, ""])
+    }
+    pub fn scheduled(&self, machine: &str, unit: &str) -> String {
+        self.key(&["schedule", machine, unit])
+    }
+    pub fn reasons(&self) -> String {
+        self.key(&["reasons", ""])
+    }
+    pub fn reason(&self, name: &str) -> String {
+        self.key(&["reasons", name])
+    }
+    pub fn machines(&self) -> String {
+        self.key(&["machines", ""])
+    }
+    pub fn machine(&self, id: &str) -> String {
+        self.key(&["machines", id])
+    }
+    pub fn all_metadata(&self) -> String {
+        self.key(&["metadata", ""])
+    }
+    pub fn metadata(&self, id: &str) -> String {
+        self.key(&["metadata", id])
+    }
+    pub fn all_states(&self) -> String {
+        self.key(&["states", ""])
+    }
+    pub fn state(&self, machine: &str, unit: &str) -> String {
+        self.key(&["states", machine, unit])
+    }
+    pub fn leader(&self) -> String {
+        self.key(&["engine", "leader"])
+    }
+
+    /// The last path element of `key` below `collection` (a key from one of the methods
+    /// above that end in `/`).
+    pub fn name_in<'k>(&self, collection: &str, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(collection).filter(|name| !name.is_empty() && !name.contains('/'))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_sit_under_the_prefix_with_one_slash() {
+        let keys = Keys::new("/_coreos.com/fleet");
+        assert_eq!(keys.unit("a.service"), "/_coreos.com/fleet/units/a.service");
+        assert_eq!(keys.scheduled("m1", "a.service"), "/_coreos.com/fleet/schedule/m1/a.service");
+        assert_eq!(keys.schedule("m1"), "/_coreos.com/fleet/schedule/m1/");
+        assert_eq!(keys.leader(), "/_coreos.com/fleet/engine/leader");
+        assert_eq!(keys.name_in(&keys.units(), &keys.unit("x.service")), Some("x.service"));
+    }
+
+    #[test]
+    fn a_machine_prefix_does_not_cover_longer_machine_ids() {
+        let keys = Keys::new("/p/");
+        let range = KeyRange::prefix(keys.schedule("m1"));
+        assert!(range.contains(&keys.scheduled("m1", "a.service")));
+        assert!(!range.contains(&keys.scheduled("m10", "a.service")));
+        let single = KeyRange::single(keys.machine("m1"));
+        assert!(single.contains(&keys.machine("m1")));
+        assert!(!single.contains(&keys.machine("m10")));
+    }
+
+    #[test]
+    fn prefix_end_carries_over_0xff() {
+        assert_eq!(prefix_end("a/"), b"a0".to_vec());
+        assert_eq!(prefix_end("\u{7f}"), vec![0x80]);
+    }
+}

@@ -1,0 +1,306 @@
+//! A local copy of some key ranges, fed by one watch stream: listed once at a revision, then
+//! kept current by events. A broken stream is resumed from the last revision each range has
+//! seen; a range whose revision was compacted away is relisted. Readers wait on a change
+//! signal and read the copy, so waking up costs no etcd request.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use etcd_client::{EventType, GetOptions, TxnOp, WatchOptions, WatchResponse};
+use tokio::sync::watch;
+
+use super::connection::Connection;
+use super::keys::KeyRange;
+use crate::{ChangeSignal, RegistryError, Result};
+
+/// One key's value and revisions, as etcd last reported them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    pub value: Vec<u8>,
+    pub create_revision: i64,
+    pub mod_revision: i64,
+}
+
+#[derive(Debug, Default)]
+pub struct MirrorData {
+    pub entries: BTreeMap<String, Entry>,
+    /// The highest revision applied.
+    pub revision: i64,
+    /// Moves on every change, so equal generations mean equal contents.
+    pub generation: u64,
+    /// Whether the copy was listed at least once.
+    pub synced: bool,
+}
+
+impl MirrorData {
+    pub fn range<'a>(&'a self, range: &'a KeyRange) -> impl Iterator<Item = (&'a String, &'a Entry)> + 'a {
+        self.entries.range(range.start.clone()..).take_while(move |(key, _)| range.contains(key))
+    }
+}
+
+pub struct Mirror {
+    data: Arc<RwLock<MirrorData>>,
+    changes: watch::Sender<u64>,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Mirror {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// Why a watch stream ended.
+enum StreamEnd {
+    /// The connection broke: resume from the revisions seen.
+    Broken(RegistryError),
+    /// A range's start revision was compacted away: list again.
+    Compacted,
+}
+
+impl Mirror {
+    /// Starts listing and watching `ranges`; the copy fills in the background.
+    pub fn start(connection: Connection, ranges: Vec<KeyRange>) -> Self {
+        let data = Arc::new(RwLock::new(MirrorData::default()));
+        let changes = watch::channel(0).0;
+        let feeder = Feeder { connection, ranges, data: data.clone(), changes: changes.clone() };
+        let task = tokio::spawn(feeder.run()).abort_handle();
+        Self { data, changes, task }
+    }
+
+    pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
+        self.data.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The copy, or `Unavailable` before the first listing.
+    pub fn synced(&self) -> Result<RwLockReadGuard<'_, MirrorData>> {
+        let data = self.read();
+        if data.synced { Ok(data) } else { Err(RegistryError::Unavailable("etcd: not listed yet".to_string())) }
+    }
+
+    pub fn changes(&self) -> ChangeSignal {
+        self.changes.subscribe()
+    }
+
+    /// Waits until the copy has applied `revision` or `limit` passes; `true` if it has.
+    pub async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
+        let mut changes = self.changes.subscribe();
+        let caught_up = async {
+            loop {
+                if self.read().revision >= revision {
+                    return;
+                }
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(limit, caught_up).await.is_ok() && self.read().revision >= revision
+    }
+}
+
+struct Feeder {
+    connection: Connection,
+    ranges: Vec<KeyRange>,
+    data: Arc<RwLock<MirrorData>>,
+    changes: watch::Sender<u64>,
+}
+
+impl Feeder {
+    async fn run(self) {
+        let mut retry = RETRY_MIN;
+        loop {
+            let listed = match self.list().await {
+                Ok(revision) => revision,
+                Err(error) => {
+                    tracing::debug!(%error, "listing for the watch cache failed; retrying");
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(RETRY_MAX);
+                    continue;
+                }
+            };
+            retry = RETRY_MIN;
+            let mut resume = vec![listed; self.ranges.len()];
+            loop {
+                let started = tokio::time::Instant::now();
+                match self.follow(&mut resume).await {
+                    StreamEnd::Compacted => break,
+                    StreamEnd::Broken(error) => {
+                        if started.elapsed() > RETRY_MAX * 2 {
+                            retry = RETRY_MIN;
+                        }
+                        tracing::debug!(%error, "watch stream broke; resuming");
+                        tokio::time::sleep(retry).await;
+                        retry = (retry * 2).min(RETRY_MAX);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Replaces the copy with a fresh listing; returns its revision.
+    async fn list(&self) -> Result<i64> {
+        let gets = self
+            .ranges
+            .iter()
+            .map(|range| TxnOp::get(range.start.as_str(), Some(GetOptions::new().with_range(range.end.clone()))))
+            .collect();
+        let (revision, replies) = self.connection.read(gets).await?;
+        let mut entries = BTreeMap::new();
+        for reply in replies {
+            for kv in reply.kvs() {
+                entries.insert(
+                    String::from_utf8_lossy(kv.key()).into_owned(),
+                    Entry {
+                        value: kv.value().to_vec(),
+                        create_revision: kv.create_revision(),
+                        mod_revision: kv.mod_revision(),
+                    },
+                );
+            }
+        }
+        {
+            let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let changed = !data.synced || data.entries != entries;
+            data.entries = entries;
+            data.revision = data.revision.max(revision);
+            data.synced = true;
+            if changed {
+                data.generation += 1;
+            }
+        }
+        self.changes.send_modify(|generation| *generation += 1);
+        Ok(revision)
+    }
+
+    /// Watches every range from its resume revision until the stream ends.
+    async fn follow(&self, resume: &mut [i64]) -> StreamEnd {
+        let connection = &self.connection;
+        let options = |index: usize| {
+            WatchOptions::new()
+                .with_range(self.ranges[index].end.clone())
+                .with_start_revision(resume[index] + 1)
+                .with_progress_notify()
+        };
+        let mut watch_client = connection.watch_client();
+        let mut stream = match connection
+            .within(connection.timeout * 5, watch_client.watch(self.ranges[0].start.as_str(), Some(options(0))))
+            .await
+        {
+            Ok(stream) => stream,
+            Err(error) => return StreamEnd::Broken(error),
+        };
+        for index in 1..self.ranges.len() {
+            if let Err(error) = stream.watch(self.ranges[index].start.as_str(), Some(options(index))).await {
+                return StreamEnd::Broken(RegistryError::Unavailable(error.to_string()));
+            }
+        }
+        // Watch IDs come back in the order the watches were asked for.
+        let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
+        loop {
+            let response = match stream.message().await {
+                Ok(Some(response)) => response,
+                Ok(None) => return StreamEnd::Broken(RegistryError::Unavailable("etcd closed the watch".into())),
+                Err(error) => return StreamEnd::Broken(RegistryError::Unavailable(error.to_string())),
+            };
+            if response.created() {
+                let next = range_of_watch.len();
+                range_of_watch.insert(response.watch_id(), next);
+            }
+            if response.compact_revision() > 0 {
+                tracing::info!(compacted = response.compact_revision(), "watch start revision compacted; relisting");
+                return StreamEnd::Compacted;
+            }
+            if response.canceled() {
+                return StreamEnd::Broken(RegistryError::Unavailable(format!(
+                    "etcd cancelled the watch: {}",
+                    response.cancel_reason()
+                )));
+            }
+            let Some(&index) = range_of_watch.get(&response.watch_id()) else {
+                continue;
+            };
+            self.apply(&response, &mut resume[index]);
+        }
+    }
+
+    fn apply(&self, response: &WatchResponse, resume: &mut i64) {
+        let events = response.events();
+        if events.is_empty() {
+            // A progress notice: everything up to its revision was delivered.
+            if !response.created()
+                && let Some(header) = response.header()
+            {
+                *resume = (*resume).max(header.revision());
+            }
+            return;
+        }
+        let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for event in events {
+            let Some(kv) = event.kv() else { continue };
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            match event.event_type() {
+                EventType::Put => {
+                    let entry = Entry {
+                        value: kv.value().to_vec(),
+                        create_revision: kv.create_revision(),
+                        mod_revision: kv.mod_revision(),
+                    };
+                    data.entries.insert(key, entry);
+                }
+                EventType::Delete => {
+                    data.entries.remove(&key);
+                }
+            }
+            *resume = (*resume).max(kv.mod_revision());
+            data.revision = data.revision.max(kv.mod_revision());
+        }
+        data.generation += 1;
+        drop(data);
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use etcd_client::GetOptions;
+    use fleet_testkit::EtcdServer;
+
+    use super::*;
+    use crate::etcd::EtcdOptions;
+
+    #[tokio::test]
+    async fn a_compacted_resume_revision_ends_the_stream_for_a_relist() {
+        let etcd = EtcdServer::start();
+        let options = EtcdOptions {
+            endpoints: vec![etcd.endpoint()],
+            request_timeout: Duration::from_secs(2),
+            ..EtcdOptions::default()
+        };
+        let connection = Connection::connect(&options).await.unwrap();
+        let mut kv = connection.kv();
+        for value in ["1", "2", "3"] {
+            kv.put("/m/key", value, None).await.unwrap();
+        }
+        let latest = kv.get("/m/", Some(GetOptions::new().with_prefix())).await.unwrap().header().unwrap().revision();
+        connection.client().compact(latest, None).await.unwrap();
+        let feeder = Feeder {
+            connection,
+            ranges: vec![KeyRange::prefix("/m/".into())],
+            data: Arc::new(RwLock::new(MirrorData::default())),
+            changes: watch::channel(0).0,
+        };
+        let mut resume = vec![1];
+        let ended = tokio::time::timeout(Duration::from_secs(10), feeder.follow(&mut resume)).await.unwrap();
+        assert!(matches!(ended, StreamEnd::Compacted));
+        // A relist then brings the copy to the latest value.
+        assert_eq!(feeder.list().await.unwrap(), latest);
+        assert_eq!(feeder.data.read().unwrap().entries["/m/key"].value, b"3".to_vec());
+    }
+}

@@ -1,0 +1,119 @@
+//! The etcd v3 store, for clusters. The layout is in [`keys`]; how it avoids the original's
+//! scaling problems:
+//!
+//! - each machine's schedule lives under its own prefix, so a schedule change wakes one agent;
+//! - unit bodies are content-addressed, written once and collected with their last unit;
+//! - a machine's presence and its unit states hang on one lease: one keepalive keeps them,
+//!   and they vanish together when the machine dies; states are written only on change;
+//! - engine and agents read from watch-fed copies ([`mirror`]), so waking up or the periodic
+//!   fallback reconcile costs no etcd request;
+//! - the engine's writes are batched transactions fenced by its leader key.
+
+mod agent;
+mod api;
+mod connection;
+mod engine;
+mod keys;
+mod mirror;
+mod records;
+mod session;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use connection::Connection;
+pub use connection::EtcdOptions;
+use keys::{KeyRange, Keys};
+use mirror::Mirror;
+
+use crate::Result;
+
+/// How long the store's time-bound records live.
+#[derive(Clone, Copy, Debug)]
+pub struct Lifetimes {
+    /// A machine's presence and unit states outlive its last keepalive by this (`agent_ttl`).
+    pub agent_ttl: Duration,
+    /// The engine leadership outlives the leader's last renewal by this
+    /// (5 × `engine_reconcile_interval`, as the original).
+    pub engine_lease_ttl: Duration,
+}
+
+#[derive(Clone)]
+pub struct EtcdRegistry {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: Connection,
+    keys: Keys,
+    lifetimes: Lifetimes,
+    engine_mirror: OnceLock<Mirror>,
+    machine_mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
+    sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
+    leadership: tokio::sync::Mutex<Option<session::Leadership>>,
+}
+
+impl EtcdRegistry {
+    /// Connects to etcd. The connection is lazy: an etcd that is down is reached when it
+    /// returns (except with a user name, whose token etcd must hand out now).
+    pub async fn connect(options: &EtcdOptions, lifetimes: Lifetimes) -> Result<Self> {
+        let connection = Connection::connect(options).await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                connection,
+                keys: Keys::new(&options.key_prefix),
+                lifetimes,
+                engine_mirror: OnceLock::new(),
+                machine_mirrors: Mutex::new(HashMap::new()),
+                sessions: Mutex::new(HashMap::new()),
+                leadership: tokio::sync::Mutex::new(None),
+            }),
+        })
+    }
+
+    fn connection(&self) -> &Connection {
+        &self.inner.connection
+    }
+
+    fn keys(&self) -> &Keys {
+        &self.inner.keys
+    }
+
+    /// The engine's copy of units, placements, reasons, machines, metadata and the leader key.
+    fn engine_mirror(&self) -> &Mirror {
+        self.inner.engine_mirror.get_or_init(|| {
+            let keys = self.keys();
+            let ranges = vec![
+                KeyRange::prefix(keys.units()),
+                KeyRange::prefix(keys.placements()),
+                KeyRange::prefix(keys.reasons()),
+                KeyRange::prefix(keys.machines()),
+                KeyRange::prefix(keys.all_metadata()),
+                KeyRange::single(keys.leader()),
+            ];
+            Mirror::start(self.connection().clone(), ranges)
+        })
+    }
+
+    /// One machine's copy of its schedule, the global units, its presence and its metadata.
+    fn machine_mirror(&self, machine_id: &str) -> Arc<Mirror> {
+        let mut mirrors = self.inner.machine_mirrors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        mirrors
+            .entry(machine_id.to_string())
+            .or_insert_with(|| {
+                let keys = self.keys();
+                let ranges = vec![
+                    KeyRange::prefix(keys.schedule(machine_id)),
+                    KeyRange::prefix(keys.globals()),
+                    KeyRange::single(keys.machine(machine_id)),
+                    KeyRange::single(keys.metadata(machine_id)),
+                ];
+                Arc::new(Mirror::start(self.connection().clone(), ranges))
+            })
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,187 @@
+//! Leases: one per machine, carrying its presence and unit states, and one for the engine
+//! leader key. A machine's lease is kept alive in the background; if it expires anyway (a
+//! partition longer than `agent_ttl`), the machine registers again under a new lease and
+//! writes its states again.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
+use fleet_core::MachineState;
+
+use super::EtcdRegistry;
+use super::connection::{Connection, MAX_TXN_OPS, unavailable};
+use crate::codec::encode;
+use crate::{RegistryError, Result};
+
+/// An open keepalive stream for one lease.
+pub type Keeper = (LeaseKeeper, LeaseKeepAliveStream);
+
+/// Grants a lease of `ttl` (at least one second).
+pub async fn grant(connection: &Connection, ttl: Duration) -> Result<i64> {
+    let seconds = ttl.as_secs().max(1) as i64;
+    let mut client = connection.client();
+    let granted = connection.within(connection.timeout, client.lease_grant(seconds, None)).await?;
+    Ok(granted.id())
+}
+
+pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
+    let mut client = connection.client();
+    connection.within(connection.timeout, client.lease_revoke(lease)).await.map(|_| ())
+}
+
+/// Renews `lease` once; `false` when etcd says it has expired.
+pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keeper>) -> Result<bool> {
+    if keeper.as_ref().is_none_or(|(open, _)| open.id() != lease) {
+        let mut client = connection.client();
+        *keeper = Some(connection.within(connection.timeout, client.lease_keep_alive(lease)).await?);
+    }
+    let Some((sender, replies)) = keeper.as_mut() else {
+        return Err(unavailable("no keepalive stream"));
+    };
+    let answer = async {
+        sender.keep_alive().await?;
+        replies.message().await
+    };
+    match connection.within(connection.timeout, answer).await {
+        Ok(Some(reply)) => Ok(reply.ttl() > 0),
+        Ok(None) => {
+            *keeper = None;
+            Err(unavailable("etcd closed the keepalive stream"))
+        }
+        Err(error) => {
+            *keeper = None;
+            Err(error)
+        }
+    }
+}
+
+/// A registered machine: its lease, and what it wrote under it.
+pub struct MachineSession {
+    pub machine: Mutex<MachineState>,
+    lease: AtomicI64,
+    /// The states this machine reported (key → encoded state), to write again under a new lease.
+    pub states: Mutex<BTreeMap<String, Vec<u8>>>,
+    keepalive: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl MachineSession {
+    pub fn lease(&self) -> i64 {
+        self.lease.load(Ordering::SeqCst)
+    }
+
+    pub fn stop_keepalive(&self) {
+        if let Some(task) = self.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+impl EtcdRegistry {
+    /// Writes the machine's presence under `lease` if no live fleetd holds its ID.
+    async fn claim_presence(&self, machine: &MachineState, lease: i64) -> Result<()> {
+        let key = self.keys().machine(&machine.id);
+        let txn = Txn::new().when([Compare::version(key.as_str(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
+            key.as_str(),
+            encode(machine),
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+        if self.connection().txn(txn).await?.succeeded() {
+            Ok(())
+        } else {
+            Err(RegistryError::MachineInUse { machine_id: machine.id.clone() })
+        }
+    }
+
+    /// Starts a session for `machine`: a new lease, the presence, and the keepalive.
+    pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
+        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        if let Err(error) = self.claim_presence(machine, lease).await {
+            let _ = revoke(self.connection(), lease).await;
+            return Err(error);
+        }
+        let session = Arc::new(MachineSession {
+            machine: Mutex::new(machine.clone()),
+            lease: AtomicI64::new(lease),
+            states: Mutex::new(BTreeMap::new()),
+            keepalive: Mutex::new(None),
+        });
+        let task = tokio::spawn(self.clone().keep_alive(session.clone())).abort_handle();
+        *session.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
+        let previous = self
+            .inner
+            .sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(machine.id.clone(), session);
+        if let Some(previous) = previous {
+            previous.stop_keepalive();
+        }
+        Ok(())
+    }
+
+    pub(super) fn session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
+        self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(machine_id).cloned()
+    }
+
+    pub(super) fn take_session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
+        self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine_id)
+    }
+
+    /// Renews the machine's lease every third of `agent_ttl`; registers again if it expired.
+    async fn keep_alive(self, session: Arc<MachineSession>) {
+        let period = self.inner.lifetimes.agent_ttl / 3;
+        let mut keeper = None;
+        loop {
+            tokio::time::sleep(period).await;
+            let lease = session.lease();
+            match renew(self.connection(), lease, &mut keeper).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    let machine_id = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).id.clone();
+                    tracing::warn!(machine_id, "machine lease expired; registering again");
+                    if let Err(error) = self.reopen(&session).await {
+                        tracing::warn!(%error, "registering again failed; retrying");
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "cannot renew the machine lease; retrying"),
+            }
+        }
+    }
+
+    /// A new lease for a session whose lease expired: presence and states written again.
+    async fn reopen(&self, session: &MachineSession) -> Result<()> {
+        let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        if let Err(error) = self.claim_presence(&machine, lease).await {
+            let _ = revoke(self.connection(), lease).await;
+            return Err(error);
+        }
+        let states: Vec<(String, Vec<u8>)> = session
+            .states
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .iter()
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect();
+        for chunk in states.chunks(MAX_TXN_OPS) {
+            let puts: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), Some(PutOptions::new().with_lease(lease))))
+                .collect();
+            self.connection().txn(Txn::new().and_then(puts)).await?;
+        }
+        session.lease.store(lease, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// The engine leadership this fleetd holds.
+pub struct Leadership {
+    pub lease: i64,
+    /// The leader key's create revision: the fence every schedule write checks.
+    pub token: i64,
+    pub keeper: Option<Keeper>,
+}

@@ -1,0 +1,226 @@
+//! The etcd store against a real etcd.
+
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use fleet_core::schedule::{Decision, UnscheduleReason};
+use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitHash, UnitState};
+use fleet_testkit::EtcdServer;
+
+use super::{EtcdOptions, EtcdRegistry, Lifetimes};
+use crate::{AgentRegistry, ApiRegistry, ChangeSignal, EngineRegistry, MetadataChange, RegistryError, StateReport};
+
+const SLEEP: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
+
+fn unit(text: &str) -> UnitFile {
+    UnitFile::parse(text).unwrap()
+}
+
+fn machine(id: &str) -> MachineState {
+    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), ..Default::default() }
+}
+
+fn options(etcd: &EtcdServer) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: vec![etcd.endpoint()],
+        key_prefix: "/fleet-test/".into(),
+        request_timeout: Duration::from_secs(2),
+        ..EtcdOptions::default()
+    }
+}
+
+async fn registry(etcd: &EtcdServer, agent_ttl: Duration) -> EtcdRegistry {
+    let lifetimes = Lifetimes { agent_ttl, engine_lease_ttl: Duration::from_secs(3) };
+    EtcdRegistry::connect(&options(etcd), lifetimes).await.unwrap()
+}
+
+/// Waits until `check` holds, polling; panics after 10 s.
+async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+async fn keys_under(registry: &EtcdRegistry, prefix: &str) -> Vec<String> {
+    let reply =
+        registry.connection().get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    reply.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect()
+}
+
+fn moved(signal: &ChangeSignal) -> bool {
+    signal.has_changed().unwrap_or(false)
+}
+
+#[tokio::test]
+async fn bodies_are_shared_and_collected_with_their_last_unit() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    registry.put_unit("b.service", &unit(SLEEP), DesiredState::Loaded).await.unwrap();
+    let bodies = registry.keys().bodies();
+    assert_eq!(keys_under(&registry, &bodies).await.len(), 1);
+    let view = registry.unit("a.service").await.unwrap().unwrap();
+    assert_eq!(view.hash.to_string(), "2d432f4a06608c1a8b2848b66c836793a1d48ce6");
+    assert_eq!(view.desired, DesiredState::Launched);
+    registry.put_unit("b.service", &unit("[Service]\nExecStart=/bin/true\n"), DesiredState::Loaded).await.unwrap();
+    assert_eq!(keys_under(&registry, &bodies).await.len(), 2);
+    assert!(registry.destroy_unit("a.service").await.unwrap());
+    assert_eq!(keys_under(&registry, &bodies).await.len(), 1, "the sleep body went with its last unit");
+    assert!(!registry.destroy_unit("a.service").await.unwrap());
+    assert!(registry.destroy_unit("b.service").await.unwrap());
+    assert!(keys_under(&registry, &bodies).await.is_empty());
+    assert!(keys_under(&registry, "/fleet-test/refs/").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states() {
+    let etcd = EtcdServer::start();
+    let first = registry(&etcd, Duration::from_secs(10)).await;
+    let second = registry(&etcd, Duration::from_secs(10)).await;
+    first.register_machine(&machine("m1")).await.unwrap();
+    match second.register_machine(&machine("m1")).await {
+        Err(RegistryError::MachineInUse { machine_id }) => assert_eq!(machine_id, "m1"),
+        other => panic!("expected MachineInUse, got {other:?}"),
+    }
+    let state = UnitState {
+        name: "a.service".into(),
+        machine_id: "m1".into(),
+        hash: UnitHash([1; 20]),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+    };
+    first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
+    assert_eq!(second.unit_states().await.unwrap(), vec![state]);
+    assert_eq!(second.machines().await.unwrap().len(), 1);
+    first.unregister_machine("m1").await.unwrap();
+    assert!(second.machines().await.unwrap().is_empty());
+    assert!(second.unit_states().await.unwrap().is_empty(), "states went with the lease");
+    second.register_machine(&machine("m1")).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dead_machines_lease_expires() {
+    let etcd = EtcdServer::start();
+    let observer = registry(&etcd, Duration::from_secs(2)).await;
+    {
+        let dying = registry(&etcd, Duration::from_secs(2)).await;
+        dying.register_machine(&machine("m1")).await.unwrap();
+        assert_eq!(observer.machines().await.unwrap().len(), 1);
+        // Kept alive past its TTL while the registry lives.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(observer.machines().await.unwrap().len(), 1);
+        // Dropping the registry's last handle stops nothing by itself: abort the keepalive.
+        dying.session("m1").unwrap().stop_keepalive();
+    }
+    eventually("the machine's presence expires", || async { observer.machines().await.unwrap().is_empty() }).await;
+}
+
+#[tokio::test]
+async fn one_leader_at_a_time_and_a_deposed_leader_cannot_write() {
+    let etcd = EtcdServer::start();
+    let a = registry(&etcd, Duration::from_secs(10)).await;
+    let b = registry(&etcd, Duration::from_secs(10)).await;
+    a.put_unit("x.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    a.register_machine(&machine("m1")).await.unwrap();
+    let lease_a = a.acquire_leadership("ma").await.unwrap().expect("first engine leads");
+    let _ = b.engine_changes();
+    eventually("b's copy shows the leader", || async { b.acquire_leadership("mb").await.unwrap().is_none() }).await;
+    assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease_a.clone()), "renewal keeps the token");
+    // a's leadership vanishes (its lease revoked as if it expired); b takes over.
+    let held = a.inner.leadership.lock().await.as_ref().unwrap().lease;
+    super::session::revoke(a.connection(), held).await.unwrap();
+    eventually("b leads", || async { b.acquire_leadership("mb").await.unwrap().is_some() }).await;
+    eventually("a's copy is synced", || async { a.snapshot().await.is_ok_and(|s| !s.units.is_empty()) }).await;
+    let decision = Decision::Schedule { unit: "x.service".into(), machine: "m1".into() };
+    match a.apply(&lease_a, &[decision], &[]).await {
+        Err(RegistryError::LeadershipLost) => {}
+        other => panic!("a deposed leader wrote: {other:?}"),
+    }
+    assert!(keys_under(&a, "/fleet-test/placement/").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_schedule_change_wakes_only_the_target_machine() {
+    let etcd = EtcdServer::start();
+    let engine = registry(&etcd, Duration::from_secs(10)).await;
+    let agents = registry(&etcd, Duration::from_secs(10)).await;
+    for id in ["m1", "m2"] {
+        agents.register_machine(&machine(id)).await.unwrap();
+    }
+    engine.put_unit("x.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    let (mut m1, mut m2) = (agents.machine_changes("m1"), agents.machine_changes("m2"));
+    eventually("both copies are listed", || async {
+        agents.machine_work("m1").await.is_ok() && agents.machine_work("m2").await.is_ok()
+    })
+    .await;
+    let lease = engine.acquire_leadership("m1").await.unwrap().unwrap();
+    eventually("the engine's copy has the unit", || async {
+        engine.snapshot().await.is_ok_and(|s| s.units.len() == 1)
+    })
+    .await;
+    m1.mark_unchanged();
+    m2.mark_unchanged();
+    let decision = Decision::Schedule { unit: "x.service".into(), machine: "m1".into() };
+    engine.apply(&lease, &[decision], &[]).await.unwrap();
+    eventually("m1 sees its new unit", || async { agents.machine_work("m1").await.unwrap().scheduled.len() == 1 })
+        .await;
+    assert!(moved(&m1));
+    assert!(!moved(&m2), "m2 was woken by a change to m1's schedule");
+    let view = engine.unit("x.service").await.unwrap().unwrap();
+    assert_eq!(view.machine_id.as_deref(), Some("m1"));
+    // A desired-state change reaches the agent's copy directly.
+    engine.set_desired_state("x.service", DesiredState::Loaded).await.unwrap();
+    eventually("m1 sees the new desired state", || async {
+        agents.machine_work("m1").await.unwrap().scheduled[0].desired == DesiredState::Loaded
+    })
+    .await;
+    assert!(!moved(&m2));
+    // Unscheduling removes it from m1's schedule.
+    let decision = Decision::Unschedule {
+        unit: "x.service".into(),
+        machine: "m1".into(),
+        reason: UnscheduleReason::TargetStateInactive,
+    };
+    engine.apply(&lease, &[decision], &[("x.service".into(), "no machine".into())]).await.unwrap();
+    eventually("m1's schedule is empty", || async { agents.machine_work("m1").await.unwrap().scheduled.is_empty() })
+        .await;
+    assert_eq!(engine.unit("x.service").await.unwrap().unwrap().reason.as_deref(), Some("no machine"));
+    assert!(!moved(&m2));
+}
+
+#[tokio::test]
+async fn copies_resume_after_an_outage() {
+    let mut etcd = EtcdServer::start();
+    let writer = registry(&etcd, Duration::from_secs(30)).await;
+    let reader = registry(&etcd, Duration::from_secs(30)).await;
+    writer.register_machine(&machine("m1")).await.unwrap();
+    let _ = reader.machine_changes("m1");
+    eventually("m1's copy is listed", || async { reader.machine_work("m1").await.is_ok() }).await;
+    etcd.kill();
+    // While etcd is down, the copy still answers with what it had.
+    assert!(reader.machine_work("m1").await.unwrap().machine.is_some());
+    assert!(matches!(writer.units().await, Err(RegistryError::Unavailable(_))));
+    etcd.resume();
+    writer
+        .change_metadata(&[MetadataChange::Set { machine_id: "m1".into(), key: "region".into(), value: "eu".into() }])
+        .await
+        .unwrap();
+    eventually("the copy sees the change made after the outage", || async {
+        reader
+            .machine_work("m1")
+            .await
+            .unwrap()
+            .machine
+            .is_some_and(|m| m.metadata.get("region").is_some_and(|r| r == "eu"))
+    })
+    .await;
+}

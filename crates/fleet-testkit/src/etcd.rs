@@ -1,0 +1,154 @@
+//! A real etcd server for one test: its own data directory and loopback ports, stopped and
+//! deleted when dropped. It can be stopped and started again on the same ports and data, to
+//! test store outages.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::time::{Duration, Instant};
+
+const ETCD: &str = "/usr/bin/etcd";
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+static INSTALL: Once = Once::new();
+
+/// Installs Debian's `etcd-server` when `/usr/bin/etcd` is missing. Panics with apt's output
+/// when that fails: a test that needs etcd must not silently skip.
+fn ensure_installed() {
+    INSTALL.call_once(|| {
+        if Path::new(ETCD).exists() {
+            return;
+        }
+        let script = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server";
+        let output = Command::new("sh").args(["-c", script]).output().expect("running apt-get");
+        assert!(
+            output.status.success() && Path::new(ETCD).exists(),
+            "etcd is missing and installing etcd-server failed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    });
+}
+
+pub struct EtcdServer {
+    dir: tempfile::TempDir,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+impl EtcdServer {
+    /// Starts etcd and waits until it answers.
+    pub fn start() -> Self {
+        ensure_installed();
+        let dir = tempfile::tempdir().expect("temporary directory for etcd");
+        let mut server = Self { dir, client_port: crate::free_port(), peer_port: crate::free_port(), child: None };
+        server.resume();
+        server
+    }
+
+    /// The client URL, for `etcd_servers`.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Kills etcd (SIGKILL), keeping its data for [`EtcdServer::resume`].
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts etcd again on the same ports and data directory, and waits until it answers.
+    pub fn resume(&mut self) {
+        assert!(self.child.is_none(), "etcd is already running");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("etcd log file");
+        let client = self.endpoint();
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let mut command = Command::new(ETCD);
+        command
+            .arg("--name=fleet-test")
+            .arg(format!("--data-dir={}", self.data_dir().display()))
+            .arg(format!("--listen-client-urls={client}"))
+            .arg(format!("--advertise-client-urls={client}"))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=fleet-test={peer}"))
+            // Tests create many leases and watches at once; keep etcd's own chatter down.
+            .arg("--log-level=warn")
+            .arg("--logger=zap")
+            .env_remove("ETCD_DATA_DIR")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("etcd log file"))
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe; it only asks for SIGKILL when the test dies.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let child = command.spawn().expect("starting etcd");
+        self.child = Some(child);
+        self.wait_until_ready();
+    }
+
+    fn wait_until_ready(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        let health = format!("127.0.0.1:{}", self.client_port);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "etcd exited with {status} at start:\n{}",
+                    std::fs::read_to_string(self.log_path()).unwrap_or_default()
+                );
+            }
+            if health_ok(&health) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "etcd did not answer within {START_TIMEOUT:?}:\n{}",
+            std::fs::read_to_string(self.log_path()).unwrap_or_default()
+        );
+    }
+}
+
+/// Whether etcd's `/health` endpoint says it is healthy (a leader is elected).
+fn health_ok(address: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(address) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    let request = format!("GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response.contains("\"health\":\"true\"")
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

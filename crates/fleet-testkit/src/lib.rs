@@ -1,0 +1,8 @@
+//! Real components for tests and benchmarks. Nothing here is a mock: [`EtcdServer`] runs
+//! Debian's `etcd` binary, installing the `etcd-server` package first when it is missing.
+
+mod etcd;
+mod ports;
+
+pub use etcd::EtcdServer;
+pub use ports::free_port;
