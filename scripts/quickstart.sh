@@ -15,6 +15,14 @@ if [ "${1:-}" = "stop" ]; then
 fi
 
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
+# etcd-client's build needs protoc, even for a single machine on the embedded store.
+if ! command -v protoc >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler
+  else
+    echo "protoc is required (Debian package protobuf-compiler)"; exit 1
+  fi
+fi
 cargo build --release -p fleetd -p fleetctl
 mkdir -p "$root"
 if [ ! -s "$root/machine-id" ]; then

@@ -4,12 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
-# The socket-activation test passes real sockets with Debian's systemd-socket-activate.
-if ! command -v systemd-socket-activate >/dev/null; then
+# What the build and the tests need from Debian: protoc (etcd-client's build), a real etcd
+# (the etcd store's tests and the cluster tests), systemd-socket-activate (the
+# socket-activation test).
+missing=()
+command -v protoc >/dev/null || missing+=(protobuf-compiler)
+[ -x /usr/bin/etcd ] || missing+=(etcd-server)
+command -v systemd-socket-activate >/dev/null || missing+=(systemd)
+if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
   else
-    echo "systemd-socket-activate is required (Debian package systemd)"; exit 1
+    echo "these Debian packages are required: ${missing[*]}"; exit 1
   fi
 fi
 cargo fmt --all -- --check

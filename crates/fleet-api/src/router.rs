@@ -65,7 +65,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::Unavailable(_) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "fleet server unable to communicate with etcd")
             }
-            RegistryError::Corrupt { .. } | RegistryError::LeadershipLost => {
+            RegistryError::Corrupt { .. } | RegistryError::LeadershipLost | RegistryError::MachineInUse { .. } => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "")
             }
         }

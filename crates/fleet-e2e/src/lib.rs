@@ -5,6 +5,8 @@
 //! workspace's binaries must be built first (`cargo build --workspace --bins`, which
 //! `cargo test --workspace` and `cargo nextest run --workspace` do).
 
+mod cluster;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -63,6 +65,29 @@ impl Fleetd {
         fleetd
     }
 
+    /// Runs a fleetd that is expected to refuse to start; returns its exit code and log.
+    pub fn start_refused(machine_id: &str, config: &[(&str, &str)]) -> (Option<i32>, String) {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let fleetd = Self { dir, machine_id: machine_id.to_string(), child: None, extra };
+        fleetd.write_config();
+        let output = fleetd.command().output().expect("run fleetd");
+        let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code(), log)
+    }
+
+    /// The fleetd command line for this directory, with no `FLEET_*` from the caller.
+    fn command(&self) -> Command {
+        let mut command = Command::new(binary("fleetd"));
+        for (name, _) in std::env::vars_os() {
+            if name.to_string_lossy().starts_with("FLEET_") {
+                command.env_remove(name);
+            }
+        }
+        command.arg("-config").arg(self.config_path()).stdin(Stdio::null());
+        command
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("fleet.sock")
     }
@@ -81,6 +106,10 @@ impl Fleetd {
 
     pub fn config_path(&self) -> PathBuf {
         self.dir.path().join("fleet.conf")
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     pub fn pid(&self) -> u32 {
@@ -104,21 +133,9 @@ impl Fleetd {
     pub fn launch(&mut self) {
         self.write_config();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("log file");
-        let mut command = Command::new(binary("fleetd"));
-        // Only the test's fleet.conf configures this fleetd: no FLEET_* from the caller.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("FLEET_") {
-                command.env_remove(name);
-            }
-        }
-        let child = command
-            .arg("-config")
-            .arg(self.config_path())
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("log file"))
-            .stderr(log)
-            .spawn()
-            .expect("start fleetd");
+        // Only the test's fleet.conf configures this fleetd.
+        let child =
+            self.command().stdout(log.try_clone().expect("log file")).stderr(log).spawn().expect("start fleetd");
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(20);
         let short = &self.machine_id[..8.min(self.machine_id.len())];
@@ -217,4 +234,6 @@ impl Drop for Fleetd {
     }
 }
 
+pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};
+pub use fleet_testkit::EtcdServer;
 pub use fleet_unit_manager::native::unit_processes;

@@ -28,11 +28,14 @@ pub struct Engine {
     /// The reasons last written, so unchanged ones are not written again.
     reasons: Vec<(String, String)>,
     lease: Option<EngineLease>,
+    /// The snapshot revision last planned and written in full: an unchanged snapshot needs
+    /// no new plan (the periodic fallback then costs no planning).
+    planned: Option<u64>,
 }
 
 impl Engine {
     pub fn new(config: EngineConfig, registry: Arc<dyn EngineRegistry>) -> Self {
-        Self { config, registry, requirements: HashMap::new(), reasons: Vec::new(), lease: None }
+        Self { config, registry, requirements: HashMap::new(), reasons: Vec::new(), lease: None, planned: None }
     }
 
     /// Runs until `stop` turns true, then gives up the leadership.
@@ -64,11 +67,18 @@ impl Engine {
             (Some(_), None) => tracing::info!("Engine leadership lost"),
             _ => {}
         }
+        if lease.is_none() || lease != self.lease {
+            self.planned = None;
+        }
         self.lease = lease;
         let Some(lease) = self.lease.clone() else {
             return Ok(());
         };
         let snapshot = self.registry.snapshot().await?;
+        if self.planned == Some(snapshot.revision) {
+            return Ok(());
+        }
+        let revision = snapshot.revision;
         let missing: Vec<UnitHash> = snapshot
             .units
             .iter()
@@ -101,6 +111,7 @@ impl Engine {
         let reasons: Vec<(String, String)> =
             decided.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string())).collect();
         if decided.decisions.is_empty() && reasons == self.reasons {
+            self.planned = Some(revision);
             return Ok(());
         }
         for decision in &decided.decisions {
@@ -112,8 +123,16 @@ impl Engine {
                 tracing::info!(unit, reason, "unit cannot be scheduled");
             }
         }
-        self.registry.apply(&lease, &decided.decisions, &reasons).await?;
+        self.planned = None;
+        if let Err(error) = self.registry.apply(&lease, &decided.decisions, &reasons).await {
+            if matches!(error, RegistryError::LeadershipLost) {
+                tracing::info!("Engine leadership lost");
+                self.lease = None;
+            }
+            return Err(error);
+        }
         self.reasons = reasons;
+        self.planned = Some(revision);
         Ok(())
     }
 }

@@ -5,7 +5,8 @@
 //! - [`EngineRegistry`]: the engine's snapshot and its fenced schedule writes.
 //! - [`AgentRegistry`]: one machine's presence, its own work, unit bodies and its states.
 //!
-//! Implementations: [`embedded::EmbeddedRegistry`] (a redb file; the single-machine default).
+//! Implementations: [`embedded::EmbeddedRegistry`] (a redb file; the single-machine default)
+//! and [`etcd::EtcdRegistry`] (etcd v3; clusters).
 
 mod codec;
 pub mod embedded;
@@ -103,3 +104,8 @@ pub trait AgentRegistry: Send + Sync {
     /// Moves when this machine's work may have changed.
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal;
 }
+
+/// A store that serves every role, as fleetd needs.
+pub trait Registry: ApiRegistry + EngineRegistry + AgentRegistry {}
+
+impl<T: ApiRegistry + EngineRegistry + AgentRegistry> Registry for T {}

@@ -23,6 +23,11 @@ pub struct Config {
     pub etcd_servers: Vec<String>,
     pub etcd_key_prefix: String,
     pub etcd_request_timeout: Duration,
+    pub etcd_username: String,
+    pub etcd_password: String,
+    pub etcd_keyfile: String,
+    pub etcd_certfile: String,
+    pub etcd_cafile: String,
     pub engine_reconcile_interval: Duration,
     pub public_ip: String,
     pub metadata: BTreeMap<String, String>,
@@ -49,6 +54,11 @@ impl Default for Config {
             etcd_servers: Vec::new(),
             etcd_key_prefix: "/_coreos.com/fleet/".into(),
             etcd_request_timeout: Duration::from_secs(1),
+            etcd_username: String::new(),
+            etcd_password: String::new(),
+            etcd_keyfile: String::new(),
+            etcd_certfile: String::new(),
+            etcd_cafile: String::new(),
             engine_reconcile_interval: Duration::from_secs(2),
             public_ip: String::new(),
             metadata: BTreeMap::new(),
@@ -249,7 +259,28 @@ impl Config {
                 "verbosity" => {
                     config.verbosity = value.parse().map_err(|_| bad(name, value, "expected a whole number"))?
                 }
-                "etcd_servers" => config.etcd_servers = parse_list(value),
+                "etcd_servers" => {
+                    let servers = parse_list(value);
+                    if let Some(server) =
+                        servers.iter().find(|server| !(server.starts_with("http://") || server.starts_with("https://")))
+                    {
+                        return Err(bad(name, server, "expected http://host:port or https://host:port"));
+                    }
+                    config.etcd_servers = servers;
+                }
+                "etcd_username" => config.etcd_username = value.to_string(),
+                "etcd_password" => config.etcd_password = value.to_string(),
+                "etcd_keyfile" | "etcd_certfile" | "etcd_cafile" => {
+                    if !value.is_empty() && !Path::new(value).is_file() {
+                        return Err(bad(name, value, "no such file"));
+                    }
+                    let field = match name.as_str() {
+                        "etcd_keyfile" => &mut config.etcd_keyfile,
+                        "etcd_certfile" => &mut config.etcd_certfile,
+                        _ => &mut config.etcd_cafile,
+                    };
+                    *field = value.to_string();
+                }
                 "etcd_key_prefix" => config.etcd_key_prefix = value.to_string(),
                 "etcd_request_timeout" => config.etcd_request_timeout = parse_seconds(name, value)?,
                 "engine_reconcile_interval" => config.engine_reconcile_interval = parse_seconds(name, value)?,
@@ -305,8 +336,6 @@ impl Config {
                     config.api_listen = listen;
                 }
                 "state_dir" => config.state_dir = value.into(),
-                // Accepted for compatibility: TLS and credentials of the etcd registry.
-                "etcd_username" | "etcd_password" | "etcd_keyfile" | "etcd_certfile" | "etcd_cafile" => {}
                 _ => {
                     return Err(ConfigError::UnknownOption { source: "configuration".into(), name: name.clone() });
                 }

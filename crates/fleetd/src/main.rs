@@ -3,6 +3,7 @@
 mod config;
 mod host;
 mod run;
+mod store;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

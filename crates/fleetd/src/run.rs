@@ -13,14 +13,13 @@ use fleet_api::router::LocalMachine;
 use fleet_api::{ApiState, router};
 use fleet_core::MachineState;
 use fleet_engine::{Engine, EngineConfig};
-use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{NativeManager, NativeOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::config::{Config, UnitManagerChoice};
-use crate::host;
+use crate::{host, store};
 
 /// The agent's fallback reconcile period (the original's fixed 5 s).
 const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
@@ -104,9 +103,6 @@ fn warn_fixed_options(old: &Config, new: &Config) {
 }
 
 fn check_supported(config: &Config) -> anyhow::Result<()> {
-    if !config.etcd_servers.is_empty() {
-        bail!("etcd_servers is set, but this build has no etcd registry yet; unset it to use the embedded store");
-    }
     if config.verify_units {
         tracing::error!("verify_units is deprecated and ignored");
     }
@@ -121,8 +117,9 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
     let machine_id = config.resolve_machine_id()?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
-    let registry = Arc::new(EmbeddedRegistry::open(&config.state_dir.join("registry.redb"))?);
     let manager = unit_manager(&config, &machine_id)?;
+    let registry = store::open(&config).await?;
+    store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
     let (listeners, owned_sockets) = listeners(&config)?;
     for listener in &listeners {
         tracing::info!(address = listener.describe(), "API listening");

@@ -74,6 +74,8 @@ impl EngineRegistry for EmbeddedRegistry {
         let decisions = decisions.to_vec();
         let reasons: BTreeMap<String, String> = unplaced.iter().cloned().collect();
         self.write(move |txn, touched| {
+            // The engine hears of its own writes, so its next snapshot has a new revision.
+            touched.engine = true;
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
             let mut schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
             for decision in &decisions {

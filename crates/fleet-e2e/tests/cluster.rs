@@ -1,0 +1,166 @@
+//! Clusters: several real fleetds on one real etcd. Machine loss, engine leadership moving,
+//! clean shutdown and store outages, observed through the API and the unit processes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fleet_e2e::{AGENT_TTL_SECONDS, Cluster, Fleetd, member_id, unit_processes};
+
+const SLEEPER: &str = "[Unit]\nDescription=sleeps\n\n[Service]\nExecStart=/bin/sleep 100000\n";
+
+/// Writes `sleep@.service` into `dir`; returns the paths of instances `1..=count`.
+fn sleepers(dir: &Path, count: usize) -> Vec<String> {
+    std::fs::write(dir.join("sleep@.service"), SLEEPER).unwrap();
+    (1..=count).map(|i| dir.join(format!("sleep@{i}.service")).display().to_string()).collect()
+}
+
+fn start_units(cluster: &Cluster, paths: &[String]) {
+    let mut args = vec!["start", "--no-block"];
+    args.extend(paths.iter().map(String::as_str));
+    cluster.any().ok(&args);
+}
+
+fn all_launched(cluster: &Cluster, count: usize) -> bool {
+    let placement = cluster.placement();
+    placement.len() == count && placement.values().all(|(machine, state)| machine.is_some() && state == "launched")
+}
+
+/// unit → machine, for launched units.
+fn machines_of(cluster: &Cluster) -> BTreeMap<String, String> {
+    cluster.placement().into_iter().filter_map(|(unit, (machine, _))| Some((unit, machine?))).collect()
+}
+
+fn pids(member: &Fleetd) -> BTreeSet<u32> {
+    unit_processes(&member.state_dir()).into_iter().collect()
+}
+
+fn scratch(cluster: &Cluster) -> PathBuf {
+    cluster.members[0].dir.path().to_path_buf()
+}
+
+#[test]
+fn members_are_listed_and_units_spread_least_loaded() {
+    let cluster = Cluster::start(3, |_| Vec::new());
+    let machines = cluster.any().ok(&["list-machines", "--no-legend"]).stdout;
+    for index in 0..3 {
+        assert!(machines.contains(&member_id(index)[..8]), "{machines}");
+        assert!(machines.contains(&format!("127.0.0.{}", index + 1)), "{machines}");
+        assert!(machines.contains(&format!("member={index}")), "{machines}");
+    }
+    let paths = sleepers(&scratch(&cluster), 6);
+    start_units(&cluster, &paths);
+    cluster.wait_until("6 units launched", Duration::from_secs(30), |c| all_launched(c, 6));
+    let load: Vec<usize> = cluster.load().into_values().collect();
+    assert_eq!(load, vec![2, 2, 2], "least-loaded placement spreads 6 units over 3 machines");
+    // Every member runs its two, and list-units shows them active.
+    for member in &cluster.members {
+        member.wait_until("its units run", Duration::from_secs(10), |m| pids(m).len() == 2);
+    }
+    let units = cluster.any().ok(&["list-units", "--no-legend", "--fields", "unit,active"]).stdout;
+    assert_eq!(units.lines().filter(|line| line.contains("active")).count(), 6, "{units}");
+}
+
+#[test]
+fn a_killed_member_s_units_move_to_the_others_and_nothing_else_moves() {
+    let mut cluster = Cluster::start(3, |_| Vec::new());
+    let paths = sleepers(&scratch(&cluster), 6);
+    start_units(&cluster, &paths);
+    cluster.wait_until("6 units launched", Duration::from_secs(30), |c| all_launched(c, 6));
+    let before = machines_of(&cluster);
+    let victim = 2;
+    let victim_id = member_id(victim);
+    let stranded: Vec<String> = before.iter().filter(|(_, m)| **m == victim_id).map(|(u, _)| u.clone()).collect();
+    assert_eq!(stranded.len(), 2);
+    let killed = Instant::now();
+    cluster.members[victim].stop_with(libc::SIGKILL);
+    cluster.wait_until("the killed member's units run elsewhere", Duration::from_secs(AGENT_TTL_SECONDS + 15), |c| {
+        all_launched(c, 6) && machines_of(c).values().all(|machine| *machine != victim_id)
+    });
+    eprintln!("rescheduled {} units {:?} after the SIGKILL", stranded.len(), killed.elapsed());
+    let after = machines_of(&cluster);
+    for (unit, machine) in &before {
+        if *machine != victim_id {
+            assert_eq!(after.get(unit), Some(machine), "{unit} moved though its machine lives");
+        }
+    }
+    let load: Vec<usize> = cluster.load().into_values().collect();
+    assert_eq!(load, vec![3, 3]);
+    // The killed member's processes died with it (its keeper), none were orphaned.
+    assert!(pids(&cluster.members[victim]).is_empty());
+}
+
+#[test]
+fn a_clean_shutdown_hands_units_over_at_once() {
+    // A long agent_ttl: only the shutdown itself can move the units in time.
+    let cluster_ttl = vec![("agent_ttl".to_string(), "60s".to_string())];
+    let mut cluster = Cluster::start(2, |_| cluster_ttl.clone());
+    let paths = sleepers(&scratch(&cluster), 2);
+    start_units(&cluster, &paths);
+    cluster.wait_until("2 units launched", Duration::from_secs(30), |c| all_launched(c, 2));
+    assert_eq!(cluster.load().len(), 2, "one unit on each member");
+    assert_eq!(cluster.members[1].stop_with(libc::SIGTERM), Some(0));
+    cluster.wait_until("both units run on member 0", Duration::from_secs(20), |c| {
+        all_launched(c, 2) && machines_of(c).values().all(|m| *m == member_id(0))
+    });
+    let machines = cluster.any().ok(&["list-machines", "--no-legend"]).stdout;
+    assert!(!machines.contains(&member_id(1)[..8]), "{machines}");
+}
+
+#[test]
+fn killing_the_engine_leader_moves_leadership_and_scheduling_goes_on() {
+    let mut cluster = Cluster::start(3, |_| Vec::new());
+    cluster.wait_until("an engine leads", Duration::from_secs(15), |c| c.leader().is_some());
+    let old_leader = cluster.leader().expect("a leader");
+    cluster.members[old_leader].stop_with(libc::SIGKILL);
+    let paths = sleepers(&scratch(&cluster), 3);
+    // Scratch files live in member 0's directory, which stays even if member 0 was killed.
+    start_units(&cluster, &paths);
+    cluster.wait_until("3 new units launched", Duration::from_secs(AGENT_TTL_SECONDS + 20), |c| all_launched(c, 3));
+    let new_leader = cluster.leader().expect("a new leader");
+    assert_ne!(new_leader, old_leader);
+    assert!(machines_of(&cluster).values().all(|m| *m != member_id(old_leader)));
+}
+
+#[test]
+fn an_etcd_outage_stops_no_unit_and_the_cluster_converges_after_it() {
+    let mut cluster = Cluster::start(2, |_| Vec::new());
+    let paths = sleepers(&scratch(&cluster), 4);
+    start_units(&cluster, &paths);
+    cluster.wait_until("4 units launched", Duration::from_secs(30), |c| all_launched(c, 4));
+    for member in &cluster.members {
+        member.wait_until("its units run", Duration::from_secs(10), |m| pids(m).len() == 2);
+    }
+    let before = machines_of(&cluster);
+    let running: Vec<BTreeSet<u32>> = cluster.members.iter().map(pids).collect();
+    cluster.etcd.kill();
+    // Longer than agent_ttl without the store.
+    std::thread::sleep(Duration::from_secs(AGENT_TTL_SECONDS * 2));
+    let answer = cluster.any().api("GET", "/fleet/v1/units", "");
+    assert!(answer.starts_with("HTTP/1.0 503") || answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains(r#""code":503"#), "{answer}");
+    for (member, pids_before) in cluster.members.iter().zip(&running) {
+        assert_eq!(&pids(member), pids_before, "a unit stopped or restarted during the outage");
+    }
+    cluster.etcd.resume();
+    cluster.wait_until("the cluster answers again with every unit launched", Duration::from_secs(30), |c| {
+        all_launched(c, 4)
+    });
+    assert_eq!(machines_of(&cluster), before, "units moved after the outage");
+    for (member, pids_before) in cluster.members.iter().zip(&running) {
+        assert_eq!(&pids(member), pids_before, "a unit was restarted after the outage");
+    }
+}
+
+#[test]
+fn a_second_fleetd_with_a_live_machine_id_is_refused() {
+    let cluster = Cluster::start(1, |_| Vec::new());
+    let config = cluster.member_config(0);
+    let pairs: Vec<(&str, &str)> = config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let (code, log) = Fleetd::start_refused(&member_id(0), &pairs);
+    assert_eq!(code, Some(1), "{log}");
+    assert!(log.contains("already in use by another live fleetd"), "{log}");
+    // The first one is untouched.
+    let machines = cluster.any().ok(&["list-machines", "--no-legend"]).stdout;
+    assert!(machines.contains(&member_id(0)[..8]));
+}

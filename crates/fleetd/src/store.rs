@@ -1,0 +1,75 @@
+//! Which registry fleetd uses: the embedded store, or etcd when `etcd_servers` is set.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use fleet_registry::Registry;
+use fleet_registry::embedded::EmbeddedRegistry;
+use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
+
+use crate::config::Config;
+
+const CONNECT_RETRY_MAX: Duration = Duration::from_secs(30);
+
+fn etcd_options(config: &Config) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: config.etcd_servers.clone(),
+        key_prefix: config.etcd_key_prefix.clone(),
+        request_timeout: config.etcd_request_timeout,
+        username: config.etcd_username.clone(),
+        password: config.etcd_password.clone(),
+        ca_file: config.etcd_cafile.clone(),
+        cert_file: config.etcd_certfile.clone(),
+        key_file: config.etcd_keyfile.clone(),
+    }
+}
+
+/// The lease lifetimes the options give: `agent_ttl`, and five engine reconcile intervals
+/// for the engine leadership, as the original.
+pub fn lifetimes(config: &Config) -> Lifetimes {
+    Lifetimes { agent_ttl: config.agent_ttl, engine_lease_ttl: config.engine_reconcile_interval * 5 }
+}
+
+/// Opens the registry the configuration names. Connecting to etcd is retried with backoff:
+/// without credentials the connection is lazy and this returns at once; with them etcd must
+/// hand out a token first.
+pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Registry>> {
+    if config.etcd_servers.is_empty() {
+        let path = config.state_dir.join("registry.redb");
+        tracing::info!(path = %path.display(), "using the embedded store");
+        return Ok(Arc::new(EmbeddedRegistry::open(&path)?));
+    }
+    if config.disable_watches {
+        tracing::warn!("disable_watches is ignored: each agent watches only its own schedule, so watches wake no herd");
+    }
+    let options = etcd_options(config);
+    let mut retry = Duration::from_millis(500);
+    loop {
+        match EtcdRegistry::connect(&options, lifetimes(config)).await {
+            Ok(registry) => {
+                tracing::info!(servers = ?config.etcd_servers, prefix = config.etcd_key_prefix, "using etcd");
+                return Ok(Arc::new(registry));
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?retry, "cannot connect to etcd");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(CONNECT_RETRY_MAX);
+            }
+        }
+    }
+}
+
+/// Announces the machine before anything runs, so that a machine ID already alive in the
+/// cluster stops fleetd at once. An unreachable store is not fatal: the agent registers
+/// when it comes back.
+pub async fn announce(registry: &dyn Registry, machine: &fleet_core::MachineState) -> anyhow::Result<()> {
+    match registry.register_machine(machine).await {
+        Ok(()) => Ok(()),
+        Err(error @ fleet_registry::RegistryError::MachineInUse { .. }) => Err(error).context("refusing to start"),
+        Err(error) => {
+            tracing::warn!(%error, "cannot register this machine yet; retrying in the background");
+            Ok(())
+        }
+    }
+}
