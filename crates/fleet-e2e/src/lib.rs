@@ -237,3 +237,14 @@ impl Drop for Fleetd {
 pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};
 pub use fleet_testkit::EtcdServer;
 pub use fleet_unit_manager::native::unit_processes;
+
+/// User plus system CPU seconds a process has used, from /proc; 0 when it is gone.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    // After the command name: state is field 0, utime is 11, stime is 12.
+    let ticks: f64 = [11, 12].iter().filter_map(|i| fields.get(*i)?.parse::<f64>().ok()).sum();
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    ticks / per_second
+}

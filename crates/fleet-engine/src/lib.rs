@@ -115,7 +115,12 @@ impl Engine {
             return Ok(());
         }
         for decision in &decided.decisions {
-            tracing::info!(?decision, "engine decision");
+            tracing::debug!(?decision, "engine decision");
+        }
+        let placed =
+            decided.decisions.iter().filter(|d| matches!(d, fleet_core::schedule::Decision::Schedule { .. })).count();
+        if !decided.decisions.is_empty() {
+            tracing::info!(scheduled = placed, unscheduled = decided.decisions.len() - placed, "engine decisions");
         }
         let by_unit: BTreeMap<&str, &str> = reasons.iter().map(|(u, r)| (u.as_str(), r.as_str())).collect();
         for (unit, reason) in &by_unit {

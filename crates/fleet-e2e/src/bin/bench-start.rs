@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Instant;
 
-use fleet_e2e::{Fleetd, binary};
+use fleet_e2e::{Fleetd, binary, cpu_seconds};
 
 fn main() {
     let count: usize = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(1000);
@@ -39,15 +39,4 @@ fn main() {
     let stop_args: Vec<&str> = stop_args.iter().map(String::as_str).collect();
     fleet.ok(&stop_args);
     println!("  fleetctl destroy of all {count}: {:.2} s", stop.elapsed().as_secs_f64());
-}
-
-/// User plus system CPU seconds of a process, from /proc.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    // After the command name: state is field 0, utime is 11, stime is 12.
-    let ticks: f64 = [11, 12].iter().filter_map(|i| fields.get(*i)?.parse::<f64>().ok()).sum();
-    // SAFETY: sysconf has no preconditions.
-    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    ticks / per_second
 }

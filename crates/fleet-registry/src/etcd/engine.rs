@@ -21,6 +21,11 @@ use crate::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit, UnitRecord,
 };
 
+/// Unit transactions per fenced transaction. etcd allows a nested transaction only the
+/// operations its parent leaves unused of `--max-txn-ops`, and one unit's transaction
+/// holds at most four.
+const NESTED_PER_TXN: usize = MAX_TXN_OPS - 8;
+
 /// How long the engine waits for its own writes to come back through its watch.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
@@ -253,7 +258,7 @@ impl EngineRegistry for EtcdRegistry {
         };
         let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
         let mut last_write = None;
-        for batch in unit_txns.chunks(MAX_TXN_OPS) {
+        for batch in unit_txns.chunks(NESTED_PER_TXN) {
             let txn = Txn::new().when([fence.clone()]).and_then(batch.to_vec());
             let reply = self.connection().big_txn(txn).await?;
             if !reply.succeeded() {

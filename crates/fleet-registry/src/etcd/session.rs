@@ -35,8 +35,22 @@ pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
 /// Renews `lease` once; `false` when etcd says it has expired.
 pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keeper>) -> Result<bool> {
     if keeper.as_ref().is_none_or(|(open, _)| open.id() != lease) {
+        // Opening the stream renews once and reads etcd's answer itself.
         let mut client = connection.client();
-        *keeper = Some(connection.within(connection.timeout, client.lease_keep_alive(lease)).await?);
+        let call = async {
+            match client.lease_keep_alive(lease).await {
+                Ok(opened) => Ok(Some(opened)),
+                Err(etcd_client::Error::LeaseKeepAliveError(message)) if message.contains("not found") => Ok(None),
+                Err(error) => Err(error),
+            }
+        };
+        return match connection.within(connection.timeout, call).await? {
+            Some(opened) => {
+                *keeper = Some(opened);
+                Ok(true)
+            }
+            None => Ok(false),
+        };
     }
     let Some((sender, replies)) = keeper.as_mut() else {
         return Err(unavailable("no keepalive stream"));

@@ -224,3 +224,28 @@ async fn copies_resume_after_an_outage() {
     })
     .await;
 }
+
+/// Regression: etcd limits the operations of nested transactions to what their parent leaves
+/// of `--max-txn-ops`; a full batch of unit transactions was refused ("too many operations").
+#[tokio::test]
+async fn hundreds_of_decisions_go_out_in_fenced_batches() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let names: Vec<String> = (0..300).map(|i| format!("u{i}.service")).collect();
+    for name in &names {
+        registry.put_unit(name, &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    }
+    let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
+    eventually("the engine's copy has every unit", || async {
+        registry.snapshot().await.is_ok_and(|s| s.units.len() == names.len())
+    })
+    .await;
+    let decisions: Vec<Decision> =
+        names.iter().map(|name| Decision::Schedule { unit: name.clone(), machine: "m1".into() }).collect();
+    let reasons: Vec<(String, String)> = vec![("u0.service".into(), "a reason".into())];
+    registry.apply(&lease, &decisions, &reasons).await.unwrap();
+    assert_eq!(keys_under(&registry, "/fleet-test/placement/").await.len(), 300);
+    assert_eq!(keys_under(&registry, "/fleet-test/schedule/m1/").await.len(), 300);
+    assert_eq!(registry.snapshot().await.unwrap().units.iter().filter(|u| u.machine_id.is_some()).count(), 300);
+}

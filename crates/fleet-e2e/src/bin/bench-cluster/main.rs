@@ -1,0 +1,202 @@
+//! Benchmark: a cluster of simulated machines on a real etcd, scheduled by a real fleetd.
+//!
+//! Many machines run in this one process, each a real `fleet_agent::Agent` with its own
+//! lease and its own schedule watch on the etcd store; only systemd is simulated (units
+//! "run" at once). One real fleetd process (metadata `role=engine`) is the engine; every
+//! unit asks for `role=worker`, so all of them go to the simulated machines. Prints:
+//!
+//! (a) the time from the last unit submitted until every unit reports launched;
+//! (b) how many agents one schedule change wakes;
+//! (c) an idle cluster: etcd requests by kind, and CPU of the fleetd engine and of the
+//!     simulated machines over the idle period.
+//!
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS]`
+
+mod etcd_metrics;
+mod simulated_manager;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
+use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
+use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
+use simulated_manager::SimulatedManager;
+use tokio::sync::{Semaphore, watch};
+
+const TEMPLATES: usize = 10;
+/// etcd connections the simulated machines share (each machine still has its own lease
+/// and its own watch stream).
+const CONNECTIONS: usize = 8;
+const SUBMITTERS: usize = 64;
+const AGENT_TTL: Duration = Duration::from_secs(30);
+
+fn argument(index: usize, default: usize) -> usize {
+    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+fn template(index: usize) -> UnitFile {
+    let text = format!(
+        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n"
+    );
+    UnitFile::parse(&text).expect("the bench template parses")
+}
+
+fn simulated_machine(index: usize) -> MachineState {
+    MachineState {
+        id: format!("{:08x}5151515151515151515151515151", 0x5100_0000 + index),
+        public_ip: format!("10.{}.{}.{}", index / 65536, (index / 256) % 256, index % 256),
+        metadata: [("role".to_string(), "worker".to_string())].into(),
+        version: "bench".into(),
+        disable_engine: true,
+    }
+}
+
+async fn launched(api: &EtcdRegistry) -> usize {
+    match api.units().await {
+        Ok(units) => units.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count(),
+        Err(_) => 0,
+    }
+}
+
+/// How long the count of launched units may stand still before the run is given up.
+const STALL_LIMIT: Duration = Duration::from_secs(60);
+
+async fn wait_all_launched(api: &EtcdRegistry, count: usize, engine: &Fleetd) -> Duration {
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let (mut last_done, mut last_progress) = (0, Instant::now());
+    loop {
+        let done = launched(api).await;
+        if done >= count {
+            return started.elapsed();
+        }
+        if done != last_done {
+            (last_done, last_progress) = (done, Instant::now());
+        }
+        if last_progress.elapsed() > STALL_LIMIT {
+            let log = engine.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
+            panic!("stuck at {done}/{count} launched; the engine's log ends:\n{}", tail.join("\n"));
+        }
+        if last_report.elapsed() > Duration::from_secs(5) {
+            println!("    … {done}/{count} launched after {:.1} s", started.elapsed().as_secs_f64());
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn main() {
+    let machines = argument(1, 1000);
+    let units = argument(2, 10_000);
+    let idle_seconds = argument(3, 60) as u64;
+    let etcd = EtcdServer::start();
+    let options = EtcdOptions {
+        endpoints: vec![etcd.endpoint()],
+        key_prefix: "/_coreos.com/fleet/".into(),
+        request_timeout: Duration::from_secs(5),
+        ..EtcdOptions::default()
+    };
+    let engine = Fleetd::start(
+        "e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0",
+        &[("etcd_servers", &etcd.endpoint()), ("metadata", "role=engine"), ("etcd_request_timeout", "5")],
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        let lifetimes = Lifetimes { agent_ttl: AGENT_TTL, engine_lease_ttl: Duration::from_secs(10) };
+        let mut registries = Vec::new();
+        for _ in 0..CONNECTIONS {
+            registries.push(EtcdRegistry::connect(&options, lifetimes).await.expect("connect to etcd"));
+        }
+        let api = registries[0].clone();
+        println!("bench-cluster: {machines} simulated machines, {units} units, one fleetd engine, etcd 3.4");
+        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+        let joined = Instant::now();
+        let mut agents = Vec::new();
+        for index in 0..machines {
+            let registry = registries[index % CONNECTIONS].clone();
+            let config = AgentConfig {
+                machine: simulated_machine(index),
+                reconcile_interval: Duration::from_secs(5),
+                debounce: Duration::from_millis(10),
+            };
+            agents.push((config.machine.id.clone(), registry.clone()));
+            let agent = Agent::new(config, Arc::new(registry), Arc::new(SimulatedManager::new()));
+            tokio::spawn(agent.run(lifecycle_watch.clone()));
+        }
+        while api.machines().await.map(|m| m.len()).unwrap_or(0) < machines + 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
+
+        // (a) Submit every unit, then time until all report launched.
+        let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
+        let cpu_before = cpu_seconds(engine.pid());
+        let submitting = Instant::now();
+        let permits = Arc::new(Semaphore::new(SUBMITTERS));
+        let mut submissions = tokio::task::JoinSet::new();
+        for index in 0..units {
+            let (api, file, permits) = (api.clone(), templates[index % TEMPLATES].clone(), permits.clone());
+            submissions.spawn(async move {
+                let _permit = permits.acquire_owned().await.expect("semaphore");
+                let name = format!("bench{}@{index}.service", index % TEMPLATES);
+                api.put_unit(&name, &file, DesiredState::Launched).await.expect("submit a unit");
+            });
+        }
+        while submissions.join_next().await.is_some() {}
+        println!("  submitted {units} units in {:.2} s", submitting.elapsed().as_secs_f64());
+        let until_launched = wait_all_launched(&api, units, &engine).await;
+        println!(
+            "  (a) from the last submission until all {units} report launched: {:.2} s (from the first: {:.2} s; fleetd engine CPU over both: {:.2} s)",
+            until_launched.as_secs_f64(),
+            submitting.elapsed().as_secs_f64(),
+            cpu_seconds(engine.pid()) - cpu_before
+        );
+
+        // (b) One more unit: how many agents wake?
+        let mut signals: Vec<(String, ChangeSignal)> =
+            agents.iter().map(|(id, registry)| (id.clone(), registry.machine_changes(id))).collect();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for (_, signal) in &mut signals {
+            signal.mark_unchanged();
+        }
+        api.put_unit("probe@1.service", &templates[0], DesiredState::Launched).await.expect("submit the probe");
+        wait_all_launched(&api, units + 1, &engine).await;
+        let woken: Vec<&str> = signals
+            .iter()
+            .filter(|(_, signal)| signal.has_changed().unwrap_or(false))
+            .map(|(id, _)| id.as_str())
+            .collect();
+        let target = api.unit("probe@1.service").await.ok().flatten().and_then(|unit| unit.machine_id);
+        println!(
+            "  (b) agents woken by one schedule change: {} of {machines} (target {}, woken {:?})",
+            woken.len(),
+            target.as_deref().unwrap_or("-"),
+            woken
+        );
+
+        // (c) Idle.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
+        let counters_before = etcd_metrics::read(&metrics_address);
+        let (engine_before, agents_before) = (cpu_seconds(engine.pid()), cpu_seconds(std::process::id()));
+        tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+        let counters = etcd_metrics::delta(&counters_before, &etcd_metrics::read(&metrics_address));
+        let engine_cpu = cpu_seconds(engine.pid()) - engine_before;
+        let agents_cpu = cpu_seconds(std::process::id()) - agents_before;
+        println!("  (c) idle for {idle_seconds} s with {machines} machines and {} units:", units + 1);
+        for (name, moved) in &counters {
+            println!("      etcd {name}: {moved} ({:.1}/s)", moved / idle_seconds as f64);
+        }
+        println!(
+            "      fleetd engine CPU: {engine_cpu:.2} s ({:.2}%); simulated machines' process CPU: {agents_cpu:.2} s ({:.2}%)",
+            engine_cpu * 100.0 / idle_seconds as f64,
+            agents_cpu * 100.0 / idle_seconds as f64
+        );
+        let _ = lifecycle.send(Lifecycle::Reloading);
+        drop(engine);
+    });
+}

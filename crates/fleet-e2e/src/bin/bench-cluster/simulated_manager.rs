@@ -1,0 +1,84 @@
+//! A unit manager that runs nothing: loading and starting succeed at once and the states
+//! are what systemd would report. It stands in for systemd on the simulated machines, so
+//! the benchmark measures fleet's own work (the real agent, registry and engine).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use fleet_core::{SystemdState, UnitFile};
+use fleet_unit_manager::{HeldUnit, Result, UnitManager, UnitManagerError};
+use tokio::sync::watch;
+
+pub struct SimulatedManager {
+    units: Mutex<BTreeMap<String, HeldUnit>>,
+    changes: watch::Sender<u64>,
+}
+
+impl SimulatedManager {
+    pub fn new() -> Self {
+        Self { units: Mutex::new(BTreeMap::new()), changes: watch::channel(0).0 }
+    }
+
+    fn set(&self, name: &str, state: SystemdState) -> Result<()> {
+        let mut units = self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let unit = units.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
+        unit.state = state;
+        drop(units);
+        self.changes.send_modify(|generation| *generation += 1);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl UnitManager for SimulatedManager {
+    fn kind(&self) -> &'static str {
+        "simulated"
+    }
+
+    async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
+        let held = HeldUnit { hash: file.hash(), state: SystemdState::new("loaded", "inactive", "dead") };
+        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.to_string(), held);
+        self.changes.send_modify(|generation| *generation += 1);
+        Ok(())
+    }
+
+    async fn unload(&self, name: &str) -> Result<()> {
+        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(name);
+        self.changes.send_modify(|generation| *generation += 1);
+        Ok(())
+    }
+
+    async fn reload_unit_files(&self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn start(&self, name: &str) -> Result<()> {
+        self.set(name, SystemdState::new("loaded", "active", "running"))
+    }
+
+    async fn stop(&self, name: &str) -> Result<()> {
+        self.set(name, SystemdState::new("loaded", "inactive", "dead"))
+    }
+
+    async fn units(&self) -> Result<BTreeMap<String, HeldUnit>> {
+        Ok(self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+    }
+
+    fn state_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    async fn journal(&self, _name: &str, _lines: usize) -> Result<String> {
+        Ok(String::new())
+    }
+
+    async fn stop_all(&self) -> Result<()> {
+        let names: Vec<String> =
+            self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned().collect();
+        for name in names {
+            self.stop(&name).await?;
+        }
+        Ok(())
+    }
+}
