@@ -6,11 +6,12 @@ cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 # What the build and the tests need from Debian: protoc (etcd-client's build), a real etcd
 # (the etcd store's tests and the cluster tests), systemd-socket-activate (the
-# socket-activation test).
+# socket-activation test), openssl (certificates for the TLS tests).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
 command -v systemd-socket-activate >/dev/null || missing+=(systemd)
+command -v openssl >/dev/null || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

@@ -30,7 +30,11 @@ impl Cluster {
     /// Starts etcd and `size` fleetds; member `i` has `public_ip = 127.0.0.<i+1>`, metadata
     /// `member=<i>`, and then the fleet.conf lines `extra(i)` (which win over those).
     pub fn start(size: usize, extra: impl Fn(usize) -> Vec<(String, String)>) -> Self {
-        let etcd = EtcdServer::start();
+        Self::on(EtcdServer::start(), size, extra)
+    }
+
+    /// As [`Cluster::start`], on a given etcd.
+    pub fn on(etcd: EtcdServer, size: usize, extra: impl Fn(usize) -> Vec<(String, String)>) -> Self {
         let mut cluster = Self { etcd, members: Vec::new() };
         for index in 0..size {
             cluster.add_member(index, &extra(index));

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fleet_e2e::{AGENT_TTL_SECONDS, Cluster, Fleetd, member_id, unit_processes};
+use fleet_e2e::{AGENT_TTL_SECONDS, Cluster, EtcdServer, Fleetd, member_id, unit_processes};
 
 const SLEEPER: &str = "[Unit]\nDescription=sleeps\n\n[Service]\nExecStart=/bin/sleep 100000\n";
 
@@ -163,4 +163,20 @@ fn a_second_fleetd_with_a_live_machine_id_is_refused() {
     // The first one is untouched.
     let machines = cluster.any().ok(&["list-machines", "--no-legend"]).stdout;
     assert!(machines.contains(&member_id(0)[..8]));
+}
+
+#[test]
+fn members_reach_etcd_over_tls_with_client_certificates() {
+    let etcd = EtcdServer::start_tls();
+    let certificates = etcd.certificates().expect("a TLS etcd");
+    let tls = vec![
+        ("etcd_cafile".to_string(), certificates.ca().display().to_string()),
+        ("etcd_certfile".to_string(), certificates.client_cert().display().to_string()),
+        ("etcd_keyfile".to_string(), certificates.client_key().display().to_string()),
+    ];
+    let cluster = Cluster::on(etcd, 2, |_| tls.clone());
+    let paths = sleepers(&scratch(&cluster), 2);
+    start_units(&cluster, &paths);
+    cluster.wait_until("2 units launched", Duration::from_secs(30), |c| all_launched(c, 2));
+    assert_eq!(cluster.load().len(), 2);
 }

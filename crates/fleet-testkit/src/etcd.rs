@@ -36,6 +36,8 @@ pub struct EtcdServer {
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
+    /// Serve clients over TLS, requiring a client certificate from this CA.
+    tls: Option<crate::TestCertificates>,
 }
 
 impl EtcdServer {
@@ -43,14 +45,38 @@ impl EtcdServer {
     pub fn start() -> Self {
         ensure_installed();
         let dir = tempfile::tempdir().expect("temporary directory for etcd");
-        let mut server = Self { dir, client_port: crate::free_port(), peer_port: crate::free_port(), child: None };
+        let mut server =
+            Self { dir, client_port: crate::free_port(), peer_port: crate::free_port(), child: None, tls: None };
         server.resume();
         server
     }
 
+    /// Starts etcd serving clients over TLS only, with client certificates required; the
+    /// certificates are made fresh for it.
+    pub fn start_tls() -> Self {
+        ensure_installed();
+        let dir = tempfile::tempdir().expect("temporary directory for etcd");
+        let certificates = crate::TestCertificates::generate(dir.path());
+        let mut server = Self {
+            dir,
+            client_port: crate::free_port(),
+            peer_port: crate::free_port(),
+            child: None,
+            tls: Some(certificates),
+        };
+        server.resume();
+        server
+    }
+
+    /// The certificates of a TLS server.
+    pub fn certificates(&self) -> Option<&crate::TestCertificates> {
+        self.tls.as_ref()
+    }
+
     /// The client URL, for `etcd_servers`.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -91,10 +117,15 @@ impl EtcdServer {
             // Tests create many leases and watches at once; keep etcd's own chatter down.
             .arg("--log-level=warn")
             .arg("--logger=zap")
-            .env_remove("ETCD_DATA_DIR")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("etcd log file"))
-            .stderr(log);
+            .env_remove("ETCD_DATA_DIR");
+        if let Some(tls) = &self.tls {
+            command
+                .arg(format!("--cert-file={}", tls.server_cert().display()))
+                .arg(format!("--key-file={}", tls.server_key().display()))
+                .arg(format!("--trusted-ca-file={}", tls.ca().display()))
+                .arg("--client-cert-auth");
+        }
+        command.stdin(Stdio::null()).stdout(log.try_clone().expect("etcd log file")).stderr(log);
         // SAFETY: prctl is async-signal-safe; it only asks for SIGKILL when the test dies.
         unsafe {
             command.pre_exec(|| {
@@ -119,7 +150,13 @@ impl EtcdServer {
                     std::fs::read_to_string(self.log_path()).unwrap_or_default()
                 );
             }
-            if health_ok(&health) {
+            let ready = if self.tls.is_some() {
+                // Plain HTTP cannot ask a TLS server; an open port is enough, clients retry.
+                std::net::TcpStream::connect(&health).is_ok()
+            } else {
+                health_ok(&health)
+            };
+            if ready {
                 return;
             }
             std::thread::sleep(Duration::from_millis(50));

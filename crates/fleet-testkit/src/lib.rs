@@ -3,6 +3,8 @@
 
 mod etcd;
 mod ports;
+mod tls;
 
 pub use etcd::EtcdServer;
 pub use ports::free_port;
+pub use tls::TestCertificates;

@@ -83,7 +83,9 @@ impl Connection {
             connect = connect.with_tls(tls);
         }
         if !options.username.is_empty() {
-            connect = connect.with_user(options.username.clone(), options.password.clone());
+            // etcd's tokens expire (after 5 minutes idle by default): fetch a new one when refused.
+            connect =
+                connect.with_user(options.username.clone(), options.password.clone()).with_auto_token_refresh(true);
         }
         let client =
             tokio::time::timeout(options.request_timeout * 5, Client::connect(&options.endpoints, Some(connect)))

@@ -249,3 +249,45 @@ async fn hundreds_of_decisions_go_out_in_fenced_batches() {
     assert_eq!(keys_under(&registry, "/fleet-test/schedule/m1/").await.len(), 300);
     assert_eq!(registry.snapshot().await.unwrap().units.iter().filter(|u| u.machine_id.is_some()).count(), 300);
 }
+
+#[tokio::test]
+async fn tls_with_client_certificates() {
+    let etcd = EtcdServer::start_tls();
+    let certificates = etcd.certificates().unwrap();
+    let mut options = options(&etcd);
+    assert!(options.endpoints[0].starts_with("https://"));
+    options.ca_file = certificates.ca().display().to_string();
+    options.cert_file = certificates.client_cert().display().to_string();
+    options.key_file = certificates.client_key().display().to_string();
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    eventually("a unit is stored over TLS", || async {
+        registry.put_unit("a.service", &unit(SLEEP), DesiredState::Loaded).await.is_ok()
+    })
+    .await;
+    assert_eq!(registry.units().await.unwrap().len(), 1);
+    // Without a client certificate etcd refuses the connection.
+    options.cert_file.clear();
+    options.key_file.clear();
+    let anonymous = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    assert!(matches!(anonymous.units().await, Err(RegistryError::Unavailable(_))));
+}
+
+#[tokio::test]
+async fn user_and_password() {
+    let etcd = EtcdServer::start();
+    let mut admin = etcd_client::Client::connect([etcd.endpoint()], None).await.unwrap();
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+    let mut options = options(&etcd);
+    options.username = "root".into();
+    options.password = "rootpw".into();
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    registry.put_unit("a.service", &unit(SLEEP), DesiredState::Loaded).await.unwrap();
+    registry.register_machine(&machine("m1")).await.unwrap();
+    assert_eq!(registry.machines().await.unwrap().len(), 1);
+    options.password = "wrong".into();
+    assert!(EtcdRegistry::connect(&options, lifetimes).await.is_err(), "a wrong password is refused");
+}
