@@ -180,3 +180,36 @@ fn members_reach_etcd_over_tls_with_client_certificates() {
     cluster.wait_until("2 units launched", Duration::from_secs(30), |c| all_launched(c, 2));
     assert_eq!(cluster.load().len(), 2);
 }
+
+#[test]
+fn a_member_restarted_after_a_crash_takes_its_lease_back_and_keeps_its_units() {
+    // A long agent_ttl: the restarted member must not wait for its old presence to expire.
+    let long_ttl = vec![("agent_ttl".to_string(), "60s".to_string())];
+    let mut cluster = Cluster::start(2, |_| long_ttl.clone());
+    let paths = sleepers(&scratch(&cluster), 4);
+    start_units(&cluster, &paths);
+    cluster.wait_until("4 units launched", Duration::from_secs(30), |c| all_launched(c, 4));
+    let before = machines_of(&cluster);
+    cluster.members[1].stop_with(libc::SIGKILL);
+    cluster.members[1].launch();
+    assert!(cluster.members[1].log().contains("taking over the machine lease"), "{}", cluster.logs());
+    cluster.wait_until("member 1 runs its units again", Duration::from_secs(20), |c| {
+        all_launched(c, 4) && pids(&c.members[1]).len() == 2
+    });
+    assert_eq!(machines_of(&cluster), before, "no unit moved");
+}
+
+#[test]
+fn without_an_engine_nothing_is_scheduled() {
+    let no_engine = vec![("disable_engine".to_string(), "true".to_string())];
+    let mut cluster = Cluster::start(2, |index| if index == 0 { no_engine.clone() } else { Vec::new() });
+    cluster.wait_until("member 1 leads", Duration::from_secs(15), |c| c.leader() == Some(1));
+    cluster.members[1].stop_with(libc::SIGTERM);
+    let paths = sleepers(&scratch(&cluster), 1);
+    start_units(&cluster, &paths);
+    std::thread::sleep(Duration::from_secs(3));
+    let placement = cluster.placement();
+    assert_eq!(placement.len(), 1);
+    assert!(placement.values().all(|(machine, _)| machine.is_none()), "{placement:?}");
+    assert!(!cluster.members[0].log().contains("Engine leadership acquired"));
+}

@@ -22,6 +22,7 @@ fn etcd_options(config: &Config) -> EtcdOptions {
         ca_file: config.etcd_cafile.clone(),
         cert_file: config.etcd_certfile.clone(),
         key_file: config.etcd_keyfile.clone(),
+        lease_file: Some(config.state_dir.join("etcd-machine-lease")),
     }
 }
 

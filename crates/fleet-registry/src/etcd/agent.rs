@@ -43,9 +43,7 @@ impl AgentRegistry for EtcdRegistry {
         let Some(session) = self.take_session(machine_id) else {
             return Ok(());
         };
-        session.stop_keepalive();
-        // The presence and every unit state go with the lease, at once.
-        super::session::revoke(self.connection(), session.lease()).await
+        self.close_session(&session).await
     }
 
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {

@@ -22,6 +22,9 @@ pub struct EtcdOptions {
     pub ca_file: String,
     pub cert_file: String,
     pub key_file: String,
+    /// Where this fleetd records its machine lease, so that a fleetd restarted after a crash
+    /// takes its own live lease over instead of being refused until the lease expires.
+    pub lease_file: Option<std::path::PathBuf>,
 }
 
 /// etcd's default limit on operations per transaction (`--max-txn-ops`).

@@ -47,6 +47,7 @@ pub struct EtcdRegistry {
 struct Inner {
     connection: Connection,
     keys: Keys,
+    lease_file: Option<std::path::PathBuf>,
     lifetimes: Lifetimes,
     engine_mirror: OnceLock<Mirror>,
     machine_mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
@@ -63,6 +64,7 @@ impl EtcdRegistry {
             inner: Arc::new(Inner {
                 connection,
                 keys: Keys::new(&options.key_prefix),
+                lease_file: options.lease_file.clone(),
                 lifetimes,
                 engine_mirror: OnceLock::new(),
                 machine_mirrors: Mutex::new(HashMap::new()),

@@ -109,13 +109,55 @@ impl EtcdRegistry {
         }
     }
 
-    /// Starts a session for `machine`: a new lease, the presence, and the keepalive.
-    pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
-        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
-        if let Err(error) = self.claim_presence(machine, lease).await {
-            let _ = revoke(self.connection(), lease).await;
-            return Err(error);
+    /// The lease this fleetd recorded, if the machine's presence still hangs on it: the
+    /// previous fleetd on this machine died and its lease lives on.
+    async fn own_live_lease(&self, machine: &MachineState) -> Result<Option<i64>> {
+        let Some(path) = &self.inner.lease_file else { return Ok(None) };
+        let Some(recorded) = std::fs::read_to_string(path).ok().and_then(|text| text.trim().parse::<i64>().ok()) else {
+            return Ok(None);
+        };
+        let reply = self.connection().get(&self.keys().machine(&machine.id), None).await?;
+        Ok(reply.kvs().first().filter(|kv| kv.lease() == recorded).map(|_| recorded))
+    }
+
+    fn record_lease(&self, lease: Option<i64>) {
+        let Some(path) = &self.inner.lease_file else { return };
+        let result = match lease {
+            Some(lease) => std::fs::write(path, lease.to_string()),
+            None => std::fs::remove_file(path).or_else(|error| match error.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(error),
+            }),
+        };
+        if let Err(error) = result {
+            tracing::warn!(path = %path.display(), %error, "cannot record the machine lease");
         }
+    }
+
+    /// Starts a session for `machine`: a new lease and the presence (or the lease a crashed
+    /// predecessor on this machine left alive), and the keepalive.
+    pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
+        let lease = match self.own_live_lease(machine).await? {
+            Some(lease) => {
+                tracing::info!(lease, "taking over the machine lease of the previous fleetd on this machine");
+                let key = self.keys().machine(&machine.id);
+                let put = TxnOp::put(key.as_str(), encode(machine), Some(PutOptions::new().with_lease(lease)));
+                let still_ours = Compare::lease(key.as_str(), CompareOp::Equal, lease);
+                if !self.connection().txn(Txn::new().when([still_ours]).and_then([put])).await?.succeeded() {
+                    return Err(RegistryError::MachineInUse { machine_id: machine.id.clone() });
+                }
+                lease
+            }
+            None => {
+                let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+                if let Err(error) = self.claim_presence(machine, lease).await {
+                    let _ = revoke(self.connection(), lease).await;
+                    return Err(error);
+                }
+                lease
+            }
+        };
+        self.record_lease(Some(lease));
         let session = Arc::new(MachineSession {
             machine: Mutex::new(machine.clone()),
             lease: AtomicI64::new(lease),
@@ -188,6 +230,15 @@ impl EtcdRegistry {
             self.connection().txn(Txn::new().and_then(puts)).await?;
         }
         session.lease.store(lease, Ordering::SeqCst);
+        self.record_lease(Some(lease));
+        Ok(())
+    }
+
+    /// Ends a session: the presence and every unit state go with the lease, at once.
+    pub(super) async fn close_session(&self, session: &MachineSession) -> Result<()> {
+        session.stop_keepalive();
+        revoke(self.connection(), session.lease()).await?;
+        self.record_lease(None);
         Ok(())
     }
 }
