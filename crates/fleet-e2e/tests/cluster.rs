@@ -213,3 +213,25 @@ fn without_an_engine_nothing_is_scheduled() {
     assert!(placement.values().all(|(machine, _)| machine.is_none()), "{placement:?}");
     assert!(!cluster.members[0].log().contains("Engine leadership acquired"));
 }
+
+#[test]
+fn a_member_cut_off_longer_than_agent_ttl_rejoins_and_gives_up_the_moved_units() {
+    let cluster = Cluster::start(2, |_| Vec::new());
+    let paths = sleepers(&scratch(&cluster), 2);
+    start_units(&cluster, &paths);
+    cluster.wait_until("2 units launched", Duration::from_secs(30), |c| all_launched(c, 2));
+    // A frozen fleetd renews nothing: its lease expires and the cluster moves its unit.
+    cluster.members[1].signal(libc::SIGSTOP);
+    let member_1 = member_id(1);
+    cluster.wait_until("member 1's unit runs on member 0", Duration::from_secs(AGENT_TTL_SECONDS + 15), |c| {
+        all_launched(c, 2) && machines_of(c).values().all(|m| *m == member_id(0))
+    });
+    cluster.members[1].signal(libc::SIGCONT);
+    cluster.wait_until("member 1 is back in the cluster", Duration::from_secs(20), |c| {
+        c.any().ok(&["list-machines", "--no-legend"]).stdout.contains(&member_1[..8])
+    });
+    cluster.members[1]
+        .wait_until("member 1 stopped the unit it no longer holds", Duration::from_secs(20), |m| pids(m).is_empty());
+    assert!(cluster.members[1].log().contains("registering again"), "{}", cluster.logs());
+    assert!(machines_of(&cluster).values().all(|m| *m == member_id(0)));
+}
