@@ -27,6 +27,33 @@ pub struct UnitView {
     pub reason: Option<String>,
 }
 
+impl UnitView {
+    /// A unit as the API shows it, from what a store keeps: the current state is derived
+    /// from the schedule and the state the target machine reported (none for global units).
+    pub fn from_records(
+        name: &str,
+        record: UnitRecord,
+        file: UnitFile,
+        machine_id: Option<String>,
+        reason: Option<String>,
+        reported: Option<&UnitState>,
+    ) -> Self {
+        let current = (!record.global).then(|| {
+            DesiredState::derive_current(machine_id.is_some(), reported.is_some(), reported.is_some_and(|s| s.launched))
+        });
+        Self {
+            name: name.to_string(),
+            file,
+            hash: record.hash,
+            desired: record.desired,
+            current,
+            machine_id: if record.global { None } else { machine_id },
+            global: record.global,
+            reason,
+        }
+    }
+}
+
 /// A change made through `PATCH /machines`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MetadataChange {

@@ -22,37 +22,15 @@ fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<Un
     let machine_id = schedule.get(name).map_err(unavailable)?.map(|m| m.value().to_string());
     let reasons = txn.open_table(tables::REASONS).map_err(unavailable)?;
     let reason = reasons.get(name).map_err(unavailable)?.map(|r| r.value().to_string());
-    let current = if record.global {
-        None
-    } else {
-        let reported = match &machine_id {
-            Some(machine) => {
-                let states = txn.open_table(tables::STATES).map_err(unavailable)?;
-                let key = tables::state_key(name, machine);
-                states
-                    .get(key.as_str())
-                    .map_err(unavailable)?
-                    .map(|s| decode::<UnitState>(&key, s.value()))
-                    .transpose()?
-            }
-            None => None,
-        };
-        Some(DesiredState::derive_current(
-            machine_id.is_some(),
-            reported.is_some(),
-            reported.is_some_and(|state| state.launched),
-        ))
+    let reported = match (&machine_id, record.global) {
+        (Some(machine), false) => {
+            let states = txn.open_table(tables::STATES).map_err(unavailable)?;
+            let key = tables::state_key(name, machine);
+            states.get(key.as_str()).map_err(unavailable)?.map(|s| decode::<UnitState>(&key, s.value())).transpose()?
+        }
+        _ => None,
     };
-    Ok(UnitView {
-        name: name.to_string(),
-        file: UnitFile::from_options(options),
-        hash: record.hash,
-        desired: record.desired,
-        current,
-        machine_id: if record.global { None } else { machine_id },
-        global: record.global,
-        reason,
-    })
+    Ok(UnitView::from_records(name, record, UnitFile::from_options(options), machine_id, reason, reported.as_ref()))
 }
 
 /// Who hears of a change to unit `name`: the engine, and the machines that may hold it.

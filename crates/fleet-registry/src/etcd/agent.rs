@@ -32,8 +32,15 @@ impl AgentRegistry for EtcdRegistry {
         let Some(session) = self.session(&machine.id) else {
             return self.open_session(machine).await;
         };
-        // Registered already (a reload): refresh what the cluster sees of this machine.
-        *session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = machine.clone();
+        // Registered already (fleetd announces before its agent starts, and a reload registers
+        // again): write only when what the cluster sees of this machine changed.
+        {
+            let mut known = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if *known == *machine {
+                return Ok(());
+            }
+            *known = machine.clone();
+        }
         let key = self.keys().machine(&machine.id);
         let put = TxnOp::put(key.as_str(), encode(machine), Some(PutOptions::new().with_lease(session.lease())));
         self.connection().txn(Txn::new().and_then([put])).await.map(|_| ())

@@ -93,31 +93,6 @@ impl EtcdRegistry {
         self.connection().txn(Txn::new().when([no_refs]).and_then([TxnOp::delete(keys.body(&hash), None)])).await?;
         Ok(())
     }
-
-    /// Builds a view from the raw records.
-    fn view(
-        &self,
-        name: &str,
-        record: UnitRecord,
-        file: UnitFile,
-        machine: Option<String>,
-        reason: Option<String>,
-        state: Option<UnitState>,
-    ) -> UnitView {
-        let current = (!record.global).then(|| {
-            DesiredState::derive_current(machine.is_some(), state.is_some(), state.as_ref().is_some_and(|s| s.launched))
-        });
-        UnitView {
-            name: name.to_string(),
-            file,
-            hash: record.hash,
-            desired: record.desired,
-            current,
-            machine_id: if record.global { None } else { machine },
-            global: record.global,
-            reason,
-        }
-    }
 }
 
 fn missing_body(key: String) -> RegistryError {
@@ -164,7 +139,7 @@ impl ApiRegistry for EtcdRegistry {
             let file = files.get(&body_key).cloned().ok_or_else(|| missing_body(body_key))?;
             let machine = placed.get(name).cloned();
             let state = machine.as_ref().and_then(|machine| state_of.remove(&keys.state(machine, name)));
-            views.push(self.view(name, record, file, machine, reasons.get(name).cloned(), state));
+            views.push(UnitView::from_records(name, record, file, machine, reasons.get(name).cloned(), state.as_ref()));
         }
         Ok(views)
     }
@@ -188,7 +163,7 @@ impl ApiRegistry for EtcdRegistry {
             (Some(kv), Some(machine)) => Some(decode(&keys.state(machine, name), kv.value())?),
             _ => None,
         };
-        Ok(Some(self.view(name, record, file, current.machine, reason, state)))
+        Ok(Some(UnitView::from_records(name, record, file, current.machine, reason, state.as_ref())))
     }
 
     async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
