@@ -1,6 +1,9 @@
-//! Benchmark: the pure engine planner placing 100,000 units onto 10,000 machines.
-//! 70% of the units are unconstrained, 20% carry `MachineMetadata=`, 10% carry a
-//! `Conflicts=` glob over their own service's instances. Prints its numbers.
+//! Benchmark: the pure engine planner placing 100,000 units onto 10,000 machines with the
+//! full constraint mix: per 100 units, 40 unconstrained, 20 `MachineMetadata=`, 10
+//! `Conflicts=` globs over their service's instances, 21 in `MachineOf=` chains
+//! (leader ← middle ← tail, seven chains), 5 `MachineID=`, 3 `Replaces=`, and 1 in 1,000
+//! units `Global=` (100 global units). Both the first placement and a replacement wave over
+//! a settled cluster are timed. Prints its numbers.
 //!
 //! Run: `cargo bench -p fleet-core --bench planner`
 
@@ -28,15 +31,7 @@ fn snapshot() -> ClusterSnapshot {
         .collect();
     let units = (0..UNITS)
         .map(|n| {
-            let (name, x_fleet) = match n % 10 {
-                0 | 1 => (
-                    format!("db-{n}.service"),
-                    format!("MachineMetadata=region={}\nMachineMetadata=disk=ssd\n", REGIONS[n % REGIONS.len()]),
-                ),
-                // Instances of one service, ten to a group, kept on distinct machines.
-                2 => (format!("web-{}@{n}.service", n / 100), format!("Conflicts=web-{}@*.service\n", n / 100)),
-                _ => (format!("app-{n}.service"), String::new()),
-            };
+            let (name, x_fleet) = unit_kind(n);
             let file = UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n\n[X-Fleet]\n{x_fleet}"))
                 .expect("benchmark units parse");
             UnitSpec {
@@ -50,9 +45,41 @@ fn snapshot() -> ClusterSnapshot {
     ClusterSnapshot { machines, units }
 }
 
+/// The name and `[X-Fleet]` section of unit `n`.
+fn unit_kind(n: usize) -> (String, String) {
+    if n % 1000 == 999 {
+        let region = REGIONS[n % REGIONS.len()];
+        return (format!("agent-{n}.service"), format!("Global=true\nMachineMetadata=region={region}\n"));
+    }
+    match n % 100 {
+        0..=19 => (
+            format!("db-{n}.service"),
+            format!("MachineMetadata=region={}\nMachineMetadata=disk=ssd\n", REGIONS[n % REGIONS.len()]),
+        ),
+        // Instances of one service, ten to a group, kept on distinct machines.
+        20..=29 => (format!("web-{}@{n}.service", n / 100), format!("Conflicts=web-{}@*.service\n", n / 100)),
+        // Chains: a leader, a middle unit following it, a tail following the middle.
+        30..=50 => {
+            let chain = n - (n % 100 - 30) % 3;
+            match (n % 100 - 30) % 3 {
+                0 => (format!("chain-{chain}-leader.service"), String::new()),
+                1 => (format!("chain-{chain}-middle.service"), format!("MachineOf=chain-{chain}-leader.service\n")),
+                _ => (format!("chain-{chain}-tail.service"), format!("MachineOf=chain-{chain}-middle.service\n")),
+            }
+        }
+        51..=55 => (format!("pinned-{n}.service"), format!("MachineID={:032x}\n", n % MACHINES)),
+        // Each replaces an unconstrained unit of the same hundred.
+        56..=58 => (format!("kick-{n}.service"), format!("Replaces=app-{}.service\n", n + 10)),
+        _ => (format!("app-{n}.service"), String::new()),
+    }
+}
+
 fn main() {
     let snapshot = snapshot();
-    println!("planner: {UNITS} units onto {MACHINES} machines (70% free, 20% MachineMetadata, 10% Conflicts)");
+    println!(
+        "planner: {UNITS} units onto {MACHINES} machines (40% free, 20% MachineMetadata, 10% Conflicts, \
+         21% MachineOf chains, 5% MachineID, 3% Replaces, 0.1% Global)"
+    );
     for run in 1..=3 {
         let started = Instant::now();
         let result = plan(&snapshot);
@@ -73,7 +100,33 @@ fn main() {
     for spec in &mut settled.units {
         spec.scheduled_on = placed.get(&spec.name).cloned();
     }
+    measure("steady state (all placed)", &settled);
+
+    // A replacement wave: the cluster settled without the replacing units, which then arrive
+    // together; each takes the machine of the unit it replaces, which moves elsewhere.
+    let mut wave = settled.clone();
+    for spec in wave.units.iter_mut().filter(|spec| !spec.requirements.replaces.is_empty()) {
+        spec.scheduled_on = None;
+    }
+    measure("replacement wave (3,000 units replacing placed ones)", &wave);
+
+    // Machine loss: 100 machines (1%) go away; their units, followers included, move.
+    let mut loss = settled.clone();
+    loss.machines.retain(|machine| !machine.id.ends_with("00"));
+    measure("machine loss (100 machines gone)", &loss);
+}
+
+fn measure(label: &str, snapshot: &ClusterSnapshot) {
     let started = Instant::now();
-    let idle = plan(&settled);
-    println!("steady state (all placed): {} decisions, {:.3} s", idle.decisions.len(), started.elapsed().as_secs_f64());
+    let result = plan(snapshot);
+    let elapsed = started.elapsed();
+    let count =
+        |schedule: bool| result.decisions.iter().filter(|d| matches!(d, Decision::Schedule { .. }) == schedule).count();
+    println!(
+        "{label}: {} scheduled, {} unscheduled, {} unplaced, {:.3} s",
+        count(true),
+        count(false),
+        result.unplaced.len(),
+        elapsed.as_secs_f64()
+    );
 }

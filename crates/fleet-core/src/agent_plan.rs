@@ -88,29 +88,28 @@ pub struct GlobalUnit<'a> {
     pub requirements: &'a Requirements,
 }
 
-/// Which global units this machine runs: those whose metadata it has and that conflict with
-/// nothing already in its desired set (checked both ways, in name order).
+/// Which global units this machine runs: those whose metadata it has and that exclude
+/// nothing already in its desired set (`Conflicts=` and `Replaces=`, checked both ways, in
+/// name order). The engine's planner counts global units by the same rule.
 pub fn add_global_units(
     machine: &MachineState,
     desired: &mut BTreeMap<String, DesiredUnit>,
     desired_requirements: &BTreeMap<String, Requirements>,
     globals: &[GlobalUnit<'_>],
 ) {
-    let mut taken: Vec<(String, Vec<String>)> = desired_requirements
-        .iter()
-        .map(|(name, requirements)| (name.clone(), requirements.conflicts.clone()))
-        .collect();
+    let mut taken: Vec<(&str, &Requirements)> =
+        desired_requirements.iter().map(|(name, requirements)| (name.as_str(), requirements)).collect();
     let mut globals: Vec<&GlobalUnit<'_>> = globals.iter().collect();
     globals.sort_by_key(|global| global.name);
     for global in globals {
         if global.desired.state == DesiredState::Inactive || !global.requirements.metadata_matches(&machine.metadata) {
             continue;
         }
-        let conflicted =
-            taken.iter().any(|(other, conflicts)| global.requirements.conflicts_with(global.name, other, conflicts));
-        if !conflicted {
+        let excluded =
+            taken.iter().any(|(other, requirements)| global.requirements.excludes(global.name, other, requirements));
+        if !excluded {
             desired.insert(global.name.to_string(), global.desired.clone());
-            taken.push((global.name.to_string(), global.requirements.conflicts.clone()));
+            taken.push((global.name, global.requirements));
         }
     }
 }

@@ -60,9 +60,15 @@ impl Glob {
         match_from(&self.tokens, &name)
     }
 
-    /// Whether the pattern is a plain name with no wildcard in it.
-    pub fn is_literal(&self) -> bool {
-        self.tokens.iter().all(|token| matches!(token, Token::Literal(_)))
+    /// The one name the pattern matches, when it has no wildcard.
+    pub fn literal(&self) -> Option<String> {
+        self.tokens
+            .iter()
+            .map(|token| match token {
+                Token::Literal(c) => Some(*c),
+                _ => None,
+            })
+            .collect()
     }
 }
 

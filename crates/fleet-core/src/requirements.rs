@@ -124,12 +124,15 @@ impl Requirements {
         self.metadata.iter().all(|(key, allowed)| metadata.get(key).is_some_and(|value| allowed.contains(value)))
     }
 
-    /// Whether this unit may not share a machine with `other`, whose conflicts are
-    /// `other_conflicts`: conflicts are checked in both directions.
-    pub fn conflicts_with(&self, own_name: &str, other: &str, other_conflicts: &[String]) -> bool {
-        own_name != other
-            && (self.conflicts.iter().any(|pattern| glob_matches(pattern, other))
-                || other_conflicts.iter().any(|pattern| glob_matches(pattern, own_name)))
+    /// Whether this unit and `other` may not share a machine: a `Conflicts=` or `Replaces=`
+    /// pattern of either one matches the other's name. A unit never excludes itself.
+    pub fn excludes(&self, own_name: &str, other_name: &str, other: &Requirements) -> bool {
+        let any_match = |patterns: &[String], name: &str| patterns.iter().any(|pattern| glob_matches(pattern, name));
+        own_name != other_name
+            && (any_match(&self.conflicts, other_name)
+                || any_match(&other.conflicts, own_name)
+                || any_match(&self.replaces, other_name)
+                || any_match(&other.replaces, own_name))
     }
 
     /// The original's combination rules, checked when a unit is created.
@@ -215,9 +218,15 @@ mod tests {
         let r = requirements("a.service", "Conflicts=b.service c.service\nX-Conflicts=d*\nReplaces=e f\n");
         assert_eq!(r.conflicts, vec!["b.service", "c.service", "d*"]);
         assert_eq!(r.replaces, vec!["e f"]);
-        assert!(r.conflicts_with("a.service", "d1.service", &[]));
-        assert!(!r.conflicts_with("a.service", "x.service", &[]));
-        assert!(Requirements::default().conflicts_with("a.service", "x.service", &["a.*".into()]));
+        let none = Requirements::default();
+        assert!(r.excludes("a.service", "d1.service", &none));
+        assert!(r.excludes("a.service", "e f", &none));
+        assert!(!r.excludes("a.service", "x.service", &none));
+        assert!(!r.excludes("d1.service", "d1.service", &none));
+        let conflicting = requirements("x.service", "Conflicts=a.*\n");
+        assert!(none.excludes("a.service", "x.service", &conflicting));
+        let replacing = requirements("x.service", "Replaces=a.service\n");
+        assert!(none.excludes("a.service", "x.service", &replacing));
     }
 
     #[test]

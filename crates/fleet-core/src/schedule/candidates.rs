@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use super::reason::UnplacedReason;
-use super::working::{Rank, Working};
+use super::working::{Rank, Relation, Working};
 
 /// Machines whose metadata satisfies one `MachineMetadata=` requirement.
 pub(super) struct Eligible {
@@ -42,11 +42,36 @@ impl<'a> MetadataIndex<'a> {
     }
 }
 
-/// Checks that `unit` may run on `rank`, given everything placed so far.
+/// Checks that `unit` may run on `rank`, given everything placed so far. Units it replaces
+/// do not stand in its way while they can still be moved off.
 pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), UnplacedReason> {
     fits_machine(working, unit, rank)?;
-    match working.conflicting_resident(unit, rank) {
-        Some(other) => Err(UnplacedReason::ConflictsEverywhere(working.units[other].name.clone())),
+    for &other in working.residents(rank) {
+        let name = || working.units[other].name.clone();
+        match working.relation(unit, other) {
+            None => {}
+            Some(Relation::Replaces) if working.may_evict(other, rank) => {}
+            Some(Relation::Replaces) => return Err(UnplacedReason::ReplacesJustPlaced(name())),
+            Some(Relation::Conflict) => return Err(UnplacedReason::ConflictsEverywhere(name())),
+            Some(Relation::ReplacedBy) => return Err(UnplacedReason::ReplacedEverywhere(name())),
+            Some(Relation::Circular) => return Err(UnplacedReason::CircularReplace(name())),
+        }
+    }
+    Ok(())
+}
+
+/// Fails when a unit that `unit` replaces, and that replaces `unit` in turn, is placed:
+/// of two such units only one runs anywhere.
+pub(super) fn circular_partner_placed(working: &Working<'_>, unit: usize) -> Result<(), UnplacedReason> {
+    if working.units[unit].requirements.replaces.is_empty() {
+        return Ok(());
+    }
+    match working
+        .replace_targets(unit)
+        .into_iter()
+        .find(|other| working.placement(*other).is_some() && working.relation(unit, *other) == Some(Relation::Circular))
+    {
+        Some(other) => Err(UnplacedReason::CircularReplace(working.units[other].name.clone())),
         None => Ok(()),
     }
 }
@@ -89,7 +114,9 @@ fn peers_rank(working: &Working<'_>, unit: usize) -> Result<Option<Rank>, Unplac
     Ok(found)
 }
 
-/// The least-loaded machine `unit` can run on, or why there is none.
+/// The machine `unit` goes to, or why there is none: the least-loaded eligible machine
+/// that holds a unit it replaces (it takes that unit's place), else the least-loaded
+/// eligible machine.
 pub(super) fn choose<'a>(
     working: &Working<'a>,
     index: &mut MetadataIndex<'a>,
@@ -98,6 +125,7 @@ pub(super) fn choose<'a>(
     if working.machines.is_empty() {
         return Err(UnplacedReason::NoMachines);
     }
+    circular_partner_placed(working, unit)?;
     let requirements = &working.units[unit].requirements;
     let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit)? {
         Some(vec![rank])
@@ -117,17 +145,31 @@ pub(super) fn choose<'a>(
     {
         return Err(UnplacedReason::NoMachineWithMetadata(requirements.metadata.clone()));
     }
-    let mut first_conflict: Option<UnplacedReason> = None;
+    let mut first_refusal: Option<UnplacedReason> = None;
     let mut consider = |rank: Rank| match able_to_run(working, unit, rank) {
         Ok(()) => true,
         Err(reason) => {
-            first_conflict.get_or_insert(reason);
+            first_refusal.get_or_insert(reason);
             false
         }
     };
     let least_loaded = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
         ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.load(*rank), *rank))
     };
+    if !requirements.replaces.is_empty() {
+        let mut held: Vec<Rank> = working
+            .replace_targets(unit)
+            .into_iter()
+            .filter(|other| working.relation(unit, *other) == Some(Relation::Replaces))
+            .filter_map(|other| working.placement(other))
+            .filter(|rank| fixed.as_ref().is_none_or(|ranks| ranks.contains(rank)))
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        if let Some(rank) = least_loaded(&held, &mut consider) {
+            return Ok(rank);
+        }
+    }
     let chosen = match (&fixed, &eligible) {
         (Some(ranks), _) => least_loaded(ranks, &mut consider),
         (None, Some(eligible)) if eligible.ranks.len() <= SMALL_ELIGIBLE_SET => {
@@ -136,5 +178,5 @@ pub(super) fn choose<'a>(
         (None, Some(eligible)) => working.by_load().filter(|rank| eligible.mask[*rank]).find(|rank| consider(*rank)),
         (None, None) => working.by_load().find(|rank| consider(*rank)),
     };
-    chosen.ok_or_else(|| first_conflict.unwrap_or(UnplacedReason::NoMachines))
+    chosen.ok_or_else(|| first_refusal.unwrap_or(UnplacedReason::NoMachines))
 }

@@ -1,8 +1,10 @@
 //! The engine's reconcile, as a pure function.
 
-use super::candidates::{MetadataIndex, able_to_run, choose, fits_machine};
+use std::collections::VecDeque;
+
+use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
 use super::reason::{UnplacedReason, UnscheduleReason};
-use super::working::Working;
+use super::working::{Rank, Relation, Working};
 use super::{ClusterSnapshot, Decision, Plan};
 use crate::state::DesiredState;
 use crate::unit_name::UnitNameInfo;
@@ -11,12 +13,13 @@ use crate::unit_name::UnitNameInfo;
 ///
 /// 1. Scheduled units whose desired state is inactive, or whose machine is gone, are
 ///    unscheduled; the others keep their machine while they can still run there.
-/// 2. Every other unit that should run is placed on the least-loaded machine that satisfies
-///    its requirements, `MachineOf=` followers after the units they follow; a unit that fits
-///    nowhere is reported with the reason.
-///
-/// Global units are never placed (every matching machine runs them on its own), but they
-/// count towards each machine's load and conflicts.
+/// 2. Global units count on every machine whose metadata matches, except where they would
+///    share the machine with a unit they conflict with or replace (the agent's rule).
+/// 3. Every other unit that should run is placed: units that replace others first, on the
+///    machine of a unit they replace (which then moves elsewhere, its `MachineOf=` followers
+///    with it); then the rest on the least-loaded machine that satisfies their requirements,
+///    followers after the units they follow. A unit that fits nowhere is reported with the
+///    reason.
 pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     let mut working = Working::new(snapshot);
     let mut plan = Plan::default();
@@ -24,20 +27,55 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     let mut order: Vec<usize> =
         (0..units.len()).filter(|index| !UnitNameInfo::new(&units[*index].name).is_template()).collect();
     order.sort_by(|a, b| units[*a].name.cmp(&units[*b].name));
+    let (globals, placeable): (Vec<usize>, Vec<usize>) =
+        order.iter().partition(|index| units[**index].requirements.global);
 
-    for &index in &order {
-        let unit = &units[index];
-        if unit.requirements.global && unit.desired != DesiredState::Inactive {
-            for rank in 0..working.machines.len() {
-                if unit.requirements.metadata_matches(&working.machines[rank].metadata) {
+    keep_scheduled_units(&mut working, &mut plan, &placeable);
+    count_global_units(&mut working, &globals);
+
+    let mut pending: VecDeque<usize> = placeable
+        .iter()
+        .copied()
+        .filter(|index| units[*index].desired != DesiredState::Inactive && working.placement(*index).is_none())
+        .collect();
+    // Units that replace others first, then the rest; followers after the units they follow.
+    pending.make_contiguous().sort_by_key(|index| {
+        let requirements = &units[*index].requirements;
+        (!requirements.machine_of.is_empty(), requirements.replaces.is_empty())
+    });
+    let mut index_cache = MetadataIndex::default();
+    loop {
+        let mut failed = Vec::new();
+        let (mut placed_any, mut evicted_any) = (false, false);
+        while let Some(index) = pending.pop_front() {
+            match choose(&working, &mut index_cache, index) {
+                Ok(rank) => {
                     working.place(index, rank);
+                    plan.decisions.push(Decision::Schedule {
+                        unit: units[index].name.clone(),
+                        machine: working.machines[rank].id.clone(),
+                    });
+                    evicted_any |= make_room(&mut working, &mut plan, index, rank, &mut pending);
+                    placed_any = true;
                 }
+                Err(reason) => failed.push((index, reason)),
             }
         }
+        let followers_left = failed.iter().any(|(index, _)| !units[*index].requirements.machine_of.is_empty());
+        if !(placed_any && (followers_left || evicted_any)) {
+            plan.unplaced = failed.into_iter().map(|(index, reason)| (units[index].name.clone(), reason)).collect();
+            break;
+        }
+        pending = failed.into_iter().map(|(index, _)| index).collect();
     }
+    plan
+}
 
-    let placeable: Vec<usize> = order.iter().copied().filter(|index| !units[*index].requirements.global).collect();
-    for &index in &placeable {
+/// Step 1: scheduled units stay on their machine unless their desired state is inactive, the
+/// machine is gone, or they can no longer run there.
+fn keep_scheduled_units(working: &mut Working<'_>, plan: &mut Plan, placeable: &[usize]) {
+    let units = working.units;
+    for &index in placeable {
         let unit = &units[index];
         let Some(machine) = &unit.scheduled_on else {
             continue;
@@ -55,71 +93,105 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     // Units that no longer fit their machine leave first, followers after their leaders
     // (hence the repeat); only then are conflicts between the units that stay resolved, so
     // nothing is evicted for a unit that is itself about to leave.
+    let mut requeue = VecDeque::new();
     loop {
         let leaving: Vec<(usize, UnplacedReason)> = placeable
             .iter()
             .filter_map(|&index| {
                 let rank = working.placement(index)?;
-                fits_machine(&working, index, rank).err().map(|reason| (index, reason))
+                fits_machine(working, index, rank).err().map(|reason| (index, reason))
             })
             .collect();
         if leaving.is_empty() {
             break;
         }
         for (index, reason) in leaving {
-            unschedule_misfit(&mut working, &mut plan, index, reason);
+            evict(working, plan, index, UnscheduleReason::CannotRunThere(reason), &mut requeue);
         }
     }
-    for &index in &placeable {
+    for &index in placeable {
         let Some(rank) = working.placement(index) else {
             continue;
         };
-        if let Err(reason) = able_to_run(&working, index, rank) {
-            unschedule_misfit(&mut working, &mut plan, index, reason);
-        }
+        let refusal = circular_partner_placed(working, index).and_then(|()| able_to_run(working, index, rank));
+        let reason = match refusal {
+            Ok(()) => continue,
+            Err(UnplacedReason::ReplacedEverywhere(other)) => UnscheduleReason::ReplacedBy(other),
+            Err(reason) => UnscheduleReason::CannotRunThere(reason),
+        };
+        evict(working, plan, index, reason, &mut requeue);
     }
-
-    let mut pending: Vec<usize> = placeable
-        .iter()
-        .copied()
-        .filter(|index| units[*index].desired != DesiredState::Inactive && working.placement(*index).is_none())
-        .collect();
-    // Leaders before followers; each round places the followers whose peers now have a place.
-    pending.sort_by_key(|index| !units[*index].requirements.machine_of.is_empty());
-    let mut index_cache = MetadataIndex::default();
-    loop {
-        let mut failed = Vec::new();
-        let before = pending.len();
-        for index in pending {
-            match choose(&working, &mut index_cache, index) {
-                Ok(rank) => {
-                    working.place(index, rank);
-                    plan.decisions.push(Decision::Schedule {
-                        unit: units[index].name.clone(),
-                        machine: working.machines[rank].id.clone(),
-                    });
-                }
-                Err(reason) => failed.push((index, reason)),
-            }
-        }
-        let progressed = failed.len() < before;
-        let followers_left = failed.iter().any(|(index, _)| !units[*index].requirements.machine_of.is_empty());
-        if !(progressed && followers_left) {
-            plan.unplaced = failed.into_iter().map(|(index, reason)| (units[index].name.clone(), reason)).collect();
-            break;
-        }
-        pending = failed.into_iter().map(|(index, _)| index).collect();
-    }
-    plan
 }
 
-fn unschedule_misfit(working: &mut Working<'_>, plan: &mut Plan, index: usize, reason: UnplacedReason) {
-    if let Some(rank) = working.placement(index) {
-        plan.decisions.push(Decision::Unschedule {
-            unit: working.units[index].name.clone(),
-            machine: working.machines[rank].id.clone(),
-            reason: UnscheduleReason::CannotRunThere(reason),
-        });
-        working.remove(index);
+/// Step 2: each global unit, in name order, counts on the machines where it will run.
+fn count_global_units(working: &mut Working<'_>, globals: &[usize]) {
+    for &index in globals {
+        let unit = &working.units[index];
+        if unit.desired == DesiredState::Inactive {
+            continue;
+        }
+        for rank in 0..working.machines.len() {
+            if unit.requirements.metadata_matches(&working.machines[rank].metadata)
+                && working.residents(rank).iter().all(|other| working.relation(index, *other).is_none())
+            {
+                working.place(index, rank);
+            }
+        }
+    }
+}
+
+/// Moves the units `unit` replaces off `rank`, where it has just landed. Returns whether any
+/// scheduled unit had to leave.
+fn make_room(
+    working: &mut Working<'_>,
+    plan: &mut Plan,
+    unit: usize,
+    rank: Rank,
+    pending: &mut VecDeque<usize>,
+) -> bool {
+    let replaced: Vec<usize> = working
+        .residents(rank)
+        .iter()
+        .copied()
+        .filter(|other| working.relation(unit, *other) == Some(Relation::Replaces))
+        .collect();
+    let mut evicted = false;
+    for other in replaced {
+        if working.units[other].requirements.global {
+            working.remove(other, rank);
+        } else {
+            let reason = UnscheduleReason::ReplacedBy(working.units[unit].name.clone());
+            evict(working, plan, other, reason, pending);
+            evicted = true;
+        }
+    }
+    evicted
+}
+
+/// Unschedules `unit` and queues it to be placed again, then does the same for its
+/// `MachineOf=` followers on that machine, chains included.
+fn evict(
+    working: &mut Working<'_>,
+    plan: &mut Plan,
+    unit: usize,
+    reason: UnscheduleReason,
+    pending: &mut VecDeque<usize>,
+) {
+    let Some(rank) = working.placement(unit) else {
+        return;
+    };
+    let name = working.units[unit].name.clone();
+    plan.decisions.push(Decision::Unschedule {
+        unit: name.clone(),
+        machine: working.machines[rank].id.clone(),
+        reason,
+    });
+    working.remove(unit, rank);
+    pending.push_back(unit);
+    for follower in working.followers(unit).to_vec() {
+        if working.placement(follower) == Some(rank) {
+            let reason = UnscheduleReason::CannotRunThere(UnplacedReason::PeerNotScheduled(name.clone()));
+            evict(working, plan, follower, reason, pending);
+        }
     }
 }

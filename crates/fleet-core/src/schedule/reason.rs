@@ -7,6 +7,8 @@ use std::fmt;
 pub enum UnscheduleReason {
     TargetStateInactive,
     MachineWentAway,
+    /// A unit that replaces it took its machine.
+    ReplacedBy(String),
     CannotRunThere(UnplacedReason),
 }
 
@@ -15,6 +17,7 @@ impl fmt::Display for UnscheduleReason {
         match self {
             Self::TargetStateInactive => f.write_str("target state inactive"),
             Self::MachineWentAway => f.write_str("target machine went away"),
+            Self::ReplacedBy(other) => write!(f, "replaced by {other}"),
             Self::CannotRunThere(reason) => write!(f, "can no longer run there: {reason}"),
         }
     }
@@ -30,6 +33,9 @@ pub enum UnplacedReason {
     MachineIdMismatch { machine: String, wanted: String },
     MetadataMismatch { machine: String },
     ConflictsEverywhere(String),
+    ReplacedEverywhere(String),
+    CircularReplace(String),
+    ReplacesJustPlaced(String),
 }
 
 impl fmt::Display for UnplacedReason {
@@ -57,6 +63,13 @@ impl fmt::Display for UnplacedReason {
             }
             Self::ConflictsEverywhere(other) => {
                 write!(f, "conflicts with {other} on every eligible machine")
+            }
+            Self::ReplacedEverywhere(other) => write!(f, "replaced by {other} on every eligible machine"),
+            Self::CircularReplace(other) => {
+                write!(f, "replaces {other}, which replaces it in turn: only one of them runs")
+            }
+            Self::ReplacesJustPlaced(other) => {
+                write!(f, "replaces {other}, which has just been placed; retried on the next reconcile")
             }
         }
     }

@@ -3,7 +3,9 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::agent_plan::{DesiredUnit, GlobalUnit, add_global_units};
 use crate::glob::glob_matches;
+use crate::unit_file::UnitHash;
 
 fn machine(id: &str, metadata: &[(&str, &str)]) -> MachineState {
     MachineState {
@@ -203,7 +205,189 @@ fn templates_are_never_scheduled_and_no_machines_is_a_reason() {
     assert_eq!(plan.unplaced, vec![("u.service".into(), UnplacedReason::NoMachines)]);
 }
 
+#[test]
+fn replacing_unit_takes_the_machine_and_the_replaced_unit_moves_with_its_followers() {
+    // The original's TestScheduleReplace, with followers on the replaced unit.
+    let snapshot = ClusterSnapshot {
+        machines: vec![machine("m0", &[]), machine("m1", &[]), machine("m2", &[])],
+        units: vec![
+            unit("replace.0.service", "", Some("m1")),
+            unit("replace.0-peer.service", "MachineOf=replace.0.service", Some("m1")),
+            unit("other.service", "", Some("m0")),
+            unit("other2.service", "", Some("m0")),
+            unit("kick.service", "Replaces=replace.0.service", None),
+        ],
+    };
+    let plan = plan(&snapshot);
+    assert_eq!(
+        plan.decisions,
+        vec![
+            Decision::Schedule { unit: "kick.service".into(), machine: "m1".into() },
+            Decision::Unschedule {
+                unit: "replace.0.service".into(),
+                machine: "m1".into(),
+                reason: UnscheduleReason::ReplacedBy("kick.service".into()),
+            },
+            Decision::Unschedule {
+                unit: "replace.0-peer.service".into(),
+                machine: "m1".into(),
+                reason: UnscheduleReason::CannotRunThere(UnplacedReason::PeerNotScheduled("replace.0.service".into())),
+            },
+            Decision::Schedule { unit: "replace.0.service".into(), machine: "m2".into() },
+            Decision::Schedule { unit: "replace.0-peer.service".into(), machine: "m2".into() },
+        ]
+    );
+    assert!(plan.unplaced.is_empty());
+}
+
+#[test]
+fn a_replaced_unit_with_nowhere_else_to_go_waits_with_a_reason() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![machine("m0", &[])],
+        units: vec![unit("old.service", "", Some("m0")), unit("new.service", "Replaces=old.*", None)],
+    };
+    let plan = plan(&snapshot);
+    assert_eq!(scheduled(&plan)["new.service"], "m0");
+    assert_eq!(plan.unplaced.len(), 1);
+    assert_eq!(plan.unplaced[0].0, "old.service");
+    assert_eq!(plan.unplaced[0].1.to_string(), "replaced by new.service on every eligible machine");
+    // Once settled, nothing changes: the replaced unit keeps waiting.
+    let settled = ClusterSnapshot {
+        machines: snapshot.machines.clone(),
+        units: vec![unit("old.service", "", None), unit("new.service", "Replaces=old.*", Some("m0"))],
+    };
+    let again = super::plan(&settled);
+    assert!(again.decisions.is_empty());
+    assert_eq!(again.unplaced, plan.unplaced);
+}
+
+#[test]
+fn units_replacing_each_other_run_one_at_a_time() {
+    // The original's TestScheduleCircularReplace: two machines, yet only one runs.
+    let machines = vec![machine("m0", &[]), machine("m1", &[])];
+    let snapshot = ClusterSnapshot {
+        machines: machines.clone(),
+        units: vec![
+            unit("replace.0.service", "Replaces=replace.1.service", Some("m0")),
+            unit("replace.1.service", "Replaces=replace.0.service", None),
+        ],
+    };
+    let plan = plan(&snapshot);
+    assert!(plan.decisions.is_empty());
+    assert_eq!(
+        plan.unplaced[0].1.to_string(),
+        "replaces replace.0.service, which replaces it in turn: only one of them runs"
+    );
+    // Submitted together, the first in name order runs.
+    let fresh = ClusterSnapshot {
+        machines,
+        units: vec![
+            unit("replace.1.service", "Replaces=replace.0.service", None),
+            unit("replace.0.service", "Replaces=replace.1.service", None),
+        ],
+    };
+    let plan = super::plan(&fresh);
+    assert_eq!(scheduled(&plan).keys().collect::<Vec<_>>(), vec!["replace.0.service"]);
+    assert_eq!(plan.unplaced[0].0, "replace.1.service");
+}
+
+#[test]
+fn a_unit_avoids_machines_of_units_that_replace_it() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![machine("m0", &[]), machine("m1", &[])],
+        units: vec![
+            unit("new.service", "Replaces=old.service", Some("m0")),
+            unit("filler.service", "", Some("m1")),
+            unit("filler2.service", "", Some("m1")),
+            unit("old.service", "", None),
+        ],
+    };
+    assert_eq!(scheduled(&plan(&snapshot))["old.service"], "m1");
+}
+
+#[test]
+fn global_units_give_way_to_scheduled_units_they_conflict_with() {
+    // A global unit submitted after a unit it conflicts with skips that unit's machine
+    // instead of evicting it, as the agent does; units placed later avoid the global unit.
+    let mut global = unit("global.service", "Global=true\nConflicts=db.service\n", None);
+    global.requirements.global = true;
+    let snapshot = ClusterSnapshot {
+        machines: vec![machine("a", &[]), machine("b", &[])],
+        units: vec![
+            global,
+            unit("db.service", "", Some("a")),
+            unit("web.service", "", None),
+            unit("db2.service", "Conflicts=global.service", None),
+        ],
+    };
+    let plan = plan(&snapshot);
+    assert!(!plan.decisions.iter().any(|decision| matches!(decision, Decision::Unschedule { .. })));
+    // a holds db only; b holds the global unit: web goes to the less loaded a... after db2,
+    // which cannot share b with the global unit, takes a first.
+    let placed = scheduled(&plan);
+    assert_eq!(placed["db2.service"], "a");
+    assert_eq!(placed["web.service"], "b");
+}
+
 // ---- properties over random clusters ----
+
+/// Whether `unit`'s `Replaces=` matches `other` and not the other way round.
+fn replaces_one_way(unit: &UnitSpec, other: &UnitSpec) -> bool {
+    let matches = |spec: &UnitSpec, name: &str| spec.requirements.replaces.iter().any(|p| glob_matches(p, name));
+    unit.name != other.name && matches(unit, &other.name) && !matches(other, &unit.name)
+}
+
+fn circular(unit: &UnitSpec, other: &UnitSpec) -> bool {
+    let matches = |spec: &UnitSpec, name: &str| spec.requirements.replaces.iter().any(|p| glob_matches(p, name));
+    unit.name != other.name && matches(unit, &other.name) && matches(other, &unit.name)
+}
+
+fn conflicts(unit: &UnitSpec, other: &UnitSpec) -> bool {
+    let matches = |spec: &UnitSpec, name: &str| spec.requirements.conflicts.iter().any(|p| glob_matches(p, name));
+    unit.name != other.name && (matches(unit, &other.name) || matches(other, &unit.name))
+}
+
+/// Whether `unit` may land beside `other` by pushing it off (it replaces it, nothing more).
+fn only_replaces(unit: &UnitSpec, other: &UnitSpec) -> bool {
+    replaces_one_way(unit, other) && !conflicts(unit, other)
+}
+
+fn excludes(unit: &UnitSpec, other: &UnitSpec) -> bool {
+    unit.requirements.excludes(&unit.name, &other.name, &other.requirements)
+}
+
+/// The global units each machine runs under the agent's own rule, given who is placed where.
+fn global_residents(
+    snapshot: &ClusterSnapshot,
+    placement: &BTreeMap<String, String>,
+) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+    let specs: BTreeMap<&str, &UnitSpec> = snapshot.units.iter().map(|u| (u.name.as_str(), u)).collect();
+    let hash = UnitHash([0; 20]);
+    let globals: Vec<GlobalUnit<'_>> = snapshot
+        .units
+        .iter()
+        .filter(|u| u.requirements.global)
+        .map(|u| GlobalUnit {
+            name: &u.name,
+            desired: DesiredUnit { hash, state: u.desired },
+            requirements: &u.requirements,
+        })
+        .collect();
+    snapshot
+        .machines
+        .iter()
+        .map(|m| {
+            let here: BTreeMap<String, Requirements> = placement
+                .iter()
+                .filter(|(_, on)| **on == m.id)
+                .map(|(unit, _)| (unit.clone(), specs[unit.as_str()].requirements.clone()))
+                .collect();
+            let mut desired = BTreeMap::new();
+            add_global_units(m, &mut desired, &here, &globals);
+            (m.id.clone(), desired.into_keys().collect())
+        })
+        .collect()
+}
 
 fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
     let machines = prop::collection::btree_set(0u8..12, 0..8).prop_flat_map(|ids| {
@@ -211,7 +395,7 @@ fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
         let count = ids.len();
         (Just(ids), prop::collection::vec(0u8..3, count))
     });
-    let raw_unit = (0u8..6, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4);
+    let raw_unit = (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25);
     (machines, prop::collection::vec(raw_unit, 0..25)).prop_map(|((ids, regions), raw_units)| {
         let machines: Vec<MachineState> = ids
             .iter()
@@ -221,16 +405,22 @@ fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
         let units = raw_units
             .iter()
             .enumerate()
-            .map(|(n, (kind, group, on, launched, region))| {
+            .map(|(n, (kind, group, on, launched, region, other))| {
                 let name = format!("g{group}@{n}.service");
                 let x_fleet = match kind {
                     0 => format!("Conflicts=g{group}@*.service"),
                     1 => format!("MachineMetadata=region=r{region}"),
                     2 => format!("MachineID=m{:02}", on.unwrap_or(0)),
                     3 => format!("MachineOf=g{group}@{}.service", n.saturating_sub(1)),
+                    4 => format!("Global=true\nMachineMetadata=region=r{region}"),
+                    5 => format!("Global=true\nConflicts=g{group}@*.service"),
+                    6 => format!("Replaces=g{group}@{other}.service"),
+                    7 => format!("Replaces=g{group}@*.service"),
                     _ => String::new(),
                 };
-                let mut spec = unit(&name, &x_fleet, on.map(|id| format!("m{id:02}")).as_deref());
+                let global = matches!(kind, 4 | 5);
+                let scheduled_on = on.filter(|_| !global).map(|id| format!("m{id:02}"));
+                let mut spec = unit(&name, &x_fleet, scheduled_on.as_deref());
                 if !launched {
                     spec.desired = DesiredState::Loaded;
                 }
@@ -242,36 +432,88 @@ fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
     #[test]
     fn decisions_respect_every_constraint_and_least_load(snapshot in arbitrary_snapshot()) {
         let result = plan(&snapshot);
         let live: BTreeMap<&str, &MachineState> = snapshot.machines.iter().map(|m| (m.id.as_str(), m)).collect();
-        // Replay the plan from the snapshot.
-        let mut placement: BTreeMap<String, String> = snapshot
+        let specs: BTreeMap<&str, &UnitSpec> = snapshot.units.iter().map(|u| (u.name.as_str(), u)).collect();
+        let initial: BTreeMap<String, String> = snapshot
             .units
             .iter()
             .filter_map(|u| u.scheduled_on.clone().map(|m| (u.name.clone(), m)))
             .collect();
-        let load_of = |placement: &BTreeMap<String, String>, id: &str| placement.values().filter(|m| *m == id).count();
-        let specs: BTreeMap<&str, &UnitSpec> = snapshot.units.iter().map(|u| (u.name.as_str(), u)).collect();
+        let mut placement = initial.clone();
+        // Each unit is unscheduled at most once and scheduled at most once, in that order.
+        let mut seen: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
         for decision in &result.decisions {
             match decision {
-                Decision::Unschedule { unit, .. } => { placement.remove(unit); }
+                Decision::Unschedule { unit, .. } => {
+                    let entry = seen.entry(unit.as_str()).or_default();
+                    prop_assert!(entry.0 == 0 && entry.1 == 0, "{unit} unscheduled twice or after scheduling");
+                    entry.0 += 1;
+                }
+                Decision::Schedule { unit, .. } => {
+                    let entry = seen.entry(unit.as_str()).or_default();
+                    prop_assert!(entry.1 == 0, "{unit} scheduled twice");
+                    entry.1 += 1;
+                }
+            }
+        }
+        // Replay: first the units that leave, then the global units count where the agent
+        // runs them, then each placement is checked against the state at that point.
+        let first_schedule = result.decisions.iter().position(|d| matches!(d, Decision::Schedule { .. }));
+        let (leaving, rest) = result.decisions.split_at(first_schedule.unwrap_or(result.decisions.len()));
+        for decision in leaving {
+            if let Decision::Unschedule { unit, machine, .. } = decision {
+                prop_assert_eq!(placement.remove(unit), Some(machine.clone()));
+            }
+        }
+        let mut globals = global_residents(&snapshot, &placement);
+        for decision in rest {
+            match decision {
+                Decision::Unschedule { unit, machine, .. } => {
+                    prop_assert_eq!(placement.remove(unit), Some(machine.clone()));
+                }
                 Decision::Schedule { unit, machine } => {
                     let spec = specs[unit.as_str()];
-                    let target = live[machine.as_str()];
-                    // Least-loaded: no eligible machine had a strictly lower load at that point.
-                    let eligible = |m: &MachineState| {
-                        spec.requirements.machine_id.as_ref().is_none_or(|id| m.matches_id(id))
-                            && spec.requirements.metadata_matches(&m.metadata)
-                            && spec.requirements.machine_of.iter().all(|peer| placement.get(peer) == Some(&m.id))
-                            && !placement.iter().any(|(other, on)| on == &m.id
-                                && spec.requirements.conflicts_with(unit, other, &specs[other.as_str()].requirements.conflicts))
+                    prop_assert!(spec.desired != DesiredState::Inactive);
+                    prop_assert!(!spec.requirements.global);
+                    // The units it replaces are unscheduled right after it.
+                    let before = placement.clone();
+                    let evictable = |other: &str, m: &str| {
+                        before.get(other).map(String::as_str) == Some(m)
+                            && initial.get(other).map(String::as_str) == Some(m)
                     };
-                    prop_assert!(eligible(target), "{unit} placed on ineligible {machine}");
-                    let chosen = load_of(&placement, machine);
-                    for other in snapshot.machines.iter().filter(|m| eligible(m)) {
-                        prop_assert!(load_of(&placement, &other.id) >= chosen, "{unit}: {} less loaded than {machine}", other.id);
+                    let circular_blocked = before.keys().any(|other| circular(spec, specs[other.as_str()]));
+                    let eligible = |m: &MachineState| {
+                        !circular_blocked
+                            && spec.requirements.machine_id.as_ref().is_none_or(|id| m.matches_id(id))
+                            && spec.requirements.metadata_matches(&m.metadata)
+                            && spec.requirements.machine_of.iter().all(|peer| before.get(peer) == Some(&m.id))
+                            && before.iter().filter(|(_, on)| **on == m.id).all(|(other, _)| {
+                                let other_spec = specs[other.as_str()];
+                                !excludes(spec, other_spec)
+                                    || (only_replaces(spec, other_spec) && evictable(other, &m.id))
+                            })
+                            && globals[&m.id].iter().all(|g| {
+                                let g = specs[g.as_str()];
+                                !excludes(spec, g) || only_replaces(spec, g)
+                            })
+                    };
+                    let load = |m: &str| before.values().filter(|on| *on == m).count() + globals[m].len();
+                    prop_assert!(eligible(live[machine.as_str()]), "{unit} placed on ineligible {machine}");
+                    let holds_replaced = |m: &MachineState| {
+                        before.iter().any(|(other, on)| *on == m.id && only_replaces(spec, specs[other.as_str()]))
+                    };
+                    let candidates: Vec<&MachineState> = snapshot.machines.iter().filter(|m| eligible(m)).collect();
+                    let preferred: Vec<&MachineState> = candidates.iter().copied().filter(|m| holds_replaced(m)).collect();
+                    let pool = if preferred.is_empty() { candidates } else { preferred };
+                    let best = pool.iter().map(|m| (load(&m.id), m.id.clone())).min();
+                    prop_assert_eq!(best.map(|(_, id)| id), Some(machine.clone()), "{} not least loaded", unit);
+                    // Global units it replaces stop counting there.
+                    if let Some(here) = globals.get_mut(machine) {
+                        here.retain(|g| !only_replaces(spec, specs[g.as_str()]));
                     }
                     placement.insert(unit.clone(), machine.clone());
                 }
@@ -290,16 +532,23 @@ proptest! {
                 prop_assert_eq!(placement.get(peer), Some(machine));
             }
             for (other, on) in &placement {
-                if on == machine && other != unit {
-                    prop_assert!(!spec.requirements.conflicts.iter().any(|p| glob_matches(p, other)), "{unit} conflicts with {other}");
-                }
+                prop_assert!(on != machine || !excludes(spec, specs[other.as_str()]), "{unit} shares {machine} with {other}");
+                prop_assert!(!circular(spec, specs[other.as_str()]), "{unit} and {other} replace each other and both run");
+            }
+            for global in &globals[machine] {
+                prop_assert!(!excludes(spec, specs[global.as_str()]), "{unit} shares {machine} with global {global}");
             }
         }
-        for spec in &snapshot.units {
+        let mut reasoned = std::collections::BTreeSet::new();
+        for (name, _) in &result.unplaced {
+            prop_assert!(reasoned.insert(name.as_str()), "{name} has two reasons");
+        }
+        for spec in snapshot.units.iter().filter(|u| !u.requirements.global) {
             let wants = spec.desired != DesiredState::Inactive;
             let placed = placement.contains_key(&spec.name);
-            let reasoned = result.unplaced.iter().any(|(name, _)| name == &spec.name);
-            prop_assert!(!wants || placed != reasoned, "{} placed={placed} reasoned={reasoned}", spec.name);
+            let has_reason = reasoned.contains(spec.name.as_str());
+            prop_assert!(!wants || placed != has_reason, "{} placed={placed} reasoned={has_reason}", spec.name);
+            prop_assert!(wants || !placed);
         }
     }
 }
