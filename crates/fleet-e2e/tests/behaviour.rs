@@ -205,7 +205,7 @@ fn machine_of_followers_stay_with_their_leader_and_move_with_it() {
     suite.ok(&["start", &db]);
     suite.wait_until("lonely runs with db", |s| {
         let now = s.active();
-        now.get("lonely.service").is_some() && now.get("lonely.service") == now.get("db.service")
+        now.contains_key("lonely.service") && now.get("lonely.service") == now.get("db.service")
     });
 }
 
