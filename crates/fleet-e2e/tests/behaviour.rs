@@ -263,7 +263,7 @@ fn machine_ids_templates_with_specifiers_and_runtime_metadata_pick_machines() {
     let suite = Suite::start(3);
     // TestScheduleConditionMachineID: full ID, short ID, and a template instance naming it.
     let full = suite.unit("full.service", &format!("MachineID={}", member_id(2)));
-    let short = suite.unit("short.service", &format!("MachineID={}", &member_id(1)[..8]));
+    let short = suite.unit("short.service", &format!("X-ConditionMachineID={}", &member_id(1)[..8]));
     write(&suite.dir, "pin@.service", &format!("{BODY}\n[X-Fleet]\nMachineID=%i\n"));
     let pinned = suite.dir.join(format!("pin@{}.service", member_id(0))).display().to_string();
     suite.ok(&["start", &full, &short, &pinned]);
