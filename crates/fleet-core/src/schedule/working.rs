@@ -143,7 +143,8 @@ impl<'a> Working<'a> {
 
     /// Why `unit` and `other` may not share a machine, if they may not.
     pub fn relation(&self, unit: usize, other: usize) -> Option<Relation> {
-        let without_rules = |index: usize| self.conflict_globs[index].is_empty() && self.replace_globs[index].is_empty();
+        let without_rules =
+            |index: usize| self.conflict_globs[index].is_empty() && self.replace_globs[index].is_empty();
         if without_rules(unit) && without_rules(other) {
             return None;
         }
