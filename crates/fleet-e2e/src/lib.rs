@@ -35,6 +35,14 @@ pub struct Fleetd {
     pub machine_id: String,
     child: Option<Child>,
     extra: Vec<(String, String)>,
+    launcher: Launcher,
+}
+
+/// How fleetd is started: a command prefix (e.g. `nsenter ... --`) and extra environment.
+#[derive(Clone, Debug, Default)]
+pub struct Launcher {
+    pub prefix: Vec<String>,
+    pub env: Vec<(String, String)>,
 }
 
 /// What a fleetctl run printed and how it ended.
@@ -58,9 +66,14 @@ impl From<Output> for Ran {
 impl Fleetd {
     /// Starts a fleetd with `config` lines (fleet.conf syntax) on top of the harness's own.
     pub fn start(machine_id: &str, config: &[(&str, &str)]) -> Self {
+        Self::start_with(machine_id, config, Launcher::default())
+    }
+
+    /// As [`Fleetd::start`], started through `launcher`.
+    pub fn start_with(machine_id: &str, config: &[(&str, &str)], launcher: Launcher) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut fleetd = Self { dir, machine_id: machine_id.to_string(), child: None, extra };
+        let mut fleetd = Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher };
         fleetd.launch();
         fleetd
     }
@@ -69,7 +82,8 @@ impl Fleetd {
     pub fn start_refused(machine_id: &str, config: &[(&str, &str)]) -> (Option<i32>, String) {
         let dir = tempfile::tempdir().expect("temporary directory");
         let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let fleetd = Self { dir, machine_id: machine_id.to_string(), child: None, extra };
+        let fleetd =
+            Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher: Launcher::default() };
         fleetd.write_config();
         let output = fleetd.command().output().expect("run fleetd");
         let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
@@ -78,7 +92,15 @@ impl Fleetd {
 
     /// The fleetd command line for this directory, with no `FLEET_*` from the caller.
     fn command(&self) -> Command {
-        let mut command = Command::new(binary("fleetd"));
+        let mut command = match self.launcher.prefix.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary("fleetd"));
+                command
+            }
+            None => Command::new(binary("fleetd")),
+        };
+        command.envs(self.launcher.env.iter().cloned());
         for (name, _) in std::env::vars_os() {
             if name.to_string_lossy().starts_with("FLEET_") {
                 command.env_remove(name);
@@ -235,7 +257,7 @@ impl Drop for Fleetd {
 }
 
 pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};
-pub use fleet_testkit::EtcdServer;
+pub use fleet_testkit::{EtcdServer, SystemdUser};
 pub use fleet_unit_manager::native::unit_processes;
 
 /// User plus system CPU seconds a process has used, from /proc; 0 when it is gone.

@@ -1,10 +1,12 @@
 //! The UnitManager seam: what runs units on one machine.
 //!
-//! Implementations: [`native::NativeManager`], a built-in supervisor for hosts without
-//! systemd as PID 1 (containers, development, CI). The agent drives a manager only through
+//! Implementations: [`systemd::SystemdManager`], which hands units to systemd over D-Bus, and
+//! [`native::NativeManager`], a built-in supervisor for hosts without systemd as PID 1
+//! (containers, development). The agent drives a manager only through
 //! this trait.
 
 pub mod native;
+pub mod systemd;
 
 use std::collections::BTreeMap;
 

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_api::listen::{ApiListener, activated_listeners, bind_tcp, bind_unix, serve};
 use fleet_api::router::LocalMachine;
@@ -15,6 +15,7 @@ use fleet_core::MachineState;
 use fleet_engine::{Engine, EngineConfig};
 use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{NativeManager, NativeOptions};
+use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
@@ -41,19 +42,23 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
     }
 }
 
-fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<dyn UnitManager>> {
-    let systemd_booted = Path::new("/run/systemd/system").exists();
-    match config.unit_manager {
-        UnitManagerChoice::Systemd => {
-            bail!("unit_manager = systemd is not available in this build yet; use native or auto")
-        }
-        UnitManagerChoice::Auto if systemd_booted => {
-            tracing::warn!("systemd is running, but this build has no systemd unit manager yet: using the native one")
-        }
-        UnitManagerChoice::Auto | UnitManagerChoice::Native => {
-            tracing::info!("using the native unit manager")
-        }
+/// The unit manager `unit_manager` asks for: `auto` takes systemd when the machine runs it
+/// (`/run/systemd/system` exists) and it answers on the bus, the native supervisor otherwise.
+async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<dyn UnitManager>> {
+    let user = config.systemd_user;
+    let instance = if user { "the user's systemd instance" } else { "systemd" };
+    let use_systemd = match config.unit_manager {
+        UnitManagerChoice::Systemd => true,
+        UnitManagerChoice::Native => false,
+        UnitManagerChoice::Auto => Path::new("/run/systemd/system").exists() && SystemdManager::answers(user).await,
+    };
+    if use_systemd {
+        tracing::info!(units_directory = %config.units_directory.display(), "using {instance} as the unit manager");
+        let options = SystemdOptions { user, units_directory: config.units_directory.clone() };
+        let manager = SystemdManager::new(options)?;
+        return Ok(manager);
     }
+    tracing::info!("using the native unit manager");
     let keeper_program = std::env::current_exe().context("locating the fleetd binary for the unit keeper")?;
     let options = NativeOptions {
         state_dir: config.state_dir.clone(),
@@ -117,7 +122,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
     let machine_id = config.resolve_machine_id()?;
     std::fs::create_dir_all(&config.state_dir)
         .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
-    let manager = unit_manager(&config, &machine_id)?;
+    let manager = unit_manager(&config, &machine_id).await?;
     let registry = store::open(&config).await?;
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
     let (listeners, owned_sockets) = listeners(&config)?;

@@ -1,0 +1,170 @@
+//! fleetd handing units to a real systemd: a user instance in a private mount namespace
+//! (fleet-testkit's `SystemdUser`), fleetd with `systemd_user = true` inside it, driven by
+//! fleetctl. Assertions read systemd's own view (`systemctl --user show`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use fleet_e2e::{Fleetd, Launcher, SystemdUser};
+
+const WAIT: Duration = Duration::from_secs(20);
+const MACHINE: &str = "5d5d5d5d0000000000000000000000aa";
+
+fn fleetd_on(systemd: &SystemdUser) -> Fleetd {
+    let units = systemd.units_directory().display().to_string();
+    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
+    Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() })
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Waits until systemd reports `value` for `property` of `unit`.
+fn wait_for(systemd: &SystemdUser, unit: &str, property: &str, value: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = systemd.show(unit, property);
+        if now == value {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{unit} {property} is {now:?}, not {value:?}; systemd log:\n{}",
+            systemd.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn row(fleet: &Fleetd, unit: &str) -> Option<(String, String)> {
+    fleet.unit_rows().into_iter().find(|(name, _, _)| name == unit).map(|(_, active, sub)| (active, sub))
+}
+
+#[test]
+fn units_are_loaded_started_replaced_stopped_and_unloaded_through_systemd() {
+    let systemd = SystemdUser::start();
+    let mut fleet = fleetd_on(&systemd);
+    assert!(fleet.log().contains("using the user's systemd instance as the unit manager"), "{}", fleet.log());
+    let dir = tempfile::tempdir().unwrap();
+    let hello = write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100001\n");
+
+    fleet.ok(&["load", &hello]);
+    wait_for(&systemd, "hello.service", "LoadState", "loaded");
+    assert_eq!(systemd.show("hello.service", "ActiveState"), "inactive");
+    assert_eq!(systemd.show("hello.service", "UnitFileState"), "linked-runtime");
+    let file = systemd.units_directory().join("hello.service");
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "[Service]\nExecStart=/bin/sleep 100001\n");
+    fleet.wait_until("list-units says loaded/inactive", WAIT, |f| {
+        row(f, "hello.service") == Some(("inactive".into(), "dead".into()))
+    });
+
+    fleet.ok(&["start", "hello.service"]);
+    wait_for(&systemd, "hello.service", "SubState", "running");
+    fleet.wait_until("list-units says active/running", WAIT, |f| {
+        row(f, "hello.service") == Some(("active".into(), "running".into()))
+    });
+    let first_pid = systemd.show("hello.service", "MainPID");
+
+    // New content: the unit is replaced, systemd runs the new command.
+    let hello = write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100002\n");
+    fleet.ok(&["start", "--replace", &hello]);
+    fleet.wait_until("systemd runs the new ExecStart", WAIT, |_| {
+        systemd.show("hello.service", "ExecStart").contains("100002")
+            && systemd.show("hello.service", "SubState") == "running"
+    });
+    let replaced_pid = systemd.show("hello.service", "MainPID");
+    assert_ne!(first_pid, replaced_pid);
+
+    // fleetd dying does not touch systemd's units; a new fleetd adopts them as they are.
+    fleet.stop_with(libc::SIGKILL);
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(systemd.show("hello.service", "MainPID"), replaced_pid);
+    fleet.launch();
+    fleet.wait_until("the restarted fleetd reports the running unit", WAIT, |f| {
+        row(f, "hello.service") == Some(("active".into(), "running".into()))
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(systemd.show("hello.service", "MainPID"), replaced_pid, "adopted, not restarted");
+
+    fleet.ok(&["stop", "hello.service"]);
+    wait_for(&systemd, "hello.service", "ActiveState", "inactive");
+    fleet.ok(&["unload", "hello.service"]);
+    wait_for(&systemd, "hello.service", "LoadState", "not-found");
+    assert!(!file.exists(), "the unit file is removed");
+    assert!(!systemd.runtime_dir().join("systemd/user/hello.service").exists(), "the runtime link is removed");
+}
+
+#[test]
+fn install_sections_enable_peers_and_failures_say_failed_while_the_rest_runs() {
+    let systemd = SystemdUser::start();
+    let fleet = fleetd_on(&systemd);
+    let dir = tempfile::tempdir().unwrap();
+    // The original's TestInstallUnit: discovery is wanted by hello through its [Install].
+    let hello = write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100003\n");
+    let discovery = write(
+        dir.path(),
+        "discovery.service",
+        "[Unit]\nPartOf=hello.service\n\n[Service]\nExecStart=/bin/sleep 100004\n\n[Install]\nWantedBy=hello.service\n\n[X-Fleet]\nMachineOf=hello.service\n",
+    );
+    fleet.ok(&["load", &hello, &discovery]);
+    wait_for(&systemd, "discovery.service", "LoadState", "loaded");
+    assert_eq!(systemd.show("discovery.service", "ActiveState"), "inactive");
+    assert_eq!(systemd.show("discovery.service", "UnitFileState"), "enabled-runtime");
+    fleet.ok(&["start", "hello.service"]);
+    wait_for(&systemd, "discovery.service", "ActiveState", "active");
+    fleet.wait_until("fleet sees discovery active too", WAIT, |f| {
+        row(f, "discovery.service") == Some(("active".into(), "running".into()))
+    });
+    fleet.ok(&["stop", "hello.service"]);
+    wait_for(&systemd, "discovery.service", "ActiveState", "inactive");
+
+    // A unit whose process fails, and one whose file systemd refuses.
+    let crashing = write(dir.path(), "crashing.service", "[Service]\nExecStart=/bin/false\n");
+    let broken = write(dir.path(), "broken.service", "[Service]\nExecStart=relative/path\n");
+    let ran = fleet.fleetctl(&["start", "--no-block", &crashing, &broken]);
+    assert_eq!(ran.code, 0, "{ran:?}");
+    wait_for(&systemd, "crashing.service", "ActiveState", "failed");
+    fleet.wait_until("both failures show as failed", WAIT, |f| {
+        row(f, "crashing.service").is_some_and(|(active, _)| active == "failed")
+            && row(f, "broken.service").is_some_and(|(active, _)| active == "failed")
+    });
+    assert!(fleet.log().contains("systemd refused to start the unit"), "{}", fleet.log());
+    assert!(fleet.log().contains("broken.service"), "{}", fleet.log());
+    // fleetd goes on serving and running the others.
+    fleet.ok(&["start", "hello.service"]);
+    wait_for(&systemd, "hello.service", "SubState", "running");
+    assert!(fleet.is_running());
+    // Unloading a failed unit resets it: systemd forgets it.
+    fleet.ok(&["destroy", "crashing.service"]);
+    wait_for(&systemd, "crashing.service", "LoadState", "not-found");
+}
+
+#[test]
+fn a_lost_bus_connection_is_made_again_without_stopping_units() {
+    let systemd = SystemdUser::start();
+    let fleet = fleetd_on(&systemd);
+    let dir = tempfile::tempdir().unwrap();
+    let steady = write(dir.path(), "steady.service", "[Service]\nExecStart=/bin/sleep 100005\n");
+    fleet.ok(&["start", &steady]);
+    wait_for(&systemd, "steady.service", "SubState", "running");
+    let pid = systemd.show("steady.service", "MainPID");
+    systemd.restart_bus();
+    // systemd re-attaches to the new bus; fleetd reconnects on its own.
+    let later = write(dir.path(), "later.service", "[Service]\nExecStart=/bin/sleep 100006\n");
+    fleet.ok(&["start", &later]);
+    wait_for(&systemd, "later.service", "SubState", "running");
+    fleet.wait_until("fleet reports both units running", WAIT, |f| {
+        row(f, "steady.service") == Some(("active".into(), "running".into()))
+            && row(f, "later.service") == Some(("active".into(), "running".into()))
+    });
+    assert_eq!(systemd.show("steady.service", "MainPID"), pid, "the running unit was never touched");
+    assert!(fleet.log().contains("lost the D-Bus connection to systemd"), "{}", fleet.log());
+    // State changes still arrive by signal after the reconnect.
+    systemd.systemctl(&["stop", "steady.service"]);
+    fleet.wait_until("fleet sees the stop systemd made", WAIT, |f| {
+        row(f, "steady.service").is_some_and(|(active, _)| active == "inactive")
+    });
+}

@@ -1,0 +1,280 @@
+//! The systemd unit manager: unit files written to `units_directory`, linked into systemd's
+//! runtime unit path and driven over D-Bus (`zbus_systemd`), as the original's agent did.
+//! States come in bulk (`ListUnitsByNames`) when the agent asks, and systemd's signals say
+//! when to ask again.
+
+mod bus;
+pub mod paths;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use fleet_core::{SystemdState, UnitFile, UnitHash};
+use tokio::sync::watch;
+
+use self::bus::{Bus, BusError};
+use self::paths::{has_install_section, is_unit_file_name, runtime_unit_dir, unit_object_path};
+use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
+
+pub struct SystemdOptions {
+    /// Use the calling user's instance on the session bus instead of the system instance.
+    pub user: bool,
+    /// Where fleet writes the unit files it links into systemd.
+    pub units_directory: PathBuf,
+}
+
+pub struct SystemdManager {
+    user: bool,
+    units_directory: PathBuf,
+    bus: Arc<Bus>,
+    /// The units fleet holds and their hashes; read from `units_directory` on first use.
+    held: tokio::sync::Mutex<Option<BTreeMap<String, UnitHash>>>,
+    /// Object paths of the held units, for the signal watcher.
+    watched: Arc<Mutex<HashSet<String>>>,
+    /// Units systemd refused to start, with its reason: they report `failed`.
+    refused: Mutex<HashMap<String, String>>,
+    changes: watch::Sender<u64>,
+}
+
+impl SystemdManager {
+    /// Prepares `units_directory` and starts following systemd's signals. Reaching systemd
+    /// is not required yet: every call connects when it needs to.
+    pub fn new(options: SystemdOptions) -> Result<Arc<Self>> {
+        std::fs::create_dir_all(&options.units_directory).map_err(|source| UnitManagerError::Io {
+            context: format!("creating {}", options.units_directory.display()),
+            source,
+        })?;
+        let bus = Arc::new(Bus::new(options.user));
+        let (changes, _) = watch::channel(0);
+        let manager = Arc::new(Self {
+            user: options.user,
+            units_directory: options.units_directory,
+            bus: bus.clone(),
+            held: tokio::sync::Mutex::new(None),
+            watched: Arc::new(Mutex::new(HashSet::new())),
+            refused: Mutex::new(HashMap::new()),
+            changes: changes.clone(),
+        });
+        tokio::spawn(bus::follow_signals(bus, manager.watched.clone(), changes));
+        Ok(manager)
+    }
+
+    /// Whether a systemd instance answers on the bus this manager would use.
+    pub async fn answers(user: bool) -> bool {
+        Bus::new(user).answers().await
+    }
+
+    fn unit_path(&self, name: &str) -> PathBuf {
+        self.units_directory.join(name)
+    }
+
+    fn runtime_link(&self, name: &str) -> Option<PathBuf> {
+        let xdg = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from);
+        runtime_unit_dir(self.user, xdg.as_deref()).map(|dir| dir.join(name))
+    }
+
+    /// The held units, reading `units_directory` the first time (a restarted fleetd adopts
+    /// what the previous one loaded).
+    async fn held(&self) -> tokio::sync::MutexGuard<'_, Option<BTreeMap<String, UnitHash>>> {
+        let mut held = self.held.lock().await;
+        if held.is_none() {
+            let found = scan_units_directory(&self.units_directory);
+            self.set_watched(&found);
+            *held = Some(found);
+        }
+        held
+    }
+
+    fn set_watched(&self, held: &BTreeMap<String, UnitHash>) {
+        if let Ok(mut watched) = self.watched.lock() {
+            *watched = held.keys().map(|name| unit_object_path(name)).collect();
+        }
+    }
+
+    fn remember_refusal(&self, name: &str, reason: Option<String>) {
+        if let Ok(mut refused) = self.refused.lock() {
+            match reason {
+                Some(reason) => refused.insert(name.to_string(), reason),
+                None => refused.remove(name),
+            };
+        }
+    }
+
+    fn refused(&self, name: &str, error: BusError) -> UnitManagerError {
+        UnitManagerError::Refused { unit: name.to_string(), reason: error.to_string() }
+    }
+}
+
+fn io_error(context: String) -> impl FnOnce(std::io::Error) -> UnitManagerError {
+    move |source| UnitManagerError::Io { context, source }
+}
+
+/// The unit files in `directory` and their hashes; unreadable or malformed files are skipped.
+fn scan_units_directory(directory: &Path) -> BTreeMap<String, UnitHash> {
+    let mut found = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(directory) else { return found };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !is_unit_file_name(&name) {
+            continue;
+        }
+        match std::fs::read_to_string(entry.path()).map(|text| UnitFile::parse(&text)) {
+            Ok(Ok(file)) => {
+                found.insert(name, file.hash());
+            }
+            _ => tracing::warn!(unit = %name, "skipping an unreadable unit file in the units directory"),
+        }
+    }
+    found
+}
+
+#[async_trait]
+impl UnitManager for SystemdManager {
+    fn kind(&self) -> &'static str {
+        "systemd"
+    }
+
+    async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
+        let path = self.unit_path(name);
+        let temporary = self.units_directory.join(format!(".{name}.tmp"));
+        std::fs::write(&temporary, file.serialize()).map_err(io_error(format!("writing {}", temporary.display())))?;
+        std::fs::rename(&temporary, &path).map_err(io_error(format!("writing {}", path.display())))?;
+        let mut held = self.held().await;
+        let units = held.get_or_insert_with(BTreeMap::new);
+        units.insert(name.to_string(), file.hash());
+        self.set_watched(units);
+        drop(held);
+        self.remember_refusal(name, None);
+        let target = path.display().to_string();
+        self.bus
+            .call(|manager| async move { manager.link_unit_files(vec![target], true, true).await })
+            .await
+            .map_err(|error| self.refused(name, error))?;
+        if has_install_section(file) {
+            let unit = name.to_string();
+            self.bus
+                .call(|manager| async move { manager.enable_unit_files(vec![unit], true, true).await })
+                .await
+                .map_err(|error| self.refused(name, error))?;
+        }
+        Ok(())
+    }
+
+    async fn unload(&self, name: &str) -> Result<()> {
+        let (unit, mode) = (name.to_string(), "replace".to_string());
+        // A unit systemd no longer knows has nothing to stop.
+        if let Err(BusError::Transport(reason)) =
+            self.bus.call(|manager| async move { manager.stop_unit(unit, mode).await }).await
+        {
+            return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
+        }
+        let unit = name.to_string();
+        let _ = self.bus.call(|manager| async move { manager.disable_unit_files(vec![unit], true).await }).await;
+        let unit = name.to_string();
+        let _ = self.bus.call(|manager| async move { manager.reset_failed_unit(unit).await }).await;
+        if let Some(link) = self.runtime_link(name)
+            && std::fs::read_link(&link).is_ok_and(|target| target.starts_with(&self.units_directory))
+        {
+            std::fs::remove_file(&link).map_err(io_error(format!("removing {}", link.display())))?;
+        }
+        let path = self.unit_path(name);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => return Err(io_error(format!("removing {}", path.display()))(error)),
+        }
+        let mut held = self.held().await;
+        if let Some(units) = held.as_mut() {
+            units.remove(name);
+            self.set_watched(units);
+        }
+        self.remember_refusal(name, None);
+        Ok(())
+    }
+
+    async fn reload_unit_files(&self) -> Result<()> {
+        self.bus
+            .call(|manager| async move { manager.reload().await })
+            .await
+            .map_err(|error| UnitManagerError::Refused { unit: "daemon-reload".to_string(), reason: error.to_string() })
+    }
+
+    async fn start(&self, name: &str) -> Result<()> {
+        let (unit, mode) = (name.to_string(), "replace".to_string());
+        match self.bus.call(|manager| async move { manager.start_unit(unit, mode).await }).await {
+            Ok(_) => {
+                self.remember_refusal(name, None);
+                Ok(())
+            }
+            Err(error) => {
+                if let BusError::Refused(reason) = &error {
+                    tracing::warn!(unit = name, %reason, "systemd refused to start the unit");
+                    self.remember_refusal(name, Some(reason.clone()));
+                    self.changes.send_modify(|count| *count = count.wrapping_add(1));
+                }
+                Err(self.refused(name, error))
+            }
+        }
+    }
+
+    async fn stop(&self, name: &str) -> Result<()> {
+        let (unit, mode) = (name.to_string(), "replace".to_string());
+        self.remember_refusal(name, None);
+        self.bus
+            .call(|manager| async move { manager.stop_unit(unit, mode).await })
+            .await
+            .map(|_| ())
+            .map_err(|error| self.refused(name, error))
+    }
+
+    async fn units(&self) -> Result<BTreeMap<String, HeldUnit>> {
+        let held: BTreeMap<String, UnitHash> = self.held().await.clone().unwrap_or_default();
+        if held.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let names: Vec<String> = held.keys().cloned().collect();
+        let listed = self.bus.call(|manager| async move { manager.list_units_by_names(names).await }).await.map_err(
+            |error| UnitManagerError::Refused { unit: "ListUnitsByNames".into(), reason: error.to_string() },
+        )?;
+        let refused = self.refused.lock().map(|refused| refused.clone()).unwrap_or_default();
+        let mut units = BTreeMap::new();
+        for (name, _description, load, active, sub, ..) in listed {
+            let Some(hash) = held.get(&name) else { continue };
+            let state = if refused.contains_key(&name) && active != "active" {
+                SystemdState::new(&load, "failed", "failed")
+            } else {
+                SystemdState::new(&load, &active, &sub)
+            };
+            units.insert(name, HeldUnit { hash: *hash, state });
+        }
+        Ok(units)
+    }
+
+    fn state_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    async fn journal(&self, name: &str, lines: usize) -> Result<String> {
+        let mut command = tokio::process::Command::new("journalctl");
+        if self.user {
+            command.arg("--user");
+        }
+        command.args(["--no-pager", "--quiet", "-n", &lines.to_string(), "-u", name]);
+        let output = command.output().await.map_err(io_error("running journalctl".into()))?;
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    async fn stop_all(&self) -> Result<()> {
+        let names: Vec<String> =
+            self.held().await.as_ref().map(|units| units.keys().cloned().collect()).unwrap_or_default();
+        let mut first_error = None;
+        for name in names {
+            if let Err(error) = self.stop(&name).await {
+                first_error.get_or_insert(error);
+            }
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+}

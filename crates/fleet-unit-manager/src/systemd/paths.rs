@@ -1,0 +1,64 @@
+//! Names and places systemd uses, as pure functions.
+
+use std::path::{Path, PathBuf};
+
+use fleet_core::UnitFile;
+
+/// The D-Bus object path of the unit called `name`: systemd escapes every byte that is not
+/// an ASCII letter or digit (and a leading digit) as `_xx`.
+pub fn unit_object_path(name: &str) -> String {
+    let mut path = String::from("/org/freedesktop/systemd1/unit/");
+    for (index, byte) in name.bytes().enumerate() {
+        if byte.is_ascii_alphabetic() || (byte.is_ascii_digit() && index > 0) {
+            path.push(byte as char);
+        } else {
+            path.push_str(&format!("_{byte:02x}"));
+        }
+    }
+    path
+}
+
+/// Where systemd keeps runtime unit links: `/run/systemd/system` for the system instance,
+/// `$XDG_RUNTIME_DIR/systemd/user` for a user instance.
+pub fn runtime_unit_dir(user: bool, xdg_runtime_dir: Option<&Path>) -> Option<PathBuf> {
+    if user { xdg_runtime_dir.map(|dir| dir.join("systemd/user")) } else { Some(PathBuf::from("/run/systemd/system")) }
+}
+
+/// Whether the unit has an `[Install]` section, which fleet enables at runtime.
+pub fn has_install_section(file: &UnitFile) -> bool {
+    file.options().iter().any(|option| option.section == "Install")
+}
+
+/// Whether `name` could be a unit file fleet wrote (and not, say, a temporary file).
+pub fn is_unit_file_name(name: &str) -> bool {
+    !name.starts_with('.') && fleet_core::unit_name::validate_name(name).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_paths_are_escaped_as_systemd_does() {
+        assert_eq!(unit_object_path("hello.service"), "/org/freedesktop/systemd1/unit/hello_2eservice");
+        assert_eq!(unit_object_path("a-b@1.service"), "/org/freedesktop/systemd1/unit/a_2db_401_2eservice");
+        assert_eq!(unit_object_path("1x.service"), "/org/freedesktop/systemd1/unit/_31x_2eservice");
+    }
+
+    #[test]
+    fn runtime_dirs_and_install_sections() {
+        assert_eq!(runtime_unit_dir(false, None), Some(PathBuf::from("/run/systemd/system")));
+        assert_eq!(
+            runtime_unit_dir(true, Some(Path::new("/run/user/0"))),
+            Some(PathBuf::from("/run/user/0/systemd/user"))
+        );
+        assert_eq!(runtime_unit_dir(true, None), None);
+        let with = UnitFile::parse("[Service]\nExecStart=/bin/true\n[Install]\nWantedBy=x.service\n").unwrap();
+        let without = UnitFile::parse("[Service]\nExecStart=/bin/true\n").unwrap();
+        assert!(has_install_section(&with));
+        assert!(!has_install_section(&without));
+        assert!(is_unit_file_name("hello@1.service"));
+        assert!(!is_unit_file_name(".hello.service.tmp"));
+        assert!(!is_unit_file_name("notes.txt"));
+    }
+}
