@@ -5,12 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
 # What the build and the tests need from Debian: protoc (etcd-client's build), a real etcd
-# (the etcd store's tests and the cluster tests), systemd-socket-activate (the
-# socket-activation test), openssl (certificates for the TLS tests).
+# (the etcd store's tests and the cluster tests), systemd (systemd-socket-activate for the
+# socket-activation test; systemd --user and journald for the systemd unit manager's tests),
+# dbus-daemon (their session bus), openssl (certificates for the TLS tests).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
-command -v systemd-socket-activate >/dev/null || missing+=(systemd)
+command -v systemd-socket-activate >/dev/null && [ -x /usr/lib/systemd/systemd ] || missing+=(systemd)
+command -v dbus-daemon >/dev/null || missing+=(dbus-daemon)
 command -v openssl >/dev/null || missing+=(openssl)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then

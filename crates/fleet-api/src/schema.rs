@@ -106,4 +106,8 @@ pub struct Journal {
     pub machine_id: String,
     pub name: String,
     pub text: String,
+    /// The unit manager's status report (`systemctl status`), when asked for with
+    /// `?status=true` and the manager has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<String>,
 }

@@ -168,6 +168,11 @@ impl Client {
     pub async fn journal(&self, name: &str, lines: usize) -> Result<Journal> {
         self.get(&format!("journal/{}?lines={lines}", encode_component(name))).await
     }
+
+    /// The journal with the unit manager's status report of the unit, if it has one.
+    pub async fn status(&self, name: &str, lines: usize) -> Result<Journal> {
+        self.get(&format!("journal/{}?lines={lines}&status=true", encode_component(name))).await
+    }
 }
 
 fn describe_transport(error: &reqwest::Error) -> String {

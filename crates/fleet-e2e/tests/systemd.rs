@@ -103,7 +103,8 @@ fn install_sections_enable_peers_and_failures_say_failed_while_the_rest_runs() {
     let fleet = fleetd_on(&systemd);
     let dir = tempfile::tempdir().unwrap();
     // The original's TestInstallUnit: discovery is wanted by hello through its [Install].
-    let hello = write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100003\n");
+    let hello =
+        write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sh -c 'echo Hello, World!; exec sleep 100003'\n");
     let discovery = write(
         dir.path(),
         "discovery.service",
@@ -117,6 +118,12 @@ fn install_sections_enable_peers_and_failures_say_failed_while_the_rest_runs() {
     wait_for(&systemd, "discovery.service", "ActiveState", "active");
     fleet.wait_until("fleet sees discovery active too", WAIT, |f| {
         row(f, "discovery.service") == Some(("active".into(), "running".into()))
+    });
+    // status and journal come from systemctl and journalctl.
+    let status = fleet.ok(&["status", "hello.service"]).stdout;
+    assert!(status.contains("Active: active (running)") && status.contains("linked-runtime"), "{status}");
+    fleet.wait_until("the unit's output is in its journal", WAIT, |f| {
+        f.ok(&["journal", "hello.service"]).stdout.contains("Hello, World!")
     });
     fleet.ok(&["stop", "hello.service"]);
     wait_for(&systemd, "discovery.service", "ActiveState", "inactive");

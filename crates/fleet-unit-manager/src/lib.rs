@@ -55,6 +55,10 @@ pub trait UnitManager: Send + Sync {
     fn state_changes(&self) -> watch::Receiver<u64>;
     /// The last `lines` lines of a unit's log.
     async fn journal(&self, name: &str, lines: usize) -> Result<String>;
+    /// The manager's own status report of a unit (`systemctl status`), when it has one.
+    async fn status(&self, _name: &str) -> Result<Option<String>> {
+        Ok(None)
+    }
     /// Stops every unit, for a clean shutdown.
     async fn stop_all(&self) -> Result<()>;
 }

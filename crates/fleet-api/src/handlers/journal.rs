@@ -1,5 +1,6 @@
-//! `/journal/{name}`: the last lines of a unit's log on the answering machine (our
-//! addition; fleetctl journal and status use it where the original used SSH).
+//! `/journal/{name}`: the last lines of a unit's log on the answering machine, and with
+//! `?status=true` its unit manager's status report (our addition; fleetctl journal and status
+//! use it where the original used SSH to run journalctl and systemctl status).
 
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -28,5 +29,15 @@ pub async fn get(state: &ApiState, name: &str, query: &[(String, String)]) -> Re
         .journal(name, lines)
         .await
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-    Ok(json_response(StatusCode::OK, &Journal { machine_id: local.machine_id.clone(), name: name.to_string(), text }))
+    let status = match first_value(query, "status") {
+        Some("true") => local
+            .manager
+            .status(name)
+            .await
+            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?,
+        Some("false") | None => None,
+        Some(other) => return Err(ApiError::bad_request(format!("invalid status: {other:?}"))),
+    };
+    let journal = Journal { machine_id: local.machine_id.clone(), name: name.to_string(), text, status };
+    Ok(json_response(StatusCode::OK, &journal))
 }

@@ -111,6 +111,17 @@ fn io_error(context: String) -> impl FnOnce(std::io::Error) -> UnitManagerError 
     move |source| UnitManagerError::Io { context, source }
 }
 
+/// Runs `program` (`systemctl` or `journalctl`, with `--user` for a user instance) and
+/// returns what it printed; their exit codes say things like "inactive", not failure.
+async fn run_tool(program: &str, user: bool, args: &[&str]) -> Result<String> {
+    let mut command = tokio::process::Command::new(program);
+    if user {
+        command.arg("--user");
+    }
+    let output = command.args(args).output().await.map_err(io_error(format!("running {program}")))?;
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
 /// The unit files in `directory` and their hashes; unreadable or malformed files are skipped.
 fn scan_units_directory(directory: &Path) -> BTreeMap<String, UnitHash> {
     let mut found = BTreeMap::new();
@@ -257,13 +268,18 @@ impl UnitManager for SystemdManager {
     }
 
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
-        let mut command = tokio::process::Command::new("journalctl");
-        if self.user {
-            command.arg("--user");
+        let lines = lines.to_string();
+        let args = ["--no-pager", "--quiet", "-n", lines.as_str(), "-u", name];
+        let text = run_tool("journalctl", self.user, &args).await?;
+        // A user instance run by root logs to the system journal, not to a user journal.
+        if self.user && text.is_empty() {
+            return run_tool("journalctl", false, &args).await;
         }
-        command.args(["--no-pager", "--quiet", "-n", &lines.to_string(), "-u", name]);
-        let output = command.output().await.map_err(io_error("running journalctl".into()))?;
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        Ok(text)
+    }
+
+    async fn status(&self, name: &str) -> Result<Option<String>> {
+        run_tool("systemctl", self.user, &["status", "--no-pager", "--full", "-n", "10", name]).await.map(Some)
     }
 
     async fn stop_all(&self) -> Result<()> {

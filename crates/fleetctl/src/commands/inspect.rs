@@ -46,8 +46,9 @@ async fn existing_unit(context: &Context, name: &str) -> Result<fleet_api::schem
     }
 }
 
-/// A systemctl-status-like report built from what the cluster knows, with the unit's
-/// recent log from the machine serving the API.
+/// `systemctl status` of the unit when the machine serving the API runs it under systemd;
+/// otherwise a report in its style built from what the cluster knows, with the unit's recent
+/// log from the machine serving the API.
 pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
     if arguments.is_empty() {
         eprintln!("No units given");
@@ -67,8 +68,17 @@ pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
         if index > 0 {
             println!();
         }
-        let description = unit_file(&unit).description().map(str::to_string);
         let states = context.client.unit_states(Some(&name)).await.unwrap_or_default();
+        let report = context.client.status(&name, 10).await.ok();
+        // On the machine running the unit, systemd's own report, as `systemctl status`.
+        if let Some(journal) = &report
+            && let Some(status) = &journal.status
+            && states.iter().any(|state| state.machine_id == journal.machine_id)
+        {
+            print!("{status}");
+            continue;
+        }
+        let description = unit_file(&unit).description().map(str::to_string);
         match &description {
             Some(description) => println!("● {name} - {description}"),
             None => println!("● {name}"),
@@ -78,7 +88,7 @@ pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
             println!("    Loaded: {}", state.systemd_load_state);
             println!("    Active: {} ({})", state.systemd_active_state, state.systemd_sub_state);
         }
-        if let Ok(journal) = context.client.journal(&name, 10).await
+        if let Some(journal) = &report
             && !journal.text.is_empty()
         {
             println!();
