@@ -23,6 +23,15 @@ fn setup_script(runtime: &Path) -> String {
     let runtime = runtime.display();
     format!(
         "set -e
+# A cgroup of its own, so two instances never share unit cgroups (stopping one instance's
+# hello.service must not kill another's); a slice name, which journald skips when it finds
+# the unit a message came from.
+for tree in /sys/fs/cgroup/systemd /sys/fs/cgroup/unified /sys/fs/cgroup; do
+  if [ -f $tree/cgroup.procs ] && mkdir -p $tree/fleet-test-$$.slice; then
+    echo $$ >$tree/fleet-test-$$.slice/cgroup.procs
+    echo $tree/fleet-test-$$.slice >>{runtime}/cgroups
+  fi
+done
 mount -t tmpfs tmpfs /run/systemd
 mount -t tmpfs tmpfs /run/log
 mkdir -p /run/systemd/system /run/systemd/journal
@@ -124,9 +133,18 @@ impl SystemdUser {
         self.pid_in("dbus.pid")
     }
 
-    /// Kills the session bus and starts a new one on the same address, then asks systemd to
-    /// reconnect (SIGUSR1): every D-Bus client loses its connection.
+    /// Restarts the session bus: every D-Bus client loses its connection. When the instance
+    /// runs the bus itself (`dbus.service`, from dbus-user-session), that unit is restarted
+    /// and systemd reconnects on its own; otherwise the harness's dbus-daemon is replaced on
+    /// the same address and systemd is told to reconnect (SIGUSR1).
     pub fn restart_bus(&self) {
+        let own_bus =
+            String::from_utf8_lossy(&self.systemctl(&["is-active", "dbus.service"]).stdout).trim() == "active";
+        if own_bus {
+            let restarted = self.systemctl(&["restart", "dbus.service"]);
+            assert!(restarted.status.success(), "restarting dbus.service: {restarted:?}");
+            return;
+        }
         if let Some(pid) = self.dbus_pid() {
             // SAFETY: kill has no memory-safety preconditions.
             unsafe { libc::kill(pid, libc::SIGTERM) };
@@ -174,5 +192,28 @@ impl Drop for SystemdUser {
             // SAFETY: as above.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
+        // Remove the instance's cgroups, innermost first (best effort: the kernel refuses
+        // while a process is still leaving).
+        let roots = std::fs::read_to_string(self.runtime.path().join("cgroups")).unwrap_or_default();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        for root in roots.lines().map(Path::new) {
+            remove_cgroup_tree(root);
+            while root.exists() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+                remove_cgroup_tree(root);
+            }
+        }
     }
+}
+
+/// Removes a cgroup directory and the cgroups below it.
+fn remove_cgroup_tree(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                remove_cgroup_tree(&entry.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }

@@ -50,7 +50,14 @@ async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<d
     let use_systemd = match config.unit_manager {
         UnitManagerChoice::Systemd => true,
         UnitManagerChoice::Native => false,
-        UnitManagerChoice::Auto => Path::new("/run/systemd/system").exists() && SystemdManager::answers(user).await,
+        UnitManagerChoice::Auto if !Path::new("/run/systemd/system").exists() => false,
+        UnitManagerChoice::Auto => {
+            let answers = SystemdManager::answers(user).await;
+            if !answers {
+                tracing::warn!("the machine runs systemd, but {instance} does not answer on D-Bus");
+            }
+            answers
+        }
     };
     if use_systemd {
         tracing::info!(units_directory = %config.units_directory.display(), "using {instance} as the unit manager");
