@@ -260,6 +260,13 @@ pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};
 pub use fleet_testkit::{EtcdServer, SystemdUser};
 pub use fleet_unit_manager::native::unit_processes;
 
+/// Writes `bench@.service` (a long `sleep`) into `dir`; returns the paths of its instances
+/// `1..=count`, as fleetctl takes them.
+pub fn bench_instances(dir: &Path, count: usize) -> Vec<String> {
+    std::fs::write(dir.join("bench@.service"), "[Service]\nExecStart=/bin/sleep 100000\n").expect("template");
+    (1..=count).map(|n| dir.join(format!("bench@{n}.service")).display().to_string()).collect()
+}
+
 /// User plus system CPU seconds a process has used, from /proc; 0 when it is gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();

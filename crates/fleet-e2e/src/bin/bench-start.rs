@@ -6,15 +6,13 @@
 use std::process::Command;
 use std::time::Instant;
 
-use fleet_e2e::{Fleetd, binary, cpu_seconds};
+use fleet_e2e::{Fleetd, bench_instances, binary, cpu_seconds};
 
 fn main() {
     let count: usize = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(1000);
     let fleet = Fleetd::start("bench0start00001", &[]);
     let units = tempfile::tempdir().expect("temporary directory");
-    std::fs::write(units.path().join("bench@.service"), "[Service]\nExecStart=/bin/sleep 100000\n").expect("template");
-    let names: Vec<String> =
-        (1..=count).map(|n| units.path().join(format!("bench@{n}.service")).display().to_string()).collect();
+    let names = bench_instances(units.path(), count);
     let cpu_before = cpu_seconds(fleet.pid());
     let started = Instant::now();
     let output = Command::new(binary("fleetctl"))

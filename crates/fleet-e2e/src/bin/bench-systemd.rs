@@ -8,7 +8,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fleet_e2e::{Fleetd, Launcher, SystemdUser, binary, cpu_seconds};
+use fleet_e2e::{Fleetd, Launcher, SystemdUser, bench_instances, binary, cpu_seconds};
 
 /// How many `bench@` units systemd says are active.
 fn active_in_systemd(systemd: &SystemdUser) -> usize {
@@ -26,9 +26,7 @@ fn main() {
     let launcher = Launcher { prefix: systemd.enter_prefix(), env: systemd.env() };
     let fleet = Fleetd::start_with("bench0systemd001", &config, launcher);
     let units = tempfile::tempdir().expect("temporary directory");
-    std::fs::write(units.path().join("bench@.service"), "[Service]\nExecStart=/bin/sleep 100000\n").expect("template");
-    let names: Vec<String> =
-        (1..=count).map(|n| units.path().join(format!("bench@{n}.service")).display().to_string()).collect();
+    let names = bench_instances(units.path(), count);
 
     let cpu_before = cpu_seconds(fleet.pid());
     let started = Instant::now();
