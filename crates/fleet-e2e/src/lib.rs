@@ -260,10 +260,17 @@ pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};
 pub use fleet_testkit::{EtcdServer, SystemdUser};
 pub use fleet_unit_manager::native::unit_processes;
 
+/// Writes `text` to `dir/name`; returns the path, as fleetctl takes it.
+pub fn write_unit(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write unit file");
+    path.display().to_string()
+}
+
 /// Writes `bench@.service` (a long `sleep`) into `dir`; returns the paths of its instances
 /// `1..=count`, as fleetctl takes them.
 pub fn bench_instances(dir: &Path, count: usize) -> Vec<String> {
-    std::fs::write(dir.join("bench@.service"), "[Service]\nExecStart=/bin/sleep 100000\n").expect("template");
+    write_unit(dir, "bench@.service", "[Service]\nExecStart=/bin/sleep 100000\n");
     (1..=count).map(|n| dir.join(format!("bench@{n}.service")).display().to_string()).collect()
 }
 

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fleet_e2e::{Cluster, Fleetd, member_id, unit_processes};
+use fleet_e2e::{Cluster, Fleetd, member_id, unit_processes, write_unit};
 
 const WAIT: Duration = Duration::from_secs(30);
 const BODY: &str = "[Service]\nExecStart=/bin/sleep 100000\n";
@@ -28,7 +28,7 @@ impl Suite {
     /// Writes a unit running `sleep` with `x_fleet` as its `[X-Fleet]` section; returns its path.
     fn unit(&self, name: &str, x_fleet: &str) -> String {
         let text = if x_fleet.is_empty() { BODY.to_string() } else { format!("{BODY}\n[X-Fleet]\n{x_fleet}\n") };
-        write(&self.dir, name, &text)
+        write_unit(&self.dir, name, &text)
     }
 
     fn ctl(&self) -> &Fleetd {
@@ -90,12 +90,6 @@ fn cells(line: &str) -> Vec<&str> {
 /// A table with each run of tabs turned into one tab.
 fn normalised(table: &str) -> String {
     table.lines().map(|line| cells(line).join("\t") + "\n").collect()
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
 }
 
 fn distinct(machines: impl IntoIterator<Item = String>) -> usize {
@@ -226,7 +220,7 @@ fn replaces_takes_the_machine_and_circular_replaces_run_one_unit() {
     suite.wait_until("three units active", |s| s.active().len() == 3);
     assert_eq!(suite.active()["replace.0.service"], member_id(0));
     // replace.0 may go anywhere from now on.
-    let zero = write(&suite.dir, "replace.0.service", BODY);
+    let zero = write_unit(&suite.dir, "replace.0.service", BODY);
     suite.ok(&["start", "--replace", &zero]);
     suite.wait_until("replace.0 runs again", |s| s.active().contains_key("replace.0.service"));
     let before = suite.active()["replace.0.service"].clone();
@@ -264,7 +258,7 @@ fn machine_ids_templates_with_specifiers_and_runtime_metadata_pick_machines() {
     // TestScheduleConditionMachineID: full ID, short ID, and a template instance naming it.
     let full = suite.unit("full.service", &format!("MachineID={}", member_id(2)));
     let short = suite.unit("short.service", &format!("X-ConditionMachineID={}", &member_id(1)[..8]));
-    write(&suite.dir, "pin@.service", &format!("{BODY}\n[X-Fleet]\nMachineID=%i\n"));
+    write_unit(&suite.dir, "pin@.service", &format!("{BODY}\n[X-Fleet]\nMachineID=%i\n"));
     let pinned = suite.dir.join(format!("pin@{}.service", member_id(0))).display().to_string();
     suite.ok(&["start", &full, &short, &pinned]);
     suite.wait_until("three pinned units active", |s| s.active().len() == 3);
@@ -277,7 +271,7 @@ fn machine_ids_templates_with_specifiers_and_runtime_metadata_pick_machines() {
     assert!(ran.stderr.contains("no machine with ID 0123456789abcdef is available"), "{ran:?}");
 
     // TestTemplatesWithSpecifiersInMetadata: instances land where their instance names.
-    write(&suite.dir, "metadata@.service", &format!("{BODY}\n[X-Fleet]\nMachineMetadata=member=%i\n"));
+    write_unit(&suite.dir, "metadata@.service", &format!("{BODY}\n[X-Fleet]\nMachineMetadata=member=%i\n"));
     let instances: Vec<String> =
         (0..3).map(|i| suite.dir.join(format!("metadata@{i}.service")).display().to_string()).collect();
     suite.ok(&["start", &instances[0], &instances[1], &instances[2]]);
@@ -407,7 +401,11 @@ fn losing_or_rebooting_a_member_moves_only_its_units() {
 #[test]
 fn unit_lifecycles_replace_at_each_stage_cat_and_ordering_across_the_cluster() {
     let suite = Suite::start(2);
-    write(&suite.dir, "hello@.service", "[Unit]\nDescription=hello %i\n\n[Service]\nExecStart=/bin/sleep 100000\n");
+    write_unit(
+        &suite.dir,
+        "hello@.service",
+        "[Unit]\nDescription=hello %i\n\n[Service]\nExecStart=/bin/sleep 100000\n",
+    );
     let instances: Vec<String> =
         (1..=9).map(|n| suite.dir.join(format!("hello@{n}.service")).display().to_string()).collect();
     let first_six: Vec<&str> = instances.iter().take(6).map(String::as_str).collect();
@@ -467,12 +465,12 @@ fn unit_lifecycles_replace_at_each_stage_cat_and_ordering_across_the_cluster() {
     // TestUnitSubmitReplace / LoadReplace / StartReplace, and TestUnitCat.
     for (stage, command) in ["submit", "load", "start"].iter().enumerate() {
         let name = format!("replace-{command}.service");
-        let original = write(&suite.dir, &name, "[Service]\nExecStart=/bin/sleep 100000\n");
+        let original = write_unit(&suite.dir, &name, "[Service]\nExecStart=/bin/sleep 100000\n");
         suite.ok(&[*command, &original]);
         assert_eq!(suite.ok(&["cat", &name]).trim(), std::fs::read_to_string(&original).unwrap().trim());
         let changed =
             format!("[Unit]\nDescription=changed at stage {stage}\n\n[Service]\nExecStart=/bin/sleep 200000\n");
-        let path = write(&suite.dir, &name, &changed);
+        let path = write_unit(&suite.dir, &name, &changed);
         suite.ok(&[*command, "--replace", &path]);
         assert_eq!(suite.ok(&["cat", &name]).trim(), changed.trim(), "{command} --replace");
         let listed = normalised(&suite.ok(&["list-unit-files", "--no-legend", "--fields", "unit,desc"]));
@@ -490,7 +488,7 @@ fn unit_lifecycles_replace_at_each_stage_cat_and_ordering_across_the_cluster() {
     // TestListUnitFilesOrder: twenty units come back sorted by name.
     let mut args = vec!["submit".to_string()];
     for n in (0..20).rev() {
-        args.push(write(&suite.dir, &format!("order-{n:02}.service"), BODY));
+        args.push(write_unit(&suite.dir, &format!("order-{n:02}.service"), BODY));
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     suite.ok(&args);

@@ -2,10 +2,9 @@
 //! (fleet-testkit's `SystemdUser`), fleetd with `systemd_user = true` inside it, driven by
 //! fleetctl. Assertions read systemd's own view (`systemctl --user show`).
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fleet_e2e::{Fleetd, Launcher, SystemdUser};
+use fleet_e2e::{Fleetd, Launcher, SystemdUser, write_unit};
 
 const WAIT: Duration = Duration::from_secs(20);
 const MACHINE: &str = "5d5d5d5d0000000000000000000000aa";
@@ -14,12 +13,6 @@ fn fleetd_on(systemd: &SystemdUser) -> Fleetd {
     let units = systemd.units_directory().display().to_string();
     let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
     Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() })
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
 }
 
 /// Waits until systemd reports `value` for `property` of `unit`.
@@ -49,7 +42,7 @@ fn units_are_loaded_started_replaced_stopped_and_unloaded_through_systemd() {
     let mut fleet = fleetd_on(&systemd);
     assert!(fleet.log().contains("using the user's systemd instance as the unit manager"), "{}", fleet.log());
     let dir = tempfile::tempdir().unwrap();
-    let hello = write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100001\n");
+    let hello = write_unit(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100001\n");
 
     fleet.ok(&["load", &hello]);
     wait_for(&systemd, "hello.service", "LoadState", "loaded");
@@ -69,7 +62,7 @@ fn units_are_loaded_started_replaced_stopped_and_unloaded_through_systemd() {
     let first_pid = systemd.show("hello.service", "MainPID");
 
     // New content: the unit is replaced, systemd runs the new command.
-    let hello = write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100002\n");
+    let hello = write_unit(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sleep 100002\n");
     fleet.ok(&["start", "--replace", &hello]);
     fleet.wait_until("systemd runs the new ExecStart", WAIT, |_| {
         systemd.show("hello.service", "ExecStart").contains("100002")
@@ -103,9 +96,12 @@ fn install_sections_enable_peers_and_failures_say_failed_while_the_rest_runs() {
     let fleet = fleetd_on(&systemd);
     let dir = tempfile::tempdir().unwrap();
     // The original's TestInstallUnit: discovery is wanted by hello through its [Install].
-    let hello =
-        write(dir.path(), "hello.service", "[Service]\nExecStart=/bin/sh -c 'echo Hello, World!; exec sleep 100003'\n");
-    let discovery = write(
+    let hello = write_unit(
+        dir.path(),
+        "hello.service",
+        "[Service]\nExecStart=/bin/sh -c 'echo Hello, World!; exec sleep 100003'\n",
+    );
+    let discovery = write_unit(
         dir.path(),
         "discovery.service",
         "[Unit]\nPartOf=hello.service\n\n[Service]\nExecStart=/bin/sleep 100004\n\n[Install]\nWantedBy=hello.service\n\n[X-Fleet]\nMachineOf=hello.service\n",
@@ -129,8 +125,8 @@ fn install_sections_enable_peers_and_failures_say_failed_while_the_rest_runs() {
     wait_for(&systemd, "discovery.service", "ActiveState", "inactive");
 
     // A unit whose process fails, and one whose file systemd refuses.
-    let crashing = write(dir.path(), "crashing.service", "[Service]\nExecStart=/bin/false\n");
-    let broken = write(dir.path(), "broken.service", "[Service]\nExecStart=relative/path\n");
+    let crashing = write_unit(dir.path(), "crashing.service", "[Service]\nExecStart=/bin/false\n");
+    let broken = write_unit(dir.path(), "broken.service", "[Service]\nExecStart=relative/path\n");
     let ran = fleet.fleetctl(&["start", "--no-block", &crashing, &broken]);
     assert_eq!(ran.code, 0, "{ran:?}");
     wait_for(&systemd, "crashing.service", "ActiveState", "failed");
@@ -154,13 +150,13 @@ fn a_lost_bus_connection_is_made_again_without_stopping_units() {
     let systemd = SystemdUser::start();
     let fleet = fleetd_on(&systemd);
     let dir = tempfile::tempdir().unwrap();
-    let steady = write(dir.path(), "steady.service", "[Service]\nExecStart=/bin/sleep 100005\n");
+    let steady = write_unit(dir.path(), "steady.service", "[Service]\nExecStart=/bin/sleep 100005\n");
     fleet.ok(&["start", &steady]);
     wait_for(&systemd, "steady.service", "SubState", "running");
     let pid = systemd.show("steady.service", "MainPID");
     systemd.restart_bus();
     // systemd re-attaches to the new bus; fleetd reconnects on its own.
-    let later = write(dir.path(), "later.service", "[Service]\nExecStart=/bin/sleep 100006\n");
+    let later = write_unit(dir.path(), "later.service", "[Service]\nExecStart=/bin/sleep 100006\n");
     fleet.ok(&["start", &later]);
     wait_for(&systemd, "later.service", "SubState", "running");
     fleet.wait_until("fleet reports both units running", WAIT, |f| {

@@ -60,15 +60,16 @@ pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Res
     Ok(())
 }
 
-/// Fails when a unit that `unit` replaces, and that replaces `unit` in turn, is placed:
-/// of two such units only one runs anywhere.
-pub(super) fn circular_partner_placed(working: &Working<'_>, unit: usize) -> Result<(), UnplacedReason> {
-    if working.units[unit].requirements.replaces.is_empty() {
-        return Ok(());
-    }
-    match working
-        .replace_targets(unit)
-        .into_iter()
+/// Fails when a unit among `targets` (the units `unit` replaces) is placed and replaces
+/// `unit` in turn: of two such units only one runs anywhere.
+pub(super) fn circular_partner_placed(
+    working: &Working<'_>,
+    unit: usize,
+    targets: &[usize],
+) -> Result<(), UnplacedReason> {
+    match targets
+        .iter()
+        .copied()
         .find(|other| working.placement(*other).is_some() && working.relation(unit, *other) == Some(Relation::Circular))
     {
         Some(other) => Err(UnplacedReason::CircularReplace(working.units[other].name.clone())),
@@ -125,8 +126,9 @@ pub(super) fn choose<'a>(
     if working.machines.is_empty() {
         return Err(UnplacedReason::NoMachines);
     }
-    circular_partner_placed(working, unit)?;
     let requirements = &working.units[unit].requirements;
+    let targets = working.replace_targets(unit);
+    circular_partner_placed(working, unit, &targets)?;
     let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit)? {
         Some(vec![rank])
     } else if let Some(wanted) = &requirements.machine_id {
@@ -156,9 +158,8 @@ pub(super) fn choose<'a>(
     let least_loaded = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
         ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.load(*rank), *rank))
     };
-    if !requirements.replaces.is_empty() {
-        let mut held: Vec<Rank> = working
-            .replace_targets(unit)
+    if !targets.is_empty() {
+        let mut held: Vec<Rank> = targets
             .into_iter()
             .filter(|other| working.relation(unit, *other) == Some(Relation::Replaces))
             .filter_map(|other| working.placement(other))

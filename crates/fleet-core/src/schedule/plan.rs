@@ -93,6 +93,7 @@ fn keep_scheduled_units(working: &mut Working<'_>, plan: &mut Plan, placeable: &
     // Units that no longer fit their machine leave first, followers after their leaders
     // (hence the repeat); only then are conflicts between the units that stay resolved, so
     // nothing is evicted for a unit that is itself about to leave.
+    // Evicted units are placed again with every other unplaced unit, so this queue is unused.
     let mut requeue = VecDeque::new();
     loop {
         let leaving: Vec<(usize, UnplacedReason)> = placeable
@@ -113,7 +114,9 @@ fn keep_scheduled_units(working: &mut Working<'_>, plan: &mut Plan, placeable: &
         let Some(rank) = working.placement(index) else {
             continue;
         };
-        let refusal = circular_partner_placed(working, index).and_then(|()| able_to_run(working, index, rank));
+        let targets = working.replace_targets(index);
+        let refusal =
+            circular_partner_placed(working, index, &targets).and_then(|()| able_to_run(working, index, rank));
         let reason = match refusal {
             Ok(()) => continue,
             Err(UnplacedReason::ReplacedEverywhere(other)) => UnscheduleReason::ReplacedBy(other),

@@ -3,10 +3,9 @@
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-start [COUNT]`
 
-use std::process::Command;
 use std::time::Instant;
 
-use fleet_e2e::{Fleetd, bench_instances, binary, cpu_seconds};
+use fleet_e2e::{Fleetd, bench_instances, cpu_seconds};
 
 fn main() {
     let count: usize = std::env::args().nth(1).and_then(|n| n.parse().ok()).unwrap_or(1000);
@@ -15,14 +14,10 @@ fn main() {
     let names = bench_instances(units.path(), count);
     let cpu_before = cpu_seconds(fleet.pid());
     let started = Instant::now();
-    let output = Command::new(binary("fleetctl"))
-        .arg(format!("--endpoint=unix://{}", fleet.socket().display()))
-        .arg("start")
-        .args(&names)
-        .output()
-        .expect("run fleetctl");
+    let mut start = vec!["start"];
+    start.extend(names.iter().map(String::as_str));
+    fleet.ok(&start);
     let elapsed = started.elapsed();
-    assert!(output.status.success(), "fleetctl start failed: {}", String::from_utf8_lossy(&output.stderr));
     let rows = fleet.ok(&["list-units", "--no-legend", "--fields", "active"]).stdout;
     let active = rows.lines().filter(|line| *line == "active").count();
     let cpu = cpu_seconds(fleet.pid()) - cpu_before;

@@ -5,10 +5,9 @@
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-systemd [COUNT] [IDLE_SECONDS]`
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fleet_e2e::{Fleetd, Launcher, SystemdUser, bench_instances, binary, cpu_seconds};
+use fleet_e2e::{Fleetd, Launcher, SystemdUser, bench_instances, cpu_seconds};
 
 /// How many `bench@` units systemd says are active.
 fn active_in_systemd(systemd: &SystemdUser) -> usize {
@@ -30,13 +29,9 @@ fn main() {
 
     let cpu_before = cpu_seconds(fleet.pid());
     let started = Instant::now();
-    let output = Command::new(binary("fleetctl"))
-        .arg(format!("--endpoint=unix://{}", fleet.socket().display()))
-        .args(["start", "--no-block"])
-        .args(&names)
-        .output()
-        .expect("run fleetctl");
-    assert!(output.status.success(), "fleetctl start failed: {}", String::from_utf8_lossy(&output.stderr));
+    let mut start = vec!["start", "--no-block"];
+    start.extend(names.iter().map(String::as_str));
+    fleet.ok(&start);
     let deadline = started + Duration::from_secs(600);
     while active_in_systemd(&systemd) < count {
         assert!(Instant::now() < deadline, "not all units became active; fleetd log:\n{}", fleet.log());
