@@ -8,6 +8,7 @@ pub mod glob;
 pub mod machine;
 pub mod requirements;
 pub mod schedule;
+pub mod service_values;
 pub mod state;
 pub mod unit_file;
 pub mod unit_name;

@@ -56,6 +56,42 @@ pub enum ParseErrorReason {
     EmptyName,
 }
 
+/// An option a unit file cannot hold as given.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub struct OptionError {
+    pub section: String,
+    pub name: String,
+    pub problem: OptionProblem,
+}
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.problem {
+            // The lexer's reason names no option (e.g. a line over the length limit).
+            OptionProblem::Unreadable(error) => write!(f, "{}", error.reason),
+            problem => write!(f, "invalid option {:?} in section {:?}: {problem}", self.name, self.section),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum OptionProblem {
+    #[error("empty section name")]
+    EmptySection,
+    #[error("section name has a bracket, newline or NUL byte")]
+    BadSection,
+    #[error("option name is empty or has \"=\", a newline, a NUL byte or surrounding spaces")]
+    BadName,
+    #[error("value has a NUL byte")]
+    NulInValue,
+    #[error("value has a newline that is not a backslash continuation")]
+    NewlineInValue,
+    #[error("value does not read back as written (an empty continuation line)")]
+    DoesNotReadBack,
+    #[error("{0}")]
+    Unreadable(ParseError),
+}
+
 impl UnitFile {
     /// Reads unit-file text the way systemd's lexer does (comments dropped, names and values
     /// trimmed, backslash continuations kept in the value).
@@ -121,11 +157,82 @@ impl UnitFile {
             let value = if value.ends_with('\n') { format!("{}\n", value.trim()) } else { value.trim().to_string() };
             options.push(UnitOption { section: section.clone(), name: name.to_string(), value });
         }
-        Ok(Self { options })
+        Ok(Self::from_options(options))
     }
 
-    pub fn from_options(options: Vec<UnitOption>) -> Self {
+    /// A unit of these options, grouped by section in order of first appearance (file order
+    /// within a section), as the serialisation writes them and re-reading it returns them.
+    pub fn from_options(mut options: Vec<UnitOption>) -> Self {
+        let mut sections: Vec<&str> = Vec::new();
+        let positions: Vec<usize> = options
+            .iter()
+            .map(|option| match sections.iter().position(|section| *section == option.section) {
+                Some(position) => position,
+                None => {
+                    sections.push(&option.section);
+                    sections.len() - 1
+                }
+            })
+            .collect();
+        if positions.windows(2).any(|pair| pair[0] > pair[1]) {
+            let mut ranked: Vec<(usize, UnitOption)> = positions.into_iter().zip(options).collect();
+            ranked.sort_by_key(|(position, _)| *position);
+            options = ranked.into_iter().map(|(_, option)| option).collect();
+        }
         Self { options }
+    }
+
+    /// Checks that the options say exactly what their serialisation says: names and section
+    /// names that a unit file can hold, no NUL byte anywhere, and no newline in a value but
+    /// a backslash continuation. A unit that passes reads back from its text unchanged, so
+    /// what `fleetctl cat` shows is what runs and is scheduled.
+    pub fn check_writable(&self) -> Result<(), OptionError> {
+        for option in &self.options {
+            let bad = |problem| OptionError { section: option.section.clone(), name: option.name.clone(), problem };
+            if option.section.is_empty() {
+                return Err(bad(OptionProblem::EmptySection));
+            }
+            if option.section.contains(['[', ']', '\n', '\r', '\0']) {
+                return Err(bad(OptionProblem::BadSection));
+            }
+            if option.name.is_empty()
+                || option.name.contains(['=', '\n', '\r', '\0', '[', '#', ';'])
+                || option.name.trim() != option.name
+            {
+                return Err(bad(OptionProblem::BadName));
+            }
+            if option.value.contains('\0') {
+                return Err(bad(OptionProblem::NulInValue));
+            }
+            if option.value.contains('\r') || option.value.split('\n').rev().skip(1).any(|line| !line.ends_with('\\')) {
+                return Err(bad(OptionProblem::NewlineInValue));
+            }
+        }
+        // Values may lose surrounding spaces on the way (the lexer trims them); sections,
+        // names and the number of options may not change.
+        let read_back = Self::parse(&self.serialize()).map_err(|error| OptionError {
+            section: String::new(),
+            name: String::new(),
+            problem: OptionProblem::Unreadable(error),
+        })?;
+        let same = |mine: &UnitOption, theirs: &UnitOption| {
+            mine.section == theirs.section && mine.name == theirs.name && mine.value.trim() == theirs.value.trim()
+        };
+        let differs = (0..self.options.len().max(read_back.options.len())).find(|index| {
+            match (self.options.get(*index), read_back.options.get(*index)) {
+                (Some(mine), Some(theirs)) => !same(mine, theirs),
+                _ => true,
+            }
+        });
+        if let Some(index) = differs {
+            let option = self.options.get(index).or(self.options.last()).unwrap_or(&read_back.options[index]);
+            return Err(OptionError {
+                section: option.section.clone(),
+                name: option.name.clone(),
+                problem: OptionProblem::DoesNotReadBack,
+            });
+        }
+        Ok(())
     }
 
     pub fn options(&self) -> &[UnitOption] {

@@ -4,6 +4,7 @@ mod config;
 mod host;
 mod run;
 mod store;
+mod supervise;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -20,6 +20,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::config::{Config, UnitManagerChoice};
+use crate::supervise::supervise;
 use crate::{host, store};
 
 /// The agent's fallback reconcile period (the original's fixed 5 s).
@@ -149,14 +150,20 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
             reconcile_interval: AGENT_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
         };
-        tasks.spawn(Agent::new(agent_config, registry.clone(), manager.clone()).run(lifecycle_watch));
+        let (agent_registry, agent_manager) = (registry.clone(), manager.clone());
+        tasks.spawn(supervise("agent", move || {
+            Agent::new(agent_config.clone(), agent_registry.clone(), agent_manager.clone()).run(lifecycle_watch.clone())
+        }));
         if !config.disable_engine {
             let engine_config = EngineConfig {
                 machine_id: machine_id.clone(),
                 reconcile_interval: config.engine_reconcile_interval,
                 debounce: DEBOUNCE,
             };
-            tasks.spawn(Engine::new(engine_config, registry.clone()).run(stop_watch.clone()));
+            let (engine_registry, engine_stop) = (registry.clone(), stop_watch.clone());
+            tasks.spawn(supervise("engine", move || {
+                Engine::new(engine_config.clone(), engine_registry.clone()).run(engine_stop.clone())
+            }));
         }
         let api_state = ApiState {
             registry: registry.clone(),

@@ -2,6 +2,7 @@
 
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use fleet_core::service_values::check_service_directives;
 use fleet_core::unit_name::{UnitNameInfo, validate_name};
 use fleet_core::{DesiredState, Requirements, UnitFile};
 use fleet_registry::UnitView;
@@ -72,15 +73,12 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The checks the original makes before creating a unit, plus one: the options must read
-/// back from their own serialisation (e.g. no line over the length limit).
+/// The checks the original makes before creating a unit, plus ours: the options must read
+/// back from their own serialisation unchanged (no smuggled lines, no NUL bytes, no line over
+/// the length limit), and every `[Service]` directive with a grammar must have a usable value.
 pub fn validate_options(name: &str, file: &UnitFile) -> Result<(), ApiError> {
-    UnitFile::parse(&file.serialize()).map_err(|error| ApiError::bad_request(error.reason.to_string()))?;
-    if let Some(option) = file.options().iter().find(|option| {
-        option.name.is_empty() || option.name.contains(['=', '\n']) || option.section.contains([']', '\n'])
-    }) {
-        return Err(ApiError::bad_request(format!("invalid option {:?} in section {:?}", option.name, option.section)));
-    }
+    file.check_writable().map_err(|error| ApiError::bad_request(error.to_string()))?;
+    check_service_directives(file).map_err(|error| ApiError::bad_request(error.to_string()))?;
     Requirements::from_unit(name, file).validate().map_err(|error| ApiError::bad_request(error.to_string()))
 }
 

@@ -273,3 +273,38 @@ async fn machine_metadata_patch() {
         "all ops are checked before any applies"
     );
 }
+
+/// Regression: values that a unit file cannot hold, and `[Service]` values no manager can
+/// use (a time span that panicked the agent), are refused at submission, naming the problem.
+#[tokio::test]
+async fn put_refuses_unusable_values() {
+    let api = api(100).await;
+    let unit = |name: &str, value: &str| {
+        json!({"desiredState": "launched", "options": [
+            {"section": "Service", "name": "ExecStart", "value": "/bin/true"},
+            {"section": "Service", "name": name, "value": value},
+        ]})
+    };
+    let cases = [
+        (
+            unit("TimeoutStartSec", "99999999999999999999999"),
+            "invalid value \"99999999999999999999999\" for TimeoutStartSec=: time span out of range",
+        ),
+        (unit("RestartSec", "5 parsecs"), "invalid value \"5 parsecs\" for RestartSec=: unknown time unit \"parsecs\""),
+        (unit("Restart", "sometimes"), "invalid value \"sometimes\" for Restart=: unknown value \"sometimes\""),
+        (
+            unit("Environment", "A=1\n[X-Fleet]\nMachineID=abc"),
+            "invalid option \"Environment\" in section \"Service\": value has a newline that is not a backslash continuation",
+        ),
+        (unit("Environment", "A=\u{0}"), "invalid option \"Environment\" in section \"Service\": value has a NUL byte"),
+        (
+            json!({"options": [{"section": "", "name": "ExecStart", "value": "x"}]}),
+            "invalid option \"ExecStart\" in section \"\": empty section name",
+        ),
+    ];
+    for (body, message) in cases {
+        let answer = api.call("PUT", "/fleet/v1/units/a.service", Some(body)).await;
+        assert_eq!(answer.body, error(400, message));
+    }
+    assert_eq!(api.call("GET", "/fleet/v1/units", None).await.body, json!({}), "nothing was stored");
+}

@@ -101,3 +101,37 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn options_are_grouped_by_section_as_the_text_reads_back() {
+    let file = UnitFile::parse("[Unit]\nA=1\n[Service]\nB=2\n[Unit]\nC=3\n").unwrap();
+    let order: Vec<&str> = file.options().iter().map(|option| option.name.as_str()).collect();
+    assert_eq!(order, ["A", "C", "B"]);
+    let given = UnitFile::from_options(vec![
+        UnitOption::new("Unit", "A", "1"),
+        UnitOption::new("Service", "B", "2"),
+        UnitOption::new("Unit", "C", "3"),
+    ]);
+    assert_eq!(given, file);
+    assert_eq!(given.hash(), file.hash());
+}
+
+/// Regression: a value with a newline smuggled an `[X-Fleet]` line into what `fleetctl cat`
+/// shows, while the unit was scheduled by its real options.
+#[test]
+fn options_that_would_not_read_back_are_refused() {
+    let refused = |section: &str, name: &str, value: &str| {
+        UnitFile::from_options(vec![UnitOption::new(section, name, value)]).check_writable().unwrap_err().problem
+    };
+    assert_eq!(refused("Service", "ExecStart", "/bin/true\n[X-Fleet]\nMachineID=x"), OptionProblem::NewlineInValue);
+    assert_eq!(refused("Service", "ExecStart", "/bin/true\0"), OptionProblem::NulInValue);
+    assert_eq!(refused("", "ExecStart", "x"), OptionProblem::EmptySection);
+    assert_eq!(refused("Ser]vice", "ExecStart", "x"), OptionProblem::BadSection);
+    assert_eq!(refused("Service", "Exec=Start", "x"), OptionProblem::BadName);
+    assert_eq!(refused("Service", "", "x"), OptionProblem::BadName);
+    assert_eq!(refused("Service", " ExecStart", "x"), OptionProblem::BadName);
+    // A backslash continuation is a newline a unit file can hold.
+    let continued = UnitFile::from_options(vec![UnitOption::new("Service", "ExecStart", "/bin/sh -c \\\n  true")]);
+    assert_eq!(continued.check_writable(), Ok(()));
+    assert_eq!(UnitFile::parse("[Unit]\nA=1\n[Service]\nB= 2 \n").unwrap().check_writable(), Ok(()));
+}

@@ -286,8 +286,17 @@ impl UnitManager for NativeManager {
             if slot.running.as_ref().is_some_and(|running| !running.done.is_finished()) {
                 return Ok(());
             }
-            let config =
-                slot.config.clone().map_err(|reason| UnitManagerError::Refused { unit: name.to_string(), reason })?;
+            let config = match slot.config.clone() {
+                Ok(config) => config,
+                Err(reason) => {
+                    // A value that reached the store anyway: the unit fails with the reason.
+                    slot.log.line("fleetd", None, &format!("{name}: {reason}"));
+                    slot.state = SystemdState::new("bad-setting", "failed", "failed");
+                    drop(slots);
+                    self.shared.changed();
+                    return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
+                }
+            };
             slot.generation += 1;
             (config, slot.file.clone(), slot.log.clone(), slot.generation)
         };

@@ -151,8 +151,8 @@ impl<S: StateSink> Runner<S> {
         }
         match self.config.kind {
             ServiceType::Oneshot => self.run_oneshot().await,
-            ServiceType::Simple | ServiceType::Exec => self.run_simple().await,
             ServiceType::Forking => self.run_forking().await,
+            _ => self.run_simple().await,
         }
     }
 
@@ -333,8 +333,9 @@ impl<S: StateSink> Runner<S> {
             }
             _ => signal_group(pgid, self.config.kill_signal),
         }
-        let deadline = Instant::now() + self.config.timeout_stop.unwrap_or(Duration::MAX);
-        while alive() && Instant::now() < deadline {
+        // No deadline for `TimeoutStopSec=infinity` (or one too far to represent).
+        let deadline = self.config.timeout_stop.and_then(|timeout| Instant::now().checked_add(timeout));
+        while alive() && deadline.is_none_or(|deadline| Instant::now() < deadline) {
             tokio::time::sleep(POLL).await;
         }
         if self.config.kill_mode != KillMode::None {

@@ -4,62 +4,8 @@
 use std::time::Duration;
 
 use fleet_core::UnitFile;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ServiceType {
-    Simple,
-    Exec,
-    Oneshot,
-    Forking,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RestartPolicy {
-    No,
-    Always,
-    OnSuccess,
-    OnFailure,
-    OnAbnormal,
-    OnAbort,
-}
-
-/// How a main process ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Exit {
-    Code(i32),
-    Signal(i32),
-    Timeout,
-}
-
-impl Exit {
-    pub fn is_clean(self) -> bool {
-        matches!(self, Exit::Code(0))
-            || matches!(self, Exit::Signal(s) if [libc::SIGHUP, libc::SIGINT, libc::SIGTERM, libc::SIGPIPE].contains(&s))
-    }
-}
-
-impl RestartPolicy {
-    /// Whether a main process that ended with `exit` is restarted.
-    pub fn restarts_after(self, exit: Exit) -> bool {
-        let clean = exit.is_clean();
-        match self {
-            Self::No => false,
-            Self::Always => true,
-            Self::OnSuccess => clean,
-            Self::OnFailure => !clean,
-            Self::OnAbnormal => matches!(exit, Exit::Signal(_) | Exit::Timeout) && !clean,
-            Self::OnAbort => matches!(exit, Exit::Signal(_)) && !clean,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KillMode {
-    ControlGroup,
-    Mixed,
-    Process,
-    None,
-}
+pub use fleet_core::service_values::{Exit, KillMode, RestartPolicy, ServiceType};
+use fleet_core::service_values::{parse_signal, parse_systemd_bool, parse_timespan};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServiceConfig {
@@ -102,62 +48,6 @@ const DESCRIPTIVE_UNIT_KEYS: &[&str] = &["Description", "Documentation"];
 
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
 
-/// Parses a systemd time span: `90`, `5s`, `100ms`, `1min 30s`, `infinity`.
-pub fn parse_timespan(text: &str) -> Option<Option<Duration>> {
-    let text = text.trim();
-    if text == "infinity" {
-        return Some(None);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().ok()?;
-        rest = rest[digits..].trim_start();
-        let unit_len = rest.find(|c: char| !c.is_ascii_alphabetic()).unwrap_or(rest.len());
-        let seconds_per = match &rest[..unit_len] {
-            "" | "s" | "sec" | "second" | "seconds" => 1.0,
-            "ms" | "msec" => 0.001,
-            "us" | "usec" => 0.000_001,
-            "m" | "min" | "minute" | "minutes" => 60.0,
-            "h" | "hr" | "hour" | "hours" => 3600.0,
-            "d" | "day" | "days" => 86400.0,
-            _ => return None,
-        };
-        total += Duration::from_secs_f64(number * seconds_per);
-        rest = rest[unit_len..].trim_start();
-    }
-    Some(Some(total))
-}
-
-pub fn parse_signal(text: &str) -> Option<i32> {
-    let name = text.trim().trim_start_matches("SIG");
-    Some(match name {
-        "TERM" => libc::SIGTERM,
-        "KILL" => libc::SIGKILL,
-        "INT" => libc::SIGINT,
-        "HUP" => libc::SIGHUP,
-        "QUIT" => libc::SIGQUIT,
-        "USR1" => libc::SIGUSR1,
-        "USR2" => libc::SIGUSR2,
-        "CONT" => libc::SIGCONT,
-        "STOP" => libc::SIGSTOP,
-        "WINCH" => libc::SIGWINCH,
-        number => number.parse().ok().filter(|n| (1..=64).contains(n))?,
-    })
-}
-
-fn parse_bool(text: &str) -> Option<bool> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "1" | "yes" | "true" | "on" | "y" | "t" => Some(true),
-        "0" | "no" | "false" | "off" | "n" | "f" => Some(false),
-        _ => None,
-    }
-}
-
 impl ServiceConfig {
     /// Reads the unit `name` into what the supervisor runs, and the warnings for the
     /// directives it ignores.
@@ -193,16 +83,12 @@ impl ServiceConfig {
             let value = option.value.as_str();
             match (option.section.as_str(), option.name.as_str()) {
                 ("Service", "Type") => {
-                    config.kind = match value {
-                        "simple" => ServiceType::Simple,
-                        "exec" => ServiceType::Exec,
-                        "oneshot" => ServiceType::Oneshot,
-                        "forking" => ServiceType::Forking,
-                        "notify" | "dbus" | "idle" => {
+                    config.kind = match value.parse().map_err(|_| bad("Type", value))? {
+                        ServiceType::Notify | ServiceType::NotifyReload | ServiceType::Dbus | ServiceType::Idle => {
                             warnings.push(format!("Type={value} is run as Type=simple by the native unit manager"));
                             ServiceType::Simple
                         }
-                        _ => return Err(bad("Type", value)),
+                        kind => kind,
                     }
                 }
                 // An empty assignment resets the list, as in systemd.
@@ -221,19 +107,11 @@ impl ServiceConfig {
                     }
                 }
                 ("Service", "Restart") => {
-                    config.restart = match value {
-                        "no" => RestartPolicy::No,
-                        "always" => RestartPolicy::Always,
-                        "on-success" => RestartPolicy::OnSuccess,
-                        "on-failure" => RestartPolicy::OnFailure,
-                        "on-abnormal" | "on-watchdog" => RestartPolicy::OnAbnormal,
-                        "on-abort" => RestartPolicy::OnAbort,
-                        _ => return Err(bad("Restart", value)),
-                    }
+                    config.restart = value.parse().map_err(|_| bad("Restart", value))?;
                 }
                 ("Service", "RestartSec") => {
                     config.restart_sec =
-                        parse_timespan(value).ok_or_else(|| bad("RestartSec", value))?.unwrap_or(Duration::MAX)
+                        parse_timespan(value).map_err(|_| bad("RestartSec", value))?.unwrap_or(Duration::MAX)
                 }
                 ("Service", "Environment") => config.environment.push(value.to_string()),
                 ("Service", "EnvironmentFile") => config.environment_files.push(value.to_string()),
@@ -244,27 +122,21 @@ impl ServiceConfig {
                     config.kill_signal = parse_signal(value).ok_or_else(|| bad("KillSignal", value))?
                 }
                 ("Service", "KillMode") => {
-                    config.kill_mode = match value {
-                        "control-group" => KillMode::ControlGroup,
-                        "mixed" => KillMode::Mixed,
-                        "process" => KillMode::Process,
-                        "none" => KillMode::None,
-                        _ => return Err(bad("KillMode", value)),
-                    }
+                    config.kill_mode = value.parse().map_err(|_| bad("KillMode", value))?;
                 }
                 ("Service", "TimeoutStartSec") => {
-                    config.timeout_start = parse_timespan(value).ok_or_else(|| bad("TimeoutStartSec", value))?
+                    config.timeout_start = parse_timespan(value).map_err(|_| bad("TimeoutStartSec", value))?
                 }
                 ("Service", "TimeoutStopSec") => {
-                    config.timeout_stop = parse_timespan(value).ok_or_else(|| bad("TimeoutStopSec", value))?
+                    config.timeout_stop = parse_timespan(value).map_err(|_| bad("TimeoutStopSec", value))?
                 }
                 ("Service", "TimeoutSec") => {
-                    let timeout = parse_timespan(value).ok_or_else(|| bad("TimeoutSec", value))?;
+                    let timeout = parse_timespan(value).map_err(|_| bad("TimeoutSec", value))?;
                     config.timeout_start = timeout;
                     config.timeout_stop = timeout;
                 }
                 ("Service", "RemainAfterExit") => {
-                    config.remain_after_exit = parse_bool(value).ok_or_else(|| bad("RemainAfterExit", value))?
+                    config.remain_after_exit = parse_systemd_bool(value).ok_or_else(|| bad("RemainAfterExit", value))?
                 }
                 ("Service", "PIDFile") => config.pid_file = Some(value.to_string()),
                 ("Unit", key) if DESCRIPTIVE_UNIT_KEYS.contains(&key) => {}
@@ -320,6 +192,17 @@ mod tests {
         );
     }
 
+    /// Regression: a time span too large for a `Duration` panicked inside the agent; it is
+    /// a bad value of the directive that names it.
+    #[test]
+    fn a_time_span_that_does_not_fit_is_a_bad_value() {
+        for key in ["TimeoutStartSec", "RestartSec", "TimeoutStopSec", "TimeoutSec"] {
+            let error = read("a.service", &format!("[Service]\nExecStart=/bin/true\n{key}=99999999999999999999999\n"))
+                .unwrap_err();
+            assert_eq!(error, ServiceError::BadValue { key, value: "99999999999999999999999".into() }, "{key}");
+        }
+    }
+
     #[test]
     fn refuses_what_it_cannot_run() {
         assert_eq!(read("a.service", "[Service]\nType=simple\n").unwrap_err(), ServiceError::NoExecStart);
@@ -352,17 +235,5 @@ mod tests {
         assert!(RestartPolicy::OnAbort.restarts_after(Signal(libc::SIGSEGV)));
         assert!(RestartPolicy::OnSuccess.restarts_after(Code(0)));
         assert!(!RestartPolicy::No.restarts_after(Code(1)));
-    }
-
-    #[test]
-    fn timespans_and_signals() {
-        assert_eq!(parse_timespan("5"), Some(Some(Duration::from_secs(5))));
-        assert_eq!(parse_timespan("2h 1s"), Some(Some(Duration::from_secs(7201))));
-        assert_eq!(parse_timespan("infinity"), Some(None));
-        assert_eq!(parse_timespan("5 parsecs"), None);
-        assert_eq!(parse_timespan(""), None);
-        assert_eq!(parse_signal("KILL"), Some(libc::SIGKILL));
-        assert_eq!(parse_signal("15"), Some(15));
-        assert_eq!(parse_signal("SIGBOGUS"), None);
     }
 }

@@ -158,3 +158,23 @@ async fn units_it_cannot_run_say_why() {
     manager.unload("nouser.service").await.unwrap();
     assert!(!manager.units().await.unwrap().contains_key("nouser.service"));
 }
+
+/// Regression: `TimeoutStartSec=99999999999999999999999` that reached the store anyway
+/// panicked the agent; now the unit fails with the reason and the manager goes on.
+#[tokio::test]
+async fn a_value_that_does_not_fit_fails_the_unit_with_the_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = manager(dir.path());
+    load(&manager, "huge.service", "[Service]\nExecStart=/bin/sleep 100\nTimeoutStartSec=99999999999999999999999\n")
+        .await;
+    assert_eq!(state_of(&manager, "huge.service").await, SystemdState::new("bad-setting", "inactive", "dead"));
+    let refused = manager.start("huge.service").await.unwrap_err();
+    assert!(refused.to_string().contains("TimeoutStartSec"), "{refused}");
+    assert_eq!(state_of(&manager, "huge.service").await, SystemdState::new("bad-setting", "failed", "failed"));
+    let journal = manager.journal("huge.service", 10).await.unwrap();
+    assert!(journal.contains("invalid value \"99999999999999999999999\" for TimeoutStartSec="), "{journal}");
+    load(&manager, "fine.service", "[Service]\nExecStart=/bin/sleep 100\n").await;
+    manager.start("fine.service").await.unwrap();
+    wait_for(&manager, "fine.service", "active", "running").await;
+    manager.stop_all().await.unwrap();
+}
