@@ -2,6 +2,7 @@
 
 mod config;
 mod host;
+mod process_setup;
 mod run;
 mod store;
 mod supervise;
@@ -92,6 +93,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    match process_setup::prepare_process() {
+        Ok(open_files) => tracing::debug!(open_files, "open-file limit"),
+        Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {

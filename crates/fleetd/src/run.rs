@@ -128,8 +128,10 @@ fn check_supported(config: &Config) -> anyhow::Result<()> {
 pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
     check_supported(&config)?;
     let machine_id = config.resolve_machine_id()?;
-    std::fs::create_dir_all(&config.state_dir)
+    fleet_fs::create_private_dir(&config.state_dir)
         .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
+    // Before anything else touches the state: unit processes, the store, the lease file.
+    let _state_lock = fleet_fs::StateLock::acquire(&config.state_dir)?;
     let manager = unit_manager(&config, &machine_id).await?;
     let registry = store::open(&config).await?;
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;

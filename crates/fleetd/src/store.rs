@@ -38,6 +38,8 @@ pub fn lifetimes(config: &Config) -> Lifetimes {
 pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Registry>> {
     if config.etcd_servers.is_empty() {
         let path = config.state_dir.join("registry.redb");
+        // A store an older fleetd created under a wider umask.
+        fleet_fs::make_private(&path)?;
         tracing::info!(path = %path.display(), "using the embedded store");
         return Ok(Arc::new(EmbeddedRegistry::open(&path)?));
     }

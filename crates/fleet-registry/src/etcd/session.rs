@@ -123,7 +123,7 @@ impl EtcdRegistry {
     fn record_lease(&self, lease: Option<i64>) {
         let Some(path) = &self.inner.lease_file else { return };
         let result = match lease {
-            Some(lease) => std::fs::write(path, lease.to_string()),
+            Some(lease) => fleet_fs::write_private(path, lease.to_string().as_bytes()),
             None => std::fs::remove_file(path).or_else(|error| match error.kind() {
                 std::io::ErrorKind::NotFound => Ok(()),
                 _ => Err(error),

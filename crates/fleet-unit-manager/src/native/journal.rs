@@ -1,7 +1,7 @@
 //! Per-unit logs: what a unit's processes print and what the supervisor says about it,
 //! one timestamped line at a time, kept under `state_dir` so `fleetctl journal` can read it.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -33,7 +33,7 @@ pub struct LogSink {
 
 impl LogSink {
     pub fn open(path: &Path, hostname: &str) -> io::Result<Self> {
-        let file = OpenOptions::new().create(true).append(true).open(path)?;
+        let file = fleet_fs::open_private_append(path)?;
         Ok(Self { file: Arc::new(Mutex::new(file)), hostname: hostname.into() })
     }
 

@@ -108,7 +108,7 @@ pub struct NativeManager {
 impl NativeManager {
     pub fn new(options: NativeOptions) -> Result<Self> {
         let log_dir = options.state_dir.join("native").join("logs");
-        std::fs::create_dir_all(&log_dir)
+        fleet_fs::create_private_dir(&log_dir)
             .map_err(|source| UnitManagerError::Io { context: format!("creating {}", log_dir.display()), source })?;
         let marker = supervisor_marker(&options.state_dir);
         let leftovers = kill_leftovers(&marker);

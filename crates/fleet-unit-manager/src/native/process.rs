@@ -17,6 +17,10 @@ use super::journal::LogSink;
 /// the processes its predecessor left behind.
 pub const SUPERVISOR_MARKER: &str = "FLEET_NATIVE_SUPERVISOR";
 
+/// The umask and soft open-file limit a unit's processes start with, as under systemd.
+const UNIT_UMASK: libc::mode_t = 0o022;
+const UNIT_OPEN_FILES: libc::rlim_t = 1024;
+
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// A resolved `User=`.
@@ -128,11 +132,20 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
     } else if let Some(gid) = context.gid {
         process.gid(gid);
     }
-    // SAFETY: prctl is async-signal-safe; the closure touches no memory of the parent.
+    // SAFETY: prctl, umask, getrlimit and setrlimit are async-signal-safe system calls; the
+    // closure touches no memory of the parent but its own stack.
     unsafe {
         process.pre_exec(|| {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
+            }
+            // What systemd gives a service: umask 0022 and at most 1024 open files by
+            // default (fleetd itself runs with 0077 and a raised limit).
+            libc::umask(UNIT_UMASK);
+            let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur > UNIT_OPEN_FILES {
+                limit.rlim_cur = UNIT_OPEN_FILES;
+                libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
             }
             Ok(())
         });

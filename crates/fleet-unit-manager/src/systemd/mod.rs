@@ -42,7 +42,7 @@ impl SystemdManager {
     /// Prepares `units_directory` and starts following systemd's signals. Reaching systemd
     /// is not required yet: every call connects when it needs to.
     pub fn new(options: SystemdOptions) -> Result<Arc<Self>> {
-        std::fs::create_dir_all(&options.units_directory).map_err(|source| UnitManagerError::Io {
+        fleet_fs::create_private_dir(&options.units_directory).map_err(|source| UnitManagerError::Io {
             context: format!("creating {}", options.units_directory.display()),
             source,
         })?;
@@ -149,9 +149,8 @@ impl UnitManager for SystemdManager {
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
         let path = self.unit_path(name);
-        let temporary = self.units_directory.join(format!(".{name}.tmp"));
-        std::fs::write(&temporary, file.serialize()).map_err(io_error(format!("writing {}", temporary.display())))?;
-        std::fs::rename(&temporary, &path).map_err(io_error(format!("writing {}", path.display())))?;
+        fleet_fs::write_private(&path, file.serialize().as_bytes())
+            .map_err(io_error(format!("writing {}", path.display())))?;
         let mut held = self.held().await;
         let units = held.get_or_insert_with(BTreeMap::new);
         units.insert(name.to_string(), file.hash());
