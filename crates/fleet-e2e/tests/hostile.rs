@@ -89,3 +89,98 @@ fn files_are_private_and_planted_links_are_not_followed() {
     fleet.wait_until("fleetd refused the planted log", WAIT, |f| f.log().contains("planted.service.log"));
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched\n");
 }
+
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn journal_over_api(fleet: &Fleetd, unit: &str, lines: usize) -> String {
+    let answer = fleet.api("GET", &format!("/fleet/v1/journal/{unit}?lines={lines}"), "");
+    let body = answer.split_once("\r\n\r\n").map_or("", |(_, body)| body);
+    let journal: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    journal["text"].as_str().unwrap_or_default().to_string()
+}
+
+/// Output without a newline took fleetd to 2 GiB resident and `journal?lines=1` returned
+/// the whole of it. Lines are now split at 48 KiB and tails read in bounded memory.
+#[test]
+fn output_without_newlines_keeps_memory_bounded() {
+    let fleet = Fleetd::start("e2e0hostile00005", &[]);
+    let before = resident_kib(fleet.pid());
+    // 256 MiB on one line, then a marker.
+    let unit = "[Service]\nExecStart=/bin/sh -c 'head -c 268435456 /dev/zero | tr \"\\\\0\" x; echo; echo done; exec sleep 1000'\n";
+    let path = write_unit(fleet.dir.path(), "noline.service", unit);
+    fleet.ok(&["start", &path]);
+    let mut peak = before;
+    fleet.wait_until("the unit printed everything", Duration::from_secs(120), |f| {
+        peak = peak.max(resident_kib(f.pid()));
+        journal_over_api(f, "noline.service", 1).contains("done")
+    });
+    assert!(peak < before + 64 * 1024, "fleetd grew from {before} KiB to {peak} KiB");
+    let last = journal_over_api(&fleet, "noline.service", 3);
+    assert!(last.len() < 2 * 48 * 1024, "three lines of at most 48 KiB each: {} bytes", last.len());
+    let logs = fleet.state_dir().join("native/logs");
+    let total: u64 = std::fs::read_dir(&logs).unwrap().map(|entry| entry.unwrap().metadata().unwrap().len()).sum();
+    assert!(total <= 3 * (4 << 20) + 64 * 1024, "the default rotation keeps three 4 MiB files: {total} bytes");
+}
+
+/// Logs were never rotated (545 MB in 20 s from `yes`). They rotate by size now, keeping
+/// `unit_log_files` files of at most `unit_log_max_bytes`.
+#[test]
+fn chatty_units_have_their_logs_rotated() {
+    let fleet = Fleetd::start("e2e0hostile00006", &[("unit_log_max_bytes", "256K"), ("unit_log_files", "2")]);
+    let path = write_unit(fleet.dir.path(), "chatty.service", "[Service]\nExecStart=/usr/bin/yes fleet\n");
+    fleet.ok(&["start", &path]);
+    let logs = fleet.state_dir().join("native/logs");
+    fleet.wait_until("the log was rotated", WAIT, |_| logs.join("chatty.service.log.1").exists());
+    std::thread::sleep(Duration::from_secs(2));
+    let mut names: Vec<String> =
+        std::fs::read_dir(&logs).unwrap().map(|entry| entry.unwrap().file_name().into_string().unwrap()).collect();
+    names.sort();
+    assert_eq!(names, ["chatty.service.log", "chatty.service.log.1"]);
+    for name in names {
+        let size = std::fs::metadata(logs.join(&name)).unwrap().len();
+        assert!(size <= 256 * 1024, "{name}: {size} bytes");
+    }
+    assert_eq!(journal_over_api(&fleet, "chatty.service", 5).lines().count(), 5);
+}
+
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |entries| entries.count())
+}
+
+/// 1,100 units under the usual soft limit of 1,024 descriptors failed loads and took the API
+/// down, still down after a restart. fleetd now raises its own soft limit, holds no
+/// descriptor for an idle unit, and keeps answering.
+#[test]
+fn more_units_than_the_inherited_descriptor_limit() {
+    let launcher =
+        fleet_e2e::Launcher { prefix: vec!["prlimit".into(), "--nofile=1024:".into(), "--".into()], env: Vec::new() };
+    let mut fleet = Fleetd::start_with("e2e0hostile00007", &[], launcher);
+    let count = 1_100;
+    let instances = fleet_e2e::bench_instances(fleet.dir.path(), count);
+    let mut load = vec!["load", "--no-block"];
+    load.extend(instances.iter().map(String::as_str));
+    fleet.ok(&load);
+    fleet.wait_until("every unit is loaded", Duration::from_secs(60), |f| f.unit_rows().len() == count);
+    let idle = open_descriptors(fleet.pid());
+    assert!(idle < 200, "{idle} descriptors open with {count} idle units");
+    let mut start = vec!["start", "--no-block"];
+    start.extend(instances.iter().map(String::as_str));
+    fleet.ok(&start);
+    fleet.wait_until("every unit runs", Duration::from_secs(120), |f| {
+        f.unit_rows().iter().filter(|(_, active, _)| active == "active").count() == count
+    });
+    assert!(open_descriptors(fleet.pid()) > 1024, "more descriptors than the inherited soft limit are in use");
+    fleet.ok(&["list-machines"]);
+    fleet.stop_with(libc::SIGKILL);
+    fleet.launch();
+    fleet.wait_until("every unit runs again after a restart", Duration::from_secs(120), |f| {
+        f.unit_rows().iter().filter(|(_, active, _)| active == "active").count() == count
+    });
+}

@@ -45,6 +45,12 @@ pub struct Config {
     /// `unix:///path` and `host:port` entries, comma-separated.
     pub api_listen: Vec<String>,
     pub state_dir: PathBuf,
+    /// A native unit's log is rotated when it reaches this size...
+    pub unit_log_max_bytes: u64,
+    /// ...and this many files are kept per unit, the current one included.
+    pub unit_log_files: u32,
+    /// How long a clean shutdown waits for units to stop before killing what is left.
+    pub shutdown_timeout: Duration,
 }
 
 impl Default for Config {
@@ -74,6 +80,9 @@ impl Default for Config {
             unit_manager: UnitManagerChoice::Auto,
             api_listen: vec!["unix:///var/run/fleet.sock".into()],
             state_dir: "/var/lib/fleet".into(),
+            unit_log_max_bytes: 4 * 1024 * 1024,
+            unit_log_files: 3,
+            shutdown_timeout: Duration::from_secs(90),
         }
     }
 }
@@ -132,6 +141,9 @@ const OPTIONS: &[&str] = &[
     "unit_manager",
     "api_listen",
     "state_dir",
+    "unit_log_max_bytes",
+    "unit_log_files",
+    "shutdown_timeout",
 ];
 
 /// Strips one pair of matching quotes.
@@ -190,8 +202,8 @@ fn parse_seconds(name: &str, value: &str) -> Result<Duration, ConfigError> {
     value
         .parse::<f64>()
         .ok()
-        .filter(|seconds| seconds.is_finite() && *seconds > 0.0)
-        .map(Duration::from_secs_f64)
+        .filter(|seconds| *seconds > 0.0)
+        .and_then(|seconds| Duration::try_from_secs_f64(seconds).ok())
         .ok_or_else(|| bad(name, value, "expected a positive number of seconds"))
 }
 
@@ -216,13 +228,33 @@ pub fn parse_go_duration(name: &str, value: &str) -> Result<Duration, ConfigErro
             "ns" => 0.000_000_001,
             _ => return Err(bad(name, value, "expected a duration such as 30s")),
         };
-        total += Duration::from_secs_f64(number * seconds);
+        total = Duration::try_from_secs_f64(number * seconds)
+            .ok()
+            .and_then(|part| total.checked_add(part))
+            .ok_or_else(|| bad(name, value, "duration out of range"))?;
         rest = &rest[unit_len..];
     }
     if total.is_zero() {
         return Err(bad(name, value, "must be longer than zero"));
     }
     Ok(total)
+}
+
+/// A size in bytes, with an optional `K`, `M` or `G` (powers of 1024); at least 4 KiB.
+fn parse_size(name: &str, value: &str) -> Result<u64, ConfigError> {
+    let (digits, scale) = match value.trim().to_ascii_uppercase() {
+        text if text.ends_with('K') => (text.trim_end_matches('K').to_string(), 1u64 << 10),
+        text if text.ends_with('M') => (text.trim_end_matches('M').to_string(), 1 << 20),
+        text if text.ends_with('G') => (text.trim_end_matches('G').to_string(), 1 << 30),
+        text => (text, 1),
+    };
+    digits
+        .trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|number| number.checked_mul(scale))
+        .filter(|bytes| *bytes >= 4096)
+        .ok_or_else(|| bad(name, value, "expected a size of at least 4096 bytes, such as 4M"))
 }
 
 impl Config {
@@ -314,6 +346,15 @@ impl Config {
                     }
                     config.machine_id = value.to_string();
                 }
+                "unit_log_max_bytes" => config.unit_log_max_bytes = parse_size(name, value)?,
+                "unit_log_files" => {
+                    config.unit_log_files = value
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|files| (1..=1000).contains(files))
+                        .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000"))?
+                }
+                "shutdown_timeout" => config.shutdown_timeout = parse_go_duration(name, value)?,
                 "unit_manager" => {
                     config.unit_manager = match value {
                         "auto" => UnitManagerChoice::Auto,
@@ -406,7 +447,35 @@ mod tests {
                 "-1",
                 "invalid value \"-1\" for option engine_reconcile_interval: expected a positive number of seconds",
             ),
+            // Regression: a span too large for a Duration panicked fleetd at start.
+            (
+                "agent_ttl",
+                "99999999999999999999999s",
+                "invalid value \"99999999999999999999999s\" for option agent_ttl: duration out of range",
+            ),
+            (
+                "etcd_request_timeout",
+                "1e300",
+                "invalid value \"1e300\" for option etcd_request_timeout: expected a positive number of seconds",
+            ),
+            (
+                "unit_log_max_bytes",
+                "12",
+                "invalid value \"12\" for option unit_log_max_bytes: expected a size of at least 4096 bytes, such as 4M",
+            ),
+            (
+                "unit_log_max_bytes",
+                "99999999999G",
+                "invalid value \"99999999999G\" for option unit_log_max_bytes: expected a size of at least 4096 bytes, such as 4M",
+            ),
+            (
+                "unit_log_files",
+                "0",
+                "invalid value \"0\" for option unit_log_files: expected a whole number from 1 to 1000",
+            ),
         ];
+        let sizes = Config::from_values(&values(&[("unit_log_max_bytes", "8M"), ("unit_log_files", "5")])).unwrap();
+        assert_eq!((sizes.unit_log_max_bytes, sizes.unit_log_files), (8 << 20, 5));
         for (name, value, message) in cases {
             assert_eq!(Config::from_values(&values(&[(name, value)])).unwrap_err().to_string(), message);
         }

@@ -14,7 +14,7 @@ use fleet_api::{ApiState, router};
 use fleet_core::MachineState;
 use fleet_engine::{Engine, EngineConfig};
 use fleet_unit_manager::UnitManager;
-use fleet_unit_manager::native::{NativeManager, NativeOptions};
+use fleet_unit_manager::native::{LogLimits, NativeManager, NativeOptions};
 use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -73,6 +73,7 @@ async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<d
         machine_id: machine_id.to_string(),
         hostname: host::hostname(),
         keeper_program: Some(keeper_program),
+        log_limits: LogLimits { max_bytes: config.unit_log_max_bytes, files: config.unit_log_files },
     };
     Ok(Arc::new(NativeManager::new(options)?))
 }

@@ -24,17 +24,124 @@ pub fn short_timestamp(time: SystemTime) -> String {
     format!("{} {:02} {:02}:{:02}:{:02}", MONTHS[(month - 1) as usize], day, rest / 3600, rest % 3600 / 60, rest % 60)
 }
 
+/// How much log a unit may keep: its file is rotated when it reaches `max_bytes`, and `files`
+/// files are kept (the current one included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogLimits {
+    pub max_bytes: u64,
+    pub files: u32,
+}
+
+impl Default for LogLimits {
+    fn default() -> Self {
+        Self { max_bytes: 4 * 1024 * 1024, files: 3 }
+    }
+}
+
+/// The longest line kept, in bytes of text (journald's `LineMax=`); longer output is split.
+pub const MAX_LINE_BYTES: usize = 48 * 1024;
+
+/// The most a tail reads, whatever it is asked for, so a reader's memory stays bounded.
+const MAX_TAIL_BYTES: u64 = 16 * 1024 * 1024;
+
+/// One unit's log file. It is open only while a process of the unit has output streams
+/// attached (or for the one write of a supervisor message), so idle units hold no descriptor.
+struct LogFile {
+    path: PathBuf,
+    limits: LogLimits,
+    open: Option<(File, u64)>,
+    writers: usize,
+    failing: bool,
+}
+
+impl LogFile {
+    fn write(&mut self, text: &[u8]) -> io::Result<()> {
+        if self.open.is_none() {
+            let file = fleet_fs::open_private_append(&self.path)?;
+            let size = file.metadata()?.len();
+            self.open = Some((file, size));
+        }
+        if let Some((_, size)) = &self.open
+            && *size > 0
+            && size.saturating_add(text.len() as u64) > self.limits.max_bytes
+        {
+            self.open = None;
+            rotate(&self.path, self.limits.files)?;
+            self.open = Some((fleet_fs::open_private_append(&self.path)?, 0));
+        }
+        if let Some((file, size)) = &mut self.open {
+            file.write_all(text)?;
+            *size += text.len() as u64;
+        }
+        if self.writers == 0 {
+            self.open = None;
+        }
+        Ok(())
+    }
+}
+
+/// The path of the `n`th older file of a log (`unit.log.1` is the newest rotated one).
+fn rotated_path(path: &Path, n: u32) -> PathBuf {
+    if n == 0 {
+        return path.to_path_buf();
+    }
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".{n}"));
+    PathBuf::from(name)
+}
+
+/// Shifts `unit.log` to `unit.log.1` and so on, dropping the oldest beyond `files`.
+fn rotate(path: &Path, files: u32) -> io::Result<()> {
+    if files <= 1 {
+        return std::fs::remove_file(path);
+    }
+    for n in (1..files).rev() {
+        match std::fs::rename(rotated_path(path, n - 1), rotated_path(path, n)) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
 /// Where one unit's lines go. Cheap to clone; lines from several writers never interleave.
 #[derive(Clone)]
 pub struct LogSink {
-    file: Arc<Mutex<File>>,
+    file: Arc<Mutex<LogFile>>,
     hostname: Arc<str>,
 }
 
+/// Keeps a unit's log file open while a process stream is attached to it.
+pub struct AttachedWriter {
+    sink: LogSink,
+}
+
+impl Drop for AttachedWriter {
+    fn drop(&mut self) {
+        let mut file = self.sink.lock();
+        file.writers = file.writers.saturating_sub(1);
+        if file.writers == 0 {
+            file.open = None;
+        }
+    }
+}
+
 impl LogSink {
-    pub fn open(path: &Path, hostname: &str) -> io::Result<Self> {
-        let file = fleet_fs::open_private_append(path)?;
-        Ok(Self { file: Arc::new(Mutex::new(file)), hostname: hostname.into() })
+    /// A sink for the log at `path`; nothing is opened until something is written.
+    pub fn new(path: &Path, hostname: &str, limits: LogLimits) -> Self {
+        let file = LogFile { path: path.to_path_buf(), limits, open: None, writers: 0, failing: false };
+        Self { file: Arc::new(Mutex::new(file)), hostname: hostname.into() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LogFile> {
+        self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Keeps the file open until the returned value is dropped (a process's output stream).
+    pub fn attach(&self) -> AttachedWriter {
+        self.lock().writers += 1;
+        AttachedWriter { sink: self.clone() }
     }
 
     /// Appends `line`, said by `ident` (with `pid` when a process said it).
@@ -44,9 +151,15 @@ impl LogSink {
             None => ident.to_string(),
         };
         let text = format!("{} {} {source}: {line}\n", short_timestamp(SystemTime::now()), self.hostname);
-        let mut file = self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Err(error) = file.write_all(text.as_bytes()) {
-            tracing::warn!(%error, "cannot write unit log");
+        let mut file = self.lock();
+        match file.write(text.as_bytes()) {
+            Ok(()) => file.failing = false,
+            // Said once per run of failures, not once per line.
+            Err(error) if !file.failing => {
+                file.failing = true;
+                tracing::warn!(path = %file.path.display(), %error, "cannot write unit log");
+            }
+            Err(_) => {}
         }
     }
 }
@@ -55,29 +168,50 @@ pub fn log_path(dir: &Path, unit: &str) -> PathBuf {
     dir.join(format!("{unit}.log"))
 }
 
-/// The last `lines` lines of a log (all of them when it is short), reading only its end.
-pub fn tail(path: &Path, lines: usize) -> io::Result<String> {
-    let mut file = match File::open(path) {
+/// The last `lines` lines of a unit's log, its rotated files included, reading only their
+/// ends and never more than [`MAX_TAIL_BYTES`] in all.
+pub fn tail(path: &Path, lines: usize, limits: LogLimits) -> io::Result<String> {
+    let mut found: Vec<String> = Vec::new();
+    let mut budget = MAX_TAIL_BYTES;
+    for n in 0..limits.files {
+        if found.len() >= lines || budget == 0 {
+            break;
+        }
+        let (older, used, whole) = tail_of_file(&rotated_path(path, n), lines - found.len(), budget)?;
+        budget -= used;
+        found.splice(0..0, older);
+        if !whole {
+            break;
+        }
+    }
+    Ok(found.into_iter().map(|line| line + "\n").collect())
+}
+
+/// The last `lines` complete lines of one file, the bytes read for them, and whether the
+/// file was read to its start (so older files may add more).
+fn tail_of_file(path: &Path, lines: usize, budget: u64) -> io::Result<(Vec<String>, u64, bool)> {
+    let mut file = match fleet_fs::open_no_follow(path) {
         Ok(file) => file,
-        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(String::new()),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), 0, true)),
         Err(error) => return Err(error),
     };
     let length = file.metadata()?.len();
-    let mut window = 64 * 1024u64;
+    let mut window = (64 * 1024u64).min(budget);
     loop {
         let start = length.saturating_sub(window);
         file.seek(SeekFrom::Start(start))?;
         let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
+        (&mut file).take(length - start).read_to_end(&mut bytes)?;
         let text = String::from_utf8_lossy(&bytes);
         let all: Vec<&str> = text.lines().collect();
         // The first line of a window that starts mid-file may be cut: it does not count.
         let complete = if start == 0 { &all[..] } else { all.get(1..).unwrap_or(&[]) };
-        if complete.len() >= lines || start == 0 {
+        if complete.len() >= lines || start == 0 || window >= budget {
             let from = complete.len().saturating_sub(lines);
-            return Ok(complete[from..].iter().map(|line| format!("{line}\n")).collect());
+            let taken = complete[from..].iter().map(|line| (*line).to_string()).collect();
+            return Ok((taken, length - start, start == 0));
         }
-        window *= 4;
+        window = (window * 4).min(budget);
     }
 }
 
@@ -99,15 +233,60 @@ mod tests {
     fn tail_reads_the_last_lines() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("u.log");
-        let sink = LogSink::open(&path, "host").unwrap();
+        let sink = LogSink::new(&path, "host", LogLimits { max_bytes: 1 << 30, files: 1 });
         for n in 0..5000 {
             sink.line("u", Some(7), &format!("line {n} {}", "x".repeat(40)));
         }
-        let last = tail(&path, 3).unwrap();
+        let last = tail(&path, 3, LogLimits::default()).unwrap();
         let lines: Vec<&str> = last.lines().collect();
         assert_eq!(lines.len(), 3);
         assert!(lines[2].contains("host u[7]: line 4999 "), "{}", lines[2]);
         assert!(lines[0].contains("line 4997 "));
-        assert_eq!(tail(&dir.path().join("missing.log"), 3).unwrap(), "");
+        assert_eq!(tail(&dir.path().join("missing.log"), 3, LogLimits::default()).unwrap(), "");
+    }
+}
+
+#[cfg(test)]
+mod rotation_tests {
+    use super::*;
+
+    /// Regression: logs were never rotated (545 MB in 20 s from `yes`).
+    #[test]
+    fn logs_rotate_by_size_and_keep_a_bounded_number_of_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.log");
+        let limits = LogLimits { max_bytes: 10_000, files: 3 };
+        let sink = LogSink::new(&path, "host", limits);
+        for n in 0..2_000 {
+            sink.line("u", None, &format!("line {n}"));
+        }
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["u.log", "u.log.1", "u.log.2"]);
+        for name in &names {
+            assert!(std::fs::metadata(dir.path().join(name)).unwrap().len() <= 10_000, "{name}");
+        }
+        // A tail spans the rotated files, newest last.
+        let last = tail(&path, 400, limits).unwrap();
+        let lines: Vec<&str> = last.lines().collect();
+        assert_eq!(lines.len(), 400);
+        assert!(lines[399].ends_with("u: line 1999"), "{}", lines[399]);
+        assert!(lines[0].ends_with("u: line 1600"), "{}", lines[0]);
+    }
+
+    #[test]
+    fn idle_units_hold_no_descriptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = LogSink::new(&dir.path().join("u.log"), "host", LogLimits::default());
+        sink.line("fleetd", None, "said once");
+        assert!(sink.lock().open.is_none(), "closed after a supervisor message");
+        let writer = sink.attach();
+        sink.line("u", Some(1), "output");
+        assert!(sink.lock().open.is_some(), "open while a process stream is attached");
+        drop(writer);
+        assert!(sink.lock().open.is_none(), "closed when the last stream goes");
     }
 }

@@ -22,6 +22,7 @@ use fleet_core::{SystemdState, UnitFile, UnitHash};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub use journal::LogLimits;
 pub use keeper::{KEEPER_ARGUMENT, run_keeper};
 pub use service::{ServiceConfig, ServiceError};
 
@@ -39,6 +40,8 @@ pub struct NativeOptions {
     /// A program that runs [`run_keeper`] when given [`KEEPER_ARGUMENT`] (fleetd itself);
     /// without one, only the unit's main processes die with fleetd.
     pub keeper_program: Option<PathBuf>,
+    /// How much log each unit keeps.
+    pub log_limits: LogLimits,
 }
 
 struct RunningUnit {
@@ -60,6 +63,7 @@ struct Shared {
     units: Mutex<BTreeMap<String, Slot>>,
     changes: watch::Sender<u64>,
     log_dir: PathBuf,
+    log_limits: LogLimits,
     marker: String,
     machine_id: String,
     hostname: String,
@@ -127,6 +131,7 @@ impl NativeManager {
             units: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
             log_dir,
+            log_limits: options.log_limits,
             marker,
             machine_id: options.machine_id,
             hostname: options.hostname,
@@ -207,10 +212,8 @@ impl NativeManager {
         Ok(ExecContext { environment, working_directory, account, gid, marker: self.shared.marker.clone() })
     }
 
-    fn log_sink(&self, unit: &str) -> Result<LogSink> {
-        let path = log_path(&self.shared.log_dir, unit);
-        LogSink::open(&path, &self.shared.hostname)
-            .map_err(|source| UnitManagerError::Io { context: format!("opening {}", path.display()), source })
+    fn log_sink(&self, unit: &str) -> LogSink {
+        LogSink::new(&log_path(&self.shared.log_dir, unit), &self.shared.hostname, self.shared.log_limits)
     }
 
     /// Asks a unit's runner to stop and waits for it.
@@ -235,7 +238,7 @@ impl UnitManager for NativeManager {
         if let Some(running) = previous {
             Self::stop_runner(running).await;
         }
-        let log = self.log_sink(name)?;
+        let log = self.log_sink(name);
         let config = match ServiceConfig::from_unit(name, file) {
             Ok((config, warnings)) => {
                 for warning in warnings {
@@ -356,7 +359,8 @@ impl UnitManager for NativeManager {
 
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
         let path = log_path(&self.shared.log_dir, name);
-        tokio::task::spawn_blocking(move || tail(&path, lines))
+        let limits = self.shared.log_limits;
+        tokio::task::spawn_blocking(move || tail(&path, lines, limits))
             .await
             .map_err(|error| UnitManagerError::Io {
                 context: "reading unit log".into(),

@@ -7,11 +7,11 @@ use std::io;
 use std::path::PathBuf;
 use std::process::Stdio;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
 use super::command::ExecCommand;
-use super::journal::LogSink;
+use super::journal::{LogSink, MAX_LINE_BYTES};
 
 /// Set in every unit process, so that a fleetd restarting after a crash can find and stop
 /// the processes its predecessor left behind.
@@ -162,10 +162,40 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
     Ok(child)
 }
 
-async fn copy_lines(stream: impl AsyncRead + Unpin, sink: LogSink, ident: String, pid: Option<u32>) {
-    let mut lines = BufReader::new(stream).split(b'\n');
-    while let Ok(Some(line)) = lines.next_segment().await {
-        sink.line(&ident, pid, String::from_utf8_lossy(&line).trim_end_matches('\r'));
+/// Copies a process's output into its unit's log a line at a time; a line longer than
+/// [`MAX_LINE_BYTES`] is split, so output without newlines never grows fleetd's memory.
+async fn copy_lines(mut stream: impl AsyncRead + Unpin, sink: LogSink, ident: String, pid: Option<u32>) {
+    let _open = sink.attach();
+    let emit = |line: &[u8]| sink.line(&ident, pid, String::from_utf8_lossy(line).trim_end_matches('\r'));
+    let mut pending: Vec<u8> = Vec::new();
+    let mut buffer = vec![0u8; 16 * 1024];
+    loop {
+        let read = match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        for piece in buffer[..read].split_inclusive(|byte| *byte == b'\n') {
+            let (text, ends_line) = match piece.strip_suffix(b"\n") {
+                Some(text) => (text, true),
+                None => (piece, false),
+            };
+            let mut text = text;
+            while pending.len() + text.len() >= MAX_LINE_BYTES {
+                let take = MAX_LINE_BYTES - pending.len();
+                pending.extend_from_slice(&text[..take]);
+                emit(&pending);
+                pending.clear();
+                text = &text[take..];
+            }
+            pending.extend_from_slice(text);
+            if ends_line {
+                emit(&pending);
+                pending.clear();
+            }
+        }
+    }
+    if !pending.is_empty() {
+        emit(&pending);
     }
 }
 

@@ -8,6 +8,7 @@ fn manager(dir: &Path) -> NativeManager {
         machine_id: "m1".into(),
         hostname: "host".into(),
         keeper_program: None,
+        log_limits: LogLimits::default(),
     })
     .unwrap()
 }
