@@ -184,3 +184,98 @@ fn more_units_than_the_inherited_descriptor_limit() {
         f.unit_rows().iter().filter(|(_, active, _)| active == "active").count() == count
     });
 }
+
+/// The PIDs of running processes whose command line is exactly `argv`.
+fn pids_running(argv: &[&str]) -> Vec<u32> {
+    let wanted: Vec<u8> = argv.iter().flat_map(|arg| arg.bytes().chain([0])).collect();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| cmdline == wanted))
+        .filter(|pid| {
+            // Zombies keep their command line for a moment; only running processes count.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| !stat.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+        })
+        .collect()
+}
+
+/// With `Type=forking`, `User=nobody` and a PID file in a directory that user owns, fleetd
+/// killed an unrelated root process on stop. A PID is trusted now only if it is the unit's.
+#[test]
+fn a_pid_file_cannot_make_fleetd_kill_another_process() {
+    use std::os::unix::fs::PermissionsExt;
+    let fleet = Fleetd::start("e2e0hostile00008", &[]);
+    let mut victim = std::process::Command::new("sleep").arg("4242008").spawn().unwrap();
+    let shared = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let run = shared.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    // SAFETY: chown only reads the path we pass.
+    let nobody = 65534;
+    let path = std::ffi::CString::new(run.display().to_string()).unwrap();
+    assert_eq!(unsafe { libc::chown(path.as_ptr(), nobody, nobody) }, 0);
+    let pid_file = run.join("daemon.pid");
+    let unit = format!(
+        "[Service]\nType=forking\nUser=nobody\nPIDFile={pid}\nExecStart=/bin/sh -c 'echo {victim} > {pid}; sleep 1000 &'\n",
+        pid = pid_file.display(),
+        victim = victim.id()
+    );
+    let unit = write_unit(fleet.dir.path(), "liar.service", &unit);
+    fleet.ok(&["start", &unit]);
+    fleet.ok(&["stop", "liar.service"]);
+    assert!(victim.try_wait().unwrap().is_none(), "the process the PID file named still runs");
+    let journal = fleet.ok(&["journal", "liar.service"]).stdout;
+    assert!(journal.contains("which is not one of the unit's processes; ignoring it"), "{journal}");
+    victim.kill().unwrap();
+    let _ = victim.wait();
+}
+
+/// A `setsid` child survived a unit stop, and a child started with `env -i` (or one that set
+/// the marker itself) survived a SIGKILL of fleetd and ran twice after the restart. Each
+/// unit has its own cgroup now, which none of them can leave.
+#[test]
+fn unit_processes_cannot_escape_the_supervisor() {
+    let mut fleet = Fleetd::start("e2e0hostile00009", &[]);
+    let escapes: [&[&str]; 4] =
+        [&["sleep", "4242900"], &["sleep", "4242901"], &["/bin/sleep", "4242902"], &["/bin/sleep", "4242903"]];
+    let unit = "[Service]\nExecStart=/bin/sh -c 'setsid sleep 4242901 & env -i /bin/sleep 4242902 & FLEET_NATIVE_SUPERVISOR=forged /bin/sleep 4242903 & exec sleep 4242900'\n";
+    let path = write_unit(fleet.dir.path(), "escape.service", unit);
+    let running = |count: usize| escapes.iter().all(|argv| pids_running(argv).len() == count);
+    fleet.ok(&["start", &path]);
+    fleet.wait_until("every escaping process runs", WAIT, |_| running(1));
+    fleet.ok(&["stop", "escape.service"]);
+    fleet.wait_until("a stop ends them all", WAIT, |_| running(0));
+
+    fleet.ok(&["start", &path]);
+    fleet.wait_until("every escaping process runs again", WAIT, |_| running(1));
+    fleet.stop_with(libc::SIGKILL);
+    fleet.wait_until("fleetd's death ends them all", WAIT, |_| running(0));
+    fleet.launch();
+    fleet.wait_until("the unit runs again after the restart", WAIT, |_| running(1));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(running(1), "exactly one of each: {:?}", escapes.map(pids_running));
+}
+
+/// One unit ignoring SIGTERM with `TimeoutStopSec=infinity` kept every other unit from
+/// starting, and SIGTERM of fleetd hung. Stops run apart now and shutdown is bounded.
+#[test]
+fn a_unit_that_never_stops_blocks_neither_the_agent_nor_shutdown() {
+    let mut fleet = Fleetd::start("e2e0hostile00010", &[("shutdown_timeout", "2s")]);
+    let stubborn =
+        "[Service]\nExecStart=/bin/sh -c 'trap \"\" TERM; while :; do sleep 0.1; done'\nTimeoutStopSec=infinity\n";
+    let stubborn = write_unit(fleet.dir.path(), "stubborn.service", stubborn);
+    fleet.ok(&["start", &stubborn]);
+    fleet.ok(&["stop", "--no-block", "stubborn.service"]);
+    let other = write_unit(fleet.dir.path(), "other.service", "[Service]\nExecStart=/bin/sleep 4242010\n");
+    let started = std::time::Instant::now();
+    fleet.ok(&["start", &other]);
+    assert!(started.elapsed() < Duration::from_secs(10), "another unit started in {:?}", started.elapsed());
+    let started = std::time::Instant::now();
+    fleet.stop_with(libc::SIGTERM);
+    assert!(started.elapsed() < Duration::from_secs(10), "shutdown took {:?}", started.elapsed());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(fleet_e2e::unit_processes(&fleet.state_dir()).is_empty(), "nothing outlived fleetd");
+    assert!(fleet.log().contains("units did not stop in time; killing them"), "{}", fleet.log());
+}

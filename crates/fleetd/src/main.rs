@@ -58,10 +58,11 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if let [keeper, marker] = args.as_slice()
+    if let [keeper, marker, cgroups @ ..] = args.as_slice()
         && keeper == fleet_unit_manager::native::KEEPER_ARGUMENT
+        && cgroups.len() <= 1
     {
-        fleet_unit_manager::native::run_keeper(marker);
+        fleet_unit_manager::native::run_keeper(marker, cgroups.first().map(std::path::Path::new));
         return ExitCode::SUCCESS;
     }
     let config_path = match parse_args(&args) {

@@ -1,14 +1,15 @@
 //! The keeper: a small process, started by fleetd, that outlives it only long enough to kill
 //! every unit process fleetd leaves behind when it dies without a clean shutdown (SIGKILL, a
 //! crash). It learns of the death by end-of-file on a pipe whose write end only fleetd holds,
-//! so no signal can be missed. It finds the units by the supervisor marker in their
-//! environment, which catches children and daemons that left their process group.
+//! so no signal can be missed. It finds the units by their cgroups (which nothing a unit
+//! does can leave) and by the supervisor marker in their environment.
 
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
+use super::cgroup::CgroupBase;
 use super::process::kill_leftovers;
 
 /// The argument that turns the fleetd binary into a keeper.
@@ -16,10 +17,13 @@ pub const KEEPER_ARGUMENT: &str = "--native-unit-keeper";
 
 /// Starts `program KEEPER_ARGUMENT marker` with a pipe on its standard input; fleetd keeps
 /// the returned child (and so the pipe's write end) for its whole life.
-pub fn spawn_keeper(program: &Path, marker: &str) -> io::Result<Child> {
-    Command::new(program)
-        .arg(KEEPER_ARGUMENT)
-        .arg(marker)
+pub fn spawn_keeper(program: &Path, marker: &str, cgroups: Option<&Path>) -> io::Result<Child> {
+    let mut command = Command::new(program);
+    command.arg(KEEPER_ARGUMENT).arg(marker);
+    if let Some(dir) = cgroups {
+        command.arg(dir);
+    }
+    command
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
@@ -28,8 +32,9 @@ pub fn spawn_keeper(program: &Path, marker: &str) -> io::Result<Child> {
         .spawn()
 }
 
-/// The keeper's whole life: wait for end-of-file, then kill what is left.
-pub fn run_keeper(marker: &str) -> usize {
+/// The keeper's whole life: wait for end-of-file, then kill what is left: everything in the
+/// unit cgroups below `cgroups` (when fleetd had them), and every process with the marker.
+pub fn run_keeper(marker: &str, cgroups: Option<&Path>) -> usize {
     let mut buffer = [0u8; 64];
     let mut stdin = io::stdin();
     loop {
@@ -40,5 +45,6 @@ pub fn run_keeper(marker: &str) -> usize {
             Err(_) => break,
         }
     }
-    kill_leftovers(marker)
+    let in_cgroups = cgroups.map_or(0, |dir| CgroupBase::at(dir.to_path_buf()).kill_everything());
+    in_cgroups + kill_leftovers(marker)
 }

@@ -5,16 +5,19 @@
 //! of fleet cannot tell the managers apart. Unit processes die with fleetd (parent-death
 //! signal), and a fleetd restarting after a crash kills what its predecessor left behind.
 
+mod cgroup;
 mod command;
 mod journal;
 mod keeper;
 mod process;
 mod runner;
 mod service;
+mod tracking;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_core::unit_name::UnitNameInfo;
@@ -26,6 +29,7 @@ pub use journal::LogLimits;
 pub use keeper::{KEEPER_ARGUMENT, run_keeper};
 pub use service::{ServiceConfig, ServiceError};
 
+use self::cgroup::CgroupBase;
 use self::command::{Specifiers, parse_assignments, parse_environment_file};
 use self::journal::{LogSink, log_path, tail};
 use self::process::{ExecContext, kill_leftovers, lookup_group, lookup_user};
@@ -42,6 +46,8 @@ pub struct NativeOptions {
     pub keeper_program: Option<PathBuf>,
     /// How much log each unit keeps.
     pub log_limits: LogLimits,
+    /// How long [`UnitManager::stop_all`] waits for units to stop before killing them.
+    pub stop_all_timeout: Duration,
 }
 
 struct RunningUnit {
@@ -65,6 +71,10 @@ struct Shared {
     log_dir: PathBuf,
     log_limits: LogLimits,
     marker: String,
+    cgroups: Option<CgroupBase>,
+    /// Stops still under way, by unit: a new run of the unit waits for its old one's.
+    stopping: Mutex<BTreeMap<String, watch::Receiver<bool>>>,
+    stop_all_timeout: Duration,
     machine_id: String,
     hostname: String,
     /// Held for its pipe: when fleetd dies the keeper reads end-of-file.
@@ -74,6 +84,10 @@ struct Shared {
 impl Shared {
     fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
         self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn stopping(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, watch::Receiver<bool>>> {
+        self.stopping.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn changed(&self) {
@@ -115,15 +129,17 @@ impl NativeManager {
         fleet_fs::create_private_dir(&log_dir)
             .map_err(|source| UnitManagerError::Io { context: format!("creating {}", log_dir.display()), source })?;
         let marker = supervisor_marker(&options.state_dir);
-        let leftovers = kill_leftovers(&marker);
+        let cgroups = CgroupBase::prepare(&marker);
+        let leftovers = cgroups.as_ref().map_or(0, CgroupBase::kill_everything) + kill_leftovers(&marker);
         if leftovers > 0 {
             tracing::warn!(leftovers, "killed unit processes left behind by an earlier fleetd");
         }
         let keeper = match &options.keeper_program {
-            Some(program) => Some(keeper::spawn_keeper(program, &marker).map_err(|source| UnitManagerError::Io {
-                context: format!("starting the unit keeper {}", program.display()),
-                source,
-            })?),
+            Some(program) => Some(
+                keeper::spawn_keeper(program, &marker, cgroups.as_ref().map(CgroupBase::dir)).map_err(|source| {
+                    UnitManagerError::Io { context: format!("starting the unit keeper {}", program.display()), source }
+                })?,
+            ),
             None => None,
         };
         let shared = Shared {
@@ -133,6 +149,9 @@ impl NativeManager {
             log_dir,
             log_limits: options.log_limits,
             marker,
+            cgroups,
+            stopping: Mutex::new(BTreeMap::new()),
+            stop_all_timeout: options.stop_all_timeout,
             machine_id: options.machine_id,
             hostname: options.hostname,
         };
@@ -186,7 +205,8 @@ impl NativeManager {
             None => None,
         };
         let working_directory = match &config.working_directory {
-            None => None,
+            // As systemd: a unit without WorkingDirectory= runs in `/`, never in fleetd's own.
+            None => Some(PathBuf::from("/")),
             Some(value) => {
                 let (optional, path) = match value.strip_prefix('-') {
                     Some(path) => (true, path),
@@ -209,17 +229,38 @@ impl NativeManager {
                 }
             }
         };
-        Ok(ExecContext { environment, working_directory, account, gid, marker: self.shared.marker.clone() })
+        Ok(ExecContext {
+            environment,
+            working_directory,
+            account,
+            gid,
+            marker: self.shared.marker.clone(),
+            cgroup: None,
+        })
     }
 
     fn log_sink(&self, unit: &str) -> LogSink {
         LogSink::new(&log_path(&self.shared.log_dir, unit), &self.shared.hostname, self.shared.log_limits)
     }
 
-    /// Asks a unit's runner to stop and waits for it.
-    async fn stop_runner(running: RunningUnit) {
+    /// Asks a unit's runner to stop and returns at once: a unit that takes long to stop
+    /// (or never does) holds up nothing else. A later run of the unit waits for this stop.
+    fn begin_stop(&self, name: &str, running: RunningUnit) {
         let _ = running.stop.send(true);
-        let _ = running.done.await;
+        let (done, stopped) = watch::channel(false);
+        self.shared.stopping().insert(name.to_string(), stopped.clone());
+        let shared = Arc::downgrade(&self.shared);
+        let unit = name.to_string();
+        tokio::spawn(async move {
+            let _ = running.done.await;
+            let _ = done.send(true);
+            if let Some(shared) = shared.upgrade() {
+                let mut stopping = shared.stopping();
+                if stopping.get(&unit).is_some_and(|current| current.same_channel(&stopped)) {
+                    stopping.remove(&unit);
+                }
+            }
+        });
     }
 }
 
@@ -236,7 +277,7 @@ impl UnitManager for NativeManager {
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
         let previous = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = previous {
-            Self::stop_runner(running).await;
+            self.begin_stop(name, running);
         }
         let log = self.log_sink(name);
         let config = match ServiceConfig::from_unit(name, file) {
@@ -271,7 +312,7 @@ impl UnitManager for NativeManager {
     async fn unload(&self, name: &str) -> Result<()> {
         let running = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = running {
-            Self::stop_runner(running).await;
+            self.begin_stop(name, running);
         }
         self.shared.slots().remove(name);
         self.shared.changed();
@@ -324,6 +365,8 @@ impl UnitManager for NativeManager {
             log,
             state,
             stop: stop_requests,
+            previous: self.shared.stopping().get(name).cloned(),
+            cgroups: self.shared.cgroups.clone(),
         };
         let done = tokio::spawn(runner.run());
         if let Some(slot) = self.shared.slots().get_mut(name) {
@@ -339,7 +382,7 @@ impl UnitManager for NativeManager {
             slot.running.take()
         };
         if let Some(running) = running {
-            Self::stop_runner(running).await;
+            self.begin_stop(name, running);
         }
         Ok(())
     }
@@ -369,19 +412,31 @@ impl UnitManager for NativeManager {
             .map_err(|source| UnitManagerError::Io { context: "reading unit log".into(), source })
     }
 
+    /// Stops every unit at once and waits for them, for `stop_all_timeout` at most; then
+    /// kills whatever is left, so a unit that ignores its stop cannot hold fleetd up.
     async fn stop_all(&self) -> Result<()> {
-        let running: Vec<RunningUnit> =
-            self.shared.slots().values_mut().filter_map(|slot| slot.running.take()).collect();
-        futures_join_all(running.into_iter().map(Self::stop_runner)).await;
+        let running: Vec<(String, RunningUnit)> = self
+            .shared
+            .slots()
+            .iter_mut()
+            .filter_map(|(name, slot)| Some((name.clone(), slot.running.take()?)))
+            .collect();
+        for (name, running) in running {
+            self.begin_stop(&name, running);
+        }
+        let stopping: Vec<watch::Receiver<bool>> = self.shared.stopping().values().cloned().collect();
+        let all_stopped = async {
+            for mut stopped in stopping {
+                let _ = stopped.wait_for(|done| *done).await;
+            }
+        };
+        if tokio::time::timeout(self.shared.stop_all_timeout, all_stopped).await.is_err() {
+            tracing::warn!(timeout = ?self.shared.stop_all_timeout, "units did not stop in time; killing them");
+            let killed = self.shared.cgroups.as_ref().map_or(0, CgroupBase::kill_everything)
+                + kill_leftovers(&self.shared.marker);
+            tracing::warn!(killed, "killed unit processes at shutdown");
+        }
         Ok(())
-    }
-}
-
-/// Waits for every future, running them at once.
-async fn futures_join_all<F: std::future::Future<Output = ()> + Send + 'static>(futures: impl Iterator<Item = F>) {
-    let handles: Vec<JoinHandle<()>> = futures.map(tokio::spawn).collect();
-    for handle in handles {
-        let _ = handle.await;
     }
 }
 

@@ -10,6 +10,7 @@ use std::process::Stdio;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
+use super::cgroup::UnitCgroup;
 use super::command::ExecCommand;
 use super::journal::{LogSink, MAX_LINE_BYTES};
 
@@ -41,6 +42,8 @@ pub struct ExecContext {
     pub account: Option<Account>,
     pub gid: Option<u32>,
     pub marker: String,
+    /// The unit's cgroup, where there is a writable cgroup v2 hierarchy.
+    pub cgroup: Option<UnitCgroup>,
 }
 
 fn c_string(text: &str) -> io::Result<CString> {
@@ -127,15 +130,33 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
     if let Some(directory) = &context.working_directory {
         process.current_dir(directory);
     }
-    if let Some(account) = &context.account {
-        process.uid(account.uid).gid(context.gid.unwrap_or(account.gid));
-    } else if let Some(gid) = context.gid {
-        process.gid(gid);
-    }
-    // SAFETY: prctl, umask, getrlimit and setrlimit are async-signal-safe system calls; the
-    // closure touches no memory of the parent but its own stack.
+    let uid = context.account.as_ref().map(|account| account.uid);
+    let gid = context.gid.or(context.account.as_ref().map(|account| account.gid));
+    let cgroup = context.cgroup.clone();
+    // SAFETY: open, write, close, setgroups, setgid, setuid, prctl, umask, getrlimit and
+    // setrlimit are async-signal-safe system calls; the closure reads only memory prepared
+    // before the fork.
     unsafe {
-        process.pre_exec(|| {
+        process.pre_exec(move || {
+            // Into the unit's cgroup while still root: once the unit's user, the process
+            // could not move itself out of fleetd's cgroup.
+            if let Some(cgroup) = &cgroup {
+                cgroup.join_from_child()?;
+            }
+            if let Some(gid) = gid {
+                if uid.is_some() && libc::setgroups(0, std::ptr::null()) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                if libc::setgid(gid) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            if let Some(uid) = uid
+                && libc::setuid(uid) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // After the change of user, which clears the parent-death signal.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
@@ -225,19 +246,21 @@ pub fn process_alive(pid: u32) -> bool {
     unsafe { libc::kill(pid as i32, 0) == 0 }
 }
 
+/// Whether the environment of process `pid` carries `marker`.
+pub fn marked_with(pid: u32, marker: &str) -> bool {
+    let wanted = format!("{SUPERVISOR_MARKER}={marker}");
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|environ| environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()))
+}
+
 /// Every process (but this one) whose environment carries `marker`.
 pub fn marked_processes(marker: &str) -> Vec<u32> {
-    let wanted = format!("{SUPERVISOR_MARKER}={marker}");
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
     let own = std::process::id();
     entries
         .flatten()
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| *pid != own)
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|environ| environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()))
-        })
+        .filter(|pid| *pid != own && marked_with(*pid, marker))
         .collect()
 }
 

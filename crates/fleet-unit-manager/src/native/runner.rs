@@ -8,9 +8,10 @@ use std::time::{Duration, Instant};
 use tokio::process::Child;
 use tokio::sync::watch;
 
+use super::cgroup::CgroupBase;
 use super::command::{ExecCommand, Specifiers, parse_command};
 use super::journal::LogSink;
-use super::process::{ExecContext, group_alive, process_alive, signal_group, signal_process, spawn};
+use super::process::{ExecContext, process_alive, signal_group, signal_process, spawn};
 use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
 
 /// systemd's exit status for a command that could not be executed.
@@ -19,6 +20,8 @@ const EXIT_EXEC: i32 = 203;
 const START_LIMIT_BURST: usize = 5;
 const START_LIMIT_INTERVAL: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(200);
+/// How long a stop waits for killed processes to be gone from the unit's cgroup.
+const KILL_WAIT: Duration = Duration::from_secs(2);
 
 /// How the runner tells the world what state its unit is in.
 pub trait StateSink: Send + Sync + 'static {
@@ -35,6 +38,10 @@ pub struct Runner<S: StateSink> {
     pub log: LogSink,
     pub state: S,
     pub stop: watch::Receiver<bool>,
+    /// The stop of this unit's previous run, still under way: nothing starts before it ends.
+    pub previous: Option<watch::Receiver<bool>>,
+    /// Where the unit's cgroup goes, if the machine has a writable cgroup v2 hierarchy.
+    pub cgroups: Option<CgroupBase>,
 }
 
 enum Outcome {
@@ -88,8 +95,31 @@ impl<S: StateSink> Runner<S> {
         })
     }
 
-    /// Runs the unit until it is stopped or ends for good.
+    /// Runs the unit until it is stopped or ends for good; an empty cgroup is removed after.
     pub async fn run(mut self) {
+        if let Some(mut previous) = self.previous.take() {
+            tokio::select! {
+                _ = previous.wait_for(|done| *done) => {}
+                () = Self::stopped(&mut self.stop) => {
+                    self.state.set("inactive", "dead");
+                    return;
+                }
+            }
+        }
+        if let Some(base) = &self.cgroups {
+            match base.unit(&self.unit) {
+                Ok(cgroup) => self.context.cgroup = Some(cgroup),
+                Err(error) => tracing::warn!(unit = self.unit, %error, "cannot create the unit's cgroup"),
+            }
+        }
+        let cgroup = self.context.cgroup.clone();
+        self.run_unit().await;
+        if let Some(cgroup) = cgroup.filter(|cgroup| !cgroup.populated()) {
+            cgroup.remove();
+        }
+    }
+
+    async fn run_unit(&mut self) {
         let mut starts: VecDeque<Instant> = VecDeque::new();
         loop {
             let now = Instant::now();
@@ -257,7 +287,7 @@ impl<S: StateSink> Runner<S> {
                 self.say(&format!("{}: Main process exited, {}", self.unit, describe(exit)));
                 self.state.set("deactivating", "stop");
                 let _ = self.run_all(self.config.exec_stop.clone(), self.config.timeout_stop).await;
-                if let Some(pgid) = pgid { signal_group(pgid, libc::SIGKILL) }
+                if let Some(pgid) = pgid { self.kill_remaining(pgid) }
                 self.run_stop_post().await;
                 Outcome::Ended(exit)
             }
@@ -298,12 +328,9 @@ impl<S: StateSink> Runner<S> {
             signal_group(pgid, libc::SIGKILL);
             return self.after_failed_start(Outcome::Ended(status)).await;
         }
-        let main_pid = self
-            .config
-            .pid_file
-            .as_ref()
-            .and_then(|path| std::fs::read_to_string(path).ok().and_then(|text| text.trim().parse::<u32>().ok()));
-        let alive = move || main_pid.map_or_else(|| group_alive(pgid), process_alive);
+        let main_pid = self.trusted_main_pid(pgid);
+        let context = self.context.clone();
+        let alive = move || main_pid.map_or_else(|| context.unit_alive(pgid), process_alive);
         if !alive() {
             self.run_stop_post().await;
             return Outcome::Ended(Exit::Code(0));
@@ -315,7 +342,7 @@ impl<S: StateSink> Runner<S> {
                 () = tokio::time::sleep(POLL) => {
                     if !alive() {
                         self.say(&format!("{}: Main process exited", self.unit));
-                        signal_group(pgid, libc::SIGKILL);
+                        self.kill_remaining(pgid);
                         self.run_stop_post().await;
                         return Outcome::Ended(Exit::Code(0));
                     }
@@ -331,7 +358,7 @@ impl<S: StateSink> Runner<S> {
             Some(pid) if self.config.kill_mode != KillMode::ControlGroup => {
                 signal_process(pid, self.config.kill_signal)
             }
-            _ => signal_group(pgid, self.config.kill_signal),
+            _ => self.context.signal_unit(pgid, self.config.kill_signal),
         }
         // No deadline for `TimeoutStopSec=infinity` (or one too far to represent).
         let deadline = self.config.timeout_stop.and_then(|timeout| Instant::now().checked_add(timeout));
@@ -339,13 +366,39 @@ impl<S: StateSink> Runner<S> {
             tokio::time::sleep(POLL).await;
         }
         if self.config.kill_mode != KillMode::None {
-            signal_group(pgid, libc::SIGKILL);
+            self.context.kill_unit(pgid);
             if let Some(pid) = main_pid {
                 signal_process(pid, libc::SIGKILL);
             }
+            self.context.unit_gone(pgid, KILL_WAIT).await;
         }
         self.run_stop_post().await;
         Outcome::Stopped
+    }
+
+    /// What is left of the unit once its main process is gone: the main process's group,
+    /// and its whole cgroup unless `KillMode=` keeps the rest.
+    fn kill_remaining(&self, pgid: u32) {
+        match self.config.kill_mode {
+            KillMode::ControlGroup | KillMode::Mixed => self.context.kill_unit(pgid),
+            KillMode::Process | KillMode::None => signal_group(pgid, libc::SIGKILL),
+        }
+    }
+
+    /// The main PID a forking unit's `PIDFile=` names, if that process is the unit's own.
+    /// A PID file is written by the unit: trusting any number in it would let a unit make
+    /// fleetd (root) signal any process on the machine.
+    fn trusted_main_pid(&self, pgid: u32) -> Option<u32> {
+        let path = self.config.pid_file.as_ref()?;
+        let pid = std::fs::read_to_string(path).ok()?.trim().parse::<u32>().ok()?;
+        if self.context.owns(pid, pgid) {
+            return Some(pid);
+        }
+        self.say(&format!(
+            "{}: PID file {path} names process {pid}, which is not one of the unit's processes; ignoring it",
+            self.unit
+        ));
+        None
     }
 
     /// Stop-time commands run to their end even though a stop is what is going on.
@@ -372,8 +425,8 @@ impl<S: StateSink> Runner<S> {
         let signal = self.config.kill_signal;
         match self.config.kill_mode {
             KillMode::ControlGroup => {
-                signal_group(pid, signal);
-                signal_group(pid, libc::SIGCONT);
+                self.context.signal_unit(pid, signal);
+                self.context.signal_unit(pid, libc::SIGCONT);
             }
             KillMode::Mixed | KillMode::Process => signal_process(pid, signal),
             KillMode::None => {}
@@ -385,12 +438,13 @@ impl<S: StateSink> Runner<S> {
             match self.config.kill_mode {
                 KillMode::Process => signal_process(pid, libc::SIGKILL),
                 KillMode::None => {}
-                _ => signal_group(pid, libc::SIGKILL),
+                _ => self.context.kill_unit(pid),
             }
             let _ = child.wait().await;
         }
         if matches!(self.config.kill_mode, KillMode::ControlGroup | KillMode::Mixed) {
-            signal_group(pid, libc::SIGKILL);
+            self.context.kill_unit(pid);
+            self.context.unit_gone(pid, KILL_WAIT).await;
         }
     }
 }

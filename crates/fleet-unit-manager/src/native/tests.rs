@@ -9,6 +9,7 @@ fn manager(dir: &Path) -> NativeManager {
         hostname: "host".into(),
         keeper_program: None,
         log_limits: LogLimits::default(),
+        stop_all_timeout: Duration::from_secs(10),
     })
     .unwrap()
 }
@@ -50,8 +51,7 @@ async fn simple_service_starts_and_stops_with_its_children() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(unit_processes(tag).len(), 2, "both the main process and its child run");
     manager.stop("hello.service").await.unwrap();
-    assert_eq!(state_of(&manager, "hello.service").await, SystemdState::new("loaded", "inactive", "dead"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_for(&manager, "hello.service", "inactive", "dead").await;
     assert!(unit_processes(tag).is_empty(), "stop kills the whole process group");
     let journal = manager.journal("hello.service", 10).await.unwrap();
     assert!(journal.contains("Started Hello."), "{journal}");
@@ -77,7 +77,7 @@ async fn output_environment_and_specifiers_reach_the_journal() {
     assert!(journal.contains(": hi world filed"), "{journal}");
     assert!(journal.contains(": oops"), "{journal}");
     manager.stop("greet@world.service").await.unwrap();
-    assert_eq!(state_of(&manager, "greet@world.service").await.active, "inactive");
+    wait_for(&manager, "greet@world.service", "inactive", "dead").await;
 }
 
 #[tokio::test]
@@ -137,8 +137,9 @@ async fn stubborn_processes_are_killed_after_the_stop_timeout() {
     wait_for(&manager, "stubborn.service", "active", "running").await;
     let started = Instant::now();
     manager.stop("stubborn.service").await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(300), "a stop does not wait for the unit");
+    wait_for(&manager, "stubborn.service", "inactive", "dead").await;
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(state_of(&manager, "stubborn.service").await.active, "inactive");
     let journal = manager.journal("stubborn.service", 20).await.unwrap();
     assert!(journal.contains("timed out. Killing."), "{journal}");
     assert!(journal.contains(": cleaned"), "{journal}");
@@ -178,4 +179,48 @@ async fn a_value_that_does_not_fit_fails_the_unit_with_the_reason() {
     manager.start("fine.service").await.unwrap();
     wait_for(&manager, "fine.service", "active", "running").await;
     manager.stop_all().await.unwrap();
+}
+
+/// Regression: one unit that ignores SIGTERM with `TimeoutStopSec=infinity` kept every other
+/// unit from starting, and fleetd's shutdown hung on it.
+#[tokio::test]
+async fn a_unit_that_never_stops_holds_up_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = NativeManager::new(NativeOptions {
+        state_dir: dir.path().to_path_buf(),
+        machine_id: "m1".into(),
+        hostname: "host".into(),
+        keeper_program: None,
+        log_limits: LogLimits::default(),
+        stop_all_timeout: Duration::from_millis(500),
+    })
+    .unwrap();
+    for (name, kind) in [("stubborn.service", "simple"), ("stubborn-fork.service", "forking")] {
+        let unit = format!(
+            "[Service]\nType={kind}\nExecStart=/bin/sh -c 'trap \"\" TERM; while :; do sleep 0.1; done{}'\nTimeoutStopSec=infinity\n",
+            if kind == "forking" { " & exit 0" } else { "" }
+        );
+        load(&manager, name, &unit).await;
+        manager.start(name).await.unwrap();
+        wait_for(&manager, name, "active", "running").await;
+        tokio::time::timeout(Duration::from_millis(200), manager.stop(name))
+            .await
+            .expect("stop returns at once")
+            .unwrap();
+    }
+    load(&manager, "other.service", "[Service]\nExecStart=/bin/sleep 1000\n").await;
+    manager.start("other.service").await.unwrap();
+    wait_for(&manager, "other.service", "active", "running").await;
+    assert_eq!(state_of(&manager, "stubborn.service").await.sub, "stop-sigterm", "still stopping");
+    // A restart of the stubborn unit waits for its old run instead of running beside it.
+    manager.start("stubborn.service").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(state_of(&manager, "stubborn.service").await, SystemdState::new("loaded", "activating", "start"));
+    let journal = manager.journal("stubborn.service", 50).await.unwrap();
+    assert_eq!(journal.matches("Starting ").count(), 1, "the new run waits: {journal}");
+    let started = Instant::now();
+    manager.stop_all().await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5), "shutdown is bounded: {:?}", started.elapsed());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(unit_processes(dir.path()).is_empty(), "what did not stop was killed");
 }

@@ -1,0 +1,232 @@
+//! A cgroup v2 per unit, where the hierarchy is writable: the one record of a unit's
+//! processes that the unit can neither leave (a `setsid`, a double fork) nor forge (an
+//! emptied or rewritten environment), so stopping a unit and cleaning up after a dead
+//! fleetd reach every process it started.
+//!
+//! Layout: `<fleetd's own cgroup>/fleet-units.<id>/<unit name>`, where `<id>` is derived
+//! from the state directory, so two fleetds on one host never share units.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// The directory holding one fleetd's unit cgroups.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CgroupBase {
+    /// Where it is on the file system.
+    dir: PathBuf,
+    /// Its path inside the hierarchy, as `/proc/<pid>/cgroup` names it.
+    hierarchy_path: String,
+}
+
+/// Where the cgroup v2 hierarchy is mounted, from `/proc/self/mountinfo` text.
+fn cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    mountinfo.lines().find_map(|line| {
+        let (mount, filesystem) = line.split_once(" - ")?;
+        if filesystem.split_whitespace().next()? != "cgroup2" {
+            return None;
+        }
+        // The fifth field is the mount point; the fourth its root inside the hierarchy.
+        let fields: Vec<&str> = mount.split_whitespace().collect();
+        if fields.get(3) != Some(&"/") {
+            return None;
+        }
+        fields.get(4).map(PathBuf::from)
+    })
+}
+
+/// A process's cgroup v2 path, from `/proc/<pid>/cgroup` text (the `0::` line).
+fn unified_path(proc_cgroup: &str) -> Option<&str> {
+    proc_cgroup.lines().find_map(|line| line.strip_prefix("0::"))
+}
+
+impl CgroupBase {
+    /// Prepares the base for the supervisor marked `marker`, or `None` where there is no
+    /// writable cgroup v2 hierarchy (then process groups and the marker are what is left).
+    pub fn prepare(marker: &str) -> Option<Self> {
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mount = cgroup2_mount(&mountinfo)?;
+        let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+        let own = unified_path(&own)?.trim_end_matches('/').to_string();
+        let name = format!("fleet-units.{:016x}", fnv1a(marker.as_bytes()));
+        let hierarchy_path = format!("{own}/{name}");
+        let dir = mount.join(hierarchy_path.trim_start_matches('/'));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(error) => {
+                tracing::info!(dir = %dir.display(), %error, "no writable cgroup v2 hierarchy: units are tracked by process group and marker");
+                return None;
+            }
+        }
+        // Writing into cgroup.procs is what placing a unit needs: check it once here.
+        if !dir.join("cgroup.procs").exists() {
+            return None;
+        }
+        Some(Self { dir, hierarchy_path })
+    }
+
+    /// A base at a known place, for the keeper (which is told where it is).
+    pub fn at(dir: PathBuf) -> Self {
+        Self { dir, hierarchy_path: String::new() }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The cgroup of `unit`, created if missing.
+    pub fn unit(&self, unit: &str) -> io::Result<UnitCgroup> {
+        if unit.is_empty() || unit.contains('/') || unit.starts_with('.') || unit.starts_with("cgroup.") {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{unit:?} cannot name a cgroup")));
+        }
+        let dir = self.dir.join(unit);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(error) => return Err(error),
+        }
+        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cgroup path has a NUL byte"))?;
+        Ok(UnitCgroup { hierarchy_path: format!("{}/{unit}", self.hierarchy_path), dir, procs })
+    }
+
+    /// Kills every process in every unit cgroup below the base and removes those cgroups:
+    /// what a fleetd that died left behind. Returns how many processes it found.
+    pub fn kill_everything(&self) -> usize {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
+        let mut found = 0;
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+                let unit = UnitCgroup::existing(entry.path());
+                found += unit.pids().len();
+                unit.kill_all();
+                let deadline = Instant::now() + Duration::from_secs(5);
+                while unit.populated() && Instant::now() < deadline {
+                    unit.kill_all();
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                unit.remove();
+            }
+        }
+        found
+    }
+}
+
+/// One unit's cgroup.
+#[derive(Clone, Debug)]
+pub struct UnitCgroup {
+    dir: PathBuf,
+    hierarchy_path: String,
+    /// `cgroup.procs`, ready for a child to write itself into between fork and exec.
+    procs: CString,
+}
+
+impl UnitCgroup {
+    fn existing(dir: PathBuf) -> Self {
+        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap_or_default();
+        Self { dir, hierarchy_path: String::new(), procs }
+    }
+
+    /// Moves the calling process into this cgroup. Meant for a child between fork and exec:
+    /// it only makes system calls (open, write, close) on memory prepared before the fork.
+    pub fn join_from_child(&self) -> io::Result<()> {
+        // SAFETY: open/write/close are async-signal-safe; `procs` outlives the call.
+        unsafe {
+            let fd = libc::open(self.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if written != 1 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+        Ok(())
+    }
+
+    /// The processes in the cgroup now.
+    pub fn pids(&self) -> Vec<u32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|text| text.lines().filter_map(|line| line.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Whether any process is left in the cgroup.
+    pub fn populated(&self) -> bool {
+        match std::fs::read_to_string(self.dir.join("cgroup.events")) {
+            Ok(events) => events.lines().any(|line| line == "populated 1"),
+            Err(_) => !self.pids().is_empty(),
+        }
+    }
+
+    /// Whether `pid` is one of this unit's processes: the check a PID file's content must
+    /// pass before fleetd, as root, signals it.
+    pub fn contains(&self, pid: u32) -> bool {
+        if self.hierarchy_path.is_empty() {
+            return self.pids().contains(&pid);
+        }
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .is_ok_and(|text| unified_path(&text) == Some(self.hierarchy_path.as_str()))
+    }
+
+    /// Sends `signal` to every process in the cgroup.
+    pub fn signal(&self, signal: i32) {
+        for pid in self.pids() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(pid as i32, signal) };
+        }
+    }
+
+    /// Kills every process in the cgroup: through `cgroup.kill` where the kernel has it
+    /// (no fork can race it), else SIGKILL to each process listed now.
+    pub fn kill_all(&self) {
+        let by_kernel = std::fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+            .and_then(|mut file| std::io::Write::write_all(&mut file, b"1"))
+            .is_ok();
+        if !by_kernel {
+            self.signal(libc::SIGKILL);
+        }
+    }
+
+    /// Removes the (empty) cgroup; a cgroup still in use stays.
+    pub fn remove(&self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// FNV-1a: a stable, dependency-free name for a base from its state directory.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_mount_and_own_path() {
+        let mountinfo = "25 1 0:23 / /sys/fs/cgroup rw - tmpfs tmpfs rw\n41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_mount(mountinfo), Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        let nested = "41 31 0:38 /sub /mnt rw - cgroup2 cgroup2 rw\n";
+        assert_eq!(cgroup2_mount(nested), None, "a bind of a subtree does not show the whole hierarchy");
+        assert_eq!(
+            unified_path("4:memory:/x\n0::/system.slice/fleetd.service\n"),
+            Some("/system.slice/fleetd.service")
+        );
+        assert_eq!(unified_path("4:memory:/x\n"), None);
+    }
+
+    #[test]
+    fn unit_names_that_cannot_be_cgroups_are_refused() {
+        let base = CgroupBase::at(PathBuf::from("/nonexistent"));
+        for name in ["", "a/b", "..", ".hidden", "cgroup.procs"] {
+            assert!(base.unit(name).is_err(), "{name}");
+        }
+    }
+}
