@@ -5,14 +5,17 @@
 //! - [`router`]: one dispatcher that maps paths and methods to handlers and every error to
 //!   the original's JSON error body.
 //! - [`listen`]: Unix socket, TCP and socket-activation listeners.
+//! - [`serve`]: the connections on those listeners, with their limits and timeouts.
 
 mod handlers;
+mod host_check;
 pub mod listen;
 pub mod pagination;
 pub mod router;
 pub mod schema;
+pub mod serve;
 
-pub use router::{ApiState, router};
+pub use router::{ApiState, TokenLimit, router};
 
 /// The version fleetd reports in `Server: fleetd/<version>`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

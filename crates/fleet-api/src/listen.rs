@@ -6,9 +6,6 @@ use std::os::fd::{FromRawFd, RawFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-use axum::Router;
-use tokio::sync::watch;
-
 /// A bound listening socket, kept in std form so it can be served again after a reload.
 pub enum ApiListener {
     Unix(std::os::unix::net::UnixListener),
@@ -98,34 +95,4 @@ pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
         std::env::remove_var("LISTEN_FDNAMES");
     }
     Ok(listeners)
-}
-
-/// Serves `router` on every listener until `shutdown` turns true.
-pub async fn serve(listeners: &[ApiListener], router: Router, shutdown: watch::Receiver<bool>) -> io::Result<()> {
-    let mut servers = tokio::task::JoinSet::new();
-    for listener in listeners {
-        let router = router.clone();
-        let mut stop = shutdown.clone();
-        let signal = async move {
-            let _ = stop.wait_for(|stop| *stop).await;
-        };
-        match listener.try_clone()? {
-            ApiListener::Unix(listener) => {
-                let listener = tokio::net::UnixListener::from_std(listener)?;
-                servers.spawn(async move { axum::serve(listener, router).with_graceful_shutdown(signal).await });
-            }
-            ApiListener::Tcp(listener) => {
-                let listener = tokio::net::TcpListener::from_std(listener)?;
-                servers.spawn(async move { axum::serve(listener, router).with_graceful_shutdown(signal).await });
-            }
-        }
-    }
-    while let Some(result) = servers.join_next().await {
-        match result {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "API listener failed"),
-            Err(error) => tracing::warn!(%error, "API listener task failed"),
-        }
-    }
-    Ok(())
 }

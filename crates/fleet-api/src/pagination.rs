@@ -1,23 +1,34 @@
-//! Page tokens: URL-safe base64 (padded) of a little-endian `u16` limit and `u16` page.
+//! Page tokens: URL-safe base64 (padded) of a little-endian `u16` limit and `u16` page, as
+//! the original writes them. A page is also bounded by size ([`MAX_PAGE_BYTES`]); the page
+//! after one cut short by size starts at an offset the token carries as four more bytes
+//! (`u32`). Clients treat tokens as opaque, so the original's clients follow both.
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE;
+
+/// The most a page's items may take, serialised; a page holds at least one item.
+pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PageToken {
     pub limit: u16,
     pub page: u16,
+    /// Where the page starts, when an earlier page was cut short by size.
+    pub start: Option<u32>,
 }
 
 impl PageToken {
     pub fn first(limit: u16) -> Self {
-        Self { limit, page: 1 }
+        Self { limit, page: 1, start: None }
     }
 
     pub fn encode(self) -> String {
-        let mut bytes = [0u8; 4];
-        bytes[..2].copy_from_slice(&self.limit.to_le_bytes());
-        bytes[2..].copy_from_slice(&self.page.to_le_bytes());
+        let mut bytes = Vec::with_capacity(8);
+        bytes.extend_from_slice(&self.limit.to_le_bytes());
+        bytes.extend_from_slice(&self.page.to_le_bytes());
+        if let Some(start) = self.start {
+            bytes.extend_from_slice(&start.to_le_bytes());
+        }
         URL_SAFE.encode(bytes)
     }
 
@@ -33,9 +44,11 @@ impl PageToken {
         let token = match bytes.len() {
             0 => return Err("EOF".to_string()),
             1..=3 => return Err("unexpected EOF".to_string()),
-            _ => {
-                Self { limit: u16::from_le_bytes([bytes[0], bytes[1]]), page: u16::from_le_bytes([bytes[2], bytes[3]]) }
-            }
+            length => Self {
+                limit: u16::from_le_bytes([bytes[0], bytes[1]]),
+                page: u16::from_le_bytes([bytes[2], bytes[3]]),
+                start: (length == 8).then(|| u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]])),
+            },
         };
         if token.limit != server_limit {
             return Err(format!("token limit must be {server_limit}"));
@@ -47,15 +60,39 @@ impl PageToken {
     }
 
     /// The slice of `items` this token names, and the token of the page after it, if any.
-    pub fn page<T>(self, mut items: Vec<T>) -> (Vec<T>, Option<PageToken>) {
+    /// The page ends after `limit` items, or earlier when the next item would take it past
+    /// [`MAX_PAGE_BYTES`] as `size` measures them.
+    pub fn page<T>(self, mut items: Vec<T>, size: impl Fn(&T) -> usize) -> (Vec<T>, Option<PageToken>) {
         let limit = usize::from(self.limit);
-        let start = (usize::from(self.page) - 1).saturating_mul(limit);
+        let start = match self.start {
+            Some(start) => start as usize,
+            None => usize::from(self.page.saturating_sub(1)).saturating_mul(limit),
+        };
         let total = items.len();
-        let end = start.saturating_add(limit).min(total);
+        let mut end = start.saturating_add(limit).min(total);
+        let mut bytes = 0usize;
+        for (index, item) in items.iter().enumerate().take(end).skip(start) {
+            bytes = bytes.saturating_add(size(item));
+            if bytes > MAX_PAGE_BYTES && index > start {
+                end = index;
+                break;
+            }
+        }
+        let cut_by_size = end < start.saturating_add(limit).min(total);
         let page: Vec<T> = if start >= total { Vec::new() } else { items.drain(start..end).collect() };
-        let next = (end < total).then(|| Self { limit: self.limit, page: self.page + 1 });
+        let next = (end < total).then(|| Self {
+            limit: self.limit,
+            page: self.page.saturating_add(1),
+            // The original's token while pages are regular; an offset once one is cut.
+            start: (cut_by_size || self.start.is_some()).then(|| u32::try_from(end).unwrap_or(u32::MAX)),
+        });
         (page, next)
     }
+}
+
+/// What an item takes in a JSON answer.
+pub fn serialized_size<T: serde::Serialize>(item: &T) -> usize {
+    serde_json::to_vec(item).map_or(0, |bytes| bytes.len())
 }
 
 #[cfg(test)]
@@ -64,11 +101,11 @@ mod tests {
 
     #[test]
     fn token_format_matches_the_original() {
-        assert_eq!(PageToken { limit: 2, page: 2 }.encode(), "AgACAA==");
-        assert_eq!(PageToken::decode("AgACAA==", 2), Ok(PageToken { limit: 2, page: 2 }));
+        assert_eq!(PageToken { limit: 2, page: 2, start: None }.encode(), "AgACAA==");
+        assert_eq!(PageToken::decode("AgACAA==", 2), Ok(PageToken { limit: 2, page: 2, start: None }));
         assert_eq!(PageToken::decode("AgACAA==", 100), Err("token limit must be 100".into()));
         assert_eq!(
-            PageToken::decode(&PageToken { limit: 100, page: 0 }.encode(), 100),
+            PageToken::decode(&PageToken { limit: 100, page: 0, start: None }.encode(), 100),
             Err("token page must be greater than zero".into())
         );
         assert_eq!(PageToken::decode("", 100), Err("EOF".into()));
@@ -81,12 +118,33 @@ mod tests {
     #[test]
     fn no_token_after_the_last_page() {
         let first = PageToken::first(2);
-        let (page, next) = first.page(vec![1, 2, 3, 4]);
+        let (page, next) = first.page(vec![1, 2, 3, 4], |_| 1);
         assert_eq!(page, vec![1, 2]);
-        let (page, next) = next.unwrap().page(vec![1, 2, 3, 4]);
+        assert_eq!(next.unwrap().encode(), "AgACAA==", "the original's token while pages are regular");
+        let (page, next) = next.unwrap().page(vec![1, 2, 3, 4], |_| 1);
         assert_eq!(page, vec![3, 4]);
         assert_eq!(next, None);
-        let (page, next) = first.page(Vec::<u8>::new());
+        let (page, next) = first.page(Vec::<u8>::new(), |_| 1);
         assert!(page.is_empty() && next.is_none());
+    }
+
+    /// Regression: a page of 100 large units came to 96 MB.
+    #[test]
+    fn pages_are_bounded_by_size_and_carry_on_from_where_they_were_cut() {
+        let items: Vec<usize> = (0..10).collect();
+        let big = |item: &usize| if *item < 6 { MAX_PAGE_BYTES / 2 } else { 10 };
+        let mut token = Some(PageToken::first(100));
+        let mut pages = Vec::new();
+        while let Some(current) = token {
+            let decoded = PageToken::decode(&current.encode(), 100).unwrap();
+            assert_eq!(decoded, current, "tokens survive the round trip");
+            let (page, next) = decoded.page(items.clone(), big);
+            pages.push(page);
+            token = next;
+        }
+        assert_eq!(pages, vec![vec![0, 1], vec![2, 3], vec![4, 5], vec![6, 7, 8, 9]]);
+        let huge = |_: &usize| MAX_PAGE_BYTES * 2;
+        let (page, next) = PageToken::first(100).page(items, huge);
+        assert_eq!((page, next.map(|token| token.start)), (vec![0], Some(Some(1))), "at least one item a page");
     }
 }

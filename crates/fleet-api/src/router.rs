@@ -3,6 +3,7 @@
 //! error body. No input reaches a panic: handlers return [`ApiError`].
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -13,10 +14,13 @@ use fleet_registry::{ApiRegistry, RegistryError};
 use fleet_unit_manager::UnitManager;
 
 use crate::handlers::{journal, machines, state, units};
+use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 1024 * 1024;
+/// How long a client may take to send a request's body.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The machine answering, for what only it can tell (its units' logs).
 #[derive(Clone)]
@@ -29,8 +33,27 @@ pub struct LocalMachine {
 pub struct ApiState {
     pub registry: Arc<dyn ApiRegistry>,
     /// Page size (`token_limit`).
-    pub token_limit: u16,
+    pub token_limit: TokenLimit,
     pub local: Option<LocalMachine>,
+}
+
+/// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
+/// API keeps serving.
+#[derive(Clone, Debug)]
+pub struct TokenLimit(Arc<AtomicU16>);
+
+impl TokenLimit {
+    pub fn new(limit: u16) -> Self {
+        Self(Arc::new(AtomicU16::new(limit)))
+    }
+
+    pub fn get(&self) -> u16 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn set(&self, limit: u16) {
+        self.0.store(limit, Ordering::Relaxed);
+    }
 }
 
 /// An error answer: a status and the message of the JSON error body.
@@ -65,7 +88,8 @@ impl From<RegistryError> for ApiError {
             RegistryError::Unavailable(_) => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "fleet server unable to communicate with etcd")
             }
-            RegistryError::Corrupt { .. } | RegistryError::LeadershipLost | RegistryError::MachineInUse { .. } => {
+            RegistryError::Corrupt { .. } => Self::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
+            RegistryError::LeadershipLost | RegistryError::MachineInUse { .. } => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "")
             }
         }
@@ -165,11 +189,20 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     let method = parts.method.clone();
     let query = parts.uri.query().map(str::to_string);
     let path = parts.uri.path().to_string();
-    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
-        Ok(bytes) => bytes,
-        Err(_) => {
+    let check = parts.extensions.get::<HostCheck>().copied().unwrap_or(HostCheck::Any);
+    let host = parts.headers.get(header::HOST).map(|value| value.to_str().unwrap_or("\u{fffd}"));
+    if !check.allows(host) {
+        return ApiError::new(StatusCode::FORBIDDEN, "Host header names no loopback address; refusing the request")
+            .into_response();
+    }
+    let body = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(_)) => {
             return ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {BODY_LIMIT} bytes"))
                 .into_response();
+        }
+        Err(_) => {
+            return ApiError::new(StatusCode::REQUEST_TIMEOUT, "request body not received in time").into_response();
         }
     };
     let result = route(&state, &method, &path, query.as_deref(), &parts.headers, body).await;

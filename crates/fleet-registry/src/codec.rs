@@ -17,6 +17,18 @@ pub fn decode<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, Registr
         .map_err(|error| RegistryError::Corrupt { key: key.to_string(), reason: error.to_string() })
 }
 
+/// Decodes one record of a listing. A record that cannot be read is reported (with its key)
+/// and left out, so one bad record hides itself, not the whole listing or the engine.
+pub fn decode_listed<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Option<T> {
+    match decode(key, bytes) {
+        Ok(value) => Some(value),
+        Err(error) => {
+            tracing::error!(%error, "skipping a record that cannot be read");
+            None
+        }
+    }
+}
+
 /// A unit body as stored: its options, in order.
 pub type Options = Vec<UnitOption>;
 /// A machine's runtime metadata changes: key → value, an empty value removing the key.

@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_api::listen::{ApiListener, activated_listeners, bind_tcp, bind_unix, serve};
+use fleet_api::listen::{ApiListener, activated_listeners, bind_tcp, bind_unix};
 use fleet_api::router::LocalMachine;
-use fleet_api::{ApiState, router};
+use fleet_api::serve::{ServeLimits, serve};
+use fleet_api::{ApiState, TokenLimit, router};
 use fleet_core::MachineState;
 use fleet_engine::{Engine, EngineConfig};
 use fleet_unit_manager::UnitManager;
@@ -145,6 +146,20 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tracing::info!(machine_id, "fleetd {} starting", fleet_api::VERSION);
+    // The API serves for fleetd's whole life: a reload changes its page size in place, so no
+    // client's connection is cut by a reload.
+    let token_limit = TokenLimit::new(config.token_limit);
+    let api_state = ApiState {
+        registry: registry.clone(),
+        token_limit: token_limit.clone(),
+        local: Some(LocalMachine { machine_id: machine_id.clone(), manager: manager.clone() }),
+    };
+    let (api_stop, api_stopped) = watch::channel(false);
+    let api = tokio::spawn(async move {
+        if let Err(error) = serve(&listeners, router(api_state), api_stopped, ServeLimits::default()).await {
+            tracing::error!(%error, "API server failed");
+        }
+    });
     loop {
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let (stop, stop_watch) = watch::channel(false);
@@ -169,18 +184,6 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
                 Engine::new(engine_config.clone(), engine_registry.clone()).run(engine_stop.clone())
             }));
         }
-        let api_state = ApiState {
-            registry: registry.clone(),
-            token_limit: config.token_limit,
-            local: Some(LocalMachine { machine_id: machine_id.clone(), manager: manager.clone() }),
-        };
-        let api_listeners = listeners.iter().map(ApiListener::try_clone).collect::<Result<Vec<_>, _>>()?;
-        let api_stop = stop_watch.clone();
-        tasks.spawn(async move {
-            if let Err(error) = serve(&api_listeners, router(api_state), api_stop).await {
-                tracing::error!(%error, "API server failed");
-            }
-        });
         let reload = tokio::select! {
             _ = terminate.recv() => false,
             _ = interrupt.recv() => false,
@@ -202,6 +205,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
                         config.unit_manager,
                     );
                     config = Config { state_dir, api_listen, machine_id: machine, unit_manager: manager_choice, ..new };
+                    token_limit.set(config.token_limit);
                 }
                 Err(error) => tracing::error!("keeping the running configuration: {error:#}"),
             }
@@ -213,6 +217,8 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
         let _ = stop.send(true);
         while tasks.join_next().await.is_some() {}
         if !reload {
+            let _ = api_stop.send(true);
+            let _ = api.await;
             for path in &owned_sockets {
                 let _ = std::fs::remove_file(path);
             }

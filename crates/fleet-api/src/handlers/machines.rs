@@ -5,11 +5,12 @@ use axum::response::{IntoResponse, Response};
 use fleet_registry::MetadataChange;
 use serde_json::Value;
 
+use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, json_response, page_token};
 use crate::schema::{Machine, MachinePage};
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
-    let token = page_token(query, state.token_limit)?;
+    let token = page_token(query, state.token_limit.get())?;
     let mut machines: Vec<Machine> = state
         .registry
         .machines()
@@ -18,7 +19,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
         .map(|machine| Machine { id: machine.id, metadata: machine.metadata, primary_ip: machine.public_ip })
         .collect();
     machines.sort_by(|a, b| a.id.cmp(&b.id));
-    let (machines, next) = token.page(machines);
+    let (machines, next) = token.page(machines, serialized_size);
     Ok(json_response(StatusCode::OK, &MachinePage { machines, next_page_token: next.map(|t| t.encode()) }))
 }
 
@@ -64,6 +65,13 @@ pub async fn patch(state: &ApiState, body: &[u8]) -> Result<Response, ApiError> 
     let operations: Vec<Value> = serde_json::from_slice(body)
         .map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))?;
     let changes = operations.iter().map(operation).collect::<Result<Vec<_>, _>>()?;
+    let machines = state.registry.machines().await?;
+    for change in &changes {
+        let (MetadataChange::Set { machine_id, .. } | MetadataChange::Remove { machine_id, .. }) = change;
+        if !machines.iter().any(|machine| &machine.id == machine_id) {
+            return Err(ApiError::not_found(format!("machine {machine_id:?} does not exist")));
+        }
+    }
     state.registry.change_metadata(&changes).await?;
     Ok((StatusCode::NO_CONTENT, [(header::CONTENT_TYPE, "application/json")]).into_response())
 }

@@ -3,6 +3,7 @@
 use axum::http::StatusCode;
 use axum::response::Response;
 
+use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, first_value, json_response, page_token};
 use crate::schema::{UnitState, UnitStatePage};
 
@@ -18,7 +19,7 @@ fn to_schema(state: fleet_core::UnitState) -> UnitState {
 }
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
-    let token = page_token(query, state.token_limit)?;
+    let token = page_token(query, state.token_limit.get())?;
     let machine = first_value(query, "machineID");
     let unit = first_value(query, "unitName");
     let mut states: Vec<UnitState> = state
@@ -30,7 +31,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
         .map(to_schema)
         .collect();
     states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
-    let (states, next) = token.page(states);
+    let (states, next) = token.page(states, serialized_size);
     Ok(json_response(StatusCode::OK, &UnitStatePage { next_page_token: next.map(|t| t.encode()), states }))
 }
 

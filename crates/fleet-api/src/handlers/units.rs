@@ -7,6 +7,7 @@ use fleet_core::unit_name::{UnitNameInfo, validate_name};
 use fleet_core::{DesiredState, Requirements, UnitFile};
 use fleet_registry::UnitView;
 
+use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, json_response, page_token};
 use crate::schema::{Unit, UnitOption, UnitPage};
 
@@ -34,9 +35,9 @@ pub fn to_schema(view: UnitView, listed: bool) -> Unit {
 }
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
-    let token = page_token(query, state.token_limit)?;
+    let token = page_token(query, state.token_limit.get())?;
     let units: Vec<Unit> = state.registry.units().await?.into_iter().map(|view| to_schema(view, true)).collect();
-    let (units, next) = token.page(units);
+    let (units, next) = token.page(units, serialized_size);
     Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units }))
 }
 
@@ -92,6 +93,11 @@ fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), A
 /// PUT /units/{name}: create, replace (new options) or change the desired state.
 pub async fn put(state: &ApiState, name: &str, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     check_content_type(headers)?;
+    // A unit is an object; serde would also read a struct from an array (`[]` came out as
+    // a unit without options, answered 409 instead of 400).
+    if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("unable to decode body: expected a JSON object"));
+    }
     let request: Unit = serde_json::from_slice(body)
         .map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))?;
     if !request.name.is_empty() && request.name != name {

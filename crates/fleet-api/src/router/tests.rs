@@ -19,7 +19,8 @@ struct Api {
 async fn api(token_limit: u16) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    let state = ApiState { registry: Arc::new(registry.clone()), token_limit, local: None };
+    let state =
+        ApiState { registry: Arc::new(registry.clone()), token_limit: TokenLimit::new(token_limit), local: None };
     Api { router: router(state), registry, _dir: dir }
 }
 
@@ -307,4 +308,63 @@ async fn put_refuses_unusable_values() {
         assert_eq!(answer.body, error(400, message));
     }
     assert_eq!(api.call("GET", "/fleet/v1/units", None).await.body, json!({}), "nothing was stored");
+}
+
+/// Regressions: a body of `[]` answered 409 instead of 400; metadata for a machine that does
+/// not exist was stored; units came back in file order rather than grouped by section.
+#[tokio::test]
+async fn smaller_refusals_and_grouped_options() {
+    let api = api(100).await;
+    let answer = api.call("PUT", "/fleet/v1/units/a.service", Some(json!([]))).await;
+    assert_eq!(answer.body, error(400, "unable to decode body: expected a JSON object"));
+    let ops = json!([{"op": "add", "path": "/ghost/metadata/role", "value": "web"}]);
+    assert_eq!(
+        api.call("PATCH", "/fleet/v1/machines", Some(ops)).await.body,
+        error(404, "machine \"ghost\" does not exist")
+    );
+    let unit = json!({"options": [
+        {"section": "Unit", "name": "Description", "value": "x"},
+        {"section": "Service", "name": "ExecStart", "value": "/bin/true"},
+        {"section": "Unit", "name": "After", "value": "y"},
+    ]});
+    assert_eq!(api.call("PUT", "/fleet/v1/units/a.service", Some(unit)).await.status, StatusCode::CREATED);
+    let options = api.call("GET", "/fleet/v1/units/a.service", None).await.body["options"].clone();
+    let names: Vec<&str> = options.as_array().unwrap().iter().map(|option| option["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Description", "After", "ExecStart"], "grouped by section, as the original re-reads them");
+}
+
+/// Regression: a page of `GET /units` could be 96 MB; pages are bounded by size too, and
+/// following the tokens still lists every unit once.
+#[tokio::test]
+async fn pages_are_bounded_by_size() {
+    let api = api(100).await;
+    let long = "x".repeat(2000);
+    // 12 units of ~500 KiB each: more than 4 MiB in one page of 100.
+    for n in 0..12 {
+        let options: Vec<Value> = (0..250)
+            .map(|i| json!({"section": "Service", "name": format!("Environment"), "value": format!("V{i}={long}")}))
+            .chain([json!({"section": "Service", "name": "ExecStart", "value": "/bin/true"})])
+            .collect();
+        let answer =
+            api.call("PUT", &format!("/fleet/v1/units/u{n:02}.service"), Some(json!({"options": options}))).await;
+        assert_eq!(answer.status, StatusCode::CREATED);
+    }
+    let mut names = Vec::new();
+    let mut path = "/fleet/v1/units".to_string();
+    let mut pages = 0;
+    loop {
+        let answer = api.call("GET", &path, None).await;
+        let bytes = answer.body.to_string().len();
+        assert!(bytes <= crate::pagination::MAX_PAGE_BYTES + 600 * 1024, "{bytes} bytes in a page");
+        pages += 1;
+        names.extend(answer.body["units"].as_array().unwrap().iter().map(|unit| unit["name"].to_string()));
+        match answer.body["nextPageToken"].as_str() {
+            Some(token) => path = format!("/fleet/v1/units?nextPageToken={token}"),
+            None => break,
+        }
+    }
+    assert!(pages >= 2, "{pages} pages");
+    assert_eq!(names.len(), 12);
+    names.dedup();
+    assert_eq!(names.len(), 12, "every unit once");
 }

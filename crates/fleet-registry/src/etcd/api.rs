@@ -11,7 +11,7 @@ use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, U
 use super::EtcdRegistry;
 use super::connection::get_prefix;
 use super::records::Assignment;
-use crate::codec::{MetadataOverrides, Options, decode, encode};
+use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode};
 use crate::{ApiRegistry, MetadataChange, RegistryError, Result, UnitRecord, UnitView};
 
 /// How often a conditional write is tried before giving up on a busy key.
@@ -95,6 +95,40 @@ impl EtcdRegistry {
     }
 }
 
+impl EtcdRegistry {
+    /// Removes a unit whose record cannot be read: every key named after it (its hash, and
+    /// so its body reference, is found by a scan of the references).
+    async fn destroy_unreadable_unit(&self, name: &str) -> Result<bool> {
+        let keys = self.keys();
+        let (_, replies) = self
+            .connection()
+            .read(vec![
+                TxnOp::get(keys.placement(name), None),
+                TxnOp::get(keys.all_refs(), Some(etcd_client::GetOptions::new().with_prefix().with_keys_only())),
+            ])
+            .await?;
+        let mut ops = vec![
+            TxnOp::delete(keys.unit(name), None),
+            TxnOp::delete(keys.placement(name), None),
+            TxnOp::delete(keys.reason(name), None),
+            TxnOp::delete(keys.global(name), None),
+        ];
+        if let Some(machine) = replies.first().and_then(first).map(text) {
+            ops.push(TxnOp::delete(keys.scheduled(&machine, name), None));
+        }
+        let suffix = format!("/{name}");
+        let refs: Vec<String> = replies
+            .get(1)
+            .map(|reply| reply.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect())
+            .unwrap_or_default();
+        for key in refs.iter().filter(|key| key.ends_with(&suffix)) {
+            ops.push(TxnOp::delete(key.as_str(), None));
+        }
+        self.connection().txn(Txn::new().and_then(ops)).await?;
+        Ok(true)
+    }
+}
+
 fn missing_body(key: String) -> RegistryError {
     RegistryError::Corrupt { key, reason: "unit body missing".into() }
 }
@@ -123,20 +157,27 @@ impl ApiRegistry for EtcdRegistry {
         let mut state_of: HashMap<String, UnitState> = HashMap::new();
         for kv in states.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
-            state_of.insert(key.clone(), decode(&key, kv.value())?);
+            if let Some(state) = decode_listed(&key, kv.value()) {
+                state_of.insert(key, state);
+            }
         }
         let mut files: HashMap<String, UnitFile> = HashMap::new();
         for kv in bodies.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
-            files.insert(key.clone(), UnitFile::from_options(decode::<Options>(&key, kv.value())?));
+            if let Some(options) = decode_listed::<Options>(&key, kv.value()) {
+                files.insert(key, UnitFile::from_options(options));
+            }
         }
         let mut views = Vec::new();
         for kv in units.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let Some(name) = keys.name_in(&keys.units(), &key) else { continue };
-            let record: UnitRecord = decode(&key, kv.value())?;
+            let Some(record) = decode_listed::<UnitRecord>(&key, kv.value()) else { continue };
             let body_key = keys.body(&record.hash.to_string());
-            let file = files.get(&body_key).cloned().ok_or_else(|| missing_body(body_key))?;
+            let Some(file) = files.get(&body_key).cloned() else {
+                tracing::error!(error = %missing_body(body_key), "skipping a unit whose body cannot be read");
+                continue;
+            };
             let machine = placed.get(name).cloned();
             let state = machine.as_ref().and_then(|machine| state_of.remove(&keys.state(machine, name)));
             views.push(UnitView::from_records(name, record, file, machine, reasons.get(name).cloned(), state.as_ref()));
@@ -214,7 +255,13 @@ impl ApiRegistry for EtcdRegistry {
     async fn destroy_unit(&self, name: &str) -> Result<bool> {
         let keys = self.keys();
         for _ in 0..ATTEMPTS {
-            let current = self.current(name).await?;
+            let current = match self.current(name).await {
+                Err(RegistryError::Corrupt { key, reason }) => {
+                    tracing::error!(key, reason, "destroying a unit whose record cannot be read");
+                    return self.destroy_unreadable_unit(name).await;
+                }
+                current => current?,
+            };
             let Some(record) = &current.record else {
                 return Ok(false);
             };
@@ -246,7 +293,7 @@ impl ApiRegistry for EtcdRegistry {
             .await?;
         let mut states = Vec::new();
         for kv in reply.kvs() {
-            states.push(decode::<UnitState>(&String::from_utf8_lossy(kv.key()), kv.value())?);
+            states.extend(decode_listed::<UnitState>(&String::from_utf8_lossy(kv.key()), kv.value()));
         }
         states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
         Ok(states)
@@ -262,14 +309,16 @@ impl ApiRegistry for EtcdRegistry {
         let mut overrides: HashMap<String, MetadataOverrides> = HashMap::new();
         for kv in metadata.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
-            if let Some(machine) = keys.name_in(&keys.all_metadata(), &key) {
-                overrides.insert(machine.to_string(), decode(&key, kv.value())?);
+            if let Some(machine) = keys.name_in(&keys.all_metadata(), &key)
+                && let Some(changes) = decode_listed(&key, kv.value())
+            {
+                overrides.insert(machine.to_string(), changes);
             }
         }
         let mut result = Vec::new();
         for kv in machines.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let machine: MachineState = decode(&key, kv.value())?;
+            let Some(machine) = decode_listed::<MachineState>(&key, kv.value()) else { continue };
             let changes = overrides.get(&machine.id).cloned().unwrap_or_default();
             result.push(machine.with_overrides(&changes));
         }

@@ -16,7 +16,7 @@ use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
 use super::session::{Leadership, grant, renew};
-use crate::codec::{MetadataOverrides, Options, decode, encode};
+use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode};
 use crate::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit, UnitRecord,
 };
@@ -48,11 +48,12 @@ fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<Machine
         if keys.name_in(&machines, key).is_none() {
             continue;
         }
-        let machine: MachineState = decode(key, &entry.value)?;
-        let overrides: MetadataOverrides = match data.entries.get(&keys.metadata(&machine.id)) {
-            Some(entry) => decode(&keys.metadata(&machine.id), &entry.value)?,
-            None => MetadataOverrides::new(),
-        };
+        let Some(machine) = decode_listed::<MachineState>(key, &entry.value) else { continue };
+        let overrides: MetadataOverrides = data
+            .entries
+            .get(&keys.metadata(&machine.id))
+            .and_then(|entry| decode_listed(&keys.metadata(&machine.id), &entry.value))
+            .unwrap_or_default();
         result.push(machine.with_overrides(&overrides));
     }
     Ok(result)
@@ -215,7 +216,7 @@ impl EngineRegistry for EtcdRegistry {
         let unit_range = KeyRange::prefix(units_prefix.clone());
         for (key, entry) in data.range(&unit_range) {
             let Some(name) = keys.name_in(&units_prefix, key) else { continue };
-            let record: UnitRecord = decode(key, &entry.value)?;
+            let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
             units.push(ScheduledUnit {
                 name: name.to_string(),
                 hash: record.hash,
@@ -242,8 +243,10 @@ impl EngineRegistry for EtcdRegistry {
         for kv in bodies {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let Some(hash) = keys.name_in(&bodies_prefix, &key).and_then(UnitHash::parse_hex) else { continue };
-            if hashes.contains(&hash) || hashes.len() > MAX_TXN_OPS {
-                found.insert(hash, UnitFile::from_options(decode::<Options>(&key, kv.value())?));
+            if (hashes.contains(&hash) || hashes.len() > MAX_TXN_OPS)
+                && let Some(options) = decode_listed::<Options>(&key, kv.value())
+            {
+                found.insert(hash, UnitFile::from_options(options));
             }
         }
         Ok(found)

@@ -92,6 +92,9 @@ impl Keys {
     pub fn refs(&self, hash: &str) -> String {
         self.key(&["refs", hash, ""])
     }
+    pub fn all_refs(&self) -> String {
+        self.key(&["refs", ""])
+    }
     pub fn body_ref(&self, hash: &str, unit: &str) -> String {
         self.key(&["refs", hash, unit])
     }

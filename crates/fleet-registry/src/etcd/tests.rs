@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use etcd_client::GetOptions;
+use etcd_client::{GetOptions, Txn, TxnOp};
 use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitHash, UnitState};
 use fleet_testkit::EtcdServer;
@@ -290,4 +290,35 @@ async fn user_and_password() {
     assert_eq!(registry.machines().await.unwrap().len(), 1);
     options.password = "wrong".into();
     assert!(EtcdRegistry::connect(&options, lifetimes).await.is_err(), "a wrong password is refused");
+}
+
+/// Regression: one malformed record made `GET /units` fail and stopped the engine for the
+/// whole cluster. It is skipped and reported now, and the unit can still be destroyed.
+#[tokio::test]
+async fn a_malformed_record_is_skipped_and_its_unit_can_be_destroyed() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    registry.put_unit("good.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    registry.put_unit("bad.service", &unit("[Service]\nExecStart=/bin/true\n"), DesiredState::Launched).await.unwrap();
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let keys = registry.keys();
+    let corrupt =
+        [TxnOp::put(keys.unit("bad.service"), "{not json", None), TxnOp::put(keys.machine("broken"), "[]", None)];
+    registry.connection().txn(Txn::new().and_then(corrupt)).await.unwrap();
+    let names: Vec<String> = registry.units().await.unwrap().into_iter().map(|view| view.name).collect();
+    assert_eq!(names, ["good.service"]);
+    let machines: Vec<String> = registry.machines().await.unwrap().into_iter().map(|machine| machine.id).collect();
+    assert_eq!(machines, ["m1"]);
+    assert!(matches!(registry.unit("bad.service").await, Err(RegistryError::Corrupt { .. })));
+    eventually("the engine's snapshot holds the good unit and machine", || async {
+        registry.snapshot().await.is_ok_and(|snapshot| {
+            snapshot.units.iter().map(|unit| unit.name.as_str()).collect::<Vec<_>>() == ["good.service"]
+                && snapshot.machines.len() == 1
+        })
+    })
+    .await;
+    assert!(registry.destroy_unit("bad.service").await.unwrap());
+    assert_eq!(keys_under(&registry, &keys.unit("bad.service")).await, Vec::<String>::new());
+    let refs = keys_under(&registry, &keys.all_refs()).await;
+    assert!(refs.iter().all(|key| !key.ends_with("/bad.service")), "{refs:?}");
 }

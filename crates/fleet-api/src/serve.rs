@@ -1,0 +1,282 @@
+//! Serving the API on its listeners, with the limits that keep it answering whatever its
+//! clients do: a bound on the connections of each listener (so a flood on TCP never starves
+//! the Unix socket), a deadline for a request's headers that also closes idle keep-alive
+//! connections, a deadline for its body, and a bound on accept errors (such as running out
+//! of descriptors) that retries instead of giving up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{Semaphore, watch};
+
+use crate::host_check::HostCheck;
+use crate::listen::ApiListener;
+
+/// The limits every listener serves with.
+#[derive(Clone, Copy, Debug)]
+pub struct ServeLimits {
+    /// Connections open at once on one listener; more are closed at once.
+    pub connections_per_listener: usize,
+    /// How long a client may take to send a request's headers, and how long a keep-alive
+    /// connection may sit idle.
+    pub header_timeout: Duration,
+    /// How long in-flight requests get to finish at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            connections_per_listener: 512,
+            header_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// How long to wait before accepting again after an accept error (e.g. EMFILE).
+const ACCEPT_RETRY: Duration = Duration::from_millis(100);
+
+/// Serves `router` on every listener until `shutdown` turns true.
+pub async fn serve(
+    listeners: &[ApiListener],
+    router: Router,
+    shutdown: watch::Receiver<bool>,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
+    let mut servers = tokio::task::JoinSet::new();
+    for listener in listeners {
+        let check = HostCheck::for_listener(listener);
+        let router = router.clone().layer(axum::Extension(check));
+        let stop = shutdown.clone();
+        match listener.try_clone()? {
+            ApiListener::Unix(listener) => {
+                let listener = tokio::net::UnixListener::from_std(listener)?;
+                servers.spawn(accept_loop(listener, router, stop, limits));
+            }
+            ApiListener::Tcp(listener) => {
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                servers.spawn(accept_loop(listener, router, stop, limits));
+            }
+        }
+    }
+    while let Some(result) = servers.join_next().await {
+        if let Err(error) = result {
+            tracing::warn!(%error, "API listener task failed");
+        }
+    }
+    Ok(())
+}
+
+/// A listener's accept, whatever its kind.
+trait Accept: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    fn next(&self) -> impl std::future::Future<Output = std::io::Result<Self::Stream>> + Send;
+}
+
+impl Accept for tokio::net::UnixListener {
+    type Stream = tokio::net::UnixStream;
+    async fn next(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Stream = tokio::net::TcpStream;
+    async fn next(&self) -> std::io::Result<Self::Stream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
+
+async fn accept_loop<L: Accept>(listener: L, router: Router, mut stop: watch::Receiver<bool>, limits: ServeLimits) {
+    let slots = Arc::new(Semaphore::new(limits.connections_per_listener));
+    let mut connections = tokio::task::JoinSet::new();
+    let mut refused_logged = false;
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.next() => accepted,
+            () = stopped(&mut stop) => break,
+        };
+        let stream = match stream {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "cannot accept an API connection; retrying");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            if !refused_logged {
+                tracing::warn!(limit = limits.connections_per_listener, "too many API connections; closing new ones");
+                refused_logged = true;
+            }
+            drop(stream);
+            continue;
+        };
+        refused_logged = false;
+        while connections.try_join_next().is_some() {}
+        connections.spawn(serve_connection(stream, router.clone(), stop.clone(), limits, slot));
+    }
+    let drain = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(limits.shutdown_grace, drain).await.is_err() {
+        connections.abort_all();
+    }
+}
+
+async fn serve_connection<S>(
+    stream: S,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+    limits: ServeLimits,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = TowerToHyperService::new(router);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    let connection = builder.serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, "API connection ended");
+            }
+        }
+        () = stopped(&mut stop) => {
+            connection.as_mut().graceful_shutdown();
+            let _ = connection.await;
+        }
+    }
+}
+
+/// Resolves when `stop` turns true (or its sender is gone).
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    use std::os::unix::net::UnixStream;
+    use std::time::Instant;
+
+    use fleet_registry::embedded::EmbeddedRegistry;
+
+    use super::*;
+    use crate::listen::{bind_tcp, bind_unix};
+    use crate::{ApiState, router};
+
+    struct Server {
+        tcp: std::net::SocketAddr,
+        unix: std::path::PathBuf,
+        stop: watch::Sender<bool>,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn server(limits: ServeLimits) -> Server {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+        let state =
+            ApiState { registry: Arc::new(registry), token_limit: crate::router::TokenLimit::new(100), local: None };
+        let unix = dir.path().join("api.sock");
+        let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];
+        let ApiListener::Tcp(tcp) = &listeners[0] else { unreachable!() };
+        let tcp = tcp.local_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        tokio::spawn(async move { serve(&listeners, router(state), stopped, limits).await });
+        Server { tcp, unix, stop, _dir: dir }
+    }
+
+    fn ask(mut stream: impl Read + Write, host: &str) -> String {
+        let request = format!("GET /fleet/v1/units HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    }
+
+    /// Blocks until the server closes `stream`; returns how long that took.
+    fn closed_after(mut stream: impl Read) -> Duration {
+        let started = Instant::now();
+        let mut buffer = [0u8; 256];
+        while matches!(stream.read(&mut buffer), Ok(read) if read > 0) {}
+        started.elapsed()
+    }
+
+    const LIMITS: ServeLimits = ServeLimits {
+        connections_per_listener: 4,
+        header_timeout: Duration::from_millis(300),
+        shutdown_grace: Duration::from_secs(1),
+    };
+
+    /// Regression: idle and slow-header connections were never timed out.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn idle_and_slow_connections_are_closed() {
+        let server = server(LIMITS).await;
+        let tcp = server.tcp;
+        let waited = tokio::task::spawn_blocking(move || {
+            let idle = TcpStream::connect(tcp).unwrap();
+            let idle_for = closed_after(idle);
+            let mut slow = TcpStream::connect(tcp).unwrap();
+            slow.write_all(b"GET /fleet/v1/units HTTP/1.1\r\nHost: 127.0.0.1\r\n").unwrap();
+            (idle_for, closed_after(slow))
+        })
+        .await
+        .unwrap();
+        for elapsed in [waited.0, waited.1] {
+            assert!(elapsed >= Duration::from_millis(250) && elapsed < Duration::from_secs(5), "{elapsed:?}");
+        }
+        let _ = server.stop.send(true);
+    }
+
+    /// Connections past the bound are closed at once, and a flood on TCP does not reach the
+    /// Unix socket, which keeps answering.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn connections_are_bounded_per_listener() {
+        let server = server(ServeLimits { header_timeout: Duration::from_secs(30), ..LIMITS }).await;
+        let (tcp, unix) = (server.tcp, server.unix.clone());
+        tokio::task::spawn_blocking(move || {
+            let held: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(tcp).unwrap()).collect();
+            std::thread::sleep(Duration::from_millis(200));
+            let extra = TcpStream::connect(tcp).unwrap();
+            assert!(closed_after(extra) < Duration::from_secs(2), "the fifth connection is closed at once");
+            assert!(ask(UnixStream::connect(&unix).unwrap(), "localhost").starts_with("HTTP/1.1 200"));
+            drop(held);
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(ask(TcpStream::connect(tcp).unwrap(), "127.0.0.1").starts_with("HTTP/1.1 200"), "slots come back");
+        })
+        .await
+        .unwrap();
+        let _ = server.stop.send(true);
+    }
+
+    /// Regression: the Host header was not checked, which let DNS rebinding reach a loopback
+    /// listener from a browser.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn loopback_listeners_refuse_foreign_host_names() {
+        let server = server(LIMITS).await;
+        let (tcp, unix) = (server.tcp, server.unix.clone());
+        tokio::task::spawn_blocking(move || {
+            let refused = ask(TcpStream::connect(tcp).unwrap(), "attacker.example:4002");
+            assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+            assert!(refused.contains("Host header names no loopback address"), "{refused}");
+            assert!(
+                ask(TcpStream::connect(tcp).unwrap(), &format!("localhost:{}", tcp.port())).starts_with("HTTP/1.1 200")
+            );
+            assert!(ask(TcpStream::connect(tcp).unwrap(), &tcp.to_string()).starts_with("HTTP/1.1 200"));
+            assert!(
+                ask(UnixStream::connect(&unix).unwrap(), "attacker.example").starts_with("HTTP/1.1 200"),
+                "a Unix socket is not reachable from a browser"
+            );
+        })
+        .await
+        .unwrap();
+        let _ = server.stop.send(true);
+    }
+}
