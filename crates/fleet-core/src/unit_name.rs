@@ -128,9 +128,18 @@ impl<'a> UnitNameInfo<'a> {
 /// What fleetctl makes of a unit argument: its file name, with `.service` added unless it
 /// already ends in a valid unit type (the original only knew seven of them).
 pub fn mangle(argument: &str) -> String {
-    let base = argument.trim_end_matches('/').rsplit('/').next().unwrap_or(argument);
+    let argument = with_default_unit_type(argument);
+    argument.trim_end_matches('/').rsplit('/').next().unwrap_or(&argument).to_string()
+}
+
+/// A command-line argument with `.service` appended unless it ends in a unit type, as the
+/// original does before it reads the file: `hello` reads `hello.service`, `sub/web` reads
+/// `sub/web.service`, and `bad.unittype` reads `bad.unittype.service`.
+pub fn with_default_unit_type(argument: &str) -> String {
+    let trimmed = argument.trim_end_matches('/');
+    let base = trimmed.rsplit('/').next().unwrap_or(trimmed);
     let known = base.rsplit_once('.').is_some_and(|(_, suffix)| UNIT_TYPES.contains(&suffix));
-    if known { base.to_string() } else { format!("{base}.service") }
+    if known { trimmed.to_string() } else { format!("{trimmed}.service") }
 }
 
 #[cfg(test)]
@@ -185,5 +194,9 @@ mod tests {
         assert_eq!(mangle("/tmp/units/hello.service"), "hello.service");
         assert_eq!(mangle("foo.target"), "foo.target");
         assert_eq!(mangle("foo.bar"), "foo.bar.service");
+        assert_eq!(with_default_unit_type("hello"), "hello.service");
+        assert_eq!(with_default_unit_type("sub/web"), "sub/web.service");
+        assert_eq!(with_default_unit_type("sub/web.socket"), "sub/web.socket");
+        assert_eq!(with_default_unit_type("bad.unittype"), "bad.unittype.service");
     }
 }

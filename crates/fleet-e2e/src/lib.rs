@@ -196,7 +196,13 @@ impl Fleetd {
     }
 
     pub fn fleetctl(&self, args: &[&str]) -> Ran {
+        self.fleetctl_in(Path::new("."), args)
+    }
+
+    /// Runs fleetctl in the working directory `dir`.
+    pub fn fleetctl_in(&self, dir: &Path, args: &[&str]) -> Ran {
         Command::new(binary("fleetctl"))
+            .current_dir(dir)
             .arg(format!("--endpoint=unix://{}", self.socket().display()))
             .args(args)
             .env_remove("FLEETCTL_ENDPOINT")

@@ -279,3 +279,33 @@ fn a_unit_that_never_stops_blocks_neither_the_agent_nor_shutdown() {
     assert!(fleet_e2e::unit_processes(&fleet.state_dir()).is_empty(), "nothing outlived fleetd");
     assert!(fleet.log().contains("units did not stop in time; killing them"), "{}", fleet.log());
 }
+
+/// The original's client habits: `submit hello` reads `hello.service` from the working
+/// directory (and `sub/web` reads `sub/web.service`), `submit bad.unittype` is refused, and
+/// an invalid name is reported in the original's words.
+#[test]
+fn fleetctl_reads_unit_files_named_without_their_suffix() {
+    let fleet = Fleetd::start("e2e0hostile00011", &[]);
+    let work = fleet.dir.path().join("work");
+    std::fs::create_dir_all(work.join("sub")).unwrap();
+    write_unit(&work, "hello.service", "[Service]\nExecStart=/bin/sleep 4242011\n");
+    write_unit(&work.join("sub"), "web.service", "[Service]\nExecStart=/bin/sleep 4242012\n");
+    write_unit(&work, "bad.unittype", "[Service]\nExecStart=/bin/true\n");
+    let submitted = fleet.fleetctl_in(&work, &["submit", "hello", "sub/web"]);
+    assert_eq!(submitted.code, 0, "{submitted:?}");
+    assert_eq!(submitted.stdout, "Unit hello.service inactive\nUnit web.service inactive\n");
+    let cat = fleet.ok(&["cat", "web"]).stdout;
+    assert!(cat.contains("ExecStart=/bin/sleep 4242012"), "{cat}");
+    let refused = fleet.fleetctl_in(&work, &["submit", "bad.unittype"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(
+        refused.stderr.contains("unable to find Unit(bad.unittype.service) in Registry or on filesystem"),
+        "{refused:?}"
+    );
+    let invalid = fleet.fleetctl_in(&work, &["submit", "bad!.service"]);
+    assert_eq!(invalid.code, 1);
+    assert!(invalid.stderr.contains(": invalid character '!' in unit name\n"), "{invalid:?}");
+    assert!(!invalid.stderr.contains("invalid unit name"), "{invalid:?}");
+    let template = fleet.fleetctl_in(&work, &["submit", "x@y.device"]);
+    assert!(template.stderr.contains(": invalid unit type for template: \"device\"\n"), "{template:?}");
+}

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fleet_api::schema::{Unit, UnitOption};
 use fleet_core::requirements::KNOWN_KEYS;
-use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name};
+use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name, with_default_unit_type};
 use fleet_core::{Requirements, UnitFile};
 
 use crate::context::Context;
@@ -98,7 +98,7 @@ pub async fn lazy_create(
 ) -> Result<Vec<String>, String> {
     let names: Vec<String> = arguments.iter().map(|argument| mangle(argument)).collect();
     for name in &names {
-        validate_name(name).map_err(|error| format!("invalid unit name {name:?}: {error}"))?;
+        validate_name(name).map_err(|error| error.to_string())?;
     }
     let mut wanted: BTreeSet<String> = names.iter().cloned().collect();
     wanted.extend(names.iter().filter_map(|name| UnitNameInfo::new(name).template()));
@@ -110,7 +110,8 @@ pub async fn lazy_create(
         if !seen.insert(name.clone()) {
             continue;
         }
-        let local = local_content(argument, name, &registry, &mut templates_on_disk).await?;
+        let path = with_default_unit_type(argument);
+        let local = local_content(&path, name, &registry, &mut templates_on_disk).await?;
         if let Some(existing) = registry.get(name) {
             let Some(local) = local else { continue };
             let stored = unit_file(existing);
@@ -123,7 +124,7 @@ pub async fn lazy_create(
             let desired = existing.desired_state.as_deref().unwrap_or("inactive");
             if !replace {
                 eprintln!(
-                    "WARNING: Unit {name} in registry differs from local unit file {argument}. Add --replace to override."
+                    "WARNING: Unit {name} in registry differs from local unit file {path}. Add --replace to override."
                 );
             } else if replaceable.contains(&desired) {
                 to_create.push(new_unit(name, &local)?);
