@@ -8,7 +8,7 @@
 //! Implementations: [`embedded::EmbeddedRegistry`] (a redb file; the single-machine default)
 //! and [`etcd::EtcdRegistry`] (etcd v3; clusters).
 
-mod codec;
+pub mod codec;
 pub mod embedded;
 pub mod etcd;
 mod model;

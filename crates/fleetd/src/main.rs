@@ -1,6 +1,5 @@
 //! fleetd: on every machine, the engine, the agent and the HTTP API v1.
 
-mod config;
 mod host;
 mod process_setup;
 mod run;
@@ -11,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use config::Config;
+use fleetd::config::Config;
 
 const USAGE: &str = "Usage: fleetd [-config PATH] [-version]";
 

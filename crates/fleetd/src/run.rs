@@ -20,9 +20,9 @@ use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::config::{Config, UnitManagerChoice};
 use crate::supervise::supervise;
 use crate::{host, store};
+use fleetd::config::{Config, UnitManagerChoice};
 
 /// The agent's fallback reconcile period (the original's fixed 5 s).
 const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);

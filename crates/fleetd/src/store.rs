@@ -8,7 +8,7 @@ use fleet_registry::Registry;
 use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 
-use crate::config::Config;
+use fleetd::config::Config;
 
 const CONNECT_RETRY_MAX: Duration = Duration::from_secs(30);
 

@@ -26,6 +26,7 @@ use connection::Connection;
 pub use connection::EtcdOptions;
 use keys::{KeyRange, Keys};
 use mirror::Mirror;
+pub use records::Assignment;
 
 use crate::Result;
 

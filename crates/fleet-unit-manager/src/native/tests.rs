@@ -224,3 +224,15 @@ async fn a_unit_that_never_stops_holds_up_nothing_else() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(unit_processes(dir.path()).is_empty(), "what did not stop was killed");
 }
+
+/// Regression: units without `WorkingDirectory=` ran in fleetd's own working directory.
+#[tokio::test]
+async fn units_run_in_the_root_directory_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = manager(dir.path());
+    load(&manager, "where.service", "[Service]\nType=oneshot\nExecStart=/bin/pwd\n").await;
+    manager.start("where.service").await.unwrap();
+    wait_for(&manager, "where.service", "inactive", "dead").await;
+    let journal = manager.journal("where.service", 20).await.unwrap();
+    assert!(journal.lines().any(|line| line.contains(" pwd[") && line.ends_with("]: /")), "{journal}");
+}

@@ -1,0 +1,64 @@
+//! The API as a client reaches it: arbitrary method, path, query, headers and body, through
+//! the real router on an embedded store. No request may panic a handler or get a 5xx.
+
+use std::sync::{Arc, OnceLock};
+
+use axum::body::Body;
+use axum::http::Request;
+use fleet_api::{ApiState, TokenLimit, router};
+use fleet_registry::embedded::EmbeddedRegistry;
+use tower::ServiceExt;
+
+struct Fixture {
+    runtime: tokio::runtime::Runtime,
+    state: ApiState,
+    _dir: tempfile::TempDir,
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let registry = EmbeddedRegistry::open(&dir.path().join("fuzz.redb")).expect("embedded store");
+        let state = ApiState { registry: Arc::new(registry), token_limit: TokenLimit::new(2), local: None };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        Fixture { runtime, state, _dir: dir }
+    })
+}
+
+const METHODS: &[&str] = &["GET", "PUT", "DELETE", "PATCH", "POST", "HEAD", "OPTIONS"];
+const PREFIXES: &[&str] =
+    &["/fleet/v1/units/", "/fleet/v1/units", "/fleet/v1/machines", "/fleet/v1/state", "/fleet/v1/"];
+
+/// Input layout: a byte choosing the method and path prefix, then the rest of the path and
+/// query up to a newline, then the body.
+pub fn api_request(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else { return };
+    let method = METHODS[usize::from(selector) % METHODS.len()];
+    let prefix = PREFIXES[usize::from(selector / 8) % PREFIXES.len()];
+    let (tail, body) = match rest.iter().position(|byte| *byte == b'\n') {
+        Some(end) => (&rest[..end], &rest[end + 1..]),
+        None => (rest, &[][..]),
+    };
+    let uri = format!("{prefix}{}", String::from_utf8_lossy(tail));
+    let Ok(request) = Request::builder()
+        .method(method)
+        .uri(uri.as_str())
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_vec()))
+    else {
+        return;
+    };
+    let fixture = fixture();
+    let router = router(fixture.state.clone());
+    let response = fixture.runtime.block_on(router.oneshot(request)).expect("the router never fails");
+    let status = response.status();
+    assert!(!status.is_server_error(), "{method} {uri} answered {status}");
+    // A HEAD answer has no body by definition.
+    if status.is_client_error() && method != "HEAD" {
+        let bytes = fixture.runtime.block_on(axum::body::to_bytes(response.into_body(), usize::MAX)).expect("a body");
+        let error: serde_json::Value = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|error| panic!("{method} {uri} answered {status} with no JSON error: {error}"));
+        assert!(error["error"]["code"].is_u64(), "{method} {uri}: {error}");
+    }
+}

@@ -1,0 +1,4 @@
+//! fleetd as a library: only what is pure enough to test and fuzz from outside the binary,
+//! its configuration format.
+
+pub mod config;
