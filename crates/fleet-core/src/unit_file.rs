@@ -143,11 +143,14 @@ impl UnitFile {
                 }
                 value.push_str(segment);
                 let continues = segment.ends_with('\\');
-                // A continued line that the file ends on has no next line to join.
+                if continues {
+                    value.push('\n');
+                }
+                // A continued line that the file ends on has no next line to join; it keeps
+                // its newline all the same, so the text reads back to itself.
                 if !continues || index >= lines.len() {
                     break;
                 }
-                value.push('\n');
                 segment = lines[index];
                 if segment.len() >= LINE_MAX {
                     return Err(ParseError { line: index + 1, reason: ParseErrorReason::LineTooLong });

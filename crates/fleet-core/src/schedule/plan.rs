@@ -1,6 +1,6 @@
 //! The engine's reconcile, as a pure function.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
 use super::reason::{UnplacedReason, UnscheduleReason};
@@ -23,6 +23,7 @@ use crate::unit_name::UnitNameInfo;
 pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     let mut working = Working::new(snapshot);
     let mut plan = Plan::default();
+    let mut placed = PlacedInThisPlan { at: vec![None; snapshot.units.len()], retracted: HashSet::new() };
     let units = &snapshot.units;
     let mut order: Vec<usize> =
         (0..units.len()).filter(|index| !UnitNameInfo::new(&units[*index].name).is_template()).collect();
@@ -30,7 +31,7 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     let (globals, placeable): (Vec<usize>, Vec<usize>) =
         order.iter().partition(|index| units[**index].requirements.global);
 
-    keep_scheduled_units(&mut working, &mut plan, &placeable);
+    keep_scheduled_units(&mut working, &mut plan, &mut placed, &placeable);
     count_global_units(&mut working, &globals);
 
     let mut pending: VecDeque<usize> = placeable
@@ -51,11 +52,12 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
             match choose(&working, &mut index_cache, index) {
                 Ok(rank) => {
                     working.place(index, rank);
+                    placed.at[index] = Some(plan.decisions.len());
                     plan.decisions.push(Decision::Schedule {
                         unit: units[index].name.clone(),
                         machine: working.machines[rank].id.clone(),
                     });
-                    evicted_any |= make_room(&mut working, &mut plan, index, rank, &mut pending);
+                    evicted_any |= make_room(&mut working, &mut plan, &mut placed, index, rank, &mut pending);
                     placed_any = true;
                 }
                 Err(reason) => failed.push((index, reason)),
@@ -68,12 +70,33 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
         }
         pending = failed.into_iter().map(|(index, _)| index).collect();
     }
+    if !placed.retracted.is_empty() {
+        let mut position = 0;
+        plan.decisions.retain(|_| {
+            position += 1;
+            !placed.retracted.contains(&(position - 1))
+        });
+    }
     plan
+}
+
+/// Where this plan scheduled each unit (its decision's position). A unit this plan placed
+/// and then has to move again (its leader was replaced, say) has that Schedule taken back
+/// rather than an Unschedule from a machine it never reached: a plan moves a unit at most
+/// once.
+struct PlacedInThisPlan {
+    at: Vec<Option<usize>>,
+    retracted: HashSet<usize>,
 }
 
 /// Step 1: scheduled units stay on their machine unless their desired state is inactive, the
 /// machine is gone, or they can no longer run there.
-fn keep_scheduled_units(working: &mut Working<'_>, plan: &mut Plan, placeable: &[usize]) {
+fn keep_scheduled_units(
+    working: &mut Working<'_>,
+    plan: &mut Plan,
+    placed: &mut PlacedInThisPlan,
+    placeable: &[usize],
+) {
     let units = working.units;
     for &index in placeable {
         let unit = &units[index];
@@ -107,7 +130,7 @@ fn keep_scheduled_units(working: &mut Working<'_>, plan: &mut Plan, placeable: &
             break;
         }
         for (index, reason) in leaving {
-            evict(working, plan, index, UnscheduleReason::CannotRunThere(reason), &mut requeue);
+            evict(working, plan, placed, index, UnscheduleReason::CannotRunThere(reason), &mut requeue);
         }
     }
     for &index in placeable {
@@ -122,7 +145,7 @@ fn keep_scheduled_units(working: &mut Working<'_>, plan: &mut Plan, placeable: &
             Err(UnplacedReason::ReplacedEverywhere(other)) => UnscheduleReason::ReplacedBy(other),
             Err(reason) => UnscheduleReason::CannotRunThere(reason),
         };
-        evict(working, plan, index, reason, &mut requeue);
+        evict(working, plan, placed, index, reason, &mut requeue);
     }
 }
 
@@ -148,6 +171,7 @@ fn count_global_units(working: &mut Working<'_>, globals: &[usize]) {
 fn make_room(
     working: &mut Working<'_>,
     plan: &mut Plan,
+    placed: &mut PlacedInThisPlan,
     unit: usize,
     rank: Rank,
     pending: &mut VecDeque<usize>,
@@ -164,7 +188,7 @@ fn make_room(
             working.remove(other, rank);
         } else {
             let reason = UnscheduleReason::ReplacedBy(working.units[unit].name.clone());
-            evict(working, plan, other, reason, pending);
+            evict(working, plan, placed, other, reason, pending);
             evicted = true;
         }
     }
@@ -176,6 +200,7 @@ fn make_room(
 fn evict(
     working: &mut Working<'_>,
     plan: &mut Plan,
+    placed: &mut PlacedInThisPlan,
     unit: usize,
     reason: UnscheduleReason,
     pending: &mut VecDeque<usize>,
@@ -184,17 +209,22 @@ fn evict(
         return;
     };
     let name = working.units[unit].name.clone();
-    plan.decisions.push(Decision::Unschedule {
-        unit: name.clone(),
-        machine: working.machines[rank].id.clone(),
-        reason,
-    });
+    match placed.at[unit].take() {
+        Some(position) => {
+            placed.retracted.insert(position);
+        }
+        None => plan.decisions.push(Decision::Unschedule {
+            unit: name.clone(),
+            machine: working.machines[rank].id.clone(),
+            reason,
+        }),
+    }
     working.remove(unit, rank);
     pending.push_back(unit);
     for follower in working.followers(unit).to_vec() {
         if working.placement(follower) == Some(rank) {
             let reason = UnscheduleReason::CannotRunThere(UnplacedReason::PeerNotScheduled(name.clone()));
-            evict(working, plan, follower, reason, pending);
+            evict(working, plan, placed, follower, reason, pending);
         }
     }
 }

@@ -30,6 +30,11 @@ fn continuation_lines_keep_backslash_and_newline() {
 fn continuation_at_end_of_file_keeps_the_newline() {
     let unit = UnitFile::parse("[Service]\nExecStart=foo\\\n").unwrap();
     assert_eq!(unit.options()[0].value, "foo\\\n");
+    // Found by fuzzing: without the file's last newline the value read differently, so the
+    // normalised text did not read back to itself.
+    let unterminated = UnitFile::parse("[Service]\nExecStart=foo\\").unwrap();
+    assert_eq!(unterminated, unit);
+    assert_eq!(UnitFile::parse(&unit.serialize()).unwrap(), unit);
 }
 
 #[test]

@@ -115,6 +115,19 @@ impl CgroupBase {
     }
 }
 
+impl CgroupBase {
+    /// Removes the unit cgroups that are empty, then the base itself if nothing is left:
+    /// what a clean shutdown leaves behind is nothing.
+    pub fn remove_if_empty(&self) {
+        if let Ok(entries) = std::fs::read_dir(&self.dir) {
+            for entry in entries.flatten().filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir())) {
+                let _ = std::fs::remove_dir(entry.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
 /// One unit's cgroup.
 #[derive(Clone, Debug)]
 pub struct UnitCgroup {

@@ -75,6 +75,9 @@ struct Shared {
     /// Stops still under way, by unit: a new run of the unit waits for its old one's.
     stopping: Mutex<BTreeMap<String, watch::Receiver<bool>>>,
     stop_all_timeout: Duration,
+    /// Numbers each load and start of any unit, so that a runner of an earlier run, still
+    /// stopping, never writes the state of a later one (even across an unload and a load).
+    generations: std::sync::atomic::AtomicU64,
     machine_id: String,
     hostname: String,
     /// Held for its pipe: when fleetd dies the keeper reads end-of-file.
@@ -88,6 +91,10 @@ impl Shared {
 
     fn stopping(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, watch::Receiver<bool>>> {
         self.stopping.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn next_generation(&self) -> u64 {
+        self.generations.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
     fn changed(&self) {
@@ -152,6 +159,7 @@ impl NativeManager {
             cgroups,
             stopping: Mutex::new(BTreeMap::new()),
             stop_all_timeout: options.stop_all_timeout,
+            generations: std::sync::atomic::AtomicU64::new(0),
             machine_id: options.machine_id,
             hostname: options.hostname,
         };
@@ -299,7 +307,7 @@ impl UnitManager for NativeManager {
             Err(_) => SystemdState::new("bad-setting", "inactive", "dead"),
         };
         let mut slots = self.shared.slots();
-        let generation = slots.get(name).map_or(0, |slot| slot.generation + 1);
+        let generation = self.shared.next_generation();
         slots.insert(
             name.to_string(),
             Slot { hash: file.hash(), file: file.clone(), config, state, generation, running: None, log },
@@ -341,7 +349,7 @@ impl UnitManager for NativeManager {
                     return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
                 }
             };
-            slot.generation += 1;
+            slot.generation = self.shared.next_generation();
             (config, slot.file.clone(), slot.log.clone(), slot.generation)
         };
         let specifiers = self.specifiers(name);
@@ -435,6 +443,9 @@ impl UnitManager for NativeManager {
             let killed = self.shared.cgroups.as_ref().map_or(0, CgroupBase::kill_everything)
                 + kill_leftovers(&self.shared.marker);
             tracing::warn!(killed, "killed unit processes at shutdown");
+        }
+        if let Some(cgroups) = &self.shared.cgroups {
+            cgroups.remove_if_empty();
         }
         Ok(())
     }

@@ -49,14 +49,9 @@ const DESCRIPTIVE_UNIT_KEYS: &[&str] = &["Description", "Documentation"];
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(90);
 
 impl ServiceConfig {
-    /// Reads the unit `name` into what the supervisor runs, and the warnings for the
-    /// directives it ignores.
-    pub fn from_unit(name: &str, file: &UnitFile) -> Result<(Self, Vec<String>), ServiceError> {
-        if !name.ends_with(".service") {
-            let kind = name.rsplit_once('.').map_or(name, |(_, kind)| kind);
-            return Err(ServiceError::UnsupportedType(kind.to_string()));
-        }
-        let mut config = Self {
+    /// What a unit gets for every setting it does not make.
+    fn defaults() -> Self {
+        Self {
             kind: ServiceType::Simple,
             exec_start_pre: Vec::new(),
             exec_start: Vec::new(),
@@ -76,11 +71,50 @@ impl ServiceConfig {
             timeout_stop: Some(DEFAULT_TIMEOUT),
             remain_after_exit: false,
             pid_file: None,
-        };
+        }
+    }
+
+    /// Resets the setting `key` to its default; false for a key that is not a plain setting.
+    fn reset(&mut self, key: &str) -> bool {
+        let defaults = Self::defaults();
+        match key {
+            "Type" => self.kind = defaults.kind,
+            "Restart" => self.restart = defaults.restart,
+            "RestartSec" => self.restart_sec = defaults.restart_sec,
+            "WorkingDirectory" => self.working_directory = defaults.working_directory,
+            "User" => self.user = defaults.user,
+            "Group" => self.group = defaults.group,
+            "KillSignal" => self.kill_signal = defaults.kill_signal,
+            "KillMode" => self.kill_mode = defaults.kill_mode,
+            "TimeoutStartSec" => self.timeout_start = defaults.timeout_start,
+            "TimeoutStopSec" => self.timeout_stop = defaults.timeout_stop,
+            "TimeoutSec" => (self.timeout_start, self.timeout_stop) = (defaults.timeout_start, defaults.timeout_stop),
+            "RemainAfterExit" => self.remain_after_exit = defaults.remain_after_exit,
+            "PIDFile" => self.pid_file = defaults.pid_file,
+            "Environment" => self.environment.clear(),
+            "EnvironmentFile" => self.environment_files.clear(),
+            _ => return false,
+        }
+        true
+    }
+
+    /// Reads the unit `name` into what the supervisor runs, and the warnings for the
+    /// directives it ignores.
+    pub fn from_unit(name: &str, file: &UnitFile) -> Result<(Self, Vec<String>), ServiceError> {
+        if !name.ends_with(".service") {
+            let kind = name.rsplit_once('.').map_or(name, |(_, kind)| kind);
+            return Err(ServiceError::UnsupportedType(kind.to_string()));
+        }
+        let mut config = Self::defaults();
         let mut warnings = Vec::new();
         let bad = |key: &'static str, value: &str| ServiceError::BadValue { key, value: value.to_string() };
         for option in file.options() {
             let value = option.value.as_str();
+            // An empty assignment resets a setting to its default, as in systemd (for the
+            // Exec*= lists, below, it empties the list).
+            if option.section == "Service" && value.trim().is_empty() && config.reset(&option.name) {
+                continue;
+            }
             match (option.section.as_str(), option.name.as_str()) {
                 ("Service", "Type") => {
                     config.kind = match value.parse().map_err(|_| bad("Type", value))? {
@@ -201,6 +235,18 @@ mod tests {
                 .unwrap_err();
             assert_eq!(error, ServiceError::BadValue { key, value: "99999999999999999999999".into() }, "{key}");
         }
+    }
+
+    /// Found by fuzzing: `RestartSec=` (empty) passed the API's check but the supervisor
+    /// refused it; an empty assignment resets a setting, as in systemd.
+    #[test]
+    fn an_empty_assignment_resets_a_setting() {
+        let (config, _) =
+            read("a.service", "[Service]\nExecStart=/bin/true\nRestartSec=5\nRestartSec=\nKillSignal=\nUser=\n")
+                .unwrap();
+        assert_eq!(config.restart_sec, Duration::from_millis(100));
+        assert_eq!(config.kill_signal, libc::SIGTERM);
+        assert_eq!(config.user, None);
     }
 
     #[test]
