@@ -5,6 +5,8 @@
 //! reports. It wakes on changes to its own machine's work and on unit-state changes, with
 //! a periodic reconcile as the fallback.
 
+#![forbid(unsafe_code)]
+
 mod reconciler;
 mod states;
 

@@ -56,7 +56,8 @@ pub fn bind_tcp(address: &str) -> io::Result<ApiListener> {
     Ok(ApiListener::Tcp(listener))
 }
 
-/// The listeners systemd passed to this process, if any.
+/// The listeners systemd passed to this process, if any. Call it once, in `main`, before any
+/// other thread starts (it takes ownership of the passed descriptors).
 pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
     let for_us = std::env::var("LISTEN_PID").ok().and_then(|pid| pid.parse::<u32>().ok()) == Some(std::process::id());
     let count = std::env::var("LISTEN_FDS").ok().and_then(|n| n.parse::<RawFd>().ok()).unwrap_or(0);
@@ -88,11 +89,8 @@ pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
         }
         listeners.push(listener);
     }
-    // SAFETY: removing variables before any other thread reads them is how sd_listen_fds does it.
-    unsafe {
-        std::env::remove_var("LISTEN_PID");
-        std::env::remove_var("LISTEN_FDS");
-        std::env::remove_var("LISTEN_FDNAMES");
-    }
+    // LISTEN_PID/LISTEN_FDS stay in the environment: changing it while other threads may
+    // read it is a data race, and they are harmless where they go on (unit processes get a
+    // cleared environment; any other child has another PID than LISTEN_PID names).
     Ok(listeners)
 }

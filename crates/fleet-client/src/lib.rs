@@ -1,5 +1,7 @@
 //! A client for the fleet HTTP API v1, over a Unix socket or HTTP.
 
+#![forbid(unsafe_code)]
+
 use std::time::Duration;
 
 use fleet_api::schema::{ErrorBody, Journal, Machine, MachinePage, Unit, UnitPage, UnitState, UnitStatePage};

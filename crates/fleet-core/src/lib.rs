@@ -3,6 +3,8 @@
 //! Everything in this crate is plain data and pure functions: no I/O, no clock, no async.
 //! The drivers (registry, agent, engine, API) feed it snapshots and carry out what it decides.
 
+#![forbid(unsafe_code)]
+
 pub mod agent_plan;
 pub mod glob;
 pub mod machine;

@@ -142,7 +142,8 @@ impl UnitFile {
                     break;
                 }
                 value.push_str(segment);
-                let continues = segment.ends_with('\\');
+                // As systemd: a backslash continues the line even with blanks after it.
+                let continues = segment.trim_end().ends_with('\\');
                 if continues {
                     value.push('\n');
                 }
@@ -207,7 +208,9 @@ impl UnitFile {
             if option.value.contains('\0') {
                 return Err(bad(OptionProblem::NulInValue));
             }
-            if option.value.contains('\r') || option.value.split('\n').rev().skip(1).any(|line| !line.ends_with('\\')) {
+            if option.value.contains('\r')
+                || option.value.split('\n').rev().skip(1).any(|line| !line.trim_end().ends_with('\\'))
+            {
                 return Err(bad(OptionProblem::NewlineInValue));
             }
         }

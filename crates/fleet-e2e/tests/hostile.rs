@@ -212,9 +212,9 @@ fn a_pid_file_cannot_make_fleetd_kill_another_process() {
     std::fs::set_permissions(shared.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
     let run = shared.path().join("run");
     std::fs::create_dir(&run).unwrap();
-    // SAFETY: chown only reads the path we pass.
     let nobody = 65534;
     let path = std::ffi::CString::new(run.display().to_string()).unwrap();
+    // SAFETY: chown only reads the NUL-terminated path, which lives until the call returns.
     assert_eq!(unsafe { libc::chown(path.as_ptr(), nobody, nobody) }, 0);
     let pid_file = run.join("daemon.pid");
     let unit = format!(

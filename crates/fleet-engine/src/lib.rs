@@ -3,6 +3,8 @@
 //! fenced by its lease. It wakes on changes to units and machines, with the periodic
 //! reconcile as a fallback only.
 
+#![forbid(unsafe_code)]
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,6 +3,7 @@
 //! no file is opened through a symbolic link (`O_NOFOLLOW`), so a link planted by another
 //! user cannot redirect a write.
 
+mod keeper_lock;
 mod lock;
 
 use std::fs::{DirBuilder, File, OpenOptions, Permissions};
@@ -10,6 +11,7 @@ use std::io::{self, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
+pub use keeper_lock::{HeldLock, lock_waiting};
 pub use lock::{StateLock, StateLockError};
 
 const PRIVATE_DIR: u32 = 0o700;

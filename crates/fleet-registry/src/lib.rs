@@ -8,6 +8,8 @@
 //! Implementations: [`embedded::EmbeddedRegistry`] (a redb file; the single-machine default)
 //! and [`etcd::EtcdRegistry`] (etcd v3; clusters).
 
+#![forbid(unsafe_code)]
+
 pub mod codec;
 pub mod embedded;
 pub mod etcd;

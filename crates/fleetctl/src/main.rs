@@ -1,5 +1,7 @@
 //! fleetctl: the original's commands, flags and output, against the fleet API.
 
+#![forbid(unsafe_code)]
+
 mod commands;
 mod context;
 mod local_units;

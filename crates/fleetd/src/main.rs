@@ -97,6 +97,14 @@ fn main() -> ExitCode {
         Ok(open_files) => tracing::debug!(open_files, "open-file limit"),
         Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
     }
+    // Before any thread starts: the sockets systemd passed, read from the environment.
+    let activated = match fleet_api::listen::activated_listeners() {
+        Ok(activated) => activated,
+        Err(error) => {
+            eprintln!("fleetd: reading sockets passed by systemd: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
@@ -104,7 +112,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run::run(config, config_path)) {
+    match runtime.block_on(run::run(config, config_path, activated)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_api::listen::{ApiListener, activated_listeners, bind_tcp, bind_unix};
+use fleet_api::listen::{ApiListener, bind_tcp, bind_unix};
 use fleet_api::router::LocalMachine;
 use fleet_api::serve::{ServeLimits, serve};
 use fleet_api::{ApiState, TokenLimit, router};
@@ -82,8 +82,7 @@ async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<d
 
 /// The API's listeners: those systemd passed, else those `api_listen` names; and the Unix
 /// socket files fleetd created itself (to remove at shutdown).
-fn listeners(config: &Config) -> anyhow::Result<(Vec<ApiListener>, Vec<PathBuf>)> {
-    let activated = activated_listeners().context("reading sockets passed by systemd")?;
+fn listeners(config: &Config, activated: Vec<ApiListener>) -> anyhow::Result<(Vec<ApiListener>, Vec<PathBuf>)> {
     if !activated.is_empty() {
         return Ok((activated, Vec::new()));
     }
@@ -128,7 +127,9 @@ fn check_supported(config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Result<()> {
+/// Runs fleetd until SIGTERM or SIGINT. `activated` holds the sockets systemd passed, taken
+/// in `main` before the runtime's threads started.
+pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Vec<ApiListener>) -> anyhow::Result<()> {
     check_supported(&config)?;
     let machine_id = config.resolve_machine_id()?;
     fleet_fs::create_private_dir(&config.state_dir)
@@ -138,7 +139,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>) -> anyhow::Re
     let manager = unit_manager(&config, &machine_id).await?;
     let registry = store::open(&config).await?;
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
-    let (listeners, owned_sockets) = listeners(&config)?;
+    let (listeners, owned_sockets) = listeners(&config, activated)?;
     for listener in &listeners {
         tracing::info!(address = listener.describe(), "API listening");
     }

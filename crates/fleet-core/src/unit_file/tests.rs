@@ -35,6 +35,13 @@ fn continuation_at_end_of_file_keeps_the_newline() {
     let unterminated = UnitFile::parse("[Service]\nExecStart=foo\\").unwrap();
     assert_eq!(unterminated, unit);
     assert_eq!(UnitFile::parse(&unit.serialize()).unwrap(), unit);
+    // Found by fuzzing too: blanks after the last backslash were trimmed away, leaving a
+    // backslash that the normalised text then read as a continuation.
+    let blanks = UnitFile::parse("[Service]\nExecStart=foo\\  ").unwrap();
+    assert_eq!(UnitFile::parse(&blanks.serialize()).unwrap(), blanks);
+    let inner = UnitFile::parse("[Service]\nExecStart=a \\  \n  b\n").unwrap();
+    assert_eq!(inner.options()[0].value, "a \\  \n  b");
+    assert_eq!(UnitFile::parse(&inner.serialize()).unwrap(), inner);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use super::cgroup::CgroupBase;
 use super::process::kill_leftovers;
@@ -32,9 +33,17 @@ pub fn spawn_keeper(program: &Path, marker: &str, cgroups: Option<&Path>) -> io:
         .spawn()
 }
 
-/// The keeper's whole life: wait for end-of-file, then kill what is left: everything in the
-/// unit cgroups below `cgroups` (when fleetd had them), and every process with the marker.
+/// Where a keeper holds its lock: the state directory its marker names.
+pub fn keeper_lock_path(marker: &str) -> std::path::PathBuf {
+    Path::new(marker).join("native").join("keeper.lock")
+}
+
+/// The keeper's whole life: hold the keeper lock, wait for end-of-file, then kill what is
+/// left: everything in the unit cgroups below `cgroups` (when fleetd had them), and every
+/// process with the marker. A new fleetd waits for the lock, so it never starts units that
+/// this keeper would then kill.
 pub fn run_keeper(marker: &str, cgroups: Option<&Path>) -> usize {
+    let _held = fleet_fs::lock_waiting(&keeper_lock_path(marker), Duration::from_secs(60)).ok().flatten();
     let mut buffer = [0u8; 64];
     let mut stdin = io::stdin();
     loop {

@@ -12,6 +12,7 @@ mod keeper;
 mod process;
 mod runner;
 mod service;
+mod spawner;
 mod tracking;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ use self::command::{Specifiers, parse_assignments, parse_environment_file};
 use self::journal::{LogSink, log_path, tail};
 use self::process::{ExecContext, kill_leftovers, lookup_group, lookup_user};
 use self::runner::{Runner, StateSink};
+use self::spawner::Spawner;
 use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
 
 pub struct NativeOptions {
@@ -72,6 +74,7 @@ struct Shared {
     log_limits: LogLimits,
     marker: String,
     cgroups: Option<CgroupBase>,
+    spawner: Arc<Spawner>,
     /// Stops still under way, by unit: a new run of the unit waits for its old one's.
     stopping: Mutex<BTreeMap<String, watch::Receiver<bool>>>,
     stop_all_timeout: Duration,
@@ -136,6 +139,7 @@ impl NativeManager {
         fleet_fs::create_private_dir(&log_dir)
             .map_err(|source| UnitManagerError::Io { context: format!("creating {}", log_dir.display()), source })?;
         let marker = supervisor_marker(&options.state_dir);
+        wait_for_previous_keeper(&marker);
         let cgroups = CgroupBase::prepare(&marker);
         let leftovers = cgroups.as_ref().map_or(0, CgroupBase::kill_everything) + kill_leftovers(&marker);
         if leftovers > 0 {
@@ -157,6 +161,10 @@ impl NativeManager {
             log_limits: options.log_limits,
             marker,
             cgroups,
+            spawner: Arc::new(Spawner::start().map_err(|source| UnitManagerError::Io {
+                context: "starting the unit spawner thread".into(),
+                source,
+            })?),
             stopping: Mutex::new(BTreeMap::new()),
             stop_all_timeout: options.stop_all_timeout,
             generations: std::sync::atomic::AtomicU64::new(0),
@@ -375,6 +383,7 @@ impl UnitManager for NativeManager {
             stop: stop_requests,
             previous: self.shared.stopping().get(name).cloned(),
             cgroups: self.shared.cgroups.clone(),
+            spawner: self.shared.spawner.clone(),
         };
         let done = tokio::spawn(runner.run());
         if let Some(slot) = self.shared.slots().get_mut(name) {
@@ -448,6 +457,19 @@ impl UnitManager for NativeManager {
             cgroups.remove_if_empty();
         }
         Ok(())
+    }
+}
+
+/// The longest a new fleetd waits for the keeper of a dead one to finish its killing.
+const PREVIOUS_KEEPER_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until the keeper of an earlier fleetd on this state directory has done its work and
+/// gone: it kills by cgroup and marker, which would reach the units a new fleetd starts.
+fn wait_for_previous_keeper(marker: &str) {
+    match fleet_fs::lock_waiting(&keeper::keeper_lock_path(marker), PREVIOUS_KEEPER_WAIT) {
+        Ok(Some(_released)) => {}
+        Ok(None) => tracing::warn!("the keeper of an earlier fleetd is still running; starting anyway"),
+        Err(error) => tracing::warn!(%error, "cannot check for the keeper of an earlier fleetd"),
     }
 }
 

@@ -54,6 +54,7 @@ fn c_string(text: &str) -> io::Result<CString> {
 pub fn lookup_user(name: &str) -> io::Result<Account> {
     let wanted = c_string(name)?;
     let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: passwd is plain data (integers and pointers); all zeroes is a valid value.
     let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
     let mut found: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: every pointer refers to live, correctly sized memory for the duration of the call.
@@ -85,6 +86,7 @@ pub fn lookup_group(name: &str) -> io::Result<u32> {
     }
     let wanted = c_string(name)?;
     let mut buffer = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: group is plain data (integers and pointers); all zeroes is a valid value.
     let mut entry: libc::group = unsafe { std::mem::zeroed() };
     let mut found: *mut libc::group = std::ptr::null_mut();
     // SAFETY: as in lookup_user.

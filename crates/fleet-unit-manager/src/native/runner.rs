@@ -3,6 +3,7 @@
 
 use std::collections::VecDeque;
 use std::os::unix::process::ExitStatusExt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::process::Child;
@@ -11,8 +12,9 @@ use tokio::sync::watch;
 use super::cgroup::CgroupBase;
 use super::command::{ExecCommand, Specifiers, parse_command};
 use super::journal::LogSink;
-use super::process::{ExecContext, process_alive, signal_group, signal_process, spawn};
+use super::process::{ExecContext, process_alive, signal_group, signal_process};
 use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
+use super::spawner::Spawner;
 
 /// systemd's exit status for a command that could not be executed.
 const EXIT_EXEC: i32 = 203;
@@ -42,6 +44,7 @@ pub struct Runner<S: StateSink> {
     pub previous: Option<watch::Receiver<bool>>,
     /// Where the unit's cgroup goes, if the machine has a writable cgroup v2 hierarchy.
     pub cgroups: Option<CgroupBase>,
+    pub spawner: Arc<Spawner>,
 }
 
 enum Outcome {
@@ -88,8 +91,9 @@ impl<S: StateSink> Runner<S> {
         })
     }
 
-    fn start_process(&self, command: &ExecCommand) -> Result<Child, Exit> {
-        spawn(command, &self.context, &self.log).map_err(|error| {
+    /// Starts one command, on the manager's spawning thread.
+    async fn start_process(&self, command: &ExecCommand) -> Result<Child, Exit> {
+        self.spawner.spawn(command, &self.context, &self.log).await.map_err(|error| {
             self.say(&format!("{}: Failed to execute {}: {error}", self.unit, command.argv[0]));
             Exit::Code(EXIT_EXEC)
         })
@@ -212,7 +216,7 @@ impl<S: StateSink> Runner<S> {
 
     /// Runs one command to its end, within `timeout`, unless a stop comes first.
     async fn run_to_end(&mut self, command: &ExecCommand, timeout: Option<Duration>) -> Outcome {
-        let mut child = match self.start_process(command) {
+        let mut child = match self.start_process(command).await {
             Ok(child) => child,
             Err(exit) => return Outcome::Ended(exit),
         };
@@ -267,7 +271,7 @@ impl<S: StateSink> Runner<S> {
             Ok(command) => command,
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
-        let mut main = match self.start_process(&command) {
+        let mut main = match self.start_process(&command).await {
             Ok(child) => child,
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
@@ -308,7 +312,7 @@ impl<S: StateSink> Runner<S> {
             Ok(command) => command,
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
-        let mut starter = match self.start_process(&command) {
+        let mut starter = match self.start_process(&command).await {
             Ok(child) => child,
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
