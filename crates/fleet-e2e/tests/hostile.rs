@@ -183,6 +183,10 @@ fn more_units_than_the_inherited_descriptor_limit() {
     fleet.wait_until("every unit runs again after a restart", Duration::from_secs(120), |f| {
         f.unit_rows().iter().filter(|(_, active, _)| active == "active").count() == count
     });
+    // Nothing left over from the killed fleetd (its keeper) stops them afterwards.
+    std::thread::sleep(Duration::from_secs(3));
+    let active = fleet.unit_rows().iter().filter(|(_, active, _)| active == "active").count();
+    assert_eq!(active, count, "units still running a while after the restart");
 }
 
 /// The PIDs of running processes whose command line is exactly `argv`.
