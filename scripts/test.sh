@@ -22,6 +22,12 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 cargo fmt --all -- --check
+# Clients and the reconcilers build without the store backends and D-Bus they do not use.
+for crate in fleetctl fleet-client fleet-api fleet-engine fleet-agent; do
+  if cargo tree -p "$crate" -e normal | grep -E ' (etcd-client|tonic|prost|redb|zbus) '; then
+    echo "$crate must not depend on a store backend or D-Bus (see ARCHITECTURE.md)"; exit 1
+  fi
+done
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo build --workspace --bins --quiet
 if cargo nextest --version >/dev/null 2>&1; then

@@ -12,7 +12,7 @@ mod host_check;
 pub mod listen;
 pub mod pagination;
 pub mod router;
-pub mod schema;
+pub use fleet_api_schema as schema;
 pub mod serve;
 
 pub use router::{ApiState, TokenLimit, router};

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fleet_api::schema::{ErrorBody, Journal, Machine, MachinePage, Unit, UnitPage, UnitState, UnitStatePage};
+use fleet_api_schema::{ErrorBody, Journal, Machine, MachinePage, Unit, UnitPage, UnitState, UnitStatePage};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 

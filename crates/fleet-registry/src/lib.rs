@@ -11,7 +11,9 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+#[cfg(feature = "embedded")]
 pub mod embedded;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 mod model;
 

@@ -5,7 +5,9 @@
 //! (containers, development). The agent drives a manager only through
 //! this trait.
 
+#[cfg(feature = "native")]
 pub mod native;
+#[cfg(feature = "systemd")]
 pub mod systemd;
 
 use std::collections::BTreeMap;

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fleet_api::schema::Machine;
+use fleet_api_schema::Machine;
 use fleet_client::Client;
 
 use crate::GlobalFlags;

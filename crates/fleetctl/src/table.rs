@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use fleet_api::schema::Machine;
+use fleet_api_schema::Machine;
 
 const TAB_WIDTH: usize = 8;
 const PADDING: usize = 1;

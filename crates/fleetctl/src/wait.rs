@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use fleet_api::schema::Unit;
+use fleet_api_schema::Unit;
 
 use crate::BlockFlags;
 use crate::context::Context;

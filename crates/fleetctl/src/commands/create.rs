@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use fleet_api::schema::{Unit, UnitOption};
+use fleet_api_schema::{Unit, UnitOption};
 use fleet_core::requirements::KNOWN_KEYS;
 use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name, with_default_unit_type};
 use fleet_core::{Requirements, UnitFile};

@@ -32,7 +32,7 @@ pub async fn cat(context: &Context, arguments: &[String]) -> Outcome {
 }
 
 /// The unit `name`, or the original's message when it does not exist.
-async fn existing_unit(context: &Context, name: &str) -> Result<fleet_api::schema::Unit, Outcome> {
+async fn existing_unit(context: &Context, name: &str) -> Result<fleet_api_schema::Unit, Outcome> {
     match context.client.unit(name).await {
         Ok(Some(unit)) => Ok(unit),
         Ok(None) => {

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use fleet_api::schema::Unit;
+use fleet_api_schema::Unit;
 use fleet_core::unit_name::mangle;
 
 use super::create::{in_parallel, is_global, lazy_create};

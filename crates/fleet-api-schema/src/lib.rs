@@ -1,5 +1,10 @@
 //! The API's JSON entities. Field order is alphabetical and empty fields are omitted, as the
 //! original's encoder does; clients must ignore fields they do not know (e.g. `reason`).
+//!
+//! A crate of its own, on serde alone, so that clients (fleetctl, fleet-client) build without
+//! the server, its stores or its unit managers.
+
+#![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
 
