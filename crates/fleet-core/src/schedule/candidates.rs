@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
-use super::reason::UnplacedReason;
+use super::reason::{Refusal, UnplacedReason};
 use super::working::{Rank, Relation, Working};
 
 /// Machines whose metadata satisfies one `MachineMetadata=` requirement.
@@ -44,17 +44,17 @@ impl<'a> MetadataIndex<'a> {
 
 /// Checks that `unit` may run on `rank`, given everything placed so far. Units it replaces
 /// do not stand in its way while they can still be moved off.
-pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), UnplacedReason> {
+pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), Refusal> {
     fits_machine(working, unit, rank)?;
     for &other in working.residents(rank) {
         let name = || working.units[other].name.clone();
         match working.relation(unit, other) {
             None => {}
             Some(Relation::Replaces) if working.may_evict(other, rank) => {}
-            Some(Relation::Replaces) => return Err(UnplacedReason::ReplacesJustPlaced(name())),
-            Some(Relation::Conflict) => return Err(UnplacedReason::ConflictsEverywhere(name())),
-            Some(Relation::ReplacedBy) => return Err(UnplacedReason::ReplacedEverywhere(name())),
-            Some(Relation::Circular) => return Err(UnplacedReason::CircularReplace(name())),
+            Some(Relation::Replaces) => return Err(Refusal::ReplacesJustPlaced(name())),
+            Some(Relation::Conflict) => return Err(Refusal::ConflictsWith(name())),
+            Some(Relation::ReplacedBy) => return Err(Refusal::ReplacedBy(name())),
+            Some(Relation::Circular) => return Err(Refusal::CircularReplace(name())),
         }
     }
     Ok(())
@@ -62,53 +62,49 @@ pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Res
 
 /// Fails when a unit among `targets` (the units `unit` replaces) is placed and replaces
 /// `unit` in turn: of two such units only one runs anywhere.
-pub(super) fn circular_partner_placed(
-    working: &Working<'_>,
-    unit: usize,
-    targets: &[usize],
-) -> Result<(), UnplacedReason> {
+pub(super) fn circular_partner_placed(working: &Working<'_>, unit: usize, targets: &[usize]) -> Result<(), Refusal> {
     match targets
         .iter()
         .copied()
         .find(|other| working.placement(*other).is_some() && working.relation(unit, *other) == Some(Relation::Circular))
     {
-        Some(other) => Err(UnplacedReason::CircularReplace(working.units[other].name.clone())),
+        Some(other) => Err(Refusal::CircularReplace(working.units[other].name.clone())),
         None => Ok(()),
     }
 }
 
 /// Checks `MachineID=`, `MachineMetadata=` and `MachineOf=` against `rank`: the rules that
 /// do not depend on which other units share the machine.
-pub(super) fn fits_machine(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), UnplacedReason> {
+pub(super) fn fits_machine(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), Refusal> {
     let spec = &working.units[unit];
     let machine = working.machines[rank];
     if let Some(wanted) = &spec.requirements.machine_id
         && !machine.matches_id(wanted)
     {
-        return Err(UnplacedReason::MachineIdMismatch { machine: machine.id.clone(), wanted: wanted.clone() });
+        return Err(Refusal::MachineIdMismatch { machine: machine.id.clone(), wanted: wanted.clone() });
     }
     if !spec.requirements.metadata_matches(&machine.metadata) {
-        return Err(UnplacedReason::MetadataMismatch { machine: machine.id.clone() });
+        return Err(Refusal::MetadataMismatch { machine: machine.id.clone() });
     }
     if let Some(peer_rank) = peers_rank(working, unit)?
         && peer_rank != rank
     {
-        return Err(UnplacedReason::PeersApart(spec.requirements.machine_of.clone()));
+        return Err(Refusal::PeersApart(spec.requirements.machine_of.clone()));
     }
     Ok(())
 }
 
 /// The one machine all of a unit's `MachineOf=` peers are on, if it has peers.
-fn peers_rank(working: &Working<'_>, unit: usize) -> Result<Option<Rank>, UnplacedReason> {
+fn peers_rank(working: &Working<'_>, unit: usize) -> Result<Option<Rank>, Refusal> {
     let peers = &working.units[unit].requirements.machine_of;
     let mut found: Option<Rank> = None;
     for peer in peers {
         let rank = working
             .unit_index(peer)
             .and_then(|index| working.placement(index))
-            .ok_or_else(|| UnplacedReason::PeerNotScheduled(peer.clone()))?;
+            .ok_or_else(|| Refusal::PeerNotScheduled(peer.clone()))?;
         match found {
-            Some(other) if other != rank => return Err(UnplacedReason::PeersApart(peers.clone())),
+            Some(other) if other != rank => return Err(Refusal::PeersApart(peers.clone())),
             _ => found = Some(rank),
         }
     }
@@ -128,8 +124,8 @@ pub(super) fn choose<'a>(
     }
     let requirements = &working.units[unit].requirements;
     let targets = working.replace_targets(unit);
-    circular_partner_placed(working, unit, &targets)?;
-    let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit)? {
+    circular_partner_placed(working, unit, &targets).map_err(Refusal::everywhere)?;
+    let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit).map_err(Refusal::everywhere)? {
         Some(vec![rank])
     } else if let Some(wanted) = &requirements.machine_id {
         let ranks: Vec<Rank> =
@@ -147,7 +143,7 @@ pub(super) fn choose<'a>(
     {
         return Err(UnplacedReason::NoMachineWithMetadata(requirements.metadata.clone()));
     }
-    let mut first_refusal: Option<UnplacedReason> = None;
+    let mut first_refusal: Option<Refusal> = None;
     let mut consider = |rank: Rank| match able_to_run(working, unit, rank) {
         Ok(()) => true,
         Err(reason) => {
@@ -179,5 +175,5 @@ pub(super) fn choose<'a>(
         (None, Some(eligible)) => working.by_load().filter(|rank| eligible.mask[*rank]).find(|rank| consider(*rank)),
         (None, None) => working.by_load().find(|rank| consider(*rank)),
     };
-    chosen.ok_or_else(|| first_refusal.unwrap_or(UnplacedReason::NoMachines))
+    chosen.ok_or_else(|| first_refusal.map_or(UnplacedReason::NoMachines, Refusal::everywhere))
 }

@@ -10,7 +10,7 @@ mod reason;
 mod working;
 
 pub use plan::plan;
-pub use reason::{UnplacedReason, UnscheduleReason};
+pub use reason::{Refusal, UnplacedReason, UnscheduleReason};
 
 use crate::machine::MachineState;
 use crate::requirements::Requirements;

@@ -3,7 +3,7 @@
 use std::collections::{HashSet, VecDeque};
 
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
-use super::reason::{UnplacedReason, UnscheduleReason};
+use super::reason::{Refusal, UnscheduleReason};
 use super::working::{Rank, Relation, Working};
 use super::{ClusterSnapshot, Decision, Plan};
 use crate::state::DesiredState;
@@ -119,7 +119,7 @@ fn keep_scheduled_units(
     // Evicted units are placed again with every other unplaced unit, so this queue is unused.
     let mut requeue = VecDeque::new();
     loop {
-        let leaving: Vec<(usize, UnplacedReason)> = placeable
+        let leaving: Vec<(usize, Refusal)> = placeable
             .iter()
             .filter_map(|&index| {
                 let rank = working.placement(index)?;
@@ -142,7 +142,7 @@ fn keep_scheduled_units(
             circular_partner_placed(working, index, &targets).and_then(|()| able_to_run(working, index, rank));
         let reason = match refusal {
             Ok(()) => continue,
-            Err(UnplacedReason::ReplacedEverywhere(other)) => UnscheduleReason::ReplacedBy(other),
+            Err(Refusal::ReplacedBy(other)) => UnscheduleReason::ReplacedBy(other),
             Err(reason) => UnscheduleReason::CannotRunThere(reason),
         };
         evict(working, plan, placed, index, reason, &mut requeue);
@@ -223,7 +223,7 @@ fn evict(
     pending.push_back(unit);
     for follower in working.followers(unit).to_vec() {
         if working.placement(follower) == Some(rank) {
-            let reason = UnscheduleReason::CannotRunThere(UnplacedReason::PeerNotScheduled(name.clone()));
+            let reason = UnscheduleReason::CannotRunThere(Refusal::PeerNotScheduled(name.clone()));
             evict(working, plan, placed, follower, reason, pending);
         }
     }

@@ -9,7 +9,7 @@ pub enum UnscheduleReason {
     MachineWentAway,
     /// A unit that replaces it took its machine.
     ReplacedBy(String),
-    CannotRunThere(UnplacedReason),
+    CannotRunThere(Refusal),
 }
 
 impl fmt::Display for UnscheduleReason {
@@ -23,6 +23,48 @@ impl fmt::Display for UnscheduleReason {
     }
 }
 
+/// Why a unit cannot run on one particular machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    MachineIdMismatch { machine: String, wanted: String },
+    MetadataMismatch { machine: String },
+    PeerNotScheduled(String),
+    PeersApart(Vec<String>),
+    ConflictsWith(String),
+    ReplacedBy(String),
+    CircularReplace(String),
+    ReplacesJustPlaced(String),
+}
+
+impl Refusal {
+    /// The reason a unit is unplaced when this was its refusal on every machine it could
+    /// have gone to (the first machine's refusal names the others').
+    pub fn everywhere(self) -> UnplacedReason {
+        match self {
+            Self::MachineIdMismatch { machine, wanted } => UnplacedReason::MachineIdMismatch { machine, wanted },
+            Self::MetadataMismatch { machine } => UnplacedReason::MetadataMismatch { machine },
+            Self::PeerNotScheduled(peer) => UnplacedReason::PeerNotScheduled(peer),
+            Self::PeersApart(peers) => UnplacedReason::PeersApart(peers),
+            Self::ConflictsWith(other) => UnplacedReason::ConflictsEverywhere(other),
+            Self::ReplacedBy(other) => UnplacedReason::ReplacedEverywhere(other),
+            Self::CircularReplace(other) => UnplacedReason::CircularReplace(other),
+            Self::ReplacesJustPlaced(other) => UnplacedReason::ReplacesJustPlaced(other),
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ConflictsWith(other) => write!(f, "conflicts with {other}"),
+            Self::ReplacedBy(other) => write!(f, "replaced by {other}"),
+            // The others read the same for one machine as for all of them.
+            other => write!(f, "{}", other.clone().everywhere()),
+        }
+    }
+}
+
+/// Why a unit could not be placed anywhere.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UnplacedReason {
     NoMachines,

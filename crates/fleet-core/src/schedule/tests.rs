@@ -231,7 +231,7 @@ fn replacing_unit_takes_the_machine_and_the_replaced_unit_moves_with_its_followe
             Decision::Unschedule {
                 unit: "replace.0-peer.service".into(),
                 machine: "m1".into(),
-                reason: UnscheduleReason::CannotRunThere(UnplacedReason::PeerNotScheduled("replace.0.service".into())),
+                reason: UnscheduleReason::CannotRunThere(Refusal::PeerNotScheduled("replace.0.service".into())),
             },
             Decision::Schedule { unit: "replace.0.service".into(), machine: "m2".into() },
             Decision::Schedule { unit: "replace.0-peer.service".into(), machine: "m2".into() },
@@ -551,4 +551,21 @@ proptest! {
             prop_assert!(wants || !placed);
         }
     }
+}
+
+/// A refusal on one machine reads as one: "on every eligible machine" is only for a unit
+/// that could go nowhere.
+#[test]
+fn one_machines_refusal_is_not_called_everywhere() {
+    let on_one = UnscheduleReason::CannotRunThere(Refusal::ConflictsWith("web@1.service".into()));
+    assert_eq!(on_one.to_string(), "can no longer run there: conflicts with web@1.service");
+    assert_eq!(
+        Refusal::ConflictsWith("web@1.service".into()).everywhere().to_string(),
+        "conflicts with web@1.service on every eligible machine"
+    );
+    assert_eq!(Refusal::ReplacedBy("new.service".into()).to_string(), "replaced by new.service");
+    assert_eq!(
+        Refusal::PeerNotScheduled("db.service".into()).to_string(),
+        "MachineOf db.service, which is not scheduled"
+    );
 }
