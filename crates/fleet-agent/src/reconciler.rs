@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::agent_plan::{self, DesiredUnit, GlobalUnit, LoadedUnit, Task};
-use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
+use fleet_core::{Backoff, DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, StateReport};
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
@@ -62,7 +62,7 @@ impl Agent {
         let mut work_changes = self.registry.machine_changes(self.machine_id());
         let mut state_changes = self.manager.state_changes();
         self.adopt_running_units().await;
-        let mut retry = RETRY_MIN;
+        let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         let mut registered = false;
         loop {
             if !registered {
@@ -73,13 +73,12 @@ impl Agent {
             }
             let next = match self.reconcile().await {
                 Ok(()) => {
-                    retry = RETRY_MIN;
+                    retry.reset();
                     self.config.reconcile_interval
                 }
                 Err(error) => {
-                    tracing::warn!(%error, retry_in = ?retry, "agent reconcile failed; running units are left alone");
-                    let wait = retry;
-                    retry = (retry * 2).min(RETRY_MAX);
+                    let wait = retry.next_delay();
+                    tracing::warn!(%error, retry_in = ?wait, "agent reconcile failed; running units are left alone");
                     wait
                 }
             };

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent_plan;
+pub mod backoff;
 pub mod glob;
 pub mod machine;
 pub mod requirements;
@@ -15,6 +16,7 @@ pub mod state;
 pub mod unit_file;
 pub mod unit_name;
 
+pub use backoff::Backoff;
 pub use machine::{MachineId, MachineState};
 pub use requirements::Requirements;
 pub use state::{CurrentState, DesiredState, SystemdState, UnitState};

@@ -47,6 +47,13 @@ pub enum RegistryError {
     MachineInUse { machine_id: String },
 }
 
+impl RegistryError {
+    /// The one way a store says it failed: which store, and its own error.
+    pub fn unavailable(store: &str, error: impl std::fmt::Display) -> Self {
+        Self::Unavailable(format!("{store}: {error}"))
+    }
+}
+
 pub type Result<T> = std::result::Result<T, RegistryError>;
 
 /// A counter that moves on every change a reader cares about; readers wait on it and then

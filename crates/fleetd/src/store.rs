@@ -1,5 +1,6 @@
 //! Which registry fleetd uses: the embedded store, or etcd when `etcd_servers` is set.
 
+use fleet_core::Backoff;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -47,7 +48,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Registry>> {
         tracing::warn!("disable_watches is ignored: each agent watches only its own schedule, so watches wake no herd");
     }
     let options = etcd_options(config);
-    let mut retry = Duration::from_millis(500);
+    let mut retry = Backoff::new(Duration::from_millis(500), CONNECT_RETRY_MAX);
     loop {
         match EtcdRegistry::connect(&options, lifetimes(config)).await {
             Ok(registry) => {
@@ -55,9 +56,9 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Registry>> {
                 return Ok(Arc::new(registry));
             }
             Err(error) => {
-                tracing::warn!(%error, retry_in = ?retry, "cannot connect to etcd");
-                tokio::time::sleep(retry).await;
-                retry = (retry * 2).min(CONNECT_RETRY_MAX);
+                let wait = retry.next_delay();
+                tracing::warn!(%error, retry_in = ?wait, "cannot connect to etcd");
+                tokio::time::sleep(wait).await;
             }
         }
     }

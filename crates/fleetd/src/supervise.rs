@@ -5,6 +5,8 @@ use std::any::Any;
 use std::future::Future;
 use std::time::Duration;
 
+use fleet_core::Backoff;
+
 const RESTART_MIN: Duration = Duration::from_millis(500);
 const RESTART_MAX: Duration = Duration::from_secs(30);
 
@@ -15,15 +17,15 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let mut delay = RESTART_MIN;
+    let mut delay = Backoff::new(RESTART_MIN, RESTART_MAX);
     loop {
         match tokio::spawn(start()).await {
             Ok(()) => return,
             Err(error) if error.is_panic() => {
                 let message = panic_message(error.into_panic().as_ref());
-                tracing::error!(component, panic = %message, restart_in = ?delay, "component panicked; restarting it");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(RESTART_MAX);
+                let wait = delay.next_delay();
+                tracing::error!(component, panic = %message, restart_in = ?wait, "component panicked; restarting it");
+                tokio::time::sleep(wait).await;
             }
             Err(_) => return,
         }

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::{ChangeSignal, RegistryError, Result};
 
 pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
-    RegistryError::Unavailable(error.to_string())
+    RegistryError::unavailable("embedded store", error)
 }
 
 /// Who must hear of a write.

@@ -39,7 +39,7 @@ pub struct Connection {
 }
 
 pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
-    RegistryError::Unavailable(format!("etcd: {error}"))
+    RegistryError::unavailable("etcd", error)
 }
 
 fn read_file(option: &str, path: &str) -> Result<Vec<u8>> {

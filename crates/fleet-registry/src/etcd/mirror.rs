@@ -3,6 +3,7 @@
 //! seen; a range whose revision was compacted away is relisted. Readers wait on a change
 //! signal and read the copy, so waking up costs no etcd request.
 
+use fleet_core::Backoff;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -112,18 +113,17 @@ struct Feeder {
 
 impl Feeder {
     async fn run(self) {
-        let mut retry = RETRY_MIN;
+        let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
             let listed = match self.list().await {
                 Ok(revision) => revision,
                 Err(error) => {
                     tracing::debug!(%error, "listing for the watch cache failed; retrying");
-                    tokio::time::sleep(retry).await;
-                    retry = (retry * 2).min(RETRY_MAX);
+                    tokio::time::sleep(retry.next_delay()).await;
                     continue;
                 }
             };
-            retry = RETRY_MIN;
+            retry.reset();
             let mut resume = vec![listed; self.ranges.len()];
             loop {
                 let started = tokio::time::Instant::now();
@@ -131,11 +131,10 @@ impl Feeder {
                     StreamEnd::Compacted => break,
                     StreamEnd::Broken(error) => {
                         if started.elapsed() > RETRY_MAX * 2 {
-                            retry = RETRY_MIN;
+                            retry.reset();
                         }
                         tracing::debug!(%error, "watch stream broke; resuming");
-                        tokio::time::sleep(retry).await;
-                        retry = (retry * 2).min(RETRY_MAX);
+                        tokio::time::sleep(retry.next_delay()).await;
                     }
                 }
             }

@@ -1,6 +1,7 @@
 //! The D-Bus connection to systemd: made on first use, dropped when it fails, made again on
 //! the next call; and a watcher that follows systemd's signals for the units fleet holds.
 
+use fleet_core::Backoff;
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -101,24 +102,23 @@ impl Bus {
 /// afresh.
 pub async fn follow_signals(bus: Arc<Bus>, watched: Arc<Mutex<HashSet<String>>>, changes: watch::Sender<u64>) {
     let bump = |changes: &watch::Sender<u64>| changes.send_modify(|count| *count = count.wrapping_add(1));
-    let mut backoff = RECONNECT_MIN;
+    let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
     loop {
         match bus.connect().await {
             Ok(connection) => {
                 match follow_one_connection(&bus, &connection, &watched, &changes, bump).await {
-                    Ok(()) => backoff = RECONNECT_MIN,
+                    Ok(()) => backoff.reset(),
                     Err(error) => tracing::warn!(%error, "following systemd's signals"),
                 }
                 bus.forget(&connection).await;
                 bump(&changes);
             }
-            Err(error) => tracing::warn!(%error, retry_in = ?backoff, "cannot reach systemd over D-Bus"),
+            Err(error) => tracing::warn!(%error, retry_in = ?backoff.peek(), "cannot reach systemd over D-Bus"),
         }
         if changes.is_closed() {
             return;
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(RECONNECT_MAX);
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 
