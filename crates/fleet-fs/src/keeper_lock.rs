@@ -15,7 +15,8 @@ pub struct HeldLock {
     _file: File,
 }
 
-fn open(path: &Path) -> io::Result<File> {
+/// Opens (creating it 0600, never through a link) a file that is locked, not written to.
+pub(crate) fn open_lock_file(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
         .write(true)
@@ -29,7 +30,7 @@ fn open(path: &Path) -> io::Result<File> {
 /// Takes the exclusive lock on `path` (created 0600), waiting for its holder for `wait` at
 /// most. `Ok(None)` when the holder kept it that long.
 pub fn lock_waiting(path: &Path, wait: Duration) -> io::Result<Option<HeldLock>> {
-    let file = open(path)?;
+    let file = open_lock_file(path)?;
     let deadline = Instant::now() + wait;
     loop {
         // SAFETY: flock only takes a descriptor this process owns.

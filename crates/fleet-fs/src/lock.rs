@@ -1,11 +1,12 @@
 //! The state directory's lock: one fleetd per `state_dir`, taken before fleetd touches
 //! anything else (unit processes, the store, the lease file).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Seek, Write};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+
+use crate::keeper_lock::open_lock_file;
 
 /// Held for fleetd's whole life; the lock goes with the process (or with this value).
 #[derive(Debug)]
@@ -26,15 +27,7 @@ impl StateLock {
     /// process holds it.
     pub fn acquire(dir: &Path) -> Result<Self, StateLockError> {
         let io_error = |source| StateLockError::Io { dir: dir.to_path_buf(), source };
-        let mut file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(dir.join("fleetd.lock"))
-            .map_err(io_error)?;
+        let mut file = open_lock_file(&dir.join("fleetd.lock")).map_err(io_error)?;
         // SAFETY: flock only takes a descriptor this process owns.
         if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             let error = io::Error::last_os_error();
