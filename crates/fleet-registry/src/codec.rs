@@ -29,6 +29,19 @@ pub fn decode_listed<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Option<T> 
     }
 }
 
+/// A machine record with its runtime metadata overrides applied: the one reading of a
+/// machine, for every store and facet. A record that cannot be read is skipped, overrides
+/// that cannot be read are ignored, each reported with its key.
+pub fn machine_with_overrides(
+    machine_key: &str,
+    machine: &[u8],
+    overrides: Option<(&str, &[u8])>,
+) -> Option<fleet_core::MachineState> {
+    let machine: fleet_core::MachineState = decode_listed(machine_key, machine)?;
+    let overrides: MetadataOverrides = overrides.and_then(|(key, bytes)| decode_listed(key, bytes)).unwrap_or_default();
+    Some(machine.with_overrides(&overrides))
+}
+
 /// A unit body as stored: its options, in order.
 pub type Options = Vec<UnitOption>;
 /// A machine's runtime metadata changes: key → value, an empty value removing the key.

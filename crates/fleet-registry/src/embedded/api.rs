@@ -6,6 +6,7 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
+use crate::codec::machine_with_overrides;
 use crate::{ApiRegistry, MetadataChange, Result, UnitView};
 
 /// Reads one unit with its body, schedule, reason and derived current state.
@@ -83,12 +84,12 @@ pub(super) fn read_machines(txn: &ReadTransaction) -> Result<Vec<MachineState>> 
     let machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
     let metadata = txn.open_table(tables::METADATA).map_err(unavailable)?;
     let mut result = Vec::new();
-    for (id, machine) in read_all::<MachineState>(&machines)? {
-        let overrides: MetadataOverrides = match metadata.get(id.as_str()).map_err(unavailable)? {
-            Some(bytes) => decode(&id, bytes.value())?,
-            None => MetadataOverrides::new(),
-        };
-        result.push(machine.with_overrides(&overrides));
+    for row in machines.iter().map_err(unavailable)? {
+        let (id, machine) = row.map_err(unavailable)?;
+        let id = id.value().to_string();
+        let overrides = metadata.get(id.as_str()).map_err(unavailable)?;
+        let overrides = overrides.as_ref().map(|bytes| (id.as_str(), bytes.value()));
+        result.extend(machine_with_overrides(&id, machine.value(), overrides));
     }
     Ok(result)
 }

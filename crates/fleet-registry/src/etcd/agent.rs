@@ -11,7 +11,7 @@ use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
-use crate::codec::{MetadataOverrides, Options, decode, encode};
+use crate::codec::{Options, decode, encode, machine_with_overrides};
 use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
@@ -58,18 +58,12 @@ impl AgentRegistry for EtcdRegistry {
         let data = mirror.synced()?;
         let keys = self.keys();
         let machine_key = keys.machine(machine_id);
-        let machine = match data.entries.get(&machine_key) {
-            Some(entry) => {
-                let machine: MachineState = decode(&machine_key, &entry.value)?;
-                let metadata_key = keys.metadata(machine_id);
-                let overrides: MetadataOverrides = match data.entries.get(&metadata_key) {
-                    Some(entry) => decode(&metadata_key, &entry.value)?,
-                    None => MetadataOverrides::new(),
-                };
-                Some(machine.with_overrides(&overrides))
-            }
-            None => None,
-        };
+        let metadata_key = keys.metadata(machine_id);
+        let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
+        let machine = data
+            .entries
+            .get(&machine_key)
+            .and_then(|entry| machine_with_overrides(&machine_key, &entry.value, overrides));
         Ok(MachineWork {
             machine,
             scheduled: assignments(self, &data, keys.schedule(machine_id))?,

@@ -11,7 +11,7 @@ use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, U
 use super::EtcdRegistry;
 use super::connection::get_prefix;
 use super::records::Assignment;
-use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode};
+use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{ApiRegistry, MetadataChange, RegistryError, Result, UnitRecord, UnitView};
 
 /// How often a conditional write is tried before giving up on a busy key.
@@ -41,7 +41,46 @@ struct Current {
     placement_revision: i64,
 }
 
+/// What one attempt of an optimistic unit write found to do.
+enum Planned<T> {
+    /// Write these operations (if the unit did not change meanwhile), then answer `T`.
+    Write(Vec<TxnOp>, T),
+    /// Nothing to write: answer `T` at once.
+    Done(T),
+}
+
+/// Runs `attempt` until it has written (`Some`), `ATTEMPTS` times at most: an optimistic
+/// write that lost a race with another writer reads again and tries again.
+async fn optimistically<T, F, Fut>(mut attempt: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    for _ in 0..ATTEMPTS {
+        if let Some(value) = attempt().await? {
+            return Ok(value);
+        }
+    }
+    Err(busy())
+}
+
 impl EtcdRegistry {
+    /// One unit's optimistic write: `plan` sees the unit's record and placement as they are,
+    /// and its operations are written only if neither changed meanwhile.
+    async fn write_unit<T>(&self, name: &str, plan: impl Fn(&Current) -> Planned<T>) -> Result<T> {
+        optimistically(|| async {
+            let current = self.current(name).await?;
+            match plan(&current) {
+                Planned::Done(value) => Ok(Some(value)),
+                Planned::Write(ops, value) => {
+                    let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
+                    Ok(self.connection().txn(txn).await?.succeeded().then_some(value))
+                }
+            }
+        })
+        .await
+    }
+
     async fn current(&self, name: &str) -> Result<Current> {
         let keys = self.keys();
         let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));
@@ -212,78 +251,74 @@ impl ApiRegistry for EtcdRegistry {
         let hash = file.hash();
         let hash_text = hash.to_string();
         let record = UnitRecord { hash, desired, global: Requirements::from_unit(name, file).global };
-        for _ in 0..ATTEMPTS {
-            let current = self.current(name).await?;
-            let mut ops = vec![
-                TxnOp::put(keys.unit(name), encode(&record), None),
-                TxnOp::put(keys.body(&hash_text), encode(&file.options()), None),
-                TxnOp::put(keys.body_ref(&hash_text, name), "", None),
-            ];
-            let replaced = current.record.as_ref().map(|old| old.hash).filter(|old| *old != hash);
-            if let Some(old) = replaced {
-                ops.push(TxnOp::delete(keys.body_ref(&old.to_string(), name), None));
-            }
-            self.agent_copies(name, &record, &current, &mut ops);
-            let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
-            if self.connection().txn(txn).await?.succeeded() {
+        let replaced = self
+            .write_unit(name, |current| {
+                let mut ops = vec![
+                    TxnOp::put(keys.unit(name), encode(&record), None),
+                    TxnOp::put(keys.body(&hash_text), encode(&file.options()), None),
+                    TxnOp::put(keys.body_ref(&hash_text, name), "", None),
+                ];
+                let replaced = current.record.as_ref().map(|old| old.hash).filter(|old| *old != hash);
                 if let Some(old) = replaced {
-                    self.collect_body(&old).await?;
+                    ops.push(TxnOp::delete(keys.body_ref(&old.to_string(), name), None));
                 }
-                return Ok(());
-            }
+                self.agent_copies(name, &record, current, &mut ops);
+                Planned::Write(ops, replaced)
+            })
+            .await?;
+        if let Some(old) = replaced {
+            self.collect_body(&old).await?;
         }
-        Err(busy())
+        Ok(())
     }
 
     async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool> {
-        for _ in 0..ATTEMPTS {
-            let current = self.current(name).await?;
+        self.write_unit(name, |current| {
             let Some(old) = &current.record else {
-                return Ok(false);
+                return Planned::Done(false);
             };
             let record = UnitRecord { desired, ..old.clone() };
             let mut ops = vec![TxnOp::put(self.keys().unit(name), encode(&record), None)];
-            self.agent_copies(name, &record, &current, &mut ops);
-            let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
-            if self.connection().txn(txn).await?.succeeded() {
-                return Ok(true);
-            }
-        }
-        Err(busy())
+            self.agent_copies(name, &record, current, &mut ops);
+            Planned::Write(ops, true)
+        })
+        .await
     }
 
     async fn destroy_unit(&self, name: &str) -> Result<bool> {
         let keys = self.keys();
-        for _ in 0..ATTEMPTS {
-            let current = match self.current(name).await {
-                Err(RegistryError::Corrupt { key, reason }) => {
-                    tracing::error!(key, reason, "destroying a unit whose record cannot be read");
-                    return self.destroy_unreadable_unit(name).await;
+        let destroyed = self
+            .write_unit(name, |current| {
+                let Some(record) = &current.record else {
+                    return Planned::Done(None);
+                };
+                let mut ops = vec![
+                    TxnOp::delete(keys.unit(name), None),
+                    TxnOp::delete(keys.placement(name), None),
+                    TxnOp::delete(keys.reason(name), None),
+                    TxnOp::delete(keys.body_ref(&record.hash.to_string(), name), None),
+                ];
+                if record.global {
+                    ops.push(TxnOp::delete(keys.global(name), None));
                 }
-                current => current?,
-            };
-            let Some(record) = &current.record else {
-                return Ok(false);
-            };
-            let mut ops = vec![
-                TxnOp::delete(keys.unit(name), None),
-                TxnOp::delete(keys.placement(name), None),
-                TxnOp::delete(keys.reason(name), None),
-                TxnOp::delete(keys.body_ref(&record.hash.to_string(), name), None),
-            ];
-            if record.global {
-                ops.push(TxnOp::delete(keys.global(name), None));
+                if let Some(machine) = &current.machine {
+                    ops.push(TxnOp::delete(keys.scheduled(machine, name), None));
+                }
+                Planned::Write(ops, Some(record.hash))
+            })
+            .await;
+        match destroyed {
+            Ok(Some(hash)) => {
+                self.collect_body(&hash).await?;
+                Ok(true)
             }
-            if let Some(machine) = &current.machine {
-                ops.push(TxnOp::delete(keys.scheduled(machine, name), None));
+            Ok(None) => Ok(false),
+            Err(RegistryError::Corrupt { key, reason }) => {
+                tracing::error!(key, reason, "destroying a unit whose record cannot be read");
+                self.destroy_unreadable_unit(name).await
             }
-            let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
-            if self.connection().txn(txn).await?.succeeded() {
-                self.collect_body(&record.hash).await?;
-                return Ok(true);
-            }
+            Err(error) => Err(error),
         }
-        Err(busy())
     }
 
     async fn unit_states(&self) -> Result<Vec<UnitState>> {
@@ -306,21 +341,23 @@ impl ApiRegistry for EtcdRegistry {
         let [machines, metadata] = replies.as_slice() else {
             return Err(RegistryError::Unavailable("etcd: short reply".into()));
         };
-        let mut overrides: HashMap<String, MetadataOverrides> = HashMap::new();
-        for kv in metadata.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            if let Some(machine) = keys.name_in(&keys.all_metadata(), &key)
-                && let Some(changes) = decode_listed(&key, kv.value())
-            {
-                overrides.insert(machine.to_string(), changes);
-            }
-        }
+        let metadata_prefix = keys.all_metadata();
+        let overrides: HashMap<String, (String, &[u8])> = metadata
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let machine = keys.name_in(&metadata_prefix, &key)?.to_string();
+                Some((machine, (key, kv.value())))
+            })
+            .collect();
+        let machines_prefix = keys.machines();
         let mut result = Vec::new();
         for kv in machines.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let Some(machine) = decode_listed::<MachineState>(&key, kv.value()) else { continue };
-            let changes = overrides.get(&machine.id).cloned().unwrap_or_default();
-            result.push(machine.with_overrides(&changes));
+            let Some(id) = keys.name_in(&machines_prefix, &key) else { continue };
+            let changes = overrides.get(id).map(|(key, bytes)| (key.as_str(), *bytes));
+            result.extend(machine_with_overrides(&key, kv.value(), changes));
         }
         result.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(result)
@@ -338,7 +375,7 @@ impl ApiRegistry for EtcdRegistry {
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
-        for _ in 0..ATTEMPTS {
+        optimistically(|| async {
             let gets = machines.iter().map(|machine| TxnOp::get(keys.metadata(machine), None)).collect();
             let (_, replies) = self.connection().read(gets).await?;
             let mut current: BTreeMap<&str, (MetadataOverrides, i64)> = BTreeMap::new();
@@ -368,10 +405,9 @@ impl ApiRegistry for EtcdRegistry {
                 .iter()
                 .map(|(machine, (overrides, _))| TxnOp::put(keys.metadata(machine), encode(overrides), None))
                 .collect();
-            if self.connection().txn(Txn::new().when(compares).and_then(puts)).await?.succeeded() {
-                return Ok(());
-            }
-        }
-        Err(busy())
+            let written = self.connection().txn(Txn::new().when(compares).and_then(puts)).await?.succeeded();
+            Ok(written.then_some(()))
+        })
+        .await
     }
 }

@@ -16,7 +16,7 @@ use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
 use super::session::{Leadership, grant, renew};
-use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode};
+use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit, UnitRecord,
 };
@@ -45,16 +45,10 @@ fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<Machine
     let machine_range = KeyRange::prefix(machines.clone());
     let mut result = Vec::new();
     for (key, entry) in data.range(&machine_range) {
-        if keys.name_in(&machines, key).is_none() {
-            continue;
-        }
-        let Some(machine) = decode_listed::<MachineState>(key, &entry.value) else { continue };
-        let overrides: MetadataOverrides = data
-            .entries
-            .get(&keys.metadata(&machine.id))
-            .and_then(|entry| decode_listed(&keys.metadata(&machine.id), &entry.value))
-            .unwrap_or_default();
-        result.push(machine.with_overrides(&overrides));
+        let Some(id) = keys.name_in(&machines, key) else { continue };
+        let metadata_key = keys.metadata(id);
+        let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
+        result.extend(machine_with_overrides(key, &entry.value, overrides));
     }
     Ok(result)
 }
