@@ -1,13 +1,16 @@
-//! Real components for tests and benchmarks. Nothing here is a mock: [`EtcdServer`] runs
-//! Debian's `etcd` binary, installing the `etcd-server` package first when it is missing;
-//! [`SystemdUser`] runs a real systemd user instance in a private mount namespace.
+//! Real components for tests and benchmarks: [`EtcdServer`] runs Debian's `etcd` binary,
+//! installing the `etcd-server` package first when it is missing; [`SystemdUser`] runs a real
+//! systemd user instance in a private mount namespace. One fake, for where fleet's own work
+//! is under test rather than a unit manager's: [`FakeUnitManager`].
 
 mod etcd;
+mod fake_manager;
 mod ports;
 mod systemd;
 mod tls;
 
 pub use etcd::EtcdServer;
+pub use fake_manager::FakeUnitManager;
 pub use ports::free_port;
 pub use systemd::SystemdUser;
 pub use tls::TestCertificates;

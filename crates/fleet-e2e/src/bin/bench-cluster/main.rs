@@ -13,7 +13,6 @@
 //! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS]`
 
 mod etcd_metrics;
-mod simulated_manager;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,7 +22,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
-use simulated_manager::SimulatedManager;
+use fleet_testkit::FakeUnitManager;
 use tokio::sync::{Semaphore, watch};
 
 const TEMPLATES: usize = 10;
@@ -124,7 +123,7 @@ fn main() {
                 debounce: Duration::from_millis(10),
             };
             agents.push((config.machine.id.clone(), registry.clone()));
-            let agent = Agent::new(config, Arc::new(registry), Arc::new(SimulatedManager::new()));
+            let agent = Agent::new(config, Arc::new(registry), Arc::new(FakeUnitManager::new()));
             tokio::spawn(agent.run(lifecycle_watch.clone()));
         }
         while api.machines().await.map(|m| m.len()).unwrap_or(0) < machines + 1 {

@@ -1,23 +1,52 @@
 //! A unit manager that runs nothing: loading and starting succeed at once and the states
-//! are what systemd would report. It stands in for systemd on the simulated machines, so
-//! the benchmark measures fleet's own work (the real agent, registry and engine).
+//! are what systemd would report. It stands in for a real manager where fleet's own work is
+//! what is tested or measured (the real agent, registry and engine): the reconcilers' tests
+//! and the simulated machines of `bench-cluster`. It counts the starts it was asked for, so
+//! a test can tell an adopted unit from a restarted one.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use fleet_core::{SystemdState, UnitFile};
 use fleet_unit_manager::{HeldUnit, Result, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
-pub struct SimulatedManager {
+pub struct FakeUnitManager {
     units: Mutex<BTreeMap<String, HeldUnit>>,
+    starts: AtomicUsize,
     changes: watch::Sender<u64>,
 }
 
-impl SimulatedManager {
+impl Default for FakeUnitManager {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeUnitManager {
     pub fn new() -> Self {
-        Self { units: Mutex::new(BTreeMap::new()), changes: watch::channel(0).0 }
+        Self { units: Mutex::new(BTreeMap::new()), starts: AtomicUsize::new(0), changes: watch::channel(0).0 }
+    }
+
+    /// A manager that already holds `file` as `name`, running: what a restarted fleetd
+    /// finds under systemd.
+    pub fn running(name: &str, file: &UnitFile) -> Self {
+        let manager = Self::new();
+        let held = HeldUnit { hash: file.hash(), state: SystemdState::new("loaded", "active", "running") };
+        manager.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.to_string(), held);
+        manager
+    }
+
+    /// How many starts were asked for.
+    pub fn starts(&self) -> usize {
+        self.starts.load(Ordering::SeqCst)
+    }
+
+    /// The state of `name`, if held.
+    pub fn state(&self, name: &str) -> Option<SystemdState> {
+        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).map(|held| held.state.clone())
     }
 
     fn set(&self, name: &str, state: SystemdState) -> Result<()> {
@@ -31,9 +60,9 @@ impl SimulatedManager {
 }
 
 #[async_trait]
-impl UnitManager for SimulatedManager {
+impl UnitManager for FakeUnitManager {
     fn kind(&self) -> &'static str {
-        "simulated"
+        "fake"
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
@@ -54,6 +83,7 @@ impl UnitManager for SimulatedManager {
     }
 
     async fn start(&self, name: &str) -> Result<()> {
+        self.starts.fetch_add(1, Ordering::SeqCst);
         self.set(name, SystemdState::new("loaded", "active", "running"))
     }
 

@@ -1,0 +1,124 @@
+//! The agent against the embedded store in a temporary directory and the fake unit manager,
+//! with paused time: what it starts, stops, adopts and reports.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::schedule::{Decision, UnscheduleReason};
+use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile};
+use fleet_registry::embedded::EmbeddedRegistry;
+use fleet_registry::{ApiRegistry, EngineRegistry};
+use fleet_testkit::FakeUnitManager;
+use tokio::sync::watch;
+
+const MACHINE: &str = "m1";
+
+fn sleeper() -> UnitFile {
+    UnitFile::parse("[Service]\nExecStart=/bin/sleep 1000\n").unwrap()
+}
+
+fn running() -> Option<SystemdState> {
+    Some(SystemdState::new("loaded", "active", "running"))
+}
+
+fn config() -> AgentConfig {
+    AgentConfig {
+        machine: MachineState { id: MACHINE.into(), public_ip: "127.0.0.1".into(), ..Default::default() },
+        reconcile_interval: Duration::from_secs(5),
+        debounce: Duration::from_millis(10),
+    }
+}
+
+/// Writes what the engine would: the unit, placed on this machine.
+async fn schedule(registry: &EmbeddedRegistry, name: &str, desired: DesiredState) {
+    registry.put_unit(name, &sleeper(), desired).await.unwrap();
+    let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
+    let decision = Decision::Schedule { unit: name.into(), machine: MACHINE.into() };
+    registry.apply(&lease, &[decision], &[]).await.unwrap();
+}
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    for _ in 0..2_000 {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+struct Running {
+    lifecycle: watch::Sender<Lifecycle>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn start(registry: &EmbeddedRegistry, manager: &Arc<FakeUnitManager>) -> Running {
+    let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+    let agent = Agent::new(config(), Arc::new(registry.clone()), manager.clone());
+    Running { lifecycle, task: tokio::spawn(agent.run(watch)) }
+}
+
+#[tokio::test(start_paused = true)]
+async fn runs_what_is_scheduled_here_reports_it_and_stops_what_is_taken_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let manager = Arc::new(FakeUnitManager::new());
+    let agent = start(&registry, &manager);
+    schedule(&registry, "a.service", DesiredState::Launched).await;
+    eventually("a.service runs", async || manager.state("a.service") == running()).await;
+    eventually("its state is reported", async || {
+        registry
+            .unit_states()
+            .await
+            .unwrap()
+            .iter()
+            .any(|state| state.name == "a.service" && state.systemd.active == "active")
+    })
+    .await;
+    assert_eq!(registry.machines().await.unwrap().len(), 1, "the agent registered its machine");
+
+    let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
+    let away = Decision::Unschedule {
+        unit: "a.service".into(),
+        machine: MACHINE.into(),
+        reason: UnscheduleReason::TargetStateInactive,
+    };
+    registry.apply(&lease, &[away], &[]).await.unwrap();
+    eventually("a.service is unloaded", async || manager.state("a.service").is_none()).await;
+
+    agent.lifecycle.send(Lifecycle::ShuttingDown).unwrap();
+    agent.task.await.unwrap();
+    assert!(registry.machines().await.unwrap().is_empty(), "a clean shutdown leaves the cluster");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_adopts_running_units_without_restarting_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    schedule(&registry, "a.service", DesiredState::Launched).await;
+    let manager = Arc::new(FakeUnitManager::running("a.service", &sleeper()));
+    let agent = start(&registry, &manager);
+    eventually("the adopted unit's state is reported", async || {
+        registry.unit_states().await.unwrap().iter().any(|state| state.name == "a.service" && state.launched)
+    })
+    .await;
+    assert_eq!(manager.starts(), 0, "a unit already running is not started again");
+    // A reload leaves units running for the next agent.
+    agent.lifecycle.send(Lifecycle::Reloading).unwrap();
+    agent.task.await.unwrap();
+    assert_eq!(manager.state("a.service"), running());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_loaded_unit_is_loaded_but_not_started() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let manager = Arc::new(FakeUnitManager::new());
+    let _agent = start(&registry, &manager);
+    schedule(&registry, "b.service", DesiredState::Loaded).await;
+    eventually("b.service is loaded", async || manager.state("b.service").is_some()).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(manager.state("b.service"), Some(SystemdState::new("loaded", "inactive", "dead")));
+    assert_eq!(manager.starts(), 0);
+}
