@@ -120,3 +120,6 @@ pub trait AgentRegistry: Send + Sync {
 pub trait Registry: ApiRegistry + EngineRegistry + AgentRegistry {}
 
 impl<T: ApiRegistry + EngineRegistry + AgentRegistry> Registry for T {}
+
+#[cfg(all(test, feature = "embedded", feature = "etcd"))]
+mod contract;

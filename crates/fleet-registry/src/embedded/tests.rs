@@ -2,7 +2,7 @@ use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 
 use super::EmbeddedRegistry;
-use crate::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, StateReport};
+use crate::{AgentRegistry, ApiRegistry, EngineRegistry, StateReport};
 
 fn unit(text: &str) -> UnitFile {
     UnitFile::parse(text).unwrap()
@@ -10,17 +10,6 @@ fn unit(text: &str) -> UnitFile {
 
 fn machine(id: &str) -> MachineState {
     MachineState { id: id.into(), public_ip: "127.0.0.1".into(), ..Default::default() }
-}
-
-async fn body_count(registry: &EmbeddedRegistry) -> usize {
-    registry
-        .read(|txn| {
-            use redb::ReadableTableMetadata;
-            Ok(txn.open_table(super::tables::BODIES).map_err(super::unavailable)?.len().map_err(super::unavailable)?
-                as usize)
-        })
-        .await
-        .unwrap()
 }
 
 #[tokio::test]
@@ -41,23 +30,6 @@ async fn units_survive_a_restart() {
     assert_eq!(view.desired, DesiredState::Launched);
     assert_eq!(view.current, Some(DesiredState::Inactive));
     assert_eq!(registry.machines().await.unwrap().len(), 1);
-}
-
-#[tokio::test]
-async fn bodies_are_shared_and_collected() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    let body = unit("[Service]\nExecStart=/bin/true\n");
-    registry.put_unit("a.service", &body, DesiredState::Inactive).await.unwrap();
-    registry.put_unit("b.service", &body, DesiredState::Inactive).await.unwrap();
-    assert_eq!(body_count(&registry).await, 1);
-    registry.put_unit("b.service", &unit("[Service]\nExecStart=/bin/false\n"), DesiredState::Inactive).await.unwrap();
-    assert_eq!(body_count(&registry).await, 2);
-    assert!(registry.destroy_unit("a.service").await.unwrap());
-    assert_eq!(body_count(&registry).await, 1);
-    assert!(registry.destroy_unit("b.service").await.unwrap());
-    assert!(!registry.destroy_unit("b.service").await.unwrap());
-    assert_eq!(body_count(&registry).await, 0);
 }
 
 #[tokio::test]
@@ -106,22 +78,4 @@ async fn schedule_states_and_current_state() {
     registry.unregister_machine("m1").await.unwrap();
     assert!(registry.unit_states().await.unwrap().is_empty());
     assert!(registry.machines().await.unwrap().is_empty());
-}
-
-#[tokio::test]
-async fn runtime_metadata_overlays_configuration() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    let mut configured = machine("m1");
-    configured.metadata.insert("hostname".into(), "smoke".into());
-    registry.register_machine(&configured).await.unwrap();
-    let set =
-        |key: &str, value: &str| MetadataChange::Set { machine_id: "m1".into(), key: key.into(), value: value.into() };
-    registry.change_metadata(&[set("foo", "bar"), set("hostname", "other")]).await.unwrap();
-    let metadata = &registry.machines().await.unwrap()[0].metadata;
-    assert_eq!(metadata.get("foo").map(String::as_str), Some("bar"));
-    assert_eq!(metadata.get("hostname").map(String::as_str), Some("other"));
-    let remove = |key: &str| MetadataChange::Remove { machine_id: "m1".into(), key: key.into() };
-    registry.change_metadata(&[remove("foo"), remove("hostname")]).await.unwrap();
-    assert!(registry.machines().await.unwrap()[0].metadata.is_empty());
 }

@@ -3,12 +3,12 @@
 use std::time::Duration;
 
 use etcd_client::{GetOptions, Txn, TxnOp};
-use fleet_core::schedule::{Decision, UnscheduleReason};
+use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitHash, UnitState};
 use fleet_testkit::EtcdServer;
 
 use super::{EtcdOptions, EtcdRegistry, Lifetimes};
-use crate::{AgentRegistry, ApiRegistry, ChangeSignal, EngineRegistry, MetadataChange, RegistryError, StateReport};
+use crate::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, RegistryError, StateReport};
 
 const SLEEP: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
 
@@ -54,31 +54,6 @@ async fn keys_under(registry: &EtcdRegistry, prefix: &str) -> Vec<String> {
     let reply =
         registry.connection().get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
     reply.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect()
-}
-
-fn moved(signal: &ChangeSignal) -> bool {
-    signal.has_changed().unwrap_or(false)
-}
-
-#[tokio::test]
-async fn bodies_are_shared_and_collected_with_their_last_unit() {
-    let etcd = EtcdServer::start();
-    let registry = registry(&etcd, Duration::from_secs(10)).await;
-    registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
-    registry.put_unit("b.service", &unit(SLEEP), DesiredState::Loaded).await.unwrap();
-    let bodies = registry.keys().bodies();
-    assert_eq!(keys_under(&registry, &bodies).await.len(), 1);
-    let view = registry.unit("a.service").await.unwrap().unwrap();
-    assert_eq!(view.hash.to_string(), "2d432f4a06608c1a8b2848b66c836793a1d48ce6");
-    assert_eq!(view.desired, DesiredState::Launched);
-    registry.put_unit("b.service", &unit("[Service]\nExecStart=/bin/true\n"), DesiredState::Loaded).await.unwrap();
-    assert_eq!(keys_under(&registry, &bodies).await.len(), 2);
-    assert!(registry.destroy_unit("a.service").await.unwrap());
-    assert_eq!(keys_under(&registry, &bodies).await.len(), 1, "the sleep body went with its last unit");
-    assert!(!registry.destroy_unit("a.service").await.unwrap());
-    assert!(registry.destroy_unit("b.service").await.unwrap());
-    assert!(keys_under(&registry, &bodies).await.is_empty());
-    assert!(keys_under(&registry, "/fleet-test/refs/").await.is_empty());
 }
 
 #[tokio::test]
@@ -146,55 +121,6 @@ async fn one_leader_at_a_time_and_a_deposed_leader_cannot_write() {
         other => panic!("a deposed leader wrote: {other:?}"),
     }
     assert!(keys_under(&a, "/fleet-test/placement/").await.is_empty());
-}
-
-#[tokio::test]
-async fn a_schedule_change_wakes_only_the_target_machine() {
-    let etcd = EtcdServer::start();
-    let engine = registry(&etcd, Duration::from_secs(10)).await;
-    let agents = registry(&etcd, Duration::from_secs(10)).await;
-    for id in ["m1", "m2"] {
-        agents.register_machine(&machine(id)).await.unwrap();
-    }
-    engine.put_unit("x.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
-    let (mut m1, mut m2) = (agents.machine_changes("m1"), agents.machine_changes("m2"));
-    eventually("both copies are listed", || async {
-        agents.machine_work("m1").await.is_ok() && agents.machine_work("m2").await.is_ok()
-    })
-    .await;
-    let lease = engine.acquire_leadership("m1").await.unwrap().unwrap();
-    eventually("the engine's copy has the unit", || async {
-        engine.snapshot().await.is_ok_and(|s| s.units.len() == 1)
-    })
-    .await;
-    m1.mark_unchanged();
-    m2.mark_unchanged();
-    let decision = Decision::Schedule { unit: "x.service".into(), machine: "m1".into() };
-    engine.apply(&lease, &[decision], &[]).await.unwrap();
-    eventually("m1 sees its new unit", || async { agents.machine_work("m1").await.unwrap().scheduled.len() == 1 })
-        .await;
-    assert!(moved(&m1));
-    assert!(!moved(&m2), "m2 was woken by a change to m1's schedule");
-    let view = engine.unit("x.service").await.unwrap().unwrap();
-    assert_eq!(view.machine_id.as_deref(), Some("m1"));
-    // A desired-state change reaches the agent's copy directly.
-    engine.set_desired_state("x.service", DesiredState::Loaded).await.unwrap();
-    eventually("m1 sees the new desired state", || async {
-        agents.machine_work("m1").await.unwrap().scheduled[0].desired == DesiredState::Loaded
-    })
-    .await;
-    assert!(!moved(&m2));
-    // Unscheduling removes it from m1's schedule.
-    let decision = Decision::Unschedule {
-        unit: "x.service".into(),
-        machine: "m1".into(),
-        reason: UnscheduleReason::TargetStateInactive,
-    };
-    engine.apply(&lease, &[decision], &[("x.service".into(), "no machine".into())]).await.unwrap();
-    eventually("m1's schedule is empty", || async { agents.machine_work("m1").await.unwrap().scheduled.is_empty() })
-        .await;
-    assert_eq!(engine.unit("x.service").await.unwrap().unwrap().reason.as_deref(), Some("no machine"));
-    assert!(!moved(&m2));
 }
 
 #[tokio::test]

@@ -1,0 +1,222 @@
+//! The registry contract: what ARCHITECTURE.md promises of every store, written once against
+//! the facet traits and run against each store (`embedded_*` and `etcd_*` tests; a store
+//! added later adds one opener and one line to the macro). Reads that go through an etcd
+//! watch-fed copy are eventually consistent, so the checks wait for them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::schedule::{Decision, UnscheduleReason};
+use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
+
+use crate::{EngineLease, MetadataChange, Registry, RegistryError, StateReport};
+
+/// A store for one test, and what must live as long as it.
+struct Opened {
+    registry: Arc<dyn Registry>,
+    _guard: Box<dyn std::any::Any>,
+}
+
+async fn open_embedded() -> Opened {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let registry = crate::embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("embedded store");
+    Opened { registry: Arc::new(registry), _guard: Box::new(dir) }
+}
+
+async fn open_etcd() -> Opened {
+    let etcd = fleet_testkit::EtcdServer::start();
+    let options = crate::etcd::EtcdOptions {
+        endpoints: vec![etcd.endpoint()],
+        key_prefix: "/contract/".into(),
+        request_timeout: Duration::from_secs(2),
+        ..crate::etcd::EtcdOptions::default()
+    };
+    let lifetimes =
+        crate::etcd::Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(5) };
+    let registry = crate::etcd::EtcdRegistry::connect(&options, lifetimes).await.expect("etcd store");
+    Opened { registry: Arc::new(registry), _guard: Box::new(etcd) }
+}
+
+/// Runs each contract against each store.
+macro_rules! contract {
+    ($($name:ident),+ $(,)?) => {
+        mod embedded_store {
+            $(#[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                super::$name(super::open_embedded().await.registry.as_ref()).await;
+            })+
+        }
+        mod etcd_store {
+            $(#[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                let opened = super::open_etcd().await;
+                super::$name(opened.registry.as_ref()).await;
+            })+
+        }
+    };
+}
+
+contract!(
+    bodies_are_content_addressed_and_collected,
+    a_stale_lease_cannot_write,
+    a_schedule_change_wakes_only_its_machine,
+    desired_state_changes_reach_the_agent,
+    runtime_metadata_overlays_the_machine,
+    states_go_with_their_machine,
+);
+
+fn unit(exec: &str) -> UnitFile {
+    UnitFile::parse(&format!("[Service]\nExecStart={exec}\n")).expect("a unit file")
+}
+
+fn machine(id: &str) -> MachineState {
+    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), ..Default::default() }
+}
+
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting until {what}");
+}
+
+async fn lease(registry: &dyn Registry) -> EngineLease {
+    registry.acquire_leadership("m1").await.expect("leadership").expect("no other leader")
+}
+
+async fn place(registry: &dyn Registry, unit: &str, machine: &str) {
+    let decision = Decision::Schedule { unit: unit.into(), machine: machine.into() };
+    registry.apply(&lease(registry).await, &[decision], &[]).await.expect("a schedule write");
+}
+
+/// Bodies are stored once per content, read by hash, and deleted with the last unit that
+/// refers to them.
+async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry) {
+    let (shared, other) = (unit("/bin/true"), unit("/bin/false"));
+    registry.put_unit("a.service", &shared, DesiredState::Inactive).await.unwrap();
+    registry.put_unit("b.service", &shared, DesiredState::Inactive).await.unwrap();
+    assert_eq!(registry.unit_body(&shared.hash()).await.unwrap(), Some(shared.clone()));
+    registry.put_unit("b.service", &other, DesiredState::Inactive).await.unwrap();
+    assert_eq!(registry.unit("b.service").await.unwrap().unwrap().hash, other.hash());
+    assert!(registry.unit_body(&shared.hash()).await.unwrap().is_some(), "a.service still refers to it");
+    assert!(registry.destroy_unit("a.service").await.unwrap());
+    assert_eq!(registry.unit_body(&shared.hash()).await.unwrap(), None, "collected with its last unit");
+    assert!(registry.destroy_unit("b.service").await.unwrap());
+    assert!(!registry.destroy_unit("b.service").await.unwrap(), "a second destroy finds nothing");
+    assert_eq!(registry.unit_body(&other.hash()).await.unwrap(), None);
+}
+
+/// A lease that is not the current leader's writes nothing and says so.
+async fn a_stale_lease_cannot_write(registry: &dyn Registry) {
+    registry.register_machine(&machine("m1")).await.unwrap();
+    registry.put_unit("a.service", &unit("/bin/true"), DesiredState::Launched).await.unwrap();
+    let current = lease(registry).await;
+    let stale = EngineLease { machine_id: "m9".into(), token: current.token + 1_000 };
+    let decision = Decision::Schedule { unit: "a.service".into(), machine: "m1".into() };
+    let refused = registry.apply(&stale, &[decision], &[]).await;
+    assert!(matches!(refused, Err(RegistryError::LeadershipLost)), "{refused:?}");
+    assert_eq!(registry.unit("a.service").await.unwrap().unwrap().machine_id, None);
+}
+
+/// A schedule write wakes the machine it concerns and no other, and reaches its work.
+async fn a_schedule_change_wakes_only_its_machine(registry: &dyn Registry) {
+    for id in ["m1", "m2"] {
+        registry.register_machine(&machine(id)).await.unwrap();
+    }
+    registry.put_unit("x.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.unwrap();
+    eventually("both machines' work can be read", async || {
+        registry.machine_work("m1").await.is_ok() && registry.machine_work("m2").await.is_ok()
+    })
+    .await;
+    eventually("the engine sees the unit", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)).await;
+    let (mut m1, mut m2) = (registry.machine_changes("m1"), registry.machine_changes("m2"));
+    m1.mark_unchanged();
+    m2.mark_unchanged();
+    place(registry, "x.service", "m1").await;
+    eventually("m1's work has the unit", async || {
+        registry.machine_work("m1").await.is_ok_and(|work| work.scheduled.iter().any(|unit| unit.name == "x.service"))
+    })
+    .await;
+    assert!(m1.has_changed().unwrap_or(false), "m1 was woken");
+    assert!(!m2.has_changed().unwrap_or(false), "m2 was woken by a change to m1's schedule");
+    assert_eq!(registry.unit("x.service").await.unwrap().unwrap().machine_id.as_deref(), Some("m1"));
+}
+
+/// A change of desired state reaches the placed unit's machine, and an unschedule with a
+/// reason takes it away and records why.
+async fn desired_state_changes_reach_the_agent(registry: &dyn Registry) {
+    registry.register_machine(&machine("m1")).await.unwrap();
+    registry.put_unit("x.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.unwrap();
+    eventually("the engine sees the unit", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)).await;
+    place(registry, "x.service", "m1").await;
+    assert!(registry.set_desired_state("x.service", DesiredState::Loaded).await.unwrap());
+    assert!(!registry.set_desired_state("nothing.service", DesiredState::Loaded).await.unwrap());
+    eventually("m1 sees the new desired state", async || {
+        registry
+            .machine_work("m1")
+            .await
+            .is_ok_and(|work| work.scheduled.first().is_some_and(|unit| unit.desired == DesiredState::Loaded))
+    })
+    .await;
+    let away = Decision::Unschedule {
+        unit: "x.service".into(),
+        machine: "m1".into(),
+        reason: UnscheduleReason::TargetStateInactive,
+    };
+    eventually("the engine sees the placement", async || {
+        registry.snapshot().await.is_ok_and(|s| s.units.iter().any(|u| u.machine_id.as_deref() == Some("m1")))
+    })
+    .await;
+    registry.apply(&lease(registry).await, &[away], &[("x.service".into(), "no machine".into())]).await.unwrap();
+    eventually("m1's work is empty", async || {
+        registry.machine_work("m1").await.is_ok_and(|work| work.scheduled.is_empty())
+    })
+    .await;
+    assert_eq!(registry.unit("x.service").await.unwrap().unwrap().reason.as_deref(), Some("no machine"));
+}
+
+/// Runtime metadata overlays the machine's configured metadata, in every reading of it.
+async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry) {
+    let mut configured = machine("m1");
+    configured.metadata.insert("hostname".into(), "smoke".into());
+    registry.register_machine(&configured).await.unwrap();
+    let set =
+        |key: &str, value: &str| MetadataChange::Set { machine_id: "m1".into(), key: key.into(), value: value.into() };
+    registry.change_metadata(&[set("foo", "bar"), set("hostname", "other")]).await.unwrap();
+    let metadata = registry.machines().await.unwrap()[0].metadata.clone();
+    assert_eq!((metadata["foo"].as_str(), metadata["hostname"].as_str()), ("bar", "other"));
+    eventually("the engine and the agent read the overrides", async || {
+        let engine = registry.snapshot().await.is_ok_and(|s| s.machines.iter().any(|m| m.metadata.contains_key("foo")));
+        let agent = registry.machine_work("m1").await.is_ok_and(|work| {
+            work.machine.is_some_and(|m| m.metadata.get("hostname").map(String::as_str) == Some("other"))
+        });
+        engine && agent
+    })
+    .await;
+    let remove = |key: &str| MetadataChange::Remove { machine_id: "m1".into(), key: key.into() };
+    registry.change_metadata(&[remove("foo"), remove("hostname")]).await.unwrap();
+    assert!(registry.machines().await.unwrap()[0].metadata.is_empty(), "a removed override hides the configured value");
+}
+
+/// A machine's unit states are dropped when it leaves.
+async fn states_go_with_their_machine(registry: &dyn Registry) {
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let file = unit("/bin/sleep 1000");
+    registry.put_unit("a.service", &file, DesiredState::Launched).await.unwrap();
+    let state = UnitState {
+        name: "a.service".into(),
+        machine_id: "m1".into(),
+        hash: file.hash(),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+    };
+    registry.report_states("m1", &[StateReport::Set(state)]).await.unwrap();
+    assert_eq!(registry.unit_states().await.unwrap().len(), 1);
+    registry.unregister_machine("m1").await.unwrap();
+    eventually("the states went with the machine", async || registry.unit_states().await.unwrap().is_empty()).await;
+    assert!(registry.machines().await.unwrap().is_empty());
+}
