@@ -10,6 +10,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod apply_rule;
 pub mod codec;
 #[cfg(feature = "embedded")]
 pub mod embedded;

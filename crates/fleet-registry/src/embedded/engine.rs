@@ -1,7 +1,7 @@
 //! The engine's facet of the embedded store. One fleetd owns the file, so leadership is
 //! always its own; the lease is still checked so the seam behaves as on etcd.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use async_trait::async_trait;
 use fleet_core::schedule::Decision;
@@ -11,6 +11,7 @@ use redb::ReadableTable;
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, decode, read_all};
 use super::{EmbeddedRegistry, unavailable};
+use crate::apply_rule::{Condition, ReasonWrite, unit_writes};
 use crate::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit};
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
@@ -71,37 +72,56 @@ impl EngineRegistry for EmbeddedRegistry {
         if lease.token != EMBEDDED_LEASE_TOKEN {
             return Err(RegistryError::LeadershipLost);
         }
-        let decisions = decisions.to_vec();
-        let reasons: BTreeMap<String, String> = unplaced.iter().cloned().collect();
+        let (decisions, unplaced) = (decisions.to_vec(), unplaced.to_vec());
         self.write(move |txn, touched| {
             // The engine hears of its own writes, so its next snapshot has a new revision.
             touched.engine = true;
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            let machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
             let mut schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
-            for decision in &decisions {
-                match decision {
-                    Decision::Schedule { unit, machine } => {
-                        let exists = units.get(unit.as_str()).map_err(unavailable)?.is_some();
-                        let free = schedule.get(unit.as_str()).map_err(unavailable)?.is_none();
-                        if exists && free {
-                            schedule.insert(unit.as_str(), machine.as_str()).map_err(unavailable)?;
-                            touched.machines.push(machine.clone());
-                        }
-                    }
-                    Decision::Unschedule { unit, machine, .. } => {
-                        let current = schedule.get(unit.as_str()).map_err(unavailable)?.map(|m| m.value() == machine);
-                        if current == Some(true) {
-                            schedule.remove(unit.as_str()).map_err(unavailable)?;
-                            touched.machines.push(machine.clone());
-                        }
-                    }
-                }
+            let mut reasons = txn.open_table(tables::REASONS).map_err(unavailable)?;
+            let mut stored = Vec::new();
+            for row in reasons.iter().map_err(unavailable)? {
+                let (unit, reason) = row.map_err(unavailable)?;
+                stored.push((unit.value().to_string(), reason.value().to_string()));
             }
-            let mut table = txn.open_table(tables::REASONS).map_err(unavailable)?;
-            table.retain(|unit, reason| reasons.get(unit).is_some_and(|new| new == reason)).map_err(unavailable)?;
-            for (unit, reason) in &reasons {
-                if units.get(unit.as_str()).map_err(unavailable)?.is_some() {
-                    table.insert(unit.as_str(), reason.as_str()).map_err(unavailable)?;
+            let stored = stored.iter().map(|(unit, reason)| (unit.as_str(), reason.as_str()));
+            for write in unit_writes(&decisions, &unplaced, stored) {
+                let unit = write.unit.as_str();
+                let placed = schedule.get(unit).map_err(unavailable)?.map(|machine| machine.value().to_string());
+                let exists = units.get(unit).map_err(unavailable)?.is_some();
+                let mut holds = true;
+                for condition in write.conditions() {
+                    holds &= match condition {
+                        // The engine reads this store directly: the record it planned from is
+                        // the one there now, if the unit still exists.
+                        Condition::UnitUnchanged | Condition::UnitExists => exists,
+                        Condition::PlacedOn(machine) => placed.as_deref() == Some(machine.as_str()),
+                        Condition::Unplaced => placed.is_none(),
+                        Condition::MachineAbsent(machine) => {
+                            machines.get(machine.as_str()).map_err(unavailable)?.is_none()
+                        }
+                    };
+                }
+                if !holds {
+                    continue;
+                }
+                if let Some(leaving) = &write.leaves {
+                    schedule.remove(unit).map_err(unavailable)?;
+                    touched.machines.push(leaving.machine.clone());
+                }
+                if let Some(machine) = &write.lands_on {
+                    schedule.insert(unit, machine.as_str()).map_err(unavailable)?;
+                    touched.machines.push(machine.clone());
+                }
+                match &write.reason {
+                    ReasonWrite::Set(reason) => {
+                        reasons.insert(unit, reason.as_str()).map_err(unavailable)?;
+                    }
+                    ReasonWrite::Clear => {
+                        reasons.remove(unit).map_err(unavailable)?;
+                    }
+                    ReasonWrite::Keep => {}
                 }
             }
             Ok(())

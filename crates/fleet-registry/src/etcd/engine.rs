@@ -2,12 +2,12 @@
 //! from the watch-fed copy, and schedule writes batched into transactions fenced by the
 //! leader key's create revision, so a deposed leader cannot write.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use fleet_core::schedule::{Decision, UnscheduleReason};
+use fleet_core::schedule::Decision;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::EtcdRegistry;
@@ -16,6 +16,7 @@ use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
 use super::session::{Leadership, grant, renew};
+use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, unit_writes};
 use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit, UnitRecord,
@@ -28,16 +29,6 @@ const NESTED_PER_TXN: usize = MAX_TXN_OPS - 8;
 
 /// How long the engine waits for its own writes to come back through its watch.
 const CATCH_UP: Duration = Duration::from_secs(2);
-
-/// What one unit's schedule write does.
-#[derive(Default)]
-struct UnitChange {
-    /// Unschedule from this machine (and why).
-    from: Option<(String, bool)>,
-    to: Option<String>,
-    /// `Some(None)`: drop the reason; `Some(Some(text))`: write it.
-    reason: Option<Option<String>>,
-}
 
 fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<MachineState>> {
     let keys = registry.keys();
@@ -54,89 +45,61 @@ fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<Machine
 }
 
 impl EtcdRegistry {
-    /// One nested transaction for one unit: its own conditions, so a unit that changed
-    /// meanwhile is skipped without holding back the rest of the batch.
-    fn unit_txn(&self, data: &MirrorData, unit: &str, change: &UnitChange) -> Option<TxnOp> {
+    /// One unit's write as one nested transaction: the apply rule's conditions become its
+    /// compares, so a unit that changed meanwhile is skipped without holding back the rest.
+    fn unit_txn(&self, data: &MirrorData, write: &UnitWrite) -> Option<TxnOp> {
         let keys = self.keys();
+        let unit = write.unit.as_str();
         let (unit_key, placement_key) = (keys.unit(unit), keys.placement(unit));
-        let mut compares = Vec::new();
+        let compares = write
+            .conditions()
+            .into_iter()
+            .map(|condition| match condition {
+                Condition::UnitUnchanged => data
+                    .entries
+                    .get(&unit_key)
+                    .map(|entry| Compare::mod_revision(unit_key.as_str(), CompareOp::Equal, entry.mod_revision)),
+                Condition::UnitExists => Some(Compare::version(unit_key.as_str(), CompareOp::Greater, 0)),
+                Condition::PlacedOn(machine) => {
+                    Some(Compare::value(placement_key.as_str(), CompareOp::Equal, machine.as_str()))
+                }
+                Condition::Unplaced => Some(Compare::version(placement_key.as_str(), CompareOp::Equal, 0)),
+                Condition::MachineAbsent(machine) => {
+                    Some(Compare::version(keys.machine(&machine), CompareOp::Equal, 0))
+                }
+            })
+            .collect::<Option<Vec<Compare>>>()?;
         let mut ops = Vec::new();
-        if change.from.is_some() || change.to.is_some() {
-            let unit_entry = data.entries.get(&unit_key)?;
-            compares.push(Compare::mod_revision(unit_key.as_str(), CompareOp::Equal, unit_entry.mod_revision));
-            match &change.from {
-                Some((machine, machine_gone)) => {
-                    compares.push(Compare::value(placement_key.as_str(), CompareOp::Equal, machine.as_str()));
-                    if *machine_gone {
-                        compares.push(Compare::version(keys.machine(machine), CompareOp::Equal, 0));
-                    }
-                    ops.push(TxnOp::delete(keys.scheduled(machine, unit), None));
-                    if change.to.is_none() {
-                        ops.push(TxnOp::delete(placement_key.as_str(), None));
-                    }
-                }
-                None => compares.push(Compare::version(placement_key.as_str(), CompareOp::Equal, 0)),
-            }
-            if let Some(machine) = &change.to {
-                let record: UnitRecord = decode(&unit_key, &unit_entry.value).ok()?;
-                let assignment = Assignment { hash: record.hash, desired: record.desired };
-                ops.push(TxnOp::put(placement_key.as_str(), machine.as_str(), None));
-                ops.push(TxnOp::put(keys.scheduled(machine, unit), encode(&assignment), None));
+        if let Some(leaving) = &write.leaves {
+            ops.push(TxnOp::delete(keys.scheduled(&leaving.machine, unit), None));
+            if write.lands_on.is_none() {
+                ops.push(TxnOp::delete(placement_key.as_str(), None));
             }
         }
-        match &change.reason {
-            Some(Some(reason)) => {
-                if compares.is_empty() {
-                    compares.push(Compare::version(unit_key.as_str(), CompareOp::Greater, 0));
-                }
-                ops.push(TxnOp::put(keys.reason(unit), reason.as_str(), None));
-            }
-            Some(None) => ops.push(TxnOp::delete(keys.reason(unit), None)),
-            None => {}
+        if let Some(machine) = &write.lands_on {
+            let record: UnitRecord = decode(&unit_key, &data.entries.get(&unit_key)?.value).ok()?;
+            let assignment = Assignment { hash: record.hash, desired: record.desired };
+            ops.push(TxnOp::put(placement_key.as_str(), machine.as_str(), None));
+            ops.push(TxnOp::put(keys.scheduled(machine, unit), encode(&assignment), None));
         }
-        if ops.is_empty() {
-            return None;
+        match &write.reason {
+            ReasonWrite::Set(reason) => ops.push(TxnOp::put(keys.reason(unit), reason.as_str(), None)),
+            ReasonWrite::Clear => ops.push(TxnOp::delete(keys.reason(unit), None)),
+            ReasonWrite::Keep => {}
         }
         Some(TxnOp::txn(Txn::new().when(compares).and_then(ops)))
     }
 
-    /// Every unit's change: the decisions, and the reasons that differ from those stored.
-    fn unit_changes(
-        &self,
-        data: &MirrorData,
-        decisions: &[Decision],
-        unplaced: &[(String, String)],
-    ) -> BTreeMap<String, UnitChange> {
+    /// The reasons the engine's copy holds now, by unit.
+    fn stored_reasons(&self, data: &MirrorData) -> Vec<(String, String)> {
         let keys = self.keys();
-        let mut changes: BTreeMap<String, UnitChange> = BTreeMap::new();
-        for decision in decisions {
-            match decision {
-                Decision::Schedule { unit, machine } => {
-                    changes.entry(unit.clone()).or_default().to = Some(machine.clone());
-                }
-                Decision::Unschedule { unit, machine, reason } => {
-                    let gone = *reason == UnscheduleReason::MachineWentAway;
-                    changes.entry(unit.clone()).or_default().from = Some((machine.clone(), gone));
-                }
-            }
-        }
-        let wanted: HashMap<&str, &str> =
-            unplaced.iter().map(|(unit, reason)| (unit.as_str(), reason.as_str())).collect();
         let reasons = keys.reasons();
-        let reason_range = KeyRange::prefix(reasons.clone());
-        for (key, _) in data.range(&reason_range) {
-            let Some(unit) = keys.name_in(&reasons, key) else { continue };
-            if !wanted.contains_key(unit) {
-                changes.entry(unit.to_string()).or_default().reason = Some(None);
-            }
-        }
-        for (unit, reason) in wanted {
-            let stored = data.entries.get(&keys.reason(unit));
-            if stored.is_none_or(|entry| entry.value.as_slice() != reason.as_bytes()) {
-                changes.entry(unit.to_string()).or_default().reason = Some(Some(reason.to_string()));
-            }
-        }
-        changes
+        data.range(&KeyRange::prefix(reasons.clone()))
+            .filter_map(|(key, entry)| {
+                let unit = keys.name_in(&reasons, key)?;
+                Some((unit.to_string(), String::from_utf8_lossy(&entry.value).into_owned()))
+            })
+            .collect()
     }
 }
 
@@ -250,8 +213,10 @@ impl EngineRegistry for EtcdRegistry {
         let mirror = self.engine_mirror();
         let unit_txns: Vec<TxnOp> = {
             let data = mirror.synced()?;
-            let changes = self.unit_changes(&data, decisions, unplaced);
-            changes.iter().filter_map(|(unit, change)| self.unit_txn(&data, unit, change)).collect()
+            let stored = self.stored_reasons(&data);
+            let writes =
+                unit_writes(decisions, unplaced, stored.iter().map(|(unit, reason)| (unit.as_str(), reason.as_str())));
+            writes.iter().filter_map(|write| self.unit_txn(&data, write)).collect()
         };
         let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
         let mut last_write = None;
