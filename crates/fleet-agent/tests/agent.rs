@@ -9,7 +9,7 @@ use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile};
 use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{ApiRegistry, EngineRegistry};
-use fleet_testkit::FakeUnitManager;
+use fleet_testkit::{FakeUnitManager, eventually};
 use tokio::sync::watch;
 
 const MACHINE: &str = "m1";
@@ -36,16 +36,6 @@ async fn schedule(registry: &EmbeddedRegistry, name: &str, desired: DesiredState
     let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
     let decision = Decision::Schedule { unit: name.into(), machine: MACHINE.into() };
     registry.apply(&lease, &[decision], &[]).await.unwrap();
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..2_000 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 struct Running {

@@ -9,6 +9,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_engine::{Engine, EngineConfig};
 use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{AgentRegistry, ApiRegistry};
+use fleet_testkit::eventually;
 use tokio::sync::watch;
 
 fn machine(id: &str, region: &str) -> MachineState {
@@ -26,16 +27,6 @@ fn unit(x_fleet: &str) -> UnitFile {
 
 async fn placement(registry: &EmbeddedRegistry) -> BTreeMap<String, Option<String>> {
     registry.units().await.unwrap().into_iter().map(|view| (view.name, view.machine_id)).collect()
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    for _ in 0..2_000 {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 fn start(registry: &EmbeddedRegistry) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {

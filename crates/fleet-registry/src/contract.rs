@@ -9,6 +9,8 @@ use std::time::Duration;
 use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 
+use fleet_testkit::eventually;
+
 use crate::{EngineLease, MetadataChange, Registry, RegistryError, StateReport};
 
 /// A store for one test, and what must live as long as it.
@@ -71,17 +73,6 @@ fn unit(exec: &str) -> UnitFile {
 
 fn machine(id: &str) -> MachineState {
     MachineState { id: id.into(), public_ip: "127.0.0.1".into(), ..Default::default() }
-}
-
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 async fn lease(registry: &dyn Registry) -> EngineLease {

@@ -4,12 +4,14 @@
 //! is under test rather than a unit manager's: [`FakeUnitManager`].
 
 mod etcd;
+mod eventually;
 mod fake_manager;
 mod ports;
 mod systemd;
 mod tls;
 
 pub use etcd::EtcdServer;
+pub use eventually::eventually;
 pub use fake_manager::FakeUnitManager;
 pub use ports::free_port;
 pub use systemd::SystemdUser;

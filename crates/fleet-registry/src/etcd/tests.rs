@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::{GetOptions, Txn, TxnOp};
 use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitHash, UnitState};
-use fleet_testkit::EtcdServer;
+use fleet_testkit::{EtcdServer, eventually};
 
 use super::{EtcdOptions, EtcdRegistry, Lifetimes};
 use crate::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, RegistryError, StateReport};
@@ -32,22 +32,6 @@ fn options(etcd: &EtcdServer) -> EtcdOptions {
 async fn registry(etcd: &EtcdServer, agent_ttl: Duration) -> EtcdRegistry {
     let lifetimes = Lifetimes { agent_ttl, engine_lease_ttl: Duration::from_secs(3) };
     EtcdRegistry::connect(&options(etcd), lifetimes).await.unwrap()
-}
-
-/// Waits until `check` holds, polling; panics after 10 s.
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting until {what}");
 }
 
 async fn keys_under(registry: &EtcdRegistry, prefix: &str) -> Vec<String> {
