@@ -8,6 +8,5 @@
 #![forbid(unsafe_code)]
 
 mod reconciler;
-mod states;
 
 pub use reconciler::{Agent, AgentConfig, Lifecycle};

@@ -10,7 +10,7 @@ use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, StateReport};
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
 
-use crate::states::state_reports;
+use fleet_core::state_report::{adopted_as_launched, state_reports};
 
 /// What fleetd wants its components to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,7 +103,7 @@ impl Agent {
         match self.manager.units().await {
             Ok(units) => {
                 for (name, held) in units {
-                    let launched = held.state.active == "active" || held.state.active == "activating";
+                    let launched = adopted_as_launched(&held.state);
                     self.loaded.insert(name, LoadedUnit { hash: held.hash, launched });
                 }
             }

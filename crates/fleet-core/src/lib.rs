@@ -13,6 +13,7 @@ pub mod requirements;
 pub mod schedule;
 pub mod service_values;
 pub mod state;
+pub mod state_report;
 pub mod unit_file;
 pub mod unit_name;
 
@@ -20,4 +21,5 @@ pub use backoff::Backoff;
 pub use machine::{MachineId, MachineState};
 pub use requirements::Requirements;
 pub use state::{CurrentState, DesiredState, SystemdState, UnitState};
+pub use state_report::StateReport;
 pub use unit_file::{UnitFile, UnitHash, UnitOption};

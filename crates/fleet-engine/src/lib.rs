@@ -110,12 +110,11 @@ impl Engine {
             .collect();
         let cluster = ClusterSnapshot { machines: snapshot.machines, units };
         let decided = plan(&cluster);
-        let reasons: Vec<(String, String)> =
-            decided.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string())).collect();
-        if decided.decisions.is_empty() && reasons == self.reasons {
+        if !decided.changes_anything(&self.reasons) {
             self.planned = Some(revision);
             return Ok(());
         }
+        let reasons = decided.reason_texts();
         for decision in &decided.decisions {
             tracing::debug!(?decision, "engine decision");
         }

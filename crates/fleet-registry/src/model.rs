@@ -95,9 +95,4 @@ pub struct MachineWork {
     pub globals: Vec<AssignedUnit>,
 }
 
-/// A change in what a machine reports about one of its units.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StateReport {
-    Set(UnitState),
-    Remove(String),
-}
+pub use fleet_core::StateReport;

@@ -47,5 +47,18 @@ pub struct Plan {
     pub unplaced: Vec<(String, UnplacedReason)>,
 }
 
+impl Plan {
+    /// The reasons units are unplaced, as the stores keep them: unit and text.
+    pub fn reason_texts(&self) -> Vec<(String, String)> {
+        self.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string())).collect()
+    }
+
+    /// Whether writing this plan changes anything, given the reasons written last time: an
+    /// engine skips the write (and the wake-ups it causes) otherwise.
+    pub fn changes_anything(&self, written_reasons: &[(String, String)]) -> bool {
+        !self.decisions.is_empty() || self.reason_texts() != written_reasons
+    }
+}
+
 #[cfg(test)]
 mod tests;

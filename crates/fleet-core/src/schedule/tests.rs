@@ -569,3 +569,17 @@ fn one_machines_refusal_is_not_called_everywhere() {
         "MachineOf db.service, which is not scheduled"
     );
 }
+
+#[test]
+fn a_plan_that_changes_nothing_is_not_written() {
+    let unplaced = Plan { decisions: Vec::new(), unplaced: vec![("u.service".into(), UnplacedReason::NoMachines)] };
+    let written = vec![("u.service".to_string(), "no machines are available".to_string())];
+    assert!(!unplaced.changes_anything(&written), "the same reason again");
+    assert!(unplaced.changes_anything(&[]), "a new reason");
+    assert!(Plan::default().changes_anything(&written), "a reason to clear");
+    let moving = Plan {
+        decisions: vec![Decision::Schedule { unit: "u.service".into(), machine: "m1".into() }],
+        unplaced: Vec::new(),
+    };
+    assert!(moving.changes_anything(&[]));
+}

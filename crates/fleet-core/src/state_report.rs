@@ -1,9 +1,22 @@
-//! Which unit-state reports to send: only what changed since the last report.
+//! What an agent tells the registry about its units: only what changed since its last
+//! report, and which units it counts as launched. Pure.
 
 use std::collections::BTreeMap;
 
-use fleet_core::UnitState;
-use fleet_registry::StateReport;
+use crate::{SystemdState, UnitState};
+
+/// A change in what a machine reports about one of its units.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateReport {
+    Set(UnitState),
+    Remove(String),
+}
+
+/// Whether a unit the unit manager already runs when the agent starts (a fleetd restarted
+/// under systemd) counts as launched: active, or on its way there.
+pub fn adopted_as_launched(state: &SystemdState) -> bool {
+    state.active == "active" || state.active == "activating"
+}
 
 /// The reports that take `reported` to `current`.
 pub fn state_reports(
@@ -23,9 +36,8 @@ pub fn state_reports(
 
 #[cfg(test)]
 mod tests {
-    use fleet_core::{SystemdState, UnitHash};
-
     use super::*;
+    use crate::UnitHash;
 
     fn state(name: &str, active: &str) -> (String, UnitState) {
         let state = UnitState {
@@ -36,6 +48,14 @@ mod tests {
             launched: true,
         };
         (name.to_string(), state)
+    }
+
+    #[test]
+    fn adopted_units_count_as_launched_while_active_or_starting() {
+        assert!(adopted_as_launched(&SystemdState::new("loaded", "active", "running")));
+        assert!(adopted_as_launched(&SystemdState::new("loaded", "activating", "start")));
+        assert!(!adopted_as_launched(&SystemdState::new("loaded", "failed", "failed")));
+        assert!(!adopted_as_launched(&SystemdState::new("loaded", "inactive", "dead")));
     }
 
     #[test]
