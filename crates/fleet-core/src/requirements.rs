@@ -67,7 +67,9 @@ pub fn expand_specifiers(value: &str, name: &UnitNameInfo<'_>) -> String {
     value.replace("%n", name.full).replace("%N", name.stem).replace("%p", name.prefix).replace("%i", name.instance)
 }
 
-fn is_truthy(value: &str) -> bool {
+/// The original's reading of `Global=` (its `[X-Fleet]` boolean grammar): true for `true`,
+/// `yes`, `1`, `on` or `t` in any case, false for anything else (never an error).
+fn x_fleet_bool(value: &str) -> bool {
     matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t")
 }
 
@@ -114,7 +116,8 @@ impl Requirements {
             .iter()
             .flat_map(|value| value.split_whitespace().map(str::to_string))
             .collect();
-        requirements.global = values.get("Global").and_then(|list| list.last()).is_some_and(|value| is_truthy(value));
+        requirements.global =
+            values.get("Global").and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
         requirements.replaces = all(&["Replaces"]);
         requirements
     }

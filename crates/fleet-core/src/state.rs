@@ -28,13 +28,38 @@ impl DesiredState {
         }
     }
 
-    /// The current state of a scheduled unit, as the original derives it: `inactive` until
-    /// its machine reports a state for it, `launched` while that machine says it started it.
-    pub fn derive_current(scheduled: bool, reported_by_target: bool, launched_by_target: bool) -> Self {
-        match (scheduled, reported_by_target, launched_by_target) {
-            (false, _, _) | (true, false, _) => Self::Inactive,
-            (true, true, false) => Self::Loaded,
-            (true, true, true) => Self::Launched,
+    /// The current state of a unit, as the original derives it from what its target machine
+    /// says of it: `inactive` until it reports a state, `launched` while it says it started it.
+    pub fn derive_current(target: TargetReport) -> Self {
+        match target {
+            TargetReport::Unscheduled | TargetReport::Silent => Self::Inactive,
+            TargetReport::Loaded => Self::Loaded,
+            TargetReport::Launched => Self::Launched,
+        }
+    }
+}
+
+/// What the machine a unit is scheduled to says of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TargetReport {
+    /// The unit is scheduled nowhere.
+    Unscheduled,
+    /// Its machine has reported no state for it yet.
+    Silent,
+    /// Its machine holds it but did not start it.
+    Loaded,
+    /// Its machine started it.
+    Launched,
+}
+
+impl TargetReport {
+    /// From whether the unit is scheduled, and its machine's report (`Some(launched)`).
+    pub fn of(scheduled: bool, launched: Option<bool>) -> Self {
+        match (scheduled, launched) {
+            (false, _) => Self::Unscheduled,
+            (true, None) => Self::Silent,
+            (true, Some(false)) => Self::Loaded,
+            (true, Some(true)) => Self::Launched,
         }
     }
 }
@@ -105,9 +130,10 @@ mod tests {
 
     #[test]
     fn current_state_derivation() {
-        assert_eq!(DesiredState::derive_current(false, true, true), DesiredState::Inactive);
-        assert_eq!(DesiredState::derive_current(true, false, false), DesiredState::Inactive);
-        assert_eq!(DesiredState::derive_current(true, true, false), DesiredState::Loaded);
-        assert_eq!(DesiredState::derive_current(true, true, true), DesiredState::Launched);
+        let current = |scheduled, launched| DesiredState::derive_current(TargetReport::of(scheduled, launched));
+        assert_eq!(current(false, Some(true)), DesiredState::Inactive);
+        assert_eq!(current(true, None), DesiredState::Inactive);
+        assert_eq!(current(true, Some(false)), DesiredState::Loaded);
+        assert_eq!(current(true, Some(true)), DesiredState::Launched);
     }
 }

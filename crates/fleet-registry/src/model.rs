@@ -1,5 +1,6 @@
 //! The plain records the registry hands out.
 
+use fleet_core::state::TargetReport;
 use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use serde::{Deserialize, Serialize};
 
@@ -39,7 +40,7 @@ impl UnitView {
         reported: Option<&UnitState>,
     ) -> Self {
         let current = (!record.global).then(|| {
-            DesiredState::derive_current(machine_id.is_some(), reported.is_some(), reported.is_some_and(|s| s.launched))
+            DesiredState::derive_current(TargetReport::of(machine_id.is_some(), reported.map(|state| state.launched)))
         });
         Self {
             name: name.to_string(),

@@ -186,7 +186,9 @@ fn parse_list(value: &str) -> Vec<String> {
         .collect()
 }
 
-fn parse_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
+/// fleet.conf's boolean grammar (the original's flag parsing): `1 t true yes on` or
+/// `0 f false no off` and empty, in any case; anything else is an error naming the option.
+fn parse_config_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
     match value.to_ascii_lowercase().as_str() {
         "1" | "t" | "true" | "yes" | "on" => Ok(true),
         "0" | "f" | "false" | "no" | "off" | "" => Ok(false),
@@ -325,7 +327,7 @@ impl Config {
                 "metadata" => config.metadata = parse_metadata(value),
                 "agent_ttl" => config.agent_ttl = parse_go_duration(name, value)?,
                 "units_directory" => config.units_directory = value.into(),
-                "systemd_user" => config.systemd_user = parse_bool(name, value)?,
+                "systemd_user" => config.systemd_user = parse_config_bool(name, value)?,
                 "token_limit" => {
                     config.token_limit = value
                         .parse::<u16>()
@@ -333,11 +335,11 @@ impl Config {
                         .filter(|limit| *limit > 0)
                         .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 65535"))?
                 }
-                "disable_engine" => config.disable_engine = parse_bool(name, value)?,
-                "disable_watches" => config.disable_watches = parse_bool(name, value)?,
-                "verify_units" => config.verify_units = parse_bool(name, value)?,
+                "disable_engine" => config.disable_engine = parse_config_bool(name, value)?,
+                "disable_watches" => config.disable_watches = parse_config_bool(name, value)?,
+                "verify_units" => config.verify_units = parse_config_bool(name, value)?,
                 "enable_grpc" => {
-                    parse_bool(name, value)?;
+                    parse_config_bool(name, value)?;
                 }
                 "authorized_keys_file" => config.authorized_keys_file = value.to_string(),
                 "machine_id" => {

@@ -117,20 +117,20 @@ fn warn_fixed_options(old: &Config, new: &Config) {
     }
 }
 
-fn check_supported(config: &Config) -> anyhow::Result<()> {
+/// Says which deprecated options are set (and ignored).
+fn warn_deprecated_options(config: &Config) {
     if config.verify_units {
         tracing::error!("verify_units is deprecated and ignored");
     }
     if !config.authorized_keys_file.is_empty() {
         tracing::error!("authorized_keys_file is deprecated and ignored");
     }
-    Ok(())
 }
 
 /// Runs fleetd until SIGTERM or SIGINT. `activated` holds the sockets systemd passed, taken
 /// in `main` before the runtime's threads started.
 pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Vec<ApiListener>) -> anyhow::Result<()> {
-    check_supported(&config)?;
+    warn_deprecated_options(&config);
     let machine_id = config.resolve_machine_id()?;
     fleet_fs::create_private_dir(&config.state_dir)
         .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
@@ -193,11 +193,9 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         if reload {
             tracing::info!("Reloading configuration");
             let environment: BTreeMap<String, String> = std::env::vars().collect();
-            match Config::load(config_path.as_deref(), &environment).map_err(anyhow::Error::from).and_then(|new| {
-                check_supported(&new)?;
-                Ok(new)
-            }) {
+            match Config::load(config_path.as_deref(), &environment) {
                 Ok(new) => {
+                    warn_deprecated_options(&new);
                     warn_fixed_options(&config, &new);
                     let (state_dir, api_listen, machine, manager_choice) = (
                         config.state_dir.clone(),

@@ -11,13 +11,20 @@ use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, json_response, page_token};
 use crate::schema::{Unit, UnitOption, UnitPage};
 
-/// A stored unit as the API shows it. `listed` keeps the original's quirk of giving
-/// global units a current state of `inactive` in lists only.
-pub fn to_schema(view: UnitView, listed: bool) -> Unit {
-    let current = match view.current {
-        Some(state) => Some(state.to_string()),
-        None if listed => Some(DesiredState::Inactive.to_string()),
-        None => None,
+/// Where a unit is shown: the original gives global units a current state of `inactive`
+/// in lists only (a quirk kept).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shown {
+    InList,
+    Alone,
+}
+
+/// A stored unit as the API shows it.
+pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
+    let current = match (view.current, shown) {
+        (Some(state), _) => Some(state.to_string()),
+        (None, Shown::InList) => Some(DesiredState::Inactive.to_string()),
+        (None, Shown::Alone) => None,
     };
     Unit {
         current_state: current,
@@ -36,14 +43,15 @@ pub fn to_schema(view: UnitView, listed: bool) -> Unit {
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit.get())?;
-    let units: Vec<Unit> = state.registry.units().await?.into_iter().map(|view| to_schema(view, true)).collect();
+    let units: Vec<Unit> =
+        state.registry.units().await?.into_iter().map(|view| to_schema(view, Shown::InList)).collect();
     let (units, next) = token.page(units, serialized_size);
     Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
     match state.registry.unit(name).await? {
-        Some(view) => Ok(json_response(StatusCode::OK, &to_schema(view, false))),
+        Some(view) => Ok(json_response(StatusCode::OK, &to_schema(view, Shown::Alone))),
         None => Err(ApiError::not_found("unit does not exist")),
     }
 }
