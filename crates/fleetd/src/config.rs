@@ -114,36 +114,167 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Every option name, so that a typo is refused rather than ignored.
-const OPTIONS: &[&str] = &[
-    "verbosity",
-    "etcd_servers",
-    "etcd_username",
-    "etcd_password",
-    "etcd_keyfile",
-    "etcd_certfile",
-    "etcd_cafile",
-    "etcd_key_prefix",
-    "etcd_request_timeout",
-    "engine_reconcile_interval",
-    "public_ip",
-    "metadata",
-    "agent_ttl",
-    "units_directory",
-    "systemd_user",
-    "token_limit",
-    "enable_grpc",
-    "disable_engine",
-    "disable_watches",
-    "verify_units",
-    "authorized_keys_file",
-    "machine_id",
-    "unit_manager",
-    "api_listen",
-    "state_dir",
-    "unit_log_max_bytes",
-    "unit_log_files",
-    "shutdown_timeout",
+/// A file an option names, which must exist (or be empty: no file).
+fn existing_file(name: &str, value: &str) -> Result<String, ConfigError> {
+    if !value.is_empty() && !Path::new(value).is_file() {
+        return Err(bad(name, value, "no such file"));
+    }
+    Ok(value.to_string())
+}
+
+/// How an option's value is read into the configuration.
+type Setter = fn(&mut Config, &str, &str) -> Result<(), ConfigError>;
+
+/// Every option, spelled once: its name and how its value is read into the configuration.
+/// A name not here is refused rather than ignored.
+const OPTIONS: &[(&str, Setter)] = &[
+    ("verbosity", |config, name, value| {
+        config.verbosity = value.parse().map_err(|_| bad(name, value, "expected a whole number"))?;
+        Ok(())
+    }),
+    ("etcd_servers", |config, name, value| {
+        let servers = parse_list(value);
+        if let Some(server) =
+            servers.iter().find(|server| !(server.starts_with("http://") || server.starts_with("https://")))
+        {
+            return Err(bad(name, server, "expected http://host:port or https://host:port"));
+        }
+        config.etcd_servers = servers;
+        Ok(())
+    }),
+    ("etcd_username", |config, _name, value| {
+        config.etcd_username = value.to_string();
+        Ok(())
+    }),
+    ("etcd_password", |config, _name, value| {
+        config.etcd_password = value.to_string();
+        Ok(())
+    }),
+    ("etcd_keyfile", |config, name, value| {
+        config.etcd_keyfile = existing_file(name, value)?;
+        Ok(())
+    }),
+    ("etcd_certfile", |config, name, value| {
+        config.etcd_certfile = existing_file(name, value)?;
+        Ok(())
+    }),
+    ("etcd_cafile", |config, name, value| {
+        config.etcd_cafile = existing_file(name, value)?;
+        Ok(())
+    }),
+    ("etcd_key_prefix", |config, _name, value| {
+        config.etcd_key_prefix = value.to_string();
+        Ok(())
+    }),
+    ("etcd_request_timeout", |config, name, value| {
+        config.etcd_request_timeout = parse_seconds(name, value)?;
+        Ok(())
+    }),
+    ("engine_reconcile_interval", |config, name, value| {
+        config.engine_reconcile_interval = parse_seconds(name, value)?;
+        Ok(())
+    }),
+    ("public_ip", |config, name, value| {
+        if !value.is_empty() && value.parse::<std::net::IpAddr>().is_err() {
+            return Err(bad(name, value, "expected an IP address"));
+        }
+        config.public_ip = value.to_string();
+        Ok(())
+    }),
+    ("metadata", |config, _name, value| {
+        config.metadata = parse_metadata(value);
+        Ok(())
+    }),
+    ("agent_ttl", |config, name, value| {
+        config.agent_ttl = parse_go_duration(name, value)?;
+        Ok(())
+    }),
+    ("units_directory", |config, _name, value| {
+        config.units_directory = value.into();
+        Ok(())
+    }),
+    ("systemd_user", |config, name, value| {
+        config.systemd_user = parse_config_bool(name, value)?;
+        Ok(())
+    }),
+    ("token_limit", |config, name, value| {
+        config.token_limit = value
+            .parse::<u16>()
+            .ok()
+            .filter(|limit| *limit > 0)
+            .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 65535"))?;
+        Ok(())
+    }),
+    ("disable_engine", |config, name, value| {
+        config.disable_engine = parse_config_bool(name, value)?;
+        Ok(())
+    }),
+    ("disable_watches", |config, name, value| {
+        config.disable_watches = parse_config_bool(name, value)?;
+        Ok(())
+    }),
+    ("verify_units", |config, name, value| {
+        config.verify_units = parse_config_bool(name, value)?;
+        Ok(())
+    }),
+    ("enable_grpc", |_config, name, value| {
+        parse_config_bool(name, value)?;
+        Ok(())
+    }),
+    ("authorized_keys_file", |config, _name, value| {
+        config.authorized_keys_file = value.to_string();
+        Ok(())
+    }),
+    ("machine_id", |config, name, value| {
+        if value.is_empty() {
+            return Err(bad(name, value, "expected a machine ID or the file holding it"));
+        }
+        config.machine_id = value.to_string();
+        Ok(())
+    }),
+    ("unit_log_max_bytes", |config, name, value| {
+        config.unit_log_max_bytes = parse_size(name, value)?;
+        Ok(())
+    }),
+    ("unit_log_files", |config, name, value| {
+        config.unit_log_files = value
+            .parse::<u32>()
+            .ok()
+            .filter(|files| (1..=1000).contains(files))
+            .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000"))?;
+        Ok(())
+    }),
+    ("shutdown_timeout", |config, name, value| {
+        config.shutdown_timeout = parse_go_duration(name, value)?;
+        Ok(())
+    }),
+    ("unit_manager", |config, name, value| {
+        config.unit_manager = match value {
+            "auto" => UnitManagerChoice::Auto,
+            "systemd" => UnitManagerChoice::Systemd,
+            "native" => UnitManagerChoice::Native,
+            _ => return Err(bad(name, value, "expected auto, systemd or native")),
+        };
+        Ok(())
+    }),
+    ("api_listen", |config, name, value| {
+        let listen = parse_list(value);
+        for entry in &listen {
+            let valid = match entry.strip_prefix("unix://") {
+                Some(path) => path.starts_with('/'),
+                None => entry.trim_start_matches("http://").parse::<std::net::SocketAddr>().is_ok(),
+            };
+            if !valid {
+                return Err(bad(name, entry, "expected unix:///path or host:port"));
+            }
+        }
+        config.api_listen = listen;
+        Ok(())
+    }),
+    ("state_dir", |config, _name, value| {
+        config.state_dir = value.into();
+        Ok(())
+    }),
 ];
 
 /// Strips one pair of matching quotes.
@@ -169,7 +300,7 @@ pub fn parse_file(path: &Path, text: &str) -> Result<BTreeMap<String, String>, C
             return Err(ConfigError::Syntax { path: path.to_path_buf(), line: index + 1, text: line.to_string() });
         };
         let name = name.trim().to_string();
-        if !OPTIONS.contains(&name.as_str()) {
+        if !OPTIONS.iter().any(|(known, _)| *known == name) {
             return Err(ConfigError::UnknownOption { source: path.display().to_string(), name });
         }
         values.insert(name, unquote(value).to_string());
@@ -277,7 +408,7 @@ impl Config {
             Err(error) if required => return Err(ConfigError::Read(path, error)),
             Err(_) => {}
         }
-        for option in OPTIONS {
+        for (option, _) in OPTIONS {
             if let Some(value) = environment.get(&format!("FLEET_{}", option.to_ascii_uppercase())) {
                 values.insert(option.to_string(), value.clone());
             }
@@ -288,101 +419,10 @@ impl Config {
     pub fn from_values(values: &BTreeMap<String, String>) -> Result<Self, ConfigError> {
         let mut config = Self::default();
         for (name, value) in values {
-            let value = value.trim();
-            match name.as_str() {
-                "verbosity" => {
-                    config.verbosity = value.parse().map_err(|_| bad(name, value, "expected a whole number"))?
-                }
-                "etcd_servers" => {
-                    let servers = parse_list(value);
-                    if let Some(server) =
-                        servers.iter().find(|server| !(server.starts_with("http://") || server.starts_with("https://")))
-                    {
-                        return Err(bad(name, server, "expected http://host:port or https://host:port"));
-                    }
-                    config.etcd_servers = servers;
-                }
-                "etcd_username" => config.etcd_username = value.to_string(),
-                "etcd_password" => config.etcd_password = value.to_string(),
-                "etcd_keyfile" | "etcd_certfile" | "etcd_cafile" => {
-                    if !value.is_empty() && !Path::new(value).is_file() {
-                        return Err(bad(name, value, "no such file"));
-                    }
-                    let field = match name.as_str() {
-                        "etcd_keyfile" => &mut config.etcd_keyfile,
-                        "etcd_certfile" => &mut config.etcd_certfile,
-                        _ => &mut config.etcd_cafile,
-                    };
-                    *field = value.to_string();
-                }
-                "etcd_key_prefix" => config.etcd_key_prefix = value.to_string(),
-                "etcd_request_timeout" => config.etcd_request_timeout = parse_seconds(name, value)?,
-                "engine_reconcile_interval" => config.engine_reconcile_interval = parse_seconds(name, value)?,
-                "public_ip" => {
-                    if !value.is_empty() && value.parse::<std::net::IpAddr>().is_err() {
-                        return Err(bad(name, value, "expected an IP address"));
-                    }
-                    config.public_ip = value.to_string();
-                }
-                "metadata" => config.metadata = parse_metadata(value),
-                "agent_ttl" => config.agent_ttl = parse_go_duration(name, value)?,
-                "units_directory" => config.units_directory = value.into(),
-                "systemd_user" => config.systemd_user = parse_config_bool(name, value)?,
-                "token_limit" => {
-                    config.token_limit = value
-                        .parse::<u16>()
-                        .ok()
-                        .filter(|limit| *limit > 0)
-                        .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 65535"))?
-                }
-                "disable_engine" => config.disable_engine = parse_config_bool(name, value)?,
-                "disable_watches" => config.disable_watches = parse_config_bool(name, value)?,
-                "verify_units" => config.verify_units = parse_config_bool(name, value)?,
-                "enable_grpc" => {
-                    parse_config_bool(name, value)?;
-                }
-                "authorized_keys_file" => config.authorized_keys_file = value.to_string(),
-                "machine_id" => {
-                    if value.is_empty() {
-                        return Err(bad(name, value, "expected a machine ID or the file holding it"));
-                    }
-                    config.machine_id = value.to_string();
-                }
-                "unit_log_max_bytes" => config.unit_log_max_bytes = parse_size(name, value)?,
-                "unit_log_files" => {
-                    config.unit_log_files = value
-                        .parse::<u32>()
-                        .ok()
-                        .filter(|files| (1..=1000).contains(files))
-                        .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000"))?
-                }
-                "shutdown_timeout" => config.shutdown_timeout = parse_go_duration(name, value)?,
-                "unit_manager" => {
-                    config.unit_manager = match value {
-                        "auto" => UnitManagerChoice::Auto,
-                        "systemd" => UnitManagerChoice::Systemd,
-                        "native" => UnitManagerChoice::Native,
-                        _ => return Err(bad(name, value, "expected auto, systemd or native")),
-                    }
-                }
-                "api_listen" => {
-                    let listen = parse_list(value);
-                    for entry in &listen {
-                        let valid = match entry.strip_prefix("unix://") {
-                            Some(path) => path.starts_with('/'),
-                            None => entry.trim_start_matches("http://").parse::<std::net::SocketAddr>().is_ok(),
-                        };
-                        if !valid {
-                            return Err(bad(name, entry, "expected unix:///path or host:port"));
-                        }
-                    }
-                    config.api_listen = listen;
-                }
-                "state_dir" => config.state_dir = value.into(),
-                _ => {
-                    return Err(ConfigError::UnknownOption { source: "configuration".into(), name: name.clone() });
-                }
-            }
+            let Some((_, set)) = OPTIONS.iter().find(|(known, _)| known == name) else {
+                return Err(ConfigError::UnknownOption { source: "configuration".into(), name: name.clone() });
+            };
+            set(&mut config, name, value.trim())?;
         }
         Ok(config)
     }
