@@ -112,3 +112,70 @@ async fn a_loaded_unit_is_loaded_but_not_started() {
     assert_eq!(manager.state("b.service"), Some(SystemdState::new("loaded", "inactive", "dead")));
     assert_eq!(manager.starts(), 0);
 }
+
+/// The embedded store, with an outage that can be switched on: every read of the machine's
+/// work fails while it lasts, and the attempts are counted.
+struct FlakyStore {
+    store: EmbeddedRegistry,
+    down: std::sync::atomic::AtomicBool,
+    attempts: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl fleet_registry::AgentRegistry for FlakyStore {
+    async fn register_machine(&self, machine: &MachineState) -> fleet_registry::Result<()> {
+        self.store.register_machine(machine).await
+    }
+    async fn unregister_machine(&self, machine_id: &str) -> fleet_registry::Result<()> {
+        self.store.unregister_machine(machine_id).await
+    }
+    async fn machine_work(&self, machine_id: &str) -> fleet_registry::Result<fleet_registry::MachineWork> {
+        use std::sync::atomic::Ordering;
+        if self.down.load(Ordering::SeqCst) {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            return Err(fleet_registry::RegistryError::unavailable("flaky store", "down for the test"));
+        }
+        self.store.machine_work(machine_id).await
+    }
+    async fn unit_body(&self, hash: &fleet_core::UnitHash) -> fleet_registry::Result<Option<UnitFile>> {
+        self.store.unit_body(hash).await
+    }
+    async fn report_states(
+        &self,
+        machine_id: &str,
+        reports: &[fleet_registry::StateReport],
+    ) -> fleet_registry::Result<()> {
+        self.store.report_states(machine_id, reports).await
+    }
+    fn machine_changes(&self, machine_id: &str) -> fleet_registry::ChangeSignal {
+        self.store.machine_changes(machine_id)
+    }
+}
+
+/// A store outage never stops a running unit: the agent leaves its units alone and retries
+/// with a backoff that doubles (not once per fallback period, not in a tight loop), and it
+/// acts again as soon as the store is back.
+#[tokio::test(start_paused = true)]
+async fn a_store_outage_leaves_running_units_alone_and_is_retried_with_backoff() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    schedule(&store, "a.service", DesiredState::Launched).await;
+    let flaky = Arc::new(FlakyStore { store: store.clone(), down: false.into(), attempts: 0.into() });
+    let manager = Arc::new(FakeUnitManager::new());
+    let (_lifecycle, watch) = watch::channel(Lifecycle::Running);
+    let _agent = tokio::spawn(Agent::new(config(), flaky.clone(), manager.clone()).run(watch));
+    eventually("a.service runs", async || manager.state("a.service") == running()).await;
+
+    flaky.down.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(manager.state("a.service"), running(), "the outage stopped nothing");
+    let attempts = flaky.attempts.load(Ordering::SeqCst);
+    // 250 ms doubling to 30 s: about nine tries in a minute (a fixed 5 s period would be 12,
+    // a tight loop thousands).
+    assert!((6..=11).contains(&attempts), "{attempts} attempts in 60 s");
+
+    flaky.down.store(false, Ordering::SeqCst);
+    schedule(&store, "b.service", DesiredState::Launched).await;
+    eventually("the agent acts again once the store is back", async || manager.state("b.service") == running()).await;
+}
