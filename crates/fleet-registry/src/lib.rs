@@ -26,7 +26,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
 pub use model::{
-    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, ScheduledUnit, StateReport, UnitRecord, UnitView,
+    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, SnapshotUnit, StateReport, UnitRecord, UnitView,
 };
 
 #[derive(Debug, thiserror::Error)]

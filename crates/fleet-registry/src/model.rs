@@ -62,9 +62,9 @@ pub enum MetadataChange {
     Remove { machine_id: String, key: String },
 }
 
-/// A unit in the engine's snapshot: no body, only its hash.
+/// A unit in the engine's snapshot, placed or not (`machine_id`): no body, only its hash.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ScheduledUnit {
+pub struct SnapshotUnit {
     pub name: String,
     pub hash: UnitHash,
     pub desired: DesiredState,
@@ -77,7 +77,7 @@ pub struct EngineSnapshot {
     /// snapshots, so the engine can skip planning.
     pub revision: u64,
     pub machines: Vec<MachineState>,
-    pub units: Vec<ScheduledUnit>,
+    pub units: Vec<SnapshotUnit>,
 }
 
 /// A unit some machine should hold.

@@ -12,7 +12,7 @@ use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, decode, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use crate::apply_rule::{Condition, ReasonWrite, unit_writes};
-use crate::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit};
+use crate::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit};
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
 
@@ -40,7 +40,7 @@ impl EngineRegistry for EmbeddedRegistry {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
             let units = read_all::<UnitRecord>(&units)?
                 .into_iter()
-                .map(|(name, record)| ScheduledUnit {
+                .map(|(name, record)| SnapshotUnit {
                     machine_id: placed.remove(&name),
                     name,
                     hash: record.hash,

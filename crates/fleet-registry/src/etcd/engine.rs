@@ -19,7 +19,7 @@ use super::session::{Leadership, grant, renew};
 use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, unit_writes};
 use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
-    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, ScheduledUnit, UnitRecord,
+    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
 };
 
 /// Unit transactions per fenced transaction. etcd allows a nested transaction only the
@@ -174,7 +174,7 @@ impl EngineRegistry for EtcdRegistry {
         for (key, entry) in data.range(&unit_range) {
             let Some(name) = keys.name_in(&units_prefix, key) else { continue };
             let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
-            units.push(ScheduledUnit {
+            units.push(SnapshotUnit {
                 name: name.to_string(),
                 hash: record.hash,
                 desired: record.desired,
