@@ -90,3 +90,80 @@ async fn an_inactive_unit_is_unscheduled() {
     stop.send(true).unwrap();
     engine.await.unwrap();
 }
+
+/// The embedded store with a rival engine that can take the leadership away.
+struct ContestedStore {
+    store: EmbeddedRegistry,
+    rival_leads: std::sync::atomic::AtomicBool,
+    writes: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl fleet_registry::EngineRegistry for ContestedStore {
+    async fn acquire_leadership(
+        &self,
+        machine_id: &str,
+    ) -> fleet_registry::Result<Option<fleet_registry::EngineLease>> {
+        if self.rival_leads.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(None);
+        }
+        self.store.acquire_leadership(machine_id).await
+    }
+    async fn release_leadership(&self, lease: &fleet_registry::EngineLease) -> fleet_registry::Result<()> {
+        self.store.release_leadership(lease).await
+    }
+    async fn snapshot(&self) -> fleet_registry::Result<fleet_registry::EngineSnapshot> {
+        self.store.snapshot().await
+    }
+    async fn unit_bodies(
+        &self,
+        hashes: &[fleet_core::UnitHash],
+    ) -> fleet_registry::Result<std::collections::HashMap<fleet_core::UnitHash, UnitFile>> {
+        self.store.unit_bodies(hashes).await
+    }
+    async fn apply(
+        &self,
+        lease: &fleet_registry::EngineLease,
+        decisions: &[fleet_core::schedule::Decision],
+        unplaced: &[(String, String)],
+    ) -> fleet_registry::Result<()> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.apply(lease, decisions, unplaced).await
+    }
+    fn engine_changes(&self) -> fleet_registry::ChangeSignal {
+        self.store.engine_changes()
+    }
+}
+
+/// An engine that loses the leadership writes nothing until it has it again, then places
+/// what arrived meanwhile.
+#[tokio::test(start_paused = true)]
+async fn only_the_leader_writes() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    store.register_machine(&machine("m1", "eu")).await.unwrap();
+    let contested = Arc::new(ContestedStore { store: store.clone(), rival_leads: false.into(), writes: 0.into() });
+    let config = EngineConfig {
+        machine_id: "m1".into(),
+        reconcile_interval: Duration::from_secs(2),
+        debounce: Duration::from_millis(10),
+    };
+    let (stop, stopped) = watch::channel(false);
+    let engine = tokio::spawn(Engine::new(config, contested.clone()).run(stopped));
+    store.put_unit("a.service", &unit(""), DesiredState::Launched).await.unwrap();
+    eventually("a.service is placed", async || placement(&store).await["a.service"].is_some()).await;
+
+    contested.rival_leads.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let writes = contested.writes.load(Ordering::SeqCst);
+    store.put_unit("b.service", &unit(""), DesiredState::Launched).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(placement(&store).await["b.service"], None, "a follower places nothing");
+    assert_eq!(contested.writes.load(Ordering::SeqCst), writes, "and writes nothing");
+
+    contested.rival_leads.store(false, Ordering::SeqCst);
+    eventually("the leader again places b.service", async || placement(&store).await["b.service"].is_some()).await;
+    stop.send(true).unwrap();
+    engine.await.unwrap();
+}
