@@ -122,6 +122,12 @@ fn existing_file(name: &str, value: &str) -> Result<String, ConfigError> {
     Ok(value.to_string())
 }
 
+/// Stores an option's value once it has been read.
+fn assign<T>(field: &mut T, value: Result<T, ConfigError>) -> Result<(), ConfigError> {
+    *field = value?;
+    Ok(())
+}
+
 /// How an option's value is read into the configuration.
 type Setter = fn(&mut Config, &str, &str) -> Result<(), ConfigError>;
 
@@ -129,8 +135,7 @@ type Setter = fn(&mut Config, &str, &str) -> Result<(), ConfigError>;
 /// A name not here is refused rather than ignored.
 const OPTIONS: &[(&str, Setter)] = &[
     ("verbosity", |config, name, value| {
-        config.verbosity = value.parse().map_err(|_| bad(name, value, "expected a whole number"))?;
-        Ok(())
+        assign(&mut config.verbosity, value.parse().map_err(|_| bad(name, value, "expected a whole number")))
     }),
     ("etcd_servers", |config, name, value| {
         let servers = parse_list(value);
@@ -142,37 +147,17 @@ const OPTIONS: &[(&str, Setter)] = &[
         config.etcd_servers = servers;
         Ok(())
     }),
-    ("etcd_username", |config, _name, value| {
-        config.etcd_username = value.to_string();
-        Ok(())
-    }),
-    ("etcd_password", |config, _name, value| {
-        config.etcd_password = value.to_string();
-        Ok(())
-    }),
-    ("etcd_keyfile", |config, name, value| {
-        config.etcd_keyfile = existing_file(name, value)?;
-        Ok(())
-    }),
-    ("etcd_certfile", |config, name, value| {
-        config.etcd_certfile = existing_file(name, value)?;
-        Ok(())
-    }),
-    ("etcd_cafile", |config, name, value| {
-        config.etcd_cafile = existing_file(name, value)?;
-        Ok(())
-    }),
-    ("etcd_key_prefix", |config, _name, value| {
-        config.etcd_key_prefix = value.to_string();
-        Ok(())
-    }),
+    ("etcd_username", |config, _name, value| assign(&mut config.etcd_username, Ok(value.to_string()))),
+    ("etcd_password", |config, _name, value| assign(&mut config.etcd_password, Ok(value.to_string()))),
+    ("etcd_keyfile", |config, name, value| assign(&mut config.etcd_keyfile, existing_file(name, value))),
+    ("etcd_certfile", |config, name, value| assign(&mut config.etcd_certfile, existing_file(name, value))),
+    ("etcd_cafile", |config, name, value| assign(&mut config.etcd_cafile, existing_file(name, value))),
+    ("etcd_key_prefix", |config, _name, value| assign(&mut config.etcd_key_prefix, Ok(value.to_string()))),
     ("etcd_request_timeout", |config, name, value| {
-        config.etcd_request_timeout = parse_seconds(name, value)?;
-        Ok(())
+        assign(&mut config.etcd_request_timeout, parse_seconds(name, value))
     }),
     ("engine_reconcile_interval", |config, name, value| {
-        config.engine_reconcile_interval = parse_seconds(name, value)?;
-        Ok(())
+        assign(&mut config.engine_reconcile_interval, parse_seconds(name, value))
     }),
     ("public_ip", |config, name, value| {
         if !value.is_empty() && value.parse::<std::net::IpAddr>().is_err() {
@@ -181,50 +166,28 @@ const OPTIONS: &[(&str, Setter)] = &[
         config.public_ip = value.to_string();
         Ok(())
     }),
-    ("metadata", |config, _name, value| {
-        config.metadata = parse_metadata(value);
-        Ok(())
-    }),
-    ("agent_ttl", |config, name, value| {
-        config.agent_ttl = parse_go_duration(name, value)?;
-        Ok(())
-    }),
-    ("units_directory", |config, _name, value| {
-        config.units_directory = value.into();
-        Ok(())
-    }),
-    ("systemd_user", |config, name, value| {
-        config.systemd_user = parse_config_bool(name, value)?;
-        Ok(())
-    }),
+    ("metadata", |config, _name, value| assign(&mut config.metadata, Ok(parse_metadata(value)))),
+    ("agent_ttl", |config, name, value| assign(&mut config.agent_ttl, parse_go_duration(name, value))),
+    ("units_directory", |config, _name, value| assign(&mut config.units_directory, Ok(value.into()))),
+    ("systemd_user", |config, name, value| assign(&mut config.systemd_user, parse_config_bool(name, value))),
     ("token_limit", |config, name, value| {
-        config.token_limit = value
-            .parse::<u16>()
-            .ok()
-            .filter(|limit| *limit > 0)
-            .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 65535"))?;
-        Ok(())
+        assign(
+            &mut config.token_limit,
+            value
+                .parse::<u16>()
+                .ok()
+                .filter(|limit| *limit > 0)
+                .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 65535")),
+        )
     }),
-    ("disable_engine", |config, name, value| {
-        config.disable_engine = parse_config_bool(name, value)?;
-        Ok(())
-    }),
-    ("disable_watches", |config, name, value| {
-        config.disable_watches = parse_config_bool(name, value)?;
-        Ok(())
-    }),
-    ("verify_units", |config, name, value| {
-        config.verify_units = parse_config_bool(name, value)?;
-        Ok(())
-    }),
+    ("disable_engine", |config, name, value| assign(&mut config.disable_engine, parse_config_bool(name, value))),
+    ("disable_watches", |config, name, value| assign(&mut config.disable_watches, parse_config_bool(name, value))),
+    ("verify_units", |config, name, value| assign(&mut config.verify_units, parse_config_bool(name, value))),
     ("enable_grpc", |_config, name, value| {
         parse_config_bool(name, value)?;
         Ok(())
     }),
-    ("authorized_keys_file", |config, _name, value| {
-        config.authorized_keys_file = value.to_string();
-        Ok(())
-    }),
+    ("authorized_keys_file", |config, _name, value| assign(&mut config.authorized_keys_file, Ok(value.to_string()))),
     ("machine_id", |config, name, value| {
         if value.is_empty() {
             return Err(bad(name, value, "expected a machine ID or the file holding it"));
@@ -232,22 +195,18 @@ const OPTIONS: &[(&str, Setter)] = &[
         config.machine_id = value.to_string();
         Ok(())
     }),
-    ("unit_log_max_bytes", |config, name, value| {
-        config.unit_log_max_bytes = parse_size(name, value)?;
-        Ok(())
-    }),
+    ("unit_log_max_bytes", |config, name, value| assign(&mut config.unit_log_max_bytes, parse_size(name, value))),
     ("unit_log_files", |config, name, value| {
-        config.unit_log_files = value
-            .parse::<u32>()
-            .ok()
-            .filter(|files| (1..=1000).contains(files))
-            .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000"))?;
-        Ok(())
+        assign(
+            &mut config.unit_log_files,
+            value
+                .parse::<u32>()
+                .ok()
+                .filter(|files| (1..=1000).contains(files))
+                .ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000")),
+        )
     }),
-    ("shutdown_timeout", |config, name, value| {
-        config.shutdown_timeout = parse_go_duration(name, value)?;
-        Ok(())
-    }),
+    ("shutdown_timeout", |config, name, value| assign(&mut config.shutdown_timeout, parse_go_duration(name, value))),
     ("unit_manager", |config, name, value| {
         config.unit_manager = match value {
             "auto" => UnitManagerChoice::Auto,
@@ -271,10 +230,7 @@ const OPTIONS: &[(&str, Setter)] = &[
         config.api_listen = listen;
         Ok(())
     }),
-    ("state_dir", |config, _name, value| {
-        config.state_dir = value.into();
-        Ok(())
-    }),
+    ("state_dir", |config, _name, value| assign(&mut config.state_dir, Ok(value.into()))),
 ];
 
 /// Strips one pair of matching quotes.

@@ -19,9 +19,14 @@ where
 {
     let mut delay = Backoff::new(RESTART_MIN, RESTART_MAX);
     loop {
+        let started = tokio::time::Instant::now();
         match tokio::spawn(start()).await {
             Ok(()) => return,
             Err(error) if error.is_panic() => {
+                // Only panics in a row back off further: one after a long healthy run does not.
+                if started.elapsed() > RESTART_MAX {
+                    delay.reset();
+                }
                 let message = panic_message(error.into_panic().as_ref());
                 let wait = delay.next_delay();
                 tracing::error!(component, panic = %message, restart_in = ?wait, "component panicked; restarting it");
