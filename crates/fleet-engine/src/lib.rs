@@ -5,12 +5,11 @@
 
 #![forbid(unsafe_code)]
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::schedule::{ClusterSnapshot, UnitSpec, plan};
-use fleet_core::{Requirements, UnitHash};
+use fleet_core::schedule::{RequirementsCache, plan};
 use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
 use tokio::sync::watch;
 
@@ -25,8 +24,8 @@ pub struct EngineConfig {
 pub struct Engine {
     config: EngineConfig,
     registry: Arc<dyn EngineRegistry>,
-    /// Parsed requirements by unit name and body hash; bodies never change under a hash.
-    requirements: HashMap<(String, UnitHash), Requirements>,
+    /// Parsed requirements of the units listed last time.
+    requirements: RequirementsCache,
     /// The reasons last written, so unchanged ones are not written again.
     reasons: Vec<(String, String)>,
     lease: Option<EngineLease>,
@@ -37,7 +36,14 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(config: EngineConfig, registry: Arc<dyn EngineRegistry>) -> Self {
-        Self { config, registry, requirements: HashMap::new(), reasons: Vec::new(), lease: None, planned: None }
+        Self {
+            config,
+            registry,
+            requirements: RequirementsCache::default(),
+            reasons: Vec::new(),
+            lease: None,
+            planned: None,
+        }
     }
 
     /// Runs until `stop` turns true, then gives up the leadership.
@@ -80,35 +86,13 @@ impl Engine {
         if self.planned == Some(snapshot.revision) {
             return Ok(());
         }
-        let revision = snapshot.revision;
-        let missing: Vec<UnitHash> = snapshot
-            .units
-            .iter()
-            .filter(|unit| !self.requirements.contains_key(&(unit.name.clone(), unit.hash)))
-            .map(|unit| unit.hash)
-            .collect();
+        let missing = self.requirements.missing(&snapshot.units);
         if !missing.is_empty() {
             let bodies = self.registry.unit_bodies(&missing).await?;
-            for unit in &snapshot.units {
-                if let Some(file) = bodies.get(&unit.hash) {
-                    self.requirements
-                        .entry((unit.name.clone(), unit.hash))
-                        .or_insert_with(|| Requirements::from_unit(&unit.name, file));
-                }
-            }
+            self.requirements.learn(&snapshot.units, &bodies);
         }
-        let live: std::collections::HashSet<(String, UnitHash)> =
-            snapshot.units.iter().map(|unit| (unit.name.clone(), unit.hash)).collect();
-        self.requirements.retain(|key, _| live.contains(key));
-        let units = snapshot
-            .units
-            .into_iter()
-            .filter_map(|unit| {
-                let requirements = self.requirements.get(&(unit.name.clone(), unit.hash))?.clone();
-                Some(UnitSpec { name: unit.name, desired: unit.desired, requirements, scheduled_on: unit.machine_id })
-            })
-            .collect();
-        let cluster = ClusterSnapshot { machines: snapshot.machines, units };
+        let revision = snapshot.revision;
+        let cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         let decided = plan(&cluster);
         if !decided.changes_anything(&self.reasons) {
             self.planned = Some(revision);

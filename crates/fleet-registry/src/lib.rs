@@ -25,9 +25,8 @@ use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
-pub use model::{
-    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, SnapshotUnit, StateReport, UnitRecord, UnitView,
-};
+pub use fleet_core::schedule::SnapshotUnit;
+pub use model::{AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, StateReport, UnitRecord, UnitView};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {

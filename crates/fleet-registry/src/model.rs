@@ -1,5 +1,6 @@
 //! The plain records the registry hands out.
 
+use fleet_core::schedule::SnapshotUnit;
 use fleet_core::state::TargetReport;
 use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use serde::{Deserialize, Serialize};
@@ -60,15 +61,6 @@ impl UnitView {
 pub enum MetadataChange {
     Set { machine_id: String, key: String, value: String },
     Remove { machine_id: String, key: String },
-}
-
-/// A unit in the engine's snapshot, placed or not (`machine_id`): no body, only its hash.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SnapshotUnit {
-    pub name: String,
-    pub hash: UnitHash,
-    pub desired: DesiredState,
-    pub machine_id: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use super::reason::{Refusal, UnplacedReason};
-use super::working::{Rank, Relation, Working};
+use super::working::{Rank, Relation, UnitIndex, Working};
 
 /// Machines whose metadata satisfies one `MachineMetadata=` requirement.
 pub(super) struct Eligible {
@@ -27,15 +27,13 @@ impl<'a> MetadataIndex<'a> {
             .entry(wanted)
             .or_insert_with(|| {
                 let mask: Vec<bool> = working
-                    .machines
-                    .iter()
-                    .map(|machine| {
-                        wanted
-                            .iter()
-                            .all(|(key, allowed)| machine.metadata.get(key).is_some_and(|v| allowed.contains(v)))
+                    .ranks()
+                    .map(|rank| {
+                        let metadata = &working.machine(rank).metadata;
+                        wanted.iter().all(|(key, allowed)| metadata.get(key).is_some_and(|v| allowed.contains(v)))
                     })
                     .collect();
-                let ranks = mask.iter().enumerate().filter(|(_, ok)| **ok).map(|(rank, _)| rank).collect();
+                let ranks = working.ranks().filter(|rank| mask[rank.0]).collect();
                 Rc::new(Eligible { ranks, mask })
             })
             .clone()
@@ -44,10 +42,10 @@ impl<'a> MetadataIndex<'a> {
 
 /// Checks that `unit` may run on `rank`, given everything placed so far. Units it replaces
 /// do not stand in its way while they can still be moved off.
-pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), Refusal> {
+pub(super) fn able_to_run(working: &Working<'_>, unit: UnitIndex, rank: Rank) -> Result<(), Refusal> {
     fits_machine(working, unit, rank)?;
     for &other in working.residents(rank) {
-        let name = || working.units[other].name.clone();
+        let name = || working.unit(other).name.clone();
         match working.relation(unit, other) {
             None => {}
             Some(Relation::Replaces) if working.may_evict(other, rank) => {}
@@ -62,22 +60,26 @@ pub(super) fn able_to_run(working: &Working<'_>, unit: usize, rank: Rank) -> Res
 
 /// Fails when a unit among `targets` (the units `unit` replaces) is placed and replaces
 /// `unit` in turn: of two such units only one runs anywhere.
-pub(super) fn circular_partner_placed(working: &Working<'_>, unit: usize, targets: &[usize]) -> Result<(), Refusal> {
+pub(super) fn circular_partner_placed(
+    working: &Working<'_>,
+    unit: UnitIndex,
+    targets: &[UnitIndex],
+) -> Result<(), Refusal> {
     match targets
         .iter()
         .copied()
         .find(|other| working.placement(*other).is_some() && working.relation(unit, *other) == Some(Relation::Circular))
     {
-        Some(other) => Err(Refusal::CircularReplace(working.units[other].name.clone())),
+        Some(other) => Err(Refusal::CircularReplace(working.unit(other).name.clone())),
         None => Ok(()),
     }
 }
 
 /// Checks `MachineID=`, `MachineMetadata=` and `MachineOf=` against `rank`: the rules that
 /// do not depend on which other units share the machine.
-pub(super) fn fits_machine(working: &Working<'_>, unit: usize, rank: Rank) -> Result<(), Refusal> {
-    let spec = &working.units[unit];
-    let machine = working.machines[rank];
+pub(super) fn fits_machine(working: &Working<'_>, unit: UnitIndex, rank: Rank) -> Result<(), Refusal> {
+    let spec = working.unit(unit);
+    let machine = working.machine(rank);
     if let Some(wanted) = &spec.requirements.machine_id
         && !machine.matches_id(wanted)
     {
@@ -95,8 +97,8 @@ pub(super) fn fits_machine(working: &Working<'_>, unit: usize, rank: Rank) -> Re
 }
 
 /// The one machine all of a unit's `MachineOf=` peers are on, if it has peers.
-fn peers_rank(working: &Working<'_>, unit: usize) -> Result<Option<Rank>, Refusal> {
-    let peers = &working.units[unit].requirements.machine_of;
+fn peers_rank(working: &Working<'_>, unit: UnitIndex) -> Result<Option<Rank>, Refusal> {
+    let peers = &working.unit(unit).requirements.machine_of;
     let mut found: Option<Rank> = None;
     for peer in peers {
         let rank = working
@@ -117,19 +119,18 @@ fn peers_rank(working: &Working<'_>, unit: usize) -> Result<Option<Rank>, Refusa
 pub(super) fn choose<'a>(
     working: &Working<'a>,
     index: &mut MetadataIndex<'a>,
-    unit: usize,
+    unit: UnitIndex,
 ) -> Result<Rank, UnplacedReason> {
-    if working.machines.is_empty() {
+    if !working.has_machines() {
         return Err(UnplacedReason::NoMachines);
     }
-    let requirements = &working.units[unit].requirements;
+    let requirements = &working.unit(unit).requirements;
     let targets = working.replace_targets(unit);
     circular_partner_placed(working, unit, &targets).map_err(Refusal::everywhere)?;
     let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit).map_err(Refusal::everywhere)? {
         Some(vec![rank])
     } else if let Some(wanted) = &requirements.machine_id {
-        let ranks: Vec<Rank> =
-            (0..working.machines.len()).filter(|rank| working.machines[*rank].matches_id(wanted)).collect();
+        let ranks: Vec<Rank> = working.ranks().filter(|rank| working.machine(*rank).matches_id(wanted)).collect();
         if ranks.is_empty() {
             return Err(UnplacedReason::NoMachineWithId(wanted.clone()));
         }
@@ -172,7 +173,7 @@ pub(super) fn choose<'a>(
         (None, Some(eligible)) if eligible.ranks.len() <= SMALL_ELIGIBLE_SET => {
             least_loaded(&eligible.ranks, &mut consider)
         }
-        (None, Some(eligible)) => working.by_load().filter(|rank| eligible.mask[*rank]).find(|rank| consider(*rank)),
+        (None, Some(eligible)) => working.by_load().filter(|rank| eligible.mask[rank.0]).find(|rank| consider(*rank)),
         (None, None) => working.by_load().find(|rank| consider(*rank)),
     };
     chosen.ok_or_else(|| first_refusal.map_or(UnplacedReason::NoMachines, Refusal::everywhere))

@@ -7,10 +7,12 @@
 mod candidates;
 mod plan;
 mod reason;
+mod snapshot;
 mod working;
 
 pub use plan::plan;
 pub use reason::{Refusal, UnplacedReason, UnscheduleReason};
+pub use snapshot::{RequirementsCache, SnapshotUnit};
 
 use crate::machine::MachineState;
 use crate::requirements::Requirements;

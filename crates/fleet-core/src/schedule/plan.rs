@@ -4,7 +4,7 @@ use std::collections::{HashSet, VecDeque};
 
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
 use super::reason::{Refusal, UnscheduleReason};
-use super::working::{Rank, Relation, Working};
+use super::working::{Rank, Relation, UnitIndex, Working};
 use super::{ClusterSnapshot, Decision, Plan};
 use crate::state::DesiredState;
 use crate::unit_name::UnitNameInfo;
@@ -24,24 +24,24 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     let mut working = Working::new(snapshot);
     let mut plan = Plan::default();
     let mut placed = PlacedInThisPlan { at: vec![None; snapshot.units.len()], retracted: HashSet::new() };
-    let units = &snapshot.units;
-    let mut order: Vec<usize> =
-        (0..units.len()).filter(|index| !UnitNameInfo::new(&units[*index].name).is_template()).collect();
-    order.sort_by(|a, b| units[*a].name.cmp(&units[*b].name));
-    let (globals, placeable): (Vec<usize>, Vec<usize>) =
-        order.iter().partition(|index| units[**index].requirements.global);
+    let unit = |index: UnitIndex| &snapshot.units[index.0];
+    let mut order: Vec<UnitIndex> =
+        working.unit_indices().filter(|index| !UnitNameInfo::new(&unit(*index).name).is_template()).collect();
+    order.sort_by(|a, b| unit(*a).name.cmp(&unit(*b).name));
+    let (globals, placeable): (Vec<UnitIndex>, Vec<UnitIndex>) =
+        order.iter().partition(|index| unit(**index).requirements.global);
 
     keep_scheduled_units(&mut working, &mut plan, &mut placed, &placeable);
     count_global_units(&mut working, &globals);
 
-    let mut pending: VecDeque<usize> = placeable
+    let mut pending: VecDeque<UnitIndex> = placeable
         .iter()
         .copied()
-        .filter(|index| units[*index].desired != DesiredState::Inactive && working.placement(*index).is_none())
+        .filter(|index| unit(*index).desired != DesiredState::Inactive && working.placement(*index).is_none())
         .collect();
     // Units that replace others first, then the rest; followers after the units they follow.
     pending.make_contiguous().sort_by_key(|index| {
-        let requirements = &units[*index].requirements;
+        let requirements = &unit(*index).requirements;
         (!requirements.machine_of.is_empty(), requirements.replaces.is_empty())
     });
     let mut index_cache = MetadataIndex::default();
@@ -52,10 +52,10 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
             match choose(&working, &mut index_cache, index) {
                 Ok(rank) => {
                     working.place(index, rank);
-                    placed.at[index] = Some(plan.decisions.len());
+                    placed.at[index.0] = Some(plan.decisions.len());
                     plan.decisions.push(Decision::Schedule {
-                        unit: units[index].name.clone(),
-                        machine: working.machines[rank].id.clone(),
+                        unit: unit(index).name.clone(),
+                        machine: working.machine(rank).id.clone(),
                     });
                     evicted_any |= make_room(&mut working, &mut plan, &mut placed, index, rank, &mut pending);
                     placed_any = true;
@@ -63,9 +63,9 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
                 Err(reason) => failed.push((index, reason)),
             }
         }
-        let followers_left = failed.iter().any(|(index, _)| !units[*index].requirements.machine_of.is_empty());
+        let followers_left = failed.iter().any(|(index, _)| !unit(*index).requirements.machine_of.is_empty());
         if !(placed_any && (followers_left || evicted_any)) {
-            plan.unplaced = failed.into_iter().map(|(index, reason)| (units[index].name.clone(), reason)).collect();
+            plan.unplaced = failed.into_iter().map(|(index, reason)| (unit(index).name.clone(), reason)).collect();
             break;
         }
         pending = failed.into_iter().map(|(index, _)| index).collect();
@@ -95,11 +95,10 @@ fn keep_scheduled_units(
     working: &mut Working<'_>,
     plan: &mut Plan,
     placed: &mut PlacedInThisPlan,
-    placeable: &[usize],
+    placeable: &[UnitIndex],
 ) {
-    let units = working.units;
     for &index in placeable {
-        let unit = &units[index];
+        let unit = working.unit(index);
         let Some(machine) = &unit.scheduled_on else {
             continue;
         };
@@ -119,7 +118,7 @@ fn keep_scheduled_units(
     // Evicted units are placed again with every other unplaced unit, so this queue is unused.
     let mut requeue = VecDeque::new();
     loop {
-        let leaving: Vec<(usize, Refusal)> = placeable
+        let leaving: Vec<(UnitIndex, Refusal)> = placeable
             .iter()
             .filter_map(|&index| {
                 let rank = working.placement(index)?;
@@ -150,14 +149,14 @@ fn keep_scheduled_units(
 }
 
 /// Step 2: each global unit, in name order, counts on the machines where it will run.
-fn count_global_units(working: &mut Working<'_>, globals: &[usize]) {
+fn count_global_units(working: &mut Working<'_>, globals: &[UnitIndex]) {
     for &index in globals {
-        let unit = &working.units[index];
+        let unit = working.unit(index);
         if unit.desired == DesiredState::Inactive {
             continue;
         }
-        for rank in 0..working.machines.len() {
-            if unit.requirements.metadata_matches(&working.machines[rank].metadata)
+        for rank in working.ranks() {
+            if unit.requirements.metadata_matches(&working.machine(rank).metadata)
                 && working.residents(rank).iter().all(|other| working.relation(index, *other).is_none())
             {
                 working.place(index, rank);
@@ -172,11 +171,11 @@ fn make_room(
     working: &mut Working<'_>,
     plan: &mut Plan,
     placed: &mut PlacedInThisPlan,
-    unit: usize,
+    unit: UnitIndex,
     rank: Rank,
-    pending: &mut VecDeque<usize>,
+    pending: &mut VecDeque<UnitIndex>,
 ) -> bool {
-    let replaced: Vec<usize> = working
+    let replaced: Vec<UnitIndex> = working
         .residents(rank)
         .iter()
         .copied()
@@ -184,10 +183,10 @@ fn make_room(
         .collect();
     let mut evicted = false;
     for other in replaced {
-        if working.units[other].requirements.global {
+        if working.unit(other).requirements.global {
             working.remove(other, rank);
         } else {
-            let reason = UnscheduleReason::ReplacedBy(working.units[unit].name.clone());
+            let reason = UnscheduleReason::ReplacedBy(working.unit(unit).name.clone());
             evict(working, plan, placed, other, reason, pending);
             evicted = true;
         }
@@ -201,21 +200,21 @@ fn evict(
     working: &mut Working<'_>,
     plan: &mut Plan,
     placed: &mut PlacedInThisPlan,
-    unit: usize,
+    unit: UnitIndex,
     reason: UnscheduleReason,
-    pending: &mut VecDeque<usize>,
+    pending: &mut VecDeque<UnitIndex>,
 ) {
     let Some(rank) = working.placement(unit) else {
         return;
     };
-    let name = working.units[unit].name.clone();
-    match placed.at[unit].take() {
+    let name = working.unit(unit).name.clone();
+    match placed.at[unit.0].take() {
         Some(position) => {
             placed.retracted.insert(position);
         }
         None => plan.decisions.push(Decision::Unschedule {
             unit: name.clone(),
-            machine: working.machines[rank].id.clone(),
+            machine: working.machine(rank).id.clone(),
             reason,
         }),
     }

@@ -7,8 +7,13 @@ use super::{ClusterSnapshot, UnitSpec};
 use crate::glob::Glob;
 use crate::machine::MachineState;
 
-/// Machines are referred to by rank: their position in ID order, which breaks load ties.
-pub(super) type Rank = usize;
+/// A machine's position in ID order (which breaks load ties): how the planner refers to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct Rank(pub usize);
+
+/// A unit's position in the snapshot: how the planner refers to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct UnitIndex(pub usize);
 
 /// Why two units may not share a machine, seen from the first one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,18 +29,18 @@ pub(super) enum Relation {
 }
 
 pub(super) struct Working<'a> {
-    pub machines: Vec<&'a MachineState>,
-    pub units: &'a [UnitSpec],
+    machines: Vec<&'a MachineState>,
+    units: &'a [UnitSpec],
     load: Vec<u32>,
     by_load: BTreeSet<(u32, Rank)>,
-    residents: Vec<Vec<usize>>,
+    residents: Vec<Vec<UnitIndex>>,
     placement: Vec<Option<Rank>>,
     /// Where each unit was scheduled when planning began, if that machine is live.
     initial: Vec<Option<Rank>>,
     conflict_globs: Vec<Vec<Glob>>,
     replace_globs: Vec<Vec<Glob>>,
-    by_name: HashMap<&'a str, usize>,
-    followers: HashMap<&'a str, Vec<usize>>,
+    by_name: HashMap<&'a str, UnitIndex>,
+    followers: HashMap<&'a str, Vec<UnitIndex>>,
 }
 
 fn compile(patterns: &[String]) -> Vec<Glob> {
@@ -48,11 +53,11 @@ impl<'a> Working<'a> {
         machines.sort_by(|a, b| a.id.cmp(&b.id));
         machines.dedup_by(|a, b| a.id == b.id);
         let units = snapshot.units.as_slice();
-        let by_name = units.iter().enumerate().map(|(index, unit)| (unit.name.as_str(), index)).collect();
-        let mut followers: HashMap<&str, Vec<usize>> = HashMap::new();
+        let by_name = units.iter().enumerate().map(|(index, unit)| (unit.name.as_str(), UnitIndex(index))).collect();
+        let mut followers: HashMap<&str, Vec<UnitIndex>> = HashMap::new();
         for (index, unit) in units.iter().enumerate() {
             for leader in &unit.requirements.machine_of {
-                followers.entry(leader.as_str()).or_default().push(index);
+                followers.entry(leader.as_str()).or_default().push(UnitIndex(index));
             }
         }
         let count = machines.len();
@@ -60,7 +65,7 @@ impl<'a> Working<'a> {
             machines,
             units,
             load: vec![0; count],
-            by_load: (0..count).map(|rank| (0, rank)).collect(),
+            by_load: (0..count).map(|rank| (0, Rank(rank))).collect(),
             residents: vec![Vec::new(); count],
             placement: vec![None; units.len()],
             initial: Vec::new(),
@@ -77,47 +82,70 @@ impl<'a> Working<'a> {
     }
 
     pub fn rank_of(&self, id: &str) -> Option<Rank> {
-        self.machines.binary_search_by(|machine| machine.id.as_str().cmp(id)).ok()
+        self.machines.binary_search_by(|machine| machine.id.as_str().cmp(id)).ok().map(Rank)
     }
 
-    pub fn unit_index(&self, name: &str) -> Option<usize> {
+    pub fn unit_index(&self, name: &str) -> Option<UnitIndex> {
         self.by_name.get(name).copied()
     }
 
-    pub fn placement(&self, unit: usize) -> Option<Rank> {
-        self.placement[unit]
+    pub fn has_machines(&self) -> bool {
+        !self.machines.is_empty()
+    }
+
+    /// Every machine, in ID order.
+    pub fn ranks(&self) -> impl Iterator<Item = Rank> + use<> {
+        (0..self.machines.len()).map(Rank)
+    }
+
+    pub fn machine(&self, rank: Rank) -> &'a MachineState {
+        self.machines[rank.0]
+    }
+
+    /// Every unit of the snapshot, in snapshot order.
+    pub fn unit_indices(&self) -> impl Iterator<Item = UnitIndex> + use<> {
+        (0..self.units.len()).map(UnitIndex)
+    }
+
+    pub fn unit(&self, index: UnitIndex) -> &'a UnitSpec {
+        &self.units[index.0]
+    }
+
+    pub fn placement(&self, unit: UnitIndex) -> Option<Rank> {
+        self.placement[unit.0]
     }
 
     /// Puts `unit` on `rank`. Global units count as residents everywhere they run but are
     /// never given a placement of their own.
-    pub fn place(&mut self, unit: usize, rank: Rank) {
-        self.set_load(rank, self.load[rank] + 1);
-        self.residents[rank].push(unit);
-        if !self.units[unit].requirements.global {
-            self.placement[unit] = Some(rank);
+    pub fn place(&mut self, unit: UnitIndex, rank: Rank) {
+        self.set_load(rank, self.load[rank.0] + 1);
+        self.residents[rank.0].push(unit);
+        if !self.unit(unit).requirements.global {
+            self.placement[unit.0] = Some(rank);
         }
     }
 
     /// Takes `unit` off `rank`.
-    pub fn remove(&mut self, unit: usize, rank: Rank) {
-        let before = self.residents[rank].len();
-        self.residents[rank].retain(|resident| *resident != unit);
-        if self.residents[rank].len() < before {
-            self.set_load(rank, self.load[rank] - 1);
+    pub fn remove(&mut self, unit: UnitIndex, rank: Rank) {
+        let residents = &mut self.residents[rank.0];
+        let before = residents.len();
+        residents.retain(|resident| *resident != unit);
+        if residents.len() < before {
+            self.set_load(rank, self.load[rank.0] - 1);
         }
-        if self.placement[unit] == Some(rank) {
-            self.placement[unit] = None;
+        if self.placement[unit.0] == Some(rank) {
+            self.placement[unit.0] = None;
         }
     }
 
     fn set_load(&mut self, rank: Rank, load: u32) {
-        self.by_load.remove(&(self.load[rank], rank));
-        self.load[rank] = load;
+        self.by_load.remove(&(self.load[rank.0], rank));
+        self.load[rank.0] = load;
         self.by_load.insert((load, rank));
     }
 
     pub fn load(&self, rank: Rank) -> u32 {
-        self.load[rank]
+        self.load[rank.0]
     }
 
     /// Machines from least to most loaded.
@@ -125,38 +153,39 @@ impl<'a> Working<'a> {
         self.by_load.iter().map(|(_, rank)| *rank)
     }
 
-    pub fn residents(&self, rank: Rank) -> &[usize] {
-        &self.residents[rank]
+    pub fn residents(&self, rank: Rank) -> &[UnitIndex] {
+        &self.residents[rank.0]
     }
 
     /// Whether `unit` may be pushed off `rank` by a unit that replaces it: a global unit
     /// anywhere, any other unit only while it still sits where it was when planning began
     /// (so a unit moves at most once per plan).
-    pub fn may_evict(&self, unit: usize, rank: Rank) -> bool {
-        self.units[unit].requirements.global || (self.placement[unit] == Some(rank) && self.initial[unit] == Some(rank))
+    pub fn may_evict(&self, unit: UnitIndex, rank: Rank) -> bool {
+        self.unit(unit).requirements.global
+            || (self.placement[unit.0] == Some(rank) && self.initial[unit.0] == Some(rank))
     }
 
     /// The units whose `MachineOf=` names `unit`.
-    pub fn followers(&self, unit: usize) -> &[usize] {
-        self.followers.get(self.units[unit].name.as_str()).map_or(&[], Vec::as_slice)
+    pub fn followers(&self, unit: UnitIndex) -> &[UnitIndex] {
+        self.followers.get(self.unit(unit).name.as_str()).map_or(&[], Vec::as_slice)
     }
 
     /// Why `unit` and `other` may not share a machine, if they may not.
-    pub fn relation(&self, unit: usize, other: usize) -> Option<Relation> {
+    pub fn relation(&self, unit: UnitIndex, other: UnitIndex) -> Option<Relation> {
         let without_rules =
-            |index: usize| self.conflict_globs[index].is_empty() && self.replace_globs[index].is_empty();
+            |index: UnitIndex| self.conflict_globs[index.0].is_empty() && self.replace_globs[index.0].is_empty();
         if without_rules(unit) && without_rules(other) {
             return None;
         }
-        let (name, other_name) = (self.units[unit].name.as_str(), self.units[other].name.as_str());
+        let (name, other_name) = (self.unit(unit).name.as_str(), self.unit(other).name.as_str());
         if name == other_name {
             return None;
         }
         let matches = |globs: &[Glob], name: &str| globs.iter().any(|glob| glob.matches(name));
-        if matches(&self.conflict_globs[unit], other_name) || matches(&self.conflict_globs[other], name) {
+        if matches(&self.conflict_globs[unit.0], other_name) || matches(&self.conflict_globs[other.0], name) {
             return Some(Relation::Conflict);
         }
-        match (matches(&self.replace_globs[unit], other_name), matches(&self.replace_globs[other], name)) {
+        match (matches(&self.replace_globs[unit.0], other_name), matches(&self.replace_globs[other.0], name)) {
             (true, true) => Some(Relation::Circular),
             (true, false) => Some(Relation::Replaces),
             (false, true) => Some(Relation::ReplacedBy),
@@ -166,12 +195,12 @@ impl<'a> Working<'a> {
 
     /// The units `unit`'s `Replaces=` patterns match: plain names are looked up, wildcard
     /// patterns are matched against every unit.
-    pub fn replace_targets(&self, unit: usize) -> Vec<usize> {
+    pub fn replace_targets(&self, unit: UnitIndex) -> Vec<UnitIndex> {
         let mut targets = Vec::new();
-        for glob in &self.replace_globs[unit] {
+        for glob in &self.replace_globs[unit.0] {
             match glob.literal() {
                 Some(name) => targets.extend(self.unit_index(&name)),
-                None => targets.extend((0..self.units.len()).filter(|other| glob.matches(&self.units[*other].name))),
+                None => targets.extend(self.unit_indices().filter(|other| glob.matches(&self.unit(*other).name))),
             }
         }
         targets.sort_unstable();

@@ -1,0 +1,135 @@
+//! Building the planner's [`ClusterSnapshot`] from what a store lists: units by name and body
+//! hash only. Requirements are parsed once per body and kept for as long as the body is listed.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{ClusterSnapshot, UnitSpec};
+use crate::machine::MachineState;
+use crate::requirements::Requirements;
+use crate::state::DesiredState;
+use crate::unit_file::UnitFile;
+use crate::unit_file::UnitHash;
+
+/// A unit as a store lists it for the engine, placed or not (`machine_id`): no body, only its
+/// hash.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotUnit {
+    pub name: String,
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+    pub machine_id: Option<String>,
+}
+
+/// Parsed `[X-Fleet]` requirements by unit name and body hash (a body never changes under its
+/// hash, so an entry never goes stale; it goes when the unit is no longer listed with it).
+#[derive(Debug, Default)]
+pub struct RequirementsCache {
+    by_unit: HashMap<(String, UnitHash), Requirements>,
+}
+
+impl RequirementsCache {
+    /// The body hashes among `units` whose requirements are not known yet, each once.
+    pub fn missing(&self, units: &[SnapshotUnit]) -> Vec<UnitHash> {
+        let mut missing: Vec<UnitHash> = units
+            .iter()
+            .filter(|unit| !self.by_unit.contains_key(&(unit.name.clone(), unit.hash)))
+            .map(|unit| unit.hash)
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        missing
+    }
+
+    /// Parses and keeps the requirements of every unit in `units` whose body is in `bodies`.
+    pub fn learn(&mut self, units: &[SnapshotUnit], bodies: &HashMap<UnitHash, UnitFile>) {
+        for unit in units {
+            if let Some(file) = bodies.get(&unit.hash) {
+                self.by_unit
+                    .entry((unit.name.clone(), unit.hash))
+                    .or_insert_with(|| Requirements::from_unit(&unit.name, file));
+            }
+        }
+    }
+
+    /// The planner's snapshot: every listed unit whose requirements are known (a unit whose
+    /// body the store could not return is left out, so it is neither placed nor moved), and
+    /// entries for units no longer listed are forgotten.
+    pub fn cluster_snapshot(&mut self, machines: Vec<MachineState>, units: Vec<SnapshotUnit>) -> ClusterSnapshot {
+        let listed: HashSet<(&str, UnitHash)> = units.iter().map(|unit| (unit.name.as_str(), unit.hash)).collect();
+        self.by_unit.retain(|(name, hash), _| listed.contains(&(name.as_str(), *hash)));
+        let units = units
+            .into_iter()
+            .filter_map(|unit| {
+                let requirements = self.by_unit.get(&(unit.name.clone(), unit.hash))?.clone();
+                Some(UnitSpec { name: unit.name, desired: unit.desired, requirements, scheduled_on: unit.machine_id })
+            })
+            .collect();
+        ClusterSnapshot { machines, units }
+    }
+
+    /// How many bodies' requirements are kept.
+    pub fn len(&self) -> usize {
+        self.by_unit.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_unit.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listed(name: &str, body: &str, machine: Option<&str>) -> (SnapshotUnit, UnitFile) {
+        let file = UnitFile::parse(body).expect("test unit parses");
+        let unit = SnapshotUnit {
+            name: name.to_string(),
+            hash: file.hash(),
+            desired: DesiredState::Launched,
+            machine_id: machine.map(str::to_string),
+        };
+        (unit, file)
+    }
+
+    #[test]
+    fn requirements_are_parsed_once_per_body_and_forgotten_with_the_unit() {
+        let (web, web_file) = listed("web.service", "[X-Fleet]\nConflicts=web*\n", Some("m1"));
+        let (db, db_file) = listed("db.service", "[X-Fleet]\nGlobal=true\n", None);
+        let mut cache = RequirementsCache::default();
+        let units = vec![web.clone(), db.clone()];
+        assert_eq!(cache.missing(&units).len(), 2);
+
+        let bodies = HashMap::from([(web.hash, web_file), (db.hash, db_file)]);
+        cache.learn(&units, &bodies);
+        assert!(cache.missing(&units).is_empty());
+
+        let snapshot = cache.cluster_snapshot(Vec::new(), units);
+        assert_eq!(snapshot.units.len(), 2);
+        assert_eq!(snapshot.units[0].requirements.conflicts, vec!["web*".to_string()]);
+        assert_eq!(snapshot.units[0].scheduled_on.as_deref(), Some("m1"));
+        assert!(snapshot.units[1].requirements.global);
+
+        let snapshot = cache.cluster_snapshot(Vec::new(), vec![db]);
+        assert_eq!(snapshot.units.len(), 1);
+        assert_eq!(cache.len(), 1, "web's requirements go with web");
+    }
+
+    #[test]
+    fn a_unit_whose_body_is_missing_is_left_out_of_the_plan() {
+        let (web, _) = listed("web.service", "[Service]\nExecStart=/bin/true\n", None);
+        let mut cache = RequirementsCache::default();
+        cache.learn(std::slice::from_ref(&web), &HashMap::new());
+        assert_eq!(cache.missing(std::slice::from_ref(&web)), vec![web.hash]);
+        assert!(cache.cluster_snapshot(Vec::new(), vec![web]).units.is_empty());
+    }
+
+    #[test]
+    fn a_changed_body_is_parsed_again() {
+        let (old, old_file) = listed("web.service", "[X-Fleet]\nMachineID=a\n", None);
+        let (new, _) = listed("web.service", "[X-Fleet]\nMachineID=b\n", None);
+        let mut cache = RequirementsCache::default();
+        cache.learn(std::slice::from_ref(&old), &HashMap::from([(old.hash, old_file)]));
+        assert_eq!(cache.missing(std::slice::from_ref(&new)), vec![new.hash]);
+    }
+}
