@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod agent_plan;
 pub mod backoff;
 pub mod glob;

@@ -11,7 +11,7 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 
 use fleet_testkit::eventually;
 
-use crate::{EngineLease, MetadataChange, Registry, RegistryError, StateReport};
+use crate::{EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
 
 /// A store for one test, and what must live as long as it.
 struct Opened {
@@ -59,6 +59,7 @@ macro_rules! contract {
 }
 
 contract!(
+    tokens_are_unique_by_name_and_revocable,
     bodies_are_content_addressed_and_collected,
     a_stale_lease_cannot_write,
     a_schedule_change_wakes_only_its_machine,
@@ -210,4 +211,25 @@ async fn states_go_with_their_machine(registry: &dyn Registry) {
     registry.unregister_machine("m1").await.unwrap();
     eventually("the states went with the machine", async || registry.unit_states().await.unwrap().is_empty()).await;
     assert!(registry.machines().await.unwrap().is_empty());
+}
+
+/// Tokens are kept by name, a second of the same name is refused without touching the first,
+/// and a revoked token is gone from the next read (every fleetd reads the same records).
+async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry) {
+    let record = |name: &str, sha256: &str| TokenRecord {
+        name: name.to_string(),
+        role: "operator".into(),
+        units: Some("web-*".into()),
+        sha256: sha256.to_string(),
+        created: 1_700_000_000,
+        expires: Some(1_800_000_000),
+    };
+    assert!(registry.create_token(&record("ci", "aa")).await.expect("create"));
+    assert!(registry.create_token(&record("alice", "bb")).await.expect("create"));
+    assert!(!registry.create_token(&record("ci", "cc")).await.expect("create"), "a name is taken once");
+    let tokens = registry.tokens().await.expect("list");
+    assert_eq!(tokens, vec![record("alice", "bb"), record("ci", "aa")]);
+    assert!(registry.revoke_token("ci").await.expect("revoke"));
+    assert!(!registry.revoke_token("ci").await.expect("revoke"), "already gone");
+    assert_eq!(registry.tokens().await.expect("list"), vec![record("alice", "bb")]);
 }

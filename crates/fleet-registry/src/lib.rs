@@ -26,7 +26,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
 pub use fleet_core::schedule::SnapshotUnit;
-pub use model::{AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, StateReport, UnitRecord, UnitView};
+pub use model::{AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, StateReport, TokenRecord, UnitRecord, UnitView};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -60,8 +60,19 @@ pub type Result<T> = std::result::Result<T, RegistryError>;
 /// re-read. Changes may be coalesced, never lost.
 pub type ChangeSignal = watch::Receiver<u64>;
 
+/// Credentials every fleetd of a cluster accepts: bearer tokens, kept by their hash.
 #[async_trait]
-pub trait ApiRegistry: Send + Sync {
+pub trait CredentialRegistry: Send + Sync {
+    /// Stores a new token; `false` (and nothing written) when one of that name exists.
+    async fn create_token(&self, record: &TokenRecord) -> Result<bool>;
+    /// Every token, in name order.
+    async fn tokens(&self) -> Result<Vec<TokenRecord>>;
+    /// Removes a token; `false` when there was none.
+    async fn revoke_token(&self, name: &str) -> Result<bool>;
+}
+
+#[async_trait]
+pub trait ApiRegistry: CredentialRegistry + Send + Sync {
     /// Every unit, in name order, with its schedule and derived current state.
     async fn units(&self) -> Result<Vec<UnitView>>;
     async fn unit(&self, name: &str) -> Result<Option<UnitView>>;

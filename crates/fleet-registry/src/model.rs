@@ -89,3 +89,20 @@ pub struct MachineWork {
 }
 
 pub use fleet_core::StateReport;
+
+/// A bearer token as a store keeps it: never the token, only its SHA-256 (hex).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRecord {
+    pub name: String,
+    /// `admin`, `operator` or `viewer`.
+    pub role: String,
+    /// The unit pattern an operator token is limited to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub units: Option<String>,
+    pub sha256: String,
+    /// When it was made, in seconds since the Unix epoch.
+    pub created: u64,
+    /// When it stops being accepted, in seconds since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<u64>,
+}

@@ -13,6 +13,7 @@
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
+//! | `tokens/<name>` | [`crate::TokenRecord`] (the token's hash, never the token) | — | API |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The engine watches units, placements, reasons,
@@ -142,6 +143,14 @@ impl Keys {
     }
     pub fn leader(&self) -> String {
         self.key(&["engine", "leader"])
+    }
+
+    pub fn tokens(&self) -> String {
+        self.key(&["tokens", ""])
+    }
+
+    pub fn token(&self, name: &str) -> String {
+        self.key(&["tokens", name])
     }
 
     /// The last path element of `key` below `collection` (a key from one of the methods

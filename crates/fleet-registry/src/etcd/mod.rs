@@ -12,6 +12,7 @@
 mod agent;
 mod api;
 mod connection;
+mod credentials;
 mod engine;
 mod keys;
 mod mirror;

@@ -1,0 +1,214 @@
+//! Who may do what: the roles an identity holds and the one rule that decides whether a
+//! role may take an action. Every API request is checked by [`decide`], and nothing else.
+
+use std::fmt;
+
+use crate::glob::Glob;
+
+/// What an identity may do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Everything, credentials included.
+    Admin,
+    /// Unit lifecycle and machine metadata; with a scope, only units whose names match it
+    /// (the others are invisible to it).
+    Operator { units: Option<UnitScope> },
+    /// Reading only: units, states, machines and journals.
+    Viewer,
+}
+
+/// A unit-name pattern an operator is limited to (`web-*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitScope {
+    pattern: String,
+    glob: Glob,
+}
+
+impl UnitScope {
+    /// `None` when `pattern` is not a valid pattern (or is empty).
+    pub fn new(pattern: &str) -> Option<Self> {
+        if pattern.is_empty() || pattern.len() > 255 {
+            return None;
+        }
+        Glob::new(pattern).map(|glob| Self { pattern: pattern.to_string(), glob })
+    }
+
+    pub fn pattern(&self) -> &str {
+        &self.pattern
+    }
+
+    pub fn covers(&self, unit: &str) -> bool {
+        self.glob.matches(unit)
+    }
+}
+
+/// A role name that is not one of `admin`, `operator`, `viewer`, or a scope that is not a
+/// valid pattern, or a scope on a role that takes none.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RoleError {
+    #[error("unknown role {0:?}: expected admin, operator or viewer")]
+    UnknownRole(String),
+    #[error("invalid unit pattern {0:?}")]
+    BadScope(String),
+    #[error("only the operator role can be limited to units")]
+    ScopeNotAllowed,
+}
+
+impl Role {
+    /// The role `name` names, limited to `units` (operators only).
+    pub fn parse(name: &str, units: Option<&str>) -> Result<Self, RoleError> {
+        let scope = match units {
+            None | Some("") => None,
+            Some(pattern) => Some(UnitScope::new(pattern).ok_or_else(|| RoleError::BadScope(pattern.to_string()))?),
+        };
+        match (name, scope) {
+            ("admin", None) => Ok(Self::Admin),
+            ("viewer", None) => Ok(Self::Viewer),
+            ("operator", units) => Ok(Self::Operator { units }),
+            ("admin" | "viewer", Some(_)) => Err(RoleError::ScopeNotAllowed),
+            (other, _) => Err(RoleError::UnknownRole(other.to_string())),
+        }
+    }
+
+    /// The role's name, without its scope.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Operator { .. } => "operator",
+            Self::Viewer => "viewer",
+        }
+    }
+
+    /// The unit pattern the role is limited to, if any.
+    pub fn scope(&self) -> Option<&str> {
+        match self {
+            Self::Operator { units: Some(scope) } => Some(scope.pattern()),
+            _ => None,
+        }
+    }
+
+    /// Whether the role sees `unit` at all (in lists, states and journals).
+    pub fn sees_unit(&self, unit: &str) -> bool {
+        match self {
+            Self::Operator { units: Some(scope) } => scope.covers(unit),
+            _ => true,
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.scope() {
+            Some(scope) => write!(f, "{}({scope})", self.name()),
+            None => f.write_str(self.name()),
+        }
+    }
+}
+
+/// What a request does, as far as authorization cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action<'a> {
+    /// Lists (units, states, machines) and the discovery document; lists are filtered by
+    /// [`Role::sees_unit`].
+    List,
+    /// Reads one unit, its state or its journal.
+    ReadUnit(&'a str),
+    /// Creates, changes or destroys one unit.
+    WriteUnit(&'a str),
+    /// Changes machine metadata.
+    WriteMachines,
+    /// Creates, lists or revokes credentials.
+    ManageCredentials,
+}
+
+impl Action<'_> {
+    /// Whether the action changes anything (writes are always audited).
+    pub fn writes(&self) -> bool {
+        matches!(self, Self::WriteUnit(_) | Self::WriteMachines | Self::ManageCredentials)
+    }
+
+    /// The unit the action concerns, if one.
+    pub fn unit(&self) -> Option<&str> {
+        match self {
+            Self::ReadUnit(unit) | Self::WriteUnit(unit) => Some(unit),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to "may this role do this?".
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    Allowed,
+    /// The role may not know the unit exists: a read answers as if it did not. (A write of
+    /// such a unit is [`Access::Denied`], whether or not the unit exists, which tells nothing.)
+    Hidden,
+    /// The role may not do this.
+    Denied,
+}
+
+/// Decides whether `role` may take `action`.
+pub fn decide(role: &Role, action: Action<'_>) -> Access {
+    let outside_scope = action.unit().is_some_and(|unit| !role.sees_unit(unit));
+    match (role, action) {
+        (Role::Admin, _) => Access::Allowed,
+        (_, Action::ManageCredentials) => Access::Denied,
+        (_, Action::ReadUnit(_)) if outside_scope => Access::Hidden,
+        (_, Action::WriteUnit(_)) if outside_scope => Access::Denied,
+        (Role::Viewer, Action::List | Action::ReadUnit(_)) => Access::Allowed,
+        (Role::Viewer, _) => Access::Denied,
+        (Role::Operator { .. }, _) => Access::Allowed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn operator(scope: &str) -> Role {
+        Role::parse("operator", Some(scope)).expect("valid scope")
+    }
+
+    #[test]
+    fn every_role_against_every_action() {
+        use Access::{Allowed as A, Denied as D};
+        let actions = [
+            Action::List,
+            Action::ReadUnit("web-1.service"),
+            Action::WriteUnit("web-1.service"),
+            Action::WriteMachines,
+            Action::ManageCredentials,
+        ];
+        let table: [(Role, [Access; 5]); 4] = [
+            (Role::Admin, [A, A, A, A, A]),
+            (Role::Operator { units: None }, [A, A, A, A, D]),
+            (operator("web-*"), [A, A, A, A, D]),
+            (Role::Viewer, [A, A, D, D, D]),
+        ];
+        for (role, expected) in table {
+            for (action, want) in actions.iter().zip(expected) {
+                assert_eq!(decide(&role, *action), want, "{role} {action:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_scoped_operator_neither_sees_nor_touches_other_units() {
+        let role = operator("web-*");
+        assert_eq!(decide(&role, Action::ReadUnit("db.service")), Access::Hidden);
+        assert_eq!(decide(&role, Action::WriteUnit("db.service")), Access::Denied);
+        assert!(role.sees_unit("web-2.service"));
+        assert!(!role.sees_unit("db.service"));
+        assert_eq!(role.to_string(), "operator(web-*)");
+    }
+
+    #[test]
+    fn role_names_and_scopes_are_validated() {
+        assert_eq!(Role::parse("admin", None), Ok(Role::Admin));
+        assert_eq!(Role::parse("viewer", Some("")), Ok(Role::Viewer));
+        assert_eq!(Role::parse("root", None), Err(RoleError::UnknownRole("root".into())));
+        assert_eq!(Role::parse("viewer", Some("web-*")), Err(RoleError::ScopeNotAllowed));
+        assert_eq!(Role::parse("operator", Some("[")), Err(RoleError::BadScope("[".into())));
+        assert_eq!(Role::parse("operator", Some("web-*")).map(|role| role.scope().map(str::to_string)), Ok(Some("web-*".into())));
+    }
+}
