@@ -19,7 +19,9 @@ pub enum HostCheck {
 impl HostCheck {
     pub fn for_listener(listener: &ApiListener) -> Self {
         match listener {
-            ApiListener::Tcp(tcp) if tcp.local_addr().is_ok_and(|address| address.ip().is_loopback()) => {
+            ApiListener::Tcp(tcp) | ApiListener::Tls(tcp)
+                if tcp.local_addr().is_ok_and(|address| address.ip().is_loopback()) =>
+            {
                 Self::LoopbackNames
             }
             _ => Self::Any,

@@ -9,7 +9,10 @@ use std::path::Path;
 /// A bound listening socket, kept in std form so it can be served again after a reload.
 pub enum ApiListener {
     Unix(std::os::unix::net::UnixListener),
+    /// Plain HTTP.
     Tcp(std::net::TcpListener),
+    /// HTTPS: every connection starts with a TLS handshake.
+    Tls(std::net::TcpListener),
 }
 
 impl ApiListener {
@@ -22,6 +25,23 @@ impl ApiListener {
                 }
             }
             Self::Tcp(listener) => listener.local_addr().map_or("tcp socket".to_string(), |a| format!("http://{a}")),
+            Self::Tls(listener) => listener.local_addr().map_or("tls socket".to_string(), |a| format!("https://{a}")),
+        }
+    }
+
+    /// The same socket serving HTTPS (a TCP socket systemd passed, when TLS is configured).
+    pub fn with_tls(self) -> Self {
+        match self {
+            Self::Tcp(listener) => Self::Tls(listener),
+            other => other,
+        }
+    }
+
+    /// The address of a TCP listener.
+    pub fn tcp_address(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            Self::Tcp(listener) | Self::Tls(listener) => listener.local_addr().ok(),
+            Self::Unix(_) => None,
         }
     }
 
@@ -29,6 +49,7 @@ impl ApiListener {
         Ok(match self {
             Self::Unix(listener) => Self::Unix(listener.try_clone()?),
             Self::Tcp(listener) => Self::Tcp(listener.try_clone()?),
+            Self::Tls(listener) => Self::Tls(listener.try_clone()?),
         })
     }
 }
@@ -54,6 +75,36 @@ pub fn bind_tcp(address: &str) -> io::Result<ApiListener> {
     let listener = std::net::TcpListener::bind(address)?;
     listener.set_nonblocking(true)?;
     Ok(ApiListener::Tcp(listener))
+}
+
+/// Where `api_listen` asks the API to listen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddress {
+    Unix(std::path::PathBuf),
+    Http(std::net::SocketAddr),
+    Https(std::net::SocketAddr),
+}
+
+impl ListenAddress {
+    /// Reads `unix:///path`, `http://ADDR:PORT`, `https://ADDR:PORT` or a bare `ADDR:PORT`
+    /// (plain HTTP, as the original took it).
+    pub fn parse(entry: &str) -> Option<Self> {
+        if let Some(path) = entry.strip_prefix("unix://") {
+            return path.starts_with('/').then(|| Self::Unix(path.into()));
+        }
+        if let Some(address) = entry.strip_prefix("https://") {
+            return address.trim_end_matches('/').parse().ok().map(Self::Https);
+        }
+        entry.strip_prefix("http://").unwrap_or(entry).trim_end_matches('/').parse().ok().map(Self::Http)
+    }
+
+    pub fn bind(&self) -> io::Result<ApiListener> {
+        match self {
+            Self::Unix(path) => bind_unix(path),
+            Self::Http(address) => bind_tcp(&address.to_string()),
+            Self::Https(address) => bind_tcp(&address.to_string()).map(ApiListener::with_tls),
+        }
+    }
 }
 
 /// The listeners systemd passed to this process, if any. Call it once, in `main`, before any
@@ -85,7 +136,7 @@ pub fn activated_listeners() -> io::Result<Vec<ApiListener>> {
         };
         match &listener {
             ApiListener::Unix(l) => l.set_nonblocking(true)?,
-            ApiListener::Tcp(l) => l.set_nonblocking(true)?,
+            ApiListener::Tcp(l) | ApiListener::Tls(l) => l.set_nonblocking(true)?,
         }
         listeners.push(listener);
     }

@@ -13,7 +13,11 @@ use axum::response::{IntoResponse, Response};
 use fleet_registry::{ApiRegistry, RegistryError};
 use fleet_unit_manager::UnitManager;
 
-use crate::handlers::{journal, machines, state, units};
+use fleet_core::access::{Access, Action, decide};
+
+use crate::auth::audit::{self, AuditEntry};
+use crate::auth::{Auth, Identity, Peer, Refused};
+use crate::handlers::{journal, machines, state, tokens, units};
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
 
@@ -35,6 +39,8 @@ pub struct ApiState {
     /// Page size (`token_limit`).
     pub token_limit: TokenLimit,
     pub local: Option<LocalMachine>,
+    /// Who is asking: tokens, and the anonymous opt-in.
+    pub auth: Auth,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
@@ -152,6 +158,8 @@ enum Resource {
     State(String),
     Machines,
     Journal(String),
+    Tokens,
+    Token(String),
     Unknown,
 }
 
@@ -178,16 +186,43 @@ fn resource(path: &str) -> Resource {
         ["state", unit] => name(unit).map_or(Resource::Unknown, Resource::State),
         ["machines"] => Resource::Machines,
         ["journal", unit] => name(unit).map_or(Resource::Unknown, Resource::Journal),
+        ["tokens"] => Resource::Tokens,
+        ["tokens", token] => name(token).map_or(Resource::Unknown, Resource::Token),
         _ => Resource::Unknown,
     }
 }
 
 const DISCOVERY: &str = include_str!("discovery.json");
 
+/// What `method` on `resource` does, for authorization; `None` for requests that do
+/// nothing but get an error (unknown paths, methods a resource does not take).
+fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
+    Some(match (resource, method) {
+        (Resource::Discovery | Resource::Units | Resource::States | Resource::Machines, &Method::GET) => Action::List,
+        (Resource::Unit(name) | Resource::State(name) | Resource::Journal(name), &Method::GET) => {
+            Action::ReadUnit(name)
+        }
+        (Resource::Unit(name), &Method::PUT | &Method::DELETE) => Action::WriteUnit(name),
+        (Resource::Machines, &Method::PATCH) => Action::WriteMachines,
+        (Resource::Tokens, &Method::GET | &Method::POST) | (Resource::Token(_), &Method::DELETE) => {
+            Action::ManageCredentials
+        }
+        _ => return None,
+    })
+}
+
+/// The answer to a read of a unit the identity may not see: what it would get if the unit
+/// did not exist.
+fn hidden(resource: &Resource) -> ApiError {
+    match resource {
+        Resource::State(_) => ApiError::not_found("unit state does not exist"),
+        _ => ApiError::not_found("unit does not exist"),
+    }
+}
+
 async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     let (parts, body) = request.into_parts();
     let method = parts.method.clone();
-    let query = parts.uri.query().map(str::to_string);
     let path = parts.uri.path().to_string();
     let check = parts.extensions.get::<HostCheck>().copied().unwrap_or(HostCheck::Any);
     let host = parts.headers.get(header::HOST).map(|value| value.to_str().unwrap_or("\u{fffd}"));
@@ -195,6 +230,63 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
         return ApiError::new(StatusCode::FORBIDDEN, "Host header names no loopback address; refusing the request")
             .into_response();
     }
+    let resource = resource(&path);
+    let action = action(&resource, &method);
+    let identity = state.auth.authenticate(parts.extensions.get::<Peer>(), &parts.headers).await;
+    let mut response = match &identity {
+        Err(Refused::Unauthenticated(message)) => {
+            let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message.as_str()).into_response();
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            response
+        }
+        Err(Refused::Forbidden { message, .. }) => {
+            ApiError::new(StatusCode::FORBIDDEN, message.as_str()).into_response()
+        }
+        Ok(identity) => match action.map_or(Access::Allowed, |action| decide(&identity.role, action)) {
+            Access::Allowed => {
+                let query = parts.uri.query();
+                authorized(&state, identity, &resource, &method, query, &parts.headers, body).await
+            }
+            Access::Hidden => hidden(&resource).into_response(),
+            Access::Denied => ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("{} may not {} {path}", identity.role, method.as_str().to_ascii_uppercase()),
+            )
+            .into_response(),
+        },
+    };
+    let status = response.status();
+    if audit::audited(&method, status) {
+        let (name, role) = match &identity {
+            Ok(identity) => (identity.name.clone(), identity.role.to_string()),
+            Err(Refused::Forbidden { name, .. }) => (name.clone(), "-".to_string()),
+            Err(Refused::Unauthenticated(_)) => ("-".to_string(), "-".to_string()),
+        };
+        let unit = action.and_then(|action| action.unit().map(str::to_string));
+        audit::record(&AuditEntry {
+            identity: &name,
+            role: &role,
+            method: &method,
+            path: &path,
+            unit: unit.as_deref(),
+            status,
+        });
+    }
+    let server = HeaderValue::from_static(concat!("fleetd/", env!("CARGO_PKG_VERSION")));
+    response.headers_mut().insert(header::SERVER, server);
+    response
+}
+
+/// Serves a request its identity may make: reads the body, then routes.
+async fn authorized(
+    state: &ApiState,
+    identity: &Identity,
+    resource: &Resource,
+    method: &Method,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Response {
     let body = match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
         Ok(Ok(bytes)) => bytes,
         Ok(Err(_)) => {
@@ -205,48 +297,54 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
             return ApiError::new(StatusCode::REQUEST_TIMEOUT, "request body not received in time").into_response();
         }
     };
-    let result = route(&state, &method, &path, query.as_deref(), &parts.headers, body).await;
-    let mut response = result.unwrap_or_else(IntoResponse::into_response);
-    let server = HeaderValue::from_static(concat!("fleetd/", env!("CARGO_PKG_VERSION")));
-    response.headers_mut().insert(header::SERVER, server);
-    response
+    let request = Routed { identity, resource, method, query: &query_pairs(query), headers, body };
+    route(state, request).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn route(
-    state: &ApiState,
-    method: &Method,
-    path: &str,
-    query: Option<&str>,
-    headers: &HeaderMap,
+/// A request ready for its handler.
+struct Routed<'a> {
+    identity: &'a Identity,
+    resource: &'a Resource,
+    method: &'a Method,
+    query: &'a [(String, String)],
+    headers: &'a HeaderMap,
     body: Bytes,
-) -> Result<Response, ApiError> {
-    let query = query_pairs(query);
-    match (resource(path), method) {
+}
+
+async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiError> {
+    let Routed { identity, resource, method, query, headers, body } = request;
+    let role = &identity.role;
+    match (resource, method) {
         (Resource::Root | Resource::ApiRoot, _) => Err(ApiError::method_not_allowed("")),
         (Resource::Discovery, &Method::GET) => {
             Ok(([(header::CONTENT_TYPE, "application/json")], Body::from(DISCOVERY)).into_response())
         }
         (Resource::Discovery, _) => Err(ApiError::method_not_allowed("only HTTP GET supported against this resource")),
-        (Resource::Units, &Method::GET) => units::list(state, &query).await,
+        (Resource::Units, &Method::GET) => units::list(state, query, role).await,
         (Resource::Units, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
-        (Resource::Unit(name), &Method::GET) => units::get(state, &name).await,
-        (Resource::Unit(name), &Method::PUT) => units::put(state, &name, headers, &body).await,
-        (Resource::Unit(name), &Method::DELETE) => units::delete(state, &name).await,
+        (Resource::Unit(name), &Method::GET) => units::get(state, name).await,
+        (Resource::Unit(name), &Method::PUT) => units::put(state, name, headers, &body).await,
+        (Resource::Unit(name), &Method::DELETE) => units::delete(state, name).await,
         (Resource::Unit(_), _) => {
             Err(ApiError::method_not_allowed("only GET, PUT and DELETE supported against this resource"))
         }
-        (Resource::States, &Method::GET) => state::list(state, &query).await,
-        (Resource::State(name), &Method::GET) => state::get(state, &name).await,
+        (Resource::States, &Method::GET) => state::list(state, query, role).await,
+        (Resource::State(name), &Method::GET) => state::get(state, name).await,
         (Resource::States | Resource::State(_), _) => {
             Err(ApiError::method_not_allowed("only GET supported against this resource"))
         }
-        (Resource::Machines, &Method::GET) => machines::list(state, &query).await,
+        (Resource::Machines, &Method::GET) => machines::list(state, query).await,
         (Resource::Machines, &Method::PATCH) => machines::patch(state, &body).await,
         (Resource::Machines, _) => {
             Err(ApiError::method_not_allowed("only GET and PATCH supported against this resource"))
         }
-        (Resource::Journal(name), &Method::GET) => journal::get(state, &name, &query).await,
+        (Resource::Journal(name), &Method::GET) => journal::get(state, name, query).await,
         (Resource::Journal(_), _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
+        (Resource::Tokens, &Method::GET) => tokens::list(state).await,
+        (Resource::Tokens, &Method::POST) => tokens::create(state, &body).await,
+        (Resource::Tokens, _) => Err(ApiError::method_not_allowed("only GET and POST supported against this resource")),
+        (Resource::Token(name), &Method::DELETE) => tokens::revoke(state, name).await,
+        (Resource::Token(_), _) => Err(ApiError::method_not_allowed("only DELETE supported against this resource")),
         (Resource::Unknown, _) => Err(ApiError::not_found("")),
     }
 }

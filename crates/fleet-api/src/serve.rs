@@ -13,6 +13,11 @@ use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Semaphore, watch};
 
+use tower::ServiceExt as _;
+
+use crate::auth::Peer;
+use crate::auth::certificate::{self, CertificateIdentity};
+use crate::auth::tls::ServerTls;
 use crate::host_check::HostCheck;
 use crate::listen::ApiListener;
 
@@ -41,12 +46,14 @@ impl Default for ServeLimits {
 /// How long to wait before accepting again after an accept error (e.g. EMFILE).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
 
-/// Serves `router` on every listener until `shutdown` turns true.
+/// Serves `router` on every listener until `shutdown` turns true. TLS listeners use the
+/// configuration `tls` holds at each handshake.
 pub async fn serve(
     listeners: &[ApiListener],
     router: Router,
     shutdown: watch::Receiver<bool>,
     limits: ServeLimits,
+    tls: Option<Arc<ServerTls>>,
 ) -> std::io::Result<()> {
     let mut servers = tokio::task::JoinSet::new();
     for listener in listeners {
@@ -56,11 +63,18 @@ pub async fn serve(
         match listener.try_clone()? {
             ApiListener::Unix(listener) => {
                 let listener = tokio::net::UnixListener::from_std(listener)?;
-                servers.spawn(accept_loop(listener, router, stop, limits));
+                servers.spawn(accept_loop(listener, router, stop, limits, Connect::Plain));
             }
             ApiListener::Tcp(listener) => {
                 let listener = tokio::net::TcpListener::from_std(listener)?;
-                servers.spawn(accept_loop(listener, router, stop, limits));
+                servers.spawn(accept_loop(listener, router, stop, limits, Connect::Plain));
+            }
+            ApiListener::Tls(listener) => {
+                let Some(tls) = tls.clone() else {
+                    return Err(std::io::Error::other("an https:// listener needs a TLS certificate and key"));
+                };
+                let listener = tokio::net::TcpListener::from_std(listener)?;
+                servers.spawn(accept_loop(listener, router, stop, limits, Connect::Tls(tls)));
             }
         }
     }
@@ -72,37 +86,53 @@ pub async fn serve(
     Ok(())
 }
 
-/// A listener's accept, whatever its kind.
+/// How a connection starts once accepted.
+#[derive(Clone)]
+enum Connect {
+    Plain,
+    Tls(Arc<ServerTls>),
+}
+
+/// A listener's accept, whatever its kind, with who the peer is.
 trait Accept: Send + 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
-    fn next(&self) -> impl std::future::Future<Output = std::io::Result<Self::Stream>> + Send;
+    fn next(&self) -> impl std::future::Future<Output = std::io::Result<(Self::Stream, Peer)>> + Send;
 }
 
 impl Accept for tokio::net::UnixListener {
     type Stream = tokio::net::UnixStream;
-    async fn next(&self) -> std::io::Result<Self::Stream> {
-        self.accept().await.map(|(stream, _)| stream)
+    async fn next(&self) -> std::io::Result<(Self::Stream, Peer)> {
+        let (stream, _) = self.accept().await?;
+        let uid = stream.peer_cred().ok().map(|credentials| credentials.uid());
+        Ok((stream, Peer::Unix { uid }))
     }
 }
 
 impl Accept for tokio::net::TcpListener {
     type Stream = tokio::net::TcpStream;
-    async fn next(&self) -> std::io::Result<Self::Stream> {
-        self.accept().await.map(|(stream, _)| stream)
+    async fn next(&self) -> std::io::Result<(Self::Stream, Peer)> {
+        let (stream, _) = self.accept().await?;
+        Ok((stream, Peer::Tcp { tls: false, certificate: None }))
     }
 }
 
-async fn accept_loop<L: Accept>(listener: L, router: Router, mut stop: watch::Receiver<bool>, limits: ServeLimits) {
+async fn accept_loop<L: Accept>(
+    listener: L,
+    router: Router,
+    mut stop: watch::Receiver<bool>,
+    limits: ServeLimits,
+    connect: Connect,
+) {
     let slots = Arc::new(Semaphore::new(limits.connections_per_listener));
     let mut connections = tokio::task::JoinSet::new();
     let mut refused_logged = false;
     loop {
-        let stream = tokio::select! {
+        let accepted = tokio::select! {
             accepted = listener.next() => accepted,
             () = stopped(&mut stop) => break,
         };
-        let stream = match stream {
-            Ok(stream) => stream,
+        let (stream, peer) = match accepted {
+            Ok(accepted) => accepted,
             Err(error) => {
                 tracing::warn!(%error, "cannot accept an API connection; retrying");
                 tokio::time::sleep(ACCEPT_RETRY).await;
@@ -119,7 +149,35 @@ async fn accept_loop<L: Accept>(listener: L, router: Router, mut stop: watch::Re
         };
         refused_logged = false;
         while connections.try_join_next().is_some() {}
-        connections.spawn(serve_connection(stream, router.clone(), stop.clone(), limits, slot));
+        let (router, stop) = (router.clone(), stop.clone());
+        match &connect {
+            Connect::Plain => {
+                connections.spawn(serve_connection(stream, peer, router, stop, limits, slot));
+            }
+            Connect::Tls(tls) => {
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                connections.spawn(async move {
+                    let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await;
+                    let stream = match handshake {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(error)) => {
+                            tracing::debug!(%error, "TLS handshake refused");
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    let certificate =
+                        stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(|leaf| {
+                            Arc::new(certificate::from_der(leaf).unwrap_or_else(|| CertificateIdentity {
+                                name: "unnamed".into(),
+                                role: Err("its subject has no usable common name (CN)".into()),
+                            }))
+                        });
+                    let peer = Peer::Tcp { tls: true, certificate };
+                    serve_connection(stream, peer, router, stop, limits, slot).await;
+                });
+            }
+        }
     }
     let drain = async { while connections.join_next().await.is_some() {} };
     if tokio::time::timeout(limits.shutdown_grace, drain).await.is_err() {
@@ -129,6 +187,7 @@ async fn accept_loop<L: Accept>(listener: L, router: Router, mut stop: watch::Re
 
 async fn serve_connection<S>(
     stream: S,
+    peer: Peer,
     router: Router,
     mut stop: watch::Receiver<bool>,
     limits: ServeLimits,
@@ -136,7 +195,11 @@ async fn serve_connection<S>(
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let service = TowerToHyperService::new(router);
+    let with_peer = router.map_request(move |mut request: axum::http::Request<hyper::body::Incoming>| {
+        request.extensions_mut().insert(peer.clone());
+        request
+    });
+    let service = TowerToHyperService::new(with_peer);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
     let connection = builder.serve_connection(TokioIo::new(stream), service);
@@ -182,14 +245,18 @@ mod tests {
     async fn server(limits: ServeLimits) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-        let state =
-            ApiState { registry: Arc::new(registry), token_limit: crate::router::TokenLimit::new(100), local: None };
+        let state = ApiState {
+            registry: Arc::new(registry.clone()),
+            token_limit: crate::router::TokenLimit::new(100),
+            local: None,
+            auth: crate::auth::Auth::new(Arc::new(registry), Some(fleet_core::access::Role::Viewer)),
+        };
         let unix = dir.path().join("api.sock");
         let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];
         let ApiListener::Tcp(tcp) = &listeners[0] else { unreachable!() };
         let tcp = tcp.local_addr().unwrap();
         let (stop, stopped) = watch::channel(false);
-        tokio::spawn(async move { serve(&listeners, router(state), stopped, limits).await });
+        tokio::spawn(async move { serve(&listeners, router(state), stopped, limits, None).await });
         Server { tcp, unix, stop, _dir: dir }
     }
 

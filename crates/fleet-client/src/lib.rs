@@ -2,9 +2,12 @@
 
 #![forbid(unsafe_code)]
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fleet_api_schema::{ErrorBody, Journal, Machine, MachinePage, Unit, UnitPage, UnitState, UnitStatePage};
+use fleet_api_schema::{
+    ErrorBody, Journal, Machine, MachinePage, Token, TokenList, TokenRequest, Unit, UnitPage, UnitState, UnitStatePage,
+};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 
@@ -63,14 +66,84 @@ fn parse_endpoint(endpoint: &str) -> Result<Endpoint> {
     }
 }
 
+/// How to reach the API beyond its address: the request timeout and the credentials.
+#[derive(Clone, Default)]
+pub struct ClientOptions {
+    pub timeout: Duration,
+    /// The CA that signed an `https://` endpoint's certificate (PEM); the system's roots
+    /// otherwise.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate and its key (PEM), for mutual TLS.
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    /// A bearer token, sent with every request.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientOptions")
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("token", &self.token.as_ref().map(|_| "(redacted)"))
+            .finish()
+    }
+}
+
+fn read_file(path: &Path, what: &str) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|error| ClientError::Endpoint(format!("cannot read {what} {}: {error}", path.display())))
+}
+
+/// Adds the TLS settings of `options` to `builder`.
+fn with_tls(mut builder: reqwest::ClientBuilder, options: &ClientOptions) -> Result<reqwest::ClientBuilder> {
+    if let Some(path) = &options.ca_file {
+        let certificates = reqwest::Certificate::from_pem_bundle(&read_file(path, "CA file")?)
+            .map_err(|error| ClientError::Endpoint(format!("invalid CA file {}: {error}", path.display())))?;
+        builder = builder.tls_certs_only(certificates);
+    }
+    match (&options.cert_file, &options.key_file) {
+        (Some(cert), Some(key)) => {
+            let mut pem = read_file(cert, "certificate file")?;
+            pem.push(b'\n');
+            pem.extend(read_file(key, "key file")?);
+            let identity = reqwest::Identity::from_pem(&pem).map_err(|error| {
+                ClientError::Endpoint(format!("invalid client certificate {} or key: {error}", cert.display()))
+            })?;
+            builder = builder.identity(identity);
+        }
+        (None, None) => {}
+        _ => return Err(ClientError::Endpoint("a client certificate needs both --cert-file and --key-file".into())),
+    }
+    Ok(builder)
+}
+
 impl Client {
     /// A client for `endpoint` (`unix:///var/run/fleet.sock`, `http://host:port`); every
     /// request gives up after `timeout`.
     pub fn new(endpoint: &str, timeout: Duration) -> Result<Self> {
-        let builder = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout);
+        Self::with_options(endpoint, &ClientOptions { timeout, ..ClientOptions::default() })
+    }
+
+    /// A client for `endpoint` (`unix:///…`, `http://…`, `https://…`) with credentials.
+    pub fn with_options(endpoint: &str, options: &ClientOptions) -> Result<Self> {
+        // The tree's one crypto provider, which reqwest needs even for plain HTTP; installing
+        // it again is harmless.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let timeout = options.timeout;
+        let mut builder = reqwest::Client::builder().timeout(timeout).connect_timeout(timeout);
+        if let Some(token) = &options.token {
+            let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", token.trim()))
+                .map_err(|_| ClientError::Endpoint("the token holds characters no header can carry".into()))?;
+            value.set_sensitive(true);
+            let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, value)]);
+            builder = builder.default_headers(headers);
+        }
         let (builder, base) = match parse_endpoint(endpoint)? {
             Endpoint::Unix(path) => (builder.unix_socket(path), "http://localhost".to_string()),
-            Endpoint::Http(base) => (builder, base),
+            Endpoint::Http(base) => (with_tls(builder, options)?, base),
         };
         let http = builder.build().map_err(|error| ClientError::Transport(error.to_string()))?;
         Ok(Self { http, base })
@@ -120,6 +193,26 @@ impl Client {
                 Some(next) => token = Some(next),
                 None => return Ok(items),
             }
+        }
+    }
+
+    /// Makes a bearer token; the answer holds the token itself, shown this once.
+    pub async fn create_token(&self, request: &TokenRequest) -> Result<Token> {
+        let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let (_, bytes) = self.send(Method::POST, "tokens", Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    pub async fn tokens(&self) -> Result<Vec<Token>> {
+        self.get::<TokenList>("tokens").await.map(|list| list.tokens)
+    }
+
+    /// Revokes a token; `false` when there was none.
+    pub async fn revoke_token(&self, name: &str) -> Result<bool> {
+        match self.send(Method::DELETE, &format!("tokens/{}", encode_component(name)), None).await {
+            Ok(_) => Ok(true),
+            Err(error) if error.is_not_found() => Ok(false),
+            Err(error) => Err(error),
         }
     }
 

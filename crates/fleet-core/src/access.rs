@@ -209,6 +209,9 @@ mod tests {
         assert_eq!(Role::parse("root", None), Err(RoleError::UnknownRole("root".into())));
         assert_eq!(Role::parse("viewer", Some("web-*")), Err(RoleError::ScopeNotAllowed));
         assert_eq!(Role::parse("operator", Some("[")), Err(RoleError::BadScope("[".into())));
-        assert_eq!(Role::parse("operator", Some("web-*")).map(|role| role.scope().map(str::to_string)), Ok(Some("web-*".into())));
+        assert_eq!(
+            Role::parse("operator", Some("web-*")).map(|role| role.scope().map(str::to_string)),
+            Ok(Some("web-*".into()))
+        );
     }
 }

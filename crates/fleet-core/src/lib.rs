@@ -8,10 +8,13 @@
 pub mod access;
 pub mod agent_plan;
 pub mod backoff;
+pub mod civil_time;
+pub mod duration;
 pub mod glob;
 pub mod machine;
 pub mod requirements;
 pub mod schedule;
+pub mod secret;
 pub mod service_values;
 pub mod state;
 pub mod state_report;

@@ -20,7 +20,12 @@ fn fixture() -> &'static Fixture {
     FIXTURE.get_or_init(|| {
         let dir = tempfile::tempdir().expect("temporary directory");
         let registry = EmbeddedRegistry::open(&dir.path().join("fuzz.redb")).expect("embedded store");
-        let state = ApiState { registry: Arc::new(registry), token_limit: TokenLimit::new(2), local: None };
+        let state = ApiState {
+            registry: Arc::new(registry.clone()),
+            token_limit: TokenLimit::new(2),
+            local: None,
+            auth: fleet_api::auth::Auth::new(Arc::new(registry), None),
+        };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }
     })
@@ -41,7 +46,7 @@ pub fn api_request(data: &[u8]) {
         None => (rest, &[][..]),
     };
     let uri = format!("{prefix}{}", String::from_utf8_lossy(tail));
-    let Ok(request) = Request::builder()
+    let Ok(mut request) = Request::builder()
         .method(method)
         .uri(uri.as_str())
         .header("content-type", "application/json")
@@ -49,6 +54,8 @@ pub fn api_request(data: &[u8]) {
     else {
         return;
     };
+    // As the Unix socket's administrator: every handler is reachable.
+    request.extensions_mut().insert(fleet_api::auth::Peer::Unix { uid: Some(0) });
     let fixture = fixture();
     let router = router(fixture.state.clone());
     let response = fixture.runtime.block_on(router.oneshot(request)).expect("the router never fails");

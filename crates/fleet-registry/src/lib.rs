@@ -26,7 +26,9 @@ use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
 pub use fleet_core::schedule::SnapshotUnit;
-pub use model::{AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, StateReport, TokenRecord, UnitRecord, UnitView};
+pub use model::{
+    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, StateReport, TokenRecord, UnitRecord, UnitView,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {

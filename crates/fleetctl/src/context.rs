@@ -1,16 +1,43 @@
 //! What every command works with: the API client and a few caches.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use fleet_api_schema::Machine;
-use fleet_client::Client;
+use fleet_client::{Client, ClientOptions};
 
 use crate::GlobalFlags;
 
 pub struct Context {
     pub client: Client,
     pub debug: bool,
+}
+
+/// A flag's value, or the deprecated alias's when only that is set.
+fn file_flag(value: &str, alias: &str) -> Option<PathBuf> {
+    [value, alias].into_iter().find(|path| !path.is_empty()).map(PathBuf::from)
+}
+
+/// The credentials the flags name: a token (given, or read from a file) and TLS files.
+fn client_options(flags: &GlobalFlags, timeout: Duration) -> Result<ClientOptions, String> {
+    let token = if !flags.token.is_empty() {
+        Some(flags.token.expose().trim().to_string())
+    } else if !flags.token_file.is_empty() {
+        let text = std::fs::read_to_string(&flags.token_file).map_err(|error| {
+            format!("Unable to initialize client: cannot read --token-file {}: {error}", flags.token_file)
+        })?;
+        Some(text.trim().to_string())
+    } else {
+        None
+    };
+    Ok(ClientOptions {
+        timeout,
+        ca_file: file_flag(&flags.ca_file, &flags.etcd_cafile),
+        cert_file: file_flag(&flags.cert_file, &flags.etcd_certfile),
+        key_file: file_flag(&flags.key_file, &flags.etcd_keyfile),
+        token: token.filter(|token| !token.is_empty()),
+    })
 }
 
 impl Context {
@@ -25,8 +52,9 @@ impl Context {
             .ok()
             .filter(|timeout| !timeout.is_zero())
             .ok_or_else(|| format!("invalid --request-timeout {}", flags.request_timeout))?;
-        let client =
-            Client::new(&flags.endpoint, timeout).map_err(|error| format!("Unable to initialize client: {error}"))?;
+        let options = client_options(flags, timeout)?;
+        let client = Client::with_options(&flags.endpoint, &options)
+            .map_err(|error| format!("Unable to initialize client: {error}"))?;
         Ok(Self { client, debug: flags.debug })
     }
 

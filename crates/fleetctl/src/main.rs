@@ -12,6 +12,8 @@ use std::process::ExitCode;
 
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand};
 
+use fleet_core::secret::Secret;
+
 use crate::context::Context;
 
 const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -46,7 +48,7 @@ pub struct GlobalFlags {
     /// How to reach the cluster: API
     #[arg(long, global = true, env = "FLEETCTL_DRIVER", default_value = "API")]
     pub driver: String,
-    /// Location of the fleet API (unix:///path or http://host:port)
+    /// Location of the fleet API (unix:///path, http://host:port or https://host:port)
     #[arg(long, global = true, env = "FLEETCTL_ENDPOINT", default_value = "unix:///var/run/fleet.sock")]
     pub endpoint: String,
     /// Keyspace of fleet data in etcd (etcd driver)
@@ -61,6 +63,13 @@ pub struct GlobalFlags {
     /// TLS certificate authority
     #[arg(long, global = true, env = "FLEETCTL_CA_FILE", default_value = "")]
     pub ca_file: String,
+    /// Bearer token for TCP endpoints (prefer FLEETCTL_TOKEN or --token-file: arguments are
+    /// visible to other users of the machine)
+    #[arg(long, global = true, env = "FLEETCTL_TOKEN", hide_env_values = true, value_parser = secret, default_value = "")]
+    pub token: Secret,
+    /// File holding the bearer token
+    #[arg(long, global = true, env = "FLEETCTL_TOKEN_FILE", default_value = "")]
+    pub token_file: String,
     /// SSH known hosts file
     #[arg(long, global = true, env = "FLEETCTL_KNOWN_HOSTS_FILE", default_value = "~/.fleetctl/known_hosts")]
     pub known_hosts_file: String,
@@ -91,6 +100,10 @@ pub struct GlobalFlags {
     /// Deprecated alias of --ca-file
     #[arg(long, global = true, env = "FLEETCTL_ETCD_CAFILE", default_value = "", hide = true)]
     pub etcd_cafile: String,
+}
+
+fn secret(value: &str) -> Result<Secret, std::convert::Infallible> {
+    Ok(Secret::new(value))
 }
 
 #[derive(Args, Debug, Clone, Default)]
@@ -239,8 +252,38 @@ enum Command {
     /// Deprecated: signed units are no longer supported
     #[command(hide = true)]
     Verify { units: Vec<String> },
+    /// Manage the API's bearer tokens (administrators only)
+    Token {
+        #[command(subcommand)]
+        action: TokenCommand,
+    },
     /// Print the version
     Version,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TokenCommand {
+    /// Make a token and print it; it is shown this once
+    Create {
+        /// admin, operator or viewer
+        #[arg(long)]
+        role: String,
+        /// Limit an operator to the units whose names match this pattern (e.g. 'web-*')
+        #[arg(long)]
+        units: Option<String>,
+        /// How long the token is accepted (e.g. 24h); forever when not given
+        #[arg(long)]
+        ttl: Option<String>,
+        name: String,
+    },
+    /// List the tokens (never the tokens themselves)
+    List {
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+    },
+    /// Revoke a token: every fleetd refuses it within a second
+    Revoke { name: String },
 }
 
 /// How a command ended: success, a runtime failure (1) or bad usage (2).
@@ -312,7 +355,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(context: Context, command: Command) -> Outcome {
-    use commands::{inspect, lifecycle, list};
+    use commands::{inspect, lifecycle, list, token};
     match command {
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Status { units, .. } => inspect::status(&context, &units).await,
@@ -329,6 +372,7 @@ async fn run(context: Context, command: Command) -> Outcome {
         Command::Unload { block, units } => lifecycle::unload(&context, &units, &block).await,
         Command::Destroy { block, units } => lifecycle::destroy(&context, &units, &block).await,
         Command::Restart { block_attempts, units } => lifecycle::restart(&context, &units, block_attempts).await,
+        Command::Token { action } => token::run(&context, action).await,
         Command::Version | Command::Verify { .. } | Command::Ssh { .. } | Command::FdForward { .. } => Outcome::Success,
     }
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_core::machine::parse_metadata;
+use fleet_core::secret::Secret;
 
 pub const DEFAULT_CONFIG: &str = "/etc/fleet/fleet.conf";
 
@@ -24,7 +25,7 @@ pub struct Config {
     pub etcd_key_prefix: String,
     pub etcd_request_timeout: Duration,
     pub etcd_username: String,
-    pub etcd_password: String,
+    pub etcd_password: Secret,
     pub etcd_keyfile: String,
     pub etcd_certfile: String,
     pub etcd_cafile: String,
@@ -42,8 +43,17 @@ pub struct Config {
     /// The machine ID itself, or a file to read it from.
     pub machine_id: String,
     pub unit_manager: UnitManagerChoice,
-    /// `unix:///path` and `host:port` entries, comma-separated.
+    /// `unix:///path`, `http://host:port` (or bare `host:port`) and `https://host:port`
+    /// entries, comma-separated.
     pub api_listen: Vec<String>,
+    /// The server certificate (PEM) of `https://` listeners...
+    pub api_tls_cert_file: String,
+    /// ...its private key (PEM)...
+    pub api_tls_key_file: String,
+    /// ...and the CA whose client certificates are accepted (mutual TLS), if any.
+    pub api_tls_client_ca_file: String,
+    /// The role clients without a credential get on TCP listeners; none unless set.
+    pub api_anonymous_role: Option<fleet_core::access::Role>,
     pub state_dir: PathBuf,
     /// A native unit's log is rotated when it reaches this size...
     pub unit_log_max_bytes: u64,
@@ -61,7 +71,7 @@ impl Default for Config {
             etcd_key_prefix: "/_coreos.com/fleet/".into(),
             etcd_request_timeout: Duration::from_secs(1),
             etcd_username: String::new(),
-            etcd_password: String::new(),
+            etcd_password: Secret::default(),
             etcd_keyfile: String::new(),
             etcd_certfile: String::new(),
             etcd_cafile: String::new(),
@@ -79,6 +89,10 @@ impl Default for Config {
             machine_id: "/etc/machine-id".into(),
             unit_manager: UnitManagerChoice::Auto,
             api_listen: vec!["unix:///var/run/fleet.sock".into()],
+            api_tls_cert_file: String::new(),
+            api_tls_key_file: String::new(),
+            api_tls_client_ca_file: String::new(),
+            api_anonymous_role: None,
             state_dir: "/var/lib/fleet".into(),
             unit_log_max_bytes: 4 * 1024 * 1024,
             unit_log_files: 3,
@@ -148,7 +162,7 @@ const OPTIONS: &[(&str, Setter)] = &[
         Ok(())
     }),
     ("etcd_username", |config, _name, value| assign(&mut config.etcd_username, Ok(value.to_string()))),
-    ("etcd_password", |config, _name, value| assign(&mut config.etcd_password, Ok(value.to_string()))),
+    ("etcd_password", |config, _name, value| assign(&mut config.etcd_password, Ok(Secret::new(value)))),
     ("etcd_keyfile", |config, name, value| assign(&mut config.etcd_keyfile, existing_file(name, value))),
     ("etcd_certfile", |config, name, value| assign(&mut config.etcd_certfile, existing_file(name, value))),
     ("etcd_cafile", |config, name, value| assign(&mut config.etcd_cafile, existing_file(name, value))),
@@ -219,15 +233,25 @@ const OPTIONS: &[(&str, Setter)] = &[
     ("api_listen", |config, name, value| {
         let listen = parse_list(value);
         for entry in &listen {
-            let valid = match entry.strip_prefix("unix://") {
-                Some(path) => path.starts_with('/'),
-                None => entry.trim_start_matches("http://").parse::<std::net::SocketAddr>().is_ok(),
-            };
-            if !valid {
-                return Err(bad(name, entry, "expected unix:///path or host:port"));
+            if fleet_api::listen::ListenAddress::parse(entry).is_none() {
+                return Err(bad(name, entry, "expected unix:///path, http://host:port or https://host:port"));
             }
         }
         config.api_listen = listen;
+        Ok(())
+    }),
+    ("api_tls_cert_file", |config, name, value| assign(&mut config.api_tls_cert_file, existing_file(name, value))),
+    ("api_tls_key_file", |config, name, value| assign(&mut config.api_tls_key_file, existing_file(name, value))),
+    ("api_tls_client_ca_file", |config, name, value| {
+        assign(&mut config.api_tls_client_ca_file, existing_file(name, value))
+    }),
+    ("api_anonymous_role", |config, name, value| {
+        let role = match value {
+            "" | "none" => None,
+            "admin" | "operator" | "viewer" => fleet_core::access::Role::parse(value, None).ok(),
+            _ => return Err(bad(name, value, "expected none, viewer, operator or admin")),
+        };
+        config.api_anonymous_role = role;
         Ok(())
     }),
     ("state_dir", |config, _name, value| assign(&mut config.state_dir, Ok(value.into()))),
@@ -298,35 +322,7 @@ fn parse_seconds(name: &str, value: &str) -> Result<Duration, ConfigError> {
 
 /// Go's duration syntax (`30s`, `1m30s`, `500ms`).
 pub fn parse_go_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
-    let mut rest = value.trim();
-    let mut total = Duration::ZERO;
-    if rest.is_empty() {
-        return Err(bad(name, value, "expected a duration such as 30s"));
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let number: f64 = rest[..digits].parse().map_err(|_| bad(name, value, "expected a duration such as 30s"))?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(rest.len());
-        let seconds = match &rest[..unit_len] {
-            "h" => 3600.0,
-            "m" => 60.0,
-            "s" => 1.0,
-            "ms" => 0.001,
-            "us" | "µs" => 0.000_001,
-            "ns" => 0.000_000_001,
-            _ => return Err(bad(name, value, "expected a duration such as 30s")),
-        };
-        total = Duration::try_from_secs_f64(number * seconds)
-            .ok()
-            .and_then(|part| total.checked_add(part))
-            .ok_or_else(|| bad(name, value, "duration out of range"))?;
-        rest = &rest[unit_len..];
-    }
-    if total.is_zero() {
-        return Err(bad(name, value, "must be longer than zero"));
-    }
-    Ok(total)
+    fleet_core::duration::parse_go_duration(value).map_err(|error| bad(name, value, &error.to_string()))
 }
 
 /// A size in bytes, with an optional `K`, `M` or `G` (powers of 1024); at least 4 KiB.
@@ -438,7 +434,12 @@ mod tests {
             (
                 "api_listen",
                 "unix://relative",
-                "invalid value \"unix://relative\" for option api_listen: expected unix:///path or host:port",
+                "invalid value \"unix://relative\" for option api_listen: expected unix:///path, http://host:port or https://host:port",
+            ),
+            (
+                "api_anonymous_role",
+                "root",
+                "invalid value \"root\" for option api_anonymous_role: expected none, viewer, operator or admin",
             ),
             (
                 "engine_reconcile_interval",

@@ -1,4 +1,5 @@
 //! fleetd as a library: only what is pure enough to test and fuzz from outside the binary,
 //! its configuration format.
 
+pub mod api_security;
 pub mod config;

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_api::listen::{ApiListener, bind_tcp, bind_unix};
+use fleet_api::auth::Auth;
+use fleet_api::auth::tls::ServerTls;
+use fleet_api::listen::{ApiListener, ListenAddress};
 use fleet_api::router::LocalMachine;
 use fleet_api::serve::{ServeLimits, serve};
 use fleet_api::{ApiState, TokenLimit, router};
@@ -22,6 +24,7 @@ use tokio::sync::watch;
 
 use crate::supervise::supervise;
 use crate::{host, store};
+use fleetd::api_security::{self, Transport};
 use fleetd::config::{Config, UnitManagerChoice};
 
 /// The agent's fallback reconcile period (the original's fixed 5 s).
@@ -80,24 +83,38 @@ async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<d
     Ok(Arc::new(NativeManager::new(options)?))
 }
 
-/// The API's listeners: those systemd passed, else those `api_listen` names; and the Unix
-/// socket files fleetd created itself (to remove at shutdown).
-fn listeners(config: &Config, activated: Vec<ApiListener>) -> anyhow::Result<(Vec<ApiListener>, Vec<PathBuf>)> {
-    if !activated.is_empty() {
-        return Ok((activated, Vec::new()));
-    }
+/// The API's listeners: those systemd passed (TCP ones serving HTTPS when TLS is configured),
+/// else those `api_listen` names; and the Unix socket files fleetd created itself (to remove
+/// at shutdown). Refuses any that would expose the API unprotected.
+fn listeners(
+    config: &Config,
+    activated: Vec<ApiListener>,
+    tls_configured: bool,
+) -> anyhow::Result<(Vec<ApiListener>, Vec<PathBuf>)> {
     let mut owned = Vec::new();
-    let mut listeners = Vec::new();
-    for entry in &config.api_listen {
-        let listener = match entry.strip_prefix("unix://") {
-            Some(path) => {
-                owned.push(PathBuf::from(path));
-                bind_unix(Path::new(path))
+    let listeners = if activated.is_empty() {
+        let mut listeners = Vec::new();
+        for entry in &config.api_listen {
+            let address = ListenAddress::parse(entry).with_context(|| format!("invalid api_listen entry {entry}"))?;
+            if let ListenAddress::Unix(path) = &address {
+                owned.push(path.clone());
             }
-            None => bind_tcp(entry.trim_start_matches("http://")),
-        };
-        listeners.push(listener.with_context(|| format!("listening on {entry}"))?);
-    }
+            listeners.push(address.bind().with_context(|| format!("listening on {entry}"))?);
+        }
+        listeners
+    } else if tls_configured {
+        activated.into_iter().map(ApiListener::with_tls).collect()
+    } else {
+        activated
+    };
+    let tcp: Vec<(std::net::SocketAddr, Transport)> = listeners
+        .iter()
+        .filter_map(|listener| {
+            let transport = if matches!(listener, ApiListener::Tls(_)) { Transport::Https } else { Transport::Http };
+            Some((listener.tcp_address()?, transport))
+        })
+        .collect();
+    api_security::check_listeners(&tcp, tls_configured).map_err(anyhow::Error::msg)?;
     Ok((listeners, owned))
 }
 
@@ -107,12 +124,29 @@ fn warn_fixed_options(old: &Config, new: &Config) {
         ("state_dir", old.state_dir != new.state_dir),
         ("machine_id", old.machine_id != new.machine_id),
         ("api_listen", old.api_listen != new.api_listen),
+        ("api_anonymous_role", old.api_anonymous_role != new.api_anonymous_role),
         ("unit_manager", old.unit_manager != new.unit_manager),
         ("etcd_servers", old.etcd_servers != new.etcd_servers),
     ];
     for (name, changed) in fixed {
         if changed {
             tracing::warn!(option = name, "this option changes only when fleetd restarts");
+        }
+    }
+}
+
+/// Reads the API's certificates and keys again (rotation without a restart). A failure keeps
+/// the running ones.
+fn reload_tls(tls: Option<&ServerTls>, config: &Config) {
+    match (tls, api_security::tls_files(config)) {
+        (Some(tls), Ok(Some(files))) => match tls.reload(files) {
+            Ok(()) => tracing::info!("API TLS certificates reloaded"),
+            Err(error) => tracing::error!(%error, "keeping the running API TLS certificates"),
+        },
+        (None, Ok(None)) => {}
+        (_, Err(error)) => tracing::error!(%error, "keeping the running API TLS certificates"),
+        (None, Ok(Some(_))) | (Some(_), Ok(None)) => {
+            tracing::warn!("turning the API's TLS on or off takes a restart of fleetd")
         }
     }
 }
@@ -139,9 +173,20 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
     let manager = unit_manager(&config, &machine_id).await?;
     let registry = store::open(&config).await?;
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
-    let (listeners, owned_sockets) = listeners(&config, activated)?;
+    let tls_files = api_security::tls_files(&config).map_err(anyhow::Error::msg)?;
+    let tls = match &tls_files {
+        Some(files) => Some(Arc::new(ServerTls::load(files.clone()).context("setting up the API's TLS")?)),
+        None => None,
+    };
+    let (listeners, owned_sockets) = listeners(&config, activated, tls.is_some())?;
     for listener in &listeners {
         tracing::info!(address = listener.describe(), "API listening");
+    }
+    if let Some(role) = &config.api_anonymous_role {
+        tracing::warn!(
+            role = %role,
+            "anonymous API access is on: clients without a credential on TCP listeners act as {role}"
+        );
     }
     let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
@@ -154,10 +199,12 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         registry: registry.clone(),
         token_limit: token_limit.clone(),
         local: Some(LocalMachine { machine_id: machine_id.clone(), manager: manager.clone() }),
+        auth: Auth::new(registry.clone(), config.api_anonymous_role.clone()),
     };
+    let api_tls = tls.clone();
     let (api_stop, api_stopped) = watch::channel(false);
     let api = tokio::spawn(async move {
-        if let Err(error) = serve(&listeners, router(api_state), api_stopped, ServeLimits::default()).await {
+        if let Err(error) = serve(&listeners, router(api_state), api_stopped, ServeLimits::default(), api_tls).await {
             tracing::error!(%error, "API server failed");
         }
     });
@@ -205,6 +252,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
                     );
                     config = Config { state_dir, api_listen, machine_id: machine, unit_manager: manager_choice, ..new };
                     token_limit.set(config.token_limit);
+                    reload_tls(tls.as_deref(), &config);
                 }
                 Err(error) => tracing::error!("keeping the running configuration: {error:#}"),
             }

@@ -3,4 +3,5 @@
 pub mod journal;
 pub mod machines;
 pub mod state;
+pub mod tokens;
 pub mod units;

@@ -2,6 +2,7 @@
 
 use axum::http::StatusCode;
 use axum::response::Response;
+use fleet_core::access::Role;
 
 use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, first_value, json_response, page_token};
@@ -18,7 +19,8 @@ fn to_schema(state: fleet_core::UnitState) -> UnitState {
     }
 }
 
-pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
+/// The unit states `role` sees, a page at a time.
+pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit.get())?;
     let machine = first_value(query, "machineID");
     let unit = first_value(query, "unitName");
@@ -28,6 +30,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
         .await?
         .into_iter()
         .filter(|s| machine.is_none_or(|m| s.machine_id == m) && unit.is_none_or(|u| s.name == u))
+        .filter(|s| role.sees_unit(&s.name))
         .map(to_schema)
         .collect();
     states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));

@@ -2,6 +2,7 @@
 
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use fleet_core::access::Role;
 use fleet_core::service_values::check_service_directives;
 use fleet_core::unit_name::{UnitNameInfo, validate_name};
 use fleet_core::{DesiredState, Requirements, UnitFile};
@@ -41,10 +42,17 @@ pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
     }
 }
 
-pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
+/// The units `role` sees, a page at a time.
+pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit.get())?;
-    let units: Vec<Unit> =
-        state.registry.units().await?.into_iter().map(|view| to_schema(view, Shown::InList)).collect();
+    let units: Vec<Unit> = state
+        .registry
+        .units()
+        .await?
+        .into_iter()
+        .filter(|view| role.sees_unit(&view.name))
+        .map(|view| to_schema(view, Shown::InList))
+        .collect();
     let (units, next) = token.page(units, serialized_size);
     Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units }))
 }

@@ -18,7 +18,7 @@ pub struct EtcdOptions {
     pub key_prefix: String,
     pub request_timeout: Duration,
     pub username: String,
-    pub password: String,
+    pub password: fleet_core::secret::Secret,
     pub ca_file: String,
     pub cert_file: String,
     pub key_file: String,
@@ -87,8 +87,9 @@ impl Connection {
         }
         if !options.username.is_empty() {
             // etcd's tokens expire (after 5 minutes idle by default): fetch a new one when refused.
-            connect =
-                connect.with_user(options.username.clone(), options.password.clone()).with_auto_token_refresh(true);
+            connect = connect
+                .with_user(options.username.clone(), options.password.expose().to_string())
+                .with_auto_token_refresh(true);
         }
         let client =
             tokio::time::timeout(options.request_timeout * 5, Client::connect(&options.endpoints, Some(connect)))

@@ -192,13 +192,13 @@ async fn user_and_password() {
     admin.auth_enable().await.unwrap();
     let mut options = options(&etcd);
     options.username = "root".into();
-    options.password = "rootpw".into();
+    options.password = fleet_core::secret::Secret::new("rootpw");
     let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
     let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Loaded).await.unwrap();
     registry.register_machine(&machine("m1")).await.unwrap();
     assert_eq!(registry.machines().await.unwrap().len(), 1);
-    options.password = "wrong".into();
+    options.password = fleet_core::secret::Secret::new("wrong");
     assert!(EtcdRegistry::connect(&options, lifetimes).await.is_err(), "a wrong password is refused");
 }
 

@@ -11,17 +11,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub fn short_timestamp(time: SystemTime) -> String {
     const MONTHS: [&str; 12] = ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     let seconds = time.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let (days, rest) = (seconds / 86_400, seconds % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 { month_index + 3 } else { month_index - 9 };
-    format!("{} {:02} {:02}:{:02}:{:02}", MONTHS[(month - 1) as usize], day, rest / 3600, rest % 3600 / 60, rest % 60)
+    let civil = fleet_core::civil_time::CivilTime::from_unix(seconds);
+    let month = MONTHS[(civil.month as usize).saturating_sub(1) % 12];
+    format!("{month} {:02} {:02}:{:02}:{:02}", civil.day, civil.hour, civil.minute, civil.second)
 }
 
 /// How much log a unit may keep: its file is rotated when it reaches `max_bytes`, and `files`

@@ -4,3 +4,4 @@ pub mod create;
 pub mod inspect;
 pub mod lifecycle;
 pub mod list;
+pub mod token;

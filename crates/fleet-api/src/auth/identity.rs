@@ -1,0 +1,136 @@
+//! Turning a request into an [`Identity`]: one function, [`Auth::authenticate`].
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, header};
+use fleet_core::access::Role;
+use fleet_registry::CredentialRegistry;
+
+use super::certificate::CertificateIdentity;
+use super::tokens::{TokenCheck, TokenError};
+
+/// How a connection reached the API; set by the server on every request it reads.
+#[derive(Clone, Debug)]
+pub enum Peer {
+    /// The Unix socket, whose file mode admits only root and its group: an administrator.
+    Unix { uid: Option<u32> },
+    /// A TCP connection, over TLS or not, with the client certificate it presented (already
+    /// verified against the client CA during the handshake).
+    Tcp { tls: bool, certificate: Option<Arc<CertificateIdentity>> },
+}
+
+/// How an identity was established.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Via {
+    UnixSocket,
+    Certificate,
+    Token,
+    Anonymous,
+}
+
+/// Who a request comes from and what it may do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// Shown in the audit trail: `unix:uid=0`, `token:ci`, `cert:alice`, `anonymous`.
+    pub name: String,
+    pub role: Role,
+    pub via: Via,
+}
+
+/// Why a request has no identity (401) or an identity that can do nothing (403).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refused {
+    Unauthenticated(String),
+    Forbidden { name: String, message: String },
+}
+
+/// What authenticates requests: the cluster's tokens and the anonymous opt-in.
+#[derive(Clone)]
+pub struct Auth {
+    tokens: Arc<TokenCheck>,
+    /// The role clients without any credential get on TCP; none unless the operator opts in.
+    anonymous: Option<Role>,
+}
+
+/// A bearer token longer than this is not read any further.
+const MAX_AUTHORIZATION: usize = 512;
+
+impl Auth {
+    pub fn new(registry: Arc<dyn CredentialRegistry>, anonymous: Option<Role>) -> Self {
+        Self { tokens: Arc::new(TokenCheck::new(registry)), anonymous }
+    }
+
+    pub fn anonymous_role(&self) -> Option<&Role> {
+        self.anonymous.as_ref()
+    }
+
+    pub fn tokens(&self) -> &TokenCheck {
+        &self.tokens
+    }
+
+    /// The identity behind a request that came on `peer` with `headers`. A request with no
+    /// peer (not read by the server) has none.
+    pub async fn authenticate(&self, peer: Option<&Peer>, headers: &HeaderMap) -> Result<Identity, Refused> {
+        let unauthenticated = |message: &str| Refused::Unauthenticated(message.to_string());
+        let (tls, certificate) = match peer {
+            Some(Peer::Unix { uid }) => {
+                let name = uid.map_or("unix".to_string(), |uid| format!("unix:uid={uid}"));
+                return Ok(Identity { name, role: Role::Admin, via: Via::UnixSocket });
+            }
+            Some(Peer::Tcp { tls, certificate }) => (*tls, certificate),
+            None => return Err(unauthenticated("no credential")),
+        };
+        if let Some(value) = headers.get(header::AUTHORIZATION) {
+            let token = bearer_token(value.as_bytes()).map_err(&unauthenticated)?;
+            return match self.tokens.verify(token).await {
+                Ok((name, role)) => Ok(Identity { name: format!("token:{name}"), role, via: Via::Token }),
+                Err(TokenError::Unavailable) => {
+                    Err(unauthenticated("credentials cannot be checked: the store is unavailable"))
+                }
+                Err(error) => Err(Refused::Unauthenticated(error.to_string())),
+            };
+        }
+        if let Some(certificate) = certificate {
+            let name = format!("cert:{}", certificate.name);
+            return match &certificate.role {
+                Ok(role) => Ok(Identity { name, role: role.clone(), via: Via::Certificate }),
+                Err(problem) => {
+                    Err(Refused::Forbidden { name, message: format!("client certificate grants no role: {problem}") })
+                }
+            };
+        }
+        match &self.anonymous {
+            Some(role) => Ok(Identity { name: "anonymous".into(), role: role.clone(), via: Via::Anonymous }),
+            None if tls => Err(unauthenticated("credential required: a bearer token or a client certificate")),
+            None => Err(unauthenticated("credential required: a bearer token")),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer …` header.
+fn bearer_token(value: &[u8]) -> Result<&str, &'static str> {
+    if value.len() > MAX_AUTHORIZATION {
+        return Err("malformed Authorization header: too long");
+    }
+    let text = std::str::from_utf8(value).map_err(|_| "malformed Authorization header")?;
+    let (scheme, token) = text.trim().split_once(' ').ok_or("malformed Authorization header")?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return Err("unsupported Authorization scheme: expected Bearer");
+    }
+    Ok(token.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_headers_are_read_strictly() {
+        assert_eq!(bearer_token(b"Bearer fleet_abc"), Ok("fleet_abc"));
+        assert_eq!(bearer_token(b"bearer  fleet_abc "), Ok("fleet_abc"));
+        assert!(bearer_token(b"Basic dXNlcjpwYXNz").is_err());
+        assert!(bearer_token(b"Bearer").is_err());
+        assert!(bearer_token(&[0xff, 0xfe]).is_err());
+        assert!(bearer_token(format!("Bearer {}", "a".repeat(600)).as_bytes()).is_err());
+    }
+}

@@ -1,0 +1,112 @@
+//! TLS for TCP listeners (rustls with ring, the tree's one provider): the server certificate
+//! and key, and optionally a client CA for mutual TLS. The files are read again on
+//! [`ServerTls::reload`] (fleetd calls it on SIGHUP), so certificates rotate without a
+//! restart; connections made before keep the configuration they started with.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use rustls::ServerConfig;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+
+/// Where the TLS material is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub certificate: PathBuf,
+    pub key: PathBuf,
+    /// When set, clients may present certificates this CA signed (and a certificate from
+    /// any other CA fails the handshake). Clients without one may still use a token.
+    pub client_ca: Option<PathBuf>,
+}
+
+/// Why TLS cannot be set up. Names files, never their contents.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {reason}")]
+    Read { path: PathBuf, reason: String },
+    #[error("{path} holds no certificate")]
+    NoCertificate { path: PathBuf },
+    #[error("{path} holds no private key")]
+    NoKey { path: PathBuf },
+    #[error("invalid TLS setup: {0}")]
+    Invalid(String),
+}
+
+fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let read = |reason: String| TlsError::Read { path: path.to_path_buf(), reason };
+    let certificates = CertificateDer::pem_file_iter(path)
+        .map_err(|error| read(error.to_string()))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| read(error.to_string()))?;
+    if certificates.is_empty() {
+        return Err(TlsError::NoCertificate { path: path.to_path_buf() });
+    }
+    Ok(certificates)
+}
+
+fn private_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_file(path).map_err(|error| match error {
+        rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoKey { path: path.to_path_buf() },
+        other => TlsError::Read { path: path.to_path_buf(), reason: other.to_string() },
+    })
+}
+
+/// Builds a server configuration from `files`.
+pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| TlsError::Invalid(error.to_string()))?;
+    let builder = match &files.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for certificate in certificates(path)? {
+                roots.add(certificate).map_err(|error| TlsError::Invalid(format!("{}: {error}", path.display())))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|error| TlsError::Invalid(error.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder
+        .with_single_cert(certificates(&files.certificate)?, private_key(&files.key)?)
+        .map_err(|error| TlsError::Invalid(format!("{}: {error}", files.certificate.display())))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The TLS configuration every TLS listener serves with, replaceable while they serve.
+pub struct ServerTls {
+    files: RwLock<TlsFiles>,
+    config: RwLock<Arc<ServerConfig>>,
+}
+
+impl ServerTls {
+    pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
+        let config = server_config(&files)?;
+        Ok(Self { files: RwLock::new(files), config: RwLock::new(config) })
+    }
+
+    /// The configuration new connections use.
+    pub fn current(&self) -> Arc<ServerConfig> {
+        self.config.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Reads the files again (at the paths `files` names now); on failure the running
+    /// configuration stays.
+    pub fn reload(&self, files: TlsFiles) -> Result<(), TlsError> {
+        let config = server_config(&files)?;
+        *self.config.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = config;
+        *self.files.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = files;
+        Ok(())
+    }
+
+    pub fn files(&self) -> TlsFiles {
+        self.files.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+}

@@ -1,0 +1,177 @@
+//! Bearer tokens: made from 32 random bytes, shown once, kept by the store only as their
+//! SHA-256. Every fleetd checks a presented token against the store's records, read again at
+//! most [`FRESH_FOR`] after the last read, so a revocation on any fleetd takes effect on all
+//! of them within that time.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use fleet_core::access::Role;
+use fleet_registry::{CredentialRegistry, TokenRecord};
+
+/// Every token starts with this, so a leaked one is easy to recognise (and to scan for).
+pub const TOKEN_PREFIX: &str = "fleet_";
+/// How long a read of the store's tokens is used before it is read again.
+pub const FRESH_FOR: Duration = Duration::from_millis(500);
+/// How long the last read is still used while the store cannot be read.
+const USABLE_WHILE_UNAVAILABLE: Duration = Duration::from_secs(60);
+const RANDOM_BYTES: usize = 32;
+
+/// Why a presented token is refused. The messages never contain the token.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("malformed bearer token")]
+    Malformed,
+    #[error("unknown or revoked bearer token")]
+    Unknown,
+    #[error("expired bearer token")]
+    Expired,
+    #[error("the store cannot be read to check credentials")]
+    Unavailable,
+}
+
+/// A new token; `None` only if the system's random source fails.
+pub fn generate() -> Option<String> {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; RANDOM_BYTES];
+    ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
+    Some(format!("{TOKEN_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)))
+}
+
+/// The SHA-256 of a token, in hex: what the store keeps.
+pub fn digest(token: &str) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    digest.as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Whether `token` has the shape of one [`generate`] makes.
+pub fn well_formed(token: &str) -> bool {
+    let Some(random) = token.strip_prefix(TOKEN_PREFIX) else {
+        return false;
+    };
+    random.len() == 43 && random.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// Equality that takes the same time wherever the inputs differ.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
+}
+
+/// Seconds since the Unix epoch.
+pub fn now_unix() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
+}
+
+/// The record among `records` whose hash is `digest`'s, compared in constant time against
+/// every record (no early exit).
+fn find<'a>(records: &'a [TokenRecord], digest: &str) -> Option<&'a TokenRecord> {
+    let mut found = None;
+    for record in records {
+        if constant_time_eq(record.sha256.as_bytes(), digest.as_bytes()) {
+            found = Some(record);
+        }
+    }
+    found
+}
+
+/// Checks presented tokens against the store.
+pub struct TokenCheck {
+    registry: Arc<dyn CredentialRegistry>,
+    cache: tokio::sync::Mutex<Option<(Instant, Arc<Vec<TokenRecord>>)>>,
+}
+
+impl TokenCheck {
+    pub fn new(registry: Arc<dyn CredentialRegistry>) -> Self {
+        Self { registry, cache: tokio::sync::Mutex::new(None) }
+    }
+
+    /// The store's tokens, read again when the last read is older than [`FRESH_FOR`].
+    async fn records(&self) -> Result<Arc<Vec<TokenRecord>>, TokenError> {
+        let mut cache = self.cache.lock().await;
+        if let Some((read_at, records)) = cache.as_ref()
+            && read_at.elapsed() < FRESH_FOR
+        {
+            return Ok(records.clone());
+        }
+        match self.registry.tokens().await {
+            Ok(records) => {
+                let records = Arc::new(records);
+                *cache = Some((Instant::now(), records.clone()));
+                Ok(records)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the tokens from the store");
+                match cache.as_ref() {
+                    Some((read_at, records)) if read_at.elapsed() < USABLE_WHILE_UNAVAILABLE => Ok(records.clone()),
+                    _ => Err(TokenError::Unavailable),
+                }
+            }
+        }
+    }
+
+    /// Forgets the last read, so the next check reads the store (after a change made here).
+    pub async fn forget(&self) {
+        *self.cache.lock().await = None;
+    }
+
+    /// The name and role of the token `presented`, if it is valid now.
+    pub async fn verify(&self, presented: &str) -> Result<(String, Role), TokenError> {
+        if !well_formed(presented) {
+            return Err(TokenError::Malformed);
+        }
+        let digest = digest(presented);
+        let records = self.records().await?;
+        let record = find(&records, &digest).ok_or(TokenError::Unknown)?;
+        if record.expires.is_some_and(|expires| expires <= now_unix()) {
+            return Err(TokenError::Expired);
+        }
+        match Role::parse(&record.role, record.units.as_deref()) {
+            Ok(role) => Ok((record.name.clone(), role)),
+            Err(error) => {
+                tracing::warn!(token = record.name, %error, "a stored token names no valid role; refusing it");
+                Err(TokenError::Unknown)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_well_formed_and_hashed() {
+        let (a, b) = (generate().unwrap(), generate().unwrap());
+        assert_ne!(a, b);
+        assert!(well_formed(&a) && well_formed(&b), "{a}");
+        assert_eq!(digest(&a).len(), 64);
+        assert_ne!(digest(&a), digest(&b));
+        for bad in ["", "fleet_", "fleet_short", "other_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", &format!("{a}x")]
+        {
+            assert!(!well_formed(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn comparison_and_lookup() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+        let record = |name: &str, sha256: &str| TokenRecord {
+            name: name.into(),
+            role: "viewer".into(),
+            units: None,
+            sha256: sha256.into(),
+            created: 0,
+            expires: None,
+        };
+        let records = [record("a", "11"), record("b", "22")];
+        assert_eq!(find(&records, "22").map(|r| r.name.as_str()), Some("b"));
+        assert!(find(&records, "33").is_none());
+    }
+}

@@ -1,0 +1,53 @@
+//! Calendar dates and times in UTC from Unix seconds, for what fleet prints (journal lines,
+//! token expiries), without a time-zone database.
+
+/// A moment in UTC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CivilTime {
+    pub year: i64,
+    /// 1 to 12.
+    pub month: u32,
+    pub day: u32,
+    pub hour: u32,
+    pub minute: u32,
+    pub second: u32,
+}
+
+impl CivilTime {
+    /// The UTC date and time `seconds` after 1970-01-01 (Howard Hinnant's civil-from-days).
+    pub fn from_unix(seconds: u64) -> Self {
+        let (days, rest) = (seconds / 86_400, seconds % 86_400);
+        let z = days as i64 + 719_468;
+        let era = z.div_euclid(146_097);
+        let day_of_era = z - era * 146_097;
+        let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+        let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+        let month_index = (5 * day_of_year + 2) / 153;
+        let day = (day_of_year - (153 * month_index + 2) / 5 + 1) as u32;
+        let month = if month_index < 10 { month_index + 3 } else { month_index - 9 } as u32;
+        let year = year_of_era + era * 400 + i64::from(month <= 2);
+        let rest = rest as u32;
+        Self { year, month, day, hour: rest / 3600, minute: rest % 3600 / 60, second: rest % 60 }
+    }
+
+    /// `2026-11-22T10:37:33Z`.
+    pub fn rfc3339(&self) -> String {
+        format!(
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z",
+            self.year, self.month, self.day, self.hour, self.minute, self.second
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(CivilTime::from_unix(0).rfc3339(), "1970-01-01T00:00:00Z");
+        assert_eq!(CivilTime::from_unix(1_709_251_199).rfc3339(), "2024-02-29T23:59:59Z");
+        assert_eq!(CivilTime::from_unix(1_795_266_000).rfc3339(), "2026-11-21T13:00:00Z");
+        assert_eq!(CivilTime::from_unix(951_782_400).rfc3339(), "2000-02-29T00:00:00Z");
+    }
+}

@@ -1,0 +1,47 @@
+//! A value that must never be printed: passwords and other credentials. Its `Debug` and
+//! `Display` show only whether it is set, so a configuration or options struct can derive
+//! `Debug` and be logged without leaking it.
+
+use std::fmt;
+
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The value itself, for the one place that hands it to whoever checks it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "Secret(unset)" } else { "Secret(redacted)" })
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_empty() { "" } else { "(redacted)" })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_secret_is_never_printed() {
+        let secret = Secret::new("hunter2");
+        assert!(!format!("{secret:?} {secret}").contains("hunter2"));
+        assert_eq!(secret.expose(), "hunter2");
+    }
+}
