@@ -6,6 +6,8 @@
 //! `cargo test --workspace` and `cargo nextest run --workspace` do).
 
 mod cluster;
+pub mod https;
+pub mod pki;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -145,8 +147,10 @@ impl Fleetd {
             self.state_dir().display(),
             self.socket().display()
         );
+        // `{socket}` in a value stands for the harness's own socket path.
+        let socket = self.socket().display().to_string();
         for (key, value) in &self.extra {
-            text.push_str(&format!("{key} = {value}\n"));
+            text.push_str(&format!("{key} = {}\n", value.replace("{socket}", &socket)));
         }
         std::fs::write(self.config_path(), text).expect("write fleet.conf");
     }

@@ -31,7 +31,7 @@ fn tcp_and_unix_listeners_serve_the_same_api() {
     std::fs::write(
         &config,
         format!(
-            "machine_id = e2e0tcp000000001\nstate_dir = {}\napi_listen = unix://{},127.0.0.1:{port}\n",
+            "machine_id = e2e0tcp000000001\nstate_dir = {}\napi_listen = unix://{},127.0.0.1:{port}\napi_anonymous_role = viewer\n",
             dir.path().join("state").display(),
             socket.display()
         ),
@@ -70,7 +70,7 @@ fn sockets_passed_by_systemd_are_used() {
     std::fs::write(
         &config,
         format!(
-            "machine_id = e2e0activated001\nstate_dir = {}\napi_listen = unix://{}\n",
+            "machine_id = e2e0activated001\nstate_dir = {}\napi_listen = unix://{}\napi_anonymous_role = viewer\n",
             dir.path().join("state").display(),
             dir.path().join("unused.sock").display()
         ),

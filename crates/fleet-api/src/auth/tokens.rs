@@ -14,6 +14,10 @@ use fleet_registry::{CredentialRegistry, TokenRecord};
 pub const TOKEN_PREFIX: &str = "fleet_";
 /// How long a read of the store's tokens is used before it is read again.
 pub const FRESH_FOR: Duration = Duration::from_millis(500);
+/// A token not among the records read is looked for again in the store once the read is this
+/// old (a token made on another fleetd works at once; a flood of unknown tokens costs at
+/// most one store read per this period).
+const UNKNOWN_RECHECK_AFTER: Duration = Duration::from_millis(50);
 /// How long the last read is still used while the store cannot be read.
 const USABLE_WHILE_UNAVAILABLE: Duration = Duration::from_secs(60);
 const RANDOM_BYTES: usize = 32;
@@ -90,11 +94,11 @@ impl TokenCheck {
         Self { registry, cache: tokio::sync::Mutex::new(None) }
     }
 
-    /// The store's tokens, read again when the last read is older than [`FRESH_FOR`].
-    async fn records(&self) -> Result<Arc<Vec<TokenRecord>>, TokenError> {
+    /// The store's tokens, read again when the last read is older than `fresh_for`.
+    async fn records(&self, fresh_for: Duration) -> Result<Arc<Vec<TokenRecord>>, TokenError> {
         let mut cache = self.cache.lock().await;
         if let Some((read_at, records)) = cache.as_ref()
-            && read_at.elapsed() < FRESH_FOR
+            && read_at.elapsed() < fresh_for
         {
             return Ok(records.clone());
         }
@@ -125,7 +129,10 @@ impl TokenCheck {
             return Err(TokenError::Malformed);
         }
         let digest = digest(presented);
-        let records = self.records().await?;
+        let mut records = self.records(FRESH_FOR).await?;
+        if find(&records, &digest).is_none() {
+            records = self.records(UNKNOWN_RECHECK_AFTER).await?;
+        }
         let record = find(&records, &digest).ok_or(TokenError::Unknown)?;
         if record.expires.is_some_and(|expires| expires <= now_unix()) {
             return Err(TokenError::Expired);

@@ -1,0 +1,72 @@
+//! Real certificates for the TLS tests, made with rcgen: a cluster CA, a server certificate
+//! for `localhost`/127.0.0.1, client certificates whose subject names an identity and a role,
+//! and a second, foreign CA. Written as PEM files into a directory.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+};
+
+/// A certificate authority that signs the others.
+pub struct Authority {
+    issuer: Issuer<'static, KeyPair>,
+    pub cert_pem: String,
+}
+
+/// A certificate and key on disk.
+#[derive(Clone, Debug)]
+pub struct Pair {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub der: Vec<u8>,
+}
+
+impl Authority {
+    pub fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().expect("CA key");
+        let cert = params.self_signed(&key).expect("CA certificate");
+        Self { cert_pem: cert.pem(), issuer: Issuer::new(params, key) }
+    }
+
+    pub fn write(&self, path: &Path) -> PathBuf {
+        std::fs::write(path, &self.cert_pem).expect("write CA");
+        path.to_path_buf()
+    }
+
+    fn sign(&self, params: CertificateParams, dir: &Path, stem: &str) -> Pair {
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        let (cert_path, key_path) = (dir.join(format!("{stem}.pem")), dir.join(format!("{stem}-key.pem")));
+        std::fs::write(&cert_path, cert.pem()).expect("write certificate");
+        std::fs::write(&key_path, key.serialize_pem()).expect("write key");
+        Pair { cert: cert_path, key: key_path, der: cert.der().to_vec() }
+    }
+
+    /// A server certificate for `localhost` and 127.0.0.1.
+    pub fn server(&self, dir: &Path, stem: &str) -> Pair {
+        let mut params =
+            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("server params");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.sign(params, dir, stem)
+    }
+
+    /// A client certificate: CN `name`, O `role` (when given), OU `units` (when given).
+    pub fn client(&self, dir: &Path, name: &str, role: Option<&str>, units: Option<&str>) -> Pair {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, name);
+        if let Some(role) = role {
+            params.distinguished_name.push(DnType::OrganizationName, role);
+        }
+        if let Some(units) = units {
+            params.distinguished_name.push(DnType::OrganizationalUnitName, units);
+        }
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        self.sign(params, dir, &format!("client-{name}"))
+    }
+}
