@@ -446,3 +446,85 @@ fn etcd_two_fleetds_share_tokens_and_revocations() {
         assert!(!log.contains(&doomed[6..]) && !log.contains(&tokens.tokens[0][6..]), "a token reached the log");
     }
 }
+
+/// Every process's argument list, for the check that no secret is in one.
+fn all_command_lines() -> String {
+    let mut all = String::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        if let Ok(bytes) = std::fs::read(entry.path().join("cmdline")) {
+            all.push_str(&String::from_utf8_lossy(&bytes).replace('\0', " "));
+            all.push('\n');
+        }
+    }
+    all
+}
+
+/// An etcd password (and a wrong one) reaches neither fleetd's log, nor its errors, nor any
+/// process's argument list.
+#[test]
+fn etcd_passwords_reach_no_log_and_no_argument_list() {
+    let etcd = fleet_e2e::EtcdServer::start();
+    let password = "s3cret-etcd-password-4711";
+    runtime().block_on(async {
+        let mut admin = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd");
+        admin.user_add("root", password, None).await.expect("user");
+        admin.user_grant_role("root", "root").await.expect("grant");
+        admin.auth_enable().await.expect("auth");
+    });
+    let config = [
+        ("etcd_servers", etcd.endpoint()),
+        ("etcd_username", "root".to_string()),
+        ("etcd_password", password.to_string()),
+        ("unit_manager", "native".to_string()),
+    ];
+    let pairs: Vec<(&str, &str)> = config.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let fleetd = Fleetd::start("e2e0password0001", &pairs);
+    let dir = tempfile::tempdir().expect("unit dir");
+    fleet_e2e::write_unit(dir.path(), "quiet.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    fleetd.fleetctl_in(dir.path(), &["start", "--no-block", "quiet.service"]);
+    fleetd.wait_until("the unit runs", Duration::from_secs(20), |fleetd| {
+        fleetd.api("GET", "/fleet/v1/state", "").contains("quiet.service")
+    });
+    assert!(!all_command_lines().contains(password), "the password is in an argument list");
+    assert!(!fleetd.log().contains(password), "the password is in fleetd's log");
+
+    // A wrong password: fleetd keeps trying (a store outage stops nothing) and says why,
+    // without the password.
+    let wrong = "wrong-password-0815";
+    let dir = tempfile::tempdir().expect("fleetd dir");
+    let config_path = dir.path().join("fleet.conf");
+    std::fs::write(
+        &config_path,
+        format!(
+            "machine_id = e2e0password0002\nstate_dir = {}\napi_listen = unix://{}\netcd_servers = {}\n\
+             etcd_username = root\netcd_password = {wrong}\nunit_manager = native\n",
+            dir.path().join("state").display(),
+            dir.path().join("api.sock").display(),
+            etcd.endpoint()
+        ),
+    )
+    .expect("fleet.conf");
+    let log_path = dir.path().join("fleetd.log");
+    let log_file = std::fs::File::create(&log_path).expect("log");
+    let mut child = std::process::Command::new(fleet_e2e::binary("fleetd"))
+        .arg("-config")
+        .arg(&config_path)
+        .stdout(log_file.try_clone().expect("log"))
+        .stderr(log_file)
+        .spawn()
+        .expect("fleetd");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let log = loop {
+        let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+        if log.to_lowercase().contains("authentication failed") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let command_lines = all_command_lines();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(log.to_lowercase().contains("authentication failed"), "fleetd says why: {log}");
+    assert!(!log.contains(wrong), "the wrong password is in the log: {log}");
+    assert!(!command_lines.contains(wrong), "the wrong password is in an argument list");
+}
