@@ -28,6 +28,10 @@ for crate in fleetctl fleet-client fleet-api fleet-engine fleet-agent; do
     echo "$crate must not depend on a store backend or D-Bus (see ARCHITECTURE.md)"; exit 1
   fi
 done
+# One TLS crypto provider for the whole tree: ring.
+if cargo tree --workspace -e normal | grep -E ' aws-lc-(rs|sys) '; then
+  echo "only ring may provide TLS cryptography (see ARCHITECTURE.md)"; exit 1
+fi
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo build --workspace --bins --quiet
 if cargo nextest --version >/dev/null 2>&1; then
@@ -35,3 +39,6 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast
 fi
+# A bounded slice of the API benchmark: every listener kind answers its requests correctly
+# (the numbers of a debug build on a busy machine mean nothing; BENCHMARKS.md has release runs).
+target/debug/bench-api 0.2 2
