@@ -33,10 +33,11 @@ fn fixture() -> &'static Fixture {
 
 const METHODS: &[&str] = &["GET", "PUT", "DELETE", "PATCH", "POST", "HEAD", "OPTIONS"];
 const PREFIXES: &[&str] =
-    &["/fleet/v1/units/", "/fleet/v1/units", "/fleet/v1/machines", "/fleet/v1/state", "/fleet/v1/"];
+    &["/fleet/v1/units/", "/fleet/v1/units", "/fleet/v1/machines", "/fleet/v1/state", "/fleet/v1/", "/fleet/v1/tokens"];
 
-/// Input layout: a byte choosing the method and path prefix, then the rest of the path and
-/// query up to a newline, then the body.
+/// Input layout: a byte choosing the method and path prefix (and, with its high bit, a TCP
+/// client whose `Authorization` header is the body's first line instead of the Unix socket's
+/// administrator), then the rest of the path and query up to a newline, then the body.
 pub fn api_request(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else { return };
     let method = METHODS[usize::from(selector) % METHODS.len()];
@@ -54,8 +55,17 @@ pub fn api_request(data: &[u8]) {
     else {
         return;
     };
-    // As the Unix socket's administrator: every handler is reachable.
-    request.extensions_mut().insert(fleet_api::auth::Peer::Unix { uid: Some(0) });
+    let mut credential: &[u8] = &[];
+    if selector & 0x80 == 0 {
+        // As the Unix socket's administrator: every handler is reachable.
+        request.extensions_mut().insert(fleet_api::auth::Peer::Unix { uid: Some(0) });
+    } else {
+        request.extensions_mut().insert(fleet_api::auth::Peer::Tcp { tls: false, certificate: None });
+        credential = body.split(|byte| *byte == b'\n').next().unwrap_or_default();
+        if let Ok(value) = axum::http::HeaderValue::from_bytes(credential) {
+            request.headers_mut().insert(axum::http::header::AUTHORIZATION, value);
+        }
+    }
     let fixture = fixture();
     let router = router(fixture.state.clone());
     let response = fixture.runtime.block_on(router.oneshot(request)).expect("the router never fails");
@@ -67,5 +77,13 @@ pub fn api_request(data: &[u8]) {
         let error: serde_json::Value = serde_json::from_slice(&bytes)
             .unwrap_or_else(|error| panic!("{method} {uri} answered {status} with no JSON error: {error}"));
         assert!(error["error"]["code"].is_u64(), "{method} {uri}: {error}");
+        // A credential is never echoed (a long one, that a path or body cannot contain by chance).
+        let secret = credential.rsplit(|byte| *byte == b' ').next().unwrap_or_default();
+        assert!(
+            status != axum::http::StatusCode::UNAUTHORIZED
+                || secret.len() < 12
+                || !bytes.windows(secret.len()).any(|window| window == secret),
+            "{method} {uri}: the credential is in the answer"
+        );
     }
 }
