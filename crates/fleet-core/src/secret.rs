@@ -34,6 +34,16 @@ impl fmt::Display for Secret {
     }
 }
 
+/// Equality that takes the same time wherever the inputs differ (for comparing credential
+/// hashes).
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    let difference = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(difference) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -43,5 +53,12 @@ mod tests {
         let secret = Secret::new("hunter2");
         assert!(!format!("{secret:?} {secret}").contains("hunter2"));
         assert_eq!(secret.expose(), "hunter2");
+    }
+
+    #[test]
+    fn constant_time_comparison() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
     }
 }

@@ -46,3 +46,18 @@ pub fn machine_with_overrides(
 pub type Options = Vec<UnitOption>;
 /// A machine's runtime metadata changes: key → value, an empty value removing the key.
 pub type MetadataOverrides = BTreeMap<String, String>;
+
+/// The registration token among `records` whose hash is `sha256`, compared in constant time
+/// against every one (no early exit).
+pub fn find_registration<K>(
+    records: Vec<(K, crate::RegistrationRecord)>,
+    sha256: &str,
+) -> Option<(K, crate::RegistrationRecord)> {
+    let mut found = None;
+    for (key, record) in records {
+        if fleet_core::secret::constant_time_eq(record.sha256.as_bytes(), sha256.as_bytes()) {
+            found = Some((key, record));
+        }
+    }
+    found
+}

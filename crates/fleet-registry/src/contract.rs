@@ -12,6 +12,7 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 use fleet_testkit::eventually;
 
 use crate::{EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
+use crate::{RegistrationRecord, RegistrationRefused};
 
 /// A store for one test, and what must live as long as it.
 struct Opened {
@@ -60,6 +61,7 @@ macro_rules! contract {
 
 contract!(
     tokens_are_unique_by_name_and_revocable,
+    registrations_are_counted_bounded_and_expire,
     bodies_are_content_addressed_and_collected,
     a_stale_lease_cannot_write,
     a_schedule_change_wakes_only_its_machine,
@@ -232,4 +234,62 @@ async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry) {
     assert!(registry.revoke_token("ci").await.expect("revoke"));
     assert!(!registry.revoke_token("ci").await.expect("revoke"), "already gone");
     assert_eq!(registry.tokens().await.expect("list"), vec![record("alice", "bb")]);
+}
+
+/// A registration token is used at most `max_uses` times (each use counted atomically, even
+/// when concurrent), never after it expires (the etcd store also drops it then), and not at
+/// all once revoked.
+async fn registrations_are_counted_bounded_and_expire(registry: &dyn Registry) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let record = |name: &str, sha256: &str, max_uses: Option<u32>, expires: Option<u64>| RegistrationRecord {
+        name: name.to_string(),
+        sha256: sha256.to_string(),
+        created: now,
+        expires,
+        max_uses,
+        uses: 0,
+        metadata: [("rack".to_string(), "r1".to_string())].into(),
+    };
+    assert!(registry.create_registration(&record("rack1", "aa", Some(3), Some(now + 3600))).await.expect("create"));
+    assert!(!registry.create_registration(&record("rack1", "bb", None, None)).await.expect("create"), "once");
+    assert!(registry.create_registration(&record("brief", "cc", None, Some(now + 1))).await.expect("create"));
+
+    let redeem = || registry.redeem_registration("aa", now);
+    let (a, b, c, d, e) = tokio::join!(redeem(), redeem(), redeem(), redeem(), redeem());
+    let uses = [a, b, c, d, e];
+    let granted = uses.iter().filter(|used| matches!(used, Ok(Ok(_)))).count();
+    let exhausted = uses.iter().filter(|used| matches!(used, Ok(Err(RegistrationRefused::Exhausted)))).count();
+    assert_eq!((granted, exhausted), (3, 2), "{uses:?}");
+    let listed = registry.registrations().await.expect("list");
+    assert_eq!(
+        listed.iter().find(|r| r.name == "rack1").map(|r| (r.uses, r.metadata["rack"].clone())),
+        Some((3, "r1".into()))
+    );
+    assert_eq!(registry.redeem_registration("zz", now).await.expect("redeem"), Err(RegistrationRefused::Unknown));
+
+    assert!(registry.redeem_registration("cc", now).await.expect("redeem").is_ok());
+    assert_eq!(registry.redeem_registration("cc", now + 2).await.expect("redeem"), Err(RegistrationRefused::Expired));
+
+    assert!(registry.revoke_registration("rack1").await.expect("revoke"));
+    assert!(!registry.revoke_registration("rack1").await.expect("revoke"));
+    assert_eq!(registry.redeem_registration("aa", now).await.expect("redeem"), Err(RegistrationRefused::Unknown));
+}
+
+/// The etcd store drops an expired registration token by itself (its lease ends).
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_drops_an_expired_registration_token() {
+    let opened = open_etcd().await;
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let record = RegistrationRecord {
+        name: "brief".into(),
+        sha256: "dd".into(),
+        created: now,
+        expires: Some(now + 1),
+        max_uses: None,
+        uses: 0,
+        metadata: Default::default(),
+    };
+    assert!(opened.registry.create_registration(&record).await.expect("create"));
+    eventually("the lease drops the token", async || opened.registry.registrations().await.expect("list").is_empty())
+        .await;
 }

@@ -27,7 +27,8 @@ use tokio::sync::watch;
 
 pub use fleet_core::schedule::SnapshotUnit;
 pub use model::{
-    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, StateReport, TokenRecord, UnitRecord, UnitView,
+    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, StateReport,
+    TokenRecord, UnitRecord, UnitView,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +72,21 @@ pub trait CredentialRegistry: Send + Sync {
     async fn tokens(&self) -> Result<Vec<TokenRecord>>;
     /// Removes a token; `false` when there was none.
     async fn revoke_token(&self, name: &str) -> Result<bool>;
+    /// Stores a new registration token; `false` (and nothing written) when one of that name
+    /// exists. The etcd store attaches a lease that ends with `expires`, so etcd itself drops
+    /// an expired token.
+    async fn create_registration(&self, record: &RegistrationRecord) -> Result<bool>;
+    /// Every registration token, in name order.
+    async fn registrations(&self) -> Result<Vec<RegistrationRecord>>;
+    /// Removes a registration token; `false` when there was none.
+    async fn revoke_registration(&self, name: &str) -> Result<bool>;
+    /// Uses the registration token whose hash is `sha256` once, at `now` (seconds since the
+    /// Unix epoch): counts the use, atomically, and returns the token as it now stands.
+    async fn redeem_registration(
+        &self,
+        sha256: &str,
+        now: u64,
+    ) -> Result<std::result::Result<RegistrationRecord, RegistrationRefused>>;
 }
 
 #[async_trait]

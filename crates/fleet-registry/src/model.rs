@@ -1,5 +1,7 @@
 //! The plain records the registry hands out.
 
+use std::collections::BTreeMap;
+
 use fleet_core::schedule::SnapshotUnit;
 use fleet_core::state::TargetReport;
 use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
@@ -105,4 +107,48 @@ pub struct TokenRecord {
     /// When it stops being accepted, in seconds since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<u64>,
+}
+
+/// A registration token as a store keeps it (only its SHA-256): what a pull agent presents
+/// once to join, for a machine certificate of its own.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegistrationRecord {
+    pub name: String,
+    pub sha256: String,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    /// When it stops being accepted (the etcd store also drops it then, by a lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u32>,
+    #[serde(default)]
+    pub uses: u32,
+    /// Metadata given to the machines that join with it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// Why a registration token cannot be used.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RegistrationRefused {
+    #[error("unknown or revoked registration token")]
+    Unknown,
+    #[error("expired registration token")]
+    Expired,
+    #[error("registration token used up")]
+    Exhausted,
+}
+
+impl RegistrationRecord {
+    /// Whether the token may be used once more at `now` (seconds since the Unix epoch).
+    pub fn usable_at(&self, now: u64) -> Result<(), RegistrationRefused> {
+        if self.expires.is_some_and(|expires| expires <= now) {
+            return Err(RegistrationRefused::Expired);
+        }
+        if self.max_uses.is_some_and(|max| self.uses >= max) {
+            return Err(RegistrationRefused::Exhausted);
+        }
+        Ok(())
+    }
 }

@@ -19,6 +19,8 @@ pub const REASONS: TableDefinition<&str, &str> = TableDefinition::new("reasons")
 pub const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
 /// Machine ID → runtime metadata changes (empty value = removed key).
 pub const METADATA: TableDefinition<&str, &[u8]> = TableDefinition::new("metadata");
+/// Registration token name → [`crate::RegistrationRecord`].
+pub const REGISTRATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("registrations");
 /// Token name → [`crate::TokenRecord`].
 pub const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 /// `unit\0machine` → [`fleet_core::UnitState`].

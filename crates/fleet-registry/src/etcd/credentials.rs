@@ -2,11 +2,13 @@
 //! revocation on one fleetd is seen by every other on its next read.
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use std::time::Duration;
 
-use super::EtcdRegistry;
-use crate::codec::{decode_listed, encode};
-use crate::{CredentialRegistry, Result, TokenRecord};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+
+use super::{EtcdRegistry, session};
+use crate::codec::{decode_listed, encode, find_registration};
+use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, RegistryError, Result, TokenRecord};
 
 #[async_trait]
 impl CredentialRegistry for EtcdRegistry {
@@ -38,4 +40,83 @@ impl CredentialRegistry for EtcdRegistry {
         });
         Ok(deleted)
     }
+
+    async fn create_registration(&self, record: &RegistrationRecord) -> Result<bool> {
+        let key = self.keys().registration(&record.name);
+        // etcd itself drops the token when it expires: a lease that ends then.
+        let lease = match record.expires {
+            Some(expires) => {
+                let ttl = Duration::from_secs(expires.saturating_sub(record.created).max(1));
+                Some(session::grant(self.connection(), ttl).await?)
+            }
+            None => None,
+        };
+        let options = lease.map(|lease| PutOptions::new().with_lease(lease));
+        let txn = Txn::new()
+            .when(vec![Compare::version(key.as_str(), CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(key.as_str(), encode(record), options)]);
+        let created = self.connection().txn(txn).await?.succeeded();
+        if let (false, Some(lease)) = (created, lease) {
+            session::revoke(self.connection(), lease).await?;
+        }
+        Ok(created)
+    }
+
+    async fn registrations(&self) -> Result<Vec<RegistrationRecord>> {
+        let reply = self.connection().get(&self.keys().registrations(), Some(GetOptions::new().with_prefix())).await?;
+        let mut records: Vec<RegistrationRecord> = reply
+            .kvs()
+            .iter()
+            .filter_map(|kv| decode_listed::<RegistrationRecord>(&String::from_utf8_lossy(kv.key()), kv.value()))
+            .collect();
+        records.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(records)
+    }
+
+    async fn revoke_registration(&self, name: &str) -> Result<bool> {
+        let key = self.keys().registration(name);
+        let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key.as_str(), None)])).await?;
+        Ok(reply.op_responses().into_iter().any(|response| match response {
+            etcd_client::TxnOpResponse::Delete(delete) => delete.deleted() > 0,
+            _ => false,
+        }))
+    }
+
+    async fn redeem_registration(
+        &self,
+        sha256: &str,
+        now: u64,
+    ) -> Result<std::result::Result<RegistrationRecord, RegistrationRefused>> {
+        for _ in 0..REDEEM_ATTEMPTS {
+            let reply =
+                self.connection().get(&self.keys().registrations(), Some(GetOptions::new().with_prefix())).await?;
+            let records = reply
+                .kvs()
+                .iter()
+                .filter_map(|kv| {
+                    let key = String::from_utf8_lossy(kv.key()).into_owned();
+                    let record = decode_listed::<RegistrationRecord>(&key, kv.value())?;
+                    Some(((key, kv.mod_revision()), record))
+                })
+                .collect();
+            let Some(((key, revision), mut record)) = find_registration(records, sha256) else {
+                return Ok(Err(RegistrationRefused::Unknown));
+            };
+            if let Err(refused) = record.usable_at(now) {
+                return Ok(Err(refused));
+            }
+            record.uses += 1;
+            // Counted only if nobody used it meanwhile; the lease (the expiry) stays.
+            let txn = Txn::new()
+                .when(vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
+                .and_then(vec![TxnOp::put(key.as_str(), encode(&record), Some(PutOptions::new().with_ignore_lease()))]);
+            if self.connection().txn(txn).await?.succeeded() {
+                return Ok(Ok(record));
+            }
+        }
+        Err(RegistryError::Unavailable("etcd: the registration token kept changing; try again".into()))
+    }
 }
+
+/// How often a redemption that lost a race with another is tried again.
+const REDEEM_ATTEMPTS: usize = 10;

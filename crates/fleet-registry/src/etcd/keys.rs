@@ -13,6 +13,7 @@
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
+//! | `registrations/<name>` | [`crate::RegistrationRecord`] (hash only) | its expiry's | API |
 //! | `tokens/<name>` | [`crate::TokenRecord`] (the token's hash, never the token) | — | API |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
@@ -143,6 +144,14 @@ impl Keys {
     }
     pub fn leader(&self) -> String {
         self.key(&["engine", "leader"])
+    }
+
+    pub fn registrations(&self) -> String {
+        self.key(&["registrations", ""])
+    }
+
+    pub fn registration(&self, name: &str) -> String {
+        self.key(&["registrations", name])
     }
 
     pub fn tokens(&self) -> String {
