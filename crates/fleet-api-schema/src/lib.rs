@@ -155,3 +155,47 @@ pub struct TokenList {
     #[serde(default)]
     pub tokens: Vec<Token>,
 }
+
+/// `POST /fleet/v1/registration-tokens`: a token pull agents join with (our addition;
+/// administrators only).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RegistrationTokenRequest {
+    pub name: String,
+    /// How long the token is accepted, in seconds; forever when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    /// How many machines may join with it; any number when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u32>,
+    /// Metadata given to the machines that join with it.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// A registration token as the API shows it; `token` only in the answer to its creation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistrationToken {
+    pub name: String,
+    /// Seconds since the Unix epoch.
+    pub created: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_uses: Option<u32>,
+    #[serde(default)]
+    pub uses: u32,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// `GET /fleet/v1/registration-tokens`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistrationTokenList {
+    #[serde(default)]
+    pub registration_tokens: Vec<RegistrationToken>,
+}

@@ -17,7 +17,7 @@ use fleet_core::access::{Access, Action, decide};
 
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
-use crate::handlers::{journal, machines, state, tokens, units};
+use crate::handlers::{journal, machines, registration_tokens, state, tokens, units};
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
 
@@ -160,6 +160,8 @@ enum Resource {
     Journal(String),
     Tokens,
     Token(String),
+    RegistrationTokens,
+    RegistrationToken(String),
     Unknown,
 }
 
@@ -188,6 +190,8 @@ fn resource(path: &str) -> Resource {
         ["journal", unit] => name(unit).map_or(Resource::Unknown, Resource::Journal),
         ["tokens"] => Resource::Tokens,
         ["tokens", token] => name(token).map_or(Resource::Unknown, Resource::Token),
+        ["registration-tokens"] => Resource::RegistrationTokens,
+        ["registration-tokens", token] => name(token).map_or(Resource::Unknown, Resource::RegistrationToken),
         _ => Resource::Unknown,
     }
 }
@@ -204,9 +208,8 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         }
         (Resource::Unit(name), &Method::PUT | &Method::DELETE) => Action::WriteUnit(name),
         (Resource::Machines, &Method::PATCH) => Action::WriteMachines,
-        (Resource::Tokens, &Method::GET | &Method::POST) | (Resource::Token(_), &Method::DELETE) => {
-            Action::ManageCredentials
-        }
+        (Resource::Tokens | Resource::RegistrationTokens, &Method::GET | &Method::POST)
+        | (Resource::Token(_) | Resource::RegistrationToken(_), &Method::DELETE) => Action::ManageCredentials,
         _ => return None,
     })
 }
@@ -344,7 +347,15 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::Tokens, &Method::POST) => tokens::create(state, &body).await,
         (Resource::Tokens, _) => Err(ApiError::method_not_allowed("only GET and POST supported against this resource")),
         (Resource::Token(name), &Method::DELETE) => tokens::revoke(state, name).await,
-        (Resource::Token(_), _) => Err(ApiError::method_not_allowed("only DELETE supported against this resource")),
+        (Resource::RegistrationTokens, &Method::GET) => registration_tokens::list(state).await,
+        (Resource::RegistrationTokens, &Method::POST) => registration_tokens::create(state, &body).await,
+        (Resource::RegistrationToken(name), &Method::DELETE) => registration_tokens::revoke(state, name).await,
+        (Resource::RegistrationTokens, _) => {
+            Err(ApiError::method_not_allowed("only GET and POST supported against this resource"))
+        }
+        (Resource::Token(_) | Resource::RegistrationToken(_), _) => {
+            Err(ApiError::method_not_allowed("only DELETE supported against this resource"))
+        }
         (Resource::Unknown, _) => Err(ApiError::not_found("")),
     }
 }

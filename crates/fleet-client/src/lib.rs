@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_api_schema::{
-    ErrorBody, Journal, Machine, MachinePage, Token, TokenList, TokenRequest, Unit, UnitPage, UnitState, UnitStatePage,
+    ErrorBody, Journal, Machine, MachinePage, RegistrationToken, RegistrationTokenList, RegistrationTokenRequest,
+    Token, TokenList, TokenRequest, Unit, UnitPage, UnitState, UnitStatePage,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -210,6 +211,26 @@ impl Client {
     /// Revokes a token; `false` when there was none.
     pub async fn revoke_token(&self, name: &str) -> Result<bool> {
         match self.send(Method::DELETE, &format!("tokens/{}", encode_component(name)), None).await {
+            Ok(_) => Ok(true),
+            Err(error) if error.is_not_found() => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Makes a registration token; the answer holds the token itself, shown this once.
+    pub async fn create_registration_token(&self, request: &RegistrationTokenRequest) -> Result<RegistrationToken> {
+        let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let (_, bytes) = self.send(Method::POST, "registration-tokens", Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    pub async fn registration_tokens(&self) -> Result<Vec<RegistrationToken>> {
+        self.get::<RegistrationTokenList>("registration-tokens").await.map(|list| list.registration_tokens)
+    }
+
+    /// Revokes a registration token; `false` when there was none.
+    pub async fn revoke_registration_token(&self, name: &str) -> Result<bool> {
+        match self.send(Method::DELETE, &format!("registration-tokens/{}", encode_component(name)), None).await {
             Ok(_) => Ok(true),
             Err(error) if error.is_not_found() => Ok(false),
             Err(error) => Err(error),

@@ -89,6 +89,7 @@ fn matrix(role: usize, machine: &str) -> Vec<Case> {
     let own = ["web-admin", "web-operator", "web-scoped", "web-viewer"][role];
     let patch = format!(r#"[{{"op":"add","path":"/{machine}/metadata/touched","value":"{own}"}}]"#);
     let token = format!(r#"{{"name":"made-by-{own}","role":"viewer"}}"#);
+    let registration = format!(r#"{{"name":"joined-by-{own}","maxUses":1}}"#);
     vec![
         case("GET", "/fleet/v1/discovery", None, [200, 200, 200, 200]),
         case("GET", "/fleet/v1/units", None, [200, 200, 200, 200]),
@@ -109,6 +110,9 @@ fn matrix(role: usize, machine: &str) -> Vec<Case> {
         case("GET", "/fleet/v1/tokens", None, [200, 403, 403, 403]),
         case("POST", "/fleet/v1/tokens", Some(&token), [201, 403, 403, 403]),
         case("DELETE", "/fleet/v1/tokens/made-by-web-admin", None, [204, 403, 403, 403]),
+        case("GET", "/fleet/v1/registration-tokens", None, [200, 403, 403, 403]),
+        case("POST", "/fleet/v1/registration-tokens", Some(&registration), [201, 403, 403, 403]),
+        case("DELETE", "/fleet/v1/registration-tokens/joined-by-web-admin", None, [204, 403, 403, 403]),
     ]
 }
 

@@ -226,6 +226,7 @@ async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry) {
         created: 1_700_000_000,
         expires: Some(1_800_000_000),
     };
+    assert!(registry.tokens().await.expect("a fresh store lists none").is_empty());
     assert!(registry.create_token(&record("ci", "aa")).await.expect("create"));
     assert!(registry.create_token(&record("alice", "bb")).await.expect("create"));
     assert!(!registry.create_token(&record("ci", "cc")).await.expect("create"), "a name is taken once");
@@ -250,6 +251,7 @@ async fn registrations_are_counted_bounded_and_expire(registry: &dyn Registry) {
         uses: 0,
         metadata: [("rack".to_string(), "r1".to_string())].into(),
     };
+    assert!(registry.registrations().await.expect("a fresh store lists none").is_empty());
     assert!(registry.create_registration(&record("rack1", "aa", Some(3), Some(now + 3600))).await.expect("create"));
     assert!(!registry.create_registration(&record("rack1", "bb", None, None)).await.expect("create"), "once");
     assert!(registry.create_registration(&record("brief", "cc", None, Some(now + 1))).await.expect("create"));

@@ -257,8 +257,38 @@ enum Command {
         #[command(subcommand)]
         action: TokenCommand,
     },
+    /// Manage the tokens pull agents join with (administrators only)
+    RegistrationToken {
+        #[command(subcommand)]
+        action: RegistrationTokenCommand,
+    },
     /// Print the version
     Version,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RegistrationTokenCommand {
+    /// Make a registration token and print it; it is shown this once
+    Create {
+        /// How long the token is accepted (e.g. 24h); forever when not given
+        #[arg(long)]
+        ttl: Option<String>,
+        /// How many machines may join with it
+        #[arg(long)]
+        max_uses: Option<u32>,
+        /// Metadata given to the machines that join with it (k=v,k2=v2)
+        #[arg(long, default_value = "")]
+        metadata: String,
+        name: String,
+    },
+    /// List the registration tokens (never the tokens themselves)
+    List {
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+    },
+    /// Revoke a registration token: no machine joins with it any more
+    Revoke { name: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -355,7 +385,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(context: Context, command: Command) -> Outcome {
-    use commands::{inspect, lifecycle, list, token};
+    use commands::{inspect, lifecycle, list, registration_token, token};
     match command {
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Status { units, .. } => inspect::status(&context, &units).await,
@@ -373,6 +403,7 @@ async fn run(context: Context, command: Command) -> Outcome {
         Command::Destroy { block, units } => lifecycle::destroy(&context, &units, &block).await,
         Command::Restart { block_attempts, units } => lifecycle::restart(&context, &units, block_attempts).await,
         Command::Token { action } => token::run(&context, action).await,
+        Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Version | Command::Verify { .. } | Command::Ssh { .. } | Command::FdForward { .. } => Outcome::Success,
     }
 }

@@ -13,6 +13,8 @@ use fleet_registry::{CredentialRegistry, TokenRecord};
 
 /// Every token starts with this, so a leaked one is easy to recognise (and to scan for).
 pub const TOKEN_PREFIX: &str = "fleet_";
+/// Every registration token (what a pull agent joins with) starts with this.
+pub const REGISTRATION_PREFIX: &str = "fleetreg_";
 /// How long a read of the store's tokens is used before it is read again.
 pub const FRESH_FOR: Duration = Duration::from_millis(500);
 /// A token not among the records read is looked for again in the store once the read is this
@@ -36,12 +38,13 @@ pub enum TokenError {
     Unavailable,
 }
 
-/// A new token; `None` only if the system's random source fails.
-pub fn generate() -> Option<String> {
+/// A new token starting with `prefix` ([`TOKEN_PREFIX`] or [`REGISTRATION_PREFIX`]); `None`
+/// only if the system's random source fails.
+pub fn generate(prefix: &str) -> Option<String> {
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; RANDOM_BYTES];
     ring::rand::SystemRandom::new().fill(&mut bytes).ok()?;
-    Some(format!("{TOKEN_PREFIX}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)))
+    Some(format!("{prefix}{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)))
 }
 
 /// The SHA-256 of a token, in hex: what the store keeps.
@@ -50,9 +53,9 @@ pub fn digest(token: &str) -> String {
     digest.as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// Whether `token` has the shape of one [`generate`] makes.
-pub fn well_formed(token: &str) -> bool {
-    let Some(random) = token.strip_prefix(TOKEN_PREFIX) else {
+/// Whether `token` has the shape of one [`generate`] makes with `prefix`.
+pub fn well_formed(token: &str, prefix: &str) -> bool {
+    let Some(random) = token.strip_prefix(prefix) else {
         return false;
     };
     random.len() == 43 && random.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
@@ -117,7 +120,7 @@ impl TokenCheck {
 
     /// The name and role of the token `presented`, if it is valid now.
     pub async fn verify(&self, presented: &str) -> Result<(String, Role), TokenError> {
-        if !well_formed(presented) {
+        if !well_formed(presented, TOKEN_PREFIX) {
             return Err(TokenError::Malformed);
         }
         let digest = digest(presented);
@@ -145,14 +148,16 @@ mod tests {
 
     #[test]
     fn tokens_are_random_well_formed_and_hashed() {
-        let (a, b) = (generate().unwrap(), generate().unwrap());
+        let (a, b) = (generate(TOKEN_PREFIX).unwrap(), generate(TOKEN_PREFIX).unwrap());
         assert_ne!(a, b);
-        assert!(well_formed(&a) && well_formed(&b), "{a}");
+        assert!(well_formed(&a, TOKEN_PREFIX) && well_formed(&b, TOKEN_PREFIX), "{a}");
+        let registration = generate(REGISTRATION_PREFIX).unwrap();
+        assert!(well_formed(&registration, REGISTRATION_PREFIX) && !well_formed(&registration, TOKEN_PREFIX));
         assert_eq!(digest(&a).len(), 64);
         assert_ne!(digest(&a), digest(&b));
         for bad in ["", "fleet_", "fleet_short", "other_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", &format!("{a}x")]
         {
-            assert!(!well_formed(bad), "{bad}");
+            assert!(!well_formed(bad, TOKEN_PREFIX), "{bad}");
         }
     }
 

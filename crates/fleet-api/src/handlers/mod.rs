@@ -2,6 +2,7 @@
 
 pub mod journal;
 pub mod machines;
+pub mod registration_tokens;
 pub mod state;
 pub mod tokens;
 pub mod units;

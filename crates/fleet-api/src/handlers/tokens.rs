@@ -6,15 +6,15 @@ use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_registry::TokenRecord;
 
-use crate::auth::tokens::{digest, generate, now_unix};
+use crate::auth::tokens::{TOKEN_PREFIX, digest, generate, now_unix};
 use crate::router::{ApiError, ApiState, json_response};
 use crate::schema::{Token, TokenList, TokenRequest};
 
 /// The longest lifetime a token may be given: ten years.
-const MAX_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
+pub(crate) const MAX_TTL_SECONDS: u64 = 10 * 365 * 24 * 3600;
 
 /// Token names: what `fleetctl token revoke` and the audit trail show.
-fn valid_name(name: &str) -> bool {
+pub(crate) fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'@'))
 }
@@ -46,7 +46,8 @@ pub async fn create(state: &ApiState, body: &[u8]) -> Result<Response, ApiError>
         Some(ttl) if (1..=MAX_TTL_SECONDS).contains(&ttl) => Some(created + ttl),
         Some(_) => return Err(ApiError::bad_request("invalid ttlSeconds: between 1 and ten years")),
     };
-    let token = generate().ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no random source"))?;
+    let token =
+        generate(TOKEN_PREFIX).ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "no random source"))?;
     let record = TokenRecord {
         name: request.name,
         role: role.name().to_string(),

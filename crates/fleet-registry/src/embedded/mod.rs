@@ -55,8 +55,15 @@ impl EmbeddedRegistry {
             RegistryError::Unavailable(format!("cannot open embedded store {}: {error}", path.display()))
         })?;
         let txn = db.begin_write().map_err(unavailable)?;
-        for table in [tables::UNITS, tables::BODIES, tables::MACHINES, tables::METADATA, tables::STATES, tables::TOKENS]
-        {
+        for table in [
+            tables::UNITS,
+            tables::BODIES,
+            tables::MACHINES,
+            tables::METADATA,
+            tables::STATES,
+            tables::TOKENS,
+            tables::REGISTRATIONS,
+        ] {
             txn.open_table(table).map_err(unavailable)?;
         }
         for table in [tables::SCHEDULE, tables::REASONS] {

@@ -4,4 +4,5 @@ pub mod create;
 pub mod inspect;
 pub mod lifecycle;
 pub mod list;
+pub mod registration_token;
 pub mod token;

@@ -43,7 +43,7 @@ async fn create(context: &Context, role: String, units: Option<String>, ttl: Opt
     }
 }
 
-fn time(seconds: u64) -> String {
+pub fn time(seconds: u64) -> String {
     CivilTime::from_unix(seconds).rfc3339()
 }
 
