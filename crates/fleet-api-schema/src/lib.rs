@@ -199,3 +199,39 @@ pub struct RegistrationTokenList {
     #[serde(default)]
     pub registration_tokens: Vec<RegistrationToken>,
 }
+
+/// `POST /fleet/v1/agents/join` (with `Authorization: Bearer <registration token>`): a pull
+/// agent asks for a certificate of its own (our addition).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentJoinRequest {
+    #[serde(rename = "machineID")]
+    pub machine_id: String,
+    /// A PEM certificate signing request over the agent's own key pair.
+    pub csr: String,
+}
+
+/// `POST /fleet/v1/agents/renew` (with the machine's certificate): a new certificate over a
+/// new key pair, for the same machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentRenewRequest {
+    pub csr: String,
+}
+
+/// A machine certificate, as a join or a renewal answers.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentCertificate {
+    #[serde(rename = "machineID")]
+    pub machine_id: String,
+    /// PEM.
+    pub certificate: String,
+    /// The agent CA's certificate (PEM).
+    pub ca_certificate: String,
+    /// Seconds since the Unix epoch.
+    pub expires: u64,
+    /// Metadata the registration token gives the machine (joins only).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}

@@ -17,7 +17,7 @@ use fleet_core::access::{Access, Action, decide};
 
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
-use crate::handlers::{journal, machines, registration_tokens, state, tokens, units};
+use crate::handlers::{agents, journal, machines, registration_tokens, state, tokens, units};
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
 
@@ -41,6 +41,8 @@ pub struct ApiState {
     pub local: Option<LocalMachine>,
     /// Who is asking: tokens, and the anonymous opt-in.
     pub auth: Auth,
+    /// The agent CA, on a fleetd that signs machine certificates for joining pull agents.
+    pub agent_ca: Option<Arc<crate::auth::agent_ca::AgentCa>>,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
@@ -162,6 +164,8 @@ enum Resource {
     Token(String),
     RegistrationTokens,
     RegistrationToken(String),
+    AgentJoin,
+    AgentRenew,
     Unknown,
 }
 
@@ -191,6 +195,8 @@ fn resource(path: &str) -> Resource {
         ["tokens"] => Resource::Tokens,
         ["tokens", token] => name(token).map_or(Resource::Unknown, Resource::Token),
         ["registration-tokens"] => Resource::RegistrationTokens,
+        ["agents", "join"] => Resource::AgentJoin,
+        ["agents", "renew"] => Resource::AgentRenew,
         ["registration-tokens", token] => name(token).map_or(Resource::Unknown, Resource::RegistrationToken),
         _ => Resource::Unknown,
     }
@@ -210,6 +216,8 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::Machines, &Method::PATCH) => Action::WriteMachines,
         (Resource::Tokens | Resource::RegistrationTokens, &Method::GET | &Method::POST)
         | (Resource::Token(_) | Resource::RegistrationToken(_), &Method::DELETE) => Action::ManageCredentials,
+        (Resource::AgentJoin, &Method::POST) => Action::Join,
+        (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
         _ => return None,
     })
 }
@@ -352,6 +360,14 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::RegistrationToken(name), &Method::DELETE) => registration_tokens::revoke(state, name).await,
         (Resource::RegistrationTokens, _) => {
             Err(ApiError::method_not_allowed("only GET and POST supported against this resource"))
+        }
+        (Resource::AgentJoin, &Method::POST) => agents::join(state, headers, &body).await,
+        (Resource::AgentRenew, &Method::POST) => match role {
+            fleet_core::access::Role::Machine { id } => agents::renew(state, id, &body).await,
+            _ => Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine renews its certificate")),
+        },
+        (Resource::AgentJoin | Resource::AgentRenew, _) => {
+            Err(ApiError::method_not_allowed("only POST supported against this resource"))
         }
         (Resource::Token(_) | Resource::RegistrationToken(_), _) => {
             Err(ApiError::method_not_allowed("only DELETE supported against this resource"))

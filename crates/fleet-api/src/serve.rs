@@ -156,6 +156,7 @@ async fn accept_loop<L: Accept>(
             }
             Connect::Tls(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                let machine_issuer = tls.machine_issuer();
                 connections.spawn(async move {
                     let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await;
                     let stream = match handshake {
@@ -168,9 +169,11 @@ async fn accept_loop<L: Accept>(
                     };
                     let certificate =
                         stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(|leaf| {
-                            Arc::new(certificate::from_der(leaf).unwrap_or_else(|| CertificateIdentity {
-                                name: "unnamed".into(),
-                                role: Err("its subject has no usable common name (CN)".into()),
+                            Arc::new(certificate::from_der(leaf, machine_issuer.as_deref()).unwrap_or_else(|| {
+                                CertificateIdentity {
+                                    name: "unnamed".into(),
+                                    role: Err("its subject has no usable common name (CN)".into()),
+                                }
                             }))
                         });
                     let peer = Peer::Tcp { tls: true, certificate };
@@ -250,6 +253,7 @@ mod tests {
             token_limit: crate::router::TokenLimit::new(100),
             local: None,
             auth: crate::auth::Auth::new(Arc::new(registry), Some(fleet_core::access::Role::Viewer)),
+            agent_ca: None,
         };
         let unix = dir.path().join("api.sock");
         let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];

@@ -15,6 +15,11 @@ pub enum Role {
     Operator { units: Option<UnitScope> },
     /// Reading only: units, states, machines and journals.
     Viewer,
+    /// A machine of the cluster that joined as a pull agent, by the certificate the cluster's
+    /// agent CA gave it: it renews that certificate, and nothing else through this API.
+    Machine { id: String },
+    /// Whoever presents a registration token: it may join, and do nothing else.
+    Joining,
 }
 
 /// A unit-name pattern an operator is limited to (`web-*`).
@@ -76,6 +81,8 @@ impl Role {
             Self::Admin => "admin",
             Self::Operator { .. } => "operator",
             Self::Viewer => "viewer",
+            Self::Machine { .. } => "machine",
+            Self::Joining => "joining",
         }
     }
 
@@ -91,6 +98,7 @@ impl Role {
     pub fn sees_unit(&self, unit: &str) -> bool {
         match self {
             Self::Operator { units: Some(scope) } => scope.covers(unit),
+            Self::Machine { .. } | Self::Joining => false,
             _ => true,
         }
     }
@@ -98,9 +106,10 @@ impl Role {
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.scope() {
-            Some(scope) => write!(f, "{}({scope})", self.name()),
-            None => f.write_str(self.name()),
+        match (self, self.scope()) {
+            (Self::Machine { id }, _) => write!(f, "machine({id})"),
+            (_, Some(scope)) => write!(f, "{}({scope})", self.name()),
+            (_, None) => f.write_str(self.name()),
         }
     }
 }
@@ -119,12 +128,19 @@ pub enum Action<'a> {
     WriteMachines,
     /// Creates, lists or revokes credentials.
     ManageCredentials,
+    /// Joins the cluster as a machine, with a registration token.
+    Join,
+    /// Renews the caller's own machine certificate.
+    RenewMachine,
 }
 
 impl Action<'_> {
     /// Whether the action changes anything (writes are always audited).
     pub fn writes(&self) -> bool {
-        matches!(self, Self::WriteUnit(_) | Self::WriteMachines | Self::ManageCredentials)
+        matches!(
+            self,
+            Self::WriteUnit(_) | Self::WriteMachines | Self::ManageCredentials | Self::Join | Self::RenewMachine
+        )
     }
 
     /// The unit the action concerns, if one.
@@ -151,6 +167,10 @@ pub enum Access {
 pub fn decide(role: &Role, action: Action<'_>) -> Access {
     let outside_scope = action.unit().is_some_and(|unit| !role.sees_unit(unit));
     match (role, action) {
+        // Joining takes a registration token, renewing a machine certificate: no other
+        // credential stands in for them, and they stand in for no other.
+        (Role::Joining, Action::Join) | (Role::Machine { .. }, Action::RenewMachine) => Access::Allowed,
+        (_, Action::Join | Action::RenewMachine) | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
         (Role::Admin, _) => Access::Allowed,
         (_, Action::ManageCredentials) => Access::Denied,
         (_, Action::ReadUnit(_)) if outside_scope => Access::Hidden,
@@ -178,12 +198,16 @@ mod tests {
             Action::WriteUnit("web-1.service"),
             Action::WriteMachines,
             Action::ManageCredentials,
+            Action::Join,
+            Action::RenewMachine,
         ];
-        let table: [(Role, [Access; 5]); 4] = [
-            (Role::Admin, [A, A, A, A, A]),
-            (Role::Operator { units: None }, [A, A, A, A, D]),
-            (operator("web-*"), [A, A, A, A, D]),
-            (Role::Viewer, [A, A, D, D, D]),
+        let table: [(Role, [Access; 7]); 6] = [
+            (Role::Admin, [A, A, A, A, A, D, D]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D]),
+            (operator("web-*"), [A, A, A, A, D, D, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A]),
+            (Role::Joining, [D, D, D, D, D, A, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

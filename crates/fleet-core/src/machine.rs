@@ -38,6 +38,12 @@ impl MachineState {
 
 /// Parses fleet.conf's `metadata="k=v,k2=v2"`: items without `=` are ignored, keys and values
 /// are trimmed, a later duplicate wins.
+/// Whether `id` can name a machine that joins by itself (a pull agent): 1 to 64 letters,
+/// digits, `-`, `_` and `.` (a systemd machine ID is 32 hex digits).
+pub fn valid_machine_id(id: &str) -> bool {
+    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+}
+
 pub fn parse_metadata(text: &str) -> BTreeMap<String, String> {
     text.split(',')
         .filter_map(|item| item.split_once('='))

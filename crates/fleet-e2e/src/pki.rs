@@ -33,6 +33,11 @@ impl Authority {
         Self { cert_pem: cert.pem(), issuer: Issuer::new(params, key) }
     }
 
+    /// The CA's private key (PEM), for a test that hands the CA to fleetd.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     pub fn write(&self, path: &Path) -> PathBuf {
         std::fs::write(path, &self.cert_pem).expect("write CA");
         path.to_path_buf()

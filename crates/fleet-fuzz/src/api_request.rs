@@ -25,6 +25,7 @@ fn fixture() -> &'static Fixture {
             token_limit: TokenLimit::new(2),
             local: None,
             auth: fleet_api::auth::Auth::new(Arc::new(registry), None),
+            agent_ca: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }

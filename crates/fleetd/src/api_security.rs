@@ -29,7 +29,23 @@ pub fn tls_files(config: &Config) -> Result<Option<TlsFiles>, String> {
             certificate: PathBuf::from(certificate),
             key: PathBuf::from(key),
             client_ca: (!client_ca.is_empty()).then(|| PathBuf::from(client_ca)),
+            agent_ca: (!config.agent_ca_cert_file.is_empty()).then(|| PathBuf::from(&config.agent_ca_cert_file)),
         })),
+    }
+}
+
+/// The agent CA the configuration names, if any: both files or neither, and only with TLS
+/// (machines present its certificates in the TLS handshake).
+pub fn agent_ca_files(config: &Config) -> Result<Option<(PathBuf, PathBuf)>, String> {
+    match (config.agent_ca_cert_file.is_empty(), config.agent_ca_key_file.is_empty()) {
+        (true, true) => Ok(None),
+        (false, true) | (true, false) => Err("agent_ca_cert_file and agent_ca_key_file must be set together".into()),
+        (false, false) if config.api_tls_cert_file.is_empty() => {
+            Err("agent_ca_cert_file needs TLS: set api_tls_cert_file and api_tls_key_file".into())
+        }
+        (false, false) => {
+            Ok(Some((PathBuf::from(&config.agent_ca_cert_file), PathBuf::from(&config.agent_ca_key_file))))
+        }
     }
 }
 

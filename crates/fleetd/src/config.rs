@@ -54,6 +54,13 @@ pub struct Config {
     pub api_tls_client_ca_file: String,
     /// The role clients without a credential get on TCP listeners; none unless set.
     pub api_anonymous_role: Option<fleet_core::access::Role>,
+    /// The cluster's agent CA (PEM): this fleetd signs machine certificates for pull agents
+    /// that join with a registration token...
+    pub agent_ca_cert_file: String,
+    /// ...with this key...
+    pub agent_ca_key_file: String,
+    /// ...valid for this long.
+    pub agent_cert_lifetime: Duration,
     pub state_dir: PathBuf,
     /// A native unit's log is rotated when it reaches this size...
     pub unit_log_max_bytes: u64,
@@ -93,6 +100,9 @@ impl Default for Config {
             api_tls_key_file: String::new(),
             api_tls_client_ca_file: String::new(),
             api_anonymous_role: None,
+            agent_ca_cert_file: String::new(),
+            agent_ca_key_file: String::new(),
+            agent_cert_lifetime: Duration::from_secs(24 * 3600),
             state_dir: "/var/lib/fleet".into(),
             unit_log_max_bytes: 4 * 1024 * 1024,
             unit_log_files: 3,
@@ -253,6 +263,11 @@ const OPTIONS: &[(&str, Setter)] = &[
         };
         config.api_anonymous_role = role;
         Ok(())
+    }),
+    ("agent_ca_cert_file", |config, name, value| assign(&mut config.agent_ca_cert_file, existing_file(name, value))),
+    ("agent_ca_key_file", |config, name, value| assign(&mut config.agent_ca_key_file, existing_file(name, value))),
+    ("agent_cert_lifetime", |config, name, value| {
+        assign(&mut config.agent_cert_lifetime, parse_go_duration(name, value))
     }),
     ("state_dir", |config, _name, value| assign(&mut config.state_dir, Ok(value.into()))),
 ];

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_api::auth::Auth;
+use fleet_api::auth::agent_ca::AgentCa;
 use fleet_api::auth::tls::ServerTls;
 use fleet_api::listen::{ApiListener, ListenAddress};
 use fleet_api::router::LocalMachine;
@@ -178,6 +179,12 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         Some(files) => Some(Arc::new(ServerTls::load(files.clone()).context("setting up the API's TLS")?)),
         None => None,
     };
+    let agent_ca = match api_security::agent_ca_files(&config).map_err(anyhow::Error::msg)? {
+        Some((cert, key)) => {
+            Some(Arc::new(AgentCa::load(&cert, &key, config.agent_cert_lifetime).context("loading the agent CA")?))
+        }
+        None => None,
+    };
     let (listeners, owned_sockets) = listeners(&config, activated, tls.is_some())?;
     for listener in &listeners {
         tracing::info!(address = listener.describe(), "API listening");
@@ -200,6 +207,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         token_limit: token_limit.clone(),
         local: Some(LocalMachine { machine_id: machine_id.clone(), manager: manager.clone() }),
         auth: Auth::new(registry.clone(), config.api_anonymous_role.clone()),
+        agent_ca,
     };
     let api_tls = tls.clone();
     let (api_stop, api_stopped) = watch::channel(false);

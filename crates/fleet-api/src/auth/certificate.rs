@@ -4,6 +4,9 @@
 //! unit pattern it is limited to.
 
 use fleet_core::access::Role;
+use fleet_core::machine::valid_machine_id;
+
+use super::agent_ca::MACHINE_ORGANIZATION;
 
 /// What a verified client certificate says of its holder.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -18,9 +21,12 @@ pub struct CertificateIdentity {
 const MAX_NAME: usize = 128;
 
 /// Reads the subject of a DER certificate that the TLS handshake has already verified.
-/// `None` when it cannot be parsed or names no usable common name.
-pub fn from_der(der: &[u8]) -> Option<CertificateIdentity> {
+/// `None` when it cannot be parsed or names no usable common name. `machine_issuer` is the
+/// subject of the cluster's agent CA: a certificate it issued names a machine (and only that),
+/// and only it may issue one that does.
+pub fn from_der(der: &[u8], machine_issuer: Option<&[u8]>) -> Option<CertificateIdentity> {
     let (_, certificate) = x509_parser::parse_x509_certificate(der).ok()?;
+    let from_agent_ca = machine_issuer.is_some_and(|issuer| certificate.issuer().as_raw() == issuer);
     let subject = certificate.subject();
     let first = |values: &mut dyn Iterator<Item = &x509_parser::x509::AttributeTypeAndValue<'_>>| {
         values.next().and_then(|value| value.as_str().ok()).map(str::to_string)
@@ -31,9 +37,12 @@ pub fn from_der(der: &[u8]) -> Option<CertificateIdentity> {
     }
     let organization = first(&mut subject.iter_organization());
     let unit = first(&mut subject.iter_organizational_unit());
-    let role = match organization {
-        None => Err("its subject has no organization (O) naming a role".to_string()),
-        Some(role) => Role::parse(&role, unit.as_deref()).map_err(|error| error.to_string()),
+    let role = match (organization.as_deref(), from_agent_ca) {
+        (Some(MACHINE_ORGANIZATION), true) if valid_machine_id(&name) => Ok(Role::Machine { id: name.clone() }),
+        (_, true) => Err("the agent CA issues machine certificates only".to_string()),
+        (Some(MACHINE_ORGANIZATION), false) => Err("only the agent CA issues machine certificates".to_string()),
+        (None, false) => Err("its subject has no organization (O) naming a role".to_string()),
+        (Some(role), false) => Role::parse(role, unit.as_deref()).map_err(|error| error.to_string()),
     };
     Some(CertificateIdentity { name, role })
 }
@@ -60,21 +69,35 @@ mod tests {
             (DnType::OrganizationName, "operator"),
             (DnType::OrganizationalUnitName, "web-*"),
         ]);
-        let identity = from_der(&der).unwrap();
+        let identity = from_der(&der, None).unwrap();
         assert_eq!(identity.name, "deploy-bot");
         assert_eq!(identity.role.unwrap().to_string(), "operator(web-*)");
 
-        let viewer = from_der(&certificate(&[(DnType::CommonName, "eve"), (DnType::OrganizationName, "viewer")]));
+        let viewer = from_der(&certificate(&[(DnType::CommonName, "eve"), (DnType::OrganizationName, "viewer")]), None);
         assert_eq!(viewer.unwrap().role, Ok(Role::Viewer));
     }
 
     #[test]
+    fn machine_certificates_come_from_the_agent_ca_only() {
+        // Self-signed: its issuer is its own subject, which stands in for the agent CA's.
+        let der = certificate(&[(DnType::CommonName, "m1"), (DnType::OrganizationName, "machine")]);
+        let (_, parsed) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let issuer = parsed.issuer().as_raw().to_vec();
+        assert_eq!(from_der(&der, Some(&issuer)).unwrap().role, Ok(Role::Machine { id: "m1".into() }));
+        assert!(from_der(&der, None).unwrap().role.is_err(), "another CA's machine certificate");
+        let admin = certificate(&[(DnType::CommonName, "m1"), (DnType::OrganizationName, "admin")]);
+        let (_, parsed) = x509_parser::parse_x509_certificate(&admin).unwrap();
+        let issuer = parsed.issuer().as_raw().to_vec();
+        assert!(from_der(&admin, Some(&issuer)).unwrap().role.is_err(), "the agent CA makes no admins");
+    }
+
+    #[test]
     fn a_subject_without_a_role_or_name_grants_nothing() {
-        let no_role = from_der(&certificate(&[(DnType::CommonName, "bob")])).unwrap();
+        let no_role = from_der(&certificate(&[(DnType::CommonName, "bob")]), None).unwrap();
         assert!(no_role.role.is_err());
-        let bad_role = from_der(&certificate(&[(DnType::CommonName, "bob"), (DnType::OrganizationName, "root")]));
+        let bad_role = from_der(&certificate(&[(DnType::CommonName, "bob"), (DnType::OrganizationName, "root")]), None);
         assert!(bad_role.unwrap().role.is_err());
-        assert!(from_der(&certificate(&[(DnType::OrganizationName, "admin")])).is_none());
-        assert!(from_der(b"not a certificate").is_none());
+        assert!(from_der(&certificate(&[(DnType::OrganizationName, "admin")]), None).is_none());
+        assert!(from_der(b"not a certificate", None).is_none());
     }
 }

@@ -7,7 +7,7 @@ use fleet_core::access::Role;
 use fleet_registry::CredentialRegistry;
 
 use super::certificate::CertificateIdentity;
-use super::tokens::{TokenCheck, TokenError};
+use super::tokens::{REGISTRATION_PREFIX, TokenCheck, TokenError};
 
 /// How a connection reached the API; set by the server on every request it reads.
 #[derive(Clone, Debug)]
@@ -25,6 +25,8 @@ pub enum Via {
     UnixSocket,
     Certificate,
     Token,
+    /// A registration token, which can only join.
+    RegistrationToken,
     Anonymous,
 }
 
@@ -82,6 +84,10 @@ impl Auth {
         };
         if let Some(value) = headers.get(header::AUTHORIZATION) {
             let token = bearer_token(value.as_bytes()).map_err(&unauthenticated)?;
+            if token.starts_with(REGISTRATION_PREFIX) {
+                // It may join, nothing else; the join checks and counts the token itself.
+                return Ok(Identity { name: "registration".into(), role: Role::Joining, via: Via::RegistrationToken });
+            }
             return match self.tokens.verify(token).await {
                 Ok((name, role)) => Ok(Identity { name: format!("token:{name}"), role, via: Via::Token }),
                 Err(TokenError::Unavailable) => {

@@ -5,6 +5,7 @@
 //! Authorization itself is [`fleet_core::access::decide`], called once per request by the
 //! router.
 
+pub mod agent_ca;
 pub mod audit;
 pub mod certificate;
 mod identity;

@@ -19,6 +19,8 @@ pub struct TlsFiles {
     /// When set, clients may present certificates this CA signed (and a certificate from
     /// any other CA fails the handshake). Clients without one may still use a token.
     pub client_ca: Option<PathBuf>,
+    /// The cluster's agent CA: machines present certificates it signed (they name a machine).
+    pub agent_ca: Option<PathBuf>,
 }
 
 /// Why TLS cannot be set up. Names files, never their contents.
@@ -59,12 +61,17 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|error| TlsError::Invalid(error.to_string()))?;
-    let builder = match &files.client_ca {
-        None => builder.with_no_client_auth(),
-        Some(path) => {
+    let client_roots: Vec<&PathBuf> = files.client_ca.iter().chain(files.agent_ca.iter()).collect();
+    let builder = match client_roots.as_slice() {
+        [] => builder.with_no_client_auth(),
+        paths => {
             let mut roots = rustls::RootCertStore::empty();
-            for certificate in certificates(path)? {
-                roots.add(certificate).map_err(|error| TlsError::Invalid(format!("{}: {error}", path.display())))?;
+            for path in paths {
+                for certificate in certificates(path)? {
+                    roots
+                        .add(certificate)
+                        .map_err(|error| TlsError::Invalid(format!("{}: {error}", path.display())))?;
+                }
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
                 .allow_unauthenticated()
@@ -80,28 +87,53 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
+/// The subject (DER) of the first certificate in `path`.
+fn subject_of(path: &Path) -> Result<Vec<u8>, TlsError> {
+    let first =
+        certificates(path)?.into_iter().next().ok_or_else(|| TlsError::NoCertificate { path: path.to_path_buf() })?;
+    let (_, parsed) = x509_parser::parse_x509_certificate(&first)
+        .map_err(|error| TlsError::Invalid(format!("{}: {error}", path.display())))?;
+    Ok(parsed.subject().as_raw().to_vec())
+}
+
+/// What a reload swaps at once: the configuration and the agent CA's subject.
+struct Loaded {
+    config: Arc<ServerConfig>,
+    machine_issuer: Option<Arc<[u8]>>,
+}
+
+fn load(files: &TlsFiles) -> Result<Loaded, TlsError> {
+    let machine_issuer = files.agent_ca.as_deref().map(subject_of).transpose()?.map(Arc::from);
+    Ok(Loaded { config: server_config(files)?, machine_issuer })
+}
+
 /// The TLS configuration every TLS listener serves with, replaceable while they serve.
 pub struct ServerTls {
     files: RwLock<TlsFiles>,
-    config: RwLock<Arc<ServerConfig>>,
+    loaded: RwLock<Loaded>,
 }
 
 impl ServerTls {
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
-        let config = server_config(&files)?;
-        Ok(Self { files: RwLock::new(files), config: RwLock::new(config) })
+        let loaded = load(&files)?;
+        Ok(Self { files: RwLock::new(files), loaded: RwLock::new(loaded) })
     }
 
     /// The configuration new connections use.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.config.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        self.loaded.read().unwrap_or_else(|poisoned| poisoned.into_inner()).config.clone()
+    }
+
+    /// The subject of the agent CA, whose certificates name machines.
+    pub fn machine_issuer(&self) -> Option<Arc<[u8]>> {
+        self.loaded.read().unwrap_or_else(|poisoned| poisoned.into_inner()).machine_issuer.clone()
     }
 
     /// Reads the files again (at the paths `files` names now); on failure the running
     /// configuration stays.
     pub fn reload(&self, files: TlsFiles) -> Result<(), TlsError> {
-        let config = server_config(&files)?;
-        *self.config.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = config;
+        let loaded = load(&files)?;
+        *self.loaded.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = loaded;
         *self.files.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = files;
         Ok(())
     }

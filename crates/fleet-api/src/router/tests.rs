@@ -24,6 +24,7 @@ async fn api(token_limit: u16) -> Api {
         token_limit: TokenLimit::new(token_limit),
         local: None,
         auth: Auth::new(Arc::new(registry.clone()), None),
+        agent_ca: None,
     };
     Api { router: router(state), registry, _dir: dir }
 }

@@ -1,0 +1,86 @@
+//! `/agents/join` and `/agents/renew`: pull agents get certificates of their own (our
+//! addition). A join presents a registration token (the router lets nothing else through),
+//! a renewal the machine's current certificate.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::Response;
+use fleet_core::machine::valid_machine_id;
+
+use crate::auth::agent_ca::{AgentCa, AgentCaError};
+use crate::auth::tokens::{REGISTRATION_PREFIX, digest, now_unix, well_formed};
+use crate::router::{ApiError, ApiState, json_response};
+use crate::schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest};
+
+fn agent_ca(state: &ApiState) -> Result<&AgentCa, ApiError> {
+    state.agent_ca.as_deref().ok_or_else(|| ApiError::not_found("this fleetd signs no machine certificates"))
+}
+
+fn sign(ca: &AgentCa, machine_id: &str, csr: &str) -> Result<(String, u64), ApiError> {
+    let (certificate, expires) = ca.sign(machine_id, csr, SystemTime::now()).map_err(|error| match error {
+        AgentCaError::BadRequest(_) => ApiError::bad_request(error.to_string()),
+        other => {
+            tracing::error!(error = %other, "signing a machine certificate");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot sign machine certificates")
+        }
+    })?;
+    let expires = expires.duration_since(UNIX_EPOCH).unwrap_or(Duration::ZERO).as_secs();
+    Ok((certificate, expires))
+}
+
+/// The registration token a join presents (the router admitted it by its prefix only).
+fn registration_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (_, token) = value.trim().split_once(' ')?;
+    Some(token.trim()).filter(|token| well_formed(token, REGISTRATION_PREFIX))
+}
+
+pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+    let ca = agent_ca(state)?;
+    let request: AgentJoinRequest = serde_json::from_slice(body)
+        .map_err(|error| ApiError::bad_request(format!("invalid join request: {error}")))?;
+    if !valid_machine_id(&request.machine_id) {
+        return Err(ApiError::bad_request("invalid machineID: 1 to 64 letters, digits, '-', '_' and '.'"));
+    }
+    let unauthorized = |message: String| ApiError::new(StatusCode::UNAUTHORIZED, message);
+    let token = registration_token(headers).ok_or_else(|| unauthorized("malformed registration token".into()))?;
+    // Everything that can be refused without using the token is checked first.
+    if state.registry.machines().await?.iter().any(|machine| machine.id == request.machine_id) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("machine {:?} is alive in the cluster", request.machine_id),
+        ));
+    }
+    let (certificate, expires) = sign(ca, &request.machine_id, &request.csr)?;
+    let record = state.registry.redeem_registration(&digest(token), now_unix()).await?;
+    let record = record.map_err(|refused| unauthorized(refused.to_string()))?;
+    tracing::info!(
+        machine = request.machine_id,
+        registration = record.name,
+        "machine joined with a registration token"
+    );
+    let answer = AgentCertificate {
+        machine_id: request.machine_id,
+        certificate,
+        ca_certificate: ca.cert_pem().to_string(),
+        expires,
+        metadata: record.metadata,
+    };
+    Ok(json_response(StatusCode::CREATED, &answer))
+}
+
+pub async fn renew(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let ca = agent_ca(state)?;
+    let request: AgentRenewRequest = serde_json::from_slice(body)
+        .map_err(|error| ApiError::bad_request(format!("invalid renew request: {error}")))?;
+    let (certificate, expires) = sign(ca, machine_id, &request.csr)?;
+    let answer = AgentCertificate {
+        machine_id: machine_id.to_string(),
+        certificate,
+        ca_certificate: ca.cert_pem().to_string(),
+        expires,
+        metadata: Default::default(),
+    };
+    Ok(json_response(StatusCode::OK, &answer))
+}

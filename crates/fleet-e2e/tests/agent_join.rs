@@ -1,0 +1,143 @@
+//! Pull agents join with a registration token: a real fleetd with an agent CA signs a
+//! certificate over the agent's own key for its machine ID, counts the token's uses, refuses
+//! replays, bad requests and live machine IDs without using the token, and renews the
+//! certificate for the machine that holds it. A machine certificate opens nothing else.
+
+use std::time::Duration;
+
+use fleet_e2e::Fleetd;
+use fleet_e2e::https::{Caller, Credentials};
+use fleet_e2e::pki::Authority;
+use rcgen::{CertificateParams, DistinguishedName, KeyPair};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+/// A key pair and a certificate signing request over it, as an agent makes them.
+fn key_and_csr() -> (KeyPair, String) {
+    let key = KeyPair::generate().expect("key");
+    let mut params = CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.distinguished_name = DistinguishedName::new();
+    let csr = params.serialize_request(&key).expect("csr").pem().expect("pem");
+    (key, csr)
+}
+
+fn join_body(machine: &str, csr: &str) -> String {
+    serde_json::json!({ "machineID": machine, "csr": csr }).to_string()
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_default()
+}
+
+#[test]
+fn agents_join_with_a_registration_token_and_renew_their_certificate() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let client_ca = api_ca_file.display().to_string();
+    let fleetd = Fleetd::start(
+        "e2e0manager00001",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("api_tls_client_ca_file", &client_ca),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("agent_cert_lifetime", "1h"),
+        ],
+    );
+    let base = format!("https://localhost:{port}");
+    let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "--metadata", "rack=r1", "rack1"]);
+    let token = token.stdout.trim().to_string();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let joiner = |token: &str| {
+        Caller::new(&base, Some(&api_ca_file), Credentials { token: Some(token), certificate: None }).expect("caller")
+    };
+    let call = |caller: &Caller, method: &str, path: &str, body: Option<&str>| {
+        rt.block_on(caller.call(method, path, body)).expect("an answer")
+    };
+
+    // Refused before the token is used: a bad request, a machine ID alive in the cluster.
+    let caller = joiner(&token);
+    let bad = call(&caller, "POST", "/fleet/v1/agents/join", Some(&join_body("agent-1", "not a csr")));
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    let (_, csr) = key_and_csr();
+    let live = call(&caller, "POST", "/fleet/v1/agents/join", Some(&join_body("e2e0manager00001", &csr)));
+    assert_eq!(live.status, 409, "{}", live.body);
+    let bad_id = call(&caller, "POST", "/fleet/v1/agents/join", Some(&join_body("../etc", &csr)));
+    assert_eq!(bad_id.status, 400, "{}", bad_id.body);
+    // A registration token opens nothing but the join.
+    assert_eq!(call(&caller, "GET", "/fleet/v1/units", None).status, 403);
+
+    // The join: a certificate for this machine over the agent's own key, and the token's metadata.
+    let (agent_key, csr) = key_and_csr();
+    let joined = call(&caller, "POST", "/fleet/v1/agents/join", Some(&join_body("agent-1", &csr)));
+    assert_eq!(joined.status, 201, "{}", joined.body);
+    let answer = json(&joined.body);
+    assert_eq!(answer["machineID"], "agent-1");
+    assert_eq!(answer["metadata"]["rack"], "r1");
+    assert_eq!(answer["caCertificate"].as_str(), Some(agent_ca.cert_pem.as_str()));
+    let certificate = answer["certificate"].as_str().expect("certificate").to_string();
+    let listed = fleetd.ok(&["registration-token", "list", "--no-legend"]).stdout;
+    assert!(listed.contains("1/1"), "one use counted: {listed}");
+
+    // A replay, an unknown token: refused.
+    let (_, csr) = key_and_csr();
+    let replay = call(&caller, "POST", "/fleet/v1/agents/join", Some(&join_body("agent-2", &csr)));
+    assert_eq!(replay.status, 401, "{}", replay.body);
+    assert!(replay.body.contains("used up"), "{}", replay.body);
+    let unknown = joiner(&format!("fleetreg_{}", "A".repeat(43)));
+    let refused = call(&unknown, "POST", "/fleet/v1/agents/join", Some(&join_body("agent-2", &csr)));
+    assert_eq!(refused.status, 401, "{}", refused.body);
+
+    // With its certificate the machine renews it, and can do nothing else here.
+    let (cert_file, key_file) = (dir.path().join("agent-1.pem"), dir.path().join("agent-1-key.pem"));
+    std::fs::write(&cert_file, &certificate).expect("certificate");
+    std::fs::write(&key_file, agent_key.serialize_pem()).expect("key");
+    let machine =
+        Caller::new(&base, Some(&api_ca_file), Credentials { token: None, certificate: Some((&cert_file, &key_file)) })
+            .expect("caller");
+    let (_, csr) = key_and_csr();
+    let renewed =
+        call(&machine, "POST", "/fleet/v1/agents/renew", Some(&serde_json::json!({ "csr": csr }).to_string()));
+    assert_eq!(renewed.status, 200, "{}", renewed.body);
+    assert_eq!(json(&renewed.body)["machineID"], "agent-1");
+    assert_ne!(json(&renewed.body)["certificate"].as_str(), Some(certificate.as_str()));
+    for (method, path) in [("GET", "/fleet/v1/units"), ("GET", "/fleet/v1/machines"), ("GET", "/fleet/v1/tokens")] {
+        assert_eq!(call(&machine, method, path, None).status, 403, "{method} {path}");
+    }
+
+    // A certificate that claims to be a machine's but comes from another CA opens nothing.
+    let forged = api_ca.client(dir.path(), "agent-1", Some("machine"), None);
+    let forger = Caller::new(
+        &base,
+        Some(&api_ca_file),
+        Credentials { token: None, certificate: Some((&forged.cert, &forged.key)) },
+    )
+    .expect("caller");
+    let answer = call(&forger, "POST", "/fleet/v1/agents/renew", Some(&serde_json::json!({ "csr": csr }).to_string()));
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    assert!(answer.body.contains("only the agent CA issues machine certificates"), "{}", answer.body);
+
+    // An expired registration token.
+    let brief = fleetd.ok(&["registration-token", "create", "--ttl", "1s", "brief"]).stdout.trim().to_string();
+    std::thread::sleep(Duration::from_millis(2100));
+    let (_, csr) = key_and_csr();
+    let expired = call(&joiner(&brief), "POST", "/fleet/v1/agents/join", Some(&join_body("agent-3", &csr)));
+    assert_eq!(expired.status, 401, "{}", expired.body);
+
+    let log = fleetd.log();
+    assert!(!log.contains(&token[9..]) && !log.contains(&brief[9..]), "a registration token reached the log");
+    assert!(log.contains("machine joined with a registration token"), "{log}");
+}
