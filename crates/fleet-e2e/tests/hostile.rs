@@ -139,10 +139,20 @@ fn chatty_units_have_their_logs_rotated() {
     let logs = fleet.state_dir().join("native/logs");
     fleet.wait_until("the log was rotated", WAIT, |_| logs.join("chatty.service.log.1").exists());
     std::thread::sleep(Duration::from_secs(2));
-    let mut names: Vec<String> =
-        std::fs::read_dir(&logs).unwrap().map(|entry| entry.unwrap().file_name().into_string().unwrap()).collect();
-    names.sort();
-    assert_eq!(names, ["chatty.service.log", "chatty.service.log.1"]);
+    let names = || {
+        let mut names: Vec<String> =
+            std::fs::read_dir(&logs).unwrap().map(|entry| entry.unwrap().file_name().into_string().unwrap()).collect();
+        names.sort();
+        names
+    };
+    // Right after a rotation the current file may not be open again yet: it is opened by the
+    // unit's next write. Never more than two files, though.
+    fleet.wait_until("the current log and one rotated file", WAIT, |_| {
+        let names = names();
+        assert!(names.len() <= 2, "{names:?}");
+        names == ["chatty.service.log", "chatty.service.log.1"]
+    });
+    let names = names();
     for name in names {
         let size = std::fs::metadata(logs.join(&name)).unwrap().len();
         assert!(size <= 256 * 1024, "{name}: {size} bytes");

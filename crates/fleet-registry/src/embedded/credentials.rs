@@ -1,75 +1,83 @@
 //! The credentials facet of the embedded store.
 
 use async_trait::async_trait;
-use redb::ReadableTable;
+use redb::{ReadableTable, TableDefinition};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 
 use super::tables::{self, encode, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use crate::codec::find_registration;
 use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, Result, TokenRecord};
 
+/// A table of JSON records by name.
+type NamedTable = TableDefinition<'static, &'static str, &'static [u8]>;
+
+impl EmbeddedRegistry {
+    /// Stores `record` under `name` unless the name is taken; `false` then.
+    async fn insert_new<T: Serialize + Send + 'static>(
+        &self,
+        table: NamedTable,
+        name: &str,
+        record: T,
+    ) -> Result<bool> {
+        let name = name.to_string();
+        self.write(move |txn, _| {
+            let mut rows = txn.open_table(table).map_err(unavailable)?;
+            if rows.get(name.as_str()).map_err(unavailable)?.is_some() {
+                return Ok(false);
+            }
+            rows.insert(name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    /// Every record of `table`, in name order.
+    async fn list_all<T: DeserializeOwned + Send + 'static>(&self, table: NamedTable) -> Result<Vec<T>> {
+        self.read(move |txn| {
+            let rows = txn.open_table(table).map_err(unavailable)?;
+            Ok(read_all::<T>(&rows)?.into_iter().map(|(_, record)| record).collect())
+        })
+        .await
+    }
+
+    /// Removes the record named `name`; `false` when there was none.
+    async fn remove_named(&self, table: NamedTable, name: &str) -> Result<bool> {
+        let name = name.to_string();
+        self.write(move |txn, _| {
+            let removed =
+                txn.open_table(table).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?.is_some();
+            Ok(removed)
+        })
+        .await
+    }
+}
+
 #[async_trait]
 impl CredentialRegistry for EmbeddedRegistry {
     async fn create_token(&self, record: &TokenRecord) -> Result<bool> {
-        let record = record.clone();
-        self.write(move |txn, _| {
-            let mut tokens = txn.open_table(tables::TOKENS).map_err(unavailable)?;
-            if tokens.get(record.name.as_str()).map_err(unavailable)?.is_some() {
-                return Ok(false);
-            }
-            tokens.insert(record.name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
-            Ok(true)
-        })
-        .await
+        self.insert_new(tables::TOKENS, &record.name, record.clone()).await
     }
 
     async fn tokens(&self) -> Result<Vec<TokenRecord>> {
-        self.read(|txn| {
-            let tokens = txn.open_table(tables::TOKENS).map_err(unavailable)?;
-            Ok(read_all::<TokenRecord>(&tokens)?.into_iter().map(|(_, record)| record).collect())
-        })
-        .await
+        self.list_all(tables::TOKENS).await
     }
 
     async fn revoke_token(&self, name: &str) -> Result<bool> {
-        let name = name.to_string();
-        self.write(move |txn, _| {
-            let mut tokens = txn.open_table(tables::TOKENS).map_err(unavailable)?;
-            let removed = tokens.remove(name.as_str()).map_err(unavailable)?.is_some();
-            Ok(removed)
-        })
-        .await
+        self.remove_named(tables::TOKENS, name).await
     }
 
     async fn create_registration(&self, record: &RegistrationRecord) -> Result<bool> {
-        let record = record.clone();
-        self.write(move |txn, _| {
-            let mut registrations = txn.open_table(tables::REGISTRATIONS).map_err(unavailable)?;
-            if registrations.get(record.name.as_str()).map_err(unavailable)?.is_some() {
-                return Ok(false);
-            }
-            registrations.insert(record.name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
-            Ok(true)
-        })
-        .await
+        self.insert_new(tables::REGISTRATIONS, &record.name, record.clone()).await
     }
 
     async fn registrations(&self) -> Result<Vec<RegistrationRecord>> {
-        self.read(|txn| {
-            let registrations = txn.open_table(tables::REGISTRATIONS).map_err(unavailable)?;
-            Ok(read_all::<RegistrationRecord>(&registrations)?.into_iter().map(|(_, record)| record).collect())
-        })
-        .await
+        self.list_all(tables::REGISTRATIONS).await
     }
 
     async fn revoke_registration(&self, name: &str) -> Result<bool> {
-        let name = name.to_string();
-        self.write(move |txn, _| {
-            let mut registrations = txn.open_table(tables::REGISTRATIONS).map_err(unavailable)?;
-            let removed = registrations.remove(name.as_str()).map_err(unavailable)?.is_some();
-            Ok(removed)
-        })
-        .await
+        self.remove_named(tables::REGISTRATIONS, name).await
     }
 
     async fn redeem_registration(

@@ -5,44 +5,59 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use serde::de::DeserializeOwned;
 
 use super::{EtcdRegistry, session};
 use crate::codec::{decode_listed, encode, find_registration};
 use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, RegistryError, Result, TokenRecord};
 
-#[async_trait]
-impl CredentialRegistry for EtcdRegistry {
-    async fn create_token(&self, record: &TokenRecord) -> Result<bool> {
-        let key = self.keys().token(&record.name);
+impl EtcdRegistry {
+    /// Writes `value` at `key` unless the key exists (optionally under `lease`); `false` then.
+    async fn put_new(&self, key: &str, value: Vec<u8>, lease: Option<i64>) -> Result<bool> {
+        let options = lease.map(|lease| PutOptions::new().with_lease(lease));
         let txn = Txn::new()
-            .when(vec![Compare::version(key.as_str(), CompareOp::Equal, 0)])
-            .and_then(vec![TxnOp::put(key.as_str(), encode(record), None)]);
+            .when(vec![Compare::version(key, CompareOp::Equal, 0)])
+            .and_then(vec![TxnOp::put(key, value, options)]);
         Ok(self.connection().txn(txn).await?.succeeded())
     }
 
-    async fn tokens(&self) -> Result<Vec<TokenRecord>> {
-        let reply = self.connection().get(&self.keys().tokens(), Some(GetOptions::new().with_prefix())).await?;
-        let mut tokens: Vec<TokenRecord> = reply
+    /// Every record under `prefix` (undecodable ones skipped and logged), in name order.
+    async fn list_named<T: DeserializeOwned>(&self, prefix: &str, name: impl Fn(&T) -> &str) -> Result<Vec<T>> {
+        let reply = self.connection().get(prefix, Some(GetOptions::new().with_prefix())).await?;
+        let mut records: Vec<T> = reply
             .kvs()
             .iter()
-            .filter_map(|kv| decode_listed::<TokenRecord>(&String::from_utf8_lossy(kv.key()), kv.value()))
+            .filter_map(|kv| decode_listed::<T>(&String::from_utf8_lossy(kv.key()), kv.value()))
             .collect();
-        tokens.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(tokens)
+        records.sort_by(|a, b| name(a).cmp(name(b)));
+        Ok(records)
+    }
+
+    /// Deletes `key`; `false` when it did not exist.
+    async fn delete_key(&self, key: &str) -> Result<bool> {
+        let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key, None)])).await?;
+        Ok(reply.op_responses().into_iter().any(|response| match response {
+            etcd_client::TxnOpResponse::Delete(delete) => delete.deleted() > 0,
+            _ => false,
+        }))
+    }
+}
+
+#[async_trait]
+impl CredentialRegistry for EtcdRegistry {
+    async fn create_token(&self, record: &TokenRecord) -> Result<bool> {
+        self.put_new(&self.keys().token(&record.name), encode(record), None).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        self.list_named(&self.keys().tokens(), |record: &TokenRecord| &record.name).await
     }
 
     async fn revoke_token(&self, name: &str) -> Result<bool> {
-        let key = self.keys().token(name);
-        let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key.as_str(), None)])).await?;
-        let deleted = reply.op_responses().into_iter().any(|response| match response {
-            etcd_client::TxnOpResponse::Delete(delete) => delete.deleted() > 0,
-            _ => false,
-        });
-        Ok(deleted)
+        self.delete_key(&self.keys().token(name)).await
     }
 
     async fn create_registration(&self, record: &RegistrationRecord) -> Result<bool> {
-        let key = self.keys().registration(&record.name);
         // etcd itself drops the token when it expires: a lease that ends then.
         let lease = match record.expires {
             Some(expires) => {
@@ -51,11 +66,7 @@ impl CredentialRegistry for EtcdRegistry {
             }
             None => None,
         };
-        let options = lease.map(|lease| PutOptions::new().with_lease(lease));
-        let txn = Txn::new()
-            .when(vec![Compare::version(key.as_str(), CompareOp::Equal, 0)])
-            .and_then(vec![TxnOp::put(key.as_str(), encode(record), options)]);
-        let created = self.connection().txn(txn).await?.succeeded();
+        let created = self.put_new(&self.keys().registration(&record.name), encode(record), lease).await?;
         if let (false, Some(lease)) = (created, lease) {
             session::revoke(self.connection(), lease).await?;
         }
@@ -63,23 +74,11 @@ impl CredentialRegistry for EtcdRegistry {
     }
 
     async fn registrations(&self) -> Result<Vec<RegistrationRecord>> {
-        let reply = self.connection().get(&self.keys().registrations(), Some(GetOptions::new().with_prefix())).await?;
-        let mut records: Vec<RegistrationRecord> = reply
-            .kvs()
-            .iter()
-            .filter_map(|kv| decode_listed::<RegistrationRecord>(&String::from_utf8_lossy(kv.key()), kv.value()))
-            .collect();
-        records.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(records)
+        self.list_named(&self.keys().registrations(), |record: &RegistrationRecord| &record.name).await
     }
 
     async fn revoke_registration(&self, name: &str) -> Result<bool> {
-        let key = self.keys().registration(name);
-        let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key.as_str(), None)])).await?;
-        Ok(reply.op_responses().into_iter().any(|response| match response {
-            etcd_client::TxnOpResponse::Delete(delete) => delete.deleted() > 0,
-            _ => false,
-        }))
+        self.delete_key(&self.keys().registration(name)).await
     }
 
     async fn redeem_registration(
