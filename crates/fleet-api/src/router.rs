@@ -166,6 +166,7 @@ enum Resource {
     RegistrationToken(String),
     AgentJoin,
     AgentRenew,
+    AgentRevoke(String),
     Unknown,
 }
 
@@ -197,6 +198,7 @@ fn resource(path: &str) -> Resource {
         ["registration-tokens"] => Resource::RegistrationTokens,
         ["agents", "join"] => Resource::AgentJoin,
         ["agents", "renew"] => Resource::AgentRenew,
+        ["agents", machine, "revoke"] => name(machine).map_or(Resource::Unknown, Resource::AgentRevoke),
         ["registration-tokens", token] => name(token).map_or(Resource::Unknown, Resource::RegistrationToken),
         _ => Resource::Unknown,
     }
@@ -218,6 +220,7 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         | (Resource::Token(_) | Resource::RegistrationToken(_), &Method::DELETE) => Action::ManageCredentials,
         (Resource::AgentJoin, &Method::POST) => Action::Join,
         (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
+        (Resource::AgentRevoke(_), &Method::POST) => Action::ManageCredentials,
         _ => return None,
     })
 }
@@ -366,7 +369,8 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
             fleet_core::access::Role::Machine { id } => agents::renew(state, id, &body).await,
             _ => Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine renews its certificate")),
         },
-        (Resource::AgentJoin | Resource::AgentRenew, _) => {
+        (Resource::AgentRevoke(machine), &Method::POST) => agents::revoke(state, machine).await,
+        (Resource::AgentJoin | Resource::AgentRenew | Resource::AgentRevoke(_), _) => {
             Err(ApiError::method_not_allowed("only POST supported against this resource"))
         }
         (Resource::Token(_) | Resource::RegistrationToken(_), _) => {

@@ -237,6 +237,11 @@ impl Client {
         }
     }
 
+    /// Revokes a machine: its certificate is refused from now on and it leaves the cluster.
+    pub async fn revoke_machine(&self, machine_id: &str) -> Result<()> {
+        self.send(Method::POST, &format!("agents/{}/revoke", encode_component(machine_id)), None).await.map(drop)
+    }
+
     pub async fn units(&self) -> Result<Vec<Unit>> {
         self.all_pages("units", |page: UnitPage| (page.units, page.next_page_token)).await
     }

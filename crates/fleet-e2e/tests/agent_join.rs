@@ -118,6 +118,26 @@ fn agents_join_with_a_registration_token_and_renew_their_certificate() {
         assert_eq!(call(&machine, method, path, None).status, 403, "{method} {path}");
     }
 
+    // Revoked: the certificate is refused within a second, and the ID cannot join again.
+    fleetd.ok(&["machine", "revoke", "agent-1"]);
+    let revoked_at = std::time::Instant::now();
+    let renew = serde_json::json!({ "csr": csr }).to_string();
+    loop {
+        let answer = call(&machine, "POST", "/fleet/v1/agents/renew", Some(&renew));
+        if answer.status == 401 {
+            assert!(answer.body.contains("revoked machine certificate"), "{}", answer.body);
+            break;
+        }
+        assert!(revoked_at.elapsed() < Duration::from_secs(1), "the revocation took more than a second");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let again = fleetd.ok(&["registration-token", "create", "again"]).stdout.trim().to_string();
+    let rejoin = call(&joiner(&again), "POST", "/fleet/v1/agents/join", Some(&join_body("agent-1", &csr)));
+    assert_eq!(rejoin.status, 403, "{}", rejoin.body);
+    let listed = fleetd.ok(&["registration-token", "list", "--no-legend"]).stdout;
+    let uses = listed.lines().find(|line| line.starts_with("again")).and_then(|line| line.split_whitespace().nth(1));
+    assert_eq!(uses, Some("0"), "the refused join used nothing: {listed}");
+
     // A certificate that claims to be a machine's but comes from another CA opens nothing.
     let forged = api_ca.client(dir.path(), "agent-1", Some("machine"), None);
     let forger = Caller::new(

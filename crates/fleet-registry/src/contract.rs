@@ -12,7 +12,7 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 use fleet_testkit::eventually;
 
 use crate::{EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
-use crate::{RegistrationRecord, RegistrationRefused};
+use crate::{RegistrationRecord, RegistrationRefused, RevokedMachine};
 
 /// A store for one test, and what must live as long as it.
 struct Opened {
@@ -61,6 +61,7 @@ macro_rules! contract {
 
 contract!(
     tokens_are_unique_by_name_and_revocable,
+    a_revoked_machine_goes_with_its_states,
     registrations_are_counted_bounded_and_expire,
     bodies_are_content_addressed_and_collected,
     a_stale_lease_cannot_write,
@@ -294,4 +295,35 @@ async fn etcd_drops_an_expired_registration_token() {
     assert!(opened.registry.create_registration(&record).await.expect("create"));
     eventually("the lease drops the token", async || opened.registry.registrations().await.expect("list").is_empty())
         .await;
+}
+
+/// Revoking a machine records it and removes it and its states in one write; the other
+/// machines stay.
+async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry) {
+    registry.register_machine(&machine("m1")).await.expect("register");
+    registry.register_machine(&machine("m2")).await.expect("register");
+    let file = unit("/bin/sleep 1000");
+    registry.put_unit("a.service", &file, DesiredState::Launched).await.expect("put");
+    let state = |machine: &str| UnitState {
+        name: "a.service".into(),
+        machine_id: machine.into(),
+        hash: file.hash(),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+    };
+    registry.report_states("m1", &[StateReport::Set(state("m1"))]).await.expect("report");
+    registry.report_states("m2", &[StateReport::Set(state("m2"))]).await.expect("report");
+    assert!(registry.revoked_machines().await.expect("list").is_empty());
+    registry.revoke_machine(&RevokedMachine { id: "m1".into(), at: 1_800_000_000 }).await.expect("revoke");
+    let ids = |machines: Vec<MachineState>| machines.into_iter().map(|m| m.id).collect::<Vec<_>>();
+    eventually("m1 and its states are gone", async || {
+        ids(registry.machines().await.expect("machines")) == ["m2"]
+            && registry.unit_states().await.expect("states").iter().all(|s| s.machine_id == "m2")
+    })
+    .await;
+    assert_eq!(registry.unit_states().await.expect("states").len(), 1);
+    assert_eq!(
+        registry.revoked_machines().await.expect("list"),
+        vec![RevokedMachine { id: "m1".into(), at: 1_800_000_000 }]
+    );
 }

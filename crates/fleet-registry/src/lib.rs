@@ -27,8 +27,8 @@ use tokio::sync::watch;
 
 pub use fleet_core::schedule::SnapshotUnit;
 pub use model::{
-    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, StateReport,
-    TokenRecord, UnitRecord, UnitView,
+    AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, RevokedMachine,
+    StateReport, TokenRecord, UnitRecord, UnitView,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +80,11 @@ pub trait CredentialRegistry: Send + Sync {
     async fn registrations(&self) -> Result<Vec<RegistrationRecord>>;
     /// Removes a registration token; `false` when there was none.
     async fn revoke_registration(&self, name: &str) -> Result<bool>;
+    /// Refuses the machine's certificate from now on, and removes the machine and its unit
+    /// states (so the engine moves its units), in one write.
+    async fn revoke_machine(&self, revoked: &RevokedMachine) -> Result<()>;
+    /// Every revoked machine, in ID order.
+    async fn revoked_machines(&self) -> Result<Vec<RevokedMachine>>;
     /// Uses the registration token whose hash is `sha256` once, at `now` (seconds since the
     /// Unix epoch): counts the use, atomically, and returns the token as it now stands.
     async fn redeem_registration(

@@ -152,3 +152,11 @@ impl RegistrationRecord {
         Ok(())
     }
 }
+
+/// A machine whose certificate is refused from now on (`fleetctl machine revoke`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokedMachine {
+    pub id: String,
+    /// When, in seconds since the Unix epoch.
+    pub at: u64,
+}

@@ -257,6 +257,11 @@ enum Command {
         #[command(subcommand)]
         action: TokenCommand,
     },
+    /// Manage machines (administrators only)
+    Machine {
+        #[command(subcommand)]
+        action: MachineCommand,
+    },
     /// Manage the tokens pull agents join with (administrators only)
     RegistrationToken {
         #[command(subcommand)]
@@ -264,6 +269,13 @@ enum Command {
     },
     /// Print the version
     Version,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MachineCommand {
+    /// Revoke a machine: its certificate is refused within a second, its units move to other
+    /// machines, and it cannot join again
+    Revoke { machine: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -404,6 +416,18 @@ async fn run(context: Context, command: Command) -> Outcome {
         Command::Restart { block_attempts, units } => lifecycle::restart(&context, &units, block_attempts).await,
         Command::Token { action } => token::run(&context, action).await,
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
+        Command::Machine { action: MachineCommand::Revoke { machine } } => {
+            match context.client.revoke_machine(&machine).await {
+                Ok(()) => {
+                    eprintln!("Revoked machine {machine}");
+                    Outcome::Success
+                }
+                Err(error) => {
+                    eprintln!("Error revoking machine {machine}: {error}");
+                    Outcome::Failure
+                }
+            }
+        }
         Command::Version | Command::Verify { .. } | Command::Ssh { .. } | Command::FdForward { .. } => Outcome::Success,
     }
 }

@@ -4,10 +4,11 @@ use std::sync::Arc;
 
 use axum::http::{HeaderMap, header};
 use fleet_core::access::Role;
-use fleet_registry::CredentialRegistry;
+use fleet_registry::{CredentialRegistry, RevokedMachine};
 
 use super::certificate::CertificateIdentity;
-use super::tokens::{REGISTRATION_PREFIX, TokenCheck, TokenError};
+use super::store_cache::{StoreCache, Unavailable};
+use super::tokens::{FRESH_FOR, REGISTRATION_PREFIX, TokenCheck, TokenError};
 
 /// How a connection reached the API; set by the server on every request it reads.
 #[derive(Clone, Debug)]
@@ -49,7 +50,9 @@ pub enum Refused {
 /// What authenticates requests: the cluster's tokens and the anonymous opt-in.
 #[derive(Clone)]
 pub struct Auth {
+    registry: Arc<dyn CredentialRegistry>,
     tokens: Arc<TokenCheck>,
+    revoked: Arc<StoreCache<RevokedMachine>>,
     /// The role clients without any credential get on TCP; none unless the operator opts in.
     anonymous: Option<Role>,
 }
@@ -59,7 +62,23 @@ const MAX_AUTHORIZATION: usize = 512;
 
 impl Auth {
     pub fn new(registry: Arc<dyn CredentialRegistry>, anonymous: Option<Role>) -> Self {
-        Self { tokens: Arc::new(TokenCheck::new(registry)), anonymous }
+        Self {
+            tokens: Arc::new(TokenCheck::new(registry.clone())),
+            revoked: Arc::new(StoreCache::new("revoked machines")),
+            registry,
+            anonymous,
+        }
+    }
+
+    /// Whether `machine` was revoked (as of a read of the store at most [`FRESH_FOR`] ago).
+    pub async fn machine_revoked(&self, machine: &str) -> Result<bool, Unavailable> {
+        let revoked = self.revoked.get(FRESH_FOR, async || self.registry.revoked_machines().await).await?;
+        Ok(revoked.iter().any(|revoked| revoked.id == machine))
+    }
+
+    /// Forgets the revoked machines read last (after a revocation made here).
+    pub async fn forget_revoked(&self) {
+        self.revoked.forget().await;
     }
 
     pub fn anonymous_role(&self) -> Option<&Role> {
@@ -99,6 +118,11 @@ impl Auth {
         if let Some(certificate) = certificate {
             let name = format!("cert:{}", certificate.name);
             return match &certificate.role {
+                Ok(Role::Machine { id }) => match self.machine_revoked(id).await {
+                    Ok(false) => Ok(Identity { name, role: Role::Machine { id: id.clone() }, via: Via::Certificate }),
+                    Ok(true) => Err(unauthenticated("revoked machine certificate")),
+                    Err(Unavailable) => Err(unauthenticated("credentials cannot be checked: the store is unavailable")),
+                },
                 Ok(role) => Ok(Identity { name, role: role.clone(), via: Via::Certificate }),
                 Err(problem) => {
                     Err(Refused::Forbidden { name, message: format!("client certificate grants no role: {problem}") })

@@ -4,12 +4,14 @@
 //! of them within that time.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use fleet_core::access::Role;
 use fleet_core::secret::constant_time_eq;
 use fleet_registry::{CredentialRegistry, TokenRecord};
+
+use super::store_cache::StoreCache;
 
 /// Every token starts with this, so a leaked one is easy to recognise (and to scan for).
 pub const TOKEN_PREFIX: &str = "fleet_";
@@ -21,8 +23,6 @@ pub const FRESH_FOR: Duration = Duration::from_millis(500);
 /// old (a token made on another fleetd works at once; a flood of unknown tokens costs at
 /// most one store read per this period).
 const UNKNOWN_RECHECK_AFTER: Duration = Duration::from_millis(50);
-/// How long the last read is still used while the store cannot be read.
-const USABLE_WHILE_UNAVAILABLE: Duration = Duration::from_secs(60);
 const RANDOM_BYTES: usize = 32;
 
 /// Why a presented token is refused. The messages never contain the token.
@@ -81,41 +81,22 @@ fn find<'a>(records: &'a [TokenRecord], digest: &str) -> Option<&'a TokenRecord>
 /// Checks presented tokens against the store.
 pub struct TokenCheck {
     registry: Arc<dyn CredentialRegistry>,
-    cache: tokio::sync::Mutex<Option<(Instant, Arc<Vec<TokenRecord>>)>>,
+    tokens: StoreCache<TokenRecord>,
 }
 
 impl TokenCheck {
     pub fn new(registry: Arc<dyn CredentialRegistry>) -> Self {
-        Self { registry, cache: tokio::sync::Mutex::new(None) }
+        Self { registry, tokens: StoreCache::new("tokens") }
     }
 
     /// The store's tokens, read again when the last read is older than `fresh_for`.
     async fn records(&self, fresh_for: Duration) -> Result<Arc<Vec<TokenRecord>>, TokenError> {
-        let mut cache = self.cache.lock().await;
-        if let Some((read_at, records)) = cache.as_ref()
-            && read_at.elapsed() < fresh_for
-        {
-            return Ok(records.clone());
-        }
-        match self.registry.tokens().await {
-            Ok(records) => {
-                let records = Arc::new(records);
-                *cache = Some((Instant::now(), records.clone()));
-                Ok(records)
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot read the tokens from the store");
-                match cache.as_ref() {
-                    Some((read_at, records)) if read_at.elapsed() < USABLE_WHILE_UNAVAILABLE => Ok(records.clone()),
-                    _ => Err(TokenError::Unavailable),
-                }
-            }
-        }
+        self.tokens.get(fresh_for, async || self.registry.tokens().await).await.map_err(|_| TokenError::Unavailable)
     }
 
     /// Forgets the last read, so the next check reads the store (after a change made here).
     pub async fn forget(&self) {
-        *self.cache.lock().await = None;
+        self.tokens.forget().await;
     }
 
     /// The name and role of the token `presented`, if it is valid now.

@@ -5,8 +5,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use fleet_core::machine::valid_machine_id;
+use fleet_registry::RevokedMachine;
 
 use crate::auth::agent_ca::{AgentCa, AgentCaError};
 use crate::auth::tokens::{REGISTRATION_PREFIX, digest, now_unix, well_formed};
@@ -46,6 +47,10 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
     let unauthorized = |message: String| ApiError::new(StatusCode::UNAUTHORIZED, message);
     let token = registration_token(headers).ok_or_else(|| unauthorized("malformed registration token".into()))?;
     // Everything that can be refused without using the token is checked first.
+    let revoked = state.auth.machine_revoked(&request.machine_id).await;
+    if revoked.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "credentials cannot be checked"))? {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, format!("machine {:?} is revoked", request.machine_id)));
+    }
     if state.registry.machines().await?.iter().any(|machine| machine.id == request.machine_id) {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
@@ -83,4 +88,16 @@ pub async fn renew(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<Re
         metadata: Default::default(),
     };
     Ok(json_response(StatusCode::OK, &answer))
+}
+
+/// Revokes a machine: its certificate is refused by every fleetd within a second, it and its
+/// unit states leave the cluster (the engine moves its units), and it cannot join again.
+pub async fn revoke(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
+    if !valid_machine_id(machine_id) {
+        return Err(ApiError::bad_request("invalid machine ID"));
+    }
+    state.registry.revoke_machine(&RevokedMachine { id: machine_id.to_string(), at: now_unix() }).await?;
+    state.auth.forget_revoked().await;
+    tracing::info!(machine = machine_id, "machine revoked");
+    Ok(StatusCode::NO_CONTENT.into_response())
 }

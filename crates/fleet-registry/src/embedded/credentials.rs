@@ -6,9 +6,9 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::tables::{self, encode, read_all};
-use super::{EmbeddedRegistry, unavailable};
+use super::{EmbeddedRegistry, Touched, unavailable};
 use crate::codec::find_registration;
-use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, Result, TokenRecord};
+use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, Result, RevokedMachine, TokenRecord};
 
 /// A table of JSON records by name.
 type NamedTable = TableDefinition<'static, &'static str, &'static [u8]>;
@@ -78,6 +78,25 @@ impl CredentialRegistry for EmbeddedRegistry {
 
     async fn revoke_registration(&self, name: &str) -> Result<bool> {
         self.remove_named(tables::REGISTRATIONS, name).await
+    }
+
+    async fn revoke_machine(&self, revoked: &RevokedMachine) -> Result<()> {
+        let revoked = revoked.clone();
+        self.write(move |txn, touched| {
+            let mut table = txn.open_table(tables::REVOKED).map_err(unavailable)?;
+            table.insert(revoked.id.as_str(), encode(&revoked).as_slice()).map_err(unavailable)?;
+            txn.open_table(tables::MACHINES).map_err(unavailable)?.remove(revoked.id.as_str()).map_err(unavailable)?;
+            let suffix = format!("\0{}", revoked.id);
+            let mut states = txn.open_table(tables::STATES).map_err(unavailable)?;
+            states.retain(|key, _| !key.ends_with(&suffix)).map_err(unavailable)?;
+            *touched = Touched::engine();
+            Ok(())
+        })
+        .await
+    }
+
+    async fn revoked_machines(&self) -> Result<Vec<RevokedMachine>> {
+        self.list_all(tables::REVOKED).await
     }
 
     async fn redeem_registration(

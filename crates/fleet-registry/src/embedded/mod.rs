@@ -63,6 +63,7 @@ impl EmbeddedRegistry {
             tables::STATES,
             tables::TOKENS,
             tables::REGISTRATIONS,
+            tables::REVOKED,
         ] {
             txn.open_table(table).map_err(unavailable)?;
         }

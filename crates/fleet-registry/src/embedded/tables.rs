@@ -21,6 +21,8 @@ pub const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machine
 pub const METADATA: TableDefinition<&str, &[u8]> = TableDefinition::new("metadata");
 /// Registration token name → [`crate::RegistrationRecord`].
 pub const REGISTRATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("registrations");
+/// Machine ID → [`crate::RevokedMachine`].
+pub const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked_machines");
 /// Token name → [`crate::TokenRecord`].
 pub const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 /// `unit\0machine` → [`fleet_core::UnitState`].

@@ -4,12 +4,14 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use serde::de::DeserializeOwned;
 
 use super::{EtcdRegistry, session};
 use crate::codec::{decode_listed, encode, find_registration};
-use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, RegistryError, Result, TokenRecord};
+use crate::{
+    CredentialRegistry, RegistrationRecord, RegistrationRefused, RegistryError, Result, RevokedMachine, TokenRecord,
+};
 
 impl EtcdRegistry {
     /// Writes `value` at `key` unless the key exists (optionally under `lease`); `false` then.
@@ -79,6 +81,21 @@ impl CredentialRegistry for EtcdRegistry {
 
     async fn revoke_registration(&self, name: &str) -> Result<bool> {
         self.delete_key(&self.keys().registration(name)).await
+    }
+
+    async fn revoke_machine(&self, revoked: &RevokedMachine) -> Result<()> {
+        let keys = self.keys();
+        let states = keys.state(&revoked.id, "");
+        let txn = Txn::new().and_then(vec![
+            TxnOp::put(keys.revoked(&revoked.id), encode(revoked), None),
+            TxnOp::delete(keys.machine(&revoked.id), None),
+            TxnOp::delete(states, Some(DeleteOptions::new().with_prefix())),
+        ]);
+        self.connection().txn(txn).await.map(drop)
+    }
+
+    async fn revoked_machines(&self) -> Result<Vec<RevokedMachine>> {
+        self.list_named(&self.keys().all_revoked(), |revoked: &RevokedMachine| &revoked.id).await
     }
 
     async fn redeem_registration(

@@ -13,6 +13,7 @@
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
+//! | `revoked/<machine>` | [`crate::RevokedMachine`] | — | API |
 //! | `registrations/<name>` | [`crate::RegistrationRecord`] (hash only) | its expiry's | API |
 //! | `tokens/<name>` | [`crate::TokenRecord`] (the token's hash, never the token) | — | API |
 //!
@@ -144,6 +145,14 @@ impl Keys {
     }
     pub fn leader(&self) -> String {
         self.key(&["engine", "leader"])
+    }
+
+    pub fn all_revoked(&self) -> String {
+        self.key(&["revoked", ""])
+    }
+
+    pub fn revoked(&self, machine: &str) -> String {
+        self.key(&["revoked", machine])
     }
 
     pub fn registrations(&self) -> String {
