@@ -23,7 +23,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 cargo fmt --all -- --check
 # Clients and the reconcilers build without the store backends and D-Bus they do not use.
-for crate in fleetctl fleet-client fleet-api fleet-engine fleet-agent; do
+for crate in fleetctl fleet-client fleet-api fleet-engine fleet-agent fleet-remote; do
   if cargo tree -p "$crate" -e normal | grep -E ' (etcd-client|tonic|prost|redb|zbus) '; then
     echo "$crate must not depend on a store backend or D-Bus (see ARCHITECTURE.md)"; exit 1
   fi

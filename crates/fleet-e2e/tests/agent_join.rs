@@ -161,3 +161,56 @@ fn agents_join_with_a_registration_token_and_renew_their_certificate() {
     assert!(!log.contains(&token[9..]) && !log.contains(&brief[9..]), "a registration token reached the log");
     assert!(log.contains("machine joined with a registration token"), "{log}");
 }
+
+/// The agent's side: `fleet_remote::Manager` joins, keeps the credentials (0600), renews them
+/// with the certificate, and reports a refusal without the token in it.
+#[test]
+fn the_agent_side_joins_keeps_and_renews_its_credentials() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let fleetd = Fleetd::start(
+        "e2e0manager00002",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("agent_cert_lifetime", "1h"),
+        ],
+    );
+    let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "--metadata", "zone=a", "z"]).stdout;
+    let token = token.trim();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let manager = fleet_remote::Manager::new(
+        &format!("https://localhost:{port}"),
+        Some(std::fs::read(&api_ca_file).expect("CA")),
+        Duration::from_secs(10),
+    )
+    .expect("manager");
+    let (credentials, metadata) = rt.block_on(manager.join(token, "agent-7")).expect("join");
+    assert_eq!(metadata.get("zone").map(String::as_str), Some("a"));
+    assert_eq!(credentials.machine_id, "agent-7");
+    assert_eq!(credentials.not_after - credentials.not_before, 3600 + 300, "an hour, from five minutes back");
+    assert!(!credentials.renewal_due(std::time::SystemTime::now()));
+
+    let state = tempfile::tempdir().expect("state");
+    credentials.save(state.path()).expect("save");
+    let loaded = fleet_remote::MachineCredentials::load(state.path()).expect("load").expect("kept");
+    let renewed = rt.block_on(manager.renew(&loaded)).expect("renew");
+    assert_eq!(renewed.machine_id, "agent-7");
+    assert_ne!(renewed.key, loaded.key, "a new key pair");
+
+    let refused = rt.block_on(manager.join(token, "agent-8")).expect_err("used up");
+    assert!(matches!(refused, fleet_remote::ManagerError::Refused { status: 401, .. }), "{refused}");
+    assert!(!refused.to_string().contains(&token[9..]), "the token is in the error: {refused}");
+}

@@ -1,0 +1,137 @@
+//! Talking to a manager: joining with a registration token and renewing the machine
+//! certificate. Every connection is opened by the agent (HTTPS, honouring `HTTPS_PROXY`).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, ErrorBody};
+use rcgen::{CertificateParams, DistinguishedName, KeyPair};
+
+use crate::credentials::MachineCredentials;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// The manager answered with a refusal (a bad, used-up or revoked token, a machine ID in
+    /// use...): trying again as is will not help.
+    #[error("the manager refused: {status}: {message}")]
+    Refused { status: u16, message: String },
+    /// No answer: try again later.
+    #[error("cannot reach the manager: {0}")]
+    Unreachable(String),
+    #[error("unusable answer from the manager: {0}")]
+    BadAnswer(String),
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// One manager URL (`https://manager:4002`), trusted through `server_ca` (PEM) or the system's
+/// roots.
+pub struct Manager {
+    base: String,
+    server_ca: Option<Vec<u8>>,
+    timeout: Duration,
+}
+
+/// A new key pair and a certificate signing request over it (its subject is left to the CA).
+fn key_and_request() -> Result<(KeyPair, String), ManagerError> {
+    let setup = |error: rcgen::Error| ManagerError::Setup(format!("cannot make a key pair: {error}"));
+    let key = KeyPair::generate().map_err(setup)?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = DistinguishedName::new();
+    let request = params.serialize_request(&key).map_err(setup)?.pem().map_err(setup)?;
+    Ok((key, request))
+}
+
+impl Manager {
+    pub fn new(url: &str, server_ca: Option<Vec<u8>>, timeout: Duration) -> Result<Self, ManagerError> {
+        if !url.starts_with("https://") {
+            return Err(ManagerError::Setup(format!("the manager URL must start with https://: {url:?}")));
+        }
+        Ok(Self { base: url.trim_end_matches('/').to_string(), server_ca, timeout })
+    }
+
+    fn client(&self, identity: Option<&MachineCredentials>) -> Result<reqwest::Client, ManagerError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let setup = |error: reqwest::Error| ManagerError::Setup(error.to_string());
+        let mut builder = reqwest::Client::builder().timeout(self.timeout).connect_timeout(self.timeout);
+        if let Some(pem) = &self.server_ca {
+            builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem).map_err(setup)?);
+        }
+        if let Some(credentials) = identity {
+            let pem = format!("{}\n{}", credentials.certificate, credentials.key);
+            builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes()).map_err(setup)?);
+        }
+        builder.build().map_err(setup)
+    }
+
+    async fn post(
+        &self,
+        client: &reqwest::Client,
+        path: &str,
+        token: Option<&str>,
+        body: String,
+    ) -> Result<AgentCertificate, ManagerError> {
+        let mut request =
+            client.post(format!("{}{path}", self.base)).header("Content-Type", "application/json").body(body);
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await.map_err(|error| ManagerError::Unreachable(without_url(&error)))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|error| ManagerError::Unreachable(without_url(&error)))?;
+        if !status.is_success() {
+            let message =
+                serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
+            return Err(ManagerError::Refused { status: status.as_u16(), message });
+        }
+        serde_json::from_slice(&bytes).map_err(|error| ManagerError::BadAnswer(error.to_string()))
+    }
+
+    /// Joins as `machine_id` with a registration `token`: a key pair made here, a certificate
+    /// from the agent CA over it, and the metadata the token gives the machine.
+    pub async fn join(
+        &self,
+        token: &str,
+        machine_id: &str,
+    ) -> Result<(MachineCredentials, BTreeMap<String, String>), ManagerError> {
+        let (key, csr) = key_and_request()?;
+        let body = serde_json::to_string(&AgentJoinRequest { machine_id: machine_id.to_string(), csr })
+            .map_err(|error| ManagerError::Setup(error.to_string()))?;
+        let answer = self.post(&self.client(None)?, "/fleet/v1/agents/join", Some(token), body).await?;
+        if answer.machine_id != machine_id {
+            return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
+        }
+        let credentials =
+            MachineCredentials::new(answer.machine_id, answer.certificate, key.serialize_pem(), answer.ca_certificate)
+                .map_err(|error| ManagerError::BadAnswer(error.to_string()))?;
+        Ok((credentials, answer.metadata))
+    }
+
+    /// A new certificate over a new key pair, proven by the current certificate.
+    pub async fn renew(&self, current: &MachineCredentials) -> Result<MachineCredentials, ManagerError> {
+        let (key, csr) = key_and_request()?;
+        let body = serde_json::to_string(&AgentRenewRequest { csr })
+            .map_err(|error| ManagerError::Setup(error.to_string()))?;
+        let answer = self.post(&self.client(Some(current))?, "/fleet/v1/agents/renew", None, body).await?;
+        if answer.machine_id != current.machine_id {
+            return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
+        }
+        MachineCredentials::new(answer.machine_id, answer.certificate, key.serialize_pem(), answer.ca_certificate)
+            .map_err(|error| ManagerError::BadAnswer(error.to_string()))
+    }
+}
+
+/// A transport error's text without the URL (which holds nothing secret, but keeps the
+/// message short) and never the request's headers.
+fn without_url(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    if let Some(url) = error.url() {
+        text = text.replace(url.as_str(), "the manager");
+    }
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
