@@ -235,3 +235,67 @@ pub struct AgentCertificate {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
 }
+
+/// `PUT /fleet/v1/agents/{machine}/machine`: a pull agent announces itself (our addition).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentMachine {
+    #[serde(rename = "publicIP", default)]
+    pub public_ip: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub version: String,
+}
+
+/// A unit a machine should hold: its name, body hash and desired state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentUnit {
+    pub name: String,
+    pub hash: String,
+    pub desired_state: String,
+}
+
+/// `GET /fleet/v1/agents/{machine}/work`: what the machine should hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AgentWork {
+    /// The machine as the cluster sees it (runtime metadata included); absent while it is
+    /// not registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<Machine>,
+    #[serde(default)]
+    pub scheduled: Vec<AgentUnit>,
+    #[serde(default)]
+    pub globals: Vec<AgentUnit>,
+}
+
+/// One unit's state as its machine reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentUnitState {
+    pub name: String,
+    pub hash: String,
+    pub systemd_load_state: String,
+    pub systemd_active_state: String,
+    pub systemd_sub_state: String,
+    #[serde(default)]
+    pub launched: bool,
+}
+
+/// `POST /fleet/v1/agents/{machine}/states`: state changes of the machine's own units.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentStates {
+    #[serde(default)]
+    pub set: Vec<AgentUnitState>,
+    #[serde(default)]
+    pub removed: Vec<String>,
+}
+
+/// `GET /fleet/v1/agents/{machine}/bodies/{hash}`: a unit body the machine was given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentUnitBody {
+    pub options: Vec<UnitOption>,
+}

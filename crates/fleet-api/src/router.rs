@@ -17,7 +17,7 @@ use fleet_core::access::{Access, Action, decide};
 
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
-use crate::handlers::{agents, journal, machines, registration_tokens, state, tokens, units};
+use crate::handlers::{agent_facet, agents, journal, machines, registration_tokens, state, tokens, units};
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
 
@@ -43,6 +43,8 @@ pub struct ApiState {
     pub auth: Auth,
     /// The agent CA, on a fleetd that signs machine certificates for joining pull agents.
     pub agent_ca: Option<Arc<crate::auth::agent_ca::AgentCa>>,
+    /// The agent's side of the store, on a fleetd that serves pull agents (a manager).
+    pub agents: Option<Arc<dyn fleet_registry::AgentRegistry>>,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
@@ -149,6 +151,15 @@ pub fn percent_decode(text: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// Which part of a machine's own side of the store a pull agent asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum AgentPart {
+    Machine,
+    Work,
+    Body(String),
+    States,
+}
+
 /// What a request asks for once the API prefix is off.
 enum Resource {
     Root,
@@ -167,6 +178,8 @@ enum Resource {
     AgentJoin,
     AgentRenew,
     AgentRevoke(String),
+    /// `/agents/{machine}/machine`, `/work`, `/bodies/{hash}`, `/states`.
+    AgentFacet(String, AgentPart),
     Unknown,
 }
 
@@ -199,6 +212,19 @@ fn resource(path: &str) -> Resource {
         ["agents", "join"] => Resource::AgentJoin,
         ["agents", "renew"] => Resource::AgentRenew,
         ["agents", machine, "revoke"] => name(machine).map_or(Resource::Unknown, Resource::AgentRevoke),
+        ["agents", machine, part] => {
+            let part = match *part {
+                "machine" => AgentPart::Machine,
+                "work" => AgentPart::Work,
+                "states" => AgentPart::States,
+                _ => return Resource::Unknown,
+            };
+            name(machine).map_or(Resource::Unknown, |machine| Resource::AgentFacet(machine, part))
+        }
+        ["agents", machine, "bodies", hash] => match (name(machine), name(hash)) {
+            (Some(machine), Some(hash)) => Resource::AgentFacet(machine, AgentPart::Body(hash)),
+            _ => Resource::Unknown,
+        },
         ["registration-tokens", token] => name(token).map_or(Resource::Unknown, Resource::RegistrationToken),
         _ => Resource::Unknown,
     }
@@ -221,6 +247,12 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::AgentJoin, &Method::POST) => Action::Join,
         (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
         (Resource::AgentRevoke(_), &Method::POST) => Action::ManageCredentials,
+        (Resource::AgentFacet(machine, part), method) => match (part, method) {
+            (AgentPart::Machine, &Method::PUT)
+            | (AgentPart::Work | AgentPart::Body(_), &Method::GET)
+            | (AgentPart::States, &Method::POST) => Action::MachineFacet(machine),
+            _ => return None,
+        },
         _ => return None,
     })
 }
@@ -370,6 +402,17 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
             _ => Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine renews its certificate")),
         },
         (Resource::AgentRevoke(machine), &Method::POST) => agents::revoke(state, machine).await,
+        (Resource::AgentFacet(machine, part), method) => match (part, method) {
+            (AgentPart::Machine, &Method::PUT) => agent_facet::register(state, machine, &body).await,
+            (AgentPart::Work, &Method::GET) => agent_facet::work(state, machine).await,
+            (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
+            (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, &body).await,
+            (AgentPart::Machine, _) => Err(ApiError::method_not_allowed("only PUT supported against this resource")),
+            (AgentPart::Work | AgentPart::Body(_), _) => {
+                Err(ApiError::method_not_allowed("only GET supported against this resource"))
+            }
+            (AgentPart::States, _) => Err(ApiError::method_not_allowed("only POST supported against this resource")),
+        },
         (Resource::AgentJoin | Resource::AgentRenew | Resource::AgentRevoke(_), _) => {
             Err(ApiError::method_not_allowed("only POST supported against this resource"))
         }

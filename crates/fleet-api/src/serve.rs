@@ -254,6 +254,7 @@ mod tests {
             local: None,
             auth: crate::auth::Auth::new(Arc::new(registry), Some(fleet_core::access::Role::Viewer)),
             agent_ca: None,
+            agents: None,
         };
         let unix = dir.path().join("api.sock");
         let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];

@@ -132,6 +132,9 @@ pub enum Action<'a> {
     Join,
     /// Renews the caller's own machine certificate.
     RenewMachine,
+    /// The agent's side of the store for one machine: its presence, its work, the bodies of
+    /// its units, its units' states (what a pull agent does through its manager).
+    MachineFacet(&'a str),
 }
 
 impl Action<'_> {
@@ -170,7 +173,9 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
         // Joining takes a registration token, renewing a machine certificate: no other
         // credential stands in for them, and they stand in for no other.
         (Role::Joining, Action::Join) | (Role::Machine { .. }, Action::RenewMachine) => Access::Allowed,
-        (_, Action::Join | Action::RenewMachine) | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
+        (Role::Machine { id }, Action::MachineFacet(machine)) if id == machine => Access::Allowed,
+        (_, Action::Join | Action::RenewMachine | Action::MachineFacet(_))
+        | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
         (Role::Admin, _) => Access::Allowed,
         (_, Action::ManageCredentials) => Access::Denied,
         (_, Action::ReadUnit(_)) if outside_scope => Access::Hidden,
@@ -200,14 +205,16 @@ mod tests {
             Action::ManageCredentials,
             Action::Join,
             Action::RenewMachine,
+            Action::MachineFacet("m1"),
+            Action::MachineFacet("m2"),
         ];
-        let table: [(Role, [Access; 7]); 6] = [
-            (Role::Admin, [A, A, A, A, A, D, D]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D]),
-            (operator("web-*"), [A, A, A, A, D, D, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A]),
-            (Role::Joining, [D, D, D, D, D, A, D]),
+        let table: [(Role, [Access; 9]); 6] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D]),
+            (operator("web-*"), [A, A, A, A, D, D, D, D, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

@@ -26,6 +26,7 @@ fn fixture() -> &'static Fixture {
             local: None,
             auth: fleet_api::auth::Auth::new(Arc::new(registry), None),
             agent_ca: None,
+            agents: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }

@@ -207,6 +207,8 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         token_limit: token_limit.clone(),
         local: Some(LocalMachine { machine_id: machine_id.clone(), manager: manager.clone() }),
         auth: Auth::new(registry.clone(), config.api_anonymous_role.clone()),
+        // A fleetd that signs machine certificates is a manager: it serves pull agents.
+        agents: agent_ca.as_ref().map(|_| registry.clone() as Arc<dyn fleet_registry::AgentRegistry>),
         agent_ca,
     };
     let api_tls = tls.clone();

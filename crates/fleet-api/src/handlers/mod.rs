@@ -1,5 +1,6 @@
 //! One module per resource.
 
+pub mod agent_facet;
 pub mod agents;
 pub mod journal;
 pub mod machines;

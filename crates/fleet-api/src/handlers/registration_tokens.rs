@@ -29,7 +29,7 @@ fn to_schema(record: RegistrationRecord) -> RegistrationToken {
 
 /// Checks metadata as machines carry it: short keys of letters, digits, `-`, `_`, `.`, and
 /// values without control characters.
-fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
+pub(crate) fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), ApiError> {
     if metadata.len() > MAX_METADATA {
         return Err(ApiError::bad_request(format!("too much metadata: at most {MAX_METADATA} pairs")));
     }

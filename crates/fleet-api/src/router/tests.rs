@@ -25,6 +25,7 @@ async fn api(token_limit: u16) -> Api {
         local: None,
         auth: Auth::new(Arc::new(registry.clone()), None),
         agent_ca: None,
+        agents: None,
     };
     Api { router: router(state), registry, _dir: dir }
 }

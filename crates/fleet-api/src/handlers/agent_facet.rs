@@ -1,0 +1,121 @@
+//! `/agents/{machine}/…`: the agent's side of the store, served to a pull agent through its
+//! manager. The router admits only the machine itself (by its certificate); here each request
+//! is also held to the machine's own work: the bodies of units it was given, the states of
+//! units it holds.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use fleet_core::{MachineState, StateReport, SystemdState, UnitHash, UnitState};
+use fleet_registry::{AgentRegistry, AssignedUnit, MachineWork};
+
+use super::registration_tokens::check_metadata;
+use crate::router::{ApiError, ApiState, json_response};
+use crate::schema::{AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentWork, Machine, UnitOption};
+
+fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
+    state.agents.as_ref().ok_or_else(|| ApiError::not_found("this fleetd serves no pull agents"))
+}
+
+fn forbidden(message: String) -> ApiError {
+    ApiError::new(StatusCode::FORBIDDEN, message)
+}
+
+fn to_schema(unit: AssignedUnit) -> AgentUnit {
+    AgentUnit { name: unit.name, hash: unit.hash.to_string(), desired_state: unit.desired.to_string() }
+}
+
+/// The names and body hashes of what `machine` holds: its schedule and the global units.
+fn held(work: &MachineWork) -> (BTreeSet<&str>, BTreeSet<UnitHash>) {
+    let units = work.scheduled.iter().chain(&work.globals);
+    let names = units.clone().map(|unit| unit.name.as_str()).collect();
+    let hashes = units.map(|unit| unit.hash).collect();
+    (names, hashes)
+}
+
+pub async fn register(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let agents = agents(state)?;
+    let request: AgentMachine =
+        serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid machine: {error}")))?;
+    if !request.public_ip.is_empty() && request.public_ip.parse::<std::net::IpAddr>().is_err() {
+        return Err(ApiError::bad_request("invalid publicIP"));
+    }
+    check_metadata(&request.metadata)?;
+    if request.version.len() > 64 || request.version.chars().any(char::is_control) {
+        return Err(ApiError::bad_request("invalid version"));
+    }
+    let machine = MachineState {
+        id: machine_id.to_string(),
+        public_ip: request.public_ip,
+        metadata: request.metadata,
+        version: request.version,
+        // A pull agent never leads the engine: it has no store of its own.
+        disable_engine: true,
+    };
+    agents.register_machine(&machine).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+pub async fn work(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
+    let work = agents(state)?.machine_work(machine_id).await?;
+    let machine = work.machine.map(|machine| Machine {
+        id: machine.id,
+        metadata: machine.metadata,
+        primary_ip: machine.public_ip,
+    });
+    let answer = AgentWork {
+        machine,
+        scheduled: work.scheduled.into_iter().map(to_schema).collect(),
+        globals: work.globals.into_iter().map(to_schema).collect(),
+    };
+    Ok(json_response(StatusCode::OK, &answer))
+}
+
+pub async fn body(state: &ApiState, machine_id: &str, hash: &str) -> Result<Response, ApiError> {
+    let agents = agents(state)?;
+    let hash = UnitHash::parse_hex(hash).ok_or_else(|| ApiError::bad_request("invalid unit hash"))?;
+    let work = agents.machine_work(machine_id).await?;
+    if !held(&work).1.contains(&hash) {
+        return Err(forbidden(format!("machine {machine_id} holds no unit with body {hash}")));
+    }
+    let file = agents.unit_body(&hash).await?.ok_or_else(|| ApiError::not_found("unit body does not exist"))?;
+    let options = file
+        .into_options()
+        .into_iter()
+        .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
+        .collect();
+    Ok(json_response(StatusCode::OK, &AgentUnitBody { options }))
+}
+
+pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let agents = agents(state)?;
+    let request: AgentStates =
+        serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid states: {error}")))?;
+    let work = agents.machine_work(machine_id).await?;
+    let (names, _) = held(&work);
+    let outside = request.set.iter().map(|state| state.name.as_str()).chain(request.removed.iter().map(String::as_str));
+    if let Some(name) = outside.into_iter().find(|name| !names.contains(name)) {
+        return Err(forbidden(format!("machine {machine_id} does not hold {name}")));
+    }
+    let mut reports = Vec::with_capacity(request.set.len() + request.removed.len());
+    for reported in request.set {
+        let hash = UnitHash::parse_hex(&reported.hash).ok_or_else(|| ApiError::bad_request("invalid unit hash"))?;
+        let systemd = SystemdState::new(
+            &reported.systemd_load_state,
+            &reported.systemd_active_state,
+            &reported.systemd_sub_state,
+        );
+        reports.push(StateReport::Set(UnitState {
+            name: reported.name,
+            machine_id: machine_id.to_string(),
+            hash,
+            systemd,
+            launched: reported.launched,
+        }));
+    }
+    reports.extend(request.removed.into_iter().map(StateReport::Remove));
+    agents.report_states(machine_id, &reports).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

@@ -1,0 +1,169 @@
+//! What a pull agent's certificate opens, through a real manager on a real store: its own
+//! presence, its own work, the bodies of the units it holds and the states of those units;
+//! nothing of another machine's, and nothing at all once it is revoked.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fleet_e2e::Fleetd;
+use fleet_e2e::https::{Answer, Caller, Credentials};
+use fleet_e2e::pki::Authority;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+fn json(answer: &Answer) -> serde_json::Value {
+    serde_json::from_str(&answer.body).unwrap_or_default()
+}
+
+/// An agent's caller: its certificate and key on disk.
+fn agent_caller(
+    dir: &std::path::Path,
+    base: &str,
+    ca: &PathBuf,
+    credentials: &fleet_remote::MachineCredentials,
+) -> Caller {
+    let (cert, key) =
+        (dir.join(format!("{}.pem", credentials.machine_id)), dir.join(format!("{}-key.pem", credentials.machine_id)));
+    std::fs::write(&cert, &credentials.certificate).expect("certificate");
+    std::fs::write(&key, &credentials.key).expect("key");
+    Caller::new(base, Some(ca), Credentials { token: None, certificate: Some((&cert, &key)) }).expect("caller")
+}
+
+#[test]
+fn a_machine_certificate_opens_only_that_machines_own_work() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let fleetd = Fleetd::start(
+        "e2e0manager00003",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("unit_manager", "native"),
+        ],
+    );
+    let base = format!("https://localhost:{port}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let manager =
+        fleet_remote::Manager::new(&base, Some(std::fs::read(&api_ca_file).expect("CA")), Duration::from_secs(10))
+            .expect("manager");
+    let token = fleetd.ok(&["registration-token", "create", "--max-uses", "2", "pair"]).stdout.trim().to_string();
+    let (a, _) = rt.block_on(manager.join(&token, "agent-a")).expect("join a");
+    let (b, _) = rt.block_on(manager.join(&token, "agent-b")).expect("join b");
+    let (agent_a, agent_b) =
+        (agent_caller(dir.path(), &base, &api_ca_file, &a), agent_caller(dir.path(), &base, &api_ca_file, &b));
+    let call = |caller: &Caller, method: &str, path: &str, body: Option<&str>| {
+        rt.block_on(caller.call(method, path, body)).expect("an answer")
+    };
+
+    // Each announces itself, and only itself.
+    let machine = r#"{"publicIP":"127.0.0.9","metadata":{"kind":"pull"},"version":"0.1.0"}"#;
+    assert_eq!(call(&agent_a, "PUT", "/fleet/v1/agents/agent-a/machine", Some(machine)).status, 204);
+    assert_eq!(call(&agent_b, "PUT", "/fleet/v1/agents/agent-b/machine", Some(machine)).status, 204);
+    assert_eq!(call(&agent_a, "PUT", "/fleet/v1/agents/agent-b/machine", Some(machine)).status, 403);
+    let machines = fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout;
+    assert!(
+        machines.contains("agent-a") && machines.contains("agent-b") && machines.contains("kind=pull"),
+        "{machines}"
+    );
+
+    // Units for each, and one for all.
+    let units = tempfile::tempdir().expect("units");
+    for (name, text) in [
+        ("for-a.service", "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=agent-a\n"),
+        ("for-b.service", "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=agent-b\n"),
+        (
+            "everywhere.service",
+            "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nGlobal=true\nMachineMetadata=kind=pull\n",
+        ),
+    ] {
+        fleet_e2e::write_unit(units.path(), name, text);
+    }
+    fleetd.fleetctl_in(units.path(), &["start", "--no-block", "for-a.service", "for-b.service", "everywhere.service"]);
+    let work =
+        |caller: &Caller, machine: &str| json(&call(caller, "GET", &format!("/fleet/v1/agents/{machine}/work"), None));
+    fleetd.wait_until("for-a is scheduled on agent-a", Duration::from_secs(20), |_| {
+        work(&agent_a, "agent-a")["scheduled"].as_array().is_some_and(|units| !units.is_empty())
+    });
+    let mine = work(&agent_a, "agent-a");
+    let names: Vec<&str> = mine["scheduled"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .chain(mine["globals"].as_array().into_iter().flatten())
+        .filter_map(|unit| unit["name"].as_str())
+        .collect();
+    assert_eq!(names, ["for-a.service", "everywhere.service"], "{mine}");
+    assert_eq!(mine["machine"]["metadata"]["kind"], "pull");
+    let hash_a = mine["scheduled"][0]["hash"].as_str().expect("hash").to_string();
+    let hash_global = mine["globals"][0]["hash"].as_str().expect("hash").to_string();
+    let hash_b = work(&agent_b, "agent-b")["scheduled"][0]["hash"].as_str().expect("hash").to_string();
+
+    // Another machine's work and bodies are refused.
+    assert_eq!(call(&agent_a, "GET", "/fleet/v1/agents/agent-b/work", None).status, 403);
+    assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies/{hash_a}"), None).status, 200);
+    assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies/{hash_global}"), None).status, 200);
+    let body = call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies/{hash_a}"), None);
+    assert!(body.body.contains("/bin/sleep 1000"), "{}", body.body);
+    assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies/{hash_b}"), None).status, 403);
+    assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-b/bodies/{hash_b}"), None).status, 403);
+    assert_eq!(call(&agent_a, "GET", "/fleet/v1/agents/agent-a/bodies/nothex", None).status, 400);
+
+    // States: its own units only.
+    let state = |name: &str, hash: &str| {
+        serde_json::json!({ "set": [{ "name": name, "hash": hash, "systemdLoadState": "loaded",
+            "systemdActiveState": "active", "systemdSubState": "running", "launched": true }] })
+        .to_string()
+    };
+    assert_eq!(
+        call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(&state("for-a.service", &hash_a))).status,
+        204
+    );
+    let states = fleetd.api("GET", "/fleet/v1/state?machineID=agent-a", "");
+    assert!(states.contains("for-a.service") && states.contains("running"), "{states}");
+    assert_eq!(
+        call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(&state("for-b.service", &hash_b))).status,
+        403
+    );
+    assert_eq!(
+        call(&agent_a, "POST", "/fleet/v1/agents/agent-b/states", Some(&state("for-b.service", &hash_b))).status,
+        403
+    );
+    let removed = r#"{"removed":["for-b.service"]}"#;
+    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(removed)).status, 403);
+    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some("{not json")).status, 400);
+
+    // Nobody else uses these endpoints: not an administrator, not a registration token.
+    let admin = fleetd.ok(&["token", "create", "--role", "admin", "root"]).stdout.trim().to_string();
+    let admin =
+        Caller::new(&base, Some(&api_ca_file), Credentials { token: Some(&admin), certificate: None }).expect("caller");
+    assert_eq!(call(&admin, "GET", "/fleet/v1/agents/agent-a/work", None).status, 403);
+
+    // Revoked: nothing more, the machine leaves, and its unit waits for it.
+    fleetd.ok(&["machine", "revoke", "agent-a"]);
+    fleetd.wait_until("agent-a's certificate is refused", Duration::from_secs(1), |_| {
+        call(&agent_a, "GET", "/fleet/v1/agents/agent-a/work", None).status == 401
+    });
+    let machines = fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout;
+    assert!(!machines.contains("agent-a") && machines.contains("agent-b"), "{machines}");
+    fleetd.wait_until("for-a.service is unplaced", Duration::from_secs(20), |fleetd| {
+        fleetd
+            .ok(&["list-unit-files", "--no-legend", "--fields", "unit,tmachine"])
+            .stdout
+            .lines()
+            .any(|line| line.starts_with("for-a.service") && line.ends_with('-'))
+    });
+}
