@@ -2,7 +2,6 @@
 //! presence, its own work, the bodies of the units it holds and the states of those units;
 //! nothing of another machine's, and nothing at all once it is revoked.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use fleet_e2e::Fleetd;
@@ -21,7 +20,7 @@ fn json(answer: &Answer) -> serde_json::Value {
 fn agent_caller(
     dir: &std::path::Path,
     base: &str,
-    ca: &PathBuf,
+    ca: &std::path::Path,
     credentials: &fleet_remote::MachineCredentials,
 ) -> Caller {
     let (cert, key) =
