@@ -299,3 +299,10 @@ pub struct AgentStates {
 pub struct AgentUnitBody {
     pub options: Vec<UnitOption>,
 }
+
+/// `GET /fleet/v1/agents/{machine}/changes?after=N`: answers when the machine's work may have
+/// changed since revision `N` (or after a while with the same revision).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentChanges {
+    pub revision: u64,
+}

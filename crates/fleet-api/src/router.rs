@@ -156,6 +156,7 @@ pub fn percent_decode(text: &str) -> Option<String> {
 enum AgentPart {
     Machine,
     Work,
+    Changes,
     Body(String),
     States,
 }
@@ -216,6 +217,7 @@ fn resource(path: &str) -> Resource {
             let part = match *part {
                 "machine" => AgentPart::Machine,
                 "work" => AgentPart::Work,
+                "changes" => AgentPart::Changes,
                 "states" => AgentPart::States,
                 _ => return Resource::Unknown,
             };
@@ -248,8 +250,8 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
         (Resource::AgentRevoke(_), &Method::POST) => Action::ManageCredentials,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
-            (AgentPart::Machine, &Method::PUT)
-            | (AgentPart::Work | AgentPart::Body(_), &Method::GET)
+            (AgentPart::Machine, &Method::PUT | &Method::DELETE)
+            | (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), &Method::GET)
             | (AgentPart::States, &Method::POST) => Action::MachineFacet(machine),
             _ => return None,
         },
@@ -404,11 +406,15 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::AgentRevoke(machine), &Method::POST) => agents::revoke(state, machine).await,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
             (AgentPart::Machine, &Method::PUT) => agent_facet::register(state, machine, &body).await,
+            (AgentPart::Machine, &Method::DELETE) => agent_facet::unregister(state, machine).await,
             (AgentPart::Work, &Method::GET) => agent_facet::work(state, machine).await,
+            (AgentPart::Changes, &Method::GET) => agent_facet::changes(state, machine, query).await,
             (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
             (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, &body).await,
-            (AgentPart::Machine, _) => Err(ApiError::method_not_allowed("only PUT supported against this resource")),
-            (AgentPart::Work | AgentPart::Body(_), _) => {
+            (AgentPart::Machine, _) => {
+                Err(ApiError::method_not_allowed("only PUT and DELETE supported against this resource"))
+            }
+            (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), _) => {
                 Err(ApiError::method_not_allowed("only GET supported against this resource"))
             }
             (AgentPart::States, _) => Err(ApiError::method_not_allowed("only POST supported against this resource")),

@@ -7,6 +7,8 @@
 
 mod credentials;
 mod manager;
+mod registry;
 
 pub use credentials::{CredentialsError, MachineCredentials};
 pub use manager::{Manager, ManagerError};
+pub use registry::{RemoteRegistry, start};

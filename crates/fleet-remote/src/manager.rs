@@ -50,10 +50,21 @@ impl Manager {
         Ok(Self { base: url.trim_end_matches('/').to_string(), server_ca, timeout })
     }
 
-    fn client(&self, identity: Option<&MachineCredentials>) -> Result<reqwest::Client, ManagerError> {
+    /// The manager's base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// An HTTPS client for the manager, presenting `identity` if given; requests give up after
+    /// `timeout`.
+    pub(crate) fn client(
+        &self,
+        identity: Option<&MachineCredentials>,
+        timeout: Duration,
+    ) -> Result<reqwest::Client, ManagerError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let setup = |error: reqwest::Error| ManagerError::Setup(error.to_string());
-        let mut builder = reqwest::Client::builder().timeout(self.timeout).connect_timeout(self.timeout);
+        let mut builder = reqwest::Client::builder().timeout(timeout).connect_timeout(self.timeout.min(timeout));
         if let Some(pem) = &self.server_ca {
             builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem).map_err(setup)?);
         }
@@ -97,7 +108,7 @@ impl Manager {
         let (key, csr) = key_and_request()?;
         let body = serde_json::to_string(&AgentJoinRequest { machine_id: machine_id.to_string(), csr })
             .map_err(|error| ManagerError::Setup(error.to_string()))?;
-        let answer = self.post(&self.client(None)?, "/fleet/v1/agents/join", Some(token), body).await?;
+        let answer = self.post(&self.client(None, self.timeout)?, "/fleet/v1/agents/join", Some(token), body).await?;
         if answer.machine_id != machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
         }
@@ -112,7 +123,8 @@ impl Manager {
         let (key, csr) = key_and_request()?;
         let body = serde_json::to_string(&AgentRenewRequest { csr })
             .map_err(|error| ManagerError::Setup(error.to_string()))?;
-        let answer = self.post(&self.client(Some(current))?, "/fleet/v1/agents/renew", None, body).await?;
+        let answer =
+            self.post(&self.client(Some(current), self.timeout)?, "/fleet/v1/agents/renew", None, body).await?;
         if answer.machine_id != current.machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
         }
@@ -123,7 +135,7 @@ impl Manager {
 
 /// A transport error's text without the URL (which holds nothing secret, but keeps the
 /// message short) and never the request's headers.
-fn without_url(error: &reqwest::Error) -> String {
+pub(crate) fn without_url(error: &reqwest::Error) -> String {
     let mut text = error.to_string();
     if let Some(url) = error.url() {
         text = text.replace(url.as_str(), "the manager");

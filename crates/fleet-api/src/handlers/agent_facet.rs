@@ -13,7 +13,9 @@ use fleet_registry::{AgentRegistry, AssignedUnit, MachineWork};
 
 use super::registration_tokens::check_metadata;
 use crate::router::{ApiError, ApiState, json_response};
-use crate::schema::{AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentWork, Machine, UnitOption};
+use crate::schema::{
+    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentWork, Machine, UnitOption,
+};
 
 fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
     state.agents.as_ref().ok_or_else(|| ApiError::not_found("this fleetd serves no pull agents"))
@@ -56,6 +58,33 @@ pub async fn register(state: &ApiState, machine_id: &str, body: &[u8]) -> Result
     };
     agents.register_machine(&machine).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The machine leaves the cluster (a clean stop): it and its states go, its units move.
+pub async fn unregister(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
+    agents(state)?.unregister_machine(machine_id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// How long a `changes` request waits for a change before answering with none.
+const CHANGES_WAIT: std::time::Duration = std::time::Duration::from_secs(25);
+
+/// Answers when the machine's work may have changed since `after` (the revision its last
+/// answer gave), or after [`CHANGES_WAIT`] with the same revision: a long poll, opened by the
+/// agent, so a manager never connects to an agent.
+pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let agents = agents(state)?;
+    let after = match crate::router::first_value(query, "after") {
+        None => None,
+        Some(text) => Some(text.parse::<u64>().map_err(|_| ApiError::bad_request("invalid after"))?),
+    };
+    let mut signal = agents.machine_changes(machine_id);
+    let current = *signal.borrow_and_update();
+    if after.is_some_and(|after| after == current) {
+        let _ = tokio::time::timeout(CHANGES_WAIT, signal.changed()).await;
+    }
+    let revision = *signal.borrow();
+    Ok(json_response(StatusCode::OK, &AgentChanges { revision }))
 }
 
 pub async fn work(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {

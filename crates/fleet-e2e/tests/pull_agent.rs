@@ -1,0 +1,107 @@
+//! A pull agent end to end, without NAT yet: the real agent code on the remote store
+//! (`fleet_remote::RemoteRegistry`) joins a real manager with a registration token, announces
+//! itself, and runs what the engine schedules onto it (through a simulated unit manager),
+//! reporting states that fleetctl shows like any other machine's; a clean stop takes it out
+//! of the cluster. Every connection is opened by the agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::{MachineState, SystemdState};
+use fleet_e2e::Fleetd;
+use fleet_e2e::pki::Authority;
+use fleet_testkit::FakeUnitManager;
+use tokio::sync::watch;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
+}
+
+#[test]
+fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let fleetd = Fleetd::start(
+        "e2e0manager00004",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("unit_manager", "native"),
+            ("metadata", "kind=manager"),
+        ],
+    );
+    let token =
+        fleetd.ok(&["registration-token", "create", "--metadata", "kind=pull", "pull"]).stdout.trim().to_string();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let manager = fleet_remote::Manager::new(
+        &format!("https://localhost:{port}"),
+        Some(std::fs::read(&api_ca_file).expect("CA")),
+        Duration::from_secs(10),
+    )
+    .expect("manager");
+    let (credentials, metadata) = runtime.block_on(manager.join(&token, "pull-agent-1")).expect("join");
+    let units = Arc::new(FakeUnitManager::new());
+    let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+    let agent_task = {
+        let _entered = runtime.enter();
+        let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials).expect("remote store");
+        fleet_remote::start(&registry);
+        let config = AgentConfig {
+            machine: MachineState {
+                id: credentials.machine_id.clone(),
+                public_ip: "127.0.0.7".into(),
+                metadata,
+                version: "test".into(),
+                disable_engine: true,
+            },
+            reconcile_interval: Duration::from_secs(5),
+            debounce: Duration::from_millis(10),
+        };
+        runtime.spawn(Agent::new(config, registry, units.clone()).run(lifecycle_watch))
+    };
+
+    fleetd.wait_until("the pull agent shows in list-machines", Duration::from_secs(20), |fleetd| {
+        let machines = fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout;
+        machines.contains("pull-agent-1") && machines.contains("kind=pull")
+    });
+    let unit_dir = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        unit_dir.path(),
+        "job.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=kind=pull\n",
+    );
+    fleetd.fleetctl_in(unit_dir.path(), &["start", "--no-block", "job.service"]);
+    let running = Some(SystemdState::new("loaded", "active", "running"));
+    fleetd.wait_until("the pull agent runs job.service", Duration::from_secs(20), |_| {
+        units.state("job.service") == running
+    });
+    fleetd.wait_until("fleetctl shows it running there", Duration::from_secs(20), |fleetd| {
+        let rows = fleetd.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,active"]).stdout;
+        rows.lines().any(|row| row.starts_with("job.service") && row.contains("pull-agent-1") && row.contains("active"))
+    });
+
+    fleetd.ok(&["stop", "--no-block", "job.service"]);
+    fleetd.wait_until("the pull agent stops it", Duration::from_secs(20), |_| {
+        units.state("job.service").is_none_or(|state| state.active != "active")
+    });
+
+    let _ = lifecycle.send(Lifecycle::ShuttingDown);
+    runtime.block_on(agent_task).expect("the agent ends");
+    fleetd.wait_until("a clean stop takes the pull agent out", Duration::from_secs(20), |fleetd| {
+        !fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pull-agent-1")
+    });
+}

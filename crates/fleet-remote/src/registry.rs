@@ -1,0 +1,234 @@
+//! The remote store: the agent's facet of the registry ([`AgentRegistry`]) over a manager's
+//! HTTPS API, with the machine's own certificate. Every connection is opened by the agent;
+//! changes arrive by long polls that the agent opens too.
+
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fleet_api_schema::{
+    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody,
+};
+use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
+use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result};
+use tokio::sync::watch;
+
+use crate::credentials::MachineCredentials;
+use crate::manager::{Manager, ManagerError, without_url};
+
+/// How long a request may take; a long poll waits up to 25 s on the manager, so it gets more.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL_TIMEOUT: Duration = Duration::from_secs(40);
+
+fn unavailable(error: impl std::fmt::Display) -> RegistryError {
+    RegistryError::unavailable("manager", error)
+}
+
+/// The agent's facet of the store, reached through a manager.
+pub struct RemoteRegistry {
+    client: reqwest::Client,
+    poll_client: reqwest::Client,
+    base: String,
+    machine_id: String,
+    /// The machine as last announced, to announce again if the manager lost it.
+    announced: Mutex<Option<MachineState>>,
+    changes: watch::Sender<u64>,
+    poller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Drop for RemoteRegistry {
+    fn drop(&mut self) {
+        if let Some(poller) = self.poller.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            poller.abort();
+        }
+    }
+}
+
+fn assigned(unit: AgentUnit) -> Result<AssignedUnit> {
+    let hash = UnitHash::parse_hex(&unit.hash).ok_or_else(|| unavailable(format!("invalid hash for {}", unit.name)))?;
+    let desired = DesiredState::from_str(&unit.desired_state)
+        .map_err(|_| unavailable(format!("invalid desired state for {}", unit.name)))?;
+    Ok(AssignedUnit { name: unit.name, hash, desired })
+}
+
+impl RemoteRegistry {
+    /// A remote store for the machine `credentials` name, through `manager`.
+    pub fn new(manager: &Manager, credentials: &MachineCredentials) -> std::result::Result<Arc<Self>, ManagerError> {
+        let registry = Arc::new(Self {
+            client: manager.client(Some(credentials), REQUEST_TIMEOUT)?,
+            poll_client: manager.client(Some(credentials), POLL_TIMEOUT)?,
+            base: format!("{}/fleet/v1/agents/{}", manager.base(), credentials.machine_id),
+            machine_id: credentials.machine_id.clone(),
+            announced: Mutex::new(None),
+            changes: watch::channel(0).0,
+            poller: Mutex::new(None),
+        });
+        Ok(registry)
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>> {
+        let response = request.send().await.map_err(|error| unavailable(without_url(&error)))?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|error| unavailable(without_url(&error)))?;
+        if !status.is_success() {
+            let message =
+                serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
+            return Err(unavailable(format!("{status}: {message}")));
+        }
+        Ok(bytes.to_vec())
+    }
+
+    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let bytes = self.send(self.client.get(format!("{}{path}", self.base))).await?;
+        serde_json::from_slice(&bytes).map_err(unavailable)
+    }
+
+    fn check_machine(&self, machine_id: &str) -> Result<()> {
+        if machine_id == self.machine_id {
+            Ok(())
+        } else {
+            Err(unavailable(format!("this store serves machine {} only", self.machine_id)))
+        }
+    }
+
+    async fn announce(&self, machine: &MachineState) -> Result<()> {
+        let body = AgentMachine {
+            public_ip: machine.public_ip.clone(),
+            metadata: machine.metadata.clone(),
+            version: machine.version.clone(),
+        };
+        let body = serde_json::to_string(&body).map_err(unavailable)?;
+        self.send(
+            self.client.put(format!("{}/machine", self.base)).header("Content-Type", "application/json").body(body),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Polls the manager for changes to this machine's work and moves the signal on each.
+    fn start_polling(self: &Arc<Self>) {
+        let mut poller = self.poller.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if poller.is_some() {
+            return;
+        }
+        let registry = Arc::downgrade(self);
+        *poller = Some(tokio::spawn(async move {
+            let mut after: Option<u64> = None;
+            let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
+            loop {
+                let Some(registry) = registry.upgrade() else { return };
+                let path = match after {
+                    Some(after) => format!("{}/changes?after={after}", registry.base),
+                    None => format!("{}/changes", registry.base),
+                };
+                let answer = registry.send(registry.poll_client.get(path)).await;
+                let answer =
+                    answer.and_then(|bytes| serde_json::from_slice::<AgentChanges>(&bytes).map_err(unavailable));
+                match answer {
+                    Ok(changes) => {
+                        backoff.reset();
+                        if after.is_some_and(|after| after != changes.revision) {
+                            registry.changes.send_modify(|revision| *revision += 1);
+                        }
+                        after = Some(changes.revision);
+                    }
+                    Err(error) => {
+                        let wait = backoff.next_delay();
+                        tracing::warn!(%error, retry_in = ?wait, "cannot hear from the manager");
+                        drop(registry);
+                        tokio::time::sleep(wait).await;
+                        // Whatever changed meanwhile is read on the next reconcile.
+                        after = None;
+                    }
+                }
+            }
+        }));
+    }
+}
+
+/// Starts the long poll for changes; call once the registry is shared.
+pub fn start(registry: &Arc<RemoteRegistry>) {
+    registry.start_polling();
+}
+
+#[async_trait]
+impl AgentRegistry for RemoteRegistry {
+    async fn register_machine(&self, machine: &MachineState) -> Result<()> {
+        self.check_machine(&machine.id)?;
+        self.announce(machine).await?;
+        *self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(machine.clone());
+        Ok(())
+    }
+
+    async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
+        self.check_machine(machine_id)?;
+        self.send(self.client.delete(format!("{}/machine", self.base))).await.map(drop)
+    }
+
+    async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
+        self.check_machine(machine_id)?;
+        let mut work: AgentWork = self.get("/work").await?;
+        let announced = self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        if let (None, Some(machine)) = (&work.machine, announced) {
+            // The cluster lost this machine (it was gone longer than agent_ttl): announce it
+            // again, as an etcd machine does with a new lease.
+            tracing::info!("the manager no longer knows this machine; announcing it again");
+            self.announce(&machine).await?;
+            work = self.get("/work").await?;
+        }
+        let machine = work.machine.map(|machine| MachineState {
+            id: machine.id,
+            public_ip: machine.primary_ip,
+            metadata: machine.metadata,
+            ..MachineState::default()
+        });
+        Ok(MachineWork {
+            machine,
+            scheduled: work.scheduled.into_iter().map(assigned).collect::<Result<_>>()?,
+            globals: work.globals.into_iter().map(assigned).collect::<Result<_>>()?,
+        })
+    }
+
+    async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
+        let body: AgentUnitBody = self.get(&format!("/bodies/{hash}")).await?;
+        let options = body
+            .options
+            .into_iter()
+            .map(|option| UnitOption { section: option.section, name: option.name, value: option.value })
+            .collect();
+        let file = UnitFile::from_options(options);
+        if file.hash() != *hash {
+            return Err(unavailable(format!("the body sent for {hash} has another hash")));
+        }
+        Ok(Some(file))
+    }
+
+    async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()> {
+        self.check_machine(machine_id)?;
+        let mut states = AgentStates::default();
+        for report in reports {
+            match report {
+                StateReport::Set(state) => states.set.push(AgentUnitState {
+                    name: state.name.clone(),
+                    hash: state.hash.to_string(),
+                    systemd_load_state: state.systemd.load.clone(),
+                    systemd_active_state: state.systemd.active.clone(),
+                    systemd_sub_state: state.systemd.sub.clone(),
+                    launched: state.launched,
+                }),
+                StateReport::Remove(name) => states.removed.push(name.clone()),
+            }
+        }
+        let body = serde_json::to_string(&states).map_err(unavailable)?;
+        self.send(
+            self.client.post(format!("{}/states", self.base)).header("Content-Type", "application/json").body(body),
+        )
+        .await
+        .map(drop)
+    }
+
+    fn machine_changes(&self, _machine_id: &str) -> ChangeSignal {
+        self.changes.subscribe()
+    }
+}
