@@ -105,3 +105,122 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
         !fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pull-agent-1")
     });
 }
+
+/// A fleetd process in pull mode, with its own fleet.conf and log.
+struct PullFleetd {
+    dir: tempfile::TempDir,
+    child: Option<std::process::Child>,
+}
+
+impl PullFleetd {
+    fn start(manager_url: &str, ca: &std::path::Path, token: Option<&str>, dir: Option<tempfile::TempDir>) -> Self {
+        let dir = dir.unwrap_or_else(|| tempfile::tempdir().expect("dir"));
+        let mut config = format!(
+            "machine_id = pullfleetd000001\nstate_dir = {}\nunit_manager = native\nmanager_url = {manager_url}\n\
+             manager_ca_file = {}\npublic_ip = 127.0.0.8\nmetadata = kind=pull\n",
+            dir.path().join("state").display(),
+            ca.display()
+        );
+        if let Some(token) = token {
+            config.push_str(&format!("registration_token = {token}\n"));
+        }
+        std::fs::write(dir.path().join("fleet.conf"), config).expect("fleet.conf");
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(dir.path().join("fleetd.log")).expect("log");
+        let child = std::process::Command::new(fleet_e2e::binary("fleetd"))
+            .arg("-config")
+            .arg(dir.path().join("fleet.conf"))
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("fleetd");
+        Self { dir, child: Some(child) }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("fleetd.log")).unwrap_or_default()
+    }
+
+    /// SIGTERM, and wait for the exit.
+    fn stop(mut self) -> tempfile::TempDir {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill has no memory-safety preconditions.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let _ = child.wait();
+        }
+        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("dir"))
+    }
+}
+
+impl Drop for PullFleetd {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// fleetd itself in pull mode: joins with the token from its fleet.conf, runs what is
+/// scheduled onto it with the native supervisor, leaves on SIGTERM, and comes back without
+/// the token (it kept its certificate, 0600).
+#[test]
+fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let fleetd = Fleetd::start(
+        "e2e0manager00005",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("unit_manager", "native"),
+            ("metadata", "kind=manager"),
+        ],
+    );
+    let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "once"]).stdout.trim().to_string();
+    let manager_url = format!("https://localhost:{port}");
+    let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None);
+    let in_cluster =
+        |fleetd: &Fleetd| fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001");
+    fleetd.wait_until("the pull fleetd joins", Duration::from_secs(30), in_cluster);
+    let credentials = pull.dir.path().join("state/machine-credentials.json");
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&credentials).expect("kept").permissions());
+    assert_eq!(mode & 0o777, 0o600);
+
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "pulled.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+    );
+    fleetd.fleetctl_in(units.path(), &["start", "--no-block", "pulled.service"]);
+    let running_there = |fleetd: &Fleetd| {
+        let rows = fleetd.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,active,sub"]).stdout;
+        rows.lines()
+            .any(|row| row.starts_with("pulled.service") && row.contains("pullfleetd000001") && row.contains("running"))
+    };
+    fleetd.wait_until("the pull fleetd runs pulled.service", Duration::from_secs(30), running_there);
+    assert!(!pull.log().contains(&token[9..]), "the token reached the pull fleetd's log");
+
+    // SIGTERM: it stops its units and leaves.
+    let kept = pull.stop();
+    fleetd.wait_until("the pull fleetd left", Duration::from_secs(30), |fleetd| !in_cluster(fleetd));
+
+    // Back without the token (used up anyway): its own certificate is enough.
+    let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept));
+    fleetd.wait_until("the pull fleetd is back", Duration::from_secs(30), in_cluster);
+    fleetd.wait_until("and runs pulled.service again", Duration::from_secs(30), running_there);
+    assert!(back.log().contains("starting as a pull agent"), "{}", back.log());
+}

@@ -21,6 +21,9 @@ pub struct MachineCredentials {
     /// The certificate's validity, in seconds since the Unix epoch.
     pub not_before: u64,
     pub not_after: u64,
+    /// The metadata the registration token gave the machine when it joined.
+    #[serde(default)]
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for MachineCredentials {
@@ -80,6 +83,7 @@ impl MachineCredentials {
             ca_certificate,
             not_before: not_before as u64,
             not_after: not_after as u64,
+            metadata: Default::default(),
         })
     }
 

@@ -9,6 +9,6 @@ mod credentials;
 mod manager;
 mod registry;
 
-pub use credentials::{CredentialsError, MachineCredentials};
+pub use credentials::{CredentialsError, MachineCredentials, credentials_path};
 pub use manager::{Manager, ManagerError};
 pub use registry::{RemoteRegistry, start};

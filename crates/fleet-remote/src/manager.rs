@@ -112,9 +112,10 @@ impl Manager {
         if answer.machine_id != machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
         }
-        let credentials =
+        let mut credentials =
             MachineCredentials::new(answer.machine_id, answer.certificate, key.serialize_pem(), answer.ca_certificate)
                 .map_err(|error| ManagerError::BadAnswer(error.to_string()))?;
+        credentials.metadata = answer.metadata.clone();
         Ok((credentials, answer.metadata))
     }
 
@@ -128,8 +129,11 @@ impl Manager {
         if answer.machine_id != current.machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
         }
-        MachineCredentials::new(answer.machine_id, answer.certificate, key.serialize_pem(), answer.ca_certificate)
-            .map_err(|error| ManagerError::BadAnswer(error.to_string()))
+        let mut renewed =
+            MachineCredentials::new(answer.machine_id, answer.certificate, key.serialize_pem(), answer.ca_certificate)
+                .map_err(|error| ManagerError::BadAnswer(error.to_string()))?;
+        renewed.metadata = current.metadata.clone();
+        Ok(renewed)
     }
 }
 

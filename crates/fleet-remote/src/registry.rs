@@ -27,14 +27,29 @@ fn unavailable(error: impl std::fmt::Display) -> RegistryError {
 
 /// The agent's facet of the store, reached through a manager.
 pub struct RemoteRegistry {
-    client: reqwest::Client,
-    poll_client: reqwest::Client,
+    clients: std::sync::RwLock<Clients>,
     base: String,
     machine_id: String,
     /// The machine as last announced, to announce again if the manager lost it.
     announced: Mutex<Option<MachineState>>,
     changes: watch::Sender<u64>,
     poller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// The HTTPS clients, presenting the machine's current certificate.
+#[derive(Clone)]
+struct Clients {
+    requests: reqwest::Client,
+    polls: reqwest::Client,
+}
+
+impl Clients {
+    fn new(manager: &Manager, credentials: &MachineCredentials) -> std::result::Result<Self, ManagerError> {
+        Ok(Self {
+            requests: manager.client(Some(credentials), REQUEST_TIMEOUT)?,
+            polls: manager.client(Some(credentials), POLL_TIMEOUT)?,
+        })
+    }
 }
 
 impl Drop for RemoteRegistry {
@@ -56,8 +71,7 @@ impl RemoteRegistry {
     /// A remote store for the machine `credentials` name, through `manager`.
     pub fn new(manager: &Manager, credentials: &MachineCredentials) -> std::result::Result<Arc<Self>, ManagerError> {
         let registry = Arc::new(Self {
-            client: manager.client(Some(credentials), REQUEST_TIMEOUT)?,
-            poll_client: manager.client(Some(credentials), POLL_TIMEOUT)?,
+            clients: std::sync::RwLock::new(Clients::new(manager, credentials)?),
             base: format!("{}/fleet/v1/agents/{}", manager.base(), credentials.machine_id),
             machine_id: credentials.machine_id.clone(),
             announced: Mutex::new(None),
@@ -65,6 +79,25 @@ impl RemoteRegistry {
             poller: Mutex::new(None),
         });
         Ok(registry)
+    }
+
+    /// Presents `credentials` (a renewed certificate) from the next request on.
+    pub fn use_credentials(
+        &self,
+        manager: &Manager,
+        credentials: &MachineCredentials,
+    ) -> std::result::Result<(), ManagerError> {
+        let clients = Clients::new(manager, credentials)?;
+        *self.clients.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = clients;
+        Ok(())
+    }
+
+    fn client(&self) -> reqwest::Client {
+        self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).requests.clone()
+    }
+
+    fn poll_client(&self) -> reqwest::Client {
+        self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).polls.clone()
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>> {
@@ -80,7 +113,7 @@ impl RemoteRegistry {
     }
 
     async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let bytes = self.send(self.client.get(format!("{}{path}", self.base))).await?;
+        let bytes = self.send(self.client().get(format!("{}{path}", self.base))).await?;
         serde_json::from_slice(&bytes).map_err(unavailable)
     }
 
@@ -100,7 +133,7 @@ impl RemoteRegistry {
         };
         let body = serde_json::to_string(&body).map_err(unavailable)?;
         self.send(
-            self.client.put(format!("{}/machine", self.base)).header("Content-Type", "application/json").body(body),
+            self.client().put(format!("{}/machine", self.base)).header("Content-Type", "application/json").body(body),
         )
         .await
         .map(drop)
@@ -122,7 +155,7 @@ impl RemoteRegistry {
                     Some(after) => format!("{}/changes?after={after}", registry.base),
                     None => format!("{}/changes", registry.base),
                 };
-                let answer = registry.send(registry.poll_client.get(path)).await;
+                let answer = registry.send(registry.poll_client().get(path)).await;
                 let answer =
                     answer.and_then(|bytes| serde_json::from_slice::<AgentChanges>(&bytes).map_err(unavailable));
                 match answer {
@@ -163,7 +196,7 @@ impl AgentRegistry for RemoteRegistry {
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
         self.check_machine(machine_id)?;
-        self.send(self.client.delete(format!("{}/machine", self.base))).await.map(drop)
+        self.send(self.client().delete(format!("{}/machine", self.base))).await.map(drop)
     }
 
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
@@ -222,7 +255,7 @@ impl AgentRegistry for RemoteRegistry {
         }
         let body = serde_json::to_string(&states).map_err(unavailable)?;
         self.send(
-            self.client.post(format!("{}/states", self.base)).header("Content-Type", "application/json").body(body),
+            self.client().post(format!("{}/states", self.base)).header("Content-Type", "application/json").body(body),
         )
         .await
         .map(drop)

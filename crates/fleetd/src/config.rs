@@ -61,6 +61,13 @@ pub struct Config {
     pub agent_ca_key_file: String,
     /// ...valid for this long.
     pub agent_cert_lifetime: Duration,
+    /// A pull agent's manager (`https://manager:4002`): set, this fleetd has no store of its
+    /// own and pulls its work from the manager.
+    pub manager_url: String,
+    /// The CA of the manager's certificate (PEM); the system's roots when empty.
+    pub manager_ca_file: String,
+    /// The registration token a pull agent joins with, once.
+    pub registration_token: Secret,
     pub state_dir: PathBuf,
     /// A native unit's log is rotated when it reaches this size...
     pub unit_log_max_bytes: u64,
@@ -103,6 +110,9 @@ impl Default for Config {
             agent_ca_cert_file: String::new(),
             agent_ca_key_file: String::new(),
             agent_cert_lifetime: Duration::from_secs(24 * 3600),
+            manager_url: String::new(),
+            manager_ca_file: String::new(),
+            registration_token: Secret::default(),
             state_dir: "/var/lib/fleet".into(),
             unit_log_max_bytes: 4 * 1024 * 1024,
             unit_log_files: 3,
@@ -269,6 +279,14 @@ const OPTIONS: &[(&str, Setter)] = &[
     ("agent_cert_lifetime", |config, name, value| {
         assign(&mut config.agent_cert_lifetime, parse_go_duration(name, value))
     }),
+    ("manager_url", |config, name, value| {
+        if !value.is_empty() && !value.starts_with("https://") {
+            return Err(bad(name, value, "expected https://host:port"));
+        }
+        assign(&mut config.manager_url, Ok(value.trim_end_matches('/').to_string()))
+    }),
+    ("manager_ca_file", |config, name, value| assign(&mut config.manager_ca_file, existing_file(name, value))),
+    ("registration_token", |config, _name, value| assign(&mut config.registration_token, Ok(Secret::new(value)))),
     ("state_dir", |config, _name, value| assign(&mut config.state_dir, Ok(value.into()))),
 ];
 

@@ -2,6 +2,7 @@
 
 mod host;
 mod process_setup;
+mod pull;
 mod run;
 mod store;
 mod supervise;

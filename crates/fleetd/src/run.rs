@@ -29,9 +29,9 @@ use fleetd::api_security::{self, Transport};
 use fleetd::config::{Config, UnitManagerChoice};
 
 /// The agent's fallback reconcile period (the original's fixed 5 s).
-const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+pub const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long a burst of changes may settle before a reconcile acts on it.
-const DEBOUNCE: Duration = Duration::from_millis(10);
+pub const DEBOUNCE: Duration = Duration::from_millis(10);
 
 fn machine_state(config: &Config, machine_id: &str) -> MachineState {
     let public_ip = if config.public_ip.is_empty() {
@@ -172,6 +172,9 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
     // Before anything else touches the state: unit processes, the store, the lease file.
     let _state_lock = fleet_fs::StateLock::acquire(&config.state_dir)?;
     let manager = unit_manager(&config, &machine_id).await?;
+    if !config.manager_url.is_empty() {
+        return crate::pull::run(config.clone(), machine_state(&config, &machine_id), manager).await;
+    }
     let registry = store::open(&config).await?;
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
     let tls_files = api_security::tls_files(&config).map_err(anyhow::Error::msg)?;

@@ -1,0 +1,142 @@
+//! fleetd as a pull agent: no store of its own and no listener, only connections it opens to
+//! its manager. It joins once with the registration token (or uses the certificate it kept),
+//! renews that certificate before it expires, and runs the agent on the remote store.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::{Backoff, MachineState};
+use fleet_remote::{MachineCredentials, Manager, ManagerError, RemoteRegistry};
+use fleet_unit_manager::UnitManager;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::supervise::supervise;
+use fleetd::config::Config;
+
+/// How long a request to the manager may take.
+const MANAGER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The machine's credentials: those kept in `state_dir`, else a join with the registration
+/// token, retried while the manager cannot be reached and given up when it refuses.
+async fn credentials(config: &Config, manager: &Manager, machine_id: &str) -> anyhow::Result<MachineCredentials> {
+    if let Some(kept) = MachineCredentials::load(&config.state_dir)? {
+        if kept.machine_id != machine_id {
+            anyhow::bail!(
+                "{} holds credentials for machine {}, not {machine_id}",
+                fleet_remote::credentials_path(&config.state_dir).display(),
+                kept.machine_id
+            );
+        }
+        return Ok(kept);
+    }
+    if config.registration_token.is_empty() {
+        anyhow::bail!("this machine has not joined yet: set registration_token");
+    }
+    let mut retry = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
+    loop {
+        match manager.join(config.registration_token.expose(), machine_id).await {
+            Ok((credentials, _)) => {
+                credentials.save(&config.state_dir)?;
+                tracing::info!(machine_id, "joined the cluster through the manager");
+                return Ok(credentials);
+            }
+            Err(error @ ManagerError::Unreachable(_)) => {
+                let wait = retry.next_delay();
+                tracing::warn!(%error, retry_in = ?wait, "cannot join yet");
+                tokio::time::sleep(wait).await;
+            }
+            Err(error) => return Err(error).context("joining the cluster"),
+        }
+    }
+}
+
+/// Renews the certificate at two thirds of its life, for as long as fleetd runs.
+async fn keep_renewing(
+    config: Config,
+    manager: Arc<Manager>,
+    registry: Arc<RemoteRegistry>,
+    mut credentials: MachineCredentials,
+) {
+    let mut retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
+    loop {
+        tokio::time::sleep(credentials.until_renewal(SystemTime::now())).await;
+        match manager.renew(&credentials).await {
+            Ok(renewed) => {
+                retry.reset();
+                if let Err(error) = renewed.save(&config.state_dir) {
+                    tracing::error!(%error, "cannot keep the renewed certificate");
+                }
+                if let Err(error) = registry.use_credentials(&manager, &renewed) {
+                    tracing::error!(%error, "cannot use the renewed certificate");
+                }
+                credentials = renewed;
+                tracing::info!("machine certificate renewed");
+            }
+            Err(error) => {
+                let wait = retry.next_delay();
+                tracing::warn!(%error, retry_in = ?wait, "cannot renew the machine certificate yet");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+/// Runs fleetd as a pull agent until SIGTERM or SIGINT.
+pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManager>) -> anyhow::Result<()> {
+    if !config.etcd_servers.is_empty() {
+        anyhow::bail!("manager_url and etcd_servers exclude each other: a pull agent has no store of its own");
+    }
+    let server_ca = if config.manager_ca_file.is_empty() {
+        None
+    } else {
+        Some(std::fs::read(&config.manager_ca_file).with_context(|| format!("reading {}", config.manager_ca_file))?)
+    };
+    let manager = Arc::new(Manager::new(&config.manager_url, server_ca, MANAGER_TIMEOUT)?);
+    let credentials = credentials(&config, &manager, &machine.id).await?;
+    let registry = RemoteRegistry::new(&manager, &credentials)?;
+    fleet_remote::start(&registry);
+    let mut machine = machine;
+    for (key, value) in &credentials.metadata {
+        machine.metadata.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+    machine.disable_engine = true;
+    tracing::info!(
+        machine_id = machine.id,
+        manager = config.manager_url,
+        "fleetd {} starting as a pull agent",
+        fleet_api::VERSION
+    );
+    let renewing = tokio::spawn(keep_renewing(config.clone(), manager.clone(), registry.clone(), credentials));
+
+    let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    loop {
+        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+        let agent_config = AgentConfig {
+            machine: machine.clone(),
+            reconcile_interval: crate::run::AGENT_RECONCILE_INTERVAL,
+            debounce: crate::run::DEBOUNCE,
+        };
+        let (agent_registry, agent_units) = (registry.clone(), units.clone());
+        let agent = tokio::spawn(supervise("agent", move || {
+            Agent::new(agent_config.clone(), agent_registry.clone(), agent_units.clone()).run(lifecycle_watch.clone())
+        }));
+        let reload = tokio::select! {
+            _ = terminate.recv() => false,
+            _ = interrupt.recv() => false,
+            _ = hangup.recv() => true,
+        };
+        let _ = lifecycle.send(if reload { Lifecycle::Reloading } else { Lifecycle::ShuttingDown });
+        let _ = agent.await;
+        if !reload {
+            renewing.abort();
+            tracing::info!("fleetd stopped");
+            return Ok(());
+        }
+        tracing::info!("restarting the agent (a pull agent rereads no configuration: restart fleetd for that)");
+    }
+}
