@@ -7,6 +7,7 @@
 //! - [`listen`]: Unix socket, TCP and socket-activation listeners.
 //! - [`serve`]: the connections on those listeners, with their limits and timeouts.
 
+pub mod agent_presence;
 pub mod auth;
 mod handlers;
 mod host_check;

@@ -45,6 +45,8 @@ pub struct ApiState {
     pub agent_ca: Option<Arc<crate::auth::agent_ca::AgentCa>>,
     /// The agent's side of the store, on a fleetd that serves pull agents (a manager).
     pub agents: Option<Arc<dyn fleet_registry::AgentRegistry>>,
+    /// When each pull agent was last heard from.
+    pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
@@ -405,9 +407,18 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         },
         (Resource::AgentRevoke(machine), &Method::POST) => agents::revoke(state, machine).await,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
-            (AgentPart::Machine, &Method::PUT) => agent_facet::register(state, machine, &body).await,
-            (AgentPart::Machine, &Method::DELETE) => agent_facet::unregister(state, machine).await,
-            (AgentPart::Work, &Method::GET) => agent_facet::work(state, machine).await,
+            (AgentPart::Machine, &Method::PUT) => {
+                state.agent_presence.heard(machine);
+                agent_facet::register(state, machine, &body).await
+            }
+            (AgentPart::Machine, &Method::DELETE) => {
+                state.agent_presence.forget(machine);
+                agent_facet::unregister(state, machine).await
+            }
+            (AgentPart::Work, &Method::GET) => {
+                state.agent_presence.heard(machine);
+                agent_facet::work(state, machine).await
+            }
             (AgentPart::Changes, &Method::GET) => agent_facet::changes(state, machine, query).await,
             (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
             (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, &body).await,

@@ -255,6 +255,7 @@ mod tests {
             auth: crate::auth::Auth::new(Arc::new(registry), Some(fleet_core::access::Role::Viewer)),
             agent_ca: None,
             agents: None,
+            agent_presence: Default::default(),
         };
         let unix = dir.path().join("api.sock");
         let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];

@@ -224,3 +224,92 @@ fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate(
     fleetd.wait_until("and runs pulled.service again", Duration::from_secs(30), running_there);
     assert!(back.log().contains("starting as a pull agent"), "{}", back.log());
 }
+
+/// A pull agent that goes silent (its process dies, its network goes) is a lost machine after
+/// `agent_ttl`, as an etcd machine is: its units move; back, it announces itself again.
+#[test]
+fn a_silent_pull_agent_is_lost_after_agent_ttl_and_comes_back() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let fleetd = Fleetd::start(
+        "e2e0manager00006",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("unit_manager", "native"),
+            ("agent_ttl", "2s"),
+        ],
+    );
+    let token = fleetd.ok(&["registration-token", "create", "t"]).stdout.trim().to_string();
+    let manager = fleet_remote::Manager::new(
+        &format!("https://localhost:{port}"),
+        Some(std::fs::read(&api_ca_file).expect("CA")),
+        Duration::from_secs(10),
+    )
+    .expect("manager");
+    let join_runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let (credentials, _) = join_runtime.block_on(manager.join(&token, "silent-1")).expect("join");
+    let units = Arc::new(FakeUnitManager::new());
+    // One agent run, in a runtime of its own: dropping the runtime kills it mid-flight.
+    let run_agent = || {
+        let runtime =
+            tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+        {
+            let _entered = runtime.enter();
+            let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials).expect("remote store");
+            fleet_remote::start(&registry);
+            let config = AgentConfig {
+                machine: MachineState { id: "silent-1".into(), public_ip: "127.0.0.6".into(), ..Default::default() },
+                reconcile_interval: Duration::from_millis(500),
+                debounce: Duration::from_millis(10),
+            };
+            runtime.spawn(Agent::new(config, registry, units.clone()).run(watch));
+        }
+        (runtime, lifecycle)
+    };
+    let in_cluster =
+        |fleetd: &Fleetd| fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("silent-1");
+    let (runtime, lifecycle) = run_agent();
+    fleetd.wait_until("the agent is in the cluster", Duration::from_secs(20), in_cluster);
+    let unit_dir = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        unit_dir.path(),
+        "pinned.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=silent-1\n",
+    );
+    fleetd.fleetctl_in(unit_dir.path(), &["start", "--no-block", "pinned.service"]);
+    let running = Some(SystemdState::new("loaded", "active", "running"));
+    fleetd.wait_until("the agent runs pinned.service", Duration::from_secs(20), |_| {
+        units.state("pinned.service") == running
+    });
+
+    // Silence: the agent dies without a word.
+    drop(lifecycle);
+    runtime.shutdown_background();
+    let silenced = std::time::Instant::now();
+    fleetd.wait_until("the silent agent is lost", Duration::from_secs(10), |fleetd| !in_cluster(fleetd));
+    assert!(silenced.elapsed() >= Duration::from_millis(1500), "lost only after agent_ttl");
+    assert!(fleetd.log().contains("pull agent silent for agent_ttl"), "{}", fleetd.log());
+    assert_eq!(units.state("pinned.service"), running, "what it ran is not stopped from outside");
+
+    // Back: it announces itself again and converges.
+    let (_runtime, _lifecycle) = run_agent();
+    fleetd.wait_until("the agent is back", Duration::from_secs(20), in_cluster);
+    fleetd.wait_until("pinned.service is placed on it again", Duration::from_secs(20), |fleetd| {
+        let rows = fleetd.ok(&["list-unit-files", "--full", "--no-legend", "--fields", "unit,tmachine"]).stdout;
+        rows.lines().any(|row| row.starts_with("pinned.service") && row.contains("silent-1"))
+    });
+}

@@ -27,6 +27,7 @@ fn fixture() -> &'static Fixture {
             auth: fleet_api::auth::Auth::new(Arc::new(registry), None),
             agent_ca: None,
             agents: None,
+            agent_presence: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_api::agent_presence::AgentPresence;
 use fleet_api::auth::Auth;
 use fleet_api::auth::agent_ca::AgentCa;
 use fleet_api::auth::tls::ServerTls;
@@ -136,6 +137,23 @@ fn warn_fixed_options(old: &Config, new: &Config) {
     }
 }
 
+/// Gives up the presence of pull agents silent for `agent_ttl`: the cluster treats them as
+/// lost machines (their units move), as it does an etcd machine whose lease ran out. An agent
+/// that comes back announces itself again.
+async fn sweep_silent_agents(presence: Arc<AgentPresence>, registry: Arc<dyn fleet_registry::Registry>, ttl: Duration) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1).min(ttl));
+    loop {
+        tick.tick().await;
+        for machine in presence.take_silent(ttl) {
+            tracing::warn!(machine, ?ttl, "pull agent silent for agent_ttl: treating it as a lost machine");
+            if let Err(error) = registry.unregister_machine(&machine).await {
+                tracing::warn!(machine, %error, "cannot give up the pull agent's presence; trying again");
+                presence.heard(&machine);
+            }
+        }
+    }
+}
+
 /// Reads the API's certificates and keys again (rotation without a restart). A failure keeps
 /// the running ones.
 fn reload_tls(tls: Option<&ServerTls>, config: &Config) {
@@ -205,6 +223,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
     // The API serves for fleetd's whole life: a reload changes its page size in place, so no
     // client's connection is cut by a reload.
     let token_limit = TokenLimit::new(config.token_limit);
+    let agent_presence = Arc::new(AgentPresence::default());
     let api_state = ApiState {
         registry: registry.clone(),
         token_limit: token_limit.clone(),
@@ -213,7 +232,11 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         // A fleetd that signs machine certificates is a manager: it serves pull agents.
         agents: agent_ca.as_ref().map(|_| registry.clone() as Arc<dyn fleet_registry::AgentRegistry>),
         agent_ca,
+        agent_presence: agent_presence.clone(),
     };
+    if api_state.agents.is_some() {
+        tokio::spawn(sweep_silent_agents(agent_presence, registry.clone(), config.agent_ttl));
+    }
     let api_tls = tls.clone();
     let (api_stop, api_stopped) = watch::channel(false);
     let api = tokio::spawn(async move {

@@ -26,6 +26,7 @@ async fn api(token_limit: u16) -> Api {
         auth: Auth::new(Arc::new(registry.clone()), None),
         agent_ca: None,
         agents: None,
+        agent_presence: Default::default(),
     };
     Api { router: router(state), registry, _dir: dir }
 }

@@ -1,0 +1,53 @@
+//! When a manager last heard from each pull agent. A pull agent has no lease of its own: its
+//! manager holds its presence in the store for it, and gives it up when the agent has been
+//! silent for `agent_ttl`, so the cluster treats it as a lost machine exactly like an etcd
+//! machine whose lease ran out.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+pub struct AgentPresence {
+    heard: Mutex<HashMap<String, Instant>>,
+}
+
+impl AgentPresence {
+    /// Notes a request from `machine`.
+    pub fn heard(&self, machine: &str) {
+        let mut heard = self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        heard.insert(machine.to_string(), Instant::now());
+    }
+
+    /// Forgets `machine` (it left cleanly).
+    pub fn forget(&self, machine: &str) {
+        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine);
+    }
+
+    /// The machines not heard from for `ttl`, forgotten as they are returned.
+    pub fn take_silent(&self, ttl: Duration) -> Vec<String> {
+        let mut heard = self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let silent: Vec<String> =
+            heard.iter().filter(|(_, at)| at.elapsed() >= ttl).map(|(machine, _)| machine.clone()).collect();
+        for machine in &silent {
+            heard.remove(machine);
+        }
+        silent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn silent_machines_are_returned_once() {
+        let presence = AgentPresence::default();
+        presence.heard("a");
+        presence.heard("b");
+        presence.forget("b");
+        assert!(presence.take_silent(Duration::from_secs(60)).is_empty());
+        assert_eq!(presence.take_silent(Duration::ZERO), vec!["a".to_string()]);
+        assert!(presence.take_silent(Duration::ZERO).is_empty());
+    }
+}
