@@ -28,6 +28,14 @@ impl Backoff {
         self.next = self.min;
     }
 
+    /// As [`Backoff::next_delay`], spread over its upper half by `sample` (any random number):
+    /// many clients that lost the same server come back at different times.
+    pub fn next_delay_jittered(&mut self, sample: u32) -> Duration {
+        let delay = self.next_delay();
+        let fraction = 0.5 + f64::from(sample % 1000) / 2000.0;
+        delay.mul_f64(fraction)
+    }
+
     /// The wait the next failure would get, without counting it.
     pub fn peek(&self) -> Duration {
         self.next
@@ -47,5 +55,13 @@ mod tests {
         assert_eq!(backoff.peek(), Duration::from_millis(250));
         let mut huge = Backoff::new(Duration::MAX, Duration::ZERO);
         assert_eq!((huge.next_delay(), huge.next_delay()), (Duration::MAX, Duration::MAX), "never overflows");
+    }
+
+    #[test]
+    fn jitter_spreads_over_the_upper_half() {
+        let mut backoff = Backoff::new(Duration::from_secs(2), Duration::from_secs(2));
+        assert_eq!(backoff.next_delay_jittered(0), Duration::from_secs(1));
+        assert_eq!(backoff.next_delay_jittered(999), Duration::from_millis(1999));
+        assert_eq!(backoff.next_delay_jittered(500), Duration::from_millis(1500));
     }
 }

@@ -58,7 +58,7 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
     let agent_task = {
         let _entered = runtime.enter();
-        let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials).expect("remote store");
+        let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
         fleet_remote::start(&registry);
         let config = AgentConfig {
             machine: MachineState {
@@ -269,7 +269,7 @@ fn a_silent_pull_agent_is_lost_after_agent_ttl_and_comes_back() {
         let (lifecycle, watch) = watch::channel(Lifecycle::Running);
         {
             let _entered = runtime.enter();
-            let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials).expect("remote store");
+            let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
             fleet_remote::start(&registry);
             let config = AgentConfig {
                 machine: MachineState { id: "silent-1".into(), public_ip: "127.0.0.6".into(), ..Default::default() },
@@ -312,4 +312,95 @@ fn a_silent_pull_agent_is_lost_after_agent_ttl_and_comes_back() {
         let rows = fleetd.ok(&["list-unit-files", "--full", "--no-legend", "--fields", "unit,tmachine"]).stdout;
         rows.lines().any(|row| row.starts_with("pinned.service") && row.contains("silent-1"))
     });
+}
+
+/// Whether a process runs with exactly this argument list.
+fn process_running(args: &[&str]) -> bool {
+    let wanted = format!("{}\0", args.join("\0"));
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| cmdline == wanted.as_bytes()))
+}
+
+/// The manager goes away: the pull fleetd keeps its unit running; killed and restarted during
+/// the outage, it brings the unit back up from the desired state it kept on disk; when the
+/// manager returns, it reconnects by itself.
+#[test]
+fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let mut fleetd = Fleetd::start(
+        "e2e0manager00007",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("unit_manager", "native"),
+        ],
+    );
+    let token = fleetd.ok(&["registration-token", "create", "offline"]).stdout.trim().to_string();
+    let manager_url = format!("https://localhost:{port}");
+    let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None);
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "steady.service",
+        "[Service]\nExecStart=/bin/sleep 4242\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+    );
+    fleetd.wait_until("the pull fleetd joins", Duration::from_secs(30), |fleetd| {
+        fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    fleetd.fleetctl_in(units.path(), &["start", "--no-block", "steady.service"]);
+    let sleeper = ["/bin/sleep", "4242"];
+    fleetd.wait_until("steady.service runs on the pull fleetd", Duration::from_secs(30), |_| process_running(&sleeper));
+
+    // The manager goes away; the unit keeps running.
+    fleetd.stop_with(libc::SIGKILL);
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(process_running(&sleeper), "the unit runs through the outage");
+
+    // The pull fleetd dies and restarts during the outage: the unit comes back from the copy.
+    let mut pull = pull;
+    if let Some(mut child) = pull.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while process_running(&sleeper) {
+        assert!(std::time::Instant::now() < deadline, "the killed fleetd's unit should end with it");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let kept = std::mem::replace(&mut pull.dir, tempfile::tempdir().expect("dir"));
+    let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !process_running(&sleeper) {
+        assert!(std::time::Instant::now() < deadline, "the unit did not come back from the copy; log:\n{}", back.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(back.log().contains("running from the desired state kept on disk"), "{}", back.log());
+
+    // The manager returns; the pull fleetd reconnects and is a machine of the cluster again.
+    fleetd.launch();
+    fleetd.wait_until("the pull fleetd is back in the cluster", Duration::from_secs(30), |fleetd| {
+        fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !back.log().contains("the manager is back") {
+        assert!(std::time::Instant::now() < deadline, "{}", back.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(process_running(&sleeper));
 }

@@ -6,9 +6,11 @@
 #![forbid(unsafe_code)]
 
 mod credentials;
+mod disk_copy;
 mod manager;
 mod registry;
 
 pub use credentials::{CredentialsError, MachineCredentials, credentials_path};
+pub use disk_copy::DiskCopy;
 pub use manager::{Manager, ManagerError};
 pub use registry::{RemoteRegistry, start};

@@ -15,6 +15,7 @@ use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Reg
 use tokio::sync::watch;
 
 use crate::credentials::MachineCredentials;
+use crate::disk_copy::DiskCopy;
 use crate::manager::{Manager, ManagerError, without_url};
 
 /// How long a request may take; a long poll waits up to 25 s on the manager, so it gets more.
@@ -34,6 +35,26 @@ pub struct RemoteRegistry {
     announced: Mutex<Option<MachineState>>,
     changes: watch::Sender<u64>,
     poller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The desired state kept on disk, used while the manager cannot be reached.
+    copy: Option<DiskCopy>,
+    /// Whether the last read came from the copy (to log the change once).
+    offline: std::sync::atomic::AtomicBool,
+}
+
+/// Why a request to the manager failed.
+enum Failure {
+    /// No answer: the manager (or the network to it) is down.
+    Unreachable(String),
+    /// An answer that refuses: not a reason to fall back on the copy.
+    Refused(String),
+}
+
+impl From<Failure> for RegistryError {
+    fn from(failure: Failure) -> Self {
+        match failure {
+            Failure::Unreachable(text) | Failure::Refused(text) => unavailable(text),
+        }
+    }
 }
 
 /// The HTTPS clients, presenting the machine's current certificate.
@@ -68,8 +89,13 @@ fn assigned(unit: AgentUnit) -> Result<AssignedUnit> {
 }
 
 impl RemoteRegistry {
-    /// A remote store for the machine `credentials` name, through `manager`.
-    pub fn new(manager: &Manager, credentials: &MachineCredentials) -> std::result::Result<Arc<Self>, ManagerError> {
+    /// A remote store for the machine `credentials` name, through `manager`, keeping its
+    /// desired state in `copy` if given.
+    pub fn new(
+        manager: &Manager,
+        credentials: &MachineCredentials,
+        copy: Option<DiskCopy>,
+    ) -> std::result::Result<Arc<Self>, ManagerError> {
         let registry = Arc::new(Self {
             clients: std::sync::RwLock::new(Clients::new(manager, credentials)?),
             base: format!("{}/fleet/v1/agents/{}", manager.base(), credentials.machine_id),
@@ -77,6 +103,8 @@ impl RemoteRegistry {
             announced: Mutex::new(None),
             changes: watch::channel(0).0,
             poller: Mutex::new(None),
+            copy,
+            offline: std::sync::atomic::AtomicBool::new(false),
         });
         Ok(registry)
     }
@@ -100,21 +128,59 @@ impl RemoteRegistry {
         self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).polls.clone()
     }
 
-    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>> {
-        let response = request.send().await.map_err(|error| unavailable(without_url(&error)))?;
+    async fn request(&self, request: reqwest::RequestBuilder) -> std::result::Result<Vec<u8>, Failure> {
+        let response = request.send().await.map_err(|error| Failure::Unreachable(without_url(&error)))?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|error| unavailable(without_url(&error)))?;
+        let bytes = response.bytes().await.map_err(|error| Failure::Unreachable(without_url(&error)))?;
         if !status.is_success() {
             let message =
                 serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
-            return Err(unavailable(format!("{status}: {message}")));
+            return Err(Failure::Refused(format!("{status}: {message}")));
         }
         Ok(bytes.to_vec())
     }
 
-    async fn get<T: serde::de::DeserializeOwned>(&self, path: &str) -> Result<T> {
-        let bytes = self.send(self.client().get(format!("{}{path}", self.base))).await?;
-        serde_json::from_slice(&bytes).map_err(unavailable)
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>> {
+        self.request(request).await.map_err(RegistryError::from)
+    }
+
+    async fn fetch<T: serde::de::DeserializeOwned>(&self, path: &str) -> std::result::Result<T, Failure> {
+        let bytes = self.request(self.client().get(format!("{}{path}", self.base))).await?;
+        serde_json::from_slice(&bytes).map_err(|error| Failure::Refused(error.to_string()))
+    }
+
+    /// Notes whether reads come from the manager or from the copy, logging each change.
+    fn note_offline(&self, offline: bool) {
+        let was = self.offline.swap(offline, std::sync::atomic::Ordering::Relaxed);
+        match (was, offline) {
+            (false, true) => {
+                tracing::warn!("the manager cannot be reached: running from the desired state kept on disk")
+            }
+            (true, false) => tracing::info!("the manager is back"),
+            _ => {}
+        }
+    }
+
+    /// The machine's work from the manager, kept on disk; the kept copy while the manager
+    /// cannot be reached.
+    async fn fetch_work(&self) -> Result<AgentWork> {
+        match self.fetch::<AgentWork>("/work").await {
+            Ok(work) => {
+                self.note_offline(false);
+                if let Some(copy) = &self.copy {
+                    copy.save_work(&work);
+                }
+                Ok(work)
+            }
+            Err(Failure::Unreachable(text)) => match self.copy.as_ref().and_then(DiskCopy::work) {
+                Some(work) => {
+                    self.note_offline(true);
+                    Ok(work)
+                }
+                None => Err(unavailable(text)),
+            },
+            Err(refused) => Err(refused.into()),
+        }
     }
 
     fn check_machine(&self, machine_id: &str) -> Result<()> {
@@ -167,7 +233,7 @@ impl RemoteRegistry {
                         after = Some(changes.revision);
                     }
                     Err(error) => {
-                        let wait = backoff.next_delay();
+                        let wait = backoff.next_delay_jittered(random_sample());
                         tracing::warn!(%error, retry_in = ?wait, "cannot hear from the manager");
                         drop(registry);
                         tokio::time::sleep(wait).await;
@@ -201,14 +267,14 @@ impl AgentRegistry for RemoteRegistry {
 
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
         self.check_machine(machine_id)?;
-        let mut work: AgentWork = self.get("/work").await?;
+        let mut work = self.fetch_work().await?;
         let announced = self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         if let (None, Some(machine)) = (&work.machine, announced) {
             // The cluster lost this machine (it was gone longer than agent_ttl): announce it
             // again, as an etcd machine does with a new lease.
             tracing::info!("the manager no longer knows this machine; announcing it again");
             self.announce(&machine).await?;
-            work = self.get("/work").await?;
+            work = self.fetch_work().await?;
         }
         let machine = work.machine.map(|machine| MachineState {
             id: machine.id,
@@ -224,7 +290,19 @@ impl AgentRegistry for RemoteRegistry {
     }
 
     async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
-        let body: AgentUnitBody = self.get(&format!("/bodies/{hash}")).await?;
+        let hex = hash.to_string();
+        let body = match self.fetch::<AgentUnitBody>(&format!("/bodies/{hex}")).await {
+            Ok(body) => {
+                if let Some(copy) = &self.copy {
+                    copy.save_body(&hex, &body);
+                }
+                body
+            }
+            Err(Failure::Unreachable(text)) => {
+                self.copy.as_ref().and_then(|copy| copy.body(&hex)).ok_or_else(|| unavailable(text))?
+            }
+            Err(refused) => return Err(refused.into()),
+        };
         let options = body
             .options
             .into_iter()
@@ -264,4 +342,12 @@ impl AgentRegistry for RemoteRegistry {
     fn machine_changes(&self, _machine_id: &str) -> ChangeSignal {
         self.changes.subscribe()
     }
+}
+
+/// A random number for jitter (no secret rides on it).
+fn random_sample() -> u32 {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 4];
+    let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
+    u32::from_le_bytes(bytes)
 }

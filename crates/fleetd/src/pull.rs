@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{Backoff, MachineState};
-use fleet_remote::{MachineCredentials, Manager, ManagerError, RemoteRegistry};
+use fleet_remote::{DiskCopy, MachineCredentials, Manager, ManagerError, RemoteRegistry};
 use fleet_unit_manager::UnitManager;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
@@ -96,7 +96,8 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
     };
     let manager = Arc::new(Manager::new(&config.manager_url, server_ca, MANAGER_TIMEOUT)?);
     let credentials = credentials(&config, &manager, &machine.id).await?;
-    let registry = RemoteRegistry::new(&manager, &credentials)?;
+    let copy = DiskCopy::open(&config.state_dir.join("desired")).context("keeping the desired state on disk")?;
+    let registry = RemoteRegistry::new(&manager, &credentials, Some(copy))?;
     fleet_remote::start(&registry);
     let mut machine = machine;
     for (key, value) in &credentials.metadata {
