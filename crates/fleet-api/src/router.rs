@@ -104,6 +104,7 @@ impl From<RegistryError> for ApiError {
             RegistryError::LeadershipLost | RegistryError::MachineInUse { .. } => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "")
             }
+            RegistryError::NotAnnounced { .. } => Self::new(StatusCode::CONFLICT, error.to_string()),
         }
     }
 }

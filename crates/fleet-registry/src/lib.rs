@@ -48,6 +48,10 @@ pub enum RegistryError {
          (if that fleetd has died, its presence expires after agent_ttl)"
     )]
     MachineInUse { machine_id: String },
+    /// The machine holds no presence through this store (a pull agent that moved to another
+    /// manager): it must announce itself here first.
+    #[error("machine {machine_id} is not announced here; announce it again")]
+    NotAnnounced { machine_id: String },
 }
 
 impl RegistryError {
@@ -141,6 +145,11 @@ pub trait AgentRegistry: Send + Sync {
     async fn register_machine(&self, machine: &MachineState) -> Result<()>;
     /// Removes the machine and the unit states it reported.
     async fn unregister_machine(&self, machine_id: &str) -> Result<()>;
+    /// Announces a pull agent's machine on its behalf (its certificate proved who it is): it
+    /// takes over a presence another manager may still hold for it, unit states included.
+    async fn announce_for_agent(&self, machine: &MachineState) -> Result<()> {
+        self.register_machine(machine).await
+    }
     /// What this machine should hold: its own schedule and the global units.
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork>;
     async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>>;

@@ -24,10 +24,10 @@ pub enum ManagerError {
     Setup(String),
 }
 
-/// One manager URL (`https://manager:4002`), trusted through `server_ca` (PEM) or the system's
-/// roots.
+/// The managers of a cluster (`https://a:4002,https://b:4002`: any of them serves any agent),
+/// trusted through `server_ca` (PEM) or the system's roots.
 pub struct Manager {
-    base: String,
+    bases: Vec<String>,
     server_ca: Option<Vec<u8>>,
     timeout: Duration,
 }
@@ -43,16 +43,26 @@ fn key_and_request() -> Result<(KeyPair, String), ManagerError> {
 }
 
 impl Manager {
-    pub fn new(url: &str, server_ca: Option<Vec<u8>>, timeout: Duration) -> Result<Self, ManagerError> {
-        if !url.starts_with("https://") {
-            return Err(ManagerError::Setup(format!("the manager URL must start with https://: {url:?}")));
+    /// `urls`: one manager URL or several, comma-separated.
+    pub fn new(urls: &str, server_ca: Option<Vec<u8>>, timeout: Duration) -> Result<Self, ManagerError> {
+        let bases: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|url| !url.is_empty())
+            .map(|url| url.trim_end_matches('/').to_string())
+            .collect();
+        if bases.is_empty() {
+            return Err(ManagerError::Setup("no manager URL".into()));
         }
-        Ok(Self { base: url.trim_end_matches('/').to_string(), server_ca, timeout })
+        if let Some(url) = bases.iter().find(|url| !url.starts_with("https://")) {
+            return Err(ManagerError::Setup(format!("a manager URL must start with https://: {url:?}")));
+        }
+        Ok(Self { bases, server_ca, timeout })
     }
 
-    /// The manager's base URL.
-    pub fn base(&self) -> &str {
-        &self.base
+    /// The managers' base URLs, in the order given.
+    pub fn bases(&self) -> &[String] {
+        &self.bases
     }
 
     /// An HTTPS client for the manager, presenting `identity` if given; requests give up after
@@ -75,6 +85,7 @@ impl Manager {
         builder.build().map_err(setup)
     }
 
+    /// Posts to the first manager that answers.
     async fn post(
         &self,
         client: &reqwest::Client,
@@ -82,8 +93,25 @@ impl Manager {
         token: Option<&str>,
         body: String,
     ) -> Result<AgentCertificate, ManagerError> {
-        let mut request =
-            client.post(format!("{}{path}", self.base)).header("Content-Type", "application/json").body(body);
+        let mut last = ManagerError::Unreachable("no manager".into());
+        for base in &self.bases {
+            match self.post_to(client, base, path, token, body.clone()).await {
+                Err(error @ ManagerError::Unreachable(_)) => last = error,
+                answered => return answered,
+            }
+        }
+        Err(last)
+    }
+
+    async fn post_to(
+        &self,
+        client: &reqwest::Client,
+        base: &str,
+        path: &str,
+        token: Option<&str>,
+        body: String,
+    ) -> Result<AgentCertificate, ManagerError> {
+        let mut request = client.post(format!("{base}{path}")).header("Content-Type", "application/json").body(body);
         if let Some(token) = token {
             request = request.bearer_auth(token);
         }

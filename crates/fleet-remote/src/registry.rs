@@ -29,7 +29,13 @@ fn unavailable(error: impl std::fmt::Display) -> RegistryError {
 /// The agent's facet of the store, reached through a manager.
 pub struct RemoteRegistry {
     clients: std::sync::RwLock<Clients>,
-    base: String,
+    /// This machine's part of each manager's API (`…/fleet/v1/agents/<machine>`).
+    bases: Vec<String>,
+    /// The manager in use: the next one is tried when it cannot be reached.
+    current: std::sync::atomic::AtomicUsize,
+    /// Whether to announce the machine before the next read (a new manager holds no presence
+    /// for it yet).
+    announce_due: std::sync::atomic::AtomicBool,
     machine_id: String,
     /// The machine as last announced, to announce again if the manager lost it.
     announced: Mutex<Option<MachineState>>,
@@ -46,13 +52,13 @@ enum Failure {
     /// No answer: the manager (or the network to it) is down.
     Unreachable(String),
     /// An answer that refuses: not a reason to fall back on the copy.
-    Refused(String),
+    Refused { status: u16, text: String },
 }
 
 impl From<Failure> for RegistryError {
     fn from(failure: Failure) -> Self {
         match failure {
-            Failure::Unreachable(text) | Failure::Refused(text) => unavailable(text),
+            Failure::Unreachable(text) | Failure::Refused { text, .. } => unavailable(text),
         }
     }
 }
@@ -98,7 +104,13 @@ impl RemoteRegistry {
     ) -> std::result::Result<Arc<Self>, ManagerError> {
         let registry = Arc::new(Self {
             clients: std::sync::RwLock::new(Clients::new(manager, credentials)?),
-            base: format!("{}/fleet/v1/agents/{}", manager.base(), credentials.machine_id),
+            bases: manager
+                .bases()
+                .iter()
+                .map(|base| format!("{base}/fleet/v1/agents/{}", credentials.machine_id))
+                .collect(),
+            current: std::sync::atomic::AtomicUsize::new(0),
+            announce_due: std::sync::atomic::AtomicBool::new(false),
             machine_id: credentials.machine_id.clone(),
             announced: Mutex::new(None),
             changes: watch::channel(0).0,
@@ -128,14 +140,34 @@ impl RemoteRegistry {
         self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).polls.clone()
     }
 
+    /// This machine's part of the manager in use.
+    fn base(&self) -> &str {
+        let current = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len();
+        &self.bases[current]
+    }
+
+    /// The manager in use cannot be reached: the next request goes to the next one, which
+    /// holds no presence for this machine yet.
+    fn fail_over(&self) {
+        if self.bases.len() > 1 {
+            self.current.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
+            tracing::warn!(manager = self.base(), "the manager cannot be reached; trying another");
+        }
+    }
+
     async fn request(&self, request: reqwest::RequestBuilder) -> std::result::Result<Vec<u8>, Failure> {
-        let response = request.send().await.map_err(|error| Failure::Unreachable(without_url(&error)))?;
+        let unreachable = |error: reqwest::Error| {
+            self.fail_over();
+            Failure::Unreachable(without_url(&error))
+        };
+        let response = request.send().await.map_err(unreachable)?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|error| Failure::Unreachable(without_url(&error)))?;
+        let bytes = response.bytes().await.map_err(unreachable)?;
         if !status.is_success() {
             let message =
                 serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
-            return Err(Failure::Refused(format!("{status}: {message}")));
+            return Err(Failure::Refused { status: status.as_u16(), text: format!("{status}: {message}") });
         }
         Ok(bytes.to_vec())
     }
@@ -145,8 +177,24 @@ impl RemoteRegistry {
     }
 
     async fn fetch<T: serde::de::DeserializeOwned>(&self, path: &str) -> std::result::Result<T, Failure> {
-        let bytes = self.request(self.client().get(format!("{}{path}", self.base))).await?;
-        serde_json::from_slice(&bytes).map_err(|error| Failure::Refused(error.to_string()))
+        let bytes = self.request(self.client().get(format!("{}{path}", self.base()))).await?;
+        serde_json::from_slice(&bytes).map_err(|error| Failure::Refused { status: 200, text: error.to_string() })
+    }
+
+    /// Announces the machine to the manager in use if it holds no presence for it yet.
+    async fn announce_if_due(&self) -> Result<()> {
+        if !self.announce_due.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            return Ok(());
+        }
+        let announced = self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let Some(machine) = announced else { return Ok(()) };
+        match self.announce(&machine).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(error)
+            }
+        }
     }
 
     /// Notes whether reads come from the manager or from the copy, logging each change.
@@ -199,7 +247,7 @@ impl RemoteRegistry {
         };
         let body = serde_json::to_string(&body).map_err(unavailable)?;
         self.send(
-            self.client().put(format!("{}/machine", self.base)).header("Content-Type", "application/json").body(body),
+            self.client().put(format!("{}/machine", self.base())).header("Content-Type", "application/json").body(body),
         )
         .await
         .map(drop)
@@ -218,8 +266,8 @@ impl RemoteRegistry {
             loop {
                 let Some(registry) = registry.upgrade() else { return };
                 let path = match after {
-                    Some(after) => format!("{}/changes?after={after}", registry.base),
-                    None => format!("{}/changes", registry.base),
+                    Some(after) => format!("{}/changes?after={after}", registry.base()),
+                    None => format!("{}/changes", registry.base()),
                 };
                 let answer = registry.send(registry.poll_client().get(path)).await;
                 let answer =
@@ -262,11 +310,12 @@ impl AgentRegistry for RemoteRegistry {
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
         self.check_machine(machine_id)?;
-        self.send(self.client().delete(format!("{}/machine", self.base))).await.map(drop)
+        self.send(self.client().delete(format!("{}/machine", self.base()))).await.map(drop)
     }
 
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
         self.check_machine(machine_id)?;
+        self.announce_if_due().await?;
         let mut work = self.fetch_work().await?;
         let announced = self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         if let (None, Some(machine)) = (&work.machine, announced) {
@@ -332,11 +381,22 @@ impl AgentRegistry for RemoteRegistry {
             }
         }
         let body = serde_json::to_string(&states).map_err(unavailable)?;
-        self.send(
-            self.client().post(format!("{}/states", self.base)).header("Content-Type", "application/json").body(body),
-        )
-        .await
-        .map(drop)
+        let post = || {
+            self.client()
+                .post(format!("{}/states", self.base()))
+                .header("Content-Type", "application/json")
+                .body(body.clone())
+        };
+        match self.request(post()).await {
+            Ok(_) => Ok(()),
+            // The manager holds no presence for this machine (it moved here): announce, again.
+            Err(Failure::Refused { status: 409, .. }) => {
+                self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.announce_if_due().await?;
+                self.send(post()).await.map(drop)
+            }
+            Err(failure) => Err(failure.into()),
+        }
     }
 
     fn machine_changes(&self, _machine_id: &str) -> ChangeSignal {

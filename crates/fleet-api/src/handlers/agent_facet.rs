@@ -56,7 +56,7 @@ pub async fn register(state: &ApiState, machine_id: &str, body: &[u8]) -> Result
         // A pull agent never leads the engine: it has no store of its own.
         disable_engine: true,
     };
-    agents.register_machine(&machine).await?;
+    agents.announce_for_agent(&machine).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

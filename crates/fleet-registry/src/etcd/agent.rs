@@ -28,6 +28,13 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
 
 #[async_trait]
 impl AgentRegistry for EtcdRegistry {
+    async fn announce_for_agent(&self, machine: &MachineState) -> Result<()> {
+        match self.session(&machine.id) {
+            Some(_) => self.register_machine(machine).await,
+            None => self.take_over_session(machine).await,
+        }
+    }
+
     async fn register_machine(&self, machine: &MachineState) -> Result<()> {
         let Some(session) = self.session(&machine.id) else {
             return self.open_session(machine).await;
@@ -82,7 +89,7 @@ impl AgentRegistry for EtcdRegistry {
             return Ok(());
         }
         let Some(session) = self.session(machine_id) else {
-            return Err(crate::RegistryError::Unavailable(format!("machine {machine_id} is not registered")));
+            return Err(crate::RegistryError::NotAnnounced { machine_id: machine_id.to_string() });
         };
         let keys = self.keys();
         let lease = session.lease();

@@ -79,6 +79,9 @@ pub struct MachineSession {
     /// The states this machine reported (key → encoded state), to write again under a new lease.
     pub states: Mutex<BTreeMap<String, Vec<u8>>>,
     keepalive: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Whether this is this fleetd's own machine (whose lease is recorded in the lease file),
+    /// rather than a pull agent's that this fleetd holds as its manager.
+    own: bool,
 }
 
 impl MachineSession {
@@ -158,11 +161,44 @@ impl EtcdRegistry {
             }
         };
         self.record_lease(Some(lease));
+        self.start_session(machine, lease, BTreeMap::new(), true);
+        Ok(())
+    }
+
+    /// Holds a pull agent's presence for it: a new lease of this fleetd's, the machine's
+    /// record and the unit states it reported moved under it (whichever manager held them
+    /// before), and the keepalive. This fleetd's own lease record is left alone.
+    pub(super) async fn take_over_session(&self, machine: &MachineState) -> Result<()> {
+        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        let keys = self.keys();
+        let prefix = keys.state(&machine.id, "");
+        let reply = self.connection().get(&prefix, Some(etcd_client::GetOptions::new().with_prefix())).await?;
+        let states: BTreeMap<String, Vec<u8>> = reply
+            .kvs()
+            .iter()
+            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec()))
+            .collect();
+        let with_lease = || Some(PutOptions::new().with_lease(lease));
+        let mut ops = vec![TxnOp::put(keys.machine(&machine.id), encode(machine), with_lease())];
+        ops.extend(states.iter().map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), with_lease())));
+        for chunk in ops.chunks(MAX_TXN_OPS) {
+            if let Err(error) = self.connection().txn(Txn::new().and_then(chunk.to_vec())).await {
+                let _ = revoke(self.connection(), lease).await;
+                return Err(error);
+            }
+        }
+        self.start_session(machine, lease, states, false);
+        Ok(())
+    }
+
+    /// Keeps `lease` alive for `machine` from now on.
+    fn start_session(&self, machine: &MachineState, lease: i64, states: BTreeMap<String, Vec<u8>>, own: bool) {
         let session = Arc::new(MachineSession {
             machine: Mutex::new(machine.clone()),
             lease: AtomicI64::new(lease),
-            states: Mutex::new(BTreeMap::new()),
+            states: Mutex::new(states),
             keepalive: Mutex::new(None),
+            own,
         });
         let task = tokio::spawn(self.clone().keep_alive(session.clone())).abort_handle();
         *session.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
@@ -175,7 +211,6 @@ impl EtcdRegistry {
         if let Some(previous) = previous {
             previous.stop_keepalive();
         }
-        Ok(())
     }
 
     pub(super) fn session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
@@ -230,7 +265,9 @@ impl EtcdRegistry {
             self.connection().txn(Txn::new().and_then(puts)).await?;
         }
         session.lease.store(lease, Ordering::SeqCst);
-        self.record_lease(Some(lease));
+        if session.own {
+            self.record_lease(Some(lease));
+        }
         Ok(())
     }
 
@@ -238,7 +275,9 @@ impl EtcdRegistry {
     pub(super) async fn close_session(&self, session: &MachineSession) -> Result<()> {
         session.stop_keepalive();
         revoke(self.connection(), session.lease()).await?;
-        self.record_lease(None);
+        if session.own {
+            self.record_lease(None);
+        }
         Ok(())
     }
 }
