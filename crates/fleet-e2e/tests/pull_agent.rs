@@ -404,3 +404,82 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
     }
     assert!(process_running(&sleeper));
 }
+
+/// Two managers on one etcd: when the agent's manager dies, the agent moves to the other,
+/// which takes its presence over; the machine never leaves the cluster and its unit never
+/// moves, through twice `agent_ttl`.
+#[test]
+fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let ports = [free_port(), free_port()];
+    let mut cluster = fleet_e2e::Cluster::start(2, |index| {
+        vec![
+            ("api_listen".into(), format!("unix://{{socket}},https://127.0.0.1:{}", ports[index])),
+            ("api_tls_cert_file".into(), server.cert.display().to_string()),
+            ("api_tls_key_file".into(), server.key.display().to_string()),
+            ("agent_ca_cert_file".into(), agent_ca_file.display().to_string()),
+            ("agent_ca_key_file".into(), agent_ca_key.display().to_string()),
+            ("unit_manager".into(), "native".into()),
+        ]
+    });
+    let token = cluster.members[0].ok(&["registration-token", "create", "roaming"]).stdout.trim().to_string();
+    let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
+    let manager =
+        fleet_remote::Manager::new(&urls, Some(std::fs::read(&api_ca_file).expect("CA")), Duration::from_secs(3))
+            .expect("manager");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (credentials, _) = runtime.block_on(manager.join(&token, "roam-1")).expect("join");
+    let units = Arc::new(FakeUnitManager::new());
+    let (_lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+    {
+        let _entered = runtime.enter();
+        let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
+        fleet_remote::start(&registry);
+        let config = AgentConfig {
+            machine: MachineState { id: "roam-1".into(), public_ip: "127.0.0.5".into(), ..Default::default() },
+            reconcile_interval: Duration::from_millis(500),
+            debounce: Duration::from_millis(10),
+        };
+        runtime.spawn(Agent::new(config, registry, units.clone()).run(lifecycle_watch));
+    }
+    let survivor = |cluster: &fleet_e2e::Cluster| -> bool {
+        let member = &cluster.members[1];
+        let machines = member.ok(&["list-machines", "--full", "--no-legend"]).stdout;
+        let placed = member.ok(&["list-unit-files", "--full", "--no-legend", "--fields", "unit,tmachine"]).stdout;
+        machines.contains("roam-1")
+            && placed.lines().any(|row| row.starts_with("roaming.service") && row.contains("roam-1"))
+    };
+    let unit_dir = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        unit_dir.path(),
+        "roaming.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=roam-1\n",
+    );
+    cluster.members[1].fleetctl_in(unit_dir.path(), &["start", "--no-block", "roaming.service"]);
+    let running = Some(SystemdState::new("loaded", "active", "running"));
+    cluster.wait_until("the agent runs roaming.service", Duration::from_secs(30), |cluster| {
+        units.state("roaming.service") == running && survivor(cluster)
+    });
+
+    // Its manager dies.
+    cluster.members[0].stop_with(libc::SIGKILL);
+    let ttl = Duration::from_secs(fleet_e2e::AGENT_TTL_SECONDS);
+    let until = std::time::Instant::now() + ttl * 2;
+    while std::time::Instant::now() < until {
+        assert!(survivor(&cluster), "the agent left the cluster or its unit moved\n{}", cluster.logs());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(units.state("roaming.service"), running);
+    // Its states now flow through the other manager.
+    cluster.members[1].ok(&["stop", "--no-block", "roaming.service"]);
+    cluster.wait_until("the stop reaches the agent and its state the cluster", Duration::from_secs(20), |cluster| {
+        let states = cluster.members[1].api("GET", "/fleet/v1/state?machineID=roam-1", "");
+        units.state("roaming.service").is_some_and(|state| state.active != "active") && states.contains("inactive")
+    });
+}
