@@ -7,13 +7,16 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # What the build and the tests need from Debian: protoc (etcd-client's build), a real etcd
 # (the etcd store's tests and the cluster tests), systemd (systemd-socket-activate for the
 # socket-activation test; systemd --user and journald for the systemd unit manager's tests),
-# dbus-daemon (their session bus), openssl (certificates for the TLS tests).
+# dbus-daemon (their session bus), openssl (certificates for the TLS tests), iproute2 and
+# iptables (the pull-agent tests put agents behind a NAT of network namespaces).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
 command -v systemd-socket-activate >/dev/null && [ -x /usr/lib/systemd/systemd ] || missing+=(systemd)
 command -v dbus-daemon >/dev/null || missing+=(dbus-daemon)
 command -v openssl >/dev/null || missing+=(openssl)
+command -v ip >/dev/null || missing+=(iproute2)
+command -v iptables >/dev/null || missing+=(iptables)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"

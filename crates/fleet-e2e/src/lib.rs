@@ -7,7 +7,9 @@
 
 mod cluster;
 pub mod https;
+pub mod nat;
 pub mod pki;
+pub mod pull;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

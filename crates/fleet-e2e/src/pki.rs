@@ -54,8 +54,13 @@ impl Authority {
 
     /// A server certificate for `localhost` and 127.0.0.1.
     pub fn server(&self, dir: &Path, stem: &str) -> Pair {
-        let mut params =
-            CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("server params");
+        self.server_for(dir, stem, &["localhost", "127.0.0.1"])
+    }
+
+    /// A server certificate for the given names and addresses.
+    pub fn server_for(&self, dir: &Path, stem: &str, names: &[&str]) -> Pair {
+        let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        let mut params = CertificateParams::new(names).expect("server params");
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         self.sign(params, dir, stem)
     }

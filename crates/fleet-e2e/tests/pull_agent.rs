@@ -11,6 +11,7 @@ use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{MachineState, SystemdState};
 use fleet_e2e::Fleetd;
 use fleet_e2e::pki::Authority;
+use fleet_e2e::pull::PullFleetd;
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::watch;
 
@@ -106,61 +107,6 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     });
 }
 
-/// A fleetd process in pull mode, with its own fleet.conf and log.
-struct PullFleetd {
-    dir: tempfile::TempDir,
-    child: Option<std::process::Child>,
-}
-
-impl PullFleetd {
-    fn start(manager_url: &str, ca: &std::path::Path, token: Option<&str>, dir: Option<tempfile::TempDir>) -> Self {
-        let dir = dir.unwrap_or_else(|| tempfile::tempdir().expect("dir"));
-        let mut config = format!(
-            "machine_id = pullfleetd000001\nstate_dir = {}\nunit_manager = native\nmanager_url = {manager_url}\n\
-             manager_ca_file = {}\npublic_ip = 127.0.0.8\nmetadata = kind=pull\n",
-            dir.path().join("state").display(),
-            ca.display()
-        );
-        if let Some(token) = token {
-            config.push_str(&format!("registration_token = {token}\n"));
-        }
-        std::fs::write(dir.path().join("fleet.conf"), config).expect("fleet.conf");
-        let log =
-            std::fs::OpenOptions::new().create(true).append(true).open(dir.path().join("fleetd.log")).expect("log");
-        let child = std::process::Command::new(fleet_e2e::binary("fleetd"))
-            .arg("-config")
-            .arg(dir.path().join("fleet.conf"))
-            .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("fleetd");
-        Self { dir, child: Some(child) }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("fleetd.log")).unwrap_or_default()
-    }
-
-    /// SIGTERM, and wait for the exit.
-    fn stop(mut self) -> tempfile::TempDir {
-        if let Some(mut child) = self.child.take() {
-            // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-            let _ = child.wait();
-        }
-        std::mem::replace(&mut self.dir, tempfile::tempdir().expect("dir"))
-    }
-}
-
-impl Drop for PullFleetd {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 /// fleetd itself in pull mode: joins with the token from its fleet.conf, runs what is
 /// scheduled onto it with the native supervisor, leaves on SIGTERM, and comes back without
 /// the token (it kept its certificate, 0600).
@@ -191,7 +137,7 @@ fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate(
     );
     let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "once"]).stdout.trim().to_string();
     let manager_url = format!("https://localhost:{port}");
-    let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None);
+    let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None, &[]);
     let in_cluster =
         |fleetd: &Fleetd| fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001");
     fleetd.wait_until("the pull fleetd joins", Duration::from_secs(30), in_cluster);
@@ -219,7 +165,7 @@ fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate(
     fleetd.wait_until("the pull fleetd left", Duration::from_secs(30), |fleetd| !in_cluster(fleetd));
 
     // Back without the token (used up anyway): its own certificate is enough.
-    let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept));
+    let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept), &[]);
     fleetd.wait_until("the pull fleetd is back", Duration::from_secs(30), in_cluster);
     fleetd.wait_until("and runs pulled.service again", Duration::from_secs(30), running_there);
     assert!(back.log().contains("starting as a pull agent"), "{}", back.log());
@@ -353,7 +299,7 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
     );
     let token = fleetd.ok(&["registration-token", "create", "offline"]).stdout.trim().to_string();
     let manager_url = format!("https://localhost:{port}");
-    let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None);
+    let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None, &[]);
     let units = tempfile::tempdir().expect("units");
     fleet_e2e::write_unit(
         units.path(),
@@ -384,7 +330,7 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
         std::thread::sleep(Duration::from_millis(100));
     }
     let kept = std::mem::replace(&mut pull.dir, tempfile::tempdir().expect("dir"));
-    let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept));
+    let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept), &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while !process_running(&sleeper) {
         assert!(std::time::Instant::now() < deadline, "the unit did not come back from the copy; log:\n{}", back.log());

@@ -1,0 +1,82 @@
+//! A pull agent behind NAT: the manager in one network namespace, the agent in another, and
+//! a router between them that masquerades the agent's connections and drops every connection
+//! opened towards the agent. The manager cannot reach the agent, and still the agent joins,
+//! is scheduled onto, runs its unit, reports, and is seen in the cluster.
+
+use std::time::Duration;
+
+use fleet_e2e::nat::{AGENT_IP, MANAGER_IP, NatLab};
+use fleet_e2e::pki::Authority;
+use fleet_e2e::pull::PullFleetd;
+use fleet_e2e::{Fleetd, Launcher};
+
+#[test]
+fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
+    let lab = NatLab::create();
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server_for(dir.path(), "server", &[MANAGER_IP]);
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = 4002;
+    let listen = format!("unix://{{socket}},https://{MANAGER_IP}:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let launcher = Launcher { prefix: NatLab::exec(&lab.manager), env: Vec::new() };
+    let manager = Fleetd::start_with(
+        "e2e0natmanager01",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("unit_manager", "native"),
+            ("public_ip", MANAGER_IP),
+        ],
+        launcher,
+    );
+    let token = manager.ok(&["registration-token", "create", "behind-nat"]).stdout.trim().to_string();
+    let prefix = NatLab::exec(&lab.agent);
+    let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
+    let agent = PullFleetd::start(&format!("https://{MANAGER_IP}:{port}"), &api_ca_file, Some(&token), None, &prefix);
+    manager.wait_until("the agent behind NAT joins", Duration::from_secs(30), |manager| {
+        manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "natted.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+    );
+    manager.fleetctl_in(units.path(), &["start", "--no-block", "natted.service"]);
+    manager.wait_until("the agent runs natted.service and says so", Duration::from_secs(30), |manager| {
+        let rows = manager.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,sub"]).stdout;
+        rows.lines()
+            .any(|row| row.starts_with("natted.service") && row.contains("pullfleetd000001") && row.contains("running"))
+    });
+
+    // The manager cannot open a connection to anything on the agent's side: a listener there
+    // (a fleetd of its own) answers its neighbours but never the manager.
+    let probe_cert = api_ca.server_for(dir.path(), "probe", &[AGENT_IP]);
+    let (probe_cert_file, probe_key_file) =
+        (probe_cert.cert.display().to_string(), probe_cert.key.display().to_string());
+    let probe_listen = format!("unix://{{socket}},https://{AGENT_IP}:4003");
+    let _probe = Fleetd::start_with(
+        "e2e0natprobe0001",
+        &[
+            ("api_listen", &probe_listen),
+            ("api_tls_cert_file", &probe_cert_file),
+            ("api_tls_key_file", &probe_key_file),
+            ("unit_manager", "native"),
+        ],
+        Launcher { prefix: NatLab::exec(&lab.agent), env: Vec::new() },
+    );
+    assert!(lab.can_connect(&lab.agent, AGENT_IP, 4003), "the probe listens on the agent's side");
+    assert!(!lab.can_connect(&lab.manager, AGENT_IP, 4003), "the NAT lets the manager reach the agent's side");
+    assert!(lab.can_connect(&lab.manager, MANAGER_IP, port), "the probe itself works");
+    assert!(!agent.log().contains(&token[9..]), "the token reached the agent's log");
+}
