@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{Semaphore, watch};
@@ -42,6 +42,9 @@ impl Default for ServeLimits {
         }
     }
 }
+
+/// Requests one HTTP/2 connection may have in flight at once.
+const HTTP2_STREAMS_PER_CONNECTION: u32 = 64;
 
 /// How long to wait before accepting again after an accept error (e.g. EMFILE).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -203,8 +206,16 @@ async fn serve_connection<S>(
         request
     });
     let service = TowerToHyperService::new(with_peer);
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    // HTTP/1.1, and HTTP/2 where the client asks for it (ALPN on TLS): a pull agent keeps one
+    // HTTP/2 connection for its long polls and its requests alike.
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(limits.header_timeout))
+        .keep_alive_timeout(limits.header_timeout)
+        .max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     tokio::pin!(connection);
     tokio::select! {

@@ -26,6 +26,8 @@ pub struct Answer {
     pub body: String,
     /// The server certificate (DER) an HTTPS answer came with.
     pub server_certificate: Option<Vec<u8>>,
+    /// `HTTP/1.1` or `HTTP/2.0`.
+    pub version: String,
 }
 
 impl Caller {
@@ -59,11 +61,12 @@ impl Caller {
         }
         let response = request.send().await.map_err(|error| format!("{error:?}"))?;
         let status = response.status().as_u16();
+        let version = format!("{:?}", response.version());
         let server_certificate = response
             .extensions()
             .get::<reqwest::tls::TlsInfo>()
             .and_then(|info| info.peer_certificate().map(<[u8]>::to_vec));
         let body = response.text().await.map_err(|e| e.to_string())?;
-        Ok(Answer { status, body, server_certificate })
+        Ok(Answer { status, body, server_certificate, version })
     }
 }

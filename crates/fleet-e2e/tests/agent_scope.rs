@@ -70,7 +70,9 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
 
     // Each announces itself, and only itself.
     let machine = r#"{"publicIP":"127.0.0.9","metadata":{"kind":"pull"},"version":"0.1.0"}"#;
-    assert_eq!(call(&agent_a, "PUT", "/fleet/v1/agents/agent-a/machine", Some(machine)).status, 204);
+    let announced = call(&agent_a, "PUT", "/fleet/v1/agents/agent-a/machine", Some(machine));
+    assert_eq!(announced.status, 204);
+    assert_eq!(announced.version, "HTTP/2.0", "agents speak HTTP/2 with their manager");
     assert_eq!(call(&agent_b, "PUT", "/fleet/v1/agents/agent-b/machine", Some(machine)).status, 204);
     assert_eq!(call(&agent_a, "PUT", "/fleet/v1/agents/agent-b/machine", Some(machine)).status, 403);
     let machines = fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout;

@@ -63,19 +63,16 @@ impl From<Failure> for RegistryError {
     }
 }
 
-/// The HTTPS clients, presenting the machine's current certificate.
+/// The HTTPS client, presenting the machine's current certificate: one HTTP/2 connection per
+/// manager carries the long polls and the requests alike.
 #[derive(Clone)]
 struct Clients {
     requests: reqwest::Client,
-    polls: reqwest::Client,
 }
 
 impl Clients {
     fn new(manager: &Manager, credentials: &MachineCredentials) -> std::result::Result<Self, ManagerError> {
-        Ok(Self {
-            requests: manager.client(Some(credentials), REQUEST_TIMEOUT)?,
-            polls: manager.client(Some(credentials), POLL_TIMEOUT)?,
-        })
+        Ok(Self { requests: manager.client(Some(credentials), REQUEST_TIMEOUT)? })
     }
 }
 
@@ -136,9 +133,6 @@ impl RemoteRegistry {
         self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).requests.clone()
     }
 
-    fn poll_client(&self) -> reqwest::Client {
-        self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).polls.clone()
-    }
 
     /// This machine's part of the manager in use.
     fn base(&self) -> &str {
@@ -269,7 +263,7 @@ impl RemoteRegistry {
                     Some(after) => format!("{}/changes?after={after}", registry.base()),
                     None => format!("{}/changes", registry.base()),
                 };
-                let answer = registry.send(registry.poll_client().get(path)).await;
+                let answer = registry.send(registry.client().get(path).timeout(POLL_TIMEOUT)).await;
                 let answer =
                     answer.and_then(|bytes| serde_json::from_slice::<AgentChanges>(&bytes).map_err(unavailable));
                 match answer {

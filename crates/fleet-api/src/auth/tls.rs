@@ -83,7 +83,7 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let mut config = builder
         .with_single_cert(certificates(&files.certificate)?, private_key(&files.key)?)
         .map_err(|error| TlsError::Invalid(format!("{}: {error}", files.certificate.display())))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
