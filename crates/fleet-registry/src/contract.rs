@@ -27,11 +27,21 @@ async fn open_embedded() -> Opened {
 }
 
 async fn open_etcd() -> Opened {
+    open_etcd_with(false).await
+}
+
+/// The etcd store as a manager of pull agents uses it: every machine's work from one copy.
+async fn open_etcd_serving_many() -> Opened {
+    open_etcd_with(true).await
+}
+
+async fn open_etcd_with(serve_many_machines: bool) -> Opened {
     let etcd = fleet_testkit::EtcdServer::start();
     let options = crate::etcd::EtcdOptions {
         endpoints: vec![etcd.endpoint()],
         key_prefix: "/contract/".into(),
         request_timeout: Duration::from_secs(2),
+        serve_many_machines,
         ..crate::etcd::EtcdOptions::default()
     };
     let lifetimes =
@@ -53,6 +63,13 @@ macro_rules! contract {
             $(#[tokio::test(flavor = "multi_thread")]
             async fn $name() {
                 let opened = super::open_etcd().await;
+                super::$name(opened.registry.as_ref()).await;
+            })+
+        }
+        mod etcd_store_serving_many_machines {
+            $(#[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                let opened = super::open_etcd_serving_many().await;
                 super::$name(opened.registry.as_ref()).await;
             })+
         }

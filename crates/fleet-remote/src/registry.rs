@@ -133,7 +133,6 @@ impl RemoteRegistry {
         self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).requests.clone()
     }
 
-
     /// This machine's part of the manager in use.
     fn base(&self) -> &str {
         let current = self.current.load(std::sync::atomic::Ordering::Relaxed) % self.bases.len();

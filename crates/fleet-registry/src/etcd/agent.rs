@@ -61,7 +61,7 @@ impl AgentRegistry for EtcdRegistry {
     }
 
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
-        let mirror = self.machine_mirror(machine_id);
+        let mirror = self.work_mirror(machine_id);
         let data = mirror.synced()?;
         let keys = self.keys();
         let machine_key = keys.machine(machine_id);
@@ -121,6 +121,6 @@ impl AgentRegistry for EtcdRegistry {
     }
 
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
-        self.machine_mirror(machine_id).changes()
+        self.work_changes(machine_id)
     }
 }

@@ -21,6 +21,14 @@
 //! a schedule change wakes exactly one agent. The engine watches units, placements, reasons,
 //! machines, metadata and the leader key; unit states, which change most, wake nobody.
 
+/// Whose work a key's change touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkTouched<'k> {
+    Machine(&'k str),
+    Everyone,
+    Nobody,
+}
+
 /// Builds keys under one prefix.
 #[derive(Clone, Debug)]
 pub struct Keys {
@@ -171,6 +179,25 @@ impl Keys {
         self.key(&["tokens", name])
     }
 
+    /// `schedule/` of every machine.
+    pub fn all_schedules(&self) -> String {
+        self.key(&["schedule", ""])
+    }
+
+    /// Whose work a change to `key` touches: one machine's (its schedule, its record, its
+    /// runtime metadata), every machine's (a global unit), or nobody's.
+    pub fn work_touched_by<'k>(&self, key: &'k str) -> WorkTouched<'k> {
+        let Some(rest) = key.strip_prefix(self.prefix.as_str()) else { return WorkTouched::Nobody };
+        let machine = |collection: &str| rest.strip_prefix(collection).and_then(|tail| tail.split('/').next());
+        if rest.starts_with("global/") {
+            return WorkTouched::Everyone;
+        }
+        match machine("schedule/").or_else(|| machine("machines/")).or_else(|| machine("metadata/")) {
+            Some(id) if !id.is_empty() => WorkTouched::Machine(id),
+            _ => WorkTouched::Nobody,
+        }
+    }
+
     /// The last path element of `key` below `collection` (a key from one of the methods
     /// above that end in `/`).
     pub fn name_in<'k>(&self, collection: &str, key: &'k str) -> Option<&'k str> {
@@ -190,6 +217,17 @@ mod tests {
         assert_eq!(keys.schedule("m1"), "/_coreos.com/fleet/schedule/m1/");
         assert_eq!(keys.leader(), "/_coreos.com/fleet/engine/leader");
         assert_eq!(keys.name_in(&keys.units(), &keys.unit("x.service")), Some("x.service"));
+    }
+
+    #[test]
+    fn changes_touch_the_work_of_their_machine_or_of_everyone() {
+        let keys = Keys::new("/p/");
+        assert_eq!(keys.work_touched_by(&keys.scheduled("m1", "a.service")), WorkTouched::Machine("m1"));
+        assert_eq!(keys.work_touched_by(&keys.machine("m2")), WorkTouched::Machine("m2"));
+        assert_eq!(keys.work_touched_by(&keys.metadata("m3")), WorkTouched::Machine("m3"));
+        assert_eq!(keys.work_touched_by(&keys.global("g.service")), WorkTouched::Everyone);
+        assert_eq!(keys.work_touched_by(&keys.unit("a.service")), WorkTouched::Nobody);
+        assert_eq!(keys.work_touched_by("/other/schedule/m1/a"), WorkTouched::Nobody);
     }
 
     #[test]

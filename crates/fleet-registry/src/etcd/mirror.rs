@@ -40,6 +40,16 @@ impl MirrorData {
     }
 }
 
+/// What changed in a copy, for an observer: one key, or everything (a fresh listing).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Changed<'a> {
+    Key(&'a str),
+    Everything,
+}
+
+/// Told of every change a copy applies, after it applied it.
+pub type Observer = Arc<dyn Fn(Changed<'_>) + Send + Sync>;
+
 pub struct Mirror {
     data: Arc<RwLock<MirrorData>>,
     changes: watch::Sender<u64>,
@@ -66,9 +76,14 @@ enum StreamEnd {
 impl Mirror {
     /// Starts listing and watching `ranges`; the copy fills in the background.
     pub fn start(connection: Connection, ranges: Vec<KeyRange>) -> Self {
+        Self::observed(connection, ranges, None)
+    }
+
+    /// As [`Mirror::start`], telling `observer` of every change.
+    pub fn observed(connection: Connection, ranges: Vec<KeyRange>, observer: Option<Observer>) -> Self {
         let data = Arc::new(RwLock::new(MirrorData::default()));
         let changes = watch::channel(0).0;
-        let feeder = Feeder { connection, ranges, data: data.clone(), changes: changes.clone() };
+        let feeder = Feeder { connection, ranges, data: data.clone(), changes: changes.clone(), observer };
         let task = tokio::spawn(feeder.run()).abort_handle();
         Self { data, changes, task }
     }
@@ -109,6 +124,7 @@ struct Feeder {
     ranges: Vec<KeyRange>,
     data: Arc<RwLock<MirrorData>>,
     changes: watch::Sender<u64>,
+    observer: Option<Observer>,
 }
 
 impl Feeder {
@@ -173,6 +189,9 @@ impl Feeder {
             }
         }
         self.changes.send_modify(|generation| *generation += 1);
+        if let Some(observer) = &self.observer {
+            observer(Changed::Everything);
+        }
         Ok(revision)
     }
 
@@ -239,9 +258,13 @@ impl Feeder {
             return;
         }
         let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut changed = Vec::with_capacity(events.len());
         for event in events {
             let Some(kv) = event.kv() else { continue };
             let key = String::from_utf8_lossy(kv.key()).into_owned();
+            if self.observer.is_some() {
+                changed.push(key.clone());
+            }
             match event.event_type() {
                 EventType::Put => {
                     let entry = Entry {
@@ -261,6 +284,11 @@ impl Feeder {
         data.generation += 1;
         drop(data);
         self.changes.send_modify(|generation| *generation += 1);
+        if let Some(observer) = &self.observer {
+            for key in &changed {
+                observer(Changed::Key(key));
+            }
+        }
     }
 }
 
@@ -294,6 +322,7 @@ mod tests {
             ranges: vec![KeyRange::prefix("/m/".into())],
             data: Arc::new(RwLock::new(MirrorData::default())),
             changes: watch::channel(0).0,
+            observer: None,
         };
         let mut resume = vec![1];
         let ended = tokio::time::timeout(Duration::from_secs(10), feeder.follow(&mut resume)).await.unwrap();

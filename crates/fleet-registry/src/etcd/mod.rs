@@ -23,6 +23,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use connection::Connection;
 pub use connection::EtcdOptions;
 use keys::{KeyRange, Keys};
@@ -53,6 +55,11 @@ struct Inner {
     lifetimes: Lifetimes,
     engine_mirror: OnceLock<Mirror>,
     machine_mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
+    /// With `serve_many_machines`: every machine's work in one copy, and a wake-up signal per
+    /// machine fed by that copy's changes.
+    serve_many_machines: bool,
+    all_work_mirror: OnceLock<Arc<Mirror>>,
+    work_signals: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
     leadership: tokio::sync::Mutex<Option<session::Leadership>>,
 }
@@ -70,6 +77,9 @@ impl EtcdRegistry {
                 lifetimes,
                 engine_mirror: OnceLock::new(),
                 machine_mirrors: Mutex::new(HashMap::new()),
+                serve_many_machines: options.serve_many_machines,
+                all_work_mirror: OnceLock::new(),
+                work_signals: Arc::new(Mutex::new(HashMap::new())),
                 sessions: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
             }),
@@ -101,6 +111,50 @@ impl EtcdRegistry {
     }
 
     /// One machine's copy of its schedule, the global units, its presence and its metadata.
+    /// The copy `machine_id`'s work is read from: one for all machines when serving many,
+    /// else one of its own.
+    fn work_mirror(&self, machine_id: &str) -> Arc<Mirror> {
+        if !self.inner.serve_many_machines {
+            return self.machine_mirror(machine_id);
+        }
+        self.inner
+            .all_work_mirror
+            .get_or_init(|| {
+                let keys = self.keys().clone();
+                let ranges = vec![
+                    KeyRange::prefix(keys.all_schedules()),
+                    KeyRange::prefix(keys.globals()),
+                    KeyRange::prefix(keys.machines()),
+                    KeyRange::prefix(keys.all_metadata()),
+                ];
+                let signals = self.inner.work_signals.clone();
+                let observer: mirror::Observer = Arc::new(move |changed| {
+                    let signals = signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
+                    match changed {
+                        mirror::Changed::Everything => signals.values().for_each(bump),
+                        mirror::Changed::Key(key) => match keys.work_touched_by(key) {
+                            keys::WorkTouched::Machine(id) => signals.get(id).into_iter().for_each(bump),
+                            keys::WorkTouched::Everyone => signals.values().for_each(bump),
+                            keys::WorkTouched::Nobody => {}
+                        },
+                    }
+                });
+                Arc::new(Mirror::observed(self.connection().clone(), ranges, Some(observer)))
+            })
+            .clone()
+    }
+
+    /// Moves when `machine_id`'s work may have changed.
+    fn work_changes(&self, machine_id: &str) -> crate::ChangeSignal {
+        if !self.inner.serve_many_machines {
+            return self.machine_mirror(machine_id).changes();
+        }
+        self.work_mirror(machine_id);
+        let mut signals = self.inner.work_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        signals.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).subscribe()
+    }
+
     fn machine_mirror(&self, machine_id: &str) -> Arc<Mirror> {
         let mut mirrors = self.inner.machine_mirrors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         mirrors

@@ -232,3 +232,27 @@ async fn a_malformed_record_is_skipped_and_its_unit_can_be_destroyed() {
     let refs = keys_under(&registry, &keys.all_refs()).await;
     assert!(refs.iter().all(|key| !key.ends_with("/bad.service")), "{refs:?}");
 }
+
+/// A manager serving many machines holds one watch-fed copy for all of their work, however
+/// many machines it serves, and wakes each machine only for its own changes.
+#[tokio::test]
+async fn serving_many_machines_takes_one_copy_for_all() {
+    let etcd = EtcdServer::start();
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    let registry =
+        EtcdRegistry::connect(&EtcdOptions { serve_many_machines: true, ..options(&etcd) }, lifetimes).await.unwrap();
+    let mut signals: Vec<_> = (0..200).map(|index| registry.machine_changes(&format!("m{index}"))).collect();
+    fleet_testkit::eventually("the copy is listed", async || registry.machine_work("m0").await.is_ok()).await;
+    for index in 0..200 {
+        registry.machine_work(&format!("m{index}")).await.expect("work from the copy");
+    }
+    assert!(registry.inner.machine_mirrors.lock().unwrap().is_empty(), "no copy of its own per machine");
+    assert!(registry.inner.all_work_mirror.get().is_some(), "one copy for all");
+    for signal in &mut signals {
+        signal.mark_unchanged();
+    }
+    registry.register_machine(&machine("m7")).await.unwrap();
+    fleet_testkit::eventually("m7 is woken", async || signals[7].has_changed().unwrap_or(false)).await;
+    let woken = signals.iter().filter(|signal| signal.has_changed().unwrap_or(false)).count();
+    assert_eq!(woken, 1, "only m7's work changed");
+}
