@@ -52,6 +52,8 @@ pub struct Config {
     pub api_tls_key_file: String,
     /// ...and the CA whose client certificates are accepted (mutual TLS), if any.
     pub api_tls_client_ca_file: String,
+    /// Connections each API listener holds open at once (a manager holds one per pull agent).
+    pub api_max_connections: usize,
     /// The role clients without a credential get on TCP listeners; none unless set.
     pub api_anonymous_role: Option<fleet_core::access::Role>,
     /// The cluster's agent CA (PEM): this fleetd signs machine certificates for pull agents
@@ -107,6 +109,7 @@ impl Default for Config {
             api_tls_key_file: String::new(),
             api_tls_client_ca_file: String::new(),
             api_anonymous_role: None,
+            api_max_connections: 512,
             agent_ca_cert_file: String::new(),
             agent_ca_key_file: String::new(),
             agent_cert_lifetime: Duration::from_secs(24 * 3600),
@@ -273,6 +276,13 @@ const OPTIONS: &[(&str, Setter)] = &[
         };
         config.api_anonymous_role = role;
         Ok(())
+    }),
+    ("api_max_connections", |config, name, value| {
+        let limit = value.parse::<usize>().ok().filter(|limit| (1..=1_000_000).contains(limit));
+        assign(
+            &mut config.api_max_connections,
+            limit.ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000000")),
+        )
     }),
     ("agent_ca_cert_file", |config, name, value| assign(&mut config.agent_ca_cert_file, existing_file(name, value))),
     ("agent_ca_key_file", |config, name, value| assign(&mut config.agent_ca_key_file, existing_file(name, value))),

@@ -127,6 +127,7 @@ fn warn_fixed_options(old: &Config, new: &Config) {
         ("machine_id", old.machine_id != new.machine_id),
         ("api_listen", old.api_listen != new.api_listen),
         ("api_anonymous_role", old.api_anonymous_role != new.api_anonymous_role),
+        ("api_max_connections", old.api_max_connections != new.api_max_connections),
         ("unit_manager", old.unit_manager != new.unit_manager),
         ("etcd_servers", old.etcd_servers != new.etcd_servers),
     ];
@@ -238,9 +239,10 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         tokio::spawn(sweep_silent_agents(agent_presence, registry.clone(), config.agent_ttl));
     }
     let api_tls = tls.clone();
+    let limits = ServeLimits { connections_per_listener: config.api_max_connections, ..ServeLimits::default() };
     let (api_stop, api_stopped) = watch::channel(false);
     let api = tokio::spawn(async move {
-        if let Err(error) = serve(&listeners, router(api_state), api_stopped, ServeLimits::default(), api_tls).await {
+        if let Err(error) = serve(&listeners, router(api_state), api_stopped, limits, api_tls).await {
             tracing::error!(%error, "API server failed");
         }
     });
