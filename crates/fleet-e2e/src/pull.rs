@@ -19,6 +19,18 @@ impl PullFleetd {
         dir: Option<tempfile::TempDir>,
         prefix: &[&str],
     ) -> Self {
+        Self::start_with_env(manager_url, ca, token, dir, prefix, &[])
+    }
+
+    /// As [`PullFleetd::start`], with extra environment variables (`HTTPS_PROXY`, say).
+    pub fn start_with_env(
+        manager_url: &str,
+        ca: &Path,
+        token: Option<&str>,
+        dir: Option<tempfile::TempDir>,
+        prefix: &[&str],
+        env: &[(&str, &str)],
+    ) -> Self {
         let dir = dir.unwrap_or_else(|| tempfile::tempdir().expect("dir"));
         let mut config = format!(
             "machine_id = pullfleetd000001\nstate_dir = {}\nunit_manager = native\nmanager_url = {manager_url}\n\
@@ -41,6 +53,7 @@ impl PullFleetd {
             None => Command::new(crate::binary("fleetd")),
         };
         let child = command
+            .envs(env.iter().copied())
             .arg("-config")
             .arg(dir.path().join("fleet.conf"))
             .stdout(log.try_clone().expect("log"))

@@ -429,3 +429,46 @@ fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
         units.state("roaming.service").is_some_and(|state| state.active != "active") && states.contains("inactive")
     });
 }
+
+/// A pull fleetd reaches its manager through the proxy `HTTPS_PROXY` names.
+#[test]
+fn a_pull_fleetd_honours_https_proxy() {
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = free_port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let fleetd = Fleetd::start(
+        "e2e0manager00008",
+        &[
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("unit_manager", "native"),
+        ],
+    );
+    let token = fleetd.ok(&["registration-token", "create", "proxied"]).stdout.trim().to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let proxy = runtime.block_on(fleet_e2e::connect_proxy::ConnectProxy::start());
+    let proxy_url = format!("http://127.0.0.1:{}", proxy.port);
+    let _pull = PullFleetd::start_with_env(
+        &format!("https://localhost:{port}"),
+        &api_ca_file,
+        Some(&token),
+        None,
+        &[],
+        &[("HTTPS_PROXY", &proxy_url), ("NO_PROXY", ""), ("no_proxy", "")],
+    );
+    fleetd.wait_until("the proxied pull fleetd joins", Duration::from_secs(30), |fleetd| {
+        fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    assert!(proxy.tunnels() >= 1, "the pull fleetd did not go through the proxy");
+}
