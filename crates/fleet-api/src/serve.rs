@@ -155,7 +155,7 @@ async fn accept_loop<L: Accept>(
         let (router, stop) = (router.clone(), stop.clone());
         match &connect {
             Connect::Plain => {
-                connections.spawn(serve_connection(stream, peer, router, stop, limits, slot));
+                connections.spawn(serve_connection(stream, peer, Protocol::Http1, router, stop, limits, slot));
             }
             Connect::Tls(tls) => {
                 let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
@@ -180,7 +180,11 @@ async fn accept_loop<L: Accept>(
                             }))
                         });
                     let peer = Peer::Tcp { tls: true, certificate };
-                    serve_connection(stream, peer, router, stop, limits, slot).await;
+                    let protocol = match stream.get_ref().1.alpn_protocol() {
+                        Some(b"h2") => Protocol::Http2,
+                        _ => Protocol::Http1,
+                    };
+                    serve_connection(stream, peer, protocol, router, stop, limits, slot).await;
                 });
             }
         }
@@ -191,9 +195,65 @@ async fn accept_loop<L: Accept>(
     }
 }
 
+/// The HTTP version a connection speaks: HTTP/2 only where TLS negotiated it (ALPN `h2`),
+/// so that a plain connection is never read before its header deadline applies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// A connection fleetd can ask to finish what it is doing and close.
+trait GracefulShutdown: std::future::Future<Output = Result<(), hyper::Error>> {
+    fn shut_down(self: std::pin::Pin<&mut Self>);
+}
+
+impl<I, S> GracefulShutdown for hyper::server::conn::http1::Connection<I, S>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::ResBody: hyper::body::Body + Send + 'static,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn shut_down(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+impl<I, S> GracefulShutdown for hyper::server::conn::http2::Connection<I, S, TokioExecutor>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    S: hyper::service::HttpService<hyper::body::Incoming>,
+    S::Future: Send + 'static,
+    S::ResBody: hyper::body::Body + Send + 'static,
+    <S::ResBody as hyper::body::Body>::Data: Send,
+    <S::ResBody as hyper::body::Body>::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn shut_down(self: std::pin::Pin<&mut Self>) {
+        self.graceful_shutdown();
+    }
+}
+
+/// Serves `connection` until it ends, or until `stop`, when it finishes in-flight requests.
+async fn drive(connection: impl GracefulShutdown, stop: &mut watch::Receiver<bool>) {
+    tokio::pin!(connection);
+    tokio::select! {
+        result = connection.as_mut() => {
+            if let Err(error) = result {
+                tracing::debug!(%error, "API connection ended");
+            }
+        }
+        () = stopped(stop) => {
+            connection.as_mut().shut_down();
+            let _ = connection.await;
+        }
+    }
+}
+
 async fn serve_connection<S>(
     stream: S,
     peer: Peer,
+    protocol: Protocol,
     router: Router,
     mut stop: watch::Receiver<bool>,
     limits: ServeLimits,
@@ -206,27 +266,21 @@ async fn serve_connection<S>(
         request
     });
     let service = TowerToHyperService::new(with_peer);
-    // HTTP/1.1, and HTTP/2 where the client asks for it (ALPN on TLS): a pull agent keeps one
-    // HTTP/2 connection for its long polls and its requests alike.
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(limits.header_timeout))
-        .keep_alive_timeout(limits.header_timeout)
-        .max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
-    let connection = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(connection);
-    tokio::select! {
-        result = connection.as_mut() => {
-            if let Err(error) = result {
-                tracing::debug!(%error, "API connection ended");
-            }
+    match protocol {
+        Protocol::Http1 => {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+            drive(builder.serve_connection(TokioIo::new(stream), service), &mut stop).await;
         }
-        () = stopped(&mut stop) => {
-            connection.as_mut().graceful_shutdown();
-            let _ = connection.await;
+        // A pull agent keeps one HTTP/2 connection for its long polls and requests alike.
+        Protocol::Http2 => {
+            let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+            builder
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(limits.header_timeout))
+                .keep_alive_timeout(limits.header_timeout)
+                .max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
+            drive(builder.serve_connection(TokioIo::new(stream), service), &mut stop).await;
         }
     }
 }

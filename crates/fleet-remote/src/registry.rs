@@ -142,9 +142,11 @@ impl RemoteRegistry {
     /// The manager in use cannot be reached: the next request goes to the next one, which
     /// holds no presence for this machine yet.
     fn fail_over(&self) {
+        // Whichever manager answers next (another, or this one restarted) may hold no
+        // presence for this machine: announce to it first.
+        self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
         if self.bases.len() > 1 {
             self.current.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(manager = self.base(), "the manager cannot be reached; trying another");
         }
     }

@@ -1,0 +1,261 @@
+//! Benchmark: pull agents through one manager on one etcd.
+//!
+//! One real fleetd is the manager (etcd store, TLS, agent CA) and the engine. Many pull agents
+//! run in this one process, each the real agent code on its own `RemoteRegistry`: its own
+//! registration, its own certificate, its own HTTPS (HTTP/2) connection and long poll; only
+//! systemd is simulated. Every unit asks for `role=worker`, which only the pull agents have.
+//! Prints:
+//!
+//! (a) the time from the last unit submitted until every unit reports launched, with the
+//!     manager's CPU over that time;
+//! (b) how many agents one schedule change wakes;
+//! (c) the manager's CPU and memory idle;
+//! (d) after the manager is killed and started again, the time until every agent has
+//!     announced itself to the new one.
+//!
+//! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS]`
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_e2e::pki::Authority;
+use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
+use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
+use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
+use fleet_testkit::FakeUnitManager;
+use tokio::sync::{Semaphore, watch};
+
+const TEMPLATES: usize = 10;
+const JOINERS: usize = 32;
+const SUBMITTERS: usize = 64;
+
+fn argument(index: usize, default: usize) -> usize {
+    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+fn template(index: usize) -> UnitFile {
+    let text = format!(
+        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n"
+    );
+    UnitFile::parse(&text).expect("the bench template parses")
+}
+
+fn agent_id(index: usize) -> String {
+    format!("pull{index:06}")
+}
+
+/// Resident memory of a process, in MiB.
+fn resident_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
+async fn launched(api: &EtcdRegistry) -> usize {
+    match api.units().await {
+        Ok(units) => units.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count(),
+        Err(_) => 0,
+    }
+}
+
+async fn wait_all_launched(api: &EtcdRegistry, count: usize) -> Duration {
+    let started = Instant::now();
+    let (mut last_done, mut last_progress, mut last_report) = (0, Instant::now(), Instant::now());
+    loop {
+        let done = launched(api).await;
+        if done >= count {
+            return started.elapsed();
+        }
+        if done != last_done {
+            (last_done, last_progress) = (done, Instant::now());
+        }
+        assert!(last_progress.elapsed() < Duration::from_secs(120), "stuck at {done}/{count} launched");
+        if last_report.elapsed() > Duration::from_secs(5) {
+            println!("    … {done}/{count} launched after {:.1} s", started.elapsed().as_secs_f64());
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The leases the agents' machine records hang on.
+async fn machine_leases(client: &mut etcd_client::Client) -> std::collections::HashMap<String, i64> {
+    let prefix = "/_coreos.com/fleet/machines/pull";
+    let reply = client.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await.expect("read machines");
+    reply.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease())).collect()
+}
+
+fn main() {
+    let agents = argument(1, 1000);
+    let units = argument(2, 10_000);
+    let idle_seconds = argument(3, 20) as u64;
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().expect("dir");
+    let (api_ca, agent_ca) = (Authority::new("bench API CA"), Authority::new("bench agent CA"));
+    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+    let server = api_ca.server(dir.path(), "server");
+    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+    let agent_ca_key = dir.path().join("agent-ca-key.pem");
+    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
+    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let connections = (agents * 2 + 64).to_string();
+    let mut manager_fleetd = Fleetd::start(
+        "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0",
+        &[
+            ("etcd_servers", &etcd.endpoint()),
+            ("etcd_request_timeout", "5"),
+            ("metadata", "role=manager"),
+            ("api_listen", &listen),
+            ("api_tls_cert_file", &cert),
+            ("api_tls_key_file", &key),
+            ("agent_ca_cert_file", &ca_cert),
+            ("agent_ca_key_file", &ca_key),
+            ("api_max_connections", &connections),
+            ("agent_ttl", "60s"),
+        ],
+    );
+    let token = manager_fleetd
+        .ok(&["registration-token", "create", "--max-uses", &agents.to_string(), "bench"])
+        .stdout
+        .trim()
+        .to_string();
+    let options = EtcdOptions {
+        endpoints: vec![etcd.endpoint()],
+        key_prefix: "/_coreos.com/fleet/".into(),
+        request_timeout: Duration::from_secs(5),
+        ..EtcdOptions::default()
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    runtime.block_on(async move {
+        let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(60), engine_lease_ttl: Duration::from_secs(10) };
+        let api = EtcdRegistry::connect(&options, lifetimes).await.expect("connect to etcd");
+        let mut raw = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
+        let manager = Arc::new(
+            fleet_remote::Manager::new(
+                &format!("https://localhost:{port}"),
+                Some(std::fs::read(&api_ca_file).expect("CA")),
+                Duration::from_secs(30),
+            )
+            .expect("manager"),
+        );
+        println!("bench-pull: {agents} pull agents through one manager, {units} units, one etcd");
+
+        // Join and start every agent.
+        let joining = Instant::now();
+        let permits = Arc::new(Semaphore::new(JOINERS));
+        let mut joins = tokio::task::JoinSet::new();
+        for index in 0..agents {
+            let (manager, token, permits) = (manager.clone(), token.clone(), permits.clone());
+            joins.spawn(async move {
+                let _permit = permits.acquire_owned().await.expect("semaphore");
+                let (credentials, _) = manager.join(&token, &agent_id(index)).await.expect("join");
+                (index, credentials)
+            });
+        }
+        let mut joined = Vec::with_capacity(agents);
+        while let Some(result) = joins.join_next().await {
+            joined.push(result.expect("a join"));
+        }
+        println!("  {agents} agents joined (certificates signed) in {:.2} s", joining.elapsed().as_secs_f64());
+        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+        let starting = Instant::now();
+        let mut signals: Vec<ChangeSignal> = Vec::with_capacity(agents);
+        for (index, credentials) in &joined {
+            let registry = fleet_remote::RemoteRegistry::new(&manager, credentials, None).expect("remote store");
+            fleet_remote::start(&registry);
+            signals.push(registry.machine_changes(&agent_id(*index)));
+            let config = AgentConfig {
+                machine: MachineState {
+                    id: agent_id(*index),
+                    public_ip: format!("10.{}.{}.{}", index / 65536, (index / 256) % 256, index % 256),
+                    metadata: [("role".to_string(), "worker".to_string())].into(),
+                    version: "bench".into(),
+                    disable_engine: true,
+                },
+                reconcile_interval: Duration::from_secs(5),
+                debounce: Duration::from_millis(10),
+            };
+            tokio::spawn(Agent::new(config, registry, Arc::new(FakeUnitManager::new())).run(lifecycle_watch.clone()));
+        }
+        while api.machines().await.map(|m| m.len()).unwrap_or(0) < agents + 1 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!("  {agents} agents announced in {:.2} s", starting.elapsed().as_secs_f64());
+
+        // (a) Submit every unit, then time until all report launched.
+        let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
+        let cpu_before = cpu_seconds(manager_fleetd.pid());
+        let submitting = Instant::now();
+        let permits = Arc::new(Semaphore::new(SUBMITTERS));
+        let mut submissions = tokio::task::JoinSet::new();
+        for index in 0..units {
+            let (api, file, permits) = (api.clone(), templates[index % TEMPLATES].clone(), permits.clone());
+            submissions.spawn(async move {
+                let _permit = permits.acquire_owned().await.expect("semaphore");
+                let name = format!("bench{}@{index}.service", index % TEMPLATES);
+                api.put_unit(&name, &file, DesiredState::Launched).await.expect("submit a unit");
+            });
+        }
+        while submissions.join_next().await.is_some() {}
+        println!("  submitted {units} units in {:.2} s", submitting.elapsed().as_secs_f64());
+        let until_launched = wait_all_launched(&api, units).await;
+        println!(
+            "  (a) from the last submission until all {units} report launched: {:.2} s (from the first: {:.2} s; manager CPU over both: {:.2} s, RSS {:.0} MiB)",
+            until_launched.as_secs_f64(),
+            submitting.elapsed().as_secs_f64(),
+            cpu_seconds(manager_fleetd.pid()) - cpu_before,
+            resident_mib(manager_fleetd.pid())
+        );
+
+        // (b) One more unit: how many agents wake?
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for signal in &mut signals {
+            signal.mark_unchanged();
+        }
+        api.put_unit("probe@1.service", &templates[0], DesiredState::Launched).await.expect("submit the probe");
+        wait_all_launched(&api, units + 1).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let woken = signals.iter().filter(|signal| signal.has_changed().unwrap_or(false)).count();
+        println!("  (b) agents woken by one schedule change: {woken} of {agents}");
+
+        // (c) Idle.
+        let manager_before = cpu_seconds(manager_fleetd.pid());
+        tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+        let manager_cpu = cpu_seconds(manager_fleetd.pid()) - manager_before;
+        println!(
+            "  (c) idle for {idle_seconds} s: manager CPU {manager_cpu:.2} s ({:.1}%), RSS {:.0} MiB",
+            manager_cpu * 100.0 / idle_seconds as f64,
+            resident_mib(manager_fleetd.pid())
+        );
+
+        // (d) The manager is killed and started again: until every agent announced itself anew.
+        let before = machine_leases(&mut raw).await;
+        manager_fleetd.stop_with(libc::SIGKILL);
+        let restarting = Instant::now();
+        manager_fleetd.launch();
+        loop {
+            let now = machine_leases(&mut raw).await;
+            let moved = before.iter().filter(|(key, lease)| now.get(*key).is_some_and(|new| new != *lease)).count();
+            if moved >= agents {
+                break;
+            }
+            assert!(restarting.elapsed() < Duration::from_secs(300), "only {moved}/{agents} agents came back");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        println!(
+            "  (d) manager killed and restarted: every agent announced to it again after {:.2} s",
+            restarting.elapsed().as_secs_f64()
+        );
+        let _ = lifecycle.send(Lifecycle::Reloading);
+    });
+}
