@@ -121,6 +121,10 @@ impl Manager {
         if !status.is_success() {
             let message =
                 serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
+            // A manager that cannot reach its store now may later: only a 4xx is a refusal.
+            if status.is_server_error() {
+                return Err(ManagerError::Unreachable(format!("{status}: {message}")));
+            }
             return Err(ManagerError::Refused { status: status.as_u16(), message });
         }
         serde_json::from_slice(&bytes).map_err(|error| ManagerError::BadAnswer(error.to_string()))

@@ -129,10 +129,13 @@ impl CredentialRegistry for EtcdRegistry {
             if self.connection().txn(txn).await?.succeeded() {
                 return Ok(Ok(record));
             }
+            // Many machines joining with one token at once: spread the next attempts out.
+            let spread = u64::from(std::process::id()).wrapping_add(record.uses.into()) % 7;
+            tokio::time::sleep(Duration::from_millis(1 + spread)).await;
         }
         Err(RegistryError::Unavailable("etcd: the registration token kept changing; try again".into()))
     }
 }
 
 /// How often a redemption that lost a race with another is tried again.
-const REDEEM_ATTEMPTS: usize = 10;
+const REDEEM_ATTEMPTS: usize = 100;

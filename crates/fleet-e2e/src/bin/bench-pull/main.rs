@@ -158,7 +158,18 @@ fn main() {
             let (manager, token, permits) = (manager.clone(), token.clone(), permits.clone());
             joins.spawn(async move {
                 let _permit = permits.acquire_owned().await.expect("semaphore");
-                let (credentials, _) = manager.join(&token, &agent_id(index)).await.expect("join");
+                let mut tries = 0;
+                let credentials = loop {
+                    match manager.join(&token, &agent_id(index)).await {
+                        Ok((credentials, _)) => break credentials,
+                        Err(fleet_remote::ManagerError::Unreachable(error)) if tries < 20 => {
+                            tries += 1;
+                            eprintln!("    join of {} retried: {error}", agent_id(index));
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Err(error) => panic!("join: {error}"),
+                    }
+                };
                 (index, credentials)
             });
         }
