@@ -100,6 +100,22 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
         units.state("job.service").is_none_or(|state| state.active != "active")
     });
 
+    // A global unit runs on the manager (a machine with a store) and on the pull agent alike.
+    fleet_e2e::write_unit(
+        unit_dir.path(),
+        "everywhere.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nGlobal=true\n",
+    );
+    fleetd.fleetctl_in(unit_dir.path(), &["start", "--no-block", "everywhere.service"]);
+    fleetd.wait_until("the global unit runs on both kinds of machine", Duration::from_secs(20), |fleetd| {
+        let rows = fleetd.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,sub"]).stdout;
+        let on = |machine: &str| {
+            rows.lines()
+                .any(|row| row.starts_with("everywhere.service") && row.contains(machine) && row.contains("running"))
+        };
+        on("pull-agent-1") && on("e2e0manager00004") && units.state("everywhere.service") == running
+    });
+
     let _ = lifecycle.send(Lifecycle::ShuttingDown);
     runtime.block_on(agent_task).expect("the agent ends");
     fleetd.wait_until("a clean stop takes the pull agent out", Duration::from_secs(20), |fleetd| {
