@@ -153,8 +153,34 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
         Caller::new(&base, Some(&api_ca_file), Credentials { token: Some(&admin), certificate: None }).expect("caller");
     assert_eq!(call(&admin, "GET", "/fleet/v1/agents/agent-a/work", None).status, 403);
 
-    // Revoked: nothing more, the machine leaves, and its unit waits for it.
+    // Revoked: its open long poll ends within a second, nothing more is served, the machine
+    // leaves, and its unit waits for it.
+    let revision =
+        json(&call(&agent_a, "GET", "/fleet/v1/agents/agent-a/changes", None))["revision"].as_u64().expect("revision");
+    let poll = {
+        let (cert, key) = (dir.path().join("agent-a.pem"), dir.path().join("agent-a-key.pem"));
+        let caller =
+            Caller::new(&base, Some(&api_ca_file), Credentials { token: None, certificate: Some((&cert, &key)) })
+                .expect("caller");
+        let path = format!("/fleet/v1/agents/agent-a/changes?after={revision}");
+        // On a thread of its own, so the poll is open (and waiting) before the revocation.
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(caller.call("GET", &path, None))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
     fleetd.ok(&["machine", "revoke", "agent-a"]);
+    let revoked_at = std::time::Instant::now();
+    // It ends at once with the change the revocation made (the machine left), or, failing
+    // that, when its half-second check sees the revocation.
+    let ended = poll.join().expect("the poll thread").expect("an answer");
+    assert!(ended.status == 200 || ended.status == 401, "{}", ended.body);
+    assert!(
+        revoked_at.elapsed() < Duration::from_secs(1),
+        "the open poll outlived the revocation by {:?}",
+        revoked_at.elapsed()
+    );
     fleetd.wait_until("agent-a's certificate is refused", Duration::from_secs(1), |_| {
         call(&agent_a, "GET", "/fleet/v1/agents/agent-a/work", None).status == 401
     });

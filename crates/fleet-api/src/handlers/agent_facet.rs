@@ -66,6 +66,9 @@ pub async fn unregister(state: &ApiState, machine_id: &str) -> Result<Response, 
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// How often an open `changes` request looks whether its machine was revoked.
+const REVOCATION_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// How long a `changes` request waits for a change before answering with none.
 const CHANGES_WAIT: std::time::Duration = std::time::Duration::from_secs(25);
 
@@ -81,7 +84,17 @@ pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, Strin
     let mut signal = agents.machine_changes(machine_id);
     let current = *signal.borrow_and_update();
     if after.is_some_and(|after| after == current) {
-        let _ = tokio::time::timeout(CHANGES_WAIT, signal.changed()).await;
+        // Wait for a change, looking every half second whether the machine was revoked
+        // meanwhile: a revoked machine's open poll ends within a second.
+        let deadline = tokio::time::Instant::now() + CHANGES_WAIT;
+        while tokio::time::Instant::now() < deadline {
+            if tokio::time::timeout(REVOCATION_CHECK, signal.changed()).await.is_ok() {
+                break;
+            }
+            if state.auth.machine_revoked(machine_id).await.unwrap_or(false) {
+                return Err(ApiError::new(StatusCode::UNAUTHORIZED, "revoked machine certificate"));
+            }
+        }
     }
     let revision = *signal.borrow();
     Ok(json_response(StatusCode::OK, &AgentChanges { revision }))
