@@ -7,12 +7,32 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-#[derive(Default)]
 pub struct AgentPresence {
     heard: Mutex<HashMap<String, Instant>>,
+    /// How long an agent may be silent before it is lost (`agent_ttl`).
+    ttl: Duration,
 }
 
+impl Default for AgentPresence {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(30))
+    }
+}
+
+/// The longest a long poll waits for a change.
+const LONGEST_POLL: Duration = Duration::from_secs(25);
+
 impl AgentPresence {
+    pub fn new(ttl: Duration) -> Self {
+        Self { heard: Mutex::new(HashMap::new()), ttl }
+    }
+
+    /// How long a long poll may wait: short enough that an idle agent, which is heard from at
+    /// each poll, is heard from three times within `agent_ttl`.
+    pub fn poll_wait(&self) -> Duration {
+        LONGEST_POLL.min(self.ttl / 3)
+    }
+
     /// Notes a request from `machine`.
     pub fn heard(&self, machine: &str) {
         let mut heard = self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

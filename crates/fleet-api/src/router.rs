@@ -420,7 +420,10 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
                 state.agent_presence.heard(machine);
                 agent_facet::work(state, machine).await
             }
-            (AgentPart::Changes, &Method::GET) => agent_facet::changes(state, machine, query).await,
+            (AgentPart::Changes, &Method::GET) => {
+                state.agent_presence.heard(machine);
+                agent_facet::changes(state, machine, query).await
+            }
             (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
             (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, &body).await,
             (AgentPart::Machine, _) => {

@@ -16,6 +16,10 @@ use tokio::sync::watch;
 use crate::supervise::supervise;
 use fleetd::config::Config;
 
+/// The agent's fallback reconcile period on a pull agent: its changes arrive by long poll,
+/// and the long poll itself keeps it present, so the fallback is only a safety net.
+pub const PULL_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+
 /// How long a request to the manager may take.
 const MANAGER_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -119,7 +123,7 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let agent_config = AgentConfig {
             machine: machine.clone(),
-            reconcile_interval: crate::run::AGENT_RECONCILE_INTERVAL,
+            reconcile_interval: PULL_RECONCILE_INTERVAL,
             debounce: crate::run::DEBOUNCE,
         };
         let (agent_registry, agent_units) = (registry.clone(), units.clone());

@@ -224,7 +224,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
     // The API serves for fleetd's whole life: a reload changes its page size in place, so no
     // client's connection is cut by a reload.
     let token_limit = TokenLimit::new(config.token_limit);
-    let agent_presence = Arc::new(AgentPresence::default());
+    let agent_presence = Arc::new(AgentPresence::new(config.agent_ttl));
     let api_state = ApiState {
         registry: registry.clone(),
         token_limit: token_limit.clone(),

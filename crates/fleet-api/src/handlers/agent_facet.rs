@@ -69,11 +69,8 @@ pub async fn unregister(state: &ApiState, machine_id: &str) -> Result<Response, 
 /// How often an open `changes` request looks whether its machine was revoked.
 const REVOCATION_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// How long a `changes` request waits for a change before answering with none.
-const CHANGES_WAIT: std::time::Duration = std::time::Duration::from_secs(25);
-
 /// Answers when the machine's work may have changed since `after` (the revision its last
-/// answer gave), or after [`CHANGES_WAIT`] with the same revision: a long poll, opened by the
+/// answer gave), or after [`crate::agent_presence::AgentPresence::poll_wait`] with the same revision: a long poll, opened by the
 /// agent, so a manager never connects to an agent.
 pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
     let agents = agents(state)?;
@@ -86,7 +83,7 @@ pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, Strin
     if after.is_some_and(|after| after == current) {
         // Wait for a change, looking every half second whether the machine was revoked
         // meanwhile: a revoked machine's open poll ends within a second.
-        let deadline = tokio::time::Instant::now() + CHANGES_WAIT;
+        let deadline = tokio::time::Instant::now() + state.agent_presence.poll_wait();
         while tokio::time::Instant::now() < deadline {
             if tokio::time::timeout(REVOCATION_CHECK, signal.changed()).await.is_ok() {
                 break;

@@ -193,7 +193,8 @@ fn main() {
                     version: "bench".into(),
                     disable_engine: true,
                 },
-                reconcile_interval: Duration::from_secs(5),
+                // As fleetd's pull mode: changes come by long poll; the fallback is a safety net.
+                reconcile_interval: Duration::from_secs(30),
                 debounce: Duration::from_millis(10),
             };
             tokio::spawn(Agent::new(config, registry, Arc::new(FakeUnitManager::new())).run(lifecycle_watch.clone()));
