@@ -257,6 +257,7 @@ impl RemoteRegistry {
         let registry = Arc::downgrade(self);
         *poller = Some(tokio::spawn(async move {
             let mut after: Option<u64> = None;
+            let mut recovering = false;
             let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
             loop {
                 let Some(registry) = registry.upgrade() else { return };
@@ -270,9 +271,12 @@ impl RemoteRegistry {
                 match answer {
                     Ok(changes) => {
                         backoff.reset();
-                        if after.is_some_and(|after| after != changes.revision) {
+                        // Back after an outage: reconcile now (and announce to the manager
+                        // that answers), whatever changed meanwhile.
+                        if recovering || after.is_some_and(|after| after != changes.revision) {
                             registry.changes.send_modify(|revision| *revision += 1);
                         }
+                        recovering = false;
                         after = Some(changes.revision);
                     }
                     Err(error) => {
@@ -280,8 +284,8 @@ impl RemoteRegistry {
                         tracing::warn!(%error, retry_in = ?wait, "cannot hear from the manager");
                         drop(registry);
                         tokio::time::sleep(wait).await;
-                        // Whatever changed meanwhile is read on the next reconcile.
                         after = None;
+                        recovering = true;
                     }
                 }
             }
