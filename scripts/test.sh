@@ -45,3 +45,5 @@ fi
 # A bounded slice of the API benchmark: every listener kind answers its requests correctly
 # (the numbers of a debug build on a busy machine mean nothing; BENCHMARKS.md has release runs).
 target/debug/bench-api 0.2 2
+# And of the pull-agent benchmark: join, schedule, wake, idle and manager restart all complete.
+target/debug/bench-pull 20 200 1

@@ -6,6 +6,7 @@
 //! `cargo test --workspace` and `cargo nextest run --workspace` do).
 
 mod cluster;
+pub mod cluster_bench;
 pub mod connect_proxy;
 pub mod https;
 pub mod nat;

@@ -80,3 +80,64 @@ impl Authority {
         self.sign(params, dir, &format!("client-{name}"))
     }
 }
+
+/// Everything a manager of pull agents needs, on disk: the API's CA and server certificate,
+/// and the cluster's agent CA with its key.
+pub struct ManagerPki {
+    pub dir: tempfile::TempDir,
+    pub api_ca: Authority,
+    pub api_ca_file: PathBuf,
+    pub server: Pair,
+    pub agent_ca: Authority,
+    pub agent_ca_file: PathBuf,
+    pub agent_ca_key: PathBuf,
+}
+
+impl ManagerPki {
+    /// Certificates for a manager reached at `names` (host names and addresses).
+    pub fn new(names: &[&str]) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
+        let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
+        let server = api_ca.server_for(dir.path(), "server", names);
+        let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
+        let agent_ca_key = dir.path().join("agent-ca-key.pem");
+        std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+        Self { dir, api_ca, api_ca_file, server, agent_ca, agent_ca_file, agent_ca_key }
+    }
+
+    /// For a manager on `localhost` and 127.0.0.1.
+    pub fn local() -> Self {
+        Self::new(&["localhost", "127.0.0.1"])
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The API CA (PEM), as agents trust it.
+    pub fn api_ca_pem(&self) -> Vec<u8> {
+        std::fs::read(&self.api_ca_file).expect("API CA")
+    }
+
+    /// The fleet.conf lines of a manager listening on `https://{address}` beside the harness's
+    /// Unix socket, with the native supervisor, then `extra`.
+    pub fn manager_config(&self, address: &str, extra: &[(&str, &str)]) -> Vec<(String, String)> {
+        let display = |path: &Path| path.display().to_string();
+        let mut config = vec![
+            ("api_listen".to_string(), format!("unix://{{socket}},https://{address}")),
+            ("api_tls_cert_file".to_string(), display(&self.server.cert)),
+            ("api_tls_key_file".to_string(), display(&self.server.key)),
+            ("agent_ca_cert_file".to_string(), display(&self.agent_ca_file)),
+            ("agent_ca_key_file".to_string(), display(&self.agent_ca_key)),
+            ("unit_manager".to_string(), "native".to_string()),
+        ];
+        config.extend(extra.iter().map(|(key, value)| (key.to_string(), value.to_string())));
+        config
+    }
+}
+
+/// fleet.conf lines as the harness takes them.
+pub fn pairs(config: &[(String, String)]) -> Vec<(&str, &str)> {
+    config.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect()
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fleet_e2e::Fleetd;
 use fleet_e2e::https::{Caller, Credentials};
-use fleet_e2e::pki::Authority;
+use fleet_e2e::pki::{ManagerPki, pairs};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 
 fn free_port() -> u16 {
@@ -33,30 +33,15 @@ fn json(body: &str) -> serde_json::Value {
 
 #[test]
 fn agents_join_with_a_registration_token_and_renew_their_certificate() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
+    let (dir, api_ca, agent_ca, api_ca_file) = (&pki.dir, &pki.api_ca, &pki.agent_ca, pki.api_ca_file.clone());
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
     let client_ca = api_ca_file.display().to_string();
-    let fleetd = Fleetd::start(
-        "e2e0manager00001",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("api_tls_client_ca_file", &client_ca),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("agent_cert_lifetime", "1h"),
-        ],
+    let config = pki.manager_config(
+        &format!("127.0.0.1:{port}"),
+        &[("api_tls_client_ca_file", client_ca.as_str()), ("agent_cert_lifetime", "1h")],
     );
+    let fleetd = Fleetd::start("e2e0manager00001", &pairs(&config));
     let base = format!("https://localhost:{port}");
     let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "--metadata", "rack=r1", "rack1"]);
     let token = token.stdout.trim().to_string();
@@ -166,28 +151,11 @@ fn agents_join_with_a_registration_token_and_renew_their_certificate() {
 /// with the certificate, and reports a refusal without the token in it.
 #[test]
 fn the_agent_side_joins_keeps_and_renews_its_credentials() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
+    let api_ca_file = pki.api_ca_file.clone();
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let fleetd = Fleetd::start(
-        "e2e0manager00002",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("agent_cert_lifetime", "1h"),
-        ],
-    );
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[("agent_cert_lifetime", "1h")]);
+    let fleetd = Fleetd::start("e2e0manager00002", &pairs(&config));
     let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "--metadata", "zone=a", "z"]).stdout;
     let token = token.trim();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

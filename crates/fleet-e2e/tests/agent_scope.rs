@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fleet_e2e::Fleetd;
 use fleet_e2e::https::{Answer, Caller, Credentials};
-use fleet_e2e::pki::Authority;
+use fleet_e2e::pki::{ManagerPki, pairs};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
@@ -32,28 +32,11 @@ fn agent_caller(
 
 #[test]
 fn a_machine_certificate_opens_only_that_machines_own_work() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
+    let (dir, api_ca_file) = (&pki.dir, pki.api_ca_file.clone());
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let fleetd = Fleetd::start(
-        "e2e0manager00003",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("unit_manager", "native"),
-        ],
-    );
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    let fleetd = Fleetd::start("e2e0manager00003", &pairs(&config));
     let base = format!("https://localhost:{port}");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let manager =

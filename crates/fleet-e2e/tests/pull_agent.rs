@@ -10,7 +10,7 @@ use std::time::Duration;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{MachineState, SystemdState};
 use fleet_e2e::Fleetd;
-use fleet_e2e::pki::Authority;
+use fleet_e2e::pki::{ManagerPki, pairs};
 use fleet_e2e::pull::PullFleetd;
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::watch;
@@ -21,29 +21,11 @@ fn free_port() -> u16 {
 
 #[test]
 fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let fleetd = Fleetd::start(
-        "e2e0manager00004",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("unit_manager", "native"),
-            ("metadata", "kind=manager"),
-        ],
-    );
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[("metadata", "kind=manager")]);
+    let fleetd = Fleetd::start("e2e0manager00004", &pairs(&config));
+    let api_ca_file = pki.api_ca_file.clone();
     let token =
         fleetd.ok(&["registration-token", "create", "--metadata", "kind=pull", "pull"]).stdout.trim().to_string();
 
@@ -128,29 +110,11 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
 /// the token (it kept its certificate, 0600).
 #[test]
 fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let fleetd = Fleetd::start(
-        "e2e0manager00005",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("unit_manager", "native"),
-            ("metadata", "kind=manager"),
-        ],
-    );
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[("metadata", "kind=manager")]);
+    let fleetd = Fleetd::start("e2e0manager00005", &pairs(&config));
+    let api_ca_file = pki.api_ca_file.clone();
     let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "once"]).stdout.trim().to_string();
     let manager_url = format!("https://localhost:{port}");
     let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None, &[]);
@@ -191,29 +155,11 @@ fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate(
 /// `agent_ttl`, as an etcd machine is: its units move; back, it announces itself again.
 #[test]
 fn a_silent_pull_agent_is_lost_after_agent_ttl_and_comes_back() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let fleetd = Fleetd::start(
-        "e2e0manager00006",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("unit_manager", "native"),
-            ("agent_ttl", "2s"),
-        ],
-    );
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[("agent_ttl", "2s")]);
+    let fleetd = Fleetd::start("e2e0manager00006", &pairs(&config));
+    let api_ca_file = pki.api_ca_file.clone();
     let token = fleetd.ok(&["registration-token", "create", "t"]).stdout.trim().to_string();
     let manager = fleet_remote::Manager::new(
         &format!("https://localhost:{port}"),
@@ -291,28 +237,11 @@ fn process_running(args: &[&str]) -> bool {
 /// manager returns, it reconnects by itself.
 #[test]
 fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let mut fleetd = Fleetd::start(
-        "e2e0manager00007",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("unit_manager", "native"),
-        ],
-    );
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    let mut fleetd = Fleetd::start("e2e0manager00007", &pairs(&config));
+    let api_ca_file = pki.api_ca_file.clone();
     let token = fleetd.ok(&["registration-token", "create", "offline"]).stdout.trim().to_string();
     let manager_url = format!("https://localhost:{port}");
     let pull = PullFleetd::start(&manager_url, &api_ca_file, Some(&token), None, &[]);
@@ -372,24 +301,11 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
 /// moves, through twice `agent_ttl`.
 #[test]
 fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
+    let api_ca_file = pki.api_ca_file.clone();
     let ports = [free_port(), free_port()];
-    let mut cluster = fleet_e2e::Cluster::start(2, |index| {
-        vec![
-            ("api_listen".into(), format!("unix://{{socket}},https://127.0.0.1:{}", ports[index])),
-            ("api_tls_cert_file".into(), server.cert.display().to_string()),
-            ("api_tls_key_file".into(), server.key.display().to_string()),
-            ("agent_ca_cert_file".into(), agent_ca_file.display().to_string()),
-            ("agent_ca_key_file".into(), agent_ca_key.display().to_string()),
-            ("unit_manager".into(), "native".into()),
-        ]
-    });
+    let mut cluster =
+        fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
     let token = cluster.members[0].ok(&["registration-token", "create", "roaming"]).stdout.trim().to_string();
     let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
     let manager =
@@ -449,28 +365,11 @@ fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
 /// A pull fleetd reaches its manager through the proxy `HTTPS_PROXY` names.
 #[test]
 fn a_pull_fleetd_honours_https_proxy() {
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server(dir.path(), "server");
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::local();
     let port = free_port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let fleetd = Fleetd::start(
-        "e2e0manager00008",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("unit_manager", "native"),
-        ],
-    );
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    let fleetd = Fleetd::start("e2e0manager00008", &pairs(&config));
+    let api_ca_file = pki.api_ca_file.clone();
     let token = fleetd.ok(&["registration-token", "create", "proxied"]).stdout.trim().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let proxy = runtime.block_on(fleet_e2e::connect_proxy::ConnectProxy::start());

@@ -6,38 +6,19 @@
 use std::time::Duration;
 
 use fleet_e2e::nat::{AGENT_IP, MANAGER_IP, NatLab};
-use fleet_e2e::pki::Authority;
+use fleet_e2e::pki::{ManagerPki, pairs};
 use fleet_e2e::pull::PullFleetd;
 use fleet_e2e::{Fleetd, Launcher};
 
 #[test]
 fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     let lab = NatLab::create();
-    let dir = tempfile::tempdir().expect("dir");
-    let (api_ca, agent_ca) = (Authority::new("API CA"), Authority::new("agent CA"));
-    let api_ca_file = api_ca.write(&dir.path().join("api-ca.pem"));
-    let server = api_ca.server_for(dir.path(), "server", &[MANAGER_IP]);
-    let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
-    let agent_ca_key = dir.path().join("agent-ca-key.pem");
-    std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+    let pki = ManagerPki::new(&[MANAGER_IP]);
+    let (dir, api_ca, api_ca_file) = (&pki.dir, &pki.api_ca, pki.api_ca_file.clone());
     let port = 4002;
-    let listen = format!("unix://{{socket}},https://{MANAGER_IP}:{port}");
-    let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
-    let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
+    let config = pki.manager_config(&format!("{MANAGER_IP}:{port}"), &[("public_ip", MANAGER_IP)]);
     let launcher = Launcher { prefix: NatLab::exec(&lab.manager), env: Vec::new() };
-    let manager = Fleetd::start_with(
-        "e2e0natmanager01",
-        &[
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("unit_manager", "native"),
-            ("public_ip", MANAGER_IP),
-        ],
-        launcher,
-    );
+    let manager = Fleetd::start_with("e2e0natmanager01", &pairs(&config), launcher);
     let token = manager.ok(&["registration-token", "create", "behind-nat"]).stdout.trim().to_string();
     let prefix = NatLab::exec(&lab.agent);
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();

@@ -19,28 +19,20 @@ use std::time::{Duration, Instant};
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_e2e::cluster_bench::{TEMPLATES, submit_units, template, wait_all_launched};
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_testkit::FakeUnitManager;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
-const TEMPLATES: usize = 10;
 /// etcd connections the simulated machines share (each machine still has its own lease
 /// and its own watch stream).
 const CONNECTIONS: usize = 8;
-const SUBMITTERS: usize = 64;
 const AGENT_TTL: Duration = Duration::from_secs(30);
 
 fn argument(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
-fn template(index: usize) -> UnitFile {
-    let text = format!(
-        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n"
-    );
-    UnitFile::parse(&text).expect("the bench template parses")
 }
 
 fn simulated_machine(index: usize) -> MachineState {
@@ -50,41 +42,6 @@ fn simulated_machine(index: usize) -> MachineState {
         metadata: [("role".to_string(), "worker".to_string())].into(),
         version: "bench".into(),
         disable_engine: true,
-    }
-}
-
-async fn launched(api: &EtcdRegistry) -> usize {
-    match api.units().await {
-        Ok(units) => units.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count(),
-        Err(_) => 0,
-    }
-}
-
-/// How long the count of launched units may stand still before the run is given up.
-const STALL_LIMIT: Duration = Duration::from_secs(60);
-
-async fn wait_all_launched(api: &EtcdRegistry, count: usize, engine: &Fleetd) -> Duration {
-    let started = Instant::now();
-    let mut last_report = Instant::now();
-    let (mut last_done, mut last_progress) = (0, Instant::now());
-    loop {
-        let done = launched(api).await;
-        if done >= count {
-            return started.elapsed();
-        }
-        if done != last_done {
-            (last_done, last_progress) = (done, Instant::now());
-        }
-        if last_progress.elapsed() > STALL_LIMIT {
-            let log = engine.log();
-            let tail: Vec<&str> = log.lines().rev().take(40).collect::<Vec<_>>().into_iter().rev().collect();
-            panic!("stuck at {done}/{count} launched; the engine's log ends:\n{}", tail.join("\n"));
-        }
-        if last_report.elapsed() > Duration::from_secs(5) {
-            println!("    … {done}/{count} launched after {:.1} s", started.elapsed().as_secs_f64());
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 
@@ -135,19 +92,9 @@ fn main() {
         let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
         let cpu_before = cpu_seconds(engine.pid());
         let submitting = Instant::now();
-        let permits = Arc::new(Semaphore::new(SUBMITTERS));
-        let mut submissions = tokio::task::JoinSet::new();
-        for index in 0..units {
-            let (api, file, permits) = (api.clone(), templates[index % TEMPLATES].clone(), permits.clone());
-            submissions.spawn(async move {
-                let _permit = permits.acquire_owned().await.expect("semaphore");
-                let name = format!("bench{}@{index}.service", index % TEMPLATES);
-                api.put_unit(&name, &file, DesiredState::Launched).await.expect("submit a unit");
-            });
-        }
-        while submissions.join_next().await.is_some() {}
+        submit_units(&api, units).await;
         println!("  submitted {units} units in {:.2} s", submitting.elapsed().as_secs_f64());
-        let until_launched = wait_all_launched(&api, units, &engine).await;
+        let until_launched = wait_all_launched(&api, units, || engine.log()).await;
         println!(
             "  (a) from the last submission until all {units} report launched: {:.2} s (from the first: {:.2} s; fleetd engine CPU over both: {:.2} s)",
             until_launched.as_secs_f64(),
@@ -163,7 +110,7 @@ fn main() {
             signal.mark_unchanged();
         }
         api.put_unit("probe@1.service", &templates[0], DesiredState::Launched).await.expect("submit the probe");
-        wait_all_launched(&api, units + 1, &engine).await;
+        wait_all_launched(&api, units + 1, || engine.log()).await;
         let woken: Vec<&str> = signals
             .iter()
             .filter(|(_, signal)| signal.has_changed().unwrap_or(false))

@@ -19,7 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_core::{DesiredState, MachineState};
+use fleet_e2e::cluster_bench::{submit_units, template, wait_all_launched};
 use fleet_e2e::pki::Authority;
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
@@ -27,19 +28,10 @@ use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::{Semaphore, watch};
 
-const TEMPLATES: usize = 10;
 const JOINERS: usize = 32;
-const SUBMITTERS: usize = 64;
 
 fn argument(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
-fn template(index: usize) -> UnitFile {
-    let text = format!(
-        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n"
-    );
-    UnitFile::parse(&text).expect("the bench template parses")
 }
 
 fn agent_id(index: usize) -> String {
@@ -56,33 +48,6 @@ fn resident_mib(pid: u32) -> f64 {
         .and_then(|value| value.parse().ok())
         .unwrap_or(0.0);
     kib / 1024.0
-}
-
-async fn launched(api: &EtcdRegistry) -> usize {
-    match api.units().await {
-        Ok(units) => units.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count(),
-        Err(_) => 0,
-    }
-}
-
-async fn wait_all_launched(api: &EtcdRegistry, count: usize) -> Duration {
-    let started = Instant::now();
-    let (mut last_done, mut last_progress, mut last_report) = (0, Instant::now(), Instant::now());
-    loop {
-        let done = launched(api).await;
-        if done >= count {
-            return started.elapsed();
-        }
-        if done != last_done {
-            (last_done, last_progress) = (done, Instant::now());
-        }
-        assert!(last_progress.elapsed() < Duration::from_secs(120), "stuck at {done}/{count} launched");
-        if last_report.elapsed() > Duration::from_secs(5) {
-            println!("    … {done}/{count} launched after {:.1} s", started.elapsed().as_secs_f64());
-            last_report = Instant::now();
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 /// The leases the agents' machine records hang on.
@@ -205,22 +170,11 @@ fn main() {
         println!("  {agents} agents announced in {:.2} s", starting.elapsed().as_secs_f64());
 
         // (a) Submit every unit, then time until all report launched.
-        let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
         let cpu_before = cpu_seconds(manager_fleetd.pid());
         let submitting = Instant::now();
-        let permits = Arc::new(Semaphore::new(SUBMITTERS));
-        let mut submissions = tokio::task::JoinSet::new();
-        for index in 0..units {
-            let (api, file, permits) = (api.clone(), templates[index % TEMPLATES].clone(), permits.clone());
-            submissions.spawn(async move {
-                let _permit = permits.acquire_owned().await.expect("semaphore");
-                let name = format!("bench{}@{index}.service", index % TEMPLATES);
-                api.put_unit(&name, &file, DesiredState::Launched).await.expect("submit a unit");
-            });
-        }
-        while submissions.join_next().await.is_some() {}
+        submit_units(&api, units).await;
         println!("  submitted {units} units in {:.2} s", submitting.elapsed().as_secs_f64());
-        let until_launched = wait_all_launched(&api, units).await;
+        let until_launched = wait_all_launched(&api, units, || manager_fleetd.log()).await;
         println!(
             "  (a) from the last submission until all {units} report launched: {:.2} s (from the first: {:.2} s; manager CPU over both: {:.2} s, RSS {:.0} MiB)",
             until_launched.as_secs_f64(),
@@ -234,8 +188,8 @@ fn main() {
         for signal in &mut signals {
             signal.mark_unchanged();
         }
-        api.put_unit("probe@1.service", &templates[0], DesiredState::Launched).await.expect("submit the probe");
-        wait_all_launched(&api, units + 1).await;
+        api.put_unit("probe@1.service", &template(0), DesiredState::Launched).await.expect("submit the probe");
+        wait_all_launched(&api, units + 1, || manager_fleetd.log()).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let woken = signals.iter().filter(|signal| signal.has_changed().unwrap_or(false)).count();
         println!("  (b) agents woken by one schedule change: {woken} of {agents}");

@@ -1,0 +1,72 @@
+//! What the cluster benchmarks share: the unit templates every unit comes from, submitting
+//! many units straight to etcd, and waiting until they all report launched.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleet_core::{DesiredState, UnitFile};
+use fleet_registry::ApiRegistry;
+use fleet_registry::etcd::EtcdRegistry;
+use tokio::sync::Semaphore;
+
+/// How many templates the units are instances of.
+pub const TEMPLATES: usize = 10;
+/// How many submissions run at once.
+const SUBMITTERS: usize = 64;
+/// How long the count of launched units may stand still before a run is given up.
+const STALL_LIMIT: Duration = Duration::from_secs(120);
+
+/// Template `index`: a service for machines with `role=worker`.
+pub fn template(index: usize) -> UnitFile {
+    let text = format!(
+        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n"
+    );
+    UnitFile::parse(&text).expect("the bench template parses")
+}
+
+/// Submits `count` units (instances of the templates), 64 at a time; returns how long it took.
+pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
+    let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
+    let submitting = Instant::now();
+    let permits = Arc::new(Semaphore::new(SUBMITTERS));
+    let mut submissions = tokio::task::JoinSet::new();
+    for index in 0..count {
+        let (api, file, permits) = (api.clone(), templates[index % TEMPLATES].clone(), permits.clone());
+        submissions.spawn(async move {
+            let _permit = permits.acquire_owned().await.expect("semaphore");
+            let name = format!("bench{}@{index}.service", index % TEMPLATES);
+            api.put_unit(&name, &file, DesiredState::Launched).await.expect("submit a unit");
+        });
+    }
+    while submissions.join_next().await.is_some() {}
+    submitting.elapsed()
+}
+
+async fn launched(api: &EtcdRegistry) -> usize {
+    match api.units().await {
+        Ok(units) => units.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count(),
+        Err(_) => 0,
+    }
+}
+
+/// Waits until `count` units report launched, printing progress every 5 s; `stuck` tells why
+/// when nothing moves for two minutes. Returns how long it took.
+pub async fn wait_all_launched(api: &EtcdRegistry, count: usize, stuck: impl Fn() -> String) -> Duration {
+    let started = Instant::now();
+    let (mut last_done, mut last_progress, mut last_report) = (0, Instant::now(), Instant::now());
+    loop {
+        let done = launched(api).await;
+        if done >= count {
+            return started.elapsed();
+        }
+        if done != last_done {
+            (last_done, last_progress) = (done, Instant::now());
+        }
+        assert!(last_progress.elapsed() < STALL_LIMIT, "stuck at {done}/{count} launched; {}", stuck());
+        if last_report.elapsed() > Duration::from_secs(5) {
+            println!("    … {done}/{count} launched after {:.1} s", started.elapsed().as_secs_f64());
+            last_report = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
