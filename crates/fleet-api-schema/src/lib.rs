@@ -301,8 +301,22 @@ pub struct AgentUnitBody {
 }
 
 /// `GET /fleet/v1/agents/{machine}/changes?after=N`: answers when the machine's work may have
-/// changed since revision `N` (or after a while with the same revision).
+/// changed since revision `N` (or after a while with the same revision), or when someone asks
+/// for the journal of one of its units.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentChanges {
     pub revision: u64,
+    /// Journals asked for through the manager, to answer at `POST …/journal/{id}`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub journal: Vec<JournalAsk>,
+}
+
+/// A journal someone asked a manager for, of a unit on a pull agent it cannot reach.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalAsk {
+    pub id: u64,
+    pub unit: String,
+    pub lines: usize,
+    #[serde(default)]
+    pub status: bool,
 }

@@ -39,6 +39,11 @@ impl AgentPresence {
         heard.insert(machine.to_string(), Instant::now());
     }
 
+    /// Whether `machine` is a pull agent this manager hears from.
+    pub fn knows(&self, machine: &str) -> bool {
+        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(machine)
+    }
+
     /// Forgets `machine` (it left cleanly).
     pub fn forget(&self, machine: &str) {
         self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine);

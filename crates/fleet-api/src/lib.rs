@@ -11,6 +11,7 @@ pub mod agent_presence;
 pub mod auth;
 mod handlers;
 mod host_check;
+pub mod journal_relay;
 pub mod listen;
 pub mod pagination;
 pub mod router;

@@ -47,6 +47,8 @@ pub struct ApiState {
     pub agents: Option<Arc<dyn fleet_registry::AgentRegistry>>,
     /// When each pull agent was last heard from.
     pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
+    /// Journals asked of pull agents through this manager.
+    pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
@@ -162,6 +164,7 @@ enum AgentPart {
     Changes,
     Body(String),
     States,
+    JournalAnswer(u64),
 }
 
 /// What a request asks for once the API prefix is off.
@@ -226,6 +229,10 @@ fn resource(path: &str) -> Resource {
             };
             name(machine).map_or(Resource::Unknown, |machine| Resource::AgentFacet(machine, part))
         }
+        ["agents", machine, "journal", id] => match (name(machine), id.parse::<u64>()) {
+            (Some(machine), Ok(id)) => Resource::AgentFacet(machine, AgentPart::JournalAnswer(id)),
+            _ => Resource::Unknown,
+        },
         ["agents", machine, "bodies", hash] => match (name(machine), name(hash)) {
             (Some(machine), Some(hash)) => Resource::AgentFacet(machine, AgentPart::Body(hash)),
             _ => Resource::Unknown,
@@ -255,7 +262,7 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
             (AgentPart::Machine, &Method::PUT | &Method::DELETE)
             | (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), &Method::GET)
-            | (AgentPart::States, &Method::POST) => Action::MachineFacet(machine),
+            | (AgentPart::States | AgentPart::JournalAnswer(_), &Method::POST) => Action::MachineFacet(machine),
             _ => return None,
         },
         _ => return None,
@@ -426,13 +433,16 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
             }
             (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
             (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, &body).await,
+            (AgentPart::JournalAnswer(id), &Method::POST) => agent_facet::journal_answer(state, machine, *id, &body),
             (AgentPart::Machine, _) => {
                 Err(ApiError::method_not_allowed("only PUT and DELETE supported against this resource"))
             }
             (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), _) => {
                 Err(ApiError::method_not_allowed("only GET supported against this resource"))
             }
-            (AgentPart::States, _) => Err(ApiError::method_not_allowed("only POST supported against this resource")),
+            (AgentPart::States | AgentPart::JournalAnswer(_), _) => {
+                Err(ApiError::method_not_allowed("only POST supported against this resource"))
+            }
         },
         (Resource::AgentJoin | Resource::AgentRenew | Resource::AgentRevoke(_), _) => {
             Err(ApiError::method_not_allowed("only POST supported against this resource"))

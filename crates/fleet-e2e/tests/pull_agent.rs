@@ -387,3 +387,30 @@ fn a_pull_fleetd_honours_https_proxy() {
     });
     assert!(proxy.tunnels() >= 1, "the pull fleetd did not go through the proxy");
 }
+
+/// `fleetctl journal` and `status` of a unit on a pull agent, asked of the manager: the agent's
+/// long poll carries the question, and it posts the journal back.
+#[test]
+fn fleetctl_journal_reaches_a_pull_agents_unit_through_the_manager() {
+    let pki = ManagerPki::local();
+    let port = free_port();
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    let fleetd = Fleetd::start("e2e0manager00009", &pairs(&config));
+    let token = fleetd.ok(&["registration-token", "create", "journal"]).stdout.trim().to_string();
+    let pull = PullFleetd::start(&format!("https://localhost:{port}"), &pki.api_ca_file, Some(&token), None, &[]);
+    fleetd.wait_until("the pull fleetd joins", Duration::from_secs(30), |fleetd| {
+        fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "chatty.service",
+        "[Service]\nExecStart=/bin/sh -c 'echo hello-from-behind-the-manager; exec sleep 1000'\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+    );
+    fleetd.fleetctl_in(units.path(), &["start", "--no-block", "chatty.service"]);
+    fleetd.wait_until("the journal comes back through the manager", Duration::from_secs(30), |fleetd| {
+        fleetd.fleetctl(&["journal", "--lines", "5", "chatty.service"]).stdout.contains("hello-from-behind-the-manager")
+    });
+    let status = fleetd.fleetctl(&["status", "chatty.service"]);
+    assert_eq!(status.code, 0, "{status:?}\n{}", pull.log());
+}

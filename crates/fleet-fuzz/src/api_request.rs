@@ -28,6 +28,7 @@ fn fixture() -> &'static Fixture {
             agent_ca: None,
             agents: None,
             agent_presence: Default::default(),
+            journal_relay: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }

@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_api_schema::{
-    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody,
+    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, Journal,
+    JournalAsk,
 };
 use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
 use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result};
@@ -45,6 +46,9 @@ pub struct RemoteRegistry {
     copy: Option<DiskCopy>,
     /// Whether the last read came from the copy (to log the change once).
     offline: std::sync::atomic::AtomicBool,
+    /// Journal questions the long poll brought, for whoever reads the unit manager's logs.
+    journal_asks: tokio::sync::mpsc::UnboundedSender<JournalAsk>,
+    journal_asks_taken: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<JournalAsk>>>,
 }
 
 /// Why a request to the manager failed.
@@ -99,6 +103,7 @@ impl RemoteRegistry {
         credentials: &MachineCredentials,
         copy: Option<DiskCopy>,
     ) -> std::result::Result<Arc<Self>, ManagerError> {
+        let (journal_asks, asks_received) = tokio::sync::mpsc::unbounded_channel();
         let registry = Arc::new(Self {
             clients: std::sync::RwLock::new(Clients::new(manager, credentials)?),
             bases: manager
@@ -114,6 +119,8 @@ impl RemoteRegistry {
             poller: Mutex::new(None),
             copy,
             offline: std::sync::atomic::AtomicBool::new(false),
+            journal_asks,
+            journal_asks_taken: Mutex::new(Some(asks_received)),
         });
         Ok(registry)
     }
@@ -174,6 +181,18 @@ impl RemoteRegistry {
     async fn fetch<T: serde::de::DeserializeOwned>(&self, path: &str) -> std::result::Result<T, Failure> {
         let bytes = self.request(self.client().get(format!("{}{path}", self.base()))).await?;
         serde_json::from_slice(&bytes).map_err(|error| Failure::Refused { status: 200, text: error.to_string() })
+    }
+
+    /// The journal questions managers ask of this machine (once: whoever reads the logs).
+    pub fn journal_asks(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<JournalAsk>> {
+        self.journal_asks_taken.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+    }
+
+    /// Answers journal question `id`.
+    pub async fn answer_journal(&self, id: u64, journal: &Journal) -> Result<()> {
+        let body = serde_json::to_string(journal).map_err(unavailable)?;
+        let url = format!("{}/journal/{id}", self.base());
+        self.send(self.client().post(url).header("Content-Type", "application/json").body(body)).await.map(drop)
     }
 
     /// Announces the machine to the manager in use if it holds no presence for it yet.
@@ -271,6 +290,9 @@ impl RemoteRegistry {
                 match answer {
                     Ok(changes) => {
                         backoff.reset();
+                        for ask in changes.journal {
+                            let _ = registry.journal_asks.send(ask);
+                        }
                         // Back after an outage: reconcile now (and announce to the manager
                         // that answers), whatever changed meanwhile.
                         if recovering || after.is_some_and(|after| after != changes.revision) {

@@ -88,6 +88,26 @@ async fn keep_renewing(
     }
 }
 
+/// Answers the journal questions managers relay, from the unit manager's logs.
+async fn answer_journals(
+    mut asks: tokio::sync::mpsc::UnboundedReceiver<fleet_api::schema::JournalAsk>,
+    registry: Arc<RemoteRegistry>,
+    units: Arc<dyn UnitManager>,
+    machine_id: String,
+) {
+    while let Some(ask) = asks.recv().await {
+        let text = units
+            .journal(&ask.unit, ask.lines)
+            .await
+            .unwrap_or_else(|error| format!("cannot read the journal: {error}"));
+        let status = if ask.status { units.status(&ask.unit).await.ok().flatten() } else { None };
+        let journal = fleet_api::schema::Journal { machine_id: machine_id.clone(), name: ask.unit, text, status };
+        if let Err(error) = registry.answer_journal(ask.id, &journal).await {
+            tracing::warn!(%error, "cannot answer a journal question");
+        }
+    }
+}
+
 /// Runs fleetd as a pull agent until SIGTERM or SIGINT.
 pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManager>) -> anyhow::Result<()> {
     if !config.etcd_servers.is_empty() {
@@ -115,6 +135,9 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
         fleet_api::VERSION
     );
     let renewing = tokio::spawn(keep_renewing(config.clone(), manager.clone(), registry.clone(), credentials));
+    if let Some(asks) = registry.journal_asks() {
+        tokio::spawn(answer_journals(asks, registry.clone(), units.clone(), machine.id.clone()));
+    }
 
     let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

@@ -234,6 +234,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         agents: agent_ca.as_ref().map(|_| registry.clone() as Arc<dyn fleet_registry::AgentRegistry>),
         agent_ca,
         agent_presence: agent_presence.clone(),
+        journal_relay: Default::default(),
     };
     if api_state.agents.is_some() {
         tokio::spawn(sweep_silent_agents(agent_presence, registry.clone(), config.agent_ttl));

@@ -14,7 +14,7 @@ use fleet_registry::{AgentRegistry, AssignedUnit, MachineWork};
 use super::registration_tokens::check_metadata;
 use crate::router::{ApiError, ApiState, json_response};
 use crate::schema::{
-    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentWork, Machine, UnitOption,
+    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentWork, Journal, Machine, UnitOption,
 };
 
 fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
@@ -79,13 +79,22 @@ pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, Strin
         Some(text) => Some(text.parse::<u64>().map_err(|_| ApiError::bad_request("invalid after"))?),
     };
     let mut signal = agents.machine_changes(machine_id);
+    let mut asked = state.journal_relay.asked(machine_id);
     let current = *signal.borrow_and_update();
-    if after.is_some_and(|after| after == current) {
+    let mut journal = state.journal_relay.take(machine_id);
+    if journal.is_empty() && after.is_some_and(|after| after == current) {
         // Wait for a change, looking every half second whether the machine was revoked
         // meanwhile: a revoked machine's open poll ends within a second.
         let deadline = tokio::time::Instant::now() + state.agent_presence.poll_wait();
         while tokio::time::Instant::now() < deadline {
-            if tokio::time::timeout(REVOCATION_CHECK, signal.changed()).await.is_ok() {
+            let woken = tokio::time::timeout(REVOCATION_CHECK, async {
+                tokio::select! {
+                    _ = signal.changed() => {}
+                    _ = asked.changed() => {}
+                }
+            });
+            if woken.await.is_ok() {
+                journal = state.journal_relay.take(machine_id);
                 break;
             }
             if state.auth.machine_revoked(machine_id).await.unwrap_or(false) {
@@ -94,7 +103,7 @@ pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, Strin
         }
     }
     let revision = *signal.borrow();
-    Ok(json_response(StatusCode::OK, &AgentChanges { revision }))
+    Ok(json_response(StatusCode::OK, &AgentChanges { revision, journal }))
 }
 
 pub async fn work(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
@@ -157,4 +166,16 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
     reports.extend(request.removed.into_iter().map(StateReport::Remove));
     agents.report_states(machine_id, &reports).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// The machine answers a journal question its long poll carried.
+pub fn journal_answer(state: &ApiState, machine_id: &str, id: u64, body: &[u8]) -> Result<Response, ApiError> {
+    let mut journal: Journal =
+        serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid journal: {error}")))?;
+    journal.machine_id = machine_id.to_string();
+    if state.journal_relay.answer(machine_id, id, journal) {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found("no such journal question for this machine"))
+    }
 }

@@ -2,6 +2,8 @@
 //! `?status=true` its unit manager's status report (our addition; fleetctl journal and status
 //! use it where the original used SSH to run journalctl and systemctl status).
 
+use std::time::Duration;
+
 use axum::http::StatusCode;
 use axum::response::Response;
 
@@ -11,32 +13,53 @@ use crate::schema::Journal;
 const DEFAULT_LINES: usize = 10;
 const MAX_LINES: usize = 100_000;
 
+/// How long a manager waits for a pull agent to answer for its unit's journal.
+const RELAY_WAIT: Duration = Duration::from_secs(10);
+
 pub async fn get(state: &ApiState, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
-    let Some(local) = &state.local else {
-        return Err(ApiError::not_found("this fleetd runs no units"));
-    };
     let lines = match first_value(query, "lines") {
         None => DEFAULT_LINES,
         Some(text) => {
             text.parse::<usize>().map_err(|_| ApiError::bad_request(format!("invalid lines: {text:?}")))?.min(MAX_LINES)
         }
     };
-    if state.registry.unit(name).await?.is_none() {
+    let with_status = match first_value(query, "status") {
+        Some("true") => true,
+        Some("false") | None => false,
+        Some(other) => return Err(ApiError::bad_request(format!("invalid status: {other:?}"))),
+    };
+    let Some(unit) = state.registry.unit(name).await? else {
         return Err(ApiError::not_found("unit does not exist"));
+    };
+    // A unit on a pull agent this manager serves: its journal comes by the agent's long poll.
+    let local_id = state.local.as_ref().map(|local| local.machine_id.as_str());
+    if let Some(machine) = unit.machine_id.as_deref().filter(|machine| Some(*machine) != local_id)
+        && state.agents.is_some()
+        && state.agent_presence.knows(machine)
+    {
+        return match state.journal_relay.ask(machine, name, lines, with_status, RELAY_WAIT).await {
+            Some(journal) => Ok(json_response(StatusCode::OK, &journal)),
+            None => {
+                Err(ApiError::new(StatusCode::GATEWAY_TIMEOUT, format!("machine {machine} did not answer in time")))
+            }
+        };
     }
+    let Some(local) = &state.local else {
+        return Err(ApiError::not_found("this fleetd runs no units"));
+    };
     let text = local
         .manager
         .journal(name, lines)
         .await
         .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-    let status = match first_value(query, "status") {
-        Some("true") => local
+    let status = if with_status {
+        local
             .manager
             .status(name)
             .await
-            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?,
-        Some("false") | None => None,
-        Some(other) => return Err(ApiError::bad_request(format!("invalid status: {other:?}"))),
+            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
+    } else {
+        None
     };
     let journal = Journal { machine_id: local.machine_id.clone(), name: name.to_string(), text, status };
     Ok(json_response(StatusCode::OK, &journal))

@@ -27,6 +27,7 @@ async fn api(token_limit: u16) -> Api {
         agent_ca: None,
         agents: None,
         agent_presence: Default::default(),
+        journal_relay: Default::default(),
     };
     Api { router: router(state), registry, _dir: dir }
 }
