@@ -298,3 +298,13 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     ticks / per_second
 }
+
+/// Whether a process runs with exactly this argument list.
+pub fn process_running(args: &[&str]) -> bool {
+    let wanted = format!("{}\0", args.join("\0"));
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| cmdline == wanted.as_bytes()))
+}

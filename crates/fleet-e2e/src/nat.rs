@@ -14,6 +14,8 @@ pub struct NatLab {
     pub router: String,
     pub manager: String,
     pub agent: String,
+    /// The agent namespace's link to the router.
+    agent_link: String,
 }
 
 fn run(args: &[&str]) {
@@ -28,6 +30,7 @@ impl NatLab {
             router: format!("fleet-r{suffix}"),
             manager: format!("fleet-m{suffix}"),
             agent: format!("fleet-a{suffix}"),
+            agent_link: format!("ar{suffix}"),
         };
         for namespace in [&lab.router, &lab.manager, &lab.agent] {
             let _ = Command::new("ip").args(["netns", "del", namespace]).output();
@@ -78,6 +81,15 @@ impl NatLab {
         router(&["iptables", "-A", "FORWARD", "-s", "10.213.0.0/24", "-j", "ACCEPT"]);
         router(&["iptables", "-P", "FORWARD", "DROP"]);
         lab
+    }
+
+    /// Cuts the agent off the network (`false`) or connects it again (`true`).
+    pub fn agent_online(&self, online: bool) {
+        let state = if online { "up" } else { "down" };
+        run(&["ip", "-n", &self.agent, "link", "set", &self.agent_link, state]);
+        if online {
+            run(&["ip", "-n", &self.agent, "route", "replace", "default", "via", "10.213.0.1"]);
+        }
     }
 
     /// The command prefix that runs a program in `namespace`.

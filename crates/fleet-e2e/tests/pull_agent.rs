@@ -222,16 +222,6 @@ fn a_silent_pull_agent_is_lost_after_agent_ttl_and_comes_back() {
     });
 }
 
-/// Whether a process runs with exactly this argument list.
-fn process_running(args: &[&str]) -> bool {
-    let wanted = format!("{}\0", args.join("\0"));
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|entry| std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| cmdline == wanted.as_bytes()))
-}
-
 /// The manager goes away: the pull fleetd keeps its unit running; killed and restarted during
 /// the outage, it brings the unit back up from the desired state it kept on disk; when the
 /// manager returns, it reconnects by itself.
@@ -256,12 +246,14 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
     });
     fleetd.fleetctl_in(units.path(), &["start", "--no-block", "steady.service"]);
     let sleeper = ["/bin/sleep", "4242"];
-    fleetd.wait_until("steady.service runs on the pull fleetd", Duration::from_secs(30), |_| process_running(&sleeper));
+    fleetd.wait_until("steady.service runs on the pull fleetd", Duration::from_secs(30), |_| {
+        fleet_e2e::process_running(&sleeper)
+    });
 
     // The manager goes away; the unit keeps running.
     fleetd.stop_with(libc::SIGKILL);
     std::thread::sleep(Duration::from_secs(2));
-    assert!(process_running(&sleeper), "the unit runs through the outage");
+    assert!(fleet_e2e::process_running(&sleeper), "the unit runs through the outage");
 
     // The pull fleetd dies and restarts during the outage: the unit comes back from the copy.
     let mut pull = pull;
@@ -270,14 +262,14 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
         let _ = child.wait();
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while process_running(&sleeper) {
+    while fleet_e2e::process_running(&sleeper) {
         assert!(std::time::Instant::now() < deadline, "the killed fleetd's unit should end with it");
         std::thread::sleep(Duration::from_millis(100));
     }
     let kept = std::mem::replace(&mut pull.dir, tempfile::tempdir().expect("dir"));
     let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept), &[]);
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !process_running(&sleeper) {
+    while !fleet_e2e::process_running(&sleeper) {
         assert!(std::time::Instant::now() < deadline, "the unit did not come back from the copy; log:\n{}", back.log());
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -293,7 +285,7 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
         assert!(std::time::Instant::now() < deadline, "{}", back.log());
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(process_running(&sleeper));
+    assert!(fleet_e2e::process_running(&sleeper));
 }
 
 /// Two managers on one etcd: when the agent's manager dies, the agent moves to the other,

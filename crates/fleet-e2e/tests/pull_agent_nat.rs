@@ -16,7 +16,7 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     let pki = ManagerPki::new(&[MANAGER_IP]);
     let (dir, api_ca, api_ca_file) = (&pki.dir, &pki.api_ca, pki.api_ca_file.clone());
     let port = 4002;
-    let config = pki.manager_config(&format!("{MANAGER_IP}:{port}"), &[("public_ip", MANAGER_IP)]);
+    let config = pki.manager_config(&format!("{MANAGER_IP}:{port}"), &[("public_ip", MANAGER_IP), ("agent_ttl", "2s")]);
     let launcher = Launcher { prefix: NatLab::exec(&lab.manager), env: Vec::new() };
     let manager = Fleetd::start_with("e2e0natmanager01", &pairs(&config), launcher);
     let token = manager.ok(&["registration-token", "create", "behind-nat"]).stdout.trim().to_string();
@@ -31,7 +31,7 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     fleet_e2e::write_unit(
         units.path(),
         "natted.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+        "[Service]\nExecStart=/bin/sleep 7777\n[X-Fleet]\nMachineID=pullfleetd000001\n",
     );
     manager.fleetctl_in(units.path(), &["start", "--no-block", "natted.service"]);
     manager.wait_until("the agent runs natted.service and says so", Duration::from_secs(30), |manager| {
@@ -60,4 +60,20 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     assert!(!lab.can_connect(&lab.manager, AGENT_IP, 4003), "the NAT lets the manager reach the agent's side");
     assert!(lab.can_connect(&lab.manager, MANAGER_IP, port), "the probe itself works");
     assert!(!agent.log().contains(&token[9..]), "the token reached the agent's log");
+
+    // Offline for twice agent_ttl: the cluster loses the machine, the unit keeps running on
+    // it; back online, the machine returns and the unit is placed on it again.
+    lab.agent_online(false);
+    manager.wait_until("the offline agent is lost", Duration::from_secs(10), |manager| {
+        !manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(fleet_e2e::process_running(&["/bin/sleep", "7777"]), "the unit keeps running while the agent is offline");
+    lab.agent_online(true);
+    manager.wait_until("the agent is back and runs natted.service again", Duration::from_secs(60), |manager| {
+        let rows = manager.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,sub"]).stdout;
+        rows.lines()
+            .any(|row| row.starts_with("natted.service") && row.contains("pullfleetd000001") && row.contains("running"))
+    });
+    assert!(fleet_e2e::process_running(&["/bin/sleep", "7777"]));
 }
