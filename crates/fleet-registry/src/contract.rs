@@ -4,6 +4,7 @@
 //! watch-fed copy are eventually consistent, so the checks wait for them.
 
 use std::sync::Arc;
+#[cfg(test)]
 use std::time::Duration;
 
 use fleet_core::schedule::{Decision, UnscheduleReason};
@@ -11,30 +12,39 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 
 use fleet_testkit::eventually;
 
-use crate::{EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
+use crate::{AgentRegistry, EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
 use crate::{RegistrationRecord, RegistrationRefused, RevokedMachine};
 
+/// The agent's facet of the store for one machine: the store itself for a store that serves
+/// every machine, a remote store of that machine's own for the remote one.
+pub type AgentFor<'a> = &'a (dyn Fn(&str) -> Arc<dyn AgentRegistry> + Sync);
+
+#[cfg(test)]
 /// A store for one test, and what must live as long as it.
 struct Opened {
     registry: Arc<dyn Registry>,
     _guard: Box<dyn std::any::Any>,
 }
 
+#[cfg(test)]
 async fn open_embedded() -> Opened {
     let dir = tempfile::tempdir().expect("temporary directory");
     let registry = crate::embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("embedded store");
     Opened { registry: Arc::new(registry), _guard: Box::new(dir) }
 }
 
+#[cfg(test)]
 async fn open_etcd() -> Opened {
     open_etcd_with(false).await
 }
 
+#[cfg(test)]
 /// The etcd store as a manager of pull agents uses it: every machine's work from one copy.
 async fn open_etcd_serving_many() -> Opened {
     open_etcd_with(true).await
 }
 
+#[cfg(test)]
 async fn open_etcd_with(serve_many_machines: bool) -> Opened {
     let etcd = fleet_testkit::EtcdServer::start();
     let options = crate::etcd::EtcdOptions {
@@ -50,32 +60,38 @@ async fn open_etcd_with(serve_many_machines: bool) -> Opened {
     Opened { registry: Arc::new(registry), _guard: Box::new(etcd) }
 }
 
+#[cfg(test)]
 /// Runs each contract against each store.
 macro_rules! contract {
     ($($name:ident),+ $(,)?) => {
         mod embedded_store {
             $(#[tokio::test(flavor = "multi_thread")]
             async fn $name() {
-                super::$name(super::open_embedded().await.registry.as_ref()).await;
+                let opened = super::open_embedded().await;
+                let store = opened.registry.clone();
+                super::$name(opened.registry.as_ref(), &move |_: &str| store.clone() as super::Arc<dyn super::AgentRegistry>).await;
             })+
         }
         mod etcd_store {
             $(#[tokio::test(flavor = "multi_thread")]
             async fn $name() {
                 let opened = super::open_etcd().await;
-                super::$name(opened.registry.as_ref()).await;
+                let store = opened.registry.clone();
+                super::$name(opened.registry.as_ref(), &move |_: &str| store.clone() as super::Arc<dyn super::AgentRegistry>).await;
             })+
         }
         mod etcd_store_serving_many_machines {
             $(#[tokio::test(flavor = "multi_thread")]
             async fn $name() {
                 let opened = super::open_etcd_serving_many().await;
-                super::$name(opened.registry.as_ref()).await;
+                let store = opened.registry.clone();
+                super::$name(opened.registry.as_ref(), &move |_: &str| store.clone() as super::Arc<dyn super::AgentRegistry>).await;
             })+
         }
     };
 }
 
+#[cfg(test)]
 contract!(
     tokens_are_unique_by_name_and_revocable,
     a_revoked_machine_goes_with_its_states,
@@ -107,7 +123,7 @@ async fn place(registry: &dyn Registry, unit: &str, machine: &str) {
 
 /// Bodies are stored once per content, read by hash, and deleted with the last unit that
 /// refers to them.
-async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry) {
+pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
     let (shared, other) = (unit("/bin/true"), unit("/bin/false"));
     registry.put_unit("a.service", &shared, DesiredState::Inactive).await.unwrap();
     registry.put_unit("b.service", &shared, DesiredState::Inactive).await.unwrap();
@@ -123,8 +139,8 @@ async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry) {
 }
 
 /// A lease that is not the current leader's writes nothing and says so.
-async fn a_stale_lease_cannot_write(registry: &dyn Registry) {
-    registry.register_machine(&machine("m1")).await.unwrap();
+pub async fn a_stale_lease_cannot_write(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
     registry.put_unit("a.service", &unit("/bin/true"), DesiredState::Launched).await.unwrap();
     let current = lease(registry).await;
     let stale = EngineLease { machine_id: "m9".into(), token: current.token + 1_000 };
@@ -135,22 +151,25 @@ async fn a_stale_lease_cannot_write(registry: &dyn Registry) {
 }
 
 /// A schedule write wakes the machine it concerns and no other, and reaches its work.
-async fn a_schedule_change_wakes_only_its_machine(registry: &dyn Registry) {
+pub async fn a_schedule_change_wakes_only_its_machine(registry: &dyn Registry, agent_for: AgentFor<'_>) {
     for id in ["m1", "m2"] {
-        registry.register_machine(&machine(id)).await.unwrap();
+        agent_for(id).register_machine(&machine(id)).await.unwrap();
     }
     registry.put_unit("x.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.unwrap();
     eventually("both machines' work can be read", async || {
-        registry.machine_work("m1").await.is_ok() && registry.machine_work("m2").await.is_ok()
+        agent_for("m1").machine_work("m1").await.is_ok() && agent_for("m2").machine_work("m2").await.is_ok()
     })
     .await;
     eventually("the engine sees the unit", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)).await;
-    let (mut m1, mut m2) = (registry.machine_changes("m1"), registry.machine_changes("m2"));
+    let (mut m1, mut m2) = (agent_for("m1").machine_changes("m1"), agent_for("m2").machine_changes("m2"));
     m1.mark_unchanged();
     m2.mark_unchanged();
     place(registry, "x.service", "m1").await;
     eventually("m1's work has the unit", async || {
-        registry.machine_work("m1").await.is_ok_and(|work| work.scheduled.iter().any(|unit| unit.name == "x.service"))
+        agent_for("m1")
+            .machine_work("m1")
+            .await
+            .is_ok_and(|work| work.scheduled.iter().any(|unit| unit.name == "x.service"))
     })
     .await;
     assert!(m1.has_changed().unwrap_or(false), "m1 was woken");
@@ -160,8 +179,8 @@ async fn a_schedule_change_wakes_only_its_machine(registry: &dyn Registry) {
 
 /// A change of desired state reaches the placed unit's machine, and an unschedule with a
 /// reason takes it away and records why.
-async fn desired_state_changes_reach_the_agent(registry: &dyn Registry) {
-    registry.register_machine(&machine("m1")).await.unwrap();
+pub async fn desired_state_changes_reach_the_agent(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
     registry.put_unit("x.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.unwrap();
     eventually("the engine sees the unit", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)).await;
     place(registry, "x.service", "m1").await;
@@ -185,17 +204,17 @@ async fn desired_state_changes_reach_the_agent(registry: &dyn Registry) {
     .await;
     registry.apply(&lease(registry).await, &[away], &[("x.service".into(), "no machine".into())]).await.unwrap();
     eventually("m1's work is empty", async || {
-        registry.machine_work("m1").await.is_ok_and(|work| work.scheduled.is_empty())
+        agent_for("m1").machine_work("m1").await.is_ok_and(|work| work.scheduled.is_empty())
     })
     .await;
     assert_eq!(registry.unit("x.service").await.unwrap().unwrap().reason.as_deref(), Some("no machine"));
 }
 
 /// Runtime metadata overlays the machine's configured metadata, in every reading of it.
-async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry) {
+pub async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry, agent_for: AgentFor<'_>) {
     let mut configured = machine("m1");
     configured.metadata.insert("hostname".into(), "smoke".into());
-    registry.register_machine(&configured).await.unwrap();
+    agent_for("m1").register_machine(&configured).await.unwrap();
     let set =
         |key: &str, value: &str| MetadataChange::Set { machine_id: "m1".into(), key: key.into(), value: value.into() };
     registry.change_metadata(&[set("foo", "bar"), set("hostname", "other")]).await.unwrap();
@@ -203,7 +222,7 @@ async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry) {
     assert_eq!((metadata["foo"].as_str(), metadata["hostname"].as_str()), ("bar", "other"));
     eventually("the engine and the agent read the overrides", async || {
         let engine = registry.snapshot().await.is_ok_and(|s| s.machines.iter().any(|m| m.metadata.contains_key("foo")));
-        let agent = registry.machine_work("m1").await.is_ok_and(|work| {
+        let agent = agent_for("m1").machine_work("m1").await.is_ok_and(|work| {
             work.machine.is_some_and(|m| m.metadata.get("hostname").map(String::as_str) == Some("other"))
         });
         engine && agent
@@ -215,10 +234,17 @@ async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry) {
 }
 
 /// A machine's unit states are dropped when it leaves.
-async fn states_go_with_their_machine(registry: &dyn Registry) {
-    registry.register_machine(&machine("m1")).await.unwrap();
+pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
     let file = unit("/bin/sleep 1000");
     registry.put_unit("a.service", &file, DesiredState::Launched).await.unwrap();
+    // A machine reports only what it holds.
+    eventually("the engine sees the unit", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)).await;
+    place(registry, "a.service", "m1").await;
+    eventually("m1 holds the unit", async || {
+        agent_for("m1").machine_work("m1").await.is_ok_and(|work| !work.scheduled.is_empty())
+    })
+    .await;
     let state = UnitState {
         name: "a.service".into(),
         machine_id: "m1".into(),
@@ -226,16 +252,16 @@ async fn states_go_with_their_machine(registry: &dyn Registry) {
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
     };
-    registry.report_states("m1", &[StateReport::Set(state)]).await.unwrap();
+    agent_for("m1").report_states("m1", &[StateReport::Set(state)]).await.unwrap();
     assert_eq!(registry.unit_states().await.unwrap().len(), 1);
-    registry.unregister_machine("m1").await.unwrap();
+    agent_for("m1").unregister_machine("m1").await.unwrap();
     eventually("the states went with the machine", async || registry.unit_states().await.unwrap().is_empty()).await;
     assert!(registry.machines().await.unwrap().is_empty());
 }
 
 /// Tokens are kept by name, a second of the same name is refused without touching the first,
 /// and a revoked token is gone from the next read (every fleetd reads the same records).
-async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry) {
+pub async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
     let record = |name: &str, sha256: &str| TokenRecord {
         name: name.to_string(),
         role: "operator".into(),
@@ -258,7 +284,7 @@ async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry) {
 /// A registration token is used at most `max_uses` times (each use counted atomically, even
 /// when concurrent), never after it expires (the etcd store also drops it then), and not at
 /// all once revoked.
-async fn registrations_are_counted_bounded_and_expire(registry: &dyn Registry) {
+pub async fn registrations_are_counted_bounded_and_expire(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
     let record = |name: &str, sha256: &str, max_uses: Option<u32>, expires: Option<u64>| RegistrationRecord {
         name: name.to_string(),
@@ -316,11 +342,18 @@ async fn etcd_drops_an_expired_registration_token() {
 
 /// Revoking a machine records it and removes it and its states in one write; the other
 /// machines stay.
-async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry) {
-    registry.register_machine(&machine("m1")).await.expect("register");
-    registry.register_machine(&machine("m2")).await.expect("register");
-    let file = unit("/bin/sleep 1000");
+pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    agent_for("m1").register_machine(&machine("m1")).await.expect("register");
+    agent_for("m2").register_machine(&machine("m2")).await.expect("register");
+    // A global unit: both machines hold it, so both may report it.
+    let file = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nGlobal=true\n").expect("a unit file");
     registry.put_unit("a.service", &file, DesiredState::Launched).await.expect("put");
+    for id in ["m1", "m2"] {
+        eventually("the machine holds the global unit", async || {
+            agent_for(id).machine_work(id).await.is_ok_and(|work| !work.globals.is_empty())
+        })
+        .await;
+    }
     let state = |machine: &str| UnitState {
         name: "a.service".into(),
         machine_id: machine.into(),
@@ -328,8 +361,8 @@ async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry) {
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
     };
-    registry.report_states("m1", &[StateReport::Set(state("m1"))]).await.expect("report");
-    registry.report_states("m2", &[StateReport::Set(state("m2"))]).await.expect("report");
+    agent_for("m1").report_states("m1", &[StateReport::Set(state("m1"))]).await.expect("report");
+    agent_for("m2").report_states("m2", &[StateReport::Set(state("m2"))]).await.expect("report");
     assert!(registry.revoked_machines().await.expect("list").is_empty());
     registry.revoke_machine(&RevokedMachine { id: "m1".into(), at: 1_800_000_000 }).await.expect("revoke");
     let ids = |machines: Vec<MachineState>| machines.into_iter().map(|m| m.id).collect::<Vec<_>>();

@@ -164,5 +164,5 @@ pub trait Registry: ApiRegistry + EngineRegistry + AgentRegistry {}
 
 impl<T: ApiRegistry + EngineRegistry + AgentRegistry> Registry for T {}
 
-#[cfg(all(test, feature = "embedded", feature = "etcd"))]
-mod contract;
+#[cfg(any(feature = "contract", all(test, feature = "embedded", feature = "etcd")))]
+pub mod contract;
