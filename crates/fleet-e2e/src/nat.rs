@@ -9,6 +9,8 @@ use std::process::Command;
 pub const MANAGER_IP: &str = "10.214.0.2";
 /// The agent's address, on its side of the NAT.
 pub const AGENT_IP: &str = "10.213.0.2";
+/// This machine's address on the manager's private link to it (where the store listens).
+pub const STORE_IP: &str = "10.215.0.1";
 
 pub struct NatLab {
     pub router: String,
@@ -58,6 +60,14 @@ impl NatLab {
                 run(&["ip", "-n", namespace, "route", "add", "default", "via", gateway]);
             }
         }
+        // The manager's private link to this machine, where the store (etcd) listens.
+        let (store_side, manager_side) = (format!("sm{suffix}"), format!("ms{suffix}"));
+        run(&["ip", "link", "add", &store_side, "type", "veth", "peer", "name", &manager_side]);
+        run(&["ip", "link", "set", &manager_side, "netns", &lab.manager]);
+        run(&["ip", "addr", "add", "10.215.0.1/24", "dev", &store_side]);
+        run(&["ip", "link", "set", &store_side, "up"]);
+        run(&["ip", "-n", &lab.manager, "addr", "add", "10.215.0.2/24", "dev", &manager_side]);
+        run(&["ip", "-n", &lab.manager, "link", "set", &manager_side, "up"]);
         let router = |args: &[&str]| {
             let mut full = vec!["ip", "netns", "exec", lab.router.as_str()];
             full.extend_from_slice(args);

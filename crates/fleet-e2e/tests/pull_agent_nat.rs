@@ -1,11 +1,11 @@
-//! A pull agent behind NAT: the manager in one network namespace, the agent in another, and
-//! a router between them that masquerades the agent's connections and drops every connection
+//! A pull agent behind NAT: the manager (on a real etcd, reached over a private link) in one
+//! network namespace, the agent in another, and a router between them that masquerades the agent's connections and drops every connection
 //! opened towards the agent. The manager cannot reach the agent, and still the agent joins,
 //! is scheduled onto, runs its unit, reports, and is seen in the cluster.
 
 use std::time::Duration;
 
-use fleet_e2e::nat::{AGENT_IP, MANAGER_IP, NatLab};
+use fleet_e2e::nat::{AGENT_IP, MANAGER_IP, NatLab, STORE_IP};
 use fleet_e2e::pki::{ManagerPki, pairs};
 use fleet_e2e::pull::PullFleetd;
 use fleet_e2e::{Fleetd, Launcher};
@@ -16,7 +16,12 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     let pki = ManagerPki::new(&[MANAGER_IP]);
     let (dir, api_ca, api_ca_file) = (&pki.dir, &pki.api_ca, pki.api_ca_file.clone());
     let port = 4002;
-    let config = pki.manager_config(&format!("{MANAGER_IP}:{port}"), &[("public_ip", MANAGER_IP), ("agent_ttl", "2s")]);
+    let etcd = fleet_e2e::EtcdServer::start_on(STORE_IP);
+    let store = etcd.endpoint();
+    let config = pki.manager_config(
+        &format!("{MANAGER_IP}:{port}"),
+        &[("public_ip", MANAGER_IP), ("agent_ttl", "2s"), ("etcd_servers", &store), ("etcd_request_timeout", "2")],
+    );
     let launcher = Launcher { prefix: NatLab::exec(&lab.manager), env: Vec::new() };
     let manager = Fleetd::start_with("e2e0natmanager01", &pairs(&config), launcher);
     let token = manager.ok(&["registration-token", "create", "behind-nat"]).stdout.trim().to_string();

@@ -33,6 +33,8 @@ fn ensure_installed() {
 
 pub struct EtcdServer {
     dir: tempfile::TempDir,
+    /// The address clients reach it on.
+    host: String,
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
@@ -43,10 +45,22 @@ pub struct EtcdServer {
 impl EtcdServer {
     /// Starts etcd and waits until it answers.
     pub fn start() -> Self {
+        Self::start_on("127.0.0.1")
+    }
+
+    /// Starts etcd serving clients on `host` (an address of this machine, e.g. one a network
+    /// namespace can reach) and waits until it answers.
+    pub fn start_on(host: &str) -> Self {
         ensure_installed();
         let dir = tempfile::tempdir().expect("temporary directory for etcd");
-        let mut server =
-            Self { dir, client_port: crate::free_port(), peer_port: crate::free_port(), child: None, tls: None };
+        let mut server = Self {
+            dir,
+            host: host.to_string(),
+            client_port: crate::free_port(),
+            peer_port: crate::free_port(),
+            child: None,
+            tls: None,
+        };
         server.resume();
         server
     }
@@ -59,6 +73,7 @@ impl EtcdServer {
         let certificates = crate::TestCertificates::generate(dir.path());
         let mut server = Self {
             dir,
+            host: "127.0.0.1".to_string(),
             client_port: crate::free_port(),
             peer_port: crate::free_port(),
             child: None,
@@ -76,7 +91,7 @@ impl EtcdServer {
     /// The client URL, for `etcd_servers`.
     pub fn endpoint(&self) -> String {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
-        format!("{scheme}://127.0.0.1:{}", self.client_port)
+        format!("{scheme}://{}:{}", self.host, self.client_port)
     }
 
     pub fn data_dir(&self) -> PathBuf {
@@ -140,7 +155,7 @@ impl EtcdServer {
 
     fn wait_until_ready(&mut self) {
         let deadline = Instant::now() + START_TIMEOUT;
-        let health = format!("127.0.0.1:{}", self.client_port);
+        let health = format!("{}:{}", self.host, self.client_port);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
