@@ -27,7 +27,8 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     let token = manager.ok(&["registration-token", "create", "behind-nat"]).stdout.trim().to_string();
     let prefix = NatLab::exec(&lab.agent);
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    let agent = PullFleetd::start(&format!("https://{MANAGER_IP}:{port}"), &api_ca_file, Some(&token), None, &prefix);
+    let mut agent =
+        PullFleetd::start(&format!("https://{MANAGER_IP}:{port}"), &api_ca_file, Some(&token), None, &prefix);
     manager.wait_until("the agent behind NAT joins", Duration::from_secs(30), |manager| {
         manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
     });
@@ -73,12 +74,42 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
         !manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
     });
     std::thread::sleep(Duration::from_secs(2));
-    assert!(fleet_e2e::process_running(&["/bin/sleep", "7777"]), "the unit keeps running while the agent is offline");
+    let sleeper = ["/bin/sleep", "7777"];
+    assert!(fleet_e2e::process_running(&sleeper), "the unit keeps running while the agent is offline");
+
+    // Killed and restarted while offline: the unit comes back from the copy on disk.
+    if let Some(mut child) = agent.child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while fleet_e2e::process_running(&sleeper) {
+        assert!(std::time::Instant::now() < deadline, "the killed fleetd's unit should end with it");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let kept = std::mem::replace(&mut agent.dir, tempfile::tempdir().expect("dir"));
+    let agent = PullFleetd::start(&format!("https://{MANAGER_IP}:{port}"), &api_ca_file, None, Some(kept), &prefix);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !fleet_e2e::process_running(&sleeper) {
+        assert!(std::time::Instant::now() < deadline, "the unit did not come back offline; log:\n{}", agent.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
     lab.agent_online(true);
     manager.wait_until("the agent is back and runs natted.service again", Duration::from_secs(60), |manager| {
         let rows = manager.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,sub"]).stdout;
         rows.lines()
             .any(|row| row.starts_with("natted.service") && row.contains("pullfleetd000001") && row.contains("running"))
     });
-    assert!(fleet_e2e::process_running(&["/bin/sleep", "7777"]));
+    assert!(fleet_e2e::process_running(&sleeper));
+
+    // Revoked behind its NAT: it leaves the cluster and stays out.
+    manager.ok(&["machine", "revoke", "pullfleetd000001"]);
+    manager.wait_until("the revoked agent leaves", Duration::from_secs(10), |manager| {
+        !manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001"),
+        "a revoked agent came back"
+    );
 }
