@@ -485,6 +485,16 @@ mod tests {
                 "invalid value \"root\" for option api_anonymous_role: expected none, viewer, operator or admin",
             ),
             (
+                "api_max_connections",
+                "0",
+                "invalid value \"0\" for option api_max_connections: expected a whole number from 1 to 1000000",
+            ),
+            (
+                "manager_url",
+                "http://m:1",
+                "invalid value \"http://m:1\" for option manager_url: expected https://host:port",
+            ),
+            (
                 "engine_reconcile_interval",
                 "-1",
                 "invalid value \"-1\" for option engine_reconcile_interval: expected a positive number of seconds",
