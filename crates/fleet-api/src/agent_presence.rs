@@ -49,8 +49,13 @@ impl AgentPresence {
         self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine);
     }
 
+    /// The machines not heard from for `agent_ttl`: lost, and forgotten as they are returned.
+    pub fn take_lost(&self) -> Vec<String> {
+        self.take_silent(self.ttl)
+    }
+
     /// The machines not heard from for `ttl`, forgotten as they are returned.
-    pub fn take_silent(&self, ttl: Duration) -> Vec<String> {
+    fn take_silent(&self, ttl: Duration) -> Vec<String> {
         let mut heard = self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let silent: Vec<String> =
             heard.iter().filter(|(_, at)| at.elapsed() >= ttl).map(|(machine, _)| machine.clone()).collect();

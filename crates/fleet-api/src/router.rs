@@ -414,36 +414,13 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
             _ => Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine renews its certificate")),
         },
         (Resource::AgentRevoke(machine), &Method::POST) => agents::revoke(state, machine).await,
-        (Resource::AgentFacet(machine, part), method) => match (part, method) {
-            (AgentPart::Machine, &Method::PUT) => {
+        (Resource::AgentFacet(machine, part), method) => {
+            // Any request of a machine's own keeps it present, but its leaving.
+            if !matches!((part, method), (AgentPart::Machine, &Method::DELETE)) {
                 state.agent_presence.heard(machine);
-                agent_facet::register(state, machine, &body).await
             }
-            (AgentPart::Machine, &Method::DELETE) => {
-                state.agent_presence.forget(machine);
-                agent_facet::unregister(state, machine).await
-            }
-            (AgentPart::Work, &Method::GET) => {
-                state.agent_presence.heard(machine);
-                agent_facet::work(state, machine).await
-            }
-            (AgentPart::Changes, &Method::GET) => {
-                state.agent_presence.heard(machine);
-                agent_facet::changes(state, machine, query).await
-            }
-            (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
-            (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, &body).await,
-            (AgentPart::JournalAnswer(id), &Method::POST) => agent_facet::journal_answer(state, machine, *id, &body),
-            (AgentPart::Machine, _) => {
-                Err(ApiError::method_not_allowed("only PUT and DELETE supported against this resource"))
-            }
-            (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), _) => {
-                Err(ApiError::method_not_allowed("only GET supported against this resource"))
-            }
-            (AgentPart::States | AgentPart::JournalAnswer(_), _) => {
-                Err(ApiError::method_not_allowed("only POST supported against this resource"))
-            }
-        },
+            agent_request(state, machine, part, method, query, &body).await
+        }
         (Resource::AgentJoin | Resource::AgentRenew | Resource::AgentRevoke(_), _) => {
             Err(ApiError::method_not_allowed("only POST supported against this resource"))
         }
@@ -451,6 +428,38 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
             Err(ApiError::method_not_allowed("only DELETE supported against this resource"))
         }
         (Resource::Unknown, _) => Err(ApiError::not_found("")),
+    }
+}
+
+/// A pull agent's request of its own side of the store.
+async fn agent_request(
+    state: &ApiState,
+    machine: &str,
+    part: &AgentPart,
+    method: &Method,
+    query: &[(String, String)],
+    body: &Bytes,
+) -> Result<Response, ApiError> {
+    match (part, method) {
+        (AgentPart::Machine, &Method::PUT) => agent_facet::register(state, machine, body).await,
+        (AgentPart::Machine, &Method::DELETE) => {
+            state.agent_presence.forget(machine);
+            agent_facet::unregister(state, machine).await
+        }
+        (AgentPart::Work, &Method::GET) => agent_facet::work(state, machine).await,
+        (AgentPart::Changes, &Method::GET) => agent_facet::changes(state, machine, query).await,
+        (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
+        (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, body).await,
+        (AgentPart::JournalAnswer(id), &Method::POST) => agent_facet::journal_answer(state, machine, *id, body),
+        (AgentPart::Machine, _) => {
+            Err(ApiError::method_not_allowed("only PUT and DELETE supported against this resource"))
+        }
+        (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), _) => {
+            Err(ApiError::method_not_allowed("only GET supported against this resource"))
+        }
+        (AgentPart::States | AgentPart::JournalAnswer(_), _) => {
+            Err(ApiError::method_not_allowed("only POST supported against this resource"))
+        }
     }
 }
 

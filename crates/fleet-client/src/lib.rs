@@ -167,6 +167,15 @@ impl Client {
         Ok((status, bytes.to_vec()))
     }
 
+    /// Deletes what `path` names; `false` when there was nothing.
+    async fn delete(&self, path: &str) -> Result<bool> {
+        match self.send(Method::DELETE, path, None).await {
+            Ok(_) => Ok(true),
+            Err(error) if error.is_not_found() => Ok(false),
+            Err(error) => Err(error),
+        }
+    }
+
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         let (_, bytes) = self.send(Method::GET, path, None).await?;
         serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
@@ -210,11 +219,7 @@ impl Client {
 
     /// Revokes a token; `false` when there was none.
     pub async fn revoke_token(&self, name: &str) -> Result<bool> {
-        match self.send(Method::DELETE, &format!("tokens/{}", encode_component(name)), None).await {
-            Ok(_) => Ok(true),
-            Err(error) if error.is_not_found() => Ok(false),
-            Err(error) => Err(error),
-        }
+        self.delete(&format!("tokens/{}", encode_component(name))).await
     }
 
     /// Makes a registration token; the answer holds the token itself, shown this once.
@@ -230,11 +235,7 @@ impl Client {
 
     /// Revokes a registration token; `false` when there was none.
     pub async fn revoke_registration_token(&self, name: &str) -> Result<bool> {
-        match self.send(Method::DELETE, &format!("registration-tokens/{}", encode_component(name)), None).await {
-            Ok(_) => Ok(true),
-            Err(error) if error.is_not_found() => Ok(false),
-            Err(error) => Err(error),
-        }
+        self.delete(&format!("registration-tokens/{}", encode_component(name))).await
     }
 
     /// Revokes a machine: its certificate is refused from now on and it leaves the cluster.
@@ -267,11 +268,7 @@ impl Client {
 
     /// Destroys a unit; `false` when there was none.
     pub async fn destroy_unit(&self, name: &str) -> Result<bool> {
-        match self.send(Method::DELETE, &format!("units/{}", encode_component(name)), None).await {
-            Ok(_) => Ok(true),
-            Err(error) if error.is_not_found() => Ok(false),
-            Err(error) => Err(error),
-        }
+        self.delete(&format!("units/{}", encode_component(name))).await
     }
 
     pub async fn unit_states(&self, unit: Option<&str>) -> Result<Vec<UnitState>> {

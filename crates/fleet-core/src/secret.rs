@@ -44,6 +44,18 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     std::hint::black_box(difference) == 0
 }
 
+/// The item among `items` whose hash (as `hash_of` reads it) is `digest`, compared in
+/// constant time against every item (no early exit).
+pub fn find_by_hash<T>(items: impl IntoIterator<Item = T>, digest: &str, hash_of: impl Fn(&T) -> &str) -> Option<T> {
+    let mut found = None;
+    for item in items {
+        if constant_time_eq(hash_of(&item).as_bytes(), digest.as_bytes()) {
+            found = Some(item);
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -308,3 +308,13 @@ pub fn process_running(args: &[&str]) -> bool {
         .flatten()
         .any(|entry| std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| cmdline == wanted.as_bytes()))
 }
+
+/// Polls `check` every 100 ms until it holds, or fails the test after `timeout` with `what`
+/// and `context()`.
+pub fn poll_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool, context: impl Fn() -> String) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}\n{}", context());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

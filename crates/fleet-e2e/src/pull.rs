@@ -68,10 +68,19 @@ impl PullFleetd {
     }
 
     /// SIGTERM, and wait for the exit; returns the directory, to start again on it.
-    pub fn stop(mut self) -> tempfile::TempDir {
+    pub fn stop(self) -> tempfile::TempDir {
+        self.end_with(libc::SIGTERM)
+    }
+
+    /// SIGKILL (a crash), and wait for the exit; returns the directory, to start again on it.
+    pub fn kill(self) -> tempfile::TempDir {
+        self.end_with(libc::SIGKILL)
+    }
+
+    fn end_with(mut self, signal: i32) -> tempfile::TempDir {
         if let Some(mut child) = self.child.take() {
             // SAFETY: kill has no memory-safety preconditions.
-            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            unsafe { libc::kill(child.id() as i32, signal) };
             let _ = child.wait();
         }
         std::mem::replace(&mut self.dir, tempfile::tempdir().expect("dir"))

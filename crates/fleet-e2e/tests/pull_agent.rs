@@ -19,6 +19,24 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
 }
 
+/// Runs the real agent code for `machine` on `runtime`, on a remote store through `manager`,
+/// with simulated units.
+fn spawn_agent(
+    runtime: &tokio::runtime::Runtime,
+    manager: &fleet_remote::Manager,
+    credentials: &fleet_remote::MachineCredentials,
+    machine: MachineState,
+    reconcile_interval: Duration,
+    units: &Arc<FakeUnitManager>,
+    lifecycle: watch::Receiver<Lifecycle>,
+) -> tokio::task::JoinHandle<()> {
+    let _entered = runtime.enter();
+    let registry = fleet_remote::RemoteRegistry::new(manager, credentials, None).expect("remote store");
+    fleet_remote::start(&registry);
+    let config = AgentConfig { machine, reconcile_interval, debounce: Duration::from_millis(10) };
+    runtime.spawn(Agent::new(config, registry, units.clone()).run(lifecycle))
+}
+
 #[test]
 fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     let pki = ManagerPki::local();
@@ -39,23 +57,15 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     let (credentials, metadata) = runtime.block_on(manager.join(&token, "pull-agent-1")).expect("join");
     let units = Arc::new(FakeUnitManager::new());
     let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
-    let agent_task = {
-        let _entered = runtime.enter();
-        let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
-        fleet_remote::start(&registry);
-        let config = AgentConfig {
-            machine: MachineState {
-                id: credentials.machine_id.clone(),
-                public_ip: "127.0.0.7".into(),
-                metadata,
-                version: "test".into(),
-                disable_engine: true,
-            },
-            reconcile_interval: Duration::from_secs(5),
-            debounce: Duration::from_millis(10),
-        };
-        runtime.spawn(Agent::new(config, registry, units.clone()).run(lifecycle_watch))
+    let machine = MachineState {
+        id: credentials.machine_id.clone(),
+        public_ip: "127.0.0.7".into(),
+        metadata,
+        version: "test".into(),
+        disable_engine: true,
     };
+    let agent_task =
+        spawn_agent(&runtime, &manager, &credentials, machine, Duration::from_secs(5), &units, lifecycle_watch);
 
     fleetd.wait_until("the pull agent shows in list-machines", Duration::from_secs(20), |fleetd| {
         let machines = fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout;
@@ -175,17 +185,8 @@ fn a_silent_pull_agent_is_lost_after_agent_ttl_and_comes_back() {
         let runtime =
             tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
         let (lifecycle, watch) = watch::channel(Lifecycle::Running);
-        {
-            let _entered = runtime.enter();
-            let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
-            fleet_remote::start(&registry);
-            let config = AgentConfig {
-                machine: MachineState { id: "silent-1".into(), public_ip: "127.0.0.6".into(), ..Default::default() },
-                reconcile_interval: Duration::from_millis(500),
-                debounce: Duration::from_millis(10),
-            };
-            runtime.spawn(Agent::new(config, registry, units.clone()).run(watch));
-        }
+        let machine = MachineState { id: "silent-1".into(), public_ip: "127.0.0.6".into(), ..Default::default() };
+        spawn_agent(&runtime, &manager, &credentials, machine, Duration::from_millis(500), &units, watch);
         (runtime, lifecycle)
     };
     let in_cluster =
@@ -256,23 +257,21 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
     assert!(fleet_e2e::process_running(&sleeper), "the unit runs through the outage");
 
     // The pull fleetd dies and restarts during the outage: the unit comes back from the copy.
-    let mut pull = pull;
-    if let Some(mut child) = pull.child.take() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while fleet_e2e::process_running(&sleeper) {
-        assert!(std::time::Instant::now() < deadline, "the killed fleetd's unit should end with it");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let kept = std::mem::replace(&mut pull.dir, tempfile::tempdir().expect("dir"));
+    let kept = pull.kill();
+    let no_context = String::new;
+    fleet_e2e::poll_until(
+        "the killed fleetd's unit ends with it",
+        Duration::from_secs(15),
+        || !fleet_e2e::process_running(&sleeper),
+        no_context,
+    );
     let back = PullFleetd::start(&manager_url, &api_ca_file, None, Some(kept), &[]);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !fleet_e2e::process_running(&sleeper) {
-        assert!(std::time::Instant::now() < deadline, "the unit did not come back from the copy; log:\n{}", back.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    fleet_e2e::poll_until(
+        "the unit comes back from the copy",
+        Duration::from_secs(30),
+        || fleet_e2e::process_running(&sleeper),
+        || back.log(),
+    );
     assert!(back.log().contains("running from the desired state kept on disk"), "{}", back.log());
 
     // The manager returns; the pull fleetd reconnects and is a machine of the cluster again.
@@ -307,17 +306,8 @@ fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
     let (credentials, _) = runtime.block_on(manager.join(&token, "roam-1")).expect("join");
     let units = Arc::new(FakeUnitManager::new());
     let (_lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
-    {
-        let _entered = runtime.enter();
-        let registry = fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
-        fleet_remote::start(&registry);
-        let config = AgentConfig {
-            machine: MachineState { id: "roam-1".into(), public_ip: "127.0.0.5".into(), ..Default::default() },
-            reconcile_interval: Duration::from_millis(500),
-            debounce: Duration::from_millis(10),
-        };
-        runtime.spawn(Agent::new(config, registry, units.clone()).run(lifecycle_watch));
-    }
+    let machine = MachineState { id: "roam-1".into(), public_ip: "127.0.0.5".into(), ..Default::default() };
+    spawn_agent(&runtime, &manager, &credentials, machine, Duration::from_millis(500), &units, lifecycle_watch);
     let survivor = |cluster: &fleet_e2e::Cluster| -> bool {
         let member = &cluster.members[1];
         let machines = member.ok(&["list-machines", "--full", "--no-legend"]).stdout;

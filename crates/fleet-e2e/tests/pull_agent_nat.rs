@@ -27,8 +27,7 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     let token = manager.ok(&["registration-token", "create", "behind-nat"]).stdout.trim().to_string();
     let prefix = NatLab::exec(&lab.agent);
     let prefix: Vec<&str> = prefix.iter().map(String::as_str).collect();
-    let mut agent =
-        PullFleetd::start(&format!("https://{MANAGER_IP}:{port}"), &api_ca_file, Some(&token), None, &prefix);
+    let agent = PullFleetd::start(&format!("https://{MANAGER_IP}:{port}"), &api_ca_file, Some(&token), None, &prefix);
     manager.wait_until("the agent behind NAT joins", Duration::from_secs(30), |manager| {
         manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
     });
@@ -78,22 +77,20 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     assert!(fleet_e2e::process_running(&sleeper), "the unit keeps running while the agent is offline");
 
     // Killed and restarted while offline: the unit comes back from the copy on disk.
-    if let Some(mut child) = agent.child.take() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    let deadline = std::time::Instant::now() + Duration::from_secs(15);
-    while fleet_e2e::process_running(&sleeper) {
-        assert!(std::time::Instant::now() < deadline, "the killed fleetd's unit should end with it");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let kept = std::mem::replace(&mut agent.dir, tempfile::tempdir().expect("dir"));
+    let kept = agent.kill();
+    fleet_e2e::poll_until(
+        "the killed fleetd's unit ends with it",
+        Duration::from_secs(15),
+        || !fleet_e2e::process_running(&sleeper),
+        String::new,
+    );
     let agent = PullFleetd::start(&format!("https://{MANAGER_IP}:{port}"), &api_ca_file, None, Some(kept), &prefix);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !fleet_e2e::process_running(&sleeper) {
-        assert!(std::time::Instant::now() < deadline, "the unit did not come back offline; log:\n{}", agent.log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    fleet_e2e::poll_until(
+        "the unit comes back offline",
+        Duration::from_secs(30),
+        || fleet_e2e::process_running(&sleeper),
+        || agent.log(),
+    );
     lab.agent_online(true);
     manager.wait_until("the agent is back and runs natted.service again", Duration::from_secs(60), |manager| {
         let rows = manager.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,sub"]).stdout;

@@ -53,11 +53,5 @@ pub fn find_registration<K>(
     records: Vec<(K, crate::RegistrationRecord)>,
     sha256: &str,
 ) -> Option<(K, crate::RegistrationRecord)> {
-    let mut found = None;
-    for (key, record) in records {
-        if fleet_core::secret::constant_time_eq(record.sha256.as_bytes(), sha256.as_bytes()) {
-            found = Some((key, record));
-        }
-    }
-    found
+    fleet_core::secret::find_by_hash(records, sha256, |(_, record)| record.sha256.as_str())
 }

@@ -11,6 +11,8 @@ use serde::de::DeserializeOwned;
 
 pub struct DiskCopy {
     dir: PathBuf,
+    /// The work last kept, so an unchanged one is not written again on every reconcile.
+    kept: std::sync::Mutex<Option<AgentWork>>,
 }
 
 impl DiskCopy {
@@ -18,7 +20,7 @@ impl DiskCopy {
     pub fn open(dir: &Path) -> std::io::Result<Self> {
         fleet_fs::create_private_dir(dir)?;
         fleet_fs::create_private_dir(&dir.join("bodies"))?;
-        Ok(Self { dir: dir.to_path_buf() })
+        Ok(Self { dir: dir.to_path_buf(), kept: std::sync::Mutex::new(None) })
     }
 
     fn body_path(&self, hash: &str) -> Option<PathBuf> {
@@ -48,6 +50,12 @@ impl DiskCopy {
     }
 
     pub fn save_work(&self, work: &AgentWork) {
+        let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if kept.as_ref() == Some(work) {
+            return;
+        }
+        *kept = Some(work.clone());
+        drop(kept);
         Self::write(&self.dir.join("work.json"), work);
         // Bodies of units no longer held go.
         let held: BTreeSet<String> =
@@ -109,5 +117,18 @@ mod tests {
         assert_eq!(mode(&dir.path().join("copy/work.json")), 0o600);
         copy.save_work(&AgentWork::default());
         assert!(copy.body(&hash).is_none(), "a body no unit holds goes");
+    }
+
+    #[test]
+    fn unchanged_work_is_not_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let copy = DiskCopy::open(dir.path()).unwrap();
+        copy.save_work(&AgentWork::default());
+        std::fs::write(dir.path().join("work.json"), "marker").unwrap();
+        copy.save_work(&AgentWork::default());
+        assert_eq!(std::fs::read_to_string(dir.path().join("work.json")).unwrap(), "marker", "rewritten unchanged");
+        let unit = AgentUnit { name: "b.service".into(), hash: "b".repeat(40), desired_state: "loaded".into() };
+        copy.save_work(&AgentWork { machine: None, scheduled: vec![unit], globals: vec![] });
+        assert!(copy.work().is_some_and(|work| work.scheduled.len() == 1), "a change is written");
     }
 }

@@ -29,7 +29,9 @@ fn unavailable(error: impl std::fmt::Display) -> RegistryError {
 
 /// The agent's facet of the store, reached through a manager.
 pub struct RemoteRegistry {
-    clients: std::sync::RwLock<Clients>,
+    /// Presents the machine's current certificate; one HTTP/2 connection per manager carries
+    /// the long polls and the requests alike.
+    client: std::sync::RwLock<reqwest::Client>,
     /// This machine's part of each manager's API (`…/fleet/v1/agents/<machine>`).
     bases: Vec<String>,
     /// The manager in use: the next one is tried when it cannot be reached.
@@ -67,19 +69,6 @@ impl From<Failure> for RegistryError {
     }
 }
 
-/// The HTTPS client, presenting the machine's current certificate: one HTTP/2 connection per
-/// manager carries the long polls and the requests alike.
-#[derive(Clone)]
-struct Clients {
-    requests: reqwest::Client,
-}
-
-impl Clients {
-    fn new(manager: &Manager, credentials: &MachineCredentials) -> std::result::Result<Self, ManagerError> {
-        Ok(Self { requests: manager.client(Some(credentials), REQUEST_TIMEOUT)? })
-    }
-}
-
 impl Drop for RemoteRegistry {
     fn drop(&mut self) {
         if let Some(poller) = self.poller.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
@@ -105,7 +94,7 @@ impl RemoteRegistry {
     ) -> std::result::Result<Arc<Self>, ManagerError> {
         let (journal_asks, asks_received) = tokio::sync::mpsc::unbounded_channel();
         let registry = Arc::new(Self {
-            clients: std::sync::RwLock::new(Clients::new(manager, credentials)?),
+            client: std::sync::RwLock::new(manager.client(Some(credentials), REQUEST_TIMEOUT)?),
             bases: manager
                 .bases()
                 .iter()
@@ -131,13 +120,13 @@ impl RemoteRegistry {
         manager: &Manager,
         credentials: &MachineCredentials,
     ) -> std::result::Result<(), ManagerError> {
-        let clients = Clients::new(manager, credentials)?;
-        *self.clients.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = clients;
+        let client = manager.client(Some(credentials), REQUEST_TIMEOUT)?;
+        *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         Ok(())
     }
 
     fn client(&self) -> reqwest::Client {
-        self.clients.read().unwrap_or_else(|poisoned| poisoned.into_inner()).requests.clone()
+        self.client.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 
     /// This machine's part of the manager in use.

@@ -141,12 +141,12 @@ fn warn_fixed_options(old: &Config, new: &Config) {
 /// Gives up the presence of pull agents silent for `agent_ttl`: the cluster treats them as
 /// lost machines (their units move), as it does an etcd machine whose lease ran out. An agent
 /// that comes back announces itself again.
-async fn sweep_silent_agents(presence: Arc<AgentPresence>, registry: Arc<dyn fleet_registry::Registry>, ttl: Duration) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1).min(ttl));
+async fn sweep_silent_agents(presence: Arc<AgentPresence>, registry: Arc<dyn fleet_registry::Registry>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
-        for machine in presence.take_silent(ttl) {
-            tracing::warn!(machine, ?ttl, "pull agent silent for agent_ttl: treating it as a lost machine");
+        for machine in presence.take_lost() {
+            tracing::warn!(machine, "pull agent silent for agent_ttl: treating it as a lost machine");
             if let Err(error) = registry.unregister_machine(&machine).await {
                 tracing::warn!(machine, %error, "cannot give up the pull agent's presence; trying again");
                 presence.heard(&machine);
@@ -237,7 +237,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         journal_relay: Default::default(),
     };
     if api_state.agents.is_some() {
-        tokio::spawn(sweep_silent_agents(agent_presence, registry.clone(), config.agent_ttl));
+        tokio::spawn(sweep_silent_agents(agent_presence, registry.clone()));
     }
     let api_tls = tls.clone();
     let limits = ServeLimits { connections_per_listener: config.api_max_connections, ..ServeLimits::default() };

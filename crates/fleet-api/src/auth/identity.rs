@@ -138,7 +138,7 @@ impl Auth {
 }
 
 /// The token of an `Authorization: Bearer …` header.
-fn bearer_token(value: &[u8]) -> Result<&str, &'static str> {
+pub(crate) fn bearer_token(value: &[u8]) -> Result<&str, &'static str> {
     if value.len() > MAX_AUTHORIZATION {
         return Err("malformed Authorization header: too long");
     }

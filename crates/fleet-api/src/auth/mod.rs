@@ -8,7 +8,7 @@
 pub mod agent_ca;
 pub mod audit;
 pub mod certificate;
-mod identity;
+pub(crate) mod identity;
 pub mod store_cache;
 pub mod tls;
 pub mod tokens;

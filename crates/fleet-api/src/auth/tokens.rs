@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
 use fleet_core::access::Role;
-use fleet_core::secret::constant_time_eq;
+use fleet_core::secret::find_by_hash;
 use fleet_registry::{CredentialRegistry, TokenRecord};
 
 use super::store_cache::StoreCache;
@@ -66,16 +66,9 @@ pub fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
 }
 
-/// The record among `records` whose hash is `digest`'s, compared in constant time against
-/// every record (no early exit).
+/// The record among `records` whose hash is `digest`.
 fn find<'a>(records: &'a [TokenRecord], digest: &str) -> Option<&'a TokenRecord> {
-    let mut found = None;
-    for record in records {
-        if constant_time_eq(record.sha256.as_bytes(), digest.as_bytes()) {
-            found = Some(record);
-        }
-    }
-    found
+    find_by_hash(records, digest, |record| record.sha256.as_str())
 }
 
 /// Checks presented tokens against the store.

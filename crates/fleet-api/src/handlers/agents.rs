@@ -10,6 +10,7 @@ use fleet_core::machine::valid_machine_id;
 use fleet_registry::RevokedMachine;
 
 use crate::auth::agent_ca::{AgentCa, AgentCaError};
+use crate::auth::identity::bearer_token;
 use crate::auth::tokens::{REGISTRATION_PREFIX, digest, now_unix, well_formed};
 use crate::router::{ApiError, ApiState, json_response};
 use crate::schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest};
@@ -32,9 +33,8 @@ fn sign(ca: &AgentCa, machine_id: &str, csr: &str) -> Result<(String, u64), ApiE
 
 /// The registration token a join presents (the router admitted it by its prefix only).
 fn registration_token(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (_, token) = value.trim().split_once(' ')?;
-    Some(token.trim()).filter(|token| well_formed(token, REGISTRATION_PREFIX))
+    let token = bearer_token(headers.get(header::AUTHORIZATION)?.as_bytes()).ok()?;
+    Some(token).filter(|token| well_formed(token, REGISTRATION_PREFIX))
 }
 
 pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
