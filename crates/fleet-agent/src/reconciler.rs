@@ -120,6 +120,7 @@ impl Agent {
         for task in tasks {
             self.execute(task, &desired).await;
         }
+        fleet_metrics::metrics().agent.units.set(i64::try_from(self.loaded.len()).unwrap_or(i64::MAX));
         self.report_states().await
     }
 
@@ -210,9 +211,21 @@ impl Agent {
                 result
             }
         };
+        let kind = match &task {
+            Task::Load(_) => "load",
+            Task::Unload(_) => "unload",
+            Task::ReloadUnitFiles => "reload",
+            Task::Stop(_) => "stop",
+            Task::Start(_) => "start",
+        };
+        let metrics = &fleet_metrics::metrics().agent;
+        metrics.tasks.get_or_create(&fleet_metrics::TaskLabels { task: kind }).inc();
         match result {
             Ok(()) => tracing::debug!(?task, "done"),
-            Err(error) => tracing::warn!(?task, %error, "task failed"),
+            Err(error) => {
+                metrics.task_failures.get_or_create(&fleet_metrics::TaskLabels { task: kind }).inc();
+                tracing::warn!(?task, %error, "task failed");
+            }
         }
     }
 

@@ -44,6 +44,11 @@ impl AgentPresence {
         self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(machine)
     }
 
+    /// How many pull agents this manager hears from.
+    pub fn count(&self) -> usize {
+        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
+    }
+
     /// Forgets `machine` (it left cleanly).
     pub fn forget(&self, machine: &str) {
         self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine);

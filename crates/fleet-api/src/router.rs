@@ -17,7 +17,7 @@ use fleet_core::access::{Access, Action, decide};
 
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
-use crate::handlers::{agent_facet, agents, journal, machines, registration_tokens, state, tokens, units};
+use crate::handlers::{agent_facet, agents, journal, machines, metrics, registration_tokens, state, tokens, units};
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
 
@@ -187,12 +187,68 @@ enum Resource {
     AgentRevoke(String),
     /// `/agents/{machine}/machine`, `/work`, `/bodies/{hash}`, `/states`.
     AgentFacet(String, AgentPart),
+    /// `/metrics`, outside the API prefix as in the original.
+    Metrics,
     Unknown,
+}
+
+impl Resource {
+    /// The route's pattern, the `endpoint` label of the API's metrics.
+    fn endpoint(&self) -> &'static str {
+        match self {
+            Resource::Root => "/",
+            Resource::ApiRoot => "/fleet/v1",
+            Resource::Discovery => "/fleet/v1/discovery",
+            Resource::Units => "/fleet/v1/units",
+            Resource::Unit(_) => "/fleet/v1/units/{unit}",
+            Resource::States => "/fleet/v1/state",
+            Resource::State(_) => "/fleet/v1/state/{unit}",
+            Resource::Machines => "/fleet/v1/machines",
+            Resource::Journal(_) => "/fleet/v1/journal/{unit}",
+            Resource::Tokens => "/fleet/v1/tokens",
+            Resource::Token(_) => "/fleet/v1/tokens/{name}",
+            Resource::RegistrationTokens => "/fleet/v1/registration-tokens",
+            Resource::RegistrationToken(_) => "/fleet/v1/registration-tokens/{name}",
+            Resource::AgentJoin => "/fleet/v1/agents/join",
+            Resource::AgentRenew => "/fleet/v1/agents/renew",
+            Resource::AgentRevoke(_) => "/fleet/v1/agents/{machine}/revoke",
+            Resource::AgentFacet(_, part) => match part {
+                AgentPart::Machine => "/fleet/v1/agents/{machine}/machine",
+                AgentPart::Work => "/fleet/v1/agents/{machine}/work",
+                AgentPart::Changes => "/fleet/v1/agents/{machine}/changes",
+                AgentPart::Body(_) => "/fleet/v1/agents/{machine}/bodies/{hash}",
+                AgentPart::States => "/fleet/v1/agents/{machine}/states",
+                AgentPart::JournalAnswer(_) => "/fleet/v1/agents/{machine}/journal/{id}",
+            },
+            Resource::Metrics => "/metrics",
+            Resource::Unknown => "unknown",
+        }
+    }
+}
+
+/// A method as a metrics label: the standard ones by name, any other as `OTHER`, so that
+/// clients cannot make new series.
+fn method_label(method: &Method) -> String {
+    const KNOWN: [Method; 9] = [
+        Method::GET,
+        Method::HEAD,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+        Method::OPTIONS,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    if KNOWN.contains(method) { method.as_str().to_string() } else { "OTHER".to_string() }
 }
 
 fn resource(path: &str) -> Resource {
     if path == "/" {
         return Resource::Root;
+    }
+    if path == "/metrics" {
+        return Resource::Metrics;
     }
     let Some(rest) = path.strip_prefix("/fleet/v1").or_else(|| path.strip_prefix("/v1-alpha")) else {
         return Resource::Unknown;
@@ -259,6 +315,7 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::AgentJoin, &Method::POST) => Action::Join,
         (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
         (Resource::AgentRevoke(_), &Method::POST) => Action::ManageCredentials,
+        (Resource::Metrics, &Method::GET) => Action::ReadMetrics,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
             (AgentPart::Machine, &Method::PUT | &Method::DELETE)
             | (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), &Method::GET)
@@ -279,6 +336,7 @@ fn hidden(resource: &Resource) -> ApiError {
 }
 
 async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
+    let started = std::time::Instant::now();
     let (parts, body) = request.into_parts();
     let method = parts.method.clone();
     let path = parts.uri.path().to_string();
@@ -332,6 +390,13 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     }
     let server = HeaderValue::from_static(concat!("fleetd/", env!("CARGO_PKG_VERSION")));
     response.headers_mut().insert(header::SERVER, server);
+    let metrics = &fleet_metrics::metrics().api;
+    let (endpoint, method) = (resource.endpoint(), method_label(&method));
+    metrics
+        .request_duration
+        .get_or_create(&fleet_metrics::RouteLabels { endpoint, method: method.clone() })
+        .observe(started.elapsed().as_secs_f64());
+    metrics.requests.get_or_create(&fleet_metrics::ResponseLabels { endpoint, method, code: status.as_u16() }).inc();
     response
 }
 
@@ -427,6 +492,8 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::Token(_) | Resource::RegistrationToken(_), _) => {
             Err(ApiError::method_not_allowed("only DELETE supported against this resource"))
         }
+        (Resource::Metrics, &Method::GET) => metrics::get(state, headers).await,
+        (Resource::Metrics, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
         (Resource::Unknown, _) => Err(ApiError::not_found("")),
     }
 }

@@ -135,6 +135,9 @@ pub enum Action<'a> {
     /// The agent's side of the store for one machine: its presence, its work, the bodies of
     /// its units, its units' states (what a pull agent does through its manager).
     MachineFacet(&'a str),
+    /// Reads the metrics, which count every unit of the cluster (so not for an operator
+    /// limited to some units).
+    ReadMetrics,
 }
 
 impl Action<'_> {
@@ -178,6 +181,8 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
         | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
         (Role::Admin, _) => Access::Allowed,
         (_, Action::ManageCredentials) => Access::Denied,
+        (Role::Operator { units: Some(_) }, Action::ReadMetrics) => Access::Denied,
+        (Role::Viewer, Action::ReadMetrics) => Access::Allowed,
         (_, Action::ReadUnit(_)) if outside_scope => Access::Hidden,
         (_, Action::WriteUnit(_)) if outside_scope => Access::Denied,
         (Role::Viewer, Action::List | Action::ReadUnit(_)) => Access::Allowed,
@@ -207,14 +212,15 @@ mod tests {
             Action::RenewMachine,
             Action::MachineFacet("m1"),
             Action::MachineFacet("m2"),
+            Action::ReadMetrics,
         ];
-        let table: [(Role, [Access; 9]); 6] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D]),
-            (operator("web-*"), [A, A, A, A, D, D, D, D, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D]),
+        let table: [(Role, [Access; 10]); 6] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A]),
+            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

@@ -49,10 +49,15 @@ impl Engine {
     /// Runs until `stop` turns true, then gives up the leadership.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let mut changes = self.registry.engine_changes();
+        let metrics = &fleet_metrics::metrics().engine;
         loop {
+            let started = std::time::Instant::now();
             if let Err(error) = self.reconcile().await {
                 tracing::warn!(%error, "engine reconcile failed");
             }
+            metrics.reconciles.inc();
+            metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+            metrics.leader.set(i64::from(self.lease.is_some()));
             tokio::select! {
                 _ = changes.changed() => {}
                 () = tokio::time::sleep(self.config.reconcile_interval) => {}
@@ -61,6 +66,7 @@ impl Engine {
             tokio::time::sleep(self.config.debounce).await;
             changes.mark_unchanged();
         }
+        metrics.leader.set(0);
         if let Some(lease) = self.lease.take()
             && let Err(error) = self.registry.release_leadership(&lease).await
         {
@@ -121,6 +127,11 @@ impl Engine {
             }
             return Err(error);
         }
+        let decisions = &fleet_metrics::metrics().engine.decisions;
+        decisions.get_or_create(&fleet_metrics::DecisionLabels { decision: "schedule" }).inc_by(placed as u64);
+        decisions
+            .get_or_create(&fleet_metrics::DecisionLabels { decision: "unschedule" })
+            .inc_by((decided.decisions.len() - placed) as u64);
         self.reasons = reasons;
         self.planned = Some(revision);
         Ok(())

@@ -86,6 +86,7 @@ pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, Strin
         // Wait for a change, looking every half second whether the machine was revoked
         // meanwhile: a revoked machine's open poll ends within a second.
         let deadline = tokio::time::Instant::now() + state.agent_presence.poll_wait();
+        let _waiting = fleet_metrics::Waiting::start();
         while tokio::time::Instant::now() < deadline {
             let woken = tokio::time::timeout(REVOCATION_CHECK, async {
                 tokio::select! {

@@ -72,6 +72,7 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
         expires,
         metadata: record.metadata,
     };
+    fleet_metrics::metrics().pull.joins.inc();
     Ok(json_response(StatusCode::CREATED, &answer))
 }
 

@@ -4,6 +4,7 @@ pub mod agent_facet;
 pub mod agents;
 pub mod journal;
 pub mod machines;
+pub mod metrics;
 pub mod registration_tokens;
 pub mod state;
 pub mod tokens;

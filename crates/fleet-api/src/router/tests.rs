@@ -380,3 +380,34 @@ async fn pages_are_bounded_by_size() {
     names.dedup();
     assert_eq!(names.len(), 12, "every unit once");
 }
+
+#[tokio::test]
+async fn metrics_count_the_cluster_and_the_requests() {
+    let api = api(100).await;
+    assert_eq!(api.call("PUT", "/fleet/v1/units/a.service", Some(hello(Some("launched")))).await.status, 201);
+    let scrape = |accept: &'static str| {
+        let request = Request::builder().uri("/metrics").header(header::ACCEPT, accept).body(Body::empty()).unwrap();
+        let mut request = request;
+        request.extensions_mut().insert(Peer::Unix { uid: Some(0) });
+        let router = api.router.clone();
+        async move {
+            let response = router.oneshot(request).await.unwrap();
+            let content_type = response.headers()[header::CONTENT_TYPE].to_str().unwrap().to_string();
+            let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            (content_type, String::from_utf8(bytes.to_vec()).unwrap())
+        }
+    };
+    let (content_type, text) = scrape("*/*").await;
+    assert_eq!(content_type, fleet_metrics::CLASSIC_CONTENT_TYPE);
+    assert!(text.contains("fleet_units{desired_state=\"launched\"} 1\n"), "{text}");
+    assert!(text.contains("fleet_units_unplaced 1\n"), "{text}");
+    assert!(
+        text.contains("fleet_api_requests_total{endpoint=\"/fleet/v1/units/{unit}\",method=\"PUT\",code=\"201\"}"),
+        "{text}"
+    );
+    assert!(!text.contains("# EOF"));
+    let (content_type, text) = scrape("application/openmetrics-text;version=1.0.0").await;
+    assert_eq!(content_type, fleet_metrics::OPENMETRICS_CONTENT_TYPE);
+    assert!(text.ends_with("# EOF\n"));
+    assert_eq!(api.call("POST", "/metrics", None).await.status, StatusCode::METHOD_NOT_ALLOWED);
+}

@@ -82,7 +82,13 @@ impl EmbeddedRegistry {
         F: FnOnce(&ReadTransaction) -> Result<T> + Send + 'static,
     {
         let db = self.db.clone();
-        tokio::task::spawn_blocking(move || work(&db.begin_read().map_err(unavailable)?)).await.map_err(unavailable)?
+        let started = std::time::Instant::now();
+        let result = tokio::task::spawn_blocking(move || work(&db.begin_read().map_err(unavailable)?))
+            .await
+            .map_err(unavailable)
+            .and_then(|result| result);
+        fleet_metrics::metrics().store.observe("embedded", "read", started.elapsed(), result.is_err());
+        result
     }
 
     /// Runs `work` in one write transaction, commits it, then tells whoever it touched.
@@ -92,7 +98,8 @@ impl EmbeddedRegistry {
         F: FnOnce(&WriteTransaction, &mut Touched) -> Result<T> + Send + 'static,
     {
         let db = self.db.clone();
-        let (value, touched) = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        let result = tokio::task::spawn_blocking(move || {
             let txn = db.begin_write().map_err(unavailable)?;
             let mut touched = Touched::default();
             let value = work(&txn, &mut touched)?;
@@ -100,7 +107,10 @@ impl EmbeddedRegistry {
             Ok::<_, RegistryError>((value, touched))
         })
         .await
-        .map_err(unavailable)??;
+        .map_err(unavailable)
+        .and_then(|result| result);
+        fleet_metrics::metrics().store.observe("embedded", "write", started.elapsed(), result.is_err());
+        let (value, touched) = result?;
         self.notify(&touched);
         Ok(value)
     }

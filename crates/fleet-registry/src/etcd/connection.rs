@@ -114,29 +114,33 @@ impl Connection {
         self.client.watch_client().max_decoding_message_size(MAX_REPLY_BYTES)
     }
 
-    /// Runs one etcd call within `limit`.
+    /// Runs one etcd call of kind `operation` within `limit`, and counts it.
     pub async fn within<T>(
         &self,
+        operation: &'static str,
         limit: Duration,
         call: impl Future<Output = std::result::Result<T, etcd_client::Error>>,
     ) -> Result<T> {
-        tokio::time::timeout(limit, call)
+        let started = std::time::Instant::now();
+        let result = tokio::time::timeout(limit, call)
             .await
-            .map_err(|_| unavailable(format!("no answer within {limit:?}")))?
-            .map_err(unavailable)
+            .map_err(|_| unavailable(format!("no answer within {limit:?}")))
+            .and_then(|answer| answer.map_err(unavailable));
+        fleet_metrics::metrics().store.observe("etcd", operation, started.elapsed(), result.is_err());
+        result
     }
 
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.within(self.timeout, self.kv().txn(txn)).await
+        self.within("txn", self.timeout, self.kv().txn(txn)).await
     }
 
     /// A transaction that may carry many operations or large replies: a longer limit.
     pub async fn big_txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.within(self.timeout * 10, self.kv().txn(txn)).await
+        self.within("txn", self.timeout * 10, self.kv().txn(txn)).await
     }
 
     pub async fn get(&self, key: &str, options: Option<GetOptions>) -> Result<GetResponse> {
-        self.within(self.timeout * 10, self.kv().get(key, options)).await
+        self.within("range", self.timeout * 10, self.kv().get(key, options)).await
     }
 
     /// Several reads at one revision, in one round trip.

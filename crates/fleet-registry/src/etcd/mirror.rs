@@ -206,7 +206,11 @@ impl Feeder {
         };
         let mut watch_client = connection.watch_client();
         let mut stream = match connection
-            .within(connection.timeout * 5, watch_client.watch(self.ranges[0].start.as_str(), Some(options(0))))
+            .within(
+                "watch",
+                connection.timeout * 5,
+                watch_client.watch(self.ranges[0].start.as_str(), Some(options(0))),
+            )
             .await
         {
             Ok(stream) => stream,

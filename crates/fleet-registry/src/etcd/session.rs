@@ -23,13 +23,13 @@ pub type Keeper = (LeaseKeeper, LeaseKeepAliveStream);
 pub async fn grant(connection: &Connection, ttl: Duration) -> Result<i64> {
     let seconds = ttl.as_secs().max(1) as i64;
     let mut client = connection.client();
-    let granted = connection.within(connection.timeout, client.lease_grant(seconds, None)).await?;
+    let granted = connection.within("lease_grant", connection.timeout, client.lease_grant(seconds, None)).await?;
     Ok(granted.id())
 }
 
 pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
     let mut client = connection.client();
-    connection.within(connection.timeout, client.lease_revoke(lease)).await.map(|_| ())
+    connection.within("lease_revoke", connection.timeout, client.lease_revoke(lease)).await.map(|_| ())
 }
 
 /// Renews `lease` once; `false` when etcd says it has expired.
@@ -44,7 +44,7 @@ pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keep
                 Err(error) => Err(error),
             }
         };
-        return match connection.within(connection.timeout, call).await? {
+        return match connection.within("lease_keepalive", connection.timeout, call).await? {
             Some(opened) => {
                 *keeper = Some(opened);
                 Ok(true)
@@ -59,7 +59,7 @@ pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keep
         sender.keep_alive().await?;
         replies.message().await
     };
-    match connection.within(connection.timeout, answer).await {
+    match connection.within("lease_keepalive", connection.timeout, answer).await {
         Ok(Some(reply)) => Ok(reply.ttl() > 0),
         Ok(None) => {
             *keeper = None;

@@ -1,0 +1,286 @@
+//! fleetd's metrics for Prometheus: one process-wide set that the engine, the agent, the
+//! stores and the API add to as they work, and [`render`] to write them, with the cluster's
+//! counts and the process's figures taken at scrape time, in the OpenMetrics text format.
+//!
+//! Counting is the only side effect here: nothing reads these values to decide anything.
+
+#![forbid(unsafe_code)]
+
+mod cluster;
+mod process;
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+pub use cluster::ClusterCounts;
+
+/// The content type of [`render`]'s text.
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+/// The content type of [`to_classic_text`]'s text, for scrapers that do not ask for OpenMetrics.
+pub const CLASSIC_CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DecisionLabels {
+    /// `schedule` or `unschedule`.
+    pub decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    /// `load`, `start`, `stop`, `unload`, `reload` (what the agent asked its unit manager).
+    pub task: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreLabels {
+    /// `etcd` or `embedded`.
+    pub store: &'static str,
+    /// The kind of request: `txn`, `range`, `watch`, `lease_grant`, `lease_revoke`,
+    /// `lease_keepalive` (etcd), `read`, `write` (embedded).
+    pub operation: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// The route's pattern (`/fleet/v1/units/{unit}`), never the path itself, so that the
+    /// number of series stays bounded whatever clients send.
+    pub endpoint: &'static str,
+    pub method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseLabels {
+    pub endpoint: &'static str,
+    pub method: String,
+    pub code: u16,
+}
+
+/// The engine's reconciler.
+pub struct EngineMetrics {
+    pub reconciles: Counter,
+    pub reconcile_duration: Histogram,
+    /// 1 while this fleetd's engine holds the leadership.
+    pub leader: Gauge,
+    pub decisions: Family<DecisionLabels, Counter>,
+}
+
+/// The agent's reconciler.
+pub struct AgentMetrics {
+    pub tasks: Family<TaskLabels, Counter>,
+    pub task_failures: Family<TaskLabels, Counter>,
+    /// Units the agent holds on its machine.
+    pub units: Gauge,
+}
+
+/// Requests to the store, whichever it is.
+pub struct StoreMetrics {
+    pub request_duration: Family<StoreLabels, Histogram>,
+    pub request_errors: Family<StoreLabels, Counter>,
+}
+
+/// The HTTP API.
+pub struct ApiMetrics {
+    pub requests: Family<ResponseLabels, Counter>,
+    pub request_duration: Family<RouteLabels, Histogram>,
+}
+
+/// A manager's pull agents.
+pub struct PullMetrics {
+    /// Agents heard from within their presence window.
+    pub agents_present: Gauge,
+    /// Agents waiting on a long poll for changes now.
+    pub waiting: Gauge,
+    pub joins: Counter,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub engine: EngineMetrics,
+    pub agent: AgentMetrics,
+    pub store: StoreMetrics,
+    pub api: ApiMetrics,
+    pub pull: PullMetrics,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.25 ms to about 8 s.
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::default();
+        let engine = EngineMetrics {
+            reconciles: Counter::default(),
+            reconcile_duration: latency_histogram(),
+            leader: Gauge::default(),
+            decisions: Family::default(),
+        };
+        let agent =
+            AgentMetrics { tasks: Family::default(), task_failures: Family::default(), units: Gauge::default() };
+        let store = StoreMetrics {
+            request_duration: Family::new_with_constructor(latency_histogram),
+            request_errors: Family::default(),
+        };
+        let api = ApiMetrics {
+            requests: Family::default(),
+            request_duration: Family::new_with_constructor(latency_histogram),
+        };
+        let pull =
+            PullMetrics { agents_present: Gauge::default(), waiting: Gauge::default(), joins: Counter::default() };
+        let fleet = registry.sub_registry_with_prefix("fleet");
+        fleet.register("engine_reconciles", "Reconciles the engine ran", engine.reconciles.clone());
+        fleet.register_with_unit(
+            "engine_reconcile_duration",
+            "How long each engine reconcile took",
+            Unit::Seconds,
+            engine.reconcile_duration.clone(),
+        );
+        fleet.register("engine_leader", "1 while this fleetd's engine is the cluster's leader", engine.leader.clone());
+        fleet.register("engine_decisions", "Units the engine scheduled or unscheduled", engine.decisions.clone());
+        fleet.register("agent_tasks", "Tasks the agent gave its unit manager", agent.tasks.clone());
+        fleet.register("agent_task_failures", "Tasks of the agent that failed", agent.task_failures.clone());
+        fleet.register("agent_units", "Units the agent holds on this machine", agent.units.clone());
+        fleet.register_with_unit(
+            "store_request_duration",
+            "How long requests to the store took",
+            Unit::Seconds,
+            store.request_duration.clone(),
+        );
+        fleet.register("store_request_errors", "Requests to the store that failed", store.request_errors.clone());
+        fleet.register("api_requests", "API requests answered, by endpoint and status", api.requests.clone());
+        fleet.register_with_unit(
+            "api_request_duration",
+            "How long API requests took to answer",
+            Unit::Seconds,
+            api.request_duration.clone(),
+        );
+        fleet.register(
+            "pull_agents_present",
+            "Pull agents heard from within their presence window",
+            pull.agents_present.clone(),
+        );
+        fleet.register("pull_agents_waiting", "Pull agents waiting on a long poll for changes", pull.waiting.clone());
+        fleet.register("pull_agent_joins", "Machines that joined through this manager", pull.joins.clone());
+        Self { registry, engine, agent, store, api, pull }
+    }
+}
+
+static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+
+/// This process's metrics.
+pub fn metrics() -> &'static Metrics {
+    &METRICS
+}
+
+impl StoreMetrics {
+    /// Records one request to the store.
+    pub fn observe(&self, store: &'static str, operation: &'static str, took: Duration, failed: bool) {
+        let labels = StoreLabels { store, operation };
+        self.request_duration.get_or_create(&labels).observe(took.as_secs_f64());
+        if failed {
+            self.request_errors.get_or_create(&labels).inc();
+        }
+    }
+}
+
+/// Counts one long poll in [`PullMetrics::waiting`] while it lives (a client that goes away
+/// drops the poll, and the count with it).
+pub struct Waiting(());
+
+impl Waiting {
+    pub fn start() -> Self {
+        metrics().pull.waiting.inc();
+        Self(())
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        metrics().pull.waiting.dec();
+    }
+}
+
+/// Everything in the text format: this process's metrics, then the cluster's counts (when
+/// this fleetd could read them) and the process's figures.
+pub fn render(cluster: Option<&ClusterCounts>) -> String {
+    use prometheus_client::encoding::text::{encode_eof, encode_registry};
+    let mut text = String::new();
+    let mut scraped = Registry::default();
+    if let Some(cluster) = cluster {
+        cluster.register(scraped.sub_registry_with_prefix("fleet"));
+    }
+    process::register(&mut scraped);
+    // Writing to a String cannot fail.
+    let _ = encode_registry(&mut text, &metrics().registry);
+    let _ = encode_registry(&mut text, &scraped);
+    let _ = encode_eof(&mut text);
+    text
+}
+
+/// Whether a scraper's `Accept` header asks for OpenMetrics (Prometheus does; curl does not).
+pub fn wants_openmetrics(accept: &str) -> bool {
+    accept.split(',').any(|kind| kind.trim_start().starts_with("application/openmetrics-text"))
+}
+
+/// [`render`]'s OpenMetrics text in the classic Prometheus text format (0.0.4): counter
+/// families are named with their `_total` suffix, and there are no `# UNIT` or `# EOF` lines.
+pub fn to_classic_text(openmetrics: &str) -> String {
+    let mut out = String::with_capacity(openmetrics.len());
+    let mut help: Option<&str> = None;
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        if line.starts_with("# HELP ") {
+            help = Some(line);
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap_or((rest, ""));
+            let classic = if kind == "counter" { format!("{name}_total") } else { name.to_string() };
+            if let Some(help) = help.take() {
+                let text =
+                    help.strip_prefix("# HELP ").and_then(|rest| rest.split_once(' ')).map_or("", |(_, text)| text);
+                out.push_str(&format!("# HELP {classic} {text}\n"));
+            }
+            out.push_str(&format!("# TYPE {classic} {kind}\n"));
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn families_follow_the_naming_conventions() {
+        metrics().engine.reconciles.inc();
+        metrics().store.observe("etcd", "txn", Duration::from_millis(3), true);
+        let text = render(Some(&ClusterCounts::default()));
+        assert!(text.contains("# TYPE fleet_engine_reconciles counter\n"), "{text}");
+        assert!(text.contains("fleet_engine_reconciles_total "), "{text}");
+        assert!(text.contains("fleet_store_request_errors_total{store=\"etcd\",operation=\"txn\"} 1"), "{text}");
+        assert!(text.contains("fleet_store_request_duration_seconds_bucket{"), "{text}");
+        assert!(text.contains("fleet_machines 0"), "{text}");
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1);
+        let classic = to_classic_text(&text);
+        assert!(classic.contains("# HELP fleet_engine_reconciles_total Reconciles the engine ran.\n# TYPE fleet_engine_reconciles_total counter\n"), "{classic}");
+        assert!(!classic.contains("# EOF") && !classic.contains("# UNIT"));
+        assert!(wants_openmetrics("application/openmetrics-text;version=1.0.0,text/plain;version=0.0.4;q=0.5"));
+        assert!(!wants_openmetrics("*/*"));
+    }
+}
