@@ -8,7 +8,8 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # (the etcd store's tests and the cluster tests), systemd (systemd-socket-activate for the
 # socket-activation test; systemd --user and journald for the systemd unit manager's tests),
 # dbus-daemon (their session bus), openssl (certificates for the TLS tests), iproute2 and
-# iptables (the pull-agent tests put agents behind a NAT of network namespaces).
+# iptables (the pull-agent tests put agents behind a NAT of network namespaces), prometheus
+# (promtool checks every /metrics scrape of the tests).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
@@ -17,9 +18,10 @@ command -v dbus-daemon >/dev/null || missing+=(dbus-daemon)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
+command -v promtool >/dev/null || missing+=(prometheus)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   else
     echo "these Debian packages are required: ${missing[*]}"; exit 1
   fi

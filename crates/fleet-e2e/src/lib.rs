@@ -233,6 +233,16 @@ impl Fleetd {
         answer
     }
 
+    /// `GET /metrics` through the Unix socket, in the classic text format, after it passed
+    /// `promtool check metrics` (Debian's `prometheus`).
+    pub fn metrics(&self) -> String {
+        let answer = self.api("GET", "/metrics", "");
+        let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
+        assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
+        promtool_check(body);
+        body.to_string()
+    }
+
     /// Runs fleetctl and insists that it succeeds.
     pub fn ok(&self, args: &[&str]) -> Ran {
         let ran = self.fleetctl(args);
@@ -317,4 +327,41 @@ pub fn poll_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
         assert!(Instant::now() < deadline, "timed out waiting until {what}\n{}", context());
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// Checks a scrape with `promtool check metrics`: the format parses and the names follow
+/// Prometheus's conventions.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool (Debian's prometheus package)");
+    promtool.stdin.take().expect("promtool's stdin").write_all(text.as_bytes()).expect("feed promtool");
+    let done = promtool.wait_with_output().expect("promtool ends");
+    assert!(
+        done.status.success(),
+        "promtool check metrics: {}{}\n{text}",
+        String::from_utf8_lossy(&done.stdout),
+        String::from_utf8_lossy(&done.stderr)
+    );
+}
+
+/// The value of one sample of a classic-text scrape (`name{labels}` exactly as written).
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// One plain `GET` over TCP with no credential; the whole answer.
+pub fn http_get(address: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connect to the API");
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).expect("send request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read answer");
+    answer
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fleet_e2e::{AGENT_TTL_SECONDS, Cluster, EtcdServer, Fleetd, member_id, unit_processes};
+use fleet_e2e::{AGENT_TTL_SECONDS, Cluster, EtcdServer, Fleetd, member_id, metric_value, unit_processes};
 
 const SLEEPER: &str = "[Unit]\nDescription=sleeps\n\n[Service]\nExecStart=/bin/sleep 100000\n";
 
@@ -59,6 +59,16 @@ fn members_are_listed_and_units_spread_least_loaded() {
     }
     let units = cluster.any().ok(&["list-units", "--no-legend", "--fields", "unit,active"]).stdout;
     assert_eq!(units.lines().filter(|line| line.contains("active")).count(), 6, "{units}");
+    // Every member's /metrics counts the whole cluster, and exactly one of them leads.
+    let mut leaders = 0.0;
+    for member in &cluster.members {
+        let text = member.metrics();
+        assert_eq!(metric_value(&text, "fleet_machines"), Some(3.0), "{text}");
+        assert_eq!(metric_value(&text, "fleet_unit_states{active_state=\"active\"}"), Some(6.0), "{text}");
+        assert!(text.contains("fleet_store_request_duration_seconds_count{store=\"etcd\",operation=\"txn\"}"));
+        leaders += metric_value(&text, "fleet_engine_leader").unwrap_or(0.0);
+    }
+    assert_eq!(leaders, 1.0);
 }
 
 #[test]
