@@ -5,6 +5,7 @@
 mod commands;
 mod context;
 mod local_units;
+mod output;
 mod table;
 mod wait;
 
@@ -172,9 +173,11 @@ enum Command {
     ListMachines {
         #[command(flatten)]
         list: ListFlags,
-        /// Columns: machine,ip,metadata
+        /// Columns: machine,ip,metadata,units
         #[arg(long, default_value = "machine,ip,metadata")]
         fields: String,
+        #[command(flatten)]
+        output: output::OutputFlag,
     },
     /// List the units in the cluster and their desired and current states
     ListUnitFiles {
@@ -187,6 +190,8 @@ enum Command {
         /// Columns: desc,dstate,global,hash,reason,state,target,tmachine,unit
         #[arg(long, default_value = "unit,hash,dstate,state,target")]
         fields: String,
+        #[command(flatten)]
+        output: output::OutputFlag,
     },
     /// List the units running in the cluster, one row per machine
     ListUnits {
@@ -195,6 +200,8 @@ enum Command {
         /// Columns: active,hash,load,machine,sub,unit
         #[arg(long, default_value = "unit,machine,active,sub")]
         fields: String,
+        #[command(flatten)]
+        output: output::OutputFlag,
     },
     /// Schedule units onto machines and load them, without starting them
     Load {
@@ -229,6 +236,8 @@ enum Command {
         /// SSH port (unused: status comes through the API)
         #[arg(long, default_value_t = 22)]
         ssh_port: u16,
+        #[command(flatten)]
+        output: output::OutputFlag,
         units: Vec<String>,
     },
     /// Stop units, leaving them loaded
@@ -400,13 +409,13 @@ async fn run(context: Context, command: Command) -> Outcome {
     use commands::{inspect, lifecycle, list, registration_token, token};
     match command {
         Command::Cat { units } => inspect::cat(&context, &units).await,
-        Command::Status { units, .. } => inspect::status(&context, &units).await,
+        Command::Status { units, output, .. } => inspect::status(&context, &units, output.output).await,
         Command::Journal { lines, follow, units, .. } => inspect::journal(&context, &units, lines, follow).await,
-        Command::ListMachines { list, fields } => list::machines(&context, &list, &fields).await,
-        Command::ListUnitFiles { full, no_legend, fields } => {
-            list::unit_files(&context, &ListFlags { full, no_legend }, &fields).await
+        Command::ListMachines { list, fields, output } => list::machines(&context, &list, &fields, output.output).await,
+        Command::ListUnitFiles { full, no_legend, fields, output } => {
+            list::unit_files(&context, &ListFlags { full, no_legend }, &fields, output.output).await
         }
-        Command::ListUnits { list, fields } => list::units(&context, &list, &fields).await,
+        Command::ListUnits { list, fields, output } => list::units(&context, &list, &fields, output.output).await,
         Command::Submit { create, units } => lifecycle::submit(&context, &units, &create).await,
         Command::Load { block, create, units } => lifecycle::load(&context, &units, &create, &block).await,
         Command::Start { block, create, units } => lifecycle::start(&context, &units, &create, &block).await,

@@ -5,8 +5,10 @@ use std::time::Duration;
 use fleet_core::unit_name::mangle;
 
 use super::create::{is_global, unit_file};
+use super::list::unit_row;
 use crate::Outcome;
 use crate::context::Context;
+use crate::output::{OutputFormat, UnitStatus, print_json};
 use crate::table::machine_full_legend;
 
 pub async fn cat(context: &Context, arguments: &[String]) -> Outcome {
@@ -49,12 +51,13 @@ async fn existing_unit(context: &Context, name: &str) -> Result<fleet_api_schema
 /// `systemctl status` of the unit when the machine serving the API runs it under systemd;
 /// otherwise a report in its style built from what the cluster knows, with the unit's recent
 /// log from the machine serving the API.
-pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
+pub async fn status(context: &Context, arguments: &[String], output: OutputFormat) -> Outcome {
     if arguments.is_empty() {
         eprintln!("No units given");
         return Outcome::Usage;
     }
     let machines = context.machines().await;
+    let mut found = Vec::new();
     for (index, argument) in arguments.iter().enumerate() {
         let name = mangle(argument);
         let unit = match existing_unit(context, &name).await {
@@ -65,11 +68,15 @@ pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
             eprintln!("Unit {name} does not appear to be loaded.");
             return Outcome::Failure;
         }
+        let states = context.client.unit_states(Some(&name)).await.unwrap_or_default();
+        let report = context.client.status(&name, 10).await.ok();
+        if output == OutputFormat::Json {
+            found.push((unit, states, report));
+            continue;
+        }
         if index > 0 {
             println!();
         }
-        let states = context.client.unit_states(Some(&name)).await.unwrap_or_default();
-        let report = context.client.status(&name, 10).await.ok();
         // On the machine running the unit, systemd's own report, as `systemctl status`.
         if let Some(journal) = &report
             && let Some(status) = &journal.status
@@ -94,6 +101,27 @@ pub async fn status(context: &Context, arguments: &[String]) -> Outcome {
             println!();
             print!("{}", journal.text);
         }
+    }
+    if output == OutputFormat::Json {
+        let files: Vec<_> = found.iter().map(|(unit, _, _)| unit_file(unit)).collect();
+        let statuses: Vec<UnitStatus<'_>> = found
+            .iter()
+            .zip(&files)
+            .map(|((unit, states, report), file)| {
+                let global = is_global(unit);
+                UnitStatus {
+                    unit: &unit.name,
+                    description: file.description(),
+                    desired_state: unit.desired_state.as_deref(),
+                    current_state: unit.current_state.as_deref().filter(|_| !global),
+                    global,
+                    hash: file.hash().to_string(),
+                    states: states.iter().map(|state| unit_row(state, &machines)).collect(),
+                    log: report.as_ref().map(|journal| journal.text.lines().collect()).unwrap_or_default(),
+                }
+            })
+            .collect();
+        print_json(&statuses);
     }
     Outcome::Success
 }

@@ -1,11 +1,26 @@
 //! list-machines, list-unit-files and list-units.
 
+use std::collections::BTreeMap;
+
+use fleet_api_schema::{Machine, UnitState};
 use fleet_core::UnitHash;
 
 use super::create::{is_global, unit_file};
 use crate::context::Context;
+use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, machine_ip, print_json};
 use crate::table::{machine_full_legend, machine_id_legend, tab_table};
 use crate::{ListFlags, Outcome};
+
+/// The columns to print: those of `--fields`, or every one with `-o wide`.
+fn columns<'a>(fields: &'a str, valid: &[&'a str], output: OutputFormat) -> Result<Vec<&'a str>, Outcome> {
+    if output == OutputFormat::Wide {
+        return Ok(valid.to_vec());
+    }
+    parse_fields(fields, valid).map_err(|message| {
+        eprintln!("{message}");
+        Outcome::Failure
+    })
+}
 
 /// Checks `--fields` against the valid names; the original's messages.
 fn parse_fields<'a>(fields: &'a str, valid: &[&str]) -> Result<Vec<&'a str>, String> {
@@ -32,13 +47,10 @@ fn or_dash(text: &str) -> String {
     if text.is_empty() { "-".to_string() } else { text.to_string() }
 }
 
-pub async fn machines(context: &Context, list: &ListFlags, fields: &str) -> Outcome {
-    let fields = match parse_fields(fields, &["ip", "machine", "metadata"]) {
+pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
+    let fields = match columns(fields, &["machine", "ip", "metadata", "units"], output) {
         Ok(fields) => fields,
-        Err(message) => {
-            eprintln!("{message}");
-            return Outcome::Failure;
-        }
+        Err(outcome) => return outcome,
     };
     let machines = match context.client.machines().await {
         Ok(machines) => machines,
@@ -47,6 +59,30 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str) -> Outc
             return Outcome::Failure;
         }
     };
+    let mut units_on: BTreeMap<String, usize> = BTreeMap::new();
+    if output == OutputFormat::Json || fields.contains(&"units") {
+        match context.client.unit_states(None).await {
+            Ok(states) => states.iter().for_each(|state| *units_on.entry(state.machine_id.clone()).or_default() += 1),
+            Err(error) => {
+                eprintln!("Error retrieving list of units from repository: {error}");
+                return Outcome::Failure;
+            }
+        }
+    }
+    let units_of = |machine: &str| units_on.get(machine).copied().unwrap_or(0);
+    if output == OutputFormat::Json {
+        let rows: Vec<MachineRow<'_>> = machines
+            .iter()
+            .map(|machine| MachineRow {
+                machine: &machine.id,
+                ip: &machine.primary_ip,
+                metadata: &machine.metadata,
+                units: units_of(&machine.id),
+            })
+            .collect();
+        print_json(&rows);
+        return Outcome::Success;
+    }
     let rows = machines
         .iter()
         .map(|machine| {
@@ -55,6 +91,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str) -> Outc
                 .map(|field| match *field {
                     "machine" => machine_id_legend(&machine.id, list.full),
                     "ip" => or_dash(&machine.primary_ip),
+                    "units" => units_of(&machine.id).to_string(),
                     _ => {
                         or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                     }
@@ -66,16 +103,17 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str) -> Outc
     Outcome::Success
 }
 
-pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str) -> Outcome {
-    let valid = ["desc", "dstate", "global", "hash", "reason", "state", "target", "tmachine", "unit"];
-    let fields = match parse_fields(fields, &valid) {
-        Ok(fields) => fields,
-        Err(message) => {
-            eprintln!("{message}");
-            return Outcome::Failure;
+pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
+    let fields = if output == OutputFormat::Wide {
+        vec!["unit", "hash", "dstate", "state", "target", "global", "desc", "reason"]
+    } else {
+        let valid = ["desc", "dstate", "global", "hash", "reason", "state", "target", "tmachine", "unit"];
+        match columns(fields, &valid, output) {
+            Ok(fields) => fields,
+            Err(outcome) => return outcome,
         }
     };
-    if fields.contains(&"tmachine") {
+    if fields.contains(&"tmachine") && output != OutputFormat::Json {
         eprintln!("WARNING: The \"tmachine\" field is deprecated. Use \"target\" instead");
     }
     let mut units = match context.client.units().await {
@@ -86,11 +124,35 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str) -> Ou
         }
     };
     units.sort_by(|a, b| a.name.cmp(&b.name));
-    let machines = if fields.iter().any(|f| *f == "target" || *f == "tmachine") {
+    let machines = if output == OutputFormat::Json || fields.iter().any(|f| *f == "target" || *f == "tmachine") {
         context.machines().await
     } else {
         Default::default()
     };
+    if output == OutputFormat::Json {
+        let files: Vec<_> = units.iter().map(unit_file).collect();
+        let rows: Vec<UnitFileRow<'_>> = units
+            .iter()
+            .zip(&files)
+            .map(|(unit, file)| {
+                let global = is_global(unit);
+                let machine = unit.machine_id.as_deref().filter(|_| !global);
+                UnitFileRow {
+                    unit: &unit.name,
+                    hash: file.hash().to_string(),
+                    description: file.description(),
+                    desired_state: unit.desired_state.as_deref(),
+                    current_state: unit.current_state.as_deref().filter(|_| !global),
+                    global,
+                    machine,
+                    machine_ip: machine.and_then(|machine| machine_ip(&machines, machine)),
+                    reason: unit.reason.as_deref(),
+                }
+            })
+            .collect();
+        print_json(&rows);
+        return Outcome::Success;
+    }
     let rows = units
         .iter()
         .map(|unit| {
@@ -121,12 +183,13 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str) -> Ou
     Outcome::Success
 }
 
-pub async fn units(context: &Context, list: &ListFlags, fields: &str) -> Outcome {
-    let fields = match parse_fields(fields, &["active", "hash", "load", "machine", "sub", "unit"]) {
-        Ok(fields) => fields,
-        Err(message) => {
-            eprintln!("{message}");
-            return Outcome::Failure;
+pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
+    let fields = if output == OutputFormat::Wide {
+        vec!["unit", "machine", "active", "sub", "load", "hash"]
+    } else {
+        match columns(fields, &["active", "hash", "load", "machine", "sub", "unit"], output) {
+            Ok(fields) => fields,
+            Err(outcome) => return outcome,
         }
     };
     let mut states = match context.client.unit_states(None).await {
@@ -137,7 +200,16 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str) -> Outcome
         }
     };
     states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
-    let machines = if fields.contains(&"machine") { context.machines().await } else { Default::default() };
+    let machines = if output == OutputFormat::Json || fields.contains(&"machine") {
+        context.machines().await
+    } else {
+        Default::default()
+    };
+    if output == OutputFormat::Json {
+        let rows: Vec<UnitRow<'_>> = states.iter().map(|state| unit_row(state, &machines)).collect();
+        print_json(&rows);
+        return Outcome::Success;
+    }
     let rows = states
         .iter()
         .map(|state| {
@@ -160,4 +232,17 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str) -> Outcome
         .collect();
     print_table(&fields, rows, list.no_legend);
     Outcome::Success
+}
+
+/// One unit on one machine, as `-o json` shows it.
+pub fn unit_row<'a>(state: &'a UnitState, machines: &'a BTreeMap<String, Machine>) -> UnitRow<'a> {
+    UnitRow {
+        unit: &state.name,
+        machine: &state.machine_id,
+        machine_ip: machine_ip(machines, &state.machine_id),
+        hash: &state.hash,
+        load_state: &state.systemd_load_state,
+        active_state: &state.systemd_active_state,
+        sub_state: &state.systemd_sub_state,
+    }
 }

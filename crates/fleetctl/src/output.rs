@@ -1,0 +1,97 @@
+//! `-o json` and `-o wide`: what the list and status commands print for programs, in one
+//! stable schema (documented in docs/json-output.md). Every object is built here from the
+//! API's types, so that a field keeps its name whatever the API adds.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+/// How a command prints what it found.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    /// The original's table (columns from --fields)
+    #[default]
+    Table,
+    /// The table with every column the command knows
+    Wide,
+    /// One JSON array of objects (--fields does not apply)
+    Json,
+}
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct OutputFlag {
+    /// Output format
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Table)]
+    pub output: OutputFormat,
+}
+
+/// A row of `list-machines -o json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineRow<'a> {
+    pub machine: &'a str,
+    pub ip: &'a str,
+    pub metadata: &'a BTreeMap<String, String>,
+    /// Units the cluster has on the machine.
+    pub units: usize,
+}
+
+/// A row of `list-unit-files -o json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitFileRow<'a> {
+    pub unit: &'a str,
+    pub hash: String,
+    pub description: Option<&'a str>,
+    pub desired_state: Option<&'a str>,
+    /// `null` for global units, which have no single state.
+    pub current_state: Option<&'a str>,
+    pub global: bool,
+    /// The machine the unit is scheduled to (`null` when none, or global).
+    pub machine: Option<&'a str>,
+    pub machine_ip: Option<&'a str>,
+    /// Why the unit waits unplaced, when it does.
+    pub reason: Option<&'a str>,
+}
+
+/// A row of `list-units -o json`: one unit on one machine.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitRow<'a> {
+    pub unit: &'a str,
+    pub machine: &'a str,
+    pub machine_ip: Option<&'a str>,
+    pub hash: &'a str,
+    pub load_state: &'a str,
+    pub active_state: &'a str,
+    pub sub_state: &'a str,
+}
+
+/// An element of `status -o json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitStatus<'a> {
+    pub unit: &'a str,
+    pub description: Option<&'a str>,
+    pub desired_state: Option<&'a str>,
+    pub current_state: Option<&'a str>,
+    pub global: bool,
+    pub hash: String,
+    /// Where the unit is, one element per machine that reported it.
+    pub states: Vec<UnitRow<'a>>,
+    /// The unit's recent log lines, from the machine serving the API, when it runs there.
+    pub log: Vec<&'a str>,
+}
+
+/// Prints `rows` as one pretty JSON array and a newline.
+pub fn print_json(rows: &impl Serialize) {
+    match serde_json::to_string_pretty(rows) {
+        Ok(text) => println!("{text}"),
+        Err(error) => eprintln!("cannot write JSON: {error}"),
+    }
+}
+
+/// The address of `machine` when the cluster knows it.
+pub fn machine_ip<'a>(machines: &'a BTreeMap<String, fleet_api_schema::Machine>, machine: &str) -> Option<&'a str> {
+    machines.get(machine).map(|machine| machine.primary_ip.as_str()).filter(|ip| !ip.is_empty())
+}
