@@ -9,7 +9,8 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # socket-activation test; systemd --user and journald for the systemd unit manager's tests),
 # dbus-daemon (their session bus), openssl (certificates for the TLS tests), iproute2 and
 # iptables (the pull-agent tests put agents behind a NAT of network namespaces), prometheus
-# (promtool checks every /metrics scrape of the tests).
+# (promtool checks every /metrics scrape of the tests), groff-base (the manual pages must format
+# without a warning).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
@@ -19,6 +20,7 @@ command -v openssl >/dev/null || missing+=(openssl)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
 command -v promtool >/dev/null || missing+=(prometheus)
+command -v groff >/dev/null || missing+=(groff-base)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

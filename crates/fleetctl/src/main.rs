@@ -5,6 +5,7 @@
 mod commands;
 mod context;
 mod local_units;
+mod manual;
 mod output;
 mod table;
 mod wait;
@@ -278,6 +279,17 @@ enum Command {
     },
     /// Print the version
     Version,
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
+    #[command(
+        after_help = "Bash: fleetctl completion bash > /etc/bash_completion.d/fleetctl\nZsh: fleetctl completion zsh > \"${fpath[1]}/_fleetctl\"\nFish: fleetctl completion fish > ~/.config/fish/completions/fleetctl.fish"
+    )]
+    Completion { shell: clap_complete::Shell },
+    /// Print fleetctl's manual page (roff), or write it and one page per command into a directory
+    Manual {
+        /// Write fleetctl.1 and fleetctl-COMMAND.1 pages here instead of printing fleetctl.1
+        #[arg(long)]
+        dir: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -369,6 +381,14 @@ fn main() -> ExitCode {
             println!("fleetctl version {VERSION}");
             return ExitCode::SUCCESS;
         }
+        Command::Completion { shell } => {
+            let mut script = Vec::new();
+            clap_complete::generate(*shell, &mut Cli::command(), "fleetctl", &mut script);
+            // A closed stdout (`| head`) is the reader's choice, not an error.
+            let _ = std::io::Write::write_all(&mut std::io::stdout(), &script);
+            return ExitCode::SUCCESS;
+        }
+        Command::Manual { dir } => return exit(manual::write(Cli::command(), dir.as_deref())),
         Command::Verify { .. } => {
             eprintln!("Command \"verify\" is deprecated, DEPRECATED - No longer works");
             eprintln!("{SIGN_DEPRECATED}");
@@ -437,6 +457,11 @@ async fn run(context: Context, command: Command) -> Outcome {
                 }
             }
         }
-        Command::Version | Command::Verify { .. } | Command::Ssh { .. } | Command::FdForward { .. } => Outcome::Success,
+        Command::Version
+        | Command::Verify { .. }
+        | Command::Ssh { .. }
+        | Command::FdForward { .. }
+        | Command::Completion { .. }
+        | Command::Manual { .. } => Outcome::Success,
     }
 }

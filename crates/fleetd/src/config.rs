@@ -443,6 +443,32 @@ impl Config {
 mod tests {
     use super::*;
 
+    #[test]
+    fn every_option_is_documented_once_with_its_true_default() {
+        use crate::config_docs::{OPTION_DOCS, sample_config};
+        let documented: Vec<&str> = OPTION_DOCS.iter().map(|option| option.name).collect();
+        let mut sorted = documented.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let mut read: Vec<&str> = OPTIONS.iter().map(|(name, _)| *name).collect();
+        read.sort_unstable();
+        assert_eq!(sorted, read, "OPTION_DOCS and OPTIONS name the same options");
+        assert_eq!(sorted.len(), documented.len(), "each option is documented once");
+        // The sample's options, uncommented, are the defaults.
+        let sample = sample_config();
+        let uncommented: String = sample
+            .lines()
+            .map(|line| match line.strip_prefix('#') {
+                Some(rest) if rest.contains(" = ") && !rest.starts_with(' ') => rest,
+                _ => line,
+            })
+            .map(|line| format!("{line}\n"))
+            .collect();
+        let values = parse_file(Path::new("fleet.conf"), &uncommented).expect("the sample parses");
+        assert_eq!(values.len(), OPTIONS.len(), "{uncommented}");
+        assert_eq!(Config::from_values(&values).expect("the defaults are valid"), Config::default());
+    }
+
     fn values(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
     }

@@ -3,3 +3,5 @@
 
 pub mod api_security;
 pub mod config;
+pub mod config_docs;
+pub mod manual;

@@ -13,12 +13,14 @@ use std::process::ExitCode;
 
 use fleetd::config::Config;
 
-const USAGE: &str = "Usage: fleetd [-config PATH] [-version]";
+const USAGE: &str = "Usage: fleetd [-config PATH] [-version] [-help] [-manual] [-sample-config]";
 
 enum Invocation {
     Run(Option<PathBuf>),
     Version,
     Help,
+    Manual,
+    SampleConfig,
 }
 
 /// Reads Go-style flags: `-config PATH`, `--config=PATH`, `-version`, `fleetd version`.
@@ -35,6 +37,8 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
         match (arg.starts_with('-'), name) {
             (true, "version" | "v") => return Ok(Invocation::Version),
             (true, "help" | "h") => return Ok(Invocation::Help),
+            (true, "manual") => return Ok(Invocation::Manual),
+            (true, "sample-config") => return Ok(Invocation::SampleConfig),
             (true, "config") => {
                 let value = match inline {
                     Some(value) => value,
@@ -72,7 +76,15 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(Invocation::Help) => {
-            println!("{USAGE}");
+            print!("{}", fleetd::config_docs::help_text(USAGE, fleetd::manual::FLAGS));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Invocation::Manual) => {
+            print!("{}", fleetd::manual::manual_page(fleet_api::VERSION));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Invocation::SampleConfig) => {
+            print!("{}", fleetd::config_docs::sample_config());
             return ExitCode::SUCCESS;
         }
         Err(message) => {

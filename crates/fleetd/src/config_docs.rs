@@ -1,0 +1,150 @@
+//! What every fleet.conf option means: the one text behind `fleetd -help`, the fleetd(8)
+//! manual and the sample fleet.conf that the install script puts in place. A test checks
+//! that it names exactly the options fleetd reads.
+
+/// One option: its name, its default as written in fleet.conf, and what it does.
+pub struct OptionDoc {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+const fn doc(name: &'static str, default: &'static str, help: &'static str) -> OptionDoc {
+    OptionDoc { name, default, help }
+}
+
+pub const OPTION_DOCS: &[OptionDoc] = &[
+    doc("machine_id", "/etc/machine-id", "The machine ID, or a file holding it."),
+    doc(
+        "state_dir",
+        "/var/lib/fleet",
+        "Where the embedded store (registry.redb), native unit logs and credentials live.",
+    ),
+    doc(
+        "public_ip",
+        "",
+        "The IP address other machines and fleetctl ssh reach this machine at; the first non-loopback address when empty.",
+    ),
+    doc(
+        "metadata",
+        "",
+        "This machine's metadata for scheduling, as key=value pairs separated by commas (region=eu,disk=ssd).",
+    ),
+    doc("etcd_servers", "", "Comma-separated etcd v3 endpoints (http:// or https://); the embedded store when empty."),
+    doc("etcd_key_prefix", "/_coreos.com/fleet/", "The keyspace of fleet's data in etcd."),
+    doc("etcd_request_timeout", "1.0", "Seconds each etcd request may take."),
+    doc("etcd_cafile", "", "The CA of etcd's server certificate (PEM)."),
+    doc("etcd_certfile", "", "The client certificate presented to etcd (PEM)."),
+    doc("etcd_keyfile", "", "The key of etcd_certfile (PEM)."),
+    doc("etcd_username", "", "The etcd user, when etcd has authentication on."),
+    doc("etcd_password", "", "That user's password."),
+    doc(
+        "agent_ttl",
+        "30s",
+        "How long a machine may stop renewing its presence before the cluster treats it as lost and moves its units.",
+    ),
+    doc(
+        "engine_reconcile_interval",
+        "2",
+        "Seconds between the engine's fallback reconciles (it wakes on changes besides).",
+    ),
+    doc("disable_engine", "false", "Keep this machine out of the engine's leader election."),
+    doc("disable_watches", "false", "Accepted and ignored: agents watch only their own schedule."),
+    doc("token_limit", "100", "The largest page the API answers a list with."),
+    doc("verbosity", "0", "1 or more logs at debug level (FLEETD_LOG overrides it with a tracing filter)."),
+    doc(
+        "unit_manager",
+        "auto",
+        "systemd (units handed to systemd over D-Bus), native (the built-in supervisor), or auto: systemd when it runs, native otherwise.",
+    ),
+    doc(
+        "units_directory",
+        "/run/fleet/units/",
+        "Where the systemd unit manager writes unit files before linking them into systemd's runtime unit path.",
+    ),
+    doc(
+        "systemd_user",
+        "false",
+        "Drive the user's systemd instance on the session bus instead of the system instance.",
+    ),
+    doc(
+        "unit_log_max_bytes",
+        "4M",
+        "Native supervisor: a unit's log is rotated at this size (K, M, G suffixes; at least 4096).",
+    ),
+    doc("unit_log_files", "3", "Native supervisor: how many log files a unit keeps, the current one included."),
+    doc(
+        "shutdown_timeout",
+        "90s",
+        "How long a clean shutdown (SIGTERM) waits for units to stop before it kills what is left.",
+    ),
+    doc(
+        "api_listen",
+        "unix:///var/run/fleet.sock",
+        "Comma-separated unix:///path, http://host:port and https://host:port listeners of the API; sockets passed by systemd take precedence. Plain HTTP is refused off loopback.",
+    ),
+    doc("api_tls_cert_file", "", "The server certificate (PEM) of https:// listeners; read again on SIGHUP."),
+    doc("api_tls_key_file", "", "The key of api_tls_cert_file (PEM)."),
+    doc(
+        "api_tls_client_ca_file",
+        "",
+        "Clients may present a certificate this CA signed (mutual TLS): its CN is the identity, its O the role.",
+    ),
+    doc(
+        "api_anonymous_role",
+        "none",
+        "The role (viewer, operator, admin) of TCP clients without a credential, such as the original fleetctl.",
+    ),
+    doc(
+        "api_max_connections",
+        "512",
+        "Connections each API listener holds at once (a manager holds one per pull agent).",
+    ),
+    doc(
+        "agent_ca_cert_file",
+        "",
+        "The cluster's agent CA certificate (PEM): with its key, this fleetd signs certificates for machines that join with a registration token.",
+    ),
+    doc("agent_ca_key_file", "", "The key of agent_ca_cert_file (PEM)."),
+    doc("agent_cert_lifetime", "24h", "How long a joined machine's certificate is valid (renewed at two thirds)."),
+    doc(
+        "manager_url",
+        "",
+        "A pull agent's manager (https://host:port): set, this fleetd has no store of its own and pulls its work from it.",
+    ),
+    doc("manager_ca_file", "", "The CA of the manager's certificate (PEM); the system's roots when empty."),
+    doc("registration_token", "", "The registration token a pull agent joins with, once."),
+    doc("enable_grpc", "false", "Accepted and ignored (the original's experimental gRPC registry)."),
+    doc("verify_units", "false", "Accepted for the original's configurations; signed units are not supported."),
+    doc("authorized_keys_file", "", "Accepted for the original's configurations; unused."),
+];
+
+/// `fleetd -help`: the usage and every option.
+pub fn help_text(usage: &str, flags: &[(&str, Option<&str>, &str)]) -> String {
+    let mut text = format!(
+        "{usage}\n\nfleetd runs the engine, the agent and the HTTP API of a fleet cluster on this machine.\n\
+         It reads /etc/fleet/fleet.conf (or -config PATH); FLEET_<OPTION> environment variables override it.\n\nFlags:\n"
+    );
+    for (flag, value, help) in flags {
+        let flag = value.map_or(flag.to_string(), |value| format!("{flag} {value}"));
+        text.push_str(&format!("  {flag}\n      {help}\n"));
+    }
+    text.push_str("\nOptions of fleet.conf:\n");
+    for option in OPTION_DOCS {
+        let default = if option.default.is_empty() { String::new() } else { format!(" (default {})", option.default) };
+        text.push_str(&format!("  {}{default}\n      {}\n", option.name, option.help));
+    }
+    text
+}
+
+/// A fleet.conf with every option commented out at its default, each with its meaning.
+pub fn sample_config() -> String {
+    let mut text = String::from(
+        "# fleetd's configuration. Every option is shown at its default, commented out.\n\
+         # FLEET_<OPTION> environment variables override what is set here.\n",
+    );
+    for option in OPTION_DOCS {
+        text.push_str(&format!("\n# {}\n#{} = {}\n", option.help, option.name, option.default));
+    }
+    text
+}
