@@ -82,8 +82,8 @@ mod tests {
         let page = manual_page("0.1.0");
         assert!(page.contains(".TH FLEETD 8"), "{page}");
         for option in OPTION_DOCS {
-            assert!(page.contains(&option.name.replace('_', "_")), "{} missing", option.name);
+            assert!(page.contains(&format!("\\fB{}\\fR", option.name)), "{} missing", option.name);
         }
-        assert!(page.contains("\\fB\\-config\\fR") || page.contains("-config"), "{page}");
+        assert!(page.contains("\\fB\\-config\\fR \\fIPATH\\fR"), "{page}");
     }
 }
