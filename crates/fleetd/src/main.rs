@@ -1,9 +1,12 @@
 //! fleetd: on every machine, the engine, the agent and the HTTP API v1.
 
 mod host;
+mod journal_log;
 mod process_setup;
 mod pull;
+mod ready_probe;
 mod run;
+mod service_manager;
 mod store;
 mod supervise;
 
@@ -101,11 +104,22 @@ fn main() -> ExitCode {
         }
     };
     let filter = if config.verbosity > 0 { "debug" } else { "info" };
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("FLEETD_LOG").unwrap_or_else(|_| filter.into()))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FLEETD_LOG").unwrap_or_else(|_| filter.into());
+    if journal_log::stderr_is_journal() {
+        let format = tracing_subscriber::fmt::format().without_time().with_ansi(false);
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .event_format(journal_log::PriorityPrefix(format))
+            .init();
+    } else {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init();
+    }
     match process_setup::prepare_process() {
         Ok(open_files) => tracing::debug!(open_files, "open-file limit"),
         Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),

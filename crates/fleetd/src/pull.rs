@@ -142,6 +142,10 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
     let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
+    // A pull agent serves no API: it is ready once it joined and holds its credentials.
+    let pulling = format!("pulling from {}", config.manager_url);
+    crate::service_manager::ready(&pulling);
+    tokio::spawn(crate::service_manager::keep_alive(pulling));
     loop {
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let agent_config = AgentConfig {
@@ -158,6 +162,9 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
             _ = interrupt.recv() => false,
             _ = hangup.recv() => true,
         };
+        if !reload {
+            crate::service_manager::stopping();
+        }
         let _ = lifecycle.send(if reload { Lifecycle::Reloading } else { Lifecycle::ShuttingDown });
         let _ = agent.await;
         if !reload {

@@ -31,6 +31,8 @@ use fleetd::config::{Config, UnitManagerChoice};
 
 /// The agent's fallback reconcile period (the original's fixed 5 s).
 pub const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
+/// How long the API may take to answer its first request once it serves.
+const READY_LIMIT: Duration = Duration::from_secs(30);
 /// How long a burst of changes may settle before a reconcile acts on it.
 pub const DEBOUNCE: Duration = Duration::from_millis(10);
 
@@ -242,11 +244,25 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
     let api_tls = tls.clone();
     let limits = ServeLimits { connections_per_listener: config.api_max_connections, ..ServeLimits::default() };
     let (api_stop, api_stopped) = watch::channel(false);
+    let api_names = listeners.iter().map(ApiListener::describe).collect::<Vec<_>>().join(", ");
+    let unix_socket = listeners.iter().find_map(|listener| match listener {
+        ApiListener::Unix(unix) => unix.local_addr().ok()?.as_pathname().map(Path::to_path_buf),
+        _ => None,
+    });
+    let app = router(api_state);
+    let probe = app.clone();
     let api = tokio::spawn(async move {
-        if let Err(error) = serve(&listeners, router(api_state), api_stopped, limits, api_tls).await {
+        if let Err(error) = serve(&listeners, app, api_stopped, limits, api_tls).await {
             tracing::error!(%error, "API server failed");
         }
     });
+    // systemd hears "ready" only once the API answers a request.
+    if crate::ready_probe::wait_until_api_answers(unix_socket, probe, READY_LIMIT).await {
+        crate::service_manager::ready(&crate::service_manager::ready_status(&api_names));
+    } else {
+        anyhow::bail!("the API did not answer within {READY_LIMIT:?} of starting");
+    }
+    tokio::spawn(crate::service_manager::keep_alive(api_names.clone()));
     loop {
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let (stop, stop_watch) = watch::channel(false);
@@ -278,6 +294,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         };
         if reload {
             tracing::info!("Reloading configuration");
+            crate::service_manager::reloading();
             let environment: BTreeMap<String, String> = std::env::vars().collect();
             match Config::load(config_path.as_deref(), &environment) {
                 Ok(new) => {
@@ -298,10 +315,14 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
             let _ = lifecycle.send(Lifecycle::Reloading);
         } else {
             tracing::info!("Shutting down");
+            crate::service_manager::stopping();
             let _ = lifecycle.send(Lifecycle::ShuttingDown);
         }
         let _ = stop.send(true);
         while tasks.join_next().await.is_some() {}
+        if reload {
+            crate::service_manager::reloaded(&crate::service_manager::ready_status(&api_names));
+        }
         if !reload {
             let _ = api_stop.send(true);
             let _ = api.await;
