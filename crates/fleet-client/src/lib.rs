@@ -79,6 +79,9 @@ pub struct ClientOptions {
     pub key_file: Option<PathBuf>,
     /// A bearer token, sent with every request.
     pub token: Option<String>,
+    /// Connect through this Unix socket whatever the endpoint (the local end of an SSH
+    /// tunnel); TLS and the Host header still name the endpoint.
+    pub through_socket: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -89,6 +92,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
             .field("token", &self.token.as_ref().map(|_| "(redacted)"))
+            .field("through_socket", &self.through_socket)
             .finish()
     }
 }
@@ -142,9 +146,11 @@ impl Client {
             let headers = reqwest::header::HeaderMap::from_iter([(reqwest::header::AUTHORIZATION, value)]);
             builder = builder.default_headers(headers);
         }
-        let (builder, base) = match parse_endpoint(endpoint)? {
-            Endpoint::Unix(path) => (builder.unix_socket(path), "http://localhost".to_string()),
-            Endpoint::Http(base) => (with_tls(builder, options)?, base),
+        let (builder, base) = match (parse_endpoint(endpoint)?, &options.through_socket) {
+            (Endpoint::Unix(_), Some(socket)) => (builder.unix_socket(socket.clone()), "http://localhost".to_string()),
+            (Endpoint::Unix(socket), None) => (builder.unix_socket(socket), "http://localhost".to_string()),
+            (Endpoint::Http(base), Some(socket)) => (with_tls(builder.unix_socket(socket.clone()), options)?, base),
+            (Endpoint::Http(base), None) => (with_tls(builder, options)?, base),
         };
         let http = builder.build().map_err(|error| ClientError::Transport(error.to_string()))?;
         Ok(Self { http, base })

@@ -12,6 +12,7 @@ pub mod https;
 pub mod nat;
 pub mod pki;
 pub mod pull;
+pub mod sshd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -7,11 +7,17 @@ use std::time::Duration;
 use fleet_api_schema::Machine;
 use fleet_client::{Client, ClientOptions};
 
+use std::os::unix::fs::DirBuilderExt;
+
 use crate::GlobalFlags;
+use crate::ssh::{SshOptions, expand_home};
+use crate::tunnel::Tunnel;
 
 pub struct Context {
     pub client: Client,
     pub debug: bool,
+    /// The SSH tunnel the client talks through (`--tunnel`), held open while fleetctl runs.
+    _tunnel: Option<Tunnel>,
 }
 
 /// A flag's value, or the deprecated alias's when only that is set.
@@ -37,7 +43,35 @@ fn client_options(flags: &GlobalFlags, timeout: Duration) -> Result<ClientOption
         cert_file: file_flag(&flags.cert_file, &flags.etcd_certfile),
         key_file: file_flag(&flags.key_file, &flags.etcd_keyfile),
         token: token.filter(|token| !token.is_empty()),
+        through_socket: None,
     })
+}
+
+/// The original's SSH flags as ssh options.
+pub fn ssh_options(flags: &GlobalFlags) -> Result<SshOptions, String> {
+    let timeout = Duration::try_from_secs_f64(flags.ssh_timeout)
+        .ok()
+        .filter(|timeout| !timeout.is_zero())
+        .ok_or_else(|| format!("invalid --ssh-timeout {}", flags.ssh_timeout))?;
+    Ok(SshOptions {
+        user: flags.ssh_username.clone(),
+        known_hosts_file: known_hosts_file(&flags.known_hosts_file)?,
+        strict_host_key_checking: flags.strict_host_key_checking,
+        timeout,
+    })
+}
+
+/// The known-hosts file, its directory made (0700) when it is missing.
+fn known_hosts_file(flag: &str) -> Result<PathBuf, String> {
+    let path = expand_home(flag);
+    if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty() && !dir.exists()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|error| format!("cannot make {}: {error}", dir.display()))?;
+    }
+    Ok(path)
 }
 
 impl Context {
@@ -45,17 +79,23 @@ impl Context {
         if !flags.driver.eq_ignore_ascii_case("api") {
             return Err(format!("Unable to initialize client: unrecognized driver {:?}", flags.driver));
         }
-        if !flags.tunnel.is_empty() {
-            return Err("Unable to initialize client: --tunnel is not supported by this fleetctl".to_string());
-        }
         let timeout = Duration::try_from_secs_f64(flags.request_timeout)
             .ok()
             .filter(|timeout| !timeout.is_zero())
             .ok_or_else(|| format!("invalid --request-timeout {}", flags.request_timeout))?;
-        let options = client_options(flags, timeout)?;
+        let mut options = client_options(flags, timeout)?;
+        let tunnel = if flags.tunnel.is_empty() {
+            None
+        } else {
+            let ssh = ssh_options(flags).map_err(|error| format!("Unable to initialize client: {error}"))?;
+            let (tunnel, socket) = Tunnel::open(&ssh, &flags.tunnel, &flags.endpoint)
+                .map_err(|error| format!("Unable to initialize client: {error}"))?;
+            options.through_socket = Some(socket);
+            Some(tunnel)
+        };
         let client = Client::with_options(&flags.endpoint, &options)
             .map_err(|error| format!("Unable to initialize client: {error}"))?;
-        Ok(Self { client, debug: flags.debug })
+        Ok(Self { client, debug: flags.debug, _tunnel: tunnel })
     }
 
     /// Machines by ID, for legends; empty when they cannot be listed.

@@ -7,7 +7,9 @@ mod context;
 mod local_units;
 mod manual;
 mod output;
+mod ssh;
 mod table;
+mod tunnel;
 mod wait;
 
 use std::process::ExitCode;
@@ -219,8 +221,22 @@ enum Command {
         block_attempts: u32,
         units: Vec<String>,
     },
-    /// Open a shell on a machine (not supported by this fleetctl)
+    /// Open an SSH session to a machine, or to the machine running a unit, with the system's
+    /// ssh; a command after the target (or after --) runs there and gives its exit code
     Ssh {
+        /// Forward the SSH agent's connection
+        #[arg(short = 'A', long = "forward-agent", alias = "A")]
+        forward_agent: bool,
+        /// The machine's SSH port
+        #[arg(long, default_value_t = 22)]
+        ssh_port: u16,
+        /// Open the session to this machine (an ID or a unique prefix of one)
+        #[arg(long)]
+        machine: Option<String>,
+        /// Open the session to the machine running this unit
+        #[arg(long)]
+        unit: Option<String>,
+        /// MACHINE|UNIT, then the command to run
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
@@ -349,11 +365,13 @@ pub enum TokenCommand {
     Revoke { name: String },
 }
 
-/// How a command ended: success, a runtime failure (1) or bad usage (2).
+/// How a command ended: success, a runtime failure (1), bad usage (2), or the exit code of
+/// a remote command (`ssh`).
 pub enum Outcome {
     Success,
     Failure,
     Usage,
+    Exit(u8),
 }
 
 fn exit(outcome: Outcome) -> ExitCode {
@@ -361,6 +379,7 @@ fn exit(outcome: Outcome) -> ExitCode {
         Outcome::Success => ExitCode::SUCCESS,
         Outcome::Failure => ExitCode::from(1),
         Outcome::Usage => ExitCode::from(2),
+        Outcome::Exit(code) => ExitCode::from(code),
     }
 }
 
@@ -400,12 +419,7 @@ fn main() -> ExitCode {
             eprintln!("{SIGN_DEPRECATED}");
             return exit(Outcome::Usage);
         }
-        Command::Ssh { .. } | Command::FdForward { .. } => {
-            eprintln!(
-                "fleetctl: SSH access to machines is not supported by this fleetctl; status and journal work through the API"
-            );
-            return exit(Outcome::Failure);
-        }
+        Command::FdForward { socket } => return exit(commands::remote::fd_forward(socket)),
         _ => {}
     }
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
@@ -422,12 +436,29 @@ fn main() -> ExitCode {
             return exit(Outcome::Failure);
         }
     };
-    exit(runtime.block_on(run(context, command)))
+    let ssh = match &command {
+        Command::Ssh { .. } => match context::ssh_options(&cli.global) {
+            Ok(ssh) => Some(ssh),
+            Err(message) => {
+                eprintln!("{message}");
+                return exit(Outcome::Usage);
+            }
+        },
+        _ => None,
+    };
+    exit(runtime.block_on(run(context, command, ssh)))
 }
 
-async fn run(context: Context, command: Command) -> Outcome {
-    use commands::{inspect, lifecycle, list, registration_token, token};
+async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
+    use commands::{inspect, lifecycle, list, registration_token, remote, token};
     match command {
+        Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
+            let Some(options) = ssh else {
+                return Outcome::Failure;
+            };
+            let request = remote::SshRequest { machine, unit, forward_agent, port: ssh_port, arguments: args };
+            remote::ssh(&context, &options, request).await
+        }
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Status { units, output, .. } => inspect::status(&context, &units, output.output).await,
         Command::Journal { lines, follow, units, .. } => inspect::journal(&context, &units, lines, follow).await,
@@ -459,7 +490,6 @@ async fn run(context: Context, command: Command) -> Outcome {
         }
         Command::Version
         | Command::Verify { .. }
-        | Command::Ssh { .. }
         | Command::FdForward { .. }
         | Command::Completion { .. }
         | Command::Manual { .. } => Outcome::Success,

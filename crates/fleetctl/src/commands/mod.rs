@@ -5,4 +5,5 @@ pub mod inspect;
 pub mod lifecycle;
 pub mod list;
 pub mod registration_token;
+pub mod remote;
 pub mod token;
