@@ -7,6 +7,7 @@ mod context;
 mod local_units;
 mod manual;
 mod output;
+mod progress;
 mod ssh;
 mod table;
 mod tunnel;

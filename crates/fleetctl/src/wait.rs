@@ -8,6 +8,7 @@ use fleet_api_schema::Unit;
 
 use crate::BlockFlags;
 use crate::context::Context;
+use crate::progress::{Progress, describe};
 use crate::table::machine_full_legend;
 
 pub const POLL: Duration = Duration::from_millis(250);
@@ -75,6 +76,11 @@ pub async fn wait_for_state(
     let deadline = attempts.deadline();
     let mut pending: Vec<String> = names.to_vec();
     let mut machines = None;
+    let progress = (attempts != Attempts::NoBlock).then(|| Progress::new(names.len(), target));
+    let say = |line: String| match &progress {
+        Some(progress) => progress.println(&line),
+        None => println!("{line}"),
+    };
     loop {
         let wanted: BTreeSet<String> = pending.iter().cloned().collect();
         let units = fetch_units(context, &wanted).await?;
@@ -94,7 +100,7 @@ pub async fn wait_for_state(
                         }
                         None => String::new(),
                     };
-                    println!("Unit {name} {target}{on}");
+                    say(format!("Unit {name} {target}{on}"));
                 }
                 _ => still.push(name),
             }
@@ -102,6 +108,17 @@ pub async fn wait_for_state(
         pending = still;
         if pending.is_empty() {
             return Ok(());
+        }
+        if let Some(progress) = &progress {
+            let mut by_state: BTreeMap<String, usize> = BTreeMap::new();
+            for name in &pending {
+                let state = units.get(name).and_then(|unit| unit.current_state.clone());
+                *by_state.entry(state.unwrap_or_else(|| "not submitted".to_string())).or_default() += 1;
+            }
+            let unplaced = pending
+                .iter()
+                .find_map(|name| units.get(name)?.reason.as_deref().map(|reason| (name.as_str(), reason)));
+            progress.update(names.len() - pending.len(), describe(target, &by_state, unplaced));
         }
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             let name = &pending[0];
@@ -120,10 +137,14 @@ pub async fn wait_for_state(
 pub async fn wait_for_gone(context: &Context, names: &[String], attempts: Attempts) -> Result<(), String> {
     let deadline = attempts.deadline();
     let wanted: BTreeSet<String> = names.iter().cloned().collect();
+    let progress = (attempts != Attempts::NoBlock).then(|| Progress::new(names.len(), "destroyed"));
     loop {
         let left = fetch_units(context, &wanted).await?;
         if left.is_empty() {
             return Ok(());
+        }
+        if let Some(progress) = &progress {
+            progress.update(names.len() - left.len(), format!("waiting for {} to go", left.len()));
         }
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             let name = left.keys().next().cloned().unwrap_or_default();

@@ -1,0 +1,36 @@
+//! A blocking command's progress: drawn on a terminal (a pseudo-terminal made by `script`),
+//! absent when the output is not a terminal.
+
+use std::process::Command;
+
+use fleet_e2e::{Fleetd, binary, write_unit};
+
+#[test]
+fn start_shows_progress_and_the_unplaceable_reason_only_on_a_terminal() {
+    let fleet = Fleetd::start("e2e0progress0001", &[]);
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let mut units: Vec<String> = (1..=6)
+        .map(|n| write_unit(dir.path(), &format!("sleeper{n}.service"), "[Service]\nExecStart=/bin/sleep 1000\n"))
+        .collect();
+    units.push(write_unit(
+        dir.path(),
+        "nowhere.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=region=nowhere\n",
+    ));
+    let endpoint = format!("--endpoint=unix://{}", fleet.socket().display());
+    let command = |extra: &str| {
+        format!("{} {endpoint} start --block-attempts 2 {extra} {}", binary("fleetctl").display(), units.join(" "))
+    };
+    // On a terminal: the progress line, with the reason the last unit waits.
+    let on_terminal = Command::new("script").args(["-qec", &command(""), "/dev/null"]).output().expect("run script");
+    let seen = String::from_utf8_lossy(&on_terminal.stdout).to_string();
+    assert!(seen.contains("Unit sleeper1.service launched"), "{seen}");
+    assert!(seen.contains("launched 6/7"), "the count of units launched: {seen}");
+    assert!(seen.contains("nowhere.service cannot be scheduled"), "{seen}");
+    // Not on a terminal: the original's lines only.
+    fleet.ok(&["destroy", "nowhere.service"]);
+    let piped = fleet.fleetctl(&["start", "--block-attempts", "2", &units[6]]);
+    assert_eq!(piped.code, 1);
+    assert!(!piped.stderr.contains('\u{1b}') && !piped.stderr.contains("launched 0/1"), "{piped:?}");
+    assert!(piped.stderr.contains("timed out waiting for unit nowhere.service"), "{piped:?}");
+}
