@@ -10,7 +10,8 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # dbus-daemon (their session bus), openssl (certificates for the TLS tests), iproute2 and
 # iptables (the pull-agent tests put agents behind a NAT of network namespaces), prometheus
 # (promtool checks every /metrics scrape of the tests), groff-base (the manual pages must format
-# without a warning), openssh (fleetctl ssh and --tunnel against a real sshd and ssh-agent).
+# without a warning), openssh (fleetctl ssh and --tunnel against a real sshd and ssh-agent),
+# chromium (the web view in a real headless browser), bsdutils (`script`: fleetctl on a terminal).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
@@ -22,6 +23,8 @@ command -v iptables >/dev/null || missing+=(iptables)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v groff >/dev/null || missing+=(groff-base)
 [ -x /usr/sbin/sshd ] && command -v ssh-agent >/dev/null || missing+=(openssh-server openssh-client)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v script >/dev/null || missing+=(bsdutils)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -13,6 +13,7 @@ mod handlers;
 mod host_check;
 pub mod journal_relay;
 pub mod listen;
+pub mod live_view;
 pub mod pagination;
 pub mod router;
 pub use fleet_api_schema as schema;

@@ -17,7 +17,9 @@ use fleet_core::access::{Access, Action, decide};
 
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
-use crate::handlers::{agent_facet, agents, journal, machines, metrics, registration_tokens, state, tokens, units};
+use crate::handlers::{
+    self, agent_facet, agents, journal, machines, metrics, registration_tokens, state, tokens, units, web,
+};
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
 
@@ -49,6 +51,8 @@ pub struct ApiState {
     pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
     /// Journals asked of pull agents through this manager.
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
+    /// The web view's live feed.
+    pub live_view: Arc<crate::live_view::LiveView>,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
@@ -189,6 +193,12 @@ enum Resource {
     AgentFacet(String, AgentPart),
     /// `/metrics`, outside the API prefix as in the original.
     Metrics,
+    /// `/ui`: the web view's address without its slash.
+    WebRoot,
+    /// A file of the web view (`/ui/`, `/ui/app.js`).
+    WebAsset(&'static str),
+    /// `/ui/events`: the web view's live feed.
+    WebEvents,
     Unknown,
 }
 
@@ -221,6 +231,9 @@ impl Resource {
                 AgentPart::JournalAnswer(_) => "/fleet/v1/agents/{machine}/journal/{id}",
             },
             Resource::Metrics => "/metrics",
+            Resource::WebRoot => "/ui",
+            Resource::WebAsset(_) => "/ui/{asset}",
+            Resource::WebEvents => "/ui/events",
             Resource::Unknown => "unknown",
         }
     }
@@ -249,6 +262,16 @@ fn resource(path: &str) -> Resource {
     }
     if path == "/metrics" {
         return Resource::Metrics;
+    }
+    if let Some(rest) = path.strip_prefix("/ui") {
+        return match rest {
+            "" => Resource::WebRoot,
+            "/events" => Resource::WebEvents,
+            _ => rest
+                .strip_prefix('/')
+                .and_then(|name| handlers::web::ASSETS.iter().find(|(asset, _, _)| *asset == name))
+                .map_or(Resource::Unknown, |(asset, _, _)| Resource::WebAsset(asset)),
+        };
     }
     let Some(rest) = path.strip_prefix("/fleet/v1").or_else(|| path.strip_prefix("/v1-alpha")) else {
         return Resource::Unknown;
@@ -316,6 +339,7 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
         (Resource::AgentRevoke(_), &Method::POST) => Action::ManageCredentials,
         (Resource::Metrics, &Method::GET) => Action::ReadMetrics,
+        (Resource::WebRoot | Resource::WebAsset(_) | Resource::WebEvents, &Method::GET) => Action::List,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
             (AgentPart::Machine, &Method::PUT | &Method::DELETE)
             | (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), &Method::GET)
@@ -352,7 +376,14 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     let mut response = match &identity {
         Err(Refused::Unauthenticated(message)) => {
             let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message.as_str()).into_response();
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            // A browser asks its user for the web view's credential (a token, as the password).
+            let challenge = match resource {
+                Resource::WebRoot | Resource::WebAsset(_) | Resource::WebEvents => {
+                    HeaderValue::from_static("Basic realm=\"fleet\", charset=\"UTF-8\"")
+                }
+                _ => HeaderValue::from_static("Bearer"),
+            };
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
             response
         }
         Err(Refused::Forbidden { message, .. }) => {
@@ -493,7 +524,12 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
             Err(ApiError::method_not_allowed("only DELETE supported against this resource"))
         }
         (Resource::Metrics, &Method::GET) => metrics::get(state, headers).await,
-        (Resource::Metrics, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
+        (Resource::WebRoot, &Method::GET) => Ok(web::redirect_to_page()),
+        (Resource::WebAsset(name), &Method::GET) => web::asset(name),
+        (Resource::WebEvents, &Method::GET) => web::events(state, role).await,
+        (Resource::Metrics | Resource::WebRoot | Resource::WebAsset(_) | Resource::WebEvents, _) => {
+            Err(ApiError::method_not_allowed("only GET supported against this resource"))
+        }
         (Resource::Unknown, _) => Err(ApiError::not_found("")),
     }
 }

@@ -5,6 +5,7 @@
 //! workspace's binaries must be built first (`cargo build --workspace --bins`, which
 //! `cargo test --workspace` and `cargo nextest run --workspace` do).
 
+pub mod browser;
 mod cluster;
 pub mod cluster_bench;
 pub mod connect_proxy;

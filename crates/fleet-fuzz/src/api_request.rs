@@ -29,6 +29,7 @@ fn fixture() -> &'static Fixture {
             agents: None,
             agent_presence: Default::default(),
             journal_relay: Default::default(),
+            live_view: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }

@@ -103,6 +103,7 @@ impl Auth {
         };
         if let Some(value) = headers.get(header::AUTHORIZATION) {
             let token = bearer_token(value.as_bytes()).map_err(&unauthenticated)?;
+            let token = token.as_ref();
             if token.starts_with(REGISTRATION_PREFIX) {
                 // It may join, nothing else; the join checks and counts the token itself.
                 return Ok(Identity { name: "registration".into(), role: Role::Joining, via: Via::RegistrationToken });
@@ -137,17 +138,27 @@ impl Auth {
     }
 }
 
-/// The token of an `Authorization: Bearer …` header.
-pub(crate) fn bearer_token(value: &[u8]) -> Result<&str, &'static str> {
+/// The token of an `Authorization: Bearer …` header, or the password of a `Basic` one (what
+/// a browser sends for the web view once its user typed the token; the user name is ignored).
+pub(crate) fn bearer_token(value: &[u8]) -> Result<std::borrow::Cow<'_, str>, &'static str> {
+    use base64::Engine;
     if value.len() > MAX_AUTHORIZATION {
         return Err("malformed Authorization header: too long");
     }
     let text = std::str::from_utf8(value).map_err(|_| "malformed Authorization header")?;
     let (scheme, token) = text.trim().split_once(' ').ok_or("malformed Authorization header")?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
+    if scheme.eq_ignore_ascii_case("bearer") {
+        return Ok(std::borrow::Cow::Borrowed(token.trim()));
+    }
+    if !scheme.eq_ignore_ascii_case("basic") {
         return Err("unsupported Authorization scheme: expected Bearer");
     }
-    Ok(token.trim())
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(token.trim())
+        .map_err(|_| "malformed Authorization header: bad Basic credentials")?;
+    let decoded = String::from_utf8(decoded).map_err(|_| "malformed Authorization header: bad Basic credentials")?;
+    let (_user, password) = decoded.split_once(':').ok_or("malformed Authorization header: bad Basic credentials")?;
+    Ok(std::borrow::Cow::Owned(password.trim().to_string()))
 }
 
 #[cfg(test)]
@@ -156,9 +167,12 @@ mod tests {
 
     #[test]
     fn bearer_headers_are_read_strictly() {
-        assert_eq!(bearer_token(b"Bearer fleet_abc"), Ok("fleet_abc"));
-        assert_eq!(bearer_token(b"bearer  fleet_abc "), Ok("fleet_abc"));
-        assert!(bearer_token(b"Basic dXNlcjpwYXNz").is_err());
+        assert_eq!(bearer_token(b"Bearer fleet_abc").as_deref(), Ok("fleet_abc"));
+        assert_eq!(bearer_token(b"bearer  fleet_abc ").as_deref(), Ok("fleet_abc"));
+        // user:pass
+        assert_eq!(bearer_token(b"Basic dXNlcjpwYXNz").as_deref(), Ok("pass"));
+        assert!(bearer_token(b"Basic !!!").is_err());
+        assert!(bearer_token(b"Digest x").is_err());
         assert!(bearer_token(b"Bearer").is_err());
         assert!(bearer_token(&[0xff, 0xfe]).is_err());
         assert!(bearer_token(format!("Bearer {}", "a".repeat(600)).as_bytes()).is_err());

@@ -32,9 +32,9 @@ fn sign(ca: &AgentCa, machine_id: &str, csr: &str) -> Result<(String, u64), ApiE
 }
 
 /// The registration token a join presents (the router admitted it by its prefix only).
-fn registration_token(headers: &HeaderMap) -> Option<&str> {
+fn registration_token(headers: &HeaderMap) -> Option<String> {
     let token = bearer_token(headers.get(header::AUTHORIZATION)?.as_bytes()).ok()?;
-    Some(token).filter(|token| well_formed(token, REGISTRATION_PREFIX))
+    Some(token.into_owned()).filter(|token| well_formed(token, REGISTRATION_PREFIX))
 }
 
 pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
@@ -58,7 +58,7 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
         ));
     }
     let (certificate, expires) = sign(ca, &request.machine_id, &request.csr)?;
-    let record = state.registry.redeem_registration(&digest(token), now_unix()).await?;
+    let record = state.registry.redeem_registration(&digest(&token), now_unix()).await?;
     let record = record.map_err(|refused| unauthorized(refused.to_string()))?;
     tracing::info!(
         machine = request.machine_id,

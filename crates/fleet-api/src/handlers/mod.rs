@@ -9,3 +9,4 @@ pub mod registration_tokens;
 pub mod state;
 pub mod tokens;
 pub mod units;
+pub mod web;

@@ -28,6 +28,7 @@ async fn api(token_limit: u16) -> Api {
         agents: None,
         agent_presence: Default::default(),
         journal_relay: Default::default(),
+        live_view: Default::default(),
     };
     Api { router: router(state), registry, _dir: dir }
 }
@@ -410,4 +411,32 @@ async fn metrics_count_the_cluster_and_the_requests() {
     assert_eq!(content_type, fleet_metrics::OPENMETRICS_CONTENT_TYPE);
     assert!(text.ends_with("# EOF\n"));
     assert_eq!(api.call("POST", "/metrics", None).await.status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn the_web_view_asks_browsers_for_a_credential_and_serves_hardened_assets() {
+    let api = api(100).await;
+    let get = |path: &str, peer: Peer| {
+        let mut request = Request::builder().uri(path).body(Body::empty()).unwrap();
+        request.extensions_mut().insert(peer);
+        api.router.clone().oneshot(request)
+    };
+    let anonymous = || Peer::Tcp { tls: true, certificate: None };
+    let refused = get("/ui/", anonymous()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(refused.headers()[header::WWW_AUTHENTICATE], "Basic realm=\"fleet\", charset=\"UTF-8\"");
+    let api_refused = get("/fleet/v1/units", anonymous()).await.unwrap();
+    assert_eq!(api_refused.headers()[header::WWW_AUTHENTICATE], "Bearer");
+    let page = get("/ui/", Peer::Unix { uid: Some(0) }).await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.headers()[header::CONTENT_SECURITY_POLICY].to_str().unwrap().contains("script-src 'self'"));
+    let script = get("/ui/app.js", Peer::Unix { uid: Some(0) }).await.unwrap();
+    assert_eq!(script.headers()[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
+    let redirect = get("/ui", Peer::Unix { uid: Some(0) }).await.unwrap();
+    assert_eq!(
+        (redirect.status(), &redirect.headers()[header::LOCATION]),
+        (StatusCode::PERMANENT_REDIRECT, &HeaderValue::from_static("/ui/"))
+    );
+    assert_eq!(get("/ui/secret.txt", Peer::Unix { uid: Some(0) }).await.unwrap().status(), StatusCode::NOT_FOUND);
+    assert_eq!(get("/ui/../metrics", Peer::Unix { uid: Some(0) }).await.unwrap().status(), StatusCode::NOT_FOUND);
 }

@@ -1,0 +1,281 @@
+//! The web view's live feed: one task reads the cluster while someone watches, turns it into
+//! rows ([`cluster_view`]), and sends every watcher only the rows that changed ([`patch`]).
+//! Both are pure functions over plain data; the task and the channel are the only I/O.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleet_core::access::Role;
+use fleet_core::{MachineState, UnitState};
+use fleet_registry::{ApiRegistry, UnitView};
+use serde::Serialize;
+use tokio::sync::broadcast;
+
+/// How often the cluster is read while someone watches.
+pub const READ_EVERY: Duration = Duration::from_millis(250);
+
+/// A machine as the web view shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineRow {
+    pub id: String,
+    pub ip: String,
+    pub metadata: BTreeMap<String, String>,
+    /// Units on the machine (its load).
+    pub units: usize,
+}
+
+/// A unit as the web view shows it: desired and current state, where it runs and how.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitRow {
+    pub name: String,
+    pub desired: &'static str,
+    pub current: Option<&'static str>,
+    pub global: bool,
+    pub machine: Option<String>,
+    /// systemd's active and sub state where it runs (the first machine, for a global unit).
+    pub active: Option<String>,
+    pub sub: Option<String>,
+    /// Machines reporting it (more than one for a global unit).
+    pub machines: usize,
+    /// Why it waits unplaced.
+    pub reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterView {
+    pub machines: BTreeMap<String, MachineRow>,
+    pub units: BTreeMap<String, UnitRow>,
+}
+
+/// What changed between two views: rows to show (new or changed) and rows gone.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Patch {
+    /// A full view: the watcher drops what it had.
+    pub reset: bool,
+    pub machines: Vec<MachineRow>,
+    pub machines_gone: Vec<String>,
+    pub units: Vec<UnitRow>,
+    pub units_gone: Vec<String>,
+}
+
+impl Patch {
+    pub fn is_empty(&self) -> bool {
+        !self.reset
+            && self.machines.is_empty()
+            && self.machines_gone.is_empty()
+            && self.units.is_empty()
+            && self.units_gone.is_empty()
+    }
+
+    /// The part of the patch `role` may see (an operator limited to some units sees those).
+    pub fn visible_to(&self, role: &Role) -> Patch {
+        Patch {
+            reset: self.reset,
+            machines: self.machines.clone(),
+            machines_gone: self.machines_gone.clone(),
+            units: self.units.iter().filter(|unit| role.sees_unit(&unit.name)).cloned().collect(),
+            units_gone: self.units_gone.iter().filter(|name| role.sees_unit(name)).cloned().collect(),
+        }
+    }
+}
+
+/// The rows of what the store holds.
+pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[MachineState]) -> ClusterView {
+    let mut load: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut by_unit: BTreeMap<&str, Vec<&UnitState>> = BTreeMap::new();
+    for state in states {
+        *load.entry(state.machine_id.as_str()).or_default() += 1;
+        by_unit.entry(state.name.as_str()).or_default().push(state);
+    }
+    let machines = machines
+        .iter()
+        .map(|machine| {
+            let row = MachineRow {
+                id: machine.id.to_string(),
+                ip: machine.public_ip.clone(),
+                metadata: machine.metadata.clone(),
+                units: load.get(machine.id.as_str()).copied().unwrap_or(0),
+            };
+            (row.id.clone(), row)
+        })
+        .collect();
+    let units = units
+        .iter()
+        .map(|unit| {
+            let reported = by_unit.get(unit.name.as_str()).map_or(&[][..], Vec::as_slice);
+            let here = match &unit.machine_id {
+                Some(machine) => reported.iter().find(|state| &state.machine_id == machine),
+                None => reported.first(),
+            };
+            let row = UnitRow {
+                name: unit.name.clone(),
+                desired: unit.desired.as_str(),
+                current: unit.current.map(|current| current.as_str()),
+                global: unit.global,
+                machine: unit.machine_id.clone(),
+                active: here.map(|state| state.systemd.active.clone()),
+                sub: here.map(|state| state.systemd.sub.clone()),
+                machines: reported.len(),
+                reason: unit.reason.clone(),
+            };
+            (row.name.clone(), row)
+        })
+        .collect();
+    ClusterView { machines, units }
+}
+
+fn changed<T: Clone + PartialEq>(old: &BTreeMap<String, T>, new: &BTreeMap<String, T>) -> (Vec<T>, Vec<String>) {
+    let shown = new.iter().filter(|(key, row)| old.get(*key) != Some(row)).map(|(_, row)| row.clone()).collect();
+    let gone = old.keys().filter(|key| !new.contains_key(*key)).cloned().collect();
+    (shown, gone)
+}
+
+/// The rows that changed from `old` to `new`.
+pub fn patch(old: &ClusterView, new: &ClusterView) -> Patch {
+    let (machines, machines_gone) = changed(&old.machines, &new.machines);
+    let (units, units_gone) = changed(&old.units, &new.units);
+    Patch { reset: false, machines, machines_gone, units, units_gone }
+}
+
+/// All of `view`, as the first message a watcher gets.
+pub fn reset(view: &ClusterView) -> Patch {
+    Patch {
+        reset: true,
+        machines: view.machines.values().cloned().collect(),
+        units: view.units.values().cloned().collect(),
+        ..Patch::default()
+    }
+}
+
+/// Reads the cluster into rows.
+pub async fn read_view(registry: &dyn ApiRegistry) -> Result<ClusterView, fleet_registry::RegistryError> {
+    let (units, states, machines) = tokio::try_join!(registry.units(), registry.unit_states(), registry.machines())?;
+    Ok(cluster_view(&units, &states, &machines))
+}
+
+/// The feed: one reader task for every watcher, running only while there are watchers.
+pub struct LiveView {
+    patches: broadcast::Sender<Arc<Patch>>,
+    reader: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Default for LiveView {
+    fn default() -> Self {
+        Self { patches: broadcast::channel(64).0, reader: Mutex::new(None) }
+    }
+}
+
+impl LiveView {
+    /// Starts watching: the current view, then every patch. Starts the reader if it is not
+    /// running.
+    pub async fn watch(
+        &self,
+        registry: Arc<dyn ApiRegistry>,
+    ) -> Result<(ClusterView, broadcast::Receiver<Arc<Patch>>), fleet_registry::RegistryError> {
+        let receiver = self.patches.subscribe();
+        let view = read_view(registry.as_ref()).await?;
+        let mut reader = self.reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if reader.as_ref().is_none_or(|task| task.is_finished()) {
+            *reader = Some(tokio::spawn(read_while_watched(registry, self.patches.clone(), view.clone())));
+        }
+        Ok((view, receiver))
+    }
+}
+
+/// Reads the cluster every [`READ_EVERY`] and sends what changed, until nobody watches.
+async fn read_while_watched(
+    registry: Arc<dyn ApiRegistry>,
+    patches: broadcast::Sender<Arc<Patch>>,
+    mut last: ClusterView,
+) {
+    while patches.receiver_count() > 0 {
+        tokio::time::sleep(READ_EVERY).await;
+        match read_view(registry.as_ref()).await {
+            Ok(view) => {
+                let changes = patch(&last, &view);
+                if !changes.is_empty() {
+                    let _ = patches.send(Arc::new(changes));
+                }
+                last = view;
+            }
+            Err(error) => tracing::debug!(%error, "the web view could not read the cluster"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_core::state::{DesiredState, SystemdState};
+    use fleet_core::unit_file::UnitFile;
+
+    fn unit(name: &str, machine: Option<&str>, reason: Option<&str>) -> UnitView {
+        let file = UnitFile::parse("[Service]\nExecStart=/bin/true\n").expect("valid unit");
+        UnitView {
+            name: name.into(),
+            hash: file.hash(),
+            file,
+            desired: DesiredState::Launched,
+            current: None,
+            machine_id: machine.map(str::to_string),
+            global: false,
+            reason: reason.map(str::to_string),
+        }
+    }
+
+    fn state(name: &str, machine: &str, active: &str) -> UnitState {
+        UnitState {
+            name: name.into(),
+            machine_id: machine.into(),
+            hash: unit(name, None, None).hash,
+            systemd: SystemdState::new("loaded", active, "running"),
+            launched: true,
+        }
+    }
+
+    fn machine(id: &str) -> MachineState {
+        MachineState { id: id.into(), public_ip: "10.0.0.1".into(), ..MachineState::default() }
+    }
+
+    #[test]
+    fn rows_say_where_units_run_and_why_others_wait() {
+        let view = cluster_view(
+            &[unit("a.service", Some("m1"), None), unit("b.service", None, Some("no machine has region=x"))],
+            &[state("a.service", "m1", "active")],
+            &[machine("m1"), machine("m2")],
+        );
+        assert_eq!(view.machines["m1"].units, 1);
+        assert_eq!(view.machines["m2"].units, 0);
+        assert_eq!(view.units["a.service"].active.as_deref(), Some("active"));
+        assert_eq!(view.units["b.service"].reason.as_deref(), Some("no machine has region=x"));
+        assert_eq!(view.units["b.service"].active, None);
+    }
+
+    #[test]
+    fn a_patch_carries_only_what_changed_and_applies_to_the_new_view() {
+        let machines = [machine("m1")];
+        let before = cluster_view(
+            &[unit("a.service", Some("m1"), None), unit("b.service", Some("m1"), None)],
+            &[state("a.service", "m1", "activating"), state("b.service", "m1", "active")],
+            &machines,
+        );
+        let after = cluster_view(
+            &[unit("a.service", Some("m1"), None), unit("c.service", None, None)],
+            &[state("a.service", "m1", "active")],
+            &machines,
+        );
+        let changes = patch(&before, &after);
+        let names: Vec<&str> = changes.units.iter().map(|unit| unit.name.as_str()).collect();
+        assert_eq!(names, ["a.service", "c.service"]);
+        assert_eq!(changes.units_gone, ["b.service"]);
+        assert_eq!(changes.machines.len(), 1, "m1's load changed");
+        assert!(patch(&after, &after).is_empty());
+        let scoped = changes.visible_to(&Role::parse("operator", Some("a*")).expect("role"));
+        assert_eq!(scoped.units.len(), 1);
+        assert!(scoped.units_gone.is_empty());
+    }
+}

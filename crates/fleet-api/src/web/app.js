@@ -1,0 +1,157 @@
+// The web view: rows of machines and units kept in maps, fed by /ui/events (server-sent
+// events: a whole view first, then only the rows that change), drawn as virtual lists so that
+// only the rows on screen exist in the page, whatever the size of the cluster.
+"use strict";
+
+const units = new Map();
+const machines = new Map();
+let patchesApplied = 0;
+
+function short(id) {
+  return id && id.length > 12 ? id.slice(0, 8) + "…" : id || "";
+}
+
+function globToRegExp(text) {
+  const escaped = text.replace(/[.+^${}()|[\]\\]/g, "\\$&").replace(/\*/g, ".*").replace(/\?/g, ".");
+  return new RegExp(text.includes("*") || text.includes("?") ? "^" + escaped + "$" : escaped, "i");
+}
+
+// A list that draws only the rows in view.
+class VirtualList {
+  constructor(element, gridClass, draw) {
+    this.element = element;
+    this.draw = draw;
+    this.gridClass = gridClass;
+    this.items = [];
+    this.spacer = document.createElement("div");
+    this.rows = document.createElement("div");
+    this.rows.className = "rows";
+    element.append(this.spacer, this.rows);
+    this.rowHeight = 24;
+    element.addEventListener("scroll", () => this.render());
+  }
+  setItems(items) {
+    this.items = items;
+    this.spacer.style.height = items.length * this.rowHeight + "px";
+    this.render();
+  }
+  render() {
+    const first = Math.max(0, Math.floor(this.element.scrollTop / this.rowHeight) - 10);
+    const count = Math.ceil(this.element.clientHeight / this.rowHeight) + 20;
+    const shown = this.items.slice(first, first + count);
+    this.rows.style.top = first * this.rowHeight + "px";
+    const rows = shown.map((item) => {
+      const row = document.createElement("div");
+      row.className = "row " + this.gridClass;
+      for (const [text, cls, title] of this.draw(item)) {
+        const cell = document.createElement("span");
+        cell.textContent = text;
+        if (cls) cell.className = cls;
+        if (title) cell.title = title;
+        row.append(cell);
+      }
+      return row;
+    });
+    this.rows.replaceChildren(...rows);
+  }
+}
+
+const machineList = new VirtualList(document.getElementById("machines"), "machines-grid", (m) => [
+  [short(m.id), null, m.id],
+  [m.ip || "-"],
+  [String(m.units)],
+  [Object.entries(m.metadata).map(([k, v]) => k + "=" + v).join(",") || "-"],
+]);
+
+function unitClass(u) {
+  if (u.active === "active") return "active";
+  if (u.active === "failed") return "failed";
+  if (u.reason) return "waiting";
+  return null;
+}
+
+const unitList = new VirtualList(document.getElementById("units"), "units-grid", (u) => {
+  const machine = u.global ? "global (" + u.machines + ")" : u.machine ? short(u.machine) : "-";
+  const ip = u.machine && machines.get(u.machine) ? machines.get(u.machine).ip : "";
+  return [
+    [u.name, unitClass(u), u.name],
+    [u.desired],
+    [u.current || "-"],
+    [ip ? machine + "/" + ip : machine, null, u.machine || ""],
+    [u.active ? u.active + "/" + u.sub : "-", unitClass(u)],
+    [u.reason || "", "waiting", u.reason || ""],
+  ];
+});
+
+function unitShown(u, pattern, state) {
+  if (pattern && !pattern.test(u.name)) return false;
+  switch (state) {
+    case "active": return u.active === "active";
+    case "failed": return u.active === "failed";
+    case "unplaced": return !!u.reason || (!u.global && !u.machine && u.desired !== "inactive");
+    case "inactive": return u.active !== "active";
+    default: return true;
+  }
+}
+
+let drawPending = false;
+function redraw() {
+  if (drawPending) return;
+  drawPending = true;
+  requestAnimationFrame(() => {
+    drawPending = false;
+    const unitText = document.getElementById("unit-filter").value.trim();
+    const machineText = document.getElementById("machine-filter").value.trim().toLowerCase();
+    const state = document.getElementById("unit-state").value;
+    const pattern = unitText ? globToRegExp(unitText) : null;
+    const allUnits = [...units.values()].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+    const shownUnits = allUnits.filter((u) => unitShown(u, pattern, state));
+    const allMachines = [...machines.values()].sort((a, b) => (a.id < b.id ? -1 : 1));
+    const shownMachines = machineText
+      ? allMachines.filter((m) => (m.id + " " + m.ip + " " + JSON.stringify(m.metadata)).toLowerCase().includes(machineText))
+      : allMachines;
+    unitList.setItems(shownUnits);
+    machineList.setItems(shownMachines);
+    const active = allUnits.filter((u) => u.active === "active").length;
+    const unplaced = allUnits.filter((u) => unitShown(u, null, "unplaced")).length;
+    document.getElementById("unit-count").textContent = "(" + shownUnits.length + " of " + allUnits.length + ")";
+    document.getElementById("machine-count").textContent = "(" + shownMachines.length + " of " + allMachines.length + ")";
+    document.getElementById("summary").textContent =
+      allMachines.length + " machines, " + allUnits.length + " units: " + active + " active, " + unplaced + " waiting for a machine";
+    document.body.dataset.units = String(allUnits.length);
+    document.body.dataset.patches = String(patchesApplied);
+  });
+}
+
+function apply(patch) {
+  if (patch.reset) {
+    units.clear();
+    machines.clear();
+  }
+  for (const m of patch.machines) machines.set(m.id, m);
+  for (const id of patch.machinesGone) machines.delete(id);
+  for (const u of patch.units) units.set(u.name, u);
+  for (const name of patch.unitsGone) units.delete(name);
+  patchesApplied += 1;
+  redraw();
+}
+
+function connect() {
+  const status = document.getElementById("connection");
+  const feed = new EventSource("events");
+  feed.addEventListener("open", () => {
+    status.dataset.state = "live";
+    status.textContent = "live";
+  });
+  feed.addEventListener("patch", (message) => apply(JSON.parse(message.data)));
+  feed.addEventListener("error", () => {
+    // EventSource reconnects by itself; the first message after it is a whole view.
+    status.dataset.state = "lost";
+    status.textContent = "reconnecting…";
+  });
+}
+
+for (const id of ["unit-filter", "machine-filter", "unit-state"]) {
+  document.getElementById(id).addEventListener("input", redraw);
+}
+connect();

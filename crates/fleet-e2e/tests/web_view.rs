@@ -1,0 +1,104 @@
+//! The web view in a real headless Chromium: the page shows the machines and units of a
+//! running fleetd, follows a unit that starts within a second, draws only the rows in view
+//! of a long list, and leaves a screenshot as a test artifact.
+
+use std::time::{Duration, Instant};
+
+use fleet_e2e::browser::Browser;
+use fleet_e2e::{Fleetd, binary_dir, examples_dir, poll_until, write_unit};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn text(browser: &mut Browser) -> String {
+    browser.evaluate("document.body.innerText").as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn the_web_view_shows_the_cluster_and_follows_it_live() {
+    let port = fleet_testkit::free_port();
+    let listen = format!("unix://{{socket}},http://127.0.0.1:{port}");
+    let fleet = Fleetd::start(
+        "0e0e0e0e0000000000000000000000a1",
+        &[("api_listen", listen.as_str()), ("api_anonymous_role", "viewer"), ("metadata", "region=web")],
+    );
+    let dir = tempfile::tempdir().expect("scratch dir");
+    fleet.ok(&["start", &examples_dir().join("hello.service").display().to_string()]);
+    let nowhere = write_unit(
+        dir.path(),
+        "nowhere.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=region=nowhere\n",
+    );
+    fleet.ok(&["start", "--no-block", &nowhere]);
+
+    let mut browser = Browser::open(&format!("http://127.0.0.1:{port}/ui/"), 1280, 900);
+    poll_until(
+        "the page shows the machine and its units",
+        WAIT,
+        || {
+            let seen = text(&mut browser);
+            seen.contains("0e0e0e0e")
+                && seen.contains("region=web")
+                && seen.contains("hello.service")
+                && seen.contains("active/running")
+                && seen.contains("nowhere.service")
+                && seen.contains("region=nowhere")
+        },
+        || String::new(),
+    );
+    assert_eq!(browser.evaluate("document.getElementById('connection').dataset.state"), "live");
+
+    // A unit started shows as active within a second of the API saying so.
+    let sleeper = write_unit(dir.path(), "sleeper.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    fleet.ok(&["start", &sleeper]);
+    let started = Instant::now();
+    let shows = |browser: &mut Browser| {
+        browser
+            .evaluate(
+                "[...document.querySelectorAll('#units .row')].some(r => r.innerText.includes('sleeper.service') && r.innerText.includes('active/running'))",
+            )
+            .as_bool()
+            .unwrap_or(false)
+    };
+    while !shows(&mut browser) {
+        assert!(started.elapsed() < Duration::from_secs(5), "the page never showed sleeper.service active");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let latency = started.elapsed();
+    assert!(latency < Duration::from_secs(1), "the page followed the unit in {latency:?}");
+    browser.screenshot(&binary_dir().join("test-artifacts/web-view.png"));
+
+    // A long list: only the rows in view exist in the page, and scrolling shows the end.
+    let files: Vec<String> = (0..600)
+        .map(|n| write_unit(dir.path(), &format!("many-{n:04}.service"), "[Service]\nExecStart=/bin/true\n"))
+        .collect();
+    let mut args = vec!["submit"];
+    args.extend(files.iter().map(String::as_str));
+    fleet.ok(&args);
+    poll_until(
+        "the page counts every unit",
+        WAIT,
+        || browser.evaluate("document.body.dataset.units") == "603",
+        || String::new(),
+    );
+    let drawn = browser.evaluate("document.querySelectorAll('#units .row').length").as_u64().unwrap_or(0);
+    assert!(drawn > 0 && drawn < 60, "{drawn} unit rows drawn for 603 units");
+    browser.evaluate("(l => { l.scrollTop = l.scrollHeight; l.dispatchEvent(new Event('scroll')); })(document.getElementById('units'))");
+    poll_until(
+        "scrolling to the end shows the last units",
+        WAIT,
+        || {
+            let rows =
+                browser.evaluate("document.getElementById('units').innerText").as_str().unwrap_or_default().to_string();
+            rows.contains("sleeper.service") && rows.contains("many-0599") && !rows.contains("many-0000")
+        },
+        || String::new(),
+    );
+    // Filtering by a glob narrows the list.
+    browser.evaluate("(f => { f.value = 'many-059*'; f.dispatchEvent(new Event('input')); })(document.getElementById('unit-filter'))");
+    poll_until(
+        "the filter leaves ten units",
+        WAIT,
+        || browser.evaluate("document.querySelectorAll('#units .row').length").as_u64() == Some(10),
+        || String::new(),
+    );
+}
