@@ -43,7 +43,7 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
                 && seen.contains("nowhere.service")
                 && seen.contains("region=nowhere")
         },
-        || String::new(),
+        String::new,
     );
     assert_eq!(browser.evaluate("document.getElementById('connection').dataset.state"), "live");
 
@@ -78,7 +78,7 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
         "the page counts every unit",
         WAIT,
         || browser.evaluate("document.body.dataset.units") == "603",
-        || String::new(),
+        String::new,
     );
     let drawn = browser.evaluate("document.querySelectorAll('#units .row').length").as_u64().unwrap_or(0);
     assert!(drawn > 0 && drawn < 60, "{drawn} unit rows drawn for 603 units");
@@ -91,7 +91,7 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
                 browser.evaluate("document.getElementById('units').innerText").as_str().unwrap_or_default().to_string();
             rows.contains("sleeper.service") && rows.contains("many-0599") && !rows.contains("many-0000")
         },
-        || String::new(),
+        String::new,
     );
     // Filtering by a glob narrows the list.
     browser.evaluate("(f => { f.value = 'many-059*'; f.dispatchEvent(new Event('input')); })(document.getElementById('unit-filter'))");
@@ -99,6 +99,6 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
         "the filter leaves ten units",
         WAIT,
         || browser.evaluate("document.querySelectorAll('#units .row').length").as_u64() == Some(10),
-        || String::new(),
+        String::new,
     );
 }
