@@ -55,3 +55,5 @@ fi
 target/debug/bench-api 0.2 2
 # And of the pull-agent benchmark: join, schedule, wake, idle and manager restart all complete.
 target/debug/bench-pull 20 200 1
+# And of the web view's: a real Chromium follows a fleetd of 300 units.
+target/debug/bench-web 300 1

@@ -186,14 +186,20 @@ impl LiveView {
     }
 }
 
-/// Reads the cluster every [`READ_EVERY`] and sends what changed, until nobody watches.
+/// Looks every [`READ_EVERY`] whether the store moved, reads the cluster again when it did
+/// (or when the store cannot tell), and sends what changed, until nobody watches.
 async fn read_while_watched(
     registry: Arc<dyn ApiRegistry>,
     patches: broadcast::Sender<Arc<Patch>>,
     mut last: ClusterView,
 ) {
+    let mut seen: Option<u64> = None;
     while patches.receiver_count() > 0 {
         tokio::time::sleep(READ_EVERY).await;
+        let revision = registry.revision().await.ok().flatten();
+        if revision.is_some() && revision == seen {
+            continue;
+        }
         match read_view(registry.as_ref()).await {
             Ok(view) => {
                 let changes = patch(&last, &view);
@@ -201,6 +207,7 @@ async fn read_while_watched(
                     let _ = patches.send(Arc::new(changes));
                 }
                 last = view;
+                seen = revision;
             }
             Err(error) => tracing::debug!(%error, "the web view could not read the cluster"),
         }

@@ -252,8 +252,12 @@ pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: Ag
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
     };
+    let before = registry.revision().await.unwrap().expect("the store has a revision");
     agent_for("m1").report_states("m1", &[StateReport::Set(state)]).await.unwrap();
     assert_eq!(registry.unit_states().await.unwrap().len(), 1);
+    let reported = registry.revision().await.unwrap().expect("the store has a revision");
+    assert!(reported > before, "a state report moves the revision");
+    assert_eq!(registry.revision().await.unwrap(), Some(reported), "a read does not");
     agent_for("m1").unregister_machine("m1").await.unwrap();
     eventually("the states went with the machine", async || registry.unit_states().await.unwrap().is_empty()).await;
     assert!(registry.machines().await.unwrap().is_empty());

@@ -115,6 +115,12 @@ pub trait ApiRegistry: CredentialRegistry + Send + Sync {
     async fn machines(&self) -> Result<Vec<MachineState>>;
     /// Applies runtime metadata changes all at once.
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()>;
+    /// A number that changes whenever anything the API shows may have changed, cheap to ask:
+    /// a reader that polls (the web view) reads everything again only when it moved. `None`
+    /// when the store cannot tell.
+    async fn revision(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
 }
 
 /// Proof of engine leadership, checked by every schedule write.

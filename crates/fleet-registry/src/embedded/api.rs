@@ -96,6 +96,10 @@ pub(super) fn read_machines(txn: &ReadTransaction) -> Result<Vec<MachineState>> 
 
 #[async_trait]
 impl ApiRegistry for EmbeddedRegistry {
+    async fn revision(&self) -> Result<Option<u64>> {
+        Ok(Some(self.writes()))
+    }
+
     async fn units(&self) -> Result<Vec<UnitView>> {
         self.read(|txn| {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;

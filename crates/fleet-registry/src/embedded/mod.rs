@@ -40,6 +40,8 @@ impl Touched {
 struct Signals {
     engine: watch::Sender<u64>,
     machines: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Write transactions committed since the store was opened (its revision).
+    writes: std::sync::atomic::AtomicU64,
 }
 
 #[derive(Clone)]
@@ -72,7 +74,11 @@ impl EmbeddedRegistry {
         }
         txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
         txn.commit().map_err(unavailable)?;
-        let signals = Signals { engine: watch::channel(0).0, machines: Mutex::new(HashMap::new()) };
+        let signals = Signals {
+            engine: watch::channel(0).0,
+            machines: Mutex::new(HashMap::new()),
+            writes: std::sync::atomic::AtomicU64::new(0),
+        };
         Ok(Self { db: Arc::new(db), signals: Arc::new(signals) })
     }
 
@@ -111,6 +117,7 @@ impl EmbeddedRegistry {
         .and_then(|result| result);
         fleet_metrics::metrics().store.observe("embedded", "write", started.elapsed(), result.is_err());
         let (value, touched) = result?;
+        self.signals.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.notify(&touched);
         Ok(value)
     }
@@ -126,6 +133,11 @@ impl EmbeddedRegistry {
         } else {
             touched.machines.iter().filter_map(|id| machines.get(id)).for_each(bump);
         }
+    }
+
+    /// How many write transactions were committed (what `ApiRegistry::revision` answers).
+    pub(crate) fn writes(&self) -> u64 {
+        self.signals.writes.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn machine_signal(&self, machine_id: &str) -> ChangeSignal {

@@ -174,6 +174,12 @@ fn missing_body(key: String) -> RegistryError {
 
 #[async_trait]
 impl ApiRegistry for EtcdRegistry {
+    /// etcd's revision, which every write under any key moves: one read of one key.
+    async fn revision(&self) -> Result<Option<u64>> {
+        let reply = self.connection().get(&self.keys().units(), None).await?;
+        Ok(reply.header().map(|header| u64::try_from(header.revision()).unwrap_or(0)))
+    }
+
     async fn units(&self) -> Result<Vec<UnitView>> {
         let keys = self.keys();
         let prefixes = [keys.units(), keys.placements(), keys.reasons(), keys.all_states(), keys.bodies()];
