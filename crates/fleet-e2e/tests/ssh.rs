@@ -128,3 +128,24 @@ fn the_api_is_reached_through_an_ssh_tunnel() {
     assert_eq!(refused.code, 1);
     assert!(refused.stderr.contains("Unable to initialize client: the SSH tunnel closed"), "{}", refused.stderr);
 }
+
+#[test]
+fn fd_forward_carries_a_request_to_the_socket_and_the_answer_back() {
+    use std::io::Write;
+    let fleet = Fleetd::start("55555555e2e00004", &[]);
+    let mut forward = Command::new(binary("fleetctl"))
+        .args(["fd-forward", &fleet.socket().display().to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("run fleetctl fd-forward");
+    forward
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"GET /fleet/v1/machines HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .expect("send the request");
+    let answer = forward.wait_with_output().expect("fd-forward ends");
+    let text = String::from_utf8_lossy(&answer.stdout);
+    assert!(text.starts_with("HTTP/1.0 200") && text.contains("55555555e2e00004"), "{text}");
+}

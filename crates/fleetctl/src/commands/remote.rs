@@ -112,7 +112,7 @@ pub async fn ssh(context: &Context, options: &SshOptions, request: SshRequest) -
     }
 }
 
-/// Copies standard input to the socket and the socket to standard output until both end.
+/// Copies standard input to the socket and the socket to standard output until the socket ends.
 pub fn fd_forward(arguments: &[String]) -> Outcome {
     let [path] = arguments else {
         eprintln!("Provide a single argument");
@@ -129,14 +129,13 @@ pub fn fd_forward(arguments: &[String]) -> Outcome {
         eprintln!("Unable to use the socket {path}");
         return Outcome::Failure;
     };
-    let upstream = std::thread::spawn(move || {
+    // The end of standard input does not half-close the socket (the API closes a connection
+    // whose client half-closed before answering); the socket's end ends the forward.
+    std::thread::spawn(move || {
         let mut writer = &socket;
-        let copied = std::io::copy(&mut std::io::stdin().lock(), &mut writer);
-        let _ = socket.shutdown(std::net::Shutdown::Write);
-        copied
+        std::io::copy(&mut std::io::stdin().lock(), &mut writer)
     });
     let downstream = std::io::copy(&mut reader, &mut std::io::stdout().lock());
-    let _ = upstream.join();
     match downstream {
         Ok(_) => Outcome::Success,
         Err(error) => {
