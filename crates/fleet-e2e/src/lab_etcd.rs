@@ -1,0 +1,163 @@
+//! A real etcd cluster of several members, each in its own node of a [`NetLab`]: members can
+//! be killed and restarted, partitioned from each other, and asked who leads.
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::netlab::{NetLab, Node};
+
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct LabEtcd {
+    pub members: Vec<Node>,
+    children: Vec<Option<Child>>,
+    dir: tempfile::TempDir,
+}
+
+fn client_url(node: &Node) -> String {
+    format!("http://{}:2379", node.ip)
+}
+
+fn peer_url(node: &Node) -> String {
+    format!("http://{}:2380", node.ip)
+}
+
+/// One plain HTTP request to `address`; the body of the answer, when it came.
+fn http(address: &str, method: &str, path: &str, body: &str) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect_timeout(&address.parse().ok()?, Duration::from_millis(500)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string())
+}
+
+impl LabEtcd {
+    /// Starts `size` members in new nodes of `lab` and waits until every one is healthy.
+    pub fn start(lab: &NetLab, size: usize) -> Self {
+        let members: Vec<Node> = (1..=size).map(|index| lab.node(&format!("etcd{index}"))).collect();
+        let mut cluster = Self {
+            children: members.iter().map(|_| None).collect(),
+            members,
+            dir: tempfile::tempdir().expect("etcd dirs"),
+        };
+        for index in 0..size {
+            cluster.spawn(index);
+        }
+        for index in 0..size {
+            cluster.wait_healthy(index);
+        }
+        cluster
+    }
+
+    /// The client URLs of every member, for `etcd_servers`.
+    pub fn endpoints(&self) -> String {
+        self.members.iter().map(client_url).collect::<Vec<_>>().join(",")
+    }
+
+    fn spawn(&mut self, index: usize) {
+        let node = &self.members[index];
+        let initial: Vec<String> =
+            self.members.iter().map(|member| format!("{}={}", member.name, peer_url(member))).collect();
+        let data = self.dir.path().join(&node.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", node.name)))
+            .expect("etcd log");
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &node.namespace, "/usr/bin/etcd"])
+            .arg(format!("--name={}", node.name))
+            .arg(format!("--data-dir={}", data.display()))
+            .arg(format!("--listen-client-urls={}", client_url(node)))
+            .arg(format!("--advertise-client-urls={}", client_url(node)))
+            .arg(format!("--listen-peer-urls={}", peer_url(node)))
+            .arg(format!("--initial-advertise-peer-urls={}", peer_url(node)))
+            .arg(format!("--initial-cluster={}", initial.join(",")))
+            .arg("--initial-cluster-state=new")
+            .arg("--initial-cluster-token=fleet-lab")
+            .args(["--log-level=warn", "--logger=zap"])
+            .env_remove("ETCD_DATA_DIR")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("etcd log"))
+            .stderr(log);
+        // SAFETY: prctl is async-signal-safe; it only asks for SIGKILL when the test dies.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        self.children[index] = Some(command.spawn().expect("start an etcd member"));
+    }
+
+    /// Whether member `index` says it is healthy (it has a leader and a quorum).
+    pub fn healthy(&self, index: usize) -> bool {
+        let address = format!("{}:2379", self.members[index].ip);
+        http(&address, "GET", "/health", "").is_some_and(|body| body.contains("\"health\":\"true\""))
+    }
+
+    fn wait_healthy(&self, index: usize) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !self.healthy(index) {
+            assert!(Instant::now() < deadline, "etcd member {index} never became healthy:\n{}", self.log(index));
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub fn log(&self, index: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{}.log", self.members[index].name))).unwrap_or_default()
+    }
+
+    /// Kills member `index` (SIGKILL); its data stays for [`LabEtcd::restart`].
+    pub fn kill(&mut self, index: usize) {
+        if let Some(mut child) = self.children[index].take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `index` again on its data and waits until it is healthy.
+    pub fn restart(&mut self, index: usize) {
+        assert!(self.children[index].is_none(), "member {index} runs");
+        self.spawn(index);
+        self.wait_healthy(index);
+    }
+
+    /// The index of the member that leads, as the members that answer say.
+    pub fn leader(&self) -> Option<usize> {
+        for node in &self.members {
+            let address = format!("{}:2379", node.ip);
+            let Some(status) = http(&address, "POST", "/v3/maintenance/status", "{}") else {
+                continue;
+            };
+            let status: serde_json::Value = serde_json::from_str(&status).ok()?;
+            let leader = status["leader"].as_str()?.to_string();
+            let members = http(&address, "POST", "/v3/cluster/member/list", "{}")?;
+            let members: serde_json::Value = serde_json::from_str(&members).ok()?;
+            let name = members["members"]
+                .as_array()?
+                .iter()
+                .find(|member| member["ID"].as_str() == Some(leader.as_str()))?["name"]
+                .as_str()?
+                .to_string();
+            return self.members.iter().position(|member| member.name == name);
+        }
+        None
+    }
+}
+
+impl Drop for LabEtcd {
+    fn drop(&mut self) {
+        for index in 0..self.children.len() {
+            self.kill(index);
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! fleet under network faults, on a real multi-host topology on one machine: a three-member
+//! etcd and three fleetds, each in its own network namespace on one bridge
+//! (`fleet_e2e::netlab`). What runs is read from the machines' processes, not from the store.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use fleet_e2e::AGENT_TTL_SECONDS;
+use fleet_e2e::lab_etcd::LabEtcd;
+use fleet_e2e::lab_fleet::{LabMember, lab_member, running_sleepers, sleeper_units};
+use fleet_e2e::netlab::NetLab;
+use fleet_e2e::poll_until;
+
+const SAMPLE: Duration = Duration::from_millis(100);
+
+struct Lab {
+    // Dropped first: the fleetds, then etcd, then the network.
+    members: Vec<LabMember>,
+    etcd: LabEtcd,
+    net: NetLab,
+    scratch: tempfile::TempDir,
+}
+
+fn lab(machines: usize) -> Lab {
+    let net = NetLab::create();
+    let etcd = LabEtcd::start(&net, 3);
+    let endpoints = etcd.endpoints();
+    let members = (0..machines).map(|index| lab_member(&net, index, &endpoints, &[])).collect();
+    Lab { members, etcd, net, scratch: tempfile::tempdir().expect("scratch dir") }
+}
+
+impl Lab {
+    /// What runs on each member, by member index.
+    fn running(&self) -> Vec<BTreeSet<usize>> {
+        self.members.iter().map(|member| running_sleepers(&member.fleetd.state_dir())).collect()
+    }
+
+    fn logs(&self) -> String {
+        self.members.iter().map(|member| format!("--- {}\n{}", member.node.name, member.fleetd.log())).collect()
+    }
+
+    /// Starts sleepers `numbers` and waits until each runs on exactly one member.
+    fn start_sleepers(&self, numbers: std::ops::Range<usize>) {
+        let files = sleeper_units(self.scratch.path(), numbers.clone());
+        let mut args = vec!["start", "--no-block"];
+        args.extend(files.iter().map(String::as_str));
+        self.members[0].fleetd.ok(&args);
+        poll_until(
+            "every sleeper runs once",
+            Duration::from_secs(30),
+            || {
+                let running = self.running();
+                numbers.clone().all(|n| running.iter().filter(|on| on.contains(&n)).count() == 1)
+            },
+            || format!("{:?}\n{}", self.running(), self.logs()),
+        );
+    }
+}
+
+#[test]
+fn a_machine_cut_off_from_etcd_keeps_its_units_and_gives_up_the_moved_ones_on_healing() {
+    let lab = lab(3);
+    lab.start_sleepers(0..6);
+    let victim = 2;
+    let held: BTreeSet<usize> = lab.running()[victim].clone();
+    assert!(!held.is_empty(), "least-loaded placement gave member 2 units: {:?}", lab.running());
+    let etcd_nodes: Vec<_> = lab.etcd.members.iter().collect();
+    let cut = Instant::now();
+    lab.net.isolate(&lab.members[victim].node, &etcd_nodes);
+
+    // Cut off, the victim keeps its units; after agent_ttl the others run them too.
+    let mut elsewhere: BTreeMap<usize, Duration> = BTreeMap::new();
+    while elsewhere.len() < held.len() {
+        let running = lab.running();
+        assert!(held.is_subset(&running[victim]), "the cut-off machine stopped a unit: {running:?}");
+        for unit in &held {
+            if running.iter().enumerate().any(|(index, on)| index != victim && on.contains(unit)) {
+                elsewhere.entry(*unit).or_insert_with(|| cut.elapsed());
+            }
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(AGENT_TTL_SECONDS + 20),
+            "units never moved: {running:?}\n{}",
+            lab.logs()
+        );
+        std::thread::sleep(SAMPLE);
+    }
+    let moved_after = elsewhere.values().max().copied().unwrap_or_default();
+    assert!(
+        moved_after >= Duration::from_secs(AGENT_TTL_SECONDS) - Duration::from_millis(500),
+        "units moved before the lease could have expired: {moved_after:?}"
+    );
+
+    // Healed, it learns its units moved and stops them.
+    std::thread::sleep(Duration::from_secs(2));
+    let healed = Instant::now();
+    lab.net.heal_all();
+    poll_until(
+        "the healed machine stops the units it lost",
+        Duration::from_secs(20),
+        || lab.running()[victim].is_disjoint(&held),
+        || format!("{:?}\n{}", lab.running(), lab.logs()),
+    );
+    let stopped_after_heal = healed.elapsed();
+    let double_run = healed.duration_since(cut) - moved_after + stopped_after_heal;
+    println!(
+        "cut-off machine: units moved {moved_after:?} after the cut (agent_ttl {AGENT_TTL_SECONDS} s); \
+         stopped on the cut-off machine {stopped_after_heal:?} after healing; ran twice for {double_run:?}"
+    );
+    // Every unit runs exactly once again.
+    let running = lab.running();
+    for unit in 0..6 {
+        assert_eq!(running.iter().filter(|on| on.contains(&unit)).count(), 1, "{running:?}");
+    }
+}
