@@ -154,6 +154,67 @@ impl LabEtcd {
     }
 }
 
+/// One change in etcd's history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Change {
+    pub revision: i64,
+    pub key: String,
+    /// `None` for a delete.
+    pub value: Option<String>,
+}
+
+impl LabEtcd {
+    /// etcd's current revision.
+    pub fn revision(&self) -> i64 {
+        self.with_client(|mut client| async move {
+            let reply = client.get("/", None).await.expect("read etcd's revision");
+            reply.header().map_or(0, |header| header.revision())
+        })
+    }
+
+    /// Every change under `prefix` after `after` up to now, in order (etcd keeps its history
+    /// until it is compacted; these tests never compact).
+    pub fn history(&self, prefix: &str, after: i64) -> Vec<Change> {
+        let prefix = prefix.to_string();
+        let now = self.revision();
+        self.with_client(|mut client| async move {
+            let options = etcd_client::WatchOptions::new().with_prefix().with_start_revision(after + 1);
+            let mut stream = client.watch(prefix, Some(options)).await.expect("watch etcd's history");
+            let mut changes = Vec::new();
+            let mut reached = after;
+            while reached < now {
+                let Ok(Ok(Some(reply))) = tokio::time::timeout(Duration::from_secs(2), stream.message()).await else {
+                    break;
+                };
+                for event in reply.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    let deleted = event.event_type() == etcd_client::EventType::Delete;
+                    reached = reached.max(kv.mod_revision());
+                    changes.push(Change {
+                        revision: kv.mod_revision(),
+                        key: String::from_utf8_lossy(kv.key()).into_owned(),
+                        value: (!deleted).then(|| String::from_utf8_lossy(kv.value()).into_owned()),
+                    });
+                }
+            }
+            changes
+        })
+    }
+
+    fn with_client<T, F, Fut>(&self, work: F) -> T
+    where
+        F: FnOnce(etcd_client::Client) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        let endpoints: Vec<String> = self.members.iter().map(client_url).collect();
+        runtime.block_on(async move {
+            let client = etcd_client::Client::connect(&endpoints, None).await.expect("connect to etcd");
+            work(client).await
+        })
+    }
+}
+
 impl Drop for LabEtcd {
     fn drop(&mut self) {
         for index in 0..self.children.len() {

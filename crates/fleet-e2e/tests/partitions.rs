@@ -9,7 +9,9 @@ use fleet_e2e::AGENT_TTL_SECONDS;
 use fleet_e2e::lab_etcd::LabEtcd;
 use fleet_e2e::lab_fleet::{LabMember, lab_member, running_sleepers, sleeper_units};
 use fleet_e2e::netlab::NetLab;
-use fleet_e2e::poll_until;
+use fleet_e2e::{member_id, metric_value, poll_until};
+
+const PREFIX: &str = "/_coreos.com/fleet/";
 
 const SAMPLE: Duration = Duration::from_millis(100);
 
@@ -30,6 +32,14 @@ fn lab(machines: usize) -> Lab {
 }
 
 impl Lab {
+    /// The member whose engine leads, by its own metrics.
+    fn engine_leader(&self, among: &[usize]) -> Option<usize> {
+        among
+            .iter()
+            .copied()
+            .find(|index| metric_value(&self.members[*index].fleetd.metrics(), "fleet_engine_leader") == Some(1.0))
+    }
+
     /// What runs on each member, by member index.
     fn running(&self) -> Vec<BTreeSet<usize>> {
         self.members.iter().map(|member| running_sleepers(&member.fleetd.state_dir())).collect()
@@ -39,12 +49,13 @@ impl Lab {
         self.members.iter().map(|member| format!("--- {}\n{}", member.node.name, member.fleetd.log())).collect()
     }
 
-    /// Starts sleepers `numbers` and waits until each runs on exactly one member.
-    fn start_sleepers(&self, numbers: std::ops::Range<usize>) {
+    /// Starts sleepers `numbers` through member `via` and waits until each runs on exactly
+    /// one member.
+    fn start_sleepers(&self, via: usize, numbers: std::ops::Range<usize>) {
         let files = sleeper_units(self.scratch.path(), numbers.clone());
         let mut args = vec!["start", "--no-block"];
         args.extend(files.iter().map(String::as_str));
-        self.members[0].fleetd.ok(&args);
+        self.members[via].fleetd.ok(&args);
         poll_until(
             "every sleeper runs once",
             Duration::from_secs(30),
@@ -60,7 +71,7 @@ impl Lab {
 #[test]
 fn a_machine_cut_off_from_etcd_keeps_its_units_and_gives_up_the_moved_ones_on_healing() {
     let lab = lab(3);
-    lab.start_sleepers(0..6);
+    lab.start_sleepers(0, 0..6);
     let victim = 2;
     let held: BTreeSet<usize> = lab.running()[victim].clone();
     assert!(!held.is_empty(), "least-loaded placement gave member 2 units: {:?}", lab.running());
@@ -112,4 +123,74 @@ fn a_machine_cut_off_from_etcd_keeps_its_units_and_gives_up_the_moved_ones_on_he
     for unit in 0..6 {
         assert_eq!(running.iter().filter(|on| on.contains(&unit)).count(), 1, "{running:?}");
     }
+}
+
+#[test]
+fn a_cut_off_engine_leader_is_replaced_in_time_and_writes_nothing_after() {
+    let lab = lab(3);
+    lab.start_sleepers(0, 0..3);
+    let all = [0, 1, 2];
+    let deposed = lab.engine_leader(&all).expect("one engine leads");
+    let others: Vec<usize> = all.iter().copied().filter(|index| *index != deposed).collect();
+    let etcd_nodes: Vec<_> = lab.etcd.members.iter().collect();
+    let before_cut = lab.etcd.revision();
+    let cut = Instant::now();
+    lab.net.isolate(&lab.members[deposed].node, &etcd_nodes);
+    let mut successor = None;
+    while successor.is_none() {
+        assert!(cut.elapsed() < Duration::from_secs(15), "no engine took over:\n{}", lab.logs());
+        successor = lab.engine_leader(&others);
+        std::thread::sleep(SAMPLE);
+    }
+    let takeover = cut.elapsed();
+    let successor = successor.unwrap_or_default();
+    // The engine's lease lasts five reconcile intervals (2.5 s here, granted in whole seconds).
+    assert!(takeover < Duration::from_secs(4), "takeover took {takeover:?}");
+    // The new leader works: the cut-off machine's units move, a new one is placed.
+    lab.start_sleepers(successor, 3..4);
+    poll_until(
+        "the deposed leader's units run elsewhere",
+        Duration::from_secs(AGENT_TTL_SECONDS + 20),
+        || {
+            let running = lab.running();
+            (0..4).all(|n| others.iter().any(|index| running[*index].contains(&n)))
+        },
+        || format!("{:?}\n{}", lab.running(), lab.logs()),
+    );
+    lab.net.heal_all();
+    poll_until(
+        "the deposed leader gives up the units that moved",
+        Duration::from_secs(20),
+        || lab.running()[deposed].is_empty(),
+        || format!("{:?}\n{}", lab.running(), lab.logs()),
+    );
+    std::thread::sleep(Duration::from_secs(2));
+
+    // The store's history since the cut: every engine write (placements, schedules, reasons)
+    // happened while the successor held the leader key, none under the deposed leader.
+    let history = lab.etcd.history(PREFIX, before_cut);
+    let leader_key = format!("{PREFIX}engine/leader");
+    let mut holder: Option<String> = Some(member_id(deposed));
+    let mut engine_writes = 0;
+    for change in &history {
+        if change.key == leader_key {
+            holder = change.value.clone();
+            continue;
+        }
+        let engine_key =
+            ["placement/", "reasons/"].iter().any(|kind| change.key.starts_with(&format!("{PREFIX}{kind}")));
+        if engine_key {
+            engine_writes += 1;
+            assert_eq!(
+                holder.as_deref(),
+                Some(member_id(successor).as_str()),
+                "an engine write at revision {} under {holder:?}: {change:?}",
+                change.revision
+            );
+        }
+    }
+    assert!(engine_writes > 0, "the successor placed the moved units: {history:?}");
+    println!(
+        "engine leader cut off: member {successor} led {takeover:?} after the cut; {engine_writes} engine writes since, all under it"
+    );
 }
