@@ -7,8 +7,9 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # What the build and the tests need from Debian: protoc (etcd-client's build), a real etcd
 # (the etcd store's tests and the cluster tests), systemd (systemd-socket-activate for the
 # socket-activation test; systemd --user and journald for the systemd unit manager's tests),
-# dbus-daemon (their session bus), openssl (certificates for the TLS tests), iproute2 and
-# iptables (the pull-agent tests put agents behind a NAT of network namespaces), prometheus
+# dbus-daemon (their session bus), openssl (certificates for the TLS tests), iproute2,
+# iptables and nftables (the pull-agent tests put agents behind a NAT of network namespaces;
+# the partition tests cut and degrade links between namespaces), prometheus
 # (promtool checks every /metrics scrape of the tests), groff-base (the manual pages must format
 # without a warning), openssh (fleetctl ssh and --tunnel against a real sshd and ssh-agent),
 # chromium (the web view in a real headless browser), bsdutils (`script`: fleetctl on a terminal).
@@ -20,6 +21,7 @@ command -v dbus-daemon >/dev/null || missing+=(dbus-daemon)
 command -v openssl >/dev/null || missing+=(openssl)
 command -v ip >/dev/null || missing+=(iproute2)
 command -v iptables >/dev/null || missing+=(iptables)
+command -v nft >/dev/null || missing+=(nftables)
 command -v promtool >/dev/null || missing+=(prometheus)
 command -v groff >/dev/null || missing+=(groff-base)
 [ -x /usr/sbin/sshd ] && command -v ssh-agent >/dev/null || missing+=(openssh-server openssh-client)

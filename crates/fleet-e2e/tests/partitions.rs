@@ -6,10 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use fleet_e2e::AGENT_TTL_SECONDS;
+use fleet_e2e::delay_proxy::DelayProxy;
 use fleet_e2e::lab_etcd::LabEtcd;
 use fleet_e2e::lab_fleet::{LabMember, lab_member, running_sleepers, sleeper_units};
 use fleet_e2e::netlab::NetLab;
-use fleet_e2e::{member_id, metric_value, poll_until};
+use fleet_e2e::{member_id, metric_value, poll_until, unit_processes};
 
 const PREFIX: &str = "/_coreos.com/fleet/";
 
@@ -43,6 +44,11 @@ impl Lab {
     /// What runs on each member, by member index.
     fn running(&self) -> Vec<BTreeSet<usize>> {
         self.members.iter().map(|member| running_sleepers(&member.fleetd.state_dir())).collect()
+    }
+
+    /// The unit processes of every member, by member index.
+    fn processes(&self) -> Vec<BTreeSet<u32>> {
+        self.members.iter().map(|member| unit_processes(&member.fleetd.state_dir()).into_iter().collect()).collect()
     }
 
     fn logs(&self) -> String {
@@ -193,4 +199,103 @@ fn a_cut_off_engine_leader_is_replaced_in_time_and_writes_nothing_after() {
     println!(
         "engine leader cut off: member {successor} led {takeover:?} after the cut; {engine_writes} engine writes since, all under it"
     );
+}
+
+#[test]
+fn losing_one_etcd_member_then_the_leading_member_stops_and_moves_nothing() {
+    let mut lab = lab(3);
+    lab.start_sleepers(0, 0..6);
+    let (placed, processes) = (lab.running(), lab.processes());
+    let leader = lab.etcd.leader().expect("etcd has a leader");
+    let follower = (leader + 1) % 3;
+    lab.etcd.kill(follower);
+    lab.start_sleepers(0, 6..8);
+    lab.etcd.restart(follower);
+    let leader = lab.etcd.leader().expect("etcd has a leader");
+    lab.etcd.kill(leader);
+    poll_until(
+        "the two members left elect a leader",
+        Duration::from_secs(20),
+        || lab.etcd.leader().is_some_and(|now| now != leader),
+        String::new,
+    );
+    lab.start_sleepers(0, 8..10);
+    lab.etcd.restart(leader);
+    // Nothing that ran was stopped, restarted or moved.
+    let (running, now) = (lab.running(), lab.processes());
+    for (index, before) in placed.iter().enumerate() {
+        assert!(before.is_subset(&running[index]), "member {index} lost units: {placed:?} → {running:?}");
+        assert!(processes[index].is_subset(&now[index]), "member {index}'s unit processes changed");
+    }
+    for unit in 0..10 {
+        assert_eq!(running.iter().filter(|on| on.contains(&unit)).count(), 1, "{running:?}");
+    }
+}
+
+#[test]
+fn a_minority_partition_of_etcd_stops_no_unit_on_its_side() {
+    let lab = lab(3);
+    lab.start_sleepers(0, 0..6);
+    let (minority_member, minority_etcd) = (2, 2);
+    let held = lab.running()[minority_member].clone();
+    let minority_processes = lab.processes()[minority_member].clone();
+    // etcd member 3 alone on one side, with fleetd member 2 that reaches only it.
+    let majority: Vec<_> = lab.etcd.members.iter().take(2).collect();
+    lab.net.isolate(&lab.etcd.members[minority_etcd], &majority);
+    lab.net.isolate(&lab.members[minority_member].node, &majority);
+    let cut = Instant::now();
+    while cut.elapsed() < Duration::from_secs(AGENT_TTL_SECONDS + 6) {
+        let now = lab.processes()[minority_member].clone();
+        assert!(minority_processes.is_subset(&now), "a unit on the minority side was stopped");
+        std::thread::sleep(SAMPLE);
+    }
+    assert!(!lab.etcd.healthy(minority_etcd), "the minority member has no quorum");
+    // The majority ran the minority machine's units meanwhile.
+    let running = lab.running();
+    assert!(held.iter().all(|unit| running[..2].iter().any(|on| on.contains(unit))), "{running:?}\n{}", lab.logs());
+    lab.net.heal_all();
+    poll_until(
+        "after healing every unit runs once",
+        Duration::from_secs(20),
+        || {
+            let running = lab.running();
+            (0..6).all(|unit| running.iter().filter(|on| on.contains(&unit)).count() == 1)
+        },
+        || format!("{:?}\n{}", lab.running(), lab.logs()),
+    );
+}
+
+#[test]
+fn latency_jitter_and_packet_loss_to_etcd_flap_nothing() {
+    let net = NetLab::create();
+    let etcd = LabEtcd::start(&net, 3);
+    // Every machine reaches etcd through proxies that add 200 ms ± 50 ms each way, and its
+    // link to them drops 5% of packets.
+    let proxies: Vec<DelayProxy> = etcd
+        .members
+        .iter()
+        .map(|member| {
+            let target = format!("{}:2379", member.ip).parse().expect("an address");
+            DelayProxy::start(&net.host_ip(), target, Duration::from_millis(200), Duration::from_millis(50))
+        })
+        .collect();
+    let endpoints = proxies.iter().map(|proxy| format!("http://{}", proxy.address)).collect::<Vec<_>>().join(",");
+    let members: Vec<LabMember> = (0..3).map(|index| lab_member(&net, index, &endpoints, &[])).collect();
+    for member in &members {
+        net.lose(&member.node, &net.host_ip(), 5);
+    }
+    let lab = Lab { members, etcd, net, scratch: tempfile::tempdir().expect("scratch dir") };
+    lab.start_sleepers(0, 0..6);
+    let (placed, processes) = (lab.running(), lab.processes());
+    let watched = Instant::now();
+    while watched.elapsed() < Duration::from_secs(20) {
+        assert_eq!(lab.running(), placed, "a unit moved:\n{}", lab.logs());
+        assert_eq!(lab.processes(), processes, "a unit restarted");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let machines = metric_value(&lab.members[0].fleetd.metrics(), "fleet_machines");
+    assert_eq!(machines, Some(3.0), "no machine was lost");
+    let lost = lab.logs().matches("lease expired").count();
+    assert_eq!(lost, 0, "no lease expired:\n{}", lab.logs());
+    drop(proxies);
 }

@@ -41,6 +41,17 @@ pub struct Connection {
     pub timeout: Duration,
 }
 
+/// How long to wait before sending a call again that could not connect.
+const CONNECT_RETRY: Duration = Duration::from_millis(20);
+
+/// Whether `error` says the request could not be sent at all (no connection could be made).
+fn never_sent(error: &etcd_client::Error) -> bool {
+    /// gRPC's code for "unavailable".
+    const UNAVAILABLE: i32 = 14;
+    matches!(error, etcd_client::Error::GRpcStatus(status)
+        if i32::from(status.code()) == UNAVAILABLE && status.message().contains("connect error"))
+}
+
 pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
     RegistryError::unavailable("etcd", error)
 }
@@ -84,7 +95,11 @@ impl Connection {
         let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.request_timeout)
             .with_keep_alive(Duration::from_secs(5), options.request_timeout.max(Duration::from_secs(2)))
-            .with_keep_alive_while_idle(true);
+            .with_keep_alive_while_idle(true)
+            // A member cut off from its cluster's leader refuses at once instead of answering
+            // stale or not at all; above all it ends our watches on it, which would otherwise
+            // stay open and silent for the whole partition (found by the minority-partition test).
+            .with_require_leader(true);
         if let Some(tls) = tls_options(options)? {
             connect = connect.with_tls(tls);
         }
@@ -131,16 +146,51 @@ impl Connection {
     }
 
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.within("txn", self.timeout, self.kv().txn(txn)).await
+        self.sent_once("txn", self.timeout, || {
+            let (mut kv, txn) = (self.kv(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     /// A transaction that may carry many operations or large replies: a longer limit.
     pub async fn big_txn(&self, txn: Txn) -> Result<TxnResponse> {
-        self.within("txn", self.timeout * 10, self.kv().txn(txn)).await
+        self.sent_once("txn", self.timeout * 10, || {
+            let (mut kv, txn) = (self.kv(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
     pub async fn get(&self, key: &str, options: Option<GetOptions>) -> Result<GetResponse> {
-        self.within("range", self.timeout * 10, self.kv().get(key, options)).await
+        self.sent_once("range", self.timeout * 10, || {
+            let (mut kv, key, options) = (self.kv(), key.to_string(), options.clone());
+            async move { kv.get(key, options).await }
+        })
+        .await
+    }
+
+    /// One KV call within `limit`, made again on another connection while the one it was
+    /// given could not even be opened (an etcd member that is down: the request never left,
+    /// so any call may be made again). Any other failure is the answer.
+    async fn sent_once<T, F, Fut>(&self, operation: &'static str, limit: Duration, call: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let started = std::time::Instant::now();
+        let deadline = tokio::time::Instant::now() + limit;
+        let result = loop {
+            match tokio::time::timeout_at(deadline, call()).await {
+                Err(_) => break Err(unavailable(format!("no answer within {limit:?}"))),
+                Ok(Err(error)) if never_sent(&error) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(CONNECT_RETRY).await;
+                }
+                Ok(answer) => break answer.map_err(unavailable),
+            }
+        };
+        fleet_metrics::metrics().store.observe("etcd", operation, started.elapsed(), result.is_err());
+        result
     }
 
     /// Several reads at one revision, in one round trip.
