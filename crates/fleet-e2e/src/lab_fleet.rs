@@ -41,15 +41,16 @@ pub fn lab_member(lab: &NetLab, index: usize, etcd_servers: &str, extra: &[(&str
 
 /// Unit files `sleeper-N.service` for N in `numbers`, each with its own `sleep` argument.
 pub fn sleeper_units(dir: &Path, numbers: std::ops::Range<usize>) -> Vec<String> {
-    numbers
-        .map(|n| {
-            write_unit(
-                dir,
-                &format!("sleeper-{n}.service"),
-                &format!("[Service]\nExecStart=/bin/sleep {}\n", SLEEP_BASE + n),
-            )
-        })
-        .collect()
+    numbers.map(|n| sleeper_file(dir, n, 0, "")).collect()
+}
+
+/// The file of sleeper `number` at `version` (a new version is a new unit file, whose process
+/// still says which sleeper it is), with `extra` lines appended.
+pub fn sleeper_file(dir: &Path, number: usize, version: u32, extra: &str) -> String {
+    // `sleep` adds up its arguments: the version changes the file, not the sleeper's number.
+    let version = if version == 0 { String::new() } else { format!(" {version}") };
+    let text = format!("[Service]\nExecStart=/bin/sleep {}{version}\n{extra}", SLEEP_BASE + number);
+    write_unit(dir, &format!("sleeper-{number}.service"), &text)
 }
 
 /// The sleepers whose processes run under the fleetd of `state_dir`, by number.

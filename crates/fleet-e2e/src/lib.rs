@@ -6,6 +6,7 @@
 //! `cargo test --workspace` and `cargo nextest run --workspace` do).
 
 pub mod browser;
+pub mod chaos;
 mod cluster;
 pub mod cluster_bench;
 pub mod connect_proxy;
@@ -202,6 +203,14 @@ impl Fleetd {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Whether the fleetd process ended by itself (it was running and is no more); it is
+    /// then marked stopped.
+    pub fn exited_on_its_own(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.child.as_mut().and_then(|child| child.try_wait().ok().flatten())?;
+        self.child = None;
+        Some(status)
     }
 
     pub fn signal(&self, signal: i32) {
