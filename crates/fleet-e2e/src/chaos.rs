@@ -40,7 +40,7 @@ impl Seeded {
         Self(seed.max(1))
     }
 
-    pub fn next(&mut self) -> u64 {
+    pub fn next_number(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -49,12 +49,12 @@ impl Seeded {
 
     /// A number in `0..bound`.
     pub fn below(&mut self, bound: usize) -> usize {
-        (self.next() % bound.max(1) as u64) as usize
+        (self.next_number() % bound.max(1) as u64) as usize
     }
 
     pub fn duration(&mut self, from: Duration, to: Duration) -> Duration {
         let span = (to - from).as_millis().max(1) as u64;
-        from + Duration::from_millis(self.next() % span)
+        from + Duration::from_millis(self.next_number() % span)
     }
 }
 
