@@ -58,6 +58,25 @@ impl Seeded {
     }
 }
 
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn refusals_of_one_kind_count_together() {
+        assert_eq!(
+            super::refusal(
+                "x\nError creating units: error sending request for url (http://localhost/fleet/v1/units/sleeper-47.service): operation timed out\n"
+            ),
+            "Error creating units: error sending request for url (http://localhost/fleet/v1/units/sleeper-N.service): operation timed out"
+        );
+        let mut first = super::Seeded::new(7);
+        let mut second = super::Seeded::new(7);
+        assert_eq!(
+            (0..5).map(|_| first.below(100)).collect::<Vec<_>>(),
+            (0..5).map(|_| second.below(100)).collect::<Vec<_>>()
+        );
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum FaultKind {
     KillFleetd,
@@ -82,6 +101,8 @@ pub struct Report {
     pub violations: Vec<String>,
     pub longest_double_run: Duration,
     pub settled_after: Option<Duration>,
+    /// Why operations were refused (the first line of fleetctl's error), with counts.
+    pub refusals: BTreeMap<String, usize>,
 }
 
 impl std::fmt::Display for Report {
@@ -93,6 +114,9 @@ impl std::fmt::Display for Report {
         match self.settled_after {
             Some(settled) => writeln!(f, "  settled {settled:?} after the last fault")?,
             None => writeln!(f, "  never settled")?,
+        }
+        for (why, count) in &self.refusals {
+            writeln!(f, "  refused {count}×: {why}")?;
         }
         writeln!(f, "  invariant violations: {}", self.violations.len())?;
         for violation in &self.violations {
@@ -252,6 +276,7 @@ impl Chaos {
             // Not acknowledged: nothing is expected of it, but what runs is still checked
             // for double runs. (A refused replace leaves the unit live, in either version.)
             Self::count(&mut self.report.operations, &format!("{kind} refused"));
+            Self::count(&mut self.report.refusals, &refusal(&ran.stderr));
             if kind != "replace" {
                 self.live.remove(&unit);
                 self.destroyed.remove(&unit);
@@ -397,6 +422,20 @@ impl Chaos {
             .collect();
         format!("not settled {SETTLE_LIMIT:?} after the last fault: {}", wrong.join(", "))
     }
+}
+
+/// fleetctl's error, with unit numbers taken out so that refusals of one kind count together.
+fn refusal(stderr: &str) -> String {
+    let line = stderr.lines().last().unwrap_or("");
+    let mut out = String::with_capacity(line.len());
+    let mut rest = line;
+    while let Some(at) = rest.find("sleeper-") {
+        out.push_str(&rest[..at + "sleeper-".len()]);
+        rest = rest[at + "sleeper-".len()..].trim_start_matches(|c: char| c.is_ascii_digit());
+        out.push('N');
+    }
+    out.push_str(rest);
+    out
 }
 
 /// The sampler: what runs where, every [`SAMPLE`], until `stop`.

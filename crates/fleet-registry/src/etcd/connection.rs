@@ -44,12 +44,15 @@ pub struct Connection {
 /// How long to wait before sending a call again that could not connect.
 const CONNECT_RETRY: Duration = Duration::from_millis(20);
 
-/// Whether `error` says the request could not be sent at all (no connection could be made).
+/// Whether `error` says the request was never carried out: no connection could be made to the
+/// member, or the member refused it for want of a leader (the require-leader check comes before
+/// anything is done).
 fn never_sent(error: &etcd_client::Error) -> bool {
     /// gRPC's code for "unavailable".
     const UNAVAILABLE: i32 = 14;
     matches!(error, etcd_client::Error::GRpcStatus(status)
-        if i32::from(status.code()) == UNAVAILABLE && status.message().contains("connect error"))
+        if i32::from(status.code()) == UNAVAILABLE
+            && (status.message().contains("connect error") || status.message() == "etcdserver: no leader"))
 }
 
 pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
@@ -170,9 +173,9 @@ impl Connection {
         .await
     }
 
-    /// One KV call within `limit`, made again on another connection while the one it was
-    /// given could not even be opened (an etcd member that is down: the request never left,
-    /// so any call may be made again). Any other failure is the answer.
+    /// One KV call within `limit`, made again (on another connection, most likely) while the
+    /// member it reached could not take it: down, or without a leader. The request was not
+    /// carried out, so any call may be made again. Any other failure is the answer.
     async fn sent_once<T, F, Fut>(&self, operation: &'static str, limit: Duration, call: F) -> Result<T>
     where
         F: Fn() -> Fut,
