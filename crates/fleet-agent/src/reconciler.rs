@@ -30,6 +30,27 @@ pub struct AgentConfig {
     pub reconcile_interval: Duration,
     /// How long to let a burst of changes settle before acting on it.
     pub debounce: Duration,
+    /// Stop this machine's units once its presence has gone unrenewed this long (`agent_ttl`,
+    /// with `stop_units_when_cut_off`): by then they may run elsewhere. `None`: a machine cut
+    /// off from the store keeps its units (the default).
+    pub stop_units_when_cut_off: Option<Duration>,
+}
+
+/// What a machine whose presence was last renewed `silent` ago must do about its units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Presence {
+    /// Renewed recently: look again within this long.
+    Held { lapses_in: Duration },
+    /// Its lease may have expired: the units may run elsewhere.
+    Lapsed,
+}
+
+/// Whether a presence renewed `silent` ago has lapsed after `ttl`.
+pub fn presence(silent: Duration, ttl: Duration) -> Presence {
+    match ttl.checked_sub(silent) {
+        Some(left) if !left.is_zero() => Presence::Held { lapses_in: left },
+        _ => Presence::Lapsed,
+    }
 }
 
 pub struct Agent {
@@ -41,6 +62,8 @@ pub struct Agent {
     loaded: BTreeMap<String, LoadedUnit>,
     /// The states last written to the registry.
     reported: BTreeMap<String, UnitState>,
+    /// Whether the units were stopped because the presence lapsed (`stop_units_when_cut_off`).
+    fenced: bool,
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -48,7 +71,15 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl Agent {
     pub fn new(config: AgentConfig, registry: Arc<dyn AgentRegistry>, manager: Arc<dyn UnitManager>) -> Self {
-        Self { config, registry, manager, bodies: HashMap::new(), loaded: BTreeMap::new(), reported: BTreeMap::new() }
+        Self {
+            config,
+            registry,
+            manager,
+            bodies: HashMap::new(),
+            loaded: BTreeMap::new(),
+            reported: BTreeMap::new(),
+            fenced: false,
+        }
     }
 
     fn machine_id(&self) -> &str {
@@ -71,16 +102,24 @@ impl Agent {
                     Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
                 }
             }
-            let next = match self.reconcile().await {
-                Ok(()) => {
-                    retry.reset();
-                    self.config.reconcile_interval
-                }
-                Err(error) => {
-                    let wait = retry.next_delay();
-                    tracing::warn!(%error, retry_in = ?wait, "agent reconcile failed; running units are left alone");
-                    wait
-                }
+            let fence_check = self.check_presence().await;
+            let next = if self.fenced {
+                // Until the presence is renewed, nothing here is this machine's to run.
+                retry.reset();
+                fence_check.unwrap_or(RETRY_MIN)
+            } else {
+                let next = match self.reconcile().await {
+                    Ok(()) => {
+                        retry.reset();
+                        self.config.reconcile_interval
+                    }
+                    Err(error) => {
+                        let wait = retry.next_delay();
+                        tracing::warn!(%error, retry_in = ?wait, "agent reconcile failed; running units are left alone");
+                        wait
+                    }
+                };
+                fence_check.map_or(next, |lapses_in| next.min(lapses_in))
             };
             tokio::select! {
                 _ = work_changes.changed() => {}
@@ -94,6 +133,41 @@ impl Agent {
         }
         if *lifecycle.borrow() == Lifecycle::ShuttingDown {
             self.leave().await;
+        }
+    }
+
+    /// With `stop_units_when_cut_off`: stops every unit once the presence lapsed, and lifts
+    /// that once it is renewed. Returns how soon to look again, when it matters.
+    async fn check_presence(&mut self) -> Option<Duration> {
+        let ttl = self.config.stop_units_when_cut_off?;
+        let renewed = self.registry.presence_renewed(self.machine_id())?;
+        match presence(renewed.elapsed(), ttl) {
+            Presence::Held { lapses_in } => {
+                if self.fenced {
+                    tracing::info!("the machine's presence is renewed: running its units again");
+                    self.fenced = false;
+                }
+                Some(lapses_in)
+            }
+            Presence::Lapsed if self.fenced => None,
+            Presence::Lapsed => {
+                tracing::warn!(
+                    units = self.loaded.len(),
+                    "cut off from the store for agent_ttl: stopping this machine's units, which may now run elsewhere"
+                );
+                if let Err(error) = self.manager.stop_all().await {
+                    tracing::warn!(%error, "stopping units when cut off");
+                }
+                let names: Vec<String> = self.loaded.keys().cloned().collect();
+                for name in names {
+                    if let Err(error) = self.manager.unload(&name).await {
+                        tracing::warn!(unit = name, %error, "unloading a unit when cut off");
+                    }
+                    self.loaded.remove(&name);
+                }
+                self.fenced = true;
+                None
+            }
         }
     }
 
@@ -280,5 +354,18 @@ impl Agent {
         if let Err(error) = self.registry.unregister_machine(self.machine_id()).await {
             tracing::warn!(%error, "leaving the cluster at shutdown");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_presence_lapses_at_agent_ttl() {
+        let ttl = Duration::from_secs(4);
+        assert_eq!(presence(Duration::from_secs(1), ttl), Presence::Held { lapses_in: Duration::from_secs(3) });
+        assert_eq!(presence(Duration::from_secs(4), ttl), Presence::Lapsed);
+        assert_eq!(presence(Duration::from_secs(9), ttl), Presence::Lapsed);
     }
 }

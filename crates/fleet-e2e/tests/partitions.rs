@@ -25,10 +25,14 @@ struct Lab {
 }
 
 fn lab(machines: usize) -> Lab {
+    lab_with(machines, &[])
+}
+
+fn lab_with(machines: usize, extra: &[(&str, &str)]) -> Lab {
     let net = NetLab::create();
     let etcd = LabEtcd::start(&net, 3);
     let endpoints = etcd.endpoints();
-    let members = (0..machines).map(|index| lab_member(&net, index, &endpoints, &[])).collect();
+    let members = (0..machines).map(|index| lab_member(&net, index, &endpoints, extra)).collect();
     Lab { members, etcd, net, scratch: tempfile::tempdir().expect("scratch dir") }
 }
 
@@ -298,4 +302,63 @@ fn latency_jitter_and_packet_loss_to_etcd_flap_nothing() {
     let lost = lab.logs().matches("lease expired").count();
     assert_eq!(lost, 0, "no lease expired:\n{}", lab.logs());
     drop(proxies);
+}
+
+#[test]
+fn with_stop_units_when_cut_off_a_cut_off_machine_stops_its_units_as_they_move() {
+    let lab = lab_with(3, &[("stop_units_when_cut_off", "true")]);
+    lab.start_sleepers(0, 0..6);
+    let victim = 2;
+    let held: BTreeSet<usize> = lab.running()[victim].clone();
+    assert!(!held.is_empty(), "{:?}", lab.running());
+    let etcd_nodes: Vec<_> = lab.etcd.members.iter().collect();
+    let cut = Instant::now();
+    lab.net.isolate(&lab.members[victim].node, &etcd_nodes);
+    let (mut stopped, mut elsewhere): (Option<Duration>, Option<Duration>) = (None, None);
+    let mut longest_double = Duration::ZERO;
+    let mut doubled_since: BTreeMap<usize, Instant> = BTreeMap::new();
+    while stopped.is_none() || elsewhere.is_none() {
+        let running = lab.running();
+        let now = Instant::now();
+        if stopped.is_none() && running[victim].is_disjoint(&held) {
+            stopped = Some(cut.elapsed());
+        }
+        let moved = held.iter().all(|unit| (0..3).any(|index| index != victim && running[index].contains(unit)));
+        if elsewhere.is_none() && moved {
+            elsewhere = Some(cut.elapsed());
+        }
+        for unit in &held {
+            let copies = running.iter().filter(|on| on.contains(unit)).count();
+            if copies > 1 {
+                doubled_since.entry(*unit).or_insert(now);
+            } else if let Some(since) = doubled_since.remove(unit) {
+                longest_double = longest_double.max(now - since);
+            }
+        }
+        assert!(cut.elapsed() < Duration::from_secs(AGENT_TTL_SECONDS + 20), "{running:?}\n{}", lab.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for since in doubled_since.values() {
+        longest_double = longest_double.max(since.elapsed());
+    }
+    let (stopped, elsewhere) = (stopped.unwrap_or_default(), elsewhere.unwrap_or_default());
+    println!(
+        "stop_units_when_cut_off: stopped on the cut-off machine {stopped:?} after the cut, running elsewhere after \
+         {elsewhere:?}; longest double run {longest_double:?}"
+    );
+    assert!(
+        stopped >= Duration::from_secs(AGENT_TTL_SECONDS) - Duration::from_millis(1500),
+        "stopped too early: {stopped:?}"
+    );
+    assert!(longest_double < Duration::from_secs(1), "ran twice for {longest_double:?}");
+    lab.net.heal_all();
+    poll_until(
+        "after healing every unit runs once",
+        Duration::from_secs(20),
+        || {
+            let running = lab.running();
+            (0..6).all(|unit| running.iter().filter(|on| on.contains(&unit)).count() == 1)
+        },
+        || format!("{:?}\n{}", lab.running(), lab.logs()),
+    );
 }

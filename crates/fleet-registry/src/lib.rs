@@ -163,6 +163,12 @@ pub trait AgentRegistry: Send + Sync {
     async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()>;
     /// Moves when this machine's work may have changed.
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal;
+    /// When this machine's presence was last known renewed: its lease, if it has not been
+    /// renewed since, expires no sooner than this plus `agent_ttl`. `None` when the store
+    /// keeps no such lease (the embedded store: a machine's presence never lapses).
+    fn presence_renewed(&self, _machine_id: &str) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 /// A store that serves every role, as fleetd needs.

@@ -77,6 +77,8 @@ pub struct Config {
     pub unit_log_files: u32,
     /// How long a clean shutdown waits for units to stop before killing what is left.
     pub shutdown_timeout: Duration,
+    /// Stop this machine's units once it has been cut off from the store for `agent_ttl`.
+    pub stop_units_when_cut_off: bool,
 }
 
 impl Default for Config {
@@ -120,6 +122,7 @@ impl Default for Config {
             unit_log_max_bytes: 4 * 1024 * 1024,
             unit_log_files: 3,
             shutdown_timeout: Duration::from_secs(90),
+            stop_units_when_cut_off: false,
         }
     }
 }
@@ -244,6 +247,9 @@ const OPTIONS: &[(&str, Setter)] = &[
         )
     }),
     ("shutdown_timeout", |config, name, value| assign(&mut config.shutdown_timeout, parse_go_duration(name, value))),
+    ("stop_units_when_cut_off", |config, name, value| {
+        assign(&mut config.stop_units_when_cut_off, parse_config_bool(name, value))
+    }),
     ("unit_manager", |config, name, value| {
         config.unit_manager = match value {
             "auto" => UnitManagerChoice::Auto,

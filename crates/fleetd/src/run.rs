@@ -272,6 +272,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
             machine: machine_state(&config, &machine_id),
             reconcile_interval: AGENT_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
+            stop_units_when_cut_off: config.stop_units_when_cut_off.then_some(config.agent_ttl),
         };
         let (agent_registry, agent_manager) = (registry.clone(), manager.clone());
         tasks.spawn(supervise("agent", move || {

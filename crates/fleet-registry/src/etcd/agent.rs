@@ -120,6 +120,10 @@ impl AgentRegistry for EtcdRegistry {
         Ok(())
     }
 
+    fn presence_renewed(&self, machine_id: &str) -> Option<std::time::Instant> {
+        self.session(machine_id).map(|session| session.renewed())
+    }
+
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
         self.work_changes(machine_id)
     }

@@ -79,6 +79,9 @@ pub struct MachineSession {
     /// The states this machine reported (key → encoded state), to write again under a new lease.
     pub states: Mutex<BTreeMap<String, Vec<u8>>>,
     keepalive: Mutex<Option<tokio::task::AbortHandle>>,
+    /// When the last renewal that succeeded was sent: the lease lives at least `agent_ttl`
+    /// from then (etcd started counting when it received it, later).
+    renewed: Mutex<std::time::Instant>,
     /// Whether this is this fleetd's own machine (whose lease is recorded in the lease file),
     /// rather than a pull agent's that this fleetd holds as its manager.
     own: bool,
@@ -87,6 +90,15 @@ pub struct MachineSession {
 impl MachineSession {
     pub fn lease(&self) -> i64 {
         self.lease.load(Ordering::SeqCst)
+    }
+
+    /// When the last renewal that succeeded was sent.
+    pub fn renewed(&self) -> std::time::Instant {
+        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn mark_renewed(&self, sent: std::time::Instant) {
+        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = sent;
     }
 
     pub fn stop_keepalive(&self) {
@@ -198,6 +210,8 @@ impl EtcdRegistry {
             lease: AtomicI64::new(lease),
             states: Mutex::new(states),
             keepalive: Mutex::new(None),
+            // The lease was granted (or found alive) just now.
+            renewed: Mutex::new(std::time::Instant::now()),
             own,
         });
         let task = tokio::spawn(self.clone().keep_alive(session.clone())).abort_handle();
@@ -228,8 +242,9 @@ impl EtcdRegistry {
         loop {
             tokio::time::sleep(period).await;
             let lease = session.lease();
+            let sent = std::time::Instant::now();
             match renew(self.connection(), lease, &mut keeper).await {
-                Ok(true) => {}
+                Ok(true) => session.mark_renewed(sent),
                 Ok(false) => {
                     let machine_id = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).id.clone();
                     tracing::warn!(machine_id, "machine lease expired; registering again");
@@ -245,6 +260,7 @@ impl EtcdRegistry {
     /// A new lease for a session whose lease expired: presence and states written again.
     async fn reopen(&self, session: &MachineSession) -> Result<()> {
         let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let asked = std::time::Instant::now();
         let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
         if let Err(error) = self.claim_presence(&machine, lease).await {
             let _ = revoke(self.connection(), lease).await;
@@ -265,6 +281,7 @@ impl EtcdRegistry {
             self.connection().txn(Txn::new().and_then(puts)).await?;
         }
         session.lease.store(lease, Ordering::SeqCst);
+        session.mark_renewed(asked);
         if session.own {
             self.record_lease(Some(lease));
         }

@@ -78,6 +78,7 @@ fn main() {
                 machine: simulated_machine(index),
                 reconcile_interval: Duration::from_secs(5),
                 debounce: Duration::from_millis(10),
+                stop_units_when_cut_off: None,
             };
             agents.push((config.machine.id.clone(), registry.clone()));
             let agent = Agent::new(config, Arc::new(registry), Arc::new(FakeUnitManager::new()));
