@@ -8,7 +8,9 @@
 //! - the two units that conflict never run on one machine longer than that window;
 //! - no fleetd dies but the ones killed on purpose.
 //!
-//! The same seed gives the same faults and operations in the same order.
+//! A seed gives one plan of faults ([`fault_plan`]: kind, target, start and length) and one
+//! stream of operation choices; what an operation meets (a refusal while etcd elects) may vary
+//! from run to run, the faults do not.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -84,6 +86,51 @@ pub enum FaultKind {
     CutMachine,
     KillEtcdMember,
     PartitionEtcdMember,
+}
+
+impl FaultKind {
+    const ALL: [FaultKind; 5] = [
+        FaultKind::KillFleetd,
+        FaultKind::FreezeFleetd,
+        FaultKind::CutMachine,
+        FaultKind::KillEtcdMember,
+        FaultKind::PartitionEtcdMember,
+    ];
+
+    fn on_etcd(self) -> bool {
+        matches!(self, FaultKind::KillEtcdMember | FaultKind::PartitionEtcdMember)
+    }
+}
+
+/// One fault of the plan: what, on which machine or etcd member, when (from the start of the
+/// run) and for how long.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlannedFault {
+    pub at: Duration,
+    pub kind: FaultKind,
+    pub target: usize,
+    pub lasts: Duration,
+}
+
+/// The faults of a run, from its seed alone: one machine fault and one etcd fault at a time at
+/// most (etcd keeps its quorum; a machine is never restarted while cut off).
+pub fn fault_plan(seed: u64, length: Duration, machines: usize, etcd_members: usize) -> Vec<PlannedFault> {
+    let mut random = Seeded::new(seed);
+    let mut plan = Vec::new();
+    let (mut machine_free, mut etcd_free) = (Duration::ZERO, Duration::ZERO);
+    let mut at = Duration::from_secs(1);
+    while at < length {
+        let kind = FaultKind::ALL[random.below(FaultKind::ALL.len())];
+        let target = random.below(if kind.on_etcd() { etcd_members } else { machines });
+        let lasts = random.duration(Duration::from_secs(1), LONGEST_FAULT);
+        let free = if kind.on_etcd() { &mut etcd_free } else { &mut machine_free };
+        if random.below(3) == 0 && *free <= at {
+            *free = at + lasts;
+            plan.push(PlannedFault { at, kind, target, lasts });
+        }
+        at += random.duration(Duration::from_millis(300), Duration::from_secs(1));
+    }
+    plan
 }
 
 #[derive(Debug)]
@@ -174,7 +221,9 @@ impl Chaos {
             etcd,
             net,
             scratch: tempfile::tempdir().expect("scratch dir"),
-            random: Seeded::new(seed),
+            // The operations' choices: a stream of their own, so that the faults are the plan's
+            // whatever the operations met.
+            random: Seeded::new(seed ^ 0x0bad_5eed_0bad_5eed),
             report: Report { seed, ..Report::default() },
             live: BTreeMap::new(),
             destroyed: BTreeSet::new(),
@@ -194,16 +243,25 @@ impl Chaos {
             std::thread::spawn(move || sample(&state_dirs, &observed, &stop))
         };
         self.start_conflicting_pair();
+        let mut plan: std::collections::VecDeque<PlannedFault> =
+            fault_plan(self.report.seed, length, self.members.len(), self.etcd.members.len()).into();
         let mut active: Vec<ActiveFault> = Vec::new();
         let started = Instant::now();
         while started.elapsed() < length {
             self.end_faults(&mut active, false);
             self.check_crashes(&active);
-            if self.random.below(3) == 0 {
-                self.begin_fault(&mut active);
+            // The plan's faults in order, each once the one of its kind before it has ended
+            // (a fault may begin late when ending another took time; it lasts as planned).
+            while let Some(next) = plan.front().copied() {
+                let busy = active.iter().any(|fault| fault.kind.on_etcd() == next.kind.on_etcd());
+                if next.at > started.elapsed() || busy {
+                    break;
+                }
+                plan.pop_front();
+                self.begin_fault(next, &mut active);
             }
             self.operate(&active);
-            std::thread::sleep(Duration::from_millis(300 + self.random.below(700) as u64));
+            std::thread::sleep(self.random.duration(Duration::from_millis(300), Duration::from_secs(1)));
         }
         self.end_faults(&mut active, true);
         self.report.settled_after = self.settle();
@@ -297,27 +355,9 @@ impl Chaos {
         }
     }
 
-    fn begin_fault(&mut self, active: &mut Vec<ActiveFault>) {
-        let kinds = [
-            FaultKind::KillFleetd,
-            FaultKind::FreezeFleetd,
-            FaultKind::CutMachine,
-            FaultKind::KillEtcdMember,
-            FaultKind::PartitionEtcdMember,
-        ];
-        let kind = kinds[self.random.below(kinds.len())];
-        let on_etcd = matches!(kind, FaultKind::KillEtcdMember | FaultKind::PartitionEtcdMember);
-        // One machine fault and one etcd fault at a time: etcd keeps its quorum, and a machine
-        // is never restarted while cut off.
-        if active
-            .iter()
-            .any(|fault| matches!(fault.kind, FaultKind::KillEtcdMember | FaultKind::PartitionEtcdMember) == on_etcd)
-        {
-            return;
-        }
-        let target =
-            if on_etcd { self.random.below(self.etcd.members.len()) } else { self.random.below(self.members.len()) };
-        let ends = Instant::now() + self.random.duration(Duration::from_secs(1), LONGEST_FAULT);
+    fn begin_fault(&mut self, planned: PlannedFault, active: &mut Vec<ActiveFault>) {
+        let PlannedFault { kind, target, lasts, .. } = planned;
+        let ends = Instant::now() + lasts;
         match kind {
             FaultKind::KillFleetd => {
                 self.members[target].fleetd.stop_with(libc::SIGKILL);
