@@ -59,6 +59,22 @@ impl Lab {
         self.members.iter().map(|member| format!("--- {}\n{}", member.node.name, member.fleetd.log())).collect()
     }
 
+    /// Whether each of the sleepers `numbers` runs on exactly one member.
+    fn each_runs_once(&self, numbers: std::ops::Range<usize>) -> bool {
+        let running = self.running();
+        numbers.into_iter().all(|n| running.iter().filter(|on| on.contains(&n)).count() == 1)
+    }
+
+    /// Waits until each of the sleepers `numbers` runs on exactly one member.
+    fn wait_each_runs_once(&self, what: &str, numbers: std::ops::Range<usize>) {
+        poll_until(
+            what,
+            Duration::from_secs(30),
+            || self.each_runs_once(numbers.clone()),
+            || format!("{:?}\n{}", self.running(), self.logs()),
+        );
+    }
+
     /// Starts sleepers `numbers` through member `via` and waits until each runs on exactly
     /// one member.
     fn start_sleepers(&self, via: usize, numbers: std::ops::Range<usize>) {
@@ -66,15 +82,7 @@ impl Lab {
         let mut args = vec!["start", "--no-block"];
         args.extend(files.iter().map(String::as_str));
         self.members[via].fleetd.ok(&args);
-        poll_until(
-            "every sleeper runs once",
-            Duration::from_secs(30),
-            || {
-                let running = self.running();
-                numbers.clone().all(|n| running.iter().filter(|on| on.contains(&n)).count() == 1)
-            },
-            || format!("{:?}\n{}", self.running(), self.logs()),
-        );
+        self.wait_each_runs_once("every sleeper runs once", numbers);
     }
 }
 
@@ -128,11 +136,7 @@ fn a_machine_cut_off_from_etcd_keeps_its_units_and_gives_up_the_moved_ones_on_he
         "cut-off machine: units moved {moved_after:?} after the cut (agent_ttl {AGENT_TTL_SECONDS} s); \
          stopped on the cut-off machine {stopped_after_heal:?} after healing; ran twice for {double_run:?}"
     );
-    // Every unit runs exactly once again.
-    let running = lab.running();
-    for unit in 0..6 {
-        assert_eq!(running.iter().filter(|on| on.contains(&unit)).count(), 1, "{running:?}");
-    }
+    assert!(lab.each_runs_once(0..6), "every unit runs once again: {:?}", lab.running());
 }
 
 #[test]
@@ -231,9 +235,7 @@ fn losing_one_etcd_member_then_the_leading_member_stops_and_moves_nothing() {
         assert!(before.is_subset(&running[index]), "member {index} lost units: {placed:?} → {running:?}");
         assert!(processes[index].is_subset(&now[index]), "member {index}'s unit processes changed");
     }
-    for unit in 0..10 {
-        assert_eq!(running.iter().filter(|on| on.contains(&unit)).count(), 1, "{running:?}");
-    }
+    assert!(lab.each_runs_once(0..10), "{running:?}");
 }
 
 #[test]
@@ -258,15 +260,7 @@ fn a_minority_partition_of_etcd_stops_no_unit_on_its_side() {
     let running = lab.running();
     assert!(held.iter().all(|unit| running[..2].iter().any(|on| on.contains(unit))), "{running:?}\n{}", lab.logs());
     lab.net.heal_all();
-    poll_until(
-        "after healing every unit runs once",
-        Duration::from_secs(20),
-        || {
-            let running = lab.running();
-            (0..6).all(|unit| running.iter().filter(|on| on.contains(&unit)).count() == 1)
-        },
-        || format!("{:?}\n{}", lab.running(), lab.logs()),
-    );
+    lab.wait_each_runs_once("after healing every unit runs once", 0..6);
 }
 
 #[test]
@@ -352,13 +346,5 @@ fn with_stop_units_when_cut_off_a_cut_off_machine_stops_its_units_as_they_move()
     );
     assert!(longest_double < Duration::from_secs(1), "ran twice for {longest_double:?}");
     lab.net.heal_all();
-    poll_until(
-        "after healing every unit runs once",
-        Duration::from_secs(20),
-        || {
-            let running = lab.running();
-            (0..6).all(|unit| running.iter().filter(|on| on.contains(&unit)).count() == 1)
-        },
-        || format!("{:?}\n{}", lab.running(), lab.logs()),
-    );
+    lab.wait_each_runs_once("after healing every unit runs once", 0..6);
 }
