@@ -53,6 +53,8 @@ pub struct ApiState {
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
     /// The web view's live feed.
     pub live_view: Arc<crate::live_view::LiveView>,
+    /// The cluster's counts for `/metrics`, by store revision.
+    pub counts_cache: Arc<crate::cluster_counts::CountsCache>,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the

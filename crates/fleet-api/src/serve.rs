@@ -323,6 +323,7 @@ mod tests {
             agent_presence: Default::default(),
             journal_relay: Default::default(),
             live_view: Default::default(),
+            counts_cache: Default::default(),
         };
         let unix = dir.path().join("api.sock");
         let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];

@@ -30,6 +30,7 @@ fn fixture() -> &'static Fixture {
             agent_presence: Default::default(),
             journal_relay: Default::default(),
             live_view: Default::default(),
+            counts_cache: Default::default(),
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }

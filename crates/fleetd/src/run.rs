@@ -238,6 +238,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         agent_presence: agent_presence.clone(),
         journal_relay: Default::default(),
         live_view: Default::default(),
+        counts_cache: Default::default(),
     };
     if api_state.agents.is_some() {
         tokio::spawn(sweep_silent_agents(agent_presence, registry.clone()));

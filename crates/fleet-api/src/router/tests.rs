@@ -29,6 +29,7 @@ async fn api(token_limit: u16) -> Api {
         agent_presence: Default::default(),
         journal_relay: Default::default(),
         live_view: Default::default(),
+        counts_cache: Default::default(),
     };
     Api { router: router(state), registry, _dir: dir }
 }
@@ -407,6 +408,10 @@ async fn metrics_count_the_cluster_and_the_requests() {
         "{text}"
     );
     assert!(!text.contains("# EOF"));
+    // The counts are kept by store revision: a write shows at the next scrape.
+    assert_eq!(api.call("PUT", "/fleet/v1/units/b.service", Some(hello(Some("launched")))).await.status, 201);
+    let (_, text) = scrape("*/*").await;
+    assert!(text.contains("fleet_units{desired_state=\"launched\"} 2\n"), "{text}");
     let (content_type, text) = scrape("application/openmetrics-text;version=1.0.0").await;
     assert_eq!(content_type, fleet_metrics::OPENMETRICS_CONTENT_TYPE);
     assert!(text.ends_with("# EOF\n"));
