@@ -4,7 +4,9 @@
 //! on every machine (their processes) and records every breach of fleet's guarantees:
 //!
 //! - every acknowledged unit ends up running once, and every acknowledged destroy ends it;
-//! - no unit runs on two machines longer than [`Chaos::double_run_window`];
+//! - no unit runs on two machines longer than [`Chaos::double_run_window`] for the longest
+//!   fault the machines really went through (a fault ends when the run gets to end it, which
+//!   may be later than planned);
 //! - the two units that conflict never run on one machine longer than that window;
 //! - no fleetd dies but the ones killed on purpose.
 //!
@@ -137,6 +139,7 @@ pub fn fault_plan(seed: u64, length: Duration, machines: usize, etcd_members: us
 struct ActiveFault {
     kind: FaultKind,
     target: usize,
+    began: Instant,
     ends: Instant,
 }
 
@@ -147,6 +150,8 @@ pub struct Report {
     pub operations: BTreeMap<String, usize>,
     pub violations: Vec<String>,
     pub longest_double_run: Duration,
+    /// The longest a fault really lasted (a fault ends when the run gets to end it).
+    pub longest_fault: Duration,
     pub settled_after: Option<Duration>,
     /// Why operations were refused (the first line of fleetctl's error), with counts.
     pub refusals: BTreeMap<String, usize>,
@@ -158,6 +163,7 @@ impl std::fmt::Display for Report {
         writeln!(f, "  faults injected: {:?}", self.faults)?;
         writeln!(f, "  operations acknowledged: {:?}", self.operations)?;
         writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
+        writeln!(f, "  longest fault as the machines saw it: {:?}", self.longest_fault)?;
         match self.settled_after {
             Some(settled) => writeln!(f, "  settled {settled:?} after the last fault")?,
             None => writeln!(f, "  never settled")?,
@@ -184,6 +190,8 @@ struct Observed {
     violations: Vec<String>,
     /// What ran at the last sample, per machine.
     last: Vec<BTreeSet<usize>>,
+    /// The longest any fault really lasted so far.
+    longest_fault: Duration,
 }
 
 pub struct Chaos {
@@ -200,6 +208,7 @@ pub struct Chaos {
     /// that timed out may have been carried out), so nothing is expected of them.
     uncertain: BTreeSet<usize>,
     next_unit: usize,
+    observed: Arc<Mutex<Observed>>,
 }
 
 impl Chaos {
@@ -207,7 +216,12 @@ impl Chaos {
     /// units (an outage stops nothing) while the others run them once its lease expired, until
     /// it reaches etcd again and reacts.
     pub fn double_run_window() -> Duration {
-        LONGEST_FAULT.saturating_sub(Duration::from_secs(AGENT_TTL_SECONDS)) + REACTION
+        Self::window_for(LONGEST_FAULT)
+    }
+
+    /// The window for faults that lasted up to `fault`.
+    fn window_for(fault: Duration) -> Duration {
+        fault.saturating_sub(Duration::from_secs(AGENT_TTL_SECONDS)) + REACTION
     }
 
     /// A lab of a three-member etcd and `machines` fleetds.
@@ -229,6 +243,7 @@ impl Chaos {
             destroyed: BTreeSet::new(),
             uncertain: BTreeSet::new(),
             next_unit: 0,
+            observed: Arc::new(Mutex::new(Observed::default())),
         }
     }
 
@@ -236,7 +251,7 @@ impl Chaos {
     /// cluster to settle.
     pub fn run(mut self, length: Duration) -> Report {
         let state_dirs: Vec<PathBuf> = self.members.iter().map(|member| member.fleetd.state_dir()).collect();
-        let observed = Arc::new(Mutex::new(Observed::default()));
+        let observed = self.observed.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let sampler = {
             let (observed, stop) = (observed.clone(), stop.clone());
@@ -273,6 +288,7 @@ impl Chaos {
         let _ = sampler.join();
         let observed = observed.lock().map(|mut observed| std::mem::take(&mut *observed)).unwrap_or_default();
         self.report.longest_double_run = observed.longest_double_run;
+        self.report.longest_fault = observed.longest_fault;
         self.report.violations.extend(observed.violations);
         std::mem::take(&mut self.report)
     }
@@ -357,7 +373,8 @@ impl Chaos {
 
     fn begin_fault(&mut self, planned: PlannedFault, active: &mut Vec<ActiveFault>) {
         let PlannedFault { kind, target, lasts, .. } = planned;
-        let ends = Instant::now() + lasts;
+        let began = Instant::now();
+        let ends = began + lasts;
         match kind {
             FaultKind::KillFleetd => {
                 self.members[target].fleetd.stop_with(libc::SIGKILL);
@@ -375,7 +392,7 @@ impl Chaos {
             }
         }
         Self::count(&mut self.report.faults, &format!("{kind:?}"));
-        active.push(ActiveFault { kind, target, ends });
+        active.push(ActiveFault { kind, target, began, ends });
     }
 
     /// Ends the faults that are due (all of them with `all`).
@@ -385,6 +402,10 @@ impl Chaos {
             active.drain(..).partition(|fault| all || fault.ends <= now);
         *active = left;
         for fault in due {
+            let lasted = fault.began.elapsed();
+            if let Ok(mut observed) = self.observed.lock() {
+                observed.longest_fault = observed.longest_fault.max(lasted);
+            }
             match fault.kind {
                 FaultKind::KillFleetd => self.members[fault.target].fleetd.launch(),
                 FaultKind::FreezeFleetd => self.members[fault.target].fleetd.signal(libc::SIGCONT),
@@ -480,11 +501,12 @@ fn refusal(stderr: &str) -> String {
 
 /// The sampler: what runs where, every [`SAMPLE`], until `stop`.
 fn sample(state_dirs: &[PathBuf], observed: &Mutex<Observed>, stop: &AtomicBool) {
-    let window = Chaos::double_run_window();
+    let mut window = Chaos::double_run_window();
     while !stop.load(Ordering::SeqCst) {
         let running: Vec<BTreeSet<usize>> = state_dirs.iter().map(|dir| running_sleepers(dir)).collect();
         let now = Instant::now();
         let Ok(mut seen) = observed.lock() else { return };
+        window = window.max(Chaos::window_for(seen.longest_fault));
         let mut machines_of: BTreeMap<usize, usize> = BTreeMap::new();
         for on in &running {
             for unit in on {
