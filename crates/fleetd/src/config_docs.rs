@@ -44,6 +44,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "How long a machine may stop renewing its presence before the cluster treats it as lost and moves its units.",
     ),
     doc(
+        "stop_units_when_cut_off",
+        "false",
+        "Stop this machine's units once it has been cut off from etcd for agent_ttl, when they may start elsewhere: a unit then runs on two machines for at most a moment, but an etcd outage longer than agent_ttl stops every unit. Off: a cut-off machine keeps its units until it reaches etcd again.",
+    ),
+    doc(
         "engine_reconcile_interval",
         "2",
         "Seconds between the engine's fallback reconciles (it wakes on changes besides).",
