@@ -24,6 +24,7 @@ use crate::cluster::AGENT_TTL_SECONDS;
 use crate::lab_etcd::LabEtcd;
 use crate::lab_fleet::{LabMember, lab_member, running_sleepers, sleeper_file};
 use crate::netlab::NetLab;
+pub use crate::seeded::Seeded;
 
 /// The longest a fault lasts.
 const LONGEST_FAULT: Duration = Duration::from_secs(8);
@@ -35,32 +36,6 @@ const SAMPLE: Duration = Duration::from_millis(200);
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 /// The sleepers that conflict with each other (`Conflicts=`), started first.
 const CONFLICTING: [usize; 2] = [9000, 9001];
-
-/// A deterministic source of choices (xorshift64*).
-pub struct Seeded(u64);
-
-impl Seeded {
-    pub fn new(seed: u64) -> Self {
-        Self(seed.max(1))
-    }
-
-    pub fn next_number(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// A number in `0..bound`.
-    pub fn below(&mut self, bound: usize) -> usize {
-        (self.next_number() % bound.max(1) as u64) as usize
-    }
-
-    pub fn duration(&mut self, from: Duration, to: Duration) -> Duration {
-        let span = (to - from).as_millis().max(1) as u64;
-        from + Duration::from_millis(self.next_number() % span)
-    }
-}
 
 #[cfg(test)]
 mod tests {
@@ -188,8 +163,6 @@ struct Observed {
     together: Option<Instant>,
     longest_double_run: Duration,
     violations: Vec<String>,
-    /// What ran at the last sample, per machine.
-    last: Vec<BTreeSet<usize>>,
     /// The longest any fault really lasted so far.
     longest_fault: Duration,
 }
@@ -540,7 +513,6 @@ fn sample(state_dirs: &[PathBuf], observed: &Mutex<Observed>, stop: &AtomicBool)
             }
             _ => {}
         }
-        seen.last = running;
         drop(seen);
         std::thread::sleep(SAMPLE);
     }

@@ -15,19 +15,6 @@ pub struct DelayProxy {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
-/// A small pseudo-random source (xorshift), enough for jitter.
-struct Jitter(u64);
-
-impl Jitter {
-    fn next(&mut self, jitter: Duration) -> Duration {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        let span = jitter.as_micros() as u64 * 2 + 1;
-        Duration::from_micros(self.0 % span)
-    }
-}
-
 /// Copies `from` to `to`, each chunk delivered `delay` ± `jitter` after it was read, in order.
 async fn delayed_copy<R, W>(mut from: R, mut to: W, delay: Duration, jitter: Duration, seed: u64)
 where
@@ -44,14 +31,14 @@ where
         }
         let _ = to.shutdown().await;
     });
-    let mut random = Jitter(seed | 1);
+    let mut random = crate::seeded::Seeded::new(seed);
     let mut last_due = Instant::now();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
         match from.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(read) => {
-                let wobble = random.next(jitter);
+                let wobble = random.duration(Duration::ZERO, jitter * 2);
                 let due = (Instant::now() + delay.saturating_sub(jitter) + wobble).max(last_due);
                 last_due = due;
                 if sender.send((due, buffer[..read].to_vec())).is_err() {

@@ -18,6 +18,7 @@ pub mod nat;
 pub mod netlab;
 pub mod pki;
 pub mod pull;
+pub mod seeded;
 pub mod sshd;
 
 use std::path::{Path, PathBuf};

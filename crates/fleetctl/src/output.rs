@@ -90,8 +90,3 @@ pub fn print_json(rows: &impl Serialize) {
         Err(error) => eprintln!("cannot write JSON: {error}"),
     }
 }
-
-/// The address of `machine` when the cluster knows it.
-pub fn machine_ip<'a>(machines: &'a BTreeMap<String, fleet_api_schema::Machine>, machine: &str) -> Option<&'a str> {
-    machines.get(machine).map(|machine| machine.primary_ip.as_str()).filter(|ip| !ip.is_empty())
-}

@@ -37,10 +37,15 @@ pub fn machine_id_legend(id: &str, full: bool) -> String {
     if full || id.len() <= 8 { id.to_string() } else { format!("{}...", &id[..8]) }
 }
 
+/// The address of machine `id`, when the cluster knows it.
+pub fn machine_ip<'a>(machines: &'a BTreeMap<String, Machine>, id: &str) -> Option<&'a str> {
+    machines.get(id).map(|machine| machine.primary_ip.as_str()).filter(|ip| !ip.is_empty())
+}
+
 /// The ID legend followed by `/<ip>` when the machine's address is known.
 pub fn machine_full_legend(id: &str, machines: &BTreeMap<String, Machine>, full: bool) -> String {
     let legend = machine_id_legend(id, full);
-    match machines.get(id).map(|machine| machine.primary_ip.as_str()).filter(|ip| !ip.is_empty()) {
+    match machine_ip(machines, id) {
         Some(ip) => format!("{legend}/{ip}"),
         None => legend,
     }

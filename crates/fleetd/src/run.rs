@@ -246,7 +246,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
     let api_tls = tls.clone();
     let limits = ServeLimits { connections_per_listener: config.api_max_connections, ..ServeLimits::default() };
     let (api_stop, api_stopped) = watch::channel(false);
-    let api_names = listeners.iter().map(ApiListener::describe).collect::<Vec<_>>().join(", ");
+    let serving = format!("API on {}", listeners.iter().map(ApiListener::describe).collect::<Vec<_>>().join(", "));
     let unix_socket = listeners.iter().find_map(|listener| match listener {
         ApiListener::Unix(unix) => unix.local_addr().ok()?.as_pathname().map(Path::to_path_buf),
         _ => None,
@@ -260,11 +260,11 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
     });
     // systemd hears "ready" only once the API answers a request.
     if crate::ready_probe::wait_until_api_answers(unix_socket, probe, READY_LIMIT).await {
-        crate::service_manager::ready(&crate::service_manager::ready_status(&api_names));
+        crate::service_manager::ready(&serving);
     } else {
         anyhow::bail!("the API did not answer within {READY_LIMIT:?} of starting");
     }
-    tokio::spawn(crate::service_manager::keep_alive(api_names.clone()));
+    tokio::spawn(crate::service_manager::keep_alive(serving.clone()));
     loop {
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let (stop, stop_watch) = watch::channel(false);
@@ -324,7 +324,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         let _ = stop.send(true);
         while tasks.join_next().await.is_some() {}
         if reload {
-            crate::service_manager::reloaded(&crate::service_manager::ready_status(&api_names));
+            crate::service_manager::ready(&serving);
         }
         if !reload {
             let _ = api_stop.send(true);

@@ -16,9 +16,10 @@ fn notify(states: &[NotifyState<'_>]) {
     }
 }
 
-/// fleetd serves: its store answered and its API answered a request.
-pub fn ready(status: &str) {
-    notify(&[NotifyState::Ready, NotifyState::Status(status)]);
+/// fleetd serves (its store and its API answered), or serves again after a reload; `serving`
+/// says how (`API on …`, `pulling from …`).
+pub fn ready(serving: &str) {
+    notify(&[NotifyState::Ready, NotifyState::Status(&status_line(serving))]);
 }
 
 pub fn reloading() {
@@ -29,24 +30,20 @@ pub fn reloading() {
     }
 }
 
-pub fn reloaded(status: &str) {
-    notify(&[NotifyState::Ready, NotifyState::Status(status)]);
-}
-
 pub fn stopping() {
     notify(&[NotifyState::Stopping, NotifyState::Status("Stopping units and leaving the cluster")]);
 }
 
 /// The status line: what this fleetd does now, from its own metrics.
-fn status_line(api: &str) -> String {
+fn status_line(serving: &str) -> String {
     let metrics = fleet_metrics::metrics();
     let role = if metrics.engine.leader.get() > 0 { "engine leader" } else { "agent" };
-    format!("{role}; {} units on this machine; API on {api}", metrics.agent.units.get())
+    format!("{role}; {} units on this machine; {serving}", metrics.agent.units.get())
 }
 
 /// Pings the watchdog at half its period and refreshes the status line, for as long as the
 /// runtime runs this task: a wedged runtime stops the pings, and systemd restarts fleetd.
-pub async fn keep_alive(api: String) {
+pub async fn keep_alive(serving: String) {
     let watchdog = sd_notify::watchdog_enabled();
     let period = watchdog.map_or(Duration::from_secs(10), |timeout| (timeout / 2).min(Duration::from_secs(10)));
     if std::env::var_os("NOTIFY_SOCKET").is_none() {
@@ -56,7 +53,7 @@ pub async fn keep_alive(api: String) {
     let mut last_status = String::new();
     loop {
         tick.tick().await;
-        let status = status_line(&api);
+        let status = status_line(&serving);
         match (watchdog.is_some(), status != last_status) {
             (true, true) => notify(&[NotifyState::Watchdog, NotifyState::Status(&status)]),
             (true, false) => notify(&[NotifyState::Watchdog]),
@@ -65,9 +62,4 @@ pub async fn keep_alive(api: String) {
         }
         last_status = status;
     }
-}
-
-/// The status line once fleetd is ready.
-pub fn ready_status(api: &str) -> String {
-    status_line(api)
 }

@@ -7,8 +7,8 @@ use fleet_core::UnitHash;
 
 use super::create::{is_global, unit_file};
 use crate::context::Context;
-use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, machine_ip, print_json};
-use crate::table::{machine_full_legend, machine_id_legend, tab_table};
+use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, print_json};
+use crate::table::{machine_full_legend, machine_id_legend, machine_ip, tab_table};
 use crate::{ListFlags, Outcome};
 
 /// The columns to print: those of `--fields`, or every one with `-o wide`.
