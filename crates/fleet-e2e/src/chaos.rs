@@ -4,10 +4,10 @@
 //! on every machine (their processes) and records every breach of fleet's guarantees:
 //!
 //! - every acknowledged unit ends up running once, and every acknowledged destroy ends it;
-//! - no unit runs on two machines longer than [`Chaos::double_run_window`] for the longest
-//!   fault the machines really went through (a fault ends when the run gets to end it, which
-//!   may be later than planned);
-//! - the two units that conflict never run on one machine longer than that window;
+//! - a unit runs on two machines only while one of them is out of touch with etcd (its
+//!   lease expired, whatever mix of faults caused it; seen from etcd by
+//!   [`crate::presence_log`]) and for [`Chaos::reaction`] after it is back;
+//! - the two units that conflict never run on one machine but within that same allowance;
 //! - no fleetd dies but the ones killed on purpose.
 //!
 //! A seed gives one plan of faults ([`fault_plan`]: kind, target, start and length) and one
@@ -20,20 +20,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::cluster::AGENT_TTL_SECONDS;
+use crate::cluster::member_id;
 use crate::lab_etcd::LabEtcd;
 use crate::lab_fleet::{LabMember, lab_member, running_sleepers, sleeper_file};
 use crate::netlab::NetLab;
+use crate::presence_log::PresenceLog;
 pub use crate::seeded::Seeded;
 
 /// The longest a fault lasts.
 const LONGEST_FAULT: Duration = Duration::from_secs(8);
-/// What a machine takes, once it reaches etcd again, to stop what moved (measured well under).
+/// What a machine takes, once it is back in touch with etcd, to stop what moved (measured
+/// well under).
 const REACTION: Duration = Duration::from_secs(3);
+/// The checker's own lag: it samples every [`SAMPLE`] and learns of a lease expiry within
+/// [`crate::presence_log`]'s poll, while the engine may move units at once.
+const SAMPLING_SLACK: Duration = Duration::from_secs(1);
 /// How often the sampler looks at the machines.
 const SAMPLE: Duration = Duration::from_millis(200);
 /// How long the cluster has to settle once the faults stop.
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+/// Where fleetd keeps its keys in etcd unless configured otherwise.
+const DEFAULT_ETCD_PREFIX: &str = "/_coreos.com/fleet/";
 /// The sleepers that conflict with each other (`Conflicts=`), started first.
 const CONFLICTING: [usize; 2] = [9000, 9001];
 
@@ -127,6 +134,8 @@ pub struct Report {
     pub longest_double_run: Duration,
     /// The longest a fault really lasted (a fault ends when the run gets to end it).
     pub longest_fault: Duration,
+    /// The longest a machine was out of touch with etcd (lease expired until it joined again).
+    pub longest_absence: Duration,
     pub settled_after: Option<Duration>,
     /// Why operations were refused (the first line of fleetctl's error), with counts.
     pub refusals: BTreeMap<String, usize>,
@@ -138,7 +147,8 @@ impl std::fmt::Display for Report {
         writeln!(f, "  faults injected: {:?}", self.faults)?;
         writeln!(f, "  operations acknowledged: {:?}", self.operations)?;
         writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
-        writeln!(f, "  longest fault as the machines saw it: {:?}", self.longest_fault)?;
+        writeln!(f, "  longest fault as injected: {:?}", self.longest_fault)?;
+        writeln!(f, "  longest a machine was out of touch with etcd: {:?}", self.longest_absence)?;
         match self.settled_after {
             Some(settled) => writeln!(f, "  settled {settled:?} after the last fault")?,
             None => writeln!(f, "  never settled")?,
@@ -154,17 +164,52 @@ impl std::fmt::Display for Report {
     }
 }
 
+/// A unit on two machines (or the conflicting pair on one), from `since`; since when no
+/// machine involved has been out of touch, if so.
+#[derive(Debug)]
+struct Episode {
+    since: Instant,
+    unexcused_since: Option<Instant>,
+    reported: bool,
+}
+
+impl Episode {
+    fn new(now: Instant) -> Self {
+        Self { since: now, unexcused_since: None, reported: false }
+    }
+
+    /// One more sample of it; a violation the first time it has gone on unexcused too long.
+    fn step(&mut self, now: Instant, excused: bool, what: &str) -> Option<String> {
+        if excused {
+            self.unexcused_since = None;
+            return None;
+        }
+        let unexcused_since = *self.unexcused_since.get_or_insert(now);
+        let unexcused = now - unexcused_since;
+        if self.reported || unexcused <= SAMPLING_SLACK {
+            return None;
+        }
+        self.reported = true;
+        Some(format!(
+            "{what} for {unexcused:?} with every machine involved in touch with etcd (and back for over {REACTION:?}); {:?} in all so far",
+            now - self.since
+        ))
+    }
+}
+
 /// What the sampler saw.
 #[derive(Default)]
 struct Observed {
-    /// Units on two machines or more, since when.
-    doubled: BTreeMap<usize, Instant>,
-    /// The conflicting pair on one machine, since when.
-    together: Option<Instant>,
+    /// Units on two machines or more.
+    doubled: BTreeMap<usize, Episode>,
+    /// The conflicting pair on one machine.
+    together: Option<Episode>,
     longest_double_run: Duration,
     violations: Vec<String>,
     /// The longest any fault really lasted so far.
     longest_fault: Duration,
+    /// The longest a machine was out of touch with etcd, as etcd saw it.
+    longest_absence: Duration,
 }
 
 pub struct Chaos {
@@ -185,16 +230,11 @@ pub struct Chaos {
 }
 
 impl Chaos {
-    /// The longest a unit may run on two machines: a machine that cannot reach etcd keeps its
-    /// units (an outage stops nothing) while the others run them once its lease expired, until
-    /// it reaches etcd again and reacts.
-    pub fn double_run_window() -> Duration {
-        Self::window_for(LONGEST_FAULT)
-    }
-
-    /// The window for faults that lasted up to `fault`.
-    fn window_for(fault: Duration) -> Duration {
-        fault.saturating_sub(Duration::from_secs(AGENT_TTL_SECONDS)) + REACTION
+    /// How long after a machine is back in touch with etcd a unit may still run on it and
+    /// elsewhere: while it is out of touch (its lease expired, the others took its units over)
+    /// it keeps them, since it cannot tell a partition from an outage of etcd.
+    pub fn reaction() -> Duration {
+        REACTION
     }
 
     /// A lab of a three-member etcd and `machines` fleetds.
@@ -202,7 +242,8 @@ impl Chaos {
         let net = NetLab::create();
         let etcd = LabEtcd::start(&net, 3);
         let endpoints = etcd.endpoints();
-        let members = (0..machines).map(|index| lab_member(&net, index, &endpoints, &[])).collect();
+        // Debug logs: the trail of a unit that goes wrong (see `whereabouts`).
+        let members = (0..machines).map(|index| lab_member(&net, index, &endpoints, &[("verbosity", "1")])).collect();
         Self {
             members,
             etcd,
@@ -224,11 +265,13 @@ impl Chaos {
     /// cluster to settle.
     pub fn run(mut self, length: Duration) -> Report {
         let state_dirs: Vec<PathBuf> = self.members.iter().map(|member| member.fleetd.state_dir()).collect();
+        let ids: Vec<String> = (0..self.members.len()).map(member_id).collect();
+        let presence = PresenceLog::start(self.etcd.client_addresses(), DEFAULT_ETCD_PREFIX, &ids);
         let observed = self.observed.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let sampler = {
             let (observed, stop) = (observed.clone(), stop.clone());
-            std::thread::spawn(move || sample(&state_dirs, &observed, &stop))
+            std::thread::spawn(move || sample(&state_dirs, &presence, &observed, &stop))
         };
         self.start_conflicting_pair();
         let mut plan: std::collections::VecDeque<PlannedFault> =
@@ -262,6 +305,7 @@ impl Chaos {
         let observed = observed.lock().map(|mut observed| std::mem::take(&mut *observed)).unwrap_or_default();
         self.report.longest_double_run = observed.longest_double_run;
         self.report.longest_fault = observed.longest_fault;
+        self.report.longest_absence = observed.longest_absence;
         self.report.violations.extend(observed.violations);
         std::mem::take(&mut self.report)
     }
@@ -454,7 +498,29 @@ impl Chaos {
                     .map(|unit| format!("destroyed sleeper-{unit} runs")),
             )
             .collect();
-        format!("not settled {SETTLE_LIMIT:?} after the last fault: {}", wrong.join(", "))
+        let lost: Vec<usize> = self.live.keys().copied().filter(|unit| count(unit) == 0).collect();
+        let mut text = format!("not settled {SETTLE_LIMIT:?} after the last fault: {}", wrong.join(", "));
+        for unit in lost {
+            text.push_str(&self.whereabouts(unit));
+        }
+        text
+    }
+
+    /// What the store went through for a unit, and what the fleetds said of it: the trail of a
+    /// unit that was acknowledged and runs nowhere.
+    fn whereabouts(&self, unit: usize) -> String {
+        let name = format!("/sleeper-{unit}.service");
+        let mut text = format!("\n  sleeper-{unit} in etcd's history:");
+        for change in self.etcd.history("/", 0).into_iter().filter(|change| change.key.ends_with(&name)) {
+            let value = change.value.map_or("(deleted)".to_string(), |value| value.chars().take(160).collect());
+            text.push_str(&format!("\n    @{} {} = {value}", change.revision, change.key));
+        }
+        for (index, member) in self.members.iter().enumerate() {
+            for line in member.fleetd.log().lines().filter(|line| line.contains(&name[1..])) {
+                text.push_str(&format!("\n    fleetd {index}: {line}"));
+            }
+        }
+        text
     }
 }
 
@@ -472,58 +538,51 @@ fn refusal(stderr: &str) -> String {
     out
 }
 
-/// The sampler: what runs where, every [`SAMPLE`], until `stop`.
-fn sample(state_dirs: &[PathBuf], observed: &Mutex<Observed>, stop: &AtomicBool) {
-    let mut window = Chaos::double_run_window();
+/// The sampler: what runs where, every [`SAMPLE`], until `stop`. A unit may run on two
+/// machines while one of them is out of touch with etcd (its lease expired: the others took
+/// its units over) and for [`REACTION`] after it is back; beyond that, and beyond
+/// [`SAMPLING_SLACK`] for the checker's own lag, it is a violation.
+fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Observed>, stop: &AtomicBool) {
+    let ids: Vec<String> = (0..state_dirs.len()).map(member_id).collect();
     while !stop.load(Ordering::SeqCst) {
         let running: Vec<BTreeSet<usize>> = state_dirs.iter().map(|dir| running_sleepers(dir)).collect();
         let now = Instant::now();
+        let machines_of = |units: &[usize]| -> Vec<usize> {
+            (0..running.len()).filter(|index| units.iter().any(|unit| running[*index].contains(unit))).collect()
+        };
+        let excused =
+            |machines: &[usize]| machines.iter().any(|index| presence.out_of_touch_within(&ids[*index], REACTION));
         let Ok(mut seen) = observed.lock() else { return };
-        window = window.max(Chaos::window_for(seen.longest_fault));
-        let mut machines_of: BTreeMap<usize, usize> = BTreeMap::new();
-        for on in &running {
-            for unit in on {
-                *machines_of.entry(*unit).or_default() += 1;
-            }
+        let mut count: BTreeMap<usize, usize> = BTreeMap::new();
+        for unit in running.iter().flatten() {
+            *count.entry(*unit).or_default() += 1;
         }
-        let doubled: BTreeSet<usize> =
-            machines_of.iter().filter(|(_, count)| **count > 1).map(|(unit, _)| *unit).collect();
+        let doubled: BTreeSet<usize> = count.iter().filter(|(_, on)| **on > 1).map(|(unit, _)| *unit).collect();
         let ended: Vec<usize> = seen.doubled.keys().copied().filter(|unit| !doubled.contains(unit)).collect();
         for unit in ended {
-            if let Some(since) = seen.doubled.remove(&unit) {
-                let lasted = now - since;
-                seen.longest_double_run = seen.longest_double_run.max(lasted);
-                if lasted > window {
-                    seen.violations
-                        .push(format!("sleeper-{unit} ran on two machines for {lasted:?} (window {window:?})"));
-                }
+            if let Some(episode) = seen.doubled.remove(&unit) {
+                seen.longest_double_run = seen.longest_double_run.max(now - episode.since);
             }
         }
         for unit in doubled {
-            seen.doubled.entry(unit).or_insert(now);
+            let excused = excused(&machines_of(&[unit]));
+            let episode = seen.doubled.entry(unit).or_insert(Episode::new(now));
+            if let Some(violation) = episode.step(now, excused, &format!("sleeper-{unit} on two machines")) {
+                seen.violations.push(violation);
+            }
         }
         let together = running.iter().any(|on| CONFLICTING.iter().all(|unit| on.contains(unit)));
-        match (together, seen.together) {
-            (true, None) => seen.together = Some(now),
-            (false, Some(since)) => {
-                seen.together = None;
-                if now - since > window {
-                    seen.violations.push(format!("the conflicting units ran together for {:?}", now - since));
-                }
+        if together {
+            let excused = excused(&machines_of(&CONFLICTING));
+            let episode = seen.together.get_or_insert(Episode::new(now));
+            if let Some(violation) = episode.step(now, excused, "the conflicting units on one machine") {
+                seen.violations.push(violation);
             }
-            _ => {}
+        } else {
+            seen.together = None;
         }
+        seen.longest_absence = presence.longest_absence();
         drop(seen);
         std::thread::sleep(SAMPLE);
-    }
-    // Whatever is still doubled at the end counts from its start.
-    if let Ok(mut seen) = observed.lock() {
-        let now = Instant::now();
-        let still: Vec<(usize, Instant)> = seen.doubled.iter().map(|(unit, since)| (*unit, *since)).collect();
-        for (unit, since) in still {
-            if now - since > window {
-                seen.violations.push(format!("sleeper-{unit} still ran on two machines after {:?}", now - since));
-            }
-        }
     }
 }

@@ -1,6 +1,7 @@
 //! A real etcd cluster of several members, each in its own node of a [`NetLab`]: members can
 //! be killed and restarted, partitioned from each other, and asked who leads.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -54,6 +55,11 @@ impl LabEtcd {
             cluster.wait_healthy(index);
         }
         cluster
+    }
+
+    /// Each member's client address (`ip:port`), for [`keys_under`].
+    pub fn client_addresses(&self) -> Vec<String> {
+        self.members.iter().map(|node| format!("{}:2379", node.ip)).collect()
     }
 
     /// The client URLs of every member, for `etcd_servers`.
@@ -152,6 +158,36 @@ impl LabEtcd {
         }
         None
     }
+}
+
+/// The keys under `prefix`, read linearizably from the first member at `addresses` that
+/// answers (a member without a quorum does not); `None` when none does.
+pub fn keys_under(addresses: &[String], prefix: &str) -> Option<BTreeSet<String>> {
+    use base64::Engine as _;
+    let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+    // The prefixes here end in `/`: the range ends where `/` + 1 begins.
+    let mut range_end = prefix.as_bytes().to_vec();
+    if let Some(last) = range_end.last_mut() {
+        *last += 1;
+    }
+    let request = serde_json::json!({
+        "key": encode(prefix.as_bytes()),
+        "range_end": encode(&range_end),
+        "keys_only": true,
+    })
+    .to_string();
+    addresses.iter().find_map(|address| {
+        let answer = http(address, "POST", "/v3/kv/range", &request)?;
+        let answer: serde_json::Value = serde_json::from_str(&answer).ok()?;
+        answer.get("header")?;
+        let keys = answer["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
+        keys.iter()
+            .map(|kv| {
+                let key = base64::engine::general_purpose::STANDARD.decode(kv["key"].as_str()?).ok()?;
+                String::from_utf8(key).ok()
+            })
+            .collect()
+    })
 }
 
 /// One change in etcd's history.

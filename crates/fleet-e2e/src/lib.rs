@@ -17,6 +17,7 @@ pub mod lab_fleet;
 pub mod nat;
 pub mod netlab;
 pub mod pki;
+pub mod presence_log;
 pub mod pull;
 pub mod seeded;
 pub mod sshd;

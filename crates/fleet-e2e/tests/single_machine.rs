@@ -84,7 +84,14 @@ fn replace_changes_the_stored_unit() {
     let warned = fleet.ok(&["start", &unit]);
     assert!(warned.stderr.contains("differs from local unit file"), "{warned:?}");
     assert!(fleet.ok(&["cat", "changing.service"]).stdout.contains("sleep 1000"));
-    fleet.ok(&["start", "--replace", &unit]);
+    let writes = || fleet.log().matches("method=PUT path=\"/fleet/v1/units/changing.service\"").count();
+    let before = writes();
+    let replaced = fleet.ok(&["start", "--replace", &unit]);
+    // One write carries the new version and its desired state: the old version runs until the
+    // new one is asked for, so a replace cut short never leaves the unit stopped.
+    assert_eq!(writes(), before + 1, "{replaced:?}");
+    assert!(!replaced.stdout.contains("inactive"), "{replaced:?}");
+    assert!(replaced.stdout.contains("Unit changing.service launched"), "{replaced:?}");
     assert!(fleet.ok(&["cat", "changing.service"]).stdout.contains("sleep 2000"));
     fleet.wait_until("the new version runs", WAIT, |f| {
         f.unit_rows() == vec![("changing.service".into(), "active".into(), "running".into())]

@@ -33,7 +33,10 @@ pub struct UnitView {
 
 impl UnitView {
     /// A unit as the API shows it, from what a store keeps: the current state is derived
-    /// from the schedule and the state the target machine reported (none for global units).
+    /// from the schedule and the state the target machine reported for this version of the
+    /// unit (none for global units). A report of an older version does not count: while a
+    /// replacement is under way the old version may still run, and a client waiting for the
+    /// new one to be launched must not be told it is.
     pub fn from_records(
         name: &str,
         record: UnitRecord,
@@ -43,6 +46,7 @@ impl UnitView {
         reported: Option<&UnitState>,
     ) -> Self {
         let current = (!record.global).then(|| {
+            let reported = reported.filter(|state| state.hash == record.hash);
             DesiredState::derive_current(TargetReport::of(machine_id.is_some(), reported.map(|state| state.launched)))
         });
         Self {
@@ -159,4 +163,31 @@ pub struct RevokedMachine {
     pub id: String,
     /// When, in seconds since the Unix epoch.
     pub at: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use fleet_core::{CurrentState, DesiredState, SystemdState, UnitFile, UnitState};
+
+    use super::{UnitRecord, UnitView};
+
+    #[test]
+    fn only_a_report_of_this_version_makes_a_unit_launched() {
+        let old = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1\n").expect("a unit file");
+        let new = UnitFile::parse("[Service]\nExecStart=/bin/sleep 2\n").expect("a unit file");
+        let record = UnitRecord { hash: new.hash(), desired: DesiredState::Launched, global: false };
+        let report = |file: &UnitFile| UnitState {
+            name: "a.service".into(),
+            machine_id: "m1".into(),
+            hash: file.hash(),
+            systemd: SystemdState::new("loaded", "active", "running"),
+            launched: true,
+        };
+        let view = |reported: &UnitState| {
+            UnitView::from_records("a.service", record.clone(), new.clone(), Some("m1".into()), None, Some(reported))
+                .current
+        };
+        assert_eq!(view(&report(&old)), Some(CurrentState::Inactive));
+        assert_eq!(view(&report(&new)), Some(CurrentState::Launched));
+    }
 }

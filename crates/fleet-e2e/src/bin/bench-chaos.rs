@@ -15,8 +15,8 @@ fn main() -> std::process::ExitCode {
         |index: usize, default: u64| std::env::args().nth(index).and_then(|a| a.parse().ok()).unwrap_or(default);
     let (seconds, seed, machines) = (argument(1, 1800), argument(2, 1), argument(3, 4));
     println!(
-        "chaos run: {seconds} s, seed {seed}, {machines} fleetds, 3 etcd members; double-run window {:?}",
-        Chaos::double_run_window()
+        "chaos run: {seconds} s, seed {seed}, {machines} fleetds, 3 etcd members; a unit may run twice while a machine is out of touch with etcd and {:?} after",
+        Chaos::reaction()
     );
     let report = Chaos::start(machines as usize, seed).run(Duration::from_secs(seconds));
     print!("{report}");

@@ -87,15 +87,34 @@ async fn local_content(
     Ok(templates_on_disk.get(&path).cloned().flatten())
 }
 
-/// Makes sure every unit named by `arguments` exists in the cluster; returns their names.
-/// `replaceable` lists the desired states in which `--replace` may replace a unit.
+/// What [`lazy_create`] does with a unit the registry holds in another version.
+pub struct Replacing<'a> {
+    /// Whether it replaces it (`--replace`).
+    pub allowed: bool,
+    /// The desired states in which it may.
+    pub from: &'a [&'a str],
+    /// The desired state the new version is written with: the command's own, so that a
+    /// replacement is one write. The old version runs until the new one is asked for, and a
+    /// command cut short leaves one of the two asked for, never a stopped unit.
+    pub to: &'static str,
+}
+
+/// What [`lazy_create`] found and did.
+pub struct Created {
+    /// Every unit named, in argument order.
+    pub names: Vec<String>,
+    /// The units it replaced, already written with [`Replacing::to`].
+    pub replaced: BTreeSet<String>,
+}
+
+/// Makes sure every unit named by `arguments` exists in the cluster, replacing those that
+/// differ when `replacing` allows.
 pub async fn lazy_create(
     context: &Context,
     arguments: &[String],
-    replace: bool,
-    replaceable: &[&str],
+    replacing: &Replacing<'_>,
     attempts: Attempts,
-) -> Result<Vec<String>, String> {
+) -> Result<Created, String> {
     let names: Vec<String> = arguments.iter().map(|argument| mangle(argument)).collect();
     for name in &names {
         validate_name(name).map_err(|error| error.to_string())?;
@@ -105,6 +124,7 @@ pub async fn lazy_create(
     let registry = fetch_units(context, &wanted).await?;
     let mut templates_on_disk = HashMap::new();
     let mut to_create: Vec<Unit> = Vec::new();
+    let mut replaced = BTreeSet::new();
     let mut seen = BTreeSet::new();
     for (argument, name) in arguments.iter().zip(&names) {
         if !seen.insert(name.clone()) {
@@ -116,18 +136,24 @@ pub async fn lazy_create(
             let Some(local) = local else { continue };
             let stored = unit_file(existing);
             if stored.hash() == local.hash() {
-                if replace {
+                if replacing.allowed {
                     println!("Found same Unit({name}) in Registry, nothing to do");
                 }
                 continue;
             }
             let desired = existing.desired_state.as_deref().unwrap_or("inactive");
-            if !replace {
+            if !replacing.allowed {
                 eprintln!(
                     "WARNING: Unit {name} in registry differs from local unit file {path}. Add --replace to override."
                 );
-            } else if replaceable.contains(&desired) {
-                to_create.push(new_unit(name, &local)?);
+            } else if replacing.from.contains(&desired) {
+                let mut unit = new_unit(name, &local)?;
+                // A template is never asked to run.
+                if replacing.to != "inactive" && !UnitNameInfo::new(name).is_template() {
+                    unit.desired_state = Some(replacing.to.to_string());
+                    replaced.insert(name.clone());
+                }
+                to_create.push(unit);
             } else {
                 eprintln!("Warning: can not replace Unit({name}) in state '{desired}', use the appropriate command");
             }
@@ -152,8 +178,10 @@ pub async fn lazy_create(
     for name in &global {
         println!("Unit {name}");
     }
+    // New units, and replacements written inactive, are waited for as the original does.
+    let scheduled: Vec<String> = scheduled.into_iter().filter(|name| !replaced.contains(name)).collect();
     wait_for_state(context, &scheduled, "inactive", attempts).await?;
-    Ok(names)
+    Ok(Created { names, replaced })
 }
 
 fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {

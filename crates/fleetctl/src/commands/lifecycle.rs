@@ -5,33 +5,33 @@ use std::collections::BTreeSet;
 use fleet_api_schema::Unit;
 use fleet_core::unit_name::mangle;
 
-use super::create::{in_parallel, is_global, lazy_create};
+use super::create::{Replacing, in_parallel, is_global, lazy_create};
 use crate::context::Context;
 use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
 use crate::{BlockFlags, CreateFlags, Outcome};
 
 /// Creates what is missing among `arguments` (the original's lazy creation), then reads back
-/// every named unit with its current state.
+/// every named unit with its current state; also says which were replaced.
 async fn create_and_find(
     context: &Context,
     arguments: &[String],
-    replace: bool,
-    replaceable: &[&str],
+    replacing: &Replacing<'_>,
     attempts: Attempts,
     failing: &str,
-) -> Result<Vec<Unit>, Outcome> {
+) -> Result<(Vec<Unit>, BTreeSet<String>), Outcome> {
     if arguments.is_empty() {
         eprintln!("No units given");
         return Err(Outcome::Usage);
     }
-    let names = lazy_create(context, arguments, replace, replaceable, attempts).await.map_err(|error| {
+    let created = lazy_create(context, arguments, replacing, attempts).await.map_err(|error| {
         eprintln!("Error creating units: {error}");
         Outcome::Failure
     })?;
-    find_units(context, &names).await.map_err(|error| {
+    let units = find_units(context, &created.names).await.map_err(|error| {
         eprintln!("Error {failing} units: {error}");
         Outcome::Failure
-    })
+    })?;
+    Ok((units, created.replaced))
 }
 
 /// The existing units among `arguments`, in argument order.
@@ -64,11 +64,20 @@ async fn units_to_act_on(context: &Context, arguments: &[String], failing: &str)
 }
 
 /// Sets `target` as the desired state of every unit not already there; returns those it
-/// changed.
-async fn set_desired_state(context: &Context, units: Vec<Unit>, target: &'static str) -> Result<Vec<Unit>, String> {
-    let triggered: Vec<Unit> = units.into_iter().filter(|unit| unit.desired_state.as_deref() != Some(target)).collect();
+/// changed, with those `already` set to it by this command (replacements).
+async fn set_desired_state(
+    context: &Context,
+    units: Vec<Unit>,
+    target: &'static str,
+    already: &BTreeSet<String>,
+) -> Result<Vec<Unit>, String> {
+    let triggered: Vec<Unit> = units
+        .into_iter()
+        .filter(|unit| unit.desired_state.as_deref() != Some(target) || already.contains(&unit.name))
+        .collect();
+    let to_set: Vec<Unit> = triggered.iter().filter(|unit| !already.contains(&unit.name)).cloned().collect();
     let client = context.client.clone();
-    let results = in_parallel(triggered.clone(), move |unit| {
+    let results = in_parallel(to_set, move |unit| {
         let client = client.clone();
         async move { client.set_desired_state(&unit.name, target).await.map_err(|error| error.to_string()) }
     })
@@ -104,7 +113,8 @@ pub async fn submit(context: &Context, arguments: &[String], create: &CreateFlag
         eprintln!("No units given");
         return Outcome::Usage;
     }
-    match lazy_create(context, arguments, create.replace, &["inactive"], Attempts::Forever).await {
+    let replacing = Replacing { allowed: create.replace, from: &["inactive"], to: "inactive" };
+    match lazy_create(context, arguments, &replacing, Attempts::Forever).await {
         Ok(_) => Outcome::Success,
         Err(error) => {
             eprintln!("Error creating units: {error}");
@@ -121,14 +131,15 @@ async fn schedule(
     block: &BlockFlags,
     (target, verb, failing): (&'static str, &str, &str),
 ) -> Outcome {
-    let replaceable: &[&str] =
+    let from: &[&str] =
         if target == "launched" { &["inactive", "loaded", "launched"] } else { &["inactive", "loaded"] };
+    let replacing = Replacing { allowed: create.replace, from, to: target };
     let attempts = Attempts::from_count(block.block_attempts);
-    let units = match create_and_find(context, arguments, create.replace, replaceable, attempts, failing).await {
-        Ok(units) => units,
+    let (units, replaced) = match create_and_find(context, arguments, &replacing, attempts, failing).await {
+        Ok(found) => found,
         Err(outcome) => return outcome,
     };
-    let triggered = match set_desired_state(context, units, target).await {
+    let triggered = match set_desired_state(context, units, target, &replaced).await {
         Ok(triggered) => triggered,
         Err(error) => {
             eprintln!("Error {failing} units: {error}");
@@ -183,7 +194,7 @@ async fn lower(
         }
         acting.push(unit);
     }
-    let triggered = match set_desired_state(context, acting, target).await {
+    let triggered = match set_desired_state(context, acting, target, &BTreeSet::new()).await {
         Ok(triggered) => triggered,
         Err(error) => {
             eprintln!("Error {verb}ing units: {error}");
@@ -293,8 +304,9 @@ async fn restart_one(context: &Context, unit: &Unit, attempts: Attempts) -> Resu
 
 pub async fn restart(context: &Context, arguments: &[String], block_attempts: u32) -> Outcome {
     let attempts = Attempts::from_count(block_attempts);
-    let units = match create_and_find(context, arguments, false, &[], attempts, "restarting").await {
-        Ok(units) => units,
+    let replacing = Replacing { allowed: false, from: &[], to: "inactive" };
+    let units = match create_and_find(context, arguments, &replacing, attempts, "restarting").await {
+        Ok((units, _)) => units,
         Err(outcome) => return outcome,
     };
     for unit in &units {
