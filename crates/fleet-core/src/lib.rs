@@ -16,6 +16,7 @@ pub mod requirements;
 pub mod schedule;
 pub mod secret;
 pub mod service_values;
+pub mod source;
 pub mod state;
 pub mod state_report;
 pub mod unit_file;

@@ -1,0 +1,9 @@
+//! Desired state from git, sans I/O: what a source's files say ([`content`], with its
+//! [`desired_file`]) and what a sync must write ([`sync_plan`]).
+
+pub mod content;
+pub mod desired_file;
+pub mod sync_plan;
+
+pub use content::{FileProblem, SourceContent, WantedUnit, read_source};
+pub use sync_plan::{HeldUnit, OwnedElsewhere, SyncChange, SyncPlan, SyncRules, plan_sync};
