@@ -320,3 +320,69 @@ pub struct JournalAsk {
     #[serde(default)]
     pub status: bool,
 }
+
+/// A git source (our addition): `PUT /fleet/v1/sources/{name}` stores it (administrators
+/// only); reads add its `status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Source {
+    #[serde(default)]
+    pub name: String,
+    /// `https://…` or `file://…`.
+    pub repo: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// Directories read; the whole repository when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
+    /// How often the source is fetched; 15 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interval_seconds: Option<u64>,
+    /// The name of a file in the syncing machines' `source_credentials_dir`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<String>,
+    #[serde(default)]
+    pub paused: bool,
+    #[serde(default)]
+    pub keep_removed: bool,
+    #[serde(default)]
+    pub take_over: bool,
+    /// Only in answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<SourceStatus>,
+}
+
+/// What a source's last sync did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// Seconds since the Unix epoch.
+    #[serde(default)]
+    pub attempted_at: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced_at: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub problems: Vec<String>,
+    #[serde(default)]
+    pub owned_elsewhere: Vec<String>,
+    #[serde(default)]
+    pub units: usize,
+    #[serde(default)]
+    pub changes: usize,
+    /// Whether the last sync attempt is of the source as it now stands.
+    #[serde(default)]
+    pub current: bool,
+}
+
+/// `GET /fleet/v1/sources`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceList {
+    #[serde(default)]
+    pub sources: Vec<Source>,
+}

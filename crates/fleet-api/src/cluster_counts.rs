@@ -78,6 +78,7 @@ mod tests {
             machine_id: machine.map(str::to_string),
             global,
             reason: None,
+            source: None,
         }
     }
 

@@ -231,6 +231,7 @@ mod tests {
             machine_id: machine.map(str::to_string),
             global: false,
             reason: reason.map(str::to_string),
+            source: None,
         }
     }
 

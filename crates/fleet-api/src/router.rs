@@ -18,7 +18,7 @@ use fleet_core::access::{Access, Action, decide};
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
 use crate::handlers::{
-    self, agent_facet, agents, journal, machines, metrics, registration_tokens, state, tokens, units, web,
+    self, agent_facet, agents, journal, machines, metrics, registration_tokens, sources, state, tokens, units, web,
 };
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
@@ -112,7 +112,9 @@ impl From<RegistryError> for ApiError {
             RegistryError::LeadershipLost | RegistryError::MachineInUse { .. } => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "")
             }
-            RegistryError::NotAnnounced { .. } => Self::new(StatusCode::CONFLICT, error.to_string()),
+            RegistryError::NotAnnounced { .. } | RegistryError::Owned { .. } => {
+                Self::new(StatusCode::CONFLICT, error.to_string())
+            }
         }
     }
 }
@@ -188,6 +190,9 @@ enum Resource {
     Token(String),
     RegistrationTokens,
     RegistrationToken(String),
+    Sources,
+    Source(String),
+    SourceSync(String),
     AgentJoin,
     AgentRenew,
     AgentRevoke(String),
@@ -221,6 +226,9 @@ impl Resource {
             Resource::Token(_) => "/fleet/v1/tokens/{name}",
             Resource::RegistrationTokens => "/fleet/v1/registration-tokens",
             Resource::RegistrationToken(_) => "/fleet/v1/registration-tokens/{name}",
+            Resource::Sources => "/fleet/v1/sources",
+            Resource::Source(_) => "/fleet/v1/sources/{name}",
+            Resource::SourceSync(_) => "/fleet/v1/sources/{name}/sync",
             Resource::AgentJoin => "/fleet/v1/agents/join",
             Resource::AgentRenew => "/fleet/v1/agents/renew",
             Resource::AgentRevoke(_) => "/fleet/v1/agents/{machine}/revoke",
@@ -297,6 +305,9 @@ fn resource(path: &str) -> Resource {
         ["tokens"] => Resource::Tokens,
         ["tokens", token] => name(token).map_or(Resource::Unknown, Resource::Token),
         ["registration-tokens"] => Resource::RegistrationTokens,
+        ["sources"] => Resource::Sources,
+        ["sources", source] => name(source).map_or(Resource::Unknown, Resource::Source),
+        ["sources", source, "sync"] => name(source).map_or(Resource::Unknown, Resource::SourceSync),
         ["agents", "join"] => Resource::AgentJoin,
         ["agents", "renew"] => Resource::AgentRenew,
         ["agents", machine, "revoke"] => name(machine).map_or(Resource::Unknown, Resource::AgentRevoke),
@@ -341,6 +352,10 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
         (Resource::AgentRevoke(_), &Method::POST) => Action::ManageCredentials,
         (Resource::Metrics, &Method::GET) => Action::ReadMetrics,
+        (Resource::Sources | Resource::Source(_), &Method::GET) => Action::ReadSources,
+        (Resource::Source(_), &Method::PUT | &Method::DELETE) | (Resource::SourceSync(_), &Method::POST) => {
+            Action::ManageSources
+        }
         (Resource::WebRoot | Resource::WebAsset(_) | Resource::WebEvents, &Method::GET) => Action::List,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
             (AgentPart::Machine, &Method::PUT | &Method::DELETE)
@@ -479,8 +494,8 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::Units, &Method::GET) => units::list(state, query, role).await,
         (Resource::Units, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
         (Resource::Unit(name), &Method::GET) => units::get(state, name).await,
-        (Resource::Unit(name), &Method::PUT) => units::put(state, name, headers, &body).await,
-        (Resource::Unit(name), &Method::DELETE) => units::delete(state, name).await,
+        (Resource::Unit(name), &Method::PUT) => units::put(state, name, headers, &body, &units::writer(query)?).await,
+        (Resource::Unit(name), &Method::DELETE) => units::delete(state, name, &units::writer(query)?).await,
         (Resource::Unit(_), _) => {
             Err(ApiError::method_not_allowed("only GET, PUT and DELETE supported against this resource"))
         }
@@ -506,6 +521,16 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::RegistrationTokens, _) => {
             Err(ApiError::method_not_allowed("only GET and POST supported against this resource"))
         }
+        (Resource::Sources, &Method::GET) => sources::list(state).await,
+        (Resource::Sources, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
+        (Resource::Source(name), &Method::GET) => sources::get(state, name).await,
+        (Resource::Source(name), &Method::PUT) => sources::put(state, name, &body).await,
+        (Resource::Source(name), &Method::DELETE) => sources::delete(state, name, query).await,
+        (Resource::Source(_), _) => {
+            Err(ApiError::method_not_allowed("only GET, PUT and DELETE supported against this resource"))
+        }
+        (Resource::SourceSync(name), &Method::POST) => sources::sync(state, name).await,
+        (Resource::SourceSync(_), _) => Err(ApiError::method_not_allowed("only POST supported against this resource")),
         (Resource::AgentJoin, &Method::POST) => agents::join(state, headers, &body).await,
         (Resource::AgentRenew, &Method::POST) => match role {
             fleet_core::access::Role::Machine { id } => agents::renew(state, id, &body).await,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fleet_api_schema::{
     ErrorBody, Journal, Machine, MachinePage, RegistrationToken, RegistrationTokenList, RegistrationTokenRequest,
-    Token, TokenList, TokenRequest, Unit, UnitPage, UnitState, UnitStatePage,
+    Source, SourceList, Token, TokenList, TokenRequest, Unit, UnitPage, UnitState, UnitStatePage,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -247,6 +247,36 @@ impl Client {
     /// Revokes a machine: its certificate is refused from now on and it leaves the cluster.
     pub async fn revoke_machine(&self, machine_id: &str) -> Result<()> {
         self.send(Method::POST, &format!("agents/{}/revoke", encode_component(machine_id)), None).await.map(drop)
+    }
+
+    pub async fn sources(&self) -> Result<Vec<Source>> {
+        self.get::<SourceList>("sources").await.map(|list| list.sources)
+    }
+
+    pub async fn source(&self, name: &str) -> Result<Option<Source>> {
+        match self.get(&format!("sources/{}", encode_component(name))).await {
+            Ok(source) => Ok(Some(source)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Creates or replaces a source; `true` when it was created.
+    pub async fn put_source(&self, source: &Source) -> Result<bool> {
+        let body = serde_json::to_string(source).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let (status, _) =
+            self.send(Method::PUT, &format!("sources/{}", encode_component(&source.name)), Some(body)).await?;
+        Ok(status == StatusCode::CREATED)
+    }
+
+    /// Asks for a sync of a source now.
+    pub async fn sync_source(&self, name: &str) -> Result<()> {
+        self.send(Method::POST, &format!("sources/{}/sync", encode_component(name)), None).await.map(drop)
+    }
+
+    /// Removes a source, destroying its units unless `keep_units`; `false` when there was none.
+    pub async fn remove_source(&self, name: &str, keep_units: bool) -> Result<bool> {
+        self.delete(&format!("sources/{}?keepUnits={keep_units}", encode_component(name))).await
     }
 
     pub async fn units(&self) -> Result<Vec<Unit>> {

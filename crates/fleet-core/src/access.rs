@@ -138,6 +138,11 @@ pub enum Action<'a> {
     /// Reads the metrics, which count every unit of the cluster (so not for an operator
     /// limited to some units).
     ReadMetrics,
+    /// Lists git sources and their status (which name units of any scope).
+    ReadSources,
+    /// Adds, changes, pauses, syncs or removes a git source: a source writes any unit, and
+    /// its sync reads files on the machines that run it, so only an admin may.
+    ManageSources,
 }
 
 impl Action<'_> {
@@ -145,7 +150,12 @@ impl Action<'_> {
     pub fn writes(&self) -> bool {
         matches!(
             self,
-            Self::WriteUnit(_) | Self::WriteMachines | Self::ManageCredentials | Self::Join | Self::RenewMachine
+            Self::WriteUnit(_)
+                | Self::WriteMachines
+                | Self::ManageCredentials
+                | Self::ManageSources
+                | Self::Join
+                | Self::RenewMachine
         )
     }
 
@@ -180,9 +190,9 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
         (_, Action::Join | Action::RenewMachine | Action::MachineFacet(_))
         | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
         (Role::Admin, _) => Access::Allowed,
-        (_, Action::ManageCredentials) => Access::Denied,
-        (Role::Operator { units: Some(_) }, Action::ReadMetrics) => Access::Denied,
-        (Role::Viewer, Action::ReadMetrics) => Access::Allowed,
+        (_, Action::ManageCredentials | Action::ManageSources) => Access::Denied,
+        (Role::Operator { units: Some(_) }, Action::ReadMetrics | Action::ReadSources) => Access::Denied,
+        (Role::Viewer, Action::ReadMetrics | Action::ReadSources) => Access::Allowed,
         (_, Action::ReadUnit(_)) if outside_scope => Access::Hidden,
         (_, Action::WriteUnit(_)) if outside_scope => Access::Denied,
         (Role::Viewer, Action::List | Action::ReadUnit(_)) => Access::Allowed,
@@ -213,14 +223,16 @@ mod tests {
             Action::MachineFacet("m1"),
             Action::MachineFacet("m2"),
             Action::ReadMetrics,
+            Action::ReadSources,
+            Action::ManageSources,
         ];
-        let table: [(Role, [Access; 10]); 6] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A]),
-            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D]),
+        let table: [(Role, [Access; 12]); 6] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D]),
+            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

@@ -13,7 +13,7 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 use fleet_testkit::eventually;
 
 use crate::{AgentRegistry, EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
-use crate::{RegistrationRecord, RegistrationRefused, RevokedMachine};
+use crate::{RegistrationRecord, RegistrationRefused, RevokedMachine, SourceRecord, SourceStatus, UnitView, Writer};
 
 /// The agent's facet of the store for one machine: the store itself for a store that serves
 /// every machine, a remote store of that machine's own for the remote one.
@@ -102,6 +102,8 @@ contract!(
     desired_state_changes_reach_the_agent,
     runtime_metadata_overlays_the_machine,
     states_go_with_their_machine,
+    units_belong_to_the_source_that_made_them,
+    sources_and_their_statuses_are_kept_by_name,
 );
 
 fn unit(exec: &str) -> UnitFile {
@@ -380,4 +382,77 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
         registry.revoked_machines().await.expect("list"),
         vec![RevokedMachine { id: "m1".into(), at: 1_800_000_000 }]
     );
+}
+
+/// A unit made by a source is its own: a hand write or another source is refused (and
+/// changes nothing) unless it takes the unit over; the unit shows its owner.
+pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    let git = Writer::Source { name: "git".into(), take_over: false };
+    let other = Writer::Source { name: "other".into(), take_over: false };
+    registry.put_unit_as("a.service", &unit("/bin/a"), DesiredState::Launched, &git).await.expect("a source creates");
+    let owner = |view: Option<UnitView>| view.expect("the unit").source;
+    assert_eq!(owner(registry.unit("a.service").await.expect("read")), Some("git".into()));
+    let refused = registry.put_unit("a.service", &unit("/bin/b"), DesiredState::Launched).await;
+    assert!(
+        matches!(&refused, Err(RegistryError::Owned { owner: Some(source), .. }) if source == "git"),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        registry.set_desired_state("a.service", DesiredState::Loaded).await,
+        Err(RegistryError::Owned { .. })
+    ));
+    assert!(matches!(registry.destroy_unit("a.service").await, Err(RegistryError::Owned { .. })));
+    assert!(matches!(
+        registry.set_desired_state_as("a.service", DesiredState::Loaded, &other).await,
+        Err(RegistryError::Owned { .. })
+    ));
+    let view = registry.unit("a.service").await.expect("read").expect("the unit");
+    assert_eq!(
+        (view.hash, view.desired),
+        (unit("/bin/a").hash(), DesiredState::Launched),
+        "refused writes change nothing"
+    );
+    assert!(registry.set_desired_state_as("a.service", DesiredState::Loaded, &git).await.expect("its source may"));
+    registry.put_unit("b.service", &unit("/bin/b"), DesiredState::Launched).await.expect("by hand");
+    assert!(matches!(
+        registry.put_unit_as("b.service", &unit("/bin/c"), DesiredState::Launched, &git).await,
+        Err(RegistryError::Owned { owner: None, .. })
+    ));
+    let taking = Writer::Source { name: "git".into(), take_over: true };
+    registry.put_unit_as("b.service", &unit("/bin/b"), DesiredState::Launched, &taking).await.expect("taken over");
+    assert_eq!(owner(registry.unit("b.service").await.expect("read")), Some("git".into()));
+    let by_hand = Writer::Hand { take_over: true };
+    registry.put_unit_as("b.service", &unit("/bin/b"), DesiredState::Launched, &by_hand).await.expect("taken back");
+    assert_eq!(owner(registry.unit("b.service").await.expect("read")), None);
+    assert!(registry.destroy_unit_as("a.service", &git).await.expect("its source destroys it"));
+}
+
+/// Sources are stored and replaced by name, listed in name order, and removed with their
+/// status.
+pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    let source = |name: &str, generation: u64| SourceRecord {
+        name: name.into(),
+        repo: "https://git.example/units.git".into(),
+        branch: Some("main".into()),
+        revision: None,
+        paths: vec!["units".into()],
+        interval_seconds: 15,
+        credentials_file: None,
+        paused: false,
+        keep_removed: false,
+        take_over: false,
+        generation,
+    };
+    assert!(registry.sources().await.expect("none yet").is_empty());
+    registry.put_source(&source("web", 1)).await.expect("store");
+    registry.put_source(&source("apps", 1)).await.expect("store");
+    registry.put_source(&source("web", 2)).await.expect("replace");
+    assert_eq!(registry.sources().await.expect("list"), vec![source("apps", 1), source("web", 2)]);
+    let status = SourceStatus { commit: Some("abc".into()), units: 3, ..SourceStatus::default() };
+    registry.set_source_status("web", &status).await.expect("status");
+    assert_eq!(registry.source_statuses().await.expect("statuses"), vec![("web".to_string(), status)]);
+    assert!(registry.remove_source("web").await.expect("remove"));
+    assert!(!registry.remove_source("web").await.expect("remove"), "already gone");
+    assert_eq!(registry.sources().await.expect("list"), vec![source("apps", 1)]);
+    assert!(registry.source_statuses().await.expect("statuses").is_empty());
 }

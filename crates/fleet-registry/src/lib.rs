@@ -17,6 +17,8 @@ pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 mod model;
+mod ownership;
+mod source_record;
 
 use std::collections::HashMap;
 
@@ -30,6 +32,8 @@ pub use model::{
     AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, RevokedMachine,
     StateReport, TokenRecord, UnitRecord, UnitView,
 };
+pub use ownership::{OwnedBy, Writer};
+pub use source_record::{SourceRecord, SourceStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -48,10 +52,22 @@ pub enum RegistryError {
          (if that fleetd has died, its presence expires after agent_ttl)"
     )]
     MachineInUse { machine_id: String },
+    /// The unit belongs to another owner (a source, or hand writes when a source writes).
+    #[error("{}", owned_message(unit, owner))]
+    Owned { unit: String, owner: Option<String> },
     /// The machine holds no presence through this store (a pull agent that moved to another
     /// manager): it must announce itself here first.
     #[error("machine {machine_id} is not announced here; announce it again")]
     NotAnnounced { machine_id: String },
+}
+
+fn owned_message(unit: &str, owner: &Option<String>) -> String {
+    match owner {
+        Some(source) => format!(
+            "unit {unit} is managed by source {source}: change it in the source, or take it over explicitly (--take-over)"
+        ),
+        None => format!("unit {unit} was made by hand, not by this source: take it over explicitly (--take-over)"),
+    }
 }
 
 impl RegistryError {
@@ -98,17 +114,44 @@ pub trait CredentialRegistry: Send + Sync {
     ) -> Result<std::result::Result<RegistrationRecord, RegistrationRefused>>;
 }
 
+/// Git sources: their records, and what their last syncs did.
 #[async_trait]
-pub trait ApiRegistry: CredentialRegistry + Send + Sync {
+pub trait SourceRegistry: Send + Sync {
+    /// Stores a source, replacing any of that name.
+    async fn put_source(&self, record: &SourceRecord) -> Result<()>;
+    /// Every source, in name order.
+    async fn sources(&self) -> Result<Vec<SourceRecord>>;
+    /// Removes a source and its status; `false` when there was none. Its units stay.
+    async fn remove_source(&self, name: &str) -> Result<bool>;
+    /// Every source's status, by name.
+    async fn source_statuses(&self) -> Result<Vec<(String, SourceStatus)>>;
+    async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()>;
+}
+
+#[async_trait]
+pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// Every unit, in name order, with its schedule and derived current state.
     async fn units(&self) -> Result<Vec<UnitView>>;
     async fn unit(&self, name: &str) -> Result<Option<UnitView>>;
-    /// Stores `file` under `name` with `desired`, replacing any unit of that name.
-    async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()>;
+    /// Stores `file` under `name` with `desired`, replacing any unit of that name that
+    /// `writer` may write ([`RegistryError::Owned`] otherwise).
+    async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()>;
     /// Sets a unit's desired state; `false` when there is no such unit.
-    async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool>;
+    async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool>;
     /// Removes a unit; `false` when there was none.
-    async fn destroy_unit(&self, name: &str) -> Result<bool>;
+    async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool>;
+    /// [`ApiRegistry::put_unit_as`] by hand, taking nothing over.
+    async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
+        self.put_unit_as(name, file, desired, &Writer::BY_HAND).await
+    }
+    /// [`ApiRegistry::set_desired_state_as`] by hand, taking nothing over.
+    async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool> {
+        self.set_desired_state_as(name, desired, &Writer::BY_HAND).await
+    }
+    /// [`ApiRegistry::destroy_unit_as`] by hand, taking nothing over.
+    async fn destroy_unit(&self, name: &str) -> Result<bool> {
+        self.destroy_unit_as(name, &Writer::BY_HAND).await
+    }
     /// Every unit state every machine reported, in (unit, machine) order.
     async fn unit_states(&self) -> Result<Vec<UnitState>>;
     /// Live machines with their effective metadata, in ID order.

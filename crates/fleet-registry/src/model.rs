@@ -14,6 +14,9 @@ pub struct UnitRecord {
     pub hash: UnitHash,
     pub desired: DesiredState,
     pub global: bool,
+    /// The source that made the unit and owns it; absent for a unit made by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// A unit as the API shows it.
@@ -29,6 +32,8 @@ pub struct UnitView {
     pub global: bool,
     /// Why the engine could not place the unit, when it could not.
     pub reason: Option<String>,
+    /// The source that owns the unit; `None`: made by hand.
+    pub source: Option<String>,
 }
 
 impl UnitView {
@@ -58,6 +63,7 @@ impl UnitView {
             machine_id: if record.global { None } else { machine_id },
             global: record.global,
             reason,
+            source: record.source,
         }
     }
 }
@@ -175,7 +181,7 @@ mod tests {
     fn only_a_report_of_this_version_makes_a_unit_launched() {
         let old = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1\n").expect("a unit file");
         let new = UnitFile::parse("[Service]\nExecStart=/bin/sleep 2\n").expect("a unit file");
-        let record = UnitRecord { hash: new.hash(), desired: DesiredState::Launched, global: false };
+        let record = UnitRecord { hash: new.hash(), desired: DesiredState::Launched, global: false, source: None };
         let report = |file: &UnitFile| UnitState {
             name: "a.service".into(),
             machine_id: "m1".into(),

@@ -289,6 +289,11 @@ enum Command {
         #[command(subcommand)]
         action: MachineCommand,
     },
+    /// Follow unit files in git repositories: add, list, status, pause, resume, sync, remove
+    Source {
+        #[command(subcommand)]
+        action: SourceCommand,
+    },
     /// Manage the tokens pull agents join with (administrators only)
     RegistrationToken {
         #[command(subcommand)]
@@ -340,6 +345,66 @@ pub enum RegistrationTokenCommand {
     /// Revoke a registration token: no machine joins with it any more
     Revoke { name: String },
 }
+
+#[derive(Subcommand, Debug)]
+pub enum SourceCommand {
+    /// Add a source, or change one: its unit files become units of the cluster, kept as the
+    /// repository has them (administrators only)
+    #[command(after_help = SOURCE_HELP)]
+    Add {
+        /// https:// or file:// address of the repository (credentials go in --credentials)
+        #[arg(long)]
+        repo: String,
+        /// The branch to follow (default: the repository's default branch)
+        #[arg(long, conflicts_with = "revision")]
+        branch: Option<String>,
+        /// A fixed commit or tag instead of a branch
+        #[arg(long)]
+        revision: Option<String>,
+        /// A directory of the repository to read (repeatable; default: all of it)
+        #[arg(long = "path")]
+        paths: Vec<String>,
+        /// How often to fetch (e.g. 15s, 5m)
+        #[arg(long, default_value = "15s")]
+        interval: String,
+        /// The name of a file in the syncing machines' source_credentials_dir holding
+        /// USER:PASSWORD or a token, for https
+        #[arg(long)]
+        credentials: Option<String>,
+        /// Keep units that are removed from the repository instead of destroying them
+        #[arg(long)]
+        keep_removed: bool,
+        /// Take over units of the same names made by hand or by another source
+        #[arg(long)]
+        take_over: bool,
+        name: String,
+    },
+    /// List the sources and how their last sync went
+    List {
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+    },
+    /// Show a source: where it reads, its last commit, its problems and conflicts
+    Status { name: String },
+    /// Stop syncing a source; its units stay as they are
+    Pause { name: String },
+    /// Sync a paused source again, at once
+    Resume { name: String },
+    /// Sync a source now
+    Sync { name: String },
+    /// Remove a source and destroy its units (or keep them, as units made by hand)
+    Remove {
+        /// Keep the source's units running, as units made by hand
+        #[arg(long)]
+        keep_units: bool,
+        name: String,
+    },
+}
+
+const SOURCE_HELP: &str = "Each directory read may hold a fleet-desired.conf of PATTERN = STATE lines \
+(inactive, loaded or launched; later lines win; units no line names are launched), e.g.\n  \
+batch-*.service = loaded\n  web@{1..12}.service = launched   # instances of web@.service";
 
 #[derive(Subcommand, Debug)]
 pub enum TokenCommand {
@@ -451,7 +516,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
-    use commands::{inspect, lifecycle, list, registration_token, remote, token};
+    use commands::{inspect, lifecycle, list, registration_token, remote, source, token};
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
             let Some(options) = ssh else {
@@ -477,6 +542,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::Restart { block_attempts, units } => lifecycle::restart(&context, &units, block_attempts).await,
         Command::Token { action } => token::run(&context, action).await,
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
+        Command::Source { action } => source::run(&context, action).await,
         Command::Machine { action: MachineCommand::Revoke { machine } } => {
             match context.client.revoke_machine(&machine).await {
                 Ok(()) => {

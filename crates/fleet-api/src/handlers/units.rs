@@ -6,7 +6,7 @@ use fleet_core::access::Role;
 use fleet_core::service_values::check_service_directives;
 use fleet_core::unit_name::{UnitNameInfo, validate_name};
 use fleet_core::{DesiredState, Requirements, UnitFile};
-use fleet_registry::UnitView;
+use fleet_registry::{UnitView, Writer};
 
 use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, json_response, page_token};
@@ -64,8 +64,18 @@ pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
     }
 }
 
-pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> {
-    if state.registry.destroy_unit(name).await? {
+/// Who writes a unit: by hand, taking over a unit a source owns only with `takeOver=true`
+/// (our addition; the original's clients never send it).
+pub fn writer(query: &[(String, String)]) -> Result<Writer, ApiError> {
+    match query.iter().find(|(key, _)| key == "takeOver").map(|(_, value)| value.as_str()) {
+        None | Some("false") => Ok(Writer::BY_HAND),
+        Some("true") => Ok(Writer::Hand { take_over: true }),
+        Some(other) => Err(ApiError::bad_request(format!("invalid takeOver {other:?}: true or false"))),
+    }
+}
+
+pub async fn delete(state: &ApiState, name: &str, writer: &Writer) -> Result<Response, ApiError> {
+    if state.registry.destroy_unit_as(name, writer).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found("unit does not exist"))
@@ -107,7 +117,13 @@ fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), A
 }
 
 /// PUT /units/{name}: create, replace (new options) or change the desired state.
-pub async fn put(state: &ApiState, name: &str, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn put(
+    state: &ApiState,
+    name: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    writer: &Writer,
+) -> Result<Response, ApiError> {
     check_content_type(headers)?;
     // A unit is an object; serde would also read a struct from an array (`[]` came out as
     // a unit without options, answered 409 instead of 400).
@@ -147,14 +163,14 @@ pub async fn put(state: &ApiState, name: &str, headers: &HeaderMap, body: &[u8])
         validate_options(name, &file)?;
         let desired = desired.unwrap_or(DesiredState::Inactive);
         refuse_template_activation(name, desired)?;
-        state.registry.put_unit(name, &file, desired).await?;
+        state.registry.put_unit_as(name, &file, desired, writer).await?;
         return Ok(StatusCode::CREATED.into_response());
     }
     let Some(desired) = desired else {
         return Err(ApiError::new(StatusCode::CONFLICT, "must provide DesiredState to update existing unit"));
     };
     refuse_template_activation(name, desired)?;
-    if state.registry.set_desired_state(name, desired).await? {
+    if state.registry.set_desired_state_as(name, desired, writer).await? {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found("unit does not exist"))

@@ -7,7 +7,7 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
 use crate::codec::machine_with_overrides;
-use crate::{ApiRegistry, MetadataChange, Result, UnitView};
+use crate::{ApiRegistry, MetadataChange, Result, UnitView, Writer};
 
 /// Reads one unit with its body, schedule, reason and derived current state.
 fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<UnitView> {
@@ -121,19 +121,20 @@ impl ApiRegistry for EmbeddedRegistry {
         .await
     }
 
-    async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
-        let (name, file) = (name.to_string(), file.clone());
+    async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
+        let (name, file, writer) = (name.to_string(), file.clone(), writer.clone());
         self.write(move |txn, touched| {
             let hash = file.hash();
             let global = Requirements::from_unit(&name, &file).global;
             let previous = unit_record(txn, &name)?;
+            let source = owner_after(&writer, &name, previous.as_ref())?;
             if previous.as_ref().is_none_or(|old| old.hash != hash) {
                 reference_body(txn, &file)?;
                 if let Some(old) = &previous {
                     release_body(txn, &old.hash)?;
                 }
             }
-            let record = UnitRecord { hash, desired, global };
+            let record = UnitRecord { hash, desired, global, source };
             txn.open_table(tables::UNITS)
                 .map_err(unavailable)?
                 .insert(name.as_str(), encode(&record).as_slice())
@@ -143,12 +144,13 @@ impl ApiRegistry for EmbeddedRegistry {
         .await
     }
 
-    async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool> {
-        let name = name.to_string();
+    async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
+        let (name, writer) = (name.to_string(), writer.clone());
         self.write(move |txn, touched| {
             let Some(mut record) = unit_record(txn, &name)? else {
                 return Ok(false);
             };
+            record.source = owner_after(&writer, &name, Some(&record))?;
             record.desired = desired;
             txn.open_table(tables::UNITS)
                 .map_err(unavailable)?
@@ -160,12 +162,13 @@ impl ApiRegistry for EmbeddedRegistry {
         .await
     }
 
-    async fn destroy_unit(&self, name: &str) -> Result<bool> {
-        let name = name.to_string();
+    async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool> {
+        let (name, writer) = (name.to_string(), writer.clone());
         self.write(move |txn, touched| {
             let Some(record) = unit_record(txn, &name)? else {
                 return Ok(false);
             };
+            owner_after(&writer, &name, Some(&record))?;
             touch_unit(txn, &name, record.global, touched)?;
             txn.open_table(tables::UNITS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
             txn.open_table(tables::SCHEDULE).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
@@ -210,4 +213,11 @@ impl ApiRegistry for EmbeddedRegistry {
         })
         .await
     }
+}
+
+/// Who owns `name` after `writer` writes it (its record now is `current`).
+fn owner_after(writer: &Writer, name: &str, current: Option<&UnitRecord>) -> Result<Option<String>> {
+    writer
+        .owner_after(current.is_some(), current.and_then(|record| record.source.as_deref()))
+        .map_err(|refused| refused.into_error(name))
 }

@@ -11,7 +11,7 @@ use crate::codec::find_registration;
 use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, Result, RevokedMachine, TokenRecord};
 
 /// A table of JSON records by name.
-type NamedTable = TableDefinition<'static, &'static str, &'static [u8]>;
+pub(super) type NamedTable = TableDefinition<'static, &'static str, &'static [u8]>;
 
 impl EmbeddedRegistry {
     /// Stores `record` under `name` unless the name is taken; `false` then.
@@ -33,8 +33,24 @@ impl EmbeddedRegistry {
         .await
     }
 
+    /// Stores `record` under `name`, replacing what was there.
+    pub(super) async fn put_named<T: Serialize + Send + 'static>(
+        &self,
+        table: NamedTable,
+        name: &str,
+        record: T,
+    ) -> Result<()> {
+        let name = name.to_string();
+        self.write(move |txn, _| {
+            let mut rows = txn.open_table(table).map_err(unavailable)?;
+            rows.insert(name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
+            Ok(())
+        })
+        .await
+    }
+
     /// Every record of `table`, in name order.
-    async fn list_all<T: DeserializeOwned + Send + 'static>(&self, table: NamedTable) -> Result<Vec<T>> {
+    pub(super) async fn list_all<T: DeserializeOwned + Send + 'static>(&self, table: NamedTable) -> Result<Vec<T>> {
         self.read(move |txn| {
             let rows = txn.open_table(table).map_err(unavailable)?;
             Ok(read_all::<T>(&rows)?.into_iter().map(|(_, record)| record).collect())
@@ -43,7 +59,7 @@ impl EmbeddedRegistry {
     }
 
     /// Removes the record named `name`; `false` when there was none.
-    async fn remove_named(&self, table: NamedTable, name: &str) -> Result<bool> {
+    pub(super) async fn remove_named(&self, table: NamedTable, name: &str) -> Result<bool> {
         let name = name.to_string();
         self.write(move |txn, _| {
             let removed =

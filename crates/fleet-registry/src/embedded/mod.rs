@@ -8,6 +8,7 @@ mod agent;
 mod api;
 mod credentials;
 mod engine;
+mod sources;
 mod tables;
 
 use std::collections::HashMap;
@@ -66,6 +67,8 @@ impl EmbeddedRegistry {
             tables::TOKENS,
             tables::REGISTRATIONS,
             tables::REVOKED,
+            tables::SOURCES,
+            tables::SOURCE_STATUSES,
         ] {
             txn.open_table(table).map_err(unavailable)?;
         }
@@ -115,7 +118,8 @@ impl EmbeddedRegistry {
         .await
         .map_err(unavailable)
         .and_then(|result| result);
-        fleet_metrics::metrics().store.observe("embedded", "write", started.elapsed(), result.is_err());
+        let failed = result.as_ref().is_err_and(|error| !matches!(error, RegistryError::Owned { .. }));
+        fleet_metrics::metrics().store.observe("embedded", "write", started.elapsed(), failed);
         let (value, touched) = result?;
         self.signals.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.notify(&touched);

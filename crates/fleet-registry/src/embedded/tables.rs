@@ -25,6 +25,10 @@ pub const REGISTRATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("re
 pub const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked_machines");
 /// Token name → [`crate::TokenRecord`].
 pub const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
+/// Source name → [`crate::SourceRecord`].
+pub const SOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("sources");
+/// Source name → [`crate::SourceStatus`].
+pub const SOURCE_STATUSES: TableDefinition<&str, &[u8]> = TableDefinition::new("source_statuses");
 /// `unit\0machine` → [`fleet_core::UnitState`].
 pub const STATES: TableDefinition<&str, &[u8]> = TableDefinition::new("states");
 

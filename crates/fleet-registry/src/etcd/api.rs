@@ -12,7 +12,7 @@ use super::EtcdRegistry;
 use super::connection::get_prefix;
 use super::records::Assignment;
 use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
-use crate::{ApiRegistry, MetadataChange, RegistryError, Result, UnitRecord, UnitView};
+use crate::{ApiRegistry, MetadataChange, OwnedBy, RegistryError, Result, UnitRecord, UnitView, Writer};
 
 /// How often a conditional write is tried before giving up on a busy key.
 const ATTEMPTS: usize = 10;
@@ -168,6 +168,12 @@ impl EtcdRegistry {
     }
 }
 
+/// Who owns the unit after `writer` writes it, or who keeps it out.
+fn owner_after(writer: &Writer, current: &Current) -> std::result::Result<Option<String>, OwnedBy> {
+    let record = current.record.as_ref();
+    writer.owner_after(record.is_some(), record.and_then(|record| record.source.as_deref()))
+}
+
 fn missing_body(key: String) -> RegistryError {
     RegistryError::Corrupt { key, reason: "unit body missing".into() }
 }
@@ -252,13 +258,18 @@ impl ApiRegistry for EtcdRegistry {
         Ok(Some(UnitView::from_records(name, record, file, current.machine, reason, state.as_ref())))
     }
 
-    async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
+    async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         let keys = self.keys();
         let hash = file.hash();
         let hash_text = hash.to_string();
-        let record = UnitRecord { hash, desired, global: Requirements::from_unit(name, file).global };
+        let global = Requirements::from_unit(name, file).global;
         let replaced = self
             .write_unit(name, |current| {
+                let source = match owner_after(writer, current) {
+                    Ok(source) => source,
+                    Err(refused) => return Planned::Done(Err(refused)),
+                };
+                let record = UnitRecord { hash, desired, global, source };
                 let mut ops = vec![
                     TxnOp::put(keys.unit(name), encode(&record), None),
                     TxnOp::put(keys.body(&hash_text), encode(&file.options()), None),
@@ -269,35 +280,44 @@ impl ApiRegistry for EtcdRegistry {
                     ops.push(TxnOp::delete(keys.body_ref(&old.to_string(), name), None));
                 }
                 self.agent_copies(name, &record, current, &mut ops);
-                Planned::Write(ops, replaced)
+                Planned::Write(ops, Ok(replaced))
             })
-            .await?;
+            .await?
+            .map_err(|refused| refused.into_error(name))?;
         if let Some(old) = replaced {
             self.collect_body(&old).await?;
         }
         Ok(())
     }
 
-    async fn set_desired_state(&self, name: &str, desired: DesiredState) -> Result<bool> {
+    async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
         self.write_unit(name, |current| {
             let Some(old) = &current.record else {
-                return Planned::Done(false);
+                return Planned::Done(Ok(false));
             };
-            let record = UnitRecord { desired, ..old.clone() };
+            let source = match owner_after(writer, current) {
+                Ok(source) => source,
+                Err(refused) => return Planned::Done(Err(refused)),
+            };
+            let record = UnitRecord { desired, source, ..old.clone() };
             let mut ops = vec![TxnOp::put(self.keys().unit(name), encode(&record), None)];
             self.agent_copies(name, &record, current, &mut ops);
-            Planned::Write(ops, true)
+            Planned::Write(ops, Ok(true))
         })
-        .await
+        .await?
+        .map_err(|refused| refused.into_error(name))
     }
 
-    async fn destroy_unit(&self, name: &str) -> Result<bool> {
+    async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool> {
         let keys = self.keys();
         let destroyed = self
             .write_unit(name, |current| {
                 let Some(record) = &current.record else {
-                    return Planned::Done(None);
+                    return Planned::Done(Ok(None));
                 };
+                if let Err(refused) = owner_after(writer, current) {
+                    return Planned::Done(Err(refused));
+                }
                 let mut ops = vec![
                     TxnOp::delete(keys.unit(name), None),
                     TxnOp::delete(keys.placement(name), None),
@@ -310,15 +330,16 @@ impl ApiRegistry for EtcdRegistry {
                 if let Some(machine) = &current.machine {
                     ops.push(TxnOp::delete(keys.scheduled(machine, name), None));
                 }
-                Planned::Write(ops, Some(record.hash))
+                Planned::Write(ops, Ok(Some(record.hash)))
             })
             .await;
         match destroyed {
-            Ok(Some(hash)) => {
+            Ok(Ok(Some(hash))) => {
                 self.collect_body(&hash).await?;
                 Ok(true)
             }
-            Ok(None) => Ok(false),
+            Ok(Ok(None)) => Ok(false),
+            Ok(Err(refused)) => Err(refused.into_error(name)),
             Err(RegistryError::Corrupt { key, reason }) => {
                 tracing::error!(key, reason, "destroying a unit whose record cannot be read");
                 self.destroy_unreadable_unit(name).await

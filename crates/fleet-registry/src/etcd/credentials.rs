@@ -24,7 +24,11 @@ impl EtcdRegistry {
     }
 
     /// Every record under `prefix` (undecodable ones skipped and logged), in name order.
-    async fn list_named<T: DeserializeOwned>(&self, prefix: &str, name: impl Fn(&T) -> &str) -> Result<Vec<T>> {
+    pub(super) async fn list_named<T: DeserializeOwned>(
+        &self,
+        prefix: &str,
+        name: impl Fn(&T) -> &str,
+    ) -> Result<Vec<T>> {
         let reply = self.connection().get(prefix, Some(GetOptions::new().with_prefix())).await?;
         let mut records: Vec<T> = reply
             .kvs()
@@ -36,7 +40,7 @@ impl EtcdRegistry {
     }
 
     /// Deletes `key`; `false` when it did not exist.
-    async fn delete_key(&self, key: &str) -> Result<bool> {
+    pub(super) async fn delete_key(&self, key: &str) -> Result<bool> {
         let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key, None)])).await?;
         Ok(reply.op_responses().into_iter().any(|response| match response {
             etcd_client::TxnOpResponse::Delete(delete) => delete.deleted() > 0,

@@ -15,6 +15,8 @@
 //! | `engine/leader` | machine ID | engine's | engine |
 //! | `revoked/<machine>` | [`crate::RevokedMachine`] | — | API |
 //! | `registrations/<name>` | [`crate::RegistrationRecord`] (hash only) | its expiry's | API |
+//! | `sources/<name>` | [`crate::SourceRecord`] (no secret: credentials stay in files) | — | API |
+//! | `source-status/<name>` | [`crate::SourceStatus`] | — | engine leader |
 //! | `tokens/<name>` | [`crate::TokenRecord`] (the token's hash, never the token) | — | API |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
@@ -169,6 +171,22 @@ impl Keys {
 
     pub fn registration(&self, name: &str) -> String {
         self.key(&["registrations", name])
+    }
+
+    pub fn sources(&self) -> String {
+        self.key(&["sources", ""])
+    }
+
+    pub fn source(&self, name: &str) -> String {
+        self.key(&["sources", name])
+    }
+
+    pub fn source_statuses(&self) -> String {
+        self.key(&["source-status", ""])
+    }
+
+    pub fn source_status(&self, name: &str) -> String {
+        self.key(&["source-status", name])
     }
 
     pub fn tokens(&self) -> String {

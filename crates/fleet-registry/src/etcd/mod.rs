@@ -18,6 +18,7 @@ mod keys;
 mod mirror;
 mod records;
 mod session;
+mod sources;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -6,4 +6,5 @@ pub mod lifecycle;
 pub mod list;
 pub mod registration_token;
 pub mod remote;
+pub mod source;
 pub mod token;

@@ -1,0 +1,175 @@
+//! `/sources`, `/sources/{name}` and `/sources/{name}/sync`: git sources (our addition).
+//! Reading takes [`fleet_core::access::Action::ReadSources`], everything else
+//! `ManageSources` (administrators), which the router checks before any of these run.
+
+use std::collections::BTreeMap;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use fleet_core::source::checks::{
+    INTERVAL_SECONDS, PATHS_MAX, check_credentials_name, check_path, check_reference, check_repo, check_source_name,
+};
+use fleet_registry::{SourceRecord, SourceStatus, Writer};
+
+use crate::router::{ApiError, ApiState, json_response};
+use crate::schema::{Source, SourceList, SourceStatus as StatusSchema};
+
+/// The interval of a source that names none.
+pub const DEFAULT_INTERVAL_SECONDS: u64 = 15;
+
+fn to_schema(record: SourceRecord, status: Option<SourceStatus>) -> Source {
+    let status = status.map(|status| StatusSchema {
+        current: status.generation == record.generation,
+        commit: status.commit,
+        attempted_at: status.attempted_at,
+        synced_at: status.synced_at,
+        error: status.error,
+        problems: status.problems,
+        owned_elsewhere: status.owned_elsewhere,
+        units: status.units,
+        changes: status.changes,
+    });
+    Source {
+        name: record.name,
+        repo: record.repo,
+        branch: record.branch,
+        revision: record.revision,
+        paths: record.paths,
+        interval_seconds: Some(record.interval_seconds),
+        credentials: record.credentials_file,
+        paused: record.paused,
+        keep_removed: record.keep_removed,
+        take_over: record.take_over,
+        status,
+    }
+}
+
+async fn statuses(state: &ApiState) -> Result<BTreeMap<String, SourceStatus>, ApiError> {
+    Ok(state.registry.source_statuses().await?.into_iter().collect())
+}
+
+async fn find(state: &ApiState, name: &str) -> Result<SourceRecord, ApiError> {
+    state
+        .registry
+        .sources()
+        .await?
+        .into_iter()
+        .find(|record| record.name == name)
+        .ok_or_else(|| ApiError::not_found("source does not exist"))
+}
+
+pub async fn list(state: &ApiState) -> Result<Response, ApiError> {
+    let mut statuses = statuses(state).await?;
+    let sources = state
+        .registry
+        .sources()
+        .await?
+        .into_iter()
+        .map(|record| {
+            let status = statuses.remove(&record.name);
+            to_schema(record, status)
+        })
+        .collect();
+    Ok(json_response(StatusCode::OK, &SourceList { sources }))
+}
+
+pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+    let record = find(state, name).await?;
+    let status = statuses(state).await?.remove(name);
+    Ok(json_response(StatusCode::OK, &to_schema(record, status)))
+}
+
+/// Checks a source as it arrives; the record it makes (generation 0).
+fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
+    let bad = ApiError::bad_request;
+    check_source_name(name).map_err(bad)?;
+    if !request.name.is_empty() && request.name != name {
+        return Err(bad(format!("name in URL {name:?} differs from source name in request body {:?}", request.name)));
+    }
+    check_repo(&request.repo).map_err(bad)?;
+    if request.branch.is_some() && request.revision.is_some() {
+        return Err(bad("give a branch or a revision, not both".into()));
+    }
+    if let Some(branch) = &request.branch {
+        check_reference("branch", branch).map_err(bad)?;
+    }
+    if let Some(revision) = &request.revision {
+        check_reference("revision", revision).map_err(bad)?;
+    }
+    if request.paths.len() > PATHS_MAX {
+        return Err(bad(format!("at most {PATHS_MAX} paths")));
+    }
+    for path in &request.paths {
+        check_path(path).map_err(bad)?;
+    }
+    let interval_seconds = request.interval_seconds.unwrap_or(DEFAULT_INTERVAL_SECONDS);
+    if !INTERVAL_SECONDS.contains(&interval_seconds) {
+        return Err(bad(format!(
+            "invalid intervalSeconds: between {} and {}",
+            INTERVAL_SECONDS.start(),
+            INTERVAL_SECONDS.end()
+        )));
+    }
+    if let Some(credentials) = &request.credentials {
+        check_credentials_name(credentials).map_err(bad)?;
+    }
+    if request.status.is_some() {
+        return Err(bad("status is the sync's to write".into()));
+    }
+    Ok(SourceRecord {
+        name: name.to_string(),
+        repo: request.repo,
+        branch: request.branch,
+        revision: request.revision,
+        paths: request.paths,
+        interval_seconds,
+        credentials_file: request.credentials,
+        paused: request.paused,
+        keep_removed: request.keep_removed,
+        take_over: request.take_over,
+        generation: 0,
+    })
+}
+
+/// PUT /sources/{name}: creates (201) or replaces (204) a source; either way the syncing
+/// engine syncs it at once.
+pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let request: Source =
+        serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid source: {error}")))?;
+    let mut record = checked(name, request)?;
+    let existing = state.registry.sources().await?.into_iter().find(|old| old.name == name);
+    record.generation = existing.as_ref().map_or(1, |old| old.generation + 1);
+    state.registry.put_source(&record).await?;
+    Ok(if existing.is_some() { StatusCode::NO_CONTENT } else { StatusCode::CREATED }.into_response())
+}
+
+/// POST /sources/{name}/sync: asks the syncing engine to sync now.
+pub async fn sync(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+    let mut record = find(state, name).await?;
+    record.generation += 1;
+    state.registry.put_source(&record).await?;
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
+/// DELETE /sources/{name}: removes a source and destroys the units it owns, or with
+/// `keepUnits=true` leaves them running as units made by hand.
+pub async fn delete(state: &ApiState, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let keep_units = match query.iter().find(|(key, _)| key == "keepUnits").map(|(_, value)| value.as_str()) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => return Err(ApiError::bad_request(format!("invalid keepUnits {other:?}: true or false"))),
+    };
+    find(state, name).await?;
+    // The record goes first, so that no sync recreates what is destroyed next.
+    state.registry.remove_source(name).await?;
+    let source = Writer::Source { name: name.to_string(), take_over: false };
+    let released = Writer::Hand { take_over: true };
+    for unit in state.registry.units().await?.into_iter().filter(|unit| unit.source.as_deref() == Some(name)) {
+        if keep_units {
+            state.registry.set_desired_state_as(&unit.name, unit.desired, &released).await?;
+        } else {
+            state.registry.destroy_unit_as(&unit.name, &source).await?;
+        }
+    }
+    Ok(StatusCode::NO_CONTENT.into_response())
+}

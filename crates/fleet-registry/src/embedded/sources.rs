@@ -1,0 +1,35 @@
+//! The sources facet of the embedded store.
+
+use async_trait::async_trait;
+
+use super::tables::{self, read_all};
+use super::{EmbeddedRegistry, unavailable};
+use crate::{Result, SourceRecord, SourceRegistry, SourceStatus};
+
+#[async_trait]
+impl SourceRegistry for EmbeddedRegistry {
+    async fn put_source(&self, record: &SourceRecord) -> Result<()> {
+        self.put_named(tables::SOURCES, &record.name, record.clone()).await
+    }
+
+    async fn sources(&self) -> Result<Vec<SourceRecord>> {
+        self.list_all(tables::SOURCES).await
+    }
+
+    async fn remove_source(&self, name: &str) -> Result<bool> {
+        self.remove_named(tables::SOURCE_STATUSES, name).await?;
+        self.remove_named(tables::SOURCES, name).await
+    }
+
+    async fn source_statuses(&self) -> Result<Vec<(String, SourceStatus)>> {
+        self.read(|txn| {
+            let rows = txn.open_table(tables::SOURCE_STATUSES).map_err(unavailable)?;
+            read_all::<SourceStatus>(&rows)
+        })
+        .await
+    }
+
+    async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
+        self.put_named(tables::SOURCE_STATUSES, name, status.clone()).await
+    }
+}

@@ -1,0 +1,46 @@
+//! The sources facet of the etcd store: `sources/<name>` and `source-status/<name>`.
+
+use async_trait::async_trait;
+use etcd_client::{GetOptions, Txn, TxnOp};
+
+use super::EtcdRegistry;
+use crate::codec::{decode_listed, encode};
+use crate::{Result, SourceRecord, SourceRegistry, SourceStatus};
+
+#[async_trait]
+impl SourceRegistry for EtcdRegistry {
+    async fn put_source(&self, record: &SourceRecord) -> Result<()> {
+        let txn = Txn::new().and_then(vec![TxnOp::put(self.keys().source(&record.name), encode(record), None)]);
+        self.connection().txn(txn).await?;
+        Ok(())
+    }
+
+    async fn sources(&self) -> Result<Vec<SourceRecord>> {
+        self.list_named(&self.keys().sources(), |record: &SourceRecord| &record.name).await
+    }
+
+    async fn remove_source(&self, name: &str) -> Result<bool> {
+        self.delete_key(&self.keys().source_status(name)).await?;
+        self.delete_key(&self.keys().source(name)).await
+    }
+
+    async fn source_statuses(&self) -> Result<Vec<(String, SourceStatus)>> {
+        let prefix = self.keys().source_statuses();
+        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
+        Ok(reply
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let status = decode_listed::<SourceStatus>(&key, kv.value())?;
+                Some((key.strip_prefix(&prefix)?.to_string(), status))
+            })
+            .collect())
+    }
+
+    async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
+        let txn = Txn::new().and_then(vec![TxnOp::put(self.keys().source_status(name), encode(status), None)]);
+        self.connection().txn(txn).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,54 @@
+//! A git source as the registry keeps it, and what its last sync did.
+
+use serde::{Deserialize, Serialize};
+
+/// A source: where its units come from and how it is synced. Holds no secret: credentials
+/// stay in a file on the machines that sync, named here by path.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceRecord {
+    pub name: String,
+    /// `https://…` or `file://…`.
+    pub repo: String,
+    /// The branch followed; `None` with a fixed `revision`, or for the remote's default.
+    pub branch: Option<String>,
+    /// A fixed commit (hex, full or abbreviated) or tag, instead of a branch.
+    pub revision: Option<String>,
+    /// Directories of the repository read (recursively); empty: the whole tree.
+    pub paths: Vec<String>,
+    pub interval_seconds: u64,
+    /// A file on each syncing machine holding `username:password` (or a token alone) for https.
+    pub credentials_file: Option<String>,
+    pub paused: bool,
+    /// Units gone from git stay (owned, unchanged) instead of being destroyed.
+    pub keep_removed: bool,
+    /// Units of the same names held by hand or by another source are taken over.
+    pub take_over: bool,
+    /// Moves on every change of the record and every request for a sync (webhook, resume):
+    /// the syncing engine syncs at once when it moved.
+    pub generation: u64,
+}
+
+/// What the last sync of a source did, written by the engine leader that ran it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    /// The commit last applied (fully or with the problems below).
+    pub commit: Option<String>,
+    /// When the last sync attempt ended and when one last succeeded (seconds since the epoch).
+    pub attempted_at: u64,
+    pub synced_at: Option<u64>,
+    /// Why the last attempt failed (fetch, credentials, a revision not found); `None` if it
+    /// did not.
+    pub error: Option<String>,
+    /// Files that did not read, by path and line: those units were left as they were.
+    pub problems: Vec<String>,
+    /// Units the source names that another owner holds (`unit (owner)`): left alone.
+    pub owned_elsewhere: Vec<String>,
+    /// Units the source owns after the sync.
+    pub units: usize,
+    /// Writes the last sync made.
+    pub changes: usize,
+    /// The record's generation the last attempt synced.
+    pub generation: u64,
+    /// Failed attempts in a row (for the backoff), 0 after a success.
+    pub failures: u32,
+}

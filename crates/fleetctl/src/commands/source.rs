@@ -1,0 +1,205 @@
+//! `fleetctl source add|list|status|pause|resume|sync|remove`: git sources.
+
+use fleet_api_schema::Source;
+use fleet_core::duration::parse_go_duration;
+
+use super::token::time;
+use crate::context::Context;
+use crate::table::tab_table;
+use crate::{Outcome, SourceCommand};
+
+pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
+    match command {
+        SourceCommand::Add { repo, branch, revision, paths, interval, credentials, keep_removed, take_over, name } => {
+            let interval_seconds = match parse_go_duration(&interval) {
+                Ok(interval) => interval.as_secs().max(1),
+                Err(error) => {
+                    eprintln!("Invalid --interval {interval:?}: {error}");
+                    return Outcome::Usage;
+                }
+            };
+            let source = Source {
+                name,
+                repo,
+                branch,
+                revision,
+                paths,
+                interval_seconds: Some(interval_seconds),
+                credentials,
+                keep_removed,
+                take_over,
+                ..Source::default()
+            };
+            add(context, &source).await
+        }
+        SourceCommand::List { no_legend } => list(context, no_legend).await,
+        SourceCommand::Status { name } => status(context, &name).await,
+        SourceCommand::Pause { name } => set_paused(context, &name, true).await,
+        SourceCommand::Resume { name } => set_paused(context, &name, false).await,
+        SourceCommand::Sync { name } => match context.client.sync_source(&name).await {
+            Ok(()) => {
+                eprintln!("Source {name} will sync now");
+                Outcome::Success
+            }
+            Err(error) => {
+                eprintln!("Error syncing source {name}: {error}");
+                Outcome::Failure
+            }
+        },
+        SourceCommand::Remove { keep_units, name } => remove(context, &name, keep_units).await,
+    }
+}
+
+async fn add(context: &Context, source: &Source) -> Outcome {
+    match context.client.put_source(source).await {
+        Ok(created) => {
+            let verb = if created { "added" } else { "changed" };
+            eprintln!("Source {} {verb}; it syncs now (see: fleetctl source status {})", source.name, source.name);
+            Outcome::Success
+        }
+        Err(error) => {
+            eprintln!("Error adding source {}: {error}", source.name);
+            Outcome::Failure
+        }
+    }
+}
+
+/// One word for where a source stands.
+fn state(source: &Source) -> &'static str {
+    match &source.status {
+        _ if source.paused => "paused",
+        None => "pending",
+        Some(status) if status.error.is_some() => "failing",
+        Some(status) if !status.current => "syncing",
+        Some(status) if !status.problems.is_empty() || !status.owned_elsewhere.is_empty() => "problems",
+        Some(_) => "synced",
+    }
+}
+
+fn reference(source: &Source) -> String {
+    match (&source.branch, &source.revision) {
+        (Some(branch), _) => branch.clone(),
+        (None, Some(revision)) => format!("@{revision}"),
+        (None, None) => "(default)".to_string(),
+    }
+}
+
+fn short_commit(source: &Source) -> String {
+    source
+        .status
+        .as_ref()
+        .and_then(|status| status.commit.as_deref())
+        .map_or("-".to_string(), |commit| commit.chars().take(8).collect())
+}
+
+async fn list(context: &Context, no_legend: bool) -> Outcome {
+    let sources = match context.client.sources().await {
+        Ok(sources) => sources,
+        Err(error) => {
+            eprintln!("Error listing sources: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let mut rows = Vec::with_capacity(sources.len() + 1);
+    if !no_legend {
+        rows.push(["NAME", "REPO", "REF", "COMMIT", "STATE", "UNITS"].map(str::to_string).to_vec());
+    }
+    for source in &sources {
+        let units = source.status.as_ref().map_or(0, |status| status.units);
+        rows.push(vec![
+            source.name.clone(),
+            source.repo.clone(),
+            reference(source),
+            short_commit(source),
+            state(source).to_string(),
+            units.to_string(),
+        ]);
+    }
+    print!("{}", tab_table(&rows));
+    Outcome::Success
+}
+
+async fn status(context: &Context, name: &str) -> Outcome {
+    let source = match context.client.source(name).await {
+        Ok(Some(source)) => source,
+        Ok(None) => {
+            eprintln!("Source {name} not found");
+            return Outcome::Failure;
+        }
+        Err(error) => {
+            eprintln!("Error reading source {name}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    println!("Source:    {}", source.name);
+    println!("Repo:      {}", source.repo);
+    println!("Ref:       {}", reference(&source));
+    if !source.paths.is_empty() {
+        println!("Paths:     {}", source.paths.join(", "));
+    }
+    println!("Interval:  {}s", source.interval_seconds.unwrap_or_default());
+    println!("State:     {}", state(&source));
+    let Some(status) = &source.status else {
+        println!("Not synced yet");
+        return Outcome::Success;
+    };
+    println!("Commit:    {}", status.commit.as_deref().unwrap_or("-"));
+    println!("Units:     {} (last sync made {} changes)", status.units, status.changes);
+    println!("Attempted: {}", time(status.attempted_at));
+    println!("Synced:    {}", status.synced_at.map_or("never".to_string(), time));
+    if let Some(error) = &status.error {
+        println!("Error:     {error}");
+    }
+    for problem in &status.problems {
+        println!("Problem:   {problem}");
+    }
+    for unit in &status.owned_elsewhere {
+        println!("Not taken: {unit} (add --take-over to take it)");
+    }
+    Outcome::Success
+}
+
+async fn set_paused(context: &Context, name: &str, paused: bool) -> Outcome {
+    let verb = if paused { "pausing" } else { "resuming" };
+    let mut source = match context.client.source(name).await {
+        Ok(Some(source)) => source,
+        Ok(None) => {
+            eprintln!("Source {name} not found");
+            return Outcome::Failure;
+        }
+        Err(error) => {
+            eprintln!("Error {verb} source {name}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    source.paused = paused;
+    source.status = None;
+    match context.client.put_source(&source).await {
+        Ok(_) => {
+            eprintln!("Source {name} {}", if paused { "paused" } else { "resumed" });
+            Outcome::Success
+        }
+        Err(error) => {
+            eprintln!("Error {verb} source {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+async fn remove(context: &Context, name: &str, keep_units: bool) -> Outcome {
+    match context.client.remove_source(name, keep_units).await {
+        Ok(true) => {
+            let units = if keep_units { "its units stay, as units made by hand" } else { "its units are destroyed" };
+            eprintln!("Removed source {name}; {units}");
+            Outcome::Success
+        }
+        Ok(false) => {
+            eprintln!("Source {name} not found");
+            Outcome::Failure
+        }
+        Err(error) => {
+            eprintln!("Error removing source {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
