@@ -1,7 +1,7 @@
 //! A real etcd cluster of several members, each in its own node of a [`NetLab`]: members can
 //! be killed and restarted, partitioned from each other, and asked who leads.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
@@ -160,9 +160,10 @@ impl LabEtcd {
     }
 }
 
-/// The keys under `prefix`, read linearizably from the first member at `addresses` that
-/// answers (a member without a quorum does not); `None` when none does.
-pub fn keys_under(addresses: &[String], prefix: &str) -> Option<BTreeSet<String>> {
+/// The keys under `prefix`, each with the revision it was created at (a key deleted and
+/// made again between two reads shows a new one), read linearizably from the first member
+/// at `addresses` that answers (a member without a quorum does not); `None` when none does.
+pub fn keys_under(addresses: &[String], prefix: &str) -> Option<BTreeMap<String, i64>> {
     use base64::Engine as _;
     let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     // The prefixes here end in `/`: the range ends where `/` + 1 begins.
@@ -184,7 +185,8 @@ pub fn keys_under(addresses: &[String], prefix: &str) -> Option<BTreeSet<String>
         keys.iter()
             .map(|kv| {
                 let key = base64::engine::general_purpose::STANDARD.decode(kv["key"].as_str()?).ok()?;
-                String::from_utf8(key).ok()
+                let created = kv["create_revision"].as_str()?.parse().ok()?;
+                Some((String::from_utf8(key).ok()?, created))
             })
             .collect()
     })

@@ -16,8 +16,9 @@ const POLL: Duration = Duration::from_millis(200);
 /// One machine's presence as last seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Presence {
-    /// Present; since when (`None`: since before the log began).
-    Present { since: Option<Instant> },
+    /// Present, under the key made at `created`; since when (`None`: since before the log
+    /// began). A key made again means the machine was away in between, seen or not.
+    Present { since: Option<Instant>, created: Option<i64> },
     /// Its key is gone: its units may run elsewhere. Since when.
     Absent { since: Instant },
 }
@@ -39,7 +40,7 @@ impl PresenceLog {
     /// Polls `machines/` under `prefix` at the members' `addresses` for the machines `ids`,
     /// which are taken as present when the log begins.
     pub fn start(addresses: Vec<String>, prefix: &str, ids: &[String]) -> Self {
-        let machines = ids.iter().map(|id| (id.clone(), Presence::Present { since: None })).collect();
+        let machines = ids.iter().map(|id| (id.clone(), Presence::Present { since: None, created: None })).collect();
         let seen = Arc::new(Mutex::new(Seen { machines, longest_absence: Duration::ZERO }));
         let stop = Arc::new(AtomicBool::new(false));
         let poller = {
@@ -51,14 +52,25 @@ impl PresenceLog {
                         let Ok(mut seen) = seen.lock() else { return };
                         let Seen { machines: known, longest_absence } = &mut *seen;
                         for (id, presence) in known.iter_mut() {
-                            let here = keys.contains(&format!("{machines}{id}"));
+                            let here = keys.get(&format!("{machines}{id}")).copied();
                             *presence = match (*presence, here) {
-                                (Presence::Absent { since }, true) => {
+                                (Presence::Absent { since }, Some(created)) => {
                                     *longest_absence = (*longest_absence).max(now - since);
-                                    Presence::Present { since: Some(now) }
+                                    Presence::Present { since: Some(now), created: Some(created) }
                                 }
-                                (Presence::Present { .. }, false) => Presence::Absent { since: now },
-                                (unchanged, _) => unchanged,
+                                (Presence::Present { .. }, None) => Presence::Absent { since: now },
+                                // The first reading, or the same key as before.
+                                (Presence::Present { since, created: None }, Some(created)) => {
+                                    Presence::Present { since, created: Some(created) }
+                                }
+                                (Presence::Present { since, created: Some(was) }, Some(created)) if was == created => {
+                                    Presence::Present { since, created: Some(created) }
+                                }
+                                // Away and back between two readings: back from now.
+                                (Presence::Present { .. }, Some(created)) => {
+                                    Presence::Present { since: Some(now), created: Some(created) }
+                                }
+                                (absent, None) => absent,
                             };
                         }
                     }
@@ -74,7 +86,7 @@ impl PresenceLog {
         let Ok(seen) = self.seen.lock() else { return false };
         match seen.machines.get(id) {
             Some(Presence::Absent { .. }) => true,
-            Some(Presence::Present { since: Some(since) }) => since.elapsed() <= grace,
+            Some(Presence::Present { since: Some(since), .. }) => since.elapsed() <= grace,
             _ => false,
         }
     }
