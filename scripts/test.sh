@@ -12,7 +12,8 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # the partition tests cut and degrade links between namespaces), prometheus
 # (promtool checks every /metrics scrape of the tests), groff-base (the manual pages must format
 # without a warning), openssh (fleetctl ssh and --tunnel against a real sshd and ssh-agent),
-# chromium (the web view in a real headless browser), bsdutils (`script`: fleetctl on a terminal).
+# chromium (the web view in a real headless browser), bsdutils (`script`: fleetctl on a terminal),
+# git (the git-source tests make real repositories; fetching file:// runs git-upload-pack).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
@@ -27,6 +28,7 @@ command -v groff >/dev/null || missing+=(groff-base)
 [ -x /usr/sbin/sshd ] && command -v ssh-agent >/dev/null || missing+=(openssh-server openssh-client)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v script >/dev/null || missing+=(bsdutils)
+command -v git-upload-pack >/dev/null || missing+=(git)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

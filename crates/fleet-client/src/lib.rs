@@ -38,6 +38,8 @@ pub type Result<T> = std::result::Result<T, ClientError>;
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// `?takeOver=true` on unit writes (see [`ClientOptions::take_over`]).
+    take_over: bool,
 }
 
 /// Where to reach the API, read from an endpoint URL.
@@ -82,6 +84,8 @@ pub struct ClientOptions {
     /// Connect through this Unix socket whatever the endpoint (the local end of an SSH
     /// tunnel); TLS and the Host header still name the endpoint.
     pub through_socket: Option<PathBuf>,
+    /// Unit writes take over units a git source manages (they become units made by hand).
+    pub take_over: bool,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -93,6 +97,7 @@ impl std::fmt::Debug for ClientOptions {
             .field("key_file", &self.key_file)
             .field("token", &self.token.as_ref().map(|_| "(redacted)"))
             .field("through_socket", &self.through_socket)
+            .field("take_over", &self.take_over)
             .finish()
     }
 }
@@ -153,7 +158,7 @@ impl Client {
             (Endpoint::Http(base), None) => (with_tls(builder, options)?, base),
         };
         let http = builder.build().map_err(|error| ClientError::Transport(error.to_string()))?;
-        Ok(Self { http, base })
+        Ok(Self { http, base, take_over: options.take_over })
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<String>) -> Result<(StatusCode, Vec<u8>)> {
@@ -294,7 +299,13 @@ impl Client {
     /// Creates or replaces a unit (PUT with options).
     pub async fn put_unit(&self, unit: &Unit) -> Result<()> {
         let body = serde_json::to_string(unit).map_err(|error| ClientError::Decode(error.to_string()))?;
-        self.send(Method::PUT, &format!("units/{}", encode_component(&unit.name)), Some(body)).await.map(drop)
+        self.send(Method::PUT, &self.unit_path(&unit.name), Some(body)).await.map(drop)
+    }
+
+    /// A unit's path for a write, taking it over when asked to.
+    fn unit_path(&self, name: &str) -> String {
+        let take_over = if self.take_over { "?takeOver=true" } else { "" };
+        format!("units/{}{take_over}", encode_component(name))
     }
 
     pub async fn set_desired_state(&self, name: &str, state: &str) -> Result<()> {
@@ -304,7 +315,7 @@ impl Client {
 
     /// Destroys a unit; `false` when there was none.
     pub async fn destroy_unit(&self, name: &str) -> Result<bool> {
-        self.delete(&format!("units/{}", encode_component(name))).await
+        self.delete(&self.unit_path(name)).await
     }
 
     pub async fn unit_states(&self, unit: Option<&str>) -> Result<Vec<UnitState>> {

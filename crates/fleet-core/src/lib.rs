@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod admission;
 pub mod agent_plan;
 pub mod backoff;
 pub mod civil_time;

@@ -32,6 +32,8 @@ pub struct Engine {
     /// The snapshot revision last planned and written in full: an unchanged snapshot needs
     /// no new plan (the periodic fallback then costs no planning).
     planned: Option<u64>,
+    /// Told whether this engine leads, for what runs only on the leader (source syncs).
+    leadership: Option<watch::Sender<bool>>,
 }
 
 impl Engine {
@@ -43,6 +45,23 @@ impl Engine {
             reasons: Vec::new(),
             lease: None,
             planned: None,
+            leadership: None,
+        }
+    }
+
+    /// Keeps `signal` told whether this engine leads.
+    pub fn with_leadership_signal(mut self, signal: watch::Sender<bool>) -> Self {
+        self.leadership = Some(signal);
+        self
+    }
+
+    fn tell_leadership(&self) {
+        if let Some(signal) = &self.leadership {
+            signal.send_if_modified(|leads| {
+                let changed = *leads != self.lease.is_some();
+                *leads = self.lease.is_some();
+                changed
+            });
         }
     }
 
@@ -58,6 +77,7 @@ impl Engine {
             metrics.reconciles.inc();
             metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
             metrics.leader.set(i64::from(self.lease.is_some()));
+            self.tell_leadership();
             tokio::select! {
                 _ = changes.changed() => {}
                 () = tokio::time::sleep(self.config.reconcile_interval) => {}
@@ -72,6 +92,7 @@ impl Engine {
         {
             tracing::warn!(%error, "releasing engine leadership");
         }
+        self.tell_leadership();
     }
 
     async fn reconcile(&mut self) -> Result<(), RegistryError> {

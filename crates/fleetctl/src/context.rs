@@ -16,6 +16,8 @@ use crate::tunnel::Tunnel;
 pub struct Context {
     pub client: Client,
     pub debug: bool,
+    /// `--take-over`: unit writes, and sources added, take over units of other owners.
+    pub take_over: bool,
     /// The SSH tunnel the client talks through (`--tunnel`), held open while fleetctl runs.
     _tunnel: Option<Tunnel>,
 }
@@ -44,6 +46,7 @@ fn client_options(flags: &GlobalFlags, timeout: Duration) -> Result<ClientOption
         key_file: file_flag(&flags.key_file, &flags.etcd_keyfile),
         token: token.filter(|token| !token.is_empty()),
         through_socket: None,
+        take_over: flags.take_over,
     })
 }
 
@@ -95,7 +98,7 @@ impl Context {
         };
         let client = Client::with_options(&flags.endpoint, &options)
             .map_err(|error| format!("Unable to initialize client: {error}"))?;
-        Ok(Self { client, debug: flags.debug, _tunnel: tunnel })
+        Ok(Self { client, debug: flags.debug, take_over: flags.take_over, _tunnel: tunnel })
     }
 
     /// Machines by ID, for legends; empty when they cannot be listed.

@@ -75,6 +75,10 @@ pub struct GlobalFlags {
     /// File holding the bearer token
     #[arg(long, global = true, env = "FLEETCTL_TOKEN_FILE", default_value = "")]
     pub token_file: String,
+    /// Change or destroy units a git source manages (they become units made by hand, which
+    /// the source then leaves alone); with source add: take over units of the same names
+    #[arg(long, global = true)]
+    pub take_over: bool,
     /// SSH known hosts file
     #[arg(long, global = true, env = "FLEETCTL_KNOWN_HOSTS_FILE", default_value = "~/.fleetctl/known_hosts")]
     pub known_hosts_file: String,
@@ -374,9 +378,6 @@ pub enum SourceCommand {
         /// Keep units that are removed from the repository instead of destroying them
         #[arg(long)]
         keep_removed: bool,
-        /// Take over units of the same names made by hand or by another source
-        #[arg(long)]
-        take_over: bool,
         name: String,
     },
     /// List the sources and how their last sync went

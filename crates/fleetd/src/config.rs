@@ -79,6 +79,8 @@ pub struct Config {
     pub shutdown_timeout: Duration,
     /// Stop this machine's units once it has been cut off from the store for `agent_ttl`.
     pub stop_units_when_cut_off: bool,
+    /// Where git sources' credentials files are read, by the name a source gives.
+    pub source_credentials_dir: PathBuf,
 }
 
 impl Default for Config {
@@ -123,6 +125,7 @@ impl Default for Config {
             unit_log_files: 3,
             shutdown_timeout: Duration::from_secs(90),
             stop_units_when_cut_off: false,
+            source_credentials_dir: "/etc/fleet/source-credentials".into(),
         }
     }
 }
@@ -247,6 +250,7 @@ const OPTIONS: &[(&str, Setter)] = &[
         )
     }),
     ("shutdown_timeout", |config, name, value| assign(&mut config.shutdown_timeout, parse_go_duration(name, value))),
+    ("source_credentials_dir", |config, _name, value| assign(&mut config.source_credentials_dir, Ok(value.into()))),
     ("stop_units_when_cut_off", |config, name, value| {
         assign(&mut config.stop_units_when_cut_off, parse_config_bool(name, value))
     }),

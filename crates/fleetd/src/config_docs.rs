@@ -49,6 +49,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "Stop this machine's units once it has been cut off from etcd for agent_ttl, when they may start elsewhere: a unit then runs on two machines for at most a moment, but an etcd outage longer than agent_ttl stops every unit. Off: a cut-off machine keeps its units until it reaches etcd again.",
     ),
     doc(
+        "source_credentials_dir",
+        "/etc/fleet/source-credentials",
+        "Where the engine leader reads git sources' credentials: a source names a file of this directory (USER:PASSWORD, or a token), so that no secret is kept in the registry. Give every machine that may lead the same files, 0600.",
+    ),
+    doc(
         "engine_reconcile_interval",
         "2",
         "Seconds between the engine's fallback reconciles (it wakes on changes besides).",

@@ -18,6 +18,7 @@ use fleet_api::serve::{ServeLimits, serve};
 use fleet_api::{ApiState, TokenLimit, router};
 use fleet_core::MachineState;
 use fleet_engine::{Engine, EngineConfig};
+use fleet_source::{SourceSyncer, SyncerConfig};
 use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{LogLimits, NativeManager, NativeOptions};
 use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
@@ -35,6 +36,8 @@ pub const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 const READY_LIMIT: Duration = Duration::from_secs(30);
 /// How long a burst of changes may settle before a reconcile acts on it.
 pub const DEBOUNCE: Duration = Duration::from_millis(10);
+/// How often the engine leader looks for a git source that is due.
+const SOURCE_TICK: Duration = Duration::from_secs(1);
 
 fn machine_state(config: &Config, machine_id: &str) -> MachineState {
     let public_ip = if config.public_ip.is_empty() {
@@ -285,9 +288,22 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
                 reconcile_interval: config.engine_reconcile_interval,
                 debounce: DEBOUNCE,
             };
+            let (leads, leads_watch) = watch::channel(false);
             let (engine_registry, engine_stop) = (registry.clone(), stop_watch.clone());
             tasks.spawn(supervise("engine", move || {
-                Engine::new(engine_config.clone(), engine_registry.clone()).run(engine_stop.clone())
+                Engine::new(engine_config.clone(), engine_registry.clone())
+                    .with_leadership_signal(leads.clone())
+                    .run(engine_stop.clone())
+            }));
+            let syncer_config = SyncerConfig {
+                cache_dir: config.state_dir.join("sources"),
+                credentials_dir: config.source_credentials_dir.clone(),
+                tick: SOURCE_TICK,
+            };
+            let (syncer_registry, syncer_stop) = (registry.clone(), stop_watch.clone());
+            tasks.spawn(supervise("source syncer", move || {
+                SourceSyncer::new(syncer_config.clone(), syncer_registry.clone())
+                    .run(leads_watch.clone(), syncer_stop.clone())
             }));
         }
         let reload = tokio::select! {

@@ -3,9 +3,8 @@
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
-use fleet_core::service_values::check_service_directives;
 use fleet_core::unit_name::{UnitNameInfo, validate_name};
-use fleet_core::{DesiredState, Requirements, UnitFile};
+use fleet_core::{DesiredState, UnitFile};
 use fleet_registry::{UnitView, Writer};
 
 use crate::pagination::serialized_size;
@@ -100,13 +99,9 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// The checks the original makes before creating a unit, plus ours: the options must read
-/// back from their own serialisation unchanged (no smuggled lines, no NUL bytes, no line over
-/// the length limit), and every `[Service]` directive with a grammar must have a usable value.
+/// A unit the cluster takes ([`fleet_core::admission::admit_unit`]), or a 400.
 pub fn validate_options(name: &str, file: &UnitFile) -> Result<(), ApiError> {
-    file.check_writable().map_err(|error| ApiError::bad_request(error.to_string()))?;
-    check_service_directives(file).map_err(|error| ApiError::bad_request(error.to_string()))?;
-    Requirements::from_unit(name, file).validate().map_err(|error| ApiError::bad_request(error.to_string()))
+    fleet_core::admission::admit_unit(name, file).map_err(ApiError::bad_request)
 }
 
 fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), ApiError> {

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use super::desired_file::{DESIRED_FILE, DesiredLine, parse_desired_file};
+use crate::admission::admit_unit;
 use crate::glob::Glob;
 use crate::unit_name::{UnitNameInfo, validate_name};
 use crate::{DesiredState, UnitFile};
@@ -75,6 +76,10 @@ pub fn read_source(files: &[(String, String)]) -> SourceContent {
         }
         paths_of.entry(base.to_string()).or_default().push(path.clone());
         match UnitFile::parse(text) {
+            Ok(file) if let Err(problem) = admit_unit(base, &file) => {
+                content.broken.insert(base.to_string());
+                content.problems.push(FileProblem { path: path.clone(), line: None, problem });
+            }
             Ok(file) => {
                 let desired = DesiredState::Launched;
                 content.units.insert(base.to_string(), WantedUnit { file, desired, path: path.clone() });
@@ -208,6 +213,16 @@ mod tests {
             problems.iter().any(|p| p == "a/x.service, b/x.service: x.service is defined more than once"),
             "{problems:?}"
         );
+    }
+
+    #[test]
+    fn a_unit_the_cluster_would_refuse_is_a_problem() {
+        let content = read_source(&files(&[(
+            "a.service",
+            "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineID=abc\nGlobal=true\n",
+        )]));
+        assert!(content.units.is_empty() && content.broken.contains("a.service"));
+        assert_eq!(content.problems[0].to_string(), "a.service: MachineID cannot be used with Global");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Desired state from git, sans I/O: what a source's files say ([`content`], with its
 //! [`desired_file`]) and what a sync must write ([`sync_plan`]).
 
+pub mod cadence;
 pub mod checks;
 pub mod content;
 pub mod desired_file;

@@ -10,7 +10,7 @@ use crate::{Outcome, SourceCommand};
 
 pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
     match command {
-        SourceCommand::Add { repo, branch, revision, paths, interval, credentials, keep_removed, take_over, name } => {
+        SourceCommand::Add { repo, branch, revision, paths, interval, credentials, keep_removed, name } => {
             let interval_seconds = match parse_go_duration(&interval) {
                 Ok(interval) => interval.as_secs().max(1),
                 Err(error) => {
@@ -27,7 +27,7 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 interval_seconds: Some(interval_seconds),
                 credentials,
                 keep_removed,
-                take_over,
+                take_over: context.take_over,
                 ..Source::default()
             };
             add(context, &source).await
@@ -154,7 +154,7 @@ async fn status(context: &Context, name: &str) -> Outcome {
         println!("Problem:   {problem}");
     }
     for unit in &status.owned_elsewhere {
-        println!("Not taken: {unit} (add --take-over to take it)");
+        println!("Not taken: {unit} (source add --take-over takes it)");
     }
     Outcome::Success
 }
