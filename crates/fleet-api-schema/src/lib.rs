@@ -349,6 +349,10 @@ pub struct Source {
     pub keep_removed: bool,
     #[serde(default)]
     pub take_over: bool,
+    /// The name of a file in `source_credentials_dir` holding the push webhook's shared
+    /// secret; no webhook without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
     /// Only in answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<SourceStatus>,

@@ -55,6 +55,9 @@ pub struct ApiState {
     pub live_view: Arc<crate::live_view::LiveView>,
     /// The cluster's counts for `/metrics`, by store revision.
     pub counts_cache: Arc<crate::cluster_counts::CountsCache>,
+    /// Where git sources' secrets are read (their push webhooks' shared secrets); `None`:
+    /// no webhook is accepted.
+    pub source_secrets_dir: Option<std::path::PathBuf>,
 }
 
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
@@ -193,6 +196,7 @@ enum Resource {
     Sources,
     Source(String),
     SourceSync(String),
+    SourceWebhook(String),
     AgentJoin,
     AgentRenew,
     AgentRevoke(String),
@@ -229,6 +233,7 @@ impl Resource {
             Resource::Sources => "/fleet/v1/sources",
             Resource::Source(_) => "/fleet/v1/sources/{name}",
             Resource::SourceSync(_) => "/fleet/v1/sources/{name}/sync",
+            Resource::SourceWebhook(_) => "/fleet/v1/sources/{name}/webhook",
             Resource::AgentJoin => "/fleet/v1/agents/join",
             Resource::AgentRenew => "/fleet/v1/agents/renew",
             Resource::AgentRevoke(_) => "/fleet/v1/agents/{machine}/revoke",
@@ -308,6 +313,7 @@ fn resource(path: &str) -> Resource {
         ["sources"] => Resource::Sources,
         ["sources", source] => name(source).map_or(Resource::Unknown, Resource::Source),
         ["sources", source, "sync"] => name(source).map_or(Resource::Unknown, Resource::SourceSync),
+        ["sources", source, "webhook"] => name(source).map_or(Resource::Unknown, Resource::SourceWebhook),
         ["agents", "join"] => Resource::AgentJoin,
         ["agents", "renew"] => Resource::AgentRenew,
         ["agents", machine, "revoke"] => name(machine).map_or(Resource::Unknown, Resource::AgentRevoke),
@@ -356,6 +362,7 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::Source(_), &Method::PUT | &Method::DELETE) | (Resource::SourceSync(_), &Method::POST) => {
             Action::ManageSources
         }
+        (Resource::SourceWebhook(_), &Method::POST) => Action::SourceWebhook,
         (Resource::WebRoot | Resource::WebAsset(_) | Resource::WebEvents, &Method::GET) => Action::List,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
             (AgentPart::Machine, &Method::PUT | &Method::DELETE)
@@ -530,7 +537,10 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
             Err(ApiError::method_not_allowed("only GET, PUT and DELETE supported against this resource"))
         }
         (Resource::SourceSync(name), &Method::POST) => sources::sync(state, name).await,
-        (Resource::SourceSync(_), _) => Err(ApiError::method_not_allowed("only POST supported against this resource")),
+        (Resource::SourceWebhook(name), &Method::POST) => sources::webhook(state, name, headers, &body).await,
+        (Resource::SourceSync(_) | Resource::SourceWebhook(_), _) => {
+            Err(ApiError::method_not_allowed("only POST supported against this resource"))
+        }
         (Resource::AgentJoin, &Method::POST) => agents::join(state, headers, &body).await,
         (Resource::AgentRenew, &Method::POST) => match role {
             fleet_core::access::Role::Machine { id } => agents::renew(state, id, &body).await,

@@ -324,6 +324,7 @@ mod tests {
             journal_relay: Default::default(),
             live_view: Default::default(),
             counts_cache: Default::default(),
+            source_secrets_dir: None,
         };
         let unix = dir.path().join("api.sock");
         let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];

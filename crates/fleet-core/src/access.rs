@@ -20,6 +20,9 @@ pub enum Role {
     Machine { id: String },
     /// Whoever presents a registration token: it may join, and do nothing else.
     Joining,
+    /// Whoever presents a webhook signature (a git forge announcing a push): it may ask a
+    /// source to sync, which checks the signature itself, and do nothing else.
+    Webhook,
 }
 
 /// A unit-name pattern an operator is limited to (`web-*`).
@@ -83,6 +86,7 @@ impl Role {
             Self::Viewer => "viewer",
             Self::Machine { .. } => "machine",
             Self::Joining => "joining",
+            Self::Webhook => "webhook",
         }
     }
 
@@ -98,7 +102,7 @@ impl Role {
     pub fn sees_unit(&self, unit: &str) -> bool {
         match self {
             Self::Operator { units: Some(scope) } => scope.covers(unit),
-            Self::Machine { .. } | Self::Joining => false,
+            Self::Machine { .. } | Self::Joining | Self::Webhook => false,
             _ => true,
         }
     }
@@ -143,6 +147,9 @@ pub enum Action<'a> {
     /// Adds, changes, pauses, syncs or removes a git source: a source writes any unit, and
     /// its sync reads files on the machines that run it, so only an admin may.
     ManageSources,
+    /// A push webhook for a source: whoever calls it, the handler checks the body's
+    /// signature with the source's shared secret, and the most it does is sync the source.
+    SourceWebhook,
 }
 
 impl Action<'_> {
@@ -154,6 +161,7 @@ impl Action<'_> {
                 | Self::WriteMachines
                 | Self::ManageCredentials
                 | Self::ManageSources
+                | Self::SourceWebhook
                 | Self::Join
                 | Self::RenewMachine
         )
@@ -186,6 +194,8 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
         // Joining takes a registration token, renewing a machine certificate: no other
         // credential stands in for them, and they stand in for no other.
         (Role::Joining, Action::Join) | (Role::Machine { .. }, Action::RenewMachine) => Access::Allowed,
+        (_, Action::SourceWebhook) => Access::Allowed,
+        (Role::Webhook, _) => Access::Denied,
         (Role::Machine { id }, Action::MachineFacet(machine)) if id == machine => Access::Allowed,
         (_, Action::Join | Action::RenewMachine | Action::MachineFacet(_))
         | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
@@ -225,14 +235,16 @@ mod tests {
             Action::ReadMetrics,
             Action::ReadSources,
             Action::ManageSources,
+            Action::SourceWebhook,
         ];
-        let table: [(Role, [Access; 12]); 6] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D]),
-            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D]),
+        let table: [(Role, [Access; 13]); 7] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, A]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, A]),
+            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, A]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, A]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, A]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, A]),
+            (Role::Webhook, [D, D, D, D, D, D, D, D, D, D, D, D, A]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

@@ -51,6 +51,7 @@ async fn remote_stores() -> RemoteStores {
         journal_relay: Default::default(),
         live_view: Default::default(),
         counts_cache: Default::default(),
+        source_secrets_dir: None,
     };
     let listener = bind_tcp("127.0.0.1:0").expect("bind").with_tls();
     let port = listener.tcp_address().expect("address").port();

@@ -250,3 +250,74 @@ fn bad_sources_say_why_and_leave_the_cluster_as_it_was() {
     assert!(unit_files(fleet).contains_key("hello.service"));
     assert!(Path::new(&fleet.state_dir()).join("sources").exists());
 }
+
+/// One request to the API's TCP listener; the status code and the body.
+fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the API");
+    let mut request =
+        format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("send");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("read the answer");
+    let code = answer.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
+    (code, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
+}
+
+fn signature(secret: &str, body: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
+    let tag = ring::hmac::sign(&key, body.as_bytes());
+    let hex: String = tag.as_ref().iter().map(|byte| format!("{byte:02x}")).collect();
+    format!("sha256={hex}")
+}
+
+#[test]
+fn a_signed_push_webhook_syncs_at_once_and_nothing_else_gets_in() {
+    let secrets = tempfile::tempdir().expect("a secrets dir");
+    std::fs::write(secrets.path().join("hook"), "s3cret\n").expect("the webhook secret");
+    let port = fleet_testkit::free_port();
+    let listen = format!("unix://{{socket}},http://127.0.0.1:{port}");
+    let secrets_dir = secrets.path().display().to_string();
+    let fleet = Fleetd::start(
+        "e2e0webhook00001",
+        &[
+            ("api_listen", listen.as_str()),
+            ("source_credentials_dir", secrets_dir.as_str()),
+            ("unit_manager", "native"),
+        ],
+    );
+    let repo = Repo::new();
+    let first = repo.commit(&[("hello.service", Some(HELLO))], "first");
+    let url = repo.url();
+    fleet.ok(&["source", "add", "--repo", &url, "--interval", "1h", "--webhook-secret", "hook", "apps"]);
+    wait_for_commit(&fleet, "apps", &first);
+    let pushed = repo.commit(&[("late.service", Some(HELLO_2))], "pushed");
+    let path = "/fleet/v1/sources/apps/webhook";
+    let body = format!("{{\"ref\":\"refs/heads/main\",\"after\":\"{pushed}\"}}");
+
+    // Without a signature there is no credential at all; a wrong one, or one for a source
+    // that has no webhook or does not exist, is the same 403.
+    assert_eq!(post(port, path, &[], &body).0, 401);
+    let wrong = signature("guess", &body);
+    for target in [path, "/fleet/v1/sources/nothing/webhook"] {
+        let (code, answer) = post(port, target, &[("X-Hub-Signature-256", wrong.as_str())], &body);
+        assert_eq!(code, 403, "{answer}");
+        assert!(answer.contains("webhook signature does not match"), "{answer}");
+    }
+    // A signature is no credential for anything else.
+    let good = signature("s3cret", &body);
+    assert_eq!(post(port, "/fleet/v1/sources/apps/sync", &[("X-Hub-Signature-256", good.as_str())], "").0, 403);
+    assert!(!unit_files(&fleet).contains_key("late.service"), "nothing synced yet: the interval is an hour");
+
+    let pushed_at = std::time::Instant::now();
+    let (code, answer) = post(port, path, &[("X-Hub-Signature-256", good.as_str())], &body);
+    assert_eq!(code, 202, "{answer}");
+    fleet.wait_until("the pushed unit is in the cluster", WAIT, |fleet| unit_files(fleet).contains_key("late.service"));
+    println!("webhook → unit in the cluster: {:?}", pushed_at.elapsed());
+    assert!(fleet.log().contains("role=\"webhook\""), "the webhook is audited");
+}

@@ -441,6 +441,7 @@ pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry
         paused: false,
         keep_removed: false,
         take_over: false,
+        webhook_secret: None,
         generation,
     };
     assert!(registry.sources().await.expect("none yet").is_empty());

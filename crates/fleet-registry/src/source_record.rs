@@ -23,6 +23,10 @@ pub struct SourceRecord {
     pub keep_removed: bool,
     /// Units of the same names held by hand or by another source are taken over.
     pub take_over: bool,
+    /// The name of the file (in `source_credentials_dir`) holding the secret a push webhook
+    /// signs its body with; no webhook without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhook_secret: Option<String>,
     /// Moves on every change of the record and every request for a sync (webhook, resume):
     /// the syncing engine syncs at once when it moved.
     pub generation: u64,

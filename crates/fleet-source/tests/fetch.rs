@@ -51,7 +51,10 @@ fn branches_revisions_tags_and_paths() {
     let everything = FetchRequest { paths: &[], branch: None, ..request.clone() };
     assert_eq!(fetch(&cache.path().join("t"), &everything).expect("the default branch").files.len(), 2);
     let missing = FetchRequest { branch: Some("nope"), ..request.clone() };
-    assert!(matches!(fetch(&cache.path().join("s"), &missing), Err(SourceError::Fetch { .. } | SourceError::NoSuchReference { .. })));
+    assert!(matches!(
+        fetch(&cache.path().join("s"), &missing),
+        Err(SourceError::Fetch { .. } | SourceError::NoSuchReference { .. })
+    ));
     let unknown = FetchRequest { revision: Some("v9"), branch: None, ..request };
     assert!(matches!(fetch(&cache.path().join("s"), &unknown), Err(SourceError::NoSuchReference { .. })));
 }

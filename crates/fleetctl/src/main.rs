@@ -378,6 +378,10 @@ pub enum SourceCommand {
         /// Keep units that are removed from the repository instead of destroying them
         #[arg(long)]
         keep_removed: bool,
+        /// The name of a file in source_credentials_dir holding the secret a push webhook
+        /// (POST /fleet/v1/sources/NAME/webhook, X-Hub-Signature-256) signs with
+        #[arg(long)]
+        webhook_secret: Option<String>,
         name: String,
     },
     /// List the sources and how their last sync went

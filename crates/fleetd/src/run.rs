@@ -36,8 +36,9 @@ pub const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 const READY_LIMIT: Duration = Duration::from_secs(30);
 /// How long a burst of changes may settle before a reconcile acts on it.
 pub const DEBOUNCE: Duration = Duration::from_millis(10);
-/// How often the engine leader looks for a git source that is due.
-const SOURCE_TICK: Duration = Duration::from_secs(1);
+/// How often the engine leader looks for a git source that is due (a webhook or a change is
+/// picked up within this; two small reads of the store each time, on the leader only).
+const SOURCE_TICK: Duration = Duration::from_millis(250);
 
 fn machine_state(config: &Config, machine_id: &str) -> MachineState {
     let public_ip = if config.public_ip.is_empty() {
@@ -242,6 +243,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         journal_relay: Default::default(),
         live_view: Default::default(),
         counts_cache: Default::default(),
+        source_secrets_dir: Some(config.source_credentials_dir.clone()),
     };
     if api_state.agents.is_some() {
         tokio::spawn(sweep_silent_agents(agent_presence, registry.clone()));

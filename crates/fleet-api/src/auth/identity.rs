@@ -28,8 +28,13 @@ pub enum Via {
     Token,
     /// A registration token, which can only join.
     RegistrationToken,
+    /// A webhook signature, which can only ask a source to sync (its handler checks it).
+    WebhookSignature,
     Anonymous,
 }
+
+/// The header a git forge signs a push webhook's body in (`sha256=<hex HMAC-SHA256>`).
+pub const WEBHOOK_SIGNATURE: &str = "x-hub-signature-256";
 
 /// Who a request comes from and what it may do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -115,6 +120,10 @@ impl Auth {
                 }
                 Err(error) => Err(Refused::Unauthenticated(error.to_string())),
             };
+        }
+        if headers.contains_key(WEBHOOK_SIGNATURE) {
+            // It may ask a source to sync, nothing else; the webhook checks the signature.
+            return Ok(Identity { name: "webhook".into(), role: Role::Webhook, via: Via::WebhookSignature });
         }
         if let Some(certificate) = certificate {
             let name = format!("cert:{}", certificate.name);

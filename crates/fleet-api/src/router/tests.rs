@@ -30,6 +30,7 @@ async fn api(token_limit: u16) -> Api {
         journal_relay: Default::default(),
         live_view: Default::default(),
         counts_cache: Default::default(),
+        source_secrets_dir: None,
     };
     Api { router: router(state), registry, _dir: dir }
 }

@@ -10,7 +10,17 @@ use crate::{Outcome, SourceCommand};
 
 pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
     match command {
-        SourceCommand::Add { repo, branch, revision, paths, interval, credentials, keep_removed, name } => {
+        SourceCommand::Add {
+            repo,
+            branch,
+            revision,
+            paths,
+            interval,
+            credentials,
+            keep_removed,
+            webhook_secret,
+            name,
+        } => {
             let interval_seconds = match parse_go_duration(&interval) {
                 Ok(interval) => interval.as_secs().max(1),
                 Err(error) => {
@@ -28,6 +38,7 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 credentials,
                 keep_removed,
                 take_over: context.take_over,
+                webhook_secret,
                 ..Source::default()
             };
             add(context, &source).await
