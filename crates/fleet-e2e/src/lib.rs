@@ -11,6 +11,7 @@ mod cluster;
 pub mod cluster_bench;
 pub mod connect_proxy;
 pub mod delay_proxy;
+pub mod git_repo;
 pub mod https;
 pub mod lab_etcd;
 pub mod lab_fleet;
@@ -21,6 +22,7 @@ pub mod presence_log;
 pub mod pull;
 pub mod seeded;
 pub mod sshd;
+pub mod webhook;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -5,9 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
+use fleet_e2e::git_repo::GitRepo as Repo;
+use fleet_e2e::webhook::{post, signature};
 use fleet_e2e::{Cluster, Fleetd};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -15,51 +16,6 @@ const HELLO: &str = "[Service]\nExecStart=/bin/sleep 600001\n";
 const HELLO_2: &str = "[Service]\nExecStart=/bin/sleep 600002\n";
 const WEB: &str = "[Service]\nExecStart=/bin/sleep 600%i\n";
 const BATCH: &str = "[Service]\nExecStart=/bin/sleep 600003\n";
-
-/// A git repository of the test's, committed to with the git command line.
-struct Repo {
-    dir: tempfile::TempDir,
-}
-
-impl Repo {
-    fn new() -> Self {
-        let repo = Self { dir: tempfile::tempdir().expect("a repository dir") };
-        repo.git(&["init", "--quiet", "--initial-branch=main"]);
-        repo
-    }
-
-    fn url(&self) -> String {
-        format!("file://{}", self.dir.path().display())
-    }
-
-    fn git(&self, args: &[&str]) -> String {
-        let output = Command::new("git")
-            .args(["-c", "user.name=fleet test", "-c", "user.email=test@fleet.invalid", "-c", "commit.gpgsign=false"])
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .expect("run git");
-        assert!(output.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-        String::from_utf8_lossy(&output.stdout).trim().to_string()
-    }
-
-    /// Writes (or, with `None`, removes) files and commits them; the new commit.
-    fn commit(&self, files: &[(&str, Option<&str>)], message: &str) -> String {
-        for (path, text) in files {
-            let path = self.dir.path().join(path);
-            match text {
-                Some(text) => {
-                    std::fs::create_dir_all(path.parent().expect("a parent")).expect("make dirs");
-                    std::fs::write(&path, text).expect("write a file");
-                }
-                None => std::fs::remove_file(&path).expect("remove a file"),
-            }
-        }
-        self.git(&["add", "--all"]);
-        self.git(&["commit", "--quiet", "--allow-empty", "-m", message]);
-        self.git(&["rev-parse", "HEAD"])
-    }
-}
 
 /// unit → (desired state, current state), from `list-unit-files`.
 fn unit_files(fleet: &Fleetd) -> BTreeMap<String, (String, String)> {
@@ -249,31 +205,6 @@ fn bad_sources_say_why_and_leave_the_cluster_as_it_was() {
     fleet.ok(&["destroy", "paused.service"]);
     assert!(unit_files(fleet).contains_key("hello.service"));
     assert!(Path::new(&fleet.state_dir()).join("sources").exists());
-}
-
-/// One request to the API's TCP listener; the status code and the body.
-fn post(port: u16, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the API");
-    let mut request =
-        format!("POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
-    for (name, value) in headers {
-        request.push_str(&format!("{name}: {value}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).expect("send");
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).expect("read the answer");
-    let code = answer.split_whitespace().nth(1).and_then(|code| code.parse().ok()).unwrap_or(0);
-    (code, answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default())
-}
-
-fn signature(secret: &str, body: &str) -> String {
-    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.as_bytes());
-    let tag = ring::hmac::sign(&key, body.as_bytes());
-    let hex: String = tag.as_ref().iter().map(|byte| format!("{byte:02x}")).collect();
-    format!("sha256={hex}")
 }
 
 #[test]

@@ -104,6 +104,16 @@ pub fn read_source(files: &[(String, String)]) -> SourceContent {
         });
     }
     apply_desired_lines(&mut content, &desired_lines);
+    // No unit file at all is taken for a mistake (a wrong path, an emptied branch) rather than
+    // an order to destroy every unit the source made: a source meant to hold nothing is removed.
+    if content.units.is_empty() && content.broken.is_empty() && !content.halted {
+        content.halted = true;
+        content.problems.push(FileProblem {
+            path: ".".into(),
+            line: None,
+            problem: "no unit files under the source's paths: nothing was changed".into(),
+        });
+    }
     content
 }
 
@@ -223,6 +233,13 @@ mod tests {
         )]));
         assert!(content.units.is_empty() && content.broken.contains("a.service"));
         assert_eq!(content.problems[0].to_string(), "a.service: MachineID cannot be used with Global");
+    }
+
+    #[test]
+    fn a_source_without_units_halts_instead_of_destroying_everything() {
+        let content = read_source(&files(&[("README.md", "nothing here")]));
+        assert!(content.halted);
+        assert_eq!(content.problems[0].to_string(), ".: no unit files under the source's paths: nothing was changed");
     }
 
     #[test]
