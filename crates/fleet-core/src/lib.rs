@@ -14,6 +14,7 @@ pub mod duration;
 pub mod glob;
 pub mod machine;
 pub mod requirements;
+pub mod rollout;
 pub mod schedule;
 pub mod secret;
 pub mod service_values;

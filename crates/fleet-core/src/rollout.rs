@@ -1,0 +1,319 @@
+//! Rollouts, sans I/O: new content reaches running units in waves. At most `max_unavailable`
+//! of a rollout's units are down at once (being replaced, or down for any reason); a replaced
+//! unit counts as done once it ran the new content, active, for `min_ready`; a unit that
+//! fails to get there pauses the rollout, naming the unit and its state. [`advance`] is one
+//! step: from the rollout and what the machines report, the units to replace now and the
+//! rollout's next state. Whoever drives it (the engine leader) stores the rollout, so that a
+//! new leader carries on where the old one stopped.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use crate::UnitHash;
+
+/// How many units may be down at once: a count, or a percentage of the rollout's units
+/// (rounded down, at least 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaxUnavailable {
+    Count(usize),
+    Percent(u8),
+}
+
+impl MaxUnavailable {
+    /// Reads `2` or `25%`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad =
+            || format!("invalid max-unavailable {text:?}: a number of units (1 or more) or a percentage (1% to 100%)");
+        match text.strip_suffix('%') {
+            Some(percent) => match percent.parse::<u8>() {
+                Ok(percent) if (1..=100).contains(&percent) => Ok(Self::Percent(percent)),
+                _ => Err(bad()),
+            },
+            None => match text.parse::<usize>() {
+                Ok(count) if count >= 1 => Ok(Self::Count(count)),
+                _ => Err(bad()),
+            },
+        }
+    }
+
+    /// The number of units of a rollout of `total` that may be down at once.
+    pub fn of(self, total: usize) -> usize {
+        match self {
+            Self::Count(count) => count,
+            Self::Percent(percent) => (total * usize::from(percent) / 100).max(1),
+        }
+    }
+}
+
+impl fmt::Display for MaxUnavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Count(count) => write!(f, "{count}"),
+            Self::Percent(percent) => write!(f, "{percent}%"),
+        }
+    }
+}
+
+/// Where one unit of a rollout is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Still on its old content, not yet started on.
+    Waiting,
+    /// Its new content was written at `since` (seconds); not yet seen running it.
+    Replacing {
+        since: u64,
+    },
+    /// Seen running the new content, active, since `since`.
+    Ready {
+        since: u64,
+    },
+    Done,
+    /// It did not get there: why.
+    Failed {
+        why: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutUnit {
+    pub name: String,
+    pub to: UnitHash,
+    pub step: Step,
+}
+
+/// What the machines report of one unit: the content it runs and how it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub hash: UnitHash,
+    pub health: Health,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Health {
+    Active,
+    /// Starting, or stopped to be replaced: not down for good yet.
+    Changing,
+    /// Failed, or stopped with no change under way.
+    Down,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RolloutState {
+    Running,
+    /// Paused by hand or by a failure (the reason names the unit and its state).
+    Paused {
+        reason: String,
+    },
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rollout {
+    pub units: Vec<RolloutUnit>,
+    pub max_unavailable: MaxUnavailable,
+    /// How long a replaced unit must stay active before it counts as done (seconds).
+    pub min_ready: u64,
+    /// How long a replaced unit may take to become active before it counts as failed.
+    pub deadline: u64,
+    pub state: RolloutState,
+}
+
+/// What the driver must do after a step: write these units' new content (the `to` hash of
+/// their [`RolloutUnit`]), in this order.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Advance {
+    pub replace: Vec<String>,
+}
+
+/// One step of `rollout` at `now` (seconds), with what the machines report per unit (a unit
+/// with no report is down). Moves units along, pauses on a failure, starts the next wave
+/// when the budget allows, and says which units to replace now.
+pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now: u64) -> Advance {
+    for unit in &mut rollout.units {
+        let seen = observed.get(&unit.name);
+        let running_new = seen.filter(|seen| seen.hash == unit.to);
+        unit.step = match (&unit.step, running_new.map(|seen| seen.health)) {
+            (Step::Replacing { .. }, Some(Health::Active)) => Step::Ready { since: now },
+            (Step::Replacing { since }, health) => {
+                if health == Some(Health::Down) {
+                    Step::Failed { why: format!("{} is down on its new content", unit.name) }
+                } else if now.saturating_sub(*since) > rollout.deadline {
+                    let state = describe(seen, unit.to);
+                    Step::Failed {
+                        why: format!("{} did not become active within {}s ({state})", unit.name, rollout.deadline),
+                    }
+                } else {
+                    unit.step.clone()
+                }
+            }
+            (Step::Ready { since }, Some(Health::Active)) if now.saturating_sub(*since) >= rollout.min_ready => {
+                Step::Done
+            }
+            (Step::Ready { .. }, Some(Health::Active)) => unit.step.clone(),
+            (Step::Ready { .. }, _) => {
+                let state = describe(seen, unit.to);
+                Step::Failed {
+                    why: format!(
+                        "{} stopped being active within {}s of its replacement ({state})",
+                        unit.name, rollout.min_ready
+                    ),
+                }
+            }
+            (step, _) => step.clone(),
+        };
+    }
+    if let Some(why) = rollout.units.iter().find_map(|unit| match &unit.step {
+        Step::Failed { why } => Some(why.clone()),
+        _ => None,
+    }) && rollout.state == RolloutState::Running
+    {
+        rollout.state = RolloutState::Paused { reason: why };
+    }
+    if rollout.units.iter().all(|unit| unit.step == Step::Done) {
+        rollout.state = RolloutState::Done;
+    }
+    if rollout.state != RolloutState::Running {
+        return Advance::default();
+    }
+    // In flight until done (a ready unit has not yet stayed active for min_ready), and the
+    // waiting units that are down anyway.
+    let down = rollout
+        .units
+        .iter()
+        .filter(|unit| match unit.step {
+            Step::Replacing { .. } | Step::Ready { .. } | Step::Failed { .. } => true,
+            Step::Waiting => observed.get(&unit.name).is_none_or(|seen| seen.health != Health::Active),
+            Step::Done => false,
+        })
+        .count();
+    let budget = rollout.max_unavailable.of(rollout.units.len()).saturating_sub(down);
+    let mut advance = Advance::default();
+    for unit in rollout.units.iter_mut().filter(|unit| unit.step == Step::Waiting).take(budget) {
+        unit.step = Step::Replacing { since: now };
+        advance.replace.push(unit.name.clone());
+    }
+    advance
+}
+
+fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
+    match seen {
+        None => "no state reported".to_string(),
+        Some(seen) if seen.hash != to => "still on its old content".to_string(),
+        Some(seen) => format!("{:?}", seen.health).to_lowercase(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD: UnitHash = UnitHash([1; 20]);
+    const NEW: UnitHash = UnitHash([2; 20]);
+
+    fn rollout(count: usize, max_unavailable: MaxUnavailable) -> Rollout {
+        Rollout {
+            units: (0..count)
+                .map(|n| RolloutUnit { name: format!("web@{n}.service"), to: NEW, step: Step::Waiting })
+                .collect(),
+            max_unavailable,
+            min_ready: 5,
+            deadline: 60,
+            state: RolloutState::Running,
+        }
+    }
+
+    fn all(count: usize, hash: UnitHash, health: Health) -> BTreeMap<String, Observed> {
+        (0..count).map(|n| (format!("web@{n}.service"), Observed { hash, health })).collect()
+    }
+
+    #[test]
+    fn budgets_count_and_percent() {
+        assert_eq!(MaxUnavailable::parse("2"), Ok(MaxUnavailable::Count(2)));
+        assert_eq!(MaxUnavailable::parse("25%").map(|max| max.of(12)), Ok(3));
+        assert_eq!(MaxUnavailable::parse("1%").map(|max| max.of(12)), Ok(1));
+        assert!(MaxUnavailable::parse("0").is_err() && MaxUnavailable::parse("101%").is_err());
+    }
+
+    #[test]
+    fn waves_of_two_each_waiting_for_the_last_to_be_ready() {
+        let mut rollout = rollout(5, MaxUnavailable::Count(2));
+        let mut seen = all(5, OLD, Health::Active);
+        assert_eq!(advance(&mut rollout, &seen, 100).replace, vec!["web@0.service", "web@1.service"]);
+        assert!(advance(&mut rollout, &seen, 101).replace.is_empty(), "two are being replaced: no budget");
+        for n in 0..2 {
+            seen.insert(format!("web@{n}.service"), Observed { hash: NEW, health: Health::Active });
+        }
+        assert!(advance(&mut rollout, &seen, 102).replace.is_empty(), "ready, not yet for min_ready");
+        assert_eq!(advance(&mut rollout, &seen, 107).replace, vec!["web@2.service", "web@3.service"]);
+        for n in 2..5 {
+            seen.insert(format!("web@{n}.service"), Observed { hash: NEW, health: Health::Active });
+        }
+        advance(&mut rollout, &seen, 108);
+        assert_eq!(advance(&mut rollout, &seen, 113).replace, vec!["web@4.service"]);
+        advance(&mut rollout, &seen, 114);
+        advance(&mut rollout, &seen, 120);
+        assert_eq!(rollout.state, RolloutState::Done);
+    }
+
+    #[test]
+    fn a_unit_down_for_its_own_reasons_takes_from_the_budget() {
+        let mut rollout = rollout(4, MaxUnavailable::Count(2));
+        let mut seen = all(4, OLD, Health::Active);
+        seen.insert("web@3.service".into(), Observed { hash: OLD, health: Health::Down });
+        assert_eq!(advance(&mut rollout, &seen, 0).replace, vec!["web@0.service"]);
+    }
+
+    #[test]
+    fn a_failure_pauses_the_rollout_and_names_the_unit() {
+        let mut rollout = rollout(6, MaxUnavailable::Count(2));
+        let mut seen = all(6, OLD, Health::Active);
+        advance(&mut rollout, &seen, 0);
+        seen.insert("web@0.service".into(), Observed { hash: NEW, health: Health::Down });
+        seen.insert("web@1.service".into(), Observed { hash: NEW, health: Health::Active });
+        assert!(advance(&mut rollout, &seen, 1).replace.is_empty());
+        assert_eq!(rollout.state, RolloutState::Paused { reason: "web@0.service is down on its new content".into() });
+        let touched = rollout.units.iter().filter(|unit| unit.step != Step::Waiting).count();
+        assert_eq!(touched, 2, "at most max-unavailable units were affected");
+        assert!(advance(&mut rollout, &seen, 100).replace.is_empty(), "a paused rollout starts nothing");
+    }
+
+    #[test]
+    fn a_unit_that_never_becomes_active_fails_at_the_deadline() {
+        let mut rollout = rollout(1, MaxUnavailable::Count(1));
+        let seen = all(1, OLD, Health::Changing);
+        advance(&mut rollout, &all(1, OLD, Health::Active), 0);
+        advance(&mut rollout, &seen, 30);
+        assert!(matches!(rollout.units[0].step, Step::Replacing { .. }));
+        advance(&mut rollout, &seen, 61);
+        assert_eq!(
+            rollout.state,
+            RolloutState::Paused {
+                reason: "web@0.service did not become active within 60s (still on its old content)".into()
+            }
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever the machines report, a step never leaves more than max-unavailable units
+        /// changing (replacing or not yet ready), beyond those already down before it began.
+        #[test]
+        fn never_more_than_the_budget_in_flight(
+            reports in proptest::collection::vec((0u8..3, 0u8..3), 1..40),
+            max in 1usize..5,
+            count in 1usize..12,
+        ) {
+            let mut rollout = rollout(count, MaxUnavailable::Count(max));
+            for (now, (hash, health)) in reports.iter().enumerate() {
+                let hash = if *hash == 0 { OLD } else { NEW };
+                let health = [Health::Active, Health::Changing, Health::Down][usize::from(*health)];
+                advance(&mut rollout, &all(count, hash, health), u64::try_from(now).unwrap_or(0));
+                let in_flight = rollout
+                    .units
+                    .iter()
+                    .filter(|unit| matches!(unit.step, Step::Replacing { .. } | Step::Ready { .. } | Step::Failed { .. }))
+                    .count();
+                proptest::prop_assert!(in_flight <= max, "{in_flight} in flight, budget {max}");
+            }
+        }
+    }
+}
