@@ -390,3 +390,54 @@ pub struct SourceList {
     #[serde(default)]
     pub sources: Vec<Source>,
 }
+
+/// `PUT /fleet/v1/rollouts/{name}` (our addition): new content for running units, in waves.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RolloutRequest {
+    /// The units to move to the new content (each must exist).
+    pub units: Vec<String>,
+    /// The new content, as unit options (a template's, for its instances).
+    pub options: Vec<UnitOption>,
+    /// A number of units, or a percentage (`25%`).
+    pub max_unavailable: String,
+    /// How long a replaced unit must stay active before the next wave; 10 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ready_seconds: Option<u64>,
+    /// How long a replaced unit may take to become active before the rollout pauses; 120
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
+}
+
+/// A rollout as the API shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Rollout {
+    pub name: String,
+    /// `running`, `paused` or `done`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub max_unavailable: String,
+    pub min_ready_seconds: u64,
+    pub units: Vec<RolloutUnit>,
+    pub created: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutUnit {
+    pub name: String,
+    /// `waiting`, `replacing`, `ready`, `done` or `failed`.
+    pub step: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// `GET /fleet/v1/rollouts`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutList {
+    #[serde(default)]
+    pub rollouts: Vec<Rollout>,
+}

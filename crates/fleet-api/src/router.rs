@@ -18,7 +18,8 @@ use fleet_core::access::{Access, Action, decide};
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
 use crate::handlers::{
-    self, agent_facet, agents, journal, machines, metrics, registration_tokens, sources, state, tokens, units, web,
+    self, agent_facet, agents, journal, machines, metrics, registration_tokens, rollouts, sources, state, tokens,
+    units, web,
 };
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
@@ -197,6 +198,10 @@ enum Resource {
     Source(String),
     SourceSync(String),
     SourceWebhook(String),
+    Rollouts,
+    Rollout(String),
+    /// `/rollouts/{name}/{pause|resume|undo}`.
+    RolloutAction(String, String),
     AgentJoin,
     AgentRenew,
     AgentRevoke(String),
@@ -234,6 +239,9 @@ impl Resource {
             Resource::Source(_) => "/fleet/v1/sources/{name}",
             Resource::SourceSync(_) => "/fleet/v1/sources/{name}/sync",
             Resource::SourceWebhook(_) => "/fleet/v1/sources/{name}/webhook",
+            Resource::Rollouts => "/fleet/v1/rollouts",
+            Resource::Rollout(_) => "/fleet/v1/rollouts/{name}",
+            Resource::RolloutAction(..) => "/fleet/v1/rollouts/{name}/{action}",
             Resource::AgentJoin => "/fleet/v1/agents/join",
             Resource::AgentRenew => "/fleet/v1/agents/renew",
             Resource::AgentRevoke(_) => "/fleet/v1/agents/{machine}/revoke",
@@ -314,6 +322,11 @@ fn resource(path: &str) -> Resource {
         ["sources", source] => name(source).map_or(Resource::Unknown, Resource::Source),
         ["sources", source, "sync"] => name(source).map_or(Resource::Unknown, Resource::SourceSync),
         ["sources", source, "webhook"] => name(source).map_or(Resource::Unknown, Resource::SourceWebhook),
+        ["rollouts"] => Resource::Rollouts,
+        ["rollouts", rollout] => name(rollout).map_or(Resource::Unknown, Resource::Rollout),
+        ["rollouts", rollout, action @ ("pause" | "resume" | "undo")] => {
+            name(rollout).map_or(Resource::Unknown, |rollout| Resource::RolloutAction(rollout, action.to_string()))
+        }
         ["agents", "join"] => Resource::AgentJoin,
         ["agents", "renew"] => Resource::AgentRenew,
         ["agents", machine, "revoke"] => name(machine).map_or(Resource::Unknown, Resource::AgentRevoke),
@@ -358,7 +371,12 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::AgentRenew, &Method::POST) => Action::RenewMachine,
         (Resource::AgentRevoke(_), &Method::POST) => Action::ManageCredentials,
         (Resource::Metrics, &Method::GET) => Action::ReadMetrics,
-        (Resource::Sources | Resource::Source(_), &Method::GET) => Action::ReadSources,
+        (Resource::Sources | Resource::Source(_) | Resource::Rollouts | Resource::Rollout(_), &Method::GET) => {
+            Action::ReadSources
+        }
+        (Resource::Rollout(_), &Method::PUT | &Method::DELETE) | (Resource::RolloutAction(..), &Method::POST) => {
+            Action::ManageRollouts
+        }
         (Resource::Source(_), &Method::PUT | &Method::DELETE) | (Resource::SourceSync(_), &Method::POST) => {
             Action::ManageSources
         }
@@ -539,6 +557,18 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::SourceSync(name), &Method::POST) => sources::sync(state, name).await,
         (Resource::SourceWebhook(name), &Method::POST) => sources::webhook(state, name, headers, &body).await,
         (Resource::SourceSync(_) | Resource::SourceWebhook(_), _) => {
+            Err(ApiError::method_not_allowed("only POST supported against this resource"))
+        }
+        (Resource::Rollouts, &Method::GET) => rollouts::list(state).await,
+        (Resource::Rollouts, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
+        (Resource::Rollout(name), &Method::GET) => rollouts::get(state, name).await,
+        (Resource::Rollout(name), &Method::PUT) => rollouts::put(state, name, &body).await,
+        (Resource::Rollout(name), &Method::DELETE) => rollouts::delete(state, name).await,
+        (Resource::Rollout(_), _) => {
+            Err(ApiError::method_not_allowed("only GET, PUT and DELETE supported against this resource"))
+        }
+        (Resource::RolloutAction(name, action), &Method::POST) => rollouts::act(state, name, action).await,
+        (Resource::RolloutAction(..), _) => {
             Err(ApiError::method_not_allowed("only POST supported against this resource"))
         }
         (Resource::AgentJoin, &Method::POST) => agents::join(state, headers, &body).await,

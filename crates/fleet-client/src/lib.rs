@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use fleet_api_schema::{
     ErrorBody, Journal, Machine, MachinePage, RegistrationToken, RegistrationTokenList, RegistrationTokenRequest,
-    Source, SourceList, Token, TokenList, TokenRequest, Unit, UnitPage, UnitState, UnitStatePage,
+    Rollout, RolloutList, RolloutRequest, Source, SourceList, Token, TokenList, TokenRequest, Unit, UnitPage,
+    UnitState, UnitStatePage,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -282,6 +283,32 @@ impl Client {
     /// Removes a source, destroying its units unless `keep_units`; `false` when there was none.
     pub async fn remove_source(&self, name: &str, keep_units: bool) -> Result<bool> {
         self.delete(&format!("sources/{}?keepUnits={keep_units}", encode_component(name))).await
+    }
+
+    pub async fn rollouts(&self) -> Result<Vec<Rollout>> {
+        self.get::<RolloutList>("rollouts").await.map(|list| list.rollouts)
+    }
+
+    pub async fn rollout(&self, name: &str) -> Result<Option<Rollout>> {
+        match self.get(&format!("rollouts/{}", encode_component(name))).await {
+            Ok(rollout) => Ok(Some(rollout)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Starts a rollout.
+    pub async fn start_rollout(&self, name: &str, request: &RolloutRequest) -> Result<Rollout> {
+        let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let (_, bytes) = self.send(Method::PUT, &format!("rollouts/{}", encode_component(name)), Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    /// Pauses, resumes or undoes a rollout.
+    pub async fn rollout_action(&self, name: &str, action: &str) -> Result<Rollout> {
+        let path = format!("rollouts/{}/{action}", encode_component(name));
+        let (_, bytes) = self.send(Method::POST, &path, None).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
     }
 
     pub async fn units(&self) -> Result<Vec<Unit>> {

@@ -147,6 +147,9 @@ pub enum Action<'a> {
     /// Adds, changes, pauses, syncs or removes a git source: a source writes any unit, and
     /// its sync reads files on the machines that run it, so only an admin may.
     ManageSources,
+    /// Starts, pauses, resumes, undoes or removes a rollout (which writes the units it names,
+    /// any of them: not for an operator limited to some units).
+    ManageRollouts,
     /// A push webhook for a source: whoever calls it, the handler checks the body's
     /// signature with the source's shared secret, and the most it does is sync the source.
     SourceWebhook,
@@ -161,6 +164,7 @@ impl Action<'_> {
                 | Self::WriteMachines
                 | Self::ManageCredentials
                 | Self::ManageSources
+                | Self::ManageRollouts
                 | Self::SourceWebhook
                 | Self::Join
                 | Self::RenewMachine
@@ -201,7 +205,9 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
         | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
         (Role::Admin, _) => Access::Allowed,
         (_, Action::ManageCredentials | Action::ManageSources) => Access::Denied,
-        (Role::Operator { units: Some(_) }, Action::ReadMetrics | Action::ReadSources) => Access::Denied,
+        (Role::Operator { units: Some(_) }, Action::ReadMetrics | Action::ReadSources | Action::ManageRollouts) => {
+            Access::Denied
+        }
         (Role::Viewer, Action::ReadMetrics | Action::ReadSources) => Access::Allowed,
         (_, Action::ReadUnit(_)) if outside_scope => Access::Hidden,
         (_, Action::WriteUnit(_)) if outside_scope => Access::Denied,
@@ -236,15 +242,16 @@ mod tests {
             Action::ReadSources,
             Action::ManageSources,
             Action::SourceWebhook,
+            Action::ManageRollouts,
         ];
-        let table: [(Role, [Access; 13]); 7] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, A]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, A]),
-            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, A]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, A]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, A]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, A]),
-            (Role::Webhook, [D, D, D, D, D, D, D, D, D, D, D, D, A]),
+        let table: [(Role, [Access; 14]); 7] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, A, A]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, A, A]),
+            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, A, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, A, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, A, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, A, D]),
+            (Role::Webhook, [D, D, D, D, D, D, D, D, D, D, D, D, A, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

@@ -9,11 +9,13 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use crate::UnitHash;
 
 /// How many units may be down at once: a count, or a percentage of the rollout's units
 /// (rounded down, at least 1).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MaxUnavailable {
     Count(usize),
     Percent(u8),
@@ -55,7 +57,7 @@ impl fmt::Display for MaxUnavailable {
 }
 
 /// Where one unit of a rollout is.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Step {
     /// Still on its old content, not yet started on.
     Waiting,
@@ -74,9 +76,11 @@ pub enum Step {
     },
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RolloutUnit {
     pub name: String,
+    /// The content it had when the rollout began (what an undo goes back to).
+    pub from: UnitHash,
     pub to: UnitHash,
     pub step: Step,
 }
@@ -97,7 +101,7 @@ pub enum Health {
     Down,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RolloutState {
     Running,
     /// Paused by hand or by a failure (the reason names the unit and its state).
@@ -107,7 +111,7 @@ pub enum RolloutState {
     Done,
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rollout {
     pub units: Vec<RolloutUnit>,
     pub max_unavailable: MaxUnavailable,
@@ -186,13 +190,52 @@ pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now
             Step::Done => false,
         })
         .count();
-    let budget = rollout.max_unavailable.of(rollout.units.len()).saturating_sub(down);
+    let mut budget = rollout.max_unavailable.of(rollout.units.len()).saturating_sub(down);
     let mut advance = Advance::default();
-    for unit in rollout.units.iter_mut().filter(|unit| unit.step == Step::Waiting).take(budget) {
+    // A unit that is down anyway goes first and costs nothing: replacing it takes nothing
+    // more down (and an undo must reach the units a bad version took down).
+    let is_down = |name: &str| observed.get(name).is_none_or(|seen| seen.health != Health::Active);
+    for unit in rollout.units.iter_mut().filter(|unit| unit.step == Step::Waiting && is_down(&unit.name)) {
+        unit.step = Step::Replacing { since: now };
+        advance.replace.push(unit.name.clone());
+    }
+    for unit in rollout.units.iter_mut().filter(|unit| unit.step == Step::Waiting) {
+        if budget == 0 {
+            break;
+        }
+        budget -= 1;
         unit.step = Step::Replacing { since: now };
         advance.replace.push(unit.name.clone());
     }
     advance
+}
+
+impl Rollout {
+    /// The rollout that takes every unit this one touched back to its old content, in the
+    /// same waves; units it never started on stay as they are.
+    pub fn undo(&self) -> Rollout {
+        Rollout {
+            units: self
+                .units
+                .iter()
+                .filter(|unit| unit.step != Step::Waiting)
+                .map(|unit| RolloutUnit { name: unit.name.clone(), from: unit.to, to: unit.from, step: Step::Waiting })
+                .collect(),
+            state: RolloutState::Running,
+            ..self.clone()
+        }
+    }
+
+    /// Units by step, for a status line: (done, in flight, waiting, failed).
+    pub fn counts(&self) -> (usize, usize, usize, usize) {
+        let count = |wanted: fn(&Step) -> bool| self.units.iter().filter(|unit| wanted(&unit.step)).count();
+        (
+            count(|step| *step == Step::Done),
+            count(|step| matches!(step, Step::Replacing { .. } | Step::Ready { .. })),
+            count(|step| *step == Step::Waiting),
+            count(|step| matches!(step, Step::Failed { .. })),
+        )
+    }
 }
 
 fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
@@ -213,7 +256,7 @@ mod tests {
     fn rollout(count: usize, max_unavailable: MaxUnavailable) -> Rollout {
         Rollout {
             units: (0..count)
-                .map(|n| RolloutUnit { name: format!("web@{n}.service"), to: NEW, step: Step::Waiting })
+                .map(|n| RolloutUnit { name: format!("web@{n}.service"), from: OLD, to: NEW, step: Step::Waiting })
                 .collect(),
             max_unavailable,
             min_ready: 5,
@@ -224,6 +267,16 @@ mod tests {
 
     fn all(count: usize, hash: UnitHash, health: Health) -> BTreeMap<String, Observed> {
         (0..count).map(|n| (format!("web@{n}.service"), Observed { hash, health })).collect()
+    }
+
+    #[test]
+    fn undo_goes_back_where_it_started() {
+        let mut rollout = rollout(4, MaxUnavailable::Count(2));
+        advance(&mut rollout, &all(4, OLD, Health::Active), 0);
+        let undo = rollout.undo();
+        assert_eq!(undo.units.len(), 2);
+        assert!(undo.units.iter().all(|unit| unit.to == OLD && unit.from == NEW && unit.step == Step::Waiting));
+        assert_eq!(rollout.counts(), (0, 2, 2, 0));
     }
 
     #[test]
@@ -256,11 +309,24 @@ mod tests {
     }
 
     #[test]
-    fn a_unit_down_for_its_own_reasons_takes_from_the_budget() {
+    fn a_unit_down_for_its_own_reasons_goes_first_and_takes_from_the_budget() {
         let mut rollout = rollout(4, MaxUnavailable::Count(2));
         let mut seen = all(4, OLD, Health::Active);
         seen.insert("web@3.service".into(), Observed { hash: OLD, health: Health::Down });
-        assert_eq!(advance(&mut rollout, &seen, 0).replace, vec!["web@0.service"]);
+        assert_eq!(advance(&mut rollout, &seen, 0).replace, vec!["web@3.service", "web@0.service"]);
+    }
+
+    #[test]
+    fn an_undo_reaches_the_units_a_bad_version_took_down() {
+        let mut rollout = rollout(6, MaxUnavailable::Count(2));
+        let mut seen = all(6, OLD, Health::Active);
+        advance(&mut rollout, &seen, 0);
+        for n in 0..2 {
+            seen.insert(format!("web@{n}.service"), Observed { hash: NEW, health: Health::Down });
+        }
+        advance(&mut rollout, &seen, 1);
+        let mut undo = rollout.undo();
+        assert_eq!(advance(&mut undo, &seen, 2).replace, vec!["web@0.service", "web@1.service"]);
     }
 
     #[test]
@@ -294,8 +360,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// Whatever the machines report, a step never leaves more than max-unavailable units
-        /// changing (replacing or not yet ready), beyond those already down before it began.
+        /// Whatever the machines report, a step never takes more units down than the budget
+        /// allows: after it, no more are unavailable than max-unavailable or than before it.
         #[test]
         fn never_more_than_the_budget_in_flight(
             reports in proptest::collection::vec((0u8..3, 0u8..3), 1..40),
@@ -306,13 +372,23 @@ mod tests {
             for (now, (hash, health)) in reports.iter().enumerate() {
                 let hash = if *hash == 0 { OLD } else { NEW };
                 let health = [Health::Active, Health::Changing, Health::Down][usize::from(*health)];
-                advance(&mut rollout, &all(count, hash, health), u64::try_from(now).unwrap_or(0));
-                let in_flight = rollout
-                    .units
-                    .iter()
-                    .filter(|unit| matches!(unit.step, Step::Replacing { .. } | Step::Ready { .. } | Step::Failed { .. }))
-                    .count();
-                proptest::prop_assert!(in_flight <= max, "{in_flight} in flight, budget {max}");
+                let seen = all(count, hash, health);
+                // Unavailable: in flight, or waiting and down anyway.
+                let unavailable = |rollout: &Rollout| {
+                    rollout
+                        .units
+                        .iter()
+                        .filter(|unit| match unit.step {
+                            Step::Replacing { .. } | Step::Ready { .. } | Step::Failed { .. } => true,
+                            Step::Waiting => seen[&unit.name].health != Health::Active,
+                            Step::Done => false,
+                        })
+                        .count()
+                };
+                let before = unavailable(&rollout);
+                advance(&mut rollout, &seen, u64::try_from(now).unwrap_or(0));
+                let after = unavailable(&rollout);
+                proptest::prop_assert!(after <= max.max(before), "{after} unavailable after, {before} before, budget {max}");
             }
         }
     }

@@ -13,7 +13,10 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 use fleet_testkit::eventually;
 
 use crate::{AgentRegistry, EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
-use crate::{RegistrationRecord, RegistrationRefused, RevokedMachine, SourceRecord, SourceStatus, UnitView, Writer};
+use crate::{
+    RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus, UnitView,
+    Writer,
+};
 
 /// The agent's facet of the store for one machine: the store itself for a store that serves
 /// every machine, a remote store of that machine's own for the remote one.
@@ -104,6 +107,7 @@ contract!(
     states_go_with_their_machine,
     units_belong_to_the_source_that_made_them,
     sources_and_their_statuses_are_kept_by_name,
+    rollouts_are_kept_by_name,
 );
 
 fn unit(exec: &str) -> UnitFile {
@@ -456,4 +460,38 @@ pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry
     assert!(!registry.remove_source("web").await.expect("remove"), "already gone");
     assert_eq!(registry.sources().await.expect("list"), vec![source("apps", 1)]);
     assert!(registry.source_statuses().await.expect("statuses").is_empty());
+}
+
+/// Rollouts are stored and replaced by name, listed in name order, and removed.
+pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
+    let record = |name: &str, state: RolloutState| RolloutRecord {
+        name: name.into(),
+        rollout: Rollout {
+            units: vec![RolloutUnit {
+                name: "web@1.service".into(),
+                from: unit("/bin/a").hash(),
+                to: unit("/bin/b").hash(),
+                step: Step::Replacing { since: 7 },
+            }],
+            max_unavailable: MaxUnavailable::Percent(25),
+            min_ready: 5,
+            deadline: 60,
+            state,
+        },
+        bodies: [(unit("/bin/b").hash().to_string(), unit("/bin/b").serialize())].into(),
+        created: 1_700_000_000,
+    };
+    assert!(registry.rollouts().await.expect("none yet").is_empty());
+    registry.put_rollout(&record("web", RolloutState::Running)).await.expect("store");
+    registry.put_rollout(&record("api", RolloutState::Done)).await.expect("store");
+    let paused = RolloutState::Paused { reason: "web@1.service is down".into() };
+    registry.put_rollout(&record("web", paused.clone())).await.expect("replace");
+    assert_eq!(
+        registry.rollouts().await.expect("list"),
+        vec![record("api", RolloutState::Done), record("web", paused)]
+    );
+    assert!(registry.remove_rollout("api").await.expect("remove"));
+    assert!(!registry.remove_rollout("api").await.expect("remove"), "already gone");
+    assert_eq!(registry.rollouts().await.expect("list").len(), 1);
 }

@@ -33,7 +33,7 @@ pub use model::{
     StateReport, TokenRecord, UnitRecord, UnitView,
 };
 pub use ownership::{OwnedBy, Writer};
-pub use source_record::{SourceRecord, SourceStatus};
+pub use source_record::{RolloutRecord, SourceRecord, SourceStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -114,7 +114,7 @@ pub trait CredentialRegistry: Send + Sync {
     ) -> Result<std::result::Result<RegistrationRecord, RegistrationRefused>>;
 }
 
-/// Git sources: their records, and what their last syncs did.
+/// Git sources (their records, and what their last syncs did) and rollouts.
 #[async_trait]
 pub trait SourceRegistry: Send + Sync {
     /// Stores a source, replacing any of that name.
@@ -126,6 +126,12 @@ pub trait SourceRegistry: Send + Sync {
     /// Every source's status, by name.
     async fn source_statuses(&self) -> Result<Vec<(String, SourceStatus)>>;
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()>;
+    /// Stores a rollout, replacing any of that name.
+    async fn put_rollout(&self, record: &RolloutRecord) -> Result<()>;
+    /// Every rollout, in name order.
+    async fn rollouts(&self) -> Result<Vec<RolloutRecord>>;
+    /// Removes a rollout; `false` when there was none.
+    async fn remove_rollout(&self, name: &str) -> Result<bool>;
 }
 
 #[async_trait]

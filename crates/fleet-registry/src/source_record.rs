@@ -56,3 +56,16 @@ pub struct SourceStatus {
     /// Failed attempts in a row (for the backoff), 0 after a success.
     pub failures: u32,
 }
+
+/// A rollout as the registry keeps it: its state machine (`fleet_core::rollout`), and the
+/// unit files it moves units between, by hash (the new content until it is written, the old
+/// one for an undo).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    pub name: String,
+    pub rollout: fleet_core::rollout::Rollout,
+    /// Unit hash (hex) → the unit file's text.
+    pub bodies: std::collections::BTreeMap<String, String>,
+    /// Seconds since the epoch.
+    pub created: u64,
+}

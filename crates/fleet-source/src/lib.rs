@@ -1,11 +1,14 @@
-//! Desired state from git, at the edges: fetching a source ([`fetch`]) and the engine
-//! leader's loop that syncs every source ([`syncer`]). What the files mean and what a sync
-//! writes are `fleet_core::source`'s pure functions.
+//! Desired state at the edges: fetching a git source ([`fetch`]), and the engine leader's
+//! loops that sync every source ([`syncer`]) and step every rollout ([`rollouts`]). What the
+//! files mean, what a sync writes and what a rollout does next are `fleet_core`'s pure
+//! functions (`source`, `rollout`).
 
 #![forbid(unsafe_code)]
 
 pub mod fetch;
+pub mod rollouts;
 pub mod syncer;
 
 pub use fetch::{Credentials, FetchRequest, Fetched, SourceError, fetch};
+pub use rollouts::RolloutDriver;
 pub use syncer::{SourceSyncer, SyncerConfig};

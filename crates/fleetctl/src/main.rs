@@ -298,6 +298,11 @@ enum Command {
         #[command(subcommand)]
         action: SourceCommand,
     },
+    /// Roll new content out to running units in waves: start, list, status, pause, resume, undo
+    Rollout {
+        #[command(subcommand)]
+        action: RolloutCommand,
+    },
     /// Manage the tokens pull agents join with (administrators only)
     RegistrationToken {
         #[command(subcommand)]
@@ -412,6 +417,45 @@ const SOURCE_HELP: &str = "Each directory read may hold a fleet-desired.conf of 
 batch-*.service = loaded\n  web@{1..12}.service = launched   # instances of web@.service";
 
 #[derive(Subcommand, Debug)]
+pub enum RolloutCommand {
+    /// Give units new content a few at a time: FILE is a unit file, or a template whose
+    /// instances in the cluster all get it; the next wave starts only when the replaced units
+    /// are active and stayed so for --min-ready; a unit that does not get there pauses it
+    Start {
+        /// At most this many units down at once: a number, or a percentage (25%)
+        #[arg(long)]
+        max_unavailable: String,
+        /// How long a replaced unit must stay active before the next wave (e.g. 10s)
+        #[arg(long, default_value = "10s")]
+        min_ready: String,
+        /// How long a replaced unit may take to become active before the rollout pauses
+        #[arg(long, default_value = "2m")]
+        deadline: String,
+        /// Only the instances whose names match this pattern (e.g. 'web@1*.service')
+        #[arg(long)]
+        instances: Option<String>,
+        /// The rollout's name (default: the unit or template name without its type, made valid)
+        #[arg(long)]
+        name: Option<String>,
+        file: String,
+    },
+    /// List the rollouts
+    List {
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+    },
+    /// Show a rollout, unit by unit
+    Status { name: String },
+    /// Start no new wave
+    Pause { name: String },
+    /// Go on (a failed unit gets a new deadline)
+    Resume { name: String },
+    /// Take every unit the rollout touched back to its old content, in the same waves
+    Undo { name: String },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum TokenCommand {
     /// Make a token and print it; it is shown this once
     Create {
@@ -521,7 +565,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
-    use commands::{inspect, lifecycle, list, registration_token, remote, source, token};
+    use commands::{inspect, lifecycle, list, registration_token, remote, rollout, source, token};
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
             let Some(options) = ssh else {
@@ -548,6 +592,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::Token { action } => token::run(&context, action).await,
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
+        Command::Rollout { action } => rollout::run(&context, action).await,
         Command::Machine { action: MachineCommand::Revoke { machine } } => {
             match context.client.revoke_machine(&machine).await {
                 Ok(()) => {

@@ -18,7 +18,7 @@ use fleet_api::serve::{ServeLimits, serve};
 use fleet_api::{ApiState, TokenLimit, router};
 use fleet_core::MachineState;
 use fleet_engine::{Engine, EngineConfig};
-use fleet_source::{SourceSyncer, SyncerConfig};
+use fleet_source::{RolloutDriver, SourceSyncer, SyncerConfig};
 use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{LogLimits, NativeManager, NativeOptions};
 use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
@@ -39,6 +39,9 @@ pub const DEBOUNCE: Duration = Duration::from_millis(10);
 /// How often the engine leader looks for a git source that is due (a webhook or a change is
 /// picked up within this; two small reads of the store each time, on the leader only).
 const SOURCE_TICK: Duration = Duration::from_millis(250);
+/// How often the engine leader steps the running rollouts (one read of the rollouts when
+/// none runs; units and states besides while one does).
+const ROLLOUT_TICK: Duration = Duration::from_millis(500);
 
 fn machine_state(config: &Config, machine_id: &str) -> MachineState {
     let public_ip = if config.public_ip.is_empty() {
@@ -302,10 +305,16 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
                 credentials_dir: config.source_credentials_dir.clone(),
                 tick: SOURCE_TICK,
             };
-            let (syncer_registry, syncer_stop) = (registry.clone(), stop_watch.clone());
+            let (syncer_registry, syncer_stop, syncer_leads) =
+                (registry.clone(), stop_watch.clone(), leads_watch.clone());
             tasks.spawn(supervise("source syncer", move || {
                 SourceSyncer::new(syncer_config.clone(), syncer_registry.clone())
-                    .run(leads_watch.clone(), syncer_stop.clone())
+                    .run(syncer_leads.clone(), syncer_stop.clone())
+            }));
+            let (rollout_registry, rollout_stop) = (registry.clone(), stop_watch.clone());
+            tasks.spawn(supervise("rollout driver", move || {
+                RolloutDriver::new(rollout_registry.clone(), ROLLOUT_TICK)
+                    .run(leads_watch.clone(), rollout_stop.clone())
             }));
         }
         let reload = tokio::select! {

@@ -6,6 +6,7 @@ pub mod journal;
 pub mod machines;
 pub mod metrics;
 pub mod registration_tokens;
+pub mod rollouts;
 pub mod sources;
 pub mod state;
 pub mod tokens;

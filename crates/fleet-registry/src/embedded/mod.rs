@@ -69,6 +69,7 @@ impl EmbeddedRegistry {
             tables::REVOKED,
             tables::SOURCES,
             tables::SOURCE_STATUSES,
+            tables::ROLLOUTS,
         ] {
             txn.open_table(table).map_err(unavailable)?;
         }

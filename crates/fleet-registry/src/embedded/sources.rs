@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::tables::{self, read_all};
 use super::{EmbeddedRegistry, unavailable};
-use crate::{Result, SourceRecord, SourceRegistry, SourceStatus};
+use crate::{Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 #[async_trait]
 impl SourceRegistry for EmbeddedRegistry {
@@ -31,5 +31,17 @@ impl SourceRegistry for EmbeddedRegistry {
 
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
         self.put_named(tables::SOURCE_STATUSES, name, status.clone()).await
+    }
+
+    async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
+        self.put_named(tables::ROLLOUTS, &record.name, record.clone()).await
+    }
+
+    async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
+        self.list_all(tables::ROLLOUTS).await
+    }
+
+    async fn remove_rollout(&self, name: &str) -> Result<bool> {
+        self.remove_named(tables::ROLLOUTS, name).await
     }
 }

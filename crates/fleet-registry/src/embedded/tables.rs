@@ -27,6 +27,8 @@ pub const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked_
 pub const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 /// Source name → [`crate::SourceRecord`].
 pub const SOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("sources");
+/// Rollout name → [`crate::RolloutRecord`].
+pub const ROLLOUTS: TableDefinition<&str, &[u8]> = TableDefinition::new("rollouts");
 /// Source name → [`crate::SourceStatus`].
 pub const SOURCE_STATUSES: TableDefinition<&str, &[u8]> = TableDefinition::new("source_statuses");
 /// `unit\0machine` → [`fleet_core::UnitState`].

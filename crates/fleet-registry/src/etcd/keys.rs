@@ -17,6 +17,7 @@
 //! | `registrations/<name>` | [`crate::RegistrationRecord`] (hash only) | its expiry's | API |
 //! | `sources/<name>` | [`crate::SourceRecord`] (no secret: credentials stay in files) | — | API |
 //! | `source-status/<name>` | [`crate::SourceStatus`] | — | engine leader |
+//! | `rollouts/<name>` | [`crate::RolloutRecord`] | — | API, engine leader |
 //! | `tokens/<name>` | [`crate::TokenRecord`] (the token's hash, never the token) | — | API |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
@@ -187,6 +188,14 @@ impl Keys {
 
     pub fn source_status(&self, name: &str) -> String {
         self.key(&["source-status", name])
+    }
+
+    pub fn rollouts(&self) -> String {
+        self.key(&["rollouts", ""])
+    }
+
+    pub fn rollout(&self, name: &str) -> String {
+        self.key(&["rollouts", name])
     }
 
     pub fn tokens(&self) -> String {

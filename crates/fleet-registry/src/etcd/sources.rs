@@ -5,7 +5,7 @@ use etcd_client::{GetOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
 use crate::codec::{decode_listed, encode};
-use crate::{Result, SourceRecord, SourceRegistry, SourceStatus};
+use crate::{Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 #[async_trait]
 impl SourceRegistry for EtcdRegistry {
@@ -42,5 +42,19 @@ impl SourceRegistry for EtcdRegistry {
         let txn = Txn::new().and_then(vec![TxnOp::put(self.keys().source_status(name), encode(status), None)]);
         self.connection().txn(txn).await?;
         Ok(())
+    }
+
+    async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
+        let txn = Txn::new().and_then(vec![TxnOp::put(self.keys().rollout(&record.name), encode(record), None)]);
+        self.connection().txn(txn).await?;
+        Ok(())
+    }
+
+    async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
+        self.list_named(&self.keys().rollouts(), |record: &RolloutRecord| &record.name).await
+    }
+
+    async fn remove_rollout(&self, name: &str) -> Result<bool> {
+        self.delete_key(&self.keys().rollout(name)).await
     }
 }

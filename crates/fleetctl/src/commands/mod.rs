@@ -6,5 +6,6 @@ pub mod lifecycle;
 pub mod list;
 pub mod registration_token;
 pub mod remote;
+pub mod rollout;
 pub mod source;
 pub mod token;

@@ -1,0 +1,170 @@
+//! `/rollouts`, `/rollouts/{name}` and `/rollouts/{name}/{pause|resume|undo}` (our
+//! addition): new content for running units, in waves the engine leader drives. Reading takes
+//! `ReadSources`, the rest `ManageRollouts`, checked by the router before any of these run.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use fleet_core::UnitFile;
+use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
+use fleet_core::source::checks::check_source_name;
+use fleet_core::unit_name::UnitNameInfo;
+use fleet_registry::RolloutRecord;
+
+use crate::auth::tokens::now_unix;
+use crate::router::{ApiError, ApiState, json_response};
+use crate::schema::{Rollout as RolloutSchema, RolloutList, RolloutRequest, RolloutUnit as UnitSchema};
+
+/// The most units one rollout moves.
+const UNITS_MAX: usize = 100_000;
+const DEFAULT_MIN_READY: u64 = 10;
+const DEFAULT_DEADLINE: u64 = 120;
+
+fn to_schema(record: RolloutRecord) -> RolloutSchema {
+    let (state, reason) = match record.rollout.state {
+        RolloutState::Running => ("running", None),
+        RolloutState::Paused { reason } => ("paused", Some(reason)),
+        RolloutState::Done => ("done", None),
+    };
+    let units = record
+        .rollout
+        .units
+        .into_iter()
+        .map(|unit| {
+            let (step, why) = match unit.step {
+                Step::Waiting => ("waiting", None),
+                Step::Replacing { .. } => ("replacing", None),
+                Step::Ready { .. } => ("ready", None),
+                Step::Done => ("done", None),
+                Step::Failed { why } => ("failed", Some(why)),
+            };
+            UnitSchema { name: unit.name, step: step.to_string(), why }
+        })
+        .collect();
+    RolloutSchema {
+        name: record.name,
+        state: state.to_string(),
+        reason,
+        max_unavailable: record.rollout.max_unavailable.to_string(),
+        min_ready_seconds: record.rollout.min_ready,
+        units,
+        created: record.created,
+    }
+}
+
+async fn find(state: &ApiState, name: &str) -> Result<RolloutRecord, ApiError> {
+    state
+        .registry
+        .rollouts()
+        .await?
+        .into_iter()
+        .find(|record| record.name == name)
+        .ok_or_else(|| ApiError::not_found("rollout does not exist"))
+}
+
+pub async fn list(state: &ApiState) -> Result<Response, ApiError> {
+    let rollouts = state.registry.rollouts().await?.into_iter().map(to_schema).collect();
+    Ok(json_response(StatusCode::OK, &RolloutList { rollouts }))
+}
+
+pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+    Ok(json_response(StatusCode::OK, &to_schema(find(state, name).await?)))
+}
+
+/// PUT /rollouts/{name}: starts a rollout of new content to existing units. Refused while
+/// another rollout of that name runs or is paused.
+pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let bad = ApiError::bad_request;
+    check_source_name(name).map_err(|_| bad(format!("invalid rollout name {name:?}: use 1-63 of a-z, 0-9 and -")))?;
+    let request: RolloutRequest =
+        serde_json::from_slice(body).map_err(|error| bad(format!("invalid rollout: {error}")))?;
+    let max_unavailable = MaxUnavailable::parse(&request.max_unavailable).map_err(bad)?;
+    if request.units.is_empty() || request.units.len() > UNITS_MAX {
+        return Err(bad(format!("a rollout names 1 to {UNITS_MAX} units")));
+    }
+    let unique: BTreeSet<&String> = request.units.iter().collect();
+    if unique.len() != request.units.len() {
+        return Err(bad("a unit is named twice".into()));
+    }
+    let file = UnitFile::from_options(
+        request
+            .options
+            .into_iter()
+            .map(|option| fleet_core::UnitOption { section: option.section, name: option.name, value: option.value })
+            .collect(),
+    );
+    if file.options().is_empty() {
+        return Err(bad("the new content has no options".into()));
+    }
+    if let Some(existing) = state.registry.rollouts().await?.into_iter().find(|record| record.name == name)
+        && existing.rollout.state != RolloutState::Done
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("rollout {name} is still {:?}", existing.rollout.state),
+        ));
+    }
+    let held: BTreeMap<String, fleet_registry::UnitView> =
+        state.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
+    let mut bodies = BTreeMap::new();
+    let mut units = Vec::with_capacity(request.units.len());
+    for unit in &request.units {
+        if UnitNameInfo::new(unit).is_template() {
+            return Err(bad(format!("{unit} is a template: roll out its instances")));
+        }
+        let current = held.get(unit).ok_or_else(|| bad(format!("unit {unit} does not exist")))?;
+        crate::handlers::units::validate_options(unit, &file)?;
+        bodies.insert(current.hash.to_string(), current.file.serialize());
+        units.push(RolloutUnit { name: unit.clone(), from: current.hash, to: file.hash(), step: Step::Waiting });
+    }
+    bodies.insert(file.hash().to_string(), file.serialize());
+    let rollout = Rollout {
+        units,
+        max_unavailable,
+        min_ready: request.min_ready_seconds.unwrap_or(DEFAULT_MIN_READY),
+        deadline: request.deadline_seconds.unwrap_or(DEFAULT_DEADLINE).max(1),
+        state: RolloutState::Running,
+    };
+    let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix() };
+    state.registry.put_rollout(&record).await?;
+    Ok(json_response(StatusCode::CREATED, &to_schema(record)))
+}
+
+/// POST /rollouts/{name}/{pause|resume|undo}.
+pub async fn act(state: &ApiState, name: &str, action: &str) -> Result<Response, ApiError> {
+    let mut record = find(state, name).await?;
+    let now = now_unix();
+    match action {
+        "pause" if record.rollout.state == RolloutState::Running => {
+            record.rollout.state = RolloutState::Paused { reason: "paused by hand".into() };
+        }
+        "resume" if matches!(record.rollout.state, RolloutState::Paused { .. }) => {
+            // A unit that failed gets a new deadline: it may have been mended meanwhile.
+            for unit in &mut record.rollout.units {
+                if matches!(unit.step, Step::Failed { .. }) {
+                    unit.step = Step::Replacing { since: now };
+                }
+            }
+            record.rollout.state = RolloutState::Running;
+        }
+        "undo" => record.rollout = record.rollout.undo(),
+        "pause" | "resume" => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                format!("cannot {action} a rollout that is {:?}", record.rollout.state),
+            ));
+        }
+        _ => return Err(ApiError::not_found("no such rollout action (pause, resume, undo)")),
+    }
+    state.registry.put_rollout(&record).await?;
+    Ok(json_response(StatusCode::OK, &to_schema(record)))
+}
+
+pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+    if state.registry.remove_rollout(name).await? {
+        Ok(StatusCode::NO_CONTENT.into_response())
+    } else {
+        Err(ApiError::not_found("rollout does not exist"))
+    }
+}

@@ -1,0 +1,139 @@
+//! Rollouts on real fleetds and etcd: twelve instances of a template get new content two at
+//! a time (sampled from the machines' processes, never more than two down); a bad version
+//! pauses the rollout with at most two units affected and undo brings the old content back;
+//! a rollout whose engine leader dies is finished by the next one.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleet_e2e::{Cluster, Fleetd, unit_processes};
+
+const INSTANCES: usize = 12;
+const WAIT: Duration = Duration::from_secs(120);
+
+/// The template at `version`: instance i runs `sleep <version>0000<i>`, so its process says
+/// which instance and which version it is.
+fn template(dir: &std::path::Path, version: u32, exec: Option<&str>) -> String {
+    let exec = exec.map_or(format!("/bin/sleep {version}0000%i"), str::to_string);
+    std::fs::write(dir.join("web@.service"), format!("[Service]\nExecStart={exec}\n")).expect("write the template");
+    dir.join("web@.service").display().to_string()
+}
+
+/// The `sleep` arguments running under each member.
+fn running(state_dirs: &[PathBuf]) -> BTreeSet<String> {
+    state_dirs
+        .iter()
+        .flat_map(|dir| unit_processes(dir))
+        .filter_map(|pid| {
+            let command = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let arguments: Vec<&[u8]> = command.split(|byte| *byte == 0).collect();
+            Some(String::from_utf8_lossy(arguments.get(1)?).into_owned())
+        })
+        .collect()
+}
+
+/// How many instances run some version among `versions`.
+fn up(running: &BTreeSet<String>, versions: &[u32]) -> usize {
+    (1..=INSTANCES).filter(|i| versions.iter().any(|version| running.contains(&format!("{version}0000{i}")))).count()
+}
+
+fn rollout_state(fleet: &Fleetd, name: &str) -> String {
+    fleet.ok(&["rollout", "status", name]).stdout
+}
+
+/// Samples the machines every 100 ms until stopped; the most instances seen down at once.
+struct Sampler {
+    stop: Arc<AtomicBool>,
+    worst: Arc<Mutex<usize>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    fn start(state_dirs: Vec<PathBuf>, versions: Vec<u32>) -> Self {
+        let (stop, worst) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(0)));
+        let thread = {
+            let (stop, worst) = (stop.clone(), worst.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::SeqCst) {
+                    let down = INSTANCES - up(&running(&state_dirs), &versions);
+                    if let Ok(mut worst) = worst.lock() {
+                        *worst = (*worst).max(down);
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            })
+        };
+        Self { stop, worst, thread: Some(thread) }
+    }
+
+    fn finish(mut self) -> usize {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+        self.worst.lock().map(|worst| *worst).unwrap_or(usize::MAX)
+    }
+}
+
+#[test]
+fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
+    let mut cluster = Cluster::start(3, |_| vec![("unit_manager".into(), "native".into())]);
+    let dirs: Vec<PathBuf> = (0..4).map(|_| tempfile::tempdir().expect("a dir").keep()).collect();
+    let first = template(&dirs[0], 1, None);
+    let instances: Vec<String> =
+        (1..=INSTANCES).map(|i| dirs[0].join(format!("web@{i}.service")).display().to_string()).collect();
+    let mut start = vec!["start", "--no-block"];
+    start.extend(instances.iter().map(String::as_str));
+    cluster.any().ok(&start);
+    cluster.any().ok(&["submit", &first]);
+    let state_dirs: Vec<PathBuf> = cluster.members.iter().map(Fleetd::state_dir).collect();
+    cluster.any().wait_until("the twelve instances run", WAIT, |_| up(&running(&state_dirs), &[1]) == INSTANCES);
+
+    // Version 2, two at a time, each wave after the last stayed active for a second.
+    let second = template(&dirs[1], 2, None);
+    let sampler = Sampler::start(state_dirs.clone(), vec![1, 2]);
+    cluster.any().ok(&["rollout", "start", "--max-unavailable", "2", "--min-ready", "1s", &second]);
+    cluster
+        .any()
+        .wait_until("the rollout is done", WAIT, |fleet| rollout_state(fleet, "web").contains("State:           done"));
+    let worst = sampler.finish();
+    assert!(worst <= 2, "{worst} instances were down at once (max-unavailable 2)");
+    assert_eq!(up(&running(&state_dirs), &[2]), INSTANCES, "every instance runs version 2");
+
+    // A version that cannot start: the rollout pauses on it, having touched at most two.
+    let bad = template(&dirs[2], 3, Some("/bin/false"));
+    cluster.any().ok(&["rollout", "start", "--max-unavailable", "2", "--min-ready", "1s", "--deadline", "20s", &bad]);
+    cluster.any().wait_until("the bad rollout pauses", WAIT, |fleet| {
+        rollout_state(fleet, "web").contains("State:           paused")
+    });
+    let status = rollout_state(cluster.any(), "web");
+    assert!(status.contains("Why:             web@"), "the reason names the unit: {status}");
+    let touched = status
+        .lines()
+        .filter(|line| line.starts_with("web@"))
+        .filter(|line| line.split_whitespace().nth(1).is_some_and(|step| step != "waiting"))
+        .count();
+    assert!(touched <= 2, "at most two units affected: {status}");
+    assert!(up(&running(&state_dirs), &[2]) >= INSTANCES - 2, "the others still run version 2");
+    cluster.any().ok(&["rollout", "undo", "web"]);
+    cluster.any().wait_until("undo brings version 2 back", WAIT, |fleet| {
+        rollout_state(fleet, "web").contains("State:           done") && up(&running(&state_dirs), &[2]) == INSTANCES
+    });
+
+    // Version 4 with the engine leader killed once the first wave is under way.
+    let fourth = template(&dirs[3], 4, None);
+    cluster.any().ok(&["rollout", "start", "--max-unavailable", "2", "--min-ready", "2s", &fourth]);
+    cluster.any().wait_until("the first wave is under way", WAIT, |_| up(&running(&state_dirs), &[4]) >= 1);
+    let leader = cluster.leader().expect("a leader");
+    cluster.members[leader].stop_with(libc::SIGKILL);
+    let survivors: Vec<PathBuf> =
+        cluster.members.iter().filter(|member| member.is_running()).map(Fleetd::state_dir).collect();
+    cluster.any().wait_until("the next leader finishes the rollout", WAIT, |fleet| {
+        rollout_state(fleet, "web").contains("State:           done") && up(&running(&survivors), &[4]) == INSTANCES
+    });
+    let listed = cluster.any().ok(&["rollout", "list", "--no-legend"]).stdout;
+    assert!(listed.contains("web") && listed.contains("12/12 done"), "{listed}");
+}

@@ -1,0 +1,134 @@
+//! The engine leader's rollout driver: while its fleetd leads, every running rollout is
+//! stepped (`fleet_core::rollout::advance`) against what the machines report, the units of
+//! the next wave get their new content (written as their owner would), and the rollout is
+//! stored again, so that a new leader carries on where this one stopped.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fleet_core::rollout::{Health, Observed, RolloutState, advance};
+use fleet_core::{UnitFile, UnitState};
+use fleet_registry::{ApiRegistry, RegistryError, RolloutRecord, UnitView, Writer};
+use tokio::sync::watch;
+
+pub struct RolloutDriver {
+    registry: Arc<dyn ApiRegistry>,
+    tick: Duration,
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}
+
+/// How a unit runs, as a rollout counts it.
+pub fn health(state: &UnitState) -> Health {
+    match state.systemd.active.as_str() {
+        "active" => Health::Active,
+        "failed" => Health::Down,
+        // Loaded and not started yet (a replacement under way), or started and gone.
+        "inactive" if !state.launched => Health::Changing,
+        "inactive" => Health::Down,
+        _ => Health::Changing,
+    }
+}
+
+/// What the machines report of each unit: the report of its newest content when two machines
+/// report it (a unit on its way from one to the other).
+pub fn observed(states: &[UnitState], units: &BTreeMap<String, UnitView>) -> BTreeMap<String, Observed> {
+    let mut seen: BTreeMap<String, Observed> = BTreeMap::new();
+    for state in states {
+        let current = units.get(&state.name).map(|unit| unit.hash);
+        let report = Observed { hash: state.hash, health: health(state) };
+        match seen.get(&state.name) {
+            Some(kept) if Some(kept.hash) == current && Some(state.hash) != current => {}
+            _ => {
+                seen.insert(state.name.clone(), report);
+            }
+        }
+    }
+    seen
+}
+
+impl RolloutDriver {
+    pub fn new(registry: Arc<dyn ApiRegistry>, tick: Duration) -> Self {
+        Self { registry, tick }
+    }
+
+    /// Steps the rollouts while `leads` says this fleetd leads, until `stop`.
+    pub async fn run(self, mut leads: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
+        loop {
+            tokio::select! {
+                _ = leads.wait_for(|leads| *leads) => {}
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+            if let Err(error) = self.pass().await {
+                tracing::warn!(%error, "rollout pass failed; trying again");
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.tick) => {}
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+        }
+    }
+
+    async fn pass(&self) -> Result<(), RegistryError> {
+        let running: Vec<RolloutRecord> = self
+            .registry
+            .rollouts()
+            .await?
+            .into_iter()
+            .filter(|record| record.rollout.state == RolloutState::Running)
+            .collect();
+        if running.is_empty() {
+            return Ok(());
+        }
+        let units: BTreeMap<String, UnitView> =
+            self.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
+        let seen = observed(&self.registry.unit_states().await?, &units);
+        for mut record in running {
+            let before = record.rollout.clone();
+            let step = advance(&mut record.rollout, &seen, now());
+            for name in &step.replace {
+                self.replace(&record, name, &units).await?;
+            }
+            if record.rollout != before {
+                if let RolloutState::Paused { reason } = &record.rollout.state {
+                    tracing::warn!(rollout = record.name, reason, "rollout paused");
+                } else if record.rollout.state == RolloutState::Done {
+                    tracing::info!(rollout = record.name, "rollout done");
+                }
+                self.registry.put_rollout(&record).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes a unit's new content, as its owner (its source, or by hand).
+    async fn replace(
+        &self,
+        record: &RolloutRecord,
+        name: &str,
+        units: &BTreeMap<String, UnitView>,
+    ) -> Result<(), RegistryError> {
+        let Some(unit) = record.rollout.units.iter().find(|unit| unit.name == name) else { return Ok(()) };
+        let Some(file) = record.bodies.get(&unit.to.to_string()).and_then(|text| UnitFile::parse(text).ok()) else {
+            tracing::error!(
+                rollout = record.name,
+                unit = name,
+                "the rollout holds no readable body for its new content"
+            );
+            return Ok(());
+        };
+        let Some(current) = units.get(name) else {
+            tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
+            return Ok(());
+        };
+        let writer = match &current.source {
+            Some(source) => Writer::Source { name: source.clone(), take_over: false },
+            None => Writer::BY_HAND,
+        };
+        tracing::info!(rollout = record.name, unit = name, "rolling out new content");
+        self.registry.put_unit_as(name, &file, current.desired, &writer).await
+    }
+}

@@ -1,0 +1,198 @@
+//! `fleetctl rollout start|list|status|pause|resume|undo`: new content in waves.
+
+use std::path::Path;
+
+use fleet_api_schema::{Rollout, RolloutRequest};
+use fleet_core::duration::parse_go_duration;
+use fleet_core::glob::glob_matches;
+use fleet_core::unit_name::{UnitNameInfo, with_default_unit_type};
+
+use super::create::schema_options;
+use crate::context::Context;
+use crate::local_units::read_unit_file;
+use crate::table::tab_table;
+use crate::{Outcome, RolloutCommand};
+
+pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
+    match command {
+        RolloutCommand::Start { max_unavailable, min_ready, deadline, instances, name, file } => {
+            let request = StartRequest { max_unavailable, min_ready, deadline, instances, name, file };
+            start(context, request).await
+        }
+        RolloutCommand::List { no_legend } => list(context, no_legend).await,
+        RolloutCommand::Status { name } => match context.client.rollout(&name).await {
+            Ok(Some(rollout)) => {
+                show(&rollout);
+                Outcome::Success
+            }
+            Ok(None) => {
+                eprintln!("Rollout {name} not found");
+                Outcome::Failure
+            }
+            Err(error) => {
+                eprintln!("Error reading rollout {name}: {error}");
+                Outcome::Failure
+            }
+        },
+        RolloutCommand::Pause { name } => act(context, &name, "pause").await,
+        RolloutCommand::Resume { name } => act(context, &name, "resume").await,
+        RolloutCommand::Undo { name } => act(context, &name, "undo").await,
+    }
+}
+
+struct StartRequest {
+    max_unavailable: String,
+    min_ready: String,
+    deadline: String,
+    instances: Option<String>,
+    name: Option<String>,
+    file: String,
+}
+
+/// A rollout name from a unit name: `web@.service` → `web`.
+fn default_name(unit: &str) -> String {
+    let stem = unit.rsplit_once('.').map_or(unit, |(stem, _)| stem).trim_end_matches('@');
+    let name: String = stem
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
+        .collect::<String>()
+        .trim_matches('-')
+        .chars()
+        .take(63)
+        .collect();
+    if name.is_empty() { "rollout".to_string() } else { name }
+}
+
+async fn start(context: &Context, request: StartRequest) -> Outcome {
+    let seconds = |flag: &str, value: &str| {
+        parse_go_duration(value).map(|d| d.as_secs()).map_err(|error| {
+            eprintln!("Invalid --{flag} {value:?}: {error}");
+            Outcome::Usage
+        })
+    };
+    let (min_ready, deadline) = match (seconds("min-ready", &request.min_ready), seconds("deadline", &request.deadline))
+    {
+        (Ok(min_ready), Ok(deadline)) => (min_ready, deadline),
+        (Err(outcome), _) | (_, Err(outcome)) => return outcome,
+    };
+    let path = with_default_unit_type(&request.file);
+    let unit = Path::new(&path).file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = match read_unit_file(Path::new(&path)) {
+        Ok(Some(file)) => file,
+        Ok(None) => {
+            eprintln!("Error starting rollout: unable to find {path}");
+            return Outcome::Failure;
+        }
+        Err(error) => {
+            eprintln!("Error starting rollout: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let units: Vec<String> = if UnitNameInfo::new(&unit).is_template() {
+        let cluster = match context.client.units().await {
+            Ok(units) => units,
+            Err(error) => {
+                eprintln!("Error listing units: {error}");
+                return Outcome::Failure;
+            }
+        };
+        cluster
+            .into_iter()
+            .map(|held| held.name)
+            .filter(|held| UnitNameInfo::new(held).template().as_deref() == Some(unit.as_str()))
+            .filter(|held| request.instances.as_deref().is_none_or(|pattern| glob_matches(pattern, held)))
+            .collect()
+    } else {
+        vec![unit.clone()]
+    };
+    if units.is_empty() {
+        eprintln!("Error starting rollout: no instance of {unit} in the cluster");
+        return Outcome::Failure;
+    }
+    let name = request.name.unwrap_or_else(|| default_name(&unit));
+    let body = RolloutRequest {
+        units,
+        options: schema_options(&file),
+        max_unavailable: request.max_unavailable,
+        min_ready_seconds: Some(min_ready),
+        deadline_seconds: Some(deadline),
+    };
+    match context.client.start_rollout(&name, &body).await {
+        Ok(rollout) => {
+            eprintln!(
+                "Rollout {name} started: {} units, at most {} down at once (see: fleetctl rollout status {name})",
+                rollout.units.len(),
+                rollout.max_unavailable
+            );
+            Outcome::Success
+        }
+        Err(error) => {
+            eprintln!("Error starting rollout {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+fn counts(rollout: &Rollout) -> String {
+    let count = |step: &str| rollout.units.iter().filter(|unit| unit.step == step).count();
+    let moving = count("replacing") + count("ready");
+    format!("{}/{} done, {moving} in flight, {} failed", count("done"), rollout.units.len(), count("failed"))
+}
+
+fn show(rollout: &Rollout) {
+    println!("Rollout:         {}", rollout.name);
+    println!("State:           {}", rollout.state);
+    if let Some(reason) = &rollout.reason {
+        println!("Why:             {reason}");
+    }
+    println!("Max unavailable: {}", rollout.max_unavailable);
+    println!("Min ready:       {}s", rollout.min_ready_seconds);
+    println!("Units:           {}", counts(rollout));
+    let mut rows = vec![["UNIT", "STEP", "WHY"].map(str::to_string).to_vec()];
+    for unit in &rollout.units {
+        rows.push(vec![unit.name.clone(), unit.step.clone(), unit.why.clone().unwrap_or_else(|| "-".into())]);
+    }
+    print!("{}", tab_table(&rows));
+}
+
+async fn list(context: &Context, no_legend: bool) -> Outcome {
+    let rollouts = match context.client.rollouts().await {
+        Ok(rollouts) => rollouts,
+        Err(error) => {
+            eprintln!("Error listing rollouts: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let mut rows = Vec::with_capacity(rollouts.len() + 1);
+    if !no_legend {
+        rows.push(["NAME", "STATE", "UNITS", "MAX-UNAVAILABLE"].map(str::to_string).to_vec());
+    }
+    for rollout in &rollouts {
+        rows.push(vec![rollout.name.clone(), rollout.state.clone(), counts(rollout), rollout.max_unavailable.clone()]);
+    }
+    print!("{}", tab_table(&rows));
+    Outcome::Success
+}
+
+async fn act(context: &Context, name: &str, action: &str) -> Outcome {
+    match context.client.rollout_action(name, action).await {
+        Ok(rollout) => {
+            eprintln!("Rollout {name}: {} ({})", rollout.state, counts(&rollout));
+            Outcome::Success
+        }
+        Err(error) => {
+            eprintln!("Error: cannot {action} rollout {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rollout_names_come_from_unit_names() {
+        assert_eq!(super::default_name("web@.service"), "web");
+        assert_eq!(super::default_name("API_Server.service"), "api-server");
+        assert_eq!(super::default_name("@.service"), "rollout");
+    }
+}
