@@ -353,6 +353,14 @@ pub struct Source {
     /// secret; no webhook without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_secret: Option<String>,
+    /// New content for running units goes out in waves with at most this many down (`2`,
+    /// `25%`); all at once when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
+    /// How long a unit its rollout replaced must stay active before the next wave; 10 when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ready_seconds: Option<u64>,
     /// Only in answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<SourceStatus>,

@@ -137,3 +137,61 @@ fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
     let listed = cluster.any().ok(&["rollout", "list", "--no-legend"]).stdout;
     assert!(listed.contains("web") && listed.contains("12/12 done"), "{listed}");
 }
+
+#[test]
+fn a_sources_new_content_reaches_its_running_units_in_waves() {
+    use fleet_e2e::git_repo::GitRepo;
+    let cluster = Cluster::start(3, |_| vec![("unit_manager".into(), "native".into())]);
+    let fleet = cluster.any();
+    let repo = GitRepo::new();
+    let desired = "web@{1..4}.service = launched\n";
+    repo.commit(
+        &[("web@.service", Some("[Service]\nExecStart=/bin/sleep 50000%i\n")), ("fleet-desired.conf", Some(desired))],
+        "v5",
+    );
+    let url = repo.url();
+    fleet.ok(&[
+        "source",
+        "add",
+        "--repo",
+        &url,
+        "--interval",
+        "1s",
+        "--max-unavailable",
+        "1",
+        "--min-ready",
+        "1s",
+        "apps",
+    ]);
+    let state_dirs: Vec<PathBuf> = cluster.members.iter().map(Fleetd::state_dir).collect();
+    let runs = |version: u32| {
+        let running = running(&state_dirs);
+        (1..=4).filter(|i| running.contains(&format!("{version}0000{i}"))).count()
+    };
+    fleet.wait_until("the instances run version 5", WAIT, |_| runs(5) == 4);
+    let sampler_dirs = state_dirs.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let worst = Arc::new(Mutex::new(0usize));
+    let sampler = {
+        let (stop, worst) = (stop.clone(), worst.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let running = running(&sampler_dirs);
+                let up =
+                    (1..=4).filter(|i| ["5", "6"].iter().any(|v| running.contains(&format!("{v}0000{i}")))).count();
+                if let Ok(mut worst) = worst.lock() {
+                    *worst = (*worst).max(4 - up);
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    repo.commit(&[("web@.service", Some("[Service]\nExecStart=/bin/sleep 60000%i\n"))], "v6");
+    fleet.wait_until("the source's rollout finishes", WAIT, |fleet| {
+        fleet.fleetctl(&["rollout", "status", "source-apps"]).stdout.contains("State:           done") && runs(6) == 4
+    });
+    stop.store(true, Ordering::SeqCst);
+    let _ = sampler.join();
+    let worst = worst.lock().map(|worst| *worst).unwrap_or(usize::MAX);
+    assert!(worst <= 1, "{worst} instances were down at once (max-unavailable 1)");
+}

@@ -446,6 +446,8 @@ pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry
         keep_removed: false,
         take_over: false,
         webhook_secret: None,
+        max_unavailable: None,
+        min_ready_seconds: 10,
         generation,
     };
     assert!(registry.sources().await.expect("none yet").is_empty());

@@ -27,9 +27,20 @@ pub struct SourceRecord {
     /// signs its body with; no webhook without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhook_secret: Option<String>,
+    /// New content for running units goes out as a rollout (`source-<name>`) with at most
+    /// this many down at once (`2`, `25%`); all at once when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
+    /// How long a unit its rollout replaced must stay active before the next wave (seconds).
+    #[serde(default = "default_min_ready")]
+    pub min_ready_seconds: u64,
     /// Moves on every change of the record and every request for a sync (webhook, resume):
     /// the syncing engine syncs at once when it moved.
     pub generation: u64,
+}
+
+fn default_min_ready() -> u64 {
+    10
 }
 
 /// What the last sync of a source did, written by the engine leader that ran it.

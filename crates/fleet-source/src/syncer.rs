@@ -3,18 +3,23 @@
 //! writer; what happened goes to the source's status. Git → leader → agents: the agents see
 //! ordinary units.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
-use fleet_registry::{ApiRegistry, RegistryError, SourceRecord, SourceStatus, Writer};
+use fleet_core::{DesiredState, UnitHash};
+use fleet_registry::{ApiRegistry, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use tokio::sync::watch;
 
 use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
+
+/// How long a unit a source's rollout replaced may take to become active.
+const ROLLOUT_DEADLINE: u64 = 120;
 
 /// The longest a fetch may take before the attempt counts as failed.
 const FETCH_LIMIT: Duration = Duration::from_secs(300);
@@ -151,22 +156,33 @@ impl SourceSyncer {
         }
     }
 
-    /// Plans against what the cluster holds and writes the plan as the source.
+    /// Plans against what the cluster holds and writes the plan as the source; new content
+    /// for its running units goes out as a rollout when the source asks for waves.
     async fn apply(&self, source: &SourceRecord, content: &SourceContent) -> Result<Applied, RegistryError> {
-        let held: BTreeMap<String, HeldUnit> = self
-            .registry
-            .units()
-            .await?
-            .into_iter()
-            .map(|unit| (unit.name, HeldUnit { hash: unit.hash, desired: unit.desired, source: unit.source }))
+        let views: BTreeMap<String, UnitView> =
+            self.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
+        let held: BTreeMap<String, HeldUnit> = views
+            .iter()
+            .map(|(name, unit)| {
+                (name.clone(), HeldUnit { hash: unit.hash, desired: unit.desired, source: unit.source.clone() })
+            })
             .collect();
         let rules = SyncRules { keep_removed: source.keep_removed, take_over: source.take_over };
         let plan = plan_sync(&source.name, content, &held, rules);
         let writer = Writer::Source { name: source.name.clone(), take_over: source.take_over };
         let mut owned_elsewhere: Vec<String> =
             plan.owned_elsewhere.iter().map(|owned| describe_owner(&owned.unit, owned.owner.as_deref())).collect();
-        let mut changes = 0;
-        for change in &plan.changes {
+        let (rolled, direct) = match source.max_unavailable.as_deref().map(MaxUnavailable::parse) {
+            Some(Ok(max_unavailable)) => {
+                let (rolled, direct): (Vec<&SyncChange>, Vec<&SyncChange>) =
+                    plan.changes.iter().partition(|change| runs_and_changes(change, &views, &source.name));
+                self.roll_out(source, max_unavailable, &rolled, &views).await?;
+                (rolled.len(), direct)
+            }
+            _ => (0, plan.changes.iter().collect()),
+        };
+        let mut changes = rolled;
+        for change in direct {
             let written = match change {
                 SyncChange::Create { name, file, desired } | SyncChange::Replace { name, file, desired } => {
                     self.registry.put_unit_as(name, file, *desired, &writer).await
@@ -187,6 +203,56 @@ impl SourceSyncer {
         }
         let units = content.units.len().saturating_sub(owned_elsewhere.len());
         Ok(Applied { changes, owned_elsewhere, units })
+    }
+}
+
+/// Whether a change is new content for a running unit the source already owns: what a
+/// rollout carries.
+fn runs_and_changes(change: &SyncChange, views: &BTreeMap<String, UnitView>, source: &str) -> bool {
+    let SyncChange::Replace { name, desired: DesiredState::Launched, .. } = change else { return false };
+    views.get(name).is_some_and(|unit| unit.source.as_deref() == Some(source) && unit.desired == DesiredState::Launched)
+}
+
+impl SourceSyncer {
+    /// Hands `changes` (replacements of running units) to the source's rollout, unless the
+    /// rollout already carries exactly them (a sync every interval must not restart it).
+    async fn roll_out(
+        &self,
+        source: &SourceRecord,
+        max_unavailable: MaxUnavailable,
+        changes: &[&SyncChange],
+        views: &BTreeMap<String, UnitView>,
+    ) -> Result<(), RegistryError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let name = format!("source-{}", source.name);
+        let mut bodies = BTreeMap::new();
+        let mut units = Vec::new();
+        for change in changes {
+            let SyncChange::Replace { name, file, .. } = change else { continue };
+            let Some(current) = views.get(name) else { continue };
+            bodies.insert(current.hash.to_string(), current.file.serialize());
+            bodies.insert(file.hash().to_string(), file.serialize());
+            units.push(RolloutUnit { name: name.clone(), from: current.hash, to: file.hash(), step: Step::Waiting });
+        }
+        let wanted: BTreeSet<(&str, UnitHash)> = units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
+        if let Some(existing) = self.registry.rollouts().await?.into_iter().find(|record| record.name == name) {
+            let carried: BTreeSet<(&str, UnitHash)> =
+                existing.rollout.units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
+            if existing.rollout.state != RolloutState::Done && carried == wanted {
+                return Ok(());
+            }
+        }
+        tracing::info!(source = source.name, units = units.len(), %max_unavailable, "rolling out new content");
+        let rollout = Rollout {
+            units,
+            max_unavailable,
+            min_ready: source.min_ready_seconds,
+            deadline: ROLLOUT_DEADLINE,
+            state: RolloutState::Running,
+        };
+        self.registry.put_rollout(&RolloutRecord { name, rollout, bodies, created: now() }).await
     }
 }
 

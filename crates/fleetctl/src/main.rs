@@ -387,6 +387,14 @@ pub enum SourceCommand {
         /// (POST /fleet/v1/sources/NAME/webhook, X-Hub-Signature-256) signs with
         #[arg(long)]
         webhook_secret: Option<String>,
+        /// Roll new content out to running units in waves, at most this many down at once
+        /// (a number, or a percentage: 25%); all at once when not given
+        #[arg(long)]
+        max_unavailable: Option<String>,
+        /// With --max-unavailable: how long a replaced unit must stay active before the next
+        /// wave (e.g. 10s)
+        #[arg(long, default_value = "10s")]
+        min_ready: String,
         name: String,
     },
     /// List the sources and how their last sync went

@@ -42,6 +42,8 @@ fn to_schema(record: SourceRecord, status: Option<SourceStatus>) -> Source {
         keep_removed: record.keep_removed,
         take_over: record.take_over,
         webhook_secret: record.webhook_secret,
+        max_unavailable: record.max_unavailable,
+        min_ready_seconds: Some(record.min_ready_seconds),
         status,
     }
 }
@@ -115,6 +117,9 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
     for file in request.credentials.iter().chain(&request.webhook_secret) {
         check_credentials_name(file).map_err(bad)?;
     }
+    if let Some(max) = &request.max_unavailable {
+        fleet_core::rollout::MaxUnavailable::parse(max).map_err(bad)?;
+    }
     if request.status.is_some() {
         return Err(bad("status is the sync's to write".into()));
     }
@@ -130,6 +135,8 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
         keep_removed: request.keep_removed,
         take_over: request.take_over,
         webhook_secret: request.webhook_secret,
+        max_unavailable: request.max_unavailable,
+        min_ready_seconds: request.min_ready_seconds.unwrap_or(10).min(86_400),
         generation: 0,
     })
 }

@@ -19,8 +19,17 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
             credentials,
             keep_removed,
             webhook_secret,
+            max_unavailable,
+            min_ready,
             name,
         } => {
+            let min_ready_seconds = match parse_go_duration(&min_ready) {
+                Ok(min_ready) => min_ready.as_secs(),
+                Err(error) => {
+                    eprintln!("Invalid --min-ready {min_ready:?}: {error}");
+                    return Outcome::Usage;
+                }
+            };
             let interval_seconds = match parse_go_duration(&interval) {
                 Ok(interval) => interval.as_secs().max(1),
                 Err(error) => {
@@ -39,6 +48,8 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 keep_removed,
                 take_over: context.take_over,
                 webhook_secret,
+                max_unavailable,
+                min_ready_seconds: Some(min_ready_seconds),
                 ..Source::default()
             };
             add(context, &source).await
