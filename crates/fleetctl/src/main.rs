@@ -360,43 +360,7 @@ pub enum SourceCommand {
     /// Add a source, or change one: its unit files become units of the cluster, kept as the
     /// repository has them (administrators only)
     #[command(after_help = SOURCE_HELP)]
-    Add {
-        /// https:// or file:// address of the repository (credentials go in --credentials)
-        #[arg(long)]
-        repo: String,
-        /// The branch to follow (default: the repository's default branch)
-        #[arg(long, conflicts_with = "revision")]
-        branch: Option<String>,
-        /// A fixed commit or tag instead of a branch
-        #[arg(long)]
-        revision: Option<String>,
-        /// A directory of the repository to read (repeatable; default: all of it)
-        #[arg(long = "path")]
-        paths: Vec<String>,
-        /// How often to fetch (e.g. 15s, 5m)
-        #[arg(long, default_value = "15s")]
-        interval: String,
-        /// The name of a file in the syncing machines' source_credentials_dir holding
-        /// USER:PASSWORD or a token, for https
-        #[arg(long)]
-        credentials: Option<String>,
-        /// Keep units that are removed from the repository instead of destroying them
-        #[arg(long)]
-        keep_removed: bool,
-        /// The name of a file in source_credentials_dir holding the secret a push webhook
-        /// (POST /fleet/v1/sources/NAME/webhook, X-Hub-Signature-256) signs with
-        #[arg(long)]
-        webhook_secret: Option<String>,
-        /// Roll new content out to running units in waves, at most this many down at once
-        /// (a number, or a percentage: 25%); all at once when not given
-        #[arg(long)]
-        max_unavailable: Option<String>,
-        /// With --max-unavailable: how long a replaced unit must stay active before the next
-        /// wave (e.g. 10s)
-        #[arg(long, default_value = "10s")]
-        min_ready: String,
-        name: String,
-    },
+    Add(Box<SourceAdd>),
     /// List the sources and how their last sync went
     List {
         /// Omit the header line
@@ -418,6 +382,46 @@ pub enum SourceCommand {
         keep_units: bool,
         name: String,
     },
+}
+
+/// `fleetctl source add`'s arguments.
+#[derive(clap::Args, Debug)]
+pub struct SourceAdd {
+    /// https:// or file:// address of the repository (credentials go in --credentials)
+    #[arg(long)]
+    repo: String,
+    /// The branch to follow (default: the repository's default branch)
+    #[arg(long, conflicts_with = "revision")]
+    branch: Option<String>,
+    /// A fixed commit or tag instead of a branch
+    #[arg(long)]
+    revision: Option<String>,
+    /// A directory of the repository to read (repeatable; default: all of it)
+    #[arg(long = "path")]
+    paths: Vec<String>,
+    /// How often to fetch (e.g. 15s, 5m)
+    #[arg(long, default_value = "15s")]
+    interval: String,
+    /// The name of a file in the syncing machines' source_credentials_dir holding
+    /// USER:PASSWORD or a token, for https
+    #[arg(long)]
+    credentials: Option<String>,
+    /// Keep units that are removed from the repository instead of destroying them
+    #[arg(long)]
+    keep_removed: bool,
+    /// The name of a file in source_credentials_dir holding the secret a push webhook
+    /// (POST /fleet/v1/sources/NAME/webhook, X-Hub-Signature-256) signs with
+    #[arg(long)]
+    webhook_secret: Option<String>,
+    /// Roll new content out to running units in waves, at most this many down at once
+    /// (a number, or a percentage: 25%); all at once when not given
+    #[arg(long)]
+    max_unavailable: Option<String>,
+    /// With --max-unavailable: how long a replaced unit must stay active before the next
+    /// wave (e.g. 10s)
+    #[arg(long, default_value = "10s")]
+    min_ready: String,
+    name: String,
 }
 
 const SOURCE_HELP: &str = "Each directory read may hold a fleet-desired.conf of PATTERN = STATE lines \

@@ -10,19 +10,20 @@ use crate::{Outcome, SourceCommand};
 
 pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
     match command {
-        SourceCommand::Add {
-            repo,
-            branch,
-            revision,
-            paths,
-            interval,
-            credentials,
-            keep_removed,
-            webhook_secret,
-            max_unavailable,
-            min_ready,
-            name,
-        } => {
+        SourceCommand::Add(add_arguments) => {
+            let crate::SourceAdd {
+                repo,
+                branch,
+                revision,
+                paths,
+                interval,
+                credentials,
+                keep_removed,
+                webhook_secret,
+                max_unavailable,
+                min_ready,
+                name,
+            } = *add_arguments;
             let min_ready_seconds = match parse_go_duration(&min_ready) {
                 Ok(min_ready) => min_ready.as_secs(),
                 Err(error) => {
