@@ -69,28 +69,16 @@ impl Cluster {
 
     /// Every unit's machine and current state, from the API (`GET /fleet/v1/units`, all pages).
     pub fn placement(&self) -> Placement {
-        let mut placement = Placement::new();
-        let mut token = String::new();
-        loop {
-            let path = if token.is_empty() {
-                "/fleet/v1/units".to_string()
-            } else {
-                format!("/fleet/v1/units?nextPageToken={token}")
-            };
-            let answer = self.any().api("GET", &path, "");
-            let Some((_, body)) = answer.split_once("\r\n\r\n") else { return placement };
-            let Ok(page) = serde_json::from_str::<serde_json::Value>(body) else { return placement };
-            for unit in page["units"].as_array().into_iter().flatten() {
+        self.any()
+            .api_units()
+            .iter()
+            .map(|unit| {
                 let name = unit["name"].as_str().unwrap_or_default().to_string();
                 let machine = unit["machineID"].as_str().map(str::to_string);
                 let state = unit["currentState"].as_str().unwrap_or_default().to_string();
-                placement.insert(name, (machine, state));
-            }
-            match page["nextPageToken"].as_str() {
-                Some(next) if !next.is_empty() => token = next.to_string(),
-                _ => return placement,
-            }
-        }
+                (name, (machine, state))
+            })
+            .collect()
     }
 
     /// How many units each machine holds.

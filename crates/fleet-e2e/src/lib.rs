@@ -263,6 +263,27 @@ impl Fleetd {
 
     /// `GET /metrics` through the Unix socket, in the classic text format, after it passed
     /// `promtool check metrics` (Debian's `prometheus`).
+    /// Every unit as `GET /fleet/v1/units` shows it, all pages (as far as they read).
+    pub fn api_units(&self) -> Vec<serde_json::Value> {
+        let mut units = Vec::new();
+        let mut token = String::new();
+        loop {
+            let path = if token.is_empty() {
+                "/fleet/v1/units".to_string()
+            } else {
+                format!("/fleet/v1/units?nextPageToken={token}")
+            };
+            let answer = self.api("GET", &path, "");
+            let Some((_, body)) = answer.split_once("\r\n\r\n") else { return units };
+            let Ok(page) = serde_json::from_str::<serde_json::Value>(body) else { return units };
+            units.extend(page["units"].as_array().into_iter().flatten().cloned());
+            match page["nextPageToken"].as_str() {
+                Some(next) if !next.is_empty() => token = next.to_string(),
+                _ => return units,
+            }
+        }
+    }
+
     pub fn metrics(&self) -> String {
         let answer = self.api("GET", "/metrics", "");
         let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");

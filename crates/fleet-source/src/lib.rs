@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod fetch;
+mod leading;
 pub mod rollouts;
 pub mod syncer;
 

@@ -5,20 +5,18 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fleet_core::rollout::{Health, Observed, RolloutState, advance};
 use fleet_core::{UnitFile, UnitState};
 use fleet_registry::{ApiRegistry, RegistryError, RolloutRecord, UnitView, Writer};
 use tokio::sync::watch;
 
+use crate::leading::{now, while_leading};
+
 pub struct RolloutDriver {
     registry: Arc<dyn ApiRegistry>,
     tick: Duration,
-}
-
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs())
 }
 
 /// How a unit runs, as a rollout counts it.
@@ -56,20 +54,8 @@ impl RolloutDriver {
     }
 
     /// Steps the rollouts while `leads` says this fleetd leads, until `stop`.
-    pub async fn run(self, mut leads: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
-        loop {
-            tokio::select! {
-                _ = leads.wait_for(|leads| *leads) => {}
-                _ = stop.wait_for(|stop| *stop) => return,
-            }
-            if let Err(error) = self.pass().await {
-                tracing::warn!(%error, "rollout pass failed; trying again");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(self.tick) => {}
-                _ = stop.wait_for(|stop| *stop) => return,
-            }
-        }
+    pub async fn run(self, leads: watch::Receiver<bool>, stop: watch::Receiver<bool>) {
+        while_leading(leads, stop, self.tick, "rollout pass", || self.pass()).await;
     }
 
     async fn pass(&self) -> Result<(), RegistryError> {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
@@ -17,6 +17,7 @@ use fleet_registry::{ApiRegistry, RegistryError, RolloutRecord, SourceRecord, So
 use tokio::sync::watch;
 
 use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
+use crate::leading::{now, while_leading};
 
 /// How long a unit a source's rollout replaced may take to become active.
 const ROLLOUT_DEADLINE: u64 = 120;
@@ -39,30 +40,14 @@ pub struct SourceSyncer {
     registry: Arc<dyn ApiRegistry>,
 }
 
-fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs())
-}
-
 impl SourceSyncer {
     pub fn new(config: SyncerConfig, registry: Arc<dyn ApiRegistry>) -> Self {
         Self { config, registry }
     }
 
     /// Syncs while `leads` says this fleetd leads, until `stop`.
-    pub async fn run(self, mut leads: watch::Receiver<bool>, mut stop: watch::Receiver<bool>) {
-        loop {
-            tokio::select! {
-                _ = leads.wait_for(|leads| *leads) => {}
-                _ = stop.wait_for(|stop| *stop) => return,
-            }
-            if let Err(error) = self.pass().await {
-                tracing::warn!(%error, "source sync pass failed; trying again");
-            }
-            tokio::select! {
-                () = tokio::time::sleep(self.config.tick) => {}
-                _ = stop.wait_for(|stop| *stop) => return,
-            }
-        }
+    pub async fn run(self, leads: watch::Receiver<bool>, stop: watch::Receiver<bool>) {
+        while_leading(leads, stop, self.config.tick, "source sync pass", || self.pass()).await;
     }
 
     /// Syncs every source that is due.

@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use fleet_core::UnitFile;
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::source::checks::check_source_name;
 use fleet_core::unit_name::UnitNameInfo;
@@ -87,13 +86,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     if unique.len() != request.units.len() {
         return Err(bad("a unit is named twice".into()));
     }
-    let file = UnitFile::from_options(
-        request
-            .options
-            .into_iter()
-            .map(|option| fleet_core::UnitOption { section: option.section, name: option.name, value: option.value })
-            .collect(),
-    );
+    let file = crate::handlers::units::file_from_options(request.options);
     if file.options().is_empty() {
         return Err(bad("the new content has no options".into()));
     }

@@ -99,6 +99,16 @@ fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The unit file a request's options make.
+pub fn file_from_options(options: Vec<UnitOption>) -> UnitFile {
+    UnitFile::from_options(
+        options
+            .into_iter()
+            .map(|option| fleet_core::UnitOption { section: option.section, name: option.name, value: option.value })
+            .collect(),
+    )
+}
+
 /// A unit the cluster takes ([`fleet_core::admission::admit_unit`]), or a 400.
 pub fn validate_options(name: &str, file: &UnitFile) -> Result<(), ApiError> {
     fleet_core::admission::admit_unit(name, file).map_err(ApiError::bad_request)
@@ -138,13 +148,7 @@ pub async fn put(
         Some(text) => Some(text.parse::<DesiredState>().map_err(|error| ApiError::bad_request(error.to_string()))?),
         None => None,
     };
-    let file = UnitFile::from_options(
-        request
-            .options
-            .into_iter()
-            .map(|option| fleet_core::UnitOption { section: option.section, name: option.name, value: option.value })
-            .collect(),
-    );
+    let file = file_from_options(request.options);
     let existing = state.registry.unit(name).await?;
     let has_options = !file.options().is_empty();
     let replaces = match &existing {

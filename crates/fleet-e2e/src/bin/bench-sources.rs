@@ -29,23 +29,7 @@ fn status_field(fleet: &Fleetd, field: &str) -> String {
 
 /// How many units the API shows placed on a machine.
 fn scheduled(fleet: &Fleetd) -> usize {
-    let mut count = 0;
-    let mut token = String::new();
-    loop {
-        let path = if token.is_empty() {
-            "/fleet/v1/units".to_string()
-        } else {
-            format!("/fleet/v1/units?nextPageToken={token}")
-        };
-        let answer = fleet.api("GET", &path, "");
-        let Some((_, body)) = answer.split_once("\r\n\r\n") else { return count };
-        let Ok(page) = serde_json::from_str::<serde_json::Value>(body) else { return count };
-        count += page["units"].as_array().into_iter().flatten().filter(|unit| unit["machineID"].is_string()).count();
-        match page["nextPageToken"].as_str() {
-            Some(next) if !next.is_empty() => token = next.to_string(),
-            _ => return count,
-        }
-    }
+    fleet.api_units().iter().filter(|unit| unit["machineID"].is_string()).count()
 }
 
 fn wait(what: &str, mut done: impl FnMut() -> bool, every: Duration) -> Duration {
