@@ -154,15 +154,12 @@ pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now
                 Step::Done
             }
             (Step::Ready { .. }, Some(Health::Active)) => unit.step.clone(),
-            (Step::Ready { .. }, _) => {
-                let state = describe(seen, unit.to);
-                Step::Failed {
-                    why: format!(
-                        "{} stopped being active within {}s of its replacement ({state})",
-                        unit.name, rollout.min_ready
-                    ),
-                }
-            }
+            (Step::Ready { .. }, Some(Health::Down)) => Step::Failed {
+                why: format!("{} went down within {}s of its replacement", unit.name, rollout.min_ready),
+            },
+            // Not active for a while (its machine was lost and it moves, it restarts): it has
+            // its deadline again to come back.
+            (Step::Ready { .. }, _) => Step::Replacing { since: now },
             (step, _) => step.clone(),
         };
     }
@@ -341,6 +338,19 @@ mod tests {
         let touched = rollout.units.iter().filter(|unit| unit.step != Step::Waiting).count();
         assert_eq!(touched, 2, "at most max-unavailable units were affected");
         assert!(advance(&mut rollout, &seen, 100).replace.is_empty(), "a paused rollout starts nothing");
+    }
+
+    #[test]
+    fn a_ready_unit_that_moves_waits_again_and_one_that_goes_down_fails() {
+        let mut rollout = rollout(2, MaxUnavailable::Count(2));
+        advance(&mut rollout, &all(2, OLD, Health::Active), 0);
+        advance(&mut rollout, &all(2, NEW, Health::Active), 1);
+        let mut seen = all(2, NEW, Health::Active);
+        seen.remove("web@0.service");
+        seen.insert("web@1.service".into(), Observed { hash: NEW, health: Health::Down });
+        advance(&mut rollout, &seen, 2);
+        assert_eq!(rollout.units[0].step, Step::Replacing { since: 2 });
+        assert!(matches!(rollout.units[1].step, Step::Failed { .. }));
     }
 
     #[test]
