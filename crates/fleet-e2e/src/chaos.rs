@@ -164,36 +164,26 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// A unit on two machines (or the conflicting pair on one), from `since`; since when no
-/// machine involved has been out of touch, if so.
+/// A unit on two machines (or the conflicting pair on one), from `since`, and every machine
+/// that ran it meanwhile; judged when it ends, against the outages etcd saw.
 #[derive(Debug)]
 struct Episode {
     since: Instant,
-    unexcused_since: Option<Instant>,
-    reported: bool,
+    machines: BTreeSet<usize>,
 }
 
 impl Episode {
-    fn new(now: Instant) -> Self {
-        Self { since: now, unexcused_since: None, reported: false }
-    }
-
-    /// One more sample of it; a violation the first time it has gone on unexcused too long.
-    fn step(&mut self, now: Instant, excused: bool, what: &str) -> Option<String> {
-        if excused {
-            self.unexcused_since = None;
-            return None;
-        }
-        let unexcused_since = *self.unexcused_since.get_or_insert(now);
-        let unexcused = now - unexcused_since;
-        if self.reported || unexcused <= SAMPLING_SLACK {
-            return None;
-        }
-        self.reported = true;
-        Some(format!(
-            "{what} for {unexcused:?} with every machine involved in touch with etcd (and back for over {REACTION:?}); {:?} in all so far",
-            now - self.since
-        ))
+    /// A violation if the episode, ended at `now`, lasted longer than the machines' outages
+    /// (and [`REACTION`] after each) account for, by more than [`SAMPLING_SLACK`].
+    fn judge(&self, now: Instant, presence: &PresenceLog, ids: &[String], what: &str) -> Option<String> {
+        let involved: Vec<String> = self.machines.iter().map(|index| ids[*index].clone()).collect();
+        let unexcused = presence.unexcused(&involved, self.since, now, REACTION);
+        (unexcused > SAMPLING_SLACK).then(|| {
+            format!(
+                "{what} for {:?}, {unexcused:?} of it with every machine involved in touch with etcd (and back for over {REACTION:?})",
+                now - self.since
+            )
+        })
     }
 }
 
@@ -544,45 +534,54 @@ fn refusal(stderr: &str) -> String {
 /// [`SAMPLING_SLACK`] for the checker's own lag, it is a violation.
 fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Observed>, stop: &AtomicBool) {
     let ids: Vec<String> = (0..state_dirs.len()).map(member_id).collect();
-    while !stop.load(Ordering::SeqCst) {
+    let pair = "the conflicting units on one machine";
+    loop {
+        let stopping = stop.load(Ordering::SeqCst);
         let running: Vec<BTreeSet<usize>> = state_dirs.iter().map(|dir| running_sleepers(dir)).collect();
         let now = Instant::now();
-        let machines_of = |units: &[usize]| -> Vec<usize> {
+        let machines_of = |units: &[usize]| -> BTreeSet<usize> {
             (0..running.len()).filter(|index| units.iter().any(|unit| running[*index].contains(unit))).collect()
         };
-        let excused =
-            |machines: &[usize]| machines.iter().any(|index| presence.out_of_touch_within(&ids[*index], REACTION));
         let Ok(mut seen) = observed.lock() else { return };
         let mut count: BTreeMap<usize, usize> = BTreeMap::new();
         for unit in running.iter().flatten() {
             *count.entry(*unit).or_default() += 1;
         }
-        let doubled: BTreeSet<usize> = count.iter().filter(|(_, on)| **on > 1).map(|(unit, _)| *unit).collect();
+        // At the end every episode still going is judged as it stands.
+        let doubled: BTreeSet<usize> = if stopping {
+            BTreeSet::new()
+        } else {
+            count.iter().filter(|(_, on)| **on > 1).map(|(unit, _)| *unit).collect()
+        };
         let ended: Vec<usize> = seen.doubled.keys().copied().filter(|unit| !doubled.contains(unit)).collect();
         for unit in ended {
             if let Some(episode) = seen.doubled.remove(&unit) {
                 seen.longest_double_run = seen.longest_double_run.max(now - episode.since);
+                let what = format!("sleeper-{unit} ran on two machines");
+                if let Some(violation) = episode.judge(now, presence, &ids, &what) {
+                    seen.violations.push(violation);
+                }
             }
         }
         for unit in doubled {
-            let excused = excused(&machines_of(&[unit]));
-            let episode = seen.doubled.entry(unit).or_insert(Episode::new(now));
-            if let Some(violation) = episode.step(now, excused, &format!("sleeper-{unit} on two machines")) {
-                seen.violations.push(violation);
-            }
+            let machines = machines_of(&[unit]);
+            let episode = seen.doubled.entry(unit).or_insert(Episode { since: now, machines: BTreeSet::new() });
+            episode.machines.extend(machines);
         }
-        let together = running.iter().any(|on| CONFLICTING.iter().all(|unit| on.contains(unit)));
+        let together = !stopping && running.iter().any(|on| CONFLICTING.iter().all(|unit| on.contains(unit)));
         if together {
-            let excused = excused(&machines_of(&CONFLICTING));
-            let episode = seen.together.get_or_insert(Episode::new(now));
-            if let Some(violation) = episode.step(now, excused, "the conflicting units on one machine") {
-                seen.violations.push(violation);
-            }
-        } else {
-            seen.together = None;
+            let machines = machines_of(&CONFLICTING);
+            seen.together.get_or_insert(Episode { since: now, machines: BTreeSet::new() }).machines.extend(machines);
+        } else if let Some(episode) = seen.together.take()
+            && let Some(violation) = episode.judge(now, presence, &ids, pair)
+        {
+            seen.violations.push(violation);
         }
         seen.longest_absence = presence.longest_absence();
         drop(seen);
+        if stopping {
+            return;
+        }
         std::thread::sleep(SAMPLE);
     }
 }

@@ -2,6 +2,11 @@
 //! polled through the members' gateways on a thread of its own: the chaos checker's view of
 //! an outage as fleet itself sees it. A machine is out of touch from when its lease expired
 //! (its key went) to when it joined again, whatever fault or mix of faults caused it.
+//!
+//! A poll can lag (a member that does not answer makes it wait), so an absence is recorded as
+//! an interval from the last reading that still saw the machine's key to the first that saw
+//! it back (or a new key: away and back between two readings), and double runs are judged
+//! against those intervals after the fact, never against a reading that may come late.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,25 +18,22 @@ use crate::lab_etcd::keys_under;
 /// How often etcd is asked.
 const POLL: Duration = Duration::from_millis(200);
 
-/// One machine's presence as last seen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Presence {
-    /// Present, under the key made at `created`; since when (`None`: since before the log
-    /// began). A key made again means the machine was away in between, seen or not.
-    Present { since: Option<Instant>, created: Option<i64> },
-    /// Its key is gone: its units may run elsewhere. Since when.
-    Absent { since: Instant },
-}
-
-#[derive(Debug, Default)]
-struct Seen {
-    machines: BTreeMap<String, Presence>,
-    longest_absence: Duration,
+/// One machine as the readings saw it.
+#[derive(Debug)]
+struct Machine {
+    /// The last reading that saw its key, and the key's creation revision then.
+    present_at: Instant,
+    created: Option<i64>,
+    /// Whether the last reading found no key.
+    absent: bool,
+    /// Its absences: from the last reading that saw it to the first that saw it back
+    /// (`None`: not back yet).
+    absences: Vec<(Instant, Option<Instant>)>,
 }
 
 /// The log, updated by its thread until dropped.
 pub struct PresenceLog {
-    seen: Arc<Mutex<Seen>>,
+    machines: Arc<Mutex<BTreeMap<String, Machine>>>,
     stop: Arc<AtomicBool>,
     poller: Option<std::thread::JoinHandle<()>>,
 }
@@ -40,60 +42,90 @@ impl PresenceLog {
     /// Polls `machines/` under `prefix` at the members' `addresses` for the machines `ids`,
     /// which are taken as present when the log begins.
     pub fn start(addresses: Vec<String>, prefix: &str, ids: &[String]) -> Self {
-        let machines = ids.iter().map(|id| (id.clone(), Presence::Present { since: None, created: None })).collect();
-        let seen = Arc::new(Mutex::new(Seen { machines, longest_absence: Duration::ZERO }));
+        let began = Instant::now();
+        let machines: BTreeMap<String, Machine> = ids
+            .iter()
+            .map(|id| (id.clone(), Machine { present_at: began, created: None, absent: false, absences: Vec::new() }))
+            .collect();
+        let machines = Arc::new(Mutex::new(machines));
         let stop = Arc::new(AtomicBool::new(false));
         let poller = {
-            let (seen, stop, machines) = (seen.clone(), stop.clone(), format!("{prefix}machines/"));
+            let (machines, stop, prefix) = (machines.clone(), stop.clone(), format!("{prefix}machines/"));
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
-                    if let Some(keys) = keys_under(&addresses, &machines) {
+                    if let Some(keys) = keys_under(&addresses, &prefix) {
                         let now = Instant::now();
-                        let Ok(mut seen) = seen.lock() else { return };
-                        let Seen { machines: known, longest_absence } = &mut *seen;
-                        for (id, presence) in known.iter_mut() {
-                            let here = keys.get(&format!("{machines}{id}")).copied();
-                            *presence = match (*presence, here) {
-                                (Presence::Absent { since }, Some(created)) => {
-                                    *longest_absence = (*longest_absence).max(now - since);
-                                    Presence::Present { since: Some(now), created: Some(created) }
-                                }
-                                (Presence::Present { .. }, None) => Presence::Absent { since: now },
-                                // The first reading, or the same key as before.
-                                (Presence::Present { since, created: None }, Some(created)) => {
-                                    Presence::Present { since, created: Some(created) }
-                                }
-                                (Presence::Present { since, created: Some(was) }, Some(created)) if was == created => {
-                                    Presence::Present { since, created: Some(created) }
-                                }
-                                // Away and back between two readings: back from now.
-                                (Presence::Present { .. }, Some(created)) => {
-                                    Presence::Present { since: Some(now), created: Some(created) }
-                                }
-                                (absent, None) => absent,
-                            };
+                        let Ok(mut machines) = machines.lock() else { return };
+                        for (id, machine) in machines.iter_mut() {
+                            record(machine, keys.get(&format!("{prefix}{id}")).copied(), now);
                         }
                     }
                     std::thread::sleep(POLL);
                 }
             })
         };
-        Self { seen, stop, poller: Some(poller) }
+        Self { machines, stop, poller: Some(poller) }
     }
 
-    /// Whether `id` was out of touch at some point within `grace` before now (or is still).
-    pub fn out_of_touch_within(&self, id: &str, grace: Duration) -> bool {
-        let Ok(seen) = self.seen.lock() else { return false };
-        match seen.machines.get(id) {
-            Some(Presence::Absent { .. }) => true,
-            Some(Presence::Present { since: Some(since), .. }) => since.elapsed() <= grace,
-            _ => false,
+    /// How much of `[from, to]` none of the machines `ids` spent out of touch, or within
+    /// `grace` of being back: the part of a double run no outage accounts for.
+    pub fn unexcused(&self, ids: &[String], from: Instant, to: Instant, grace: Duration) -> Duration {
+        let Ok(machines) = self.machines.lock() else { return Duration::ZERO };
+        let mut covers: Vec<(Instant, Instant)> = ids
+            .iter()
+            .filter_map(|id| machines.get(id))
+            .flat_map(|machine| machine.absences.iter())
+            .map(|(start, back)| (*start, back.map_or(to, |back| back + grace)))
+            .collect();
+        covers.sort();
+        let (mut uncovered, mut reached) = (Duration::ZERO, from);
+        for (start, end) in covers {
+            if start > reached {
+                uncovered += start.min(to).saturating_duration_since(reached);
+            }
+            reached = reached.max(end);
         }
+        if reached < to {
+            uncovered += to - reached;
+        }
+        uncovered
     }
 
-    /// The longest a machine was out of touch (ended absences only).
+    /// The longest a machine was out of touch (ended absences only, as the readings bound
+    /// them).
     pub fn longest_absence(&self) -> Duration {
-        self.seen.lock().map(|seen| seen.longest_absence).unwrap_or_default()
+        let Ok(machines) = self.machines.lock() else { return Duration::ZERO };
+        machines
+            .values()
+            .flat_map(|machine| machine.absences.iter())
+            .filter_map(|(start, back)| back.map(|back| back - *start))
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// One reading of one machine: its key's creation revision, or `None` when it has none.
+fn record(machine: &mut Machine, key: Option<i64>, now: Instant) {
+    match key {
+        None if !machine.absent => {
+            machine.absent = true;
+            machine.absences.push((machine.present_at, None));
+        }
+        None => {}
+        Some(created) => {
+            let made_again = machine.created.is_some_and(|was| was != created);
+            if machine.absent {
+                if let Some(last) = machine.absences.last_mut() {
+                    last.1 = Some(now);
+                }
+            } else if made_again {
+                // Away and back between two readings.
+                machine.absences.push((machine.present_at, Some(now)));
+            }
+            machine.absent = false;
+            machine.created = Some(created);
+            machine.present_at = now;
+        }
     }
 }
 
@@ -103,5 +135,33 @@ impl Drop for PresenceLog {
         if let Some(poller) = self.poller.take() {
             let _ = poller.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absences_excuse_what_they_cover_and_their_grace() {
+        let t0 = Instant::now();
+        let at = |seconds: u64| t0 + Duration::from_secs(seconds);
+        let mut machine = Machine { present_at: t0, created: Some(1), absent: false, absences: Vec::new() };
+        record(&mut machine, Some(1), at(1));
+        record(&mut machine, None, at(3));
+        record(&mut machine, Some(5), at(6));
+        // Away and back between two readings: a new key.
+        record(&mut machine, Some(9), at(20));
+        assert_eq!(machine.absences, vec![(at(1), Some(at(6))), (at(6), Some(at(20)))]);
+        let log = PresenceLog {
+            machines: Arc::new(Mutex::new(BTreeMap::from([("m".to_string(), machine)]))),
+            stop: Arc::new(AtomicBool::new(true)),
+            poller: None,
+        };
+        let ids = ["m".to_string()];
+        assert_eq!(log.unexcused(&ids, at(2), at(24), Duration::from_secs(3)), Duration::from_secs(1));
+        assert_eq!(log.unexcused(&ids, at(0), at(1), Duration::from_secs(3)), Duration::from_secs(1));
+        assert_eq!(log.unexcused(&["other".to_string()], at(0), at(5), Duration::ZERO), Duration::from_secs(5));
+        assert_eq!(log.longest_absence(), Duration::from_secs(14));
     }
 }
