@@ -137,6 +137,8 @@ pub struct Report {
     /// The longest a machine was out of touch with etcd (lease expired until it joined again).
     pub longest_absence: Duration,
     pub settled_after: Option<Duration>,
+    /// What etcd and the fleetds saw of each unit that ran twice beyond any outage.
+    pub trails: Vec<String>,
     /// Why operations were refused (the first line of fleetctl's error), with counts.
     pub refusals: BTreeMap<String, usize>,
 }
@@ -159,6 +161,9 @@ impl std::fmt::Display for Report {
         writeln!(f, "  invariant violations: {}", self.violations.len())?;
         for violation in &self.violations {
             writeln!(f, "    {violation}")?;
+        }
+        for trail in &self.trails {
+            writeln!(f, "  trail of {trail}")?;
         }
         Ok(())
     }
@@ -196,6 +201,8 @@ struct Observed {
     together: Option<Episode>,
     longest_double_run: Duration,
     violations: Vec<String>,
+    /// The units whose double runs were violations, for their trail in the report.
+    doubled_units: BTreeSet<usize>,
     /// The longest any fault really lasted so far.
     longest_fault: Duration,
     /// The longest a machine was out of touch with etcd, as etcd saw it.
@@ -297,6 +304,10 @@ impl Chaos {
         self.report.longest_fault = observed.longest_fault;
         self.report.longest_absence = observed.longest_absence;
         self.report.violations.extend(observed.violations);
+        // The trail of each unit that ran twice beyond what an outage explains.
+        for unit in observed.doubled_units {
+            self.report.trails.push(format!("sleeper-{unit}:{}", self.whereabouts(unit)));
+        }
         std::mem::take(&mut self.report)
     }
 
@@ -497,7 +508,7 @@ impl Chaos {
     }
 
     /// What the store went through for a unit, and what the fleetds said of it: the trail of a
-    /// unit that was acknowledged and runs nowhere.
+    /// unit that was acknowledged and runs nowhere, or that ran twice beyond any outage.
     fn whereabouts(&self, unit: usize) -> String {
         let name = format!("/sleeper-{unit}.service");
         let mut text = format!("\n  sleeper-{unit} in etcd's history:");
@@ -560,6 +571,7 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
                 let what = format!("sleeper-{unit} ran on two machines");
                 if let Some(violation) = episode.judge(now, presence, &ids, &what) {
                     seen.violations.push(violation);
+                    seen.doubled_units.insert(unit);
                 }
             }
         }
