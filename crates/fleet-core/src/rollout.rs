@@ -222,17 +222,6 @@ impl Rollout {
             ..self.clone()
         }
     }
-
-    /// Units by step, for a status line: (done, in flight, waiting, failed).
-    pub fn counts(&self) -> (usize, usize, usize, usize) {
-        let count = |wanted: fn(&Step) -> bool| self.units.iter().filter(|unit| wanted(&unit.step)).count();
-        (
-            count(|step| *step == Step::Done),
-            count(|step| matches!(step, Step::Replacing { .. } | Step::Ready { .. })),
-            count(|step| *step == Step::Waiting),
-            count(|step| matches!(step, Step::Failed { .. })),
-        )
-    }
 }
 
 fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
@@ -273,7 +262,6 @@ mod tests {
         let undo = rollout.undo();
         assert_eq!(undo.units.len(), 2);
         assert!(undo.units.iter().all(|unit| unit.to == OLD && unit.from == NEW && unit.step == Step::Waiting));
-        assert_eq!(rollout.counts(), (0, 2, 2, 0));
     }
 
     #[test]

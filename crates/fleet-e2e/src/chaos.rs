@@ -163,7 +163,7 @@ impl std::fmt::Display for Report {
             writeln!(f, "    {violation}")?;
         }
         for trail in &self.trails {
-            writeln!(f, "  trail of {trail}")?;
+            writeln!(f, "{trail}")?;
         }
         Ok(())
     }
@@ -305,9 +305,8 @@ impl Chaos {
         self.report.longest_absence = observed.longest_absence;
         self.report.violations.extend(observed.violations);
         // The trail of each unit that ran twice beyond what an outage explains.
-        for unit in observed.doubled_units {
-            self.report.trails.push(format!("sleeper-{unit}:{}", self.whereabouts(unit)));
-        }
+        let doubled: Vec<usize> = observed.doubled_units.into_iter().collect();
+        self.report.trails.extend(self.whereabouts(&doubled));
         std::mem::take(&mut self.report)
     }
 
@@ -501,27 +500,42 @@ impl Chaos {
             .collect();
         let lost: Vec<usize> = self.live.keys().copied().filter(|unit| count(unit) == 0).collect();
         let mut text = format!("not settled {SETTLE_LIMIT:?} after the last fault: {}", wrong.join(", "));
-        for unit in lost {
-            text.push_str(&self.whereabouts(unit));
+        for trail in self.whereabouts(&lost) {
+            text.push('\n');
+            text.push_str(&trail);
         }
         text
     }
 
-    /// What the store went through for a unit, and what the fleetds said of it: the trail of a
-    /// unit that was acknowledged and runs nowhere, or that ran twice beyond any outage.
-    fn whereabouts(&self, unit: usize) -> String {
-        let name = format!("/sleeper-{unit}.service");
-        let mut text = format!("\n  sleeper-{unit} in etcd's history:");
-        for change in self.etcd.history("/", 0).into_iter().filter(|change| change.key.ends_with(&name)) {
-            let value = change.value.map_or("(deleted)".to_string(), |value| value.chars().take(160).collect());
-            text.push_str(&format!("\n    @{} {} = {value}", change.revision, change.key));
+    /// What the store went through for each of `units`, and what the fleetds said of it: the
+    /// trail of a unit that was acknowledged and runs nowhere, or that ran twice beyond any
+    /// outage. etcd's history and the logs are read once for all of them.
+    fn whereabouts(&self, units: &[usize]) -> Vec<String> {
+        if units.is_empty() {
+            return Vec::new();
         }
-        for (index, member) in self.members.iter().enumerate() {
-            for line in member.fleetd.log().lines().filter(|line| line.contains(&name[1..])) {
-                text.push_str(&format!("\n    fleetd {index}: {line}"));
-            }
-        }
-        text
+        let history = self.etcd.history("/", 0);
+        let logs: Vec<String> = self.members.iter().map(|member| member.fleetd.log()).collect();
+        units
+            .iter()
+            .map(|unit| {
+                let name = format!("sleeper-{unit}.service");
+                let mut text = format!("  sleeper-{unit} in etcd's history:");
+                for change in history.iter().filter(|change| change.key.ends_with(&format!("/{name}"))) {
+                    let value = change
+                        .value
+                        .as_deref()
+                        .map_or("(deleted)".to_string(), |value| value.chars().take(160).collect());
+                    text.push_str(&format!("\n    @{} {} = {value}", change.revision, change.key));
+                }
+                for (index, log) in logs.iter().enumerate() {
+                    for line in log.lines().filter(|line| line.contains(&name)) {
+                        text.push_str(&format!("\n    fleetd {index}: {line}"));
+                    }
+                }
+                text
+            })
+            .collect()
     }
 }
 

@@ -35,9 +35,14 @@ fn running(state_dirs: &[PathBuf]) -> BTreeSet<String> {
         .collect()
 }
 
-/// How many instances run some version among `versions`.
+/// How many of the twelve instances run some version among `versions`.
 fn up(running: &BTreeSet<String>, versions: &[u32]) -> usize {
-    (1..=INSTANCES).filter(|i| versions.iter().any(|version| running.contains(&format!("{version}0000{i}")))).count()
+    up_of(running, versions, INSTANCES)
+}
+
+/// How many of instances `1..=count` run some version among `versions`.
+fn up_of(running: &BTreeSet<String>, versions: &[u32], count: usize) -> usize {
+    (1..=count).filter(|i| versions.iter().any(|version| running.contains(&format!("{version}0000{i}")))).count()
 }
 
 fn rollout_state(fleet: &Fleetd, name: &str) -> String {
@@ -52,13 +57,14 @@ struct Sampler {
 }
 
 impl Sampler {
-    fn start(state_dirs: Vec<PathBuf>, versions: Vec<u32>) -> Self {
+    /// Samples instances `1..=count`, counting one as up when it runs any of `versions`.
+    fn start(state_dirs: Vec<PathBuf>, versions: Vec<u32>, count: usize) -> Self {
         let (stop, worst) = (Arc::new(AtomicBool::new(false)), Arc::new(Mutex::new(0)));
         let thread = {
             let (stop, worst) = (stop.clone(), worst.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
-                    let down = INSTANCES - up(&running(&state_dirs), &versions);
+                    let down = count - up_of(&running(&state_dirs), &versions, count);
                     if let Ok(mut worst) = worst.lock() {
                         *worst = (*worst).max(down);
                     }
@@ -94,7 +100,7 @@ fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
 
     // Version 2, two at a time, each wave after the last stayed active for a second.
     let second = template(&dirs[1], 2, None);
-    let sampler = Sampler::start(state_dirs.clone(), vec![1, 2]);
+    let sampler = Sampler::start(state_dirs.clone(), vec![1, 2], INSTANCES);
     cluster.any().ok(&["rollout", "start", "--max-unavailable", "2", "--min-ready", "1s", &second]);
     cluster
         .any()
@@ -164,34 +170,13 @@ fn a_sources_new_content_reaches_its_running_units_in_waves() {
         "apps",
     ]);
     let state_dirs: Vec<PathBuf> = cluster.members.iter().map(Fleetd::state_dir).collect();
-    let runs = |version: u32| {
-        let running = running(&state_dirs);
-        (1..=4).filter(|i| running.contains(&format!("{version}0000{i}"))).count()
-    };
+    let runs = |version: u32| up_of(&running(&state_dirs), &[version], 4);
     fleet.wait_until("the instances run version 5", WAIT, |_| runs(5) == 4);
-    let sampler_dirs = state_dirs.clone();
-    let stop = Arc::new(AtomicBool::new(false));
-    let worst = Arc::new(Mutex::new(0usize));
-    let sampler = {
-        let (stop, worst) = (stop.clone(), worst.clone());
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::SeqCst) {
-                let running = running(&sampler_dirs);
-                let up =
-                    (1..=4).filter(|i| ["5", "6"].iter().any(|v| running.contains(&format!("{v}0000{i}")))).count();
-                if let Ok(mut worst) = worst.lock() {
-                    *worst = (*worst).max(4 - up);
-                }
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        })
-    };
+    let sampler = Sampler::start(state_dirs.clone(), vec![5, 6], 4);
     repo.commit(&[("web@.service", Some("[Service]\nExecStart=/bin/sleep 60000%i\n"))], "v6");
     fleet.wait_until("the source's rollout finishes", WAIT, |fleet| {
         fleet.fleetctl(&["rollout", "status", "source-apps"]).stdout.contains("State:           done") && runs(6) == 4
     });
-    stop.store(true, Ordering::SeqCst);
-    let _ = sampler.join();
-    let worst = worst.lock().map(|worst| *worst).unwrap_or(usize::MAX);
+    let worst = sampler.finish();
     assert!(worst <= 1, "{worst} instances were down at once (max-unavailable 1)");
 }

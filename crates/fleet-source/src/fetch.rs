@@ -161,8 +161,8 @@ pub fn fetch(cache: &Path, request: &FetchRequest<'_>) -> Result<Fetched, Source
             fetched.unreadable.push((path, format!("over {FILE_MAX_BYTES} bytes")));
             continue;
         }
-        let blob = repo.find_object(entry.oid).map_err(read_error)?;
-        match String::from_utf8(blob.data.clone()) {
+        let blob = repo.find_object(entry.oid).map_err(read_error)?.detach();
+        match String::from_utf8(blob.data) {
             Ok(text) => fetched.files.push((path, text)),
             Err(_) => fetched.unreadable.push((path, "not UTF-8 text".to_string())),
         }
