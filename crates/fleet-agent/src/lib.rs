@@ -3,10 +3,12 @@
 //!
 //! Decisions come from [`fleet_core::agent_plan`]; this crate only fetches, executes and
 //! reports. It wakes on changes to its own machine's work and on unit-state changes, with
-//! a periodic reconcile as the fallback.
+//! a periodic reconcile as the fallback. Units that drift (changed on the machine behind
+//! fleet's back) are found and put back by [`drift_watch`].
 
 #![forbid(unsafe_code)]
 
+mod drift_watch;
 mod reconciler;
 
 pub use reconciler::{Agent, AgentConfig, Lifecycle};

@@ -12,6 +12,8 @@ use tokio::sync::watch;
 
 use fleet_core::state_report::{adopted_as_launched, state_reports};
 
+use crate::drift_watch::DriftWatch;
+
 /// What fleetd wants its components to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lifecycle {
@@ -64,6 +66,7 @@ pub struct Agent {
     reported: BTreeMap<String, UnitState>,
     /// Whether the units were stopped because the presence lapsed (`stop_units_when_cut_off`).
     fenced: bool,
+    drift: DriftWatch,
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -79,6 +82,7 @@ impl Agent {
             loaded: BTreeMap::new(),
             reported: BTreeMap::new(),
             fenced: false,
+            drift: DriftWatch::default(),
         }
     }
 
@@ -191,6 +195,14 @@ impl Agent {
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
         let desired = self.desired_units(&machine, &work.scheduled, &work.globals).await?;
         let tasks = agent_plan::plan(&desired, &self.loaded);
+        let tasks = match self.manager.units().await {
+            Ok(held) if !self.loaded.is_empty() => {
+                let drifted =
+                    self.drift.corrections(self.manager.as_ref(), &desired, &self.loaded, &held, &tasks).await;
+                agent_plan::with_corrections(tasks, &drifted)
+            }
+            _ => tasks,
+        };
         for task in tasks {
             self.execute(task, &desired).await;
         }
@@ -221,7 +233,8 @@ impl Agent {
         for unit in scheduled {
             if let Some(file) = self.body(unit.hash).await? {
                 requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
-                desired.insert(unit.name.clone(), DesiredUnit { hash: unit.hash, state: unit.desired });
+                let wanted = DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift };
+                desired.insert(unit.name.clone(), wanted);
             }
         }
         let mut global_requirements = Vec::new();
@@ -234,7 +247,7 @@ impl Agent {
             .iter()
             .map(|(unit, requirements)| GlobalUnit {
                 name: &unit.name,
-                desired: DesiredUnit { hash: unit.hash, state: unit.desired },
+                desired: DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift },
                 requirements,
             })
             .collect();
@@ -324,6 +337,7 @@ impl Agent {
                         hash: loaded.hash,
                         systemd: held.state.clone(),
                         launched: loaded.launched,
+                        drift: self.drift.report(name),
                     },
                 ))
             })

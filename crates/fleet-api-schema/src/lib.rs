@@ -37,6 +37,9 @@ pub struct Unit {
     /// Why the engine could not place the unit (our addition).
     #[serde(default, skip_serializing_if = "is_empty")]
     pub reason: Option<String>,
+    /// The git source that owns the unit; absent for a unit made by hand (our addition).
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub source: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +56,10 @@ pub struct UnitState {
     pub systemd_load_state: String,
     #[serde(rename = "systemdSubState", default, skip_serializing_if = "String::is_empty")]
     pub systemd_sub_state: String,
+    /// How the unit drifted on its machine from what fleet made it, and what the machine
+    /// did about it (our addition).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub drift: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -255,6 +262,9 @@ pub struct AgentUnit {
     pub name: String,
     pub hash: String,
     pub desired_state: String,
+    /// `report` when the machine must not put the unit back if it drifts; empty: correct.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub drift_policy: String,
 }
 
 /// `GET /fleet/v1/agents/{machine}/work`: what the machine should hold.
@@ -282,6 +292,19 @@ pub struct AgentUnitState {
     pub systemd_sub_state: String,
     #[serde(default)]
     pub launched: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<AgentDrift>,
+}
+
+/// How a unit drifted on a pull agent's machine and what the machine did about it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentDrift {
+    /// `stopped`, `started`, `changed` or `removed`.
+    pub drift: String,
+    pub corrections: usize,
+    pub correcting: bool,
+    pub given_up: bool,
 }
 
 /// `POST /fleet/v1/agents/{machine}/states`: state changes of the machine's own units.
@@ -361,6 +384,10 @@ pub struct Source {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ready_seconds: Option<u64>,
+    /// What machines do when the source's units drift there: `correct` (put them back, the
+    /// default) or `report`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<String>,
     /// Only in answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<SourceStatus>,
@@ -383,6 +410,9 @@ pub struct SourceStatus {
     pub problems: Vec<String>,
     #[serde(default)]
     pub owned_elsewhere: Vec<String>,
+    /// Units the cluster holds otherwise than the source says, after the last sync.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub out_of_sync: Vec<SourceOutOfSync>,
     #[serde(default)]
     pub units: usize,
     #[serde(default)]
@@ -390,6 +420,17 @@ pub struct SourceStatus {
     /// Whether the last sync attempt is of the source as it now stands.
     #[serde(default)]
     pub current: bool,
+}
+
+/// A unit the cluster holds otherwise than its source says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SourceOutOfSync {
+    pub unit: String,
+    pub why: String,
+    /// The unit file the source has for it, when it reads and is small enough to keep.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted: Option<String>,
 }
 
 /// `GET /fleet/v1/sources`.
@@ -404,9 +445,14 @@ pub struct SourceList {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RolloutRequest {
     /// The units to move to the new content (each must exist).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub units: Vec<String>,
     /// The new content, as unit options (a template's, for its instances).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub options: Vec<UnitOption>,
+    /// Instead of `units` and `options`: each unit with its own new content.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub files: std::collections::BTreeMap<String, Vec<UnitOption>>,
     /// A number of units, or a percentage (`25%`).
     pub max_unavailable: String,
     /// How long a replaced unit must stay active before the next wave; 10 when absent.

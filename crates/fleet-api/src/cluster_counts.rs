@@ -79,6 +79,7 @@ mod tests {
             global,
             reason: None,
             source: None,
+            drift: Default::default(),
         }
     }
 
@@ -96,6 +97,7 @@ mod tests {
             hash: units[0].hash,
             systemd: SystemdState::new("loaded", "active", "running"),
             launched: true,
+            drift: None,
         }];
         let counts = cluster_counts(&units, &states, 2);
         assert_eq!(counts.machines, 2);

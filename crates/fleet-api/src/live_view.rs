@@ -232,6 +232,7 @@ mod tests {
             global: false,
             reason: reason.map(str::to_string),
             source: None,
+            drift: Default::default(),
         }
     }
 
@@ -242,6 +243,7 @@ mod tests {
             hash: unit(name, None, None).hash,
             systemd: SystemdState::new("loaded", active, "running"),
             launched: true,
+            drift: None,
         }
     }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::drift::{Drift, DriftPolicy};
 use crate::machine::MachineState;
 use crate::requirements::Requirements;
 use crate::state::DesiredState;
@@ -13,6 +14,8 @@ use crate::unit_file::UnitHash;
 pub struct DesiredUnit {
     pub hash: UnitHash,
     pub state: DesiredState,
+    /// What to do if the unit drifts on this machine.
+    pub drift: DriftPolicy,
 }
 
 /// A unit the unit manager holds now.
@@ -81,6 +84,33 @@ pub fn plan(desired: &BTreeMap<String, DesiredUnit>, loaded: &BTreeMap<String, L
     tasks
 }
 
+/// `tasks` with the ones that put drifted units back: a unit whose file changed or went is
+/// written again (and started again if it was), a stopped one started, a started one stopped.
+/// `launched` says whether the agent started each unit. Units in `drifted` have no task in
+/// `tasks` (they are in sync as far as the plan knows).
+pub fn with_corrections(mut tasks: Vec<Task>, drifted: &[(String, Drift, bool)]) -> Vec<Task> {
+    for (name, drift, launched) in drifted {
+        match drift {
+            Drift::Changed | Drift::Removed => {
+                tasks.push(Task::Unload(name.clone()));
+                tasks.push(Task::Load(name.clone()));
+                if *launched {
+                    tasks.push(Task::Start(name.clone()));
+                }
+            }
+            Drift::Stopped => tasks.push(Task::Start(name.clone())),
+            Drift::Started => tasks.push(Task::Stop(name.clone())),
+        }
+    }
+    let loads = tasks.iter().any(|task| matches!(task, Task::Load(_) | Task::Unload(_)));
+    if loads && !tasks.contains(&Task::ReloadUnitFiles) {
+        tasks.push(Task::ReloadUnitFiles);
+    }
+    tasks.sort_by(|a, b| a.rank().cmp(&b.rank()).then_with(|| a.cmp(b)));
+    tasks.dedup();
+    tasks
+}
+
 /// A global unit as an agent sees it.
 pub struct GlobalUnit<'a> {
     pub name: &'a str,
@@ -123,7 +153,7 @@ mod tests {
     }
 
     fn want(n: u8, state: DesiredState) -> DesiredUnit {
-        DesiredUnit { hash: hash(n), state }
+        DesiredUnit { hash: hash(n), state, drift: DriftPolicy::Correct }
     }
 
     fn have(n: u8, launched: bool) -> LoadedUnit {
@@ -165,6 +195,32 @@ mod tests {
                 Task::Start("start.service".into()),
             ]
         );
+    }
+
+    #[test]
+    fn corrections_join_the_plan_in_order() {
+        let planned = vec![Task::Start("new.service".into())];
+        let drifted = [
+            ("edited.service".to_string(), Drift::Changed, true),
+            ("stopped.service".to_string(), Drift::Stopped, true),
+            ("started.service".to_string(), Drift::Started, false),
+            ("gone.service".to_string(), Drift::Removed, false),
+        ];
+        assert_eq!(
+            with_corrections(planned, &drifted),
+            vec![
+                Task::Unload("edited.service".into()),
+                Task::Unload("gone.service".into()),
+                Task::Load("edited.service".into()),
+                Task::Load("gone.service".into()),
+                Task::ReloadUnitFiles,
+                Task::Stop("started.service".into()),
+                Task::Start("edited.service".into()),
+                Task::Start("new.service".into()),
+                Task::Start("stopped.service".into()),
+            ]
+        );
+        assert!(with_corrections(Vec::new(), &[]).is_empty());
     }
 
     #[test]

@@ -114,6 +114,10 @@ pub struct UnitState {
     pub systemd: SystemdState,
     /// Whether the agent has started the unit (the original's "launched" heartbeat).
     pub launched: bool,
+    /// How the unit departs from what fleet made it on this machine, when it does (or did,
+    /// and was corrected, within the correction window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<crate::drift::DriftReport>,
 }
 
 #[cfg(test)]

@@ -46,6 +46,7 @@ mod tests {
             hash: UnitHash([0; 20]),
             systemd: SystemdState::new("loaded", active, "x"),
             launched: true,
+            drift: None,
         };
         (name.to_string(), state)
     }

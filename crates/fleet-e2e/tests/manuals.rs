@@ -65,8 +65,8 @@ fn manual_pages_format_cleanly_and_match_the_help() {
     // The page says what --help says.
     let help = output(&binary("fleetctl"), &["list-units", "--help"]);
     let page = std::fs::read_to_string(dir.path().join("fleetctl-list-units.1")).expect("read the page");
-    assert!(help.contains("Columns: active,hash,load,machine,sub,unit"));
-    assert!(page.contains("Columns: active,hash,load,machine,sub,unit"), "{page}");
+    assert!(help.contains("Columns: active,drift,hash,load,machine,sub,unit"));
+    assert!(page.contains("Columns: active,drift,hash,load,machine,sub,unit"), "{page}");
 
     let fleetd_page = dir.path().join("fleetd.8");
     std::fs::write(&fleetd_page, output(&binary("fleetd"), &["-manual"])).expect("write fleetd.8");

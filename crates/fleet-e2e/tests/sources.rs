@@ -136,7 +136,7 @@ fn units_follow_the_repository_through_commits_a_force_push_and_a_new_leader() {
     fleet.ok(&["--take-over", "stop", "late.service"]);
     fleet.ok(&["source", "sync", "apps"]);
     fleet.wait_until("the source reports the unit it no longer owns", WAIT, |fleet| {
-        status(fleet, "apps").contains("Not taken: late.service (made by hand)")
+        status(fleet, "apps").contains("Out of sync: late.service: held elsewhere (made by hand)")
     });
     assert_eq!(unit_files(fleet).get("late.service").map(|(desired, _)| desired.as_str()), Some("loaded"));
 
@@ -190,7 +190,7 @@ fn bad_sources_say_why_and_leave_the_cluster_as_it_was() {
     rival.commit(&[("hello.service", Some(HELLO_2))], "rival");
     source_add(fleet, "rival", &rival, &[]);
     fleet.wait_until("the rival reports the unit it may not take", WAIT, |fleet| {
-        status(fleet, "rival").contains("Not taken: hello.service (source good)")
+        status(fleet, "rival").contains("Out of sync: hello.service: held elsewhere (source good)")
     });
     fleet.ok(&["source", "pause", "good"]);
     let paused_commit = repo.commit(&[("paused.service", Some(HELLO))], "while paused");

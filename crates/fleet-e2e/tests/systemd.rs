@@ -165,9 +165,13 @@ fn a_lost_bus_connection_is_made_again_without_stopping_units() {
     });
     assert_eq!(systemd.show("steady.service", "MainPID"), pid, "the running unit was never touched");
     assert!(fleet.log().contains("lost the D-Bus connection to systemd"), "{}", fleet.log());
-    // State changes still arrive by signal after the reconnect.
+    // State changes still arrive by signal after the reconnect: a stop made outside fleet
+    // is seen, and put back.
     systemd.systemctl(&["stop", "steady.service"]);
-    fleet.wait_until("fleet sees the stop systemd made", WAIT, |f| {
-        row(f, "steady.service").is_some_and(|(active, _)| active == "inactive")
+    fleet.wait_until("fleet starts the unit stopped outside it again", WAIT, |_| {
+        systemd.show("steady.service", "SubState") == "running" && systemd.show("steady.service", "MainPID") != pid
+    });
+    fleet.wait_until("fleet reports the drift", WAIT, |f| {
+        f.ok(&["list-units", "--no-legend", "--fields", "unit,drift"]).stdout.contains("stopped outside fleet")
     });
 }

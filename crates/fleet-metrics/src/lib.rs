@@ -77,6 +77,10 @@ pub struct AgentMetrics {
     pub task_failures: Family<TaskLabels, Counter>,
     /// Units the agent holds on its machine.
     pub units: Gauge,
+    /// Units found drifted (stopped, started or changed outside fleet), corrected or not.
+    pub drifts: Counter,
+    /// Drifted units the agent put back.
+    pub drift_corrections: Counter,
 }
 
 /// Requests to the store, whichever it is.
@@ -123,8 +127,13 @@ impl Metrics {
             leader: Gauge::default(),
             decisions: Family::default(),
         };
-        let agent =
-            AgentMetrics { tasks: Family::default(), task_failures: Family::default(), units: Gauge::default() };
+        let agent = AgentMetrics {
+            tasks: Family::default(),
+            task_failures: Family::default(),
+            units: Gauge::default(),
+            drifts: Counter::default(),
+            drift_corrections: Counter::default(),
+        };
         let store = StoreMetrics {
             request_duration: Family::new_with_constructor(latency_histogram),
             request_errors: Family::default(),
@@ -148,6 +157,8 @@ impl Metrics {
         fleet.register("agent_tasks", "Tasks the agent gave its unit manager", agent.tasks.clone());
         fleet.register("agent_task_failures", "Tasks of the agent that failed", agent.task_failures.clone());
         fleet.register("agent_units", "Units the agent holds on this machine", agent.units.clone());
+        fleet.register("agent_drifts", "Units found drifted from what fleet made them", agent.drifts.clone());
+        fleet.register("agent_drift_corrections", "Drifted units the agent put back", agent.drift_corrections.clone());
         fleet.register_with_unit(
             "store_request_duration",
             "How long requests to the store took",

@@ -257,6 +257,7 @@ pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: Ag
         hash: file.hash(),
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
+        drift: None,
     };
     let before = registry.revision().await.unwrap().expect("the store has a revision");
     agent_for("m1").report_states("m1", &[StateReport::Set(state)]).await.unwrap();
@@ -370,6 +371,7 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
         hash: file.hash(),
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
+        drift: None,
     };
     agent_for("m1").report_states("m1", &[StateReport::Set(state("m1"))]).await.expect("report");
     agent_for("m2").report_states("m2", &[StateReport::Set(state("m2"))]).await.expect("report");
@@ -391,8 +393,8 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
 /// A unit made by a source is its own: a hand write or another source is refused (and
 /// changes nothing) unless it takes the unit over; the unit shows its owner.
 pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
-    let git = Writer::Source { name: "git".into(), take_over: false };
-    let other = Writer::Source { name: "other".into(), take_over: false };
+    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default() };
+    let other = Writer::Source { name: "other".into(), take_over: false, drift: Default::default() };
     registry.put_unit_as("a.service", &unit("/bin/a"), DesiredState::Launched, &git).await.expect("a source creates");
     let owner = |view: Option<UnitView>| view.expect("the unit").source;
     assert_eq!(owner(registry.unit("a.service").await.expect("read")), Some("git".into()));
@@ -422,7 +424,7 @@ pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, 
         registry.put_unit_as("b.service", &unit("/bin/c"), DesiredState::Launched, &git).await,
         Err(RegistryError::Owned { owner: None, .. })
     ));
-    let taking = Writer::Source { name: "git".into(), take_over: true };
+    let taking = Writer::Source { name: "git".into(), take_over: true, drift: Default::default() };
     registry.put_unit_as("b.service", &unit("/bin/b"), DesiredState::Launched, &taking).await.expect("taken over");
     assert_eq!(owner(registry.unit("b.service").await.expect("read")), Some("git".into()));
     let by_hand = Writer::Hand { take_over: true };
@@ -448,6 +450,7 @@ pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry
         webhook_secret: None,
         max_unavailable: None,
         min_ready_seconds: 10,
+        drift: fleet_core::drift::DriftPolicy::Report,
         generation,
     };
     assert!(registry.sources().await.expect("none yet").is_empty());

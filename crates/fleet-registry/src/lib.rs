@@ -33,7 +33,7 @@ pub use model::{
     StateReport, TokenRecord, UnitRecord, UnitView,
 };
 pub use ownership::{OwnedBy, Writer};
-pub use source_record::{RolloutRecord, SourceRecord, SourceStatus};
+pub use source_record::{OutOfSync, RolloutRecord, SourceRecord, SourceStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use fleet_core::drift::DriftPolicy;
 use fleet_core::schedule::SnapshotUnit;
 use fleet_core::state::TargetReport;
 use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
@@ -17,6 +18,9 @@ pub struct UnitRecord {
     /// The source that made the unit and owns it; absent for a unit made by hand.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
+    /// What machines do when the unit drifts there (its writer's policy).
+    #[serde(default, skip_serializing_if = "DriftPolicy::is_default")]
+    pub drift: DriftPolicy,
 }
 
 /// A unit as the API shows it.
@@ -34,6 +38,7 @@ pub struct UnitView {
     pub reason: Option<String>,
     /// The source that owns the unit; `None`: made by hand.
     pub source: Option<String>,
+    pub drift: DriftPolicy,
 }
 
 impl UnitView {
@@ -64,6 +69,7 @@ impl UnitView {
             global: record.global,
             reason,
             source: record.source,
+            drift: record.drift,
         }
     }
 }
@@ -90,6 +96,7 @@ pub struct AssignedUnit {
     pub name: String,
     pub hash: UnitHash,
     pub desired: DesiredState,
+    pub drift: DriftPolicy,
 }
 
 /// One machine's work: itself as the cluster sees it, its schedule and the global units.
@@ -181,13 +188,20 @@ mod tests {
     fn only_a_report_of_this_version_makes_a_unit_launched() {
         let old = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1\n").expect("a unit file");
         let new = UnitFile::parse("[Service]\nExecStart=/bin/sleep 2\n").expect("a unit file");
-        let record = UnitRecord { hash: new.hash(), desired: DesiredState::Launched, global: false, source: None };
+        let record = UnitRecord {
+            hash: new.hash(),
+            desired: DesiredState::Launched,
+            global: false,
+            source: None,
+            drift: Default::default(),
+        };
         let report = |file: &UnitFile| UnitState {
             name: "a.service".into(),
             machine_id: "m1".into(),
             hash: file.hash(),
             systemd: SystemdState::new("loaded", "active", "running"),
             launched: true,
+            drift: None,
         };
         let view = |reported: &UnitState| {
             UnitView::from_records("a.service", record.clone(), new.clone(), Some("m1".into()), None, Some(reported))

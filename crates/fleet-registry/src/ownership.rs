@@ -1,6 +1,7 @@
 //! Who may write a unit: a unit made by a source belongs to it; neither another source nor a
 //! hand write changes it unless it explicitly takes it over.
 
+use fleet_core::drift::DriftPolicy;
 use serde::{Deserialize, Serialize};
 
 /// Who writes.
@@ -8,8 +9,8 @@ use serde::{Deserialize, Serialize};
 pub enum Writer {
     /// An API client (fleetctl, the original's clients).
     Hand { take_over: bool },
-    /// A source's sync.
-    Source { name: String, take_over: bool },
+    /// A source's sync, writing its units with its drift policy.
+    Source { name: String, take_over: bool, drift: DriftPolicy },
 }
 
 impl Writer {
@@ -26,6 +27,14 @@ impl Writer {
     fn takes_over(&self) -> bool {
         match self {
             Self::Hand { take_over } | Self::Source { take_over, .. } => *take_over,
+        }
+    }
+
+    /// The drift policy of the units this writer writes: a hand write's are corrected.
+    pub fn drift_policy(&self) -> DriftPolicy {
+        match self {
+            Self::Hand { .. } => DriftPolicy::Correct,
+            Self::Source { drift, .. } => *drift,
         }
     }
 
@@ -56,8 +65,8 @@ mod tests {
 
     #[test]
     fn sources_own_what_they_make() {
-        let git = Writer::Source { name: "git".into(), take_over: false };
-        let other = Writer::Source { name: "other".into(), take_over: false };
+        let git = Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Correct };
+        let other = Writer::Source { name: "other".into(), take_over: false, drift: DriftPolicy::Correct };
         assert_eq!(git.owner_after(false, None), Ok(Some("git".into())));
         assert_eq!(git.owner_after(true, Some("git")), Ok(Some("git".into())));
         assert_eq!(other.owner_after(true, Some("git")), Err(OwnedBy { owner: Some("git".into()) }));
@@ -65,7 +74,7 @@ mod tests {
         assert_eq!(Writer::BY_HAND.owner_after(true, None), Ok(None));
         assert_eq!(Writer::BY_HAND.owner_after(true, Some("git")), Err(OwnedBy { owner: Some("git".into()) }));
         assert_eq!(Writer::Hand { take_over: true }.owner_after(true, Some("git")), Ok(None));
-        let taking = Writer::Source { name: "other".into(), take_over: true };
+        let taking = Writer::Source { name: "other".into(), take_over: true, drift: DriftPolicy::Correct };
         assert_eq!(taking.owner_after(true, Some("git")), Ok(Some("other".into())));
     }
 }

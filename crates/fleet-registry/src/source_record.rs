@@ -1,5 +1,6 @@
 //! A git source as the registry keeps it, and what its last sync did.
 
+use fleet_core::drift::DriftPolicy;
 use serde::{Deserialize, Serialize};
 
 /// A source: where its units come from and how it is synced. Holds no secret: credentials
@@ -34,6 +35,9 @@ pub struct SourceRecord {
     /// How long a unit its rollout replaced must stay active before the next wave (seconds).
     #[serde(default = "default_min_ready")]
     pub min_ready_seconds: u64,
+    /// What the machines do when the source's units drift there: put them back, or report.
+    #[serde(default, skip_serializing_if = "DriftPolicy::is_default")]
+    pub drift: DriftPolicy,
     /// Moves on every change of the record and every request for a sync (webhook, resume):
     /// the syncing engine syncs at once when it moved.
     pub generation: u64,
@@ -58,6 +62,10 @@ pub struct SourceStatus {
     pub problems: Vec<String>,
     /// Units the source names that another owner holds (`unit (owner)`): left alone.
     pub owned_elsewhere: Vec<String>,
+    /// Units the cluster holds otherwise than the source says, after the sync: why, and the
+    /// file the source has for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub out_of_sync: Vec<OutOfSync>,
     /// Units the source owns after the sync.
     pub units: usize,
     /// Writes the last sync made.
@@ -66,6 +74,18 @@ pub struct SourceStatus {
     pub generation: u64,
     /// Failed attempts in a row (for the backoff), 0 after a success.
     pub failures: u32,
+}
+
+/// A unit the cluster holds otherwise than its source says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutOfSync {
+    pub unit: String,
+    /// Why: owned elsewhere, waiting in a rollout, its file does not read.
+    pub why: String,
+    /// The unit file the source has for it (for a diff); `None` when it does not read or is
+    /// too large to keep here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wanted: Option<String>,
 }
 
 /// A rollout as the registry keeps it: its state machine (`fleet_core::rollout`), and the

@@ -96,7 +96,12 @@ mod tests {
         let copy = DiskCopy::open(&dir.path().join("copy")).unwrap();
         assert!(copy.work().is_none());
         let hash = "a".repeat(40);
-        let unit = AgentUnit { name: "a.service".into(), hash: hash.clone(), desired_state: "launched".into() };
+        let unit = AgentUnit {
+            name: "a.service".into(),
+            hash: hash.clone(),
+            desired_state: "launched".into(),
+            ..AgentUnit::default()
+        };
         let work = AgentWork { machine: None, scheduled: vec![unit], globals: vec![] };
         let body = AgentUnitBody {
             options: vec![UnitOption {
@@ -127,7 +132,12 @@ mod tests {
         std::fs::write(dir.path().join("work.json"), "marker").unwrap();
         copy.save_work(&AgentWork::default());
         assert_eq!(std::fs::read_to_string(dir.path().join("work.json")).unwrap(), "marker", "rewritten unchanged");
-        let unit = AgentUnit { name: "b.service".into(), hash: "b".repeat(40), desired_state: "loaded".into() };
+        let unit = AgentUnit {
+            name: "b.service".into(),
+            hash: "b".repeat(40),
+            desired_state: "loaded".into(),
+            ..AgentUnit::default()
+        };
         copy.save_work(&AgentWork { machine: None, scheduled: vec![unit], globals: vec![] });
         assert!(copy.work().is_some_and(|work| work.scheduled.len() == 1), "a change is written");
     }

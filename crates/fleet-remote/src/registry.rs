@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_api_schema::{
-    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, Journal,
-    JournalAsk,
+    AgentChanges, AgentDrift, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentUnitState, AgentWork,
+    ErrorBody, Journal, JournalAsk,
 };
+use fleet_core::drift::DriftPolicy;
 use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
 use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result};
 use tokio::sync::watch;
@@ -81,7 +82,12 @@ fn assigned(unit: AgentUnit) -> Result<AssignedUnit> {
     let hash = UnitHash::parse_hex(&unit.hash).ok_or_else(|| unavailable(format!("invalid hash for {}", unit.name)))?;
     let desired = DesiredState::from_str(&unit.desired_state)
         .map_err(|_| unavailable(format!("invalid desired state for {}", unit.name)))?;
-    Ok(AssignedUnit { name: unit.name, hash, desired })
+    let drift = if unit.drift_policy.is_empty() {
+        DriftPolicy::Correct
+    } else {
+        DriftPolicy::parse(&unit.drift_policy).map_err(unavailable)?
+    };
+    Ok(AssignedUnit { name: unit.name, hash, desired, drift })
 }
 
 impl RemoteRegistry {
@@ -386,6 +392,12 @@ impl AgentRegistry for RemoteRegistry {
                     systemd_active_state: state.systemd.active.clone(),
                     systemd_sub_state: state.systemd.sub.clone(),
                     launched: state.launched,
+                    drift: state.drift.as_ref().map(|report| AgentDrift {
+                        drift: report.drift.word().to_string(),
+                        corrections: report.corrections,
+                        correcting: report.correcting,
+                        given_up: report.given_up,
+                    }),
                 }),
                 StateReport::Remove(name) => states.removed.push(name.clone()),
             }

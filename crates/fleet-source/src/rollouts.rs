@@ -111,7 +111,7 @@ impl RolloutDriver {
             return Ok(());
         };
         let writer = match &current.source {
-            Some(source) => Writer::Source { name: source.clone(), take_over: false },
+            Some(source) => Writer::Source { name: source.clone(), take_over: false, drift: current.drift },
             None => Writer::BY_HAND,
         };
         tracing::info!(rollout = record.name, unit = name, "rolling out new content");

@@ -13,7 +13,9 @@ use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
 use fleet_core::{DesiredState, UnitHash};
-use fleet_registry::{ApiRegistry, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
+use fleet_registry::{
+    ApiRegistry, OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer,
+};
 use tokio::sync::watch;
 
 use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
@@ -21,6 +23,9 @@ use crate::leading::{now, while_leading};
 
 /// How long a unit a source's rollout replaced may take to become active.
 const ROLLOUT_DEADLINE: u64 = 120;
+
+/// The largest unit file a status keeps for a diff.
+const WANTED_TEXT_MAX: usize = 64 * 1024;
 
 /// The longest a fetch may take before the attempt counts as failed.
 const FETCH_LIMIT: Duration = Duration::from_secs(300);
@@ -103,6 +108,7 @@ impl SourceSyncer {
                 status.synced_at = Some(status.attempted_at);
                 status.problems = content.problems.iter().map(ToString::to_string).collect();
                 status.owned_elsewhere = applied.owned_elsewhere;
+                status.out_of_sync = applied.out_of_sync;
                 status.units = applied.units;
                 status.changes = applied.changes;
             }
@@ -149,23 +155,37 @@ impl SourceSyncer {
         let held: BTreeMap<String, HeldUnit> = views
             .iter()
             .map(|(name, unit)| {
-                (name.clone(), HeldUnit { hash: unit.hash, desired: unit.desired, source: unit.source.clone() })
+                let held =
+                    HeldUnit { hash: unit.hash, desired: unit.desired, source: unit.source.clone(), drift: unit.drift };
+                (name.clone(), held)
             })
             .collect();
-        let rules = SyncRules { keep_removed: source.keep_removed, take_over: source.take_over };
+        let rules = SyncRules { keep_removed: source.keep_removed, take_over: source.take_over, drift: source.drift };
         let plan = plan_sync(&source.name, content, &held, rules);
-        let writer = Writer::Source { name: source.name.clone(), take_over: source.take_over };
+        let writer = Writer::Source { name: source.name.clone(), take_over: source.take_over, drift: source.drift };
         let mut owned_elsewhere: Vec<String> =
             plan.owned_elsewhere.iter().map(|owned| describe_owner(&owned.unit, owned.owner.as_deref())).collect();
+        let mut out_of_sync = Vec::new();
+        for owned in &plan.owned_elsewhere {
+            out_of_sync.push(out_of_sync_entry(content, &owned.unit, held_elsewhere(owned.owner.as_deref())));
+        }
         let (rolled, direct) = match source.max_unavailable.as_deref().map(MaxUnavailable::parse) {
             Some(Ok(max_unavailable)) => {
                 let (rolled, direct): (Vec<&SyncChange>, Vec<&SyncChange>) =
                     plan.changes.iter().partition(|change| runs_and_changes(change, &views, &source.name));
                 self.roll_out(source, max_unavailable, &rolled, &views).await?;
+                let why = format!("new content waiting in rollout source-{}", source.name);
+                out_of_sync.extend(rolled.iter().map(|change| out_of_sync_entry(content, change.unit(), why.clone())));
                 (rolled.len(), direct)
             }
             _ => (0, plan.changes.iter().collect()),
         };
+        for name in &content.broken {
+            if views.get(name).is_some_and(|unit| unit.source.as_deref() == Some(source.name.as_str())) {
+                let why = "its file in the source does not read (see the problems); it keeps its content".to_string();
+                out_of_sync.push(OutOfSync { unit: name.clone(), why, wanted: None });
+            }
+        }
         let mut changes = rolled;
         for change in direct {
             let written = match change {
@@ -181,21 +201,25 @@ impl SourceSyncer {
                 Ok(()) => changes += 1,
                 // Taken by another owner since the plan was made.
                 Err(RegistryError::Owned { unit, owner }) => {
-                    owned_elsewhere.push(describe_owner(&unit, owner.as_deref()))
+                    out_of_sync.push(out_of_sync_entry(content, &unit, held_elsewhere(owner.as_deref())));
+                    owned_elsewhere.push(describe_owner(&unit, owner.as_deref()));
                 }
                 Err(error) => return Err(error),
             }
         }
         let units = content.units.len().saturating_sub(owned_elsewhere.len());
-        Ok(Applied { changes, owned_elsewhere, units })
+        out_of_sync.sort_by(|a, b| a.unit.cmp(&b.unit));
+        Ok(Applied { changes, owned_elsewhere, out_of_sync, units })
     }
 }
 
 /// Whether a change is new content for a running unit the source already owns: what a
 /// rollout carries.
 fn runs_and_changes(change: &SyncChange, views: &BTreeMap<String, UnitView>, source: &str) -> bool {
-    let SyncChange::Replace { name, desired: DesiredState::Launched, .. } = change else { return false };
-    views.get(name).is_some_and(|unit| unit.source.as_deref() == Some(source) && unit.desired == DesiredState::Launched)
+    let SyncChange::Replace { name, file, desired: DesiredState::Launched } = change else { return false };
+    views.get(name).is_some_and(|unit| {
+        unit.source.as_deref() == Some(source) && unit.desired == DesiredState::Launched && unit.hash != file.hash()
+    })
 }
 
 impl SourceSyncer {
@@ -244,14 +268,30 @@ impl SourceSyncer {
 struct Applied {
     changes: usize,
     owned_elsewhere: Vec<String>,
+    out_of_sync: Vec<OutOfSync>,
     units: usize,
 }
 
 fn describe_owner(unit: &str, owner: Option<&str>) -> String {
+    format!("{unit} ({})", owner_words(owner))
+}
+
+fn held_elsewhere(owner: Option<&str>) -> String {
+    format!("held elsewhere ({}); source add --take-over takes it", owner_words(owner))
+}
+
+fn owner_words(owner: Option<&str>) -> String {
     match owner {
-        Some(source) => format!("{unit} (source {source})"),
-        None => format!("{unit} (made by hand)"),
+        Some(source) => format!("source {source}"),
+        None => "made by hand".to_string(),
     }
+}
+
+/// `unit` is out of sync for `why`; with the source's file for it, if small enough to keep.
+fn out_of_sync_entry(content: &SourceContent, unit: &str, why: String) -> OutOfSync {
+    let wanted =
+        content.units.get(unit).map(|wanted| wanted.file.serialize()).filter(|text| text.len() <= WANTED_TEXT_MAX);
+    OutOfSync { unit: unit.to_string(), why, wanted }
 }
 
 /// The source's content, with the files that could not be read as problems (and their units

@@ -13,6 +13,7 @@ pub mod systemd;
 use std::collections::BTreeMap;
 
 use async_trait::async_trait;
+use fleet_core::drift::FileOnMachine;
 use fleet_core::{SystemdState, UnitFile, UnitHash};
 use tokio::sync::watch;
 
@@ -60,6 +61,17 @@ pub trait UnitManager: Send + Sync {
     /// The manager's own status report of a unit (`systemctl status`), when it has one.
     async fn status(&self, _name: &str) -> Result<Option<String>> {
         Ok(None)
+    }
+    /// How the unit file `name` runs from on this machine compares with the one fleet gave
+    /// it (`hash`): someone on the machine may have edited or removed it. A manager whose
+    /// files nobody else reaches says `Same`.
+    async fn file_on_machine(&self, _name: &str, _hash: UnitHash) -> FileOnMachine {
+        FileOnMachine::Same
+    }
+    /// Whether an inactive unit got there by itself (its process exited, a oneshot finished)
+    /// rather than by a stop. A manager only fleet can stop says yes.
+    async fn ended_by_itself(&self, _name: &str) -> Result<bool> {
+        Ok(true)
     }
     /// Stops every unit, for a clean shutdown.
     async fn stop_all(&self) -> Result<()>;

@@ -4,6 +4,7 @@
 
 mod commands;
 mod context;
+mod diff;
 mod local_units;
 mod manual;
 mod output;
@@ -135,6 +136,17 @@ pub struct CreateFlags {
     pub sign: bool,
 }
 
+#[derive(Args, Debug, Clone, Default)]
+pub struct WaveFlags {
+    /// With --replace: running units get their new content as a rollout, at most this many
+    /// down at once (a number, or a percentage: 25%); see `fleetctl rollout`
+    #[arg(long, requires = "replace")]
+    pub max_unavailable: Option<String>,
+    /// With --max-unavailable: how long a replaced unit must stay active before the next wave
+    #[arg(long, default_value = "10s", requires = "max_unavailable")]
+    pub min_ready: String,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct ListFlags {
     /// Show full machine IDs and hashes
@@ -195,7 +207,7 @@ enum Command {
         /// Omit the header line
         #[arg(long)]
         no_legend: bool,
-        /// Columns: desc,dstate,global,hash,reason,state,target,tmachine,unit
+        /// Columns: desc,dstate,global,hash,reason,source,state,sync,target,tmachine,unit
         #[arg(long, default_value = "unit,hash,dstate,state,target")]
         fields: String,
         #[command(flatten)]
@@ -205,7 +217,7 @@ enum Command {
     ListUnits {
         #[command(flatten)]
         list: ListFlags,
-        /// Columns: active,hash,load,machine,sub,unit
+        /// Columns: active,drift,hash,load,machine,sub,unit
         #[arg(long, default_value = "unit,machine,active,sub")]
         fields: String,
         #[command(flatten)]
@@ -251,6 +263,8 @@ enum Command {
         block: BlockFlags,
         #[command(flatten)]
         create: CreateFlags,
+        #[command(flatten)]
+        waves: WaveFlags,
         units: Vec<String>,
     },
     /// Show the status of units
@@ -367,8 +381,15 @@ pub enum SourceCommand {
         #[arg(long)]
         no_legend: bool,
     },
-    /// Show a source: where it reads, its last commit, its problems and conflicts
-    Status { name: String },
+    /// Show a source: where it reads, its last commit, its problems, the units the cluster
+    /// holds otherwise than it says and the units that drifted on their machines
+    Status {
+        /// Also print, for each unit out of sync, how the cluster's unit file differs from
+        /// the source's
+        #[arg(long)]
+        diff: bool,
+        name: String,
+    },
     /// Stop syncing a source; its units stay as they are
     Pause { name: String },
     /// Sync a paused source again, at once
@@ -421,6 +442,10 @@ pub struct SourceAdd {
     /// wave (e.g. 10s)
     #[arg(long, default_value = "10s")]
     min_ready: String,
+    /// What machines do when a unit of the source is stopped, started or edited on them
+    /// outside fleet: correct (put it back) or report (only say so)
+    #[arg(long, default_value = "correct", value_parser = ["correct", "report"])]
+    drift: String,
     name: String,
 }
 
@@ -596,7 +621,9 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::ListUnits { list, fields, output } => list::units(&context, &list, &fields, output.output).await,
         Command::Submit { create, units } => lifecycle::submit(&context, &units, &create).await,
         Command::Load { block, create, units } => lifecycle::load(&context, &units, &create, &block).await,
-        Command::Start { block, create, units } => lifecycle::start(&context, &units, &create, &block).await,
+        Command::Start { block, create, waves, units } => {
+            lifecycle::start(&context, &units, &create, &waves, &block).await
+        }
         Command::Stop { block, units } => lifecycle::stop(&context, &units, &block).await,
         Command::Unload { block, units } => lifecycle::unload(&context, &units, &block).await,
         Command::Destroy { block, units } => lifecycle::destroy(&context, &units, &block).await,

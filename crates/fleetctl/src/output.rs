@@ -52,6 +52,13 @@ pub struct UnitFileRow<'a> {
     pub machine_ip: Option<&'a str>,
     /// Why the unit waits unplaced, when it does.
     pub reason: Option<&'a str>,
+    /// The git source that owns it, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<&'a str>,
+    /// For a unit a source owns: why the cluster holds it otherwise than the source says, or
+    /// `in sync`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sync: Option<&'a str>,
 }
 
 /// A row of `list-units -o json`: one unit on one machine.
@@ -65,6 +72,9 @@ pub struct UnitRow<'a> {
     pub load_state: &'a str,
     pub active_state: &'a str,
     pub sub_state: &'a str,
+    /// How the unit drifted on its machine, when it did.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub drift: &'a str,
 }
 
 /// An element of `status -o json`.

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use fleet_core::drift::{Drift, DriftReport};
 use fleet_core::{MachineState, StateReport, SystemdState, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, MachineWork};
 
@@ -26,7 +27,8 @@ fn forbidden(message: String) -> ApiError {
 }
 
 fn to_schema(unit: AssignedUnit) -> AgentUnit {
-    AgentUnit { name: unit.name, hash: unit.hash.to_string(), desired_state: unit.desired.to_string() }
+    let drift_policy = if unit.drift.is_default() { String::new() } else { unit.drift.to_string() };
+    AgentUnit { name: unit.name, hash: unit.hash.to_string(), desired_state: unit.desired.to_string(), drift_policy }
 }
 
 /// The names and body hashes of what `machine` holds: its schedule and the global units.
@@ -156,12 +158,23 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
             &reported.systemd_active_state,
             &reported.systemd_sub_state,
         );
+        let drift = match reported.drift {
+            Some(report) => Some(DriftReport {
+                drift: Drift::from_word(&report.drift)
+                    .ok_or_else(|| ApiError::bad_request(format!("invalid drift {:?}", report.drift)))?,
+                corrections: report.corrections.min(fleet_core::drift::LIMIT),
+                correcting: report.correcting,
+                given_up: report.given_up,
+            }),
+            None => None,
+        };
         reports.push(StateReport::Set(UnitState {
             name: reported.name,
             machine_id: machine_id.to_string(),
             hash,
             systemd,
             launched: reported.launched,
+            drift,
         }));
     }
     reports.extend(request.removed.into_iter().map(StateReport::Remove));

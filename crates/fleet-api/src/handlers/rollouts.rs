@@ -6,14 +6,15 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use fleet_core::UnitFile;
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::source::checks::check_source_name;
 use fleet_core::unit_name::UnitNameInfo;
-use fleet_registry::RolloutRecord;
+use fleet_registry::{RegistryError, RolloutRecord};
 
 use crate::auth::tokens::now_unix;
 use crate::router::{ApiError, ApiState, json_response};
-use crate::schema::{Rollout as RolloutSchema, RolloutList, RolloutRequest, RolloutUnit as UnitSchema};
+use crate::schema::{Rollout as RolloutSchema, RolloutList, RolloutRequest, RolloutUnit as UnitSchema, UnitOption};
 
 /// The most units one rollout moves.
 const UNITS_MAX: usize = 100_000;
@@ -79,17 +80,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     let request: RolloutRequest =
         serde_json::from_slice(body).map_err(|error| bad(format!("invalid rollout: {error}")))?;
     let max_unavailable = MaxUnavailable::parse(&request.max_unavailable).map_err(bad)?;
-    if request.units.is_empty() || request.units.len() > UNITS_MAX {
-        return Err(bad(format!("a rollout names 1 to {UNITS_MAX} units")));
-    }
-    let unique: BTreeSet<&String> = request.units.iter().collect();
-    if unique.len() != request.units.len() {
-        return Err(bad("a unit is named twice".into()));
-    }
-    let file = crate::handlers::units::file_from_options(request.options);
-    if file.options().is_empty() {
-        return Err(bad("the new content has no options".into()));
-    }
+    let contents = new_contents(request.units, request.options, request.files)?;
     if let Some(existing) = state.registry.rollouts().await?.into_iter().find(|record| record.name == name)
         && existing.rollout.state != RolloutState::Done
     {
@@ -101,17 +92,21 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     let held: BTreeMap<String, fleet_registry::UnitView> =
         state.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
     let mut bodies = BTreeMap::new();
-    let mut units = Vec::with_capacity(request.units.len());
-    for unit in &request.units {
-        if UnitNameInfo::new(unit).is_template() {
+    let mut units = Vec::with_capacity(contents.len());
+    for (unit, file) in contents {
+        if UnitNameInfo::new(&unit).is_template() {
             return Err(bad(format!("{unit} is a template: roll out its instances")));
         }
-        let current = held.get(unit).ok_or_else(|| bad(format!("unit {unit} does not exist")))?;
-        crate::handlers::units::validate_options(unit, &file)?;
+        let current = held.get(&unit).ok_or_else(|| bad(format!("unit {unit} does not exist")))?;
+        if let Some(source) = &current.source {
+            // Its source decides its content; it rolls out its own changes.
+            return Err(RegistryError::Owned { unit, owner: Some(source.clone()) }.into());
+        }
+        crate::handlers::units::validate_options(&unit, &file)?;
         bodies.insert(current.hash.to_string(), current.file.serialize());
-        units.push(RolloutUnit { name: unit.clone(), from: current.hash, to: file.hash(), step: Step::Waiting });
+        bodies.insert(file.hash().to_string(), file.serialize());
+        units.push(RolloutUnit { name: unit, from: current.hash, to: file.hash(), step: Step::Waiting });
     }
-    bodies.insert(file.hash().to_string(), file.serialize());
     let rollout = Rollout {
         units,
         max_unavailable,
@@ -122,6 +117,38 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix() };
     state.registry.put_rollout(&record).await?;
     Ok(json_response(StatusCode::CREATED, &to_schema(record)))
+}
+
+/// The units of a rollout request with their new content: `units` sharing `options`, or
+/// `files`, one content per unit.
+fn new_contents(
+    units: Vec<String>,
+    options: Vec<UnitOption>,
+    files: BTreeMap<String, Vec<UnitOption>>,
+) -> Result<Vec<(String, UnitFile)>, ApiError> {
+    let bad = ApiError::bad_request;
+    let contents: Vec<(String, UnitFile)> = match (units.is_empty() && options.is_empty(), files.is_empty()) {
+        (false, true) => {
+            let unique: BTreeSet<&String> = units.iter().collect();
+            if unique.len() != units.len() {
+                return Err(bad("a unit is named twice".into()));
+            }
+            let file = crate::handlers::units::file_from_options(options);
+            units.into_iter().map(|unit| (unit, file.clone())).collect()
+        }
+        (true, false) => files
+            .into_iter()
+            .map(|(unit, options)| (unit, crate::handlers::units::file_from_options(options)))
+            .collect(),
+        _ => return Err(bad("give units and options, or files".into())),
+    };
+    if contents.is_empty() || contents.len() > UNITS_MAX {
+        return Err(bad(format!("a rollout names 1 to {UNITS_MAX} units")));
+    }
+    if let Some((unit, _)) = contents.iter().find(|(_, file)| file.options().is_empty()) {
+        return Err(bad(format!("the new content of {unit} has no options")));
+    }
+    Ok(contents)
 }
 
 /// POST /rollouts/{name}/{pause|resume|undo}.

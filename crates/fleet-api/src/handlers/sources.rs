@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use fleet_core::drift::DriftPolicy;
 use fleet_core::source::checks::{
     INTERVAL_SECONDS, PATHS_MAX, check_credentials_name, check_path, check_reference, check_repo, check_source_name,
 };
@@ -13,7 +14,7 @@ use fleet_registry::{SourceRecord, SourceStatus, Writer};
 
 use crate::auth::identity::WEBHOOK_SIGNATURE;
 use crate::router::{ApiError, ApiState, json_response};
-use crate::schema::{Source, SourceList, SourceStatus as StatusSchema};
+use crate::schema::{Source, SourceList, SourceOutOfSync, SourceStatus as StatusSchema};
 
 /// The interval of a source that names none.
 pub const DEFAULT_INTERVAL_SECONDS: u64 = 15;
@@ -27,6 +28,11 @@ fn to_schema(record: SourceRecord, status: Option<SourceStatus>) -> Source {
         error: status.error,
         problems: status.problems,
         owned_elsewhere: status.owned_elsewhere,
+        out_of_sync: status
+            .out_of_sync
+            .into_iter()
+            .map(|entry| SourceOutOfSync { unit: entry.unit, why: entry.why, wanted: entry.wanted })
+            .collect(),
         units: status.units,
         changes: status.changes,
     });
@@ -44,6 +50,7 @@ fn to_schema(record: SourceRecord, status: Option<SourceStatus>) -> Source {
         webhook_secret: record.webhook_secret,
         max_unavailable: record.max_unavailable,
         min_ready_seconds: Some(record.min_ready_seconds),
+        drift: Some(record.drift.to_string()),
         status,
     }
 }
@@ -120,6 +127,10 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
     if let Some(max) = &request.max_unavailable {
         fleet_core::rollout::MaxUnavailable::parse(max).map_err(bad)?;
     }
+    let drift = match request.drift.as_deref() {
+        Some(policy) => DriftPolicy::parse(policy).map_err(bad)?,
+        None => DriftPolicy::Correct,
+    };
     if request.status.is_some() {
         return Err(bad("status is the sync's to write".into()));
     }
@@ -137,6 +148,7 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
         webhook_secret: request.webhook_secret,
         max_unavailable: request.max_unavailable,
         min_ready_seconds: request.min_ready_seconds.unwrap_or(10).min(86_400),
+        drift,
         generation: 0,
     })
 }
@@ -172,7 +184,7 @@ pub async fn delete(state: &ApiState, name: &str, query: &[(String, String)]) ->
     find(state, name).await?;
     // The record goes first, so that no sync recreates what is destroyed next.
     state.registry.remove_source(name).await?;
-    let source = Writer::Source { name: name.to_string(), take_over: false };
+    let source = Writer::Source { name: name.to_string(), take_over: false, drift: Default::default() };
     let released = Writer::Hand { take_over: true };
     for unit in state.registry.units().await?.into_iter().filter(|unit| unit.source.as_deref() == Some(name)) {
         if keep_units {

@@ -16,6 +16,7 @@ fn to_schema(state: fleet_core::UnitState) -> UnitState {
         systemd_active_state: state.systemd.active,
         systemd_load_state: state.systemd.load,
         systemd_sub_state: state.systemd.sub,
+        drift: state.drift.map(|drift| drift.to_string()).unwrap_or_default(),
     }
 }
 

@@ -38,6 +38,7 @@ pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
             .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
             .collect(),
         reason: view.reason,
+        source: view.source,
     }
 }
 

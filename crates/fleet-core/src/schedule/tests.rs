@@ -369,7 +369,7 @@ fn global_residents(
         .filter(|u| u.requirements.global)
         .map(|u| GlobalUnit {
             name: &u.name,
-            desired: DesiredUnit { hash, state: u.desired },
+            desired: DesiredUnit { hash, state: u.desired, drift: Default::default() },
             requirements: &u.requirements,
         })
         .collect();

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::content::SourceContent;
+use crate::drift::DriftPolicy;
 use crate::{DesiredState, UnitFile, UnitHash};
 
 /// A unit as the cluster holds it, with its owner.
@@ -13,6 +14,7 @@ pub struct HeldUnit {
     pub desired: DesiredState,
     /// The source that owns it; `None`: made by hand.
     pub source: Option<String>,
+    pub drift: DriftPolicy,
 }
 
 /// One write of a sync, to be made with the source as the writer.
@@ -23,7 +25,8 @@ pub enum SyncChange {
         file: UnitFile,
         desired: DesiredState,
     },
-    /// New content, or the same content taken over from another owner.
+    /// New content, or the same content taken over from another owner or with another drift
+    /// policy.
     Replace {
         name: String,
         file: UnitFile,
@@ -64,6 +67,8 @@ pub struct SyncRules {
     pub keep_removed: bool,
     /// Units held by hand or by another source are taken over.
     pub take_over: bool,
+    /// What the machines do when the source's units drift there.
+    pub drift: DriftPolicy,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -93,7 +98,7 @@ pub fn plan_sync(
         };
         if !ours(current) && !rules.take_over {
             plan.owned_elsewhere.push(OwnedElsewhere { unit: name, owner: current.source.clone() });
-        } else if !ours(current) || current.hash != file.hash() {
+        } else if !ours(current) || current.hash != file.hash() || current.drift != rules.drift {
             plan.changes.push(SyncChange::Replace { name, file, desired });
         } else if current.desired != desired {
             plan.changes.push(SyncChange::SetDesired { name, desired });
@@ -119,7 +124,7 @@ mod tests {
 
     fn held(text: &str, desired: DesiredState, source: Option<&str>) -> HeldUnit {
         let hash = UnitFile::parse(text).expect("a unit file").hash();
-        HeldUnit { hash, desired, source: source.map(str::to_string) }
+        HeldUnit { hash, desired, source: source.map(str::to_string), drift: DriftPolicy::Correct }
     }
 
     fn kinds(plan: &SyncPlan) -> Vec<String> {
@@ -161,7 +166,8 @@ mod tests {
             vec!["replace changed.service", "create new.service", "set stopped.service", "destroy gone.service"]
         );
         assert_eq!(plan.owned_elsewhere, vec![OwnedElsewhere { unit: "byhand.service".into(), owner: None }]);
-        let kept = plan_sync("git", &content, &held, SyncRules { keep_removed: true, take_over: true });
+        let rules = SyncRules { keep_removed: true, take_over: true, drift: DriftPolicy::Correct };
+        let kept = plan_sync("git", &content, &held, rules);
         assert_eq!(
             kinds(&kept),
             vec!["replace byhand.service", "replace changed.service", "create new.service", "set stopped.service"]
@@ -178,12 +184,18 @@ mod tests {
     }
 
     /// The cluster after `plan`, with `source` as the writer.
-    fn applied(source: &str, mut held: BTreeMap<String, HeldUnit>, plan: &SyncPlan) -> BTreeMap<String, HeldUnit> {
+    fn applied(
+        source: &str,
+        mut held: BTreeMap<String, HeldUnit>,
+        plan: &SyncPlan,
+        drift: DriftPolicy,
+    ) -> BTreeMap<String, HeldUnit> {
         let owner = Some(source.to_string());
         for change in &plan.changes {
             match change {
                 SyncChange::Create { name, file, desired } | SyncChange::Replace { name, file, desired } => {
-                    held.insert(name.clone(), HeldUnit { hash: file.hash(), desired: *desired, source: owner.clone() });
+                    let unit = HeldUnit { hash: file.hash(), desired: *desired, source: owner.clone(), drift };
+                    held.insert(name.clone(), unit);
                 }
                 SyncChange::SetDesired { name, desired } => {
                     if let Some(unit) = held.get_mut(name) {
@@ -205,7 +217,10 @@ mod tests {
             wanted in proptest::collection::btree_map(0u8..12, (0u8..3, 0u8..3), 0..10),
             present in proptest::collection::btree_map(0u8..12, (0u8..3, 0u8..3, 0u8..3), 0..10),
             keep_removed: bool,
+            report_only: bool,
+            held_report_only: bool,
         ) {
+            let policy = |report: bool| if report { DriftPolicy::Report } else { DriftPolicy::Correct };
             let state = |n: u8| [DesiredState::Inactive, DesiredState::Loaded, DesiredState::Launched][usize::from(n)];
             let text = |n: u8| format!("[Service]\nExecStart=/bin/sleep {n}\n");
             let mut files: Vec<(String, String)> =
@@ -219,16 +234,18 @@ mod tests {
                 .iter()
                 .map(|(unit, (body, desired, owner))| {
                     let hash = UnitFile::parse(&text(*body)).expect("a unit file").hash();
-                    (format!("u{unit}.service"), HeldUnit { hash, desired: state(*desired), source: owners[usize::from(*owner)].clone() })
+                    let source = owners[usize::from(*owner)].clone();
+                    let unit_held = HeldUnit { hash, desired: state(*desired), source, drift: policy(held_report_only) };
+                    (format!("u{unit}.service"), unit_held)
                 })
                 .collect();
-            let rules = SyncRules { keep_removed, take_over: false };
+            let rules = SyncRules { keep_removed, take_over: false, drift: policy(report_only) };
             let plan = plan_sync("git", &content, &held, rules);
             for change in &plan.changes {
                 let owner = held.get(change.unit()).map(|unit| unit.source.as_deref());
                 proptest::prop_assert!(matches!(owner, None | Some(Some("git"))), "{change:?} touches another owner's unit");
             }
-            let after = applied("git", held, &plan);
+            let after = applied("git", held, &plan, rules.drift);
             proptest::prop_assert!(plan_sync("git", &content, &after, rules).changes.is_empty());
         }
     }

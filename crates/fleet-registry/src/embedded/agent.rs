@@ -51,12 +51,22 @@ impl AgentRegistry for EmbeddedRegistry {
                 let name = unit.value().to_string();
                 if let Some(record) = units.get(name.as_str()).map_err(unavailable)? {
                     let record: UnitRecord = decode(&name, record.value())?;
-                    work.scheduled.push(AssignedUnit { name, hash: record.hash, desired: record.desired });
+                    work.scheduled.push(AssignedUnit {
+                        name,
+                        hash: record.hash,
+                        desired: record.desired,
+                        drift: record.drift,
+                    });
                 }
             }
             for (name, record) in read_all::<UnitRecord>(&units)? {
                 if record.global {
-                    work.globals.push(AssignedUnit { name, hash: record.hash, desired: record.desired });
+                    work.globals.push(AssignedUnit {
+                        name,
+                        hash: record.hash,
+                        desired: record.desired,
+                        drift: record.drift,
+                    });
                 }
             }
             Ok(work)

@@ -134,7 +134,7 @@ impl ApiRegistry for EmbeddedRegistry {
                     release_body(txn, &old.hash)?;
                 }
             }
-            let record = UnitRecord { hash, desired, global, source };
+            let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy() };
             txn.open_table(tables::UNITS)
                 .map_err(unavailable)?
                 .insert(name.as_str(), encode(&record).as_slice())

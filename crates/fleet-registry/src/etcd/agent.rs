@@ -21,7 +21,8 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
     for (key, entry) in data.range(&range) {
         let Some(name) = registry.keys().name_in(&collection, key) else { continue };
         let assignment: Assignment = decode(key, &entry.value)?;
-        units.push(AssignedUnit { name: name.to_string(), hash: assignment.hash, desired: assignment.desired });
+        let Assignment { hash, desired, drift } = assignment;
+        units.push(AssignedUnit { name: name.to_string(), hash, desired, drift });
     }
     Ok(units)
 }

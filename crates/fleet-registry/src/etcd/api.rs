@@ -112,7 +112,7 @@ impl EtcdRegistry {
     /// is placed on, and the global index.
     fn agent_copies(&self, name: &str, record: &UnitRecord, current: &Current, ops: &mut Vec<TxnOp>) {
         let keys = self.keys();
-        let assignment = encode(&Assignment { hash: record.hash, desired: record.desired });
+        let assignment = encode(&Assignment::of(record));
         if record.global {
             ops.push(TxnOp::put(keys.global(name), assignment.clone(), None));
         } else if current.record.as_ref().is_some_and(|old| old.global) {
@@ -269,7 +269,7 @@ impl ApiRegistry for EtcdRegistry {
                     Ok(source) => source,
                     Err(refused) => return Planned::Done(Err(refused)),
                 };
-                let record = UnitRecord { hash, desired, global, source };
+                let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy() };
                 let mut ops = vec![
                     TxnOp::put(keys.unit(name), encode(&record), None),
                     TxnOp::put(keys.body(&hash_text), encode(&file.options()), None),

@@ -78,7 +78,7 @@ impl EtcdRegistry {
         }
         if let Some(machine) = &write.lands_on {
             let record: UnitRecord = decode(&unit_key, &data.entries.get(&unit_key)?.value).ok()?;
-            let assignment = Assignment { hash: record.hash, desired: record.desired };
+            let assignment = Assignment::of(&record);
             ops.push(TxnOp::put(placement_key.as_str(), machine.as_str(), None));
             ops.push(TxnOp::put(keys.scheduled(machine, unit), encode(&assignment), None));
         }

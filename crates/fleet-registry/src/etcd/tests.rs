@@ -56,6 +56,7 @@ async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states(
         hash: UnitHash([1; 20]),
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
+        drift: None,
     };
     first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
     assert_eq!(second.unit_states().await.unwrap(), vec![state]);

@@ -2,7 +2,7 @@
 //! the next call; and a watcher that follows systemd's signals for the units fleet holds.
 
 use fleet_core::Backoff;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,6 +10,8 @@ use futures_util::StreamExt;
 use tokio::sync::{RwLock, watch};
 use zbus::{Connection, MatchRule, MessageStream};
 use zbus_systemd::systemd1::ManagerProxy;
+
+use super::ending::{LEFT_ACTIVE, MAIN_EXITED, SeenEndings};
 
 /// How long one D-Bus call may take before the connection is considered gone.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -78,9 +80,22 @@ impl Bus {
         F: FnOnce(ManagerProxy<'static>) -> Fut,
         Fut: Future<Output = zbus::Result<T>>,
     {
+        self.on_connection(|connection| async move {
+            let proxy = ManagerProxy::new(&connection).await?;
+            call(proxy).await
+        })
+        .await
+    }
+
+    /// Runs one exchange with systemd on the current connection (for calls to other objects
+    /// than the manager). A transport failure drops the connection.
+    pub async fn on_connection<T, F, Fut>(&self, call: F) -> Result<T, BusError>
+    where
+        F: FnOnce(Connection) -> Fut,
+        Fut: Future<Output = zbus::Result<T>>,
+    {
         let connection = self.connect().await?;
-        let proxy = ManagerProxy::new(&connection).await.map_err(BusError::from)?;
-        let outcome = match tokio::time::timeout(CALL_TIMEOUT, call(proxy)).await {
+        let outcome = match tokio::time::timeout(CALL_TIMEOUT, call(connection.clone())).await {
             Ok(result) => result.map_err(BusError::from),
             Err(_) => Err(BusError::Transport("systemd did not answer in time".into())),
         };
@@ -96,17 +111,27 @@ impl Bus {
     }
 }
 
+/// What the signal watcher shares with the manager.
+pub struct Watch {
+    /// Object paths of the units fleet holds.
+    pub watched: Arc<Mutex<HashSet<String>>>,
+    /// The end times the watched units announced.
+    pub seen: Arc<Mutex<SeenEndings>>,
+    pub changes: watch::Sender<u64>,
+}
+
 /// Follows systemd's signals for ever: after `Subscribe`, every `PropertiesChanged` of a
-/// watched unit's object and every finished job of a watched unit moves `changes`. When the
-/// connection drops it reconnects with backoff, and moves `changes` so the states are read
-/// afresh.
-pub async fn follow_signals(bus: Arc<Bus>, watched: Arc<Mutex<HashSet<String>>>, changes: watch::Sender<u64>) {
+/// watched unit's object and every finished job of a watched unit moves `changes`, and the
+/// end times a change carries are kept. When the connection drops it reconnects with
+/// backoff, and moves `changes` so the states are read afresh.
+pub async fn follow_signals(bus: Arc<Bus>, watch: Watch) {
+    let Watch { watched, seen, changes } = watch;
     let bump = |changes: &watch::Sender<u64>| changes.send_modify(|count| *count = count.wrapping_add(1));
     let mut backoff = Backoff::new(RECONNECT_MIN, RECONNECT_MAX);
     loop {
         match bus.connect().await {
             Ok(connection) => {
-                match follow_one_connection(&bus, &connection, &watched, &changes, bump).await {
+                match follow_one_connection(&bus, &connection, (&watched, &seen), &changes, bump).await {
                     Ok(()) => backoff.reset(),
                     Err(error) => tracing::warn!(%error, "following systemd's signals"),
                 }
@@ -122,10 +147,21 @@ pub async fn follow_signals(bus: Arc<Bus>, watched: Arc<Mutex<HashSet<String>>>,
     }
 }
 
+/// Keeps the end times a watched unit's `PropertiesChanged` carries.
+fn record_end_times(seen: &Mutex<SeenEndings>, path: &str, message: &zbus::Message) {
+    type Changed = (String, HashMap<String, zbus::OwnedVariant>, Vec<String>);
+    let Ok((_, changed, _)) = message.body().deserialize::<Changed>() else { return };
+    let times =
+        [MAIN_EXITED, LEFT_ACTIVE].into_iter().filter_map(|name| Some((name, u64::try_from(changed.get(name)?).ok()?)));
+    if let Ok(mut seen) = seen.lock() {
+        seen.record(path, times);
+    }
+}
+
 async fn follow_one_connection(
     bus: &Bus,
     connection: &Connection,
-    watched: &Mutex<HashSet<String>>,
+    (watched, seen): (&Mutex<HashSet<String>>, &Mutex<SeenEndings>),
     changes: &watch::Sender<u64>,
     bump: impl Fn(&watch::Sender<u64>),
 ) -> Result<(), BusError> {
@@ -151,7 +187,12 @@ async fn follow_one_connection(
         let header = message.header();
         let relevant = match header.member().map(|member| member.as_str()) {
             Some("PropertiesChanged") => {
-                header.path().is_some_and(|path| watched.lock().is_ok_and(|watched| watched.contains(path.as_str())))
+                let path = header.path().map(|path| path.as_str().to_string()).unwrap_or_default();
+                let relevant = watched.lock().is_ok_and(|watched| watched.contains(&path));
+                if relevant {
+                    record_end_times(seen, &path, &message);
+                }
+                relevant
             }
             Some("JobRemoved") => message
                 .body()

@@ -4,13 +4,16 @@
 //! when to ask again.
 
 mod bus;
+mod ending;
 pub mod paths;
+mod read_back;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use fleet_core::drift::FileOnMachine;
 use fleet_core::{SystemdState, UnitFile, UnitHash};
 use tokio::sync::watch;
 
@@ -33,8 +36,12 @@ pub struct SystemdManager {
     held: tokio::sync::Mutex<Option<BTreeMap<String, UnitHash>>>,
     /// Object paths of the held units, for the signal watcher.
     watched: Arc<Mutex<HashSet<String>>>,
+    /// The end times the held units announced, kept by the signal watcher.
+    seen: Arc<Mutex<ending::SeenEndings>>,
     /// Units systemd refused to start, with its reason: they report `failed`.
     refused: Mutex<HashMap<String, String>>,
+    /// The unit files fleet wrote, read back for drift.
+    read_back: read_back::ReadBack,
     changes: watch::Sender<u64>,
 }
 
@@ -54,10 +61,13 @@ impl SystemdManager {
             bus: bus.clone(),
             held: tokio::sync::Mutex::new(None),
             watched: Arc::new(Mutex::new(HashSet::new())),
+            seen: Arc::new(Mutex::new(ending::SeenEndings::default())),
             refused: Mutex::new(HashMap::new()),
+            read_back: read_back::ReadBack::default(),
             changes: changes.clone(),
         });
-        tokio::spawn(bus::follow_signals(bus, manager.watched.clone(), changes));
+        let watch = bus::Watch { watched: manager.watched.clone(), seen: manager.seen.clone(), changes };
+        tokio::spawn(bus::follow_signals(bus, watch));
         Ok(manager)
     }
 
@@ -201,6 +211,8 @@ impl UnitManager for SystemdManager {
             self.set_watched(units);
         }
         self.remember_refusal(name, None);
+        self.read_back.forget(name);
+        self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).forget(&unit_object_path(name));
         Ok(())
     }
 
@@ -264,6 +276,25 @@ impl UnitManager for SystemdManager {
 
     fn state_changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    async fn file_on_machine(&self, name: &str, hash: UnitHash) -> FileOnMachine {
+        self.read_back.compare(name, &self.unit_path(name), hash)
+    }
+
+    async fn ended_by_itself(&self, name: &str) -> Result<bool> {
+        if !name.ends_with(".service") {
+            return Ok(false);
+        }
+        let file = self.unit_path(name);
+        let Some(file) = std::fs::read_to_string(&file).ok().and_then(|text| UnitFile::parse(&text).ok()) else {
+            return Ok(false);
+        };
+        let path = unit_object_path(name);
+        let live =
+            self.bus.on_connection(|connection| ending::read(connection, path.clone())).await.unwrap_or_default();
+        let seen = self.seen.lock().map(|seen| seen.get(&path)).unwrap_or_default();
+        Ok(ending::Ending::of(&file, live, seen).by_itself())
     }
 
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use fleet_api_schema::{Unit, UnitOption};
+use fleet_api_schema::{RolloutRequest, Unit, UnitOption};
 use fleet_core::requirements::KNOWN_KEYS;
 use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name, with_default_unit_type};
 use fleet_core::{Requirements, UnitFile};
@@ -97,6 +97,15 @@ pub struct Replacing<'a> {
     /// replacement is one write. The old version runs until the new one is asked for, and a
     /// command cut short leaves one of the two asked for, never a stopped unit.
     pub to: &'static str,
+    /// Launched units get their new content in waves, as a rollout, instead of all at once.
+    pub waves: Option<Waves>,
+}
+
+/// `start --replace --max-unavailable`: how a rollout of the replaced units moves.
+#[derive(Clone, Debug)]
+pub struct Waves {
+    pub max_unavailable: String,
+    pub min_ready_seconds: u64,
 }
 
 /// What [`lazy_create`] found and did.
@@ -125,6 +134,7 @@ pub async fn lazy_create(
     let mut templates_on_disk = HashMap::new();
     let mut to_create: Vec<Unit> = Vec::new();
     let mut replaced = BTreeSet::new();
+    let mut rolled: BTreeMap<String, Vec<UnitOption>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
     for (argument, name) in arguments.iter().zip(&names) {
         if !seen.insert(name.clone()) {
@@ -146,6 +156,9 @@ pub async fn lazy_create(
                 eprintln!(
                     "WARNING: Unit {name} in registry differs from local unit file {path}. Add --replace to override."
                 );
+            } else if replacing.waves.is_some() && desired == "launched" && !UnitNameInfo::new(name).is_template() {
+                new_unit(name, &local)?;
+                rolled.insert(name.clone(), schema_options(&local));
             } else if replacing.from.contains(&desired) {
                 let mut unit = new_unit(name, &local)?;
                 // A template is never asked to run.
@@ -174,6 +187,9 @@ pub async fn lazy_create(
     })
     .await;
     results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    if let Some(waves) = replacing.waves.as_ref().filter(|_| !rolled.is_empty()) {
+        roll_out(context, waves, rolled).await?;
+    }
     let (global, scheduled): (Vec<String>, Vec<String>) = created.into_iter().partition(|name| globals.contains(name));
     for name in &global {
         println!("Unit {name}");
@@ -182,6 +198,25 @@ pub async fn lazy_create(
     let scheduled: Vec<String> = scheduled.into_iter().filter(|name| !replaced.contains(name)).collect();
     wait_for_state(context, &scheduled, "inactive", attempts).await?;
     Ok(Created { names, replaced })
+}
+
+/// Starts a rollout that gives `files` (running units) their new content in `waves`.
+async fn roll_out(context: &Context, waves: &Waves, files: BTreeMap<String, Vec<UnitOption>>) -> Result<(), String> {
+    let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+    let name = format!("replace-{seconds}");
+    let request = RolloutRequest {
+        files,
+        max_unavailable: waves.max_unavailable.clone(),
+        min_ready_seconds: Some(waves.min_ready_seconds),
+        ..RolloutRequest::default()
+    };
+    let rollout = context.client.start_rollout(&name, &request).await.map_err(|error| error.to_string())?;
+    eprintln!(
+        "Rollout {name} started: {} running units get their new content, at most {} down at once (see: fleetctl rollout status {name})",
+        rollout.units.len(),
+        rollout.max_unavailable
+    );
+    Ok(())
 }
 
 fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {

@@ -3,12 +3,14 @@
 use std::collections::BTreeSet;
 
 use fleet_api_schema::Unit;
+use fleet_core::duration::parse_go_duration;
+use fleet_core::rollout::MaxUnavailable;
 use fleet_core::unit_name::mangle;
 
-use super::create::{Replacing, in_parallel, is_global, lazy_create};
+use super::create::{Replacing, Waves, in_parallel, is_global, lazy_create};
 use crate::context::Context;
 use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
-use crate::{BlockFlags, CreateFlags, Outcome};
+use crate::{BlockFlags, CreateFlags, Outcome, WaveFlags};
 
 /// Creates what is missing among `arguments` (the original's lazy creation), then reads back
 /// every named unit with its current state; also says which were replaced.
@@ -113,7 +115,7 @@ pub async fn submit(context: &Context, arguments: &[String], create: &CreateFlag
         eprintln!("No units given");
         return Outcome::Usage;
     }
-    let replacing = Replacing { allowed: create.replace, from: &["inactive"], to: "inactive" };
+    let replacing = Replacing { allowed: create.replace, from: &["inactive"], to: "inactive", waves: None };
     match lazy_create(context, arguments, &replacing, Attempts::Forever).await {
         Ok(_) => Outcome::Success,
         Err(error) => {
@@ -128,12 +130,13 @@ async fn schedule(
     context: &Context,
     arguments: &[String],
     create: &CreateFlags,
+    waves: Option<Waves>,
     block: &BlockFlags,
     (target, verb, failing): (&'static str, &str, &str),
 ) -> Outcome {
     let from: &[&str] =
         if target == "launched" { &["inactive", "loaded", "launched"] } else { &["inactive", "loaded"] };
-    let replacing = Replacing { allowed: create.replace, from, to: target };
+    let replacing = Replacing { allowed: create.replace, from, to: target, waves };
     let attempts = Attempts::from_count(block.block_attempts);
     let (units, replaced) = match create_and_find(context, arguments, &replacing, attempts, failing).await {
         Ok(found) => found,
@@ -162,11 +165,35 @@ async fn schedule(
 }
 
 pub async fn load(context: &Context, arguments: &[String], create: &CreateFlags, block: &BlockFlags) -> Outcome {
-    schedule(context, arguments, create, block, ("loaded", "load", "loading")).await
+    schedule(context, arguments, create, None, block, ("loaded", "load", "loading")).await
 }
 
-pub async fn start(context: &Context, arguments: &[String], create: &CreateFlags, block: &BlockFlags) -> Outcome {
-    schedule(context, arguments, create, block, ("launched", "start", "starting")).await
+pub async fn start(
+    context: &Context,
+    arguments: &[String],
+    create: &CreateFlags,
+    waves: &WaveFlags,
+    block: &BlockFlags,
+) -> Outcome {
+    let waves = match &waves.max_unavailable {
+        None => None,
+        Some(max_unavailable) => {
+            if let Err(error) = MaxUnavailable::parse(max_unavailable) {
+                eprintln!("Invalid --max-unavailable: {error}");
+                return Outcome::Usage;
+            }
+            match parse_go_duration(&waves.min_ready) {
+                Ok(min_ready) => {
+                    Some(Waves { max_unavailable: max_unavailable.clone(), min_ready_seconds: min_ready.as_secs() })
+                }
+                Err(error) => {
+                    eprintln!("Invalid --min-ready {:?}: {error}", waves.min_ready);
+                    return Outcome::Usage;
+                }
+            }
+        }
+    };
+    schedule(context, arguments, create, waves, block, ("launched", "start", "starting")).await
 }
 
 /// stop and unload: only existing units; wait for the lower state.
@@ -304,7 +331,7 @@ async fn restart_one(context: &Context, unit: &Unit, attempts: Attempts) -> Resu
 
 pub async fn restart(context: &Context, arguments: &[String], block_attempts: u32) -> Outcome {
     let attempts = Attempts::from_count(block_attempts);
-    let replacing = Replacing { allowed: false, from: &[], to: "inactive" };
+    let replacing = Replacing { allowed: false, from: &[], to: "inactive", waves: None };
     let units = match create_and_find(context, arguments, &replacing, attempts, "restarting").await {
         Ok((units, _)) => units,
         Err(outcome) => return outcome,

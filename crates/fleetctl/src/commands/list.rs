@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use fleet_api_schema::{Machine, UnitState};
+use fleet_api_schema::{Machine, Unit, UnitState};
 use fleet_core::UnitHash;
 
 use super::create::{is_global, unit_file};
@@ -105,9 +105,10 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
 
 pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
     let fields = if output == OutputFormat::Wide {
-        vec!["unit", "hash", "dstate", "state", "target", "global", "desc", "reason"]
+        vec!["unit", "hash", "dstate", "state", "target", "global", "desc", "reason", "source", "sync"]
     } else {
-        let valid = ["desc", "dstate", "global", "hash", "reason", "state", "target", "tmachine", "unit"];
+        let valid =
+            ["desc", "dstate", "global", "hash", "reason", "source", "state", "sync", "target", "tmachine", "unit"];
         match columns(fields, &valid, output) {
             Ok(fields) => fields,
             Err(outcome) => return outcome,
@@ -129,6 +130,11 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
     } else {
         Default::default()
     };
+    let sync = source_sync(context, &units).await;
+    let sync_of = |unit: &Unit| -> Option<&str> {
+        unit.source.as_ref()?;
+        Some(sync.get(unit.name.as_str()).map_or("in sync", String::as_str))
+    };
     if output == OutputFormat::Json {
         let files: Vec<_> = units.iter().map(unit_file).collect();
         let rows: Vec<UnitFileRow<'_>> = units
@@ -147,6 +153,8 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     machine,
                     machine_ip: machine.and_then(|machine| machine_ip(&machines, machine)),
                     reason: unit.reason.as_deref(),
+                    source: unit.source.as_deref(),
+                    sync: sync_of(unit),
                 }
             })
             .collect();
@@ -174,20 +182,46 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     "hash" if list.full => file.hash().to_string(),
                     "hash" => file.hash().short(),
                     "desc" => or_dash(file.description().unwrap_or("")),
+                    "source" => or_dash(unit.source.as_deref().unwrap_or("")),
+                    "sync" => or_dash(sync_of(unit).unwrap_or("")),
                     _ => or_dash(unit.reason.as_deref().unwrap_or("")),
                 })
                 .collect()
         })
         .collect();
     print_table(&fields, rows, list.no_legend);
+    if !sync.is_empty() && !fields.contains(&"sync") {
+        eprintln!(
+            "{} unit(s) are out of sync with their source; see: fleetctl list-unit-files --fields unit,source,sync",
+            sync.len()
+        );
+    }
     Outcome::Success
+}
+
+/// Why each unit a source owns is out of sync with it (the first clause of the reason), for
+/// the units listed; nothing when no listed unit has a source, or the sources cannot be read.
+async fn source_sync(context: &Context, units: &[Unit]) -> BTreeMap<String, String> {
+    if units.iter().all(|unit| unit.source.is_none()) {
+        return BTreeMap::new();
+    }
+    let Ok(sources) = context.client.sources().await else { return BTreeMap::new() };
+    sources
+        .into_iter()
+        .filter_map(|source| source.status)
+        .flat_map(|status| status.out_of_sync)
+        .map(|entry| {
+            let short = entry.why.split(';').next().unwrap_or_default().to_string();
+            (entry.unit, short)
+        })
+        .collect()
 }
 
 pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
     let fields = if output == OutputFormat::Wide {
-        vec!["unit", "machine", "active", "sub", "load", "hash"]
+        vec!["unit", "machine", "active", "sub", "load", "hash", "drift"]
     } else {
-        match columns(fields, &["active", "hash", "load", "machine", "sub", "unit"], output) {
+        match columns(fields, &["active", "drift", "hash", "load", "machine", "sub", "unit"], output) {
             Ok(fields) => fields,
             Err(outcome) => return outcome,
         }
@@ -225,12 +259,19 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
                     },
                     "load" => or_dash(&state.systemd_load_state),
                     "active" => or_dash(&state.systemd_active_state),
+                    "drift" => or_dash(&state.drift),
                     _ => or_dash(&state.systemd_sub_state),
                 })
                 .collect()
         })
         .collect();
     print_table(&fields, rows, list.no_legend);
+    let drifted = states.iter().filter(|state| !state.drift.is_empty()).count();
+    if drifted > 0 && !fields.contains(&"drift") {
+        eprintln!(
+            "{drifted} unit(s) drifted on their machines from what fleet made them; see: fleetctl list-units --fields unit,machine,active,drift"
+        );
+    }
     Outcome::Success
 }
 
@@ -244,5 +285,6 @@ pub fn unit_row<'a>(state: &'a UnitState, machines: &'a BTreeMap<String, Machine
         load_state: &state.systemd_load_state,
         active_state: &state.systemd_active_state,
         sub_state: &state.systemd_sub_state,
+        drift: &state.drift,
     }
 }

@@ -116,6 +116,7 @@ async fn start(context: &Context, request: StartRequest) -> Outcome {
         max_unavailable: request.max_unavailable,
         min_ready_seconds: Some(min_ready),
         deadline_seconds: Some(deadline),
+        ..RolloutRequest::default()
     };
     match context.client.start_rollout(&name, &body).await {
         Ok(rollout) => {

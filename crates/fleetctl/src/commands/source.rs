@@ -3,8 +3,10 @@
 use fleet_api_schema::Source;
 use fleet_core::duration::parse_go_duration;
 
+use super::create::unit_file;
 use super::token::time;
 use crate::context::Context;
+use crate::diff::unified;
 use crate::table::tab_table;
 use crate::{Outcome, SourceCommand};
 
@@ -22,6 +24,7 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 webhook_secret,
                 max_unavailable,
                 min_ready,
+                drift,
                 name,
             } = *add_arguments;
             let min_ready_seconds = match parse_go_duration(&min_ready) {
@@ -51,12 +54,13 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 webhook_secret,
                 max_unavailable,
                 min_ready_seconds: Some(min_ready_seconds),
+                drift: Some(drift),
                 ..Source::default()
             };
             add(context, &source).await
         }
         SourceCommand::List { no_legend } => list(context, no_legend).await,
-        SourceCommand::Status { name } => status(context, &name).await,
+        SourceCommand::Status { diff, name } => status(context, &name, diff).await,
         SourceCommand::Pause { name } => set_paused(context, &name, true).await,
         SourceCommand::Resume { name } => set_paused(context, &name, false).await,
         SourceCommand::Sync { name } => match context.client.sync_source(&name).await {
@@ -95,6 +99,7 @@ fn state(source: &Source) -> &'static str {
         Some(status) if status.error.is_some() => "failing",
         Some(status) if !status.current => "syncing",
         Some(status) if !status.problems.is_empty() || !status.owned_elsewhere.is_empty() => "problems",
+        Some(status) if !status.out_of_sync.is_empty() => "out of sync",
         Some(_) => "synced",
     }
 }
@@ -142,7 +147,7 @@ async fn list(context: &Context, no_legend: bool) -> Outcome {
     Outcome::Success
 }
 
-async fn status(context: &Context, name: &str) -> Outcome {
+async fn status(context: &Context, name: &str, diff: bool) -> Outcome {
     let source = match context.client.source(name).await {
         Ok(Some(source)) => source,
         Ok(None) => {
@@ -162,6 +167,9 @@ async fn status(context: &Context, name: &str) -> Outcome {
     }
     println!("Interval:  {}s", source.interval_seconds.unwrap_or_default());
     println!("State:     {}", state(&source));
+    if source.drift.as_deref() == Some("report") {
+        println!("Drift:     reported only (machines do not put drifted units back)");
+    }
     let Some(status) = &source.status else {
         println!("Not synced yet");
         return Outcome::Success;
@@ -176,8 +184,38 @@ async fn status(context: &Context, name: &str) -> Outcome {
     for problem in &status.problems {
         println!("Problem:   {problem}");
     }
-    for unit in &status.owned_elsewhere {
-        println!("Not taken: {unit} (source add --take-over takes it)");
+    for entry in &status.out_of_sync {
+        println!("Out of sync: {}: {}", entry.unit, entry.why);
+        if let (true, Some(wanted)) = (diff, &entry.wanted) {
+            print!("{}", unit_diff(context, &entry.unit, wanted).await);
+        }
+    }
+    drifted(context, name).await
+}
+
+/// How the cluster's `unit` differs from the source's file for it.
+async fn unit_diff(context: &Context, unit: &str, wanted: &str) -> String {
+    let held = match context.client.unit(unit).await {
+        Ok(Some(held)) => unit_file(&held).serialize(),
+        Ok(None) => String::new(),
+        Err(error) => return format!("(cannot read {unit} from the cluster: {error})\n"),
+    };
+    unified(&format!("{unit} (cluster)"), &held, &format!("{unit} (source)"), wanted)
+}
+
+/// Prints the source's units that drifted on their machines.
+async fn drifted(context: &Context, name: &str) -> Outcome {
+    let (units, states) = match (context.client.units().await, context.client.unit_states(None).await) {
+        (Ok(units), Ok(states)) => (units, states),
+        (Err(error), _) | (_, Err(error)) => {
+            eprintln!("Error reading the source's units: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let owned: std::collections::BTreeSet<&str> =
+        units.iter().filter(|unit| unit.source.as_deref() == Some(name)).map(|unit| unit.name.as_str()).collect();
+    for state in states.iter().filter(|state| !state.drift.is_empty() && owned.contains(state.name.as_str())) {
+        println!("Drifted:   {} on {}: {}", state.name, state.machine_id, state.drift);
     }
     Outcome::Success
 }
