@@ -126,6 +126,17 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
         call(&agent_a, "POST", "/fleet/v1/agents/agent-b/states", Some(&state("for-b.service", &hash_b))).status,
         403
     );
+    // A drift report travels with the state; an unknown kind of drift is refused.
+    let drifted = |drift: &str| {
+        serde_json::json!({ "set": [{ "name": "for-a.service", "hash": hash_a, "systemdLoadState": "loaded",
+            "systemdActiveState": "inactive", "systemdSubState": "dead", "launched": true,
+            "drift": { "drift": drift, "corrections": 1, "correcting": true, "givenUp": false } }] })
+        .to_string()
+    };
+    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(&drifted("stopped"))).status, 204);
+    let states = fleetd.api("GET", "/fleet/v1/state?machineID=agent-a", "");
+    assert!(states.contains(r#""drift":"stopped outside fleet; corrected (1 of 3 allowed in 10 min)""#), "{states}");
+    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(&drifted("wandered"))).status, 400);
     let removed = r#"{"removed":["for-b.service"]}"#;
     assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(removed)).status, 403);
     assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some("{not json")).status, 400);

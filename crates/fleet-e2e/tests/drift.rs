@@ -1,20 +1,30 @@
 //! Drift on a real systemd (a user instance in a private mount namespace, fleetd inside it):
 //! a unit stopped with `systemctl`, or its unit file edited or removed on the machine, is
 //! reported and put back; one that keeps drifting is marked and left alone; a unit that ends
-//! by itself is not drift; a source set to report only is reported, never corrected.
+//! by itself is not drift; a source set to report only is reported, never corrected. The
+//! first test keeps its state in a real etcd, the others in the embedded store.
 //! Assertions read systemd's own view (`systemctl --user show`).
 
 use std::time::{Duration, Instant};
 
 use fleet_e2e::git_repo::GitRepo;
-use fleet_e2e::{Fleetd, Launcher, SystemdUser, write_unit};
+use fleet_e2e::{EtcdServer, Fleetd, Launcher, SystemdUser, write_unit};
 
 const WAIT: Duration = Duration::from_secs(30);
 const MACHINE: &str = "6d6d6d6d0000000000000000000000aa";
 
 fn fleetd_on(systemd: &SystemdUser) -> Fleetd {
+    fleetd_with_store(systemd, None)
+}
+
+/// fleetd in `systemd`'s namespace, on etcd at `etcd` or on the embedded store.
+fn fleetd_with_store(systemd: &SystemdUser, etcd: Option<&EtcdServer>) -> Fleetd {
     let units = systemd.units_directory().display().to_string();
-    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
+    let endpoint = etcd.map(EtcdServer::endpoint);
+    let mut config = vec![("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
+    if let Some(endpoint) = &endpoint {
+        config.push(("etcd_servers", endpoint.as_str()));
+    }
     Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() })
 }
 
@@ -54,8 +64,9 @@ fn stop_and_see_it_corrected(systemd: &SystemdUser, unit: &str) {
 
 #[test]
 fn stopped_edited_and_removed_units_are_put_back_and_one_that_keeps_drifting_is_left_marked() {
+    let etcd = EtcdServer::start();
     let systemd = SystemdUser::start();
-    let fleet = fleetd_on(&systemd);
+    let fleet = fleetd_with_store(&systemd, Some(&etcd));
     let dir = tempfile::tempdir().unwrap();
     let steady = write_unit(dir.path(), "steady.service", "[Service]\nExecStart=/bin/sleep 700001\n");
     fleet.ok(&["start", &steady]);

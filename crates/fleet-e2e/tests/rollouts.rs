@@ -180,3 +180,34 @@ fn a_sources_new_content_reaches_its_running_units_in_waves() {
     let worst = sampler.finish();
     assert!(worst <= 1, "{worst} instances were down at once (max-unavailable 1)");
 }
+
+#[test]
+fn start_replace_with_max_unavailable_gives_running_units_new_content_in_waves() {
+    const COUNT: usize = 6;
+    let cluster = Cluster::start(3, |_| vec![("unit_manager".into(), "native".into())]);
+    let (old, new) = (tempfile::tempdir().expect("a dir"), tempfile::tempdir().expect("a dir"));
+    template(old.path(), 5, None);
+    template(new.path(), 6, None);
+    let instances = |dir: &std::path::Path| -> Vec<String> {
+        (1..=COUNT).map(|i| dir.join(format!("web@{i}.service")).display().to_string()).collect()
+    };
+    let mut start = vec!["start".to_string(), "--no-block".to_string()];
+    start.extend(instances(old.path()));
+    cluster.any().ok(&start.iter().map(String::as_str).collect::<Vec<_>>());
+    let state_dirs: Vec<PathBuf> = cluster.members.iter().map(Fleetd::state_dir).collect();
+    cluster.any().wait_until("the instances run", WAIT, |_| up_of(&running(&state_dirs), &[5], COUNT) == COUNT);
+
+    let sampler = Sampler::start(state_dirs.clone(), vec![5, 6], COUNT);
+    let mut replace: Vec<String> =
+        ["start", "--replace", "--max-unavailable", "1", "--min-ready", "1s"].map(str::to_string).to_vec();
+    replace.extend(instances(new.path()));
+    let ran = cluster.any().ok(&replace.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(ran.stderr.contains("Rollout replace-") && ran.stderr.contains("6 running units"), "{ran:?}");
+    cluster.any().wait_until("every instance runs the new content", WAIT, |_| {
+        up_of(&running(&state_dirs), &[6], COUNT) == COUNT
+    });
+    let worst = sampler.finish();
+    assert!(worst <= 1, "{worst} instances were down at once (max-unavailable 1)");
+    let listed = cluster.any().ok(&["rollout", "list", "--no-legend"]).stdout;
+    assert!(listed.contains("replace-"), "{listed}");
+}

@@ -139,6 +139,24 @@ fn units_follow_the_repository_through_commits_a_force_push_and_a_new_leader() {
         status(fleet, "apps").contains("Out of sync: late.service: held elsewhere (made by hand)")
     });
     assert_eq!(unit_files(fleet).get("late.service").map(|(desired, _)| desired.as_str()), Some("loaded"));
+    // Changed by hand: the source says how, on request, and list-unit-files marks it.
+    let dir = tempfile::tempdir().unwrap();
+    let late = fleet_e2e::write_unit(dir.path(), "late.service", HELLO_2);
+    fleet.ok(&["load", "--replace", &late]);
+    fleet.ok(&["source", "sync", "apps"]);
+    fleet.wait_until("the diff shows the hand-made change", WAIT, |fleet| {
+        let diff = fleet.ok(&["source", "status", "--diff", "apps"]).stdout;
+        diff.contains("--- late.service (cluster)\n+++ late.service (source)\n [Service]\n-ExecStart=/bin/sleep 600002\n+ExecStart=/bin/sleep 600001\n")
+    });
+    let listed = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,source,sync"]).stdout;
+    let row = |unit: &str| -> Vec<String> {
+        let line = listed.lines().find(|line| line.starts_with(unit)).unwrap_or_default();
+        line.split('\t').filter(|cell| !cell.is_empty()).map(str::to_string).collect()
+    };
+    assert_eq!(row("late.service"), ["late.service", "-", "held elsewhere (made by hand)"], "{listed}");
+    assert_eq!(row("hello.service"), ["hello.service", "apps", "in sync"], "{listed}");
+    let plain = fleet.ok(&["list-unit-files"]);
+    assert!(plain.stderr.contains("1 unit(s) are out of sync with their source"), "{plain:?}");
 
     // Removing the source destroys its units.
     fleet.ok(&["source", "remove", "apps"]);

@@ -106,6 +106,7 @@ contract!(
     runtime_metadata_overlays_the_machine,
     states_go_with_their_machine,
     units_belong_to_the_source_that_made_them,
+    a_sources_drift_policy_reaches_the_agents,
     sources_and_their_statuses_are_kept_by_name,
     rollouts_are_kept_by_name,
 );
@@ -388,6 +389,37 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
         registry.revoked_machines().await.expect("list"),
         vec![RevokedMachine { id: "m1".into(), at: 1_800_000_000 }]
     );
+}
+
+/// The drift policy a source writes its units with reaches the agents that hold them, for
+/// scheduled and global units alike, and stays through desired-state changes.
+pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    use fleet_core::drift::DriftPolicy;
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
+    let reporting = Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Report };
+    let global = UnitFile::parse("[Service]\nExecStart=/bin/g\n\n[X-Fleet]\nGlobal=true\n").expect("a unit file");
+    registry.put_unit_as("x.service", &unit("/bin/x"), DesiredState::Launched, &reporting).await.unwrap();
+    registry.put_unit_as("g.service", &global, DesiredState::Launched, &reporting).await.unwrap();
+    registry.put_unit("h.service", &unit("/bin/h"), DesiredState::Launched).await.unwrap();
+    eventually("the engine sees the units", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 3)).await;
+    place(registry, "x.service", "m1").await;
+    place(registry, "h.service", "m1").await;
+    assert!(registry.set_desired_state_as("x.service", DesiredState::Loaded, &reporting).await.unwrap());
+    let policies = async || -> Option<Vec<(String, DriftPolicy)>> {
+        let work = agent_for("m1").machine_work("m1").await.ok()?;
+        let mut policies: Vec<(String, DriftPolicy)> =
+            work.scheduled.iter().chain(&work.globals).map(|unit| (unit.name.clone(), unit.drift)).collect();
+        policies.sort_by(|a, b| a.0.cmp(&b.0));
+        Some(policies)
+    };
+    let wanted = vec![
+        ("g.service".to_string(), DriftPolicy::Report),
+        ("h.service".to_string(), DriftPolicy::Correct),
+        ("x.service".to_string(), DriftPolicy::Report),
+    ];
+    eventually("m1 sees each unit's policy", async || policies().await.as_ref() == Some(&wanted)).await;
+    let view = registry.unit("x.service").await.unwrap().expect("the unit");
+    assert_eq!((view.drift, view.desired), (DriftPolicy::Report, DesiredState::Loaded));
 }
 
 /// A unit made by a source is its own: a hand write or another source is refused (and

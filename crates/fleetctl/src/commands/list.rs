@@ -132,8 +132,10 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
     };
     let sync = source_sync(context, &units).await;
     let sync_of = |unit: &Unit| -> Option<&str> {
-        unit.source.as_ref()?;
-        Some(sync.get(unit.name.as_str()).map_or("in sync", String::as_str))
+        match sync.get(unit.name.as_str()) {
+            Some(why) => Some(why.as_str()),
+            None => unit.source.as_ref().map(|_| "in sync"),
+        }
     };
     if output == OutputFormat::Json {
         let files: Vec<_> = units.iter().map(unit_file).collect();
