@@ -22,6 +22,9 @@ pub struct FetchRequest<'a> {
     /// Directories read (recursively); the whole tree when empty.
     pub paths: &'a [String],
     pub credentials: Option<&'a Credentials>,
+    /// The commit whose files the caller holds already: if the fetch lands on it, the files
+    /// are not read again ([`Fetched::unchanged`]).
+    pub known_commit: Option<&'a str>,
 }
 
 /// A user name and password (or token) for https. Its `Debug` shows neither.
@@ -56,6 +59,8 @@ pub struct Fetched {
     pub commit: String,
     pub files: Vec<(String, String)>,
     pub unreadable: Vec<(String, String)>,
+    /// The commit is the request's `known_commit`: `files` and `unreadable` are left empty.
+    pub unchanged: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +140,9 @@ pub fn fetch(cache: &Path, request: &FetchRequest<'_>) -> Result<Fetched, Source
             reference.peel_to_commit().map_err(|_| missing())?
         }
     };
+    if request.known_commit == Some(commit.id.to_string().as_str()) {
+        return Ok(Fetched { commit: commit.id.to_string(), unchanged: true, ..Fetched::default() });
+    }
     let tree = commit.tree().map_err(read_error)?;
     let mut recorder = gix::traverse::tree::Recorder::default();
     tree.traverse().breadthfirst(&mut recorder).map_err(read_error)?;

@@ -43,11 +43,47 @@ pub struct SyncerConfig {
 pub struct SourceSyncer {
     config: SyncerConfig,
     registry: Arc<dyn ApiRegistry>,
+    /// Each source's content at the commit last read, so that a sync that finds the same
+    /// commit does not read and parse its files again.
+    read: std::sync::Mutex<BTreeMap<String, ReadContent>>,
+}
+
+/// A source's content as read at `commit`, from the place `origin` says.
+struct ReadContent {
+    origin: String,
+    commit: String,
+    content: Arc<SourceContent>,
+}
+
+/// Where a source's files come from: a change of any of it means reading them again.
+fn origin(source: &SourceRecord) -> String {
+    format!("{}\n{:?}\n{:?}\n{:?}", source.repo, source.branch, source.revision, source.paths)
 }
 
 impl SourceSyncer {
     pub fn new(config: SyncerConfig, registry: Arc<dyn ApiRegistry>) -> Self {
-        Self { config, registry }
+        Self { config, registry, read: std::sync::Mutex::new(BTreeMap::new()) }
+    }
+
+    /// The commit whose content is held for `source`, if any.
+    fn known_commit(&self, source: &SourceRecord) -> Option<String> {
+        let read = self.read.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        read.get(&source.name).filter(|held| held.origin == origin(source)).map(|held| held.commit.clone())
+    }
+
+    /// The content of what was fetched: the held one when the commit is unchanged, or the
+    /// files read now (and held for next time).
+    fn content(&self, source: &SourceRecord, fetched: &Fetched) -> Arc<SourceContent> {
+        let mut read = self.read.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if fetched.unchanged
+            && let Some(held) = read.get(&source.name).filter(|held| held.commit == fetched.commit)
+        {
+            return held.content.clone();
+        }
+        let content = Arc::new(content_of(fetched));
+        let held = ReadContent { origin: origin(source), commit: fetched.commit.clone(), content: content.clone() };
+        read.insert(source.name.clone(), held);
+        content
     }
 
     /// Syncs while `leads` says this fleetd leads, until `stop`.
@@ -93,7 +129,7 @@ impl SourceSyncer {
                 return status;
             }
         };
-        let content = content_of(&fetched);
+        let content = self.content(source, &fetched);
         match self.apply(source, &content).await {
             Ok(applied) => {
                 if applied.changes > 0 {
@@ -129,6 +165,7 @@ impl SourceSyncer {
         };
         let cache = self.config.cache_dir.join(&source.name);
         make_private_dir(&self.config.cache_dir)?;
+        let known = self.known_commit(source);
         let source = source.clone();
         let work = tokio::task::spawn_blocking(move || {
             let request = FetchRequest {
@@ -137,6 +174,7 @@ impl SourceSyncer {
                 revision: source.revision.as_deref(),
                 paths: &source.paths,
                 credentials: credentials.as_ref(),
+                known_commit: known.as_deref(),
             };
             fetch(&cache, &request).map_err(|error| error.to_string())
         });

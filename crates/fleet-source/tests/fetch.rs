@@ -38,11 +38,23 @@ fn branches_revisions_tags_and_paths() {
     let url = format!("file://{}", repo.path().display());
     let cache = tempfile::tempdir().expect("a cache");
     let paths = vec!["units".to_string()];
-    let request = FetchRequest { repo: &url, branch: Some("main"), revision: None, paths: &paths, credentials: None };
+    let request = FetchRequest {
+        repo: &url,
+        branch: Some("main"),
+        revision: None,
+        paths: &paths,
+        credentials: None,
+        known_commit: None,
+    };
     let fetched = fetch(&cache.path().join("s"), &request).expect("fetch main");
     assert_eq!(fetched.commit, second);
     assert_eq!(fetched.files, vec![("units/a.service".to_string(), "A2".to_string())]);
     assert_eq!(fetched.unreadable.len(), 1, "{:?}", fetched.unreadable);
+    assert!(!fetched.unchanged);
+    // Fetched again onto the commit the caller holds: the files are not read again.
+    let again = FetchRequest { known_commit: Some(second.as_str()), ..request.clone() };
+    let unchanged = fetch(&cache.path().join("s"), &again).expect("fetch main again");
+    assert!(unchanged.unchanged && unchanged.files.is_empty() && unchanged.commit == second, "{unchanged:?}");
     for revision in ["v1", &first[..10]] {
         let request = FetchRequest { revision: Some(revision), branch: None, ..request.clone() };
         let fetched = fetch(&cache.path().join("s"), &request).expect("fetch a revision");
