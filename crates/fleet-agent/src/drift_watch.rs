@@ -120,37 +120,42 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_unit_started_outside_fleet_is_stopped_three_times_then_left_marked() {
-        // The states come from `held`; the manager only answers the file and ending questions
-        // (its defaults: the file is fleet's, a stop was the unit's own end).
+    async fn a_unit_stopped_outside_fleet_is_started_three_times_then_left_marked() {
+        // The states come from `held`; the manager answers whether a stop was the unit's own.
         let manager = FakeUnitManager::new();
-        let file = UnitFile::parse("[Service]\nExecStart=/bin/true\n").expect("a unit file");
+        let file = UnitFile::parse("[Service]\nExecStart=/bin/sleep 9\n").expect("a unit file");
         let hash = file.hash();
-        let wanted = DesiredUnit { hash, state: DesiredState::Loaded, drift: DriftPolicy::Correct };
+        manager.load("a.service", &file).await.expect("load");
+        manager.start("a.service").await.expect("start");
+        manager.stop_outside_fleet("a.service").expect("stop");
+        let wanted = DesiredUnit { hash, state: DesiredState::Launched, drift: DriftPolicy::Correct };
         let desired = BTreeMap::from([("a.service".to_string(), wanted.clone())]);
-        let loaded = BTreeMap::from([("a.service".to_string(), LoadedUnit { hash, launched: false })]);
+        let loaded = BTreeMap::from([("a.service".to_string(), LoadedUnit { hash, launched: true })]);
         let mut watch = DriftWatch::default();
         for _ in 0..3 {
-            let fixes = watch.corrections(&manager, &desired, &loaded, &held("active", hash), &[]).await;
-            assert_eq!(fixes, vec![("a.service".to_string(), Drift::Started, false)]);
+            let fixes = watch.corrections(&manager, &desired, &loaded, &held("inactive", hash), &[]).await;
+            assert_eq!(fixes, vec![("a.service".to_string(), Drift::Stopped, true)]);
         }
-        let fixes = watch.corrections(&manager, &desired, &loaded, &held("active", hash), &[]).await;
+        let fixes = watch.corrections(&manager, &desired, &loaded, &held("inactive", hash), &[]).await;
         assert!(fixes.is_empty(), "given up");
         let report = watch.report("a.service").expect("a report");
         assert!(report.given_up && !report.correcting, "{report:?}");
-        // In sync again (someone stopped it): the budget comes back, the mark goes.
-        let fixes = watch.corrections(&manager, &desired, &loaded, &held("inactive", hash), &[]).await;
+        // In sync again (someone started it): the budget comes back, the mark goes.
+        let fixes = watch.corrections(&manager, &desired, &loaded, &held("active", hash), &[]).await;
         assert!(fixes.is_empty());
         assert!(watch.report("a.service").is_none());
         // Report only: nothing is put back.
         let report_only =
             BTreeMap::from([("a.service".to_string(), DesiredUnit { drift: DriftPolicy::Report, ..wanted })]);
-        let fixes = watch.corrections(&manager, &report_only, &loaded, &held("active", hash), &[]).await;
+        let fixes = watch.corrections(&manager, &report_only, &loaded, &held("inactive", hash), &[]).await;
         assert!(fixes.is_empty());
         assert!(!watch.report("a.service").expect("a report").correcting);
         // A unit with a task this pass is the plan's, not drift, and starts a fresh budget.
-        let planned = [Task::Stop("a.service".into())];
-        assert!(watch.corrections(&manager, &desired, &loaded, &held("active", hash), &planned).await.is_empty());
+        let planned = [Task::Start("a.service".into())];
+        assert!(watch.corrections(&manager, &desired, &loaded, &held("inactive", hash), &planned).await.is_empty());
         assert!(watch.report("a.service").is_none());
+        // A unit that ended by itself is done, not drifted.
+        manager.start("a.service").await.expect("start");
+        assert!(watch.corrections(&manager, &desired, &loaded, &held("inactive", hash), &[]).await.is_empty());
     }
 }

@@ -85,7 +85,7 @@ pub fn plan(desired: &BTreeMap<String, DesiredUnit>, loaded: &BTreeMap<String, L
 }
 
 /// `tasks` with the ones that put drifted units back: a unit whose file changed or went is
-/// written again (and started again if it was), a stopped one started, a started one stopped.
+/// written again (and started again if it was), a stopped one started.
 /// `launched` says whether the agent started each unit. Units in `drifted` have no task in
 /// `tasks` (they are in sync as far as the plan knows).
 pub fn with_corrections(mut tasks: Vec<Task>, drifted: &[(String, Drift, bool)]) -> Vec<Task> {
@@ -99,7 +99,6 @@ pub fn with_corrections(mut tasks: Vec<Task>, drifted: &[(String, Drift, bool)])
                 }
             }
             Drift::Stopped => tasks.push(Task::Start(name.clone())),
-            Drift::Started => tasks.push(Task::Stop(name.clone())),
         }
     }
     let loads = tasks.iter().any(|task| matches!(task, Task::Load(_) | Task::Unload(_)));
@@ -203,7 +202,6 @@ mod tests {
         let drifted = [
             ("edited.service".to_string(), Drift::Changed, true),
             ("stopped.service".to_string(), Drift::Stopped, true),
-            ("started.service".to_string(), Drift::Started, false),
             ("gone.service".to_string(), Drift::Removed, false),
         ];
         assert_eq!(
@@ -214,7 +212,6 @@ mod tests {
                 Task::Load("edited.service".into()),
                 Task::Load("gone.service".into()),
                 Task::ReloadUnitFiles,
-                Task::Stop("started.service".into()),
                 Task::Start("edited.service".into()),
                 Task::Start("new.service".into()),
                 Task::Start("stopped.service".into()),

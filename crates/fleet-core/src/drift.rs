@@ -1,5 +1,5 @@
-//! Drift, sans I/O: a unit on a machine that no longer is what fleet made it (stopped or
-//! started with `systemctl`, its unit file edited or removed on the machine), whether to put
+//! Drift, sans I/O: a unit on a machine that no longer is what fleet made it (stopped with
+//! `systemctl`, its unit file edited or removed on the machine), whether to put
 //! it back, and when to stop trying. [`detect`] compares one unit the agent holds in sync
 //! with what the unit manager shows; [`Corrections`] is the per-unit budget that keeps a
 //! unit that keeps drifting from being corrected forever.
@@ -53,8 +53,6 @@ impl fmt::Display for DriftPolicy {
 pub enum Drift {
     /// Stopped while fleet wants it launched (and not because it ended by itself).
     Stopped,
-    /// Running while fleet wants it loaded only.
-    Started,
     /// Its unit file on the machine is not the one fleet wrote.
     Changed,
     /// Its unit file on the machine is gone.
@@ -62,13 +60,12 @@ pub enum Drift {
 }
 
 impl Drift {
-    const ALL: [Self; 4] = [Self::Stopped, Self::Started, Self::Changed, Self::Removed];
+    const ALL: [Self; 3] = [Self::Stopped, Self::Changed, Self::Removed];
 
     /// Its one-word name, as it travels between a pull agent and its manager.
     pub fn word(self) -> &'static str {
         match self {
             Self::Stopped => "stopped",
-            Self::Started => "started",
             Self::Changed => "changed",
             Self::Removed => "removed",
         }
@@ -83,7 +80,6 @@ impl fmt::Display for Drift {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Stopped => "stopped outside fleet",
-            Self::Started => "started outside fleet",
             Self::Changed => "unit file changed on the machine",
             Self::Removed => "unit file removed from the machine",
         })
@@ -110,7 +106,8 @@ pub struct Observed<'a> {
 
 /// How `observed` departs from a unit fleet wants in `desired` and has `launched` (started)
 /// or not; `None`: in sync. A failed unit is not drift: it is the unit's own doing, and its
-/// `Restart=` is its own business.
+/// `Restart=` is its own business. Nor is a loaded unit found running: systemd starts units
+/// for their dependents, sockets and timers.
 pub fn detect(desired: DesiredState, launched: bool, observed: &Observed<'_>) -> Option<Drift> {
     if desired == DesiredState::Inactive {
         return None;
@@ -120,14 +117,8 @@ pub fn detect(desired: DesiredState, launched: bool, observed: &Observed<'_>) ->
         FileOnMachine::Differs => return Some(Drift::Changed),
         FileOnMachine::Same => {}
     }
-    let active = observed.state.active.as_str();
-    match (desired, launched) {
-        (DesiredState::Launched, true) if active == "inactive" && !observed.ended_by_itself => Some(Drift::Stopped),
-        (DesiredState::Loaded, false) if active == "active" || active == "activating" || active == "reloading" => {
-            Some(Drift::Started)
-        }
-        _ => None,
-    }
+    let stopped = observed.state.active == "inactive" && !observed.ended_by_itself;
+    (desired == DesiredState::Launched && launched && stopped).then_some(Drift::Stopped)
 }
 
 /// At most this many corrections of one unit within [`WINDOW`]; one more drift in that
@@ -231,7 +222,7 @@ mod tests {
         assert_eq!(detect(Launched, true, &observed(&stopped, Same, true)), None, "it ended by itself");
         assert_eq!(detect(Launched, true, &observed(&failed, Same, false)), None, "a failure is its own");
         assert_eq!(detect(Launched, false, &observed(&stopped, Same, false)), None, "not started yet");
-        assert_eq!(detect(Loaded, false, &observed(&running, Same, false)), Some(Drift::Started));
+        assert_eq!(detect(Loaded, false, &observed(&running, Same, false)), None, "started by a dependency, a socket");
         assert_eq!(detect(Loaded, false, &observed(&stopped, Same, false)), None);
         assert_eq!(detect(Launched, true, &observed(&running, Differs, false)), Some(Drift::Changed));
         assert_eq!(detect(Loaded, false, &observed(&stopped, Missing, false)), Some(Drift::Removed));

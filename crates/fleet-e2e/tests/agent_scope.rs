@@ -79,8 +79,9 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
     fleetd.fleetctl_in(units.path(), &["start", "--no-block", "for-a.service", "for-b.service", "everywhere.service"]);
     let work =
         |caller: &Caller, machine: &str| json(&call(caller, "GET", &format!("/fleet/v1/agents/{machine}/work"), None));
-    fleetd.wait_until("for-a is scheduled on agent-a", Duration::from_secs(20), |_| {
+    fleetd.wait_until("for-a and for-b are scheduled on their machines", Duration::from_secs(20), |_| {
         work(&agent_a, "agent-a")["scheduled"].as_array().is_some_and(|units| !units.is_empty())
+            && work(&agent_b, "agent-b")["scheduled"].as_array().is_some_and(|units| !units.is_empty())
     });
     let mine = work(&agent_a, "agent-a");
     let names: Vec<&str> = mine["scheduled"]

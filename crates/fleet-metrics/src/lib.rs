@@ -77,7 +77,7 @@ pub struct AgentMetrics {
     pub task_failures: Family<TaskLabels, Counter>,
     /// Units the agent holds on its machine.
     pub units: Gauge,
-    /// Units found drifted (stopped, started or changed outside fleet), corrected or not.
+    /// Units found drifted (stopped, edited or removed outside fleet), corrected or not.
     pub drifts: Counter,
     /// Drifted units the agent put back.
     pub drift_corrections: Counter,

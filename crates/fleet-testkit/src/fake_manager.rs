@@ -2,9 +2,10 @@
 //! are what systemd would report. It stands in for a real manager where fleet's own work is
 //! what is tested or measured (the real agent, registry and engine): the reconcilers' tests
 //! and the simulated machines of `bench-cluster`. It counts the starts it was asked for, so
-//! a test can tell an adopted unit from a restarted one.
+//! a test can tell an adopted unit from a restarted one. A unit can be stopped as if with
+//! `systemctl stop` behind fleet's back ([`FakeUnitManager::stop_outside_fleet`]).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -15,6 +16,8 @@ use tokio::sync::watch;
 
 pub struct FakeUnitManager {
     units: Mutex<BTreeMap<String, HeldUnit>>,
+    /// Units stopped behind fleet's back since fleet last started them.
+    stopped_outside: Mutex<BTreeSet<String>>,
     starts: AtomicUsize,
     changes: watch::Sender<u64>,
 }
@@ -27,7 +30,12 @@ impl Default for FakeUnitManager {
 
 impl FakeUnitManager {
     pub fn new() -> Self {
-        Self { units: Mutex::new(BTreeMap::new()), starts: AtomicUsize::new(0), changes: watch::channel(0).0 }
+        Self {
+            units: Mutex::new(BTreeMap::new()),
+            stopped_outside: Mutex::new(BTreeSet::new()),
+            starts: AtomicUsize::new(0),
+            changes: watch::channel(0).0,
+        }
     }
 
     /// A manager that already holds `file` as `name`, running: what a restarted fleetd
@@ -47,6 +55,12 @@ impl FakeUnitManager {
     /// The state of `name`, if held.
     pub fn state(&self, name: &str) -> Option<SystemdState> {
         self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).map(|held| held.state.clone())
+    }
+
+    /// Stops `name` as `systemctl stop` would, behind fleet's back.
+    pub fn stop_outside_fleet(&self, name: &str) -> Result<()> {
+        self.stopped_outside.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.to_string());
+        self.set(name, SystemdState::new("loaded", "inactive", "dead"))
     }
 
     fn set(&self, name: &str, state: SystemdState) -> Result<()> {
@@ -84,6 +98,7 @@ impl UnitManager for FakeUnitManager {
 
     async fn start(&self, name: &str) -> Result<()> {
         self.starts.fetch_add(1, Ordering::SeqCst);
+        self.stopped_outside.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(name);
         self.set(name, SystemdState::new("loaded", "active", "running"))
     }
 
@@ -97,6 +112,10 @@ impl UnitManager for FakeUnitManager {
 
     fn state_changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    async fn ended_by_itself(&self, name: &str) -> Result<bool> {
+        Ok(!self.stopped_outside.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(name))
     }
 
     async fn journal(&self, _name: &str, _lines: usize) -> Result<String> {

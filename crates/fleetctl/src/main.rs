@@ -442,7 +442,7 @@ pub struct SourceAdd {
     /// wave (e.g. 10s)
     #[arg(long, default_value = "10s")]
     min_ready: String,
-    /// What machines do when a unit of the source is stopped, started or edited on them
+    /// What machines do when a unit of the source is stopped or edited on them
     /// outside fleet: correct (put it back) or report (only say so)
     #[arg(long, default_value = "correct", value_parser = ["correct", "report"])]
     drift: String,
