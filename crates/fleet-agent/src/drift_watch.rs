@@ -3,7 +3,7 @@
 //! its correction budget, or reported only, and what happened goes into its state report.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fleet_core::agent_plan::{DesiredUnit, LoadedUnit, Task};
 use fleet_core::drift::{Corrections, Drift, DriftReport, FileOnMachine, Observed, Verdict, detect};
@@ -18,18 +18,38 @@ struct UnitDrift {
     report: Option<DriftReport>,
 }
 
+/// Looks at most this often: a burst of changes (thousands of units arriving) costs one look
+/// a second, not one per pass.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
 pub struct DriftWatch {
     started: Instant,
     units: BTreeMap<String, UnitDrift>,
+    last_look: Option<Instant>,
+    /// A look was due but came too soon after the last: one is owed.
+    owed: bool,
 }
 
 impl Default for DriftWatch {
     fn default() -> Self {
-        Self { started: Instant::now(), units: BTreeMap::new() }
+        Self { started: Instant::now(), units: BTreeMap::new(), last_look: None, owed: false }
     }
 }
 
 impl DriftWatch {
+    /// Whether a look may happen now; if not, one is owed (see [`DriftWatch::owed_in`]).
+    pub fn due(&mut self) -> bool {
+        let due = self.last_look.is_none_or(|at| at.elapsed() >= LOOK_EVERY);
+        self.owed = !due;
+        due
+    }
+
+    /// How soon the owed look is due, when one is owed.
+    pub fn owed_in(&self) -> Option<Duration> {
+        let at = self.last_look.filter(|_| self.owed)?;
+        Some(LOOK_EVERY.saturating_sub(at.elapsed()))
+    }
+
     /// The drifted units to put back now, each with whether it was started: units with no
     /// task in `planned` whose content matches what is `desired`, as `held` shows them.
     pub async fn corrections(
@@ -40,6 +60,7 @@ impl DriftWatch {
         held: &BTreeMap<String, HeldUnit>,
         planned: &[Task],
     ) -> Vec<(String, Drift, bool)> {
+        self.last_look = Some(Instant::now());
         self.units.retain(|name, _| desired.contains_key(name));
         let touched: HashSet<&str> = planned
             .iter()

@@ -123,6 +123,7 @@ impl Agent {
                         wait
                     }
                 };
+                let next = self.drift.owed_in().map_or(next, |owed_in| next.min(owed_in));
                 fence_check.map_or(next, |lapses_in| next.min(lapses_in))
             };
             tokio::select! {
@@ -195,8 +196,9 @@ impl Agent {
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
         let desired = self.desired_units(&machine, &work.scheduled, &work.globals).await?;
         let tasks = agent_plan::plan(&desired, &self.loaded);
-        let tasks = match self.manager.units().await {
-            Ok(held) if !self.loaded.is_empty() => {
+        let look = !self.loaded.is_empty() && self.drift.due();
+        let tasks = match if look { Some(self.manager.units().await) } else { None } {
+            Some(Ok(held)) => {
                 let drifted =
                     self.drift.corrections(self.manager.as_ref(), &desired, &self.loaded, &held, &tasks).await;
                 agent_plan::with_corrections(tasks, &drifted)
