@@ -19,35 +19,26 @@ struct UnitDrift {
 }
 
 /// Looks at most this often: a burst of changes (thousands of units arriving) costs one look
-/// a second, not one per pass.
+/// a second, not one per pass. A pass that comes too soon leaves the look to a later pass (the
+/// next state change, or the fallback reconcile), so drift is seen within that interval.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
 pub struct DriftWatch {
     started: Instant,
     units: BTreeMap<String, UnitDrift>,
     last_look: Option<Instant>,
-    /// A look was due but came too soon after the last: one is owed.
-    owed: bool,
 }
 
 impl Default for DriftWatch {
     fn default() -> Self {
-        Self { started: Instant::now(), units: BTreeMap::new(), last_look: None, owed: false }
+        Self { started: Instant::now(), units: BTreeMap::new(), last_look: None }
     }
 }
 
 impl DriftWatch {
-    /// Whether a look may happen now; if not, one is owed (see [`DriftWatch::owed_in`]).
-    pub fn due(&mut self) -> bool {
-        let due = self.last_look.is_none_or(|at| at.elapsed() >= LOOK_EVERY);
-        self.owed = !due;
-        due
-    }
-
-    /// How soon the owed look is due, when one is owed.
-    pub fn owed_in(&self) -> Option<Duration> {
-        let at = self.last_look.filter(|_| self.owed)?;
-        Some(LOOK_EVERY.saturating_sub(at.elapsed()))
+    /// Whether a look may happen now.
+    pub fn due(&self) -> bool {
+        self.last_look.is_none_or(|at| at.elapsed() >= LOOK_EVERY)
     }
 
     /// The drifted units to put back now, each with whether it was started: units with no

@@ -123,7 +123,6 @@ impl Agent {
                         wait
                     }
                 };
-                let next = self.drift.owed_in().map_or(next, |owed_in| next.min(owed_in));
                 fence_check.map_or(next, |lapses_in| next.min(lapses_in))
             };
             tokio::select! {
