@@ -348,3 +348,38 @@ fn with_stop_units_when_cut_off_a_cut_off_machine_stops_its_units_as_they_move()
     lab.net.heal_all();
     lab.wait_each_runs_once("after healing every unit runs once", 0..6);
 }
+
+/// A fleetd frozen (SIGSTOP) past its lease wakes to find its units placed elsewhere: it must
+/// stop them at once, not re-register and carry on with what its copy of the schedule still
+/// says. (The chaos run found machines back in touch with etcd whose units ran twice.)
+#[test]
+fn with_stop_units_when_cut_off_a_fleetd_frozen_past_its_lease_stops_its_units_when_it_wakes() {
+    let lab = lab_with(3, &[("stop_units_when_cut_off", "true")]);
+    lab.start_sleepers(0, 0..6);
+    let victim = 2;
+    let held: BTreeSet<usize> = lab.running()[victim].clone();
+    assert!(!held.is_empty(), "{:?}", lab.running());
+    lab.members[victim].fleetd.signal(libc::SIGSTOP);
+    // While it is frozen its units keep running, and the others take them once its lease lapses.
+    poll_until(
+        "the frozen machine's units run elsewhere too",
+        Duration::from_secs(AGENT_TTL_SECONDS + 20),
+        || {
+            let running = lab.running();
+            held.iter().all(|unit| (0..3).any(|index| index != victim && running[index].contains(unit)))
+        },
+        || format!("{:?}\n{}", lab.running(), lab.logs()),
+    );
+    let woke = Instant::now();
+    lab.members[victim].fleetd.signal(libc::SIGCONT);
+    poll_until(
+        "the woken machine stops the units it lost",
+        Duration::from_secs(10),
+        || lab.running()[victim].is_disjoint(&held),
+        || format!("{:?}\n{}", lab.running(), lab.logs()),
+    );
+    let stopped = woke.elapsed();
+    println!("a fleetd frozen past its lease stopped its moved units {stopped:?} after it woke");
+    assert!(stopped < Duration::from_secs(3), "stopped {stopped:?} after waking");
+    lab.wait_each_runs_once("after waking every unit runs once", 0..6);
+}

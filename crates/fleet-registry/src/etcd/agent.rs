@@ -12,7 +12,7 @@ use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
 use crate::codec::{Options, decode, encode, machine_with_overrides};
-use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Result, StateReport};
+use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
 fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -> Result<Vec<AssignedUnit>> {
@@ -64,6 +64,16 @@ impl AgentRegistry for EtcdRegistry {
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
         let mirror = self.work_mirror(machine_id);
         let data = mirror.synced()?;
+        let rejoined_at = self.session(machine_id).map_or(0, |session| session.rejoined_at());
+        if data.revision < rejoined_at {
+            return Err(RegistryError::unavailable(
+                "etcd",
+                format!(
+                    "this machine's copy of its work is at revision {}, before it registered again at {rejoined_at}",
+                    data.revision
+                ),
+            ));
+        }
         let keys = self.keys();
         let machine_key = keys.machine(machine_id);
         let metadata_key = keys.metadata(machine_id);

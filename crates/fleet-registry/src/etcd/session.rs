@@ -85,11 +85,19 @@ pub struct MachineSession {
     /// Whether this is this fleetd's own machine (whose lease is recorded in the lease file),
     /// rather than a pull agent's that this fleetd holds as its manager.
     own: bool,
+    /// The store revision at which the machine registered again after its lease expired (0:
+    /// it never did). Its work is read only from a copy that has seen that revision: an older
+    /// copy may still hold units the engine moved away while the lease was gone.
+    rejoined_at: AtomicI64,
 }
 
 impl MachineSession {
     pub fn lease(&self) -> i64 {
         self.lease.load(Ordering::SeqCst)
+    }
+
+    pub fn rejoined_at(&self) -> i64 {
+        self.rejoined_at.load(Ordering::SeqCst)
     }
 
     /// When the last renewal that succeeded was sent.
@@ -110,15 +118,18 @@ impl MachineSession {
 
 impl EtcdRegistry {
     /// Writes the machine's presence under `lease` if no live fleetd holds its ID.
-    async fn claim_presence(&self, machine: &MachineState, lease: i64) -> Result<()> {
+    /// Writes the machine's presence under `lease` if no one holds it; the revision it was
+    /// written at.
+    async fn claim_presence(&self, machine: &MachineState, lease: i64) -> Result<i64> {
         let key = self.keys().machine(&machine.id);
         let txn = Txn::new().when([Compare::version(key.as_str(), CompareOp::Equal, 0)]).and_then([TxnOp::put(
             key.as_str(),
             encode(machine),
             Some(PutOptions::new().with_lease(lease)),
         )]);
-        if self.connection().txn(txn).await?.succeeded() {
-            Ok(())
+        let reply = self.connection().txn(txn).await?;
+        if reply.succeeded() {
+            Ok(reply.header().map_or(0, |header| header.revision()))
         } else {
             Err(RegistryError::MachineInUse { machine_id: machine.id.clone() })
         }
@@ -213,6 +224,7 @@ impl EtcdRegistry {
             // The lease was granted (or found alive) just now.
             renewed: Mutex::new(std::time::Instant::now()),
             own,
+            rejoined_at: AtomicI64::new(0),
         });
         let task = tokio::spawn(self.clone().keep_alive(session.clone())).abort_handle();
         *session.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
@@ -258,14 +270,21 @@ impl EtcdRegistry {
     }
 
     /// A new lease for a session whose lease expired: presence and states written again.
+    /// The presence does not count as renewed until the new lease is (the next keepalive):
+    /// meanwhile an agent that stops its units when cut off stops them, since the engine may
+    /// have placed them elsewhere while the lease was gone (a fleetd frozen past its lease
+    /// would otherwise wake, re-register at once, and never see the lapse). And the machine's
+    /// work is read only from a copy that has seen the new presence ([`MachineSession::rejoined_at`]).
     async fn reopen(&self, session: &MachineSession) -> Result<()> {
         let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let asked = std::time::Instant::now();
         let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
-        if let Err(error) = self.claim_presence(&machine, lease).await {
-            let _ = revoke(self.connection(), lease).await;
-            return Err(error);
-        }
+        let rejoined_at = match self.claim_presence(&machine, lease).await {
+            Ok(revision) => revision,
+            Err(error) => {
+                let _ = revoke(self.connection(), lease).await;
+                return Err(error);
+            }
+        };
         let states: Vec<(String, Vec<u8>)> = session
             .states
             .lock()
@@ -281,7 +300,7 @@ impl EtcdRegistry {
             self.connection().txn(Txn::new().and_then(puts)).await?;
         }
         session.lease.store(lease, Ordering::SeqCst);
-        session.mark_renewed(asked);
+        session.rejoined_at.store(rejoined_at, Ordering::SeqCst);
         if session.own {
             self.record_lease(Some(lease));
         }
