@@ -68,7 +68,7 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert_eq!(bad.code, 2, "{bad:?}");
 
     let wide = fleet.ok(&["list-units", "-o", "wide"]).stdout;
-    assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\n"), "{wide}");
+    assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\tDRIFT\n"), "{wide}");
     let wide = fleet.ok(&["list-machines", "-o", "wide"]).stdout;
     assert!(wide.starts_with("MACHINE\t\tIP\t\tMETADATA\tUNITS\n"), "{wide}");
     assert!(wide.trim_end().ends_with("\t1"), "{wide}");
