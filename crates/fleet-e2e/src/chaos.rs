@@ -61,6 +61,16 @@ mod tests {
             (0..5).map(|_| second.below(100)).collect::<Vec<_>>()
         );
     }
+
+    #[test]
+    fn episodes_are_placed_in_the_logs_by_their_wall_clock_window() {
+        // As fleetd's log lines begin: `2026-11-22T19:17:22.793352Z DEBUG …`.
+        assert_eq!(super::log_time(1_795_375_042), "2026-11-22T19:17:22");
+        let episode =
+            super::Episode { since: std::time::Instant::now(), since_wall: 100, machines: Default::default() };
+        let (from, to) = episode.window(episode.since + std::time::Duration::from_millis(3_500));
+        assert_eq!((from, to), (100, 104));
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -174,7 +184,30 @@ impl std::fmt::Display for Report {
 #[derive(Debug)]
 struct Episode {
     since: Instant,
+    /// `since` on the wall clock (seconds since the epoch), to find it in the fleetds' logs.
+    since_wall: u64,
     machines: BTreeSet<usize>,
+}
+
+/// Seconds since the epoch, now.
+fn wall_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}
+
+/// `seconds` as the fleetds' logs begin their lines (`2026-11-22T19:17:22`).
+fn log_time(seconds: u64) -> String {
+    fleet_core::civil_time::CivilTime::from_unix(seconds).rfc3339().trim_end_matches('Z').to_string()
+}
+
+impl Episode {
+    fn starting(now: Instant) -> Self {
+        Self { since: now, since_wall: wall_now(), machines: BTreeSet::new() }
+    }
+
+    /// The wall-clock window of the episode ended at `now`, in seconds since the epoch.
+    fn window(&self, now: Instant) -> (u64, u64) {
+        (self.since_wall, self.since_wall + (now - self.since).as_secs() + 1)
+    }
 }
 
 impl Episode {
@@ -185,8 +218,10 @@ impl Episode {
         let unexcused = presence.unexcused(&involved, self.since, now, REACTION);
         (unexcused > SAMPLING_SLACK).then(|| {
             format!(
-                "{what} for {:?}, {unexcused:?} of it with every machine involved in touch with etcd (and back for over {REACTION:?})",
-                now - self.since
+                "{what} for {:?}, {unexcused:?} of it with every machine involved in touch with etcd (and back for over {REACTION:?}); from {} on fleetds {:?}",
+                now - self.since,
+                log_time(self.since_wall),
+                self.machines,
             )
         })
     }
@@ -201,8 +236,9 @@ struct Observed {
     together: Option<Episode>,
     longest_double_run: Duration,
     violations: Vec<String>,
-    /// The units whose double runs were violations, for their trail in the report.
-    doubled_units: BTreeSet<usize>,
+    /// The units whose double runs were violations, with the episode's wall-clock window,
+    /// for their trail in the report.
+    doubled_units: BTreeMap<usize, (u64, u64)>,
     /// The longest any fault really lasted so far.
     longest_fault: Duration,
     /// The longest a machine was out of touch with etcd, as etcd saw it.
@@ -305,7 +341,8 @@ impl Chaos {
         self.report.longest_absence = observed.longest_absence;
         self.report.violations.extend(observed.violations);
         // The trail of each unit that ran twice beyond what an outage explains.
-        let doubled: Vec<usize> = observed.doubled_units.into_iter().collect();
+        let doubled: Vec<(usize, Option<(u64, u64)>)> =
+            observed.doubled_units.into_iter().map(|(unit, window)| (unit, Some(window))).collect();
         self.report.trails.extend(self.whereabouts(&doubled));
         std::mem::take(&mut self.report)
     }
@@ -498,7 +535,8 @@ impl Chaos {
                     .map(|unit| format!("destroyed sleeper-{unit} runs")),
             )
             .collect();
-        let lost: Vec<usize> = self.live.keys().copied().filter(|unit| count(unit) == 0).collect();
+        let lost: Vec<(usize, Option<(u64, u64)>)> =
+            self.live.keys().copied().filter(|unit| count(unit) == 0).map(|unit| (unit, None)).collect();
         let mut text = format!("not settled {SETTLE_LIMIT:?} after the last fault: {}", wrong.join(", "));
         for trail in self.whereabouts(&lost) {
             text.push('\n');
@@ -509,33 +547,51 @@ impl Chaos {
 
     /// What the store went through for each of `units`, and what the fleetds said of it: the
     /// trail of a unit that was acknowledged and runs nowhere, or that ran twice beyond any
-    /// outage. etcd's history and the logs are read once for all of them.
-    fn whereabouts(&self, units: &[usize]) -> Vec<String> {
+    /// outage. etcd's history and the logs are read once for all of them. With a window (a
+    /// double run's, in seconds since the epoch) the log lines are those of the 20 s before
+    /// it to 5 s after it, every line of every fleetd (not only the unit's): what the machines
+    /// were doing then is the question.
+    fn whereabouts(&self, units: &[(usize, Option<(u64, u64)>)]) -> Vec<String> {
         if units.is_empty() {
             return Vec::new();
         }
         let history = self.etcd.history("/", 0);
         let logs: Vec<String> = self.members.iter().map(|member| member.fleetd.log()).collect();
-        units
-            .iter()
-            .map(|unit| {
-                let name = format!("sleeper-{unit}.service");
-                let mut text = format!("  sleeper-{unit} in etcd's history:");
-                for change in history.iter().filter(|change| change.key.ends_with(&format!("/{name}"))) {
-                    let value = change
-                        .value
-                        .as_deref()
-                        .map_or("(deleted)".to_string(), |value| value.chars().take(160).collect());
-                    text.push_str(&format!("\n    @{} {} = {value}", change.revision, change.key));
+        // A window's logs are printed once, with the first unit of the episode.
+        let mut printed: BTreeMap<(u64, u64), usize> = BTreeMap::new();
+        let mut trails = Vec::with_capacity(units.len());
+        for (unit, window) in units {
+            let name = format!("sleeper-{unit}.service");
+            let mut text = format!("  sleeper-{unit} in etcd's history:");
+            for change in history.iter().filter(|change| change.key.ends_with(&format!("/{name}"))) {
+                let value =
+                    change.value.as_deref().map_or("(deleted)".to_string(), |value| value.chars().take(160).collect());
+                text.push_str(&format!("\n    @{} {} = {value}", change.revision, change.key));
+            }
+            let lines: Box<dyn Fn(&str) -> bool> = match window {
+                Some(window) if printed.contains_key(window) => {
+                    text.push_str(&format!("\n  the fleetds' logs then: with sleeper-{} above", printed[window]));
+                    trails.push(text);
+                    continue;
                 }
-                for (index, log) in logs.iter().enumerate() {
-                    for line in log.lines().filter(|line| line.contains(&name)) {
-                        text.push_str(&format!("\n    fleetd {index}: {line}"));
-                    }
+                Some((from, to)) => {
+                    printed.insert((*from, *to), *unit);
+                    let (first, last) = (log_time(from.saturating_sub(20)), log_time(to + 5));
+                    text.push_str(&format!("\n  the fleetds' logs from {first} to {last}:"));
+                    Box::new(move |line: &str| {
+                        line.get(..19).is_some_and(|stamp| (first.as_str()..=last.as_str()).contains(&stamp))
+                    })
                 }
-                text
-            })
-            .collect()
+                None => Box::new(|line: &str| line.contains(&name)),
+            };
+            for (index, log) in logs.iter().enumerate() {
+                for line in log.lines().filter(|line| lines(line)) {
+                    text.push_str(&format!("\n    fleetd {index}: {line}"));
+                }
+            }
+            trails.push(text);
+        }
+        trails
     }
 }
 
@@ -585,19 +641,19 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
                 let what = format!("sleeper-{unit} ran on two machines");
                 if let Some(violation) = episode.judge(now, presence, &ids, &what) {
                     seen.violations.push(violation);
-                    seen.doubled_units.insert(unit);
+                    seen.doubled_units.insert(unit, episode.window(now));
                 }
             }
         }
         for unit in doubled {
             let machines = machines_of(&[unit]);
-            let episode = seen.doubled.entry(unit).or_insert(Episode { since: now, machines: BTreeSet::new() });
+            let episode = seen.doubled.entry(unit).or_insert_with(|| Episode::starting(now));
             episode.machines.extend(machines);
         }
         let together = !stopping && running.iter().any(|on| CONFLICTING.iter().all(|unit| on.contains(unit)));
         if together {
             let machines = machines_of(&CONFLICTING);
-            seen.together.get_or_insert(Episode { since: now, machines: BTreeSet::new() }).machines.extend(machines);
+            seen.together.get_or_insert_with(|| Episode::starting(now)).machines.extend(machines);
         } else if let Some(episode) = seen.together.take()
             && let Some(violation) = episode.judge(now, presence, &ids, pair)
         {
