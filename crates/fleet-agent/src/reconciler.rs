@@ -195,14 +195,14 @@ impl Agent {
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
         let desired = self.desired_units(&machine, &work.scheduled, &work.globals).await?;
         let tasks = agent_plan::plan(&desired, &self.loaded);
-        let look = !self.loaded.is_empty() && self.drift.due();
-        let tasks = match if look { Some(self.manager.units().await) } else { None } {
-            Some(Ok(held)) => {
-                let drifted =
-                    self.drift.corrections(self.manager.as_ref(), &desired, &self.loaded, &held, &tasks).await;
-                agent_plan::with_corrections(tasks, &drifted)
-            }
-            _ => tasks,
+        let tasks = if !self.loaded.is_empty()
+            && self.drift.due()
+            && let Ok(held) = self.manager.units().await
+        {
+            let drifted = self.drift.corrections(self.manager.as_ref(), &desired, &self.loaded, &held, &tasks).await;
+            agent_plan::with_corrections(tasks, &drifted)
+        } else {
+            tasks
         };
         for task in tasks {
             self.execute(task, &desired).await;
