@@ -3,14 +3,15 @@
 //! `Conflicts=` globs over their service's instances, 21 in `MachineOf=` chains
 //! (leader ← middle ← tail, seven chains), 5 `MachineID=`, 3 `Replaces=`, and 1 in 1,000
 //! units `Global=` (100 global units). Both the first placement and a replacement wave over
-//! a settled cluster are timed. Prints its numbers.
+//! a settled cluster are timed, and a burst of new units planned in full and incrementally.
+//! Prints its numbers.
 //!
 //! Run: `cargo bench -p fleet-core --bench planner`
 
 use std::time::Instant;
 
 use fleet_core::machine::MachineState;
-use fleet_core::schedule::{ClusterSnapshot, Decision, UnitSpec, plan};
+use fleet_core::schedule::{ClusterSnapshot, Decision, IncrementalPlanner, PlanScope, UnitSpec, plan};
 use fleet_core::{DesiredState, Requirements, UnitFile};
 
 const MACHINES: usize = 10_000;
@@ -35,7 +36,7 @@ fn snapshot() -> ClusterSnapshot {
             let file = UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n\n[X-Fleet]\n{x_fleet}"))
                 .expect("benchmark units parse");
             UnitSpec {
-                requirements: Requirements::from_unit(&name, &file),
+                requirements: std::sync::Arc::new(Requirements::from_unit(&name, &file)),
                 name,
                 desired: DesiredState::Launched,
                 scheduled_on: None,
@@ -114,6 +115,31 @@ fn main() {
     let mut loss = settled.clone();
     loss.machines.retain(|machine| !machine.id.ends_with("00"));
     measure("machine loss (100 machines gone)", &loss);
+
+    // A burst on the settled cluster: 1,000 new units without rules, as `fleetctl start` of a
+    // template's instances gives the engine between two reconciles; the planner that remembers
+    // where it left the cluster plans only them.
+    let mut planner = IncrementalPlanner::default();
+    let (_, scope) = planner.plan(&settled);
+    assert_eq!(scope, PlanScope::Full);
+    let mut burst = settled.clone();
+    burst.units.extend(
+        settled.units.iter().filter(|spec| spec.name.starts_with("app-")).take(1000).map(|spec| UnitSpec {
+            name: format!("burst-{}", spec.name),
+            scheduled_on: None,
+            ..spec.clone()
+        }),
+    );
+    measure("burst of 1,000 free units, full plan", &burst);
+    let started = Instant::now();
+    let (result, scope) = planner.plan(&burst);
+    let elapsed = started.elapsed();
+    assert_eq!(result, plan(&burst), "the incremental plan is the full plan");
+    println!(
+        "burst of 1,000 free units, incremental plan ({scope:?}): {} scheduled, {:.3} s",
+        result.decisions.len(),
+        elapsed.as_secs_f64()
+    );
 }
 
 fn measure(label: &str, snapshot: &ClusterSnapshot) {

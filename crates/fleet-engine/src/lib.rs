@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::schedule::{RequirementsCache, plan};
+use fleet_core::schedule::{IncrementalPlanner, PlanScope, RequirementsCache};
 use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
 use tokio::sync::watch;
 
@@ -26,6 +26,8 @@ pub struct Engine {
     registry: Arc<dyn EngineRegistry>,
     /// Parsed requirements of the units listed last time.
     requirements: RequirementsCache,
+    /// Where the last plan left the cluster, so a burst is planned in proportion to it.
+    planner: IncrementalPlanner,
     /// The reasons last written, so unchanged ones are not written again.
     reasons: Vec<(String, String)>,
     lease: Option<EngineLease>,
@@ -42,6 +44,7 @@ impl Engine {
             config,
             registry,
             requirements: RequirementsCache::default(),
+            planner: IncrementalPlanner::default(),
             reasons: Vec::new(),
             lease: None,
             planned: None,
@@ -104,11 +107,15 @@ impl Engine {
         }
         if lease.is_none() || lease != self.lease {
             self.planned = None;
+            self.planner.forget();
         }
         self.lease = lease;
         let Some(lease) = self.lease.clone() else {
             return Ok(());
         };
+        if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
+            return Ok(());
+        }
         let snapshot = self.registry.snapshot().await?;
         if self.planned == Some(snapshot.revision) {
             return Ok(());
@@ -120,7 +127,12 @@ impl Engine {
         }
         let revision = snapshot.revision;
         let cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
-        let decided = plan(&cluster);
+        let (decided, scope) = self.planner.plan(&cluster);
+        let scope = match scope {
+            PlanScope::Full => "full",
+            PlanScope::Changed(_) => "changed",
+        };
+        fleet_metrics::metrics().engine.plans.get_or_create(&fleet_metrics::PlanLabels { scope }).inc();
         if !decided.changes_anything(&self.reasons) {
             self.planned = Some(revision);
             return Ok(());
@@ -142,6 +154,7 @@ impl Engine {
         }
         self.planned = None;
         if let Err(error) = self.registry.apply(&lease, &decided.decisions, &reasons).await {
+            self.planner.forget();
             if matches!(error, RegistryError::LeadershipLost) {
                 tracing::info!("Engine leadership lost");
                 self.lease = None;

@@ -33,6 +33,12 @@ pub struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PlanLabels {
+    /// `full` (every unit planned) or `changed` (only what changed since the last plan).
+    pub scope: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TaskLabels {
     /// `load`, `start`, `stop`, `unload`, `reload` (what the agent asked its unit manager).
     pub task: &'static str,
@@ -69,6 +75,7 @@ pub struct EngineMetrics {
     /// 1 while this fleetd's engine holds the leadership.
     pub leader: Gauge,
     pub decisions: Family<DecisionLabels, Counter>,
+    pub plans: Family<PlanLabels, Counter>,
 }
 
 /// The agent's reconciler.
@@ -126,6 +133,7 @@ impl Metrics {
             reconcile_duration: latency_histogram(),
             leader: Gauge::default(),
             decisions: Family::default(),
+            plans: Family::default(),
         };
         let agent = AgentMetrics {
             tasks: Family::default(),
@@ -154,6 +162,7 @@ impl Metrics {
         );
         fleet.register("engine_leader", "1 while this fleetd's engine is the cluster's leader", engine.leader.clone());
         fleet.register("engine_decisions", "Units the engine scheduled or unscheduled", engine.decisions.clone());
+        fleet.register("engine_plans", "Plans the engine made, of every unit or of what changed", engine.plans.clone());
         fleet.register("agent_tasks", "Tasks the agent gave its unit manager", agent.tasks.clone());
         fleet.register("agent_task_failures", "Tasks of the agent that failed", agent.task_failures.clone());
         fleet.register("agent_units", "Units the agent holds on this machine", agent.units.clone());

@@ -185,6 +185,12 @@ pub trait EngineRegistry: Send + Sync {
     async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>>;
     async fn release_leadership(&self, lease: &EngineLease) -> Result<()>;
     async fn snapshot(&self) -> Result<EngineSnapshot>;
+    /// The revision [`EngineRegistry::snapshot`] would carry now, without building it: an
+    /// engine that planned that revision skips the listing. `None` when the store cannot
+    /// tell cheaply.
+    async fn snapshot_revision(&self) -> Result<Option<u64>> {
+        Ok(None)
+    }
     /// The bodies of the given units, for the ones the engine has not cached yet.
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>>;
     /// Writes the decisions and the reasons for unplaced units, fenced by `lease`. A decision

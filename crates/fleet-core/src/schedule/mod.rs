@@ -5,14 +5,18 @@
 //! by machine ID. A unit that cannot be placed gets a reason.
 
 mod candidates;
+mod incremental;
 mod plan;
 mod reason;
 mod snapshot;
 mod working;
 
+pub use incremental::{IncrementalPlanner, PlanScope};
 pub use plan::plan;
 pub use reason::{Refusal, UnplacedReason, UnscheduleReason};
 pub use snapshot::{RequirementsCache, SnapshotUnit};
+
+use std::sync::Arc;
 
 use crate::machine::MachineState;
 use crate::requirements::Requirements;
@@ -23,7 +27,8 @@ use crate::state::DesiredState;
 pub struct UnitSpec {
     pub name: String,
     pub desired: DesiredState,
-    pub requirements: Requirements,
+    /// Shared by every listing of the same body: the engine's copy holds one per body.
+    pub requirements: Arc<Requirements>,
     /// The machine the unit is scheduled on now, if any.
     pub scheduled_on: Option<String>,
 }

@@ -21,7 +21,20 @@ use crate::unit_name::UnitNameInfo;
 ///    followers after the units they follow. A unit that fits nowhere is reported with the
 ///    reason.
 pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
-    let mut working = Working::new(snapshot);
+    plan_with(snapshot, None).0
+}
+
+/// Where a plan leaves the cluster: each machine's load (by rank, machines in ID order) and
+/// each snapshot unit's machine (by its position in the snapshot; global units have none).
+pub(super) struct Outcome {
+    pub loads: Vec<u32>,
+    pub placement: Vec<Option<usize>>,
+}
+
+/// [`plan`], with each machine starting at the load in `baseline` (by rank) rather than
+/// empty: what units outside `snapshot` put there. Also returns where the plan leaves things.
+pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[u32]>) -> (Plan, Outcome) {
+    let mut working = Working::new(snapshot, baseline);
     let mut plan = Plan::default();
     let mut placed = PlacedInThisPlan { at: vec![None; snapshot.units.len()], retracted: HashSet::new() };
     let unit = |index: UnitIndex| &snapshot.units[index.0];
@@ -77,7 +90,11 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
             !placed.retracted.contains(&(position - 1))
         });
     }
-    plan
+    let outcome = Outcome {
+        loads: working.loads().to_vec(),
+        placement: working.unit_indices().map(|index| working.placement(index).map(|rank| rank.0)).collect(),
+    };
+    (plan, outcome)
 }
 
 /// Where this plan scheduled each unit (its decision's position). A unit this plan placed

@@ -2,6 +2,7 @@
 //! hash only. Requirements are parsed once per body and kept for as long as the body is listed.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use super::{ClusterSnapshot, UnitSpec};
 use crate::machine::MachineState;
@@ -24,7 +25,7 @@ pub struct SnapshotUnit {
 /// hash, so an entry never goes stale; it goes when the unit is no longer listed with it).
 #[derive(Debug, Default)]
 pub struct RequirementsCache {
-    by_unit: HashMap<(String, UnitHash), Requirements>,
+    by_unit: HashMap<(String, UnitHash), Arc<Requirements>>,
 }
 
 impl RequirementsCache {
@@ -46,7 +47,7 @@ impl RequirementsCache {
             if let Some(file) = bodies.get(&unit.hash) {
                 self.by_unit
                     .entry((unit.name.clone(), unit.hash))
-                    .or_insert_with(|| Requirements::from_unit(&unit.name, file));
+                    .or_insert_with(|| Arc::new(Requirements::from_unit(&unit.name, file)));
             }
         }
     }

@@ -7,7 +7,7 @@ use crate::agent_plan::{DesiredUnit, GlobalUnit, add_global_units};
 use crate::glob::glob_matches;
 use crate::unit_file::UnitHash;
 
-fn machine(id: &str, metadata: &[(&str, &str)]) -> MachineState {
+pub(super) fn machine(id: &str, metadata: &[(&str, &str)]) -> MachineState {
     MachineState {
         id: id.to_string(),
         metadata: metadata.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
@@ -15,12 +15,12 @@ fn machine(id: &str, metadata: &[(&str, &str)]) -> MachineState {
     }
 }
 
-fn unit(name: &str, x_fleet: &str, scheduled_on: Option<&str>) -> UnitSpec {
+pub(super) fn unit(name: &str, x_fleet: &str, scheduled_on: Option<&str>) -> UnitSpec {
     let file = crate::UnitFile::parse(&format!("[X-Fleet]\n{x_fleet}")).unwrap();
     UnitSpec {
         name: name.to_string(),
         desired: DesiredState::Launched,
-        requirements: Requirements::from_unit(name, &file),
+        requirements: std::sync::Arc::new(Requirements::from_unit(name, &file)),
         scheduled_on: scheduled_on.map(str::to_string),
     }
 }
@@ -152,7 +152,7 @@ fn conflicting_units_spread_then_wait() {
 #[test]
 fn global_units_are_not_placed_but_conflict() {
     let mut global = unit("global.service", "Global=true\nMachineMetadata=role=edge\n", None);
-    global.requirements.global = true;
+    std::sync::Arc::make_mut(&mut global.requirements).global = true;
     let snapshot = ClusterSnapshot {
         machines: vec![machine("a", &[("role", "edge")]), machine("b", &[])],
         units: vec![global, unit("x.service", "Conflicts=global.service", None), unit("y.service", "", None)],
@@ -310,7 +310,7 @@ fn global_units_give_way_to_scheduled_units_they_conflict_with() {
     // A global unit submitted after a unit it conflicts with skips that unit's machine
     // instead of evicting it, as the agent does; units placed later avoid the global unit.
     let mut global = unit("global.service", "Global=true\nConflicts=db.service\n", None);
-    global.requirements.global = true;
+    std::sync::Arc::make_mut(&mut global.requirements).global = true;
     let snapshot = ClusterSnapshot {
         machines: vec![machine("a", &[]), machine("b", &[])],
         units: vec![
@@ -380,7 +380,7 @@ fn global_residents(
             let here: BTreeMap<String, Requirements> = placement
                 .iter()
                 .filter(|(_, on)| **on == m.id)
-                .map(|(unit, _)| (unit.clone(), specs[unit.as_str()].requirements.clone()))
+                .map(|(unit, _)| (unit.clone(), (*specs[unit.as_str()].requirements).clone()))
                 .collect();
             let mut desired = BTreeMap::new();
             add_global_units(m, &mut desired, &here, &globals);
@@ -389,7 +389,7 @@ fn global_residents(
         .collect()
 }
 
-fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
+pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
     let machines = prop::collection::btree_set(0u8..12, 0..8).prop_flat_map(|ids| {
         let ids: Vec<u8> = ids.into_iter().collect();
         let count = ids.len();

@@ -48,7 +48,9 @@ fn compile(patterns: &[String]) -> Vec<Glob> {
 }
 
 impl<'a> Working<'a> {
-    pub fn new(snapshot: &'a ClusterSnapshot) -> Self {
+    /// The working copy of `snapshot`, each machine starting with the load in `baseline`
+    /// (by rank; units the planner is not given but that sit there), or empty.
+    pub fn new(snapshot: &'a ClusterSnapshot, baseline: Option<&[u32]>) -> Self {
         let mut machines: Vec<&MachineState> = snapshot.machines.iter().collect();
         machines.sort_by(|a, b| a.id.cmp(&b.id));
         machines.dedup_by(|a, b| a.id == b.id);
@@ -61,11 +63,13 @@ impl<'a> Working<'a> {
             }
         }
         let count = machines.len();
+        let load: Vec<u32> =
+            (0..count).map(|rank| baseline.and_then(|loads| loads.get(rank)).copied().unwrap_or(0)).collect();
         let mut working = Self {
             machines,
             units,
-            load: vec![0; count],
-            by_load: (0..count).map(|rank| (0, Rank(rank))).collect(),
+            by_load: load.iter().enumerate().map(|(rank, load)| (*load, Rank(rank))).collect(),
+            load,
             residents: vec![Vec::new(); count],
             placement: vec![None; units.len()],
             initial: Vec::new(),
@@ -146,6 +150,11 @@ impl<'a> Working<'a> {
 
     pub fn load(&self, rank: Rank) -> u32 {
         self.load[rank.0]
+    }
+
+    /// Every machine's load, by rank.
+    pub fn loads(&self) -> &[u32] {
+        &self.load
     }
 
     /// Machines from least to most loaded.

@@ -52,6 +52,10 @@ impl EngineRegistry for EmbeddedRegistry {
         .await
     }
 
+    async fn snapshot_revision(&self) -> Result<Option<u64>> {
+        Ok(Some(*self.signals.engine.borrow()))
+    }
+
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
         let hashes = hashes.to_vec();
         self.read(move |txn| {

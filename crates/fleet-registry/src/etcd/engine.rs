@@ -184,6 +184,10 @@ impl EngineRegistry for EtcdRegistry {
         Ok(EngineSnapshot { revision: data.generation, machines: machines_in(self, &data)?, units })
     }
 
+    async fn snapshot_revision(&self) -> Result<Option<u64>> {
+        Ok(Some(self.engine_mirror().synced()?.generation))
+    }
+
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
         let keys = self.keys();
         let mut found = HashMap::new();

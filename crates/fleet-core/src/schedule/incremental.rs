@@ -1,0 +1,254 @@
+//! Planning in proportion to what changed. The engine keeps where the last plan left the
+//! cluster (each unit as planned and its machine, each machine's load, the unplaced units
+//! and their reasons). When the next snapshot differs from that only in *free* units (no
+//! `Conflicts=`, `Replaces=`, `MachineOf=` or `Global=` of their own, before or after the
+//! change, and no other unit's rule naming them) on the same machines, only those units and
+//! the ones still waiting are planned, against the loads every other unit leaves; anything
+//! else gets the full plan. Either way the result is [`super::plan`] of the whole snapshot, a
+//! property test checks it.
+//!
+//! Why that is exact: a free unit never stands in another unit's way but by its load, the
+//! units outside the change keep their machines (nothing they depend on moved), and a free
+//! unit's placement and reason depend only on the machines and their loads.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use super::plan::plan_with;
+use super::reason::UnplacedReason;
+use super::{ClusterSnapshot, Plan, UnitSpec};
+use crate::glob::Glob;
+use crate::requirements::Requirements;
+use crate::state::DesiredState;
+use crate::unit_name::UnitNameInfo;
+
+/// How a plan was made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PlanScope {
+    /// Every unit was planned.
+    Full,
+    /// Only the units that changed and the ones still waiting for a machine (how many).
+    Changed(usize),
+}
+
+/// The full planner with a memory of where it left the cluster. Give it every snapshot in
+/// turn; its plan for each equals [`super::plan`] of that snapshot.
+#[derive(Default)]
+pub struct IncrementalPlanner {
+    settled: Option<Settled>,
+}
+
+/// Where the last plan left the cluster, had all its decisions been written.
+struct Settled {
+    /// Machines in ID order (the planner's ranks), with their metadata.
+    machines: Vec<(String, BTreeMap<String, String>)>,
+    units: HashMap<String, SettledUnit>,
+    /// Each machine's load, by rank.
+    loads: Vec<u32>,
+    /// The units that want to run but have no machine, with why, in the plan's order.
+    unplaced: Vec<(String, UnplacedReason)>,
+    /// Whether every unplaced unit is free (else any change needs the full plan: a unit
+    /// with rules waiting may be unblocked by anything).
+    unplaced_all_free: bool,
+    rules: RuleIndex,
+}
+
+struct SettledUnit {
+    desired: DesiredState,
+    requirements: Arc<Requirements>,
+    /// Its machine's rank after the plan.
+    rank: Option<usize>,
+}
+
+/// Every unit name some other unit's rules may mean: `Conflicts=` and `Replaces=` patterns,
+/// and `MachineOf=` names.
+#[derive(Default)]
+struct RuleIndex {
+    literals: HashSet<String>,
+    wildcards: Vec<Glob>,
+}
+
+impl RuleIndex {
+    fn of(snapshot: &ClusterSnapshot) -> Self {
+        let mut index = Self::default();
+        let mut patterns: HashSet<&str> = HashSet::new();
+        for unit in snapshot.units.iter().filter(|unit| !UnitNameInfo::new(&unit.name).is_template()) {
+            let requirements = &unit.requirements;
+            index.literals.extend(requirements.machine_of.iter().cloned());
+            patterns.extend(requirements.conflicts.iter().chain(&requirements.replaces).map(String::as_str));
+        }
+        for pattern in patterns {
+            if let Some(glob) = Glob::new(pattern) {
+                match glob.literal() {
+                    Some(name) => {
+                        index.literals.insert(name);
+                    }
+                    None => index.wildcards.push(glob),
+                }
+            }
+        }
+        index
+    }
+
+    fn names(&self, unit: &str) -> bool {
+        self.literals.contains(unit) || self.wildcards.iter().any(|glob| glob.matches(unit))
+    }
+}
+
+/// A unit the planner may plan on its own: no rules of its own (a template never runs, so
+/// its rules never apply).
+fn without_rules(name: &str, requirements: &Requirements) -> bool {
+    UnitNameInfo::new(name).is_template()
+        || (!requirements.global
+            && requirements.conflicts.is_empty()
+            && requirements.replaces.is_empty()
+            && requirements.machine_of.is_empty())
+}
+
+impl Settled {
+    fn free(&self, name: &str, requirements: &Requirements) -> bool {
+        without_rules(name, requirements) && !self.rules.names(name)
+    }
+
+    fn machines_match(&self, snapshot: &ClusterSnapshot) -> bool {
+        let mut machines: Vec<_> = snapshot.machines.iter().map(|machine| (&machine.id, &machine.metadata)).collect();
+        machines.sort_by(|a, b| a.0.cmp(b.0));
+        machines.dedup_by(|a, b| a.0 == b.0);
+        machines.len() == self.machines.len()
+            && machines.iter().zip(&self.machines).all(|(new, old)| *new.0 == old.0 && *new.1 == old.1)
+    }
+
+    fn unchanged(&self, unit: &UnitSpec) -> Option<bool> {
+        let settled = self.units.get(&unit.name)?;
+        let same_machine = match (&unit.scheduled_on, settled.rank) {
+            (None, None) => true,
+            (Some(machine), Some(rank)) => self.machines[rank].0 == *machine,
+            _ => false,
+        };
+        Some(
+            same_machine
+                && settled.desired == unit.desired
+                && (Arc::ptr_eq(&settled.requirements, &unit.requirements)
+                    || settled.requirements == unit.requirements),
+        )
+    }
+
+    /// The plan for `snapshot` made from the units that changed since, or `None` when it
+    /// needs the full plan.
+    fn plan_changes(&mut self, snapshot: &ClusterSnapshot) -> Option<(Plan, usize)> {
+        if !self.unplaced_all_free || !self.machines_match(snapshot) {
+            return None;
+        }
+        let mut listed: HashSet<&str> = HashSet::with_capacity(snapshot.units.len());
+        let mut changed: Vec<usize> = Vec::new();
+        for (position, unit) in snapshot.units.iter().enumerate() {
+            if !listed.insert(unit.name.as_str()) {
+                return None;
+            }
+            if self.unchanged(unit) != Some(true) {
+                if !self.free(&unit.name, &unit.requirements) {
+                    return None;
+                }
+                changed.push(position);
+            }
+        }
+        let removed: Vec<String> = self.units.keys().filter(|name| !listed.contains(name.as_str())).cloned().collect();
+        // The units whose old selves leave the cluster as it was: their load goes, and old
+        // rules would have been in the rule index (so they must have had none).
+        let mut baseline = self.loads.clone();
+        let leaving = changed
+            .iter()
+            .map(|position| snapshot.units[*position].name.as_str())
+            .chain(removed.iter().map(String::as_str));
+        for name in leaving {
+            if let Some(settled) = self.units.get(name) {
+                if !without_rules(name, &settled.requirements) {
+                    return None;
+                }
+                if let Some(rank) = settled.rank {
+                    baseline[rank] -= 1;
+                }
+            }
+        }
+        let changed_names: HashSet<&str> =
+            changed.iter().map(|position| snapshot.units[*position].name.as_str()).collect();
+        let mut part = ClusterSnapshot { machines: snapshot.machines.clone(), units: Vec::new() };
+        part.units.extend(changed.iter().map(|position| snapshot.units[*position].clone()));
+        part.units.extend(
+            snapshot
+                .units
+                .iter()
+                .filter(|unit| !changed_names.contains(unit.name.as_str()))
+                .filter(|unit| self.unplaced.binary_search_by(|(name, _)| name.as_str().cmp(&unit.name)).is_ok())
+                .cloned(),
+        );
+        let (plan, outcome) = plan_with(&part, Some(&baseline));
+        for name in &removed {
+            self.units.remove(name);
+        }
+        for (unit, rank) in part.units.iter().zip(&outcome.placement) {
+            self.units.insert(
+                unit.name.clone(),
+                SettledUnit { desired: unit.desired, requirements: unit.requirements.clone(), rank: *rank },
+            );
+        }
+        self.loads = outcome.loads;
+        self.unplaced = sorted_by_name(&plan.unplaced);
+        Some((plan, part.units.len()))
+    }
+}
+
+fn sorted_by_name(unplaced: &[(String, UnplacedReason)]) -> Vec<(String, UnplacedReason)> {
+    let mut sorted = unplaced.to_vec();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    sorted
+}
+
+impl IncrementalPlanner {
+    /// The plan for `snapshot` (equal to [`super::plan`] of it), and how it was made.
+    pub fn plan(&mut self, snapshot: &ClusterSnapshot) -> (Plan, PlanScope) {
+        if let Some(settled) = &mut self.settled
+            && let Some((plan, planned)) = settled.plan_changes(snapshot)
+        {
+            return (plan, PlanScope::Changed(planned));
+        }
+        let (plan, outcome) = plan_with(snapshot, None);
+        let mut machines: Vec<_> =
+            snapshot.machines.iter().map(|machine| (machine.id.clone(), machine.metadata.clone())).collect();
+        machines.sort_by(|a, b| a.0.cmp(&b.0));
+        machines.dedup_by(|a, b| a.0 == b.0);
+        let units = snapshot
+            .units
+            .iter()
+            .zip(&outcome.placement)
+            .map(|(unit, rank)| {
+                let settled =
+                    SettledUnit { desired: unit.desired, requirements: unit.requirements.clone(), rank: *rank };
+                (unit.name.clone(), settled)
+            })
+            .collect();
+        let mut settled = Settled {
+            machines,
+            units,
+            loads: outcome.loads,
+            unplaced: sorted_by_name(&plan.unplaced),
+            unplaced_all_free: false,
+            rules: RuleIndex::of(snapshot),
+        };
+        settled.unplaced_all_free = settled
+            .unplaced
+            .iter()
+            .all(|(name, _)| settled.units.get(name).is_some_and(|unit| settled.free(name, &unit.requirements)));
+        self.settled = Some(settled);
+        (plan, PlanScope::Full)
+    }
+
+    /// Forgets where the last plan left the cluster: its decisions may not have been written
+    /// (the next plan is a full one).
+    pub fn forget(&mut self) {
+        self.settled = None;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,183 @@
+use proptest::prelude::*;
+
+use super::*;
+use crate::schedule::tests::{arbitrary_snapshot, machine, unit};
+use crate::schedule::{Decision, plan};
+
+/// One change between two plans, as a store would show it.
+#[derive(Clone, Debug)]
+enum Change {
+    /// A unit without rules (`kind`: none, a region, a machine ID, a template; `named_by_a_rule`:
+    /// its name is one other units' rules match).
+    AddFree {
+        kind: u8,
+        on: Option<u8>,
+        launched: bool,
+        named_by_a_rule: bool,
+    },
+    /// A unit with a `Conflicts=` rule.
+    AddRuled {
+        group: u8,
+    },
+    Remove(usize),
+    SetDesired(usize, u8),
+    /// Placed by someone other than the engine (or a decision the store skipped).
+    HandPlace(usize, Option<u8>),
+    MachineGone(usize),
+    MachineJoins(u8),
+}
+
+fn change() -> impl Strategy<Value = Change> {
+    prop_oneof![
+        6 => (0u8..4, prop::option::of(0u8..12), any::<bool>(), prop::bool::weighted(0.1))
+            .prop_map(|(kind, on, launched, named_by_a_rule)| Change::AddFree { kind, on, launched, named_by_a_rule }),
+        1 => (0u8..4).prop_map(|group| Change::AddRuled { group }),
+        3 => (0usize..64).prop_map(Change::Remove),
+        2 => (0usize..64, 0u8..3).prop_map(|(index, desired)| Change::SetDesired(index, desired)),
+        1 => (0usize..64, prop::option::of(0u8..12)).prop_map(|(index, on)| Change::HandPlace(index, on)),
+        1 => (0usize..8).prop_map(Change::MachineGone),
+        1 => (0u8..12).prop_map(Change::MachineJoins),
+    ]
+}
+
+fn apply_change(snapshot: &mut ClusterSnapshot, change: &Change, serial: usize) {
+    let units = snapshot.units.len();
+    match change {
+        Change::AddFree { kind, on, launched, named_by_a_rule } => {
+            let name =
+                if *named_by_a_rule { format!("g0@free{serial}.service") } else { format!("free{serial}.service") };
+            let x_fleet = match kind {
+                1 => "MachineMetadata=region=r1".to_string(),
+                2 => format!("MachineID=m{:02}", on.unwrap_or(3)),
+                _ => String::new(),
+            };
+            let name = if *kind == 3 { format!("tmpl{serial}@.service") } else { name };
+            let mut spec = unit(&name, &x_fleet, on.map(|id| format!("m{id:02}")).as_deref());
+            if !launched {
+                spec.desired = DesiredState::Loaded;
+            }
+            snapshot.units.push(spec);
+        }
+        Change::AddRuled { group } => {
+            snapshot.units.push(unit(
+                &format!("g{group}@ruled{serial}.service"),
+                &format!("Conflicts=g{group}@*.service"),
+                None,
+            ));
+        }
+        Change::Remove(index) if units > 0 => {
+            snapshot.units.remove(index % units);
+        }
+        Change::SetDesired(index, desired) if units > 0 => {
+            snapshot.units[index % units].desired = match desired {
+                0 => DesiredState::Inactive,
+                1 => DesiredState::Loaded,
+                _ => DesiredState::Launched,
+            };
+        }
+        Change::HandPlace(index, on) if units > 0 => {
+            snapshot.units[index % units].scheduled_on = on.map(|id| format!("m{id:02}"));
+        }
+        Change::MachineGone(index) if !snapshot.machines.is_empty() => {
+            let count = snapshot.machines.len();
+            snapshot.machines.remove(index % count);
+        }
+        Change::MachineJoins(id) => {
+            let id = format!("m{id:02}");
+            if !snapshot.machines.iter().any(|m| m.id == id) {
+                snapshot.machines.push(machine(&id, &[("region", "r1")]));
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The snapshot after `plan`'s decisions are written, but those `skipped` marks (a store
+/// skips a decision whose unit changed meanwhile).
+fn written(mut snapshot: ClusterSnapshot, plan: &Plan, skipped: &[bool]) -> ClusterSnapshot {
+    for (position, decision) in plan.decisions.iter().enumerate() {
+        if skipped.get(position).copied().unwrap_or(false) {
+            continue;
+        }
+        let (name, machine) = match decision {
+            Decision::Schedule { unit, machine } => (unit, Some(machine.clone())),
+            Decision::Unschedule { unit, .. } => (unit, None),
+        };
+        if let Some(spec) = snapshot.units.iter_mut().find(|spec| spec.name == *name) {
+            spec.scheduled_on = machine;
+        }
+    }
+    snapshot
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1500))]
+    #[test]
+    fn the_incremental_plan_equals_the_full_plan(
+        first in arbitrary_snapshot(),
+        rounds in prop::collection::vec(
+            (prop::collection::vec(prop::bool::weighted(0.1), 0..40), prop::collection::vec(change(), 0..6)),
+            1..5,
+        ),
+    ) {
+        let mut planner = IncrementalPlanner::default();
+        let mut snapshot = first;
+        let mut serial = 0;
+        for (skipped, changes) in rounds {
+            let (incremental, _) = planner.plan(&snapshot);
+            let full = plan(&snapshot);
+            prop_assert_eq!(&incremental, &full);
+            snapshot = written(snapshot, &full, &skipped);
+            for change in &changes {
+                serial += 1;
+                apply_change(&mut snapshot, change, serial);
+            }
+        }
+        let (incremental, _) = planner.plan(&snapshot);
+        prop_assert_eq!(incremental, plan(&snapshot));
+    }
+}
+
+/// A settled cluster of free units with a few waiting for a machine that is not there.
+fn settled_cluster() -> ClusterSnapshot {
+    let machines =
+        (0..6).map(|id| machine(&format!("m{id:02}"), &[("region", if id < 3 { "r1" } else { "r2" })])).collect();
+    let mut units: Vec<UnitSpec> = (0..30).map(|n| unit(&format!("web@{n}.service"), "", None)).collect();
+    units.push(unit("db.service", "Conflicts=web@*.service", None));
+    units.push(unit("pinned.service", "MachineID=m99", None));
+    units.push(unit("far.service", "MachineMetadata=region=r9", None));
+    ClusterSnapshot { machines, units }
+}
+
+#[test]
+fn a_burst_of_free_units_plans_only_them_and_the_waiting() {
+    let mut planner = IncrementalPlanner::default();
+    let snapshot = settled_cluster();
+    let (first, scope) = planner.plan(&snapshot);
+    assert_eq!(scope, PlanScope::Full);
+    let mut snapshot = written(snapshot, &first, &[]);
+    assert_eq!(planner.plan(&snapshot), (plan(&snapshot), PlanScope::Changed(2)), "nothing changed: only the waiting");
+
+    for n in 0..5 {
+        snapshot.units.push(unit(&format!("api@{n}.service"), "MachineMetadata=region=r2", None));
+    }
+    let (burst, scope) = planner.plan(&snapshot);
+    assert_eq!(scope, PlanScope::Changed(7), "five new units and the two waiting");
+    assert_eq!(burst, plan(&snapshot));
+    assert_eq!(burst.decisions.len(), 5);
+    let snapshot = written(snapshot, &burst, &[]);
+
+    // A unit with a rule, or one a rule names, needs the whole cluster planned.
+    let mut ruled = snapshot.clone();
+    ruled.units.push(unit("cache.service", "Conflicts=api@*.service", None));
+    assert_eq!(planner.plan(&ruled).1, PlanScope::Full);
+    assert_eq!(planner.plan(&written(ruled.clone(), &plan(&ruled), &[])).1, PlanScope::Changed(2));
+    let mut named = written(ruled.clone(), &plan(&ruled), &[]);
+    named.units.push(unit("web@99.service", "", None));
+    assert_eq!(planner.plan(&named), (plan(&named), PlanScope::Full), "db's Conflicts= names it");
+
+    // A machine that goes needs the whole cluster planned.
+    let mut smaller = written(named.clone(), &plan(&named), &[]);
+    smaller.machines.pop();
+    assert_eq!(planner.plan(&smaller), (plan(&smaller), PlanScope::Full));
+}
