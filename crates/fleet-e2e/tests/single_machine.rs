@@ -282,3 +282,40 @@ fn no_block_global_units_and_reasons() {
         f.unit_rows().contains(&("elsewhere.service".into(), "active".into(), "running".into()))
     });
 }
+
+#[test]
+fn units_named_by_range_list_file_and_pattern() {
+    let fleet = Fleetd::start("e2e0ranges000001", &[]);
+    let examples = examples_dir();
+    let in_examples = |args: &[&str]| {
+        let ran = fleet.fleetctl_in(&examples, args);
+        assert_eq!(ran.code, 0, "{args:?}: {ran:?}");
+        ran
+    };
+    in_examples(&["submit", "hello@{1..6}.service"]);
+    let files = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout;
+    assert_eq!(files.lines().count(), 6, "{files}");
+
+    let list = tempfile::NamedTempFile::new().expect("a list file");
+    std::fs::write(list.path(), "hello@7.service\n# the rest\n  hello@{8..9}.service  \n\n").expect("write the list");
+    let list_path = list.path().display().to_string();
+    in_examples(&["start", "--from-file", &list_path]);
+    let running: Vec<String> = fleet.unit_rows().into_iter().map(|(unit, _, _)| unit).collect();
+    assert_eq!(running, ["hello@7.service", "hello@8.service", "hello@9.service"]);
+
+    let stopped = fleet.ok(&["stop", "hello@[7-8].service"]);
+    assert_eq!(stopped.stderr, "Successfully stopped units [hello@7.service hello@8.service].\n");
+    let bad_range = fleet.fleetctl(&["start", "hello@{3..1}.service"]);
+    assert_eq!(
+        (bad_range.code, bad_range.stderr.as_str()),
+        (2, "invalid range {3..1} in hello@{3..1}.service: the end is before the start\n")
+    );
+    let no_match = fleet.fleetctl(&["destroy", "web@*.service"]);
+    assert_eq!((no_match.code, no_match.stderr.as_str()), (1, "no unit in the cluster matches web@*.service\n"));
+    let missing_list = fleet.fleetctl(&["start", "--from-file", "/nonexistent/list"]);
+    assert_eq!(missing_list.code, 2);
+    assert!(missing_list.stderr.starts_with("cannot read the unit list /nonexistent/list:"), "{missing_list:?}");
+
+    fleet.ok(&["destroy", "hello@*"]);
+    assert_eq!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout, "");
+}

@@ -12,6 +12,7 @@ mod progress;
 mod ssh;
 mod table;
 mod tunnel;
+mod unit_arguments;
 mod wait;
 
 use std::process::ExitCode;
@@ -165,7 +166,8 @@ enum Command {
     Destroy {
         #[command(flatten)]
         block: BlockFlags,
-        units: Vec<String>,
+        #[command(flatten)]
+        units: unit_arguments::UnitList,
     },
     /// Forward standard input and output to a Unix socket (used by --tunnel)
     #[command(hide = true)]
@@ -229,7 +231,8 @@ enum Command {
         block: BlockFlags,
         #[command(flatten)]
         create: CreateFlags,
-        units: Vec<String>,
+        #[command(flatten)]
+        units: unit_arguments::UnitList,
     },
     /// Stop and start units again
     Restart {
@@ -265,7 +268,8 @@ enum Command {
         create: CreateFlags,
         #[command(flatten)]
         waves: WaveFlags,
-        units: Vec<String>,
+        #[command(flatten)]
+        units: unit_arguments::UnitList,
     },
     /// Show the status of units
     Status {
@@ -280,19 +284,22 @@ enum Command {
     Stop {
         #[command(flatten)]
         block: BlockFlags,
-        units: Vec<String>,
+        #[command(flatten)]
+        units: unit_arguments::UnitList,
     },
     /// Send units to the cluster without scheduling them
     Submit {
         #[command(flatten)]
         create: CreateFlags,
-        units: Vec<String>,
+        #[command(flatten)]
+        units: unit_arguments::UnitList,
     },
     /// Unload units from their machines, leaving them in the cluster
     Unload {
         #[command(flatten)]
         block: BlockFlags,
-        units: Vec<String>,
+        #[command(flatten)]
+        units: unit_arguments::UnitList,
     },
     /// Deprecated: signed units are no longer supported
     #[command(hide = true)]
@@ -601,6 +608,18 @@ fn main() -> ExitCode {
     exit(runtime.block_on(run(context, command, ssh)))
 }
 
+/// Runs `act` on the units `list` names (see [`unit_arguments`]), or says why there are none.
+async fn with_units(
+    context: &Context,
+    list: &unit_arguments::UnitList,
+    act: impl AsyncFnOnce(&[String]) -> Outcome,
+) -> Outcome {
+    match commands::lifecycle::named_units(context, list).await {
+        Ok(units) => act(&units).await,
+        Err(outcome) => outcome,
+    }
+}
+
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
     use commands::{inspect, lifecycle, list, registration_token, remote, rollout, source, token};
     match command {
@@ -619,14 +638,25 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
             list::unit_files(&context, &ListFlags { full, no_legend }, &fields, output.output).await
         }
         Command::ListUnits { list, fields, output } => list::units(&context, &list, &fields, output.output).await,
-        Command::Submit { create, units } => lifecycle::submit(&context, &units, &create).await,
-        Command::Load { block, create, units } => lifecycle::load(&context, &units, &create, &block).await,
-        Command::Start { block, create, waves, units } => {
-            lifecycle::start(&context, &units, &create, &waves, &block).await
+        Command::Submit { create, units } => {
+            with_units(&context, &units, async |units| lifecycle::submit(&context, units, &create).await).await
         }
-        Command::Stop { block, units } => lifecycle::stop(&context, &units, &block).await,
-        Command::Unload { block, units } => lifecycle::unload(&context, &units, &block).await,
-        Command::Destroy { block, units } => lifecycle::destroy(&context, &units, &block).await,
+        Command::Load { block, create, units } => {
+            with_units(&context, &units, async |units| lifecycle::load(&context, units, &create, &block).await).await
+        }
+        Command::Start { block, create, waves, units } => {
+            let start = async |units: &[String]| lifecycle::start(&context, units, &create, &waves, &block).await;
+            with_units(&context, &units, start).await
+        }
+        Command::Stop { block, units } => {
+            with_units(&context, &units, async |units| lifecycle::stop(&context, units, &block).await).await
+        }
+        Command::Unload { block, units } => {
+            with_units(&context, &units, async |units| lifecycle::unload(&context, units, &block).await).await
+        }
+        Command::Destroy { block, units } => {
+            with_units(&context, &units, async |units| lifecycle::destroy(&context, units, &block).await).await
+        }
         Command::Restart { block_attempts, units } => lifecycle::restart(&context, &units, block_attempts).await,
         Command::Token { action } => token::run(&context, action).await,
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,

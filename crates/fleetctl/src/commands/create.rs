@@ -40,25 +40,31 @@ pub fn is_global(unit: &Unit) -> bool {
     Requirements::from_unit(&unit.name, &unit_file(unit)).global
 }
 
-/// Runs `work` on every item, `PARALLEL_REQUESTS` at a time; results in item order.
+/// Runs `work` on every item, keeping `PARALLEL_REQUESTS` in flight (a finished one makes
+/// room for the next at once); results in item order.
 pub async fn in_parallel<T, R, F, Fut>(items: Vec<T>, work: F) -> Vec<R>
 where
     F: Fn(T) -> Fut,
     Fut: std::future::Future<Output = R> + Send + 'static,
     R: Send + 'static,
 {
-    let mut results = Vec::with_capacity(items.len());
-    let mut items = items.into_iter().peekable();
-    while items.peek().is_some() {
-        let handles: Vec<_> = items.by_ref().take(PARALLEL_REQUESTS).map(|item| tokio::spawn(work(item))).collect();
-        for handle in handles {
-            match handle.await {
-                Ok(result) => results.push(result),
-                Err(error) => std::panic::resume_unwind(error.into_panic()),
-            }
+    let mut results: Vec<Option<R>> = std::iter::repeat_with(|| None).take(items.len()).collect();
+    let mut running = tokio::task::JoinSet::new();
+    let mut items = items.into_iter().enumerate();
+    loop {
+        while running.len() < PARALLEL_REQUESTS
+            && let Some((index, item)) = items.next()
+        {
+            let request = work(item);
+            running.spawn(async move { (index, request.await) });
+        }
+        match running.join_next().await {
+            Some(Ok((index, result))) => results[index] = Some(result),
+            Some(Err(error)) => std::panic::resume_unwind(error.into_panic()),
+            None => break,
         }
     }
-    results
+    results.into_iter().flatten().collect()
 }
 
 /// The local content for `name`: its own file, else its template (registry first).

@@ -9,6 +9,7 @@ use fleet_core::unit_name::mangle;
 
 use super::create::{Replacing, Waves, in_parallel, is_global, lazy_create};
 use crate::context::Context;
+use crate::unit_arguments::{UnitList, is_pattern, match_patterns};
 use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
 use crate::{BlockFlags, CreateFlags, Outcome, WaveFlags};
 
@@ -104,6 +105,27 @@ fn announce_triggered(triggered: Vec<Unit>, verb: &str, attempts: Attempts) -> O
         return None;
     }
     Some(names)
+}
+
+/// The units a command names: ranges and the list file expanded, patterns matched against
+/// the cluster's units (listed only when there is a pattern).
+pub async fn named_units(context: &Context, list: &UnitList) -> Result<Vec<String>, Outcome> {
+    let arguments = list.arguments().map_err(|error| {
+        eprintln!("{error}");
+        Outcome::Usage
+    })?;
+    if !arguments.iter().any(|argument| is_pattern(argument)) {
+        return Ok(arguments);
+    }
+    let cluster = context.client.units().await.map_err(|error| {
+        eprintln!("Error listing units: {error}");
+        Outcome::Failure
+    })?;
+    let names: BTreeSet<String> = cluster.into_iter().map(|unit| unit.name).collect();
+    match_patterns(&arguments, &names).map_err(|error| {
+        eprintln!("{error}");
+        Outcome::Failure
+    })
 }
 
 fn go_list(names: &[String]) -> String {
