@@ -59,34 +59,56 @@ impl PageToken {
         Ok(token)
     }
 
-    /// The slice of `items` this token names, and the token of the page after it, if any.
-    /// The page ends after `limit` items, or earlier when the next item would take it past
-    /// [`MAX_PAGE_BYTES`] as `size` measures them.
-    pub fn page<T>(self, mut items: Vec<T>, size: impl Fn(&T) -> usize) -> (Vec<T>, Option<PageToken>) {
+    /// Where the page this token names starts in the whole list, and how many items it holds
+    /// at most: what a store is asked for.
+    pub fn window(self) -> (usize, usize) {
         let limit = usize::from(self.limit);
         let start = match self.start {
             Some(start) => start as usize,
             None => usize::from(self.page.saturating_sub(1)).saturating_mul(limit),
         };
-        let total = items.len();
-        let mut end = start.saturating_add(limit).min(total);
+        (start, limit)
+    }
+
+    /// The slice of `items` this token names, and the token of the page after it, if any.
+    /// The page ends after `limit` items, or earlier when the next item would take it past
+    /// [`MAX_PAGE_BYTES`] as `size` measures them.
+    pub fn page<T>(self, mut items: Vec<T>, size: impl Fn(&T) -> usize) -> (Vec<T>, Option<PageToken>) {
+        let (start, limit) = self.window();
+        let end = start.saturating_add(limit).min(items.len());
+        let more = end < items.len();
+        let window: Vec<T> = if start >= items.len() { Vec::new() } else { items.drain(start..end).collect() };
+        self.page_fetched(window, more, size)
+    }
+
+    /// [`PageToken::page`] for a store that gave only this token's window of the list
+    /// (`items`), and said whether `more` items follow it.
+    pub fn page_fetched<T>(
+        self,
+        mut items: Vec<T>,
+        more: bool,
+        size: impl Fn(&T) -> usize,
+    ) -> (Vec<T>, Option<PageToken>) {
+        let (start, _) = self.window();
         let mut bytes = 0usize;
-        for (index, item) in items.iter().enumerate().take(end).skip(start) {
+        let mut end = items.len();
+        for (index, item) in items.iter().enumerate() {
             bytes = bytes.saturating_add(size(item));
-            if bytes > MAX_PAGE_BYTES && index > start {
+            if bytes > MAX_PAGE_BYTES && index > 0 {
                 end = index;
                 break;
             }
         }
-        let cut_by_size = end < start.saturating_add(limit).min(total);
-        let page: Vec<T> = if start >= total { Vec::new() } else { items.drain(start..end).collect() };
-        let next = (end < total).then(|| Self {
+        let cut_by_size = end < items.len();
+        items.truncate(end);
+        let next = (cut_by_size || more).then(|| Self {
             limit: self.limit,
             page: self.page.saturating_add(1),
             // The original's token while pages are regular; an offset once one is cut.
-            start: (cut_by_size || self.start.is_some()).then(|| u32::try_from(end).unwrap_or(u32::MAX)),
+            start: (cut_by_size || self.start.is_some())
+                .then(|| u32::try_from(start.saturating_add(end)).unwrap_or(u32::MAX)),
         });
-        (page, next)
+        (items, next)
     }
 }
 

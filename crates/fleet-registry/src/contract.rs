@@ -12,7 +12,9 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 
 use fleet_testkit::eventually;
 
-use crate::{AgentRegistry, EngineLease, MetadataChange, Registry, RegistryError, StateReport, TokenRecord};
+use crate::{
+    AgentRegistry, EngineLease, MetadataChange, Page, PageRequest, Registry, RegistryError, StateReport, TokenRecord,
+};
 use crate::{
     RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus, UnitView,
     Writer,
@@ -109,6 +111,7 @@ contract!(
     a_sources_drift_policy_reaches_the_agents,
     sources_and_their_statuses_are_kept_by_name,
     rollouts_are_kept_by_name,
+    pages_are_the_lists_cut_up,
 );
 
 fn unit(exec: &str) -> UnitFile {
@@ -531,4 +534,116 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
     assert!(registry.remove_rollout("api").await.expect("remove"));
     assert!(!registry.remove_rollout("api").await.expect("remove"), "already gone");
     assert_eq!(registry.rollouts().await.expect("list").len(), 1);
+}
+
+fn every(start: usize, limit: usize) -> PageRequest {
+    PageRequest { start, limit, admits: Arc::new(|_: &str| true) }
+}
+
+fn only(name: &str) -> PageRequest {
+    let name = name.to_string();
+    PageRequest { start: 0, limit: 10, admits: Arc::new(move |unit: &str| unit == name) }
+}
+
+/// Every page of `limit` items, one after the other, from what `page` reads.
+async fn all_pages<T, F, Fut>(limit: usize, page: F) -> Vec<T>
+where
+    F: Fn(PageRequest) -> Fut,
+    Fut: std::future::Future<Output = Result<Page<T>, RegistryError>>,
+{
+    let mut items = Vec::new();
+    loop {
+        let next = page(every(items.len(), limit)).await.expect("a page");
+        assert!(next.items.len() <= limit, "a page holds at most its limit");
+        let more = next.more;
+        items.extend(next.items);
+        if !more {
+            return items;
+        }
+    }
+}
+
+/// A list read a page at a time is the list: units in name order, unit states in unit then
+/// machine order, one machine's states, a filter by name; and a page shows at once what the
+/// same store just acknowledged writing.
+pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    for id in ["m1", "m2"] {
+        agent_for(id).register_machine(&machine(id)).await.unwrap();
+    }
+    for n in 0..12 {
+        registry
+            .put_unit(&format!("u{n:02}.service"), &unit(&format!("/bin/sleep {n}")), DesiredState::Launched)
+            .await
+            .unwrap();
+    }
+    let global = UnitFile::parse("[Service]\nExecStart=/bin/true\n[X-Fleet]\nGlobal=true\n").unwrap();
+    registry.put_unit("all.service", &global, DesiredState::Launched).await.unwrap();
+    eventually("the engine sees the units", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 13))
+        .await;
+    let decisions: Vec<Decision> = (0..12)
+        .map(|n| Decision::Schedule {
+            unit: format!("u{n:02}.service"),
+            machine: if n % 2 == 0 { "m1" } else { "m2" }.into(),
+        })
+        .collect();
+    registry.apply(&lease(registry).await, &decisions, &[]).await.unwrap();
+    for (id, units) in
+        [("m1", vec!["u00.service", "u02.service", "all.service"]), ("m2", vec!["u01.service", "all.service"])]
+    {
+        let reports = units
+            .iter()
+            .map(|name| {
+                StateReport::Set(UnitState {
+                    name: name.to_string(),
+                    machine_id: id.into(),
+                    hash: if *name == "all.service" {
+                        global.hash()
+                    } else {
+                        unit(&format!("/bin/sleep {}", &name[1..3].trim_start_matches('0').parse::<u32>().unwrap_or(0)))
+                            .hash()
+                    },
+                    systemd: SystemdState::new("loaded", "active", "running"),
+                    launched: true,
+                    drift: None,
+                })
+            })
+            .collect::<Vec<_>>();
+        agent_for(id).report_states(id, &reports).await.unwrap();
+    }
+    let names = |views: Vec<UnitView>| {
+        views.into_iter().map(|view| (view.name, view.machine_id, view.current)).collect::<Vec<_>>()
+    };
+    let listed = names(registry.units().await.unwrap());
+    assert_eq!(listed.len(), 13);
+    for limit in [1, 5, 13, 100] {
+        eventually("units page by page are the list", async || {
+            names(all_pages(limit, |request| registry.units_page(request)).await) == listed
+        })
+        .await;
+    }
+    let states = registry.unit_states().await.unwrap();
+    assert_eq!(states.len(), 5);
+    for limit in [2, 100] {
+        eventually("unit states page by page are the list", async || {
+            all_pages(limit, |request| registry.unit_states_page(request, None)).await == states
+        })
+        .await;
+    }
+    let on_m2: Vec<UnitState> = states.iter().filter(|state| state.machine_id == "m2").cloned().collect();
+    assert_eq!(all_pages(1, |request| registry.unit_states_page(request, Some("m2"))).await, on_m2);
+    let filtered =
+        registry.units_page(PageRequest { start: 1, limit: 2, admits: Arc::new(|name: &str| name.starts_with("u1")) });
+    let filtered = filtered.await.unwrap();
+    assert_eq!(filtered.items.iter().map(|view| view.name.as_str()).collect::<Vec<_>>(), ["u11.service"]);
+    assert!(!filtered.more);
+
+    // Read your writes: no waiting.
+    registry.put_unit("fresh.service", &unit("/bin/fresh"), DesiredState::Loaded).await.unwrap();
+    assert_eq!(
+        registry.units_page(only("fresh.service")).await.unwrap().items.len(),
+        1,
+        "a page shows a write at once"
+    );
+    registry.destroy_unit("fresh.service").await.unwrap();
+    assert!(registry.units_page(only("fresh.service")).await.unwrap().items.is_empty(), "and a destroy");
 }

@@ -21,6 +21,7 @@ mod ownership;
 mod source_record;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_core::schedule::Decision;
@@ -134,10 +135,70 @@ pub trait SourceRegistry: Send + Sync {
     async fn remove_rollout(&self, name: &str) -> Result<bool>;
 }
 
+/// Which part of a list a page holds: of the items whose unit name `admits` lets through,
+/// the `start`-th on, at most `limit` of them.
+#[derive(Clone)]
+pub struct PageRequest {
+    pub start: usize,
+    pub limit: usize,
+    pub admits: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+}
+
+/// One page of a list, and whether more items follow it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub more: bool,
+}
+
+impl<T> Page<T> {
+    /// The page `request` names among `items` (in list order), each given with its unit
+    /// name; `view` is called only for the items the page holds (`None`: left out).
+    pub fn select<K: AsRef<str>, I>(
+        items: impl Iterator<Item = Result<(K, I)>>,
+        request: &PageRequest,
+        mut view: impl FnMut(&str, I) -> Result<Option<T>>,
+    ) -> Result<Self> {
+        let mut page = Self { items: Vec::new(), more: false };
+        let mut skipped = 0;
+        for item in items {
+            let (name, item) = item?;
+            let name = name.as_ref();
+            if !(request.admits)(name) {
+                continue;
+            }
+            if skipped < request.start {
+                skipped += 1;
+                continue;
+            }
+            if page.items.len() == request.limit {
+                page.more = true;
+                break;
+            }
+            page.items.extend(view(name, item)?);
+        }
+        Ok(page)
+    }
+}
+
 #[async_trait]
 pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// Every unit, in name order, with its schedule and derived current state.
     async fn units(&self) -> Result<Vec<UnitView>>;
+    /// One page of [`ApiRegistry::units`], built without reading every unit: what a request
+    /// for a page costs grows with the page, not with the cluster (a store may still walk
+    /// the names before the page).
+    async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {
+        let units = self.units().await?;
+        Page::select(units.into_iter().map(|unit| Ok((unit.name.clone(), unit))), &request, |_, unit| Ok(Some(unit)))
+    }
+    /// One page of [`ApiRegistry::unit_states`] (in unit, then machine order), of one
+    /// machine's units when `machine` is given.
+    async fn unit_states_page(&self, request: PageRequest, machine: Option<&str>) -> Result<Page<UnitState>> {
+        let states = self.unit_states().await?;
+        let states = states.into_iter().filter(|state| machine.is_none_or(|machine| state.machine_id == machine));
+        Page::select(states.map(|state| Ok((state.name.clone(), state))), &request, |_, state| Ok(Some(state)))
+    }
     async fn unit(&self, name: &str) -> Result<Option<UnitView>>;
     /// Stores `file` under `name` with `desired`, replacing any unit of that name that
     /// `writer` may write ([`RegistryError::Owned`] otherwise).

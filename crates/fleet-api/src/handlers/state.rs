@@ -2,7 +2,10 @@
 
 use axum::http::StatusCode;
 use axum::response::Response;
+use std::sync::Arc;
+
 use fleet_core::access::Role;
+use fleet_registry::PageRequest;
 
 use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, first_value, json_response, page_token};
@@ -24,23 +27,21 @@ fn to_schema(state: fleet_core::UnitState) -> UnitState {
 pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit.get())?;
     let machine = first_value(query, "machineID");
-    let unit = first_value(query, "unitName");
-    let mut states: Vec<UnitState> = state
-        .registry
-        .unit_states()
-        .await?
-        .into_iter()
-        .filter(|s| machine.is_none_or(|m| s.machine_id == m) && unit.is_none_or(|u| s.name == u))
-        .filter(|s| role.sees_unit(&s.name))
-        .map(to_schema)
-        .collect();
-    states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
-    let (states, next) = token.page(states, serialized_size);
+    let unit = first_value(query, "unitName").map(str::to_string);
+    let (start, limit) = token.window();
+    let role = role.clone();
+    let admits = move |name: &str| unit.as_deref().is_none_or(|unit| name == unit) && role.sees_unit(name);
+    let request = PageRequest { start, limit, admits: Arc::new(admits) };
+    let page = state.registry.unit_states_page(request, machine).await?;
+    let states: Vec<UnitState> = page.items.into_iter().map(to_schema).collect();
+    let (states, next) = token.page_fetched(states, page.more, serialized_size);
     Ok(json_response(StatusCode::OK, &UnitStatePage { next_page_token: next.map(|t| t.encode()), states }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
-    let found = state.registry.unit_states().await?.into_iter().find(|s| s.name == name);
+    let wanted = name.to_string();
+    let request = PageRequest { start: 0, limit: 1, admits: Arc::new(move |unit: &str| unit == wanted) };
+    let found = state.registry.unit_states_page(request, None).await?.items.into_iter().next();
     match found {
         Some(unit_state) => Ok(json_response(StatusCode::OK, &to_schema(unit_state))),
         None => Err(ApiError::not_found("unit state does not exist")),

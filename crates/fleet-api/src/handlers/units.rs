@@ -5,7 +5,9 @@ use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_core::unit_name::{UnitNameInfo, validate_name};
 use fleet_core::{DesiredState, UnitFile};
-use fleet_registry::{UnitView, Writer};
+use std::sync::Arc;
+
+use fleet_registry::{PageRequest, UnitView, Writer};
 
 use crate::pagination::serialized_size;
 use crate::router::{ApiError, ApiState, json_response, page_token};
@@ -45,15 +47,12 @@ pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
 /// The units `role` sees, a page at a time.
 pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit.get())?;
-    let units: Vec<Unit> = state
-        .registry
-        .units()
-        .await?
-        .into_iter()
-        .filter(|view| role.sees_unit(&view.name))
-        .map(|view| to_schema(view, Shown::InList))
-        .collect();
-    let (units, next) = token.page(units, serialized_size);
+    let (start, limit) = token.window();
+    let role = role.clone();
+    let request = PageRequest { start, limit, admits: Arc::new(move |name: &str| role.sees_unit(name)) };
+    let page = state.registry.units_page(request).await?;
+    let units: Vec<Unit> = page.items.into_iter().map(|view| to_schema(view, Shown::InList)).collect();
+    let (units, next) = token.page_fetched(units, page.more, serialized_size);
     Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units }))
 }
 

@@ -7,7 +7,7 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
 use crate::codec::machine_with_overrides;
-use crate::{ApiRegistry, MetadataChange, Result, UnitView, Writer};
+use crate::{ApiRegistry, MetadataChange, Page, PageRequest, Result, UnitView, Writer};
 
 /// Reads one unit with its body, schedule, reason and derived current state.
 fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<UnitView> {
@@ -175,6 +175,41 @@ impl ApiRegistry for EmbeddedRegistry {
             txn.open_table(tables::REASONS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
             release_body(txn, &record.hash)?;
             Ok(true)
+        })
+        .await
+    }
+
+    async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {
+        self.read(move |txn| {
+            let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            let rows = units.iter().map_err(unavailable)?.map(|row| {
+                let (name, record) = row.map_err(unavailable)?;
+                Ok((name.value().to_string(), record))
+            });
+            Page::select(rows, &request, |name, record| {
+                unit_view(txn, name, decode::<UnitRecord>(name, record.value())?).map(Some)
+            })
+        })
+        .await
+    }
+
+    async fn unit_states_page(&self, request: PageRequest, machine: Option<&str>) -> Result<Page<UnitState>> {
+        let machine = machine.map(str::to_string);
+        self.read(move |txn| {
+            let states = txn.open_table(tables::STATES).map_err(unavailable)?;
+            // Keyed by unit, then machine: already in the list's order.
+            let rows = states.iter().map_err(unavailable)?.filter_map(|row| {
+                let (key, state) = match row {
+                    Ok(row) => row,
+                    Err(error) => return Some(Err(unavailable(error))),
+                };
+                let (unit, on) = tables::split_state_key(key.value())?;
+                if machine.as_deref().is_some_and(|machine| machine != on) {
+                    return None;
+                }
+                Some(Ok((unit.to_string(), (key.value().to_string(), state))))
+            });
+            Page::select(rows, &request, |_, (key, state)| decode::<UnitState>(&key, state.value()).map(Some))
         })
         .await
     }

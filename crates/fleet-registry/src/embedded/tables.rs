@@ -40,6 +40,11 @@ pub fn state_key(unit: &str, machine: &str) -> String {
     format!("{unit}\0{machine}")
 }
 
+/// The unit and machine of a [`state_key`].
+pub fn split_state_key(key: &str) -> Option<(&str, &str)> {
+    key.split_once('\0')
+}
+
 pub use crate::codec::{MetadataOverrides, Options, decode, encode};
 
 /// Reads and decodes every row of a table whose values are JSON.

@@ -1,6 +1,6 @@
-//! The API's facet of the etcd store: reads straight from etcd (consistent), writes as
-//! transactions conditional on the revisions read, retried when another writer got there
-//! first.
+//! The API's facet of the etcd store: reads straight from etcd (consistent), but list pages
+//! from the watch-fed copy (`api_copy.rs`); writes as transactions conditional on the
+//! revisions read, retried when another writer got there first.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -12,7 +12,9 @@ use super::EtcdRegistry;
 use super::connection::get_prefix;
 use super::records::Assignment;
 use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
-use crate::{ApiRegistry, MetadataChange, OwnedBy, RegistryError, Result, UnitRecord, UnitView, Writer};
+use crate::{
+    ApiRegistry, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitRecord, UnitView, Writer,
+};
 
 /// How often a conditional write is tried before giving up on a busy key.
 const ATTEMPTS: usize = 10;
@@ -74,7 +76,13 @@ impl EtcdRegistry {
                 Planned::Done(value) => Ok(Some(value)),
                 Planned::Write(ops, value) => {
                     let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
-                    Ok(self.connection().txn(txn).await?.succeeded().then_some(value))
+                    let reply = self.connection().txn(txn).await?;
+                    if reply.succeeded()
+                        && let Some(header) = reply.header()
+                    {
+                        self.api_wrote(header.revision());
+                    }
+                    Ok(reply.succeeded().then_some(value))
                 }
             }
         })
@@ -234,6 +242,14 @@ impl ApiRegistry for EtcdRegistry {
             views.push(UnitView::from_records(name, record, file, machine, reasons.get(name).cloned(), state.as_ref()));
         }
         Ok(views)
+    }
+
+    async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {
+        self.units_page_from_copy(request).await
+    }
+
+    async fn unit_states_page(&self, request: PageRequest, machine: Option<&str>) -> Result<Page<UnitState>> {
+        self.unit_states_page_from_copy(request, machine).await
     }
 
     async fn unit(&self, name: &str) -> Result<Option<UnitView>> {

@@ -32,6 +32,8 @@ pub struct MirrorData {
     pub generation: u64,
     /// Whether the copy was listed at least once.
     pub synced: bool,
+    /// Whether its watch stream is up now (else the copy may be missing recent changes).
+    pub streaming: bool,
 }
 
 impl MirrorData {
@@ -146,7 +148,9 @@ impl Feeder {
             let mut resume = vec![listed; self.ranges.len()];
             loop {
                 let started = tokio::time::Instant::now();
-                match self.follow(&mut resume).await {
+                let end = self.follow(&mut resume).await;
+                self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = false;
+                match end {
                     StreamEnd::Compacted => break,
                     StreamEnd::Broken(error) => {
                         if started.elapsed() > RETRY_MAX * 2 {
@@ -224,6 +228,7 @@ impl Feeder {
                 return StreamEnd::Broken(RegistryError::Unavailable(error.to_string()));
             }
         }
+        self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = true;
         // Watch IDs come back in the order the watches were asked for.
         let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
         loop {

@@ -11,6 +11,7 @@
 
 mod agent;
 mod api;
+mod api_copy;
 mod connection;
 mod credentials;
 mod engine;
@@ -55,6 +56,11 @@ struct Inner {
     lease_file: Option<std::path::PathBuf>,
     lifetimes: Lifetimes,
     engine_mirror: OnceLock<Mirror>,
+    /// The API's copy of units, placements, reasons, states and bodies, for paged lists.
+    api_mirror: OnceLock<Mirror>,
+    /// The revision of the last unit write this API made: a list waits until its copy has it.
+    api_written: std::sync::atomic::AtomicI64,
+    state_order: api_copy::StateOrder,
     machine_mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
     /// With `serve_many_machines`: every machine's work in one copy, and a wake-up signal per
     /// machine fed by that copy's changes.
@@ -77,6 +83,9 @@ impl EtcdRegistry {
                 lease_file: options.lease_file.clone(),
                 lifetimes,
                 engine_mirror: OnceLock::new(),
+                api_mirror: OnceLock::new(),
+                api_written: std::sync::atomic::AtomicI64::new(0),
+                state_order: api_copy::StateOrder::default(),
                 machine_mirrors: Mutex::new(HashMap::new()),
                 serve_many_machines: options.serve_many_machines,
                 all_work_mirror: OnceLock::new(),

@@ -1,0 +1,162 @@
+//! The API's watch-fed copy of units, placements, reasons, unit states and bodies, from
+//! which list pages are served: a page costs a walk over names in memory and the views of
+//! its own items, never a read of whole prefixes from etcd.
+//!
+//! Consistency, as the API states it: a list through a fleetd shows every unit write that
+//! fleetd's API acknowledged before the list began (it waits for its copy to have it), and
+//! every other write once the watch delivered it (milliseconds). A copy whose watch is down
+//! answers nothing: the list fails as a read from etcd would.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleet_core::{UnitFile, UnitState};
+
+use super::EtcdRegistry;
+use super::keys::KeyRange;
+use super::mirror::{Mirror, MirrorData};
+use crate::codec::{Options, decode, decode_listed};
+use crate::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
+
+/// How long a list waits for the copy to catch up with this API's last write.
+const CATCH_UP: Duration = Duration::from_secs(2);
+
+/// The unit states in (unit, machine) order, as of one generation of the copy: etcd keeps
+/// them by machine first, so the order is sorted once per change, not once per page.
+#[derive(Default)]
+pub(super) struct StateOrder {
+    sorted: Mutex<Option<(u64, Arc<Vec<(String, String)>>)>>,
+}
+
+impl StateOrder {
+    fn of(&self, registry: &EtcdRegistry, data: &MirrorData) -> Arc<Vec<(String, String)>> {
+        let mut sorted = self.sorted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some((generation, order)) = sorted.as_ref()
+            && *generation == data.generation
+        {
+            return order.clone();
+        }
+        let keys = registry.keys();
+        let prefix = keys.all_states();
+        let mut order: Vec<(String, String)> = data
+            .range(&KeyRange::prefix(prefix.clone()))
+            .filter_map(|(key, _)| {
+                let (machine, unit) = key.strip_prefix(&prefix)?.split_once('/')?;
+                keys.name_in(&keys.state(machine, ""), key)?;
+                Some((unit.to_string(), machine.to_string()))
+            })
+            .collect();
+        order.sort_unstable();
+        let order = Arc::new(order);
+        *sorted = Some((data.generation, order.clone()));
+        order
+    }
+}
+
+impl EtcdRegistry {
+    fn api_mirror(&self) -> &Mirror {
+        self.inner.api_mirror.get_or_init(|| {
+            let keys = self.keys();
+            let ranges = vec![
+                KeyRange::prefix(keys.units()),
+                KeyRange::prefix(keys.placements()),
+                KeyRange::prefix(keys.reasons()),
+                KeyRange::prefix(keys.all_states()),
+                KeyRange::prefix(keys.bodies()),
+            ];
+            Mirror::start(self.connection().clone(), ranges)
+        })
+    }
+
+    /// Notes a unit write this API made at `revision`: lists wait until their copy has it.
+    pub(super) fn api_wrote(&self, revision: i64) {
+        self.inner.api_written.fetch_max(revision, Ordering::SeqCst);
+    }
+
+    /// Waits until the copy holds this API's last unit write and its watch is up.
+    async fn api_copy_current(&self) -> Result<()> {
+        let mirror = self.api_mirror();
+        let written = self.inner.api_written.load(Ordering::SeqCst).max(1);
+        let deadline = tokio::time::Instant::now() + CATCH_UP;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let caught_up = mirror.wait_for(written, left).await;
+            let streaming = {
+                let data = mirror.read();
+                data.synced && data.streaming
+            };
+            if caught_up && streaming {
+                return Ok(());
+            }
+            if left.is_zero() {
+                return Err(RegistryError::Unavailable(
+                    "etcd: the API's copy of the cluster is not up to date (its watch is behind or down)".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub(super) async fn units_page_from_copy(&self, request: PageRequest) -> Result<Page<UnitView>> {
+        self.api_copy_current().await?;
+        let data = self.api_mirror().synced()?;
+        let keys = self.keys();
+        let prefix = keys.units();
+        let range = KeyRange::prefix(prefix.clone());
+        let units = data
+            .range(&range)
+            .filter_map(|(key, entry)| keys.name_in(&prefix, key).map(|name| Ok((name, (key.as_str(), &entry.value)))));
+        let mut bodies: HashMap<String, UnitFile> = HashMap::new();
+        Page::select(units, &request, |name, (key, value)| {
+            let Some(record) = decode_listed::<UnitRecord>(key, value) else { return Ok(None) };
+            let body_key = keys.body(&record.hash.to_string());
+            let file = match bodies.get(&body_key) {
+                Some(file) => file.clone(),
+                None => {
+                    let Some(body) = data.entries.get(&body_key) else {
+                        tracing::error!(key = body_key, "skipping a unit whose body is missing");
+                        return Ok(None);
+                    };
+                    let file = UnitFile::from_options(decode::<Options>(&body_key, &body.value)?);
+                    bodies.insert(body_key, file.clone());
+                    file
+                }
+            };
+            let text =
+                |key: String| data.entries.get(&key).map(|entry| String::from_utf8_lossy(&entry.value).into_owned());
+            let machine = text(keys.placement(name));
+            let reason = text(keys.reason(name));
+            let state: Option<UnitState> = machine.as_ref().and_then(|machine| {
+                let key = keys.state(machine, name);
+                data.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value))
+            });
+            Ok(Some(UnitView::from_records(name, record, file, machine, reason, state.as_ref())))
+        })
+    }
+
+    pub(super) async fn unit_states_page_from_copy(
+        &self,
+        request: PageRequest,
+        machine: Option<&str>,
+    ) -> Result<Page<UnitState>> {
+        self.api_copy_current().await?;
+        let data = self.api_mirror().synced()?;
+        let keys = self.keys();
+        let decoded = |unit: &str, machine: &str| {
+            let key = keys.state(machine, unit);
+            Ok(data.entries.get(&key).and_then(|entry| decode_listed::<UnitState>(&key, &entry.value)))
+        };
+        if let Some(machine) = machine {
+            // One machine's states are one range, in unit order.
+            let prefix = keys.state(machine, "");
+            let range = KeyRange::prefix(prefix.clone());
+            let units = data.range(&range).filter_map(|(key, _)| keys.name_in(&prefix, key).map(|unit| Ok((unit, ()))));
+            return Page::select(units, &request, |unit, ()| decoded(unit, machine));
+        }
+        let order = self.inner.state_order.of(self, &data);
+        let states = order.iter().map(|(unit, machine)| Ok((unit.as_str(), machine.as_str())));
+        Page::select(states, &request, |unit, machine| decoded(unit, machine))
+    }
+}
