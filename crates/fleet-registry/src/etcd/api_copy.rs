@@ -27,11 +27,14 @@ const CATCH_UP: Duration = Duration::from_secs(2);
 /// them by machine first, so the order is sorted once per change, not once per page.
 #[derive(Default)]
 pub(super) struct StateOrder {
-    sorted: Mutex<Option<(u64, Arc<Vec<(String, String)>>)>>,
+    sorted: Mutex<Option<(u64, Arc<UnitMachinePairs>)>>,
 }
 
+/// (unit, machine) pairs, sorted.
+type UnitMachinePairs = Vec<(String, String)>;
+
 impl StateOrder {
-    fn of(&self, registry: &EtcdRegistry, data: &MirrorData) -> Arc<Vec<(String, String)>> {
+    fn of(&self, registry: &EtcdRegistry, data: &MirrorData) -> Arc<UnitMachinePairs> {
         let mut sorted = self.sorted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((generation, order)) = sorted.as_ref()
             && *generation == data.generation
@@ -40,7 +43,7 @@ impl StateOrder {
         }
         let keys = registry.keys();
         let prefix = keys.all_states();
-        let mut order: Vec<(String, String)> = data
+        let mut order: UnitMachinePairs = data
             .range(&KeyRange::prefix(prefix.clone()))
             .filter_map(|(key, _)| {
                 let (machine, unit) = key.strip_prefix(&prefix)?.split_once('/')?;
