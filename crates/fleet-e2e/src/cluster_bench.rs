@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_core::{DesiredState, UnitFile};
-use fleet_registry::ApiRegistry;
 use fleet_registry::etcd::EtcdRegistry;
+use fleet_registry::{ApiRegistry, PageRequest};
 use tokio::sync::Semaphore;
 
 /// How many templates the units are instances of.
@@ -43,10 +43,30 @@ pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
 }
 
 async fn launched(api: &EtcdRegistry) -> usize {
-    match api.units().await {
-        Ok(units) => units.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count(),
-        Err(_) => 0,
+    // Page by page from the store's copy, as the API reads them.
+    let (mut count, mut start) = (0, 0);
+    loop {
+        let request = PageRequest { start, limit: 10_000, admits: Arc::new(|_: &str| true) };
+        let Ok(page) = api.units_page(request).await else { return count };
+        start += page.items.len();
+        count += page.items.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count();
+        if !page.more {
+            return count;
+        }
     }
+}
+
+/// Writes the templates and a list of `count` instance names into `dir`, for
+/// `fleetctl start --from-file`: the names the other submissions use.
+pub fn unit_list(dir: &std::path::Path, count: usize) -> std::path::PathBuf {
+    for index in 0..TEMPLATES {
+        let path = dir.join(format!("bench{index}@.service"));
+        std::fs::write(&path, template(index).serialize()).expect("write a bench template");
+    }
+    let names: Vec<String> = (0..count).map(|index| format!("bench{}@{index}.service", index % TEMPLATES)).collect();
+    let list = dir.join("units.list");
+    std::fs::write(&list, names.join("\n")).expect("write the unit list");
+    list
 }
 
 /// Waits until `count` units report launched, printing progress every 5 s; `stuck` tells why
@@ -67,6 +87,7 @@ pub async fn wait_all_launched(api: &EtcdRegistry, count: usize, stuck: impl Fn(
             println!("    … {done}/{count} launched after {:.1} s", started.elapsed().as_secs_f64());
             last_report = Instant::now();
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Counting a hundred thousand units takes a while itself: look less often then.
+        tokio::time::sleep(Duration::from_millis(if count > 20_000 { 1000 } else { 250 })).await;
     }
 }

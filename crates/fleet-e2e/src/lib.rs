@@ -358,6 +358,16 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     ticks / per_second
 }
 
+/// The most memory a process has held resident (`VmHWM`), in MiB; 0 when it is gone.
+pub fn peak_resident_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse::<f64>().ok());
+    kib.unwrap_or(0.0) / 1024.0
+}
+
 /// Whether a process runs with exactly this argument list.
 pub fn process_running(args: &[&str]) -> bool {
     let wanted = format!("{}\0", args.join("\0"));

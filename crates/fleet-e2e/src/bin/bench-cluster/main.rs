@@ -5,7 +5,10 @@
 //! "run" at once). One real fleetd process (metadata `role=engine`) is the engine; every
 //! unit asks for `role=worker`, so all of them go to the simulated machines. Prints:
 //!
-//! (a) the time from the last unit submitted until every unit reports launched;
+//! (a) `fleetctl start --no-block --from-file` of every unit (instances of ten templates),
+//!     and the time from its end until every unit reports launched;
+//! (d) `fleetctl list-unit-files` and `list-units` of them all, and the peak memory of the
+//!     engine fleetd and of the bench process;
 //! (b) how many agents one schedule change wakes;
 //! (c) an idle cluster: etcd requests by kind, and CPU of the fleetd engine and of the
 //!     simulated machines over the idle period.
@@ -19,8 +22,8 @@ use std::time::{Duration, Instant};
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, MachineState, UnitFile};
-use fleet_e2e::cluster_bench::{TEMPLATES, submit_units, template, wait_all_launched};
-use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
+use fleet_e2e::cluster_bench::{TEMPLATES, template, unit_list, wait_all_launched};
+use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib};
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_testkit::FakeUnitManager;
@@ -89,18 +92,38 @@ fn main() {
         }
         println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
 
-        // (a) Submit every unit, then time until all report launched.
+        // (a) Submit every unit through fleetctl, then time until all report launched.
         let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
+        let list_dir = tempfile::tempdir().expect("a directory for the unit list");
+        let list = unit_list(list_dir.path(), units);
         let cpu_before = cpu_seconds(engine.pid());
         let submitting = Instant::now();
-        submit_units(&api, units).await;
-        println!("  submitted {units} units in {:.2} s", submitting.elapsed().as_secs_f64());
+        let socket = engine.socket();
+        let started = fleetctl(&socket, list_dir.path(), &["start", "--no-block", "--from-file", &list.display().to_string()]).await;
+        println!(
+            "  fleetctl start --no-block --from-file: {} units in {:.2} s ({:.0} units/s)",
+            started.lines().filter(|line| line.starts_with("Triggered unit")).count(),
+            submitting.elapsed().as_secs_f64(),
+            units as f64 / submitting.elapsed().as_secs_f64()
+        );
         let until_launched = wait_all_launched(&api, units, || engine.log()).await;
         println!(
             "  (a) from the last submission until all {units} report launched: {:.2} s (from the first: {:.2} s; fleetd engine CPU over both: {:.2} s)",
             until_launched.as_secs_f64(),
             submitting.elapsed().as_secs_f64(),
             cpu_seconds(engine.pid()) - cpu_before
+        );
+
+        // (d) Lists through fleetctl, every page.
+        for command in ["list-unit-files", "list-units"] {
+            let listing = Instant::now();
+            let rows = fleetctl(&socket, list_dir.path(), &[command, "--no-legend"]).await.lines().count();
+            println!("  (d) fleetctl {command}: {rows} rows in {:.2} s", listing.elapsed().as_secs_f64());
+        }
+        println!(
+            "  memory (VmHWM): fleetd engine {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB",
+            peak_resident_mib(engine.pid()),
+            peak_resident_mib(std::process::id())
         );
 
         // (b) One more unit: how many agents wake?
@@ -146,4 +169,15 @@ fn main() {
         let _ = lifecycle.send(Lifecycle::Reloading);
         drop(engine);
     });
+}
+
+/// Runs fleetctl against the fleetd at `socket` from `dir`, off the runtime's threads;
+/// returns its standard output, or stops the benchmark with its error.
+async fn fleetctl(socket: &std::path::Path, dir: &std::path::Path, args: &[&str]) -> String {
+    let mut command = std::process::Command::new(binary("fleetctl"));
+    command.current_dir(dir).arg(format!("--endpoint=unix://{}", socket.display())).args(args);
+    let output =
+        tokio::task::spawn_blocking(move || command.output()).await.expect("fleetctl task").expect("run fleetctl");
+    assert!(output.status.success(), "fleetctl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
