@@ -9,6 +9,17 @@ use super::{EmbeddedRegistry, Touched, unavailable};
 use crate::codec::machine_with_overrides;
 use crate::{ApiRegistry, MetadataChange, Page, PageRequest, Result, UnitView, Writer};
 
+/// A units or states table key as a page walks it: borrowed from the table, never copied;
+/// it reads as the unit's name (a state key's part before the machine).
+struct UnitKey<'a>(redb::AccessGuard<'a, &'static str>);
+
+impl AsRef<str> for UnitKey<'_> {
+    fn as_ref(&self) -> &str {
+        let key = self.0.value();
+        tables::split_state_key(key).map_or(key, |(unit, _)| unit)
+    }
+}
+
 /// Reads one unit with its body, schedule, reason and derived current state.
 fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<UnitView> {
     let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
@@ -184,7 +195,7 @@ impl ApiRegistry for EmbeddedRegistry {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
             let rows = units.iter().map_err(unavailable)?.map(|row| {
                 let (name, record) = row.map_err(unavailable)?;
-                Ok((name.value().to_string(), record))
+                Ok((UnitKey(name), record))
             });
             Page::select(rows, &request, |name, record| {
                 unit_view(txn, name, decode::<UnitRecord>(name, record.value())?).map(Some)
@@ -203,13 +214,13 @@ impl ApiRegistry for EmbeddedRegistry {
                     Ok(row) => row,
                     Err(error) => return Some(Err(unavailable(error))),
                 };
-                let (unit, on) = tables::split_state_key(key.value())?;
+                let (_, on) = tables::split_state_key(key.value())?;
                 if machine.as_deref().is_some_and(|machine| machine != on) {
                     return None;
                 }
-                Some(Ok((unit.to_string(), (key.value().to_string(), state))))
+                Some(Ok((UnitKey(key), state)))
             });
-            Page::select(rows, &request, |_, (key, state)| decode::<UnitState>(&key, state.value()).map(Some))
+            Page::select(rows, &request, |unit, state| decode::<UnitState>(unit, state.value()).map(Some))
         })
         .await
     }
