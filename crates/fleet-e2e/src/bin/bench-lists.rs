@@ -21,7 +21,12 @@ fn main() {
     println!("  fleetctl load --no-block {range}: {:.2} s", loading.elapsed().as_secs_f64());
     let settling = Instant::now();
     fleet.wait_until("every unit reports loaded", std::time::Duration::from_secs(600), |fleet| {
-        fleet.ok(&["list-units", "--no-legend", "--fields", "load"]).stdout.lines().filter(|line| *line == "loaded").count()
+        fleet
+            .ok(&["list-units", "--no-legend", "--fields", "load"])
+            .stdout
+            .lines()
+            .filter(|line| *line == "loaded")
+            .count()
             == count
     });
     println!("  until every unit reported loaded: {:.2} s", settling.elapsed().as_secs_f64());

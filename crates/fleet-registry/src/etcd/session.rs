@@ -239,6 +239,15 @@ impl EtcdRegistry {
         }
     }
 
+    /// Stops renewing `machine_id`'s presence and forgets it, as when its fleetd dies: its
+    /// lease expires after `agent_ttl` and the engine moves its units. (The benchmarks lose
+    /// simulated machines this way; their agents must be stopped first.)
+    pub fn abandon_machine(&self, machine_id: &str) {
+        if let Some(session) = self.take_session(machine_id) {
+            session.stop_keepalive();
+        }
+    }
+
     pub(super) fn session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
         self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(machine_id).cloned()
     }

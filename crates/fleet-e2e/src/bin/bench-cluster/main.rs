@@ -2,7 +2,8 @@
 //!
 //! Many machines run in this one process, each a real `fleet_agent::Agent` with its own
 //! lease and its own schedule watch on the etcd store; only systemd is simulated (units
-//! "run" at once). One real fleetd process (metadata `role=engine`) is the engine; every
+//! "run" at once). One real fleetd process (metadata `role=engine`) is the engine, a second
+//! one stands by; every
 //! unit asks for `role=worker`, so all of them go to the simulated machines. Prints:
 //!
 //! (a) `fleetctl start --no-block --from-file` of every unit (instances of ten templates),
@@ -11,12 +12,17 @@
 //!     engine fleetd and of the bench process;
 //! (b) how many agents one schedule change wakes;
 //! (c) an idle cluster: etcd requests by kind, and CPU of the fleetd engine and of the
-//!     simulated machines over the idle period.
+//!     simulated machines over the idle period;
+//! (e) one machine in ten lost at once (their agents stop, their leases expire together):
+//!     the time until every unit is launched on a live machine;
+//! (f) the engine leader killed: how soon the standby engine fleetd leads, and how many
+//!     units it unscheduled (none should move).
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS]`
 
 mod etcd_metrics;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +31,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::cluster_bench::{TEMPLATES, template, unit_list, wait_all_launched};
 use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib};
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
-use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
+use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal, PageRequest};
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::watch;
 
@@ -59,10 +65,13 @@ fn main() {
         request_timeout: Duration::from_secs(5),
         ..EtcdOptions::default()
     };
-    let engine = Fleetd::start(
-        "e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0",
-        &[("etcd_servers", &etcd.endpoint()), ("metadata", "role=engine"), ("etcd_request_timeout", "5")],
-    );
+    let engine_config =
+        [("etcd_servers", etcd.endpoint()), ("metadata", "role=engine".into()), ("etcd_request_timeout", "5".into())];
+    let engine_config: Vec<(&str, &str)> = engine_config.iter().map(|(key, value)| (*key, value.as_str())).collect();
+    let mut engine = Fleetd::start("e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0", &engine_config);
+    wait_for_leader(&engine);
+    // A second engine fleetd, standing by: it takes over when the leader is killed (f).
+    let standby = Fleetd::start("e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1", &engine_config);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async move {
         let lifetimes = Lifetimes { agent_ttl: AGENT_TTL, engine_lease_ttl: Duration::from_secs(10) };
@@ -83,11 +92,12 @@ fn main() {
                 debounce: Duration::from_millis(10),
                 stop_units_when_cut_off: None,
             };
-            agents.push((config.machine.id.clone(), registry.clone()));
-            let agent = Agent::new(config, Arc::new(registry), Arc::new(FakeUnitManager::new()));
-            tokio::spawn(agent.run(lifecycle_watch.clone()));
+            let id = config.machine.id.clone();
+            let agent = Agent::new(config, Arc::new(registry.clone()), Arc::new(FakeUnitManager::new()));
+            let task = tokio::spawn(agent.run(lifecycle_watch.clone())).abort_handle();
+            agents.push((id, registry, task));
         }
-        while api.machines().await.map(|m| m.len()).unwrap_or(0) < machines + 1 {
+        while api.machines().await.map(|m| m.len()).unwrap_or(0) < machines + 2 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
@@ -128,7 +138,7 @@ fn main() {
 
         // (b) One more unit: how many agents wake?
         let mut signals: Vec<(String, ChangeSignal)> =
-            agents.iter().map(|(id, registry)| (id.clone(), registry.machine_changes(id))).collect();
+            agents.iter().map(|(id, registry, _)| (id.clone(), registry.machine_changes(id))).collect();
         tokio::time::sleep(Duration::from_secs(1)).await;
         for (_, signal) in &mut signals {
             signal.mark_unchanged();
@@ -166,9 +176,90 @@ fn main() {
             engine_cpu * 100.0 / idle_seconds as f64,
             agents_cpu * 100.0 / idle_seconds as f64
         );
+
+        // (e) One machine in ten lost at once: their leases expire together.
+        let lost: HashSet<String> = agents.iter().step_by(10).map(|(id, _, _)| id.clone()).collect();
+        let on_lost = placed_on(&api, &lost).await;
+        for (id, registry, task) in agents.iter().step_by(10) {
+            task.abort();
+            registry.abandon_machine(id);
+        }
+        let losing = Instant::now();
+        let total = units + 1;
+        loop {
+            let (running, stranded) = running_elsewhere(&api, &lost).await;
+            if running == total && stranded == 0 {
+                break;
+            }
+            assert!(losing.elapsed() < AGENT_TTL * 4, "stuck: {running}/{total} launched, {stranded} on lost machines");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        println!(
+            "  (e) {} machines lost at once, with {on_lost} units: every unit launched on a live machine {:.1} s later (agent_ttl {} s; target agent_ttl + 10 s)",
+            lost.len(),
+            losing.elapsed().as_secs_f64(),
+            AGENT_TTL.as_secs()
+        );
+
+        // (f) The engine leader killed: the standby takes over, moving nothing.
+        let unscheduled_before = metric(&tokio::task::block_in_place(|| standby.metrics()), "fleet_engine_decisions_total{decision=\"unschedule\"}");
+        let killing = Instant::now();
+        engine.stop_with(libc::SIGKILL);
+        tokio::task::block_in_place(|| wait_for_leader(&standby));
+        let took_over = killing.elapsed();
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let moved = metric(&tokio::task::block_in_place(|| standby.metrics()), "fleet_engine_decisions_total{decision=\"unschedule\"}") - unscheduled_before;
+        let (running, _) = running_elsewhere(&api, &lost).await;
+        println!(
+            "  (f) engine leader killed: the standby led {:.1} s later (engine lease 5 × engine_reconcile_interval = 10 s; target under agent_ttl); units it unscheduled: {moved}; launched afterwards: {running}/{total}",
+            took_over.as_secs_f64()
+        );
         let _ = lifecycle.send(Lifecycle::Reloading);
         drop(engine);
+        drop(standby);
     });
+}
+
+/// Waits until `fleetd`'s engine says it leads.
+fn wait_for_leader(fleetd: &Fleetd) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while metric(&fleetd.metrics(), "fleet_engine_leader") < 1.0 {
+        assert!(Instant::now() < deadline, "no engine leadership: {}", fleetd.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One sample's value in a metrics text, 0 when absent.
+fn metric(text: &str, sample: &str) -> f64 {
+    text.lines().find_map(|line| line.strip_prefix(sample)?.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
+}
+
+/// Every unit, page by page, from the store's copy.
+async fn every_unit(api: &EtcdRegistry) -> Vec<fleet_registry::UnitView> {
+    let mut all = Vec::new();
+    loop {
+        let request = PageRequest { start: all.len(), limit: 10_000, admits: Arc::new(|_: &str| true) };
+        let Ok(page) = api.units_page(request).await else { return all };
+        let more = page.more;
+        all.extend(page.items);
+        if !more {
+            return all;
+        }
+    }
+}
+
+/// How many units are placed on the machines in `lost`.
+async fn placed_on(api: &EtcdRegistry, lost: &HashSet<String>) -> usize {
+    every_unit(api).await.iter().filter(|unit| unit.machine_id.as_ref().is_some_and(|id| lost.contains(id))).count()
+}
+
+/// How many units report launched on a machine outside `lost`, and how many are still
+/// placed on one in `lost`.
+async fn running_elsewhere(api: &EtcdRegistry, lost: &HashSet<String>) -> (usize, usize) {
+    let all = every_unit(api).await;
+    let on_lost = |unit: &fleet_registry::UnitView| unit.machine_id.as_ref().is_some_and(|id| lost.contains(id));
+    let running = all.iter().filter(|unit| unit.current == Some(DesiredState::Launched) && !on_lost(unit)).count();
+    (running, all.iter().filter(|unit| on_lost(unit)).count())
 }
 
 /// Runs fleetctl against the fleetd at `socket` from `dir`, off the runtime's threads;
