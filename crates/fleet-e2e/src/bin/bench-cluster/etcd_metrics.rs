@@ -51,3 +51,18 @@ pub fn delta(before: &Counters, after: &Counters) -> Counters {
         .filter(|(name, moved)| *moved != 0.0 || name.starts_with("etcd_mvcc_"))
         .collect()
 }
+
+/// etcd's store size now: keys, revisions kept, and database size (allocated and in use).
+pub fn store_size(address: &str) -> Vec<(&'static str, f64)> {
+    let text = scrape(address);
+    let gauge = |name: &str| {
+        text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok()).unwrap_or(0.0)
+    };
+    vec![
+        ("keys", gauge("etcd_debugging_mvcc_keys_total")),
+        ("revision", gauge("etcd_debugging_mvcc_current_revision")),
+        ("compacted revision", gauge("etcd_debugging_mvcc_compact_revision")),
+        ("db size MiB", gauge("etcd_mvcc_db_total_size_in_bytes") / 1_048_576.0),
+        ("db in use MiB", gauge("etcd_mvcc_db_total_size_in_use_in_bytes") / 1_048_576.0),
+    ]
+}

@@ -136,6 +136,10 @@ fn main() {
             peak_resident_mib(std::process::id())
         );
 
+        let store = etcd_metrics::store_size(etcd.endpoint().trim_start_matches("http://"));
+        let store: Vec<String> = store.iter().map(|(name, value)| format!("{name} {value:.0}")).collect();
+        println!("  etcd after the submission: {}", store.join(", "));
+
         // (b) One more unit: how many agents wake?
         let mut signals: Vec<(String, ChangeSignal)> =
             agents.iter().map(|(id, registry, _)| (id.clone(), registry.machine_changes(id))).collect();
