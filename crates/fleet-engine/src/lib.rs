@@ -113,6 +113,9 @@ impl Engine {
         let Some(lease) = self.lease.clone() else {
             return Ok(());
         };
+        if let Err(error) = self.registry.compact_history().await {
+            tracing::warn!(%error, "compacting the store's history");
+        }
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
             return Ok(());
         }

@@ -259,6 +259,11 @@ pub trait EngineRegistry: Send + Sync {
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
+    /// Drops the store's history older than it keeps, when that is due; the leading engine
+    /// calls it on every pass. A store without a history does nothing.
+    async fn compact_history(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 #[async_trait]

@@ -26,6 +26,7 @@ fn etcd_options(config: &Config) -> EtcdOptions {
         lease_file: Some(config.state_dir.join("etcd-machine-lease")),
         // A manager (it signs machine certificates) serves many pull agents from one copy.
         serve_many_machines: !config.agent_ca_cert_file.is_empty(),
+        kept_history: None,
     }
 }
 

@@ -28,6 +28,9 @@ pub struct EtcdOptions {
     /// A manager of pull agents reads every machine's work from one watch-fed copy (one watch
     /// however many machines it serves) rather than a copy per machine.
     pub serve_many_machines: bool,
+    /// How much of etcd's history the engine leader keeps when it compacts (default:
+    /// five minutes).
+    pub kept_history: Option<Duration>,
 }
 
 /// etcd's default limit on operations per transaction (`--max-txn-ops`).

@@ -184,6 +184,10 @@ impl EngineRegistry for EtcdRegistry {
         Ok(EngineSnapshot { revision: data.generation, machines: machines_in(self, &data)?, units })
     }
 
+    async fn compact_history(&self) -> Result<()> {
+        self.compact_old_history().await.map(|_| ())
+    }
+
     async fn snapshot_revision(&self) -> Result<Option<u64>> {
         Ok(Some(self.engine_mirror().synced()?.generation))
     }

@@ -12,6 +12,7 @@
 mod agent;
 mod api;
 mod api_copy;
+mod compaction;
 mod connection;
 mod credentials;
 mod engine;
@@ -61,6 +62,9 @@ struct Inner {
     /// The revision of the last unit write this API made: a list waits until its copy has it.
     api_written: std::sync::atomic::AtomicI64,
     state_order: api_copy::StateOrder,
+    /// How much history the engine leader keeps when it compacts.
+    kept_history: Duration,
+    checkpoint: compaction::Checkpoint,
     machine_mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
     /// With `serve_many_machines`: every machine's work in one copy, and a wake-up signal per
     /// machine fed by that copy's changes.
@@ -86,6 +90,8 @@ impl EtcdRegistry {
                 api_mirror: OnceLock::new(),
                 api_written: std::sync::atomic::AtomicI64::new(0),
                 state_order: api_copy::StateOrder::default(),
+                kept_history: options.kept_history.unwrap_or(compaction::KEPT_HISTORY),
+                checkpoint: compaction::Checkpoint::default(),
                 machine_mirrors: Mutex::new(HashMap::new()),
                 serve_many_machines: options.serve_many_machines,
                 all_work_mirror: OnceLock::new(),

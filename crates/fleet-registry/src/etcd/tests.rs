@@ -257,3 +257,39 @@ async fn serving_many_machines_takes_one_copy_for_all() {
     let woken = signals.iter().filter(|signal| signal.has_changed().unwrap_or(false)).count();
     assert_eq!(woken, 1, "only m7's work changed");
 }
+
+#[tokio::test]
+async fn the_leader_compacts_history_older_than_it_keeps() {
+    let etcd = EtcdServer::start();
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    let kept = Duration::from_millis(300);
+    let registry =
+        EtcdRegistry::connect(&EtcdOptions { kept_history: Some(kept), ..options(&etcd) }, lifetimes).await.unwrap();
+    let file = |n: u32| fleet_core::UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep {n}\n")).unwrap();
+    for n in 0..5 {
+        registry.put_unit("a.service", &file(n), fleet_core::DesiredState::Launched).await.unwrap();
+    }
+    fleet_testkit::eventually("the engine's copy is listed", async || {
+        registry.snapshot().await.is_ok_and(|snapshot| snapshot.units.len() == 1)
+    })
+    .await;
+    assert_eq!(registry.compact_old_history().await.unwrap(), None, "the first pass only notes where history stands");
+    let noted = registry.engine_mirror().read().revision;
+    for n in 5..10 {
+        registry.put_unit("a.service", &file(n), fleet_core::DesiredState::Launched).await.unwrap();
+    }
+    assert_eq!(registry.compact_old_history().await.unwrap(), None, "not due before the kept span passed");
+    tokio::time::sleep(kept).await;
+    assert_eq!(registry.compact_old_history().await.unwrap(), Some(noted), "compacts to the revision noted a span ago");
+    let key = registry.keys().unit("a.service");
+    let before = registry.connection().get(&key, Some(GetOptions::new().with_revision(noted - 1))).await;
+    assert!(before.is_err_and(|error| error.to_string().contains("compacted")), "history before it is gone");
+    let since = registry.connection().get(&key, Some(GetOptions::new().with_revision(noted))).await.unwrap();
+    assert_eq!(since.kvs().len(), 1, "history since it is kept");
+    // The copies carry on.
+    registry.put_unit("b.service", &file(0), fleet_core::DesiredState::Launched).await.unwrap();
+    fleet_testkit::eventually("the engine's copy sees a new write", async || {
+        registry.snapshot().await.is_ok_and(|snapshot| snapshot.units.len() == 2)
+    })
+    .await;
+}

@@ -1,0 +1,54 @@
+//! Old revisions are dropped: etcd keeps every version of every key until compacted, and
+//! fleet writes a unit state on every change of every unit. The engine leader compacts the
+//! history older than [`KEPT_HISTORY`], as Kubernetes' API servers do: each pass compacts
+//! to the revision it noted one interval before, so a watch that fell behind by less than
+//! that resumes, and one that fell further behind lists again (`mirror.rs`).
+
+use std::time::{Duration, Instant};
+
+use super::EtcdRegistry;
+use crate::Result;
+
+/// How much history is kept, unless the options say otherwise.
+pub const KEPT_HISTORY: Duration = Duration::from_secs(5 * 60);
+
+/// The revision noted at the last pass, and when.
+#[derive(Default)]
+pub(super) struct Checkpoint {
+    noted: std::sync::Mutex<Option<(Instant, i64)>>,
+}
+
+impl EtcdRegistry {
+    /// Compacts the history older than the kept span, when a span has passed since the last
+    /// compaction: returns the revision compacted to, if it did. Costs no request otherwise.
+    pub(super) async fn compact_old_history(&self) -> Result<Option<i64>> {
+        let kept = self.inner.kept_history;
+        let current = self.engine_mirror().read().revision;
+        let due = {
+            let mut noted = self.inner.checkpoint.noted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match *noted {
+                None => {
+                    *noted = (current > 0).then(|| (Instant::now(), current));
+                    None
+                }
+                Some((at, revision)) if at.elapsed() >= kept => {
+                    *noted = Some((Instant::now(), current));
+                    Some(revision)
+                }
+                Some(_) => None,
+            }
+        };
+        let Some(revision) = due else { return Ok(None) };
+        let connection = self.connection();
+        let mut client = connection.client();
+        match connection.within("compact", connection.timeout, client.compact(revision, None)).await {
+            Ok(_) => {
+                tracing::info!(revision, "compacted the store's history");
+                Ok(Some(revision))
+            }
+            // Someone (an operator's --auto-compaction, another engine) compacted further.
+            Err(error) if error.to_string().contains("compacted") => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+}
