@@ -5,8 +5,9 @@
 //!
 //! - every acknowledged unit ends up running once, and every acknowledged destroy ends it;
 //! - a unit runs on two machines only while one of them is out of touch with etcd (its
-//!   lease expired, whatever mix of faults caused it; seen from etcd by
-//!   [`crate::presence_log`]) and for [`Chaos::reaction`] after it is back;
+//!   lease expired, whatever mix of faults caused it, or etcd answering no one for want of
+//!   a quorum or a leader; seen from etcd by [`crate::presence_log`]) and for
+//!   [`Chaos::reaction`] after it is back;
 //! - the two units that conflict never run on one machine but within that same allowance;
 //! - no fleetd dies but the ones killed on purpose.
 //!
@@ -146,6 +147,8 @@ pub struct Report {
     pub longest_fault: Duration,
     /// The longest a machine was out of touch with etcd (lease expired until it joined again).
     pub longest_absence: Duration,
+    /// The longest no etcd member answered (no quorum or no leader).
+    pub longest_silence: Duration,
     pub settled_after: Option<Duration>,
     /// What etcd and the fleetds saw of each unit that ran twice beyond any outage.
     pub trails: Vec<String>,
@@ -161,6 +164,7 @@ impl std::fmt::Display for Report {
         writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
         writeln!(f, "  longest fault as injected: {:?}", self.longest_fault)?;
         writeln!(f, "  longest a machine was out of touch with etcd: {:?}", self.longest_absence)?;
+        writeln!(f, "  longest etcd answered no one: {:?}", self.longest_silence)?;
         match self.settled_after {
             Some(settled) => writeln!(f, "  settled {settled:?} after the last fault")?,
             None => writeln!(f, "  never settled")?,
@@ -243,6 +247,7 @@ struct Observed {
     longest_fault: Duration,
     /// The longest a machine was out of touch with etcd, as etcd saw it.
     longest_absence: Duration,
+    longest_silence: Duration,
 }
 
 pub struct Chaos {
@@ -339,6 +344,7 @@ impl Chaos {
         self.report.longest_double_run = observed.longest_double_run;
         self.report.longest_fault = observed.longest_fault;
         self.report.longest_absence = observed.longest_absence;
+        self.report.longest_silence = observed.longest_silence;
         self.report.violations.extend(observed.violations);
         // The trail of each unit that ran twice beyond what an outage explains.
         let doubled: Vec<(usize, Option<(u64, u64)>)> =
@@ -660,6 +666,7 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
             seen.violations.push(violation);
         }
         seen.longest_absence = presence.longest_absence();
+        seen.longest_silence = presence.longest_silence();
         drop(seen);
         if stopping {
             return;

@@ -7,6 +7,10 @@
 //! an interval from the last reading that still saw the machine's key to the first that saw
 //! it back (or a new key: away and back between two readings), and double runs are judged
 //! against those intervals after the fact, never against a reading that may come late.
+//!
+//! When no member answers at all (etcd lost its quorum or its leader), no machine can learn
+//! anything from etcd, whatever its lease says: such a silence, from the last answered poll to
+//! the next, counts as every machine out of touch.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -31,9 +35,37 @@ struct Machine {
     absences: Vec<(Instant, Option<Instant>)>,
 }
 
+/// The stretches when no member answered: from the last answered poll to the next one
+/// (`None`: none yet).
+#[derive(Debug)]
+struct Silences {
+    last_answer: Instant,
+    silent: bool,
+    stretches: Vec<(Instant, Option<Instant>)>,
+}
+
+impl Silences {
+    fn record(&mut self, answered: bool, now: Instant) {
+        match (answered, self.silent) {
+            (true, true) => {
+                if let Some(last) = self.stretches.last_mut() {
+                    last.1 = Some(now);
+                }
+            }
+            (false, false) => self.stretches.push((self.last_answer, None)),
+            _ => {}
+        }
+        self.silent = !answered;
+        if answered {
+            self.last_answer = now;
+        }
+    }
+}
+
 /// The log, updated by its thread until dropped.
 pub struct PresenceLog {
     machines: Arc<Mutex<BTreeMap<String, Machine>>>,
+    silences: Arc<Mutex<Silences>>,
     stop: Arc<AtomicBool>,
     poller: Option<std::thread::JoinHandle<()>>,
 }
@@ -48,13 +80,19 @@ impl PresenceLog {
             .map(|id| (id.clone(), Machine { present_at: began, created: None, absent: false, absences: Vec::new() }))
             .collect();
         let machines = Arc::new(Mutex::new(machines));
+        let silences = Arc::new(Mutex::new(Silences { last_answer: began, silent: false, stretches: Vec::new() }));
         let stop = Arc::new(AtomicBool::new(false));
         let poller = {
-            let (machines, stop, prefix) = (machines.clone(), stop.clone(), format!("{prefix}machines/"));
+            let (machines, silences, stop) = (machines.clone(), silences.clone(), stop.clone());
+            let prefix = format!("{prefix}machines/");
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
-                    if let Some(keys) = keys_under(&addresses, &prefix) {
-                        let now = Instant::now();
+                    let keys = keys_under(&addresses, &prefix);
+                    let now = Instant::now();
+                    if let Ok(mut silences) = silences.lock() {
+                        silences.record(keys.is_some(), now);
+                    }
+                    if let Some(keys) = keys {
                         let Ok(mut machines) = machines.lock() else { return };
                         for (id, machine) in machines.iter_mut() {
                             record(machine, keys.get(&format!("{prefix}{id}")).copied(), now);
@@ -64,17 +102,20 @@ impl PresenceLog {
                 }
             })
         };
-        Self { machines, stop, poller: Some(poller) }
+        Self { machines, silences, stop, poller: Some(poller) }
     }
 
-    /// How much of `[from, to]` none of the machines `ids` spent out of touch, or within
-    /// `grace` of being back: the part of a double run no outage accounts for.
+    /// How much of `[from, to]` none of the machines `ids` spent out of touch (etcd silent
+    /// included), or within `grace` of being back: the part of a double run no outage
+    /// accounts for.
     pub fn unexcused(&self, ids: &[String], from: Instant, to: Instant, grace: Duration) -> Duration {
         let Ok(machines) = self.machines.lock() else { return Duration::ZERO };
+        let Ok(silences) = self.silences.lock() else { return Duration::ZERO };
         let mut covers: Vec<(Instant, Instant)> = ids
             .iter()
             .filter_map(|id| machines.get(id))
             .flat_map(|machine| machine.absences.iter())
+            .chain(&silences.stretches)
             .map(|(start, back)| (*start, back.map_or(to, |back| back + grace)))
             .collect();
         covers.sort();
@@ -89,6 +130,12 @@ impl PresenceLog {
             uncovered += to - reached;
         }
         uncovered
+    }
+
+    /// The longest no etcd member answered (ended silences only).
+    pub fn longest_silence(&self) -> Duration {
+        let Ok(silences) = self.silences.lock() else { return Duration::ZERO };
+        silences.stretches.iter().filter_map(|(start, back)| back.map(|back| back - *start)).max().unwrap_or_default()
     }
 
     /// The longest a machine was out of touch (ended absences only, as the readings bound
@@ -153,8 +200,16 @@ mod tests {
         // Away and back between two readings: a new key.
         record(&mut machine, Some(9), at(20));
         assert_eq!(machine.absences, vec![(at(1), Some(at(6))), (at(6), Some(at(20)))]);
+        // etcd answered no one from 30 s (the last answer) to 34 s.
+        let mut silences = Silences { last_answer: t0, silent: false, stretches: Vec::new() };
+        silences.record(true, at(30));
+        silences.record(false, at(31));
+        silences.record(false, at(33));
+        silences.record(true, at(34));
+        assert_eq!(silences.stretches, vec![(at(30), Some(at(34)))]);
         let log = PresenceLog {
             machines: Arc::new(Mutex::new(BTreeMap::from([("m".to_string(), machine)]))),
+            silences: Arc::new(Mutex::new(silences)),
             stop: Arc::new(AtomicBool::new(true)),
             poller: None,
         };
@@ -163,5 +218,11 @@ mod tests {
         assert_eq!(log.unexcused(&ids, at(0), at(1), Duration::from_secs(3)), Duration::from_secs(1));
         assert_eq!(log.unexcused(&["other".to_string()], at(0), at(5), Duration::ZERO), Duration::from_secs(5));
         assert_eq!(log.longest_absence(), Duration::from_secs(14));
+        // A silence excuses every machine, the grace after it included.
+        assert_eq!(
+            log.unexcused(&["other".to_string()], at(29), at(38), Duration::from_secs(3)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(log.longest_silence(), Duration::from_secs(4));
     }
 }
