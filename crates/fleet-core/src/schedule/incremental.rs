@@ -65,7 +65,14 @@ struct SettledUnit {
 #[derive(Default)]
 struct RuleIndex {
     literals: HashSet<String>,
-    wildcards: Vec<Glob>,
+    /// Patterns by the literal text they start with: a name is matched only against the
+    /// patterns whose start it shares.
+    wildcards: HashMap<String, Vec<Glob>>,
+}
+
+/// The part of `pattern` before its first special character.
+fn literal_start(pattern: &str) -> &str {
+    pattern.find(['*', '?', '[', '\\']).map_or(pattern, |end| &pattern[..end])
 }
 
 impl RuleIndex {
@@ -83,7 +90,7 @@ impl RuleIndex {
                     Some(name) => {
                         index.literals.insert(name);
                     }
-                    None => index.wildcards.push(glob),
+                    None => index.wildcards.entry(literal_start(pattern).to_string()).or_default().push(glob),
                 }
             }
         }
@@ -91,7 +98,10 @@ impl RuleIndex {
     }
 
     fn names(&self, unit: &str) -> bool {
-        self.literals.contains(unit) || self.wildcards.iter().any(|glob| glob.matches(unit))
+        self.literals.contains(unit)
+            || unit.char_indices().map(|(at, _)| at).chain([unit.len()]).any(|end| {
+                self.wildcards.get(&unit[..end]).is_some_and(|globs| globs.iter().any(|glob| glob.matches(unit)))
+            })
     }
 }
 
