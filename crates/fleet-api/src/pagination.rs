@@ -112,6 +112,45 @@ impl PageToken {
     }
 }
 
+/// Where the lists clients follow page by page stopped: the next page of a listing (its kind,
+/// its asker's role and filters) resumes after the last item of the page before, so a store
+/// finds it without walking every item before it. Tokens stay the original's (a page number,
+/// or an offset): a page asked for with no cursor known, or past the cursor's lifetime, is
+/// found by counting, as before.
+#[derive(Default)]
+pub struct PageCursors {
+    cursors: std::sync::Mutex<std::collections::HashMap<(String, usize), (String, std::time::Instant)>>,
+}
+
+/// How long a cursor is kept after its page was served.
+const CURSOR_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
+/// The most cursors kept (one per listing being followed).
+const MAX_CURSORS: usize = 4096;
+
+impl PageCursors {
+    /// The list key of the item the page before `start` of `listing` ended with.
+    pub fn after(&self, listing: &str, start: usize) -> Option<String> {
+        if start == 0 {
+            return None;
+        }
+        let cursors = self.cursors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (last, served) = cursors.get(&(listing.to_string(), start))?;
+        (served.elapsed() < CURSOR_LIFETIME).then(|| last.clone())
+    }
+
+    /// Notes that the page of `listing` ending before `next_start` ended with `last`.
+    pub fn remember(&self, listing: &str, next_start: usize, last: String) {
+        let mut cursors = self.cursors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if cursors.len() >= MAX_CURSORS {
+            cursors.retain(|_, (_, served)| served.elapsed() < CURSOR_LIFETIME);
+            if cursors.len() >= MAX_CURSORS {
+                cursors.clear();
+            }
+        }
+        cursors.insert((listing.to_string(), next_start), (last, std::time::Instant::now()));
+    }
+}
+
 /// What an item takes in a JSON answer.
 pub fn serialized_size<T: serde::Serialize>(item: &T) -> usize {
     serde_json::to_vec(item).map_or(0, |bytes| bytes.len())

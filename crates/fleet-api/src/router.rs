@@ -54,6 +54,8 @@ pub struct ApiState {
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
     /// The web view's live feed.
     pub live_view: Arc<crate::live_view::LiveView>,
+    /// Where the lists being followed page by page stopped.
+    pub page_cursors: Arc<crate::pagination::PageCursors>,
     /// The cluster's counts for `/metrics`, by store revision.
     pub counts_cache: Arc<crate::cluster_counts::CountsCache>,
     /// Where git sources' secrets are read (their push webhooks' shared secrets); `None`:

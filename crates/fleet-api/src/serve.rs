@@ -323,6 +323,7 @@ mod tests {
             agent_presence: Default::default(),
             journal_relay: Default::default(),
             live_view: Default::default(),
+            page_cursors: Default::default(),
             counts_cache: Default::default(),
             source_secrets_dir: None,
         };

@@ -44,11 +44,12 @@ pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
 
 async fn launched(api: &EtcdRegistry) -> usize {
     // Page by page from the store's copy, as the API reads them.
-    let (mut count, mut start) = (0, 0);
+    let (mut count, mut start, mut after) = (0, 0, None);
     loop {
-        let request = PageRequest { start, limit: 10_000, admits: Arc::new(|_: &str| true) };
+        let request = PageRequest { start, limit: 10_000, admits: Arc::new(|_: &str| true), after: after.take() };
         let Ok(page) = api.units_page(request).await else { return count };
         start += page.items.len();
+        after = page.items.last().map(|unit| unit.name.clone());
         count += page.items.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count();
         if !page.more {
             return count;

@@ -537,12 +537,12 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
 }
 
 fn every(start: usize, limit: usize) -> PageRequest {
-    PageRequest { start, limit, admits: Arc::new(|_: &str| true) }
+    PageRequest { start, limit, admits: Arc::new(|_: &str| true), after: None }
 }
 
 fn only(name: &str) -> PageRequest {
     let name = name.to_string();
-    PageRequest { start: 0, limit: 10, admits: Arc::new(move |unit: &str| unit == name) }
+    PageRequest { start: 0, limit: 10, admits: Arc::new(move |unit: &str| unit == name), after: None }
 }
 
 /// Every page of `limit` items, one after the other, from what `page` reads.
@@ -631,8 +631,31 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
     }
     let on_m2: Vec<UnitState> = states.iter().filter(|state| state.machine_id == "m2").cloned().collect();
     assert_eq!(all_pages(1, |request| registry.unit_states_page(request, Some("m2"))).await, on_m2);
-    let filtered =
-        registry.units_page(PageRequest { start: 1, limit: 2, admits: Arc::new(|name: &str| name.starts_with("u1")) });
+    let machines = registry.machines().await.unwrap();
+    assert_eq!(machines.len(), 2);
+    eventually("machines page by page are the list", async || {
+        all_pages(1, |request| registry.machines_page(request)).await == machines
+    })
+    .await;
+    // A page that resumes after the item the page before ended with is the same page.
+    let resume =
+        |after: &str| PageRequest { start: 999, limit: 2, admits: Arc::new(|_: &str| true), after: Some(after.into()) };
+    let resumed = registry.units_page(resume("u03.service")).await.unwrap();
+    assert_eq!(resumed.items.iter().map(|view| view.name.as_str()).collect::<Vec<_>>(), ["u04.service", "u05.service"]);
+    assert!(resumed.more);
+    let resumed = registry.unit_states_page(resume("all.service\0m1"), None).await.unwrap();
+    let keys: Vec<(&str, &str)> =
+        resumed.items.iter().map(|state| (state.name.as_str(), state.machine_id.as_str())).collect();
+    assert_eq!(keys, [("all.service", "m2"), ("u00.service", "m1")]);
+    let resumed = registry.unit_states_page(resume("all.service\0m2"), Some("m2")).await.unwrap();
+    assert_eq!(resumed.items.iter().map(|state| state.name.as_str()).collect::<Vec<_>>(), ["u01.service"]);
+    assert!(!resumed.more);
+    let filtered = registry.units_page(PageRequest {
+        start: 1,
+        limit: 2,
+        admits: Arc::new(|name: &str| name.starts_with("u1")),
+        after: None,
+    });
     let filtered = filtered.await.unwrap();
     assert_eq!(filtered.items.iter().map(|view| view.name.as_str()).collect::<Vec<_>>(), ["u11.service"]);
     assert!(!filtered.more);

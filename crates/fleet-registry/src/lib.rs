@@ -136,12 +136,22 @@ pub trait SourceRegistry: Send + Sync {
 }
 
 /// Which part of a list a page holds: of the items whose unit name `admits` lets through,
-/// the `start`-th on, at most `limit` of them.
+/// the `start`-th on, at most `limit` of them; or, when `after` names the item the page
+/// before ended with (its list key: a unit's name; a unit state's name, `\0`, machine), the
+/// items after it, which a store finds without walking the ones before.
 #[derive(Clone)]
 pub struct PageRequest {
     pub start: usize,
     pub limit: usize,
     pub admits: Arc<dyn Fn(&str) -> bool + Send + Sync>,
+    pub after: Option<String>,
+}
+
+impl PageRequest {
+    /// How many admitted items to pass over before the page: none when it resumes `after`.
+    pub fn skip(&self) -> usize {
+        if self.after.is_some() { 0 } else { self.start }
+    }
 }
 
 /// One page of a list, and whether more items follow it.
@@ -167,7 +177,7 @@ impl<T> Page<T> {
             if !(request.admits)(name) {
                 continue;
             }
-            if skipped < request.start {
+            if skipped < request.skip() {
                 skipped += 1;
                 continue;
             }
@@ -189,12 +199,14 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// for a page costs grows with the page, not with the cluster (a store may still walk
     /// the names before the page).
     async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {
+        let request = PageRequest { after: None, ..request };
         let units = self.units().await?;
         Page::select(units.into_iter().map(|unit| Ok((unit.name.clone(), unit))), &request, |_, unit| Ok(Some(unit)))
     }
     /// One page of [`ApiRegistry::unit_states`] (in unit, then machine order), of one
     /// machine's units when `machine` is given.
     async fn unit_states_page(&self, request: PageRequest, machine: Option<&str>) -> Result<Page<UnitState>> {
+        let request = PageRequest { after: None, ..request };
         let states = self.unit_states().await?;
         let states = states.into_iter().filter(|state| machine.is_none_or(|machine| state.machine_id == machine));
         Page::select(states.map(|state| Ok((state.name.clone(), state))), &request, |_, state| Ok(Some(state)))
@@ -223,6 +235,15 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     async fn unit_states(&self) -> Result<Vec<UnitState>>;
     /// Live machines with their effective metadata, in ID order.
     async fn machines(&self) -> Result<Vec<MachineState>>;
+    /// One page of [`ApiRegistry::machines`] (`admits` and `after` take machine IDs); a store
+    /// may serve it from a copy with the consistency of its list pages.
+    async fn machines_page(&self, request: PageRequest) -> Result<Page<MachineState>> {
+        let request = PageRequest { after: None, ..request };
+        let machines = self.machines().await?;
+        Page::select(machines.into_iter().map(|machine| Ok((machine.id.clone(), machine))), &request, |_, machine| {
+            Ok(Some(machine))
+        })
+    }
     /// Applies runtime metadata changes all at once.
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()>;
     /// A number that changes whenever anything the API shows may have changed, cheap to ask:

@@ -245,6 +245,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         agent_presence: agent_presence.clone(),
         journal_relay: Default::default(),
         live_view: Default::default(),
+        page_cursors: Default::default(),
         counts_cache: Default::default(),
         source_secrets_dir: Some(config.source_credentials_dir.clone()),
     };

@@ -2,7 +2,9 @@
 
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use fleet_registry::MetadataChange;
+use std::sync::Arc;
+
+use fleet_registry::{MetadataChange, PageRequest};
 use serde_json::Value;
 
 use crate::pagination::serialized_size;
@@ -11,15 +13,20 @@ use crate::schema::{Machine, MachinePage};
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit.get())?;
-    let mut machines: Vec<Machine> = state
-        .registry
-        .machines()
-        .await?
+    let (start, limit) = token.window();
+    let listing = "machines";
+    let after = state.page_cursors.after(listing, start);
+    let request = PageRequest { start, limit, admits: Arc::new(|_: &str| true), after };
+    let page = state.registry.machines_page(request).await?;
+    let machines: Vec<Machine> = page
+        .items
         .into_iter()
         .map(|machine| Machine { id: machine.id, metadata: machine.metadata, primary_ip: machine.public_ip })
         .collect();
-    machines.sort_by(|a, b| a.id.cmp(&b.id));
-    let (machines, next) = token.page(machines, serialized_size);
+    let (machines, next) = token.page_fetched(machines, page.more, serialized_size);
+    if let (Some(_), Some(last)) = (&next, machines.last()) {
+        state.page_cursors.remember(listing, start + machines.len(), last.id.clone());
+    }
     Ok(json_response(StatusCode::OK, &MachinePage { machines, next_page_token: next.map(|t| t.encode()) }))
 }
 

@@ -29,18 +29,23 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
     let machine = first_value(query, "machineID");
     let unit = first_value(query, "unitName").map(str::to_string);
     let (start, limit) = token.window();
+    let listing = format!("state {role:?} {machine:?} {unit:?}");
+    let after = state.page_cursors.after(&listing, start);
     let role = role.clone();
     let admits = move |name: &str| unit.as_deref().is_none_or(|unit| name == unit) && role.sees_unit(name);
-    let request = PageRequest { start, limit, admits: Arc::new(admits) };
+    let request = PageRequest { start, limit, admits: Arc::new(admits), after };
     let page = state.registry.unit_states_page(request, machine).await?;
     let states: Vec<UnitState> = page.items.into_iter().map(to_schema).collect();
     let (states, next) = token.page_fetched(states, page.more, serialized_size);
+    if let (Some(_), Some(last)) = (&next, states.last()) {
+        state.page_cursors.remember(&listing, start + states.len(), format!("{}\0{}", last.name, last.machine_id));
+    }
     Ok(json_response(StatusCode::OK, &UnitStatePage { next_page_token: next.map(|t| t.encode()), states }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
     let wanted = name.to_string();
-    let request = PageRequest { start: 0, limit: 1, admits: Arc::new(move |unit: &str| unit == wanted) };
+    let request = PageRequest { start: 0, limit: 1, admits: Arc::new(move |unit: &str| unit == wanted), after: None };
     let found = state.registry.unit_states_page(request, None).await?.items.into_iter().next();
     match found {
         Some(unit_state) => Ok(json_response(StatusCode::OK, &to_schema(unit_state))),

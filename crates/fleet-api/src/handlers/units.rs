@@ -48,11 +48,16 @@ pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
 pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
     let token = page_token(query, state.token_limit.get())?;
     let (start, limit) = token.window();
+    let listing = format!("units {role:?}");
+    let after = state.page_cursors.after(&listing, start);
     let role = role.clone();
-    let request = PageRequest { start, limit, admits: Arc::new(move |name: &str| role.sees_unit(name)) };
+    let request = PageRequest { start, limit, admits: Arc::new(move |name: &str| role.sees_unit(name)), after };
     let page = state.registry.units_page(request).await?;
     let units: Vec<Unit> = page.items.into_iter().map(|view| to_schema(view, Shown::InList)).collect();
     let (units, next) = token.page_fetched(units, page.more, serialized_size);
+    if let (Some(_), Some(last)) = (&next, units.last()) {
+        state.page_cursors.remember(&listing, start + units.len(), last.name.clone());
+    }
     Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units }))
 }
 

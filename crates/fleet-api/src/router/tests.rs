@@ -29,6 +29,7 @@ async fn api(token_limit: u16) -> Api {
         agent_presence: Default::default(),
         journal_relay: Default::default(),
         live_view: Default::default(),
+        page_cursors: Default::default(),
         counts_cache: Default::default(),
         source_secrets_dir: None,
     };

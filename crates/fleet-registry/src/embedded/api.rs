@@ -20,6 +20,15 @@ impl AsRef<str> for UnitKey<'_> {
     }
 }
 
+/// A table's rows in key order, after the key `after` when given.
+fn resumed<'t>(
+    table: &'t redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    after: Option<&str>,
+) -> Result<redb::Range<'t, &'static str, &'static [u8]>> {
+    let after = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+    table.range::<&str>((after, std::ops::Bound::Unbounded)).map_err(unavailable)
+}
+
 /// Reads one unit with its body, schedule, reason and derived current state.
 fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<UnitView> {
     let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
@@ -193,7 +202,7 @@ impl ApiRegistry for EmbeddedRegistry {
     async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {
         self.read(move |txn| {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
-            let rows = units.iter().map_err(unavailable)?.map(|row| {
+            let rows = resumed(&units, request.after.as_deref())?.map(|row| {
                 let (name, record) = row.map_err(unavailable)?;
                 Ok((UnitKey(name), record))
             });
@@ -209,7 +218,7 @@ impl ApiRegistry for EmbeddedRegistry {
         self.read(move |txn| {
             let states = txn.open_table(tables::STATES).map_err(unavailable)?;
             // Keyed by unit, then machine: already in the list's order.
-            let rows = states.iter().map_err(unavailable)?.filter_map(|row| {
+            let rows = resumed(&states, request.after.as_deref())?.filter_map(|row| {
                 let (key, state) = match row {
                     Ok(row) => row,
                     Err(error) => return Some(Err(unavailable(error))),

@@ -406,6 +406,10 @@ impl ApiRegistry for EtcdRegistry {
         Ok(result)
     }
 
+    async fn machines_page(&self, request: PageRequest) -> Result<Page<MachineState>> {
+        self.machines_page_from_copy(request).await
+    }
+
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()> {
         let keys = self.keys();
         let machines: Vec<String> = changes
@@ -448,8 +452,13 @@ impl ApiRegistry for EtcdRegistry {
                 .iter()
                 .map(|(machine, (overrides, _))| TxnOp::put(keys.metadata(machine), encode(overrides), None))
                 .collect();
-            let written = self.connection().txn(Txn::new().when(compares).and_then(puts)).await?.succeeded();
-            Ok(written.then_some(()))
+            let reply = self.connection().txn(Txn::new().when(compares).and_then(puts)).await?;
+            if reply.succeeded()
+                && let Some(header) = reply.header()
+            {
+                self.api_wrote(header.revision());
+            }
+            Ok(reply.succeeded().then_some(()))
         })
         .await
     }

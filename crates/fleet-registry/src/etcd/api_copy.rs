@@ -1,6 +1,6 @@
-//! The API's watch-fed copy of units, placements, reasons, unit states and bodies, from
-//! which list pages are served: a page costs a walk over names in memory and the views of
-//! its own items, never a read of whole prefixes from etcd.
+//! The API's watch-fed copy of units, placements, reasons, unit states, bodies, machines and
+//! their metadata, from which lists are served: a page costs a walk over names in memory and
+//! the views of its own items, never a read of whole prefixes from etcd.
 //!
 //! Consistency, as the API states it: a list through a fleetd shows every unit write that
 //! fleetd's API acknowledged before the list began (it waits for its copy to have it), and
@@ -12,7 +12,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fleet_core::{UnitFile, UnitState};
+use fleet_core::{MachineState, UnitFile, UnitState};
 
 use super::EtcdRegistry;
 use super::keys::KeyRange;
@@ -58,6 +58,22 @@ impl StateOrder {
     }
 }
 
+/// The entries of `range` in key order, after the key `after` when given.
+fn resumed<'a>(
+    data: &'a MirrorData,
+    range: &'a KeyRange,
+    after: Option<String>,
+) -> Box<dyn Iterator<Item = (&'a String, &'a super::mirror::Entry)> + 'a> {
+    match after {
+        Some(after) => Box::new(
+            data.entries
+                .range::<String, _>((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+                .take_while(move |(key, _)| range.contains(key)),
+        ),
+        None => Box::new(data.range(range)),
+    }
+}
+
 impl EtcdRegistry {
     fn api_mirror(&self) -> &Mirror {
         self.inner.api_mirror.get_or_init(|| {
@@ -68,6 +84,8 @@ impl EtcdRegistry {
                 KeyRange::prefix(keys.reasons()),
                 KeyRange::prefix(keys.all_states()),
                 KeyRange::prefix(keys.bodies()),
+                KeyRange::prefix(keys.machines()),
+                KeyRange::prefix(keys.all_metadata()),
             ];
             Mirror::start(self.connection().clone(), ranges)
         })
@@ -108,8 +126,8 @@ impl EtcdRegistry {
         let keys = self.keys();
         let prefix = keys.units();
         let range = KeyRange::prefix(prefix.clone());
-        let units = data
-            .range(&range)
+        let after = request.after.as_deref().map(|unit| keys.unit(unit));
+        let units = resumed(&data, &range, after)
             .filter_map(|(key, entry)| keys.name_in(&prefix, key).map(|name| Ok((name, (key.as_str(), &entry.value)))));
         let mut bodies: HashMap<String, UnitFile> = HashMap::new();
         Page::select(units, &request, |name, (key, value)| {
@@ -139,6 +157,20 @@ impl EtcdRegistry {
         })
     }
 
+    /// One page of the live machines with their effective metadata, in ID order (`admits`
+    /// and `after` take machine IDs).
+    pub(super) async fn machines_page_from_copy(&self, request: PageRequest) -> Result<Page<MachineState>> {
+        self.api_copy_current().await?;
+        let data = self.api_mirror().synced()?;
+        let machines = super::engine::machines_in(self, &data)?;
+        let from = match request.after.as_deref() {
+            Some(after) => machines.partition_point(|machine| machine.id.as_str() <= after),
+            None => 0,
+        };
+        let rest = machines.into_iter().skip(from).map(|machine| Ok((machine.id.clone(), machine)));
+        Page::select(rest, &request, |_, machine| Ok(Some(machine)))
+    }
+
     pub(super) async fn unit_states_page_from_copy(
         &self,
         request: PageRequest,
@@ -155,11 +187,18 @@ impl EtcdRegistry {
             // One machine's states are one range, in unit order.
             let prefix = keys.state(machine, "");
             let range = KeyRange::prefix(prefix.clone());
-            let units = data.range(&range).filter_map(|(key, _)| keys.name_in(&prefix, key).map(|unit| Ok((unit, ()))));
+            let after = request.after.as_deref().and_then(|after| after.split_once('\0'));
+            let after = after.map(|(unit, _)| keys.state(machine, unit));
+            let units = resumed(&data, &range, after)
+                .filter_map(|(key, _)| keys.name_in(&prefix, key).map(|unit| Ok((unit, ()))));
             return Page::select(units, &request, |unit, ()| decoded(unit, machine));
         }
         let order = self.inner.state_order.of(self, &data);
-        let states = order.iter().map(|(unit, machine)| Ok((unit.as_str(), machine.as_str())));
+        let from = match request.after.as_deref().and_then(|after| after.split_once('\0')) {
+            Some(after) => order.partition_point(|(unit, machine)| (unit.as_str(), machine.as_str()) <= after),
+            None => 0,
+        };
+        let states = order[from..].iter().map(|(unit, machine)| Ok((unit.as_str(), machine.as_str())));
         Page::select(states, &request, |unit, machine| decoded(unit, machine))
     }
 }

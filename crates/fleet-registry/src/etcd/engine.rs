@@ -30,7 +30,8 @@ const NESTED_PER_TXN: usize = MAX_TXN_OPS - 8;
 /// How long the engine waits for its own writes to come back through its watch.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
-fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<MachineState>> {
+/// The live machines of a copy that holds machines and metadata, in ID order.
+pub(super) fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<MachineState>> {
     let keys = registry.keys();
     let machines = keys.machines();
     let machine_range = KeyRange::prefix(machines.clone());

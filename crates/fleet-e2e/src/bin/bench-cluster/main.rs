@@ -242,7 +242,8 @@ fn metric(text: &str, sample: &str) -> f64 {
 async fn every_unit(api: &EtcdRegistry) -> Vec<fleet_registry::UnitView> {
     let mut all = Vec::new();
     loop {
-        let request = PageRequest { start: all.len(), limit: 10_000, admits: Arc::new(|_: &str| true) };
+        let after = all.last().map(|unit: &fleet_registry::UnitView| unit.name.clone());
+        let request = PageRequest { start: all.len(), limit: 10_000, admits: Arc::new(|_: &str| true), after };
         let Ok(page) = api.units_page(request).await else { return all };
         let more = page.more;
         all.extend(page.items);
