@@ -1,7 +1,7 @@
 //! Building the planner's [`ClusterSnapshot`] from what a store lists: units by name and body
 //! hash only. Requirements are parsed once per body and kept for as long as the body is listed.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{ClusterSnapshot, UnitSpec};
@@ -21,21 +21,27 @@ pub struct SnapshotUnit {
     pub machine_id: Option<String>,
 }
 
-/// Parsed `[X-Fleet]` requirements by unit name and body hash (a body never changes under its
-/// hash, so an entry never goes stale; it goes when the unit is no longer listed with it).
+/// Parsed `[X-Fleet]` requirements by unit name, with the body hash they were parsed from (a
+/// body never changes under its hash, so an entry goes stale only when the unit gets another
+/// body; it goes when the unit is no longer listed with it). Looked up by name: a pass over
+/// 100,000 units allocates nothing for the lookups.
 #[derive(Debug, Default)]
 pub struct RequirementsCache {
-    by_unit: HashMap<(String, UnitHash), Arc<Requirements>>,
+    by_unit: HashMap<String, (UnitHash, Arc<Requirements>)>,
 }
 
 impl RequirementsCache {
+    fn known(&self, unit: &SnapshotUnit) -> Option<&Arc<Requirements>> {
+        self.by_unit
+            .get(unit.name.as_str())
+            .filter(|(hash, _)| *hash == unit.hash)
+            .map(|(_, requirements)| requirements)
+    }
+
     /// The body hashes among `units` whose requirements are not known yet, each once.
     pub fn missing(&self, units: &[SnapshotUnit]) -> Vec<UnitHash> {
-        let mut missing: Vec<UnitHash> = units
-            .iter()
-            .filter(|unit| !self.by_unit.contains_key(&(unit.name.clone(), unit.hash)))
-            .map(|unit| unit.hash)
-            .collect();
+        let mut missing: Vec<UnitHash> =
+            units.iter().filter(|unit| self.known(unit).is_none()).map(|unit| unit.hash).collect();
         missing.sort_unstable();
         missing.dedup();
         missing
@@ -44,10 +50,11 @@ impl RequirementsCache {
     /// Parses and keeps the requirements of every unit in `units` whose body is in `bodies`.
     pub fn learn(&mut self, units: &[SnapshotUnit], bodies: &HashMap<UnitHash, UnitFile>) {
         for unit in units {
-            if let Some(file) = bodies.get(&unit.hash) {
-                self.by_unit
-                    .entry((unit.name.clone(), unit.hash))
-                    .or_insert_with(|| Arc::new(Requirements::from_unit(&unit.name, file)));
+            if self.known(unit).is_none()
+                && let Some(file) = bodies.get(&unit.hash)
+            {
+                let requirements = Arc::new(Requirements::from_unit(&unit.name, file));
+                self.by_unit.insert(unit.name.clone(), (unit.hash, requirements));
             }
         }
     }
@@ -56,19 +63,23 @@ impl RequirementsCache {
     /// body the store could not return is left out, so it is neither placed nor moved), and
     /// entries for units no longer listed are forgotten.
     pub fn cluster_snapshot(&mut self, machines: Vec<MachineState>, units: Vec<SnapshotUnit>) -> ClusterSnapshot {
-        let listed: HashSet<(&str, UnitHash)> = units.iter().map(|unit| (unit.name.as_str(), unit.hash)).collect();
-        self.by_unit.retain(|(name, hash), _| listed.contains(&(name.as_str(), *hash)));
+        let mut kept = HashMap::with_capacity(self.by_unit.len());
         let units = units
             .into_iter()
             .filter_map(|unit| {
-                let requirements = self.by_unit.get(&(unit.name.clone(), unit.hash))?.clone();
+                let (name, (hash, requirements)) = self.by_unit.remove_entry(unit.name.as_str())?;
+                if hash != unit.hash {
+                    return None;
+                }
+                kept.insert(name, (hash, requirements.clone()));
                 Some(UnitSpec { name: unit.name, desired: unit.desired, requirements, scheduled_on: unit.machine_id })
             })
             .collect();
+        self.by_unit = kept;
         ClusterSnapshot { machines, units }
     }
 
-    /// How many bodies' requirements are kept.
+    /// How many units' requirements are kept.
     pub fn len(&self) -> usize {
         self.by_unit.len()
     }

@@ -172,16 +172,24 @@ impl EngineRegistry for EtcdRegistry {
         }
         let mut units = Vec::new();
         let unit_range = KeyRange::prefix(units_prefix.clone());
+        // Records are decoded once per version: a pass decodes only what changed since the last.
+        let mut decoded = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut kept = HashMap::with_capacity(decoded.len());
         for (key, entry) in data.range(&unit_range) {
             let Some(name) = keys.name_in(&units_prefix, key) else { continue };
-            let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
-            units.push(SnapshotUnit {
-                name: name.to_string(),
-                hash: record.hash,
-                desired: record.desired,
-                machine_id: placed.remove(name),
-            });
+            let record = match decoded.remove_entry(key) {
+                Some((key, (revision, record))) if revision == entry.mod_revision => (key, (revision, record)),
+                _ => {
+                    let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
+                    (key.clone(), (entry.mod_revision, (record.hash, record.desired)))
+                }
+            };
+            let (hash, desired) = record.1.1;
+            units.push(SnapshotUnit { name: name.to_string(), hash, desired, machine_id: placed.remove(name) });
+            kept.insert(record.0, record.1);
         }
+        *decoded = kept;
+        drop(decoded);
         Ok(EngineSnapshot { revision: data.generation, machines: machines_in(self, &data)?, units })
     }
 

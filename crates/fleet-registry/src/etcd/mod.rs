@@ -46,6 +46,9 @@ pub struct Lifetimes {
     pub engine_lease_ttl: Duration,
 }
 
+/// A unit record as the engine uses it, with the mod revision it was decoded at.
+type DecodedRecord = (i64, (fleet_core::UnitHash, fleet_core::DesiredState));
+
 #[derive(Clone)]
 pub struct EtcdRegistry {
     inner: Arc<Inner>,
@@ -57,6 +60,8 @@ struct Inner {
     lease_file: Option<std::path::PathBuf>,
     lifetimes: Lifetimes,
     engine_mirror: OnceLock<Mirror>,
+    /// The engine copy's unit records as last decoded, by key.
+    engine_records: Mutex<HashMap<String, DecodedRecord>>,
     /// The API's copy of units, placements, reasons, states and bodies, for paged lists.
     api_mirror: OnceLock<Mirror>,
     /// The revision of the last unit write this API made: a list waits until its copy has it.
@@ -87,6 +92,7 @@ impl EtcdRegistry {
                 lease_file: options.lease_file.clone(),
                 lifetimes,
                 engine_mirror: OnceLock::new(),
+                engine_records: Mutex::new(HashMap::new()),
                 api_mirror: OnceLock::new(),
                 api_written: std::sync::atomic::AtomicI64::new(0),
                 state_order: api_copy::StateOrder::default(),
