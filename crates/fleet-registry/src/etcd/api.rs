@@ -68,11 +68,19 @@ where
 
 impl EtcdRegistry {
     /// One unit's optimistic write: `plan` sees the unit's record and placement as they are,
-    /// and its operations are written only if neither changed meanwhile.
+    /// and its operations are written only if neither changed meanwhile. The first attempt
+    /// starts from the API's copy when it is up (no read: its revisions are checked by the
+    /// write itself); an answer without a write is only given from a fresh read.
     async fn write_unit<T>(&self, name: &str, plan: impl Fn(&Current) -> Planned<T>) -> Result<T> {
+        let guess = std::sync::Mutex::new(self.current_in_copy(name));
         optimistically(|| async {
-            let current = self.current(name).await?;
+            let guessed = guess.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+            let (current, guessed) = match guessed {
+                Some(current) => (current, true),
+                None => (self.current(name).await?, false),
+            };
             match plan(&current) {
+                Planned::Done(_) if guessed => Ok(None),
                 Planned::Done(value) => Ok(Some(value)),
                 Planned::Write(ops, value) => {
                     let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
@@ -87,6 +95,24 @@ impl EtcdRegistry {
             }
         })
         .await
+    }
+
+    /// The unit and its placement as the API's copy holds them, if the copy is up.
+    fn current_in_copy(&self, name: &str) -> Option<Current> {
+        let data = self.api_copy_if_up()?;
+        let keys = self.keys();
+        let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));
+        let unit = data.entries.get(&unit_key);
+        let placement = data.entries.get(&placement_key);
+        Some(Current {
+            record: match unit {
+                Some(entry) => Some(decode(&unit_key, &entry.value).ok()?),
+                None => None,
+            },
+            record_revision: unit.map_or(0, |entry| entry.mod_revision),
+            machine: placement.map(|entry| String::from_utf8_lossy(&entry.value).into_owned()),
+            placement_revision: placement.map_or(0, |entry| entry.mod_revision),
+        })
     }
 
     async fn current(&self, name: &str) -> Result<Current> {

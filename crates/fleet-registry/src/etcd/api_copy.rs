@@ -91,6 +91,12 @@ impl EtcdRegistry {
         })
     }
 
+    /// The API's copy, when it was started and its watch is up (never starts it).
+    pub(super) fn api_copy_if_up(&self) -> Option<std::sync::RwLockReadGuard<'_, MirrorData>> {
+        let data = self.inner.api_mirror.get()?.read();
+        (data.synced && data.streaming).then_some(data)
+    }
+
     /// Notes a unit write this API made at `revision`: lists wait until their copy has it.
     pub(super) fn api_wrote(&self, revision: i64) {
         self.inner.api_written.fetch_max(revision, Ordering::SeqCst);

@@ -293,3 +293,28 @@ async fn the_leader_compacts_history_older_than_it_keeps() {
     })
     .await;
 }
+
+/// A unit write starts from the API's copy, without a read; a copy behind another fleetd's
+/// writes must never make it answer wrong or write over them.
+#[tokio::test]
+async fn a_write_from_a_stale_copy_is_checked_not_trusted() {
+    let etcd = EtcdServer::start();
+    let (first, second) =
+        (registry(&etcd, Duration::from_secs(10)).await, registry(&etcd, Duration::from_secs(10)).await);
+    let every = crate::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
+    second.units_page(every.clone()).await.unwrap();
+    for round in 0..20 {
+        let name = format!("u{round}.service");
+        first.put_unit(&name, &unit(SLEEP), DesiredState::Loaded).await.unwrap();
+        // The second fleetd's copy may not have the unit yet: its answer comes from etcd.
+        assert!(second.set_desired_state(&name, DesiredState::Launched).await.unwrap(), "{name} exists");
+        assert!(first.destroy_unit(&name).await.unwrap());
+        // Its copy may still hold the unit: the create checks the revisions it assumed.
+        second.put_unit(&name, &unit("[Service]\nExecStart=/bin/true\n"), DesiredState::Loaded).await.unwrap();
+        let stored = first.unit(&name).await.unwrap().expect("created again");
+        assert_eq!(
+            (stored.desired, stored.hash),
+            (DesiredState::Loaded, unit("[Service]\nExecStart=/bin/true\n").hash())
+        );
+    }
+}
