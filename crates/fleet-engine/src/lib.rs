@@ -77,8 +77,9 @@ impl Engine {
             if let Err(error) = self.reconcile().await {
                 tracing::warn!(%error, "engine reconcile failed");
             }
+            let took = started.elapsed();
             metrics.reconciles.inc();
-            metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+            metrics.reconcile_duration.observe(took.as_secs_f64());
             metrics.leader.set(i64::from(self.lease.is_some()));
             self.tell_leadership();
             tokio::select! {
@@ -86,7 +87,9 @@ impl Engine {
                 () = tokio::time::sleep(self.config.reconcile_interval) => {}
                 _ = stop.wait_for(|stop| *stop) => break,
             }
-            tokio::time::sleep(self.config.debounce).await;
+            // A burst is gathered for at least as long as the last pass took: under a stream
+            // of writes the engine plans in batches and takes at most half a core.
+            tokio::time::sleep(self.config.debounce.max(took)).await;
             changes.mark_unchanged();
         }
         metrics.leader.set(0);
