@@ -61,3 +61,7 @@ target/debug/bench-api 0.2 2
 target/debug/bench-pull 20 200 1
 # And of the web view's: a real Chromium follows a fleetd of 300 units.
 target/debug/bench-web 300 1
+# And the whole path at 1,000 simulated machines and 10,000 units on one etcd (issue 14's CI
+# size): fleetctl submits and lists them all, one change wakes one agent, a tenth of the
+# machines lost at once and a killed engine leader leave every unit running once.
+target/debug/bench-cluster 1000 10000 5

@@ -18,6 +18,10 @@
 //! (f) the engine leader killed: how soon the standby engine fleetd leads, and how many
 //!     units it unscheduled (none should move).
 //!
+//! Every step also checks what it measures (every unit listed, one agent woken, every unit
+//! running on a live machine, nothing moved by a new leader), so a debug build of a small
+//! size runs in CI as a correctness test (`scripts/test.sh`).
+//!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS]`
 
 mod etcd_metrics;
@@ -129,6 +133,7 @@ fn main() {
             let listing = Instant::now();
             let rows = fleetctl(&socket, list_dir.path(), &[command, "--no-legend"]).await.lines().count();
             println!("  (d) fleetctl {command}: {rows} rows in {:.2} s", listing.elapsed().as_secs_f64());
+            assert_eq!(rows, units, "fleetctl {command} shows every unit");
         }
         println!(
             "  memory (VmHWM): fleetd engine {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB",
@@ -161,6 +166,7 @@ fn main() {
             target.as_deref().unwrap_or("-"),
             woken
         );
+        assert_eq!(woken, [target.as_deref().unwrap_or("-")], "one change wakes its machine only");
 
         // (c) Idle.
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -218,6 +224,7 @@ fn main() {
             "  (f) engine leader killed: the standby led {:.1} s later (engine lease 5 × engine_reconcile_interval = 10 s; target under agent_ttl); units it unscheduled: {moved}; launched afterwards: {running}/{total}",
             took_over.as_secs_f64()
         );
+        assert_eq!((moved, running), (0.0, total), "a new engine leader moves nothing");
         let _ = lifecycle.send(Lifecycle::Reloading);
         drop(engine);
         drop(standby);
