@@ -163,8 +163,9 @@ impl Settled {
             }
         }
         let removed: Vec<String> = self.units.keys().filter(|name| !listed.contains(name.as_str())).cloned().collect();
-        // The units whose old selves leave the cluster as it was: their load goes, and old
-        // rules would have been in the rule index (so they must have had none).
+        // The units whose old selves leave the cluster as it was: their load goes. Their old
+        // rules may have held others back, and another unit's rule may name them (a leader a
+        // follower needs, a unit a pattern conflicts with): either way, plan everything.
         let mut baseline = self.loads.clone();
         let leaving = changed
             .iter()
@@ -172,7 +173,7 @@ impl Settled {
             .chain(removed.iter().map(String::as_str));
         for name in leaving {
             if let Some(settled) = self.units.get(name) {
-                if !without_rules(name, &settled.requirements) {
+                if !self.free(name, &settled.requirements) {
                     return None;
                 }
                 if let Some(rank) = settled.rank {

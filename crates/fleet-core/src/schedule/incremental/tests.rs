@@ -176,6 +176,16 @@ fn a_burst_of_free_units_plans_only_them_and_the_waiting() {
     named.units.push(unit("web@99.service", "", None));
     assert_eq!(planner.plan(&named), (plan(&named), PlanScope::Full), "db's Conflicts= names it");
 
+    // So does a free unit leaving that another unit's rule names (a follower's leader).
+    let mut led = ClusterSnapshot { machines: named.machines.clone(), units: named.units.clone() };
+    led.units.push(unit("leader.service", "", None));
+    led.units.push(unit("follower.service", "MachineOf=leader.service", None));
+    let mut planner = IncrementalPlanner::default();
+    let settled = written(led.clone(), &planner.plan(&led).0, &[]);
+    let mut without_leader = settled.clone();
+    without_leader.units.retain(|spec| spec.name != "leader.service");
+    assert_eq!(planner.plan(&without_leader), (plan(&without_leader), PlanScope::Full), "the follower must leave");
+
     // A machine that goes needs the whole cluster planned.
     let mut smaller = written(named.clone(), &plan(&named), &[]);
     smaller.machines.pop();
