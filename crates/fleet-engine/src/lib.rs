@@ -36,6 +36,8 @@ pub struct Engine {
     planned: Option<u64>,
     /// Told whether this engine leads, for what runs only on the leader (source syncs).
     leadership: Option<watch::Sender<bool>>,
+    /// How long the last pass spent building its snapshot and planning.
+    planning: Duration,
 }
 
 impl Engine {
@@ -49,6 +51,7 @@ impl Engine {
             lease: None,
             planned: None,
             leadership: None,
+            planning: Duration::ZERO,
         }
     }
 
@@ -87,9 +90,11 @@ impl Engine {
                 () = tokio::time::sleep(self.config.reconcile_interval) => {}
                 _ = stop.wait_for(|stop| *stop) => break,
             }
-            // A burst is gathered for at least as long as the last pass took: under a stream
-            // of writes the engine plans in batches and takes at most half a core.
-            tokio::time::sleep(self.config.debounce.max(took)).await;
+            // A burst is gathered for at least as long as the last pass spent planning: under a
+            // stream of writes the engine plans in batches and takes at most about half a core.
+            // Time waiting on the store does not count, so a slow link never spaces out the
+            // leadership renewals.
+            tokio::time::sleep(self.config.debounce.max(std::mem::take(&mut self.planning))).await;
             changes.mark_unchanged();
         }
         metrics.leader.set(0);
@@ -122,6 +127,7 @@ impl Engine {
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
             return Ok(());
         }
+        let planning = std::time::Instant::now();
         let snapshot = self.registry.snapshot().await?;
         if self.planned == Some(snapshot.revision) {
             return Ok(());
@@ -134,6 +140,7 @@ impl Engine {
         let revision = snapshot.revision;
         let cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         let (decided, scope) = self.planner.plan(&cluster);
+        self.planning = planning.elapsed();
         let scope = match scope {
             PlanScope::Full => "full",
             PlanScope::Changed(_) => "changed",
