@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use fleet_core::{DesiredState, UnitFile};
 use fleet_registry::etcd::EtcdRegistry;
-use fleet_registry::{ApiRegistry, PageRequest};
+use fleet_registry::{ApiRegistry, PageRequest, UnitView};
 use tokio::sync::Semaphore;
 
 /// How many templates the units are instances of.
@@ -42,19 +42,24 @@ pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
     submitting.elapsed()
 }
 
-async fn launched(api: &EtcdRegistry) -> usize {
-    // Page by page from the store's copy, as the API reads them.
-    let (mut count, mut start, mut after) = (0, 0, None);
+/// Every unit, page by page from the store's copy as the API reads them (as far as they
+/// read).
+pub async fn every_unit(api: &EtcdRegistry) -> Vec<UnitView> {
+    let mut all: Vec<UnitView> = Vec::new();
     loop {
-        let request = PageRequest { start, limit: 10_000, admits: Arc::new(|_: &str| true), after: after.take() };
-        let Ok(page) = api.units_page(request).await else { return count };
-        start += page.items.len();
-        after = page.items.last().map(|unit| unit.name.clone());
-        count += page.items.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count();
-        if !page.more {
-            return count;
+        let after = all.last().map(|unit| unit.name.clone());
+        let request = PageRequest { start: all.len(), limit: 10_000, admits: Arc::new(|_: &str| true), after };
+        let Ok(page) = api.units_page(request).await else { return all };
+        let more = page.more;
+        all.extend(page.items);
+        if !more {
+            return all;
         }
     }
+}
+
+async fn launched(api: &EtcdRegistry) -> usize {
+    every_unit(api).await.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count()
 }
 
 /// Writes the templates and a list of `count` instance names into `dir`, for

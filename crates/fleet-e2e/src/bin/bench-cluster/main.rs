@@ -32,10 +32,10 @@ use std::time::{Duration, Instant};
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, MachineState, UnitFile};
-use fleet_e2e::cluster_bench::{TEMPLATES, template, unit_list, wait_all_launched};
+use fleet_e2e::cluster_bench::{TEMPLATES, every_unit, template, unit_list, wait_all_launched};
 use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib};
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
-use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal, PageRequest};
+use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::watch;
 
@@ -243,21 +243,6 @@ fn wait_for_leader(fleetd: &Fleetd) {
 /// One sample's value in a metrics text, 0 when absent.
 fn metric(text: &str, sample: &str) -> f64 {
     text.lines().find_map(|line| line.strip_prefix(sample)?.split_whitespace().next()?.parse().ok()).unwrap_or(0.0)
-}
-
-/// Every unit, page by page, from the store's copy.
-async fn every_unit(api: &EtcdRegistry) -> Vec<fleet_registry::UnitView> {
-    let mut all = Vec::new();
-    loop {
-        let after = all.last().map(|unit: &fleet_registry::UnitView| unit.name.clone());
-        let request = PageRequest { start: all.len(), limit: 10_000, admits: Arc::new(|_: &str| true), after };
-        let Ok(page) = api.units_page(request).await else { return all };
-        let more = page.more;
-        all.extend(page.items);
-        if !more {
-            return all;
-        }
-    }
 }
 
 /// How many units are placed on the machines in `lost`.
