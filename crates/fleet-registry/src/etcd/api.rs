@@ -43,10 +43,30 @@ struct Current {
     placement_revision: i64,
 }
 
+/// A transaction's operations with the key each one changes, so that the API's copy can wait
+/// for exactly the changes the transaction made.
+#[derive(Default)]
+struct Writes {
+    ops: Vec<TxnOp>,
+    keys: Vec<String>,
+}
+
+impl Writes {
+    fn put(&mut self, key: String, value: impl Into<Vec<u8>>) {
+        self.ops.push(TxnOp::put(key.as_str(), value, None));
+        self.keys.push(key);
+    }
+
+    fn delete(&mut self, key: String) {
+        self.ops.push(TxnOp::delete(key.as_str(), None));
+        self.keys.push(key);
+    }
+}
+
 /// What one attempt of an optimistic unit write found to do.
 enum Planned<T> {
     /// Write these operations (if the unit did not change meanwhile), then answer `T`.
-    Write(Vec<TxnOp>, T),
+    Write(Writes, T),
     /// Nothing to write: answer `T` at once.
     Done(T),
 }
@@ -82,13 +102,11 @@ impl EtcdRegistry {
             match plan(&current) {
                 Planned::Done(_) if guessed => Ok(None),
                 Planned::Done(value) => Ok(Some(value)),
-                Planned::Write(ops, value) => {
-                    let txn = Txn::new().when(self.unchanged(name, &current)).and_then(ops);
+                Planned::Write(writes, value) => {
+                    let txn = Txn::new().when(self.unchanged(name, &current)).and_then(writes.ops);
                     let reply = self.connection().txn(txn).await?;
-                    if reply.succeeded()
-                        && let Some(header) = reply.header()
-                    {
-                        self.api_wrote(header.revision());
+                    if reply.succeeded() {
+                        self.api_wrote(&reply, &writes.keys);
                     }
                     Ok(reply.succeeded().then_some(value))
                 }
@@ -144,16 +162,16 @@ impl EtcdRegistry {
 
     /// The writes that tell the agents about `record`: the schedule entry of the machine it
     /// is placed on, and the global index.
-    fn agent_copies(&self, name: &str, record: &UnitRecord, current: &Current, ops: &mut Vec<TxnOp>) {
+    fn agent_copies(&self, name: &str, record: &UnitRecord, current: &Current, writes: &mut Writes) {
         let keys = self.keys();
         let assignment = encode(&Assignment::of(record));
         if record.global {
-            ops.push(TxnOp::put(keys.global(name), assignment.clone(), None));
+            writes.put(keys.global(name), assignment.clone());
         } else if current.record.as_ref().is_some_and(|old| old.global) {
-            ops.push(TxnOp::delete(keys.global(name), None));
+            writes.delete(keys.global(name));
         }
         if let Some(machine) = &current.machine {
-            ops.push(TxnOp::put(keys.scheduled(machine, name), assignment, None));
+            writes.put(keys.scheduled(machine, name), assignment);
         }
     }
 
@@ -312,17 +330,16 @@ impl ApiRegistry for EtcdRegistry {
                     Err(refused) => return Planned::Done(Err(refused)),
                 };
                 let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy() };
-                let mut ops = vec![
-                    TxnOp::put(keys.unit(name), encode(&record), None),
-                    TxnOp::put(keys.body(&hash_text), encode(&file.options()), None),
-                    TxnOp::put(keys.body_ref(&hash_text, name), "", None),
-                ];
+                let mut writes = Writes::default();
+                writes.put(keys.unit(name), encode(&record));
+                writes.put(keys.body(&hash_text), encode(&file.options()));
+                writes.put(keys.body_ref(&hash_text, name), "");
                 let replaced = current.record.as_ref().map(|old| old.hash).filter(|old| *old != hash);
                 if let Some(old) = replaced {
-                    ops.push(TxnOp::delete(keys.body_ref(&old.to_string(), name), None));
+                    writes.delete(keys.body_ref(&old.to_string(), name));
                 }
-                self.agent_copies(name, &record, current, &mut ops);
-                Planned::Write(ops, Ok(replaced))
+                self.agent_copies(name, &record, current, &mut writes);
+                Planned::Write(writes, Ok(replaced))
             })
             .await?
             .map_err(|refused| refused.into_error(name))?;
@@ -342,9 +359,10 @@ impl ApiRegistry for EtcdRegistry {
                 Err(refused) => return Planned::Done(Err(refused)),
             };
             let record = UnitRecord { desired, source, ..old.clone() };
-            let mut ops = vec![TxnOp::put(self.keys().unit(name), encode(&record), None)];
-            self.agent_copies(name, &record, current, &mut ops);
-            Planned::Write(ops, Ok(true))
+            let mut writes = Writes::default();
+            writes.put(self.keys().unit(name), encode(&record));
+            self.agent_copies(name, &record, current, &mut writes);
+            Planned::Write(writes, Ok(true))
         })
         .await?
         .map_err(|refused| refused.into_error(name))
@@ -360,19 +378,18 @@ impl ApiRegistry for EtcdRegistry {
                 if let Err(refused) = owner_after(writer, current) {
                     return Planned::Done(Err(refused));
                 }
-                let mut ops = vec![
-                    TxnOp::delete(keys.unit(name), None),
-                    TxnOp::delete(keys.placement(name), None),
-                    TxnOp::delete(keys.reason(name), None),
-                    TxnOp::delete(keys.body_ref(&record.hash.to_string(), name), None),
-                ];
+                let mut writes = Writes::default();
+                writes.delete(keys.unit(name));
+                writes.delete(keys.placement(name));
+                writes.delete(keys.reason(name));
+                writes.delete(keys.body_ref(&record.hash.to_string(), name));
                 if record.global {
-                    ops.push(TxnOp::delete(keys.global(name), None));
+                    writes.delete(keys.global(name));
                 }
                 if let Some(machine) = &current.machine {
-                    ops.push(TxnOp::delete(keys.scheduled(machine, name), None));
+                    writes.delete(keys.scheduled(machine, name));
                 }
-                Planned::Write(ops, Ok(Some(record.hash)))
+                Planned::Write(writes, Ok(Some(record.hash)))
             })
             .await;
         match destroyed {
@@ -474,15 +491,13 @@ impl ApiRegistry for EtcdRegistry {
                     Compare::mod_revision(keys.metadata(machine), CompareOp::Equal, *revision)
                 })
                 .collect();
-            let puts: Vec<TxnOp> = current
-                .iter()
-                .map(|(machine, (overrides, _))| TxnOp::put(keys.metadata(machine), encode(overrides), None))
-                .collect();
-            let reply = self.connection().txn(Txn::new().when(compares).and_then(puts)).await?;
-            if reply.succeeded()
-                && let Some(header) = reply.header()
-            {
-                self.api_wrote(header.revision());
+            let mut writes = Writes::default();
+            for (machine, (overrides, _)) in &current {
+                writes.put(keys.metadata(machine), encode(overrides));
+            }
+            let reply = self.connection().txn(Txn::new().when(compares).and_then(writes.ops)).await?;
+            if reply.succeeded() {
+                self.api_wrote(&reply, &writes.keys);
             }
             Ok(reply.succeeded().then_some(()))
         })

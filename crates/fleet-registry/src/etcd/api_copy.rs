@@ -8,10 +8,10 @@
 //! answers nothing: the list fails as a read from etcd would.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use etcd_client::{TxnOpResponse, TxnResponse};
 use fleet_core::{MachineState, UnitFile, UnitState};
 
 use super::EtcdRegistry;
@@ -97,19 +97,32 @@ impl EtcdRegistry {
         (data.synced && data.streaming).then_some(data)
     }
 
-    /// Notes a unit write this API made at `revision`: lists wait until their copy has it.
-    pub(super) fn api_wrote(&self, revision: i64) {
-        self.inner.api_written.fetch_max(revision, Ordering::SeqCst);
+    /// Notes a write this API made (`keys` in the order of the transaction's operations):
+    /// lists wait until their copy has every change it made. A copy started later lists
+    /// after this write, so it needs no note.
+    pub(super) fn api_wrote(&self, reply: &TxnResponse, keys: &[String]) {
+        let (Some(mirror), Some(header)) = (self.inner.api_mirror.get(), reply.header()) else {
+            return;
+        };
+        for (key, response) in keys.iter().zip(reply.op_responses()) {
+            let changed = match response {
+                TxnOpResponse::Put(_) => true,
+                TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
+                TxnOpResponse::Get(_) | TxnOpResponse::Txn(_) => false,
+            };
+            if changed {
+                mirror.expect(key, header.revision());
+            }
+        }
     }
 
-    /// Waits until the copy holds this API's last unit write and its watch is up.
+    /// Waits until the copy holds this API's writes and its watch is up.
     async fn api_copy_current(&self) -> Result<()> {
         let mirror = self.api_mirror();
-        let written = self.inner.api_written.load(Ordering::SeqCst).max(1);
         let deadline = tokio::time::Instant::now() + CATCH_UP;
         loop {
             let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let caught_up = mirror.wait_for(written, left).await;
+            let caught_up = mirror.wait_for_expected(left).await;
             let streaming = {
                 let data = mirror.read();
                 data.synced && data.streaming

@@ -28,6 +28,9 @@ pub struct MirrorData {
     pub entries: BTreeMap<String, Entry>,
     /// The highest revision applied.
     pub revision: i64,
+    /// Per range (in the order given), the revision up to which its events are all applied:
+    /// ranges are watched apart, so one may be ahead of another.
+    pub seen: Vec<i64>,
     /// Moves on every change, so equal generations mean equal contents.
     pub generation: u64,
     /// Whether the copy was listed at least once.
@@ -56,6 +59,9 @@ pub struct Mirror {
     data: Arc<RwLock<MirrorData>>,
     changes: watch::Sender<u64>,
     task: tokio::task::AbortHandle,
+    ranges: Vec<KeyRange>,
+    /// Per range, the revision of the last change this process made in it and waits to see.
+    expected: std::sync::Mutex<Vec<i64>>,
 }
 
 impl Drop for Mirror {
@@ -88,9 +94,11 @@ impl Mirror {
     pub fn observed(connection: Connection, ranges: Vec<KeyRange>, observer: Option<Observer>) -> Self {
         let data = Arc::new(RwLock::new(MirrorData::default()));
         let changes = watch::channel(0).0;
-        let feeder = Feeder { connection, ranges, data: data.clone(), changes: changes.clone(), observer };
+        let expected = std::sync::Mutex::new(vec![0; ranges.len()]);
+        let feeder =
+            Feeder { connection, ranges: ranges.clone(), data: data.clone(), changes: changes.clone(), observer };
         let task = tokio::spawn(feeder.run()).abort_handle();
-        Self { data, changes, task }
+        Self { data, changes, task, ranges, expected }
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
@@ -107,7 +115,8 @@ impl Mirror {
         self.changes.subscribe()
     }
 
-    /// Waits until the copy has applied `revision` or `limit` passes; `true` if it has.
+    /// Waits until the copy has applied `revision` in some range or `limit` passes; `true` if
+    /// it has. Other ranges may still be behind it: see [`Mirror::wait_for_expected`].
     pub async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
         let mut changes = self.changes.subscribe();
         let caught_up = async {
@@ -121,6 +130,36 @@ impl Mirror {
             }
         };
         tokio::time::timeout(limit, caught_up).await.is_ok() && self.read().revision >= revision
+    }
+
+    /// Notes that this process changed `key` at `revision` (a put, or a delete that deleted):
+    /// [`Mirror::wait_for_expected`] then waits for the event. Keys outside the ranges are
+    /// ignored. Only changes that make an event may be noted, or the wait cannot end.
+    pub fn expect(&self, key: &str, revision: i64) {
+        if let Some(index) = self.ranges.iter().position(|range| range.contains(key)) {
+            let mut expected = self.expected.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            expected[index] = expected[index].max(revision);
+        }
+    }
+
+    /// Waits until every range has applied the changes noted with [`Mirror::expect`] and the
+    /// copy is listed, or `limit` passes; `true` if it has. Each range is waited on by its own
+    /// revision: etcd orders a watcher's events, not one watcher's against another's.
+    pub async fn wait_for_expected(&self, limit: Duration) -> bool {
+        let expected = self.expected.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let caught_up = || {
+            let data = self.read();
+            data.synced && data.seen.iter().zip(&expected).all(|(seen, expected)| seen >= expected)
+        };
+        let mut changes = self.changes.subscribe();
+        let waited = async {
+            while !caught_up() {
+                if changes.changed().await.is_err() {
+                    return;
+                }
+            }
+        };
+        tokio::time::timeout(limit, waited).await.is_ok() && caught_up()
     }
 }
 
@@ -190,6 +229,7 @@ impl Feeder {
             let changed = !data.synced || data.entries != entries;
             data.entries = entries;
             data.revision = data.revision.max(revision);
+            data.seen = vec![revision; self.ranges.len()];
             data.synced = true;
             if changed {
                 data.generation += 1;
@@ -254,11 +294,20 @@ impl Feeder {
             let Some(&index) = range_of_watch.get(&response.watch_id()) else {
                 continue;
             };
-            self.apply(&response, &mut resume[index]);
+            self.apply(&response, index, &mut resume[index]);
         }
     }
 
-    fn apply(&self, response: &WatchResponse, resume: &mut i64) {
+    fn note_seen(&self, index: usize, revision: i64) {
+        let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(seen) = data.seen.get_mut(index) {
+            *seen = (*seen).max(revision);
+        }
+        drop(data);
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+
+    fn apply(&self, response: &WatchResponse, index: usize, resume: &mut i64) {
         let events = response.events();
         if events.is_empty() {
             // A progress notice: everything up to its revision was delivered.
@@ -266,6 +315,7 @@ impl Feeder {
                 && let Some(header) = response.header()
             {
                 *resume = (*resume).max(header.revision());
+                self.note_seen(index, *resume);
             }
             return;
         }
@@ -292,6 +342,9 @@ impl Feeder {
             }
             *resume = (*resume).max(kv.mod_revision());
             data.revision = data.revision.max(kv.mod_revision());
+        }
+        if let Some(seen) = data.seen.get_mut(index) {
+            *seen = (*seen).max(*resume);
         }
         data.generation += 1;
         drop(data);
@@ -342,5 +395,50 @@ mod tests {
         // A relist then brings the copy to the latest value.
         assert_eq!(feeder.list().await.unwrap(), latest);
         assert_eq!(feeder.data.read().unwrap().entries["/m/key"].value, b"3".to_vec());
+    }
+}
+
+#[cfg(test)]
+mod expected_tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A copy of two ranges whose first range has applied revision 7 and whose second is
+    /// still at 4, as happens when etcd delivers one watcher's events before another's.
+    fn copy_with_a_range_behind() -> Mirror {
+        let data = MirrorData { revision: 7, seen: vec![7, 4], synced: true, ..MirrorData::default() };
+        Mirror {
+            data: Arc::new(RwLock::new(data)),
+            changes: watch::channel(0).0,
+            task: tokio::spawn(async {}).abort_handle(),
+            ranges: vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())],
+            expected: std::sync::Mutex::new(vec![0, 0]),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_is_awaited_in_the_range_it_changed_not_the_newest() {
+        let mirror = copy_with_a_range_behind();
+        // The write at 7 changed a key of the second range: the first being at 7 is not enough.
+        mirror.expect("/b/unit", 7);
+        mirror.expect("/elsewhere/key", 99);
+        assert!(mirror.wait_for(7, Duration::ZERO).await, "the newest revision seen is 7");
+        assert!(!mirror.wait_for_expected(Duration::from_millis(50)).await);
+        let waiting = mirror.wait_for_expected(Duration::from_secs(5));
+        let delivered = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            mirror.data.write().unwrap().seen[1] = 7;
+            mirror.changes.send_modify(|generation| *generation += 1);
+        };
+        let (caught_up, ()) = tokio::join!(waiting, delivered);
+        assert!(caught_up, "the range's own event ends the wait");
+    }
+
+    #[tokio::test]
+    async fn a_copy_not_yet_listed_is_not_current() {
+        let mirror = copy_with_a_range_behind();
+        mirror.data.write().unwrap().synced = false;
+        assert!(!mirror.wait_for_expected(Duration::from_millis(20)).await);
     }
 }

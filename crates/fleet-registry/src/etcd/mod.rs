@@ -64,8 +64,6 @@ struct Inner {
     engine_records: Mutex<HashMap<String, DecodedRecord>>,
     /// The API's copy of units, placements, reasons, states and bodies, for paged lists.
     api_mirror: OnceLock<Mirror>,
-    /// The revision of the last unit write this API made: a list waits until its copy has it.
-    api_written: std::sync::atomic::AtomicI64,
     state_order: api_copy::StateOrder,
     /// How much history the engine leader keeps when it compacts.
     kept_history: Duration,
@@ -94,7 +92,6 @@ impl EtcdRegistry {
                 engine_mirror: OnceLock::new(),
                 engine_records: Mutex::new(HashMap::new()),
                 api_mirror: OnceLock::new(),
-                api_written: std::sync::atomic::AtomicI64::new(0),
                 state_order: api_copy::StateOrder::default(),
                 kept_history: options.kept_history.unwrap_or(compaction::KEPT_HISTORY),
                 checkpoint: compaction::Checkpoint::default(),
