@@ -16,8 +16,8 @@ use crate::{
     AgentRegistry, EngineLease, MetadataChange, Page, PageRequest, Registry, RegistryError, StateReport, TokenRecord,
 };
 use crate::{
-    RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus, UnitView,
-    Writer,
+    RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus, UnitChange,
+    UnitChanged, UnitView, Writer,
 };
 
 /// The agent's facet of the store for one machine: the store itself for a store that serves
@@ -112,6 +112,7 @@ contract!(
     sources_and_their_statuses_are_kept_by_name,
     rollouts_are_kept_by_name,
     pages_are_the_lists_cut_up,
+    a_batch_of_unit_writes_is_each_write_alone,
 );
 
 fn unit(exec: &str) -> UnitFile {
@@ -669,4 +670,69 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
     );
     registry.destroy_unit("fresh.service").await.unwrap();
     assert!(registry.units_page(only("fresh.service")).await.unwrap().items.is_empty(), "and a destroy");
+}
+
+/// `change_units_as`: every change is the write a single call would make, answered on its
+/// own; more changes than one store request holds, instances sharing a body, a desired state
+/// alone, a unit that is not there, a unit another writer owns; lists show them at once.
+pub async fn a_batch_of_unit_writes_is_each_write_alone(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default() };
+    registry.put_unit_as("owned.service", &unit("/bin/owned"), DesiredState::Loaded, &git).await.expect("a source");
+    registry.put_unit("old.service", &unit("/bin/old"), DesiredState::Launched).await.expect("by hand");
+    let template = unit("/bin/sleep %i");
+    let mut changes: Vec<UnitChange> = (0..300)
+        .map(|index| UnitChange {
+            name: format!("batch@{index:03}.service"),
+            file: Some(template.clone()),
+            desired: DesiredState::Inactive,
+        })
+        .collect();
+    changes.push(UnitChange {
+        name: "old.service".into(),
+        file: Some(unit("/bin/new")),
+        desired: DesiredState::Loaded,
+    });
+    changes.push(UnitChange {
+        name: "owned.service".into(),
+        file: Some(unit("/bin/mine")),
+        desired: DesiredState::Loaded,
+    });
+    changes.push(UnitChange { name: "absent.service".into(), file: None, desired: DesiredState::Launched });
+    let answers = registry.change_units_as(&changes, &Writer::BY_HAND).await.expect("the batch is tried");
+    assert_eq!(answers.len(), changes.len());
+    assert!(answers[..301].iter().all(|answer| matches!(answer, Ok(UnitChanged::Written))), "{:?}", &answers[..301]);
+    assert!(matches!(&answers[301], Err(RegistryError::Owned { owner: Some(source), .. }) if source == "git"));
+    assert!(matches!(answers[302], Ok(UnitChanged::NoSuchUnit)));
+    // Read your writes: the list shows every one at once, with its body.
+    let batch = |name: &str| name.starts_with("batch@");
+    let listed = registry
+        .units_page(PageRequest { start: 0, limit: 1000, admits: Arc::new(batch), after: None })
+        .await
+        .expect("a page");
+    assert_eq!(listed.items.len(), 300);
+    assert!(listed.items.iter().all(|view| view.hash == template.hash() && view.desired == DesiredState::Inactive));
+    let view = |name: &'static str| async move { registry.unit(name).await.expect("read").expect("the unit") };
+    assert_eq!(
+        (view("old.service").await.hash, view("old.service").await.desired),
+        (unit("/bin/new").hash(), DesiredState::Loaded)
+    );
+    assert_eq!(view("owned.service").await.hash, unit("/bin/owned").hash(), "a refused change changes nothing");
+    assert!(registry.unit("absent.service").await.expect("read").is_none());
+    // A desired state alone, for units there.
+    let launch: Vec<UnitChange> = (0..300)
+        .map(|index| UnitChange {
+            name: format!("batch@{index:03}.service"),
+            file: None,
+            desired: DesiredState::Launched,
+        })
+        .collect();
+    let answers = registry.change_units_as(&launch, &Writer::BY_HAND).await.expect("the batch is tried");
+    assert!(answers.iter().all(|answer| matches!(answer, Ok(UnitChanged::Written))));
+    let launched = registry.units().await.expect("units");
+    assert_eq!(
+        launched.iter().filter(|view| batch(&view.name) && view.desired == DesiredState::Launched).count(),
+        300,
+        "every desired state set, content kept"
+    );
+    assert!(launched.iter().filter(|view| batch(&view.name)).all(|view| view.hash == template.hash()));
 }

@@ -19,6 +19,7 @@ pub mod etcd;
 mod model;
 mod ownership;
 mod source_record;
+mod unit_batch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ pub use model::{
 };
 pub use ownership::{OwnedBy, Writer};
 pub use source_record::{OutOfSync, RolloutRecord, SourceRecord, SourceStatus};
+pub use unit_batch::{UnitChange, UnitChanged};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
@@ -217,6 +219,29 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()>;
     /// Sets a unit's desired state; `false` when there is no such unit.
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool>;
+    /// Makes every change of `changes`, each on its own: one refused or lost holds back no
+    /// other. Answers per change, in order; `Err` as a whole only when nothing could be tried.
+    /// A store may write many changes per request to its backend.
+    async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>> {
+        let mut answers = Vec::with_capacity(changes.len());
+        for change in changes {
+            answers.push(self.change_unit_as(change, writer).await);
+        }
+        Ok(answers)
+    }
+    /// One change of [`ApiRegistry::change_units_as`], made alone.
+    async fn change_unit_as(&self, change: &UnitChange, writer: &Writer) -> Result<UnitChanged> {
+        match &change.file {
+            Some(file) => {
+                self.put_unit_as(&change.name, file, change.desired, writer).await?;
+                Ok(UnitChanged::Written)
+            }
+            None => Ok(match self.set_desired_state_as(&change.name, change.desired, writer).await? {
+                true => UnitChanged::Written,
+                false => UnitChanged::NoSuchUnit,
+            }),
+        }
+    }
     /// Removes a unit; `false` when there was none.
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool>;
     /// [`ApiRegistry::put_unit_as`] by hand, taking nothing over.

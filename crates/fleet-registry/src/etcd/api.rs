@@ -13,7 +13,8 @@ use super::connection::get_prefix;
 use super::records::Assignment;
 use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
-    ApiRegistry, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitRecord, UnitView, Writer,
+    ApiRegistry, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
+    UnitRecord, UnitView, Writer,
 };
 
 /// How often a conditional write is tried before giving up on a busy key.
@@ -36,7 +37,7 @@ fn mod_revision(reply: &GetResponse) -> i64 {
 }
 
 /// What a unit write starts from: the unit and where it is placed, with their revisions.
-struct Current {
+pub(super) struct Current {
     record: Option<UnitRecord>,
     record_revision: i64,
     machine: Option<String>,
@@ -46,9 +47,9 @@ struct Current {
 /// A transaction's operations with the key each one changes, so that the API's copy can wait
 /// for exactly the changes the transaction made.
 #[derive(Default)]
-struct Writes {
-    ops: Vec<TxnOp>,
-    keys: Vec<String>,
+pub(super) struct Writes {
+    pub ops: Vec<TxnOp>,
+    pub keys: Vec<String>,
 }
 
 impl Writes {
@@ -64,7 +65,7 @@ impl Writes {
 }
 
 /// What one attempt of an optimistic unit write found to do.
-enum Planned<T> {
+pub(super) enum Planned<T> {
     /// Write these operations (if the unit did not change meanwhile), then answer `T`.
     Write(Writes, T),
     /// Nothing to write: answer `T` at once.
@@ -116,7 +117,7 @@ impl EtcdRegistry {
     }
 
     /// The unit and its placement as the API's copy holds them, if the copy is up.
-    fn current_in_copy(&self, name: &str) -> Option<Current> {
+    pub(super) fn current_in_copy(&self, name: &str) -> Option<Current> {
         let data = self.api_copy_if_up()?;
         let keys = self.keys();
         let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));
@@ -152,7 +153,7 @@ impl EtcdRegistry {
     }
 
     /// The conditions that `current` still holds.
-    fn unchanged(&self, name: &str, current: &Current) -> Vec<Compare> {
+    pub(super) fn unchanged(&self, name: &str, current: &Current) -> Vec<Compare> {
         let keys = self.keys();
         vec![
             Compare::mod_revision(keys.unit(name), CompareOp::Equal, current.record_revision),
@@ -177,7 +178,7 @@ impl EtcdRegistry {
 
     /// Deletes a body no unit refers to any more. A unit written meanwhile adds its ref in
     /// the same transaction as its body, so the condition keeps any body in use.
-    async fn collect_body(&self, hash: &UnitHash) -> Result<()> {
+    pub(super) async fn collect_body(&self, hash: &UnitHash) -> Result<()> {
         let keys = self.keys();
         let hash = hash.to_string();
         let no_refs = Compare::version(keys.refs(&hash), CompareOp::Equal, 0).with_prefix();
@@ -217,6 +218,77 @@ impl EtcdRegistry {
         }
         self.connection().txn(Txn::new().and_then(ops)).await?;
         Ok(true)
+    }
+}
+
+/// A unit to store, with what its record needs computed once.
+pub(super) struct UnitPut<'a> {
+    pub name: &'a str,
+    pub hash: UnitHash,
+    pub global: bool,
+    pub desired: DesiredState,
+}
+
+impl<'a> UnitPut<'a> {
+    pub fn new(name: &'a str, file: &UnitFile, desired: DesiredState) -> Self {
+        Self { name, hash: file.hash(), global: Requirements::from_unit(name, file).global, desired }
+    }
+}
+
+impl EtcdRegistry {
+    /// What storing `put` over `current` writes, its body aside (the caller writes the body,
+    /// once per transaction however many units share it); answers the hash it replaced.
+    pub(super) fn plan_put(
+        &self,
+        put: &UnitPut<'_>,
+        writer: &Writer,
+        current: &Current,
+    ) -> Planned<std::result::Result<Option<UnitHash>, OwnedBy>> {
+        let (keys, name) = (self.keys(), put.name);
+        let source = match owner_after(writer, current) {
+            Ok(source) => source,
+            Err(refused) => return Planned::Done(Err(refused)),
+        };
+        let record = UnitRecord {
+            hash: put.hash,
+            desired: put.desired,
+            global: put.global,
+            source,
+            drift: writer.drift_policy(),
+        };
+        let hash_text = put.hash.to_string();
+        let mut writes = Writes::default();
+        writes.put(keys.unit(name), encode(&record));
+        writes.put(keys.body_ref(&hash_text, name), "");
+        let replaced = current.record.as_ref().map(|old| old.hash).filter(|old| *old != put.hash);
+        if let Some(old) = replaced {
+            writes.delete(keys.body_ref(&old.to_string(), name));
+        }
+        self.agent_copies(name, &record, current, &mut writes);
+        Planned::Write(writes, Ok(replaced))
+    }
+
+    /// What setting the desired state of the unit `current` holds writes; `false` when
+    /// there is no unit.
+    pub(super) fn plan_desired(
+        &self,
+        name: &str,
+        desired: DesiredState,
+        writer: &Writer,
+        current: &Current,
+    ) -> Planned<std::result::Result<bool, OwnedBy>> {
+        let Some(old) = &current.record else {
+            return Planned::Done(Ok(false));
+        };
+        let source = match owner_after(writer, current) {
+            Ok(source) => source,
+            Err(refused) => return Planned::Done(Err(refused)),
+        };
+        let record = UnitRecord { desired, source, ..old.clone() };
+        let mut writes = Writes::default();
+        writes.put(self.keys().unit(name), encode(&record));
+        self.agent_copies(name, &record, current, &mut writes);
+        Planned::Write(writes, Ok(true))
     }
 }
 
@@ -319,27 +391,15 @@ impl ApiRegistry for EtcdRegistry {
     }
 
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
-        let keys = self.keys();
-        let hash = file.hash();
-        let hash_text = hash.to_string();
-        let global = Requirements::from_unit(name, file).global;
+        let put = UnitPut::new(name, file, desired);
+        let body_key = self.keys().body(&put.hash.to_string());
         let replaced = self
             .write_unit(name, |current| {
-                let source = match owner_after(writer, current) {
-                    Ok(source) => source,
-                    Err(refused) => return Planned::Done(Err(refused)),
-                };
-                let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy() };
-                let mut writes = Writes::default();
-                writes.put(keys.unit(name), encode(&record));
-                writes.put(keys.body(&hash_text), encode(&file.options()));
-                writes.put(keys.body_ref(&hash_text, name), "");
-                let replaced = current.record.as_ref().map(|old| old.hash).filter(|old| *old != hash);
-                if let Some(old) = replaced {
-                    writes.delete(keys.body_ref(&old.to_string(), name));
+                let mut planned = self.plan_put(&put, writer, current);
+                if let Planned::Write(writes, _) = &mut planned {
+                    writes.put(body_key.clone(), encode(&file.options()));
                 }
-                self.agent_copies(name, &record, current, &mut writes);
-                Planned::Write(writes, Ok(replaced))
+                planned
             })
             .await?
             .map_err(|refused| refused.into_error(name))?;
@@ -350,22 +410,13 @@ impl ApiRegistry for EtcdRegistry {
     }
 
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
-        self.write_unit(name, |current| {
-            let Some(old) = &current.record else {
-                return Planned::Done(Ok(false));
-            };
-            let source = match owner_after(writer, current) {
-                Ok(source) => source,
-                Err(refused) => return Planned::Done(Err(refused)),
-            };
-            let record = UnitRecord { desired, source, ..old.clone() };
-            let mut writes = Writes::default();
-            writes.put(self.keys().unit(name), encode(&record));
-            self.agent_copies(name, &record, current, &mut writes);
-            Planned::Write(writes, Ok(true))
-        })
-        .await?
-        .map_err(|refused| refused.into_error(name))
+        self.write_unit(name, |current| self.plan_desired(name, desired, writer, current))
+            .await?
+            .map_err(|refused| refused.into_error(name))
+    }
+
+    async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>> {
+        self.change_units_batched(changes, writer).await
     }
 
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool> {

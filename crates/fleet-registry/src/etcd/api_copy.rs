@@ -101,23 +101,31 @@ impl EtcdRegistry {
     /// lists wait until their copy has every change it made. A copy started later lists
     /// after this write, so it needs no note.
     pub(super) fn api_wrote(&self, reply: &TxnResponse, keys: &[String]) {
-        let (Some(mirror), Some(header)) = (self.inner.api_mirror.get(), reply.header()) else {
+        if let Some(header) = reply.header() {
+            self.api_wrote_at(header.revision(), keys, &reply.op_responses());
+        }
+    }
+
+    /// [`EtcdRegistry::api_wrote`] for operations answered by `responses` at `revision` (the
+    /// operations of a nested transaction, say).
+    pub(super) fn api_wrote_at(&self, revision: i64, keys: &[String], responses: &[TxnOpResponse]) {
+        let Some(mirror) = self.inner.api_mirror.get() else {
             return;
         };
-        for (key, response) in keys.iter().zip(reply.op_responses()) {
+        for (key, response) in keys.iter().zip(responses) {
             let changed = match response {
                 TxnOpResponse::Put(_) => true,
                 TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
                 TxnOpResponse::Get(_) | TxnOpResponse::Txn(_) => false,
             };
             if changed {
-                mirror.expect(key, header.revision());
+                mirror.expect(key, revision);
             }
         }
     }
 
     /// Waits until the copy holds this API's writes and its watch is up.
-    async fn api_copy_current(&self) -> Result<()> {
+    pub(super) async fn api_copy_current(&self) -> Result<()> {
         let mirror = self.api_mirror();
         let deadline = tokio::time::Instant::now() + CATCH_UP;
         loop {

@@ -35,6 +35,10 @@ pub struct EtcdOptions {
 
 /// etcd's default limit on operations per transaction (`--max-txn-ops`).
 pub const MAX_TXN_OPS: usize = 128;
+/// Operations (nested unit transactions among them) per transaction that nests: etcd allows a
+/// nested transaction only the operations its parent leaves unused of `--max-txn-ops`, so
+/// eight are left for each unit's own (its compares, and at most eight writes).
+pub const NESTED_PER_TXN: usize = MAX_TXN_OPS - 8;
 /// Replies listing a whole collection can be large; etcd itself limits requests, not replies.
 const MAX_REPLY_BYTES: usize = 512 * 1024 * 1024;
 

@@ -11,7 +11,7 @@ use fleet_core::schedule::Decision;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::EtcdRegistry;
-use super::connection::MAX_TXN_OPS;
+use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
@@ -21,11 +21,6 @@ use crate::codec::{Options, decode, decode_listed, encode, machine_with_override
 use crate::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
 };
-
-/// Unit transactions per fenced transaction. etcd allows a nested transaction only the
-/// operations its parent leaves unused of `--max-txn-ops`, and one unit's transaction
-/// holds at most four.
-const NESTED_PER_TXN: usize = MAX_TXN_OPS - 8;
 
 /// How long the engine waits for its own writes to come back through its watch.
 const CATCH_UP: Duration = Duration::from_secs(2);

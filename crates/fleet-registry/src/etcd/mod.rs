@@ -21,6 +21,7 @@ mod mirror;
 mod records;
 mod session;
 mod sources;
+mod unit_batch;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

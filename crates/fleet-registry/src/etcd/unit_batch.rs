@@ -1,0 +1,144 @@
+//! Many unit writes per etcd transaction. Each unit's write is a nested transaction on its
+//! own conditions (the unit and its placement as the API's copy holds them), so a unit that
+//! changed meanwhile fails alone and is written again alone, from a fresh read; bodies, which
+//! the instances of a template share, are written once per transaction.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
+use fleet_core::UnitHash;
+
+use super::EtcdRegistry;
+use super::api::{Current, Planned, UnitPut, Writes};
+use super::connection::NESTED_PER_TXN;
+use crate::codec::encode;
+use crate::{ApiRegistry, OwnedBy, RegistryError, Result, UnitChange, UnitChanged, Writer};
+
+/// One unit's nested transaction, waiting for its answer.
+struct Nested {
+    change: usize,
+    writes: Writes,
+    current: Current,
+    replaced: Option<UnitHash>,
+}
+
+/// What a guess from the copy planned for one change: its writes and the body it needs, or
+/// nothing to batch (it is then made alone, from a fresh read).
+fn batched(planned: Planned<std::result::Result<Option<UnitHash>, OwnedBy>>) -> Option<(Writes, Option<UnitHash>)> {
+    match planned {
+        Planned::Write(writes, Ok(replaced)) => Some((writes, replaced)),
+        // An answer without a write is given only from a fresh read.
+        Planned::Write(_, Err(_)) | Planned::Done(_) => None,
+    }
+}
+
+impl EtcdRegistry {
+    pub(super) async fn change_units_batched(
+        &self,
+        changes: &[UnitChange],
+        writer: &Writer,
+    ) -> Result<Vec<Result<UnitChanged>>> {
+        let mut answers: Vec<Option<Result<UnitChanged>>> =
+            std::iter::repeat_with(|| None).take(changes.len()).collect();
+        // Guesses come from the copy; it should hold this API's own writes first (if it cannot,
+        // the guesses are only staler, and their conditions catch that).
+        if let Err(error) = self.api_copy_current().await {
+            tracing::debug!(%error, "writing a batch of units from a copy that is behind");
+        }
+        let mut replaced_bodies = BTreeSet::new();
+        let mut next = 0;
+        while next < changes.len() {
+            let (chunk, bodies, after) = self.next_chunk(changes, next, writer);
+            next = after;
+            if chunk.is_empty() {
+                continue;
+            }
+            let mut ops: Vec<TxnOp> = Vec::with_capacity(bodies.len() + chunk.len());
+            let mut body_keys = Vec::with_capacity(bodies.len());
+            for (key, value) in bodies {
+                ops.push(TxnOp::put(key.as_str(), value, None));
+                body_keys.push(key);
+            }
+            for nested in &chunk {
+                let name = &changes[nested.change].name;
+                let txn = Txn::new().when(self.unchanged(name, &nested.current)).and_then(nested.writes.ops.clone());
+                ops.push(TxnOp::txn(txn));
+            }
+            let reply = match self.connection().big_txn(Txn::new().and_then(ops)).await {
+                Ok(reply) => reply,
+                Err(error) => {
+                    let message = error.to_string();
+                    for nested in chunk {
+                        answers[nested.change] = Some(Err(RegistryError::Unavailable(message.clone())));
+                    }
+                    continue;
+                }
+            };
+            let revision = reply.header().map_or(0, |header| header.revision());
+            let responses = reply.op_responses();
+            let (body_responses, unit_responses) = responses.split_at(body_keys.len().min(responses.len()));
+            self.api_wrote_at(revision, &body_keys, body_responses);
+            for (nested, response) in chunk.into_iter().zip(unit_responses) {
+                if let TxnOpResponse::Txn(inner) = response
+                    && inner.succeeded()
+                {
+                    self.api_wrote_at(revision, &nested.writes.keys, &inner.op_responses());
+                    replaced_bodies.extend(nested.replaced);
+                    answers[nested.change] = Some(Ok(UnitChanged::Written));
+                }
+            }
+        }
+        // What could not be batched, or lost a race, is made alone (read, plan, retry).
+        for (change, answer) in changes.iter().zip(answers.iter_mut()) {
+            if answer.is_none() {
+                *answer = Some(self.change_unit_as(change, writer).await);
+            }
+        }
+        for old in replaced_bodies {
+            self.collect_body(&old).await?;
+        }
+        Ok(answers.into_iter().map(|answer| answer.unwrap_or(Ok(UnitChanged::Written))).collect())
+    }
+
+    /// The changes from `start` that fit one transaction, planned from the copy's guesses,
+    /// with the bodies they need; and where the next chunk starts. Changes without a guess
+    /// are skipped here (made alone later).
+    fn next_chunk(
+        &self,
+        changes: &[UnitChange],
+        start: usize,
+        writer: &Writer,
+    ) -> (Vec<Nested>, BTreeMap<String, Vec<u8>>, usize) {
+        let keys = self.keys();
+        let mut chunk = Vec::new();
+        let mut bodies: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut names = BTreeSet::new();
+        let mut index = start;
+        while index < changes.len() && chunk.len() + bodies.len() + 2 <= NESTED_PER_TXN {
+            let change = &changes[index];
+            index += 1;
+            // One transaction writes a key once: a name given twice is made alone.
+            if !names.insert(change.name.as_str()) {
+                continue;
+            }
+            let Some(current) = self.current_in_copy(&change.name) else { continue };
+            let planned = match &change.file {
+                Some(file) => {
+                    let put = UnitPut::new(&change.name, file, change.desired);
+                    batched(self.plan_put(&put, writer, &current)).map(|(writes, replaced)| {
+                        bodies.entry(keys.body(&put.hash.to_string())).or_insert_with(|| encode(&file.options()));
+                        (writes, replaced)
+                    })
+                }
+                None => match self.plan_desired(&change.name, change.desired, writer, &current) {
+                    Planned::Write(writes, Ok(true)) => Some((writes, None)),
+                    _ => None,
+                },
+            };
+            if let Some((writes, replaced)) = planned {
+                chunk.push(Nested { change: index - 1, writes, current, replaced });
+            }
+        }
+        (chunk, bodies, index)
+    }
+}
