@@ -495,3 +495,27 @@ pub struct RolloutList {
     #[serde(default)]
     pub rollouts: Vec<Rollout>,
 }
+
+/// `POST /fleet/v1/units` (our addition): many unit writes in one request. Each unit is what
+/// a `PUT /fleet/v1/units/{name}` would take, with its name and desired state always given:
+/// with options it is created or replaced; without, only its desired state changes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitBatch {
+    pub units: Vec<Unit>,
+}
+
+/// The answer to a [`UnitBatch`]: one result per unit, in the order asked.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitBatchResults {
+    pub units: Vec<UnitBatchResult>,
+}
+
+/// What became of one unit of a batch: the status a `PUT` of it alone would have answered
+/// (201 created or replaced, 204 desired state set, 404, 409, 503), with the error's message.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitBatchResult {
+    pub name: String,
+    pub code: u16,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub message: Option<String>,
+}

@@ -19,7 +19,7 @@ use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Auth, Identity, Peer, Refused};
 use crate::handlers::{
     self, agent_facet, agents, journal, machines, metrics, registration_tokens, rollouts, sources, state, tokens,
-    units, web,
+    unit_batch, units, web,
 };
 use crate::host_check::HostCheck;
 use crate::schema::{ErrorBody, ErrorDetail};
@@ -366,6 +366,7 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
             Action::ReadUnit(name)
         }
         (Resource::Unit(name), &Method::PUT | &Method::DELETE) => Action::WriteUnit(name),
+        (Resource::Units, &Method::POST) => Action::WriteUnits,
         (Resource::Machines, &Method::PATCH) => Action::WriteMachines,
         (Resource::Tokens | Resource::RegistrationTokens, &Method::GET | &Method::POST)
         | (Resource::Token(_) | Resource::RegistrationToken(_), &Method::DELETE) => Action::ManageCredentials,
@@ -519,6 +520,7 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         }
         (Resource::Discovery, _) => Err(ApiError::method_not_allowed("only HTTP GET supported against this resource")),
         (Resource::Units, &Method::GET) => units::list(state, query, role).await,
+        (Resource::Units, &Method::POST) => unit_batch::post(state, role, headers, &body, &units::writer(query)?).await,
         (Resource::Units, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
         (Resource::Unit(name), &Method::GET) => units::get(state, name).await,
         (Resource::Unit(name), &Method::PUT) => units::put(state, name, headers, &body, &units::writer(query)?).await,
@@ -540,13 +542,13 @@ async fn route(state: &ApiState, request: Routed<'_>) -> Result<Response, ApiErr
         (Resource::Journal(_), _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
         (Resource::Tokens, &Method::GET) => tokens::list(state).await,
         (Resource::Tokens, &Method::POST) => tokens::create(state, &body).await,
-        (Resource::Tokens, _) => Err(ApiError::method_not_allowed("only GET and POST supported against this resource")),
+        (Resource::Tokens, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),
         (Resource::Token(name), &Method::DELETE) => tokens::revoke(state, name).await,
         (Resource::RegistrationTokens, &Method::GET) => registration_tokens::list(state).await,
         (Resource::RegistrationTokens, &Method::POST) => registration_tokens::create(state, &body).await,
         (Resource::RegistrationToken(name), &Method::DELETE) => registration_tokens::revoke(state, name).await,
         (Resource::RegistrationTokens, _) => {
-            Err(ApiError::method_not_allowed("only GET and POST supported against this resource"))
+            Err(ApiError::method_not_allowed("only GET supported against this resource"))
         }
         (Resource::Sources, &Method::GET) => sources::list(state).await,
         (Resource::Sources, _) => Err(ApiError::method_not_allowed("only GET supported against this resource")),

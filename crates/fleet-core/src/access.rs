@@ -128,6 +128,9 @@ pub enum Action<'a> {
     ReadUnit(&'a str),
     /// Creates, changes or destroys one unit.
     WriteUnit(&'a str),
+    /// Creates or changes many units at once; each of them is then checked as
+    /// [`Action::WriteUnit`] before anything is written.
+    WriteUnits,
     /// Changes machine metadata.
     WriteMachines,
     /// Creates, lists or revokes credentials.
@@ -161,6 +164,7 @@ impl Action<'_> {
         matches!(
             self,
             Self::WriteUnit(_)
+                | Self::WriteUnits
                 | Self::WriteMachines
                 | Self::ManageCredentials
                 | Self::ManageSources
@@ -243,15 +247,16 @@ mod tests {
             Action::ManageSources,
             Action::SourceWebhook,
             Action::ManageRollouts,
+            Action::WriteUnits,
         ];
-        let table: [(Role, [Access; 14]); 7] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, A, A]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, A, A]),
-            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, A, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, A, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, A, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, A, D]),
-            (Role::Webhook, [D, D, D, D, D, D, D, D, D, D, D, D, A, D]),
+        let table: [(Role, [Access; 15]); 7] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, A, A, A]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, A, A, A]),
+            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, A, D, A]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, A, D, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, A, D, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, A, D, D]),
+            (Role::Webhook, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

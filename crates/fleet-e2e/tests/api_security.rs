@@ -90,6 +90,10 @@ fn matrix(role: usize, machine: &str) -> Vec<Case> {
     let patch = format!(r#"[{{"op":"add","path":"/{machine}/metadata/touched","value":"{own}"}}]"#);
     let token = format!(r#"{{"name":"made-by-{own}","role":"viewer"}}"#);
     let registration = format!(r#"{{"name":"joined-by-{own}","maxUses":1}}"#);
+    let own_batch = format!(
+        r#"{{"units":[{{"name":"{own}-batch.service","desiredState":"inactive","options":[{{"section":"Service","name":"ExecStart","value":"/bin/sleep 1000"}}]}}]}}"#
+    );
+    let db_batch = r#"{"units":[{"name":"db.service","desiredState":"launched"}]}"#;
     vec![
         case("GET", "/fleet/v1/discovery", None, [200, 200, 200, 200]),
         case("GET", "/fleet/v1/units", None, [200, 200, 200, 200]),
@@ -100,6 +104,8 @@ fn matrix(role: usize, machine: &str) -> Vec<Case> {
         case("PUT", "/fleet/v1/units/db.service", Some(r#"{"desiredState":"launched"}"#), [204, 204, 403, 403]),
         case("DELETE", &format!("/fleet/v1/units/{own}.service"), None, [204, 204, 204, 403]),
         case("DELETE", "/fleet/v1/units/nothing.service", None, [404, 404, 403, 403]),
+        case("POST", "/fleet/v1/units", Some(&own_batch), [200, 200, 200, 403]),
+        case("POST", "/fleet/v1/units", Some(db_batch), [200, 200, 403, 403]),
         case("GET", "/fleet/v1/state", None, [200, 200, 200, 200]),
         case("GET", "/fleet/v1/state/web-1.service", None, [200, 200, 200, 200]),
         case("GET", "/fleet/v1/state/db.service", None, [200, 200, 404, 200]),

@@ -10,5 +10,6 @@ pub mod rollouts;
 pub mod sources;
 pub mod state;
 pub mod tokens;
+pub mod unit_batch;
 pub mod units;
 pub mod web;

@@ -86,7 +86,7 @@ pub async fn delete(state: &ApiState, name: &str, writer: &Writer) -> Result<Res
     }
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let values: Vec<_> = headers.get_all(header::CONTENT_TYPE).iter().collect();
     if values.len() != 1 {
         return Err(ApiError::new(
@@ -119,7 +119,7 @@ pub fn validate_options(name: &str, file: &UnitFile) -> Result<(), ApiError> {
     fleet_core::admission::admit_unit(name, file).map_err(ApiError::bad_request)
 }
 
-fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), ApiError> {
+pub(crate) fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), ApiError> {
     if UnitNameInfo::new(name).is_template() && desired != DesiredState::Inactive {
         return Err(ApiError::bad_request(format!("cannot activate template {name:?}")));
     }

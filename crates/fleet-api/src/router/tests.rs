@@ -89,7 +89,7 @@ async fn routing_and_method_errors() {
         ("GET", "/nothing", 404, ""),
         ("GET", "/fleet/v1/units/", 404, ""),
         ("GET", "/fleet/v1/units/a/b", 404, ""),
-        ("POST", "/fleet/v1/units", 405, "only GET supported against this resource"),
+        ("PUT", "/fleet/v1/units", 405, "only GET supported against this resource"),
         ("POST", "/fleet/v1/units/a.service", 405, "only GET, PUT and DELETE supported against this resource"),
         ("DELETE", "/fleet/v1/state", 405, "only GET supported against this resource"),
         ("PUT", "/fleet/v1/machines", 405, "only GET and PATCH supported against this resource"),
@@ -154,6 +154,88 @@ async fn unit_lifecycle_through_put() {
     assert_eq!(api.call("GET", path, None).await.body["desiredState"], "inactive");
     assert_eq!(api.call("DELETE", path, None).await.status, StatusCode::NO_CONTENT);
     assert_eq!(api.call("DELETE", path, None).await.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn many_units_in_one_request() {
+    let api = api(100).await;
+    let named = |name: &str, desired: &str| {
+        let mut unit = hello(Some(desired));
+        unit["name"] = json!(name);
+        unit
+    };
+    let batch = |units: Vec<Value>| Some(json!({ "units": units }));
+    let answer = api
+        .call(
+            "POST",
+            "/fleet/v1/units",
+            batch(vec![
+                named("a.service", "launched"),
+                named("b.service", "inactive"),
+                json!({"name": "absent.service", "desiredState": "launched"}),
+            ]),
+        )
+        .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    assert_eq!(
+        answer.body,
+        json!({"units": [{"name": "a.service", "code": 201}, {"name": "b.service", "code": 201},
+                         {"name": "absent.service", "code": 404, "message": "unit does not exist"}]})
+    );
+    let api = &api;
+    let unit = async |name: &str| api.call("GET", &format!("/fleet/v1/units/{name}"), None).await.body;
+    assert_eq!(unit("a.service").await["desiredState"], "launched");
+    // A desired state alone keeps the content.
+    let answer =
+        api.call("POST", "/fleet/v1/units", batch(vec![json!({"name": "b.service", "desiredState": "loaded"})])).await;
+    assert_eq!(answer.body, json!({"units": [{"name": "b.service", "code": 204}]}));
+    assert_eq!(unit("b.service").await["desiredState"], "loaded");
+    assert_eq!(unit("b.service").await["options"], hello(None)["options"]);
+    // One bad unit refuses the batch, naming it; nothing is stored.
+    let refusals: Vec<(Option<Value>, u16, &str)> = vec![
+        (
+            batch(vec![named("c.service", "launched"), named("d.service", "bogus")]),
+            400,
+            "unit d.service: invalid desiredState: \"bogus\"",
+        ),
+        (
+            batch(vec![
+                named("c.service", "launched"),
+                json!({"name": "d.service", "options": hello(None)["options"]}),
+            ]),
+            400,
+            "unit d.service: desiredState missing",
+        ),
+        (
+            batch(vec![named("c.service", "launched"), named("c.service", "loaded")]),
+            400,
+            "unit c.service is given twice",
+        ),
+        (
+            batch(vec![named("c.service", "launched"), named("t@.service", "launched")]),
+            400,
+            "unit t@.service: cannot activate template \"t@.service\"",
+        ),
+        (batch(vec![named("c.service", "launched"), hello(Some("launched"))]), 400, "unit 1 of the batch has no name"),
+        (batch(vec![]), 400, "no units given"),
+        (
+            batch((0..1001).map(|index| named(&format!("n{index}.service"), "loaded")).collect()),
+            400,
+            "1001 units given; at most 1000 per request",
+        ),
+        (Some(json!([named("c.service", "launched")])), 400, "unable to decode body: expected a JSON object"),
+    ];
+    for (body, code, message) in refusals {
+        let answer = api.call("POST", "/fleet/v1/units", body).await;
+        assert_eq!((answer.status.as_u16(), answer.body), (code, error(code, message)));
+    }
+    assert_eq!(api.call("GET", "/fleet/v1/units/c.service", None).await.status, StatusCode::NOT_FOUND);
+    let bad_options = json!({"name": "e.service", "desiredState": "loaded", "options": [{"section": "Service", "name": "Restart", "value": "sometimes"}]});
+    let answer = api.call("POST", "/fleet/v1/units", batch(vec![bad_options])).await;
+    assert_eq!(
+        answer.body,
+        error(400, "unit e.service: invalid value \"sometimes\" for Restart=: unknown value \"sometimes\"")
+    );
 }
 
 #[tokio::test]
