@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use fleet_api_schema::{
     ErrorBody, Journal, Machine, MachinePage, RegistrationToken, RegistrationTokenList, RegistrationTokenRequest,
-    Rollout, RolloutList, RolloutRequest, Source, SourceList, Token, TokenList, TokenRequest, Unit, UnitPage,
-    UnitState, UnitStatePage,
+    Rollout, RolloutList, RolloutRequest, Source, SourceList, Token, TokenList, TokenRequest, Unit, UnitBatchResult,
+    UnitBatchResults, UnitPage, UnitState, UnitStatePage,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -335,6 +335,21 @@ impl Client {
         format!("units/{}{take_over}", encode_component(name))
     }
 
+    /// Writes many units in one request (`POST units`, fleetd's addition), each as its own
+    /// [`Client::put_unit`] would; the answer per unit, in order. `Ok(None)` when the server
+    /// does not take batches (the original fleetd answers 405): write them one by one.
+    pub async fn put_units(&self, units: &[Unit]) -> Result<Option<Vec<UnitBatchResult>>> {
+        let body = serde_json::json!({ "units": units }).to_string();
+        let path = if self.take_over { "units?takeOver=true" } else { "units" };
+        match self.send(Method::POST, path, Some(body)).await {
+            Ok((_, bytes)) => serde_json::from_slice::<UnitBatchResults>(&bytes)
+                .map(|results| Some(results.units))
+                .map_err(|error| ClientError::Decode(error.to_string())),
+            Err(ClientError::Api { code: 405, .. }) => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     pub async fn set_desired_state(&self, name: &str, state: &str) -> Result<()> {
         let unit = Unit { name: name.to_string(), desired_state: Some(state.to_string()), ..Unit::default() };
         self.put_unit(&unit).await
@@ -407,5 +422,68 @@ mod tests {
             "unable to connect to host \"var\" with scheme \"unix\""
         );
         assert_eq!(encode_component("a b/c=="), "a%20b%2Fc%3D%3D");
+    }
+
+    /// Answers one HTTP request with `status` and `body`; returns the request's first line.
+    async fn answer_once(listener: tokio::net::TcpListener, status: &str, body: &str) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut stream, _) = listener.accept().await.expect("a connection");
+        let mut request = Vec::new();
+        let mut buffer = [0u8; 4096];
+        // The head, then as much body as it announces.
+        while !String::from_utf8_lossy(&request).contains("\r\n\r\n") {
+            let read = stream.read(&mut buffer).await.expect("the request");
+            request.extend_from_slice(&buffer[..read]);
+        }
+        let text = String::from_utf8_lossy(&request).into_owned();
+        let length: usize = text
+            .lines()
+            .find_map(|line| line.to_ascii_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_string()))
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(0);
+        let head = text.find("\r\n\r\n").map_or(0, |at| at + 4);
+        while request.len() < head + length {
+            let read = stream.read(&mut buffer).await.expect("the body");
+            request.extend_from_slice(&buffer[..read]);
+        }
+        let reply = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(reply.as_bytes()).await.expect("the answer");
+        text.lines().next().unwrap_or_default().to_string()
+    }
+
+    #[tokio::test]
+    async fn a_server_without_batches_is_told_apart_from_a_refused_batch() {
+        let units = [Unit { name: "a.service".into(), desired_state: Some("launched".into()), ..Unit::default() }];
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let client =
+            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
+                .expect("a client");
+        // The original fleetd: /units takes GET only.
+        let old = r#"{"error":{"code":405,"message":"only GET supported against this resource"}}"#;
+        let (asked, answer) =
+            tokio::join!(answer_once(listener, "405 Method Not Allowed", old), client.put_units(&units));
+        assert_eq!(asked, "POST /fleet/v1/units HTTP/1.1");
+        assert_eq!(answer.expect("not an error"), None, "so the caller writes one unit at a time");
+        // A batch refused whole is an error; answers per unit come back in order.
+        for (status, body, expected) in [
+            ("400 Bad Request", r#"{"error":{"code":400,"message":"unit a.service: desiredState missing"}}"#, Err(400)),
+            ("200 OK", r#"{"units":[{"name":"a.service","code":204}]}"#, Ok(Some(vec![204]))),
+        ] {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+            let client =
+                Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
+                    .expect("a client");
+            let (_, answer) = tokio::join!(answer_once(listener, status, body), client.put_units(&units));
+            let answer = answer
+                .map(|results| results.map(|results| results.iter().map(|result| result.code).collect::<Vec<_>>()))
+                .map_err(|error| match error {
+                    ClientError::Api { code, .. } => code,
+                    other => panic!("{other}"),
+                });
+            assert_eq!(answer, expected);
+        }
     }
 }

@@ -15,6 +15,12 @@ use crate::wait::{Attempts, fetch_units, wait_for_state};
 
 /// How many requests fleetctl keeps in flight at once.
 pub const PARALLEL_REQUESTS: usize = 32;
+/// How many batches of unit writes fleetctl keeps in flight at once: each is many units in
+/// one store transaction per hundred, so a few keep fleetd and its store busy.
+const PARALLEL_BATCHES: usize = 4;
+/// The most units per batch (fleetd takes 1,000) and about the most bytes (fleetd reads 1 MiB).
+const UNITS_PER_BATCH: usize = 1000;
+const BATCH_BYTES: usize = 512 * 1024;
 
 pub fn schema_options(file: &UnitFile) -> Vec<UnitOption> {
     file.options()
@@ -48,11 +54,21 @@ where
     Fut: std::future::Future<Output = R> + Send + 'static,
     R: Send + 'static,
 {
+    at_most_at_once(PARALLEL_REQUESTS, items, work).await
+}
+
+/// [`in_parallel`] with `limit` in flight.
+async fn at_most_at_once<T, R, F, Fut>(limit: usize, items: Vec<T>, work: F) -> Vec<R>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = R> + Send + 'static,
+    R: Send + 'static,
+{
     let mut results: Vec<Option<R>> = std::iter::repeat_with(|| None).take(items.len()).collect();
     let mut running = tokio::task::JoinSet::new();
     let mut items = items.into_iter().enumerate();
     loop {
-        while running.len() < PARALLEL_REQUESTS
+        while running.len() < limit
             && let Some((index, item)) = items.next()
         {
             let request = work(item);
@@ -65,6 +81,72 @@ where
         }
     }
     results.into_iter().flatten().collect()
+}
+
+/// Writes `units`, each as its own `PUT` would (with options: created or replaced; without:
+/// its desired state set): in batches when fleetd takes them, else one request per unit (the
+/// original fleetd). Fails with the first unit refused.
+pub async fn write_units(context: &Context, mut units: Vec<Unit>) -> Result<(), String> {
+    // A batch names every desired state; a PUT of new content without one means inactive.
+    for unit in units.iter_mut().filter(|unit| !unit.options.is_empty()) {
+        unit.desired_state.get_or_insert_with(|| "inactive".to_string());
+    }
+    let mut batches = batches(units).into_iter();
+    let Some(first) = batches.next() else { return Ok(()) };
+    let client = context.client.clone();
+    let Some(answers) = client.put_units(&first).await.map_err(|error| error.to_string())? else {
+        let units: Vec<Unit> = first.into_iter().chain(batches.flatten()).collect();
+        let results = in_parallel(units, move |unit| {
+            let client = client.clone();
+            async move { client.put_unit(&unit).await.map_err(|error| error.to_string()) }
+        })
+        .await;
+        return results.into_iter().collect::<Result<Vec<()>, String>>().map(drop);
+    };
+    first_refusal(answers)?;
+    let results = at_most_at_once(PARALLEL_BATCHES, batches.collect(), move |batch| {
+        let client = client.clone();
+        async move {
+            match client.put_units(&batch).await {
+                Ok(Some(answers)) => first_refusal(answers),
+                Ok(None) => Err("fleetd stopped taking batches of units".to_string()),
+                Err(error) => Err(error.to_string()),
+            }
+        }
+    })
+    .await;
+    results.into_iter().collect::<Result<Vec<()>, String>>().map(drop)
+}
+
+/// `units` cut into batches of at most [`UNITS_PER_BATCH`] units and about [`BATCH_BYTES`].
+fn batches(units: Vec<Unit>) -> Vec<Vec<Unit>> {
+    let mut batches: Vec<Vec<Unit>> = Vec::new();
+    let mut bytes = 0;
+    for unit in units {
+        let size = serde_json::to_vec(&unit).map_or(0, |encoded| encoded.len());
+        match batches.last_mut() {
+            Some(batch) if batch.len() < UNITS_PER_BATCH && bytes + size <= BATCH_BYTES => {
+                bytes += size;
+                batch.push(unit);
+            }
+            _ => {
+                bytes = size;
+                batches.push(vec![unit]);
+            }
+        }
+    }
+    batches
+}
+
+/// The first unit of a batch that was not written, as a `PUT` of it alone would have failed.
+fn first_refusal(answers: Vec<fleet_api_schema::UnitBatchResult>) -> Result<(), String> {
+    match answers.into_iter().find(|answer| answer.code >= 400) {
+        Some(refused) => {
+            Err(fleet_client::ClientError::Api { code: refused.code, message: refused.message.unwrap_or_default() }
+                .to_string())
+        }
+        None => Ok(()),
+    }
 }
 
 /// The local content for `name`: its own file, else its template (registry first).
@@ -186,13 +268,7 @@ pub async fn lazy_create(
     let created: Vec<String> = to_create.iter().map(|unit| unit.name.clone()).collect();
     let globals: BTreeSet<String> =
         to_create.iter().filter(|unit| is_global(unit)).map(|unit| unit.name.clone()).collect();
-    let client = context.client.clone();
-    let results = in_parallel(to_create, move |unit| {
-        let client = client.clone();
-        async move { client.put_unit(&unit).await.map_err(|error| error.to_string()) }
-    })
-    .await;
-    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    write_units(context, to_create).await?;
     if let Some(waves) = replacing.waves.as_ref().filter(|_| !rolled.is_empty()) {
         roll_out(context, waves, rolled).await?;
     }
@@ -234,4 +310,27 @@ fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {
         }
     }
     Ok(Unit { name: name.to_string(), options: schema_options(file), ..Unit::default() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(name: &str, value_bytes: usize) -> Unit {
+        let option = UnitOption { section: "Service".into(), name: "ExecStart".into(), value: "x".repeat(value_bytes) };
+        Unit { name: name.into(), options: vec![option], ..Unit::default() }
+    }
+
+    #[test]
+    fn batches_hold_at_most_a_thousand_units_and_about_half_a_mebibyte() {
+        let small: Vec<Unit> = (0..2500).map(|index| unit(&format!("s{index}.service"), 10)).collect();
+        let sizes: Vec<usize> = batches(small).iter().map(Vec::len).collect();
+        assert_eq!(sizes, [1000, 1000, 500]);
+        let large: Vec<Unit> = (0..10).map(|index| unit(&format!("l{index}.service"), 200 * 1024)).collect();
+        let cut = batches(large);
+        assert_eq!(cut.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2, 2, 2, 2]);
+        let names: Vec<String> = cut.into_iter().flatten().map(|unit| unit.name).collect();
+        assert_eq!(names, (0..10).map(|index| format!("l{index}.service")).collect::<Vec<_>>(), "in order");
+        assert!(batches(Vec::new()).is_empty());
+    }
 }

@@ -7,7 +7,7 @@ use fleet_core::duration::parse_go_duration;
 use fleet_core::rollout::MaxUnavailable;
 use fleet_core::unit_name::mangle;
 
-use super::create::{Replacing, Waves, in_parallel, is_global, lazy_create};
+use super::create::{Replacing, Waves, in_parallel, is_global, lazy_create, write_units};
 use crate::context::Context;
 use crate::unit_arguments::{UnitList, is_pattern, match_patterns};
 use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
@@ -78,14 +78,12 @@ async fn set_desired_state(
         .into_iter()
         .filter(|unit| unit.desired_state.as_deref() != Some(target) || already.contains(&unit.name))
         .collect();
-    let to_set: Vec<Unit> = triggered.iter().filter(|unit| !already.contains(&unit.name)).cloned().collect();
-    let client = context.client.clone();
-    let results = in_parallel(to_set, move |unit| {
-        let client = client.clone();
-        async move { client.set_desired_state(&unit.name, target).await.map_err(|error| error.to_string()) }
-    })
-    .await;
-    results.into_iter().collect::<Result<Vec<()>, String>>()?;
+    let to_set: Vec<Unit> = triggered
+        .iter()
+        .filter(|unit| !already.contains(&unit.name))
+        .map(|unit| Unit { name: unit.name.clone(), desired_state: Some(target.to_string()), ..Unit::default() })
+        .collect();
+    write_units(context, to_set).await?;
     Ok(triggered)
 }
 
