@@ -22,6 +22,9 @@ use crate::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
 };
 
+/// How many of the engine's schedule transactions are in flight at once.
+const TXNS_IN_FLIGHT: usize = 4;
+
 /// How long the engine waits for its own writes to come back through its watch.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
@@ -231,15 +234,27 @@ impl EngineRegistry for EtcdRegistry {
             writes.iter().filter_map(|write| self.unit_txn(&data, write)).collect()
         };
         let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
-        let mut last_write = None;
-        for batch in unit_txns.chunks(NESTED_PER_TXN) {
-            let txn = Txn::new().when([fence.clone()]).and_then(batch.to_vec());
-            let reply = self.connection().big_txn(txn).await?;
+        // Units are independent of each other, so their transactions go a few at a time:
+        // etcd commits concurrent ones together.
+        let mut batches =
+            unit_txns.chunks(NESTED_PER_TXN).map(|batch| Txn::new().when([fence.clone()]).and_then(batch.to_vec()));
+        let mut running = tokio::task::JoinSet::new();
+        let mut last_write: Option<i64> = None;
+        loop {
+            while running.len() < TXNS_IN_FLIGHT
+                && let Some(txn) = batches.next()
+            {
+                let connection = self.connection().clone();
+                running.spawn(async move { connection.big_txn(txn).await });
+            }
+            let Some(joined) = running.join_next().await else { break };
+            let reply =
+                joined.map_err(|error| RegistryError::Unavailable(format!("etcd: a write task failed: {error}")))??;
             if !reply.succeeded() {
                 *self.inner.leadership.lock().await = None;
                 return Err(RegistryError::LeadershipLost);
             }
-            last_write = written_revision(&reply).or(last_write);
+            last_write = last_write.max(written_revision(&reply));
         }
         if let Some(revision) = last_write
             && !mirror.wait_for(revision, CATCH_UP).await
