@@ -41,7 +41,12 @@ pub struct Client {
     base: String,
     /// `?takeOver=true` on unit writes (see [`ClientOptions::take_over`]).
     take_over: bool,
+    /// How long one request may take; a batch of units gets this per hundred units.
+    timeout: Duration,
 }
+
+/// Units of a batch per [`Client`] request timeout it is given.
+const UNITS_PER_TIMEOUT: usize = 100;
 
 /// Where to reach the API, read from an endpoint URL.
 #[derive(Debug, PartialEq, Eq)]
@@ -159,12 +164,22 @@ impl Client {
             (Endpoint::Http(base), None) => (with_tls(builder, options)?, base),
         };
         let http = builder.build().map_err(|error| ClientError::Transport(error.to_string()))?;
-        Ok(Self { http, base, take_over: options.take_over })
+        Ok(Self { http, base, take_over: options.take_over, timeout })
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<String>) -> Result<(StatusCode, Vec<u8>)> {
+        self.send_within(method, path, body, self.timeout).await
+    }
+
+    async fn send_within(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<String>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Vec<u8>)> {
         let url = format!("{}/fleet/v1/{path}", self.base);
-        let mut request = self.http.request(method, url);
+        let mut request = self.http.request(method, url).timeout(timeout);
         if let Some(body) = body {
             request = request.header("Content-Type", "application/json").body(body);
         }
@@ -336,12 +351,14 @@ impl Client {
     }
 
     /// Writes many units in one request (`POST units`, fleetd's addition), each as its own
-    /// [`Client::put_unit`] would; the answer per unit, in order. `Ok(None)` when the server
+    /// [`Client::put_unit`] would, allowing the request timeout per hundred units; the answer
+    /// per unit, in order. `Ok(None)` when the server
     /// does not take batches (the original fleetd answers 405): write them one by one.
     pub async fn put_units(&self, units: &[Unit]) -> Result<Option<Vec<UnitBatchResult>>> {
         let body = serde_json::json!({ "units": units }).to_string();
         let path = if self.take_over { "units?takeOver=true" } else { "units" };
-        match self.send(Method::POST, path, Some(body)).await {
+        let hundreds = u32::try_from(units.len().div_ceil(UNITS_PER_TIMEOUT).max(1)).unwrap_or(u32::MAX);
+        match self.send_within(Method::POST, path, Some(body), self.timeout.saturating_mul(hundreds)).await {
             Ok((_, bytes)) => serde_json::from_slice::<UnitBatchResults>(&bytes)
                 .map(|results| Some(results.units))
                 .map_err(|error| ClientError::Decode(error.to_string())),

@@ -93,7 +93,7 @@ pub struct GlobalFlags {
     /// SSH bastion host[:port]
     #[arg(long, global = true, env = "FLEETCTL_TUNNEL", default_value = "")]
     pub tunnel: String,
-    /// Seconds to wait for each API request
+    /// Seconds to wait for each API request (for a batch of unit writes: per hundred units)
     #[arg(long, global = true, env = "FLEETCTL_REQUEST_TIMEOUT", default_value_t = 3.0)]
     pub request_timeout: f64,
     /// SSH user

@@ -77,6 +77,9 @@ struct Inner {
     work_signals: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
     leadership: tokio::sync::Mutex<Option<session::Leadership>>,
+    /// One batch transaction of unit writes in flight at a time, however many batches the
+    /// API is given: etcd that falls behind on writes lets leases expire.
+    unit_batches: tokio::sync::Semaphore,
 }
 
 impl EtcdRegistry {
@@ -102,6 +105,7 @@ impl EtcdRegistry {
                 work_signals: Arc::new(Mutex::new(HashMap::new())),
                 sessions: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
+                unit_batches: tokio::sync::Semaphore::new(1),
             }),
         })
     }

@@ -64,7 +64,10 @@ impl EtcdRegistry {
                 let txn = Txn::new().when(self.unchanged(name, &nested.current)).and_then(nested.writes.ops.clone());
                 ops.push(TxnOp::txn(txn));
             }
-            let reply = match self.connection().big_txn(Txn::new().and_then(ops)).await {
+            let turn = self.inner.unit_batches.acquire().await;
+            let written = self.connection().big_txn(Txn::new().and_then(ops)).await;
+            drop(turn);
+            let reply = match written {
                 Ok(reply) => reply,
                 Err(error) => {
                     let message = error.to_string();

@@ -15,9 +15,9 @@ use crate::wait::{Attempts, fetch_units, wait_for_state};
 
 /// How many requests fleetctl keeps in flight at once.
 pub const PARALLEL_REQUESTS: usize = 32;
-/// How many batches of unit writes fleetctl keeps in flight at once: each is many units in
-/// one store transaction per hundred, so a few keep fleetd and its store busy.
-const PARALLEL_BATCHES: usize = 4;
+/// How many batches of unit writes fleetctl keeps in flight at once: fleetd writes one at a
+/// time to its store (more would only queue there), the other is read and checked meanwhile.
+const PARALLEL_BATCHES: usize = 2;
 /// The most units per batch (fleetd takes 1,000) and about the most bytes (fleetd reads 1 MiB).
 const UNITS_PER_BATCH: usize = 1000;
 const BATCH_BYTES: usize = 512 * 1024;
