@@ -13,7 +13,7 @@ use fleet_core::state::InvalidState;
 use fleet_core::unit_name::validate_name;
 use fleet_registry::{UnitChange, UnitChanged, Writer};
 
-use super::units::{check_content_type, file_from_options, refuse_template_activation, validate_options};
+use super::units::{file_from_options, json_object, refuse_template_activation, validate_options};
 use crate::router::{ApiError, ApiState, json_response};
 use crate::schema::{UnitBatch, UnitBatchResult, UnitBatchResults};
 
@@ -27,12 +27,7 @@ pub async fn post(
     body: &[u8],
     writer: &Writer,
 ) -> Result<Response, ApiError> {
-    check_content_type(headers)?;
-    if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::bad_request("unable to decode body: expected a JSON object"));
-    }
-    let batch: UnitBatch = serde_json::from_slice(body)
-        .map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))?;
+    let batch: UnitBatch = json_object(headers, body)?;
     let changes = admitted(batch, role)?;
     let answers = state.registry.change_units_as(&changes, writer).await?;
     let units = changes

@@ -86,7 +86,7 @@ pub async fn delete(state: &ApiState, name: &str, writer: &Writer) -> Result<Res
     }
 }
 
-pub(crate) fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
     let values: Vec<_> = headers.get_all(header::CONTENT_TYPE).iter().collect();
     if values.len() != 1 {
         return Err(ApiError::new(
@@ -126,6 +126,16 @@ pub(crate) fn refuse_template_activation(name: &str, desired: DesiredState) -> R
     Ok(())
 }
 
+/// A unit write's body: JSON, and an object (serde would also read a struct from an array:
+/// `[]` came out as a unit without options, answered 409 instead of 400).
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, ApiError> {
+    check_content_type(headers)?;
+    if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("unable to decode body: expected a JSON object"));
+    }
+    serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))
+}
+
 /// PUT /units/{name}: create, replace (new options) or change the desired state.
 pub async fn put(
     state: &ApiState,
@@ -134,14 +144,7 @@ pub async fn put(
     body: &[u8],
     writer: &Writer,
 ) -> Result<Response, ApiError> {
-    check_content_type(headers)?;
-    // A unit is an object; serde would also read a struct from an array (`[]` came out as
-    // a unit without options, answered 409 instead of 400).
-    if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::bad_request("unable to decode body: expected a JSON object"));
-    }
-    let request: Unit = serde_json::from_slice(body)
-        .map_err(|error| ApiError::bad_request(format!("unable to decode body: {error}")))?;
+    let request: Unit = json_object(headers, body)?;
     if !request.name.is_empty() && request.name != name {
         return Err(ApiError::bad_request(format!(
             "name in URL {name:?} differs from unit name in request body {:?}",
