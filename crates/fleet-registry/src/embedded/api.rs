@@ -7,7 +7,9 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
 use crate::codec::machine_with_overrides;
-use crate::{ApiRegistry, MetadataChange, Page, PageRequest, Result, UnitView, Writer};
+use crate::{
+    ApiRegistry, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged, UnitView, Writer,
+};
 
 /// A units or states table key as a page walks it: borrowed from the table, never copied;
 /// it reads as the unit's name (a state key's part before the machine).
@@ -114,6 +116,55 @@ pub(super) fn read_machines(txn: &ReadTransaction) -> Result<Vec<MachineState>> 
     Ok(result)
 }
 
+/// Stores `file` under `name` with `desired` in `txn`, if `writer` may.
+fn put_in(
+    txn: &WriteTransaction,
+    touched: &mut Touched,
+    name: &str,
+    file: &UnitFile,
+    desired: DesiredState,
+    writer: &Writer,
+) -> Result<()> {
+    let hash = file.hash();
+    let global = Requirements::from_unit(name, file).global;
+    let previous = unit_record(txn, name)?;
+    let source = owner_after(writer, name, previous.as_ref())?;
+    if previous.as_ref().is_none_or(|old| old.hash != hash) {
+        reference_body(txn, file)?;
+        if let Some(old) = &previous {
+            release_body(txn, &old.hash)?;
+        }
+    }
+    let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy() };
+    txn.open_table(tables::UNITS)
+        .map_err(unavailable)?
+        .insert(name, encode(&record).as_slice())
+        .map_err(unavailable)?;
+    touch_unit(txn, name, global || previous.is_some_and(|old| old.global), touched)
+}
+
+/// Sets the desired state of the unit `name` in `txn`, if `writer` may; `false` when there
+/// is no such unit.
+fn set_desired_in(
+    txn: &WriteTransaction,
+    touched: &mut Touched,
+    name: &str,
+    desired: DesiredState,
+    writer: &Writer,
+) -> Result<bool> {
+    let Some(mut record) = unit_record(txn, name)? else {
+        return Ok(false);
+    };
+    record.source = owner_after(writer, name, Some(&record))?;
+    record.desired = desired;
+    txn.open_table(tables::UNITS)
+        .map_err(unavailable)?
+        .insert(name, encode(&record).as_slice())
+        .map_err(unavailable)?;
+    touch_unit(txn, name, record.global, touched)?;
+    Ok(true)
+}
+
 #[async_trait]
 impl ApiRegistry for EmbeddedRegistry {
     async fn revision(&self) -> Result<Option<u64>> {
@@ -143,41 +194,35 @@ impl ApiRegistry for EmbeddedRegistry {
 
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         let (name, file, writer) = (name.to_string(), file.clone(), writer.clone());
-        self.write(move |txn, touched| {
-            let hash = file.hash();
-            let global = Requirements::from_unit(&name, &file).global;
-            let previous = unit_record(txn, &name)?;
-            let source = owner_after(&writer, &name, previous.as_ref())?;
-            if previous.as_ref().is_none_or(|old| old.hash != hash) {
-                reference_body(txn, &file)?;
-                if let Some(old) = &previous {
-                    release_body(txn, &old.hash)?;
-                }
-            }
-            let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy() };
-            txn.open_table(tables::UNITS)
-                .map_err(unavailable)?
-                .insert(name.as_str(), encode(&record).as_slice())
-                .map_err(unavailable)?;
-            touch_unit(txn, &name, global || previous.is_some_and(|old| old.global), touched)
-        })
-        .await
+        self.write(move |txn, touched| put_in(txn, touched, &name, &file, desired, &writer)).await
     }
 
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
         let (name, writer) = (name.to_string(), writer.clone());
+        self.write(move |txn, touched| set_desired_in(txn, touched, &name, desired, &writer)).await
+    }
+
+    /// Every change in one transaction: a unit another writer owns is refused alone (its
+    /// check comes before any write of it); any other failure writes nothing.
+    async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>> {
+        let (changes, writer) = (changes.to_vec(), writer.clone());
         self.write(move |txn, touched| {
-            let Some(mut record) = unit_record(txn, &name)? else {
-                return Ok(false);
-            };
-            record.source = owner_after(&writer, &name, Some(&record))?;
-            record.desired = desired;
-            txn.open_table(tables::UNITS)
-                .map_err(unavailable)?
-                .insert(name.as_str(), encode(&record).as_slice())
-                .map_err(unavailable)?;
-            touch_unit(txn, &name, record.global, touched)?;
-            Ok(true)
+            let mut answers = Vec::with_capacity(changes.len());
+            for change in &changes {
+                let answer = match &change.file {
+                    Some(file) => {
+                        put_in(txn, touched, &change.name, file, change.desired, &writer).map(|()| UnitChanged::Written)
+                    }
+                    None => set_desired_in(txn, touched, &change.name, change.desired, &writer)
+                        .map(|found| if found { UnitChanged::Written } else { UnitChanged::NoSuchUnit }),
+                };
+                match answer {
+                    Err(refused @ RegistryError::Owned { .. }) => answers.push(Err(refused)),
+                    Err(error) => return Err(error),
+                    Ok(changed) => answers.push(Ok(changed)),
+                }
+            }
+            Ok(answers)
         })
         .await
     }
