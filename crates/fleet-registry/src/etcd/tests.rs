@@ -376,3 +376,37 @@ async fn a_batch_of_units_is_a_few_transactions_and_a_stale_guess_is_written_alo
         second.change_units_as(&reset, &Writer::BY_HAND).await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_fails_fast_while_etcd_is_down_and_writes_once_it_is_back() {
+    use crate::{UnitChange, UnitChanged, Writer};
+    let mut etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    let changes: Vec<UnitChange> = (0..300)
+        .map(|index| UnitChange {
+            name: format!("down@{index}.service"),
+            file: Some(unit("[Service]\nExecStart=/bin/sleep %i\n")),
+            desired: DesiredState::Loaded,
+        })
+        .collect();
+    registry.change_units_as(&changes[..1], &Writer::BY_HAND).await.unwrap();
+    etcd.kill();
+    let started = std::time::Instant::now();
+    let answers = registry.change_units_as(&changes, &Writer::BY_HAND).await.unwrap();
+    assert!(answers.iter().all(|answer| matches!(answer, Err(RegistryError::Unavailable(_)))), "{:?}", &answers[..3]);
+    // One failed request stands for all: not one timeout per unit (300 × 2 s).
+    assert!(started.elapsed() < Duration::from_secs(60), "took {:?}", started.elapsed());
+    etcd.resume();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let answers = registry.change_units_as(&changes, &Writer::BY_HAND).await.unwrap();
+            if answers.iter().all(|answer| matches!(answer, Ok(UnitChanged::Written))) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("written once etcd is back");
+    assert_eq!(registry.units().await.unwrap().len(), 300);
+}

@@ -70,11 +70,16 @@ impl EtcdRegistry {
             let reply = match written {
                 Ok(reply) => reply,
                 Err(error) => {
-                    let message = error.to_string();
-                    for nested in chunk {
-                        answers[nested.change] = Some(Err(RegistryError::Unavailable(message.clone())));
+                    // etcd failed: what is not written yet fails with it, rather than each
+                    // unit waiting out its own timeout alone.
+                    let message = match error {
+                        RegistryError::Unavailable(message) => message,
+                        other => other.to_string(),
+                    };
+                    for answer in answers.iter_mut().filter(|answer| answer.is_none()) {
+                        *answer = Some(Err(RegistryError::Unavailable(message.clone())));
                     }
-                    continue;
+                    break;
                 }
             };
             let revision = reply.header().map_or(0, |header| header.revision());
@@ -91,14 +96,28 @@ impl EtcdRegistry {
                 }
             }
         }
-        // What could not be batched, or lost a race, is made alone (read, plan, retry).
+        // What could not be batched, or lost a race, is made alone (read, plan, retry); once
+        // etcd fails, the rest fail with it.
+        let mut failed: Option<String> = None;
         for (change, answer) in changes.iter().zip(answers.iter_mut()) {
-            if answer.is_none() {
-                *answer = Some(self.change_unit_as(change, writer).await);
+            if answer.is_some() {
+                continue;
             }
+            if let Some(message) = &failed {
+                *answer = Some(Err(RegistryError::Unavailable(message.clone())));
+                continue;
+            }
+            let alone = self.change_unit_as(change, writer).await;
+            if let Err(RegistryError::Unavailable(message)) = &alone {
+                failed = Some(message.clone());
+            }
+            *answer = Some(alone);
         }
         for old in replaced_bodies {
-            self.collect_body(&old).await?;
+            // A body left behind is only garbage; the units are written.
+            if let Err(error) = self.collect_body(&old).await {
+                tracing::warn!(%error, hash = %old, "collecting a replaced unit body");
+            }
         }
         Ok(answers.into_iter().map(|answer| answer.unwrap_or(Ok(UnitChanged::Written))).collect())
     }
