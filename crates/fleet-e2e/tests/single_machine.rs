@@ -12,6 +12,21 @@ fn example(name: &str) -> String {
 const WAIT: Duration = Duration::from_secs(20);
 
 #[test]
+fn a_unit_that_never_becomes_active_fails_the_start_after_two_quiet_seconds() {
+    let fleet = Fleetd::start("e2e0neveractive1", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("never.service");
+    std::fs::write(&path, "[Service]\nExecStart=/bin/false\n").unwrap();
+    let ran = fleet.fleetctl(&["start", &path.display().to_string()]);
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert!(
+        ran.stderr
+            .contains("Error waiting for units: Failed to find an active unit never.service within 2s, err: unit is "),
+        "{ran:?}"
+    );
+}
+
+#[test]
 fn hello_runs_and_stops() {
     let fleet = Fleetd::start("e2e0hello0000001", &[]);
     let started = fleet.ok(&["start", &example("hello.service")]);
