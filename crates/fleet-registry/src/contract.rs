@@ -401,6 +401,7 @@ pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, 
     use fleet_core::drift::DriftPolicy;
     agent_for("m1").register_machine(&machine("m1")).await.unwrap();
     let reporting = Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Report };
+    registry.put_source(&source_record("git", 1)).await.unwrap();
     let global = UnitFile::parse("[Service]\nExecStart=/bin/g\n\n[X-Fleet]\nGlobal=true\n").expect("a unit file");
     registry.put_unit_as("x.service", &unit("/bin/x"), DesiredState::Launched, &reporting).await.unwrap();
     registry.put_unit_as("g.service", &global, DesiredState::Launched, &reporting).await.unwrap();
@@ -431,6 +432,8 @@ pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, 
 pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
     let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default() };
     let other = Writer::Source { name: "other".into(), take_over: false, drift: Default::default() };
+    registry.put_source(&source_record("git", 1)).await.expect("a source");
+    registry.put_source(&source_record("other", 1)).await.expect("a source");
     registry.put_unit_as("a.service", &unit("/bin/a"), DesiredState::Launched, &git).await.expect("a source creates");
     let owner = |view: Option<UnitView>| view.expect("the unit").source;
     assert_eq!(owner(registry.unit("a.service").await.expect("read")), Some("git".into()));
@@ -467,12 +470,29 @@ pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, 
     registry.put_unit_as("b.service", &unit("/bin/b"), DesiredState::Launched, &by_hand).await.expect("taken back");
     assert_eq!(owner(registry.unit("b.service").await.expect("read")), None);
     assert!(registry.destroy_unit_as("a.service", &git).await.expect("its source destroys it"));
+    // A removed source writes nothing more (a sync under way when it was removed), and keeps
+    // no status.
+    registry.put_unit_as("c.service", &unit("/bin/c"), DesiredState::Launched, &git).await.expect("a source creates");
+    assert!(registry.remove_source("git").await.expect("removed"));
+    for refused in [
+        registry.put_unit_as("d.service", &unit("/bin/d"), DesiredState::Launched, &git).await,
+        registry.set_desired_state_as("c.service", DesiredState::Loaded, &git).await.map(drop),
+        registry.destroy_unit_as("c.service", &git).await.map(drop),
+    ] {
+        assert!(matches!(&refused, Err(RegistryError::SourceRemoved { name }) if name == "git"), "{refused:?}");
+    }
+    let batch = [UnitChange { name: "d.service".into(), file: Some(unit("/bin/d")), desired: DesiredState::Launched }];
+    let answers = registry.change_units_as(&batch, &git).await.expect("tried");
+    assert!(matches!(&answers[0], Err(RegistryError::SourceRemoved { .. })), "{answers:?}");
+    assert!(registry.unit("d.service").await.expect("read").is_none());
+    assert_eq!(registry.unit("c.service").await.expect("read").expect("kept").desired, DesiredState::Launched);
+    registry.set_source_status("git", &SourceStatus::default()).await.expect("nothing to do");
+    assert!(registry.source_statuses().await.expect("statuses").iter().all(|(name, _)| name != "git"));
 }
 
-/// Sources are stored and replaced by name, listed in name order, and removed with their
-/// status.
-pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
-    let source = |name: &str, generation: u64| SourceRecord {
+/// A source named `name`, as stored.
+fn source_record(name: &str, generation: u64) -> SourceRecord {
+    SourceRecord {
         name: name.into(),
         repo: "https://git.example/units.git".into(),
         branch: Some("main".into()),
@@ -488,7 +508,13 @@ pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry
         min_ready_seconds: 10,
         drift: fleet_core::drift::DriftPolicy::Report,
         generation,
-    };
+    }
+}
+
+/// Sources are stored and replaced by name, listed in name order, and removed with their
+/// status.
+pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    let source = source_record;
     assert!(registry.sources().await.expect("none yet").is_empty());
     registry.put_source(&source("web", 1)).await.expect("store");
     registry.put_source(&source("apps", 1)).await.expect("store");
@@ -677,6 +703,7 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
 /// alone, a unit that is not there, a unit another writer owns; lists show them at once.
 pub async fn a_batch_of_unit_writes_is_each_write_alone(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
     let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default() };
+    registry.put_source(&source_record("git", 1)).await.expect("a source");
     registry.put_unit_as("owned.service", &unit("/bin/owned"), DesiredState::Loaded, &git).await.expect("a source");
     registry.put_unit("old.service", &unit("/bin/old"), DesiredState::Launched).await.expect("by hand");
     let template = unit("/bin/sleep %i");

@@ -58,6 +58,10 @@ pub enum RegistryError {
     /// The unit belongs to another owner (a source, or hand writes when a source writes).
     #[error("{}", owned_message(unit, owner))]
     Owned { unit: String, owner: Option<String> },
+    /// A source's write after the source was removed (a sync that was under way): the
+    /// source's units are no longer its to write.
+    #[error("source {name} was removed; its units are no longer its to write")]
+    SourceRemoved { name: String },
     /// The machine holds no presence through this store (a pull agent that moved to another
     /// manager): it must announce itself here first.
     #[error("machine {machine_id} is not announced here; announce it again")]

@@ -182,15 +182,15 @@ pub async fn delete(state: &ApiState, name: &str, query: &[(String, String)]) ->
         Some(other) => return Err(ApiError::bad_request(format!("invalid keepUnits {other:?}: true or false"))),
     };
     find(state, name).await?;
-    // The record goes first, so that no sync recreates what is destroyed next.
+    // The record goes first: from then on the source's writes are refused by the store
+    // (a sync under way included), so nothing recreates what is destroyed next.
     state.registry.remove_source(name).await?;
-    let source = Writer::Source { name: name.to_string(), take_over: false, drift: Default::default() };
     let released = Writer::Hand { take_over: true };
     for unit in state.registry.units().await?.into_iter().filter(|unit| unit.source.as_deref() == Some(name)) {
         if keep_units {
             state.registry.set_desired_state_as(&unit.name, unit.desired, &released).await?;
         } else {
-            state.registry.destroy_unit_as(&unit.name, &source).await?;
+            state.registry.destroy_unit_as(&unit.name, &released).await?;
         }
     }
     Ok(StatusCode::NO_CONTENT.into_response())

@@ -116,6 +116,17 @@ pub(super) fn read_machines(txn: &ReadTransaction) -> Result<Vec<MachineState>> 
     Ok(result)
 }
 
+/// `SourceRemoved` when `writer` is a source that no longer exists (a sync under way when its
+/// source was removed writes nothing after).
+fn source_present(txn: &WriteTransaction, writer: &Writer) -> Result<()> {
+    let Writer::Source { name, .. } = writer else { return Ok(()) };
+    let sources = txn.open_table(tables::SOURCES).map_err(unavailable)?;
+    match sources.get(name.as_str()).map_err(unavailable)? {
+        Some(_) => Ok(()),
+        None => Err(RegistryError::SourceRemoved { name: name.clone() }),
+    }
+}
+
 /// Stores `file` under `name` with `desired` in `txn`, if `writer` may.
 fn put_in(
     txn: &WriteTransaction,
@@ -125,6 +136,7 @@ fn put_in(
     desired: DesiredState,
     writer: &Writer,
 ) -> Result<()> {
+    source_present(txn, writer)?;
     let hash = file.hash();
     let global = Requirements::from_unit(name, file).global;
     let previous = unit_record(txn, name)?;
@@ -152,6 +164,7 @@ fn set_desired_in(
     desired: DesiredState,
     writer: &Writer,
 ) -> Result<bool> {
+    source_present(txn, writer)?;
     let Some(mut record) = unit_record(txn, name)? else {
         return Ok(false);
     };
@@ -217,7 +230,9 @@ impl ApiRegistry for EmbeddedRegistry {
                         .map(|found| if found { UnitChanged::Written } else { UnitChanged::NoSuchUnit }),
                 };
                 match answer {
-                    Err(refused @ RegistryError::Owned { .. }) => answers.push(Err(refused)),
+                    Err(refused @ (RegistryError::Owned { .. } | RegistryError::SourceRemoved { .. })) => {
+                        answers.push(Err(refused));
+                    }
                     Err(error) => return Err(error),
                     Ok(changed) => answers.push(Ok(changed)),
                 }
@@ -230,6 +245,7 @@ impl ApiRegistry for EmbeddedRegistry {
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool> {
         let (name, writer) = (name.to_string(), writer.clone());
         self.write(move |txn, touched| {
+            source_present(txn, &writer)?;
             let Some(record) = unit_record(txn, &name)? else {
                 return Ok(false);
             };

@@ -2,6 +2,8 @@
 
 use async_trait::async_trait;
 
+use redb::ReadableTable;
+
 use super::tables::{self, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use crate::{Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
@@ -30,7 +32,18 @@ impl SourceRegistry for EmbeddedRegistry {
     }
 
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
-        self.put_named(tables::SOURCE_STATUSES, name, status.clone()).await
+        let (name, status) = (name.to_string(), status.clone());
+        self.write(move |txn, _| {
+            // A removed source keeps no status (a sync under way when it was removed).
+            if txn.open_table(tables::SOURCES).map_err(unavailable)?.get(name.as_str()).map_err(unavailable)?.is_none()
+            {
+                return Ok(());
+            }
+            let mut rows = txn.open_table(tables::SOURCE_STATUSES).map_err(unavailable)?;
+            rows.insert(name.as_str(), tables::encode(&status).as_slice()).map_err(unavailable)?;
+            Ok(())
+        })
+        .await
     }
 
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {

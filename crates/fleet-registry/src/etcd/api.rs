@@ -92,19 +92,22 @@ impl EtcdRegistry {
     /// and its operations are written only if neither changed meanwhile. The first attempt
     /// starts from the API's copy when it is up (no read: its revisions are checked by the
     /// write itself); an answer without a write is only given from a fresh read.
-    async fn write_unit<T>(&self, name: &str, plan: impl Fn(&Current) -> Planned<T>) -> Result<T> {
+    async fn write_unit<T>(&self, name: &str, writer: &Writer, plan: impl Fn(&Current) -> Planned<T>) -> Result<T> {
         let guess = std::sync::Mutex::new(self.current_in_copy(name));
         optimistically(|| async {
             let guessed = guess.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
             let (current, guessed) = match guessed {
                 Some(current) => (current, true),
-                None => (self.current(name).await?, false),
+                None => {
+                    self.check_source_present(writer).await?;
+                    (self.current(name).await?, false)
+                }
             };
             match plan(&current) {
                 Planned::Done(_) if guessed => Ok(None),
                 Planned::Done(value) => Ok(Some(value)),
                 Planned::Write(writes, value) => {
-                    let txn = Txn::new().when(self.unchanged(name, &current)).and_then(writes.ops);
+                    let txn = Txn::new().when(self.write_conditions(name, writer, &current)).and_then(writes.ops);
                     let reply = self.connection().txn(txn).await?;
                     if reply.succeeded() {
                         self.api_wrote(&reply, &writes.keys);
@@ -152,13 +155,29 @@ impl EtcdRegistry {
         })
     }
 
-    /// The conditions that `current` still holds.
-    pub(super) fn unchanged(&self, name: &str, current: &Current) -> Vec<Compare> {
+    /// The conditions of a write of `name` by `writer` planned from `current`: the unit and
+    /// its placement are as `current` holds them, and a source writing still exists (a sync
+    /// under way when its source is removed writes nothing after).
+    pub(super) fn write_conditions(&self, name: &str, writer: &Writer, current: &Current) -> Vec<Compare> {
         let keys = self.keys();
-        vec![
+        let mut compares = vec![
             Compare::mod_revision(keys.unit(name), CompareOp::Equal, current.record_revision),
             Compare::mod_revision(keys.placement(name), CompareOp::Equal, current.placement_revision),
-        ]
+        ];
+        if let Writer::Source { name: source, .. } = writer {
+            compares.push(Compare::version(keys.source(source), CompareOp::Greater, 0));
+        }
+        compares
+    }
+
+    /// `SourceRemoved` when `writer` is a source that no longer exists.
+    async fn check_source_present(&self, writer: &Writer) -> Result<()> {
+        let Writer::Source { name, .. } = writer else { return Ok(()) };
+        let reply = self.connection().get(&self.keys().source(name), None).await?;
+        match first(&reply) {
+            Some(_) => Ok(()),
+            None => Err(RegistryError::SourceRemoved { name: name.clone() }),
+        }
     }
 
     /// The writes that tell the agents about `record`: the schedule entry of the machine it
@@ -394,7 +413,7 @@ impl ApiRegistry for EtcdRegistry {
         let put = UnitPut::new(name, file, desired);
         let body_key = self.keys().body(&put.hash.to_string());
         let replaced = self
-            .write_unit(name, |current| {
+            .write_unit(name, writer, |current| {
                 let mut planned = self.plan_put(&put, writer, current);
                 if let Planned::Write(writes, _) = &mut planned {
                     writes.put(body_key.clone(), encode(&file.options()));
@@ -410,7 +429,7 @@ impl ApiRegistry for EtcdRegistry {
     }
 
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
-        self.write_unit(name, |current| self.plan_desired(name, desired, writer, current))
+        self.write_unit(name, writer, |current| self.plan_desired(name, desired, writer, current))
             .await?
             .map_err(|refused| refused.into_error(name))
     }
@@ -422,7 +441,7 @@ impl ApiRegistry for EtcdRegistry {
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool> {
         let keys = self.keys();
         let destroyed = self
-            .write_unit(name, |current| {
+            .write_unit(name, writer, |current| {
                 let Some(record) = &current.record else {
                     return Planned::Done(Ok(None));
                 };

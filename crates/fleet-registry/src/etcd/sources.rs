@@ -1,7 +1,7 @@
 //! The sources facet of the etcd store: `sources/<name>` and `source-status/<name>`.
 
 use async_trait::async_trait;
-use etcd_client::{GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
 use crate::codec::{decode_listed, encode};
@@ -39,8 +39,10 @@ impl SourceRegistry for EtcdRegistry {
     }
 
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
-        let txn = Txn::new().and_then(vec![TxnOp::put(self.keys().source_status(name), encode(status), None)]);
-        self.connection().txn(txn).await?;
+        // A removed source keeps no status (a sync under way when it was removed).
+        let present = Compare::version(self.keys().source(name), CompareOp::Greater, 0);
+        let put = TxnOp::put(self.keys().source_status(name), encode(status), None);
+        self.connection().txn(Txn::new().when([present]).and_then([put])).await?;
         Ok(())
     }
 

@@ -61,7 +61,8 @@ impl EtcdRegistry {
             }
             for nested in &chunk {
                 let name = &changes[nested.change].name;
-                let txn = Txn::new().when(self.unchanged(name, &nested.current)).and_then(nested.writes.ops.clone());
+                let conditions = self.write_conditions(name, writer, &nested.current);
+                let txn = Txn::new().when(conditions).and_then(nested.writes.ops.clone());
                 ops.push(TxnOp::txn(txn));
             }
             let turn = self.inner.unit_batches.acquire().await;
