@@ -222,10 +222,11 @@ impl Episode {
         let unexcused = presence.unexcused(&involved, self.since, now, REACTION);
         (unexcused > SAMPLING_SLACK).then(|| {
             format!(
-                "{what} for {:?}, {unexcused:?} of it with every machine involved in touch with etcd (and back for over {REACTION:?}); from {} on fleetds {:?}",
+                "{what} for {:?}, {unexcused:?} of it with every machine involved in touch with etcd (and back for over {REACTION:?}); from {} on fleetds {:?}; presence readings: {}",
                 now - self.since,
                 log_time(self.since_wall),
                 self.machines,
+                presence.seen_around(&involved, self.since, now),
             )
         })
     }

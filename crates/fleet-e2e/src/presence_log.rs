@@ -132,6 +132,52 @@ impl PresenceLog {
         uncovered
     }
 
+    /// What the readings saw of the machines `ids` and of etcd's silences near `[from, to]`,
+    /// in seconds from `from`: the evidence a judged episode is explained by (or not).
+    pub fn seen_around(&self, ids: &[String], from: Instant, to: Instant) -> String {
+        let near = |start: Instant, end: Option<Instant>| {
+            let reach = Duration::from_secs(15);
+            start <= to + reach && end.is_none_or(|end| end + reach >= from)
+        };
+        let offset = |at: Instant| {
+            if at >= from { (at - from).as_secs_f64() } else { -(from - at).as_secs_f64() }
+        };
+        let span = |start: Instant, end: Option<Instant>| match end {
+            Some(end) => format!("{:+.1} s to {:+.1} s", offset(start), offset(end)),
+            None => format!("{:+.1} s on", offset(start)),
+        };
+        let mut lines = Vec::new();
+        if let Ok(machines) = self.machines.lock() {
+            for id in ids {
+                let Some(machine) = machines.get(id) else { continue };
+                let away: Vec<String> = machine
+                    .absences
+                    .iter()
+                    .filter(|(start, end)| near(*start, *end))
+                    .map(|(s, e)| span(*s, *e))
+                    .collect();
+                lines.push(format!(
+                    "{id}: away {}; last seen {:+.1} s (key created at revision {:?})",
+                    if away.is_empty() { "never near this".to_string() } else { away.join(", ") },
+                    offset(machine.present_at),
+                    machine.created
+                ));
+            }
+        }
+        if let Ok(silences) = self.silences.lock() {
+            let silent: Vec<String> = silences
+                .stretches
+                .iter()
+                .filter(|(start, end)| near(*start, *end))
+                .map(|(s, e)| span(*s, *e))
+                .collect();
+            if !silent.is_empty() {
+                lines.push(format!("etcd answered no one: {}", silent.join(", ")));
+            }
+        }
+        lines.join("; ")
+    }
+
     /// The longest no etcd member answered (ended silences only).
     pub fn longest_silence(&self) -> Duration {
         let Ok(silences) = self.silences.lock() else { return Duration::ZERO };
@@ -224,5 +270,11 @@ mod tests {
             Duration::from_secs(2)
         );
         assert_eq!(log.longest_silence(), Duration::from_secs(4));
+        // The evidence, for a report: relative to the episode's start.
+        assert_eq!(
+            log.seen_around(&ids, at(2), at(24)),
+            "m: away -1.0 s to +4.0 s, +4.0 s to +18.0 s; last seen +18.0 s (key created at revision Some(9)); \
+             etcd answered no one: +28.0 s to +32.0 s"
+        );
     }
 }
