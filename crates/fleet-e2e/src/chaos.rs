@@ -232,9 +232,37 @@ impl Episode {
     }
 }
 
+/// An episode that ended, judged once the presence log has read etcd after its end: its
+/// readings can lag by seconds, and an absence not read yet would convict an episode it
+/// explains.
+struct Ended {
+    episode: Episode,
+    at: Instant,
+    what: String,
+    /// The doubled unit, for its trail (`None` for the conflicting pair).
+    unit: Option<usize>,
+}
+
+impl Ended {
+    fn judge(self, presence: &PresenceLog, ids: &[String], seen: &mut Observed) {
+        if let Some(violation) = self.episode.judge(self.at, presence, ids, &self.what) {
+            seen.violations.push(violation);
+            if let Some(unit) = self.unit {
+                seen.doubled_units.insert(unit, self.episode.window(self.at));
+            }
+        }
+    }
+}
+
+/// How long the sampler waits at the end for the presence log to read etcd after the last
+/// episode ended.
+const LAST_READING: Duration = Duration::from_secs(15);
+
 /// What the sampler saw.
 #[derive(Default)]
 struct Observed {
+    /// Ended episodes waiting for a later reading of etcd.
+    pending: Vec<Ended>,
     /// Units on two machines or more.
     doubled: BTreeMap<usize, Episode>,
     /// The conflicting pair on one machine.
@@ -646,10 +674,7 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
             if let Some(episode) = seen.doubled.remove(&unit) {
                 seen.longest_double_run = seen.longest_double_run.max(now - episode.since);
                 let what = format!("sleeper-{unit} ran on two machines");
-                if let Some(violation) = episode.judge(now, presence, &ids, &what) {
-                    seen.violations.push(violation);
-                    seen.doubled_units.insert(unit, episode.window(now));
-                }
+                seen.pending.push(Ended { episode, at: now, what, unit: Some(unit) });
             }
         }
         for unit in doubled {
@@ -661,10 +686,22 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
         if together {
             let machines = machines_of(&CONFLICTING);
             seen.together.get_or_insert_with(|| Episode::starting(now)).machines.extend(machines);
-        } else if let Some(episode) = seen.together.take()
-            && let Some(violation) = episode.judge(now, presence, &ids, pair)
-        {
-            seen.violations.push(violation);
+        } else if let Some(episode) = seen.together.take() {
+            seen.pending.push(Ended { episode, at: now, what: pair.to_string(), unit: None });
+        }
+        // Judged once etcd was read after they ended (at the end, after a bounded wait).
+        if stopping {
+            let waiting = Instant::now();
+            while waiting.elapsed() < LAST_READING && !presence.has_read_after(now) {
+                std::thread::sleep(SAMPLE);
+            }
+        }
+        let (due, later): (Vec<Ended>, Vec<Ended>) = std::mem::take(&mut seen.pending)
+            .into_iter()
+            .partition(|ended| stopping || presence.has_read_after(ended.at));
+        seen.pending = later;
+        for ended in due {
+            ended.judge(presence, &ids, &mut seen);
         }
         seen.longest_absence = presence.longest_absence();
         seen.longest_silence = presence.longest_silence();

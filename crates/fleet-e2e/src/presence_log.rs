@@ -66,6 +66,9 @@ impl Silences {
 pub struct PresenceLog {
     machines: Arc<Mutex<BTreeMap<String, Machine>>>,
     silences: Arc<Mutex<Silences>>,
+    /// When the last poll that ended (answered or not) began: what happened before that is
+    /// recorded.
+    last_poll: Arc<Mutex<Instant>>,
     stop: Arc<AtomicBool>,
     poller: Option<std::thread::JoinHandle<()>>,
 }
@@ -81,12 +84,15 @@ impl PresenceLog {
             .collect();
         let machines = Arc::new(Mutex::new(machines));
         let silences = Arc::new(Mutex::new(Silences { last_answer: began, silent: false, stretches: Vec::new() }));
+        let last_poll = Arc::new(Mutex::new(began));
         let stop = Arc::new(AtomicBool::new(false));
         let poller = {
             let (machines, silences, stop) = (machines.clone(), silences.clone(), stop.clone());
+            let last_poll = last_poll.clone();
             let prefix = format!("{prefix}machines/");
             std::thread::spawn(move || {
                 while !stop.load(Ordering::SeqCst) {
+                    let asked = Instant::now();
                     let keys = keys_under(&addresses, &prefix);
                     let now = Instant::now();
                     if let Ok(mut silences) = silences.lock() {
@@ -98,11 +104,20 @@ impl PresenceLog {
                             record(machine, keys.get(&format!("{prefix}{id}")).copied(), now);
                         }
                     }
+                    if let Ok(mut last_poll) = last_poll.lock() {
+                        *last_poll = asked;
+                    }
                     std::thread::sleep(POLL);
                 }
             })
         };
-        Self { machines, silences, stop, poller: Some(poller) }
+        Self { machines, silences, last_poll, stop, poller: Some(poller) }
+    }
+
+    /// Whether a poll that began after `at` has ended: the log then holds what etcd said of
+    /// the time up to `at` (a poll can lag by seconds while members do not answer).
+    pub fn has_read_after(&self, at: Instant) -> bool {
+        self.last_poll.lock().is_ok_and(|last| *last > at)
     }
 
     /// How much of `[from, to]` none of the machines `ids` spent out of touch (etcd silent
@@ -256,6 +271,7 @@ mod tests {
         let log = PresenceLog {
             machines: Arc::new(Mutex::new(BTreeMap::from([("m".to_string(), machine)]))),
             silences: Arc::new(Mutex::new(silences)),
+            last_poll: Arc::new(Mutex::new(at(34))),
             stop: Arc::new(AtomicBool::new(true)),
             poller: None,
         };
@@ -270,6 +286,7 @@ mod tests {
             Duration::from_secs(2)
         );
         assert_eq!(log.longest_silence(), Duration::from_secs(4));
+        assert!(log.has_read_after(at(33)) && !log.has_read_after(at(34)));
         // The evidence, for a report: relative to the episode's start.
         assert_eq!(
             log.seen_around(&ids, at(2), at(24)),
