@@ -655,6 +655,13 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
         let stopping = stop.load(Ordering::SeqCst);
         let running: Vec<BTreeSet<usize>> = state_dirs.iter().map(|dir| running_sleepers(dir)).collect();
         let now = Instant::now();
+        if stopping {
+            // The last episodes end now: a reading of etcd after now judges them.
+            let waiting = Instant::now();
+            while waiting.elapsed() < LAST_READING && !presence.has_read_after(now) {
+                std::thread::sleep(SAMPLE);
+            }
+        }
         let machines_of = |units: &[usize]| -> BTreeSet<usize> {
             (0..running.len()).filter(|index| units.iter().any(|unit| running[*index].contains(unit))).collect()
         };
@@ -690,12 +697,6 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
             seen.pending.push(Ended { episode, at: now, what: pair.to_string(), unit: None });
         }
         // Judged once etcd was read after they ended (at the end, after a bounded wait).
-        if stopping {
-            let waiting = Instant::now();
-            while waiting.elapsed() < LAST_READING && !presence.has_read_after(now) {
-                std::thread::sleep(SAMPLE);
-            }
-        }
         let (due, later): (Vec<Ended>, Vec<Ended>) = std::mem::take(&mut seen.pending)
             .into_iter()
             .partition(|ended| stopping || presence.has_read_after(ended.at));

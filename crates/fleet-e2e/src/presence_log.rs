@@ -157,20 +157,21 @@ impl PresenceLog {
         let offset = |at: Instant| {
             if at >= from { (at - from).as_secs_f64() } else { -(from - at).as_secs_f64() }
         };
-        let span = |start: Instant, end: Option<Instant>| match end {
-            Some(end) => format!("{:+.1} s to {:+.1} s", offset(start), offset(end)),
-            None => format!("{:+.1} s on", offset(start)),
+        let spans = |stretches: &[(Instant, Option<Instant>)]| -> Vec<String> {
+            stretches
+                .iter()
+                .filter(|(start, end)| near(*start, *end))
+                .map(|(start, end)| match end {
+                    Some(end) => format!("{:+.1} s to {:+.1} s", offset(*start), offset(*end)),
+                    None => format!("{:+.1} s on", offset(*start)),
+                })
+                .collect()
         };
         let mut lines = Vec::new();
         if let Ok(machines) = self.machines.lock() {
             for id in ids {
                 let Some(machine) = machines.get(id) else { continue };
-                let away: Vec<String> = machine
-                    .absences
-                    .iter()
-                    .filter(|(start, end)| near(*start, *end))
-                    .map(|(s, e)| span(*s, *e))
-                    .collect();
+                let away = spans(&machine.absences);
                 lines.push(format!(
                     "{id}: away {}; last seen {:+.1} s (key created at revision {:?})",
                     if away.is_empty() { "never near this".to_string() } else { away.join(", ") },
@@ -180,12 +181,7 @@ impl PresenceLog {
             }
         }
         if let Ok(silences) = self.silences.lock() {
-            let silent: Vec<String> = silences
-                .stretches
-                .iter()
-                .filter(|(start, end)| near(*start, *end))
-                .map(|(s, e)| span(*s, *e))
-                .collect();
+            let silent = spans(&silences.stretches);
             if !silent.is_empty() {
                 lines.push(format!("etcd answered no one: {}", silent.join(", ")));
             }

@@ -116,14 +116,19 @@ pub(super) fn read_machines(txn: &ReadTransaction) -> Result<Vec<MachineState>> 
     Ok(result)
 }
 
+/// Whether the source `name` exists, as `txn` sees it.
+pub(super) fn source_exists(txn: &WriteTransaction, name: &str) -> Result<bool> {
+    Ok(txn.open_table(tables::SOURCES).map_err(unavailable)?.get(name).map_err(unavailable)?.is_some())
+}
+
 /// `SourceRemoved` when `writer` is a source that no longer exists (a sync under way when its
 /// source was removed writes nothing after).
 fn source_present(txn: &WriteTransaction, writer: &Writer) -> Result<()> {
-    let Writer::Source { name, .. } = writer else { return Ok(()) };
-    let sources = txn.open_table(tables::SOURCES).map_err(unavailable)?;
-    match sources.get(name.as_str()).map_err(unavailable)? {
-        Some(_) => Ok(()),
-        None => Err(RegistryError::SourceRemoved { name: name.clone() }),
+    match writer {
+        Writer::Source { name, .. } if !source_exists(txn, name)? => {
+            Err(RegistryError::SourceRemoved { name: name.clone() })
+        }
+        _ => Ok(()),
     }
 }
 

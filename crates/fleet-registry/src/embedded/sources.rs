@@ -2,8 +2,6 @@
 
 use async_trait::async_trait;
 
-use redb::ReadableTable;
-
 use super::tables::{self, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use crate::{Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
@@ -35,8 +33,7 @@ impl SourceRegistry for EmbeddedRegistry {
         let (name, status) = (name.to_string(), status.clone());
         self.write(move |txn, _| {
             // A removed source keeps no status (a sync under way when it was removed).
-            if txn.open_table(tables::SOURCES).map_err(unavailable)?.get(name.as_str()).map_err(unavailable)?.is_none()
-            {
+            if !super::api::source_exists(txn, &name)? {
                 return Ok(());
             }
             let mut rows = txn.open_table(tables::SOURCE_STATUSES).map_err(unavailable)?;

@@ -98,10 +98,7 @@ impl EtcdRegistry {
             let guessed = guess.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
             let (current, guessed) = match guessed {
                 Some(current) => (current, true),
-                None => {
-                    self.check_source_present(writer).await?;
-                    (self.current(name).await?, false)
-                }
+                None => (self.current(name, writer).await?, false),
             };
             match plan(&current) {
                 Planned::Done(_) if guessed => Ok(None),
@@ -137,16 +134,28 @@ impl EtcdRegistry {
         })
     }
 
-    async fn current(&self, name: &str) -> Result<Current> {
+    /// The unit and its placement as etcd holds them now, read for a write by `writer`:
+    /// `SourceRemoved` (in the same read) when `writer` is a source that no longer exists.
+    async fn current(&self, name: &str, writer: &Writer) -> Result<Current> {
         let keys = self.keys();
         let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));
-        let (_, replies) = self
-            .connection()
-            .read(vec![TxnOp::get(unit_key.as_str(), None), TxnOp::get(placement_key.as_str(), None)])
-            .await?;
-        let [unit, placement] = replies.as_slice() else {
+        let mut gets = vec![TxnOp::get(unit_key.as_str(), None), TxnOp::get(placement_key.as_str(), None)];
+        let source = match writer {
+            Writer::Source { name, .. } => Some(name),
+            Writer::Hand { .. } => None,
+        };
+        if let Some(source) = source {
+            gets.push(TxnOp::get(keys.source(source), None));
+        }
+        let (_, replies) = self.connection().read(gets).await?;
+        let [unit, placement, source_record @ ..] = replies.as_slice() else {
             return Err(RegistryError::Unavailable("etcd: short reply".into()));
         };
+        if let Some(source) = source
+            && source_record.first().is_some_and(|record| first(record).is_none())
+        {
+            return Err(RegistryError::SourceRemoved { name: source.clone() });
+        }
         Ok(Current {
             record: first(unit).map(|kv| decode(&unit_key, kv.value())).transpose()?,
             record_revision: mod_revision(unit),
@@ -168,16 +177,6 @@ impl EtcdRegistry {
             compares.push(Compare::version(keys.source(source), CompareOp::Greater, 0));
         }
         compares
-    }
-
-    /// `SourceRemoved` when `writer` is a source that no longer exists.
-    async fn check_source_present(&self, writer: &Writer) -> Result<()> {
-        let Writer::Source { name, .. } = writer else { return Ok(()) };
-        let reply = self.connection().get(&self.keys().source(name), None).await?;
-        match first(&reply) {
-            Some(_) => Ok(()),
-            None => Err(RegistryError::SourceRemoved { name: name.clone() }),
-        }
     }
 
     /// The writes that tell the agents about `record`: the schedule entry of the machine it
@@ -389,7 +388,7 @@ impl ApiRegistry for EtcdRegistry {
 
     async fn unit(&self, name: &str) -> Result<Option<UnitView>> {
         let keys = self.keys();
-        let current = self.current(name).await?;
+        let current = self.current(name, &Writer::BY_HAND).await?;
         let Some(record) = current.record else {
             return Ok(None);
         };

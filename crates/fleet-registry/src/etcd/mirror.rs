@@ -29,7 +29,8 @@ pub struct MirrorData {
     /// The highest revision applied.
     pub revision: i64,
     /// Per range (in the order given), the revision up to which its events are all applied:
-    /// ranges are watched apart, so one may be ahead of another.
+    /// ranges are watched apart, so one may be ahead of another. A broken watch resumes each
+    /// range from here.
     pub seen: Vec<i64>,
     /// Moves on every change, so equal generations mean equal contents.
     pub generation: u64,
@@ -175,19 +176,16 @@ impl Feeder {
     async fn run(self) {
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
-            let listed = match self.list().await {
-                Ok(revision) => revision,
-                Err(error) => {
-                    tracing::debug!(%error, "listing for the watch cache failed; retrying");
-                    tokio::time::sleep(retry.next_delay()).await;
-                    continue;
-                }
-            };
+            // The listing sets every range's revision; the watches resume from those.
+            if let Err(error) = self.list().await {
+                tracing::debug!(%error, "listing for the watch cache failed; retrying");
+                tokio::time::sleep(retry.next_delay()).await;
+                continue;
+            }
             retry.reset();
-            let mut resume = vec![listed; self.ranges.len()];
             loop {
                 let started = tokio::time::Instant::now();
-                let end = self.follow(&mut resume).await;
+                let end = self.follow().await;
                 self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = false;
                 match end {
                     StreamEnd::Compacted => break,
@@ -242,8 +240,10 @@ impl Feeder {
         Ok(revision)
     }
 
-    /// Watches every range from its resume revision until the stream ends.
-    async fn follow(&self, resume: &mut [i64]) -> StreamEnd {
+    /// Watches every range from the revision its events are applied up to, until the stream
+    /// ends.
+    async fn follow(&self) -> StreamEnd {
+        let resume = self.data.read().unwrap_or_else(|poisoned| poisoned.into_inner()).seen.clone();
         let connection = &self.connection;
         let options = |index: usize| {
             WatchOptions::new()
@@ -294,32 +294,26 @@ impl Feeder {
             let Some(&index) = range_of_watch.get(&response.watch_id()) else {
                 continue;
             };
-            self.apply(&response, index, &mut resume[index]);
+            self.apply(&response, index);
         }
     }
 
-    fn note_seen(&self, index: usize, revision: i64) {
-        let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(seen) = data.seen.get_mut(index) {
-            *seen = (*seen).max(revision);
-        }
-        drop(data);
-        self.changes.send_modify(|generation| *generation += 1);
-    }
-
-    fn apply(&self, response: &WatchResponse, index: usize, resume: &mut i64) {
+    /// Applies one watch response of range `index`: its events, or a progress notice (every
+    /// event up to its revision was delivered).
+    fn apply(&self, response: &WatchResponse, index: usize) {
         let events = response.events();
+        let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if events.is_empty() {
-            // A progress notice: everything up to its revision was delivered.
             if !response.created()
                 && let Some(header) = response.header()
+                && let Some(seen) = data.seen.get_mut(index)
             {
-                *resume = (*resume).max(header.revision());
-                self.note_seen(index, *resume);
+                *seen = (*seen).max(header.revision());
+                drop(data);
+                self.changes.send_modify(|generation| *generation += 1);
             }
             return;
         }
-        let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         let mut changed = Vec::with_capacity(events.len());
         for event in events {
             let Some(kv) = event.kv() else { continue };
@@ -340,11 +334,10 @@ impl Feeder {
                     data.entries.remove(&key);
                 }
             }
-            *resume = (*resume).max(kv.mod_revision());
             data.revision = data.revision.max(kv.mod_revision());
-        }
-        if let Some(seen) = data.seen.get_mut(index) {
-            *seen = (*seen).max(*resume);
+            if let Some(seen) = data.seen.get_mut(index) {
+                *seen = (*seen).max(kv.mod_revision());
+            }
         }
         data.generation += 1;
         drop(data);
@@ -389,8 +382,8 @@ mod tests {
             changes: watch::channel(0).0,
             observer: None,
         };
-        let mut resume = vec![1];
-        let ended = tokio::time::timeout(Duration::from_secs(10), feeder.follow(&mut resume)).await.unwrap();
+        feeder.data.write().unwrap().seen = vec![1];
+        let ended = tokio::time::timeout(Duration::from_secs(10), feeder.follow()).await.unwrap();
         assert!(matches!(ended, StreamEnd::Compacted));
         // A relist then brings the copy to the latest value.
         assert_eq!(feeder.list().await.unwrap(), latest);

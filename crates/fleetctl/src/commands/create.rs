@@ -101,7 +101,7 @@ pub async fn write_units(context: &Context, mut units: Vec<Unit>) -> Result<(), 
             async move { client.put_unit(&unit).await.map_err(|error| error.to_string()) }
         })
         .await;
-        return results.into_iter().collect::<Result<Vec<()>, String>>().map(drop);
+        return results.into_iter().collect();
     };
     first_refusal(answers)?;
     let results = at_most_at_once(PARALLEL_BATCHES, batches.collect(), move |batch| {
@@ -115,7 +115,7 @@ pub async fn write_units(context: &Context, mut units: Vec<Unit>) -> Result<(), 
         }
     })
     .await;
-    results.into_iter().collect::<Result<Vec<()>, String>>().map(drop)
+    results.into_iter().collect()
 }
 
 /// `units` cut into batches of at most [`UNITS_PER_BATCH`] units and about [`BATCH_BYTES`].
