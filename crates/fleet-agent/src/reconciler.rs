@@ -38,6 +38,16 @@ pub struct AgentConfig {
     pub stop_units_when_cut_off: Option<Duration>,
 }
 
+/// The longest a burst of changes is gathered, however slow the last pass was.
+const MOST_SETTLING: Duration = Duration::from_secs(1);
+
+/// How long to let a burst of changes settle before the next pass: `debounce`, or as long
+/// as the last pass took (`pass`) when that was longer, at most [`MOST_SETTLING`]. When the
+/// store answers slowly, each pass takes more changes and the store gets fewer requests.
+pub fn settling_time(debounce: Duration, pass: Duration) -> Duration {
+    debounce.max(pass.min(MOST_SETTLING))
+}
+
 /// What a machine whose presence was last renewed `silent` ago must do about its units.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Presence {
@@ -106,6 +116,7 @@ impl Agent {
                     Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
                 }
             }
+            let pass = std::time::Instant::now();
             let fence_check = self.check_presence().await;
             let next = if self.fenced {
                 // Until the presence is renewed, nothing here is this machine's to run.
@@ -125,13 +136,14 @@ impl Agent {
                 };
                 fence_check.map_or(next, |lapses_in| next.min(lapses_in))
             };
+            let pass = pass.elapsed();
             tokio::select! {
                 _ = work_changes.changed() => {}
                 _ = state_changes.changed() => {}
                 () = tokio::time::sleep(next) => {}
                 _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => break,
             }
-            tokio::time::sleep(self.config.debounce).await;
+            tokio::time::sleep(settling_time(self.config.debounce, pass)).await;
             work_changes.mark_unchanged();
             state_changes.mark_unchanged();
         }
@@ -382,5 +394,14 @@ mod tests {
         assert_eq!(presence(Duration::from_secs(1), ttl), Presence::Held { lapses_in: Duration::from_secs(3) });
         assert_eq!(presence(Duration::from_secs(4), ttl), Presence::Lapsed);
         assert_eq!(presence(Duration::from_secs(9), ttl), Presence::Lapsed);
+    }
+
+    #[test]
+    fn a_slow_pass_gathers_changes_for_as_long_as_it_took_up_to_a_second() {
+        let debounce = Duration::from_millis(10);
+        assert_eq!(settling_time(debounce, Duration::from_millis(2)), debounce);
+        assert_eq!(settling_time(debounce, Duration::from_millis(300)), Duration::from_millis(300));
+        assert_eq!(settling_time(debounce, Duration::from_secs(7)), MOST_SETTLING);
+        assert_eq!(settling_time(Duration::from_secs(2), Duration::from_secs(7)), Duration::from_secs(2));
     }
 }

@@ -164,6 +164,17 @@ impl LabEtcd {
 /// made again between two reads shows a new one), read linearizably from the first member
 /// at `addresses` that answers (a member without a quorum does not); `None` when none does.
 pub fn keys_under(addresses: &[String], prefix: &str) -> Option<BTreeMap<String, i64>> {
+    key_fields(addresses, prefix, "create_revision")
+}
+
+/// The keys under `prefix`, each with its version (how many times it was written since it
+/// was created), read as [`keys_under`] reads.
+pub fn key_versions(addresses: &[String], prefix: &str) -> Option<BTreeMap<String, i64>> {
+    key_fields(addresses, prefix, "version")
+}
+
+/// The keys under `prefix` (which ends in `/`), each with one numeric field of its metadata.
+fn key_fields(addresses: &[String], prefix: &str, field: &str) -> Option<BTreeMap<String, i64>> {
     use base64::Engine as _;
     let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     // The prefixes here end in `/`: the range ends where `/` + 1 begins.
@@ -185,8 +196,8 @@ pub fn keys_under(addresses: &[String], prefix: &str) -> Option<BTreeMap<String,
         keys.iter()
             .map(|kv| {
                 let key = base64::engine::general_purpose::STANDARD.decode(kv["key"].as_str()?).ok()?;
-                let created = kv["create_revision"].as_str()?.parse().ok()?;
-                Some((String::from_utf8(key).ok()?, created))
+                let value = kv[field].as_str()?.parse().ok()?;
+                Some((String::from_utf8(key).ok()?, value))
             })
             .collect()
     })

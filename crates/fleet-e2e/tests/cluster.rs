@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use fleet_e2e::lab_etcd::key_versions;
 use fleet_e2e::{AGENT_TTL_SECONDS, Cluster, EtcdServer, Fleetd, member_id, metric_value, unit_processes};
 
 const SLEEPER: &str = "[Unit]\nDescription=sleeps\n\n[Service]\nExecStart=/bin/sleep 100000\n";
@@ -53,6 +54,11 @@ fn members_are_listed_and_units_spread_least_loaded() {
     cluster.wait_until("6 units launched", Duration::from_secs(30), |c| all_launched(c, 6));
     let load: Vec<usize> = cluster.load().into_values().collect();
     assert_eq!(load, vec![2, 2, 2], "least-loaded placement spreads 6 units over 3 machines");
+    // fleetctl creates a new unit already started: each record was written once.
+    let address = cluster.etcd.endpoint().trim_start_matches("http://").to_string();
+    let versions = key_versions(&[address], "/_coreos.com/fleet/units/").expect("etcd answers");
+    assert_eq!(versions.len(), 6, "{versions:?}");
+    assert!(versions.values().all(|version| *version == 1), "each unit record written once: {versions:?}");
     // Every member runs its two, and list-units shows them active.
     for member in &cluster.members {
         member.wait_until("its units run", Duration::from_secs(10), |m| pids(m).len() == 2);

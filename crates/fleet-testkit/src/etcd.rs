@@ -102,6 +102,11 @@ impl EtcdServer {
         self.dir.path().join("etcd.log")
     }
 
+    /// The etcd process, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }

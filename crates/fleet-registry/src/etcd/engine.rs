@@ -16,7 +16,7 @@ use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
 use super::session::{Leadership, grant, renew};
-use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, unit_writes};
+use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
@@ -89,6 +89,31 @@ impl EtcdRegistry {
         Some(TxnOp::txn(Txn::new().when(compares).and_then(ops)))
     }
 
+    /// Renews the engine's lease when a third of its time to live has passed since the last
+    /// renewal: a long apply (tens of thousands of writes on a busy etcd) outlasts the lease
+    /// otherwise, and the standby takes over in the middle of it. A lease etcd says is gone
+    /// ends the leadership; a renewal that fails is left to the fence.
+    async fn keep_leadership(&self, lease: &EngineLease) -> Result<()> {
+        let mut leadership = self.inner.leadership.lock().await;
+        let Some(held) = leadership.as_mut().filter(|held| held.token as u64 == lease.token) else {
+            return Err(RegistryError::LeadershipLost);
+        };
+        if held.renewed.elapsed() < self.inner.lifetimes.engine_lease_ttl / 3 {
+            return Ok(());
+        }
+        let sent = std::time::Instant::now();
+        match renew(self.connection(), held.lease, &mut held.keeper).await {
+            Ok(true) => held.renewed = sent,
+            Ok(false) => {
+                tracing::warn!("engine lease expired while applying a plan");
+                *leadership = None;
+                return Err(RegistryError::LeadershipLost);
+            }
+            Err(error) => tracing::warn!(%error, "cannot renew the engine lease while applying a plan"),
+        }
+        Ok(())
+    }
+
     /// The reasons the engine's copy holds now, by unit.
     fn stored_reasons(&self, data: &MirrorData) -> Vec<(String, String)> {
         let keys = self.keys();
@@ -115,7 +140,9 @@ impl EngineRegistry for EtcdRegistry {
         let lease_of = |held: &Leadership| EngineLease { machine_id: machine_id.to_string(), token: held.token as u64 };
         if let Some(held) = leadership.as_mut() {
             let lease = held.lease;
+            let sent = std::time::Instant::now();
             if renew(self.connection(), lease, &mut held.keeper).await? {
+                held.renewed = sent;
                 return Ok(Some(lease_of(held)));
             }
             tracing::warn!("engine lease expired");
@@ -138,7 +165,7 @@ impl EngineRegistry for EtcdRegistry {
             return Ok(None);
         }
         let token = reply.header().map_or(0, |header| header.revision());
-        let held = Leadership { lease, token, keeper: None };
+        let held = Leadership { lease, token, keeper: None, renewed: std::time::Instant::now() };
         let granted = lease_of(&held);
         *leadership = Some(held);
         Ok(Some(granted))
@@ -231,7 +258,7 @@ impl EngineRegistry for EtcdRegistry {
             let stored = self.stored_reasons(&data);
             let writes =
                 unit_writes(decisions, unplaced, stored.iter().map(|(unit, reason)| (unit.as_str(), reason.as_str())));
-            writes.iter().filter_map(|write| self.unit_txn(&data, write)).collect()
+            grouped_by_machine(writes).iter().filter_map(|write| self.unit_txn(&data, write)).collect()
         };
         let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
         // Units are independent of each other, so their transactions go a few at a time:
@@ -241,6 +268,7 @@ impl EngineRegistry for EtcdRegistry {
         let mut running = tokio::task::JoinSet::new();
         let mut last_write: Option<i64> = None;
         loop {
+            self.keep_leadership(lease).await?;
             while running.len() < TXNS_IN_FLIGHT
                 && let Some(txn) = batches.next()
             {

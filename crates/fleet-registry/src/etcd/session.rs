@@ -32,6 +32,15 @@ pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
     connection.within("lease_revoke", connection.timeout, client.lease_revoke(lease)).await.map(|_| ())
 }
 
+/// How soon a failed renewal is tried again.
+const RENEWAL_RETRY: Duration = Duration::from_secs(1);
+
+/// How long until the next renewal: a `period` after one that worked, a second after one
+/// that failed (never longer than the period).
+pub fn next_renewal(renewed: bool, period: Duration) -> Duration {
+    if renewed { period } else { RENEWAL_RETRY.min(period) }
+}
+
 /// Renews `lease` once; `false` when etcd says it has expired.
 pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keeper>) -> Result<bool> {
     if keeper.as_ref().is_none_or(|(open, _)| open.id() != lease) {
@@ -256,25 +265,38 @@ impl EtcdRegistry {
         self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine_id)
     }
 
-    /// Renews the machine's lease every third of `agent_ttl`; registers again if it expired.
+    /// Renews the machine's lease every third of `agent_ttl`, and within a second after a
+    /// renewal that failed (an etcd busy applying writes refuses renewals for a while: waiting
+    /// a whole third again would let two refusals expire the lease); registers again if it
+    /// expired.
     async fn keep_alive(self, session: Arc<MachineSession>) {
         let period = self.inner.lifetimes.agent_ttl / 3;
         let mut keeper = None;
+        let mut wait = period;
         loop {
-            tokio::time::sleep(period).await;
+            tokio::time::sleep(wait).await;
             let lease = session.lease();
             let sent = std::time::Instant::now();
-            match renew(self.connection(), lease, &mut keeper).await {
-                Ok(true) => session.mark_renewed(sent),
+            let renewed = match renew(self.connection(), lease, &mut keeper).await {
+                Ok(true) => {
+                    session.mark_renewed(sent);
+                    true
+                }
                 Ok(false) => {
                     let machine_id = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).id.clone();
                     tracing::warn!(machine_id, "machine lease expired; registering again");
-                    if let Err(error) = self.reopen(&session).await {
+                    let reopened = self.reopen(&session).await;
+                    if let Err(error) = &reopened {
                         tracing::warn!(%error, "registering again failed; retrying");
                     }
+                    reopened.is_ok()
                 }
-                Err(error) => tracing::warn!(%error, "cannot renew the machine lease; retrying"),
-            }
+                Err(error) => {
+                    tracing::warn!(%error, "cannot renew the machine lease; retrying");
+                    false
+                }
+            };
+            wait = next_renewal(renewed, period);
         }
     }
 
@@ -333,4 +355,19 @@ pub struct Leadership {
     /// The leader key's create revision: the fence every schedule write checks.
     pub token: i64,
     pub keeper: Option<Keeper>,
+    /// When the last renewal that succeeded was sent.
+    pub renewed: std::time::Instant,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_renewal_is_tried_again_within_a_second() {
+        let period = Duration::from_secs(10);
+        assert_eq!(next_renewal(true, period), period);
+        assert_eq!(next_renewal(false, period), RENEWAL_RETRY);
+        assert_eq!(next_renewal(false, Duration::from_millis(300)), Duration::from_millis(300));
+    }
 }

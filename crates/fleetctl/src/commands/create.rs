@@ -11,7 +11,7 @@ use fleet_core::{Requirements, UnitFile};
 
 use crate::context::Context;
 use crate::local_units::{local_template_path, read_unit_file};
-use crate::wait::{Attempts, fetch_units, wait_for_state};
+use crate::wait::fetch_units;
 
 /// How many requests fleetctl keeps in flight at once.
 pub const PARALLEL_REQUESTS: usize = 32;
@@ -200,17 +200,20 @@ pub struct Waves {
 pub struct Created {
     /// Every unit named, in argument order.
     pub names: Vec<String>,
-    /// The units it replaced, already written with [`Replacing::to`].
-    pub replaced: BTreeSet<String>,
+    /// The units it wrote (created or replaced), as written: new units and replacements
+    /// carry the command's desired state already, templates `inactive`.
+    pub written: BTreeMap<String, Unit>,
 }
 
 /// Makes sure every unit named by `arguments` exists in the cluster, replacing those that
-/// differ when `replacing` allows.
+/// differ when `replacing` allows. New units are written with the command's desired state
+/// (`replacing.to`), so that creating and starting a unit is one write; each is announced
+/// as the original announces a creation (`Unit X inactive`: what it is when written, before
+/// any machine takes it).
 pub async fn lazy_create(
     context: &Context,
     arguments: &[String],
     replacing: &Replacing<'_>,
-    attempts: Attempts,
 ) -> Result<Created, String> {
     let names: Vec<String> = arguments.iter().map(|argument| mangle(argument)).collect();
     for name in &names {
@@ -248,10 +251,8 @@ pub async fn lazy_create(
                 new_unit(name, &local)?;
                 rolled.insert(name.clone(), schema_options(&local));
             } else if replacing.from.contains(&desired) {
-                let mut unit = new_unit(name, &local)?;
-                // A template is never asked to run.
-                if replacing.to != "inactive" && !UnitNameInfo::new(name).is_template() {
-                    unit.desired_state = Some(replacing.to.to_string());
+                let unit = new_unit_as(name, &local, replacing.to)?;
+                if unit.desired_state.as_deref() != Some("inactive") {
                     replaced.insert(name.clone());
                 }
                 to_create.push(unit);
@@ -263,23 +264,27 @@ pub async fn lazy_create(
         let Some(local) = local else {
             return Err(format!("unable to find Unit({name}) in Registry or on filesystem"));
         };
-        to_create.push(new_unit(name, &local)?);
+        to_create.push(new_unit_as(name, &local, replacing.to)?);
     }
-    let created: Vec<String> = to_create.iter().map(|unit| unit.name.clone()).collect();
-    let globals: BTreeSet<String> =
-        to_create.iter().filter(|unit| is_global(unit)).map(|unit| unit.name.clone()).collect();
+    let written: BTreeMap<String, Unit> = to_create.iter().map(|unit| (unit.name.clone(), unit.clone())).collect();
+    let announced: Vec<(String, bool)> = to_create
+        .iter()
+        .filter(|unit| !replaced.contains(&unit.name))
+        .map(|unit| (unit.name.clone(), is_global(unit)))
+        .collect();
     write_units(context, to_create).await?;
     if let Some(waves) = replacing.waves.as_ref().filter(|_| !rolled.is_empty()) {
         roll_out(context, waves, rolled).await?;
     }
-    let (global, scheduled): (Vec<String>, Vec<String>) = created.into_iter().partition(|name| globals.contains(name));
-    for name in &global {
-        println!("Unit {name}");
+    // A global unit has no current state of its own: the original prints its name alone.
+    for (name, global) in &announced {
+        if *global {
+            println!("Unit {name}");
+        } else {
+            println!("Unit {name} inactive");
+        }
     }
-    // New units, and replacements written inactive, are waited for as the original does.
-    let scheduled: Vec<String> = scheduled.into_iter().filter(|name| !replaced.contains(name)).collect();
-    wait_for_state(context, &scheduled, "inactive", attempts).await?;
-    Ok(Created { names, replaced })
+    Ok(Created { names, written })
 }
 
 /// Starts a rollout that gives `files` (running units) their new content in `waves`.
@@ -299,6 +304,15 @@ async fn roll_out(context: &Context, waves: &Waves, files: BTreeMap<String, Vec<
         rollout.max_unavailable
     );
     Ok(())
+}
+
+/// A unit to write with `desired` as its desired state; a template is never asked to run, so
+/// it is written `inactive`.
+fn new_unit_as(name: &str, file: &UnitFile, desired: &str) -> Result<Unit, String> {
+    let mut unit = new_unit(name, file)?;
+    let desired = if UnitNameInfo::new(name).is_template() { "inactive" } else { desired };
+    unit.desired_state = Some(desired.to_string());
+    Ok(unit)
 }
 
 fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {

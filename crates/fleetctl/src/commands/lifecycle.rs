@@ -1,6 +1,6 @@
 //! submit, load, start, stop, unload, destroy and restart.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use fleet_api_schema::Unit;
 use fleet_core::duration::parse_go_duration;
@@ -13,28 +13,48 @@ use crate::unit_arguments::{UnitList, is_pattern, match_patterns};
 use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
 use crate::{BlockFlags, CreateFlags, Outcome, WaveFlags};
 
-/// Creates what is missing among `arguments` (the original's lazy creation), then reads back
-/// every named unit with its current state; also says which were replaced.
+/// Creates what is missing among `arguments` (the original's lazy creation), then gives
+/// every named unit, in argument order: those this command wrote as written, the others
+/// read back with their current state; and the names of those it wrote with
+/// `replacing.to` as their desired state.
 async fn create_and_find(
     context: &Context,
     arguments: &[String],
     replacing: &Replacing<'_>,
-    attempts: Attempts,
     failing: &str,
 ) -> Result<(Vec<Unit>, BTreeSet<String>), Outcome> {
     if arguments.is_empty() {
         eprintln!("No units given");
         return Err(Outcome::Usage);
     }
-    let created = lazy_create(context, arguments, replacing, attempts).await.map_err(|error| {
+    let mut created = lazy_create(context, arguments, replacing).await.map_err(|error| {
         eprintln!("Error creating units: {error}");
         Outcome::Failure
     })?;
-    let units = find_units(context, &created.names).await.map_err(|error| {
-        eprintln!("Error {failing} units: {error}");
-        Outcome::Failure
-    })?;
-    Ok((units, created.replaced))
+    let untouched: Vec<String> =
+        created.names.iter().filter(|name| !created.written.contains_key(*name)).cloned().collect();
+    let mut found = BTreeMap::new();
+    if !untouched.is_empty() {
+        let units = find_units(context, &untouched).await.map_err(|error| {
+            eprintln!("Error {failing} units: {error}");
+            Outcome::Failure
+        })?;
+        found.extend(units.into_iter().map(|unit| (unit.name.clone(), unit)));
+    }
+    let at_target: BTreeSet<String> = created
+        .written
+        .values()
+        .filter(|unit| unit.desired_state.as_deref() == Some(replacing.to))
+        .map(|unit| unit.name.clone())
+        .collect();
+    let mut seen = BTreeSet::new();
+    let units = created
+        .names
+        .iter()
+        .filter(|name| seen.insert(name.as_str()))
+        .filter_map(|name| created.written.remove(name).or_else(|| found.remove(name)))
+        .collect();
+    Ok((units, at_target))
 }
 
 /// The existing units among `arguments`, in argument order.
@@ -67,7 +87,7 @@ async fn units_to_act_on(context: &Context, arguments: &[String], failing: &str)
 }
 
 /// Sets `target` as the desired state of every unit not already there; returns those it
-/// changed, with those `already` set to it by this command (replacements).
+/// changed, with those `already` set to it by this command (created or replaced with it).
 async fn set_desired_state(
     context: &Context,
     units: Vec<Unit>,
@@ -136,7 +156,7 @@ pub async fn submit(context: &Context, arguments: &[String], create: &CreateFlag
         return Outcome::Usage;
     }
     let replacing = Replacing { allowed: create.replace, from: &["inactive"], to: "inactive", waves: None };
-    match lazy_create(context, arguments, &replacing, Attempts::Forever).await {
+    match lazy_create(context, arguments, &replacing).await {
         Ok(_) => Outcome::Success,
         Err(error) => {
             eprintln!("Error creating units: {error}");
@@ -157,12 +177,11 @@ async fn schedule(
     let from: &[&str] =
         if target == "launched" { &["inactive", "loaded", "launched"] } else { &["inactive", "loaded"] };
     let replacing = Replacing { allowed: create.replace, from, to: target, waves };
-    let attempts = Attempts::from_count(block.block_attempts);
-    let (units, replaced) = match create_and_find(context, arguments, &replacing, attempts, failing).await {
+    let (units, at_target) = match create_and_find(context, arguments, &replacing, failing).await {
         Ok(found) => found,
         Err(outcome) => return outcome,
     };
-    let triggered = match set_desired_state(context, units, target, &replaced).await {
+    let triggered = match set_desired_state(context, units, target, &at_target).await {
         Ok(triggered) => triggered,
         Err(error) => {
             eprintln!("Error {failing} units: {error}");
@@ -352,7 +371,7 @@ async fn restart_one(context: &Context, unit: &Unit, attempts: Attempts) -> Resu
 pub async fn restart(context: &Context, arguments: &[String], block_attempts: u32) -> Outcome {
     let attempts = Attempts::from_count(block_attempts);
     let replacing = Replacing { allowed: false, from: &[], to: "inactive", waves: None };
-    let units = match create_and_find(context, arguments, &replacing, attempts, "restarting").await {
+    let units = match create_and_find(context, arguments, &replacing, "restarting").await {
         Ok((units, _)) => units,
         Err(outcome) => return outcome,
     };

@@ -43,6 +43,9 @@ use tokio::sync::watch;
 /// and its own watch stream).
 const CONNECTIONS: usize = 8;
 const AGENT_TTL: Duration = Duration::from_secs(30);
+/// A fleetd's etcd lease grants and revocations.
+const LEASE_GRANTS: &str = "fleet_store_request_duration_seconds_count{store=\"etcd\",operation=\"lease_grant\"}";
+const LEASE_REVOKES: &str = "fleet_store_request_duration_seconds_count{store=\"etcd\",operation=\"lease_revoke\"}";
 
 fn argument(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
@@ -75,7 +78,7 @@ fn main() {
     let mut engine = Fleetd::start("e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0", &engine_config);
     wait_for_leader(&engine);
     // A second engine fleetd, standing by: it takes over when the leader is killed (f).
-    let standby = Fleetd::start("e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1", &engine_config);
+    let mut standby = Fleetd::start("e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1", &engine_config);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async move {
         let lifetimes = Lifetimes { agent_ttl: AGENT_TTL, engine_lease_ttl: Duration::from_secs(10) };
@@ -105,12 +108,17 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
+        println!("      {}", leaderships(&engine, &standby));
 
         // (a) Submit every unit through fleetctl, then time until all report launched.
         let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
         let list_dir = tempfile::tempdir().expect("a directory for the unit list");
         let list = unit_list(list_dir.path(), units);
+        let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
+        let submission_counters = etcd_metrics::read(&metrics_address);
+        let etcd_pid = etcd.pid().unwrap_or(0);
         let cpu_before = cpu_seconds(engine.pid());
+        let (etcd_cpu_before, bench_cpu_before) = (cpu_seconds(etcd_pid), cpu_seconds(std::process::id()));
         let submitting = Instant::now();
         let socket = engine.socket();
         let started = fleetctl(&socket, list_dir.path(), &["start", "--no-block", "--from-file", &list.display().to_string()]).await;
@@ -126,6 +134,17 @@ fn main() {
             until_launched.as_secs_f64(),
             submitting.elapsed().as_secs_f64(),
             cpu_seconds(engine.pid()) - cpu_before
+        );
+        let counters = etcd_metrics::delta(&submission_counters, &etcd_metrics::read(&metrics_address));
+        let seconds = submitting.elapsed().as_secs_f64();
+        let rates: Vec<String> =
+            counters.iter().map(|(name, moved)| format!("{name} {moved:.0} ({:.0}/s)", moved / seconds)).collect();
+        println!("      etcd over (a): {}", rates.join(", "));
+        println!("      {}", leaderships(&engine, &standby));
+        println!(
+            "      CPU over (a): etcd {:.1} s, the simulated machines' process {:.1} s (fleetctl and the engine fleetd aside)",
+            cpu_seconds(etcd_pid) - etcd_cpu_before,
+            cpu_seconds(std::process::id()) - bench_cpu_before
         );
 
         // (d) Lists through fleetctl, every page.
@@ -170,7 +189,6 @@ fn main() {
 
         // (c) Idle.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
         let counters_before = etcd_metrics::read(&metrics_address);
         let (engine_before, agents_before) = (cpu_seconds(engine.pid()), cpu_seconds(std::process::id()));
         tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
@@ -196,7 +214,11 @@ fn main() {
         }
         let losing = Instant::now();
         let total = units + 1;
+        let mut expired: Option<Duration> = None;
         loop {
+            if expired.is_none() && lost_gone(&api, &lost).await {
+                expired = Some(losing.elapsed());
+            }
             let (running, stranded) = running_elsewhere(&api, &lost).await;
             if running == total && stranded == 0 {
                 break;
@@ -204,24 +226,31 @@ fn main() {
             assert!(losing.elapsed() < AGENT_TTL * 4, "stuck: {running}/{total} launched, {stranded} on lost machines");
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        let expired = expired.unwrap_or_else(|| losing.elapsed());
         println!(
-            "  (e) {} machines lost at once, with {on_lost} units: every unit launched on a live machine {:.1} s later (agent_ttl {} s; target agent_ttl + 10 s)",
+            "  (e) {} machines lost at once, with {on_lost} units: every unit launched on a live machine {:.1} s later (agent_ttl {} s; target agent_ttl + 10 s); the last of their leases had expired after {:.1} s, so fleet took {:.1} s",
             lost.len(),
             losing.elapsed().as_secs_f64(),
-            AGENT_TTL.as_secs()
+            AGENT_TTL.as_secs(),
+            expired.as_secs_f64(),
+            (losing.elapsed() - expired).as_secs_f64()
         );
 
-        // (f) The engine leader killed: the standby takes over, moving nothing.
-        let unscheduled_before = metric(&tokio::task::block_in_place(|| standby.metrics()), "fleet_engine_decisions_total{decision=\"unschedule\"}");
+        // (f) The engine leader killed: the other engine fleetd takes over, moving nothing.
+        println!("      {}", leaderships(&engine, &standby));
+        let first_leads = metric(&tokio::task::block_in_place(|| engine.metrics()), "fleet_engine_leader") == 1.0;
+        let (killed, survivor) = if first_leads { (&mut engine, &standby) } else { (&mut standby, &engine) };
+        let unscheduled = "fleet_engine_decisions_total{decision=\"unschedule\"}";
+        let unscheduled_before = metric(&tokio::task::block_in_place(|| survivor.metrics()), unscheduled);
         let killing = Instant::now();
-        engine.stop_with(libc::SIGKILL);
-        tokio::task::block_in_place(|| wait_for_leader(&standby));
+        killed.stop_with(libc::SIGKILL);
+        tokio::task::block_in_place(|| wait_for_leader(survivor));
         let took_over = killing.elapsed();
         tokio::time::sleep(Duration::from_secs(5)).await;
-        let moved = metric(&tokio::task::block_in_place(|| standby.metrics()), "fleet_engine_decisions_total{decision=\"unschedule\"}") - unscheduled_before;
+        let moved = metric(&tokio::task::block_in_place(|| survivor.metrics()), unscheduled) - unscheduled_before;
         let (running, _) = running_elsewhere(&api, &lost).await;
         println!(
-            "  (f) engine leader killed: the standby led {:.1} s later (engine lease 5 × engine_reconcile_interval = 10 s; target under agent_ttl); units it unscheduled: {moved}; launched afterwards: {running}/{total}",
+            "  (f) engine leader killed: the other engine fleetd led {:.1} s later (engine lease 5 × engine_reconcile_interval = 10 s; target under agent_ttl); units it unscheduled: {moved}; launched afterwards: {running}/{total}",
             took_over.as_secs_f64()
         );
         assert_eq!((moved, running), (0.0, total), "a new engine leader moves nothing");
@@ -250,6 +279,21 @@ async fn placed_on(api: &EtcdRegistry, lost: &HashSet<String>) -> usize {
     every_unit(api).await.iter().filter(|unit| unit.machine_id.as_ref().is_some_and(|id| lost.contains(id))).count()
 }
 
+/// How often each engine fleetd took the leadership so far: its etcd leases granted and not
+/// given back at once (a bid that finds a leader revokes its lease), less its own machine's.
+fn leaderships(first: &Fleetd, second: &Fleetd) -> String {
+    let taken = |fleetd: &Fleetd| {
+        let text = tokio::task::block_in_place(|| fleetd.metrics());
+        metric(&text, LEASE_GRANTS) - metric(&text, LEASE_REVOKES) - 1.0
+    };
+    format!("engine leaderships taken so far: the first engine fleetd {}, the second {}", taken(first), taken(second))
+}
+
+/// Whether none of the machines in `lost` is present any more (their leases expired).
+async fn lost_gone(api: &EtcdRegistry, lost: &HashSet<String>) -> bool {
+    api.machines().await.is_ok_and(|machines| machines.iter().all(|machine| !lost.contains(&machine.id)))
+}
+
 /// How many units report launched on a machine outside `lost`, and how many are still
 /// placed on one in `lost`.
 async fn running_elsewhere(api: &EtcdRegistry, lost: &HashSet<String>) -> (usize, usize) {
@@ -267,5 +311,6 @@ async fn fleetctl(socket: &std::path::Path, dir: &std::path::Path, args: &[&str]
     let output =
         tokio::task::spawn_blocking(move || command.output()).await.expect("fleetctl task").expect("run fleetctl");
     assert!(output.status.success(), "fleetctl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    eprint!("{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
