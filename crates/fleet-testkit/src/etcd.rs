@@ -137,6 +137,8 @@ impl EtcdServer {
             // Tests create many leases and watches at once; keep etcd's own chatter down.
             .arg("--log-level=warn")
             .arg("--logger=zap")
+            // Benchmarks read where etcd spends its time from /debug/pprof/ on the client URL.
+            .arg("--enable-pprof")
             .env_remove("ETCD_DATA_DIR");
         if let Some(tls) = &self.tls {
             command
