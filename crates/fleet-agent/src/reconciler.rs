@@ -355,6 +355,11 @@ impl Agent {
                 ))
             })
             .collect();
+        let mut by_active_state: BTreeMap<String, u64> = BTreeMap::new();
+        for state in current.values() {
+            *by_active_state.entry(state.systemd.active.clone()).or_default() += 1;
+        }
+        fleet_metrics::publish_unit_states(by_active_state);
         let reports = state_reports(&self.reported, &current);
         if !reports.is_empty() {
             self.registry.report_states(self.machine_id(), &reports).await?;

@@ -9,7 +9,6 @@
 
 pub mod agent_presence;
 pub mod auth;
-pub mod cluster_counts;
 mod handlers;
 mod host_check;
 pub mod journal_relay;

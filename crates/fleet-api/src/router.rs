@@ -56,8 +56,6 @@ pub struct ApiState {
     pub live_view: Arc<crate::live_view::LiveView>,
     /// Where the lists being followed page by page stopped.
     pub page_cursors: Arc<crate::pagination::PageCursors>,
-    /// The cluster's counts for `/metrics`, by store revision.
-    pub counts_cache: Arc<crate::cluster_counts::CountsCache>,
     /// Where git sources' secrets are read (their push webhooks' shared secrets); `None`:
     /// no webhook is accepted.
     pub source_secrets_dir: Option<std::path::PathBuf>,

@@ -324,7 +324,6 @@ mod tests {
             journal_relay: Default::default(),
             live_view: Default::default(),
             page_cursors: Default::default(),
-            counts_cache: Default::default(),
             source_secrets_dir: None,
         };
         let unix = dir.path().join("api.sock");

@@ -65,16 +65,20 @@ fn members_are_listed_and_units_spread_least_loaded() {
     }
     let units = cluster.any().ok(&["list-units", "--no-legend", "--fields", "unit,active"]).stdout;
     assert_eq!(units.lines().filter(|line| line.contains("active")).count(), 6, "{units}");
-    // Every member's /metrics counts the whole cluster, and exactly one of them leads.
-    let mut leaders = 0.0;
+    // Exactly one member leads and counts the cluster; each member counts its own unit
+    // states, which add up to the cluster's.
+    let (mut leaders, mut active) = (0.0, 0.0);
     for member in &cluster.members {
         let text = member.metrics();
-        assert_eq!(metric_value(&text, "fleet_machines"), Some(3.0), "{text}");
-        assert_eq!(metric_value(&text, "fleet_unit_states{active_state=\"active\"}"), Some(6.0), "{text}");
+        let leads = metric_value(&text, "fleet_engine_leader").unwrap_or(0.0);
+        let machines = metric_value(&text, "fleet_machines");
+        assert_eq!(machines, (leads == 1.0).then_some(3.0), "only the leader counts the cluster: {text}");
+        assert_eq!(metric_value(&text, "fleet_unit_states{active_state=\"active\"}"), Some(2.0), "{text}");
         assert!(text.contains("fleet_store_request_duration_seconds_count{store=\"etcd\",operation=\"txn\"}"));
-        leaders += metric_value(&text, "fleet_engine_leader").unwrap_or(0.0);
+        leaders += leads;
+        active += metric_value(&text, "fleet_unit_states{active_state=\"active\"}").unwrap_or(0.0);
     }
-    assert_eq!(leaders, 1.0);
+    assert_eq!((leaders, active), (1.0, 6.0));
 }
 
 #[test]

@@ -51,7 +51,6 @@ async fn remote_stores() -> RemoteStores {
         journal_relay: Default::default(),
         live_view: Default::default(),
         page_cursors: Default::default(),
-        counts_cache: Default::default(),
         source_secrets_dir: None,
     };
     let listener = bind_tcp("127.0.0.1:0").expect("bind").with_tls();

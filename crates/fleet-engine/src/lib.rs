@@ -5,6 +5,8 @@
 
 #![forbid(unsafe_code)]
 
+mod cluster_counts;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,6 +100,7 @@ impl Engine {
             changes.mark_unchanged();
         }
         metrics.leader.set(0);
+        fleet_metrics::publish_cluster(None);
         if let Some(lease) = self.lease.take()
             && let Err(error) = self.registry.release_leadership(&lease).await
         {
@@ -119,6 +122,7 @@ impl Engine {
         }
         self.lease = lease;
         let Some(lease) = self.lease.clone() else {
+            fleet_metrics::publish_cluster(None);
             return Ok(());
         };
         if let Err(error) = self.registry.compact_history().await {
@@ -141,6 +145,8 @@ impl Engine {
         let cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         let (decided, scope) = self.planner.plan(&cluster);
         self.planning = planning.elapsed();
+        let reasons = decided.reason_texts();
+        fleet_metrics::publish_cluster(Some(cluster_counts::cluster_counts(&cluster, reasons.len())));
         let scope = match scope {
             PlanScope::Full => "full",
             PlanScope::Changed(_) => "changed",
@@ -150,7 +156,6 @@ impl Engine {
             self.planned = Some(revision);
             return Ok(());
         }
-        let reasons = decided.reason_texts();
         for decision in &decided.decisions {
             tracing::debug!(?decision, "engine decision");
         }

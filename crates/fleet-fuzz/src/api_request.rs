@@ -31,7 +31,6 @@ fn fixture() -> &'static Fixture {
             journal_relay: Default::default(),
             live_view: Default::default(),
             page_cursors: Default::default(),
-            counts_cache: Default::default(),
             source_secrets_dir: None,
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-pub use cluster::ClusterCounts;
+pub use cluster::{ClusterCounts, publish_cluster, publish_unit_states};
 
 /// The content type of [`render`]'s text.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
@@ -228,15 +228,13 @@ impl Drop for Waiting {
     }
 }
 
-/// Everything in the text format: this process's metrics, then the cluster's counts (when
-/// this fleetd could read them) and the process's figures.
-pub fn render(cluster: Option<&ClusterCounts>) -> String {
+/// Everything in the text format: this process's metrics, then what the engine and the agent
+/// published of the cluster and this machine, and the process's figures.
+pub fn render() -> String {
     use prometheus_client::encoding::text::{encode_eof, encode_registry};
     let mut text = String::new();
     let mut scraped = Registry::default();
-    if let Some(cluster) = cluster {
-        cluster.register(scraped.sub_registry_with_prefix("fleet"));
-    }
+    cluster::register_published(scraped.sub_registry_with_prefix("fleet"));
     process::register(&mut scraped);
     // Writing to a String cannot fail.
     let _ = encode_registry(&mut text, &metrics().registry);
@@ -288,7 +286,8 @@ mod tests {
     fn families_follow_the_naming_conventions() {
         metrics().engine.reconciles.inc();
         metrics().store.observe("etcd", "txn", Duration::from_millis(3), true);
-        let text = render(Some(&ClusterCounts::default()));
+        publish_cluster(Some(ClusterCounts::default()));
+        let text = render();
         assert!(text.contains("# TYPE fleet_engine_reconciles counter\n"), "{text}");
         assert!(text.contains("fleet_engine_reconciles_total "), "{text}");
         assert!(text.contains("fleet_store_request_errors_total{store=\"etcd\",operation=\"txn\"} 1"), "{text}");

@@ -246,7 +246,6 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         journal_relay: Default::default(),
         live_view: Default::default(),
         page_cursors: Default::default(),
-        counts_cache: Default::default(),
         source_secrets_dir: Some(config.source_credentials_dir.clone()),
     };
     if api_state.agents.is_some() {
