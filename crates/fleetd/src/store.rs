@@ -27,6 +27,7 @@ fn etcd_options(config: &Config) -> EtcdOptions {
         // A manager (it signs machine certificates) serves many pull agents from one copy.
         serve_many_machines: !config.agent_ca_cert_file.is_empty(),
         kept_history: None,
+        api_copy_idle: None,
     }
 }
 

@@ -118,7 +118,8 @@ impl EtcdRegistry {
 
     /// The unit and its placement as the API's copy holds them, if the copy is up.
     pub(super) fn current_in_copy(&self, name: &str) -> Option<Current> {
-        let data = self.api_copy_if_up()?;
+        let mirror = self.api_copy_if_up()?;
+        let data = mirror.read();
         let keys = self.keys();
         let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));
         let unit = data.entries.get(&unit_key);

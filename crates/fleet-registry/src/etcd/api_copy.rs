@@ -23,6 +23,16 @@ use crate::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
 /// How long a list waits for the copy to catch up with this API's last write.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
+/// How long the copy stays after its last use: a fleetd that an operator listed through once
+/// gives the cluster's copy back, and holds only its own work again.
+pub(super) const IDLE: Duration = Duration::from_secs(600);
+
+/// The API's copy while something uses it.
+pub(super) struct ApiCopy {
+    mirror: Arc<Mirror>,
+    last_used: std::time::Instant,
+}
+
 /// The unit states in (unit, machine) order, as of one generation of the copy: etcd keeps
 /// them by machine first, so the order is sorted once per change, not once per page.
 #[derive(Default)]
@@ -34,6 +44,11 @@ pub(super) struct StateOrder {
 type UnitMachinePairs = Vec<(String, String)>;
 
 impl StateOrder {
+    /// Forgets the order (the copy it was sorted from is gone).
+    fn clear(&self) {
+        *self.sorted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+    }
+
     fn of(&self, registry: &EtcdRegistry, data: &MirrorData) -> Arc<UnitMachinePairs> {
         let mut sorted = self.sorted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some((generation, order)) = sorted.as_ref()
@@ -75,8 +90,14 @@ fn resumed<'a>(
 }
 
 impl EtcdRegistry {
-    fn api_mirror(&self) -> &Mirror {
-        self.inner.api_mirror.get_or_init(|| {
+    fn api_copy_slot(&self) -> std::sync::MutexGuard<'_, Option<ApiCopy>> {
+        self.inner.api_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The API's copy, started if it is not running; each call counts as a use.
+    fn api_mirror(&self) -> Arc<Mirror> {
+        let mut slot = self.api_copy_slot();
+        let copy = slot.get_or_insert_with(|| {
             let keys = self.keys();
             let ranges = vec![
                 KeyRange::prefix(keys.units()),
@@ -87,14 +108,52 @@ impl EtcdRegistry {
                 KeyRange::prefix(keys.machines()),
                 KeyRange::prefix(keys.all_metadata()),
             ];
-            Mirror::start(self.connection().clone(), ranges)
-        })
+            self.release_api_copy_when_idle();
+            ApiCopy {
+                mirror: Arc::new(Mirror::start(self.connection().clone(), ranges)),
+                last_used: std::time::Instant::now(),
+            }
+        });
+        copy.last_used = std::time::Instant::now();
+        copy.mirror.clone()
+    }
+
+    /// Drops the API's copy (and its watch) once it has not been used for `api_copy_idle`.
+    fn release_api_copy_when_idle(&self) {
+        let (inner, idle) = (Arc::downgrade(&self.inner), self.inner.api_copy_idle);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(idle / 4).await;
+                let Some(inner) = inner.upgrade() else { return };
+                let mut slot = inner.api_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                match slot.as_ref() {
+                    Some(copy) if copy.last_used.elapsed() < idle => {}
+                    _ => {
+                        *slot = None;
+                        inner.state_order.clear();
+                        tracing::debug!("the API's copy of the cluster was idle: released");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Whether the API's copy is running (it starts with a list and goes when idle).
+    pub fn api_copy_started(&self) -> bool {
+        self.api_copy_slot().is_some()
     }
 
     /// The API's copy, when it was started and its watch is up (never starts it).
-    pub(super) fn api_copy_if_up(&self) -> Option<std::sync::RwLockReadGuard<'_, MirrorData>> {
-        let data = self.inner.api_mirror.get()?.read();
-        (data.synced && data.streaming).then_some(data)
+    pub(super) fn api_copy_if_up(&self) -> Option<Arc<Mirror>> {
+        let mut slot = self.api_copy_slot();
+        let copy = slot.as_mut()?;
+        let up = {
+            let data = copy.mirror.read();
+            data.synced && data.streaming
+        };
+        copy.last_used = std::time::Instant::now();
+        up.then(|| copy.mirror.clone())
     }
 
     /// Notes a write this API made (`keys` in the order of the transaction's operations):
@@ -109,7 +168,7 @@ impl EtcdRegistry {
     /// [`EtcdRegistry::api_wrote`] for operations answered by `responses` at `revision` (the
     /// operations of a nested transaction, say).
     pub(super) fn api_wrote_at(&self, revision: i64, keys: &[String], responses: &[TxnOpResponse]) {
-        let Some(mirror) = self.inner.api_mirror.get() else {
+        let Some(mirror) = self.api_copy_slot().as_ref().map(|copy| copy.mirror.clone()) else {
             return;
         };
         for (key, response) in keys.iter().zip(responses) {
@@ -149,7 +208,8 @@ impl EtcdRegistry {
 
     pub(super) async fn units_page_from_copy(&self, request: PageRequest) -> Result<Page<UnitView>> {
         self.api_copy_current().await?;
-        let data = self.api_mirror().synced()?;
+        let mirror = self.api_mirror();
+        let data = mirror.synced()?;
         let keys = self.keys();
         let prefix = keys.units();
         let range = KeyRange::prefix(prefix.clone());
@@ -188,7 +248,8 @@ impl EtcdRegistry {
     /// and `after` take machine IDs).
     pub(super) async fn machines_page_from_copy(&self, request: PageRequest) -> Result<Page<MachineState>> {
         self.api_copy_current().await?;
-        let data = self.api_mirror().synced()?;
+        let mirror = self.api_mirror();
+        let data = mirror.synced()?;
         let machines = super::engine::machines_in(self, &data)?;
         let from = match request.after.as_deref() {
             Some(after) => machines.partition_point(|machine| machine.id.as_str() <= after),
@@ -204,7 +265,8 @@ impl EtcdRegistry {
         machine: Option<&str>,
     ) -> Result<Page<UnitState>> {
         self.api_copy_current().await?;
-        let data = self.api_mirror().synced()?;
+        let mirror = self.api_mirror();
+        let data = mirror.synced()?;
         let keys = self.keys();
         let decoded = |unit: &str, machine: &str| {
             let key = keys.state(machine, unit);

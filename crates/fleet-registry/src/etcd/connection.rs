@@ -31,6 +31,9 @@ pub struct EtcdOptions {
     /// How much of etcd's history the engine leader keeps when it compacts (default:
     /// five minutes).
     pub kept_history: Option<Duration>,
+    /// How long the API's copy of the cluster stays after its last use (`None`: ten
+    /// minutes); a fleetd that serves no lists holds only its own work.
+    pub api_copy_idle: Option<Duration>,
 }
 
 /// etcd's default limit on operations per transaction (`--max-txn-ops`).

@@ -63,8 +63,11 @@ struct Inner {
     engine_mirror: OnceLock<Mirror>,
     /// The engine copy's unit records as last decoded, by key.
     engine_records: Mutex<HashMap<String, DecodedRecord>>,
-    /// The API's copy of units, placements, reasons, states and bodies, for paged lists.
-    api_mirror: OnceLock<Mirror>,
+    /// The API's copy of units, placements, reasons, states and bodies, for paged lists,
+    /// while lists use it.
+    api_mirror: Mutex<Option<api_copy::ApiCopy>>,
+    /// How long the API's copy stays after its last use.
+    api_copy_idle: Duration,
     state_order: api_copy::StateOrder,
     /// How much history the engine leader keeps when it compacts.
     kept_history: Duration,
@@ -95,7 +98,8 @@ impl EtcdRegistry {
                 lifetimes,
                 engine_mirror: OnceLock::new(),
                 engine_records: Mutex::new(HashMap::new()),
-                api_mirror: OnceLock::new(),
+                api_mirror: Mutex::new(None),
+                api_copy_idle: options.api_copy_idle.unwrap_or(api_copy::IDLE),
                 state_order: api_copy::StateOrder::default(),
                 kept_history: options.kept_history.unwrap_or(compaction::KEPT_HISTORY),
                 checkpoint: compaction::Checkpoint::default(),

@@ -410,3 +410,27 @@ async fn a_batch_fails_fast_while_etcd_is_down_and_writes_once_it_is_back() {
     .expect("written once etcd is back");
     assert_eq!(registry.units().await.unwrap().len(), 300);
 }
+
+#[tokio::test]
+async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
+    let etcd = EtcdServer::start();
+    let options = EtcdOptions { api_copy_idle: Some(Duration::from_secs(3)), ..options(&etcd) };
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    assert!(!registry.api_copy_started(), "a write alone starts no copy of the cluster");
+    let every = crate::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
+    assert_eq!(registry.units_page(every.clone()).await.unwrap().items.len(), 1);
+    assert!(registry.api_copy_started());
+    // Used again within the idle time, it stays.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    registry.units_page(every.clone()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(registry.api_copy_started(), "a copy in use stays");
+    eventually("the idle copy is released", async || !registry.api_copy_started()).await;
+    // The next list starts a fresh copy that holds every write, this API's own included.
+    registry.put_unit("b.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    let names: Vec<String> =
+        registry.units_page(every).await.unwrap().items.into_iter().map(|unit| unit.name).collect();
+    assert_eq!(names, ["a.service", "b.service"]);
+}

@@ -79,6 +79,16 @@ fn main() {
     wait_for_leader(&engine);
     // A second engine fleetd, standing by: it takes over when the leader is killed (f).
     let mut standby = Fleetd::start("e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1", &engine_config);
+    // An agent-only fleetd that no unit asks for: what it holds should not grow with the cluster.
+    let agent_only_config = [
+        ("etcd_servers", etcd.endpoint()),
+        ("metadata", "role=spare".into()),
+        ("disable_engine", "true".into()),
+        ("etcd_request_timeout", "5".into()),
+    ];
+    let agent_only_config: Vec<(&str, &str)> =
+        agent_only_config.iter().map(|(key, value)| (*key, value.as_str())).collect();
+    let agent_only = Fleetd::start("a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0", &agent_only_config);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async move {
         let lifetimes = Lifetimes { agent_ttl: AGENT_TTL, engine_lease_ttl: Duration::from_secs(10) };
@@ -104,7 +114,7 @@ fn main() {
             let task = tokio::spawn(agent.run(lifecycle_watch.clone())).abort_handle();
             agents.push((id, registry, task));
         }
-        while api.machines().await.map(|m| m.len()).unwrap_or(0) < machines + 2 {
+        while api.machines().await.map(|m| m.len()).unwrap_or(0) < machines + 3 {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
@@ -155,8 +165,9 @@ fn main() {
             assert_eq!(rows, units, "fleetctl {command} shows every unit");
         }
         println!(
-            "  memory (VmHWM): fleetd engine {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB",
+            "  memory (VmHWM): fleetd engine {:.0} MiB; an agent-only fleetd with no units {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB",
             peak_resident_mib(engine.pid()),
+            peak_resident_mib(agent_only.pid()),
             peak_resident_mib(std::process::id())
         );
 
@@ -257,6 +268,7 @@ fn main() {
         let _ = lifecycle.send(Lifecycle::Reloading);
         drop(engine);
         drop(standby);
+        drop(agent_only);
     });
 }
 
