@@ -179,14 +179,36 @@ impl Fleetd {
         std::fs::write(self.config_path(), text).expect("write fleet.conf");
     }
 
-    /// (Re)starts the fleetd process on the same directory and waits for its API.
-    pub fn launch(&mut self) {
+    /// As [`Fleetd::start`], but waits only until its API answers on its socket, listing
+    /// nothing through it: a list starts the API's copy of the whole cluster, which a
+    /// measurement of what an agent-only fleetd holds must not include.
+    pub fn start_unlisted(machine_id: &str, config: &[(&str, &str)]) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut fleetd =
+            Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher: Launcher::default() };
+        fleetd.spawn();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !fleetd.answers("/fleet/v1/discovery") {
+            assert!(Instant::now() < deadline, "fleetd's API did not answer; log:\n{}", fleetd.log());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        fleetd
+    }
+
+    /// Writes the configuration and starts the fleetd process, logging to its directory.
+    fn spawn(&mut self) {
         self.write_config();
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).expect("log file");
         // Only the test's fleet.conf configures this fleetd.
         let child =
             self.command().stdout(log.try_clone().expect("log file")).stderr(log).spawn().expect("start fleetd");
         self.child = Some(child);
+    }
+
+    /// (Re)starts the fleetd process on the same directory and waits for its API.
+    pub fn launch(&mut self) {
+        self.spawn();
         let deadline = Instant::now() + Duration::from_secs(20);
         let short = &self.machine_id[..8.min(self.machine_id.len())];
         while !self.fleetctl(&["list-machines", "--no-legend"]).stdout.contains(short) {
@@ -245,6 +267,16 @@ impl Fleetd {
             .output()
             .expect("run fleetctl")
             .into()
+    }
+
+    /// Whether a `GET` of `path` on the API's Unix socket answers 200 (`false` while the
+    /// socket is not up).
+    fn answers(&self, path: &str) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut stream) = std::os::unix::net::UnixStream::connect(self.socket()) else { return false };
+        let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
+        let mut head = [0u8; 12];
+        stream.write_all(request.as_bytes()).is_ok() && stream.read_exact(&mut head).is_ok() && &head[9..12] == b"200"
     }
 
     /// Sends one raw HTTP/1.0 request to the API's Unix socket; returns the whole answer.

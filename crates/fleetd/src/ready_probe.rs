@@ -11,7 +11,9 @@ use fleet_api::auth::Peer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
 
-const PROBE: &str = "/fleet/v1/machines";
+/// A request every API answers from the router alone: probing with a list would start the
+/// API's copy of the whole cluster on every fleetd, and keep it until it idles out.
+const PROBE: &str = "/fleet/v1/discovery";
 
 /// One request on the Unix socket at `path`: whether it answered 200.
 async fn socket_answers(path: &PathBuf) -> bool {

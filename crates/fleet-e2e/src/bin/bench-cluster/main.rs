@@ -88,7 +88,7 @@ fn main() {
     ];
     let agent_only_config: Vec<(&str, &str)> =
         agent_only_config.iter().map(|(key, value)| (*key, value.as_str())).collect();
-    let agent_only = Fleetd::start("a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0", &agent_only_config);
+    let agent_only = Fleetd::start_unlisted("a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0a0", &agent_only_config);
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async move {
         let lifetimes = Lifetimes { agent_ttl: AGENT_TTL, engine_lease_ttl: Duration::from_secs(10) };
