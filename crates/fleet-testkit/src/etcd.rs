@@ -137,9 +137,12 @@ impl EtcdServer {
             // Tests create many leases and watches at once; keep etcd's own chatter down.
             .arg("--log-level=warn")
             .arg("--logger=zap")
-            // Benchmarks read where etcd spends its time from /debug/pprof/ on the client URL.
-            .arg("--enable-pprof")
             .env_remove("ETCD_DATA_DIR");
+        // `FLEET_TEST_ETCD_PPROF=1`: serve /debug/pprof/ on the client URL, to read where etcd
+        // spends its time. Off by default: etcd then samples its mutexes, which slows it.
+        if std::env::var_os("FLEET_TEST_ETCD_PPROF").is_some_and(|value| value == "1") {
+            command.arg("--enable-pprof");
+        }
         if let Some(tls) = &self.tls {
             command
                 .arg(format!("--cert-file={}", tls.server_cert().display()))
