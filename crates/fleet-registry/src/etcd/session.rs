@@ -172,17 +172,21 @@ impl EtcdRegistry {
     /// Starts a session for `machine`: a new lease and the presence (or the lease a crashed
     /// predecessor on this machine left alive), and the keepalive.
     pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
-        let lease = match self.own_live_lease(machine).await? {
+        let taken_over = match self.own_live_lease(machine).await? {
             Some(lease) => {
                 tracing::info!(lease, "taking over the machine lease of the previous fleetd on this machine");
                 let key = self.keys().machine(&machine.id);
                 let put = TxnOp::put(key.as_str(), encode(machine), Some(PutOptions::new().with_lease(lease)));
                 let still_ours = Compare::lease(key.as_str(), CompareOp::Equal, lease);
-                if !self.connection().txn(Txn::new().when([still_ours]).and_then([put])).await?.succeeded() {
-                    return Err(RegistryError::MachineInUse { machine_id: machine.id.clone() });
-                }
-                lease
+                let held = self.connection().txn(Txn::new().when([still_ours]).and_then([put])).await?.succeeded();
+                // The lease can expire between the read and the write: then the presence is
+                // claimed afresh below, which refuses only if another fleetd holds it.
+                held.then_some(lease)
             }
+            None => None,
+        };
+        let lease = match taken_over {
+            Some(lease) => lease,
             None => {
                 let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
                 if let Err(error) = self.claim_presence(machine, lease).await {
