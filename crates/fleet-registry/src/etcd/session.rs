@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp};
 use fleet_core::MachineState;
+use fleet_core::backoff::Backoff;
 
 use super::EtcdRegistry;
 use super::connection::{Connection, MAX_TXN_OPS, unavailable};
@@ -32,13 +33,12 @@ pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
     connection.within("lease_revoke", connection.timeout, client.lease_revoke(lease)).await.map(|_| ())
 }
 
-/// How soon a failed renewal is tried again.
+/// How soon a first failed renewal is tried again.
 const RENEWAL_RETRY: Duration = Duration::from_secs(1);
 
-/// How long until the next renewal: a `period` after one that worked, a second after one
-/// that failed (never longer than the period).
-pub fn next_renewal(renewed: bool, period: Duration) -> Duration {
-    if renewed { period } else { RENEWAL_RETRY.min(period) }
+/// A number that differs between machines and moments, to spread retries (not a secret).
+fn jitter_sample() -> u32 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.subsec_nanos())
 }
 
 /// Renews `lease` once; `false` when etcd says it has expired.
@@ -269,13 +269,15 @@ impl EtcdRegistry {
         self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine_id)
     }
 
-    /// Renews the machine's lease every third of `agent_ttl`, and within a second after a
-    /// renewal that failed (an etcd busy applying writes refuses renewals for a while: waiting
-    /// a whole third again would let two refusals expire the lease); registers again if it
-    /// expired.
+    /// Renews the machine's lease every third of `agent_ttl`; registers again if it expired.
+    /// A failure is tried again soon, then less and less often (from a second up to the
+    /// period, jittered): an etcd busy applying writes refuses renewals for a while, and
+    /// waiting a whole third again would let two refusals expire the lease; but thousands of
+    /// machines re-registering every second would keep that etcd busy.
     async fn keep_alive(self, session: Arc<MachineSession>) {
         let period = self.inner.lifetimes.agent_ttl / 3;
         let mut keeper = None;
+        let mut retry = Backoff::new(RENEWAL_RETRY.min(period), period);
         let mut wait = period;
         loop {
             tokio::time::sleep(wait).await;
@@ -300,7 +302,12 @@ impl EtcdRegistry {
                     false
                 }
             };
-            wait = next_renewal(renewed, period);
+            wait = if renewed {
+                retry.reset();
+                period
+            } else {
+                retry.next_delay_jittered(jitter_sample())
+            };
         }
     }
 
@@ -361,17 +368,4 @@ pub struct Leadership {
     pub keeper: Option<Keeper>,
     /// When the last renewal that succeeded was sent.
     pub renewed: std::time::Instant,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_failed_renewal_is_tried_again_within_a_second() {
-        let period = Duration::from_secs(10);
-        assert_eq!(next_renewal(true, period), period);
-        assert_eq!(next_renewal(false, period), RENEWAL_RETRY);
-        assert_eq!(next_renewal(false, Duration::from_millis(300)), Duration::from_millis(300));
-    }
 }
