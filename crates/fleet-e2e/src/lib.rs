@@ -88,19 +88,21 @@ impl Fleetd {
 
     /// As [`Fleetd::start`], started through `launcher`.
     pub fn start_with(machine_id: &str, config: &[(&str, &str)], launcher: Launcher) -> Self {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut fleetd = Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher };
+        let mut fleetd = Self::in_new_dir(machine_id, config, launcher);
         fleetd.launch();
         fleetd
     }
 
-    /// Runs a fleetd that is expected to refuse to start; returns its exit code and log.
-    pub fn start_refused(machine_id: &str, config: &[(&str, &str)]) -> (Option<i32>, String) {
+    /// A fleetd not started yet, in a directory of its own.
+    fn in_new_dir(machine_id: &str, config: &[(&str, &str)], launcher: Launcher) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let fleetd =
-            Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher: Launcher::default() };
+        Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher }
+    }
+
+    /// Runs a fleetd that is expected to refuse to start; returns its exit code and log.
+    pub fn start_refused(machine_id: &str, config: &[(&str, &str)]) -> (Option<i32>, String) {
+        let fleetd = Self::in_new_dir(machine_id, config, Launcher::default());
         fleetd.write_config();
         let output = fleetd.command().output().expect("run fleetd");
         let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
@@ -183,10 +185,7 @@ impl Fleetd {
     /// nothing through it: a list starts the API's copy of the whole cluster, which a
     /// measurement of what an agent-only fleetd holds must not include.
     pub fn start_unlisted(machine_id: &str, config: &[(&str, &str)]) -> Self {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut fleetd =
-            Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher: Launcher::default() };
+        let mut fleetd = Self::in_new_dir(machine_id, config, Launcher::default());
         fleetd.spawn();
         let deadline = Instant::now() + Duration::from_secs(20);
         while !fleetd.answers("/fleet/v1/discovery") {
@@ -272,25 +271,25 @@ impl Fleetd {
     /// Whether a `GET` of `path` on the API's Unix socket answers 200 (`false` while the
     /// socket is not up).
     fn answers(&self, path: &str) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut stream) = std::os::unix::net::UnixStream::connect(self.socket()) else { return false };
-        let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-        let mut head = [0u8; 12];
-        stream.write_all(request.as_bytes()).is_ok() && stream.read_exact(&mut head).is_ok() && &head[9..12] == b"200"
+        self.try_api("GET", path, "").is_ok_and(|answer| answer.split(' ').nth(1) == Some("200"))
     }
 
     /// Sends one raw HTTP/1.0 request to the API's Unix socket; returns the whole answer.
     pub fn api(&self, method: &str, path: &str, json: &str) -> String {
+        self.try_api(method, path, json).expect("a request to the API over its socket")
+    }
+
+    fn try_api(&self, method: &str, path: &str, json: &str) -> std::io::Result<String> {
         use std::io::{Read, Write};
-        let mut stream = std::os::unix::net::UnixStream::connect(self.socket()).expect("connect to the API");
+        let mut stream = std::os::unix::net::UnixStream::connect(self.socket())?;
         let request = format!(
             "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
             json.len()
         );
-        stream.write_all(request.as_bytes()).expect("send request");
+        stream.write_all(request.as_bytes())?;
         let mut answer = String::new();
-        stream.read_to_string(&mut answer).expect("read answer");
-        answer
+        stream.read_to_string(&mut answer)?;
+        Ok(answer)
     }
 
     /// `GET /metrics` through the Unix socket, in the classic text format, after it passed

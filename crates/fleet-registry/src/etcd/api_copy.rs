@@ -139,9 +139,11 @@ impl EtcdRegistry {
         });
     }
 
-    /// Whether the API's copy is running (it starts with a list and goes when idle).
-    pub fn api_copy_started(&self) -> bool {
-        self.api_copy_slot().is_some()
+    /// The API's copy as it runs now (it starts with a list and goes when idle), to tell one
+    /// copy from the next.
+    #[cfg(test)]
+    pub(super) fn api_copy_running(&self) -> Option<Arc<Mirror>> {
+        self.api_copy_slot().as_ref().map(|copy| copy.mirror.clone())
     }
 
     /// The API's copy, when it was started and its watch is up (never starts it).

@@ -101,9 +101,8 @@ impl EtcdRegistry {
         if held.renewed.elapsed() < self.inner.lifetimes.engine_lease_ttl / 3 {
             return Ok(());
         }
-        let sent = std::time::Instant::now();
-        match renew(self.connection(), held.lease, &mut held.keeper).await {
-            Ok(true) => held.renewed = sent,
+        match self.renew_leadership(held).await {
+            Ok(true) => {}
             Ok(false) => {
                 tracing::warn!("engine lease expired while applying a plan");
                 *leadership = None;
@@ -112,6 +111,17 @@ impl EtcdRegistry {
             Err(error) => tracing::warn!(%error, "cannot renew the engine lease while applying a plan"),
         }
         Ok(())
+    }
+
+    /// Renews the held leadership's lease once, noting when a renewal that worked was sent;
+    /// `false` when etcd says the lease is gone.
+    async fn renew_leadership(&self, held: &mut Leadership) -> Result<bool> {
+        let sent = std::time::Instant::now();
+        let renewed = renew(self.connection(), held.lease, &mut held.keeper).await?;
+        if renewed {
+            held.renewed = sent;
+        }
+        Ok(renewed)
     }
 
     /// The reasons the engine's copy holds now, by unit.
@@ -139,10 +149,7 @@ impl EngineRegistry for EtcdRegistry {
         let mut leadership = self.inner.leadership.lock().await;
         let lease_of = |held: &Leadership| EngineLease { machine_id: machine_id.to_string(), token: held.token as u64 };
         if let Some(held) = leadership.as_mut() {
-            let lease = held.lease;
-            let sent = std::time::Instant::now();
-            if renew(self.connection(), lease, &mut held.keeper).await? {
-                held.renewed = sent;
+            if self.renew_leadership(held).await? {
                 return Ok(Some(lease_of(held)));
             }
             tracing::warn!("engine lease expired");

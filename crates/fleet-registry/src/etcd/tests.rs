@@ -418,16 +418,19 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
     let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
     let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
-    assert!(!registry.api_copy_started(), "a write alone starts no copy of the cluster");
+    assert!(registry.api_copy_running().is_none(), "a write alone starts no copy of the cluster");
     let every = crate::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
     assert_eq!(registry.units_page(every.clone()).await.unwrap().items.len(), 1);
-    assert!(registry.api_copy_started());
-    // Used again within the idle time, it stays.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    registry.units_page(every.clone()).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(registry.api_copy_started(), "a copy in use stays");
-    eventually("the idle copy is released", async || !registry.api_copy_started()).await;
+    let first = registry.api_copy_running().expect("a list starts the copy");
+    // Used every second for longer than the idle time, it stays: the same copy, never
+    // released and started again.
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        registry.units_page(every.clone()).await.unwrap();
+    }
+    let still = registry.api_copy_running().expect("a copy in use stays");
+    assert!(std::sync::Arc::ptr_eq(&first, &still), "a copy in use stays the same copy");
+    eventually("the idle copy is released", async || registry.api_copy_running().is_none()).await;
     // The next list starts a fresh copy that holds every write, this API's own included.
     registry.put_unit("b.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     let names: Vec<String> =
