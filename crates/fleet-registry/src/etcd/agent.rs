@@ -65,12 +65,11 @@ impl AgentRegistry for EtcdRegistry {
         let mirror = self.work_mirror(machine_id);
         let data = mirror.synced()?;
         let rejoined_at = self.session(machine_id).map_or(0, |session| session.rejoined_at());
-        if data.revision < rejoined_at {
+        if !data.current_since(rejoined_at) {
             return Err(RegistryError::unavailable(
                 "etcd",
                 format!(
-                    "this machine's copy of its work is at revision {}, before it registered again at {rejoined_at}",
-                    data.revision
+                    "this machine's copy of its work has not caught up with its registering again at revision {rejoined_at}"
                 ),
             ));
         }

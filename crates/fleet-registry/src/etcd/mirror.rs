@@ -41,6 +41,12 @@ pub struct MirrorData {
 }
 
 impl MirrorData {
+    /// Whether every range has applied everything up to `revision`: one range being there
+    /// says nothing of another's, which may wait on a slower watcher.
+    pub fn current_since(&self, revision: i64) -> bool {
+        self.synced && self.seen.iter().all(|seen| *seen >= revision)
+    }
+
     pub fn range<'a>(&'a self, range: &'a KeyRange) -> impl Iterator<Item = (&'a String, &'a Entry)> + 'a {
         self.entries.range(range.start.clone()..).take_while(move |(key, _)| range.contains(key))
     }
@@ -63,6 +69,8 @@ pub struct Mirror {
     ranges: Vec<KeyRange>,
     /// Per range, the revision of the last change this process made in it and waits to see.
     expected: std::sync::Mutex<Vec<i64>>,
+    /// Asks the feeder for a fresh listing (requests made meanwhile come to one).
+    relist: Arc<tokio::sync::Notify>,
 }
 
 impl Drop for Mirror {
@@ -83,6 +91,8 @@ enum StreamEnd {
     Broken(RegistryError),
     /// A range's start revision was compacted away: list again.
     Compacted,
+    /// A fresh listing was asked for ([`Mirror::relist`]).
+    Relist,
 }
 
 impl Mirror {
@@ -96,10 +106,25 @@ impl Mirror {
         let data = Arc::new(RwLock::new(MirrorData::default()));
         let changes = watch::channel(0).0;
         let expected = std::sync::Mutex::new(vec![0; ranges.len()]);
-        let feeder =
-            Feeder { connection, ranges: ranges.clone(), data: data.clone(), changes: changes.clone(), observer };
+        let relist = Arc::new(tokio::sync::Notify::new());
+        let feeder = Feeder {
+            connection,
+            ranges: ranges.clone(),
+            data: data.clone(),
+            changes: changes.clone(),
+            observer,
+            relist: relist.clone(),
+        };
         let task = tokio::spawn(feeder.run()).abort_handle();
-        Self { data, changes, task, ranges, expected }
+        Self { data, changes, task, ranges, expected, relist }
+    }
+
+    /// Has the copy listed afresh, soon: every range is then current as of a revision read
+    /// after this call, whether or not its watcher has had an event since. For a reader that
+    /// must not act on anything older than a write it just made, when it cannot know which
+    /// range that write shows up in first (see [`MirrorData::current_since`]).
+    pub fn relist(&self) {
+        self.relist.notify_one();
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
@@ -170,6 +195,7 @@ struct Feeder {
     data: Arc<RwLock<MirrorData>>,
     changes: watch::Sender<u64>,
     observer: Option<Observer>,
+    relist: Arc<tokio::sync::Notify>,
 }
 
 impl Feeder {
@@ -188,7 +214,7 @@ impl Feeder {
                 let end = self.follow().await;
                 self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = false;
                 match end {
-                    StreamEnd::Compacted => break,
+                    StreamEnd::Compacted | StreamEnd::Relist => break,
                     StreamEnd::Broken(error) => {
                         if started.elapsed() > RETRY_MAX * 2 {
                             retry.reset();
@@ -272,7 +298,11 @@ impl Feeder {
         // Watch IDs come back in the order the watches were asked for.
         let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
         loop {
-            let response = match stream.message().await {
+            let message = tokio::select! {
+                message = stream.message() => message,
+                () = self.relist.notified() => return StreamEnd::Relist,
+            };
+            let response = match message {
                 Ok(Some(response)) => response,
                 Ok(None) => return StreamEnd::Broken(RegistryError::Unavailable("etcd closed the watch".into())),
                 Err(error) => return StreamEnd::Broken(RegistryError::Unavailable(error.to_string())),
@@ -381,6 +411,7 @@ mod tests {
             data: Arc::new(RwLock::new(MirrorData::default())),
             changes: watch::channel(0).0,
             observer: None,
+            relist: Arc::new(tokio::sync::Notify::new()),
         };
         feeder.data.write().unwrap().seen = vec![1];
         let ended = tokio::time::timeout(Duration::from_secs(10), feeder.follow()).await.unwrap();
@@ -388,6 +419,35 @@ mod tests {
         // A relist then brings the copy to the latest value.
         assert_eq!(feeder.list().await.unwrap(), latest);
         assert_eq!(feeder.data.read().unwrap().entries["/m/key"].value, b"3".to_vec());
+    }
+
+    #[tokio::test]
+    async fn a_relist_brings_a_range_without_events_up_to_date() {
+        let etcd = EtcdServer::start();
+        let options = EtcdOptions {
+            endpoints: vec![etcd.endpoint()],
+            request_timeout: Duration::from_secs(2),
+            ..EtcdOptions::default()
+        };
+        let connection = Connection::connect(&options).await.unwrap();
+        let mirror =
+            Mirror::start(connection.clone(), vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())]);
+        let mut changes = mirror.changes();
+        while mirror.synced().is_err() {
+            changes.changed().await.unwrap();
+        }
+        let written = connection.kv().put("/a/key", "1", None).await.unwrap().header().unwrap().revision();
+        assert!(mirror.wait_for(written, Duration::from_secs(10)).await);
+        // The second range had no event since the listing: it is current only up to that.
+        assert!(!mirror.read().current_since(written));
+        mirror.relist();
+        let relisted = async {
+            while !mirror.read().current_since(written) {
+                changes.changed().await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), relisted).await.expect("every range current after a relist");
+        assert_eq!(mirror.read().entries["/a/key"].value, b"1".to_vec());
     }
 }
 
@@ -407,6 +467,7 @@ mod expected_tests {
             task: tokio::spawn(async {}).abort_handle(),
             ranges: vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())],
             expected: std::sync::Mutex::new(vec![0, 0]),
+            relist: Arc::new(tokio::sync::Notify::new()),
         }
     }
 

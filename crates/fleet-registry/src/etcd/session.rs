@@ -95,8 +95,9 @@ pub struct MachineSession {
     /// rather than a pull agent's that this fleetd holds as its manager.
     own: bool,
     /// The store revision at which the machine registered again after its lease expired (0:
-    /// it never did). Its work is read only from a copy that has seen that revision: an older
-    /// copy may still hold units the engine moved away while the lease was gone.
+    /// it never did). Its work is read only from a copy whose every range has seen that
+    /// revision: an older copy may still hold units the engine moved away while the lease
+    /// was gone.
     rejoined_at: AtomicI64,
 }
 
@@ -343,6 +344,11 @@ impl EtcdRegistry {
         }
         session.lease.store(lease, Ordering::SeqCst);
         session.rejoined_at.store(rejoined_at, Ordering::SeqCst);
+        // The engine may have moved this machine's units while the lease was gone, and the
+        // watch that would say so can lag behind (it may hang on a member that lost its
+        // leader while other members answered the registration): a fresh listing is read
+        // through a member that answers, and wakes the agent.
+        self.work_mirror(&machine.id).relist();
         if session.own {
             self.record_lease(Some(lease));
         }
