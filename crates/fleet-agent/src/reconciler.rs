@@ -223,16 +223,19 @@ impl Agent {
         self.report_states().await
     }
 
-    async fn body(&mut self, hash: UnitHash) -> Result<Option<&UnitFile>, RegistryError> {
-        if !self.bodies.contains_key(&hash) {
-            match self.registry.unit_body(&hash).await? {
-                Some(file) => {
-                    self.bodies.insert(hash, file);
-                }
-                None => return Ok(None),
-            }
+    /// Reads the bodies of `units` not held yet, all in one request.
+    async fn fetch_new_bodies<'a>(
+        &mut self,
+        units: impl Iterator<Item = &'a AssignedUnit>,
+    ) -> Result<(), RegistryError> {
+        let mut missing: Vec<UnitHash> =
+            units.map(|unit| unit.hash).filter(|hash| !self.bodies.contains_key(hash)).collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if !missing.is_empty() {
+            self.bodies.extend(self.registry.unit_bodies(&missing).await?);
         }
-        Ok(self.bodies.get(&hash))
+        Ok(())
     }
 
     async fn desired_units(
@@ -241,18 +244,21 @@ impl Agent {
         scheduled: &[AssignedUnit],
         globals: &[AssignedUnit],
     ) -> Result<BTreeMap<String, DesiredUnit>, RegistryError> {
+        let globals: Vec<&AssignedUnit> =
+            globals.iter().filter(|unit| unit.desired != DesiredState::Inactive).collect();
+        self.fetch_new_bodies(scheduled.iter().chain(globals.iter().copied())).await?;
         let mut desired = BTreeMap::new();
         let mut requirements = BTreeMap::new();
         for unit in scheduled {
-            if let Some(file) = self.body(unit.hash).await? {
+            if let Some(file) = self.bodies.get(&unit.hash) {
                 requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
                 let wanted = DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift };
                 desired.insert(unit.name.clone(), wanted);
             }
         }
         let mut global_requirements = Vec::new();
-        for unit in globals.iter().filter(|unit| unit.desired != DesiredState::Inactive) {
-            if let Some(file) = self.body(unit.hash).await? {
+        for unit in globals {
+            if let Some(file) = self.bodies.get(&unit.hash) {
                 global_requirements.push((unit, Requirements::from_unit(&unit.name, file)));
             }
         }

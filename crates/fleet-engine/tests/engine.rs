@@ -119,7 +119,7 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         &self,
         hashes: &[fleet_core::UnitHash],
     ) -> fleet_registry::Result<std::collections::HashMap<fleet_core::UnitHash, UnitFile>> {
-        self.store.unit_bodies(hashes).await
+        fleet_registry::EngineRegistry::unit_bodies(&self.store, hashes).await
     }
     async fn apply(
         &self,

@@ -142,6 +142,10 @@ pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry,
     registry.put_unit("b.service", &other, DesiredState::Inactive).await.unwrap();
     assert_eq!(registry.unit("b.service").await.unwrap().unwrap().hash, other.hash());
     assert!(registry.unit_body(&shared.hash()).await.unwrap().is_some(), "a.service still refers to it");
+    let asked = [shared.hash(), other.hash(), unit("/bin/echo").hash()];
+    let both = crate::AgentRegistry::unit_bodies(registry, &asked).await.unwrap();
+    assert_eq!(both.len(), 2, "a body nobody wrote is left out");
+    assert_eq!((&both[&shared.hash()], &both[&other.hash()]), (&shared, &other));
     assert!(registry.destroy_unit("a.service").await.unwrap());
     assert_eq!(registry.unit_body(&shared.hash()).await.unwrap(), None, "collected with its last unit");
     assert!(registry.destroy_unit("b.service").await.unwrap());

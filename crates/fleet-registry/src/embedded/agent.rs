@@ -1,5 +1,7 @@
 //! The agents' facet of the embedded store.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 use redb::ReadableTable;
@@ -82,6 +84,10 @@ impl AgentRegistry for EmbeddedRegistry {
             body.map(|body| decode::<Options>(&key, body.value()).map(UnitFile::from_options)).transpose()
         })
         .await
+    }
+
+    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        self.read_bodies(hashes).await
     }
 
     async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()> {

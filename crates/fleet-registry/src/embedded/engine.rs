@@ -57,19 +57,7 @@ impl EngineRegistry for EmbeddedRegistry {
     }
 
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
-        let hashes = hashes.to_vec();
-        self.read(move |txn| {
-            let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
-            let mut found = HashMap::new();
-            for hash in hashes {
-                let key = hash.to_string();
-                if let Some(body) = bodies.get(key.as_str()).map_err(unavailable)? {
-                    found.insert(hash, UnitFile::from_options(decode::<Options>(&key, body.value())?));
-                }
-            }
-            Ok(found)
-        })
-        .await
+        self.read_bodies(hashes).await
     }
 
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {
@@ -135,5 +123,24 @@ impl EngineRegistry for EmbeddedRegistry {
 
     fn engine_changes(&self) -> ChangeSignal {
         self.signals.engine.subscribe()
+    }
+}
+
+impl EmbeddedRegistry {
+    /// The bodies of `hashes` that exist, in one read transaction.
+    pub(super) async fn read_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        let hashes = hashes.to_vec();
+        self.read(move |txn| {
+            let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
+            let mut found = HashMap::new();
+            for hash in hashes {
+                let key = hash.to_string();
+                if let Some(body) = bodies.get(key.as_str()).map_err(unavailable)? {
+                    found.insert(hash, UnitFile::from_options(decode::<Options>(&key, body.value())?));
+                }
+            }
+            Ok(found)
+        })
+        .await
     }
 }

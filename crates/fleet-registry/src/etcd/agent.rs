@@ -2,6 +2,8 @@
 //! `schedule/<machine>/`, `global/`, its presence and its metadata: a fallback reconcile
 //! reads nothing from etcd, and only changes to this machine's work wake it.
 
+use std::collections::HashMap;
+
 use async_trait::async_trait;
 use etcd_client::{PutOptions, Txn, TxnOp};
 use fleet_core::{MachineState, UnitFile, UnitHash};
@@ -92,6 +94,10 @@ impl AgentRegistry for EtcdRegistry {
         let key = self.keys().body(&hash.to_string());
         let reply = self.connection().get(&key, None).await?;
         reply.kvs().first().map(|kv| decode::<Options>(&key, kv.value()).map(UnitFile::from_options)).transpose()
+    }
+
+    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        self.read_bodies(hashes).await
     }
 
     async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()> {

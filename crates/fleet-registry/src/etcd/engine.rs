@@ -234,28 +234,7 @@ impl EngineRegistry for EtcdRegistry {
     }
 
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
-        let keys = self.keys();
-        let mut found = HashMap::new();
-        let mut bodies = Vec::new();
-        if hashes.len() > MAX_TXN_OPS {
-            let (_, replies) = self.connection().read(vec![super::connection::get_prefix(&keys.bodies())]).await?;
-            bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
-        } else if !hashes.is_empty() {
-            let gets = hashes.iter().map(|hash| TxnOp::get(keys.body(&hash.to_string()), None)).collect();
-            let (_, replies) = self.connection().read(gets).await?;
-            bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
-        }
-        let bodies_prefix = keys.bodies();
-        for kv in bodies {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let Some(hash) = keys.name_in(&bodies_prefix, &key).and_then(UnitHash::parse_hex) else { continue };
-            if (hashes.contains(&hash) || hashes.len() > MAX_TXN_OPS)
-                && let Some(options) = decode_listed::<Options>(&key, kv.value())
-            {
-                found.insert(hash, UnitFile::from_options(options));
-            }
-        }
-        Ok(found)
+        self.read_bodies(hashes).await
     }
 
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {
@@ -301,5 +280,34 @@ impl EngineRegistry for EtcdRegistry {
 
     fn engine_changes(&self) -> ChangeSignal {
         self.engine_mirror().changes()
+    }
+}
+
+impl EtcdRegistry {
+    /// The bodies of `hashes` that exist, in one read (the whole collection when asked for
+    /// more than a transaction holds).
+    pub(super) async fn read_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        let keys = self.keys();
+        let mut found = HashMap::new();
+        let mut bodies = Vec::new();
+        if hashes.len() > MAX_TXN_OPS {
+            let (_, replies) = self.connection().read(vec![super::connection::get_prefix(&keys.bodies())]).await?;
+            bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
+        } else if !hashes.is_empty() {
+            let gets = hashes.iter().map(|hash| TxnOp::get(keys.body(&hash.to_string()), None)).collect();
+            let (_, replies) = self.connection().read(gets).await?;
+            bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
+        }
+        let bodies_prefix = keys.bodies();
+        for kv in bodies {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let Some(hash) = keys.name_in(&bodies_prefix, &key).and_then(UnitHash::parse_hex) else { continue };
+            if (hashes.contains(&hash) || hashes.len() > MAX_TXN_OPS)
+                && let Some(options) = decode_listed::<Options>(&key, kv.value())
+            {
+                found.insert(hash, UnitFile::from_options(options));
+            }
+        }
+        Ok(found)
     }
 }
