@@ -2,10 +2,10 @@
 //! `schedule/<machine>/`, `global/`, its presence and its metadata: a fallback reconcile
 //! reads nothing from etcd, and only changes to this machine's work wake it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
-use etcd_client::{PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::EtcdRegistry;
@@ -64,30 +64,9 @@ impl AgentRegistry for EtcdRegistry {
     }
 
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
-        let mirror = self.work_mirror(machine_id);
-        let data = mirror.synced()?;
-        let rejoined_at = self.session(machine_id).map_or(0, |session| session.rejoined_at());
-        if !data.current_since(rejoined_at) {
-            return Err(RegistryError::unavailable(
-                "etcd",
-                format!(
-                    "this machine's copy of its work has not caught up with its registering again at revision {rejoined_at}"
-                ),
-            ));
-        }
-        let keys = self.keys();
-        let machine_key = keys.machine(machine_id);
-        let metadata_key = keys.metadata(machine_id);
-        let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
-        let machine = data
-            .entries
-            .get(&machine_key)
-            .and_then(|entry| machine_with_overrides(&machine_key, &entry.value, overrides));
-        Ok(MachineWork {
-            machine,
-            scheduled: assignments(self, &data, keys.schedule(machine_id))?,
-            globals: assignments(self, &data, keys.globals())?,
-        })
+        let work = self.work_from_copy(machine_id)?;
+        self.restore_states(machine_id, &work).await?;
+        Ok(work)
     }
 
     async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
@@ -126,7 +105,9 @@ impl AgentRegistry for EtcdRegistry {
                 .collect();
             self.connection().txn(Txn::new().and_then(ops)).await?;
             let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             for (key, value) in chunk {
+                to_restore.remove(key);
                 match value {
                     Some(value) => written.insert(key.clone(), value.clone()),
                     None => written.remove(key),
@@ -142,5 +123,82 @@ impl AgentRegistry for EtcdRegistry {
 
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
         self.work_changes(machine_id)
+    }
+}
+
+impl EtcdRegistry {
+    /// This machine's work as its copy holds it, once the copy has caught up with the
+    /// machine's last registration.
+    fn work_from_copy(&self, machine_id: &str) -> Result<MachineWork> {
+        let mirror = self.work_mirror(machine_id);
+        let data = mirror.synced()?;
+        let rejoined_at = self.session(machine_id).map_or(0, |session| session.rejoined_at());
+        if !data.current_since(rejoined_at) {
+            return Err(RegistryError::unavailable(
+                "etcd",
+                format!(
+                    "this machine's copy of its work has not caught up with its registering again at revision {rejoined_at}"
+                ),
+            ));
+        }
+        let keys = self.keys();
+        let machine_key = keys.machine(machine_id);
+        let metadata_key = keys.metadata(machine_id);
+        let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
+        let machine = data
+            .entries
+            .get(&machine_key)
+            .and_then(|entry| machine_with_overrides(&machine_key, &entry.value, overrides));
+        Ok(MachineWork {
+            machine,
+            scheduled: assignments(self, &data, keys.schedule(machine_id))?,
+            globals: assignments(self, &data, keys.globals())?,
+        })
+    }
+
+    /// After a re-registration, writes again the states of the units `work` (read from a
+    /// copy that has caught up with it) still gives this machine, under the new lease. A
+    /// state the agent reported since is newer and stays: each write is on the key being
+    /// absent.
+    async fn restore_states(&self, machine_id: &str, work: &MachineWork) -> Result<()> {
+        let Some(session) = self.session(machine_id) else { return Ok(()) };
+        let pending = std::mem::take(&mut *session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let keys = self.keys();
+        let here: HashSet<String> =
+            work.scheduled.iter().chain(&work.globals).map(|unit| keys.state(machine_id, &unit.name)).collect();
+        let (kept, gone): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(key, _)| here.contains(key));
+        tracing::info!(
+            machine_id,
+            restored = kept.len(),
+            dropped = gone.len(),
+            "writing unit states again after registering again"
+        );
+        let lease = session.lease();
+        for (done, chunk) in kept.chunks(MAX_TXN_OPS).enumerate() {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(key, value)| {
+                    let absent = Compare::version(key.as_str(), CompareOp::Equal, 0);
+                    let put = TxnOp::put(key.as_str(), value.clone(), Some(PutOptions::new().with_lease(lease)));
+                    TxnOp::txn(Txn::new().when([absent]).and_then([put]))
+                })
+                .collect();
+            if let Err(error) = self.connection().txn(Txn::new().and_then(ops)).await {
+                // What was not written is tried again on the next read of the work.
+                let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                for (key, value) in kept.into_iter().skip(done * MAX_TXN_OPS) {
+                    to_restore.entry(key).or_insert(value);
+                }
+                return Err(error);
+            }
+            let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for (key, value) in chunk {
+                written.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+        Ok(())
     }
 }

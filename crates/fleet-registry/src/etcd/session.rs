@@ -87,6 +87,10 @@ pub struct MachineSession {
     lease: AtomicI64,
     /// The states this machine reported (key → encoded state), to write again under a new lease.
     pub states: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// The states it had reported when its lease expired, not written again yet: only those
+    /// of units still here are, once its copy of its work has caught up with its return (the
+    /// engine may have moved the others meanwhile, and their states would show them twice).
+    pub to_restore: Mutex<BTreeMap<String, Vec<u8>>>,
     keepalive: Mutex<Option<tokio::task::AbortHandle>>,
     /// When the last renewal that succeeded was sent: the lease lives at least `agent_ttl`
     /// from then (etcd started counting when it received it, later).
@@ -234,6 +238,7 @@ impl EtcdRegistry {
             machine: Mutex::new(machine.clone()),
             lease: AtomicI64::new(lease),
             states: Mutex::new(states),
+            to_restore: Mutex::new(BTreeMap::new()),
             keepalive: Mutex::new(None),
             // The lease was granted (or found alive) just now.
             renewed: Mutex::new(std::time::Instant::now()),
@@ -312,8 +317,9 @@ impl EtcdRegistry {
         }
     }
 
-    /// A new lease for a session whose lease expired: presence and states written again.
-    /// The presence does not count as renewed until the new lease is (the next keepalive):
+    /// A new lease for a session whose lease expired: the presence written again, and the
+    /// states kept to be written once the machine's copy of its work shows which units are
+    /// still its own ([`EtcdRegistry::restore_states`]). The presence does not count as renewed until the new lease is (the next keepalive):
     /// meanwhile an agent that stops its units when cut off stops them, since the engine may
     /// have placed them elsewhere while the lease was gone (a fleetd frozen past its lease
     /// would otherwise wake, re-register at once, and never see the lapse). And the machine's
@@ -328,19 +334,10 @@ impl EtcdRegistry {
                 return Err(error);
             }
         };
-        let states: Vec<(String, Vec<u8>)> = session
-            .states
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .iter()
-            .map(|(key, value)| (key.clone(), value.clone()))
-            .collect();
-        for chunk in states.chunks(MAX_TXN_OPS) {
-            let puts: Vec<TxnOp> = chunk
-                .iter()
-                .map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), Some(PutOptions::new().with_lease(lease))))
-                .collect();
-            self.connection().txn(Txn::new().and_then(puts)).await?;
+        {
+            let mut recorded = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            to_restore.append(&mut recorded);
         }
         session.lease.store(lease, Ordering::SeqCst);
         session.rejoined_at.store(rejoined_at, Ordering::SeqCst);

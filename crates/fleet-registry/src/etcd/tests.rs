@@ -437,3 +437,61 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
         registry.units_page(every).await.unwrap().items.into_iter().map(|unit| unit.name).collect();
     assert_eq!(names, ["a.service", "b.service"]);
 }
+
+/// A machine whose lease expired registers again with its states kept aside, and writes
+/// them again only for the units its caught-up copy still gives it: the engine moved the
+/// others meanwhile, and their old states would list them twice.
+#[tokio::test]
+async fn a_machine_back_from_an_expired_lease_restores_only_the_states_of_units_still_its_own() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(3)).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    registry.register_machine(&machine("m2")).await.unwrap();
+    for name in ["kept.service", "moved.service"] {
+        registry.put_unit(name, &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    }
+    let lease = registry.acquire_leadership("m2").await.unwrap().unwrap();
+    eventually("the engine's copy has both units", || async {
+        registry.snapshot().await.is_ok_and(|s| s.units.len() == 2)
+    })
+    .await;
+    let on_m1 = |name: &str| Decision::Schedule { unit: name.into(), machine: "m1".into() };
+    registry.apply(&lease, &[on_m1("kept.service"), on_m1("moved.service")], &[]).await.unwrap();
+    eventually("m1's copy holds both", || async {
+        registry.machine_work("m1").await.is_ok_and(|work| work.scheduled.len() == 2)
+    })
+    .await;
+    let state = |name: &str| UnitState {
+        name: name.into(),
+        machine_id: "m1".into(),
+        hash: unit(SLEEP).hash(),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+    };
+    let reports = [StateReport::Set(state("kept.service")), StateReport::Set(state("moved.service"))];
+    registry.report_states("m1", &reports).await.unwrap();
+
+    // m1's lease goes (as when etcd could not be reached for agent_ttl) and the engine moves
+    // one unit away before m1 notices.
+    let old_lease = registry.session("m1").unwrap().lease();
+    super::session::revoke(registry.connection(), old_lease).await.unwrap();
+    let moved = [
+        Decision::Unschedule {
+            unit: "moved.service".into(),
+            machine: "m1".into(),
+            reason: fleet_core::schedule::UnscheduleReason::MachineWentAway,
+        },
+        Decision::Schedule { unit: "moved.service".into(), machine: "m2".into() },
+    ];
+    registry.apply(&lease, &moved, &[]).await.unwrap();
+    eventually("m1 registers again", || async { registry.session("m1").unwrap().rejoined_at() > 0 }).await;
+    eventually("m1's work is read from a caught-up copy", || async {
+        registry.machine_work("m1").await.is_ok_and(|work| work.scheduled.len() == 1)
+    })
+    .await;
+    let states = keys_under(&registry, "/fleet-test/states/").await;
+    assert_eq!(states, vec!["/fleet-test/states/m1/kept.service".to_string()], "only the unit still here");
+    let kept = registry.connection().get("/fleet-test/states/m1/kept.service", None).await.unwrap();
+    assert_eq!(kept.kvs()[0].lease(), registry.session("m1").unwrap().lease(), "under the new lease");
+}
