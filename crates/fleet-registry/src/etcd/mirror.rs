@@ -84,6 +84,8 @@ const RETRY_MIN: Duration = Duration::from_millis(100);
 /// learns what moved (and stops it) within about this (the chaos run's reaction allowance is
 /// 3 s; at 5 s the 30-minute run saw machines react late).
 const RETRY_MAX: Duration = Duration::from_secs(2);
+/// The least time between two listings asked for with [`Mirror::relist`].
+const RELIST_SPACING: Duration = Duration::from_millis(500);
 
 /// Why a watch stream ended.
 enum StreamEnd {
@@ -203,15 +205,19 @@ impl Feeder {
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
             // The listing sets every range's revision; the watches resume from those.
+            let listing = tokio::time::Instant::now();
             if let Err(error) = self.list().await {
                 tracing::debug!(%error, "listing for the watch cache failed; retrying");
                 tokio::time::sleep(retry.next_delay()).await;
                 continue;
             }
             retry.reset();
+            // Relists asked for in a row (many machines registering again at once, each
+            // asking) leave the copy following its watch at least half the time.
+            let next_relist = tokio::time::Instant::now() + listing.elapsed().max(RELIST_SPACING);
             loop {
                 let started = tokio::time::Instant::now();
-                let end = self.follow().await;
+                let end = self.follow(next_relist).await;
                 self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = false;
                 match end {
                     StreamEnd::Compacted | StreamEnd::Relist => break,
@@ -268,7 +274,7 @@ impl Feeder {
 
     /// Watches every range from the revision its events are applied up to, until the stream
     /// ends.
-    async fn follow(&self) -> StreamEnd {
+    async fn follow(&self, next_relist: tokio::time::Instant) -> StreamEnd {
         let resume = self.data.read().unwrap_or_else(|poisoned| poisoned.into_inner()).seen.clone();
         let connection = &self.connection;
         let options = |index: usize| {
@@ -297,10 +303,15 @@ impl Feeder {
         self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = true;
         // Watch IDs come back in the order the watches were asked for.
         let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
+        let mut relist_asked = false;
         loop {
             let message = tokio::select! {
                 message = stream.message() => message,
-                () = self.relist.notified() => return StreamEnd::Relist,
+                () = self.relist.notified(), if !relist_asked => {
+                    relist_asked = true;
+                    continue;
+                }
+                () = tokio::time::sleep_until(next_relist), if relist_asked => return StreamEnd::Relist,
             };
             let response = match message {
                 Ok(Some(response)) => response,
@@ -414,7 +425,8 @@ mod tests {
             relist: Arc::new(tokio::sync::Notify::new()),
         };
         feeder.data.write().unwrap().seen = vec![1];
-        let ended = tokio::time::timeout(Duration::from_secs(10), feeder.follow()).await.unwrap();
+        let ended =
+            tokio::time::timeout(Duration::from_secs(10), feeder.follow(tokio::time::Instant::now())).await.unwrap();
         assert!(matches!(ended, StreamEnd::Compacted));
         // A relist then brings the copy to the latest value.
         assert_eq!(feeder.list().await.unwrap(), latest);
