@@ -35,6 +35,11 @@ impl ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// How many times in all a batch of units is sent while fleetd answers that it cannot
+/// reach its store, and the first wait between two sends (doubling after each).
+pub const BATCH_ATTEMPTS: u32 = 5;
+pub const BATCH_RETRY: Duration = Duration::from_secs(1);
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -352,16 +357,58 @@ impl Client {
 
     /// Writes many units in one request (`POST units`, fleetd's addition), each as its own
     /// [`Client::put_unit`] would, allowing the request timeout per hundred units; the answer
-    /// per unit, in order. `Ok(None)` when the server
-    /// does not take batches (the original fleetd answers 405): write them one by one.
+    /// per unit, in order. Units fleetd could not write for want of its store (503) are sent
+    /// again, up to [`BATCH_ATTEMPTS`] times in all with waits doubling from [`BATCH_RETRY`]:
+    /// a busy etcd refuses for a while, and a unit written twice lands once. `Ok(None)` when
+    /// the server does not take batches (the original fleetd answers 405): write them one by
+    /// one.
     pub async fn put_units(&self, units: &[Unit]) -> Result<Option<Vec<UnitBatchResult>>> {
+        let mut answers: Vec<Option<UnitBatchResult>> = vec![None; units.len()];
+        let mut pending: Vec<usize> = (0..units.len()).collect();
+        let mut wait = BATCH_RETRY;
+        for attempt in 1..=BATCH_ATTEMPTS {
+            let last = attempt == BATCH_ATTEMPTS;
+            let batch: Vec<&Unit> = pending.iter().map(|&index| &units[index]).collect();
+            match self.send_batch(&batch).await {
+                Ok(None) => return Ok(None),
+                Ok(Some(results)) => {
+                    let mut again = Vec::new();
+                    for (index, result) in pending.iter().zip(results) {
+                        if result.code == 503 && !last {
+                            again.push(*index);
+                        } else {
+                            answers[*index] = Some(result);
+                        }
+                    }
+                    pending = again;
+                }
+                Err(ClientError::Api { code: 503, .. }) if !last => {}
+                Err(error) => return Err(error),
+            }
+            if pending.is_empty() {
+                break;
+            }
+            tokio::time::sleep(wait).await;
+            wait = wait.saturating_mul(2);
+        }
+        Ok(Some(answers.into_iter().flatten().collect()))
+    }
+
+    /// One `POST units` of `units`; its answers, checked to be one per unit.
+    async fn send_batch(&self, units: &[&Unit]) -> Result<Option<Vec<UnitBatchResult>>> {
         let body = serde_json::json!({ "units": units }).to_string();
         let path = if self.take_over { "units?takeOver=true" } else { "units" };
         let hundreds = u32::try_from(units.len().div_ceil(UNITS_PER_TIMEOUT).max(1)).unwrap_or(u32::MAX);
         match self.send_within(Method::POST, path, Some(body), self.timeout.saturating_mul(hundreds)).await {
-            Ok((_, bytes)) => serde_json::from_slice::<UnitBatchResults>(&bytes)
-                .map(|results| Some(results.units))
-                .map_err(|error| ClientError::Decode(error.to_string())),
+            Ok((_, bytes)) => {
+                let results = serde_json::from_slice::<UnitBatchResults>(&bytes)
+                    .map_err(|error| ClientError::Decode(error.to_string()))?
+                    .units;
+                if results.len() != units.len() {
+                    return Err(ClientError::Decode(format!("{} answers for {} units", results.len(), units.len())));
+                }
+                Ok(Some(results))
+            }
             Err(ClientError::Api { code: 405, .. }) => Ok(None),
             Err(error) => Err(error),
         }
@@ -441,8 +488,8 @@ mod tests {
         assert_eq!(encode_component("a b/c=="), "a%20b%2Fc%3D%3D");
     }
 
-    /// Answers one HTTP request with `status` and `body`; returns the request's first line.
-    async fn answer_once(listener: tokio::net::TcpListener, status: &str, body: &str) -> String {
+    /// Answers one HTTP request with `status` and `body`; returns the request, head and body.
+    async fn answer_once(listener: &tokio::net::TcpListener, status: &str, body: &str) -> String {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let (mut stream, _) = listener.accept().await.expect("a connection");
         let mut request = Vec::new();
@@ -468,7 +515,7 @@ mod tests {
             body.len()
         );
         stream.write_all(reply.as_bytes()).await.expect("the answer");
-        text.lines().next().unwrap_or_default().to_string()
+        String::from_utf8_lossy(&request).into_owned()
     }
 
     #[tokio::test]
@@ -481,8 +528,8 @@ mod tests {
         // The original fleetd: /units takes GET only.
         let old = r#"{"error":{"code":405,"message":"only GET supported against this resource"}}"#;
         let (asked, answer) =
-            tokio::join!(answer_once(listener, "405 Method Not Allowed", old), client.put_units(&units));
-        assert_eq!(asked, "POST /fleet/v1/units HTTP/1.1");
+            tokio::join!(answer_once(&listener, "405 Method Not Allowed", old), client.put_units(&units));
+        assert_eq!(asked.lines().next(), Some("POST /fleet/v1/units HTTP/1.1"));
         assert_eq!(answer.expect("not an error"), None, "so the caller writes one unit at a time");
         // A batch refused whole is an error; answers per unit come back in order.
         for (status, body, expected) in [
@@ -493,7 +540,7 @@ mod tests {
             let client =
                 Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
                     .expect("a client");
-            let (_, answer) = tokio::join!(answer_once(listener, status, body), client.put_units(&units));
+            let (_, answer) = tokio::join!(answer_once(&listener, status, body), client.put_units(&units));
             let answer = answer
                 .map(|results| results.map(|results| results.iter().map(|result| result.code).collect::<Vec<_>>()))
                 .map_err(|error| match error {
@@ -502,5 +549,29 @@ mod tests {
                 });
             assert_eq!(answer, expected);
         }
+    }
+
+    /// Units fleetd could not write for want of its store are sent again, alone; the others'
+    /// answers are kept.
+    #[tokio::test]
+    async fn units_answered_503_are_sent_again_alone() {
+        let unit = |name: &str| Unit { name: name.into(), desired_state: Some("launched".into()), ..Unit::default() };
+        let units = [unit("a.service"), unit("b.service")];
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let client =
+            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
+                .expect("a client");
+        let busy = r#"{"units":[{"name":"a.service","code":503,"message":"fleet server unable to communicate with etcd"},{"name":"b.service","code":204}]}"#;
+        let server = async {
+            let first = answer_once(&listener, "200 OK", busy).await;
+            let second = answer_once(&listener, "200 OK", r#"{"units":[{"name":"a.service","code":204}]}"#).await;
+            (first, second)
+        };
+        let ((first, second), answer) = tokio::join!(server, client.put_units(&units));
+        assert!(first.contains("b.service"));
+        assert!(second.contains("a.service") && !second.contains("b.service"), "only the refused unit again: {second}");
+        let codes: Vec<(String, u16)> =
+            answer.expect("written").expect("batches").into_iter().map(|result| (result.name, result.code)).collect();
+        assert_eq!(codes, vec![("a.service".to_string(), 204), ("b.service".to_string(), 204)]);
     }
 }
