@@ -165,10 +165,12 @@ fn main() {
             assert_eq!(rows, units, "fleetctl {command} shows every unit");
         }
         println!(
-            "  memory (VmHWM): fleetd engine {:.0} MiB; an agent-only fleetd with no units {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB",
+            "  memory (VmHWM): fleetd engine {:.0} MiB; an agent-only fleetd with no units {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB; etcd {:.0} MiB (GOGC {})",
             peak_resident_mib(engine.pid()),
             peak_resident_mib(agent_only.pid()),
-            peak_resident_mib(std::process::id())
+            peak_resident_mib(std::process::id()),
+            peak_resident_mib(etcd_pid),
+            std::env::var("GOGC").unwrap_or_else(|_| "default".to_string())
         );
 
         let store = etcd_metrics::store_size(etcd.endpoint().trim_start_matches("http://"));
