@@ -79,6 +79,9 @@ struct Inner {
     all_work_mirror: OnceLock<Arc<Mirror>>,
     work_signals: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
+    /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
+    /// the next attempt takes it over instead of finding the machine "in use" by itself.
+    unconfirmed_claims: Mutex<HashMap<String, i64>>,
     leadership: tokio::sync::Mutex<Option<session::Leadership>>,
     /// One batch transaction of unit writes in flight at a time, however many batches the
     /// API is given: etcd that falls behind on writes lets leases expire.
@@ -108,6 +111,7 @@ impl EtcdRegistry {
                 all_work_mirror: OnceLock::new(),
                 work_signals: Arc::new(Mutex::new(HashMap::new())),
                 sessions: Mutex::new(HashMap::new()),
+                unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(1),
             }),

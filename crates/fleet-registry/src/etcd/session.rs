@@ -149,15 +149,55 @@ impl EtcdRegistry {
         }
     }
 
-    /// The lease this fleetd recorded, if the machine's presence still hangs on it: the
-    /// previous fleetd on this machine died and its lease lives on.
-    async fn own_live_lease(&self, machine: &MachineState) -> Result<Option<i64>> {
-        let Some(path) = &self.inner.lease_file else { return Ok(None) };
-        let Some(recorded) = std::fs::read_to_string(path).ok().and_then(|text| text.trim().parse::<i64>().ok()) else {
+    /// A lease of this fleetd's that the machine's presence still hangs on, with the
+    /// presence's creation revision: the one a previous fleetd on this machine recorded (it
+    /// died and its lease lives on), or one whose claim got no answer but landed.
+    async fn own_live_lease(&self, machine: &MachineState) -> Result<Option<(i64, i64)>> {
+        let recorded = self
+            .inner
+            .lease_file
+            .as_ref()
+            .and_then(|path| std::fs::read_to_string(path).ok().and_then(|text| text.trim().parse::<i64>().ok()));
+        let unconfirmed = self.unconfirmed_claim(&machine.id);
+        if recorded.is_none() && unconfirmed.is_none() {
             return Ok(None);
-        };
+        }
         let reply = self.connection().get(&self.keys().machine(&machine.id), None).await?;
-        Ok(reply.kvs().first().filter(|kv| kv.lease() == recorded).map(|_| recorded))
+        let held = reply.kvs().first().filter(|kv| Some(kv.lease()) == recorded || Some(kv.lease()) == unconfirmed);
+        Ok(held.map(|kv| (kv.lease(), kv.create_revision())))
+    }
+
+    fn unconfirmed_claim(&self, machine_id: &str) -> Option<i64> {
+        self.inner.unconfirmed_claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(machine_id).copied()
+    }
+
+    /// Notes that the claim under `lease` got no answer (`Some`), or that the machine's
+    /// presence is settled (`None`).
+    pub(super) fn note_unconfirmed_claim(&self, machine_id: &str, lease: Option<i64>) {
+        let mut claims = self.inner.unconfirmed_claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match lease {
+            Some(lease) => claims.insert(machine_id.to_string(), lease),
+            None => claims.remove(machine_id),
+        };
+    }
+
+    /// Claims the machine's presence under a new lease; the lease and the revision the
+    /// presence was written at. A claim refused is given up (its lease revoked); one that got
+    /// no answer may have landed, so its lease is kept for the next attempt to take over.
+    async fn claim_new_presence(&self, machine: &MachineState) -> Result<(i64, i64)> {
+        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        match self.claim_presence(machine, lease).await {
+            Ok(revision) => Ok((lease, revision)),
+            Err(error) => {
+                match error {
+                    RegistryError::Unavailable(_) => self.note_unconfirmed_claim(&machine.id, Some(lease)),
+                    _ => {
+                        let _ = revoke(self.connection(), lease).await;
+                    }
+                }
+                Err(error)
+            }
+        }
     }
 
     fn record_lease(&self, lease: Option<i64>) {
@@ -178,8 +218,8 @@ impl EtcdRegistry {
     /// predecessor on this machine left alive), and the keepalive.
     pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
         let taken_over = match self.own_live_lease(machine).await? {
-            Some(lease) => {
-                tracing::info!(lease, "taking over the machine lease of the previous fleetd on this machine");
+            Some((lease, _)) => {
+                tracing::info!(lease, "taking over the machine lease this fleetd holds already");
                 let key = self.keys().machine(&machine.id);
                 let put = TxnOp::put(key.as_str(), encode(machine), Some(PutOptions::new().with_lease(lease)));
                 let still_ours = Compare::lease(key.as_str(), CompareOp::Equal, lease);
@@ -192,15 +232,9 @@ impl EtcdRegistry {
         };
         let lease = match taken_over {
             Some(lease) => lease,
-            None => {
-                let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
-                if let Err(error) = self.claim_presence(machine, lease).await {
-                    let _ = revoke(self.connection(), lease).await;
-                    return Err(error);
-                }
-                lease
-            }
+            None => self.claim_new_presence(machine).await?.0,
         };
+        self.note_unconfirmed_claim(&machine.id, None);
         self.record_lease(Some(lease));
         self.start_session(machine, lease, BTreeMap::new(), true);
         Ok(())
@@ -326,14 +360,16 @@ impl EtcdRegistry {
     /// work is read only from a copy that has seen the new presence ([`MachineSession::rejoined_at`]).
     async fn reopen(&self, session: &MachineSession) -> Result<()> {
         let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
-        let rejoined_at = match self.claim_presence(&machine, lease).await {
-            Ok(revision) => revision,
-            Err(error) => {
-                let _ = revoke(self.connection(), lease).await;
-                return Err(error);
-            }
+        // A claim of an earlier attempt that got no answer may have landed: it is this one.
+        let landed = match self.unconfirmed_claim(&machine.id) {
+            Some(_) => self.own_live_lease(&machine).await?.filter(|(lease, _)| *lease != session.lease()),
+            None => None,
         };
+        let (lease, rejoined_at) = match landed {
+            Some(claimed) => claimed,
+            None => self.claim_new_presence(&machine).await?,
+        };
+        self.note_unconfirmed_claim(&machine.id, None);
         {
             let mut recorded = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

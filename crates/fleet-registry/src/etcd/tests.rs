@@ -495,3 +495,31 @@ async fn a_machine_back_from_an_expired_lease_restores_only_the_states_of_units_
     let kept = registry.connection().get("/fleet-test/states/m1/kept.service", None).await.unwrap();
     assert_eq!(kept.kvs()[0].lease(), registry.session("m1").unwrap().lease(), "under the new lease");
 }
+
+/// A presence claim whose answer was lost (etcd too busy to answer in time) may still have
+/// landed: the next attempt takes that presence over instead of refusing the machine as in
+/// use by another fleetd until the lease expires.
+#[tokio::test]
+async fn a_claim_that_landed_without_an_answer_is_taken_over_not_refused() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(30)).await;
+    let lease = super::session::grant(registry.connection(), Duration::from_secs(30)).await.unwrap();
+    let key = "/fleet-test/machines/m1";
+    let put = etcd_client::PutOptions::new().with_lease(lease);
+    let presence = crate::codec::encode(&machine("m1"));
+    registry.connection().txn(Txn::new().and_then([TxnOp::put(key, presence, Some(put))])).await.unwrap();
+    registry.note_unconfirmed_claim("m1", Some(lease));
+    registry.register_machine(&machine("m1")).await.expect("its own landed claim is taken over");
+    assert_eq!(registry.session("m1").unwrap().lease(), lease);
+    // Another fleetd's live presence is still refused.
+    let other = super::session::grant(registry.connection(), Duration::from_secs(30)).await.unwrap();
+    let put = etcd_client::PutOptions::new().with_lease(other);
+    let presence = crate::codec::encode(&machine("m2"));
+    registry
+        .connection()
+        .txn(Txn::new().and_then([TxnOp::put("/fleet-test/machines/m2", presence, Some(put))]))
+        .await
+        .unwrap();
+    registry.note_unconfirmed_claim("m2", Some(other + 1));
+    assert!(matches!(registry.register_machine(&machine("m2")).await, Err(RegistryError::MachineInUse { .. })));
+}

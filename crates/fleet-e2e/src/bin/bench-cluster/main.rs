@@ -65,6 +65,14 @@ fn main() {
     let machines = argument(1, 1000);
     let units = argument(2, 10_000);
     let idle_seconds = argument(3, 60) as u64;
+    // The simulated machines' own log (their renewals, registrations, passes), on stderr when
+    // asked for: `RUST_LOG=fleet_registry=info`.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let etcd = EtcdServer::start();
     let options = EtcdOptions {
         endpoints: vec![etcd.endpoint()],
