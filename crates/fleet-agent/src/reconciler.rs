@@ -205,7 +205,7 @@ impl Agent {
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
         let work = self.registry.machine_work(self.machine_id()).await?;
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
-        let desired = self.desired_units(&machine, &work.scheduled, &work.globals).await?;
+        let (desired, unread) = self.desired_units(&machine, &work.scheduled, &work.globals).await;
         let tasks = agent_plan::plan(&desired, &self.loaded);
         let tasks = if !self.loaded.is_empty()
             && self.drift.due()
@@ -220,7 +220,9 @@ impl Agent {
             self.execute(task, &desired).await;
         }
         fleet_metrics::metrics().agent.units.set(i64::try_from(self.loaded.len()).unwrap_or(i64::MAX));
-        self.report_states().await
+        self.report_states().await?;
+        // New content that could not be read is tried again soon, as a failed pass is.
+        unread.map_or(Ok(()), Err)
     }
 
     /// Reads the bodies of `units` not held yet, all in one request.
@@ -238,28 +240,45 @@ impl Agent {
         Ok(())
     }
 
+    /// What should run here, from the work and the bodies held or read now. When new
+    /// content cannot be read, a unit held here keeps the content it runs (its desired state
+    /// still applies) and a new one waits for a later pass: what was taken away from this
+    /// machine is still stopped at once, without waiting on etcd for what was added.
     async fn desired_units(
         &mut self,
         machine: &MachineState,
         scheduled: &[AssignedUnit],
         globals: &[AssignedUnit],
-    ) -> Result<BTreeMap<String, DesiredUnit>, RegistryError> {
+    ) -> (BTreeMap<String, DesiredUnit>, Option<RegistryError>) {
         let globals: Vec<&AssignedUnit> =
             globals.iter().filter(|unit| unit.desired != DesiredState::Inactive).collect();
-        self.fetch_new_bodies(scheduled.iter().chain(globals.iter().copied())).await?;
+        let unread = self.fetch_new_bodies(scheduled.iter().chain(globals.iter().copied())).await.err();
         let mut desired = BTreeMap::new();
         let mut requirements = BTreeMap::new();
+        let mut held_globals = Vec::new();
         for unit in scheduled {
+            let wanted = DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift };
             if let Some(file) = self.bodies.get(&unit.hash) {
                 requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
-                let wanted = DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift };
                 desired.insert(unit.name.clone(), wanted);
+            } else if unread.is_some()
+                && let Some(held) = self.loaded.get(&unit.name)
+            {
+                if let Some(file) = self.bodies.get(&held.hash) {
+                    requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
+                }
+                desired.insert(unit.name.clone(), DesiredUnit { hash: held.hash, ..wanted });
             }
         }
         let mut global_requirements = Vec::new();
         for unit in globals {
             if let Some(file) = self.bodies.get(&unit.hash) {
                 global_requirements.push((unit, Requirements::from_unit(&unit.name, file)));
+            } else if unread.is_some()
+                && let Some(held) = self.loaded.get(&unit.name)
+            {
+                let kept = DesiredUnit { hash: held.hash, state: unit.desired, drift: unit.drift };
+                held_globals.push((unit.name.clone(), kept));
             }
         }
         let global_units: Vec<GlobalUnit<'_>> = global_requirements
@@ -271,10 +290,13 @@ impl Agent {
             })
             .collect();
         agent_plan::add_global_units(machine, &mut desired, &requirements, &global_units);
+        for (name, kept) in held_globals {
+            desired.entry(name).or_insert(kept);
+        }
         // Keep only the bodies still in use.
         let in_use: std::collections::HashSet<UnitHash> = desired.values().map(|unit| unit.hash).collect();
         self.bodies.retain(|hash, _| in_use.contains(hash));
-        Ok(desired)
+        (desired, unread)
     }
 
     /// Carries out one task; a failure is logged and the other units go on.

@@ -115,11 +115,12 @@ async fn a_loaded_unit_is_loaded_but_not_started() {
 }
 
 /// The embedded store, with an outage that can be switched on: every read of the machine's
-/// work fails while it lasts, and the attempts are counted.
+/// work fails while it lasts, and the attempts are counted; or only reads of unit bodies fail.
 struct FlakyStore {
     store: EmbeddedRegistry,
     down: std::sync::atomic::AtomicBool,
     attempts: std::sync::atomic::AtomicUsize,
+    bodies_down: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -139,6 +140,9 @@ impl fleet_registry::AgentRegistry for FlakyStore {
         self.store.machine_work(machine_id).await
     }
     async fn unit_body(&self, hash: &fleet_core::UnitHash) -> fleet_registry::Result<Option<UnitFile>> {
+        if self.bodies_down.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(fleet_registry::RegistryError::unavailable("flaky store", "bodies down for the test"));
+        }
         self.store.unit_body(hash).await
     }
     async fn report_states(
@@ -162,7 +166,12 @@ async fn a_store_outage_leaves_running_units_alone_and_is_retried_with_backoff()
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     schedule(&store, "a.service", DesiredState::Launched).await;
-    let flaky = Arc::new(FlakyStore { store: store.clone(), down: false.into(), attempts: 0.into() });
+    let flaky = Arc::new(FlakyStore {
+        store: store.clone(),
+        down: false.into(),
+        attempts: 0.into(),
+        bodies_down: false.into(),
+    });
     let manager = Arc::new(FakeUnitManager::new());
     let (_lifecycle, watch) = watch::channel(Lifecycle::Running);
     let _agent = tokio::spawn(Agent::new(config(), flaky.clone(), manager.clone()).run(watch));
@@ -179,4 +188,53 @@ async fn a_store_outage_leaves_running_units_alone_and_is_retried_with_backoff()
     flaky.down.store(false, Ordering::SeqCst);
     schedule(&store, "b.service", DesiredState::Launched).await;
     eventually("the agent acts again once the store is back", async || manager.state("b.service") == running()).await;
+}
+
+/// New content that cannot be read does not hold up the rest of a pass: what was taken away
+/// from the machine stops at once, what runs keeps running, and the new unit starts once its
+/// content can be read.
+#[tokio::test(start_paused = true)]
+async fn a_unit_taken_away_stops_even_while_new_content_cannot_be_read() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    schedule(&store, "a.service", DesiredState::Launched).await;
+    schedule(&store, "kept.service", DesiredState::Launched).await;
+    let flaky = Arc::new(FlakyStore {
+        store: store.clone(),
+        down: false.into(),
+        attempts: 0.into(),
+        bodies_down: false.into(),
+    });
+    let manager = Arc::new(FakeUnitManager::new());
+    let (_lifecycle, watch) = watch::channel(Lifecycle::Running);
+    let _agent = tokio::spawn(Agent::new(config(), flaky.clone(), manager.clone()).run(watch));
+    eventually("both run", async || {
+        manager.state("a.service") == running() && manager.state("kept.service") == running()
+    })
+    .await;
+
+    flaky.bodies_down.store(true, Ordering::SeqCst);
+    let other = UnitFile::parse("[Service]\nExecStart=/bin/sleep 2000\n").unwrap();
+    store.put_unit("b.service", &other, DesiredState::Launched).await.unwrap();
+    let lease = store.acquire_leadership("engine").await.unwrap().unwrap();
+    let moves = [
+        Decision::Unschedule {
+            unit: "a.service".into(),
+            machine: MACHINE.into(),
+            reason: UnscheduleReason::TargetStateInactive,
+        },
+        Decision::Schedule { unit: "b.service".into(), machine: MACHINE.into() },
+    ];
+    store.apply(&lease, &moves, &[]).await.unwrap();
+    eventually("a.service stops though b.service's content cannot be read", async || {
+        manager.state("a.service").is_none()
+    })
+    .await;
+    assert_eq!(manager.state("kept.service"), running(), "what still runs here is left alone");
+    assert_eq!(manager.state("b.service"), None, "a unit whose content is unread waits");
+
+    flaky.bodies_down.store(false, Ordering::SeqCst);
+    eventually("b.service starts once its content can be read", async || manager.state("b.service") == running()).await;
+    assert_eq!(manager.starts(), 3, "kept.service was never restarted");
 }
