@@ -157,6 +157,21 @@ impl fleet_registry::AgentRegistry for FlakyStore {
     }
 }
 
+/// An agent on `store` behind a [`FlakyStore`] with nothing failing yet; the flaky store,
+/// the unit manager and the agent's lifecycle (dropping it stops the agent).
+fn start_on_flaky(store: &EmbeddedRegistry) -> (Arc<FlakyStore>, Arc<FakeUnitManager>, watch::Sender<Lifecycle>) {
+    let flaky = Arc::new(FlakyStore {
+        store: store.clone(),
+        down: false.into(),
+        attempts: 0.into(),
+        bodies_down: false.into(),
+    });
+    let manager = Arc::new(FakeUnitManager::new());
+    let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+    tokio::spawn(Agent::new(config(), flaky.clone(), manager.clone()).run(watch));
+    (flaky, manager, lifecycle)
+}
+
 /// A store outage never stops a running unit: the agent leaves its units alone and retries
 /// with a backoff that doubles (not once per fallback period, not in a tight loop), and it
 /// acts again as soon as the store is back.
@@ -166,15 +181,7 @@ async fn a_store_outage_leaves_running_units_alone_and_is_retried_with_backoff()
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     schedule(&store, "a.service", DesiredState::Launched).await;
-    let flaky = Arc::new(FlakyStore {
-        store: store.clone(),
-        down: false.into(),
-        attempts: 0.into(),
-        bodies_down: false.into(),
-    });
-    let manager = Arc::new(FakeUnitManager::new());
-    let (_lifecycle, watch) = watch::channel(Lifecycle::Running);
-    let _agent = tokio::spawn(Agent::new(config(), flaky.clone(), manager.clone()).run(watch));
+    let (flaky, manager, _agent) = start_on_flaky(&store);
     eventually("a.service runs", async || manager.state("a.service") == running()).await;
 
     flaky.down.store(true, Ordering::SeqCst);
@@ -200,15 +207,7 @@ async fn a_unit_taken_away_stops_even_while_new_content_cannot_be_read() {
     let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     schedule(&store, "a.service", DesiredState::Launched).await;
     schedule(&store, "kept.service", DesiredState::Launched).await;
-    let flaky = Arc::new(FlakyStore {
-        store: store.clone(),
-        down: false.into(),
-        attempts: 0.into(),
-        bodies_down: false.into(),
-    });
-    let manager = Arc::new(FakeUnitManager::new());
-    let (_lifecycle, watch) = watch::channel(Lifecycle::Running);
-    let _agent = tokio::spawn(Agent::new(config(), flaky.clone(), manager.clone()).run(watch));
+    let (flaky, manager, _agent) = start_on_flaky(&store);
     eventually("both run", async || {
         manager.state("a.service") == running() && manager.state("kept.service") == running()
     })

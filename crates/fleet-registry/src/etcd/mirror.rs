@@ -401,15 +401,19 @@ mod tests {
     use super::*;
     use crate::etcd::EtcdOptions;
 
-    #[tokio::test]
-    async fn a_compacted_resume_revision_ends_the_stream_for_a_relist() {
-        let etcd = EtcdServer::start();
+    async fn connect(etcd: &EtcdServer) -> Connection {
         let options = EtcdOptions {
             endpoints: vec![etcd.endpoint()],
             request_timeout: Duration::from_secs(2),
             ..EtcdOptions::default()
         };
-        let connection = Connection::connect(&options).await.unwrap();
+        Connection::connect(&options).await.unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_compacted_resume_revision_ends_the_stream_for_a_relist() {
+        let etcd = EtcdServer::start();
+        let connection = connect(&etcd).await;
         let mut kv = connection.kv();
         for value in ["1", "2", "3"] {
             kv.put("/m/key", value, None).await.unwrap();
@@ -436,12 +440,7 @@ mod tests {
     #[tokio::test]
     async fn a_relist_brings_a_range_without_events_up_to_date() {
         let etcd = EtcdServer::start();
-        let options = EtcdOptions {
-            endpoints: vec![etcd.endpoint()],
-            request_timeout: Duration::from_secs(2),
-            ..EtcdOptions::default()
-        };
-        let connection = Connection::connect(&options).await.unwrap();
+        let connection = connect(&etcd).await;
         let mirror =
             Mirror::start(connection.clone(), vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())]);
         let mut changes = mirror.changes();
