@@ -13,7 +13,7 @@ use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::Assignment;
-use crate::codec::{Options, decode, encode, machine_with_overrides};
+use crate::codec::{decode, encode, machine_with_overrides};
 use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
@@ -70,9 +70,7 @@ impl AgentRegistry for EtcdRegistry {
     }
 
     async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>> {
-        let key = self.keys().body(&hash.to_string());
-        let reply = self.connection().get(&key, None).await?;
-        reply.kvs().first().map(|kv| decode::<Options>(&key, kv.value()).map(UnitFile::from_options)).transpose()
+        Ok(self.read_bodies(std::slice::from_ref(hash)).await?.remove(hash))
     }
 
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {

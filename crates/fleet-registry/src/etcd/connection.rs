@@ -206,20 +206,31 @@ impl Connection {
         result
     }
 
-    /// Several reads at one revision, in one round trip.
+    /// Several reads at one revision, in one round trip, with the longer limit of a
+    /// transaction that may bring back much.
     pub async fn read(&self, gets: Vec<TxnOp>) -> Result<(i64, Vec<GetResponse>)> {
-        let response = self.big_txn(Txn::new().and_then(gets)).await?;
-        let revision = response.header().map_or(0, |header| header.revision());
-        let replies = response
-            .op_responses()
-            .into_iter()
-            .filter_map(|reply| match reply {
-                etcd_client::TxnOpResponse::Get(get) => Some(get),
-                _ => None,
-            })
-            .collect();
-        Ok((revision, replies))
+        self.big_txn(Txn::new().and_then(gets)).await.map(replies_of)
     }
+
+    /// Several reads of a few small keys at one revision, with the ordinary limit: a reader
+    /// waiting on a member that lost its leader gives up as soon as any other request would.
+    pub async fn small_read(&self, gets: Vec<TxnOp>) -> Result<(i64, Vec<GetResponse>)> {
+        self.txn(Txn::new().and_then(gets)).await.map(replies_of)
+    }
+}
+
+/// A read-only transaction's revision and its reads' answers, in order.
+fn replies_of(response: TxnResponse) -> (i64, Vec<GetResponse>) {
+    let revision = response.header().map_or(0, |header| header.revision());
+    let replies = response
+        .op_responses()
+        .into_iter()
+        .filter_map(|reply| match reply {
+            etcd_client::TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .collect();
+    (revision, replies)
 }
 
 /// A range read of every key under `prefix`.

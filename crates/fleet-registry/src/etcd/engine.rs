@@ -294,15 +294,9 @@ impl EtcdRegistry {
             let (_, replies) = self.connection().read(vec![super::connection::get_prefix(&keys.bodies())]).await?;
             bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
         } else if !hashes.is_empty() {
-            // A few small keys: the ordinary time limit, so that an agent waiting on a member
-            // that lost its leader gives up as soon as any other request would.
-            let gets: Vec<TxnOp> = hashes.iter().map(|hash| TxnOp::get(keys.body(&hash.to_string()), None)).collect();
-            let reply = self.connection().txn(Txn::new().and_then(gets)).await?;
-            for response in reply.op_responses() {
-                if let etcd_client::TxnOpResponse::Get(get) = response {
-                    bodies.extend(get.kvs().to_vec());
-                }
-            }
+            let gets = hashes.iter().map(|hash| TxnOp::get(keys.body(&hash.to_string()), None)).collect();
+            let (_, replies) = self.connection().small_read(gets).await?;
+            bodies.extend(replies.into_iter().flat_map(|reply| reply.kvs().to_vec()));
         }
         let bodies_prefix = keys.bodies();
         for kv in bodies {
