@@ -52,8 +52,7 @@ impl AgentRegistry for EtcdRegistry {
             *known = machine.clone();
         }
         let key = self.keys().machine(&machine.id);
-        let put = TxnOp::put(key.as_str(), encode(machine), Some(PutOptions::new().with_lease(session.lease())));
-        self.connection().txn(Txn::new().and_then([put])).await.map(|_| ())
+        self.connection().write(&[(key, Some(encode(machine)))], session.lease()).await
     }
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
@@ -94,14 +93,7 @@ impl AgentRegistry for EtcdRegistry {
             })
             .collect();
         for chunk in changes.chunks(MAX_TXN_OPS) {
-            let ops: Vec<TxnOp> = chunk
-                .iter()
-                .map(|(key, value)| match value {
-                    Some(value) => TxnOp::put(key.as_str(), value.clone(), Some(PutOptions::new().with_lease(lease))),
-                    None => TxnOp::delete(key.as_str(), None),
-                })
-                .collect();
-            self.connection().txn(Txn::new().and_then(ops)).await?;
+            self.connection().write(chunk, lease).await?;
             let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             for (key, value) in chunk {

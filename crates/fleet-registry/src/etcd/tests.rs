@@ -58,6 +58,11 @@ async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states(
         launched: true,
         drift: None,
     };
+    // A lone change is a plain put or delete (no transaction), under the machine's lease.
+    first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
+    assert_eq!(second.unit_states().await.unwrap(), vec![state.clone()]);
+    first.report_states("m1", &[StateReport::Remove(state.name.clone())]).await.unwrap();
+    assert!(second.unit_states().await.unwrap().is_empty(), "a lone removal");
     first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
     assert_eq!(second.unit_states().await.unwrap(), vec![state]);
     assert_eq!(second.machines().await.unwrap().len(), 1);
