@@ -254,17 +254,22 @@ impl Agent {
             globals.iter().filter(|unit| unit.desired != DesiredState::Inactive).collect();
         let unread = self.fetch_new_bodies(scheduled.iter().chain(globals.iter().copied())).await.err();
         let mut desired = BTreeMap::new();
+        // The scheduled units' rules matter only to decide which global units may join them:
+        // without a global unit (most passes) they are not parsed.
+        let any_global = !globals.is_empty();
         let mut requirements = BTreeMap::new();
         let mut held_globals = Vec::new();
         for unit in scheduled {
             let wanted = DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift };
             if let Some(file) = self.bodies.get(&unit.hash) {
-                requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
+                if any_global {
+                    requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
+                }
                 desired.insert(unit.name.clone(), wanted);
             } else if unread.is_some()
                 && let Some(held) = self.loaded.get(&unit.name)
             {
-                if let Some(file) = self.bodies.get(&held.hash) {
+                if any_global && let Some(file) = self.bodies.get(&held.hash) {
                     requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
                 }
                 desired.insert(unit.name.clone(), DesiredUnit { hash: held.hash, ..wanted });
