@@ -260,20 +260,20 @@ impl Agent {
         let mut requirements = BTreeMap::new();
         let mut held_globals = Vec::new();
         for unit in scheduled {
-            let wanted = DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift };
-            if let Some(file) = self.bodies.get(&unit.hash) {
-                if any_global {
-                    requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
-                }
-                desired.insert(unit.name.clone(), wanted);
+            // The content wanted, or while new content is unread, the content held.
+            let hash = if self.bodies.contains_key(&unit.hash) {
+                unit.hash
             } else if unread.is_some()
                 && let Some(held) = self.loaded.get(&unit.name)
             {
-                if any_global && let Some(file) = self.bodies.get(&held.hash) {
-                    requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
-                }
-                desired.insert(unit.name.clone(), DesiredUnit { hash: held.hash, ..wanted });
+                held.hash
+            } else {
+                continue;
+            };
+            if any_global && let Some(file) = self.bodies.get(&hash) {
+                requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
             }
+            desired.insert(unit.name.clone(), DesiredUnit { hash, state: unit.desired, drift: unit.drift });
         }
         let mut global_requirements = Vec::new();
         for unit in globals {

@@ -175,7 +175,7 @@ impl Connection {
         .await
     }
 
-    /// Sets (`Some`) or removes (`None`) each key, under `lease` when set, in one request: a
+    /// Sets (`Some`, under `lease`) or removes (`None`) each key in one request: a
     /// lone change as a plain put or delete, more as one transaction. etcd 3.4 opens a read
     /// view for every transaction, writes included, and that view copies every write it has
     /// not yet committed to its backend; a put or a delete skips it. An agent's state

@@ -509,22 +509,14 @@ async fn a_claim_that_landed_without_an_answer_is_taken_over_not_refused() {
     let etcd = EtcdServer::start();
     let registry = registry(&etcd, Duration::from_secs(30)).await;
     let lease = super::session::grant(registry.connection(), Duration::from_secs(30)).await.unwrap();
-    let key = "/fleet-test/machines/m1";
-    let put = etcd_client::PutOptions::new().with_lease(lease);
-    let presence = crate::codec::encode(&machine("m1"));
-    registry.connection().txn(Txn::new().and_then([TxnOp::put(key, presence, Some(put))])).await.unwrap();
+    let presence = |id: &str| (format!("/fleet-test/machines/{id}"), Some(crate::codec::encode(&machine(id))));
+    registry.connection().write(&[presence("m1")], lease).await.unwrap();
     registry.note_unconfirmed_claim("m1", Some(lease));
     registry.register_machine(&machine("m1")).await.expect("its own landed claim is taken over");
     assert_eq!(registry.session("m1").unwrap().lease(), lease);
     // Another fleetd's live presence is still refused.
     let other = super::session::grant(registry.connection(), Duration::from_secs(30)).await.unwrap();
-    let put = etcd_client::PutOptions::new().with_lease(other);
-    let presence = crate::codec::encode(&machine("m2"));
-    registry
-        .connection()
-        .txn(Txn::new().and_then([TxnOp::put("/fleet-test/machines/m2", presence, Some(put))]))
-        .await
-        .unwrap();
+    registry.connection().write(&[presence("m2")], other).await.unwrap();
     registry.note_unconfirmed_claim("m2", Some(other + 1));
     assert!(matches!(registry.register_machine(&machine("m2")).await, Err(RegistryError::MachineInUse { .. })));
 }
