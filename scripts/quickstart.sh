@@ -15,12 +15,13 @@ if [ "${1:-}" = "stop" ]; then
 fi
 
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
-# etcd-client's build needs protoc, even for a single machine on the embedded store.
-if ! command -v protoc >/dev/null; then
+# etcd-client's build needs protoc and Google's well-known protos, even for a single machine on
+# the embedded store.
+if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev
   else
-    echo "protoc is required (Debian package protobuf-compiler)"; exit 1
+    echo "protoc and Google's well-known protos are required (Debian packages protobuf-compiler and libprotobuf-dev)"; exit 1
   fi
 fi
 cargo build --release -p fleetd -p fleetctl

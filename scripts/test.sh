@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
-# What the build and the tests need from Debian: protoc (etcd-client's build), a real etcd
+# What the build and the tests need from Debian: protoc and its well-known types (etcd-client's build), a real etcd
 # (the etcd store's tests and the cluster tests), systemd (systemd-socket-activate for the
 # socket-activation test; systemd --user and journald for the systemd unit manager's tests),
 # dbus-daemon (their session bus), openssl (certificates for the TLS tests), iproute2,
@@ -16,6 +16,9 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # git (the git-source tests make real repositories; fetching file:// runs git-upload-pack).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
+# etcd-client's protos import Google's well-known types, which only libprotobuf-dev ships
+# (protobuf-compiler merely recommends it, and recommends are not installed here).
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 [ -x /usr/bin/etcd ] || missing+=(etcd-server)
 command -v systemd-socket-activate >/dev/null && [ -x /usr/lib/systemd/systemd ] || missing+=(systemd)
 command -v dbus-daemon >/dev/null || missing+=(dbus-daemon)
