@@ -113,8 +113,8 @@ impl DriftWatch {
     }
 
     /// What to report about `name`'s drift.
-    pub fn report(&self, name: &str) -> Option<DriftReport> {
-        self.units.get(name).and_then(|unit| unit.report.clone())
+    pub fn report(&self, name: &str) -> Option<&DriftReport> {
+        self.units.get(name).and_then(|unit| unit.report.as_ref())
     }
 }
 

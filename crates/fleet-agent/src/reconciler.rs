@@ -7,10 +7,10 @@ use std::time::Duration;
 use fleet_core::agent_plan::{self, DesiredUnit, GlobalUnit, LoadedUnit, Task};
 use fleet_core::{Backoff, DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, StateReport};
-use fleet_unit_manager::UnitManager;
+use fleet_unit_manager::{HeldUnit, UnitManager};
 use tokio::sync::watch;
 
-use fleet_core::state_report::{adopted_as_launched, state_reports};
+use fleet_core::state_report::{adopted_as_launched, already_reported, state_reports};
 
 use crate::drift_watch::DriftWatch;
 
@@ -207,20 +207,25 @@ impl Agent {
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
         let (desired, unread) = self.desired_units(&machine, &work.scheduled, &work.globals).await;
         let tasks = agent_plan::plan(&desired, &self.loaded);
+        let mut looked_at = None;
         let tasks = if !self.loaded.is_empty()
             && self.drift.due()
             && let Ok(held) = self.manager.units().await
         {
             let drifted = self.drift.corrections(self.manager.as_ref(), &desired, &self.loaded, &held, &tasks).await;
+            looked_at = Some(held);
             agent_plan::with_corrections(tasks, &drifted)
         } else {
             tasks
         };
+        // A pass that does nothing reports from the look it took: one listing of the unit
+        // manager per pass (a D-Bus call on systemd), not two.
+        let held_now = if tasks.is_empty() { looked_at } else { None };
         for task in tasks {
             self.execute(task, &desired).await;
         }
         fleet_metrics::metrics().agent.units.set(i64::try_from(self.loaded.len()).unwrap_or(i64::MAX));
-        self.report_states().await?;
+        self.report_states(held_now).await?;
         // New content that could not be read is tried again soon, as a failed pass is.
         unread.map_or(Ok(()), Err)
     }
@@ -362,14 +367,34 @@ impl Agent {
         }
     }
 
-    async fn report_states(&mut self) -> Result<(), RegistryError> {
-        let held = match self.manager.units().await {
-            Ok(held) => held,
-            Err(error) => {
-                tracing::warn!(%error, "cannot read unit states");
-                return Ok(());
-            }
+    async fn report_states(&mut self, held_now: Option<BTreeMap<String, HeldUnit>>) -> Result<(), RegistryError> {
+        let held = match held_now {
+            Some(held) => held,
+            None => match self.manager.units().await {
+                Ok(held) => held,
+                Err(error) => {
+                    tracing::warn!(%error, "cannot read unit states");
+                    return Ok(());
+                }
+            },
         };
+        // Most passes change nothing: that is decided without building a single state.
+        let mut present = 0;
+        let unchanged = self.loaded.iter().all(|(name, loaded)| {
+            held.get(name).is_none_or(|unit| {
+                present += 1;
+                already_reported(
+                    self.reported.get(name),
+                    loaded.hash,
+                    &unit.state,
+                    loaded.launched,
+                    self.drift.report(name),
+                )
+            })
+        }) && present == self.reported.len();
+        if unchanged {
+            return Ok(());
+        }
         let current: BTreeMap<String, UnitState> = self
             .loaded
             .iter()
@@ -383,7 +408,7 @@ impl Agent {
                         hash: loaded.hash,
                         systemd: held.state.clone(),
                         launched: loaded.launched,
-                        drift: self.drift.report(name),
+                        drift: self.drift.report(name).cloned(),
                     },
                 ))
             })

@@ -84,6 +84,32 @@ async fn runs_what_is_scheduled_here_reports_it_and_stops_what_is_taken_away() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_unit_that_fails_by_itself_is_reported_failed_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let manager = Arc::new(FakeUnitManager::new());
+    let agent = start(&registry, &manager);
+    schedule(&registry, "a.service", DesiredState::Launched).await;
+    let reported_as = async |active: &str| {
+        registry
+            .unit_states()
+            .await
+            .unwrap()
+            .iter()
+            .any(|state| state.name == "a.service" && state.systemd.active == active)
+    };
+    eventually("a.service runs and is reported", async || reported_as("active").await).await;
+    // A pass with nothing to do reports from the manager's listing it looked at for drift.
+    manager.fail_by_itself("a.service").unwrap();
+    eventually("the failure is reported", async || reported_as("failed").await).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(manager.starts(), 1, "a unit that ended by itself is not started again");
+    assert!(reported_as("failed").await, "the failure stays reported across idle passes");
+    agent.lifecycle.send(Lifecycle::ShuttingDown).unwrap();
+    agent.task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_restarted_agent_adopts_running_units_without_restarting_them() {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();

@@ -3,7 +3,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::{SystemdState, UnitState};
+use crate::drift::DriftReport;
+use crate::{SystemdState, UnitHash, UnitState};
 
 /// A change in what a machine reports about one of its units.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,6 +17,23 @@ pub enum StateReport {
 /// under systemd) counts as launched: active, or on its way there.
 pub fn adopted_as_launched(state: &SystemdState) -> bool {
     state.active == "active" || state.active == "activating"
+}
+
+/// Whether `reported` already says what a unit held now with `hash`, `systemd`, `launched`
+/// and `drift` would: most passes change nothing, and this decides so without building states.
+pub fn already_reported(
+    reported: Option<&UnitState>,
+    hash: UnitHash,
+    systemd: &SystemdState,
+    launched: bool,
+    drift: Option<&DriftReport>,
+) -> bool {
+    reported.is_some_and(|reported| {
+        reported.hash == hash
+            && reported.launched == launched
+            && reported.systemd == *systemd
+            && reported.drift.as_ref() == drift
+    })
 }
 
 /// The reports that take `reported` to `current`.
@@ -73,5 +91,24 @@ mod tests {
             ]
         );
         assert!(state_reports(&current, &current).is_empty());
+    }
+
+    #[test]
+    fn a_state_is_already_reported_only_when_every_field_matches() {
+        let (_, reported) = state("a", "active");
+        let active = SystemdState::new("loaded", "active", "x");
+        let hash = reported.hash;
+        assert!(already_reported(Some(&reported), hash, &active, true, None));
+        assert!(!already_reported(None, hash, &active, true, None), "never reported");
+        assert!(!already_reported(Some(&reported), UnitHash([1; 20]), &active, true, None), "new content");
+        let failed = SystemdState::new("loaded", "failed", "x");
+        assert!(!already_reported(Some(&reported), hash, &failed, true, None), "new systemd state");
+        assert!(!already_reported(Some(&reported), hash, &active, false, None), "no longer launched");
+        let drift =
+            DriftReport { drift: crate::drift::Drift::Stopped, corrections: 1, correcting: true, given_up: false };
+        assert!(!already_reported(Some(&reported), hash, &active, true, Some(&drift)), "drift seen");
+        let drifted = UnitState { drift: Some(drift.clone()), ..reported };
+        assert!(already_reported(Some(&drifted), hash, &active, true, Some(&drift)));
+        assert!(!already_reported(Some(&drifted), hash, &active, true, None), "drift gone");
     }
 }

@@ -3,7 +3,8 @@
 //! what is tested or measured (the real agent, registry and engine): the reconcilers' tests
 //! and the simulated machines of `bench-cluster`. It counts the starts it was asked for, so
 //! a test can tell an adopted unit from a restarted one. A unit can be stopped as if with
-//! `systemctl stop` behind fleet's back ([`FakeUnitManager::stop_outside_fleet`]).
+//! `systemctl stop` behind fleet's back ([`FakeUnitManager::stop_outside_fleet`]), or fail by
+//! itself ([`FakeUnitManager::fail_by_itself`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -61,6 +62,12 @@ impl FakeUnitManager {
     pub fn stop_outside_fleet(&self, name: &str) -> Result<()> {
         self.stopped_outside.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.to_string());
         self.set(name, SystemdState::new("loaded", "inactive", "dead"))
+    }
+
+    /// Marks `name` failed as a service whose process exited with an error would be: it
+    /// ended by itself, so this is no drift.
+    pub fn fail_by_itself(&self, name: &str) -> Result<()> {
+        self.set(name, SystemdState::new("loaded", "failed", "failed"))
     }
 
     fn set(&self, name: &str, state: SystemdState) -> Result<()> {
