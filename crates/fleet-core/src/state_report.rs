@@ -28,12 +28,23 @@ pub fn already_reported(
     launched: bool,
     drift: Option<&DriftReport>,
 ) -> bool {
-    reported.is_some_and(|reported| {
-        reported.hash == hash
-            && reported.launched == launched
-            && reported.systemd == *systemd
-            && reported.drift.as_ref() == drift
-    })
+    // Destructured in full: a field added to `UnitState` must be compared here too, or a
+    // change to it would never be reported.
+    reported.is_some_and(
+        |UnitState {
+             name: _,
+             machine_id: _,
+             hash: reported_hash,
+             systemd: reported_systemd,
+             launched: reported_launched,
+             drift: reported_drift,
+         }| {
+            *reported_hash == hash
+                && *reported_launched == launched
+                && reported_systemd == systemd
+                && reported_drift.as_ref() == drift
+        },
+    )
 }
 
 /// The reports that take `reported` to `current`.
