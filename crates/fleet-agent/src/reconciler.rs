@@ -77,6 +77,9 @@ pub struct Agent {
     /// Whether the units were stopped because the presence lapsed (`stop_units_when_cut_off`).
     fenced: bool,
     drift: DriftWatch,
+    /// The manager's state changes: a pass marks them seen as it lists the manager, so a
+    /// change its own listing already shows (its own start, say) does not call for another.
+    state_changes: watch::Receiver<u64>,
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -84,6 +87,7 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl Agent {
     pub fn new(config: AgentConfig, registry: Arc<dyn AgentRegistry>, manager: Arc<dyn UnitManager>) -> Self {
+        let state_changes = manager.state_changes();
         Self {
             config,
             registry,
@@ -93,7 +97,15 @@ impl Agent {
             reported: BTreeMap::new(),
             fenced: false,
             drift: DriftWatch::default(),
+            state_changes,
         }
+    }
+
+    /// What the manager holds now. Every state change up to this listing is marked seen:
+    /// the listing shows it.
+    async fn held_units(&mut self) -> fleet_unit_manager::Result<BTreeMap<String, HeldUnit>> {
+        self.state_changes.borrow_and_update();
+        self.manager.units().await
     }
 
     fn machine_id(&self) -> &str {
@@ -105,7 +117,6 @@ impl Agent {
     /// next agent to adopt.
     pub async fn run(mut self, mut lifecycle: watch::Receiver<Lifecycle>) {
         let mut work_changes = self.registry.machine_changes(self.machine_id());
-        let mut state_changes = self.manager.state_changes();
         self.adopt_running_units().await;
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         let mut registered = false;
@@ -139,13 +150,13 @@ impl Agent {
             let pass = pass.elapsed();
             tokio::select! {
                 _ = work_changes.changed() => {}
-                _ = state_changes.changed() => {}
+                _ = self.state_changes.changed() => {}
                 () = tokio::time::sleep(next) => {}
                 _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => break,
             }
             tokio::time::sleep(settling_time(self.config.debounce, pass)).await;
             work_changes.mark_unchanged();
-            state_changes.mark_unchanged();
+            self.state_changes.mark_unchanged();
         }
         if *lifecycle.borrow() == Lifecycle::ShuttingDown {
             self.leave().await;
@@ -210,7 +221,7 @@ impl Agent {
         let mut looked_at = None;
         let tasks = if !self.loaded.is_empty()
             && self.drift.due()
-            && let Ok(held) = self.manager.units().await
+            && let Ok(held) = self.held_units().await
         {
             let drifted = self.drift.corrections(self.manager.as_ref(), &desired, &self.loaded, &held, &tasks).await;
             looked_at = Some(held);
@@ -240,7 +251,7 @@ impl Agent {
         missing.sort_unstable();
         missing.dedup();
         if !missing.is_empty() {
-            self.bodies.extend(self.registry.unit_bodies(&missing).await?);
+            self.bodies.extend(self.registry.unit_bodies(&self.config.machine.id, &missing).await?);
         }
         Ok(())
     }
@@ -370,7 +381,7 @@ impl Agent {
     async fn report_states(&mut self, held_now: Option<BTreeMap<String, HeldUnit>>) -> Result<(), RegistryError> {
         let held = match held_now {
             Some(held) => held,
-            None => match self.manager.units().await {
+            None => match self.held_units().await {
                 Ok(held) => held,
                 Err(error) => {
                     tracing::warn!(%error, "cannot read unit states");

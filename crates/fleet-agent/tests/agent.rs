@@ -147,6 +147,8 @@ struct FlakyStore {
     down: std::sync::atomic::AtomicBool,
     attempts: std::sync::atomic::AtomicUsize,
     bodies_down: std::sync::atomic::AtomicBool,
+    /// Every read of the machine's work: one per agent pass.
+    reads: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -159,6 +161,7 @@ impl fleet_registry::AgentRegistry for FlakyStore {
     }
     async fn machine_work(&self, machine_id: &str) -> fleet_registry::Result<fleet_registry::MachineWork> {
         use std::sync::atomic::Ordering;
+        self.reads.fetch_add(1, Ordering::SeqCst);
         if self.down.load(Ordering::SeqCst) {
             self.attempts.fetch_add(1, Ordering::SeqCst);
             return Err(fleet_registry::RegistryError::unavailable("flaky store", "down for the test"));
@@ -186,16 +189,56 @@ impl fleet_registry::AgentRegistry for FlakyStore {
 /// An agent on `store` behind a [`FlakyStore`] with nothing failing yet; the flaky store,
 /// the unit manager and the agent's lifecycle (dropping it stops the agent).
 fn start_on_flaky(store: &EmbeddedRegistry) -> (Arc<FlakyStore>, Arc<FakeUnitManager>, watch::Sender<Lifecycle>) {
+    start_on_flaky_with(store, config())
+}
+
+/// As [`start_on_flaky`], with the agent configured as `config` says.
+fn start_on_flaky_with(
+    store: &EmbeddedRegistry,
+    config: AgentConfig,
+) -> (Arc<FlakyStore>, Arc<FakeUnitManager>, watch::Sender<Lifecycle>) {
     let flaky = Arc::new(FlakyStore {
         store: store.clone(),
         down: false.into(),
         attempts: 0.into(),
         bodies_down: false.into(),
+        reads: 0.into(),
     });
     let manager = Arc::new(FakeUnitManager::new());
     let (lifecycle, watch) = watch::channel(Lifecycle::Running);
-    tokio::spawn(Agent::new(config(), flaky.clone(), manager.clone()).run(watch));
+    tokio::spawn(Agent::new(config, flaky.clone(), manager.clone()).run(watch));
     (flaky, manager, lifecycle)
+}
+
+/// A pass lists the unit manager to report: the state changes that listing already shows
+/// (the pass's own starts) call for no other pass, and a change after it still wakes the
+/// agent at once, not at the fallback reconcile.
+#[tokio::test(start_paused = true)]
+async fn a_pass_is_not_woken_again_by_its_own_starts_but_is_by_later_changes() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let hour = AgentConfig { reconcile_interval: Duration::from_secs(3600), ..config() };
+    let (flaky, manager, _agent) = start_on_flaky_with(&store, hour);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let before = flaky.reads.load(Ordering::SeqCst);
+    schedule(&store, "a.service", DesiredState::Launched).await;
+    eventually("a.service runs", async || manager.state("a.service") == running()).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let passes = flaky.reads.load(Ordering::SeqCst) - before;
+    assert_eq!(passes, 1, "one pass loaded, started and reported a.service");
+    let reported_failed = async || {
+        store
+            .unit_states()
+            .await
+            .unwrap()
+            .iter()
+            .any(|state| state.name == "a.service" && state.systemd.active == "failed")
+    };
+    manager.fail_by_itself("a.service").unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(reported_failed().await, "a change after the pass's listing wakes the agent");
+    assert_eq!(flaky.reads.load(Ordering::SeqCst) - before, passes + 1);
 }
 
 /// A store outage never stops a running unit: the agent leaves its units alone and retries

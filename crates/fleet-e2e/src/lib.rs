@@ -380,10 +380,22 @@ pub fn bench_instances(dir: &Path, count: usize) -> Vec<String> {
 
 /// User plus system CPU seconds a process has used, from /proc; 0 when it is gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
+    // After the command name: state is field 0, utime is 11, stime is 12.
+    stat_seconds(pid, [11, 12])
+}
+
+/// CPU time, in seconds, of the children `pid` has waited for (those that ended, such as a
+/// fleetctl run to its end), user and system.
+pub fn waited_children_cpu_seconds(pid: u32) -> f64 {
+    // cutime is field 13, cstime 14.
+    stat_seconds(pid, [13, 14])
+}
+
+/// The sum of two clock-tick fields of `/proc/PID/stat`, in seconds; 0 when it is gone.
+fn stat_seconds(pid: u32, fields_wanted: [usize; 2]) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    // After the command name: state is field 0, utime is 11, stime is 12.
-    let ticks: f64 = [11, 12].iter().filter_map(|i| fields.get(*i)?.parse::<f64>().ok()).sum();
+    let ticks: f64 = fields_wanted.iter().filter_map(|i| fields.get(*i)?.parse::<f64>().ok()).sum();
     // SAFETY: sysconf has no preconditions.
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     ticks / per_second

@@ -143,7 +143,7 @@ pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry,
     assert_eq!(registry.unit("b.service").await.unwrap().unwrap().hash, other.hash());
     assert!(registry.unit_body(&shared.hash()).await.unwrap().is_some(), "a.service still refers to it");
     let asked = [shared.hash(), other.hash(), unit("/bin/echo").hash()];
-    let both = crate::AgentRegistry::unit_bodies(registry, &asked).await.unwrap();
+    let both = crate::AgentRegistry::unit_bodies(registry, "m1", &asked).await.unwrap();
     assert_eq!(both.len(), 2, "a body nobody wrote is left out");
     assert_eq!((&both[&shared.hash()], &both[&other.hash()]), (&shared, &other));
     assert!(registry.destroy_unit("a.service").await.unwrap());

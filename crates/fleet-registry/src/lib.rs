@@ -330,9 +330,10 @@ pub trait AgentRegistry: Send + Sync {
     /// What this machine should hold: its own schedule and the global units.
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork>;
     async fn unit_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>>;
-    /// The bodies of `hashes` that exist. A store that can reads them in one request: an
-    /// agent asks for all the content new to it in a pass at once.
-    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+    /// The bodies of `hashes` that exist, for `machine_id`'s units. A store that can reads
+    /// them in one request (an agent asks for all the content new to it in a pass at once),
+    /// or has them already from the machine's work (etcd: see `CarryingAssignment`).
+    async fn unit_bodies(&self, _machine_id: &str, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
         let mut found = HashMap::new();
         for hash in hashes {
             if let Some(file) = self.unit_body(hash).await? {

@@ -86,7 +86,7 @@ impl AgentRegistry for EmbeddedRegistry {
         .await
     }
 
-    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+    async fn unit_bodies(&self, _machine_id: &str, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
         self.read_bodies(hashes).await
     }
 

@@ -12,8 +12,8 @@ use super::EtcdRegistry;
 use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
-use super::records::Assignment;
-use crate::codec::{decode, encode, machine_with_overrides};
+use super::records::{Assignment, CarriedBody};
+use crate::codec::{decode, decode_listed, encode, machine_with_overrides};
 use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
@@ -72,8 +72,13 @@ impl AgentRegistry for EtcdRegistry {
         Ok(self.read_bodies(std::slice::from_ref(hash)).await?.remove(hash))
     }
 
-    async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
-        self.read_bodies(hashes).await
+    async fn unit_bodies(&self, machine_id: &str, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        let mut found = self.carried_bodies(machine_id, hashes);
+        let unread: Vec<UnitHash> = hashes.iter().filter(|hash| !found.contains_key(hash)).copied().collect();
+        if !unread.is_empty() {
+            found.extend(self.read_bodies(&unread).await?);
+        }
+        Ok(found)
     }
 
     async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()> {
@@ -117,6 +122,36 @@ impl AgentRegistry for EtcdRegistry {
 }
 
 impl EtcdRegistry {
+    /// The bodies among `hashes` that this machine's schedule carries, each checked against
+    /// its hash: what is missing or does not match is read from `bodies/` instead.
+    fn carried_bodies(&self, machine_id: &str, hashes: &[UnitHash]) -> HashMap<UnitHash, UnitFile> {
+        let mut found = HashMap::new();
+        let mirror = self.work_mirror(machine_id);
+        let data = mirror.read();
+        let schedule = KeyRange::prefix(self.keys().schedule(machine_id));
+        for (key, entry) in data.range(&schedule) {
+            if found.len() == hashes.len() {
+                break;
+            }
+            let Some(CarriedBody { hash, body: Some(body) }) = decode_listed::<CarriedBody>(key, &entry.value) else {
+                continue;
+            };
+            if !hashes.contains(&hash) || found.contains_key(&hash) {
+                continue;
+            }
+            let file = UnitFile::from_options(body);
+            if file.hash() == hash {
+                found.insert(hash, file);
+            } else {
+                tracing::warn!(
+                    key,
+                    "a unit body carried with an assignment does not match its hash; reading it instead"
+                );
+            }
+        }
+        found
+    }
+
     /// This machine's work as its copy holds it, once the copy has caught up with the
     /// machine's last registration.
     fn work_from_copy(&self, machine_id: &str) -> Result<MachineWork> {

@@ -2,7 +2,7 @@
 //! from the watch-fed copy, and schedule writes batched into transactions fenced by the
 //! leader key's create revision, so a deposed leader cannot write.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -14,7 +14,7 @@ use super::EtcdRegistry;
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
-use super::records::Assignment;
+use super::records::{Assignment, CarryingAssignment};
 use super::session::{Leadership, grant, renew};
 use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
@@ -46,7 +46,8 @@ pub(super) fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<
 impl EtcdRegistry {
     /// One unit's write as one nested transaction: the apply rule's conditions become its
     /// compares, so a unit that changed meanwhile is skipped without holding back the rest.
-    fn unit_txn(&self, data: &MirrorData, write: &UnitWrite) -> Option<TxnOp> {
+    /// A landing unit carries `carried` (a body and its hash) when its content is that.
+    fn unit_txn(&self, data: &MirrorData, write: &UnitWrite, carried: Option<(UnitHash, &UnitFile)>) -> Option<TxnOp> {
         let keys = self.keys();
         let unit = write.unit.as_str();
         let (unit_key, placement_key) = (keys.unit(unit), keys.placement(unit));
@@ -78,8 +79,12 @@ impl EtcdRegistry {
         if let Some(machine) = &write.lands_on {
             let record: UnitRecord = decode(&unit_key, &data.entries.get(&unit_key)?.value).ok()?;
             let assignment = Assignment::of(&record);
+            let value = match carried.filter(|(hash, _)| *hash == record.hash) {
+                Some((_, file)) => encode(&CarryingAssignment { assignment, body: file.options() }),
+                None => encode(&assignment),
+            };
             ops.push(TxnOp::put(placement_key.as_str(), machine.as_str(), None));
-            ops.push(TxnOp::put(keys.scheduled(machine, unit), encode(&assignment), None));
+            ops.push(TxnOp::put(keys.scheduled(machine, unit), value, None));
         }
         match &write.reason {
             ReasonWrite::Set(reason) => ops.push(TxnOp::put(keys.reason(unit), reason.as_str(), None)),
@@ -124,6 +129,60 @@ impl EtcdRegistry {
         Ok(renewed)
     }
 
+    /// The landing units that are the first of their content on their machine, with that
+    /// content's hash: each carries its body ([`CarryingAssignment`]). A machine holds the
+    /// content of every unit the copy places on it, and of those landing before it.
+    fn first_of_their_content(&self, data: &MirrorData, writes: &[UnitWrite]) -> HashMap<String, UnitHash> {
+        let landing: HashSet<&str> = writes.iter().filter_map(|write| write.lands_on.as_deref()).collect();
+        if landing.is_empty() {
+            return HashMap::new();
+        }
+        let keys = self.keys();
+        let records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let hash_of = |unit: &str| {
+            let key = keys.unit(unit);
+            match records.get(&key) {
+                Some((_, (hash, _))) => Some(*hash),
+                None => decode_listed::<UnitRecord>(&key, &data.entries.get(&key)?.value).map(|record| record.hash),
+            }
+        };
+        let placements = keys.placements();
+        let mut held: HashMap<&str, HashSet<UnitHash>> = HashMap::new();
+        for (key, entry) in data.range(&KeyRange::prefix(placements.clone())) {
+            let Some(machine) = std::str::from_utf8(&entry.value).ok().and_then(|machine| landing.get(machine)) else {
+                continue;
+            };
+            if let Some(hash) = keys.name_in(&placements, key).and_then(hash_of) {
+                held.entry(machine).or_default().insert(hash);
+            }
+        }
+        let mut carriers = HashMap::new();
+        for write in writes {
+            let Some(machine) = write.lands_on.as_deref() else { continue };
+            if let Some(hash) = hash_of(&write.unit)
+                && held.entry(machine).or_default().insert(hash)
+            {
+                carriers.insert(write.unit.clone(), hash);
+            }
+        }
+        carriers
+    }
+
+    /// The bodies `carriers` carry, in one read; none when they cannot be read (the machines
+    /// then read them themselves).
+    async fn bodies_to_carry(&self, carriers: &HashMap<String, UnitHash>) -> HashMap<UnitHash, UnitFile> {
+        let mut hashes: Vec<UnitHash> = carriers.values().copied().collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        if hashes.is_empty() {
+            return HashMap::new();
+        }
+        self.read_bodies(&hashes).await.unwrap_or_else(|error| {
+            tracing::debug!(%error, "cannot read the bodies to carry: the machines read them themselves");
+            HashMap::new()
+        })
+    }
+
     /// The reasons the engine's copy holds now, by unit.
     fn stored_reasons(&self, data: &MirrorData) -> Vec<(String, String)> {
         let keys = self.keys();
@@ -157,8 +216,9 @@ impl EngineRegistry for EtcdRegistry {
         }
         let leader_key = self.keys().leader();
         {
-            let data = self.engine_mirror().read();
+            let data = self.leader_mirror().read();
             if data.synced && data.entries.contains_key(&leader_key) {
+                self.drop_engine_mirror();
                 return Ok(None);
             }
         }
@@ -169,12 +229,15 @@ impl EngineRegistry for EtcdRegistry {
         let reply = self.connection().txn(txn).await?;
         if !reply.succeeded() {
             let _ = super::session::revoke(self.connection(), lease).await;
+            self.drop_engine_mirror();
             return Ok(None);
         }
         let token = reply.header().map_or(0, |header| header.revision());
         let held = Leadership { lease, token, keeper: None, renewed: std::time::Instant::now() };
         let granted = lease_of(&held);
         *leadership = Some(held);
+        // The new leader lists the cluster now; its first snapshot waits for that listing.
+        self.engine_mirror();
         Ok(Some(granted))
     }
 
@@ -185,6 +248,7 @@ impl EngineRegistry for EtcdRegistry {
                 *leadership = Some(held);
                 return Ok(());
             }
+            self.drop_engine_mirror();
             super::session::revoke(self.connection(), held.lease).await?;
         }
         Ok(())
@@ -192,7 +256,7 @@ impl EngineRegistry for EtcdRegistry {
 
     async fn snapshot(&self) -> Result<EngineSnapshot> {
         let mirror = self.engine_mirror();
-        let data = mirror.synced()?;
+        let data = mirror.listed(self.connection().timeout).await?;
         let keys = self.keys();
         let (units_prefix, placements) = (keys.units(), keys.placements());
         let mut placed: HashMap<&str, String> = HashMap::new();
@@ -230,7 +294,7 @@ impl EngineRegistry for EtcdRegistry {
     }
 
     async fn snapshot_revision(&self) -> Result<Option<u64>> {
-        Ok(Some(self.engine_mirror().synced()?.generation))
+        Ok(Some(self.engine_mirror().listed(self.connection().timeout).await?.generation))
     }
 
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
@@ -239,12 +303,27 @@ impl EngineRegistry for EtcdRegistry {
 
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {
         let mirror = self.engine_mirror();
+        let (writes, carriers) = {
+            let data = mirror.listed(self.connection().timeout).await?;
+            let stored = self.stored_reasons(&data);
+            let writes = grouped_by_machine(unit_writes(
+                decisions,
+                unplaced,
+                stored.iter().map(|(unit, reason)| (unit.as_str(), reason.as_str())),
+            ));
+            let carriers = self.first_of_their_content(&data, &writes);
+            (writes, carriers)
+        };
+        let bodies = self.bodies_to_carry(&carriers).await;
         let unit_txns: Vec<TxnOp> = {
             let data = mirror.synced()?;
-            let stored = self.stored_reasons(&data);
-            let writes =
-                unit_writes(decisions, unplaced, stored.iter().map(|(unit, reason)| (unit.as_str(), reason.as_str())));
-            grouped_by_machine(writes).iter().filter_map(|write| self.unit_txn(&data, write)).collect()
+            writes
+                .iter()
+                .filter_map(|write| {
+                    let carried = carriers.get(&write.unit).and_then(|hash| Some((*hash, bodies.get(hash)?)));
+                    self.unit_txn(&data, write, carried)
+                })
+                .collect()
         };
         let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
         // Units are independent of each other, so their transactions go a few at a time:
@@ -279,7 +358,8 @@ impl EngineRegistry for EtcdRegistry {
     }
 
     fn engine_changes(&self) -> ChangeSignal {
-        self.engine_mirror().changes()
+        self.leader_mirror();
+        self.inner.engine_signal.subscribe()
     }
 }
 

@@ -105,8 +105,22 @@ impl Mirror {
 
     /// As [`Mirror::start`], telling `observer` of every change.
     pub fn observed(connection: Connection, ranges: Vec<KeyRange>, observer: Option<Observer>) -> Self {
+        Self::begin(connection, ranges, observer, watch::channel(0).0)
+    }
+
+    /// As [`Mirror::start`], moving `changes` on every change: copies given the same sender
+    /// wake the same readers.
+    pub fn signalling(connection: Connection, ranges: Vec<KeyRange>, changes: watch::Sender<u64>) -> Self {
+        Self::begin(connection, ranges, None, changes)
+    }
+
+    fn begin(
+        connection: Connection,
+        ranges: Vec<KeyRange>,
+        observer: Option<Observer>,
+        changes: watch::Sender<u64>,
+    ) -> Self {
         let data = Arc::new(RwLock::new(MirrorData::default()));
-        let changes = watch::channel(0).0;
         let expected = std::sync::Mutex::new(vec![0; ranges.len()]);
         let relist = Arc::new(tokio::sync::Notify::new());
         let feeder = Feeder {
@@ -143,21 +157,30 @@ impl Mirror {
         self.changes.subscribe()
     }
 
-    /// Waits until the copy has applied `revision` in some range or `limit` passes; `true` if
-    /// it has. Other ranges may still be behind it: see [`Mirror::wait_for_expected`].
-    pub async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
+    /// Waits until `done` holds of the copy or `limit` passes; `true` if it holds.
+    async fn wait_until(&self, limit: Duration, done: impl Fn(&MirrorData) -> bool) -> bool {
         let mut changes = self.changes.subscribe();
-        let caught_up = async {
-            loop {
-                if self.read().revision >= revision {
-                    return;
-                }
+        let waited = async {
+            while !done(&self.read()) {
                 if changes.changed().await.is_err() {
                     return;
                 }
             }
         };
-        tokio::time::timeout(limit, caught_up).await.is_ok() && self.read().revision >= revision
+        tokio::time::timeout(limit, waited).await.is_ok() && done(&self.read())
+    }
+
+    /// The copy, once listed, waiting at most `limit` for its first listing; `Unavailable`
+    /// when it is not listed by then.
+    pub async fn listed(&self, limit: Duration) -> Result<RwLockReadGuard<'_, MirrorData>> {
+        self.wait_until(limit, |data| data.synced).await;
+        self.synced()
+    }
+
+    /// Waits until the copy has applied `revision` in some range or `limit` passes; `true` if
+    /// it has. Other ranges may still be behind it: see [`Mirror::wait_for_expected`].
+    pub async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
+        self.wait_until(limit, |data| data.revision >= revision).await
     }
 
     /// Notes that this process changed `key` at `revision` (a put, or a delete that deleted):
@@ -175,19 +198,10 @@ impl Mirror {
     /// revision: etcd orders a watcher's events, not one watcher's against another's.
     pub async fn wait_for_expected(&self, limit: Duration) -> bool {
         let expected = self.expected.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let caught_up = || {
-            let data = self.read();
+        self.wait_until(limit, |data| {
             data.synced && data.seen.iter().zip(&expected).all(|(seen, expected)| seen >= expected)
-        };
-        let mut changes = self.changes.subscribe();
-        let waited = async {
-            while !caught_up() {
-                if changes.changed().await.is_err() {
-                    return;
-                }
-            }
-        };
-        tokio::time::timeout(limit, waited).await.is_ok() && caught_up()
+        })
+        .await
     }
 }
 

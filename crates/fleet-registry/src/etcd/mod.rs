@@ -60,7 +60,13 @@ struct Inner {
     keys: Keys,
     lease_file: Option<std::path::PathBuf>,
     lifetimes: Lifetimes,
-    engine_mirror: OnceLock<Mirror>,
+    /// The leader key alone: what an engine that does not lead follows.
+    leader_mirror: OnceLock<Mirror>,
+    /// The engine's copy of the cluster, while this engine leads: a standby (every fleetd
+    /// that may lead) follows the leader key only, and lists the cluster when it takes over.
+    engine_mirror: Mutex<Option<Arc<Mirror>>>,
+    /// Moves on every change of the leader key, and of the engine's copy while there is one.
+    engine_signal: watch::Sender<u64>,
     /// The engine copy's unit records as last decoded, by key.
     engine_records: Mutex<HashMap<String, DecodedRecord>>,
     /// The API's copy of units, placements, reasons, states and bodies, for paged lists,
@@ -99,7 +105,9 @@ impl EtcdRegistry {
                 keys: Keys::new(&options.key_prefix),
                 lease_file: options.lease_file.clone(),
                 lifetimes,
-                engine_mirror: OnceLock::new(),
+                leader_mirror: OnceLock::new(),
+                engine_mirror: Mutex::new(None),
+                engine_signal: watch::channel(0).0,
                 engine_records: Mutex::new(HashMap::new()),
                 api_mirror: Mutex::new(None),
                 api_copy_idle: options.api_copy_idle.unwrap_or(api_copy::IDLE),
@@ -126,19 +134,45 @@ impl EtcdRegistry {
         &self.inner.keys
     }
 
-    /// The engine's copy of units, placements, reasons, machines, metadata and the leader key.
-    fn engine_mirror(&self) -> &Mirror {
-        self.inner.engine_mirror.get_or_init(|| {
-            let keys = self.keys();
-            let ranges = vec![
-                KeyRange::prefix(keys.units()),
-                KeyRange::prefix(keys.placements()),
-                KeyRange::prefix(keys.reasons()),
-                KeyRange::prefix(keys.machines()),
-                KeyRange::prefix(keys.all_metadata()),
-                KeyRange::single(keys.leader()),
-            ];
-            Mirror::start(self.connection().clone(), ranges)
+    /// The engine's copy of units, placements, reasons, machines and metadata, started on
+    /// first use (the leadership taken) and kept until [`EtcdRegistry::drop_engine_mirror`].
+    fn engine_mirror(&self) -> Arc<Mirror> {
+        let mut mirror = self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        mirror
+            .get_or_insert_with(|| {
+                let keys = self.keys();
+                let ranges = vec![
+                    KeyRange::prefix(keys.units()),
+                    KeyRange::prefix(keys.placements()),
+                    KeyRange::prefix(keys.reasons()),
+                    KeyRange::prefix(keys.machines()),
+                    KeyRange::prefix(keys.all_metadata()),
+                ];
+                Arc::new(Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone()))
+            })
+            .clone()
+    }
+
+    /// Gives the engine's copy back (the leadership is gone): a standby holds nothing that
+    /// grows with the cluster, and etcd streams it nothing but the leader key.
+    fn drop_engine_mirror(&self) {
+        let dropped = self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if dropped.is_some() {
+            self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
+        }
+    }
+
+    /// Whether this engine holds a copy of the cluster now.
+    #[cfg(test)]
+    fn engine_copy_running(&self) -> bool {
+        self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some()
+    }
+
+    /// The copy of the leader key, which every engine follows.
+    fn leader_mirror(&self) -> &Mirror {
+        self.inner.leader_mirror.get_or_init(|| {
+            let ranges = vec![KeyRange::single(self.keys().leader())];
+            Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone())
         })
     }
 

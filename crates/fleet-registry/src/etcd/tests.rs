@@ -97,13 +97,23 @@ async fn one_leader_at_a_time_and_a_deposed_leader_cannot_write() {
     a.put_unit("x.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     a.register_machine(&machine("m1")).await.unwrap();
     let lease_a = a.acquire_leadership("ma").await.unwrap().expect("first engine leads");
-    let _ = b.engine_changes();
+    assert!(a.engine_copy_running(), "the leader lists the cluster");
+    let mut b_changes = b.engine_changes();
     eventually("b's copy shows the leader", || async { b.acquire_leadership("mb").await.unwrap().is_none() }).await;
+    assert!(!b.engine_copy_running(), "a standby follows the leader key only, not the cluster");
     assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease_a.clone()), "renewal keeps the token");
-    // a's leadership vanishes (its lease revoked as if it expired); b takes over.
+    // a's leadership vanishes (its lease revoked as if it expired); b hears of it and takes over.
+    b_changes.mark_unchanged();
     let held = a.inner.leadership.lock().await.as_ref().unwrap().lease;
     super::session::revoke(a.connection(), held).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), b_changes.changed())
+        .await
+        .expect("the leader key's end wakes the standby")
+        .unwrap();
     eventually("b leads", || async { b.acquire_leadership("mb").await.unwrap().is_some() }).await;
+    assert!(b.engine_copy_running(), "the new leader lists the cluster");
+    let snapshot = b.snapshot().await.expect("the new leader's first snapshot waits for its listing");
+    assert_eq!(snapshot.units.len(), 1);
     eventually("a's copy is synced", || async { a.snapshot().await.is_ok_and(|s| !s.units.is_empty()) }).await;
     let decision = Decision::Schedule { unit: "x.service".into(), machine: "m1".into() };
     match a.apply(&lease_a, &[decision], &[]).await {
@@ -111,6 +121,11 @@ async fn one_leader_at_a_time_and_a_deposed_leader_cannot_write() {
         other => panic!("a deposed leader wrote: {other:?}"),
     }
     assert!(keys_under(&a, "/fleet-test/placement/").await.is_empty());
+    assert!(a.acquire_leadership("ma").await.unwrap().is_none(), "b leads");
+    assert!(!a.engine_copy_running(), "a deposed leader gives its copy back");
+    let lease_b = b.acquire_leadership("mb").await.unwrap().unwrap();
+    b.release_leadership(&lease_b).await.unwrap();
+    assert!(!b.engine_copy_running(), "so does a leader that steps down");
 }
 
 #[tokio::test]
@@ -519,4 +534,71 @@ async fn a_claim_that_landed_without_an_answer_is_taken_over_not_refused() {
     registry.connection().write(&[presence("m2")], other).await.unwrap();
     registry.note_unconfirmed_claim("m2", Some(other + 1));
     assert!(matches!(registry.register_machine(&machine("m2")).await, Err(RegistryError::MachineInUse { .. })));
+}
+
+/// The first unit of each content a machine gets carries the unit's body, so the machine
+/// has it from its own watch instead of reading `bodies/`; a later unit of the same content
+/// carries nothing, and a carried body that does not match its hash is not taken.
+#[tokio::test]
+async fn a_machines_first_unit_of_each_content_carries_the_body() {
+    use super::records::{Assignment, CarryingAssignment};
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    for id in ["m1", "m2"] {
+        registry.register_machine(&machine(id)).await.unwrap();
+    }
+    let (sleeper, other) = (unit(SLEEP), unit("[Service]\nExecStart=/bin/sleep 2000\n"));
+    let units = [
+        ("a.service", &sleeper),
+        ("b.service", &sleeper),
+        ("c.service", &other),
+        ("d.service", &sleeper),
+        ("e.service", &sleeper),
+    ];
+    for (name, file) in units {
+        registry.put_unit(name, file, DesiredState::Launched).await.unwrap();
+    }
+    let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
+    eventually("the engine's copy has every unit", || async {
+        registry.snapshot().await.is_ok_and(|s| s.units.len() == units.len())
+    })
+    .await;
+    let place = |unit: &str, machine: &str| Decision::Schedule { unit: unit.into(), machine: machine.into() };
+    let first =
+        [place("a.service", "m1"), place("b.service", "m1"), place("c.service", "m1"), place("d.service", "m2")];
+    registry.apply(&lease, &first, &[]).await.unwrap();
+    registry.apply(&lease, &[place("e.service", "m1")], &[]).await.unwrap();
+    let carrying = async |machine: &str| -> Vec<String> {
+        let prefix = format!("/fleet-test/schedule/{machine}/");
+        let reply = registry.connection().get(prefix.as_str(), Some(GetOptions::new().with_prefix())).await.unwrap();
+        reply
+            .kvs()
+            .iter()
+            .filter(|kv| String::from_utf8_lossy(kv.value()).contains("\"body\""))
+            .map(|kv| String::from_utf8_lossy(kv.key()).trim_start_matches(&prefix).to_string())
+            .collect()
+    };
+    assert_eq!(carrying("m1").await, ["a.service", "c.service"], "one carrier per content, not per unit");
+    assert_eq!(carrying("m2").await, ["d.service"]);
+
+    // With `bodies/` gone, the machine still has both from its schedule.
+    let mut kv = registry.connection().kv();
+    kv.delete("/fleet-test/bodies/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    let wanted = [sleeper.hash(), other.hash()];
+    eventually("m1's copy has its schedule", || async {
+        AgentRegistry::unit_bodies(&registry, "m1", &wanted).await.unwrap().len() == 2
+    })
+    .await;
+    let found = AgentRegistry::unit_bodies(&registry, "m1", &wanted).await.unwrap();
+    assert_eq!(found[&sleeper.hash()].hash(), sleeper.hash());
+    assert_eq!(found[&other.hash()].hash(), other.hash());
+
+    // A carried body that is not the content its assignment names is not taken.
+    let assignment = Assignment { hash: sleeper.hash(), desired: DesiredState::Launched, drift: Default::default() };
+    let forged = crate::codec::encode(&CarryingAssignment { assignment, body: other.options() });
+    kv.put("/fleet-test/schedule/m1/a.service", forged, None).await.unwrap();
+    eventually("the forged body is refused, and bodies/ has no other", || async {
+        AgentRegistry::unit_bodies(&registry, "m1", &[sleeper.hash()]).await.unwrap().is_empty()
+    })
+    .await;
 }

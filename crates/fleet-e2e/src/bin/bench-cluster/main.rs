@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::cluster_bench::{TEMPLATES, every_unit, template, unit_list, wait_all_launched};
-use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib};
+use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds};
 use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_testkit::FakeUnitManager;
@@ -137,6 +137,8 @@ fn main() {
         let etcd_pid = etcd.pid().unwrap_or(0);
         let cpu_before = cpu_seconds(engine.pid());
         let (etcd_cpu_before, bench_cpu_before) = (cpu_seconds(etcd_pid), cpu_seconds(std::process::id()));
+        let (standby_cpu_before, fleetctl_cpu_before) =
+            (cpu_seconds(standby.pid()), waited_children_cpu_seconds(std::process::id()));
         let submitting = Instant::now();
         let socket = engine.socket();
         let started = fleetctl(&socket, list_dir.path(), &["start", "--no-block", "--from-file", &list.display().to_string()]).await;
@@ -160,9 +162,11 @@ fn main() {
         println!("      etcd over (a): {}", rates.join(", "));
         println!("      {}", leaderships(&engine, &standby));
         println!(
-            "      CPU over (a): etcd {:.1} s, the simulated machines' process {:.1} s (fleetctl and the engine fleetd aside)",
+            "      CPU over (a): etcd {:.1} s, the simulated machines' process {:.1} s, the standby engine fleetd {:.1} s, fleetctl {:.1} s (the engine fleetd above)",
             cpu_seconds(etcd_pid) - etcd_cpu_before,
-            cpu_seconds(std::process::id()) - bench_cpu_before
+            cpu_seconds(std::process::id()) - bench_cpu_before,
+            cpu_seconds(standby.pid()) - standby_cpu_before,
+            waited_children_cpu_seconds(std::process::id()) - fleetctl_cpu_before
         );
 
         // (d) Lists through fleetctl, every page.
