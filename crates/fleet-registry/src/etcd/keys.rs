@@ -7,7 +7,7 @@
 //! | `refs/<hash>/<unit>` | empty | — | API; a body goes when its last ref goes |
 //! | `global/<unit>` | [`crate::AssignedUnit`] fields | — | API, for global units |
 //! | `placement/<unit>` | machine ID | — | engine, fenced |
-//! | `schedule/<machine>/<unit>` | [`crate::AssignedUnit`] fields | — | engine (fenced); API on desired-state changes |
+//! | `schedule/<machine>/<unit>` | [`crate::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
@@ -21,8 +21,9 @@
 //! | `tokens/<name>` | [`crate::TokenRecord`] (the token's hash, never the token) | — | API |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
-//! a schedule change wakes exactly one agent. The engine watches units, placements, reasons,
-//! machines, metadata and the leader key; unit states, which change most, wake nobody.
+//! a schedule change wakes exactly one agent. The leading engine watches units, placements,
+//! reasons, machines and metadata, every engine the leader key; unit states, which change
+//! most, wake nobody.
 
 /// Whose work a key's change touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
