@@ -10,12 +10,12 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fleet_core::schedule::Decision;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
-use super::EtcdRegistry;
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarryingAssignment};
 use super::session::{Leadership, grant, renew};
+use super::{DecodedRecord, EtcdRegistry};
 use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
@@ -141,8 +141,8 @@ impl EtcdRegistry {
         let records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let hash_of = |unit: &str| {
             let key = keys.unit(unit);
-            match records.get(&key) {
-                Some((_, (hash, _))) => Some(*hash),
+            match records.by_key.get(&key) {
+                Some(record) => Some(record.hash),
                 None => decode_listed::<UnitRecord>(&key, &data.entries.get(&key)?.value).map(|record| record.hash),
             }
         };
@@ -259,32 +259,40 @@ impl EngineRegistry for EtcdRegistry {
         let data = mirror.listed(self.connection().timeout).await?;
         let keys = self.keys();
         let (units_prefix, placements) = (keys.units(), keys.placements());
-        let mut placed: HashMap<&str, String> = HashMap::new();
+        // Units and placements are both in name order: one walk over each, side by side.
         let placement_range = KeyRange::prefix(placements.clone());
-        for (key, entry) in data.range(&placement_range) {
-            if let Some(unit) = keys.name_in(&placements, key) {
-                placed.insert(unit, String::from_utf8_lossy(&entry.value).into_owned());
-            }
-        }
+        let mut placed = data
+            .range(&placement_range)
+            .filter_map(|(key, entry)| Some((keys.name_in(&placements, key)?, entry)))
+            .peekable();
         let mut units = Vec::new();
         let unit_range = KeyRange::prefix(units_prefix.clone());
         // Records are decoded once per version: a pass decodes only what changed since the last.
         let mut decoded = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let mut kept = HashMap::with_capacity(decoded.len());
+        decoded.pass = decoded.pass.wrapping_add(1);
+        let pass = decoded.pass;
         for (key, entry) in data.range(&unit_range) {
             let Some(name) = keys.name_in(&units_prefix, key) else { continue };
-            let record = match decoded.remove_entry(key) {
-                Some((key, (revision, record))) if revision == entry.mod_revision => (key, (revision, record)),
+            let (hash, desired) = match decoded.by_key.get_mut(key.as_str()) {
+                Some(record) if record.mod_revision == entry.mod_revision => {
+                    record.seen = pass;
+                    (record.hash, record.desired)
+                }
                 _ => {
                     let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
-                    (key.clone(), (entry.mod_revision, (record.hash, record.desired)))
+                    let (hash, desired) = (record.hash, record.desired);
+                    let record = DecodedRecord { mod_revision: entry.mod_revision, hash, desired, seen: pass };
+                    decoded.by_key.insert(key.clone(), record);
+                    (hash, desired)
                 }
             };
-            let (hash, desired) = record.1.1;
-            units.push(SnapshotUnit { name: name.to_string(), hash, desired, machine_id: placed.remove(name) });
-            kept.insert(record.0, record.1);
+            while placed.next_if(|(placed_name, _)| *placed_name < name).is_some() {}
+            let machine_id = placed
+                .next_if(|(placed_name, _)| *placed_name == name)
+                .map(|(_, entry)| String::from_utf8_lossy(&entry.value).into_owned());
+            units.push(SnapshotUnit { name: name.to_string(), hash, desired, machine_id });
         }
-        *decoded = kept;
+        decoded.by_key.retain(|_, record| record.seen == pass);
         drop(decoded);
         Ok(EngineSnapshot { revision: data.generation, machines: machines_in(self, &data)?, units })
     }

@@ -48,7 +48,21 @@ pub struct Lifetimes {
 }
 
 /// A unit record as the engine uses it, with the mod revision it was decoded at.
-type DecodedRecord = (i64, (fleet_core::UnitHash, fleet_core::DesiredState));
+/// The engine copy's unit records as the snapshots decoded them, by key, and the number of
+/// the last snapshot.
+#[derive(Default)]
+struct DecodedRecords {
+    pass: u64,
+    by_key: HashMap<String, DecodedRecord>,
+}
+
+struct DecodedRecord {
+    mod_revision: i64,
+    hash: fleet_core::UnitHash,
+    desired: fleet_core::DesiredState,
+    /// The snapshot that last saw the record: one that no snapshot saw is gone.
+    seen: u64,
+}
 
 #[derive(Clone)]
 pub struct EtcdRegistry {
@@ -68,7 +82,7 @@ struct Inner {
     /// Moves on every change of the leader key, and of the engine's copy while there is one.
     engine_signal: watch::Sender<u64>,
     /// The engine copy's unit records as last decoded, by key.
-    engine_records: Mutex<HashMap<String, DecodedRecord>>,
+    engine_records: Mutex<DecodedRecords>,
     /// The API's copy of units, placements, reasons, states and bodies, for paged lists,
     /// while lists use it.
     api_mirror: Mutex<Option<api_copy::ApiCopy>>,
@@ -108,7 +122,7 @@ impl EtcdRegistry {
                 leader_mirror: OnceLock::new(),
                 engine_mirror: Mutex::new(None),
                 engine_signal: watch::channel(0).0,
-                engine_records: Mutex::new(HashMap::new()),
+                engine_records: Mutex::new(DecodedRecords::default()),
                 api_mirror: Mutex::new(None),
                 api_copy_idle: options.api_copy_idle.unwrap_or(api_copy::IDLE),
                 state_order: api_copy::StateOrder::default(),
@@ -158,7 +172,7 @@ impl EtcdRegistry {
     fn drop_engine_mirror(&self) {
         let dropped = self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         if dropped.is_some() {
-            self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clear();
+            self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).by_key.clear();
         }
     }
 
