@@ -127,6 +127,7 @@ fn main() {
         }
         println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
         println!("      {}", leaderships(&engine, &standby));
+        print_leadership_moves(&engine, &standby);
 
         // (a) Submit every unit through fleetctl, then time until all report launched.
         let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
@@ -308,11 +309,30 @@ async fn placed_on(api: &EtcdRegistry, lost: &HashSet<String>) -> usize {
 /// How often each engine fleetd took the leadership so far: its etcd leases granted and not
 /// given back at once (a bid that finds a leader revokes its lease), less its own machine's.
 fn leaderships(first: &Fleetd, second: &Fleetd) -> String {
-    let taken = |fleetd: &Fleetd| {
-        let text = tokio::task::block_in_place(|| fleetd.metrics());
-        metric(&text, LEASE_GRANTS) - metric(&text, LEASE_REVOKES) - 1.0
-    };
-    format!("engine leaderships taken so far: the first engine fleetd {}, the second {}", taken(first), taken(second))
+    format!(
+        "engine leaderships taken so far: the first engine fleetd {}, the second {}",
+        leaderships_taken(first),
+        leaderships_taken(second)
+    )
+}
+
+/// How often `fleetd` took the engine leadership so far (see [`leaderships`]).
+fn leaderships_taken(fleetd: &Fleetd) -> f64 {
+    let text = tokio::task::block_in_place(|| fleetd.metrics());
+    metric(&text, LEASE_GRANTS) - metric(&text, LEASE_REVOKES) - 1.0
+}
+
+/// The engine fleetds' log lines about their leadership, when it was taken more than once:
+/// why it moved (a lease that lapsed, a renewal that failed).
+fn print_leadership_moves(first: &Fleetd, second: &Fleetd) {
+    if leaderships_taken(first) + leaderships_taken(second) <= 1.0 {
+        return;
+    }
+    for (which, fleetd) in [("first", first), ("second", second)] {
+        for line in fleetd.log().lines().filter(|line| line.contains("eadership") || line.contains("engine lease")) {
+            println!("      {which} engine fleetd: {line}");
+        }
+    }
 }
 
 /// Whether none of the machines in `lost` is present any more (their leases expired).
