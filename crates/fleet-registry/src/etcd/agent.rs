@@ -122,14 +122,16 @@ impl AgentRegistry for EtcdRegistry {
 }
 
 impl EtcdRegistry {
-    /// The bodies among `hashes` that this machine's schedule carries, each checked against
-    /// its hash: what is missing or does not match is read from `bodies/` instead.
+    /// The bodies among `hashes` that this machine's schedule and the global units carry,
+    /// each checked against its hash: what is missing or does not match is read from
+    /// `bodies/` instead.
     fn carried_bodies(&self, machine_id: &str, hashes: &[UnitHash]) -> HashMap<UnitHash, UnitFile> {
         let mut found = HashMap::new();
         let mirror = self.work_mirror(machine_id);
         let data = mirror.read();
-        let schedule = KeyRange::prefix(self.keys().schedule(machine_id));
-        for (key, entry) in data.range(&schedule) {
+        let (schedule, globals) =
+            (KeyRange::prefix(self.keys().schedule(machine_id)), KeyRange::prefix(self.keys().globals()));
+        for (key, entry) in data.range(&schedule).chain(data.range(&globals)) {
             if found.len() == hashes.len() {
                 break;
             }

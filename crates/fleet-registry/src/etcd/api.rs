@@ -10,7 +10,7 @@ use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, U
 
 use super::EtcdRegistry;
 use super::connection::get_prefix;
-use super::records::Assignment;
+use super::records::{Assignment, CarryingAssignment};
 use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
     ApiRegistry, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
@@ -181,10 +181,23 @@ impl EtcdRegistry {
     }
 
     /// The writes that tell the agents about `record`: the schedule entry of the machine it
-    /// is placed on, and the global index.
-    fn agent_copies(&self, name: &str, record: &UnitRecord, current: &Current, writes: &mut Writes) {
+    /// is placed on, and the global index. With the unit's `content` written, they carry it
+    /// ([`CarryingAssignment`]): every machine that runs a global unit, or the one a placed
+    /// unit's new content goes to, has it from its own watch instead of reading it.
+    fn agent_copies(
+        &self,
+        name: &str,
+        record: &UnitRecord,
+        current: &Current,
+        writes: &mut Writes,
+        content: Option<&UnitFile>,
+    ) {
         let keys = self.keys();
-        let assignment = encode(&Assignment::of(record));
+        let assignment = Assignment::of(record);
+        let assignment = match content {
+            Some(file) => encode(&CarryingAssignment { assignment, body: file.options() }),
+            None => encode(&assignment),
+        };
         if record.global {
             writes.put(keys.global(name), assignment.clone());
         } else if current.record.as_ref().is_some_and(|old| old.global) {
@@ -243,14 +256,15 @@ impl EtcdRegistry {
 /// A unit to store, with what its record needs computed once.
 pub(super) struct UnitPut<'a> {
     pub name: &'a str,
+    pub file: &'a UnitFile,
     pub hash: UnitHash,
     pub global: bool,
     pub desired: DesiredState,
 }
 
 impl<'a> UnitPut<'a> {
-    pub fn new(name: &'a str, file: &UnitFile, desired: DesiredState) -> Self {
-        Self { name, hash: file.hash(), global: Requirements::from_unit(name, file).global, desired }
+    pub fn new(name: &'a str, file: &'a UnitFile, desired: DesiredState) -> Self {
+        Self { name, file, hash: file.hash(), global: Requirements::from_unit(name, file).global, desired }
     }
 }
 
@@ -283,7 +297,7 @@ impl EtcdRegistry {
         if let Some(old) = replaced {
             writes.delete(keys.body_ref(&old.to_string(), name));
         }
-        self.agent_copies(name, &record, current, &mut writes);
+        self.agent_copies(name, &record, current, &mut writes, Some(put.file));
         Planned::Write(writes, Ok(replaced))
     }
 
@@ -306,7 +320,7 @@ impl EtcdRegistry {
         let record = UnitRecord { desired, source, ..old.clone() };
         let mut writes = Writes::default();
         writes.put(self.keys().unit(name), encode(&record));
-        self.agent_copies(name, &record, current, &mut writes);
+        self.agent_copies(name, &record, current, &mut writes, None);
         Planned::Write(writes, Ok(true))
     }
 }

@@ -5,7 +5,7 @@
 //! | `units/<unit>` | [`crate::UnitRecord`] | — | API |
 //! | `bodies/<hash>` | the unit's options | — | API (content-addressed) |
 //! | `refs/<hash>/<unit>` | empty | — | API; a body goes when its last ref goes |
-//! | `global/<unit>` | [`crate::AssignedUnit`] fields | — | API, for global units |
+//! | `global/<unit>` | [`crate::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
 //! | `placement/<unit>` | machine ID | — | engine, fenced |
 //! | `schedule/<machine>/<unit>` | [`crate::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |

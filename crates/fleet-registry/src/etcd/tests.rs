@@ -601,4 +601,13 @@ async fn a_machines_first_unit_of_each_content_carries_the_body() {
         AgentRegistry::unit_bodies(&registry, "m1", &[sleeper.hash()]).await.unwrap().is_empty()
     })
     .await;
+
+    // A global unit's entry, which every machine watches, carries its body.
+    let global = unit("[Service]\nExecStart=/bin/sleep 3000\n\n[X-Fleet]\nGlobal=true\n");
+    registry.put_unit("g.service", &global, DesiredState::Launched).await.unwrap();
+    kv.delete("/fleet-test/bodies/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    eventually("m2 has the global unit's body from its copy", || async {
+        AgentRegistry::unit_bodies(&registry, "m2", &[global.hash()]).await.unwrap().len() == 1
+    })
+    .await;
 }

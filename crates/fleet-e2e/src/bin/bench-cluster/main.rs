@@ -322,14 +322,17 @@ fn leaderships_taken(fleetd: &Fleetd) -> f64 {
     metric(&text, LEASE_GRANTS) - metric(&text, LEASE_REVOKES) - 1.0
 }
 
-/// The engine fleetds' log lines about their leadership, when it was taken more than once:
-/// why it moved (a lease that lapsed, a renewal that failed).
+/// The engine fleetds' log lines about their leadership and their failed passes, when it was
+/// taken more than once: why it moved (a lease that lapsed, a renewal that failed).
 fn print_leadership_moves(first: &Fleetd, second: &Fleetd) {
     if leaderships_taken(first) + leaderships_taken(second) <= 1.0 {
         return;
     }
     for (which, fleetd) in [("first", first), ("second", second)] {
-        for line in fleetd.log().lines().filter(|line| line.contains("eadership") || line.contains("engine lease")) {
+        let about_leadership = |line: &&str| {
+            ["eadership", "engine lease", "engine reconcile failed"].iter().any(|word| line.contains(word))
+        };
+        for line in fleetd.log().lines().filter(about_leadership) {
             println!("      {which} engine fleetd: {line}");
         }
     }
