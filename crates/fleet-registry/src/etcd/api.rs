@@ -181,9 +181,9 @@ impl EtcdRegistry {
     }
 
     /// The writes that tell the agents about `record`: the schedule entry of the machine it
-    /// is placed on, and the global index. With the unit's `content` written, they carry it
-    /// ([`CarryingAssignment`]): every machine that runs a global unit, or the one a placed
-    /// unit's new content goes to, has it from its own watch instead of reading it.
+    /// is placed on, and the global index. With the unit's `content` written, the global
+    /// entry carries it, and the schedule entry when the content is new
+    /// ([`CarryingAssignment`]): the machines have it from their own watch instead of reading it.
     fn agent_copies(
         &self,
         name: &str,
@@ -194,17 +194,19 @@ impl EtcdRegistry {
     ) {
         let keys = self.keys();
         let assignment = Assignment::of(record);
-        let assignment = match content {
+        let encoded = |content: Option<&UnitFile>| match content {
             Some(file) => encode(&CarryingAssignment { assignment, body: file.options() }),
             None => encode(&assignment),
         };
         if record.global {
-            writes.put(keys.global(name), assignment.clone());
+            writes.put(keys.global(name), encoded(content));
         } else if current.record.as_ref().is_some_and(|old| old.global) {
             writes.delete(keys.global(name));
         }
         if let Some(machine) = &current.machine {
-            writes.put(keys.scheduled(machine, name), assignment);
+            // The machine holds the content it runs: only new content travels to it.
+            let new_content = current.record.as_ref().is_none_or(|old| old.hash != record.hash);
+            writes.put(keys.scheduled(machine, name), encoded(content.filter(|_| new_content)));
         }
     }
 

@@ -47,7 +47,6 @@ pub struct Lifetimes {
     pub engine_lease_ttl: Duration,
 }
 
-/// A unit record as the engine uses it, with the mod revision it was decoded at.
 /// The engine copy's unit records as the snapshots decoded them, by key, and the number of
 /// the last snapshot.
 #[derive(Default)]
@@ -56,6 +55,7 @@ struct DecodedRecords {
     by_key: HashMap<String, DecodedRecord>,
 }
 
+/// A unit record as the engine uses it, with the mod revision it was decoded at.
 struct DecodedRecord {
     mod_revision: i64,
     hash: fleet_core::UnitHash,

@@ -580,6 +580,11 @@ async fn a_machines_first_unit_of_each_content_carries_the_body() {
     };
     assert_eq!(carrying("m1").await, ["a.service", "c.service"], "one carrier per content, not per unit");
     assert_eq!(carrying("m2").await, ["d.service"]);
+    // The API's writes: the same content again travels nowhere, new content to its machine.
+    registry.put_unit("b.service", &sleeper, DesiredState::Launched).await.unwrap();
+    assert_eq!(carrying("m1").await, ["a.service", "c.service"], "m1 holds b.service's content");
+    registry.put_unit("b.service", &other, DesiredState::Launched).await.unwrap();
+    assert_eq!(carrying("m1").await, ["a.service", "b.service", "c.service"], "new content travels");
 
     // With `bodies/` gone, the machine still has both from its schedule.
     let mut kv = registry.connection().kv();

@@ -328,10 +328,9 @@ fn print_leadership_moves(first: &Fleetd, second: &Fleetd) {
     if leaderships_taken(first) + leaderships_taken(second) <= 1.0 {
         return;
     }
+    let about_leadership =
+        |line: &&str| ["eadership", "engine lease", "engine reconcile failed"].iter().any(|word| line.contains(word));
     for (which, fleetd) in [("first", first), ("second", second)] {
-        let about_leadership = |line: &&str| {
-            ["eadership", "engine lease", "engine reconcile failed"].iter().any(|word| line.contains(word))
-        };
         for line in fleetd.log().lines().filter(about_leadership) {
             println!("      {which} engine fleetd: {line}");
         }
