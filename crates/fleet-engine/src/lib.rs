@@ -133,6 +133,9 @@ impl Engine {
         }
         let planning = std::time::Instant::now();
         let snapshot = self.registry.snapshot().await?;
+        if let Err(error) = self.registry.collect_unused_bodies().await {
+            tracing::warn!(%error, "collecting unused unit bodies");
+        }
         if self.planned == Some(snapshot.revision) {
             return Ok(());
         }

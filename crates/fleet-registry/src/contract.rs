@@ -132,8 +132,16 @@ async fn place(registry: &dyn Registry, unit: &str, machine: &str) {
     registry.apply(&lease(registry).await, &[decision], &[]).await.expect("a schedule write");
 }
 
-/// Bodies are stored once per content, read by hash, and deleted with the last unit that
-/// refers to them.
+/// Whether the engine's collection of unused bodies, after a snapshot, leaves `hash`'s body
+/// gone (a store that drops a body with its last unit collects nothing there).
+async fn collected(registry: &dyn Registry, hash: &fleet_core::UnitHash) -> bool {
+    registry.snapshot().await.is_ok()
+        && registry.collect_unused_bodies().await.is_ok()
+        && registry.unit_body(hash).await.is_ok_and(|body| body.is_none())
+}
+
+/// Bodies are stored once per content, read by hash, and deleted once no unit refers to
+/// them (by the leading engine's collection, after a snapshot that shows it).
 pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
     let (shared, other) = (unit("/bin/true"), unit("/bin/false"));
     registry.put_unit("a.service", &shared, DesiredState::Inactive).await.unwrap();
@@ -141,16 +149,24 @@ pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry,
     assert_eq!(registry.unit_body(&shared.hash()).await.unwrap(), Some(shared.clone()));
     registry.put_unit("b.service", &other, DesiredState::Inactive).await.unwrap();
     assert_eq!(registry.unit("b.service").await.unwrap().unwrap().hash, other.hash());
+    eventually("a snapshot shows b.service's new content", async || {
+        registry.snapshot().await.is_ok_and(|snapshot| {
+            snapshot.units.iter().any(|unit| unit.name == "b.service" && unit.hash == other.hash())
+        })
+    })
+    .await;
+    registry.collect_unused_bodies().await.unwrap();
     assert!(registry.unit_body(&shared.hash()).await.unwrap().is_some(), "a.service still refers to it");
     let asked = [shared.hash(), other.hash(), unit("/bin/echo").hash()];
     let both = crate::AgentRegistry::unit_bodies(registry, "m1", &asked).await.unwrap();
     assert_eq!(both.len(), 2, "a body nobody wrote is left out");
     assert_eq!((&both[&shared.hash()], &both[&other.hash()]), (&shared, &other));
     assert!(registry.destroy_unit("a.service").await.unwrap());
-    assert_eq!(registry.unit_body(&shared.hash()).await.unwrap(), None, "collected with its last unit");
+    eventually("the body is collected after its last unit", async || collected(registry, &shared.hash()).await).await;
+    assert!(registry.unit_body(&other.hash()).await.unwrap().is_some(), "b.service still refers to it");
     assert!(registry.destroy_unit("b.service").await.unwrap());
     assert!(!registry.destroy_unit("b.service").await.unwrap(), "a second destroy finds nothing");
-    assert_eq!(registry.unit_body(&other.hash()).await.unwrap(), None);
+    eventually("the other body is collected too", async || collected(registry, &other.hash()).await).await;
 }
 
 /// A lease that is not the current leader's writes nothing and says so.

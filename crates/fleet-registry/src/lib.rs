@@ -314,6 +314,12 @@ pub trait EngineRegistry: Send + Sync {
     async fn compact_history(&self) -> Result<()> {
         Ok(())
     }
+    /// Deletes the stored unit bodies no unit refers to any more, as of the last
+    /// [`EngineRegistry::snapshot`]; the leading engine calls it after each snapshot. A store
+    /// that drops a body with its last unit does nothing.
+    async fn collect_unused_bodies(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 #[async_trait]

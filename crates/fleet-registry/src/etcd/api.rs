@@ -209,30 +209,14 @@ impl EtcdRegistry {
             writes.put(keys.scheduled(machine, name), encoded(content.filter(|_| new_content)));
         }
     }
-
-    /// Deletes a body no unit refers to any more. A unit written meanwhile adds its ref in
-    /// the same transaction as its body, so the condition keeps any body in use.
-    pub(super) async fn collect_body(&self, hash: &UnitHash) -> Result<()> {
-        let keys = self.keys();
-        let hash = hash.to_string();
-        let no_refs = Compare::version(keys.refs(&hash), CompareOp::Equal, 0).with_prefix();
-        self.connection().txn(Txn::new().when([no_refs]).and_then([TxnOp::delete(keys.body(&hash), None)])).await?;
-        Ok(())
-    }
 }
 
 impl EtcdRegistry {
-    /// Removes a unit whose record cannot be read: every key named after it (its hash, and
-    /// so its body reference, is found by a scan of the references).
+    /// Removes a unit whose record cannot be read: every key named after it (its body, which
+    /// the engine collects once no unit has it, is left to the engine).
     async fn destroy_unreadable_unit(&self, name: &str) -> Result<bool> {
         let keys = self.keys();
-        let (_, replies) = self
-            .connection()
-            .read(vec![
-                TxnOp::get(keys.placement(name), None),
-                TxnOp::get(keys.all_refs(), Some(etcd_client::GetOptions::new().with_prefix().with_keys_only())),
-            ])
-            .await?;
+        let (_, replies) = self.connection().read(vec![TxnOp::get(keys.placement(name), None)]).await?;
         let mut ops = vec![
             TxnOp::delete(keys.unit(name), None),
             TxnOp::delete(keys.placement(name), None),
@@ -241,14 +225,6 @@ impl EtcdRegistry {
         ];
         if let Some(machine) = replies.first().and_then(first).map(text) {
             ops.push(TxnOp::delete(keys.scheduled(&machine, name), None));
-        }
-        let suffix = format!("/{name}");
-        let refs: Vec<String> = replies
-            .get(1)
-            .map(|reply| reply.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect())
-            .unwrap_or_default();
-        for key in refs.iter().filter(|key| key.ends_with(&suffix)) {
-            ops.push(TxnOp::delete(key.as_str(), None));
         }
         self.connection().txn(Txn::new().and_then(ops)).await?;
         Ok(true)
@@ -271,14 +247,15 @@ impl<'a> UnitPut<'a> {
 }
 
 impl EtcdRegistry {
-    /// What storing `put` over `current` writes, its body aside (the caller writes the body,
-    /// once per transaction however many units share it); answers the hash it replaced.
+    /// What storing `put` over `current` writes, its body aside: the caller writes the body in
+    /// the same transaction (once however many units share it), which is what keeps the
+    /// engine from collecting a body a unit has just taken up (`body_collection`).
     pub(super) fn plan_put(
         &self,
         put: &UnitPut<'_>,
         writer: &Writer,
         current: &Current,
-    ) -> Planned<std::result::Result<Option<UnitHash>, OwnedBy>> {
+    ) -> Planned<std::result::Result<(), OwnedBy>> {
         let (keys, name) = (self.keys(), put.name);
         let source = match owner_after(writer, current) {
             Ok(source) => source,
@@ -291,16 +268,10 @@ impl EtcdRegistry {
             source,
             drift: writer.drift_policy(),
         };
-        let hash_text = put.hash.to_string();
         let mut writes = Writes::default();
         writes.put(keys.unit(name), encode(&record));
-        writes.put(keys.body_ref(&hash_text, name), "");
-        let replaced = current.record.as_ref().map(|old| old.hash).filter(|old| *old != put.hash);
-        if let Some(old) = replaced {
-            writes.delete(keys.body_ref(&old.to_string(), name));
-        }
         self.agent_copies(name, &record, current, &mut writes, Some(put.file));
-        Planned::Write(writes, Ok(replaced))
+        Planned::Write(writes, Ok(()))
     }
 
     /// What setting the desired state of the unit `current` holds writes; `false` when
@@ -428,20 +399,15 @@ impl ApiRegistry for EtcdRegistry {
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         let put = UnitPut::new(name, file, desired);
         let body_key = self.keys().body(&put.hash.to_string());
-        let replaced = self
-            .write_unit(name, writer, |current| {
-                let mut planned = self.plan_put(&put, writer, current);
-                if let Planned::Write(writes, _) = &mut planned {
-                    writes.put(body_key.clone(), encode(&file.options()));
-                }
-                planned
-            })
-            .await?
-            .map_err(|refused| refused.into_error(name))?;
-        if let Some(old) = replaced {
-            self.collect_body(&old).await?;
-        }
-        Ok(())
+        self.write_unit(name, writer, |current| {
+            let mut planned = self.plan_put(&put, writer, current);
+            if let Planned::Write(writes, _) = &mut planned {
+                writes.put(body_key.clone(), encode(&file.options()));
+            }
+            planned
+        })
+        .await?
+        .map_err(|refused| refused.into_error(name))
     }
 
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
@@ -459,7 +425,7 @@ impl ApiRegistry for EtcdRegistry {
         let destroyed = self
             .write_unit(name, writer, |current| {
                 let Some(record) = &current.record else {
-                    return Planned::Done(Ok(None));
+                    return Planned::Done(Ok(false));
                 };
                 if let Err(refused) = owner_after(writer, current) {
                     return Planned::Done(Err(refused));
@@ -468,22 +434,17 @@ impl ApiRegistry for EtcdRegistry {
                 writes.delete(keys.unit(name));
                 writes.delete(keys.placement(name));
                 writes.delete(keys.reason(name));
-                writes.delete(keys.body_ref(&record.hash.to_string(), name));
                 if record.global {
                     writes.delete(keys.global(name));
                 }
                 if let Some(machine) = &current.machine {
                     writes.delete(keys.scheduled(machine, name));
                 }
-                Planned::Write(writes, Ok(Some(record.hash)))
+                Planned::Write(writes, Ok(true))
             })
             .await;
         match destroyed {
-            Ok(Ok(Some(hash))) => {
-                self.collect_body(&hash).await?;
-                Ok(true)
-            }
-            Ok(Ok(None)) => Ok(false),
+            Ok(Ok(destroyed)) => Ok(destroyed),
             Ok(Err(refused)) => Err(refused.into_error(name)),
             Err(RegistryError::Corrupt { key, reason }) => {
                 tracing::error!(key, reason, "destroying a unit whose record cannot be read");

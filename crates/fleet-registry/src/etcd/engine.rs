@@ -15,7 +15,7 @@ use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarryingAssignment};
 use super::session::{Leadership, grant, renew};
-use super::{DecodedRecord, EtcdRegistry};
+use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
 use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
 use crate::{
@@ -211,7 +211,9 @@ impl EngineRegistry for EtcdRegistry {
             if self.renew_leadership(held).await? {
                 return Ok(Some(lease_of(held)));
             }
-            tracing::warn!("engine lease expired");
+            // etcd 3.4 refuses every renewal while it is more than a second behind in applying
+            // what it committed (a storm of registrations can do that for seconds on end).
+            tracing::warn!(last_renewed_ago = ?held.renewed.elapsed(), "engine lease expired");
             *leadership = None;
         }
         let leader_key = self.keys().leader();
@@ -282,7 +284,10 @@ impl EngineRegistry for EtcdRegistry {
                     let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
                     let (hash, desired) = (record.hash, record.desired);
                     let record = DecodedRecord { mod_revision: entry.mod_revision, hash, desired, seen: pass };
-                    decoded.by_key.insert(key.clone(), record);
+                    decoded.contents.add(hash);
+                    if let Some(replaced) = decoded.by_key.insert(key.clone(), record) {
+                        decoded.contents.remove(replaced.hash);
+                    }
                     (hash, desired)
                 }
             };
@@ -292,13 +297,25 @@ impl EngineRegistry for EtcdRegistry {
                 .map(|(_, entry)| String::from_utf8_lossy(&entry.value).into_owned());
             units.push(SnapshotUnit { name: name.to_string(), hash, desired, machine_id });
         }
-        decoded.by_key.retain(|_, record| record.seen == pass);
+        let DecodedRecords { by_key, contents, .. } = &mut *decoded;
+        by_key.retain(|_, record| {
+            let current = record.seen == pass;
+            if !current {
+                contents.remove(record.hash);
+            }
+            current
+        });
+        contents.counted_up_to(data.seen.get(ENGINE_UNITS_RANGE).copied().unwrap_or(0));
         drop(decoded);
         Ok(EngineSnapshot { revision: data.generation, machines: machines_in(self, &data)?, units })
     }
 
     async fn compact_history(&self) -> Result<()> {
         self.compact_old_history().await.map(|_| ())
+    }
+
+    async fn collect_unused_bodies(&self) -> Result<()> {
+        self.delete_unused_bodies().await.map(|_| ())
     }
 
     async fn snapshot_revision(&self) -> Result<Option<u64>> {

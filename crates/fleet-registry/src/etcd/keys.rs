@@ -3,8 +3,7 @@
 //! | key | value | lease | writer |
 //! |---|---|---|---|
 //! | `units/<unit>` | [`crate::UnitRecord`] | — | API |
-//! | `bodies/<hash>` | the unit's options | — | API (content-addressed) |
-//! | `refs/<hash>/<unit>` | empty | — | API; a body goes when its last ref goes |
+//! | `bodies/<hash>` | the unit's options | — | API (content-addressed, written with every unit write that sets the content); the engine leader deletes it when no unit has that content |
 //! | `global/<unit>` | [`crate::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
 //! | `placement/<unit>` | machine ID | — | engine, fenced |
 //! | `schedule/<machine>/<unit>` | [`crate::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes |
@@ -104,14 +103,10 @@ impl Keys {
     pub fn body(&self, hash: &str) -> String {
         self.key(&["bodies", hash])
     }
-    pub fn refs(&self, hash: &str) -> String {
-        self.key(&["refs", hash, ""])
-    }
-    pub fn all_refs(&self) -> String {
+    /// Where versions before the engine collected bodies kept a key per unit and content
+    /// (`refs/<hash>/<unit>`); the leading engine deletes what is left there.
+    pub fn legacy_refs(&self) -> String {
         self.key(&["refs", ""])
-    }
-    pub fn body_ref(&self, hash: &str, unit: &str) -> String {
-        self.key(&["refs", hash, unit])
     }
     pub fn globals(&self) -> String {
         self.key(&["global", ""])

@@ -2,7 +2,8 @@
 //! scaling problems:
 //!
 //! - each machine's schedule lives under its own prefix, so a schedule change wakes one agent;
-//! - unit bodies are content-addressed, written once and collected with their last unit;
+//! - unit bodies are content-addressed, written with the units that set them, and collected
+//!   by the leading engine once no unit has them;
 //! - a machine's presence and its unit states hang on one lease: one keepalive keeps them,
 //!   and they vanish together when the machine dies; states are written only on change;
 //! - engine and agents read from watch-fed copies ([`mirror`]), so waking up or the periodic
@@ -12,6 +13,7 @@
 mod agent;
 mod api;
 mod api_copy;
+mod body_collection;
 mod compaction;
 mod connection;
 mod credentials;
@@ -47,12 +49,17 @@ pub struct Lifetimes {
     pub engine_lease_ttl: Duration,
 }
 
+/// Where the engine's copy keeps the units among its ranges (`seen` is per range).
+const ENGINE_UNITS_RANGE: usize = 0;
+
 /// The engine copy's unit records as the snapshots decoded them, by key, and the number of
 /// the last snapshot.
 #[derive(Default)]
 struct DecodedRecords {
     pass: u64,
     by_key: HashMap<String, DecodedRecord>,
+    /// How many of those records have each content, for the collection of unused bodies.
+    contents: body_collection::ContentCounts,
 }
 
 /// A unit record as the engine uses it, with the mod revision it was decoded at.
@@ -155,6 +162,7 @@ impl EtcdRegistry {
         mirror
             .get_or_insert_with(|| {
                 let keys = self.keys();
+                // Units first: ENGINE_UNITS_RANGE.
                 let ranges = vec![
                     KeyRange::prefix(keys.units()),
                     KeyRange::prefix(keys.placements()),
@@ -172,7 +180,9 @@ impl EtcdRegistry {
     fn drop_engine_mirror(&self) {
         let dropped = self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         if dropped.is_some() {
-            self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).by_key.clear();
+            let mut records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            records.by_key.clear();
+            records.contents.clear();
         }
     }
 

@@ -250,8 +250,55 @@ async fn a_malformed_record_is_skipped_and_its_unit_can_be_destroyed() {
     .await;
     assert!(registry.destroy_unit("bad.service").await.unwrap());
     assert_eq!(keys_under(&registry, &keys.unit("bad.service")).await, Vec::<String>::new());
-    let refs = keys_under(&registry, &keys.all_refs()).await;
-    assert!(refs.iter().all(|key| !key.ends_with("/bad.service")), "{refs:?}");
+}
+
+/// Whether the engine's snapshot shows exactly the units `names`.
+async fn snapshot_shows(registry: &EtcdRegistry, names: &[&str]) {
+    eventually("the engine's snapshot shows the units written", async || {
+        registry
+            .snapshot()
+            .await
+            .is_ok_and(|snapshot| snapshot.units.iter().map(|unit| unit.name.as_str()).collect::<Vec<_>>() == names)
+    })
+    .await;
+}
+
+/// Bodies are collected by the leading engine, with no key per unit and content: the first
+/// collection of a leadership deletes a body no unit has (and the reference keys earlier
+/// versions wrote); a body a unit took up after the snapshot that showed it unused is kept,
+/// because that unit's write wrote it again; one that lost its last unit goes.
+#[tokio::test]
+async fn the_engine_collects_unused_bodies_but_not_one_taken_up_meanwhile() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    let keys = registry.keys().clone();
+    let (used, orphan) = (unit(SLEEP), unit("[Service]\nExecStart=/bin/sleep 1\n"));
+    let body_key = |file: &UnitFile| keys.body(&file.hash().to_string());
+    let left_behind = [
+        TxnOp::put(body_key(&orphan), crate::codec::encode(&orphan.options()), None),
+        TxnOp::put(format!("{}{}/gone.service", keys.legacy_refs(), orphan.hash()), "", None),
+    ];
+    registry.connection().txn(Txn::new().and_then(left_behind)).await.unwrap();
+    registry.put_unit("a.service", &used, DesiredState::Launched).await.unwrap();
+    assert_eq!(keys_under(&registry, &keys.legacy_refs()).await.len(), 1, "units write no reference keys");
+    snapshot_shows(&registry, &["a.service"]).await;
+    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 1);
+    assert_eq!(keys_under(&registry, &keys.bodies()).await, [body_key(&used)], "the orphan went, a's body stayed");
+    assert_eq!(keys_under(&registry, &keys.legacy_refs()).await, Vec::<String>::new());
+
+    assert!(registry.destroy_unit("a.service").await.unwrap());
+    snapshot_shows(&registry, &[]).await;
+    registry.put_unit("b.service", &used, DesiredState::Launched).await.unwrap();
+    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 0, "b.service wrote the body again");
+    assert_eq!(registry.unit_body(&used.hash()).await.unwrap(), Some(used.clone()));
+    snapshot_shows(&registry, &["b.service"]).await;
+    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 0, "b.service has it");
+
+    assert!(registry.destroy_unit("b.service").await.unwrap());
+    snapshot_shows(&registry, &[]).await;
+    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 1);
+    assert_eq!(registry.unit_body(&used.hash()).await.unwrap(), None);
+    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 0, "nothing is left to collect");
 }
 
 /// A manager serving many machines holds one watch-fed copy for all of their work, however

@@ -6,7 +6,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use etcd_client::{Txn, TxnOp, TxnOpResponse};
-use fleet_core::UnitHash;
 
 use super::EtcdRegistry;
 use super::api::{Current, Planned, UnitPut, Writes};
@@ -19,14 +18,13 @@ struct Nested {
     change: usize,
     writes: Writes,
     current: Current,
-    replaced: Option<UnitHash>,
 }
 
-/// What a guess from the copy planned for one change: its writes and the body it needs, or
-/// nothing to batch (it is then made alone, from a fresh read).
-fn batched(planned: Planned<std::result::Result<Option<UnitHash>, OwnedBy>>) -> Option<(Writes, Option<UnitHash>)> {
+/// What a guess from the copy planned for one change: its writes, or nothing to batch (it is
+/// then made alone, from a fresh read).
+fn batched<T>(planned: Planned<std::result::Result<T, OwnedBy>>) -> Option<Writes> {
     match planned {
-        Planned::Write(writes, Ok(replaced)) => Some((writes, replaced)),
+        Planned::Write(writes, Ok(_)) => Some(writes),
         // An answer without a write is given only from a fresh read.
         Planned::Write(_, Err(_)) | Planned::Done(_) => None,
     }
@@ -45,7 +43,6 @@ impl EtcdRegistry {
         if let Err(error) = self.api_copy_current().await {
             tracing::debug!(%error, "writing a batch of units from a copy that is behind");
         }
-        let mut replaced_bodies = BTreeSet::new();
         let mut next = 0;
         while next < changes.len() {
             let (chunk, bodies, after) = self.next_chunk(changes, next, writer);
@@ -92,7 +89,6 @@ impl EtcdRegistry {
                     && inner.succeeded()
                 {
                     self.api_wrote_at(revision, &nested.writes.keys, &inner.op_responses());
-                    replaced_bodies.extend(nested.replaced);
                     answers[nested.change] = Some(Ok(UnitChanged::Written));
                 }
             }
@@ -113,12 +109,6 @@ impl EtcdRegistry {
                 failed = Some(message.clone());
             }
             *answer = Some(alone);
-        }
-        for old in replaced_bodies {
-            // A body left behind is only garbage; the units are written.
-            if let Err(error) = self.collect_body(&old).await {
-                tracing::warn!(%error, hash = %old, "collecting a replaced unit body");
-            }
         }
         Ok(answers.into_iter().map(|answer| answer.unwrap_or(Ok(UnitChanged::Written))).collect())
     }
@@ -148,18 +138,17 @@ impl EtcdRegistry {
             let planned = match &change.file {
                 Some(file) => {
                     let put = UnitPut::new(&change.name, file, change.desired);
-                    batched(self.plan_put(&put, writer, &current)).map(|(writes, replaced)| {
+                    batched(self.plan_put(&put, writer, &current)).inspect(|_| {
                         bodies.entry(keys.body(&put.hash.to_string())).or_insert_with(|| encode(&file.options()));
-                        (writes, replaced)
                     })
                 }
                 None => match self.plan_desired(&change.name, change.desired, writer, &current) {
-                    Planned::Write(writes, Ok(true)) => Some((writes, None)),
+                    Planned::Write(writes, Ok(true)) => Some(writes),
                     _ => None,
                 },
             };
-            if let Some((writes, replaced)) = planned {
-                chunk.push(Nested { change: index - 1, writes, current, replaced });
+            if let Some(writes) = planned {
+                chunk.push(Nested { change: index - 1, writes, current });
             }
         }
         (chunk, bodies, index)
