@@ -697,6 +697,9 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
     let resumed = registry.unit_states_page(resume("all.service\0m2"), Some("m2")).await.unwrap();
     assert_eq!(resumed.items.iter().map(|state| state.name.as_str()).collect::<Vec<_>>(), ["u01.service"]);
     assert!(!resumed.more);
+    let resumed = registry.machines_page(resume("m1")).await.unwrap();
+    assert_eq!(resumed.items.iter().map(|machine| machine.id.as_str()).collect::<Vec<_>>(), ["m2"]);
+    assert!(!resumed.more);
     let filtered = registry.units_page(PageRequest {
         start: 1,
         limit: 2,

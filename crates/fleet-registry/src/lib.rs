@@ -267,11 +267,10 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// One page of [`ApiRegistry::machines`] (`admits` and `after` take machine IDs); a store
     /// may serve it from a copy with the consistency of its list pages.
     async fn machines_page(&self, request: PageRequest) -> Result<Page<MachineState>> {
-        let request = PageRequest { after: None, ..request };
         let machines = self.machines().await?;
-        Page::select(machines.into_iter().map(|machine| Ok((machine.id.clone(), machine))), &request, |_, machine| {
-            Ok(Some(machine))
-        })
+        let after = request.after.as_deref();
+        let rest = machines.into_iter().filter(|machine| after.is_none_or(|after| machine.id.as_str() > after));
+        Page::select(rest.map(|machine| Ok((machine.id.clone(), machine))), &request, |_, machine| Ok(Some(machine)))
     }
     /// Applies runtime metadata changes all at once.
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()>;

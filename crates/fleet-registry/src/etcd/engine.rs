@@ -36,11 +36,23 @@ pub(super) fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<
     let mut result = Vec::new();
     for (key, entry) in data.range(&machine_range) {
         let Some(id) = keys.name_in(&machines, key) else { continue };
-        let metadata_key = keys.metadata(id);
-        let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
-        result.extend(machine_with_overrides(key, &entry.value, overrides));
+        result.extend(machine_in(registry, data, id, key, entry));
     }
     Ok(result)
+}
+
+/// The machine `id` whose presence is `entry` (at `key`) in a copy that holds machines and
+/// metadata, with its metadata overrides; `None` when its record cannot be read.
+pub(super) fn machine_in(
+    registry: &EtcdRegistry,
+    data: &MirrorData,
+    id: &str,
+    key: &str,
+    entry: &super::mirror::Entry,
+) -> Option<MachineState> {
+    let metadata_key = registry.keys().metadata(id);
+    let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
+    machine_with_overrides(key, &entry.value, overrides)
 }
 
 impl EtcdRegistry {
