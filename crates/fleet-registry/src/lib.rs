@@ -314,8 +314,9 @@ pub trait EngineRegistry: Send + Sync {
         Ok(())
     }
     /// Deletes the stored unit bodies no unit refers to any more, as of the last
-    /// [`EngineRegistry::snapshot`]; the leading engine calls it after each snapshot. A store
-    /// that drops a body with its last unit does nothing.
+    /// [`EngineRegistry::snapshot`] (possibly after returning: a store may collect beside the
+    /// engine's pass); the leading engine calls it after each snapshot. A store that drops a
+    /// body with its last unit does nothing.
     async fn collect_unused_bodies(&self) -> Result<()> {
         Ok(())
     }

@@ -59,6 +59,12 @@ impl ContentCounts {
         *self = Self { epoch, ..Self::default() };
     }
 
+    /// Whether a collection would have anything to do: a sweep not made yet, or contents
+    /// that lost their last unit.
+    fn has_work(&self) -> bool {
+        self.revision > 0 && (!self.swept || !self.unused.is_empty())
+    }
+
     /// The contents to collect now, and the revision that showed them unused.
     fn due(&mut self) -> (Vec<UnitHash>, i64) {
         let in_use = &self.in_use;
@@ -74,6 +80,25 @@ pub struct Collected {
 }
 
 impl EtcdRegistry {
+    /// Starts a collection beside the engine's pass when there is something to collect and
+    /// none is under way: on a slow link the collection's requests would otherwise hold up
+    /// the pass, and with it the renewal of the engine's lease.
+    pub(super) fn start_body_collection(&self) {
+        use std::sync::atomic::Ordering;
+        let has_work =
+            self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contents.has_work();
+        if !has_work || self.inner.collecting_bodies.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let registry = self.clone();
+        tokio::spawn(async move {
+            if let Err(error) = registry.delete_unused_bodies().await {
+                tracing::warn!(%error, "collecting unit bodies no unit refers to");
+            }
+            registry.inner.collecting_bodies.store(false, Ordering::Release);
+        });
+    }
+
     /// Deletes the bodies no unit of the engine's last snapshot refers to; the first time
     /// after taking the leadership, every such body in `bodies/` (and the body reference keys
     /// that earlier versions wrote). Costs no request when nothing lost its last unit.

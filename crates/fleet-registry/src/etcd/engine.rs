@@ -327,7 +327,8 @@ impl EngineRegistry for EtcdRegistry {
     }
 
     async fn collect_unused_bodies(&self) -> Result<()> {
-        self.delete_unused_bodies().await.map(|_| ())
+        self.start_body_collection();
+        Ok(())
     }
 
     async fn snapshot_revision(&self) -> Result<Option<u64>> {

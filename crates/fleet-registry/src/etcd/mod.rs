@@ -113,6 +113,8 @@ struct Inner {
     /// One batch transaction of unit writes in flight at a time, however many batches the
     /// API is given: etcd that falls behind on writes lets leases expire.
     unit_batches: tokio::sync::Semaphore,
+    /// Whether a collection of unused bodies is under way (it runs beside the engine's pass).
+    collecting_bodies: std::sync::atomic::AtomicBool,
 }
 
 impl EtcdRegistry {
@@ -143,6 +145,7 @@ impl EtcdRegistry {
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(1),
+                collecting_bodies: std::sync::atomic::AtomicBool::new(false),
             }),
         })
     }
