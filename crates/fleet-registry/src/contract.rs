@@ -143,23 +143,26 @@ async fn collected(registry: &dyn Registry, hash: &fleet_core::UnitHash) -> bool
 /// Bodies are stored once per content, read by hash, and deleted once no unit refers to
 /// them (by the leading engine's collection, after a snapshot that shows it).
 pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
-    let (shared, other) = (unit("/bin/true"), unit("/bin/false"));
+    let (shared, other, once) = (unit("/bin/true"), unit("/bin/false"), unit("/bin/echo once"));
     registry.put_unit("a.service", &shared, DesiredState::Inactive).await.unwrap();
     registry.put_unit("b.service", &shared, DesiredState::Inactive).await.unwrap();
+    registry.put_unit("c.service", &once, DesiredState::Inactive).await.unwrap();
     assert_eq!(registry.unit_body(&shared.hash()).await.unwrap(), Some(shared.clone()));
-    registry.put_unit("b.service", &other, DesiredState::Inactive).await.unwrap();
-    assert_eq!(registry.unit("b.service").await.unwrap().unwrap().hash, other.hash());
-    eventually("a snapshot shows b.service's new content", async || {
-        registry.snapshot().await.is_ok_and(|snapshot| {
-            snapshot.units.iter().any(|unit| unit.name == "b.service" && unit.hash == other.hash())
-        })
+    // A snapshot that counts both units of the shared content, before one of them leaves it.
+    eventually("a snapshot shows every unit", async || {
+        registry.snapshot().await.is_ok_and(|snapshot| snapshot.units.len() == 3)
     })
     .await;
-    registry.collect_unused_bodies().await.unwrap();
+    registry.put_unit("b.service", &other, DesiredState::Inactive).await.unwrap();
+    assert_eq!(registry.unit("b.service").await.unwrap().unwrap().hash, other.hash());
+    // c.service's body going shows that a collection ran after b.service left the shared
+    // content; the shared body must have outlived it.
+    assert!(registry.destroy_unit("c.service").await.unwrap());
+    eventually("the body of a destroyed unit is collected", async || collected(registry, &once.hash()).await).await;
     assert!(registry.unit_body(&shared.hash()).await.unwrap().is_some(), "a.service still refers to it");
-    let asked = [shared.hash(), other.hash(), unit("/bin/echo").hash()];
+    let asked = [shared.hash(), other.hash(), once.hash()];
     let both = crate::AgentRegistry::unit_bodies(registry, "m1", &asked).await.unwrap();
-    assert_eq!(both.len(), 2, "a body nobody wrote is left out");
+    assert_eq!(both.len(), 2, "a body that is gone is left out");
     assert_eq!((&both[&shared.hash()], &both[&other.hash()]), (&shared, &other));
     assert!(registry.destroy_unit("a.service").await.unwrap());
     eventually("the body is collected after its last unit", async || collected(registry, &shared.hash()).await).await;

@@ -73,12 +73,6 @@ impl ContentCounts {
     }
 }
 
-/// What a pass of the collection did.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct Collected {
-    pub bodies: usize,
-}
-
 impl EtcdRegistry {
     /// Starts a collection beside the engine's pass when there is something to collect and
     /// none is under way: on a slow link the collection's requests would otherwise hold up
@@ -101,8 +95,9 @@ impl EtcdRegistry {
 
     /// Deletes the bodies no unit of the engine's last snapshot refers to; the first time
     /// after taking the leadership, every such body in `bodies/` (and the body reference keys
-    /// that earlier versions wrote). Costs no request when nothing lost its last unit.
-    pub(super) async fn delete_unused_bodies(&self) -> Result<Collected> {
+    /// that earlier versions wrote). Costs no request when nothing lost its last unit. Answers
+    /// how many bodies are gone.
+    pub(super) async fn delete_unused_bodies(&self) -> Result<usize> {
         let (mut candidates, revision, swept, epoch) = {
             let mut records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let contents = &mut records.contents;
@@ -111,7 +106,7 @@ impl EtcdRegistry {
             (candidates, revision, swept, epoch)
         };
         if revision == 0 {
-            return Ok(Collected::default());
+            return Ok(0);
         }
         if !swept {
             candidates.extend(self.unused_in_store(revision, epoch).await?);
@@ -129,7 +124,7 @@ impl EtcdRegistry {
             }
             contents.swept = true;
         }
-        Ok(Collected { bodies: gone.len() })
+        Ok(gone.len())
     }
 
     /// The bodies in `bodies/` that no counted unit refers to and that were written at or

@@ -26,8 +26,8 @@ impl Assignment {
 /// An assignment that carries its unit's body: the engine writes one for the first unit of
 /// each content a machine gets, so the machine has that content from its own watch instead
 /// of reading it from `bodies/` (etcd 3.4 copies its uncommitted writes for every read, and
-/// at 10,000 machines those reads were most of the third of its CPU spent on such copies). A reader of the assignment
-/// alone skips the body unparsed.
+/// at 10,000 machines those reads were most of the third of its CPU spent on such copies).
+/// A reader of the assignment alone skips the body unparsed.
 #[derive(Serialize)]
 pub struct CarryingAssignment<'a> {
     #[serde(flatten)]

@@ -282,23 +282,23 @@ async fn the_engine_collects_unused_bodies_but_not_one_taken_up_meanwhile() {
     registry.put_unit("a.service", &used, DesiredState::Launched).await.unwrap();
     assert_eq!(keys_under(&registry, &keys.legacy_refs()).await.len(), 1, "units write no reference keys");
     snapshot_shows(&registry, &["a.service"]).await;
-    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 1);
+    assert_eq!(registry.delete_unused_bodies().await.unwrap(), 1);
     assert_eq!(keys_under(&registry, &keys.bodies()).await, [body_key(&used)], "the orphan went, a's body stayed");
     assert_eq!(keys_under(&registry, &keys.legacy_refs()).await, Vec::<String>::new());
 
     assert!(registry.destroy_unit("a.service").await.unwrap());
     snapshot_shows(&registry, &[]).await;
     registry.put_unit("b.service", &used, DesiredState::Launched).await.unwrap();
-    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 0, "b.service wrote the body again");
+    assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "b.service wrote the body again");
     assert_eq!(registry.unit_body(&used.hash()).await.unwrap(), Some(used.clone()));
     snapshot_shows(&registry, &["b.service"]).await;
-    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 0, "b.service has it");
+    assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "b.service has it");
 
     assert!(registry.destroy_unit("b.service").await.unwrap());
     snapshot_shows(&registry, &[]).await;
-    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 1);
+    assert_eq!(registry.delete_unused_bodies().await.unwrap(), 1);
     assert_eq!(registry.unit_body(&used.hash()).await.unwrap(), None);
-    assert_eq!(registry.delete_unused_bodies().await.unwrap().bodies, 0, "nothing is left to collect");
+    assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "nothing is left to collect");
 }
 
 /// A manager serving many machines holds one watch-fed copy for all of their work, however
