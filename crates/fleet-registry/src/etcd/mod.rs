@@ -49,6 +49,12 @@ pub struct Lifetimes {
     pub engine_lease_ttl: Duration,
 }
 
+/// How many batch transactions of unit writes one fleetd keeps in flight. With one, etcd
+/// waited between them while fleetd read the answer and planned the next (100,000 units took
+/// 22.5 s to submit; with two, 18.7–21.9 s). Four made etcd fall behind until machine leases
+/// expired (BENCHMARKS.md).
+const UNIT_BATCHES_IN_FLIGHT: usize = 2;
+
 /// Where the engine's copy keeps the units among its ranges (`seen` is per range).
 const ENGINE_UNITS_RANGE: usize = 0;
 
@@ -110,8 +116,9 @@ struct Inner {
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
     unconfirmed_claims: Mutex<HashMap<String, i64>>,
     leadership: tokio::sync::Mutex<Option<session::Leadership>>,
-    /// One batch transaction of unit writes in flight at a time, however many batches the
-    /// API is given: etcd that falls behind on writes lets leases expire.
+    /// At most [`UNIT_BATCHES_IN_FLIGHT`] batch transactions of unit writes in flight,
+    /// however many batches the API is given: etcd that falls behind on writes lets leases
+    /// expire.
     unit_batches: tokio::sync::Semaphore,
     /// Whether a collection of unused bodies is under way (it runs beside the engine's pass).
     collecting_bodies: std::sync::atomic::AtomicBool,
@@ -144,7 +151,7 @@ impl EtcdRegistry {
                 sessions: Mutex::new(HashMap::new()),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
-                unit_batches: tokio::sync::Semaphore::new(1),
+                unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),
                 collecting_bodies: std::sync::atomic::AtomicBool::new(false),
             }),
         })
