@@ -323,6 +323,25 @@ pub struct AgentUnitBody {
     pub options: Vec<UnitOption>,
 }
 
+/// At most this many hashes in one `GET /fleet/v1/agents/{machine}/bodies` (the request line
+/// stays a few kilobytes).
+pub const MAX_BODIES_PER_REQUEST: usize = 100;
+
+/// `GET /fleet/v1/agents/{machine}/bodies?hash=H&hash=H…`: the unit bodies among those asked
+/// for that exist, each the body of a unit the machine was given; one request for all the
+/// content new to an agent in a pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentUnitBodies {
+    pub bodies: Vec<AgentHashedBody>,
+}
+
+/// One body of [`AgentUnitBodies`], with its hash (hex).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentHashedBody {
+    pub hash: String,
+    pub options: Vec<UnitOption>,
+}
+
 /// `GET /fleet/v1/agents/{machine}/changes?after=N`: answers when the machine's work may have
 /// changed since revision `N` (or after a while with the same revision), or when someone asks
 /// for the journal of one of its units.

@@ -175,6 +175,8 @@ enum AgentPart {
     Work,
     Changes,
     Body(String),
+    /// `/bodies?hash=…`: several bodies in one request.
+    Bodies,
     States,
     JournalAnswer(u64),
 }
@@ -205,7 +207,7 @@ enum Resource {
     AgentJoin,
     AgentRenew,
     AgentRevoke(String),
-    /// `/agents/{machine}/machine`, `/work`, `/bodies/{hash}`, `/states`.
+    /// `/agents/{machine}/machine`, `/work`, `/bodies/{hash}`, `/bodies`, `/states`.
     AgentFacet(String, AgentPart),
     /// `/metrics`, outside the API prefix as in the original.
     Metrics,
@@ -250,6 +252,7 @@ impl Resource {
                 AgentPart::Work => "/fleet/v1/agents/{machine}/work",
                 AgentPart::Changes => "/fleet/v1/agents/{machine}/changes",
                 AgentPart::Body(_) => "/fleet/v1/agents/{machine}/bodies/{hash}",
+                AgentPart::Bodies => "/fleet/v1/agents/{machine}/bodies",
                 AgentPart::States => "/fleet/v1/agents/{machine}/states",
                 AgentPart::JournalAnswer(_) => "/fleet/v1/agents/{machine}/journal/{id}",
             },
@@ -335,6 +338,7 @@ fn resource(path: &str) -> Resource {
                 "machine" => AgentPart::Machine,
                 "work" => AgentPart::Work,
                 "changes" => AgentPart::Changes,
+                "bodies" => AgentPart::Bodies,
                 "states" => AgentPart::States,
                 _ => return Resource::Unknown,
             };
@@ -385,7 +389,7 @@ fn action<'a>(resource: &'a Resource, method: &Method) -> Option<Action<'a>> {
         (Resource::WebRoot | Resource::WebAsset(_) | Resource::WebEvents, &Method::GET) => Action::List,
         (Resource::AgentFacet(machine, part), method) => match (part, method) {
             (AgentPart::Machine, &Method::PUT | &Method::DELETE)
-            | (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), &Method::GET)
+            | (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_) | AgentPart::Bodies, &Method::GET)
             | (AgentPart::States | AgentPart::JournalAnswer(_), &Method::POST) => Action::MachineFacet(machine),
             _ => return None,
         },
@@ -621,12 +625,13 @@ async fn agent_request(
         (AgentPart::Work, &Method::GET) => agent_facet::work(state, machine).await,
         (AgentPart::Changes, &Method::GET) => agent_facet::changes(state, machine, query).await,
         (AgentPart::Body(hash), &Method::GET) => agent_facet::body(state, machine, hash).await,
+        (AgentPart::Bodies, &Method::GET) => agent_facet::bodies(state, machine, query).await,
         (AgentPart::States, &Method::POST) => agent_facet::report(state, machine, body).await,
         (AgentPart::JournalAnswer(id), &Method::POST) => agent_facet::journal_answer(state, machine, *id, body),
         (AgentPart::Machine, _) => {
             Err(ApiError::method_not_allowed("only PUT and DELETE supported against this resource"))
         }
-        (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_), _) => {
+        (AgentPart::Work | AgentPart::Changes | AgentPart::Body(_) | AgentPart::Bodies, _) => {
             Err(ApiError::method_not_allowed("only GET supported against this resource"))
         }
         (AgentPart::States | AgentPart::JournalAnswer(_), _) => {

@@ -106,6 +106,32 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
     assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies/{hash_b}"), None).status, 403);
     assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-b/bodies/{hash_b}"), None).status, 403);
     assert_eq!(call(&agent_a, "GET", "/fleet/v1/agents/agent-a/bodies/nothex", None).status, 400);
+    // Several bodies in one request: its own only, each once, and a bounded number of them.
+    let both =
+        call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies?hash={hash_a}&hash={hash_global}"), None);
+    assert_eq!(both.status, 200, "{}", both.body);
+    let sent: Vec<String> = json(&both)["bodies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|body| body["hash"].as_str().map(str::to_string))
+        .collect();
+    let mut asked = vec![hash_a.clone(), hash_global.clone()];
+    asked.sort();
+    asked.dedup();
+    assert_eq!(sent, asked, "{}", both.body);
+    assert!(both.body.contains("/bin/sleep 1000"), "{}", both.body);
+    let with_b = format!("/fleet/v1/agents/agent-a/bodies?hash={hash_a}&hash={hash_b}");
+    let refused = call(&agent_a, "GET", &with_b, None);
+    assert_eq!(refused.status, 403, "{}", refused.body);
+    assert!(refused.body.contains(&hash_b) && !refused.body.contains("ExecStart"), "{}", refused.body);
+    assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-b/bodies?hash={hash_b}"), None).status, 403);
+    assert_eq!(call(&agent_a, "GET", "/fleet/v1/agents/agent-a/bodies", None).status, 400);
+    assert_eq!(call(&agent_a, "GET", "/fleet/v1/agents/agent-a/bodies?hash=nothex", None).status, 400);
+    assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies?hash={hash_a}&x=1"), None).status, 400);
+    let too_many = vec![format!("hash={hash_a}"); fleet_api::schema::MAX_BODIES_PER_REQUEST + 1].join("&");
+    assert_eq!(call(&agent_a, "GET", &format!("/fleet/v1/agents/agent-a/bodies?{too_many}"), None).status, 400);
+    assert_eq!(call(&agent_a, "POST", &format!("/fleet/v1/agents/agent-a/bodies?hash={hash_a}"), None).status, 405);
 
     // States: its own units only.
     let state = |name: &str, hash: &str| {
@@ -138,8 +164,19 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
     let states = fleetd.api("GET", "/fleet/v1/state?machineID=agent-a", "");
     assert!(states.contains(r#""drift":"stopped outside fleet; corrected (1 of 3 allowed in 10 min)""#), "{states}");
     assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(&drifted("wandered"))).status, 400);
+    // A removal takes only the machine's own state of a unit, so any unit may be named (it is
+    // mostly one the machine no longer holds): another machine's state of it stays.
+    assert_eq!(
+        call(&agent_b, "POST", "/fleet/v1/agents/agent-b/states", Some(&state("for-b.service", &hash_b))).status,
+        204
+    );
     let removed = r#"{"removed":["for-b.service"]}"#;
-    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(removed)).status, 403);
+    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(removed)).status, 204);
+    let states = fleetd.api("GET", "/fleet/v1/state?machineID=agent-b", "");
+    assert!(states.contains("for-b.service"), "{states}");
+    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-b/states", Some(removed)).status, 403);
+    let bad_name = r#"{"removed":["../x"]}"#;
+    assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(bad_name)).status, 400);
     assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some("{not json")).status, 400);
 
     // Nobody else uses these endpoints: not an administrator, not a registration token.

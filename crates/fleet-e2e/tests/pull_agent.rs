@@ -12,6 +12,7 @@ use fleet_core::{MachineState, SystemdState};
 use fleet_e2e::Fleetd;
 use fleet_e2e::pki::{ManagerPki, pairs};
 use fleet_e2e::pull::PullFleetd;
+use fleet_registry::AgentRegistry;
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::watch;
 
@@ -92,6 +93,38 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     fleetd.wait_until("the pull agent stops it", Duration::from_secs(20), |_| {
         units.state("job.service").is_none_or(|state| state.active != "active")
     });
+
+    // Content new to the agent comes in one request for all of it, not one per body.
+    for (name, seconds) in [("one.service", 1001), ("two.service", 1002), ("three.service", 1003)] {
+        let text = format!("[Service]\nExecStart=/bin/sleep {seconds}\n[X-Fleet]\nMachineMetadata=kind=pull\n");
+        fleet_e2e::write_unit(unit_dir.path(), name, &text);
+    }
+    fleetd.fleetctl_in(unit_dir.path(), &["start", "--no-block", "one.service", "two.service", "three.service"]);
+    fleetd.wait_until("the pull agent runs the three", Duration::from_secs(20), |_| {
+        ["one.service", "two.service", "three.service"].iter().all(|name| units.state(name) == running)
+    });
+    let bodies_series =
+        |path: &str| format!("fleet_api_requests_total{{endpoint=\"{path}\",method=\"GET\",code=\"200\"}}");
+    let (batch, single) =
+        (bodies_series("/fleet/v1/agents/{machine}/bodies"), bodies_series("/fleet/v1/agents/{machine}/bodies/{hash}"));
+    let text = fleetd.metrics();
+    assert!(fleet_e2e::metric_value(&text, &batch).unwrap_or(0.0) >= 1.0, "{text}");
+    assert_eq!(fleet_e2e::metric_value(&text, &single), None, "no body was asked for alone: {text}");
+    let reader = {
+        let _entered = runtime.enter();
+        fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
+    };
+    let work = runtime.block_on(reader.machine_work(&credentials.machine_id)).expect("work");
+    let three = ["one.service", "two.service", "three.service"];
+    let hashes: Vec<_> =
+        work.scheduled.iter().filter(|unit| three.contains(&unit.name.as_str())).map(|unit| unit.hash).collect();
+    assert_eq!(hashes.len(), 3, "{work:?}");
+    let before = fleet_e2e::metric_value(&fleetd.metrics(), &batch).unwrap_or(0.0);
+    let read = runtime.block_on(reader.unit_bodies(&credentials.machine_id, &hashes)).expect("bodies");
+    assert_eq!(read.len(), 3);
+    assert!(hashes.iter().all(|hash| read.get(hash).is_some_and(|file| file.hash() == *hash)));
+    assert_eq!(fleet_e2e::metric_value(&fleetd.metrics(), &batch).unwrap_or(0.0), before + 1.0, "one request");
+    fleetd.ok(&["destroy", "one.service", "two.service", "three.service"]);
 
     // A global unit runs on the manager (a machine with a store) and on the pull agent alike.
     fleet_e2e::write_unit(

@@ -2,14 +2,15 @@
 //! HTTPS API, with the machine's own certificate. Every connection is opened by the agent;
 //! changes arrive by long polls that the agent opens too.
 
+use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_api_schema::{
-    AgentChanges, AgentDrift, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentUnitState, AgentWork,
-    ErrorBody, Journal, JournalAsk,
+    AgentChanges, AgentDrift, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentUnitState,
+    AgentWork, ErrorBody, Journal, JournalAsk, MAX_BODIES_PER_REQUEST,
 };
 use fleet_core::drift::DriftPolicy;
 use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
@@ -76,6 +77,20 @@ impl Drop for RemoteRegistry {
             poller.abort();
         }
     }
+}
+
+/// The unit file `body` holds, if it is the body of `hash`.
+fn checked_file(hash: &UnitHash, body: AgentUnitBody) -> Result<UnitFile> {
+    let options = body
+        .options
+        .into_iter()
+        .map(|option| UnitOption { section: option.section, name: option.name, value: option.value })
+        .collect();
+    let file = UnitFile::from_options(options);
+    if file.hash() != *hash {
+        return Err(unavailable(format!("the body sent for {hash} has another hash")));
+    }
+    Ok(file)
 }
 
 fn assigned(unit: AgentUnit) -> Result<AssignedUnit> {
@@ -368,16 +383,47 @@ impl AgentRegistry for RemoteRegistry {
             }
             Err(refused) => return Err(refused.into()),
         };
-        let options = body
-            .options
-            .into_iter()
-            .map(|option| UnitOption { section: option.section, name: option.name, value: option.value })
-            .collect();
-        let file = UnitFile::from_options(options);
-        if file.hash() != *hash {
-            return Err(unavailable(format!("the body sent for {hash} has another hash")));
+        checked_file(hash, body).map(Some)
+    }
+
+    /// All of `hashes` in one request per [`MAX_BODIES_PER_REQUEST`]; a manager from before
+    /// that request is asked for each body alone.
+    async fn unit_bodies(&self, machine_id: &str, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        self.check_machine(machine_id)?;
+        let mut found = HashMap::new();
+        for chunk in hashes.chunks(MAX_BODIES_PER_REQUEST) {
+            let query: Vec<String> = chunk.iter().map(|hash| format!("hash={hash}")).collect();
+            match self.fetch::<AgentUnitBodies>(&format!("/bodies?{}", query.join("&"))).await {
+                Ok(answer) => {
+                    for sent in answer.bodies {
+                        let Some(hash) = chunk.iter().find(|hash| hash.to_string() == sent.hash) else {
+                            return Err(unavailable(format!("the manager sent body {} unasked", sent.hash)));
+                        };
+                        let body = AgentUnitBody { options: sent.options };
+                        let file = checked_file(hash, body.clone())?;
+                        if let Some(copy) = &self.copy {
+                            copy.save_body(&sent.hash, &body);
+                        }
+                        found.insert(*hash, file);
+                    }
+                }
+                Err(Failure::Refused { status: 404 | 405, .. }) => {
+                    for hash in chunk {
+                        if let Some(file) = self.unit_body(hash).await? {
+                            found.insert(*hash, file);
+                        }
+                    }
+                }
+                Err(Failure::Unreachable(text)) => {
+                    for hash in chunk {
+                        let kept = self.copy.as_ref().and_then(|copy| copy.body(&hash.to_string()));
+                        found.insert(*hash, checked_file(hash, kept.ok_or_else(|| unavailable(text.clone()))?)?);
+                    }
+                }
+                Err(refused) => return Err(refused.into()),
+            }
         }
-        Ok(Some(file))
+        Ok(found)
     }
 
     async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()> {

@@ -15,7 +15,8 @@ use fleet_registry::{AgentRegistry, AssignedUnit, MachineWork};
 use super::registration_tokens::check_metadata;
 use crate::router::{ApiError, ApiState, json_response};
 use crate::schema::{
-    AgentChanges, AgentMachine, AgentStates, AgentUnit, AgentUnitBody, AgentWork, Journal, Machine, UnitOption,
+    AgentChanges, AgentHashedBody, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentWork,
+    Journal, MAX_BODIES_PER_REQUEST, Machine, UnitOption,
 };
 
 fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
@@ -124,20 +125,56 @@ pub async fn work(state: &ApiState, machine_id: &str) -> Result<Response, ApiErr
     Ok(json_response(StatusCode::OK, &answer))
 }
 
+fn options_of(file: fleet_core::UnitFile) -> Vec<UnitOption> {
+    file.into_options()
+        .into_iter()
+        .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
+        .collect()
+}
+
+/// Refuses any of `hashes` that is not the body of a unit `machine_id` holds.
+async fn check_held(agents: &Arc<dyn AgentRegistry>, machine_id: &str, hashes: &[UnitHash]) -> Result<(), ApiError> {
+    let work = agents.machine_work(machine_id).await?;
+    let (_, held) = held(&work);
+    match hashes.iter().find(|hash| !held.contains(hash)) {
+        Some(hash) => Err(forbidden(format!("machine {machine_id} holds no unit with body {hash}"))),
+        None => Ok(()),
+    }
+}
+
 pub async fn body(state: &ApiState, machine_id: &str, hash: &str) -> Result<Response, ApiError> {
     let agents = agents(state)?;
     let hash = UnitHash::parse_hex(hash).ok_or_else(|| ApiError::bad_request("invalid unit hash"))?;
-    let work = agents.machine_work(machine_id).await?;
-    if !held(&work).1.contains(&hash) {
-        return Err(forbidden(format!("machine {machine_id} holds no unit with body {hash}")));
-    }
+    check_held(agents, machine_id, &[hash]).await?;
     let file = agents.unit_body(&hash).await?.ok_or_else(|| ApiError::not_found("unit body does not exist"))?;
-    let options = file
-        .into_options()
-        .into_iter()
-        .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
+    Ok(json_response(StatusCode::OK, &AgentUnitBody { options: options_of(file) }))
+}
+
+/// `GET /agents/{machine}/bodies?hash=H&hash=H…`: the bodies that exist among those asked for,
+/// read together; every one must be the body of a unit the machine holds.
+pub async fn bodies(state: &ApiState, machine_id: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let agents = agents(state)?;
+    let mut hashes = Vec::new();
+    for (name, value) in query {
+        if name != "hash" {
+            return Err(ApiError::bad_request(format!("unknown parameter {name:?}")));
+        }
+        hashes.push(UnitHash::parse_hex(value).ok_or_else(|| ApiError::bad_request("invalid unit hash"))?);
+    }
+    if hashes.is_empty() || hashes.len() > MAX_BODIES_PER_REQUEST {
+        return Err(ApiError::bad_request(format!("between 1 and {MAX_BODIES_PER_REQUEST} hash parameters expected")));
+    }
+    hashes.sort_unstable();
+    hashes.dedup();
+    check_held(agents, machine_id, &hashes).await?;
+    let mut found = agents.unit_bodies(machine_id, &hashes).await?;
+    let bodies = hashes
+        .iter()
+        .filter_map(|hash| {
+            found.remove(hash).map(|file| AgentHashedBody { hash: hash.to_string(), options: options_of(file) })
+        })
         .collect();
-    Ok(json_response(StatusCode::OK, &AgentUnitBody { options }))
+    Ok(json_response(StatusCode::OK, &AgentUnitBodies { bodies }))
 }
 
 pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<Response, ApiError> {
@@ -146,9 +183,17 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
         serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid states: {error}")))?;
     let work = agents.machine_work(machine_id).await?;
     let (names, _) = held(&work);
-    let outside = request.set.iter().map(|state| state.name.as_str()).chain(request.removed.iter().map(String::as_str));
-    if let Some(name) = outside.into_iter().find(|name| !names.contains(name)) {
-        return Err(forbidden(format!("machine {machine_id} does not hold {name}")));
+    if let Some(state) = request.set.iter().find(|state| !names.contains(state.name.as_str())) {
+        return Err(forbidden(format!("machine {machine_id} does not hold {}", state.name)));
+    }
+    // A removal takes only this machine's own state of a unit, and most often of a unit it no
+    // longer holds (destroyed, or moved away): any valid name is allowed.
+    if let Some((name, error)) = request
+        .removed
+        .iter()
+        .find_map(|name| fleet_core::unit_name::validate_name(name).err().map(|error| (name, error)))
+    {
+        return Err(ApiError::bad_request(format!("invalid unit name {name:?}: {error}")));
     }
     let mut reports = Vec::with_capacity(request.set.len() + request.removed.len());
     for reported in request.set {
