@@ -397,7 +397,7 @@ impl AgentRegistry for RemoteRegistry {
                 Ok(answer) => {
                     for sent in answer.bodies {
                         let Some(hash) = chunk.iter().find(|hash| hash.to_string() == sent.hash) else {
-                            return Err(unavailable(format!("the manager sent body {} unasked", sent.hash)));
+                            return Err(unavailable("the manager sent a body that was not asked for"));
                         };
                         let body = AgentUnitBody { options: sent.options };
                         let file = checked_file(hash, body.clone())?;
