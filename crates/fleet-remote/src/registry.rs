@@ -396,15 +396,15 @@ impl AgentRegistry for RemoteRegistry {
             match self.fetch::<AgentUnitBodies>(&format!("/bodies?{}", query.join("&"))).await {
                 Ok(answer) => {
                     for sent in answer.bodies {
-                        let Some(hash) = chunk.iter().find(|hash| hash.to_string() == sent.hash) else {
+                        let Some(hash) = UnitHash::parse_hex(&sent.hash).filter(|hash| chunk.contains(hash)) else {
                             return Err(unavailable("the manager sent a body that was not asked for"));
                         };
                         let body = AgentUnitBody { options: sent.options };
-                        let file = checked_file(hash, body.clone())?;
+                        let file = checked_file(&hash, body.clone())?;
                         if let Some(copy) = &self.copy {
-                            copy.save_body(&sent.hash, &body);
+                            copy.save_body(&hash.to_string(), &body);
                         }
-                        found.insert(*hash, file);
+                        found.insert(hash, file);
                     }
                 }
                 Err(Failure::Refused { status: 404 | 405, .. }) => {

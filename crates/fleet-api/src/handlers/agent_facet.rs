@@ -188,12 +188,9 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
     }
     // A removal takes only this machine's own state of a unit, and most often of a unit it no
     // longer holds (destroyed, or moved away): any valid name is allowed.
-    if let Some((name, error)) = request
-        .removed
-        .iter()
-        .find_map(|name| fleet_core::unit_name::validate_name(name).err().map(|error| (name, error)))
-    {
-        return Err(ApiError::bad_request(format!("invalid unit name {name:?}: {error}")));
+    for name in &request.removed {
+        fleet_core::unit_name::validate_name(name)
+            .map_err(|error| ApiError::bad_request(format!("invalid unit name {name:?}: {error}")))?;
     }
     let mut reports = Vec::with_capacity(request.set.len() + request.removed.len());
     for reported in request.set {

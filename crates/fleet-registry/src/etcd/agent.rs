@@ -16,13 +16,6 @@ use super::records::{Assignment, CarriedBody};
 use crate::codec::{decode, decode_listed, encode, machine_with_overrides};
 use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
-/// A machine's work as decoded from its copy, and the copy's [`EtcdRegistry::work_stamp`]
-/// then.
-pub(super) struct DecodedWork {
-    pub(super) stamp: u64,
-    work: MachineWork,
-}
-
 /// The assignments under `collection` in a machine's copy.
 fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -> Result<Vec<AssignedUnit>> {
     let range = KeyRange::prefix(collection.clone());
@@ -162,8 +155,7 @@ impl EtcdRegistry {
     }
 
     /// This machine's work as its copy holds it, once the copy has caught up with the
-    /// machine's last registration. Decoded again only when the copy changed what it holds
-    /// of this machine's work since the last time ([`DecodedWork`]).
+    /// machine's last registration.
     fn work_from_copy(&self, machine_id: &str) -> Result<MachineWork> {
         let mirror = self.work_mirror(machine_id);
         let data = mirror.synced()?;
@@ -176,42 +168,6 @@ impl EtcdRegistry {
                 ),
             ));
         }
-        let stamp = self.work_stamp(machine_id, &data);
-        if let Some(stamp) = stamp
-            && let Some(decoded) = self.decoded_work().get(machine_id)
-            && decoded.stamp == stamp
-        {
-            return Ok(decoded.work.clone());
-        }
-        let work = self.decode_work(machine_id, &data)?;
-        match stamp {
-            Some(stamp) => {
-                self.decoded_work().insert(machine_id.to_string(), DecodedWork { stamp, work: work.clone() });
-            }
-            None => {
-                self.decoded_work().remove(machine_id);
-            }
-        }
-        Ok(work)
-    }
-
-    fn decoded_work(&self) -> std::sync::MutexGuard<'_, HashMap<String, DecodedWork>> {
-        self.inner.decoded_work.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// What moves whenever the copy `data` changes what it holds of `machine_id`'s work, read
-    /// while `data` is held: a machine's own copy counts its changes; the copy shared by many
-    /// machines moves the machine's wake-up signal once a change is in (so a signal read now
-    /// has its change in `data`). None when nothing tells (no signal for this machine).
-    fn work_stamp(&self, machine_id: &str, data: &MirrorData) -> Option<u64> {
-        if !self.inner.serve_many_machines {
-            return Some(data.generation);
-        }
-        let signals = self.inner.work_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        signals.get(machine_id).map(|signal| *signal.borrow())
-    }
-
-    fn decode_work(&self, machine_id: &str, data: &MirrorData) -> Result<MachineWork> {
         let keys = self.keys();
         let machine_key = keys.machine(machine_id);
         let metadata_key = keys.metadata(machine_id);
@@ -222,8 +178,8 @@ impl EtcdRegistry {
             .and_then(|entry| machine_with_overrides(&machine_key, &entry.value, overrides));
         Ok(MachineWork {
             machine,
-            scheduled: assignments(self, data, keys.schedule(machine_id))?,
-            globals: assignments(self, data, keys.globals())?,
+            scheduled: assignments(self, &data, keys.schedule(machine_id))?,
+            globals: assignments(self, &data, keys.globals())?,
         })
     }
 

@@ -111,9 +111,6 @@ struct Inner {
     serve_many_machines: bool,
     all_work_mirror: OnceLock<Arc<Mirror>>,
     work_signals: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
-    /// Per machine, its work as last decoded from its copy, reused while the copy holds the
-    /// same work: a pass that nothing changed for decodes nothing.
-    decoded_work: Mutex<HashMap<String, agent::DecodedWork>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
@@ -151,7 +148,6 @@ impl EtcdRegistry {
                 serve_many_machines: options.serve_many_machines,
                 all_work_mirror: OnceLock::new(),
                 work_signals: Arc::new(Mutex::new(HashMap::new())),
-                decoded_work: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),

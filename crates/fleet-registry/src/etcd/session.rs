@@ -306,7 +306,6 @@ impl EtcdRegistry {
     }
 
     pub(super) fn take_session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
-        self.inner.decoded_work.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine_id);
         self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine_id)
     }
 

@@ -325,66 +325,6 @@ async fn serving_many_machines_takes_one_copy_for_all() {
     assert_eq!(woken, 1, "only m7's work changed");
 }
 
-/// A machine's work is decoded from its copy once per change to it, whether the machine has
-/// a copy of its own or shares one with many: a read with nothing changed reuses the last
-/// decoding, and every change (a placement, a desired state, runtime metadata) is read.
-#[tokio::test]
-async fn a_machines_work_is_decoded_again_only_when_it_changed() {
-    let etcd = EtcdServer::start();
-    for serve_many_machines in [false, true] {
-        let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
-        let prefix = format!("/fleet-test-{serve_many_machines}/");
-        let options = EtcdOptions { serve_many_machines, key_prefix: prefix, ..options(&etcd) };
-        let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
-        let _signal = registry.machine_changes("m1");
-        registry.register_machine(&machine("m1")).await.unwrap();
-        let decoded_stamp = || registry.inner.decoded_work.lock().unwrap().get("m1").map(|decoded| decoded.stamp);
-        eventually("m1's work shows m1", || async {
-            registry.machine_work("m1").await.is_ok_and(|work| work.machine.is_some())
-        })
-        .await;
-        let stamp = decoded_stamp().expect("the work is kept decoded");
-        let again = registry.machine_work("m1").await.unwrap();
-        assert_eq!(decoded_stamp(), Some(stamp), "nothing changed, nothing decoded again");
-        assert!(again.scheduled.is_empty());
-
-        registry.put_unit("x.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
-        let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
-        eventually("the engine sees the unit", || async {
-            registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)
-        })
-        .await;
-        let decision = Decision::Schedule { unit: "x.service".into(), machine: "m1".into() };
-        registry.apply(&lease, &[decision], &[]).await.unwrap();
-        eventually("m1's work has the unit", || async {
-            registry.machine_work("m1").await.is_ok_and(|work| {
-                work.scheduled.iter().any(|unit| unit.name == "x.service" && unit.desired == DesiredState::Launched)
-            })
-        })
-        .await;
-        assert_ne!(decoded_stamp(), Some(stamp), "a placement is decoded");
-
-        assert!(registry.set_desired_state("x.service", DesiredState::Loaded).await.unwrap());
-        eventually("m1's work has the new desired state", || async {
-            registry
-                .machine_work("m1")
-                .await
-                .is_ok_and(|work| work.scheduled.first().is_some_and(|unit| unit.desired == DesiredState::Loaded))
-        })
-        .await;
-        let set = MetadataChange::Set { machine_id: "m1".into(), key: "rack".into(), value: "r7".into() };
-        registry.change_metadata(&[set]).await.unwrap();
-        eventually("m1's work has its runtime metadata", || async {
-            registry.machine_work("m1").await.is_ok_and(|work| {
-                work.machine.is_some_and(|m| m.metadata.get("rack").map(String::as_str) == Some("r7"))
-            })
-        })
-        .await;
-        registry.unregister_machine("m1").await.unwrap();
-        assert_eq!(decoded_stamp(), None, "a machine that left is forgotten");
-    }
-}
-
 #[tokio::test]
 async fn the_leader_compacts_history_older_than_it_keeps() {
     let etcd = EtcdServer::start();
