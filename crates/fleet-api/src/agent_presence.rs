@@ -7,6 +7,15 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+/// The most pull agents one manager holds presence for: beyond it, a new agent is told the
+/// manager is full (and tries another) rather than growing the table without bound.
+pub const MOST_AGENTS: usize = 250_000;
+
+/// A new agent came to a manager that already holds [`MOST_AGENTS`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("this manager serves {MOST_AGENTS} pull agents already; try another")]
+pub struct Full;
+
 pub struct AgentPresence {
     heard: Mutex<HashMap<String, Instant>>,
     /// How long an agent may be silent before it is lost (`agent_ttl`).
@@ -33,10 +42,19 @@ impl AgentPresence {
         LONGEST_POLL.min(self.ttl / 3)
     }
 
-    /// Notes a request from `machine`.
-    pub fn heard(&self, machine: &str) {
+    /// Notes a request from `machine` (authenticated by its own certificate: nothing else
+    /// may make a machine present).
+    pub fn heard(&self, machine: &str) -> Result<(), Full> {
         let mut heard = self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(at) = heard.get_mut(machine) {
+            *at = Instant::now();
+            return Ok(());
+        }
+        if heard.len() >= MOST_AGENTS {
+            return Err(Full);
+        }
         heard.insert(machine.to_string(), Instant::now());
+        Ok(())
     }
 
     /// Whether `machine` is a pull agent this manager hears from.
@@ -78,8 +96,8 @@ mod tests {
     #[test]
     fn silent_machines_are_returned_once() {
         let presence = AgentPresence::default();
-        presence.heard("a");
-        presence.heard("b");
+        presence.heard("a").unwrap();
+        presence.heard("b").unwrap();
         presence.forget("b");
         assert!(presence.take_silent(Duration::from_secs(60)).is_empty());
         assert_eq!(presence.take_silent(Duration::ZERO), vec!["a".to_string()]);

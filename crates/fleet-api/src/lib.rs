@@ -2,22 +2,30 @@
 //!
 //! - [`schema`]: the JSON entities, shared with the client.
 //! - [`pagination`]: page tokens.
-//! - [`router`]: one dispatcher that maps paths and methods to handlers and every error to
-//!   the original's JSON error body.
+//! - [`routes`]: the one route table (path, method, action needed, body, handler).
+//! - [`router`]: one dispatcher that takes every request through the table, the write guard,
+//!   authentication and authorization, and turns every error into the original's JSON error
+//!   body.
 //! - [`listen`]: Unix socket, TCP and socket-activation listeners.
 //! - [`serve`]: the connections on those listeners, with their limits and timeouts.
 
 pub mod agent_presence;
+mod api_state;
 pub mod auth;
+mod call;
+mod error;
 mod handlers;
 mod host_check;
 pub mod journal_relay;
 pub mod listen;
 pub mod live_view;
 pub mod pagination;
+mod query;
 pub mod router;
+mod routes;
 pub use fleet_api_schema as schema;
 pub mod serve;
+mod write_guard;
 
 pub use router::{ApiState, TokenLimit, router};
 

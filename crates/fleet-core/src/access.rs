@@ -20,9 +20,10 @@ pub enum Role {
     Machine { id: String },
     /// Whoever presents a registration token: it may join, and do nothing else.
     Joining,
-    /// Whoever presents a webhook signature (a git forge announcing a push): it may ask a
-    /// source to sync, which checks the signature itself, and do nothing else.
-    Webhook,
+    /// A git forge announcing a push to one source, by a body signed with that source's
+    /// shared secret (verified before the role is given): it may ask that source to sync, and
+    /// do nothing else.
+    Webhook { source: String },
 }
 
 /// A unit-name pattern an operator is limited to (`web-*`).
@@ -86,7 +87,7 @@ impl Role {
             Self::Viewer => "viewer",
             Self::Machine { .. } => "machine",
             Self::Joining => "joining",
-            Self::Webhook => "webhook",
+            Self::Webhook { .. } => "webhook",
         }
     }
 
@@ -102,7 +103,7 @@ impl Role {
     pub fn sees_unit(&self, unit: &str) -> bool {
         match self {
             Self::Operator { units: Some(scope) } => scope.covers(unit),
-            Self::Machine { .. } | Self::Joining | Self::Webhook => false,
+            Self::Machine { .. } | Self::Joining | Self::Webhook { .. } => false,
             _ => true,
         }
     }
@@ -112,6 +113,7 @@ impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self, self.scope()) {
             (Self::Machine { id }, _) => write!(f, "machine({id})"),
+            (Self::Webhook { source }, _) => write!(f, "webhook({source})"),
             (_, Some(scope)) => write!(f, "{}({scope})", self.name()),
             (_, None) => f.write_str(self.name()),
         }
@@ -153,9 +155,8 @@ pub enum Action<'a> {
     /// Starts, pauses, resumes, undoes or removes a rollout (which writes the units it names,
     /// any of them: not for an operator limited to some units).
     ManageRollouts,
-    /// A push webhook for a source: whoever calls it, the handler checks the body's
-    /// signature with the source's shared secret, and the most it does is sync the source.
-    SourceWebhook,
+    /// A push webhook for the source named: syncs it.
+    SourceWebhook(&'a str),
 }
 
 impl Action<'_> {
@@ -169,7 +170,7 @@ impl Action<'_> {
                 | Self::ManageCredentials
                 | Self::ManageSources
                 | Self::ManageRollouts
-                | Self::SourceWebhook
+                | Self::SourceWebhook(_)
                 | Self::Join
                 | Self::RenewMachine
         )
@@ -195,29 +196,39 @@ pub enum Access {
     Denied,
 }
 
-/// Decides whether `role` may take `action`.
+/// Decides whether `role` may take `action`. Every pair allowed is written here; anything
+/// else is denied.
 pub fn decide(role: &Role, action: Action<'_>) -> Access {
+    use Action as A;
     let outside_scope = action.unit().is_some_and(|unit| !role.sees_unit(unit));
     match (role, action) {
-        // Joining takes a registration token, renewing a machine certificate: no other
-        // credential stands in for them, and they stand in for no other.
-        (Role::Joining, Action::Join) | (Role::Machine { .. }, Action::RenewMachine) => Access::Allowed,
-        (_, Action::SourceWebhook) => Access::Allowed,
-        (Role::Webhook, _) => Access::Denied,
-        (Role::Machine { id }, Action::MachineFacet(machine)) if id == machine => Access::Allowed,
-        (_, Action::Join | Action::RenewMachine | Action::MachineFacet(_))
-        | (Role::Joining | Role::Machine { .. }, _) => Access::Denied,
-        (Role::Admin, _) => Access::Allowed,
-        (_, Action::ManageCredentials | Action::ManageSources) => Access::Denied,
-        (Role::Operator { units: Some(_) }, Action::ReadMetrics | Action::ReadSources | Action::ManageRollouts) => {
-            Access::Denied
+        // Joining takes a registration token, renewing a machine certificate, a machine's
+        // side of the store that machine's certificate, a webhook that source's signature: no
+        // other credential stands in for them, and they stand in for no other.
+        (Role::Joining, A::Join) | (Role::Machine { .. }, A::RenewMachine) => Access::Allowed,
+        (Role::Machine { id }, A::MachineFacet(machine)) if id == machine => Access::Allowed,
+        (Role::Webhook { source }, A::SourceWebhook(name)) if source == name => Access::Allowed,
+        (
+            Role::Admin,
+            A::List
+            | A::ReadUnit(_)
+            | A::WriteUnit(_)
+            | A::WriteUnits
+            | A::WriteMachines
+            | A::ManageCredentials
+            | A::ReadMetrics
+            | A::ReadSources
+            | A::ManageSources
+            | A::ManageRollouts,
+        ) => Access::Allowed,
+        (Role::Operator { .. } | Role::Viewer, A::ReadUnit(_)) if outside_scope => Access::Hidden,
+        (Role::Operator { .. }, A::WriteUnit(_)) if outside_scope => Access::Denied,
+        (Role::Operator { .. }, A::List | A::ReadUnit(_) | A::WriteUnit(_) | A::WriteUnits | A::WriteMachines) => {
+            Access::Allowed
         }
-        (Role::Viewer, Action::ReadMetrics | Action::ReadSources) => Access::Allowed,
-        (_, Action::ReadUnit(_)) if outside_scope => Access::Hidden,
-        (_, Action::WriteUnit(_)) if outside_scope => Access::Denied,
-        (Role::Viewer, Action::List | Action::ReadUnit(_)) => Access::Allowed,
-        (Role::Viewer, _) => Access::Denied,
-        (Role::Operator { .. }, _) => Access::Allowed,
+        (Role::Operator { units: None }, A::ReadMetrics | A::ReadSources | A::ManageRollouts) => Access::Allowed,
+        (Role::Viewer, A::List | A::ReadUnit(_) | A::ReadMetrics | A::ReadSources) => Access::Allowed,
+        _ => Access::Denied,
     }
 }
 
@@ -245,18 +256,19 @@ mod tests {
             Action::ReadMetrics,
             Action::ReadSources,
             Action::ManageSources,
-            Action::SourceWebhook,
+            Action::SourceWebhook("docs"),
             Action::ManageRollouts,
             Action::WriteUnits,
+            Action::SourceWebhook("web"),
         ];
-        let table: [(Role, [Access; 15]); 7] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, A, A, A]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, A, A, A]),
-            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, A, D, A]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, A, D, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, A, D, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, A, D, D]),
-            (Role::Webhook, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D]),
+        let table: [(Role, [Access; 16]); 7] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D]),
+            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, D, D, A, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D]),
+            (Role::Webhook { source: "docs".into() }, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

@@ -158,7 +158,8 @@ async fn sweep_silent_agents(presence: Arc<AgentPresence>, registry: Arc<dyn fle
             tracing::warn!(machine, "pull agent silent for agent_ttl: treating it as a lost machine");
             if let Err(error) = registry.unregister_machine(&machine).await {
                 tracing::warn!(machine, %error, "cannot give up the pull agent's presence; trying again");
-                presence.heard(&machine);
+                // Its slot was freed just above, so it fits again.
+                let _ = presence.heard(&machine);
             }
         }
     }

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, Method, header};
 use fleet_core::access::Role;
 use fleet_registry::{CredentialRegistry, RevokedMachine};
 
@@ -33,9 +33,6 @@ pub enum Via {
     Anonymous,
 }
 
-/// The header a git forge signs a push webhook's body in (`sha256=<hex HMAC-SHA256>`).
-pub const WEBHOOK_SIGNATURE: &str = "x-hub-signature-256";
-
 /// Who a request comes from and what it may do.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Identity {
@@ -60,6 +57,8 @@ pub struct Auth {
     revoked: Arc<StoreCache<RevokedMachine>>,
     /// The role clients without any credential get on TCP; none unless the operator opts in.
     anonymous: Option<Role>,
+    /// The sources, as webhooks are checked against them.
+    pub(crate) webhook_sources: Arc<super::webhook::WebhookSources>,
 }
 
 /// A bearer token longer than this is not read any further.
@@ -72,6 +71,7 @@ impl Auth {
             revoked: Arc::new(StoreCache::new("revoked machines")),
             registry,
             anonymous,
+            webhook_sources: Default::default(),
         }
     }
 
@@ -96,7 +96,14 @@ impl Auth {
 
     /// The identity behind a request that came on `peer` with `headers`. A request with no
     /// peer (not read by the server) has none.
-    pub async fn authenticate(&self, peer: Option<&Peer>, headers: &HeaderMap) -> Result<Identity, Refused> {
+    /// A registration token, or a webhook's signature, is no identity here: each is verified
+    /// by the one route it serves ([`Auth::joining`], [`super::webhook::verify`]).
+    pub async fn authenticate(
+        &self,
+        peer: Option<&Peer>,
+        headers: &HeaderMap,
+        method: &Method,
+    ) -> Result<Identity, Refused> {
         let unauthenticated = |message: &str| Refused::Unauthenticated(message.to_string());
         let (tls, certificate) = match peer {
             Some(Peer::Unix { uid }) => {
@@ -107,11 +114,15 @@ impl Auth {
             None => return Err(unauthenticated("no credential")),
         };
         if let Some(value) = headers.get(header::AUTHORIZATION) {
-            let token = bearer_token(value.as_bytes()).map_err(&unauthenticated)?;
-            let token = token.as_ref();
+            let credential = bearer_token(value.as_bytes()).map_err(&unauthenticated)?;
+            if credential.basic && !matches!(*method, Method::GET | Method::HEAD) {
+                return Err(unauthenticated(
+                    "Basic credentials are accepted for reads only (the web view); send the token as a Bearer token",
+                ));
+            }
+            let token = credential.token.as_ref();
             if token.starts_with(REGISTRATION_PREFIX) {
-                // It may join, nothing else; the join checks and counts the token itself.
-                return Ok(Identity { name: "registration".into(), role: Role::Joining, via: Via::RegistrationToken });
+                return Err(unauthenticated("a registration token only joins (POST /fleet/v1/agents/join)"));
             }
             return match self.tokens.verify(token).await {
                 Ok((name, role)) => Ok(Identity { name: format!("token:{name}"), role, via: Via::Token }),
@@ -120,10 +131,6 @@ impl Auth {
                 }
                 Err(error) => Err(Refused::Unauthenticated(error.to_string())),
             };
-        }
-        if headers.contains_key(WEBHOOK_SIGNATURE) {
-            // It may ask a source to sync, nothing else; the webhook checks the signature.
-            return Ok(Identity { name: "webhook".into(), role: Role::Webhook, via: Via::WebhookSignature });
         }
         if let Some(certificate) = certificate {
             let name = format!("cert:{}", certificate.name);
@@ -145,11 +152,39 @@ impl Auth {
             None => Err(unauthenticated("credential required: a bearer token")),
         }
     }
+
+    /// The identity of a request that joins: whoever presents a registration token that is
+    /// usable now, and nobody else.
+    pub async fn joining(&self, headers: &HeaderMap) -> Result<Identity, Refused> {
+        let unauthenticated = |message: &str| Refused::Unauthenticated(message.to_string());
+        let value = headers.get(header::AUTHORIZATION).ok_or_else(|| unauthenticated("registration token required"))?;
+        let credential = bearer_token(value.as_bytes()).map_err(&unauthenticated)?;
+        if credential.basic {
+            return Err(unauthenticated("a registration token is sent as a Bearer token"));
+        }
+        match self.tokens.verify_registration(&credential.token).await {
+            Ok(name) => {
+                Ok(Identity { name: format!("registration:{name}"), role: Role::Joining, via: Via::RegistrationToken })
+            }
+            Err(TokenError::Malformed) => Err(unauthenticated("malformed registration token")),
+            Err(TokenError::Unavailable) => {
+                Err(unauthenticated("credentials cannot be checked: the store is unavailable"))
+            }
+            Err(error) => Err(Refused::Unauthenticated(error.to_string())),
+        }
+    }
+}
+
+/// A credential of an `Authorization` header.
+pub(crate) struct Credential<'a> {
+    pub token: std::borrow::Cow<'a, str>,
+    /// Sent as HTTP Basic (by a browser, which keeps and resends it by itself).
+    pub basic: bool,
 }
 
 /// The token of an `Authorization: Bearer …` header, or the password of a `Basic` one (what
 /// a browser sends for the web view once its user typed the token; the user name is ignored).
-pub(crate) fn bearer_token(value: &[u8]) -> Result<std::borrow::Cow<'_, str>, &'static str> {
+pub(crate) fn bearer_token(value: &[u8]) -> Result<Credential<'_>, &'static str> {
     use base64::Engine;
     if value.len() > MAX_AUTHORIZATION {
         return Err("malformed Authorization header: too long");
@@ -157,7 +192,7 @@ pub(crate) fn bearer_token(value: &[u8]) -> Result<std::borrow::Cow<'_, str>, &'
     let text = std::str::from_utf8(value).map_err(|_| "malformed Authorization header")?;
     let (scheme, token) = text.trim().split_once(' ').ok_or("malformed Authorization header")?;
     if scheme.eq_ignore_ascii_case("bearer") {
-        return Ok(std::borrow::Cow::Borrowed(token.trim()));
+        return Ok(Credential { token: std::borrow::Cow::Borrowed(token.trim()), basic: false });
     }
     if !scheme.eq_ignore_ascii_case("basic") {
         return Err("unsupported Authorization scheme: expected Bearer");
@@ -167,7 +202,7 @@ pub(crate) fn bearer_token(value: &[u8]) -> Result<std::borrow::Cow<'_, str>, &'
         .map_err(|_| "malformed Authorization header: bad Basic credentials")?;
     let decoded = String::from_utf8(decoded).map_err(|_| "malformed Authorization header: bad Basic credentials")?;
     let (_user, password) = decoded.split_once(':').ok_or("malformed Authorization header: bad Basic credentials")?;
-    Ok(std::borrow::Cow::Owned(password.trim().to_string()))
+    Ok(Credential { token: std::borrow::Cow::Owned(password.trim().to_string()), basic: true })
 }
 
 #[cfg(test)]
@@ -176,10 +211,12 @@ mod tests {
 
     #[test]
     fn bearer_headers_are_read_strictly() {
-        assert_eq!(bearer_token(b"Bearer fleet_abc").as_deref(), Ok("fleet_abc"));
-        assert_eq!(bearer_token(b"bearer  fleet_abc ").as_deref(), Ok("fleet_abc"));
+        let read =
+            |value: &[u8]| bearer_token(value).map(|credential| (credential.token.into_owned(), credential.basic));
+        assert_eq!(read(b"Bearer fleet_abc"), Ok(("fleet_abc".into(), false)));
+        assert_eq!(read(b"bearer  fleet_abc "), Ok(("fleet_abc".into(), false)));
         // user:pass
-        assert_eq!(bearer_token(b"Basic dXNlcjpwYXNz").as_deref(), Ok("pass"));
+        assert_eq!(read(b"Basic dXNlcjpwYXNz"), Ok(("pass".into(), true)));
         assert!(bearer_token(b"Basic !!!").is_err());
         assert!(bearer_token(b"Digest x").is_err());
         assert!(bearer_token(b"Bearer").is_err());

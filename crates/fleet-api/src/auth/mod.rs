@@ -12,5 +12,6 @@ pub(crate) mod identity;
 pub mod store_cache;
 pub mod tls;
 pub mod tokens;
+pub mod webhook;
 
 pub use identity::{Auth, Identity, Peer, Refused, Via};

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use fleet_core::access::Role;
 use fleet_core::secret::find_by_hash;
-use fleet_registry::{CredentialRegistry, TokenRecord};
+use fleet_registry::{CredentialRegistry, RegistrationRecord, RegistrationRefused, TokenRecord};
 
 use super::store_cache::StoreCache;
 
@@ -36,6 +36,8 @@ pub enum TokenError {
     Expired,
     #[error("the store cannot be read to check credentials")]
     Unavailable,
+    #[error("{0}")]
+    Registration(RegistrationRefused),
 }
 
 /// A new token starting with `prefix` ([`TOKEN_PREFIX`] or [`REGISTRATION_PREFIX`]); `None`
@@ -75,11 +77,33 @@ fn find<'a>(records: &'a [TokenRecord], digest: &str) -> Option<&'a TokenRecord>
 pub struct TokenCheck {
     registry: Arc<dyn CredentialRegistry>,
     tokens: StoreCache<TokenRecord>,
+    registrations: StoreCache<RegistrationRecord>,
 }
 
 impl TokenCheck {
     pub fn new(registry: Arc<dyn CredentialRegistry>) -> Self {
-        Self { registry, tokens: StoreCache::new("tokens") }
+        Self { registry, tokens: StoreCache::new("tokens"), registrations: StoreCache::new("registration tokens") }
+    }
+
+    /// The name of the registration token `presented`, if it may be used now. (The join
+    /// that follows counts the use in the store, atomically, and checks it again there.)
+    pub async fn verify_registration(&self, presented: &str) -> Result<String, TokenError> {
+        if !well_formed(presented, REGISTRATION_PREFIX) {
+            return Err(TokenError::Malformed);
+        }
+        let digest = digest(presented);
+        let read = async |fresh_for| {
+            let records = self.registrations.get(fresh_for, async || self.registry.registrations().await).await;
+            records.map_err(|_| TokenError::Unavailable)
+        };
+        let mut records = read(FRESH_FOR).await?;
+        if find_by_hash(records.iter(), &digest, |record| record.sha256.as_str()).is_none() {
+            records = read(UNKNOWN_RECHECK_AFTER).await?;
+        }
+        let record = find_by_hash(records.iter(), &digest, |record| record.sha256.as_str())
+            .ok_or(TokenError::Registration(RegistrationRefused::Unknown))?;
+        record.usable_at(now_unix()).map_err(TokenError::Registration)?;
+        Ok(record.name.clone())
     }
 
     /// The store's tokens, read again when the last read is older than `fresh_for`.

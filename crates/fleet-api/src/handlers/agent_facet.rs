@@ -65,6 +65,7 @@ pub async fn register(state: &ApiState, machine_id: &str, body: &[u8]) -> Result
 
 /// The machine leaves the cluster (a clean stop): it and its states go, its units move.
 pub async fn unregister(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
+    state.agent_presence.forget(machine_id);
     agents(state)?.unregister_machine(machine_id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -225,7 +226,8 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
 }
 
 /// The machine answers a journal question its long poll carried.
-pub fn journal_answer(state: &ApiState, machine_id: &str, id: u64, body: &[u8]) -> Result<Response, ApiError> {
+pub fn journal_answer(state: &ApiState, machine_id: &str, id: &str, body: &[u8]) -> Result<Response, ApiError> {
+    let id: u64 = id.parse().map_err(|_| ApiError::not_found("no such journal question for this machine"))?;
     let mut journal: Journal =
         serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid journal: {error}")))?;
     journal.machine_id = machine_id.to_string();

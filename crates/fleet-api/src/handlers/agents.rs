@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use fleet_core::access::Role;
 use fleet_core::machine::valid_machine_id;
 use fleet_registry::RevokedMachine;
 
@@ -31,10 +32,10 @@ fn sign(ca: &AgentCa, machine_id: &str, csr: &str) -> Result<(String, u64), ApiE
     Ok((certificate, expires))
 }
 
-/// The registration token a join presents (the router admitted it by its prefix only).
+/// The registration token a join presents (the router verified it before the join runs).
 fn registration_token(headers: &HeaderMap) -> Option<String> {
-    let token = bearer_token(headers.get(header::AUTHORIZATION)?.as_bytes()).ok()?;
-    Some(token.into_owned()).filter(|token| well_formed(token, REGISTRATION_PREFIX))
+    let credential = bearer_token(headers.get(header::AUTHORIZATION)?.as_bytes()).ok()?;
+    Some(credential.token.into_owned()).filter(|token| well_formed(token, REGISTRATION_PREFIX))
 }
 
 pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
@@ -76,7 +77,10 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
     Ok(json_response(StatusCode::CREATED, &answer))
 }
 
-pub async fn renew(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn renew(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response, ApiError> {
+    let Role::Machine { id: machine_id } = role else {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine renews its certificate"));
+    };
     let ca = agent_ca(state)?;
     let request: AgentRenewRequest = serde_json::from_slice(body)
         .map_err(|error| ApiError::bad_request(format!("invalid renew request: {error}")))?;

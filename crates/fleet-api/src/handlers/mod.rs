@@ -2,6 +2,7 @@
 
 pub mod agent_facet;
 pub mod agents;
+pub mod discovery;
 pub mod journal;
 pub mod machines;
 pub mod metrics;

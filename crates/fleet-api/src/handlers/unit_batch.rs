@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use fleet_core::DesiredState;
 use fleet_core::access::{Access, Action, Role, decide};
@@ -20,14 +20,8 @@ use crate::schema::{UnitBatch, UnitBatchResult, UnitBatchResults};
 /// The most units one request may carry (fleetctl sends at most this many at once).
 pub const MOST_UNITS_PER_BATCH: usize = 1000;
 
-pub async fn post(
-    state: &ApiState,
-    role: &Role,
-    headers: &HeaderMap,
-    body: &[u8],
-    writer: &Writer,
-) -> Result<Response, ApiError> {
-    let batch: UnitBatch = json_object(headers, body)?;
+pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -> Result<Response, ApiError> {
+    let batch: UnitBatch = json_object(body)?;
     let changes = admitted(batch, role)?;
     let answers = state.registry.change_units_as(&changes, writer).await?;
     let units = changes

@@ -1,6 +1,6 @@
 //! `/units` and `/units/{name}`.
 
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_core::unit_name::{UnitNameInfo, validate_name};
@@ -86,24 +86,6 @@ pub async fn delete(state: &ApiState, name: &str, writer: &Writer) -> Result<Res
     }
 }
 
-fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
-    let values: Vec<_> = headers.get_all(header::CONTENT_TYPE).iter().collect();
-    if values.len() != 1 {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            format!("expected 1 Content-Type, got {}", values.len()),
-        ));
-    }
-    let media_type = values[0].to_str().unwrap_or("").split(';').next().unwrap_or("").trim();
-    if !media_type.eq_ignore_ascii_case("application/json") {
-        return Err(ApiError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "only acceptable Content-Type is application/json",
-        ));
-    }
-    Ok(())
-}
-
 /// The unit file a request's options make.
 pub fn file_from_options(options: Vec<UnitOption>) -> UnitFile {
     UnitFile::from_options(
@@ -128,8 +110,7 @@ pub(crate) fn refuse_template_activation(name: &str, desired: DesiredState) -> R
 
 /// A unit write's body: JSON, and an object (serde would also read a struct from an array:
 /// `[]` came out as a unit without options, answered 409 instead of 400).
-pub(crate) fn json_object<T: serde::de::DeserializeOwned>(headers: &HeaderMap, body: &[u8]) -> Result<T, ApiError> {
-    check_content_type(headers)?;
+pub(crate) fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::bad_request("unable to decode body: expected a JSON object"));
     }
@@ -137,14 +118,8 @@ pub(crate) fn json_object<T: serde::de::DeserializeOwned>(headers: &HeaderMap, b
 }
 
 /// PUT /units/{name}: create, replace (new options) or change the desired state.
-pub async fn put(
-    state: &ApiState,
-    name: &str,
-    headers: &HeaderMap,
-    body: &[u8],
-    writer: &Writer,
-) -> Result<Response, ApiError> {
-    let request: Unit = json_object(headers, body)?;
+pub async fn put(state: &ApiState, name: &str, body: &[u8], writer: &Writer) -> Result<Response, ApiError> {
+    let request: Unit = json_object(body)?;
     if !request.name.is_empty() && request.name != name {
         return Err(ApiError::bad_request(format!(
             "name in URL {name:?} differs from unit name in request body {:?}",

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tower::ServiceExt;
 
 use super::*;
+use crate::auth::Auth;
 
 struct Api {
     router: Router,

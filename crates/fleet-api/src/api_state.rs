@@ -1,0 +1,60 @@
+//! What every handler is given: the store, the credentials, and the manager's tables.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use fleet_registry::ApiRegistry;
+use fleet_unit_manager::UnitManager;
+
+use crate::auth::Auth;
+
+/// The machine answering, for what only it can tell (its units' logs).
+#[derive(Clone)]
+pub struct LocalMachine {
+    pub machine_id: String,
+    pub manager: Arc<dyn UnitManager>,
+}
+
+#[derive(Clone)]
+pub struct ApiState {
+    pub registry: Arc<dyn ApiRegistry>,
+    /// Page size (`token_limit`).
+    pub token_limit: TokenLimit,
+    pub local: Option<LocalMachine>,
+    /// Who is asking: tokens, and the anonymous opt-in.
+    pub auth: Auth,
+    /// The agent CA, on a fleetd that signs machine certificates for joining pull agents.
+    pub agent_ca: Option<Arc<crate::auth::agent_ca::AgentCa>>,
+    /// The agent's side of the store, on a fleetd that serves pull agents (a manager).
+    pub agents: Option<Arc<dyn fleet_registry::AgentRegistry>>,
+    /// When each pull agent was last heard from.
+    pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
+    /// Journals asked of pull agents through this manager.
+    pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
+    /// The web view's live feed.
+    pub live_view: Arc<crate::live_view::LiveView>,
+    /// Where the lists being followed page by page stopped.
+    pub page_cursors: Arc<crate::pagination::PageCursors>,
+    /// Where git sources' secrets are read (their push webhooks' shared secrets); `None`:
+    /// no webhook is accepted.
+    pub source_secrets_dir: Option<std::path::PathBuf>,
+}
+
+/// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
+/// API keeps serving.
+#[derive(Clone, Debug)]
+pub struct TokenLimit(Arc<AtomicU16>);
+
+impl TokenLimit {
+    pub fn new(limit: u16) -> Self {
+        Self(Arc::new(AtomicU16::new(limit)))
+    }
+
+    pub fn get(&self) -> u16 {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    pub fn set(&self, limit: u16) {
+        self.0.store(limit, Ordering::Relaxed);
+    }
+}
