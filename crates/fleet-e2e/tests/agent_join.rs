@@ -62,8 +62,8 @@ fn agents_join_with_a_registration_token_and_renew_their_certificate() {
     assert_eq!(live.status, 409, "{}", live.body);
     let bad_id = call(&caller, "POST", "/fleet/v1/agents/join", Some(&join_body("../etc", &csr)));
     assert_eq!(bad_id.status, 400, "{}", bad_id.body);
-    // A registration token opens nothing but the join.
-    assert_eq!(call(&caller, "GET", "/fleet/v1/units", None).status, 403);
+    // A registration token is no credential for anything but the join.
+    assert_eq!(call(&caller, "GET", "/fleet/v1/units", None).status, 401);
 
     // The join: a certificate for this machine over the agent's own key, and the token's metadata.
     let (agent_key, csr) = key_and_csr();

@@ -249,17 +249,17 @@ fn a_signed_push_webhook_syncs_at_once_and_nothing_else_gets_in() {
     let body = format!("{{\"ref\":\"refs/heads/main\",\"after\":\"{pushed}\"}}");
 
     // Without a signature there is no credential at all; a wrong one, or one for a source
-    // that has no webhook or does not exist, is the same 403.
+    // that has no webhook or does not exist, is the same 401: nobody.
     assert_eq!(post(port, path, &[], &body).0, 401);
     let wrong = signature("guess", &body);
     for target in [path, "/fleet/v1/sources/nothing/webhook"] {
         let (code, answer) = post(port, target, &[("X-Hub-Signature-256", wrong.as_str())], &body);
-        assert_eq!(code, 403, "{answer}");
+        assert_eq!(code, 401, "{answer}");
         assert!(answer.contains("webhook signature does not match"), "{answer}");
     }
     // A signature is no credential for anything else.
     let good = signature("s3cret", &body);
-    assert_eq!(post(port, "/fleet/v1/sources/apps/sync", &[("X-Hub-Signature-256", good.as_str())], "").0, 403);
+    assert_eq!(post(port, "/fleet/v1/sources/apps/sync", &[("X-Hub-Signature-256", good.as_str())], "").0, 401);
     assert!(!unit_files(&fleet).contains_key("late.service"), "nothing synced yet: the interval is an hour");
 
     let pushed_at = std::time::Instant::now();
@@ -267,5 +267,5 @@ fn a_signed_push_webhook_syncs_at_once_and_nothing_else_gets_in() {
     assert_eq!(code, 202, "{answer}");
     fleet.wait_until("the pushed unit is in the cluster", WAIT, |fleet| unit_files(fleet).contains_key("late.service"));
     println!("webhook → unit in the cluster: {:?}", pushed_at.elapsed());
-    assert!(fleet.log().contains("role=\"webhook\""), "the webhook is audited");
+    assert!(fleet.log().contains("role=\"webhook(apps)\""), "the webhook is audited");
 }
