@@ -96,6 +96,14 @@ impl Browser {
 
     /// Sends one command (to the page when `in_page`) and waits for its answer.
     fn call(&mut self, method: &str, params: Value, in_page: bool) -> Value {
+        match self.try_call(method, params, in_page) {
+            Ok(result) => result,
+            Err(answer) => panic!("{method}: {answer}"),
+        }
+    }
+
+    /// [`Browser::call`], with the browser's error answer as `Err`.
+    fn try_call(&mut self, method: &str, params: Value, in_page: bool) -> Result<Value, Value> {
         self.next_id += 1;
         let id = self.next_id;
         let mut message = json!({ "id": id, "method": method, "params": params });
@@ -108,8 +116,10 @@ impl Browser {
         loop {
             let answer = self.messages.recv_timeout(ANSWER_WITHIN).expect("chromium answers");
             if answer["id"] == json!(id) {
-                assert!(answer.get("error").is_none(), "{method}: {answer}");
-                return answer["result"].clone();
+                return match answer.get("error") {
+                    None => Ok(answer["result"].clone()),
+                    Some(_) => Err(answer),
+                };
             }
         }
     }
@@ -117,6 +127,29 @@ impl Browser {
     /// The value of a JavaScript expression in the page.
     pub fn evaluate(&mut self, expression: &str) -> Value {
         let result = self.call("Runtime.evaluate", json!({ "expression": expression, "returnByValue": true }), true);
+        result["result"]["value"].clone()
+    }
+
+    /// Waits until the page opened has loaded (its first document may still be replaced
+    /// while [`Browser::open`] returns).
+    pub fn wait_until_loaded(&mut self, url: &str) {
+        let expression = json!({ "expression": "document.readyState + ' ' + location.href", "returnByValue": true });
+        crate::poll_until(
+            "the page has loaded",
+            ANSWER_WITHIN,
+            || {
+                self.try_call("Runtime.evaluate", expression.clone(), true).is_ok_and(|result| {
+                    result["result"]["value"].as_str().is_some_and(|state| state == format!("complete {url}"))
+                })
+            },
+            String::new,
+        );
+    }
+
+    /// The value a JavaScript expression's promise settles to.
+    pub fn evaluate_async(&mut self, expression: &str) -> Value {
+        let params = json!({ "expression": expression, "returnByValue": true, "awaitPromise": true });
+        let result = self.call("Runtime.evaluate", params, true);
         result["result"]["value"].clone()
     }
 

@@ -51,10 +51,24 @@ impl Caller {
 
     /// Sends one request; `Err` when no HTTP answer came (a refused handshake, say).
     pub async fn call(&self, method: &str, path: &str, body: Option<&str>) -> Result<Answer, String> {
+        self.call_with(method, path, body, &[]).await
+    }
+
+    /// [`Caller::call`] with more headers (which replace the caller's own credential).
+    pub async fn call_with(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        headers: &[(&str, &str)],
+    ) -> Result<Answer, String> {
         let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|e| e.to_string())?;
         let mut request = self.client.request(method, format!("{}{path}", self.base));
         if let Some(token) = &self.token {
             request = request.header("Authorization", format!("Bearer {token}"));
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
         }
         if let Some(body) = body {
             request = request.header("Content-Type", "application/json").body(body.to_string());
