@@ -333,3 +333,19 @@ fn fleetctl_reads_unit_files_named_without_their_suffix() {
     let template = fleet.fleetctl_in(&work, &["submit", "x@y.device"]);
     assert!(template.stderr.contains(": invalid unit type for template: \"device\"\n"), "{template:?}");
 }
+
+/// A `registry.redb` truncated to 0 bytes started as an empty store without a word, and the
+/// machine then stopped every unit. fleetd now refuses to start, naming the file and what to
+/// do, and leaves the file as it found it.
+#[test]
+fn a_truncated_store_file_is_refused_at_start() {
+    let state = tempfile::tempdir().expect("state dir");
+    let store = state.path().join("registry.redb");
+    std::fs::write(&store, b"").expect("an empty store file");
+    let state_dir = state.path().display().to_string();
+    let (code, log) = Fleetd::start_refused("e2e0hostile00009", &[("state_dir", &state_dir)]);
+    assert_ne!(code, Some(0), "{log}");
+    assert!(log.contains(&format!("embedded store {} is empty (0 bytes)", store.display())), "{log}");
+    assert!(log.contains("restore it from a backup, or move it aside"), "{log}");
+    assert_eq!(std::fs::metadata(&store).expect("still there").len(), 0, "left as it was");
+}

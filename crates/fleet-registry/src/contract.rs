@@ -789,3 +789,68 @@ pub async fn a_batch_of_unit_writes_is_each_write_alone(registry: &dyn Registry,
     );
     assert!(launched.iter().filter(|view| batch(&view.name)).all(|view| view.hash == template.hash()));
 }
+
+/// A unit record that cannot be read hides itself, and nothing else: every listing, page and
+/// snapshot goes on with the others, and the unit can still be destroyed. `corrupt` writes
+/// something that is not a unit record where the store keeps `bad.service`'s.
+pub async fn an_unreadable_unit_hides_only_itself(registry: &dyn Registry, corrupt: impl AsyncFnOnce()) {
+    registry.register_machine(&machine("m1")).await.expect("register");
+    registry.put_unit("bad.service", &unit("/bin/true"), DesiredState::Launched).await.expect("put");
+    registry.put_unit("good.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.expect("put");
+    place(registry, "good.service", "m1").await;
+    corrupt().await;
+    let only_good = vec!["good.service".to_string()];
+    eventually("every reading shows the good unit alone", async || {
+        let names = |names: Vec<String>| names == only_good;
+        let listed = registry.units().await.map(|views| views.into_iter().map(|view| view.name).collect());
+        let request = PageRequest { start: 0, limit: 10, admits: Arc::new(|_: &str| true), after: None };
+        let paged = registry.units_page(request).await.map(|page| page.items.into_iter().map(|v| v.name).collect());
+        let planned = registry.snapshot().await.map(|snapshot| snapshot.units.into_iter().map(|u| u.name).collect());
+        let work = registry.machine_work("m1").await.map(|work| work.scheduled.into_iter().map(|u| u.name).collect());
+        listed.is_ok_and(names) && paged.is_ok_and(names) && planned.is_ok_and(names) && work.is_ok_and(names)
+    })
+    .await;
+    assert!(registry.machines().await.is_ok_and(|machines| machines.len() == 1));
+    assert!(registry.destroy_unit("bad.service").await.expect("destroy"), "the unreadable unit can be destroyed");
+    registry.put_unit("bad.service", &unit("/bin/true"), DesiredState::Loaded).await.expect("put again");
+    eventually("the unit written again is listed", async || registry.units().await.is_ok_and(|views| views.len() == 2))
+        .await;
+}
+
+#[cfg(test)]
+mod unreadable_records {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn embedded_store() {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let registry = crate::embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("store");
+        an_unreadable_unit_hides_only_itself(&registry, async || registry.corrupt_unit_record("bad.service")).await;
+    }
+
+    async fn etcd(serve_many_machines: bool) {
+        let etcd = fleet_testkit::EtcdServer::start();
+        let options = crate::etcd::EtcdOptions {
+            endpoints: vec![etcd.endpoint()],
+            key_prefix: "/contract/".into(),
+            request_timeout: Duration::from_secs(2),
+            serve_many_machines,
+            ..crate::etcd::EtcdOptions::default()
+        };
+        let lifetimes =
+            crate::etcd::Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(5) };
+        let registry = crate::etcd::EtcdRegistry::connect(&options, lifetimes).await.expect("etcd store");
+        an_unreadable_unit_hides_only_itself(&registry, async || registry.corrupt_unit_record("bad.service").await)
+            .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn etcd_store() {
+        etcd(false).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn etcd_store_serving_many_machines() {
+        etcd(true).await;
+    }
+}

@@ -51,8 +51,9 @@ impl AgentRegistry for EmbeddedRegistry {
                     continue;
                 }
                 let name = unit.value().to_string();
-                if let Some(record) = units.get(name.as_str()).map_err(unavailable)? {
-                    let record: UnitRecord = decode(&name, record.value())?;
+                if let Some(record) = units.get(name.as_str()).map_err(unavailable)?
+                    && let Some(record) = crate::codec::decode_listed::<UnitRecord>(&name, record.value())
+                {
                     work.scheduled.push(AssignedUnit {
                         name,
                         hash: record.hash,

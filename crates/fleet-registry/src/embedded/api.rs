@@ -6,6 +6,7 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
+use crate::codec::decode_listed;
 use crate::codec::machine_with_overrides;
 use crate::{
     ApiRegistry, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged, UnitView, Writer,
@@ -54,6 +55,18 @@ fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<Un
         _ => None,
     };
     Ok(UnitView::from_records(name, record, UnitFile::from_options(options), machine_id, reason, reported.as_ref()))
+}
+
+/// A unit of a listing: one whose body or state cannot be read is reported and left out.
+fn listed(view: Result<UnitView>) -> Result<Option<UnitView>> {
+    match view {
+        Ok(view) => Ok(Some(view)),
+        Err(error @ crate::RegistryError::Corrupt { .. }) => {
+            tracing::error!(%error, "skipping a unit that cannot be read");
+            Ok(None)
+        }
+        Err(error) => Err(error),
+    }
 }
 
 /// Who hears of a change to unit `name`: the engine, and the machines that may hold it.
@@ -192,7 +205,11 @@ impl ApiRegistry for EmbeddedRegistry {
     async fn units(&self) -> Result<Vec<UnitView>> {
         self.read(|txn| {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
-            read_all::<UnitRecord>(&units)?.into_iter().map(|(name, record)| unit_view(txn, &name, record)).collect()
+            let mut views = Vec::new();
+            for (name, record) in read_all::<UnitRecord>(&units)? {
+                views.extend(listed(unit_view(txn, &name, record))?);
+            }
+            Ok(views)
         })
         .await
     }
@@ -251,8 +268,21 @@ impl ApiRegistry for EmbeddedRegistry {
         let (name, writer) = (name.to_string(), writer.clone());
         self.write(move |txn, touched| {
             source_present(txn, &writer)?;
-            let Some(record) = unit_record(txn, &name)? else {
-                return Ok(false);
+            let record = match unit_record(txn, &name) {
+                Ok(Some(record)) => record,
+                Ok(None) => return Ok(false),
+                Err(crate::RegistryError::Corrupt { key, reason }) => {
+                    // Nobody can own what nobody can read: it goes with every row named after
+                    // it (its body is left, as its hash cannot be read either).
+                    tracing::error!(key, reason, "destroying a unit whose record cannot be read");
+                    touch_unit(txn, &name, true, touched)?;
+                    txn.open_table(tables::UNITS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
+                    for table in [tables::SCHEDULE, tables::REASONS] {
+                        txn.open_table(table).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
+                    }
+                    return Ok(true);
+                }
+                Err(error) => return Err(error),
             };
             owner_after(&writer, &name, Some(&record))?;
             touch_unit(txn, &name, record.global, touched)?;
@@ -272,8 +302,9 @@ impl ApiRegistry for EmbeddedRegistry {
                 let (name, record) = row.map_err(unavailable)?;
                 Ok((UnitKey(name), record))
             });
-            Page::select(rows, &request, |name, record| {
-                unit_view(txn, name, decode::<UnitRecord>(name, record.value())?).map(Some)
+            Page::select(rows, &request, |name, record| match decode_listed::<UnitRecord>(name, record.value()) {
+                Some(record) => listed(unit_view(txn, name, record)),
+                None => Ok(None),
             })
         })
         .await
@@ -295,7 +326,7 @@ impl ApiRegistry for EmbeddedRegistry {
                 }
                 Some(Ok((UnitKey(key), state)))
             });
-            Page::select(rows, &request, |unit, state| decode::<UnitState>(unit, state.value()).map(Some))
+            Page::select(rows, &request, |unit, state| Ok(decode_listed::<UnitState>(unit, state.value())))
         })
         .await
     }

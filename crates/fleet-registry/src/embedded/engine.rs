@@ -9,7 +9,7 @@ use fleet_core::{UnitFile, UnitHash};
 use redb::ReadableTable;
 
 use super::api::read_machines;
-use super::tables::{self, Options, UnitRecord, decode, read_all};
+use super::tables::{self, Options, UnitRecord, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use crate::apply_rule::{Condition, ReasonWrite, unit_writes};
 use crate::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit};
@@ -135,8 +135,10 @@ impl EmbeddedRegistry {
             let mut found = HashMap::new();
             for hash in hashes {
                 let key = hash.to_string();
-                if let Some(body) = bodies.get(key.as_str()).map_err(unavailable)? {
-                    found.insert(hash, UnitFile::from_options(decode::<Options>(&key, body.value())?));
+                if let Some(body) = bodies.get(key.as_str()).map_err(unavailable)?
+                    && let Some(options) = crate::codec::decode_listed::<Options>(&key, body.value())
+                {
+                    found.insert(hash, UnitFile::from_options(options));
                 }
             }
             Ok(found)

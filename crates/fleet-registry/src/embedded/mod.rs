@@ -53,10 +53,29 @@ pub struct EmbeddedRegistry {
 
 impl EmbeddedRegistry {
     /// Opens (or creates) the store at `path`.
+    ///
+    /// A file that is there but is not a whole store (empty, truncated, something else) is
+    /// refused, never started over: on a single machine an empty store would stop every unit.
     pub fn open(path: &Path) -> Result<Self> {
-        let db = Database::create(path).map_err(|error| {
-            RegistryError::Unavailable(format!("cannot open embedded store {}: {error}", path.display()))
-        })?;
+        let refused = |problem: String| {
+            RegistryError::Unavailable(format!(
+                "embedded store {} {problem}; restore it from a backup, or move it aside to start with an empty store",
+                path.display()
+            ))
+        };
+        let db = match std::fs::metadata(path) {
+            Ok(file) if file.len() == 0 => return Err(refused("is empty (0 bytes), not a whole store".into())),
+            Ok(_) => Database::open(path).map_err(|error| refused(format!("cannot be read ({error})")))?,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Database::create(path).map_err(|error| {
+                RegistryError::Unavailable(format!("cannot create embedded store {}: {error}", path.display()))
+            })?,
+            Err(error) => {
+                return Err(RegistryError::Unavailable(format!(
+                    "cannot open embedded store {}: {error}",
+                    path.display()
+                )));
+            }
+        };
         let txn = db.begin_write().map_err(unavailable)?;
         for table in [
             tables::UNITS,
@@ -84,6 +103,15 @@ impl EmbeddedRegistry {
             writes: std::sync::atomic::AtomicU64::new(0),
         };
         Ok(Self { db: Arc::new(db), signals: Arc::new(signals) })
+    }
+
+    /// Writes something that is not a unit record as `name`'s record (for the contract test
+    /// of unreadable records).
+    #[cfg(test)]
+    pub(crate) fn corrupt_unit_record(&self, name: &str) {
+        let txn = self.db.begin_write().expect("write");
+        txn.open_table(tables::UNITS).expect("units").insert(name, b"{not json".as_slice()).expect("insert");
+        txn.commit().expect("commit");
     }
 
     async fn read<T, F>(&self, work: F) -> Result<T>

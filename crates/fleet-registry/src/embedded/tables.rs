@@ -47,7 +47,8 @@ pub fn split_state_key(key: &str) -> Option<(&str, &str)> {
 
 pub use crate::codec::{MetadataOverrides, Options, decode, encode};
 
-/// Reads and decodes every row of a table whose values are JSON.
+/// Reads and decodes every row of a table whose values are JSON. A row that cannot be read
+/// is reported and left out: it hides itself, not the table.
 pub fn read_all<T: DeserializeOwned>(
     table: &impl ReadableTable<&'static str, &'static [u8]>,
 ) -> Result<Vec<(String, T)>, RegistryError> {
@@ -55,8 +56,9 @@ pub fn read_all<T: DeserializeOwned>(
     for row in table.iter().map_err(super::unavailable)? {
         let (key, value) = row.map_err(super::unavailable)?;
         let key = key.value().to_string();
-        let decoded = decode(&key, value.value())?;
-        rows.push((key, decoded));
+        if let Some(decoded) = crate::codec::decode_listed(&key, value.value()) {
+            rows.push((key, decoded));
+        }
     }
     Ok(rows)
 }

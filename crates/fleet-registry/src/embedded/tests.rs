@@ -80,3 +80,34 @@ async fn schedule_states_and_current_state() {
     assert!(registry.unit_states().await.unwrap().is_empty());
     assert!(registry.machines().await.unwrap().is_empty());
 }
+
+/// Regression: a store file truncated to 0 bytes opened as a new, empty store without a word,
+/// and a single machine then stopped every unit. A file that is not a whole store is refused,
+/// named, and left as it was.
+#[tokio::test]
+async fn a_file_that_is_not_a_whole_store_is_refused_and_left_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.redb");
+    {
+        let registry = EmbeddedRegistry::open(&path).unwrap();
+        registry
+            .put_unit("a.service", &unit("[Service]\nExecStart=/bin/true\n"), DesiredState::Launched)
+            .await
+            .unwrap();
+    }
+    let whole = std::fs::read(&path).unwrap();
+    for (damage, says) in [
+        (Vec::new(), "is empty (0 bytes), not a whole store"),
+        (b"not a database at all, just text".to_vec(), "cannot be read"),
+        (whole[..whole.len().min(100)].to_vec(), "cannot be read"),
+    ] {
+        std::fs::write(&path, &damage).unwrap();
+        let error = EmbeddedRegistry::open(&path).err().expect("refused").to_string();
+        assert!(error.contains(&path.display().to_string()) && error.contains(says), "{error}");
+        assert!(error.contains("restore it from a backup, or move it aside"), "{error}");
+        assert_eq!(std::fs::read(&path).unwrap(), damage, "the file is left as it was");
+    }
+    std::fs::write(&path, &whole).unwrap();
+    let registry = EmbeddedRegistry::open(&path).unwrap();
+    assert!(registry.unit("a.service").await.unwrap().is_some(), "the whole store opens again");
+}

@@ -165,6 +165,14 @@ impl EtcdRegistry {
         &self.inner.keys
     }
 
+    /// Writes something that is not a unit record as `name`'s record (for the contract test
+    /// of unreadable records).
+    #[cfg(test)]
+    pub(crate) async fn corrupt_unit_record(&self, name: &str) {
+        let corrupt = etcd_client::TxnOp::put(self.keys().unit(name), "{not json", None);
+        self.connection().txn(etcd_client::Txn::new().and_then([corrupt])).await.expect("a put");
+    }
+
     /// The engine's copy of units, placements, reasons, machines and metadata, started on
     /// first use (the leadership taken) and kept until [`EtcdRegistry::drop_engine_mirror`].
     fn engine_mirror(&self) -> Arc<Mirror> {
