@@ -235,9 +235,48 @@ pub struct DirectiveError {
     pub reason: String,
 }
 
-/// The `[Service]` directives whose values have a grammar, and the check for each.
+/// An integer from `low` to `high`, written as one (no sign games, no exponent, no NaN).
+fn check_integer(value: &str, low: i64, high: i64) -> Result<(), String> {
+    let expected = || format!("expected an integer from {low} to {high}");
+    let number: i64 = value.parse().map_err(|_| expected())?;
+    if (low..=high).contains(&number) { Ok(()) } else { Err(expected()) }
+}
+
+/// A resource limit (`LimitNOFILE=`, `LimitAS=` …): `soft[:hard]`, each `infinity` or a
+/// count with an optional binary suffix (`K`, `M`, `G`, `T`, `P`, `E`); for the limits that
+/// are times (`LimitCPU=`, `LimitRTTIME=`), each `infinity` or a time span.
+fn check_limit(directive: &str, value: &str) -> Result<(), String> {
+    let timed = matches!(directive, "LimitCPU" | "LimitRTTIME");
+    let one = |part: &str| -> Result<(), String> {
+        if part == "infinity" {
+            return Ok(());
+        }
+        if timed {
+            return parse_timespan(part).map(drop).map_err(|error| error.to_string());
+        }
+        let digits = part.trim_end_matches(['K', 'M', 'G', 'T', 'P', 'E']);
+        let scale = match part.len() - digits.len() {
+            0 => 0,
+            1 => "KMGTPE".find(&part[digits.len()..]).map_or(0, |at| 10 * (at as u32 + 1)),
+            _ => return Err("expected a count with at most one suffix (K, M, G, T, P, E), or infinity".into()),
+        };
+        let count: u64 = digits.parse().map_err(|_| "expected a count, or infinity".to_string())?;
+        count.checked_mul(1u64 << scale).map(drop).ok_or_else(|| "too large".to_string())
+    };
+    match value.split_once(':') {
+        Some((soft, hard)) => one(soft).and_then(|()| one(hard)),
+        None => one(value),
+    }
+}
+
+/// The directives whose values have a grammar, and the check for each.
 fn check_value(directive: &str, value: &str) -> Option<Result<(), String>> {
     let result = match directive {
+        "StartLimitBurst" => check_integer(value, 0, i64::from(u32::MAX)),
+        "StartLimitIntervalSec" => parse_timespan(value).map(drop).map_err(|error| error.to_string()),
+        "Nice" => check_integer(value, -20, 19),
+        "OOMScoreAdjust" => check_integer(value, -1000, 1000),
+        limit if limit.starts_with("Limit") => check_limit(limit, value),
         "RestartSec" | "TimeoutStartSec" | "TimeoutStopSec" | "TimeoutSec" | "TimeoutAbortSec" | "RuntimeMaxSec"
         | "WatchdogSec" => parse_timespan(value).map(drop).map_err(|error| error.to_string()),
         "Type" => value.parse::<ServiceType>().map(drop).map_err(|error| error.to_string()),
@@ -254,10 +293,12 @@ fn check_value(directive: &str, value: &str) -> Option<Result<(), String>> {
     Some(result)
 }
 
-/// Checks every `[Service]` directive with a known grammar. An empty value resets a setting
-/// in systemd, so it is accepted.
+/// Checks every `[Service]` directive with a known grammar (and `[Unit]`'s start limits). An
+/// empty value resets a setting in systemd, so it is accepted.
 pub fn check_service_directives(file: &UnitFile) -> Result<(), DirectiveError> {
-    for option in file.options().iter().filter(|option| option.section == "Service") {
+    let checked =
+        |section: &str, name: &str| section == "Service" || (section == "Unit" && name.starts_with("StartLimit"));
+    for option in file.options().iter().filter(|option| checked(&option.section, &option.name)) {
         if option.value.trim().is_empty() {
             continue;
         }
@@ -291,6 +332,55 @@ mod tests {
             assert!(parse_timespan(text).is_err(), "{text}");
         }
         assert!(parse_timespan("584541y").is_ok());
+    }
+
+    /// Regression: these took `NaN`, `-1` and `1e23` and handed them on to systemd.
+    #[test]
+    fn numbers_and_limits_are_read_strictly() {
+        let refused = |section: &str, name: &str, value: &str| {
+            let file = UnitFile::parse(&format!("[{section}]\n{name}={value}\n")).expect("a unit file");
+            check_service_directives(&file).err().map(|error| error.to_string())
+        };
+        for (name, value) in [
+            ("StartLimitBurst", "NaN"),
+            ("StartLimitBurst", "-1"),
+            ("StartLimitBurst", "1e23"),
+            ("Nice", "NaN"),
+            ("Nice", "-21"),
+            ("Nice", "20"),
+            ("Nice", "1e23"),
+            ("OOMScoreAdjust", "-1001"),
+            ("OOMScoreAdjust", "NaN"),
+            ("LimitNOFILE", "-1"),
+            ("LimitNOFILE", "NaN"),
+            ("LimitNOFILE", "1e23"),
+            ("LimitNOFILE", "99999999999999999999999"),
+            ("LimitAS", "16EE"),
+            ("LimitAS", "17179869184G"),
+            ("LimitNOFILE", "1024:x"),
+            ("LimitCPU", "forever"),
+        ] {
+            let message = refused("Service", name, value);
+            assert!(
+                message.as_deref().is_some_and(|m| m.starts_with(&format!("invalid value {value:?} for {name}="))),
+                "{name}={value}: {message:?}"
+            );
+        }
+        assert!(refused("Unit", "StartLimitBurst", "-1").is_some());
+        for (name, value) in [
+            ("StartLimitBurst", "5"),
+            ("Nice", "-20"),
+            ("Nice", "19"),
+            ("OOMScoreAdjust", "-1000"),
+            ("LimitNOFILE", "65536"),
+            ("LimitNOFILE", "1024:524288"),
+            ("LimitNOFILE", "infinity"),
+            ("LimitAS", "4G"),
+            ("LimitCPU", "30min"),
+            ("LimitCORE", "0:infinity"),
+        ] {
+            assert_eq!(refused("Service", name, value), None, "{name}={value}");
+        }
     }
 
     #[test]

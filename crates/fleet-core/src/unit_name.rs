@@ -40,6 +40,11 @@ pub enum NameError {
     InvalidCharacter(char),
     #[error("unit name cannot start in \"@\"")]
     StartsWithAt,
+    /// Ours: a name starting with `-` reads as an option in the argument lists it reaches
+    /// (`systemctl`, `journalctl`), and one starting with `.` names a hidden file or none
+    /// (`.service`, `...service`).
+    #[error("unit name cannot start in \"{0}\"")]
+    StartsWith(char),
 }
 
 /// Formats a character the way Go's `%q` does for a rune.
@@ -81,6 +86,9 @@ pub fn validate_name(name: &str) -> Result<(), NameError> {
     }
     if name.starts_with('@') {
         return Err(NameError::StartsWithAt);
+    }
+    if let Some(first @ ('-' | '.')) = name.chars().next() {
+        return Err(NameError::StartsWith(first));
     }
     Ok(())
 }
@@ -165,6 +173,11 @@ mod tests {
             ("foo/bar.service", Some("invalid character '/' in unit name")),
             ("foo bar.service", Some("invalid character ' ' in unit name")),
             ("@foo.service", Some("unit name cannot start in \"@\"")),
+            ("-foo.service", Some("unit name cannot start in \"-\"")),
+            ("--help.service", Some("unit name cannot start in \"-\"")),
+            (".service", Some("unit name cannot start in \".\"")),
+            ("...service", Some("unit name cannot start in \".\"")),
+            ("a-.service", None),
         ];
         for (name, expected) in cases {
             let got = validate_name(name).err().map(|e| e.to_string());
