@@ -175,9 +175,12 @@ pub struct RegistrationTokenRequest {
     /// How many machines may join with it; any number when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_uses: Option<u32>,
-    /// Metadata given to the machines that join with it.
+    /// Metadata given to the machines that join with it (they cannot widen it).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// The machine IDs it may create, as a pattern (`edge-*`); any when absent.
+    #[serde(default, rename = "machineIDs", skip_serializing_if = "Option::is_none")]
+    pub machine_ids: Option<String>,
 }
 
 /// A registration token as the API shows it; `token` only in the answer to its creation.
@@ -195,6 +198,8 @@ pub struct RegistrationToken {
     pub uses: u32,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    #[serde(default, rename = "machineIDs", skip_serializing_if = "Option::is_none")]
+    pub machine_ids: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
 }

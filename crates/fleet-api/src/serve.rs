@@ -176,6 +176,7 @@ async fn accept_loop<L: Accept>(
                                 CertificateIdentity {
                                     name: "unnamed".into(),
                                     role: Err("its subject has no usable common name (CN)".into()),
+                                    key_sha256: String::new(),
                                 }
                             }))
                         });

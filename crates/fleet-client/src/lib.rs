@@ -275,6 +275,11 @@ impl Client {
         self.send(Method::POST, &format!("agents/{}/revoke", encode_component(machine_id)), None).await.map(drop)
     }
 
+    /// Frees a revoked machine's ID for another key.
+    pub async fn forget_machine(&self, machine_id: &str) -> Result<()> {
+        self.send(Method::POST, &format!("agents/{}/forget", encode_component(machine_id)), None).await.map(drop)
+    }
+
     pub async fn sources(&self) -> Result<Vec<Source>> {
         self.get::<SourceList>("sources").await.map(|list| list.sources)
     }

@@ -34,7 +34,7 @@ impl PullFleetd {
         let dir = dir.unwrap_or_else(|| tempfile::tempdir().expect("dir"));
         let mut config = format!(
             "machine_id = pullfleetd000001\nstate_dir = {}\nunit_manager = native\nmanager_url = {manager_url}\n\
-             manager_ca_file = {}\npublic_ip = 127.0.0.8\nmetadata = kind=pull\n",
+             manager_ca_file = {}\npublic_ip = 127.0.0.8\n",
             dir.path().join("state").display(),
             ca.display()
         );

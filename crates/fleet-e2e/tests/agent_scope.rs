@@ -42,7 +42,8 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
     let manager =
         fleet_remote::Manager::new(&base, Some(std::fs::read(&api_ca_file).expect("CA")), Duration::from_secs(10))
             .expect("manager");
-    let token = fleetd.ok(&["registration-token", "create", "--max-uses", "2", "pair"]).stdout.trim().to_string();
+    let token = fleetd.ok(&["registration-token", "create", "--max-uses", "2", "--metadata", "kind=pull", "pair"]);
+    let token = token.stdout.trim().to_string();
     let (a, _) = rt.block_on(manager.join(&token, "agent-a")).expect("join a");
     let (b, _) = rt.block_on(manager.join(&token, "agent-b")).expect("join b");
     let (agent_a, agent_b) =

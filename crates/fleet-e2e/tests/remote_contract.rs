@@ -68,7 +68,10 @@ async fn remote_stores() -> RemoteStores {
         expires: None,
         max_uses: None,
         uses: 0,
-        metadata: Default::default(),
+        // What the contract's machines announce of themselves: a pull agent announces no more
+        // than its registration grants.
+        metadata: [("hostname".to_string(), "smoke".to_string())].into(),
+        machine_ids: None,
     };
     assert!(store.create_registration(&record).await.expect("registration"));
     let manager = fleet_remote::Manager::new(

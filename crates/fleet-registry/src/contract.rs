@@ -16,8 +16,8 @@ use crate::{
     AgentRegistry, EngineLease, MetadataChange, Page, PageRequest, Registry, RegistryError, StateReport, TokenRecord,
 };
 use crate::{
-    RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus, UnitChange,
-    UnitChanged, UnitView, Writer,
+    JoinRefused, RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus,
+    UnitChange, UnitChanged, UnitView, Writer,
 };
 
 /// The agent's facet of the store for one machine: the store itself for a store that serves
@@ -101,6 +101,7 @@ contract!(
     tokens_are_unique_by_name_and_revocable,
     a_revoked_machine_goes_with_its_states,
     registrations_are_counted_bounded_and_expire,
+    a_machine_id_belongs_to_the_key_that_first_joined,
     bodies_are_content_addressed_and_collected,
     a_stale_lease_cannot_write,
     a_schedule_change_wakes_only_its_machine,
@@ -333,31 +334,86 @@ pub async fn registrations_are_counted_bounded_and_expire(registry: &dyn Registr
         max_uses,
         uses: 0,
         metadata: [("rack".to_string(), "r1".to_string())].into(),
+        machine_ids: None,
     };
     assert!(registry.registrations().await.expect("a fresh store lists none").is_empty());
     assert!(registry.create_registration(&record("rack1", "aa", Some(3), Some(now + 3600))).await.expect("create"));
     assert!(!registry.create_registration(&record("rack1", "bb", None, None)).await.expect("create"), "once");
     assert!(registry.create_registration(&record("brief", "cc", None, Some(now + 1))).await.expect("create"));
 
-    let redeem = || registry.redeem_registration("aa", now);
-    let (a, b, c, d, e) = tokio::join!(redeem(), redeem(), redeem(), redeem(), redeem());
+    let redeem = |id: &'static str| registry.join_machine("aa", now, id, id);
+    let (a, b, c, d, e) = tokio::join!(redeem("j1"), redeem("j2"), redeem("j3"), redeem("j4"), redeem("j5"));
     let uses = [a, b, c, d, e];
     let granted = uses.iter().filter(|used| matches!(used, Ok(Ok(_)))).count();
-    let exhausted = uses.iter().filter(|used| matches!(used, Ok(Err(RegistrationRefused::Exhausted)))).count();
+    let exhausted =
+        uses.iter().filter(|used| matches!(used, Ok(Err(JoinRefused::Token(RegistrationRefused::Exhausted))))).count();
     assert_eq!((granted, exhausted), (3, 2), "{uses:?}");
     let listed = registry.registrations().await.expect("list");
     assert_eq!(
         listed.iter().find(|r| r.name == "rack1").map(|r| (r.uses, r.metadata["rack"].clone())),
         Some((3, "r1".into()))
     );
-    assert_eq!(registry.redeem_registration("zz", now).await.expect("redeem"), Err(RegistrationRefused::Unknown));
+    let unknown = Err(JoinRefused::Token(RegistrationRefused::Unknown));
+    assert_eq!(registry.join_machine("zz", now, "j9", "k").await.expect("join"), unknown);
 
-    assert!(registry.redeem_registration("cc", now).await.expect("redeem").is_ok());
-    assert_eq!(registry.redeem_registration("cc", now + 2).await.expect("redeem"), Err(RegistrationRefused::Expired));
+    assert!(registry.join_machine("cc", now, "j6", "k6").await.expect("join").is_ok());
+    let expired = Err(JoinRefused::Token(RegistrationRefused::Expired));
+    assert_eq!(registry.join_machine("cc", now + 2, "j7", "k7").await.expect("join"), expired);
 
     assert!(registry.revoke_registration("rack1").await.expect("revoke"));
     assert!(!registry.revoke_registration("rack1").await.expect("revoke"));
-    assert_eq!(registry.redeem_registration("aa", now).await.expect("redeem"), Err(RegistrationRefused::Unknown));
+    assert_eq!(registry.join_machine("aa", now, "j8", "k8").await.expect("join"), unknown);
+}
+
+/// A machine ID belongs to the key that first joined with it: the same key may join again,
+/// another may not, until the machine is revoked (which records its key) and forgotten; the
+/// token's grants and the IDs it may create hold; two joins of one ID at once bind one key.
+pub async fn a_machine_id_belongs_to_the_key_that_first_joined(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let token = |name: &str, sha256: &str, machine_ids: Option<&str>| RegistrationRecord {
+        name: name.into(),
+        sha256: sha256.into(),
+        created: now,
+        expires: None,
+        max_uses: None,
+        uses: 0,
+        metadata: [("rack".to_string(), "r9".to_string())].into(),
+        machine_ids: machine_ids.map(str::to_string),
+    };
+    assert!(registry.create_registration(&token("any", "aa", None)).await.expect("create"));
+    assert!(registry.create_registration(&token("edge", "bb", Some("edge-*"))).await.expect("create"));
+    let join = |sha256: &'static str, id: &'static str, key: &'static str| registry.join_machine(sha256, now, id, key);
+
+    let (first, second) = tokio::join!(join("aa", "m1", "k1"), join("aa", "m1", "k2"));
+    let joined: Vec<_> = [first, second].into_iter().filter_map(|answer| answer.expect("join").ok()).collect();
+    assert_eq!(joined.len(), 1, "one key takes the ID");
+    let (_, identity) = &joined[0];
+    assert_eq!(identity.metadata["rack"], "r9", "the token's grant");
+    let (owner, other) = if identity.key_sha256 == "k1" { ("k1", "k2") } else { ("k2", "k1") };
+    assert_eq!(join("aa", "m1", other).await.expect("join"), Err(JoinRefused::Taken("m1".into())));
+    assert!(join("aa", "m1", owner).await.expect("join").is_ok(), "the machine's own key joins again");
+    assert_eq!(registry.machine_identity("m1").await.expect("read").map(|i| i.key_sha256), Some(owner.to_string()));
+
+    assert!(join("bb", "edge-1", "k3").await.expect("join").is_ok());
+    assert_eq!(
+        join("bb", "core-1", "k4").await.expect("join"),
+        Err(JoinRefused::NotNamed { pattern: "edge-*".into() })
+    );
+
+    let mut bound = registry.machine_identity("edge-1").await.expect("read").expect("bound");
+    bound.public_ip = Some("10.0.0.7".into());
+    registry.put_machine_identity(&bound).await.expect("put");
+    assert_eq!(registry.machine_identity("edge-1").await.expect("read"), Some(bound));
+
+    assert!(!registry.forget_machine("m1").await.expect("forget"), "only a revoked machine is forgotten");
+    let revoked = RevokedMachine { id: "m1".into(), at: now, key_sha256: Some(owner.into()), forgotten: false };
+    registry.revoke_machine(&revoked).await.expect("revoke");
+    assert_eq!(join("aa", "m1", "k5").await.expect("join"), Err(JoinRefused::Revoked("m1".into())));
+    assert!(registry.forget_machine("m1").await.expect("forget"));
+    assert_eq!(registry.machine_identity("m1").await.expect("read"), None);
+    assert_eq!(join("aa", "m1", owner).await.expect("join"), Err(JoinRefused::RevokedKey("m1".into())));
+    let (_, renewed) = join("aa", "m1", "k5").await.expect("join").expect("a new key joins once forgotten");
+    assert_eq!(renewed.key_sha256, "k5");
 }
 
 /// The etcd store drops an expired registration token by itself (its lease ends).
@@ -373,6 +429,7 @@ async fn etcd_drops_an_expired_registration_token() {
         max_uses: None,
         uses: 0,
         metadata: Default::default(),
+        machine_ids: None,
     };
     assert!(opened.registry.create_registration(&record).await.expect("create"));
     eventually("the lease drops the token", async || opened.registry.registrations().await.expect("list").is_empty())
@@ -404,7 +461,8 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
     agent_for("m1").report_states("m1", &[StateReport::Set(state("m1"))]).await.expect("report");
     agent_for("m2").report_states("m2", &[StateReport::Set(state("m2"))]).await.expect("report");
     assert!(registry.revoked_machines().await.expect("list").is_empty());
-    registry.revoke_machine(&RevokedMachine { id: "m1".into(), at: 1_800_000_000 }).await.expect("revoke");
+    let revoked = RevokedMachine { id: "m1".into(), at: 1_800_000_000, key_sha256: None, forgotten: false };
+    registry.revoke_machine(&revoked).await.expect("revoke");
     let ids = |machines: Vec<MachineState>| machines.into_iter().map(|m| m.id).collect::<Vec<_>>();
     eventually("m1 and its states are gone", async || {
         ids(registry.machines().await.expect("machines")) == ["m2"]
@@ -412,10 +470,7 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
     })
     .await;
     assert_eq!(registry.unit_states().await.expect("states").len(), 1);
-    assert_eq!(
-        registry.revoked_machines().await.expect("list"),
-        vec![RevokedMachine { id: "m1".into(), at: 1_800_000_000 }]
-    );
+    assert_eq!(registry.revoked_machines().await.expect("list"), vec![revoked]);
 }
 
 /// The drift policy a source writes its units with reaches the agents that hold them, for

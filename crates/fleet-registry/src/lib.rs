@@ -16,6 +16,7 @@ pub mod codec;
 pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+pub mod machine_identity;
 mod model;
 mod ownership;
 mod source_record;
@@ -30,6 +31,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
 pub use fleet_core::schedule::SnapshotUnit;
+pub use machine_identity::{JoinRefused, MachineIdentity};
 pub use model::{
     AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, RevokedMachine,
     StateReport, TokenRecord, UnitRecord, UnitView,
@@ -112,13 +114,25 @@ pub trait CredentialRegistry: Send + Sync {
     async fn revoke_machine(&self, revoked: &RevokedMachine) -> Result<()>;
     /// Every revoked machine, in ID order.
     async fn revoked_machines(&self) -> Result<Vec<RevokedMachine>>;
-    /// Uses the registration token whose hash is `sha256` once, at `now` (seconds since the
-    /// Unix epoch): counts the use, atomically, and returns the token as it now stands.
-    async fn redeem_registration(
+    /// Joins `machine_id`, over the key whose hash is `key_sha256`, with the registration
+    /// token whose hash is `sha256`, at `now` (seconds since the Unix epoch): in one write,
+    /// checked by [`machine_identity::admit_join`] against who holds the ID and its
+    /// revocation, counts the token's use and binds the ID to the key. Returns the token as
+    /// it now stands and the machine's identity.
+    async fn join_machine(
         &self,
         sha256: &str,
         now: u64,
-    ) -> Result<std::result::Result<RegistrationRecord, RegistrationRefused>>;
+        machine_id: &str,
+        key_sha256: &str,
+    ) -> Result<std::result::Result<(RegistrationRecord, MachineIdentity), JoinRefused>>;
+    /// The identity of a pull agent's machine, if one joined with that ID.
+    async fn machine_identity(&self, machine_id: &str) -> Result<Option<MachineIdentity>>;
+    /// Stores a machine's identity (its renewed key, its bound public IP).
+    async fn put_machine_identity(&self, identity: &MachineIdentity) -> Result<()>;
+    /// Frees a revoked machine's ID for another key: its identity goes, its revocation is
+    /// marked forgotten (its old key stays refused). `false` when the machine is not revoked.
+    async fn forget_machine(&self, machine_id: &str) -> Result<bool>;
 }
 
 /// Git sources (their records, and what their last syncs did) and rollouts.

@@ -141,9 +141,12 @@ pub struct RegistrationRecord {
     pub max_uses: Option<u32>,
     #[serde(default)]
     pub uses: u32,
-    /// Metadata given to the machines that join with it.
+    /// Metadata given to the machines that join with it (binding: they cannot widen it).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// The machine IDs it may create, as a pattern (`edge-*`); any when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_ids: Option<String>,
 }
 
 /// Why a registration token cannot be used.
@@ -176,6 +179,13 @@ pub struct RevokedMachine {
     pub id: String,
     /// When, in seconds since the Unix epoch.
     pub at: u64,
+    /// The key the machine held then (a pull agent's); its certificates stay refused even
+    /// once the machine is forgotten. `None`: every certificate of the ID is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_sha256: Option<String>,
+    /// An administrator freed the ID for another key (`fleetctl machine forget`).
+    #[serde(default)]
+    pub forgotten: bool,
 }
 
 #[cfg(test)]

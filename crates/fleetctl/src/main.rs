@@ -349,6 +349,9 @@ pub enum MachineCommand {
     /// Revoke a machine: its certificate is refused within a second, its units move to other
     /// machines, and it cannot join again
     Revoke { machine: String },
+    /// Free a revoked machine's ID for another key: a new machine may join with it (the
+    /// revoked key stays refused)
+    Forget { machine: String },
 }
 
 #[derive(Subcommand, Debug)]
@@ -361,9 +364,12 @@ pub enum RegistrationTokenCommand {
         /// How many machines may join with it
         #[arg(long)]
         max_uses: Option<u32>,
-        /// Metadata given to the machines that join with it (k=v,k2=v2)
+        /// Metadata given to the machines that join with it (k=v,k2=v2); they cannot widen it
         #[arg(long, default_value = "")]
         metadata: String,
+        /// The machine IDs it may create, as a pattern (edge-*); any when not given
+        #[arg(long)]
+        machine_ids: Option<String>,
         name: String,
     },
     /// List the registration tokens (never the tokens themselves)
@@ -670,6 +676,18 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
                 }
                 Err(error) => {
                     eprintln!("Error revoking machine {machine}: {error}");
+                    Outcome::Failure
+                }
+            }
+        }
+        Command::Machine { action: MachineCommand::Forget { machine } } => {
+            match context.client.forget_machine(&machine).await {
+                Ok(()) => {
+                    eprintln!("Forgot machine {machine}: its ID may join again, with another key");
+                    Outcome::Success
+                }
+                Err(error) => {
+                    eprintln!("Error forgetting machine {machine}: {error}");
                     Outcome::Failure
                 }
             }

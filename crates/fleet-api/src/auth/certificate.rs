@@ -15,6 +15,21 @@ pub struct CertificateIdentity {
     /// The role the subject names, or why it names none (the holder is then refused
     /// everything with a 403).
     pub role: Result<Role, String>,
+    /// SHA-256 (hex) of the certificate's public key (its SubjectPublicKeyInfo): what a
+    /// machine ID is bound to.
+    pub key_sha256: String,
+}
+
+/// SHA-256 (hex) of a DER certificate's public key.
+pub fn key_sha256(der: &[u8]) -> Option<String> {
+    let (_, certificate) = x509_parser::parse_x509_certificate(der).ok()?;
+    Some(crate::auth::tokens::hex_sha256(certificate.public_key().raw))
+}
+
+/// SHA-256 (hex) of a PEM certificate's public key.
+pub fn key_sha256_of_pem(pem: &str) -> Option<String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    key_sha256(&pem.contents)
 }
 
 /// The longest name taken from a certificate.
@@ -44,7 +59,8 @@ pub fn from_der(der: &[u8], machine_issuer: Option<&[u8]>) -> Option<Certificate
         (None, false) => Err("its subject has no organization (O) naming a role".to_string()),
         (Some(role), false) => Role::parse(role, unit.as_deref()).map_err(|error| error.to_string()),
     };
-    Some(CertificateIdentity { name, role })
+    let key_sha256 = crate::auth::tokens::hex_sha256(certificate.public_key().raw);
+    Some(CertificateIdentity { name, role, key_sha256 })
 }
 
 #[cfg(test)]

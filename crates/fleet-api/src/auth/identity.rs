@@ -40,6 +40,14 @@ pub struct Identity {
     pub name: String,
     pub role: Role,
     pub via: Via,
+    /// The public key (its SHA-256) of the certificate it was established by, if any.
+    pub key_sha256: Option<String>,
+}
+
+impl Identity {
+    fn new(name: String, role: Role, via: Via) -> Self {
+        Self { name, role, via, key_sha256: None }
+    }
 }
 
 /// Why a request has no identity (401) or an identity that can do nothing (403).
@@ -75,10 +83,17 @@ impl Auth {
         }
     }
 
-    /// Whether `machine` was revoked (as of a read of the store at most [`FRESH_FOR`] ago).
-    pub async fn machine_revoked(&self, machine: &str) -> Result<bool, Unavailable> {
+    /// The revocation of `machine`, if any (as of a read of the store at most [`FRESH_FOR`]
+    /// ago).
+    pub async fn revocation(&self, machine: &str) -> Result<Option<RevokedMachine>, Unavailable> {
         let revoked = self.revoked.get(FRESH_FOR, async || self.registry.revoked_machines().await).await?;
-        Ok(revoked.iter().any(|revoked| revoked.id == machine))
+        Ok(revoked.iter().find(|revoked| revoked.id == machine).cloned())
+    }
+
+    /// Whether a certificate of `machine` over the key `key_sha256` is refused as revoked.
+    pub async fn certificate_revoked(&self, machine: &str, key_sha256: &str) -> Result<bool, Unavailable> {
+        let revocation = self.revocation(machine).await?;
+        Ok(fleet_registry::machine_identity::certificate_revoked(revocation.as_ref(), key_sha256))
     }
 
     /// Forgets the revoked machines read last (after a revocation made here).
@@ -108,7 +123,7 @@ impl Auth {
         let (tls, certificate) = match peer {
             Some(Peer::Unix { uid }) => {
                 let name = uid.map_or("unix".to_string(), |uid| format!("unix:uid={uid}"));
-                return Ok(Identity { name, role: Role::Admin, via: Via::UnixSocket });
+                return Ok(Identity::new(name, Role::Admin, Via::UnixSocket));
             }
             Some(Peer::Tcp { tls, certificate }) => (*tls, certificate),
             None => return Err(unauthenticated("no credential")),
@@ -125,7 +140,7 @@ impl Auth {
                 return Err(unauthenticated("a registration token only joins (POST /fleet/v1/agents/join)"));
             }
             return match self.tokens.verify(token).await {
-                Ok((name, role)) => Ok(Identity { name: format!("token:{name}"), role, via: Via::Token }),
+                Ok((name, role)) => Ok(Identity::new(format!("token:{name}"), role, Via::Token)),
                 Err(TokenError::Unavailable) => {
                     Err(unauthenticated("credentials cannot be checked: the store is unavailable"))
                 }
@@ -135,19 +150,24 @@ impl Auth {
         if let Some(certificate) = certificate {
             let name = format!("cert:{}", certificate.name);
             return match &certificate.role {
-                Ok(Role::Machine { id }) => match self.machine_revoked(id).await {
-                    Ok(false) => Ok(Identity { name, role: Role::Machine { id: id.clone() }, via: Via::Certificate }),
+                Ok(Role::Machine { id }) => match self.certificate_revoked(id, &certificate.key_sha256).await {
+                    Ok(false) => Ok(Identity {
+                        name,
+                        role: Role::Machine { id: id.clone() },
+                        via: Via::Certificate,
+                        key_sha256: Some(certificate.key_sha256.clone()),
+                    }),
                     Ok(true) => Err(unauthenticated("revoked machine certificate")),
                     Err(Unavailable) => Err(unauthenticated("credentials cannot be checked: the store is unavailable")),
                 },
-                Ok(role) => Ok(Identity { name, role: role.clone(), via: Via::Certificate }),
+                Ok(role) => Ok(Identity::new(name, role.clone(), Via::Certificate)),
                 Err(problem) => {
                     Err(Refused::Forbidden { name, message: format!("client certificate grants no role: {problem}") })
                 }
             };
         }
         match &self.anonymous {
-            Some(role) => Ok(Identity { name: "anonymous".into(), role: role.clone(), via: Via::Anonymous }),
+            Some(role) => Ok(Identity::new("anonymous".into(), role.clone(), Via::Anonymous)),
             None if tls => Err(unauthenticated("credential required: a bearer token or a client certificate")),
             None => Err(unauthenticated("credential required: a bearer token")),
         }
@@ -163,9 +183,7 @@ impl Auth {
             return Err(unauthenticated("a registration token is sent as a Bearer token"));
         }
         match self.tokens.verify_registration(&credential.token).await {
-            Ok(name) => {
-                Ok(Identity { name: format!("registration:{name}"), role: Role::Joining, via: Via::RegistrationToken })
-            }
+            Ok(name) => Ok(Identity::new(format!("registration:{name}"), Role::Joining, Via::RegistrationToken)),
             Err(TokenError::Malformed) => Err(unauthenticated("malformed registration token")),
             Err(TokenError::Unavailable) => {
                 Err(unauthenticated("credentials cannot be checked: the store is unavailable"))

@@ -51,7 +51,12 @@ pub fn generate(prefix: &str) -> Option<String> {
 
 /// The SHA-256 of a token, in hex: what the store keeps.
 pub fn digest(token: &str) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    hex_sha256(token.as_bytes())
+}
+
+/// The SHA-256 of `bytes`, in hex.
+pub fn hex_sha256(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
     digest.as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
 }
 

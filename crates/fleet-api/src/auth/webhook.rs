@@ -63,6 +63,7 @@ pub async fn verify(
         name: format!("webhook:{source}"),
         role: Role::Webhook { source: source.to_string() },
         via: Via::WebhookSignature,
+        key_sha256: None,
     })
 }
 

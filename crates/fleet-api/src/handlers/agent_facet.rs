@@ -8,11 +8,14 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use fleet_core::access::Role;
 use fleet_core::drift::{Drift, DriftReport};
 use fleet_core::{MachineState, StateReport, SystemdState, UnitHash, UnitState};
-use fleet_registry::{AgentRegistry, AssignedUnit, MachineWork};
+use fleet_registry::machine_identity::admit_announce;
+use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork};
 
 use super::registration_tokens::check_metadata;
+use crate::auth::Identity;
 use crate::router::{ApiError, ApiState, json_response};
 use crate::schema::{
     AgentChanges, AgentHashedBody, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentWork,
@@ -40,7 +43,14 @@ fn held(work: &MachineWork) -> (BTreeSet<&str>, BTreeSet<UnitHash>) {
     (names, hashes)
 }
 
-pub async fn register(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<Response, ApiError> {
+/// The machine announces itself, within what it was granted
+/// ([`fleet_registry::machine_identity::admit_announce`]): its registration token's metadata,
+/// the public IP of its first announcement. A machine that joined before identities were kept
+/// is given one now, from this announcement, over the key it presents.
+pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Result<Response, ApiError> {
+    let Role::Machine { id: machine_id } = &identity.role else {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine announces itself"));
+    };
     let agents = agents(state)?;
     let request: AgentMachine =
         serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid machine: {error}")))?;
@@ -51,10 +61,36 @@ pub async fn register(state: &ApiState, machine_id: &str, body: &[u8]) -> Result
     if request.version.len() > 64 || request.version.chars().any(char::is_control) {
         return Err(ApiError::bad_request("invalid version"));
     }
+    let presented = identity.key_sha256.clone().unwrap_or_default();
+    let bound = state.registry.machine_identity(machine_id).await?;
+    let granted = match &bound {
+        Some(bound) if bound.key_sha256 != presented => {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!("this certificate's key no longer holds machine {machine_id:?}"),
+            ));
+        }
+        Some(bound) => admit_announce(bound, &request.metadata, &request.public_ip)
+            .map_err(|refused| ApiError::new(StatusCode::FORBIDDEN, refused.to_string()))?,
+        None => {
+            tracing::info!(machine = machine_id, "a machine that joined before identities were kept: bound to its key");
+            MachineIdentity {
+                id: machine_id.clone(),
+                key_sha256: presented,
+                registration: String::new(),
+                joined: crate::auth::tokens::now_unix(),
+                metadata: request.metadata.clone(),
+                public_ip: Some(request.public_ip.clone()).filter(|ip| !ip.is_empty()),
+            }
+        }
+    };
+    if bound.as_ref() != Some(&granted) {
+        state.registry.put_machine_identity(&granted).await?;
+    }
     let machine = MachineState {
         id: machine_id.to_string(),
-        public_ip: request.public_ip,
-        metadata: request.metadata,
+        public_ip: granted.public_ip.unwrap_or(request.public_ip),
+        metadata: granted.metadata,
         version: request.version,
         // A pull agent never leads the engine: it has no store of its own.
         disable_engine: true,
@@ -76,7 +112,11 @@ const REVOCATION_CHECK: std::time::Duration = std::time::Duration::from_millis(5
 /// Answers when the machine's work may have changed since `after` (the revision its last
 /// answer gave), or after [`crate::agent_presence::AgentPresence::poll_wait`] with the same revision: a long poll, opened by the
 /// agent, so a manager never connects to an agent.
-pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let Role::Machine { id: machine_id } = &identity.role else {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine follows its changes"));
+    };
+    let key = identity.key_sha256.as_deref().unwrap_or_default();
     let agents = agents(state)?;
     let after = match crate::router::first_value(query, "after") {
         None => None,
@@ -102,7 +142,7 @@ pub async fn changes(state: &ApiState, machine_id: &str, query: &[(String, Strin
                 journal = state.journal_relay.take(machine_id);
                 break;
             }
-            if state.auth.machine_revoked(machine_id).await.unwrap_or(false) {
+            if state.auth.certificate_revoked(machine_id, key).await.unwrap_or(false) {
                 return Err(ApiError::new(StatusCode::UNAUTHORIZED, "revoked machine certificate"));
             }
         }

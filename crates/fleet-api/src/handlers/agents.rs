@@ -8,9 +8,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_core::machine::valid_machine_id;
-use fleet_registry::RevokedMachine;
+use fleet_registry::{JoinRefused, MachineIdentity, RevokedMachine};
 
+use crate::auth::Identity;
 use crate::auth::agent_ca::{AgentCa, AgentCaError};
+use crate::auth::certificate::key_sha256_of_pem;
 use crate::auth::identity::bearer_token;
 use crate::auth::tokens::{REGISTRATION_PREFIX, digest, now_unix, well_formed};
 use crate::router::{ApiError, ApiState, json_response};
@@ -38,6 +40,12 @@ fn registration_token(headers: &HeaderMap) -> Option<String> {
     Some(credential.token.into_owned()).filter(|token| well_formed(token, REGISTRATION_PREFIX))
 }
 
+/// The key (its SHA-256) of a certificate just signed.
+fn signed_key(certificate: &str) -> Result<String, ApiError> {
+    key_sha256_of_pem(certificate)
+        .ok_or_else(|| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot read a certificate just signed"))
+}
+
 pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<Response, ApiError> {
     let ca = agent_ca(state)?;
     let request: AgentJoinRequest = serde_json::from_slice(body)
@@ -47,20 +55,32 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
     }
     let unauthorized = |message: String| ApiError::new(StatusCode::UNAUTHORIZED, message);
     let token = registration_token(headers).ok_or_else(|| unauthorized("malformed registration token".into()))?;
-    // Everything that can be refused without using the token is checked first.
-    let revoked = state.auth.machine_revoked(&request.machine_id).await;
-    if revoked.map_err(|_| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "credentials cannot be checked"))? {
-        return Err(ApiError::new(StatusCode::FORBIDDEN, format!("machine {:?} is revoked", request.machine_id)));
-    }
-    if state.registry.machines().await?.iter().any(|machine| machine.id == request.machine_id) {
+    // Signing is pure: the certificate is handed out only if the join below takes.
+    let (certificate, expires) = sign(ca, &request.machine_id, &request.csr)?;
+    let key = signed_key(&certificate)?;
+    // A machine alive in the cluster that no key holds (an etcd machine) is not taken over;
+    // one that the same key holds is the machine itself.
+    let bound = state.registry.machine_identity(&request.machine_id).await?;
+    if bound.as_ref().is_none_or(|bound| bound.key_sha256 != key)
+        && state.registry.machines().await?.iter().any(|machine| machine.id == request.machine_id)
+    {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             format!("machine {:?} is alive in the cluster", request.machine_id),
         ));
     }
-    let (certificate, expires) = sign(ca, &request.machine_id, &request.csr)?;
-    let record = state.registry.redeem_registration(&digest(&token), now_unix()).await?;
-    let record = record.map_err(|refused| unauthorized(refused.to_string()))?;
+    let joined = state.registry.join_machine(&digest(&token), now_unix(), &request.machine_id, &key).await?;
+    let (record, identity) = joined.map_err(|refused| {
+        let status = match refused {
+            JoinRefused::Token(_) => StatusCode::UNAUTHORIZED,
+            JoinRefused::Taken(_) => StatusCode::CONFLICT,
+            JoinRefused::NotNamed { .. } | JoinRefused::Revoked(_) | JoinRefused::RevokedKey(_) => {
+                StatusCode::FORBIDDEN
+            }
+        };
+        ApiError::new(status, refused.to_string())
+    })?;
+    state.auth.forget_revoked().await;
     tracing::info!(
         machine = request.machine_id,
         registration = record.name,
@@ -71,20 +91,36 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
         certificate,
         ca_certificate: ca.cert_pem().to_string(),
         expires,
-        metadata: record.metadata,
+        metadata: identity.metadata,
     };
     fleet_metrics::metrics().pull.joins.inc();
     Ok(json_response(StatusCode::CREATED, &answer))
 }
 
-pub async fn renew(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response, ApiError> {
-    let Role::Machine { id: machine_id } = role else {
+/// A machine renews its certificate, by the one it holds, perhaps over a new key: the ID
+/// moves to the new key only when the one presented still holds it.
+pub async fn renew(state: &ApiState, identity: &Identity, body: &[u8]) -> Result<Response, ApiError> {
+    let Role::Machine { id: machine_id } = &identity.role else {
         return Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine renews its certificate"));
     };
     let ca = agent_ca(state)?;
     let request: AgentRenewRequest = serde_json::from_slice(body)
         .map_err(|error| ApiError::bad_request(format!("invalid renew request: {error}")))?;
+    let presented = identity.key_sha256.as_deref().unwrap_or_default();
+    let bound = state.registry.machine_identity(machine_id).await?;
+    if bound.as_ref().is_some_and(|bound| bound.key_sha256 != presented) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("this certificate's key no longer holds machine {machine_id:?}"),
+        ));
+    }
     let (certificate, expires) = sign(ca, machine_id, &request.csr)?;
+    if let Some(bound) = bound {
+        let key_sha256 = signed_key(&certificate)?;
+        if key_sha256 != bound.key_sha256 {
+            state.registry.put_machine_identity(&MachineIdentity { key_sha256, ..bound }).await?;
+        }
+    }
     let answer = AgentCertificate {
         machine_id: machine_id.to_string(),
         certificate,
@@ -96,13 +132,32 @@ pub async fn renew(state: &ApiState, role: &Role, body: &[u8]) -> Result<Respons
 }
 
 /// Revokes a machine: its certificate is refused by every fleetd within a second, it and its
-/// unit states leave the cluster (the engine moves its units), and it cannot join again.
+/// unit states leave the cluster (the engine moves its units), and it cannot join again; the
+/// key it held stays refused even once it is forgotten.
 pub async fn revoke(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
     if !valid_machine_id(machine_id) {
         return Err(ApiError::bad_request("invalid machine ID"));
     }
-    state.registry.revoke_machine(&RevokedMachine { id: machine_id.to_string(), at: now_unix() }).await?;
+    let key_sha256 = state.registry.machine_identity(machine_id).await?.map(|identity| identity.key_sha256);
+    let revoked = RevokedMachine { id: machine_id.to_string(), at: now_unix(), key_sha256, forgotten: false };
+    state.registry.revoke_machine(&revoked).await?;
     state.auth.forget_revoked().await;
     tracing::info!(machine = machine_id, "machine revoked");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Frees a revoked machine's ID for another key (`fleetctl machine forget`).
+pub async fn forget(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
+    if !valid_machine_id(machine_id) {
+        return Err(ApiError::bad_request("invalid machine ID"));
+    }
+    if !state.registry.forget_machine(machine_id).await? {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("machine {machine_id:?} is not revoked: revoke it first, so that its certificates stop working"),
+        ));
+    }
+    state.auth.forget_revoked().await;
+    tracing::info!(machine = machine_id, "machine forgotten: its ID may join again with another key");
     Ok(StatusCode::NO_CONTENT.into_response())
 }

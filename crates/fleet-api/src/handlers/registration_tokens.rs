@@ -23,6 +23,7 @@ fn to_schema(record: RegistrationRecord) -> RegistrationToken {
         max_uses: record.max_uses,
         uses: record.uses,
         metadata: record.metadata,
+        machine_ids: record.machine_ids,
         token: None,
     }
 }
@@ -55,6 +56,13 @@ pub async fn create(state: &ApiState, body: &[u8]) -> Result<Response, ApiError>
         ));
     }
     check_metadata(&request.metadata)?;
+    if let Some(pattern) = &request.machine_ids
+        && (fleet_core::glob::Glob::new(pattern).is_none() || pattern.is_empty() || pattern.len() > 64)
+    {
+        return Err(ApiError::bad_request(format!(
+            "invalid machineIDs {pattern:?}: a pattern of at most 64 characters"
+        )));
+    }
     if request.max_uses == Some(0) {
         return Err(ApiError::bad_request("invalid maxUses: at least 1"));
     }
@@ -74,6 +82,7 @@ pub async fn create(state: &ApiState, body: &[u8]) -> Result<Response, ApiError>
         max_uses: request.max_uses,
         uses: 0,
         metadata: request.metadata,
+        machine_ids: request.machine_ids,
     };
     if !state.registry.create_registration(&record).await? {
         return Err(ApiError::new(

@@ -72,6 +72,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("POST", "/fleet/v1/agents/join", "UUUUUUUUAUUUX"),
     ("POST", "/fleet/v1/agents/renew", "UDDDDDAAUUUUX"),
     ("POST", "/fleet/v1/agents/{machine}/revoke", "UAADDDDDUUUUX"),
+    ("POST", "/fleet/v1/agents/{machine}/forget", "UAADDDDDUUUUX"),
     ("PUT", "/fleet/v1/agents/{machine}/machine", "UDDDDDADUUUUX"),
     ("DELETE", "/fleet/v1/agents/{machine}/machine", "UDDDDDADUUUUX"),
     ("GET", "/fleet/v1/agents/{machine}/work", "UDDDDDADUUUUD"),
@@ -140,6 +141,7 @@ async fn lab() -> Lab {
         max_uses: Some(5),
         uses: 0,
         metadata: Default::default(),
+        machine_ids: None,
     };
     assert!(registry.create_registration(&record).await.unwrap());
     let secrets = dir.path().join("secrets");
@@ -187,7 +189,8 @@ fn signature(secret: &[u8], body: &[u8]) -> String {
 
 fn machine(id: &str) -> Peer {
     let role = Ok(fleet_core::access::Role::Machine { id: id.into() });
-    Peer::Tcp { tls: true, certificate: Some(Arc::new(CertificateIdentity { name: id.into(), role })) }
+    let certificate = CertificateIdentity { name: id.into(), role, key_sha256: format!("key-of-{id}") };
+    Peer::Tcp { tls: true, certificate: Some(Arc::new(certificate)) }
 }
 
 /// The peer and headers of identity `index` of [`IDENTITIES`].

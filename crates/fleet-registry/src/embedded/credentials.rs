@@ -8,7 +8,21 @@ use serde::de::DeserializeOwned;
 use super::tables::{self, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
 use crate::codec::find_registration;
-use crate::{CredentialRegistry, RegistrationRecord, RegistrationRefused, Result, RevokedMachine, TokenRecord};
+use crate::machine_identity::admit_join;
+use crate::{
+    CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused, Result, RevokedMachine,
+    TokenRecord,
+};
+
+/// The record named `name` of a table of JSON records, if any (one that cannot be read is
+/// reported and taken as none).
+fn read_one<T: DeserializeOwned>(
+    table: &impl ReadableTable<&'static str, &'static [u8]>,
+    name: &str,
+) -> Result<Option<T>> {
+    let row = table.get(name).map_err(unavailable)?;
+    Ok(row.and_then(|row| crate::codec::decode_listed(name, row.value())))
+}
 
 /// A table of JSON records by name.
 pub(super) type NamedTable = TableDefinition<'static, &'static str, &'static [u8]>;
@@ -115,24 +129,59 @@ impl CredentialRegistry for EmbeddedRegistry {
         self.list_all(tables::REVOKED).await
     }
 
-    async fn redeem_registration(
+    async fn join_machine(
         &self,
         sha256: &str,
         now: u64,
-    ) -> Result<std::result::Result<RegistrationRecord, RegistrationRefused>> {
-        let sha256 = sha256.to_string();
+        machine_id: &str,
+        key_sha256: &str,
+    ) -> Result<std::result::Result<(RegistrationRecord, MachineIdentity), JoinRefused>> {
+        let (sha256, machine_id, key_sha256) = (sha256.to_string(), machine_id.to_string(), key_sha256.to_string());
         self.write(move |txn, _| {
             let mut registrations = txn.open_table(tables::REGISTRATIONS).map_err(unavailable)?;
             let records = read_all::<RegistrationRecord>(&registrations)?;
             let Some((_, mut record)) = find_registration(records, &sha256) else {
-                return Ok(Err(RegistrationRefused::Unknown));
+                return Ok(Err(JoinRefused::Token(RegistrationRefused::Unknown)));
             };
-            if let Err(refused) = record.usable_at(now) {
-                return Ok(Err(refused));
-            }
+            let mut identities = txn.open_table(tables::IDENTITIES).map_err(unavailable)?;
+            let bound = read_one::<MachineIdentity>(&identities, &machine_id)?;
+            let revoked =
+                read_one::<RevokedMachine>(&txn.open_table(tables::REVOKED).map_err(unavailable)?, &machine_id)?;
+            let identity = match admit_join(&record, now, &machine_id, &key_sha256, bound.as_ref(), revoked.as_ref()) {
+                Ok(identity) => identity,
+                Err(refused) => return Ok(Err(refused)),
+            };
             record.uses += 1;
             registrations.insert(record.name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
-            Ok(Ok(record))
+            identities.insert(machine_id.as_str(), encode(&identity).as_slice()).map_err(unavailable)?;
+            Ok(Ok((record, identity)))
+        })
+        .await
+    }
+
+    async fn machine_identity(&self, machine_id: &str) -> Result<Option<MachineIdentity>> {
+        let machine_id = machine_id.to_string();
+        self.read(move |txn| read_one(&txn.open_table(tables::IDENTITIES).map_err(unavailable)?, &machine_id)).await
+    }
+
+    async fn put_machine_identity(&self, identity: &MachineIdentity) -> Result<()> {
+        self.put_named(tables::IDENTITIES, &identity.id.clone(), identity.clone()).await
+    }
+
+    async fn forget_machine(&self, machine_id: &str) -> Result<bool> {
+        let machine_id = machine_id.to_string();
+        self.write(move |txn, _| {
+            let mut revocations = txn.open_table(tables::REVOKED).map_err(unavailable)?;
+            let Some(mut revoked) = read_one::<RevokedMachine>(&revocations, &machine_id)? else {
+                return Ok(false);
+            };
+            revoked.forgotten = true;
+            revocations.insert(machine_id.as_str(), encode(&revoked).as_slice()).map_err(unavailable)?;
+            txn.open_table(tables::IDENTITIES)
+                .map_err(unavailable)?
+                .remove(machine_id.as_str())
+                .map_err(unavailable)?;
+            Ok(true)
         })
         .await
     }

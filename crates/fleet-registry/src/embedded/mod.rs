@@ -86,6 +86,7 @@ impl EmbeddedRegistry {
             tables::TOKENS,
             tables::REGISTRATIONS,
             tables::REVOKED,
+            tables::IDENTITIES,
             tables::SOURCES,
             tables::SOURCE_STATUSES,
             tables::ROLLOUTS,

@@ -23,6 +23,8 @@ pub const METADATA: TableDefinition<&str, &[u8]> = TableDefinition::new("metadat
 pub const REGISTRATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("registrations");
 /// Machine ID → [`crate::RevokedMachine`].
 pub const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked_machines");
+/// Machine ID → [`crate::MachineIdentity`] (a pull agent's key and grants).
+pub const IDENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("machine_identities");
 /// Token name → [`crate::TokenRecord`].
 pub const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 /// Source name → [`crate::SourceRecord`].

@@ -9,8 +9,10 @@ use serde::de::DeserializeOwned;
 
 use super::{EtcdRegistry, session};
 use crate::codec::{decode_listed, encode, find_registration};
+use crate::machine_identity::admit_join;
 use crate::{
-    CredentialRegistry, RegistrationRecord, RegistrationRefused, RegistryError, Result, RevokedMachine, TokenRecord,
+    CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused, RegistryError, Result,
+    RevokedMachine, TokenRecord,
 };
 
 impl EtcdRegistry {
@@ -102,15 +104,26 @@ impl CredentialRegistry for EtcdRegistry {
         self.list_named(&self.keys().all_revoked(), |revoked: &RevokedMachine| &revoked.id).await
     }
 
-    async fn redeem_registration(
+    async fn join_machine(
         &self,
         sha256: &str,
         now: u64,
-    ) -> Result<std::result::Result<RegistrationRecord, RegistrationRefused>> {
-        for _ in 0..REDEEM_ATTEMPTS {
-            let reply =
-                self.connection().get(&self.keys().registrations(), Some(GetOptions::new().with_prefix())).await?;
-            let records = reply
+        machine_id: &str,
+        key_sha256: &str,
+    ) -> Result<std::result::Result<(RegistrationRecord, MachineIdentity), JoinRefused>> {
+        let keys = self.keys();
+        let (identity_key, revoked_key) = (keys.identity(machine_id), keys.revoked(machine_id));
+        for attempt in 0..REDEEM_ATTEMPTS {
+            let gets = vec![
+                TxnOp::get(keys.registrations(), Some(GetOptions::new().with_prefix())),
+                TxnOp::get(identity_key.as_str(), None),
+                TxnOp::get(revoked_key.as_str(), None),
+            ];
+            let (_, replies) = self.connection().small_read(gets).await?;
+            let [registrations, identity, revoked] = replies.as_slice() else {
+                return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
+            };
+            let records = registrations
                 .kvs()
                 .iter()
                 .filter_map(|kv| {
@@ -120,24 +133,77 @@ impl CredentialRegistry for EtcdRegistry {
                 })
                 .collect();
             let Some(((key, revision), mut record)) = find_registration(records, sha256) else {
-                return Ok(Err(RegistrationRefused::Unknown));
+                return Ok(Err(JoinRefused::Token(RegistrationRefused::Unknown)));
             };
-            if let Err(refused) = record.usable_at(now) {
-                return Ok(Err(refused));
-            }
+            let (bound, bound_revision) = one::<MachineIdentity>(&identity_key, identity);
+            let (revocation, revoked_revision) = one::<RevokedMachine>(&revoked_key, revoked);
+            let identity = match admit_join(&record, now, machine_id, key_sha256, bound.as_ref(), revocation.as_ref()) {
+                Ok(identity) => identity,
+                Err(refused) => return Ok(Err(refused)),
+            };
             record.uses += 1;
-            // Counted only if nobody used it meanwhile; the lease (the expiry) stays.
+            // Written only if nobody used the token, took the ID or revoked it meanwhile; the
+            // token's lease (its expiry) stays.
             let txn = Txn::new()
-                .when(vec![Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
-                .and_then(vec![TxnOp::put(key.as_str(), encode(&record), Some(PutOptions::new().with_ignore_lease()))]);
+                .when(vec![
+                    Compare::mod_revision(key.as_str(), CompareOp::Equal, revision),
+                    Compare::mod_revision(identity_key.as_str(), CompareOp::Equal, bound_revision),
+                    Compare::mod_revision(revoked_key.as_str(), CompareOp::Equal, revoked_revision),
+                ])
+                .and_then(vec![
+                    TxnOp::put(key.as_str(), encode(&record), Some(PutOptions::new().with_ignore_lease())),
+                    TxnOp::put(identity_key.as_str(), encode(&identity), None),
+                ]);
             if self.connection().txn(txn).await?.succeeded() {
-                return Ok(Ok(record));
+                return Ok(Ok((record, identity)));
             }
             // Many machines joining with one token at once: spread the next attempts out.
-            let spread = u64::from(std::process::id()).wrapping_add(record.uses.into()) % 7;
+            let spread = u64::from(std::process::id()).wrapping_add(attempt as u64) % 7;
             tokio::time::sleep(Duration::from_millis(1 + spread)).await;
         }
         Err(RegistryError::Unavailable("etcd: the registration token kept changing; try again".into()))
+    }
+
+    async fn machine_identity(&self, machine_id: &str) -> Result<Option<MachineIdentity>> {
+        let key = self.keys().identity(machine_id);
+        let reply = self.connection().get(&key, None).await?;
+        Ok(one::<MachineIdentity>(&key, &reply).0)
+    }
+
+    async fn put_machine_identity(&self, identity: &MachineIdentity) -> Result<()> {
+        let put = TxnOp::put(self.keys().identity(&identity.id), encode(identity), None);
+        self.connection().txn(Txn::new().and_then(vec![put])).await.map(drop)
+    }
+
+    async fn forget_machine(&self, machine_id: &str) -> Result<bool> {
+        let keys = self.keys();
+        let (identity_key, revoked_key) = (keys.identity(machine_id), keys.revoked(machine_id));
+        for _ in 0..REDEEM_ATTEMPTS {
+            let reply = self.connection().get(&revoked_key, None).await?;
+            let (Some(mut revoked), revision) = one::<RevokedMachine>(&revoked_key, &reply) else {
+                return Ok(false);
+            };
+            revoked.forgotten = true;
+            let txn = Txn::new()
+                .when(vec![Compare::mod_revision(revoked_key.as_str(), CompareOp::Equal, revision)])
+                .and_then(vec![
+                    TxnOp::put(revoked_key.as_str(), encode(&revoked), None),
+                    TxnOp::delete(identity_key.as_str(), None),
+                ]);
+            if self.connection().txn(txn).await?.succeeded() {
+                return Ok(true);
+            }
+        }
+        Err(RegistryError::Unavailable("etcd: the machine's revocation kept changing; try again".into()))
+    }
+}
+
+/// The record a single-key read found (one that cannot be read is reported and taken as
+/// none), and its mod revision (0 when there is none, which a compare takes as absent).
+fn one<T: DeserializeOwned>(key: &str, reply: &etcd_client::GetResponse) -> (Option<T>, i64) {
+    match reply.kvs().first() {
+        Some(kv) => (decode_listed(key, kv.value()), kv.mod_revision()),
+        None => (None, 0),
     }
 }
 

@@ -13,6 +13,7 @@
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
 //! | `revoked/<machine>` | [`crate::RevokedMachine`] | — | API |
+//! | `identities/<machine>` | [`crate::MachineIdentity`] (a pull agent's key hash and grants) | — | API |
 //! | `registrations/<name>` | [`crate::RegistrationRecord`] (hash only) | its expiry's | API |
 //! | `sources/<name>` | [`crate::SourceRecord`] (no secret: credentials stay in files) | — | API |
 //! | `source-status/<name>` | [`crate::SourceStatus`] | — | engine leader |
@@ -160,6 +161,10 @@ impl Keys {
 
     pub fn revoked(&self, machine: &str) -> String {
         self.key(&["revoked", machine])
+    }
+
+    pub fn identity(&self, machine: &str) -> String {
+        self.key(&["identities", machine])
     }
 
     pub fn registrations(&self) -> String {

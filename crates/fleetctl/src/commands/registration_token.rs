@@ -11,15 +11,22 @@ use crate::{Outcome, RegistrationTokenCommand};
 
 pub async fn run(context: &Context, command: RegistrationTokenCommand) -> Outcome {
     match command {
-        RegistrationTokenCommand::Create { ttl, max_uses, metadata, name } => {
-            create(context, ttl.as_deref(), max_uses, &metadata, name).await
+        RegistrationTokenCommand::Create { ttl, max_uses, metadata, machine_ids, name } => {
+            create(context, ttl.as_deref(), max_uses, &metadata, machine_ids, name).await
         }
         RegistrationTokenCommand::List { no_legend } => list(context, no_legend).await,
         RegistrationTokenCommand::Revoke { name } => revoke(context, &name).await,
     }
 }
 
-async fn create(context: &Context, ttl: Option<&str>, max_uses: Option<u32>, metadata: &str, name: String) -> Outcome {
+async fn create(
+    context: &Context,
+    ttl: Option<&str>,
+    max_uses: Option<u32>,
+    metadata: &str,
+    machine_ids: Option<String>,
+    name: String,
+) -> Outcome {
     let ttl_seconds = match ttl.map(parse_go_duration).transpose() {
         Ok(ttl) => ttl.map(|ttl| ttl.as_secs().max(1)),
         Err(error) => {
@@ -27,7 +34,8 @@ async fn create(context: &Context, ttl: Option<&str>, max_uses: Option<u32>, met
             return Outcome::Usage;
         }
     };
-    let request = RegistrationTokenRequest { name, ttl_seconds, max_uses, metadata: parse_metadata(metadata) };
+    let request =
+        RegistrationTokenRequest { name, ttl_seconds, max_uses, metadata: parse_metadata(metadata), machine_ids };
     match context.client.create_registration_token(&request).await {
         Ok(RegistrationToken { token: Some(token), name, expires, .. }) => {
             println!("{token}");
