@@ -269,3 +269,21 @@ fn a_signed_push_webhook_syncs_at_once_and_nothing_else_gets_in() {
     println!("webhook → unit in the cluster: {:?}", pushed_at.elapsed());
     assert!(fleet.log().contains("role=\"webhook(apps)\""), "the webhook is audited");
 }
+
+/// A desired-state file of 30 lines of 100,000 instances each took the engine leader to
+/// 2.6 GB in 90 s and it was still going. The source is halted at `source_max_units` with the
+/// line that crossed it named, nothing of it is written, and the leader stays small.
+#[test]
+fn a_source_that_names_millions_of_instances_is_halted_at_its_bound() {
+    let cluster = Cluster::start(1, |_| vec![("unit_manager".into(), "native".into())]);
+    let fleet = cluster.any();
+    let repo = Repo::new();
+    let desired = "web@{1..100000}.service = launched\n".repeat(30);
+    repo.commit(&[("web@.service", Some(WEB)), ("fleet-desired.conf", Some(desired.as_str()))], "millions");
+    source_add(fleet, "huge", &repo, &[]);
+    let bound = "fleet-desired.conf: line 1: the source would hold more than 10000 units (source_max_units)";
+    fleet.wait_until("the source is halted at its bound", WAIT, |fleet| status(fleet, "huge").contains(bound));
+    assert!(!unit_files(fleet).keys().any(|unit| unit.starts_with("web@")), "nothing of the source was written");
+    let peak = fleet_e2e::peak_resident_mib(fleet.pid());
+    assert!(peak < 512.0, "the engine leader peaked at {peak} MiB");
+}

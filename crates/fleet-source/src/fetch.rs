@@ -11,6 +11,9 @@ use std::sync::atomic::AtomicBool;
 pub const FILE_MAX_BYTES: u64 = 1 << 20;
 /// The most files a source may hold under its paths.
 pub const FILES_MAX: usize = 200_000;
+/// The most bytes of files one read of a source keeps in memory (unit files and desired-state
+/// files only: the others are not read at all).
+pub const READ_MAX_BYTES: u64 = 64 << 20;
 
 /// Where to fetch from and what to read.
 #[derive(Clone, Debug)]
@@ -71,6 +74,8 @@ pub enum SourceError {
     NoSuchReference { what: &'static str, name: String },
     #[error("the repository holds over {FILES_MAX} files under the source's paths")]
     TooManyFiles,
+    #[error("the unit and desired-state files under the source's paths hold over {READ_MAX_BYTES} bytes")]
+    TooLarge,
     #[error("the fetched repository cannot be read: {0}")]
     Read(String),
 }
@@ -154,7 +159,12 @@ pub fn fetch(cache: &Path, request: &FetchRequest<'_>) -> Result<Fetched, Source
                 path.strip_prefix(dir).is_some_and(|rest| rest.starts_with('/'))
             })
     };
-    let mut seen = 0;
+    // Only what a source is made of is read: unit files and desired-state files.
+    let read_by_sources = |path: &str| {
+        let base = path.rsplit('/').next().unwrap_or(path);
+        base == fleet_core::source::DESIRED_FILE || fleet_core::unit_name::validate_name(base).is_ok()
+    };
+    let (mut seen, mut bytes) = (0, 0);
     for entry in recorder.records.iter().filter(|entry| entry.mode.is_blob()) {
         let path = entry.filepath.to_string();
         if !wanted(&path) {
@@ -164,10 +174,17 @@ pub fn fetch(cache: &Path, request: &FetchRequest<'_>) -> Result<Fetched, Source
         if seen > FILES_MAX {
             return Err(SourceError::TooManyFiles);
         }
+        if !read_by_sources(&path) {
+            continue;
+        }
         let header = repo.find_header(entry.oid).map_err(read_error)?;
         if header.size() > FILE_MAX_BYTES {
             fetched.unreadable.push((path, format!("over {FILE_MAX_BYTES} bytes")));
             continue;
+        }
+        bytes += header.size();
+        if bytes > READ_MAX_BYTES {
+            return Err(SourceError::TooLarge);
         }
         let blob = repo.find_object(entry.oid).map_err(read_error)?.detach();
         match String::from_utf8(blob.data) {

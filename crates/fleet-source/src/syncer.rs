@@ -38,6 +38,8 @@ pub struct SyncerConfig {
     pub credentials_dir: PathBuf,
     /// How often the sources are looked at for one that is due.
     pub tick: Duration,
+    /// The most units one source may hold (`source_max_units`).
+    pub max_units: usize,
 }
 
 pub struct SourceSyncer {
@@ -80,7 +82,7 @@ impl SourceSyncer {
         {
             return held.content.clone();
         }
-        let content = Arc::new(content_of(fetched));
+        let content = Arc::new(content_of(fetched, self.config.max_units));
         let held = ReadContent { origin: origin(source), commit: fetched.commit.clone(), content: content.clone() };
         read.insert(source.name.clone(), held);
         content
@@ -334,8 +336,8 @@ fn out_of_sync_entry(content: &SourceContent, unit: &str, why: String) -> OutOfS
 
 /// The source's content, with the files that could not be read as problems (and their units
 /// left alone).
-fn content_of(fetched: &Fetched) -> SourceContent {
-    let mut content = read_source(&fetched.files);
+fn content_of(fetched: &Fetched, max_units: usize) -> SourceContent {
+    let mut content = read_source(&fetched.files, max_units);
     for (path, why) in &fetched.unreadable {
         let base = path.rsplit('/').next().unwrap_or(path);
         if validate_name(base).is_ok() {

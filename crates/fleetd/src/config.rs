@@ -81,6 +81,8 @@ pub struct Config {
     pub stop_units_when_cut_off: bool,
     /// Where git sources' credentials files are read, by the name a source gives.
     pub source_credentials_dir: PathBuf,
+    /// The most units one git source may hold; a source that would hold more is halted.
+    pub source_max_units: usize,
 }
 
 impl Default for Config {
@@ -126,6 +128,7 @@ impl Default for Config {
             shutdown_timeout: Duration::from_secs(90),
             stop_units_when_cut_off: false,
             source_credentials_dir: "/etc/fleet/source-credentials".into(),
+            source_max_units: fleet_core::source::content::DEFAULT_MAX_UNITS,
         }
     }
 }
@@ -286,6 +289,13 @@ const OPTIONS: &[(&str, Setter)] = &[
         };
         config.api_anonymous_role = role;
         Ok(())
+    }),
+    ("source_max_units", |config, name, value| {
+        let limit = value.parse::<usize>().ok().filter(|limit| (1..=1_000_000).contains(limit));
+        assign(
+            &mut config.source_max_units,
+            limit.ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000000")),
+        )
     }),
     ("api_max_connections", |config, name, value| {
         let limit = value.parse::<usize>().ok().filter(|limit| (1..=1_000_000).contains(limit));

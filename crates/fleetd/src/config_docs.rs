@@ -54,6 +54,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "Where the engine leader reads git sources' credentials: a source names a file of this directory (USER:PASSWORD, or a token), so that no secret is kept in the registry. Give every machine that may lead the same files, 0600.",
     ),
     doc(
+        "source_max_units",
+        "10000",
+        "The most units one git source may hold, its unit files and the template instances its fleet-desired.conf names together. A source that would hold more is halted (nothing of it changes) and its status names the line that crossed the bound.",
+    ),
+    doc(
         "engine_reconcile_interval",
         "2",
         "Seconds between the engine's fallback reconciles (it wakes on changes besides).",

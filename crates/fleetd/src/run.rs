@@ -305,6 +305,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
                 cache_dir: config.state_dir.join("sources"),
                 credentials_dir: config.source_credentials_dir.clone(),
                 tick: SOURCE_TICK,
+                max_units: config.source_max_units,
             };
             let (syncer_registry, syncer_stop, syncer_leads) =
                 (registry.clone(), stop_watch.clone(), leads_watch.clone());

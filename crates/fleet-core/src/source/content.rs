@@ -46,10 +46,14 @@ pub struct SourceContent {
     pub problems: Vec<FileProblem>,
 }
 
+/// The most units a source may hold unless configured otherwise (`source_max_units`).
+pub const DEFAULT_MAX_UNITS: usize = 10_000;
+
 /// Reads a source from its files, `(path in the repository, text)`, in any order: files named
 /// like units become units, `fleet-desired.conf` files give desired states (in path order,
-/// later lines winning), other files are ignored.
-pub fn read_source(files: &[(String, String)]) -> SourceContent {
+/// later lines winning), other files are ignored. A source that would hold more than
+/// `max_units` units is halted, with the line that crossed the bound named.
+pub fn read_source(files: &[(String, String)], max_units: usize) -> SourceContent {
     let mut content = SourceContent::default();
     let mut files: Vec<&(String, String)> = files.iter().collect();
     files.sort_by(|a, b| a.0.cmp(&b.0));
@@ -103,7 +107,11 @@ pub fn read_source(files: &[(String, String)]) -> SourceContent {
             problem: format!("{name} is defined more than once"),
         });
     }
-    apply_desired_lines(&mut content, &desired_lines);
+    if content.units.len() > max_units {
+        content.halted = true;
+        content.problems.push(FileProblem { path: ".".into(), line: None, problem: too_many(max_units) });
+    }
+    apply_desired_lines(&mut content, &desired_lines, max_units);
     // No unit file at all is taken for a mistake (a wrong path, an emptied branch) rather than
     // an order to destroy every unit the source made: a source meant to hold nothing is removed.
     if content.units.is_empty() && content.broken.is_empty() && !content.halted {
@@ -117,9 +125,13 @@ pub fn read_source(files: &[(String, String)]) -> SourceContent {
     content
 }
 
-/// Gives each unit its desired state, adds the instances the lines name; templates stay
-/// inactive (a template never runs).
-fn apply_desired_lines(content: &mut SourceContent, lines: &[(String, usize, DesiredLine)]) {
+fn too_many(max_units: usize) -> String {
+    format!("the source would hold more than {max_units} units (source_max_units): nothing was changed")
+}
+
+/// Gives each unit its desired state, adds the instances the lines name (up to `max_units`
+/// units in all: beyond, the source halts); templates stay inactive (a template never runs).
+fn apply_desired_lines(content: &mut SourceContent, lines: &[(String, usize, DesiredLine)], max_units: usize) {
     for (path, number, line) in lines {
         match line {
             DesiredLine::Pattern { glob, state } => {
@@ -131,8 +143,14 @@ fn apply_desired_lines(content: &mut SourceContent, lines: &[(String, usize, Des
                 }
             }
             DesiredLine::Instances { names, state } => {
-                for name in names {
-                    let Some(template) = UnitNameInfo::new(name).template() else { continue };
+                for name in names.names() {
+                    if content.units.len() >= max_units && !content.units.contains_key(&name) {
+                        content.halted = true;
+                        let problem = too_many(max_units);
+                        content.problems.push(FileProblem { path: path.clone(), line: Some(*number), problem });
+                        return;
+                    }
+                    let Some(template) = UnitNameInfo::new(&name).template() else { continue };
                     if content.broken.contains(&template) {
                         content.broken.insert(name.clone());
                         continue;
@@ -146,7 +164,7 @@ fn apply_desired_lines(content: &mut SourceContent, lines: &[(String, usize, Des
                         break;
                     };
                     let unit = WantedUnit { file, desired: *state, path: path.clone() };
-                    content.units.insert(name.clone(), unit);
+                    content.units.insert(name, unit);
                 }
             }
         }
@@ -162,13 +180,17 @@ fn apply_desired_lines(content: &mut SourceContent, lines: &[(String, usize, Des
 mod tests {
     use super::*;
 
+    fn read(files: &[(String, String)]) -> SourceContent {
+        read_source(files, DEFAULT_MAX_UNITS)
+    }
+
     fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter().map(|(path, text)| (path.to_string(), text.to_string())).collect()
     }
 
     #[test]
     fn units_templates_instances_and_states() {
-        let content = read_source(&files(&[
+        let content = read(&files(&[
             ("apps/a.service", "[Service]\nExecStart=/bin/true\n"),
             ("apps/batch.service", "[Service]\nExecStart=/bin/true\n"),
             ("apps/web@.service", "[Service]\nExecStart=/bin/web %i\n"),
@@ -193,7 +215,7 @@ mod tests {
 
     #[test]
     fn a_bad_unit_file_is_named_and_left_alone() {
-        let content = read_source(&files(&[
+        let content = read(&files(&[
             ("a.service", "[Service]\nExecStart=/bin/true\n"),
             ("b.service", "[Service]\nthis is not an option\n"),
         ]));
@@ -207,7 +229,7 @@ mod tests {
 
     #[test]
     fn a_bad_desired_file_halts_the_source_and_twins_are_refused() {
-        let content = read_source(&files(&[
+        let content = read(&files(&[
             ("a/x.service", "[Service]\nExecStart=/bin/true\n"),
             ("b/x.service", "[Service]\nExecStart=/bin/false\n"),
             ("fleet-desired.conf", "x.service = up\n"),
@@ -227,27 +249,48 @@ mod tests {
 
     #[test]
     fn a_unit_the_cluster_would_refuse_is_a_problem() {
-        let content = read_source(&files(&[(
-            "a.service",
-            "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineID=abc\nGlobal=true\n",
-        )]));
+        let content =
+            read(&files(&[("a.service", "[Service]\nExecStart=/bin/true\n[X-Fleet]\nMachineID=abc\nGlobal=true\n")]));
         assert!(content.units.is_empty() && content.broken.contains("a.service"));
         assert_eq!(content.problems[0].to_string(), "a.service: MachineID cannot be used with Global");
     }
 
     #[test]
     fn a_source_without_units_halts_instead_of_destroying_everything() {
-        let content = read_source(&files(&[("README.md", "nothing here")]));
+        let content = read(&files(&[("README.md", "nothing here")]));
         assert!(content.halted);
         assert_eq!(content.problems[0].to_string(), ".: no unit files under the source's paths: nothing was changed");
     }
 
     #[test]
     fn instances_need_their_template() {
-        let content = read_source(&files(&[("fleet-desired.conf", "# none\nweb@1.service = launched\n")]));
+        let content = read(&files(&[("fleet-desired.conf", "# none\nweb@1.service = launched\n")]));
         assert_eq!(
             content.problems[0].to_string(),
             "fleet-desired.conf: line 2: web@1.service: the source holds no template web@.service"
         );
+    }
+
+    /// Regression: a desired file of 30 lines of 100,000 instances each took the engine
+    /// leader to 2.6 GB and was still going. The source halts at its bound, naming the line.
+    #[test]
+    fn a_source_is_bounded_in_the_units_it_makes() {
+        let desired = "web@{1..100000}.service = launched\n".repeat(30);
+        let template = ("web@.service", "[Service]\nExecStart=/bin/web %i\n");
+        let content = read(&files(&[template, ("fleet-desired.conf", &desired)]));
+        assert!(content.halted);
+        assert!(content.units.len() <= DEFAULT_MAX_UNITS);
+        assert_eq!(
+            content.problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "fleet-desired.conf: line 1: the source would hold more than 10000 units (source_max_units): nothing was changed"
+            ]
+        );
+        let small = read_source(&files(&[template, ("fleet-desired.conf", "web@{1..3}.service = launched\n")]), 4);
+        assert!(!small.halted && small.units.len() == 4, "the template and three instances: {small:?}");
+        let over = read_source(&files(&[template, ("fleet-desired.conf", "web@{1..4}.service = launched\n")]), 4);
+        assert!(over.halted);
+        let files_over = read_source(&files(&[template, ("a.service", "[Service]\nExecStart=/bin/true\n")]), 1);
+        assert!(files_over.halted && files_over.problems[0].to_string().contains("more than 1 units"));
     }
 }

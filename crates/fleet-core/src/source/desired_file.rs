@@ -27,7 +27,39 @@ pub enum DesiredLine {
     /// A glob over the source's unit files.
     Pattern { glob: String, state: DesiredState },
     /// Instances of a template, by name.
-    Instances { names: Vec<String>, state: DesiredState },
+    Instances { names: Instances, state: DesiredState },
+}
+
+/// The instances a line names: one, or a range, which is only spelled out as it is used
+/// (a file of a few lines must not make millions of names before anything counts them).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Instances {
+    One(String),
+    /// `{head}{n}{tail}` for `n` from `from` to `to`, both included.
+    Range {
+        head: String,
+        from: u64,
+        to: u64,
+        tail: String,
+    },
+}
+
+impl Instances {
+    /// How many names there are.
+    pub fn count(&self) -> u64 {
+        match self {
+            Self::One(_) => 1,
+            Self::Range { from, to, .. } => to - from + 1,
+        }
+    }
+
+    /// The names, in order.
+    pub fn names(&self) -> Box<dyn Iterator<Item = String> + '_> {
+        match self {
+            Self::One(name) => Box::new(std::iter::once(name.clone())),
+            Self::Range { head, from, to, tail } => Box::new((*from..=*to).map(move |n| format!("{head}{n}{tail}"))),
+        }
+    }
 }
 
 /// A line that does not read, by number (from 1).
@@ -69,15 +101,15 @@ fn parse_pattern(pattern: &str, state: DesiredState) -> Result<DesiredLine, Stri
         if from > to || to - from >= RANGE_MAX {
             return Err(format!("range {{{from}..{to}}} must go upwards and name at most {RANGE_MAX} instances"));
         }
-        let names: Vec<String> = (from..=to).map(|n| format!("{head}{n}{tail}")).collect();
-        for name in &names {
-            check_instance(name)?;
-        }
+        let names = Instances::Range { head: head.to_string(), from, to, tail: tail.to_string() };
+        // Every name of the range differs from these two only in its digits.
+        check_instance(&format!("{head}{from}{tail}"))?;
+        check_instance(&format!("{head}{to}{tail}"))?;
         return Ok(DesiredLine::Instances { names, state });
     }
     if UnitNameInfo::new(pattern).is_instance() && !pattern.contains(['*', '?', '[']) {
         check_instance(pattern)?;
-        return Ok(DesiredLine::Instances { names: vec![pattern.to_string()], state });
+        return Ok(DesiredLine::Instances { names: Instances::One(pattern.to_string()), state });
     }
     Glob::new(pattern).ok_or_else(|| format!("{pattern:?} is not a valid pattern"))?;
     Ok(DesiredLine::Pattern { glob: pattern.to_string(), state })
@@ -109,10 +141,10 @@ mod tests {
             vec![
                 DesiredLine::Pattern { glob: "*.service".into(), state: DesiredState::Loaded },
                 DesiredLine::Instances {
-                    names: vec!["web@1.service".into(), "web@2.service".into(), "web@3.service".into()],
+                    names: Instances::Range { head: "web@".into(), from: 1, to: 3, tail: ".service".into() },
                     state: DesiredState::Launched
                 },
-                DesiredLine::Instances { names: vec!["web@x.service".into()], state: DesiredState::Inactive },
+                DesiredLine::Instances { names: Instances::One("web@x.service".into()), state: DesiredState::Inactive },
             ]
         );
     }

@@ -8,4 +8,5 @@ pub mod desired_file;
 pub mod sync_plan;
 
 pub use content::{FileProblem, SourceContent, WantedUnit, read_source};
+pub use desired_file::DESIRED_FILE;
 pub use sync_plan::{HeldUnit, OwnedElsewhere, SyncChange, SyncPlan, SyncRules, plan_sync};

@@ -144,14 +144,17 @@ mod tests {
 
     #[test]
     fn creates_replaces_sets_and_destroys_only_its_own() {
-        let content = read_source(&[
-            ("new.service".into(), A.into()),
-            ("changed.service".into(), B.into()),
-            ("stopped.service".into(), A.into()),
-            ("same.service".into(), A.into()),
-            ("byhand.service".into(), A.into()),
-            ("fleet-desired.conf".into(), "stopped.service = loaded\n".into()),
-        ]);
+        let content = read_source(
+            &[
+                ("new.service".into(), A.into()),
+                ("changed.service".into(), B.into()),
+                ("stopped.service".into(), A.into()),
+                ("same.service".into(), A.into()),
+                ("byhand.service".into(), A.into()),
+                ("fleet-desired.conf".into(), "stopped.service = loaded\n".into()),
+            ],
+            crate::source::content::DEFAULT_MAX_UNITS,
+        );
         let held = BTreeMap::from([
             ("changed.service".to_string(), held(A, DesiredState::Launched, Some("git"))),
             ("stopped.service".to_string(), held(A, DesiredState::Launched, Some("git"))),
@@ -177,9 +180,15 @@ mod tests {
     #[test]
     fn a_broken_file_keeps_its_unit_and_a_halted_source_writes_nothing() {
         let held = BTreeMap::from([("a.service".to_string(), held(A, DesiredState::Launched, Some("git")))]);
-        let broken = read_source(&[("a.service".into(), "[Service]\nnot an option\n".into())]);
+        let broken = read_source(
+            &[("a.service".into(), "[Service]\nnot an option\n".into())],
+            crate::source::content::DEFAULT_MAX_UNITS,
+        );
         assert!(plan_sync("git", &broken, &held, SyncRules::default()).changes.is_empty());
-        let halted = read_source(&[("fleet-desired.conf".into(), "nonsense\n".into())]);
+        let halted = read_source(
+            &[("fleet-desired.conf".into(), "nonsense\n".into())],
+            crate::source::content::DEFAULT_MAX_UNITS,
+        );
         assert!(plan_sync("git", &halted, &held, SyncRules::default()).changes.is_empty());
     }
 
@@ -228,7 +237,7 @@ mod tests {
             let lines: String =
                 wanted.iter().map(|(unit, (_, desired))| format!("u{unit}.service = {}\n", state(*desired))).collect();
             files.push(("fleet-desired.conf".into(), lines));
-            let content = read_source(&files);
+            let content = read_source(&files, crate::source::content::DEFAULT_MAX_UNITS);
             let owners = [None, Some("git".to_string()), Some("other".to_string())];
             let held: BTreeMap<String, HeldUnit> = present
                 .iter()
