@@ -33,6 +33,8 @@ pub struct ApiState {
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
     /// The web view's live feed.
     pub live_view: Arc<crate::live_view::LiveView>,
+    /// The live feeds each identity holds open.
+    pub feed_slots: Arc<crate::feed_slots::FeedSlots>,
     /// Where the lists being followed page by page stopped.
     pub page_cursors: Arc<crate::pagination::PageCursors>,
     /// Where git sources' secrets are read (their push webhooks' shared secrets); `None`:

@@ -14,6 +14,7 @@ mod api_state;
 pub mod auth;
 mod call;
 mod error;
+pub mod feed_slots;
 mod handlers;
 mod host_check;
 pub mod journal_relay;

@@ -159,7 +159,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/ui/", List, Empty, |s, c| web::asset("")),
     route!(GET "/ui/app.js", List, Empty, |s, c| web::asset("app.js")),
     route!(GET "/ui/app.css", List, Empty, |s, c| web::asset("app.css")),
-    route!(GET "/ui/events", List, Empty, |s, c| web::events(s, c.role()).await),
+    route!(GET "/ui/events", List, Empty, |s, c| web::events(s, c.identity).await),
 ];
 
 /// Paths that exist but take no method at all (the original answers them 405 with no text).

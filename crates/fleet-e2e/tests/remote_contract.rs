@@ -50,6 +50,7 @@ async fn remote_stores() -> RemoteStores {
         agent_presence: Default::default(),
         journal_relay: Default::default(),
         live_view: Default::default(),
+        feed_slots: Default::default(),
         page_cursors: Default::default(),
         source_secrets_dir: None,
     };

@@ -246,6 +246,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
         agent_presence: agent_presence.clone(),
         journal_relay: Default::default(),
         live_view: Default::default(),
+        feed_slots: Default::default(),
         page_cursors: Default::default(),
         source_secrets_dir: Some(config.source_credentials_dir.clone()),
     };

@@ -11,6 +11,8 @@ use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use tokio::sync::broadcast;
 
+use crate::auth::Identity;
+use crate::feed_slots::FeedSlot;
 use crate::live_view::{Patch, reset};
 use crate::router::{ApiError, ApiState};
 
@@ -60,6 +62,8 @@ struct Feed {
     role: Role,
     patches: broadcast::Receiver<Arc<Patch>>,
     first: Option<Patch>,
+    /// Given back when the feed ends (its stream dropped with the connection).
+    _slot: FeedSlot,
 }
 
 async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)> {
@@ -87,9 +91,14 @@ async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)>
     }
 }
 
-pub async fn events(state: &ApiState, role: &Role) -> Result<Response, ApiError> {
+pub async fn events(state: &ApiState, identity: &Identity) -> Result<Response, ApiError> {
+    let slot = state
+        .feed_slots
+        .take(&identity.name)
+        .map_err(|full| ApiError::new(StatusCode::TOO_MANY_REQUESTS, full.to_string()))?;
     let (view, patches) = state.live_view.watch(state.registry.clone()).await?;
-    let feed = Feed { state: state.clone(), role: role.clone(), patches, first: Some(reset(&view)) };
+    let role = identity.role.clone();
+    let feed = Feed { state: state.clone(), role, patches, first: Some(reset(&view)), _slot: slot };
     let body = Body::from_stream(futures_util::stream::unfold(feed, next_event));
     let response = ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
     let mut response = hardened(response);

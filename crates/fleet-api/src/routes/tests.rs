@@ -175,6 +175,7 @@ async fn lab() -> Lab {
         agent_presence: Default::default(),
         journal_relay: Default::default(),
         live_view: Default::default(),
+        feed_slots: Default::default(),
         page_cursors: Default::default(),
         source_secrets_dir: Some(secrets),
     };
