@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod api_request;
+mod api_unverified;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -21,6 +22,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use api_request::api_request;
+pub use api_unverified::api_unverified;
 
 /// A fuzz target: arbitrary bytes in, a panic only on a defect.
 pub type Target = fn(&[u8]);
@@ -31,6 +33,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("service_directives", service_directives),
     ("fleet_conf", fleet_conf),
     ("api_request", api_request),
+    ("api_unverified", api_unverified),
     ("page_token", page_token),
     ("etcd_records", etcd_records),
 ];

@@ -84,6 +84,11 @@ fn api_request() {
 }
 
 #[test]
+fn api_unverified() {
+    run("api_unverified");
+}
+
+#[test]
 fn page_token() {
     run("page_token");
 }
