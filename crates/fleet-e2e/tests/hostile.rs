@@ -261,12 +261,50 @@ fn a_pid_file_cannot_make_fleetd_kill_another_process() {
 /// unit has its own cgroup now, which none of them can leave.
 #[test]
 fn unit_processes_cannot_escape_the_supervisor() {
-    let mut fleet = Fleetd::start("e2e0hostile00009", &[]);
-    let escapes: [&[&str]; 4] =
-        [&["sleep", "4242900"], &["sleep", "4242901"], &["/bin/sleep", "4242902"], &["/bin/sleep", "4242903"]];
-    let unit = "[Service]\nExecStart=/bin/sh -c 'setsid sleep 4242901 & env -i /bin/sleep 4242902 & FLEET_NATIVE_SUPERVISOR=forged /bin/sleep 4242903 & exec sleep 4242900'\n";
-    let path = write_unit(fleet.dir.path(), "escape.service", unit);
-    let running = |count: usize| escapes.iter().all(|argv| pids_running(argv).len() == count);
+    escapes_end_with_their_unit(Fleetd::start("e2e0hostile00009", &[]), 4242900);
+}
+
+/// Where no cgroup v2 hierarchy was mounted (a host of cgroup v1 controllers only), a unit's
+/// `setsid` child outlived `fleetctl stop` and ran twice after a restart: units were tracked
+/// by process group and environment only. fleetd mounts the hierarchy itself now, so the same
+/// escapes end with their unit.
+#[test]
+fn unit_processes_cannot_escape_where_no_cgroup_v2_was_mounted() {
+    let without_cgroup2 = "for mount in $(findmnt -n -t cgroup2 -o TARGET); do umount \"$mount\"; done; \
+        if grep -q ' - cgroup2 ' /proc/self/mountinfo; then exit 97; fi; exec \"$@\"";
+    let launcher = fleet_e2e::Launcher {
+        prefix: ["unshare", "--mount", "--propagation", "private", "sh", "-c", without_cgroup2, "sh"]
+            .map(str::to_string)
+            .to_vec(),
+        env: Vec::new(),
+    };
+    let fleet = Fleetd::start_with("e2e0hostile0000a", &[], launcher);
+    assert!(fleet.log().contains("mounted the cgroup v2 hierarchy"), "{}", fleet.log());
+    escapes_end_with_their_unit(fleet, 4242910);
+}
+
+/// A unit whose processes leave its process group, its session and its environment: a stop,
+/// and fleetd's death, end them all; after a restart each runs once.
+fn escapes_end_with_their_unit(mut fleet: Fleetd, base: u32) {
+    let n = |offset: u32| (base + offset).to_string();
+    let escapes: [[String; 2]; 5] = [
+        ["sleep".into(), n(0)],
+        ["sleep".into(), n(1)],
+        ["/bin/sleep".into(), n(2)],
+        ["/bin/sleep".into(), n(3)],
+        ["/bin/sleep".into(), n(4)],
+    ];
+    let unit = format!(
+        "[Service]\nExecStart=/bin/sh -c 'setsid sleep {} & env -i /bin/sleep {} & FLEET_NATIVE_SUPERVISOR=forged /bin/sleep {} & setsid -f env -i /bin/sleep {}; exec sleep {}'\n",
+        n(1),
+        n(2),
+        n(3),
+        n(4),
+        n(0)
+    );
+    let path = write_unit(fleet.dir.path(), "escape.service", &unit);
+    let running =
+        |count: usize| escapes.iter().all(|argv| pids_running(&[argv[0].as_str(), argv[1].as_str()]).len() == count);
     fleet.ok(&["start", &path]);
     fleet.wait_until("every escaping process runs", WAIT, |_| running(1));
     fleet.ok(&["stop", "escape.service"]);
@@ -278,8 +316,8 @@ fn unit_processes_cannot_escape_the_supervisor() {
     fleet.wait_until("fleetd's death ends them all", WAIT, |_| running(0));
     fleet.launch();
     fleet.wait_until("the unit runs again after the restart", WAIT, |_| running(1));
-    std::thread::sleep(Duration::from_millis(500));
-    assert!(running(1), "exactly one of each: {:?}", escapes.map(pids_running));
+    fleet.ok(&["stop", "escape.service"]);
+    fleet.wait_until("a stop after the restart ends them all", WAIT, |_| running(0));
 }
 
 /// One unit ignoring SIGTERM with `TimeoutStopSec=infinity` kept every other unit from

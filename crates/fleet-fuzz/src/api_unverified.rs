@@ -145,10 +145,8 @@ pub fn api_unverified(data: &[u8]) {
     request.extensions_mut().insert(fleet_api::auth::Peer::Tcp { tls: true, certificate: None });
     let fixture = fixture();
     let before = fixture.runtime.block_on(fixture.registry.revision()).expect("a revision");
-    let response = fixture
-        .runtime
-        .block_on(router(fixture.state.clone()).oneshot(request))
-        .expect("the router never fails");
+    let response =
+        fixture.runtime.block_on(router(fixture.state.clone()).oneshot(request)).expect("the router never fails");
     let status = response.status();
     let after = fixture.runtime.block_on(fixture.registry.revision()).expect("a revision");
     assert!(status.is_client_error(), "{method} {path} answered {status} to an unverified caller");

@@ -23,6 +23,10 @@ pub enum UnitManagerError {
     NotLoaded(String),
     #[error("unit {unit}: {reason}")]
     Refused { unit: String, reason: String },
+    /// The manager cannot run units as it must here (the native supervisor without a cgroup
+    /// v2 hierarchy to hold units' processes).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("{context}: {source}")]
     Io {
         context: String,

@@ -83,6 +83,8 @@ pub struct Config {
     pub source_credentials_dir: PathBuf,
     /// The most units one git source may hold; a source that would hold more is halted.
     pub source_max_units: usize,
+    /// Run native units where no cgroup v2 can hold their processes (`allow`), or refuse.
+    pub native_without_cgroups: bool,
 }
 
 impl Default for Config {
@@ -129,6 +131,7 @@ impl Default for Config {
             stop_units_when_cut_off: false,
             source_credentials_dir: "/etc/fleet/source-credentials".into(),
             source_max_units: fleet_core::source::content::DEFAULT_MAX_UNITS,
+            native_without_cgroups: false,
         }
     }
 }
@@ -289,6 +292,14 @@ const OPTIONS: &[(&str, Setter)] = &[
         };
         config.api_anonymous_role = role;
         Ok(())
+    }),
+    ("native_without_cgroups", |config, name, value| {
+        let allow = match value {
+            "refuse" => Ok(false),
+            "allow" => Ok(true),
+            _ => Err(bad(name, value, "expected refuse or allow")),
+        };
+        assign(&mut config.native_without_cgroups, allow)
     }),
     ("source_max_units", |config, name, value| {
         let limit = value.parse::<usize>().ok().filter(|limit| (1..=1_000_000).contains(limit));

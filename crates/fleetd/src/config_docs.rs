@@ -54,6 +54,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "Where the engine leader reads git sources' credentials: a source names a file of this directory (USER:PASSWORD, or a token), so that no secret is kept in the registry. Give every machine that may lead the same files, 0600.",
     ),
     doc(
+        "native_without_cgroups",
+        "refuse",
+        "What the native unit manager does where no cgroup v2 hierarchy can hold a unit's processes (fleetd mounts one at /run/fleet/cgroup2 when it runs as root and none is mounted): refuse to start, or allow units tracked by process group and environment only. With allow, a process that leaves its unit's session and clears its environment outlives the unit's stop.",
+    ),
+    doc(
         "source_max_units",
         "10000",
         "The most units one git source may hold, its unit files and the template instances its fleet-desired.conf names together. A source that would hold more is halted (nothing of it changes) and its status names the line that crossed the bound.",

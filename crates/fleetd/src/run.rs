@@ -90,6 +90,7 @@ async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<d
         keeper_program: Some(keeper_program),
         log_limits: LogLimits { max_bytes: config.unit_log_max_bytes, files: config.unit_log_files },
         stop_all_timeout: config.shutdown_timeout,
+        allow_without_cgroups: config.native_without_cgroups,
     };
     Ok(Arc::new(NativeManager::new(options)?))
 }

@@ -42,12 +42,42 @@ fn unified_path(proc_cgroup: &str) -> Option<&str> {
     proc_cgroup.lines().find_map(|line| line.strip_prefix("0::"))
 }
 
+/// Where fleetd mounts the cgroup v2 hierarchy itself when nothing mounted it (a host that
+/// mounts only cgroup v1 controllers): one place per host, found again by later fleetds.
+pub const OWN_MOUNT: &str = "/run/fleet/cgroup2";
+
+/// Mounts the cgroup v2 hierarchy at [`OWN_MOUNT`] (root only, and only where the kernel has
+/// one: it is one hierarchy however often it is mounted).
+fn mount_own() -> io::Result<PathBuf> {
+    let dir = PathBuf::from(OWN_MOUNT);
+    std::fs::create_dir_all(&dir)?;
+    let target = CString::new(dir.as_os_str().as_bytes()).map_err(io::Error::other)?;
+    let kind = c"cgroup2";
+    // SAFETY: every pointer is a NUL-terminated string that lives across the call; no data.
+    let mounted = unsafe { libc::mount(kind.as_ptr(), target.as_ptr(), kind.as_ptr(), 0, std::ptr::null()) };
+    if mounted != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    tracing::info!(dir = %dir.display(), "mounted the cgroup v2 hierarchy to hold units' processes");
+    Ok(dir)
+}
+
 impl CgroupBase {
     /// Prepares the base for the supervisor marked `marker`, or `None` where there is no
     /// writable cgroup v2 hierarchy (then process groups and the marker are what is left).
+    /// Where none is mounted, it mounts one of its own if it may.
     pub fn prepare(marker: &str) -> Option<Self> {
         let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-        let mount = cgroup2_mount(&mountinfo)?;
+        let mount = match cgroup2_mount(&mountinfo) {
+            Some(mount) => mount,
+            None => match mount_own() {
+                Ok(mount) => mount,
+                Err(error) => {
+                    tracing::info!(%error, "no cgroup v2 hierarchy is mounted, and none can be mounted here");
+                    return None;
+                }
+            },
+        };
         let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
         let own = unified_path(&own)?.trim_end_matches('/').to_string();
         let name = format!("fleet-units.{:016x}", fnv1a(marker.as_bytes()));

@@ -50,7 +50,13 @@ pub struct NativeOptions {
     pub log_limits: LogLimits,
     /// How long [`UnitManager::stop_all`] waits for units to stop before killing them.
     pub stop_all_timeout: Duration,
+    /// Run units even where no cgroup v2 hierarchy holds their processes (tracked by process
+    /// group and environment only, which a unit's process can leave both of).
+    pub allow_without_cgroups: bool,
 }
+
+/// Why the native manager refuses to start where no cgroup v2 hierarchy is to be had.
+pub const WITHOUT_CGROUPS: &str = "the native unit manager keeps each unit's processes in a cgroup v2, and none is mounted here nor can be (fleetd mounts one at /run/fleet/cgroup2 when it runs as root); set native_without_cgroups = allow to track units by process group and environment only, where a process that leaves its unit's session and clears its environment outlives the unit's stop";
 
 struct RunningUnit {
     stop: watch::Sender<bool>,
@@ -141,6 +147,12 @@ impl NativeManager {
         let marker = supervisor_marker(&options.state_dir);
         wait_for_previous_keeper(&marker);
         let cgroups = CgroupBase::prepare(&marker);
+        if cgroups.is_none() {
+            if !options.allow_without_cgroups {
+                return Err(UnitManagerError::Unsupported(WITHOUT_CGROUPS.into()));
+            }
+            tracing::warn!("no cgroup v2: units are tracked by process group and environment only");
+        }
         let leftovers = cgroups.as_ref().map_or(0, CgroupBase::kill_everything) + kill_leftovers(&marker);
         if leftovers > 0 {
             tracing::warn!(leftovers, "killed unit processes left behind by an earlier fleetd");

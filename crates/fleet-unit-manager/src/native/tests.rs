@@ -14,6 +14,7 @@ fn manager_stopping_within(dir: &Path, stop_all_timeout: Duration) -> NativeMana
         keeper_program: None,
         log_limits: LogLimits::default(),
         stop_all_timeout,
+        allow_without_cgroups: false,
     })
     .unwrap()
 }
