@@ -42,6 +42,27 @@ pub struct ApiState {
     pub source_secrets_dir: Option<std::path::PathBuf>,
 }
 
+impl ApiState {
+    /// The API of `registry` with `auth`: a page size of 100, and no local machine, agent CA,
+    /// pull agents or source secrets (set those fields where they apply).
+    pub fn new(registry: Arc<dyn ApiRegistry>, auth: Auth) -> Self {
+        Self {
+            registry,
+            token_limit: TokenLimit::new(100),
+            local: None,
+            auth,
+            agent_ca: None,
+            agents: None,
+            agent_presence: Default::default(),
+            journal_relay: Default::default(),
+            live_view: Default::default(),
+            feed_slots: Default::default(),
+            page_cursors: Default::default(),
+            source_secrets_dir: None,
+        }
+    }
+}
+
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
 /// API keeps serving.
 #[derive(Clone, Debug)]

@@ -314,20 +314,10 @@ mod tests {
     async fn server(limits: ServeLimits) -> Server {
         let dir = tempfile::tempdir().unwrap();
         let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-        let state = ApiState {
-            registry: Arc::new(registry.clone()),
-            token_limit: crate::router::TokenLimit::new(100),
-            local: None,
-            auth: crate::auth::Auth::new(Arc::new(registry), Some(fleet_core::access::Role::Viewer)),
-            agent_ca: None,
-            agents: None,
-            agent_presence: Default::default(),
-            journal_relay: Default::default(),
-            live_view: Default::default(),
-            feed_slots: Default::default(),
-            page_cursors: Default::default(),
-            source_secrets_dir: None,
-        };
+        let state = ApiState::new(
+            Arc::new(registry.clone()),
+            crate::auth::Auth::new(Arc::new(registry), Some(fleet_core::access::Role::Viewer)),
+        );
         let unix = dir.path().join("api.sock");
         let listeners = vec![bind_tcp("127.0.0.1:0").unwrap(), bind_unix(&unix).unwrap()];
         let ApiListener::Tcp(tcp) = &listeners[0] else { unreachable!() };

@@ -12,7 +12,7 @@ use fleet_api::auth::tls::{ServerTls, TlsFiles};
 use fleet_api::auth::tokens::{REGISTRATION_PREFIX, digest, generate, now_unix};
 use fleet_api::listen::bind_tcp;
 use fleet_api::serve::{ServeLimits, serve};
-use fleet_api::{ApiState, TokenLimit, router};
+use fleet_api::{ApiState, router};
 use fleet_e2e::pki::ManagerPki;
 use fleet_registry::contract::{self, AgentFor};
 use fleet_registry::embedded::EmbeddedRegistry;
@@ -41,18 +41,9 @@ async fn remote_stores() -> RemoteStores {
     })
     .expect("TLS");
     let state = ApiState {
-        registry: store.clone(),
-        token_limit: TokenLimit::new(100),
-        local: None,
-        auth: fleet_api::auth::Auth::new(store.clone(), None),
         agent_ca: Some(Arc::new(agent_ca)),
         agents: Some(store.clone()),
-        agent_presence: Default::default(),
-        journal_relay: Default::default(),
-        live_view: Default::default(),
-        feed_slots: Default::default(),
-        page_cursors: Default::default(),
-        source_secrets_dir: None,
+        ..ApiState::new(store.clone(), fleet_api::auth::Auth::new(store.clone(), None))
     };
     let listener = bind_tcp("127.0.0.1:0").expect("bind").with_tls();
     let port = listener.tcp_address().expect("address").port();

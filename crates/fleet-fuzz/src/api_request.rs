@@ -21,18 +21,8 @@ fn fixture() -> &'static Fixture {
         let dir = tempfile::tempdir().expect("temporary directory");
         let registry = EmbeddedRegistry::open(&dir.path().join("fuzz.redb")).expect("embedded store");
         let state = ApiState {
-            registry: Arc::new(registry.clone()),
             token_limit: TokenLimit::new(2),
-            local: None,
-            auth: fleet_api::auth::Auth::new(Arc::new(registry), None),
-            agent_ca: None,
-            agents: None,
-            agent_presence: Default::default(),
-            journal_relay: Default::default(),
-            live_view: Default::default(),
-            feed_slots: Default::default(),
-            page_cursors: Default::default(),
-            source_secrets_dir: None,
+            ..ApiState::new(Arc::new(registry.clone()), fleet_api::auth::Auth::new(Arc::new(registry), None))
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         Fixture { runtime, state, _dir: dir }

@@ -33,36 +33,15 @@ fn fixture() -> &'static Fixture {
         std::fs::write(secrets.join("hook"), SECRET).expect("secret");
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
         let source = SourceRecord {
-            name: "docs".into(),
-            repo: "https://example.com/docs.git".into(),
-            branch: None,
-            revision: None,
-            paths: Vec::new(),
-            interval_seconds: 15,
-            credentials_file: None,
-            paused: false,
-            keep_removed: false,
-            take_over: false,
             webhook_secret: Some("hook".into()),
-            max_unavailable: None,
-            min_ready_seconds: 10,
-            drift: Default::default(),
-            generation: 0,
+            ..SourceRecord::new("docs", "https://example.com/docs.git")
         };
         runtime.block_on(registry.put_source(&source)).expect("a source");
         let state = ApiState {
-            registry: Arc::new(registry.clone()),
             token_limit: TokenLimit::new(2),
-            local: None,
-            auth: fleet_api::auth::Auth::new(Arc::new(registry.clone()), None),
-            agent_ca: None,
             agents: Some(Arc::new(registry.clone())),
-            agent_presence: Default::default(),
-            journal_relay: Default::default(),
-            live_view: Default::default(),
-            feed_slots: Default::default(),
-            page_cursors: Default::default(),
             source_secrets_dir: Some(secrets),
+            ..ApiState::new(Arc::new(registry.clone()), fleet_api::auth::Auth::new(Arc::new(registry.clone()), None))
         };
         Fixture { runtime, state, registry, _dir: dir }
     })

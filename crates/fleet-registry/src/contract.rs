@@ -51,6 +51,13 @@ async fn open_etcd_serving_many() -> Opened {
 
 #[cfg(test)]
 async fn open_etcd_with(serve_many_machines: bool) -> Opened {
+    let (registry, etcd) = etcd_store(serve_many_machines).await;
+    Opened { registry: Arc::new(registry), _guard: Box::new(etcd) }
+}
+
+#[cfg(test)]
+/// A new etcd, and the etcd store on it.
+async fn etcd_store(serve_many_machines: bool) -> (crate::etcd::EtcdRegistry, fleet_testkit::EtcdServer) {
     let etcd = fleet_testkit::EtcdServer::start();
     let options = crate::etcd::EtcdOptions {
         endpoints: vec![etcd.endpoint()],
@@ -62,7 +69,7 @@ async fn open_etcd_with(serve_many_machines: bool) -> Opened {
     let lifetimes =
         crate::etcd::Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(5) };
     let registry = crate::etcd::EtcdRegistry::connect(&options, lifetimes).await.expect("etcd store");
-    Opened { registry: Arc::new(registry), _guard: Box::new(etcd) }
+    (registry, etcd)
 }
 
 #[cfg(test)]
@@ -571,21 +578,11 @@ pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, 
 /// A source named `name`, as stored.
 fn source_record(name: &str, generation: u64) -> SourceRecord {
     SourceRecord {
-        name: name.into(),
-        repo: "https://git.example/units.git".into(),
         branch: Some("main".into()),
-        revision: None,
         paths: vec!["units".into()],
-        interval_seconds: 15,
-        credentials_file: None,
-        paused: false,
-        keep_removed: false,
-        take_over: false,
-        webhook_secret: None,
-        max_unavailable: None,
-        min_ready_seconds: 10,
         drift: fleet_core::drift::DriftPolicy::Report,
         generation,
+        ..SourceRecord::new(name, "https://git.example/units.git")
     }
 }
 
@@ -884,17 +881,7 @@ mod unreadable_records {
     }
 
     async fn etcd(serve_many_machines: bool) {
-        let etcd = fleet_testkit::EtcdServer::start();
-        let options = crate::etcd::EtcdOptions {
-            endpoints: vec![etcd.endpoint()],
-            key_prefix: "/contract/".into(),
-            request_timeout: Duration::from_secs(2),
-            serve_many_machines,
-            ..crate::etcd::EtcdOptions::default()
-        };
-        let lifetimes =
-            crate::etcd::Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(5) };
-        let registry = crate::etcd::EtcdRegistry::connect(&options, lifetimes).await.expect("etcd store");
+        let (registry, _etcd) = super::etcd_store(serve_many_machines).await;
         an_unreadable_unit_hides_only_itself(&registry, async || registry.corrupt_unit_record("bad.service").await)
             .await;
     }

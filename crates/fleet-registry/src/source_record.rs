@@ -47,6 +47,30 @@ fn default_min_ready() -> u64 {
     10
 }
 
+impl SourceRecord {
+    /// A source of `repo` with every setting at its default: the remote's default branch, the
+    /// whole tree, synced every 15 s, no credentials, no webhook, new content all at once.
+    pub fn new(name: &str, repo: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            repo: repo.to_string(),
+            branch: None,
+            revision: None,
+            paths: Vec::new(),
+            interval_seconds: 15,
+            credentials_file: None,
+            paused: false,
+            keep_removed: false,
+            take_over: false,
+            webhook_secret: None,
+            max_unavailable: None,
+            min_ready_seconds: default_min_ready(),
+            drift: DriftPolicy::default(),
+            generation: 0,
+        }
+    }
+}
+
 /// What the last sync of a source did, written by the engine leader that ran it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceStatus {

@@ -668,26 +668,25 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
-        Command::Machine { action: MachineCommand::Revoke { machine } } => {
-            match context.client.revoke_machine(&machine).await {
+        Command::Machine { action } => {
+            let (done, said, doing) = match &action {
+                MachineCommand::Revoke { machine } => {
+                    (context.client.revoke_machine(machine).await, format!("Revoked machine {machine}"), "revoking")
+                }
+                MachineCommand::Forget { machine } => (
+                    context.client.forget_machine(machine).await,
+                    format!("Forgot machine {machine}: its ID may join again, with another key"),
+                    "forgetting",
+                ),
+            };
+            match done {
                 Ok(()) => {
-                    eprintln!("Revoked machine {machine}");
+                    eprintln!("{said}");
                     Outcome::Success
                 }
                 Err(error) => {
-                    eprintln!("Error revoking machine {machine}: {error}");
-                    Outcome::Failure
-                }
-            }
-        }
-        Command::Machine { action: MachineCommand::Forget { machine } } => {
-            match context.client.forget_machine(&machine).await {
-                Ok(()) => {
-                    eprintln!("Forgot machine {machine}: its ID may join again, with another key");
-                    Outcome::Success
-                }
-                Err(error) => {
-                    eprintln!("Error forgetting machine {machine}: {error}");
+                    let (MachineCommand::Revoke { machine } | MachineCommand::Forget { machine }) = &action;
+                    eprintln!("Error {doing} machine {machine}: {error}");
                     Outcome::Failure
                 }
             }

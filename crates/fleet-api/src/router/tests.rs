@@ -21,18 +21,8 @@ async fn api(token_limit: u16) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     let state = ApiState {
-        registry: Arc::new(registry.clone()),
         token_limit: TokenLimit::new(token_limit),
-        local: None,
-        auth: Auth::new(Arc::new(registry.clone()), None),
-        agent_ca: None,
-        agents: None,
-        agent_presence: Default::default(),
-        journal_relay: Default::default(),
-        live_view: Default::default(),
-        feed_slots: Default::default(),
-        page_cursors: Default::default(),
-        source_secrets_dir: None,
+        ..ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None))
     };
     Api { router: router(state), registry, _dir: dir }
 }

@@ -10,7 +10,6 @@ use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{CredentialRegistry, RegistrationRecord, SourceRecord, SourceRegistry, TokenRecord};
 
 use super::*;
-use crate::api_state::TokenLimit;
 use crate::auth::certificate::CertificateIdentity;
 use crate::auth::tokens::{REGISTRATION_PREFIX, TOKEN_PREFIX, digest, generate};
 use crate::auth::{Auth, Peer};
@@ -148,36 +147,13 @@ async fn lab() -> Lab {
     std::fs::create_dir(&secrets).unwrap();
     std::fs::write(secrets.join("docs-hook"), WEBHOOK_SECRET).unwrap();
     let source = SourceRecord {
-        name: "docs".into(),
-        repo: "https://example.com/docs.git".into(),
-        branch: None,
-        revision: None,
-        paths: Vec::new(),
-        interval_seconds: 15,
-        credentials_file: None,
-        paused: false,
-        keep_removed: false,
-        take_over: false,
         webhook_secret: Some("docs-hook".into()),
-        max_unavailable: None,
-        min_ready_seconds: 10,
-        drift: Default::default(),
-        generation: 0,
+        ..SourceRecord::new("docs", "https://example.com/docs.git")
     };
     registry.put_source(&source).await.unwrap();
     let state = ApiState {
-        registry: Arc::new(registry.clone()),
-        token_limit: TokenLimit::new(100),
-        local: None,
-        auth: Auth::new(Arc::new(registry.clone()), None),
-        agent_ca: None,
-        agents: None,
-        agent_presence: Default::default(),
-        journal_relay: Default::default(),
-        live_view: Default::default(),
-        feed_slots: Default::default(),
-        page_cursors: Default::default(),
         source_secrets_dir: Some(secrets),
+        ..ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None))
     };
     Lab { state, tokens, registration, _dir: dir }
 }
