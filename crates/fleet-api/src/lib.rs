@@ -28,7 +28,8 @@ pub use fleet_api_schema as schema;
 pub mod serve;
 mod write_guard;
 
-pub use router::{ApiState, TokenLimit, router};
+pub use api_state::{ApiState, LocalMachine, TokenLimit};
+pub use router::router;
 
 /// The version fleetd reports in `Server: fleetd/<version>`.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

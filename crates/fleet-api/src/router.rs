@@ -21,13 +21,13 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::{Access, Action, decide};
 
-pub use crate::api_state::{ApiState, LocalMachine, TokenLimit};
+use crate::api_state::ApiState;
 use crate::auth::audit::{self, AuditEntry};
 use crate::auth::{Identity, Peer, Refused, Via};
 use crate::call::Call;
-pub use crate::error::{ApiError, json_response};
+use crate::error::ApiError;
 use crate::host_check::HostCheck;
-pub use crate::query::{first_value, page_token, percent_decode, query_pairs};
+use crate::query::query_pairs;
 use crate::routes::{Found, Need, Route};
 
 /// The largest request body accepted.

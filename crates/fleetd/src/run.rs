@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_api::LocalMachine;
 use fleet_api::agent_presence::AgentPresence;
 use fleet_api::auth::Auth;
 use fleet_api::auth::agent_ca::AgentCa;
 use fleet_api::auth::tls::ServerTls;
 use fleet_api::listen::{ApiListener, ListenAddress};
-use fleet_api::router::LocalMachine;
 use fleet_api::serve::{ServeLimits, serve};
 use fleet_api::{ApiState, TokenLimit, router};
 use fleet_core::MachineState;

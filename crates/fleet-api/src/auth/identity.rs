@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::http::{HeaderMap, Method, header};
 use fleet_core::access::Role;
-use fleet_registry::{CredentialRegistry, RevokedMachine};
+use fleet_registry::{CredentialRegistry, RevokedMachine, SourceRecord};
 
 use super::certificate::CertificateIdentity;
 use super::store_cache::{StoreCache, Unavailable};
@@ -65,8 +65,9 @@ pub struct Auth {
     revoked: Arc<StoreCache<RevokedMachine>>,
     /// The role clients without any credential get on TCP; none unless the operator opts in.
     anonymous: Option<Role>,
-    /// The sources, as webhooks are checked against them.
-    pub(crate) webhook_sources: Arc<super::webhook::WebhookSources>,
+    /// The sources, as webhooks are checked against them (read at most every [`FRESH_FOR`],
+    /// so unsigned requests cost the store next to nothing).
+    pub(crate) webhook_sources: Arc<StoreCache<SourceRecord>>,
 }
 
 /// A bearer token longer than this is not read any further.
@@ -79,7 +80,7 @@ impl Auth {
             revoked: Arc::new(StoreCache::new("revoked machines")),
             registry,
             anonymous,
-            webhook_sources: Default::default(),
+            webhook_sources: Arc::new(StoreCache::new("sources")),
         }
     }
 

@@ -8,28 +8,18 @@ use axum::http::HeaderMap;
 use fleet_core::access::Role;
 use fleet_registry::{SourceRecord, SourceRegistry};
 
-use super::identity::{Identity, Refused, Via};
 use super::store_cache::StoreCache;
 use super::tokens::FRESH_FOR;
+use super::{Identity, Refused, Via};
 
 /// The header a git forge signs a push webhook's body in.
 pub const WEBHOOK_SIGNATURE: &str = "x-hub-signature-256";
-
-/// The sources read for webhooks, at most once per [`FRESH_FOR`] (so unsigned requests cost
-/// the store next to nothing).
-pub struct WebhookSources(StoreCache<SourceRecord>);
-
-impl Default for WebhookSources {
-    fn default() -> Self {
-        Self(StoreCache::new("sources"))
-    }
-}
 
 /// The identity of a webhook of `source` whose `body` came with `headers`, reading the
 /// shared secret the source names from `secrets_dir`.
 pub async fn verify(
     registry: &dyn SourceRegistry,
-    sources: &WebhookSources,
+    sources: &StoreCache<SourceRecord>,
     secrets_dir: Option<&Path>,
     source: &str,
     headers: &HeaderMap,
@@ -44,7 +34,6 @@ pub async fn verify(
         .ok_or_else(refused)?;
     let secrets_dir = secrets_dir.ok_or_else(refused)?;
     let records = sources
-        .0
         .get(FRESH_FOR, async || registry.sources().await)
         .await
         .map_err(|_| Refused::Unauthenticated("credentials cannot be checked: the store is unavailable".into()))?;

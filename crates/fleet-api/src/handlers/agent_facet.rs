@@ -15,8 +15,9 @@ use fleet_registry::machine_identity::admit_announce;
 use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork};
 
 use super::registration_tokens::check_metadata;
+use crate::api_state::ApiState;
 use crate::auth::Identity;
-use crate::router::{ApiError, ApiState, json_response};
+use crate::error::{ApiError, json_response};
 use crate::schema::{
     AgentChanges, AgentHashedBody, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentWork,
     Journal, MAX_BODIES_PER_REQUEST, Machine, UnitOption,
@@ -118,7 +119,7 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
     };
     let key = identity.key_sha256.as_deref().unwrap_or_default();
     let agents = agents(state)?;
-    let after = match crate::router::first_value(query, "after") {
+    let after = match crate::query::first_value(query, "after") {
         None => None,
         Some(text) => Some(text.parse::<u64>().map_err(|_| ApiError::bad_request("invalid after"))?),
     };

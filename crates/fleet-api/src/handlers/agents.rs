@@ -10,12 +10,13 @@ use fleet_core::access::Role;
 use fleet_core::machine::valid_machine_id;
 use fleet_registry::{JoinRefused, MachineIdentity, RevokedMachine};
 
+use crate::api_state::ApiState;
 use crate::auth::Identity;
 use crate::auth::agent_ca::{AgentCa, AgentCaError};
 use crate::auth::certificate::key_sha256_of_pem;
 use crate::auth::identity::bearer_token;
 use crate::auth::tokens::{REGISTRATION_PREFIX, digest, now_unix, well_formed};
-use crate::router::{ApiError, ApiState, json_response};
+use crate::error::{ApiError, json_response};
 use crate::schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest};
 
 fn agent_ca(state: &ApiState) -> Result<&AgentCa, ApiError> {

@@ -7,7 +7,9 @@ use std::time::Duration;
 use axum::http::StatusCode;
 use axum::response::Response;
 
-use crate::router::{ApiError, ApiState, first_value, json_response};
+use crate::api_state::ApiState;
+use crate::error::{ApiError, json_response};
+use crate::query::first_value;
 use crate::schema::Journal;
 
 const DEFAULT_LINES: usize = 10;

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use fleet_registry::{MetadataChange, PageRequest};
 use serde_json::Value;
 
+use crate::api_state::ApiState;
+use crate::error::{ApiError, json_response};
 use crate::pagination::serialized_size;
-use crate::router::{ApiError, ApiState, json_response, page_token};
+use crate::query::page_token;
 use crate::schema::{Machine, MachinePage};
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {

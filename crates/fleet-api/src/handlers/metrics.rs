@@ -4,7 +4,8 @@
 use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 
-use crate::router::{ApiError, ApiState};
+use crate::api_state::ApiState;
+use crate::error::ApiError;
 
 pub async fn get(state: &ApiState, headers: &HeaderMap) -> Result<Response, ApiError> {
     let pull = &fleet_metrics::metrics().pull;

@@ -8,8 +8,9 @@ use axum::response::{IntoResponse, Response};
 use fleet_registry::RegistrationRecord;
 
 use super::tokens::{MAX_TTL_SECONDS, valid_name};
+use crate::api_state::ApiState;
 use crate::auth::tokens::{REGISTRATION_PREFIX, digest, generate, now_unix};
-use crate::router::{ApiError, ApiState, json_response};
+use crate::error::{ApiError, json_response};
 use crate::schema::{RegistrationToken, RegistrationTokenList, RegistrationTokenRequest};
 
 /// The most metadata pairs a token may carry.

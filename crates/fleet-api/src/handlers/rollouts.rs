@@ -12,8 +12,9 @@ use fleet_core::source::checks::check_source_name;
 use fleet_core::unit_name::UnitNameInfo;
 use fleet_registry::{RegistryError, RolloutRecord};
 
+use crate::api_state::ApiState;
 use crate::auth::tokens::now_unix;
-use crate::router::{ApiError, ApiState, json_response};
+use crate::error::{ApiError, json_response};
 use crate::schema::{Rollout as RolloutSchema, RolloutList, RolloutRequest, RolloutUnit as UnitSchema, UnitOption};
 
 /// The most units one rollout moves.

@@ -12,7 +12,8 @@ use fleet_core::source::checks::{
 };
 use fleet_registry::{SourceRecord, SourceStatus, Writer};
 
-use crate::router::{ApiError, ApiState, json_response};
+use crate::api_state::ApiState;
+use crate::error::{ApiError, json_response};
 use crate::schema::{Source, SourceList, SourceOutOfSync, SourceStatus as StatusSchema};
 
 /// The interval of a source that names none.

@@ -7,8 +7,10 @@ use std::sync::Arc;
 use fleet_core::access::Role;
 use fleet_registry::PageRequest;
 
+use crate::api_state::ApiState;
+use crate::error::{ApiError, json_response};
 use crate::pagination::serialized_size;
-use crate::router::{ApiError, ApiState, first_value, json_response, page_token};
+use crate::query::{first_value, page_token};
 use crate::schema::{UnitState, UnitStatePage};
 
 fn to_schema(state: fleet_core::UnitState) -> UnitState {

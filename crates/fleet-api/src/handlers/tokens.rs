@@ -6,8 +6,9 @@ use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_registry::TokenRecord;
 
+use crate::api_state::ApiState;
 use crate::auth::tokens::{TOKEN_PREFIX, digest, generate, now_unix};
-use crate::router::{ApiError, ApiState, json_response};
+use crate::error::{ApiError, json_response};
 use crate::schema::{Token, TokenList, TokenRequest};
 
 /// The longest lifetime a token may be given: ten years.

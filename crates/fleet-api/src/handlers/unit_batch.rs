@@ -14,7 +14,8 @@ use fleet_core::unit_name::validate_name;
 use fleet_registry::{UnitChange, UnitChanged, Writer};
 
 use super::units::{file_from_options, json_object, refuse_template_activation, validate_options};
-use crate::router::{ApiError, ApiState, json_response};
+use crate::api_state::ApiState;
+use crate::error::{ApiError, json_response};
 use crate::schema::{UnitBatch, UnitBatchResult, UnitBatchResults};
 
 /// The most units one request may carry (fleetctl sends at most this many at once).

@@ -9,8 +9,10 @@ use std::sync::Arc;
 
 use fleet_registry::{PageRequest, UnitView, Writer};
 
+use crate::api_state::ApiState;
+use crate::error::{ApiError, json_response};
 use crate::pagination::serialized_size;
-use crate::router::{ApiError, ApiState, json_response, page_token};
+use crate::query::page_token;
 use crate::schema::{Unit, UnitOption, UnitPage};
 
 /// Where a unit is shown: the original gives global units a current state of `inactive`

@@ -11,10 +11,11 @@ use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use tokio::sync::broadcast;
 
+use crate::api_state::ApiState;
 use crate::auth::Identity;
+use crate::error::ApiError;
 use crate::feed_slots::FeedSlot;
 use crate::live_view::{Patch, reset};
-use crate::router::{ApiError, ApiState};
 
 /// The page's files, by the name they are asked for under `/ui/`.
 pub const ASSETS: [(&str, &str, &str); 3] = [

@@ -10,6 +10,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::auth::Auth;
+use crate::{ApiState, TokenLimit};
 
 struct Api {
     router: Router,
