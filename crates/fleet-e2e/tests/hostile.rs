@@ -387,3 +387,32 @@ fn a_truncated_store_file_is_refused_at_start() {
     assert!(log.contains("restore it from a backup, or move it aside"), "{log}");
     assert_eq!(std::fs::metadata(&store).expect("still there").len(), 0, "left as it was");
 }
+
+/// Unit names that begin with `-` reached `systemctl`'s argument lists, `.service` and
+/// `...service` were accepted as names, and `Nice=`, `OOMScoreAdjust=`, `StartLimitBurst=`,
+/// `LimitNOFILE=` took `NaN`, `-1` and `1e23`. Each is refused at submission with the
+/// original's style of message, and nothing is stored.
+#[test]
+fn bad_names_and_numbers_are_refused_at_submission() {
+    let fleet = Fleetd::start("e2e0hostile0000b", &[]);
+    let body = r#"{"desiredState":"loaded","options":[{"section":"Service","name":"ExecStart","value":"/bin/true"}]}"#;
+    for (name, says) in [
+        ("-foo.service", "unit name cannot start in \\\"-\\\""),
+        (".service", "unit name cannot start in \\\".\\\""),
+        ("...service", "unit name cannot start in \\\".\\\""),
+    ] {
+        let answer = fleet.api("PUT", &format!("/fleet/v1/units/{name}"), body);
+        assert!(answer.starts_with("HTTP/1.0 400") || answer.starts_with("HTTP/1.1 400"), "{name}: {answer}");
+        assert!(answer.contains(says), "{name}: {answer}");
+    }
+    for (directive, value) in
+        [("Nice", "NaN"), ("OOMScoreAdjust", "-1001"), ("StartLimitBurst", "-1"), ("LimitNOFILE", "1e23")]
+    {
+        let text = format!("[Service]\nExecStart=/bin/sleep 1000\n{directive}={value}\n");
+        let path = write_unit(fleet.dir.path(), "numbers.service", &text);
+        let refused = fleet.fleetctl(&["start", "--no-block", &path]);
+        assert_ne!(refused.code, 0, "{refused:?}");
+        assert!(refused.stderr.contains(&format!("invalid value \"{value}\" for {directive}=")), "{refused:?}");
+    }
+    assert_eq!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout, "", "nothing was stored");
+}

@@ -90,7 +90,8 @@ fn main() {
         ],
     );
     let token = manager_fleetd
-        .ok(&["registration-token", "create", "--max-uses", &agents.to_string(), "bench"])
+        // The agents announce role=worker: a pull agent announces no more than its token grants.
+        .ok(&["registration-token", "create", "--max-uses", &agents.to_string(), "--metadata", "role=worker", "bench"])
         .stdout
         .trim()
         .to_string();
