@@ -147,11 +147,14 @@ impl NativeManager {
         let marker = supervisor_marker(&options.state_dir);
         wait_for_previous_keeper(&marker);
         let cgroups = CgroupBase::prepare(&marker);
-        if cgroups.is_none() {
-            if !options.allow_without_cgroups {
-                return Err(UnitManagerError::Unsupported(WITHOUT_CGROUPS.into()));
+        match &cgroups {
+            Some(base) => {
+                tracing::info!(dir = %base.dir().display(), "each unit's processes are held in a cgroup v2 below")
             }
-            tracing::warn!("no cgroup v2: units are tracked by process group and environment only");
+            None if options.allow_without_cgroups => {
+                tracing::warn!("no cgroup v2: units are tracked by process group and environment only");
+            }
+            None => return Err(UnitManagerError::Unsupported(WITHOUT_CGROUPS.into())),
         }
         let leftovers = cgroups.as_ref().map_or(0, CgroupBase::kill_everything) + kill_leftovers(&marker);
         if leftovers > 0 {
