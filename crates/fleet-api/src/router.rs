@@ -201,7 +201,7 @@ fn refusal_response(refusal: &Refused, route: &Route) -> Response {
         Refused::Unauthenticated(message) => {
             let mut response = ApiError::new(StatusCode::UNAUTHORIZED, message.as_str()).into_response();
             // A browser asks its user for the web view's credential (a token, as the password).
-            let challenge = if route.pattern.starts_with("/ui") {
+            let challenge = if route.pattern.starts_with("/ui") || route.pattern == "/" {
                 HeaderValue::from_static("Basic realm=\"fleet\", charset=\"UTF-8\"")
             } else {
                 HeaderValue::from_static("Bearer")

@@ -155,6 +155,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(POST "/fleet/v1/agents/{machine}/states", MachineFacet, Json, |s, c| agent_facet::report(s, c.param(), c.body).await),
     route!(POST "/fleet/v1/agents/{machine}/journal/{id}", MachineFacet, Json, |s, c| agent_facet::journal_answer(s, c.param(), c.second_param(), c.body)),
     route!(GET "/metrics", ReadMetrics, Empty, |s, c| metrics::get(s, c.headers).await),
+    route!(GET "/", List, Empty, |s, c| Ok(web::redirect_to_page())),
     route!(GET "/ui", List, Empty, |s, c| Ok(web::redirect_to_page())),
     route!(GET "/ui/", List, Empty, |s, c| web::asset("")),
     route!(GET "/ui/app.js", List, Empty, |s, c| web::asset("app.js")),
@@ -163,11 +164,13 @@ pub(crate) static ROUTES: &[Route] = &[
 ];
 
 /// Paths that exist but take no method at all (the original answers them 405 with no text).
-const WITHOUT_METHODS: [&str; 2] = ["/", "/fleet/v1"];
+const WITHOUT_METHODS: [&str; 1] = ["/fleet/v1"];
 
 /// The original's own words for the methods its resources refuse, where they differ from
 /// what the table lists (we serve more on them than it did).
-const ORIGINAL_REFUSALS: [(&str, &str); 2] = [
+const ORIGINAL_REFUSALS: [(&str, &str); 3] = [
+    // The original took no method on `/`; a browser's GET leads to the web view here.
+    ("/", ""),
     ("/fleet/v1/discovery", "only HTTP GET supported against this resource"),
     ("/fleet/v1/units", "only GET supported against this resource"),
 ];

@@ -39,7 +39,7 @@ fn hardened(mut response: Response) -> Response {
     response
 }
 
-/// `/ui` itself: to the page, so that its relative links resolve.
+/// `/` and `/ui` itself: to the page (so that its relative links resolve).
 pub fn redirect_to_page() -> Response {
     hardened((StatusCode::PERMANENT_REDIRECT, [(header::LOCATION, "/ui/")]).into_response())
 }

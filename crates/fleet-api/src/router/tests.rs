@@ -76,7 +76,7 @@ fn hello(desired: Option<&str>) -> Value {
 async fn routing_and_method_errors() {
     let api = api(100).await;
     let cases: &[(&str, &str, u16, &str)] = &[
-        ("GET", "/", 405, ""),
+        ("PUT", "/", 405, ""),
         ("GET", "/fleet/v1", 405, ""),
         ("GET", "/nothing", 404, ""),
         ("GET", "/fleet/v1/units/", 404, ""),
@@ -509,11 +509,16 @@ async fn the_web_view_asks_browsers_for_a_credential_and_serves_hardened_assets(
     assert!(page.headers()[header::CONTENT_SECURITY_POLICY].to_str().unwrap().contains("script-src 'self'"));
     let script = get("/ui/app.js", Peer::Unix { uid: Some(0) }).await.unwrap();
     assert_eq!(script.headers()[header::CONTENT_TYPE], "text/javascript; charset=utf-8");
-    let redirect = get("/ui", Peer::Unix { uid: Some(0) }).await.unwrap();
-    assert_eq!(
-        (redirect.status(), &redirect.headers()[header::LOCATION]),
-        (StatusCode::PERMANENT_REDIRECT, &HeaderValue::from_static("/ui/"))
-    );
+    for path in ["/ui", "/"] {
+        let redirect = get(path, Peer::Unix { uid: Some(0) }).await.unwrap();
+        assert_eq!(
+            (redirect.status(), &redirect.headers()[header::LOCATION]),
+            (StatusCode::PERMANENT_REDIRECT, &HeaderValue::from_static("/ui/")),
+            "{path}"
+        );
+    }
+    let root_refused = get("/", anonymous()).await.unwrap();
+    assert_eq!(root_refused.headers()[header::WWW_AUTHENTICATE], "Basic realm=\"fleet\", charset=\"UTF-8\"");
     assert_eq!(get("/ui/secret.txt", Peer::Unix { uid: Some(0) }).await.unwrap().status(), StatusCode::NOT_FOUND);
     assert_eq!(get("/ui/../metrics", Peer::Unix { uid: Some(0) }).await.unwrap().status(), StatusCode::NOT_FOUND);
 }

@@ -81,6 +81,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("POST", "/fleet/v1/agents/{machine}/states", "UDDDDDADUUUUX"),
     ("POST", "/fleet/v1/agents/{machine}/journal/{id}", "UDDDDDADUUUUX"),
     ("GET", "/metrics", "UAAADADDUUUUA"),
+    ("GET", "/", "UAAAAADDUUUUA"),
     ("GET", "/ui", "UAAAAADDUUUUA"),
     ("GET", "/ui/", "UAAAAADDUUUUA"),
     ("GET", "/ui/app.js", "UAAAAADDUUUUA"),
@@ -345,7 +346,7 @@ fn paths_match_whole_segments_and_methods_are_listed_as_the_original_words_them(
         Found::WrongMethod(message) => message,
         _ => panic!("{method} {path} is not a wrong method"),
     };
-    assert_eq!(refusal("/", Method::GET), "");
+    assert_eq!(refusal("/", Method::PUT), "");
     assert_eq!(refusal("/fleet/v1", Method::PUT), "");
     assert_eq!(refusal("/fleet/v1/units", Method::PUT), "only GET supported against this resource");
     assert_eq!(
