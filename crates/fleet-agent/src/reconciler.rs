@@ -139,6 +139,11 @@ impl Agent {
                         retry.reset();
                         self.config.reconcile_interval
                     }
+                    // Starting up: the copy wakes this loop once it has listed.
+                    Err(RegistryError::NotListedYet) => {
+                        tracing::debug!("the store's copy is not listed yet; waiting for it");
+                        RETRY_MIN
+                    }
                     Err(error) => {
                         let wait = retry.next_delay();
                         tracing::warn!(%error, retry_in = ?wait, "agent reconcile failed; running units are left alone");

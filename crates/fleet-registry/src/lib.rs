@@ -45,6 +45,10 @@ pub enum RegistryError {
     /// The store could not be reached or failed; the caller may retry.
     #[error("registry unavailable: {0}")]
     Unavailable(String),
+    /// The watch-fed copy a reader uses has not made its first listing yet (a fleetd starting
+    /// up): the reader is woken when it has, so this is no failure to report.
+    #[error("registry unavailable: the store's copy is not listed yet")]
+    NotListedYet,
     /// The store holds something this version cannot read.
     #[error("registry holds unreadable data under {key}: {reason}")]
     Corrupt { key: String, reason: String },

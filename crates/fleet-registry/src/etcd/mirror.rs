@@ -150,7 +150,7 @@ impl Mirror {
     /// The copy, or `Unavailable` before the first listing.
     pub fn synced(&self) -> Result<RwLockReadGuard<'_, MirrorData>> {
         let data = self.read();
-        if data.synced { Ok(data) } else { Err(RegistryError::Unavailable("etcd: not listed yet".to_string())) }
+        if data.synced { Ok(data) } else { Err(RegistryError::NotListedYet) }
     }
 
     pub fn changes(&self) -> ChangeSignal {
