@@ -5,6 +5,7 @@ mod journal_log;
 mod process_setup;
 mod pull;
 mod ready_probe;
+mod reconcile_timing;
 mod run;
 mod service_manager;
 mod store;

@@ -13,12 +13,9 @@ use fleet_unit_manager::UnitManager;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+use crate::reconcile_timing::{DEBOUNCE, PULL_RECONCILE_INTERVAL};
 use crate::supervise::supervise;
 use fleetd::config::Config;
-
-/// The agent's fallback reconcile period on a pull agent: its changes arrive by long poll,
-/// and the long poll itself keeps it present, so the fallback is only a safety net.
-pub const PULL_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
 
 /// How long a request to the manager may take.
 const MANAGER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -151,7 +148,7 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
         let agent_config = AgentConfig {
             machine: machine.clone(),
             reconcile_interval: PULL_RECONCILE_INTERVAL,
-            debounce: crate::run::DEBOUNCE,
+            debounce: DEBOUNCE,
             // A pull agent has no lease of its own: its manager holds its presence.
             stop_units_when_cut_off: None,
         };

@@ -25,17 +25,14 @@ use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
 use crate::supervise::supervise;
 use crate::{host, store};
 use fleetd::api_security::{self, Transport};
 use fleetd::config::{Config, UnitManagerChoice};
 
-/// The agent's fallback reconcile period (the original's fixed 5 s).
-pub const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 /// How long the API may take to answer its first request once it serves.
 const READY_LIMIT: Duration = Duration::from_secs(30);
-/// How long a burst of changes may settle before a reconcile acts on it.
-pub const DEBOUNCE: Duration = Duration::from_millis(10);
 /// How often the engine leader looks for a git source that is due (a webhook or a change is
 /// picked up within this; two small reads of the store each time, on the leader only).
 const SOURCE_TICK: Duration = Duration::from_millis(250);
