@@ -19,11 +19,11 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use fleet_core::access::{Access, Action, decide};
+use fleet_core::access::{Access, Action, Role, decide};
 
 use crate::api_state::ApiState;
 use crate::auth::audit::{self, AuditEntry};
-use crate::auth::{Identity, Peer, Refused, Via};
+use crate::auth::{Identity, Peer, Refused};
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::host_check::HostCheck;
@@ -171,12 +171,14 @@ pub(crate) async fn admit(state: &ApiState, asked: Asked<'_>, body: Body) -> Res
             return Err(turned(ApiError::new(StatusCode::FORBIDDEN, message).into_response(), Some(Ok(identity))));
         }
     }
-    if route.need == Need::MachineFacet && identity.via == Via::Certificate && *method != Method::DELETE {
-        // Any request of a machine's own keeps it present, but its leaving.
-        if let Err(full) = state.agent_presence.heard(&identity_machine(&identity)) {
-            let response = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, full.to_string()).into_response();
-            return Err(turned(response, Some(Ok(identity))));
-        }
+    // Any request of a machine's own keeps it present, but its leaving.
+    if let Role::Machine { id } = &identity.role
+        && route.need == Need::MachineFacet
+        && *method != Method::DELETE
+        && let Err(full) = state.agent_presence.heard(id)
+    {
+        let response = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, full.to_string()).into_response();
+        return Err(turned(response, Some(Ok(identity))));
     }
     let body = match read {
         Some(bytes) => bytes,
@@ -186,14 +188,6 @@ pub(crate) async fn admit(state: &ApiState, asked: Asked<'_>, body: Body) -> Res
         },
     };
     Ok(Admitted { identity, body })
-}
-
-/// The machine a machine's certificate names.
-fn identity_machine(identity: &Identity) -> String {
-    match &identity.role {
-        fleet_core::access::Role::Machine { id } => id.clone(),
-        _ => String::new(),
-    }
 }
 
 fn refusal_response(refusal: &Refused, route: &Route) -> Response {

@@ -213,19 +213,20 @@ fn canonical(path: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// The parameters `path` gives `pattern`'s `{…}` segments, or `None` when it does not match.
+/// Every request is tried against the patterns in turn, so the segments are compared first
+/// and only a whole match has its parameters decoded.
 fn matches(pattern: &str, path: &str) -> Option<Vec<String>> {
-    let (mut wanted, mut given) = (pattern.split('/'), path.split('/'));
-    let mut params = Vec::new();
-    loop {
-        match (wanted.next(), given.next()) {
-            (None, None) => return Some(params),
-            (Some(segment), Some(text)) if segment.starts_with('{') => {
-                params.push(crate::query::percent_decode(text).filter(|name| !name.is_empty())?);
-            }
-            (Some(segment), Some(text)) if segment == text => {}
-            _ => return None,
-        }
+    if pattern.split('/').count() != path.split('/').count() {
+        return None;
     }
+    let pairs = || pattern.split('/').zip(path.split('/'));
+    if !pairs().all(|(segment, text)| segment.starts_with('{') || segment == text) {
+        return None;
+    }
+    pairs()
+        .filter(|(segment, _)| segment.starts_with('{'))
+        .map(|(_, text)| crate::query::percent_decode(text).filter(|name| !name.is_empty()))
+        .collect()
 }
 
 /// "only GET, PUT and DELETE supported against this resource".

@@ -104,9 +104,14 @@ fn a_machine_id_and_its_grants_belong_to_the_key_that_joined() {
         "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=role=db\n",
     );
     manager.fleetctl_in(units.path(), &["start", "--no-block", "db.service"]);
-    manager.wait_until("db.service is known and unplaced", WAIT, |manager| {
-        manager.ok(&["list-unit-files", "--no-legend", "--full"]).stdout.contains("db.service")
-    });
+    // The engine plans it and finds no machine: victim-1 has no role=db, whatever it said.
+    let row = |manager: &fleet_e2e::Fleetd| {
+        let rows = manager.ok(&["list-unit-files", "--no-legend", "--full", "--fields", "unit,tmachine,reason"]).stdout;
+        rows.lines().find(|row| row.starts_with("db.service")).map(str::to_string).unwrap_or_default()
+    };
+    manager
+        .wait_until("the engine says why db.service has no machine", WAIT, |manager| row(manager).contains("role=db"));
+    assert!(!row(manager).contains("victim-1"), "{}", row(manager));
 
     // Offline (a clean leave); a holder of the token joins with its ID and another key.
     assert_eq!(lab.call(&victim, "DELETE", "/fleet/v1/agents/victim-1/machine", None).status, 204);

@@ -301,20 +301,8 @@ const OPTIONS: &[(&str, Setter)] = &[
         };
         assign(&mut config.native_without_cgroups, allow)
     }),
-    ("source_max_units", |config, name, value| {
-        let limit = value.parse::<usize>().ok().filter(|limit| (1..=1_000_000).contains(limit));
-        assign(
-            &mut config.source_max_units,
-            limit.ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000000")),
-        )
-    }),
-    ("api_max_connections", |config, name, value| {
-        let limit = value.parse::<usize>().ok().filter(|limit| (1..=1_000_000).contains(limit));
-        assign(
-            &mut config.api_max_connections,
-            limit.ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000000")),
-        )
-    }),
+    ("source_max_units", |config, name, value| assign(&mut config.source_max_units, parse_count(name, value))),
+    ("api_max_connections", |config, name, value| assign(&mut config.api_max_connections, parse_count(name, value))),
     ("agent_ca_cert_file", |config, name, value| assign(&mut config.agent_ca_cert_file, existing_file(name, value))),
     ("agent_ca_key_file", |config, name, value| assign(&mut config.agent_ca_key_file, existing_file(name, value))),
     ("agent_cert_lifetime", |config, name, value| {
@@ -373,6 +361,12 @@ fn parse_list(value: &str) -> Vec<String> {
 
 /// fleet.conf's boolean grammar (the original's flag parsing): `1 t true yes on` or
 /// `0 f false no off` and empty, in any case; anything else is an error naming the option.
+/// A count bound from 1 to a million (connections, units).
+fn parse_count(name: &str, value: &str) -> Result<usize, ConfigError> {
+    let count = value.parse::<usize>().ok().filter(|count| (1..=1_000_000).contains(count));
+    count.ok_or_else(|| bad(name, value, "expected a whole number from 1 to 1000000"))
+}
+
 fn parse_config_bool(name: &str, value: &str) -> Result<bool, ConfigError> {
     match value.to_ascii_lowercase().as_str() {
         "1" | "t" | "true" | "yes" | "on" => Ok(true),

@@ -9,7 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use base64::Engine as _;
 use fleet_core::access::Role;
 use fleet_core::secret::find_by_hash;
-use fleet_registry::{CredentialRegistry, RegistrationRecord, RegistrationRefused, TokenRecord};
+use fleet_registry::{CredentialRegistry, RegistrationRecord, RegistrationRefused, RegistryError, TokenRecord};
+use futures_util::future::BoxFuture;
 
 use super::store_cache::StoreCache;
 
@@ -73,9 +74,49 @@ pub fn now_unix() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_secs())
 }
 
-/// The record among `records` whose hash is `digest`.
-fn find<'a>(records: &'a [TokenRecord], digest: &str) -> Option<&'a TokenRecord> {
-    find_by_hash(records, digest, |record| record.sha256.as_str())
+/// A credential the store keeps by its hash: bearer tokens, registration tokens.
+trait Hashed: Clone + Send + Sync + 'static {
+    fn sha256(&self) -> &str;
+    /// Every record of the kind, from the store.
+    fn read(registry: &dyn CredentialRegistry) -> BoxFuture<'_, Result<Vec<Self>, RegistryError>>;
+}
+
+impl Hashed for TokenRecord {
+    fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    fn read(registry: &dyn CredentialRegistry) -> BoxFuture<'_, Result<Vec<Self>, RegistryError>> {
+        registry.tokens()
+    }
+}
+
+impl Hashed for RegistrationRecord {
+    fn sha256(&self) -> &str {
+        &self.sha256
+    }
+
+    fn read(registry: &dyn CredentialRegistry) -> BoxFuture<'_, Result<Vec<Self>, RegistryError>> {
+        registry.registrations()
+    }
+}
+
+/// The record whose hash is `digest`, from `cache`, read again from `registry` when the last
+/// read is older than [`FRESH_FOR`] (or, for a hash it does not hold, than
+/// [`UNKNOWN_RECHECK_AFTER`]: a token made on another fleetd works at once).
+async fn lookup<T: Hashed>(
+    cache: &StoreCache<T>,
+    registry: &dyn CredentialRegistry,
+    digest: &str,
+) -> Result<Option<T>, TokenError> {
+    for fresh_for in [FRESH_FOR, UNKNOWN_RECHECK_AFTER] {
+        let records = cache.get(fresh_for, async || T::read(registry).await).await;
+        let records = records.map_err(|_| TokenError::Unavailable)?;
+        if let Some(found) = find_by_hash(records.iter(), digest, |record| record.sha256()) {
+            return Ok(Some(found.clone()));
+        }
+    }
+    Ok(None)
 }
 
 /// Checks presented tokens against the store.
@@ -96,24 +137,11 @@ impl TokenCheck {
         if !well_formed(presented, REGISTRATION_PREFIX) {
             return Err(TokenError::Malformed);
         }
-        let digest = digest(presented);
-        let read = async |fresh_for| {
-            let records = self.registrations.get(fresh_for, async || self.registry.registrations().await).await;
-            records.map_err(|_| TokenError::Unavailable)
-        };
-        let mut records = read(FRESH_FOR).await?;
-        if find_by_hash(records.iter(), &digest, |record| record.sha256.as_str()).is_none() {
-            records = read(UNKNOWN_RECHECK_AFTER).await?;
-        }
-        let record = find_by_hash(records.iter(), &digest, |record| record.sha256.as_str())
+        let record = lookup(&self.registrations, self.registry.as_ref(), &digest(presented))
+            .await?
             .ok_or(TokenError::Registration(RegistrationRefused::Unknown))?;
         record.usable_at(now_unix()).map_err(TokenError::Registration)?;
-        Ok(record.name.clone())
-    }
-
-    /// The store's tokens, read again when the last read is older than `fresh_for`.
-    async fn records(&self, fresh_for: Duration) -> Result<Arc<Vec<TokenRecord>>, TokenError> {
-        self.tokens.get(fresh_for, async || self.registry.tokens().await).await.map_err(|_| TokenError::Unavailable)
+        Ok(record.name)
     }
 
     /// Forgets the last read, so the next check reads the store (after a change made here).
@@ -126,12 +154,8 @@ impl TokenCheck {
         if !well_formed(presented, TOKEN_PREFIX) {
             return Err(TokenError::Malformed);
         }
-        let digest = digest(presented);
-        let mut records = self.records(FRESH_FOR).await?;
-        if find(&records, &digest).is_none() {
-            records = self.records(UNKNOWN_RECHECK_AFTER).await?;
-        }
-        let record = find(&records, &digest).ok_or(TokenError::Unknown)?;
+        let record =
+            lookup(&self.tokens, self.registry.as_ref(), &digest(presented)).await?.ok_or(TokenError::Unknown)?;
         if record.expires.is_some_and(|expires| expires <= now_unix()) {
             return Err(TokenError::Expired);
         }
@@ -164,8 +188,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn lookup_by_hash() {
+    #[tokio::test]
+    async fn tokens_are_looked_up_by_hash() {
         let record = |name: &str, sha256: &str| TokenRecord {
             name: name.into(),
             role: "viewer".into(),
@@ -174,8 +198,13 @@ mod tests {
             created: 0,
             expires: None,
         };
-        let records = [record("a", "11"), record("b", "22")];
-        assert_eq!(find(&records, "22").map(|r| r.name.as_str()), Some("b"));
-        assert!(find(&records, "33").is_none());
+        let dir = tempfile::tempdir().unwrap();
+        let registry = fleet_registry::embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+        registry.create_token(&record("a", "11")).await.unwrap();
+        registry.create_token(&record("b", "22")).await.unwrap();
+        let cache = StoreCache::new("tokens");
+        let found = lookup::<TokenRecord>(&cache, &registry, "22").await.map(|record| record.map(|r| r.name));
+        assert_eq!(found, Ok(Some("b".into())));
+        assert_eq!(lookup::<TokenRecord>(&cache, &registry, "33").await, Ok(None));
     }
 }

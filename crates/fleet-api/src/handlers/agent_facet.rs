@@ -62,22 +62,15 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
     if request.version.len() > 64 || request.version.chars().any(char::is_control) {
         return Err(ApiError::bad_request("invalid version"));
     }
-    let presented = identity.key_sha256.clone().unwrap_or_default();
-    let bound = state.registry.machine_identity(machine_id).await?;
+    let bound = super::agents::held_identity(state, machine_id, identity).await?;
     let granted = match &bound {
-        Some(bound) if bound.key_sha256 != presented => {
-            return Err(ApiError::new(
-                StatusCode::FORBIDDEN,
-                format!("this certificate's key no longer holds machine {machine_id:?}"),
-            ));
-        }
         Some(bound) => admit_announce(bound, &request.metadata, &request.public_ip)
             .map_err(|refused| ApiError::new(StatusCode::FORBIDDEN, refused.to_string()))?,
         None => {
             tracing::info!(machine = machine_id, "a machine that joined before identities were kept: bound to its key");
             MachineIdentity {
                 id: machine_id.clone(),
-                key_sha256: presented,
+                key_sha256: identity.key_sha256.clone().unwrap_or_default(),
                 registration: String::new(),
                 joined: crate::auth::tokens::now_unix(),
                 metadata: request.metadata.clone(),

@@ -81,7 +81,6 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
         };
         ApiError::new(status, refused.to_string())
     })?;
-    state.auth.forget_revoked().await;
     tracing::info!(
         machine = request.machine_id,
         registration = record.name,
@@ -98,6 +97,24 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
     Ok(json_response(StatusCode::CREATED, &answer))
 }
 
+/// The identity of `machine_id` that the certificate `identity` presents still holds (`None`
+/// for a machine that joined before identities were kept); 403 when its key no longer holds
+/// the ID (another key took it after the machine was revoked and forgotten).
+pub(crate) async fn held_identity(
+    state: &ApiState,
+    machine_id: &str,
+    identity: &Identity,
+) -> Result<Option<MachineIdentity>, ApiError> {
+    let bound = state.registry.machine_identity(machine_id).await?;
+    if bound.as_ref().is_some_and(|bound| Some(&bound.key_sha256) != identity.key_sha256.as_ref()) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("this certificate's key no longer holds machine {machine_id:?}"),
+        ));
+    }
+    Ok(bound)
+}
+
 /// A machine renews its certificate, by the one it holds, perhaps over a new key: the ID
 /// moves to the new key only when the one presented still holds it.
 pub async fn renew(state: &ApiState, identity: &Identity, body: &[u8]) -> Result<Response, ApiError> {
@@ -107,14 +124,7 @@ pub async fn renew(state: &ApiState, identity: &Identity, body: &[u8]) -> Result
     let ca = agent_ca(state)?;
     let request: AgentRenewRequest = serde_json::from_slice(body)
         .map_err(|error| ApiError::bad_request(format!("invalid renew request: {error}")))?;
-    let presented = identity.key_sha256.as_deref().unwrap_or_default();
-    let bound = state.registry.machine_identity(machine_id).await?;
-    if bound.as_ref().is_some_and(|bound| bound.key_sha256 != presented) {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!("this certificate's key no longer holds machine {machine_id:?}"),
-        ));
-    }
+    let bound = held_identity(state, machine_id, identity).await?;
     let (certificate, expires) = sign(ca, machine_id, &request.csr)?;
     if let Some(bound) = bound {
         let key_sha256 = signed_key(&certificate)?;

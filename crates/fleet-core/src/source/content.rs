@@ -110,8 +110,9 @@ pub fn read_source(files: &[(String, String)], max_units: usize) -> SourceConten
     if content.units.len() > max_units {
         content.halted = true;
         content.problems.push(FileProblem { path: ".".into(), line: None, problem: too_many(max_units) });
+    } else {
+        apply_desired_lines(&mut content, &desired_lines, max_units);
     }
-    apply_desired_lines(&mut content, &desired_lines, max_units);
     // No unit file at all is taken for a mistake (a wrong path, an emptied branch) rather than
     // an order to destroy every unit the source made: a source meant to hold nothing is removed.
     if content.units.is_empty() && content.broken.is_empty() && !content.halted {

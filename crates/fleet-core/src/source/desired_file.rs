@@ -45,14 +45,6 @@ pub enum Instances {
 }
 
 impl Instances {
-    /// How many names there are.
-    pub fn count(&self) -> u64 {
-        match self {
-            Self::One(_) => 1,
-            Self::Range { from, to, .. } => to - from + 1,
-        }
-    }
-
     /// The names, in order.
     pub fn names(&self) -> Box<dyn Iterator<Item = String> + '_> {
         match self {

@@ -165,7 +165,7 @@ impl CredentialRegistry for EmbeddedRegistry {
     }
 
     async fn put_machine_identity(&self, identity: &MachineIdentity) -> Result<()> {
-        self.put_named(tables::IDENTITIES, &identity.id.clone(), identity.clone()).await
+        self.put_named(tables::IDENTITIES, &identity.id, identity.clone()).await
     }
 
     async fn forget_machine(&self, machine_id: &str) -> Result<bool> {

@@ -171,8 +171,8 @@ impl CredentialRegistry for EtcdRegistry {
     }
 
     async fn put_machine_identity(&self, identity: &MachineIdentity) -> Result<()> {
-        let put = TxnOp::put(self.keys().identity(&identity.id), encode(identity), None);
-        self.connection().txn(Txn::new().and_then(vec![put])).await.map(drop)
+        // A lone put, never a one-operation transaction (see `Connection::write`); no lease.
+        self.connection().write(&[(self.keys().identity(&identity.id), Some(encode(identity)))], 0).await
     }
 
     async fn forget_machine(&self, machine_id: &str) -> Result<bool> {
