@@ -144,6 +144,20 @@ impl Agent {
                         tracing::debug!("the store's copy is not listed yet; waiting for it");
                         RETRY_MIN
                     }
+                    // None of what runs here can be shown to be this machine's any more: it
+                    // stops now, and what is still scheduled here starts again once the work
+                    // can be read. The copy wakes this loop when it can.
+                    Err(RegistryError::PresenceLapsed) => {
+                        if !self.loaded.is_empty() {
+                            tracing::warn!(
+                                units = self.loaded.len(),
+                                "this machine's presence lapsed: stopping its units until its work shows which are still its own"
+                            );
+                            self.stop_and_unload_all("its presence lapsed").await;
+                        }
+                        retry.reset();
+                        RETRY_MIN
+                    }
                     Err(error) => {
                         let wait = retry.next_delay();
                         tracing::warn!(%error, retry_in = ?wait, "agent reconcile failed; running units are left alone");
@@ -187,19 +201,24 @@ impl Agent {
                     units = self.loaded.len(),
                     "cut off from the store for agent_ttl: stopping this machine's units, which may now run elsewhere"
                 );
-                if let Err(error) = self.manager.stop_all().await {
-                    tracing::warn!(%error, "stopping units when cut off");
-                }
-                let names: Vec<String> = self.loaded.keys().cloned().collect();
-                for name in names {
-                    if let Err(error) = self.manager.unload(&name).await {
-                        tracing::warn!(unit = name, %error, "unloading a unit when cut off");
-                    }
-                    self.loaded.remove(&name);
-                }
+                self.stop_and_unload_all("cut off").await;
                 self.fenced = true;
                 None
             }
+        }
+    }
+
+    /// Stops and unloads every unit this agent holds (`why`, for the log).
+    async fn stop_and_unload_all(&mut self, why: &str) {
+        if let Err(error) = self.manager.stop_all().await {
+            tracing::warn!(%error, why, "stopping every unit");
+        }
+        let names: Vec<String> = self.loaded.keys().cloned().collect();
+        for name in names {
+            if let Err(error) = self.manager.unload(&name).await {
+                tracing::warn!(unit = name, %error, why, "unloading a unit");
+            }
+            self.loaded.remove(&name);
         }
     }
 

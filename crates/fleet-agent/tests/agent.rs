@@ -149,6 +149,19 @@ struct FlakyStore {
     bodies_down: std::sync::atomic::AtomicBool,
     /// Every read of the machine's work: one per agent pass.
     reads: std::sync::atomic::AtomicUsize,
+    /// Whether the machine's presence lapsed and its work since is not read yet (etcd: its
+    /// lease expired and its copy has not caught up with its registering again).
+    lapsed: std::sync::atomic::AtomicBool,
+    /// The agent's wake-up: the store's own, forwarded, or [`FlakyStore::wake`].
+    changes: watch::Sender<u64>,
+}
+
+impl FlakyStore {
+    /// Wakes the agent as a store does when what it may read changed though its copy did
+    /// not (etcd: the presence lapsed).
+    fn wake(&self) {
+        self.changes.send_modify(|generation| *generation += 1);
+    }
 }
 
 #[async_trait::async_trait]
@@ -166,6 +179,9 @@ impl fleet_registry::AgentRegistry for FlakyStore {
             self.attempts.fetch_add(1, Ordering::SeqCst);
             return Err(fleet_registry::RegistryError::unavailable("flaky store", "down for the test"));
         }
+        if self.lapsed.load(Ordering::SeqCst) {
+            return Err(fleet_registry::RegistryError::PresenceLapsed);
+        }
         self.store.machine_work(machine_id).await
     }
     async fn unit_body(&self, hash: &fleet_core::UnitHash) -> fleet_registry::Result<Option<UnitFile>> {
@@ -182,7 +198,14 @@ impl fleet_registry::AgentRegistry for FlakyStore {
         self.store.report_states(machine_id, reports).await
     }
     fn machine_changes(&self, machine_id: &str) -> fleet_registry::ChangeSignal {
-        self.store.machine_changes(machine_id)
+        let mut store_changes = self.store.machine_changes(machine_id);
+        let forward = self.changes.clone();
+        tokio::spawn(async move {
+            while store_changes.changed().await.is_ok() {
+                forward.send_modify(|generation| *generation += 1);
+            }
+        });
+        self.changes.subscribe()
     }
 }
 
@@ -203,6 +226,8 @@ fn start_on_flaky_with(
         attempts: 0.into(),
         bodies_down: false.into(),
         reads: 0.into(),
+        lapsed: false.into(),
+        changes: watch::channel(0).0,
     });
     let manager = Arc::new(FakeUnitManager::new());
     let (lifecycle, watch) = watch::channel(Lifecycle::Running);
@@ -305,4 +330,52 @@ async fn a_unit_taken_away_stops_even_while_new_content_cannot_be_read() {
     flaky.bodies_down.store(false, Ordering::SeqCst);
     eventually("b.service starts once its content can be read", async || manager.state("b.service") == running()).await;
     assert_eq!(manager.starts(), 3, "kept.service was never restarted");
+}
+
+/// A machine that learns its presence lapsed acts on it at once, however long its backoff
+/// after an outage: it stops every unit (the engine may have placed any of them elsewhere),
+/// and once its work can be read again it runs what is still its own, and only that.
+#[tokio::test(start_paused = true)]
+async fn a_lapsed_presence_stops_every_unit_at_once_until_the_work_shows_what_is_still_here() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    schedule(&store, "moved.service", DesiredState::Launched).await;
+    schedule(&store, "kept.service", DesiredState::Launched).await;
+    let (flaky, manager, _agent) = start_on_flaky(&store);
+    eventually("both run", async || {
+        manager.state("moved.service") == running() && manager.state("kept.service") == running()
+    })
+    .await;
+
+    // An outage long enough that the agent's backoff has grown to many seconds.
+    flaky.down.store(true, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(manager.state("moved.service"), running(), "the outage stopped nothing");
+
+    // The lease expired meanwhile, and the engine took one unit away (as it moves a unit
+    // whose machine went away; the store's apply rule wants that machine gone for that
+    // reason, so here it is taken away as an inactive one is: the agent cannot tell).
+    let lease = store.acquire_leadership("engine").await.unwrap().unwrap();
+    let away = Decision::Unschedule {
+        unit: "moved.service".into(),
+        machine: MACHINE.into(),
+        reason: UnscheduleReason::TargetStateInactive,
+    };
+    store.apply(&lease, &[away], &[]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Back in touch, the store learns the presence lapsed and wakes the agent.
+    flaky.lapsed.store(true, Ordering::SeqCst);
+    flaky.down.store(false, Ordering::SeqCst);
+    let woken = tokio::time::Instant::now();
+    flaky.wake();
+    eventually("every unit stops", async || {
+        manager.state("moved.service").is_none() && manager.state("kept.service").is_none()
+    })
+    .await;
+    assert!(woken.elapsed() < Duration::from_secs(1), "stopped {:?} after the wake-up", woken.elapsed());
+
+    flaky.lapsed.store(false, Ordering::SeqCst);
+    eventually("what is still here runs again", async || manager.state("kept.service") == running()).await;
+    assert_eq!(manager.state("moved.service"), None, "what moved away stays stopped");
 }

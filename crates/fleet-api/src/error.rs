@@ -31,7 +31,7 @@ impl From<RegistryError> for ApiError {
     fn from(error: RegistryError) -> Self {
         tracing::warn!(%error, "registry error while serving the API");
         match error {
-            RegistryError::Unavailable(_) | RegistryError::NotListedYet => {
+            RegistryError::Unavailable(_) | RegistryError::NotListedYet | RegistryError::PresenceLapsed => {
                 Self::new(StatusCode::SERVICE_UNAVAILABLE, "fleet server unable to communicate with etcd")
             }
             RegistryError::Corrupt { .. } => Self::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),

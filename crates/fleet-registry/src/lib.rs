@@ -49,6 +49,12 @@ pub enum RegistryError {
     /// up): the reader is woken when it has, so this is no failure to report.
     #[error("registry unavailable: the store's copy is not listed yet")]
     NotListedYet,
+    /// This machine's presence lapsed (its lease expired), and no copy of its work read since
+    /// it registered again shows which of its units are still its own: the engine may have
+    /// placed any of them elsewhere meanwhile. An agent stops what it runs until it can read
+    /// its work again.
+    #[error("this machine's presence lapsed and its work since registering again is not read yet")]
+    PresenceLapsed,
     /// The store holds something this version cannot read.
     #[error("registry holds unreadable data under {key}: {reason}")]
     Corrupt { key: String, reason: String },

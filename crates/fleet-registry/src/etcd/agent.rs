@@ -161,12 +161,7 @@ impl EtcdRegistry {
         let data = mirror.synced()?;
         let rejoined_at = self.session(machine_id).map_or(0, |session| session.rejoined_at());
         if !data.current_since(rejoined_at) {
-            return Err(RegistryError::unavailable(
-                "etcd",
-                format!(
-                    "this machine's copy of its work has not caught up with its registering again at revision {rejoined_at}"
-                ),
-            ));
+            return Err(RegistryError::PresenceLapsed);
         }
         let keys = self.keys();
         let machine_key = keys.machine(machine_id);

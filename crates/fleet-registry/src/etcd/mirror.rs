@@ -143,6 +143,11 @@ impl Mirror {
         self.relist.notify_one();
     }
 
+    /// Wakes the copy's readers though it did not change: what they may read of it did.
+    pub fn poke(&self) {
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
         self.data.read().unwrap_or_else(|poisoned| poisoned.into_inner())
     }

@@ -253,6 +253,19 @@ impl EtcdRegistry {
             .clone()
     }
 
+    /// Wakes `machine_id`'s agent without a change to its copy: what it may read changed
+    /// (its presence lapsed, or it registered again).
+    fn wake_agent(&self, machine_id: &str) {
+        if !self.inner.serve_many_machines {
+            self.machine_mirror(machine_id).poke();
+            return;
+        }
+        let signals = self.inner.work_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(signal) = signals.get(machine_id) {
+            signal.send_modify(|revision| *revision += 1);
+        }
+    }
+
     /// Moves when `machine_id`'s work may have changed.
     fn work_changes(&self, machine_id: &str) -> crate::ChangeSignal {
         if !self.inner.serve_many_machines {

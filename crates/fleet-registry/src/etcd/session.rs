@@ -99,11 +99,15 @@ pub struct MachineSession {
     /// rather than a pull agent's that this fleetd holds as its manager.
     own: bool,
     /// The store revision at which the machine registered again after its lease expired (0:
-    /// it never did). Its work is read only from a copy whose every range has seen that
-    /// revision: an older copy may still hold units the engine moved away while the lease
-    /// was gone.
+    /// it never did; [`LAPSED`] while it has not yet). Its work is read only from a copy
+    /// whose every range has seen that revision: an older copy may still hold units the
+    /// engine moved away while the lease was gone.
     rejoined_at: AtomicI64,
 }
+
+/// [`MachineSession::rejoined_at`] from the moment etcd says the lease expired until the
+/// machine has registered again: no copy is current since then.
+const LAPSED: i64 = i64::MAX;
 
 impl MachineSession {
     pub fn lease(&self) -> i64 {
@@ -217,6 +221,7 @@ impl EtcdRegistry {
     /// Starts a session for `machine`: a new lease and the presence (or the lease a crashed
     /// predecessor on this machine left alive), and the keepalive.
     pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
+        let sent = std::time::Instant::now();
         let taken_over = match self.own_live_lease(machine).await? {
             Some((lease, _)) => {
                 tracing::info!(lease, "taking over the machine lease this fleetd holds already");
@@ -230,13 +235,21 @@ impl EtcdRegistry {
             }
             None => None,
         };
-        let lease = match taken_over {
-            Some(lease) => lease,
-            None => self.claim_new_presence(machine).await?.0,
+        let (lease, renewed) = match taken_over {
+            // A lease found alive may be about to expire (its last renewal was the dead
+            // fleetd's): it counts as renewed only from a renewal of this fleetd's.
+            Some(lease) => {
+                let sent = std::time::Instant::now();
+                if !renew(self.connection(), lease, &mut None).await? {
+                    return Err(RegistryError::unavailable("etcd", "the machine lease expired as it was taken over"));
+                }
+                (lease, sent)
+            }
+            None => (self.claim_new_presence(machine).await?.0, sent),
         };
         self.note_unconfirmed_claim(&machine.id, None);
         self.record_lease(Some(lease));
-        self.start_session(machine, lease, BTreeMap::new(), true);
+        self.start_session(machine, lease, BTreeMap::new(), true, renewed);
         Ok(())
     }
 
@@ -244,6 +257,7 @@ impl EtcdRegistry {
     /// record and the unit states it reported moved under it (whichever manager held them
     /// before), and the keepalive. This fleetd's own lease record is left alone.
     pub(super) async fn take_over_session(&self, machine: &MachineState) -> Result<()> {
+        let sent = std::time::Instant::now();
         let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
         let keys = self.keys();
         let prefix = keys.state(&machine.id, "");
@@ -262,20 +276,27 @@ impl EtcdRegistry {
                 return Err(error);
             }
         }
-        self.start_session(machine, lease, states, false);
+        self.start_session(machine, lease, states, false, sent);
         Ok(())
     }
 
     /// Keeps `lease` alive for `machine` from now on.
-    fn start_session(&self, machine: &MachineState, lease: i64, states: BTreeMap<String, Vec<u8>>, own: bool) {
+    /// `renewed`: when the request that granted or last renewed the lease was sent.
+    fn start_session(
+        &self,
+        machine: &MachineState,
+        lease: i64,
+        states: BTreeMap<String, Vec<u8>>,
+        own: bool,
+        renewed: std::time::Instant,
+    ) {
         let session = Arc::new(MachineSession {
             machine: Mutex::new(machine.clone()),
             lease: AtomicI64::new(lease),
             states: Mutex::new(states),
             to_restore: Mutex::new(BTreeMap::new()),
             keepalive: Mutex::new(None),
-            // The lease was granted (or found alive) just now.
-            renewed: Mutex::new(std::time::Instant::now()),
+            renewed: Mutex::new(renewed),
             own,
             rejoined_at: AtomicI64::new(0),
         });
@@ -341,7 +362,13 @@ impl EtcdRegistry {
                 }
                 Ok(false) => {
                     let machine_id = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).id.clone();
-                    tracing::warn!(machine_id, "machine lease expired; registering again");
+                    if session.rejoined_at() != LAPSED {
+                        tracing::warn!(machine_id, "machine lease expired; registering again");
+                        // From now on no copy shows what is still this machine's: its agent
+                        // is told at once, whatever its backoff, and stops what it runs.
+                        session.rejoined_at.store(LAPSED, Ordering::SeqCst);
+                        self.wake_agent(&machine_id);
+                    }
                     match self.reopen(&session).await {
                         Ok(()) => {
                             renewal_retry.reset();
@@ -393,6 +420,7 @@ impl EtcdRegistry {
         // leader while other members answered the registration): a fresh listing is read
         // through a member that answers, and wakes the agent.
         self.work_mirror(&machine.id).relist();
+        self.wake_agent(&machine.id);
         if session.own {
             self.record_lease(Some(lease));
         }
