@@ -68,3 +68,6 @@ target/debug/bench-web 300 1
 # size): fleetctl submits and lists them all, one change wakes one agent, a tenth of the
 # machines lost at once and a killed engine leader leave every unit running once.
 target/debug/bench-cluster 1000 10000 5
+# The deterministic simulation of the protocol (the real engine and agents over a simulated
+# store, under seeded faults): 2,000 seeds from one drawn now, printed with any that fails.
+target/debug/fleet-sim 2000

@@ -3,7 +3,9 @@
 //! its correction budget, or reported only, and what happened goes into its state report.
 
 use std::collections::{BTreeMap, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use fleet_core::agent_plan::{DesiredUnit, LoadedUnit, Task};
 use fleet_core::drift::{Corrections, Drift, DriftReport, FileOnMachine, Observed, Verdict, detect};

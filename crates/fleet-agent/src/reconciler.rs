@@ -127,7 +127,7 @@ impl Agent {
                     Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
                 }
             }
-            let pass = std::time::Instant::now();
+            let pass = tokio::time::Instant::now();
             let fence_check = self.check_presence().await;
             let next = if self.fenced {
                 // Until the presence is renewed, nothing here is this machine's to run.
@@ -167,11 +167,14 @@ impl Agent {
                 fence_check.map_or(next, |lapses_in| next.min(lapses_in))
             };
             let pass = pass.elapsed();
+            // In this order when several are ready: a run is the same every time (the
+            // simulation replays a seed bit for bit), and a stop is never put off.
             tokio::select! {
+                biased;
+                _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => break,
                 _ = work_changes.changed() => {}
                 _ = self.state_changes.changed() => {}
                 () = tokio::time::sleep(next) => {}
-                _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => break,
             }
             tokio::time::sleep(settling_time(self.config.debounce, pass)).await;
             work_changes.mark_unchanged();

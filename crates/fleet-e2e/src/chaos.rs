@@ -26,7 +26,7 @@ use crate::lab_etcd::LabEtcd;
 use crate::lab_fleet::{LabMember, lab_member, running_sleepers, sleeper_file};
 use crate::netlab::NetLab;
 use crate::presence_log::PresenceLog;
-pub use crate::seeded::Seeded;
+pub use fleet_testkit::Seeded;
 
 /// The longest a fault lasts.
 const LONGEST_FAULT: Duration = Duration::from_secs(8);

@@ -31,7 +31,7 @@ where
         }
         let _ = to.shutdown().await;
     });
-    let mut random = crate::seeded::Seeded::new(seed);
+    let mut random = fleet_testkit::Seeded::new(seed);
     let mut last_due = Instant::now();
     let mut buffer = vec![0u8; 64 * 1024];
     loop {

@@ -20,7 +20,7 @@ pub mod netlab;
 pub mod pki;
 pub mod presence_log;
 pub mod pull;
-pub mod seeded;
+pub use fleet_testkit::Seeded;
 pub mod sshd;
 pub mod webhook;
 

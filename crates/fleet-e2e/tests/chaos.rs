@@ -1,6 +1,7 @@
-//! A bounded chaos run in CI: two minutes of faults from a fixed seed against a three-member
-//! etcd and four fleetds, with units started, replaced and destroyed; no invariant may break.
-//! `bench-chaos` runs the same for 30 minutes (BENCHMARKS.md).
+//! A bounded chaos run in CI: two minutes of faults against a three-member etcd and four
+//! fleetds, with units started, replaced and destroyed; no invariant may break. Each run
+//! draws a new seed and prints it (`FLEET_CHAOS_SEED=N` replays one); `bench-chaos` runs the
+//! same for longer (BENCHMARKS.md).
 
 use std::time::Duration;
 
@@ -8,7 +9,15 @@ use fleet_e2e::chaos::Chaos;
 
 #[test]
 fn two_minutes_of_faults_break_no_invariant() {
-    let report = Chaos::start(4, 20_261_122).run(Duration::from_secs(120));
+    let seed = match std::env::var("FLEET_CHAOS_SEED") {
+        Ok(seed) => seed.parse().expect("FLEET_CHAOS_SEED is a number"),
+        Err(_) => {
+            let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+            since.as_secs() ^ u64::from(since.subsec_nanos())
+        }
+    };
+    println!("chaos seed {seed} (replay: FLEET_CHAOS_SEED={seed})");
+    let report = Chaos::start(4, seed).run(Duration::from_secs(120));
     println!("{report}");
     assert!(report.violations.is_empty(), "{report}");
     assert!(report.faults.values().sum::<usize>() >= 10, "enough faults were injected: {report}");

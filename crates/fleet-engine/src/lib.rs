@@ -87,10 +87,13 @@ impl Engine {
             metrics.reconcile_duration.observe(took.as_secs_f64());
             metrics.leader.set(i64::from(self.lease.is_some()));
             self.tell_leadership();
+            // In this order when several are ready: a run is the same every time (the
+            // simulation replays a seed bit for bit), and a stop is never put off.
             tokio::select! {
+                biased;
+                _ = stop.wait_for(|stop| *stop) => break,
                 _ = changes.changed() => {}
                 () = tokio::time::sleep(self.config.reconcile_interval) => {}
-                _ = stop.wait_for(|stop| *stop) => break,
             }
             // A burst is gathered for at least as long as the last pass spent planning: under a
             // stream of writes the engine plans in batches and takes at most about half a core.
@@ -131,7 +134,7 @@ impl Engine {
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
             return Ok(());
         }
-        let planning = std::time::Instant::now();
+        let planning = tokio::time::Instant::now();
         let snapshot = self.registry.snapshot().await?;
         if let Err(error) = self.registry.collect_unused_bodies().await {
             tracing::warn!(%error, "collecting unused unit bodies");

@@ -379,7 +379,7 @@ pub trait AgentRegistry: Send + Sync {
     /// When this machine's presence was last known renewed: its lease, if it has not been
     /// renewed since, expires no sooner than this plus `agent_ttl`. `None` when the store
     /// keeps no such lease (the embedded store: a machine's presence never lapses).
-    fn presence_renewed(&self, _machine_id: &str) -> Option<std::time::Instant> {
+    fn presence_renewed(&self, _machine_id: &str) -> Option<tokio::time::Instant> {
         None
     }
 }

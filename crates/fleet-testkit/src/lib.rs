@@ -7,6 +7,7 @@ mod etcd;
 mod eventually;
 mod fake_manager;
 mod ports;
+mod seeded;
 mod systemd;
 mod tls;
 
@@ -14,5 +15,6 @@ pub use etcd::EtcdServer;
 pub use eventually::eventually;
 pub use fake_manager::FakeUnitManager;
 pub use ports::free_port;
+pub use seeded::Seeded;
 pub use systemd::SystemdUser;
 pub use tls::TestCertificates;

@@ -112,7 +112,7 @@ impl AgentRegistry for EtcdRegistry {
         Ok(())
     }
 
-    fn presence_renewed(&self, machine_id: &str) -> Option<std::time::Instant> {
+    fn presence_renewed(&self, machine_id: &str) -> Option<tokio::time::Instant> {
         self.session(machine_id).map(|session| session.renewed())
     }
 

@@ -94,7 +94,7 @@ pub struct MachineSession {
     keepalive: Mutex<Option<tokio::task::AbortHandle>>,
     /// When the last renewal that succeeded was sent: the lease lives at least `agent_ttl`
     /// from then (etcd started counting when it received it, later).
-    renewed: Mutex<std::time::Instant>,
+    renewed: Mutex<tokio::time::Instant>,
     /// Whether this is this fleetd's own machine (whose lease is recorded in the lease file),
     /// rather than a pull agent's that this fleetd holds as its manager.
     own: bool,
@@ -119,11 +119,11 @@ impl MachineSession {
     }
 
     /// When the last renewal that succeeded was sent.
-    pub fn renewed(&self) -> std::time::Instant {
+    pub fn renewed(&self) -> tokio::time::Instant {
         *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn mark_renewed(&self, sent: std::time::Instant) {
+    fn mark_renewed(&self, sent: tokio::time::Instant) {
         *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = sent;
     }
 
@@ -221,7 +221,7 @@ impl EtcdRegistry {
     /// Starts a session for `machine`: a new lease and the presence (or the lease a crashed
     /// predecessor on this machine left alive), and the keepalive.
     pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         let taken_over = match self.own_live_lease(machine).await? {
             Some((lease, _)) => {
                 tracing::info!(lease, "taking over the machine lease this fleetd holds already");
@@ -235,21 +235,30 @@ impl EtcdRegistry {
             }
             None => None,
         };
-        let (lease, renewed) = match taken_over {
+        let (lease, renewed, claimed_at) = match taken_over {
             // A lease found alive may be about to expire (its last renewal was the dead
             // fleetd's): it counts as renewed only from a renewal of this fleetd's.
             Some(lease) => {
-                let sent = std::time::Instant::now();
+                let sent = tokio::time::Instant::now();
                 if !renew(self.connection(), lease, &mut None).await? {
                     return Err(RegistryError::unavailable("etcd", "the machine lease expired as it was taken over"));
                 }
-                (lease, sent)
+                (lease, sent, 0)
             }
-            None => (self.claim_new_presence(machine).await?.0, sent),
+            // A new presence: whatever still runs here from before (a fleetd that died and
+            // stayed away past its lease) may have been placed elsewhere meanwhile, so the
+            // work is read only from a copy that has seen this claim, as after a lapse.
+            None => {
+                let (lease, revision) = self.claim_new_presence(machine).await?;
+                (lease, sent, revision)
+            }
         };
         self.note_unconfirmed_claim(&machine.id, None);
         self.record_lease(Some(lease));
         self.start_session(machine, lease, BTreeMap::new(), true, renewed);
+        if let Some(session) = self.session(&machine.id) {
+            session.rejoined_at.store(claimed_at, Ordering::SeqCst);
+        }
         Ok(())
     }
 
@@ -257,7 +266,7 @@ impl EtcdRegistry {
     /// record and the unit states it reported moved under it (whichever manager held them
     /// before), and the keepalive. This fleetd's own lease record is left alone.
     pub(super) async fn take_over_session(&self, machine: &MachineState) -> Result<()> {
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
         let keys = self.keys();
         let prefix = keys.state(&machine.id, "");
@@ -288,7 +297,7 @@ impl EtcdRegistry {
         lease: i64,
         states: BTreeMap<String, Vec<u8>>,
         own: bool,
-        renewed: std::time::Instant,
+        renewed: tokio::time::Instant,
     ) {
         let session = Arc::new(MachineSession {
             machine: Mutex::new(machine.clone()),
@@ -352,7 +361,7 @@ impl EtcdRegistry {
         loop {
             tokio::time::sleep(wait).await;
             let lease = session.lease();
-            let sent = std::time::Instant::now();
+            let sent = tokio::time::Instant::now();
             wait = match renew(self.connection(), lease, &mut keeper).await {
                 Ok(true) => {
                     session.mark_renewed(sent);

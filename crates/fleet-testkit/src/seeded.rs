@@ -1,5 +1,6 @@
 //! A small deterministic source of pseudo-random choices (xorshift64*), for the chaos run's
-//! plans and the delay proxy's jitter: the same seed gives the same choices.
+//! plans, the delay proxy's jitter and the simulation's faults: the same seed gives the same
+//! choices.
 
 use std::time::Duration;
 

@@ -1,0 +1,92 @@
+//! Runs the simulation over many seeds and prints what it found and how fast it went.
+//!
+//! `fleet-sim [SEEDS] [FIRST]`: SEEDS seeds (default 1,000) from FIRST (default: drawn from
+//! the clock, and printed), on every core. `fleet-sim --seed N`: one seed, in full, twice,
+//! to show it replays the same. Exits 1 when any seed fails.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use fleet_sim::{Outcome, SimConfig, run};
+
+fn main() -> anyhow::Result<()> {
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let config = SimConfig::default();
+    if arguments.first().map(String::as_str) == Some("--seed") {
+        let seed: u64 = arguments.get(1).context("--seed needs a number")?.parse().context("--seed needs a number")?;
+        let first = fleet_sim::run_traced(seed, &config, true);
+        let again = fleet_sim::run_traced(seed, &config, true);
+        if std::env::var_os("FLEET_SIM_TRACE").is_some() {
+            for line in &first.trace {
+                println!("{line}");
+            }
+        }
+        print!("{first}");
+        match first.trace.iter().zip(&again.trace).position(|(one, other)| one != other) {
+            None if first.digest == again.digest => println!("  replayed: the same run"),
+            None => println!("  replayed: a DIFFERENT run of another length"),
+            Some(at) => println!("  replayed: a DIFFERENT run, from\n    {}\n    {}", first.trace[at], again.trace[at]),
+        }
+        if !first.passed() {
+            bail!("seed {seed} failed");
+        }
+        return Ok(());
+    }
+    let seeds: u64 =
+        arguments.first().map(|text| text.parse()).transpose().context("SEEDS must be a number")?.unwrap_or(1000);
+    let first: u64 = match arguments.get(1) {
+        Some(text) => text.parse().context("FIRST must be a number")?,
+        None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
+    };
+    println!(
+        "simulating seeds {first}..{} ({:?} each, {} machines, {} units)",
+        first + seeds,
+        config.length,
+        config.machines,
+        config.units
+    );
+    let started = Instant::now();
+    let next = Arc::new(AtomicU64::new(first));
+    let failed: Arc<Mutex<Vec<Outcome>>> = Arc::default();
+    let longest = Arc::new(Mutex::new(std::time::Duration::ZERO));
+    let workers = std::thread::available_parallelism().map_or(1, usize::from);
+    let threads: Vec<_> = (0..workers)
+        .map(|_| {
+            let (next, failed, longest, config) = (next.clone(), failed.clone(), longest.clone(), config.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::SeqCst);
+                    if seed >= first + seeds {
+                        return;
+                    }
+                    let outcome = run(seed, &config);
+                    let mut longest = longest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    *longest = (*longest).max(outcome.longest_double_run);
+                    if !outcome.passed() {
+                        print!("{outcome}");
+                        failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(outcome);
+                    }
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
+    }
+    let took = started.elapsed();
+    let failed = failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    println!(
+        "{seeds} seeds in {:.1} s on {workers} threads: {:.0} seeds per minute, {} failed; longest double run {:?}",
+        took.as_secs_f64(),
+        seeds as f64 * 60.0 / took.as_secs_f64(),
+        failed.len(),
+        *longest.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
+    );
+    if !failed.is_empty() {
+        let seeds: Vec<u64> = failed.iter().map(|outcome| outcome.seed).collect();
+        bail!("failing seeds (replay with `fleet-sim --seed N`): {seeds:?}");
+    }
+    Ok(())
+}

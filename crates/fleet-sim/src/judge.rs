@@ -1,0 +1,178 @@
+//! The judge: what the simulation checks of every run, from samples of what runs on each
+//! machine and of the store.
+//!
+//! - A unit runs on two machines only while one of them is out of touch with the store or
+//!   the store answers no one (an election), and for [`REACTION`] after that ends. Out of
+//!   touch means exactly: its presence is gone (its lease expired), or its fleetd cannot
+//!   learn what the store says (not running, frozen, or cut off from the store). A machine
+//!   whose fleetd runs, reaches the store and holds its presence is in touch, whatever
+//!   happened before: past [`REACTION`] after its return it runs nothing that runs elsewhere.
+//! - Once the faults end, the cluster settles within [`SETTLE_LIMIT`]: every unit meant to run
+//!   runs once, on the machine the schedule names, and nothing else runs (nothing lost).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// What a machine takes, once it is back in touch, to stop what moved (ARCHITECTURE.md's R).
+pub const REACTION: Duration = Duration::from_secs(3);
+/// How long the cluster has to settle once the faults end.
+pub const SETTLE_LIMIT: Duration = Duration::from_secs(60);
+
+/// One look at the cluster.
+pub struct Sample {
+    /// Unit → machines whose manager runs it.
+    pub running: BTreeMap<String, BTreeSet<String>>,
+    /// Machines with a presence in the store.
+    pub present: BTreeSet<String>,
+    /// Machines out of touch now (see the module's comment).
+    pub out_of_touch: BTreeSet<String>,
+    /// When each machine last came back in touch (the world's record, not a sample's: an
+    /// absence shorter than the sampling period counts).
+    pub absence_ended: BTreeMap<String, Instant>,
+    pub leaderless: bool,
+    /// When the last election ended.
+    pub election_ended: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Episode {
+    since: Instant,
+    machines: BTreeSet<String>,
+    reported: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Judge {
+    /// The first look.
+    began: Option<Instant>,
+    episodes: BTreeMap<String, Episode>,
+    pub violations: Vec<String>,
+    pub longest_double_run: Duration,
+}
+
+impl Judge {
+    /// Whether `machine` is out of touch, or was within [`REACTION`].
+    fn excused(now: Instant, sample: &Sample, machine: &str) -> bool {
+        let recently = |at: Option<&Instant>| at.is_some_and(|at| now.duration_since(*at) <= REACTION);
+        sample.leaderless
+            || sample.out_of_touch.contains(machine)
+            || recently(sample.absence_ended.get(machine))
+            || recently(sample.election_ended.as_ref())
+    }
+
+    pub fn look(&mut self, now: Instant, sample: &Sample) {
+        let began = *self.began.get_or_insert(now);
+        self.episodes.retain(|unit, _| sample.running.get(unit).is_some_and(|on| on.len() > 1));
+        for (unit, on) in sample.running.iter().filter(|(_, on)| on.len() > 1) {
+            let episode = self.episodes.entry(unit.clone()).or_insert_with(|| Episode {
+                since: now,
+                machines: BTreeSet::new(),
+                reported: false,
+            });
+            episode.machines.extend(on.iter().cloned());
+            self.longest_double_run = self.longest_double_run.max(now.duration_since(episode.since));
+            let excused = on.iter().any(|machine| Self::excused(now, sample, machine));
+            let episode = self.episodes.get_mut(unit).expect("inserted above");
+            if !excused && !episode.reported {
+                episode.reported = true;
+                let in_touch: Vec<&String> = on.iter().collect();
+                self.violations.push(format!(
+                    "at {:?}: {unit} runs on {in_touch:?}, all in touch with the store for over {REACTION:?}, {:?} into a double run",
+                    now.duration_since(began),
+                    now.duration_since(episode.since)
+                ));
+            }
+        }
+    }
+}
+
+/// Whether the cluster has settled: what differs from it, `None` when nothing does.
+/// `meant`: unit → whether it is meant to run (launched); `schedule`: unit → machine.
+pub fn unsettled(
+    sample: &Sample,
+    meant: &BTreeMap<String, bool>,
+    schedule: &BTreeMap<String, String>,
+) -> Option<String> {
+    for (unit, on) in &sample.running {
+        if !meant.get(unit).copied().unwrap_or(false) {
+            return Some(format!("{unit} runs on {on:?} though it is not meant to run"));
+        }
+        if on.len() > 1 {
+            return Some(format!("{unit} runs on {on:?}"));
+        }
+    }
+    for (unit, _) in meant.iter().filter(|(_, run)| **run) {
+        let Some(machine) = schedule.get(unit) else {
+            return Some(format!("{unit} is placed nowhere"));
+        };
+        if !sample.present.contains(machine) {
+            return Some(format!("{unit} is placed on {machine}, which is gone"));
+        }
+        if sample.running.get(unit).is_none_or(|on| !on.contains(machine)) {
+            return Some(format!("{unit} does not run on {machine}, where it is placed"));
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(running: &[(&str, &[&str])], present: &[&str], leaderless: bool) -> Sample {
+        Sample {
+            absence_ended: BTreeMap::new(),
+            out_of_touch: ["a", "b"].iter().filter(|m| !present.contains(m)).map(|m| m.to_string()).collect(),
+            election_ended: None,
+            running: running
+                .iter()
+                .map(|(unit, on)| (unit.to_string(), on.iter().map(|m| m.to_string()).collect()))
+                .collect(),
+            present: present.iter().map(|m| m.to_string()).collect(),
+            leaderless,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_double_run_is_excused_only_while_a_machine_is_out_of_touch_and_for_the_reaction_after() {
+        let mut judge = Judge::default();
+        let start = Instant::now();
+        judge.look(start, &sample(&[("u", &["a", "b"])], &["b"], false));
+        assert!(judge.violations.is_empty(), "a is out of touch");
+        let mut back = sample(&[("u", &["a", "b"])], &["a", "b"], false);
+        back.absence_ended.insert("a".into(), start + Duration::from_millis(1));
+        judge.look(start + REACTION, &back);
+        assert!(judge.violations.is_empty(), "a is back, within the reaction");
+        judge.look(start + REACTION * 2, &back);
+        assert_eq!(judge.violations.len(), 1, "both in touch past the reaction");
+        assert_eq!(judge.longest_double_run, REACTION * 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_election_excuses_everyone_and_a_live_lease_excuses_no_one() {
+        let mut judge = Judge::default();
+        let start = Instant::now();
+        judge.look(start, &sample(&[("u", &["a", "b"])], &["a", "b"], true));
+        let mut after = sample(&[("u", &["a", "b"])], &["a", "b"], false);
+        after.election_ended = Some(start + Duration::from_millis(1));
+        judge.look(start + REACTION, &after);
+        assert!(judge.violations.is_empty());
+        judge.look(start + REACTION * 2, &after);
+        assert_eq!(judge.violations.len(), 1, "the election is over for longer than the reaction");
+        let mut strict = Judge::default();
+        strict.look(start, &sample(&[("u", &["a", "b"])], &["a", "b"], false));
+        assert_eq!(strict.violations.len(), 1, "both hold their leases: no excuse");
+    }
+
+    #[test]
+    fn settled_means_every_unit_meant_to_run_runs_once_where_it_is_placed() {
+        let meant: BTreeMap<String, bool> = [("u".to_string(), true), ("off".to_string(), false)].into();
+        let schedule: BTreeMap<String, String> = [("u".to_string(), "a".to_string())].into();
+        assert_eq!(unsettled(&sample(&[("u", &["a"])], &["a", "b"], false), &meant, &schedule), None);
+        assert!(unsettled(&sample(&[("u", &["b"])], &["a", "b"], false), &meant, &schedule).is_some());
+        assert!(unsettled(&sample(&[("u", &["a"]), ("off", &["b"])], &["a", "b"], false), &meant, &schedule).is_some());
+        assert!(unsettled(&sample(&[], &["a", "b"], false), &meant, &schedule).is_some(), "lost");
+    }
+}

@@ -1,0 +1,502 @@
+//! A deterministic simulation of fleet's protocol. The real engine and agent code
+//! (`fleet-engine`, `fleet-agent`) run, one of each per simulated fleetd, over a simulated
+//! store ([`world`], reached through [`store`]) and the fake unit manager, on tokio's paused
+//! clock in one thread: a run takes no real time beyond the computing, and one seed gives
+//! one run, the same every time. The seed chooses the faults ([`faults`]: cuts, freezes,
+//! restarts, store elections, stuck watches; and writes whose answer is lost, and fleetds
+//! whose clocks run fast or slow) and the operations (units started, changed, stopped,
+//! destroyed); the [`judge`] checks every run: the double-run window, nothing lost,
+//! convergence. A failing seed is printed and replayed with `fleet-sim --seed N`.
+
+#![forbid(unsafe_code)]
+
+pub mod faults;
+mod gate;
+pub mod judge;
+mod manager;
+pub mod store;
+pub mod world;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_engine::{Engine, EngineConfig};
+use fleet_testkit::{FakeUnitManager, Seeded};
+use fleet_unit_manager::UnitManager;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::faults::{Fault, FaultKind};
+use crate::gate::Gate;
+use crate::judge::{Judge, Sample};
+use crate::manager::SimManager;
+use crate::store::{SharedWorld, SimStore, lock};
+use crate::world::World;
+
+/// What a run simulates.
+#[derive(Clone, Debug)]
+pub struct SimConfig {
+    pub machines: usize,
+    pub units: usize,
+    /// How long faults and operations go on.
+    pub length: Duration,
+    pub agent_ttl: Duration,
+    /// The chance in a thousand that a write commits but its answer is lost.
+    pub lost_answers: usize,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            machines: 4,
+            units: 24,
+            length: Duration::from_secs(60),
+            agent_ttl: Duration::from_secs(4),
+            lost_answers: 20,
+        }
+    }
+}
+
+/// What one run found.
+#[derive(Debug)]
+pub struct Outcome {
+    pub seed: u64,
+    pub faults: BTreeMap<&'static str, usize>,
+    pub violations: Vec<String>,
+    pub longest_double_run: Duration,
+    /// How long after the last fault ended the cluster settled (`None`: it did not).
+    pub settled_after: Option<Duration>,
+    /// A digest of everything sampled: equal for two runs of one seed.
+    pub digest: u64,
+    /// Every sample, as text, when asked for (to find where two runs part).
+    pub trace: Vec<String>,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "seed {}: {} violation(s)", self.seed, self.violations.len())?;
+        writeln!(f, "  faults: {:?}", self.faults)?;
+        writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
+        match self.settled_after {
+            Some(after) => writeln!(f, "  settled {after:?} after the last fault")?,
+            None => writeln!(f, "  never settled")?,
+        }
+        for violation in &self.violations {
+            writeln!(f, "  {violation}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs one seed on a fresh single-threaded runtime with paused time.
+pub fn run(seed: u64, config: &SimConfig) -> Outcome {
+    run_traced(seed, config, false)
+}
+
+/// As [`run`], keeping every sample in [`Outcome::trace`].
+pub fn run_traced(seed: u64, config: &SimConfig, traced: bool) -> Outcome {
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().expect("a runtime");
+    runtime.block_on(simulate(seed, config.clone(), traced))
+}
+
+/// One simulated fleetd's moving parts.
+struct Node {
+    machine: MachineState,
+    frozen: Arc<Gate>,
+    units: Arc<FakeUnitManager>,
+    store: Option<SimStore>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Kept so the agent and engine run on (dropping them would stop them).
+    lifecycle: Option<(watch::Sender<Lifecycle>, watch::Sender<bool>)>,
+    clock_rate: f64,
+    starts: u64,
+}
+
+struct Cluster {
+    world: SharedWorld,
+    nodes: Vec<Node>,
+    config: SimConfig,
+    seed: u64,
+}
+
+impl Cluster {
+    fn start(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        node.starts += 1;
+        let store = SimStore::new(
+            self.world.clone(),
+            node.machine.clone(),
+            node.frozen.clone(),
+            self.seed ^ (index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ node.starts,
+            node.clock_rate,
+            self.config.lost_answers,
+        );
+        let manager: Arc<dyn UnitManager> = Arc::new(SimManager::new(node.units.clone(), node.frozen.clone()));
+        let agent_config = AgentConfig {
+            machine: node.machine.clone(),
+            reconcile_interval: Duration::from_secs(5),
+            debounce: Duration::from_millis(10),
+            stop_units_when_cut_off: None,
+        };
+        let agent = Agent::new(agent_config, Arc::new(store.clone()), manager);
+        let engine_config = EngineConfig {
+            machine_id: node.machine.id.clone(),
+            reconcile_interval: Duration::from_millis(500),
+            debounce: Duration::from_millis(10),
+        };
+        let engine = Engine::new(engine_config, Arc::new(store.clone()));
+        let (lifecycle, agent_watch) = watch::channel(Lifecycle::Running);
+        let (stop, engine_watch) = watch::channel(false);
+        node.tasks = vec![tokio::spawn(agent.run(agent_watch)), tokio::spawn(engine.run(engine_watch))];
+        node.lifecycle = Some((lifecycle, stop));
+        node.store = Some(store);
+        let mut world = lock(&self.world);
+        if world.dead.remove(&node.machine.id) {
+            world.back_in_touch(&node.machine.id);
+        }
+    }
+
+    /// Kills the fleetd (kill -9): its tasks end where they are, its units run on, its
+    /// copy of the store goes with it.
+    fn kill(&mut self, index: usize) {
+        let node = &mut self.nodes[index];
+        for task in node.tasks.drain(..) {
+            task.abort();
+        }
+        if let Some(store) = node.store.take() {
+            store.stop();
+        }
+        node.lifecycle = None;
+        let mut world = lock(&self.world);
+        world.copies.remove(&node.machine.id);
+        world.dead.insert(node.machine.id.clone());
+    }
+
+    async fn sample(&self) -> Sample {
+        let mut running: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for node in &self.nodes {
+            let held = node.units.units().await.unwrap_or_default();
+            for (name, _) in held.into_iter().filter(|(_, unit)| unit.state.active == "active") {
+                running.entry(name).or_default().insert(node.machine.id.clone());
+            }
+        }
+        let world = lock(&self.world);
+        Sample {
+            running,
+            present: world.presences.keys().cloned().collect(),
+            out_of_touch: self
+                .nodes
+                .iter()
+                .map(|node| &node.machine.id)
+                .filter(|id| world.out_of_touch(id))
+                .cloned()
+                .collect(),
+            absence_ended: world.absence_ended.clone(),
+            leaderless: world.leaderless,
+            election_ended: world.election_ended,
+        }
+    }
+
+    fn begin(&mut self, fault: &Fault) {
+        let machine = self.nodes[fault.target].machine.id.clone();
+        match fault.kind {
+            FaultKind::Cut => {
+                lock(&self.world).cut.insert(machine);
+            }
+            FaultKind::Freeze => {
+                lock(&self.world).frozen.insert(machine);
+                self.nodes[fault.target].frozen.freeze();
+            }
+            FaultKind::Restart => self.kill(fault.target),
+            FaultKind::Election => lock(&self.world).leaderless = true,
+            FaultKind::WatchStall => {
+                let mut world = lock(&self.world);
+                if let Some(copy) = world.copies.get_mut(&machine) {
+                    copy.stalled_until = Some(Instant::now() + fault.lasts);
+                }
+            }
+        }
+    }
+
+    fn end(&mut self, fault: &Fault) {
+        let machine = self.nodes[fault.target].machine.id.clone();
+        match fault.kind {
+            FaultKind::Cut => {
+                let mut world = lock(&self.world);
+                world.cut.remove(&machine);
+                world.back_in_touch(&machine);
+            }
+            FaultKind::Freeze => {
+                let mut world = lock(&self.world);
+                world.frozen.remove(&machine);
+                world.back_in_touch(&machine);
+                drop(world);
+                self.nodes[fault.target].frozen.thaw();
+            }
+            FaultKind::Restart => self.start(fault.target),
+            FaultKind::Election => lock(&self.world).end_election(),
+            FaultKind::WatchStall => {}
+        }
+    }
+}
+
+/// A unit of the workload: each has a body of its own, and a new one when replaced.
+fn unit_file(index: usize, version: usize) -> UnitFile {
+    UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep {}\n", 100_000 + index * 100 + version))
+        .expect("a valid unit")
+}
+
+/// What a client does to a unit: start it, stop it (`fleetctl stop`: loaded), unload it
+/// (inactive), destroy it for good, or replace its content in place (`start --replace`).
+#[derive(Clone, Copy, Debug)]
+enum Operation {
+    Launch,
+    Load,
+    Stop,
+    Destroy,
+    Replace,
+}
+
+fn operations(random: &mut Seeded, config: &SimConfig) -> Vec<(Duration, usize, Operation)> {
+    let mut planned = Vec::new();
+    let mut at = Duration::from_secs(1);
+    while at < config.length {
+        let operation = match random.below(10) {
+            0..=3 => Operation::Launch,
+            4 => Operation::Load,
+            5 | 6 => Operation::Stop,
+            7 => Operation::Destroy,
+            _ => Operation::Replace,
+        };
+        planned.push((at, random.below(config.units), operation));
+        at += random.duration(Duration::from_millis(100), Duration::from_secs(2));
+    }
+    planned
+}
+
+/// Applies a client's operation, when the store answers clients.
+fn operate(
+    world: &mut World,
+    unit: usize,
+    operation: Operation,
+    versions: &mut [usize],
+    destroyed: &mut BTreeSet<usize>,
+) {
+    if world.leaderless || destroyed.contains(&unit) {
+        return;
+    }
+    let name = format!("u{unit}.service");
+    match operation {
+        Operation::Launch | Operation::Load | Operation::Stop => {
+            let desired = match operation {
+                Operation::Launch => DesiredState::Launched,
+                Operation::Load => DesiredState::Loaded,
+                _ => DesiredState::Inactive,
+            };
+            // A unit taken off its machine (inactive) is not started again: the engine could
+            // place it elsewhere before its old machine has stopped it, a double run no fault
+            // causes (see `judge`). Units are launched, loaded, replaced in place or destroyed.
+            if desired == DesiredState::Launched
+                && world.units.get(&name).is_some_and(|stored| stored.desired == DesiredState::Inactive)
+            {
+                return;
+            }
+            if world.units.contains_key(&name) {
+                world.set_desired(&name, desired);
+            } else {
+                world.put_unit(&name, unit_file(unit, versions[unit]), desired);
+            }
+        }
+        Operation::Destroy => {
+            world.destroy(&name);
+            destroyed.insert(unit);
+        }
+        Operation::Replace => {
+            versions[unit] += 1;
+            let desired = world.units.get(&name).map_or(DesiredState::Launched, |stored| stored.desired);
+            world.put_unit(&name, unit_file(unit, versions[unit]), desired);
+        }
+    }
+}
+
+fn digest_sample(digest: &mut u64, sample: &Sample) {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    digest.hash(&mut hasher);
+    sample.running.hash(&mut hasher);
+    sample.present.hash(&mut hasher);
+    *digest = hasher.finish();
+}
+
+async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
+    let mut trace = Vec::new();
+    let mut random = Seeded::new(seed);
+    let world = Arc::new(Mutex::new(World::new(config.agent_ttl, Duration::from_millis(2500))));
+    let nodes = (0..config.machines)
+        .map(|index| Node {
+            machine: MachineState {
+                id: format!("m{index}"),
+                public_ip: format!("10.0.0.{}", index + 1),
+                ..MachineState::default()
+            },
+            frozen: Arc::default(),
+            units: Arc::new(FakeUnitManager::new()),
+            store: None,
+            tasks: Vec::new(),
+            lifecycle: None,
+            // Within ±3%.
+            clock_rate: 0.97 + random.below(61) as f64 / 1000.0,
+            starts: 0,
+        })
+        .collect();
+    let plan = faults::plan(&mut random, config.length, config.machines);
+    let mut faults_count: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for fault in &plan {
+        *faults_count.entry(fault.kind.name()).or_default() += 1;
+    }
+    let operations = operations(&mut random, &config);
+    let mut cluster = Cluster { world: world.clone(), nodes, config: config.clone(), seed };
+    for index in 0..config.machines {
+        cluster.start(index);
+    }
+    {
+        let mut world = lock(&world);
+        for unit in 0..config.units {
+            world.put_unit(&format!("u{unit}.service"), unit_file(unit, 0), DesiredState::Launched);
+        }
+        // Copies lag their store by up to 300 ms, each its own.
+        for index in 0..config.machines {
+            let lag = random.duration(Duration::ZERO, Duration::from_millis(300));
+            world.copies.entry(format!("m{index}")).or_default().lag = lag;
+        }
+    }
+
+    // Events in time order: (when, what).
+    enum Event {
+        Begin(Fault),
+        End(Fault),
+        Operate(usize, Operation),
+    }
+    let mut events: Vec<(Duration, usize, Event)> = Vec::new();
+    for fault in &plan {
+        events.push((fault.at, events.len(), Event::Begin(*fault)));
+        events.push((fault.at + fault.lasts, events.len(), Event::End(*fault)));
+    }
+    for (at, unit, operation) in &operations {
+        events.push((*at, events.len(), Event::Operate(*unit, *operation)));
+    }
+    events.sort_by_key(|(at, order, _)| (*at, *order));
+    let faults_end = events.last().map_or(Duration::ZERO, |(at, _, _)| *at);
+
+    let start = Instant::now();
+    let tick = Duration::from_millis(10);
+    let sample_every = 10;
+    let mut judge = Judge::default();
+    let mut digest = 0;
+    let mut versions = vec![0; config.units];
+    let mut destroyed = BTreeSet::new();
+    let mut pending = events.into_iter().peekable();
+    let mut ticks: u64 = 0;
+    let mut settled_after = None;
+    let mut unsettled_why = String::new();
+    loop {
+        let elapsed = start.elapsed();
+        while let Some((at, _, _)) = pending.peek() {
+            if *at > elapsed {
+                break;
+            }
+            let Some((_, _, event)) = pending.next() else { break };
+            if traced {
+                match &event {
+                    Event::Begin(fault) => trace.push(format!("{elapsed:?} begins: {fault:?}")),
+                    Event::End(fault) => trace.push(format!("{elapsed:?} ends: {fault:?}")),
+                    Event::Operate(unit, operation) => trace.push(format!("{elapsed:?} u{unit}: {operation:?}")),
+                }
+            }
+            match event {
+                Event::Begin(fault) => cluster.begin(&fault),
+                Event::End(fault) => cluster.end(&fault),
+                Event::Operate(unit, operation) => {
+                    operate(&mut lock(&world), unit, operation, &mut versions, &mut destroyed)
+                }
+            }
+        }
+        lock(&world).tick();
+        if ticks.is_multiple_of(sample_every) {
+            let sample = cluster.sample().await;
+            judge.look(Instant::now(), &sample);
+            digest_sample(&mut digest, &sample);
+            if traced {
+                let world = lock(&world);
+                trace.push(format!(
+                    "{:?} rev {} leases {:?} {:?} {:?} {:?}",
+                    elapsed,
+                    world.revision,
+                    world.leases.iter().map(|(lease, at)| (lease, at.duration_since(start))).collect::<Vec<_>>(),
+                    world.schedule,
+                    sample.running,
+                    sample.present
+                ));
+            }
+            if elapsed >= faults_end && pending.peek().is_none() {
+                let (meant, schedule) = {
+                    let world = lock(&world);
+                    let meant: BTreeMap<String, bool> = world
+                        .units
+                        .iter()
+                        .map(|(name, unit)| (name.clone(), unit.desired == DesiredState::Launched))
+                        .collect();
+                    (meant, world.schedule.clone())
+                };
+                match judge::unsettled(&sample, &meant, &schedule) {
+                    None => {
+                        settled_after = Some(elapsed - faults_end);
+                        break;
+                    }
+                    Some(why) => unsettled_why = why,
+                }
+                if elapsed - faults_end > judge::SETTLE_LIMIT {
+                    break;
+                }
+            }
+        }
+        ticks += 1;
+        tokio::time::sleep(tick).await;
+    }
+    let mut violations = judge.violations;
+    if settled_after.is_none() {
+        violations.push(format!("never settled after the faults: {unsettled_why}"));
+    }
+    for node in &cluster.nodes {
+        if node.tasks.iter().any(|task| task.is_finished()) {
+            violations.push(format!("a task of {}'s fleetd ended on its own", node.machine.id));
+        }
+    }
+    for node in &mut cluster.nodes {
+        for task in node.tasks.drain(..) {
+            task.abort();
+        }
+        if let Some(store) = node.store.take() {
+            store.stop();
+        }
+    }
+    Outcome {
+        seed,
+        faults: faults_count,
+        violations,
+        longest_double_run: judge.longest_double_run,
+        settled_after,
+        digest,
+        trace,
+    }
+}
