@@ -1,13 +1,13 @@
 //! The agent's loop: fetch this machine's work, plan, execute, report.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::agent_plan::{self, DesiredUnit, GlobalUnit, LoadedUnit, Task};
 use fleet_core::{Backoff, DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
-use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, StateReport};
-use fleet_unit_manager::{HeldUnit, UnitManager};
+use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport};
+use fleet_unit_manager::{HeldUnit, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
 use fleet_core::state_report::{adopted_as_launched, already_reported, state_reports};
@@ -32,10 +32,13 @@ pub struct AgentConfig {
     pub reconcile_interval: Duration,
     /// How long to let a burst of changes settle before acting on it.
     pub debounce: Duration,
-    /// Stop this machine's units once its presence has gone unrenewed this long (`agent_ttl`,
-    /// with `stop_units_when_cut_off`): by then they may run elsewhere. `None`: a machine cut
-    /// off from the store keeps its units (the default).
-    pub stop_units_when_cut_off: Option<Duration>,
+    /// How long the machine's presence lives unrenewed (`agent_ttl`), where the store keeps
+    /// it under a lease: once that long has passed on this machine's clock since its last
+    /// renewal was sent, its `AtMostOnce=` units stop. `None`: its presence never lapses.
+    pub presence_ttl: Option<Duration>,
+    /// Stop every unit, not only the `AtMostOnce=` ones, once the presence may have lapsed
+    /// (`stop_units_when_cut_off`). Otherwise a machine cut off keeps its other units.
+    pub stop_units_when_cut_off: bool,
 }
 
 /// The longest a burst of changes is gathered, however slow the last pass was.
@@ -76,6 +79,12 @@ pub struct Agent {
     reported: BTreeMap<String, UnitState>,
     /// Whether the units were stopped because the presence lapsed (`stop_units_when_cut_off`).
     fenced: bool,
+    /// Whether the presence may have lapsed, by this machine's clock.
+    presence_lapsed: bool,
+    /// The units held here that asked to run at most once.
+    at_most_once: BTreeSet<String>,
+    /// The fence handed to the unit manager last: its deadline and units.
+    fence: Option<(tokio::time::Instant, Vec<String>)>,
     drift: DriftWatch,
     /// The manager's state changes: a pass marks them seen as it lists the manager, so a
     /// change its own listing already shows (its own start, say) does not call for another.
@@ -96,6 +105,9 @@ impl Agent {
             loaded: BTreeMap::new(),
             reported: BTreeMap::new(),
             fenced: false,
+            presence_lapsed: false,
+            at_most_once: BTreeSet::new(),
+            fence: None,
             drift: DriftWatch::default(),
             state_changes,
         }
@@ -164,6 +176,8 @@ impl Agent {
                         wait
                     }
                 };
+                // A unit this pass started that asked to run at most once is fenced at once.
+                self.arm_fence().await;
                 fence_check.map_or(next, |lapses_in| next.min(lapses_in))
             };
             let pass = pass.elapsed();
@@ -185,29 +199,115 @@ impl Agent {
         }
     }
 
-    /// With `stop_units_when_cut_off`: stops every unit once the presence lapsed, and lifts
-    /// that once it is renewed. Returns how soon to look again, when it matters.
+    /// Acts on the machine's presence as its own clock sees it, counted from the last
+    /// renewal it sent (the store counts from when it received it, later): once it may have
+    /// lapsed, the `AtMostOnce=` units stop (every unit, with `stop_units_when_cut_off`), and
+    /// none of them starts again until it is renewed. While it holds, the unit manager's
+    /// fence of the `AtMostOnce=` units is kept a lease ahead. Returns how soon to look again,
+    /// when it matters.
     async fn check_presence(&mut self) -> Option<Duration> {
-        let ttl = self.config.stop_units_when_cut_off?;
-        let renewed = self.registry.presence_renewed(self.machine_id())?;
-        match presence(renewed.elapsed(), ttl) {
+        let ttl = self.config.presence_ttl?;
+        let renewed = match self.registry.presence_renewed(self.machine_id()) {
+            Renewal::NotLeased => return None,
+            // Not registered (yet): nothing says the presence holds.
+            Renewal::NotHeld => None,
+            Renewal::SentAt(sent) => Some(sent),
+        };
+        // The manager's fence may have fired while this fleetd was frozen: what it killed is
+        // started afresh, not left failed.
+        if self.fence.as_ref().is_some_and(|(deadline, _)| *deadline <= tokio::time::Instant::now()) {
+            self.fence = None;
+            let fenced: Vec<String> = self.at_most_once.iter().cloned().collect();
+            self.stop_and_unload(&fenced, "its fence passed").await;
+        }
+        match renewed.map_or(Presence::Lapsed, |sent| presence(sent.elapsed(), ttl)) {
             Presence::Held { lapses_in } => {
-                if self.fenced {
+                if self.presence_lapsed {
                     tracing::info!("the machine's presence is renewed: running its units again");
+                    self.presence_lapsed = false;
                     self.fenced = false;
                 }
-                Some(lapses_in)
+                if let Some(sent) = renewed {
+                    self.arm_fence_until(sent + ttl, &BTreeMap::new()).await;
+                }
+                // Looked at again before the fence would fire, to move it on.
+                let early = (!self.at_most_once.is_empty()).then(|| lapses_in.saturating_sub(ttl / 4).max(RETRY_MIN));
+                (self.config.stop_units_when_cut_off || early.is_some()).then(|| early.unwrap_or(lapses_in))
             }
-            Presence::Lapsed if self.fenced => None,
             Presence::Lapsed => {
-                tracing::warn!(
-                    units = self.loaded.len(),
-                    "cut off from the store for agent_ttl: stopping this machine's units, which may now run elsewhere"
-                );
-                self.stop_and_unload_all("cut off").await;
-                self.fenced = true;
+                let fenced: Vec<String> =
+                    self.at_most_once.iter().filter(|name| self.loaded.contains_key(*name)).cloned().collect();
+                // Every unit with `stop_units_when_cut_off`, once a presence held has lapsed.
+                let every_unit = self.config.stop_units_when_cut_off && renewed.is_some() && !self.fenced;
+                if !self.presence_lapsed && (renewed.is_some() || !fenced.is_empty()) {
+                    tracing::warn!(
+                        units = self.loaded.len(),
+                        at_most_once = fenced.len(),
+                        every_unit = self.config.stop_units_when_cut_off,
+                        "the machine's presence may have lapsed (agent_ttl since its last renewal): stopping the units that may now run elsewhere"
+                    );
+                }
+                self.presence_lapsed = true;
+                if every_unit {
+                    let all: Vec<String> = self.loaded.keys().cloned().collect();
+                    self.stop_and_unload(&all, "cut off").await;
+                    self.fenced = true;
+                } else if !fenced.is_empty() {
+                    self.stop_and_unload(&fenced, "its presence may have lapsed").await;
+                }
                 None
             }
+        }
+    }
+
+    /// Whether the presence holds by this machine's clock (or never lapses).
+    fn presence_holds(&self) -> bool {
+        let Some(ttl) = self.config.presence_ttl else { return true };
+        match self.registry.presence_renewed(self.machine_id()) {
+            Renewal::NotLeased => true,
+            Renewal::NotHeld => false,
+            Renewal::SentAt(sent) => matches!(presence(sent.elapsed(), ttl), Presence::Held { .. }),
+        }
+    }
+
+    /// Hands the unit manager the fence of the `AtMostOnce=` units held here as of now.
+    async fn arm_fence(&mut self) {
+        self.arm_fence_for(&BTreeMap::new()).await;
+    }
+
+    /// As [`Agent::arm_fence`], covering the `AtMostOnce=` units of `desired` too (a pass
+    /// may start them).
+    async fn arm_fence_for(&mut self, desired: &BTreeMap<String, DesiredUnit>) {
+        if let Some(ttl) = self.config.presence_ttl
+            && !self.presence_lapsed
+            && let Renewal::SentAt(sent) = self.registry.presence_renewed(self.machine_id())
+        {
+            self.arm_fence_until(sent + ttl, desired).await;
+        }
+    }
+
+    /// Has the unit manager kill the `AtMostOnce=` units held here (or about to start, in
+    /// `desired`) at `deadline` unless it is moved on before: they stop on time even if this
+    /// fleetd is frozen, and a manager with such a fence starts none of them without it.
+    /// Told only when the deadline or the units changed.
+    async fn arm_fence_until(&mut self, deadline: tokio::time::Instant, desired: &BTreeMap<String, DesiredUnit>) {
+        let units: Vec<String> = self
+            .at_most_once
+            .iter()
+            .filter(|name| self.loaded.contains_key(*name) || desired.contains_key(*name))
+            .cloned()
+            .collect();
+        if units.is_empty() && self.fence.is_none() {
+            return;
+        }
+        if self.fence.as_ref().is_some_and(|(armed, fenced)| *armed == deadline && *fenced == units) {
+            return;
+        }
+        tracing::debug!(?units, left = ?deadline.saturating_duration_since(tokio::time::Instant::now()), "fencing");
+        match self.manager.fence(deadline, &units).await {
+            Ok(true) => self.fence = (!units.is_empty()).then_some((deadline, units)),
+            Ok(false) => self.fence = None,
+            Err(error) => tracing::warn!(%error, "cannot fence the units that run at most once"),
         }
     }
 
@@ -217,11 +317,19 @@ impl Agent {
             tracing::warn!(%error, why, "stopping every unit");
         }
         let names: Vec<String> = self.loaded.keys().cloned().collect();
+        self.stop_and_unload(&names, why).await;
+    }
+
+    /// Stops and unloads `names` (`why`, for the log).
+    async fn stop_and_unload(&mut self, names: &[String], why: &str) {
         for name in names {
-            if let Err(error) = self.manager.unload(&name).await {
+            if let Err(error) = self.manager.stop(name).await {
+                tracing::warn!(unit = name, %error, why, "stopping a unit");
+            }
+            if let Err(error) = self.manager.unload(name).await {
                 tracing::warn!(unit = name, %error, why, "unloading a unit");
             }
-            self.loaded.remove(&name);
+            self.loaded.remove(name);
         }
     }
 
@@ -243,7 +351,13 @@ impl Agent {
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
         let work = self.registry.machine_work(self.machine_id()).await?;
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
-        let (desired, unread) = self.desired_units(&machine, &work.scheduled, &work.globals).await;
+        let (mut desired, unread) = self.desired_units(&machine, &work.scheduled, &work.globals).await;
+        if self.presence_lapsed {
+            // They may run elsewhere now: none starts here until the presence is renewed.
+            desired.retain(|name, _| !self.at_most_once.contains(name));
+        }
+        // The fence covers what this pass may start before it starts anything.
+        self.arm_fence_for(&desired).await;
         let tasks = agent_plan::plan(&desired, &self.loaded);
         let mut looked_at = None;
         let tasks = if !self.loaded.is_empty()
@@ -341,6 +455,15 @@ impl Agent {
         for (name, kept) in held_globals {
             desired.entry(name).or_insert(kept);
         }
+        // Which units held or wanted here asked to run at most once: those wanted, by their
+        // content; those only held (on their way out) as they were.
+        let loaded = &self.loaded;
+        self.at_most_once.retain(|name| loaded.contains_key(name) && !desired.contains_key(name));
+        for (name, unit) in &desired {
+            if self.bodies.get(&unit.hash).is_some_and(fleet_core::requirements::asks_at_most_once) {
+                self.at_most_once.insert(name.clone());
+            }
+        }
         // Keep only the bodies still in use.
         let in_use: std::collections::HashSet<UnitHash> = desired.values().map(|unit| unit.hash).collect();
         self.bodies.retain(|hash, _| in_use.contains(hash));
@@ -378,11 +501,17 @@ impl Agent {
                 }
                 result
             }
+            Task::Start(name) if self.at_most_once.contains(name) && !self.presence_holds() => {
+                // Woken from a freeze in the middle of a pass, say: it may run elsewhere now.
+                tracing::info!(unit = name, "not starting a unit that runs at most once: the presence may have lapsed");
+                return;
+            }
             Task::Start(name) => {
                 let result = self.manager.start(name).await;
                 if let Some(unit) = self.loaded.get_mut(name) {
-                    // The start was asked for; the manager's state says how it went.
-                    unit.launched = true;
+                    // The start was asked for; the manager's state says how it went. A start
+                    // the fence refused was not: a later pass asks again.
+                    unit.launched = !matches!(result, Err(UnitManagerError::Fenced { .. }));
                 }
                 result
             }

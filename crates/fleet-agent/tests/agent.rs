@@ -27,7 +27,8 @@ fn config() -> AgentConfig {
         machine: MachineState { id: MACHINE.into(), public_ip: "127.0.0.1".into(), ..Default::default() },
         reconcile_interval: Duration::from_secs(5),
         debounce: Duration::from_millis(10),
-        stop_units_when_cut_off: None,
+        presence_ttl: None,
+        stop_units_when_cut_off: false,
     }
 }
 

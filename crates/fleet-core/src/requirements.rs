@@ -23,6 +23,10 @@ pub const KNOWN_KEYS: &[&str] = &[
     "Replaces",
 ];
 
+/// The keys fleet adds to `[X-Fleet]`. `AtMostOnce=true`: the unit never runs on two
+/// machines at once, under any fault (ARCHITECTURE.md, "Guarantees under faults").
+pub const ADDED_KEYS: &[&str] = &["AtMostOnce"];
+
 /// A unit's placement rules, with the unit's own specifiers already substituted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Requirements {
@@ -38,7 +42,10 @@ pub struct Requirements {
     pub global: bool,
     /// `Replaces=`: patterns of units this one pushes off its machine.
     pub replaces: Vec<String>,
-    /// Keys of `[X-Fleet]` the original does not know.
+    /// `AtMostOnce=`: its machine stops it as soon as its presence may have lapsed, and the
+    /// engine starts it elsewhere only once that has certainly happened.
+    pub at_most_once: bool,
+    /// Keys of `[X-Fleet]` the original does not know (fleet's own among them).
     pub unknown_keys: Vec<String>,
 }
 
@@ -73,6 +80,16 @@ fn x_fleet_bool(value: &str) -> bool {
     matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t")
 }
 
+/// Whether `unit` asks to run at most once (`[X-Fleet] AtMostOnce=`), read without the rest
+/// of its requirements: the agent asks it of every unit it holds.
+pub fn asks_at_most_once(unit: &UnitFile) -> bool {
+    unit.options()
+        .iter()
+        .rev()
+        .find(|option| option.section == SECTION && option.name == "AtMostOnce")
+        .is_some_and(|option| x_fleet_bool(&option.value))
+}
+
 impl Requirements {
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
     pub fn from_unit(unit_name: &str, unit: &UnitFile) -> Self {
@@ -84,11 +101,14 @@ impl Requirements {
         let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         let mut requirements = Self::default();
         for option in options.iter().filter(|option| option.section == SECTION) {
+            let added = ADDED_KEYS.contains(&option.name.as_str());
             if !KNOWN_KEYS.contains(&option.name.as_str()) {
                 if !requirements.unknown_keys.contains(&option.name) {
                     requirements.unknown_keys.push(option.name.clone());
                 }
-                continue;
+                if !added {
+                    continue;
+                }
             }
             let expanded = split_quoted(&option.value).into_iter().map(|value| expand_specifiers(&value, &name));
             values.entry(option.name.as_str()).or_default().extend(expanded);
@@ -119,6 +139,8 @@ impl Requirements {
         requirements.global =
             values.get("Global").and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
         requirements.replaces = all(&["Replaces"]);
+        requirements.at_most_once =
+            values.get("AtMostOnce").and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
         requirements
     }
 
@@ -158,6 +180,7 @@ impl Requirements {
             _ if pinned && replaces => CombinationError::MachineIdWith("Replaces"),
             _ if self.global && peers => CombinationError::GlobalWith("Peers"),
             _ if self.global && replaces => CombinationError::GlobalWith("Replaces"),
+            _ if self.global && self.at_most_once => CombinationError::GlobalWith("AtMostOnce"),
             _ if conflicts && replaces => CombinationError::ConflictsWithReplaces,
             _ => return Ok(()),
         };
@@ -186,6 +209,22 @@ mod tests {
     fn requirements(name: &str, x_fleet: &str) -> Requirements {
         let unit = UnitFile::parse(&format!("[X-Fleet]\n{x_fleet}")).unwrap();
         Requirements::from_unit(name, &unit)
+    }
+
+    #[test]
+    fn at_most_once_is_read_as_global_is_and_cannot_be_global() {
+        assert!(requirements("a.service", "AtMostOnce=true\n").at_most_once);
+        assert!(requirements("a.service", "AtMostOnce=yes\n").at_most_once);
+        assert!(!requirements("a.service", "AtMostOnce=false\n").at_most_once);
+        assert!(!requirements("a.service", "MachineOf=b.service\n").at_most_once);
+        for (x_fleet, asks) in [("AtMostOnce=true\n", true), ("AtMostOnce=true\nAtMostOnce=no\n", false), ("", false)] {
+            let unit = UnitFile::parse(&format!("[X-Fleet]\n{x_fleet}")).unwrap();
+            assert_eq!(asks_at_most_once(&unit), asks, "{x_fleet:?}");
+            assert_eq!(Requirements::from_unit("a.service", &unit).at_most_once, asks, "read alike: {x_fleet:?}");
+        }
+        let both = requirements("a.service", "AtMostOnce=true\nGlobal=true\n");
+        assert_eq!(both.validate(), Err(CombinationError::GlobalWith("AtMostOnce")));
+        assert_eq!(both.unknown_keys, ["AtMostOnce"], "the original does not know it");
     }
 
     #[test]

@@ -34,8 +34,13 @@ fn spawn_agent(
     let _entered = runtime.enter();
     let registry = fleet_remote::RemoteRegistry::new(manager, credentials, None).expect("remote store");
     fleet_remote::start(&registry);
-    let config =
-        AgentConfig { machine, reconcile_interval, debounce: Duration::from_millis(10), stop_units_when_cut_off: None };
+    let config = AgentConfig {
+        machine,
+        reconcile_interval,
+        debounce: Duration::from_millis(10),
+        presence_ttl: None,
+        stop_units_when_cut_off: false,
+    };
     runtime.spawn(Agent::new(config, registry, units.clone()).run(lifecycle))
 }
 

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::schedule::{IncrementalPlanner, PlanScope, RequirementsCache};
+use fleet_core::schedule::at_most_once::MachineAbsences;
+use fleet_core::schedule::{ClusterSnapshot, IncrementalPlanner, PlanScope, RequirementsCache};
 use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
 use tokio::sync::watch;
 
@@ -21,6 +22,9 @@ pub struct EngineConfig {
     /// The fallback reconcile period (`engine_reconcile_interval`).
     pub reconcile_interval: Duration,
     pub debounce: Duration,
+    /// How long an `AtMostOnce=` unit stays on a machine seen gone before it may start
+    /// elsewhere ([`fleet_core::schedule::at_most_once::hold`] of `agent_ttl`).
+    pub at_most_once_hold: Duration,
 }
 
 pub struct Engine {
@@ -40,6 +44,10 @@ pub struct Engine {
     leadership: Option<watch::Sender<bool>>,
     /// How long the last pass spent building its snapshot and planning.
     planning: Duration,
+    /// When this engine first saw each machine gone that units are still placed on.
+    absences: MachineAbsences,
+    /// When the first hold on an `AtMostOnce=` unit ends: the engine plans again then.
+    hold_ends: Option<tokio::time::Instant>,
 }
 
 impl Engine {
@@ -54,6 +62,8 @@ impl Engine {
             planned: None,
             leadership: None,
             planning: Duration::ZERO,
+            absences: MachineAbsences::default(),
+            hold_ends: None,
         }
     }
 
@@ -93,7 +103,7 @@ impl Engine {
                 biased;
                 _ = stop.wait_for(|stop| *stop) => break,
                 _ = changes.changed() => {}
-                () = tokio::time::sleep(self.config.reconcile_interval) => {}
+                () = tokio::time::sleep(self.next_look()) => {}
             }
             // A burst is gathered for at least as long as the last pass spent planning: under a
             // stream of writes the engine plans in batches and takes at most about half a core.
@@ -110,6 +120,27 @@ impl Engine {
             tracing::warn!(%error, "releasing engine leadership");
         }
         self.tell_leadership();
+    }
+
+    /// The fallback period, or sooner when a hold on an `AtMostOnce=` unit ends.
+    fn next_look(&self) -> Duration {
+        let until_hold_ends = self.hold_ends.map(|ends| ends.saturating_duration_since(tokio::time::Instant::now()));
+        until_hold_ends.map_or(self.config.reconcile_interval, |until| until.min(self.config.reconcile_interval))
+    }
+
+    /// `cluster` without the `AtMostOnce=` units whose machine is gone but may not have
+    /// stopped them yet: the plan leaves them where they are until it has.
+    fn without_held_units(&mut self, cluster: ClusterSnapshot) -> ClusterSnapshot {
+        let now = tokio::time::Instant::now().into_std();
+        self.absences.observe(&cluster, now);
+        let (held, ends) = self.absences.held(&cluster, now, self.config.at_most_once_hold);
+        self.hold_ends = ends.map(tokio::time::Instant::from_std);
+        if held.is_empty() {
+            return cluster;
+        }
+        tracing::debug!(units = held.len(), "at-most-once units wait for their lost machine to have stopped them");
+        let units = cluster.units.into_iter().filter(|unit| !held.contains(&unit.name)).collect();
+        ClusterSnapshot { machines: cluster.machines, units }
     }
 
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
@@ -149,6 +180,9 @@ impl Engine {
         }
         let revision = snapshot.revision;
         let cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
+        let cluster = self.without_held_units(cluster);
+        // A snapshot planned while units are held is planned again when the hold ends.
+        let planned = self.hold_ends.is_none().then_some(revision);
         let (decided, scope) = self.planner.plan(&cluster);
         self.planning = planning.elapsed();
         let reasons = decided.reason_texts();
@@ -159,7 +193,7 @@ impl Engine {
         };
         fleet_metrics::metrics().engine.plans.get_or_create(&fleet_metrics::PlanLabels { scope }).inc();
         if !decided.changes_anything(&self.reasons) {
-            self.planned = Some(revision);
+            self.planned = planned;
             return Ok(());
         }
         for decision in &decided.decisions {
@@ -191,7 +225,7 @@ impl Engine {
             .get_or_create(&fleet_metrics::DecisionLabels { decision: "unschedule" })
             .inc_by((decided.decisions.len() - placed) as u64);
         self.reasons = reasons;
-        self.planned = Some(revision);
+        self.planned = planned;
         Ok(())
     }
 }

@@ -29,11 +29,15 @@ async fn placement(registry: &EmbeddedRegistry) -> BTreeMap<String, Option<Strin
     registry.units().await.unwrap().into_iter().map(|view| (view.name, view.machine_id)).collect()
 }
 
+/// How long an `AtMostOnce=` unit waits on a machine gone, in these tests.
+const HOLD: Duration = Duration::from_secs(5);
+
 fn start(registry: &EmbeddedRegistry) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
     let config = EngineConfig {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
+        at_most_once_hold: HOLD,
     };
     let (stop, stopped) = watch::channel(false);
     (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
@@ -73,6 +77,38 @@ async fn places_units_least_loaded_and_moves_them_off_a_machine_that_goes() {
     let reason = registry.unit(waiting).await.unwrap().unwrap().reason.unwrap();
     assert!(reason.starts_with("conflicts with"), "{reason}");
 
+    stop.send(true).unwrap();
+    engine.await.unwrap();
+}
+
+/// An `AtMostOnce=` unit of a machine gone stays placed there for the hold (its machine may
+/// still be stopping it), then moves; a unit without it moves at once.
+#[tokio::test(start_paused = true)]
+async fn an_at_most_once_unit_moves_off_a_lost_machine_only_after_the_hold() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    registry.register_machine(&machine("m1", "eu")).await.unwrap();
+    let (stop, engine) = start(&registry);
+    registry.put_unit("once.service", &unit("AtMostOnce=true"), DesiredState::Launched).await.unwrap();
+    registry.put_unit("plain.service", &unit(""), DesiredState::Launched).await.unwrap();
+    eventually("both are placed on m1", async || {
+        placement(&registry).await.values().all(|machine| machine.as_deref() == Some("m1"))
+    })
+    .await;
+    registry.register_machine(&machine("m2", "eu")).await.unwrap();
+    registry.unregister_machine("m1").await.unwrap();
+    let lost = tokio::time::Instant::now();
+    eventually("the plain unit moves to m2", async || {
+        placement(&registry).await["plain.service"].as_deref() == Some("m2")
+    })
+    .await;
+    assert!(lost.elapsed() < HOLD, "the plain unit waited {:?}", lost.elapsed());
+    assert_eq!(placement(&registry).await["once.service"].as_deref(), Some("m1"), "the at-most-once unit waits");
+    eventually("the at-most-once unit moves after the hold", async || {
+        placement(&registry).await["once.service"].as_deref() == Some("m2")
+    })
+    .await;
+    assert!(lost.elapsed() >= HOLD, "it moved {:?} after its machine was lost", lost.elapsed());
     stop.send(true).unwrap();
     engine.await.unwrap();
 }
@@ -148,6 +184,7 @@ async fn only_the_leader_writes() {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
+        at_most_once_hold: HOLD,
     };
     let (stop, stopped) = watch::channel(false);
     let engine = tokio::spawn(Engine::new(config, contested.clone()).run(stopped));

@@ -377,11 +377,21 @@ pub trait AgentRegistry: Send + Sync {
     /// Moves when this machine's work may have changed.
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal;
     /// When this machine's presence was last known renewed: its lease, if it has not been
-    /// renewed since, expires no sooner than this plus `agent_ttl`. `None` when the store
-    /// keeps no such lease (the embedded store: a machine's presence never lapses).
-    fn presence_renewed(&self, _machine_id: &str) -> Option<tokio::time::Instant> {
-        None
+    /// renewed since, expires no sooner than then plus `agent_ttl`.
+    fn presence_renewed(&self, _machine_id: &str) -> Renewal {
+        Renewal::NotLeased
     }
+}
+
+/// What a store knows of the renewals of a machine's presence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The store keeps no lease (the embedded store): the presence never lapses.
+    NotLeased,
+    /// The machine holds no presence through this store now (it has not registered yet).
+    NotHeld,
+    /// The last renewal that succeeded was sent then.
+    SentAt(tokio::time::Instant),
 }
 
 /// A store that serves every role, as fleetd needs.

@@ -7,6 +7,9 @@
 //!   learn what the store says (not running, frozen, or cut off from the store). A machine
 //!   whose fleetd runs, reaches the store and holds its presence is in touch, whatever
 //!   happened before: past [`REACTION`] after its return it runs nothing that runs elsewhere.
+//! - A unit that asked to run at most once (`AtMostOnce=`) never runs on two machines, not
+//!   for an instant, whatever the faults: no excuse. It is looked at every tick of the
+//!   simulated clock (10 ms), not only at the samples.
 //! - Once the faults end, the cluster settles within [`SETTLE_LIMIT`]: every unit meant to run
 //!   runs once, on the machine the schedule names, and nothing else runs (nothing lost).
 
@@ -50,6 +53,8 @@ pub struct Judge {
     episodes: BTreeMap<String, Episode>,
     pub violations: Vec<String>,
     pub longest_double_run: Duration,
+    /// The `AtMostOnce=` units found on two machines, and since when (reported once each).
+    twice: BTreeMap<String, Instant>,
 }
 
 impl Judge {
@@ -60,6 +65,21 @@ impl Judge {
             || sample.out_of_touch.contains(machine)
             || recently(sample.absence_ended.get(machine))
             || recently(sample.election_ended.as_ref())
+    }
+
+    /// Looks at where the `AtMostOnce=` units run now (unit → machines).
+    pub fn look_at_most_once(&mut self, now: Instant, running: &BTreeMap<String, BTreeSet<String>>) {
+        let began = *self.began.get_or_insert(now);
+        self.twice.retain(|unit, _| running.get(unit).is_some_and(|on| on.len() > 1));
+        for (unit, on) in running.iter().filter(|(_, on)| on.len() > 1) {
+            if !self.twice.contains_key(unit) {
+                self.twice.insert(unit.clone(), now);
+                self.violations.push(format!(
+                    "at {:?}: {unit}, which asked to run at most once, runs on {on:?}",
+                    now.duration_since(began)
+                ));
+            }
+        }
     }
 
     pub fn look(&mut self, now: Instant, sample: &Sample) {
@@ -164,6 +184,19 @@ mod tests {
         let mut strict = Judge::default();
         strict.look(start, &sample(&[("u", &["a", "b"])], &["a", "b"], false));
         assert_eq!(strict.violations.len(), 1, "both hold their leases: no excuse");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_at_most_once_unit_on_two_machines_has_no_excuse() {
+        let mut judge = Judge::default();
+        let on = |machines: &[&str]| -> BTreeMap<String, BTreeSet<String>> {
+            [("u".to_string(), machines.iter().map(|m| m.to_string()).collect())].into()
+        };
+        judge.look_at_most_once(Instant::now(), &on(&["a"]));
+        assert!(judge.violations.is_empty());
+        judge.look_at_most_once(Instant::now(), &on(&["a", "b"]));
+        judge.look_at_most_once(Instant::now(), &on(&["a", "b"]));
+        assert_eq!(judge.violations.len(), 1, "one episode, reported once");
     }
 
     #[test]

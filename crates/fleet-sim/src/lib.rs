@@ -28,11 +28,12 @@ use fleet_testkit::{FakeUnitManager, Seeded};
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::faults::{Fault, FaultKind};
 use crate::gate::Gate;
 use crate::judge::{Judge, Sample};
-use crate::manager::SimManager;
+use crate::manager::{Keeper, SimManager};
 use crate::store::{SharedWorld, SimStore, lock};
 use crate::world::World;
 
@@ -114,6 +115,8 @@ struct Node {
     machine: MachineState,
     frozen: Arc<Gate>,
     units: Arc<FakeUnitManager>,
+    /// Like the native supervisor (units die with fleetd; a keeper fences), else like systemd.
+    keeper: Option<Arc<Keeper>>,
     store: Option<SimStore>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Kept so the agent and engine run on (dropping them would stop them).
@@ -141,23 +144,30 @@ impl Cluster {
             node.clock_rate,
             self.config.lost_answers,
         );
-        let manager: Arc<dyn UnitManager> = Arc::new(SimManager::new(node.units.clone(), node.frozen.clone()));
+        let manager: Arc<dyn UnitManager> =
+            Arc::new(SimManager::new(node.units.clone(), node.frozen.clone(), node.keeper.clone()));
         let agent_config = AgentConfig {
             machine: node.machine.clone(),
             reconcile_interval: Duration::from_secs(5),
             debounce: Duration::from_millis(10),
-            stop_units_when_cut_off: None,
+            presence_ttl: Some(self.config.agent_ttl),
+            stop_units_when_cut_off: false,
         };
         let agent = Agent::new(agent_config, Arc::new(store.clone()), manager);
         let engine_config = EngineConfig {
             machine_id: node.machine.id.clone(),
             reconcile_interval: Duration::from_millis(500),
             debounce: Duration::from_millis(10),
+            at_most_once_hold: fleet_core::schedule::at_most_once::hold(self.config.agent_ttl),
         };
         let engine = Engine::new(engine_config, Arc::new(store.clone()));
         let (lifecycle, agent_watch) = watch::channel(Lifecycle::Running);
         let (stop, engine_watch) = watch::channel(false);
-        node.tasks = vec![tokio::spawn(agent.run(agent_watch)), tokio::spawn(engine.run(engine_watch))];
+        let span = tracing::info_span!("fleetd", machine = node.machine.id.as_str(), start = node.starts);
+        node.tasks = vec![
+            tokio::spawn(agent.run(agent_watch).instrument(span.clone())),
+            tokio::spawn(engine.run(engine_watch).instrument(span)),
+        ];
         node.lifecycle = Some((lifecycle, stop));
         node.store = Some(store);
         let mut world = lock(&self.world);
@@ -166,10 +176,15 @@ impl Cluster {
         }
     }
 
-    /// Kills the fleetd (kill -9): its tasks end where they are, its units run on, its
-    /// copy of the store goes with it.
+    /// Kills the fleetd (kill -9): its tasks end where they are, its copy of the store goes
+    /// with it; its units run on under systemd, and die with it under the native supervisor
+    /// (its keeper kills them), whose next fleetd starts with none.
     fn kill(&mut self, index: usize) {
         let node = &mut self.nodes[index];
+        if node.keeper.is_some() {
+            node.keeper = Some(Arc::default());
+            node.units = Arc::new(FakeUnitManager::new());
+        }
         for task in node.tasks.drain(..) {
             task.abort();
         }
@@ -180,6 +195,28 @@ impl Cluster {
         let mut world = lock(&self.world);
         world.copies.remove(&node.machine.id);
         world.dead.insert(node.machine.id.clone());
+    }
+
+    /// The keepers' fences, at this instant.
+    fn enforce_fences(&self) {
+        for node in &self.nodes {
+            if let Some(keeper) = &node.keeper {
+                keeper.enforce(&node.units);
+            }
+        }
+    }
+
+    /// The machines each of `units` runs on now.
+    fn running(&self, units: &[String]) -> BTreeMap<String, BTreeSet<String>> {
+        let mut running: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for name in units {
+            for node in &self.nodes {
+                if node.units.state(name).is_some_and(|state| state.active == "active") {
+                    running.entry(name.clone()).or_default().insert(node.machine.id.clone());
+                }
+            }
+        }
+        running
     }
 
     async fn sample(&self) -> Sample {
@@ -251,9 +288,15 @@ impl Cluster {
 }
 
 /// A unit of the workload: each has a body of its own, and a new one when replaced.
-fn unit_file(index: usize, version: usize) -> UnitFile {
-    UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep {}\n", 100_000 + index * 100 + version))
+fn unit_file(index: usize, version: usize, at_most_once: bool) -> UnitFile {
+    let x_fleet = if at_most_once { "[X-Fleet]\nAtMostOnce=true\n" } else { "" };
+    UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep {}\n{x_fleet}", 100_000 + index * 100 + version))
         .expect("a valid unit")
+}
+
+/// Whether unit `index` asks to run at most once, in a run whose machines can fence.
+fn at_most_once(index: usize, native: bool) -> bool {
+    native && index.is_multiple_of(3)
 }
 
 /// What a client does to a unit: start it, stop it (`fleetctl stop`: loaded), unload it
@@ -291,6 +334,7 @@ fn operate(
     operation: Operation,
     versions: &mut [usize],
     destroyed: &mut BTreeSet<usize>,
+    native: bool,
 ) {
     if world.leaderless || destroyed.contains(&unit) {
         return;
@@ -314,7 +358,7 @@ fn operate(
             if world.units.contains_key(&name) {
                 world.set_desired(&name, desired);
             } else {
-                world.put_unit(&name, unit_file(unit, versions[unit]), desired);
+                world.put_unit(&name, unit_file(unit, versions[unit], at_most_once(unit, native)), desired);
             }
         }
         Operation::Destroy => {
@@ -324,7 +368,7 @@ fn operate(
         Operation::Replace => {
             versions[unit] += 1;
             let desired = world.units.get(&name).map_or(DesiredState::Launched, |stored| stored.desired);
-            world.put_unit(&name, unit_file(unit, versions[unit]), desired);
+            world.put_unit(&name, unit_file(unit, versions[unit], at_most_once(unit, native)), desired);
         }
     }
 }
@@ -341,6 +385,9 @@ fn digest_sample(digest: &mut u64, sample: &Sample) {
 async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let mut trace = Vec::new();
     let mut random = Seeded::new(seed);
+    // Half the seeds run machines like the native supervisor, whose keeper fences the units
+    // that asked to run at most once (a third of them); the others run them like systemd.
+    let native = Seeded::new(seed ^ 0x6e61_7469_7665).below(2) == 0;
     let world = Arc::new(Mutex::new(World::new(config.agent_ttl, Duration::from_millis(2500))));
     let nodes = (0..config.machines)
         .map(|index| Node {
@@ -351,6 +398,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             },
             frozen: Arc::default(),
             units: Arc::new(FakeUnitManager::new()),
+            keeper: native.then(Arc::default),
             store: None,
             tasks: Vec::new(),
             lifecycle: None,
@@ -372,7 +420,8 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     {
         let mut world = lock(&world);
         for unit in 0..config.units {
-            world.put_unit(&format!("u{unit}.service"), unit_file(unit, 0), DesiredState::Launched);
+            let file = unit_file(unit, 0, at_most_once(unit, native));
+            world.put_unit(&format!("u{unit}.service"), file, DesiredState::Launched);
         }
         // Copies lag their store by up to 300 ms, each its own.
         for index in 0..config.machines {
@@ -403,6 +452,8 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let sample_every = 10;
     let mut judge = Judge::default();
     let mut digest = 0;
+    let once_units: Vec<String> =
+        (0..config.units).filter(|unit| at_most_once(*unit, native)).map(|unit| format!("u{unit}.service")).collect();
     let mut versions = vec![0; config.units];
     let mut destroyed = BTreeSet::new();
     let mut pending = events.into_iter().peekable();
@@ -427,11 +478,13 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
                 Event::Begin(fault) => cluster.begin(&fault),
                 Event::End(fault) => cluster.end(&fault),
                 Event::Operate(unit, operation) => {
-                    operate(&mut lock(&world), unit, operation, &mut versions, &mut destroyed)
+                    operate(&mut lock(&world), unit, operation, &mut versions, &mut destroyed, native)
                 }
             }
         }
         lock(&world).tick();
+        cluster.enforce_fences();
+        judge.look_at_most_once(Instant::now(), &cluster.running(&once_units));
         if ticks.is_multiple_of(sample_every) {
             let sample = cluster.sample().await;
             judge.look(Instant::now(), &sample);

@@ -1,25 +1,51 @@
-//! A machine's unit manager in the simulation: the fake manager (what runs there outlives
-//! its fleetd, as under systemd), reached only while the fleetd is not frozen.
+//! A machine's unit manager in the simulation: the fake manager, reached only while the
+//! fleetd is not frozen. Like systemd (what runs outlives fleetd, no fence) or like the
+//! native supervisor (what runs dies with fleetd, and its keeper, which no freeze reaches,
+//! kills the fenced `AtMostOnce=` units at their deadline: [`Keeper`]).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use fleet_core::UnitFile;
 use fleet_testkit::FakeUnitManager;
+use fleet_unit_manager::fence::Fence;
 use fleet_unit_manager::{HeldUnit, Result, UnitManager};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::gate::Gate;
+
+/// The native supervisor's keeper, with the fence it holds, enforced on the simulation's
+/// clock (no freeze of fleetd reaches it).
+#[derive(Debug, Default)]
+pub struct Keeper {
+    fence: Mutex<Fence>,
+}
+
+impl Keeper {
+    fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
+        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Kills the fenced units of `units` once their deadline has come.
+    pub fn enforce(&self, units: &FakeUnitManager) {
+        for name in self.fence().take_due(Instant::now()) {
+            let _ = units.stop_outside_fleet(&name);
+        }
+    }
+}
 
 pub struct SimManager {
     pub units: Arc<FakeUnitManager>,
     frozen: Arc<Gate>,
+    /// The keeper, for a manager like the native supervisor.
+    keeper: Option<Arc<Keeper>>,
 }
 
 impl SimManager {
-    pub fn new(units: Arc<FakeUnitManager>, frozen: Arc<Gate>) -> Self {
-        Self { units, frozen }
+    pub fn new(units: Arc<FakeUnitManager>, frozen: Arc<Gate>, keeper: Option<Arc<Keeper>>) -> Self {
+        Self { units, frozen, keeper }
     }
 
     async fn thawed(&self) {
@@ -35,11 +61,17 @@ impl UnitManager for SimManager {
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
         self.thawed().await;
+        if let Some(keeper) = &self.keeper {
+            keeper.fence().loaded(name, file);
+        }
         self.units.load(name, file).await
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
         self.thawed().await;
+        if let Some(keeper) = &self.keeper {
+            keeper.fence().unloaded(name);
+        }
         self.units.unload(name).await
     }
 
@@ -50,6 +82,9 @@ impl UnitManager for SimManager {
 
     async fn start(&self, name: &str) -> Result<()> {
         self.thawed().await;
+        if let Some(keeper) = &self.keeper {
+            keeper.fence().check_start(name, Instant::now())?;
+        }
         self.units.start(name).await
     }
 
@@ -78,5 +113,12 @@ impl UnitManager for SimManager {
     async fn stop_all(&self) -> Result<()> {
         self.thawed().await;
         self.units.stop_all().await
+    }
+
+    async fn fence(&self, deadline: Instant, units: &[String]) -> Result<bool> {
+        self.thawed().await;
+        let Some(keeper) = &self.keeper else { return Ok(false) };
+        keeper.fence().arm(deadline, units);
+        Ok(true)
     }
 }

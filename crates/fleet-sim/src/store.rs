@@ -14,8 +14,8 @@ use fleet_core::schedule::{Decision, SnapshotUnit};
 use fleet_core::{Backoff, MachineState, UnitFile, UnitHash};
 use fleet_registry::apply_rule::{Condition, unit_writes};
 use fleet_registry::{
-    AgentRegistry, ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, MachineWork, RegistryError, Result,
-    StateReport,
+    AgentRegistry, ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, MachineWork, RegistryError, Renewal,
+    Result, StateReport,
 };
 use fleet_testkit::Seeded;
 use tokio::time::Instant;
@@ -322,8 +322,8 @@ impl AgentRegistry for SimStore {
         world.agent_signal(machine_id).subscribe()
     }
 
-    fn presence_renewed(&self, _machine_id: &str) -> Option<Instant> {
-        self.session().map(|session| session.renewed)
+    fn presence_renewed(&self, _machine_id: &str) -> Renewal {
+        self.session().map_or(Renewal::NotHeld, |session| Renewal::SentAt(session.renewed))
     }
 }
 

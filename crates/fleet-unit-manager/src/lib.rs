@@ -5,6 +5,7 @@
 //! (containers, development). The agent drives a manager only through
 //! this trait.
 
+pub mod fence;
 #[cfg(feature = "native")]
 pub mod native;
 #[cfg(feature = "systemd")]
@@ -23,6 +24,9 @@ pub enum UnitManagerError {
     NotLoaded(String),
     #[error("unit {unit}: {reason}")]
     Refused { unit: String, reason: String },
+    /// A unit that runs at most once, asked to start with no fence holding it.
+    #[error("unit {unit} runs at most once, and no fence holds it: its machine's presence may have lapsed")]
+    Fenced { unit: String },
     /// The manager cannot run units as it must here (the native supervisor without a cgroup
     /// v2 hierarchy to hold units' processes).
     #[error("{0}")]
@@ -79,4 +83,11 @@ pub trait UnitManager: Send + Sync {
     }
     /// Stops every unit, for a clean shutdown.
     async fn stop_all(&self) -> Result<()>;
+    /// Arms the backstop of `AtMostOnce=` units: something outside fleetd kills `units` at
+    /// `deadline` unless it is armed again before, so they stop on time even if fleetd is
+    /// frozen or dies. Each call replaces the last; no units lifts it. `Ok(false)`: this
+    /// manager has no such backstop.
+    async fn fence(&self, _deadline: tokio::time::Instant, _units: &[String]) -> Result<bool> {
+        Ok(false)
+    }
 }

@@ -150,7 +150,8 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
             reconcile_interval: PULL_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
             // A pull agent has no lease of its own: its manager holds its presence.
-            stop_units_when_cut_off: None,
+            presence_ttl: None,
+            stop_units_when_cut_off: false,
         };
         let (agent_registry, agent_units) = (registry.clone(), units.clone());
         let agent = tokio::spawn(supervise("agent", move || {

@@ -281,7 +281,8 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
             machine: machine_state(&config, &machine_id),
             reconcile_interval: AGENT_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
-            stop_units_when_cut_off: config.stop_units_when_cut_off.then_some(config.agent_ttl),
+            presence_ttl: Some(config.agent_ttl),
+            stop_units_when_cut_off: config.stop_units_when_cut_off,
         };
         let (agent_registry, agent_manager) = (registry.clone(), manager.clone());
         tasks.spawn(supervise("agent", move || {
@@ -292,6 +293,7 @@ pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Ve
                 machine_id: machine_id.clone(),
                 reconcile_interval: config.engine_reconcile_interval,
                 debounce: DEBOUNCE,
+                at_most_once_hold: fleet_core::schedule::at_most_once::hold(config.agent_ttl),
             };
             let (leads, leads_watch) = watch::channel(false);
             let (engine_registry, engine_stop) = (registry.clone(), stop_watch.clone());

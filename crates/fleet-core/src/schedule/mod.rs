@@ -4,6 +4,7 @@
 //! there (no rebalancing). Unplaced units go to the least-loaded eligible machine, ties broken
 //! by machine ID. A unit that cannot be placed gets a reason.
 
+pub mod at_most_once;
 mod candidates;
 mod incremental;
 mod plan;

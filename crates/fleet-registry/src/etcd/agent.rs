@@ -112,8 +112,8 @@ impl AgentRegistry for EtcdRegistry {
         Ok(())
     }
 
-    fn presence_renewed(&self, machine_id: &str) -> Option<tokio::time::Instant> {
-        self.session(machine_id).map(|session| session.renewed())
+    fn presence_renewed(&self, machine_id: &str) -> crate::Renewal {
+        self.session(machine_id).map_or(crate::Renewal::NotHeld, |session| crate::Renewal::SentAt(session.renewed()))
     }
 
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {

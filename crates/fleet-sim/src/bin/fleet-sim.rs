@@ -15,6 +15,13 @@ fn main() -> anyhow::Result<()> {
     let arguments: Vec<String> = std::env::args().skip(1).collect();
     let config = SimConfig::default();
     if arguments.first().map(String::as_str) == Some("--seed") {
+        // FLEET_SIM_LOG=debug: the engines' and agents' logs, on the simulated clock.
+        if let Ok(filter) = std::env::var("FLEET_SIM_LOG") {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_timer(SimulatedClock(std::sync::OnceLock::new()))
+                .init();
+        }
         let seed: u64 = arguments.get(1).context("--seed needs a number")?.parse().context("--seed needs a number")?;
         let first = fleet_sim::run_traced(seed, &config, true);
         let again = fleet_sim::run_traced(seed, &config, true);
@@ -89,4 +96,14 @@ fn main() -> anyhow::Result<()> {
         bail!("failing seeds (replay with `fleet-sim --seed N`): {seeds:?}");
     }
     Ok(())
+}
+
+/// Log times on tokio's clock, from the first line: a replayed seed logs the same times.
+struct SimulatedClock(std::sync::OnceLock<tokio::time::Instant>);
+
+impl tracing_subscriber::fmt::time::FormatTime for SimulatedClock {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        let start = *self.0.get_or_init(tokio::time::Instant::now);
+        write!(w, "{:>9.3}", start.elapsed().as_secs_f64())
+    }
 }

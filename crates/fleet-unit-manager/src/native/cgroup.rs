@@ -123,6 +123,17 @@ impl CgroupBase {
         Ok(UnitCgroup { hierarchy_path: format!("{}/{unit}", self.hierarchy_path), dir, procs })
     }
 
+    /// Kills every process in `unit`'s cgroup, if it has one.
+    pub fn kill_unit(&self, unit: &str) {
+        if unit.is_empty() || unit.contains('/') || unit.starts_with('.') || unit.starts_with("cgroup.") {
+            return;
+        }
+        let dir = self.dir.join(unit);
+        if dir.is_dir() {
+            UnitCgroup::existing(dir).kill_all();
+        }
+    }
+
     /// Kills every process in every unit cgroup below the base and removes those cgroups:
     /// what a fleetd that died left behind. Returns how many processes it found.
     pub fn kill_everything(&self) -> usize {

@@ -3,6 +3,11 @@
 //! crash). It learns of the death by end-of-file on a pipe whose write end only fleetd holds,
 //! so no signal can be missed. It finds the units by their cgroups (which nothing a unit
 //! does can leave) and by the supervisor marker in their environment.
+//!
+//! It also holds the fence of `AtMostOnce=` units: fleetd writes `fence <ms> <unit>...` lines
+//! on the same pipe, a moment of `CLOCK_MONOTONIC` by which those units must have stopped
+//! (their machine's presence may have lapsed then); unless a later line moves or lifts it,
+//! the keeper kills them at that moment, even when fleetd is frozen and cannot.
 
 use std::io::{self, Read};
 use std::os::unix::process::CommandExt;
@@ -11,7 +16,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::cgroup::CgroupBase;
-use super::process::kill_leftovers;
+use super::process::{kill_leftovers, kill_unit_leftovers};
 
 /// The argument that turns the fleetd binary into a keeper.
 pub const KEEPER_ARGUMENT: &str = "--native-unit-keeper";
@@ -44,16 +49,101 @@ pub fn keeper_lock_path(marker: &str) -> std::path::PathBuf {
 /// this keeper would then kill.
 pub fn run_keeper(marker: &str, cgroups: Option<&Path>) -> usize {
     let _held = fleet_fs::lock_waiting(&keeper_lock_path(marker), Duration::from_secs(60)).ok().flatten();
-    let mut buffer = [0u8; 64];
+    let mut buffer = [0u8; 4096];
     let mut stdin = io::stdin();
+    let mut pending: Vec<u8> = Vec::new();
+    let mut fence: Option<Fence> = None;
     loop {
+        let wait = fence.as_ref().map(|fence| fence.deadline_ms.saturating_sub(monotonic_ms()));
+        if !readable_within(wait) {
+            if let Some(fence) = fence.take() {
+                for unit in &fence.units {
+                    kill_unit(marker, cgroups, unit);
+                }
+            }
+            continue;
+        }
         match stdin.read(&mut buffer) {
             Ok(0) => break,
-            Ok(_) => continue,
+            Ok(read) => pending.extend_from_slice(&buffer[..read]),
             Err(error) if error.kind() == io::ErrorKind::Interrupted => continue,
             Err(_) => break,
+        }
+        while let Some(end) = pending.iter().position(|byte| *byte == b'\n') {
+            let line: Vec<u8> = pending.drain(..=end).collect();
+            if let Some(next) = std::str::from_utf8(&line).ok().and_then(Fence::parse) {
+                fence = (!next.units.is_empty()).then_some(next);
+            }
+        }
+        if pending.len() > MAX_LINE {
+            pending.clear();
         }
     }
     let in_cgroups = cgroups.map_or(0, |dir| CgroupBase::at(dir.to_path_buf()).kill_everything());
     in_cgroups + kill_leftovers(marker)
+}
+
+/// The longest line the keeper keeps reading; anything longer is dropped.
+const MAX_LINE: usize = 1 << 20;
+
+/// Units to kill at a moment of `CLOCK_MONOTONIC` (milliseconds).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fence {
+    pub deadline_ms: u64,
+    pub units: Vec<String>,
+}
+
+impl Fence {
+    /// The line fleetd writes for it.
+    pub fn line(&self) -> String {
+        let mut line = format!("fence {}", self.deadline_ms);
+        for unit in &self.units {
+            line.push(' ');
+            line.push_str(unit);
+        }
+        line.push('\n');
+        line
+    }
+
+    /// Reads a line written by [`Fence::line`]; unit names that could not name a unit are
+    /// left out.
+    pub fn parse(line: &str) -> Option<Self> {
+        let mut words = line.split_whitespace();
+        if words.next() != Some("fence") {
+            return None;
+        }
+        let deadline_ms = words.next()?.parse().ok()?;
+        let units = words.filter(|unit| !unit.contains('/') && !unit.starts_with('.')).map(str::to_string).collect();
+        Some(Self { deadline_ms, units })
+    }
+}
+
+/// Now on `CLOCK_MONOTONIC`, in milliseconds: the clock fleetd and its keeper share.
+pub fn monotonic_ms() -> u64 {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec it is given, which lives on this stack.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) };
+    u64::try_from(now.tv_sec).unwrap_or(0) * 1000 + u64::try_from(now.tv_nsec).unwrap_or(0) / 1_000_000
+}
+
+/// Whether standard input has something to read (or its end) within `wait` milliseconds
+/// (`None`: however long it takes).
+fn readable_within(wait: Option<u64>) -> bool {
+    let timeout = wait.map_or(-1, |ms| i32::try_from(ms).unwrap_or(i32::MAX));
+    let mut descriptor = libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll reads and writes the one pollfd it is given, which lives on this stack.
+    let ready = unsafe { libc::poll(&mut descriptor, 1, timeout) };
+    // Interrupted (-1): look again; the caller recomputes the wait.
+    ready != 0
+}
+
+/// Kills every process of `unit`: its cgroup where there are cgroups, else the processes
+/// whose environment names it under this supervisor's marker.
+fn kill_unit(marker: &str, cgroups: Option<&Path>, unit: &str) {
+    match cgroups {
+        Some(dir) => CgroupBase::at(dir.to_path_buf()).kill_unit(unit),
+        None => {
+            kill_unit_leftovers(marker, unit);
+        }
+    }
 }

@@ -91,6 +91,10 @@ struct Shared {
     hostname: String,
     /// Held for its pipe: when fleetd dies the keeper reads end-of-file.
     _keeper: Option<std::process::Child>,
+    /// The pipe's write end: fleetd's lines to its keeper (the fence of `AtMostOnce=` units).
+    keeper_input: Mutex<Option<std::process::ChildStdin>>,
+    /// The fence as the keeper holds it, checked before each start.
+    fence: Mutex<crate::fence::Fence>,
 }
 
 impl Shared {
@@ -160,7 +164,7 @@ impl NativeManager {
         if leftovers > 0 {
             tracing::warn!(leftovers, "killed unit processes left behind by an earlier fleetd");
         }
-        let keeper = match &options.keeper_program {
+        let mut keeper = match &options.keeper_program {
             Some(program) => Some(
                 keeper::spawn_keeper(program, &marker, cgroups.as_ref().map(CgroupBase::dir)).map_err(|source| {
                     UnitManagerError::Io { context: format!("starting the unit keeper {}", program.display()), source }
@@ -168,8 +172,11 @@ impl NativeManager {
             ),
             None => None,
         };
+        let keeper_input = Mutex::new(keeper.as_mut().and_then(|child| child.stdin.take()));
         let shared = Shared {
             _keeper: keeper,
+            keeper_input,
+            fence: Mutex::default(),
             units: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
             log_dir,
@@ -266,6 +273,7 @@ impl NativeManager {
             account,
             gid,
             marker: self.shared.marker.clone(),
+            unit: specifiers.name.clone(),
             cgroup: None,
         })
     }
@@ -306,6 +314,7 @@ impl UnitManager for NativeManager {
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
+        self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).loaded(name, file);
         let previous = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = previous {
             self.begin_stop(name, running);
@@ -341,6 +350,7 @@ impl UnitManager for NativeManager {
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
+        self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).unloaded(name);
         let running = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = running {
             self.begin_stop(name, running);
@@ -355,6 +365,10 @@ impl UnitManager for NativeManager {
     }
 
     async fn start(&self, name: &str) -> Result<()> {
+        if self.shared.keeper_input.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some() {
+            let fence = self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            fence.check_start(name, tokio::time::Instant::now())?;
+        }
         let (config, file, log, generation) = {
             let mut slots = self.shared.slots();
             let slot = slots.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
@@ -442,6 +456,21 @@ impl UnitManager for NativeManager {
                 source: std::io::Error::other(error),
             })?
             .map_err(|source| UnitManagerError::Io { context: "reading unit log".into(), source })
+    }
+
+    /// Hands the fence to the keeper, which kills the units at the deadline even if this
+    /// fleetd is frozen by then; without a keeper there is no such backstop.
+    async fn fence(&self, deadline: tokio::time::Instant, units: &[String]) -> Result<bool> {
+        let mut input = self.shared.keeper_input.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(pipe) = input.as_mut() else { return Ok(false) };
+        // Converted at once: a fleetd frozen after this line still hands over the same moment.
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let deadline_ms = keeper::monotonic_ms() + u64::try_from(left.as_millis()).unwrap_or(u64::MAX / 2);
+        let line = keeper::Fence { deadline_ms, units: units.to_vec() }.line();
+        std::io::Write::write_all(pipe, line.as_bytes())
+            .map_err(|source| UnitManagerError::Io { context: "fencing units through the keeper".into(), source })?;
+        self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).arm(deadline, units);
+        Ok(true)
     }
 
     /// Stops every unit at once and waits for them, for `stop_all_timeout` at most; then

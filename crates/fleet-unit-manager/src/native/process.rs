@@ -17,6 +17,8 @@ use super::journal::{LogSink, MAX_LINE_BYTES};
 /// Set in every unit process, so that a fleetd restarting after a crash can find and stop
 /// the processes its predecessor left behind.
 pub const SUPERVISOR_MARKER: &str = "FLEET_NATIVE_SUPERVISOR";
+/// The variable naming the unit a process belongs to, beside [`SUPERVISOR_MARKER`].
+pub const UNIT_MARKER: &str = "FLEET_NATIVE_UNIT";
 
 /// The umask and soft open-file limit a unit's processes start with, as under systemd.
 const UNIT_UMASK: libc::mode_t = 0o022;
@@ -42,6 +44,8 @@ pub struct ExecContext {
     pub account: Option<Account>,
     pub gid: Option<u32>,
     pub marker: String,
+    /// The unit's name.
+    pub unit: String,
     /// The unit's cgroup, where there is a writable cgroup v2 hierarchy.
     pub cgroup: Option<UnitCgroup>,
 }
@@ -104,6 +108,7 @@ impl ExecContext {
         let mut environment = BTreeMap::from([
             ("PATH".to_string(), DEFAULT_PATH.to_string()),
             (SUPERVISOR_MARKER.to_string(), self.marker.clone()),
+            (UNIT_MARKER.to_string(), self.unit.clone()),
         ]);
         if let Some(account) = &self.account {
             environment.insert("HOME".into(), account.home.clone());
@@ -264,6 +269,22 @@ pub fn marked_processes(marker: &str) -> Vec<u32> {
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| *pid != own && marked_with(*pid, marker))
         .collect()
+}
+
+/// Kills every process of `unit` whose environment carries `marker`; how many it found.
+pub fn kill_unit_leftovers(marker: &str, unit: &str) -> usize {
+    let wanted = format!("{UNIT_MARKER}={unit}");
+    let processes: Vec<u32> = marked_processes(marker)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .is_ok_and(|environ| environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()))
+        })
+        .collect();
+    for pid in &processes {
+        signal_process(*pid, libc::SIGKILL);
+    }
+    processes.len()
 }
 
 /// Kills every process whose environment carries `marker`: the units a crashed fleetd left.

@@ -115,7 +115,8 @@ fn main() {
                 machine: simulated_machine(index),
                 reconcile_interval: Duration::from_secs(5),
                 debounce: Duration::from_millis(10),
-                stop_units_when_cut_off: None,
+                presence_ttl: None,
+                stop_units_when_cut_off: false,
             };
             let id = config.machine.id.clone();
             let agent = Agent::new(config, Arc::new(registry.clone()), Arc::new(FakeUnitManager::new()));

@@ -162,7 +162,8 @@ fn main() {
                 // As fleetd's pull mode: changes come by long poll; the fallback is a safety net.
                 reconcile_interval: Duration::from_secs(30),
                 debounce: Duration::from_millis(10),
-                stop_units_when_cut_off: None,
+                presence_ttl: None,
+                stop_units_when_cut_off: false,
             };
             tokio::spawn(Agent::new(config, registry, Arc::new(FakeUnitManager::new())).run(lifecycle_watch.clone()));
         }
