@@ -129,6 +129,7 @@ impl Agent {
     /// next agent to adopt.
     pub async fn run(mut self, mut lifecycle: watch::Receiver<Lifecycle>) {
         let mut work_changes = self.registry.machine_changes(self.machine_id());
+        let mut lapses = self.registry.presence_lapses(self.machine_id());
         self.adopt_running_units().await;
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         let mut registered = false;
@@ -146,7 +147,17 @@ impl Agent {
                 retry.reset();
                 fence_check.unwrap_or(RETRY_MIN)
             } else {
-                let next = match self.reconcile().await {
+                // A pass waiting on a slow store does not hold up what a lapse calls for: it is
+                // dropped when the store says the presence lapsed, or when it may have by this
+                // machine's clock with units to stop for it.
+                let lapse_at = self.own_lapse_moment();
+                let outcome = tokio::select! {
+                    biased;
+                    Some(()) = lapsed(lapses.as_mut()) => Err(RegistryError::PresenceLapsed),
+                    () = until(lapse_at) => Ok(()),
+                    outcome = self.reconcile() => outcome,
+                };
+                let next = match outcome {
                     Ok(()) => {
                         retry.reset();
                         self.config.reconcile_interval
@@ -258,6 +269,14 @@ impl Agent {
                 None
             }
         }
+    }
+
+    /// When the presence may lapse by this machine's clock, if there are units to stop then.
+    fn own_lapse_moment(&self) -> Option<tokio::time::Instant> {
+        let ttl = self.config.presence_ttl?;
+        let Renewal::SentAt(sent) = self.registry.presence_renewed(self.machine_id()) else { return None };
+        let stops_something = self.config.stop_units_when_cut_off || !self.at_most_once.is_empty();
+        (stops_something && !self.presence_lapsed).then_some(sent + ttl)
     }
 
     /// Whether the presence holds by this machine's clock (or never lapses).
@@ -611,6 +630,26 @@ impl Agent {
         if let Err(error) = self.registry.unregister_machine(self.machine_id()).await {
             tracing::warn!(%error, "leaving the cluster at shutdown");
         }
+    }
+}
+
+/// Returns when `lapses` moves (marking it seen); never without one.
+async fn lapsed(lapses: Option<&mut watch::Receiver<u64>>) -> Option<()> {
+    match lapses {
+        Some(lapses) => {
+            lapses.changed().await.ok()?;
+            lapses.mark_unchanged();
+            Some(())
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Returns at `moment`; never without one.
+async fn until(moment: Option<tokio::time::Instant>) {
+    match moment {
+        Some(moment) => tokio::time::sleep_until(moment).await,
+        None => std::future::pending().await,
     }
 }
 

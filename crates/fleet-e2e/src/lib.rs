@@ -13,6 +13,7 @@ pub mod connect_proxy;
 pub mod delay_proxy;
 pub mod git_repo;
 pub mod https;
+pub mod lab;
 pub mod lab_etcd;
 pub mod lab_fleet;
 pub mod nat;

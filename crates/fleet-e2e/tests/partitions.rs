@@ -7,84 +7,15 @@ use std::time::{Duration, Instant};
 
 use fleet_e2e::AGENT_TTL_SECONDS;
 use fleet_e2e::delay_proxy::DelayProxy;
+use fleet_e2e::lab::{Lab, lab, lab_with};
 use fleet_e2e::lab_etcd::LabEtcd;
-use fleet_e2e::lab_fleet::{LabMember, lab_member, running_sleepers, sleeper_units};
+use fleet_e2e::lab_fleet::{LabMember, lab_member};
 use fleet_e2e::netlab::NetLab;
-use fleet_e2e::{member_id, metric_value, poll_until, unit_processes};
+use fleet_e2e::{member_id, metric_value, poll_until};
 
 const PREFIX: &str = "/_coreos.com/fleet/";
 
 const SAMPLE: Duration = Duration::from_millis(100);
-
-struct Lab {
-    // Dropped first: the fleetds, then etcd, then the network.
-    members: Vec<LabMember>,
-    etcd: LabEtcd,
-    net: NetLab,
-    scratch: tempfile::TempDir,
-}
-
-fn lab(machines: usize) -> Lab {
-    lab_with(machines, &[])
-}
-
-fn lab_with(machines: usize, extra: &[(&str, &str)]) -> Lab {
-    let net = NetLab::create();
-    let etcd = LabEtcd::start(&net, 3);
-    let endpoints = etcd.endpoints();
-    let members = (0..machines).map(|index| lab_member(&net, index, &endpoints, extra)).collect();
-    Lab { members, etcd, net, scratch: tempfile::tempdir().expect("scratch dir") }
-}
-
-impl Lab {
-    /// The member whose engine leads, by its own metrics.
-    fn engine_leader(&self, among: &[usize]) -> Option<usize> {
-        among
-            .iter()
-            .copied()
-            .find(|index| metric_value(&self.members[*index].fleetd.metrics(), "fleet_engine_leader") == Some(1.0))
-    }
-
-    /// What runs on each member, by member index.
-    fn running(&self) -> Vec<BTreeSet<usize>> {
-        self.members.iter().map(|member| running_sleepers(&member.fleetd.state_dir())).collect()
-    }
-
-    /// The unit processes of every member, by member index.
-    fn processes(&self) -> Vec<BTreeSet<u32>> {
-        self.members.iter().map(|member| unit_processes(&member.fleetd.state_dir()).into_iter().collect()).collect()
-    }
-
-    fn logs(&self) -> String {
-        self.members.iter().map(|member| format!("--- {}\n{}", member.node.name, member.fleetd.log())).collect()
-    }
-
-    /// Whether each of the sleepers `numbers` runs on exactly one member.
-    fn each_runs_once(&self, numbers: std::ops::Range<usize>) -> bool {
-        let running = self.running();
-        numbers.into_iter().all(|n| running.iter().filter(|on| on.contains(&n)).count() == 1)
-    }
-
-    /// Waits until each of the sleepers `numbers` runs on exactly one member.
-    fn wait_each_runs_once(&self, what: &str, numbers: std::ops::Range<usize>) {
-        poll_until(
-            what,
-            Duration::from_secs(30),
-            || self.each_runs_once(numbers.clone()),
-            || format!("{:?}\n{}", self.running(), self.logs()),
-        );
-    }
-
-    /// Starts sleepers `numbers` through member `via` and waits until each runs on exactly
-    /// one member.
-    fn start_sleepers(&self, via: usize, numbers: std::ops::Range<usize>) {
-        let files = sleeper_units(self.scratch.path(), numbers.clone());
-        let mut args = vec!["start", "--no-block"];
-        args.extend(files.iter().map(String::as_str));
-        self.members[via].fleetd.ok(&args);
-        self.wait_each_runs_once("every sleeper runs once", numbers);
-    }
-}
 
 #[test]
 fn a_machine_cut_off_from_etcd_keeps_its_units_and_gives_up_the_moved_ones_on_healing() {

@@ -376,6 +376,11 @@ pub trait AgentRegistry: Send + Sync {
     async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> Result<()>;
     /// Moves when this machine's work may have changed.
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal;
+    /// Moves when the store says this machine's presence lapsed (its lease expired), for an
+    /// agent to act on at once, even in the middle of a pass. `None`: it never lapses.
+    fn presence_lapses(&self, _machine_id: &str) -> Option<ChangeSignal> {
+        None
+    }
     /// When this machine's presence was last known renewed: its lease, if it has not been
     /// renewed since, expires no sooner than then plus `agent_ttl`.
     fn presence_renewed(&self, _machine_id: &str) -> Renewal {

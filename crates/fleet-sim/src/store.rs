@@ -65,6 +65,8 @@ pub struct Connection {
     keepalive: Mutex<Option<tokio::task::AbortHandle>>,
     /// The units (with the revision each last changed at) of the engine's last snapshot.
     planned_from: Mutex<BTreeMap<String, i64>>,
+    /// Moves when the store says the lease expired.
+    lapses: tokio::sync::watch::Sender<u64>,
     /// Chooses which answered writes are lost on the way back.
     random: Mutex<Seeded>,
     /// How much slower than the store's this fleetd's clock runs (1.0: the same).
@@ -89,6 +91,7 @@ impl SimStore {
             session: Mutex::new(None),
             keepalive: Mutex::new(None),
             planned_from: Mutex::new(BTreeMap::new()),
+            lapses: tokio::sync::watch::channel(0).0,
             random: Mutex::new(Seeded::new(seed)),
             clock_rate,
             lost_answers,
@@ -211,9 +214,11 @@ impl SimStore {
                     period
                 }
                 Ok(false) => {
+                    tracing::debug!(lease = session.lease, "the lease expired; registering again");
                     if session.rejoined_at != LAPSED {
                         self.update_session(|session| session.rejoined_at = LAPSED);
                         lock(&self.world).wake_agent(self.id());
+                        self.lapses.send_modify(|lapses| *lapses += 1);
                     }
                     match self.reopen().await {
                         Ok(()) => {
@@ -254,6 +259,7 @@ impl SimStore {
             session.lease = lease;
             session.rejoined_at = revision;
         });
+        tracing::debug!(lease, revision, "registered again");
         Ok(())
     }
 }
@@ -281,6 +287,7 @@ impl AgentRegistry for SimStore {
         let world = lock(&self.world);
         let copy = world.copies.get(machine_id).filter(|copy| copy.synced).ok_or(RegistryError::NotListedYet)?;
         let rejoined_at = self.session().map_or(0, |session| session.rejoined_at);
+        tracing::debug!(seen = copy.seen, rejoined_at, units = copy.scheduled.len(), "work read from the copy");
         if copy.seen < rejoined_at {
             return Err(RegistryError::PresenceLapsed);
         }
@@ -320,6 +327,10 @@ impl AgentRegistry for SimStore {
         let mut world = lock(&self.world);
         world.copies.entry(machine_id.to_string()).or_default();
         world.agent_signal(machine_id).subscribe()
+    }
+
+    fn presence_lapses(&self, _machine_id: &str) -> Option<ChangeSignal> {
+        Some(self.lapses.subscribe())
     }
 
     fn presence_renewed(&self, _machine_id: &str) -> Renewal {

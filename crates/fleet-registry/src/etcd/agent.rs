@@ -112,6 +112,10 @@ impl AgentRegistry for EtcdRegistry {
         Ok(())
     }
 
+    fn presence_lapses(&self, machine_id: &str) -> Option<ChangeSignal> {
+        Some(self.lapse_signal(machine_id).subscribe())
+    }
+
     fn presence_renewed(&self, machine_id: &str) -> crate::Renewal {
         self.session(machine_id).map_or(crate::Renewal::NotHeld, |session| crate::Renewal::SentAt(session.renewed()))
     }

@@ -111,6 +111,8 @@ struct Inner {
     serve_many_machines: bool,
     all_work_mirror: OnceLock<Arc<Mirror>>,
     work_signals: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
+    /// Per machine: moves when etcd says its lease expired.
+    lapse_signals: Mutex<HashMap<String, watch::Sender<u64>>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
@@ -148,6 +150,7 @@ impl EtcdRegistry {
                 serve_many_machines: options.serve_many_machines,
                 all_work_mirror: OnceLock::new(),
                 work_signals: Arc::new(Mutex::new(HashMap::new())),
+                lapse_signals: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
@@ -264,6 +267,12 @@ impl EtcdRegistry {
         if let Some(signal) = signals.get(machine_id) {
             signal.send_modify(|revision| *revision += 1);
         }
+    }
+
+    /// `machine_id`'s lapse signal (see [`crate::AgentRegistry::presence_lapses`]).
+    pub(super) fn lapse_signal(&self, machine_id: &str) -> watch::Sender<u64> {
+        let mut signals = self.inner.lapse_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        signals.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).clone()
     }
 
     /// Moves when `machine_id`'s work may have changed.

@@ -377,6 +377,7 @@ impl EtcdRegistry {
                         // is told at once, whatever its backoff, and stops what it runs.
                         session.rejoined_at.store(LAPSED, Ordering::SeqCst);
                         self.wake_agent(&machine_id);
+                        self.lapse_signal(&machine_id).send_modify(|lapses| *lapses += 1);
                     }
                     match self.reopen(&session).await {
                         Ok(()) => {
