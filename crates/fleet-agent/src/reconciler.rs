@@ -85,6 +85,8 @@ pub struct Agent {
     at_most_once: BTreeSet<String>,
     /// The fence handed to the unit manager last: its deadline and units.
     fence: Option<(tokio::time::Instant, Vec<String>)>,
+    /// Whether the log said the unit manager has no fence for `AtMostOnce=` units.
+    told_no_fence: bool,
     drift: DriftWatch,
     /// The manager's state changes: a pass marks them seen as it lists the manager, so a
     /// change its own listing already shows (its own start, say) does not call for another.
@@ -108,6 +110,7 @@ impl Agent {
             presence_lapsed: false,
             at_most_once: BTreeSet::new(),
             fence: None,
+            told_no_fence: false,
             drift: DriftWatch::default(),
             state_changes,
         }
@@ -325,7 +328,17 @@ impl Agent {
         tracing::debug!(?units, left = ?deadline.saturating_duration_since(tokio::time::Instant::now()), "fencing");
         match self.manager.fence(deadline, &units).await {
             Ok(true) => self.fence = (!units.is_empty()).then_some((deadline, units)),
-            Ok(false) => self.fence = None,
+            Ok(false) => {
+                if !units.is_empty() && !self.told_no_fence {
+                    self.told_no_fence = true;
+                    tracing::warn!(
+                        manager = self.manager.kind(),
+                        units = units.len(),
+                        "this unit manager has no keeper to stop the units that run at most once: fleetd stops them itself when its presence may have lapsed, which a frozen or killed fleetd cannot"
+                    );
+                }
+                self.fence = None;
+            }
             Err(error) => tracing::warn!(%error, "cannot fence the units that run at most once"),
         }
     }

@@ -6,9 +6,8 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use fleet_e2e::AGENT_TTL_SECONDS;
 use fleet_e2e::lab::{Lab, lab};
-use fleet_e2e::poll_until;
+use fleet_e2e::{AGENT_TTL_SECONDS, Fleetd, poll_until, unit_processes};
 
 const AT_MOST_ONCE: &str = "[X-Fleet]\nAtMostOnce=true\n";
 const SAMPLE: Duration = Duration::from_millis(50);
@@ -106,4 +105,19 @@ fn an_etcd_election_moves_nothing_and_runs_nothing_twice() {
     never_twice_until(&lab, "after the member is back each runs once", Duration::from_secs(30), |_| {
         lab.each_runs_once(0..6)
     });
+}
+
+/// On one machine on the embedded store the presence never lapses: such a unit just runs,
+/// and the fence of the native supervisor is never in force.
+#[test]
+fn on_one_machine_it_runs_as_any_unit() {
+    let fleet = Fleetd::start("e2e0atmostonce01", &[]);
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let path = dir.path().join("once.service");
+    std::fs::write(&path, format!("[Service]\nExecStart=/bin/sleep 600\n{AT_MOST_ONCE}")).expect("unit file");
+    let started = fleet.fleetctl(&["start", &path.display().to_string()]);
+    assert_eq!(started.code, 0, "{started:?}");
+    assert!(started.stderr.is_empty(), "fleetctl knows the option: {started:?}");
+    assert_eq!(fleet.unit_rows(), vec![("once.service".into(), "active".into(), "running".into())]);
+    assert_eq!(unit_processes(&fleet.state_dir()).len(), 1);
 }

@@ -1,8 +1,10 @@
 //! The fence of the units that asked to run at most once (`[X-Fleet] AtMostOnce=`), as a
 //! manager with a keeper holds it: the moment by which they must have stopped unless fleetd
 //! moves it on (their machine's presence may have lapsed then), and which units it covers.
-//! Such a unit starts only under a fence that covers it and has not passed: a fleetd frozen
-//! in the middle of a pass and woken after its presence lapsed cannot start it again.
+//! Once fleetd has armed a fence (its machine's presence lives under a lease), such a unit
+//! starts only under a fence that covers it and has not passed: a fleetd frozen in the middle
+//! of a pass and woken after its presence lapsed cannot start it again. Where the presence
+//! never lapses (one machine on the embedded store), fleetd arms none and nothing is fenced.
 
 use std::collections::BTreeSet;
 
@@ -15,6 +17,8 @@ use crate::{Result, UnitManagerError};
 #[derive(Debug, Default)]
 pub struct Fence {
     armed: Option<(Instant, BTreeSet<String>)>,
+    /// Whether fleetd ever armed one: from then on, starts are checked.
+    in_force: bool,
     /// The units loaded whose file asks to run at most once.
     asking: BTreeSet<String>,
 }
@@ -34,12 +38,13 @@ impl Fence {
 
     /// Replaces the fence; no units lifts it.
     pub fn arm(&mut self, deadline: Instant, units: &[String]) {
+        self.in_force = true;
         self.armed = (!units.is_empty()).then(|| (deadline, units.iter().cloned().collect()));
     }
 
     /// Whether `name` may start now.
     pub fn check_start(&self, name: &str, now: Instant) -> Result<()> {
-        if !self.asking.contains(name) {
+        if !self.in_force || !self.asking.contains(name) {
             return Ok(());
         }
         match &self.armed {
@@ -73,8 +78,10 @@ mod tests {
         fence.loaded("once.service", &once);
         fence.loaded("plain.service", &plain);
         let now = Instant::now();
+        assert!(fence.check_start("once.service", now).is_ok(), "no fence was ever armed: none is in force");
+        fence.arm(now, &[]);
         assert!(fence.check_start("plain.service", now).is_ok(), "no fence needed");
-        assert!(fence.check_start("once.service", now).is_err(), "no fence yet");
+        assert!(fence.check_start("once.service", now).is_err(), "no fence covers it");
         fence.arm(now + Duration::from_secs(4), &["once.service".to_string()]);
         assert!(fence.check_start("once.service", now).is_ok());
         assert!(fence.take_due(now).is_empty());
