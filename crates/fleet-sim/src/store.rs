@@ -333,8 +333,17 @@ impl AgentRegistry for SimStore {
         Some(self.lapses.subscribe())
     }
 
+    /// As this fleetd's clock tells it: one that runs slow sees `agent_ttl` pass later.
     fn presence_renewed(&self, _machine_id: &str) -> Renewal {
-        self.session().map_or(Renewal::NotHeld, |session| Renewal::SentAt(session.renewed))
+        let Some(session) = self.session() else { return Renewal::NotHeld };
+        let ttl = lock(&self.world).lease_ttl;
+        let skew = ttl.mul_f64((self.clock_rate - 1.0).abs());
+        let seen = if self.clock_rate >= 1.0 {
+            session.renewed + skew
+        } else {
+            session.renewed.checked_sub(skew).unwrap_or(session.renewed)
+        };
+        Renewal::SentAt(seen)
     }
 }
 
