@@ -81,7 +81,7 @@ pub struct Agent {
     fenced: bool,
     /// Whether the presence may have lapsed, by this machine's clock.
     presence_lapsed: bool,
-    /// The units held here that asked to run at most once.
+    /// The units loaded here whose loaded content asked to run at most once.
     at_most_once: BTreeSet<String>,
     /// The fence handed to the unit manager last: its deadline and units.
     fence: Option<(tokio::time::Instant, Vec<String>)>,
@@ -313,12 +313,9 @@ impl Agent {
     /// fleetd is frozen, and a manager with such a fence starts none of them without it.
     /// Told only when the deadline or the units changed.
     async fn arm_fence_until(&mut self, deadline: tokio::time::Instant, desired: &BTreeMap<String, DesiredUnit>) {
-        let units: Vec<String> = self
-            .at_most_once
-            .iter()
-            .filter(|name| self.loaded.contains_key(*name) || desired.contains_key(*name))
-            .cloned()
-            .collect();
+        let mut units: BTreeSet<String> = self.asking(desired);
+        units.extend(self.at_most_once.iter().cloned());
+        let units: Vec<String> = units.into_iter().collect();
         if units.is_empty() && self.fence.is_none() {
             return;
         }
@@ -362,7 +359,17 @@ impl Agent {
                 tracing::warn!(unit = name, %error, why, "unloading a unit");
             }
             self.loaded.remove(name);
+            self.at_most_once.remove(name);
         }
+    }
+
+    /// The units of `desired` whose content asks to run at most once.
+    fn asking(&self, desired: &BTreeMap<String, DesiredUnit>) -> BTreeSet<String> {
+        desired
+            .iter()
+            .filter(|(_, unit)| self.bodies.get(&unit.hash).is_some_and(fleet_core::requirements::asks_at_most_once))
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 
     /// Takes over what the manager already runs (a systemd that outlived fleetd), so a
@@ -384,9 +391,18 @@ impl Agent {
         let work = self.registry.machine_work(self.machine_id()).await?;
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
         let (mut desired, unread) = self.desired_units(&machine, &work.scheduled, &work.globals).await;
+        // A unit adopted from a manager that outlived fleetd is known to ask only by the
+        // content it is wanted with, when that is the content it runs.
+        for name in self.asking(&desired) {
+            if self.loaded.get(&name).is_some_and(|held| desired.get(&name).is_some_and(|unit| unit.hash == held.hash))
+            {
+                self.at_most_once.insert(name);
+            }
+        }
         if self.presence_lapsed {
             // They may run elsewhere now: none starts here until the presence is renewed.
-            desired.retain(|name, _| !self.at_most_once.contains(name));
+            let asking = self.asking(&desired);
+            desired.retain(|name, _| !asking.contains(name) && !self.at_most_once.contains(name));
         }
         // The fence covers what this pass may start before it starts anything.
         self.arm_fence_for(&desired).await;
@@ -487,15 +503,6 @@ impl Agent {
         for (name, kept) in held_globals {
             desired.entry(name).or_insert(kept);
         }
-        // Which units held or wanted here asked to run at most once: those wanted, by their
-        // content; those only held (on their way out) as they were.
-        let loaded = &self.loaded;
-        self.at_most_once.retain(|name| loaded.contains_key(name) && !desired.contains_key(name));
-        for (name, unit) in &desired {
-            if self.bodies.get(&unit.hash).is_some_and(fleet_core::requirements::asks_at_most_once) {
-                self.at_most_once.insert(name.clone());
-            }
-        }
         // Keep only the bodies still in use.
         let in_use: std::collections::HashSet<UnitHash> = desired.values().map(|unit| unit.hash).collect();
         self.bodies.retain(|hash, _| in_use.contains(hash));
@@ -515,6 +522,11 @@ impl Agent {
                 let result = self.manager.load(name, &file).await;
                 if result.is_ok() {
                     self.loaded.insert(name.clone(), LoadedUnit { hash, launched: false });
+                    if fleet_core::requirements::asks_at_most_once(&file) {
+                        self.at_most_once.insert(name.clone());
+                    } else {
+                        self.at_most_once.remove(name);
+                    }
                 }
                 result
             }
@@ -522,6 +534,7 @@ impl Agent {
                 let result = self.manager.unload(name).await;
                 if result.is_ok() {
                     self.loaded.remove(name);
+                    self.at_most_once.remove(name);
                 }
                 result
             }

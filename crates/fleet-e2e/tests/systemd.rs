@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_e2e::{Fleetd, Launcher, SystemdUser, write_unit};
+use fleet_e2e::{AGENT_TTL_SECONDS, EtcdServer, Fleetd, Launcher, SystemdUser, write_unit};
 
 const WAIT: Duration = Duration::from_secs(20);
 const MACHINE: &str = "5d5d5d5d0000000000000000000000aa";
@@ -174,4 +174,72 @@ fn a_lost_bus_connection_is_made_again_without_stopping_units() {
     fleet.wait_until("fleet reports the drift", WAIT, |f| {
         f.ok(&["list-units", "--no-legend", "--fields", "unit,drift"]).stdout.contains("stopped outside fleet")
     });
+}
+
+/// How a fleetd is kept from acting in [`at_most_once_under`].
+enum Silenced {
+    Frozen,
+    Killed,
+}
+
+/// A unit that asked to run at most once, on a machine of an etcd cluster: when its fleetd
+/// is frozen or killed, systemd's own fence timer kills it by the time the machine's
+/// presence may have lapsed (fleetd cannot); once fleetd is back and its presence holds
+/// again, it runs again.
+fn at_most_once_under(silenced: Silenced) {
+    let systemd = SystemdUser::start();
+    let etcd = EtcdServer::start();
+    let units = systemd.units_directory().display().to_string();
+    let (endpoint, ttl) = (etcd.endpoint(), format!("{AGENT_TTL_SECONDS}s"));
+    let config = [
+        ("unit_manager", "auto"),
+        ("systemd_user", "true"),
+        ("units_directory", units.as_str()),
+        ("etcd_servers", endpoint.as_str()),
+        ("agent_ttl", ttl.as_str()),
+        ("etcd_request_timeout", "2"),
+    ];
+    let mut fleet =
+        Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let dir = tempfile::tempdir().unwrap();
+    let once =
+        write_unit(dir.path(), "once.service", "[Service]\nExecStart=/bin/sleep 100003\n[X-Fleet]\nAtMostOnce=true\n");
+    fleet.ok(&["start", &once]);
+    wait_for(&systemd, "once.service", "SubState", "running");
+
+    let silenced_at = Instant::now();
+    match silenced {
+        Silenced::Frozen => fleet.signal(libc::SIGSTOP),
+        Silenced::Killed => {
+            fleet.stop_with(libc::SIGKILL);
+        }
+    }
+    wait_for(&systemd, "once.service", "ActiveState", "failed");
+    let killed = silenced_at.elapsed();
+    println!(
+        "AtMostOnce under systemd: the unit killed by systemd's fence timer {killed:?} after fleetd stopped acting"
+    );
+    assert!(
+        killed <= Duration::from_secs(AGENT_TTL_SECONDS) + Duration::from_millis(500),
+        "killed {killed:?} after; systemd log:\n{}",
+        systemd.log()
+    );
+    match silenced {
+        Silenced::Frozen => fleet.signal(libc::SIGCONT),
+        Silenced::Killed => fleet.launch(),
+    }
+    fleet.wait_until("the unit runs again once the presence holds", WAIT, |f| {
+        row(f, "once.service") == Some(("active".into(), "running".into()))
+    });
+    assert!(!fleet.log().contains("no keeper"), "systemd has one: {}", fleet.log());
+}
+
+#[test]
+fn a_frozen_fleetd_cannot_keep_an_at_most_once_unit_running_systemd_kills_it() {
+    at_most_once_under(Silenced::Frozen);
+}
+
+#[test]
+fn a_killed_fleetd_leaves_no_at_most_once_unit_running_systemd_kills_it() {
+    at_most_once_under(Silenced::Killed);
 }

@@ -153,6 +153,9 @@ impl Engine {
         if lease.is_none() || lease != self.lease {
             self.planned = None;
             self.planner.forget();
+            // What it saw gone while it led before may have come back meanwhile: a new
+            // leadership counts absences from its own first sight.
+            self.absences = MachineAbsences::default();
         }
         self.lease = lease;
         let Some(lease) = self.lease.clone() else {

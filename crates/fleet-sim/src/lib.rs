@@ -115,8 +115,11 @@ struct Node {
     machine: MachineState,
     frozen: Arc<Gate>,
     units: Arc<FakeUnitManager>,
-    /// Like the native supervisor (units die with fleetd; a keeper fences), else like systemd.
-    keeper: Option<Arc<Keeper>>,
+    /// The keeper of `AtMostOnce=` units: the native supervisor's process, or systemd's timer.
+    keeper: Arc<Keeper>,
+    /// Like the native supervisor (units and keeper die with fleetd), else like systemd
+    /// (units and timer outlive it).
+    native: bool,
     store: Option<SimStore>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Kept so the agent and engine run on (dropping them would stop them).
@@ -181,8 +184,8 @@ impl Cluster {
     /// (its keeper kills them), whose next fleetd starts with none.
     fn kill(&mut self, index: usize) {
         let node = &mut self.nodes[index];
-        if node.keeper.is_some() {
-            node.keeper = Some(Arc::default());
+        if node.native {
+            node.keeper = Arc::default();
             node.units = Arc::new(FakeUnitManager::new());
         }
         for task in node.tasks.drain(..) {
@@ -200,9 +203,7 @@ impl Cluster {
     /// The keepers' fences, at this instant.
     fn enforce_fences(&self) {
         for node in &self.nodes {
-            if let Some(keeper) = &node.keeper {
-                keeper.enforce(&node.units);
-            }
+            node.keeper.enforce(&node.units);
         }
     }
 
@@ -294,9 +295,9 @@ fn unit_file(index: usize, version: usize, at_most_once: bool) -> UnitFile {
         .expect("a valid unit")
 }
 
-/// Whether unit `index` asks to run at most once, in a run whose machines can fence.
-fn at_most_once(index: usize, native: bool) -> bool {
-    native && index.is_multiple_of(3)
+/// Whether unit `index` asks to run at most once: a third of them.
+fn at_most_once(index: usize) -> bool {
+    index.is_multiple_of(3)
 }
 
 /// What a client does to a unit: start it, stop it (`fleetctl stop`: loaded), unload it
@@ -334,7 +335,6 @@ fn operate(
     operation: Operation,
     versions: &mut [usize],
     destroyed: &mut BTreeSet<usize>,
-    native: bool,
 ) {
     if world.leaderless || destroyed.contains(&unit) {
         return;
@@ -358,7 +358,7 @@ fn operate(
             if world.units.contains_key(&name) {
                 world.set_desired(&name, desired);
             } else {
-                world.put_unit(&name, unit_file(unit, versions[unit], at_most_once(unit, native)), desired);
+                world.put_unit(&name, unit_file(unit, versions[unit], at_most_once(unit)), desired);
             }
         }
         Operation::Destroy => {
@@ -368,7 +368,7 @@ fn operate(
         Operation::Replace => {
             versions[unit] += 1;
             let desired = world.units.get(&name).map_or(DesiredState::Launched, |stored| stored.desired);
-            world.put_unit(&name, unit_file(unit, versions[unit], at_most_once(unit, native)), desired);
+            world.put_unit(&name, unit_file(unit, versions[unit], at_most_once(unit)), desired);
         }
     }
 }
@@ -385,8 +385,9 @@ fn digest_sample(digest: &mut u64, sample: &Sample) {
 async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let mut trace = Vec::new();
     let mut random = Seeded::new(seed);
-    // Half the seeds run machines like the native supervisor, whose keeper fences the units
-    // that asked to run at most once (a third of them); the others run them like systemd.
+    // Half the seeds run machines like the native supervisor (what runs dies with fleetd),
+    // the others like systemd (what runs outlives it); a third of the units ask to run at
+    // most once, fenced by the native keeper or systemd's timer.
     let native = Seeded::new(seed ^ 0x6e61_7469_7665).below(2) == 0;
     let world = Arc::new(Mutex::new(World::new(config.agent_ttl, Duration::from_millis(2500))));
     let nodes = (0..config.machines)
@@ -398,7 +399,8 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             },
             frozen: Arc::default(),
             units: Arc::new(FakeUnitManager::new()),
-            keeper: native.then(Arc::default),
+            keeper: Arc::default(),
+            native,
             store: None,
             tasks: Vec::new(),
             lifecycle: None,
@@ -420,7 +422,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     {
         let mut world = lock(&world);
         for unit in 0..config.units {
-            let file = unit_file(unit, 0, at_most_once(unit, native));
+            let file = unit_file(unit, 0, at_most_once(unit));
             world.put_unit(&format!("u{unit}.service"), file, DesiredState::Launched);
         }
         // Copies lag their store by up to 300 ms, each its own.
@@ -453,7 +455,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let mut judge = Judge::default();
     let mut digest = 0;
     let once_units: Vec<String> =
-        (0..config.units).filter(|unit| at_most_once(*unit, native)).map(|unit| format!("u{unit}.service")).collect();
+        (0..config.units).filter(|unit| at_most_once(*unit)).map(|unit| format!("u{unit}.service")).collect();
     let mut versions = vec![0; config.units];
     let mut destroyed = BTreeSet::new();
     let mut pending = events.into_iter().peekable();
@@ -478,7 +480,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
                 Event::Begin(fault) => cluster.begin(&fault),
                 Event::End(fault) => cluster.end(&fault),
                 Event::Operate(unit, operation) => {
-                    operate(&mut lock(&world), unit, operation, &mut versions, &mut destroyed, native)
+                    operate(&mut lock(&world), unit, operation, &mut versions, &mut destroyed)
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! A machine's unit manager in the simulation: the fake manager, reached only while the
-//! fleetd is not frozen. Like systemd (what runs outlives fleetd, no fence) or like the
-//! native supervisor (what runs dies with fleetd, and its keeper, which no freeze reaches,
-//! kills the fenced `AtMostOnce=` units at their deadline: [`Keeper`]).
+//! fleetd is not frozen, with the keeper of `AtMostOnce=` units ([`Keeper`]: the native
+//! supervisor's process or systemd's timer), which no freeze reaches and which kills the
+//! fenced units at their deadline.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -39,12 +39,11 @@ impl Keeper {
 pub struct SimManager {
     pub units: Arc<FakeUnitManager>,
     frozen: Arc<Gate>,
-    /// The keeper, for a manager like the native supervisor.
-    keeper: Option<Arc<Keeper>>,
+    keeper: Arc<Keeper>,
 }
 
 impl SimManager {
-    pub fn new(units: Arc<FakeUnitManager>, frozen: Arc<Gate>, keeper: Option<Arc<Keeper>>) -> Self {
+    pub fn new(units: Arc<FakeUnitManager>, frozen: Arc<Gate>, keeper: Arc<Keeper>) -> Self {
         Self { units, frozen, keeper }
     }
 
@@ -61,17 +60,13 @@ impl UnitManager for SimManager {
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
         self.thawed().await;
-        if let Some(keeper) = &self.keeper {
-            keeper.fence().loaded(name, file);
-        }
+        self.keeper.fence().loaded(name, file);
         self.units.load(name, file).await
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
         self.thawed().await;
-        if let Some(keeper) = &self.keeper {
-            keeper.fence().unloaded(name);
-        }
+        self.keeper.fence().unloaded(name);
         self.units.unload(name).await
     }
 
@@ -82,9 +77,7 @@ impl UnitManager for SimManager {
 
     async fn start(&self, name: &str) -> Result<()> {
         self.thawed().await;
-        if let Some(keeper) = &self.keeper {
-            keeper.fence().check_start(name, Instant::now())?;
-        }
+        self.keeper.fence().check_start(name, Instant::now())?;
         self.units.start(name).await
     }
 
@@ -117,8 +110,7 @@ impl UnitManager for SimManager {
 
     async fn fence(&self, deadline: Instant, units: &[String]) -> Result<bool> {
         self.thawed().await;
-        let Some(keeper) = &self.keeper else { return Ok(false) };
-        keeper.fence().arm(deadline, units);
+        self.keeper.fence().arm(deadline, units);
         Ok(true)
     }
 }

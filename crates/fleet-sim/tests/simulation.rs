@@ -29,6 +29,15 @@ fn the_seeds_that_found_a_double_run_pass() {
     }
 }
 
+/// Seeds on which a unit that asked to run at most once ran on two machines: 2013, an engine
+/// that led again counted a machine's absence from when it had seen it gone while it led
+/// before (the machine had come back and gone again meanwhile), so it moved the unit at once.
+#[test]
+fn the_seeds_that_found_an_at_most_once_unit_twice_pass() {
+    let outcome = run(2013, &SimConfig::default());
+    assert!(outcome.passed(), "{outcome}");
+}
+
 #[test]
 fn a_fresh_slice_of_seeds_passes() {
     let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;

@@ -5,6 +5,7 @@
 
 mod bus;
 mod ending;
+mod fence_timer;
 pub mod paths;
 mod read_back;
 
@@ -43,6 +44,10 @@ pub struct SystemdManager {
     /// The unit files fleet wrote, read back for drift.
     read_back: read_back::ReadBack,
     changes: watch::Sender<u64>,
+    /// The fence of `AtMostOnce=` units, checked before each start.
+    fence: Mutex<crate::fence::Fence>,
+    /// The timers systemd holds for it.
+    fence_timers: tokio::sync::Mutex<fence_timer::FenceTimers>,
 }
 
 impl SystemdManager {
@@ -65,6 +70,8 @@ impl SystemdManager {
             refused: Mutex::new(HashMap::new()),
             read_back: read_back::ReadBack::default(),
             changes: changes.clone(),
+            fence: Mutex::default(),
+            fence_timers: tokio::sync::Mutex::default(),
         });
         let watch = bus::Watch { watched: manager.watched.clone(), seen: manager.seen.clone(), changes };
         tokio::spawn(bus::follow_signals(bus, watch));
@@ -158,6 +165,7 @@ impl UnitManager for SystemdManager {
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
+        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).loaded(name, file);
         let path = self.unit_path(name);
         fleet_fs::write_private(&path, file.serialize().as_bytes())
             .map_err(io_error(format!("writing {}", path.display())))?;
@@ -183,6 +191,7 @@ impl UnitManager for SystemdManager {
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
+        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).unloaded(name);
         let (unit, mode) = (name.to_string(), "replace".to_string());
         // A unit systemd no longer knows has nothing to stop.
         if let Err(BusError::Transport(reason)) =
@@ -224,6 +233,10 @@ impl UnitManager for SystemdManager {
     }
 
     async fn start(&self, name: &str) -> Result<()> {
+        self.fence
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .check_start(name, tokio::time::Instant::now())?;
         let (unit, mode) = (name.to_string(), "replace".to_string());
         match self.bus.call(|manager| async move { manager.start_unit(unit, mode).await }).await {
             Ok(_) => {
@@ -322,5 +335,13 @@ impl UnitManager for SystemdManager {
             }
         }
         first_error.map_or(Ok(()), Err)
+    }
+
+    /// Has systemd kill the units at the deadline through a transient timer of its own, which
+    /// outlives a frozen or killed fleetd.
+    async fn fence(&self, deadline: tokio::time::Instant, units: &[String]) -> Result<bool> {
+        self.fence_timers.lock().await.arm(self.user, deadline, units).await?;
+        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).arm(deadline, units);
+        Ok(true)
     }
 }
