@@ -435,3 +435,61 @@ fn fleetctl_journal_reaches_a_pull_agents_unit_through_the_manager() {
     let status = fleetd.fleetctl(&["status", "chatty.service"]);
     assert_eq!(status.code, 0, "{status:?}\n{}", pull.log());
 }
+
+/// A unit that asked to run at most once on a pull agent stops once its manager may have
+/// stopped hearing from the agent for `agent_ttl` (the manager frozen here), by the agent's
+/// own clock, and runs again once the manager hears it.
+#[test]
+fn a_pull_agent_stops_an_at_most_once_unit_once_its_manager_may_have_lost_it() {
+    let pki = ManagerPki::local();
+    let port = free_port();
+    let mut config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    config.push(("agent_ttl".to_string(), "4s".to_string()));
+    let fleetd = Fleetd::start("e2e0manager00009", &pairs(&config));
+    let token = fleetd.ok(&["registration-token", "create", "once"]).stdout.trim().to_string();
+    let manager_url = format!("https://localhost:{port}");
+    let pull = PullFleetd::start_with_env(
+        &manager_url,
+        &pki.api_ca_file,
+        Some(&token),
+        None,
+        &[],
+        &[("FLEET_AGENT_TTL", "4s")],
+    );
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "once.service",
+        "[Service]\nExecStart=/bin/sleep 4343\n[X-Fleet]\nMachineID=pullfleetd000001\nAtMostOnce=true\n",
+    );
+    fleetd.wait_until("the pull fleetd joins", Duration::from_secs(30), |fleetd| {
+        fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    fleetd.fleetctl_in(units.path(), &["start", "--no-block", "once.service"]);
+    let sleeper = ["/bin/sleep", "4343"];
+    fleet_e2e::poll_until(
+        "once.service runs on the pull fleetd",
+        Duration::from_secs(30),
+        || fleet_e2e::process_running(&sleeper),
+        || pull.log(),
+    );
+
+    fleetd.signal(libc::SIGSTOP);
+    let frozen = std::time::Instant::now();
+    fleet_e2e::poll_until(
+        "the agent stops it",
+        Duration::from_secs(20),
+        || !fleet_e2e::process_running(&sleeper),
+        || pull.log(),
+    );
+    let stopped = frozen.elapsed();
+    println!("AtMostOnce on a pull agent: stopped {stopped:?} after its manager froze (agent_ttl 4 s)");
+    assert!(stopped <= Duration::from_millis(4500), "stopped {stopped:?} after the manager froze");
+    fleetd.signal(libc::SIGCONT);
+    fleet_e2e::poll_until(
+        "it runs again once the manager hears the agent",
+        Duration::from_secs(30),
+        || fleet_e2e::process_running(&sleeper),
+        || pull.log(),
+    );
+}

@@ -53,6 +53,9 @@ pub struct RemoteRegistry {
     /// Journal questions the long poll brought, for whoever reads the unit manager's logs.
     journal_asks: tokio::sync::mpsc::UnboundedSender<JournalAsk>,
     journal_asks_taken: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<JournalAsk>>>,
+    /// When the last request a manager answered was sent: it heard from this machine no
+    /// sooner, and holds its presence `agent_ttl` from when it did.
+    answered: Mutex<Option<tokio::time::Instant>>,
 }
 
 /// Why a request to the manager failed.
@@ -123,6 +126,7 @@ impl RemoteRegistry {
                 .collect(),
             current: std::sync::atomic::AtomicUsize::new(0),
             announce_due: std::sync::atomic::AtomicBool::new(false),
+            answered: Mutex::new(None),
             machine_id: credentials.machine_id.clone(),
             announced: Mutex::new(None),
             changes: watch::channel(0).0,
@@ -173,9 +177,15 @@ impl RemoteRegistry {
             self.fail_over();
             Failure::Unreachable(without_url(&error))
         };
+        let sent = tokio::time::Instant::now();
         let response = request.send().await.map_err(unreachable)?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(unreachable)?;
+        if status.is_success() {
+            // Heard: the manager noted this machine present when the request reached it.
+            let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            *answered = Some(answered.map_or(sent, |before| before.max(sent)));
+        }
         if !status.is_success() {
             let message =
                 serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
@@ -337,6 +347,13 @@ impl AgentRegistry for RemoteRegistry {
         self.announce(machine).await?;
         *self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(machine.clone());
         Ok(())
+    }
+
+    fn presence_renewed(&self, _machine_id: &str) -> fleet_registry::Renewal {
+        match *self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+            Some(sent) => fleet_registry::Renewal::SentAt(sent),
+            None => fleet_registry::Renewal::NotHeld,
+        }
     }
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {

@@ -149,8 +149,10 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
             machine: machine.clone(),
             reconcile_interval: PULL_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
-            // A pull agent has no lease of its own: its manager holds its presence.
-            presence_ttl: None,
+            // A pull agent has no lease of its own: its manager holds it present for its own
+            // `agent_ttl` after it last heard from it. The units that run at most once stop
+            // on this clock, so this fleetd's agent_ttl must not be longer than its managers'.
+            presence_ttl: Some(config.agent_ttl),
             stop_units_when_cut_off: false,
         };
         let (agent_registry, agent_units) = (registry.clone(), units.clone());
