@@ -4,7 +4,8 @@
 //! on every machine (their processes) and records every breach of fleet's guarantees:
 //!
 //! - every acknowledged unit ends up running once, and every acknowledged destroy ends it;
-//! - a unit runs on two machines only while one of them is out of touch with etcd (its
+//! - a unit that asked to run at most once (every third sleeper) never runs on two machines;
+//! - any other unit runs on two machines only while one of them is out of touch with etcd (its
 //!   lease expired, whatever mix of faults caused it, or etcd answering no one for want of
 //!   a quorum or a leader; seen from etcd by [`crate::presence_log`]) and for
 //!   [`Chaos::reaction`] after it is back;
@@ -44,6 +45,14 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 const DEFAULT_ETCD_PREFIX: &str = "/_coreos.com/fleet/";
 /// The sleepers that conflict with each other (`Conflicts=`), started first.
 const CONFLICTING: [usize; 2] = [9000, 9001];
+
+/// Whether sleeper `unit` asks to run at most once (`AtMostOnce=`): every third. Such a
+/// unit must never be seen on two machines, whatever the faults: no allowance.
+fn at_most_once(unit: usize) -> bool {
+    unit.is_multiple_of(3) && !CONFLICTING.contains(&unit)
+}
+
+const AT_MOST_ONCE: &str = "[X-Fleet]\nAtMostOnce=true\n";
 
 #[cfg(test)]
 mod tests {
@@ -143,6 +152,8 @@ pub struct Report {
     pub operations: BTreeMap<String, usize>,
     pub violations: Vec<String>,
     pub longest_double_run: Duration,
+    /// The longest a unit that asked to run at most once was seen on two machines (0: never).
+    pub longest_double_run_at_most_once: Duration,
     /// The longest a fault really lasted (a fault ends when the run gets to end it).
     pub longest_fault: Duration,
     /// The longest a machine was out of touch with etcd (lease expired until it joined again).
@@ -162,6 +173,11 @@ impl std::fmt::Display for Report {
         writeln!(f, "  faults injected: {:?}", self.faults)?;
         writeln!(f, "  operations acknowledged: {:?}", self.operations)?;
         writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
+        writeln!(
+            f,
+            "  longest double run of a unit that asked to run at most once: {:?}",
+            self.longest_double_run_at_most_once
+        )?;
         writeln!(f, "  longest fault as injected: {:?}", self.longest_fault)?;
         writeln!(f, "  longest a machine was out of touch with etcd: {:?}", self.longest_absence)?;
         writeln!(f, "  longest etcd answered no one: {:?}", self.longest_silence)?;
@@ -268,6 +284,8 @@ struct Observed {
     /// The conflicting pair on one machine.
     together: Option<Episode>,
     longest_double_run: Duration,
+    /// The longest an `AtMostOnce=` unit was seen on two machines (target: never).
+    longest_double_run_at_most_once: Duration,
     violations: Vec<String>,
     /// The units whose double runs were violations, with the episode's wall-clock window,
     /// for their trail in the report.
@@ -371,6 +389,7 @@ impl Chaos {
         let _ = sampler.join();
         let observed = observed.lock().map(|mut observed| std::mem::take(&mut *observed)).unwrap_or_default();
         self.report.longest_double_run = observed.longest_double_run;
+        self.report.longest_double_run_at_most_once = observed.longest_double_run_at_most_once;
         self.report.longest_fault = observed.longest_fault;
         self.report.longest_absence = observed.longest_absence;
         self.report.longest_silence = observed.longest_silence;
@@ -431,7 +450,8 @@ impl Chaos {
         let ran = match kind {
             "destroy" => self.members[via].fleetd.fleetctl(&["destroy", &name]),
             _ => {
-                let file = sleeper_file(self.scratch.path(), unit, version, "");
+                let extra = if at_most_once(unit) { AT_MOST_ONCE } else { "" };
+                let file = sleeper_file(self.scratch.path(), unit, version, extra);
                 self.members[via].fleetd.fleetctl(&["start", "--no-block", "--replace", &file])
             }
         };
@@ -680,12 +700,22 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
         for unit in ended {
             if let Some(episode) = seen.doubled.remove(&unit) {
                 seen.longest_double_run = seen.longest_double_run.max(now - episode.since);
+                if at_most_once(unit) {
+                    seen.longest_double_run_at_most_once =
+                        seen.longest_double_run_at_most_once.max(now - episode.since);
+                }
                 let what = format!("sleeper-{unit} ran on two machines");
                 seen.pending.push(Ended { episode, at: now, what, unit: Some(unit) });
             }
         }
         for unit in doubled {
             let machines = machines_of(&[unit]);
+            if at_most_once(unit) && !seen.doubled.contains_key(&unit) {
+                seen.violations.push(format!(
+                    "sleeper-{unit}, which asked to run at most once, runs on fleetds {machines:?} at {}",
+                    log_time(wall_now())
+                ));
+            }
             let episode = seen.doubled.entry(unit).or_insert_with(|| Episode::starting(now));
             episode.machines.extend(machines);
         }
