@@ -640,7 +640,8 @@ impl Chaos {
                 None => Box::new(|line: &str| line.contains(&name)),
             };
             for (index, log) in logs.iter().enumerate() {
-                for line in log.lines().filter(|line| lines(line)) {
+                // The HTTP/2 frames say nothing of what fleet did.
+                for line in log.lines().filter(|line| lines(line) && !line.contains(" h2::")) {
                     text.push_str(&format!("\n    fleetd {index}: {line}"));
                 }
             }
@@ -711,10 +712,13 @@ fn sample(state_dirs: &[PathBuf], presence: &PresenceLog, observed: &Mutex<Obser
         for unit in doubled {
             let machines = machines_of(&[unit]);
             if at_most_once(unit) && !seen.doubled.contains_key(&unit) {
+                let wall = wall_now();
                 seen.violations.push(format!(
                     "sleeper-{unit}, which asked to run at most once, runs on fleetds {machines:?} at {}",
-                    log_time(wall_now())
+                    log_time(wall)
                 ));
+                // Its trail, with every fleetd's log lines around it.
+                seen.doubled_units.insert(unit, (wall, wall + 1));
             }
             let episode = seen.doubled.entry(unit).or_insert_with(|| Episode::starting(now));
             episode.machines.extend(machines);
