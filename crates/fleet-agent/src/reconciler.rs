@@ -341,10 +341,9 @@ impl Agent {
     }
 
     /// Stops and unloads every unit this agent holds (`why`, for the log).
+    /// Unit by unit: the manager's `stop_all` is for leaving (the native supervisor then
+    /// removes its cgroups, and could start nothing after).
     async fn stop_and_unload_all(&mut self, why: &str) {
-        if let Err(error) = self.manager.stop_all().await {
-            tracing::warn!(%error, why, "stopping every unit");
-        }
         let names: Vec<String> = self.loaded.keys().cloned().collect();
         self.stop_and_unload(&names, why).await;
     }

@@ -20,6 +20,8 @@ pub struct FakeUnitManager {
     /// Units stopped behind fleet's back since fleet last started them.
     stopped_outside: Mutex<BTreeSet<String>>,
     starts: AtomicUsize,
+    /// Calls of `stop_all`: fleetd's leaving, nothing else.
+    stop_alls: AtomicUsize,
     changes: watch::Sender<u64>,
 }
 
@@ -35,6 +37,7 @@ impl FakeUnitManager {
             units: Mutex::new(BTreeMap::new()),
             stopped_outside: Mutex::new(BTreeSet::new()),
             starts: AtomicUsize::new(0),
+            stop_alls: AtomicUsize::new(0),
             changes: watch::channel(0).0,
         }
     }
@@ -51,6 +54,11 @@ impl FakeUnitManager {
     /// How many starts were asked for.
     pub fn starts(&self) -> usize {
         self.starts.load(Ordering::SeqCst)
+    }
+
+    /// How many times `stop_all` was called.
+    pub fn stop_alls(&self) -> usize {
+        self.stop_alls.load(Ordering::SeqCst)
     }
 
     /// The state of `name`, if held.
@@ -130,6 +138,7 @@ impl UnitManager for FakeUnitManager {
     }
 
     async fn stop_all(&self) -> Result<()> {
+        self.stop_alls.fetch_add(1, Ordering::SeqCst);
         let names: Vec<String> =
             self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned().collect();
         for name in names {
