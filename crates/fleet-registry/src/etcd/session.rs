@@ -259,6 +259,12 @@ impl EtcdRegistry {
         if let Some(session) = self.session(&machine.id) {
             session.rejoined_at.store(claimed_at, Ordering::SeqCst);
         }
+        if claimed_at > 0 {
+            // A copy listed before the claim sees no event in its idle ranges after it (etcd
+            // sends progress notices rarely): a fresh listing is current since the claim.
+            self.work_mirror(&machine.id).relist();
+            self.wake_agent(&machine.id);
+        }
         Ok(())
     }
 

@@ -668,3 +668,20 @@ async fn a_machines_first_unit_of_each_content_carries_the_body() {
     })
     .await;
 }
+
+/// A machine that claims a new presence reads its work only from a copy that has seen the
+/// claim; a copy listed before it, whose other ranges have no event after it, lists afresh
+/// (etcd's progress notices come minutes apart) so the machine is not kept waiting.
+#[tokio::test]
+async fn a_copy_listed_before_a_fresh_claim_catches_up_with_it() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(3)).await;
+    let _changes = registry.machine_changes("m1");
+    eventually("m1's copy is listed", || async { registry.machine_work("m1").await.is_ok() }).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    assert!(registry.session("m1").unwrap().rejoined_at() > 0, "a fresh claim is read as after a lapse");
+    eventually("m1's work is read again, from a copy current since the claim", || async {
+        registry.machine_work("m1").await.is_ok()
+    })
+    .await;
+}

@@ -137,13 +137,12 @@ fn readable_within(wait: Option<u64>) -> bool {
     ready != 0
 }
 
-/// Kills every process of `unit`: its cgroup where there are cgroups, else the processes
-/// whose environment names it under this supervisor's marker.
+/// Kills every process of `unit`: its cgroup where there are cgroups, and the processes
+/// whose environment names it under this supervisor's marker (one whose cgroup could not be
+/// made runs outside it).
 fn kill_unit(marker: &str, cgroups: Option<&Path>, unit: &str) {
-    match cgroups {
-        Some(dir) => CgroupBase::at(dir.to_path_buf()).kill_unit(unit),
-        None => {
-            kill_unit_leftovers(marker, unit);
-        }
+    if let Some(dir) = cgroups {
+        CgroupBase::at(dir.to_path_buf()).kill_unit(unit);
     }
+    kill_unit_leftovers(marker, unit);
 }
