@@ -24,6 +24,11 @@ fn a_unit_that_never_becomes_active_fails_the_start_after_two_quiet_seconds() {
             .contains("Error waiting for units: Failed to find an active unit never.service within 2s, err: unit is "),
         "{ran:?}"
     );
+    assert!(
+        ran.stderr
+            .contains("\nError waiting for systemd unit states, err: Failed to find an active unit never.service"),
+        "the original's second line: {ran:?}"
+    );
 }
 
 #[test]
@@ -287,11 +292,13 @@ fn no_block_global_units_and_reasons() {
         write("elsewhere.service", "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=region=eu\n");
     let ran = fleet.fleetctl(&["start", "--block-attempts=1", &elsewhere]);
     assert_eq!(ran.code, 1);
-    assert!(ran.stderr.contains("timed out waiting for unit elsewhere.service to report state launched"), "{ran:?}");
-    assert!(
-        ran.stderr.contains("Unit elsewhere.service cannot be scheduled: no machine has metadata region=eu"),
-        "{ran:?}"
+    // The original's two lines, then the reason.
+    let timed_out = "timed out waiting for unit elsewhere.service to report state launched";
+    let expected = format!(
+        "Error waiting for units: {timed_out}\nError waiting for unit states, exit status: {timed_out}\n\
+         Unit elsewhere.service cannot be scheduled: no machine has metadata region=eu\n"
     );
+    assert!(ran.stderr.contains(&expected), "{ran:?}");
     let reasons = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,reason"]).stdout;
     assert!(reasons.contains("elsewhere.service\tno machine has metadata region=eu"), "{reasons}");
     // Runtime metadata counts: once the machine says region=eu, the unit is placed.

@@ -191,16 +191,30 @@ async fn schedule(
     let attempts = Attempts::from_flags(block);
     let Some(names) = announce_triggered(triggered, verb, attempts) else { return Outcome::Success };
     if let Err(error) = wait_for_state(context, &names, target, attempts).await {
-        eprintln!("Error waiting for units: {error}");
+        report_wait_failure(&error, "Error waiting for unit states, exit status");
         return Outcome::Failure;
     }
     if target == "launched"
         && let Err(error) = wait_for_active(context, &names).await
     {
-        eprintln!("Error waiting for units: {error}");
+        report_wait_failure(&error, "Error waiting for systemd unit states, err");
         return Outcome::Failure;
     }
     Outcome::Success
+}
+
+/// The original's two lines for a wait that failed (the second one names the stage, with the
+/// failure again), then what fleet adds to explain it (such as why a unit cannot be placed).
+fn report_wait_failure(error: &str, stage: &str) {
+    let (failure, explanation) = match error.split_once('\n') {
+        Some((failure, explanation)) => (failure, Some(explanation)),
+        None => (error, None),
+    };
+    eprintln!("Error waiting for units: {failure}");
+    eprintln!("{stage}: {failure}");
+    if let Some(explanation) = explanation {
+        eprintln!("{explanation}");
+    }
 }
 
 pub async fn load(context: &Context, arguments: &[String], create: &CreateFlags, block: &BlockFlags) -> Outcome {
