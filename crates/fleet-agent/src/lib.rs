@@ -11,4 +11,5 @@
 mod drift_watch;
 mod reconciler;
 
-pub use reconciler::{Agent, AgentConfig, Lifecycle};
+pub use fleet_runtime::Lifecycle;
+pub use reconciler::{Agent, AgentConfig};

@@ -5,24 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::agent_plan::{self, DesiredUnit, GlobalUnit, LoadedUnit, Task};
-use fleet_core::{Backoff, DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
+use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport};
+use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, TriggerId, Triggers};
 use fleet_unit_manager::{HeldUnit, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
 use fleet_core::state_report::{adopted_as_launched, already_reported, state_reports};
 
 use crate::drift_watch::DriftWatch;
-
-/// What fleetd wants its components to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lifecycle {
-    Running,
-    /// Stop this instance but leave the units running: a new one takes over.
-    Reloading,
-    /// Stop the units and leave the cluster.
-    ShuttingDown,
-}
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -88,9 +79,19 @@ pub struct Agent {
     /// Whether the log said the unit manager has no fence for `AtMostOnce=` units.
     told_no_fence: bool,
     drift: DriftWatch,
-    /// The manager's state changes: a pass marks them seen as it lists the manager, so a
-    /// change its own listing already shows (its own start, say) does not call for another.
-    state_changes: watch::Receiver<u64>,
+    /// The machine's work changing, and the manager's states.
+    triggers: Triggers,
+    /// The manager's state changes among the triggers: a pass marks them seen as it lists the
+    /// manager, so a change its own listing already shows (its own start, say) does not call
+    /// for another.
+    state_changes: TriggerId,
+    /// Moves when the store says the presence lapsed: a pass in progress is dropped for it.
+    lapses: Option<watch::Receiver<u64>>,
+    /// Whether the machine is registered (a pass registers it first).
+    registered: bool,
+    /// When the last pass found the presence due a look, whatever else happens: a failed
+    /// pass is retried by then at the latest.
+    presence_due: Option<Duration>,
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -98,7 +99,9 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 
 impl Agent {
     pub fn new(config: AgentConfig, registry: Arc<dyn AgentRegistry>, manager: Arc<dyn UnitManager>) -> Self {
-        let state_changes = manager.state_changes();
+        let mut triggers = Triggers::none().with(registry.machine_changes(&config.machine.id));
+        let state_changes = triggers.add(manager.state_changes());
+        let lapses = registry.presence_lapses(&config.machine.id);
         Self {
             config,
             registry,
@@ -112,14 +115,18 @@ impl Agent {
             fence: None,
             told_no_fence: false,
             drift: DriftWatch::default(),
+            triggers,
             state_changes,
+            lapses,
+            registered: false,
+            presence_due: None,
         }
     }
 
     /// What the manager holds now. Every state change up to this listing is marked seen:
     /// the listing shows it.
     async fn held_units(&mut self) -> fleet_unit_manager::Result<BTreeMap<String, HeldUnit>> {
-        self.state_changes.borrow_and_update();
+        self.triggers.mark_one_seen(self.state_changes);
         self.manager.units().await
     }
 
@@ -130,87 +137,66 @@ impl Agent {
     /// Runs until `lifecycle` leaves [`Lifecycle::Running`]. On shutdown it stops every unit
     /// and leaves the cluster; on reload it returns with the units left running, for the
     /// next agent to adopt.
-    pub async fn run(mut self, mut lifecycle: watch::Receiver<Lifecycle>) {
-        let mut work_changes = self.registry.machine_changes(self.machine_id());
-        let mut lapses = self.registry.presence_lapses(self.machine_id());
+    pub async fn run(mut self, lifecycle: watch::Receiver<Lifecycle>) {
         self.adopt_running_units().await;
-        let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
-        let mut registered = false;
-        loop {
-            if !registered {
-                match self.registry.register_machine(&self.config.machine).await {
-                    Ok(()) => registered = true,
-                    Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
+        fleet_runtime::run(self, lifecycle).await;
+    }
+
+    /// One pass: register if not yet, act on the presence, then reconcile what runs here
+    /// with the machine's work. Says when to look again.
+    async fn pass(&mut self) -> Result<Next, RegistryError> {
+        if !self.registered {
+            match self.registry.register_machine(&self.config.machine).await {
+                Ok(()) => self.registered = true,
+                Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
+            }
+        }
+        let fence_check = self.check_presence().await;
+        self.presence_due = fence_check;
+        if self.fenced {
+            // Until the presence is renewed, nothing here is this machine's to run.
+            return Ok(Next::After(fence_check.unwrap_or(RETRY_MIN)));
+        }
+        // A pass waiting on a slow store does not hold up what a lapse calls for: it is
+        // dropped when the store says the presence lapsed, or when it may have by this
+        // machine's clock with units to stop for it.
+        let lapse_at = self.own_lapse_moment();
+        let mut lapses = self.lapses.take();
+        let outcome = tokio::select! {
+            biased;
+            Some(()) = lapsed(lapses.as_mut()) => Err(RegistryError::PresenceLapsed),
+            () = until(lapse_at) => Ok(()),
+            outcome = self.reconcile() => outcome,
+        };
+        self.lapses = lapses;
+        let next = match outcome {
+            Ok(()) => self.config.reconcile_interval,
+            // Starting up: the copy wakes this loop once it has listed.
+            Err(RegistryError::NotListedYet) => {
+                tracing::debug!("the store's copy is not listed yet; waiting for it");
+                RETRY_MIN
+            }
+            // None of what runs here can be shown to be this machine's any more: it stops
+            // now, and what is still scheduled here starts again once the work can be read.
+            // The copy wakes this loop when it can.
+            Err(RegistryError::PresenceLapsed) => {
+                if !self.loaded.is_empty() {
+                    tracing::warn!(
+                        units = self.loaded.len(),
+                        "this machine's presence lapsed: stopping its units until its work shows which are still its own"
+                    );
+                    self.stop_and_unload_all("its presence lapsed").await;
                 }
+                RETRY_MIN
             }
-            let pass = tokio::time::Instant::now();
-            let fence_check = self.check_presence().await;
-            let next = if self.fenced {
-                // Until the presence is renewed, nothing here is this machine's to run.
-                retry.reset();
-                fence_check.unwrap_or(RETRY_MIN)
-            } else {
-                // A pass waiting on a slow store does not hold up what a lapse calls for: it is
-                // dropped when the store says the presence lapsed, or when it may have by this
-                // machine's clock with units to stop for it.
-                let lapse_at = self.own_lapse_moment();
-                let outcome = tokio::select! {
-                    biased;
-                    Some(()) = lapsed(lapses.as_mut()) => Err(RegistryError::PresenceLapsed),
-                    () = until(lapse_at) => Ok(()),
-                    outcome = self.reconcile() => outcome,
-                };
-                let next = match outcome {
-                    Ok(()) => {
-                        retry.reset();
-                        self.config.reconcile_interval
-                    }
-                    // Starting up: the copy wakes this loop once it has listed.
-                    Err(RegistryError::NotListedYet) => {
-                        tracing::debug!("the store's copy is not listed yet; waiting for it");
-                        RETRY_MIN
-                    }
-                    // None of what runs here can be shown to be this machine's any more: it
-                    // stops now, and what is still scheduled here starts again once the work
-                    // can be read. The copy wakes this loop when it can.
-                    Err(RegistryError::PresenceLapsed) => {
-                        if !self.loaded.is_empty() {
-                            tracing::warn!(
-                                units = self.loaded.len(),
-                                "this machine's presence lapsed: stopping its units until its work shows which are still its own"
-                            );
-                            self.stop_and_unload_all("its presence lapsed").await;
-                        }
-                        retry.reset();
-                        RETRY_MIN
-                    }
-                    Err(error) => {
-                        let wait = retry.next_delay();
-                        tracing::warn!(%error, retry_in = ?wait, "agent reconcile failed; running units are left alone");
-                        wait
-                    }
-                };
-                // A unit this pass started that asked to run at most once is fenced at once.
+            Err(error) => {
                 self.arm_fence().await;
-                fence_check.map_or(next, |lapses_in| next.min(lapses_in))
-            };
-            let pass = pass.elapsed();
-            // In this order when several are ready: a run is the same every time (the
-            // simulation replays a seed bit for bit), and a stop is never put off.
-            tokio::select! {
-                biased;
-                _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => break,
-                _ = work_changes.changed() => {}
-                _ = self.state_changes.changed() => {}
-                () = tokio::time::sleep(next) => {}
+                return Err(error);
             }
-            tokio::time::sleep(settling_time(self.config.debounce, pass)).await;
-            work_changes.mark_unchanged();
-            self.state_changes.mark_unchanged();
-        }
-        if *lifecycle.borrow() == Lifecycle::ShuttingDown {
-            self.leave().await;
-        }
+        };
+        // A unit this pass started that asked to run at most once is fenced at once.
+        self.arm_fence().await;
+        Ok(Next::After(fence_check.map_or(next, |lapses_in| next.min(lapses_in))))
     }
 
     /// Acts on the machine's presence as its own clock sees it, counted from the last
@@ -654,6 +640,38 @@ impl Agent {
         }
         if let Err(error) = self.registry.unregister_machine(self.machine_id()).await {
             tracing::warn!(%error, "leaving the cluster at shutdown");
+        }
+    }
+}
+
+impl Reconciler for Agent {
+    type Error = RegistryError;
+    const NAME: &'static str = "agent reconcile";
+    const RETRY: Retry = Retry { min: RETRY_MIN, max: RETRY_MAX };
+
+    async fn pass(&mut self) -> Result<Next, RegistryError> {
+        Agent::pass(self).await
+    }
+
+    fn triggers(&mut self) -> &mut Triggers {
+        &mut self.triggers
+    }
+
+    fn settle(&mut self, took: Duration) -> Duration {
+        settling_time(self.config.debounce, took)
+    }
+
+    fn due_within(&self) -> Option<Duration> {
+        self.presence_due
+    }
+
+    fn on_failure(&self) -> &'static str {
+        "running units are left alone"
+    }
+
+    async fn finish(self, ending: Lifecycle) {
+        if ending == Lifecycle::ShuttingDown {
+            self.leave().await;
         }
     }
 }

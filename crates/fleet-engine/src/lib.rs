@@ -14,6 +14,7 @@ use std::time::Duration;
 use fleet_core::schedule::at_most_once::MachineAbsences;
 use fleet_core::schedule::{ClusterSnapshot, IncrementalPlanner, PlanScope, RequirementsCache};
 use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
+use fleet_runtime::{Lifecycle, Next, Reconciler, Triggers};
 use tokio::sync::watch;
 
 #[derive(Clone, Debug)]
@@ -48,12 +49,15 @@ pub struct Engine {
     absences: MachineAbsences,
     /// When the first hold on an `AtMostOnce=` unit ends: the engine plans again then.
     hold_ends: Option<tokio::time::Instant>,
+    /// The store's changes to units and machines.
+    changes: Triggers,
 }
 
 impl Engine {
     pub fn new(config: EngineConfig, registry: Arc<dyn EngineRegistry>) -> Self {
         Self {
             config,
+            changes: Triggers::none().with(registry.engine_changes()),
             registry,
             requirements: RequirementsCache::default(),
             planner: IncrementalPlanner::default(),
@@ -83,43 +87,9 @@ impl Engine {
         }
     }
 
-    /// Runs until `stop` turns true, then gives up the leadership.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
-        let mut changes = self.registry.engine_changes();
-        let metrics = &fleet_metrics::metrics().engine;
-        loop {
-            let started = std::time::Instant::now();
-            if let Err(error) = self.reconcile().await {
-                tracing::warn!(%error, "engine reconcile failed");
-            }
-            let took = started.elapsed();
-            metrics.reconciles.inc();
-            metrics.reconcile_duration.observe(took.as_secs_f64());
-            metrics.leader.set(i64::from(self.lease.is_some()));
-            self.tell_leadership();
-            // In this order when several are ready: a run is the same every time (the
-            // simulation replays a seed bit for bit), and a stop is never put off.
-            tokio::select! {
-                biased;
-                _ = stop.wait_for(|stop| *stop) => break,
-                _ = changes.changed() => {}
-                () = tokio::time::sleep(self.next_look()) => {}
-            }
-            // A burst is gathered for at least as long as the last pass spent planning: under a
-            // stream of writes the engine plans in batches and takes at most about half a core.
-            // Time waiting on the store does not count, so a slow link never spaces out the
-            // leadership renewals.
-            tokio::time::sleep(self.config.debounce.max(std::mem::take(&mut self.planning))).await;
-            changes.mark_unchanged();
-        }
-        metrics.leader.set(0);
-        fleet_metrics::publish_cluster(None);
-        if let Some(lease) = self.lease.take()
-            && let Err(error) = self.registry.release_leadership(&lease).await
-        {
-            tracing::warn!(%error, "releasing engine leadership");
-        }
-        self.tell_leadership();
+    /// Runs until `lifecycle` leaves `Running`, then gives up the leadership.
+    pub async fn run(self, lifecycle: watch::Receiver<Lifecycle>) {
+        fleet_runtime::run(self, lifecycle).await;
     }
 
     /// The fallback period, or sooner when a hold on an `AtMostOnce=` unit ends.
@@ -230,5 +200,45 @@ impl Engine {
         self.reasons = reasons;
         self.planned = planned;
         Ok(())
+    }
+}
+
+impl Reconciler for Engine {
+    type Error = RegistryError;
+    const NAME: &'static str = "engine reconcile";
+
+    async fn pass(&mut self) -> Result<Next, RegistryError> {
+        let metrics = &fleet_metrics::metrics().engine;
+        let started = std::time::Instant::now();
+        let outcome = self.reconcile().await;
+        let took = started.elapsed();
+        metrics.reconciles.inc();
+        metrics.reconcile_duration.observe(took.as_secs_f64());
+        metrics.leader.set(i64::from(self.lease.is_some()));
+        self.tell_leadership();
+        outcome.map(|()| Next::After(self.next_look()))
+    }
+
+    fn triggers(&mut self) -> &mut Triggers {
+        &mut self.changes
+    }
+
+    /// A burst is gathered for at least as long as the last pass spent planning: under a
+    /// stream of writes the engine plans in batches and takes at most about half a core.
+    /// Time waiting on the store does not count, so a slow link never spaces out the
+    /// leadership renewals.
+    fn settle(&mut self, _took: Duration) -> Duration {
+        self.config.debounce.max(std::mem::take(&mut self.planning))
+    }
+
+    async fn finish(mut self, _ending: Lifecycle) {
+        fleet_metrics::metrics().engine.leader.set(0);
+        fleet_metrics::publish_cluster(None);
+        if let Some(lease) = self.lease.take()
+            && let Err(error) = self.registry.release_leadership(&lease).await
+        {
+            tracing::warn!(%error, "releasing engine leadership");
+        }
+        self.tell_leadership();
     }
 }

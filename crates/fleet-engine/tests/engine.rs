@@ -9,6 +9,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_engine::{Engine, EngineConfig};
 use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{AgentRegistry, ApiRegistry};
+use fleet_runtime::Lifecycle;
 use fleet_testkit::eventually;
 use tokio::sync::watch;
 
@@ -32,14 +33,14 @@ async fn placement(registry: &EmbeddedRegistry) -> BTreeMap<String, Option<Strin
 /// How long an `AtMostOnce=` unit waits on a machine gone, in these tests.
 const HOLD: Duration = Duration::from_secs(5);
 
-fn start(registry: &EmbeddedRegistry) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
     let config = EngineConfig {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
     };
-    let (stop, stopped) = watch::channel(false);
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
     (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
 }
 
@@ -77,7 +78,7 @@ async fn places_units_least_loaded_and_moves_them_off_a_machine_that_goes() {
     let reason = registry.unit(waiting).await.unwrap().unwrap().reason.unwrap();
     assert!(reason.starts_with("conflicts with"), "{reason}");
 
-    stop.send(true).unwrap();
+    stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
 }
 
@@ -109,7 +110,7 @@ async fn an_at_most_once_unit_moves_off_a_lost_machine_only_after_the_hold() {
     })
     .await;
     assert!(lost.elapsed() >= HOLD, "it moved {:?} after its machine was lost", lost.elapsed());
-    stop.send(true).unwrap();
+    stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
 }
 
@@ -123,7 +124,7 @@ async fn an_inactive_unit_is_unscheduled() {
     eventually("a.service is placed", async || placement(&registry).await["a.service"].is_some()).await;
     registry.set_desired_state("a.service", DesiredState::Inactive).await.unwrap();
     eventually("a.service is unscheduled", async || placement(&registry).await["a.service"].is_none()).await;
-    stop.send(true).unwrap();
+    stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
 }
 
@@ -186,7 +187,7 @@ async fn only_the_leader_writes() {
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
     };
-    let (stop, stopped) = watch::channel(false);
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
     let engine = tokio::spawn(Engine::new(config, contested.clone()).run(stopped));
     store.put_unit("a.service", &unit(""), DesiredState::Launched).await.unwrap();
     eventually("a.service is placed", async || placement(&store).await["a.service"].is_some()).await;
@@ -201,6 +202,6 @@ async fn only_the_leader_writes() {
 
     contested.rival_leads.store(false, Ordering::SeqCst);
     eventually("the leader again places b.service", async || placement(&store).await["b.service"].is_some()).await;
-    stop.send(true).unwrap();
+    stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
 }

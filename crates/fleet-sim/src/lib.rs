@@ -122,8 +122,8 @@ struct Node {
     native: bool,
     store: Option<SimStore>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
-    /// Kept so the agent and engine run on (dropping them would stop them).
-    lifecycle: Option<(watch::Sender<Lifecycle>, watch::Sender<bool>)>,
+    /// Kept so the agent and engine run on (dropping it would stop them).
+    lifecycle: Option<watch::Sender<Lifecycle>>,
     clock_rate: f64,
     starts: u64,
 }
@@ -164,14 +164,13 @@ impl Cluster {
             at_most_once_hold: fleet_core::schedule::at_most_once::hold(self.config.agent_ttl),
         };
         let engine = Engine::new(engine_config, Arc::new(store.clone()));
-        let (lifecycle, agent_watch) = watch::channel(Lifecycle::Running);
-        let (stop, engine_watch) = watch::channel(false);
+        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let span = tracing::info_span!("fleetd", machine = node.machine.id.as_str(), start = node.starts);
         node.tasks = vec![
-            tokio::spawn(agent.run(agent_watch).instrument(span.clone())),
-            tokio::spawn(engine.run(engine_watch).instrument(span)),
+            tokio::spawn(agent.run(lifecycle_watch.clone()).instrument(span.clone())),
+            tokio::spawn(engine.run(lifecycle_watch).instrument(span)),
         ];
-        node.lifecycle = Some((lifecycle, stop));
+        node.lifecycle = Some(lifecycle);
         node.store = Some(store);
         let mut world = lock(&self.world);
         if world.dead.remove(&node.machine.id) {

@@ -1,42 +1,56 @@
-//! The shape of every loop that runs only on the engine leader.
+//! The shape of every loop that runs only on the engine leader: a pass every tick while
+//! this fleetd leads, on the one reconciler runtime.
 
+use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fleet_registry::RegistryError;
+use fleet_runtime::{Lifecycle, Next, Reconciler, Triggers};
 use tokio::sync::watch;
 
-/// Runs `pass` every `tick` while `leads` says this fleetd leads, until `stop` (which also
-/// cuts a pass short); a failed pass is logged (as `what`) and tried again next tick.
-pub async fn while_leading<F, Fut>(
-    mut leads: watch::Receiver<bool>,
-    mut stop: watch::Receiver<bool>,
+/// What runs on the engine leader only, one pass at a time.
+pub trait LeaderPass: Send {
+    /// Names it in the log: "`NAME` failed".
+    const NAME: &'static str;
+    fn pass(&mut self) -> impl Future<Output = Result<(), RegistryError>> + Send;
+}
+
+/// Runs `pass` every `tick` while `leads` says this fleetd leads, until `lifecycle` ends it.
+pub async fn while_leading<P: LeaderPass>(
+    pass: P,
     tick: Duration,
-    what: &str,
-    mut pass: F,
-) where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), RegistryError>>,
-{
-    loop {
-        tokio::select! {
-            _ = leads.wait_for(|leads| *leads) => {}
-            _ = stop.wait_for(|stop| *stop) => return,
+    leads: watch::Receiver<bool>,
+    lifecycle: watch::Receiver<Lifecycle>,
+) {
+    let triggers = Triggers::none().with(leads.clone());
+    fleet_runtime::run(WhileLeading { pass, tick, leads, triggers }, lifecycle).await;
+}
+
+struct WhileLeading<P> {
+    pass: P,
+    tick: Duration,
+    leads: watch::Receiver<bool>,
+    triggers: Triggers,
+}
+
+impl<P: LeaderPass> Reconciler for WhileLeading<P> {
+    type Error = RegistryError;
+    const NAME: &'static str = P::NAME;
+    // A pass in progress does not hold up a shutdown (its store calls may wait out their
+    // timeouts when the store is gone): its writes are idempotent, the next leader's pass
+    // completes what it left.
+    const STOP_CUTS_PASS: bool = true;
+
+    async fn pass(&mut self) -> Result<Next, RegistryError> {
+        if !*self.leads.borrow() {
+            return Ok(Next::OnChange);
         }
-        // A pass in progress does not hold up a shutdown (its store calls may wait out their
-        // timeouts when the store is gone): its writes are idempotent, the next leader's
-        // pass completes what it left.
-        tokio::select! {
-            result = pass() => {
-                if let Err(error) = result {
-                    tracing::warn!(%error, "{what} failed; trying again");
-                }
-            }
-            _ = stop.wait_for(|stop| *stop) => return,
-        }
-        tokio::select! {
-            () = tokio::time::sleep(tick) => {}
-            _ = stop.wait_for(|stop| *stop) => return,
-        }
+        self.pass.pass().await?;
+        Ok(Next::After(self.tick))
+    }
+
+    fn triggers(&mut self) -> &mut Triggers {
+        &mut self.triggers
     }
 }
 

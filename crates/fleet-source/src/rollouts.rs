@@ -10,9 +10,10 @@ use std::time::Duration;
 use fleet_core::rollout::{Health, Observed, RolloutState, advance};
 use fleet_core::{UnitFile, UnitState};
 use fleet_registry::{ApiRegistry, RegistryError, RolloutRecord, UnitView, Writer};
+use fleet_runtime::Lifecycle;
 use tokio::sync::watch;
 
-use crate::leading::{now, while_leading};
+use crate::leading::{LeaderPass, now, while_leading};
 
 pub struct RolloutDriver {
     registry: Arc<dyn ApiRegistry>,
@@ -53,12 +54,13 @@ impl RolloutDriver {
         Self { registry, tick }
     }
 
-    /// Steps the rollouts while `leads` says this fleetd leads, until `stop`.
-    pub async fn run(self, leads: watch::Receiver<bool>, stop: watch::Receiver<bool>) {
-        while_leading(leads, stop, self.tick, "rollout pass", || self.pass()).await;
+    /// Steps the rollouts while `leads` says this fleetd leads, until `lifecycle` ends it.
+    pub async fn run(self, leads: watch::Receiver<bool>, lifecycle: watch::Receiver<Lifecycle>) {
+        let tick = self.tick;
+        while_leading(self, tick, leads, lifecycle).await;
     }
 
-    async fn pass(&self) -> Result<(), RegistryError> {
+    async fn step_running(&self) -> Result<(), RegistryError> {
         let running: Vec<RolloutRecord> = self
             .registry
             .rollouts()
@@ -116,5 +118,13 @@ impl RolloutDriver {
         };
         tracing::info!(rollout = record.name, unit = name, "rolling out new content");
         self.registry.put_unit_as(name, &file, current.desired, &writer).await
+    }
+}
+
+impl LeaderPass for RolloutDriver {
+    const NAME: &'static str = "rollout pass";
+
+    async fn pass(&mut self) -> Result<(), RegistryError> {
+        self.step_running().await
     }
 }

@@ -16,10 +16,11 @@ use fleet_core::{DesiredState, UnitHash};
 use fleet_registry::{
     ApiRegistry, OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer,
 };
+use fleet_runtime::Lifecycle;
 use tokio::sync::watch;
 
 use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
-use crate::leading::{now, while_leading};
+use crate::leading::{LeaderPass, now, while_leading};
 
 /// How long a unit a source's rollout replaced may take to become active.
 const ROLLOUT_DEADLINE: u64 = 120;
@@ -88,13 +89,14 @@ impl SourceSyncer {
         content
     }
 
-    /// Syncs while `leads` says this fleetd leads, until `stop`.
-    pub async fn run(self, leads: watch::Receiver<bool>, stop: watch::Receiver<bool>) {
-        while_leading(leads, stop, self.config.tick, "source sync pass", || self.pass()).await;
+    /// Syncs while `leads` says this fleetd leads, until `lifecycle` ends it.
+    pub async fn run(self, leads: watch::Receiver<bool>, lifecycle: watch::Receiver<Lifecycle>) {
+        let tick = self.config.tick;
+        while_leading(self, tick, leads, lifecycle).await;
     }
 
     /// Syncs every source that is due.
-    async fn pass(&self) -> Result<(), RegistryError> {
+    async fn sync_due(&self) -> Result<(), RegistryError> {
         let mut statuses: BTreeMap<String, SourceStatus> = self.registry.source_statuses().await?.into_iter().collect();
         for source in self.registry.sources().await? {
             let status = statuses.remove(&source.name).unwrap_or_default();
@@ -364,4 +366,12 @@ fn make_private_dir(dir: &Path) -> Result<(), String> {
         .mode(0o700)
         .create(dir)
         .map_err(|error| format!("cannot make the source cache {}: {error}", dir.display()))
+}
+
+impl LeaderPass for SourceSyncer {
+    const NAME: &'static str = "source sync pass";
+
+    async fn pass(&mut self) -> Result<(), RegistryError> {
+        self.sync_due().await
+    }
 }

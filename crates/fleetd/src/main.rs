@@ -1,5 +1,7 @@
 //! fleetd: on every machine, the engine, the agent and the HTTP API v1.
 
+mod api_service;
+mod daemon;
 mod host;
 mod journal_log;
 mod process_setup;
@@ -8,6 +10,7 @@ mod ready_probe;
 mod reconcile_timing;
 mod run;
 mod service_manager;
+mod silent_agents;
 mod store;
 mod supervise;
 

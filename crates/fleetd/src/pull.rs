@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context;
-use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_agent::{Agent, AgentConfig};
 use fleet_core::{Backoff, MachineState};
 use fleet_remote::{DiskCopy, MachineCredentials, Manager, ManagerError, RemoteRegistry};
+use fleet_runtime::Lifecycle;
 use fleet_unit_manager::UnitManager;
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
+use crate::daemon::{Components, Daemon};
 use crate::reconcile_timing::{DEBOUNCE, PULL_RECONCILE_INTERVAL};
 use crate::supervise::supervise;
 use fleetd::config::Config;
@@ -106,7 +108,12 @@ async fn answer_journals(
 }
 
 /// Runs fleetd as a pull agent until SIGTERM or SIGINT.
-pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManager>) -> anyhow::Result<()> {
+pub async fn run(
+    config: Config,
+    machine: MachineState,
+    units: Arc<dyn UnitManager>,
+    mut daemon: Daemon,
+) -> anyhow::Result<()> {
     if !config.etcd_servers.is_empty() {
         anyhow::bail!("manager_url and etcd_servers exclude each other: a pull agent has no store of its own");
     }
@@ -135,45 +142,42 @@ pub async fn run(config: Config, machine: MachineState, units: Arc<dyn UnitManag
     if let Some(asks) = registry.journal_asks() {
         tokio::spawn(answer_journals(asks, registry.clone(), units.clone(), machine.id.clone()));
     }
-
-    let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     // A pull agent serves no API: it is ready once it joined and holds its credentials.
     let pulling = format!("pulling from {}", config.manager_url);
-    crate::service_manager::ready(&pulling);
-    tokio::spawn(crate::service_manager::keep_alive(pulling));
-    loop {
-        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+    let mut agent = PullAgent { machine, agent_ttl: config.agent_ttl, registry, units };
+    daemon.run(&pulling, &mut agent).await;
+    renewing.abort();
+    tracing::info!("fleetd stopped");
+    Ok(())
+}
+
+/// What a pull agent runs under the daemon: the agent, on the remote store.
+struct PullAgent {
+    machine: MachineState,
+    agent_ttl: Duration,
+    registry: Arc<RemoteRegistry>,
+    units: Arc<dyn UnitManager>,
+}
+
+impl Components for PullAgent {
+    fn start(&mut self, tasks: &mut JoinSet<()>, lifecycle: watch::Receiver<Lifecycle>) {
         let agent_config = AgentConfig {
-            machine: machine.clone(),
+            machine: self.machine.clone(),
             reconcile_interval: PULL_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
             // A pull agent has no lease of its own: its manager holds it present for its own
             // `agent_ttl` after it last heard from it. The units that run at most once stop
             // on this clock, so this fleetd's agent_ttl must not be longer than its managers'.
-            presence_ttl: Some(config.agent_ttl),
+            presence_ttl: Some(self.agent_ttl),
             stop_units_when_cut_off: false,
         };
-        let (agent_registry, agent_units) = (registry.clone(), units.clone());
-        let agent = tokio::spawn(supervise("agent", move || {
-            Agent::new(agent_config.clone(), agent_registry.clone(), agent_units.clone()).run(lifecycle_watch.clone())
+        let (registry, units) = (self.registry.clone(), self.units.clone());
+        tasks.spawn(supervise("agent", move || {
+            Agent::new(agent_config.clone(), registry.clone(), units.clone()).run(lifecycle.clone())
         }));
-        let reload = tokio::select! {
-            _ = terminate.recv() => false,
-            _ = interrupt.recv() => false,
-            _ = hangup.recv() => true,
-        };
-        if !reload {
-            crate::service_manager::stopping();
-        }
-        let _ = lifecycle.send(if reload { Lifecycle::Reloading } else { Lifecycle::ShuttingDown });
-        let _ = agent.await;
-        if !reload {
-            renewing.abort();
-            tracing::info!("fleetd stopped");
-            return Ok(());
-        }
+    }
+
+    fn reload(&mut self) {
         tracing::info!("restarting the agent (a pull agent rereads no configuration: restart fleetd for that)");
     }
 }

@@ -1,5 +1,5 @@
-//! Wiring: the registry, the unit manager, the engine, the agent and the API, and the
-//! signals that reload or stop them.
+//! Wiring: the registry, the unit manager, the API, and the components a fleetd on a store
+//! runs under the daemon (the agent, the engine and what runs on the engine leader).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -7,32 +7,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_api::LocalMachine;
-use fleet_api::agent_presence::AgentPresence;
-use fleet_api::auth::Auth;
-use fleet_api::auth::agent_ca::AgentCa;
-use fleet_api::auth::tls::ServerTls;
-use fleet_api::listen::{ApiListener, ListenAddress};
-use fleet_api::serve::{ServeLimits, serve};
-use fleet_api::{ApiState, TokenLimit, router};
+use fleet_agent::{Agent, AgentConfig};
+use fleet_api::listen::ApiListener;
 use fleet_core::MachineState;
 use fleet_engine::{Engine, EngineConfig};
+use fleet_runtime::Lifecycle;
 use fleet_source::{RolloutDriver, SourceSyncer, SyncerConfig};
 use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{LogLimits, NativeManager, NativeOptions};
 use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 
+use crate::api_service::ApiService;
+use crate::daemon::{Components, Daemon};
 use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
+use crate::silent_agents::SilentAgentSweep;
 use crate::supervise::supervise;
 use crate::{host, store};
-use fleetd::api_security::{self, Transport};
 use fleetd::config::{Config, UnitManagerChoice};
 
-/// How long the API may take to answer its first request once it serves.
-const READY_LIMIT: Duration = Duration::from_secs(30);
 /// How often the engine leader looks for a git source that is due (a webhook or a change is
 /// picked up within this; two small reads of the store each time, on the leader only).
 const SOURCE_TICK: Duration = Duration::from_millis(250);
@@ -92,41 +86,6 @@ async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<d
     Ok(Arc::new(NativeManager::new(options)?))
 }
 
-/// The API's listeners: those systemd passed (TCP ones serving HTTPS when TLS is configured),
-/// else those `api_listen` names; and the Unix socket files fleetd created itself (to remove
-/// at shutdown). Refuses any that would expose the API unprotected.
-fn listeners(
-    config: &Config,
-    activated: Vec<ApiListener>,
-    tls_configured: bool,
-) -> anyhow::Result<(Vec<ApiListener>, Vec<PathBuf>)> {
-    let mut owned = Vec::new();
-    let listeners = if activated.is_empty() {
-        let mut listeners = Vec::new();
-        for entry in &config.api_listen {
-            let address = ListenAddress::parse(entry).with_context(|| format!("invalid api_listen entry {entry}"))?;
-            if let ListenAddress::Unix(path) = &address {
-                owned.push(path.clone());
-            }
-            listeners.push(address.bind().with_context(|| format!("listening on {entry}"))?);
-        }
-        listeners
-    } else if tls_configured {
-        activated.into_iter().map(ApiListener::with_tls).collect()
-    } else {
-        activated
-    };
-    let tcp: Vec<(std::net::SocketAddr, Transport)> = listeners
-        .iter()
-        .filter_map(|listener| {
-            let transport = if matches!(listener, ApiListener::Tls(_)) { Transport::Https } else { Transport::Http };
-            Some((listener.tcp_address()?, transport))
-        })
-        .collect();
-    api_security::check_listeners(&tcp, tls_configured).map_err(anyhow::Error::msg)?;
-    Ok((listeners, owned))
-}
-
 /// Warns about options a reload cannot change.
 fn warn_fixed_options(old: &Config, new: &Config) {
     let fixed = [
@@ -145,40 +104,6 @@ fn warn_fixed_options(old: &Config, new: &Config) {
     }
 }
 
-/// Gives up the presence of pull agents silent for `agent_ttl`: the cluster treats them as
-/// lost machines (their units move), as it does an etcd machine whose lease ran out. An agent
-/// that comes back announces itself again.
-async fn sweep_silent_agents(presence: Arc<AgentPresence>, registry: Arc<dyn fleet_registry::Registry>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        for machine in presence.take_lost() {
-            tracing::warn!(machine, "pull agent silent for agent_ttl: treating it as a lost machine");
-            if let Err(error) = registry.unregister_machine(&machine).await {
-                tracing::warn!(machine, %error, "cannot give up the pull agent's presence; trying again");
-                // Its slot was freed just above, so it fits again.
-                let _ = presence.heard(&machine);
-            }
-        }
-    }
-}
-
-/// Reads the API's certificates and keys again (rotation without a restart). A failure keeps
-/// the running ones.
-fn reload_tls(tls: Option<&ServerTls>, config: &Config) {
-    match (tls, api_security::tls_files(config)) {
-        (Some(tls), Ok(Some(files))) => match tls.reload(files) {
-            Ok(()) => tracing::info!("API TLS certificates reloaded"),
-            Err(error) => tracing::error!(%error, "keeping the running API TLS certificates"),
-        },
-        (None, Ok(None)) => {}
-        (_, Err(error)) => tracing::error!(%error, "keeping the running API TLS certificates"),
-        (None, Ok(Some(_))) | (Some(_), Ok(None)) => {
-            tracing::warn!("turning the API's TLS on or off takes a restart of fleetd")
-        }
-    }
-}
-
 /// Says which deprecated options are set (and ignored).
 fn warn_deprecated_options(config: &Config) {
     if config.verify_units {
@@ -191,179 +116,112 @@ fn warn_deprecated_options(config: &Config) {
 
 /// Runs fleetd until SIGTERM or SIGINT. `activated` holds the sockets systemd passed, taken
 /// in `main` before the runtime's threads started.
-pub async fn run(mut config: Config, config_path: Option<PathBuf>, activated: Vec<ApiListener>) -> anyhow::Result<()> {
+pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<ApiListener>) -> anyhow::Result<()> {
     warn_deprecated_options(&config);
     let machine_id = config.resolve_machine_id()?;
     fleet_fs::create_private_dir(&config.state_dir)
         .with_context(|| format!("creating state_dir {}", config.state_dir.display()))?;
     // Before anything else touches the state: unit processes, the store, the lease file.
     let _state_lock = fleet_fs::StateLock::acquire(&config.state_dir)?;
+    let mut daemon = Daemon::new()?;
     let manager = unit_manager(&config, &machine_id).await?;
     if !config.manager_url.is_empty() {
-        return crate::pull::run(config.clone(), machine_state(&config, &machine_id), manager).await;
+        let machine = machine_state(&config, &machine_id);
+        return crate::pull::run(config, machine, manager, daemon).await;
     }
     let registry = store::open(&config).await?;
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
-    let tls_files = api_security::tls_files(&config).map_err(anyhow::Error::msg)?;
-    let tls = match &tls_files {
-        Some(files) => Some(Arc::new(ServerTls::load(files.clone()).context("setting up the API's TLS")?)),
-        None => None,
-    };
-    let agent_ca = match api_security::agent_ca_files(&config).map_err(anyhow::Error::msg)? {
-        Some((cert, key)) => {
-            Some(Arc::new(AgentCa::load(&cert, &key, config.agent_cert_lifetime).context("loading the agent CA")?))
-        }
-        None => None,
-    };
-    let (listeners, owned_sockets) = listeners(&config, activated, tls.is_some())?;
-    for listener in &listeners {
-        tracing::info!(address = listener.describe(), "API listening");
-    }
-    if let Some(role) = &config.api_anonymous_role {
-        tracing::warn!(
-            role = %role,
-            "anonymous API access is on: clients without a credential on TCP listeners act as {role}"
-        );
-    }
-    let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut hangup = signal(SignalKind::hangup()).context("installing the SIGHUP handler")?;
     tracing::info!(machine_id, "fleetd {} starting", fleet_api::VERSION);
-    // The API serves for fleetd's whole life: a reload changes its page size in place, so no
-    // client's connection is cut by a reload.
-    let token_limit = TokenLimit::new(config.token_limit);
-    let agent_presence = Arc::new(AgentPresence::new(config.agent_ttl));
-    let api_state = ApiState {
-        registry: registry.clone(),
-        token_limit: token_limit.clone(),
-        local: Some(LocalMachine { machine_id: machine_id.clone(), manager: manager.clone() }),
-        auth: Auth::new(registry.clone(), config.api_anonymous_role.clone()),
-        // A fleetd that signs machine certificates is a manager: it serves pull agents.
-        agents: agent_ca.as_ref().map(|_| registry.clone() as Arc<dyn fleet_registry::AgentRegistry>),
-        agent_ca,
-        agent_presence: agent_presence.clone(),
-        journal_relay: Default::default(),
-        live_view: Default::default(),
-        feed_slots: Default::default(),
-        page_cursors: Default::default(),
-        source_secrets_dir: Some(config.source_credentials_dir.clone()),
-    };
-    if api_state.agents.is_some() {
-        tokio::spawn(sweep_silent_agents(agent_presence, registry.clone()));
-    }
-    let api_tls = tls.clone();
-    let limits = ServeLimits { connections_per_listener: config.api_max_connections, ..ServeLimits::default() };
-    let (api_stop, api_stopped) = watch::channel(false);
-    let serving = format!("API on {}", listeners.iter().map(ApiListener::describe).collect::<Vec<_>>().join(", "));
-    let unix_socket = listeners.iter().find_map(|listener| match listener {
-        ApiListener::Unix(unix) => unix.local_addr().ok()?.as_pathname().map(Path::to_path_buf),
-        _ => None,
-    });
-    let app = router(api_state);
-    let probe = app.clone();
-    let api = tokio::spawn(async move {
-        if let Err(error) = serve(&listeners, app, api_stopped, limits, api_tls).await {
-            tracing::error!(%error, "API server failed");
-        }
-    });
-    // systemd hears "ready" only once the API answers a request.
-    if crate::ready_probe::wait_until_api_answers(unix_socket, probe, READY_LIMIT).await {
-        crate::service_manager::ready(&serving);
-    } else {
-        anyhow::bail!("the API did not answer within {READY_LIMIT:?} of starting");
-    }
-    tokio::spawn(crate::service_manager::keep_alive(serving.clone()));
-    loop {
-        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
-        let (stop, stop_watch) = watch::channel(false);
-        let mut tasks = tokio::task::JoinSet::new();
+    let api = ApiService::start(&config, &machine_id, registry.clone(), manager.clone(), activated).await?;
+    let serving = api.serving.clone();
+    let mut member = ClusterMember { config, config_path, machine_id, registry, manager, api };
+    daemon.run(&serving, &mut member).await;
+    member.api.stop().await;
+    tracing::info!("fleetd stopped");
+    Ok(())
+}
+
+/// A fleetd on a store (etcd or embedded): its agent, and unless `disable_engine` the
+/// engine and what runs on the engine leader.
+struct ClusterMember {
+    config: Config,
+    config_path: Option<PathBuf>,
+    machine_id: String,
+    registry: Arc<dyn fleet_registry::Registry>,
+    manager: Arc<dyn UnitManager>,
+    api: ApiService,
+}
+
+impl Components for ClusterMember {
+    fn start(&mut self, tasks: &mut JoinSet<()>, lifecycle: watch::Receiver<Lifecycle>) {
+        let config = &self.config;
         let agent_config = AgentConfig {
-            machine: machine_state(&config, &machine_id),
+            machine: machine_state(config, &self.machine_id),
             reconcile_interval: AGENT_RECONCILE_INTERVAL,
             debounce: DEBOUNCE,
             presence_ttl: Some(config.agent_ttl),
             stop_units_when_cut_off: config.stop_units_when_cut_off,
         };
-        let (agent_registry, agent_manager) = (registry.clone(), manager.clone());
+        let (registry, manager, running) = (self.registry.clone(), self.manager.clone(), lifecycle.clone());
         tasks.spawn(supervise("agent", move || {
-            Agent::new(agent_config.clone(), agent_registry.clone(), agent_manager.clone()).run(lifecycle_watch.clone())
+            Agent::new(agent_config.clone(), registry.clone(), manager.clone()).run(running.clone())
         }));
-        if !config.disable_engine {
-            let engine_config = EngineConfig {
-                machine_id: machine_id.clone(),
-                reconcile_interval: config.engine_reconcile_interval,
-                debounce: DEBOUNCE,
-                at_most_once_hold: fleet_core::schedule::at_most_once::hold(config.agent_ttl),
-            };
-            let (leads, leads_watch) = watch::channel(false);
-            let (engine_registry, engine_stop) = (registry.clone(), stop_watch.clone());
-            tasks.spawn(supervise("engine", move || {
-                Engine::new(engine_config.clone(), engine_registry.clone())
-                    .with_leadership_signal(leads.clone())
-                    .run(engine_stop.clone())
-            }));
-            let syncer_config = SyncerConfig {
-                cache_dir: config.state_dir.join("sources"),
-                credentials_dir: config.source_credentials_dir.clone(),
-                tick: SOURCE_TICK,
-                max_units: config.source_max_units,
-            };
-            let (syncer_registry, syncer_stop, syncer_leads) =
-                (registry.clone(), stop_watch.clone(), leads_watch.clone());
-            tasks.spawn(supervise("source syncer", move || {
-                SourceSyncer::new(syncer_config.clone(), syncer_registry.clone())
-                    .run(syncer_leads.clone(), syncer_stop.clone())
-            }));
-            let (rollout_registry, rollout_stop) = (registry.clone(), stop_watch.clone());
-            tasks.spawn(supervise("rollout driver", move || {
-                RolloutDriver::new(rollout_registry.clone(), ROLLOUT_TICK)
-                    .run(leads_watch.clone(), rollout_stop.clone())
+        if self.api.serves_agents {
+            let (presence, registry, running) =
+                (self.api.agent_presence.clone(), self.registry.clone(), lifecycle.clone());
+            tasks.spawn(supervise("silent agent sweep", move || {
+                fleet_runtime::run(SilentAgentSweep::new(presence.clone(), registry.clone()), running.clone())
             }));
         }
-        let reload = tokio::select! {
-            _ = terminate.recv() => false,
-            _ = interrupt.recv() => false,
-            _ = hangup.recv() => true,
+        if config.disable_engine {
+            return;
+        }
+        let engine_config = EngineConfig {
+            machine_id: self.machine_id.clone(),
+            reconcile_interval: config.engine_reconcile_interval,
+            debounce: DEBOUNCE,
+            at_most_once_hold: fleet_core::schedule::at_most_once::hold(config.agent_ttl),
         };
-        if reload {
-            tracing::info!("Reloading configuration");
-            crate::service_manager::reloading();
-            let environment: BTreeMap<String, String> = std::env::vars().collect();
-            match Config::load(config_path.as_deref(), &environment) {
-                Ok(new) => {
-                    warn_deprecated_options(&new);
-                    warn_fixed_options(&config, &new);
-                    let (state_dir, api_listen, machine, manager_choice) = (
-                        config.state_dir.clone(),
-                        config.api_listen.clone(),
-                        config.machine_id.clone(),
-                        config.unit_manager,
-                    );
-                    config = Config { state_dir, api_listen, machine_id: machine, unit_manager: manager_choice, ..new };
-                    token_limit.set(config.token_limit);
-                    reload_tls(tls.as_deref(), &config);
-                }
-                Err(error) => tracing::error!("keeping the running configuration: {error:#}"),
+        let (leads, leads_watch) = watch::channel(false);
+        let (registry, running) = (self.registry.clone(), lifecycle.clone());
+        tasks.spawn(supervise("engine", move || {
+            Engine::new(engine_config.clone(), registry.clone())
+                .with_leadership_signal(leads.clone())
+                .run(running.clone())
+        }));
+        let syncer_config = SyncerConfig {
+            cache_dir: config.state_dir.join("sources"),
+            credentials_dir: config.source_credentials_dir.clone(),
+            tick: SOURCE_TICK,
+            max_units: config.source_max_units,
+        };
+        let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
+        tasks.spawn(supervise("source syncer", move || {
+            SourceSyncer::new(syncer_config.clone(), registry.clone()).run(leading.clone(), running.clone())
+        }));
+        let registry = self.registry.clone();
+        tasks.spawn(supervise("rollout driver", move || {
+            RolloutDriver::new(registry.clone(), ROLLOUT_TICK).run(leads_watch.clone(), lifecycle.clone())
+        }));
+    }
+
+    fn reload(&mut self) {
+        let environment: BTreeMap<String, String> = std::env::vars().collect();
+        match Config::load(self.config_path.as_deref(), &environment) {
+            Ok(new) => {
+                warn_deprecated_options(&new);
+                warn_fixed_options(&self.config, &new);
+                let old = &self.config;
+                self.config = Config {
+                    state_dir: old.state_dir.clone(),
+                    api_listen: old.api_listen.clone(),
+                    machine_id: old.machine_id.clone(),
+                    unit_manager: old.unit_manager,
+                    ..new
+                };
+                self.api.reload(&self.config);
             }
-            let _ = lifecycle.send(Lifecycle::Reloading);
-        } else {
-            tracing::info!("Shutting down");
-            crate::service_manager::stopping();
-            let _ = lifecycle.send(Lifecycle::ShuttingDown);
-        }
-        let _ = stop.send(true);
-        while tasks.join_next().await.is_some() {}
-        if reload {
-            crate::service_manager::ready(&serving);
-        }
-        if !reload {
-            let _ = api_stop.send(true);
-            let _ = api.await;
-            for path in &owned_sockets {
-                let _ = std::fs::remove_file(path);
-            }
-            tracing::info!("fleetd stopped");
-            return Ok(());
+            Err(error) => tracing::error!("keeping the running configuration: {error:#}"),
         }
     }
 }

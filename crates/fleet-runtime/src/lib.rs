@@ -1,0 +1,16 @@
+//! The one runtime every reconciler of fleetd runs on (the engine, the agent, the source
+//! syncer, the rollout driver, the sweep of silent pull agents): a pass, then a wait for
+//! whichever comes first of a trigger (a change signal) or the moment the pass asked to be
+//! run again, a settling time to gather a burst, and the next pass. A failed pass is logged
+//! and retried after the one backoff. Every reconciler stops the same way: when fleetd's
+//! [`Lifecycle`] leaves `Running`.
+
+#![forbid(unsafe_code)]
+
+mod lifecycle;
+mod reconciler;
+mod triggers;
+
+pub use lifecycle::Lifecycle;
+pub use reconciler::{Next, Reconciler, Retry, run};
+pub use triggers::{TriggerId, Triggers};

@@ -1,0 +1,221 @@
+//! A reconciler and the loop that runs it.
+
+use std::fmt::Display;
+use std::future::Future;
+use std::time::Duration;
+
+use fleet_core::Backoff;
+use tokio::sync::watch;
+
+use crate::{Lifecycle, Triggers};
+
+/// When a pass wants the next one at the latest (a trigger may bring it sooner).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// After this long: a fallback period, or the moment something is due.
+    After(Duration),
+    /// Only when a trigger moves.
+    OnChange,
+}
+
+/// The error policy: after a failed pass, the next one runs after a delay that doubles with
+/// each failure in a row, from `min` to `max` (a trigger brings it sooner).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    pub min: Duration,
+    pub max: Duration,
+}
+
+/// Something that looks at what it watches and acts on it, one pass at a time.
+pub trait Reconciler: Send {
+    type Error: Display + Send;
+    /// Names it in the log: "`NAME` failed".
+    const NAME: &'static str;
+    const RETRY: Retry = Retry { min: Duration::from_millis(250), max: Duration::from_secs(30) };
+    /// Whether a stop cuts a pass in progress short (a pass whose writes are idempotent and
+    /// whose store calls may wait out their timeouts when the store is gone); otherwise the
+    /// pass completes first.
+    const STOP_CUTS_PASS: bool = false;
+
+    /// One pass; says when the next one is due at the latest.
+    fn pass(&mut self) -> impl Future<Output = Result<Next, Self::Error>> + Send;
+
+    /// What wakes it between passes.
+    fn triggers(&mut self) -> &mut Triggers;
+
+    /// How long a burst of changes is gathered after a wake, given how long the last pass
+    /// took.
+    fn settle(&mut self, took: Duration) -> Duration {
+        let _ = took;
+        Duration::ZERO
+    }
+
+    /// How soon something is due whatever happens (a deadline of the reconciler's own): a
+    /// failed pass is retried by then at the latest, however long the backoff.
+    fn due_within(&self) -> Option<Duration> {
+        None
+    }
+
+    /// What a failed pass leaves as it is, for the log ("running units are left alone").
+    fn on_failure(&self) -> &'static str {
+        "trying again"
+    }
+
+    /// Runs once the loop ended, told how fleetd is ending it.
+    fn finish(self, ending: Lifecycle) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized,
+    {
+        let _ = ending;
+        async {}
+    }
+}
+
+/// Runs `reconciler` until `lifecycle` leaves [`Lifecycle::Running`], then finishes it.
+pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receiver<Lifecycle>) {
+    let mut retry = Backoff::new(R::RETRY.min, R::RETRY.max);
+    let ending = loop {
+        if let Some(ending) = ended(&lifecycle) {
+            break ending;
+        }
+        let started = tokio::time::Instant::now();
+        let outcome = if R::STOP_CUTS_PASS {
+            tokio::select! {
+                biased;
+                _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => continue,
+                outcome = reconciler.pass() => outcome,
+            }
+        } else {
+            reconciler.pass().await
+        };
+        let took = started.elapsed();
+        let next = match outcome {
+            Ok(next) => {
+                retry.reset();
+                next
+            }
+            Err(error) => {
+                let backoff = retry.next_delay();
+                let wait = reconciler.due_within().map_or(backoff, |due| due.min(backoff));
+                tracing::warn!(%error, retry_in = ?wait, "{} failed; {}", R::NAME, reconciler.on_failure());
+                Next::After(wait)
+            }
+        };
+        // In this order when several are ready: a run is the same every time (the
+        // simulation replays a seed bit for bit), and a stop is never put off.
+        tokio::select! {
+            biased;
+            _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => continue,
+            () = reconciler.triggers().changed() => {}
+            () = after(next) => {}
+        }
+        tokio::time::sleep(reconciler.settle(took)).await;
+        reconciler.triggers().mark_seen();
+    };
+    reconciler.finish(ending).await;
+}
+
+fn ended(lifecycle: &watch::Receiver<Lifecycle>) -> Option<Lifecycle> {
+    let state = *lifecycle.borrow();
+    (state != Lifecycle::Running).then_some(state)
+}
+
+async fn after(next: Next) {
+    match next {
+        Next::After(wait) => tokio::time::sleep(wait).await,
+        Next::OnChange => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts its passes; fails the first `failures` of them.
+    struct Counting {
+        passes: watch::Sender<usize>,
+        failures: usize,
+        next: Next,
+        triggers: Triggers,
+        finished: std::sync::Arc<std::sync::Mutex<Option<Lifecycle>>>,
+    }
+
+    impl Reconciler for Counting {
+        type Error = String;
+        const NAME: &'static str = "counting";
+
+        async fn pass(&mut self) -> Result<Next, String> {
+            let pass = *self.passes.borrow();
+            self.passes.send_replace(pass + 1);
+            if pass < self.failures { Err(format!("failure {pass}")) } else { Ok(self.next) }
+        }
+
+        fn triggers(&mut self) -> &mut Triggers {
+            &mut self.triggers
+        }
+
+        async fn finish(self, ending: Lifecycle) {
+            *self.finished.lock().expect("lock") = Some(ending);
+        }
+    }
+
+    struct Harness {
+        passes: watch::Receiver<usize>,
+        finished: std::sync::Arc<std::sync::Mutex<Option<Lifecycle>>>,
+        lifecycle: watch::Sender<Lifecycle>,
+        running: tokio::task::JoinHandle<()>,
+    }
+
+    fn start(failures: usize, next: Next, triggers: Triggers) -> Harness {
+        let (counter, passes) = watch::channel(0);
+        let finished = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let reconciler = Counting { passes: counter, failures, next, triggers, finished: finished.clone() };
+        let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+        let running = tokio::spawn(run(reconciler, watch));
+        Harness { passes, finished, lifecycle, running }
+    }
+
+    async fn passes_reach(passes: &watch::Receiver<usize>, count: usize) {
+        passes.clone().wait_for(|passes| *passes >= count).await.expect("the loop runs");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_runs_again_when_it_asked() {
+        let harness = start(0, Next::After(Duration::from_secs(10)), Triggers::none());
+        passes_reach(&harness.passes, 1).await;
+        let first = tokio::time::Instant::now();
+        passes_reach(&harness.passes, 2).await;
+        assert!(first.elapsed() >= Duration::from_secs(10), "not before it asked");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_trigger_brings_the_next_pass_sooner() {
+        let (signal, watch) = watch::channel(0u64);
+        let harness = start(0, Next::OnChange, Triggers::none().with(watch));
+        passes_reach(&harness.passes, 1).await;
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(*harness.passes.borrow(), 1, "nothing moved and nothing was due");
+        signal.send_replace(1);
+        passes_reach(&harness.passes, 2).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_and_a_success_resets_the_backoff() {
+        let harness = start(3, Next::OnChange, Triggers::none());
+        let began = tokio::time::Instant::now();
+        passes_reach(&harness.passes, 4).await;
+        // 250 ms, 500 ms, 1 s after the three failures.
+        assert!(began.elapsed() >= Duration::from_millis(1750), "{:?}", began.elapsed());
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert_eq!(*harness.passes.borrow(), 4, "a success waits for a change");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_ends_the_loop_and_finishes_with_how_it_ended() {
+        let harness = start(0, Next::OnChange, Triggers::none());
+        passes_reach(&harness.passes, 1).await;
+        harness.lifecycle.send_replace(Lifecycle::Reloading);
+        harness.running.await.expect("ended");
+        assert_eq!(*harness.finished.lock().expect("lock"), Some(Lifecycle::Reloading));
+    }
+}

@@ -1,0 +1,130 @@
+//! The change signals that wake a reconciler between passes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
+
+use tokio::sync::watch;
+
+/// One change signal, whatever the type of value it carries.
+trait Signal: Send {
+    /// Returns once the signal moved since it was last seen; never once its sender is gone.
+    fn changed(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    fn mark_seen(&mut self);
+}
+
+impl<T: Send + Sync> Signal for watch::Receiver<T> {
+    fn changed(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(async move {
+            // A signal whose sender is gone never moves again: it must not wake the loop
+            // over and over.
+            if watch::Receiver::changed(self).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+
+    fn mark_seen(&mut self) {
+        self.mark_unchanged();
+    }
+}
+
+/// Names one signal of a [`Triggers`], for a pass that marks it seen itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TriggerId(usize);
+
+/// The change signals a reconciler wakes on. When several moved, the first added is taken
+/// first: a run is the same every time (the simulation replays a seed bit for bit).
+#[derive(Default)]
+pub struct Triggers {
+    signals: Vec<Box<dyn Signal>>,
+}
+
+impl Triggers {
+    /// No signal: only the moment a pass asks for wakes the loop.
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Adds `signal`; its current value counts as seen only once marked.
+    pub fn add<T: Send + Sync + 'static>(&mut self, signal: watch::Receiver<T>) -> TriggerId {
+        self.signals.push(Box::new(signal));
+        TriggerId(self.signals.len() - 1)
+    }
+
+    /// As [`Triggers::add`], for building.
+    pub fn with<T: Send + Sync + 'static>(mut self, signal: watch::Receiver<T>) -> Self {
+        self.add(signal);
+        self
+    }
+
+    /// Returns once any signal moved since it was last marked seen; never without one.
+    pub async fn changed(&mut self) {
+        let mut waits: Vec<_> = self.signals.iter_mut().map(|signal| signal.changed()).collect();
+        std::future::poll_fn(|context| {
+            for wait in &mut waits {
+                if wait.as_mut().poll(context).is_ready() {
+                    return Poll::Ready(());
+                }
+            }
+            Poll::Pending
+        })
+        .await;
+    }
+
+    /// Marks every signal seen: what moved so far is what the next pass will look at.
+    pub fn mark_seen(&mut self) {
+        for signal in &mut self.signals {
+            signal.mark_seen();
+        }
+    }
+
+    /// Marks one signal seen, for a pass that has just looked at what it signals.
+    pub fn mark_one_seen(&mut self, id: TriggerId) {
+        if let Some(signal) = self.signals.get_mut(id.0) {
+            signal.mark_seen();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn any_signal_wakes_and_a_seen_one_does_not_again() {
+        let (first, first_watch) = watch::channel(0u64);
+        let (second, second_watch) = watch::channel(false);
+        let mut triggers = Triggers::none().with(first_watch).with(second_watch);
+        second.send_replace(true);
+        tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.expect("woken by the second");
+        triggers.mark_seen();
+        assert!(tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.is_err(), "nothing moved");
+        first.send_replace(1);
+        tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.expect("woken by the first");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_whose_sender_is_gone_never_wakes() {
+        let (sender, receiver) = watch::channel(0u64);
+        let mut triggers = Triggers::none().with(receiver);
+        drop(sender);
+        assert!(tokio::time::timeout(Duration::from_secs(60), triggers.changed()).await.is_err());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_signal_can_be_marked_seen_alone() {
+        let (first, first_watch) = watch::channel(0u64);
+        let (second, second_watch) = watch::channel(0u64);
+        let mut triggers = Triggers::none();
+        let id = triggers.add(first_watch);
+        triggers.add(second_watch);
+        first.send_replace(1);
+        triggers.mark_one_seen(id);
+        assert!(tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.is_err(), "seen already");
+        second.send_replace(1);
+        tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.expect("the other one still wakes");
+    }
+}
