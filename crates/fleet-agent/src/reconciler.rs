@@ -154,7 +154,9 @@ impl Agent {
         let fence_check = self.check_presence().await;
         self.presence_due = fence_check;
         if self.fenced {
-            // Until the presence is renewed, nothing here is this machine's to run.
+            // Until the presence is renewed, nothing here is this machine's to run; nothing
+            // runs here, so the store may register the machine again after a lapse.
+            self.registry.presence_lapse_handled(self.machine_id());
             return Ok(Next::After(fence_check.unwrap_or(RETRY_MIN)));
         }
         // A pass waiting on a slow store does not hold up what a lapse calls for: it is
@@ -187,6 +189,9 @@ impl Agent {
                     );
                     self.stop_and_unload_all("its presence lapsed").await;
                 }
+                // The store may register the machine again now: nothing runs here that the
+                // engine may have moved.
+                self.registry.presence_lapse_handled(self.machine_id());
                 RETRY_MIN
             }
             Err(error) => {

@@ -119,6 +119,7 @@ contract!(
     a_sources_drift_policy_reaches_the_agents,
     sources_and_their_statuses_are_kept_by_name,
     rollouts_are_kept_by_name,
+    sources_statuses_and_rollouts_signal_their_changes,
     pages_are_the_lists_cut_up,
     a_batch_of_unit_writes_is_each_write_alone,
 );
@@ -638,6 +639,33 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
     assert!(registry.remove_rollout("api").await.expect("remove"));
     assert!(!registry.remove_rollout("api").await.expect("remove"), "already gone");
     assert_eq!(registry.rollouts().await.expect("list").len(), 1);
+}
+
+/// Writing a source, a source's status or a rollout moves `source_changes`: the engine
+/// leader's loops wake on it instead of reading the store on a timer.
+pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState};
+    let mut changes = registry.source_changes();
+    let mut seen = async |what: &str| {
+        eventually(what, async || changes.has_changed().unwrap_or(false)).await;
+        changes.mark_unchanged();
+    };
+    registry.put_source(&source_record("web", 1)).await.expect("store");
+    seen("a new source moves the signal").await;
+    registry.set_source_status("web", &SourceStatus::default()).await.expect("status");
+    seen("a status moves the signal").await;
+    let rollout = Rollout {
+        units: Vec::new(),
+        max_unavailable: MaxUnavailable::Percent(25),
+        min_ready: 5,
+        deadline: 60,
+        state: RolloutState::Running,
+    };
+    let record = RolloutRecord { name: "web".into(), rollout, bodies: Default::default(), created: 1_700_000_000 };
+    registry.put_rollout(&record).await.expect("store");
+    seen("a rollout moves the signal").await;
+    assert!(registry.remove_source("web").await.expect("remove"));
+    seen("a removed source moves the signal").await;
 }
 
 fn every(start: usize, limit: usize) -> PageRequest {

@@ -163,6 +163,9 @@ pub trait SourceRegistry: Send + Sync {
     async fn rollouts(&self) -> Result<Vec<RolloutRecord>>;
     /// Removes a rollout; `false` when there was none.
     async fn remove_rollout(&self, name: &str) -> Result<bool>;
+    /// Moves when a source, a source's status or a rollout changes: what the engine leader's
+    /// source syncer and rollout driver wake on instead of reading the store on a timer.
+    fn source_changes(&self) -> ChangeSignal;
 }
 
 /// Which part of a list a page holds: of the items whose unit name `admits` lets through,
@@ -381,6 +384,11 @@ pub trait AgentRegistry: Send + Sync {
     fn presence_lapses(&self, _machine_id: &str) -> Option<ChangeSignal> {
         None
     }
+    /// The agent stopped what ran on the machine after its presence lapsed. A store that
+    /// signals lapses registers a machine again only after this (when an agent follows its
+    /// lapses): present again in the store's view with units the engine may have moved
+    /// still running, the machine would run them twice.
+    fn presence_lapse_handled(&self, _machine_id: &str) {}
     /// When this machine's presence was last known renewed: its lease, if it has not been
     /// renewed since, expires no sooner than then plus `agent_ttl`.
     fn presence_renewed(&self, _machine_id: &str) -> Renewal {

@@ -67,6 +67,11 @@ pub struct Connection {
     planned_from: Mutex<BTreeMap<String, i64>>,
     /// Moves when the store says the lease expired.
     lapses: tokio::sync::watch::Sender<u64>,
+    /// How many lapses the agent has handled (stopped its units for).
+    lapse_acks: tokio::sync::watch::Sender<u64>,
+    /// Whether a registration got no answer (it may have landed) and none was confirmed
+    /// since, as the etcd store's unconfirmed claims.
+    unconfirmed: std::sync::atomic::AtomicBool,
     /// Chooses which answered writes are lost on the way back.
     random: Mutex<Seeded>,
     /// How much slower than the store's this fleetd's clock runs (1.0: the same).
@@ -92,6 +97,8 @@ impl SimStore {
             keepalive: Mutex::new(None),
             planned_from: Mutex::new(BTreeMap::new()),
             lapses: tokio::sync::watch::channel(0).0,
+            lapse_acks: tokio::sync::watch::channel(0).0,
+            unconfirmed: std::sync::atomic::AtomicBool::new(false),
             random: Mutex::new(Seeded::new(seed)),
             clock_rate,
             lost_answers,
@@ -186,7 +193,9 @@ impl SimStore {
                     }
                 }
             })
-            .await??;
+            .await
+            .inspect_err(|_| self.unconfirmed.store(true, std::sync::atomic::Ordering::SeqCst))??;
+        self.unconfirmed.store(false, std::sync::atomic::Ordering::SeqCst);
         *self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
             Some(Session { lease, renewed: sent, rejoined_at: claimed_at });
         let task = tokio::spawn(self.clone().keep_alive()).abort_handle();
@@ -219,6 +228,15 @@ impl SimStore {
                         self.update_session(|session| session.rejoined_at = LAPSED);
                         lock(&self.world).wake_agent(self.id());
                         self.lapses.send_modify(|lapses| *lapses += 1);
+                    }
+                    // As the etcd store: registered again only once the agent stopped
+                    // what it ran (or when no agent follows the lapses).
+                    let lapses = *self.lapses.borrow();
+                    let mut acks = self.lapse_acks.subscribe();
+                    tokio::select! {
+                        biased;
+                        _ = acks.wait_for(|handled| *handled >= lapses) => {}
+                        () = self.lapses.closed() => {}
                     }
                     match self.reopen().await {
                         Ok(()) => {
@@ -286,7 +304,12 @@ impl AgentRegistry for SimStore {
         self.thawed().await;
         let world = lock(&self.world);
         let copy = world.copies.get(machine_id).filter(|copy| copy.synced).ok_or(RegistryError::NotListedYet)?;
-        let rejoined_at = self.session().map_or(0, |session| session.rejoined_at);
+        let rejoined_at = match self.session() {
+            Some(session) => session.rejoined_at,
+            // As the etcd store: a claim that got no answer may have landed.
+            None if self.unconfirmed.load(std::sync::atomic::Ordering::SeqCst) => LAPSED,
+            None => 0,
+        };
         tracing::debug!(seen = copy.seen, rejoined_at, units = copy.scheduled.len(), "work read from the copy");
         if copy.seen < rejoined_at {
             return Err(RegistryError::PresenceLapsed);
@@ -327,6 +350,10 @@ impl AgentRegistry for SimStore {
         let mut world = lock(&self.world);
         world.copies.entry(machine_id.to_string()).or_default();
         world.agent_signal(machine_id).subscribe()
+    }
+
+    fn presence_lapse_handled(&self, _machine_id: &str) {
+        self.lapse_acks.send_replace(*self.lapses.borrow());
     }
 
     fn presence_lapses(&self, _machine_id: &str) -> Option<ChangeSignal> {

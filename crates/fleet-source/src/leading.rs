@@ -1,10 +1,11 @@
-//! The shape of every loop that runs only on the engine leader: a pass every tick while
-//! this fleetd leads, on the one reconciler runtime.
+//! The shape of every loop that runs only on the engine leader, on the one reconciler
+//! runtime: a pass whenever the leadership is taken or what it reads changes, or when
+//! something it looks after is due; nothing while this fleetd does not lead.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use fleet_registry::RegistryError;
+use fleet_registry::{ChangeSignal, RegistryError};
 use fleet_runtime::{Lifecycle, Next, Reconciler, Triggers};
 use tokio::sync::watch;
 
@@ -12,23 +13,24 @@ use tokio::sync::watch;
 pub trait LeaderPass: Send {
     /// Names it in the log: "`NAME` failed".
     const NAME: &'static str;
-    fn pass(&mut self) -> impl Future<Output = Result<(), RegistryError>> + Send;
+    /// One pass; says when the next is due at the latest (a change brings it sooner).
+    fn pass(&mut self) -> impl Future<Output = Result<Next, RegistryError>> + Send;
 }
 
-/// Runs `pass` every `tick` while `leads` says this fleetd leads, until `lifecycle` ends it.
+/// Runs `pass` while `leads` says this fleetd leads, on each move of `changes` and when it
+/// asked, until `lifecycle` ends it.
 pub async fn while_leading<P: LeaderPass>(
     pass: P,
-    tick: Duration,
+    changes: ChangeSignal,
     leads: watch::Receiver<bool>,
     lifecycle: watch::Receiver<Lifecycle>,
 ) {
-    let triggers = Triggers::none().with(leads.clone());
-    fleet_runtime::run(WhileLeading { pass, tick, leads, triggers }, lifecycle).await;
+    let triggers = Triggers::none().with(leads.clone()).with(changes);
+    fleet_runtime::run(WhileLeading { pass, leads, triggers }, lifecycle).await;
 }
 
 struct WhileLeading<P> {
     pass: P,
-    tick: Duration,
     leads: watch::Receiver<bool>,
     triggers: Triggers,
 }
@@ -45,8 +47,7 @@ impl<P: LeaderPass> Reconciler for WhileLeading<P> {
         if !*self.leads.borrow() {
             return Ok(Next::OnChange);
         }
-        self.pass.pass().await?;
-        Ok(Next::After(self.tick))
+        self.pass.pass().await
     }
 
     fn triggers(&mut self) -> &mut Triggers {

@@ -6,10 +6,12 @@
 #![forbid(unsafe_code)]
 
 pub mod fetch;
+pub mod leader_store;
 mod leading;
 pub mod rollouts;
 pub mod syncer;
 
 pub use fetch::{Credentials, FetchRequest, Fetched, SourceError, fetch};
+pub use leader_store::LeaderStore;
 pub use rollouts::RolloutDriver;
 pub use syncer::{SourceSyncer, SyncerConfig};

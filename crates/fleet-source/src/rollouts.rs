@@ -9,14 +9,15 @@ use std::time::Duration;
 
 use fleet_core::rollout::{Health, Observed, RolloutState, advance};
 use fleet_core::{UnitFile, UnitState};
-use fleet_registry::{ApiRegistry, RegistryError, RolloutRecord, UnitView, Writer};
-use fleet_runtime::Lifecycle;
+use fleet_registry::{RegistryError, RolloutRecord, UnitView, Writer};
+use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
 
+use crate::leader_store::LeaderStore;
 use crate::leading::{LeaderPass, now, while_leading};
 
 pub struct RolloutDriver {
-    registry: Arc<dyn ApiRegistry>,
+    registry: Arc<dyn LeaderStore>,
     tick: Duration,
 }
 
@@ -50,17 +51,18 @@ pub fn observed(states: &[UnitState], units: &BTreeMap<String, UnitView>) -> BTr
 }
 
 impl RolloutDriver {
-    pub fn new(registry: Arc<dyn ApiRegistry>, tick: Duration) -> Self {
+    pub fn new(registry: Arc<dyn LeaderStore>, tick: Duration) -> Self {
         Self { registry, tick }
     }
 
     /// Steps the rollouts while `leads` says this fleetd leads, until `lifecycle` ends it.
     pub async fn run(self, leads: watch::Receiver<bool>, lifecycle: watch::Receiver<Lifecycle>) {
-        let tick = self.tick;
-        while_leading(self, tick, leads, lifecycle).await;
+        let changes = self.registry.source_changes();
+        while_leading(self, changes, leads, lifecycle).await;
     }
 
-    async fn step_running(&self) -> Result<(), RegistryError> {
+    /// Steps every running rollout; says whether any runs still.
+    async fn step_running(&self) -> Result<bool, RegistryError> {
         let running: Vec<RolloutRecord> = self
             .registry
             .rollouts()
@@ -69,7 +71,7 @@ impl RolloutDriver {
             .filter(|record| record.rollout.state == RolloutState::Running)
             .collect();
         if running.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let units: BTreeMap<String, UnitView> =
             self.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
@@ -89,7 +91,7 @@ impl RolloutDriver {
                 self.registry.put_rollout(&record).await?;
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Writes a unit's new content, as its owner (its source, or by hand).
@@ -124,7 +126,9 @@ impl RolloutDriver {
 impl LeaderPass for RolloutDriver {
     const NAME: &'static str = "rollout pass";
 
-    async fn pass(&mut self) -> Result<(), RegistryError> {
-        self.step_running().await
+    /// A running rollout is stepped every tick (the units' states it waits on come from
+    /// every machine); with none running, the next pass waits for a rollout to change.
+    async fn pass(&mut self) -> Result<Next, RegistryError> {
+        Ok(if self.step_running().await? { Next::After(self.tick) } else { Next::OnChange })
     }
 }

@@ -13,13 +13,13 @@ use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
 use fleet_core::{DesiredState, UnitHash};
-use fleet_registry::{
-    ApiRegistry, OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer,
-};
+use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use fleet_runtime::Lifecycle;
+use fleet_runtime::Next;
 use tokio::sync::watch;
 
 use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
+use crate::leader_store::LeaderStore;
 use crate::leading::{LeaderPass, now, while_leading};
 
 /// How long a unit a source's rollout replaced may take to become active.
@@ -37,7 +37,8 @@ pub struct SyncerConfig {
     pub cache_dir: PathBuf,
     /// Where credentials files are read (`<dir>/<credentials name>`).
     pub credentials_dir: PathBuf,
-    /// How often the sources are looked at for one that is due.
+    /// The shortest wait between two passes (a source due again at once is not fetched in
+    /// a tight loop).
     pub tick: Duration,
     /// The most units one source may hold (`source_max_units`).
     pub max_units: usize,
@@ -45,7 +46,7 @@ pub struct SyncerConfig {
 
 pub struct SourceSyncer {
     config: SyncerConfig,
-    registry: Arc<dyn ApiRegistry>,
+    registry: Arc<dyn LeaderStore>,
     /// Each source's content at the commit last read, so that a sync that finds the same
     /// commit does not read and parse its files again.
     read: std::sync::Mutex<BTreeMap<String, ReadContent>>,
@@ -64,7 +65,7 @@ fn origin(source: &SourceRecord) -> String {
 }
 
 impl SourceSyncer {
-    pub fn new(config: SyncerConfig, registry: Arc<dyn ApiRegistry>) -> Self {
+    pub fn new(config: SyncerConfig, registry: Arc<dyn LeaderStore>) -> Self {
         Self { config, registry, read: std::sync::Mutex::new(BTreeMap::new()) }
     }
 
@@ -91,27 +92,28 @@ impl SourceSyncer {
 
     /// Syncs while `leads` says this fleetd leads, until `lifecycle` ends it.
     pub async fn run(self, leads: watch::Receiver<bool>, lifecycle: watch::Receiver<Lifecycle>) {
-        let tick = self.config.tick;
-        while_leading(self, tick, leads, lifecycle).await;
+        let changes = self.registry.source_changes();
+        while_leading(self, changes, leads, lifecycle).await;
     }
 
-    /// Syncs every source that is due.
-    async fn sync_due(&self) -> Result<(), RegistryError> {
+    /// Syncs every source that is due; returns when the next one is due (seconds since the
+    /// epoch), if any is.
+    async fn sync_due(&self) -> Result<Option<u64>, RegistryError> {
         let mut statuses: BTreeMap<String, SourceStatus> = self.registry.source_statuses().await?.into_iter().collect();
+        let mut next_due: Option<u64> = None;
         for source in self.registry.sources().await? {
-            let status = statuses.remove(&source.name).unwrap_or_default();
-            let last = LastAttempt {
-                at: (status.attempted_at > 0).then_some(status.attempted_at),
-                current: status.generation == source.generation,
-                failures: status.failures,
-            };
-            if source.paused || next_sync(&source.name, source.interval_seconds, last) > now() {
+            if source.paused {
                 continue;
             }
-            let synced = self.sync(&source, status).await;
-            self.registry.set_source_status(&source.name, &synced).await?;
+            let mut status = statuses.remove(&source.name).unwrap_or_default();
+            if due(&source, &status) <= now() {
+                status = self.sync(&source, status).await;
+                self.registry.set_source_status(&source.name, &status).await?;
+            }
+            let at = due(&source, &status);
+            next_due = Some(next_due.map_or(at, |earliest| earliest.min(at)));
         }
-        Ok(())
+        Ok(next_due)
     }
 
     /// One sync of `source`; its new status (a failure is in the status, not an error).
@@ -368,10 +370,25 @@ fn make_private_dir(dir: &Path) -> Result<(), String> {
         .map_err(|error| format!("cannot make the source cache {}: {error}", dir.display()))
 }
 
+/// When `source` is due a sync, after the attempt `status` records (seconds since the epoch).
+fn due(source: &SourceRecord, status: &SourceStatus) -> u64 {
+    let last = LastAttempt {
+        at: (status.attempted_at > 0).then_some(status.attempted_at),
+        current: status.generation == source.generation,
+        failures: status.failures,
+    };
+    next_sync(&source.name, source.interval_seconds, last)
+}
+
 impl LeaderPass for SourceSyncer {
     const NAME: &'static str = "source sync pass";
 
-    async fn pass(&mut self) -> Result<(), RegistryError> {
-        self.sync_due().await
+    /// With no source, nothing is due: the next pass waits for a change (a source added,
+    /// asked to sync, or its webhook called), and the store is not read meanwhile.
+    async fn pass(&mut self) -> Result<Next, RegistryError> {
+        Ok(match self.sync_due().await? {
+            Some(due) => Next::After(Duration::from_secs(due.saturating_sub(now())).max(self.config.tick)),
+            None => Next::OnChange,
+        })
     }
 }

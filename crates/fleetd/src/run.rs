@@ -27,11 +27,11 @@ use crate::supervise::supervise;
 use crate::{host, store};
 use fleetd::config::{Config, UnitManagerChoice};
 
-/// How often the engine leader looks for a git source that is due (a webhook or a change is
-/// picked up within this; two small reads of the store each time, on the leader only).
+/// The shortest wait between two passes of the source syncer (it wakes on a change to the
+/// sources, or when one is due, and reads nothing meanwhile).
 const SOURCE_TICK: Duration = Duration::from_millis(250);
-/// How often the engine leader steps the running rollouts (one read of the rollouts when
-/// none runs; units and states besides while one does).
+/// How often the engine leader steps a running rollout (units and states read each time);
+/// with none running it reads nothing until a rollout changes.
 const ROLLOUT_TICK: Duration = Duration::from_millis(500);
 
 fn machine_state(config: &Config, machine_id: &str) -> MachineState {
@@ -197,11 +197,11 @@ impl Components for ClusterMember {
         };
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         tasks.spawn(supervise("source syncer", move || {
-            SourceSyncer::new(syncer_config.clone(), registry.clone()).run(leading.clone(), running.clone())
+            SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone())).run(leading.clone(), running.clone())
         }));
         let registry = self.registry.clone();
         tasks.spawn(supervise("rollout driver", move || {
-            RolloutDriver::new(registry.clone(), ROLLOUT_TICK).run(leads_watch.clone(), lifecycle.clone())
+            RolloutDriver::new(Arc::new(registry.clone()), ROLLOUT_TICK).run(leads_watch.clone(), lifecycle.clone())
         }));
     }
 

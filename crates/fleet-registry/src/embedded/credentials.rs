@@ -55,9 +55,10 @@ impl EmbeddedRegistry {
         record: T,
     ) -> Result<()> {
         let name = name.to_string();
-        self.write(move |txn, _| {
+        self.write(move |txn, touched| {
             let mut rows = txn.open_table(table).map_err(unavailable)?;
             rows.insert(name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
+            touched.sources |= super::tables::holds_sources(table);
             Ok(())
         })
         .await
@@ -75,9 +76,10 @@ impl EmbeddedRegistry {
     /// Removes the record named `name`; `false` when there was none.
     pub(super) async fn remove_named(&self, table: NamedTable, name: &str) -> Result<bool> {
         let name = name.to_string();
-        self.write(move |txn, _| {
+        self.write(move |txn, touched| {
             let removed =
                 txn.open_table(table).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?.is_some();
+            touched.sources |= removed && super::tables::holds_sources(table);
             Ok(removed)
         })
         .await

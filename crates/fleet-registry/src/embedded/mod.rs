@@ -28,6 +28,8 @@ pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
 #[derive(Default)]
 pub(crate) struct Touched {
     engine: bool,
+    /// A source, a source's status or a rollout.
+    sources: bool,
     all_machines: bool,
     machines: Vec<String>,
 }
@@ -40,6 +42,7 @@ impl Touched {
 
 struct Signals {
     engine: watch::Sender<u64>,
+    sources: watch::Sender<u64>,
     machines: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Write transactions committed since the store was opened (its revision).
     writes: std::sync::atomic::AtomicU64,
@@ -100,6 +103,7 @@ impl EmbeddedRegistry {
         txn.commit().map_err(unavailable)?;
         let signals = Signals {
             engine: watch::channel(0).0,
+            sources: watch::channel(0).0,
             machines: Mutex::new(HashMap::new()),
             writes: std::sync::atomic::AtomicU64::new(0),
         };
@@ -160,6 +164,9 @@ impl EmbeddedRegistry {
         let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
         if touched.engine {
             bump(&self.signals.engine);
+        }
+        if touched.sources {
+            bump(&self.signals.sources);
         }
         let machines = self.signals.machines.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if touched.all_machines {

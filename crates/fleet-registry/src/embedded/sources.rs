@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::tables::{self, read_all};
 use super::{EmbeddedRegistry, unavailable};
-use crate::{Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
+use crate::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 #[async_trait]
 impl SourceRegistry for EmbeddedRegistry {
@@ -31,13 +31,14 @@ impl SourceRegistry for EmbeddedRegistry {
 
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
         let (name, status) = (name.to_string(), status.clone());
-        self.write(move |txn, _| {
+        self.write(move |txn, touched| {
             // A removed source keeps no status (a sync under way when it was removed).
             if !super::api::source_exists(txn, &name)? {
                 return Ok(());
             }
             let mut rows = txn.open_table(tables::SOURCE_STATUSES).map_err(unavailable)?;
             rows.insert(name.as_str(), tables::encode(&status).as_slice()).map_err(unavailable)?;
+            touched.sources = true;
             Ok(())
         })
         .await
@@ -53,5 +54,9 @@ impl SourceRegistry for EmbeddedRegistry {
 
     async fn remove_rollout(&self, name: &str) -> Result<bool> {
         self.remove_named(tables::ROLLOUTS, name).await
+    }
+
+    fn source_changes(&self) -> ChangeSignal {
+        self.signals.sources.subscribe()
     }
 }

@@ -33,6 +33,12 @@ pub const SOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("sources"
 pub const ROLLOUTS: TableDefinition<&str, &[u8]> = TableDefinition::new("rollouts");
 /// Source name → [`crate::SourceStatus`].
 pub const SOURCE_STATUSES: TableDefinition<&str, &[u8]> = TableDefinition::new("source_statuses");
+
+/// Whether `table` holds sources, their statuses or rollouts: what `source_changes` signals.
+pub fn holds_sources(table: TableDefinition<&str, &[u8]>) -> bool {
+    use redb::TableHandle;
+    [SOURCES, SOURCE_STATUSES, ROLLOUTS].iter().any(|held| held.name() == table.name())
+}
 /// `unit\0machine` → [`fleet_core::UnitState`].
 pub const STATES: TableDefinition<&str, &[u8]> = TableDefinition::new("states");
 

@@ -116,6 +116,11 @@ impl AgentRegistry for EtcdRegistry {
         Some(self.lapse_signal(machine_id).subscribe())
     }
 
+    fn presence_lapse_handled(&self, machine_id: &str) {
+        let lapses = *self.lapse_signal(machine_id).borrow();
+        self.lapse_ack(machine_id).send_replace(lapses);
+    }
+
     fn presence_renewed(&self, machine_id: &str) -> crate::Renewal {
         self.session(machine_id).map_or(crate::Renewal::NotHeld, |session| crate::Renewal::SentAt(session.renewed()))
     }
@@ -163,7 +168,14 @@ impl EtcdRegistry {
     fn work_from_copy(&self, machine_id: &str) -> Result<MachineWork> {
         let mirror = self.work_mirror(machine_id);
         let data = mirror.synced()?;
-        let rejoined_at = self.session(machine_id).map_or(0, |session| session.rejoined_at());
+        let rejoined_at = match self.session(machine_id) {
+            Some(session) => session.rejoined_at(),
+            // A claim that got no answer may have landed as a fresh presence, after the
+            // engine moved what runs here: until a claim is confirmed, nothing shows what is
+            // still this machine's.
+            None if self.unconfirmed_claim(machine_id).is_some() => return Err(RegistryError::PresenceLapsed),
+            None => 0,
+        };
         if !data.current_since(rejoined_at) {
             return Err(RegistryError::PresenceLapsed);
         }

@@ -89,6 +89,10 @@ struct Inner {
     lifetimes: Lifetimes,
     /// The leader key alone: what an engine that does not lead follows.
     leader_mirror: OnceLock<Mirror>,
+    /// Sources, their statuses and rollouts, for the change signal the engine leader's
+    /// syncer and rollout driver wake on; started on first use.
+    sources_mirror: OnceLock<Mirror>,
+    sources_signal: watch::Sender<u64>,
     /// The engine's copy of the cluster, while this engine leads: a standby (every fleetd
     /// that may lead) follows the leader key only, and lists the cluster when it takes over.
     engine_mirror: Mutex<Option<Arc<Mirror>>>,
@@ -113,6 +117,8 @@ struct Inner {
     work_signals: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
     /// Per machine: moves when etcd says its lease expired.
     lapse_signals: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Per machine: the count of lapses its agent has handled (stopped its units for).
+    lapse_acks: Mutex<HashMap<String, watch::Sender<u64>>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
@@ -138,6 +144,8 @@ impl EtcdRegistry {
                 lease_file: options.lease_file.clone(),
                 lifetimes,
                 leader_mirror: OnceLock::new(),
+                sources_mirror: OnceLock::new(),
+                sources_signal: watch::channel(0).0,
                 engine_mirror: Mutex::new(None),
                 engine_signal: watch::channel(0).0,
                 engine_records: Mutex::new(DecodedRecords::default()),
@@ -151,6 +159,7 @@ impl EtcdRegistry {
                 all_work_mirror: OnceLock::new(),
                 work_signals: Arc::new(Mutex::new(HashMap::new())),
                 lapse_signals: Mutex::new(HashMap::new()),
+                lapse_acks: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
@@ -221,6 +230,20 @@ impl EtcdRegistry {
         })
     }
 
+    /// The copy of sources, their statuses and rollouts, whose changes move
+    /// `sources_signal`.
+    fn sources_mirror(&self) -> &Mirror {
+        self.inner.sources_mirror.get_or_init(|| {
+            let keys = self.keys();
+            let ranges = vec![
+                KeyRange::prefix(keys.sources()),
+                KeyRange::prefix(keys.source_statuses()),
+                KeyRange::prefix(keys.rollouts()),
+            ];
+            Mirror::signalling(self.connection().clone(), ranges, self.inner.sources_signal.clone())
+        })
+    }
+
     /// One machine's copy of its schedule, the global units, its presence and its metadata.
     /// The copy `machine_id`'s work is read from: one for all machines when serving many,
     /// else one of its own.
@@ -273,6 +296,12 @@ impl EtcdRegistry {
     pub(super) fn lapse_signal(&self, machine_id: &str) -> watch::Sender<u64> {
         let mut signals = self.inner.lapse_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         signals.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).clone()
+    }
+
+    /// How many of `machine_id`'s lapses its agent has handled.
+    pub(super) fn lapse_ack(&self, machine_id: &str) -> watch::Sender<u64> {
+        let mut acks = self.inner.lapse_acks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        acks.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).clone()
     }
 
     /// Moves when `machine_id`'s work may have changed.

@@ -171,7 +171,7 @@ impl EtcdRegistry {
         Ok(held.map(|kv| (kv.lease(), kv.create_revision())))
     }
 
-    fn unconfirmed_claim(&self, machine_id: &str) -> Option<i64> {
+    pub(super) fn unconfirmed_claim(&self, machine_id: &str) -> Option<i64> {
         self.inner.unconfirmed_claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(machine_id).copied()
     }
 
@@ -385,6 +385,7 @@ impl EtcdRegistry {
                         self.wake_agent(&machine_id);
                         self.lapse_signal(&machine_id).send_modify(|lapses| *lapses += 1);
                     }
+                    self.lapse_handled(&machine_id).await;
                     match self.reopen(&session).await {
                         Ok(()) => {
                             renewal_retry.reset();
@@ -402,6 +403,20 @@ impl EtcdRegistry {
                     renewal_retry.next_delay_jittered(jitter_sample())
                 }
             };
+        }
+    }
+
+    /// Returns once the machine's agent has stopped what ran there after its last lapse, or
+    /// at once when no agent follows the lapses. Registering again first would make the
+    /// machine present in etcd's view while units the engine may have moved elsewhere still
+    /// run on it (a fleetd frozen between the two would run them twice for the freeze).
+    async fn lapse_handled(&self, machine_id: &str) {
+        let signal = self.lapse_signal(machine_id);
+        let lapses = *signal.borrow();
+        let mut acks = self.lapse_ack(machine_id).subscribe();
+        tokio::select! {
+            _ = acks.wait_for(|handled| *handled >= lapses) => {}
+            () = signal.closed() => {}
         }
     }
 

@@ -5,7 +5,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
 use crate::codec::{decode_listed, encode};
-use crate::{Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
+use crate::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 #[async_trait]
 impl SourceRegistry for EtcdRegistry {
@@ -58,5 +58,10 @@ impl SourceRegistry for EtcdRegistry {
 
     async fn remove_rollout(&self, name: &str) -> Result<bool> {
         self.delete_key(&self.keys().rollout(name)).await
+    }
+
+    fn source_changes(&self) -> ChangeSignal {
+        self.sources_mirror();
+        self.inner.sources_signal.subscribe()
     }
 }
