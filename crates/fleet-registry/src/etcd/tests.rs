@@ -579,6 +579,13 @@ async fn a_claim_that_landed_without_an_answer_is_taken_over_not_refused() {
     let presence = |id: &str| (format!("/fleet-test/machines/{id}"), Some(crate::codec::encode(&machine(id))));
     registry.connection().write(&[presence("m1")], lease).await.unwrap();
     registry.note_unconfirmed_claim("m1", Some(lease));
+    // Until a claim is confirmed, the machine's work shows nothing as its own: the claim
+    // may have landed as a fresh presence after the engine moved its units.
+    eventually("m1's copy has listed", || async {
+        !matches!(registry.machine_work("m1").await, Err(RegistryError::NotListedYet))
+    })
+    .await;
+    assert!(matches!(registry.machine_work("m1").await, Err(RegistryError::PresenceLapsed)));
     registry.register_machine(&machine("m1")).await.expect("its own landed claim is taken over");
     assert_eq!(registry.session("m1").unwrap().lease(), lease);
     // Another fleetd's live presence is still refused.
@@ -682,6 +689,31 @@ async fn a_copy_listed_before_a_fresh_claim_catches_up_with_it() {
     assert!(registry.session("m1").unwrap().rejoined_at() > 0, "a fresh claim is read as after a lapse");
     eventually("m1's work is read again, from a copy current since the claim", || async {
         registry.machine_work("m1").await.is_ok()
+    })
+    .await;
+}
+
+/// A machine whose lease expired is registered again only once its agent has stopped what
+/// ran there (it said so with `presence_lapse_handled`): present again in etcd's view with
+/// those units still running, it would run twice what the engine moved meanwhile (a fleetd
+/// frozen between the two did, in the chaos run).
+#[tokio::test]
+async fn a_lapsed_machine_registers_again_only_after_its_agent_stopped_its_units() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(3)).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let mut lapses = registry.presence_lapses("m1").expect("the etcd store signals lapses");
+    let old_lease = registry.session("m1").unwrap().lease();
+    super::session::revoke(registry.connection(), old_lease).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), lapses.changed()).await.expect("the lapse is signalled").unwrap();
+    // Without the agent's word, the presence is not claimed again: each read is after the
+    // moment a registration without the wait would have landed.
+    for _ in 0..20 {
+        assert!(keys_under(&registry, "/fleet-test/machines/").await.is_empty(), "registered again too soon");
+    }
+    registry.presence_lapse_handled("m1");
+    eventually("m1 registers again once its agent stopped its units", || async {
+        keys_under(&registry, "/fleet-test/machines/").await == ["/fleet-test/machines/m1".to_string()]
     })
     .await;
 }
