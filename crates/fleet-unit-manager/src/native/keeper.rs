@@ -9,7 +9,7 @@
 //! (their machine's presence may have lapsed then); unless a later line moves or lifts it,
 //! the keeper kills them at that moment, even when fleetd is frozen and cannot.
 
-use std::io::{self, Read};
+use std::io::{self, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -21,8 +21,9 @@ use super::process::{kill_leftovers, kill_unit_leftovers};
 /// The argument that turns the fleetd binary into a keeper.
 pub const KEEPER_ARGUMENT: &str = "--native-unit-keeper";
 
-/// Starts `program KEEPER_ARGUMENT marker` with a pipe on its standard input; fleetd keeps
-/// the returned child (and so the pipe's write end) for its whole life.
+/// Starts `program KEEPER_ARGUMENT marker` with a pipe on its standard input and one on its
+/// standard output (its acknowledgements); fleetd keeps the returned child (and so the
+/// pipes) for its whole life.
 pub fn spawn_keeper(program: &Path, marker: &str, cgroups: Option<&Path>) -> io::Result<Child> {
     let mut command = Command::new(program);
     command.arg(KEEPER_ARGUMENT).arg(marker);
@@ -31,11 +32,35 @@ pub fn spawn_keeper(program: &Path, marker: &str, cgroups: Option<&Path>) -> io:
     }
     command
         .stdin(Stdio::piped())
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         // Its own process group: a Ctrl-C meant for fleetd must not reach the keeper.
         .process_group(0)
         .spawn()
+}
+
+/// fleetd's ends of the pipes to its keeper.
+pub struct KeeperPipe {
+    input: std::process::ChildStdin,
+    acknowledgements: io::BufReader<std::process::ChildStdout>,
+}
+
+impl KeeperPipe {
+    /// The pipes of a keeper [`spawn_keeper`] started.
+    pub fn of(keeper: &mut Child) -> Option<Self> {
+        Some(Self { input: keeper.stdin.take()?, acknowledgements: io::BufReader::new(keeper.stdout.take()?) })
+    }
+
+    /// Hands the keeper `line` and waits until it took it in (and finished any kill an
+    /// earlier deadline started). Blocking: run it off the runtime's threads.
+    pub fn send(&mut self, line: &str) -> io::Result<()> {
+        self.input.write_all(line.as_bytes())?;
+        let mut answer = String::new();
+        if io::BufRead::read_line(&mut self.acknowledgements, &mut answer)? == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the keeper is gone"));
+        }
+        Ok(())
+    }
 }
 
 /// Where a keeper holds its lock: the state directory its marker names.
@@ -74,6 +99,10 @@ pub fn run_keeper(marker: &str, cgroups: Option<&Path>) -> usize {
             if let Some(next) = std::str::from_utf8(&line).ok().and_then(Fence::parse) {
                 fence = (!next.units.is_empty()).then_some(next);
             }
+            // Every line is acknowledged once taken in: a kill that an earlier deadline
+            // started is over by then, so fleetd starts nothing the keeper then kills.
+            let mut stdout = io::stdout();
+            let _ = stdout.write_all(ACKNOWLEDGED).and_then(|()| stdout.flush());
         }
         if pending.len() > MAX_LINE {
             pending.clear();
@@ -82,6 +111,9 @@ pub fn run_keeper(marker: &str, cgroups: Option<&Path>) -> usize {
     let in_cgroups = cgroups.map_or(0, |dir| CgroupBase::at(dir.to_path_buf()).kill_everything());
     in_cgroups + kill_leftovers(marker)
 }
+
+/// What the keeper answers each line it took in.
+pub const ACKNOWLEDGED: &[u8] = b"armed\n";
 
 /// The longest line the keeper keeps reading; anything longer is dropped.
 const MAX_LINE: usize = 1 << 20;

@@ -91,8 +91,11 @@ struct Shared {
     hostname: String,
     /// Held for its pipe: when fleetd dies the keeper reads end-of-file.
     _keeper: Option<std::process::Child>,
-    /// The pipe's write end: fleetd's lines to its keeper (the fence of `AtMostOnce=` units).
-    keeper_input: Mutex<Option<std::process::ChildStdin>>,
+    /// The pipes to and from the keeper: fleetd's lines (the fence of `AtMostOnce=` units)
+    /// and its acknowledgements. Taken out while a line is under way.
+    keeper_pipe: tokio::sync::Mutex<Option<keeper::KeeperPipe>>,
+    /// Whether there is a keeper: a fence is then checked before each start.
+    has_keeper: bool,
     /// The fence as the keeper holds it, checked before each start.
     fence: Mutex<crate::fence::Fence>,
 }
@@ -172,10 +175,12 @@ impl NativeManager {
             ),
             None => None,
         };
-        let keeper_input = Mutex::new(keeper.as_mut().and_then(|child| child.stdin.take()));
+        let keeper_pipe = keeper.as_mut().and_then(keeper::KeeperPipe::of);
+        let has_keeper = keeper_pipe.is_some();
         let shared = Shared {
             _keeper: keeper,
-            keeper_input,
+            keeper_pipe: tokio::sync::Mutex::new(keeper_pipe),
+            has_keeper,
             fence: Mutex::default(),
             units: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
@@ -365,7 +370,7 @@ impl UnitManager for NativeManager {
     }
 
     async fn start(&self, name: &str) -> Result<()> {
-        if self.shared.keeper_input.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some() {
+        if self.shared.has_keeper {
             let fence = self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             fence.check_start(name, tokio::time::Instant::now())?;
         }
@@ -461,15 +466,26 @@ impl UnitManager for NativeManager {
     /// Hands the fence to the keeper, which kills the units at the deadline even if this
     /// fleetd is frozen by then; without a keeper there is no such backstop.
     async fn fence(&self, deadline: tokio::time::Instant, units: &[String]) -> Result<bool> {
-        let mut input = self.shared.keeper_input.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some(pipe) = input.as_mut() else { return Ok(false) };
+        let mut held = self.shared.keeper_pipe.lock().await;
+        let Some(mut pipe) = held.take() else { return Ok(false) };
         // Converted at once: a fleetd frozen after this line still hands over the same moment.
+        // Rounded up: the keeper never fires before the moment fleetd counts with.
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let deadline_ms = keeper::monotonic_ms() + u64::try_from(left.as_millis()).unwrap_or(u64::MAX / 2);
-        let line = keeper::Fence { deadline_ms, units: units.to_vec() }.line();
-        std::io::Write::write_all(pipe, line.as_bytes())
-            .map_err(|source| UnitManagerError::Io { context: "fencing units through the keeper".into(), source })?;
+        let left_ms = u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX / 2);
+        let line = keeper::Fence { deadline_ms: keeper::monotonic_ms() + left_ms, units: units.to_vec() }.line();
+        // The fence counts from now whatever the keeper is doing: a start checks it at once.
         self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).arm(deadline, units);
+        let (pipe, sent) = tokio::task::spawn_blocking(move || {
+            let sent = pipe.send(&line);
+            (pipe, sent)
+        })
+        .await
+        .map_err(|error| UnitManagerError::Io {
+            context: "fencing units through the keeper".into(),
+            source: std::io::Error::other(error.to_string()),
+        })?;
+        *held = Some(pipe);
+        sent.map_err(|source| UnitManagerError::Io { context: "fencing units through the keeper".into(), source })?;
         Ok(true)
     }
 
