@@ -148,6 +148,18 @@ impl Agent {
         if !self.registered {
             match self.registry.register_machine(&self.config.machine).await {
                 Ok(()) => self.registered = true,
+                // A fresh presence: the store registers the machine once it stopped what runs
+                // here from before (it may have moved while the machine was away).
+                Err(RegistryError::PresenceLapsed) => {
+                    if !self.loaded.is_empty() {
+                        tracing::info!(
+                            units = self.loaded.len(),
+                            "registering afresh: stopping what runs here from before until the work shows it is still this machine's"
+                        );
+                        self.stop_and_unload_all("registering afresh").await;
+                    }
+                    self.registry.presence_lapse_handled(self.machine_id());
+                }
                 Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
             }
         }

@@ -3,13 +3,11 @@
 //!
 //! - A unit runs on two machines only while one of them is out of touch with the store or
 //!   the store answers no one (an election), and for [`REACTION`] after that ends (or after
-//!   its fleetd thaws). Out of touch means exactly: its presence is gone (its lease expired),
-//!   or its fleetd cannot learn what the store says (not running, or cut off from the store).
-//!   A frozen fleetd that holds its presence is in touch, as the chaos run judges it from
-//!   etcd's view: the presence must never be claimed while units that may have moved still
-//!   run. A machine whose fleetd runs, reaches the store and holds its presence is in touch,
-//!   whatever happened before: past [`REACTION`] after its return it runs nothing that runs
-//!   elsewhere.
+//!   its fleetd thaws, starts or is reconnected). Out of touch means exactly what the chaos
+//!   run judges from etcd's view: its presence is gone (its lease expired). A fleetd frozen,
+//!   cut off or dead whose presence holds is in touch: the presence must never be claimed
+//!   while units that may have moved still run. Past [`REACTION`] after its return a machine
+//!   runs nothing that runs elsewhere.
 //! - A unit that asked to run at most once (`AtMostOnce=`) never runs on two machines, not
 //!   for an instant, whatever the faults: no excuse. It is looked at every tick of the
 //!   simulated clock (10 ms), not only at the samples.

@@ -69,6 +69,9 @@ pub struct Connection {
     lapses: tokio::sync::watch::Sender<u64>,
     /// How many lapses the agent has handled (stopped its units for).
     lapse_acks: tokio::sync::watch::Sender<u64>,
+    /// The lapse signalled before a fresh claim, which the claim waits for the agent to have
+    /// handled.
+    claim_lapse: Mutex<Option<u64>>,
     /// Whether a registration got no answer (it may have landed) and none was confirmed
     /// since, as the etcd store's unconfirmed claims.
     unconfirmed: std::sync::atomic::AtomicBool,
@@ -99,6 +102,7 @@ impl SimStore {
             lapses: tokio::sync::watch::channel(0).0,
             lapse_acks: tokio::sync::watch::channel(0).0,
             unconfirmed: std::sync::atomic::AtomicBool::new(false),
+            claim_lapse: Mutex::new(None),
             random: Mutex::new(Seeded::new(seed)),
             clock_rate,
             lost_answers,
@@ -171,6 +175,8 @@ impl SimStore {
     async fn open_session(&self) -> Result<()> {
         let machine = self.machine.clone();
         let sent = Instant::now();
+        // As the etcd store: a fresh claim only once the agent stopped what ran here before.
+        let cleared = self.cleared_for_fresh_claim();
         let (lease, claimed_at) = self
             .write("register", |world| {
                 let recorded = world.lease_files.get(&machine.id).copied();
@@ -179,6 +185,12 @@ impl SimStore {
                     && world.claim_presence(&machine, lease).is_some()
                 {
                     return Ok((lease, 0));
+                }
+                if world.presences.contains_key(&machine.id) {
+                    return Err(RegistryError::MachineInUse { machine_id: machine.id.clone() });
+                }
+                if !cleared {
+                    return Err(RegistryError::PresenceLapsed);
                 }
                 let lease = world.grant();
                 match world.claim_presence(&machine, lease) {
@@ -194,8 +206,14 @@ impl SimStore {
                 }
             })
             .await
-            .inspect_err(|_| self.unconfirmed.store(true, std::sync::atomic::Ordering::SeqCst))??;
+            .inspect_err(|_| self.unconfirmed.store(true, std::sync::atomic::Ordering::SeqCst))?
+            .inspect_err(|error| {
+                if matches!(error, RegistryError::PresenceLapsed) {
+                    self.ask_stop_before_fresh_claim();
+                }
+            })?;
         self.unconfirmed.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.claim_lapse.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
         *self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
             Some(Session { lease, renewed: sent, rejoined_at: claimed_at });
         let task = tokio::spawn(self.clone().keep_alive()).abort_handle();
@@ -203,6 +221,25 @@ impl SimStore {
             previous.abort();
         }
         Ok(())
+    }
+
+    /// Whether a fresh claim may go ahead: no agent follows the lapses, or it handled the
+    /// one signalled for this claim.
+    fn cleared_for_fresh_claim(&self) -> bool {
+        if self.lapses.receiver_count() == 0 {
+            return true;
+        }
+        let handled = *self.lapse_acks.borrow();
+        self.claim_lapse.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some_and(|lapse| handled >= lapse)
+    }
+
+    /// Signals the lapse a fresh claim waits for the agent to handle (once per claim).
+    fn ask_stop_before_fresh_claim(&self) {
+        let mut asked = self.claim_lapse.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if asked.is_none() {
+            self.lapses.send_modify(|lapses| *lapses += 1);
+            *asked = Some(*self.lapses.borrow());
+        }
     }
 
     /// Renews the lease every half of its lifetime, retrying failures sooner; registers

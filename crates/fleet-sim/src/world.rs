@@ -134,13 +134,13 @@ impl World {
         }
     }
 
-    /// Whether `machine` is out of touch with the store: its fleetd cannot learn what the
-    /// store says of it (it is not running, or is cut off) or the store no longer counts it
-    /// (its presence is gone: its lease expired). A frozen fleetd whose presence holds is in
-    /// touch, as the chaos run judges it from etcd's view: it must not have claimed that
-    /// presence with units running that may have moved.
+    /// Whether `machine` is out of touch with the store: the store no longer counts it (its
+    /// presence is gone: its lease expired, or it never claimed one). As the chaos run
+    /// judges it from etcd's view: a fleetd frozen, cut off or dead whose presence holds is
+    /// in touch, so a presence must never be claimed (or kept) with units running that may
+    /// have moved.
     pub fn out_of_touch(&self, machine: &str) -> bool {
-        self.dead.contains(machine) || self.cut.contains(machine) || !self.presences.contains_key(machine)
+        !self.presences.contains_key(machine)
     }
 
     /// Notes that one of the conditions of [`World::out_of_touch`] ended for `machine`.

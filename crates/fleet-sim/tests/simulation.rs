@@ -33,11 +33,12 @@ fn the_seeds_that_found_a_double_run_pass() {
 /// moved, then froze before its agent stopped them (the chaos run's seed 3, 2026-11-25):
 /// 202, 217, 402, 2743 and 3133 fail without the store waiting for the agent to have
 /// stopped its units before registering again; 3054 without a registration that got no
-/// answer counting as a lapse until one is confirmed.
+/// answer counting as a lapse until one is confirmed; 3574 without a fresh claim at start
+/// waiting for the agent too (a fleetd killed again right after it).
 #[test]
 fn the_seeds_that_found_a_presence_claimed_too_soon_pass() {
     let config = SimConfig::default();
-    for seed in [202, 217, 402, 2743, 3133, 3054] {
+    for seed in [202, 217, 402, 2743, 3133, 3054, 3574] {
         let outcome = run(seed, &config);
         assert!(outcome.passed(), "{outcome}");
     }

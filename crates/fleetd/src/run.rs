@@ -130,6 +130,9 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
         return crate::pull::run(config, machine, manager, daemon).await;
     }
     let registry = store::open(&config).await?;
+    // Followed for fleetd's whole life: a fresh presence is claimed only once the agent
+    // stopped what runs here from before (announcing cannot claim one ahead of it).
+    let _lapses = registry.presence_lapses(&machine_id);
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
     tracing::info!(machine_id, "fleetd {} starting", fleet_api::VERSION);
     let api = ApiService::start(&config, &machine_id, registry.clone(), manager.clone(), activated).await?;

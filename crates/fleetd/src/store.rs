@@ -75,6 +75,8 @@ pub async fn announce(registry: &dyn Registry, machine: &fleet_core::MachineStat
     match registry.register_machine(machine).await {
         Ok(()) => Ok(()),
         Err(error @ fleet_registry::RegistryError::MachineInUse { .. }) => Err(error).context("refusing to start"),
+        // A fresh presence: the agent registers it once it stopped what runs here from before.
+        Err(fleet_registry::RegistryError::PresenceLapsed) => Ok(()),
         Err(error) => {
             tracing::warn!(%error, "cannot register this machine yet; retrying in the background");
             Ok(())

@@ -119,6 +119,9 @@ struct Inner {
     lapse_signals: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Per machine: the count of lapses its agent has handled (stopped its units for).
     lapse_acks: Mutex<HashMap<String, watch::Sender<u64>>>,
+    /// Per machine: the lapse signalled before a fresh presence claim, which the claim waits
+    /// for the agent to have handled.
+    claim_lapses: Mutex<HashMap<String, u64>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
@@ -160,6 +163,7 @@ impl EtcdRegistry {
                 work_signals: Arc::new(Mutex::new(HashMap::new())),
                 lapse_signals: Mutex::new(HashMap::new()),
                 lapse_acks: Mutex::new(HashMap::new()),
+                claim_lapses: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),

@@ -249,6 +249,7 @@ impl EtcdRegistry {
             // stayed away past its lease) may have been placed elsewhere meanwhile, so the
             // work is read only from a copy that has seen this claim, as after a lapse.
             None => {
+                self.stopped_before_fresh_claim(&machine.id).await?;
                 let (lease, revision) = self.claim_new_presence(machine).await?;
                 (lease, sent, revision)
             }
@@ -266,6 +267,36 @@ impl EtcdRegistry {
             self.wake_agent(&machine.id);
         }
         Ok(())
+    }
+
+    /// Before a fresh presence claim, the machine's agent stops what runs there (it may have
+    /// moved while the machine was away): the first attempt signals a lapse and is refused
+    /// with [`RegistryError::PresenceLapsed`]; once the agent said it stopped its units, the
+    /// claim goes ahead. Without an agent following the lapses, it goes ahead at once.
+    async fn stopped_before_fresh_claim(&self, machine_id: &str) -> Result<()> {
+        let signal = self.lapse_signal(machine_id);
+        if signal.receiver_count() == 0 {
+            return Ok(());
+        }
+        // Another fleetd's live presence is refused first: nothing here is stopped for it.
+        let held = self.connection().get(&self.keys().machine(machine_id), None).await?;
+        if !held.kvs().is_empty() {
+            return Err(RegistryError::MachineInUse { machine_id: machine_id.to_string() });
+        }
+        let handled = *self.lapse_ack(machine_id).borrow();
+        let mut asked = self.inner.claim_lapses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match asked.get(machine_id) {
+            Some(lapse) if handled >= *lapse => {
+                asked.remove(machine_id);
+                Ok(())
+            }
+            Some(_) => Err(RegistryError::PresenceLapsed),
+            None => {
+                signal.send_modify(|lapses| *lapses += 1);
+                asked.insert(machine_id.to_string(), *signal.borrow());
+                Err(RegistryError::PresenceLapsed)
+            }
+        }
     }
 
     /// Holds a pull agent's presence for it: a new lease of this fleetd's, the machine's
