@@ -223,6 +223,12 @@ impl Reconciler for Engine {
         &mut self.changes
     }
 
+    /// A failed pass is retried within the fallback period at the latest, however long the
+    /// backoff: each pass renews the leadership, whose lease lasts a few periods.
+    fn due_within(&self) -> Option<Duration> {
+        Some(self.next_look())
+    }
+
     /// A burst is gathered for at least as long as the last pass spent planning: under a
     /// stream of writes the engine plans in batches and takes at most about half a core.
     /// Time waiting on the store does not count, so a slow link never spaces out the

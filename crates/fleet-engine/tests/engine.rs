@@ -205,3 +205,76 @@ async fn only_the_leader_writes() {
     stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
 }
+
+/// The embedded store whose leadership calls fail while `failing` says so, noting when each
+/// was made.
+struct FailingStore {
+    store: EmbeddedRegistry,
+    failing: std::sync::atomic::AtomicBool,
+    attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+#[async_trait::async_trait]
+impl fleet_registry::EngineRegistry for FailingStore {
+    async fn acquire_leadership(
+        &self,
+        machine_id: &str,
+    ) -> fleet_registry::Result<Option<fleet_registry::EngineLease>> {
+        self.attempts.lock().unwrap().push(tokio::time::Instant::now());
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(fleet_registry::RegistryError::unavailable("etcd", "no answer within 2s"));
+        }
+        self.store.acquire_leadership(machine_id).await
+    }
+    async fn release_leadership(&self, lease: &fleet_registry::EngineLease) -> fleet_registry::Result<()> {
+        self.store.release_leadership(lease).await
+    }
+    async fn snapshot(&self) -> fleet_registry::Result<fleet_registry::EngineSnapshot> {
+        self.store.snapshot().await
+    }
+    async fn unit_bodies(
+        &self,
+        hashes: &[fleet_core::UnitHash],
+    ) -> fleet_registry::Result<std::collections::HashMap<fleet_core::UnitHash, UnitFile>> {
+        fleet_registry::EngineRegistry::unit_bodies(&self.store, hashes).await
+    }
+    async fn apply(
+        &self,
+        lease: &fleet_registry::EngineLease,
+        decisions: &[fleet_core::schedule::Decision],
+        unplaced: &[(String, String)],
+    ) -> fleet_registry::Result<()> {
+        self.store.apply(lease, decisions, unplaced).await
+    }
+    fn engine_changes(&self) -> fleet_registry::ChangeSignal {
+        self.store.engine_changes()
+    }
+}
+
+/// A store that keeps failing never spaces the engine's passes out beyond its fallback
+/// period: each pass renews the leadership, whose lease lasts only a few periods (under
+/// latency and loss a backoff to seconds let leases expire).
+#[tokio::test(start_paused = true)]
+async fn failing_passes_are_retried_within_the_fallback_period() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let failing = Arc::new(FailingStore { store, failing: true.into(), attempts: std::sync::Mutex::new(Vec::new()) });
+    let interval = Duration::from_secs(2);
+    let config = EngineConfig {
+        machine_id: "m1".into(),
+        reconcile_interval: interval,
+        debounce: Duration::from_millis(10),
+        at_most_once_hold: HOLD,
+    };
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
+    let engine = tokio::spawn(Engine::new(config, failing.clone()).run(stopped));
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    failing.failing.store(false, Ordering::SeqCst);
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+    let attempts = failing.attempts.lock().unwrap().clone();
+    assert!(attempts.len() >= 25, "a minute of failures is retried: {} attempts", attempts.len());
+    let longest = attempts.windows(2).map(|pair| pair[1] - pair[0]).max().unwrap();
+    assert!(longest <= interval + Duration::from_millis(10), "retried {longest:?} apart");
+}
