@@ -4,8 +4,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::agent_plan::{self, DesiredUnit, GlobalUnit, LoadedUnit, Task};
-use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
+use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Task};
+use fleet_core::desired_units::{Assigned, desired_units};
+use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport};
 use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, TriggerId, Triggers};
 use fleet_unit_manager::{HeldUnit, UnitManager, UnitManagerError};
@@ -460,51 +461,9 @@ impl Agent {
         let globals: Vec<&AssignedUnit> =
             globals.iter().filter(|unit| unit.desired != DesiredState::Inactive).collect();
         let unread = self.fetch_new_bodies(scheduled.iter().chain(globals.iter().copied())).await.err();
-        let mut desired = BTreeMap::new();
-        // The scheduled units' rules matter only to decide which global units may join them:
-        // without a global unit (most passes) they are not parsed.
-        let any_global = !globals.is_empty();
-        let mut requirements = BTreeMap::new();
-        let mut held_globals = Vec::new();
-        for unit in scheduled {
-            // The content wanted, or while new content is unread, the content held.
-            let hash = if self.bodies.contains_key(&unit.hash) {
-                unit.hash
-            } else if unread.is_some()
-                && let Some(held) = self.loaded.get(&unit.name)
-            {
-                held.hash
-            } else {
-                continue;
-            };
-            if any_global && let Some(file) = self.bodies.get(&hash) {
-                requirements.insert(unit.name.clone(), Requirements::from_unit(&unit.name, file));
-            }
-            desired.insert(unit.name.clone(), DesiredUnit { hash, state: unit.desired, drift: unit.drift });
-        }
-        let mut global_requirements = Vec::new();
-        for unit in globals {
-            if let Some(file) = self.bodies.get(&unit.hash) {
-                global_requirements.push((unit, Requirements::from_unit(&unit.name, file)));
-            } else if unread.is_some()
-                && let Some(held) = self.loaded.get(&unit.name)
-            {
-                let kept = DesiredUnit { hash: held.hash, state: unit.desired, drift: unit.drift };
-                held_globals.push((unit.name.clone(), kept));
-            }
-        }
-        let global_units: Vec<GlobalUnit<'_>> = global_requirements
-            .iter()
-            .map(|(unit, requirements)| GlobalUnit {
-                name: &unit.name,
-                desired: DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift },
-                requirements,
-            })
-            .collect();
-        agent_plan::add_global_units(machine, &mut desired, &requirements, &global_units);
-        for (name, kept) in held_globals {
-            desired.entry(name).or_insert(kept);
-        }
+        let scheduled: Vec<Assigned<'_>> = scheduled.iter().map(assigned).collect();
+        let globals: Vec<Assigned<'_>> = globals.into_iter().map(assigned).collect();
+        let desired = desired_units(machine, &scheduled, &globals, &self.bodies, &self.loaded, unread.is_some());
         // Keep only the bodies still in use.
         let in_use: std::collections::HashSet<UnitHash> = desired.values().map(|unit| unit.hash).collect();
         self.bodies.retain(|hash, _| in_use.contains(hash));
@@ -691,6 +650,11 @@ impl Reconciler for Agent {
             self.leave().await;
         }
     }
+}
+
+/// A unit of the machine's work, as the agent's decision takes it.
+fn assigned(unit: &AssignedUnit) -> Assigned<'_> {
+    Assigned { name: &unit.name, wanted: DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift } }
 }
 
 /// Returns when `lapses` moves (marking it seen); never without one.

@@ -117,9 +117,21 @@ pub struct GlobalUnit<'a> {
     pub requirements: &'a Requirements,
 }
 
-/// Which global units this machine runs: those whose metadata it has and that exclude
-/// nothing already in its desired set (`Conflicts=` and `Replaces=`, checked both ways, in
-/// name order). The engine's planner counts global units by the same rule.
+/// Whether a global unit runs on a machine with `metadata`: it is wanted (not inactive), the
+/// machine has the metadata it asks for, and it excludes no unit already there
+/// (`excludes_a_resident`: `Conflicts=` or `Replaces=`, checked both ways). The one rule the
+/// engine's planner counts global units by and each agent runs them by, taking the global
+/// units in name order.
+pub fn global_unit_runs(
+    desired: DesiredState,
+    requirements: &Requirements,
+    metadata: &BTreeMap<String, String>,
+    excludes_a_resident: impl FnOnce() -> bool,
+) -> bool {
+    desired != DesiredState::Inactive && requirements.metadata_matches(metadata) && !excludes_a_resident()
+}
+
+/// Which global units this machine runs, by [`global_unit_runs`], in name order.
 pub fn add_global_units(
     machine: &MachineState,
     desired: &mut BTreeMap<String, DesiredUnit>,
@@ -131,12 +143,9 @@ pub fn add_global_units(
     let mut globals: Vec<&GlobalUnit<'_>> = globals.iter().collect();
     globals.sort_by_key(|global| global.name);
     for global in globals {
-        if global.desired.state == DesiredState::Inactive || !global.requirements.metadata_matches(&machine.metadata) {
-            continue;
-        }
-        let excluded =
-            taken.iter().any(|(other, requirements)| global.requirements.excludes(global.name, other, requirements));
-        if !excluded {
+        let excludes_a_resident =
+            || taken.iter().any(|(other, requirements)| global.requirements.excludes(global.name, other, requirements));
+        if global_unit_runs(global.desired.state, global.requirements, &machine.metadata, excludes_a_resident) {
             desired.insert(global.name.to_string(), global.desired.clone());
             taken.push((global.name, global.requirements));
         }

@@ -10,6 +10,7 @@ pub mod admission;
 pub mod agent_plan;
 pub mod backoff;
 pub mod civil_time;
+pub mod desired_units;
 pub mod drift;
 pub mod duration;
 pub mod glob;

@@ -6,6 +6,7 @@ use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_pla
 use super::reason::{Refusal, UnscheduleReason};
 use super::working::{Rank, Relation, UnitIndex, Working};
 use super::{ClusterSnapshot, Decision, Plan};
+use crate::agent_plan::global_unit_runs;
 use crate::state::DesiredState;
 use crate::unit_name::UnitNameInfo;
 
@@ -173,8 +174,9 @@ fn count_global_units(working: &mut Working<'_>, globals: &[UnitIndex]) {
             continue;
         }
         for rank in working.ranks() {
-            if unit.requirements.metadata_matches(&working.machine(rank).metadata)
-                && working.residents(rank).iter().all(|other| working.relation(index, *other).is_none())
+            let excludes_a_resident =
+                || working.residents(rank).iter().any(|other| working.relation(index, *other).is_some());
+            if global_unit_runs(unit.desired, &unit.requirements, &working.machine(rank).metadata, excludes_a_resident)
             {
                 working.place(index, rank);
             }
