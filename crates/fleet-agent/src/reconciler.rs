@@ -151,16 +151,7 @@ impl Agent {
                 Ok(()) => self.registered = true,
                 // A fresh presence: the store registers the machine once it stopped what runs
                 // here from before (it may have moved while the machine was away).
-                Err(RegistryError::PresenceLapsed) => {
-                    if !self.loaded.is_empty() {
-                        tracing::info!(
-                            units = self.loaded.len(),
-                            "registering afresh: stopping what runs here from before until the work shows it is still this machine's"
-                        );
-                        self.stop_and_unload_all("registering afresh").await;
-                    }
-                    self.registry.presence_lapse_handled(self.machine_id());
-                }
+                Err(RegistryError::PresenceLapsed) => self.stop_for_lapse("it registers afresh").await,
                 Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
             }
         }
@@ -195,16 +186,7 @@ impl Agent {
             // now, and what is still scheduled here starts again once the work can be read.
             // The copy wakes this loop when it can.
             Err(RegistryError::PresenceLapsed) => {
-                if !self.loaded.is_empty() {
-                    tracing::warn!(
-                        units = self.loaded.len(),
-                        "this machine's presence lapsed: stopping its units until its work shows which are still its own"
-                    );
-                    self.stop_and_unload_all("its presence lapsed").await;
-                }
-                // The store may register the machine again now: nothing runs here that the
-                // engine may have moved.
-                self.registry.presence_lapse_handled(self.machine_id());
+                self.stop_for_lapse("its presence lapsed").await;
                 RETRY_MIN
             }
             Err(error) => {
@@ -347,6 +329,21 @@ impl Agent {
     /// Stops and unloads every unit this agent holds (`why`, for the log).
     /// Unit by unit: the manager's `stop_all` is for leaving (the native supervisor then
     /// removes its cgroups, and could start nothing after).
+    /// Stops every unit held here (none of them can be shown to be this machine's: `why`),
+    /// then tells the store, which may register the machine again: nothing runs here that
+    /// the engine may have moved.
+    async fn stop_for_lapse(&mut self, why: &str) {
+        if !self.loaded.is_empty() {
+            tracing::warn!(
+                units = self.loaded.len(),
+                why,
+                "stopping this machine's units until its work shows which are still its own"
+            );
+            self.stop_and_unload_all(why).await;
+        }
+        self.registry.presence_lapse_handled(self.machine_id());
+    }
+
     async fn stop_and_unload_all(&mut self, why: &str) {
         let names: Vec<String> = self.loaded.keys().cloned().collect();
         self.stop_and_unload(&names, why).await;

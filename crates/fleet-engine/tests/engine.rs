@@ -128,11 +128,26 @@ async fn an_inactive_unit_is_unscheduled() {
     engine.await.unwrap();
 }
 
-/// The embedded store with a rival engine that can take the leadership away.
+/// The embedded store with a rival engine that can take the leadership away, and whose
+/// leadership calls can fail (`failing`); it notes when each was made.
 struct ContestedStore {
     store: EmbeddedRegistry,
     rival_leads: std::sync::atomic::AtomicBool,
     writes: std::sync::atomic::AtomicUsize,
+    failing: std::sync::atomic::AtomicBool,
+    attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+impl ContestedStore {
+    fn over(store: EmbeddedRegistry) -> Self {
+        Self {
+            store,
+            rival_leads: false.into(),
+            writes: 0.into(),
+            failing: false.into(),
+            attempts: std::sync::Mutex::new(Vec::new()),
+        }
+    }
 }
 
 #[async_trait::async_trait]
@@ -141,6 +156,10 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         &self,
         machine_id: &str,
     ) -> fleet_registry::Result<Option<fleet_registry::EngineLease>> {
+        self.attempts.lock().unwrap().push(tokio::time::Instant::now());
+        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(fleet_registry::RegistryError::unavailable("etcd", "no answer within 2s"));
+        }
         if self.rival_leads.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(None);
         }
@@ -180,7 +199,7 @@ async fn only_the_leader_writes() {
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     store.register_machine(&machine("m1", "eu")).await.unwrap();
-    let contested = Arc::new(ContestedStore { store: store.clone(), rival_leads: false.into(), writes: 0.into() });
+    let contested = Arc::new(ContestedStore::over(store.clone()));
     let config = EngineConfig {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
@@ -206,51 +225,6 @@ async fn only_the_leader_writes() {
     engine.await.unwrap();
 }
 
-/// The embedded store whose leadership calls fail while `failing` says so, noting when each
-/// was made.
-struct FailingStore {
-    store: EmbeddedRegistry,
-    failing: std::sync::atomic::AtomicBool,
-    attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
-}
-
-#[async_trait::async_trait]
-impl fleet_registry::EngineRegistry for FailingStore {
-    async fn acquire_leadership(
-        &self,
-        machine_id: &str,
-    ) -> fleet_registry::Result<Option<fleet_registry::EngineLease>> {
-        self.attempts.lock().unwrap().push(tokio::time::Instant::now());
-        if self.failing.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err(fleet_registry::RegistryError::unavailable("etcd", "no answer within 2s"));
-        }
-        self.store.acquire_leadership(machine_id).await
-    }
-    async fn release_leadership(&self, lease: &fleet_registry::EngineLease) -> fleet_registry::Result<()> {
-        self.store.release_leadership(lease).await
-    }
-    async fn snapshot(&self) -> fleet_registry::Result<fleet_registry::EngineSnapshot> {
-        self.store.snapshot().await
-    }
-    async fn unit_bodies(
-        &self,
-        hashes: &[fleet_core::UnitHash],
-    ) -> fleet_registry::Result<std::collections::HashMap<fleet_core::UnitHash, UnitFile>> {
-        fleet_registry::EngineRegistry::unit_bodies(&self.store, hashes).await
-    }
-    async fn apply(
-        &self,
-        lease: &fleet_registry::EngineLease,
-        decisions: &[fleet_core::schedule::Decision],
-        unplaced: &[(String, String)],
-    ) -> fleet_registry::Result<()> {
-        self.store.apply(lease, decisions, unplaced).await
-    }
-    fn engine_changes(&self) -> fleet_registry::ChangeSignal {
-        self.store.engine_changes()
-    }
-}
-
 /// A store that keeps failing never spaces the engine's passes out beyond its fallback
 /// period: each pass renews the leadership, whose lease lasts only a few periods (under
 /// latency and loss a backoff to seconds let leases expire).
@@ -259,7 +233,8 @@ async fn failing_passes_are_retried_within_the_fallback_period() {
     use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().unwrap();
     let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    let failing = Arc::new(FailingStore { store, failing: true.into(), attempts: std::sync::Mutex::new(Vec::new()) });
+    let failing = Arc::new(ContestedStore::over(store));
+    failing.failing.store(true, Ordering::SeqCst);
     let interval = Duration::from_secs(2);
     let config = EngineConfig {
         machine_id: "m1".into(),
