@@ -7,8 +7,8 @@ use std::time::Duration;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile};
-use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{ApiRegistry, EngineRegistry};
+use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::{FakeUnitManager, eventually};
 use tokio::sync::watch;
 

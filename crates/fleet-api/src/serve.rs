@@ -298,7 +298,7 @@ mod tests {
     use std::os::unix::net::UnixStream;
     use std::time::Instant;
 
-    use fleet_registry::embedded::EmbeddedRegistry;
+    use fleet_store_embedded::EmbeddedRegistry;
 
     use super::*;
     use crate::listen::{bind_tcp, bind_unix};

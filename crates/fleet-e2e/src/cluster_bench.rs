@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_core::{DesiredState, UnitFile};
-use fleet_registry::etcd::EtcdRegistry;
 use fleet_registry::{ApiRegistry, PageRequest, UnitView};
+use fleet_store_etcd::EtcdRegistry;
 use tokio::sync::Semaphore;
 
 /// How many templates the units are instances of.

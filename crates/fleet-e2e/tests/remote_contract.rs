@@ -1,5 +1,5 @@
 //! The registry contract, run against the remote store: every check of the agent's facet that
-//! `fleet-registry` runs against the embedded and etcd stores, with the agent's side played by
+//! the store crates run against the embedded and etcd stores, with the agent's side played by
 //! `fleet_remote::RemoteRegistry` (one per machine, each with its own certificate) through an
 //! in-process manager (the real API server, TLS and agent CA) on an embedded store.
 
@@ -15,8 +15,8 @@ use fleet_api::serve::{ServeLimits, serve};
 use fleet_api::{ApiState, router};
 use fleet_e2e::pki::ManagerPki;
 use fleet_registry::contract::{self, AgentFor};
-use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{AgentRegistry, CredentialRegistry, RegistrationRecord, Registry};
+use fleet_store_embedded::EmbeddedRegistry;
 use tokio::sync::watch;
 
 /// A manager on an embedded store, and a remote store for each of machines m1 and m2.

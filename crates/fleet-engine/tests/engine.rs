@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_engine::{Engine, EngineConfig};
-use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{AgentRegistry, ApiRegistry};
 use fleet_runtime::Lifecycle;
+use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 use tokio::sync::watch;
 

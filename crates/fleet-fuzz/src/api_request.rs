@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use axum::body::Body;
 use axum::http::Request;
 use fleet_api::{ApiState, TokenLimit, router};
-use fleet_registry::embedded::EmbeddedRegistry;
+use fleet_store_embedded::EmbeddedRegistry;
 use tower::ServiceExt;
 
 struct Fixture {

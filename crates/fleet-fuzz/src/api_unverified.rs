@@ -9,8 +9,8 @@ use std::sync::{Arc, OnceLock};
 use axum::body::Body;
 use axum::http::{HeaderValue, Request};
 use fleet_api::{ApiState, TokenLimit, router};
-use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{ApiRegistry, SourceRecord, SourceRegistry};
+use fleet_store_embedded::EmbeddedRegistry;
 use tower::ServiceExt;
 
 struct Fixture {

@@ -120,7 +120,7 @@ fn round_trip<T: Serialize + DeserializeOwned>(data: &[u8]) {
 /// Every kind of record the stores read back (etcd values are whatever etcd holds).
 pub fn etcd_records(data: &[u8]) {
     round_trip::<fleet_registry::UnitRecord>(data);
-    round_trip::<fleet_registry::etcd::Assignment>(data);
+    round_trip::<fleet_store_etcd::Assignment>(data);
     round_trip::<fleet_core::MachineState>(data);
     round_trip::<fleet_core::UnitState>(data);
     round_trip::<Options>(data);

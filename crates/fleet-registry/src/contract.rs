@@ -1,11 +1,10 @@
 //! The registry contract: what ARCHITECTURE.md promises of every store, written once against
-//! the facet traits and run against each store (`embedded_*` and `etcd_*` tests; a store
-//! added later adds one opener and one line to the macro). Reads that go through an etcd
-//! watch-fed copy are eventually consistent, so the checks wait for them.
+//! the facet traits and run by each store crate's tests through [`registry_contract!`], once
+//! per way that store opens (a store added later writes one opener and calls the macro).
+//! Reads that go through a watch-fed copy are eventually consistent, so the checks wait for
+//! them.
 
 use std::sync::Arc;
-#[cfg(test)]
-use std::time::Duration;
 
 use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
@@ -24,105 +23,47 @@ use crate::{
 /// every machine, a remote store of that machine's own for the remote one.
 pub type AgentFor<'a> = &'a (dyn Fn(&str) -> Arc<dyn AgentRegistry> + Sync);
 
-#[cfg(test)]
-/// A store for one test, and what must live as long as it.
-struct Opened {
-    registry: Arc<dyn Registry>,
-    _guard: Box<dyn std::any::Any>,
-}
-
-#[cfg(test)]
-async fn open_embedded() -> Opened {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let registry = crate::embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("embedded store");
-    Opened { registry: Arc::new(registry), _guard: Box::new(dir) }
-}
-
-#[cfg(test)]
-async fn open_etcd() -> Opened {
-    open_etcd_with(false).await
-}
-
-#[cfg(test)]
-/// The etcd store as a manager of pull agents uses it: every machine's work from one copy.
-async fn open_etcd_serving_many() -> Opened {
-    open_etcd_with(true).await
-}
-
-#[cfg(test)]
-async fn open_etcd_with(serve_many_machines: bool) -> Opened {
-    let (registry, etcd) = etcd_store(serve_many_machines).await;
-    Opened { registry: Arc::new(registry), _guard: Box::new(etcd) }
-}
-
-#[cfg(test)]
-/// A new etcd, and the etcd store on it.
-async fn etcd_store(serve_many_machines: bool) -> (crate::etcd::EtcdRegistry, fleet_testkit::EtcdServer) {
-    let etcd = fleet_testkit::EtcdServer::start();
-    let options = crate::etcd::EtcdOptions {
-        endpoints: vec![etcd.endpoint()],
-        key_prefix: "/contract/".into(),
-        request_timeout: Duration::from_secs(2),
-        serve_many_machines,
-        ..crate::etcd::EtcdOptions::default()
+/// Runs every contract against one store: `$open` is an `async fn() -> Opened`, called once
+/// per test. A store crate's tests call it once per way the store can be opened.
+#[macro_export]
+macro_rules! registry_contract {
+    ($open:path) => {
+        $crate::registry_contract!(@each $open;
+            tokens_are_unique_by_name_and_revocable,
+            a_revoked_machine_goes_with_its_states,
+            registrations_are_counted_bounded_and_expire,
+            a_machine_id_belongs_to_the_key_that_first_joined,
+            bodies_are_content_addressed_and_collected,
+            a_stale_lease_cannot_write,
+            a_schedule_change_wakes_only_its_machine,
+            desired_state_changes_reach_the_agent,
+            runtime_metadata_overlays_the_machine,
+            states_go_with_their_machine,
+            units_belong_to_the_source_that_made_them,
+            a_sources_drift_policy_reaches_the_agents,
+            sources_and_their_statuses_are_kept_by_name,
+            rollouts_are_kept_by_name,
+            sources_statuses_and_rollouts_signal_their_changes,
+            pages_are_the_lists_cut_up,
+            a_batch_of_unit_writes_is_each_write_alone,
+        );
     };
-    let lifetimes =
-        crate::etcd::Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(5) };
-    let registry = crate::etcd::EtcdRegistry::connect(&options, lifetimes).await.expect("etcd store");
-    (registry, etcd)
-}
-
-#[cfg(test)]
-/// Runs each contract against each store.
-macro_rules! contract {
-    ($($name:ident),+ $(,)?) => {
-        mod embedded_store {
-            $(#[tokio::test(flavor = "multi_thread")]
-            async fn $name() {
-                let opened = super::open_embedded().await;
-                let store = opened.registry.clone();
-                super::$name(opened.registry.as_ref(), &move |_: &str| store.clone() as super::Arc<dyn super::AgentRegistry>).await;
-            })+
-        }
-        mod etcd_store {
-            $(#[tokio::test(flavor = "multi_thread")]
-            async fn $name() {
-                let opened = super::open_etcd().await;
-                let store = opened.registry.clone();
-                super::$name(opened.registry.as_ref(), &move |_: &str| store.clone() as super::Arc<dyn super::AgentRegistry>).await;
-            })+
-        }
-        mod etcd_store_serving_many_machines {
-            $(#[tokio::test(flavor = "multi_thread")]
-            async fn $name() {
-                let opened = super::open_etcd_serving_many().await;
-                let store = opened.registry.clone();
-                super::$name(opened.registry.as_ref(), &move |_: &str| store.clone() as super::Arc<dyn super::AgentRegistry>).await;
-            })+
-        }
+    (@each $open:path; $($name:ident),+ $(,)?) => {
+        $(#[tokio::test(flavor = "multi_thread")]
+        async fn $name() {
+            let opened: $crate::contract::Opened = $open().await;
+            let store = opened.registry.clone();
+            let agent_for = move |_: &str| store.clone() as std::sync::Arc<dyn $crate::AgentRegistry>;
+            $crate::contract::$name(opened.registry.as_ref(), &agent_for).await;
+        })+
     };
 }
 
-#[cfg(test)]
-contract!(
-    tokens_are_unique_by_name_and_revocable,
-    a_revoked_machine_goes_with_its_states,
-    registrations_are_counted_bounded_and_expire,
-    a_machine_id_belongs_to_the_key_that_first_joined,
-    bodies_are_content_addressed_and_collected,
-    a_stale_lease_cannot_write,
-    a_schedule_change_wakes_only_its_machine,
-    desired_state_changes_reach_the_agent,
-    runtime_metadata_overlays_the_machine,
-    states_go_with_their_machine,
-    units_belong_to_the_source_that_made_them,
-    a_sources_drift_policy_reaches_the_agents,
-    sources_and_their_statuses_are_kept_by_name,
-    rollouts_are_kept_by_name,
-    sources_statuses_and_rollouts_signal_their_changes,
-    pages_are_the_lists_cut_up,
-    a_batch_of_unit_writes_is_each_write_alone,
-);
+/// A store for one test, and what must live as long as it (its directory, its etcd).
+pub struct Opened {
+    pub registry: Arc<dyn Registry>,
+    pub guard: Box<dyn std::any::Any + Send>,
+}
 
 fn unit(exec: &str) -> UnitFile {
     UnitFile::parse(&format!("[Service]\nExecStart={exec}\n")).expect("a unit file")
@@ -424,26 +365,6 @@ pub async fn a_machine_id_belongs_to_the_key_that_first_joined(registry: &dyn Re
     assert_eq!(join("aa", "m1", owner).await.expect("join"), Err(JoinRefused::RevokedKey("m1".into())));
     let (_, renewed) = join("aa", "m1", "k5").await.expect("join").expect("a new key joins once forgotten");
     assert_eq!(renewed.key_sha256, "k5");
-}
-
-/// The etcd store drops an expired registration token by itself (its lease ends).
-#[tokio::test(flavor = "multi_thread")]
-async fn etcd_drops_an_expired_registration_token() {
-    let opened = open_etcd().await;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
-    let record = RegistrationRecord {
-        name: "brief".into(),
-        sha256: "dd".into(),
-        created: now,
-        expires: Some(now + 1),
-        max_uses: None,
-        uses: 0,
-        metadata: Default::default(),
-        machine_ids: None,
-    };
-    assert!(opened.registry.create_registration(&record).await.expect("create"));
-    eventually("the lease drops the token", async || opened.registry.registrations().await.expect("list").is_empty())
-        .await;
 }
 
 /// Revoking a machine records it and removes it and its states in one write; the other
@@ -897,32 +818,4 @@ pub async fn an_unreadable_unit_hides_only_itself(registry: &dyn Registry, corru
     registry.put_unit("bad.service", &unit("/bin/true"), DesiredState::Loaded).await.expect("put again");
     eventually("the unit written again is listed", async || registry.units().await.is_ok_and(|views| views.len() == 2))
         .await;
-}
-
-#[cfg(test)]
-mod unreadable_records {
-    use super::*;
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn embedded_store() {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let registry = crate::embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("store");
-        an_unreadable_unit_hides_only_itself(&registry, async || registry.corrupt_unit_record("bad.service")).await;
-    }
-
-    async fn etcd(serve_many_machines: bool) {
-        let (registry, _etcd) = super::etcd_store(serve_many_machines).await;
-        an_unreadable_unit_hides_only_itself(&registry, async || registry.corrupt_unit_record("bad.service").await)
-            .await;
-    }
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn etcd_store() {
-        etcd(false).await;
-    }
-
-    #[tokio::test(flavor = "multi_thread")]
-    async fn etcd_store_serving_many_machines() {
-        etcd(true).await;
-    }
 }

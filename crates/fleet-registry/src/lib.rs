@@ -5,17 +5,14 @@
 //! - [`EngineRegistry`]: the engine's snapshot and its fenced schedule writes.
 //! - [`AgentRegistry`]: one machine's presence, its own work, unit bodies and its states.
 //!
-//! Implementations: [`embedded::EmbeddedRegistry`] (a redb file; the single-machine default)
-//! and [`etcd::EtcdRegistry`] (etcd v3; clusters).
+//! The stores live in crates of their own: `fleet-store-embedded` (a redb file; the
+//! single-machine default) and `fleet-store-etcd` (etcd v3; clusters). This crate has the
+//! traits, the records, their codec and apply rule, and the [`contract`] every store passes.
 
 #![forbid(unsafe_code)]
 
 pub mod apply_rule;
 pub mod codec;
-#[cfg(feature = "embedded")]
-pub mod embedded;
-#[cfg(feature = "etcd")]
-pub mod etcd;
 pub mod machine_identity;
 mod model;
 mod ownership;
@@ -412,5 +409,5 @@ pub trait Registry: ApiRegistry + EngineRegistry + AgentRegistry {}
 
 impl<T: ApiRegistry + EngineRegistry + AgentRegistry> Registry for T {}
 
-#[cfg(any(feature = "contract", all(test, feature = "embedded", feature = "etcd")))]
+#[cfg(feature = "contract")]
 pub mod contract;

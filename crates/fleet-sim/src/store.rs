@@ -1,6 +1,6 @@
 //! One fleetd's connection to the simulated store: the agents' and the engine's facets over
 //! the [`World`], and the machine's session (its lease kept alive, registered again when it
-//! expired), as `fleet-registry`'s etcd store keeps it: every request waits while the fleetd
+//! expired), as `fleet-store-etcd` keeps it: every request waits while the fleetd
 //! is frozen, a request that gets no answer fails after the request timeout, a write may
 //! commit and still fail for want of an answer, and the machine's work is read from its copy,
 //! which must have caught up with the machine's registering again after a lapse.

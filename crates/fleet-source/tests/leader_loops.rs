@@ -8,12 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_core::{DesiredState, UnitFile, UnitState};
-use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{
     ChangeSignal, RegistryError, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitView, Writer,
 };
 use fleet_runtime::Lifecycle;
 use fleet_source::{LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
+use fleet_store_embedded::EmbeddedRegistry;
 use tokio::sync::watch;
 
 type Result<T> = std::result::Result<T, RegistryError>;

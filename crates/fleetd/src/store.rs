@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_registry::Registry;
-use fleet_registry::embedded::EmbeddedRegistry;
-use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
+use fleet_store_embedded::EmbeddedRegistry;
+use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 
 use fleetd::config::Config;
 

@@ -199,7 +199,7 @@ mod tests {
             expires: None,
         };
         let dir = tempfile::tempdir().unwrap();
-        let registry = fleet_registry::embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+        let registry = fleet_store_embedded::EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
         registry.create_token(&record("a", "11")).await.unwrap();
         registry.create_token(&record("b", "22")).await.unwrap();
         let cache = StoreCache::new("tokens");

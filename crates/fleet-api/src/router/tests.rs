@@ -4,7 +4,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use fleet_core::MachineState;
 use fleet_registry::AgentRegistry;
-use fleet_registry::embedded::EmbeddedRegistry;
+use fleet_store_embedded::EmbeddedRegistry;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 

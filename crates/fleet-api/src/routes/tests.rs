@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderValue, Method, header};
-use fleet_registry::embedded::EmbeddedRegistry;
 use fleet_registry::{CredentialRegistry, RegistrationRecord, SourceRecord, SourceRegistry, TokenRecord};
+use fleet_store_embedded::EmbeddedRegistry;
 
 use super::*;
 use crate::auth::certificate::CertificateIdentity;

@@ -34,8 +34,8 @@ use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::cluster_bench::{TEMPLATES, every_unit, template, unit_list, wait_all_launched};
 use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds};
-use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
+use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::watch;
 

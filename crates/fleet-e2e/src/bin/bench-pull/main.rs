@@ -23,8 +23,8 @@ use fleet_core::{DesiredState, MachineState};
 use fleet_e2e::cluster_bench::{submit_units, template, wait_all_launched};
 use fleet_e2e::pki::Authority;
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
-use fleet_registry::etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
+use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::{Semaphore, watch};
 

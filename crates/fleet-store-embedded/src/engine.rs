@@ -11,8 +11,8 @@ use redb::ReadableTable;
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, read_all};
 use super::{EmbeddedRegistry, unavailable};
-use crate::apply_rule::{Condition, ReasonWrite, unit_writes};
-use crate::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit};
+use fleet_registry::apply_rule::{Condition, ReasonWrite, unit_writes};
+use fleet_registry::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit};
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
 
@@ -136,7 +136,7 @@ impl EmbeddedRegistry {
             for hash in hashes {
                 let key = hash.to_string();
                 if let Some(body) = bodies.get(key.as_str()).map_err(unavailable)?
-                    && let Some(options) = crate::codec::decode_listed::<Options>(&key, body.value())
+                    && let Some(options) = fleet_registry::codec::decode_listed::<Options>(&key, body.value())
                 {
                     found.insert(hash, UnitFile::from_options(options));
                 }

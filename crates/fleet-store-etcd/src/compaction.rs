@@ -7,7 +7,7 @@
 use std::time::{Duration, Instant};
 
 use super::EtcdRegistry;
-use crate::Result;
+use fleet_registry::Result;
 
 /// How much history is kept, unless the options say otherwise.
 pub const KEPT_HISTORY: Duration = Duration::from_secs(5 * 60);

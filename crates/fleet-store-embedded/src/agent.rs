@@ -9,7 +9,7 @@ use redb::ReadableTable;
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, decode, encode, read_all, state_key};
 use super::{EmbeddedRegistry, Touched, unavailable};
-use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Result, StateReport};
+use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Result, StateReport};
 
 #[async_trait]
 impl AgentRegistry for EmbeddedRegistry {
@@ -52,7 +52,7 @@ impl AgentRegistry for EmbeddedRegistry {
                 }
                 let name = unit.value().to_string();
                 if let Some(record) = units.get(name.as_str()).map_err(unavailable)?
-                    && let Some(record) = crate::codec::decode_listed::<UnitRecord>(&name, record.value())
+                    && let Some(record) = fleet_registry::codec::decode_listed::<UnitRecord>(&name, record.value())
                 {
                     work.scheduled.push(AssignedUnit {
                         name,

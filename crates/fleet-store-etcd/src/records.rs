@@ -4,7 +4,7 @@ use fleet_core::drift::DriftPolicy;
 use fleet_core::{DesiredState, UnitHash, UnitOption};
 use serde::{Deserialize, Serialize};
 
-use crate::UnitRecord;
+use fleet_registry::UnitRecord;
 
 /// What an agent needs to know of a unit it should hold: under `schedule/<machine>/<unit>`
 /// and `global/<unit>`. The unit's name is the last element of the key.

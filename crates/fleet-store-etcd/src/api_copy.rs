@@ -17,8 +17,8 @@ use fleet_core::{MachineState, UnitFile, UnitState};
 use super::EtcdRegistry;
 use super::keys::KeyRange;
 use super::mirror::{Mirror, MirrorData};
-use crate::codec::{Options, decode, decode_listed};
-use crate::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
+use fleet_registry::codec::{Options, decode, decode_listed};
+use fleet_registry::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
 
 /// How long a list waits for the copy to catch up with this API's last write.
 const CATCH_UP: Duration = Duration::from_secs(2);

@@ -10,8 +10,8 @@ use etcd_client::{Txn, TxnOp, TxnOpResponse};
 use super::EtcdRegistry;
 use super::api::{Current, Planned, UnitPut, Writes};
 use super::connection::NESTED_PER_TXN;
-use crate::codec::encode;
-use crate::{ApiRegistry, OwnedBy, RegistryError, Result, UnitChange, UnitChanged, Writer};
+use fleet_registry::codec::encode;
+use fleet_registry::{ApiRegistry, OwnedBy, RegistryError, Result, UnitChange, UnitChanged, Writer};
 
 /// One unit's nested transaction, waiting for its answer.
 struct Nested {

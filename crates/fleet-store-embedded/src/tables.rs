@@ -3,7 +3,7 @@
 use redb::{ReadableTable, TableDefinition};
 use serde::de::DeserializeOwned;
 
-use crate::RegistryError;
+use fleet_registry::RegistryError;
 
 /// Unit name → [`UnitRecord`].
 pub const UNITS: TableDefinition<&str, &[u8]> = TableDefinition::new("units");
@@ -19,19 +19,19 @@ pub const REASONS: TableDefinition<&str, &str> = TableDefinition::new("reasons")
 pub const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
 /// Machine ID → runtime metadata changes (empty value = removed key).
 pub const METADATA: TableDefinition<&str, &[u8]> = TableDefinition::new("metadata");
-/// Registration token name → [`crate::RegistrationRecord`].
+/// Registration token name → [`fleet_registry::RegistrationRecord`].
 pub const REGISTRATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("registrations");
-/// Machine ID → [`crate::RevokedMachine`].
+/// Machine ID → [`fleet_registry::RevokedMachine`].
 pub const REVOKED: TableDefinition<&str, &[u8]> = TableDefinition::new("revoked_machines");
-/// Machine ID → [`crate::MachineIdentity`] (a pull agent's key and grants).
+/// Machine ID → [`fleet_registry::MachineIdentity`] (a pull agent's key and grants).
 pub const IDENTITIES: TableDefinition<&str, &[u8]> = TableDefinition::new("machine_identities");
-/// Token name → [`crate::TokenRecord`].
+/// Token name → [`fleet_registry::TokenRecord`].
 pub const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
-/// Source name → [`crate::SourceRecord`].
+/// Source name → [`fleet_registry::SourceRecord`].
 pub const SOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("sources");
-/// Rollout name → [`crate::RolloutRecord`].
+/// Rollout name → [`fleet_registry::RolloutRecord`].
 pub const ROLLOUTS: TableDefinition<&str, &[u8]> = TableDefinition::new("rollouts");
-/// Source name → [`crate::SourceStatus`].
+/// Source name → [`fleet_registry::SourceStatus`].
 pub const SOURCE_STATUSES: TableDefinition<&str, &[u8]> = TableDefinition::new("source_statuses");
 
 /// Whether `table` holds sources, their statuses or rollouts: what `source_changes` signals.
@@ -42,7 +42,7 @@ pub fn holds_sources(table: TableDefinition<&str, &[u8]>) -> bool {
 /// `unit\0machine` → [`fleet_core::UnitState`].
 pub const STATES: TableDefinition<&str, &[u8]> = TableDefinition::new("states");
 
-pub use crate::model::UnitRecord;
+pub use fleet_registry::UnitRecord;
 
 pub fn state_key(unit: &str, machine: &str) -> String {
     format!("{unit}\0{machine}")
@@ -53,7 +53,7 @@ pub fn split_state_key(key: &str) -> Option<(&str, &str)> {
     key.split_once('\0')
 }
 
-pub use crate::codec::{MetadataOverrides, Options, decode, encode};
+pub use fleet_registry::codec::{MetadataOverrides, Options, decode, encode};
 
 /// Reads and decodes every row of a table whose values are JSON. A row that cannot be read
 /// is reported and left out: it hides itself, not the table.
@@ -64,7 +64,7 @@ pub fn read_all<T: DeserializeOwned>(
     for row in table.iter().map_err(super::unavailable)? {
         let (key, value) = row.map_err(super::unavailable)?;
         let key = key.value().to_string();
-        if let Some(decoded) = crate::codec::decode_listed(&key, value.value()) {
+        if let Some(decoded) = fleet_registry::codec::decode_listed(&key, value.value()) {
             rows.push((key, decoded));
         }
     }

@@ -2,23 +2,23 @@
 //!
 //! | key | value | lease | writer |
 //! |---|---|---|---|
-//! | `units/<unit>` | [`crate::UnitRecord`] | — | API |
+//! | `units/<unit>` | [`fleet_registry::UnitRecord`] | — | API |
 //! | `bodies/<hash>` | the unit's options | — | API (content-addressed, written with every unit write that sets the content); the engine leader deletes it when no unit has that content |
-//! | `global/<unit>` | [`crate::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
+//! | `global/<unit>` | [`fleet_registry::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
 //! | `placement/<unit>` | machine ID | — | engine, fenced |
-//! | `schedule/<machine>/<unit>` | [`crate::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes |
+//! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
-//! | `revoked/<machine>` | [`crate::RevokedMachine`] | — | API |
-//! | `identities/<machine>` | [`crate::MachineIdentity`] (a pull agent's key hash and grants) | — | API |
-//! | `registrations/<name>` | [`crate::RegistrationRecord`] (hash only) | its expiry's | API |
-//! | `sources/<name>` | [`crate::SourceRecord`] (no secret: credentials stay in files) | — | API |
-//! | `source-status/<name>` | [`crate::SourceStatus`] | — | engine leader |
-//! | `rollouts/<name>` | [`crate::RolloutRecord`] | — | API, engine leader |
-//! | `tokens/<name>` | [`crate::TokenRecord`] (the token's hash, never the token) | — | API |
+//! | `revoked/<machine>` | [`fleet_registry::RevokedMachine`] | — | API |
+//! | `identities/<machine>` | [`fleet_registry::MachineIdentity`] (a pull agent's key hash and grants) | — | API |
+//! | `registrations/<name>` | [`fleet_registry::RegistrationRecord`] (hash only) | its expiry's | API |
+//! | `sources/<name>` | [`fleet_registry::SourceRecord`] (no secret: credentials stay in files) | — | API |
+//! | `source-status/<name>` | [`fleet_registry::SourceStatus`] | — | engine leader |
+//! | `rollouts/<name>` | [`fleet_registry::RolloutRecord`] | — | API, engine leader |
+//! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine watches units, placements,

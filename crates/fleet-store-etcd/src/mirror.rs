@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use super::connection::Connection;
 use super::keys::KeyRange;
-use crate::{ChangeSignal, RegistryError, Result};
+use fleet_registry::{ChangeSignal, RegistryError, Result};
 
 /// One key's value and revisions, as etcd last reported them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -418,7 +418,7 @@ mod tests {
     use fleet_testkit::EtcdServer;
 
     use super::*;
-    use crate::etcd::EtcdOptions;
+    use crate::EtcdOptions;
 
     async fn connect(etcd: &EtcdServer) -> Connection {
         let options = EtcdOptions {

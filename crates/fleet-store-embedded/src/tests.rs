@@ -2,7 +2,7 @@ use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 
 use super::EmbeddedRegistry;
-use crate::{AgentRegistry, ApiRegistry, EngineRegistry, StateReport};
+use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, StateReport};
 
 fn unit(text: &str) -> UnitFile {
     UnitFile::parse(text).unwrap()

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use redb::{Database, ReadTransaction, ReadableDatabase, WriteTransaction};
 use tokio::sync::watch;
 
-use crate::{ChangeSignal, RegistryError, Result};
+use fleet_registry::{ChangeSignal, RegistryError, Result};
 
 pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
     RegistryError::unavailable("embedded store", error)
@@ -189,3 +189,6 @@ impl EmbeddedRegistry {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod contract_tests;

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 
 use super::tables::{self, read_all};
 use super::{EmbeddedRegistry, unavailable};
-use crate::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
+use fleet_registry::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 #[async_trait]
 impl SourceRegistry for EmbeddedRegistry {

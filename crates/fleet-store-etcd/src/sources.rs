@@ -4,8 +4,8 @@ use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
-use crate::codec::{decode_listed, encode};
-use crate::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
+use fleet_registry::codec::{decode_listed, encode};
+use fleet_registry::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 #[async_trait]
 impl SourceRegistry for EtcdRegistry {

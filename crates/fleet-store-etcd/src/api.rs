@@ -11,8 +11,8 @@ use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, U
 use super::EtcdRegistry;
 use super::connection::get_prefix;
 use super::records::{Assignment, CarryingAssignment};
-use crate::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
-use crate::{
+use fleet_registry::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
+use fleet_registry::{
     ApiRegistry, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
     UnitRecord, UnitView, Writer,
 };

@@ -7,9 +7,9 @@ use serde::de::DeserializeOwned;
 
 use super::tables::{self, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
-use crate::codec::find_registration;
-use crate::machine_identity::admit_join;
-use crate::{
+use fleet_registry::codec::find_registration;
+use fleet_registry::machine_identity::admit_join;
+use fleet_registry::{
     CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused, Result, RevokedMachine,
     TokenRecord,
 };
@@ -21,7 +21,7 @@ fn read_one<T: DeserializeOwned>(
     name: &str,
 ) -> Result<Option<T>> {
     let row = table.get(name).map_err(unavailable)?;
-    Ok(row.and_then(|row| crate::codec::decode_listed(name, row.value())))
+    Ok(row.and_then(|row| fleet_registry::codec::decode_listed(name, row.value())))
 }
 
 /// A table of JSON records by name.

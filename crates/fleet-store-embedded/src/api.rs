@@ -6,9 +6,9 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
-use crate::codec::decode_listed;
-use crate::codec::machine_with_overrides;
-use crate::{
+use fleet_registry::codec::decode_listed;
+use fleet_registry::codec::machine_with_overrides;
+use fleet_registry::{
     ApiRegistry, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged, UnitView, Writer,
 };
 
@@ -39,7 +39,7 @@ fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<Un
     let options = match bodies.get(hash_key.as_str()).map_err(unavailable)? {
         Some(body) => decode(&hash_key, body.value())?,
         None => {
-            return Err(crate::RegistryError::Corrupt { key: hash_key, reason: "unit body missing".into() });
+            return Err(fleet_registry::RegistryError::Corrupt { key: hash_key, reason: "unit body missing".into() });
         }
     };
     let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
@@ -61,7 +61,7 @@ fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<Un
 fn listed(view: Result<UnitView>) -> Result<Option<UnitView>> {
     match view {
         Ok(view) => Ok(Some(view)),
-        Err(error @ crate::RegistryError::Corrupt { .. }) => {
+        Err(error @ fleet_registry::RegistryError::Corrupt { .. }) => {
             tracing::error!(%error, "skipping a unit that cannot be read");
             Ok(None)
         }
@@ -271,7 +271,7 @@ impl ApiRegistry for EmbeddedRegistry {
             let record = match unit_record(txn, &name) {
                 Ok(Some(record)) => record,
                 Ok(None) => return Ok(false),
-                Err(crate::RegistryError::Corrupt { key, reason }) => {
+                Err(fleet_registry::RegistryError::Corrupt { key, reason }) => {
                     // Nobody can own what nobody can read: it goes with every row named after
                     // it (its body is left, as its hash cannot be read either).
                     tracing::error!(key, reason, "destroying a unit whose record cannot be read");

@@ -16,7 +16,7 @@ use fleet_core::UnitHash;
 
 use super::EtcdRegistry;
 use super::connection::NESTED_PER_TXN;
-use crate::Result;
+use fleet_registry::Result;
 
 /// How many units of each content the engine's copy holds, and the contents that lost their
 /// last unit and wait to be collected.

@@ -14,8 +14,8 @@ use fleet_core::backoff::Backoff;
 
 use super::EtcdRegistry;
 use super::connection::{Connection, MAX_TXN_OPS, unavailable};
-use crate::codec::encode;
-use crate::{RegistryError, Result};
+use fleet_registry::codec::encode;
+use fleet_registry::{RegistryError, Result};
 
 /// An open keepalive stream for one lease.
 pub type Keeper = (LeaseKeeper, LeaseKeepAliveStream);

@@ -9,7 +9,7 @@ use etcd_client::{
     TxnOp, TxnResponse, WatchClient,
 };
 
-use crate::{RegistryError, Result};
+use fleet_registry::{RegistryError, Result};
 
 /// How to reach etcd: the original's `etcd_*` options.
 #[derive(Clone, Debug, Default)]

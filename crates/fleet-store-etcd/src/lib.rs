@@ -37,7 +37,7 @@ use keys::{KeyRange, Keys};
 use mirror::Mirror;
 pub use records::Assignment;
 
-use crate::Result;
+use fleet_registry::Result;
 
 /// How long the store's time-bound records live.
 #[derive(Clone, Copy, Debug)]
@@ -296,20 +296,20 @@ impl EtcdRegistry {
         }
     }
 
-    /// `machine_id`'s lapse signal (see [`crate::AgentRegistry::presence_lapses`]).
-    pub(super) fn lapse_signal(&self, machine_id: &str) -> watch::Sender<u64> {
+    /// `machine_id`'s lapse signal (see [`fleet_registry::AgentRegistry::presence_lapses`]).
+    pub(crate) fn lapse_signal(&self, machine_id: &str) -> watch::Sender<u64> {
         let mut signals = self.inner.lapse_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         signals.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).clone()
     }
 
     /// How many of `machine_id`'s lapses its agent has handled.
-    pub(super) fn lapse_ack(&self, machine_id: &str) -> watch::Sender<u64> {
+    pub(crate) fn lapse_ack(&self, machine_id: &str) -> watch::Sender<u64> {
         let mut acks = self.inner.lapse_acks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         acks.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).clone()
     }
 
     /// Moves when `machine_id`'s work may have changed.
-    fn work_changes(&self, machine_id: &str) -> crate::ChangeSignal {
+    fn work_changes(&self, machine_id: &str) -> fleet_registry::ChangeSignal {
         if !self.inner.serve_many_machines {
             return self.machine_mirror(machine_id).changes();
         }
@@ -338,3 +338,6 @@ impl EtcdRegistry {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod contract_tests;

@@ -8,7 +8,7 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitHash, U
 use fleet_testkit::{EtcdServer, eventually};
 
 use super::{EtcdOptions, EtcdRegistry, Lifetimes};
-use crate::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, RegistryError, StateReport};
+use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, RegistryError, StateReport};
 
 const SLEEP: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
 
@@ -275,7 +275,7 @@ async fn the_engine_collects_unused_bodies_but_not_one_taken_up_meanwhile() {
     let (used, orphan) = (unit(SLEEP), unit("[Service]\nExecStart=/bin/sleep 1\n"));
     let body_key = |file: &UnitFile| keys.body(&file.hash().to_string());
     let left_behind = [
-        TxnOp::put(body_key(&orphan), crate::codec::encode(&orphan.options()), None),
+        TxnOp::put(body_key(&orphan), fleet_registry::codec::encode(&orphan.options()), None),
         TxnOp::put(format!("{}{}/gone.service", keys.legacy_refs(), orphan.hash()), "", None),
     ];
     registry.connection().txn(Txn::new().and_then(left_behind)).await.unwrap();
@@ -368,7 +368,8 @@ async fn a_write_from_a_stale_copy_is_checked_not_trusted() {
     let etcd = EtcdServer::start();
     let (first, second) =
         (registry(&etcd, Duration::from_secs(10)).await, registry(&etcd, Duration::from_secs(10)).await);
-    let every = crate::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
+    let every =
+        fleet_registry::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
     second.units_page(every.clone()).await.unwrap();
     for round in 0..20 {
         let name = format!("u{round}.service");
@@ -388,7 +389,7 @@ async fn a_write_from_a_stale_copy_is_checked_not_trusted() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_of_units_is_a_few_transactions_and_a_stale_guess_is_written_alone() {
-    use crate::{UnitChange, UnitChanged, Writer};
+    use fleet_registry::{UnitChange, UnitChanged, Writer};
     let etcd = EtcdServer::start();
     let (first, second) =
         (registry(&etcd, Duration::from_secs(10)).await, registry(&etcd, Duration::from_secs(10)).await);
@@ -446,7 +447,7 @@ async fn a_batch_of_units_is_a_few_transactions_and_a_stale_guess_is_written_alo
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_batch_fails_fast_while_etcd_is_down_and_writes_once_it_is_back() {
-    use crate::{UnitChange, UnitChanged, Writer};
+    use fleet_registry::{UnitChange, UnitChanged, Writer};
     let mut etcd = EtcdServer::start();
     let registry = registry(&etcd, Duration::from_secs(10)).await;
     let changes: Vec<UnitChange> = (0..300)
@@ -486,7 +487,8 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
     let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     assert!(registry.api_copy_running().is_none(), "a write alone starts no copy of the cluster");
-    let every = crate::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
+    let every =
+        fleet_registry::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
     assert_eq!(registry.units_page(every.clone()).await.unwrap().items.len(), 1);
     let first = registry.api_copy_running().expect("a list starts the copy");
     // Used every second for longer than the idle time, it stays: the same copy, never
@@ -576,7 +578,7 @@ async fn a_claim_that_landed_without_an_answer_is_taken_over_not_refused() {
     let etcd = EtcdServer::start();
     let registry = registry(&etcd, Duration::from_secs(30)).await;
     let lease = super::session::grant(registry.connection(), Duration::from_secs(30)).await.unwrap();
-    let presence = |id: &str| (format!("/fleet-test/machines/{id}"), Some(crate::codec::encode(&machine(id))));
+    let presence = |id: &str| (format!("/fleet-test/machines/{id}"), Some(fleet_registry::codec::encode(&machine(id))));
     registry.connection().write(&[presence("m1")], lease).await.unwrap();
     registry.note_unconfirmed_claim("m1", Some(lease));
     // Until a claim is confirmed, the machine's work shows nothing as its own: the claim
@@ -659,7 +661,7 @@ async fn a_machines_first_unit_of_each_content_carries_the_body() {
 
     // A carried body that is not the content its assignment names is not taken.
     let assignment = Assignment { hash: sleeper.hash(), desired: DesiredState::Launched, drift: Default::default() };
-    let forged = crate::codec::encode(&CarryingAssignment { assignment, body: other.options() });
+    let forged = fleet_registry::codec::encode(&CarryingAssignment { assignment, body: other.options() });
     kv.put("/fleet-test/schedule/m1/a.service", forged, None).await.unwrap();
     eventually("the forged body is refused, and bodies/ has no other", || async {
         AgentRegistry::unit_bodies(&registry, "m1", &[sleeper.hash()]).await.unwrap().is_empty()

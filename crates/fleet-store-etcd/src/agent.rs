@@ -13,8 +13,8 @@ use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarriedBody};
-use crate::codec::{decode, decode_listed, encode, machine_with_overrides};
-use crate::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
+use fleet_registry::codec::{decode, decode_listed, encode, machine_with_overrides};
+use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
 fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -> Result<Vec<AssignedUnit>> {
@@ -86,7 +86,7 @@ impl AgentRegistry for EtcdRegistry {
             return Ok(());
         }
         let Some(session) = self.session(machine_id) else {
-            return Err(crate::RegistryError::NotAnnounced { machine_id: machine_id.to_string() });
+            return Err(fleet_registry::RegistryError::NotAnnounced { machine_id: machine_id.to_string() });
         };
         let keys = self.keys();
         let lease = session.lease();
@@ -121,8 +121,9 @@ impl AgentRegistry for EtcdRegistry {
         self.lapse_ack(machine_id).send_replace(lapses);
     }
 
-    fn presence_renewed(&self, machine_id: &str) -> crate::Renewal {
-        self.session(machine_id).map_or(crate::Renewal::NotHeld, |session| crate::Renewal::SentAt(session.renewed()))
+    fn presence_renewed(&self, machine_id: &str) -> fleet_registry::Renewal {
+        self.session(machine_id)
+            .map_or(fleet_registry::Renewal::NotHeld, |session| fleet_registry::Renewal::SentAt(session.renewed()))
     }
 
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {

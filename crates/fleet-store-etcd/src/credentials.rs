@@ -8,9 +8,9 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn
 use serde::de::DeserializeOwned;
 
 use super::{EtcdRegistry, session};
-use crate::codec::{decode_listed, encode, find_registration};
-use crate::machine_identity::admit_join;
-use crate::{
+use fleet_registry::codec::{decode_listed, encode, find_registration};
+use fleet_registry::machine_identity::admit_join;
+use fleet_registry::{
     CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused, RegistryError, Result,
     RevokedMachine, TokenRecord,
 };

@@ -16,9 +16,9 @@ use super::mirror::MirrorData;
 use super::records::{Assignment, CarryingAssignment};
 use super::session::{Leadership, grant, renew};
 use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
-use crate::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
-use crate::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
-use crate::{
+use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
+use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
+use fleet_registry::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
 };
 

@@ -1,0 +1,25 @@
+//! The registry contract against the embedded store.
+
+use std::sync::Arc;
+
+use fleet_registry::contract::{self, Opened};
+
+use crate::EmbeddedRegistry;
+
+async fn open() -> Opened {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("embedded store");
+    Opened { registry: Arc::new(registry), guard: Box::new(dir) }
+}
+
+mod opened {
+    fleet_registry::registry_contract!(super::open);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreadable_unit_hides_only_itself() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("store");
+    contract::an_unreadable_unit_hides_only_itself(&registry, async || registry.corrupt_unit_record("bad.service"))
+        .await;
+}
