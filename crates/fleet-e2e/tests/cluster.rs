@@ -81,6 +81,26 @@ fn members_are_listed_and_units_spread_least_loaded() {
     assert_eq!((leaders, active), (1.0, 6.0));
 }
 
+/// The store's chores run on the engine leader's fleetd: the body of a destroyed unit leaves
+/// etcd, the body another unit still has stays.
+#[test]
+fn the_leader_deletes_the_bodies_no_unit_refers_to() {
+    let cluster = Cluster::start(1, |_| Vec::new());
+    let dir = scratch(&cluster);
+    let mut paths = sleepers(&dir, 1);
+    std::fs::write(dir.join("once.service"), "[Service]\nExecStart=/bin/sleep 99999\n").unwrap();
+    paths.push(dir.join("once.service").display().to_string());
+    let mut args = vec!["submit"];
+    args.extend(paths.iter().map(String::as_str));
+    cluster.any().ok(&args);
+    let address = cluster.etcd.endpoint().trim_start_matches("http://").to_string();
+    let bodies = || key_versions(std::slice::from_ref(&address), "/_coreos.com/fleet/bodies/").map(|keys| keys.len());
+    cluster.wait_until("both bodies are stored", Duration::from_secs(30), |_| bodies() == Some(2));
+    cluster.any().ok(&["destroy", "once.service"]);
+    cluster.wait_until("the destroyed unit's body is deleted", Duration::from_secs(60), |_| bodies() == Some(1));
+    assert_eq!(cluster.placement().len(), 1, "sleep@1.service stays, with its body");
+}
+
 #[test]
 fn a_killed_member_s_units_move_to_the_others_and_nothing_else_moves() {
     let mut cluster = Cluster::start(3, |_| Vec::new());

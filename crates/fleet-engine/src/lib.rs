@@ -132,17 +132,11 @@ impl Engine {
             fleet_metrics::publish_cluster(None);
             return Ok(());
         };
-        if let Err(error) = self.registry.compact_history().await {
-            tracing::warn!(%error, "compacting the store's history");
-        }
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
             return Ok(());
         }
         let planning = tokio::time::Instant::now();
         let snapshot = self.registry.snapshot().await?;
-        if let Err(error) = self.registry.collect_unused_bodies().await {
-            tracing::warn!(%error, "collecting unused unit bodies");
-        }
         if self.planned == Some(snapshot.revision) {
             return Ok(());
         }

@@ -12,7 +12,8 @@ use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
 use fleet_testkit::eventually;
 
 use crate::{
-    AgentRegistry, EngineLease, MetadataChange, Page, PageRequest, Registry, RegistryError, StateReport, TokenRecord,
+    AgentRegistry, EngineLease, MetadataChange, Page, PageRequest, Registry, RegistryError, StateReport, StoreChores,
+    TokenRecord,
 };
 use crate::{
     JoinRefused, RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus,
@@ -33,7 +34,6 @@ macro_rules! registry_contract {
             a_revoked_machine_goes_with_its_states,
             registrations_are_counted_bounded_and_expire,
             a_machine_id_belongs_to_the_key_that_first_joined,
-            bodies_are_content_addressed_and_collected,
             a_stale_lease_cannot_write,
             a_schedule_change_wakes_only_its_machine,
             desired_state_changes_reach_the_agent,
@@ -56,12 +56,21 @@ macro_rules! registry_contract {
             let agent_for = move |_: &str| store.clone() as std::sync::Arc<dyn $crate::AgentRegistry>;
             $crate::contract::$name(opened.registry.as_ref(), &agent_for).await;
         })+
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn bodies_are_content_addressed_and_collected() {
+            let opened: $crate::contract::Opened = $open().await;
+            $crate::contract::bodies_are_content_addressed_and_collected(opened.registry.as_ref(), opened.chores.as_deref())
+                .await;
+        }
     };
 }
 
 /// A store for one test, and what must live as long as it (its directory, its etcd).
 pub struct Opened {
     pub registry: Arc<dyn Registry>,
+    /// The store's chores, for a store that has any.
+    pub chores: Option<Arc<dyn StoreChores>>,
     pub guard: Box<dyn std::any::Any + Send>,
 }
 
@@ -82,17 +91,23 @@ async fn place(registry: &dyn Registry, unit: &str, machine: &str) {
     registry.apply(&lease(registry).await, &[decision], &[]).await.expect("a schedule write");
 }
 
-/// Whether the engine's collection of unused bodies, after a snapshot, leaves `hash`'s body
-/// gone (a store that drops a body with its last unit collects nothing there).
-async fn collected(registry: &dyn Registry, hash: &fleet_core::UnitHash) -> bool {
-    registry.snapshot().await.is_ok()
-        && registry.collect_unused_bodies().await.is_ok()
-        && registry.unit_body(hash).await.is_ok_and(|body| body.is_none())
+/// Whether the store's chores, after a snapshot, leave `hash`'s body gone (a store without
+/// chores drops a body with its last unit).
+async fn collected(registry: &dyn Registry, chores: Option<&dyn StoreChores>, hash: &fleet_core::UnitHash) -> bool {
+    if registry.snapshot().await.is_err() {
+        return false;
+    }
+    if let Some(chores) = chores
+        && chores.do_chores().await.is_err()
+    {
+        return false;
+    }
+    registry.unit_body(hash).await.is_ok_and(|body| body.is_none())
 }
 
 /// Bodies are stored once per content, read by hash, and deleted once no unit refers to
-/// them (by the leading engine's collection, after a snapshot that shows it).
-pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+/// them (by the store's chores, after a snapshot that shows it).
+pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry, chores: Option<&dyn StoreChores>) {
     let (shared, other, once) = (unit("/bin/true"), unit("/bin/false"), unit("/bin/echo once"));
     registry.put_unit("a.service", &shared, DesiredState::Inactive).await.unwrap();
     registry.put_unit("b.service", &shared, DesiredState::Inactive).await.unwrap();
@@ -108,18 +123,20 @@ pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry,
     // c.service's body going shows that a collection ran after b.service left the shared
     // content; the shared body must have outlived it.
     assert!(registry.destroy_unit("c.service").await.unwrap());
-    eventually("the body of a destroyed unit is collected", async || collected(registry, &once.hash()).await).await;
+    eventually("the body of a destroyed unit is collected", async || collected(registry, chores, &once.hash()).await)
+        .await;
     assert!(registry.unit_body(&shared.hash()).await.unwrap().is_some(), "a.service still refers to it");
     let asked = [shared.hash(), other.hash(), once.hash()];
     let both = crate::AgentRegistry::unit_bodies(registry, "m1", &asked).await.unwrap();
     assert_eq!(both.len(), 2, "a body that is gone is left out");
     assert_eq!((&both[&shared.hash()], &both[&other.hash()]), (&shared, &other));
     assert!(registry.destroy_unit("a.service").await.unwrap());
-    eventually("the body is collected after its last unit", async || collected(registry, &shared.hash()).await).await;
+    eventually("the body is collected after its last unit", async || collected(registry, chores, &shared.hash()).await)
+        .await;
     assert!(registry.unit_body(&other.hash()).await.unwrap().is_some(), "b.service still refers to it");
     assert!(registry.destroy_unit("b.service").await.unwrap());
     assert!(!registry.destroy_unit("b.service").await.unwrap(), "a second destroy finds nothing");
-    eventually("the other body is collected too", async || collected(registry, &other.hash()).await).await;
+    eventually("the other body is collected too", async || collected(registry, chores, &other.hash()).await).await;
 }
 
 /// A lease that is not the current leader's writes nothing and says so.

@@ -332,18 +332,20 @@ pub trait EngineRegistry: Send + Sync {
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
-    /// Drops the store's history older than it keeps, when that is due; the leading engine
-    /// calls it on every pass. A store without a history does nothing.
-    async fn compact_history(&self) -> Result<()> {
-        Ok(())
-    }
-    /// Deletes the stored unit bodies no unit refers to any more, as of the last
-    /// [`EngineRegistry::snapshot`] (possibly after returning: a store may collect beside the
-    /// engine's pass); the leading engine calls it after each snapshot. A store that drops a
-    /// body with its last unit does nothing.
-    async fn collect_unused_bodies(&self) -> Result<()> {
-        Ok(())
-    }
+}
+
+/// Upkeep some stores need, done on the engine leader's fleetd beside the engine (etcd: its
+/// history older than it keeps is dropped, and the bodies no unit refers to any more are
+/// deleted). A store that needs none (the embedded one drops a body with its last unit and
+/// keeps no history) does not implement it.
+#[async_trait]
+pub trait StoreChores: Send + Sync {
+    /// Does the chores that are due, and costs no request when none is. Answers when the next
+    /// one is due at the latest; a move of [`StoreChores::chore_changes`] may bring it sooner.
+    async fn do_chores(&self) -> Result<std::time::Duration>;
+    /// Moves when a chore may have become due (the engine's snapshot found a content that
+    /// lost its last unit).
+    fn chore_changes(&self) -> ChangeSignal;
 }
 
 #[async_trait]

@@ -3,14 +3,17 @@
 //! whichever comes first of a trigger (a change signal) or the moment the pass asked to be
 //! run again, a settling time to gather a burst, and the next pass. A failed pass is logged
 //! and retried after the one backoff. Every reconciler stops the same way: when fleetd's
-//! [`Lifecycle`] leaves `Running`.
+//! [`Lifecycle`] leaves `Running`. What runs on the engine leader only runs through
+//! [`while_leading`].
 
 #![forbid(unsafe_code)]
 
+mod leading;
 mod lifecycle;
 mod reconciler;
 mod triggers;
 
+pub use leading::{LeaderPass, while_leading};
 pub use lifecycle::Lifecycle;
 pub use reconciler::{Next, Reconciler, Retry, run};
 pub use triggers::{TriggerId, Triggers};

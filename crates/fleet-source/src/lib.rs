@@ -7,7 +7,6 @@
 
 pub mod fetch;
 pub mod leader_store;
-mod leading;
 pub mod rollouts;
 pub mod syncer;
 
@@ -15,3 +14,9 @@ pub use fetch::{Credentials, FetchRequest, Fetched, SourceError, fetch};
 pub use leader_store::LeaderStore;
 pub use rollouts::RolloutDriver;
 pub use syncer::{SourceSyncer, SyncerConfig};
+
+/// Seconds since the Unix epoch, as sources and rollouts record their times.
+pub(crate) fn now() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs())
+}

@@ -14,7 +14,8 @@ use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
 
 use crate::leader_store::LeaderStore;
-use crate::leading::{LeaderPass, now, while_leading};
+use crate::now;
+use fleet_runtime::{LeaderPass, while_leading};
 
 pub struct RolloutDriver {
     registry: Arc<dyn LeaderStore>,
@@ -124,6 +125,7 @@ impl RolloutDriver {
 }
 
 impl LeaderPass for RolloutDriver {
+    type Error = RegistryError;
     const NAME: &'static str = "rollout pass";
 
     /// A running rollout is stepped every tick (the units' states it waits on come from

@@ -20,7 +20,8 @@ use tokio::sync::watch;
 
 use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
 use crate::leader_store::LeaderStore;
-use crate::leading::{LeaderPass, now, while_leading};
+use crate::now;
+use fleet_runtime::{LeaderPass, while_leading};
 
 /// How long a unit a source's rollout replaced may take to become active.
 const ROLLOUT_DEADLINE: u64 = 120;
@@ -381,6 +382,7 @@ fn due(source: &SourceRecord, status: &SourceStatus) -> u64 {
 }
 
 impl LeaderPass for SourceSyncer {
+    type Error = RegistryError;
     const NAME: &'static str = "source sync pass";
 
     /// With no source, nothing is due: the next pass waits for a change (a source added,

@@ -9,7 +9,7 @@ use crate::EmbeddedRegistry;
 async fn open() -> Opened {
     let dir = tempfile::tempdir().expect("temporary directory");
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("embedded store");
-    Opened { registry: Arc::new(registry), guard: Box::new(dir) }
+    Opened { registry: Arc::new(registry), chores: None, guard: Box::new(dir) }
 }
 
 mod opened {

@@ -1,5 +1,5 @@
-//! Unit bodies are content-addressed and shared by every unit of that content; the leading
-//! engine deletes the ones no unit refers to any more. Its snapshots count the units of each
+//! Unit bodies are content-addressed and shared by every unit of that content; the engine
+//! leader's fleetd deletes the ones no unit refers to any more (a chore, `chores.rs`). Its snapshots count the units of each
 //! content as they decode the copy's records, so a content that loses its last unit is
 //! noticed in proportion to the change; once per leadership it also lists `bodies/`, for
 //! what went unused before it led.
@@ -61,7 +61,7 @@ impl ContentCounts {
 
     /// Whether a collection would have anything to do: a sweep not made yet, or contents
     /// that lost their last unit.
-    fn has_work(&self) -> bool {
+    pub fn has_work(&self) -> bool {
         self.revision > 0 && (!self.swept || !self.unused.is_empty())
     }
 
@@ -74,23 +74,9 @@ impl ContentCounts {
 }
 
 impl EtcdRegistry {
-    /// Starts a collection beside the engine's pass when there is something to collect and
-    /// none is under way: on a slow link the collection's requests would otherwise hold up
-    /// the pass, and with it the renewal of the engine's lease.
-    pub(super) fn start_body_collection(&self) {
-        use std::sync::atomic::Ordering;
-        let has_work =
-            self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contents.has_work();
-        if !has_work || self.inner.collecting_bodies.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let registry = self.clone();
-        tokio::spawn(async move {
-            if let Err(error) = registry.delete_unused_bodies().await {
-                tracing::warn!(%error, "collecting unit bodies no unit refers to");
-            }
-            registry.inner.collecting_bodies.store(false, Ordering::Release);
-        });
+    /// Whether a collection would have anything to do.
+    pub(super) fn bodies_to_collect(&self) -> bool {
+        self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contents.has_work()
     }
 
     /// Deletes the bodies no unit of the engine's last snapshot refers to; the first time

@@ -1,8 +1,8 @@
 //! Old revisions are dropped: etcd keeps every version of every key until compacted, and
-//! fleet writes a unit state on every change of every unit. The engine leader compacts the
-//! history older than [`KEPT_HISTORY`], as Kubernetes' API servers do: each pass compacts
-//! to the revision it noted one interval before, so a watch that fell behind by less than
-//! that resumes, and one that fell further behind lists again (`mirror.rs`).
+//! fleet writes a unit state on every change of every unit. The engine leader's fleetd
+//! compacts the history older than [`KEPT_HISTORY`], as Kubernetes' API servers do: each
+//! chore compacts to the revision it noted one interval before, so a watch that fell behind
+//! by less than that resumes, and one that fell further behind lists again (`mirror.rs`).
 
 use std::time::{Duration, Instant};
 
@@ -12,6 +12,10 @@ use fleet_registry::Result;
 /// How much history is kept, unless the options say otherwise.
 pub const KEPT_HISTORY: Duration = Duration::from_secs(5 * 60);
 
+/// How soon to look again while no revision could be noted (the engine's copy is not listed
+/// yet).
+const NOTE_RETRY: Duration = Duration::from_secs(1);
+
 /// The revision noted at the last pass, and when.
 #[derive(Default)]
 pub(super) struct Checkpoint {
@@ -19,6 +23,12 @@ pub(super) struct Checkpoint {
 }
 
 impl EtcdRegistry {
+    /// When the next compaction is due at the latest.
+    pub(super) fn compaction_due_within(&self) -> Duration {
+        let noted = self.inner.checkpoint.noted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        noted.map_or(NOTE_RETRY, |(at, _)| self.inner.kept_history.saturating_sub(at.elapsed()))
+    }
+
     /// Compacts the history older than the kept span, when a span has passed since the last
     /// compaction: returns the revision compacted to, if it did. Costs no request otherwise.
     pub(super) async fn compact_old_history(&self) -> Result<Option<i64>> {

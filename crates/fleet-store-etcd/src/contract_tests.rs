@@ -27,7 +27,8 @@ async fn etcd_store(serve_many_machines: bool) -> (EtcdRegistry, EtcdServer) {
 
 async fn open_with(serve_many_machines: bool) -> Opened {
     let (registry, etcd) = etcd_store(serve_many_machines).await;
-    Opened { registry: Arc::new(registry), guard: Box::new(etcd) }
+    let registry = Arc::new(registry);
+    Opened { registry: registry.clone(), chores: Some(registry), guard: Box::new(etcd) }
 }
 
 async fn open() -> Opened {

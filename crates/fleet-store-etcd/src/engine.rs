@@ -318,17 +318,12 @@ impl EngineRegistry for EtcdRegistry {
             current
         });
         contents.counted_up_to(data.seen.get(ENGINE_UNITS_RANGE).copied().unwrap_or(0));
+        let bodies_to_collect = contents.has_work();
         drop(decoded);
+        if bodies_to_collect {
+            self.inner.chores_signal.send_modify(|moves| *moves = moves.wrapping_add(1));
+        }
         Ok(EngineSnapshot { revision: data.generation, machines: machines_in(self, &data)?, units })
-    }
-
-    async fn compact_history(&self) -> Result<()> {
-        self.compact_old_history().await.map(|_| ())
-    }
-
-    async fn collect_unused_bodies(&self) -> Result<()> {
-        self.start_body_collection();
-        Ok(())
     }
 
     async fn snapshot_revision(&self) -> Result<Option<u64>> {

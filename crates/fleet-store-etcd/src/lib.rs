@@ -14,6 +14,7 @@ mod agent;
 mod api;
 mod api_copy;
 mod body_collection;
+mod chores;
 mod compaction;
 mod connection;
 mod credentials;
@@ -131,8 +132,8 @@ struct Inner {
     /// however many batches the API is given: etcd that falls behind on writes lets leases
     /// expire.
     unit_batches: tokio::sync::Semaphore,
-    /// Whether a collection of unused bodies is under way (it runs beside the engine's pass).
-    collecting_bodies: std::sync::atomic::AtomicBool,
+    /// Moves when the engine's snapshot finds bodies to collect (see [`chores`]).
+    chores_signal: watch::Sender<u64>,
 }
 
 impl EtcdRegistry {
@@ -168,7 +169,7 @@ impl EtcdRegistry {
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),
-                collecting_bodies: std::sync::atomic::AtomicBool::new(false),
+                chores_signal: watch::channel(0).0,
             }),
         })
     }

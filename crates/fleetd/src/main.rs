@@ -12,6 +12,7 @@ mod run;
 mod service_manager;
 mod silent_agents;
 mod store;
+mod store_chores;
 mod supervise;
 
 use std::collections::BTreeMap;

@@ -23,6 +23,7 @@ use crate::api_service::ApiService;
 use crate::daemon::{Components, Daemon};
 use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
 use crate::silent_agents::SilentAgentSweep;
+use crate::store_chores::StoreChoresPass;
 use crate::supervise::supervise;
 use crate::{host, store};
 use fleetd::config::{Config, UnitManagerChoice};
@@ -129,7 +130,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
         let machine = machine_state(&config, &machine_id);
         return crate::pull::run(config, machine, manager, daemon).await;
     }
-    let registry = store::open(&config).await?;
+    let store::Store { registry, chores } = store::open(&config).await?;
     // Followed for fleetd's whole life: a fresh presence is claimed only once the agent
     // stopped what runs here from before (announcing cannot claim one ahead of it).
     let _lapses = registry.presence_lapses(&machine_id);
@@ -137,7 +138,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
     tracing::info!(machine_id, "fleetd {} starting", fleet_api::VERSION);
     let api = ApiService::start(&config, &machine_id, registry.clone(), manager.clone(), activated).await?;
     let serving = api.serving.clone();
-    let mut member = ClusterMember { config, config_path, machine_id, registry, manager, api };
+    let mut member = ClusterMember { config, config_path, machine_id, registry, chores, manager, api };
     daemon.run(&serving, &mut member).await;
     member.api.stop().await;
     tracing::info!("fleetd stopped");
@@ -151,6 +152,7 @@ struct ClusterMember {
     config_path: Option<PathBuf>,
     machine_id: String,
     registry: Arc<dyn fleet_registry::Registry>,
+    chores: Option<Arc<dyn fleet_registry::StoreChores>>,
     manager: Arc<dyn UnitManager>,
     api: ApiService,
 }
@@ -202,10 +204,21 @@ impl Components for ClusterMember {
         tasks.spawn(supervise("source syncer", move || {
             SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone())).run(leading.clone(), running.clone())
         }));
-        let registry = self.registry.clone();
+        let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         tasks.spawn(supervise("rollout driver", move || {
-            RolloutDriver::new(Arc::new(registry.clone()), ROLLOUT_TICK).run(leads_watch.clone(), lifecycle.clone())
+            RolloutDriver::new(Arc::new(registry.clone()), ROLLOUT_TICK).run(leading.clone(), running.clone())
         }));
+        if let Some(chores) = self.chores.clone() {
+            tasks.spawn(supervise("store chores", move || {
+                let changes = chores.chore_changes();
+                fleet_runtime::while_leading(
+                    StoreChoresPass::new(chores.clone()),
+                    changes,
+                    leads_watch.clone(),
+                    lifecycle.clone(),
+                )
+            }));
+        }
     }
 
     fn reload(&mut self) {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use fleet_registry::Registry;
+use fleet_registry::{Registry, StoreChores};
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 
@@ -37,16 +37,22 @@ pub fn lifetimes(config: &Config) -> Lifetimes {
     Lifetimes { agent_ttl: config.agent_ttl, engine_lease_ttl: config.engine_reconcile_interval * 5 }
 }
 
-/// Opens the registry the configuration names. Connecting to etcd is retried with backoff:
+/// The store fleetd uses, and its chores if it has any.
+pub struct Store {
+    pub registry: Arc<dyn Registry>,
+    pub chores: Option<Arc<dyn StoreChores>>,
+}
+
+/// Opens the store the configuration names. Connecting to etcd is retried with backoff:
 /// without credentials the connection is lazy and this returns at once; with them etcd must
 /// hand out a token first.
-pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Registry>> {
+pub async fn open(config: &Config) -> anyhow::Result<Store> {
     if config.etcd_servers.is_empty() {
         let path = config.state_dir.join("registry.redb");
         // A store an older fleetd created under a wider umask.
         fleet_fs::make_private(&path)?;
         tracing::info!(path = %path.display(), "using the embedded store");
-        return Ok(Arc::new(EmbeddedRegistry::open(&path)?));
+        return Ok(Store { registry: Arc::new(EmbeddedRegistry::open(&path)?), chores: None });
     }
     if config.disable_watches {
         tracing::warn!("disable_watches is ignored: each agent watches only its own schedule, so watches wake no herd");
@@ -57,7 +63,8 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<dyn Registry>> {
         match EtcdRegistry::connect(&options, lifetimes(config)).await {
             Ok(registry) => {
                 tracing::info!(servers = ?config.etcd_servers, prefix = config.etcd_key_prefix, "using etcd");
-                return Ok(Arc::new(registry));
+                let registry = Arc::new(registry);
+                return Ok(Store { registry: registry.clone(), chores: Some(registry) });
             }
             Err(error) => {
                 let wait = retry.next_delay();

@@ -2,31 +2,32 @@
 //! runtime: a pass whenever the leadership is taken or what it reads changes, or when
 //! something it looks after is due; nothing while this fleetd does not lead.
 
+use std::fmt::Display;
 use std::future::Future;
-use std::time::{SystemTime, UNIX_EPOCH};
 
-use fleet_registry::{ChangeSignal, RegistryError};
-use fleet_runtime::{Lifecycle, Next, Reconciler, Triggers};
 use tokio::sync::watch;
+
+use crate::{Lifecycle, Next, Reconciler, Triggers};
 
 /// What runs on the engine leader only, one pass at a time.
 pub trait LeaderPass: Send {
+    type Error: Display + Send;
     /// Names it in the log: "`NAME` failed".
     const NAME: &'static str;
     /// One pass; says when the next is due at the latest (a change brings it sooner).
-    fn pass(&mut self) -> impl Future<Output = Result<Next, RegistryError>> + Send;
+    fn pass(&mut self) -> impl Future<Output = Result<Next, Self::Error>> + Send;
 }
 
 /// Runs `pass` while `leads` says this fleetd leads, on each move of `changes` and when it
 /// asked, until `lifecycle` ends it.
 pub async fn while_leading<P: LeaderPass>(
     pass: P,
-    changes: ChangeSignal,
+    changes: watch::Receiver<u64>,
     leads: watch::Receiver<bool>,
     lifecycle: watch::Receiver<Lifecycle>,
 ) {
     let triggers = Triggers::none().with(leads.clone()).with(changes);
-    fleet_runtime::run(WhileLeading { pass, leads, triggers }, lifecycle).await;
+    crate::run(WhileLeading { pass, leads, triggers }, lifecycle).await;
 }
 
 struct WhileLeading<P> {
@@ -36,14 +37,14 @@ struct WhileLeading<P> {
 }
 
 impl<P: LeaderPass> Reconciler for WhileLeading<P> {
-    type Error = RegistryError;
+    type Error = P::Error;
     const NAME: &'static str = P::NAME;
     // A pass in progress does not hold up a shutdown (its store calls may wait out their
     // timeouts when the store is gone): its writes are idempotent, the next leader's pass
     // completes what it left.
     const STOP_CUTS_PASS: bool = true;
 
-    async fn pass(&mut self) -> Result<Next, RegistryError> {
+    async fn pass(&mut self) -> Result<Next, P::Error> {
         if !*self.leads.borrow() {
             return Ok(Next::OnChange);
         }
@@ -53,9 +54,4 @@ impl<P: LeaderPass> Reconciler for WhileLeading<P> {
     fn triggers(&mut self) -> &mut Triggers {
         &mut self.triggers
     }
-}
-
-/// Seconds since the Unix epoch.
-pub fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_secs())
 }
