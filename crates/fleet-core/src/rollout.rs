@@ -207,6 +207,21 @@ pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now
     advance
 }
 
+/// When the next step of `rollout` may differ though the machines report nothing new
+/// (seconds): the earliest moment a unit being replaced passes its deadline, or a ready unit
+/// has stayed active for `min_ready`. `None` when nothing waits on time (or it does not run).
+pub fn next_timed_step(rollout: &Rollout) -> Option<u64> {
+    if rollout.state != RolloutState::Running {
+        return None;
+    }
+    let due = |unit: &RolloutUnit| match unit.step {
+        Step::Replacing { since } => Some(since.saturating_add(rollout.deadline).saturating_add(1)),
+        Step::Ready { since } => Some(since.saturating_add(rollout.min_ready)),
+        Step::Waiting | Step::Done | Step::Failed { .. } => None,
+    };
+    rollout.units.iter().filter_map(due).min()
+}
+
 impl Rollout {
     /// The rollout that takes every unit this one touched back to its old content, in the
     /// same waves; units it never started on stay as they are.
@@ -262,6 +277,35 @@ mod tests {
         let undo = rollout.undo();
         assert_eq!(undo.units.len(), 2);
         assert!(undo.units.iter().all(|unit| unit.to == OLD && unit.from == NEW && unit.step == Step::Waiting));
+    }
+
+    /// With the same reports, a step one second before the moment `next_timed_step` names
+    /// changes nothing, and a step at it does.
+    fn changes_first_at(rollout: &Rollout, reports: &BTreeMap<String, Observed>) -> u64 {
+        let due = next_timed_step(rollout).expect("something waits on time");
+        let stepped = |at: u64| {
+            let mut copy = rollout.clone();
+            advance(&mut copy, reports, at);
+            copy
+        };
+        assert_eq!(&stepped(due - 1), rollout, "nothing is due before {due}");
+        assert_ne!(&stepped(due), rollout, "a step is due at {due}");
+        due
+    }
+
+    #[test]
+    fn the_next_timed_step_is_when_a_deadline_passes_or_min_ready_is_reached() {
+        let mut rollout = rollout(2, MaxUnavailable::Count(1));
+        advance(&mut rollout, &all(2, OLD, Health::Active), 0);
+        let mut reports = all(2, OLD, Health::Active);
+        reports.insert("web@0.service".into(), Observed { hash: NEW, health: Health::Changing });
+        assert_eq!(changes_first_at(&rollout, &reports), 61, "the deadline (60 s) passed");
+        reports.insert("web@0.service".into(), Observed { hash: NEW, health: Health::Active });
+        advance(&mut rollout, &reports, 10);
+        assert_eq!(rollout.units[0].step, Step::Ready { since: 10 });
+        assert_eq!(changes_first_at(&rollout, &reports), 15, "active for min_ready (5 s)");
+        rollout.state = RolloutState::Paused { reason: "by hand".into() };
+        assert_eq!(next_timed_step(&rollout), None, "a paused rollout waits on nothing");
     }
 
     #[test]

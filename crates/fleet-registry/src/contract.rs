@@ -44,6 +44,7 @@ macro_rules! registry_contract {
             sources_and_their_statuses_are_kept_by_name,
             rollouts_are_kept_by_name,
             sources_statuses_and_rollouts_signal_their_changes,
+            units_and_states_signal_their_changes_while_paged,
             pages_are_the_lists_cut_up,
             a_batch_of_unit_writes_is_each_write_alone,
         );
@@ -604,6 +605,41 @@ pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn R
     seen("a rollout moves the signal").await;
     assert!(registry.remove_source("web").await.expect("remove"));
     seen("a removed source moves the signal").await;
+}
+
+/// While pages of units and states are read, the unit signal moves on a unit write and on a
+/// state report (what the rollout driver wakes on).
+pub async fn units_and_states_signal_their_changes_while_paged(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    let agent = agent_for("m1");
+    agent.register_machine(&machine("m1")).await.expect("register");
+    let mut changes = registry.unit_changes();
+    let page = async || {
+        registry.units_page(every(0, 10)).await.is_ok() && registry.unit_states_page(every(0, 10), None).await.is_ok()
+    };
+    eventually("the pages are served", page).await;
+    changes.mark_unchanged();
+    let file = unit("/bin/sleep 1000");
+    registry.put_unit("web.service", &file, DesiredState::Launched).await.expect("put");
+    eventually("a unit write moves the signal", async || changes.has_changed().unwrap_or(false)).await;
+    eventually("the unit is paged", async || {
+        registry.units_page(every(0, 10)).await.is_ok_and(|page| page.items.len() == 1)
+    })
+    .await;
+    changes.mark_unchanged();
+    let state = UnitState {
+        name: "web.service".into(),
+        machine_id: "m1".into(),
+        hash: file.hash(),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+    };
+    agent.report_states("m1", &[StateReport::Set(state)]).await.expect("report");
+    eventually("a state report moves the signal", async || changes.has_changed().unwrap_or(false)).await;
+    eventually("the state is paged", async || {
+        registry.unit_states_page(every(0, 10), None).await.is_ok_and(|page| page.items.len() == 1)
+    })
+    .await;
 }
 
 fn every(start: usize, limit: usize) -> PageRequest {

@@ -286,6 +286,11 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     }
     /// Every unit state every machine reported, in (unit, machine) order.
     async fn unit_states(&self) -> Result<Vec<UnitState>>;
+    /// Moves when a unit, its placement or a unit state may have changed (a store may move it
+    /// more often), for a reader of [`ApiRegistry::units_page`] and
+    /// [`ApiRegistry::unit_states_page`] to read again. On etcd it moves while those pages are
+    /// being read (they start the API's copy of the cluster; it goes when idle).
+    fn unit_changes(&self) -> ChangeSignal;
     /// Live machines with their effective metadata, in ID order.
     async fn machines(&self) -> Result<Vec<MachineState>>;
     /// One page of [`ApiRegistry::machines`] (`admits` and `after` take machine IDs); a store

@@ -4,6 +4,7 @@
 
 use std::fmt::Display;
 use std::future::Future;
+use std::time::Duration;
 
 use tokio::sync::watch;
 
@@ -14,6 +15,8 @@ pub trait LeaderPass: Send {
     type Error: Display + Send;
     /// Names it in the log: "`NAME` failed".
     const NAME: &'static str;
+    /// How long to let a burst of changes gather before a pass.
+    const SETTLE: Duration = Duration::ZERO;
     /// One pass; says when the next is due at the latest (a change brings it sooner).
     fn pass(&mut self) -> impl Future<Output = Result<Next, Self::Error>> + Send;
 }
@@ -22,11 +25,12 @@ pub trait LeaderPass: Send {
 /// asked, until `lifecycle` ends it.
 pub async fn while_leading<P: LeaderPass>(
     pass: P,
-    changes: watch::Receiver<u64>,
+    changes: Triggers,
     leads: watch::Receiver<bool>,
     lifecycle: watch::Receiver<Lifecycle>,
 ) {
-    let triggers = Triggers::none().with(leads.clone()).with(changes);
+    let mut triggers = changes;
+    triggers.add(leads.clone());
     crate::run(WhileLeading { pass, leads, triggers }, lifecycle).await;
 }
 
@@ -49,6 +53,10 @@ impl<P: LeaderPass> Reconciler for WhileLeading<P> {
             return Ok(Next::OnChange);
         }
         self.pass.pass().await
+    }
+
+    fn settle(&mut self, _took: Duration) -> Duration {
+        P::SETTLE
     }
 
     fn triggers(&mut self) -> &mut Triggers {

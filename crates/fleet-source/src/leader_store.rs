@@ -1,12 +1,13 @@
 //! What the engine leader's source syncer and rollout driver use of the store, and no more:
-//! their reads, their writes, and the change signal they wake on.
+//! their reads, their writes, and the change signals they wake on.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_core::{DesiredState, UnitFile, UnitState};
 use fleet_registry::{
-    ApiRegistry, ChangeSignal, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitView, Writer,
+    ApiRegistry, ChangeSignal, PageRequest, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitView, Writer,
 };
 
 type Result<T> = std::result::Result<T, fleet_registry::RegistryError>;
@@ -18,13 +19,26 @@ pub trait LeaderStore: Send + Sync {
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()>;
     async fn rollouts(&self) -> Result<Vec<RolloutRecord>>;
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()>;
+    /// Every unit (a sync compares the whole cluster with its source).
     async fn units(&self) -> Result<Vec<UnitView>>;
-    async fn unit_states(&self) -> Result<Vec<UnitState>>;
+    /// The units of these names that exist, from the store's watch-fed copy where it has one.
+    async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>>;
+    /// The states the machines report of these units, from the watch-fed copy likewise.
+    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>>;
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()>;
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool>;
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool>;
     /// Moves when a source, a source's status or a rollout changes.
     fn source_changes(&self) -> ChangeSignal;
+    /// Moves when a unit or a unit state may have changed, while [`LeaderStore::units_named`]
+    /// and [`LeaderStore::states_of`] are being read.
+    fn unit_changes(&self) -> ChangeSignal;
+}
+
+/// Every item a page walk admits: the ones named.
+fn named(names: &BTreeSet<String>) -> PageRequest {
+    let names = Arc::new(names.clone());
+    PageRequest { start: 0, limit: usize::MAX, admits: Arc::new(move |name: &str| names.contains(name)), after: None }
 }
 
 /// Any store the API serves from holds what the leader's loops use.
@@ -48,8 +62,11 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     async fn units(&self) -> Result<Vec<UnitView>> {
         ApiRegistry::units(&**self).await
     }
-    async fn unit_states(&self) -> Result<Vec<UnitState>> {
-        ApiRegistry::unit_states(&**self).await
+    async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>> {
+        Ok(ApiRegistry::units_page(&**self, named(names)).await?.items)
+    }
+    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+        Ok(ApiRegistry::unit_states_page(&**self, named(names), None).await?.items)
     }
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         ApiRegistry::put_unit_as(&**self, name, file, desired, writer).await
@@ -62,5 +79,8 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     }
     fn source_changes(&self) -> ChangeSignal {
         SourceRegistry::source_changes(&**self)
+    }
+    fn unit_changes(&self) -> ChangeSignal {
+        ApiRegistry::unit_changes(&**self)
     }
 }

@@ -2,12 +2,17 @@
 //! stepped (`fleet_core::rollout::advance`) against what the machines report, the units of
 //! the next wave get their new content (written as their owner would), and the rollout is
 //! stored again, so that a new leader carries on where this one stopped.
+//!
+//! It reads only the units of running rollouts and their states, from the store's watch-fed
+//! copy, and wakes when a rollout, a unit or a state changes, or when a step is due by the
+//! clock (a deadline passing, a unit ready for long enough). With no rollout running it reads
+//! nothing until a rollout changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::rollout::{Health, Observed, RolloutState, advance};
+use fleet_core::rollout::{Health, Observed, RolloutState, advance, next_timed_step};
 use fleet_core::{UnitFile, UnitState};
 use fleet_registry::{RegistryError, RolloutRecord, UnitView, Writer};
 use fleet_runtime::{Lifecycle, Next};
@@ -15,11 +20,14 @@ use tokio::sync::watch;
 
 use crate::leader_store::LeaderStore;
 use crate::now;
-use fleet_runtime::{LeaderPass, while_leading};
+use fleet_runtime::{LeaderPass, Triggers, while_leading};
+
+/// The longest a running rollout goes without a pass though nothing changed: a safety net
+/// under the change signals.
+const FALLBACK: Duration = Duration::from_secs(60);
 
 pub struct RolloutDriver {
     registry: Arc<dyn LeaderStore>,
-    tick: Duration,
 }
 
 /// How a unit runs, as a rollout counts it.
@@ -52,18 +60,18 @@ pub fn observed(states: &[UnitState], units: &BTreeMap<String, UnitView>) -> BTr
 }
 
 impl RolloutDriver {
-    pub fn new(registry: Arc<dyn LeaderStore>, tick: Duration) -> Self {
-        Self { registry, tick }
+    pub fn new(registry: Arc<dyn LeaderStore>) -> Self {
+        Self { registry }
     }
 
     /// Steps the rollouts while `leads` says this fleetd leads, until `lifecycle` ends it.
     pub async fn run(self, leads: watch::Receiver<bool>, lifecycle: watch::Receiver<Lifecycle>) {
-        let changes = self.registry.source_changes();
+        let changes = Triggers::none().with(self.registry.source_changes()).with(self.registry.unit_changes());
         while_leading(self, changes, leads, lifecycle).await;
     }
 
-    /// Steps every running rollout; says whether any runs still.
-    async fn step_running(&self) -> Result<bool, RegistryError> {
+    /// Steps every running rollout; says when the next pass is due if any still runs.
+    async fn step_running(&self) -> Result<Option<Duration>, RegistryError> {
         let running: Vec<RolloutRecord> = self
             .registry
             .rollouts()
@@ -72,14 +80,18 @@ impl RolloutDriver {
             .filter(|record| record.rollout.state == RolloutState::Running)
             .collect();
         if running.is_empty() {
-            return Ok(false);
+            return Ok(None);
         }
+        let names: BTreeSet<String> =
+            running.iter().flat_map(|record| record.rollout.units.iter().map(|unit| unit.name.clone())).collect();
         let units: BTreeMap<String, UnitView> =
-            self.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
-        let seen = observed(&self.registry.unit_states().await?, &units);
+            self.registry.units_named(&names).await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
+        let seen = observed(&self.registry.states_of(&names).await?, &units);
+        let now = now();
+        let mut next = FALLBACK;
         for mut record in running {
             let before = record.rollout.clone();
-            let step = advance(&mut record.rollout, &seen, now());
+            let step = advance(&mut record.rollout, &seen, now);
             for name in &step.replace {
                 self.replace(&record, name, &units).await?;
             }
@@ -91,8 +103,11 @@ impl RolloutDriver {
                 }
                 self.registry.put_rollout(&record).await?;
             }
+            if let Some(due) = next_timed_step(&record.rollout) {
+                next = next.min(Duration::from_secs(due.saturating_sub(now)));
+            }
         }
-        Ok(true)
+        Ok(Some(next))
     }
 
     /// Writes a unit's new content, as its owner (its source, or by hand).
@@ -127,10 +142,12 @@ impl RolloutDriver {
 impl LeaderPass for RolloutDriver {
     type Error = RegistryError;
     const NAME: &'static str = "rollout pass";
+    /// States change in bursts (a wave of units restarting): one pass for the burst.
+    const SETTLE: Duration = Duration::from_millis(250);
 
-    /// A running rollout is stepped every tick (the units' states it waits on come from
-    /// every machine); with none running, the next pass waits for a rollout to change.
+    /// A running rollout is stepped on every change and when a step is due by the clock; with
+    /// none running, the next pass waits for a rollout to change.
     async fn pass(&mut self) -> Result<Next, RegistryError> {
-        Ok(if self.step_running().await? { Next::After(self.tick) } else { Next::OnChange })
+        Ok(self.step_running().await?.map_or(Next::OnChange, Next::After))
     }
 }

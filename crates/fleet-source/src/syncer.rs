@@ -21,7 +21,7 @@ use tokio::sync::watch;
 use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
 use crate::leader_store::LeaderStore;
 use crate::now;
-use fleet_runtime::{LeaderPass, while_leading};
+use fleet_runtime::{LeaderPass, Triggers, while_leading};
 
 /// How long a unit a source's rollout replaced may take to become active.
 const ROLLOUT_DEADLINE: u64 = 120;
@@ -93,7 +93,7 @@ impl SourceSyncer {
 
     /// Syncs while `leads` says this fleetd leads, until `lifecycle` ends it.
     pub async fn run(self, leads: watch::Receiver<bool>, lifecycle: watch::Receiver<Lifecycle>) {
-        let changes = self.registry.source_changes();
+        let changes = Triggers::none().with(self.registry.source_changes());
         while_leading(self, changes, leads, lifecycle).await;
     }
 

@@ -1,15 +1,19 @@
 //! The engine leader's source syncer and rollout driver, in process on paused time over the
 //! embedded store: they read nothing while this fleetd does not lead, nothing while idle
-//! (no source due, no rollout running), and wake when a source changes.
+//! (no source due, no rollout running), and wake when a source changes; a running rollout
+//! reads only its own units and their states, and is carried along by their changes.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fleet_core::{DesiredState, UnitFile, UnitState};
+use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
+use fleet_core::{DesiredState, MachineState, StateReport, SystemdState, UnitFile, UnitState};
 use fleet_registry::{
-    ChangeSignal, RegistryError, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitView, Writer,
+    AgentRegistry, ApiRegistry, ChangeSignal, RegistryError, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus,
+    UnitView, Writer,
 };
 use fleet_runtime::Lifecycle;
 use fleet_source::{LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
@@ -23,11 +27,18 @@ struct Counting {
     store: Arc<EmbeddedRegistry>,
     reads: watch::Sender<usize>,
     writes: AtomicUsize,
+    /// Every unit name the loops asked for by name.
+    asked: Mutex<BTreeSet<String>>,
 }
 
 impl Counting {
     fn read(&self) {
         self.reads.send_modify(|reads| *reads += 1);
+    }
+
+    fn ask(&self, names: &BTreeSet<String>) {
+        self.read();
+        self.asked.lock().expect("asked").extend(names.iter().cloned());
     }
 }
 
@@ -57,9 +68,13 @@ impl LeaderStore for Counting {
         self.read();
         LeaderStore::units(&self.store).await
     }
-    async fn unit_states(&self) -> Result<Vec<UnitState>> {
-        self.read();
-        LeaderStore::unit_states(&self.store).await
+    async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>> {
+        self.ask(names);
+        LeaderStore::units_named(&self.store, names).await
+    }
+    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+        self.ask(names);
+        LeaderStore::states_of(&self.store, names).await
     }
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         self.writes.fetch_add(1, Ordering::SeqCst);
@@ -76,6 +91,9 @@ impl LeaderStore for Counting {
     fn source_changes(&self) -> ChangeSignal {
         self.store.source_changes()
     }
+    fn unit_changes(&self) -> ChangeSignal {
+        self.store.unit_changes()
+    }
 }
 
 /// A syncer and a rollout driver over a counting store, told by `leads` whether they lead.
@@ -91,7 +109,7 @@ fn start(leading: bool) -> Leader {
     let dir = tempfile::tempdir().expect("dir");
     let store = Arc::new(EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("store"));
     let (reads_sender, reads) = watch::channel(0);
-    let store = Arc::new(Counting { store, reads: reads_sender, writes: AtomicUsize::new(0) });
+    let store = Arc::new(Counting { store, reads: reads_sender, writes: AtomicUsize::new(0), asked: Mutex::default() });
     let (leads, leads_watch) = watch::channel(leading);
     let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
     let config = SyncerConfig {
@@ -102,7 +120,7 @@ fn start(leading: bool) -> Leader {
     };
     let syncer = SourceSyncer::new(config, store.clone());
     tokio::spawn(syncer.run(leads_watch.clone(), lifecycle_watch.clone()));
-    let driver = RolloutDriver::new(store.clone(), Duration::from_millis(500));
+    let driver = RolloutDriver::new(store.clone());
     tokio::spawn(driver.run(leads_watch, lifecycle_watch));
     Leader { store, reads, leads, lifecycle, _dir: dir }
 }
@@ -155,4 +173,74 @@ async fn a_new_source_wakes_the_syncer_which_records_its_sync() {
     let statuses = status().await;
     assert_eq!(statuses[0].0, "web");
     assert!(statuses[0].1.error.is_some(), "the fetch of a repository that does not exist fails: {statuses:?}");
+}
+
+fn unit(exec: &str) -> UnitFile {
+    UnitFile::parse(&format!("[Service]\nExecStart={exec}\n")).expect("a unit file")
+}
+
+/// What machine m1 reports of `name`: active on `file`.
+async fn report_active(store: &EmbeddedRegistry, name: &str, file: &UnitFile) {
+    let state = UnitState {
+        name: name.into(),
+        machine_id: "m1".into(),
+        hash: file.hash(),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+    };
+    store.report_states("m1", &[StateReport::Set(state)]).await.expect("report");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
+    let mut leader = start(true);
+    leader.reads_reach(FIRST_PASSES).await;
+    let store = leader.store.store.clone();
+    let (old, new) = (unit("/bin/sleep 1000"), unit("/bin/sleep 2000"));
+    store.register_machine(&MachineState { id: "m1".into(), ..Default::default() }).await.expect("register");
+    let names = ["web@1.service", "web@2.service"];
+    for name in names {
+        store.put_unit(name, &old, DesiredState::Launched).await.expect("unit");
+        report_active(&store, name, &old).await;
+    }
+    store.put_unit("other.service", &unit("/bin/true"), DesiredState::Launched).await.expect("unit");
+    let rollout = Rollout {
+        units: names
+            .iter()
+            .map(|name| RolloutUnit { name: name.to_string(), from: old.hash(), to: new.hash(), step: Step::Waiting })
+            .collect(),
+        max_unavailable: MaxUnavailable::Count(1),
+        min_ready: 0,
+        deadline: 3600,
+        state: RolloutState::Running,
+    };
+    let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
+    let started = tokio::time::Instant::now();
+    store.put_rollout(&RolloutRecord { name: "web".into(), rollout, bodies, created: 0 }).await.expect("rollout");
+    let mut changes = store.unit_changes();
+    // The machine plays its part: each unit given the new content runs it.
+    let mut reported = BTreeSet::new();
+    loop {
+        let record = store.rollouts().await.expect("rollouts").pop().expect("the rollout");
+        if record.rollout.state == RolloutState::Done {
+            break;
+        }
+        assert_eq!(record.rollout.state, RolloutState::Running);
+        for name in names {
+            let view = store.unit(name).await.expect("read").expect("the unit");
+            if view.hash == new.hash() && reported.insert(name) {
+                report_active(&store, name, &new).await;
+            }
+        }
+        changes.changed().await.expect("the store lives");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "carried by the changes, not by the fallback timer: {:?}",
+        started.elapsed()
+    );
+    let asked = leader.store.asked.lock().expect("asked").clone();
+    assert_eq!(asked, names.iter().map(|name| name.to_string()).collect(), "only the rollout's units are read");
+    leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
 }

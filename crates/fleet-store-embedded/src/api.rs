@@ -9,7 +9,8 @@ use super::{EmbeddedRegistry, Touched, unavailable};
 use fleet_registry::codec::decode_listed;
 use fleet_registry::codec::machine_with_overrides;
 use fleet_registry::{
-    ApiRegistry, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged, UnitView, Writer,
+    ApiRegistry, ChangeSignal, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
+    UnitView, Writer,
 };
 
 /// A units or states table key as a page walks it: borrowed from the table, never copied;
@@ -329,6 +330,10 @@ impl ApiRegistry for EmbeddedRegistry {
             Page::select(rows, &request, |unit, state| Ok(decode_listed::<UnitState>(unit, state.value())))
         })
         .await
+    }
+
+    fn unit_changes(&self) -> ChangeSignal {
+        self.signals.any_write.subscribe()
     }
 
     async fn unit_states(&self) -> Result<Vec<UnitState>> {

@@ -46,6 +46,8 @@ struct Signals {
     machines: Mutex<HashMap<String, watch::Sender<u64>>>,
     /// Write transactions committed since the store was opened (its revision).
     writes: std::sync::atomic::AtomicU64,
+    /// Moves on every write.
+    any_write: watch::Sender<u64>,
 }
 
 #[derive(Clone)]
@@ -106,6 +108,7 @@ impl EmbeddedRegistry {
             sources: watch::channel(0).0,
             machines: Mutex::new(HashMap::new()),
             writes: std::sync::atomic::AtomicU64::new(0),
+            any_write: watch::channel(0).0,
         };
         Ok(Self { db: Arc::new(db), signals: Arc::new(signals) })
     }
@@ -162,6 +165,7 @@ impl EmbeddedRegistry {
 
     fn notify(&self, touched: &Touched) {
         let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
+        bump(&self.signals.any_write);
         if touched.engine {
             bump(&self.signals.engine);
         }

@@ -13,8 +13,8 @@ use super::connection::get_prefix;
 use super::records::{Assignment, CarryingAssignment};
 use fleet_registry::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
 use fleet_registry::{
-    ApiRegistry, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
-    UnitRecord, UnitView, Writer,
+    ApiRegistry, ChangeSignal, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange,
+    UnitChanged, UnitRecord, UnitView, Writer,
 };
 
 /// How often a conditional write is tried before giving up on a busy key.
@@ -372,6 +372,10 @@ impl ApiRegistry for EtcdRegistry {
 
     async fn unit_states_page(&self, request: PageRequest, machine: Option<&str>) -> Result<Page<UnitState>> {
         self.unit_states_page_from_copy(request, machine).await
+    }
+
+    fn unit_changes(&self) -> ChangeSignal {
+        self.inner.api_signal.subscribe()
     }
 
     async fn unit(&self, name: &str) -> Result<Option<UnitView>> {

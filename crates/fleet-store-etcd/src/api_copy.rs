@@ -110,7 +110,7 @@ impl EtcdRegistry {
             ];
             self.release_api_copy_when_idle();
             ApiCopy {
-                mirror: Arc::new(Mirror::start(self.connection().clone(), ranges)),
+                mirror: Arc::new(Mirror::signalling(self.connection().clone(), ranges, self.inner.api_signal.clone())),
                 last_used: std::time::Instant::now(),
             }
         });

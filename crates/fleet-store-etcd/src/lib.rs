@@ -104,6 +104,8 @@ struct Inner {
     /// The API's copy of units, placements, reasons, states and bodies, for paged lists,
     /// while lists use it.
     api_mirror: Mutex<Option<api_copy::ApiCopy>>,
+    /// Moves on every change the API's copy sees, whichever copy that is.
+    api_signal: watch::Sender<u64>,
     /// How long the API's copy stays after its last use.
     api_copy_idle: Duration,
     state_order: api_copy::StateOrder,
@@ -154,6 +156,7 @@ impl EtcdRegistry {
                 engine_signal: watch::channel(0).0,
                 engine_records: Mutex::new(DecodedRecords::default()),
                 api_mirror: Mutex::new(None),
+                api_signal: watch::channel(0).0,
                 api_copy_idle: options.api_copy_idle.unwrap_or(api_copy::IDLE),
                 state_order: api_copy::StateOrder::default(),
                 kept_history: options.kept_history.unwrap_or(compaction::KEPT_HISTORY),

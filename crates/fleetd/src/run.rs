@@ -31,9 +31,6 @@ use fleetd::config::{Config, UnitManagerChoice};
 /// The shortest wait between two passes of the source syncer (it wakes on a change to the
 /// sources, or when one is due, and reads nothing meanwhile).
 const SOURCE_TICK: Duration = Duration::from_millis(250);
-/// How often the engine leader steps a running rollout (units and states read each time);
-/// with none running it reads nothing until a rollout changes.
-const ROLLOUT_TICK: Duration = Duration::from_millis(500);
 
 fn machine_state(config: &Config, machine_id: &str) -> MachineState {
     let public_ip = if config.public_ip.is_empty() {
@@ -206,11 +203,11 @@ impl Components for ClusterMember {
         }));
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         tasks.spawn(supervise("rollout driver", move || {
-            RolloutDriver::new(Arc::new(registry.clone()), ROLLOUT_TICK).run(leading.clone(), running.clone())
+            RolloutDriver::new(Arc::new(registry.clone())).run(leading.clone(), running.clone())
         }));
         if let Some(chores) = self.chores.clone() {
             tasks.spawn(supervise("store chores", move || {
-                let changes = chores.chore_changes();
+                let changes = fleet_runtime::Triggers::none().with(chores.chore_changes());
                 fleet_runtime::while_leading(
                     StoreChoresPass::new(chores.clone()),
                     changes,
