@@ -5,7 +5,9 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 /// The most pull agents one manager holds presence for: beyond it, a new agent is told the
 /// manager is full (and tries another) rather than growing the table without bound.

@@ -26,6 +26,7 @@ pub mod router;
 mod routes;
 pub use fleet_api_schema as schema;
 pub mod serve;
+pub mod silent_agents;
 mod write_guard;
 
 pub use api_state::{ApiState, LocalMachine, TokenLimit};

@@ -10,7 +10,6 @@ mod ready_probe;
 mod reconcile_timing;
 mod run;
 mod service_manager;
-mod silent_agents;
 mod store;
 mod store_chores;
 mod supervise;

@@ -22,10 +22,10 @@ use tokio::task::JoinSet;
 use crate::api_service::ApiService;
 use crate::daemon::{Components, Daemon};
 use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
-use crate::silent_agents::SilentAgentSweep;
 use crate::store_chores::StoreChoresPass;
 use crate::supervise::supervise;
 use crate::{host, store};
+use fleet_api::silent_agents::SilentAgentSweep;
 use fleetd::config::{Config, UnitManagerChoice};
 
 /// The shortest wait between two passes of the source syncer (it wakes on a change to the

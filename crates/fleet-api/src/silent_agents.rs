@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_api::agent_presence::AgentPresence;
+use crate::agent_presence::AgentPresence;
 use fleet_runtime::{Next, Reconciler, Triggers};
 
 /// How often the manager looks for agents gone silent.
