@@ -18,8 +18,8 @@ pub struct LocalMachine {
 #[derive(Clone)]
 pub struct ApiState {
     pub registry: Arc<dyn ApiRegistry>,
-    /// Page size (`token_limit`).
-    pub token_limit: TokenLimit,
+    /// How many items a page of a list holds (the option `token_limit`).
+    pub page_size: PageSize,
     pub local: Option<LocalMachine>,
     /// Who is asking: tokens, and the anonymous opt-in.
     pub auth: Auth,
@@ -48,7 +48,7 @@ impl ApiState {
     pub fn new(registry: Arc<dyn ApiRegistry>, auth: Auth) -> Self {
         Self {
             registry,
-            token_limit: TokenLimit::new(100),
+            page_size: PageSize::new(100),
             local: None,
             auth,
             agent_ca: None,
@@ -66,9 +66,9 @@ impl ApiState {
 /// The page size (`token_limit`), shared with fleetd so that a reload changes it while the
 /// API keeps serving.
 #[derive(Clone, Debug)]
-pub struct TokenLimit(Arc<AtomicU16>);
+pub struct PageSize(Arc<AtomicU16>);
 
-impl TokenLimit {
+impl PageSize {
     pub fn new(limit: u16) -> Self {
         Self(Arc::new(AtomicU16::new(limit)))
     }

@@ -29,7 +29,7 @@ pub mod serve;
 pub mod silent_agents;
 mod write_guard;
 
-pub use api_state::{ApiState, LocalMachine, TokenLimit};
+pub use api_state::{ApiState, LocalMachine, PageSize};
 pub use router::router;
 
 /// The version fleetd reports in `Server: fleetd/<version>`.

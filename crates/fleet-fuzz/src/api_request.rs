@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::body::Body;
 use axum::http::Request;
-use fleet_api::{ApiState, TokenLimit, router};
+use fleet_api::{ApiState, PageSize, router};
 use fleet_store_embedded::EmbeddedRegistry;
 use tower::ServiceExt;
 
@@ -21,7 +21,7 @@ fn fixture() -> &'static Fixture {
         let dir = tempfile::tempdir().expect("temporary directory");
         let registry = EmbeddedRegistry::open(&dir.path().join("fuzz.redb")).expect("embedded store");
         let state = ApiState {
-            token_limit: TokenLimit::new(2),
+            page_size: PageSize::new(2),
             ..ApiState::new(Arc::new(registry.clone()), fleet_api::auth::Auth::new(Arc::new(registry), None))
         };
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");

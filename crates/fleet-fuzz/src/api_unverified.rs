@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use axum::body::Body;
 use axum::http::{HeaderValue, Request};
-use fleet_api::{ApiState, TokenLimit, router};
+use fleet_api::{ApiState, PageSize, router};
 use fleet_registry::{ApiRegistry, SourceRecord, SourceRegistry};
 use fleet_store_embedded::EmbeddedRegistry;
 use tower::ServiceExt;
@@ -38,7 +38,7 @@ fn fixture() -> &'static Fixture {
         };
         runtime.block_on(registry.put_source(&source)).expect("a source");
         let state = ApiState {
-            token_limit: TokenLimit::new(2),
+            page_size: PageSize::new(2),
             agents: Some(Arc::new(registry.clone())),
             source_secrets_dir: Some(secrets),
             ..ApiState::new(Arc::new(registry.clone()), fleet_api::auth::Auth::new(Arc::new(registry.clone()), None))

@@ -17,7 +17,7 @@ pub mod machine_identity;
 mod model;
 mod ownership;
 mod source_record;
-mod unit_batch;
+mod unit_change;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,7 +35,7 @@ pub use model::{
 };
 pub use ownership::{OwnedBy, Writer};
 pub use source_record::{OutOfSync, RolloutRecord, SourceRecord, SourceStatus};
-pub use unit_batch::{UnitChange, UnitChanged};
+pub use unit_change::{UnitChange, UnitChanged};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {

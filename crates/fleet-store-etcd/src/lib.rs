@@ -24,7 +24,7 @@ mod mirror;
 mod records;
 mod session;
 mod sources;
-mod unit_batch;
+mod unit_write_batches;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -14,7 +14,7 @@ use fleet_api::auth::agent_ca::AgentCa;
 use fleet_api::auth::tls::ServerTls;
 use fleet_api::listen::{ApiListener, ListenAddress};
 use fleet_api::serve::{ServeLimits, serve};
-use fleet_api::{ApiState, TokenLimit, router};
+use fleet_api::{ApiState, PageSize, router};
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
 
@@ -27,7 +27,7 @@ const READY_LIMIT: Duration = Duration::from_secs(30);
 /// The API server, serving.
 pub struct ApiService {
     /// What a reload changes in place: the page size and the certificates.
-    pub token_limit: TokenLimit,
+    pub page_size: PageSize,
     tls: Option<Arc<ServerTls>>,
     /// Which pull agents were heard from lately.
     pub agent_presence: Arc<AgentPresence>,
@@ -72,13 +72,13 @@ impl ApiService {
                 "anonymous API access is on: clients without a credential on TCP listeners act as {role}"
             );
         }
-        let token_limit = TokenLimit::new(config.token_limit);
+        let page_size = PageSize::new(config.token_limit);
         // A fleetd that signs machine certificates is a manager: it serves pull agents.
         let serves_agents = agent_ca.is_some();
         let agent_presence = Arc::new(AgentPresence::new(config.agent_ttl));
         let state = ApiState {
             registry: registry.clone(),
-            token_limit: token_limit.clone(),
+            page_size: page_size.clone(),
             local: Some(LocalMachine { machine_id: machine_id.to_string(), manager }),
             auth: Auth::new(registry.clone(), config.api_anonymous_role.clone()),
             agents: agent_ca.as_ref().map(|_| registry.clone() as Arc<dyn fleet_registry::AgentRegistry>),
@@ -109,13 +109,13 @@ impl ApiService {
         if !crate::ready_probe::wait_until_api_answers(unix_socket, probe, READY_LIMIT).await {
             anyhow::bail!("the API did not answer within {READY_LIMIT:?} of starting");
         }
-        Ok(Self { token_limit, tls, agent_presence, serves_agents, serving, stop, server, owned_sockets })
+        Ok(Self { page_size, tls, agent_presence, serves_agents, serving, stop, server, owned_sockets })
     }
 
     /// Takes in a reloaded configuration: the page size and the certificates (a failure
     /// keeps the running ones).
     pub fn reload(&self, config: &Config) {
-        self.token_limit.set(config.token_limit);
+        self.page_size.set(config.token_limit);
         match (self.tls.as_deref(), api_security::tls_files(config)) {
             (Some(tls), Ok(Some(files))) => match tls.reload(files) {
                 Ok(()) => tracing::info!("API TLS certificates reloaded"),

@@ -5,3 +5,6 @@ pub mod api_security;
 pub mod config;
 pub mod config_docs;
 pub mod manual;
+
+/// fleetd's own version (what `--version`, its logs and its announcements say).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

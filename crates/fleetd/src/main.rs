@@ -3,7 +3,7 @@
 mod api_service;
 mod daemon;
 mod host;
-mod journal_log;
+mod log_priority;
 mod process_setup;
 mod pull;
 mod ready_probe;
@@ -79,7 +79,7 @@ fn main() -> ExitCode {
     let config_path = match parse_args(&args) {
         Ok(Invocation::Run(path)) => path,
         Ok(Invocation::Version) => {
-            println!("fleetd version {}", fleet_api::VERSION);
+            println!("fleetd version {}", fleetd::VERSION);
             return ExitCode::SUCCESS;
         }
         Ok(Invocation::Help) => {
@@ -87,7 +87,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(Invocation::Manual) => {
-            print!("{}", fleetd::manual::manual_page(fleet_api::VERSION));
+            print!("{}", fleetd::manual::manual_page(fleetd::VERSION));
             return ExitCode::SUCCESS;
         }
         Ok(Invocation::SampleConfig) => {
@@ -109,13 +109,13 @@ fn main() -> ExitCode {
     };
     let filter = if config.verbosity > 0 { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLEETD_LOG").unwrap_or_else(|_| filter.into());
-    if journal_log::stderr_is_journal() {
+    if log_priority::stderr_is_journal() {
         let format = tracing_subscriber::fmt::format().without_time().with_ansi(false);
         tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_writer(std::io::stderr)
             .with_ansi(false)
-            .event_format(journal_log::PriorityPrefix(format))
+            .event_format(log_priority::PriorityPrefix(format))
             .init();
     } else {
         tracing_subscriber::fmt()

@@ -136,7 +136,7 @@ pub async fn run(
         machine_id = machine.id,
         manager = config.manager_url,
         "fleetd {} starting as a pull agent",
-        fleet_api::VERSION
+        fleetd::VERSION
     );
     let renewing = tokio::spawn(keep_renewing(config.clone(), manager.clone(), registry.clone(), credentials));
     if let Some(asks) = registry.journal_asks() {

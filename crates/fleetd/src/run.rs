@@ -42,7 +42,7 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
         id: machine_id.to_string(),
         public_ip,
         metadata: config.metadata.clone(),
-        version: fleet_api::VERSION.to_string(),
+        version: fleetd::VERSION.to_string(),
         disable_engine: config.disable_engine,
     }
 }
@@ -132,7 +132,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
     // stopped what runs here from before (announcing cannot claim one ahead of it).
     let _lapses = registry.presence_lapses(&machine_id);
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
-    tracing::info!(machine_id, "fleetd {} starting", fleet_api::VERSION);
+    tracing::info!(machine_id, "fleetd {} starting", fleetd::VERSION);
     let api = ApiService::start(&config, &machine_id, registry.clone(), manager.clone(), activated).await?;
     let serving = api.serving.clone();
     let mut member = ClusterMember { config, config_path, machine_id, registry, chores, manager, api };

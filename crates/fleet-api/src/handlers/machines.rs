@@ -14,7 +14,7 @@ use crate::query::page_token;
 use crate::schema::{Machine, MachinePage};
 
 pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
-    let token = page_token(query, state.token_limit.get())?;
+    let token = page_token(query, state.page_size.get())?;
     let (start, limit) = token.window();
     let listing = "machines";
     let after = state.page_cursors.after(listing, start);

@@ -27,7 +27,7 @@ fn to_schema(state: fleet_core::UnitState) -> UnitState {
 
 /// The unit states `role` sees, a page at a time.
 pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
-    let token = page_token(query, state.token_limit.get())?;
+    let token = page_token(query, state.page_size.get())?;
     let machine = first_value(query, "machineID");
     let unit = first_value(query, "unitName").map(str::to_string);
     let (start, limit) = token.window();

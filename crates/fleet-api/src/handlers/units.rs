@@ -48,7 +48,7 @@ pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
 
 /// The units `role` sees, a page at a time.
 pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
-    let token = page_token(query, state.token_limit.get())?;
+    let token = page_token(query, state.page_size.get())?;
     let (start, limit) = token.window();
     let listing = format!("units {role:?}");
     let after = state.page_cursors.after(&listing, start);

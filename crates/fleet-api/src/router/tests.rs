@@ -10,7 +10,7 @@ use tower::ServiceExt;
 
 use super::*;
 use crate::auth::Auth;
-use crate::{ApiState, TokenLimit};
+use crate::{ApiState, PageSize};
 
 struct Api {
     router: Router,
@@ -22,7 +22,7 @@ async fn api(token_limit: u16) -> Api {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     let state = ApiState {
-        token_limit: TokenLimit::new(token_limit),
+        page_size: PageSize::new(token_limit),
         ..ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None))
     };
     Api { router: router(state), registry, _dir: dir }

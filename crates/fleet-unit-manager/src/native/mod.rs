@@ -7,13 +7,13 @@
 
 mod cgroup;
 mod command;
-mod journal;
 mod keeper;
 mod process;
 mod runner;
 mod service;
 mod spawner;
 mod tracking;
+mod unit_log;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -26,16 +26,16 @@ use fleet_core::{SystemdState, UnitFile, UnitHash};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub use journal::LogLimits;
 pub use keeper::{KEEPER_ARGUMENT, run_keeper};
 pub use service::{ServiceConfig, ServiceError};
+pub use unit_log::LogLimits;
 
 use self::cgroup::CgroupBase;
 use self::command::{Specifiers, parse_assignments, parse_environment_file};
-use self::journal::{LogSink, log_path, tail};
 use self::process::{ExecContext, kill_leftovers, lookup_group, lookup_user};
 use self::runner::{Runner, StateSink};
 use self::spawner::Spawner;
+use self::unit_log::{LogSink, log_path, tail};
 use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
 
 pub struct NativeOptions {

@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 
 use super::cgroup::UnitCgroup;
 use super::command::ExecCommand;
-use super::journal::{LogSink, MAX_LINE_BYTES};
+use super::unit_log::{LogSink, MAX_LINE_BYTES};
 
 /// Set in every unit process, so that a fleetd restarting after a crash can find and stop
 /// the processes its predecessor left behind.

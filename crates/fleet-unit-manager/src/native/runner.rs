@@ -11,10 +11,10 @@ use tokio::sync::watch;
 
 use super::cgroup::CgroupBase;
 use super::command::{ExecCommand, Specifiers, parse_command};
-use super::journal::LogSink;
 use super::process::{ExecContext, process_alive, signal_group, signal_process};
 use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
 use super::spawner::Spawner;
+use super::unit_log::LogSink;
 
 /// systemd's exit status for a command that could not be executed.
 const EXIT_EXEC: i32 = 203;

@@ -11,8 +11,8 @@ use tokio::process::Child;
 use tokio::sync::oneshot;
 
 use super::command::ExecCommand;
-use super::journal::LogSink;
 use super::process::{ExecContext, spawn};
+use super::unit_log::LogSink;
 
 struct Request {
     command: ExecCommand,
