@@ -24,7 +24,7 @@ pub const KNOWN_KEYS: &[&str] = &[
 ];
 
 /// The keys fleet adds to `[X-Fleet]`. `AtMostOnce=true`: the unit never runs on two
-/// machines at once, under any fault (ARCHITECTURE.md, "Guarantees under faults").
+/// machines at once, under any fault (docs/guarantees.md).
 pub const ADDED_KEYS: &[&str] = &["AtMostOnce"];
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// What a machine takes, once it is back in touch, to stop what moved (ARCHITECTURE.md's R).
+/// What a machine takes, once it is back in touch, to stop what moved (docs/guarantees.md's R).
 pub const REACTION: Duration = Duration::from_secs(3);
 /// How long the cluster has to settle once the faults end.
 pub const SETTLE_LIMIT: Duration = Duration::from_secs(60);

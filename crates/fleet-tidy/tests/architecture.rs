@@ -1,0 +1,175 @@
+//! ARCHITECTURE.md kept true: each invariant names the tests that check it, and the rules it
+//! states of the crates' dependencies and of `fleet-core` are checked here from the tree.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|error| panic!("reading {}: {error}", path.display()))
+}
+
+/// The "Architecture invariant:" paragraphs of ARCHITECTURE.md, each on one line.
+fn invariants() -> Vec<String> {
+    let text = read(&root().join("ARCHITECTURE.md"));
+    text.split("\n\n")
+        .filter(|paragraph| paragraph.starts_with("Architecture invariant:"))
+        .map(|paragraph| paragraph.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// The `crate/path.rs::name` references after "Checked by" in `invariant`.
+fn checks(invariant: &str) -> Vec<(String, String)> {
+    let Some((_, cited)) = invariant.split_once("Checked by") else { return Vec::new() };
+    cited
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter_map(|reference| reference.split_once("::"))
+        .map(|(file, name)| (file.to_string(), name.to_string()))
+        .collect()
+}
+
+/// Whether `source` defines test `name`: as a function, or as a name a test macro expands.
+fn defines(source: &str, name: &str) -> bool {
+    let word = |line: &str| line.trim().trim_end_matches(',') == name;
+    source.contains(&format!("fn {name}(")) || source.contains(&format!("fn {name}<")) || source.lines().any(word)
+}
+
+#[test]
+fn every_invariant_names_the_tests_that_check_it() {
+    let invariants = invariants();
+    assert!(invariants.len() >= 20, "ARCHITECTURE.md lost its invariants: {}", invariants.len());
+    for invariant in &invariants {
+        let checks = checks(invariant);
+        assert!(!checks.is_empty(), "names no test (\"Checked by `crate/file.rs::test`\"): {invariant}");
+        for (file, name) in checks {
+            let path = root().join("crates").join(&file);
+            assert!(path.exists(), "{file} does not exist, named by: {invariant}");
+            assert!(defines(&read(&path), &name), "{file} has no test {name}, named by: {invariant}");
+        }
+    }
+}
+
+/// The `[dependencies]` of one crate (not its dev-dependencies), with what each line says.
+fn dependencies(manifest: &str) -> BTreeMap<String, String> {
+    let mut section = "";
+    let mut found = BTreeMap::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+            continue;
+        }
+        if section == "[dependencies]"
+            && let Some((key, value)) = line.split_once('=')
+        {
+            let name = key.trim().trim_end_matches(".workspace").trim();
+            found.insert(name.to_string(), value.trim().to_string());
+        }
+    }
+    found
+}
+
+/// Every crate of the workspace, by package name, with its normal dependencies.
+fn workspace() -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut crates = BTreeMap::new();
+    for entry in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        let manifest = entry.expect("an entry").path().join("Cargo.toml");
+        if manifest.exists() {
+            let text = read(&manifest);
+            let name = text
+                .lines()
+                .find_map(|line| line.strip_prefix("name = "))
+                .map(|name| name.trim_matches('"').to_string())
+                .expect("a package name");
+            crates.insert(name, dependencies(&text));
+        }
+    }
+    crates
+}
+
+#[test]
+fn clients_and_reconcilers_depend_on_no_store_backend() {
+    const FORBIDDEN: [&str; 6] =
+        ["fleet-store-etcd", "fleet-store-embedded", "etcd-client", "redb", "zbus", "zbus_systemd"];
+    let crates = workspace();
+    let roots =
+        ["fleetctl", "fleet-client", "fleet-api", "fleet-engine", "fleet-agent", "fleet-remote", "fleet-source"];
+    // Everything they reach inside the workspace, each checked alike.
+    let mut reached: BTreeSet<String> = BTreeSet::new();
+    let mut next: Vec<String> = roots.iter().map(|name| name.to_string()).collect();
+    while let Some(name) = next.pop() {
+        if !reached.insert(name.clone()) {
+            continue;
+        }
+        let dependencies = crates.get(&name).unwrap_or_else(|| panic!("no crate {name}"));
+        // An optional dependency is off: no crate reached turns a feature on (checked below).
+        for (dependency, how) in dependencies.iter().filter(|(_, how)| !how.contains("optional = true")) {
+            assert!(
+                !FORBIDDEN.contains(&dependency.as_str()),
+                "{name} depends on {dependency} (reached from a client)"
+            );
+            if dependency == "fleet-unit-manager" {
+                assert!(!how.contains("features"), "{name} turns on a unit manager: {how}");
+            }
+            if crates.contains_key(dependency) {
+                next.push(dependency.clone());
+            }
+        }
+    }
+    assert!(reached.contains("fleet-registry") && reached.contains("fleet-core"), "{reached:?}");
+    // The workspace's own entry leaves the unit managers off.
+    let manifest = read(&root().join("Cargo.toml"));
+    let entry = manifest.lines().find(|line| line.starts_with("fleet-unit-manager =")).expect("the workspace entry");
+    assert!(entry.contains("default-features = false"), "{entry}");
+}
+
+#[test]
+fn fleet_core_does_no_io_and_reads_no_clock() {
+    let crates = workspace();
+    let allowed = BTreeSet::from(["serde", "sha1", "thiserror"]);
+    let dependencies: BTreeSet<&str> = crates["fleet-core"].keys().map(String::as_str).collect();
+    assert!(dependencies.is_subset(&allowed), "fleet-core depends on {dependencies:?}");
+    const FORBIDDEN: [&str; 9] = [
+        "std::fs",
+        "std::net",
+        "std::process",
+        "std::thread",
+        "tokio",
+        "SystemTime::now",
+        "Instant::now",
+        "async fn",
+        "std::env",
+    ];
+    let mut files = vec![root().join("crates/fleet-core/src")];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).expect("a directory").map(|entry| entry.expect("an entry").path()));
+            continue;
+        }
+        let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
+        if !name.ends_with(".rs") || name == "tests.rs" {
+            continue;
+        }
+        let source = read(&path);
+        // What a file's tests do is theirs: only the code above its test module counts.
+        let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+        for word in FORBIDDEN {
+            assert!(!code.contains(word), "{} uses {word}", path.display());
+        }
+    }
+}
+
+#[test]
+fn one_tls_crypto_provider() {
+    let lock = read(&root().join("Cargo.lock"));
+    let packages: BTreeSet<&str> =
+        lock.lines().filter_map(|line| line.strip_prefix("name = ")).map(|name| name.trim_matches('"')).collect();
+    assert!(packages.contains("ring") && packages.contains("rustls"), "ring provides rustls's cryptography");
+    for other in ["aws-lc-rs", "aws-lc-sys", "openssl", "openssl-sys", "native-tls"] {
+        assert!(!packages.contains(other), "{other} is in the tree: only ring may provide TLS cryptography");
+    }
+}
