@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod civil_time;
 pub mod desired_units;
 pub mod drift;
+pub mod drift_report;
 pub mod duration;
 pub mod glob;
 pub mod machine;

@@ -117,7 +117,7 @@ pub struct UnitState {
     /// How the unit departs from what fleet made it on this machine, when it does (or did,
     /// and was corrected, within the correction window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub drift: Option<crate::drift::DriftReport>,
+    pub drift: Option<crate::drift_report::DriftReport>,
 }
 
 #[cfg(test)]
