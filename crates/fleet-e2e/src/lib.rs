@@ -11,7 +11,6 @@ mod cluster;
 pub mod cluster_bench;
 pub mod connect_proxy;
 pub mod delay_proxy;
-pub mod git_repo;
 pub mod https;
 pub mod lab;
 pub mod lab_etcd;

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_e2e::git_repo::GitRepo;
 use fleet_e2e::{EtcdServer, Fleetd, Launcher, SystemdUser, write_unit};
+use fleet_testkit::GitRepo;
 
 const WAIT: Duration = Duration::from_secs(30);
 const MACHINE: &str = "6d6d6d6d0000000000000000000000aa";

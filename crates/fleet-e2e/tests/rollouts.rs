@@ -146,7 +146,7 @@ fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
 
 #[test]
 fn a_sources_new_content_reaches_its_running_units_in_waves() {
-    use fleet_e2e::git_repo::GitRepo;
+    use fleet_testkit::GitRepo;
     let cluster = Cluster::start(3, |_| vec![("unit_manager".into(), "native".into())]);
     let fleet = cluster.any();
     let repo = GitRepo::new();

@@ -7,9 +7,9 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use fleet_e2e::git_repo::GitRepo as Repo;
 use fleet_e2e::webhook::{post, signature};
 use fleet_e2e::{Cluster, Fleetd};
+use fleet_testkit::GitRepo as Repo;
 
 const WAIT: Duration = Duration::from_secs(30);
 const HELLO: &str = "[Service]\nExecStart=/bin/sleep 600001\n";

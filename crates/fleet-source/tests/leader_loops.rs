@@ -1,7 +1,8 @@
 //! The engine leader's source syncer and rollout driver, in process on paused time over the
 //! embedded store: they read nothing while this fleetd does not lead, nothing while idle
-//! (no source due, no rollout running), and wake when a source changes; a running rollout
-//! reads only its own units and their states, and is carried along by their changes.
+//! (no source due, no rollout running), and wake when a source changes; a due source is
+//! fetched and its units written as the source; a running rollout reads only its own units
+//! and their states, and is carried along by their changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -158,7 +159,9 @@ async fn a_fleetd_that_does_not_lead_reads_nothing_until_it_leads() {
     leader.reads_reach(FIRST_PASSES).await;
 }
 
-#[tokio::test(start_paused = true)]
+/// A source's fetch runs on a blocking thread under a real-time limit, so what fetches runs on
+/// the real clock: on paused time the limit would pass while the fetch is still under way.
+#[tokio::test(flavor = "multi_thread")]
 async fn a_new_source_wakes_the_syncer_which_records_its_sync() {
     let mut leader = start(true);
     leader.reads_reach(FIRST_PASSES).await;
@@ -166,13 +169,50 @@ async fn a_new_source_wakes_the_syncer_which_records_its_sync() {
     leader.store.store.put_source(&source).await.expect("store");
     // The change wakes both loops: the syncer reads the sources and their statuses again.
     leader.reads_reach(FIRST_PASSES + 2).await;
-    let status = async || leader.store.store.source_statuses().await.expect("statuses");
-    while status().await.is_empty() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let statuses = status().await;
+    let statuses = synced(&leader.store.store, |status| status.error.is_some()).await;
     assert_eq!(statuses[0].0, "web");
-    assert!(statuses[0].1.error.is_some(), "the fetch of a repository that does not exist fails: {statuses:?}");
+    let error = statuses[0].1.error.clone().unwrap_or_default();
+    assert!(!error.contains("took over"), "the fetch itself failed, not its time limit: {error}");
+    leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
+}
+
+/// The sources' statuses once the first of them shows `done`, woken by each change.
+async fn synced(store: &EmbeddedRegistry, done: impl Fn(&SourceStatus) -> bool) -> Vec<(String, SourceStatus)> {
+    let mut changes = store.source_changes();
+    loop {
+        let statuses = store.source_statuses().await.expect("statuses");
+        if statuses.first().is_some_and(|(_, status)| done(status)) {
+            return statuses;
+        }
+        changes.changed().await.expect("the store lives");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_is_synced_into_units_written_as_the_source_and_follows_its_commits() {
+    let mut leader = start(true);
+    leader.reads_reach(FIRST_PASSES).await;
+    let store = leader.store.store.clone();
+    let repo = fleet_testkit::GitRepo::new();
+    let first = repo.commit(&[("units/web.service", Some("[Service]\nExecStart=/bin/sleep 1000\n"))], "first");
+    let source =
+        SourceRecord { paths: vec!["units".into()], interval_seconds: 3600, ..SourceRecord::new("apps", &repo.url()) };
+    store.put_source(&source).await.expect("store");
+    let statuses = synced(&store, |status| status.commit.as_deref() == Some(first.as_str())).await;
+    assert_eq!(statuses[0].1.error, None);
+    let unit = store.unit("web.service").await.expect("read").expect("the source's unit");
+    assert_eq!(unit.source.as_deref(), Some("apps"), "written as the source");
+    assert_eq!(unit.desired, DesiredState::Launched);
+    let refused = store.destroy_unit("web.service").await;
+    assert!(matches!(refused, Err(RegistryError::Owned { .. })), "a hand write is refused: {refused:?}");
+    // A new commit, synced when the source is asked to (as its webhook or `source sync` do).
+    let second = repo.commit(&[("units/web.service", Some("[Service]\nExecStart=/bin/sleep 2000\n"))], "second");
+    store.put_source(&SourceRecord { generation: 1, ..source }).await.expect("ask");
+    synced(&store, |status| status.commit.as_deref() == Some(second.as_str())).await;
+    let unit = store.unit("web.service").await.expect("read").expect("the unit");
+    let text = unit.file.serialize();
+    assert!(text.contains("/bin/sleep 2000"), "the new commit's content: {text}");
+    leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
 }
 
 fn unit(exec: &str) -> UnitFile {

@@ -1,11 +1,13 @@
 //! Real components for tests and benchmarks: [`EtcdServer`] runs Debian's `etcd` binary,
 //! installing the `etcd-server` package first when it is missing; [`SystemdUser`] runs a real
-//! systemd user instance in a private mount namespace. One fake, for where fleet's own work
+//! systemd user instance in a private mount namespace; [`GitRepo`] is a git repository
+//! committed to with the git command line. One fake, for where fleet's own work
 //! is under test rather than a unit manager's: [`FakeUnitManager`].
 
 mod etcd;
 mod eventually;
 mod fake_manager;
+mod git_repo;
 mod ports;
 mod seeded;
 mod systemd;
@@ -14,6 +16,7 @@ mod tls;
 pub use etcd::EtcdServer;
 pub use eventually::eventually;
 pub use fake_manager::FakeUnitManager;
+pub use git_repo::GitRepo;
 pub use ports::free_port;
 pub use seeded::Seeded;
 pub use systemd::SystemdUser;

@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use fleet_e2e::git_repo::GitRepo;
 use fleet_e2e::webhook::{post, signature};
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
+use fleet_testkit::GitRepo;
 
 const UNIT: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
 const LIMIT: Duration = Duration::from_secs(600);
