@@ -2,6 +2,8 @@
 
 #![forbid(unsafe_code)]
 
+mod unreachable;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -44,6 +46,8 @@ pub const BATCH_RETRY: Duration = Duration::from_secs(1);
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// The endpoint as given, for what an unreachable fleetd's error says.
+    endpoint: String,
     /// `?takeOver=true` on unit writes (see [`ClientOptions::take_over`]).
     take_over: bool,
     /// How long one request may take; a batch of units gets this per hundred units.
@@ -63,7 +67,7 @@ enum Endpoint {
 fn parse_endpoint(endpoint: &str) -> Result<Endpoint> {
     let first = endpoint.split(',').next().unwrap_or("").trim();
     let Some((scheme, rest)) = first.split_once("://") else {
-        return Err(ClientError::Endpoint("URL scheme undefined".into()));
+        return Err(ClientError::Endpoint(unreachable::missing_scheme(first)));
     };
     match scheme {
         "unix" | "file" => {
@@ -169,7 +173,8 @@ impl Client {
             (Endpoint::Http(base), None) => (with_tls(builder, options)?, base),
         };
         let http = builder.build().map_err(|error| ClientError::Transport(error.to_string()))?;
-        Ok(Self { http, base, take_over: options.take_over, timeout })
+        let endpoint = endpoint.split(',').next().unwrap_or_default().trim().to_string();
+        Ok(Self { http, base, endpoint, take_over: options.take_over, timeout })
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<String>) -> Result<(StatusCode, Vec<u8>)> {
@@ -188,7 +193,10 @@ impl Client {
         if let Some(body) = body {
             request = request.header("Content-Type", "application/json").body(body);
         }
-        let response = request.send().await.map_err(|error| ClientError::Transport(describe_transport(&error)))?;
+        let response = request.send().await.map_err(|error| {
+            let failure = unreachable::failure(&error);
+            ClientError::Transport(unreachable::explain(&self.endpoint, failure, timeout, &describe_transport(&error)))
+        })?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(|error| ClientError::Transport(error.to_string()))?;
         if status.is_client_error() || status.is_server_error() {
@@ -485,12 +493,29 @@ mod tests {
             parse_endpoint("http://127.0.0.1:49153/,http://x").unwrap(),
             Endpoint::Http("http://127.0.0.1:49153".into())
         );
-        assert_eq!(parse_endpoint("/var/run/fleet.sock").unwrap_err().to_string(), "URL scheme undefined");
+        let bare = parse_endpoint("/var/run/fleet.sock").unwrap_err().to_string();
+        assert!(bare.starts_with("URL scheme undefined"), "the original's words first: {bare}");
         assert_eq!(
             parse_endpoint("unix://var/run/fleet.sock").unwrap_err().to_string(),
             "unable to connect to host \"var\" with scheme \"unix\""
         );
         assert_eq!(encode_component("a b/c=="), "a%20b%2Fc%3D%3D");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_fleetd_is_named_with_what_to_check() {
+        let missing = std::env::temp_dir().join(format!("fleet-client-test-{}.sock", std::process::id()));
+        let endpoint = format!("unix://{}", missing.display());
+        let client = Client::new(&endpoint, Duration::from_secs(5)).expect("a client");
+        let said = client.units().await.expect_err("no fleetd").to_string();
+        assert!(said.starts_with(&format!("cannot reach fleetd at {endpoint}: no such socket")), "{said}");
+        assert!(said.contains("FLEETCTL_ENDPOINT"), "{said}");
+        // A port nothing listens on: bound, then let go.
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
+        let endpoint = format!("http://127.0.0.1:{port}");
+        let client = Client::new(&endpoint, Duration::from_secs(5)).expect("a client");
+        let said = client.units().await.expect_err("nothing listens").to_string();
+        assert!(said.starts_with(&format!("cannot reach fleetd at {endpoint}: connection refused")), "{said}");
     }
 
     /// Answers one HTTP request with `status` and `body`; returns the request, head and body.
