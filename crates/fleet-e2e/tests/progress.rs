@@ -15,7 +15,7 @@ fn start_shows_progress_and_the_unplaceable_reason_only_on_a_terminal() {
     units.push(write_unit(
         dir.path(),
         "nowhere.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=region=nowhere\n",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=region=nowhere-near-any-machine-of-this-test\n",
     ));
     let endpoint = format!("--endpoint=unix://{}", fleet.socket().display());
     let command = |extra: &str| {
@@ -26,11 +26,20 @@ fn start_shows_progress_and_the_unplaceable_reason_only_on_a_terminal() {
     let seen = String::from_utf8_lossy(&on_terminal.stdout).to_string();
     assert!(seen.contains("Unit sleeper1.service launched"), "{seen}");
     assert!(seen.contains("launched 6/7"), "the count of units launched: {seen}");
-    assert!(seen.contains("nowhere.service cannot be scheduled"), "{seen}");
-    // Not on a terminal: the original's lines only.
+    // The reason is a line of its own, whole though wider than the terminal's 80 columns.
+    let reason = "Unit nowhere.service cannot be scheduled: no machine has metadata \
+                  region=nowhere-near-any-machine-of-this-test";
+    assert!(seen.contains(reason), "{seen}");
+    // Not on a terminal: the original's lines, then the reason (known by then: loaded first,
+    // and waited for).
     fleet.ok(&["destroy", "nowhere.service"]);
-    let piped = fleet.fleetctl(&["start", "--block-attempts", "2", &units[6]]);
+    fleet.ok(&["load", "--no-block", &units[6]]);
+    fleet.wait_until("the engine gave its reason", std::time::Duration::from_secs(30), |fleet| {
+        fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,reason"]).stdout.contains("region=nowhere")
+    });
+    let piped = fleet.fleetctl(&["start", "--block-attempts", "1", &units[6]]);
     assert_eq!(piped.code, 1);
     assert!(!piped.stderr.contains('\u{1b}') && !piped.stderr.contains("launched 0/1"), "{piped:?}");
     assert!(piped.stderr.contains("timed out waiting for unit nowhere.service"), "{piped:?}");
+    assert!(piped.stderr.contains(reason), "{piped:?}");
 }

@@ -1,6 +1,8 @@
 //! Progress of a blocking command on a terminal: one line on stderr, redrawn as units move,
-//! with how many reached the state waited for, the others by state, and why a unit cannot be
-//! placed. Not on a terminal, nothing is drawn: the output stays the original's lines.
+//! with how many reached the state waited for, the others by state and how many cannot be
+//! placed; why a unit cannot be placed is a line of its own above it, never cut to the
+//! terminal's width. Not on a terminal, nothing is drawn: the output stays the original's
+//! lines.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -8,7 +10,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// What the line says: a pure function of the counts, tested without a terminal.
-pub fn describe(target: &str, by_state: &BTreeMap<String, usize>, unplaced: Option<(&str, &str)>) -> String {
+pub fn describe(target: &str, by_state: &BTreeMap<String, usize>, unplaced: usize) -> String {
     let others: Vec<String> = by_state
         .iter()
         .filter(|(state, count)| state.as_str() != target && **count > 0)
@@ -16,8 +18,8 @@ pub fn describe(target: &str, by_state: &BTreeMap<String, usize>, unplaced: Opti
         .collect();
     let mut text =
         if others.is_empty() { format!("waiting for {target}") } else { format!("waiting: {}", others.join(", ")) };
-    if let Some((unit, reason)) = unplaced {
-        text.push_str(&format!("; {unit} cannot be scheduled: {reason}"));
+    if unplaced > 0 {
+        text.push_str(&format!("; {unplaced} cannot be scheduled"));
     }
     text
 }
@@ -42,6 +44,14 @@ impl Progress {
         self.bar.set_message(message);
     }
 
+    /// Prints `line` on stderr above the progress line when it is drawn; nothing otherwise
+    /// (without a terminal the original's output is kept as it was).
+    pub fn note(&self, line: &str) {
+        if !self.bar.is_hidden() {
+            self.bar.suspend(|| eprintln!("{line}"));
+        }
+    }
+
     /// Prints a line of the command's output above the progress line.
     pub fn println(&self, line: &str) {
         if self.bar.is_hidden() {
@@ -63,14 +73,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_line_counts_units_by_state_and_names_an_unplaceable_one() {
+    fn the_line_counts_units_by_state_and_the_unplaceable_ones() {
         let states =
             BTreeMap::from([("launched".to_string(), 3), ("inactive".to_string(), 2), ("loaded".to_string(), 1)]);
-        assert_eq!(describe("launched", &states, None), "waiting: 2 inactive, 1 loaded");
-        assert_eq!(
-            describe("launched", &states, Some(("web@1.service", "no machine has region=x"))),
-            "waiting: 2 inactive, 1 loaded; web@1.service cannot be scheduled: no machine has region=x"
-        );
-        assert_eq!(describe("loaded", &BTreeMap::new(), None), "waiting for loaded");
+        assert_eq!(describe("launched", &states, 0), "waiting: 2 inactive, 1 loaded");
+        assert_eq!(describe("launched", &states, 1), "waiting: 2 inactive, 1 loaded; 1 cannot be scheduled");
+        assert_eq!(describe("loaded", &BTreeMap::new(), 0), "waiting for loaded");
     }
 }

@@ -77,6 +77,8 @@ pub async fn wait_for_state(
     let mut pending: Vec<String> = names.to_vec();
     let mut machines = None;
     let progress = (attempts != Attempts::NoBlock).then(|| Progress::new(names.len(), target));
+    // The reasons already shown above the progress line, by unit.
+    let mut noted: BTreeMap<String, String> = BTreeMap::new();
     let say = |line: String| match &progress {
         Some(progress) => progress.println(&line),
         None => println!("{line}"),
@@ -115,17 +117,24 @@ pub async fn wait_for_state(
                 let state = units.get(name).and_then(|unit| unit.current_state.clone());
                 *by_state.entry(state.unwrap_or_else(|| "not submitted".to_string())).or_default() += 1;
             }
-            let unplaced = pending
-                .iter()
-                .find_map(|name| units.get(name)?.reason.as_deref().map(|reason| (name.as_str(), reason)));
-            progress.update(names.len() - pending.len(), describe(target, &by_state, unplaced));
+            let unplaced: Vec<(&String, &str)> =
+                pending.iter().filter_map(|name| Some((name, units.get(name)?.reason.as_deref()?))).collect();
+            for (name, reason) in &unplaced {
+                if noted.get(*name).map(String::as_str) != Some(*reason) {
+                    progress.note(&format!("Unit {name} cannot be scheduled: {reason}"));
+                    noted.insert((*name).clone(), reason.to_string());
+                }
+            }
+            progress.update(names.len() - pending.len(), describe(target, &by_state, unplaced.len()));
         }
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             let name = &pending[0];
-            let reason = units.get(name).and_then(|unit| unit.reason.clone());
             let mut message = format!("timed out waiting for unit {name} to report state {target}");
-            if let Some(reason) = reason {
-                message.push_str(&format!("\nUnit {name} cannot be scheduled: {reason}"));
+            // Why each unit still waiting cannot be placed, where the engine said.
+            for name in &pending {
+                if let Some(reason) = units.get(name).and_then(|unit| unit.reason.as_deref()) {
+                    message.push_str(&format!("\nUnit {name} cannot be scheduled: {reason}"));
+                }
             }
             return Err(message);
         }
