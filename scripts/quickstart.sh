@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Starts a single-machine fleet from this checkout: fleetd on the embedded store with the
 # native supervisor, examples/hello.service launched, and its state shown by fleetctl.
-# Everything lives in ./.fleet (state, socket, logs); `scripts/quickstart.sh stop` ends it.
+# Everything lives in ./.fleet, or FLEET_DEMO_DIR (state, socket, logs); `scripts/quickstart.sh
+# stop` ends it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root="$PWD/.fleet"
+root="${FLEET_DEMO_DIR:-$PWD/.fleet}"
 socket="$root/fleet.sock"
 export FLEETCTL_ENDPOINT="unix://$socket"
 
@@ -14,17 +15,33 @@ if [ "${1:-}" = "stop" ]; then
   exit 0
 fi
 
-command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
-# etcd-client's build needs protoc and Google's well-known protos, even for a single machine on
-# the embedded store.
-if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev
-  else
-    echo "protoc and Google's well-known protos are required (Debian packages protobuf-compiler and libprotobuf-dev)"; exit 1
-  fi
+# Which binaries: FLEET_BIN_DIR when given; else this checkout's release build when there is
+# one; else fleetd and fleetctl installed on the PATH; else build them here.
+bin_dir="${FLEET_BIN_DIR:-}"
+if [ -z "$bin_dir" ] && [ -x target/release/fleetd ] && [ -x target/release/fleetctl ]; then
+  bin_dir="$PWD/target/release"
+  echo "using the binaries built in $bin_dir (rebuild: cargo build --release -p fleetd -p fleetctl)"
+elif [ -z "$bin_dir" ] && command -v fleetd >/dev/null && command -v fleetctl >/dev/null; then
+  bin_dir="$(dirname "$(command -v fleetd)")"
+  echo "using the installed binaries in $bin_dir"
 fi
-cargo build --release -p fleetd -p fleetctl
+if [ -z "$bin_dir" ]; then
+  command -v cargo >/dev/null || { echo "cargo is required to build fleet (https://rustup.rs), or set FLEET_BIN_DIR"; exit 1; }
+  # etcd-client's build needs protoc and Google's well-known protos, even for a single machine
+  # on the embedded store.
+  if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev
+    else
+      echo "protoc and Google's well-known protos are required (Debian packages protobuf-compiler and libprotobuf-dev)"; exit 1
+    fi
+  fi
+  cargo build --release -p fleetd -p fleetctl
+  bin_dir="$PWD/target/release"
+fi
+for binary in fleetd fleetctl; do
+  [ -x "$bin_dir/$binary" ] || { echo "$bin_dir/$binary is missing"; exit 1; }
+done
 mkdir -p "$root"
 if [ ! -s "$root/machine-id" ]; then
   if [ -s /etc/machine-id ]; then cp /etc/machine-id "$root/machine-id"; else od -An -N16 -tx1 /dev/urandom | tr -d ' \n' > "$root/machine-id"; fi
@@ -39,19 +56,19 @@ CONF
 if [ -f "$root/fleetd.pid" ] && kill -0 "$(cat "$root/fleetd.pid")" 2>/dev/null; then
   echo "fleetd already running (pid $(cat "$root/fleetd.pid"))"
 else
-  nohup target/release/fleetd -config "$root/fleet.conf" >"$root/fleetd.log" 2>&1 &
+  nohup "$bin_dir/fleetd" -config "$root/fleet.conf" >"$root/fleetd.log" 2>&1 &
   echo $! > "$root/fleetd.pid"
   for _ in $(seq 1 100); do [ -S "$socket" ] && break; sleep 0.1; done
 fi
 
-target/release/fleetctl start examples/hello.service
-target/release/fleetctl list-machines
-target/release/fleetctl list-units
+"$bin_dir/fleetctl" start examples/hello.service
+"$bin_dir/fleetctl" list-machines
+"$bin_dir/fleetctl" list-units
 cat <<MSG
 
 fleet is running (log: $root/fleetd.log). Try:
   export FLEETCTL_ENDPOINT=$FLEETCTL_ENDPOINT
-  target/release/fleetctl journal hello.service
-  target/release/fleetctl start examples/hello@{1,2,3}.service
+  $bin_dir/fleetctl journal hello.service
+  $bin_dir/fleetctl start examples/hello@{1,2,3}.service
   scripts/quickstart.sh stop
 MSG
