@@ -516,7 +516,7 @@ impl Chaos {
                 observed.longest_fault = observed.longest_fault.max(lasted);
             }
             match fault.kind {
-                FaultKind::KillFleetd => self.members[fault.target].fleetd.launch(),
+                FaultKind::KillFleetd => self.members[fault.target].fleetd.relaunch(),
                 FaultKind::FreezeFleetd => self.members[fault.target].fleetd.signal(libc::SIGCONT),
                 FaultKind::CutMachine => {
                     for member in self.etcd.members.clone() {
@@ -548,7 +548,7 @@ impl Chaos {
                 let tail: String =
                     log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
                 self.report.violations.push(format!("fleetd {index} died on its own ({status}):\n{tail}"));
-                self.members[index].fleetd.launch();
+                self.members[index].fleetd.relaunch();
             }
         }
     }

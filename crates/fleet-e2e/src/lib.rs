@@ -205,6 +205,14 @@ impl Fleetd {
         self.child = Some(child);
     }
 
+    /// Starts the fleetd process again on the same directory and goes on at once: under
+    /// faults (etcd without a leader, say) it may take any time to register, and what it does
+    /// meanwhile is for the caller's checks to judge. A fleetd that exits at once is found
+    /// by the caller's watch for fleetds that died on their own.
+    pub fn relaunch(&mut self) {
+        self.spawn();
+    }
+
     /// (Re)starts the fleetd process on the same directory and waits for its API.
     pub fn launch(&mut self) {
         self.spawn();
