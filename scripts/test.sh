@@ -39,25 +39,31 @@ if [ ${#missing[@]} -gt 0 ]; then
     echo "these Debian packages are required: ${missing[*]}"; exit 1
   fi
 fi
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-cargo build --workspace --bins --quiet
+# Each step says how long it took, so the suite's time is known where it goes.
+step() {
+  local started=$SECONDS
+  "$@"
+  echo "test.sh: $* took $((SECONDS - started)) s" >&2
+}
+step cargo fmt --all -- --check
+step cargo clippy --workspace --all-targets --quiet -- -D warnings
+step cargo build --workspace --bins --quiet
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast
+  step cargo nextest run --workspace --no-fail-fast
 else
-  cargo test --workspace --no-fail-fast
+  step cargo test --workspace --no-fail-fast
 fi
 # A bounded slice of the API benchmark: every listener kind answers its requests correctly
 # (the numbers of a debug build on a busy machine mean nothing; BENCHMARKS.md has release runs).
-target/debug/bench-api 0.2 2
+step target/debug/bench-api 0.2 2
 # And of the pull-agent benchmark: join, schedule, wake, idle and manager restart all complete.
-target/debug/bench-pull 20 200 1
+step target/debug/bench-pull 20 200 1
 # And of the web view's: a real Chromium follows a fleetd of 300 units.
-target/debug/bench-web 300 1
+step target/debug/bench-web 300 1
 # And the whole path at 1,000 simulated machines and 10,000 units on one etcd (issue 14's CI
 # size): fleetctl submits and lists them all, one change wakes one agent, a tenth of the
 # machines lost at once and a killed engine leader leave every unit running once.
-target/debug/bench-cluster 1000 10000 5
+step target/debug/bench-cluster 1000 10000 5
 # The deterministic simulation of the protocol (the real engine and agents over a simulated
 # store, under seeded faults): 2,000 seeds from one drawn now, printed with any that fails.
-target/debug/fleet-sim 2000
+step target/debug/fleet-sim 2000
