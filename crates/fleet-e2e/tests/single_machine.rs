@@ -184,7 +184,17 @@ fn usage_errors_and_version() {
         "{unreachable:?}"
     );
     let bad_fields = fleet.fleetctl(&["list-units", "--fields", "bogus"]);
-    assert_eq!((bad_fields.code, bad_fields.stderr.as_str()), (1, "Invalid key in output format: \"bogus\"\n"));
+    // The original's line, then the fields there are.
+    assert_eq!(
+        (bad_fields.code, bad_fields.stderr.as_str()),
+        (1, "Invalid key in output format: \"bogus\"\nValid fields: active,drift,hash,load,machine,sub,unit\n")
+    );
+    let none = fleet.fleetctl(&["list-unit-files", "--fields", ""]);
+    assert!(none.stderr.starts_with("Must define output format\nValid fields: desc,dstate,"), "{none:?}");
+    // -l on list-unit-files as on list-units, and -n for journal's --lines.
+    assert_eq!(fleet.fleetctl(&["list-unit-files", "-l"]).code, 0);
+    let journal = fleet.fleetctl(&["journal", "-n", "2", "nothing.service"]);
+    assert!(journal.stderr.contains("Unit nothing.service does not exist."), "{journal:?}");
 }
 
 #[test]

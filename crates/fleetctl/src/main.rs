@@ -175,7 +175,7 @@ enum Command {
     /// Print the log of a unit
     Journal {
         /// Number of recent lines to print
-        #[arg(long, default_value_t = 10)]
+        #[arg(short = 'n', long, default_value_t = 10)]
         lines: usize,
         /// Keep printing new lines as they arrive
         #[arg(short = 'f', long = "follow", alias = "f")]
@@ -204,7 +204,7 @@ enum Command {
     /// List the units in the cluster and their desired and current states
     ListUnitFiles {
         /// Show full machine IDs and hashes
-        #[arg(long)]
+        #[arg(short = 'l', long, alias = "l")]
         full: bool,
         /// Omit the header line
         #[arg(long)]

@@ -32,9 +32,26 @@ pub fn tab_table(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `3d1219c7...`, or the full ID with `--full`.
-pub fn machine_id_legend(id: &str, full: bool) -> String {
-    if full || id.len() <= 8 { id.to_string() } else { format!("{}...", &id[..8]) }
+/// The original's width of a shortened machine ID.
+const LEGEND_WIDTH: usize = 8;
+
+/// How many leading characters tell `id` apart from every other of `ids`: the original's 8, or
+/// more where machine IDs share a longer prefix.
+fn distinct_prefix<'a>(id: &str, ids: impl IntoIterator<Item = &'a str>) -> usize {
+    let shared = |other: &str| id.chars().zip(other.chars()).take_while(|(a, b)| a == b).count();
+    let longest = ids.into_iter().filter(|other| *other != id).map(shared).max().unwrap_or(0);
+    (longest + 1).max(LEGEND_WIDTH)
+}
+
+/// `3d1219c7...`, longer where another of `ids` shares those characters, or the full ID
+/// with `--full`.
+pub fn machine_id_legend<'a>(id: &str, ids: impl IntoIterator<Item = &'a str>, full: bool) -> String {
+    let width = distinct_prefix(id, ids);
+    if full || id.chars().count() <= width {
+        id.to_string()
+    } else {
+        format!("{}...", id.chars().take(width).collect::<String>())
+    }
 }
 
 /// The address of machine `id`, when the cluster knows it.
@@ -44,7 +61,7 @@ pub fn machine_ip<'a>(machines: &'a BTreeMap<String, Machine>, id: &str) -> Opti
 
 /// The ID legend followed by `/<ip>` when the machine's address is known.
 pub fn machine_full_legend(id: &str, machines: &BTreeMap<String, Machine>, full: bool) -> String {
-    let legend = machine_id_legend(id, full);
+    let legend = machine_id_legend(id, machines.keys().map(String::as_str), full);
     match machine_ip(machines, id) {
         Some(ip) => format!("{legend}/{ip}"),
         None => legend,
@@ -88,5 +105,15 @@ mod tests {
         assert_eq!(machine_full_legend("3d1219c7abcdef", &machines, false), "3d1219c7.../127.0.0.1");
         assert_eq!(machine_full_legend("3d1219c7abcdef", &machines, true), "3d1219c7abcdef/127.0.0.1");
         assert_eq!(machine_full_legend("ffffffff0000", &machines, false), "ffffffff...");
+    }
+
+    #[test]
+    fn machine_ids_that_share_a_prefix_are_shown_long_enough_to_tell_apart() {
+        let ids = ["00000000aa11", "00000000ab22", "3d1219c7ffff"];
+        assert_eq!(machine_id_legend("00000000aa11", ids, false), "00000000aa...");
+        assert_eq!(machine_id_legend("00000000ab22", ids, false), "00000000ab...");
+        assert_eq!(machine_id_legend("3d1219c7ffff", ids, false), "3d1219c7...", "the original's 8 otherwise");
+        assert_eq!(machine_id_legend("00000000aa11", ["00000000aa11", "00000000aa1"], false), "00000000aa11");
+        assert_eq!(machine_id_legend("ééééééééé", [], false), "éééééééé...", "cut by characters, not bytes");
     }
 }

@@ -22,14 +22,15 @@ fn columns<'a>(fields: &'a str, valid: &[&'a str], output: OutputFormat) -> Resu
     })
 }
 
-/// Checks `--fields` against the valid names; the original's messages.
+/// Checks `--fields` against the valid names: the original's message, then the valid fields.
 fn parse_fields<'a>(fields: &'a str, valid: &[&str]) -> Result<Vec<&'a str>, String> {
+    let listed = || format!("\nValid fields: {}", valid.join(","));
     if fields.is_empty() {
-        return Err("Must define output format".to_string());
+        return Err(format!("Must define output format{}", listed()));
     }
     let fields: Vec<&str> = fields.split(',').collect();
     match fields.iter().find(|field| !valid.contains(field)) {
-        Some(bad) => Err(format!("Invalid key in output format: {bad:?}")),
+        Some(bad) => Err(format!("Invalid key in output format: {bad:?}{}", listed())),
         None => Ok(fields),
     }
 }
@@ -70,6 +71,8 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
         }
     }
     let units_of = |machine: &str| units_on.get(machine).copied().unwrap_or(0);
+    // `-o wide` shows machine IDs whole, as `--full` does.
+    let full = list.full || output == OutputFormat::Wide;
     if output == OutputFormat::Json {
         let rows: Vec<MachineRow<'_>> = machines
             .iter()
@@ -89,7 +92,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
             fields
                 .iter()
                 .map(|field| match *field {
-                    "machine" => machine_id_legend(&machine.id, list.full),
+                    "machine" => machine_id_legend(&machine.id, machines.iter().map(|m| m.id.as_str()), full),
                     "ip" => or_dash(&machine.primary_ip),
                     "units" => units_of(&machine.id).to_string(),
                     _ => {
