@@ -4,6 +4,7 @@ mod api_service;
 mod daemon;
 mod host;
 mod log_priority;
+mod make_certificates;
 mod process_setup;
 mod pull;
 mod ready_probe;
@@ -20,7 +21,8 @@ use std::process::ExitCode;
 
 use fleetd::config::Config;
 
-const USAGE: &str = "Usage: fleetd [-config PATH] [-version] [-help] [-manual] [-sample-config]";
+const USAGE: &str = "Usage: fleetd [-config PATH] [-version] [-help] [-manual] [-sample-config]\n       \
+                     fleetd -make-certificates DIR [-hosts NAME,ADDRESS,...]";
 
 enum Invocation {
     Run(Option<PathBuf>),
@@ -28,11 +30,14 @@ enum Invocation {
     Help,
     Manual,
     SampleConfig,
+    MakeCertificates { dir: PathBuf, hosts: Vec<String> },
 }
 
 /// Reads Go-style flags: `-config PATH`, `--config=PATH`, `-version`, `fleetd version`.
 fn parse_args(args: &[String]) -> Result<Invocation, String> {
     let mut config = None;
+    let mut certificates: Option<PathBuf> = None;
+    let mut hosts: Vec<String> = Vec::new();
     let mut index = 0;
     while index < args.len() {
         let arg = &args[index];
@@ -46,15 +51,19 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
             (true, "help" | "h") => return Ok(Invocation::Help),
             (true, "manual") => return Ok(Invocation::Manual),
             (true, "sample-config") => return Ok(Invocation::SampleConfig),
-            (true, "config") => {
+            (true, "config" | "make-certificates" | "hosts") => {
                 let value = match inline {
                     Some(value) => value,
                     None => {
                         index += 1;
-                        args.get(index).cloned().ok_or("flag needs an argument: -config")?
+                        args.get(index).cloned().ok_or_else(|| format!("flag needs an argument: -{name}"))?
                     }
                 };
-                config = Some(PathBuf::from(value));
+                match name {
+                    "config" => config = Some(PathBuf::from(value)),
+                    "make-certificates" => certificates = Some(PathBuf::from(value)),
+                    _ => hosts.extend(value.split(',').map(|host| host.trim().to_string())),
+                }
             }
             (true, _) => return Err(format!("flag provided but not defined: {arg}")),
             (false, "version") if index == 0 => return Ok(Invocation::Version),
@@ -64,7 +73,11 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
         }
         index += 1;
     }
-    Ok(Invocation::Run(config))
+    match certificates {
+        Some(dir) => Ok(Invocation::MakeCertificates { dir, hosts }),
+        None if !hosts.is_empty() => Err("-hosts goes with -make-certificates".to_string()),
+        None => Ok(Invocation::Run(config)),
+    }
 }
 
 fn main() -> ExitCode {
@@ -94,6 +107,7 @@ fn main() -> ExitCode {
             print!("{}", fleetd::config_docs::sample_config());
             return ExitCode::SUCCESS;
         }
+        Ok(Invocation::MakeCertificates { dir, hosts }) => return make_certificates::run(&dir, &hosts),
         Err(message) => {
             eprintln!("{message}\n{USAGE}");
             return ExitCode::FAILURE;
@@ -177,5 +191,11 @@ mod tests {
         );
         assert!(parse(&["-bogus"]).is_err());
         assert!(parse(&["-config"]).is_err());
+        assert!(matches!(
+            parse(&["-make-certificates", "/tls", "-hosts", "a.example,10.0.0.5"]),
+            Ok(Invocation::MakeCertificates { dir, hosts }) if dir.as_path() == std::path::Path::new("/tls")
+                && hosts == ["a.example", "10.0.0.5"]
+        ));
+        assert!(parse(&["-hosts", "a.example"]).is_err(), "-hosts alone makes nothing");
     }
 }

@@ -16,6 +16,19 @@ pub const FLAGS: &[(&str, Option<&str>, &str)] = &[
     ("-help", None, "Print the usage and every fleet.conf option, and exit."),
     ("-manual", None, "Print this manual page (roff) and exit."),
     ("-sample-config", None, "Print a fleet.conf with every option at its default, commented out, and exit."),
+    (
+        "-make-certificates",
+        Some("DIR"),
+        "Make the cluster's TLS certificates in DIR (the API CA, a server certificate, the administrator's \
+         client certificate, the agent CA; keys 0600, nothing overwritten), print the fleet.conf lines and \
+         fleetctl flags that use them, and exit.",
+    ),
+    (
+        "-hosts",
+        Some("NAMES"),
+        "With -make-certificates: the comma-separated host names and addresses the API is reached at \
+         (localhost and 127.0.0.1 are always included).",
+    ),
 ];
 
 pub fn manual_page(version: &str) -> String {

@@ -8,6 +8,7 @@
 pub mod agent_ca;
 pub mod audit;
 pub mod certificate;
+pub mod cluster_certificates;
 pub(crate) mod identity;
 pub mod store_cache;
 pub mod tls;
