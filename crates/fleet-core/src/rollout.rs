@@ -222,6 +222,32 @@ pub fn next_timed_step(rollout: &Rollout) -> Option<u64> {
     rollout.units.iter().filter_map(due).min()
 }
 
+/// The units a source's rollout should carry after a sync that found `wanted` replacements
+/// (each from the content running now to the source's), given the rollout under way, if any.
+/// `None`: leave the rollout as it is, because it carries every wanted replacement already
+/// (a sync during a rollout finds fewer changes as the rollout replaces units: that is
+/// progress, not a new rollout). Otherwise every unit the rollout touched is kept, with its
+/// step, unless the source now wants other content for it (a new commit): that unit starts
+/// over from the content it runs; new units join at the end. A finished rollout is not
+/// merged into: the sync starts a new one.
+pub fn units_after_sync(existing: Option<&Rollout>, wanted: &[RolloutUnit]) -> Option<Vec<RolloutUnit>> {
+    let Some(existing) = existing.filter(|rollout| rollout.state != RolloutState::Done) else {
+        return Some(wanted.to_vec());
+    };
+    let carried = |unit: &RolloutUnit| existing.units.iter().any(|kept| kept.name == unit.name && kept.to == unit.to);
+    if wanted.iter().all(carried) {
+        return None;
+    }
+    let mut units = existing.units.clone();
+    for unit in wanted.iter().filter(|unit| !carried(unit)) {
+        match units.iter_mut().find(|kept| kept.name == unit.name) {
+            Some(kept) => *kept = unit.clone(),
+            None => units.push(unit.clone()),
+        }
+    }
+    Some(units)
+}
+
 impl Rollout {
     /// The rollout that takes every unit this one touched back to its old content, in the
     /// same waves; units it never started on stay as they are.
@@ -306,6 +332,36 @@ mod tests {
         assert_eq!(changes_first_at(&rollout, &reports), 15, "active for min_ready (5 s)");
         rollout.state = RolloutState::Paused { reason: "by hand".into() };
         assert_eq!(next_timed_step(&rollout), None, "a paused rollout waits on nothing");
+    }
+
+    fn replacing(name: &str, from: UnitHash, to: UnitHash) -> RolloutUnit {
+        RolloutUnit { name: name.into(), from, to, step: Step::Waiting }
+    }
+
+    #[test]
+    fn a_sync_during_a_rollout_keeps_its_progress_and_every_unit_it_touched() {
+        let mut rollout = rollout(4, MaxUnavailable::Count(2));
+        advance(&mut rollout, &all(4, OLD, Health::Active), 0);
+        // Two units replaced: the next sync finds only the other two still to change.
+        let left = [replacing("web@2.service", OLD, NEW), replacing("web@3.service", OLD, NEW)];
+        assert_eq!(units_after_sync(Some(&rollout), &left), None, "the rollout goes on as it is");
+        // A new commit changes one of them again and adds a unit: those start over or join,
+        // the rest keep their steps.
+        const NEWER: UnitHash = UnitHash([3; 20]);
+        let wanted = [
+            replacing("web@0.service", NEW, NEWER),
+            replacing("web@3.service", OLD, NEW),
+            replacing("db.service", OLD, NEWER),
+        ];
+        let units = units_after_sync(Some(&rollout), &wanted).expect("a change");
+        assert_eq!(units.len(), 5, "every unit touched is kept: {units:?}");
+        assert_eq!(units[0], replacing("web@0.service", NEW, NEWER), "new content for it starts over");
+        assert_eq!(units[1], rollout.units[1], "its step is kept");
+        assert_eq!(units[4], replacing("db.service", OLD, NEWER));
+        // A finished rollout is not merged into.
+        rollout.state = RolloutState::Done;
+        assert_eq!(units_after_sync(Some(&rollout), &left).map(|units| units.len()), Some(2));
+        assert_eq!(units_after_sync(None, &left).map(|units| units.len()), Some(2));
     }
 
     #[test]

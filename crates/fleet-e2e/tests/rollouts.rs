@@ -179,6 +179,11 @@ fn a_sources_new_content_reaches_its_running_units_in_waves() {
     });
     let worst = sampler.finish();
     assert!(worst <= 1, "{worst} instances were down at once (max-unavailable 1)");
+    // The source synced every second meanwhile: the rollout kept every unit it touched.
+    let status = fleet.ok(&["rollout", "status", "source-apps"]).stdout;
+    for instance in 1..=4 {
+        assert!(status.contains(&format!("web@{instance}.service")), "web@{instance} kept:\n{status}");
+    }
 }
 
 #[test]

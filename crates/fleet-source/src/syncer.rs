@@ -3,16 +3,16 @@
 //! writer; what happened goes to the source's status. Git → leader → agents: the agents see
 //! ordinary units.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
+use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, units_after_sync};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
-use fleet_core::{DesiredState, UnitHash};
+use fleet_core::DesiredState;
 use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use fleet_runtime::Lifecycle;
 use fleet_runtime::Next;
@@ -268,8 +268,9 @@ fn runs_and_changes(change: &SyncChange, views: &BTreeMap<String, UnitView>, sou
 }
 
 impl SourceSyncer {
-    /// Hands `changes` (replacements of running units) to the source's rollout, unless the
-    /// rollout already carries exactly them (a sync every interval must not restart it).
+    /// Hands `changes` (replacements of running units) to the source's rollout: merged into the
+    /// one under way, which a sync that finds nothing new leaves as it is
+    /// (`fleet_core::rollout::units_after_sync`).
     async fn roll_out(
         &self,
         source: &SourceRecord,
@@ -290,14 +291,20 @@ impl SourceSyncer {
             bodies.insert(file.hash().to_string(), file.serialize());
             units.push(RolloutUnit { name: name.clone(), from: current.hash, to: file.hash(), step: Step::Waiting });
         }
-        let wanted: BTreeSet<(&str, UnitHash)> = units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
-        if let Some(existing) = self.registry.rollouts().await?.into_iter().find(|record| record.name == name) {
-            let carried: BTreeSet<(&str, UnitHash)> =
-                existing.rollout.units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
-            if existing.rollout.state != RolloutState::Done && carried == wanted {
-                return Ok(());
+        let existing = self.registry.rollouts().await?.into_iter().find(|record| record.name == name);
+        let Some(units) = units_after_sync(existing.as_ref().map(|record| &record.rollout), &units) else {
+            return Ok(());
+        };
+        // The bodies of the units kept from the rollout under way stay with it.
+        let created = match existing {
+            Some(record) if record.rollout.state != RolloutState::Done => {
+                for (hash, text) in record.bodies {
+                    bodies.entry(hash).or_insert(text);
+                }
+                record.created
             }
-        }
+            _ => now(),
+        };
         tracing::info!(source = source.name, units = units.len(), %max_unavailable, "rolling out new content");
         let rollout = Rollout {
             units,
@@ -306,7 +313,7 @@ impl SourceSyncer {
             deadline: ROLLOUT_DEADLINE,
             state: RolloutState::Running,
         };
-        self.registry.put_rollout(&RolloutRecord { name, rollout, bodies, created: now() }).await
+        self.registry.put_rollout(&RolloutRecord { name, rollout, bodies, created }).await
     }
 }
 
