@@ -112,6 +112,10 @@ fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
     // A version that cannot start: the rollout pauses on it, having touched at most two.
     let bad = template(&dirs[2], 3, Some("/bin/false"));
     cluster.any().ok(&["rollout", "start", "--max-unavailable", "2", "--min-ready", "1s", "--deadline", "20s", &bad]);
+    // `rollout status --wait` blocks until the rollout settles, and fails for a paused one.
+    let waited = cluster.any().fleetctl(&["rollout", "status", "--wait", "web"]);
+    assert_eq!(waited.code, 1, "{waited:?}");
+    assert!(waited.stdout.contains("State:           paused") && waited.stdout.contains("Why:"), "{waited:?}");
     cluster.any().wait_until("the bad rollout pauses", WAIT, |fleet| {
         rollout_state(fleet, "web").contains("State:           paused")
     });
@@ -125,6 +129,8 @@ fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
     assert!(touched <= 2, "at most two units affected: {status}");
     assert!(up(&running(&state_dirs), &[2]) >= INSTANCES - 2, "the others still run version 2");
     cluster.any().ok(&["rollout", "undo", "web"]);
+    let waited = cluster.any().fleetctl(&["rollout", "status", "--wait", "web"]);
+    assert_eq!(waited.code, 0, "the undo finishes: {waited:?}");
     cluster.any().wait_until("undo brings version 2 back", WAIT, |fleet| {
         rollout_state(fleet, "web").contains("State:           done") && up(&running(&state_dirs), &[2]) == INSTANCES
     });
@@ -208,6 +214,9 @@ fn start_replace_with_max_unavailable_gives_running_units_new_content_in_waves()
     replace.extend(instances(new.path()));
     let ran = cluster.any().ok(&replace.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(ran.stderr.contains("Rollout replace-") && ran.stderr.contains("6 running units"), "{ran:?}");
+    // Like a plain start, it blocks: it returned once the rollout was done.
+    let listed = cluster.any().ok(&["rollout", "list", "--no-legend"]).stdout;
+    assert!(listed.contains("6/6 done"), "{listed}");
     cluster.any().wait_until("every instance runs the new content", WAIT, |_| {
         up_of(&running(&state_dirs), &[6], COUNT) == COUNT
     });

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::DesiredState;
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, units_after_sync};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
-use fleet_core::DesiredState;
 use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use fleet_runtime::Lifecycle;
 use fleet_runtime::Next;

@@ -496,7 +496,12 @@ pub enum RolloutCommand {
         no_legend: bool,
     },
     /// Show a rollout, unit by unit
-    Status { name: String },
+    Status {
+        name: String,
+        /// Wait until the rollout is done (exit 0) or paused (exit 1, with why)
+        #[arg(long)]
+        wait: bool,
+    },
     /// Start no new wave
     Pause { name: String },
     /// Go on (a failed unit gets a new deadline)

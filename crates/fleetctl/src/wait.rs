@@ -36,7 +36,7 @@ impl Attempts {
         if count == 0 { Self::Forever } else { Self::Limited(count) }
     }
 
-    fn deadline(self) -> Option<Instant> {
+    pub fn deadline(self) -> Option<Instant> {
         match self {
             Self::Limited(n) => Some(Instant::now() + ATTEMPT * n),
             Self::NoBlock => Some(Instant::now()),

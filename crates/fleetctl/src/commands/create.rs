@@ -203,6 +203,8 @@ pub struct Created {
     /// The units it wrote (created or replaced), as written: new units and replacements
     /// carry the command's desired state already, templates `inactive`.
     pub written: BTreeMap<String, Unit>,
+    /// The rollout started for running units given new content in waves, if one was.
+    pub rollout: Option<String>,
 }
 
 /// Makes sure every unit named by `arguments` exists in the cluster, replacing those that
@@ -273,9 +275,10 @@ pub async fn lazy_create(
         .map(|unit| (unit.name.clone(), is_global(unit)))
         .collect();
     write_units(context, to_create).await?;
-    if let Some(waves) = replacing.waves.as_ref().filter(|_| !rolled.is_empty()) {
-        roll_out(context, waves, rolled).await?;
-    }
+    let rollout = match replacing.waves.as_ref().filter(|_| !rolled.is_empty()) {
+        Some(waves) => Some(roll_out(context, waves, rolled).await?),
+        None => None,
+    };
     // A global unit has no current state of its own: the original prints its name alone.
     for (name, global) in &announced {
         if *global {
@@ -284,11 +287,15 @@ pub async fn lazy_create(
             println!("Unit {name} inactive");
         }
     }
-    Ok(Created { names, written })
+    Ok(Created { names, written, rollout })
 }
 
-/// Starts a rollout that gives `files` (running units) their new content in `waves`.
-async fn roll_out(context: &Context, waves: &Waves, files: BTreeMap<String, Vec<UnitOption>>) -> Result<(), String> {
+/// Starts a rollout that gives `files` (running units) their new content in `waves`; its name.
+async fn roll_out(
+    context: &Context,
+    waves: &Waves,
+    files: BTreeMap<String, Vec<UnitOption>>,
+) -> Result<String, String> {
     let seconds = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
     let name = format!("replace-{seconds}");
     let request = RolloutRequest {
@@ -303,7 +310,7 @@ async fn roll_out(context: &Context, waves: &Waves, files: BTreeMap<String, Vec<
         rollout.units.len(),
         rollout.max_unavailable
     );
-    Ok(())
+    Ok(name)
 }
 
 /// A unit to write with `desired` as its desired state; a template is never asked to run, so

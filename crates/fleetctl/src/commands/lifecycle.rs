@@ -22,7 +22,7 @@ async fn create_and_find(
     arguments: &[String],
     replacing: &Replacing<'_>,
     failing: &str,
-) -> Result<(Vec<Unit>, BTreeSet<String>), Outcome> {
+) -> Result<(Vec<Unit>, BTreeSet<String>, Option<String>), Outcome> {
     if arguments.is_empty() {
         eprintln!("No units given");
         return Err(Outcome::Usage);
@@ -54,7 +54,7 @@ async fn create_and_find(
         .filter(|name| seen.insert(name.as_str()))
         .filter_map(|name| created.written.remove(name).or_else(|| found.remove(name)))
         .collect();
-    Ok((units, at_target))
+    Ok((units, at_target, created.rollout))
 }
 
 /// The existing units among `arguments`, in argument order.
@@ -177,7 +177,7 @@ async fn schedule(
     let from: &[&str] =
         if target == "launched" { &["inactive", "loaded", "launched"] } else { &["inactive", "loaded"] };
     let replacing = Replacing { allowed: create.replace, from, to: target, waves };
-    let (units, at_target) = match create_and_find(context, arguments, &replacing, failing).await {
+    let (units, at_target, rollout) = match create_and_find(context, arguments, &replacing, failing).await {
         Ok(found) => found,
         Err(outcome) => return outcome,
     };
@@ -190,6 +190,13 @@ async fn schedule(
     };
     let attempts = Attempts::from_flags(block);
     let Some(names) = announce_triggered(triggered, verb, attempts) else { return Outcome::Success };
+    // A rollout started for running units blocks like the units do: until it is done.
+    if let Some(rollout) = rollout
+        && let Err(error) = super::rollout::wait_settled(context, &rollout, attempts.deadline()).await
+    {
+        eprintln!("Error waiting for rollout {rollout}: {error}");
+        return Outcome::Failure;
+    }
     if let Err(error) = wait_for_state(context, &names, target, attempts).await {
         report_wait_failure(&error, "Error waiting for unit states, exit status");
         return Outcome::Failure;
@@ -386,7 +393,7 @@ pub async fn restart(context: &Context, arguments: &[String], block_attempts: u3
     let attempts = Attempts::from_count(block_attempts);
     let replacing = Replacing { allowed: false, from: &[], to: "inactive", waves: None };
     let units = match create_and_find(context, arguments, &replacing, "restarting").await {
-        Ok((units, _)) => units,
+        Ok((units, _, _)) => units,
         Err(outcome) => return outcome,
     };
     for unit in &units {

@@ -1,6 +1,7 @@
 //! `fleetctl rollout start|list|status|pause|resume|undo`: new content in waves.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use fleet_api_schema::{Rollout, RolloutRequest};
 use fleet_core::duration::parse_go_duration;
@@ -20,23 +21,76 @@ pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
             start(context, request).await
         }
         RolloutCommand::List { no_legend } => list(context, no_legend).await,
-        RolloutCommand::Status { name } => match context.client.rollout(&name).await {
-            Ok(Some(rollout)) => {
-                show(&rollout);
-                Outcome::Success
-            }
-            Ok(None) => {
-                eprintln!("Rollout {name} not found");
-                Outcome::Failure
-            }
-            Err(error) => {
-                eprintln!("Error reading rollout {name}: {error}");
-                Outcome::Failure
-            }
-        },
+        RolloutCommand::Status { name, wait } => status(context, &name, wait).await,
         RolloutCommand::Pause { name } => act(context, &name, "pause").await,
         RolloutCommand::Resume { name } => act(context, &name, "resume").await,
         RolloutCommand::Undo { name } => act(context, &name, "undo").await,
+    }
+}
+
+/// Shows the rollout; with `wait`, once it is done (success) or paused (failure).
+async fn status(context: &Context, name: &str, wait: bool) -> Outcome {
+    let settled = if wait { wait_settled(context, name, None).await.map(Some) } else { Ok(None) };
+    let rollout = match settled {
+        Ok(Some(rollout)) => Ok(Some(rollout)),
+        Ok(None) => {
+            context.client.rollout(name).await.map_err(|error| format!("Error reading rollout {name}: {error}"))
+        }
+        Err(Unsettled::Paused(rollout)) => {
+            show(&rollout);
+            return Outcome::Failure;
+        }
+        Err(Unsettled::Failed(error)) => Err(error),
+    };
+    match rollout {
+        Ok(Some(rollout)) => {
+            show(&rollout);
+            Outcome::Success
+        }
+        Ok(None) => {
+            eprintln!("Rollout {name} not found");
+            Outcome::Failure
+        }
+        Err(error) => {
+            eprintln!("{error}");
+            Outcome::Failure
+        }
+    }
+}
+
+/// How often a wait reads the rollout again.
+const WAIT_POLL: Duration = Duration::from_millis(500);
+
+/// Why a rollout waited for did not finish.
+pub enum Unsettled {
+    Paused(Rollout),
+    Failed(String),
+}
+
+impl std::fmt::Display for Unsettled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Paused(rollout) => write!(f, "paused: {}", rollout.reason.as_deref().unwrap_or("by hand")),
+            Self::Failed(error) => f.write_str(error),
+        }
+    }
+}
+
+/// Reads rollout `name` every half second until it is done (its last reading), paused, gone,
+/// or `deadline` passes.
+pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instant>) -> Result<Rollout, Unsettled> {
+    loop {
+        match context.client.rollout(name).await {
+            Ok(Some(rollout)) if rollout.state == "done" => return Ok(rollout),
+            Ok(Some(rollout)) if rollout.state != "running" => return Err(Unsettled::Paused(rollout)),
+            Ok(Some(_)) => {}
+            Ok(None) => return Err(Unsettled::Failed(format!("Rollout {name} not found"))),
+            Err(error) => return Err(Unsettled::Failed(format!("Error reading rollout {name}: {error}"))),
+        }
+        if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return Err(Unsettled::Failed(format!("timed out waiting for rollout {name} to finish")));
+        }
+        tokio::time::sleep(WAIT_POLL).await;
     }
 }
 
