@@ -49,6 +49,14 @@ pub async fn get(state: &ApiState, name: &str, query: &[(String, String)]) -> Re
     let Some(local) = &state.local else {
         return Err(ApiError::not_found("this fleetd runs no units"));
     };
+    // A unit another machine runs: its log is there, not here. Answering with this machine's
+    // log of it (empty, or left from when it ran here) would be a wrong answer.
+    if let Some(machine) = unit.machine_id.as_deref().filter(|machine| *machine != local.machine_id) {
+        return Err(ApiError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!("unit {name} runs on machine {machine}: ask that machine's fleetd for its journal"),
+        ));
+    }
     let text = local
         .manager
         .journal(name, lines)
