@@ -188,8 +188,14 @@ impl EtcdRegistry {
     /// Claims the machine's presence under a new lease; the lease and the revision the
     /// presence was written at. A claim refused is given up (its lease revoked); one that got
     /// no answer may have landed, so its lease is kept for the next attempt to take over.
-    async fn claim_new_presence(&self, machine: &MachineState) -> Result<(i64, i64)> {
+    /// With `own` (this fleetd's own machine, not a pull agent's) the lease is recorded before
+    /// the claim is sent: a fleetd killed while its claim lands takes that presence back when
+    /// it starts again, instead of being refused as a duplicate of itself until it expires.
+    pub(super) async fn claim_new_presence(&self, machine: &MachineState, own: bool) -> Result<(i64, i64)> {
         let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        if own {
+            self.record_lease(Some(lease));
+        }
         match self.claim_presence(machine, lease).await {
             Ok(revision) => Ok((lease, revision)),
             Err(error) => {
@@ -250,7 +256,7 @@ impl EtcdRegistry {
             // work is read only from a copy that has seen this claim, as after a lapse.
             None => {
                 self.stopped_before_fresh_claim(&machine.id).await?;
-                let (lease, revision) = self.claim_new_presence(machine).await?;
+                let (lease, revision) = self.claim_new_presence(machine, true).await?;
                 (lease, sent, revision)
             }
         };
@@ -467,7 +473,7 @@ impl EtcdRegistry {
         };
         let (lease, rejoined_at) = match landed {
             Some(claimed) => claimed,
-            None => self.claim_new_presence(&machine).await?,
+            None => self.claim_new_presence(&machine, session.own).await?,
         };
         self.note_unconfirmed_claim(&machine.id, None);
         {
