@@ -493,7 +493,8 @@ pub struct RolloutRequest {
 #[serde(rename_all = "camelCase")]
 pub struct Rollout {
     pub name: String,
-    /// `running`, `paused` or `done`.
+    /// `running`, `paused` (by hand), `failed` (paused by a unit that did not get there), `done`, or
+    /// `undone` (an undo that finished).
     pub state: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

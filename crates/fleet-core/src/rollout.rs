@@ -120,6 +120,25 @@ pub struct Rollout {
     /// How long a replaced unit may take to become active before it counts as failed.
     pub deadline: u64,
     pub state: RolloutState,
+    /// It takes units back to the content they had (an undo), so its end is "undone".
+    #[serde(default)]
+    pub undo: bool,
+}
+
+impl Rollout {
+    /// The state as the API words it: `running`, `paused` (by hand), `failed` (paused by a unit
+    /// that did not get there), `done`, or `undone` (an undo that finished).
+    pub fn state_word(&self) -> &'static str {
+        match &self.state {
+            RolloutState::Running => "running",
+            RolloutState::Paused { .. } if self.units.iter().any(|unit| matches!(unit.step, Step::Failed { .. })) => {
+                "failed"
+            }
+            RolloutState::Paused { .. } => "paused",
+            RolloutState::Done if self.undo => "undone",
+            RolloutState::Done => "done",
+        }
+    }
 }
 
 /// What the driver must do after a step: write these units' new content (the `to` hash of
@@ -260,6 +279,7 @@ impl Rollout {
                 .map(|unit| RolloutUnit { name: unit.name.clone(), from: unit.to, to: unit.from, step: Step::Waiting })
                 .collect(),
             state: RolloutState::Running,
+            undo: true,
             ..self.clone()
         }
     }
@@ -289,6 +309,7 @@ mod tests {
             min_ready: 5,
             deadline: 60,
             state: RolloutState::Running,
+            undo: false,
         }
     }
 
@@ -303,6 +324,10 @@ mod tests {
         let undo = rollout.undo();
         assert_eq!(undo.units.len(), 2);
         assert!(undo.units.iter().all(|unit| unit.to == OLD && unit.from == NEW && unit.step == Step::Waiting));
+        assert_eq!(undo.state_word(), "running");
+        let mut finished = undo.clone();
+        finished.state = RolloutState::Done;
+        assert_eq!(finished.state_word(), "undone", "an undo that finished says so");
     }
 
     /// With the same reports, a step one second before the moment `next_timed_step` names
@@ -423,6 +448,7 @@ mod tests {
         seen.insert("web@1.service".into(), Observed { hash: NEW, health: Health::Active });
         assert!(advance(&mut rollout, &seen, 1).replace.is_empty());
         assert_eq!(rollout.state, RolloutState::Paused { reason: "web@0.service is down on its new content".into() });
+        assert_eq!(rollout.state_word(), "failed", "paused by a failure, it says so");
         let touched = rollout.units.iter().filter(|unit| unit.step != Step::Waiting).count();
         assert_eq!(touched, 2, "at most max-unavailable units were affected");
         assert!(advance(&mut rollout, &seen, 100).replace.is_empty(), "a paused rollout starts nothing");

@@ -115,9 +115,9 @@ fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
     // `rollout status --wait` blocks until the rollout settles, and fails for a paused one.
     let waited = cluster.any().fleetctl(&["rollout", "status", "--wait", "web"]);
     assert_eq!(waited.code, 1, "{waited:?}");
-    assert!(waited.stdout.contains("State:           paused") && waited.stdout.contains("Why:"), "{waited:?}");
-    cluster.any().wait_until("the bad rollout pauses", WAIT, |fleet| {
-        rollout_state(fleet, "web").contains("State:           paused")
+    assert!(waited.stdout.contains("State:           failed") && waited.stdout.contains("Why:"), "{waited:?}");
+    cluster.any().wait_until("the bad rollout pauses, failed", WAIT, |fleet| {
+        rollout_state(fleet, "web").contains("State:           failed")
     });
     let status = rollout_state(cluster.any(), "web");
     assert!(status.contains("Why:             web@"), "the reason names the unit: {status}");
@@ -132,7 +132,7 @@ fn waves_of_two_a_bad_version_paused_and_undone_and_a_new_leader_finishing() {
     let waited = cluster.any().fleetctl(&["rollout", "status", "--wait", "web"]);
     assert_eq!(waited.code, 0, "the undo finishes: {waited:?}");
     cluster.any().wait_until("undo brings version 2 back", WAIT, |fleet| {
-        rollout_state(fleet, "web").contains("State:           done") && up(&running(&state_dirs), &[2]) == INSTANCES
+        rollout_state(fleet, "web").contains("State:           undone") && up(&running(&state_dirs), &[2]) == INSTANCES
     });
 
     // Version 4 with the engine leader killed once the first wave is under way.

@@ -562,6 +562,7 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
             min_ready: 5,
             deadline: 60,
             state,
+            undo: false,
         },
         bodies: [(unit("/bin/b").hash().to_string(), unit("/bin/b").serialize())].into(),
         created: 1_700_000_000,
@@ -599,6 +600,7 @@ pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn R
         min_ready: 5,
         deadline: 60,
         state: RolloutState::Running,
+        undo: false,
     };
     let record = RolloutRecord { name: "web".into(), rollout, bodies: Default::default(), created: 1_700_000_000 };
     registry.put_rollout(&record).await.expect("store");

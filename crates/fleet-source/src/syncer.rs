@@ -312,6 +312,7 @@ impl SourceSyncer {
             min_ready: source.min_ready_seconds,
             deadline: ROLLOUT_DEADLINE,
             state: RolloutState::Running,
+            undo: false,
         };
         self.registry.put_rollout(&RolloutRecord { name, rollout, bodies, created }).await
     }

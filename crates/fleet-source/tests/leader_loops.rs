@@ -254,6 +254,7 @@ async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
         min_ready: 0,
         deadline: 3600,
         state: RolloutState::Running,
+        undo: false,
     };
     let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
     let started = tokio::time::Instant::now();

@@ -23,10 +23,10 @@ const DEFAULT_MIN_READY: u64 = 10;
 const DEFAULT_DEADLINE: u64 = 120;
 
 fn to_schema(record: RolloutRecord) -> RolloutSchema {
-    let (state, reason) = match record.rollout.state {
-        RolloutState::Running => ("running", None),
-        RolloutState::Paused { reason } => ("paused", Some(reason)),
-        RolloutState::Done => ("done", None),
+    let state = record.rollout.state_word();
+    let reason = match &record.rollout.state {
+        RolloutState::Paused { reason } => Some(reason.clone()),
+        RolloutState::Running | RolloutState::Done => None,
     };
     let units = record
         .rollout
@@ -114,6 +114,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         min_ready: request.min_ready_seconds.unwrap_or(DEFAULT_MIN_READY),
         deadline: request.deadline_seconds.unwrap_or(DEFAULT_DEADLINE).max(1),
         state: RolloutState::Running,
+        undo: false,
     };
     let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix() };
     state.registry.put_rollout(&record).await?;

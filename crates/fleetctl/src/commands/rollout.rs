@@ -76,12 +76,13 @@ impl std::fmt::Display for Unsettled {
     }
 }
 
-/// Reads rollout `name` every half second until it is done (its last reading), paused, gone,
-/// or `deadline` passes.
+/// Reads rollout `name` every half second until it finished (done or undone: its last
+/// reading), stopped (paused or failed), is gone, or `deadline` passes.
 pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instant>) -> Result<Rollout, Unsettled> {
     loop {
         match context.client.rollout(name).await {
-            Ok(Some(rollout)) if rollout.state == "done" => return Ok(rollout),
+            // Finished: its new content, or (undone) its old content back.
+            Ok(Some(rollout)) if rollout.state == "done" || rollout.state == "undone" => return Ok(rollout),
             Ok(Some(rollout)) if rollout.state != "running" => return Err(Unsettled::Paused(rollout)),
             Ok(Some(_)) => {}
             Ok(None) => return Err(Unsettled::Failed(format!("Rollout {name} not found"))),
