@@ -3,6 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
+use fleet_api_schema::Journal;
 use fleet_registry::ApiRegistry;
 use fleet_unit_manager::UnitManager;
 
@@ -13,6 +14,18 @@ use crate::auth::Auth;
 pub struct LocalMachine {
     pub machine_id: String,
     pub manager: Arc<dyn UnitManager>,
+}
+
+impl LocalMachine {
+    /// The last `lines` of `unit`'s log here, and with `with_status` its unit manager's status
+    /// report: what `/journal` answers for a unit of this machine, asked here or through
+    /// another fleetd.
+    pub async fn journal(&self, unit: &str, lines: usize, with_status: bool) -> Result<Journal, String> {
+        let text = self.manager.journal(unit, lines).await.map_err(|error| error.to_string())?;
+        let status =
+            if with_status { self.manager.status(unit).await.map_err(|error| error.to_string())? } else { None };
+        Ok(Journal { machine_id: self.machine_id.clone(), name: unit.to_string(), text, status })
+    }
 }
 
 #[derive(Clone)]
@@ -31,6 +44,9 @@ pub struct ApiState {
     pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
     /// Journals asked of pull agents through this manager.
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
+    /// Journals asked of the other machines of the cluster through the store, where the store
+    /// carries such questions (etcd).
+    pub journal_questions: Option<Arc<dyn fleet_registry::JournalQuestions>>,
     /// The web view's live feed.
     pub live_view: Arc<crate::live_view::LiveView>,
     /// The live feeds each identity holds open.
@@ -55,6 +71,7 @@ impl ApiState {
             agents: None,
             agent_presence: Default::default(),
             journal_relay: Default::default(),
+            journal_questions: None,
             live_view: Default::default(),
             feed_slots: Default::default(),
             page_cursors: Default::default(),

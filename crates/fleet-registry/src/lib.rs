@@ -353,6 +353,36 @@ pub trait StoreChores: Send + Sync {
     fn chore_changes(&self) -> ChangeSignal;
 }
 
+/// A unit's journal asked of the machine that runs it through another fleetd of the cluster
+/// (etcd: a question under the machine's own prefix, answered beside it, both under the
+/// asker's short lease). A store whose one machine answers for itself (the embedded store)
+/// does not implement it.
+#[async_trait]
+pub trait JournalQuestions: Send + Sync {
+    /// Puts `question` to `machine`; its answer, or `None` when none came within `wait`.
+    async fn ask_journal(
+        &self,
+        machine: &str,
+        question: &JournalQuestion,
+        wait: std::time::Duration,
+    ) -> Result<Option<Vec<u8>>>;
+    /// The questions put to `machine` and not answered yet, by id.
+    async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>>;
+    /// Moves when a question may have been put to `machine`.
+    fn journal_question_changes(&self, machine: &str) -> ChangeSignal;
+    /// Answers question `id` put to `machine`, and takes the question away.
+    async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()>;
+}
+
+/// What a journal question asks.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JournalQuestion {
+    pub unit: String,
+    pub lines: usize,
+    /// The unit manager's status report too.
+    pub status: bool,
+}
+
 #[async_trait]
 pub trait AgentRegistry: Send + Sync {
     /// Announces this machine; it stays until [`AgentRegistry::unregister_machine`].

@@ -19,6 +19,8 @@
 //! | `source-status/<name>` | [`fleet_registry::SourceStatus`] | — | engine leader |
 //! | `rollouts/<name>` | [`fleet_registry::RolloutRecord`] | — | API, engine leader |
 //! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
+//! | `journal/asks/<machine>/<id>` | [`fleet_registry::JournalQuestion`] and the asker's lease | asker's | API of the asking fleetd |
+//! | `journal/answers/<id>` | the answer (the API's journal JSON) | asker's | the machine asked |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine watches units, placements,
@@ -132,6 +134,17 @@ impl Keys {
     }
     pub fn reason(&self, name: &str) -> String {
         self.key(&["reasons", name])
+    }
+    /// The journal questions put to `machine` (each under its asker's lease).
+    pub fn journal_questions(&self, machine: &str) -> String {
+        self.key(&["journal", "asks", machine, ""])
+    }
+    pub fn journal_question(&self, machine: &str, id: &str) -> String {
+        self.key(&["journal", "asks", machine, id])
+    }
+    /// The answer to journal question `id` (under its asker's lease).
+    pub fn journal_answer(&self, id: &str) -> String {
+        self.key(&["journal", "answers", id])
     }
     pub fn machines(&self) -> String {
         self.key(&["machines", ""])

@@ -19,6 +19,7 @@ mod compaction;
 mod connection;
 mod credentials;
 mod engine;
+mod journal_questions;
 mod keys;
 mod mirror;
 mod records;
@@ -93,6 +94,9 @@ struct Inner {
     /// Sources, their statuses and rollouts, for the change signal the engine leader's
     /// syncer and rollout driver wake on; started on first use.
     sources_mirror: OnceLock<Mirror>,
+    /// Per machine answering journal questions here: the copy of the questions put to it,
+    /// and the signal its changes move.
+    journal_mirrors: Mutex<HashMap<String, (Mirror, watch::Sender<u64>)>>,
     sources_signal: watch::Sender<u64>,
     /// The engine's copy of the cluster, while this engine leads: a standby (every fleetd
     /// that may lead) follows the leader key only, and lists the cluster when it takes over.
@@ -151,6 +155,7 @@ impl EtcdRegistry {
                 lifetimes,
                 leader_mirror: OnceLock::new(),
                 sources_mirror: OnceLock::new(),
+                journal_mirrors: Mutex::new(HashMap::new()),
                 sources_signal: watch::channel(0).0,
                 engine_mirror: Mutex::new(None),
                 engine_signal: watch::channel(0).0,

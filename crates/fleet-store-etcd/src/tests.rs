@@ -738,3 +738,34 @@ async fn a_lapsed_machine_registers_again_only_after_its_agent_stopped_its_units
     })
     .await;
 }
+
+/// A journal question reaches the machine asked (and wakes it), its answer reaches the asker,
+/// and nothing of either is left after; a question no one answers ends with `None`.
+#[tokio::test(flavor = "multi_thread")]
+async fn journal_questions_go_to_their_machine_and_answers_come_back() {
+    use fleet_registry::{JournalQuestion, JournalQuestions};
+    let etcd = EtcdServer::start();
+    let asker = std::sync::Arc::new(registry(&etcd, Duration::from_secs(10)).await);
+    let asked = registry(&etcd, Duration::from_secs(10)).await;
+    let mut woken = asked.journal_question_changes("m2");
+    let question = JournalQuestion { unit: "web.service".into(), lines: 5, status: false };
+    let asking = {
+        let (asker, question) = (asker.clone(), question.clone());
+        tokio::spawn(async move { asker.ask_journal("m2", &question, Duration::from_secs(20)).await })
+    };
+    let id = loop {
+        let questions = asked.journal_questions("m2").await.unwrap();
+        if let Some((id, seen)) = questions.into_iter().next() {
+            assert_eq!(seen, question);
+            break id;
+        }
+        woken.changed().await.unwrap();
+    };
+    assert!(asked.journal_questions("m1").await.unwrap().is_empty(), "only the machine asked");
+    asked.answer_journal("m2", &id, b"the answer").await.unwrap();
+    assert_eq!(asking.await.unwrap().unwrap(), Some(b"the answer".to_vec()));
+    assert!(keys_under(&asked, "/fleet-test/journal/").await.is_empty(), "nothing is left");
+    let unanswered = asker.ask_journal("m3", &question, Duration::from_millis(300)).await.unwrap();
+    assert_eq!(unanswered, None);
+    assert!(keys_under(&asked, "/fleet-test/journal/").await.is_empty(), "nor of a question no one answered");
+}

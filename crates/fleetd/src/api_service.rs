@@ -48,6 +48,7 @@ impl ApiService {
         config: &Config,
         machine_id: &str,
         registry: Arc<dyn fleet_registry::Registry>,
+        journal_questions: Option<Arc<dyn fleet_registry::JournalQuestions>>,
         manager: Arc<dyn UnitManager>,
         activated: Vec<ApiListener>,
     ) -> anyhow::Result<Self> {
@@ -85,6 +86,7 @@ impl ApiService {
             agent_ca,
             agent_presence: agent_presence.clone(),
             journal_relay: Default::default(),
+            journal_questions,
             live_view: Default::default(),
             feed_slots: Default::default(),
             page_cursors: Default::default(),

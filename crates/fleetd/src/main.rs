@@ -3,6 +3,7 @@
 mod api_service;
 mod daemon;
 mod host;
+mod journal_answers;
 mod log_priority;
 mod make_certificates;
 mod process_setup;

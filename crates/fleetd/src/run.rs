@@ -21,6 +21,7 @@ use tokio::task::JoinSet;
 
 use crate::api_service::ApiService;
 use crate::daemon::{Components, Daemon};
+use crate::journal_answers::JournalAnswers;
 use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
 use crate::store_chores::StoreChoresPass;
 use crate::supervise::supervise;
@@ -127,15 +128,24 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
         let machine = machine_state(&config, &machine_id);
         return crate::pull::run(config, machine, manager, daemon).await;
     }
-    let store::Store { registry, chores } = store::open(&config).await?;
+    let store::Store { registry, chores, journal_questions } = store::open(&config).await?;
     // Followed for fleetd's whole life: a fresh presence is claimed only once the agent
     // stopped what runs here from before (announcing cannot claim one ahead of it).
     let _lapses = registry.presence_lapses(&machine_id);
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
     tracing::info!(machine_id, "fleetd {} starting", fleetd::VERSION);
-    let api = ApiService::start(&config, &machine_id, registry.clone(), manager.clone(), activated).await?;
+    let api = ApiService::start(
+        &config,
+        &machine_id,
+        registry.clone(),
+        journal_questions.clone(),
+        manager.clone(),
+        activated,
+    )
+    .await?;
     let serving = api.serving.clone();
-    let mut member = ClusterMember { config, config_path, machine_id, registry, chores, manager, api };
+    let mut member =
+        ClusterMember { config, config_path, machine_id, registry, chores, journal_questions, manager, api };
     daemon.run(&serving, &mut member).await;
     member.api.stop().await;
     tracing::info!("fleetd stopped");
@@ -150,6 +160,7 @@ struct ClusterMember {
     machine_id: String,
     registry: Arc<dyn fleet_registry::Registry>,
     chores: Option<Arc<dyn fleet_registry::StoreChores>>,
+    journal_questions: Option<Arc<dyn fleet_registry::JournalQuestions>>,
     manager: Arc<dyn UnitManager>,
     api: ApiService,
 }
@@ -164,6 +175,13 @@ impl Components for ClusterMember {
             presence_ttl: Some(config.agent_ttl),
             stop_units_when_cut_off: config.stop_units_when_cut_off,
         };
+        if let Some(questions) = self.journal_questions.clone() {
+            let local = fleet_api::LocalMachine { machine_id: self.machine_id.clone(), manager: self.manager.clone() };
+            let running = lifecycle.clone();
+            tasks.spawn(supervise("journal answers", move || {
+                fleet_runtime::run(JournalAnswers::new(questions.clone(), local.clone()), running.clone())
+            }));
+        }
         let (registry, manager, running) = (self.registry.clone(), self.manager.clone(), lifecycle.clone());
         tasks.spawn(supervise("agent", move || {
             Agent::new(agent_config.clone(), registry.clone(), manager.clone()).run(running.clone())

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use fleet_registry::{Registry, StoreChores};
+use fleet_registry::{JournalQuestions, Registry, StoreChores};
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 
@@ -41,6 +41,8 @@ pub fn lifetimes(config: &Config) -> Lifetimes {
 pub struct Store {
     pub registry: Arc<dyn Registry>,
     pub chores: Option<Arc<dyn StoreChores>>,
+    /// How journals are asked of the cluster's other machines, where the store carries them.
+    pub journal_questions: Option<Arc<dyn JournalQuestions>>,
 }
 
 /// Opens the store the configuration names. Connecting to etcd is retried with backoff:
@@ -52,7 +54,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
         // A store an older fleetd created under a wider umask.
         fleet_fs::make_private(&path)?;
         tracing::info!(path = %path.display(), "using the embedded store");
-        return Ok(Store { registry: Arc::new(EmbeddedRegistry::open(&path)?), chores: None });
+        return Ok(Store { registry: Arc::new(EmbeddedRegistry::open(&path)?), chores: None, journal_questions: None });
     }
     if config.disable_watches {
         tracing::warn!("disable_watches is ignored: each agent watches only its own schedule, so watches wake no herd");
@@ -64,7 +66,11 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
             Ok(registry) => {
                 tracing::info!(servers = ?config.etcd_servers, prefix = config.etcd_key_prefix, "using etcd");
                 let registry = Arc::new(registry);
-                return Ok(Store { registry: registry.clone(), chores: Some(registry) });
+                return Ok(Store {
+                    registry: registry.clone(),
+                    chores: Some(registry.clone()),
+                    journal_questions: Some(registry),
+                });
             }
             Err(error) => {
                 let wait = retry.next_delay();

@@ -11,6 +11,7 @@ use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
 use crate::query::first_value;
 use crate::schema::Journal;
+use fleet_registry::JournalQuestion;
 
 const DEFAULT_LINES: usize = 10;
 const MAX_LINES: usize = 100_000;
@@ -49,28 +50,29 @@ pub async fn get(state: &ApiState, name: &str, query: &[(String, String)]) -> Re
     let Some(local) = &state.local else {
         return Err(ApiError::not_found("this fleetd runs no units"));
     };
-    // A unit another machine runs: its log is there, not here. Answering with this machine's
-    // log of it (empty, or left from when it ran here) would be a wrong answer.
+    // A unit another machine runs: its log is there, not here (answering with this machine's
+    // log of it, empty or left from when it ran here, would be a wrong answer). The store
+    // carries the question to that machine where it can.
     if let Some(machine) = unit.machine_id.as_deref().filter(|machine| *machine != local.machine_id) {
-        return Err(ApiError::new(
-            StatusCode::MISDIRECTED_REQUEST,
-            format!("unit {name} runs on machine {machine}: ask that machine's fleetd for its journal"),
-        ));
+        let Some(questions) = &state.journal_questions else {
+            return Err(ApiError::new(
+                StatusCode::MISDIRECTED_REQUEST,
+                format!("unit {name} runs on machine {machine}: ask that machine's fleetd for its journal"),
+            ));
+        };
+        let question = JournalQuestion { unit: name.to_string(), lines, status: with_status };
+        let answer = questions.ask_journal(machine, &question, RELAY_WAIT).await?;
+        let journal = answer.and_then(|bytes| serde_json::from_slice::<Journal>(&bytes).ok());
+        return match journal {
+            Some(journal) if journal.machine_id == machine && journal.name == name => {
+                Ok(json_response(StatusCode::OK, &journal))
+            }
+            _ => Err(ApiError::new(StatusCode::GATEWAY_TIMEOUT, format!("machine {machine} did not answer in time"))),
+        };
     }
-    let text = local
-        .manager
-        .journal(name, lines)
+    let journal = local
+        .journal(name, lines, with_status)
         .await
-        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-    let status = if with_status {
-        local
-            .manager
-            .status(name)
-            .await
-            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?
-    } else {
-        None
-    };
-    let journal = Journal { machine_id: local.machine_id.clone(), name: name.to_string(), text, status };
+        .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error))?;
     Ok(json_response(StatusCode::OK, &journal))
 }

@@ -1,0 +1,114 @@
+//! Journal questions between etcd members: the asking fleetd puts a question under the asked
+//! machine's prefix, under a short lease of its own; the machine, which follows that prefix,
+//! writes its answer beside it under the same lease and takes the question away; the asker
+//! reads the answer and revokes the lease, which takes whatever is left with it.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
+use fleet_registry::codec::{decode_listed, encode};
+use fleet_registry::{ChangeSignal, JournalQuestion, JournalQuestions, Result};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use super::EtcdRegistry;
+use super::keys::KeyRange;
+use super::mirror::Mirror;
+use super::session::{grant, revoke};
+
+/// How long a question and its answer live at most (a crashed asker's are gone by then).
+const QUESTION_LIFETIME: Duration = Duration::from_secs(30);
+/// How often the asker looks for the answer.
+const ANSWER_POLL: Duration = Duration::from_millis(100);
+/// The largest answer kept (a journal is bounded by the lines asked; this bounds the store).
+const MOST_ANSWER_BYTES: usize = 1 << 20;
+
+/// A question as stored: what is asked, and the lease the answer goes under.
+#[derive(Serialize, Deserialize)]
+struct Stored {
+    question: JournalQuestion,
+    lease: i64,
+}
+
+fn question_id() -> String {
+    use ring::rand::SecureRandom;
+    let mut bytes = [0u8; 12];
+    // A failing random source leaves zeros: questions then share an id, and the later one
+    // waits for the earlier's answer, which names its unit.
+    let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[async_trait]
+impl JournalQuestions for EtcdRegistry {
+    async fn ask_journal(&self, machine: &str, question: &JournalQuestion, wait: Duration) -> Result<Option<Vec<u8>>> {
+        let connection = self.connection();
+        let lease = grant(connection, QUESTION_LIFETIME).await?;
+        let id = question_id();
+        let stored = Stored { question: question.clone(), lease };
+        let asked =
+            connection.write(&[(self.keys().journal_question(machine, &id), Some(encode(&stored)))], lease).await;
+        if let Err(error) = asked {
+            let _ = revoke(connection, lease).await;
+            return Err(error);
+        }
+        let answer_key = self.keys().journal_answer(&id);
+        let deadline = tokio::time::Instant::now() + wait;
+        let answer = loop {
+            match connection.get(&answer_key, None).await {
+                Ok(reply) if !reply.kvs().is_empty() => break reply.kvs().first().map(|kv| kv.value().to_vec()),
+                Ok(_) | Err(_) if tokio::time::Instant::now() >= deadline => break None,
+                Ok(_) | Err(_) => tokio::time::sleep(ANSWER_POLL).await,
+            }
+        };
+        // The question, and any answer, go with the lease.
+        let _ = revoke(connection, lease).await;
+        Ok(answer)
+    }
+
+    async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>> {
+        let prefix = self.keys().journal_questions(machine);
+        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
+        Ok(reply
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let id = key.strip_prefix(&prefix)?.to_string();
+                let stored: Stored = decode_listed(&key, kv.value())?;
+                Some((id, stored.question))
+            })
+            .collect())
+    }
+
+    fn journal_question_changes(&self, machine: &str) -> ChangeSignal {
+        let mut mirrors = self.inner.journal_mirrors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (_, signal) = mirrors.entry(machine.to_string()).or_insert_with(|| {
+            let signal = watch::channel(0).0;
+            let range = KeyRange::prefix(self.keys().journal_questions(machine));
+            (Mirror::signalling(self.connection().clone(), vec![range], signal.clone()), signal)
+        });
+        signal.subscribe()
+    }
+
+    async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()> {
+        let question_key = self.keys().journal_question(machine, id);
+        let reply = self.connection().get(&question_key, None).await?;
+        let Some(stored) = reply.kvs().first().and_then(|kv| decode_listed::<Stored>(&question_key, kv.value())) else {
+            return Ok(());
+        };
+        let answer = if answer.len() > MOST_ANSWER_BYTES { &answer[..MOST_ANSWER_BYTES] } else { answer };
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                self.keys().journal_answer(id),
+                answer.to_vec(),
+                Some(PutOptions::new().with_lease(stored.lease)),
+            ),
+            TxnOp::delete(question_key, None),
+        ]);
+        // The asker may have given up (its lease gone): then nothing is written.
+        let _ = self.connection().txn(txn).await;
+        Ok(())
+    }
+}

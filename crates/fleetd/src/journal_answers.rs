@@ -1,0 +1,46 @@
+//! Answers the journal questions other fleetds of the cluster put to this machine through the
+//! store (`fleet_registry::JournalQuestions`): each is answered from the unit manager, as this
+//! machine's own API would answer it, when the store says one was put.
+
+use std::sync::Arc;
+
+use fleet_api::LocalMachine;
+use fleet_registry::JournalQuestions;
+use fleet_runtime::{Next, Reconciler, Triggers};
+
+pub struct JournalAnswers {
+    questions: Arc<dyn JournalQuestions>,
+    local: LocalMachine,
+    triggers: Triggers,
+}
+
+impl JournalAnswers {
+    pub fn new(questions: Arc<dyn JournalQuestions>, local: LocalMachine) -> Self {
+        let triggers = Triggers::none().with(questions.journal_question_changes(&local.machine_id));
+        Self { questions, local, triggers }
+    }
+}
+
+impl Reconciler for JournalAnswers {
+    type Error = fleet_registry::RegistryError;
+    const NAME: &'static str = "journal answers";
+
+    async fn pass(&mut self) -> Result<Next, Self::Error> {
+        let machine = self.local.machine_id.clone();
+        for (id, question) in self.questions.journal_questions(&machine).await? {
+            let answer = match self.local.journal(&question.unit, question.lines, question.status).await {
+                Ok(journal) => serde_json::to_vec(&journal).unwrap_or_default(),
+                Err(error) => {
+                    tracing::warn!(unit = question.unit, %error, "cannot read a unit's journal for another fleetd");
+                    Vec::new()
+                }
+            };
+            self.questions.answer_journal(&machine, &id, &answer).await?;
+        }
+        Ok(Next::OnChange)
+    }
+
+    fn triggers(&mut self) -> &mut Triggers {
+        &mut self.triggers
+    }
+}
