@@ -49,6 +49,8 @@ fn hello_runs_and_stops() {
     assert_eq!(stopped.stderr, "Successfully stopped units [hello.service].\n");
     assert!(unit_processes(&fleet.state_dir()).is_empty(), "stop kills the unit's processes");
     assert_eq!(fleet.unit_rows(), vec![("hello.service".into(), "inactive".into(), "dead".into())]);
+    let status = fleet.fleetctl(&["status", "hello.service"]);
+    assert_eq!(status.code, 3, "a unit that is not active exits as systemctl status does: {status:?}");
     let again = fleet.fleetctl(&["stop", "hello.service"]);
     assert_eq!(again.code, 0, "a loaded unit is already stopped: {again:?}");
     fleet.ok(&["unload", "hello.service"]);

@@ -58,6 +58,7 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
     }
     let machines = context.machines().await;
     let mut found = Vec::new();
+    let mut not_running = false;
     for (index, argument) in arguments.iter().enumerate() {
         let name = mangle(argument);
         let unit = match existing_unit(context, &name).await {
@@ -69,6 +70,8 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             return Outcome::Failure;
         }
         let states = context.client.unit_states(Some(&name)).await.unwrap_or_default();
+        // As `systemctl status`: a unit that runs nowhere, or not everywhere it is, exits 3.
+        not_running |= states.is_empty() || states.iter().any(|state| state.systemd_active_state != "active");
         let report = context.client.status(&name, 10).await.ok();
         if output == OutputFormat::Json {
             found.push((unit, states, report));
@@ -123,8 +126,11 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             .collect();
         print_json(&statuses);
     }
-    Outcome::Success
+    if not_running { Outcome::Exit(SYSTEMCTL_NOT_ACTIVE) } else { Outcome::Success }
 }
+
+/// `systemctl status`'s exit status for a unit that is not active.
+const SYSTEMCTL_NOT_ACTIVE: u8 = 3;
 
 pub async fn journal(context: &Context, arguments: &[String], lines: usize, follow: bool) -> Outcome {
     let [argument] = arguments else {
