@@ -41,6 +41,21 @@ impl EtcdRegistry {
         Ok(records)
     }
 
+    /// Every record under `prefix` with the rest of its key after the prefix (undecodable ones
+    /// skipped and logged), in key order.
+    pub(super) async fn list_keyed<T: DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(String, T)>> {
+        let reply = self.connection().get(prefix, Some(GetOptions::new().with_prefix())).await?;
+        Ok(reply
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = String::from_utf8_lossy(kv.key()).into_owned();
+                let record = decode_listed::<T>(&key, kv.value())?;
+                Some((key.strip_prefix(prefix)?.to_string(), record))
+            })
+            .collect())
+    }
+
     /// Deletes `key`; `false` when it did not exist.
     pub(super) async fn delete_key(&self, key: &str) -> Result<bool> {
         let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key, None)])).await?;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{PutOptions, Txn, TxnOp};
 use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{ChangeSignal, JournalQuestion, JournalQuestions, Result};
 use serde::{Deserialize, Serialize};
@@ -68,18 +68,8 @@ impl JournalQuestions for EtcdRegistry {
     }
 
     async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>> {
-        let prefix = self.keys().journal_questions(machine);
-        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
-        Ok(reply
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                let id = key.strip_prefix(&prefix)?.to_string();
-                let stored: Stored = decode_listed(&key, kv.value())?;
-                Some((id, stored.question))
-            })
-            .collect())
+        let stored: Vec<(String, Stored)> = self.list_keyed(&self.keys().journal_questions(machine)).await?;
+        Ok(stored.into_iter().map(|(id, stored)| (id, stored.question)).collect())
     }
 
     fn journal_question_changes(&self, machine: &str) -> ChangeSignal {

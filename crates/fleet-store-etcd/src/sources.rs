@@ -1,10 +1,10 @@
 //! The sources facet of the etcd store: `sources/<name>` and `source-status/<name>`.
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::EtcdRegistry;
-use fleet_registry::codec::{decode_listed, encode};
+use fleet_registry::codec::encode;
 use fleet_registry::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 #[async_trait]
@@ -25,17 +25,7 @@ impl SourceRegistry for EtcdRegistry {
     }
 
     async fn source_statuses(&self) -> Result<Vec<(String, SourceStatus)>> {
-        let prefix = self.keys().source_statuses();
-        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
-        Ok(reply
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                let status = decode_listed::<SourceStatus>(&key, kv.value())?;
-                Some((key.strip_prefix(&prefix)?.to_string(), status))
-            })
-            .collect())
+        self.list_keyed(&self.keys().source_statuses()).await
     }
 
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
