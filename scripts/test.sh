@@ -65,5 +65,5 @@ step target/debug/bench-web 300 1
 # machines lost at once and a killed engine leader leave every unit running once.
 step target/debug/bench-cluster 1000 10000 5
 # The deterministic simulation of the protocol (the real engine and agents over a simulated
-# store, under seeded faults): 2,000 seeds from one drawn now, printed with any that fails.
-step target/debug/fleet-sim 2000
+# store, under seeded faults): 1,000 seeds from one drawn now, printed with any that fails.
+step target/debug/fleet-sim 1000

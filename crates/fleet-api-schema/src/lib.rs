@@ -70,6 +70,12 @@ pub struct Machine {
     pub metadata: BTreeMap<String, String>,
     #[serde(rename = "primaryIP", default, skip_serializing_if = "String::is_empty")]
     pub primary_ip: String,
+    /// How the machine is connected: `etcd`, `embedded` or `pull` (our addition).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub connection: String,
+    /// Whether the machine's engine leads the cluster (our addition).
+    #[serde(rename = "engineLeader", default, skip_serializing_if = "std::ops::Not::not")]
+    pub engine_leader: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -28,7 +28,7 @@ pub mod unit_file;
 pub mod unit_name;
 
 pub use backoff::Backoff;
-pub use machine::{MachineId, MachineState};
+pub use machine::{Connection, MachineId, MachineState};
 pub use requirements::Requirements;
 pub use state::{CurrentState, DesiredState, SystemdState, UnitState};
 pub use state_report::StateReport;

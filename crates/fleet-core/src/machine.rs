@@ -14,6 +14,32 @@ pub struct MachineState {
     pub metadata: BTreeMap<String, String>,
     pub version: String,
     pub disable_engine: bool,
+    /// How the machine reaches the cluster's store (records from before it was kept read as
+    /// etcd members).
+    #[serde(default)]
+    pub connection: Connection,
+}
+
+/// How a machine is connected to the cluster: its fleetd holds the store itself (an etcd
+/// member's client, or the one embedded store) or it pulls its work from a manager.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Connection {
+    #[default]
+    Etcd,
+    Embedded,
+    Pull,
+}
+
+impl Connection {
+    /// The word the API and fleetctl show.
+    pub fn word(self) -> &'static str {
+        match self {
+            Connection::Etcd => "etcd",
+            Connection::Embedded => "embedded",
+            Connection::Pull => "pull",
+        }
+    }
 }
 
 impl MachineState {

@@ -54,6 +54,14 @@ fn members_are_listed_and_units_spread_least_loaded() {
     cluster.wait_until("6 units launched", Duration::from_secs(30), |c| all_launched(c, 6));
     let load: Vec<usize> = cluster.load().into_values().collect();
     assert_eq!(load, vec![2, 2, 2], "least-loaded placement spreads 6 units over 3 machines");
+    // Every member is on etcd, and the one whose engine placed the units is named its leader.
+    let connections =
+        |c: &Cluster| c.any().ok(&["list-machines", "--no-legend", "--fields", "connection,leader"]).stdout;
+    cluster.wait_until("the engine leader is named", Duration::from_secs(10), |c| connections(c).contains("engine"));
+    let listed = connections(&cluster);
+    let mut rows: Vec<&str> = listed.lines().collect();
+    rows.sort_unstable();
+    assert_eq!(rows, ["etcd\t-", "etcd\t-", "etcd\tengine"], "{listed}");
     // fleetctl creates a new unit already started: each record was written once.
     let address = cluster.etcd.endpoint().trim_start_matches("http://").to_string();
     let versions = key_versions(&[address], "/_coreos.com/fleet/units/").expect("etcd answers");

@@ -27,6 +27,8 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert_eq!(machines[0]["ip"], "127.0.0.1");
     assert_eq!(machines[0]["metadata"]["region"], "test");
     assert_eq!(machines[0]["units"], 1);
+    assert_eq!(machines[0]["connection"], "embedded");
+    assert_eq!(machines[0]["leader"], true, "a single machine's engine leads: {machines}");
 
     let units = json(&fleet, &["list-units", "--output", "json"]);
     assert_eq!(units.as_array().map(Vec::len), Some(1), "{units}");
@@ -70,9 +72,9 @@ fn lists_and_status_print_json_and_wide_tables() {
     let wide = fleet.ok(&["list-units", "-o", "wide"]).stdout;
     assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\tDRIFT\n"), "{wide}");
     let wide = fleet.ok(&["list-machines", "-o", "wide"]).stdout;
-    assert!(wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\n"), "{wide}");
+    assert!(wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\n"), "{wide}");
     assert!(wide.contains("e2e0json00000001\t"), "-o wide shows machine IDs whole: {wide}");
-    assert!(wide.trim_end().ends_with("\t1"), "{wide}");
+    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine"), "{wide}");
     let wide = fleet.ok(&["list-unit-files", "-o", "wide", "--no-legend"]).stdout;
     assert!(wide.contains("Waits for a machine"), "{wide}");
 }

@@ -70,6 +70,7 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
         metadata,
         version: "test".into(),
         disable_engine: true,
+        connection: fleet_core::Connection::Pull,
     };
     let agent_task =
         spawn_agent(&runtime, &manager, &credentials, machine, Duration::from_secs(5), &units, lifecycle_watch);
@@ -78,6 +79,12 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
         let machines = fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout;
         machines.contains("pull-agent-1") && machines.contains("kind=pull")
     });
+    let connections = fleetd.ok(&["list-machines", "--full", "--no-legend", "--fields", "machine,connection"]).stdout;
+    assert!(
+        connections.lines().any(|row| row.starts_with("pull-agent-1\t") && row.ends_with("\tpull")),
+        "{connections}"
+    );
+    assert!(connections.lines().any(|row| row.ends_with("\tembedded")), "the manager's own machine: {connections}");
     let unit_dir = tempfile::tempdir().expect("units");
     fleet_e2e::write_unit(
         unit_dir.path(),

@@ -35,6 +35,7 @@ macro_rules! registry_contract {
             registrations_are_counted_bounded_and_expire,
             a_machine_id_belongs_to_the_key_that_first_joined,
             a_stale_lease_cannot_write,
+            the_engine_leader_is_named_while_it_leads,
             a_schedule_change_wakes_only_its_machine,
             desired_state_changes_reach_the_agent,
             runtime_metadata_overlays_the_machine,
@@ -150,6 +151,20 @@ pub async fn a_stale_lease_cannot_write(registry: &dyn Registry, agent_for: Agen
     let refused = registry.apply(&stale, &[decision], &[]).await;
     assert!(matches!(refused, Err(RegistryError::LeadershipLost)), "{refused:?}");
     assert_eq!(registry.unit("a.service").await.unwrap().unwrap().machine_id, None);
+}
+
+/// The API names the machine whose engine leads, from the moment it leads until it gives the
+/// leadership back.
+pub async fn the_engine_leader_is_named_while_it_leads(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    assert_eq!(registry.engine_leader().await.unwrap(), None, "no engine leads yet");
+    let held = lease(registry).await;
+    eventually("the leader is named", async || {
+        registry.engine_leader().await.is_ok_and(|m| m.as_deref() == Some("m1"))
+    })
+    .await;
+    registry.release_leadership(&held).await.unwrap();
+    eventually("no leader is named once it let go", async || registry.engine_leader().await.is_ok_and(|m| m.is_none()))
+        .await;
 }
 
 /// A schedule write wakes the machine it concerns and no other, and reaches its work.

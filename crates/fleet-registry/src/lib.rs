@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_core::schedule::Decision;
-use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
+use fleet_core::{DesiredState, MachineId, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
 pub use fleet_core::schedule::SnapshotUnit;
@@ -301,6 +301,8 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
         let rest = machines.into_iter().filter(|machine| after.is_none_or(|after| machine.id.as_str() > after));
         Page::select(rest.map(|machine| Ok((machine.id.clone(), machine))), &request, |_, machine| Ok(Some(machine)))
     }
+    /// The machine whose engine leads the cluster now, if one does.
+    async fn engine_leader(&self) -> Result<Option<MachineId>>;
     /// Applies runtime metadata changes all at once.
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()>;
     /// A number that changes whenever anything the API shows may have changed, cheap to ask:

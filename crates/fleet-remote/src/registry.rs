@@ -377,6 +377,7 @@ impl AgentRegistry for RemoteRegistry {
             id: machine.id,
             public_ip: machine.primary_ip,
             metadata: machine.metadata,
+            connection: fleet_core::Connection::Pull,
             ..MachineState::default()
         });
         Ok(MachineWork {

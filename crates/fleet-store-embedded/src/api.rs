@@ -1,7 +1,7 @@
 //! The API's facet of the embedded store.
 
 use async_trait::async_trait;
-use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitState};
+use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitState};
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
@@ -346,6 +346,10 @@ impl ApiRegistry for EmbeddedRegistry {
 
     async fn machines(&self) -> Result<Vec<MachineState>> {
         self.read(read_machines).await
+    }
+
+    async fn engine_leader(&self) -> Result<Option<MachineId>> {
+        Ok(self.leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
     }
 
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()> {

@@ -19,10 +19,15 @@ const EMBEDDED_LEASE_TOKEN: u64 = 1;
 #[async_trait]
 impl EngineRegistry for EmbeddedRegistry {
     async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>> {
+        *self.leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(machine_id.to_string());
         Ok(Some(EngineLease { machine_id: machine_id.to_string(), token: EMBEDDED_LEASE_TOKEN }))
     }
 
-    async fn release_leadership(&self, _lease: &EngineLease) -> Result<()> {
+    async fn release_leadership(&self, lease: &EngineLease) -> Result<()> {
+        let mut leader = self.leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if leader.as_deref() == Some(lease.machine_id.as_str()) {
+            *leader = None;
+        }
         Ok(())
     }
 

@@ -54,6 +54,9 @@ struct Signals {
 pub struct EmbeddedRegistry {
     db: Arc<Database>,
     signals: Arc<Signals>,
+    /// The machine whose engine last took the leadership and has not given it back: one
+    /// fleetd holds the store, so leadership is only ever its own (kept in memory).
+    leader: Arc<Mutex<Option<String>>>,
 }
 
 impl EmbeddedRegistry {
@@ -110,7 +113,7 @@ impl EmbeddedRegistry {
             writes: std::sync::atomic::AtomicU64::new(0),
             any_write: watch::channel(0).0,
         };
-        Ok(Self { db: Arc::new(db), signals: Arc::new(signals) })
+        Ok(Self { db: Arc::new(db), signals: Arc::new(signals), leader: Arc::default() })
     }
 
     /// Writes something that is not a unit record as `name`'s record (for the contract test

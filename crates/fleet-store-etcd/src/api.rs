@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, Txn, TxnOp};
-use fleet_core::{DesiredState, MachineState, Requirements, UnitFile, UnitHash, UnitState};
+use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 
 use super::EtcdRegistry;
 use super::connection::get_prefix;
@@ -502,6 +502,19 @@ impl ApiRegistry for EtcdRegistry {
 
     async fn machines_page(&self, request: PageRequest) -> Result<Page<MachineState>> {
         self.machines_page_from_copy(request).await
+    }
+
+    async fn engine_leader(&self) -> Result<Option<MachineId>> {
+        let key = self.keys().leader();
+        {
+            // Every fleetd that runs an engine follows the leader key already.
+            let data = self.leader_mirror().read();
+            if data.synced && data.streaming {
+                return Ok(data.entries.get(&key).map(|entry| String::from_utf8_lossy(&entry.value).into_owned()));
+            }
+        }
+        let reply = self.connection().get(key.as_str(), None).await?;
+        Ok(first(&reply).map(text))
     }
 
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()> {

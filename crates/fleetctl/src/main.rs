@@ -195,7 +195,8 @@ enum Command {
     ListMachines {
         #[command(flatten)]
         list: ListFlags,
-        /// Columns: machine,ip,metadata,units
+        /// Columns: machine,ip,metadata,units,connection (etcd, embedded or pull),leader (engine on the
+        /// machine whose engine leads)
         #[arg(long, default_value = "machine,ip,metadata")]
         fields: String,
         #[command(flatten)]

@@ -34,6 +34,10 @@ pub struct MachineRow<'a> {
     pub metadata: &'a BTreeMap<String, String>,
     /// Units the cluster has on the machine.
     pub units: usize,
+    /// `etcd`, `embedded` or `pull`; `None` from a fleetd that does not say.
+    pub connection: Option<&'a str>,
+    /// Whether the machine's engine leads the cluster.
+    pub leader: bool,
 }
 
 /// A row of `list-unit-files -o json`.

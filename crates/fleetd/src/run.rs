@@ -9,7 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig};
 use fleet_api::listen::ApiListener;
-use fleet_core::MachineState;
+use fleet_core::{Connection, MachineState};
 use fleet_engine::{Engine, EngineConfig};
 use fleet_runtime::Lifecycle;
 use fleet_source::{RolloutDriver, SourceSyncer, SyncerConfig};
@@ -45,6 +45,13 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
         metadata: config.metadata.clone(),
         version: fleetd::VERSION.to_string(),
         disable_engine: config.disable_engine,
+        connection: if !config.manager_url.is_empty() {
+            Connection::Pull
+        } else if config.etcd_servers.is_empty() {
+            Connection::Embedded
+        } else {
+            Connection::Etcd
+        },
     }
 }
 

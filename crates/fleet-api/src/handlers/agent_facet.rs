@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_core::drift::{Drift, DriftReport};
-use fleet_core::{MachineState, StateReport, SystemdState, UnitHash, UnitState};
+use fleet_core::{Connection, MachineState, StateReport, SystemdState, UnitHash, UnitState};
 use fleet_registry::machine_identity::admit_announce;
 use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork};
 
@@ -88,6 +88,7 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
         version: request.version,
         // A pull agent never leads the engine: it has no store of its own.
         disable_engine: true,
+        connection: Connection::Pull,
     };
     agents.announce_for_agent(&machine).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
@@ -151,6 +152,7 @@ pub async fn work(state: &ApiState, machine_id: &str) -> Result<Response, ApiErr
         id: machine.id,
         metadata: machine.metadata,
         primary_ip: machine.public_ip,
+        ..Machine::default()
     });
     let answer = AgentWork {
         machine,

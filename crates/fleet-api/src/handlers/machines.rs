@@ -20,10 +20,17 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
     let after = state.page_cursors.after(listing, start);
     let request = PageRequest { start, limit, admits: Arc::new(|_: &str| true), after };
     let page = state.registry.machines_page(request).await?;
+    let leader = state.registry.engine_leader().await?;
     let machines: Vec<Machine> = page
         .items
         .into_iter()
-        .map(|machine| Machine { id: machine.id, metadata: machine.metadata, primary_ip: machine.public_ip })
+        .map(|machine| Machine {
+            engine_leader: leader.as_ref() == Some(&machine.id),
+            connection: machine.connection.word().to_string(),
+            id: machine.id,
+            metadata: machine.metadata,
+            primary_ip: machine.public_ip,
+        })
         .collect();
     let (machines, next) = token.page_fetched(machines, page.more, serialized_size);
     if let (Some(_), Some(last)) = (&next, machines.last()) {

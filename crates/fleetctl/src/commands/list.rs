@@ -49,7 +49,7 @@ fn or_dash(text: &str) -> String {
 }
 
 pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
-    let fields = match columns(fields, &["machine", "ip", "metadata", "units"], output) {
+    let fields = match columns(fields, &["machine", "ip", "metadata", "units", "connection", "leader"], output) {
         Ok(fields) => fields,
         Err(outcome) => return outcome,
     };
@@ -81,6 +81,8 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                 ip: &machine.primary_ip,
                 metadata: &machine.metadata,
                 units: units_of(&machine.id),
+                connection: Some(machine.connection.as_str()).filter(|word| !word.is_empty()),
+                leader: machine.engine_leader,
             })
             .collect();
         print_json(&rows);
@@ -95,6 +97,8 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                     "machine" => machine_id_legend(&machine.id, machines.iter().map(|m| m.id.as_str()), full),
                     "ip" => or_dash(&machine.primary_ip),
                     "units" => units_of(&machine.id).to_string(),
+                    "connection" => or_dash(&machine.connection),
+                    "leader" => if machine.engine_leader { "engine" } else { "-" }.to_string(),
                     _ => {
                         or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                     }

@@ -58,6 +58,7 @@ fn simulated_machine(index: usize) -> MachineState {
         metadata: [("role".to_string(), "worker".to_string())].into(),
         version: "bench".into(),
         disable_engine: true,
+        connection: fleet_core::Connection::Etcd,
     }
 }
 

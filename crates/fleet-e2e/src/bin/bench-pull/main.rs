@@ -158,6 +158,7 @@ fn main() {
                     metadata: [("role".to_string(), "worker".to_string())].into(),
                     version: "bench".into(),
                     disable_engine: true,
+                    connection: fleet_core::Connection::Pull,
                 },
                 // As fleetd's pull mode: changes come by long poll; the fallback is a safety net.
                 reconcile_interval: Duration::from_secs(30),
