@@ -41,6 +41,11 @@ impl PullFleetd {
         if let Some(token) = token {
             config.push_str(&format!("registration_token = {token}\n"));
         }
+        Self::start_configured(dir, &config, prefix, env)
+    }
+
+    /// Starts `fleetd` in `dir` with the fleet.conf `config`, as written.
+    pub fn start_configured(dir: tempfile::TempDir, config: &str, prefix: &[&str], env: &[(&str, &str)]) -> Self {
         std::fs::write(dir.path().join("fleet.conf"), config).expect("fleet.conf");
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(dir.path().join("fleetd.log")).expect("log");
