@@ -43,7 +43,7 @@ fn snapshot() -> ClusterSnapshot {
             }
         })
         .collect();
-    ClusterSnapshot { machines, units }
+    ClusterSnapshot { machines, units, ..ClusterSnapshot::default() }
 }
 
 /// The name and `[X-Fleet]` section of unit `n`.

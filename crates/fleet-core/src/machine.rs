@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::resources::Resources;
+
 pub type MachineId = String;
 
 /// A live machine: its identity, address and effective metadata.
@@ -18,6 +20,10 @@ pub struct MachineState {
     /// etcd members).
     #[serde(default)]
     pub connection: Connection,
+    /// What units may reserve on the machine in all; `None` (a machine that does not say, such
+    /// as one of the original's) limits nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Resources>,
 }
 
 /// How a machine is connected to the cluster: its fleetd holds the store itself (an etcd

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::glob::glob_matches;
+use crate::resources::{Resources, reservation_of};
 use crate::unit_file::{UnitFile, UnitOption};
 use crate::unit_name::UnitNameInfo;
 
@@ -24,8 +25,9 @@ pub const KNOWN_KEYS: &[&str] = &[
 ];
 
 /// The keys fleet adds to `[X-Fleet]`. `AtMostOnce=true`: the unit never runs on two
-/// machines at once, under any fault (docs/guarantees.md).
-pub const ADDED_KEYS: &[&str] = &["AtMostOnce"];
+/// machines at once, under any fault (docs/guarantees.md). `Memory=` and `CPU=`: what the
+/// unit reserves on its machine (crate::resources).
+pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU"];
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -45,6 +47,9 @@ pub struct Requirements {
     /// `AtMostOnce=`: its machine stops it as soon as its presence may have lapsed, and the
     /// engine starts it elsewhere only once that has certainly happened.
     pub at_most_once: bool,
+    /// What the unit reserves on its machine (`Memory=`, `CPU=`, else its systemd limits);
+    /// nothing when a value cannot be read (such a unit is refused at submission).
+    pub reservation: Resources,
     /// Keys of `[X-Fleet]` the original does not know (fleet's own among them).
     pub unknown_keys: Vec<String>,
 }
@@ -141,6 +146,7 @@ impl Requirements {
         requirements.replaces = all(&["Replaces"]);
         requirements.at_most_once =
             values.get("AtMostOnce").and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
+        requirements.reservation = reservation_of(options).unwrap_or_default();
         requirements
     }
 

@@ -269,6 +269,17 @@ fn check_limit(directive: &str, value: &str) -> Result<(), String> {
     }
 }
 
+/// A memory limit as systemd reads it: a size, `infinity`, or a percentage of the machine.
+fn check_memory_limit(value: &str) -> Result<(), String> {
+    if let Some(percent) = value.trim().strip_suffix('%') {
+        return match percent.parse::<f64>() {
+            Ok(share) if (0.0..=100.0).contains(&share) => Ok(()),
+            _ => Err("expected a size, a percentage from 0% to 100%, or infinity".into()),
+        };
+    }
+    crate::resources::parse_bytes(value).map(drop).map_err(|error| error.to_string())
+}
+
 /// The directives whose values have a grammar, and the check for each.
 fn check_value(directive: &str, value: &str) -> Option<Result<(), String>> {
     let result = match directive {
@@ -276,6 +287,8 @@ fn check_value(directive: &str, value: &str) -> Option<Result<(), String>> {
         "StartLimitIntervalSec" => parse_timespan(value).map(drop).map_err(|error| error.to_string()),
         "Nice" => check_integer(value, -20, 19),
         "OOMScoreAdjust" => check_integer(value, -1000, 1000),
+        "MemoryMax" | "MemoryHigh" | "MemoryLow" | "MemoryMin" | "MemorySwapMax" => check_memory_limit(value),
+        "CPUQuota" => crate::resources::parse_cpu_quota(value).map(drop).map_err(|error| error.to_string()),
         limit if limit.starts_with("Limit") => check_limit(limit, value),
         "RestartSec" | "TimeoutStartSec" | "TimeoutStopSec" | "TimeoutSec" | "TimeoutAbortSec" | "RuntimeMaxSec"
         | "WatchdogSec" => parse_timespan(value).map(drop).map_err(|error| error.to_string()),

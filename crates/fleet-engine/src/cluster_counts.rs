@@ -46,6 +46,7 @@ mod tests {
                 unit("b.service", DesiredState::Launched),
                 unit("c.service", DesiredState::Inactive),
             ],
+            ..ClusterSnapshot::default()
         };
         let counts = cluster_counts(&cluster, 1);
         assert_eq!(counts.machines, 1);

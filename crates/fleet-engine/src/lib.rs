@@ -110,7 +110,7 @@ impl Engine {
         }
         tracing::debug!(units = held.len(), "at-most-once units wait for their lost machine to have stopped them");
         let units = cluster.units.into_iter().filter(|unit| !held.contains(&unit.name)).collect();
-        ClusterSnapshot { machines: cluster.machines, units }
+        ClusterSnapshot { machines: cluster.machines, units, ..ClusterSnapshot::default() }
     }
 
     async fn reconcile(&mut self) -> Result<(), RegistryError> {

@@ -85,6 +85,7 @@ mod tests {
         let cluster = ClusterSnapshot {
             machines: vec![machine("b")],
             units: vec![unit("once.service", "a", true), unit("plain.service", "a", false)],
+            ..ClusterSnapshot::default()
         };
         let mut absences = MachineAbsences::default();
         let seen = Instant::now();
@@ -103,6 +104,7 @@ mod tests {
         let planned = ClusterSnapshot {
             machines: cluster.machines.clone(),
             units: cluster.units.iter().filter(|unit| unit.name == "plain.service").cloned().collect(),
+            ..ClusterSnapshot::default()
         };
         assert_eq!(plan(&planned).decisions.len(), 2, "unscheduled from a, scheduled on b");
     }
@@ -111,9 +113,14 @@ mod tests {
     fn a_machine_back_or_no_longer_used_is_forgotten() {
         let mut absences = MachineAbsences::default();
         let now = Instant::now();
-        let gone = ClusterSnapshot { machines: vec![], units: vec![unit("once.service", "a", true)] };
+        let gone = ClusterSnapshot {
+            machines: vec![],
+            units: vec![unit("once.service", "a", true)],
+            ..ClusterSnapshot::default()
+        };
         absences.observe(&gone, now);
-        let back = ClusterSnapshot { machines: vec![machine("a")], units: gone.units.clone() };
+        let back =
+            ClusterSnapshot { machines: vec![machine("a")], units: gone.units.clone(), ..ClusterSnapshot::default() };
         absences.observe(&back, now + Duration::from_secs(1));
         assert_eq!(absences, MachineAbsences::default());
         absences.observe(&gone, now + Duration::from_secs(2));

@@ -1,9 +1,10 @@
-//! Where one unit may go: the least-loaded machine that satisfies all its requirements.
+//! Where one unit may go: the first machine in the strategy's order that satisfies all its
+//! requirements and has room for its reservation.
 
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
-use super::reason::{Refusal, UnplacedReason};
+use super::reason::{Closest, Refusal, UnplacedReason};
 use super::working::{Rank, Relation, UnitIndex, Working};
 
 /// Machines whose metadata satisfies one `MachineMetadata=` requirement.
@@ -113,9 +114,11 @@ fn peers_rank(working: &Working<'_>, unit: UnitIndex) -> Result<Option<Rank>, Re
     Ok(found)
 }
 
-/// The machine `unit` goes to, or why there is none: the least-loaded eligible machine
-/// that holds a unit it replaces (it takes that unit's place), else the least-loaded
-/// eligible machine.
+/// The machine `unit` goes to, or why there is none: the first eligible machine in the
+/// strategy's order that holds a unit it replaces (it takes that unit's place), else the first
+/// eligible machine in that order. A machine is eligible when the unit's rules allow it there
+/// and its reservation fits in what is left; a unit refused only for room on every machine its
+/// rules allow is told how close the roomiest came.
 pub(super) fn choose<'a>(
     working: &Working<'a>,
     index: &mut MetadataIndex<'a>,
@@ -145,15 +148,21 @@ pub(super) fn choose<'a>(
         return Err(UnplacedReason::NoMachineWithMetadata(requirements.metadata.clone()));
     }
     let mut first_refusal: Option<Refusal> = None;
+    let mut closest: Option<Closest> = None;
     let mut consider = |rank: Rank| match able_to_run(working, unit, rank) {
-        Ok(()) => true,
+        Ok(()) if working.has_room(unit, rank) => true,
+        Ok(()) => {
+            let free = working.free(rank).unwrap_or_default();
+            closest.get_or_insert_with(Closest::default).count(&working.machine(rank).id, free);
+            false
+        }
         Err(reason) => {
             first_refusal.get_or_insert(reason);
             false
         }
     };
-    let least_loaded = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
-        ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.load(*rank), *rank))
+    let first_in_order = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
+        ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.order_key(*rank), *rank))
     };
     if !targets.is_empty() {
         let mut held: Vec<Rank> = targets
@@ -164,17 +173,20 @@ pub(super) fn choose<'a>(
             .collect();
         held.sort_unstable();
         held.dedup();
-        if let Some(rank) = least_loaded(&held, &mut consider) {
+        if let Some(rank) = first_in_order(&held, &mut consider) {
             return Ok(rank);
         }
     }
     let chosen = match (&fixed, &eligible) {
-        (Some(ranks), _) => least_loaded(ranks, &mut consider),
+        (Some(ranks), _) => first_in_order(ranks, &mut consider),
         (None, Some(eligible)) if eligible.ranks.len() <= SMALL_ELIGIBLE_SET => {
-            least_loaded(&eligible.ranks, &mut consider)
+            first_in_order(&eligible.ranks, &mut consider)
         }
         (None, Some(eligible)) => working.by_load().filter(|rank| eligible.mask[rank.0]).find(|rank| consider(*rank)),
         (None, None) => working.by_load().find(|rank| consider(*rank)),
     };
-    chosen.ok_or_else(|| first_refusal.map_or(UnplacedReason::NoMachines, Refusal::everywhere))
+    chosen.ok_or_else(|| match closest {
+        Some(closest) => UnplacedReason::NoRoom { needs: requirements.reservation, closest },
+        None => first_refusal.map_or(UnplacedReason::NoMachines, Refusal::everywhere),
+    })
 }

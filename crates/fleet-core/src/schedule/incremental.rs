@@ -2,23 +2,27 @@
 //! cluster (each unit as planned and its machine, each machine's load, the unplaced units
 //! and their reasons). When the next snapshot differs from that only in *free* units (no
 //! `Conflicts=`, `Replaces=`, `MachineOf=` or `Global=` of their own, before or after the
-//! change, and no other unit's rule naming them) on the same machines, only those units and
-//! the ones still waiting are planned, against the loads every other unit leaves; anything
-//! else gets the full plan. Either way the result is [`super::plan`] of the whole snapshot, a
-//! property test checks it.
+//! change, and no other unit's rule naming them) on the same machines (same metadata, same
+//! capacity) with the same strategy, only those units and the ones still waiting are planned,
+//! against the loads (units and reservations) every other unit leaves; anything else gets the
+//! full plan. Either way the result is [`super::plan`] of the whole snapshot, a property test
+//! checks it.
 //!
-//! Why that is exact: a free unit never stands in another unit's way but by its load, the
-//! units outside the change keep their machines (nothing they depend on moved), and a free
-//! unit's placement and reason depend only on the machines and their loads.
+//! Why that is exact: a free unit never stands in another unit's way but by its load and its
+//! reservation, the units outside the change keep their machines (nothing they depend on
+//! moved, and a placed unit is never moved for room), and a free unit's placement and reason
+//! depend only on the machines and their loads.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::plan::plan_with;
 use super::reason::UnplacedReason;
-use super::{ClusterSnapshot, Plan, UnitSpec};
+use super::working::Load;
+use super::{ClusterSnapshot, PlacementStrategy, Plan, UnitSpec};
 use crate::glob::Glob;
 use crate::requirements::Requirements;
+use crate::resources::Resources;
 use crate::state::DesiredState;
 use crate::unit_name::UnitNameInfo;
 
@@ -40,17 +44,33 @@ pub struct IncrementalPlanner {
 
 /// Where the last plan left the cluster, had all its decisions been written.
 struct Settled {
-    /// Machines in ID order (the planner's ranks), with their metadata.
-    machines: Vec<(String, BTreeMap<String, String>)>,
+    /// Machines in ID order (the planner's ranks), with what the planner reads of them.
+    machines: Vec<SettledMachine>,
+    strategy: PlacementStrategy,
     units: HashMap<String, SettledUnit>,
     /// Each machine's load, by rank.
-    loads: Vec<u32>,
+    loads: Vec<Load>,
     /// The units that want to run but have no machine, with why, in the plan's order.
     unplaced: Vec<(String, UnplacedReason)>,
     /// Whether every unplaced unit is free (else any change needs the full plan: a unit
     /// with rules waiting may be unblocked by anything).
     unplaced_all_free: bool,
     rules: RuleIndex,
+}
+
+/// A machine's ID, metadata and capacity.
+type SettledMachine = (String, BTreeMap<String, String>, Option<Resources>);
+
+/// The machines of `snapshot` as the planner ranks them.
+fn settled_machines(snapshot: &ClusterSnapshot) -> Vec<SettledMachine> {
+    let mut machines: Vec<SettledMachine> = snapshot
+        .machines
+        .iter()
+        .map(|machine| (machine.id.clone(), machine.metadata.clone(), machine.capacity))
+        .collect();
+    machines.sort_by(|a, b| a.0.cmp(&b.0));
+    machines.dedup_by(|a, b| a.0 == b.0);
+    machines
 }
 
 struct SettledUnit {
@@ -121,11 +141,16 @@ impl Settled {
     }
 
     fn machines_match(&self, snapshot: &ClusterSnapshot) -> bool {
-        let mut machines: Vec<_> = snapshot.machines.iter().map(|machine| (&machine.id, &machine.metadata)).collect();
+        let mut machines: Vec<_> =
+            snapshot.machines.iter().map(|machine| (&machine.id, &machine.metadata, machine.capacity)).collect();
         machines.sort_by(|a, b| a.0.cmp(b.0));
         machines.dedup_by(|a, b| a.0 == b.0);
-        machines.len() == self.machines.len()
-            && machines.iter().zip(&self.machines).all(|(new, old)| *new.0 == old.0 && *new.1 == old.1)
+        snapshot.strategy == self.strategy
+            && machines.len() == self.machines.len()
+            && machines
+                .iter()
+                .zip(&self.machines)
+                .all(|(new, old)| *new.0 == old.0 && *new.1 == old.1 && new.2 == old.2)
     }
 
     fn unchanged(&self, unit: &UnitSpec) -> Option<bool> {
@@ -177,13 +202,16 @@ impl Settled {
                     return None;
                 }
                 if let Some(rank) = settled.rank {
-                    baseline[rank] -= 1;
+                    let load = &mut baseline[rank];
+                    load.units -= 1;
+                    load.reserved = load.reserved.saturating_sub(settled.requirements.reservation);
                 }
             }
         }
         let changed_names: HashSet<&str> =
             changed.iter().map(|position| snapshot.units[*position].name.as_str()).collect();
-        let mut part = ClusterSnapshot { machines: snapshot.machines.clone(), units: Vec::new() };
+        let mut part =
+            ClusterSnapshot { machines: snapshot.machines.clone(), units: Vec::new(), strategy: snapshot.strategy };
         part.units.extend(changed.iter().map(|position| snapshot.units[*position].clone()));
         part.units.extend(
             snapshot
@@ -224,10 +252,7 @@ impl IncrementalPlanner {
             return (plan, PlanScope::Changed(planned));
         }
         let (plan, outcome) = plan_with(snapshot, None);
-        let mut machines: Vec<_> =
-            snapshot.machines.iter().map(|machine| (machine.id.clone(), machine.metadata.clone())).collect();
-        machines.sort_by(|a, b| a.0.cmp(&b.0));
-        machines.dedup_by(|a, b| a.0 == b.0);
+        let machines = settled_machines(snapshot);
         let units = snapshot
             .units
             .iter()
@@ -240,6 +265,7 @@ impl IncrementalPlanner {
             .collect();
         let mut settled = Settled {
             machines,
+            strategy: snapshot.strategy,
             units,
             loads: outcome.loads,
             unplaced: sorted_by_name(&plan.unplaced),

@@ -1,7 +1,9 @@
 //! The engine's decisions: `plan(snapshot) -> Plan`, a pure function.
 //!
 //! Units already placed stay where they are while their machine lives and they can still run
-//! there (no rebalancing). Unplaced units go to the least-loaded eligible machine, ties broken
+//! there (no rebalancing; a machine whose capacity shrank keeps what it has). Unplaced units go
+//! to an eligible machine with room for their reservation: by default the one with the most
+//! room left, then the fewest units (spreading), or the fullest one (bin-packing); ties broken
 //! by machine ID. A unit that cannot be placed gets a reason.
 
 pub mod at_most_once;
@@ -14,7 +16,7 @@ mod working;
 
 pub use incremental::{IncrementalPlanner, PlanScope};
 pub use plan::plan;
-pub use reason::{Refusal, UnplacedReason, UnscheduleReason};
+pub use reason::{Closest, Refusal, UnplacedReason, UnscheduleReason};
 pub use snapshot::{RequirementsCache, SnapshotUnit};
 
 use std::sync::Arc;
@@ -34,11 +36,35 @@ pub struct UnitSpec {
     pub scheduled_on: Option<String>,
 }
 
-/// Everything the engine decides from: the live machines and every unit.
+/// Everything the engine decides from: the live machines, every unit, and how to choose
+/// between machines that all fit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClusterSnapshot {
     pub machines: Vec<MachineState>,
     pub units: Vec<UnitSpec>,
+    pub strategy: PlacementStrategy,
+}
+
+/// How the engine chooses among the machines a unit fits on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum PlacementStrategy {
+    /// The machine with the most room left (in its scarcest resource), then the fewest units.
+    #[default]
+    Spread,
+    /// The fullest machine that still fits, then the most units: whole machines stay free.
+    BinPack,
+}
+
+impl std::str::FromStr for PlacementStrategy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "spread" => Ok(Self::Spread),
+            "binpack" => Ok(Self::BinPack),
+            _ => Err("expected spread or binpack".to_string()),
+        }
+    }
 }
 
 /// A change to the schedule.

@@ -4,7 +4,7 @@ use std::collections::{HashSet, VecDeque};
 
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
 use super::reason::{Refusal, UnscheduleReason};
-use super::working::{Rank, Relation, UnitIndex, Working};
+use super::working::{Load, Rank, Relation, UnitIndex, Working};
 use super::{ClusterSnapshot, Decision, Plan};
 use crate::agent_plan::global_unit_runs;
 use crate::state::DesiredState;
@@ -18,9 +18,9 @@ use crate::unit_name::UnitNameInfo;
 ///    share the machine with a unit they conflict with or replace (the agent's rule).
 /// 3. Every other unit that should run is placed: units that replace others first, on the
 ///    machine of a unit they replace (which then moves elsewhere, its `MachineOf=` followers
-///    with it); then the rest on the least-loaded machine that satisfies their requirements,
-///    followers after the units they follow. A unit that fits nowhere is reported with the
-///    reason.
+///    with it); then the rest on the first machine in the strategy's order that satisfies
+///    their requirements and has room for their reservation, followers after the units they
+///    follow. A unit that fits nowhere is reported with the reason.
 pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     plan_with(snapshot, None).0
 }
@@ -28,13 +28,13 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
 /// Where a plan leaves the cluster: each machine's load (by rank, machines in ID order) and
 /// each snapshot unit's machine (by its position in the snapshot; global units have none).
 pub(super) struct Outcome {
-    pub loads: Vec<u32>,
+    pub loads: Vec<Load>,
     pub placement: Vec<Option<usize>>,
 }
 
 /// [`plan`], with each machine starting at the load in `baseline` (by rank) rather than
 /// empty: what units outside `snapshot` put there. Also returns where the plan leaves things.
-pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[u32]>) -> (Plan, Outcome) {
+pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -> (Plan, Outcome) {
     let mut working = Working::new(snapshot, baseline);
     let mut plan = Plan::default();
     let mut placed = PlacedInThisPlan { at: vec![None; snapshot.units.len()], retracted: HashSet::new() };

@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use crate::resources::{Bytes, Cores, Resources};
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UnscheduleReason {
     TargetStateInactive,
@@ -72,12 +74,61 @@ pub enum UnplacedReason {
     NoMachineWithMetadata(BTreeMap<String, Vec<String>>),
     PeerNotScheduled(String),
     PeersApart(Vec<String>),
-    MachineIdMismatch { machine: String, wanted: String },
-    MetadataMismatch { machine: String },
+    MachineIdMismatch {
+        machine: String,
+        wanted: String,
+    },
+    MetadataMismatch {
+        machine: String,
+    },
     ConflictsEverywhere(String),
     ReplacedEverywhere(String),
     CircularReplace(String),
     ReplacesJustPlaced(String),
+    /// Every machine its rules allow lacks room for its reservation.
+    NoRoom {
+        needs: Resources,
+        closest: Closest,
+    },
+}
+
+/// Among the machines a unit's rules allow, the one with the most of each resource free.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Closest {
+    pub memory: (u64, String),
+    pub cpu_millis: (u64, String),
+}
+
+impl Closest {
+    /// Counts `free` on `machine`; of equal amounts the first counted is kept.
+    pub fn count(&mut self, machine: &str, free: Resources) {
+        if free.memory > self.memory.0 || self.memory.1.is_empty() {
+            self.memory = (free.memory, machine.to_string());
+        }
+        if free.cpu_millis > self.cpu_millis.0 || self.cpu_millis.1.is_empty() {
+            self.cpu_millis = (free.cpu_millis, machine.to_string());
+        }
+    }
+}
+
+/// "needs 8 GiB memory; the most free is 6.2 GiB on m1".
+fn write_no_room(f: &mut fmt::Formatter<'_>, needs: Resources, closest: &Closest) -> fmt::Result {
+    let (memory, memory_on) = &closest.memory;
+    let (cpu, cpu_on) = &closest.cpu_millis;
+    if needs.memory > *memory {
+        write!(f, "needs {} memory; the most free is {} on {memory_on}", Bytes(needs.memory), Bytes(*memory))
+    } else if needs.cpu_millis > *cpu {
+        write!(f, "needs {} CPU; the most free is {} on {cpu_on}", Cores(needs.cpu_millis), Cores(*cpu))
+    } else {
+        write!(
+            f,
+            "needs {} memory and {} CPU on one machine; no machine has both free (the most memory free is {} on {memory_on}, the most CPU {} on {cpu_on})",
+            Bytes(needs.memory),
+            Cores(needs.cpu_millis),
+            Bytes(*memory),
+            Cores(*cpu)
+        )
+    }
 }
 
 impl fmt::Display for UnplacedReason {
@@ -113,6 +164,7 @@ impl fmt::Display for UnplacedReason {
             Self::ReplacesJustPlaced(other) => {
                 write!(f, "replaces {other}, which has just been placed; retried on the next reconcile")
             }
+            Self::NoRoom { needs, closest } => write_no_room(f, *needs, closest),
         }
     }
 }

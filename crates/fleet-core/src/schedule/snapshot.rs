@@ -76,7 +76,7 @@ impl RequirementsCache {
             })
             .collect();
         self.by_unit = kept;
-        ClusterSnapshot { machines, units }
+        ClusterSnapshot { machines, units, ..ClusterSnapshot::default() }
     }
 
     /// How many units' requirements are kept.

@@ -5,6 +5,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::agent_plan::{DesiredUnit, GlobalUnit, add_global_units};
 use crate::glob::glob_matches;
+use crate::resources::Resources;
 use crate::unit_file::UnitHash;
 
 pub(super) fn machine(id: &str, metadata: &[(&str, &str)]) -> MachineState {
@@ -40,6 +41,7 @@ fn least_loaded_with_id_tie_break() {
     let snapshot = ClusterSnapshot {
         machines: vec![machine("b", &[]), machine("a", &[]), machine("c", &[])],
         units: vec![unit("x.service", "", Some("a")), unit("y.service", "", None), unit("z.service", "", None)],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert_eq!(scheduled(&plan), BTreeMap::from([("y.service".into(), "b".into()), ("z.service".into(), "c".into())]));
@@ -55,6 +57,7 @@ fn running_units_never_move() {
             unit("y.service", "", Some("a")),
             unit("z.service", "", Some("a")),
         ],
+        ..ClusterSnapshot::default()
     };
     assert_eq!(plan(&snapshot), Plan::default());
 }
@@ -66,6 +69,7 @@ fn machine_loss_and_inactive_units_are_unscheduled() {
     let snapshot = ClusterSnapshot {
         machines: vec![machine("a", &[])],
         units: vec![inactive, unit("gone.service", "", Some("dead"))],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert_eq!(
@@ -95,6 +99,7 @@ fn machine_id_full_and_short() {
             unit("short.service", "MachineID=bbbbbbbb", None),
             unit("missing.service", "MachineID=cccccccc", None),
         ],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert_eq!(scheduled(&plan)["full.service"], "bbbbbbbb2222");
@@ -112,6 +117,7 @@ fn metadata_constraints_and_reason() {
             unit("either.service", "MachineMetadata=region=eu\nMachineMetadata=region=us\n", None),
             unit("asia.service", "MachineMetadata=region=asia\n", None),
         ],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert_eq!(scheduled(&plan)["eu.service"], "b");
@@ -131,6 +137,7 @@ fn conflicts_both_ways_and_reason() {
     let snapshot = ClusterSnapshot {
         machines: vec![machine("a", &[])],
         units: vec![unit("web@1.service", "Conflicts=web@*.service", Some("a")), unit("web@2.service", "", None)],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert!(plan.decisions.is_empty());
@@ -140,7 +147,11 @@ fn conflicts_both_ways_and_reason() {
 #[test]
 fn conflicting_units_spread_then_wait() {
     let units = (0..5).map(|n| unit(&format!("conflict.{n}.service"), "Conflicts=conflict.*.service", None)).collect();
-    let snapshot = ClusterSnapshot { machines: vec![machine("a", &[]), machine("b", &[]), machine("c", &[])], units };
+    let snapshot = ClusterSnapshot {
+        machines: vec![machine("a", &[]), machine("b", &[]), machine("c", &[])],
+        units,
+        ..ClusterSnapshot::default()
+    };
     let plan = plan(&snapshot);
     let placed = scheduled(&plan);
     assert_eq!(placed.len(), 3);
@@ -156,6 +167,7 @@ fn global_units_are_not_placed_but_conflict() {
     let snapshot = ClusterSnapshot {
         machines: vec![machine("a", &[("role", "edge")]), machine("b", &[])],
         units: vec![global, unit("x.service", "Conflicts=global.service", None), unit("y.service", "", None)],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     // a carries the global unit, so both x (conflict) and y (load) go to b first.
@@ -173,6 +185,7 @@ fn followers_go_with_their_leader_even_in_chains() {
             unit("z-leader.service", "MachineID=b", None),
             unit("orphan.service", "MachineOf=nowhere.service", None),
         ],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     let placed = scheduled(&plan);
@@ -190,6 +203,7 @@ fn followers_move_when_their_leader_moved() {
             unit("leader.service", "", Some("gone")),
             unit("peer.service", "MachineOf=leader.service", Some("b")),
         ],
+        ..ClusterSnapshot::default()
     };
     let placed = scheduled(&plan(&snapshot));
     assert_eq!(placed["leader.service"], "a");
@@ -198,8 +212,11 @@ fn followers_move_when_their_leader_moved() {
 
 #[test]
 fn templates_are_never_scheduled_and_no_machines_is_a_reason() {
-    let snapshot =
-        ClusterSnapshot { machines: vec![], units: vec![unit("t@.service", "", None), unit("u.service", "", None)] };
+    let snapshot = ClusterSnapshot {
+        machines: vec![],
+        units: vec![unit("t@.service", "", None), unit("u.service", "", None)],
+        ..ClusterSnapshot::default()
+    };
     let plan = plan(&snapshot);
     assert!(plan.decisions.is_empty());
     assert_eq!(plan.unplaced, vec![("u.service".into(), UnplacedReason::NoMachines)]);
@@ -217,6 +234,7 @@ fn replacing_unit_takes_the_machine_and_the_replaced_unit_moves_with_its_followe
             unit("other2.service", "", Some("m0")),
             unit("kick.service", "Replaces=replace.0.service", None),
         ],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert_eq!(
@@ -245,6 +263,7 @@ fn a_replaced_unit_with_nowhere_else_to_go_waits_with_a_reason() {
     let snapshot = ClusterSnapshot {
         machines: vec![machine("m0", &[])],
         units: vec![unit("old.service", "", Some("m0")), unit("new.service", "Replaces=old.*", None)],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert_eq!(scheduled(&plan)["new.service"], "m0");
@@ -255,6 +274,7 @@ fn a_replaced_unit_with_nowhere_else_to_go_waits_with_a_reason() {
     let settled = ClusterSnapshot {
         machines: snapshot.machines.clone(),
         units: vec![unit("old.service", "", None), unit("new.service", "Replaces=old.*", Some("m0"))],
+        ..ClusterSnapshot::default()
     };
     let again = super::plan(&settled);
     assert!(again.decisions.is_empty());
@@ -271,6 +291,7 @@ fn units_replacing_each_other_run_one_at_a_time() {
             unit("replace.0.service", "Replaces=replace.1.service", Some("m0")),
             unit("replace.1.service", "Replaces=replace.0.service", None),
         ],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert!(plan.decisions.is_empty());
@@ -285,6 +306,7 @@ fn units_replacing_each_other_run_one_at_a_time() {
             unit("replace.1.service", "Replaces=replace.0.service", None),
             unit("replace.0.service", "Replaces=replace.1.service", None),
         ],
+        ..ClusterSnapshot::default()
     };
     let plan = super::plan(&fresh);
     assert_eq!(scheduled(&plan).keys().collect::<Vec<_>>(), vec!["replace.0.service"]);
@@ -301,6 +323,7 @@ fn a_unit_avoids_machines_of_units_that_replace_it() {
             unit("filler2.service", "", Some("m1")),
             unit("old.service", "", None),
         ],
+        ..ClusterSnapshot::default()
     };
     assert_eq!(scheduled(&plan(&snapshot))["old.service"], "m1");
 }
@@ -319,6 +342,7 @@ fn global_units_give_way_to_scheduled_units_they_conflict_with() {
             unit("web.service", "", None),
             unit("db2.service", "Conflicts=global.service", None),
         ],
+        ..ClusterSnapshot::default()
     };
     let plan = plan(&snapshot);
     assert!(!plan.decisions.iter().any(|decision| matches!(decision, Decision::Unschedule { .. })));
@@ -393,42 +417,80 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
     let machines = prop::collection::btree_set(0u8..12, 0..8).prop_flat_map(|ids| {
         let ids: Vec<u8> = ids.into_iter().collect();
         let count = ids.len();
-        (Just(ids), prop::collection::vec(0u8..3, count))
+        let capacities = prop::collection::vec(prop::option::weighted(0.6, (0u64..5, 0u64..5)), count);
+        (Just(ids), prop::collection::vec(0u8..3, count), capacities)
     });
-    let raw_unit = (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25);
-    (machines, prop::collection::vec(raw_unit, 0..25)).prop_map(|((ids, regions), raw_units)| {
-        let machines: Vec<MachineState> = ids
-            .iter()
-            .zip(&regions)
-            .map(|(id, region)| machine(&format!("m{id:02}"), &[("region", &format!("r{region}"))]))
-            .collect();
-        let units = raw_units
-            .iter()
-            .enumerate()
-            .map(|(n, (kind, group, on, launched, region, other))| {
-                let name = format!("g{group}@{n}.service");
-                let x_fleet = match kind {
-                    0 => format!("Conflicts=g{group}@*.service"),
-                    1 => format!("MachineMetadata=region=r{region}"),
-                    2 => format!("MachineID=m{:02}", on.unwrap_or(0)),
-                    3 => format!("MachineOf=g{group}@{}.service", n.saturating_sub(1)),
-                    4 => format!("Global=true\nMachineMetadata=region=r{region}"),
-                    5 => format!("Global=true\nConflicts=g{group}@*.service"),
-                    6 => format!("Replaces=g{group}@{other}.service"),
-                    7 => format!("Replaces=g{group}@*.service"),
-                    _ => String::new(),
-                };
-                let global = matches!(kind, 4 | 5);
-                let scheduled_on = on.filter(|_| !global).map(|id| format!("m{id:02}"));
-                let mut spec = unit(&name, &x_fleet, scheduled_on.as_deref());
-                if !launched {
-                    spec.desired = DesiredState::Loaded;
-                }
-                spec
-            })
-            .collect();
-        ClusterSnapshot { machines, units }
-    })
+    let raw_unit = (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25, 0u8..6);
+    (machines, prop::collection::vec(raw_unit, 0..25), any::<bool>()).prop_map(
+        |((ids, regions, capacities), raw_units, bin_pack)| {
+            let machines: Vec<MachineState> = ids
+                .iter()
+                .zip(&regions)
+                .zip(&capacities)
+                .map(|((id, region), capacity)| MachineState {
+                    capacity: capacity.map(|(gib, cores)| Resources { memory: gib << 30, cpu_millis: cores * 1000 }),
+                    ..machine(&format!("m{id:02}"), &[("region", &format!("r{region}"))])
+                })
+                .collect();
+            let units = raw_units
+                .iter()
+                .enumerate()
+                .map(|(n, (kind, group, on, launched, region, other, reserves))| {
+                    let name = format!("g{group}@{n}.service");
+                    let rule = match kind {
+                        0 => format!("Conflicts=g{group}@*.service"),
+                        1 => format!("MachineMetadata=region=r{region}"),
+                        2 => format!("MachineID=m{:02}", on.unwrap_or(0)),
+                        3 => format!("MachineOf=g{group}@{}.service", n.saturating_sub(1)),
+                        4 => format!("Global=true\nMachineMetadata=region=r{region}"),
+                        5 => format!("Global=true\nConflicts=g{group}@*.service"),
+                        6 => format!("Replaces=g{group}@{other}.service"),
+                        7 => format!("Replaces=g{group}@*.service"),
+                        _ => String::new(),
+                    };
+                    let reservation = match reserves {
+                        1 => "\nMemory=1G",
+                        2 => "\nCPU=1",
+                        3 => "\nMemory=2G\nCPU=0.5",
+                        _ => "",
+                    };
+                    let global = matches!(kind, 4 | 5);
+                    let scheduled_on = on.filter(|_| !global).map(|id| format!("m{id:02}"));
+                    let mut spec = unit(&name, &format!("{rule}{reservation}"), scheduled_on.as_deref());
+                    if !launched {
+                        spec.desired = DesiredState::Loaded;
+                    }
+                    spec
+                })
+                .collect();
+            let strategy = if bin_pack { PlacementStrategy::BinPack } else { PlacementStrategy::Spread };
+            ClusterSnapshot { machines, units, strategy }
+        },
+    )
+}
+
+/// The order a strategy tries machines in, worked out apart from the planner: room left in
+/// thousandths of the scarcest resource, and the number of units.
+fn order_key(
+    strategy: PlacementStrategy,
+    capacity: Option<Resources>,
+    reserved: Resources,
+    units: usize,
+) -> (u64, u64) {
+    let room = capacity.map_or(1000, |capacity| {
+        let share = |capacity: u64, reserved: u64| {
+            (capacity > 0).then(|| u128::from(capacity.saturating_sub(reserved)) * 1000 / u128::from(capacity))
+        };
+        [share(capacity.memory, reserved.memory), share(capacity.cpu_millis, reserved.cpu_millis)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(0) as u64
+    });
+    match strategy {
+        PlacementStrategy::Spread => (1000 - room, units as u64),
+        PlacementStrategy::BinPack => (room, u64::from(u32::MAX) - units as u64),
+    }
 }
 
 proptest! {
@@ -502,6 +564,19 @@ proptest! {
                             })
                     };
                     let load = |m: &str| before.values().filter(|on| *on == m).count() + globals[m].len();
+                    let reserved = |m: &str| {
+                        before
+                            .iter()
+                            .filter(|(_, on)| *on == m)
+                            .map(|(other, _)| other)
+                            .chain(&globals[m])
+                            .fold(Resources::ZERO, |sum, other| sum.saturating_add(specs[other.as_str()].requirements.reservation))
+                    };
+                    let needs = spec.requirements.reservation;
+                    let has_room = |m: &MachineState| {
+                        needs.is_zero() || m.capacity.is_none_or(|capacity| needs.fits_in(capacity.saturating_sub(reserved(&m.id))))
+                    };
+                    let eligible = |m: &MachineState| eligible(m) && has_room(m);
                     prop_assert!(eligible(live[machine.as_str()]), "{unit} placed on ineligible {machine}");
                     let holds_replaced = |m: &MachineState| {
                         before.iter().any(|(other, on)| *on == m.id && only_replaces(spec, specs[other.as_str()]))
@@ -509,8 +584,11 @@ proptest! {
                     let candidates: Vec<&MachineState> = snapshot.machines.iter().filter(|m| eligible(m)).collect();
                     let preferred: Vec<&MachineState> = candidates.iter().copied().filter(|m| holds_replaced(m)).collect();
                     let pool = if preferred.is_empty() { candidates } else { preferred };
-                    let best = pool.iter().map(|m| (load(&m.id), m.id.clone())).min();
-                    prop_assert_eq!(best.map(|(_, id)| id), Some(machine.clone()), "{} not least loaded", unit);
+                    let best = pool
+                        .iter()
+                        .map(|m| (order_key(snapshot.strategy, m.capacity, reserved(&m.id), load(&m.id)), m.id.clone()))
+                        .min();
+                    prop_assert_eq!(best.map(|(_, id)| id), Some(machine.clone()), "{} not first in the strategy's order", unit);
                     // Global units it replaces stop counting there.
                     if let Some(here) = globals.get_mut(machine) {
                         here.retain(|g| !only_replaces(spec, specs[g.as_str()]));
@@ -518,6 +596,24 @@ proptest! {
                     placement.insert(unit.clone(), machine.clone());
                 }
             }
+        }
+        // No machine the plan put a unit on holds more of a resource that unit reserves than it
+        // has (globals may over-commit a machine by themselves; a unit placed there then
+        // reserves none of what is over-committed).
+        for machine in &snapshot.machines {
+            let Some(capacity) = machine.capacity else { continue };
+            let asked = scheduled(&result)
+                .iter()
+                .filter(|(_, on)| **on == machine.id)
+                .fold(Resources::ZERO, |sum, (unit, _)| sum.saturating_add(specs[unit.as_str()].requirements.reservation));
+            let reserved = placement
+                .iter()
+                .filter(|(_, on)| **on == machine.id)
+                .map(|(unit, _)| unit)
+                .chain(&globals[&machine.id])
+                .fold(Resources::ZERO, |sum, unit| sum.saturating_add(specs[unit.as_str()].requirements.reservation));
+            prop_assert!(asked.memory == 0 || reserved.memory <= capacity.memory, "{} over-reserved: {reserved} of {capacity}", machine.id);
+            prop_assert!(asked.cpu_millis == 0 || reserved.cpu_millis <= capacity.cpu_millis, "{} over-reserved: {reserved} of {capacity}", machine.id);
         }
         // The final placement satisfies every constraint, and everything unplaced has a reason.
         for (unit, machine) in &placement {
@@ -582,4 +678,79 @@ fn a_plan_that_changes_nothing_is_not_written() {
         unplaced: Vec::new(),
     };
     assert!(moving.changes_anything(&[]));
+}
+
+fn sized(id: &str, gib: u64, cores: u64) -> MachineState {
+    MachineState { capacity: Some(Resources { memory: gib << 30, cpu_millis: cores * 1000 }), ..machine(id, &[]) }
+}
+
+#[test]
+fn a_unit_that_fits_nowhere_says_what_it_needs_and_what_came_closest() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![sized("m1", 4, 8), sized("m2", 8, 8)],
+        units: vec![unit("held.service", "Memory=2G", Some("m2")), unit("big.service", "Memory=8G", None)],
+        ..ClusterSnapshot::default()
+    };
+    let result = plan(&snapshot);
+    assert!(scheduled(&result).is_empty());
+    assert_eq!(
+        result.reason_texts(),
+        [("big.service".to_string(), "needs 8 GiB memory; the most free is 6 GiB on m2".to_string())]
+    );
+    let cpu = ClusterSnapshot { units: vec![unit("busy.service", "CPU=9", None)], ..snapshot.clone() };
+    assert_eq!(plan(&cpu).reason_texts()[0].1, "needs 9 CPU; the most free is 8 on m1");
+    let together = ClusterSnapshot {
+        machines: vec![sized("m1", 8, 1), sized("m2", 1, 8)],
+        units: vec![unit("both.service", "Memory=4G\nCPU=4", None)],
+        ..ClusterSnapshot::default()
+    };
+    assert_eq!(
+        plan(&together).reason_texts()[0].1,
+        "needs 4 GiB memory and 4 CPU on one machine; no machine has both free (the most memory free is 8 GiB on m1, the most CPU 8 on m2)"
+    );
+    // Once room appears (a bigger machine joins), the waiting unit is placed there.
+    let grown =
+        ClusterSnapshot { machines: vec![sized("m1", 4, 8), sized("m2", 8, 8), sized("m3", 16, 8)], ..snapshot };
+    assert_eq!(scheduled(&plan(&grown)).get("big.service").map(String::as_str), Some("m3"));
+}
+
+#[test]
+fn spreading_takes_the_roomiest_machine_and_bin_packing_the_fullest_that_fits() {
+    let machines = vec![sized("m1", 8, 4), sized("m2", 8, 4), sized("m3", 8, 4)];
+    let units = vec![
+        unit("a.service", "Memory=6G", Some("m1")),
+        unit("b.service", "Memory=2G", Some("m2")),
+        unit("new.service", "Memory=1G", None),
+        unit("small.service", "", None),
+    ];
+    let spread = ClusterSnapshot { machines: machines.clone(), units: units.clone(), ..ClusterSnapshot::default() };
+    let placed = scheduled(&plan(&spread));
+    assert_eq!(placed["new.service"], "m3", "the empty machine has the most room");
+    assert_eq!(placed["small.service"], "m3", "then fewest units among the roomiest");
+    let packed = ClusterSnapshot { machines, units, strategy: PlacementStrategy::BinPack };
+    let placed = scheduled(&plan(&packed));
+    assert_eq!(placed["new.service"], "m1", "the fullest machine that still fits");
+    assert_eq!(placed["small.service"], "m1", "m3 stays empty");
+}
+
+#[test]
+fn a_machine_whose_capacity_shrank_keeps_its_units_and_takes_no_more() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![sized("m1", 2, 4), sized("m2", 8, 4)],
+        units: vec![
+            unit("a.service", "Memory=2G", Some("m1")),
+            unit("b.service", "Memory=2G", Some("m1")),
+            unit("c.service", "Memory=1G", None),
+        ],
+        ..ClusterSnapshot::default()
+    };
+    let result = plan(&snapshot);
+    assert_eq!(result.decisions, [Decision::Schedule { unit: "c.service".into(), machine: "m2".into() }]);
+    // A unit that reserves nothing still fits beside them.
+    let free = ClusterSnapshot {
+        machines: vec![sized("m1", 2, 4)],
+        units: vec![unit("a.service", "Memory=4G", Some("m1")), unit("light.service", "", None)],
+        ..ClusterSnapshot::default()
+    };
+    assert_eq!(scheduled(&plan(&free))["light.service"], "m1");
 }

@@ -1,11 +1,12 @@
-//! The planner's working copy of the cluster: who runs where, and each machine's load,
-//! updated after every decision so later decisions see it.
+//! The planner's working copy of the cluster: who runs where, and each machine's load (its
+//! units and what they reserve), updated after every decision so later decisions see it.
 
 use std::collections::{BTreeSet, HashMap};
 
-use super::{ClusterSnapshot, UnitSpec};
+use super::{ClusterSnapshot, PlacementStrategy, UnitSpec};
 use crate::glob::Glob;
 use crate::machine::MachineState;
+use crate::resources::Resources;
 
 /// A machine's position in ID order (which breaks load ties): how the planner refers to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -28,11 +29,26 @@ pub(super) enum Relation {
     Circular,
 }
 
+/// What sits on one machine: how many units, and what they reserve in all.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Load {
+    pub units: u32,
+    pub reserved: Resources,
+}
+
+/// Room left on a machine, in thousandths of its capacity in its scarcest resource; a machine
+/// that states no capacity is all room.
+const ALL_ROOM: u32 = 1000;
+
+/// Where a machine stands in the order the planner tries machines in (lower first).
+type OrderKey = (u32, u32);
+
 pub(super) struct Working<'a> {
     machines: Vec<&'a MachineState>,
     units: &'a [UnitSpec],
-    load: Vec<u32>,
-    by_load: BTreeSet<(u32, Rank)>,
+    strategy: PlacementStrategy,
+    load: Vec<Load>,
+    by_load: BTreeSet<(OrderKey, Rank)>,
     residents: Vec<Vec<UnitIndex>>,
     placement: Vec<Option<Rank>>,
     /// Where each unit was scheduled when planning began, if that machine is live.
@@ -50,7 +66,7 @@ fn compile(patterns: &[String]) -> Vec<Glob> {
 impl<'a> Working<'a> {
     /// The working copy of `snapshot`, each machine starting with the load in `baseline`
     /// (by rank; units the planner is not given but that sit there), or empty.
-    pub fn new(snapshot: &'a ClusterSnapshot, baseline: Option<&[u32]>) -> Self {
+    pub fn new(snapshot: &'a ClusterSnapshot, baseline: Option<&[Load]>) -> Self {
         let mut machines: Vec<&MachineState> = snapshot.machines.iter().collect();
         machines.sort_by(|a, b| a.id.cmp(&b.id));
         machines.dedup_by(|a, b| a.id == b.id);
@@ -63,12 +79,13 @@ impl<'a> Working<'a> {
             }
         }
         let count = machines.len();
-        let load: Vec<u32> =
-            (0..count).map(|rank| baseline.and_then(|loads| loads.get(rank)).copied().unwrap_or(0)).collect();
+        let load: Vec<Load> =
+            (0..count).map(|rank| baseline.and_then(|loads| loads.get(rank)).copied().unwrap_or_default()).collect();
         let mut working = Self {
             machines,
             units,
-            by_load: load.iter().enumerate().map(|(rank, load)| (*load, Rank(rank))).collect(),
+            strategy: snapshot.strategy,
+            by_load: BTreeSet::new(),
             load,
             residents: vec![Vec::new(); count],
             placement: vec![None; units.len()],
@@ -82,6 +99,7 @@ impl<'a> Working<'a> {
             .iter()
             .map(|unit| unit.scheduled_on.as_deref().and_then(|machine| working.rank_of(machine)))
             .collect();
+        working.by_load = working.ranks().map(|rank| (working.order_key(rank), rank)).collect();
         working
     }
 
@@ -122,7 +140,9 @@ impl<'a> Working<'a> {
     /// Puts `unit` on `rank`. Global units count as residents everywhere they run but are
     /// never given a placement of their own.
     pub fn place(&mut self, unit: UnitIndex, rank: Rank) {
-        self.set_load(rank, self.load[rank.0] + 1);
+        let Load { units, reserved } = self.load[rank.0];
+        let reservation = self.unit(unit).requirements.reservation;
+        self.set_load(rank, Load { units: units + 1, reserved: reserved.saturating_add(reservation) });
         self.residents[rank.0].push(unit);
         if !self.unit(unit).requirements.global {
             self.placement[unit.0] = Some(rank);
@@ -135,29 +155,69 @@ impl<'a> Working<'a> {
         let before = residents.len();
         residents.retain(|resident| *resident != unit);
         if residents.len() < before {
-            self.set_load(rank, self.load[rank.0] - 1);
+            let Load { units, reserved } = self.load[rank.0];
+            let reservation = self.unit(unit).requirements.reservation;
+            self.set_load(rank, Load { units: units - 1, reserved: reserved.saturating_sub(reservation) });
         }
         if self.placement[unit.0] == Some(rank) {
             self.placement[unit.0] = None;
         }
     }
 
-    fn set_load(&mut self, rank: Rank, load: u32) {
-        self.by_load.remove(&(self.load[rank.0], rank));
+    fn set_load(&mut self, rank: Rank, load: Load) {
+        self.by_load.remove(&(self.order_key(rank), rank));
         self.load[rank.0] = load;
-        self.by_load.insert((load, rank));
-    }
-
-    pub fn load(&self, rank: Rank) -> u32 {
-        self.load[rank.0]
+        self.by_load.insert((self.order_key(rank), rank));
     }
 
     /// Every machine's load, by rank.
-    pub fn loads(&self) -> &[u32] {
+    pub fn loads(&self) -> &[Load] {
         &self.load
     }
 
-    /// Machines from least to most loaded.
+    /// What is left on `rank` for units to reserve; `None` when the machine states no
+    /// capacity (it limits nothing).
+    pub fn free(&self, rank: Rank) -> Option<Resources> {
+        Some(self.machine(rank).capacity?.saturating_sub(self.load[rank.0].reserved))
+    }
+
+    /// Whether `unit`'s reservation fits in what is left on `rank`.
+    pub fn has_room(&self, unit: UnitIndex, rank: Rank) -> bool {
+        let reservation = self.unit(unit).requirements.reservation;
+        reservation.is_zero() || self.free(rank).is_none_or(|free| reservation.fits_in(free))
+    }
+
+    /// Room left on `rank`, in thousandths of its capacity in its scarcest resource.
+    fn room(&self, rank: Rank) -> u32 {
+        let Some(capacity) = self.machine(rank).capacity else {
+            return ALL_ROOM;
+        };
+        let reserved = self.load[rank.0].reserved;
+        let share = |capacity: u64, reserved: u64| {
+            (capacity > 0).then(|| {
+                let free = u128::from(capacity.saturating_sub(reserved));
+                (free * u128::from(ALL_ROOM) / u128::from(capacity)) as u32
+            })
+        };
+        [share(capacity.memory, reserved.memory), share(capacity.cpu_millis, reserved.cpu_millis)]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Spreading tries the machine with the most room left first, then the one with the
+    /// fewest units; bin-packing the fullest machine first (the one with the least room left,
+    /// then the most units), so that whole machines stay free.
+    pub fn order_key(&self, rank: Rank) -> OrderKey {
+        let units = self.load[rank.0].units;
+        match self.strategy {
+            PlacementStrategy::Spread => (ALL_ROOM - self.room(rank), units),
+            PlacementStrategy::BinPack => (self.room(rank), u32::MAX - units),
+        }
+    }
+
+    /// Machines in the order the strategy tries them.
     pub fn by_load(&self) -> impl Iterator<Item = Rank> + '_ {
         self.by_load.iter().map(|(_, rank)| *rank)
     }

@@ -14,6 +14,8 @@ enum Change {
         on: Option<u8>,
         launched: bool,
         named_by_a_rule: bool,
+        /// What it reserves: nothing, memory, CPU or both.
+        reserves: u8,
     },
     /// A unit with a `Conflicts=` rule.
     AddRuled {
@@ -29,8 +31,10 @@ enum Change {
 
 fn change() -> impl Strategy<Value = Change> {
     prop_oneof![
-        6 => (0u8..4, prop::option::of(0u8..12), any::<bool>(), prop::bool::weighted(0.1))
-            .prop_map(|(kind, on, launched, named_by_a_rule)| Change::AddFree { kind, on, launched, named_by_a_rule }),
+        6 => (0u8..4, prop::option::of(0u8..12), any::<bool>(), prop::bool::weighted(0.1), 0u8..4)
+            .prop_map(|(kind, on, launched, named_by_a_rule, reserves)| {
+                Change::AddFree { kind, on, launched, named_by_a_rule, reserves }
+            }),
         1 => (0u8..4).prop_map(|group| Change::AddRuled { group }),
         3 => (0usize..64).prop_map(Change::Remove),
         2 => (0usize..64, 0u8..3).prop_map(|(index, desired)| Change::SetDesired(index, desired)),
@@ -43,7 +47,7 @@ fn change() -> impl Strategy<Value = Change> {
 fn apply_change(snapshot: &mut ClusterSnapshot, change: &Change, serial: usize) {
     let units = snapshot.units.len();
     match change {
-        Change::AddFree { kind, on, launched, named_by_a_rule } => {
+        Change::AddFree { kind, on, launched, named_by_a_rule, reserves } => {
             let name =
                 if *named_by_a_rule { format!("g0@free{serial}.service") } else { format!("free{serial}.service") };
             let x_fleet = match kind {
@@ -51,6 +55,13 @@ fn apply_change(snapshot: &mut ClusterSnapshot, change: &Change, serial: usize) 
                 2 => format!("MachineID=m{:02}", on.unwrap_or(3)),
                 _ => String::new(),
             };
+            let reservation = match reserves {
+                1 => "\nMemory=1G",
+                2 => "\nCPU=1",
+                3 => "\nMemory=1G\nCPU=1",
+                _ => "",
+            };
+            let x_fleet = format!("{x_fleet}{reservation}");
             let name = if *kind == 3 { format!("tmpl{serial}@.service") } else { name };
             let mut spec = unit(&name, &x_fleet, on.map(|id| format!("m{id:02}")).as_deref());
             if !launched {
@@ -146,7 +157,7 @@ fn settled_cluster() -> ClusterSnapshot {
     units.push(unit("db.service", "Conflicts=web@*.service", None));
     units.push(unit("pinned.service", "MachineID=m99", None));
     units.push(unit("far.service", "MachineMetadata=region=r9", None));
-    ClusterSnapshot { machines, units }
+    ClusterSnapshot { machines, units, ..ClusterSnapshot::default() }
 }
 
 #[test]
@@ -177,7 +188,8 @@ fn a_burst_of_free_units_plans_only_them_and_the_waiting() {
     assert_eq!(planner.plan(&named), (plan(&named), PlanScope::Full), "db's Conflicts= names it");
 
     // So does a free unit leaving that another unit's rule names (a follower's leader).
-    let mut led = ClusterSnapshot { machines: named.machines.clone(), units: named.units.clone() };
+    let mut led =
+        ClusterSnapshot { machines: named.machines.clone(), units: named.units.clone(), ..ClusterSnapshot::default() };
     led.units.push(unit("leader.service", "", None));
     led.units.push(unit("follower.service", "MachineOf=leader.service", None));
     let mut planner = IncrementalPlanner::default();
