@@ -76,6 +76,18 @@ pub struct Machine {
     /// Whether the machine's engine leads the cluster (our addition).
     #[serde(rename = "engineLeader", default, skip_serializing_if = "std::ops::Not::not")]
     pub engine_leader: bool,
+    /// What units may reserve on the machine in all, when it says (our addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
+}
+
+/// Memory and CPU a machine offers units (our addition).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Capacity {
+    pub memory_bytes: u64,
+    /// Thousandths of a core.
+    pub cpu_millicores: u64,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -264,6 +276,10 @@ pub struct AgentMachine {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub version: String,
+    /// What the machine offers units (the kernel's, less the system's reserve, or its
+    /// fleet.conf's); an agent without it limits nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<Capacity>,
 }
 
 /// A unit a machine should hold: its name, body hash and desired state.

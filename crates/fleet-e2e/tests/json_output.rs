@@ -12,7 +12,10 @@ fn json(fleet: &Fleetd, args: &[&str]) -> Value {
 
 #[test]
 fn lists_and_status_print_json_and_wide_tables() {
-    let fleet = Fleetd::start("e2e0json00000001", &[("metadata", "region=test")]);
+    let fleet = Fleetd::start(
+        "e2e0json00000001",
+        &[("metadata", "region=test"), ("capacity_memory", "4G"), ("capacity_cpu", "2")],
+    );
     fleet.ok(&["start", &examples_dir().join("hello.service").display().to_string()]);
     let dir = tempfile::tempdir().expect("scratch dir");
     let nowhere = write_unit(
@@ -29,6 +32,8 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert_eq!(machines[0]["units"], 1);
     assert_eq!(machines[0]["connection"], "embedded");
     assert_eq!(machines[0]["leader"], true, "a single machine's engine leads: {machines}");
+    assert_eq!(machines[0]["capacity"], serde_json::json!({"memoryBytes": 4u64 << 30, "cpuMillicores": 2000}));
+    assert_eq!(machines[0]["reserved"], serde_json::json!({"memoryBytes": 0, "cpuMillicores": 0}));
 
     let units = json(&fleet, &["list-units", "--output", "json"]);
     assert_eq!(units.as_array().map(Vec::len), Some(1), "{units}");
@@ -72,9 +77,9 @@ fn lists_and_status_print_json_and_wide_tables() {
     let wide = fleet.ok(&["list-units", "-o", "wide"]).stdout;
     assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\tDRIFT\n"), "{wide}");
     let wide = fleet.ok(&["list-machines", "-o", "wide"]).stdout;
-    assert!(wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\n"), "{wide}");
+    assert!(wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\n"), "{wide}");
     assert!(wide.contains("e2e0json00000001\t"), "-o wide shows machine IDs whole: {wide}");
-    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine"), "{wide}");
+    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine\t4 GiB, 2 CPU\t0 B, 0 CPU"), "{wide}");
     let wide = fleet.ok(&["list-unit-files", "-o", "wide", "--no-legend"]).stdout;
     assert!(wide.contains("Waits for a machine"), "{wide}");
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::schedule::at_most_once::MachineAbsences;
-use fleet_core::schedule::{ClusterSnapshot, IncrementalPlanner, PlanScope, RequirementsCache};
+use fleet_core::schedule::{ClusterSnapshot, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache};
 use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
 use fleet_runtime::{Lifecycle, Next, Reconciler, Triggers};
 use tokio::sync::watch;
@@ -26,6 +26,8 @@ pub struct EngineConfig {
     /// How long an `AtMostOnce=` unit stays on a machine seen gone before it may start
     /// elsewhere ([`fleet_core::schedule::at_most_once::hold`] of `agent_ttl`).
     pub at_most_once_hold: Duration,
+    /// How a unit's machine is chosen among those it fits on (`placement_strategy`).
+    pub strategy: PlacementStrategy,
 }
 
 pub struct Engine {
@@ -110,7 +112,7 @@ impl Engine {
         }
         tracing::debug!(units = held.len(), "at-most-once units wait for their lost machine to have stopped them");
         let units = cluster.units.into_iter().filter(|unit| !held.contains(&unit.name)).collect();
-        ClusterSnapshot { machines: cluster.machines, units, ..ClusterSnapshot::default() }
+        ClusterSnapshot { units, ..cluster }
     }
 
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
@@ -146,7 +148,8 @@ impl Engine {
             self.requirements.learn(&snapshot.units, &bodies);
         }
         let revision = snapshot.revision;
-        let cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
+        let mut cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
+        cluster.strategy = self.config.strategy;
         let cluster = self.without_held_units(cluster);
         // A snapshot planned while units are held is planned again when the hold ends.
         let planned = self.hold_ends.is_none().then_some(revision);

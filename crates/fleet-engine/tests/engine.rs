@@ -39,6 +39,7 @@ fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task:
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
+        strategy: Default::default(),
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
@@ -205,6 +206,7 @@ async fn only_the_leader_writes() {
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
+        strategy: Default::default(),
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     let engine = tokio::spawn(Engine::new(config, contested.clone()).run(stopped));
@@ -241,6 +243,7 @@ async fn failing_passes_are_retried_within_the_fallback_period() {
         reconcile_interval: interval,
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
+        strategy: Default::default(),
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     let engine = tokio::spawn(Engine::new(config, failing.clone()).run(stopped));

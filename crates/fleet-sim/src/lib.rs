@@ -162,6 +162,7 @@ impl Cluster {
             reconcile_interval: Duration::from_millis(500),
             debounce: Duration::from_millis(10),
             at_most_once_hold: fleet_core::schedule::at_most_once::hold(self.config.agent_ttl),
+            strategy: Default::default(),
         };
         let engine = Engine::new(engine_config, Arc::new(store.clone()));
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);

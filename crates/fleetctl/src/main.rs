@@ -9,6 +9,7 @@ mod local_units;
 mod manual;
 mod output;
 mod progress;
+mod reservations;
 mod ssh;
 mod table;
 mod tunnel;
@@ -196,7 +197,8 @@ enum Command {
         #[command(flatten)]
         list: ListFlags,
         /// Columns: machine,ip,metadata,units,connection (etcd, embedded or pull),leader (engine on the
-        /// machine whose engine leads)
+        /// machine whose engine leads),capacity,reserved (memory and CPU units may reserve there, and
+        /// what they do)
         #[arg(long, default_value = "machine,ip,metadata")]
         fields: String,
         #[command(flatten)]

@@ -38,6 +38,10 @@ pub struct MachineRow<'a> {
     pub connection: Option<&'a str>,
     /// Whether the machine's engine leads the cluster.
     pub leader: bool,
+    /// What units may reserve there in all; `None` from a machine that does not say.
+    pub capacity: Option<fleet_api_schema::Capacity>,
+    /// What the units there reserve.
+    pub reserved: fleet_api_schema::Capacity,
 }
 
 /// A row of `list-unit-files -o json`.

@@ -85,6 +85,16 @@ pub struct Config {
     pub source_max_units: usize,
     /// Run native units where no cgroup v2 can hold their processes (`allow`), or refuse.
     pub native_without_cgroups: bool,
+    /// The memory this machine offers units, in place of the kernel's less the reserve.
+    pub capacity_memory: Option<u64>,
+    /// The CPU (thousandths of a core) this machine offers units, in place of the kernel's.
+    pub capacity_cpu: Option<u64>,
+    /// What the kernel's memory keeps back for the system before units reserve any.
+    pub system_reserved_memory: u64,
+    /// What the kernel's CPUs keep back for the system (thousandths of a core).
+    pub system_reserved_cpu: u64,
+    /// How the engine chooses among the machines a unit fits on.
+    pub placement_strategy: fleet_core::schedule::PlacementStrategy,
 }
 
 impl Default for Config {
@@ -132,6 +142,11 @@ impl Default for Config {
             source_credentials_dir: "/etc/fleet/source-credentials".into(),
             source_max_units: fleet_core::source::content::DEFAULT_MAX_UNITS,
             native_without_cgroups: false,
+            capacity_memory: None,
+            capacity_cpu: None,
+            system_reserved_memory: 256 << 20,
+            system_reserved_cpu: 0,
+            placement_strategy: fleet_core::schedule::PlacementStrategy::Spread,
         }
     }
 }
@@ -293,6 +308,24 @@ const OPTIONS: &[(&str, Setter)] = &[
         config.api_anonymous_role = role;
         Ok(())
     }),
+    // Empty: the kernel's, less the system's reserve.
+    ("capacity_memory", |config, name, value| {
+        let given = (!value.is_empty()).then(|| parse_resource_size(name, value)).transpose();
+        assign(&mut config.capacity_memory, given)
+    }),
+    ("capacity_cpu", |config, name, value| {
+        let given = (!value.is_empty()).then(|| parse_resource_cores(name, value)).transpose();
+        assign(&mut config.capacity_cpu, given)
+    }),
+    ("system_reserved_memory", |config, name, value| {
+        assign(&mut config.system_reserved_memory, parse_resource_size(name, value))
+    }),
+    ("system_reserved_cpu", |config, name, value| {
+        assign(&mut config.system_reserved_cpu, parse_resource_cores(name, value))
+    }),
+    ("placement_strategy", |config, name, value| {
+        assign(&mut config.placement_strategy, value.parse().map_err(|reason: String| bad(name, value, &reason)))
+    }),
     ("native_without_cgroups", |config, name, value| {
         let allow = match value {
             "refuse" => Ok(false),
@@ -391,6 +424,20 @@ fn parse_seconds(name: &str, value: &str) -> Result<Duration, ConfigError> {
 /// Go's duration syntax (`30s`, `1m30s`, `500ms`).
 pub fn parse_go_duration(name: &str, value: &str) -> Result<Duration, ConfigError> {
     fleet_core::duration::parse_go_duration(value).map_err(|error| bad(name, value, &error.to_string()))
+}
+
+/// An amount of memory as units reserve it (`16G`, `512M`, `1.5G`).
+fn parse_resource_size(name: &str, value: &str) -> Result<u64, ConfigError> {
+    match fleet_core::resources::parse_bytes(value) {
+        Ok(Some(bytes)) => Ok(bytes),
+        Ok(None) => Err(bad(name, value, "expected a size such as 16G")),
+        Err(error) => Err(bad(name, value, &error.to_string())),
+    }
+}
+
+/// A number of cores (`4`, `0.5`), in thousandths of a core.
+fn parse_resource_cores(name: &str, value: &str) -> Result<u64, ConfigError> {
+    fleet_core::resources::parse_cores(value).map_err(|error| bad(name, value, &error.to_string()))
 }
 
 /// A size in bytes, with an optional `K`, `M` or `G` (powers of 1024); at least 4 KiB.

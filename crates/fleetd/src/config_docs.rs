@@ -54,6 +54,23 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "Where the engine leader reads git sources' credentials: a source names a file of this directory (USER:PASSWORD, or a token), so that no secret is kept in the registry. Give every machine that may lead the same files, 0600.",
     ),
     doc(
+        "capacity_memory",
+        "",
+        "The memory this machine offers units that reserve some ([X-Fleet] Memory=, or their MemoryMax=): 16G, 512M. When empty, the kernel's total less system_reserved_memory. Set it on machines that share their host.",
+    ),
+    doc(
+        "capacity_cpu",
+        "",
+        "The cores this machine offers units that reserve some ([X-Fleet] CPU=, or their CPUQuota=): 4, 0.5. When empty, the CPUs fleetd may use less system_reserved_cpu.",
+    ),
+    doc("system_reserved_memory", "256M", "Memory kept back for the system when capacity_memory is empty."),
+    doc("system_reserved_cpu", "0", "Cores kept back for the system when capacity_cpu is empty."),
+    doc(
+        "placement_strategy",
+        "spread",
+        "How the engine chooses among the machines a unit fits on: spread (the one with the most room left, then the fewest units) or binpack (the fullest that still fits, keeping whole machines free). The engine leader's setting applies: give every machine that may lead the same.",
+    ),
+    doc(
         "native_without_cgroups",
         "refuse",
         "What the native unit manager does where no cgroup v2 hierarchy can hold a unit's processes (fleetd mounts one at /run/fleet/cgroup2 when it runs as root and none is mounted): refuse to start, or allow units tracked by process group and environment only. With allow, a process that leaves its unit's session and clears its environment outlives the unit's stop.",

@@ -1,6 +1,7 @@
 //! fleetd: on every machine, the engine, the agent and the HTTP API v1.
 
 mod api_service;
+mod capacity;
 mod daemon;
 mod host;
 mod journal_answers;

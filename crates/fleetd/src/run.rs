@@ -52,6 +52,7 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
         } else {
             Connection::Etcd
         },
+        capacity: crate::capacity::of_this_machine(config),
     }
 }
 
@@ -140,7 +141,13 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
     // stopped what runs here from before (announcing cannot claim one ahead of it).
     let _lapses = registry.presence_lapses(&machine_id);
     store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
-    tracing::info!(machine_id, "fleetd {} starting", fleetd::VERSION);
+    let capacity = crate::capacity::of_this_machine(&config).map(|capacity| capacity.to_string());
+    tracing::info!(
+        machine_id,
+        capacity = capacity.as_deref().unwrap_or("unknown"),
+        "fleetd {} starting",
+        fleetd::VERSION
+    );
     let api = ApiService::start(
         &config,
         &machine_id,
@@ -208,6 +215,7 @@ impl Components for ClusterMember {
             reconcile_interval: config.engine_reconcile_interval,
             debounce: DEBOUNCE,
             at_most_once_hold: fleet_core::schedule::at_most_once::hold(config.agent_ttl),
+            strategy: config.placement_strategy,
         };
         let (leads, leads_watch) = watch::channel(false);
         let (registry, running) = (self.registry.clone(), lifecycle.clone());

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_core::drift::{Drift, DriftReport};
-use fleet_core::{Connection, MachineState, StateReport, SystemdState, UnitHash, UnitState};
+use fleet_core::{Connection, MachineState, Resources, StateReport, SystemdState, UnitHash, UnitState};
 use fleet_registry::machine_identity::admit_announce;
 use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork};
 
@@ -62,6 +62,12 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
     if request.version.len() > 64 || request.version.chars().any(char::is_control) {
         return Err(ApiError::bad_request("invalid version"));
     }
+    let capacity = request
+        .capacity
+        .map(|capacity| Resources { memory: capacity.memory_bytes, cpu_millis: capacity.cpu_millicores });
+    if capacity.is_some_and(|capacity| !capacity.is_bounded()) {
+        return Err(ApiError::bad_request("invalid capacity: at most 1 PiB of memory and 1000000 cores"));
+    }
     let bound = super::agents::held_identity(state, machine_id, identity).await?;
     let granted = match &bound {
         Some(bound) => admit_announce(bound, &request.metadata, &request.public_ip)
@@ -89,6 +95,7 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
         // A pull agent never leads the engine: it has no store of its own.
         disable_engine: true,
         connection: Connection::Pull,
+        capacity,
     };
     agents.announce_for_agent(&machine).await?;
     Ok(StatusCode::NO_CONTENT.into_response())

@@ -8,6 +8,7 @@ use fleet_core::UnitHash;
 use super::create::{is_global, unit_file};
 use crate::context::Context;
 use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, print_json};
+use crate::reservations::{capacity, capacity_cell, reserved_by_machine, reserved_cell};
 use crate::table::{machine_full_legend, machine_id_legend, machine_ip, tab_table};
 use crate::{ListFlags, Outcome};
 
@@ -49,7 +50,8 @@ fn or_dash(text: &str) -> String {
 }
 
 pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
-    let fields = match columns(fields, &["machine", "ip", "metadata", "units", "connection", "leader"], output) {
+    let valid = ["machine", "ip", "metadata", "units", "connection", "leader", "capacity", "reserved"];
+    let fields = match columns(fields, &valid, output) {
         Ok(fields) => fields,
         Err(outcome) => return outcome,
     };
@@ -60,17 +62,32 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
             return Outcome::Failure;
         }
     };
-    let mut units_on: BTreeMap<String, usize> = BTreeMap::new();
-    if output == OutputFormat::Json || fields.contains(&"units") {
+    let wants = |field: &str| output == OutputFormat::Json || fields.contains(&field);
+    let mut states = Vec::new();
+    if wants("units") || wants("reserved") {
         match context.client.unit_states(None).await {
-            Ok(states) => states.iter().for_each(|state| *units_on.entry(state.machine_id.clone()).or_default() += 1),
+            Ok(listed) => states = listed,
             Err(error) => {
                 eprintln!("Error retrieving list of units from repository: {error}");
                 return Outcome::Failure;
             }
         }
     }
+    let mut units_on: BTreeMap<String, usize> = BTreeMap::new();
+    states.iter().for_each(|state| *units_on.entry(state.machine_id.clone()).or_default() += 1);
     let units_of = |machine: &str| units_on.get(machine).copied().unwrap_or(0);
+    let reserved = if wants("reserved") {
+        match context.client.units().await {
+            Ok(units) => reserved_by_machine(&units, &states),
+            Err(error) => {
+                eprintln!("Error retrieving list of units from repository: {error}");
+                return Outcome::Failure;
+            }
+        }
+    } else {
+        BTreeMap::new()
+    };
+    let reserved_on = |machine: &str| reserved.get(machine).copied().unwrap_or_default();
     // `-o wide` shows machine IDs whole, as `--full` does.
     let full = list.full || output == OutputFormat::Wide;
     if output == OutputFormat::Json {
@@ -83,6 +100,8 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                 units: units_of(&machine.id),
                 connection: Some(machine.connection.as_str()).filter(|word| !word.is_empty()),
                 leader: machine.engine_leader,
+                capacity: machine.capacity,
+                reserved: capacity(reserved_on(&machine.id)),
             })
             .collect();
         print_json(&rows);
@@ -99,6 +118,8 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                     "units" => units_of(&machine.id).to_string(),
                     "connection" => or_dash(&machine.connection),
                     "leader" => if machine.engine_leader { "engine" } else { "-" }.to_string(),
+                    "capacity" => capacity_cell(machine.capacity),
+                    "reserved" => reserved_cell(reserved_on(&machine.id), machine.capacity),
                     _ => {
                         or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                     }

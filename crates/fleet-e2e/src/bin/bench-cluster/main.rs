@@ -59,6 +59,7 @@ fn simulated_machine(index: usize) -> MachineState {
         version: "bench".into(),
         disable_engine: true,
         connection: fleet_core::Connection::Etcd,
+        capacity: None,
     }
 }
 

@@ -159,6 +159,7 @@ fn main() {
                     version: "bench".into(),
                     disable_engine: true,
                     connection: fleet_core::Connection::Pull,
+                    capacity: None,
                 },
                 // As fleetd's pull mode: changes come by long poll; the fallback is a safety net.
                 reconcile_interval: Duration::from_secs(30),
