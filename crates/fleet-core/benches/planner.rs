@@ -4,23 +4,36 @@
 //! (leader ← middle ← tail, seven chains), 5 `MachineID=`, 3 `Replaces=`, and 1 in 1,000
 //! units `Global=` (100 global units). Both the first placement and a replacement wave over
 //! a settled cluster are timed, and a burst of new units planned in full and incrementally.
-//! Prints its numbers.
+//! Then the same units each reserving memory and CPU, onto machines of four sizes, spread and
+//! bin-packed: the time, and how many machines each strategy leaves empty. Prints its numbers.
 //!
 //! Run: `cargo bench -p fleet-core --bench planner`
 
 use std::time::Instant;
 
 use fleet_core::machine::MachineState;
-use fleet_core::schedule::{ClusterSnapshot, Decision, IncrementalPlanner, PlanScope, UnitSpec, plan};
-use fleet_core::{DesiredState, Requirements, UnitFile};
+use fleet_core::schedule::{
+    ClusterSnapshot, Decision, IncrementalPlanner, PlacementStrategy, PlanScope, UnitSpec, plan,
+};
+use fleet_core::{DesiredState, Requirements, Resources, UnitFile};
 
 const MACHINES: usize = 10_000;
 const UNITS: usize = 100_000;
 const REGIONS: [&str; 4] = ["us-east", "us-west", "eu", "asia"];
 
-fn snapshot() -> ClusterSnapshot {
+/// Machine sizes of the reservations run, in GiB and cores, one in four of each.
+const SIZES: [(u64, u64); 4] = [(8, 4), (16, 8), (32, 16), (64, 32)];
+/// What unit `n` reserves in the reservations run, memory and CPU.
+const RESERVATIONS: [&str; 4] =
+    ["Memory=128M\nCPU=0.1", "Memory=256M\nCPU=0.25", "Memory=512M\nCPU=0.5", "Memory=1G\nCPU=1"];
+
+fn cluster(reserving: bool) -> ClusterSnapshot {
     let machines = (0..MACHINES)
         .map(|n| MachineState {
+            capacity: reserving.then(|| {
+                let (gib, cores) = SIZES[n % SIZES.len()];
+                Resources { memory: gib << 30, cpu_millis: cores * 1000 }
+            }),
             id: format!("{n:032x}"),
             metadata: [
                 ("region".to_string(), REGIONS[n % REGIONS.len()].to_string()),
@@ -33,8 +46,12 @@ fn snapshot() -> ClusterSnapshot {
     let units = (0..UNITS)
         .map(|n| {
             let (name, x_fleet) = unit_kind(n);
-            let file = UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n\n[X-Fleet]\n{x_fleet}"))
-                .expect("benchmark units parse");
+            // Global units (agents, one per machine of a region) reserve nothing.
+            let reservation =
+                if reserving && !x_fleet.contains("Global") { RESERVATIONS[n % RESERVATIONS.len()] } else { "" };
+            let file =
+                UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n\n[X-Fleet]\n{x_fleet}{reservation}\n"))
+                    .expect("benchmark units parse");
             UnitSpec {
                 requirements: std::sync::Arc::new(Requirements::from_unit(&name, &file)),
                 name,
@@ -76,7 +93,7 @@ fn unit_kind(n: usize) -> (String, String) {
 }
 
 fn main() {
-    let snapshot = snapshot();
+    let snapshot = cluster(false);
     println!(
         "planner: {UNITS} units onto {MACHINES} machines (40% free, 20% MachineMetadata, 10% Conflicts, \
          21% MachineOf chains, 5% MachineID, 3% Replaces, 0.1% Global)"
@@ -140,6 +157,40 @@ fn main() {
         result.decisions.len(),
         elapsed.as_secs_f64()
     );
+
+    // Every unit reserving memory and CPU (128M/0.1 to 1G/1), machines of 8 to 64 GiB.
+    let reserving = cluster(true);
+    println!("with reservations: every unit reserves, machines of 8/16/32/64 GiB and 4/8/16/32 cores");
+    for strategy in [PlacementStrategy::Spread, PlacementStrategy::BinPack] {
+        let snapshot = ClusterSnapshot { strategy, ..reserving.clone() };
+        for run in 1..=2 {
+            let started = Instant::now();
+            let result = plan(&snapshot);
+            let elapsed = started.elapsed();
+            let used: std::collections::HashSet<&str> = result
+                .decisions
+                .iter()
+                .filter_map(|decision| match decision {
+                    Decision::Schedule { machine, .. } => Some(machine.as_str()),
+                    Decision::Unschedule { .. } => None,
+                })
+                .collect();
+            println!(
+                "{strategy:?} run {run}: placed {}, unplaced {}, {:.3} s; {} machines left without a placed unit",
+                result.decisions.len(),
+                result.unplaced.len(),
+                elapsed.as_secs_f64(),
+                MACHINES - used.len()
+            );
+            if run == 1 && !result.unplaced.is_empty() {
+                let mut kinds: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+                for (unit, _) in &result.unplaced {
+                    *kinds.entry(unit.split(['-', '@']).next().unwrap_or(unit)).or_default() += 1;
+                }
+                println!("  unplaced by kind: {kinds:?}; first reason: {}", result.unplaced[0].1);
+            }
+        }
+    }
 }
 
 fn measure(label: &str, snapshot: &ClusterSnapshot) {

@@ -6,6 +6,7 @@ use std::rc::Rc;
 
 use super::reason::{Closest, Refusal, UnplacedReason};
 use super::working::{Rank, Relation, UnitIndex, Working};
+use crate::resources::Resources;
 
 /// Machines whose metadata satisfies one `MachineMetadata=` requirement.
 pub(super) struct Eligible {
@@ -147,20 +148,10 @@ pub(super) fn choose<'a>(
     {
         return Err(UnplacedReason::NoMachineWithMetadata(requirements.metadata.clone()));
     }
-    let mut first_refusal: Option<Refusal> = None;
-    let mut closest: Option<Closest> = None;
-    let mut consider = |rank: Rank| match able_to_run(working, unit, rank) {
-        Ok(()) if working.has_room(unit, rank) => true,
-        Ok(()) => {
-            let free = working.free(rank).unwrap_or_default();
-            closest.get_or_insert_with(Closest::default).count(&working.machine(rank).id, free);
-            false
-        }
-        Err(reason) => {
-            first_refusal.get_or_insert(reason);
-            false
-        }
-    };
+    // Room is checked first (it is cheap) and the rules only where there is room; why a unit
+    // fits nowhere is worked out only once it does.
+    let needs = working.group_needs(unit);
+    let mut consider = |rank: Rank| working.has_room(needs, rank) && able_to_run(working, unit, rank).is_ok();
     let first_in_order = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
         ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.order_key(*rank), *rank))
     };
@@ -182,11 +173,44 @@ pub(super) fn choose<'a>(
         (None, Some(eligible)) if eligible.ranks.len() <= SMALL_ELIGIBLE_SET => {
             first_in_order(&eligible.ranks, &mut consider)
         }
-        (None, Some(eligible)) => working.by_load().filter(|rank| eligible.mask[rank.0]).find(|rank| consider(*rank)),
-        (None, None) => working.by_load().find(|rank| consider(*rank)),
+        (None, Some(eligible)) => {
+            working.by_load_for(needs).filter(|rank| eligible.mask[rank.0]).find(|rank| consider(*rank))
+        }
+        (None, None) => working.by_load_for(needs).find(|rank| consider(*rank)),
     };
-    chosen.ok_or_else(|| match closest {
-        Some(closest) => UnplacedReason::NoRoom { needs: requirements.reservation, closest },
+    chosen.ok_or_else(|| why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()))
+}
+
+/// Why `unit` fits on none of `fixed` (or the `eligible` machines, or all): short of room for
+/// what it `needs` (with the units that follow it) on every machine its rules allow, naming the
+/// closest, else the first machine's refusal.
+fn why_nowhere(
+    working: &Working<'_>,
+    unit: UnitIndex,
+    needs: Resources,
+    fixed: Option<&[Rank]>,
+    eligible: Option<&Eligible>,
+) -> UnplacedReason {
+    let mut first_refusal: Option<Refusal> = None;
+    let mut closest: Option<Closest> = None;
+    let ranks: Box<dyn Iterator<Item = Rank>> = match (fixed, eligible) {
+        (Some(ranks), _) => Box::new(ranks.iter().copied()),
+        (None, Some(eligible)) => Box::new(eligible.ranks.iter().copied()),
+        (None, None) => Box::new(working.ranks()),
+    };
+    for rank in ranks {
+        match able_to_run(working, unit, rank) {
+            Ok(()) => {
+                let free = working.free(rank).unwrap_or_default();
+                closest.get_or_insert_with(Closest::default).count(&working.machine(rank).id, free);
+            }
+            Err(reason) => {
+                first_refusal.get_or_insert(reason);
+            }
+        }
+    }
+    match closest {
+        Some(closest) => UnplacedReason::NoRoom { needs, closest },
         None => first_refusal.map_or(UnplacedReason::NoMachines, Refusal::everywhere),
-    })
+    }
 }

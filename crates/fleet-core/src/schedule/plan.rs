@@ -1,6 +1,6 @@
 //! The engine's reconcile, as a pure function.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
 use super::reason::{Refusal, UnscheduleReason};
@@ -18,9 +18,10 @@ use crate::unit_name::UnitNameInfo;
 ///    share the machine with a unit they conflict with or replace (the agent's rule).
 /// 3. Every other unit that should run is placed: units that replace others first, on the
 ///    machine of a unit they replace (which then moves elsewhere, its `MachineOf=` followers
-///    with it); then the rest on the first machine in the strategy's order that satisfies
-///    their requirements and has room for their reservation, followers after the units they
-///    follow. A unit that fits nowhere is reported with the reason.
+///    with it); then units restricted to some machines, then the rest, each on the first
+///    machine in the strategy's order that satisfies its requirements and has room for its
+///    reservation (and its waiting followers'), followers right after the units they follow.
+///    A unit that fits nowhere is reported with the reason.
 pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     plan_with(snapshot, None).0
 }
@@ -48,16 +49,12 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
     keep_scheduled_units(&mut working, &mut plan, &mut placed, &placeable);
     count_global_units(&mut working, &globals);
 
-    let mut pending: VecDeque<UnitIndex> = placeable
+    let waiting: Vec<UnitIndex> = placeable
         .iter()
         .copied()
         .filter(|index| unit(*index).desired != DesiredState::Inactive && working.placement(*index).is_none())
         .collect();
-    // Units that replace others first, then the rest; followers after the units they follow.
-    pending.make_contiguous().sort_by_key(|index| {
-        let requirements = &unit(*index).requirements;
-        (!requirements.machine_of.is_empty(), requirements.replaces.is_empty())
-    });
+    let mut pending = placement_order(&working, waiting);
     let mut index_cache = MetadataIndex::default();
     loop {
         let mut failed = Vec::new();
@@ -96,6 +93,61 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
         placement: working.unit_indices().map(|index| working.placement(index).map(|rank| rank.0)).collect(),
     };
     (plan, outcome)
+}
+
+/// The order waiting units (given in name order) are placed in: those that replace others
+/// first, then those restricted to some machines (`MachineID=`, then `MachineMetadata=`:
+/// placed before units that could go anywhere take their room), then the rest, and last the followers
+/// whose leaders are not waiting; each leader's waiting followers (`MachineOf=`, chains
+/// included) right after it, so that nothing takes the room they need in between.
+fn placement_order(working: &Working<'_>, waiting: Vec<UnitIndex>) -> VecDeque<UnitIndex> {
+    let is_waiting: HashSet<UnitIndex> = waiting.iter().copied().collect();
+    let waiting_leaders = |index: UnitIndex| {
+        working
+            .unit(index)
+            .requirements
+            .machine_of
+            .iter()
+            .filter_map(|leader| working.unit_index(leader))
+            .filter(|leader| is_waiting.contains(leader))
+            .count()
+    };
+    let mut roots: Vec<UnitIndex> = waiting.iter().copied().filter(|index| waiting_leaders(*index) == 0).collect();
+    roots.sort_by_key(|index| {
+        let requirements = &working.unit(*index).requirements;
+        let latitude = match (&requirements.machine_id, requirements.metadata.is_empty()) {
+            (Some(_), _) => 0,
+            (None, false) => 1,
+            (None, true) => 2,
+        };
+        (!requirements.machine_of.is_empty(), requirements.replaces.is_empty(), latitude)
+    });
+    let mut order = VecDeque::with_capacity(waiting.len());
+    let mut placed_leaders: HashMap<UnitIndex, usize> = HashMap::new();
+    let mut emitted: HashSet<UnitIndex> = HashSet::with_capacity(waiting.len());
+    for root in roots {
+        let mut next = vec![root];
+        while let Some(index) = next.pop() {
+            if !emitted.insert(index) {
+                continue;
+            }
+            order.push_back(index);
+            // A follower comes once the last of its waiting leaders has.
+            for &follower in working.followers(index).iter().rev() {
+                if !is_waiting.contains(&follower) || emitted.contains(&follower) {
+                    continue;
+                }
+                let seen = placed_leaders.entry(follower).or_default();
+                *seen += 1;
+                if *seen >= waiting_leaders(follower) {
+                    next.push(follower);
+                }
+            }
+        }
+    }
+    // Followers caught in a circle of MachineOf= come last, in name order.
+    order.extend(waiting.into_iter().filter(|index| !emitted.contains(index)));
+    order
 }
 
 /// Where this plan scheduled each unit (its decision's position). A unit this plan placed

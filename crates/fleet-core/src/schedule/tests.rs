@@ -469,27 +469,35 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
     )
 }
 
-/// The order a strategy tries machines in, worked out apart from the planner: room left in
-/// thousandths of the scarcest resource, and the number of units.
+/// The order a strategy tries machines in, worked out apart from the planner: spreading by
+/// room left in thousandths of the scarcest resource, then units; bin-packing by memory left,
+/// then CPU left, then the most units.
 fn order_key(
     strategy: PlacementStrategy,
     capacity: Option<Resources>,
     reserved: Resources,
     units: usize,
-) -> (u64, u64) {
-    let room = capacity.map_or(1000, |capacity| {
-        let share = |capacity: u64, reserved: u64| {
-            (capacity > 0).then(|| u128::from(capacity.saturating_sub(reserved)) * 1000 / u128::from(capacity))
-        };
-        [share(capacity.memory, reserved.memory), share(capacity.cpu_millis, reserved.cpu_millis)]
-            .into_iter()
-            .flatten()
-            .min()
-            .unwrap_or(0) as u64
-    });
+) -> (u64, u64, u64) {
     match strategy {
-        PlacementStrategy::Spread => (1000 - room, units as u64),
-        PlacementStrategy::BinPack => (room, u64::from(u32::MAX) - units as u64),
+        PlacementStrategy::Spread => {
+            let room = capacity.map_or(1000, |capacity| {
+                let share = |capacity: u64, reserved: u64| {
+                    (capacity > 0).then(|| u128::from(capacity.saturating_sub(reserved)) * 1000 / u128::from(capacity))
+                };
+                [share(capacity.memory, reserved.memory), share(capacity.cpu_millis, reserved.cpu_millis)]
+                    .into_iter()
+                    .flatten()
+                    .min()
+                    .unwrap_or(0) as u64
+            });
+            (1000 - room, units as u64, 0)
+        }
+        PlacementStrategy::BinPack => {
+            let free = capacity.map_or(Resources { memory: u64::MAX, cpu_millis: u64::MAX }, |capacity| {
+                capacity.saturating_sub(reserved)
+            });
+            (free.memory, free.cpu_millis, u64::from(u32::MAX) - units as u64)
+        }
     }
 }
 
@@ -572,7 +580,23 @@ proptest! {
                             .chain(&globals[m])
                             .fold(Resources::ZERO, |sum, other| sum.saturating_add(specs[other.as_str()].requirements.reservation))
                     };
-                    let needs = spec.requirements.reservation;
+                    // Its own reservation and its waiting followers', chains included.
+                    let mut needs = Resources::ZERO;
+                    let mut group = vec![spec.name.clone()];
+                    let mut next = vec![spec.name.clone()];
+                    while let Some(member) = next.pop() {
+                        needs = needs.saturating_add(specs[member.as_str()].requirements.reservation);
+                        for follower in snapshot.units.iter().filter(|u| u.requirements.machine_of.contains(&member)) {
+                            let waits = !before.contains_key(&follower.name)
+                                && follower.desired != DesiredState::Inactive
+                                && !follower.requirements.global
+                                && !crate::unit_name::UnitNameInfo::new(&follower.name).is_template();
+                            if waits && !group.contains(&follower.name) {
+                                group.push(follower.name.clone());
+                                next.push(follower.name.clone());
+                            }
+                        }
+                    }
                     let has_room = |m: &MachineState| {
                         needs.is_zero() || m.capacity.is_none_or(|capacity| needs.fits_in(capacity.saturating_sub(reserved(&m.id))))
                     };
@@ -753,4 +777,27 @@ fn a_machine_whose_capacity_shrank_keeps_its_units_and_takes_no_more() {
         ..ClusterSnapshot::default()
     };
     assert_eq!(scheduled(&plan(&free))["light.service"], "m1");
+}
+
+#[test]
+fn a_leader_goes_where_its_followers_fit_too() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![sized("m1", 2, 4), sized("m2", 4, 4)],
+        units: vec![
+            unit("app.service", "Memory=1G", None),
+            unit("sidecar.service", "MachineOf=app.service\nMemory=2G", None),
+        ],
+        strategy: PlacementStrategy::BinPack,
+    };
+    let placed = scheduled(&plan(&snapshot));
+    assert_eq!((placed["app.service"].as_str(), placed["sidecar.service"].as_str()), ("m2", "m2"));
+    let too_big = ClusterSnapshot {
+        units: vec![
+            unit("app.service", "Memory=1G", None),
+            unit("sidecar.service", "MachineOf=app.service\nMemory=4G", None),
+        ],
+        ..snapshot
+    };
+    let reasons = plan(&too_big).reason_texts();
+    assert_eq!(reasons[0], ("app.service".to_string(), "needs 5 GiB memory; the most free is 4 GiB on m2".to_string()));
 }

@@ -7,6 +7,8 @@ use super::{ClusterSnapshot, PlacementStrategy, UnitSpec};
 use crate::glob::Glob;
 use crate::machine::MachineState;
 use crate::resources::Resources;
+use crate::state::DesiredState;
+use crate::unit_name::UnitNameInfo;
 
 /// A machine's position in ID order (which breaks load ties): how the planner refers to it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -41,7 +43,7 @@ pub(super) struct Load {
 const ALL_ROOM: u32 = 1000;
 
 /// Where a machine stands in the order the planner tries machines in (lower first).
-type OrderKey = (u32, u32);
+type OrderKey = (u64, u64, u64);
 
 pub(super) struct Working<'a> {
     machines: Vec<&'a MachineState>,
@@ -181,10 +183,33 @@ impl<'a> Working<'a> {
         Some(self.machine(rank).capacity?.saturating_sub(self.load[rank.0].reserved))
     }
 
-    /// Whether `unit`'s reservation fits in what is left on `rank`.
-    pub fn has_room(&self, unit: UnitIndex, rank: Rank) -> bool {
-        let reservation = self.unit(unit).requirements.reservation;
-        reservation.is_zero() || self.free(rank).is_none_or(|free| reservation.fits_in(free))
+    /// What placing `unit` takes: its own reservation and those of the units that follow it
+    /// (`MachineOf=`, chains included) and still wait to be placed, for they can only go where
+    /// it goes.
+    pub fn group_needs(&self, unit: UnitIndex) -> Resources {
+        let mut needs = Resources::ZERO;
+        let mut seen = vec![unit];
+        let mut next = vec![unit];
+        while let Some(member) = next.pop() {
+            needs = needs.saturating_add(self.unit(member).requirements.reservation);
+            for &follower in self.followers(member) {
+                let spec = self.unit(follower);
+                let waits = self.placement(follower).is_none()
+                    && spec.desired != DesiredState::Inactive
+                    && !spec.requirements.global
+                    && !UnitNameInfo::new(&spec.name).is_template();
+                if waits && !seen.contains(&follower) {
+                    seen.push(follower);
+                    next.push(follower);
+                }
+            }
+        }
+        needs
+    }
+
+    /// Whether `needs` fits in what is left on `rank`.
+    pub fn has_room(&self, needs: Resources, rank: Rank) -> bool {
+        needs.is_zero() || self.free(rank).is_none_or(|free| needs.fits_in(free))
     }
 
     /// Room left on `rank`, in thousandths of its capacity in its scarcest resource.
@@ -206,20 +231,34 @@ impl<'a> Working<'a> {
             .unwrap_or(0)
     }
 
-    /// Spreading tries the machine with the most room left first, then the one with the
-    /// fewest units; bin-packing the fullest machine first (the one with the least room left,
-    /// then the most units), so that whole machines stay free.
+    /// Spreading tries the machine with the most room left first (in thousandths of its
+    /// scarcest resource), then the one with the fewest units. Bin-packing is best fit: the
+    /// machine with the least memory left, then the least CPU left, then the most units, so
+    /// that whole machines stay free; a machine that states no capacity comes last.
     pub fn order_key(&self, rank: Rank) -> OrderKey {
-        let units = self.load[rank.0].units;
+        let units = u64::from(self.load[rank.0].units);
         match self.strategy {
-            PlacementStrategy::Spread => (ALL_ROOM - self.room(rank), units),
-            PlacementStrategy::BinPack => (self.room(rank), u32::MAX - units),
+            PlacementStrategy::Spread => (u64::from(ALL_ROOM - self.room(rank)), units, 0),
+            PlacementStrategy::BinPack => {
+                let free = self.free(rank).unwrap_or(Resources { memory: u64::MAX, cpu_millis: u64::MAX });
+                (free.memory, free.cpu_millis, u64::from(u32::MAX) - units)
+            }
         }
     }
 
     /// Machines in the order the strategy tries them.
     pub fn by_load(&self) -> impl Iterator<Item = Rank> + '_ {
         self.by_load.iter().map(|(_, rank)| *rank)
+    }
+
+    /// [`Working::by_load`] from the first machine that may have room for `needs`: bin-packing
+    /// skips the machines with less memory left (in one step, not one by one).
+    pub fn by_load_for(&self, needs: Resources) -> impl Iterator<Item = Rank> + '_ {
+        let from = match self.strategy {
+            PlacementStrategy::Spread => (0, 0, 0),
+            PlacementStrategy::BinPack => (needs.memory, 0, 0),
+        };
+        self.by_load.range((from, Rank(0))..).map(|(_, rank)| *rank)
     }
 
     pub fn residents(&self, rank: Rank) -> &[UnitIndex] {
