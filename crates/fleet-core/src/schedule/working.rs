@@ -246,13 +246,9 @@ impl<'a> Working<'a> {
         }
     }
 
-    /// Machines in the order the strategy tries them.
-    pub fn by_load(&self) -> impl Iterator<Item = Rank> + '_ {
-        self.by_load.iter().map(|(_, rank)| *rank)
-    }
-
-    /// [`Working::by_load`] from the first machine that may have room for `needs`: bin-packing
-    /// skips the machines with less memory left (in one step, not one by one).
+    /// Machines in the order the strategy tries them, from the first that may have room for
+    /// `needs`: bin-packing skips the machines with less memory left (in one step, not one by
+    /// one).
     pub fn by_load_for(&self, needs: Resources) -> impl Iterator<Item = Rank> + '_ {
         let from = match self.strategy {
             PlacementStrategy::Spread => (0, 0, 0),
