@@ -335,7 +335,7 @@ async fn machine_metadata_patch() {
     let listed = api.call("GET", "/fleet/v1/machines", None).await.body;
     assert_eq!(
         listed,
-        json!({"machines": [{"id": "m1", "metadata": {"foo": "bar", "hostname": "smoke", "zone": "z1"}, "primaryIP": "10.0.0.1"}]})
+        json!({"machines": [{"connection": "etcd", "id": "m1", "metadata": {"foo": "bar", "hostname": "smoke", "zone": "z1"}, "primaryIP": "10.0.0.1"}]})
     );
     let remove = json!([{"op": "remove", "path": "/m1/metadata/foo"}, {"op": "remove", "path": "/m1/metadata/zone"}]);
     assert_eq!(api.call("PATCH", "/fleet/v1/machines", Some(remove)).await.status, StatusCode::NO_CONTENT);
