@@ -325,10 +325,16 @@ fn escapes_end_with_their_unit(mut fleet: Fleetd, base: u32) {
 #[test]
 fn a_unit_that_never_stops_blocks_neither_the_agent_nor_shutdown() {
     let mut fleet = Fleetd::start("e2e0hostile00010", &[("shutdown_timeout", "2s")]);
-    let stubborn =
-        "[Service]\nExecStart=/bin/sh -c 'trap \"\" TERM; while :; do sleep 0.1; done'\nTimeoutStopSec=infinity\n";
-    let stubborn = write_unit(fleet.dir.path(), "stubborn.service", stubborn);
+    // The unit says when it ignores SIGTERM: a stop sent before its shell set the trap would
+    // end it at once.
+    let ignoring = fleet.dir.path().join("ignores-term");
+    let stubborn = format!(
+        "[Service]\nExecStart=/bin/sh -c 'trap \"\" TERM; touch {}; while :; do sleep 0.1; done'\nTimeoutStopSec=infinity\n",
+        ignoring.display()
+    );
+    let stubborn = write_unit(fleet.dir.path(), "stubborn.service", &stubborn);
     fleet.ok(&["start", &stubborn]);
+    fleet.wait_until("the stubborn unit ignores SIGTERM", WAIT, |_| ignoring.exists());
     fleet.ok(&["stop", "--no-block", "stubborn.service"]);
     let other = write_unit(fleet.dir.path(), "other.service", "[Service]\nExecStart=/bin/sleep 4242010\n");
     let started = std::time::Instant::now();
@@ -337,8 +343,11 @@ fn a_unit_that_never_stops_blocks_neither_the_agent_nor_shutdown() {
     let started = std::time::Instant::now();
     fleet.stop_with(libc::SIGTERM);
     assert!(started.elapsed() < Duration::from_secs(10), "shutdown took {:?}", started.elapsed());
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(fleet_e2e::unit_processes(&fleet.state_dir()).is_empty(), "nothing outlived fleetd");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !fleet_e2e::unit_processes(&fleet.state_dir()).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "nothing outlived fleetd");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(fleet.log().contains("units did not stop in time; killing them"), "{}", fleet.log());
 }
 

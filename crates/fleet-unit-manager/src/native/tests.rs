@@ -136,15 +136,26 @@ async fn restart_always_brings_a_killed_service_back() {
 async fn stubborn_processes_are_killed_after_the_stop_timeout() {
     let dir = tempfile::tempdir().unwrap();
     let manager = manager(dir.path());
-    let unit = "[Service]\nExecStart=/bin/sh -c 'trap \"\" TERM; while :; do sleep 0.1; done'\nTimeoutStopSec=300ms\nExecStopPost=/bin/echo cleaned\n";
-    load(&manager, "stubborn.service", unit).await;
+    // The unit says when it ignores SIGTERM: a stop sent before its shell set the trap would
+    // end it at once.
+    let ignoring = dir.path().join("ignores-term");
+    let unit = format!(
+        "[Service]\nExecStart=/bin/sh -c 'trap \"\" TERM; touch {}; while :; do sleep 0.1; done'\nTimeoutStopSec=2s\nExecStopPost=/bin/echo cleaned\n",
+        ignoring.display()
+    );
+    load(&manager, "stubborn.service", &unit).await;
     manager.start("stubborn.service").await.unwrap();
     wait_for(&manager, "stubborn.service", "active", "running").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ignoring.exists() {
+        assert!(Instant::now() < deadline, "the unit never set its trap");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let started = Instant::now();
     manager.stop("stubborn.service").await.unwrap();
-    assert!(started.elapsed() < Duration::from_millis(300), "a stop does not wait for the unit");
+    assert!(started.elapsed() < Duration::from_secs(2), "a stop does not wait for the unit");
     wait_for(&manager, "stubborn.service", "inactive", "dead").await;
-    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(started.elapsed() >= Duration::from_secs(2), "killed only once its stop timed out");
     let journal = manager.journal("stubborn.service", 20).await.unwrap();
     assert!(journal.contains("timed out. Killing."), "{journal}");
     assert!(journal.contains(": cleaned"), "{journal}");
@@ -193,17 +204,24 @@ async fn a_unit_that_never_stops_holds_up_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let manager = manager_stopping_within(dir.path(), Duration::from_millis(500));
     for (name, kind) in [("stubborn.service", "simple"), ("stubborn-fork.service", "forking")] {
+        // The unit says when it ignores SIGTERM: a stop sent before its shell set the trap
+        // would end it (that raced under load).
+        let ignoring = dir.path().join(format!("{name}.ignores-term"));
         let unit = format!(
-            "[Service]\nType={kind}\nExecStart=/bin/sh -c 'trap \"\" TERM; while :; do sleep 0.1; done{}'\nTimeoutStopSec=infinity\n",
+            "[Service]\nType={kind}\nExecStart=/bin/sh -c 'trap \"\" TERM; touch {}; while :; do sleep 0.1; done{}'\nTimeoutStopSec=infinity\n",
+            ignoring.display(),
             if kind == "forking" { " & exit 0" } else { "" }
         );
         load(&manager, name, &unit).await;
         manager.start(name).await.unwrap();
         wait_for(&manager, name, "active", "running").await;
-        tokio::time::timeout(Duration::from_millis(200), manager.stop(name))
-            .await
-            .expect("stop returns at once")
-            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ignoring.exists() {
+            assert!(Instant::now() < deadline, "{name} never set its trap");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // It returns without waiting for a unit that never stops (2 s: a bound, not a wait).
+        tokio::time::timeout(Duration::from_secs(2), manager.stop(name)).await.expect("stop returns at once").unwrap();
     }
     load(&manager, "other.service", "[Service]\nExecStart=/bin/sleep 1000\n").await;
     manager.start("other.service").await.unwrap();
@@ -219,8 +237,11 @@ async fn a_unit_that_never_stops_holds_up_nothing_else() {
     let started = Instant::now();
     manager.stop_all().await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(5), "shutdown is bounded: {:?}", started.elapsed());
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(unit_processes(dir.path()).is_empty(), "what did not stop was killed");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !unit_processes(dir.path()).is_empty() {
+        assert!(Instant::now() < deadline, "what did not stop was killed: {:?}", unit_processes(dir.path()));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Regression: units without `WorkingDirectory=` ran in fleetd's own working directory.
