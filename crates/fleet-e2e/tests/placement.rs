@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fleet_e2e::pki::ManagerPki;
 use fleet_e2e::pull::PullFleetd;
-use fleet_e2e::{Cluster, Fleetd, member_id, write_unit};
+use fleet_e2e::{Cluster, Fleetd, member_id, metric_value, write_unit};
 
 fn sized(memory: &str, cpu: &str) -> Vec<(String, String)> {
     vec![("capacity_memory".into(), memory.into()), ("capacity_cpu".into(), cpu.into())]
@@ -105,4 +105,15 @@ fn a_pull_agent_states_its_capacity_and_takes_what_the_manager_has_no_room_for()
         write_unit(dir.path(), "roomy.service", "[Service]\nExecStart=/bin/sleep 100000\n[X-Fleet]\nMemory=2G\n");
     manager.ok(&["start", &unit]);
     assert_eq!(target_of(&manager, "roomy.service"), "edge-with-room", "{}", agent.log());
+    // The engine leader reports each machine's capacity and what is reserved there.
+    let gib = |n: f64| n * f64::from(1u32 << 30);
+    manager.wait_until("the metrics show the reservation", Duration::from_secs(20), |m| {
+        metric_value(&m.metrics(), "fleet_machine_reserved_memory_bytes{machine=\"edge-with-room\"}") == Some(gib(2.0))
+    });
+    let metrics = manager.metrics();
+    let series = |name: &str, machine: &str| metric_value(&metrics, &format!("{name}{{machine=\"{machine}\"}}"));
+    assert_eq!(series("fleet_machine_capacity_memory_bytes", "edge-with-room"), Some(gib(4.0)));
+    assert_eq!(series("fleet_machine_capacity_cpu_millicores", "edge-with-room"), Some(2000.0));
+    assert_eq!(series("fleet_machine_capacity_memory_bytes", "e2e0placement001"), Some(gib(1.0)));
+    assert_eq!(metric_value(&metrics, "fleet_units_unplaced_for_room"), Some(0.0));
 }

@@ -156,7 +156,7 @@ impl Engine {
         let (decided, scope) = self.planner.plan(&cluster);
         self.planning = planning.elapsed();
         let reasons = decided.reason_texts();
-        fleet_metrics::publish_cluster(Some(cluster_counts::cluster_counts(&cluster, reasons.len())));
+        fleet_metrics::publish_cluster(Some(cluster_counts::cluster_counts(&cluster, &decided)));
         let scope = match scope {
             PlanScope::Full => "full",
             PlanScope::Changed(_) => "changed",

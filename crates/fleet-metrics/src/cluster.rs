@@ -19,6 +19,20 @@ pub struct ClusterCounts {
     pub units_by_desired_state: BTreeMap<String, u64>,
     /// Units that should be on a machine and are on none (global units excluded).
     pub unplaced: u64,
+    /// Of those, the ones that wait only for room (their reservation fits on no machine
+    /// their rules allow).
+    pub unplaced_for_room: u64,
+    /// Each machine's capacity and what the plan leaves reserved there.
+    pub fill: Vec<MachineFill>,
+}
+
+/// One machine's capacity (when it states one) and what is reserved there.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineFill {
+    pub machine: String,
+    /// Bytes and thousandths of a core.
+    pub capacity: Option<(u64, u64)>,
+    pub reserved: (u64, u64),
 }
 
 /// What the engine and the agent last published.
@@ -51,6 +65,11 @@ struct DesiredStateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MachineLabels {
+    machine: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ActiveStateLabels {
     active_state: String,
 }
@@ -77,6 +96,42 @@ impl ClusterCounts {
             "units_unplaced",
             "Units that should run on a machine and are on none (reported by the engine leader)",
             gauge(self.unplaced),
+        );
+        registry.register(
+            "units_unplaced_for_room",
+            "Unplaced units whose reservation fits on no machine their rules allow (reported by the engine leader)",
+            gauge(self.unplaced_for_room),
+        );
+        let family = || Family::<MachineLabels, Gauge>::default();
+        let (capacity_memory, capacity_cpu, reserved_memory, reserved_cpu) = (family(), family(), family(), family());
+        for fill in &self.fill {
+            let labels = MachineLabels { machine: fill.machine.clone() };
+            if let Some((memory, cpu)) = fill.capacity {
+                capacity_memory.get_or_create(&labels).set(as_i64(memory));
+                capacity_cpu.get_or_create(&labels).set(as_i64(cpu));
+            }
+            reserved_memory.get_or_create(&labels).set(as_i64(fill.reserved.0));
+            reserved_cpu.get_or_create(&labels).set(as_i64(fill.reserved.1));
+        }
+        registry.register(
+            "machine_capacity_memory_bytes",
+            "Memory a machine offers units that reserve some (reported by the engine leader)",
+            capacity_memory,
+        );
+        registry.register(
+            "machine_capacity_cpu_millicores",
+            "CPU a machine offers units that reserve some, in thousandths of a core (reported by the engine leader)",
+            capacity_cpu,
+        );
+        registry.register(
+            "machine_reserved_memory_bytes",
+            "Memory the units on a machine reserve (reported by the engine leader)",
+            reserved_memory,
+        );
+        registry.register(
+            "machine_reserved_cpu_millicores",
+            "CPU the units on a machine reserve, in thousandths of a core (reported by the engine leader)",
+            reserved_cpu,
         );
     }
 }

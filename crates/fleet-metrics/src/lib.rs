@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-pub use cluster::{ClusterCounts, publish_cluster, publish_unit_states};
+pub use cluster::{ClusterCounts, MachineFill, publish_cluster, publish_unit_states};
 
 /// The content type of [`render`]'s text.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

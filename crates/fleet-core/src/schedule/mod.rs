@@ -74,11 +74,23 @@ pub enum Decision {
     Unschedule { unit: String, machine: String, reason: UnscheduleReason },
 }
 
-/// What the engine should write, and why the units it left unplaced could not go anywhere.
+/// What the engine should write, why the units it left unplaced could not go anywhere, and
+/// what each machine holds once the decisions are written.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     pub decisions: Vec<Decision>,
     pub unplaced: Vec<(String, UnplacedReason)>,
+    /// Every machine, in ID order, with the units (global ones included) and reservations the
+    /// plan leaves on it.
+    pub loads: Vec<MachineLoad>,
+}
+
+/// What one machine holds after a plan.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineLoad {
+    pub machine: String,
+    pub units: u32,
+    pub reserved: crate::resources::Resources,
 }
 
 impl Plan {

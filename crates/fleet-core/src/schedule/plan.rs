@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
 use super::reason::{Refusal, UnscheduleReason};
 use super::working::{Load, Rank, Relation, UnitIndex, Working};
-use super::{ClusterSnapshot, Decision, Plan};
+use super::{ClusterSnapshot, Decision, MachineLoad, Plan};
 use crate::agent_plan::global_unit_runs;
 use crate::state::DesiredState;
 use crate::unit_name::UnitNameInfo;
@@ -88,6 +88,15 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
             !placed.retracted.contains(&(position - 1))
         });
     }
+    plan.loads = working
+        .ranks()
+        .zip(working.loads())
+        .map(|(rank, load)| MachineLoad {
+            machine: working.machine(rank).id.clone(),
+            units: load.units,
+            reserved: load.reserved,
+        })
+        .collect();
     let outcome = Outcome {
         loads: working.loads().to_vec(),
         placement: working.unit_indices().map(|index| working.placement(index).map(|rank| rank.0)).collect(),

@@ -59,7 +59,10 @@ fn running_units_never_move() {
         ],
         ..ClusterSnapshot::default()
     };
-    assert_eq!(plan(&snapshot), Plan::default());
+    let result = plan(&snapshot);
+    assert!(result.decisions.is_empty() && result.unplaced.is_empty(), "{result:?}");
+    let held: Vec<(&str, u32)> = result.loads.iter().map(|load| (load.machine.as_str(), load.units)).collect();
+    assert_eq!(held, [("a", 3), ("b", 0)], "the plan says what each machine holds");
 }
 
 #[test]
@@ -692,7 +695,11 @@ fn one_machines_refusal_is_not_called_everywhere() {
 
 #[test]
 fn a_plan_that_changes_nothing_is_not_written() {
-    let unplaced = Plan { decisions: Vec::new(), unplaced: vec![("u.service".into(), UnplacedReason::NoMachines)] };
+    let unplaced = Plan {
+        decisions: Vec::new(),
+        unplaced: vec![("u.service".into(), UnplacedReason::NoMachines)],
+        ..Plan::default()
+    };
     let written = vec![("u.service".to_string(), "no machines are available".to_string())];
     assert!(!unplaced.changes_anything(&written), "the same reason again");
     assert!(unplaced.changes_anything(&[]), "a new reason");
@@ -700,6 +707,7 @@ fn a_plan_that_changes_nothing_is_not_written() {
     let moving = Plan {
         decisions: vec![Decision::Schedule { unit: "u.service".into(), machine: "m1".into() }],
         unplaced: Vec::new(),
+        ..Plan::default()
     };
     assert!(moving.changes_anything(&[]));
 }
