@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_core::access::Role;
-use fleet_core::{MachineState, UnitState};
+use fleet_core::reserved::{UnitReservation, reserved_by_machine};
+use fleet_core::resources::reservation_of;
+use fleet_core::{MachineState, Resources, UnitState};
 use fleet_registry::{ApiRegistry, UnitView};
 use serde::Serialize;
 use tokio::sync::broadcast;
@@ -24,6 +26,10 @@ pub struct MachineRow {
     pub metadata: BTreeMap<String, String>,
     /// Units on the machine (its load).
     pub units: usize,
+    /// What units may reserve there (`None`: the machine limits nothing)...
+    pub capacity: Option<Resources>,
+    /// ...and what they do.
+    pub reserved: Resources,
 }
 
 /// A unit as the web view shows it: desired and current state, where it runs and how.
@@ -91,6 +97,13 @@ pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[Machin
         *load.entry(state.machine_id.as_str()).or_default() += 1;
         by_unit.entry(state.name.as_str()).or_default().push(state);
     }
+    let reservations = units.iter().map(|unit| UnitReservation {
+        name: &unit.name,
+        reservation: reservation_of(unit.file.options()).unwrap_or_default(),
+        global: unit.global,
+        machine: unit.machine_id.as_deref(),
+    });
+    let reserved = reserved_by_machine(reservations, states.iter().map(|s| (s.name.as_str(), s.machine_id.as_str())));
     let machines = machines
         .iter()
         .map(|machine| {
@@ -99,6 +112,8 @@ pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[Machin
                 ip: machine.public_ip.clone(),
                 metadata: machine.metadata.clone(),
                 units: load.get(machine.id.as_str()).copied().unwrap_or(0),
+                capacity: machine.capacity,
+                reserved: reserved.get(machine.id.as_str()).copied().unwrap_or_default(),
             };
             (row.id.clone(), row)
         })

@@ -17,6 +17,7 @@ pub mod duration;
 pub mod glob;
 pub mod machine;
 pub mod requirements;
+pub mod reserved;
 pub mod resources;
 pub mod rollout;
 pub mod schedule;

@@ -19,7 +19,13 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
     let listen = format!("unix://{{socket}},http://127.0.0.1:{port}");
     let fleet = Fleetd::start(
         "0e0e0e0e0000000000000000000000a1",
-        &[("api_listen", listen.as_str()), ("api_anonymous_role", "viewer"), ("metadata", "region=web")],
+        &[
+            ("api_listen", listen.as_str()),
+            ("api_anonymous_role", "viewer"),
+            ("metadata", "region=web"),
+            ("capacity_memory", "4G"),
+            ("capacity_cpu", "2"),
+        ],
     );
     let dir = tempfile::tempdir().expect("scratch dir");
     fleet.ok(&["start", &examples_dir().join("hello.service").display().to_string()]);
@@ -38,6 +44,7 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
             let seen = text(&mut browser);
             seen.contains("0e0e0e0e")
                 && seen.contains("region=web")
+                && seen.contains("0 B/4 GiB, 0/2 CPU")
                 && seen.contains("hello.service")
                 && seen.contains("active/running")
                 && seen.contains("nowhere.service")

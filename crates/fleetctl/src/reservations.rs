@@ -1,40 +1,27 @@
-//! What units reserve on each machine, worked out from the units the API lists (their
-//! `[X-Fleet]` and systemd limits) and where they are: a unit counts on the machine it is
-//! scheduled to, a global unit on every machine that reports a state of it.
+//! What units reserve on each machine, from the units the API lists (their `[X-Fleet]` and
+//! systemd limits) and the states machines report, and how fleetctl shows it.
 
 use std::collections::BTreeMap;
 
 use fleet_api_schema::{Capacity, Unit, UnitState};
 use fleet_core::Resources;
+use fleet_core::reserved::UnitReservation;
 use fleet_core::resources::{Bytes, Cores, reservation_of};
 
 use crate::commands::create::{is_global, unit_file};
 
 /// The reservations on each machine, by machine ID.
 pub fn reserved_by_machine(units: &[Unit], states: &[UnitState]) -> BTreeMap<String, Resources> {
-    let mut reserved: BTreeMap<String, Resources> = BTreeMap::new();
-    let mut add = |machine: &str, reservation: Resources| {
-        let total = reserved.entry(machine.to_string()).or_default();
-        *total = total.saturating_add(reservation);
-    };
-    let mut globals: BTreeMap<&str, Resources> = BTreeMap::new();
-    for unit in units {
-        let reservation = reservation_of(unit_file(unit).options()).unwrap_or_default();
-        if reservation.is_zero() {
-            continue;
-        }
-        if is_global(unit) {
-            globals.insert(unit.name.as_str(), reservation);
-        } else if let Some(machine) = unit.machine_id.as_deref().filter(|machine| !machine.is_empty()) {
-            add(machine, reservation);
-        }
-    }
-    for state in states {
-        if let Some(reservation) = globals.get(state.name.as_str()) {
-            add(&state.machine_id, *reservation);
-        }
-    }
-    reserved
+    let units = units.iter().map(|unit| UnitReservation {
+        name: &unit.name,
+        reservation: reservation_of(unit_file(unit).options()).unwrap_or_default(),
+        global: is_global(unit),
+        machine: unit.machine_id.as_deref(),
+    });
+    fleet_core::reserved::reserved_by_machine(
+        units,
+        states.iter().map(|state| (state.name.as_str(), state.machine_id.as_str())),
+    )
 }
 
 pub fn resources(capacity: Capacity) -> Resources {

@@ -56,10 +56,31 @@ class VirtualList {
   }
 }
 
+// Bytes as people read them (one decimal, rounded down), and thousandths of a core as cores.
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+  let unit = 0;
+  while (n >= 1024 && unit + 1 < units.length) { n /= 1024; unit += 1; }
+  return (unit === 0 || Number.isInteger(n) ? String(n) : (Math.floor(n * 10) / 10).toFixed(1)) + " " + units[unit];
+}
+function cores(millis) { return String(millis / 1000); }
+
+// What units reserve on the machine against what it offers: "1.5 GiB/4 GiB, 0.5/2 CPU".
+function fill(m) {
+  const r = m.reserved;
+  if (!m.capacity) return r.memory || r.cpuMillis ? bytes(r.memory) + ", " + cores(r.cpuMillis) + " CPU" : "-";
+  const c = m.capacity;
+  return bytes(r.memory) + "/" + bytes(c.memory) + ", " + cores(r.cpuMillis) + "/" + cores(c.cpuMillis) + " CPU";
+}
+function overCapacity(m) {
+  return !!m.capacity && (m.reserved.memory > m.capacity.memory || m.reserved.cpuMillis > m.capacity.cpuMillis);
+}
+
 const machineList = new VirtualList(document.getElementById("machines"), "machines-grid", (m) => [
   [short(m.id), null, m.id],
   [m.ip || "-"],
   [String(m.units)],
+  [fill(m), overCapacity(m) ? "failed" : null, overCapacity(m) ? "over capacity" : ""],
   [Object.entries(m.metadata).map(([k, v]) => k + "=" + v).join(",") || "-"],
 ]);
 
