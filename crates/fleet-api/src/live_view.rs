@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_core::access::Role;
+use fleet_core::requirements::reservation_of;
 use fleet_core::reserved::{UnitReservation, reserved_by_machine};
-use fleet_core::resources::reservation_of;
 use fleet_core::{MachineState, Resources, UnitState};
 use fleet_registry::{ApiRegistry, UnitView};
 use serde::Serialize;

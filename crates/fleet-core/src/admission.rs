@@ -11,6 +11,6 @@ use crate::unit_file::UnitFile;
 pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     file.check_writable().map_err(|error| error.to_string())?;
     check_service_directives(file).map_err(|error| error.to_string())?;
-    crate::resources::reservation_of(file.options()).map_err(|error| error.to_string())?;
+    crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
     Requirements::from_unit(name, file).validate().map_err(|error| error.to_string())
 }

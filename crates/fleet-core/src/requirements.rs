@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::glob::glob_matches;
-use crate::resources::{Resources, reservation_of};
+use crate::resources::{ResourceError, Resources, parse_bytes, parse_cores, parse_cpu_quota};
 use crate::unit_file::{UnitFile, UnitOption};
 use crate::unit_name::UnitNameInfo;
 
@@ -194,6 +194,41 @@ impl Requirements {
     }
 }
 
+/// An `[X-Fleet]` reservation whose value cannot be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid value {value:?} for [X-Fleet] {option}: {error}")]
+pub struct ReservationError {
+    pub option: &'static str,
+    pub value: String,
+    pub error: ResourceError,
+}
+
+/// What a unit with these options reserves: `[X-Fleet] Memory=` and `CPU=` (the last of
+/// each), and where either is missing the unit's own systemd limit in its place (`MemoryMax=`,
+/// else `MemoryHigh=`; `CPUQuota=`), so that a limit and a reservation never disagree. A limit
+/// that is `infinity`, a percentage of the machine or unreadable reserves nothing.
+pub fn reservation_of(options: &[UnitOption]) -> Result<Resources, ReservationError> {
+    let last = |section: &str, name: &str| {
+        options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
+    };
+    let memory = match last(SECTION, "Memory") {
+        Some(value) => parse_bytes(value)
+            .map_err(|error| ReservationError { option: "Memory", value: value.to_string(), error })?
+            .unwrap_or(0),
+        None => ["MemoryMax", "MemoryHigh"]
+            .iter()
+            .find_map(|name| last("Service", name).and_then(|value| parse_bytes(value).ok().flatten()))
+            .unwrap_or(0),
+    };
+    let cpu_millis = match last(SECTION, "CPU") {
+        Some(value) => {
+            parse_cores(value).map_err(|error| ReservationError { option: "CPU", value: value.to_string(), error })?
+        }
+        None => last("Service", "CPUQuota").and_then(|value| parse_cpu_quota(value).ok()).unwrap_or(0),
+    };
+    Ok(Resources { memory, cpu_millis })
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CombinationError {
     #[error("MachineID cannot be used with {0}")]
@@ -231,6 +266,31 @@ mod tests {
         let both = requirements("a.service", "AtMostOnce=true\nGlobal=true\n");
         assert_eq!(both.validate(), Err(CombinationError::GlobalWith("AtMostOnce")));
         assert_eq!(both.unknown_keys, ["AtMostOnce"], "the original does not know it");
+    }
+
+    fn reserved(text: &str) -> Result<Resources, ReservationError> {
+        let unit = UnitFile::parse(text).expect("a unit file");
+        reservation_of(unit.options())
+    }
+
+    #[test]
+    fn a_unit_reserves_what_it_says_else_its_own_limits() {
+        let both = reserved("[Service]\nMemoryMax=2G\nCPUQuota=50%\n[X-Fleet]\nMemory=1G\nCPU=1.5\n");
+        assert_eq!(both, Ok(Resources { memory: 1 << 30, cpu_millis: 1500 }), "the reservation wins");
+        let limits = reserved("[Service]\nMemoryHigh=256M\nMemoryMax=512M\nCPUQuota=150%\n");
+        assert_eq!(limits, Ok(Resources { memory: 512 << 20, cpu_millis: 1500 }), "MemoryMax before MemoryHigh");
+        let high = reserved("[Service]\nMemoryHigh=256M\n");
+        assert_eq!(high, Ok(Resources { memory: 256 << 20, cpu_millis: 0 }));
+        let relative = reserved("[Service]\nMemoryMax=50%\nMemoryHigh=infinity\n");
+        assert_eq!(relative, Ok(Resources::ZERO), "a share of the machine reserves nothing");
+        assert_eq!(reserved("[Service]\nExecStart=/bin/true\n"), Ok(Resources::ZERO));
+        let bad = reserved("[X-Fleet]\nMemory=lots\n").expect_err("refused");
+        assert_eq!(
+            bad.to_string(),
+            "invalid value \"lots\" for [X-Fleet] Memory: expected a size in bytes with an optional K, M, G or T suffix, such as 512M"
+        );
+        let bad = reserved("[X-Fleet]\nCPU=-2\n").expect_err("refused");
+        assert_eq!(bad.option, "CPU");
     }
 
     #[test]

@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 
 use fleet_api_schema::{Capacity, Unit, UnitState};
 use fleet_core::Resources;
+use fleet_core::requirements::reservation_of;
 use fleet_core::reserved::UnitReservation;
-use fleet_core::resources::{Bytes, Cores, reservation_of};
+use fleet_core::resources::{Bytes, Cores};
 
 use crate::commands::create::{is_global, unit_file};
 
