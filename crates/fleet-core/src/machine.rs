@@ -76,6 +76,11 @@ pub fn valid_machine_id(id: &str) -> bool {
     (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
+/// Whether `key` can be a metadata key: 1 to 64 letters, digits, `_`, `.` and `-`.
+pub fn valid_metadata_key(key: &str) -> bool {
+    (1..=64).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
 pub fn parse_metadata(text: &str) -> BTreeMap<String, String> {
     text.split(',')
         .filter_map(|item| item.split_once('='))

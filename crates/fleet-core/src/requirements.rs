@@ -26,8 +26,9 @@ pub const KNOWN_KEYS: &[&str] = &[
 
 /// The keys fleet adds to `[X-Fleet]`. `AtMostOnce=true`: the unit never runs on two
 /// machines at once, under any fault (docs/guarantees.md). `Memory=` and `CPU=`: what the
-/// unit reserves on its machine (crate::resources).
-pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU"];
+/// unit reserves on its machine (crate::resources). `SpreadBy=zone`: the instances of its
+/// template spread evenly over the values of that metadata key.
+pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy"];
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,6 +48,9 @@ pub struct Requirements {
     /// `AtMostOnce=`: its machine stops it as soon as its presence may have lapsed, and the
     /// engine starts it elsewhere only once that has certainly happened.
     pub at_most_once: bool,
+    /// `SpreadBy=`: a metadata key whose values the instances of this unit's template spread
+    /// over evenly (a machine without the key counts as one more value).
+    pub spread_by: Option<String>,
     /// What the unit reserves on its machine (`Memory=`, `CPU=`, else its systemd limits);
     /// nothing when a value cannot be read (such a unit is refused at submission).
     pub reservation: Resources,
@@ -146,6 +150,11 @@ impl Requirements {
         requirements.replaces = all(&["Replaces"]);
         requirements.at_most_once =
             values.get("AtMostOnce").and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
+        requirements.spread_by = values
+            .get("SpreadBy")
+            .and_then(|list| list.last())
+            .map(|key| key.trim().to_string())
+            .filter(|key| !key.is_empty());
         requirements.reservation = reservation_of(options).unwrap_or_default();
         requirements
     }
@@ -187,6 +196,10 @@ impl Requirements {
             _ if self.global && peers => CombinationError::GlobalWith("Peers"),
             _ if self.global && replaces => CombinationError::GlobalWith("Replaces"),
             _ if self.global && self.at_most_once => CombinationError::GlobalWith("AtMostOnce"),
+            _ if self.global && self.spread_by.is_some() => CombinationError::GlobalWith("SpreadBy"),
+            _ if self.spread_by.as_deref().is_some_and(|key| !crate::machine::valid_metadata_key(key)) => {
+                CombinationError::SpreadKey(self.spread_by.clone().unwrap_or_default())
+            }
             _ if conflicts && replaces => CombinationError::ConflictsWithReplaces,
             _ => return Ok(()),
         };
@@ -237,6 +250,8 @@ pub enum CombinationError {
     GlobalWith(&'static str),
     #[error("Conflicts cannot be used with Replaces")]
     ConflictsWithReplaces,
+    #[error("SpreadBy needs a metadata key of letters, digits, '_', '.' and '-', not {0:?}")]
+    SpreadKey(String),
     #[error("unresolvable requirements: peer {0:?} matches conflict {1:?}")]
     PeerMatchesConflict(String, String),
     #[error("unresolvable requirements: peer {0:?} matches replace {1:?}")]

@@ -117,3 +117,21 @@ fn a_pull_agent_states_its_capacity_and_takes_what_the_manager_has_no_room_for()
     assert_eq!(series("fleet_machine_capacity_memory_bytes", "e2e0placement001"), Some(gib(1.0)));
     assert_eq!(metric_value(&metrics, "fleet_units_unplaced_for_room"), Some(0.0));
 }
+
+#[test]
+fn a_templates_instances_spread_over_zones() {
+    let zone = |index: usize| vec![("metadata".to_string(), format!("zone={}", if index < 2 { "a" } else { "b" }))];
+    let cluster = Cluster::start(3, zone);
+    let dir = cluster.members[0].dir.path().to_path_buf();
+    std::fs::write(dir.join("web@.service"), "[Service]\nExecStart=/bin/sleep 100000\n[X-Fleet]\nSpreadBy=zone\n")
+        .expect("template");
+    let instances: Vec<String> = (1..=4).map(|n| dir.join(format!("web@{n}.service")).display().to_string()).collect();
+    let mut args = vec!["start", "--no-block"];
+    args.extend(instances.iter().map(String::as_str));
+    cluster.any().ok(&args);
+    cluster.wait_until("every instance is placed", Duration::from_secs(20), |c| {
+        schedule(c.any()).iter().filter(|(_, machine, _)| !machine.is_empty()).count() == 4
+    });
+    let in_b = schedule(cluster.any()).iter().filter(|(_, machine, _)| *machine == member_id(2)).count();
+    assert_eq!(in_b, 2, "half the instances in zone b, which has one machine of three");
+}

@@ -18,9 +18,17 @@ pub(super) struct Eligible {
 /// machine in load order and skipping the ineligible ones.
 const SMALL_ELIGIBLE_SET: usize = 64;
 
+/// The values one metadata key takes over the machines (a machine without it: `""`), and
+/// which each machine has.
+pub(super) struct Domains {
+    values: Vec<String>,
+    of_rank: Vec<usize>,
+}
+
 #[derive(Default)]
 pub(super) struct MetadataIndex<'a> {
     cache: HashMap<&'a BTreeMap<String, Vec<String>>, Rc<Eligible>>,
+    domains: HashMap<&'a str, Rc<Domains>>,
 }
 
 impl<'a> MetadataIndex<'a> {
@@ -37,6 +45,29 @@ impl<'a> MetadataIndex<'a> {
                     .collect();
                 let ranks = working.ranks().filter(|rank| mask[rank.0]).collect();
                 Rc::new(Eligible { ranks, mask })
+            })
+            .clone()
+    }
+
+    fn domains(&mut self, working: &Working<'a>, key: &'a str) -> Rc<Domains> {
+        self.domains
+            .entry(key)
+            .or_insert_with(|| {
+                let mut values: Vec<String> = Vec::new();
+                let of_rank = working
+                    .ranks()
+                    .map(|rank| {
+                        let value = working.machine(rank).metadata.get(key).map_or("", String::as_str);
+                        match values.iter().position(|known| known == value) {
+                            Some(at) => at,
+                            None => {
+                                values.push(value.to_string());
+                                values.len() - 1
+                            }
+                        }
+                    })
+                    .collect();
+                Rc::new(Domains { values, of_rank })
             })
             .clone()
     }
@@ -167,6 +198,31 @@ pub(super) fn choose<'a>(
         if let Some(rank) = first_in_order(&held, &mut consider) {
             return Ok(rank);
         }
+    }
+    // A unit that spreads tries the values of its key from the one with the fewest of its
+    // group, then the strategy's order within each.
+    if let Some((group, key)) = working.spread_of(unit) {
+        let domains = index.domains(working, key);
+        let mut order: Vec<usize> = (0..domains.values.len()).collect();
+        order.sort_by_key(|domain| (working.spread_count(group, &domains.values[*domain]), *domain));
+        for domain in order {
+            let in_domain = |rank: &Rank| domains.of_rank[rank.0] == domain;
+            let found = match (&fixed, &eligible) {
+                (Some(ranks), _) => {
+                    let ranks: Vec<Rank> = ranks.iter().copied().filter(in_domain).collect();
+                    first_in_order(&ranks, &mut consider)
+                }
+                (None, Some(eligible)) => working
+                    .by_load_for(needs)
+                    .filter(|rank| eligible.mask[rank.0] && in_domain(rank))
+                    .find(|rank| consider(*rank)),
+                (None, None) => working.by_load_for(needs).filter(in_domain).find(|rank| consider(*rank)),
+            };
+            if let Some(rank) = found {
+                return Ok(rank);
+            }
+        }
+        return Err(why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()));
     }
     let chosen = match (&fixed, &eligible) {
         (Some(ranks), _) => first_in_order(ranks, &mut consider),

@@ -125,14 +125,16 @@ impl RuleIndex {
     }
 }
 
-/// A unit the planner may plan on its own: no rules of its own (a template never runs, so
-/// its rules never apply).
+/// A unit the planner may plan on its own: no rules of its own, `SpreadBy=` included (its
+/// machine depends on where the rest of its group is; a template never runs, so its rules
+/// never apply).
 fn without_rules(name: &str, requirements: &Requirements) -> bool {
     UnitNameInfo::new(name).is_template()
         || (!requirements.global
             && requirements.conflicts.is_empty()
             && requirements.replaces.is_empty()
-            && requirements.machine_of.is_empty())
+            && requirements.machine_of.is_empty()
+            && requirements.spread_by.is_none())
 }
 
 impl Settled {

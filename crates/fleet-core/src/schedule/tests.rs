@@ -809,3 +809,73 @@ fn a_leader_goes_where_its_followers_fit_too() {
     let reasons = plan(&too_big).reason_texts();
     assert_eq!(reasons[0], ("app.service".to_string(), "needs 5 GiB memory; the most free is 4 GiB on m2".to_string()));
 }
+
+fn zoned(id: &str, zone: &str) -> MachineState {
+    machine(id, &[("zone", zone)])
+}
+
+#[test]
+fn instances_spread_over_a_keys_values_before_the_strategys_order() {
+    // Zone a has three machines, zone b one: by load alone most would land in a.
+    let machines = vec![zoned("m1", "a"), zoned("m2", "a"), zoned("m3", "a"), zoned("m4", "b")];
+    let units: Vec<UnitSpec> = (1..=6).map(|n| unit(&format!("web@{n}.service"), "SpreadBy=zone", None)).collect();
+    let snapshot = ClusterSnapshot { machines, units, ..ClusterSnapshot::default() };
+    let placed = scheduled(&plan(&snapshot));
+    let in_zone = |zone: &str| {
+        placed
+            .values()
+            .filter(|machine| snapshot.machines.iter().any(|m| &m.id == *machine && m.metadata["zone"] == zone))
+            .count()
+    };
+    assert_eq!((in_zone("a"), in_zone("b")), (3, 3), "{placed:?}");
+    // A unit that does not spread goes by load, as before.
+    let plain = ClusterSnapshot { units: vec![unit("other.service", "", None)], ..snapshot.clone() };
+    assert_eq!(scheduled(&plan(&plain))["other.service"], "m1");
+    // Where the rules leave only one value, the unit still goes there.
+    let pinned = ClusterSnapshot {
+        units: vec![
+            unit("db@1.service", "SpreadBy=zone\nMachineMetadata=zone=a", None),
+            unit("db@2.service", "SpreadBy=zone\nMachineMetadata=zone=a", None),
+        ],
+        ..snapshot
+    };
+    assert_eq!(scheduled(&plan(&pinned)).len(), 2);
+}
+
+#[test]
+fn spread_key_is_checked_and_not_for_global_units() {
+    let file = crate::UnitFile::parse("[X-Fleet]\nSpreadBy=zone/1\n").unwrap();
+    assert_eq!(
+        Requirements::from_unit("a@1.service", &file).validate(),
+        Err(crate::requirements::CombinationError::SpreadKey("zone/1".into()))
+    );
+    let file = crate::UnitFile::parse("[X-Fleet]\nSpreadBy=zone\nGlobal=true\n").unwrap();
+    assert!(Requirements::from_unit("a.service", &file).validate().is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(500))]
+    /// Placed from nothing, the instances of a template that spreads over a key differ by at
+    /// most one between the key's values, whatever the machines and the strategy.
+    #[test]
+    fn spread_never_exceeds_a_skew_of_one(
+        zones in prop::collection::vec(0u8..4, 1..10),
+        instances in 0usize..30,
+        bin_pack in any::<bool>(),
+    ) {
+        let machines: Vec<MachineState> =
+            zones.iter().enumerate().map(|(n, zone)| zoned(&format!("m{n:02}"), &format!("z{zone}"))).collect();
+        let units = (0..instances).map(|n| unit(&format!("web@{n}.service"), "SpreadBy=zone", None)).collect();
+        let strategy = if bin_pack { PlacementStrategy::BinPack } else { PlacementStrategy::Spread };
+        let snapshot = ClusterSnapshot { machines: machines.clone(), units, strategy };
+        let result = plan(&snapshot);
+        prop_assert!(result.unplaced.is_empty());
+        let zone_of: BTreeMap<&str, &str> = machines.iter().map(|m| (m.id.as_str(), m.metadata["zone"].as_str())).collect();
+        let mut counts: BTreeMap<&str, usize> = zone_of.values().map(|zone| (*zone, 0)).collect();
+        for machine in scheduled(&result).values() {
+            *counts.get_mut(zone_of[machine.as_str()]).unwrap() += 1;
+        }
+        let (least, most) = (counts.values().min().copied().unwrap_or(0), counts.values().max().copied().unwrap_or(0));
+        prop_assert!(most - least <= 1, "{counts:?}");
+    }
+}

@@ -59,6 +59,10 @@ pub(super) struct Working<'a> {
     replace_globs: Vec<Vec<Glob>>,
     by_name: HashMap<&'a str, UnitIndex>,
     followers: HashMap<&'a str, Vec<UnitIndex>>,
+    /// Per unit with `SpreadBy=`, its group (its template, else its own name) and key.
+    spread: Vec<Option<(String, &'a str)>>,
+    /// Placed units of each spread group, by the value of the group's key on their machine.
+    spread_counts: HashMap<(String, String), u32>,
 }
 
 fn compile(patterns: &[String]) -> Vec<Glob> {
@@ -96,6 +100,15 @@ impl<'a> Working<'a> {
             replace_globs: units.iter().map(|unit| compile(&unit.requirements.replaces)).collect(),
             by_name,
             followers,
+            spread: units
+                .iter()
+                .map(|unit| {
+                    let key = unit.requirements.spread_by.as_deref().filter(|_| !unit.requirements.global)?;
+                    let group = UnitNameInfo::new(&unit.name).template().unwrap_or_else(|| unit.name.clone());
+                    Some((group, key))
+                })
+                .collect(),
+            spread_counts: HashMap::new(),
         };
         working.initial = units
             .iter()
@@ -145,6 +158,7 @@ impl<'a> Working<'a> {
         let Load { units, reserved } = self.load[rank.0];
         let reservation = self.unit(unit).requirements.reservation;
         self.set_load(rank, Load { units: units + 1, reserved: reserved.saturating_add(reservation) });
+        self.count_spread(unit, rank, true);
         self.residents[rank.0].push(unit);
         if !self.unit(unit).requirements.global {
             self.placement[unit.0] = Some(rank);
@@ -160,10 +174,31 @@ impl<'a> Working<'a> {
             let Load { units, reserved } = self.load[rank.0];
             let reservation = self.unit(unit).requirements.reservation;
             self.set_load(rank, Load { units: units - 1, reserved: reserved.saturating_sub(reservation) });
+            self.count_spread(unit, rank, false);
         }
         if self.placement[unit.0] == Some(rank) {
             self.placement[unit.0] = None;
         }
+    }
+
+    /// Counts `unit` in (or out of) its spread group's value on `rank`.
+    fn count_spread(&mut self, unit: UnitIndex, rank: Rank, placed: bool) {
+        let Some((group, key)) = &self.spread[unit.0] else {
+            return;
+        };
+        let value = self.machine(rank).metadata.get(*key).cloned().unwrap_or_default();
+        let count = self.spread_counts.entry((group.clone(), value)).or_default();
+        *count = if placed { *count + 1 } else { count.saturating_sub(1) };
+    }
+
+    /// The spread group and key of `unit`, if it spreads.
+    pub fn spread_of(&self, unit: UnitIndex) -> Option<(&str, &'a str)> {
+        self.spread[unit.0].as_ref().map(|(group, key)| (group.as_str(), *key))
+    }
+
+    /// How many of `group`'s units are placed on machines whose key has `value`.
+    pub fn spread_count(&self, group: &str, value: &str) -> u32 {
+        self.spread_counts.get(&(group.to_string(), value.to_string())).copied().unwrap_or(0)
     }
 
     fn set_load(&mut self, rank: Rank, load: Load) {
