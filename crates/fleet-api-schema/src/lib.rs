@@ -90,6 +90,18 @@ pub struct Capacity {
     pub cpu_millicores: u64,
 }
 
+impl From<fleet_core::Resources> for Capacity {
+    fn from(resources: fleet_core::Resources) -> Self {
+        Self { memory_bytes: resources.memory, cpu_millicores: resources.cpu_millis }
+    }
+}
+
+impl From<Capacity> for fleet_core::Resources {
+    fn from(capacity: Capacity) -> Self {
+        Self { memory: capacity.memory_bytes, cpu_millis: capacity.cpu_millicores }
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UnitPage {

@@ -278,10 +278,7 @@ impl RemoteRegistry {
             public_ip: machine.public_ip.clone(),
             metadata: machine.metadata.clone(),
             version: machine.version.clone(),
-            capacity: machine.capacity.map(|capacity| fleet_api_schema::Capacity {
-                memory_bytes: capacity.memory,
-                cpu_millicores: capacity.cpu_millis,
-            }),
+            capacity: machine.capacity.map(Into::into),
         };
         let body = serde_json::to_string(&body).map_err(unavailable)?;
         self.send(

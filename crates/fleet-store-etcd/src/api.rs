@@ -506,9 +506,10 @@ impl ApiRegistry for EtcdRegistry {
 
     async fn engine_leader(&self) -> Result<Option<MachineId>> {
         let key = self.keys().leader();
-        {
-            // Every fleetd that runs an engine follows the leader key already.
-            let data = self.leader_mirror().read();
+        // A fleetd that runs an engine follows the leader key already; one that does not reads
+        // it (a list must not start a watch that outlives it).
+        if let Some(mirror) = self.inner.leader_mirror.get() {
+            let data = mirror.read();
             if data.synced && data.streaming {
                 return Ok(data.entries.get(&key).map(|entry| String::from_utf8_lossy(&entry.value).into_owned()));
             }

@@ -25,23 +25,15 @@ pub fn reserved_by_machine(units: &[Unit], states: &[UnitState]) -> BTreeMap<Str
     )
 }
 
-pub fn resources(capacity: Capacity) -> Resources {
-    Resources { memory: capacity.memory_bytes, cpu_millis: capacity.cpu_millicores }
-}
-
-pub fn capacity(resources: Resources) -> Capacity {
-    Capacity { memory_bytes: resources.memory, cpu_millicores: resources.cpu_millis }
-}
-
 /// `8 GiB, 4 CPU`, or `-` for a machine that does not say.
 pub fn capacity_cell(capacity: Option<Capacity>) -> String {
-    capacity.map_or_else(|| "-".to_string(), |capacity| cell(resources(capacity)))
+    capacity.map_or_else(|| "-".to_string(), |capacity| cell(capacity.into()))
 }
 
 /// `2 GiB, 1.5 CPU`, marked when it is more than the machine's capacity (a machine whose
 /// capacity shrank keeps what it has).
 pub fn reserved_cell(reserved: Resources, capacity: Option<Capacity>) -> String {
-    let over = capacity.is_some_and(|capacity| reserved.exceeds(resources(capacity)));
+    let over = capacity.is_some_and(|capacity| reserved.exceeds(capacity.into()));
     format!("{}{}", cell(reserved), if over { " (over capacity)" } else { "" })
 }
 

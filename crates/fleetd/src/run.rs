@@ -140,8 +140,9 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
     // Followed for fleetd's whole life: a fresh presence is claimed only once the agent
     // stopped what runs here from before (announcing cannot claim one ahead of it).
     let _lapses = registry.presence_lapses(&machine_id);
-    store::announce(registry.as_ref(), &machine_state(&config, &machine_id)).await?;
-    let capacity = crate::capacity::of_this_machine(&config).map(|capacity| capacity.to_string());
+    let announced = machine_state(&config, &machine_id);
+    store::announce(registry.as_ref(), &announced).await?;
+    let capacity = announced.capacity.map(|capacity| capacity.to_string());
     tracing::info!(
         machine_id,
         capacity = capacity.as_deref().unwrap_or("unknown"),

@@ -62,9 +62,7 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
     if request.version.len() > 64 || request.version.chars().any(char::is_control) {
         return Err(ApiError::bad_request("invalid version"));
     }
-    let capacity = request
-        .capacity
-        .map(|capacity| Resources { memory: capacity.memory_bytes, cpu_millis: capacity.cpu_millicores });
+    let capacity: Option<Resources> = request.capacity.map(Into::into);
     if capacity.is_some_and(|capacity| !capacity.is_bounded()) {
         return Err(ApiError::bad_request("invalid capacity: at most 1 PiB of memory and 1000000 cores"));
     }

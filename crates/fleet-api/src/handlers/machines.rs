@@ -27,10 +27,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
         .map(|machine| Machine {
             engine_leader: leader.as_ref() == Some(&machine.id),
             connection: machine.connection.word().to_string(),
-            capacity: machine.capacity.map(|capacity| crate::schema::Capacity {
-                memory_bytes: capacity.memory,
-                cpu_millicores: capacity.cpu_millis,
-            }),
+            capacity: machine.capacity.map(Into::into),
             id: machine.id,
             metadata: machine.metadata,
             primary_ip: machine.public_ip,

@@ -199,40 +199,31 @@ pub(super) fn choose<'a>(
             return Ok(rank);
         }
     }
-    // A unit that spreads tries the values of its key from the one with the fewest of its
-    // group, then the strategy's order within each.
-    if let Some((group, key)) = working.spread_of(unit) {
-        let domains = index.domains(working, key);
-        let mut order: Vec<usize> = (0..domains.values.len()).collect();
-        order.sort_by_key(|domain| (working.spread_count(group, &domains.values[*domain]), *domain));
-        for domain in order {
-            let in_domain = |rank: &Rank| domains.of_rank[rank.0] == domain;
-            let found = match (&fixed, &eligible) {
-                (Some(ranks), _) => {
-                    let ranks: Vec<Rank> = ranks.iter().copied().filter(in_domain).collect();
-                    first_in_order(&ranks, &mut consider)
-                }
-                (None, Some(eligible)) => working
-                    .by_load_for(needs)
-                    .filter(|rank| eligible.mask[rank.0] && in_domain(rank))
-                    .find(|rank| consider(*rank)),
-                (None, None) => working.by_load_for(needs).filter(in_domain).find(|rank| consider(*rank)),
-            };
-            if let Some(rank) = found {
-                return Ok(rank);
-            }
+    // The first machine in the strategy's order among those `keep` admits.
+    let mut first_where = |keep: &dyn Fn(Rank) -> bool| match (&fixed, &eligible) {
+        (Some(ranks), _) => {
+            let ranks: Vec<Rank> = ranks.iter().copied().filter(|rank| keep(*rank)).collect();
+            first_in_order(&ranks, &mut consider)
         }
-        return Err(why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()));
-    }
-    let chosen = match (&fixed, &eligible) {
-        (Some(ranks), _) => first_in_order(ranks, &mut consider),
         (None, Some(eligible)) if eligible.ranks.len() <= SMALL_ELIGIBLE_SET => {
-            first_in_order(&eligible.ranks, &mut consider)
+            let ranks: Vec<Rank> = eligible.ranks.iter().copied().filter(|rank| keep(*rank)).collect();
+            first_in_order(&ranks, &mut consider)
         }
         (None, Some(eligible)) => {
-            working.by_load_for(needs).filter(|rank| eligible.mask[rank.0]).find(|rank| consider(*rank))
+            working.by_load_for(needs).filter(|rank| eligible.mask[rank.0] && keep(*rank)).find(|rank| consider(*rank))
         }
-        (None, None) => working.by_load_for(needs).find(|rank| consider(*rank)),
+        (None, None) => working.by_load_for(needs).filter(|rank| keep(*rank)).find(|rank| consider(*rank)),
+    };
+    // A unit that spreads tries the values of its key from the one with the fewest of its
+    // group, then the strategy's order within each.
+    let chosen = match working.spread_of(unit) {
+        Some((group, key)) => {
+            let domains = index.domains(working, key);
+            let mut order: Vec<usize> = (0..domains.values.len()).collect();
+            order.sort_by_key(|domain| (working.spread_count(group, &domains.values[*domain]), *domain));
+            order.into_iter().find_map(|domain| first_where(&|rank: Rank| domains.of_rank[rank.0] == domain))
+        }
+        None => first_where(&|_| true),
     };
     chosen.ok_or_else(|| why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()))
 }

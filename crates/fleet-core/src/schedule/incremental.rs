@@ -233,10 +233,15 @@ impl Settled {
                 SettledUnit { desired: unit.desired, requirements: unit.requirements.clone(), rank: *rank },
             );
         }
-        self.loads = outcome.loads;
+        self.loads = loads_of(&plan);
         self.unplaced = sorted_by_name(&plan.unplaced);
         Some((plan, part.units.len()))
     }
+}
+
+/// Each machine's load as `plan` leaves it, by rank.
+fn loads_of(plan: &Plan) -> Vec<Load> {
+    plan.loads.iter().map(|load| Load { units: load.units, reserved: load.reserved }).collect()
 }
 
 fn sorted_by_name(unplaced: &[(String, UnplacedReason)]) -> Vec<(String, UnplacedReason)> {
@@ -269,7 +274,7 @@ impl IncrementalPlanner {
             machines,
             strategy: snapshot.strategy,
             units,
-            loads: outcome.loads,
+            loads: loads_of(&plan),
             unplaced: sorted_by_name(&plan.unplaced),
             unplaced_all_free: false,
             rules: RuleIndex::of(snapshot),

@@ -26,10 +26,9 @@ pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     plan_with(snapshot, None).0
 }
 
-/// Where a plan leaves the cluster: each machine's load (by rank, machines in ID order) and
-/// each snapshot unit's machine (by its position in the snapshot; global units have none).
+/// Where a plan leaves each snapshot unit: its machine's rank (by the unit's position in the
+/// snapshot; global units have none). Each machine's load is the plan's own `loads`.
 pub(super) struct Outcome {
-    pub loads: Vec<Load>,
     pub placement: Vec<Option<usize>>,
 }
 
@@ -98,7 +97,6 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
         })
         .collect();
     let outcome = Outcome {
-        loads: working.loads().to_vec(),
         placement: working.unit_indices().map(|index| working.placement(index).map(|rank| rank.0)).collect(),
     };
     (plan, outcome)

@@ -62,7 +62,7 @@ pub(super) struct Working<'a> {
     /// Per unit with `SpreadBy=`, its group (its template, else its own name) and key.
     spread: Vec<Option<(String, &'a str)>>,
     /// Placed units of each spread group, by the value of the group's key on their machine.
-    spread_counts: HashMap<(String, String), u32>,
+    spread_counts: HashMap<String, HashMap<String, u32>>,
 }
 
 fn compile(patterns: &[String]) -> Vec<Glob> {
@@ -186,8 +186,9 @@ impl<'a> Working<'a> {
         let Some((group, key)) = &self.spread[unit.0] else {
             return;
         };
-        let value = self.machine(rank).metadata.get(*key).cloned().unwrap_or_default();
-        let count = self.spread_counts.entry((group.clone(), value)).or_default();
+        let value = self.machine(rank).metadata.get(*key).map_or("", String::as_str);
+        let counts = self.spread_counts.entry(group.clone()).or_default();
+        let count = counts.entry(value.to_string()).or_default();
         *count = if placed { *count + 1 } else { count.saturating_sub(1) };
     }
 
@@ -198,7 +199,7 @@ impl<'a> Working<'a> {
 
     /// How many of `group`'s units are placed on machines whose key has `value`.
     pub fn spread_count(&self, group: &str, value: &str) -> u32 {
-        self.spread_counts.get(&(group.to_string(), value.to_string())).copied().unwrap_or(0)
+        self.spread_counts.get(group).and_then(|counts| counts.get(value)).copied().unwrap_or(0)
     }
 
     fn set_load(&mut self, rank: Rank, load: Load) {
@@ -222,6 +223,9 @@ impl<'a> Working<'a> {
     /// (`MachineOf=`, chains included) and still wait to be placed, for they can only go where
     /// it goes.
     pub fn group_needs(&self, unit: UnitIndex) -> Resources {
+        if self.followers(unit).is_empty() {
+            return self.unit(unit).requirements.reservation;
+        }
         let mut needs = Resources::ZERO;
         let mut seen = vec![unit];
         let mut next = vec![unit];

@@ -8,7 +8,7 @@ use fleet_core::UnitHash;
 use super::create::{is_global, unit_file};
 use crate::context::Context;
 use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, print_json};
-use crate::reservations::{capacity, capacity_cell, reserved_by_machine, reserved_cell};
+use crate::reservations::{capacity_cell, reserved_by_machine, reserved_cell};
 use crate::table::{machine_full_legend, machine_id_legend, machine_ip, tab_table};
 use crate::{ListFlags, Outcome};
 
@@ -101,7 +101,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                 connection: Some(machine.connection.as_str()).filter(|word| !word.is_empty()),
                 leader: machine.engine_leader,
                 capacity: machine.capacity,
-                reserved: capacity(reserved_on(&machine.id)),
+                reserved: reserved_on(&machine.id).into(),
             })
             .collect();
         print_json(&rows);
