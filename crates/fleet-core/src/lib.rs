@@ -11,6 +11,7 @@ pub mod agent_plan;
 pub mod backoff;
 pub mod civil_time;
 pub mod desired_units;
+pub mod drain;
 pub mod drift;
 pub mod drift_report;
 pub mod duration;

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::drain::Drain;
 use crate::resources::Resources;
 
 pub type MachineId = String;
@@ -24,6 +25,10 @@ pub struct MachineState {
     /// as one of the original's) limits nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Resources>,
+    /// The machine's drain, while an operator drains it: it takes no new units and its units
+    /// move off. Kept in a record of its own, which the stores lay over the machine's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
 }
 
 /// How a machine is connected to the cluster: its fleetd holds the store itself (an etcd

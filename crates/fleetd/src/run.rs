@@ -53,6 +53,7 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
             Connection::Etcd
         },
         capacity: crate::capacity::of_this_machine(config),
+        drain: None,
     }
 }
 

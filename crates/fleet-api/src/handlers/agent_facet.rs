@@ -94,6 +94,7 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
         disable_engine: true,
         connection: Connection::Pull,
         capacity,
+        drain: None,
     };
     agents.announce_for_agent(&machine).await?;
     Ok(StatusCode::NO_CONTENT.into_response())

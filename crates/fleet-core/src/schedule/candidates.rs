@@ -182,7 +182,9 @@ pub(super) fn choose<'a>(
     // Room is checked first (it is cheap) and the rules only where there is room; why a unit
     // fits nowhere is worked out only once it does.
     let needs = working.group_needs(unit);
-    let mut consider = |rank: Rank| working.has_room(needs, rank) && able_to_run(working, unit, rank).is_ok();
+    let mut consider = |rank: Rank| {
+        !working.draining(rank) && working.has_room(needs, rank) && able_to_run(working, unit, rank).is_ok()
+    };
     let first_in_order = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
         ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.order_key(*rank), *rank))
     };
@@ -229,8 +231,8 @@ pub(super) fn choose<'a>(
 }
 
 /// Why `unit` fits on none of `fixed` (or the `eligible` machines, or all): short of room for
-/// what it `needs` (with the units that follow it) on every machine its rules allow, naming the
-/// closest, else the first machine's refusal.
+/// what it `needs` (with the units that follow it) on every machine its rules allow and that is
+/// not drained, naming the closest, else the first machine's refusal.
 fn why_nowhere(
     working: &Working<'_>,
     unit: UnitIndex,
@@ -246,6 +248,10 @@ fn why_nowhere(
         (None, None) => Box::new(working.ranks()),
     };
     for rank in ranks {
+        if working.draining(rank) {
+            first_refusal.get_or_insert(Refusal::Draining(working.machine(rank).id.clone()));
+            continue;
+        }
         match able_to_run(working, unit, rank) {
             Ok(()) => {
                 let free = working.free(rank).unwrap_or_default();

@@ -3,7 +3,7 @@
 //! and their reasons). When the next snapshot differs from that only in *free* units (no
 //! `Conflicts=`, `Replaces=`, `MachineOf=` or `Global=` of their own, before or after the
 //! change, and no other unit's rule naming them) on the same machines (same metadata, same
-//! capacity) with the same strategy, only those units and the ones still waiting are planned,
+//! capacity, same drain, no unit a drain let go) with the same strategy, only those units and the ones still waiting are planned,
 //! against the loads (units and reservations) every other unit leaves; anything else gets the
 //! full plan. Either way the result is [`super::plan`] of the whole snapshot, a property test
 //! checks it.
@@ -20,6 +20,7 @@ use super::plan::plan_with;
 use super::reason::UnplacedReason;
 use super::working::Load;
 use super::{ClusterSnapshot, PlacementStrategy, Plan, UnitSpec};
+use crate::drain::Drain;
 use crate::glob::Glob;
 use crate::requirements::Requirements;
 use crate::resources::Resources;
@@ -58,15 +59,15 @@ struct Settled {
     rules: RuleIndex,
 }
 
-/// A machine's ID, metadata and capacity.
-type SettledMachine = (String, BTreeMap<String, String>, Option<Resources>);
+/// A machine's ID, metadata, capacity and drain.
+type SettledMachine = (String, BTreeMap<String, String>, Option<Resources>, Option<Drain>);
 
 /// The machines of `snapshot` as the planner ranks them.
 fn settled_machines(snapshot: &ClusterSnapshot) -> Vec<SettledMachine> {
     let mut machines: Vec<SettledMachine> = snapshot
         .machines
         .iter()
-        .map(|machine| (machine.id.clone(), machine.metadata.clone(), machine.capacity))
+        .map(|machine| (machine.id.clone(), machine.metadata.clone(), machine.capacity, machine.drain.clone()))
         .collect();
     machines.sort_by(|a, b| a.0.cmp(&b.0));
     machines.dedup_by(|a, b| a.0 == b.0);
@@ -143,8 +144,11 @@ impl Settled {
     }
 
     fn machines_match(&self, snapshot: &ClusterSnapshot) -> bool {
-        let mut machines: Vec<_> =
-            snapshot.machines.iter().map(|machine| (&machine.id, &machine.metadata, machine.capacity)).collect();
+        let mut machines: Vec<_> = snapshot
+            .machines
+            .iter()
+            .map(|machine| (&machine.id, &machine.metadata, machine.capacity, &machine.drain))
+            .collect();
         machines.sort_by(|a, b| a.0.cmp(b.0));
         machines.dedup_by(|a, b| a.0 == b.0);
         snapshot.strategy == self.strategy
@@ -152,7 +156,7 @@ impl Settled {
             && machines
                 .iter()
                 .zip(&self.machines)
-                .all(|(new, old)| *new.0 == old.0 && *new.1 == old.1 && new.2 == old.2)
+                .all(|(new, old)| *new.0 == old.0 && *new.1 == old.1 && new.2 == old.2 && *new.3 == old.3)
     }
 
     fn unchanged(&self, unit: &UnitSpec) -> Option<bool> {
@@ -173,7 +177,10 @@ impl Settled {
     /// The plan for `snapshot` made from the units that changed since, or `None` when it
     /// needs the full plan.
     fn plan_changes(&mut self, snapshot: &ClusterSnapshot) -> Option<(Plan, usize)> {
-        if !self.unplaced_all_free || !self.machines_match(snapshot) {
+        // A unit a drain let go waits for room like an unplaced one, though it is placed.
+        let drain_waits =
+            self.machines.iter().any(|machine| machine.3.as_ref().is_some_and(|d| !d.released.is_empty()));
+        if !self.unplaced_all_free || drain_waits || !self.machines_match(snapshot) {
             return None;
         }
         let mut listed: HashSet<&str> = HashSet::with_capacity(snapshot.units.len());

@@ -80,6 +80,9 @@ pub enum Decision {
 pub struct Plan {
     pub decisions: Vec<Decision>,
     pub unplaced: Vec<(String, UnplacedReason)>,
+    /// Units a drain let go that have nowhere else to go: they stay on their drained machine,
+    /// with why they cannot leave.
+    pub stuck: Vec<(String, UnplacedReason)>,
     /// Every machine, in ID order, with the units (global ones included) and reservations the
     /// plan leaves on it.
     pub loads: Vec<MachineLoad>,
@@ -94,9 +97,17 @@ pub struct MachineLoad {
 }
 
 impl Plan {
-    /// The reasons units are unplaced, as the stores keep them: unit and text.
+    /// The reasons units are unplaced or cannot leave a drained machine, as the stores keep
+    /// them: unit and text, in unit name order.
     pub fn reason_texts(&self) -> Vec<(String, String)> {
-        self.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string())).collect()
+        let unplaced = self.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string()));
+        let stuck = self
+            .stuck
+            .iter()
+            .map(|(unit, reason)| (unit.clone(), format!("cannot leave its draining machine: {reason}")));
+        let mut texts: Vec<(String, String)> = unplaced.chain(stuck).collect();
+        texts.sort();
+        texts
     }
 
     /// Whether writing this plan changes anything, given the reasons written last time: an

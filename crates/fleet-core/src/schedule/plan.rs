@@ -3,7 +3,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
-use super::reason::{Refusal, UnscheduleReason};
+use super::reason::{Refusal, UnplacedReason, UnscheduleReason};
 use super::working::{Load, Rank, Relation, UnitIndex, Working};
 use super::{ClusterSnapshot, Decision, MachineLoad, Plan};
 use crate::agent_plan::global_unit_runs;
@@ -16,7 +16,9 @@ use crate::unit_name::UnitNameInfo;
 ///    unscheduled; the others keep their machine while they can still run there.
 /// 2. Global units count on every machine whose metadata matches, except where they would
 ///    share the machine with a unit they conflict with or replace (the agent's rule).
-/// 3. Every other unit that should run is placed: units that replace others first, on the
+/// 3. Units drains let go move off their drained machines where they fit (those that fit
+///    nowhere stay, with the reason); a drained machine takes no unit.
+/// 4. Every other unit that should run is placed: units that replace others first, on the
 ///    machine of a unit they replace (which then moves elsewhere, its `MachineOf=` followers
 ///    with it); then units restricted to some machines, then the rest, each on the first
 ///    machine in the strategy's order that satisfies its requirements and has room for its
@@ -47,6 +49,8 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
 
     keep_scheduled_units(&mut working, &mut plan, &mut placed, &placeable);
     count_global_units(&mut working, &globals);
+    let mut index_cache = MetadataIndex::default();
+    move_drained_units(&mut working, &mut plan, &mut placed, &placeable, &mut index_cache);
 
     let waiting: Vec<UnitIndex> = placeable
         .iter()
@@ -54,7 +58,6 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
         .filter(|index| unit(*index).desired != DesiredState::Inactive && working.placement(*index).is_none())
         .collect();
     let mut pending = placement_order(&working, waiting);
-    let mut index_cache = MetadataIndex::default();
     loop {
         let mut failed = Vec::new();
         let (mut placed_any, mut evicted_any) = (false, false);
@@ -223,6 +226,72 @@ fn keep_scheduled_units(
         };
         evict(working, plan, placed, index, reason, &mut requeue);
     }
+}
+
+/// Step 3: each unit a drain let go (in name order; `MachineOf=` followers with their leader)
+/// moves off its drained machine to where it would be placed, before any waiting unit takes
+/// the room. One with nowhere to go stays where it is, with the reason, as if never moved.
+fn move_drained_units<'a>(
+    working: &mut Working<'a>,
+    plan: &mut Plan,
+    placed: &mut PlacedInThisPlan,
+    placeable: &[UnitIndex],
+    index_cache: &mut MetadataIndex<'a>,
+) {
+    // Units pushed off by one that replaces them wait with the rest (they are unplaced now).
+    let mut pushed_off = VecDeque::new();
+    for &index in placeable {
+        let Some(from) = working.let_go(index) else {
+            continue;
+        };
+        if resident_leader(working, index, from).is_some() {
+            // It moves with its leader, or stays with it (below).
+            continue;
+        }
+        let first = plan.decisions.len();
+        let mut group = VecDeque::new();
+        evict(working, plan, placed, index, UnscheduleReason::Drained, &mut group);
+        match choose(working, index_cache, index) {
+            Ok(_) => {
+                // The leader first, then its followers (the order they were unscheduled in); a
+                // follower that fits nowhere waits with the rest.
+                for member in group {
+                    if let Ok(rank) = choose(working, index_cache, member) {
+                        working.place(member, rank);
+                        placed.at[member.0] = Some(plan.decisions.len());
+                        let machine = working.machine(rank).id.clone();
+                        plan.decisions.push(Decision::Schedule { unit: working.unit(member).name.clone(), machine });
+                        make_room(working, plan, placed, member, rank, &mut pushed_off);
+                    }
+                }
+            }
+            Err(reason) => {
+                for (offset, member) in group.into_iter().enumerate() {
+                    placed.retracted.insert(first + offset);
+                    working.place(member, from);
+                }
+                plan.stuck.push((working.unit(index).name.clone(), reason));
+            }
+        }
+    }
+    for &index in placeable {
+        if let Some(from) = working.let_go(index)
+            && let Some(leader) = resident_leader(working, index, from)
+        {
+            plan.stuck.push((working.unit(index).name.clone(), UnplacedReason::StaysWithLeader(leader)));
+        }
+    }
+}
+
+/// The first of `unit`'s `MachineOf=` leaders that is on `rank` too.
+fn resident_leader(working: &Working<'_>, unit: UnitIndex, rank: Rank) -> Option<String> {
+    working
+        .unit(unit)
+        .requirements
+        .machine_of
+        .iter()
+        .find(|leader| working.unit_index(leader).and_then(|leader| working.placement(leader)) == Some(rank))
+        .cloned()
 }
 
 /// Step 2: each global unit, in name order, counts on the machines where it will run.

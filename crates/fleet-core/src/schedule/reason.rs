@@ -12,6 +12,8 @@ pub enum UnscheduleReason {
     /// A unit that replaces it took its machine.
     ReplacedBy(String),
     CannotRunThere(Refusal),
+    /// Its machine is drained, and the drain let it go.
+    Drained,
 }
 
 impl fmt::Display for UnscheduleReason {
@@ -21,6 +23,7 @@ impl fmt::Display for UnscheduleReason {
             Self::MachineWentAway => f.write_str("target machine went away"),
             Self::ReplacedBy(other) => write!(f, "replaced by {other}"),
             Self::CannotRunThere(reason) => write!(f, "can no longer run there: {reason}"),
+            Self::Drained => f.write_str("its machine is draining"),
         }
     }
 }
@@ -28,14 +31,21 @@ impl fmt::Display for UnscheduleReason {
 /// Why a unit cannot run on one particular machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    MachineIdMismatch { machine: String, wanted: String },
-    MetadataMismatch { machine: String },
+    MachineIdMismatch {
+        machine: String,
+        wanted: String,
+    },
+    MetadataMismatch {
+        machine: String,
+    },
     PeerNotScheduled(String),
     PeersApart(Vec<String>),
     ConflictsWith(String),
     ReplacedBy(String),
     CircularReplace(String),
     ReplacesJustPlaced(String),
+    /// The machine is drained: it takes no new units.
+    Draining(String),
 }
 
 impl Refusal {
@@ -51,6 +61,7 @@ impl Refusal {
             Self::ReplacedBy(other) => UnplacedReason::ReplacedEverywhere(other),
             Self::CircularReplace(other) => UnplacedReason::CircularReplace(other),
             Self::ReplacesJustPlaced(other) => UnplacedReason::ReplacesJustPlaced(other),
+            Self::Draining(machine) => UnplacedReason::Draining(machine),
         }
     }
 }
@@ -85,6 +96,10 @@ pub enum UnplacedReason {
     ReplacedEverywhere(String),
     CircularReplace(String),
     ReplacesJustPlaced(String),
+    /// The machine its rules allow is drained (the first of them, when several are).
+    Draining(String),
+    /// A unit a drain let go that follows (`MachineOf=`) one that stays on the machine.
+    StaysWithLeader(String),
     /// Every machine its rules allow lacks room for its reservation.
     NoRoom {
         needs: Resources,
@@ -164,6 +179,8 @@ impl fmt::Display for UnplacedReason {
             Self::ReplacesJustPlaced(other) => {
                 write!(f, "replaces {other}, which has just been placed; retried on the next reconcile")
             }
+            Self::Draining(machine) => write!(f, "machine {machine} is draining"),
+            Self::StaysWithLeader(leader) => write!(f, "it follows {leader}, which stays"),
             Self::NoRoom { needs, closest } => write_no_room(f, *needs, closest),
         }
     }

@@ -421,24 +421,38 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
         let ids: Vec<u8> = ids.into_iter().collect();
         let count = ids.len();
         let capacities = prop::collection::vec(prop::option::weighted(0.6, (0u64..5, 0u64..5)), count);
-        (Just(ids), prop::collection::vec(0u8..3, count), capacities)
+        let drained = prop::collection::vec(prop::bool::weighted(0.2), count);
+        (Just(ids), prop::collection::vec(0u8..3, count), capacities, drained)
     });
-    let raw_unit = (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25, 0u8..6);
+    let raw_unit =
+        (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25, 0u8..6, any::<bool>());
     (machines, prop::collection::vec(raw_unit, 0..25), any::<bool>()).prop_map(
-        |((ids, regions, capacities), raw_units, bin_pack)| {
-            let machines: Vec<MachineState> = ids
+        |((ids, regions, capacities, drained), raw_units, bin_pack)| {
+            let mut machines: Vec<MachineState> = ids
                 .iter()
                 .zip(&regions)
                 .zip(&capacities)
-                .map(|((id, region), capacity)| MachineState {
+                .zip(&drained)
+                .map(|(((id, region), capacity), drained)| MachineState {
                     capacity: capacity.map(|(gib, cores)| Resources { memory: gib << 30, cpu_millis: cores * 1000 }),
+                    drain: drained.then(|| crate::drain::Drain::new(crate::rollout::MaxUnavailable::Count(1), 0)),
                     ..machine(&format!("m{id:02}"), &[("region", &format!("r{region}"))])
                 })
                 .collect();
+            // Drains let go of some of the units on their machines.
+            for (n, raw) in raw_units.iter().enumerate() {
+                let (_, group, on, .., let_go) = raw;
+                if let (Some(on), true) = (on, let_go)
+                    && let Some(drain) =
+                        machines.iter_mut().find(|m| m.id == format!("m{on:02}")).and_then(|m| m.drain.as_mut())
+                {
+                    drain.released.insert(format!("g{group}@{n}.service"), 0);
+                }
+            }
             let units = raw_units
                 .iter()
                 .enumerate()
-                .map(|(n, (kind, group, on, launched, region, other, reserves))| {
+                .map(|(n, (kind, group, on, launched, region, other, reserves, _))| {
                     let name = format!("g{group}@{n}.service");
                     let rule = match kind {
                         0 => format!("Conflicts=g{group}@*.service"),
@@ -560,7 +574,8 @@ proptest! {
                     };
                     let circular_blocked = before.keys().any(|other| circular(spec, specs[other.as_str()]));
                     let eligible = |m: &MachineState| {
-                        !circular_blocked
+                        m.drain.is_none()
+                            && !circular_blocked
                             && spec.requirements.machine_id.as_ref().is_none_or(|id| m.matches_id(id))
                             && spec.requirements.metadata_matches(&m.metadata)
                             && spec.requirements.machine_of.iter().all(|peer| before.get(peer) == Some(&m.id))
@@ -661,6 +676,18 @@ proptest! {
             for global in &globals[machine] {
                 prop_assert!(!excludes(spec, specs[global.as_str()]), "{unit} shares {machine} with global {global}");
             }
+        }
+        // Drained machines take no unit; a unit a drain let go either left, or stays with a
+        // reason it cannot leave (and is not also called unplaced).
+        let stuck: BTreeMap<&str, &UnplacedReason> = result.stuck.iter().map(|(unit, why)| (unit.as_str(), why)).collect();
+        for (unit, machine) in &placement {
+            let Some(drain) = &live[machine.as_str()].drain else { continue };
+            prop_assert_eq!(initial.get(unit), Some(machine), "{} placed on drained {}", unit, machine);
+            prop_assert!(!drain.lets_go(unit) || stuck.contains_key(unit.as_str()), "{unit} let go, stays without a reason");
+        }
+        for unit in stuck.keys() {
+            let on = placement.get(*unit).map(String::as_str);
+            prop_assert!(on.is_some_and(|m| live[m].drain.is_some()), "{unit} stuck but not on a drained machine");
         }
         let mut reasoned = std::collections::BTreeSet::new();
         for (name, _) in &result.unplaced {
@@ -878,4 +905,68 @@ proptest! {
         let (least, most) = (counts.values().min().copied().unwrap_or(0), counts.values().max().copied().unwrap_or(0));
         prop_assert!(most - least <= 1, "{counts:?}");
     }
+}
+
+fn drained(id: &str, let_go: &[&str]) -> MachineState {
+    let mut drain = crate::drain::Drain::new(crate::rollout::MaxUnavailable::Count(1), 0);
+    drain.released = let_go.iter().map(|unit| (unit.to_string(), 0)).collect();
+    MachineState { drain: Some(drain), ..machine(id, &[]) }
+}
+
+#[test]
+fn a_drained_machine_takes_no_unit_and_keeps_what_it_has_not_let_go() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![drained("m1", &[]), machine("m2", &[])],
+        units: vec![
+            unit("kept.service", "", Some("m1")),
+            unit("new.service", "", None),
+            unit("pinned.service", "MachineID=m1", None),
+        ],
+        ..ClusterSnapshot::default()
+    };
+    let result = plan(&snapshot);
+    assert_eq!(scheduled(&result), BTreeMap::from([("new.service".into(), "m2".into())]));
+    assert_eq!(result.reason_texts(), [("pinned.service".to_string(), "machine m1 is draining".to_string())]);
+    assert!(result.decisions.iter().all(|d| !matches!(d, Decision::Unschedule { .. })), "nothing leaves m1 unasked");
+}
+
+#[test]
+fn units_let_go_move_with_their_followers_and_one_with_nowhere_to_go_stays_with_why() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![drained("m1", &["web.service", "big.service"]), sized("m2", 4, 4)],
+        units: vec![
+            unit("web.service", "Memory=1G", Some("m1")),
+            unit("web-log.service", "MachineOf=web.service", Some("m1")),
+            unit("big.service", "Memory=8G", Some("m1")),
+            unit("waiting.service", "Memory=4G", None),
+        ],
+        ..ClusterSnapshot::default()
+    };
+    let result = plan(&snapshot);
+    let moved = scheduled(&result);
+    assert_eq!(moved.get("web.service").map(String::as_str), Some("m2"));
+    assert_eq!(moved.get("web-log.service").map(String::as_str), Some("m2"), "the follower moves with its leader");
+    assert!(result.decisions.contains(&Decision::Unschedule {
+        unit: "web.service".into(),
+        machine: "m1".into(),
+        reason: UnscheduleReason::Drained,
+    }));
+    assert!(!moved.contains_key("big.service"), "no room anywhere: it stays");
+    assert!(
+        !result.decisions.iter().any(|d| matches!(d, Decision::Unschedule { unit, .. } if unit == "big.service")),
+        "a unit that cannot leave is not unscheduled"
+    );
+    assert_eq!(
+        result.reason_texts(),
+        [
+            (
+                "big.service".to_string(),
+                "cannot leave its draining machine: needs 8 GiB memory; the most free is 4 GiB on m2".to_string()
+            ),
+            ("waiting.service".to_string(), "needs 4 GiB memory; the most free is 3 GiB on m2".to_string()),
+        ],
+        "units let go take the room first"
+    );
+    let m2 = result.loads.iter().find(|load| load.machine == "m2").map(|load| load.units);
+    assert_eq!(m2, Some(2));
 }

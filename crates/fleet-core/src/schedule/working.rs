@@ -139,6 +139,18 @@ impl<'a> Working<'a> {
         self.machines[rank.0]
     }
 
+    /// Whether the machine is drained: it takes no new units.
+    pub fn draining(&self, rank: Rank) -> bool {
+        self.machines[rank.0].drain.is_some()
+    }
+
+    /// Whether `unit` is on a drained machine whose drain has let it go.
+    pub fn let_go(&self, unit: UnitIndex) -> Option<Rank> {
+        let rank = self.placement(unit)?;
+        let drain = self.machines[rank.0].drain.as_ref()?;
+        drain.lets_go(&self.units[unit.0].name).then_some(rank)
+    }
+
     /// Every unit of the snapshot, in snapshot order.
     pub fn unit_indices(&self) -> impl Iterator<Item = UnitIndex> + use<> {
         (0..self.units.len()).map(UnitIndex)

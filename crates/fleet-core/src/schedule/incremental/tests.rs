@@ -27,6 +27,8 @@ enum Change {
     HandPlace(usize, Option<u8>),
     MachineGone(usize),
     MachineJoins(u8),
+    /// A machine's drain starts, lets a unit go, or ends.
+    Drain(usize, usize, u8),
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -41,6 +43,7 @@ fn change() -> impl Strategy<Value = Change> {
         1 => (0usize..64, prop::option::of(0u8..12)).prop_map(|(index, on)| Change::HandPlace(index, on)),
         1 => (0usize..8).prop_map(Change::MachineGone),
         1 => (0u8..12).prop_map(Change::MachineJoins),
+        1 => (0usize..8, 0usize..64, 0u8..3).prop_map(|(machine, unit, step)| Change::Drain(machine, unit, step)),
     ]
 }
 
@@ -92,6 +95,16 @@ fn apply_change(snapshot: &mut ClusterSnapshot, change: &Change, serial: usize) 
         Change::MachineGone(index) if !snapshot.machines.is_empty() => {
             let count = snapshot.machines.len();
             snapshot.machines.remove(index % count);
+        }
+        Change::Drain(machine, unit, step) if !snapshot.machines.is_empty() => {
+            let count = snapshot.machines.len();
+            let machine = &mut snapshot.machines[machine % count];
+            let name = snapshot.units.get(unit % units.max(1)).map(|spec| spec.name.clone());
+            match (step, &mut machine.drain) {
+                (0, _) => machine.drain = None,
+                (1, Some(drain)) => drain.released.extend(name.map(|name| (name, 0))),
+                _ => machine.drain = Some(crate::drain::Drain::new(crate::rollout::MaxUnavailable::Count(1), 0)),
+            }
         }
         Change::MachineJoins(id) => {
             let id = format!("m{id:02}");

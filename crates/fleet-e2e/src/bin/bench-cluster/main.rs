@@ -60,6 +60,7 @@ fn simulated_machine(index: usize) -> MachineState {
         disable_engine: true,
         connection: fleet_core::Connection::Etcd,
         capacity: None,
+        drain: None,
     }
 }
 

@@ -160,6 +160,7 @@ fn main() {
                     disable_engine: true,
                     connection: fleet_core::Connection::Pull,
                     capacity: None,
+                    drain: None,
                 },
                 // As fleetd's pull mode: changes come by long poll; the fallback is a safety net.
                 reconcile_interval: Duration::from_secs(30),
