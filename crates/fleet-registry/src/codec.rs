@@ -29,17 +29,21 @@ pub fn decode_listed<T: DeserializeOwned>(key: &str, bytes: &[u8]) -> Option<T> 
     }
 }
 
-/// A machine record with its runtime metadata overrides applied: the one reading of a
-/// machine, for every store and facet. A record that cannot be read is skipped, overrides
-/// that cannot be read are ignored, each reported with its key.
-pub fn machine_with_overrides(
+/// A machine record with its runtime metadata overrides applied and its drain, if it has one:
+/// the one reading of a machine, for every store and facet (each record given with its key).
+/// A machine record that cannot be read is skipped, overrides or a drain that cannot be read
+/// are ignored, each reported with its key.
+pub fn machine_from_records(
     machine_key: &str,
     machine: &[u8],
     overrides: Option<(&str, &[u8])>,
+    drain: Option<(&str, &[u8])>,
 ) -> Option<fleet_core::MachineState> {
     let machine: fleet_core::MachineState = decode_listed(machine_key, machine)?;
     let overrides: MetadataOverrides = overrides.and_then(|(key, bytes)| decode_listed(key, bytes)).unwrap_or_default();
-    Some(machine.with_overrides(&overrides))
+    let mut machine = machine.with_overrides(&overrides);
+    machine.drain = drain.and_then(|(key, bytes)| decode_listed(key, bytes));
+    Some(machine)
 }
 
 /// A unit body as stored: its options, in order.

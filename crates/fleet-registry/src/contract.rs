@@ -39,6 +39,7 @@ macro_rules! registry_contract {
             a_schedule_change_wakes_only_its_machine,
             desired_state_changes_reach_the_agent,
             runtime_metadata_overlays_the_machine,
+            a_drain_reads_with_its_machine_and_is_stepped_only_while_it_stands,
             states_go_with_their_machine,
             units_belong_to_the_source_that_made_them,
             a_sources_drift_policy_reaches_the_agents,
@@ -250,6 +251,45 @@ pub async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry, agen
     let remove = |key: &str| MetadataChange::Remove { machine_id: "m1".into(), key: key.into() };
     registry.change_metadata(&[remove("foo"), remove("hostname")]).await.unwrap();
     assert!(registry.machines().await.unwrap()[0].metadata.is_empty(), "a removed override hides the configured value");
+}
+
+/// A machine's drain reads with the machine (to the API and the engine) and outlives the
+/// machine's own record; a step is stored only while the drain it steps stands.
+pub async fn a_drain_reads_with_its_machine_and_is_stepped_only_while_it_stands(
+    registry: &dyn Registry,
+    agent_for: AgentFor<'_>,
+) {
+    use fleet_core::drain::Drain;
+    use fleet_core::rollout::MaxUnavailable;
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
+    agent_for("m2").register_machine(&machine("m2")).await.unwrap();
+    let drain = Drain::new(MaxUnavailable::Count(2), 1000);
+    registry.set_drain("m1", Some(&drain)).await.unwrap();
+    let drained = |machines: Vec<MachineState>| -> Vec<(String, Option<Drain>)> {
+        machines.into_iter().map(|machine| (machine.id, machine.drain)).collect()
+    };
+    let expected = vec![("m1".to_string(), Some(drain.clone())), ("m2".to_string(), None)];
+    assert_eq!(drained(registry.machines().await.unwrap()), expected);
+    eventually("the engine and the API's pages read the drain", async || {
+        let engine = registry.snapshot().await.is_ok_and(|s| drained(s.machines) == expected);
+        let paged = registry.machines_page(every(0, 10)).await.is_ok_and(|page| drained(page.items) == expected);
+        engine && paged
+    })
+    .await;
+    // The machine restarts: its record is written again, the drain stays.
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
+    assert_eq!(drained(registry.machines().await.unwrap()), expected);
+    let mut stepped = drain.clone();
+    stepped.released.insert("a.service".into(), 1001);
+    assert!(registry.step_drain("m1", &stepped).await.unwrap());
+    assert_eq!(registry.machines().await.unwrap()[0].drain.as_ref(), Some(&stepped));
+    // Drained again meanwhile (a new start): the old drain's step is not stored.
+    let again = Drain::new(MaxUnavailable::Count(1), 2000);
+    registry.set_drain("m1", Some(&again)).await.unwrap();
+    assert!(!registry.step_drain("m1", &stepped).await.unwrap());
+    registry.set_drain("m1", None).await.unwrap();
+    assert!(!registry.step_drain("m1", &again).await.unwrap(), "an ended drain takes no step");
+    assert_eq!(drained(registry.machines().await.unwrap()), vec![("m1".into(), None), ("m2".into(), None)]);
 }
 
 /// A machine's unit states are dropped when it leaves.

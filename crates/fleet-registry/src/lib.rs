@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use fleet_core::drain::Drain;
 use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineId, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
@@ -305,6 +306,13 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     async fn engine_leader(&self) -> Result<Option<MachineId>>;
     /// Applies runtime metadata changes all at once.
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()>;
+    /// Starts or replaces a machine's drain, or with `None` ends it (the machine takes units
+    /// again). The machine reads with it from then on ([`MachineState::drain`]).
+    async fn set_drain(&self, machine_id: &str, drain: Option<&Drain>) -> Result<()>;
+    /// Stores a step of a machine's drain, only while the drain it steps (the one begun at
+    /// `drain.started`) still stands: `false`, and nothing written, when it was ended or
+    /// started again meanwhile.
+    async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool>;
     /// A number that changes whenever anything the API shows may have changed, cheap to ask:
     /// a reader that polls (the web view) reads everything again only when it moved. `None`
     /// when the store cannot tell.

@@ -7,7 +7,8 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
 use fleet_registry::codec::decode_listed;
-use fleet_registry::codec::machine_with_overrides;
+use fleet_core::drain::Drain;
+use fleet_registry::codec::machine_from_records;
 use fleet_registry::{
     ApiRegistry, ChangeSignal, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
     UnitView, Writer,
@@ -119,13 +120,16 @@ fn unit_record(txn: &WriteTransaction, name: &str) -> Result<Option<UnitRecord>>
 pub(super) fn read_machines(txn: &ReadTransaction) -> Result<Vec<MachineState>> {
     let machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
     let metadata = txn.open_table(tables::METADATA).map_err(unavailable)?;
+    let drains = txn.open_table(tables::DRAINS).map_err(unavailable)?;
     let mut result = Vec::new();
     for row in machines.iter().map_err(unavailable)? {
         let (id, machine) = row.map_err(unavailable)?;
         let id = id.value().to_string();
         let overrides = metadata.get(id.as_str()).map_err(unavailable)?;
         let overrides = overrides.as_ref().map(|bytes| (id.as_str(), bytes.value()));
-        result.extend(machine_with_overrides(&id, machine.value(), overrides));
+        let drain = drains.get(id.as_str()).map_err(unavailable)?;
+        let drain = drain.as_ref().map(|bytes| (id.as_str(), bytes.value()));
+        result.extend(machine_from_records(&id, machine.value(), overrides, drain));
     }
     Ok(result)
 }
@@ -371,6 +375,36 @@ impl ApiRegistry for EmbeddedRegistry {
             }
             touched.engine = true;
             Ok(())
+        })
+        .await
+    }
+    async fn set_drain(&self, machine_id: &str, drain: Option<&Drain>) -> Result<()> {
+        let (machine_id, drain) = (machine_id.to_string(), drain.map(encode));
+        self.write(move |txn, touched| {
+            let mut table = txn.open_table(tables::DRAINS).map_err(unavailable)?;
+            match &drain {
+                Some(bytes) => table.insert(machine_id.as_str(), bytes.as_slice()).map(drop),
+                None => table.remove(machine_id.as_str()).map(drop),
+            }
+            .map_err(unavailable)?;
+            touched.engine = true;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
+        let (machine_id, drain) = (machine_id.to_string(), drain.clone());
+        self.write(move |txn, touched| {
+            let mut table = txn.open_table(tables::DRAINS).map_err(unavailable)?;
+            let standing: Option<Drain> =
+                table.get(machine_id.as_str()).map_err(unavailable)?.map(|bytes| decode(&machine_id, bytes.value())).transpose()?;
+            if standing.is_none_or(|standing| standing.started != drain.started) {
+                return Ok(false);
+            }
+            table.insert(machine_id.as_str(), encode(&drain).as_slice()).map_err(unavailable)?;
+            touched.engine = true;
+            Ok(true)
         })
         .await
     }

@@ -90,6 +90,7 @@ impl EmbeddedRegistry {
             tables::BODIES,
             tables::MACHINES,
             tables::METADATA,
+            tables::DRAINS,
             tables::STATES,
             tables::TOKENS,
             tables::REGISTRATIONS,

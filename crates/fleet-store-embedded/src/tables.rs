@@ -19,6 +19,8 @@ pub const REASONS: TableDefinition<&str, &str> = TableDefinition::new("reasons")
 pub const MACHINES: TableDefinition<&str, &[u8]> = TableDefinition::new("machines");
 /// Machine ID → runtime metadata changes (empty value = removed key).
 pub const METADATA: TableDefinition<&str, &[u8]> = TableDefinition::new("metadata");
+/// Machine ID → its [`fleet_core::drain::Drain`], while it is drained.
+pub const DRAINS: TableDefinition<&str, &[u8]> = TableDefinition::new("drains");
 /// Registration token name → [`fleet_registry::RegistrationRecord`].
 pub const REGISTRATIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("registrations");
 /// Machine ID → [`fleet_registry::RevokedMachine`].

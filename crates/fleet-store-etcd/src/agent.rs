@@ -13,7 +13,7 @@ use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarriedBody};
-use fleet_registry::codec::{decode, decode_listed, encode, machine_with_overrides};
+use fleet_registry::codec::{decode, decode_listed, encode, machine_from_records};
 use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
@@ -187,7 +187,7 @@ impl EtcdRegistry {
         let machine = data
             .entries
             .get(&machine_key)
-            .and_then(|entry| machine_with_overrides(&machine_key, &entry.value, overrides));
+            .and_then(|entry| machine_from_records(&machine_key, &entry.value, overrides, None));
         Ok(MachineWork {
             machine,
             scheduled: assignments(self, &data, keys.schedule(machine_id))?,

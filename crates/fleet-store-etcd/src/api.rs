@@ -6,12 +6,14 @@ use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, Txn, TxnOp};
+use fleet_core::drain::Drain;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 
 use super::EtcdRegistry;
+use super::keys::Keys;
 use super::connection::get_prefix;
 use super::records::{Assignment, CarryingAssignment};
-use fleet_registry::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_with_overrides};
+use fleet_registry::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_from_records};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange,
     UnitChanged, UnitRecord, UnitView, Writer,
@@ -308,6 +310,19 @@ fn missing_body(key: String) -> RegistryError {
     RegistryError::Corrupt { key, reason: "unit body missing".into() }
 }
 
+/// Each machine's record under `prefix` in `reply`, by machine, with its key.
+fn records_by_machine<'r>(keys: &Keys, reply: &'r GetResponse, prefix: &str) -> HashMap<String, (String, &'r [u8])> {
+    reply
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let machine = keys.name_in(prefix, &key)?.to_string();
+            Some((machine, (key, kv.value())))
+        })
+        .collect()
+}
+
 #[async_trait]
 impl ApiRegistry for EtcdRegistry {
     /// etcd's revision, which every write under any key moves: one read of one key.
@@ -473,28 +488,21 @@ impl ApiRegistry for EtcdRegistry {
 
     async fn machines(&self) -> Result<Vec<MachineState>> {
         let keys = self.keys();
-        let (_, replies) =
-            self.connection().read(vec![get_prefix(&keys.machines()), get_prefix(&keys.all_metadata())]).await?;
-        let [machines, metadata] = replies.as_slice() else {
+        let reads = vec![get_prefix(&keys.machines()), get_prefix(&keys.all_metadata()), get_prefix(&keys.all_drains())];
+        let (_, replies) = self.connection().read(reads).await?;
+        let [machines, metadata, drains] = replies.as_slice() else {
             return Err(RegistryError::Unavailable("etcd: short reply".into()));
         };
-        let metadata_prefix = keys.all_metadata();
-        let overrides: HashMap<String, (String, &[u8])> = metadata
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                let machine = keys.name_in(&metadata_prefix, &key)?.to_string();
-                Some((machine, (key, kv.value())))
-            })
-            .collect();
+        let overrides = records_by_machine(&keys, metadata, &keys.all_metadata());
+        let drains = records_by_machine(&keys, drains, &keys.all_drains());
         let machines_prefix = keys.machines();
         let mut result = Vec::new();
         for kv in machines.kvs() {
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             let Some(id) = keys.name_in(&machines_prefix, &key) else { continue };
             let changes = overrides.get(id).map(|(key, bytes)| (key.as_str(), *bytes));
-            result.extend(machine_with_overrides(&key, kv.value(), changes));
+            let drain = drains.get(id).map(|(key, bytes)| (key.as_str(), *bytes));
+            result.extend(machine_from_records(&key, kv.value(), changes, drain));
         }
         result.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(result)
@@ -567,5 +575,32 @@ impl ApiRegistry for EtcdRegistry {
             Ok(reply.succeeded().then_some(()))
         })
         .await
+    }
+    async fn set_drain(&self, machine_id: &str, drain: Option<&Drain>) -> Result<()> {
+        let mut writes = Writes::default();
+        match drain {
+            Some(drain) => writes.put(self.keys().drain(machine_id), encode(drain)),
+            None => writes.delete(self.keys().drain(machine_id)),
+        }
+        let reply = self.connection().txn(Txn::new().and_then(writes.ops)).await?;
+        self.api_wrote(&reply, &writes.keys);
+        Ok(())
+    }
+
+    async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
+        let key = self.keys().drain(machine_id);
+        let reply = self.connection().get(&key, None).await?;
+        let standing: Option<Drain> = first(&reply).map(|kv| decode(&key, kv.value())).transpose()?;
+        if standing.is_none_or(|standing| standing.started != drain.started) {
+            return Ok(false);
+        }
+        let mut writes = Writes::default();
+        writes.put(key.clone(), encode(drain));
+        let unchanged = Compare::mod_revision(key.as_str(), CompareOp::Equal, mod_revision(&reply));
+        let reply = self.connection().txn(Txn::new().when(vec![unchanged]).and_then(writes.ops)).await?;
+        if reply.succeeded() {
+            self.api_wrote(&reply, &writes.keys);
+        }
+        Ok(reply.succeeded())
     }
 }

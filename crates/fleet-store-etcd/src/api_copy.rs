@@ -107,6 +107,7 @@ impl EtcdRegistry {
                 KeyRange::prefix(keys.bodies()),
                 KeyRange::prefix(keys.machines()),
                 KeyRange::prefix(keys.all_metadata()),
+                KeyRange::prefix(keys.all_drains()),
             ];
             self.release_api_copy_when_idle();
             ApiCopy {

@@ -17,7 +17,7 @@ use super::records::{Assignment, CarryingAssignment};
 use super::session::{Leadership, grant, renew};
 use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
-use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_with_overrides};
+use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_from_records};
 use fleet_registry::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
 };
@@ -41,8 +41,9 @@ pub(super) fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<
     Ok(result)
 }
 
-/// The machine `id` whose presence is `entry` (at `key`) in a copy that holds machines and
-/// metadata, with its metadata overrides; `None` when its record cannot be read.
+/// The machine `id` whose presence is `entry` (at `key`) in a copy that holds machines,
+/// metadata and drains, with its metadata overrides and drain; `None` when its record cannot
+/// be read.
 pub(super) fn machine_in(
     registry: &EtcdRegistry,
     data: &MirrorData,
@@ -50,9 +51,11 @@ pub(super) fn machine_in(
     key: &str,
     entry: &super::mirror::Entry,
 ) -> Option<MachineState> {
-    let metadata_key = registry.keys().metadata(id);
-    let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
-    machine_with_overrides(key, &entry.value, overrides)
+    let (metadata_key, drain_key) = (registry.keys().metadata(id), registry.keys().drain(id));
+    let record = |key: &str| data.entries.get(key).map(|entry| entry.value.as_slice());
+    let overrides = record(&metadata_key).map(|bytes| (metadata_key.as_str(), bytes));
+    let drain = record(&drain_key).map(|bytes| (drain_key.as_str(), bytes));
+    machine_from_records(key, &entry.value, overrides, drain)
 }
 
 impl EtcdRegistry {

@@ -10,6 +10,7 @@
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
+//! | `drains/<machine>` | [`fleet_core::drain::Drain`] | — | API (starts and ends it), engine leader (steps it) |
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
 //! | `revoked/<machine>` | [`fleet_registry::RevokedMachine`] | — | API |
@@ -24,7 +25,7 @@
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine watches units, placements,
-//! reasons, machines and metadata, every engine the leader key; unit states, which change
+//! reasons, machines, metadata and drains, every engine the leader key; unit states, which change
 //! most, wake nobody.
 
 /// Whose work a key's change touches.
@@ -157,6 +158,12 @@ impl Keys {
     }
     pub fn metadata(&self, id: &str) -> String {
         self.key(&["metadata", id])
+    }
+    pub fn all_drains(&self) -> String {
+        self.key(&["drains", ""])
+    }
+    pub fn drain(&self, id: &str) -> String {
+        self.key(&["drains", id])
     }
     pub fn all_states(&self) -> String {
         self.key(&["states", ""])

@@ -198,7 +198,7 @@ impl EtcdRegistry {
         self.connection().txn(etcd_client::Txn::new().and_then([corrupt])).await.expect("a put");
     }
 
-    /// The engine's copy of units, placements, reasons, machines and metadata, started on
+    /// The engine's copy of units, placements, reasons, machines, metadata and drains, started on
     /// first use (the leadership taken) and kept until [`EtcdRegistry::drop_engine_mirror`].
     fn engine_mirror(&self) -> Arc<Mirror> {
         let mut mirror = self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -212,6 +212,7 @@ impl EtcdRegistry {
                     KeyRange::prefix(keys.reasons()),
                     KeyRange::prefix(keys.machines()),
                     KeyRange::prefix(keys.all_metadata()),
+                    KeyRange::prefix(keys.all_drains()),
                 ];
                 Arc::new(Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone()))
             })
