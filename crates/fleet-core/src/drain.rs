@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::rollout::MaxUnavailable;
+use crate::{DesiredState, Requirements, UnitHash, UnitState};
 
 /// A machine's drain, as the store keeps it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -56,6 +57,31 @@ pub struct DrainUnit {
     pub machine_id: Option<String>,
     /// Its `MachineOf=` leaders.
     pub follows: Vec<String>,
+}
+
+impl DrainUnit {
+    /// A unit as a drain sees it, from its record: scheduled on `on`, of content `hash`, and
+    /// the states the machines report of it. It is ready when the machine it is on reports
+    /// this content in the state it should be in (active, when it should run).
+    pub fn of(
+        name: &str,
+        desired: DesiredState,
+        hash: UnitHash,
+        on: Option<&str>,
+        requirements: &Requirements,
+        reports: &[&UnitState],
+    ) -> Self {
+        let reported = reports.iter().find(|state| Some(state.machine_id.as_str()) == on && state.hash == hash);
+        let ready = reported.is_some_and(|state| desired != DesiredState::Launched || state.systemd.active == "active");
+        Self {
+            name: name.to_string(),
+            on: on.map(str::to_string),
+            ready,
+            wanted: desired != DesiredState::Inactive,
+            machine_id: requirements.machine_id.clone(),
+            follows: requirements.machine_of.clone(),
+        }
+    }
 }
 
 /// Why a unit stays on a drained machine.

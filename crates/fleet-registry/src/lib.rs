@@ -13,6 +13,7 @@
 
 pub mod apply_rule;
 pub mod codec;
+mod drain_units;
 pub mod machine_identity;
 mod model;
 mod ownership;
@@ -28,6 +29,7 @@ use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineId, MachineState, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
+pub use drain_units::{drain_unit_names, drain_units};
 pub use fleet_core::schedule::SnapshotUnit;
 pub use machine_identity::{JoinRefused, MachineIdentity};
 pub use model::{

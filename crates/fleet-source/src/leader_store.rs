@@ -1,11 +1,12 @@
-//! What the engine leader's source syncer and rollout driver use of the store, and no more:
+//! What the engine leader's source syncer, rollout driver and drain driver use of the store, and no more:
 //! their reads, their writes, and the change signals they wake on.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use fleet_core::{DesiredState, UnitFile, UnitState};
+use fleet_core::drain::Drain;
+use fleet_core::{DesiredState, MachineState, UnitFile, UnitState};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, PageRequest, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitView, Writer,
 };
@@ -23,6 +24,12 @@ pub trait LeaderStore: Send + Sync {
     async fn units(&self) -> Result<Vec<UnitView>>;
     /// The units of these names that exist, from the store's watch-fed copy where it has one.
     async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>>;
+    /// Every unit, from the store's watch-fed copy where it has one.
+    async fn units_copied(&self) -> Result<Vec<UnitView>>;
+    /// The live machines, each with its drain if it has one, from the watch-fed copy likewise.
+    async fn machines(&self) -> Result<Vec<MachineState>>;
+    /// Stores a step of a machine's drain while that drain stands (`false` when it does not).
+    async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool>;
     /// The states the machines report of these units, from the watch-fed copy likewise.
     async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>>;
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()>;
@@ -30,8 +37,9 @@ pub trait LeaderStore: Send + Sync {
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool>;
     /// Moves when a source, a source's status or a rollout changes.
     fn source_changes(&self) -> ChangeSignal;
-    /// Moves when a unit or a unit state may have changed, while [`LeaderStore::units_named`]
-    /// and [`LeaderStore::states_of`] are being read.
+    /// Moves when a unit, a unit state, a machine or a drain may have changed, while
+    /// [`LeaderStore::units_named`], [`LeaderStore::units_copied`] and
+    /// [`LeaderStore::states_of`] are being read.
     fn unit_changes(&self) -> ChangeSignal;
 }
 
@@ -39,6 +47,11 @@ pub trait LeaderStore: Send + Sync {
 fn named(names: &BTreeSet<String>) -> PageRequest {
     let names = Arc::new(names.clone());
     PageRequest { start: 0, limit: usize::MAX, admits: Arc::new(move |name: &str| names.contains(name)), after: None }
+}
+
+/// Every item, in one page.
+fn every() -> PageRequest {
+    PageRequest { start: 0, limit: usize::MAX, admits: Arc::new(|_: &str| true), after: None }
 }
 
 /// Any store the API serves from holds what the leader's loops use.
@@ -64,6 +77,15 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     }
     async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>> {
         Ok(ApiRegistry::units_page(&**self, named(names)).await?.items)
+    }
+    async fn units_copied(&self) -> Result<Vec<UnitView>> {
+        Ok(ApiRegistry::units_page(&**self, every()).await?.items)
+    }
+    async fn machines(&self) -> Result<Vec<MachineState>> {
+        Ok(ApiRegistry::machines_page(&**self, every()).await?.items)
+    }
+    async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
+        ApiRegistry::step_drain(&**self, machine_id, drain).await
     }
     async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
         Ok(ApiRegistry::unit_states_page(&**self, named(names), None).await?.items)

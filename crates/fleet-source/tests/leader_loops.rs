@@ -2,7 +2,8 @@
 //! embedded store: they read nothing while this fleetd does not lead, nothing while idle
 //! (no source due, no rollout running), and wake when a source changes; a due source is
 //! fetched and its units written as the source; a running rollout reads only its own units
-//! and their states, and is carried along by their changes.
+//! and their states, and is carried along by their changes; a drain lets units go in waves
+//! as they run elsewhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -10,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use fleet_core::drain::Drain;
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::{DesiredState, MachineState, StateReport, SystemdState, UnitFile, UnitState};
 use fleet_registry::{
@@ -17,7 +19,7 @@ use fleet_registry::{
     UnitView, Writer,
 };
 use fleet_runtime::Lifecycle;
-use fleet_source::{LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
+use fleet_source::{DrainDriver, LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
 use fleet_store_embedded::EmbeddedRegistry;
 use tokio::sync::watch;
 
@@ -73,6 +75,18 @@ impl LeaderStore for Counting {
         self.ask(names);
         LeaderStore::units_named(&self.store, names).await
     }
+    async fn units_copied(&self) -> Result<Vec<UnitView>> {
+        self.read();
+        LeaderStore::units_copied(&self.store).await
+    }
+    async fn machines(&self) -> Result<Vec<MachineState>> {
+        self.read();
+        LeaderStore::machines(&self.store).await
+    }
+    async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        LeaderStore::step_drain(&self.store, machine_id, drain).await
+    }
     async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
         self.ask(names);
         LeaderStore::states_of(&self.store, names).await
@@ -122,7 +136,8 @@ fn start(leading: bool) -> Leader {
     let syncer = SourceSyncer::new(config, store.clone());
     tokio::spawn(syncer.run(leads_watch.clone(), lifecycle_watch.clone()));
     let driver = RolloutDriver::new(store.clone());
-    tokio::spawn(driver.run(leads_watch, lifecycle_watch));
+    tokio::spawn(driver.run(leads_watch.clone(), lifecycle_watch.clone()));
+    tokio::spawn(DrainDriver::new(store.clone()).run(leads_watch, lifecycle_watch));
     Leader { store, reads, leads, lifecycle, _dir: dir }
 }
 
@@ -137,8 +152,8 @@ impl Leader {
 }
 
 /// What a leader's first passes read with nothing to do: the syncer the sources and their
-/// statuses, the driver the rollouts.
-const FIRST_PASSES: usize = 3;
+/// statuses, the rollout driver the rollouts, the drain driver the machines.
+const FIRST_PASSES: usize = 4;
 
 #[tokio::test(start_paused = true)]
 async fn an_idle_leader_reads_nothing_after_its_first_passes() {
@@ -221,15 +236,19 @@ fn unit(exec: &str) -> UnitFile {
 
 /// What machine m1 reports of `name`: active on `file`.
 async fn report_active(store: &EmbeddedRegistry, name: &str, file: &UnitFile) {
+    report_active_on(store, "m1", name, file).await;
+}
+
+async fn report_active_on(store: &EmbeddedRegistry, machine: &str, name: &str, file: &UnitFile) {
     let state = UnitState {
         name: name.into(),
-        machine_id: "m1".into(),
+        machine_id: machine.into(),
         hash: file.hash(),
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
         drift: None,
     };
-    store.report_states("m1", &[StateReport::Set(state)]).await.expect("report");
+    store.report_states(machine, &[StateReport::Set(state)]).await.expect("report");
 }
 
 #[tokio::test(start_paused = true)]
@@ -283,5 +302,62 @@ async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
     );
     let asked = leader.store.asked.lock().expect("asked").clone();
     assert_eq!(asked, names.iter().map(|name| name.to_string()).collect(), "only the rollout's units are read");
+    leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
+}
+
+/// The engine's part, played by the test: moves `unit` from `from` (if it is placed) to `to`.
+async fn move_unit(store: &EmbeddedRegistry, unit: &str, from: Option<&str>, to: &str) {
+    use fleet_core::schedule::{Decision, UnscheduleReason};
+    use fleet_registry::EngineRegistry;
+    let lease = store.acquire_leadership("m1").await.expect("leadership").expect("the only engine");
+    let leaves = from.map(|from| Decision::Unschedule {
+        unit: unit.into(),
+        machine: from.into(),
+        reason: UnscheduleReason::Drained,
+    });
+    let decisions: Vec<Decision> =
+        leaves.into_iter().chain([Decision::Schedule { unit: unit.into(), machine: to.into() }]).collect();
+    store.apply(&lease, &decisions, &[]).await.expect("a schedule write");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_drain_lets_units_go_one_wave_at_a_time_as_they_run_elsewhere() {
+    let mut leader = start(true);
+    leader.reads_reach(FIRST_PASSES).await;
+    let store = leader.store.store.clone();
+    for machine in ["m1", "m2"] {
+        store.register_machine(&MachineState { id: machine.into(), ..Default::default() }).await.expect("register");
+    }
+    let file = unit("/bin/sleep 1000");
+    let names = ["a.service", "b.service", "c.service"];
+    for name in names {
+        store.put_unit(name, &file, DesiredState::Launched).await.expect("unit");
+        move_unit(&store, name, None, "m1").await;
+        report_active(&store, name, &file).await;
+    }
+    let started = tokio::time::Instant::now();
+    store.set_drain("m1", Some(&Drain::new(MaxUnavailable::Count(1), 0))).await.expect("drain");
+    let mut changes = store.unit_changes();
+    let mut moved = BTreeSet::new();
+    loop {
+        let machines = ApiRegistry::machines(&*store).await.expect("machines");
+        let drain = machines.iter().find(|machine| machine.id == "m1").and_then(|m| m.drain.clone()).expect("drained");
+        if drain.moved == names.len() {
+            assert!(drain.released.is_empty());
+            break;
+        }
+        let not_running_elsewhere = drain.released.keys().filter(|unit| !moved.contains(*unit)).count();
+        assert!(drain.released.len() <= 1, "one unit at a time: {:?}", drain.released);
+        for unit in drain.released.keys().filter(|unit| !moved.contains(*unit)).cloned().collect::<Vec<_>>() {
+            move_unit(&store, &unit, Some("m1"), "m2").await;
+            report_active_on(&store, "m2", &unit, &file).await;
+            moved.insert(unit);
+        }
+        if not_running_elsewhere == 0 {
+            changes.changed().await.expect("the store lives");
+        }
+    }
+    assert_eq!(moved.len(), names.len());
+    assert!(started.elapsed() < Duration::from_secs(60), "carried by the changes: {:?}", started.elapsed());
     leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
 }

@@ -6,8 +6,8 @@ use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, Touched, unavailable};
-use fleet_registry::codec::decode_listed;
 use fleet_core::drain::Drain;
+use fleet_registry::codec::decode_listed;
 use fleet_registry::codec::machine_from_records;
 use fleet_registry::{
     ApiRegistry, ChangeSignal, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
@@ -397,8 +397,11 @@ impl ApiRegistry for EmbeddedRegistry {
         let (machine_id, drain) = (machine_id.to_string(), drain.clone());
         self.write(move |txn, touched| {
             let mut table = txn.open_table(tables::DRAINS).map_err(unavailable)?;
-            let standing: Option<Drain> =
-                table.get(machine_id.as_str()).map_err(unavailable)?.map(|bytes| decode(&machine_id, bytes.value())).transpose()?;
+            let standing: Option<Drain> = table
+                .get(machine_id.as_str())
+                .map_err(unavailable)?
+                .map(|bytes| decode(&machine_id, bytes.value()))
+                .transpose()?;
             if standing.is_none_or(|standing| standing.started != drain.started) {
                 return Ok(false);
             }

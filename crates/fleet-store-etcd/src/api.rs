@@ -10,8 +10,8 @@ use fleet_core::drain::Drain;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 
 use super::EtcdRegistry;
-use super::keys::Keys;
 use super::connection::get_prefix;
+use super::keys::Keys;
 use super::records::{Assignment, CarryingAssignment};
 use fleet_registry::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_from_records};
 use fleet_registry::{
@@ -488,7 +488,8 @@ impl ApiRegistry for EtcdRegistry {
 
     async fn machines(&self) -> Result<Vec<MachineState>> {
         let keys = self.keys();
-        let reads = vec![get_prefix(&keys.machines()), get_prefix(&keys.all_metadata()), get_prefix(&keys.all_drains())];
+        let reads =
+            vec![get_prefix(&keys.machines()), get_prefix(&keys.all_metadata()), get_prefix(&keys.all_drains())];
         let (_, replies) = self.connection().read(reads).await?;
         let [machines, metadata, drains] = replies.as_slice() else {
             return Err(RegistryError::Unavailable("etcd: short reply".into()));

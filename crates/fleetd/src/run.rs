@@ -12,7 +12,7 @@ use fleet_api::listen::ApiListener;
 use fleet_core::{Connection, MachineState};
 use fleet_engine::{Engine, EngineConfig};
 use fleet_runtime::Lifecycle;
-use fleet_source::{RolloutDriver, SourceSyncer, SyncerConfig};
+use fleet_source::{DrainDriver, RolloutDriver, SourceSyncer, SyncerConfig};
 use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{LogLimits, NativeManager, NativeOptions};
 use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
@@ -239,6 +239,10 @@ impl Components for ClusterMember {
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         tasks.spawn(supervise("rollout driver", move || {
             RolloutDriver::new(Arc::new(registry.clone())).run(leading.clone(), running.clone())
+        }));
+        let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
+        tasks.spawn(supervise("drain driver", move || {
+            DrainDriver::new(Arc::new(registry.clone())).run(leading.clone(), running.clone())
         }));
         if let Some(chores) = self.chores.clone() {
             tasks.spawn(supervise("store chores", move || {
