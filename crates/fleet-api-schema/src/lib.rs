@@ -79,6 +79,49 @@ pub struct Machine {
     /// What units may reserve on the machine in all, when it says (our addition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Capacity>,
+    /// The machine's drain, while it is drained (our addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<MachineDrain>,
+}
+
+/// A machine's drain and where it stands (our addition): it takes no new units, and its units
+/// move off in waves of at most `maxUnavailable` down at once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDrain {
+    /// `draining` while units are left to move or moving, `drained` once none are.
+    pub state: String,
+    /// A number of units, or a percentage (`25%`).
+    pub max_unavailable: String,
+    /// When it began, in seconds since the Unix epoch.
+    pub started: u64,
+    /// How many units moved off and run elsewhere.
+    pub moved: u64,
+    /// Units let go that do not run elsewhere yet; `reason` says why one cannot leave.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moving: Vec<DrainingUnit>,
+    /// Units still to go.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<String>,
+    /// Units that stay on the machine, each with why (`reason`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stays: Vec<DrainingUnit>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainingUnit {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// `PUT /machines/{id}/drain` (our addition).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainRequest {
+    /// A number of units, or a percentage (`25%`); 1 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
 }
 
 /// Memory and CPU a machine offers units (our addition).

@@ -12,8 +12,8 @@ use crate::api_state::ApiState;
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
-    agent_facet, agents, discovery, journal, machines, metrics, registration_tokens, rollouts, sources, state, tokens,
-    unit_batch, units, web,
+    agent_facet, agents, discovery, drains, journal, machines, metrics, registration_tokens, rollouts, sources, state,
+    tokens, unit_batch, units, web,
 };
 
 /// A handler, as the table holds it.
@@ -121,7 +121,10 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/state/{unit}", ReadUnit, Empty, |s, c| state::get(s, c.param()).await),
     route!(GET "/fleet/v1/machines", List, Empty, |s, c| machines::list(s, c.query).await),
     route!(PATCH "/fleet/v1/machines", WriteMachines, Json, |s, c| machines::patch(s, c.body).await),
-    // Ours: journals, credentials, sources, rollouts, pull agents, metrics, the web view.
+    // Ours: drains, journals, credentials, sources, rollouts, pull agents, metrics, the web view.
+    route!(GET "/fleet/v1/machines/{machine}/drain", List, Empty, |s, c| drains::get(s, c.param()).await),
+    route!(PUT "/fleet/v1/machines/{machine}/drain", WriteMachines, Json, |s, c| drains::put(s, c.param(), c.body).await),
+    route!(DELETE "/fleet/v1/machines/{machine}/drain", WriteMachines, Empty, |s, c| drains::delete(s, c.param()).await),
     route!(GET "/fleet/v1/journal/{unit}", ReadUnit, Empty, |s, c| journal::get(s, c.param(), c.query).await),
     route!(GET "/fleet/v1/tokens", ManageCredentials, Empty, |s, c| tokens::list(s).await),
     route!(POST "/fleet/v1/tokens", ManageCredentials, Json, |s, c| tokens::create(s, c.body).await),

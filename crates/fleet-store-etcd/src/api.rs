@@ -494,8 +494,8 @@ impl ApiRegistry for EtcdRegistry {
         let [machines, metadata, drains] = replies.as_slice() else {
             return Err(RegistryError::Unavailable("etcd: short reply".into()));
         };
-        let overrides = records_by_machine(&keys, metadata, &keys.all_metadata());
-        let drains = records_by_machine(&keys, drains, &keys.all_drains());
+        let overrides = records_by_machine(keys, metadata, &keys.all_metadata());
+        let drains = records_by_machine(keys, drains, &keys.all_drains());
         let machines_prefix = keys.machines();
         let mut result = Vec::new();
         for kv in machines.kvs() {

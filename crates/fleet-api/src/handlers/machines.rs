@@ -4,6 +4,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
+use fleet_core::drain::Drain;
 use fleet_registry::{MetadataChange, PageRequest};
 use serde_json::Value;
 
@@ -21,6 +22,9 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
     let request = PageRequest { start, limit, admits: Arc::new(|_: &str| true), after };
     let page = state.registry.machines_page(request).await?;
     let leader = state.registry.engine_leader().await?;
+    let drained: Vec<(String, Drain)> =
+        page.items.iter().filter_map(|machine| Some((machine.id.clone(), machine.drain.clone()?))).collect();
+    let mut drains = crate::handlers::drains::statuses(state, &drained).await?;
     let machines: Vec<Machine> = page
         .items
         .into_iter()
@@ -28,6 +32,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
             engine_leader: leader.as_ref() == Some(&machine.id),
             connection: machine.connection.word().to_string(),
             capacity: machine.capacity.map(Into::into),
+            drain: drains.remove(&machine.id),
             id: machine.id,
             metadata: machine.metadata,
             primary_ip: machine.public_ip,

@@ -3,6 +3,7 @@
 pub mod agent_facet;
 pub mod agents;
 pub mod discovery;
+pub mod drains;
 pub mod journal;
 pub mod machines;
 pub mod metrics;

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use fleet_core::MachineState;
-use fleet_registry::AgentRegistry;
+use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry};
 use fleet_store_embedded::EmbeddedRegistry;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -521,4 +521,61 @@ async fn the_web_view_asks_browsers_for_a_credential_and_serves_hardened_assets(
     assert_eq!(root_refused.headers()[header::WWW_AUTHENTICATE], "Basic realm=\"fleet\", charset=\"UTF-8\"");
     assert_eq!(get("/ui/secret.txt", Peer::Unix { uid: Some(0) }).await.unwrap().status(), StatusCode::NOT_FOUND);
     assert_eq!(get("/ui/../metrics", Peer::Unix { uid: Some(0) }).await.unwrap().status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_machine_is_drained_shown_and_undrained_and_bad_requests_are_refused() {
+    let api = api(100).await;
+    for id in ["3d1219c7aaaabbbbccccddddeeeeffff", "m2"] {
+        let machine = MachineState { id: id.into(), public_ip: "10.0.0.1".into(), ..Default::default() };
+        api.registry.register_machine(&machine).await.unwrap();
+    }
+    let file = fleet_core::UnitFile::parse("[Service]\nExecStart=/bin/true\n").unwrap();
+    api.registry
+        .put_unit(
+            "pinned.service",
+            &fleet_core::UnitFile::parse("[X-Fleet]\nMachineID=3d1219c7\n").unwrap(),
+            fleet_core::DesiredState::Launched,
+        )
+        .await
+        .unwrap();
+    api.registry.put_unit("web.service", &file, fleet_core::DesiredState::Launched).await.unwrap();
+    let lease = api.registry.acquire_leadership("m2").await.unwrap().unwrap();
+    let decisions: Vec<fleet_core::schedule::Decision> = ["pinned.service", "web.service"]
+        .iter()
+        .map(|unit| fleet_core::schedule::Decision::Schedule {
+            unit: unit.to_string(),
+            machine: "3d1219c7aaaabbbbccccddddeeeeffff".into(),
+        })
+        .collect();
+    api.registry.apply(&lease, &decisions, &[]).await.unwrap();
+    let drained = api.call("PUT", "/fleet/v1/machines/3d1219c7/drain", Some(json!({"maxUnavailable": "25%"}))).await;
+    assert_eq!(drained.status, StatusCode::OK);
+    assert_eq!(drained.body["state"], "draining");
+    assert_eq!(drained.body["maxUnavailable"], "25%");
+    assert_eq!(drained.body["left"], json!(["web.service"]));
+    assert_eq!(drained.body["stays"], json!([{"name": "pinned.service", "reason": "MachineID= names this machine"}]));
+    let listed = api.call("GET", "/fleet/v1/machines", None).await.body;
+    assert_eq!(listed["machines"][0]["drain"]["state"], "draining");
+    assert!(listed["machines"][1].get("drain").is_none(), "m2 is not drained");
+    let shown = api.call("GET", "/fleet/v1/machines/3d1219c7aaaabbbbccccddddeeeeffff/drain", None).await;
+    assert_eq!(shown.body, drained.body);
+    // Changing the budget keeps the drain's start.
+    let changed = api.call("PUT", "/fleet/v1/machines/3d1219c7/drain", Some(json!({}))).await.body;
+    assert_eq!((&changed["maxUnavailable"], &changed["started"]), (&json!("1"), &drained.body["started"]));
+    let refusals = [
+        ("PUT", "/fleet/v1/machines/3d1219c7/drain", Some(json!({"maxUnavailable": "0"})), 400),
+        ("PUT", "/fleet/v1/machines/3d1219c7/drain", Some(json!({"maxUnavailable": 3})), 400),
+        ("PUT", "/fleet/v1/machines/nosuch/drain", Some(json!({})), 404),
+        ("PUT", "/fleet/v1/machines/bad%20id/drain", Some(json!({})), 400),
+        ("GET", "/fleet/v1/machines/m2/drain", None, 404),
+        ("DELETE", "/fleet/v1/machines/m2/drain", None, 404),
+    ];
+    for (method, path, body, status) in refusals {
+        let answer = api.call(method, path, body).await;
+        assert_eq!(answer.status.as_u16(), status, "{method} {path}: {}", answer.body);
+        assert!(answer.body["error"]["message"].is_string(), "a JSON error: {}", answer.body);
+    }
+    assert_eq!(api.call("DELETE", "/fleet/v1/machines/3d1219c7/drain", None).await.status, StatusCode::NO_CONTENT);
+    assert!(api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0].get("drain").is_none());
 }
