@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fleet_api_schema::{
-    ErrorBody, Journal, Machine, MachinePage, RegistrationToken, RegistrationTokenList, RegistrationTokenRequest,
-    Rollout, RolloutList, RolloutRequest, Source, SourceList, Token, TokenList, TokenRequest, Unit, UnitBatchResult,
-    UnitBatchResults, UnitPage, UnitState, UnitStatePage,
+    DrainRequest, ErrorBody, Journal, Machine, MachineDrain, MachinePage, RegistrationToken, RegistrationTokenList,
+    RegistrationTokenRequest, Rollout, RolloutList, RolloutRequest, Source, SourceList, Token, TokenList, TokenRequest,
+    Unit, UnitBatchResult, UnitBatchResults, UnitPage, UnitState, UnitStatePage,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -286,6 +286,28 @@ impl Client {
     /// Frees a revoked machine's ID for another key.
     pub async fn forget_machine(&self, machine_id: &str) -> Result<()> {
         self.send(Method::POST, &format!("agents/{}/forget", encode_component(machine_id)), None).await.map(drop)
+    }
+
+    /// Drains a machine (by ID or short ID), or changes the budget of its drain under way.
+    pub async fn drain_machine(&self, machine_id: &str, request: &DrainRequest) -> Result<MachineDrain> {
+        let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let path = format!("machines/{}/drain", encode_component(machine_id));
+        let (_, bytes) = self.send(Method::PUT, &path, Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    /// Where a machine's drain stands; `None` when the machine is not drained (or is unknown).
+    pub async fn machine_drain(&self, machine_id: &str) -> Result<Option<MachineDrain>> {
+        match self.get(&format!("machines/{}/drain", encode_component(machine_id))).await {
+            Ok(drain) => Ok(Some(drain)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Ends a machine's drain; `false` when it was not drained.
+    pub async fn undrain_machine(&self, machine_id: &str) -> Result<bool> {
+        self.delete(&format!("machines/{}/drain", encode_component(machine_id))).await
     }
 
     pub async fn sources(&self) -> Result<Vec<Source>> {

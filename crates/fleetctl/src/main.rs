@@ -312,7 +312,7 @@ enum Command {
         #[command(subcommand)]
         action: TokenCommand,
     },
-    /// Manage machines (administrators only)
+    /// Manage machines: drain, undrain, status (operators); revoke, forget (administrators)
     Machine {
         #[command(subcommand)]
         action: MachineCommand,
@@ -355,6 +355,24 @@ pub enum MachineCommand {
     /// Free a revoked machine's ID for another key: a new machine may join with it (the
     /// revoked key stays refused)
     Forget { machine: String },
+    /// Drain a machine: it takes no new units, and its units move to other machines in waves
+    /// (global units and units whose MachineID= names it stay); again, to change the budget
+    Drain {
+        machine: String,
+        /// How many of its units may be down at once while they move: a number or a percentage
+        #[arg(long)]
+        max_unavailable: Option<String>,
+    },
+    /// End a machine's drain: it takes units again (units that moved stay where they are)
+    #[command(visible_alias = "uncordon")]
+    Undrain { machine: String },
+    /// Show where a machine's drain stands: each unit moving (and why one cannot), left, or staying
+    Status {
+        machine: String,
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -635,7 +653,7 @@ async fn with_units(
 }
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
-    use commands::{inspect, lifecycle, list, registration_token, remote, rollout, source, token};
+    use commands::{inspect, lifecycle, list, machine, registration_token, remote, rollout, source, token};
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
             let Some(options) = ssh else {
@@ -676,29 +694,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
-        Command::Machine { action } => {
-            let (done, said, doing) = match &action {
-                MachineCommand::Revoke { machine } => {
-                    (context.client.revoke_machine(machine).await, format!("Revoked machine {machine}"), "revoking")
-                }
-                MachineCommand::Forget { machine } => (
-                    context.client.forget_machine(machine).await,
-                    format!("Forgot machine {machine}: its ID may join again, with another key"),
-                    "forgetting",
-                ),
-            };
-            match done {
-                Ok(()) => {
-                    eprintln!("{said}");
-                    Outcome::Success
-                }
-                Err(error) => {
-                    let (MachineCommand::Revoke { machine } | MachineCommand::Forget { machine }) = &action;
-                    eprintln!("Error {doing} machine {machine}: {error}");
-                    Outcome::Failure
-                }
-            }
-        }
+        Command::Machine { action } => machine::run(&context, action).await,
         Command::Version
         | Command::Verify { .. }
         | Command::FdForward { .. }

@@ -42,6 +42,8 @@ pub struct MachineRow<'a> {
     pub capacity: Option<fleet_api_schema::Capacity>,
     /// What the units there reserve.
     pub reserved: fleet_api_schema::Capacity,
+    /// `draining` or `drained` while the machine is drained, else `null`.
+    pub drain: Option<&'a str>,
 }
 
 /// A row of `list-unit-files -o json`.

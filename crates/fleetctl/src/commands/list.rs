@@ -50,7 +50,7 @@ fn or_dash(text: &str) -> String {
 }
 
 pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
-    let valid = ["machine", "ip", "metadata", "units", "connection", "leader", "capacity", "reserved"];
+    let valid = ["machine", "ip", "metadata", "units", "connection", "leader", "capacity", "reserved", "drain"];
     let fields = match columns(fields, &valid, output) {
         Ok(fields) => fields,
         Err(outcome) => return outcome,
@@ -102,6 +102,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                 leader: machine.engine_leader,
                 capacity: machine.capacity,
                 reserved: reserved_on(&machine.id).into(),
+                drain: machine.drain.as_ref().map(|drain| drain.state.as_str()),
             })
             .collect();
         print_json(&rows);
@@ -120,6 +121,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                     "leader" => if machine.engine_leader { "engine" } else { "-" }.to_string(),
                     "capacity" => capacity_cell(machine.capacity),
                     "reserved" => reserved_cell(reserved_on(&machine.id), machine.capacity),
+                    "drain" => machine.drain.as_ref().map_or("-".to_string(), |drain| drain.state.clone()),
                     _ => {
                         or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                     }

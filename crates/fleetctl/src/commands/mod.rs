@@ -4,6 +4,7 @@ pub mod create;
 pub mod inspect;
 pub mod lifecycle;
 pub mod list;
+pub mod machine;
 pub mod registration_token;
 pub mod remote;
 pub mod rollout;
