@@ -247,9 +247,10 @@ fn why_nowhere(
         (None, Some(eligible)) => Box::new(eligible.ranks.iter().copied()),
         (None, None) => Box::new(working.ranks()),
     };
+    let mut first_drained: Option<Refusal> = None;
     for rank in ranks {
         if working.draining(rank) {
-            first_refusal.get_or_insert(Refusal::Draining(working.machine(rank).id.clone()));
+            first_drained.get_or_insert(Refusal::Draining(working.machine(rank).id.clone()));
             continue;
         }
         match able_to_run(working, unit, rank) {
@@ -264,6 +265,7 @@ fn why_nowhere(
     }
     match closest {
         Some(closest) => UnplacedReason::NoRoom { needs, closest },
-        None => first_refusal.map_or(UnplacedReason::NoMachines, Refusal::everywhere),
+        // A drain is named only when nothing else stands in the way.
+        None => first_refusal.or(first_drained).map_or(UnplacedReason::NoMachines, Refusal::everywhere),
     }
 }

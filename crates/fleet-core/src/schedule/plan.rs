@@ -270,6 +270,12 @@ fn move_drained_units<'a>(
                     placed.retracted.insert(first + offset);
                     working.place(member, from);
                 }
+                let reason = match reason {
+                    UnplacedReason::Draining(machine) if machine == working.machine(from).id => {
+                        UnplacedReason::NowhereElse
+                    }
+                    reason => reason,
+                };
                 plan.stuck.push((working.unit(index).name.clone(), reason));
             }
         }

@@ -100,6 +100,8 @@ pub enum UnplacedReason {
     Draining(String),
     /// A unit a drain let go that follows (`MachineOf=`) one that stays on the machine.
     StaysWithLeader(String),
+    /// A unit a drain let go whose rules allow no machine but its drained one.
+    NowhereElse,
     /// Every machine its rules allow lacks room for its reservation.
     NoRoom {
         needs: Resources,
@@ -181,6 +183,7 @@ impl fmt::Display for UnplacedReason {
             }
             Self::Draining(machine) => write!(f, "machine {machine} is draining"),
             Self::StaysWithLeader(leader) => write!(f, "it follows {leader}, which stays"),
+            Self::NowhereElse => f.write_str("its rules allow no other machine"),
             Self::NoRoom { needs, closest } => write_no_room(f, *needs, closest),
         }
     }
