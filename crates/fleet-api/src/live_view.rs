@@ -30,6 +30,9 @@ pub struct MachineRow {
     pub capacity: Option<Resources>,
     /// ...and what they do.
     pub reserved: Resources,
+    /// While the machine is drained: how many of its units are moving off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub draining: Option<usize>,
 }
 
 /// A unit as the web view shows it: desired and current state, where it runs and how.
@@ -114,6 +117,7 @@ pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[Machin
                 units: load.get(machine.id.as_str()).copied().unwrap_or(0),
                 capacity: machine.capacity,
                 reserved: reserved.get(machine.id.as_str()).copied().unwrap_or_default(),
+                draining: machine.drain.as_ref().map(|drain| drain.released.len()),
             };
             (row.id.clone(), row)
         })

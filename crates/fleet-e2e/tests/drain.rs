@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fleet_e2e::pki::ManagerPki;
 use fleet_e2e::pull::PullFleetd;
-use fleet_e2e::{Cluster, Fleetd, member_id, write_unit};
+use fleet_e2e::{Cluster, Fleetd, member_id, metric_value, write_unit};
 
 /// Each unit state a machine reports, as (unit, machine, active state), from `list-units -o json`.
 fn units(fleetd: &Fleetd) -> Vec<(String, String, String)> {
@@ -160,6 +160,13 @@ fn a_drained_pull_agent_hands_on_what_fits_and_names_what_has_nowhere_to_go() {
         reason("small.service").as_deref(),
         Some("cannot leave its draining machine: its rules allow no other machine")
     );
+    manager.wait_until("the metrics show the drain", Duration::from_secs(20), |m| {
+        metric_value(&m.metrics(), "fleet_units_stuck_draining") == Some(2.0)
+    });
+    let metrics = manager.metrics();
+    assert_eq!(metric_value(&metrics, "fleet_machine_draining{machine=\"edge-drained\"}"), Some(1.0));
+    assert_eq!(metric_value(&metrics, "fleet_machine_draining{machine=\"e2e0drain0000001\"}"), Some(0.0));
+    assert_eq!(metric_value(&metrics, "fleet_machine_drain_units_moving{machine=\"edge-drained\"}"), Some(2.0));
     // Stuck, they keep running where they are.
     assert!(units(&manager).iter().all(|(_, machine, active)| machine == "edge-drained" && active == "active"));
     // Room appears for one of them (the manager gets the metadata): it moves, the other stays.

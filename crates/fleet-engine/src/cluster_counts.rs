@@ -7,7 +7,8 @@ use fleet_core::schedule::{ClusterSnapshot, Plan, UnplacedReason};
 use fleet_metrics::{ClusterCounts, MachineFill};
 
 /// Machines, units by desired state, the units the plan could put nowhere (and of those the
-/// ones short of room), and each machine's capacity and what the plan leaves reserved there.
+/// ones short of room), the units that cannot leave a drained machine, and each machine's
+/// capacity, what the plan leaves reserved there and its drain.
 pub fn cluster_counts(cluster: &ClusterSnapshot, plan: &Plan) -> ClusterCounts {
     let mut counts = ClusterCounts {
         machines: cluster.machines.len() as u64,
@@ -17,20 +18,27 @@ pub fn cluster_counts(cluster: &ClusterSnapshot, plan: &Plan) -> ClusterCounts {
             .iter()
             .filter(|(_, reason)| matches!(reason, UnplacedReason::NoRoom { .. }))
             .count() as u64,
+        stuck_draining: plan.stuck.len() as u64,
         ..ClusterCounts::default()
     };
     for unit in &cluster.units {
         *counts.units_by_desired_state.entry(unit.desired.as_str().to_string()).or_default() += 1;
     }
-    let capacity: HashMap<&str, _> =
-        cluster.machines.iter().map(|machine| (machine.id.as_str(), machine.capacity)).collect();
+    let machines: HashMap<&str, _> = cluster.machines.iter().map(|machine| (machine.id.as_str(), machine)).collect();
     counts.fill = plan
         .loads
         .iter()
         .map(|load| MachineFill {
             machine: load.machine.clone(),
-            capacity: capacity.get(load.machine.as_str()).copied().flatten().map(|c| (c.memory, c.cpu_millis)),
+            capacity: machines
+                .get(load.machine.as_str())
+                .and_then(|machine| machine.capacity)
+                .map(|c| (c.memory, c.cpu_millis)),
             reserved: (load.reserved.memory, load.reserved.cpu_millis),
+            draining: machines
+                .get(load.machine.as_str())
+                .and_then(|machine| machine.drain.as_ref())
+                .map(|drain| drain.released.len() as u64),
         })
         .collect();
     counts
@@ -82,9 +90,17 @@ mod tests {
         let fill = &counts.fill;
         assert_eq!(
             fill[0],
-            MachineFill { machine: "m1".into(), capacity: Some((4 << 30, 2000)), reserved: (1 << 30, 0) }
+            MachineFill {
+                machine: "m1".into(),
+                capacity: Some((4 << 30, 2000)),
+                reserved: (1 << 30, 0),
+                draining: None
+            }
         );
-        assert_eq!(fill[1], MachineFill { machine: "m2".into(), capacity: None, reserved: (8 << 30, 0) });
+        assert_eq!(
+            fill[1],
+            MachineFill { machine: "m2".into(), capacity: None, reserved: (8 << 30, 0), draining: None }
+        );
         let bounded = ClusterSnapshot { machines: cluster.machines[..1].to_vec(), ..cluster };
         let counts = cluster_counts(&bounded, &plan(&bounded));
         assert_eq!((counts.unplaced, counts.unplaced_for_room), (1, 1), "8G fits nowhere");

@@ -22,6 +22,8 @@ pub struct ClusterCounts {
     /// Of those, the ones that wait only for room (their reservation fits on no machine
     /// their rules allow).
     pub unplaced_for_room: u64,
+    /// Units a drain let go that have nowhere else to go.
+    pub stuck_draining: u64,
     /// Each machine's capacity and what the plan leaves reserved there.
     pub fill: Vec<MachineFill>,
 }
@@ -33,6 +35,9 @@ pub struct MachineFill {
     /// Bytes and thousandths of a core.
     pub capacity: Option<(u64, u64)>,
     pub reserved: (u64, u64),
+    /// While the machine is drained: how many of its units are moving (let go, not yet
+    /// running elsewhere).
+    pub draining: Option<u64>,
 }
 
 /// What the engine and the agent last published.
@@ -102,8 +107,14 @@ impl ClusterCounts {
             "Unplaced units whose reservation fits on no machine their rules allow (reported by the engine leader)",
             gauge(self.unplaced_for_room),
         );
+        registry.register(
+            "units_stuck_draining",
+            "Units a drain let go that have nowhere else to go (reported by the engine leader)",
+            gauge(self.stuck_draining),
+        );
         let family = || Family::<MachineLabels, Gauge>::default();
         let (capacity_memory, capacity_cpu, reserved_memory, reserved_cpu) = (family(), family(), family(), family());
+        let (draining, moving) = (family(), family());
         for fill in &self.fill {
             let labels = MachineLabels { machine: fill.machine.clone() };
             if let Some((memory, cpu)) = fill.capacity {
@@ -112,7 +123,21 @@ impl ClusterCounts {
             }
             reserved_memory.get_or_create(&labels).set(as_i64(fill.reserved.0));
             reserved_cpu.get_or_create(&labels).set(as_i64(fill.reserved.1));
+            draining.get_or_create(&labels).set(i64::from(fill.draining.is_some()));
+            if let Some(count) = fill.draining {
+                moving.get_or_create(&labels).set(as_i64(count));
+            }
         }
+        registry.register(
+            "machine_draining",
+            "1 while a machine is drained: it takes no new units (reported by the engine leader)",
+            draining,
+        );
+        registry.register(
+            "machine_drain_units_moving",
+            "Units a drained machine let go that do not run elsewhere yet (reported by the engine leader)",
+            moving,
+        );
         registry.register(
             "machine_capacity_memory_bytes",
             "Memory a machine offers units that reserve some (reported by the engine leader)",

@@ -81,6 +81,7 @@ const machineList = new VirtualList(document.getElementById("machines"), "machin
   [m.ip || "-"],
   [String(m.units)],
   [fill(m), overCapacity(m) ? "failed" : null, overCapacity(m) ? "over capacity" : ""],
+  m.draining === undefined ? ["-"] : ["draining, " + m.draining + " moving", "waiting", "takes no new units"],
   [Object.entries(m.metadata).map(([k, v]) => k + "=" + v).join(",") || "-"],
 ]);
 
