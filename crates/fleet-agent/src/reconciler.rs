@@ -255,7 +255,10 @@ impl Agent {
                 } else if !fenced.is_empty() {
                     self.stop_and_unload(&fenced, "its presence may have lapsed").await;
                 }
-                None
+                // A renewal answered later wakes nothing by itself (a manager that was frozen
+                // may have no change for this machine once it answers): look again soon, so
+                // that what was stopped runs again as soon as the presence holds.
+                Some((ttl / 4).max(RETRY_MIN))
             }
         }
     }

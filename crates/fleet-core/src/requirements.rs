@@ -242,6 +242,28 @@ pub fn reservation_of(options: &[UnitOption]) -> Result<Resources, ReservationEr
     Ok(Resources { memory, cpu_millis })
 }
 
+/// The hard limits a unit runs under on its machine, as fleet enforces them where systemd does
+/// not (the native supervisor): its own `MemoryMax=` and `CPUQuota=` where it sets them (the
+/// unit's own limit wins), else what it reserves (`[X-Fleet] Memory=`, `CPU=`). A unit with a
+/// `MemoryHigh=` of its own (a throttle, not a limit) and no `MemoryMax=` gets no memory limit.
+/// Zero: no limit in that resource.
+pub fn limits_of(options: &[UnitOption]) -> Resources {
+    let last = |section: &str, name: &str| {
+        options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
+    };
+    let reserved = |name: &str, parse: fn(&str) -> Option<u64>| last(SECTION, name).and_then(parse).unwrap_or(0);
+    let memory = match (last("Service", "MemoryMax"), last("Service", "MemoryHigh")) {
+        (Some(own), _) => parse_bytes(own).ok().flatten().unwrap_or(0),
+        (None, Some(_)) => 0,
+        (None, None) => reserved("Memory", |value| parse_bytes(value).ok().flatten()),
+    };
+    let cpu_millis = match last("Service", "CPUQuota") {
+        Some(own) => parse_cpu_quota(own).unwrap_or(0),
+        None => reserved("CPU", |value| parse_cores(value).ok()),
+    };
+    Resources { memory, cpu_millis }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CombinationError {
     #[error("MachineID cannot be used with {0}")]
@@ -261,6 +283,25 @@ pub enum CombinationError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_units_own_limit_wins_and_its_reservation_limits_what_it_leaves_open() {
+        let limits = |text: &str| limits_of(UnitFile::parse(text).unwrap().options());
+        let mib = 1 << 20;
+        assert_eq!(limits("[X-Fleet]\nMemory=64M\nCPU=0.5\n"), Resources { memory: 64 * mib, cpu_millis: 500 });
+        assert_eq!(
+            limits("[Service]\nMemoryMax=128M\nCPUQuota=25%\n[X-Fleet]\nMemory=64M\nCPU=2\n"),
+            Resources { memory: 128 * mib, cpu_millis: 250 },
+            "the unit's own limits win"
+        );
+        assert_eq!(
+            limits("[Service]\nMemoryHigh=1G\n[X-Fleet]\nMemory=64M\n"),
+            Resources::ZERO,
+            "a throttle of its own"
+        );
+        assert_eq!(limits("[Service]\nMemoryMax=infinity\n[X-Fleet]\nMemory=64M\n").memory, 0);
+        assert_eq!(limits("[Service]\nExecStart=/bin/true\n"), Resources::ZERO);
+    }
 
     fn requirements(name: &str, x_fleet: &str) -> Requirements {
         let unit = UnitFile::parse(&format!("[X-Fleet]\n{x_fleet}")).unwrap();

@@ -107,6 +107,11 @@ impl CgroupBase {
         &self.dir
     }
 
+    /// The base's own name, which its unit cgroups in v1 hierarchies sit below too.
+    pub fn name(&self) -> String {
+        self.dir.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
+    }
+
     /// The cgroup of `unit`, created if missing.
     pub fn unit(&self, unit: &str) -> io::Result<UnitCgroup> {
         if unit.is_empty() || unit.contains('/') || unit.starts_with('.') || unit.starts_with("cgroup.") {
@@ -120,7 +125,7 @@ impl CgroupBase {
         }
         let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cgroup path has a NUL byte"))?;
-        Ok(UnitCgroup { hierarchy_path: format!("{}/{unit}", self.hierarchy_path), dir, procs })
+        Ok(UnitCgroup { hierarchy_path: format!("{}/{unit}", self.hierarchy_path), dir, procs, limited_in: Vec::new() })
     }
 
     /// Kills every process in `unit`'s cgroup, if it has one.
@@ -152,6 +157,7 @@ impl CgroupBase {
                 unit.remove();
             }
         }
+        super::limits::remove_v1_bases(&self.name());
         found
     }
 }
@@ -166,6 +172,7 @@ impl CgroupBase {
             }
         }
         let _ = std::fs::remove_dir(&self.dir);
+        super::limits::remove_v1_bases(&self.name());
     }
 }
 
@@ -176,27 +183,42 @@ pub struct UnitCgroup {
     hierarchy_path: String,
     /// `cgroup.procs`, ready for a child to write itself into between fork and exec.
     procs: CString,
+    /// The unit's cgroups in v1 hierarchies that hold its limits (a hybrid host), each with its
+    /// `cgroup.procs` likewise.
+    limited_in: Vec<(PathBuf, CString)>,
 }
 
 impl UnitCgroup {
     fn existing(dir: PathBuf) -> Self {
         let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap_or_default();
-        Self { dir, hierarchy_path: String::new(), procs }
+        Self { dir, hierarchy_path: String::new(), procs, limited_in: Vec::new() }
+    }
+
+    /// Limits the unit's processes to `limits` (see [`super::limits`]).
+    pub fn limit(&mut self, base_name: &str, unit: &str, limits: fleet_core::Resources) -> io::Result<()> {
+        for dir in super::limits::apply(&self.dir, base_name, unit, limits)? {
+            let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
+                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cgroup path has a NUL byte"))?;
+            self.limited_in.push((dir, procs));
+        }
+        Ok(())
     }
 
     /// Moves the calling process into this cgroup. Meant for a child between fork and exec:
     /// it only makes system calls (open, write, close) on memory prepared before the fork.
     pub fn join_from_child(&self) -> io::Result<()> {
-        // SAFETY: open/write/close are async-signal-safe; `procs` outlives the call.
-        unsafe {
-            let fd = libc::open(self.procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
-            if written != 1 {
-                return Err(io::Error::last_os_error());
+        for procs in std::iter::once(&self.procs).chain(self.limited_in.iter().map(|(_, procs)| procs)) {
+            // SAFETY: open/write/close are async-signal-safe; `procs` outlives the call.
+            unsafe {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if written != 1 {
+                    return Err(io::Error::last_os_error());
+                }
             }
         }
         Ok(())
@@ -248,9 +270,12 @@ impl UnitCgroup {
         }
     }
 
-    /// Removes the (empty) cgroup; a cgroup still in use stays.
+    /// Removes the (empty) cgroup, and its v1 ones; a cgroup still in use stays.
     pub fn remove(&self) {
         let _ = std::fs::remove_dir(&self.dir);
+        for (dir, _) in &self.limited_in {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 

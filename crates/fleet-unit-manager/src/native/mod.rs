@@ -8,6 +8,7 @@
 mod cgroup;
 mod command;
 mod keeper;
+mod limits;
 mod process;
 mod runner;
 mod service;
@@ -156,6 +157,7 @@ impl NativeManager {
         let cgroups = CgroupBase::prepare(&marker);
         match &cgroups {
             Some(base) => {
+                limits::enable_controllers(base.dir());
                 tracing::info!(dir = %base.dir().display(), "each unit's processes are held in a cgroup v2 below")
             }
             None if options.allow_without_cgroups => {
@@ -417,6 +419,7 @@ impl UnitManager for NativeManager {
             stop: stop_requests,
             previous: self.shared.stopping().get(name).cloned(),
             cgroups: self.shared.cgroups.clone(),
+            limits: fleet_core::requirements::limits_of(file.options()),
             spawner: self.shared.spawner.clone(),
         };
         let done = tokio::spawn(runner.run());

@@ -44,6 +44,8 @@ pub struct Runner<S: StateSink> {
     pub previous: Option<watch::Receiver<bool>>,
     /// Where the unit's cgroup goes, if the machine has a writable cgroup v2 hierarchy.
     pub cgroups: Option<CgroupBase>,
+    /// The hard limits its processes run under (zero: none).
+    pub limits: fleet_core::Resources,
     pub spawner: Arc<Spawner>,
 }
 
@@ -112,7 +114,15 @@ impl<S: StateSink> Runner<S> {
         }
         if let Some(base) = &self.cgroups {
             match base.unit(&self.unit) {
-                Ok(cgroup) => self.context.cgroup = Some(cgroup),
+                Ok(mut cgroup) => {
+                    if !self.limits.is_zero()
+                        && let Err(error) = cgroup.limit(&base.name(), &self.unit, self.limits)
+                    {
+                        tracing::warn!(unit = self.unit, %error, "cannot limit the unit's memory and CPU: it runs unlimited");
+                        self.say(&format!("{}: runs without its memory and CPU limits: {error}", self.unit));
+                    }
+                    self.context.cgroup = Some(cgroup);
+                }
                 Err(error) => tracing::warn!(unit = self.unit, %error, "cannot create the unit's cgroup"),
             }
         }

@@ -173,6 +173,8 @@ impl ServiceConfig {
                     config.remain_after_exit = parse_systemd_bool(value).ok_or_else(|| bad("RemainAfterExit", value))?
                 }
                 ("Service", "PIDFile") => config.pid_file = Some(value.to_string()),
+                // The runner applies these as cgroup limits (`fleet_core::requirements::limits_of`).
+                ("Service", "MemoryMax" | "CPUQuota") => {}
                 ("Unit", key) if DESCRIPTIVE_UNIT_KEYS.contains(&key) => {}
                 ("X-Fleet", _) => {}
                 (section, key) => {
