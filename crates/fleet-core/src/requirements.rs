@@ -242,26 +242,36 @@ pub fn reservation_of(options: &[UnitOption]) -> Result<Resources, ReservationEr
     Ok(Resources { memory, cpu_millis })
 }
 
-/// The hard limits a unit runs under on its machine, as fleet enforces them where systemd does
-/// not (the native supervisor): its own `MemoryMax=` and `CPUQuota=` where it sets them (the
-/// unit's own limit wins), else what it reserves (`[X-Fleet] Memory=`, `CPU=`). A unit with a
-/// `MemoryHigh=` of its own (a throttle, not a limit) and no `MemoryMax=` gets no memory limit.
-/// Zero: no limit in that resource.
-pub fn limits_of(options: &[UnitOption]) -> Resources {
+/// What fleet adds to a unit as limits: its reservation (`[X-Fleet] Memory=`, `CPU=`), in each
+/// resource where the unit sets no limit of its own (`MemoryMax=` or `MemoryHigh=` for memory,
+/// `CPUQuota=` for CPU: the unit's own always wins). Zero: nothing to add in that resource.
+pub fn reservation_limits(options: &[UnitOption]) -> Resources {
     let last = |section: &str, name: &str| {
         options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
     };
-    let reserved = |name: &str, parse: fn(&str) -> Option<u64>| last(SECTION, name).and_then(parse).unwrap_or(0);
-    let memory = match (last("Service", "MemoryMax"), last("Service", "MemoryHigh")) {
-        (Some(own), _) => parse_bytes(own).ok().flatten().unwrap_or(0),
-        (None, Some(_)) => 0,
-        (None, None) => reserved("Memory", |value| parse_bytes(value).ok().flatten()),
+    let own_memory = last("Service", "MemoryMax").is_some() || last("Service", "MemoryHigh").is_some();
+    let memory = match (own_memory, last(SECTION, "Memory")) {
+        (false, Some(value)) => parse_bytes(value).ok().flatten().unwrap_or(0),
+        _ => 0,
     };
-    let cpu_millis = match last("Service", "CPUQuota") {
-        Some(own) => parse_cpu_quota(own).unwrap_or(0),
-        None => reserved("CPU", |value| parse_cores(value).ok()),
+    let cpu_millis = match (last("Service", "CPUQuota"), last(SECTION, "CPU")) {
+        (None, Some(value)) => parse_cores(value).unwrap_or(0),
+        _ => 0,
     };
     Resources { memory, cpu_millis }
+}
+
+/// The hard limits a unit runs under where fleet enforces them itself (the native
+/// supervisor): its own `MemoryMax=` and `CPUQuota=` where it sets them, else
+/// [`reservation_limits`].
+pub fn limits_of(options: &[UnitOption]) -> Resources {
+    let last =
+        |name: &str| options.iter().rev().find(|o| o.section == "Service" && o.name == name).map(|o| o.value.as_str());
+    let added = reservation_limits(options);
+    Resources {
+        memory: last("MemoryMax").map_or(added.memory, |own| parse_bytes(own).ok().flatten().unwrap_or(0)),
+        cpu_millis: last("CPUQuota").map_or(added.cpu_millis, |own| parse_cpu_quota(own).unwrap_or(0)),
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -301,6 +311,15 @@ mod tests {
         );
         assert_eq!(limits("[Service]\nMemoryMax=infinity\n[X-Fleet]\nMemory=64M\n").memory, 0);
         assert_eq!(limits("[Service]\nExecStart=/bin/true\n"), Resources::ZERO);
+        let added = |text: &str| reservation_limits(UnitFile::parse(text).unwrap().options());
+        assert_eq!(
+            added("[Service]\nMemoryMax=128M\n[X-Fleet]\nMemory=64M\nCPU=0.5\n"),
+            Resources { memory: 0, cpu_millis: 500 }
+        );
+        assert_eq!(
+            added("[Service]\nCPUQuota=20%\n[X-Fleet]\nMemory=64M\nCPU=0.5\n"),
+            Resources { memory: 64 * mib, cpu_millis: 0 }
+        );
     }
 
     fn requirements(name: &str, x_fleet: &str) -> Requirements {

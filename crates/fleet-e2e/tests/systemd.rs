@@ -243,3 +243,37 @@ fn a_frozen_fleetd_cannot_keep_an_at_most_once_unit_running_systemd_kills_it() {
 fn a_killed_fleetd_leaves_no_at_most_once_unit_running_systemd_kills_it() {
     at_most_once_under(Silenced::Killed);
 }
+
+/// A unit's reservation reaches systemd as the limits it left open (a drop-in beside its link);
+/// its own limits win; the drop-in goes with the unit.
+#[test]
+fn a_reservation_reaches_systemd_as_the_limits_the_unit_left_open() {
+    let systemd = SystemdUser::start();
+    let fleet = fleetd_on(&systemd);
+    let dir = tempfile::tempdir().unwrap();
+    let reserving = write_unit(
+        dir.path(),
+        "reserving.service",
+        "[Service]\nExecStart=/bin/sleep 100011\n[X-Fleet]\nMemory=64M\nCPU=0.5\n",
+    );
+    let own = write_unit(
+        dir.path(),
+        "own.service",
+        "[Service]\nExecStart=/bin/sleep 100012\nMemoryMax=96M\n[X-Fleet]\nMemory=64M\nCPU=0.25\n",
+    );
+    fleet.ok(&["start", &reserving, &own]);
+    wait_for(&systemd, "reserving.service", "SubState", "running");
+    wait_for(&systemd, "own.service", "SubState", "running");
+    assert_eq!(systemd.show("reserving.service", "MemoryMax"), (64u64 << 20).to_string());
+    assert_eq!(systemd.show("reserving.service", "CPUQuotaPerSecUSec"), "500ms");
+    assert_eq!(systemd.show("own.service", "MemoryMax"), (96u64 << 20).to_string(), "its own limit wins");
+    assert_eq!(systemd.show("own.service", "CPUQuotaPerSecUSec"), "250ms", "the limit it left open is its reservation");
+    // The unit file systemd runs is the unit as written: the limits come in a drop-in.
+    let file = systemd.units_directory().join("reserving.service");
+    assert!(!std::fs::read_to_string(&file).unwrap().contains("MemoryMax"));
+    let drop_in = systemd.runtime_dir().join("systemd/user/reserving.service.d/50-fleet-reservation.conf");
+    assert!(std::fs::read_to_string(&drop_in).unwrap().contains("MemoryMax=67108864"));
+    fleet.ok(&["destroy", "reserving.service"]);
+    wait_for(&systemd, "reserving.service", "LoadState", "not-found");
+    assert!(!drop_in.parent().unwrap().exists(), "the drop-in goes with the unit");
+}

@@ -19,7 +19,10 @@ use fleet_core::{SystemdState, UnitFile, UnitHash};
 use tokio::sync::watch;
 
 use self::bus::{Bus, BusError};
-use self::paths::{has_install_section, is_unit_file_name, runtime_unit_dir, unit_object_path};
+use self::paths::{
+    RESERVATION_DROP_IN, has_install_section, is_unit_file_name, reservation_drop_in, runtime_unit_dir,
+    unit_object_path,
+};
 use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
 
 pub struct SystemdOptions {
@@ -85,6 +88,30 @@ impl SystemdManager {
 
     fn unit_path(&self, name: &str) -> PathBuf {
         self.units_directory.join(name)
+    }
+
+    /// Writes, or removes when there is nothing to add, the drop-in that hands systemd the
+    /// unit's reservation as limits where the unit set none of its own.
+    fn write_reservation_drop_in(&self, name: &str, file: &UnitFile) -> Result<()> {
+        let Some(dir) = self.runtime_link(&format!("{name}.d")) else { return Ok(()) };
+        let path = dir.join(RESERVATION_DROP_IN);
+        match reservation_drop_in(fleet_core::requirements::reservation_limits(file.options())) {
+            Some(text) => {
+                fleet_fs::create_private_dir(&dir).map_err(io_error(format!("creating {}", dir.display())))?;
+                fleet_fs::write_private(&path, text.as_bytes()).map_err(io_error(format!("writing {}", path.display())))
+            }
+            None => {
+                self.remove_reservation_drop_in(name);
+                Ok(())
+            }
+        }
+    }
+
+    fn remove_reservation_drop_in(&self, name: &str) {
+        if let Some(dir) = self.runtime_link(&format!("{name}.d")) {
+            let _ = std::fs::remove_file(dir.join(RESERVATION_DROP_IN));
+            let _ = std::fs::remove_dir(&dir);
+        }
     }
 
     fn runtime_link(&self, name: &str) -> Option<PathBuf> {
@@ -169,6 +196,8 @@ impl UnitManager for SystemdManager {
         let path = self.unit_path(name);
         fleet_fs::write_private(&path, file.serialize().as_bytes())
             .map_err(io_error(format!("writing {}", path.display())))?;
+        // Before systemd reads the unit (linking it loads it), so that it starts with its limits.
+        self.write_reservation_drop_in(name, file)?;
         let mut held = self.held().await;
         let units = held.get_or_insert_with(BTreeMap::new);
         units.insert(name.to_string(), file.hash());
@@ -208,6 +237,7 @@ impl UnitManager for SystemdManager {
         {
             std::fs::remove_file(&link).map_err(io_error(format!("removing {}", link.display())))?;
         }
+        self.remove_reservation_drop_in(name);
         let path = self.unit_path(name);
         match std::fs::remove_file(&path) {
             Ok(()) => {}

@@ -24,6 +24,28 @@ pub fn runtime_unit_dir(user: bool, xdg_runtime_dir: Option<&Path>) -> Option<Pa
     if user { xdg_runtime_dir.map(|dir| dir.join("systemd/user")) } else { Some(PathBuf::from("/run/systemd/system")) }
 }
 
+/// The drop-in that hands systemd a unit's reservation as limits (`limits`, from
+/// `fleet_core::requirements::reservation_limits`), or `None` when there is nothing to add.
+/// CPU is a percentage of one core, rounded up to a whole one.
+pub fn reservation_drop_in(limits: fleet_core::Resources) -> Option<String> {
+    if limits.is_zero() {
+        return None;
+    }
+    let mut text = String::from(
+        "# Written by fleet: the unit's [X-Fleet] reservation, as limits it did not set itself.\n[Service]\n",
+    );
+    if limits.memory > 0 {
+        text.push_str(&format!("MemoryMax={}\n", limits.memory));
+    }
+    if limits.cpu_millis > 0 {
+        text.push_str(&format!("CPUQuota={}%\n", limits.cpu_millis.div_ceil(10)));
+    }
+    Some(text)
+}
+
+/// The name of that drop-in in the unit's `.d` directory.
+pub const RESERVATION_DROP_IN: &str = "50-fleet-reservation.conf";
+
 /// Whether the unit has an `[Install]` section, which fleet enables at runtime.
 pub fn has_install_section(file: &UnitFile) -> bool {
     file.options().iter().any(|option| option.section == "Install")
@@ -43,6 +65,16 @@ mod tests {
         assert_eq!(unit_object_path("hello.service"), "/org/freedesktop/systemd1/unit/hello_2eservice");
         assert_eq!(unit_object_path("a-b@1.service"), "/org/freedesktop/systemd1/unit/a_2db_401_2eservice");
         assert_eq!(unit_object_path("1x.service"), "/org/freedesktop/systemd1/unit/_31x_2eservice");
+    }
+
+    #[test]
+    fn a_reservation_becomes_the_limits_the_unit_left_open() {
+        let limits = |memory, cpu_millis| fleet_core::Resources { memory, cpu_millis };
+        assert_eq!(reservation_drop_in(limits(0, 0)), None);
+        let both = reservation_drop_in(limits(64 << 20, 500)).unwrap();
+        assert!(both.ends_with("[Service]\nMemoryMax=67108864\nCPUQuota=50%\n"), "{both}");
+        let cpu = reservation_drop_in(limits(0, 1)).unwrap();
+        assert!(cpu.ends_with("[Service]\nCPUQuota=1%\n"), "{cpu}");
     }
 
     #[test]
