@@ -18,8 +18,20 @@ const STALL_LIMIT: Duration = Duration::from_secs(120);
 
 /// Template `index`: a service for machines with `role=worker`.
 pub fn template(index: usize) -> UnitFile {
+    template_reserving(index, false)
+}
+
+/// What each bench unit reserves when the bench runs with reservations: ten of them on one
+/// simulated machine take 640 MiB and half a core of its [`SIMULATED_CAPACITY`].
+pub const BENCH_RESERVATION: &str = "Memory=64M\nCPU=0.05\n";
+/// What each simulated machine offers when the bench runs with reservations.
+pub const SIMULATED_CAPACITY: fleet_core::Resources = fleet_core::Resources { memory: 8 << 30, cpu_millis: 4000 };
+
+/// Template `index`, reserving [`BENCH_RESERVATION`] when `reserving`.
+pub fn template_reserving(index: usize, reserving: bool) -> UnitFile {
+    let reservation = if reserving { BENCH_RESERVATION } else { "" };
     let text = format!(
-        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n"
+        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n{reservation}"
     );
     UnitFile::parse(&text).expect("the bench template parses")
 }
@@ -64,10 +76,10 @@ async fn launched(api: &EtcdRegistry) -> usize {
 
 /// Writes the templates and a list of `count` instance names into `dir`, for
 /// `fleetctl start --from-file`: the names the other submissions use.
-pub fn unit_list(dir: &std::path::Path, count: usize) -> std::path::PathBuf {
+pub fn unit_list(dir: &std::path::Path, count: usize, reserving: bool) -> std::path::PathBuf {
     for index in 0..TEMPLATES {
         let path = dir.join(format!("bench{index}@.service"));
-        std::fs::write(&path, template(index).serialize()).expect("write a bench template");
+        std::fs::write(&path, template_reserving(index, reserving).serialize()).expect("write a bench template");
     }
     let names: Vec<String> = (0..count).map(|index| format!("bench{}@{index}.service", index % TEMPLATES)).collect();
     let list = dir.join("units.list");

@@ -22,7 +22,11 @@
 //! running on a live machine, nothing moved by a new leader), so a debug build of a small
 //! size runs in CI as a correctness test (`scripts/test.sh`).
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS]`
+//! With `reserve` as a fourth argument, every unit reserves memory and CPU
+//! (`cluster_bench::BENCH_RESERVATION`) and every simulated machine states a capacity
+//! (`cluster_bench::SIMULATED_CAPACITY`): the planner's room checks on every placement.
+//!
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve]`
 
 mod etcd_metrics;
 
@@ -32,7 +36,9 @@ use std::time::{Duration, Instant};
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, MachineState, UnitFile};
-use fleet_e2e::cluster_bench::{TEMPLATES, every_unit, template, unit_list, wait_all_launched};
+use fleet_e2e::cluster_bench::{
+    SIMULATED_CAPACITY, TEMPLATES, every_unit, template_reserving, unit_list, wait_all_launched,
+};
 use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
@@ -51,7 +57,7 @@ fn argument(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
 }
 
-fn simulated_machine(index: usize) -> MachineState {
+fn simulated_machine(index: usize, reserving: bool) -> MachineState {
     MachineState {
         id: format!("{:08x}5151515151515151515151515151", 0x5100_0000 + index),
         public_ip: format!("10.{}.{}.{}", index / 65536, (index / 256) % 256, index % 256),
@@ -59,7 +65,7 @@ fn simulated_machine(index: usize) -> MachineState {
         version: "bench".into(),
         disable_engine: true,
         connection: fleet_core::Connection::Etcd,
-        capacity: None,
+        capacity: reserving.then_some(SIMULATED_CAPACITY),
         drain: None,
     }
 }
@@ -68,6 +74,7 @@ fn main() {
     let machines = argument(1, 1000);
     let units = argument(2, 10_000);
     let idle_seconds = argument(3, 60) as u64;
+    let reserving = std::env::args().nth(4).as_deref() == Some("reserve");
     // The simulated machines' own log (their renewals, registrations, passes), on stderr when
     // asked for: `RUST_LOG=fleet_registry=info`.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -108,14 +115,15 @@ fn main() {
             registries.push(EtcdRegistry::connect(&options, lifetimes).await.expect("connect to etcd"));
         }
         let api = registries[0].clone();
-        println!("bench-cluster: {machines} simulated machines, {units} units, one fleetd engine, etcd 3.4");
+        let reserve = if reserving { ", every unit reserving memory and CPU" } else { "" };
+        println!("bench-cluster: {machines} simulated machines, {units} units{reserve}, one fleetd engine, etcd 3.4");
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let joined = Instant::now();
         let mut agents = Vec::new();
         for index in 0..machines {
             let registry = registries[index % CONNECTIONS].clone();
             let config = AgentConfig {
-                machine: simulated_machine(index),
+                machine: simulated_machine(index, reserving),
                 reconcile_interval: Duration::from_secs(5),
                 debounce: Duration::from_millis(10),
                 presence_ttl: None,
@@ -134,9 +142,9 @@ fn main() {
         print_leadership_moves(&engine, &standby);
 
         // (a) Submit every unit through fleetctl, then time until all report launched.
-        let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
+        let templates: Vec<UnitFile> = (0..TEMPLATES).map(|index| template_reserving(index, reserving)).collect();
         let list_dir = tempfile::tempdir().expect("a directory for the unit list");
-        let list = unit_list(list_dir.path(), units);
+        let list = unit_list(list_dir.path(), units, reserving);
         let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
         let submission_counters = etcd_metrics::read(&metrics_address);
         let etcd_pid = etcd.pid().unwrap_or(0);
