@@ -230,6 +230,49 @@ pub(super) fn choose<'a>(
     chosen.ok_or_else(|| why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()))
 }
 
+/// For each group of units that spread (`SpreadBy=`) whose key's values end more than one apart,
+/// a note on each of its units in a value more than one over the fewest: which value has fewer,
+/// and why it takes none of them ("zone=a has 2 fewer of web@: needs 2 GiB memory; ..."), or
+/// that placed units are not moved to even it out. Unit name, note.
+pub(super) fn spread_notes<'a>(working: &Working<'a>, index: &mut MetadataIndex<'a>) -> Vec<(String, String)> {
+    let mut groups: BTreeMap<&str, (&'a str, Vec<(UnitIndex, Rank)>)> = BTreeMap::new();
+    for unit in working.unit_indices() {
+        if let (Some((group, key)), Some(rank)) = (working.spread_of(unit), working.placement(unit)) {
+            groups.entry(group).or_insert_with(|| (key, Vec::new())).1.push((unit, rank));
+        }
+    }
+    let mut notes = Vec::new();
+    for (group, (key, members)) in groups {
+        let domains = index.domains(working, key);
+        let count = |domain: usize| working.spread_count(group, &domains.values[domain]);
+        let Some(fewest) = (0..domains.values.len()).min_by_key(|domain| (count(*domain), *domain)) else { continue };
+        let over: Vec<UnitIndex> = members
+            .iter()
+            .filter(|(_, rank)| count(domains.of_rank[rank.0]) > count(fewest) + 1)
+            .map(|(unit, _)| *unit)
+            .collect();
+        let Some(&example) = over.iter().min_by_key(|unit| &working.unit(**unit).name) else { continue };
+        let ranks: Vec<Rank> = working.ranks().filter(|rank| domains.of_rank[rank.0] == fewest).collect();
+        let needs = working.group_needs(example);
+        let takes = |rank: &Rank| working.has_room(needs, *rank) && able_to_run(working, example, *rank).is_ok();
+        let why = if ranks.iter().any(takes) {
+            "placed units are not moved to even it out".to_string()
+        } else {
+            why_nowhere(working, example, needs, Some(&ranks), None).to_string()
+        };
+        let value = match domains.values[fewest].as_str() {
+            "" => format!("no {key}"),
+            value => format!("{key}={value}"),
+        };
+        for unit in over {
+            let most = count(domains.of_rank[working.placement(unit).map_or(0, |rank| rank.0)]);
+            let text = format!("spread unevenly: {value} has {} fewer of {group}: {why}", most - count(fewest));
+            notes.push((working.unit(unit).name.clone(), text));
+        }
+    }
+    notes
+}
+
 /// Why `unit` fits on none of `fixed` (or the `eligible` machines, or all): short of room for
 /// what it `needs` (with the units that follow it) on every machine its rules allow and that is
 /// not drained, naming the closest, else the first machine's refusal.

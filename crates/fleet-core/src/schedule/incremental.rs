@@ -3,7 +3,8 @@
 //! and their reasons). When the next snapshot differs from that only in *free* units (no
 //! `Conflicts=`, `Replaces=`, `MachineOf=` or `Global=` of their own, before or after the
 //! change, and no other unit's rule naming them) on the same machines (same metadata, same
-//! capacity, same drain, no unit a drain let go) with the same strategy, only those units and the ones still waiting are planned,
+//! capacity, same drain, no unit a drain let go) with the same strategy and no unit noted as
+//! spread unevenly, only those units and the ones still waiting are planned,
 //! against the loads (units and reservations) every other unit leaves; anything else gets the
 //! full plan. Either way the result is [`super::plan`] of the whole snapshot, a property test
 //! checks it.
@@ -56,6 +57,8 @@ struct Settled {
     /// Whether every unplaced unit is free (else any change needs the full plan: a unit
     /// with rules waiting may be unblocked by anything).
     unplaced_all_free: bool,
+    /// Whether the plan noted units spread unevenly (any change may change why: full plan).
+    spread_notes: bool,
     rules: RuleIndex,
 }
 
@@ -180,7 +183,7 @@ impl Settled {
         // A unit a drain let go waits for room like an unplaced one, though it is placed.
         let drain_waits =
             self.machines.iter().any(|machine| machine.3.as_ref().is_some_and(|d| !d.released.is_empty()));
-        if !self.unplaced_all_free || drain_waits || !self.machines_match(snapshot) {
+        if !self.unplaced_all_free || self.spread_notes || drain_waits || !self.machines_match(snapshot) {
             return None;
         }
         let mut listed: HashSet<&str> = HashSet::with_capacity(snapshot.units.len());
@@ -284,6 +287,7 @@ impl IncrementalPlanner {
             loads: loads_of(&plan),
             unplaced: sorted_by_name(&plan.unplaced),
             unplaced_all_free: false,
+            spread_notes: !plan.spread_notes.is_empty(),
             rules: RuleIndex::of(snapshot),
         };
         settled.unplaced_all_free = settled

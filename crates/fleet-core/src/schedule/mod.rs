@@ -83,6 +83,9 @@ pub struct Plan {
     /// Units a drain let go that have nowhere else to go: they stay on their drained machine,
     /// with why they cannot leave.
     pub stuck: Vec<(String, UnplacedReason)>,
+    /// Units `SpreadBy=` placed more than one apart from another value of its key, with why
+    /// that value took none.
+    pub spread_notes: Vec<(String, String)>,
     /// Every machine, in ID order, with the units (global ones included) and reservations the
     /// plan leaves on it.
     pub loads: Vec<MachineLoad>,
@@ -97,15 +100,16 @@ pub struct MachineLoad {
 }
 
 impl Plan {
-    /// The reasons units are unplaced or cannot leave a drained machine, as the stores keep
-    /// them: unit and text, in unit name order.
+    /// The reasons units are unplaced, cannot leave a drained machine, or were spread unevenly,
+    /// as the stores keep them: unit and text, in unit name order.
     pub fn reason_texts(&self) -> Vec<(String, String)> {
         let unplaced = self.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string()));
         let stuck = self
             .stuck
             .iter()
             .map(|(unit, reason)| (unit.clone(), format!("cannot leave its draining machine: {reason}")));
-        let mut texts: Vec<(String, String)> = unplaced.chain(stuck).collect();
+        let notes = self.spread_notes.iter().cloned();
+        let mut texts: Vec<(String, String)> = unplaced.chain(stuck).chain(notes).collect();
         texts.sort();
         texts
     }

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
-use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine};
+use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine, spread_notes};
 use super::reason::{Refusal, UnplacedReason, UnscheduleReason};
 use super::working::{Load, Rank, Relation, UnitIndex, Working};
 use super::{ClusterSnapshot, Decision, MachineLoad, Plan};
@@ -83,6 +83,7 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
         }
         pending = failed.into_iter().map(|(index, _)| index).collect();
     }
+    plan.spread_notes = spread_notes(&working, &mut index_cache);
     if !placed.retracted.is_empty() {
         let mut position = 0;
         plan.decisions.retain(|_| {

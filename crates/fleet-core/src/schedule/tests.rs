@@ -904,7 +904,36 @@ proptest! {
         }
         let (least, most) = (counts.values().min().copied().unwrap_or(0), counts.values().max().copied().unwrap_or(0));
         prop_assert!(most - least <= 1, "{counts:?}");
+        prop_assert!(result.spread_notes.is_empty(), "no note where the spread is even: {:?}", result.spread_notes);
     }
+}
+
+#[test]
+fn instances_spread_unevenly_say_which_value_has_fewer_and_why() {
+    let small = |id: &str, zone: &str| MachineState { capacity: sized(id, 1, 4).capacity, ..zoned(id, zone) };
+    let big = |id: &str, zone: &str| MachineState { capacity: sized(id, 16, 4).capacity, ..zoned(id, zone) };
+    let units: Vec<UnitSpec> =
+        (1..=3).map(|n| unit(&format!("web@{n}.service"), "SpreadBy=zone\nMemory=2G", None)).collect();
+    let snapshot =
+        ClusterSnapshot { machines: vec![small("m1", "a"), big("m2", "b")], units, ..ClusterSnapshot::default() };
+    let result = plan(&snapshot);
+    assert_eq!(scheduled(&result).values().filter(|m| *m == "m2").count(), 3, "zone a has no room for any");
+    let note = "spread unevenly: zone=a has 3 fewer of web@.service: needs 2 GiB memory; the most free is 1 GiB on m1";
+    let expected: Vec<(String, String)> = (1..=3).map(|n| (format!("web@{n}.service"), note.to_string())).collect();
+    assert_eq!(result.spread_notes, expected);
+    assert_eq!(result.reason_texts(), expected, "the notes are the units' reasons");
+    // Once zone a has room, placed units stay (no rebalancing), and the note says so.
+    let placed: Vec<UnitSpec> =
+        snapshot.units.iter().map(|spec| UnitSpec { scheduled_on: Some("m2".into()), ..spec.clone() }).collect();
+    let roomy =
+        ClusterSnapshot { machines: vec![big("m1", "a"), big("m2", "b")], units: placed, ..ClusterSnapshot::default() };
+    let result = plan(&roomy);
+    assert!(result.decisions.is_empty());
+    assert!(
+        result.spread_notes[0]
+            .1
+            .ends_with("zone=a has 3 fewer of web@.service: placed units are not moved to even it out")
+    );
 }
 
 fn drained(id: &str, let_go: &[&str]) -> MachineState {
