@@ -230,12 +230,15 @@ pub(super) fn choose<'a>(
     chosen.ok_or_else(|| why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()))
 }
 
+/// A spread group's key and its placed members, each with its machine.
+type SpreadGroup<'a> = (&'a str, Vec<(UnitIndex, Rank)>);
+
 /// For each group of units that spread (`SpreadBy=`) whose key's values end more than one apart,
 /// a note on each of its units in a value more than one over the fewest: which value has fewer,
 /// and why it takes none of them ("zone=a has 2 fewer of web@: needs 2 GiB memory; ..."), or
 /// that placed units are not moved to even it out. Unit name, note.
 pub(super) fn spread_notes<'a>(working: &Working<'a>, index: &mut MetadataIndex<'a>) -> Vec<(String, String)> {
-    let mut groups: BTreeMap<&str, (&'a str, Vec<(UnitIndex, Rank)>)> = BTreeMap::new();
+    let mut groups: BTreeMap<&str, SpreadGroup<'a>> = BTreeMap::new();
     for unit in working.unit_indices() {
         if let (Some((group, key)), Some(rank)) = (working.spread_of(unit), working.placement(unit)) {
             groups.entry(group).or_insert_with(|| (key, Vec::new())).1.push((unit, rank));
