@@ -27,8 +27,9 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// The keys fleet adds to `[X-Fleet]`. `AtMostOnce=true`: the unit never runs on two
 /// machines at once, under any fault (docs/guarantees.md). `Memory=` and `CPU=`: what the
 /// unit reserves on its machine (crate::resources). `SpreadBy=zone`: the instances of its
-/// template spread evenly over the values of that metadata key.
-pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy"];
+/// template spread evenly over the values of that metadata key; `SpreadGroup=web-*`: instead,
+/// the units that name the same pattern (and match it) spread together.
+pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup"];
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -51,6 +52,10 @@ pub struct Requirements {
     /// `SpreadBy=`: a metadata key whose values the instances of this unit's template spread
     /// over evenly (a machine without the key counts as one more value).
     pub spread_by: Option<String>,
+    /// `SpreadGroup=`: a name pattern; the units that give the same one spread as one group
+    /// (else a template's instances do). `Err` holds a pattern the unit's own name does not
+    /// match, refused at submission.
+    pub spread_group: Option<Result<String, String>>,
     /// What the unit reserves on its machine (`Memory=`, `CPU=`, else its systemd limits);
     /// nothing when a value cannot be read (such a unit is refused at submission).
     pub reservation: Resources,
@@ -155,8 +160,23 @@ impl Requirements {
             .and_then(|list| list.last())
             .map(|key| key.trim().to_string())
             .filter(|key| !key.is_empty());
+        requirements.spread_group = values
+            .get("SpreadGroup")
+            .and_then(|list| list.last())
+            .map(|pattern| pattern.trim().to_string())
+            .filter(|pattern| !pattern.is_empty())
+            .map(|pattern| if glob_matches(&pattern, unit_name) { Ok(pattern) } else { Err(pattern) });
         requirements.reservation = reservation_of(options).unwrap_or_default();
         requirements
+    }
+
+    /// The group a unit that spreads spreads with: its `SpreadGroup=` pattern, else its
+    /// template, else itself.
+    pub fn spread_group_of(&self, name: &str) -> String {
+        match &self.spread_group {
+            Some(Ok(pattern)) => pattern.clone(),
+            _ => UnitNameInfo::new(name).template().unwrap_or_else(|| name.to_string()),
+        }
     }
 
     /// Whether a machine with `metadata` satisfies every `MachineMetadata=` key.
@@ -199,6 +219,11 @@ impl Requirements {
             _ if self.global && self.spread_by.is_some() => CombinationError::GlobalWith("SpreadBy"),
             _ if self.spread_by.as_deref().is_some_and(|key| !crate::machine::valid_metadata_key(key)) => {
                 CombinationError::SpreadKey(self.spread_by.clone().unwrap_or_default())
+            }
+            _ if self.spread_group.is_some() && self.spread_by.is_none() => CombinationError::SpreadGroupAlone,
+            _ if matches!(&self.spread_group, Some(Err(_))) => {
+                let pattern = self.spread_group.clone().and_then(Result::err).unwrap_or_default();
+                CombinationError::SpreadGroupMisses(pattern)
             }
             _ if conflicts && replaces => CombinationError::ConflictsWithReplaces,
             _ => return Ok(()),
@@ -284,6 +309,10 @@ pub enum CombinationError {
     ConflictsWithReplaces,
     #[error("SpreadBy needs a metadata key of letters, digits, '_', '.' and '-', not {0:?}")]
     SpreadKey(String),
+    #[error("SpreadGroup needs SpreadBy")]
+    SpreadGroupAlone,
+    #[error("SpreadGroup {0:?} does not match the unit's own name")]
+    SpreadGroupMisses(String),
     #[error("unresolvable requirements: peer {0:?} matches conflict {1:?}")]
     PeerMatchesConflict(String, String),
     #[error("unresolvable requirements: peer {0:?} matches replace {1:?}")]

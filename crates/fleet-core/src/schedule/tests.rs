@@ -870,6 +870,30 @@ fn instances_spread_over_a_keys_values_before_the_strategys_order() {
 }
 
 #[test]
+fn units_naming_the_same_pattern_spread_as_one_group() {
+    let machines = vec![zoned("m1", "a"), zoned("m2", "a"), zoned("m3", "b")];
+    let grouped = "SpreadBy=zone\nSpreadGroup=web-*";
+    let mut units: Vec<UnitSpec> =
+        ["web-1.service", "web-2.service"].iter().map(|name| unit(name, grouped, None)).collect();
+    // Not in the group: it names no pattern, so it spreads alone.
+    units.push(unit("web-3.service", "SpreadBy=zone", None));
+    let snapshot = ClusterSnapshot { machines, units, ..ClusterSnapshot::default() };
+    let placed = scheduled(&plan(&snapshot));
+    let zone = |unit: &str| if placed[unit] == "m3" { "b" } else { "a" };
+    assert_ne!(zone("web-1.service"), zone("web-2.service"), "the group's two units take one zone each: {placed:?}");
+    let requirements = |name: &str, x_fleet: &str| unit(name, x_fleet, None).requirements.validate();
+    assert_eq!(requirements("web-1.service", grouped), Ok(()));
+    assert_eq!(
+        requirements("db.service", grouped).map_err(|error| error.to_string()),
+        Err("SpreadGroup \"web-*\" does not match the unit's own name".to_string())
+    );
+    assert_eq!(
+        requirements("web-1.service", "SpreadGroup=web-*").map_err(|error| error.to_string()),
+        Err("SpreadGroup needs SpreadBy".to_string())
+    );
+}
+
+#[test]
 fn spread_key_is_checked_and_not_for_global_units() {
     let file = crate::UnitFile::parse("[X-Fleet]\nSpreadBy=zone/1\n").unwrap();
     assert_eq!(

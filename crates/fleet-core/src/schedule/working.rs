@@ -59,7 +59,8 @@ pub(super) struct Working<'a> {
     replace_globs: Vec<Vec<Glob>>,
     by_name: HashMap<&'a str, UnitIndex>,
     followers: HashMap<&'a str, Vec<UnitIndex>>,
-    /// Per unit with `SpreadBy=`, its group (its template, else its own name) and key.
+    /// Per unit with `SpreadBy=`, its group (its `SpreadGroup=`, else its template, else its own
+    /// name) and key.
     spread: Vec<Option<(String, &'a str)>>,
     /// Placed units of each spread group, by the value of the group's key on their machine.
     spread_counts: HashMap<String, HashMap<String, u32>>,
@@ -104,8 +105,7 @@ impl<'a> Working<'a> {
                 .iter()
                 .map(|unit| {
                     let key = unit.requirements.spread_by.as_deref().filter(|_| !unit.requirements.global)?;
-                    let group = UnitNameInfo::new(&unit.name).template().unwrap_or_else(|| unit.name.clone());
-                    Some((group, key))
+                    Some((unit.requirements.spread_group_of(&unit.name), key))
                 })
                 .collect(),
             spread_counts: HashMap::new(),
