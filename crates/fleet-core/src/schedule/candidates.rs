@@ -165,7 +165,7 @@ pub(super) fn choose<'a>(
     let fixed: Option<Vec<Rank>> = if let Some(rank) = peers_rank(working, unit).map_err(Refusal::everywhere)? {
         Some(vec![rank])
     } else if let Some(wanted) = &requirements.machine_id {
-        let ranks: Vec<Rank> = working.ranks().filter(|rank| working.machine(*rank).matches_id(wanted)).collect();
+        let ranks = working.ranks_named(wanted);
         if ranks.is_empty() {
             return Err(UnplacedReason::NoMachineWithId(wanted.clone()));
         }
