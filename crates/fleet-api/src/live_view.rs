@@ -30,9 +30,19 @@ pub struct MachineRow {
     pub capacity: Option<Resources>,
     /// ...and what they do.
     pub reserved: Resources,
-    /// While the machine is drained: how many of its units are moving off.
+    /// While the machine is drained: where its drain stands.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub draining: Option<usize>,
+    pub drain: Option<DrainCell>,
+}
+
+/// A drained machine's drain, as the web view shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DrainCell {
+    /// `draining` or `drained`.
+    pub state: &'static str,
+    /// Units let go that do not run elsewhere yet, and units still to go.
+    pub moving: usize,
+    pub left: usize,
 }
 
 /// A unit as the web view shows it: desired and current state, where it runs and how.
@@ -117,7 +127,11 @@ pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[Machin
                 units: load.get(machine.id.as_str()).copied().unwrap_or(0),
                 capacity: machine.capacity,
                 reserved: reserved.get(machine.id.as_str()).copied().unwrap_or_default(),
-                draining: machine.drain.as_ref().map(|drain| drain.released.len()),
+                drain: machine.drain.as_ref().map(|drain| {
+                    let concerned = fleet_registry::drain_units(units, states, &machine.id, drain);
+                    let standing = fleet_core::drain::progress(drain, &machine.id, &concerned);
+                    DrainCell { state: standing.word(), moving: standing.moving.len(), left: standing.left.len() }
+                }),
             };
             (row.id.clone(), row)
         })
@@ -282,6 +296,19 @@ mod tests {
         assert_eq!(view.units["a.service"].active.as_deref(), Some("active"));
         assert_eq!(view.units["b.service"].reason.as_deref(), Some("no machine has region=x"));
         assert_eq!(view.units["b.service"].active, None);
+    }
+
+    #[test]
+    fn a_drained_machine_says_how_its_drain_stands() {
+        let mut drained = machine("m1");
+        drained.drain = Some(fleet_core::drain::Drain::new(fleet_core::rollout::MaxUnavailable::Count(1), 0));
+        let units = [unit("a.service", Some("m1"), None), unit("b.service", Some("m2"), None)];
+        let view = cluster_view(&units, &[state("a.service", "m1", "active")], &[drained.clone(), machine("m2")]);
+        assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "draining", moving: 0, left: 1 }));
+        assert_eq!(view.machines["m2"].drain, None);
+        let moved = [unit("a.service", Some("m2"), None), unit("b.service", Some("m2"), None)];
+        let view = cluster_view(&moved, &[], &[drained, machine("m2")]);
+        assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "drained", moving: 0, left: 0 }));
     }
 
     #[test]

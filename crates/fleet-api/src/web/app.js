@@ -76,12 +76,19 @@ function overCapacity(m) {
   return !!m.capacity && (m.reserved.memory > m.capacity.memory || m.reserved.cpuMillis > m.capacity.cpuMillis);
 }
 
+// A drained machine: "drained", or how many of its units are moving and left to go.
+function drainCell(m) {
+  if (!m.drain) return ["-"];
+  if (m.drain.state === "drained") return ["drained", null, "takes no new units"];
+  return ["draining: " + m.drain.moving + " moving, " + m.drain.left + " left", "waiting", "takes no new units"];
+}
+
 const machineList = new VirtualList(document.getElementById("machines"), "machines-grid", (m) => [
   [short(m.id), null, m.id],
   [m.ip || "-"],
   [String(m.units)],
   [fill(m), overCapacity(m) ? "failed" : null, overCapacity(m) ? "over capacity" : ""],
-  m.draining === undefined ? ["-"] : ["draining, " + m.draining + " moving", "waiting", "takes no new units"],
+  drainCell(m),
   [Object.entries(m.metadata).map(([k, v]) => k + "=" + v).join(",") || "-"],
 ]);
 
