@@ -186,9 +186,9 @@ pub fn advance(drain: &mut Drain, machine: &str, units: &[DrainUnit], now: u64) 
     drain.released.retain(|name, _| !arrived(name));
     drain.moved += before - drain.released.len();
 
-    let Groups { groups, .. } = groups(machine, units);
+    let grouped = groups(machine, units);
     let waiting: Vec<&Vec<&DrainUnit>> =
-        groups.iter().filter(|group| !group.iter().any(|unit| drain.lets_go(&unit.name))).collect();
+        grouped.groups.iter().filter(|group| !group.iter().any(|unit| drain.lets_go(&unit.name))).collect();
     let is_down = |unit: &DrainUnit| unit.wanted && !unit.ready;
     let waiting_units: usize = waiting.iter().map(|group| group.len()).sum();
     let total = drain.moved + drain.released.len() + waiting_units;
@@ -212,7 +212,7 @@ pub fn advance(drain: &mut Drain, machine: &str, units: &[DrainUnit], now: u64) 
         budget = budget.saturating_sub(cost);
         release(drain, group, now);
     }
-    progress(drain, machine, units)
+    standing(drain, grouped)
 }
 
 fn release(drain: &mut Drain, group: &[&DrainUnit], now: u64) {
@@ -223,7 +223,11 @@ fn release(drain: &mut Drain, group: &[&DrainUnit], now: u64) {
 
 /// Where `drain` of `machine` stands, given the same units as [`advance`], without stepping it.
 pub fn progress(drain: &Drain, machine: &str, units: &[DrainUnit]) -> Progress {
-    let Groups { groups, stays } = groups(machine, units);
+    standing(drain, groups(machine, units))
+}
+
+/// Where `drain` stands, given its machine's units grouped.
+fn standing(drain: &Drain, Groups { groups, stays }: Groups<'_>) -> Progress {
     let left = groups
         .iter()
         .flat_map(|group| group.iter())

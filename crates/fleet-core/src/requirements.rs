@@ -241,14 +241,17 @@ pub struct ReservationError {
     pub error: ResourceError,
 }
 
+/// The value of the last `name=` of `section` (a later one overrides, as in systemd).
+fn last_value<'o>(options: &'o [UnitOption], section: &str, name: &str) -> Option<&'o str> {
+    options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
+}
+
 /// What a unit with these options reserves: `[X-Fleet] Memory=` and `CPU=` (the last of
 /// each), and where either is missing the unit's own systemd limit in its place (`MemoryMax=`,
 /// else `MemoryHigh=`; `CPUQuota=`), so that a limit and a reservation never disagree. A limit
 /// that is `infinity`, a percentage of the machine or unreadable reserves nothing.
 pub fn reservation_of(options: &[UnitOption]) -> Result<Resources, ReservationError> {
-    let last = |section: &str, name: &str| {
-        options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
-    };
+    let last = |section: &str, name: &str| last_value(options, section, name);
     let memory = match last(SECTION, "Memory") {
         Some(value) => parse_bytes(value)
             .map_err(|error| ReservationError { option: "Memory", value: value.to_string(), error })?
@@ -271,9 +274,7 @@ pub fn reservation_of(options: &[UnitOption]) -> Result<Resources, ReservationEr
 /// resource where the unit sets no limit of its own (`MemoryMax=` or `MemoryHigh=` for memory,
 /// `CPUQuota=` for CPU: the unit's own always wins). Zero: nothing to add in that resource.
 pub fn reservation_limits(options: &[UnitOption]) -> Resources {
-    let last = |section: &str, name: &str| {
-        options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
-    };
+    let last = |section: &str, name: &str| last_value(options, section, name);
     let own_memory = last("Service", "MemoryMax").is_some() || last("Service", "MemoryHigh").is_some();
     let memory = match (own_memory, last(SECTION, "Memory")) {
         (false, Some(value)) => parse_bytes(value).ok().flatten().unwrap_or(0),

@@ -181,6 +181,17 @@ pub struct PageRequest {
 }
 
 impl PageRequest {
+    /// Every item, in one page.
+    pub fn everything() -> Self {
+        Self { start: 0, limit: usize::MAX, admits: Arc::new(|_: &str| true), after: None }
+    }
+
+    /// The items of these names, in one page.
+    pub fn named(names: &std::collections::BTreeSet<String>) -> Self {
+        let names = Arc::new(names.clone());
+        Self { start: 0, limit: usize::MAX, admits: Arc::new(move |name: &str| names.contains(name)), after: None }
+    }
+
     /// How many admitted items to pass over before the page: none when it resumes `after`.
     pub fn skip(&self) -> usize {
         if self.after.is_some() { 0 } else { self.start }

@@ -43,17 +43,6 @@ pub trait LeaderStore: Send + Sync {
     fn unit_changes(&self) -> ChangeSignal;
 }
 
-/// Every item a page walk admits: the ones named.
-fn named(names: &BTreeSet<String>) -> PageRequest {
-    let names = Arc::new(names.clone());
-    PageRequest { start: 0, limit: usize::MAX, admits: Arc::new(move |name: &str| names.contains(name)), after: None }
-}
-
-/// Every item, in one page.
-fn every() -> PageRequest {
-    PageRequest { start: 0, limit: usize::MAX, admits: Arc::new(|_: &str| true), after: None }
-}
-
 /// Any store the API serves from holds what the leader's loops use.
 #[async_trait]
 impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
@@ -76,19 +65,19 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
         ApiRegistry::units(&**self).await
     }
     async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>> {
-        Ok(ApiRegistry::units_page(&**self, named(names)).await?.items)
+        Ok(ApiRegistry::units_page(&**self, PageRequest::named(names)).await?.items)
     }
     async fn units_copied(&self) -> Result<Vec<UnitView>> {
-        Ok(ApiRegistry::units_page(&**self, every()).await?.items)
+        Ok(ApiRegistry::units_page(&**self, PageRequest::everything()).await?.items)
     }
     async fn machines(&self) -> Result<Vec<MachineState>> {
-        Ok(ApiRegistry::machines_page(&**self, every()).await?.items)
+        Ok(ApiRegistry::machines_page(&**self, PageRequest::everything()).await?.items)
     }
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
         ApiRegistry::step_drain(&**self, machine_id, drain).await
     }
     async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
-        Ok(ApiRegistry::unit_states_page(&**self, named(names), None).await?.items)
+        Ok(ApiRegistry::unit_states_page(&**self, PageRequest::named(names), None).await?.items)
     }
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         ApiRegistry::put_unit_as(&**self, name, file, desired, writer).await

@@ -4,7 +4,6 @@
 //! run. A machine is named by its ID or its 8-character short ID.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -49,18 +48,10 @@ pub(crate) async fn statuses(
     if drained.is_empty() {
         return Ok(BTreeMap::new());
     }
-    let every = PageRequest { start: 0, limit: usize::MAX, admits: Arc::new(|_: &str| true), after: None };
-    let units = state.registry.units_page(every).await?.items;
-    let names: Arc<BTreeSet<String>> =
-        Arc::new(drained.iter().flat_map(|(machine, drain)| drain_unit_names(&units, machine, drain)).collect());
-    let admitted = names.clone();
-    let named = PageRequest {
-        start: 0,
-        limit: usize::MAX,
-        admits: Arc::new(move |name: &str| admitted.contains(name)),
-        after: None,
-    };
-    let states = state.registry.unit_states_page(named, None).await?.items;
+    let units = state.registry.units_page(PageRequest::everything()).await?.items;
+    let names: BTreeSet<String> =
+        drained.iter().flat_map(|(machine, drain)| drain_unit_names(&units, machine, drain)).collect();
+    let states = state.registry.unit_states_page(PageRequest::named(&names), None).await?.items;
     let reasons: BTreeMap<&str, &str> =
         units.iter().filter_map(|unit| Some((unit.name.as_str(), unit.reason.as_deref()?))).collect();
     let mut result = BTreeMap::new();

@@ -51,9 +51,6 @@ pub(super) struct Working<'a> {
     strategy: PlacementStrategy,
     load: Vec<Load>,
     by_load: BTreeSet<(OrderKey, Rank)>,
-    /// Each machine's place in `by_load` now (by rank), so that a move takes it out without
-    /// working it out again.
-    keys: Vec<OrderKey>,
     residents: Vec<Vec<UnitIndex>>,
     placement: Vec<Option<Rank>>,
     /// Where each unit was scheduled when planning began, if that machine is live.
@@ -96,7 +93,6 @@ impl<'a> Working<'a> {
             units,
             strategy: snapshot.strategy,
             by_load: BTreeSet::new(),
-            keys: Vec::new(),
             load,
             residents: vec![Vec::new(); count],
             placement: vec![None; units.len()],
@@ -118,8 +114,7 @@ impl<'a> Working<'a> {
             .iter()
             .map(|unit| unit.scheduled_on.as_deref().and_then(|machine| working.rank_of(machine)))
             .collect();
-        working.keys = working.ranks().map(|rank| working.order_key(rank)).collect();
-        working.by_load = working.ranks().map(|rank| (working.keys[rank.0], rank)).collect();
+        working.by_load = working.ranks().map(|rank| (working.order_key(rank), rank)).collect();
         working
     }
 
@@ -233,10 +228,9 @@ impl<'a> Working<'a> {
     }
 
     fn set_load(&mut self, rank: Rank, load: Load) {
-        self.by_load.remove(&(self.keys[rank.0], rank));
+        self.by_load.remove(&(self.order_key(rank), rank));
         self.load[rank.0] = load;
-        self.keys[rank.0] = self.order_key(rank);
-        self.by_load.insert((self.keys[rank.0], rank));
+        self.by_load.insert((self.order_key(rank), rank));
     }
 
     /// Every machine's load, by rank.
@@ -290,12 +284,8 @@ impl<'a> Working<'a> {
         let reserved = self.load[rank.0].reserved;
         let share = |capacity: u64, reserved: u64| {
             (capacity > 0).then(|| {
-                let free = capacity.saturating_sub(reserved);
-                // In u64 while it cannot overflow (capacities are bounded far below), else u128.
-                match free.checked_mul(u64::from(ALL_ROOM)) {
-                    Some(scaled) => (scaled / capacity) as u32,
-                    None => (u128::from(free) * u128::from(ALL_ROOM) / u128::from(capacity)) as u32,
-                }
+                let free = u128::from(capacity.saturating_sub(reserved));
+                (free * u128::from(ALL_ROOM) / u128::from(capacity)) as u32
             })
         };
         [share(capacity.memory, reserved.memory), share(capacity.cpu_millis, reserved.cpu_millis)]
