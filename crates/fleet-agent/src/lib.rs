@@ -4,11 +4,14 @@
 //! Decisions come from [`fleet_core::agent_plan`]; this crate only fetches, executes and
 //! reports. It wakes on changes to its own machine's work and on unit-state changes, with
 //! a periodic reconcile as the fallback. Units that drift (changed on the machine behind
-//! fleet's back) are found and put back by [`drift_watch`].
+//! fleet's back) are found and put back by [`drift_watch`]; units with a health check are
+//! probed by [`health_watch`], and their health travels in their states.
 
 #![forbid(unsafe_code)]
 
 mod drift_watch;
+pub mod health_watch;
+mod probe;
 mod reconciler;
 
 pub use fleet_runtime::Lifecycle;

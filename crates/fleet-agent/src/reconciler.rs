@@ -12,9 +12,10 @@ use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, TriggerId, Triggers};
 use fleet_unit_manager::{HeldUnit, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
-use fleet_core::state_report::{adopted_as_launched, already_reported, state_reports};
+use fleet_core::state_report::{HeldNow, adopted_as_launched, already_reported, state_reports};
 
 use crate::drift_watch::DriftWatch;
+use crate::health_watch::{HealthWatch, Running};
 
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
@@ -80,7 +81,8 @@ pub struct Agent {
     /// Whether the log said the unit manager has no fence for `AtMostOnce=` units.
     told_no_fence: bool,
     drift: DriftWatch,
-    /// The machine's work changing, and the manager's states.
+    health: HealthWatch,
+    /// The machine's work changing, the manager's states, and health flips.
     triggers: Triggers,
     /// The manager's state changes among the triggers: a pass marks them seen as it lists the
     /// manager, so a change its own listing already shows (its own start, say) does not call
@@ -102,6 +104,8 @@ impl Agent {
     pub fn new(config: AgentConfig, registry: Arc<dyn AgentRegistry>, manager: Arc<dyn UnitManager>) -> Self {
         let mut triggers = Triggers::none().with(registry.machine_changes(&config.machine.id));
         let state_changes = triggers.add(manager.state_changes());
+        let health = HealthWatch::default();
+        triggers.add(health.flips());
         let lapses = registry.presence_lapses(&config.machine.id);
         Self {
             config,
@@ -116,6 +120,7 @@ impl Agent {
             fence: None,
             told_no_fence: false,
             drift: DriftWatch::default(),
+            health,
             triggers,
             state_changes,
             lapses,
@@ -551,18 +556,21 @@ impl Agent {
                 }
             },
         };
+        self.follow_health(&held).await;
+        let health = self.health.reports();
         // Most passes change nothing: that is decided without building a single state.
         let mut present = 0;
         let unchanged = self.loaded.iter().all(|(name, loaded)| {
             held.get(name).is_none_or(|unit| {
                 present += 1;
-                already_reported(
-                    self.reported.get(name),
-                    loaded.hash,
-                    &unit.state,
-                    loaded.launched,
-                    self.drift.report(name),
-                )
+                let now = HeldNow {
+                    hash: loaded.hash,
+                    systemd: &unit.state,
+                    launched: loaded.launched,
+                    drift: self.drift.report(name),
+                    health: health.get(name),
+                };
+                already_reported(self.reported.get(name), now)
             })
         }) && present == self.reported.len();
         if unchanged {
@@ -582,6 +590,7 @@ impl Agent {
                         systemd: held.state.clone(),
                         launched: loaded.launched,
                         drift: self.drift.report(name).cloned(),
+                        health: health.get(name).cloned(),
                     },
                 ))
             })
@@ -597,6 +606,29 @@ impl Agent {
             self.reported = current;
         }
         Ok(())
+    }
+
+    /// Has the health watch follow the units that run here now (launched and active), and
+    /// restarts those that turned unhealthy and asked for it, within their budget.
+    async fn follow_health(&mut self, held: &BTreeMap<String, HeldUnit>) {
+        let running = self.loaded.iter().filter_map(|(name, loaded)| {
+            let active = held.get(name).is_some_and(|unit| unit.state.active == "active");
+            let file = self.bodies.get(&loaded.hash).filter(|_| loaded.launched && active)?;
+            Some(Running { name, hash: loaded.hash, file })
+        });
+        self.health.follow(running, &self.manager);
+        self.health
+            .keep_budgets_of(self.loaded.iter().filter(|(_, unit)| unit.launched).map(|(name, _)| name.as_str()));
+        for name in self.health.restarts_due() {
+            tracing::warn!(unit = name, "restarting a unit its health check found unhealthy");
+            if let Err(error) = self.manager.stop(&name).await {
+                tracing::warn!(unit = name, %error, "stopping an unhealthy unit");
+            }
+            if let Err(error) = self.manager.start(&name).await {
+                tracing::warn!(unit = name, %error, "starting an unhealthy unit again");
+            }
+            self.health.restarted(&name);
+        }
     }
 
     /// A clean exit: stop every unit, withdraw the states, leave the cluster.

@@ -60,6 +60,24 @@ pub struct UnitState {
     /// did about it (our addition).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub drift: String,
+    /// What the unit's health check says while it runs: `healthy`, `unhealthy` or `unknown`;
+    /// empty for a unit without a check, or not running (our addition).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub health: String,
+    /// The last failure of an unhealthy unit, short (our addition).
+    #[serde(rename = "healthFailure", default, skip_serializing_if = "String::is_empty")]
+    pub health_failure: String,
+    /// Restarts its machine made for its health within the restart budget's window (our
+    /// addition).
+    #[serde(rename = "healthRestarts", default, skip_serializing_if = "is_zero")]
+    pub health_restarts: usize,
+    /// Restarted too often for its health: left as it is (our addition).
+    #[serde(rename = "healthGivenUp", default, skip_serializing_if = "std::ops::Not::not")]
+    pub health_given_up: bool,
+}
+
+fn is_zero(count: &usize) -> bool {
+    *count == 0
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -376,6 +394,22 @@ pub struct AgentUnitState {
     pub launched: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<AgentDrift>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<AgentHealth>,
+}
+
+/// What a pull agent's health check says of a unit that runs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentHealth {
+    /// `healthy`, `unhealthy` or `unknown`.
+    pub status: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub failure: String,
+    #[serde(default)]
+    pub restarts: usize,
+    #[serde(default)]
+    pub given_up: bool,
 }
 
 /// How a unit drifted on a pull agent's machine and what the machine did about it.

@@ -277,6 +277,7 @@ mod tests {
             systemd: SystemdState::new("loaded", active, "running"),
             launched: true,
             drift: None,
+            health: None,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod drift;
 pub mod drift_report;
 pub mod duration;
 pub mod glob;
+pub mod health;
 pub mod machine;
 pub mod requirements;
 pub mod reserved;

@@ -28,8 +28,21 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// machines at once, under any fault (docs/guarantees.md). `Memory=` and `CPU=`: what the
 /// unit reserves on its machine (crate::resources). `SpreadBy=zone`: the instances of its
 /// template spread evenly over the values of that metadata key; `SpreadGroup=web-*`: instead,
-/// the units that name the same pattern (and match it) spread together.
-pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup"];
+/// the units that name the same pattern (and match it) spread together. `HealthCheck=` and
+/// its tuning: how the unit's machine tells whether it works (crate::health::check).
+pub const ADDED_KEYS: &[&str] = &[
+    "AtMostOnce",
+    "Memory",
+    "CPU",
+    "SpreadBy",
+    "SpreadGroup",
+    "HealthCheck",
+    "HealthCheckInterval",
+    "HealthCheckTimeout",
+    "HealthCheckThreshold",
+    "HealthCheckStartPeriod",
+    "HealthCheckRestart",
+];
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -118,6 +118,9 @@ pub struct UnitState {
     /// and was corrected, within the correction window).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<crate::drift_report::DriftReport>,
+    /// What its health check says, for a checked unit that runs (our addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health: Option<crate::health::HealthReport>,
 }
 
 #[cfg(test)]

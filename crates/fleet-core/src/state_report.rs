@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::drift::DriftReport;
+use crate::health::HealthReport;
 use crate::{SystemdState, UnitHash, UnitState};
 
 /// A change in what a machine reports about one of its units.
@@ -19,15 +20,19 @@ pub fn adopted_as_launched(state: &SystemdState) -> bool {
     state.active == "active" || state.active == "activating"
 }
 
-/// Whether `reported` already says what a unit held now with `hash`, `systemd`, `launched`
-/// and `drift` would: most passes change nothing, and this decides so without building states.
-pub fn already_reported(
-    reported: Option<&UnitState>,
-    hash: UnitHash,
-    systemd: &SystemdState,
-    launched: bool,
-    drift: Option<&DriftReport>,
-) -> bool {
+/// What a machine says of one unit it holds now, as [`already_reported`] compares it.
+#[derive(Clone, Copy, Debug)]
+pub struct HeldNow<'a> {
+    pub hash: UnitHash,
+    pub systemd: &'a SystemdState,
+    pub launched: bool,
+    pub drift: Option<&'a DriftReport>,
+    pub health: Option<&'a HealthReport>,
+}
+
+/// Whether `reported` already says what a unit held `now` would: most passes change nothing,
+/// and this decides so without building states.
+pub fn already_reported(reported: Option<&UnitState>, now: HeldNow<'_>) -> bool {
     // Destructured in full: a field added to `UnitState` must be compared here too, or a
     // change to it would never be reported.
     reported.is_some_and(
@@ -38,11 +43,13 @@ pub fn already_reported(
              systemd: reported_systemd,
              launched: reported_launched,
              drift: reported_drift,
+             health: reported_health,
          }| {
-            *reported_hash == hash
-                && *reported_launched == launched
-                && reported_systemd == systemd
-                && reported_drift.as_ref() == drift
+            *reported_hash == now.hash
+                && *reported_launched == now.launched
+                && reported_systemd == now.systemd
+                && reported_drift.as_ref() == now.drift
+                && reported_health.as_ref() == now.health
         },
     )
 }
@@ -76,6 +83,7 @@ mod tests {
             systemd: SystemdState::new("loaded", active, "x"),
             launched: true,
             drift: None,
+            health: None,
         };
         (name.to_string(), state)
     }
@@ -108,18 +116,24 @@ mod tests {
     fn a_state_is_already_reported_only_when_every_field_matches() {
         let (_, reported) = state("a", "active");
         let active = SystemdState::new("loaded", "active", "x");
-        let hash = reported.hash;
-        assert!(already_reported(Some(&reported), hash, &active, true, None));
-        assert!(!already_reported(None, hash, &active, true, None), "never reported");
-        assert!(!already_reported(Some(&reported), UnitHash([1; 20]), &active, true, None), "new content");
+        let now = HeldNow { hash: reported.hash, systemd: &active, launched: true, drift: None, health: None };
+        assert!(already_reported(Some(&reported), now));
+        assert!(!already_reported(None, now), "never reported");
+        assert!(!already_reported(Some(&reported), HeldNow { hash: UnitHash([1; 20]), ..now }), "new content");
         let failed = SystemdState::new("loaded", "failed", "x");
-        assert!(!already_reported(Some(&reported), hash, &failed, true, None), "new systemd state");
-        assert!(!already_reported(Some(&reported), hash, &active, false, None), "no longer launched");
+        assert!(!already_reported(Some(&reported), HeldNow { systemd: &failed, ..now }), "new systemd state");
+        assert!(!already_reported(Some(&reported), HeldNow { launched: false, ..now }), "no longer launched");
         let drift =
             DriftReport { drift: crate::drift::Drift::Stopped, corrections: 1, correcting: true, given_up: false };
-        assert!(!already_reported(Some(&reported), hash, &active, true, Some(&drift)), "drift seen");
-        let drifted = UnitState { drift: Some(drift.clone()), ..reported };
-        assert!(already_reported(Some(&drifted), hash, &active, true, Some(&drift)));
-        assert!(!already_reported(Some(&drifted), hash, &active, true, None), "drift gone");
+        assert!(!already_reported(Some(&reported), HeldNow { drift: Some(&drift), ..now }), "drift seen");
+        let drifted = UnitState { drift: Some(drift.clone()), ..reported.clone() };
+        assert!(already_reported(Some(&drifted), HeldNow { drift: Some(&drift), ..now }));
+        assert!(!already_reported(Some(&drifted), now), "drift gone");
+        let healthy = HealthReport { status: crate::health::HealthStatus::Healthy, ..HealthReport::default() };
+        assert!(!already_reported(Some(&reported), HeldNow { health: Some(&healthy), ..now }), "health seen");
+        let checked = UnitState { health: Some(healthy.clone()), ..reported };
+        assert!(already_reported(Some(&checked), HeldNow { health: Some(&healthy), ..now }));
+        let unhealthy = HealthReport { status: crate::health::HealthStatus::Unhealthy, ..HealthReport::default() };
+        assert!(!already_reported(Some(&checked), HeldNow { health: Some(&unhealthy), ..now }), "health changed");
     }
 }

@@ -311,6 +311,7 @@ pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: Ag
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
         drift: None,
+        health: None,
     };
     let before = registry.revision().await.unwrap().expect("the store has a revision");
     agent_for("m1").report_states("m1", &[StateReport::Set(state)]).await.unwrap();
@@ -461,6 +462,7 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
         drift: None,
+        health: None,
     };
     agent_for("m1").report_states("m1", &[StateReport::Set(state("m1"))]).await.expect("report");
     agent_for("m2").report_states("m2", &[StateReport::Set(state("m2"))]).await.expect("report");
@@ -690,6 +692,7 @@ pub async fn units_and_states_signal_their_changes_while_paged(registry: &dyn Re
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
         drift: None,
+        health: None,
     };
     agent.report_states("m1", &[StateReport::Set(state)]).await.expect("report");
     eventually("a state report moves the signal", async || changes.has_changed().unwrap_or(false)).await;
@@ -768,6 +771,7 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
                     systemd: SystemdState::new("loaded", "active", "running"),
                     launched: true,
                     drift: None,
+                    health: None,
                 })
             })
             .collect::<Vec<_>>();

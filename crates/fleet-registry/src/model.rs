@@ -212,6 +212,7 @@ mod tests {
             systemd: SystemdState::new("loaded", "active", "running"),
             launched: true,
             drift: None,
+            health: None,
         };
         let view = |reported: &UnitState| {
             UnitView::from_records("a.service", record.clone(), new.clone(), Some("m1".into()), None, Some(reported))

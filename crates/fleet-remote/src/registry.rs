@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_api_schema::{
-    AgentChanges, AgentDrift, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentUnitState,
-    AgentWork, ErrorBody, Journal, JournalAsk, MAX_BODIES_PER_REQUEST,
+    AgentChanges, AgentDrift, AgentHealth, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody,
+    AgentUnitState, AgentWork, ErrorBody, Journal, JournalAsk, MAX_BODIES_PER_REQUEST,
 };
 use fleet_core::drift::DriftPolicy;
 use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
@@ -461,6 +461,12 @@ impl AgentRegistry for RemoteRegistry {
                         drift: report.drift.word().to_string(),
                         corrections: report.corrections,
                         correcting: report.correcting,
+                        given_up: report.given_up,
+                    }),
+                    health: state.health.as_ref().map(|report| AgentHealth {
+                        status: report.status.word().to_string(),
+                        failure: report.failure.clone(),
+                        restarts: report.restarts,
                         given_up: report.given_up,
                     }),
                 }),

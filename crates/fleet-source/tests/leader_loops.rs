@@ -247,6 +247,7 @@ async fn report_active_on(store: &EmbeddedRegistry, machine: &str, name: &str, f
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
         drift: None,
+        health: None,
     };
     store.report_states(machine, &[StateReport::Set(state)]).await.expect("report");
 }

@@ -56,6 +56,7 @@ async fn schedule_states_and_current_state() {
         systemd: SystemdState::new("loaded", "inactive", "dead"),
         launched: false,
         drift: None,
+        health: None,
     };
     registry.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
     assert_eq!(registry.unit("a.service").await.unwrap().unwrap().current, Some(DesiredState::Loaded));

@@ -76,6 +76,7 @@ async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states(
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
         drift: None,
+        health: None,
     };
     // A lone change is a plain put or delete (no transaction), under the machine's lease.
     first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
@@ -556,6 +557,7 @@ async fn a_machine_back_from_an_expired_lease_restores_only_the_states_of_units_
         systemd: SystemdState::new("loaded", "active", "running"),
         launched: true,
         drift: None,
+        health: None,
     };
     let reports = [StateReport::Set(state("kept.service")), StateReport::Set(state("moved.service"))];
     registry.report_states("m1", &reports).await.unwrap();

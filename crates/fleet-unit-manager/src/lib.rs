@@ -5,6 +5,8 @@
 //! (containers, development). The agent drives a manager only through
 //! this trait.
 
+pub mod account;
+pub mod check_command;
 pub mod fence;
 #[cfg(feature = "native")]
 pub mod native;
@@ -80,6 +82,11 @@ pub trait UnitManager: Send + Sync {
     /// rather than by a stop. A manager only fleet can stop says yes.
     async fn ended_by_itself(&self, _name: &str) -> Result<bool> {
         Ok(true)
+    }
+    /// Whether the watchdog of a `Type=notify` service fired in its current run (systemd's
+    /// `Result=watchdog`). A manager without a watchdog says no.
+    async fn watchdog_fired(&self, _name: &str) -> Result<bool> {
+        Ok(false)
     }
     /// Stops every unit, for a clean shutdown.
     async fn stop_all(&self) -> Result<()>;

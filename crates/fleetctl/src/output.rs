@@ -85,6 +85,11 @@ pub struct UnitRow<'a> {
     /// How the unit drifted on its machine, when it did.
     #[serde(skip_serializing_if = "str::is_empty")]
     pub drift: &'a str,
+    /// What its health check says while it runs: `healthy`, `unhealthy` or `unknown`.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub health: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub health_failure: &'a str,
 }
 
 /// An element of `status -o json`.

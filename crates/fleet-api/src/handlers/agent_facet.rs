@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
 use fleet_core::drift::{Drift, DriftReport};
+use fleet_core::health::{HealthReport, HealthStatus};
 use fleet_core::{Connection, MachineState, Resources, StateReport, SystemdState, UnitHash, UnitState};
 use fleet_registry::machine_identity::admit_announce;
 use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork};
@@ -253,6 +254,16 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
             }),
             None => None,
         };
+        let health = match reported.health {
+            Some(report) => Some(HealthReport {
+                status: HealthStatus::from_word(&report.status)
+                    .ok_or_else(|| ApiError::bad_request(format!("invalid health {:?}", report.status)))?,
+                failure: fleet_core::health::short_failure(&report.failure),
+                restarts: report.restarts.min(fleet_core::drift::LIMIT),
+                given_up: report.given_up,
+            }),
+            None => None,
+        };
         reports.push(StateReport::Set(UnitState {
             name: reported.name,
             machine_id: machine_id.to_string(),
@@ -260,6 +271,7 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
             systemd,
             launched: reported.launched,
             drift,
+            health,
         }));
     }
     reports.extend(request.removed.into_iter().map(StateReport::Remove));

@@ -22,6 +22,10 @@ fn to_schema(state: fleet_core::UnitState) -> UnitState {
         systemd_load_state: state.systemd.load,
         systemd_sub_state: state.systemd.sub,
         drift: state.drift.map(|drift| drift.to_string()).unwrap_or_default(),
+        health: state.health.as_ref().map(|health| health.status.word().to_string()).unwrap_or_default(),
+        health_failure: state.health.as_ref().map(|health| health.failure.clone()).unwrap_or_default(),
+        health_restarts: state.health.as_ref().map_or(0, |health| health.restarts),
+        health_given_up: state.health.as_ref().is_some_and(|health| health.given_up),
     }
 }
 

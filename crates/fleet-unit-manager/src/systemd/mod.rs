@@ -340,6 +340,16 @@ impl UnitManager for SystemdManager {
         Ok(ending::Ending::of(&file, live, seen).by_itself())
     }
 
+    async fn watchdog_fired(&self, name: &str) -> Result<bool> {
+        let path = unit_object_path(name);
+        let result = self
+            .bus
+            .on_connection(|connection| ending::service_result(connection, path))
+            .await
+            .map_err(|error| UnitManagerError::Refused { unit: name.to_string(), reason: error.to_string() })?;
+        Ok(result == "watchdog")
+    }
+
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
         let lines = lines.to_string();
         let args = ["--no-pager", "--quiet", "-n", lines.as_str(), "-u", name];

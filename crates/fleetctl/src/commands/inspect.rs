@@ -5,7 +5,7 @@ use std::time::Duration;
 use fleet_core::unit_name::mangle;
 
 use super::create::{is_global, unit_file};
-use super::list::unit_row;
+use super::list::{health_text, unit_row};
 use crate::Outcome;
 use crate::context::Context;
 use crate::output::{OutputFormat, UnitStatus, print_json};
@@ -86,6 +86,9 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             && states.iter().any(|state| state.machine_id == journal.machine_id)
         {
             print!("{status}");
+            for line in states.iter().filter_map(health_line) {
+                println!("{line}");
+            }
             continue;
         }
         let description = unit_file(&unit).description().map(str::to_string);
@@ -97,6 +100,9 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             println!("   Machine: {}", machine_full_legend(&state.machine_id, &machines, false));
             println!("    Loaded: {}", state.systemd_load_state);
             println!("    Active: {} ({})", state.systemd_active_state, state.systemd_sub_state);
+            if let Some(line) = health_line(state) {
+                println!("{line}");
+            }
         }
         if let Some(journal) = &report
             && !journal.text.is_empty()
@@ -127,6 +133,12 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
         print_json(&statuses);
     }
     if not_running { Outcome::Exit(SYSTEMCTL_NOT_ACTIVE) } else { Outcome::Success }
+}
+
+/// `    Health: unhealthy: HTTP 500`, for a unit with a health check that runs.
+fn health_line(state: &fleet_api_schema::UnitState) -> Option<String> {
+    let text = health_text(state);
+    (!text.is_empty()).then(|| format!("    Health: {text}"))
 }
 
 /// `systemctl status`'s exit status for a unit that is not active.

@@ -251,9 +251,9 @@ async fn source_sync(context: &Context, units: &[Unit]) -> BTreeMap<String, Stri
 
 pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
     let fields = if output == OutputFormat::Wide {
-        vec!["unit", "machine", "active", "sub", "load", "hash", "drift"]
+        vec!["unit", "machine", "active", "sub", "load", "hash", "drift", "health"]
     } else {
-        match columns(fields, &["active", "drift", "hash", "load", "machine", "sub", "unit"], output) {
+        match columns(fields, &["active", "drift", "hash", "health", "load", "machine", "sub", "unit"], output) {
             Ok(fields) => fields,
             Err(outcome) => return outcome,
         }
@@ -292,6 +292,7 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
                     "load" => or_dash(&state.systemd_load_state),
                     "active" => or_dash(&state.systemd_active_state),
                     "drift" => or_dash(&state.drift),
+                    "health" => or_dash(&health_text(state)),
                     _ => or_dash(&state.systemd_sub_state),
                 })
                 .collect()
@@ -304,7 +305,26 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
             "{drifted} unit(s) drifted on their machines from what fleet made them; see: fleetctl list-units --fields unit,machine,active,drift"
         );
     }
+    let unhealthy = states.iter().filter(|state| state.health == "unhealthy").count();
+    if unhealthy > 0 && !fields.contains(&"health") {
+        eprintln!(
+            "{unhealthy} unit(s) found unhealthy by their health checks; see: fleetctl list-units --fields unit,machine,active,health"
+        );
+    }
     Outcome::Success
+}
+
+/// What a unit's health check says, on one line (`unhealthy (restarted 2 times): HTTP 500`);
+/// empty for a unit without a check or not running.
+pub fn health_text(state: &UnitState) -> String {
+    let Some(status) = fleet_core::health::HealthStatus::from_word(&state.health) else { return String::new() };
+    let report = fleet_core::health::HealthReport {
+        status,
+        failure: state.health_failure.clone(),
+        restarts: state.health_restarts,
+        given_up: state.health_given_up,
+    };
+    report.describe()
 }
 
 /// One unit on one machine, as `-o json` shows it.
@@ -318,5 +338,7 @@ pub fn unit_row<'a>(state: &'a UnitState, machines: &'a BTreeMap<String, Machine
         active_state: &state.systemd_active_state,
         sub_state: &state.systemd_sub_state,
         drift: &state.drift,
+        health: &state.health,
+        health_failure: &state.health_failure,
     }
 }

@@ -1,0 +1,238 @@
+//! The agent's health checks: every unit that runs here with a check (`fleet_core::health`)
+//! has a task that probes it at its interval and keeps its state machine. A task touches the
+//! agent only when a unit's status flips: it records the verdict and wakes the agent, whose
+//! next pass reports it in the unit's state (and restarts the unit when it asked for that,
+//! within its budget). Probes run beside the agent's passes and never hold them up.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use fleet_core::drift::{Corrections, DriftPolicy, Verdict};
+use fleet_core::health::{HealthCheck, HealthReport, HealthStatus, Tracker, check_of};
+use fleet_core::{UnitFile, UnitHash};
+use fleet_unit_manager::UnitManager;
+use fleet_unit_manager::check_command::RunAs;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::probe::probe;
+
+/// The first probe of a newly followed unit comes within this long (spread by its name, so
+/// that many units started at once are not probed at once).
+const FIRST_PROBE_WITHIN: Duration = Duration::from_secs(1);
+
+/// A unit's check, as read once per content.
+#[derive(Clone, Debug)]
+struct Declared {
+    check: HealthCheck,
+    run_as: RunAs,
+}
+
+/// What a unit's task last concluded.
+#[derive(Clone, Debug, Default)]
+struct LastVerdict {
+    status: HealthStatus,
+    failure: String,
+}
+
+/// A unit being followed, for the content it runs.
+struct Followed {
+    hash: UnitHash,
+    task: JoinHandle<()>,
+}
+
+impl Drop for Followed {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Restarts a unit asked for when it turns unhealthy, counted against the drift budget.
+#[derive(Default)]
+struct Restarts {
+    hash: Option<UnitHash>,
+    budget: Corrections,
+    /// The flip (counted since the unit's run started) the last restart answered, so that one
+    /// flip restarts once.
+    answered: u64,
+}
+
+pub struct HealthWatch {
+    clock: Instant,
+    checks: HashMap<UnitHash, Option<Declared>>,
+    followed: BTreeMap<String, Followed>,
+    /// Written by the tasks: each unit's verdict, and how many times it flipped.
+    verdicts: Arc<Mutex<BTreeMap<String, (LastVerdict, u64)>>>,
+    restarts: BTreeMap<String, Restarts>,
+    flips: watch::Sender<u64>,
+}
+
+impl Default for HealthWatch {
+    fn default() -> Self {
+        Self {
+            clock: Instant::now(),
+            checks: HashMap::new(),
+            followed: BTreeMap::new(),
+            verdicts: Arc::default(),
+            restarts: BTreeMap::new(),
+            flips: watch::channel(0).0,
+        }
+    }
+}
+
+/// A unit that runs here now, as [`HealthWatch::follow`] takes it.
+pub struct Running<'a> {
+    pub name: &'a str,
+    pub hash: UnitHash,
+    pub file: &'a UnitFile,
+}
+
+impl HealthWatch {
+    /// Moves whenever a unit's health flips.
+    pub fn flips(&self) -> watch::Receiver<u64> {
+        self.flips.subscribe()
+    }
+
+    /// Follows exactly the checked units of `running` (active now): a new one, or one with new
+    /// content, gets a fresh task (its status unknown); the tasks of the others end.
+    pub fn follow<'a>(&mut self, running: impl IntoIterator<Item = Running<'a>>, manager: &Arc<dyn UnitManager>) {
+        let mut keep: BTreeMap<String, UnitHash> = BTreeMap::new();
+        for unit in running {
+            let declared = self.checks.entry(unit.hash).or_insert_with(|| declared(unit.name, unit.file));
+            let Some(declared) = declared.clone() else { continue };
+            keep.insert(unit.name.to_string(), unit.hash);
+            if self.followed.get(unit.name).is_some_and(|followed| followed.hash == unit.hash) {
+                continue;
+            }
+            self.verdicts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(unit.name.to_string(), Default::default());
+            let task = tokio::spawn(watch_unit(
+                unit.name.to_string(),
+                declared,
+                manager.clone(),
+                self.verdicts.clone(),
+                self.flips.clone(),
+                self.clock,
+            ));
+            self.followed.insert(unit.name.to_string(), Followed { hash: unit.hash, task });
+        }
+        self.followed.retain(|name, _| keep.contains_key(name));
+        self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).retain(|name, _| keep.contains_key(name));
+        let in_use: std::collections::HashSet<UnitHash> = keep.values().copied().collect();
+        self.checks.retain(|hash, declared| declared.is_none() || in_use.contains(hash));
+    }
+
+    /// Keeps the restart budgets of the units `launched` here only: a unit stopped or gone
+    /// starts afresh. (A unit restarting is not active for a while, but still launched.)
+    pub fn keep_budgets_of<'a>(&mut self, launched: impl IntoIterator<Item = &'a str>) {
+        let launched: std::collections::HashSet<&str> = launched.into_iter().collect();
+        self.restarts.retain(|name, _| launched.contains(name.as_str()));
+    }
+
+    /// Forgets a unit's verdict (it is about to restart): its next run starts unknown.
+    pub fn restarted(&mut self, name: &str) {
+        self.followed.remove(name);
+        if let Some(restarts) = self.restarts.get_mut(name) {
+            restarts.answered = 0;
+        }
+        self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
+    }
+
+    /// The units that turned unhealthy and asked to be restarted for it, within their budget
+    /// (the drift budget: `drift::LIMIT` in `drift::WINDOW`); a unit past it is left
+    /// unhealthy, marked given up, until its content changes.
+    pub fn restarts_due(&mut self) -> Vec<String> {
+        let now = self.clock.elapsed();
+        let verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let mut due = Vec::new();
+        for (name, (verdict, flips)) in verdicts {
+            let Some(followed) = self.followed.get(&name) else { continue };
+            let asks = self.checks.get(&followed.hash).and_then(Option::as_ref).is_some_and(|d| d.check.restart);
+            if !asks || verdict.status != HealthStatus::Unhealthy {
+                continue;
+            }
+            let restarts = self.restarts.entry(name.clone()).or_default();
+            if restarts.hash != Some(followed.hash) {
+                *restarts = Restarts { hash: Some(followed.hash), ..Restarts::default() };
+            }
+            if restarts.answered == flips {
+                continue;
+            }
+            restarts.answered = flips;
+            if let Verdict::Correct { .. } = restarts.budget.decide(DriftPolicy::Correct, now) {
+                due.push(name);
+            }
+        }
+        due
+    }
+
+    /// What to report of each followed unit's health.
+    pub fn reports(&self) -> BTreeMap<String, HealthReport> {
+        let now = self.clock.elapsed();
+        let verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        verdicts
+            .iter()
+            .map(|(name, (verdict, _))| {
+                let restarts = self.restarts.get(name);
+                let report = HealthReport {
+                    status: verdict.status,
+                    failure: verdict.failure.clone(),
+                    restarts: restarts.map_or(0, |restarts| restarts.budget.recent(now)),
+                    given_up: restarts.is_some_and(|restarts| restarts.budget.given_up()),
+                };
+                (name.clone(), report)
+            })
+            .collect()
+    }
+}
+
+/// The unit's check and who its command runs as; none for a unit without one (or with one
+/// that cannot be read: such a unit is refused where it enters the cluster).
+fn declared(name: &str, file: &UnitFile) -> Option<Declared> {
+    let check = check_of(name, file.options()).ok()??;
+    let last = |key: &str| file.values("Service", key).last().map(|value| value.to_string());
+    Some(Declared { check, run_as: RunAs { user: last("User"), group: last("Group") } })
+}
+
+/// Probes one unit at its interval for as long as it is followed.
+async fn watch_unit(
+    name: String,
+    declared: Declared,
+    manager: Arc<dyn UnitManager>,
+    verdicts: Arc<Mutex<BTreeMap<String, (LastVerdict, u64)>>>,
+    flips: watch::Sender<u64>,
+    clock: Instant,
+) {
+    let check = &declared.check;
+    let mut tracker = Tracker::new(check, clock.elapsed());
+    let mut next = Instant::now() + first_probe_offset(&name, check.interval.min(FIRST_PROBE_WITHIN));
+    loop {
+        tokio::time::sleep_until(next).await;
+        let outcome = probe(&check.probe, &name, &declared.run_as, check.timeout, manager.as_ref()).await;
+        if tracker.observe(outcome, clock.elapsed()) {
+            tracing::info!(unit = name, status = %tracker.status(), failure = tracker.failure(), "health changed");
+            let verdict = LastVerdict { status: tracker.status(), failure: tracker.failure().to_string() };
+            {
+                let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+                let Some(slot) = verdicts.get_mut(&name) else { return };
+                *slot = (verdict, slot.1 + 1);
+            }
+            flips.send_modify(|count| *count += 1);
+        }
+        // A probe that took longer than the interval is not followed by a burst to catch up.
+        next = (next + check.interval).max(Instant::now());
+    }
+}
+
+/// Where in `within` a unit's first probe falls, by its name.
+fn first_probe_offset(name: &str, within: Duration) -> Duration {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    name.hash(&mut hasher);
+    let millis = u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1);
+    Duration::from_millis(hasher.finish() % millis)
+}

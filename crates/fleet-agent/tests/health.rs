@@ -1,0 +1,172 @@
+//! The agent's health checks against real listeners and commands, on the embedded store with
+//! the fake unit manager, in real time (probes are real I/O): what is reported, when, and the
+//! restarts a unit asked for.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
+
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::health::{HealthReport, HealthStatus};
+use fleet_core::schedule::Decision;
+use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_registry::{ApiRegistry, EngineRegistry};
+use fleet_store_embedded::EmbeddedRegistry;
+use fleet_testkit::{FakeUnitManager, eventually};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+const MACHINE: &str = "m1";
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    registry: EmbeddedRegistry,
+    manager: Arc<FakeUnitManager>,
+    lifecycle: watch::Sender<Lifecycle>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Setup {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("the store");
+        let manager = Arc::new(FakeUnitManager::new());
+        let config = AgentConfig {
+            machine: MachineState { id: MACHINE.into(), public_ip: "127.0.0.1".into(), ..Default::default() },
+            reconcile_interval: Duration::from_secs(30),
+            debounce: Duration::from_millis(10),
+            presence_ttl: None,
+            stop_units_when_cut_off: false,
+        };
+        let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+        let agent = Agent::new(config, Arc::new(registry.clone()), manager.clone());
+        let task = tokio::spawn(agent.run(watch));
+        Self { _dir: dir, registry, manager, lifecycle, task }
+    }
+
+    /// Writes what the engine would: the unit, placed on this machine, launched.
+    async fn run(&self, name: &str, x_fleet: &str) {
+        let text = format!("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\n{x_fleet}");
+        let file = UnitFile::parse(&text).expect("a unit");
+        fleet_core::admission::admit_unit(name, &file).expect("a valid unit");
+        self.registry.put_unit(name, &file, DesiredState::Launched).await.expect("stored");
+        let lease = self.registry.acquire_leadership("engine").await.expect("store").expect("a lease");
+        let decision = Decision::Schedule { unit: name.into(), machine: MACHINE.into() };
+        self.registry.apply(&lease, &[decision], &[]).await.expect("scheduled");
+    }
+
+    async fn health(&self, name: &str) -> Option<HealthReport> {
+        let states = self.registry.unit_states().await.expect("states");
+        states.into_iter().find(|state| state.name == name).and_then(|state| state.health)
+    }
+
+    async fn wait_for(&self, name: &str, status: HealthStatus) -> HealthReport {
+        eventually(&format!("{name} is reported {status}"), async || {
+            self.health(name).await.is_some_and(|report| report.status == status)
+        })
+        .await;
+        self.health(name).await.unwrap_or_default()
+    }
+
+    async fn stop(self) {
+        let _ = self.lifecycle.send(Lifecycle::ShuttingDown);
+        let _ = self.task.await;
+    }
+}
+
+const FAST: &str = "HealthCheckInterval=1s\nHealthCheckTimeout=500ms\nHealthCheckThreshold=1\n";
+
+/// A port nothing listens on.
+async fn closed_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    listener.local_addr().expect("its address").port()
+}
+
+#[tokio::test]
+async fn a_tcp_check_reports_healthy_then_unhealthy_once_the_port_closes() {
+    let setup = Setup::start();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    setup.run("db.service", &format!("HealthCheck=tcp://127.0.0.1:{port}\n{FAST}")).await;
+    setup.wait_for("db.service", HealthStatus::Healthy).await;
+    drop(listener);
+    let report = setup.wait_for("db.service", HealthStatus::Unhealthy).await;
+    assert!(report.failure.contains("connecting to 127.0.0.1"), "{report:?}");
+    setup.run("plain.service", "").await;
+    eventually("an unchecked unit is reported", async || {
+        setup.registry.unit_states().await.expect("states").iter().any(|state| state.name == "plain.service")
+    })
+    .await;
+    assert_eq!(setup.health("plain.service").await, None, "a unit without a check reports no health");
+    setup.stop().await;
+}
+
+/// A server that answers every request with the status in `status`.
+async fn http_server(status: Arc<AtomicU16>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let code = status.load(Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request).await;
+                let answer = format!("HTTP/1.1 {code} Whatever\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test]
+async fn an_http_check_follows_the_status_code() {
+    let setup = Setup::start();
+    let status = Arc::new(AtomicU16::new(200));
+    let port = http_server(status.clone()).await;
+    setup.run("web@1.service", &format!("HealthCheck=http://127.0.0.1:{port}/health?instance=%i\n{FAST}")).await;
+    setup.wait_for("web@1.service", HealthStatus::Healthy).await;
+    status.store(503, Ordering::SeqCst);
+    let report = setup.wait_for("web@1.service", HealthStatus::Unhealthy).await;
+    assert_eq!(report.failure, "HTTP 503");
+    status.store(302, Ordering::SeqCst);
+    setup.wait_for("web@1.service", HealthStatus::Healthy).await;
+    setup.stop().await;
+}
+
+#[tokio::test]
+async fn an_exec_check_passes_on_exit_zero_and_reports_what_a_failure_said() {
+    let setup = Setup::start();
+    let flag = tempfile::NamedTempFile::new().expect("a file");
+    let path = flag.path().display().to_string();
+    let check = format!("HealthCheck=exec:/bin/sh -c 'test -s {path} || {{ echo empty flag; exit 1; }}'\n{FAST}");
+    setup.run("job.service", &check).await;
+    let report = setup.wait_for("job.service", HealthStatus::Unhealthy).await;
+    assert_eq!(report.failure, "exit status 1: empty flag");
+    std::fs::write(flag.path(), "ok").expect("written");
+    setup.wait_for("job.service", HealthStatus::Healthy).await;
+    setup.stop().await;
+}
+
+#[tokio::test]
+async fn an_unhealthy_unit_that_asks_is_restarted_until_its_budget_is_spent() {
+    let setup = Setup::start();
+    let port = closed_port().await;
+    let check = format!("HealthCheck=tcp://127.0.0.1:{port}\nHealthCheckRestart=yes\n{FAST}");
+    setup.run("flaky.service", &check).await;
+    eventually("the budget is spent", async || {
+        setup.health("flaky.service").await.is_some_and(|report| report.given_up)
+    })
+    .await;
+    let report = setup.health("flaky.service").await.unwrap_or_default();
+    assert_eq!((report.status, report.restarts), (HealthStatus::Unhealthy, fleet_core::drift::LIMIT));
+    let starts = setup.manager.starts();
+    assert_eq!(starts, 1 + fleet_core::drift::LIMIT, "the first start and one per restart");
+    // Given up: it stays as it is, however long it stays unhealthy.
+    let before = setup.registry.unit_states().await.expect("states");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(setup.manager.starts(), starts, "no restart past the budget");
+    assert_eq!(setup.registry.unit_states().await.expect("states"), before, "nothing new to report");
+    setup.stop().await;
+}
