@@ -519,6 +519,13 @@ pub struct Source {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ready_seconds: Option<u64>,
+    /// Its rollouts' canary (`1`, `5%`), bake time and auto-revert, as a rollout request's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_revert: bool,
     /// What machines do when the source's units drift there: `correct` (put them back, the
     /// default) or `report`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -597,6 +604,15 @@ pub struct RolloutRequest {
     /// when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deadline_seconds: Option<u64>,
+    /// Replace this many units first (`1`, `5%`) and wait: for `bakeSeconds` of them staying
+    /// well, or for a promotion (`POST /rollouts/{name}/promote`) without it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake_seconds: Option<u64>,
+    /// A failed gate (a unit down, or unhealthy past its deadline) undoes the rollout by itself.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_revert: bool,
 }
 
 /// A rollout as the API shows it.
@@ -613,6 +629,27 @@ pub struct Rollout {
     pub min_ready_seconds: u64,
     pub units: Vec<RolloutUnit>,
     pub created: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<RolloutCanary>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_revert: bool,
+    /// Why it undid itself: the gate that failed (an undo begun by `autoRevert`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reverted: Option<String>,
+}
+
+/// A rollout's canary, as the API shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutCanary {
+    /// How many of the rollout's first units it holds.
+    pub count: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake_seconds: Option<u64>,
+    /// When all its units were done (seconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub done_since: Option<u64>,
+    pub promoted: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -145,6 +145,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(POST "/fleet/v1/rollouts/{name}/pause", ManageRollouts, Empty, |s, c| rollouts::act(s, c.param(), "pause").await),
     route!(POST "/fleet/v1/rollouts/{name}/resume", ManageRollouts, Empty, |s, c| rollouts::act(s, c.param(), "resume").await),
     route!(POST "/fleet/v1/rollouts/{name}/undo", ManageRollouts, Empty, |s, c| rollouts::act(s, c.param(), "undo").await),
+    route!(POST "/fleet/v1/rollouts/{name}/promote", ManageRollouts, Empty, |s, c| rollouts::act(s, c.param(), "promote").await),
     route!(POST "/fleet/v1/agents/join", Join, Json, |s, c| agents::join(s, c.headers, c.body).await),
     route!(POST "/fleet/v1/agents/renew", RenewMachine, Json, |s, c| agents::renew(s, c.identity, c.body).await),
     route!(POST "/fleet/v1/agents/{machine}/revoke", ManageCredentials, Empty, |s, c| agents::revoke(s, c.param()).await),

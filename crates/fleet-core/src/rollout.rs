@@ -1,10 +1,12 @@
 //! Rollouts, sans I/O: new content reaches running units in waves. At most `max_unavailable`
-//! of a rollout's units are down at once (being replaced, or down for any reason); a replaced
-//! unit counts as done once it ran the new content, active, for `min_ready`; a unit that
-//! fails to get there pauses the rollout, naming the unit and its state. [`advance`] is one
-//! step: from the rollout and what the machines report, the units to replace now and the
-//! rollout's next state. Whoever drives it (the engine leader) stores the rollout, so that a
-//! new leader carries on where the old one stopped.
+//! of a rollout's units are down or unhealthy at once (being replaced, or so for any reason);
+//! a replaced unit counts as done once it ran the new content, active and healthy (where it has
+//! a health check), for `min_ready`; a unit that fails to get there pauses the rollout, naming
+//! the unit and its state, or undoes it by itself (`auto_revert`). A canary goes first: its
+//! units are replaced alone, and the rest follow once it stayed well for its bake time or is
+//! promoted by hand. [`advance`] is one step: from the rollout and what the machines report,
+//! the units to replace now and the rollout's next state. Whoever drives it (the engine
+//! leader) stores the rollout, so that a new leader carries on where the old one stopped.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -56,6 +58,47 @@ impl fmt::Display for MaxUnavailable {
     }
 }
 
+/// The longest bake time a canary may ask for (seconds): a week.
+pub const MOST_BAKE: u64 = 7 * 86_400;
+
+/// How a rollout proves new content before it goes on, as a request or a source states it:
+/// a canary of `canary` units (a count or a percentage) first, staying well for `bake`
+/// seconds before the rest follow by themselves (only on a promotion without it), and whether
+/// a failed gate undoes the rollout by itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Gates {
+    pub canary: Option<MaxUnavailable>,
+    pub bake: Option<u64>,
+    pub auto_revert: bool,
+}
+
+impl Gates {
+    /// Reads the settings as the API and fleetctl take them.
+    pub fn parse(canary: Option<&str>, bake: Option<u64>, auto_revert: bool) -> Result<Self, String> {
+        let canary = canary
+            .map(|text| {
+                MaxUnavailable::parse(text).map_err(|_| {
+                    format!("invalid canary {text:?}: a number of units (1 or more) or a percentage (1% to 100%)")
+                })
+            })
+            .transpose()?;
+        if bake.is_some() && canary.is_none() {
+            return Err("a bake time needs a canary".to_string());
+        }
+        if bake.is_some_and(|bake| bake > MOST_BAKE) {
+            return Err(format!("invalid bake time: at most {MOST_BAKE} seconds (a week)"));
+        }
+        Ok(Self { canary, bake, auto_revert })
+    }
+
+    /// The canary of a rollout of `total` units, if it has one: never all of them.
+    pub fn canary_of(&self, total: usize) -> Option<Canary> {
+        let size = self.canary?;
+        let count = size.of(total).min(total.saturating_sub(1));
+        (count > 0).then_some(Canary { count, bake: self.bake, done_since: None, promoted: false })
+    }
+}
+
 /// Where one unit of a rollout is.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Step {
@@ -86,19 +129,47 @@ pub struct RolloutUnit {
 }
 
 /// What the machines report of one unit: the content it runs and how it runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
     pub hash: UnitHash,
     pub health: Health,
+    /// What its health check last found wrong, when it is unhealthy.
+    pub failure: String,
+}
+
+impl Observed {
+    pub fn new(hash: UnitHash, health: Health) -> Self {
+        Self { hash, health, failure: String::new() }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Health {
+    /// Active, and healthy where it has a health check.
     Active,
-    /// Starting, or stopped to be replaced: not down for good yet.
+    /// Starting, stopped to be replaced, or active with no verdict from its check yet: not
+    /// down for good yet.
     Changing,
+    /// Active, and its health check says it does not work.
+    Unhealthy,
     /// Failed, or stopped with no change under way.
     Down,
+}
+
+/// The rollout's first units, replaced before the rest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Canary {
+    /// How many of the rollout's first units it holds.
+    pub count: usize,
+    /// How long (seconds) the canary must stay well once all its units are done before the
+    /// rest follow by themselves; `None`: only when promoted by hand.
+    pub bake: Option<u64>,
+    /// When every unit of the canary was done (the bake began).
+    #[serde(default)]
+    pub done_since: Option<u64>,
+    /// Whether the rest may follow.
+    #[serde(default)]
+    pub promoted: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -123,14 +194,30 @@ pub struct Rollout {
     /// It takes units back to the content they had (an undo), so its end is "undone".
     #[serde(default)]
     pub undo: bool,
+    #[serde(default)]
+    pub canary: Option<Canary>,
+    /// A failed gate (a unit down, or unhealthy past its deadline) undoes the rollout by
+    /// itself instead of pausing it.
+    #[serde(default)]
+    pub auto_revert: bool,
+    /// Why this undo began by itself: the gate that failed.
+    #[serde(default)]
+    pub reverted: Option<String>,
 }
 
 impl Rollout {
-    /// The state as the API words it: `running`, `paused` (by hand), `failed` (paused by a unit
-    /// that did not get there), `done`, or `undone` (an undo that finished).
+    /// The state as the API words it: `running`, `canary` (its canary is done and waits for
+    /// its bake or a promotion), `paused` (by hand), `failed` (paused by a unit that did not get
+    /// there), `done`, `undone` (an undo that finished), or `reverting`/`reverted` (an undo
+    /// that began by itself).
     pub fn state_word(&self) -> &'static str {
         match &self.state {
+            RolloutState::Running if self.reverted.is_some() => "reverting",
+            RolloutState::Running if self.canary.as_ref().is_some_and(|c| c.done_since.is_some() && !c.promoted) => {
+                "canary"
+            }
             RolloutState::Running => "running",
+            RolloutState::Done if self.reverted.is_some() => "reverted",
             RolloutState::Paused { .. } if self.units.iter().any(|unit| matches!(unit.step, Step::Failed { .. })) => {
                 "failed"
             }
@@ -149,73 +236,63 @@ pub struct Advance {
 }
 
 /// One step of `rollout` at `now` (seconds), with what the machines report per unit (a unit
-/// with no report is down). Moves units along, pauses on a failure, starts the next wave
-/// when the budget allows, and says which units to replace now.
+/// with no report is down). Moves units along, pauses on a failure (or, with `auto_revert`,
+/// turns the rollout into its undo), promotes a canary that baked, starts the next wave when
+/// the budget allows, and says which units to replace now.
 pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now: u64) -> Advance {
-    for unit in &mut rollout.units {
-        let seen = observed.get(&unit.name);
-        let running_new = seen.filter(|seen| seen.hash == unit.to);
-        unit.step = match (&unit.step, running_new.map(|seen| seen.health)) {
-            (Step::Replacing { .. }, Some(Health::Active)) => Step::Ready { since: now },
-            (Step::Replacing { since }, health) => {
-                if health == Some(Health::Down) {
-                    Step::Failed { why: format!("{} is down on its new content", unit.name) }
-                } else if now.saturating_sub(*since) > rollout.deadline {
-                    let state = describe(seen, unit.to);
-                    Step::Failed {
-                        why: format!("{} did not become active within {}s ({state})", unit.name, rollout.deadline),
-                    }
-                } else {
-                    unit.step.clone()
-                }
-            }
-            (Step::Ready { since }, Some(Health::Active)) if now.saturating_sub(*since) >= rollout.min_ready => {
-                Step::Done
-            }
-            (Step::Ready { .. }, Some(Health::Active)) => unit.step.clone(),
-            (Step::Ready { .. }, Some(Health::Down)) => Step::Failed {
-                why: format!("{} went down within {}s of its replacement", unit.name, rollout.min_ready),
-            },
-            // Not active for a while (its machine was lost and it moves, it restarts): it has
-            // its deadline again to come back.
-            (Step::Ready { .. }, _) => Step::Replacing { since: now },
-            (step, _) => step.clone(),
-        };
-    }
+    step_units(rollout, observed, now);
+    // An undo is not gated: it puts back content known to work, and a unit that does not
+    // come back well on it stays marked while the others go on.
     if let Some(why) = rollout.units.iter().find_map(|unit| match &unit.step {
         Step::Failed { why } => Some(why.clone()),
         _ => None,
     }) && rollout.state == RolloutState::Running
+        && !rollout.undo
     {
-        rollout.state = RolloutState::Paused { reason: why };
+        if rollout.auto_revert && !rollout.undo {
+            // The gate failed: every unit touched goes back, starting with this step.
+            let mut revert = rollout.undo();
+            revert.reverted = Some(why);
+            *rollout = revert;
+        } else {
+            rollout.state = RolloutState::Paused { reason: why };
+        }
     }
-    if rollout.units.iter().all(|unit| unit.step == Step::Done) {
+    let finished = |step: &Step| *step == Step::Done || (rollout.undo && matches!(step, Step::Failed { .. }));
+    if rollout.units.iter().all(|unit| finished(&unit.step)) {
         rollout.state = RolloutState::Done;
     }
     if rollout.state != RolloutState::Running {
         return Advance::default();
     }
-    // In flight until done (a ready unit has not yet stayed active for min_ready), and the
-    // waiting units that are down anyway.
+    promote_a_baked_canary(rollout, now);
+    // In flight until done (a ready unit has not yet stayed well for min_ready), and the
+    // others that are down or unhealthy anyway, done or not yet started on.
+    let is_down = |name: &str| observed.get(name).is_none_or(|seen| seen.health != Health::Active);
     let down = rollout
         .units
         .iter()
         .filter(|unit| match unit.step {
-            Step::Replacing { .. } | Step::Ready { .. } | Step::Failed { .. } => true,
-            Step::Waiting => observed.get(&unit.name).is_none_or(|seen| seen.health != Health::Active),
-            Step::Done => false,
+            Step::Replacing { .. } | Step::Ready { .. } => true,
+            Step::Failed { .. } if !rollout.undo => true,
+            Step::Waiting | Step::Done | Step::Failed { .. } => is_down(&unit.name),
         })
         .count();
     let mut budget = rollout.max_unavailable.of(rollout.units.len()).saturating_sub(down);
+    // Until a canary is promoted, only its units are replaced.
+    let eligible = match &rollout.canary {
+        Some(canary) if !canary.promoted => canary.count,
+        _ => rollout.units.len(),
+    };
     let mut advance = Advance::default();
     // A unit that is down anyway goes first and costs nothing: replacing it takes nothing
     // more down (and an undo must reach the units a bad version took down).
-    let is_down = |name: &str| observed.get(name).is_none_or(|seen| seen.health != Health::Active);
-    for unit in rollout.units.iter_mut().filter(|unit| unit.step == Step::Waiting && is_down(&unit.name)) {
+    for unit in rollout.units.iter_mut().take(eligible).filter(|unit| unit.step == Step::Waiting && is_down(&unit.name))
+    {
         unit.step = Step::Replacing { since: now };
         advance.replace.push(unit.name.clone());
     }
-    for unit in rollout.units.iter_mut().filter(|unit| unit.step == Step::Waiting) {
+    for unit in rollout.units.iter_mut().take(eligible).filter(|unit| unit.step == Step::Waiting) {
         if budget == 0 {
             break;
         }
@@ -226,9 +303,71 @@ pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now
     advance
 }
 
+/// Moves each unit along by what its machine reports.
+fn step_units(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now: u64) {
+    let canary_units = rollout.canary.as_ref().filter(|canary| !canary.promoted).map_or(0, |canary| canary.count);
+    let (deadline, min_ready) = (rollout.deadline, rollout.min_ready);
+    for (index, unit) in rollout.units.iter_mut().enumerate() {
+        let seen = observed.get(&unit.name);
+        let running_new = seen.filter(|seen| seen.hash == unit.to);
+        let failure = running_new.map_or("", |seen| seen.failure.as_str());
+        let name = &unit.name;
+        unit.step = match (&unit.step, running_new.map(|seen| seen.health)) {
+            (Step::Replacing { .. }, Some(Health::Active)) => Step::Ready { since: now },
+            (Step::Replacing { .. }, Some(Health::Down)) => {
+                Step::Failed { why: format!("{name} is down on its new content") }
+            }
+            (Step::Replacing { since }, health) if now.saturating_sub(*since) > deadline => Step::Failed {
+                why: match health {
+                    Some(Health::Unhealthy) => with_failure(
+                        format!("{name} was still unhealthy on its new content after {deadline}s"),
+                        failure,
+                    ),
+                    _ => format!("{name} did not become active within {deadline}s ({})", describe(seen, unit.to)),
+                },
+            },
+            (Step::Ready { since }, Some(Health::Active)) if now.saturating_sub(*since) >= min_ready => Step::Done,
+            (Step::Ready { .. }, Some(Health::Active)) => unit.step.clone(),
+            (Step::Ready { .. }, Some(Health::Down)) => {
+                Step::Failed { why: format!("{name} went down within {min_ready}s of its replacement") }
+            }
+            (Step::Ready { .. }, Some(Health::Unhealthy)) => Step::Failed {
+                why: with_failure(format!("{name} turned unhealthy within {min_ready}s of its replacement"), failure),
+            },
+            // Not active for a while (its machine was lost and it moves, it restarts): it has
+            // its deadline again to come back.
+            (Step::Ready { .. }, _) => Step::Replacing { since: now },
+            // A canary stays watched until it is promoted.
+            (Step::Done, Some(Health::Down)) if index < canary_units => {
+                Step::Failed { why: format!("{name}, of the canary, went down before it was promoted") }
+            }
+            (Step::Done, Some(Health::Unhealthy)) if index < canary_units => Step::Failed {
+                why: with_failure(format!("{name}, of the canary, turned unhealthy before it was promoted"), failure),
+            },
+            (step, _) => step.clone(),
+        };
+    }
+}
+
+/// Promotes the canary once every unit of it is done and it stayed so for its bake time.
+fn promote_a_baked_canary(rollout: &mut Rollout, now: u64) {
+    let Some(canary) = rollout.canary.as_mut().filter(|canary| !canary.promoted) else { return };
+    if !rollout.units.iter().take(canary.count).all(|unit| unit.step == Step::Done) {
+        return;
+    }
+    let since = *canary.done_since.get_or_insert(now);
+    if canary.bake.is_some_and(|bake| now.saturating_sub(since) >= bake) {
+        canary.promoted = true;
+    }
+}
+
+fn with_failure(text: String, failure: &str) -> String {
+    if failure.is_empty() { text } else { format!("{text}: {failure}") }
+}
+
 /// When the next step of `rollout` may differ though the machines report nothing new
-/// (seconds): the earliest moment a unit being replaced passes its deadline, or a ready unit
-/// has stayed active for `min_ready`. `None` when nothing waits on time (or it does not run).
+/// (seconds): the earliest moment a unit being replaced passes its deadline, a ready unit
+/// has stayed active for `min_ready`, or a canary has baked. `None` when nothing waits on time (or it does not run).
 pub fn next_timed_step(rollout: &Rollout) -> Option<u64> {
     if rollout.state != RolloutState::Running {
         return None;
@@ -238,7 +377,11 @@ pub fn next_timed_step(rollout: &Rollout) -> Option<u64> {
         Step::Ready { since } => Some(since.saturating_add(rollout.min_ready)),
         Step::Waiting | Step::Done | Step::Failed { .. } => None,
     };
-    rollout.units.iter().filter_map(due).min()
+    let baked = rollout.canary.as_ref().filter(|canary| !canary.promoted).and_then(|canary| {
+        let bake = canary.bake?;
+        Some(canary.done_since?.saturating_add(bake))
+    });
+    rollout.units.iter().filter_map(due).chain(baked).min()
 }
 
 /// The units a source's rollout should carry after a sync that found `wanted` replacements
@@ -269,17 +412,23 @@ pub fn units_after_sync(existing: Option<&Rollout>, wanted: &[RolloutUnit]) -> O
 
 impl Rollout {
     /// The rollout that takes every unit this one touched back to its old content, in the
-    /// same waves; units it never started on stay as they are.
+    /// same waves. Units it never started on stay as they are, done already: they are still
+    /// the undo's, so that one of them down for other reasons counts against its budget.
     pub fn undo(&self) -> Rollout {
+        let back = |unit: &RolloutUnit| {
+            if unit.step == Step::Waiting || unit.from == unit.to {
+                RolloutUnit { name: unit.name.clone(), from: unit.from, to: unit.from, step: Step::Done }
+            } else {
+                RolloutUnit { name: unit.name.clone(), from: unit.to, to: unit.from, step: Step::Waiting }
+            }
+        };
         Rollout {
-            units: self
-                .units
-                .iter()
-                .filter(|unit| unit.step != Step::Waiting)
-                .map(|unit| RolloutUnit { name: unit.name.clone(), from: unit.to, to: unit.from, step: Step::Waiting })
-                .collect(),
+            units: self.units.iter().map(back).collect(),
             state: RolloutState::Running,
             undo: true,
+            canary: None,
+            auto_revert: false,
+            reverted: None,
             ..self.clone()
         }
     }
@@ -289,231 +438,10 @@ fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
     match seen {
         None => "no state reported".to_string(),
         Some(seen) if seen.hash != to => "still on its old content".to_string(),
+        Some(seen) if seen.health == Health::Changing => "starting, or not yet healthy".to_string(),
         Some(seen) => format!("{:?}", seen.health).to_lowercase(),
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const OLD: UnitHash = UnitHash([1; 20]);
-    const NEW: UnitHash = UnitHash([2; 20]);
-
-    fn rollout(count: usize, max_unavailable: MaxUnavailable) -> Rollout {
-        Rollout {
-            units: (0..count)
-                .map(|n| RolloutUnit { name: format!("web@{n}.service"), from: OLD, to: NEW, step: Step::Waiting })
-                .collect(),
-            max_unavailable,
-            min_ready: 5,
-            deadline: 60,
-            state: RolloutState::Running,
-            undo: false,
-        }
-    }
-
-    fn all(count: usize, hash: UnitHash, health: Health) -> BTreeMap<String, Observed> {
-        (0..count).map(|n| (format!("web@{n}.service"), Observed { hash, health })).collect()
-    }
-
-    #[test]
-    fn undo_goes_back_where_it_started() {
-        let mut rollout = rollout(4, MaxUnavailable::Count(2));
-        advance(&mut rollout, &all(4, OLD, Health::Active), 0);
-        let undo = rollout.undo();
-        assert_eq!(undo.units.len(), 2);
-        assert!(undo.units.iter().all(|unit| unit.to == OLD && unit.from == NEW && unit.step == Step::Waiting));
-        assert_eq!(undo.state_word(), "running");
-        let mut finished = undo.clone();
-        finished.state = RolloutState::Done;
-        assert_eq!(finished.state_word(), "undone", "an undo that finished says so");
-    }
-
-    /// With the same reports, a step one second before the moment `next_timed_step` names
-    /// changes nothing, and a step at it does.
-    fn changes_first_at(rollout: &Rollout, reports: &BTreeMap<String, Observed>) -> u64 {
-        let due = next_timed_step(rollout).expect("something waits on time");
-        let stepped = |at: u64| {
-            let mut copy = rollout.clone();
-            advance(&mut copy, reports, at);
-            copy
-        };
-        assert_eq!(&stepped(due - 1), rollout, "nothing is due before {due}");
-        assert_ne!(&stepped(due), rollout, "a step is due at {due}");
-        due
-    }
-
-    #[test]
-    fn the_next_timed_step_is_when_a_deadline_passes_or_min_ready_is_reached() {
-        let mut rollout = rollout(2, MaxUnavailable::Count(1));
-        advance(&mut rollout, &all(2, OLD, Health::Active), 0);
-        let mut reports = all(2, OLD, Health::Active);
-        reports.insert("web@0.service".into(), Observed { hash: NEW, health: Health::Changing });
-        assert_eq!(changes_first_at(&rollout, &reports), 61, "the deadline (60 s) passed");
-        reports.insert("web@0.service".into(), Observed { hash: NEW, health: Health::Active });
-        advance(&mut rollout, &reports, 10);
-        assert_eq!(rollout.units[0].step, Step::Ready { since: 10 });
-        assert_eq!(changes_first_at(&rollout, &reports), 15, "active for min_ready (5 s)");
-        rollout.state = RolloutState::Paused { reason: "by hand".into() };
-        assert_eq!(next_timed_step(&rollout), None, "a paused rollout waits on nothing");
-    }
-
-    fn replacing(name: &str, from: UnitHash, to: UnitHash) -> RolloutUnit {
-        RolloutUnit { name: name.into(), from, to, step: Step::Waiting }
-    }
-
-    #[test]
-    fn a_sync_during_a_rollout_keeps_its_progress_and_every_unit_it_touched() {
-        let mut rollout = rollout(4, MaxUnavailable::Count(2));
-        advance(&mut rollout, &all(4, OLD, Health::Active), 0);
-        // Two units replaced: the next sync finds only the other two still to change.
-        let left = [replacing("web@2.service", OLD, NEW), replacing("web@3.service", OLD, NEW)];
-        assert_eq!(units_after_sync(Some(&rollout), &left), None, "the rollout goes on as it is");
-        // A new commit changes one of them again and adds a unit: those start over or join,
-        // the rest keep their steps.
-        const NEWER: UnitHash = UnitHash([3; 20]);
-        let wanted = [
-            replacing("web@0.service", NEW, NEWER),
-            replacing("web@3.service", OLD, NEW),
-            replacing("db.service", OLD, NEWER),
-        ];
-        let units = units_after_sync(Some(&rollout), &wanted).expect("a change");
-        assert_eq!(units.len(), 5, "every unit touched is kept: {units:?}");
-        assert_eq!(units[0], replacing("web@0.service", NEW, NEWER), "new content for it starts over");
-        assert_eq!(units[1], rollout.units[1], "its step is kept");
-        assert_eq!(units[4], replacing("db.service", OLD, NEWER));
-        // A finished rollout is not merged into.
-        rollout.state = RolloutState::Done;
-        assert_eq!(units_after_sync(Some(&rollout), &left).map(|units| units.len()), Some(2));
-        assert_eq!(units_after_sync(None, &left).map(|units| units.len()), Some(2));
-    }
-
-    #[test]
-    fn budgets_count_and_percent() {
-        assert_eq!(MaxUnavailable::parse("2"), Ok(MaxUnavailable::Count(2)));
-        assert_eq!(MaxUnavailable::parse("25%").map(|max| max.of(12)), Ok(3));
-        assert_eq!(MaxUnavailable::parse("1%").map(|max| max.of(12)), Ok(1));
-        assert!(MaxUnavailable::parse("0").is_err() && MaxUnavailable::parse("101%").is_err());
-    }
-
-    #[test]
-    fn waves_of_two_each_waiting_for_the_last_to_be_ready() {
-        let mut rollout = rollout(5, MaxUnavailable::Count(2));
-        let mut seen = all(5, OLD, Health::Active);
-        assert_eq!(advance(&mut rollout, &seen, 100).replace, vec!["web@0.service", "web@1.service"]);
-        assert!(advance(&mut rollout, &seen, 101).replace.is_empty(), "two are being replaced: no budget");
-        for n in 0..2 {
-            seen.insert(format!("web@{n}.service"), Observed { hash: NEW, health: Health::Active });
-        }
-        assert!(advance(&mut rollout, &seen, 102).replace.is_empty(), "ready, not yet for min_ready");
-        assert_eq!(advance(&mut rollout, &seen, 107).replace, vec!["web@2.service", "web@3.service"]);
-        for n in 2..5 {
-            seen.insert(format!("web@{n}.service"), Observed { hash: NEW, health: Health::Active });
-        }
-        advance(&mut rollout, &seen, 108);
-        assert_eq!(advance(&mut rollout, &seen, 113).replace, vec!["web@4.service"]);
-        advance(&mut rollout, &seen, 114);
-        advance(&mut rollout, &seen, 120);
-        assert_eq!(rollout.state, RolloutState::Done);
-    }
-
-    #[test]
-    fn a_unit_down_for_its_own_reasons_goes_first_and_takes_from_the_budget() {
-        let mut rollout = rollout(4, MaxUnavailable::Count(2));
-        let mut seen = all(4, OLD, Health::Active);
-        seen.insert("web@3.service".into(), Observed { hash: OLD, health: Health::Down });
-        assert_eq!(advance(&mut rollout, &seen, 0).replace, vec!["web@3.service", "web@0.service"]);
-    }
-
-    #[test]
-    fn an_undo_reaches_the_units_a_bad_version_took_down() {
-        let mut rollout = rollout(6, MaxUnavailable::Count(2));
-        let mut seen = all(6, OLD, Health::Active);
-        advance(&mut rollout, &seen, 0);
-        for n in 0..2 {
-            seen.insert(format!("web@{n}.service"), Observed { hash: NEW, health: Health::Down });
-        }
-        advance(&mut rollout, &seen, 1);
-        let mut undo = rollout.undo();
-        assert_eq!(advance(&mut undo, &seen, 2).replace, vec!["web@0.service", "web@1.service"]);
-    }
-
-    #[test]
-    fn a_failure_pauses_the_rollout_and_names_the_unit() {
-        let mut rollout = rollout(6, MaxUnavailable::Count(2));
-        let mut seen = all(6, OLD, Health::Active);
-        advance(&mut rollout, &seen, 0);
-        seen.insert("web@0.service".into(), Observed { hash: NEW, health: Health::Down });
-        seen.insert("web@1.service".into(), Observed { hash: NEW, health: Health::Active });
-        assert!(advance(&mut rollout, &seen, 1).replace.is_empty());
-        assert_eq!(rollout.state, RolloutState::Paused { reason: "web@0.service is down on its new content".into() });
-        assert_eq!(rollout.state_word(), "failed", "paused by a failure, it says so");
-        let touched = rollout.units.iter().filter(|unit| unit.step != Step::Waiting).count();
-        assert_eq!(touched, 2, "at most max-unavailable units were affected");
-        assert!(advance(&mut rollout, &seen, 100).replace.is_empty(), "a paused rollout starts nothing");
-    }
-
-    #[test]
-    fn a_ready_unit_that_moves_waits_again_and_one_that_goes_down_fails() {
-        let mut rollout = rollout(2, MaxUnavailable::Count(2));
-        advance(&mut rollout, &all(2, OLD, Health::Active), 0);
-        advance(&mut rollout, &all(2, NEW, Health::Active), 1);
-        let mut seen = all(2, NEW, Health::Active);
-        seen.remove("web@0.service");
-        seen.insert("web@1.service".into(), Observed { hash: NEW, health: Health::Down });
-        advance(&mut rollout, &seen, 2);
-        assert_eq!(rollout.units[0].step, Step::Replacing { since: 2 });
-        assert!(matches!(rollout.units[1].step, Step::Failed { .. }));
-    }
-
-    #[test]
-    fn a_unit_that_never_becomes_active_fails_at_the_deadline() {
-        let mut rollout = rollout(1, MaxUnavailable::Count(1));
-        let seen = all(1, OLD, Health::Changing);
-        advance(&mut rollout, &all(1, OLD, Health::Active), 0);
-        advance(&mut rollout, &seen, 30);
-        assert!(matches!(rollout.units[0].step, Step::Replacing { .. }));
-        advance(&mut rollout, &seen, 61);
-        assert_eq!(
-            rollout.state,
-            RolloutState::Paused {
-                reason: "web@0.service did not become active within 60s (still on its old content)".into()
-            }
-        );
-    }
-
-    proptest::proptest! {
-        /// Whatever the machines report, a step never takes more units down than the budget
-        /// allows: after it, no more are unavailable than max-unavailable or than before it.
-        #[test]
-        fn never_more_than_the_budget_in_flight(
-            reports in proptest::collection::vec((0u8..3, 0u8..3), 1..40),
-            max in 1usize..5,
-            count in 1usize..12,
-        ) {
-            let mut rollout = rollout(count, MaxUnavailable::Count(max));
-            for (now, (hash, health)) in reports.iter().enumerate() {
-                let hash = if *hash == 0 { OLD } else { NEW };
-                let health = [Health::Active, Health::Changing, Health::Down][usize::from(*health)];
-                let seen = all(count, hash, health);
-                // Unavailable: in flight, or waiting and down anyway.
-                let unavailable = |rollout: &Rollout| {
-                    rollout
-                        .units
-                        .iter()
-                        .filter(|unit| match unit.step {
-                            Step::Replacing { .. } | Step::Ready { .. } | Step::Failed { .. } => true,
-                            Step::Waiting => seen[&unit.name].health != Health::Active,
-                            Step::Done => false,
-                        })
-                        .count()
-                };
-                let before = unavailable(&rollout);
-                advance(&mut rollout, &seen, u64::try_from(now).unwrap_or(0));
-                let after = unavailable(&rollout);
-                proptest::prop_assert!(after <= max.max(before), "{after} unavailable after, {before} before, budget {max}");
-            }
-        }
-    }
-}
+mod tests;

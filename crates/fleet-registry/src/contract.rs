@@ -620,6 +620,9 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
             deadline: 60,
             state,
             undo: false,
+            canary: None,
+            auto_revert: false,
+            reverted: None,
         },
         bodies: [(unit("/bin/b").hash().to_string(), unit("/bin/b").serialize())].into(),
         created: 1_700_000_000,
@@ -658,6 +661,9 @@ pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn R
         deadline: 60,
         state: RolloutState::Running,
         undo: false,
+        canary: None,
+        auto_revert: false,
+        reverted: None,
     };
     let record = RolloutRecord { name: "web".into(), rollout, bodies: Default::default(), created: 1_700_000_000 };
     registry.put_rollout(&record).await.expect("store");

@@ -1,6 +1,7 @@
 //! A git source as the registry keeps it, and what its last sync did.
 
 use fleet_core::drift::DriftPolicy;
+use fleet_core::rollout::Gates;
 use serde::{Deserialize, Serialize};
 
 /// A source: where its units come from and how it is synced. Holds no secret: credentials
@@ -35,6 +36,9 @@ pub struct SourceRecord {
     /// How long a unit its rollout replaced must stay active before the next wave (seconds).
     #[serde(default = "default_min_ready")]
     pub min_ready_seconds: u64,
+    /// Its rollouts' canary, bake time and auto-revert.
+    #[serde(default, skip_serializing_if = "is_default_gates")]
+    pub gates: Gates,
     /// What the machines do when the source's units drift there: put them back, or report.
     #[serde(default, skip_serializing_if = "DriftPolicy::is_default")]
     pub drift: DriftPolicy,
@@ -45,6 +49,10 @@ pub struct SourceRecord {
 
 fn default_min_ready() -> u64 {
     10
+}
+
+fn is_default_gates(gates: &Gates) -> bool {
+    *gates == Gates::default()
 }
 
 impl SourceRecord {
@@ -65,6 +73,7 @@ impl SourceRecord {
             webhook_secret: None,
             max_unavailable: None,
             min_ready_seconds: default_min_ready(),
+            gates: Gates::default(),
             drift: DriftPolicy::default(),
             generation: 0,
         }

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::health::HealthStatus;
 use fleet_core::rollout::{Health, Observed, RolloutState, advance, next_timed_step};
 use fleet_core::{UnitFile, UnitState};
 use fleet_registry::{RegistryError, RolloutRecord, UnitView, Writer};
@@ -30,10 +31,15 @@ pub struct RolloutDriver {
     registry: Arc<dyn LeaderStore>,
 }
 
-/// How a unit runs, as a rollout counts it.
+/// How a unit runs, as a rollout counts it: active counts only once its health check (where
+/// it has one) says healthy.
 pub fn health(state: &UnitState) -> Health {
     match state.systemd.active.as_str() {
-        "active" => Health::Active,
+        "active" => match state.health.as_ref().map(|report| report.status) {
+            None | Some(HealthStatus::Healthy) => Health::Active,
+            Some(HealthStatus::Unknown) => Health::Changing,
+            Some(HealthStatus::Unhealthy) => Health::Unhealthy,
+        },
         "failed" => Health::Down,
         // Loaded and not started yet (a replacement under way), or started and gone.
         "inactive" if !state.launched => Health::Changing,
@@ -48,7 +54,8 @@ pub fn observed(states: &[UnitState], units: &BTreeMap<String, UnitView>) -> BTr
     let mut seen: BTreeMap<String, Observed> = BTreeMap::new();
     for state in states {
         let current = units.get(&state.name).map(|unit| unit.hash);
-        let report = Observed { hash: state.hash, health: health(state) };
+        let failure = state.health.as_ref().map(|report| report.failure.clone()).unwrap_or_default();
+        let report = Observed { hash: state.hash, health: health(state), failure };
         match seen.get(&state.name) {
             Some(kept) if Some(kept.hash) == current && Some(state.hash) != current => {}
             _ => {
@@ -96,6 +103,9 @@ impl RolloutDriver {
                 self.replace(&record, name, &units).await?;
             }
             if record.rollout != before {
+                if let Some(why) = record.rollout.reverted.as_ref().filter(|_| before.reverted.is_none()) {
+                    tracing::warn!(rollout = record.name, why, "rollout reverting by itself: a gate failed");
+                }
                 if let RolloutState::Paused { reason } = &record.rollout.state {
                     tracing::warn!(rollout = record.name, reason, "rollout paused");
                 } else if record.rollout.state == RolloutState::Done {

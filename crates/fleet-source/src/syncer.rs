@@ -307,12 +307,15 @@ impl SourceSyncer {
         };
         tracing::info!(source = source.name, units = units.len(), %max_unavailable, "rolling out new content");
         let rollout = Rollout {
+            canary: source.gates.canary_of(units.len()),
             units,
             max_unavailable,
             min_ready: source.min_ready_seconds,
             deadline: ROLLOUT_DEADLINE,
             state: RolloutState::Running,
             undo: false,
+            auto_revert: source.gates.auto_revert,
+            reverted: None,
         };
         self.registry.put_rollout(&RolloutRecord { name, rollout, bodies, created }).await
     }

@@ -275,6 +275,9 @@ async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
         deadline: 3600,
         state: RolloutState::Running,
         undo: false,
+        canary: None,
+        auto_revert: false,
+        reverted: None,
     };
     let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
     let started = tokio::time::Instant::now();

@@ -476,6 +476,8 @@ pub struct SourceAdd {
     /// wave (e.g. 10s)
     #[arg(long, default_value = "10s")]
     min_ready: String,
+    #[command(flatten)]
+    gates: RolloutGates,
     /// What machines do when a unit of the source is stopped or edited on them
     /// outside fleet: correct (put it back) or report (only say so)
     #[arg(long, default_value = "correct", value_parser = ["correct", "report"])]
@@ -502,6 +504,8 @@ pub enum RolloutCommand {
         /// How long a replaced unit may take to become active before the rollout pauses
         #[arg(long, default_value = "2m")]
         deadline: String,
+        #[command(flatten)]
+        gates: RolloutGates,
         /// Only the instances whose names match this pattern (e.g. 'web@1*.service')
         #[arg(long)]
         instances: Option<String>,
@@ -529,6 +533,25 @@ pub enum RolloutCommand {
     Resume { name: String },
     /// Take every unit the rollout touched back to its old content, in the same waves
     Undo { name: String },
+    /// Let the rest follow a canary that is done, without waiting for its bake time
+    Promote { name: String },
+}
+
+/// How a rollout proves new content before it goes on (units with a health check count as
+/// ready only once healthy).
+#[derive(clap::Args, Debug, Default)]
+pub struct RolloutGates {
+    /// Replace this many units first (a number, or a percentage: 5%) and wait before the rest
+    #[arg(long)]
+    pub canary: Option<String>,
+    /// With --canary: how long the canary must stay well before the rest follow by themselves
+    /// (e.g. 5m); without it, the rest wait for `fleetctl rollout promote`
+    #[arg(long, requires = "canary")]
+    pub bake: Option<String>,
+    /// Undo the rollout by itself when a gate fails (a unit down, or unhealthy past its
+    /// deadline), instead of pausing it
+    #[arg(long)]
+    pub auto_revert: bool,
 }
 
 #[derive(Subcommand, Debug)]

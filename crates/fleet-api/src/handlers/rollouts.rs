@@ -1,4 +1,4 @@
-//! `/rollouts`, `/rollouts/{name}` and `/rollouts/{name}/{pause|resume|undo}` (our
+//! `/rollouts`, `/rollouts/{name}` and `/rollouts/{name}/{pause|resume|undo|promote}` (our
 //! addition): new content for running units, in waves the engine leader drives. Reading takes
 //! `ReadSources`, the rest `ManageRollouts`, checked by the router before any of these run.
 
@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleet_core::UnitFile;
-use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
+use fleet_core::rollout::{Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::source::checks::check_source_name;
 use fleet_core::unit_name::UnitNameInfo;
 use fleet_registry::{RegistryError, RolloutRecord};
@@ -15,7 +15,9 @@ use fleet_registry::{RegistryError, RolloutRecord};
 use crate::api_state::ApiState;
 use crate::auth::tokens::now_unix;
 use crate::error::{ApiError, json_response};
-use crate::schema::{Rollout as RolloutSchema, RolloutList, RolloutRequest, RolloutUnit as UnitSchema, UnitOption};
+use crate::schema::{
+    Rollout as RolloutSchema, RolloutCanary, RolloutList, RolloutRequest, RolloutUnit as UnitSchema, UnitOption,
+};
 
 /// The most units one rollout moves.
 const UNITS_MAX: usize = 100_000;
@@ -43,6 +45,12 @@ fn to_schema(record: RolloutRecord) -> RolloutSchema {
             UnitSchema { name: unit.name, step: step.to_string(), why }
         })
         .collect();
+    let canary = record.rollout.canary.map(|canary| RolloutCanary {
+        count: canary.count,
+        bake_seconds: canary.bake,
+        done_since: canary.done_since,
+        promoted: canary.promoted,
+    });
     RolloutSchema {
         name: record.name,
         state: state.to_string(),
@@ -51,6 +59,9 @@ fn to_schema(record: RolloutRecord) -> RolloutSchema {
         min_ready_seconds: record.rollout.min_ready,
         units,
         created: record.created,
+        canary,
+        auto_revert: record.rollout.auto_revert,
+        reverted: record.rollout.reverted,
     }
 }
 
@@ -81,6 +92,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     let request: RolloutRequest =
         serde_json::from_slice(body).map_err(|error| bad(format!("invalid rollout: {error}")))?;
     let max_unavailable = MaxUnavailable::parse(&request.max_unavailable).map_err(bad)?;
+    let gates = Gates::parse(request.canary.as_deref(), request.bake_seconds, request.auto_revert).map_err(bad)?;
     let contents = new_contents(request.units, request.options, request.files)?;
     if let Some(existing) = state.registry.rollouts().await?.into_iter().find(|record| record.name == name)
         && existing.rollout.state != RolloutState::Done
@@ -109,12 +121,15 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         units.push(RolloutUnit { name: unit, from: current.hash, to: file.hash(), step: Step::Waiting });
     }
     let rollout = Rollout {
+        canary: gates.canary_of(units.len()),
         units,
         max_unavailable,
         min_ready: request.min_ready_seconds.unwrap_or(DEFAULT_MIN_READY),
         deadline: request.deadline_seconds.unwrap_or(DEFAULT_DEADLINE).max(1),
         state: RolloutState::Running,
         undo: false,
+        auto_revert: gates.auto_revert,
+        reverted: None,
     };
     let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix() };
     state.registry.put_rollout(&record).await?;
@@ -153,7 +168,7 @@ fn new_contents(
     Ok(contents)
 }
 
-/// POST /rollouts/{name}/{pause|resume|undo}.
+/// POST /rollouts/{name}/{pause|resume|undo|promote}.
 pub async fn act(state: &ApiState, name: &str, action: &str) -> Result<Response, ApiError> {
     let mut record = find(state, name).await?;
     let now = now_unix();
@@ -171,13 +186,22 @@ pub async fn act(state: &ApiState, name: &str, action: &str) -> Result<Response,
             record.rollout.state = RolloutState::Running;
         }
         "undo" => record.rollout = record.rollout.undo(),
+        "promote" => match record.rollout.canary.as_mut() {
+            Some(canary) if !canary.promoted && record.rollout.state != RolloutState::Done => canary.promoted = true,
+            _ => {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    format!("rollout {name} has no canary waiting to be promoted"),
+                ));
+            }
+        },
         "pause" | "resume" => {
             return Err(ApiError::new(
                 StatusCode::CONFLICT,
                 format!("cannot {action} a rollout that is {:?}", record.rollout.state),
             ));
         }
-        _ => return Err(ApiError::not_found("no such rollout action (pause, resume, undo)")),
+        _ => return Err(ApiError::not_found("no such rollout action (pause, resume, undo, promote)")),
     }
     state.registry.put_rollout(&record).await?;
     Ok(json_response(StatusCode::OK, &to_schema(record)))

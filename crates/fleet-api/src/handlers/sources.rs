@@ -50,6 +50,9 @@ fn to_schema(record: SourceRecord, status: Option<SourceStatus>) -> Source {
         webhook_secret: record.webhook_secret,
         max_unavailable: record.max_unavailable,
         min_ready_seconds: Some(record.min_ready_seconds),
+        canary: record.gates.canary.map(|canary| canary.to_string()),
+        bake_seconds: record.gates.bake,
+        auto_revert: record.gates.auto_revert,
         drift: Some(record.drift.to_string()),
         status,
     }
@@ -127,6 +130,8 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
     if let Some(max) = &request.max_unavailable {
         fleet_core::rollout::MaxUnavailable::parse(max).map_err(bad)?;
     }
+    let gates = fleet_core::rollout::Gates::parse(request.canary.as_deref(), request.bake_seconds, request.auto_revert)
+        .map_err(bad)?;
     let drift = match request.drift.as_deref() {
         Some(policy) => DriftPolicy::parse(policy).map_err(bad)?,
         None => DriftPolicy::Correct,
@@ -148,6 +153,7 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
         webhook_secret: request.webhook_secret,
         max_unavailable: request.max_unavailable,
         min_ready_seconds: request.min_ready_seconds.unwrap_or(10).min(86_400),
+        gates,
         drift,
         generation: 0,
     })

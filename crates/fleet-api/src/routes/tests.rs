@@ -71,6 +71,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("POST", "/fleet/v1/rollouts/{name}/pause", "UAAADDDDUUUUX"),
     ("POST", "/fleet/v1/rollouts/{name}/resume", "UAAADDDDUUUUX"),
     ("POST", "/fleet/v1/rollouts/{name}/undo", "UAAADDDDUUUUX"),
+    ("POST", "/fleet/v1/rollouts/{name}/promote", "UAAADDDDUUUUX"),
     ("POST", "/fleet/v1/agents/join", "UUUUUUUUAUUUX"),
     ("POST", "/fleet/v1/agents/renew", "UDDDDDAAUUUUX"),
     ("POST", "/fleet/v1/agents/{machine}/revoke", "UAADDDDDUUUUX"),

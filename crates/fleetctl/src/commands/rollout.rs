@@ -1,4 +1,5 @@
-//! `fleetctl rollout start|list|status|pause|resume|undo`: new content in waves.
+//! `fleetctl rollout start|list|status|pause|resume|undo|promote`: new content in waves, a
+//! canary first when asked.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,8 +17,8 @@ use crate::{Outcome, RolloutCommand};
 
 pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
     match command {
-        RolloutCommand::Start { max_unavailable, min_ready, deadline, instances, name, file } => {
-            let request = StartRequest { max_unavailable, min_ready, deadline, instances, name, file };
+        RolloutCommand::Start { max_unavailable, min_ready, deadline, gates, instances, name, file } => {
+            let request = StartRequest { max_unavailable, min_ready, deadline, gates, instances, name, file };
             start(context, request).await
         }
         RolloutCommand::List { no_legend } => list(context, no_legend).await,
@@ -25,6 +26,7 @@ pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
         RolloutCommand::Pause { name } => act(context, &name, "pause").await,
         RolloutCommand::Resume { name } => act(context, &name, "resume").await,
         RolloutCommand::Undo { name } => act(context, &name, "undo").await,
+        RolloutCommand::Promote { name } => act(context, &name, "promote").await,
     }
 }
 
@@ -70,6 +72,12 @@ pub enum Unsettled {
 impl std::fmt::Display for Unsettled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
+            Self::Paused(rollout) if rollout.state == "reverted" => {
+                write!(f, "reverted: {}", rollout.reverted.as_deref().unwrap_or("a gate failed"))
+            }
+            Self::Paused(rollout) if rollout.state == "canary" => {
+                write!(f, "its canary is done and waits for: fleetctl rollout promote {}", rollout.name)
+            }
             Self::Paused(rollout) => write!(f, "paused: {}", rollout.reason.as_deref().unwrap_or("by hand")),
             Self::Failed(error) => f.write_str(error),
         }
@@ -83,6 +91,11 @@ pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instan
         match context.client.rollout(name).await {
             // Finished: its new content, or (undone) its old content back.
             Ok(Some(rollout)) if rollout.state == "done" || rollout.state == "undone" => return Ok(rollout),
+            // Still going by itself: waves, an undo begun by a failed gate, a canary baking.
+            Ok(Some(rollout)) if rollout.state == "running" || rollout.state == "reverting" => {}
+            Ok(Some(rollout))
+                if rollout.state == "canary"
+                    && rollout.canary.as_ref().is_some_and(|canary| canary.bake_seconds.is_some()) => {}
             Ok(Some(rollout)) if rollout.state != "running" => return Err(Unsettled::Paused(rollout)),
             Ok(Some(_)) => {}
             Ok(None) => return Err(Unsettled::Failed(format!("Rollout {name} not found"))),
@@ -99,6 +112,7 @@ struct StartRequest {
     max_unavailable: String,
     min_ready: String,
     deadline: String,
+    gates: crate::RolloutGates,
     instances: Option<String>,
     name: Option<String>,
     file: String,
@@ -130,6 +144,7 @@ async fn start(context: &Context, request: StartRequest) -> Outcome {
         (Ok(min_ready), Ok(deadline)) => (min_ready, deadline),
         (Err(outcome), _) | (_, Err(outcome)) => return outcome,
     };
+    let Ok((canary, bake_seconds, auto_revert)) = gate_settings(&request.gates) else { return Outcome::Usage };
     let path = with_default_unit_type(&request.file);
     let unit = Path::new(&path).file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
     let file = match read_unit_file(Path::new(&path)) {
@@ -171,6 +186,9 @@ async fn start(context: &Context, request: StartRequest) -> Outcome {
         max_unavailable: request.max_unavailable,
         min_ready_seconds: Some(min_ready),
         deadline_seconds: Some(deadline),
+        canary,
+        bake_seconds,
+        auto_revert,
         ..RolloutRequest::default()
     };
     match context.client.start_rollout(&name, &body).await {
@@ -189,6 +207,23 @@ async fn start(context: &Context, request: StartRequest) -> Outcome {
     }
 }
 
+/// The canary, bake time (seconds) and auto-revert of `gates`, as a request carries them; a
+/// bad value is said on stderr.
+pub fn gate_settings(gates: &crate::RolloutGates) -> Result<(Option<String>, Option<u64>, bool), ()> {
+    let bake = match gates.bake.as_deref().map(parse_go_duration).transpose() {
+        Ok(bake) => bake.map(|bake| bake.as_secs()),
+        Err(error) => {
+            eprintln!("Invalid --bake {:?}: {error}", gates.bake.as_deref().unwrap_or_default());
+            return Err(());
+        }
+    };
+    if let Err(error) = fleet_core::rollout::Gates::parse(gates.canary.as_deref(), bake, gates.auto_revert) {
+        eprintln!("Invalid rollout gates: {error}");
+        return Err(());
+    }
+    Ok((gates.canary.clone(), bake, gates.auto_revert))
+}
+
 fn counts(rollout: &Rollout) -> String {
     let count = |step: &str| rollout.units.iter().filter(|unit| unit.step == step).count();
     let moving = count("replacing") + count("ready");
@@ -201,8 +236,19 @@ fn show(rollout: &Rollout) {
     if let Some(reason) = &rollout.reason {
         println!("Why:             {reason}");
     }
+    if let Some(why) = &rollout.reverted {
+        println!("Reverted:        {why}");
+    }
     println!("Max unavailable: {}", rollout.max_unavailable);
     println!("Min ready:       {}s", rollout.min_ready_seconds);
+    if let Some(canary) = &rollout.canary {
+        let bake = canary.bake_seconds.map_or("until promoted".to_string(), |bake| format!("bakes {bake}s"));
+        let promoted = if canary.promoted { ", promoted" } else { "" };
+        println!("Canary:          {} units, {bake}{promoted}", canary.count);
+    }
+    if rollout.auto_revert {
+        println!("Auto-revert:     yes");
+    }
     println!("Units:           {}", counts(rollout));
     let mut rows = vec![["UNIT", "STEP", "WHY"].map(str::to_string).to_vec()];
     for unit in &rollout.units {

@@ -24,9 +24,13 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 webhook_secret,
                 max_unavailable,
                 min_ready,
+                gates,
                 drift,
                 name,
             } = *add_arguments;
+            let Ok((canary, bake_seconds, auto_revert)) = super::rollout::gate_settings(&gates) else {
+                return Outcome::Usage;
+            };
             let min_ready_seconds = match parse_go_duration(&min_ready) {
                 Ok(min_ready) => min_ready.as_secs(),
                 Err(error) => {
@@ -54,6 +58,9 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 webhook_secret,
                 max_unavailable,
                 min_ready_seconds: Some(min_ready_seconds),
+                canary,
+                bake_seconds,
+                auto_revert,
                 drift: Some(drift),
                 ..Source::default()
             };
