@@ -13,6 +13,32 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     file.check_writable().map_err(|error| error.to_string())?;
     check_service_directives(file).map_err(|error| error.to_string())?;
     crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
-    crate::health::check_of(name, file.options()).map_err(|error| error.to_string())?;
+    crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
     Requirements::from_unit(name, file).validate().map_err(|error| error.to_string())
+}
+
+/// The name a unit's health check is read under: its own, or for a template (which runs only
+/// as its instances) that of an instance `1`, so that `%i` in a port reads as a number. Each
+/// instance's own check is read under its own name when it is submitted.
+fn checked_as(name: &str) -> String {
+    let info = crate::unit_name::UnitNameInfo::new(name);
+    if !info.is_template() {
+        return name.to_string();
+    }
+    let suffix = &name[info.stem.len()..];
+    format!("{}@1{suffix}", info.prefix)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_template_s_check_is_read_as_an_instance_s() {
+        let file = UnitFile::parse("[X-Fleet]\nHealthCheck=http://127.0.0.1:80%i/health\n").expect("a unit");
+        assert_eq!(admit_unit("web@.service", &file), Ok(()));
+        assert_eq!(admit_unit("web@5.service", &file), Ok(()));
+        assert!(admit_unit("web@x.service", &file).is_err_and(|error| error.contains("invalid port \"80x\"")));
+        assert_eq!(checked_as("db.service"), "db.service");
+    }
 }
