@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Task};
 use fleet_core::desired_units::{Assigned, desired_units};
+use fleet_core::health::HealthStatus;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport};
 use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, TriggerId, Triggers};
@@ -558,6 +559,8 @@ impl Agent {
         };
         self.follow_health(&held).await;
         let health = self.health.reports();
+        let unhealthy = health.values().filter(|report| report.status == HealthStatus::Unhealthy).count();
+        fleet_metrics::metrics().agent.units_unhealthy.set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
         // Most passes change nothing: that is decided without building a single state.
         let mut present = 0;
         let unchanged = self.loaded.iter().all(|(name, loaded)| {
@@ -627,6 +630,7 @@ impl Agent {
             if let Err(error) = self.manager.start(&name).await {
                 tracing::warn!(unit = name, %error, "starting an unhealthy unit again");
             }
+            fleet_metrics::metrics().agent.health_restarts.inc();
             self.health.restarted(&name);
         }
     }

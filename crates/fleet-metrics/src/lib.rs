@@ -88,6 +88,10 @@ pub struct AgentMetrics {
     pub drifts: Counter,
     /// Drifted units the agent put back.
     pub drift_corrections: Counter,
+    /// Units on this machine whose health checks find them unhealthy now.
+    pub units_unhealthy: Gauge,
+    /// Restarts of units their health checks found unhealthy (`HealthCheckRestart=`).
+    pub health_restarts: Counter,
 }
 
 /// Requests to the store, whichever it is.
@@ -141,6 +145,8 @@ impl Metrics {
             units: Gauge::default(),
             drifts: Counter::default(),
             drift_corrections: Counter::default(),
+            units_unhealthy: Gauge::default(),
+            health_restarts: Counter::default(),
         };
         let store = StoreMetrics {
             request_duration: Family::new_with_constructor(latency_histogram),
@@ -168,6 +174,16 @@ impl Metrics {
         fleet.register("agent_units", "Units the agent holds on this machine", agent.units.clone());
         fleet.register("agent_drifts", "Units found drifted from what fleet made them", agent.drifts.clone());
         fleet.register("agent_drift_corrections", "Drifted units the agent put back", agent.drift_corrections.clone());
+        fleet.register(
+            "agent_units_unhealthy",
+            "Units on this machine its health checks find unhealthy",
+            agent.units_unhealthy.clone(),
+        );
+        fleet.register(
+            "agent_health_restarts",
+            "Units restarted because their health checks found them unhealthy",
+            agent.health_restarts.clone(),
+        );
         fleet.register_with_unit(
             "store_request_duration",
             "How long requests to the store took",

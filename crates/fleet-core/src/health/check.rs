@@ -206,7 +206,7 @@ fn parse_probe(value: &str) -> Result<Probe, HealthCheckError> {
 fn host_and_port(authority: &str, default_port: Option<u16>) -> Result<(String, u16), String> {
     let (host, port) = if let Some(bracketed) = authority.strip_prefix('[') {
         let (host, after) = bracketed.split_once(']').ok_or("an IPv6 address needs its closing ]")?;
-        if host.parse::<std::net::Ipv6Addr>().is_err() {
+        if host.parse::<core::net::Ipv6Addr>().is_err() {
             return Err(format!("{host:?} is not an IPv6 address"));
         }
         (host, after.strip_prefix(':'))
