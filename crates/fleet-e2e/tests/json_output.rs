@@ -75,7 +75,7 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert_eq!(bad.code, 2, "{bad:?}");
 
     let wide = fleet.ok(&["list-units", "-o", "wide"]).stdout;
-    assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\tDRIFT\n"), "{wide}");
+    assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\tDRIFT\tHEALTH\n"), "{wide}");
     let wide = fleet.ok(&["list-machines", "-o", "wide"]).stdout;
     assert!(
         wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\tDRAIN\n"),

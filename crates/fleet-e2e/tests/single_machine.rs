@@ -189,7 +189,7 @@ fn usage_errors_and_version() {
     // The original's line, then the fields there are.
     assert_eq!(
         (bad_fields.code, bad_fields.stderr.as_str()),
-        (1, "Invalid key in output format: \"bogus\"\nValid fields: active,drift,hash,load,machine,sub,unit\n")
+        (1, "Invalid key in output format: \"bogus\"\nValid fields: active,drift,hash,health,load,machine,sub,unit\n")
     );
     let none = fleet.fleetctl(&["list-unit-files", "--fields", ""]);
     assert!(none.stderr.starts_with("Must define output format\nValid fields: desc,dstate,"), "{none:?}");

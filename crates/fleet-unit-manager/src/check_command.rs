@@ -13,6 +13,8 @@ use crate::account::{lookup_group, lookup_user};
 
 /// The output kept for the failure report.
 const KEPT_OUTPUT: usize = 512;
+/// The longest the output left in the pipes is read after the check ended.
+const DRAIN_TIME: Duration = Duration::from_millis(200);
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Who a check runs as: the unit's `User=` and `Group=` (root when it names none).
@@ -67,6 +69,18 @@ pub async fn run_check(argv: &[String], run_as: &RunAs, timeout: Duration) -> Re
         // SAFETY: killpg takes plain integers; a group that is gone answers ESRCH.
         unsafe { libc::killpg(group, libc::SIGKILL) };
     }
+    // What it wrote just before it exited is still in the pipes: read to their end, which
+    // comes at once now that nothing of its group holds them (bounded all the same).
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        let (mut chunk, mut other) = ([0u8; 4096], [0u8; 4096]);
+        while stdout.is_some() || stderr.is_some() {
+            tokio::select! {
+                read = read_some(&mut stdout, &mut chunk) => keep(&mut output, &chunk, read, &mut stdout),
+                read = read_some(&mut stderr, &mut other) => keep(&mut output, &other, read, &mut stderr),
+            }
+        }
+    })
+    .await;
     let said = String::from_utf8_lossy(&output).trim().to_string();
     let with_output = |what: String| if said.is_empty() { what } else { format!("{what}: {said}") };
     match ran {
