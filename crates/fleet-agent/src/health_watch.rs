@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use crate::probe::probe;
 
 /// The first probe of a newly followed unit comes within this long (spread by its name, so
-/// that many units started at once are not probed at once).
-const FIRST_PROBE_WITHIN: Duration = Duration::from_secs(1);
+/// that many units started at once are not probed at once, yet soon: a rollout waits for it).
+const FIRST_PROBE_WITHIN: Duration = Duration::from_millis(200);
 
 /// A unit's check, as read once per content.
 #[derive(Clone, Debug)]
@@ -214,6 +214,7 @@ async fn watch_unit(
     loop {
         tokio::time::sleep_until(next).await;
         let outcome = probe(&check.probe, &name, &declared.run_as, check.timeout, manager.as_ref()).await;
+        fleet_metrics::metrics().agent.health_probes.inc();
         if tracker.observe(outcome, clock.elapsed()) {
             tracing::info!(unit = name, status = %tracker.status(), failure = tracker.failure(), "health changed");
             let verdict = LastVerdict { status: tracker.status(), failure: tracker.failure().to_string() };

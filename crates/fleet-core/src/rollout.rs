@@ -313,6 +313,9 @@ fn step_units(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now:
         let failure = running_new.map_or("", |seen| seen.failure.as_str());
         let name = &unit.name;
         unit.step = match (&unit.step, running_new.map(|seen| seen.health)) {
+            // With no min-ready it is done as soon as it is seen well: its place in the budget
+            // goes to the next unit in the same step.
+            (Step::Replacing { .. }, Some(Health::Active)) if min_ready == 0 => Step::Done,
             (Step::Replacing { .. }, Some(Health::Active)) => Step::Ready { since: now },
             (Step::Replacing { .. }, Some(Health::Down)) => {
                 Step::Failed { why: format!("{name} is down on its new content") }

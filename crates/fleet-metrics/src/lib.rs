@@ -92,6 +92,8 @@ pub struct AgentMetrics {
     pub units_unhealthy: Gauge,
     /// Restarts of units their health checks found unhealthy (`HealthCheckRestart=`).
     pub health_restarts: Counter,
+    /// Health check probes made.
+    pub health_probes: Counter,
 }
 
 /// Requests to the store, whichever it is.
@@ -147,6 +149,7 @@ impl Metrics {
             drift_corrections: Counter::default(),
             units_unhealthy: Gauge::default(),
             health_restarts: Counter::default(),
+            health_probes: Counter::default(),
         };
         let store = StoreMetrics {
             request_duration: Family::new_with_constructor(latency_histogram),
@@ -184,6 +187,7 @@ impl Metrics {
             "Units restarted because their health checks found them unhealthy",
             agent.health_restarts.clone(),
         );
+        fleet.register("agent_health_probes", "Health check probes made", agent.health_probes.clone());
         fleet.register_with_unit(
             "store_request_duration",
             "How long requests to the store took",

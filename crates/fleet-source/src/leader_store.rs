@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use fleet_core::drain::Drain;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitState};
 use fleet_registry::{
-    ApiRegistry, ChangeSignal, PageRequest, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitView, Writer,
+    ApiRegistry, ChangeSignal, PageRequest, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitChange,
+    UnitChanged, UnitView, Writer,
 };
 
 type Result<T> = std::result::Result<T, fleet_registry::RegistryError>;
@@ -33,6 +34,9 @@ pub trait LeaderStore: Send + Sync {
     /// The states the machines report of these units, from the watch-fed copy likewise.
     async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>>;
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()>;
+    /// Many unit writes as one writer, each on its own (`ApiRegistry::change_units_as`: a store
+    /// may write many per request).
+    async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>>;
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool>;
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool>;
     /// Moves when a source, a source's status or a rollout changes.
@@ -81,6 +85,9 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     }
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         ApiRegistry::put_unit_as(&**self, name, file, desired, writer).await
+    }
+    async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>> {
+        ApiRegistry::change_units_as(&**self, changes, writer).await
     }
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
         ApiRegistry::set_desired_state_as(&**self, name, desired, writer).await

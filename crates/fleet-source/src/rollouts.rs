@@ -15,7 +15,7 @@ use std::time::Duration;
 use fleet_core::health::HealthStatus;
 use fleet_core::rollout::{Health, Observed, RolloutState, advance, next_timed_step};
 use fleet_core::{UnitFile, UnitState};
-use fleet_registry::{RegistryError, RolloutRecord, UnitView, Writer};
+use fleet_registry::{RegistryError, RolloutRecord, UnitChange, UnitView, Writer};
 use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
 
@@ -99,9 +99,10 @@ impl RolloutDriver {
         for mut record in running {
             let before = record.rollout.clone();
             let step = advance(&mut record.rollout, &seen, now);
-            for name in &step.replace {
-                self.replace(&record, name, &units).await?;
+            if !step.replace.is_empty() {
+                tracing::info!(rollout = record.name, units = step.replace.len(), "rolling out new content");
             }
+            self.replace_all(&record, &step.replace, &units).await?;
             if record.rollout != before {
                 if let Some(why) = record.rollout.reverted.as_ref().filter(|_| before.reverted.is_none()) {
                     tracing::warn!(rollout = record.name, why, "rollout reverting by itself: a gate failed");
@@ -120,32 +121,57 @@ impl RolloutDriver {
         Ok(Some(next))
     }
 
-    /// Writes a unit's new content, as its owner (its source, or by hand).
-    async fn replace(
+    /// Writes the new content of the units `names` (a wave), each as its owner, in as few
+    /// requests as the store allows: a wave of a thousand units is not a thousand round trips.
+    /// A write that failed fails the pass (retried; the writes that landed are the same again).
+    async fn replace_all(
+        &self,
+        record: &RolloutRecord,
+        names: &[String],
+        units: &BTreeMap<String, UnitView>,
+    ) -> Result<(), RegistryError> {
+        let mut by_writer: Vec<(Writer, Vec<UnitChange>)> = Vec::new();
+        for (change, writer) in names.iter().filter_map(|name| self.replacement(record, name, units)) {
+            match by_writer.iter_mut().find(|(kept, _)| *kept == writer) {
+                Some((_, changes)) => changes.push(change),
+                None => by_writer.push((writer, vec![change])),
+            }
+        }
+        for (writer, changes) in &by_writer {
+            for answer in self.registry.change_units_as(changes, writer).await? {
+                answer?;
+            }
+        }
+        Ok(())
+    }
+
+    /// What writing a unit's new content takes: the write (content and desired state) and its
+    /// owner (its source, or by hand) as the writer. `None` when the rollout holds no readable
+    /// body for it or the unit is gone (both logged).
+    fn replacement(
         &self,
         record: &RolloutRecord,
         name: &str,
         units: &BTreeMap<String, UnitView>,
-    ) -> Result<(), RegistryError> {
-        let Some(unit) = record.rollout.units.iter().find(|unit| unit.name == name) else { return Ok(()) };
+    ) -> Option<(UnitChange, Writer)> {
+        let unit = record.rollout.units.iter().find(|unit| unit.name == name)?;
         let Some(file) = record.bodies.get(&unit.to.to_string()).and_then(|text| UnitFile::parse(text).ok()) else {
             tracing::error!(
                 rollout = record.name,
                 unit = name,
                 "the rollout holds no readable body for its new content"
             );
-            return Ok(());
+            return None;
         };
         let Some(current) = units.get(name) else {
             tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
-            return Ok(());
+            return None;
         };
         let writer = match &current.source {
             Some(source) => Writer::Source { name: source.clone(), take_over: false, drift: current.drift },
             None => Writer::BY_HAND,
         };
-        tracing::info!(rollout = record.name, unit = name, "rolling out new content");
-        self.registry.put_unit_as(name, &file, current.desired, &writer).await
+        Some((UnitChange { name: name.to_string(), file: Some(file), desired: current.desired }, writer))
     }
 }
 
@@ -153,7 +179,7 @@ impl LeaderPass for RolloutDriver {
     type Error = RegistryError;
     const NAME: &'static str = "rollout pass";
     /// States change in bursts (a wave of units restarting): one pass for the burst.
-    const SETTLE: Duration = Duration::from_millis(250);
+    const SETTLE: Duration = Duration::from_millis(100);
 
     /// A running rollout is stepped on every change and when a step is due by the clock; with
     /// none running, the next pass waits for a rollout to change.

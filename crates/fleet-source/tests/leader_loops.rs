@@ -16,7 +16,7 @@ use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, St
 use fleet_core::{DesiredState, MachineState, StateReport, SystemdState, UnitFile, UnitState};
 use fleet_registry::{
     AgentRegistry, ApiRegistry, ChangeSignal, RegistryError, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus,
-    UnitView, Writer,
+    UnitChange, UnitChanged, UnitView, Writer,
 };
 use fleet_runtime::Lifecycle;
 use fleet_source::{DrainDriver, LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
@@ -94,6 +94,10 @@ impl LeaderStore for Counting {
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         self.writes.fetch_add(1, Ordering::SeqCst);
         LeaderStore::put_unit_as(&self.store, name, file, desired, writer).await
+    }
+    async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>> {
+        self.writes.fetch_add(changes.len(), Ordering::SeqCst);
+        LeaderStore::change_units_as(&self.store, changes, writer).await
     }
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
         self.writes.fetch_add(1, Ordering::SeqCst);

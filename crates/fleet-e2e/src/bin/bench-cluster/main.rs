@@ -22,13 +22,15 @@
 //! running on a live machine, nothing moved by a new leader), so a debug build of a small
 //! size runs in CI as a correctness test (`scripts/test.sh`).
 //!
-//! With `reserve` as a fourth argument, every unit reserves memory and CPU
+//! With `reserve` after the numbers, every unit reserves memory and CPU
 //! (`cluster_bench::BENCH_RESERVATION`) and every simulated machine states a capacity
 //! (`cluster_bench::SIMULATED_CAPACITY`): the planner's room checks on every placement.
+//! With `health`, (g) follows: health-gated rollouts of every unit ([`health_rollouts`]).
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve]`
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health]`
 
 mod etcd_metrics;
+mod health_rollouts;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -74,7 +76,9 @@ fn main() {
     let machines = argument(1, 1000);
     let units = argument(2, 10_000);
     let idle_seconds = argument(3, 60) as u64;
-    let reserving = std::env::args().nth(4).as_deref() == Some("reserve");
+    let options: Vec<String> = std::env::args().skip(4).collect();
+    let reserving = options.iter().any(|option| option == "reserve");
+    let health = options.iter().any(|option| option == "health");
     // The simulated machines' own log (their renewals, registrations, passes), on stderr when
     // asked for: `RUST_LOG=fleet_registry=info`.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -292,6 +296,12 @@ fn main() {
             took_over.as_secs_f64()
         );
         assert_eq!((moved, running), (0.0, total), "a new engine leader moves nothing");
+
+        if health {
+            let names: Vec<String> =
+                every_unit(&api).await.into_iter().map(|unit| unit.name).filter(|name| name.starts_with("bench")).collect();
+            health_rollouts::run(survivor, &names, idle_seconds).await;
+        }
         let _ = lifecycle.send(Lifecycle::Reloading);
         drop(engine);
         drop(standby);

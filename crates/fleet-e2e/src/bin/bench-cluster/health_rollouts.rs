@@ -1,0 +1,126 @@
+//! (g) Health-gated rollouts of every bench unit: new content with a TCP health check against
+//! a listener of this process goes out with a 1% canary baking 5 s and at most 10% of the
+//! units down or unhealthy at once; then content whose check points at a closed port, with
+//! auto-revert, must be stopped at its canary and undone. Prints the rollouts' times beyond
+//! their bake and deadline, and what 10,000 checks cost the simulated machines' process.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use fleet_e2e::{Fleetd, cpu_seconds};
+use fleet_testkit::free_port;
+use serde_json::{Value, json};
+
+const BAKE_SECONDS: u64 = 5;
+const DEADLINE_SECONDS: u64 = 5;
+/// The longest a rollout is waited for.
+const PATIENCE: Duration = Duration::from_secs(600);
+
+/// The content of every unit at `version`, checked by a TCP connection to `port`.
+fn content(version: u32, port: u16) -> Value {
+    let options = [
+        ("Unit", "Description", format!("bench unit, version {version}")),
+        ("Service", "ExecStart", format!("/bin/sleep 10000{version}")),
+        ("X-Fleet", "MachineMetadata", "role=worker".to_string()),
+        ("X-Fleet", "HealthCheck", format!("tcp://127.0.0.1:{port}")),
+        ("X-Fleet", "HealthCheckThreshold", "1".to_string()),
+    ];
+    options.iter().map(|(section, name, value)| json!({"section": section, "name": name, "value": value})).collect()
+}
+
+/// Accepts connections on a free loopback port for as long as the bench runs, counting them.
+async fn listener(accepted: Arc<AtomicU64>) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    tokio::spawn(async move {
+        while listener.accept().await.is_ok() {
+            accepted.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    port
+}
+
+fn body_of(answer: &str) -> Value {
+    answer.split_once("\r\n\r\n").and_then(|(_, body)| serde_json::from_str(body).ok()).unwrap_or(Value::Null)
+}
+
+/// Starts rollout `name` of `units` to `options` through the API.
+fn start(fleetd: &Fleetd, name: &str, units: &[String], options: Value, auto_revert: bool) {
+    let request = json!({
+        "units": units,
+        "options": options,
+        "maxUnavailable": "10%",
+        "minReadySeconds": 0,
+        "deadlineSeconds": DEADLINE_SECONDS,
+        "canary": "1%",
+        "bakeSeconds": BAKE_SECONDS,
+        "autoRevert": auto_revert,
+    });
+    let answer = fleetd.api("PUT", &format!("/fleet/v1/rollouts/{name}"), &request.to_string());
+    assert!(answer.starts_with("HTTP/1.0 201") || answer.starts_with("HTTP/1.1 201"), "{answer}");
+}
+
+/// Reads rollout `name` every 100 ms until `until` holds of it; returns it and when.
+async fn watch(fleetd: &Fleetd, name: &str, until: impl Fn(&Value) -> bool) -> (Value, Instant) {
+    let started = Instant::now();
+    loop {
+        let rollout =
+            body_of(&tokio::task::block_in_place(|| fleetd.api("GET", &format!("/fleet/v1/rollouts/{name}"), "")));
+        if until(&rollout) {
+            return (rollout, Instant::now());
+        }
+        assert!(started.elapsed() < PATIENCE, "rollout {name} stuck: {}", rollout["state"]);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs (g) with the bench units `units` through the API of `fleetd` (the engine leader).
+pub async fn run(fleetd: &Fleetd, units: &[String], idle_seconds: u64) {
+    let accepted = Arc::new(AtomicU64::new(0));
+    let port = listener(accepted.clone()).await;
+    let closed = free_port();
+    let count = units.len();
+
+    // A version that works: the canary bakes, then waves of 10%.
+    let began = Instant::now();
+    start(fleetd, "bench-good", units, content(2, port), true);
+    let (_, canary_done) = watch(fleetd, "bench-good", |r| r["state"] == "canary" || r["state"] == "done").await;
+    let (done, finished) = watch(fleetd, "bench-good", |r| r["state"] != "running" && r["state"] != "canary").await;
+    assert_eq!(done["state"], "done", "the good version completes: {}", done["reason"]);
+    let total = finished - began;
+    println!(
+        "  (g) health-gated rollout of {count} units (canary 1% baking {BAKE_SECONDS} s, max-unavailable 10%, a TCP check each): done in {:.2} s, the canary done after {:.2} s; beyond the bake: {:.2} s (target under 5 s)",
+        total.as_secs_f64(),
+        (canary_done - began).as_secs_f64(),
+        total.as_secs_f64() - BAKE_SECONDS as f64
+    );
+
+    // Every unit now runs a check: what 10,000 of them cost while nothing changes.
+    let (bench_before, accepted_before) = (cpu_seconds(std::process::id()), accepted.load(Ordering::Relaxed));
+    tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+    let cpu = cpu_seconds(std::process::id()) - bench_before;
+    let probes = accepted.load(Ordering::Relaxed) - accepted_before;
+    println!(
+        "      then idle {idle_seconds} s with {count} checks every 10 s: {probes} probes ({:.0}/s); the simulated machines' process CPU {cpu:.2} s ({:.2}% of a core, the listener's accepts included)",
+        probes as f64 / idle_seconds as f64,
+        cpu * 100.0 / idle_seconds as f64
+    );
+
+    // A version whose check fails: its canary never turns healthy, the gate fails at the
+    // deadline, and the rollout undoes itself.
+    let began = Instant::now();
+    start(fleetd, "bench-bad", units, content(3, closed), true);
+    let (failing, gate_failed) = watch(fleetd, "bench-bad", |r| !r["reverted"].is_null()).await;
+    let (reverted, back) = watch(fleetd, "bench-bad", |r| r["state"] == "reverted").await;
+    // The undo holds every unit; those it had to take back were not done when it began.
+    let touched =
+        failing["units"].as_array().map_or(0, |units| units.iter().filter(|unit| unit["step"] != "done").count());
+    println!(
+        "  (g) a failing version: the gate failed {:.2} s after the start (deadline {DEADLINE_SECONDS} s): {}; every unit it touched back on the old content {:.2} s later (target under 10 s); units the failing version reached: {touched}; state then {}",
+        (gate_failed - began).as_secs_f64(),
+        failing["reverted"].as_str().unwrap_or("-"),
+        (back - gate_failed).as_secs_f64(),
+        reverted["state"]
+    );
+}
