@@ -64,8 +64,9 @@ step target/debug/bench-pull 20 200 1
 step target/debug/bench-web 300 1
 # And the whole path at 1,000 simulated machines and 10,000 units on one etcd (issue 14's CI
 # size): fleetctl submits and lists them all, one change wakes one agent, a tenth of the
-# machines lost at once and a killed engine leader leave every unit running once.
-step target/debug/bench-cluster 1000 10000 5 reserve
+# machines lost at once and a killed engine leader leave every unit running once; then a
+# health-gated rollout of every unit completes and a failing version reverts itself.
+step target/debug/bench-cluster 1000 10000 5 reserve health
 # The deterministic simulation of the protocol (the real engine and agents over a simulated
 # store, under seeded faults): 1,000 seeds from one drawn now, printed with any that fails.
 step target/debug/fleet-sim 1000

@@ -21,8 +21,11 @@ use tokio::time::Instant;
 use crate::probe::probe;
 
 /// The first probe of a newly followed unit comes within this long (spread by its name, so
-/// that many units started at once are not probed at once, yet soon: a rollout waits for it).
+/// that units started together are not probed at once, yet soon: a rollout waits for it),
+/// and [`FIRST_PROBE_SPREAD_PER_UNIT`] longer for each unit that starts being followed with
+/// it (an agent adopting thousands of units spreads their first probes over seconds).
 const FIRST_PROBE_WITHIN: Duration = Duration::from_millis(200);
+const FIRST_PROBE_SPREAD_PER_UNIT: Duration = Duration::from_micros(200);
 
 /// A unit's check, as read once per content.
 #[derive(Clone, Debug)]
@@ -99,6 +102,10 @@ impl HealthWatch {
     /// Follows exactly the checked units of `running` (active now): a new one, or one with new
     /// content, gets a fresh task (its status unknown); the tasks of the others end.
     pub fn follow<'a>(&mut self, running: impl IntoIterator<Item = Running<'a>>, manager: &Arc<dyn UnitManager>) {
+        let running: Vec<Running<'a>> = running.into_iter().collect();
+        let new =
+            running.iter().filter(|unit| self.followed.get(unit.name).is_none_or(|f| f.hash != unit.hash)).count();
+        let spread = FIRST_PROBE_WITHIN + FIRST_PROBE_SPREAD_PER_UNIT * u32::try_from(new).unwrap_or(u32::MAX);
         let mut keep: BTreeMap<String, UnitHash> = BTreeMap::new();
         for unit in running {
             let declared = self.checks.entry(unit.hash).or_insert_with(|| declared(unit.name, unit.file));
@@ -111,8 +118,10 @@ impl HealthWatch {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(unit.name.to_string(), Default::default());
+            let first = first_probe_offset(unit.name, declared.check.interval.min(spread));
             let task = tokio::spawn(watch_unit(
                 unit.name.to_string(),
+                first,
                 declared,
                 manager.clone(),
                 self.verdicts.clone(),
@@ -202,6 +211,7 @@ fn declared(name: &str, file: &UnitFile) -> Option<Declared> {
 /// Probes one unit at its interval for as long as it is followed.
 async fn watch_unit(
     name: String,
+    first: Duration,
     declared: Declared,
     manager: Arc<dyn UnitManager>,
     verdicts: Arc<Mutex<BTreeMap<String, (LastVerdict, u64)>>>,
@@ -210,7 +220,7 @@ async fn watch_unit(
 ) {
     let check = &declared.check;
     let mut tracker = Tracker::new(check, clock.elapsed());
-    let mut next = Instant::now() + first_probe_offset(&name, check.interval.min(FIRST_PROBE_WITHIN));
+    let mut next = Instant::now() + first;
     loop {
         tokio::time::sleep_until(next).await;
         let outcome = probe(&check.probe, &name, &declared.run_as, check.timeout, manager.as_ref()).await;

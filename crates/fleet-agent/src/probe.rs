@@ -51,8 +51,15 @@ async fn probe_network(probe: &Probe, unit: &str, manager: &dyn UnitManager) -> 
     }
 }
 
+/// Connects to `host:port`. The connection is reset when dropped rather than closed: a probe
+/// has what it came for by then, and neither side keeps a closing socket around for minutes
+/// (thousands of probes a second would fill both sides with them).
 async fn connect(host: &str, port: u16) -> Result<TcpStream, String> {
-    TcpStream::connect((host, port)).await.map_err(|error| format!("connecting to {}: {error}", authority(host, port)))
+    let stream = TcpStream::connect((host, port))
+        .await
+        .map_err(|error| format!("connecting to {}: {error}", authority(host, port)))?;
+    let _ = stream.set_zero_linger();
+    Ok(stream)
 }
 
 fn authority(host: &str, port: u16) -> String {
@@ -61,7 +68,6 @@ fn authority(host: &str, port: u16) -> String {
 
 async fn http_get(tls: bool, host: &str, port: u16, path: &str) -> Result<(), String> {
     let stream = connect(host, port).await?;
-    let _ = stream.set_nodelay(true);
     let request = format!(
         "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleet-health-check\r\nAccept: */*\r\nConnection: close\r\n\r\n",
         authority(host, port)

@@ -25,10 +25,13 @@ fn main() {
     let interval = argument(2, 10);
     let window = argument(3, 60);
     let port = free_port();
-    let mut server = std::process::Command::new(binary("health-server"))
-        .args([port.to_string(), "200".to_string()])
-        .spawn()
-        .expect("start health-server");
+    let server = Server(
+        std::process::Command::new(binary("health-server"))
+            .args([port.to_string(), "200".to_string()])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("start health-server"),
+    );
     let text = format!(
         "[Service]\nExecStart=/bin/true\n[X-Fleet]\nHealthCheck=http://127.0.0.1:{port}/health\nHealthCheckInterval={interval}s\nHealthCheckThreshold=1\n"
     );
@@ -74,6 +77,15 @@ fn main() {
         assert_eq!(unhealthy, 0, "every unit stays healthy");
         drop(watch);
     });
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
+}
+
+/// The server, stopped with the bench however it ends.
+struct Server(std::process::Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
