@@ -61,6 +61,9 @@ pub struct UnitRow {
     pub machines: usize,
     /// Why it waits unplaced.
     pub reason: Option<String>,
+    /// What its health check says where it runs (`healthy`, `unhealthy: HTTP 500`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub health: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -154,6 +157,7 @@ pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[Machin
                 sub: here.map(|state| state.systemd.sub.clone()),
                 machines: reported.len(),
                 reason: unit.reason.clone(),
+                health: here.and_then(|state| state.health.as_ref()).map(|health| health.describe()),
             };
             (row.name.clone(), row)
         })
@@ -297,6 +301,20 @@ mod tests {
         assert_eq!(view.units["a.service"].active.as_deref(), Some("active"));
         assert_eq!(view.units["b.service"].reason.as_deref(), Some("no machine has region=x"));
         assert_eq!(view.units["b.service"].active, None);
+    }
+
+    #[test]
+    fn a_checked_unit_shows_its_health_where_it_runs() {
+        let unhealthy = fleet_core::health::HealthReport {
+            status: fleet_core::health::HealthStatus::Unhealthy,
+            failure: "HTTP 500".into(),
+            ..Default::default()
+        };
+        let checked = UnitState { health: Some(unhealthy), ..state("a.service", "m1", "active") };
+        let view = cluster_view(&[unit("a.service", Some("m1"), None)], &[checked], &[machine("m1")]);
+        assert_eq!(view.units["a.service"].health.as_deref(), Some("unhealthy: HTTP 500"));
+        let plain = cluster_view(&[unit("a.service", Some("m1"), None)], &[state("a.service", "m1", "active")], &[]);
+        assert_eq!(plain.units["a.service"].health, None, "no check, no health");
     }
 
     #[test]

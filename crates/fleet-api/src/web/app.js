@@ -93,6 +93,7 @@ const machineList = new VirtualList(document.getElementById("machines"), "machin
 ]);
 
 function unitClass(u) {
+  if (u.health && u.health.startsWith("unhealthy")) return "failed";
   if (u.active === "active") return "active";
   if (u.active === "failed") return "failed";
   if (u.reason) return "waiting";
@@ -107,7 +108,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [u.desired],
     [u.current || "-"],
     [ip ? machine + "/" + ip : machine, null, u.machine || ""],
-    [u.active ? u.active + "/" + u.sub : "-", unitClass(u)],
+    [u.active ? u.active + "/" + u.sub + (u.health ? ", " + u.health.split(":")[0] : "") : "-", unitClass(u), u.health || ""],
     [u.reason || "", "waiting", u.reason || ""],
   ];
 });
@@ -117,6 +118,7 @@ function unitShown(u, pattern, state) {
   switch (state) {
     case "active": return u.active === "active";
     case "failed": return u.active === "failed";
+    case "unhealthy": return !!u.health && u.health.startsWith("unhealthy");
     case "unplaced": return !!u.reason || (!u.global && !u.machine && u.desired !== "inactive");
     case "inactive": return u.active !== "active";
     default: return true;

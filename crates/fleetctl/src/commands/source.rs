@@ -210,7 +210,8 @@ async fn unit_diff(context: &Context, unit: &str, wanted: &str) -> String {
     unified(&format!("{unit} (cluster)"), &held, &format!("{unit} (source)"), wanted)
 }
 
-/// Prints the source's units that drifted on their machines.
+/// Prints the source's units that drifted on their machines, and those their health checks
+/// find unhealthy, with how many of each.
 async fn drifted(context: &Context, name: &str) -> Outcome {
     let (units, states) = match (context.client.units().await, context.client.unit_states(None).await) {
         (Ok(units), Ok(states)) => (units, states),
@@ -221,8 +222,18 @@ async fn drifted(context: &Context, name: &str) -> Outcome {
     };
     let owned: std::collections::BTreeSet<&str> =
         units.iter().filter(|unit| unit.source.as_deref() == Some(name)).map(|unit| unit.name.as_str()).collect();
-    for state in states.iter().filter(|state| !state.drift.is_empty() && owned.contains(state.name.as_str())) {
+    let ours: Vec<&fleet_api_schema::UnitState> =
+        states.iter().filter(|state| owned.contains(state.name.as_str())).collect();
+    let drifted: Vec<_> = ours.iter().filter(|state| !state.drift.is_empty()).collect();
+    let unhealthy: Vec<_> = ours.iter().filter(|state| state.health == "unhealthy").collect();
+    for state in &drifted {
         println!("Drifted:   {} on {}: {}", state.name, state.machine_id, state.drift);
+    }
+    for state in &unhealthy {
+        println!("Unhealthy: {} on {}: {}", state.name, state.machine_id, super::list::health_text(state));
+    }
+    if !drifted.is_empty() || !unhealthy.is_empty() {
+        println!("Units:     {} drifted, {} unhealthy", drifted.len(), unhealthy.len());
     }
     Outcome::Success
 }
