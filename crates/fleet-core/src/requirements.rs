@@ -24,25 +24,18 @@ pub const KNOWN_KEYS: &[&str] = &[
     "Replaces",
 ];
 
-/// The keys fleet adds to `[X-Fleet]`. `AtMostOnce=true`: the unit never runs on two
-/// machines at once, under any fault (docs/guarantees.md). `Memory=` and `CPU=`: what the
+/// The keys fleet adds to `[X-Fleet]` for placement. `AtMostOnce=true`: the unit never runs on
+/// two machines at once, under any fault (docs/guarantees.md). `Memory=` and `CPU=`: what the
 /// unit reserves on its machine (crate::resources). `SpreadBy=zone`: the instances of its
 /// template spread evenly over the values of that metadata key; `SpreadGroup=web-*`: instead,
-/// the units that name the same pattern (and match it) spread together. `HealthCheck=` and
-/// its tuning: how the unit's machine tells whether it works (crate::health::check).
-pub const ADDED_KEYS: &[&str] = &[
-    "AtMostOnce",
-    "Memory",
-    "CPU",
-    "SpreadBy",
-    "SpreadGroup",
-    "HealthCheck",
-    "HealthCheckInterval",
-    "HealthCheckTimeout",
-    "HealthCheckThreshold",
-    "HealthCheckStartPeriod",
-    "HealthCheckRestart",
-];
+/// the units that name the same pattern (and match it) spread together. The health check's
+/// keys are fleet's too ([`crate::health::check::KEYS`]); [`is_added_key`] knows both.
+pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup"];
+
+/// Whether `key` is one fleet adds to `[X-Fleet]` (placement or health check).
+pub fn is_added_key(key: &str) -> bool {
+    ADDED_KEYS.contains(&key) || crate::health::check::KEYS.contains(&key)
+}
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -128,7 +121,7 @@ impl Requirements {
         let mut values: BTreeMap<&str, Vec<String>> = BTreeMap::new();
         let mut requirements = Self::default();
         for option in options.iter().filter(|option| option.section == SECTION) {
-            let added = ADDED_KEYS.contains(&option.name.as_str());
+            let added = is_added_key(&option.name);
             if !KNOWN_KEYS.contains(&option.name.as_str()) {
                 if !requirements.unknown_keys.contains(&option.name) {
                     requirements.unknown_keys.push(option.name.clone());

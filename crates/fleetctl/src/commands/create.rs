@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fleet_api_schema::{RolloutRequest, Unit, UnitOption};
-use fleet_core::requirements::{ADDED_KEYS, KNOWN_KEYS};
+use fleet_core::requirements::{KNOWN_KEYS, is_added_key};
 use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name, with_default_unit_type};
 use fleet_core::{Requirements, UnitFile};
 
@@ -326,7 +326,7 @@ fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {
     let requirements = Requirements::from_unit(name, file);
     requirements.validate().map_err(|error| format!("unit {name}: {error}"))?;
     for key in &requirements.unknown_keys {
-        if !KNOWN_KEYS.contains(&key.as_str()) && !ADDED_KEYS.contains(&key.as_str()) {
+        if !KNOWN_KEYS.contains(&key.as_str()) && !is_added_key(key) {
             eprintln!("Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}");
         }
     }
