@@ -7,7 +7,7 @@ use crate::resources::{ResourceError, Resources, parse_bytes, parse_cores, parse
 use crate::unit_file::{UnitFile, UnitOption};
 use crate::unit_name::UnitNameInfo;
 
-pub const SECTION: &str = "X-Fleet";
+pub const SECTION: &str = crate::unit_file::X_FLEET;
 
 /// Every key the original recognises in `[X-Fleet]`, legacy names included.
 pub const KNOWN_KEYS: &[&str] = &[
@@ -89,10 +89,7 @@ fn split_quoted(value: &str) -> Vec<String> {
     values
 }
 
-/// Substitutes `%n %N %p %i` with the parts of the unit's name.
-pub fn expand_specifiers(value: &str, name: &UnitNameInfo<'_>) -> String {
-    value.replace("%n", name.full).replace("%N", name.stem).replace("%p", name.prefix).replace("%i", name.instance)
-}
+pub use crate::unit_name::expand_specifiers;
 
 /// The original's reading of `Global=` (its `[X-Fleet]` boolean grammar): true for `true`,
 /// `yes`, `1`, `on` or `t` in any case, false for anything else (never an error).

@@ -12,6 +12,9 @@ use sha1::{Digest, Sha1};
 /// The longest line the lexer accepts, in bytes (systemd's own limit).
 pub const LINE_MAX: usize = 2048;
 
+/// The section fleet's own options live in.
+pub const X_FLEET: &str = "X-Fleet";
+
 /// One `Name=Value` line of a unit file, with the section it stands in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct UnitOption {

@@ -150,6 +150,11 @@ pub fn with_default_unit_type(argument: &str) -> String {
     if known { trimmed.to_string() } else { format!("{trimmed}.service") }
 }
 
+/// Substitutes `%n %N %p %i` with the parts of the unit's name.
+pub fn expand_specifiers(value: &str, name: &UnitNameInfo<'_>) -> String {
+    value.replace("%n", name.full).replace("%N", name.stem).replace("%p", name.prefix).replace("%i", name.instance)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

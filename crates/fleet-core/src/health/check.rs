@@ -14,10 +14,10 @@
 
 use std::time::Duration;
 
-use crate::requirements::{SECTION, expand_specifiers};
 use crate::service_values::{parse_systemd_bool, parse_timespan};
 use crate::unit_file::UnitOption;
-use crate::unit_name::UnitNameInfo;
+use crate::unit_file::X_FLEET as SECTION;
+use crate::unit_name::{UnitNameInfo, expand_specifiers};
 
 /// The keys of `[X-Fleet]` a health check is declared with.
 pub const KEYS: &[&str] = &[
