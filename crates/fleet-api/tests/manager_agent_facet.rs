@@ -189,3 +189,32 @@ async fn requests_keep_a_machine_present_and_the_sweep_gives_up_a_silent_one() {
     lifecycle.send_replace(Lifecycle::ShuttingDown);
     sweeping.await.expect("the sweep stops");
 }
+
+/// A pull agent's health report reaches the unit's state: its failure cut to one short line,
+/// its restart count bounded by the budget; an unknown status word is a 400 and stores nothing.
+#[tokio::test(start_paused = true)]
+async fn a_pull_agents_health_report_is_bounded_and_a_bad_one_refused() {
+    let manager = manager();
+    manager.announce("m1").await;
+    let file = manager.place("web.service", "/bin/sleep 1000", "m1").await;
+    let with_health = |health: Value| {
+        let mut report = state_of("web.service", &file);
+        report["set"][0]["health"] = health;
+        report
+    };
+    let flood = format!("HTTP 500\n{}", "x".repeat(10_000));
+    let report = with_health(json!({"status": "unhealthy", "failure": flood, "restarts": 99, "givenUp": true}));
+    let (status, _) = manager.call("m1", "POST", "m1/states", Some(report)).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let states = manager.store.unit_states().await.expect("states");
+    let health = states[0].health.clone().expect("a health report");
+    assert_eq!(health.status, fleet_core::health::HealthStatus::Unhealthy);
+    assert!(health.failure.starts_with("HTTP 500 x") && health.failure.chars().count() <= 200, "{health:?}");
+    assert_eq!((health.restarts, health.given_up), (fleet_core::drift::LIMIT, true));
+
+    let (status, answer) = manager.call("m1", "POST", "m1/states", Some(with_health(json!({"status": "fine"})))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer["error"]["message"].as_str().is_some_and(|message| message.contains("invalid health")), "{answer}");
+    let unchanged = manager.store.unit_states().await.expect("states");
+    assert_eq!(unchanged, states, "a refused report changes nothing");
+}
