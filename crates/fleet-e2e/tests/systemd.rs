@@ -277,3 +277,50 @@ fn a_reservation_reaches_systemd_as_the_limits_the_unit_left_open() {
     wait_for(&systemd, "reserving.service", "LoadState", "not-found");
     assert!(!drop_in.parent().unwrap().exists(), "the drop-in goes with the unit");
 }
+
+#[test]
+fn health_checks_probe_units_systemd_runs() {
+    let systemd = SystemdUser::start();
+    let fleet = fleetd_on(&systemd);
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, closed) = (fleet_testkit::free_port(), fleet_testkit::free_port());
+    let fast = "HealthCheckInterval=1s\nHealthCheckTimeout=500ms\nHealthCheckThreshold=1\n";
+    let server = fleet_e2e::binary("health-server");
+    let web = write_unit(
+        dir.path(),
+        "web.service",
+        &format!(
+            "[Service]\nExecStart={} {serving} 200\n[X-Fleet]\nHealthCheck=http://127.0.0.1:{serving}/health\n{fast}",
+            server.display()
+        ),
+    );
+    let db = write_unit(
+        dir.path(),
+        "db.service",
+        &format!("[Service]\nExecStart=/bin/sleep 100021\n[X-Fleet]\nHealthCheck=tcp://127.0.0.1:{closed}\n{fast}"),
+    );
+    let job = write_unit(
+        dir.path(),
+        "job.service",
+        &format!("[Service]\nExecStart=/bin/sleep 100022\n[X-Fleet]\nHealthCheck=exec:/bin/sh -c 'echo fine'\n{fast}"),
+    );
+    fleet.ok(&["start", &web, &db, &job]);
+    wait_for(&systemd, "web.service", "SubState", "running");
+    let health = |fleet: &Fleetd| {
+        let listed = fleet.ok(&["list-units", "--no-legend", "--fields", "unit,health"]).stdout;
+        listed.lines().map(|line| line.split_whitespace().collect::<Vec<_>>().join(" ")).collect::<Vec<_>>()
+    };
+    let wanted = ["db.service unhealthy:", "job.service healthy", "web.service healthy"];
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let now = health(&fleet);
+        if now.len() == 3 && now.iter().zip(wanted).all(|(row, want)| row.starts_with(want)) {
+            assert!(now[0].contains(&format!("connecting to 127.0.0.1:{closed}")), "{now:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "health under systemd: {now:?}; fleetd log:\n{}", fleet.log());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = fleet.fleetctl(&["status", "web.service"]).stdout;
+    assert!(status.contains("Health: healthy"), "{status}");
+}
