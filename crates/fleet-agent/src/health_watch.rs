@@ -103,6 +103,9 @@ impl HealthWatch {
     /// content, gets a fresh task (its status unknown); the tasks of the others end.
     pub fn follow<'a>(&mut self, running: impl IntoIterator<Item = Running<'a>>, manager: &Arc<dyn UnitManager>) {
         let running: Vec<Running<'a>> = running.into_iter().collect();
+        // Checks are read once per content, and forgotten once no unit here runs it.
+        let running_hashes: std::collections::HashSet<UnitHash> = running.iter().map(|unit| unit.hash).collect();
+        self.checks.retain(|hash, _| running_hashes.contains(hash));
         let new =
             running.iter().filter(|unit| self.followed.get(unit.name).is_none_or(|f| f.hash != unit.hash)).count();
         let spread = FIRST_PROBE_WITHIN + FIRST_PROBE_SPREAD_PER_UNIT * u32::try_from(new).unwrap_or(u32::MAX);
@@ -132,8 +135,6 @@ impl HealthWatch {
         }
         self.followed.retain(|name, _| keep.contains_key(name));
         self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).retain(|name, _| keep.contains_key(name));
-        let in_use: std::collections::HashSet<UnitHash> = keep.values().copied().collect();
-        self.checks.retain(|hash, declared| declared.is_none() || in_use.contains(hash));
     }
 
     /// Keeps the restart budgets of the units `launched` here only: a unit stopped or gone
@@ -157,10 +158,10 @@ impl HealthWatch {
     /// unhealthy, marked given up, until its content changes.
     pub fn restarts_due(&mut self) -> Vec<String> {
         let now = self.clock.elapsed();
-        let verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
         let mut due = Vec::new();
-        for (name, (verdict, flips)) in verdicts {
-            let Some(followed) = self.followed.get(&name) else { continue };
+        for (name, (verdict, flips)) in verdicts.iter() {
+            let Some(followed) = self.followed.get(name) else { continue };
             let asks = self.checks.get(&followed.hash).and_then(Option::as_ref).is_some_and(|d| d.check.restart);
             if !asks || verdict.status != HealthStatus::Unhealthy {
                 continue;
@@ -169,12 +170,12 @@ impl HealthWatch {
             if restarts.hash != Some(followed.hash) {
                 *restarts = Restarts { hash: Some(followed.hash), ..Restarts::default() };
             }
-            if restarts.answered == flips {
+            if restarts.answered == *flips {
                 continue;
             }
-            restarts.answered = flips;
+            restarts.answered = *flips;
             if let Verdict::Correct { .. } = restarts.budget.decide(DriftPolicy::Correct, now) {
-                due.push(name);
+                due.push(name.clone());
             }
         }
         due

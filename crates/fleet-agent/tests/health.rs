@@ -3,7 +3,7 @@
 //! restarts a unit asked for.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
@@ -77,12 +77,6 @@ impl Setup {
 
 const FAST: &str = "HealthCheckInterval=1s\nHealthCheckTimeout=500ms\nHealthCheckThreshold=1\n";
 
-/// A port nothing listens on.
-async fn closed_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    listener.local_addr().expect("its address").port()
-}
-
 #[tokio::test]
 async fn a_tcp_check_reports_healthy_then_unhealthy_once_the_port_closes() {
     let setup = Setup::start();
@@ -102,12 +96,16 @@ async fn a_tcp_check_reports_healthy_then_unhealthy_once_the_port_closes() {
     setup.stop().await;
 }
 
-/// A server that answers every request with the status in `status`.
-async fn http_server(status: Arc<AtomicU16>) -> u16 {
+/// A server that answers every request with the status in `status`; the second value counts
+/// the connections it took.
+async fn http_server(status: Arc<AtomicU16>) -> (u16, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
     let port = listener.local_addr().expect("its address").port();
+    let served = Arc::new(AtomicUsize::new(0));
+    let counted = served.clone();
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
             let code = status.load(Ordering::SeqCst);
             tokio::spawn(async move {
                 let mut request = [0u8; 1024];
@@ -117,14 +115,14 @@ async fn http_server(status: Arc<AtomicU16>) -> u16 {
             });
         }
     });
-    port
+    (port, served)
 }
 
 #[tokio::test]
 async fn an_http_check_follows_the_status_code() {
     let setup = Setup::start();
     let status = Arc::new(AtomicU16::new(200));
-    let port = http_server(status.clone()).await;
+    let (port, _) = http_server(status.clone()).await;
     setup.run("web@1.service", &format!("HealthCheck=http://127.0.0.1:{port}/health?instance=%i\n{FAST}")).await;
     setup.wait_for("web@1.service", HealthStatus::Healthy).await;
     status.store(503, Ordering::SeqCst);
@@ -152,8 +150,8 @@ async fn an_exec_check_passes_on_exit_zero_and_reports_what_a_failure_said() {
 #[tokio::test]
 async fn an_unhealthy_unit_that_asks_is_restarted_until_its_budget_is_spent() {
     let setup = Setup::start();
-    let port = closed_port().await;
-    let check = format!("HealthCheck=tcp://127.0.0.1:{port}\nHealthCheckRestart=yes\n{FAST}");
+    let (port, probes) = http_server(Arc::new(AtomicU16::new(500))).await;
+    let check = format!("HealthCheck=http://127.0.0.1:{port}/\nHealthCheckRestart=yes\n{FAST}");
     setup.run("flaky.service", &check).await;
     eventually("the budget is spent", async || {
         setup.health("flaky.service").await.is_some_and(|report| report.given_up)
@@ -163,9 +161,10 @@ async fn an_unhealthy_unit_that_asks_is_restarted_until_its_budget_is_spent() {
     assert_eq!((report.status, report.restarts), (HealthStatus::Unhealthy, fleet_core::drift::LIMIT));
     let starts = setup.manager.starts();
     assert_eq!(starts, 1 + fleet_core::drift::LIMIT, "the first start and one per restart");
-    // Given up: it stays as it is, however long it stays unhealthy.
+    // Given up: it stays as it is, however many more times its check fails.
     let before = setup.registry.unit_states().await.expect("states");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let probed = probes.load(Ordering::SeqCst);
+    eventually("three more failing probes", async || probes.load(Ordering::SeqCst) >= probed + 3).await;
     assert_eq!(setup.manager.starts(), starts, "no restart past the budget");
     assert_eq!(setup.registry.unit_states().await.expect("states"), before, "nothing new to report");
     setup.stop().await;

@@ -49,38 +49,34 @@ pub async fn run_check(argv: &[String], run_as: &RunAs, timeout: Duration) -> Re
     }
     let mut child = command.spawn().map_err(|error| format!("cannot run {program}: {error}"))?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
-    let mut stdout = child.stdout.take();
-    let mut stderr = child.stderr.take();
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let mut output = Vec::new();
-    let ran = tokio::time::timeout(timeout, async {
-        let mut chunk = [0u8; 4096];
-        let mut other = [0u8; 4096];
-        loop {
-            tokio::select! {
-                status = child.wait() => return status,
-                read = read_some(&mut stdout, &mut chunk) => keep(&mut output, &chunk, read, &mut stdout),
-                read = read_some(&mut stderr, &mut other) => keep(&mut output, &other, read, &mut stderr),
+    let ran = {
+        // One reader of both pipes, from the start to their end, across both phases below.
+        let reading = read_output(stdout, stderr, &mut output);
+        tokio::pin!(reading);
+        let mut read_all = false;
+        let ran = tokio::time::timeout(timeout, async {
+            loop {
+                tokio::select! {
+                    status = child.wait() => return status,
+                    () = &mut reading, if !read_all => read_all = true,
+                }
             }
+        })
+        .await;
+        // Whatever it left in its group goes with it (a child it forked, a pipe holder).
+        if let Some(group) = group {
+            // SAFETY: killpg takes plain integers; a group that is gone answers ESRCH.
+            unsafe { libc::killpg(group, libc::SIGKILL) };
         }
-    })
-    .await;
-    // Whatever it left in its group goes with it (a child it forked, a pipe holder).
-    if let Some(group) = group {
-        // SAFETY: killpg takes plain integers; a group that is gone answers ESRCH.
-        unsafe { libc::killpg(group, libc::SIGKILL) };
-    }
-    // What it wrote just before it exited is still in the pipes: read to their end, which
-    // comes at once now that nothing of its group holds them (bounded all the same).
-    let _ = tokio::time::timeout(DRAIN_TIME, async {
-        let (mut chunk, mut other) = ([0u8; 4096], [0u8; 4096]);
-        while stdout.is_some() || stderr.is_some() {
-            tokio::select! {
-                read = read_some(&mut stdout, &mut chunk) => keep(&mut output, &chunk, read, &mut stdout),
-                read = read_some(&mut stderr, &mut other) => keep(&mut output, &other, read, &mut stderr),
-            }
+        // What it wrote just before it exited may still be in the pipes: their end comes at
+        // once now that nothing of its group holds them (bounded all the same).
+        if !read_all {
+            let _ = tokio::time::timeout(DRAIN_TIME, &mut reading).await;
         }
-    })
-    .await;
+        ran
+    };
     let said = String::from_utf8_lossy(&output).trim().to_string();
     let with_output = |what: String| if said.is_empty() { what } else { format!("{what}: {said}") };
     match ran {
@@ -94,6 +90,21 @@ pub async fn run_check(argv: &[String], run_as: &RunAs, timeout: Duration) -> Re
             Some(code) => format!("exit status {code}"),
             None => "killed by a signal".to_string(),
         })),
+    }
+}
+
+/// Reads both pipes to their end, keeping the first [`KEPT_OUTPUT`] bytes in `output`.
+async fn read_output(
+    mut stdout: Option<impl tokio::io::AsyncRead + Unpin>,
+    mut stderr: Option<impl tokio::io::AsyncRead + Unpin>,
+    output: &mut Vec<u8>,
+) {
+    let (mut chunk, mut other) = ([0u8; 4096], [0u8; 4096]);
+    while stdout.is_some() || stderr.is_some() {
+        tokio::select! {
+            read = read_some(&mut stdout, &mut chunk) => keep(output, &chunk, read, &mut stdout),
+            read = read_some(&mut stderr, &mut other) => keep(output, &other, read, &mut stderr),
+        }
     }
 }
 

@@ -96,8 +96,8 @@ pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instan
             Ok(Some(rollout))
                 if rollout.state == "canary"
                     && rollout.canary.as_ref().is_some_and(|canary| canary.bake_seconds.is_some()) => {}
-            Ok(Some(rollout)) if rollout.state != "running" => return Err(Unsettled::Paused(rollout)),
-            Ok(Some(_)) => {}
+            // Paused, failed, reverted, or a canary waiting for a promotion.
+            Ok(Some(rollout)) => return Err(Unsettled::Paused(rollout)),
             Ok(None) => return Err(Unsettled::Failed(format!("Rollout {name} not found"))),
             Err(error) => return Err(Unsettled::Failed(format!("Error reading rollout {name}: {error}"))),
         }
