@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::probe::probe;
+use crate::probe::Prober;
 
 /// The first probe of a newly followed unit comes within this long (spread by its name, so
 /// that units started together are not probed at once, yet soon: a rollout waits for it),
@@ -221,10 +221,11 @@ async fn watch_unit(
 ) {
     let check = &declared.check;
     let mut tracker = Tracker::new(check, clock.elapsed());
+    let mut prober = Prober::default();
     let mut next = Instant::now() + first;
     loop {
         tokio::time::sleep_until(next).await;
-        let outcome = probe(&check.probe, &name, &declared.run_as, check.timeout, manager.as_ref()).await;
+        let outcome = prober.probe(&check.probe, &name, &declared.run_as, check.timeout, manager.as_ref()).await;
         fleet_metrics::metrics().agent.health_probes.inc();
         if tracker.observe(outcome, clock.elapsed()) {
             tracing::info!(unit = name, status = %tracker.status(), failure = tracker.failure(), "health changed");
