@@ -24,7 +24,7 @@ use crate::probe::Prober;
 /// that units started together are not probed at once, yet soon: a rollout waits for it),
 /// and [`FIRST_PROBE_SPREAD_PER_UNIT`] longer for each unit that starts being followed with
 /// it (an agent adopting thousands of units spreads their first probes over seconds).
-const FIRST_PROBE_WITHIN: Duration = Duration::from_millis(200);
+const FIRST_PROBE_WITHIN: Duration = Duration::from_millis(50);
 const FIRST_PROBE_SPREAD_PER_UNIT: Duration = Duration::from_micros(200);
 
 /// A unit's check, as read once per content.
@@ -222,6 +222,7 @@ async fn watch_unit(
     let check = &declared.check;
     let mut tracker = Tracker::new(check, clock.elapsed());
     let mut prober = Prober::default();
+    let mut starting = Starting::new();
     let mut next = Instant::now() + first;
     loop {
         tokio::time::sleep_until(next).await;
@@ -237,8 +238,38 @@ async fn watch_unit(
             }
             flips.send_modify(|count| *count += 1);
         }
-        // A probe that took longer than the interval is not followed by a burst to catch up.
-        next = (next + check.interval).max(Instant::now());
+        next = match starting.next_wait(&tracker, clock.elapsed(), check.interval) {
+            Some(wait) => Instant::now() + wait,
+            // A probe that took longer than the interval is not followed by a burst to catch up.
+            None => (next + check.interval).max(Instant::now()),
+        };
+    }
+}
+
+/// How soon a unit in its start period is probed again: failures there do not count, and a
+/// rollout waits for its first pass, so it is tried again soon (after
+/// [`STARTING_RETRY_FIRST`], doubling up to [`STARTING_RETRY_MOST`], never past the
+/// interval) rather than a whole interval later.
+const STARTING_RETRY_FIRST: Duration = Duration::from_millis(100);
+const STARTING_RETRY_MOST: Duration = Duration::from_secs(1);
+
+struct Starting {
+    retry: Duration,
+}
+
+impl Starting {
+    fn new() -> Self {
+        Self { retry: STARTING_RETRY_FIRST }
+    }
+
+    /// The wait before the next probe while the unit is starting; none once it is not.
+    fn next_wait(&mut self, tracker: &Tracker, now: Duration, interval: Duration) -> Option<Duration> {
+        if !tracker.starting(now) {
+            return None;
+        }
+        let wait = self.retry.min(interval);
+        self.retry = (self.retry * 2).min(STARTING_RETRY_MOST);
+        Some(wait)
     }
 }
 
@@ -248,4 +279,52 @@ fn first_probe_offset(name: &str, within: Duration) -> Duration {
     name.hash(&mut hasher);
     let millis = u64::try_from(within.as_millis()).unwrap_or(u64::MAX).max(1);
     Duration::from_millis(hasher.finish() % millis)
+}
+
+#[cfg(test)]
+mod tests {
+    use fleet_core::health::{Outcome, Probe};
+
+    use super::*;
+
+    fn check(start_period: u64, interval: u64) -> HealthCheck {
+        HealthCheck {
+            probe: Probe::Tcp { host: "127.0.0.1".into(), port: 1 },
+            interval: Duration::from_secs(interval),
+            timeout: Duration::from_secs(1),
+            threshold: 3,
+            start_period: Duration::from_secs(start_period),
+            restart: false,
+        }
+    }
+
+    #[test]
+    fn a_starting_unit_is_probed_again_soon_until_it_passes_or_its_start_period_ends() {
+        let check = check(60, 10);
+        let mut tracker = Tracker::new(&check, Duration::ZERO);
+        let mut starting = Starting::new();
+        let waits: Vec<u64> = (0..6)
+            .map(|second| {
+                tracker.observe(Outcome::Fail("refused".into()), Duration::from_secs(second));
+                starting
+                    .next_wait(&tracker, Duration::from_secs(second), check.interval)
+                    .map_or(0, |w| w.as_millis() as u64)
+            })
+            .collect();
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000]);
+        assert_eq!(starting.next_wait(&tracker, Duration::from_secs(60), check.interval), None, "the period ended");
+        tracker.observe(Outcome::Pass, Duration::from_secs(7));
+        assert_eq!(starting.next_wait(&tracker, Duration::from_secs(7), check.interval), None, "it passed");
+    }
+
+    #[test]
+    fn without_a_start_period_the_interval_rules_and_retries_never_pass_it() {
+        let tracker = Tracker::new(&check(0, 10), Duration::ZERO);
+        assert_eq!(Starting::new().next_wait(&tracker, Duration::ZERO, Duration::from_secs(10)), None);
+        let short = Tracker::new(&check(60, 1), Duration::ZERO);
+        let mut starting = Starting::new();
+        let waits: Vec<Duration> =
+            (0..5).filter_map(|_| starting.next_wait(&short, Duration::ZERO, Duration::from_millis(300))).collect();
+        assert_eq!(waits.last(), Some(&Duration::from_millis(300)));
+    }
 }

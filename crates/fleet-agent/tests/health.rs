@@ -134,6 +134,24 @@ async fn an_http_check_follows_the_status_code() {
 }
 
 #[tokio::test]
+async fn a_unit_in_its_start_period_is_probed_again_soon_and_turns_healthy_once_it_listens() {
+    let setup = Setup::start();
+    let port = fleet_testkit::free_port();
+    // An interval of an hour: only the start period's retries can see the port open.
+    let check = format!(
+        "HealthCheck=tcp://127.0.0.1:{port}\nHealthCheckInterval=1h\nHealthCheckTimeout=1s\nHealthCheckStartPeriod=10min\n"
+    );
+    setup.run("slow.service", &check).await;
+    let probes = || fleet_metrics::metrics().agent.health_probes.get();
+    eventually("two probes failed while nothing listens", async || probes() >= 2).await;
+    let before = setup.health("slow.service").await.map(|report| report.status);
+    assert_ne!(before, Some(HealthStatus::Healthy), "nothing listened yet");
+    let _listener = TcpListener::bind(("127.0.0.1", port)).await.expect("the port");
+    setup.wait_for("slow.service", HealthStatus::Healthy).await;
+    setup.stop().await;
+}
+
+#[tokio::test]
 async fn an_exec_check_passes_on_exit_zero_and_reports_what_a_failure_said() {
     let setup = Setup::start();
     let flag = tempfile::NamedTempFile::new().expect("a file");

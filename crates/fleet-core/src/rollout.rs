@@ -399,14 +399,17 @@ pub fn units_after_sync(existing: Option<&Rollout>, wanted: &[RolloutUnit]) -> O
     let Some(existing) = existing.filter(|rollout| rollout.state != RolloutState::Done) else {
         return Some(wanted.to_vec());
     };
-    let carried = |unit: &RolloutUnit| existing.units.iter().any(|kept| kept.name == unit.name && kept.to == unit.to);
+    let at: std::collections::HashMap<&str, usize> =
+        existing.units.iter().enumerate().map(|(index, unit)| (unit.name.as_str(), index)).collect();
+    let carried =
+        |unit: &RolloutUnit| at.get(unit.name.as_str()).is_some_and(|&index| existing.units[index].to == unit.to);
     if wanted.iter().all(carried) {
         return None;
     }
     let mut units = existing.units.clone();
     for unit in wanted.iter().filter(|unit| !carried(unit)) {
-        match units.iter_mut().find(|kept| kept.name == unit.name) {
-            Some(kept) => *kept = unit.clone(),
+        match at.get(unit.name.as_str()) {
+            Some(&index) => units[index] = unit.clone(),
             None => units.push(unit.clone()),
         }
     }

@@ -315,17 +315,39 @@ impl UnitHash {
         if text.len() != 40 {
             return None;
         }
+        fn nibble(digit: u8) -> Option<u8> {
+            match digit {
+                b'0'..=b'9' => Some(digit - b'0'),
+                b'a'..=b'f' => Some(digit - b'a' + 10),
+                b'A'..=b'F' => Some(digit - b'A' + 10),
+                _ => None,
+            }
+        }
         let mut bytes = [0u8; 20];
-        for (position, byte) in bytes.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(text.get(position * 2..position * 2 + 2)?, 16).ok()?;
+        for (byte, pair) in bytes.iter_mut().zip(text.as_bytes().chunks_exact(2)) {
+            *byte = nibble(pair[0])? << 4 | nibble(pair[1])?;
         }
         Some(Self(bytes))
+    }
+
+    /// The 40 lowercase hex digits, without formatting machinery (hashes are written and
+    /// read by the ten thousand).
+    fn hex_digits(&self) -> [u8; 40] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 40];
+        for (pair, byte) in out.chunks_exact_mut(2).zip(self.0) {
+            pair[0] = DIGITS[usize::from(byte >> 4)];
+            pair[1] = DIGITS[usize::from(byte & 0x0f)];
+        }
+        out
     }
 }
 
 impl fmt::Display for UnitHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+        let digits = self.hex_digits();
+        // Hex digits are ASCII.
+        f.write_str(std::str::from_utf8(&digits).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -337,14 +359,25 @@ impl fmt::Debug for UnitHash {
 
 impl Serialize for UnitHash {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
+        let digits = self.hex_digits();
+        serializer.serialize_str(std::str::from_utf8(&digits).map_err(serde::ser::Error::custom)?)
     }
 }
 
 impl<'de> Deserialize<'de> for UnitHash {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        Self::parse_hex(&text).ok_or_else(|| serde::de::Error::custom(format!("invalid unit hash {text:?}")))
+        /// Reads the hex digits where they lie, without a copy.
+        struct HexDigits;
+        impl serde::de::Visitor<'_> for HexDigits {
+            type Value = UnitHash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a unit hash: 40 hex digits")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<UnitHash, E> {
+                UnitHash::parse_hex(text).ok_or_else(|| E::custom(format!("invalid unit hash {text:?}")))
+            }
+        }
+        deserializer.deserialize_str(HexDigits)
     }
 }
 

@@ -8,13 +8,13 @@
 //! clock (a deadline passing, a unit ready for long enough). With no rollout running it reads
 //! nothing until a rollout changes.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::health::HealthStatus;
-use fleet_core::rollout::{Health, Observed, RolloutState, advance, next_timed_step};
-use fleet_core::{UnitFile, UnitState};
+use fleet_core::rollout::{Health, Observed, Rollout, RolloutState, advance, next_timed_step};
+use fleet_core::{UnitFile, UnitHash, UnitState};
 use fleet_registry::{RegistryError, RolloutRecord, UnitChange, UnitView, Writer};
 use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
@@ -48,16 +48,23 @@ pub fn health(state: &UnitState) -> Health {
     }
 }
 
-/// What the machines report of each unit: the report of its newest content when two machines
-/// report it (a unit on its way from one to the other).
-pub fn observed(states: &[UnitState], units: &BTreeMap<String, UnitView>) -> BTreeMap<String, Observed> {
+/// What the machines report of each unit of `rollout`: when two machines report one (a unit
+/// on its way from one to the other), the report of the content the rollout brings, else of
+/// the content it replaces.
+pub fn observed(states: &[UnitState], rollout: &Rollout) -> BTreeMap<String, Observed> {
+    let contents: HashMap<&str, (UnitHash, UnitHash)> =
+        rollout.units.iter().map(|unit| (unit.name.as_str(), (unit.from, unit.to))).collect();
+    let rank = |name: &str, hash: UnitHash| match contents.get(name) {
+        Some(&(_, to)) if to == hash => 2,
+        Some(&(from, _)) if from == hash => 1,
+        _ => 0,
+    };
     let mut seen: BTreeMap<String, Observed> = BTreeMap::new();
-    for state in states {
-        let current = units.get(&state.name).map(|unit| unit.hash);
+    for state in states.iter().filter(|state| contents.contains_key(state.name.as_str())) {
         let failure = state.health.as_ref().map(|report| report.failure.clone()).unwrap_or_default();
         let report = Observed { hash: state.hash, health: health(state), failure };
         match seen.get(&state.name) {
-            Some(kept) if Some(kept.hash) == current && Some(state.hash) != current => {}
+            Some(kept) if rank(&state.name, kept.hash) > rank(&state.name, state.hash) => {}
             _ => {
                 seen.insert(state.name.clone(), report);
             }
@@ -89,20 +96,23 @@ impl RolloutDriver {
         if running.is_empty() {
             return Ok(None);
         }
+        let began = std::time::Instant::now();
         let names: BTreeSet<String> =
             running.iter().flat_map(|record| record.rollout.units.iter().map(|unit| unit.name.clone())).collect();
-        let units: BTreeMap<String, UnitView> =
-            self.registry.units_named(&names).await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
-        let seen = observed(&self.registry.states_of(&names).await?, &units);
+        let states = self.registry.states_of(&names).await?;
+        let read = began.elapsed();
         let now = now();
         let mut next = FALLBACK;
         for mut record in running {
             let before = record.rollout.clone();
+            let seen = observed(&states, &record.rollout);
             let step = advance(&mut record.rollout, &seen, now);
+            let stepped = began.elapsed();
             if !step.replace.is_empty() {
                 tracing::info!(rollout = record.name, units = step.replace.len(), "rolling out new content");
+                self.replace_all(&record, &step.replace).await?;
             }
-            self.replace_all(&record, &step.replace, &units).await?;
+            let written = began.elapsed();
             if record.rollout != before {
                 if let Some(why) = record.rollout.reverted.as_ref().filter(|_| before.reverted.is_none()) {
                     tracing::warn!(rollout = record.name, why, "rollout reverting by itself: a gate failed");
@@ -114,6 +124,16 @@ impl RolloutDriver {
                 }
                 self.registry.put_rollout(&record).await?;
             }
+            tracing::debug!(
+                rollout = record.name,
+                units = record.rollout.units.len(),
+                replaced = step.replace.len(),
+                ?read,
+                ?stepped,
+                ?written,
+                stored = ?began.elapsed(),
+                "rollout pass"
+            );
             if let Some(due) = next_timed_step(&record.rollout) {
                 next = next.min(Duration::from_secs(due.saturating_sub(now)));
             }
@@ -124,14 +144,36 @@ impl RolloutDriver {
     /// Writes the new content of the units `names` (a wave), each as its owner, in as few
     /// requests as the store allows: a wave of a thousand units is not a thousand round trips.
     /// A write that failed fails the pass (retried; the writes that landed are the same again).
-    async fn replace_all(
-        &self,
-        record: &RolloutRecord,
-        names: &[String],
-        units: &BTreeMap<String, UnitView>,
-    ) -> Result<(), RegistryError> {
+    async fn replace_all(&self, record: &RolloutRecord, names: &[String]) -> Result<(), RegistryError> {
+        // Who owns each unit and what it wants, read for the wave only.
+        let wave: BTreeSet<String> = names.iter().cloned().collect();
+        let units: BTreeMap<String, UnitView> =
+            self.registry.units_named(&wave).await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
+        let targets: HashMap<&str, UnitHash> =
+            record.rollout.units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
+        // Each new content is read once, however many units take it.
+        let mut files: HashMap<UnitHash, Option<UnitFile>> = HashMap::new();
         let mut by_writer: Vec<(Writer, Vec<UnitChange>)> = Vec::new();
-        for (change, writer) in names.iter().filter_map(|name| self.replacement(record, name, units)) {
+        for name in names {
+            let Some(&to) = targets.get(name.as_str()) else { continue };
+            let file = files.entry(to).or_insert_with(|| {
+                let file = record.bodies.get(&to.to_string()).and_then(|text| UnitFile::parse(text).ok());
+                if file.is_none() {
+                    tracing::error!(rollout = record.name, content = %to, "the rollout holds no readable body for this content");
+                }
+                file
+            });
+            let (Some(file), Some(current)) = (file.as_ref(), units.get(name)) else {
+                if !units.contains_key(name) {
+                    tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
+                }
+                continue;
+            };
+            let writer = match &current.source {
+                Some(source) => Writer::Source { name: source.clone(), take_over: false, drift: current.drift },
+                None => Writer::BY_HAND,
+            };
+            let change = UnitChange { name: name.clone(), file: Some(file.clone()), desired: current.desired };
             match by_writer.iter_mut().find(|(kept, _)| *kept == writer) {
                 Some((_, changes)) => changes.push(change),
                 None => by_writer.push((writer, vec![change])),
@@ -144,46 +186,71 @@ impl RolloutDriver {
         }
         Ok(())
     }
-
-    /// What writing a unit's new content takes: the write (content and desired state) and its
-    /// owner (its source, or by hand) as the writer. `None` when the rollout holds no readable
-    /// body for it or the unit is gone (both logged).
-    fn replacement(
-        &self,
-        record: &RolloutRecord,
-        name: &str,
-        units: &BTreeMap<String, UnitView>,
-    ) -> Option<(UnitChange, Writer)> {
-        let unit = record.rollout.units.iter().find(|unit| unit.name == name)?;
-        let Some(file) = record.bodies.get(&unit.to.to_string()).and_then(|text| UnitFile::parse(text).ok()) else {
-            tracing::error!(
-                rollout = record.name,
-                unit = name,
-                "the rollout holds no readable body for its new content"
-            );
-            return None;
-        };
-        let Some(current) = units.get(name) else {
-            tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
-            return None;
-        };
-        let writer = match &current.source {
-            Some(source) => Writer::Source { name: source.clone(), take_over: false, drift: current.drift },
-            None => Writer::BY_HAND,
-        };
-        Some((UnitChange { name: name.to_string(), file: Some(file), desired: current.desired }, writer))
-    }
 }
 
 impl LeaderPass for RolloutDriver {
     type Error = RegistryError;
     const NAME: &'static str = "rollout pass";
     /// States change in bursts (a wave of units restarting): one pass for the burst.
-    const SETTLE: Duration = Duration::from_millis(100);
+    const SETTLE: Duration = Duration::from_millis(25);
 
     /// A running rollout is stepped on every change and when a step is due by the clock; with
     /// none running, the next pass waits for a rollout to change.
     async fn pass(&mut self) -> Result<Next, RegistryError> {
         Ok(self.step_running().await?.map_or(Next::OnChange, Next::After))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use fleet_core::rollout::{MaxUnavailable, RolloutUnit, Step};
+    use fleet_core::{SystemdState, UnitFile};
+
+    use super::*;
+
+    fn hash(text: &str) -> UnitHash {
+        UnitFile::parse(&format!("[Service]\nExecStart={text}\n")).expect("a unit").hash()
+    }
+
+    fn state(name: &str, machine: &str, hash: UnitHash, active: &str) -> UnitState {
+        UnitState {
+            name: name.into(),
+            machine_id: machine.into(),
+            hash,
+            systemd: SystemdState::new("loaded", active, "running"),
+            launched: true,
+            drift: None,
+            health: None,
+        }
+    }
+
+    #[test]
+    fn a_unit_reported_twice_is_seen_on_the_content_the_rollout_brings_else_the_one_it_replaces() {
+        let (old, new, other) = (hash("/bin/old"), hash("/bin/new"), hash("/bin/other"));
+        let rollout = Rollout {
+            units: ["a.service", "b.service"]
+                .iter()
+                .map(|name| RolloutUnit { name: name.to_string(), from: old, to: new, step: Step::Waiting })
+                .collect(),
+            max_unavailable: MaxUnavailable::Count(1),
+            min_ready: 0,
+            deadline: 60,
+            state: RolloutState::Running,
+            undo: false,
+            canary: None,
+            auto_revert: false,
+            reverted: None,
+        };
+        let states = [
+            state("a.service", "m1", new, "active"),
+            state("a.service", "m2", old, "failed"),
+            state("b.service", "m1", other, "active"),
+            state("b.service", "m2", old, "inactive"),
+            state("c.service", "m1", old, "active"),
+        ];
+        let seen = observed(&states, &rollout);
+        assert_eq!(seen.len(), 2, "units of other rollouts are not looked at: {seen:?}");
+        assert_eq!((seen["a.service"].hash, seen["a.service"].health), (new, Health::Active));
+        assert_eq!((seen["b.service"].hash, seen["b.service"].health), (old, Health::Down));
     }
 }

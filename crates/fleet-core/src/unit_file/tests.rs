@@ -76,6 +76,14 @@ fn hash_hex_round_trip() {
     let hash = UnitFile::parse("[A]\nb=c\n").unwrap().hash();
     assert_eq!(UnitHash::parse_hex(&hash.to_string()), Some(hash));
     assert_eq!(UnitHash::parse_hex("zz"), None);
+    assert_eq!(UnitHash::parse_hex(&hash.to_string().to_uppercase()), Some(hash));
+    assert_eq!(UnitHash::parse_hex(&format!("+{}", &hash.to_string()[1..])), None);
+    assert_eq!(UnitHash::parse_hex(&format!("é{}", &hash.to_string()[2..])), None);
+    let json = serde_json::to_string(&hash).expect("serialized");
+    assert_eq!(json, format!("\"{hash}\""));
+    assert_eq!(serde_json::from_str::<UnitHash>(&json).ok(), Some(hash));
+    assert!(serde_json::from_str::<UnitHash>("\"abc\"").is_err());
+    assert!(serde_json::from_str::<UnitHash>("12").is_err());
 }
 
 fn unit_text() -> impl Strategy<Value = String> {
