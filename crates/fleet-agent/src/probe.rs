@@ -53,9 +53,9 @@ impl Prober {
             Probe::Http { tls: true, host, port, path } => {
                 http::get(&mut self.kept, Some(&tls::config()?), host, *port, path).await
             }
-            Probe::Watchdog => match manager.watchdog_fired(unit).await {
-                Ok(false) => Ok(()),
-                Ok(true) => Err("systemd's watchdog fired".to_string()),
+            Probe::Watchdog => match manager.watchdog_trouble(unit).await {
+                Ok(None) => Ok(()),
+                Ok(Some(why)) => Err(why),
                 Err(error) => Err(error.to_string()),
             },
             Probe::Exec { .. } => Err("not a network probe".to_string()),

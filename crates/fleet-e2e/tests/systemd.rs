@@ -324,3 +324,46 @@ fn health_checks_probe_units_systemd_runs() {
     let status = fleet.fleetctl(&["status", "web.service"]).stdout;
     assert!(status.contains("Health: healthy"), "{status}");
 }
+
+/// A `Type=notify` service with `WatchdogSec=` and no `HealthCheck=` is checked by systemd's
+/// watchdog: healthy while it pings, unhealthy once it is late (before systemd kills it),
+/// and systemd's `Result=watchdog` after that.
+#[test]
+fn a_notify_service_is_healthy_while_it_pings_its_watchdog_and_unhealthy_once_it_is_late() {
+    let systemd = SystemdUser::start();
+    let fleet = fleetd_on(&systemd);
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("pinging");
+    std::fs::write(&flag, "").unwrap();
+    let pinger = format!(
+        "/bin/sh -c 'systemd-notify --ready; while :; do if [ -e {} ]; then systemd-notify WATCHDOG=1; fi; sleep 0.5; done'",
+        flag.display()
+    );
+    let unit = write_unit(
+        dir.path(),
+        "pinger.service",
+        &format!(
+            "[Service]\nType=notify\nNotifyAccess=all\nWatchdogSec=9s\nExecStart={pinger}\n[X-Fleet]\nHealthCheckInterval=1s\nHealthCheckTimeout=500ms\nHealthCheckThreshold=1\n"
+        ),
+    );
+    fleet.ok(&["start", &unit]);
+    wait_for(&systemd, "pinger.service", "SubState", "running");
+    let health = |fleet: &Fleetd| fleet.ok(&["list-units", "--no-legend", "--fields", "unit,health"]).stdout;
+    // The health column's first word: `healthy`, `unhealthy:` (and the failure), `unknown`.
+    let wait_for_health = |want: &str| {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let now = health(&fleet);
+            if now.split_whitespace().nth(1).is_some_and(|word| word.trim_end_matches(':') == want) {
+                return now;
+            }
+            assert!(Instant::now() < deadline, "waiting for {want:?}: {now:?}; fleetd log:\n{}", fleet.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait_for_health("healthy");
+    std::fs::remove_file(&flag).unwrap();
+    let late = wait_for_health("unhealthy");
+    assert!(late.contains("no watchdog ping for"), "{late}");
+    wait_for(&systemd, "pinger.service", "Result", "watchdog");
+}

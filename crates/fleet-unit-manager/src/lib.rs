@@ -83,10 +83,11 @@ pub trait UnitManager: Send + Sync {
     async fn ended_by_itself(&self, _name: &str) -> Result<bool> {
         Ok(true)
     }
-    /// Whether the watchdog of a `Type=notify` service fired in its current run (systemd's
-    /// `Result=watchdog`). A manager without a watchdog says no.
-    async fn watchdog_fired(&self, _name: &str) -> Result<bool> {
-        Ok(false)
+    /// What systemd's watchdog says of a `Type=notify` service with `WatchdogSec=`: `None`
+    /// while it pings in time, else what is wrong (it fired, or the service is late with its
+    /// pings). A manager without a watchdog has nothing to say.
+    async fn watchdog_trouble(&self, _name: &str) -> Result<Option<String>> {
+        Ok(None)
     }
     /// Stops every unit, for a clean shutdown.
     async fn stop_all(&self) -> Result<()>;

@@ -10,7 +10,7 @@
 //!   `HealthCheckRestart=` (restart the unit once it turns unhealthy, within a budget).
 //!
 //! A `Type=notify` service with `WatchdogSec=` and no `HealthCheck=` is checked by systemd's
-//! watchdog: unhealthy once the watchdog fired. Values are systemd's time spans and booleans.
+//! watchdog: unhealthy once the service is late with its pings, or the watchdog fired. Values are systemd's time spans and booleans.
 
 use std::time::Duration;
 
@@ -47,7 +47,8 @@ pub enum Probe {
     Tcp { host: String, port: u16 },
     /// A command (an absolute path and its arguments) run as the unit's user: exit 0.
     Exec { argv: Vec<String> },
-    /// systemd's watchdog of a `Type=notify` service: unhealthy once it fired.
+    /// systemd's watchdog of a `Type=notify` service: unhealthy once the service is late with
+    /// its pings, or the watchdog fired.
     Watchdog,
 }
 

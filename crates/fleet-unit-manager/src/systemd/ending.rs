@@ -111,14 +111,6 @@ pub async fn read(connection: Connection, path: String) -> zbus::Result<Times> {
     })
 }
 
-/// systemd's `Result` of a service's current run (`success`, `exit-code`, `watchdog`, …); it
-/// is reset when the service starts again.
-pub async fn service_result(connection: Connection, path: String) -> zbus::Result<String> {
-    let no_cache = zbus::proxy::CacheProperties::No;
-    let service = ServiceProxy::builder(&connection).path(path).cache_properties(no_cache).build().await?;
-    service.result().await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ mod ending;
 mod fence_timer;
 pub mod paths;
 mod read_back;
+mod watchdog;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -340,14 +341,14 @@ impl UnitManager for SystemdManager {
         Ok(ending::Ending::of(&file, live, seen).by_itself())
     }
 
-    async fn watchdog_fired(&self, name: &str) -> Result<bool> {
+    async fn watchdog_trouble(&self, name: &str) -> Result<Option<String>> {
         let path = unit_object_path(name);
-        let result = self
+        let reading = self
             .bus
-            .on_connection(|connection| ending::service_result(connection, path))
+            .on_connection(|connection| watchdog::read(connection, path))
             .await
             .map_err(|error| UnitManagerError::Refused { unit: name.to_string(), reason: error.to_string() })?;
-        Ok(result == "watchdog")
+        Ok(watchdog::trouble(&reading, watchdog::now()))
     }
 
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
