@@ -184,10 +184,15 @@ fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate(
     assert_eq!(mode & 0o777, 0o600);
 
     let units = tempfile::tempdir().expect("units");
+    // Its health check, which the pull fleetd runs and reports through its manager.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a port");
+    let checked = listener.local_addr().expect("its address").port();
     fleet_e2e::write_unit(
         units.path(),
         "pulled.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+        &format!(
+            "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=pullfleetd000001\nHealthCheck=tcp://127.0.0.1:{checked}\nHealthCheckInterval=1s\nHealthCheckTimeout=500ms\nHealthCheckThreshold=1\n"
+        ),
     );
     fleetd.fleetctl_in(units.path(), &["start", "--no-block", "pulled.service"]);
     let running_there = |fleetd: &Fleetd| {
@@ -197,6 +202,21 @@ fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate(
     };
     fleetd.wait_until("the pull fleetd runs pulled.service", Duration::from_secs(30), running_there);
     assert!(!pull.log().contains(&token[9..]), "the token reached the pull fleetd's log");
+    let health_is = |want: &'static str| {
+        move |fleetd: &Fleetd| {
+            let rows = fleetd.ok(&["list-units", "--no-legend", "--fields", "unit,health"]).stdout;
+            rows.lines().any(|row| {
+                let words: Vec<&str> = row.split_whitespace().collect();
+                words.first() == Some(&"pulled.service")
+                    && words.get(1).map(|word| word.trim_end_matches(':')) == Some(want)
+            })
+        }
+    };
+    fleetd.wait_until("the pull fleetd reports pulled.service healthy", Duration::from_secs(30), health_is("healthy"));
+    drop(listener);
+    fleetd.wait_until("and unhealthy once its port closes", Duration::from_secs(30), health_is("unhealthy"));
+    let status = fleetd.fleetctl_in(units.path(), &["status", "pulled.service"]).stdout;
+    assert!(status.contains(&format!("connecting to 127.0.0.1:{checked}")), "{status}");
 
     // SIGTERM: it stops its units and leaves.
     let kept = pull.stop();
