@@ -44,6 +44,8 @@ pub struct ApiState {
     pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
     /// Journals asked of pull agents through this manager.
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
+    /// Rings the open long polls when a machine was revoked.
+    pub revocation_bell: Arc<crate::revocation_bell::RevocationBell>,
     /// Journals asked of the other machines of the cluster through the store, where the store
     /// carries such questions (etcd).
     pub journal_questions: Option<Arc<dyn fleet_registry::JournalQuestions>>,
@@ -71,6 +73,7 @@ impl ApiState {
             agents: None,
             agent_presence: Default::default(),
             journal_relay: Default::default(),
+            revocation_bell: Default::default(),
             journal_questions: None,
             live_view: Default::default(),
             feed_slots: Default::default(),

@@ -22,6 +22,7 @@ pub mod listen;
 pub mod live_view;
 pub mod pagination;
 mod query;
+pub mod revocation_bell;
 pub mod router;
 mod routes;
 pub use fleet_api_schema as schema;

@@ -86,6 +86,7 @@ impl ApiService {
             agent_ca,
             agent_presence: agent_presence.clone(),
             journal_relay: Default::default(),
+            revocation_bell: Default::default(),
             journal_questions,
             live_view: Default::default(),
             feed_slots: Default::default(),

@@ -87,8 +87,13 @@ impl Auth {
     /// The revocation of `machine`, if any (as of a read of the store at most [`FRESH_FOR`]
     /// ago).
     pub async fn revocation(&self, machine: &str) -> Result<Option<RevokedMachine>, Unavailable> {
-        let revoked = self.revoked.get(FRESH_FOR, async || self.registry.revoked_machines().await).await?;
+        let revoked = self.revoked_machines().await?;
         Ok(revoked.iter().find(|revoked| revoked.id == machine).cloned())
+    }
+
+    /// Every revoked machine, as read last (at most [`FRESH_FOR`] ago).
+    pub async fn revoked_machines(&self) -> Result<Arc<Vec<RevokedMachine>>, Unavailable> {
+        self.revoked.get(FRESH_FOR, async || self.registry.revoked_machines().await).await
     }
 
     /// Whether a certificate of `machine` over the key `key_sha256` is refused as revoked.

@@ -108,9 +108,6 @@ pub async fn unregister(state: &ApiState, machine_id: &str) -> Result<Response, 
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// How often an open `changes` request looks whether its machine was revoked.
-const REVOCATION_CHECK: std::time::Duration = std::time::Duration::from_millis(500);
-
 /// Answers when the machine's work may have changed since `after` (the revision its last
 /// answer gave), or after [`crate::agent_presence::AgentPresence::poll_wait`] with the same revision: a long poll, opened by the
 /// agent, so a manager never connects to an agent.
@@ -129,24 +126,29 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
     let current = *signal.borrow_and_update();
     let mut journal = state.journal_relay.take(machine_id);
     if journal.is_empty() && after.is_some_and(|after| after == current) {
-        // Wait for a change, looking every half second whether the machine was revoked
-        // meanwhile: a revoked machine's open poll ends within a second.
-        let deadline = tokio::time::Instant::now() + state.agent_presence.poll_wait();
+        // Wait for a change, or the end of the poll; a revocation rings the bell, and a
+        // revoked machine's open poll ends within a second.
+        let deadline = tokio::time::sleep(state.agent_presence.poll_wait());
+        tokio::pin!(deadline);
         let _waiting = fleet_metrics::Waiting::start();
-        while tokio::time::Instant::now() < deadline {
-            let woken = tokio::time::timeout(REVOCATION_CHECK, async {
-                tokio::select! {
-                    _ = signal.changed() => {}
-                    _ = asked.changed() => {}
+        let (mut revocations, _open) = state.revocation_bell.open_poll(&state.auth);
+        loop {
+            tokio::select! {
+                _ = signal.changed() => {}
+                _ = asked.changed() => {}
+                () = &mut deadline => break,
+                rung = revocations.changed() => {
+                    if rung.is_err() {
+                        break;
+                    }
+                    if state.auth.certificate_revoked(machine_id, key).await.unwrap_or(false) {
+                        return Err(ApiError::new(StatusCode::UNAUTHORIZED, "revoked machine certificate"));
+                    }
+                    continue;
                 }
-            });
-            if woken.await.is_ok() {
-                journal = state.journal_relay.take(machine_id);
-                break;
             }
-            if state.auth.certificate_revoked(machine_id, key).await.unwrap_or(false) {
-                return Err(ApiError::new(StatusCode::UNAUTHORIZED, "revoked machine certificate"));
-            }
+            journal = state.journal_relay.take(machine_id);
+            break;
         }
     }
     let revision = *signal.borrow();

@@ -153,6 +153,7 @@ pub async fn revoke(state: &ApiState, machine_id: &str) -> Result<Response, ApiE
     let revoked = RevokedMachine { id: machine_id.to_string(), at: now_unix(), key_sha256, forgotten: false };
     state.registry.revoke_machine(&revoked).await?;
     state.auth.forget_revoked().await;
+    state.revocation_bell.ring();
     tracing::info!(machine = machine_id, "machine revoked");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
