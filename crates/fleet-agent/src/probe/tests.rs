@@ -48,7 +48,13 @@ async fn serve<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
-async fn plain_server(answer: &'static str, per_connection: usize) -> (u16, Arc<Counts>) {
+/// Listens on a loopback port and serves `answer` on each connection, over TLS when given an
+/// acceptor.
+async fn server(
+    answer: &'static str,
+    per_connection: usize,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) -> (u16, Arc<Counts>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
     let port = listener.local_addr().expect("its address").port();
     let counts = Arc::new(Counts::default());
@@ -56,11 +62,24 @@ async fn plain_server(answer: &'static str, per_connection: usize) -> (u16, Arc<
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             counted.connections.fetch_add(1, Ordering::SeqCst);
-            let counted = counted.clone();
-            tokio::spawn(async move { serve(stream, answer, per_connection, &counted).await });
+            let (tls, counted) = (tls.clone(), counted.clone());
+            tokio::spawn(async move {
+                match tls {
+                    None => serve(stream, answer, per_connection, &counted).await,
+                    Some(acceptor) => {
+                        if let Ok(stream) = acceptor.accept(stream).await {
+                            serve(stream, answer, per_connection, &counted).await;
+                        }
+                    }
+                }
+            });
         }
     });
     (port, counts)
+}
+
+async fn plain_server(answer: &'static str, per_connection: usize) -> (u16, Arc<Counts>) {
+    server(answer, per_connection, None).await
 }
 
 async fn tls_server(answer: &'static str) -> (u16, Arc<Counts>) {
@@ -77,23 +96,7 @@ async fn tls_server(answer: &'static str) -> (u16, Arc<Counts>) {
             rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
         )
         .expect("a server configuration");
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
-    let port = listener.local_addr().expect("its address").port();
-    let counts = Arc::new(Counts::default());
-    let counted = counts.clone();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            counted.connections.fetch_add(1, Ordering::SeqCst);
-            let (acceptor, counted) = (acceptor.clone(), counted.clone());
-            tokio::spawn(async move {
-                if let Ok(stream) = acceptor.accept(stream).await {
-                    serve(stream, answer, usize::MAX, &counted).await;
-                }
-            });
-        }
-    });
-    (port, counts)
+    server(answer, usize::MAX, Some(tokio_rustls::TlsAcceptor::from(Arc::new(config)))).await
 }
 
 async fn probe_times(prober: &mut Prober, probe: &Probe, times: usize) -> Vec<Outcome> {
