@@ -2,9 +2,16 @@
 //! manager holds its presence in the store for it, and gives it up when the agent has been
 //! silent for `agent_ttl`, so the cluster treats it as a lost machine exactly like an etcd
 //! machine whose lease ran out.
+//!
+//! An agent is heard at each request, and for as long as it holds a long poll open: a poll
+//! may last minutes (an idle agent costs its manager a quiet connection, not a request every
+//! few seconds). A poll cut off without an answer (the connection closed: the agent died, or
+//! HTTP/2's keepalive found its network gone) counts as heard [`AgentPresence::cut_off_slack`]
+//! before it ended: the longest its connection can have been dead unnoticed. So a lost agent
+//! is noticed within `agent_ttl` of its last sign of life either way.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -18,8 +25,16 @@ pub const MOST_AGENTS: usize = 250_000;
 #[error("this manager serves {MOST_AGENTS} pull agents already; try another")]
 pub struct Full;
 
+/// What the manager knows of one agent's life.
+#[derive(Clone, Copy, Debug)]
+struct Heard {
+    at: Instant,
+    /// Long polls it holds open now: while one is, it is present.
+    open_polls: u32,
+}
+
 pub struct AgentPresence {
-    heard: Mutex<HashMap<String, Instant>>,
+    heard: Mutex<HashMap<String, Heard>>,
     /// How long an agent may be silent before it is lost (`agent_ttl`).
     ttl: Duration,
 }
@@ -30,64 +45,126 @@ impl Default for AgentPresence {
     }
 }
 
-/// The longest a long poll waits for a change.
-const LONGEST_POLL: Duration = Duration::from_secs(25);
+/// The longest a long poll of an agent that asks for no wait lasts (older agents).
+const LONGEST_SHORT_POLL: Duration = Duration::from_secs(25);
+
+/// The longest wait an agent may ask of a long poll.
+pub const LONGEST_POLL: Duration = Duration::from_secs(600);
 
 impl AgentPresence {
     pub fn new(ttl: Duration) -> Self {
         Self { heard: Mutex::new(HashMap::new()), ttl }
     }
 
-    /// How long a long poll may wait: short enough that an idle agent, which is heard from at
-    /// each poll, is heard from three times within `agent_ttl`.
+    fn table(&self) -> MutexGuard<'_, HashMap<String, Heard>> {
+        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// How long a long poll waits when the agent asks for no wait: short enough that an agent
+    /// heard only at each poll is heard three times within `agent_ttl`.
     pub fn poll_wait(&self) -> Duration {
-        LONGEST_POLL.min(self.ttl / 3)
+        LONGEST_SHORT_POLL.min(self.ttl / 3)
+    }
+
+    /// How often, and how patiently, the connections of pull agents are pinged (HTTP/2
+    /// keepalive): a quarter of `agent_ttl` each, so a connection dead without a word is
+    /// closed within half of it.
+    pub fn keepalive(&self) -> Duration {
+        (self.ttl / 4).max(Duration::from_millis(250))
+    }
+
+    /// How long before a cut-off poll ended its agent may have been gone unnoticed.
+    pub fn cut_off_slack(&self) -> Duration {
+        self.keepalive() * 2
     }
 
     /// Notes a request from `machine` (authenticated by its own certificate: nothing else
     /// may make a machine present).
     pub fn heard(&self, machine: &str) -> Result<(), Full> {
-        let mut heard = self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(at) = heard.get_mut(machine) {
-            *at = Instant::now();
+        let mut heard = self.table();
+        if let Some(known) = heard.get_mut(machine) {
+            known.at = Instant::now();
             return Ok(());
         }
         if heard.len() >= MOST_AGENTS {
             return Err(Full);
         }
-        heard.insert(machine.to_string(), Instant::now());
+        heard.insert(machine.to_string(), Heard { at: Instant::now(), open_polls: 0 });
         Ok(())
+    }
+
+    /// `machine` opens a long poll: it is present until the poll ends, and from then as
+    /// [`OpenPoll`] says. (Its request was heard already, so it is known.)
+    pub fn poll_opened(self: &Arc<Self>, machine: &str) -> OpenPoll {
+        if let Some(known) = self.table().get_mut(machine) {
+            known.open_polls += 1;
+        }
+        OpenPoll { presence: self.clone(), machine: machine.to_string(), answered: false }
+    }
+
+    fn poll_closed(&self, machine: &str, answered: bool) {
+        let slack = if answered { Duration::ZERO } else { self.cut_off_slack() };
+        if let Some(known) = self.table().get_mut(machine) {
+            known.open_polls = known.open_polls.saturating_sub(1);
+            let now = Instant::now();
+            known.at = now.checked_sub(slack).unwrap_or(now).max(known.at);
+        }
     }
 
     /// Whether `machine` is a pull agent this manager hears from.
     pub fn knows(&self, machine: &str) -> bool {
-        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains_key(machine)
+        self.table().contains_key(machine)
     }
 
     /// How many pull agents this manager hears from.
     pub fn count(&self) -> usize {
-        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
+        self.table().len()
     }
 
     /// Forgets `machine` (it left cleanly).
     pub fn forget(&self, machine: &str) {
-        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine);
+        self.table().remove(machine);
     }
 
-    /// The machines not heard from for `agent_ttl`: lost, and forgotten as they are returned.
+    /// The machines not heard from for `agent_ttl` and holding no poll open: lost, and
+    /// forgotten as they are returned.
     pub fn take_lost(&self) -> Vec<String> {
         self.take_silent(self.ttl)
     }
 
     /// The machines not heard from for `ttl`, forgotten as they are returned.
     fn take_silent(&self, ttl: Duration) -> Vec<String> {
-        let mut heard = self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let silent: Vec<String> =
-            heard.iter().filter(|(_, at)| at.elapsed() >= ttl).map(|(machine, _)| machine.clone()).collect();
+        let mut heard = self.table();
+        let silent: Vec<String> = heard
+            .iter()
+            .filter(|(_, known)| known.open_polls == 0 && known.at.elapsed() >= ttl)
+            .map(|(machine, _)| machine.clone())
+            .collect();
         for machine in &silent {
             heard.remove(machine);
         }
         silent
+    }
+}
+
+/// A long poll held open: its agent is present until it ends. Answered, the agent was heard
+/// then; dropped without an answer (its connection closed), it was heard last
+/// [`AgentPresence::cut_off_slack`] before.
+pub struct OpenPoll {
+    presence: Arc<AgentPresence>,
+    machine: String,
+    answered: bool,
+}
+
+impl OpenPoll {
+    pub fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for OpenPoll {
+    fn drop(&mut self) {
+        self.presence.poll_closed(&self.machine, self.answered);
     }
 }
 
@@ -104,5 +181,24 @@ mod tests {
         assert!(presence.take_silent(Duration::from_secs(60)).is_empty());
         assert_eq!(presence.take_silent(Duration::ZERO), vec!["a".to_string()]);
         assert!(presence.take_silent(Duration::ZERO).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_poll_keeps_its_agent_present_and_a_cut_off_one_dates_back() {
+        let presence = Arc::new(AgentPresence::new(Duration::from_secs(40)));
+        presence.heard("a").unwrap();
+        presence.heard("b").unwrap();
+        let poll_a = presence.poll_opened("a");
+        let poll_b = presence.poll_opened("b");
+        tokio::time::advance(Duration::from_secs(300)).await;
+        assert!(presence.take_lost().is_empty(), "polls open for minutes keep their agents");
+        poll_a.answered();
+        drop(poll_b);
+        // Answered: heard now. Cut off: heard 20 s ago (two keepalives of 10 s).
+        assert_eq!(presence.cut_off_slack(), Duration::from_secs(20));
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(presence.take_lost(), vec!["b".to_string()]);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        assert_eq!(presence.take_lost(), vec!["a".to_string()]);
     }
 }

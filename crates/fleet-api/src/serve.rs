@@ -31,6 +31,10 @@ pub struct ServeLimits {
     pub header_timeout: Duration,
     /// How long in-flight requests get to finish at shutdown.
     pub shutdown_grace: Duration,
+    /// How often an HTTP/2 connection is pinged, and how long its answer may take before the
+    /// connection is closed (on a manager, from `agent_ttl`: a pull agent's long poll lasts
+    /// minutes, and its connection going dead must be noticed within that).
+    pub keep_alive: Duration,
 }
 
 impl Default for ServeLimits {
@@ -39,6 +43,7 @@ impl Default for ServeLimits {
             connections_per_listener: 512,
             header_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(5),
+            keep_alive: Duration::from_secs(10),
         }
     }
 }
@@ -278,8 +283,8 @@ async fn serve_connection<S>(
             let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
             builder
                 .timer(TokioTimer::new())
-                .keep_alive_interval(Some(limits.header_timeout))
-                .keep_alive_timeout(limits.header_timeout)
+                .keep_alive_interval(Some(limits.keep_alive))
+                .keep_alive_timeout(limits.keep_alive)
                 .max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
             drive(builder.serve_connection(TokioIo::new(stream), service), &mut stop).await;
         }
@@ -347,6 +352,7 @@ mod tests {
         connections_per_listener: 4,
         header_timeout: Duration::from_millis(300),
         shutdown_grace: Duration::from_secs(1),
+        keep_alive: Duration::from_secs(10),
     };
 
     /// Regression: idle and slow-header connections were never timed out.

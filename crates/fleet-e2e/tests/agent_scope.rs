@@ -179,6 +179,13 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
     let bad_name = r#"{"removed":["../x"]}"#;
     assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some(bad_name)).status, 400);
     assert_eq!(call(&agent_a, "POST", "/fleet/v1/agents/agent-a/states", Some("{not json")).status, 400);
+    // A long poll's wait is bounded where it enters: 1 to 600 seconds.
+    for wait in ["0", "601", "-1", "ten", "99999999999999999999"] {
+        let path = format!("/fleet/v1/agents/agent-a/changes?after=1&wait={wait}");
+        let answer = call(&agent_a, "GET", &path, None);
+        assert_eq!(answer.status, 400, "wait={wait}: {}", answer.body);
+        assert!(answer.body.contains("invalid wait"), "{}", answer.body);
+    }
 
     // Nobody else uses these endpoints: not an administrator, not a registration token.
     let admin = fleetd.ok(&["token", "create", "--role", "admin", "root"]).stdout.trim().to_string();

@@ -4,6 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+/// How often an agent pings its manager's connection, and how long the answer may take: a
+/// manager gone without a word (its machine, its network) is left within half a minute.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, ErrorBody};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 
@@ -74,7 +79,14 @@ impl Manager {
     ) -> Result<reqwest::Client, ManagerError> {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let setup = |error: reqwest::Error| ManagerError::Setup(error.to_string());
-        let mut builder = reqwest::Client::builder().timeout(timeout).connect_timeout(self.timeout.min(timeout));
+        // A long poll holds its connection for minutes: a manager gone without a word is found
+        // by HTTP/2 pings, and the agent tries another within seconds.
+        let mut builder = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(self.timeout.min(timeout))
+            .http2_keep_alive_interval(Some(KEEPALIVE_INTERVAL))
+            .http2_keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .http2_keep_alive_while_idle(true);
         if let Some(pem) = &self.server_ca {
             builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem).map_err(setup)?);
         }

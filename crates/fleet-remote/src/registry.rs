@@ -23,7 +23,12 @@ use crate::manager::{Manager, ManagerError, without_url};
 
 /// How long a request may take; a long poll waits up to 25 s on the manager, so it gets more.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-const POLL_TIMEOUT: Duration = Duration::from_secs(40);
+/// How long the agent asks its manager to hold a long poll when nothing changes: an idle agent
+/// costs its manager a quiet connection (pinged by both sides), not a request every few
+/// seconds. A manager from before `wait` answers after its own short wait, as it always did.
+const POLL_WAIT: Duration = Duration::from_secs(300);
+/// How long the agent gives a long poll: its wait, and a request's time on top.
+const POLL_TIMEOUT: Duration = Duration::from_secs(POLL_WAIT.as_secs() + REQUEST_TIMEOUT.as_secs());
 
 fn unavailable(error: impl std::fmt::Display) -> RegistryError {
     RegistryError::unavailable("manager", error)
@@ -302,7 +307,7 @@ impl RemoteRegistry {
             loop {
                 let Some(registry) = registry.upgrade() else { return };
                 let path = match after {
-                    Some(after) => format!("{}/changes?after={after}", registry.base()),
+                    Some(after) => format!("{}/changes?after={after}&wait={}", registry.base(), POLL_WAIT.as_secs()),
                     None => format!("{}/changes", registry.base()),
                 };
                 let answer = registry.send(registry.client().get(path).timeout(POLL_TIMEOUT)).await;

@@ -93,7 +93,16 @@ impl ApiService {
             page_cursors: Default::default(),
             source_secrets_dir: Some(config.source_credentials_dir.clone()),
         };
-        let limits = ServeLimits { connections_per_listener: config.api_max_connections, ..ServeLimits::default() };
+        let defaults = ServeLimits::default();
+        let limits = ServeLimits {
+            connections_per_listener: config.api_max_connections,
+            keep_alive: if serves_agents {
+                agent_presence.keepalive().min(defaults.keep_alive)
+            } else {
+                defaults.keep_alive
+            },
+            ..defaults
+        };
         let (stop, stopped) = watch::channel(false);
         let serving = format!("API on {}", listeners.iter().map(ApiListener::describe).collect::<Vec<_>>().join(", "));
         let unix_socket = listeners.iter().find_map(|listener| match listener {

@@ -109,8 +109,10 @@ pub async fn unregister(state: &ApiState, machine_id: &str) -> Result<Response, 
 }
 
 /// Answers when the machine's work may have changed since `after` (the revision its last
-/// answer gave), or after [`crate::agent_presence::AgentPresence::poll_wait`] with the same revision: a long poll, opened by the
-/// agent, so a manager never connects to an agent.
+/// answer gave), or with the same revision after `wait` seconds (as the agent asks, at most
+/// [`crate::agent_presence::LONGEST_POLL`]; [`crate::agent_presence::AgentPresence::poll_wait`]
+/// when it asks for none): a long poll, opened by the agent, so a manager never connects to
+/// an agent. The machine is present for as long as its poll is open.
 pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, String)]) -> Result<Response, ApiError> {
     let Role::Machine { id: machine_id } = &identity.role else {
         return Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine follows its changes"));
@@ -121,6 +123,16 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
         None => None,
         Some(text) => Some(text.parse::<u64>().map_err(|_| ApiError::bad_request("invalid after"))?),
     };
+    let longest = crate::agent_presence::LONGEST_POLL.as_secs();
+    let wait = match crate::query::first_value(query, "wait") {
+        None => state.agent_presence.poll_wait(),
+        Some(text) => text
+            .parse::<u64>()
+            .ok()
+            .filter(|seconds| (1..=longest).contains(seconds))
+            .map(std::time::Duration::from_secs)
+            .ok_or_else(|| ApiError::bad_request(format!("invalid wait: seconds, 1 to {longest}")))?,
+    };
     let mut signal = agents.machine_changes(machine_id);
     let mut asked = state.journal_relay.asked(machine_id);
     let current = *signal.borrow_and_update();
@@ -128,10 +140,12 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
     if journal.is_empty() && after.is_some_and(|after| after == current) {
         // Wait for a change, or the end of the poll; a revocation rings the bell, and a
         // revoked machine's open poll ends within a second.
-        let deadline = tokio::time::sleep(state.agent_presence.poll_wait());
+        let deadline = tokio::time::sleep(wait);
         tokio::pin!(deadline);
         let _waiting = fleet_metrics::Waiting::start();
-        let (mut revocations, _open) = state.revocation_bell.open_poll(&state.auth);
+        // The machine is present while it waits here, however long.
+        let presence = state.agent_presence.poll_opened(machine_id);
+        let (mut revocations, _listening) = state.revocation_bell.open_poll(&state.auth);
         loop {
             tokio::select! {
                 _ = signal.changed() => {}
@@ -150,6 +164,7 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
             journal = state.journal_relay.take(machine_id);
             break;
         }
+        presence.answered();
     }
     let revision = *signal.borrow();
     Ok(json_response(StatusCode::OK, &AgentChanges { revision, journal }))

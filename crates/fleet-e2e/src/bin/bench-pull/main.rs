@@ -163,6 +163,7 @@ fn main() {
                     drain: None,
                 },
                 // As fleetd's pull mode: changes come by long poll; the fallback is a safety net.
+                // fleetd's pull mode's (`reconcile_timing::PULL_RECONCILE_INTERVAL`).
                 reconcile_interval: Duration::from_secs(30),
                 debounce: Duration::from_millis(10),
                 presence_ttl: None,
