@@ -82,6 +82,8 @@ pub struct Agent {
     /// Whether the log said the unit manager has no fence for `AtMostOnce=` units.
     told_no_fence: bool,
     drift: DriftWatch,
+    /// Retries a registration that failed, sooner than the fallback reconcile.
+    register_retry: fleet_core::backoff::Backoff,
     health: HealthWatch,
     /// The machine's work changing, the manager's states, and health flips.
     triggers: Triggers,
@@ -122,6 +124,7 @@ impl Agent {
             told_no_fence: false,
             drift: DriftWatch::default(),
             health,
+            register_retry: fleet_core::backoff::Backoff::new(RETRY_MIN, Duration::from_secs(30)),
             triggers,
             state_changes,
             lapses,
@@ -202,7 +205,15 @@ impl Agent {
         };
         // A unit this pass started that asked to run at most once is fenced at once.
         self.arm_fence().await;
-        Ok(Next::After(fence_check.map_or(next, |lapses_in| next.min(lapses_in))))
+        let mut next = fence_check.map_or(next, |lapses_in| next.min(lapses_in));
+        // Not registered yet (the manager busy with a rush of joins, the store briefly out):
+        // try again on a backoff, spread by machine, not at the fallback reconcile.
+        if self.registered {
+            self.register_retry.reset();
+        } else {
+            next = next.min(self.register_retry.next_delay_jittered(spread_of(self.machine_id())));
+        }
+        Ok(Next::After(next))
     }
 
     /// Acts on the machine's presence as its own clock sees it, counted from the last
@@ -733,4 +744,12 @@ mod tests {
         assert_eq!(settling_time(debounce, Duration::from_secs(7)), MOST_SETTLING);
         assert_eq!(settling_time(Duration::from_secs(2), Duration::from_secs(7)), Duration::from_secs(2));
     }
+}
+
+/// A number that differs from machine to machine, to spread their retries.
+fn spread_of(machine: &str) -> u32 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    machine.hash(&mut hasher);
+    u32::try_from(hasher.finish() % 1_000_000).unwrap_or(0)
 }

@@ -155,6 +155,9 @@ struct FlakyStore {
     lapsed: std::sync::atomic::AtomicBool,
     /// The agent's wake-up: the store's own, forwarded, or [`FlakyStore::wake`].
     changes: watch::Sender<u64>,
+    /// How many registrations fail from now on; and every attempt, counted.
+    registrations_failing: std::sync::atomic::AtomicUsize,
+    registrations: std::sync::atomic::AtomicUsize,
 }
 
 impl FlakyStore {
@@ -168,6 +171,13 @@ impl FlakyStore {
 #[async_trait::async_trait]
 impl fleet_registry::AgentRegistry for FlakyStore {
     async fn register_machine(&self, machine: &MachineState) -> fleet_registry::Result<()> {
+        use std::sync::atomic::Ordering;
+        self.registrations.fetch_add(1, Ordering::SeqCst);
+        let failing = self.registrations_failing.load(Ordering::SeqCst);
+        if failing > 0 {
+            self.registrations_failing.store(failing - 1, Ordering::SeqCst);
+            return Err(fleet_registry::RegistryError::Unavailable("the manager is busy".into()));
+        }
         self.store.register_machine(machine).await
     }
     async fn unregister_machine(&self, machine_id: &str) -> fleet_registry::Result<()> {
@@ -229,6 +239,8 @@ fn start_on_flaky_with(
         reads: 0.into(),
         lapsed: false.into(),
         changes: watch::channel(0).0,
+        registrations_failing: 0.into(),
+        registrations: 0.into(),
     });
     let manager = Arc::new(FakeUnitManager::new());
     let (lifecycle, watch) = watch::channel(Lifecycle::Running);
@@ -265,6 +277,26 @@ async fn a_pass_is_not_woken_again_by_its_own_starts_but_is_by_later_changes() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(reported_failed().await, "a change after the pass's listing wakes the agent");
     assert_eq!(flaky.reads.load(Ordering::SeqCst) - before, passes + 1);
+}
+
+/// A registration that failed (a manager busy with a rush of joins) is tried again on a
+/// backoff, not at the next fallback reconcile: with a fallback of an hour, the machine is
+/// registered within seconds, after a few spaced tries.
+#[tokio::test(start_paused = true)]
+async fn a_failed_registration_is_tried_again_on_a_backoff_not_at_the_fallback() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let hour = AgentConfig { reconcile_interval: Duration::from_secs(3600), ..config() };
+    let (flaky, _manager, _agent) = start_on_flaky_with(&store, hour);
+    // Set before the agent's task first runs (nothing has yielded to it yet).
+    flaky.registrations_failing.store(3, Ordering::SeqCst);
+    let registered = async || store.machines().await.unwrap().iter().any(|machine| machine.id == MACHINE);
+    let began = tokio::time::Instant::now();
+    eventually("the machine registers after three failures", async || registered().await).await;
+    assert!(began.elapsed() < Duration::from_secs(60), "registered {:?} later", began.elapsed());
+    let attempts = flaky.registrations.load(Ordering::SeqCst);
+    assert_eq!(attempts, 4, "three spaced failures, then the registration");
 }
 
 /// A store outage never stops a running unit: the agent leaves its units alone and retries
