@@ -724,6 +724,14 @@ async fn until(moment: Option<tokio::time::Instant>) {
     }
 }
 
+/// A number that differs from machine to machine, to spread their retries.
+fn spread_of(machine: &str) -> u32 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    machine.hash(&mut hasher);
+    u32::try_from(hasher.finish() % 1_000_000).unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -744,12 +752,4 @@ mod tests {
         assert_eq!(settling_time(debounce, Duration::from_secs(7)), MOST_SETTLING);
         assert_eq!(settling_time(Duration::from_secs(2), Duration::from_secs(7)), Duration::from_secs(2));
     }
-}
-
-/// A number that differs from machine to machine, to spread their retries.
-fn spread_of(machine: &str) -> u32 {
-    use std::hash::{Hash, Hasher};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    machine.hash(&mut hasher);
-    u32::try_from(hasher.finish() % 1_000_000).unwrap_or(0)
 }
