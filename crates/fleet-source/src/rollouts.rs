@@ -163,10 +163,9 @@ impl RolloutDriver {
                 }
                 file
             });
-            let (Some(file), Some(current)) = (file.as_ref(), units.get(name)) else {
-                if !units.contains_key(name) {
-                    tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
-                }
+            let Some(file) = file.as_ref() else { continue };
+            let Some(current) = units.get(name) else {
+                tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
                 continue;
             };
             let writer = match &current.source {

@@ -44,7 +44,13 @@ pub async fn get(
         "GET {path} HTTP/1.1\r\nHost: {}\r\nUser-Agent: fleet-health-check\r\nAccept: */*\r\n\r\n",
         super::authority(host, port)
     );
-    if let Some(mut connection) = kept.take() {
+    let mut reused = kept.take();
+    loop {
+        let fresh = reused.is_none();
+        let mut connection = match reused.take() {
+            Some(connection) => connection,
+            None => open(tls, host, port).await?,
+        };
         match connection.exchange(&request).await? {
             Exchange::Answered { code, reusable } => {
                 if reusable {
@@ -52,19 +58,10 @@ pub async fn get(
                 }
                 return judge(code);
             }
-            // Closed while idle: a fresh connection answers for it.
+            Exchange::ClosedUnanswered(why) if fresh => return Err(why),
+            // A kept connection the server let go while idle: a fresh one answers for it.
             Exchange::ClosedUnanswered(_) => {}
         }
-    }
-    let mut connection = open(tls, host, port).await?;
-    match connection.exchange(&request).await? {
-        Exchange::Answered { code, reusable } => {
-            if reusable {
-                *kept = Some(connection);
-            }
-            judge(code)
-        }
-        Exchange::ClosedUnanswered(why) => Err(why),
     }
 }
 
