@@ -122,8 +122,12 @@ impl AgentRegistry for EtcdRegistry {
     }
 
     fn presence_renewed(&self, machine_id: &str) -> fleet_registry::Renewal {
-        self.session(machine_id)
-            .map_or(fleet_registry::Renewal::NotHeld, |session| fleet_registry::Renewal::SentAt(session.renewed()))
+        let Some(session) = self.session(machine_id) else { return fleet_registry::Renewal::NotHeld };
+        let renewed = match session.own() {
+            true => Some(session.renewed()),
+            false => self.inner.agent_lease.renewed(session.lease()),
+        };
+        renewed.map_or(fleet_registry::Renewal::NotHeld, fleet_registry::Renewal::SentAt)
     }
 
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {

@@ -11,6 +11,7 @@
 //! - the engine's writes are batched transactions fenced by its leader key.
 
 mod agent;
+mod agent_lease;
 mod api;
 mod api_copy;
 mod body_collection;
@@ -130,6 +131,8 @@ struct Inner {
     /// for the agent to have handled.
     claim_lapses: Mutex<HashMap<String, u64>>,
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
+    /// The one lease every pull agent's presence this fleetd holds as a manager hangs on.
+    agent_lease: agent_lease::AgentLease,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
     unconfirmed_claims: Mutex<HashMap<String, i64>>,
@@ -174,6 +177,7 @@ impl EtcdRegistry {
                 lapse_acks: Mutex::new(HashMap::new()),
                 claim_lapses: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
+                agent_lease: agent_lease::AgentLease::default(),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),

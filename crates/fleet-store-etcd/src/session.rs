@@ -37,7 +37,7 @@ pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
 const RENEWAL_RETRY: Duration = Duration::from_secs(1);
 
 /// A number that differs between machines and moments, to spread retries (not a secret).
-fn jitter_sample() -> u32 {
+pub(super) fn jitter_sample() -> u32 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.subsec_nanos())
 }
 
@@ -118,6 +118,21 @@ impl MachineSession {
         self.rejoined_at.load(Ordering::SeqCst)
     }
 
+    /// Whether this is this fleetd's own machine rather than a pull agent's.
+    pub fn own(&self) -> bool {
+        self.own
+    }
+
+    pub fn machine_id(&self) -> String {
+        self.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).id.clone()
+    }
+
+    /// Notes that etcd said the lease expired: no copy shows what is still this machine's
+    /// until it has registered again. `false` if that was noted already.
+    pub fn mark_lapsed(&self) -> bool {
+        self.rejoined_at.swap(LAPSED, Ordering::SeqCst) != LAPSED
+    }
+
     /// When the last renewal that succeeded was sent.
     pub fn renewed(&self) -> tokio::time::Instant {
         *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -191,8 +206,13 @@ impl EtcdRegistry {
     /// With `own` (this fleetd's own machine, not a pull agent's) the lease is recorded before
     /// the claim is sent: a fleetd killed while its claim lands takes that presence back when
     /// it starts again, instead of being refused as a duplicate of itself until it expires.
+    /// A pull agent's presence is claimed under the manager's lease for its agents
+    /// ([`EtcdRegistry::agent_lease`]), which a refusal leaves alone.
     pub(super) async fn claim_new_presence(&self, machine: &MachineState, own: bool) -> Result<(i64, i64)> {
-        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        let lease = match own {
+            true => grant(self.connection(), self.inner.lifetimes.agent_ttl).await?,
+            false => self.agent_lease().await?,
+        };
         if own {
             self.record_lease(Some(lease));
         }
@@ -201,9 +221,10 @@ impl EtcdRegistry {
             Err(error) => {
                 match error {
                     RegistryError::Unavailable(_) => self.note_unconfirmed_claim(&machine.id, Some(lease)),
-                    _ => {
+                    _ if own => {
                         let _ = revoke(self.connection(), lease).await;
                     }
+                    _ => {}
                 }
                 Err(error)
             }
@@ -305,12 +326,12 @@ impl EtcdRegistry {
         }
     }
 
-    /// Holds a pull agent's presence for it: a new lease of this fleetd's, the machine's
-    /// record and the unit states it reported moved under it (whichever manager held them
-    /// before), and the keepalive. This fleetd's own lease record is left alone.
+    /// Holds a pull agent's presence for it: the machine's record and the unit states it
+    /// reported moved under this manager's lease for its agents (whichever manager held them
+    /// before). This fleetd's own lease record is left alone.
     pub(super) async fn take_over_session(&self, machine: &MachineState) -> Result<()> {
         let sent = tokio::time::Instant::now();
-        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        let lease = self.agent_lease().await?;
         let keys = self.keys();
         let prefix = keys.state(&machine.id, "");
         let reply = self.connection().get(&prefix, Some(etcd_client::GetOptions::new().with_prefix())).await?;
@@ -323,16 +344,14 @@ impl EtcdRegistry {
         let mut ops = vec![TxnOp::put(keys.machine(&machine.id), encode(machine), with_lease())];
         ops.extend(states.iter().map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), with_lease())));
         for chunk in ops.chunks(MAX_TXN_OPS) {
-            if let Err(error) = self.connection().txn(Txn::new().and_then(chunk.to_vec())).await {
-                let _ = revoke(self.connection(), lease).await;
-                return Err(error);
-            }
+            self.connection().txn(Txn::new().and_then(chunk.to_vec())).await?;
         }
         self.start_session(machine, lease, states, false, sent);
         Ok(())
     }
 
-    /// Keeps `lease` alive for `machine` from now on.
+    /// Records `machine`'s session under `lease`, kept alive from now on: by a keepalive of its
+    /// own for this fleetd's machine (`own`), by the agents' lease for a pull agent's.
     /// `renewed`: when the request that granted or last renewed the lease was sent.
     fn start_session(
         &self,
@@ -352,8 +371,10 @@ impl EtcdRegistry {
             own,
             rejoined_at: AtomicI64::new(0),
         });
-        let task = tokio::spawn(self.clone().keep_alive(session.clone())).abort_handle();
-        *session.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
+        if own {
+            let task = tokio::spawn(self.clone().keep_alive(session.clone())).abort_handle();
+            *session.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
+        }
         let previous = self
             .inner
             .sessions
@@ -380,6 +401,14 @@ impl EtcdRegistry {
 
     pub(super) fn take_session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
         self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine_id)
+    }
+
+    /// Forgets `session` if it is still `machine_id`'s (not replaced meanwhile).
+    pub(super) fn forget_session(&self, machine_id: &str, session: &Arc<MachineSession>) {
+        let mut sessions = self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if sessions.get(machine_id).is_some_and(|held| Arc::ptr_eq(held, session)) {
+            sessions.remove(machine_id);
+        }
     }
 
     /// Renews the machine's lease every half of `agent_ttl`, as the original fleet beats its
@@ -413,12 +442,11 @@ impl EtcdRegistry {
                     period
                 }
                 Ok(false) => {
-                    let machine_id = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).id.clone();
-                    if session.rejoined_at() != LAPSED {
+                    let machine_id = session.machine_id();
+                    if session.mark_lapsed() {
                         tracing::warn!(machine_id, "machine lease expired; registering again");
                         // From now on no copy shows what is still this machine's: its agent
                         // is told at once, whatever its backoff, and stops what it runs.
-                        session.rejoined_at.store(LAPSED, Ordering::SeqCst);
                         self.wake_agent(&machine_id);
                         self.lapse_signal(&machine_id).send_modify(|lapses| *lapses += 1);
                     }
@@ -464,7 +492,7 @@ impl EtcdRegistry {
     /// have placed them elsewhere while the lease was gone (a fleetd frozen past its lease
     /// would otherwise wake, re-register at once, and never see the lapse). And the machine's
     /// work is read only from a copy that has seen the new presence ([`MachineSession::rejoined_at`]).
-    async fn reopen(&self, session: &MachineSession) -> Result<()> {
+    pub(super) async fn reopen(&self, session: &MachineSession) -> Result<()> {
         let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         // A claim of an earlier attempt that got no answer may have landed: it is this one.
         let landed = match self.unconfirmed_claim(&machine.id) {
@@ -495,8 +523,12 @@ impl EtcdRegistry {
         Ok(())
     }
 
-    /// Ends a session: the presence and every unit state go with the lease, at once.
+    /// Ends a session: the presence and every unit state go, at once (with the lease, for
+    /// this fleetd's own machine).
     pub(super) async fn close_session(&self, session: &MachineSession) -> Result<()> {
+        if !session.own {
+            return self.give_up_agent(session).await;
+        }
         session.stop_keepalive();
         revoke(self.connection(), session.lease()).await?;
         if session.own {

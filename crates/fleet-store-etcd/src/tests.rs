@@ -10,13 +10,13 @@ use fleet_testkit::{EtcdServer, eventually};
 use super::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, RegistryError, StateReport};
 
-const SLEEP: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
+pub(crate) const SLEEP: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
 
-fn unit(text: &str) -> UnitFile {
+pub(crate) fn unit(text: &str) -> UnitFile {
     UnitFile::parse(text).unwrap()
 }
 
-fn machine(id: &str) -> MachineState {
+pub(crate) fn machine(id: &str) -> MachineState {
     MachineState { id: id.into(), public_ip: "127.0.0.1".into(), ..Default::default() }
 }
 
@@ -29,12 +29,12 @@ fn options(etcd: &EtcdServer) -> EtcdOptions {
     }
 }
 
-async fn registry(etcd: &EtcdServer, agent_ttl: Duration) -> EtcdRegistry {
+pub(crate) async fn registry(etcd: &EtcdServer, agent_ttl: Duration) -> EtcdRegistry {
     let lifetimes = Lifetimes { agent_ttl, engine_lease_ttl: Duration::from_secs(3) };
     EtcdRegistry::connect(&options(etcd), lifetimes).await.unwrap()
 }
 
-async fn keys_under(registry: &EtcdRegistry, prefix: &str) -> Vec<String> {
+pub(crate) async fn keys_under(registry: &EtcdRegistry, prefix: &str) -> Vec<String> {
     let reply =
         registry.connection().get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
     reply.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect()

@@ -1,0 +1,215 @@
+//! The one lease a manager holds its pull agents' presences under. An etcd machine keeps its
+//! own lease alive; a pull agent has no store connection, and its manager used to keep a
+//! lease alive for each one: at 10,000 agents, 10,000 keepalive streams and a renewal every
+//! millisecond or so, for agents that did nothing. Now every agent a manager holds hangs on
+//! one lease of that manager's, renewed like any other (every half of `agent_ttl`): the store's
+//! idle work grows with the number of managers, not of agents.
+//!
+//! - An agent silent for `agent_ttl` is given up by deleting its presence and states, on the
+//!   condition that they still hang on this manager's lease: another manager may hold them
+//!   by now ([`EtcdRegistry::give_up_agent`]).
+//! - A manager that dies leaves its agents' presences until its lease expires, `agent_ttl`
+//!   after its last renewal: an agent that reconnects to another manager meanwhile is taken
+//!   over there (its presence and states moved under that manager's lease) and never leaves
+//!   the cluster, so its units do not move.
+//! - A manager cut off from etcd past `agent_ttl` loses the lease and every presence with it:
+//!   it claims each agent it still holds again under a new lease, as an etcd machine does
+//!   after a lapse ([`EtcdRegistry::reclaim_agents`]); one that another manager took
+//!   meanwhile is let go.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use fleet_core::backoff::Backoff;
+
+use super::EtcdRegistry;
+use super::session::{MachineSession, grant, renew};
+use fleet_registry::{RegistryError, Result};
+
+/// The manager's lease for its pull agents, granted on the first agent it holds.
+#[derive(Default)]
+pub struct AgentLease {
+    /// The lease now; 0 before the first grant and while a new one is due.
+    lease: AtomicI64,
+    /// When the last renewal that succeeded (or the grant) was sent.
+    renewed: Mutex<Option<tokio::time::Instant>>,
+    /// One grant at a time: a thousand agents joining together share one lease.
+    granting: tokio::sync::Mutex<()>,
+    keepalive: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+impl AgentLease {
+    fn current(&self) -> i64 {
+        self.lease.load(Ordering::SeqCst)
+    }
+
+    /// When the renewal that keeps `lease` was last sent, if `lease` is the one held now.
+    pub fn renewed(&self, lease: i64) -> Option<tokio::time::Instant> {
+        if lease == 0 || lease != self.current() {
+            return None;
+        }
+        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn mark_renewed(&self, sent: tokio::time::Instant) {
+        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(sent);
+    }
+
+    /// `lease` expired: no lease is held until the next grant.
+    fn forget(&self, lease: i64) {
+        let _ = self.lease.compare_exchange(lease, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Stops renewing (the manager dies, for the tests): the lease expires after `agent_ttl`.
+    pub fn stop_keepalive(&self) {
+        if let Some(task) = self.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            task.abort();
+        }
+    }
+}
+
+impl Drop for AgentLease {
+    fn drop(&mut self) {
+        self.stop_keepalive();
+    }
+}
+
+/// How soon a failed renewal, or a failed claim after an expiry, is tried again at first.
+const RETRY: Duration = Duration::from_secs(1);
+
+impl EtcdRegistry {
+    /// The lease pull agents' presences hang on, granted (and kept alive from then on) if
+    /// there is none.
+    pub(super) async fn agent_lease(&self) -> Result<i64> {
+        let shared = &self.inner.agent_lease;
+        let held = shared.current();
+        if held != 0 {
+            return Ok(held);
+        }
+        let _granting = shared.granting.lock().await;
+        let held = shared.current();
+        if held != 0 {
+            return Ok(held);
+        }
+        let sent = tokio::time::Instant::now();
+        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        shared.mark_renewed(sent);
+        shared.lease.store(lease, Ordering::SeqCst);
+        self.keep_agent_lease_alive();
+        tracing::info!(lease, "holding pull agents' presences under a new lease");
+        Ok(lease)
+    }
+
+    /// Starts the agents' lease keepalive if it is not running. The task holds the registry
+    /// only weakly: it ends when the registry is dropped.
+    fn keep_agent_lease_alive(&self) {
+        let mut keepalive = self.inner.agent_lease.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if keepalive.is_none() {
+            let registry = Arc::downgrade(&self.inner);
+            *keepalive = Some(tokio::spawn(keep_agents_alive(registry, self.inner.lifetimes.agent_ttl)).abort_handle());
+        }
+    }
+
+    /// The pull agents this manager holds whose presence does not hang on the live lease
+    /// (it expired): gone from the cluster's view, each is claimed again under a new lease
+    /// (its agent is told its presence lapsed meanwhile); one whose presence another manager
+    /// holds now is let go. What fails is tried again on the next call.
+    pub(super) async fn reclaim_agents(&self) -> Result<()> {
+        let live = self.inner.agent_lease.current();
+        let lapsed: Vec<Arc<MachineSession>> = {
+            let sessions = self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            sessions.values().filter(|session| !session.own() && session.lease() != live).cloned().collect()
+        };
+        if lapsed.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(agents = lapsed.len(), "pull agents' presences expired with their lease; claiming them again");
+        for session in &lapsed {
+            if session.mark_lapsed() {
+                self.wake_agent(&session.machine_id());
+            }
+        }
+        let mut failed = None;
+        for session in lapsed {
+            let machine_id = session.machine_id();
+            match self.reopen(&session).await {
+                Ok(()) => {}
+                Err(RegistryError::MachineInUse { .. }) => {
+                    tracing::info!(machine_id, "another manager holds this pull agent now; letting it go");
+                    self.forget_session(&machine_id, &session);
+                }
+                Err(error) => failed = Some(error),
+            }
+        }
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Gives up a pull agent's presence and states, if they still hang on this manager's
+    /// lease: the cluster treats it as a lost machine. Another manager that holds it now
+    /// keeps it.
+    pub(super) async fn give_up_agent(&self, session: &MachineSession) -> Result<()> {
+        let machine_id = session.machine_id();
+        let keys = self.keys();
+        let machine_key = keys.machine(&machine_id);
+        let states = keys.state(&machine_id, "");
+        let ours = Compare::lease(machine_key.as_str(), CompareOp::Equal, session.lease());
+        let delete = [
+            TxnOp::delete(machine_key.as_str(), None),
+            TxnOp::delete(states.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())),
+        ];
+        let reply = self.connection().txn(Txn::new().when([ours]).and_then(delete)).await?;
+        if !reply.succeeded() {
+            tracing::info!(machine_id, "another manager holds this pull agent's presence; leaving it");
+        }
+        Ok(())
+    }
+}
+
+impl EtcdRegistry {
+    /// Renews the agents' lease once, and claims again the agents whose presence is not
+    /// under the live lease (it expired now or before).
+    async fn renew_agent_lease(&self, keeper: &mut Option<super::session::Keeper>) -> Result<()> {
+        let shared = &self.inner.agent_lease;
+        let lease = shared.current();
+        let sent = tokio::time::Instant::now();
+        let renewed = match lease {
+            0 => false,
+            lease => renew(self.connection(), lease, keeper).await?,
+        };
+        match renewed {
+            true => shared.mark_renewed(sent),
+            // Gone: the next agent claimed or taken over gets a new one.
+            false => shared.forget(lease),
+        }
+        self.reclaim_agents().await
+    }
+}
+
+/// Renews the agents' lease every half of `agent_ttl` while the registry lives. Failures are
+/// tried again within a second, then less often (up to a quarter of `agent_ttl`), as a
+/// machine's own lease is.
+async fn keep_agents_alive(registry: std::sync::Weak<super::Inner>, agent_ttl: Duration) {
+    let period = agent_ttl / 2;
+    let mut keeper = None;
+    let mut retry = Backoff::new(RETRY.min(agent_ttl / 4), agent_ttl / 4);
+    let mut wait = period;
+    loop {
+        tokio::time::sleep(wait).await;
+        let Some(inner) = registry.upgrade() else { return };
+        wait = match (EtcdRegistry { inner }).renew_agent_lease(&mut keeper).await {
+            Ok(()) => {
+                retry.reset();
+                period
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot keep the pull agents' presences; retrying");
+                retry.next_delay_jittered(super::session::jitter_sample())
+            }
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests;

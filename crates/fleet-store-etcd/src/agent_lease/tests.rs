@@ -1,0 +1,151 @@
+//! The agents' lease against a real etcd: managers are registries on one etcd, pull agents
+//! are the machines they announce for.
+
+use std::time::Duration;
+
+use etcd_client::GetOptions;
+use fleet_core::{SystemdState, UnitHash, UnitState};
+use fleet_registry::{AgentRegistry, RegistryError, StateReport};
+use fleet_testkit::{EtcdServer, eventually};
+
+use crate::EtcdRegistry;
+use crate::tests::{keys_under, machine, registry};
+
+fn running(machine_id: &str, name: &str) -> StateReport {
+    StateReport::Set(UnitState {
+        name: name.into(),
+        machine_id: machine_id.into(),
+        hash: UnitHash([7; 20]),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+    })
+}
+
+/// Every key under `prefix` with the lease it hangs on.
+async fn leases_under(registry: &EtcdRegistry, prefix: &str) -> Vec<(String, i64)> {
+    let reply =
+        registry.connection().get(prefix, Some(GetOptions::new().with_prefix().with_keys_only())).await.unwrap();
+    reply.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease())).collect()
+}
+
+async fn lease_count(registry: &EtcdRegistry) -> usize {
+    registry.connection().client().leases().await.unwrap().leases().len()
+}
+
+#[tokio::test]
+async fn a_managers_pull_agents_hang_on_one_lease_and_one_given_up_goes_alone() {
+    let etcd = EtcdServer::start();
+    let manager = registry(&etcd, Duration::from_secs(30)).await;
+    for index in 0..20 {
+        manager.announce_for_agent(&machine(&format!("agent{index:02}"))).await.unwrap();
+    }
+    manager.report_states("agent03", &[running("agent03", "a.service")]).await.unwrap();
+    manager
+        .report_states("agent04", &[running("agent04", "a.service"), running("agent04", "b.service")])
+        .await
+        .unwrap();
+    assert_eq!(lease_count(&manager).await, 1, "one lease for twenty agents");
+    let lease = manager.inner.agent_lease.current();
+    let held =
+        [leases_under(&manager, "/fleet-test/machines/").await, leases_under(&manager, "/fleet-test/states/").await];
+    assert_eq!(held[0].len(), 20);
+    assert_eq!(held[1].len(), 3);
+    assert!(held.iter().flatten().all(|(_, held)| *held == lease), "{held:?} not all under {lease}");
+    let renewed = manager.presence_renewed("agent03");
+    assert!(matches!(renewed, fleet_registry::Renewal::SentAt(_)), "{renewed:?}");
+
+    // Silent for agent_ttl: its presence and states go, no one else's.
+    manager.unregister_machine("agent03").await.unwrap();
+    let machines = keys_under(&manager, "/fleet-test/machines/").await;
+    assert_eq!(machines.len(), 19);
+    assert!(!machines.iter().any(|key| key.ends_with("/agent03")));
+    let states = keys_under(&manager, "/fleet-test/states/").await;
+    assert_eq!(states, vec!["/fleet-test/states/agent04/a.service", "/fleet-test/states/agent04/b.service"]);
+    assert!(matches!(manager.presence_renewed("agent03"), fleet_registry::Renewal::NotHeld));
+    assert_eq!(lease_count(&manager).await, 1);
+}
+
+/// A manager dies: an agent that reconnected to another manager meanwhile was taken over
+/// there and outlives the dead manager's lease, with its states; one that did not goes with
+/// the lease. The dead manager's sweep, had it run, would have left the moved agent alone.
+#[tokio::test]
+async fn an_agent_another_manager_took_over_outlives_its_first_managers_lease() {
+    let etcd = EtcdServer::start();
+    let ttl = Duration::from_secs(2);
+    let (first, second) = (registry(&etcd, ttl).await, registry(&etcd, ttl).await);
+    for id in ["moved", "stayed"] {
+        first.announce_for_agent(&machine(id)).await.unwrap();
+        first.report_states(id, &[running(id, "a.service")]).await.unwrap();
+    }
+    second.announce_for_agent(&machine("moved")).await.unwrap();
+    let second_lease = second.inner.agent_lease.current();
+    first.unregister_machine("moved").await.unwrap();
+    assert_eq!(
+        leases_under(&first, "/fleet-test/machines/moved").await,
+        vec![("/fleet-test/machines/moved".to_string(), second_lease)],
+        "the first manager gave up only what it still held"
+    );
+
+    first.inner.agent_lease.stop_keepalive();
+    eventually("the dead manager's lease expires, and the agent it kept with it", || async {
+        keys_under(&second, "/fleet-test/machines/").await == ["/fleet-test/machines/moved"]
+    })
+    .await;
+    assert_eq!(keys_under(&second, "/fleet-test/states/").await, ["/fleet-test/states/moved/a.service"]);
+    assert!(leases_under(&second, "/fleet-test/").await.iter().all(|(_, lease)| *lease == second_lease));
+}
+
+/// A manager cut off from etcd past `agent_ttl` loses its agents' lease: on its next
+/// renewal it claims again, under a new lease, every agent it still holds, and lets go of
+/// one another manager took meanwhile.
+#[tokio::test]
+async fn agents_whose_lease_expired_are_claimed_again_unless_another_manager_holds_them() {
+    let etcd = EtcdServer::start();
+    // Long enough that the keepalive leaves the renewals to the test.
+    let ttl = Duration::from_secs(60);
+    let (first, second) = (registry(&etcd, ttl).await, registry(&etcd, ttl).await);
+    for id in ["kept", "taken"] {
+        first.announce_for_agent(&machine(id)).await.unwrap();
+    }
+    let expired = first.inner.agent_lease.current();
+    super::super::session::revoke(first.connection(), expired).await.unwrap();
+    assert!(keys_under(&first, "/fleet-test/machines/").await.is_empty());
+    second.announce_for_agent(&machine("taken")).await.unwrap();
+
+    first.renew_agent_lease(&mut None).await.unwrap();
+    let lease = first.inner.agent_lease.current();
+    assert!(lease != 0 && lease != expired);
+    let mut held = leases_under(&first, "/fleet-test/machines/").await;
+    held.sort();
+    let second_lease = second.inner.agent_lease.current();
+    assert_eq!(
+        held,
+        vec![
+            ("/fleet-test/machines/kept".to_string(), lease),
+            ("/fleet-test/machines/taken".to_string(), second_lease)
+        ]
+    );
+    assert!(first.session("taken").is_none(), "let go");
+    // Its work is read only from a copy that has seen it claimed again.
+    eventually("the kept agent's work reads again", || async { first.machine_work("kept").await.is_ok() }).await;
+    assert!(matches!(first.machine_work("taken").await, Ok(_) | Err(RegistryError::NotListedYet)));
+}
+
+/// The same, left to the keepalive: an agent whose lease was revoked is present again soon
+/// after, under a new lease.
+#[tokio::test]
+async fn the_keepalive_claims_agents_again_once_their_lease_expired() {
+    let etcd = EtcdServer::start();
+    let manager = registry(&etcd, Duration::from_secs(2)).await;
+    manager.announce_for_agent(&machine("agent")).await.unwrap();
+    let expired = manager.inner.agent_lease.current();
+    super::super::session::revoke(manager.connection(), expired).await.unwrap();
+    eventually("the agent is present again under a new lease", || async {
+        let held = leases_under(&manager, "/fleet-test/machines/").await;
+        held.len() == 1 && held[0].1 != expired
+    })
+    .await;
+    assert_eq!(lease_count(&manager).await, 1);
+}
