@@ -66,16 +66,20 @@ impl AgentPresence {
         LONGEST_SHORT_POLL.min(self.ttl / 3)
     }
 
-    /// How often, and how patiently, the connections of pull agents are pinged (HTTP/2
-    /// keepalive): a quarter of `agent_ttl` each, so a connection dead without a word is
-    /// closed within half of it.
+    /// How long a pull agent's connection may be silent before it is pinged (HTTP/2
+    /// keepalive): half of `agent_ttl`, and the answer may take a quarter, so a connection
+    /// dead without a word is closed within three quarters of it. A live agent beats more often (a third of
+    /// `agent_ttl`: `fleet_remote::Manager::with_heartbeat`), and a connection the manager
+    /// has just heard from is not pinged: an idle agent costs one ping a heartbeat.
     pub fn keepalive(&self) -> Duration {
-        (self.ttl / 4).max(Duration::from_millis(250))
+        (self.ttl / 2).max(Duration::from_millis(250))
     }
 
-    /// How long before a cut-off poll ended its agent may have been gone unnoticed.
+    /// How long before a cut-off poll ended its agent may have been gone unnoticed: a
+    /// keepalive and its answer's wait. (An agent whose connection closed at once, as when its
+    /// fleetd restarts, has the last quarter of `agent_ttl` to be heard again.)
     pub fn cut_off_slack(&self) -> Duration {
-        self.keepalive() * 2
+        self.keepalive() * 3 / 2
     }
 
     /// Notes a request from `machine` (authenticated by its own certificate: nothing else
@@ -194,11 +198,13 @@ mod tests {
         assert!(presence.take_lost().is_empty(), "polls open for minutes keep their agents");
         poll_a.answered();
         drop(poll_b);
-        // Answered: heard now. Cut off: heard 20 s ago (two keepalives of 10 s).
-        assert_eq!(presence.cut_off_slack(), Duration::from_secs(20));
-        tokio::time::advance(Duration::from_secs(20)).await;
+        // Answered: heard now. Cut off: heard 30 s ago (a keepalive of 20 s, its answer's 10 s).
+        assert_eq!(presence.cut_off_slack(), Duration::from_secs(30));
+        tokio::time::advance(Duration::from_secs(9)).await;
+        assert!(presence.take_lost().is_empty());
+        tokio::time::advance(Duration::from_secs(1)).await;
         assert_eq!(presence.take_lost(), vec!["b".to_string()]);
-        tokio::time::advance(Duration::from_secs(20)).await;
+        tokio::time::advance(Duration::from_secs(30)).await;
         assert_eq!(presence.take_lost(), vec!["a".to_string()]);
     }
 }

@@ -31,9 +31,10 @@ pub struct ServeLimits {
     pub header_timeout: Duration,
     /// How long in-flight requests get to finish at shutdown.
     pub shutdown_grace: Duration,
-    /// How often an HTTP/2 connection is pinged, and how long its answer may take before the
-    /// connection is closed (on a manager, from `agent_ttl`: a pull agent's long poll lasts
-    /// minutes, and its connection going dead must be noticed within that).
+    /// How long an HTTP/2 connection may be silent before it is pinged; its answer may take
+    /// half as long again before the connection is closed (on a manager, from `agent_ttl`: a
+    /// pull agent's long poll lasts minutes, and its connection going dead must be noticed
+    /// within that).
     pub keep_alive: Duration,
 }
 
@@ -284,7 +285,7 @@ async fn serve_connection<S>(
             builder
                 .timer(TokioTimer::new())
                 .keep_alive_interval(Some(limits.keep_alive))
-                .keep_alive_timeout(limits.keep_alive)
+                .keep_alive_timeout(limits.keep_alive / 2)
                 .max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
             drive(builder.serve_connection(TokioIo::new(stream), service), &mut stop).await;
         }

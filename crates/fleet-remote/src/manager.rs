@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// How often an agent pings its manager's connection, and how long the answer may take: a
-/// manager gone without a word (its machine, its network) is left within half a minute.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often an agent pings its manager's connection unless told otherwise
+/// ([`Manager::with_heartbeat`]), and the longest an answer may take: a manager gone without
+/// a word (its machine, its network) is left within a heartbeat and a half.
+const HEARTBEAT: Duration = Duration::from_secs(20);
+const LONGEST_PING_WAIT: Duration = Duration::from_secs(10);
 
 use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, ErrorBody};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
@@ -35,6 +36,7 @@ pub struct Manager {
     bases: Vec<String>,
     server_ca: Option<Vec<u8>>,
     timeout: Duration,
+    heartbeat: Duration,
 }
 
 /// A new key pair and a certificate signing request over it (its subject is left to the CA).
@@ -62,7 +64,16 @@ impl Manager {
         if let Some(url) = bases.iter().find(|url| !url.starts_with("https://")) {
             return Err(ManagerError::Setup(format!("a manager URL must start with https://: {url:?}")));
         }
-        Ok(Self { bases, server_ca, timeout })
+        Ok(Self { bases, server_ca, timeout, heartbeat: HEARTBEAT })
+    }
+
+    /// Pings the manager's connection every `every` (HTTP/2 keepalive): the agent's
+    /// heartbeat. A pull fleetd beats three times in `agent_ttl`, more often than its manager
+    /// would ping a connection it has not heard from (every half of `agent_ttl`), so an idle
+    /// connection costs one ping and its answer per heartbeat, and no more.
+    pub fn with_heartbeat(mut self, every: Duration) -> Self {
+        self.heartbeat = every.max(Duration::from_millis(100));
+        self
     }
 
     /// The managers' base URLs, in the order given.
@@ -84,8 +95,8 @@ impl Manager {
         let mut builder = reqwest::Client::builder()
             .timeout(timeout)
             .connect_timeout(self.timeout.min(timeout))
-            .http2_keep_alive_interval(Some(KEEPALIVE_INTERVAL))
-            .http2_keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .http2_keep_alive_interval(Some(self.heartbeat))
+            .http2_keep_alive_timeout(LONGEST_PING_WAIT.min(self.heartbeat))
             .http2_keep_alive_while_idle(true);
         if let Some(pem) = &self.server_ca {
             builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem).map_err(setup)?);

@@ -96,11 +96,7 @@ impl ApiService {
         let defaults = ServeLimits::default();
         let limits = ServeLimits {
             connections_per_listener: config.api_max_connections,
-            keep_alive: if serves_agents {
-                agent_presence.keepalive().min(defaults.keep_alive)
-            } else {
-                defaults.keep_alive
-            },
+            keep_alive: if serves_agents { agent_presence.keepalive() } else { defaults.keep_alive },
             ..defaults
         };
         let (stop, stopped) = watch::channel(false);

@@ -7,10 +7,12 @@ use std::time::Duration;
 pub const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The agent's fallback reconcile period on a pull agent: its changes arrive by long poll,
-/// and the open poll itself keeps it present, so the fallback is only a safety net. (Each is
-/// a request to the manager: 333 a second from ten thousand idle agents. Five minutes was
-/// tried: an agent whose first announcement failed then waited that long to try again.)
-pub const PULL_RECONCILE_INTERVAL: Duration = Duration::from_secs(30);
+/// and the open poll itself keeps it present, so the fallback is only a safety net. Each is
+/// a request to the manager: at 30 s, ten thousand idle agents sent 333 a second, over half
+/// of an idle manager's CPU (BENCHMARKS.md). A failed announcement is retried on its own
+/// backoff, and an agent whose `AtMostOnce=` units need its presence renewed passes before
+/// it would lapse, whatever this period.
+pub const PULL_RECONCILE_INTERVAL: Duration = Duration::from_secs(300);
 
 /// How long a burst of changes may settle before a reconcile acts on it.
 pub const DEBOUNCE: Duration = Duration::from_millis(10);

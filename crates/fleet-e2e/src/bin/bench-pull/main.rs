@@ -9,7 +9,8 @@
 //! (a) the time from the last unit submitted until every unit reports launched, with the
 //!     manager's CPU over that time;
 //! (b) how many agents one schedule change wakes;
-//! (c) the manager's CPU and memory idle;
+//! (c) the manager's CPU and memory idle, and what etcd does meanwhile: its CPU, the
+//!     proposals it commits (every store write) and the lease renewals it receives, a second;
 //! (d) after the manager is killed and started again, the time until every agent has
 //!     announced itself to the new one.
 //!
@@ -55,6 +56,26 @@ async fn machine_leases(client: &mut etcd_client::Client) -> std::collections::H
     let prefix = "/_coreos.com/fleet/machines/pull";
     let reply = client.get(prefix, Some(etcd_client::GetOptions::new().with_prefix())).await.expect("read machines");
     reply.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease())).collect()
+}
+
+/// What etcd has done so far: proposals committed (every write goes through one) and lease
+/// renewals received, from its metrics.
+async fn etcd_counters(endpoint: &str) -> (f64, f64) {
+    let text = match reqwest::get(format!("{endpoint}/metrics")).await {
+        Ok(answer) => answer.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let value = |line: &str| line.rsplit(' ').next().and_then(|value| value.parse::<f64>().ok()).unwrap_or(0.0);
+    let proposals =
+        text.lines().filter(|line| line.starts_with("etcd_server_proposals_committed_total ")).map(value).sum();
+    let renewals = text
+        .lines()
+        .filter(|line| {
+            line.starts_with("grpc_server_msg_received_total{") && line.contains("grpc_method=\"LeaseKeepAlive\"")
+        })
+        .map(value)
+        .sum();
+    (proposals, renewals)
 }
 
 fn main() {
@@ -112,7 +133,9 @@ fn main() {
                 Some(std::fs::read(&api_ca_file).expect("CA")),
                 Duration::from_secs(30),
             )
-            .expect("manager"),
+            .expect("manager")
+            // As a pull fleetd beats: three times in agent_ttl.
+            .with_heartbeat(lifetimes.agent_ttl / 3),
         );
         println!("bench-pull: {agents} pull agents through one manager, {units} units, one etcd");
 
@@ -164,7 +187,7 @@ fn main() {
                 },
                 // As fleetd's pull mode: changes come by long poll; the fallback is a safety net.
                 // fleetd's pull mode's (`reconcile_timing::PULL_RECONCILE_INTERVAL`).
-                reconcile_interval: Duration::from_secs(30),
+                reconcile_interval: Duration::from_secs(300),
                 debounce: Duration::from_millis(10),
                 presence_ttl: None,
                 stop_units_when_cut_off: false,
@@ -202,13 +225,21 @@ fn main() {
         println!("  (b) agents woken by one schedule change: {woken} of {agents}");
 
         // (c) Idle.
-        let manager_before = cpu_seconds(manager_fleetd.pid());
+        let etcd_pid = etcd.pid().expect("etcd runs");
+        let (manager_before, etcd_before) = (cpu_seconds(manager_fleetd.pid()), cpu_seconds(etcd_pid));
+        let (proposals_before, renewals_before) = etcd_counters(&etcd.endpoint()).await;
         tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
         let manager_cpu = cpu_seconds(manager_fleetd.pid()) - manager_before;
+        let etcd_cpu = cpu_seconds(etcd_pid) - etcd_before;
+        let (proposals, renewals) = etcd_counters(&etcd.endpoint()).await;
+        let rss = resident_mib(manager_fleetd.pid());
         println!(
-            "  (c) idle for {idle_seconds} s: manager CPU {manager_cpu:.2} s ({:.1}%), RSS {:.0} MiB",
+            "  (c) idle for {idle_seconds} s: manager CPU {manager_cpu:.2} s ({:.1}%), RSS {rss:.0} MiB ({:.1} KiB an agent); etcd CPU {:.1}%, {:.1} proposals/s, {:.1} lease renewals/s",
             manager_cpu * 100.0 / idle_seconds as f64,
-            resident_mib(manager_fleetd.pid())
+            rss * 1024.0 / agents as f64,
+            etcd_cpu * 100.0 / idle_seconds as f64,
+            (proposals - proposals_before) / idle_seconds as f64,
+            (renewals - renewals_before) / idle_seconds as f64,
         );
 
         // (d) The manager is killed and started again: until every agent announced itself anew.
