@@ -380,8 +380,10 @@ fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
     let (_lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
     let machine = MachineState { id: "roam-1".into(), public_ip: "127.0.0.5".into(), ..Default::default() };
     spawn_agent(&runtime, &manager, &credentials, machine, Duration::from_millis(500), &units, lifecycle_watch);
-    let survivor = |cluster: &fleet_e2e::Cluster| -> bool {
-        let member = &cluster.members[1];
+    // The agent starts on either manager; the one that holds it took a lease for its agents.
+    let holds_agents = |member: &Fleetd| member.log().contains("holding pull agents' presences under a new lease");
+    // Whether `member` shows the agent in the cluster and its unit placed there.
+    let survivor = |member: &Fleetd| -> bool {
         let machines = member.ok(&["list-machines", "--full", "--no-legend"]).stdout;
         let placed = member.ok(&["list-unit-files", "--full", "--no-legend", "--fields", "unit,tmachine"]).stdout;
         machines.contains("roam-1")
@@ -393,25 +395,29 @@ fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
         "roaming.service",
         "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=roam-1\n",
     );
-    cluster.members[1].fleetctl_in(unit_dir.path(), &["start", "--no-block", "roaming.service"]);
+    cluster.members[0].fleetctl_in(unit_dir.path(), &["start", "--no-block", "roaming.service"]);
     let running = Some(SystemdState::new("loaded", "active", "running"));
     cluster.wait_until("the agent runs roaming.service", Duration::from_secs(30), |cluster| {
-        units.state("roaming.service") == running && survivor(cluster)
+        units.state("roaming.service") == running && survivor(&cluster.members[0])
     });
 
     // Its manager dies.
-    cluster.members[0].stop_with(libc::SIGKILL);
+    let first = cluster.members.iter().position(|member| holds_agents(member)).expect("a manager holds the agent");
+    let other = 1 - first;
+    assert!(!holds_agents(&cluster.members[other]), "one manager holds the agent");
+    cluster.members[first].stop_with(libc::SIGKILL);
     let ttl = Duration::from_secs(fleet_e2e::AGENT_TTL_SECONDS);
     let until = std::time::Instant::now() + ttl * 2;
     while std::time::Instant::now() < until {
-        assert!(survivor(&cluster), "the agent left the cluster or its unit moved\n{}", cluster.logs());
+        assert!(survivor(&cluster.members[other]), "the agent left the cluster or its unit moved\n{}", cluster.logs());
         std::thread::sleep(Duration::from_millis(200));
     }
     assert_eq!(units.state("roaming.service"), running);
+    assert!(holds_agents(&cluster.members[other]), "the other manager took the agent over");
     // Its states now flow through the other manager.
-    cluster.members[1].ok(&["stop", "--no-block", "roaming.service"]);
+    cluster.members[other].ok(&["stop", "--no-block", "roaming.service"]);
     cluster.wait_until("the stop reaches the agent and its state the cluster", Duration::from_secs(20), |cluster| {
-        let states = cluster.members[1].api("GET", "/fleet/v1/state?machineID=roam-1", "");
+        let states = cluster.members[other].api("GET", "/fleet/v1/state?machineID=roam-1", "");
         units.state("roaming.service").is_some_and(|state| state.active != "active") && states.contains("inactive")
     });
 }

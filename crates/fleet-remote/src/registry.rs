@@ -129,7 +129,8 @@ impl RemoteRegistry {
                 .iter()
                 .map(|base| format!("{base}/fleet/v1/agents/{}", credentials.machine_id))
                 .collect(),
-            current: std::sync::atomic::AtomicUsize::new(0),
+            // Agents start on a manager of the list at random, so several managers share them.
+            current: std::sync::atomic::AtomicUsize::new(random_sample() as usize),
             announce_due: std::sync::atomic::AtomicBool::new(false),
             answered: Mutex::new(None),
             machine_id: credentials.machine_id.clone(),
