@@ -166,21 +166,25 @@ impl RemoteRegistry {
         &self.bases[current]
     }
 
-    /// The manager in use cannot be reached: the next request goes to the next one, which
-    /// holds no presence for this machine yet.
-    fn fail_over(&self) {
+    /// The manager a request was sent to (`used`, as [`RemoteRegistry::current`] read then)
+    /// cannot be reached: the next request goes to the next one, which holds no presence for
+    /// this machine yet. Requests in flight together that fail together move on once: each
+    /// moving on would send the agent back to the manager that failed.
+    fn fail_over(&self, used: usize) {
         // Whichever manager answers next (another, or this one restarted) may hold no
         // presence for this machine: announce to it first.
         self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
-        if self.bases.len() > 1 {
-            self.current.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ordering = std::sync::atomic::Ordering::Relaxed;
+        if self.bases.len() > 1 && self.current.compare_exchange(used, used.wrapping_add(1), ordering, ordering).is_ok()
+        {
             tracing::warn!(manager = self.base(), "the manager cannot be reached; trying another");
         }
     }
 
     async fn request(&self, request: reqwest::RequestBuilder) -> std::result::Result<Vec<u8>, Failure> {
+        let used = self.current.load(std::sync::atomic::Ordering::Relaxed);
         let unreachable = |error: reqwest::Error| {
-            self.fail_over();
+            self.fail_over(used);
             Failure::Unreachable(without_url(&error))
         };
         let sent = tokio::time::Instant::now();

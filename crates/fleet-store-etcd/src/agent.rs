@@ -31,11 +31,12 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
 
 #[async_trait]
 impl AgentRegistry for EtcdRegistry {
+    /// A pull agent announces itself when it comes to this manager, and again when its work
+    /// shows it absent: either way its presence is (re)written under this manager's lease,
+    /// whatever this manager held for it before (another manager may have written it since,
+    /// or given it up).
     async fn announce_for_agent(&self, machine: &MachineState) -> Result<()> {
-        match self.session(&machine.id) {
-            Some(_) => self.register_machine(machine).await,
-            None => self.take_over_session(machine).await,
-        }
+        self.take_over_session(machine).await
     }
 
     async fn register_machine(&self, machine: &MachineState) -> Result<()> {
@@ -65,6 +66,7 @@ impl AgentRegistry for EtcdRegistry {
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
         let work = self.work_from_copy(machine_id)?;
         self.restore_states(machine_id, &work).await?;
+        self.hold_agent_talking_here(machine_id).await?;
         Ok(work)
     }
 

@@ -146,6 +146,25 @@ impl EtcdRegistry {
         failed.map_or(Ok(()), Err)
     }
 
+    /// A pull agent this manager holds reads its work here, but its presence hangs on another
+    /// manager's lease: that manager wrote it after the agent left it (an announcement that
+    /// reached it late), and would give it up once the agent has been silent there for
+    /// `agent_ttl`, taking the machine out of the cluster. The agent talks to this manager,
+    /// so this manager takes its presence back first.
+    pub(super) async fn hold_agent_talking_here(&self, machine_id: &str) -> Result<()> {
+        let Some(session) = self.session(machine_id).filter(|session| !session.own()) else { return Ok(()) };
+        let key = self.keys().machine(machine_id);
+        let held_by = self.work_mirror(machine_id).read().entries.get(&key).map(|entry| entry.lease);
+        match held_by {
+            Some(lease) if lease != session.lease() && session.lease() == self.inner.agent_lease.current() => {
+                tracing::info!(machine_id, "another manager wrote this pull agent's presence since; taking it back");
+                let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+                self.take_over_session(&machine).await
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Gives up a pull agent's presence and states, if they still hang on this manager's
     /// lease: the cluster treats it as a lost machine. Another manager that holds it now
     /// keeps it.

@@ -21,6 +21,8 @@ pub struct Entry {
     pub value: Vec<u8>,
     pub create_revision: i64,
     pub mod_revision: i64,
+    /// The lease the key hangs on (0: none).
+    pub lease: i64,
 }
 
 #[derive(Debug, Default)]
@@ -269,6 +271,7 @@ impl Feeder {
                         value: kv.value().to_vec(),
                         create_revision: kv.create_revision(),
                         mod_revision: kv.mod_revision(),
+                        lease: kv.lease(),
                     },
                 );
             }
@@ -387,6 +390,7 @@ impl Feeder {
                         value: kv.value().to_vec(),
                         create_revision: kv.create_revision(),
                         mod_revision: kv.mod_revision(),
+                        lease: kv.lease(),
                     };
                     data.entries.insert(key, entry);
                 }

@@ -149,3 +149,36 @@ async fn the_keepalive_claims_agents_again_once_their_lease_expired() {
     .await;
     assert_eq!(lease_count(&manager).await, 1);
 }
+
+/// An announcement that reached the agent's first manager late (the agent had moved on)
+/// writes its presence under that manager's lease, which would give it up after `agent_ttl`
+/// of silence: the manager the agent talks to takes it back as soon as the agent reads its
+/// work there. And an agent that announces itself again to a manager holding it writes its
+/// presence again, whatever happened to it meanwhile.
+#[tokio::test]
+async fn the_manager_an_agent_talks_to_holds_its_presence_whoever_wrote_it_last() {
+    let etcd = EtcdServer::start();
+    let ttl = Duration::from_secs(60);
+    let (first, second) = (registry(&etcd, ttl).await, registry(&etcd, ttl).await);
+    first.announce_for_agent(&machine("agent")).await.unwrap();
+    second.announce_for_agent(&machine("agent")).await.unwrap();
+    let second_lease = second.inner.agent_lease.current();
+    first.announce_for_agent(&machine("agent")).await.unwrap();
+    let held = || async { leases_under(&second, "/fleet-test/machines/agent").await.first().map(|(_, lease)| *lease) };
+    assert_eq!(held().await, Some(first.inner.agent_lease.current()), "the late announcement landed");
+    eventually("the agent's manager takes its presence back once it reads its work there", || async {
+        second.machine_work("agent").await.is_ok_and(|work| work.machine.is_some())
+            && held().await == Some(second_lease)
+    })
+    .await;
+    first.unregister_machine("agent").await.unwrap();
+    assert_eq!(held().await, Some(second_lease), "the first manager's sweep leaves it alone");
+
+    // Gone (given up by a manager, as the first one did before the fix), it comes back when
+    // it announces itself again to the manager that still has a session for it.
+    let delete = etcd_client::TxnOp::delete("/fleet-test/machines/agent", None);
+    second.connection().txn(etcd_client::Txn::new().and_then([delete])).await.unwrap();
+    assert_eq!(held().await, None);
+    second.announce_for_agent(&machine("agent")).await.unwrap();
+    assert_eq!(held().await, Some(second_lease));
+}

@@ -12,9 +12,15 @@
 //! (c) the manager's CPU and memory idle, and what etcd does meanwhile: its CPU, the
 //!     proposals it commits (every store write) and the lease renewals it receives, a second;
 //! (d) after the manager is killed and started again, the time until every agent has
-//!     announced itself to the new one.
+//!     announced itself to the new one; with several managers, after one is killed (not
+//!     started again), the time until every agent it held is held by the others, the fewest
+//!     agents present meanwhile and the units that moved.
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS]`
+//! With MANAGERS above 1, that many fleetds share the etcd and the agents (each starts on one
+//! of the list at random). AGENT_TTL (seconds, 60 by default) sets how often an idle agent
+//! beats: three times in it.
+//!
+//! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL]`
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -78,10 +84,31 @@ async fn etcd_counters(endpoint: &str) -> (f64, f64) {
     (proposals, renewals)
 }
 
+/// How many agents hang on each lease (each manager's), most first.
+fn agents_by_lease(leases: &std::collections::HashMap<String, i64>) -> Vec<(i64, usize)> {
+    let mut counts: std::collections::HashMap<i64, usize> = std::collections::HashMap::new();
+    for lease in leases.values() {
+        *counts.entry(*lease).or_default() += 1;
+    }
+    let mut counts: Vec<(i64, usize)> = counts.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts
+}
+
+/// Which machine each unit's state says it runs on.
+async fn placements(api: &EtcdRegistry) -> std::collections::HashMap<String, String> {
+    let states = api.unit_states().await.expect("read the states");
+    states.into_iter().map(|state| (state.name, state.machine_id)).collect()
+}
+
 fn main() {
+    // RUST_LOG=fleet_remote=warn shows the agents' failovers and failures.
+    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     let agents = argument(1, 1000);
     let units = argument(2, 10_000);
     let idle_seconds = argument(3, 20) as u64;
+    let manager_count = argument(4, 1).max(1);
+    let agent_ttl = Duration::from_secs(argument(5, 60) as u64);
     let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().expect("dir");
     let (api_ca, agent_ca) = (Authority::new("bench API CA"), Authority::new("bench agent CA"));
@@ -90,27 +117,34 @@ fn main() {
     let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
     let agent_ca_key = dir.path().join("agent-ca-key.pem");
     std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
-    let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
-    let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
     let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
     let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
     let connections = (agents * 2 + 64).to_string();
-    let mut manager_fleetd = Fleetd::start(
-        "b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0",
-        &[
-            ("etcd_servers", &etcd.endpoint()),
-            ("etcd_request_timeout", "5"),
-            ("metadata", "role=manager"),
-            ("api_listen", &listen),
-            ("api_tls_cert_file", &cert),
-            ("api_tls_key_file", &key),
-            ("agent_ca_cert_file", &ca_cert),
-            ("agent_ca_key_file", &ca_key),
-            ("api_max_connections", &connections),
-            ("agent_ttl", "60s"),
-        ],
-    );
-    let token = manager_fleetd
+    let ttl_setting = format!("{}s", agent_ttl.as_secs());
+    let mut urls = Vec::new();
+    let mut managers: Vec<Fleetd> = (0..manager_count)
+        .map(|index| {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+            urls.push(format!("https://localhost:{port}"));
+            let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+            Fleetd::start(
+                &format!("b{index:x}").repeat(16),
+                &[
+                    ("etcd_servers", &etcd.endpoint()),
+                    ("etcd_request_timeout", "5"),
+                    ("metadata", "role=manager"),
+                    ("api_listen", &listen),
+                    ("api_tls_cert_file", &cert),
+                    ("api_tls_key_file", &key),
+                    ("agent_ca_cert_file", &ca_cert),
+                    ("agent_ca_key_file", &ca_key),
+                    ("api_max_connections", &connections),
+                    ("agent_ttl", &ttl_setting),
+                ],
+            )
+        })
+        .collect();
+    let token = managers[0]
         // The agents announce role=worker: a pull agent announces no more than its token grants.
         .ok(&["registration-token", "create", "--max-uses", &agents.to_string(), "--metadata", "role=worker", "bench"])
         .stdout
@@ -124,12 +158,12 @@ fn main() {
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async move {
-        let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(60), engine_lease_ttl: Duration::from_secs(10) };
+        let lifetimes = Lifetimes { agent_ttl, engine_lease_ttl: Duration::from_secs(10) };
         let api = EtcdRegistry::connect(&options, lifetimes).await.expect("connect to etcd");
         let mut raw = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
         let manager = Arc::new(
             fleet_remote::Manager::new(
-                &format!("https://localhost:{port}"),
+                &urls.join(","),
                 Some(std::fs::read(&api_ca_file).expect("CA")),
                 Duration::from_secs(30),
             )
@@ -137,7 +171,10 @@ fn main() {
             // As a pull fleetd beats: three times in agent_ttl.
             .with_heartbeat(lifetimes.agent_ttl / 3),
         );
-        println!("bench-pull: {agents} pull agents through one manager, {units} units, one etcd");
+        println!(
+            "bench-pull: {agents} pull agents through {manager_count} manager(s), {units} units, one etcd, agent_ttl {} s",
+            agent_ttl.as_secs()
+        );
 
         // Join and start every agent.
         let joining = Instant::now();
@@ -194,23 +231,27 @@ fn main() {
             };
             tokio::spawn(Agent::new(config, registry, Arc::new(FakeUnitManager::new())).run(lifecycle_watch.clone()));
         }
-        while api.machines().await.map(|m| m.len()).unwrap_or(0) < agents + 1 {
+        while api.machines().await.map(|m| m.len()).unwrap_or(0) < agents + manager_count {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         println!("  {agents} agents announced in {:.2} s", starting.elapsed().as_secs_f64());
 
+        let managers_cpu = |managers: &[Fleetd]| managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>();
+        let managers_rss = |managers: &[Fleetd]| managers.iter().map(|fleetd| resident_mib(fleetd.pid())).sum::<f64>();
+        let logs = |managers: &[Fleetd]| managers.iter().map(Fleetd::log).collect::<Vec<_>>().join("\n");
+
         // (a) Submit every unit, then time until all report launched.
-        let cpu_before = cpu_seconds(manager_fleetd.pid());
+        let cpu_before = managers_cpu(&managers);
         let submitting = Instant::now();
         submit_units(&api, units).await;
         println!("  submitted {units} units in {:.2} s", submitting.elapsed().as_secs_f64());
-        let until_launched = wait_all_launched(&api, units, || manager_fleetd.log()).await;
+        let until_launched = wait_all_launched(&api, units, || logs(&managers)).await;
         println!(
-            "  (a) from the last submission until all {units} report launched: {:.2} s (from the first: {:.2} s; manager CPU over both: {:.2} s, RSS {:.0} MiB)",
+            "  (a) from the last submission until all {units} report launched: {:.2} s (from the first: {:.2} s; managers' CPU over both: {:.2} s, RSS {:.0} MiB)",
             until_launched.as_secs_f64(),
             submitting.elapsed().as_secs_f64(),
-            cpu_seconds(manager_fleetd.pid()) - cpu_before,
-            resident_mib(manager_fleetd.pid())
+            managers_cpu(&managers) - cpu_before,
+            managers_rss(&managers)
         );
 
         // (b) One more unit: how many agents wake?
@@ -219,47 +260,86 @@ fn main() {
             signal.mark_unchanged();
         }
         api.put_unit("probe@1.service", &template(0), DesiredState::Launched).await.expect("submit the probe");
-        wait_all_launched(&api, units + 1, || manager_fleetd.log()).await;
+        wait_all_launched(&api, units + 1, || logs(&managers)).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         let woken = signals.iter().filter(|signal| signal.has_changed().unwrap_or(false)).count();
         println!("  (b) agents woken by one schedule change: {woken} of {agents}");
 
         // (c) Idle.
         let etcd_pid = etcd.pid().expect("etcd runs");
-        let (manager_before, etcd_before) = (cpu_seconds(manager_fleetd.pid()), cpu_seconds(etcd_pid));
+        let before: Vec<f64> = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).collect();
+        let etcd_before = cpu_seconds(etcd_pid);
         let (proposals_before, renewals_before) = etcd_counters(&etcd.endpoint()).await;
         tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
-        let manager_cpu = cpu_seconds(manager_fleetd.pid()) - manager_before;
         let etcd_cpu = cpu_seconds(etcd_pid) - etcd_before;
         let (proposals, renewals) = etcd_counters(&etcd.endpoint()).await;
-        let rss = resident_mib(manager_fleetd.pid());
+        let held = agents_by_lease(&machine_leases(&mut raw).await);
+        for (index, fleetd) in managers.iter().enumerate() {
+            let cpu = cpu_seconds(fleetd.pid()) - before[index];
+            let rss = resident_mib(fleetd.pid());
+            println!(
+                "  (c) idle for {idle_seconds} s: manager {index} CPU {cpu:.2} s ({:.1}%), RSS {rss:.0} MiB ({:.1} KiB an agent of all {agents})",
+                cpu * 100.0 / idle_seconds as f64,
+                rss * 1024.0 / agents as f64,
+            );
+        }
         println!(
-            "  (c) idle for {idle_seconds} s: manager CPU {manager_cpu:.2} s ({:.1}%), RSS {rss:.0} MiB ({:.1} KiB an agent); etcd CPU {:.1}%, {:.1} proposals/s, {:.1} lease renewals/s",
-            manager_cpu * 100.0 / idle_seconds as f64,
-            rss * 1024.0 / agents as f64,
+            "  (c) agents held per manager: {held:?}; etcd CPU {:.1}%, {:.1} proposals/s, {:.1} lease renewals/s",
             etcd_cpu * 100.0 / idle_seconds as f64,
             (proposals - proposals_before) / idle_seconds as f64,
             (renewals - renewals_before) / idle_seconds as f64,
         );
 
-        // (d) The manager is killed and started again: until every agent announced itself anew.
         let before = machine_leases(&mut raw).await;
-        manager_fleetd.stop_with(libc::SIGKILL);
-        let restarting = Instant::now();
-        manager_fleetd.launch();
-        loop {
-            let now = machine_leases(&mut raw).await;
-            let moved = before.iter().filter(|(key, lease)| now.get(*key).is_some_and(|new| new != *lease)).count();
-            if moved >= agents {
-                break;
+        if manager_count == 1 {
+            // (d) The manager is killed and started again: until every agent announced itself anew.
+            managers[0].stop_with(libc::SIGKILL);
+            let restarting = Instant::now();
+            managers[0].launch();
+            loop {
+                let now = machine_leases(&mut raw).await;
+                let moved = before.iter().filter(|(key, lease)| now.get(*key).is_some_and(|new| new != *lease)).count();
+                if moved >= agents {
+                    break;
+                }
+                assert!(restarting.elapsed() < Duration::from_secs(300), "only {moved}/{agents} agents came back");
+                tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            assert!(restarting.elapsed() < Duration::from_secs(300), "only {moved}/{agents} agents came back");
-            tokio::time::sleep(Duration::from_millis(250)).await;
+            println!(
+                "  (d) manager killed and restarted: every agent announced to it again after {:.2} s",
+                restarting.elapsed().as_secs_f64()
+            );
+        } else {
+            // (d) One manager is killed: until every agent it held is held by another, with
+            // the fewest agents present meanwhile and the units that moved.
+            let placed_before = placements(&api).await;
+            let leases_before: std::collections::HashSet<i64> = before.values().copied().collect();
+            managers[0].stop_with(libc::SIGKILL);
+            let killed = Instant::now();
+            let mut fewest = agents;
+            let gone = loop {
+                let now = machine_leases(&mut raw).await;
+                fewest = fewest.min(now.len());
+                let leases: std::collections::HashSet<i64> = now.values().copied().collect();
+                // One lease fewer in use, none new: the killed manager's agents are all on the others.
+                if now.len() == agents && leases.is_subset(&leases_before) && leases.len() < leases_before.len() {
+                    break leases_before.difference(&leases).copied().collect::<Vec<i64>>();
+                }
+                assert!(killed.elapsed() < agent_ttl * 5, "the killed manager's agents did not all move\n{}", logs(&managers[1..]));
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            };
+            let moved_all = killed.elapsed();
+            // The engine may lead on the killed manager: give the new leader time to act on anything lost.
+            tokio::time::sleep(Duration::from_secs(15)).await;
+            let placed_after = placements(&api).await;
+            let moved = placed_before.iter().filter(|(unit, machine)| placed_after.get(*unit) != Some(*machine)).count();
+            println!(
+                "  (d) manager 0 of {manager_count} killed: its {} agents held by the others after {:.2} s; fewest agents present meanwhile {fewest} of {agents}; units moved {moved} of {}",
+                held.iter().filter(|(lease, _)| gone.contains(lease)).map(|(_, count)| count).sum::<usize>(),
+                moved_all.as_secs_f64(),
+                placed_before.len()
+            );
         }
-        println!(
-            "  (d) manager killed and restarted: every agent announced to it again after {:.2} s",
-            restarting.elapsed().as_secs_f64()
-        );
         let _ = lifecycle.send(Lifecycle::Reloading);
     });
 }
