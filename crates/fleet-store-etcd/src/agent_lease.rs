@@ -172,6 +172,14 @@ impl EtcdRegistry {
         let machine_id = session.machine_id();
         let keys = self.keys();
         let machine_key = keys.machine(&machine_id);
+        // The copy shows it under another lease: no write (a transaction that compares and
+        // does nothing is still one etcd must agree on). The copy may lag; the compare below
+        // does not.
+        let held_by = self.work_mirror(&machine_id).read().entries.get(&machine_key).map(|entry| entry.lease);
+        if held_by.is_some_and(|lease| lease != session.lease()) {
+            tracing::info!(machine_id, "another manager holds this pull agent's presence; leaving it");
+            return Ok(());
+        }
         let states = keys.state(&machine_id, "");
         let ours = Compare::lease(machine_key.as_str(), CompareOp::Equal, session.lease());
         let delete = [

@@ -5,7 +5,8 @@
 //! - unit bodies are content-addressed, written with the units that set them, and collected
 //!   by the leading engine once no unit has them;
 //! - a machine's presence and its unit states hang on one lease: one keepalive keeps them,
-//!   and they vanish together when the machine dies; states are written only on change;
+//!   and they vanish together when the machine dies; states are written only on change; a
+//!   manager holds every pull agent's under one lease of its own ([`agent_lease`]);
 //! - engine and agents read from watch-fed copies ([`mirror`]), so waking up or the periodic
 //!   fallback reconcile costs no etcd request;
 //! - the engine's writes are batched transactions fenced by its leader key.
