@@ -58,8 +58,11 @@ fi
 # A bounded slice of the API benchmark: every listener kind answers its requests correctly
 # (the numbers of a debug build on a busy machine mean nothing; BENCHMARKS.md has release runs).
 step target/debug/bench-api 0.2 2
-# And of the pull-agent benchmark: join, schedule, wake, idle and manager restart all complete.
+# And of the pull-agent benchmark: join, schedule, wake, idle and manager restart all complete;
+# then with two managers sharing the agents, one of them killed: its agents move to the other
+# without leaving the cluster, and no unit moves.
 step target/debug/bench-pull 20 200 1
+step target/debug/bench-pull 20 200 1 2
 # And of the web view's: a real Chromium follows a fleetd of 300 units.
 step target/debug/bench-web 300 1
 # And the whole path at 1,000 simulated machines and 10,000 units on one etcd (issue 14's CI

@@ -339,6 +339,8 @@ fn main() {
                 moved_all.as_secs_f64(),
                 placed_before.len()
             );
+            assert_eq!(fewest, agents, "agents left the cluster while their manager's lease lived");
+            assert_eq!(moved, 0, "units moved off agents that reconnected within agent_ttl");
         }
         let _ = lifecycle.send(Lifecycle::Reloading);
     });
