@@ -402,7 +402,7 @@ fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
     });
 
     // Its manager dies.
-    let first = cluster.members.iter().position(|member| holds_agents(member)).expect("a manager holds the agent");
+    let first = cluster.members.iter().position(&holds_agents).expect("a manager holds the agent");
     let other = 1 - first;
     assert!(!holds_agents(&cluster.members[other]), "one manager holds the agent");
     cluster.members[first].stop_with(libc::SIGKILL);
