@@ -91,7 +91,7 @@ fn agents_by_lease(leases: &std::collections::HashMap<String, i64>) -> Vec<(i64,
         *counts.entry(*lease).or_default() += 1;
     }
     let mut counts: Vec<(i64, usize)> = counts.into_iter().collect();
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|(_, count)| std::cmp::Reverse(*count));
     counts
 }
 
