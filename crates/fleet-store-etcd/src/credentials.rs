@@ -7,12 +7,12 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use serde::de::DeserializeOwned;
 
+use super::join_batches::JoinRequest;
 use super::{EtcdRegistry, session};
-use fleet_registry::codec::{decode_listed, encode, find_registration};
-use fleet_registry::machine_identity::admit_join;
+use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{
-    CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused, RegistryError, Result,
-    RevokedMachine, TokenRecord,
+    CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistryError, Result, RevokedMachine,
+    TokenRecord,
 };
 
 impl EtcdRegistry {
@@ -126,57 +126,13 @@ impl CredentialRegistry for EtcdRegistry {
         machine_id: &str,
         key_sha256: &str,
     ) -> Result<std::result::Result<(RegistrationRecord, MachineIdentity), JoinRefused>> {
-        let keys = self.keys();
-        let (identity_key, revoked_key) = (keys.identity(machine_id), keys.revoked(machine_id));
-        for attempt in 0..REDEEM_ATTEMPTS {
-            let gets = vec![
-                TxnOp::get(keys.registrations(), Some(GetOptions::new().with_prefix())),
-                TxnOp::get(identity_key.as_str(), None),
-                TxnOp::get(revoked_key.as_str(), None),
-            ];
-            let (_, replies) = self.connection().small_read(gets).await?;
-            let [registrations, identity, revoked] = replies.as_slice() else {
-                return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
-            };
-            let records = registrations
-                .kvs()
-                .iter()
-                .filter_map(|kv| {
-                    let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    let record = decode_listed::<RegistrationRecord>(&key, kv.value())?;
-                    Some(((key, kv.mod_revision()), record))
-                })
-                .collect();
-            let Some(((key, revision), mut record)) = find_registration(records, sha256) else {
-                return Ok(Err(JoinRefused::Token(RegistrationRefused::Unknown)));
-            };
-            let (bound, bound_revision) = one::<MachineIdentity>(&identity_key, identity);
-            let (revocation, revoked_revision) = one::<RevokedMachine>(&revoked_key, revoked);
-            let identity = match admit_join(&record, now, machine_id, key_sha256, bound.as_ref(), revocation.as_ref()) {
-                Ok(identity) => identity,
-                Err(refused) => return Ok(Err(refused)),
-            };
-            record.uses += 1;
-            // Written only if nobody used the token, took the ID or revoked it meanwhile; the
-            // token's lease (its expiry) stays.
-            let txn = Txn::new()
-                .when(vec![
-                    Compare::mod_revision(key.as_str(), CompareOp::Equal, revision),
-                    Compare::mod_revision(identity_key.as_str(), CompareOp::Equal, bound_revision),
-                    Compare::mod_revision(revoked_key.as_str(), CompareOp::Equal, revoked_revision),
-                ])
-                .and_then(vec![
-                    TxnOp::put(key.as_str(), encode(&record), Some(PutOptions::new().with_ignore_lease())),
-                    TxnOp::put(identity_key.as_str(), encode(&identity), None),
-                ]);
-            if self.connection().txn(txn).await?.succeeded() {
-                return Ok(Ok((record, identity)));
-            }
-            // Many machines joining with one token at once: spread the next attempts out.
-            let spread = u64::from(std::process::id()).wrapping_add(attempt as u64) % 7;
-            tokio::time::sleep(Duration::from_millis(1 + spread)).await;
-        }
-        Err(RegistryError::Unavailable("etcd: the registration token kept changing; try again".into()))
+        let request = JoinRequest {
+            token_sha256: sha256.to_string(),
+            now,
+            machine_id: machine_id.to_string(),
+            key_sha256: key_sha256.to_string(),
+        };
+        self.join(request).await
     }
 
     async fn machine_identity(&self, machine_id: &str) -> Result<Option<MachineIdentity>> {
@@ -215,7 +171,7 @@ impl CredentialRegistry for EtcdRegistry {
 
 /// The record a single-key read found (one that cannot be read is reported and taken as
 /// none), and its mod revision (0 when there is none, which a compare takes as absent).
-fn one<T: DeserializeOwned>(key: &str, reply: &etcd_client::GetResponse) -> (Option<T>, i64) {
+pub(super) fn one<T: DeserializeOwned>(key: &str, reply: &etcd_client::GetResponse) -> (Option<T>, i64) {
     match reply.kvs().first() {
         Some(kv) => (decode_listed(key, kv.value()), kv.mod_revision()),
         None => (None, 0),

@@ -21,6 +21,7 @@ mod compaction;
 mod connection;
 mod credentials;
 mod engine;
+mod join_batches;
 mod journal_questions;
 mod keys;
 mod mirror;
@@ -134,6 +135,8 @@ struct Inner {
     sessions: Mutex<HashMap<String, Arc<session::MachineSession>>>,
     /// The one lease every pull agent's presence this fleetd holds as a manager hangs on.
     agent_lease: agent_lease::AgentLease,
+    /// Joins with registration tokens waiting to be written together.
+    join_batches: join_batches::JoinBatches,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
     unconfirmed_claims: Mutex<HashMap<String, i64>>,
@@ -179,6 +182,7 @@ impl EtcdRegistry {
                 claim_lapses: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
                 agent_lease: agent_lease::AgentLease::default(),
+                join_batches: join_batches::JoinBatches::default(),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),

@@ -63,7 +63,7 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
     // one that the same key holds is the machine itself.
     let bound = state.registry.machine_identity(&request.machine_id).await?;
     if bound.as_ref().is_none_or(|bound| bound.key_sha256 != key)
-        && state.registry.machines().await?.iter().any(|machine| machine.id == request.machine_id)
+        && state.registry.machine_present(&request.machine_id).await?
     {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
