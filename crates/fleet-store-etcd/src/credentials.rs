@@ -8,6 +8,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn
 use serde::de::DeserializeOwned;
 
 use super::join_batches::JoinRequest;
+use super::records::one;
 use super::{EtcdRegistry, session};
 use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{
@@ -166,15 +167,6 @@ impl CredentialRegistry for EtcdRegistry {
             }
         }
         Err(RegistryError::Unavailable("etcd: the machine's revocation kept changing; try again".into()))
-    }
-}
-
-/// The record a single-key read found (one that cannot be read is reported and taken as
-/// none), and its mod revision (0 when there is none, which a compare takes as absent).
-pub(super) fn one<T: DeserializeOwned>(key: &str, reply: &etcd_client::GetResponse) -> (Option<T>, i64) {
-    match reply.kvs().first() {
-        Some(kv) => (decode_listed(key, kv.value()), kv.mod_revision()),
-        None => (None, 0),
     }
 }
 

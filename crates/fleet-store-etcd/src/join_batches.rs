@@ -16,7 +16,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use tokio::sync::oneshot;
 
 use super::EtcdRegistry;
-use super::credentials::one;
+use super::records::one;
 use fleet_registry::codec::{decode_listed, encode, find_registration};
 use fleet_registry::machine_identity::admit_join;
 use fleet_registry::{

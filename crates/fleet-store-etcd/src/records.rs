@@ -42,3 +42,12 @@ pub struct CarriedBody {
     #[serde(default)]
     pub body: Option<Vec<UnitOption>>,
 }
+
+/// The record a single-key read found (one that cannot be read is reported and taken as
+/// none), and its mod revision (0 when there is none, which a compare takes as absent).
+pub fn one<T: serde::de::DeserializeOwned>(key: &str, reply: &etcd_client::GetResponse) -> (Option<T>, i64) {
+    match reply.kvs().first() {
+        Some(kv) => (fleet_registry::codec::decode_listed(key, kv.value()), kv.mod_revision()),
+        None => (None, 0),
+    }
+}
