@@ -66,11 +66,12 @@ impl AgentPresence {
         LONGEST_SHORT_POLL.min(self.ttl / 3)
     }
 
-    /// How long a pull agent's connection may be silent before it is pinged (HTTP/2
+    /// How long a pull agent's connection may carry no request before it is pinged (HTTP/2
     /// keepalive): half of `agent_ttl`, and the answer may take a quarter, so a connection
-    /// dead without a word is closed within three quarters of it. A live agent beats more often (a third of
-    /// `agent_ttl`: `fleet_remote::Manager::with_heartbeat`), and a connection the manager
-    /// has just heard from is not pinged: an idle agent costs one ping a heartbeat.
+    /// dead without a word is closed within three quarters of it. The agent pings too, three
+    /// times in `agent_ttl` (`fleet_remote::Manager::with_heartbeat`), to leave a manager
+    /// gone silent; hyper does not count the agent's pings as hearing from it, so an idle
+    /// connection carries both sides' pings (five in two `agent_ttl`).
     pub fn keepalive(&self) -> Duration {
         (self.ttl / 2).max(Duration::from_millis(250))
     }

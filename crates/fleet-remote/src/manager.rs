@@ -68,9 +68,8 @@ impl Manager {
     }
 
     /// Pings the manager's connection every `every` (HTTP/2 keepalive): the agent's
-    /// heartbeat. A pull fleetd beats three times in `agent_ttl`, more often than its manager
-    /// would ping a connection it has not heard from (every half of `agent_ttl`), so an idle
-    /// connection costs one ping and its answer per heartbeat, and no more.
+    /// heartbeat, by which it leaves a manager gone without a word. A pull fleetd beats three
+    /// times in its `agent_ttl`; its manager pings an idle connection every half of its own.
     pub fn with_heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = every.max(Duration::from_millis(100));
         self
