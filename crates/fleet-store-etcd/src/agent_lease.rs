@@ -25,7 +25,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use fleet_core::backoff::Backoff;
 
 use super::EtcdRegistry;
-use super::session::{MachineSession, grant, renew};
+use super::session::{MachineSession, RENEWAL_RETRY, grant, renew};
 use fleet_registry::{RegistryError, Result};
 
 /// The manager's lease for its pull agents, granted on the first agent it holds.
@@ -75,9 +75,6 @@ impl Drop for AgentLease {
         self.stop_keepalive();
     }
 }
-
-/// How soon a failed renewal, or a failed claim after an expiry, is tried again at first.
-const RETRY: Duration = Duration::from_secs(1);
 
 impl EtcdRegistry {
     /// The lease pull agents' presences hang on, granted (and kept alive from then on) if
@@ -153,9 +150,7 @@ impl EtcdRegistry {
     /// so this manager takes its presence back first.
     pub(super) async fn hold_agent_talking_here(&self, machine_id: &str) -> Result<()> {
         let Some(session) = self.session(machine_id).filter(|session| !session.own()) else { return Ok(()) };
-        let key = self.keys().machine(machine_id);
-        let held_by = self.work_mirror(machine_id).read().entries.get(&key).map(|entry| entry.lease);
-        match held_by {
+        match self.presence_lease_in_copy(machine_id) {
             Some(lease) if lease != session.lease() && session.lease() == self.inner.agent_lease.current() => {
                 tracing::info!(machine_id, "another manager wrote this pull agent's presence since; taking it back");
                 let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
@@ -170,27 +165,34 @@ impl EtcdRegistry {
     /// keeps it.
     pub(super) async fn give_up_agent(&self, session: &MachineSession) -> Result<()> {
         let machine_id = session.machine_id();
-        let keys = self.keys();
-        let machine_key = keys.machine(&machine_id);
         // The copy shows it under another lease: no write (a transaction that compares and
         // does nothing is still one etcd must agree on). The copy may lag; the compare below
         // does not.
-        let held_by = self.work_mirror(&machine_id).read().entries.get(&machine_key).map(|entry| entry.lease);
-        if held_by.is_some_and(|lease| lease != session.lease()) {
+        let ours = self.presence_lease_in_copy(&machine_id).is_none_or(|lease| lease == session.lease())
+            && self.delete_presence_held_by(&machine_id, session.lease()).await?;
+        if !ours {
             tracing::info!(machine_id, "another manager holds this pull agent's presence; leaving it");
-            return Ok(());
         }
-        let states = keys.state(&machine_id, "");
-        let ours = Compare::lease(machine_key.as_str(), CompareOp::Equal, session.lease());
+        Ok(())
+    }
+
+    /// Deletes `machine_id`'s presence and states if the presence hangs on `lease`; whether it
+    /// did.
+    async fn delete_presence_held_by(&self, machine_id: &str, lease: i64) -> Result<bool> {
+        let keys = self.keys();
+        let (machine_key, states) = (keys.machine(machine_id), keys.state(machine_id, ""));
+        let held = Compare::lease(machine_key.as_str(), CompareOp::Equal, lease);
         let delete = [
             TxnOp::delete(machine_key.as_str(), None),
             TxnOp::delete(states.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())),
         ];
-        let reply = self.connection().txn(Txn::new().when([ours]).and_then(delete)).await?;
-        if !reply.succeeded() {
-            tracing::info!(machine_id, "another manager holds this pull agent's presence; leaving it");
-        }
-        Ok(())
+        Ok(self.connection().txn(Txn::new().when([held]).and_then(delete)).await?.succeeded())
+    }
+
+    /// The lease `machine_id`'s presence hangs on, as this manager's copy shows it.
+    fn presence_lease_in_copy(&self, machine_id: &str) -> Option<i64> {
+        let key = self.keys().machine(machine_id);
+        self.work_mirror(machine_id).read().entries.get(&key).map(|entry| entry.lease)
     }
 }
 
@@ -220,7 +222,7 @@ impl EtcdRegistry {
 async fn keep_agents_alive(registry: std::sync::Weak<super::Inner>, agent_ttl: Duration) {
     let period = agent_ttl / 2;
     let mut keeper = None;
-    let mut retry = Backoff::new(RETRY.min(agent_ttl / 4), agent_ttl / 4);
+    let mut retry = Backoff::new(RENEWAL_RETRY.min(agent_ttl / 4), agent_ttl / 4);
     let mut wait = period;
     loop {
         tokio::time::sleep(wait).await;

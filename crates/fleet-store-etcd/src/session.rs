@@ -34,7 +34,7 @@ pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
 }
 
 /// How soon a first failed renewal is tried again.
-const RENEWAL_RETRY: Duration = Duration::from_secs(1);
+pub(super) const RENEWAL_RETRY: Duration = Duration::from_secs(1);
 
 /// A number that differs between machines and moments, to spread retries (not a secret).
 pub(super) fn jitter_sample() -> u32 {
