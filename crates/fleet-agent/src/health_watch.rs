@@ -27,6 +27,12 @@ use crate::probe::Prober;
 const FIRST_PROBE_WITHIN: Duration = Duration::from_millis(50);
 const FIRST_PROBE_SPREAD_PER_UNIT: Duration = Duration::from_micros(200);
 
+/// How long, by default, a newly followed unit's state waits for its check's first verdict
+/// before it is reported `unknown`: a unit that passes its first probe soon after it starts is reported
+/// once, healthy, not once unknown and again healthy a moment later (in a rollout, that is a
+/// write, an event to every watcher and a pass of the agent saved per unit).
+pub const FIRST_VERDICT_WAIT: Duration = Duration::from_secs(1);
+
 /// A unit's check, as read once per content.
 #[derive(Clone, Debug)]
 struct Declared {
@@ -45,6 +51,7 @@ struct LastVerdict {
 struct Followed {
     hash: UnitHash,
     task: JoinHandle<()>,
+    since: Instant,
 }
 
 impl Drop for Followed {
@@ -71,6 +78,7 @@ pub struct HealthWatch {
     verdicts: Arc<Mutex<BTreeMap<String, (LastVerdict, u64)>>>,
     restarts: BTreeMap<String, Restarts>,
     flips: watch::Sender<u64>,
+    first_verdict_wait: Duration,
 }
 
 impl Default for HealthWatch {
@@ -82,6 +90,7 @@ impl Default for HealthWatch {
             verdicts: Arc::default(),
             restarts: BTreeMap::new(),
             flips: watch::channel(0).0,
+            first_verdict_wait: FIRST_VERDICT_WAIT,
         }
     }
 }
@@ -94,9 +103,28 @@ pub struct Running<'a> {
 }
 
 impl HealthWatch {
-    /// Moves whenever a unit's health flips.
+    /// How long a newly followed unit's state waits for its first verdict
+    /// ([`FIRST_VERDICT_WAIT`] unless set).
+    pub fn set_first_verdict_wait(&mut self, wait: Duration) {
+        self.first_verdict_wait = wait;
+    }
+
+    /// Moves whenever a unit's health flips, and when a unit's first verdict is overdue.
     pub fn flips(&self) -> watch::Receiver<u64> {
         self.flips.subscribe()
+    }
+
+    /// Whether `name` was followed less than the first verdict's wait ago and its check has not
+    /// concluded yet: its state is better reported with the verdict that is coming.
+    pub fn awaiting_first_verdict(&self, name: &str) -> bool {
+        let Some(followed) = self.followed.get(name) else { return false };
+        followed.since.elapsed() < self.first_verdict_wait
+            && self
+                .verdicts
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(name)
+                .is_some_and(|(_, flips)| *flips == 0)
     }
 
     /// Follows exactly the checked units of `running` (active now): a new one, or one with new
@@ -122,16 +150,10 @@ impl HealthWatch {
                 .unwrap_or_else(PoisonError::into_inner)
                 .insert(unit.name.to_string(), Default::default());
             let first = first_probe_offset(unit.name, declared.check.interval.min(spread));
-            let task = tokio::spawn(watch_unit(
-                unit.name.to_string(),
-                first,
-                declared,
-                manager.clone(),
-                self.verdicts.clone(),
-                self.flips.clone(),
-                self.clock,
-            ));
-            self.followed.insert(unit.name.to_string(), Followed { hash: unit.hash, task });
+            let outlet = Outlet { verdicts: self.verdicts.clone(), flips: self.flips.clone() };
+            let timing = Timing { first, clock: self.clock, first_verdict_wait: self.first_verdict_wait };
+            let task = tokio::spawn(watch_unit(unit.name.to_string(), declared, manager.clone(), outlet, timing));
+            self.followed.insert(unit.name.to_string(), Followed { hash: unit.hash, task, since: Instant::now() });
         }
         self.followed.retain(|name, _| keep.contains_key(name));
         self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).retain(|name, _| keep.contains_key(name));
@@ -209,24 +231,56 @@ fn declared(name: &str, file: &UnitFile) -> Option<Declared> {
     Some(Declared { check, run_as: RunAs { user: last("User"), group: last("Group") } })
 }
 
-/// Probes one unit at its interval for as long as it is followed.
-async fn watch_unit(
-    name: String,
-    first: Duration,
-    declared: Declared,
-    manager: Arc<dyn UnitManager>,
+/// Where a unit's task leaves its verdicts, and the agent's wake.
+struct Outlet {
     verdicts: Arc<Mutex<BTreeMap<String, (LastVerdict, u64)>>>,
     flips: watch::Sender<u64>,
+}
+
+/// When a unit's task probes: its first probe comes `first` after it starts; `clock` is the
+/// watch's; its first verdict is overdue after `first_verdict_wait`.
+struct Timing {
+    first: Duration,
     clock: Instant,
-) {
+    first_verdict_wait: Duration,
+}
+
+/// Probes one unit at its interval for as long as it is followed.
+async fn watch_unit(name: String, declared: Declared, manager: Arc<dyn UnitManager>, outlet: Outlet, timing: Timing) {
+    let Outlet { verdicts, flips } = outlet;
+    let Timing { first, clock, first_verdict_wait } = timing;
     let check = &declared.check;
     let mut tracker = Tracker::new(check, clock.elapsed());
     let mut prober = Prober::default();
     let mut starting = Starting::new();
     let mut next = Instant::now() + first;
+    // Until the first verdict, the agent holds back the unit's state: it is woken when the
+    // verdict is overdue, to report the unit unknown.
+    // (The wake comes whether the task is waiting for a probe or inside a slow one.)
+    let mut overdue_at = Some(Instant::now() + first_verdict_wait);
+    let overdue = async |at: &mut Option<Instant>| match *at {
+        Some(moment) => {
+            tokio::time::sleep_until(moment).await;
+            *at = None;
+            flips.send_modify(|count| *count += 1);
+        }
+        None => std::future::pending().await,
+    };
     loop {
-        tokio::time::sleep_until(next).await;
-        let outcome = prober.probe(&check.probe, &name, &declared.run_as, check.timeout, manager.as_ref()).await;
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => break,
+                () = overdue(&mut overdue_at) => {}
+            }
+        }
+        let probing = prober.probe(&check.probe, &name, &declared.run_as, check.timeout, manager.as_ref());
+        tokio::pin!(probing);
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut probing => break outcome,
+                () = overdue(&mut overdue_at) => {}
+            }
+        };
         fleet_metrics::metrics().agent.health_probes.inc();
         if tracker.observe(outcome, clock.elapsed()) {
             tracing::info!(unit = name, status = %tracker.status(), failure = tracker.failure(), "health changed");
@@ -236,6 +290,7 @@ async fn watch_unit(
                 let Some(slot) = verdicts.get_mut(&name) else { return };
                 *slot = (verdict, slot.1 + 1);
             }
+            overdue_at = None;
             flips.send_modify(|count| *count += 1);
         }
         next = match starting.next_wait(&tracker, clock.elapsed(), check.interval) {

@@ -133,6 +133,13 @@ impl Agent {
         }
     }
 
+    /// How long a unit that starts with a health check waits for its first verdict before it
+    /// is reported `unknown` (`health_watch::FIRST_VERDICT_WAIT` unless set).
+    pub fn with_first_verdict_wait(mut self, wait: Duration) -> Self {
+        self.health.set_first_verdict_wait(wait);
+        self
+    }
+
     /// What the manager holds now. Every state change up to this listing is marked seen:
     /// the listing shows it.
     async fn held_units(&mut self) -> fleet_unit_manager::Result<BTreeMap<String, HeldUnit>> {
@@ -614,6 +621,15 @@ impl Agent {
             *by_active_state.entry(state.systemd.active.clone()).or_default() += 1;
         }
         fleet_metrics::publish_unit_states(by_active_state);
+        // A unit that just started with a check is reported with its first verdict (or as
+        // unknown once that is overdue): until then, what was reported of it stands.
+        let current: BTreeMap<String, UnitState> = current
+            .into_iter()
+            .filter_map(|(name, state)| match self.health.awaiting_first_verdict(&name) {
+                true => self.reported.get(&name).map(|reported| (name, reported.clone())),
+                false => Some((name, state)),
+            })
+            .collect();
         let reports = state_reports(&self.reported, &current);
         if !reports.is_empty() {
             self.registry.report_states(self.machine_id(), &reports).await?;

@@ -2,15 +2,16 @@
 //! the fake unit manager, in real time (probes are real I/O): what is reported, when, and the
 //! restarts a unit asked for.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::health::{HealthReport, HealthStatus};
 use fleet_core::schedule::Decision;
-use fleet_core::{DesiredState, MachineState, UnitFile};
-use fleet_registry::{ApiRegistry, EngineRegistry};
+use fleet_core::state_report::StateReport;
+use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash};
+use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal, EngineRegistry, MachineWork};
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::{FakeUnitManager, eventually};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,10 +26,45 @@ struct Setup {
     manager: Arc<FakeUnitManager>,
     lifecycle: watch::Sender<Lifecycle>,
     task: tokio::task::JoinHandle<()>,
+    reported: Arc<Mutex<Vec<StateReport>>>,
+}
+
+/// The embedded store, keeping every state report the agent wrote through it, in order.
+struct Recording {
+    store: EmbeddedRegistry,
+    reported: Arc<Mutex<Vec<StateReport>>>,
+}
+
+#[async_trait::async_trait]
+impl AgentRegistry for Recording {
+    async fn register_machine(&self, machine: &MachineState) -> fleet_registry::Result<()> {
+        self.store.register_machine(machine).await
+    }
+    async fn unregister_machine(&self, machine_id: &str) -> fleet_registry::Result<()> {
+        self.store.unregister_machine(machine_id).await
+    }
+    async fn machine_work(&self, machine_id: &str) -> fleet_registry::Result<MachineWork> {
+        self.store.machine_work(machine_id).await
+    }
+    async fn unit_body(&self, hash: &UnitHash) -> fleet_registry::Result<Option<UnitFile>> {
+        self.store.unit_body(hash).await
+    }
+    async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> fleet_registry::Result<()> {
+        self.reported.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(reports);
+        self.store.report_states(machine_id, reports).await
+    }
+    fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
+        self.store.machine_changes(machine_id)
+    }
 }
 
 impl Setup {
     fn start() -> Self {
+        Self::waiting_for_first_verdicts(fleet_agent::health_watch::FIRST_VERDICT_WAIT)
+    }
+
+    /// An agent whose units' states wait `wait` for their checks' first verdicts.
+    fn waiting_for_first_verdicts(wait: Duration) -> Self {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("the store");
         let manager = Arc::new(FakeUnitManager::new());
@@ -40,9 +76,23 @@ impl Setup {
             stop_units_when_cut_off: false,
         };
         let (lifecycle, watch) = watch::channel(Lifecycle::Running);
-        let agent = Agent::new(config, Arc::new(registry.clone()), manager.clone());
+        let reported = Arc::new(Mutex::new(Vec::new()));
+        let recording = Recording { store: registry.clone(), reported: reported.clone() };
+        let agent = Agent::new(config, Arc::new(recording), manager.clone()).with_first_verdict_wait(wait);
         let task = tokio::spawn(agent.run(watch));
-        Self { _dir: dir, registry, manager, lifecycle, task }
+        Self { _dir: dir, registry, manager, lifecycle, task, reported }
+    }
+
+    /// The health of every state of `name` the agent reported, in order (`None`: no check).
+    fn reported_health_of(&self, name: &str) -> Vec<Option<HealthStatus>> {
+        let reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        reported
+            .iter()
+            .filter_map(|report| match report {
+                StateReport::Set(state) if state.name == name => Some(state.health.as_ref().map(|h| h.status)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// Writes what the engine would: the unit, placed on this machine, launched.
@@ -93,6 +143,40 @@ async fn a_tcp_check_reports_healthy_then_unhealthy_once_the_port_closes() {
     })
     .await;
     assert_eq!(setup.health("plain.service").await, None, "a unit without a check reports no health");
+    setup.stop().await;
+}
+
+/// A unit whose check passes at once is reported once, healthy: not first `unknown` and
+/// again a moment later (a rollout of thousands of units would write each twice). The wait
+/// is long here so that the test holds however slowly the first probe comes.
+#[tokio::test]
+async fn a_unit_that_passes_its_first_probe_is_reported_once_already_healthy() {
+    let setup = Setup::waiting_for_first_verdicts(Duration::from_secs(600));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    setup.run("db.service", &format!("HealthCheck=tcp://127.0.0.1:{port}\n{FAST}")).await;
+    setup.wait_for("db.service", HealthStatus::Healthy).await;
+    assert_eq!(setup.reported_health_of("db.service"), [Some(HealthStatus::Healthy)]);
+    setup.stop().await;
+}
+
+/// A unit whose first verdict does not come within the wait is reported `unknown` then, and
+/// again with the verdict when it comes.
+#[tokio::test]
+async fn a_unit_whose_first_verdict_is_overdue_is_reported_unknown_meanwhile() {
+    let setup = Setup::waiting_for_first_verdicts(Duration::from_millis(100));
+    let flag = tempfile::tempdir().expect("a directory");
+    let path = flag.path().join("go");
+    // The check passes once the flag exists, and not before: its first verdict waits for it.
+    let check = format!(
+        "HealthCheck=exec:/bin/sh -c 'while ! test -e {}; do sleep 0.05; done'\nHealthCheckInterval=1h\nHealthCheckTimeout=10min\nHealthCheckThreshold=1\n",
+        path.display()
+    );
+    setup.run("slow.service", &check).await;
+    setup.wait_for("slow.service", HealthStatus::Unknown).await;
+    std::fs::write(&path, "").expect("the flag");
+    setup.wait_for("slow.service", HealthStatus::Healthy).await;
+    assert_eq!(setup.reported_health_of("slow.service"), [Some(HealthStatus::Unknown), Some(HealthStatus::Healthy)]);
     setup.stop().await;
 }
 

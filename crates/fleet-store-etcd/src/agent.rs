@@ -13,7 +13,7 @@ use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarriedBody};
-use fleet_registry::codec::{decode, decode_listed, encode, machine_from_records};
+use fleet_registry::codec::{decode_listed, encode, machine_from_records};
 use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
@@ -22,8 +22,9 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
     let mut units = Vec::new();
     for (key, entry) in data.range(&range) {
         let Some(name) = registry.keys().name_in(&collection, key) else { continue };
-        let assignment: Assignment = decode(key, &entry.value)?;
-        let Assignment { hash, desired, drift } = assignment;
+        // Parsed once per revision: an agent reads its work on every pass.
+        let assignment = entry.decoded::<Assignment>(key)?;
+        let Assignment { hash, desired, drift } = *assignment;
         units.push(AssignedUnit { name: name.to_string(), hash, desired, drift });
     }
     Ok(units)

@@ -188,25 +188,12 @@ impl EtcdRegistry {
 
     /// Waits until the copy holds this API's writes and its watch is up.
     pub(super) async fn api_copy_current(&self) -> Result<()> {
-        let mirror = self.api_mirror();
-        let deadline = tokio::time::Instant::now() + CATCH_UP;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let caught_up = mirror.wait_for_expected(left).await;
-            let streaming = {
-                let data = mirror.read();
-                data.synced && data.streaming
-            };
-            if caught_up && streaming {
-                return Ok(());
-            }
-            if left.is_zero() {
-                return Err(RegistryError::Unavailable(
-                    "etcd: the API's copy of the cluster is not up to date (its watch is behind or down)".into(),
-                ));
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if self.api_mirror().caught_up(CATCH_UP).await {
+            return Ok(());
         }
+        Err(RegistryError::Unavailable(
+            "etcd: the API's copy of the cluster is not up to date (its watch is behind or down)".into(),
+        ))
     }
 
     pub(super) async fn units_page_from_copy(&self, request: PageRequest) -> Result<Page<UnitView>> {
@@ -274,7 +261,12 @@ impl EtcdRegistry {
         let keys = self.keys();
         let decoded = |unit: &str, machine: &str| {
             let key = keys.state(machine, unit);
-            Ok(data.entries.get(&key).and_then(|entry| decode_listed::<UnitState>(&key, &entry.value)))
+            // Parsed once per revision: a rollout reads the states of its units on every pass.
+            Ok(data
+                .entries
+                .get(&key)
+                .and_then(|entry| entry.decoded_listed::<UnitState>(&key))
+                .map(|state| (*state).clone()))
         };
         if let Some(machine) = machine {
             // One machine's states are one range, in unit order.

@@ -13,7 +13,12 @@ use tokio::sync::watch;
 
 use super::connection::Connection;
 use super::keys::KeyRange;
+use fleet_registry::codec::{decode, decode_listed};
 use fleet_registry::{ChangeSignal, RegistryError, Result};
+use serde::de::DeserializeOwned;
+
+mod decoded;
+use decoded::Decoded;
 
 /// One key's value and revisions, as etcd last reported them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,6 +28,26 @@ pub struct Entry {
     pub mod_revision: i64,
     /// The lease the key hangs on (0: none).
     pub lease: i64,
+    /// The value decoded, once a reader asked for it.
+    pub decoded: Decoded,
+}
+
+impl Entry {
+    pub fn new(value: Vec<u8>, create_revision: i64, mod_revision: i64, lease: i64) -> Self {
+        Self { value, create_revision, mod_revision, lease, decoded: Decoded::default() }
+    }
+
+    /// The value decoded as `T`, parsed on the first read of this revision only (`key`
+    /// names it in the error when it does not decode).
+    pub fn decoded<T: DeserializeOwned + Send + Sync + 'static>(&self, key: &str) -> Result<Arc<T>> {
+        self.decoded.get_or_decode(|| decode::<T>(key, &self.value))
+    }
+
+    /// [`Entry::decoded`] for a record of a listing: one that does not decode is logged and
+    /// left out (`codec::decode_listed`).
+    pub fn decoded_listed<T: DeserializeOwned + Send + Sync + 'static>(&self, key: &str) -> Option<Arc<T>> {
+        self.decoded.get_or_decode(|| decode_listed::<T>(key, &self.value).ok_or(())).ok()
+    }
 }
 
 #[derive(Debug, Default)]
@@ -185,13 +210,13 @@ impl Mirror {
     }
 
     /// Waits until the copy has applied `revision` in some range or `limit` passes; `true` if
-    /// it has. Other ranges may still be behind it: see [`Mirror::wait_for_expected`].
+    /// it has. Other ranges may still be behind it: see [`Mirror::caught_up`].
     pub async fn wait_for(&self, revision: i64, limit: Duration) -> bool {
         self.wait_until(limit, |data| data.revision >= revision).await
     }
 
     /// Notes that this process changed `key` at `revision` (a put, or a delete that deleted):
-    /// [`Mirror::wait_for_expected`] then waits for the event. Keys outside the ranges are
+    /// [`Mirror::caught_up`] then waits for the event. Keys outside the ranges are
     /// ignored. Only changes that make an event may be noted, or the wait cannot end.
     pub fn expect(&self, key: &str, revision: i64) {
         if let Some(index) = self.ranges.iter().position(|range| range.contains(key)) {
@@ -200,13 +225,14 @@ impl Mirror {
         }
     }
 
-    /// Waits until every range has applied the changes noted with [`Mirror::expect`] and the
-    /// copy is listed, or `limit` passes; `true` if it has. Each range is waited on by its own
+    /// Waits until every range has applied the changes noted with [`Mirror::expect`], the copy
+    /// is listed and its watch is up (it holds this process's writes and will see others' as
+    /// they come), or `limit` passes; `true` if so. Each range is waited on by its own
     /// revision: etcd orders a watcher's events, not one watcher's against another's.
-    pub async fn wait_for_expected(&self, limit: Duration) -> bool {
+    pub async fn caught_up(&self, limit: Duration) -> bool {
         let expected = self.expected.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         self.wait_until(limit, |data| {
-            data.synced && data.seen.iter().zip(&expected).all(|(seen, expected)| seen >= expected)
+            data.synced && data.streaming && data.seen.iter().zip(&expected).all(|(seen, expected)| seen >= expected)
         })
         .await
     }
@@ -267,12 +293,7 @@ impl Feeder {
             for kv in reply.kvs() {
                 entries.insert(
                     String::from_utf8_lossy(kv.key()).into_owned(),
-                    Entry {
-                        value: kv.value().to_vec(),
-                        create_revision: kv.create_revision(),
-                        mod_revision: kv.mod_revision(),
-                        lease: kv.lease(),
-                    },
+                    Entry::new(kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease()),
                 );
             }
         }
@@ -323,6 +344,8 @@ impl Feeder {
             }
         }
         self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = true;
+        // Readers waiting for the watch to be up (`Mirror::caught_up`) look again.
+        self.changes.send_modify(|generation| *generation += 1);
         // Watch IDs come back in the order the watches were asked for.
         let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
         let mut relist_asked = false;
@@ -386,12 +409,7 @@ impl Feeder {
             }
             match event.event_type() {
                 EventType::Put => {
-                    let entry = Entry {
-                        value: kv.value().to_vec(),
-                        create_revision: kv.create_revision(),
-                        mod_revision: kv.mod_revision(),
-                        lease: kv.lease(),
-                    };
+                    let entry = Entry::new(kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease());
                     data.entries.insert(key, entry);
                 }
                 EventType::Delete => {
@@ -494,7 +512,7 @@ mod expected_tests {
     /// A copy of two ranges whose first range has applied revision 7 and whose second is
     /// still at 4, as happens when etcd delivers one watcher's events before another's.
     fn copy_with_a_range_behind() -> Mirror {
-        let data = MirrorData { revision: 7, seen: vec![7, 4], synced: true, ..MirrorData::default() };
+        let data = MirrorData { revision: 7, seen: vec![7, 4], synced: true, streaming: true, ..MirrorData::default() };
         Mirror {
             data: Arc::new(RwLock::new(data)),
             changes: watch::channel(0).0,
@@ -512,8 +530,8 @@ mod expected_tests {
         mirror.expect("/b/unit", 7);
         mirror.expect("/elsewhere/key", 99);
         assert!(mirror.wait_for(7, Duration::ZERO).await, "the newest revision seen is 7");
-        assert!(!mirror.wait_for_expected(Duration::from_millis(50)).await);
-        let waiting = mirror.wait_for_expected(Duration::from_secs(5));
+        assert!(!mirror.caught_up(Duration::from_millis(50)).await);
+        let waiting = mirror.caught_up(Duration::from_secs(5));
         let delivered = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
             mirror.data.write().unwrap().seen[1] = 7;
@@ -527,6 +545,15 @@ mod expected_tests {
     async fn a_copy_not_yet_listed_is_not_current() {
         let mirror = copy_with_a_range_behind();
         mirror.data.write().unwrap().synced = false;
-        assert!(!mirror.wait_for_expected(Duration::from_millis(20)).await);
+        assert!(!mirror.caught_up(Duration::from_millis(20)).await);
+    }
+
+    #[tokio::test]
+    async fn a_copy_whose_watch_is_down_is_not_current() {
+        let mirror = copy_with_a_range_behind();
+        mirror.data.write().unwrap().seen[1] = 7;
+        assert!(mirror.caught_up(Duration::ZERO).await, "listed, watching, every range at 7");
+        mirror.data.write().unwrap().streaming = false;
+        assert!(!mirror.caught_up(Duration::from_millis(20)).await);
     }
 }

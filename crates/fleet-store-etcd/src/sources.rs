@@ -1,11 +1,17 @@
 //! The sources facet of the etcd store: `sources/<name>` and `source-status/<name>`.
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 
 use super::EtcdRegistry;
+use super::keys::KeyRange;
 use fleet_registry::codec::encode;
-use fleet_registry::{ChangeSignal, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
+use fleet_registry::{ChangeSignal, RegistryError, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
+
+/// How long a read of the rollouts waits for the copy to hold this fleetd's last write.
+const CATCH_UP: Duration = Duration::from_secs(2);
 
 #[async_trait]
 impl SourceRegistry for EtcdRegistry {
@@ -37,17 +43,48 @@ impl SourceRegistry for EtcdRegistry {
     }
 
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
-        let txn = Txn::new().and_then(vec![TxnOp::put(self.keys().rollout(&record.name), encode(record), None)]);
-        self.connection().txn(txn).await?;
+        let key = self.keys().rollout(&record.name);
+        let txn = Txn::new().and_then(vec![TxnOp::put(key.as_str(), encode(record), None)]);
+        let reply = self.connection().big_txn(txn).await?;
+        if let Some(header) = reply.header() {
+            self.sources_mirror().expect(&key, header.revision());
+        }
         Ok(())
     }
 
+    /// From the watch-fed copy, once it holds this fleetd's own rollout writes: a running
+    /// rollout of 10,000 units is a record of a megabyte, read on every pass of the driver and
+    /// every `GET`, which must not each be a read of it from etcd.
     async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
-        self.list_named(&self.keys().rollouts(), |record: &RolloutRecord| &record.name).await
+        let mirror = self.sources_mirror();
+        if !mirror.caught_up(CATCH_UP).await {
+            return Err(RegistryError::Unavailable(
+                "etcd: the copy of the rollouts is not up to date (its watch is behind or down)".into(),
+            ));
+        }
+        let data = mirror.synced()?;
+        let range = KeyRange::prefix(self.keys().rollouts());
+        // Each record is parsed once per revision; a read costs a copy of it.
+        let mut records: Vec<RolloutRecord> = data
+            .range(&range)
+            .filter_map(|(key, entry)| entry.decoded_listed::<RolloutRecord>(key))
+            .map(|record| RolloutRecord::clone(&record))
+            .collect();
+        records.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(records)
     }
 
     async fn remove_rollout(&self, name: &str) -> Result<bool> {
-        self.delete_key(&self.keys().rollout(name)).await
+        let key = self.keys().rollout(name);
+        let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key.as_str(), None)])).await?;
+        let deleted = reply.op_responses().into_iter().any(|response| match response {
+            TxnOpResponse::Delete(delete) => delete.deleted() > 0,
+            _ => false,
+        });
+        if let (true, Some(header)) = (deleted, reply.header()) {
+            self.sources_mirror().expect(&key, header.revision());
+        }
+        Ok(deleted)
     }
 
     fn source_changes(&self) -> ChangeSignal {

@@ -26,7 +26,8 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// Messages received per gRPC method (unary requests and stream messages alike, so a
-/// keepalive counts once per renewal) and etcd's MVCC operation totals.
+/// keepalive counts once per renewal), etcd's MVCC operation totals and the bytes its clients
+/// sent and received.
 pub fn read(address: &str) -> Counters {
     let mut counters = Counters::new();
     for line in scrape(address).lines() {
@@ -36,7 +37,9 @@ pub fn read(address: &str) -> Counters {
             if let Some(method) = label(labels, "grpc_method") {
                 *counters.entry(format!("grpc {method}")).or_insert(0.0) += value;
             }
-        } else if series.starts_with("etcd_mvcc_") && series.ends_with("_total") && !series.contains('{') {
+        } else if (series.starts_with("etcd_mvcc_") && series.ends_with("_total") && !series.contains('{'))
+            || series.starts_with("etcd_network_client_grpc_")
+        {
             counters.insert(series.to_string(), value);
         }
     }

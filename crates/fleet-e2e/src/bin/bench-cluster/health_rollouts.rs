@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fleet_e2e::{Fleetd, cpu_seconds};
+
+use crate::etcd_metrics;
 use fleet_testkit::free_port;
 use serde_json::{Value, json};
 
@@ -88,7 +90,7 @@ async fn watch(fleetd: &Fleetd, name: &str, until: impl Fn(&Progress) -> bool) -
 }
 
 /// Runs (g) with the bench units `units` through the API of `fleetd` (the engine leader).
-pub async fn run(fleetd: &Fleetd, etcd_pid: u32, units: &[String], idle_seconds: u64) {
+pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, units: &[String], idle_seconds: u64) {
     let accepted = Arc::new(AtomicU64::new(0));
     let port = listener(accepted.clone()).await;
     let closed = free_port();
@@ -98,6 +100,7 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, units: &[String], idle_seconds:
     let began = Instant::now();
     let cpu = || [cpu_seconds(fleetd.pid()), cpu_seconds(etcd_pid), cpu_seconds(std::process::id())];
     let cpu_before = cpu();
+    let counters_before = etcd_metrics::read(etcd_metrics_address);
     start(fleetd, "bench-good", units, content(2, port), true);
     let (_, canary_done) = watch(fleetd, "bench-good", |r| r.state == "canary" || r.state == "done").await;
     let (done, finished) = watch(fleetd, "bench-good", |r| r.state != "running" && r.state != "canary").await;
@@ -116,6 +119,9 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, units: &[String], idle_seconds:
         (engine_cpu + etcd_cpu + bench_cpu) * 100.0
             / (busy * std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64))
     );
+    let counters = etcd_metrics::delta(&counters_before, &etcd_metrics::read(etcd_metrics_address));
+    let moved: Vec<String> = counters.iter().map(|(name, moved)| format!("{name} {moved:.0}")).collect();
+    println!("      etcd over it: {}", moved.join(", "));
 
     // Every unit now runs a check: what 10,000 of them cost while nothing changes.
     let (bench_before, accepted_before) = (cpu_seconds(std::process::id()), accepted.load(Ordering::Relaxed));

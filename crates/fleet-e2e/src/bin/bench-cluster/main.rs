@@ -300,7 +300,7 @@ fn main() {
         if health {
             let names: Vec<String> =
                 every_unit(&api).await.into_iter().map(|unit| unit.name).filter(|name| name.starts_with("bench")).collect();
-            health_rollouts::run(survivor, etcd_pid, &names, idle_seconds).await;
+            health_rollouts::run(survivor, etcd_pid, &metrics_address, &names, idle_seconds).await;
         }
         let _ = lifecycle.send(Lifecycle::Reloading);
         drop(engine);
