@@ -804,6 +804,14 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
     }
     let on_m2: Vec<UnitState> = states.iter().filter(|state| state.machine_id == "m2").cloned().collect();
     assert_eq!(all_pages(1, |request| registry.unit_states_page(request, Some("m2"))).await, on_m2);
+    // The states of some units, from every machine, in whatever order the store finds them.
+    let named: std::collections::BTreeSet<String> =
+        ["all.service", "u01.service", "gone.service"].map(String::from).into();
+    let mut of_named = registry.states_of_units(&named).await.unwrap();
+    of_named.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
+    let expected: Vec<UnitState> = states.iter().filter(|state| named.contains(&state.name)).cloned().collect();
+    assert_eq!(expected.len(), 3, "all.service on both machines, u01.service on m2");
+    assert_eq!(of_named, expected);
     let machines = registry.machines().await.unwrap();
     assert_eq!(machines.len(), 2);
     eventually("machines page by page are the list", async || {

@@ -255,6 +255,11 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
         let states = states.into_iter().filter(|state| machine.is_none_or(|machine| state.machine_id == machine));
         Page::select(states.map(|state| Ok((state.name.clone(), state))), &request, |_, state| Ok(Some(state)))
     }
+    /// The states every machine reported of the units `names`, in no particular order: what a
+    /// rollout follows on every pass (a store may find them without ordering every state).
+    async fn states_of_units(&self, names: &std::collections::BTreeSet<String>) -> Result<Vec<UnitState>> {
+        Ok(self.unit_states_page(PageRequest::named(names), None).await?.items)
+    }
     async fn unit(&self, name: &str) -> Result<Option<UnitView>>;
     /// Stores `file` under `name` with `desired`, replacing any unit of that name that
     /// `writer` may write ([`RegistryError::Owned`] otherwise).

@@ -81,7 +81,7 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
         ApiRegistry::step_drain(&**self, machine_id, drain).await
     }
     async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
-        Ok(ApiRegistry::unit_states_page(&**self, PageRequest::named(names), None).await?.items)
+        ApiRegistry::states_of_units(&**self, names).await
     }
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
         ApiRegistry::put_unit_as(&**self, name, file, desired, writer).await

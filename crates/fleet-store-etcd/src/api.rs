@@ -2,7 +2,7 @@
 //! from the watch-fed copy (`api_copy.rs`); writes as transactions conditional on the
 //! revisions read, retried when another writer got there first.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, Txn, TxnOp};
@@ -387,6 +387,10 @@ impl ApiRegistry for EtcdRegistry {
 
     async fn unit_states_page(&self, request: PageRequest, machine: Option<&str>) -> Result<Page<UnitState>> {
         self.unit_states_page_from_copy(request, machine).await
+    }
+
+    async fn states_of_units(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+        self.states_of_units_from_copy(names).await
     }
 
     fn unit_changes(&self) -> ChangeSignal {

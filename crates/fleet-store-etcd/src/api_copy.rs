@@ -7,7 +7,7 @@
 //! every other write once the watch delivered it (milliseconds). A copy whose watch is down
 //! answers nothing: the list fails as a read from etcd would.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -248,6 +248,27 @@ impl EtcdRegistry {
         let machines = resumed(&data, &range, after)
             .filter_map(|(key, entry)| Some(Ok((keys.name_in(&prefix, key)?, (key, entry)))));
         Page::select(machines, &request, |id, (key, entry)| Ok(super::engine::machine_in(self, &data, id, key, entry)))
+    }
+
+    /// The states of `names`, in key (machine, unit) order: one walk over the copy's states,
+    /// each looked up by its unit's name, with no (unit, machine) order to sort.
+    pub(super) async fn states_of_units_from_copy(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+        self.api_copy_current().await?;
+        let mirror = self.api_mirror();
+        let data = mirror.synced()?;
+        let keys = self.keys();
+        let prefix = keys.all_states();
+        let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
+        Ok(data
+            .range(&KeyRange::prefix(prefix.clone()))
+            .filter(|(key, _)| {
+                key.strip_prefix(&prefix)
+                    .and_then(|rest| rest.split_once('/'))
+                    .is_some_and(|(_, unit)| wanted.contains(unit))
+            })
+            .filter_map(|(key, entry)| entry.decoded_listed::<UnitState>(key))
+            .map(|state| UnitState::clone(&state))
+            .collect())
     }
 
     pub(super) async fn unit_states_page_from_copy(
