@@ -184,6 +184,7 @@ pub enum RolloutState {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rollout {
+    #[serde(with = "stored_units")]
     pub units: Vec<RolloutUnit>,
     pub max_unavailable: MaxUnavailable,
     /// How long a replaced unit must stay active before it counts as done (seconds).
@@ -449,5 +450,6 @@ fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
     }
 }
 
+mod stored_units;
 #[cfg(test)]
 mod tests;
