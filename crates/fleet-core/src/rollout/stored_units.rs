@@ -82,24 +82,14 @@ pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Rol
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rollout::{MaxUnavailable, Rollout, RolloutState};
+    use crate::rollout::{MaxUnavailable, Rollout};
 
     fn hash(text: &str) -> UnitHash {
         crate::UnitFile::parse(&format!("[Service]\nExecStart={text}\n")).expect("a unit").hash()
     }
 
     fn rollout(units: Vec<RolloutUnit>) -> Rollout {
-        Rollout {
-            units,
-            max_unavailable: MaxUnavailable::Count(1),
-            min_ready: 0,
-            deadline: 60,
-            state: RolloutState::Running,
-            undo: false,
-            canary: None,
-            auto_revert: false,
-            reverted: None,
-        }
+        Rollout { units, ..super::super::tests::rollout(0, MaxUnavailable::Count(1)) }
     }
 
     fn units(count: usize) -> Vec<RolloutUnit> {

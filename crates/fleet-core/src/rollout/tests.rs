@@ -3,7 +3,8 @@ use super::*;
 const OLD: UnitHash = UnitHash([1; 20]);
 const NEW: UnitHash = UnitHash([2; 20]);
 
-fn rollout(count: usize, max_unavailable: MaxUnavailable) -> Rollout {
+/// A running rollout of `count` units `web@N.service` from `OLD` to `NEW`, none started.
+pub(super) fn rollout(count: usize, max_unavailable: MaxUnavailable) -> Rollout {
     Rollout {
         units: (0..count)
             .map(|n| RolloutUnit { name: format!("web@{n}.service"), from: OLD, to: NEW, step: Step::Waiting })
