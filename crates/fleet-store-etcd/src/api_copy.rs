@@ -251,7 +251,8 @@ impl EtcdRegistry {
     }
 
     /// The states of `names`, in key (machine, unit) order: one walk over the copy's states,
-    /// each looked up by its unit's name, with no (unit, machine) order to sort.
+    /// each looked up by its unit's name, with no (unit, machine) order to sort. Each is parsed
+    /// once per revision: a rollout reads the states of its units on every pass.
     pub(super) async fn states_of_units_from_copy(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
         self.api_copy_current().await?;
         let mirror = self.api_mirror();
@@ -282,12 +283,9 @@ impl EtcdRegistry {
         let keys = self.keys();
         let decoded = |unit: &str, machine: &str| {
             let key = keys.state(machine, unit);
-            // Parsed once per revision: a rollout reads the states of its units on every pass.
-            Ok(data
-                .entries
-                .get(&key)
-                .and_then(|entry| entry.decoded_listed::<UnitState>(&key))
-                .map(|state| (*state).clone()))
+            // Parsed afresh: a list is read now and then, and the copy keeps no parsed state
+            // for it (100,000 of them would be tens of MiB beside the raw ones).
+            Ok(data.entries.get(&key).and_then(|entry| decode_listed::<UnitState>(&key, &entry.value)))
         };
         if let Some(machine) = machine {
             // One machine's states are one range, in unit order.
