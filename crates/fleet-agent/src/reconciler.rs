@@ -625,9 +625,12 @@ impl Agent {
         // unknown once that is overdue): until then, what was reported of it stands.
         let current: BTreeMap<String, UnitState> = current
             .into_iter()
-            .filter_map(|(name, state)| match self.health.awaiting_first_verdict(&name) {
-                true => self.reported.get(&name).map(|reported| (name, reported.clone())),
-                false => Some((name, state)),
+            .filter_map(|(name, state)| {
+                if self.health.awaiting_first_verdict(&name) {
+                    self.reported.get(&name).map(|reported| (name, reported.clone()))
+                } else {
+                    Some((name, state))
+                }
             })
             .collect();
         let reports = state_reports(&self.reported, &current);

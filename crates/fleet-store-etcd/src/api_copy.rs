@@ -56,13 +56,11 @@ impl StateOrder {
         {
             return order.clone();
         }
-        let keys = registry.keys();
-        let prefix = keys.all_states();
+        let prefix = registry.keys().all_states();
         let mut order: UnitMachinePairs = data
             .range(&KeyRange::prefix(prefix.clone()))
             .filter_map(|(key, _)| {
-                let (machine, unit) = key.strip_prefix(&prefix)?.split_once('/')?;
-                keys.name_in(&keys.state(machine, ""), key)?;
+                let (machine, unit) = machine_and_unit(&prefix, key)?;
                 Some((unit.to_string(), machine.to_string()))
             })
             .collect();
@@ -71,6 +69,12 @@ impl StateOrder {
         *sorted = Some((data.generation, order.clone()));
         order
     }
+}
+
+/// The machine and unit a state key (`<prefix><machine>/<unit>`, `prefix` the states') names.
+fn machine_and_unit<'k>(prefix: &str, key: &'k str) -> Option<(&'k str, &'k str)> {
+    let (machine, unit) = key.strip_prefix(prefix)?.split_once('/')?;
+    (!machine.is_empty() && !unit.is_empty() && !unit.contains('/')).then_some((machine, unit))
 }
 
 /// The entries of `range` in key order, after the key `after` when given.
@@ -262,11 +266,7 @@ impl EtcdRegistry {
         let wanted: HashSet<&str> = names.iter().map(String::as_str).collect();
         Ok(data
             .range(&KeyRange::prefix(prefix.clone()))
-            .filter(|(key, _)| {
-                key.strip_prefix(&prefix)
-                    .and_then(|rest| rest.split_once('/'))
-                    .is_some_and(|(_, unit)| wanted.contains(unit))
-            })
+            .filter(|(key, _)| machine_and_unit(&prefix, key).is_some_and(|(_, unit)| wanted.contains(unit)))
             .filter_map(|(key, entry)| entry.decoded_listed::<UnitState>(key))
             .map(|state| UnitState::clone(&state))
             .collect())

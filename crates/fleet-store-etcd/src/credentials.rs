@@ -59,11 +59,17 @@ impl EtcdRegistry {
 
     /// Deletes `key`; `false` when it did not exist.
     pub(super) async fn delete_key(&self, key: &str) -> Result<bool> {
+        Ok(self.delete_key_at(key).await?.is_some())
+    }
+
+    /// Deletes `key`: the revision of the delete, or `None` when it did not exist.
+    pub(super) async fn delete_key_at(&self, key: &str) -> Result<Option<i64>> {
         let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key, None)])).await?;
-        Ok(reply.op_responses().into_iter().any(|response| match response {
+        let deleted = reply.op_responses().into_iter().any(|response| match response {
             etcd_client::TxnOpResponse::Delete(delete) => delete.deleted() > 0,
             _ => false,
-        }))
+        });
+        Ok(reply.header().map(|header| header.revision()).filter(|_| deleted))
     }
 }
 

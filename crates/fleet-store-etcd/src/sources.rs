@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
 use super::EtcdRegistry;
 use super::keys::KeyRange;
@@ -64,27 +64,22 @@ impl SourceRegistry for EtcdRegistry {
         }
         let data = mirror.synced()?;
         let range = KeyRange::prefix(self.keys().rollouts());
-        // Each record is parsed once per revision; a read costs a copy of it.
-        let mut records: Vec<RolloutRecord> = data
+        // Each record is parsed once per revision; a read costs a copy of it. The copy is in
+        // key order, `rollouts/<name>`: name order.
+        Ok(data
             .range(&range)
             .filter_map(|(key, entry)| entry.decoded_listed::<RolloutRecord>(key))
             .map(|record| RolloutRecord::clone(&record))
-            .collect();
-        records.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(records)
+            .collect())
     }
 
     async fn remove_rollout(&self, name: &str) -> Result<bool> {
         let key = self.keys().rollout(name);
-        let reply = self.connection().txn(Txn::new().and_then(vec![TxnOp::delete(key.as_str(), None)])).await?;
-        let deleted = reply.op_responses().into_iter().any(|response| match response {
-            TxnOpResponse::Delete(delete) => delete.deleted() > 0,
-            _ => false,
-        });
-        if let (true, Some(header)) = (deleted, reply.header()) {
-            self.sources_mirror().expect(&key, header.revision());
+        let deleted = self.delete_key_at(&key).await?;
+        if let Some(revision) = deleted {
+            self.sources_mirror().expect(&key, revision);
         }
-        Ok(deleted)
+        Ok(deleted.is_some())
     }
 
     fn source_changes(&self) -> ChangeSignal {

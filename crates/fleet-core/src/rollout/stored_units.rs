@@ -5,6 +5,8 @@
 //! (units move through a rollout in waves, so the runs are few). Records written as a list of
 //! objects, before the table, are still read.
 
+use std::collections::HashMap;
+
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{RolloutUnit, Step};
@@ -29,13 +31,15 @@ enum Stored {
 }
 
 pub fn serialize<S: Serializer>(units: &[RolloutUnit], serializer: S) -> Result<S::Ok, S::Error> {
+    // A rollout of files may give every unit its own content: each found by hash, not by a
+    // walk over those before it.
     let mut contents: Vec<UnitHash> = Vec::new();
-    let mut index_of = |hash: UnitHash| match contents.iter().position(|kept| *kept == hash) {
-        Some(index) => index,
-        None => {
+    let mut indexes: HashMap<UnitHash, usize> = HashMap::new();
+    let mut index_of = |hash: UnitHash| {
+        *indexes.entry(hash).or_insert_with(|| {
             contents.push(hash);
             contents.len() - 1
-        }
+        })
     };
     let mut runs: Vec<Run> = Vec::new();
     for unit in units {
@@ -58,13 +62,10 @@ pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<Rol
         Stored::Objects(units) => return Ok(units),
         Stored::Table(table) => table,
     };
-    let counted: usize = table.runs.iter().map(|Run(count, ..)| *count).sum();
-    if counted != table.names.len() {
-        return Err(serde::de::Error::custom(format!(
-            "the runs hold {counted} units, the names {}",
-            table.names.len()
-        )));
-    }
+    let counted = table.runs.iter().try_fold(0_usize, |sum, Run(count, ..)| sum.checked_add(*count));
+    let Some(counted) = counted.filter(|counted| *counted == table.names.len()) else {
+        return Err(serde::de::Error::custom(format!("the runs do not hold the {} units named", table.names.len())));
+    };
     let content = |index: usize| {
         table.contents.get(index).copied().ok_or_else(|| serde::de::Error::custom(format!("no content {index}")))
     };
@@ -155,6 +156,10 @@ mod tests {
         text["units"]["names"] = serde_json::json!(["a.service"]);
         assert!(serde_json::from_value::<Rollout>(text.clone()).is_err());
         text["units"]["names"] = serde_json::json!(["a.service", "b.service", "c.service"]);
+        let runs = text["units"]["runs"].clone();
+        text["units"]["runs"] = serde_json::json!([[usize::MAX, 0, 0, "Done"], [4, 0, 0, "Done"]]);
+        assert!(serde_json::from_value::<Rollout>(text.clone()).is_err(), "counts that overflow");
+        text["units"]["runs"] = runs;
         text["units"]["runs"][0][1] = serde_json::json!(9);
         assert!(serde_json::from_value::<Rollout>(text).is_err());
     }

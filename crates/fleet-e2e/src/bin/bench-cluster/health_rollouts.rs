@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use fleet_e2e::{Fleetd, cpu_seconds};
-
-use crate::etcd_metrics;
 use fleet_testkit::free_port;
 use serde_json::{Value, json};
+
+use crate::etcd_metrics;
 
 const BAKE_SECONDS: u64 = 5;
 const DEADLINE_SECONDS: u64 = 5;
