@@ -8,7 +8,7 @@
 //! the units to replace now and the rollout's next state. Whoever drives it (the engine
 //! leader) stores the rollout, so that a new leader carries on where the old one stopped.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -143,6 +143,24 @@ impl Observed {
     }
 }
 
+/// What the machines report of a rollout's units, by unit name: a map a test builds, or an
+/// index the driver makes of its pass's states without copying their names.
+pub trait Reports {
+    fn of(&self, name: &str) -> Option<&Observed>;
+}
+
+impl Reports for BTreeMap<String, Observed> {
+    fn of(&self, name: &str) -> Option<&Observed> {
+        self.get(name)
+    }
+}
+
+impl Reports for HashMap<&str, Observed> {
+    fn of(&self, name: &str) -> Option<&Observed> {
+        self.get(name)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Health {
     /// Active, and healthy where it has a health check.
@@ -240,7 +258,7 @@ pub struct Advance {
 /// with no report is down). Moves units along, pauses on a failure (or, with `auto_revert`,
 /// turns the rollout into its undo), promotes a canary that baked, starts the next wave when
 /// the budget allows, and says which units to replace now.
-pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now: u64) -> Advance {
+pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Advance {
     step_units(rollout, observed, now);
     // An undo is not gated: it puts back content known to work, and a unit that does not
     // come back well on it stays marked while the others go on.
@@ -269,7 +287,7 @@ pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now
     promote_a_baked_canary(rollout, now);
     // In flight until done (a ready unit has not yet stayed well for min_ready), and the
     // others that are down or unhealthy anyway, done or not yet started on.
-    let is_down = |name: &str| observed.get(name).is_none_or(|seen| seen.health != Health::Active);
+    let is_down = |name: &str| observed.of(name).is_none_or(|seen| seen.health != Health::Active);
     let down = rollout
         .units
         .iter()
@@ -305,11 +323,11 @@ pub fn advance(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now
 }
 
 /// Moves each unit along by what its machine reports.
-fn step_units(rollout: &mut Rollout, observed: &BTreeMap<String, Observed>, now: u64) {
+fn step_units(rollout: &mut Rollout, observed: &impl Reports, now: u64) {
     let canary_units = rollout.canary.as_ref().filter(|canary| !canary.promoted).map_or(0, |canary| canary.count);
     let (deadline, min_ready) = (rollout.deadline, rollout.min_ready);
     for (index, unit) in rollout.units.iter_mut().enumerate() {
-        let seen = observed.get(&unit.name);
+        let seen = observed.of(&unit.name);
         let running_new = seen.filter(|seen| seen.hash == unit.to);
         let failure = running_new.map_or("", |seen| seen.failure.as_str());
         let name = &unit.name;

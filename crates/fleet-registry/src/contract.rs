@@ -634,7 +634,7 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
     registry.put_rollout(&record("web", paused.clone())).await.expect("replace");
     assert_eq!(
         registry.rollouts().await.expect("list"),
-        vec![record("api", RolloutState::Done), record("web", paused)]
+        vec![Arc::new(record("api", RolloutState::Done)), Arc::new(record("web", paused))]
     );
     assert!(registry.remove_rollout("api").await.expect("remove"));
     assert!(!registry.remove_rollout("api").await.expect("remove"), "already gone");
@@ -807,7 +807,8 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
     // The states of some units, from every machine, in whatever order the store finds them.
     let named: std::collections::BTreeSet<String> =
         ["all.service", "u01.service", "gone.service"].map(String::from).into();
-    let mut of_named = registry.states_of_units(&named).await.unwrap();
+    let mut of_named: Vec<UnitState> =
+        registry.states_of_units(&named).await.unwrap().iter().map(|state| UnitState::clone(state)).collect();
     of_named.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
     let expected: Vec<UnitState> = states.iter().filter(|state| named.contains(&state.name)).cloned().collect();
     assert_eq!(expected.len(), 3, "all.service on both machines, u01.service on m2");

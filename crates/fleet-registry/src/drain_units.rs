@@ -1,6 +1,7 @@
 //! The units a drain concerns, as [`fleet_core::drain`] sees them, from what a store shows:
 //! the units scheduled on the drained machine and the ones its drain let go.
 
+use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap};
 
 use fleet_core::drain::{Drain, DrainUnit};
@@ -19,10 +20,15 @@ pub fn drain_unit_names(units: &[UnitView], machine: &str, drain: &Drain) -> BTr
 
 /// Each unit the drain of `machine` concerns, with what the machines report of it (`states`
 /// may hold any units' states).
-pub fn drain_units(units: &[UnitView], states: &[UnitState], machine: &str, drain: &Drain) -> Vec<DrainUnit> {
+pub fn drain_units<S: Borrow<UnitState>>(
+    units: &[UnitView],
+    states: &[S],
+    machine: &str,
+    drain: &Drain,
+) -> Vec<DrainUnit> {
     let names = drain_unit_names(units, machine, drain);
     let mut reports: HashMap<&str, Vec<&UnitState>> = HashMap::new();
-    for state in states.iter().filter(|state| names.contains(&state.name)) {
+    for state in states.iter().map(Borrow::borrow).filter(|state| names.contains(&state.name)) {
         reports.entry(state.name.as_str()).or_default().push(state);
     }
     units

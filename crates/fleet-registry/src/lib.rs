@@ -159,8 +159,9 @@ pub trait SourceRegistry: Send + Sync {
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()>;
     /// Stores a rollout, replacing any of that name.
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()>;
-    /// Every rollout, in name order.
-    async fn rollouts(&self) -> Result<Vec<RolloutRecord>>;
+    /// Every rollout, in name order, shared: a rollout of 10,000 units is read on every pass
+    /// of its driver and every `GET`, and a reader that changes it works on its own copy.
+    async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>>;
     /// Removes a rollout; `false` when there was none.
     async fn remove_rollout(&self, name: &str) -> Result<bool>;
     /// Moves when a source, a source's status or a rollout changes: what the engine leader's
@@ -256,9 +257,10 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
         Page::select(states.map(|state| Ok((state.name.clone(), state))), &request, |_, state| Ok(Some(state)))
     }
     /// The states every machine reported of the units `names`, in no particular order: what a
-    /// rollout follows on every pass (a store may find them without ordering every state).
-    async fn states_of_units(&self, names: &std::collections::BTreeSet<String>) -> Result<Vec<UnitState>> {
-        Ok(self.unit_states_page(PageRequest::named(names), None).await?.items)
+    /// rollout follows on every pass (a store may find them without ordering every state, and
+    /// share the states it holds parsed instead of copying them).
+    async fn states_of_units(&self, names: &std::collections::BTreeSet<String>) -> Result<Vec<Arc<UnitState>>> {
+        Ok(self.unit_states_page(PageRequest::named(names), None).await?.items.into_iter().map(Arc::new).collect())
     }
     async fn unit(&self, name: &str) -> Result<Option<UnitView>>;
     /// Stores `file` under `name` with `desired`, replacing any unit of that name that

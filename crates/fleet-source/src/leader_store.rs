@@ -19,7 +19,7 @@ pub trait LeaderStore: Send + Sync {
     async fn sources(&self) -> Result<Vec<SourceRecord>>;
     async fn source_statuses(&self) -> Result<Vec<(String, SourceStatus)>>;
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()>;
-    async fn rollouts(&self) -> Result<Vec<RolloutRecord>>;
+    async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>>;
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()>;
     /// Every unit (a sync compares the whole cluster with its source).
     async fn units(&self) -> Result<Vec<UnitView>>;
@@ -32,7 +32,7 @@ pub trait LeaderStore: Send + Sync {
     /// Stores a step of a machine's drain while that drain stands (`false` when it does not).
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool>;
     /// The states the machines report of these units, from the watch-fed copy likewise.
-    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>>;
+    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>>;
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()>;
     /// Many unit writes as one writer, each on its own (`ApiRegistry::change_units_as`: a store
     /// may write many per request).
@@ -59,7 +59,7 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
         SourceRegistry::set_source_status(&**self, name, status).await
     }
-    async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
+    async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>> {
         SourceRegistry::rollouts(&**self).await
     }
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
@@ -80,7 +80,7 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
         ApiRegistry::step_drain(&**self, machine_id, drain).await
     }
-    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>> {
         ApiRegistry::states_of_units(&**self, names).await
     }
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {

@@ -298,8 +298,8 @@ impl SourceSyncer {
         // The bodies of the units kept from the rollout under way stay with it.
         let created = match existing {
             Some(record) if record.rollout.state != RolloutState::Done => {
-                for (hash, text) in record.bodies {
-                    bodies.entry(hash).or_insert(text);
+                for (hash, text) in &record.bodies {
+                    bodies.entry(hash.clone()).or_insert_with(|| text.clone());
                 }
                 record.created
             }

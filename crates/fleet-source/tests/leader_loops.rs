@@ -59,7 +59,7 @@ impl LeaderStore for Counting {
         self.writes.fetch_add(1, Ordering::SeqCst);
         self.store.set_source_status(name, status).await
     }
-    async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
+    async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>> {
         self.read();
         self.store.rollouts().await
     }
@@ -87,7 +87,7 @@ impl LeaderStore for Counting {
         self.writes.fetch_add(1, Ordering::SeqCst);
         LeaderStore::step_drain(&self.store, machine_id, drain).await
     }
-    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+    async fn states_of(&self, names: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>> {
         self.ask(names);
         LeaderStore::states_of(&self.store, names).await
     }

@@ -1,5 +1,7 @@
 //! The sources facet of the embedded store.
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 
 use super::tables::{self, read_all};
@@ -48,8 +50,8 @@ impl SourceRegistry for EmbeddedRegistry {
         self.put_named(tables::ROLLOUTS, &record.name, record.clone()).await
     }
 
-    async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
-        self.list_all(tables::ROLLOUTS).await
+    async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>> {
+        Ok(self.list_all(tables::ROLLOUTS).await?.into_iter().map(Arc::new).collect())
     }
 
     async fn remove_rollout(&self, name: &str) -> Result<bool> {

@@ -3,6 +3,7 @@
 //! revisions read, retried when another writer got there first.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, Txn, TxnOp};
@@ -389,7 +390,7 @@ impl ApiRegistry for EtcdRegistry {
         self.unit_states_page_from_copy(request, machine).await
     }
 
-    async fn states_of_units(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+    async fn states_of_units(&self, names: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>> {
         self.states_of_units_from_copy(names).await
     }
 

@@ -256,8 +256,8 @@ impl EtcdRegistry {
 
     /// The states of `names`, in key (machine, unit) order: one walk over the copy's states,
     /// each looked up by its unit's name, with no (unit, machine) order to sort. Each is parsed
-    /// once per revision: a rollout reads the states of its units on every pass.
-    pub(super) async fn states_of_units_from_copy(&self, names: &BTreeSet<String>) -> Result<Vec<UnitState>> {
+    /// once per revision and shared: a rollout reads the states of its units on every pass.
+    pub(super) async fn states_of_units_from_copy(&self, names: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>> {
         self.api_copy_current().await?;
         let mirror = self.api_mirror();
         let data = mirror.synced()?;
@@ -268,7 +268,6 @@ impl EtcdRegistry {
             .range(&KeyRange::prefix(prefix.clone()))
             .filter(|(key, _)| machine_and_unit(&prefix, key).is_some_and(|(_, unit)| wanted.contains(unit)))
             .filter_map(|(key, entry)| entry.decoded_listed::<UnitState>(key))
-            .map(|state| UnitState::clone(&state))
             .collect())
     }
 

@@ -1,6 +1,7 @@
 //! The sources facet of the etcd store: `sources/<name>` and `source-status/<name>`.
 
 use async_trait::async_trait;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
@@ -55,7 +56,7 @@ impl SourceRegistry for EtcdRegistry {
     /// From the watch-fed copy, once it holds this fleetd's own rollout writes: a running
     /// rollout of 10,000 units is a record of a megabyte, read on every pass of the driver and
     /// every `GET`, which must not each be a read of it from etcd.
-    async fn rollouts(&self) -> Result<Vec<RolloutRecord>> {
+    async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>> {
         let mirror = self.sources_mirror();
         if !mirror.caught_up(CATCH_UP).await {
             return Err(RegistryError::Unavailable(
@@ -64,13 +65,9 @@ impl SourceRegistry for EtcdRegistry {
         }
         let data = mirror.synced()?;
         let range = KeyRange::prefix(self.keys().rollouts());
-        // Each record is parsed once per revision; a read costs a copy of it. The copy is in
+        // Each record is parsed once per revision and shared by every reader. The copy is in
         // key order, `rollouts/<name>`: name order.
-        Ok(data
-            .range(&range)
-            .filter_map(|(key, entry)| entry.decoded_listed::<RolloutRecord>(key))
-            .map(|record| RolloutRecord::clone(&record))
-            .collect())
+        Ok(data.range(&range).filter_map(|(key, entry)| entry.decoded_listed::<RolloutRecord>(key)).collect())
     }
 
     async fn remove_rollout(&self, name: &str) -> Result<bool> {

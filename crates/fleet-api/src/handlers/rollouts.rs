@@ -3,6 +3,7 @@
 //! `ReadSources`, the rest `ManageRollouts`, checked by the router before any of these run.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -24,7 +25,9 @@ const UNITS_MAX: usize = 100_000;
 const DEFAULT_MIN_READY: u64 = 10;
 const DEFAULT_DEADLINE: u64 = 120;
 
-fn to_schema(record: RolloutRecord) -> RolloutSchema {
+/// The API's view of a stored rollout, made from the shared record (a `GET` while a rollout
+/// of 10,000 units runs copies nothing of it first).
+fn to_schema(record: &RolloutRecord) -> RolloutSchema {
     let state = record.rollout.state_word();
     let reason = match &record.rollout.state {
         RolloutState::Paused { reason } => Some(reason.clone()),
@@ -33,26 +36,26 @@ fn to_schema(record: RolloutRecord) -> RolloutSchema {
     let units = record
         .rollout
         .units
-        .into_iter()
+        .iter()
         .map(|unit| {
-            let (step, why) = match unit.step {
+            let (step, why) = match &unit.step {
                 Step::Waiting => ("waiting", None),
                 Step::Replacing { .. } => ("replacing", None),
                 Step::Ready { .. } => ("ready", None),
                 Step::Done => ("done", None),
-                Step::Failed { why } => ("failed", Some(why)),
+                Step::Failed { why } => ("failed", Some(why.clone())),
             };
-            UnitSchema { name: unit.name, step: step.to_string(), why }
+            UnitSchema { name: unit.name.clone(), step: step.to_string(), why }
         })
         .collect();
-    let canary = record.rollout.canary.map(|canary| RolloutCanary {
+    let canary = record.rollout.canary.as_ref().map(|canary| RolloutCanary {
         count: canary.count,
         bake_seconds: canary.bake,
         done_since: canary.done_since,
         promoted: canary.promoted,
     });
     RolloutSchema {
-        name: record.name,
+        name: record.name.clone(),
         state: state.to_string(),
         reason,
         max_unavailable: record.rollout.max_unavailable.to_string(),
@@ -61,11 +64,11 @@ fn to_schema(record: RolloutRecord) -> RolloutSchema {
         created: record.created,
         canary,
         auto_revert: record.rollout.auto_revert,
-        reverted: record.rollout.reverted,
+        reverted: record.rollout.reverted.clone(),
     }
 }
 
-async fn find(state: &ApiState, name: &str) -> Result<RolloutRecord, ApiError> {
+async fn find(state: &ApiState, name: &str) -> Result<Arc<RolloutRecord>, ApiError> {
     state
         .registry
         .rollouts()
@@ -76,12 +79,12 @@ async fn find(state: &ApiState, name: &str) -> Result<RolloutRecord, ApiError> {
 }
 
 pub async fn list(state: &ApiState) -> Result<Response, ApiError> {
-    let rollouts = state.registry.rollouts().await?.into_iter().map(to_schema).collect();
+    let rollouts = state.registry.rollouts().await?.iter().map(|record| to_schema(record)).collect();
     Ok(json_response(StatusCode::OK, &RolloutList { rollouts }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
-    Ok(json_response(StatusCode::OK, &to_schema(find(state, name).await?)))
+    Ok(json_response(StatusCode::OK, &to_schema(find(state, name).await?.as_ref())))
 }
 
 /// PUT /rollouts/{name}: starts a rollout of new content to existing units. Refused while
@@ -133,7 +136,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     };
     let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix() };
     state.registry.put_rollout(&record).await?;
-    Ok(json_response(StatusCode::CREATED, &to_schema(record)))
+    Ok(json_response(StatusCode::CREATED, &to_schema(&record)))
 }
 
 /// The units of a rollout request with their new content: `units` sharing `options`, or
@@ -170,7 +173,7 @@ fn new_contents(
 
 /// POST /rollouts/{name}/{pause|resume|undo|promote}.
 pub async fn act(state: &ApiState, name: &str, action: &str) -> Result<Response, ApiError> {
-    let mut record = find(state, name).await?;
+    let mut record = RolloutRecord::clone(find(state, name).await?.as_ref());
     let now = now_unix();
     match action {
         "pause" if record.rollout.state == RolloutState::Running => {
@@ -204,7 +207,7 @@ pub async fn act(state: &ApiState, name: &str, action: &str) -> Result<Response,
         _ => return Err(ApiError::not_found("no such rollout action (pause, resume, undo, promote)")),
     }
     state.registry.put_rollout(&record).await?;
-    Ok(json_response(StatusCode::OK, &to_schema(record)))
+    Ok(json_response(StatusCode::OK, &to_schema(&record)))
 }
 
 pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> {
