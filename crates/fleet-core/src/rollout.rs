@@ -259,7 +259,9 @@ pub struct Advance {
 /// turns the rollout into its undo), promotes a canary that baked, starts the next wave when
 /// the budget allows, and says which units to replace now.
 pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Advance {
-    step_units(rollout, observed, now);
+    // Each unit's report, looked up once (in the rollout's order) for the whole step.
+    let seen: Vec<Option<&Observed>> = rollout.units.iter().map(|unit| observed.of(&unit.name)).collect();
+    step_units(rollout, &seen, now);
     // An undo is not gated: it puts back content known to work, and a unit that does not
     // come back well on it stays marked while the others go on.
     if let Some(why) = rollout.units.iter().find_map(|unit| match &unit.step {
@@ -287,14 +289,15 @@ pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Adva
     promote_a_baked_canary(rollout, now);
     // In flight until done (a ready unit has not yet stayed well for min_ready), and the
     // others that are down or unhealthy anyway, done or not yet started on.
-    let is_down = |name: &str| observed.of(name).is_none_or(|seen| seen.health != Health::Active);
+    let is_down = |index: usize| seen[index].is_none_or(|seen| seen.health != Health::Active);
     let down = rollout
         .units
         .iter()
-        .filter(|unit| match unit.step {
+        .enumerate()
+        .filter(|(index, unit)| match unit.step {
             Step::Replacing { .. } | Step::Ready { .. } => true,
             Step::Failed { .. } if !rollout.undo => true,
-            Step::Waiting | Step::Done | Step::Failed { .. } => is_down(&unit.name),
+            Step::Waiting | Step::Done | Step::Failed { .. } => is_down(*index),
         })
         .count();
     let mut budget = rollout.max_unavailable.of(rollout.units.len()).saturating_sub(down);
@@ -306,7 +309,12 @@ pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Adva
     let mut advance = Advance::default();
     // A unit that is down anyway goes first and costs nothing: replacing it takes nothing
     // more down (and an undo must reach the units a bad version took down).
-    for unit in rollout.units.iter_mut().take(eligible).filter(|unit| unit.step == Step::Waiting && is_down(&unit.name))
+    for (_, unit) in rollout
+        .units
+        .iter_mut()
+        .enumerate()
+        .take(eligible)
+        .filter(|(index, unit)| unit.step == Step::Waiting && is_down(*index))
     {
         unit.step = Step::Replacing { since: now };
         advance.replace.push(unit.name.clone());
@@ -322,12 +330,12 @@ pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Adva
     advance
 }
 
-/// Moves each unit along by what its machine reports.
-fn step_units(rollout: &mut Rollout, observed: &impl Reports, now: u64) {
+/// Moves each unit along by what its machine reports (`seen`, in the rollout's order).
+fn step_units(rollout: &mut Rollout, seen: &[Option<&Observed>], now: u64) {
     let canary_units = rollout.canary.as_ref().filter(|canary| !canary.promoted).map_or(0, |canary| canary.count);
     let (deadline, min_ready) = (rollout.deadline, rollout.min_ready);
     for (index, unit) in rollout.units.iter_mut().enumerate() {
-        let seen = observed.of(&unit.name);
+        let seen = seen[index];
         let running_new = seen.filter(|seen| seen.hash == unit.to);
         let failure = running_new.map_or("", |seen| seen.failure.as_str());
         let name = &unit.name;

@@ -920,6 +920,23 @@ pub async fn a_batch_of_unit_writes_is_each_write_alone(registry: &dyn Registry,
         "every desired state set, content kept"
     );
     assert!(launched.iter().filter(|view| batch(&view.name)).all(|view| view.hash == template.hash()));
+    // A unit changed twice in one batch, the changes a store request apart (a store that
+    // writes several requests at once must not let the first land last): the later wins.
+    let mut twice: Vec<UnitChange> = (0..300)
+        .map(|index| UnitChange {
+            name: format!("batch@{index:03}.service"),
+            file: Some(unit("/bin/sleep 5 %i")),
+            desired: DesiredState::Launched,
+        })
+        .collect();
+    twice[0] =
+        UnitChange { name: "twice.service".into(), file: Some(unit("/bin/first")), desired: DesiredState::Loaded };
+    twice[150] =
+        UnitChange { name: "twice.service".into(), file: Some(unit("/bin/second")), desired: DesiredState::Launched };
+    let answers = registry.change_units_as(&twice, &Writer::BY_HAND).await.expect("the batch is tried");
+    assert!(answers.iter().all(|answer| matches!(answer, Ok(UnitChanged::Written))), "{answers:?}");
+    let last = view("twice.service").await;
+    assert_eq!((last.hash, last.desired), (unit("/bin/second").hash(), DesiredState::Launched), "the later change");
 }
 
 /// A unit record that cannot be read hides itself, and nothing else: every listing, page and

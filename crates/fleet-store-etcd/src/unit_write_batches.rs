@@ -5,11 +5,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use etcd_client::{Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Txn, TxnOp, TxnOpResponse, TxnResponse};
+use tokio::task::JoinSet;
 
-use super::EtcdRegistry;
 use super::api::{Current, Planned, UnitPut, Writes};
 use super::connection::NESTED_PER_TXN;
+use super::{EtcdRegistry, UNIT_BATCHES_IN_FLIGHT};
 use fleet_registry::codec::encode;
 use fleet_registry::{ApiRegistry, OwnedBy, RegistryError, Result, UnitChange, UnitChanged, Writer};
 
@@ -43,41 +44,59 @@ impl EtcdRegistry {
         if let Err(error) = self.api_copy_current().await {
             tracing::debug!(%error, "writing a batch of units from a copy that is behind");
         }
+        // Up to UNIT_BATCHES_IN_FLIGHT transactions of this call are in flight while the next
+        // is planned, so that etcd does not wait between them (a wave of a rollout is several).
+        // A unit is batched once per call (its name again is made alone, after, in order), so
+        // transactions in flight together never write the same unit.
+        let mut names = BTreeSet::new();
+        let mut sent: Vec<Option<(Vec<Nested>, Vec<String>)>> = Vec::new();
+        let mut in_flight: JoinSet<(usize, Result<TxnResponse>)> = JoinSet::new();
+        let mut failed: Option<String> = None;
         let mut next = 0;
-        while next < changes.len() {
-            let (chunk, bodies, after) = self.next_chunk(changes, next, writer);
-            next = after;
-            if chunk.is_empty() {
-                continue;
+        loop {
+            while failed.is_none() && next < changes.len() && in_flight.len() < UNIT_BATCHES_IN_FLIGHT {
+                let (chunk, bodies, after) = self.next_chunk(changes, next, writer, &mut names);
+                next = after;
+                if chunk.is_empty() {
+                    continue;
+                }
+                let mut ops: Vec<TxnOp> = Vec::with_capacity(bodies.len() + chunk.len());
+                let mut body_keys = Vec::with_capacity(bodies.len());
+                for (key, value) in bodies {
+                    ops.push(TxnOp::put(key.as_str(), value, None));
+                    body_keys.push(key);
+                }
+                for nested in &chunk {
+                    let name = &changes[nested.change].name;
+                    let conditions = self.write_conditions(name, writer, &nested.current);
+                    let txn = Txn::new().when(conditions).and_then(nested.writes.ops.clone());
+                    ops.push(TxnOp::txn(txn));
+                }
+                let index = sent.len();
+                sent.push(Some((chunk, body_keys)));
+                let registry = self.clone();
+                in_flight.spawn(async move {
+                    let turn = registry.inner.unit_batches.acquire().await;
+                    let written = registry.connection().big_txn(Txn::new().and_then(ops)).await;
+                    drop(turn);
+                    (index, written)
+                });
             }
-            let mut ops: Vec<TxnOp> = Vec::with_capacity(bodies.len() + chunk.len());
-            let mut body_keys = Vec::with_capacity(bodies.len());
-            for (key, value) in bodies {
-                ops.push(TxnOp::put(key.as_str(), value, None));
-                body_keys.push(key);
-            }
-            for nested in &chunk {
-                let name = &changes[nested.change].name;
-                let conditions = self.write_conditions(name, writer, &nested.current);
-                let txn = Txn::new().when(conditions).and_then(nested.writes.ops.clone());
-                ops.push(TxnOp::txn(txn));
-            }
-            let turn = self.inner.unit_batches.acquire().await;
-            let written = self.connection().big_txn(Txn::new().and_then(ops)).await;
-            drop(turn);
+            let Some(done) = in_flight.join_next().await else { break };
+            let (index, written) =
+                done.map_err(|error| RegistryError::Unavailable(format!("etcd: a write task ended: {error}")))?;
+            let Some((chunk, body_keys)) = sent.get_mut(index).and_then(Option::take) else { continue };
             let reply = match written {
                 Ok(reply) => reply,
                 Err(error) => {
-                    // etcd failed: what is not written yet fails with it, rather than each
-                    // unit waiting out its own timeout alone.
-                    let message = match error {
+                    // etcd failed: what is not written yet fails with it (below), rather than
+                    // each unit waiting out its own timeout alone; what is in flight is still
+                    // heard out.
+                    failed.get_or_insert(match error {
                         RegistryError::Unavailable(message) => message,
                         other => other.to_string(),
-                    };
-                    for answer in answers.iter_mut().filter(|answer| answer.is_none()) {
-                        *answer = Some(Err(RegistryError::Unavailable(message.clone())));
-                    }
-                    break;
+                    });
+                    continue;
                 }
             };
             let revision = reply.header().map_or(0, |header| header.revision());
@@ -95,7 +114,6 @@ impl EtcdRegistry {
         }
         // What could not be batched, or lost a race, is made alone (read, plan, retry); once
         // etcd fails, the rest fail with it.
-        let mut failed: Option<String> = None;
         for (change, answer) in changes.iter().zip(answers.iter_mut()) {
             if answer.is_some() {
                 continue;
@@ -114,23 +132,25 @@ impl EtcdRegistry {
     }
 
     /// The changes from `start` that fit one transaction, planned from the copy's guesses,
-    /// with the bodies they need; and where the next chunk starts. Changes without a guess
-    /// are skipped here (made alone later).
-    fn next_chunk(
+    /// with the bodies they need; and where the next chunk starts. Changes without a guess,
+    /// and those whose name `names` (the call's batched units) holds already, are skipped
+    /// here (made alone later).
+    fn next_chunk<'a>(
         &self,
-        changes: &[UnitChange],
+        changes: &'a [UnitChange],
         start: usize,
         writer: &Writer,
+        names: &mut BTreeSet<&'a str>,
     ) -> (Vec<Nested>, BTreeMap<String, Vec<u8>>, usize) {
         let keys = self.keys();
         let mut chunk = Vec::new();
         let mut bodies: BTreeMap<String, Vec<u8>> = BTreeMap::new();
-        let mut names = BTreeSet::new();
         let mut index = start;
         while index < changes.len() && chunk.len() + bodies.len() + 2 <= NESTED_PER_TXN {
             let change = &changes[index];
             index += 1;
-            // One transaction writes a key once: a name given twice is made alone.
+            // One transaction writes a key once, and two in flight never the same: a name
+            // given twice is made alone.
             if !names.insert(change.name.as_str()) {
                 continue;
             }
