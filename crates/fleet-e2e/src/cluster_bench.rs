@@ -58,10 +58,22 @@ pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
 /// read).
 pub async fn every_unit(api: &EtcdRegistry) -> Vec<UnitView> {
     let mut all: Vec<UnitView> = Vec::new();
+    let mut unanswered_since: Option<Instant> = None;
     loop {
         let after = all.last().map(|unit| unit.name.clone());
         let request = PageRequest { start: all.len(), limit: 10_000, admits: Arc::new(|_: &str| true), after };
-        let Ok(page) = api.units_page(request).await else { return all };
+        // A copy that cannot answer now (etcd overloaded, its watch behind) is asked again:
+        // counted as no units, it would read as nothing launched.
+        let page = match api.units_page(request).await {
+            Ok(page) => page,
+            Err(error) => {
+                let since = *unanswered_since.get_or_insert_with(Instant::now);
+                assert!(since.elapsed() < COPY_PATIENCE, "the bench's copy of the units did not answer: {error}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        unanswered_since = None;
         let more = page.more;
         all.extend(page.items);
         if !more {
@@ -86,6 +98,9 @@ pub fn unit_list(dir: &std::path::Path, count: usize, reserving: bool) -> std::p
     std::fs::write(&list, names.join("\n")).expect("write the unit list");
     list
 }
+
+/// The longest the bench's copy of the units may go without answering before the bench gives up.
+const COPY_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Waits until `count` units report launched, printing progress every 5 s; `stuck` tells why
 /// when nothing moves for two minutes. Returns how long it took.
