@@ -289,15 +289,15 @@ pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Adva
     promote_a_baked_canary(rollout, now);
     // In flight until done (a ready unit has not yet stayed well for min_ready), and the
     // others that are down or unhealthy anyway, done or not yet started on.
-    let is_down = |index: usize| seen[index].is_none_or(|seen| seen.health != Health::Active);
+    let is_down = |seen: &Option<&Observed>| seen.is_none_or(|seen| seen.health != Health::Active);
     let down = rollout
         .units
         .iter()
-        .enumerate()
-        .filter(|(index, unit)| match unit.step {
+        .zip(&seen)
+        .filter(|(unit, seen)| match unit.step {
             Step::Replacing { .. } | Step::Ready { .. } => true,
             Step::Failed { .. } if !rollout.undo => true,
-            Step::Waiting | Step::Done | Step::Failed { .. } => is_down(*index),
+            Step::Waiting | Step::Done | Step::Failed { .. } => is_down(seen),
         })
         .count();
     let mut budget = rollout.max_unavailable.of(rollout.units.len()).saturating_sub(down);
@@ -309,12 +309,12 @@ pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Adva
     let mut advance = Advance::default();
     // A unit that is down anyway goes first and costs nothing: replacing it takes nothing
     // more down (and an undo must reach the units a bad version took down).
-    for (_, unit) in rollout
+    for (unit, _) in rollout
         .units
         .iter_mut()
-        .enumerate()
+        .zip(&seen)
         .take(eligible)
-        .filter(|(index, unit)| unit.step == Step::Waiting && is_down(*index))
+        .filter(|(unit, seen)| unit.step == Step::Waiting && is_down(seen))
     {
         unit.step = Step::Replacing { since: now };
         advance.replace.push(unit.name.clone());
@@ -334,8 +334,7 @@ pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Adva
 fn step_units(rollout: &mut Rollout, seen: &[Option<&Observed>], now: u64) {
     let canary_units = rollout.canary.as_ref().filter(|canary| !canary.promoted).map_or(0, |canary| canary.count);
     let (deadline, min_ready) = (rollout.deadline, rollout.min_ready);
-    for (index, unit) in rollout.units.iter_mut().enumerate() {
-        let seen = seen[index];
+    for (index, (unit, &seen)) in rollout.units.iter_mut().zip(seen).enumerate() {
         let running_new = seen.filter(|seen| seen.hash == unit.to);
         let failure = running_new.map_or("", |seen| seen.failure.as_str());
         let name = &unit.name;

@@ -49,8 +49,7 @@ impl EtcdRegistry {
         // A unit is batched once per call (its name again is made alone, after, in order), so
         // transactions in flight together never write the same unit.
         let mut names = BTreeSet::new();
-        let mut sent: Vec<Option<(Vec<Nested>, Vec<String>)>> = Vec::new();
-        let mut in_flight: JoinSet<(usize, Result<TxnResponse>)> = JoinSet::new();
+        let mut in_flight: JoinSet<(Vec<Nested>, Vec<String>, Result<TxnResponse>)> = JoinSet::new();
         let mut failed: Option<String> = None;
         let mut next = 0;
         loop {
@@ -72,20 +71,17 @@ impl EtcdRegistry {
                     let txn = Txn::new().when(conditions).and_then(nested.writes.ops.clone());
                     ops.push(TxnOp::txn(txn));
                 }
-                let index = sent.len();
-                sent.push(Some((chunk, body_keys)));
                 let registry = self.clone();
                 in_flight.spawn(async move {
                     let turn = registry.inner.unit_batches.acquire().await;
                     let written = registry.connection().big_txn(Txn::new().and_then(ops)).await;
                     drop(turn);
-                    (index, written)
+                    (chunk, body_keys, written)
                 });
             }
             let Some(done) = in_flight.join_next().await else { break };
-            let (index, written) =
+            let (chunk, body_keys, written) =
                 done.map_err(|error| RegistryError::Unavailable(format!("etcd: a write task ended: {error}")))?;
-            let Some((chunk, body_keys)) = sent.get_mut(index).and_then(Option::take) else { continue };
             let reply = match written {
                 Ok(reply) => reply,
                 Err(error) => {
