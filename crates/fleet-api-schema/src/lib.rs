@@ -469,6 +469,18 @@ pub struct AgentChanges {
     pub journal: Vec<JournalAsk>,
 }
 
+/// `GET /fleet/v1/agents/{machine}/stream` with `Connection: upgrade` and this `Upgrade:`
+/// over HTTP/1.1: the manager answers `101 Switching Protocols` and the connection carries
+/// the machine's changes from then on. The manager writes one [`AgentChanges`] as a line of
+/// JSON at once and again whenever the machine's work may have changed or a journal is asked
+/// of it, an empty line to answer each heartbeat, and a line `?` to ask for one when the agent
+/// has been silent for half of its `agent_ttl`; the agent writes heartbeats, each a lone `\n`,
+/// and nothing else. While the stream is open the machine is present.
+pub const CHANGE_STREAM_PROTOCOL: &str = "fleet-changes/1";
+
+/// The longest line of a change stream an agent reads.
+pub const MAX_CHANGE_STREAM_LINE: usize = 256 * 1024;
+
 /// A journal someone asked a manager for, of a unit on a pull agent it cannot reach.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JournalAsk {

@@ -104,15 +104,17 @@ impl AgentPresence {
         if let Some(known) = self.table().get_mut(machine) {
             known.open_polls += 1;
         }
-        OpenPoll { presence: self.clone(), machine: machine.to_string(), answered: false }
+        OpenPoll { presence: self.clone(), machine: machine.to_string(), heard: None }
     }
 
-    fn poll_closed(&self, machine: &str, answered: bool) {
-        let slack = if answered { Duration::ZERO } else { self.cut_off_slack() };
+    /// A poll of `machine` ended, its agent heard last at `heard` (`None`: cut off, so
+    /// [`AgentPresence::cut_off_slack`] ago).
+    fn poll_closed(&self, machine: &str, heard: Option<Instant>) {
         if let Some(known) = self.table().get_mut(machine) {
             known.open_polls = known.open_polls.saturating_sub(1);
             let now = Instant::now();
-            known.at = now.checked_sub(slack).unwrap_or(now).max(known.at);
+            let heard = heard.unwrap_or_else(|| now.checked_sub(self.cut_off_slack()).unwrap_or(now));
+            known.at = heard.min(now).max(known.at);
         }
     }
 
@@ -152,24 +154,29 @@ impl AgentPresence {
     }
 }
 
-/// A long poll held open: its agent is present until it ends. Answered, the agent was heard
-/// then; dropped without an answer (its connection closed), it was heard last
-/// [`AgentPresence::cut_off_slack`] before.
+/// A long poll or a change stream held open: its agent is present until it ends. Answered,
+/// the agent was heard then; ended at a known last sign of life, then; dropped otherwise (its
+/// connection closed), it was heard last [`AgentPresence::cut_off_slack`] before.
 pub struct OpenPoll {
     presence: Arc<AgentPresence>,
     machine: String,
-    answered: bool,
+    heard: Option<Instant>,
 }
 
 impl OpenPoll {
-    pub fn answered(mut self) {
-        self.answered = true;
+    pub fn answered(self) {
+        self.last_heard(Instant::now());
+    }
+
+    /// Ends the poll, its agent heard last at `at`.
+    pub fn last_heard(mut self, at: Instant) {
+        self.heard = Some(at);
     }
 }
 
 impl Drop for OpenPoll {
     fn drop(&mut self) {
-        self.presence.poll_closed(&self.machine, self.answered);
+        self.presence.poll_closed(&self.machine, self.heard);
     }
 }
 
@@ -207,5 +214,20 @@ mod tests {
         assert_eq!(presence.take_lost(), vec!["b".to_string()]);
         tokio::time::advance(Duration::from_secs(30)).await;
         assert_eq!(presence.take_lost(), vec!["a".to_string()]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_poll_ended_at_a_known_sign_of_life_dates_from_it() {
+        let presence = Arc::new(AgentPresence::new(Duration::from_secs(40)));
+        presence.heard("a").unwrap();
+        let poll = presence.poll_opened("a");
+        tokio::time::advance(Duration::from_secs(100)).await;
+        let beat = Instant::now();
+        tokio::time::advance(Duration::from_secs(25)).await;
+        poll.last_heard(beat);
+        tokio::time::advance(Duration::from_secs(14)).await;
+        assert!(presence.take_lost().is_empty(), "heard 39 s ago");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(presence.take_lost(), vec!["a".to_string()], "heard 40 s ago: lost");
     }
 }

@@ -6,6 +6,7 @@ use axum::http::HeaderMap;
 use fleet_core::access::Role;
 
 use crate::auth::Identity;
+use crate::upgrade::Upgrade;
 
 pub(crate) struct Call<'a> {
     pub identity: &'a Identity,
@@ -14,6 +15,8 @@ pub(crate) struct Call<'a> {
     pub query: &'a [(String, String)],
     pub headers: &'a HeaderMap,
     pub body: &'a Bytes,
+    /// The protocol switch the request offers (HTTP/1.1 `Connection: upgrade` only).
+    pub upgrade: &'a Upgrade,
 }
 
 impl Call<'_> {

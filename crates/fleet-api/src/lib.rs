@@ -28,6 +28,7 @@ mod routes;
 pub use fleet_api_schema as schema;
 pub mod serve;
 pub mod silent_agents;
+mod upgrade;
 mod write_guard;
 
 pub use api_state::{ApiState, LocalMachine, PageSize};

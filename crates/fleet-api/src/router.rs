@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::host_check::HostCheck;
 use crate::query::query_pairs;
 use crate::routes::{Found, Need, Route};
+use crate::upgrade::Upgrade;
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 1024 * 1024;
@@ -72,7 +73,8 @@ struct Outcome<'a> {
 
 async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     let started = std::time::Instant::now();
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    let upgrade = Upgrade::take_from(&mut parts.extensions);
     let method = parts.method.clone();
     let path = parts.uri.path().to_string();
     let check = parts.extensions.get::<HostCheck>().copied().unwrap_or(HostCheck::Any);
@@ -95,7 +97,7 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
     let query = query_pairs(parts.uri.query());
     let peer = parts.extensions.get::<Peer>();
     let asked = Asked { route, params: &params, method: &method, query: &query, headers: &parts.headers, peer };
-    let outcome = serve(&state, asked, body).await;
+    let outcome = serve(&state, asked, body, &upgrade).await;
     finish(outcome, &method, &path, started)
 }
 
@@ -122,13 +124,13 @@ pub(crate) struct Turned {
 }
 
 /// Serves a request the route table knows: [`admit`], then its handler.
-async fn serve<'a>(state: &ApiState, asked: Asked<'a>, body: Body) -> Outcome<'a> {
+async fn serve<'a>(state: &ApiState, asked: Asked<'a>, body: Body, upgrade: &Upgrade) -> Outcome<'a> {
     let action = asked.route.need.action(asked.params);
     let (route, params, query, headers) = (asked.route, asked.params, asked.query, asked.headers);
     match admit(state, asked, body).await {
         Err(Turned { response, identity }) => Outcome { response, route: Some(route), identity, action: Some(action) },
         Ok(Admitted { identity, body }) => {
-            let call = Call { identity: &identity, params, query, headers, body: &body };
+            let call = Call { identity: &identity, params, query, headers, body: &body, upgrade };
             let response = (route.handler)(state, call).await.unwrap_or_else(IntoResponse::into_response);
             Outcome { response, route: Some(route), identity: Some(Ok(identity)), action: Some(action) }
         }

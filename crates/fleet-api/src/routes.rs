@@ -12,8 +12,8 @@ use crate::api_state::ApiState;
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
-    agent_facet, agents, discovery, drains, journal, machines, metrics, registration_tokens, rollouts, sources, state,
-    tokens, unit_batch, units, web,
+    agent_facet, agent_stream, agents, discovery, drains, journal, machines, metrics, registration_tokens, rollouts,
+    sources, state, tokens, unit_batch, units, web,
 };
 
 /// A handler, as the table holds it.
@@ -154,6 +154,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(DELETE "/fleet/v1/agents/{machine}/machine", MachineFacet, Empty, |s, c| agent_facet::unregister(s, c.param()).await),
     route!(GET "/fleet/v1/agents/{machine}/work", MachineFacet, Empty, |s, c| agent_facet::work(s, c.param()).await),
     route!(GET "/fleet/v1/agents/{machine}/changes", MachineFacet, Empty, |s, c| agent_facet::changes(s, c.identity, c.query).await),
+    route!(GET "/fleet/v1/agents/{machine}/stream", MachineFacet, Empty, |s, c| agent_stream::open(s, c.identity, c.headers, c.upgrade).await),
     route!(GET "/fleet/v1/agents/{machine}/bodies", MachineFacet, Empty, |s, c| agent_facet::bodies(s, c.param(), c.query).await),
     route!(GET "/fleet/v1/agents/{machine}/bodies/{hash}", MachineFacet, Empty, |s, c| agent_facet::body(s, c.param(), c.second_param()).await),
     route!(POST "/fleet/v1/agents/{machine}/states", MachineFacet, Json, |s, c| agent_facet::report(s, c.param(), c.body).await),

@@ -20,6 +20,7 @@ use crate::auth::certificate::{self, CertificateIdentity};
 use crate::auth::tls::ServerTls;
 use crate::host_check::HostCheck;
 use crate::listen::ApiListener;
+use crate::upgrade::ConnectionHold;
 
 /// The limits every listener serves with.
 #[derive(Clone, Copy, Debug)]
@@ -215,7 +216,7 @@ trait GracefulShutdown: std::future::Future<Output = Result<(), hyper::Error>> {
     fn shut_down(self: std::pin::Pin<&mut Self>);
 }
 
-impl<I, S> GracefulShutdown for hyper::server::conn::http1::Connection<I, S>
+impl<I, S> GracefulShutdown for hyper::server::conn::http1::UpgradeableConnection<I, S>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
     S: hyper::service::HttpService<hyper::body::Incoming>,
@@ -264,12 +265,15 @@ async fn serve_connection<S>(
     router: Router,
     mut stop: watch::Receiver<bool>,
     limits: ServeLimits,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    slot: tokio::sync::OwnedSemaphorePermit,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // A protocol a request upgrades to keeps the connection's slot and follows the stop.
+    let hold = ConnectionHold { slot: Arc::new(slot), stop: stop.clone() };
     let with_peer = router.map_request(move |mut request: axum::http::Request<hyper::body::Incoming>| {
         request.extensions_mut().insert(peer.clone());
+        request.extensions_mut().insert(hold.clone());
         request
     });
     let service = TowerToHyperService::new(with_peer);
@@ -277,7 +281,7 @@ async fn serve_connection<S>(
         Protocol::Http1 => {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-            drive(builder.serve_connection(TokioIo::new(stream), service), &mut stop).await;
+            drive(builder.serve_connection(TokioIo::new(stream), service).with_upgrades(), &mut stop).await;
         }
         // A pull agent keeps one HTTP/2 connection for its long polls and requests alike.
         Protocol::Http2 => {
@@ -293,7 +297,7 @@ async fn serve_connection<S>(
 }
 
 /// Resolves when `stop` turns true (or its sender is gone).
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
 }
 

@@ -124,6 +124,11 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     let text = fleetd.metrics();
     assert!(fleet_e2e::metric_value(&text, &batch).unwrap_or(0.0) >= 1.0, "{text}");
     assert_eq!(fleet_e2e::metric_value(&text, &single), None, "no body was asked for alone: {text}");
+    // The agent follows its changes on a change stream, not by long polls.
+    let stream = "fleet_api_requests_total{endpoint=\"/fleet/v1/agents/{machine}/stream\",method=\"GET\",code=\"101\"}";
+    let polls = "fleet_api_requests_total{endpoint=\"/fleet/v1/agents/{machine}/changes\",method=\"GET\",code=\"200\"}";
+    assert!(fleet_e2e::metric_value(&text, stream).unwrap_or(0.0) >= 1.0, "{text}");
+    assert_eq!(fleet_e2e::metric_value(&text, polls), None, "no long poll: {text}");
     let reader = {
         let _entered = runtime.enter();
         fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")

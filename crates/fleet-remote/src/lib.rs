@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod change_stream;
 mod credentials;
 mod disk_copy;
 mod manager;

@@ -9,6 +9,8 @@ use std::time::Duration;
 /// a word (its machine, its network) is left within a heartbeat and a half.
 const HEARTBEAT: Duration = Duration::from_secs(20);
 const LONGEST_PING_WAIT: Duration = Duration::from_secs(10);
+/// How long a connection to the manager is kept with no request on it.
+const IDLE_CONNECTION: Duration = Duration::from_secs(30);
 
 use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, ErrorBody};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
@@ -80,23 +82,45 @@ impl Manager {
         &self.bases
     }
 
+    /// How often the agent beats (HTTP/2 pings, change stream heartbeats).
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
+    }
+
     /// An HTTPS client for the manager, presenting `identity` if given; requests give up after
-    /// `timeout`.
+    /// `timeout`. A connection with no request for [`IDLE_CONNECTION`] is closed: an agent
+    /// that follows a change stream needs none between its changes.
     pub(crate) fn client(
         &self,
         identity: Option<&MachineCredentials>,
         timeout: Duration,
     ) -> Result<reqwest::Client, ManagerError> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let setup = |error: reqwest::Error| ManagerError::Setup(error.to_string());
         // A long poll holds its connection for minutes: a manager gone without a word is found
         // by HTTP/2 pings, and the agent tries another within seconds.
-        let mut builder = reqwest::Client::builder()
+        let builder = self
+            .builder(identity)?
             .timeout(timeout)
             .connect_timeout(self.timeout.min(timeout))
+            .pool_idle_timeout(IDLE_CONNECTION)
             .http2_keep_alive_interval(Some(self.heartbeat))
             .http2_keep_alive_timeout(LONGEST_PING_WAIT.min(self.heartbeat))
             .http2_keep_alive_while_idle(true);
+        builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
+    }
+
+    /// An HTTP/1.1 client for the change stream, presenting `identity`: its one request is
+    /// switched to the stream, which lasts as long as the manager answers its heartbeats.
+    pub(crate) fn stream_client(&self, identity: &MachineCredentials) -> Result<reqwest::Client, ManagerError> {
+        let builder =
+            self.builder(Some(identity))?.http1_only().connect_timeout(self.timeout).pool_max_idle_per_host(0);
+        builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
+    }
+
+    /// What every client of the manager has: its trust and the machine's identity.
+    fn builder(&self, identity: Option<&MachineCredentials>) -> Result<reqwest::ClientBuilder, ManagerError> {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let setup = |error: reqwest::Error| ManagerError::Setup(error.to_string());
+        let mut builder = reqwest::Client::builder();
         if let Some(pem) = &self.server_ca {
             builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem).map_err(setup)?);
         }
@@ -104,7 +128,7 @@ impl Manager {
             let pem = format!("{}\n{}", credentials.certificate, credentials.key);
             builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes()).map_err(setup)?);
         }
-        builder.build().map_err(setup)
+        Ok(builder)
     }
 
     /// Posts to the first manager that answers.

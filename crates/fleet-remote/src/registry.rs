@@ -39,6 +39,13 @@ pub struct RemoteRegistry {
     /// Presents the machine's current certificate; one HTTP/2 connection per manager carries
     /// the long polls and the requests alike.
     client: std::sync::RwLock<reqwest::Client>,
+    /// Opens the change stream (HTTP/1.1, upgraded), with the same certificate.
+    stream_client: std::sync::RwLock<reqwest::Client>,
+    /// How often the change stream beats.
+    heartbeat: Duration,
+    /// The manager (its index in `bases`, plus one) that serves no change stream, followed by
+    /// long polls instead; 0 for none.
+    stream_refused_by: std::sync::atomic::AtomicUsize,
     /// This machine's part of each manager's API (`…/fleet/v1/agents/<machine>`).
     bases: Vec<String>,
     /// The manager in use: the next one is tried when it cannot be reached.
@@ -124,6 +131,9 @@ impl RemoteRegistry {
         let (journal_asks, asks_received) = tokio::sync::mpsc::unbounded_channel();
         let registry = Arc::new(Self {
             client: std::sync::RwLock::new(manager.client(Some(credentials), REQUEST_TIMEOUT)?),
+            stream_client: std::sync::RwLock::new(manager.stream_client(credentials)?),
+            heartbeat: manager.heartbeat(),
+            stream_refused_by: std::sync::atomic::AtomicUsize::new(0),
             bases: manager
                 .bases()
                 .iter()
@@ -152,7 +162,9 @@ impl RemoteRegistry {
         credentials: &MachineCredentials,
     ) -> std::result::Result<(), ManagerError> {
         let client = manager.client(Some(credentials), REQUEST_TIMEOUT)?;
+        let stream_client = manager.stream_client(credentials)?;
         *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
+        *self.stream_client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = stream_client;
         Ok(())
     }
 
@@ -298,7 +310,8 @@ impl RemoteRegistry {
         .map(drop)
     }
 
-    /// Polls the manager for changes to this machine's work and moves the signal on each.
+    /// Follows the manager's changes to this machine's work and moves the signal on each: by
+    /// its change stream, or by long polls where the manager serves no stream.
     fn start_polling(self: &Arc<Self>) {
         let mut poller = self.poller.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if poller.is_some() {
@@ -306,44 +319,133 @@ impl RemoteRegistry {
         }
         let registry = Arc::downgrade(self);
         *poller = Some(tokio::spawn(async move {
-            let mut after: Option<u64> = None;
-            let mut recovering = false;
+            let mut following = Following::default();
             let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
             loop {
-                let Some(registry) = registry.upgrade() else { return };
-                let path = match after {
-                    Some(after) => format!("{}/changes?after={after}&wait={}", registry.base(), POLL_WAIT.as_secs()),
-                    None => format!("{}/changes", registry.base()),
+                let Some(strong) = registry.upgrade() else { return };
+                let used = strong.current.load(std::sync::atomic::Ordering::Relaxed);
+                let refused = strong.stream_refused_by.load(std::sync::atomic::Ordering::Relaxed);
+                let outcome = if refused == used % strong.bases.len() + 1 {
+                    strong.poll_once(&mut following).await
+                } else {
+                    // Only a weak reference is held while the stream lasts, so that dropping
+                    // the registry ends it.
+                    let (client, url, heartbeat) = strong.stream_parts();
+                    drop(strong);
+                    let opened = tokio::time::Instant::now();
+                    let end = crate::change_stream::follow(&client, &url, heartbeat, |heard| {
+                        if let Some(registry) = registry.upgrade() {
+                            registry.heard_on_stream(heard, &mut following);
+                        }
+                    })
+                    .await;
+                    let Some(strong) = registry.upgrade() else { return };
+                    strong.stream_ended(end, used, opened.elapsed(), &mut following)
                 };
-                let answer = registry.send(registry.client().get(path).timeout(POLL_TIMEOUT)).await;
-                let answer =
-                    answer.and_then(|bytes| serde_json::from_slice::<AgentChanges>(&bytes).map_err(unavailable));
-                match answer {
-                    Ok(changes) => {
-                        backoff.reset();
-                        for ask in changes.journal {
-                            let _ = registry.journal_asks.send(ask);
-                        }
-                        // Back after an outage: reconcile now (and announce to the manager
-                        // that answers), whatever changed meanwhile.
-                        if recovering || after.is_some_and(|after| after != changes.revision) {
-                            registry.changes.send_modify(|revision| *revision += 1);
-                        }
-                        recovering = false;
-                        after = Some(changes.revision);
-                    }
+                match outcome {
+                    Ok(()) => backoff.reset(),
                     Err(error) => {
                         let wait = backoff.next_delay_jittered(random_sample());
                         tracing::warn!(%error, retry_in = ?wait, "cannot hear from the manager");
-                        drop(registry);
+                        following.after = None;
+                        following.recovering = true;
                         tokio::time::sleep(wait).await;
-                        after = None;
-                        recovering = true;
                     }
                 }
             }
         }));
     }
+
+    /// The change stream's client, URL and heartbeat, on the manager in use.
+    fn stream_parts(&self) -> (reqwest::Client, String, Duration) {
+        let client = self.stream_client.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        (client, format!("{}/stream", self.base()), self.heartbeat)
+    }
+
+    /// One long poll for changes.
+    async fn poll_once(&self, following: &mut Following) -> std::result::Result<(), String> {
+        let path = match following.after {
+            Some(after) => format!("{}/changes?after={after}&wait={}", self.base(), POLL_WAIT.as_secs()),
+            None => format!("{}/changes", self.base()),
+        };
+        let answer = self.send(self.client().get(path).timeout(POLL_TIMEOUT)).await;
+        let answer = answer.and_then(|bytes| serde_json::from_slice::<AgentChanges>(&bytes).map_err(unavailable));
+        match answer {
+            Ok(changes) => {
+                self.heard_changes(changes, following);
+                Ok(())
+            }
+            Err(error) => {
+                // A manager restarted may serve the change stream now.
+                self.stream_refused_by.store(0, std::sync::atomic::Ordering::Relaxed);
+                Err(error.to_string())
+            }
+        }
+    }
+
+    /// What the change stream brought.
+    fn heard_on_stream(&self, heard: crate::change_stream::Heard, following: &mut Following) {
+        use crate::change_stream::Heard;
+        match heard {
+            Heard::Changes(changes) => self.heard_changes(changes, following),
+            Heard::Opened { sent } | Heard::BeatAnswered { sent } => {
+                // Heard: the manager noted this machine present when the request or beat reached it.
+                let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                *answered = Some(answered.map_or(sent, |before| before.max(sent)));
+            }
+        }
+    }
+
+    /// What a stream's end means: follow long polls (a manager without streams), open the
+    /// next at once (one that lasted), or wait and try again (the manager gone, or refusing).
+    fn stream_ended(
+        &self,
+        end: crate::change_stream::StreamEnd,
+        used: usize,
+        lasted: Duration,
+        following: &mut Following,
+    ) -> std::result::Result<(), String> {
+        use crate::change_stream::StreamEnd;
+        // Whatever a new stream's first line says, the agent looks at its work again then.
+        following.recovering = true;
+        match end {
+            StreamEnd::Unsupported => {
+                tracing::info!(manager = self.base(), "the manager serves no change stream; following its long polls");
+                self.stream_refused_by.store(used % self.bases.len() + 1, std::sync::atomic::Ordering::Relaxed);
+                Ok(())
+            }
+            StreamEnd::Closed if lasted >= self.heartbeat => Ok(()),
+            StreamEnd::Closed => Err("the manager closed the change stream".into()),
+            StreamEnd::Refused(text) => Err(text),
+            StreamEnd::Unreachable(text) => {
+                self.fail_over(used);
+                Err(text)
+            }
+        }
+    }
+
+    /// A manager's word on this machine's changes, by long poll or stream.
+    fn heard_changes(&self, changes: AgentChanges, following: &mut Following) {
+        for ask in changes.journal {
+            let _ = self.journal_asks.send(ask);
+        }
+        // Back after an outage: reconcile now (and announce to the manager that answers),
+        // whatever changed meanwhile.
+        if following.recovering || following.after.is_some_and(|after| after != changes.revision) {
+            self.changes.send_modify(|revision| *revision += 1);
+        }
+        following.recovering = false;
+        following.after = Some(changes.revision);
+    }
+}
+
+/// Where the agent's following of its manager's changes stands.
+#[derive(Default)]
+struct Following {
+    /// The revision of the machine's work last heard.
+    after: Option<u64>,
+    /// Whether the agent lost its manager since: it reconciles at the next word.
+    recovering: bool,
 }
 
 /// Starts the long poll for changes; call once the registry is shared.

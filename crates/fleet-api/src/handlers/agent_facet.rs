@@ -24,7 +24,7 @@ use crate::schema::{
     Journal, MAX_BODIES_PER_REQUEST, Machine, UnitOption,
 };
 
-fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
+pub(super) fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
     state.agents.as_ref().ok_or_else(|| ApiError::not_found("this fleetd serves no pull agents"))
 }
 

@@ -1,6 +1,7 @@
 //! One module per resource.
 
 pub mod agent_facet;
+pub mod agent_stream;
 pub mod agents;
 pub mod discovery;
 pub mod drains;

@@ -80,6 +80,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("DELETE", "/fleet/v1/agents/{machine}/machine", "UDDDDDADUUUUX"),
     ("GET", "/fleet/v1/agents/{machine}/work", "UDDDDDADUUUUD"),
     ("GET", "/fleet/v1/agents/{machine}/changes", "UDDDDDADUUUUD"),
+    ("GET", "/fleet/v1/agents/{machine}/stream", "UDDDDDADUUUUD"),
     ("GET", "/fleet/v1/agents/{machine}/bodies", "UDDDDDADUUUUD"),
     ("GET", "/fleet/v1/agents/{machine}/bodies/{hash}", "UDDDDDADUUUUD"),
     ("POST", "/fleet/v1/agents/{machine}/states", "UDDDDDADUUUUX"),
@@ -312,6 +313,9 @@ fn every_handler_is_in_the_table() {
     let mut handlers = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
+        if path.is_dir() {
+            continue; // a handler's own tests
+        }
         let module = path.file_stem().unwrap().to_str().unwrap().to_string();
         let text = std::fs::read_to_string(&path).unwrap();
         for (at, _) in text.match_indices("\npub ") {

@@ -1,0 +1,164 @@
+//! Following a manager's change stream ([`CHANGE_STREAM_PROTOCOL`]): one HTTP/1.1 request
+//! that the manager switches to the stream, on which it writes the machine's changes as they
+//! come. The agent beats on it; a manager that does not answer a beat in time is gone. While
+//! the stream is open no HTTP/2 connection needs to stay open, so an idle agent costs its
+//! manager a quiet TLS connection and nothing else.
+
+use std::time::Duration;
+
+use fleet_api_schema::{AgentChanges, CHANGE_STREAM_PROTOCOL, ErrorBody, MAX_CHANGE_STREAM_LINE};
+use reqwest::StatusCode;
+use reqwest::header::{CONNECTION, UPGRADE};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::time::Instant;
+
+use crate::manager::without_url;
+
+/// The most an answer to a heartbeat may take before the manager counts as gone.
+const LONGEST_ANSWER: Duration = Duration::from_secs(10);
+
+/// What the agent hears on its stream.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// The stream opened: the manager heard the agent when its request was sent.
+    Opened {
+        sent: Instant,
+    },
+    Changes(AgentChanges),
+    /// The manager answered the heartbeat sent then.
+    BeatAnswered {
+        sent: Instant,
+    },
+}
+
+/// How a stream ended.
+#[derive(Debug)]
+pub(crate) enum StreamEnd {
+    /// The manager serves no change stream (a manager from before it): follow its long poll.
+    Unsupported,
+    /// The manager closed the stream (it stops, or let the agent go).
+    Closed,
+    /// The manager answered with a refusal, or broke the protocol.
+    Refused(String),
+    /// The manager could not be reached, or went silent.
+    Unreachable(String),
+}
+
+/// Follows the stream at `url` until it ends, beating every `heartbeat`.
+pub(crate) async fn follow(
+    client: &reqwest::Client,
+    url: &str,
+    heartbeat: Duration,
+    mut heard: impl FnMut(Heard),
+) -> StreamEnd {
+    let sent = Instant::now();
+    let request = client.get(url).header(CONNECTION, "upgrade").header(UPGRADE, CHANGE_STREAM_PROTOCOL);
+    let response = match request.send().await {
+        Ok(response) => response,
+        Err(error) => return StreamEnd::Unreachable(without_url(&error)),
+    };
+    let status = response.status();
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        let body = response.bytes().await.unwrap_or_default();
+        let message = serde_json::from_slice::<ErrorBody>(&body).map(|body| body.error.message).unwrap_or_default();
+        return match status {
+            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::BAD_REQUEST => StreamEnd::Unsupported,
+            status if status.is_server_error() => StreamEnd::Unreachable(format!("{status}: {message}")),
+            status => StreamEnd::Refused(format!("{status}: {message}")),
+        };
+    }
+    let upgraded = match response.upgrade().await {
+        Ok(upgraded) => upgraded,
+        Err(error) => return StreamEnd::Unreachable(without_url(&error)),
+    };
+    heard(Heard::Opened { sent });
+    follow_lines(BufReader::with_capacity(1024, upgraded), heartbeat, heard).await
+}
+
+/// Reads the stream's lines from `io`, beating every `heartbeat`, until it ends.
+async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
+    mut io: Io,
+    heartbeat: Duration,
+    mut heard: impl FnMut(Heard),
+) -> StreamEnd {
+    let mut beats = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The beats sent and not answered yet, oldest first (the answers come in order).
+    let mut unanswered = std::collections::VecDeque::new();
+    let mut line = Vec::new();
+    loop {
+        let answer_due = unanswered.front().map(|sent: &Instant| *sent + LONGEST_ANSWER);
+        tokio::select! {
+            read = next_line(&mut io, &mut line) => match read {
+                Ok(true) => {
+                    if line == b"?\n" {
+                        // The manager heard nothing for a while: beat now.
+                        beats.reset_immediately();
+                    } else if line == b"\n" {
+                        match unanswered.pop_front() {
+                            Some(sent) => heard(Heard::BeatAnswered { sent }),
+                            None => return StreamEnd::Refused("an answer to no heartbeat".into()),
+                        }
+                    } else {
+                        match serde_json::from_slice::<AgentChanges>(&line) {
+                            Ok(changes) => heard(Heard::Changes(changes)),
+                            Err(error) => return StreamEnd::Refused(format!("an unreadable line of changes: {error}")),
+                        }
+                    }
+                    line.clear();
+                }
+                Ok(false) => return StreamEnd::Closed,
+                Err(error) if error.kind() == std::io::ErrorKind::InvalidData => return StreamEnd::Refused(error.to_string()),
+                Err(error) => return StreamEnd::Unreachable(error.to_string()),
+            },
+            _ = beats.tick() => {
+                let beat = async {
+                    io.write_all(b"\n").await?;
+                    io.flush().await
+                };
+                match tokio::time::timeout(LONGEST_ANSWER, beat).await {
+                    Ok(Ok(())) => unanswered.push_back(Instant::now()),
+                    _ => return StreamEnd::Unreachable("a heartbeat could not be sent".into()),
+                }
+            }
+            () = sleep_until(answer_due) => {
+                return StreamEnd::Unreachable(format!("no answer to a heartbeat within {LONGEST_ANSWER:?}"));
+            }
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Appends the next line of `reader` (with its `\n`) to `line`: true once it is whole, false
+/// at the end of the stream. A line longer than [`MAX_CHANGE_STREAM_LINE`] is an error. Safe
+/// to cancel: what was read stays in `line`, and the next call goes on from there.
+async fn next_line<R: AsyncBufRead + Unpin>(reader: &mut R, line: &mut Vec<u8>) -> std::io::Result<bool> {
+    loop {
+        let available = reader.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(false);
+        }
+        let (taken, whole) = match available.iter().position(|byte| *byte == b'\n') {
+            Some(end) => (end + 1, true),
+            None => (available.len(), false),
+        };
+        if line.len() + taken > MAX_CHANGE_STREAM_LINE {
+            return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "a line of changes too long"));
+        }
+        line.extend_from_slice(&available[..taken]);
+        reader.consume(taken);
+        if whole {
+            return Ok(true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,158 @@
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, DuplexStream};
+
+use super::*;
+
+/// Follows a stream whose manager's end is returned, recording what is heard.
+fn following(heartbeat: Duration) -> (DuplexStream, tokio::task::JoinHandle<StreamEnd>, Arc<Mutex<Vec<Heard>>>) {
+    let (agent, manager) = tokio::io::duplex(4096);
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let recorded = heard.clone();
+    let task = tokio::spawn(follow_lines(BufReader::new(agent), heartbeat, move |event| {
+        recorded.lock().unwrap().push(event);
+    }));
+    (manager, task, heard)
+}
+
+#[tokio::test(start_paused = true)]
+async fn changes_and_answered_beats_are_heard_until_the_manager_closes() {
+    let (mut manager, task, heard) = following(Duration::from_secs(20));
+    manager.write_all(b"{\"revision\":7}\n").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(21)).await;
+    let mut beat = [0u8; 1];
+    manager.read_exact(&mut beat).await.unwrap();
+    assert_eq!(&beat, b"\n", "the agent beats after its heartbeat period");
+    manager
+        .write_all(b"\n{\"revision\":8,\"journal\":[{\"id\":1,\"unit\":\"a.service\",\"lines\":10}]}\n")
+        .await
+        .unwrap();
+    drop(manager);
+    assert!(matches!(task.await.unwrap(), StreamEnd::Closed));
+    let heard = heard.lock().unwrap();
+    assert_eq!(heard.len(), 3, "{heard:?}");
+    assert_eq!(heard[0], Heard::Changes(AgentChanges { revision: 7, journal: Vec::new() }));
+    assert!(matches!(heard[1], Heard::BeatAnswered { .. }));
+    let Heard::Changes(changes) = &heard[2] else { panic!("{heard:?}") };
+    assert_eq!((changes.revision, changes.journal.len()), (8, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manager_that_does_not_answer_a_beat_is_gone() {
+    let (mut manager, task, _heard) = following(Duration::from_secs(20));
+    let mut beat = [0u8; 1];
+    manager.read_exact(&mut beat).await.unwrap();
+    let beaten = Instant::now();
+    let end = task.await.unwrap();
+    assert!(matches!(end, StreamEnd::Unreachable(_)), "{end:?}");
+    assert_eq!(Instant::now() - beaten, LONGEST_ANSWER);
+}
+
+#[tokio::test(start_paused = true)]
+async fn what_the_protocol_has_no_place_for_ends_the_stream() {
+    let (mut manager, task, _heard) = following(Duration::from_secs(20));
+    manager.write_all(b"not json\n").await.unwrap();
+    assert!(matches!(task.await.unwrap(), StreamEnd::Refused(_)));
+
+    let (mut manager, task, _heard) = following(Duration::from_secs(20));
+    manager.write_all(b"\n").await.unwrap();
+    assert!(matches!(task.await.unwrap(), StreamEnd::Refused(_)), "an answer to no beat");
+
+    let (mut manager, task, _heard) = following(Duration::from_secs(20));
+    let endless = vec![b'x'; 64 * 1024];
+    let writer = tokio::spawn(async move { while manager.write_all(&endless).await.is_ok() {} });
+    assert!(matches!(task.await.unwrap(), StreamEnd::Refused(_)), "a line without end is bounded");
+    writer.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_manager_that_asks_for_a_beat_gets_one_at_once() {
+    let (mut manager, task, heard) = following(Duration::from_secs(100));
+    manager.write_all(b"?\n").await.unwrap();
+    let mut beat = [0u8; 1];
+    let asked = Instant::now();
+    manager.read_exact(&mut beat).await.unwrap();
+    assert_eq!((&beat, Instant::now()), (b"\n", asked), "beaten at once, not after the heartbeat period");
+    manager.write_all(b"\n").await.unwrap();
+    drop(manager);
+    assert!(matches!(task.await.unwrap(), StreamEnd::Closed));
+    assert!(matches!(heard.lock().unwrap()[..], [Heard::BeatAnswered { .. }]));
+}
+
+/// A manager that answers one request with `answer` over plain HTTP/1.1, then closes once the
+/// agent wrote anything more (or closed): the request's head, and what the agent wrote after it.
+async fn answering_once(answer: &'static [u8]) -> (String, tokio::task::JoinHandle<(String, Vec<u8>)>) {
+    use tokio::io::AsyncWriteExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/fleet/v1/agents/m1/stream", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let (mut connection, _) = listener.accept().await.unwrap();
+        let mut received = Vec::new();
+        let mut buffer = [0u8; 1024];
+        while !received.windows(4).any(|window| window == b"\r\n\r\n") {
+            let read = connection.read(&mut buffer).await.unwrap();
+            assert!(read > 0, "the request ended early");
+            received.extend_from_slice(&buffer[..read]);
+        }
+        let end = received.windows(4).position(|window| window == b"\r\n\r\n").unwrap() + 4;
+        let head = String::from_utf8_lossy(&received[..end]).into_owned();
+        let mut after = received[end..].to_vec();
+        connection.write_all(answer).await.unwrap();
+        if after.is_empty()
+            && let Ok(read) = connection.read(&mut buffer).await
+        {
+            after.extend_from_slice(&buffer[..read]);
+        }
+        (head, after)
+    });
+    (url, task)
+}
+
+fn http1_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder().http1_only().build().unwrap()
+}
+
+#[tokio::test]
+async fn a_switched_request_carries_the_stream() {
+    let answer = b"HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: fleet-changes/1\r\n\r\n{\"revision\":3}\n";
+    let (url, manager) = answering_once(answer).await;
+    let mut heard = Vec::new();
+    let end = tokio::time::timeout(
+        Duration::from_secs(10),
+        follow(&http1_client(), &url, Duration::from_millis(100), |event| heard.push(event)),
+    )
+    .await
+    .expect("the stream follows the manager's answers");
+    // The manager closes the stream after the first beat.
+    assert!(matches!(end, StreamEnd::Closed), "{end:?}");
+    assert!(matches!(heard[0], Heard::Opened { .. }), "{heard:?}");
+    assert_eq!(heard[1], Heard::Changes(AgentChanges { revision: 3, journal: Vec::new() }));
+    let (head, after) = manager.await.unwrap();
+    let head = head.to_ascii_lowercase();
+    assert!(head.starts_with("get /fleet/v1/agents/m1/stream http/1.1\r\n"), "{head}");
+    assert!(head.contains("connection: upgrade\r\n") && head.contains("upgrade: fleet-changes/1\r\n"), "{head}");
+    assert_eq!(after, b"\n", "one beat");
+}
+
+#[tokio::test]
+async fn a_manager_without_streams_is_told_apart_from_one_that_refuses() {
+    let cases: [(&'static [u8], &str); 4] = [
+        (b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "unsupported"),
+        (b"HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "unsupported"),
+        (b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "unreachable"),
+        (b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n", "refused"),
+    ];
+    for (answer, expected) in cases {
+        let (url, manager) = answering_once(answer).await;
+        let end = follow(&http1_client(), &url, Duration::from_secs(20), |_| {}).await;
+        let kind = match end {
+            StreamEnd::Unsupported => "unsupported",
+            StreamEnd::Unreachable(_) => "unreachable",
+            StreamEnd::Refused(_) => "refused",
+            StreamEnd::Closed => "closed",
+        };
+        assert_eq!(kind, expected, "{}", String::from_utf8_lossy(answer));
+        manager.abort();
+    }
+}
