@@ -9,8 +9,10 @@ use std::time::Duration;
 /// a word (its machine, its network) is left within a heartbeat and a half.
 const HEARTBEAT: Duration = Duration::from_secs(20);
 const LONGEST_PING_WAIT: Duration = Duration::from_secs(10);
-/// How long a connection to the manager is kept with no request on it.
-const IDLE_CONNECTION: Duration = Duration::from_secs(30);
+/// How long a connection to the manager is kept with no request on it: long enough for the
+/// requests of one change (work, bodies, states), short enough that an idle agent holds only
+/// its change stream.
+const IDLE_CONNECTION: Duration = Duration::from_secs(5);
 
 use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, ErrorBody};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};

@@ -43,6 +43,8 @@ pub struct RemoteRegistry {
     stream_client: std::sync::RwLock<reqwest::Client>,
     /// How often the change stream beats.
     heartbeat: Duration,
+    /// The work last read, reused while the change stream says nothing changed.
+    kept_work: crate::kept_work::KeptWork,
     /// The manager (its index in `bases`, plus one) that serves no change stream, followed by
     /// long polls instead; 0 for none.
     stream_refused_by: std::sync::atomic::AtomicUsize,
@@ -133,6 +135,7 @@ impl RemoteRegistry {
             client: std::sync::RwLock::new(manager.client(Some(credentials), REQUEST_TIMEOUT)?),
             stream_client: std::sync::RwLock::new(manager.stream_client(credentials)?),
             heartbeat: manager.heartbeat(),
+            kept_work: crate::kept_work::KeptWork::default(),
             stream_refused_by: std::sync::atomic::AtomicUsize::new(0),
             bases: manager
                 .bases()
@@ -268,8 +271,13 @@ impl RemoteRegistry {
     /// The machine's work from the manager, kept on disk; the kept copy while the manager
     /// cannot be reached.
     async fn fetch_work(&self) -> Result<AgentWork> {
+        if let Some(work) = self.kept_work.current() {
+            return Ok(work);
+        }
+        let epoch = self.kept_work.before_read();
         match self.fetch::<AgentWork>("/work").await {
             Ok(work) => {
+                self.kept_work.keep(&work, epoch);
                 self.note_offline(false);
                 if let Some(copy) = &self.copy {
                     copy.save_work(&work);
@@ -387,8 +395,14 @@ impl RemoteRegistry {
     fn heard_on_stream(&self, heard: crate::change_stream::Heard, following: &mut Following) {
         use crate::change_stream::Heard;
         match heard {
-            Heard::Changes(changes) => self.heard_changes(changes, following),
+            Heard::Changes(changes) => {
+                self.kept_work.changes_heard();
+                self.heard_changes(changes, following);
+            }
             Heard::Opened { sent } | Heard::BeatAnswered { sent } => {
+                if matches!(heard, Heard::Opened { .. }) {
+                    self.kept_work.stream_opened();
+                }
                 // Heard: the manager noted this machine present when the request or beat reached it.
                 let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                 *answered = Some(answered.map_or(sent, |before| before.max(sent)));
@@ -408,6 +422,7 @@ impl RemoteRegistry {
         use crate::change_stream::StreamEnd;
         // Whatever a new stream's first line says, the agent looks at its work again then.
         following.recovering = true;
+        self.kept_work.stream_ended();
         match end {
             StreamEnd::Unsupported => {
                 tracing::info!(manager = self.base(), "the manager serves no change stream; following its long polls");

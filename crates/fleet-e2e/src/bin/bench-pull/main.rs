@@ -177,6 +177,8 @@ fn main() {
             agent_ttl.as_secs()
         );
 
+        // What the managers hold before any agent joined: the cluster's data grows from here.
+        let rss_before_agents: f64 = managers.iter().map(|fleetd| resident_mib(fleetd.pid())).sum();
         // Join and start every agent.
         let joining = Instant::now();
         let join_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
@@ -291,6 +293,11 @@ fn main() {
                 rss * 1024.0 / agents as f64,
             );
         }
+        let rss_now: f64 = managers.iter().map(|fleetd| resident_mib(fleetd.pid())).sum();
+        println!(
+            "  (c) managers' RSS {rss_now:.0} MiB, {rss_before_agents:.0} MiB before any agent joined: {:.1} KiB an agent beyond that (the cluster's data included)",
+            (rss_now - rss_before_agents) * 1024.0 / agents as f64
+        );
         println!(
             "  (c) agents held per manager: {held:?}; etcd CPU {:.1}%, {:.1} proposals/s, {:.1} lease renewals/s",
             etcd_cpu * 100.0 / idle_seconds as f64,
