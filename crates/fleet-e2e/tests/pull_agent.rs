@@ -109,7 +109,9 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     });
 
     // Content new to the agent comes in one request for all of it, not one per body.
-    for (name, seconds) in [("one.service", 1001), ("two.service", 1002), ("three.service", 1003)] {
+    for (name, seconds) in
+        [("one.service", 1001), ("two.service", 1002), ("three.service", 1003), ("quiet.service", 1004)]
+    {
         let text = format!("[Service]\nExecStart=/bin/sleep {seconds}\n[X-Fleet]\nMachineMetadata=kind=pull\n");
         fleet_e2e::write_unit(unit_dir.path(), name, &text);
     }
@@ -124,11 +126,23 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     let text = fleetd.metrics();
     assert!(fleet_e2e::metric_value(&text, &batch).unwrap_or(0.0) >= 1.0, "{text}");
     assert_eq!(fleet_e2e::metric_value(&text, &single), None, "no body was asked for alone: {text}");
-    // The agent follows its changes on a change stream, not by long polls.
-    let stream = "fleet_api_requests_total{endpoint=\"/fleet/v1/agents/{machine}/stream\",method=\"GET\",code=\"101\"}";
-    let polls = "fleet_api_requests_total{endpoint=\"/fleet/v1/agents/{machine}/changes\",method=\"GET\",code=\"200\"}";
-    assert!(fleet_e2e::metric_value(&text, stream).unwrap_or(0.0) >= 1.0, "{text}");
-    assert_eq!(fleet_e2e::metric_value(&text, polls), None, "no long poll: {text}");
+    // Once nothing changes for a while, the agent follows its changes on a change stream, and
+    // its long polls stop.
+    let series = |path: &str, code: u16| {
+        format!(
+            "fleet_api_requests_total{{endpoint=\"/fleet/v1/agents/{{machine}}/{path}\",method=\"GET\",code=\"{code}\"}}"
+        )
+    };
+    let (stream, polls) = (series("stream", 101), series("changes", 200));
+    fleetd.wait_until("the idle agent follows a change stream", Duration::from_secs(60), |fleetd| {
+        fleet_e2e::metric_value(&fleetd.metrics(), &stream).unwrap_or(0.0) >= 1.0
+    });
+    let polled = fleet_e2e::metric_value(&fleetd.metrics(), &polls).unwrap_or(0.0);
+    fleetd.fleetctl_in(unit_dir.path(), &["start", "--no-block", "quiet.service"]);
+    fleetd.wait_until("the pull agent runs a unit it learnt of on the stream", Duration::from_secs(20), |_| {
+        units.state("quiet.service") == running
+    });
+    assert_eq!(fleet_e2e::metric_value(&fleetd.metrics(), &polls).unwrap_or(0.0), polled, "no long poll meanwhile");
     let reader = {
         let _entered = runtime.enter();
         fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
@@ -143,7 +157,7 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     assert_eq!(read.len(), 3);
     assert!(hashes.iter().all(|hash| read.get(hash).is_some_and(|file| file.hash() == *hash)));
     assert_eq!(fleet_e2e::metric_value(&fleetd.metrics(), &batch).unwrap_or(0.0), before + 1.0, "one request");
-    fleetd.ok(&["destroy", "one.service", "two.service", "three.service"]);
+    fleetd.ok(&["destroy", "one.service", "two.service", "three.service", "quiet.service"]);
 
     // A global unit runs on the manager (a machine with a store) and on the pull agent alike.
     fleet_e2e::write_unit(

@@ -27,8 +27,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// costs its manager a quiet connection (pinged by both sides), not a request every few
 /// seconds. A manager from before `wait` answers after its own short wait, as it always did.
 const POLL_WAIT: Duration = Duration::from_secs(300);
-/// How long the agent gives a long poll: its wait, and a request's time on top.
-const POLL_TIMEOUT: Duration = Duration::from_secs(POLL_WAIT.as_secs() + REQUEST_TIMEOUT.as_secs());
+/// How long a busy agent's long poll waits before the agent counts as idle and moves to a
+/// change stream: its connection then carries nothing and closes, and the stream is all the
+/// agent holds on its manager. (A starting agent opens one connection, not two at once.)
+const QUIET_WAIT: Duration = Duration::from_secs(15);
 
 fn unavailable(error: impl std::fmt::Display) -> RegistryError {
     RegistryError::unavailable("manager", error)
@@ -333,8 +335,12 @@ impl RemoteRegistry {
                 let Some(strong) = registry.upgrade() else { return };
                 let used = strong.current.load(std::sync::atomic::Ordering::Relaxed);
                 let refused = strong.stream_refused_by.load(std::sync::atomic::Ordering::Relaxed);
-                let outcome = if refused == used % strong.bases.len() + 1 {
-                    strong.poll_once(&mut following).await
+                let streams_refused = refused == used % strong.bases.len() + 1;
+                let outcome = if streams_refused || !following.quiet {
+                    // Busy (starting, back from an outage, or its work changing): long polls on
+                    // the connection its requests use anyway, until one ends with nothing new.
+                    let wait = if streams_refused { POLL_WAIT } else { QUIET_WAIT };
+                    strong.poll_once(wait, &mut following).await
                 } else {
                     // Only a weak reference is held while the stream lasts, so that dropping
                     // the registry ends it.
@@ -371,16 +377,19 @@ impl RemoteRegistry {
     }
 
     /// One long poll for changes.
-    async fn poll_once(&self, following: &mut Following) -> std::result::Result<(), String> {
+    async fn poll_once(&self, wait: Duration, following: &mut Following) -> std::result::Result<(), String> {
         let path = match following.after {
-            Some(after) => format!("{}/changes?after={after}&wait={}", self.base(), POLL_WAIT.as_secs()),
+            Some(after) => format!("{}/changes?after={after}&wait={}", self.base(), wait.as_secs()),
             None => format!("{}/changes", self.base()),
         };
-        let answer = self.send(self.client().get(path).timeout(POLL_TIMEOUT)).await;
+        let answer = self.send(self.client().get(path).timeout(wait + REQUEST_TIMEOUT)).await;
         let answer = answer.and_then(|bytes| serde_json::from_slice::<AgentChanges>(&bytes).map_err(unavailable));
         match answer {
             Ok(changes) => {
+                let unchanged =
+                    following.after == Some(changes.revision) && !following.recovering && changes.journal.is_empty();
                 self.heard_changes(changes, following);
+                following.quiet = unchanged;
                 Ok(())
             }
             Err(error) => {
@@ -420,8 +429,10 @@ impl RemoteRegistry {
         following: &mut Following,
     ) -> std::result::Result<(), String> {
         use crate::change_stream::StreamEnd;
-        // Whatever a new stream's first line says, the agent looks at its work again then.
+        // Whatever a new stream's first line says, the agent looks at its work again then,
+        // by long polls until it is quiet again.
         following.recovering = true;
+        following.quiet = false;
         self.kept_work.stream_ended();
         match end {
             StreamEnd::Unsupported => {
@@ -461,6 +472,9 @@ struct Following {
     after: Option<u64>,
     /// Whether the agent lost its manager since: it reconciles at the next word.
     recovering: bool,
+    /// Whether the last long poll waited out [`QUIET_WAIT`] with nothing new: the agent is
+    /// idle, and follows its changes on a change stream from then on.
+    quiet: bool,
 }
 
 /// Starts the long poll for changes; call once the registry is shared.
