@@ -9,10 +9,9 @@ use std::time::Duration;
 /// a word (its machine, its network) is left within a heartbeat and a half.
 const HEARTBEAT: Duration = Duration::from_secs(20);
 const LONGEST_PING_WAIT: Duration = Duration::from_secs(10);
-/// How long a connection to the manager is kept with no request on it: long enough for the
-/// requests of one change (work, bodies, states), short enough that an idle agent holds only
-/// its change stream.
-const IDLE_CONNECTION: Duration = Duration::from_secs(5);
+/// How long a connection to the manager is kept with no request on it. (An agent that moves
+/// to a change stream lets its connection go at once.)
+const IDLE_CONNECTION: Duration = Duration::from_secs(30);
 
 use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, ErrorBody};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
@@ -36,6 +35,7 @@ pub enum ManagerError {
 
 /// The managers of a cluster (`https://a:4002,https://b:4002`: any of them serves any agent),
 /// trusted through `server_ca` (PEM) or the system's roots.
+#[derive(Clone)]
 pub struct Manager {
     bases: Vec<String>,
     server_ca: Option<Vec<u8>>,

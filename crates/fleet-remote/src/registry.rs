@@ -43,6 +43,10 @@ pub struct RemoteRegistry {
     client: std::sync::RwLock<reqwest::Client>,
     /// Opens the change stream (HTTP/1.1, upgraded), with the same certificate.
     stream_client: std::sync::RwLock<reqwest::Client>,
+    /// What the clients are made of: the managers and this machine's credentials (a new
+    /// client lets the old one's connection go).
+    manager: Manager,
+    credentials: std::sync::RwLock<MachineCredentials>,
     /// How often the change stream beats.
     heartbeat: Duration,
     /// The work last read, reused while the change stream says nothing changed.
@@ -136,6 +140,8 @@ impl RemoteRegistry {
         let registry = Arc::new(Self {
             client: std::sync::RwLock::new(manager.client(Some(credentials), REQUEST_TIMEOUT)?),
             stream_client: std::sync::RwLock::new(manager.stream_client(credentials)?),
+            manager: manager.clone(),
+            credentials: std::sync::RwLock::new(credentials.clone()),
             heartbeat: manager.heartbeat(),
             kept_work: crate::kept_work::KeptWork::default(),
             stream_refused_by: std::sync::atomic::AtomicUsize::new(0),
@@ -170,7 +176,19 @@ impl RemoteRegistry {
         let stream_client = manager.stream_client(credentials)?;
         *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         *self.stream_client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = stream_client;
+        *self.credentials.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = credentials.clone();
         Ok(())
+    }
+
+    /// Lets the connection that carried the agent's requests and long polls go (once the
+    /// requests in flight on it end): the agent moves to a change stream, and holds nothing
+    /// else on its manager until its work changes.
+    fn let_request_connection_go(&self) {
+        let credentials = self.credentials.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        match self.manager.client(Some(&credentials), REQUEST_TIMEOUT) {
+            Ok(client) => *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client,
+            Err(error) => tracing::debug!(%error, "cannot make a new client; the old connection idles out"),
+        }
     }
 
     fn client(&self) -> reqwest::Client {
@@ -345,6 +363,7 @@ impl RemoteRegistry {
                     // Only a weak reference is held while the stream lasts, so that dropping
                     // the registry ends it.
                     let (client, url, heartbeat) = strong.stream_parts();
+                    strong.let_request_connection_go();
                     drop(strong);
                     let opened = tokio::time::Instant::now();
                     let end = crate::change_stream::follow(&client, &url, heartbeat, |heard| {
