@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_core::{DesiredState, UnitFile};
-use fleet_registry::{ApiRegistry, PageRequest, UnitView};
+use fleet_registry::{ApiRegistry, PageRequest, RegistryError, UnitView};
 use fleet_store_etcd::EtcdRegistry;
 use tokio::sync::Semaphore;
 
@@ -47,7 +47,13 @@ pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
         submissions.spawn(async move {
             let _permit = permits.acquire_owned().await.expect("semaphore");
             let name = format!("bench{}@{index}.service", index % TEMPLATES);
-            api.put_unit(&name, &file, DesiredState::Launched).await.expect("submit a unit");
+            // A store that does not answer in time under the load is asked again, as a client would.
+            let mut tries = 0;
+            while let Err(error) = api.put_unit(&name, &file, DesiredState::Launched).await {
+                tries += 1;
+                assert!(matches!(error, RegistryError::Unavailable(_)) && tries < 10, "submit {name}: {error:?}");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
         });
     }
     while submissions.join_next().await.is_some() {}

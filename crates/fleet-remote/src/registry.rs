@@ -27,9 +27,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// costs its manager a quiet connection (pinged by both sides), not a request every few
 /// seconds. A manager from before `wait` answers after its own short wait, as it always did.
 const POLL_WAIT: Duration = Duration::from_secs(300);
-/// How long a busy agent's long poll waits before the agent counts as idle and moves to a
-/// change stream: its connection then carries nothing and closes, and the stream is all the
-/// agent holds on its manager. (A starting agent opens one connection, not two at once.)
+/// How long a busy agent's long poll waits (up to twice as long, at random) before the agent
+/// counts as idle and moves to a change stream: its connection then carries nothing and
+/// closes, and the stream is all the agent holds on its manager. (A starting agent opens one
+/// connection, not two at once.)
 const QUIET_WAIT: Duration = Duration::from_secs(15);
 
 fn unavailable(error: impl std::fmt::Display) -> RegistryError {
@@ -357,7 +358,10 @@ impl RemoteRegistry {
                 let outcome = if streams_refused || !following.quiet {
                     // Busy (starting, back from an outage, or its work changing): long polls on
                     // the connection its requests use anyway, until one ends with nothing new.
-                    let wait = if streams_refused { POLL_WAIT } else { QUIET_WAIT };
+                    // Spread, so that agents started (or moved) together do not all move to
+                    // their streams in the same second.
+                    let quiet = QUIET_WAIT + QUIET_WAIT.mul_f64(f64::from(random_sample()) / f64::from(u32::MAX));
+                    let wait = if streams_refused { POLL_WAIT } else { quiet };
                     strong.poll_once(wait, &mut following).await
                 } else {
                     // Only a weak reference is held while the stream lasts, so that dropping
