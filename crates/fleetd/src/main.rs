@@ -7,6 +7,7 @@ mod host;
 mod journal_answers;
 mod log_priority;
 mod make_certificates;
+mod memory_trim;
 mod process_setup;
 mod pull;
 mod ready_probe;

@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use crate::api_service::ApiService;
 use crate::daemon::{Components, Daemon};
 use crate::journal_answers::JournalAnswers;
+use crate::memory_trim::MemoryTrim;
 use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
 use crate::store_chores::StoreChoresPass;
 use crate::supervise::supervise;
@@ -208,6 +209,9 @@ impl Components for ClusterMember {
             tasks.spawn(supervise("silent agent sweep", move || {
                 fleet_runtime::run(SilentAgentSweep::new(presence.clone(), registry.clone()), running.clone())
             }));
+            // A manager's memory comes and goes with its agents' connections.
+            let running = lifecycle.clone();
+            tasks.spawn(supervise("memory trim", move || fleet_runtime::run(MemoryTrim::new(), running.clone())));
         }
         if config.disable_engine {
             return;
