@@ -39,8 +39,8 @@ fn unavailable(error: impl std::fmt::Display) -> RegistryError {
 
 /// The agent's facet of the store, reached through a manager.
 pub struct RemoteRegistry {
-    /// Presents the machine's current certificate; one HTTP/2 connection per manager carries
-    /// the long polls and the requests alike.
+    /// Presents the machine's current certificate; one HTTP/2 connection carries the long
+    /// polls and the requests alike, let go when the agent moves to its change stream.
     client: std::sync::RwLock<reqwest::Client>,
     /// Opens the change stream (HTTP/1.1, upgraded), with the same certificate.
     stream_client: std::sync::RwLock<reqwest::Client>,
