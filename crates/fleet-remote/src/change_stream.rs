@@ -16,6 +16,8 @@ use crate::manager::without_url;
 
 /// The most an answer to a heartbeat may take before the manager counts as gone.
 const LONGEST_ANSWER: Duration = Duration::from_secs(10);
+/// The most the manager may take to switch the stream's request (connecting included).
+const LONGEST_OPENING: Duration = Duration::from_secs(30);
 
 /// What the agent hears on its stream.
 #[derive(Debug, PartialEq, Eq)]
@@ -53,9 +55,13 @@ pub(crate) async fn follow(
 ) -> StreamEnd {
     let sent = Instant::now();
     let request = client.get(url).header(CONNECTION, "upgrade").header(UPGRADE, CHANGE_STREAM_PROTOCOL);
-    let response = match request.send().await {
-        Ok(response) => response,
-        Err(error) => return StreamEnd::Unreachable(without_url(&error)),
+    // The stream's client has no request timeout (the stream lasts): its opening gets one.
+    let response = match tokio::time::timeout(LONGEST_OPENING, request.send()).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return StreamEnd::Unreachable(without_url(&error)),
+        Err(_) => {
+            return StreamEnd::Unreachable(format!("no answer to the stream's request within {LONGEST_OPENING:?}"));
+        }
     };
     let status = response.status();
     if status != StatusCode::SWITCHING_PROTOCOLS {
@@ -83,7 +89,7 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
 ) -> StreamEnd {
     let mut beats = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // The beats sent and not answered yet, oldest first (the answers come in order).
+    // The beats sent and not answered yet, oldest first.
     let mut unanswered = std::collections::VecDeque::new();
     let mut line = Vec::new();
     loop {
@@ -95,10 +101,13 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                         // The manager heard nothing for a while: beat now.
                         beats.reset_immediately();
                     } else if line == b"\n" {
-                        match unanswered.pop_front() {
-                            Some(sent) => heard(Heard::BeatAnswered { sent }),
+                        // One answer may stand for beats that reached the manager together:
+                        // it heard the oldest of them by then, and is there.
+                        match unanswered.front() {
+                            Some(sent) => heard(Heard::BeatAnswered { sent: *sent }),
                             None => return StreamEnd::Refused("an answer to no heartbeat".into()),
                         }
+                        unanswered.clear();
                     } else {
                         match serde_json::from_slice::<AgentChanges>(&line) {
                             Ok(changes) => heard(Heard::Changes(changes)),

@@ -228,9 +228,7 @@ impl RemoteRegistry {
         let status = response.status();
         let bytes = response.bytes().await.map_err(unreachable)?;
         if status.is_success() {
-            // Heard: the manager noted this machine present when the request reached it.
-            let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            *answered = Some(answered.map_or(sent, |before| before.max(sent)));
+            self.heard_by_manager(sent);
         }
         if !status.is_success() {
             let message =
@@ -431,15 +429,19 @@ impl RemoteRegistry {
                 self.kept_work.changes_heard();
                 self.heard_changes(changes, following);
             }
-            Heard::Opened { sent } | Heard::BeatAnswered { sent } => {
-                if matches!(heard, Heard::Opened { .. }) {
-                    self.kept_work.stream_opened();
-                }
-                // Heard: the manager noted this machine present when the request or beat reached it.
-                let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                *answered = Some(answered.map_or(sent, |before| before.max(sent)));
+            Heard::Opened { sent } => {
+                self.kept_work.stream_opened();
+                self.heard_by_manager(sent);
             }
+            Heard::BeatAnswered { sent } => self.heard_by_manager(sent),
         }
+    }
+
+    /// The manager answered what was sent at `sent`: it noted this machine present when that
+    /// reached it, no sooner.
+    fn heard_by_manager(&self, sent: tokio::time::Instant) {
+        let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        *answered = Some(answered.map_or(sent, |before| before.max(sent)));
     }
 
     /// What a stream's end means: follow long polls (a manager without streams), open the

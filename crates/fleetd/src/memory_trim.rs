@@ -48,10 +48,10 @@ fn trim() {}
 mod tests {
     use super::*;
 
+    /// What the trim hands back is measured by `bench-pull` (BENCHMARKS.md); here, that a pass
+    /// runs and asks to come back a minute later.
     #[tokio::test]
-    async fn a_pass_trims_and_comes_back_later() {
-        let freed: Vec<Vec<u8>> = (0..1000).map(|_| vec![1u8; 64 * 1024]).collect();
-        drop(freed);
+    async fn a_pass_trims_and_comes_back_a_minute_later() {
         let next = MemoryTrim::new().pass().await;
         assert!(matches!(next, Ok(Next::After(every)) if every == TRIM_EVERY));
     }

@@ -156,3 +156,22 @@ async fn a_manager_without_streams_is_told_apart_from_one_that_refuses() {
         manager.abort();
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn one_answer_stands_for_beats_that_reached_the_manager_together() {
+    let (mut manager, task, heard) = following(Duration::from_secs(100));
+    let mut beat = [0u8; 1];
+    manager.read_exact(&mut beat).await.unwrap();
+    // Asked for a beat right after the scheduled one: two beats are out, read as one.
+    manager.write_all(b"?\n").await.unwrap();
+    manager.read_exact(&mut beat).await.unwrap();
+    manager.write_all(b"\n").await.unwrap();
+    let answered = Instant::now();
+    // Nothing more until the next beat: the stream stays, however long after the answer.
+    tokio::time::sleep(LONGEST_ANSWER * 2).await;
+    assert!(!task.is_finished(), "the answer covered both beats");
+    assert!(Instant::now() > answered + LONGEST_ANSWER);
+    drop(manager);
+    assert!(matches!(task.await.unwrap(), StreamEnd::Closed));
+    assert!(matches!(heard.lock().unwrap()[..], [Heard::BeatAnswered { .. }]));
+}
