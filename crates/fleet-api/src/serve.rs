@@ -21,6 +21,7 @@ use crate::auth::tls::ServerTls;
 use crate::host_check::HostCheck;
 use crate::listen::ApiListener;
 use crate::upgrade::ConnectionHold;
+use fleet_metrics::HandshakeLabels;
 
 /// The limits every listener serves with.
 #[derive(Clone, Copy, Debug)]
@@ -179,6 +180,11 @@ async fn accept_loop<L: Accept>(
                         }
                         Err(_) => return,
                     };
+                    let kind = match stream.get_ref().1.handshake_kind() {
+                        Some(rustls::HandshakeKind::Resumed) => "resumed",
+                        _ => "full",
+                    };
+                    fleet_metrics::metrics().api.tls_handshakes.get_or_create(&HandshakeLabels { kind }).inc();
                     let certificate =
                         stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(|leaf| {
                             Arc::new(certificate::from_der(leaf, machine_issuer.as_deref()).unwrap_or_else(|| {

@@ -137,12 +137,20 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     fleetd.wait_until("the idle agent follows a change stream", Duration::from_secs(60), |fleetd| {
         fleet_e2e::metric_value(&fleetd.metrics(), &stream).unwrap_or(0.0) >= 1.0
     });
-    let polled = fleet_e2e::metric_value(&fleetd.metrics(), &polls).unwrap_or(0.0);
+    let text = fleetd.metrics();
+    assert_eq!(fleet_e2e::metric_value(&text, "fleet_pull_agents_streaming"), Some(1.0), "{text}");
+    let resumed = "fleet_api_tls_handshakes_total{kind=\"resumed\"}";
+    let (polled, resumed_before) =
+        (fleet_e2e::metric_value(&text, &polls).unwrap_or(0.0), fleet_e2e::metric_value(&text, resumed).unwrap_or(0.0));
     fleetd.fleetctl_in(unit_dir.path(), &["start", "--no-block", "quiet.service"]);
     fleetd.wait_until("the pull agent runs a unit it learnt of on the stream", Duration::from_secs(20), |_| {
         units.state("quiet.service") == running
     });
-    assert_eq!(fleet_e2e::metric_value(&fleetd.metrics(), &polls).unwrap_or(0.0), polled, "no long poll meanwhile");
+    let text = fleetd.metrics();
+    assert_eq!(fleet_e2e::metric_value(&text, &polls).unwrap_or(0.0), polled, "no long poll meanwhile");
+    // The connection it opened to read its work resumed the TLS session its certificate
+    // began: no certificate signed or checked again.
+    assert!(fleet_e2e::metric_value(&text, resumed).unwrap_or(0.0) > resumed_before, "{text}");
     let reader = {
         let _entered = runtime.enter();
         fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")

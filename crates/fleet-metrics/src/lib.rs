@@ -62,6 +62,12 @@ pub struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    /// `full` (certificates sent and checked) or `resumed` (a session an earlier handshake began).
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResponseLabels {
     pub endpoint: &'static str,
     pub method: String,
@@ -106,6 +112,8 @@ pub struct StoreMetrics {
 pub struct ApiMetrics {
     pub requests: Family<ResponseLabels, Counter>,
     pub request_duration: Family<RouteLabels, Histogram>,
+    /// TLS handshakes completed, full or resumed.
+    pub tls_handshakes: Family<HandshakeLabels, Counter>,
 }
 
 /// A manager's pull agents.
@@ -114,6 +122,8 @@ pub struct PullMetrics {
     pub agents_present: Gauge,
     /// Agents waiting on a long poll for changes now.
     pub waiting: Gauge,
+    /// Agents following their changes on a change stream now.
+    pub streaming: Gauge,
     pub joins: Counter,
 }
 
@@ -158,9 +168,14 @@ impl Metrics {
         let api = ApiMetrics {
             requests: Family::default(),
             request_duration: Family::new_with_constructor(latency_histogram),
+            tls_handshakes: Family::default(),
         };
-        let pull =
-            PullMetrics { agents_present: Gauge::default(), waiting: Gauge::default(), joins: Counter::default() };
+        let pull = PullMetrics {
+            agents_present: Gauge::default(),
+            waiting: Gauge::default(),
+            streaming: Gauge::default(),
+            joins: Counter::default(),
+        };
         let fleet = registry.sub_registry_with_prefix("fleet");
         fleet.register("engine_reconciles", "Reconciles the engine ran", engine.reconciles.clone());
         fleet.register_with_unit(
@@ -203,11 +218,21 @@ impl Metrics {
             api.request_duration.clone(),
         );
         fleet.register(
+            "api_tls_handshakes",
+            "TLS handshakes the API completed, full or resuming a session",
+            api.tls_handshakes.clone(),
+        );
+        fleet.register(
             "pull_agents_present",
             "Pull agents heard from within their presence window",
             pull.agents_present.clone(),
         );
         fleet.register("pull_agents_waiting", "Pull agents waiting on a long poll for changes", pull.waiting.clone());
+        fleet.register(
+            "pull_agents_streaming",
+            "Pull agents following their changes on a change stream",
+            pull.streaming.clone(),
+        );
         fleet.register("pull_agent_joins", "Machines that joined through this manager", pull.joins.clone());
         Self { registry, engine, agent, store, api, pull }
     }
@@ -231,20 +256,30 @@ impl StoreMetrics {
     }
 }
 
-/// Counts one long poll in [`PullMetrics::waiting`] while it lives (a client that goes away
-/// drops the poll, and the count with it).
-pub struct Waiting(());
+/// Counts one open long poll or change stream in its gauge while it lives (a client that
+/// goes away drops it, and the count with it).
+pub struct OpenNow(&'static Gauge);
 
-impl Waiting {
-    pub fn start() -> Self {
-        metrics().pull.waiting.inc();
-        Self(())
+impl OpenNow {
+    /// A long poll, in [`PullMetrics::waiting`].
+    pub fn long_poll() -> Self {
+        Self::counted(&metrics().pull.waiting)
+    }
+
+    /// A change stream, in [`PullMetrics::streaming`].
+    pub fn change_stream() -> Self {
+        Self::counted(&metrics().pull.streaming)
+    }
+
+    fn counted(gauge: &'static Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
     }
 }
 
-impl Drop for Waiting {
+impl Drop for OpenNow {
     fn drop(&mut self) {
-        metrics().pull.waiting.dec();
+        self.0.dec();
     }
 }
 

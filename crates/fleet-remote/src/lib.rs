@@ -11,6 +11,7 @@ mod disk_copy;
 mod kept_work;
 mod manager;
 mod registry;
+mod tls;
 
 pub use credentials::{CredentialsError, MachineCredentials, credentials_path};
 pub use disk_copy::DiskCopy;

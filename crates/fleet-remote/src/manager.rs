@@ -17,6 +17,7 @@ use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, Er
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 
 use crate::credentials::MachineCredentials;
+use crate::tls::{ClientTls, Speaks};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManagerError {
@@ -89,18 +90,20 @@ impl Manager {
         self.heartbeat
     }
 
-    /// An HTTPS client for the manager, presenting `identity` if given; requests give up after
-    /// `timeout`. A connection with no request for [`IDLE_CONNECTION`] is closed: an agent
-    /// that follows a change stream needs none between its changes.
-    pub(crate) fn client(
-        &self,
-        identity: Option<&MachineCredentials>,
-        timeout: Duration,
-    ) -> Result<reqwest::Client, ManagerError> {
+    /// The TLS of `identity` (a machine certificate, or none) towards these managers: make
+    /// one per certificate, and every client made from it resumes the sessions the others began.
+    pub(crate) fn tls(&self, identity: Option<&MachineCredentials>) -> Result<ClientTls, ManagerError> {
+        ClientTls::new(self.server_ca.as_deref(), identity)
+    }
+
+    /// An HTTPS client for the manager, speaking `tls`; requests give up after `timeout`. A
+    /// connection with no request for [`IDLE_CONNECTION`] is closed: an agent that follows a
+    /// change stream needs none between its changes.
+    pub(crate) fn client(&self, tls: &ClientTls, timeout: Duration) -> Result<reqwest::Client, ManagerError> {
         // A long poll holds its connection for minutes: a manager gone without a word is found
         // by HTTP/2 pings, and the agent tries another within seconds.
-        let builder = self
-            .builder(identity)?
+        let builder = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls.config(Speaks::Requests))
             .timeout(timeout)
             .connect_timeout(self.timeout.min(timeout))
             .pool_idle_timeout(IDLE_CONNECTION)
@@ -110,27 +113,15 @@ impl Manager {
         builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
     }
 
-    /// An HTTP/1.1 client for the change stream, presenting `identity`: its one request is
-    /// switched to the stream, which lasts as long as the manager answers its heartbeats.
-    pub(crate) fn stream_client(&self, identity: &MachineCredentials) -> Result<reqwest::Client, ManagerError> {
-        let builder =
-            self.builder(Some(identity))?.http1_only().connect_timeout(self.timeout).pool_max_idle_per_host(0);
+    /// An HTTP/1.1 client for the change stream, speaking `tls`: its one request is switched
+    /// to the stream, which lasts as long as the manager answers its heartbeats.
+    pub(crate) fn stream_client(&self, tls: &ClientTls) -> Result<reqwest::Client, ManagerError> {
+        let builder = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls.config(Speaks::Stream))
+            .http1_only()
+            .connect_timeout(self.timeout)
+            .pool_max_idle_per_host(0);
         builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
-    }
-
-    /// What every client of the manager has: its trust and the machine's identity.
-    fn builder(&self, identity: Option<&MachineCredentials>) -> Result<reqwest::ClientBuilder, ManagerError> {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let setup = |error: reqwest::Error| ManagerError::Setup(error.to_string());
-        let mut builder = reqwest::Client::builder();
-        if let Some(pem) = &self.server_ca {
-            builder = builder.tls_certs_only(reqwest::Certificate::from_pem_bundle(pem).map_err(setup)?);
-        }
-        if let Some(credentials) = identity {
-            let pem = format!("{}\n{}", credentials.certificate, credentials.key);
-            builder = builder.identity(reqwest::Identity::from_pem(pem.as_bytes()).map_err(setup)?);
-        }
-        Ok(builder)
     }
 
     /// Posts to the first manager that answers.
@@ -188,7 +179,9 @@ impl Manager {
         let (key, csr) = key_and_request()?;
         let body = serde_json::to_string(&AgentJoinRequest { machine_id: machine_id.to_string(), csr })
             .map_err(|error| ManagerError::Setup(error.to_string()))?;
-        let answer = self.post(&self.client(None, self.timeout)?, "/fleet/v1/agents/join", Some(token), body).await?;
+        let answer = self
+            .post(&self.client(&self.tls(None)?, self.timeout)?, "/fleet/v1/agents/join", Some(token), body)
+            .await?;
         if answer.machine_id != machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
         }
@@ -204,8 +197,9 @@ impl Manager {
         let (key, csr) = key_and_request()?;
         let body = serde_json::to_string(&AgentRenewRequest { csr })
             .map_err(|error| ManagerError::Setup(error.to_string()))?;
-        let answer =
-            self.post(&self.client(Some(current), self.timeout)?, "/fleet/v1/agents/renew", None, body).await?;
+        let answer = self
+            .post(&self.client(&self.tls(Some(current))?, self.timeout)?, "/fleet/v1/agents/renew", None, body)
+            .await?;
         if answer.machine_id != current.machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
         }

@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use crate::credentials::MachineCredentials;
 use crate::disk_copy::DiskCopy;
 use crate::manager::{Manager, ManagerError, without_url};
+use crate::tls::ClientTls;
 
 /// How long a request may take; a long poll waits up to 25 s on the manager, so it gets more.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -44,10 +45,11 @@ pub struct RemoteRegistry {
     client: std::sync::RwLock<reqwest::Client>,
     /// Opens the change stream (HTTP/1.1, upgraded), with the same certificate.
     stream_client: std::sync::RwLock<reqwest::Client>,
-    /// What the clients are made of: the managers and this machine's credentials (a new
-    /// client lets the old one's connection go).
+    /// What the clients are made of (a new client lets the old one's connection go): the
+    /// managers, and the TLS of the machine's certificate, by which every client resumes the
+    /// sessions the others began.
     manager: Manager,
-    credentials: std::sync::RwLock<MachineCredentials>,
+    tls: std::sync::RwLock<ClientTls>,
     /// How often the change stream beats.
     heartbeat: Duration,
     /// The work last read, reused while the change stream says nothing changed.
@@ -138,11 +140,12 @@ impl RemoteRegistry {
         copy: Option<DiskCopy>,
     ) -> std::result::Result<Arc<Self>, ManagerError> {
         let (journal_asks, asks_received) = tokio::sync::mpsc::unbounded_channel();
+        let tls = manager.tls(Some(credentials))?;
         let registry = Arc::new(Self {
-            client: std::sync::RwLock::new(manager.client(Some(credentials), REQUEST_TIMEOUT)?),
-            stream_client: std::sync::RwLock::new(manager.stream_client(credentials)?),
+            client: std::sync::RwLock::new(manager.client(&tls, REQUEST_TIMEOUT)?),
+            stream_client: std::sync::RwLock::new(manager.stream_client(&tls)?),
             manager: manager.clone(),
-            credentials: std::sync::RwLock::new(credentials.clone()),
+            tls: std::sync::RwLock::new(tls),
             heartbeat: manager.heartbeat(),
             kept_work: crate::kept_work::KeptWork::default(),
             stream_refused_by: std::sync::atomic::AtomicUsize::new(0),
@@ -167,17 +170,19 @@ impl RemoteRegistry {
         Ok(registry)
     }
 
-    /// Presents `credentials` (a renewed certificate) from the next request on.
+    /// Presents `credentials` (a renewed certificate) from the next request on, resuming
+    /// no session the old certificate began.
     pub fn use_credentials(
         &self,
         manager: &Manager,
         credentials: &MachineCredentials,
     ) -> std::result::Result<(), ManagerError> {
-        let client = manager.client(Some(credentials), REQUEST_TIMEOUT)?;
-        let stream_client = manager.stream_client(credentials)?;
+        let tls = manager.tls(Some(credentials))?;
+        let client = manager.client(&tls, REQUEST_TIMEOUT)?;
+        let stream_client = manager.stream_client(&tls)?;
         *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         *self.stream_client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = stream_client;
-        *self.credentials.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = credentials.clone();
+        *self.tls.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = tls;
         Ok(())
     }
 
@@ -185,8 +190,8 @@ impl RemoteRegistry {
     /// requests in flight on it end): the agent moves to a change stream, and holds nothing
     /// else on its manager until its work changes.
     fn let_request_connection_go(&self) {
-        let credentials = self.credentials.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        match self.manager.client(Some(&credentials), REQUEST_TIMEOUT) {
+        let tls = self.tls.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        match self.manager.client(&tls, REQUEST_TIMEOUT) {
             Ok(client) => *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client,
             Err(error) => tracing::debug!(%error, "cannot make a new client; the old connection idles out"),
         }

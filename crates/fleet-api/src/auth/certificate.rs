@@ -38,7 +38,8 @@ const MAX_NAME: usize = 128;
 /// Reads the subject of a DER certificate that the TLS handshake has already verified.
 /// `None` when it cannot be parsed or names no usable common name. `machine_issuer` is the
 /// subject of the cluster's agent CA: a certificate it issued names a machine (and only that),
-/// and only it may issue one that does.
+/// and only it may issue one that does. A certificate past its validity names no role: a
+/// resumed TLS session carries the certificate its first handshake verified, maybe hours ago.
 pub fn from_der(der: &[u8], machine_issuer: Option<&[u8]>) -> Option<CertificateIdentity> {
     let (_, certificate) = x509_parser::parse_x509_certificate(der).ok()?;
     let from_agent_ca = machine_issuer.is_some_and(|issuer| certificate.issuer().as_raw() == issuer);
@@ -53,6 +54,7 @@ pub fn from_der(der: &[u8], machine_issuer: Option<&[u8]>) -> Option<Certificate
     let organization = first(&mut subject.iter_organization());
     let unit = first(&mut subject.iter_organizational_unit());
     let role = match (organization.as_deref(), from_agent_ca) {
+        _ if !certificate.validity().is_valid() => Err("its certificate is outside its validity period".to_string()),
         (Some(MACHINE_ORGANIZATION), true) if valid_machine_id(&name) => Ok(Role::Machine { id: name.clone() }),
         (_, true) => Err("the agent CA issues machine certificates only".to_string()),
         (Some(MACHINE_ORGANIZATION), false) => Err("only the agent CA issues machine certificates".to_string()),
@@ -105,6 +107,26 @@ mod tests {
         let (_, parsed) = x509_parser::parse_x509_certificate(&admin).unwrap();
         let issuer = parsed.issuer().as_raw().to_vec();
         assert!(from_der(&admin, Some(&issuer)).unwrap().role.is_err(), "the agent CA makes no admins");
+    }
+
+    #[test]
+    fn a_certificate_outside_its_validity_grants_nothing() {
+        // What a resumed TLS session presents is its first handshake's certificate, unchecked since.
+        let subject = [(DnType::CommonName, "m1"), (DnType::OrganizationName, "admin")];
+        let dated = |not_before: i32, not_after: i32| {
+            let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+            params.distinguished_name = DistinguishedName::new();
+            for (kind, value) in &subject {
+                params.distinguished_name.push(kind.clone(), *value);
+            }
+            params.not_before = rcgen::date_time_ymd(not_before, 1, 1);
+            params.not_after = rcgen::date_time_ymd(not_after, 1, 1);
+            params.self_signed(&KeyPair::generate().unwrap()).unwrap().der().to_vec()
+        };
+        assert_eq!(from_der(&dated(2000, 4000), None).unwrap().role, Ok(Role::Admin));
+        let expired = from_der(&dated(2000, 2001), None).unwrap();
+        assert_eq!(expired.role, Err("its certificate is outside its validity period".to_string()));
+        assert!(from_der(&dated(3999, 4000), None).unwrap().role.is_err(), "not valid yet");
     }
 
     #[test]

@@ -84,6 +84,11 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         .with_single_cert(certificates(&files.certificate)?, private_key(&files.key)?)
         .map_err(|error| TlsError::Invalid(format!("{}: {error}", files.certificate.display())))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // Sessions are resumed from tickets only this configuration can open (a reload makes a
+    // new one, so nothing begun under other files resumes), each carrying the client
+    // certificate it began with: a pull agent's many short connections cost no certificate
+    // signatures, and the manager still reads (and checks) the certificate on every one.
+    config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|error| TlsError::Invalid(error.to_string()))?;
     Ok(Arc::new(config))
 }
 
@@ -142,3 +147,6 @@ impl ServerTls {
         self.files.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -142,7 +142,7 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
         // revoked machine's open poll ends within a second.
         let deadline = tokio::time::sleep(wait);
         tokio::pin!(deadline);
-        let _waiting = fleet_metrics::Waiting::start();
+        let _waiting = fleet_metrics::OpenNow::long_poll();
         // The machine is present while it waits here, however long.
         let presence = state.agent_presence.poll_opened(machine_id);
         let (mut revocations, _listening) = state.revocation_bell.open_poll(&state.auth);

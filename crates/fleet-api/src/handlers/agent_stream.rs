@@ -125,6 +125,7 @@ impl ChangeStream {
         let mut asked = self.journal.asked(&self.machine);
         let (mut rung, _listening) = self.revocations.open_poll(&self.auth);
         let open = self.presence.poll_opened(&self.machine);
+        let _streaming = fleet_metrics::OpenNow::change_stream();
         // An agent silent for half of `agent_ttl` is asked for a beat, and has a quarter more to
         // give it (whatever its own heartbeat): its loss is noticed within `agent_ttl`.
         let (ask_after, silence) = (self.presence.keepalive(), self.presence.cut_off_slack());

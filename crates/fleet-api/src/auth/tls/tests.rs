@@ -1,0 +1,127 @@
+use std::sync::Arc;
+
+use rcgen::{BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair};
+use rustls::client::{ClientSessionMemoryCache, Resumption};
+use rustls::{ClientConnection, HandshakeKind, ServerConnection};
+
+use super::*;
+
+/// A CA, a server certificate for `localhost` and a client certificate, all written to `dir`.
+struct Pki {
+    files: TlsFiles,
+    ca: CertificateDer<'static>,
+    client: (CertificateDer<'static>, PrivateKeyDer<'static>),
+}
+
+fn pki(dir: &Path) -> Pki {
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.distinguished_name.push(DnType::CommonName, "test CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let issuer = Issuer::new(ca_params, ca_key);
+    let server_key = KeyPair::generate().unwrap();
+    let server =
+        CertificateParams::new(vec!["localhost".to_string()]).unwrap().signed_by(&server_key, &issuer).unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let mut client_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    client_params.distinguished_name = DistinguishedName::new();
+    client_params.distinguished_name.push(DnType::CommonName, "alice");
+    client_params.distinguished_name.push(DnType::OrganizationName, "admin");
+    let client = client_params.signed_by(&client_key, &issuer).unwrap();
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let files = TlsFiles {
+        certificate: write("server.pem", server.pem()),
+        key: write("server-key.pem", server_key.serialize_pem()),
+        client_ca: Some(write("ca.pem", ca.pem())),
+        agent_ca: None,
+    };
+    let client_der = PrivateKeyDer::try_from(client_key.serialize_der()).unwrap();
+    Pki { files, ca: ca.der().clone(), client: (client.der().clone(), client_der) }
+}
+
+/// A client's configuration with a session store of its own; its clones share the store,
+/// and resume what one another began (as a pull agent's clients do).
+fn client_config(pki: &Pki) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca.clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![pki.client.0.clone()], pki.client.1.clone_key())
+        .unwrap();
+    config.resumption = Resumption::store(Arc::new(ClientSessionMemoryCache::new(4)));
+    config
+}
+
+/// One connection, in memory, carried until both sides have nothing left to send (the
+/// server's session tickets included): how its handshake went, and the client certificate the
+/// server holds for it.
+fn connect(client: Arc<rustls::ClientConfig>, server: Arc<ServerConfig>) -> (HandshakeKind, Vec<u8>) {
+    let mut client = ClientConnection::new(client, "localhost".try_into().unwrap()).unwrap();
+    let mut server = ServerConnection::new(server).unwrap();
+    let mut buffer = Vec::new();
+    loop {
+        let mut moved = false;
+        while client.wants_write() {
+            client.write_tls(&mut buffer).unwrap();
+            moved = true;
+        }
+        if !buffer.is_empty() {
+            server.read_tls(&mut buffer.as_slice()).unwrap();
+            server.process_new_packets().unwrap();
+            buffer.clear();
+        }
+        while server.wants_write() {
+            server.write_tls(&mut buffer).unwrap();
+            moved = true;
+        }
+        if !buffer.is_empty() {
+            client.read_tls(&mut buffer.as_slice()).unwrap();
+            client.process_new_packets().unwrap();
+            buffer.clear();
+        }
+        if !moved {
+            break;
+        }
+    }
+    assert!(!client.is_handshaking() && !server.is_handshaking());
+    let certificate = server.peer_certificates().and_then(|chain| chain.first()).map(|leaf| leaf.to_vec());
+    (server.handshake_kind().unwrap(), certificate.unwrap_or_default())
+}
+
+#[test]
+fn a_client_resumes_its_session_and_the_server_still_holds_its_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let server = server_config(&pki.files).unwrap();
+    let client = client_config(&pki);
+    let (first, presented) = connect(Arc::new(client.clone()), server.clone());
+    assert_eq!(first, HandshakeKind::Full);
+    assert_eq!(presented, pki.client.0.to_vec());
+    // Another client of the same configuration (an agent's new connection) resumes, and the
+    // server reads the same certificate from the session it resumed.
+    let (second, presented) = connect(Arc::new(client.clone()), server.clone());
+    assert_eq!(second, HandshakeKind::Resumed);
+    assert_eq!(presented, pki.client.0.to_vec());
+    // A configuration made anew (another certificate, say) does the whole handshake.
+    let (fresh, _) = connect(Arc::new(client_config(&pki)), server);
+    assert_eq!(fresh, HandshakeKind::Full);
+}
+
+#[test]
+fn a_reloaded_configuration_resumes_nothing_begun_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let client = client_config(&pki);
+    let (first, _) = connect(Arc::new(client.clone()), server_config(&pki.files).unwrap());
+    assert_eq!(first, HandshakeKind::Full);
+    // A reload makes a new configuration, with new ticket keys: the old tickets open nothing.
+    let (after_reload, _) = connect(Arc::new(client.clone()), server_config(&pki.files).unwrap());
+    assert_eq!(after_reload, HandshakeKind::Full);
+}
