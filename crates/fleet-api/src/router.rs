@@ -214,9 +214,14 @@ async fn read_body(body: Option<Body>) -> Result<Bytes, ApiError> {
     let body = body.unwrap_or_else(Body::empty);
     match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
         Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(_)) => {
+        Ok(Err(error))
+            if std::error::Error::source(&error)
+                .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>()) =>
+        {
             Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {BODY_LIMIT} bytes")))
         }
+        // The client went away (or its stream was reset) before its body was whole.
+        Ok(Err(_)) => Err(ApiError::bad_request("request body could not be read")),
         Err(_) => Err(ApiError::new(StatusCode::REQUEST_TIMEOUT, "request body not received in time")),
     }
 }

@@ -33,10 +33,13 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
 #[async_trait]
 impl AgentRegistry for EtcdRegistry {
     /// A pull agent announces itself when it comes to this manager, and again when its work
-    /// shows it absent: either way its presence is (re)written under this manager's lease,
-    /// whatever this manager held for it before (another manager may have written it since,
-    /// or given it up).
+    /// shows it absent or a request of its went unanswered: its presence is (re)written under
+    /// this manager's lease, whatever this manager held for it before (another manager may
+    /// have written it since, or given it up), unless this manager holds it as announced.
     async fn announce_for_agent(&self, machine: &MachineState) -> Result<()> {
+        if self.holds_presence_as_announced(machine).await? {
+            return Ok(());
+        }
         self.take_over_session(machine).await
     }
 

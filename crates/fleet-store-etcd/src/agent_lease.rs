@@ -190,6 +190,26 @@ impl EtcdRegistry {
     }
 
     /// The lease `machine_id`'s presence hangs on, as this manager's copy shows it.
+    /// Whether this manager holds `machine`'s presence as announced already: its session here
+    /// hangs on the agents' live lease, and the store holds this very record under that lease
+    /// (read, not taken from the copy, which may lag a deletion). An agent that announces
+    /// again (a request of its timed out on a loaded manager, say) then costs the store one
+    /// read: rewriting its presence and states would move its work signal, wake the leader's
+    /// loops that read every machine, and load the store further.
+    pub(super) async fn holds_presence_as_announced(&self, machine: &fleet_core::MachineState) -> Result<bool> {
+        let Some(session) = self.session(&machine.id).filter(|session| !session.own()) else { return Ok(false) };
+        let lease = session.lease();
+        if lease == 0 || lease != self.inner.agent_lease.current() {
+            return Ok(false);
+        }
+        if *session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) != *machine {
+            return Ok(false);
+        }
+        let reply = self.connection().get(&self.keys().machine(&machine.id), None).await?;
+        let encoded = fleet_registry::codec::encode(machine);
+        Ok(reply.kvs().first().is_some_and(|kv| kv.lease() == lease && kv.value() == encoded.as_slice()))
+    }
+
     fn presence_lease_in_copy(&self, machine_id: &str) -> Option<i64> {
         let key = self.keys().machine(machine_id);
         self.work_mirror(machine_id).read().entries.get(&key).map(|entry| entry.lease)

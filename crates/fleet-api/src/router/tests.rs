@@ -579,3 +579,15 @@ async fn a_machine_is_drained_shown_and_undrained_and_bad_requests_are_refused()
     assert_eq!(api.call("DELETE", "/fleet/v1/machines/3d1219c7/drain", None).await.status, StatusCode::NO_CONTENT);
     assert!(api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0].get("drain").is_none());
 }
+
+#[tokio::test]
+async fn a_body_too_large_and_a_body_that_broke_off_are_told_apart() {
+    let large = Body::from(vec![b'x'; BODY_LIMIT + 1]);
+    let refused = read_body(Some(large)).await.unwrap_err();
+    assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE);
+    let chunks: Vec<Result<&'static [u8], std::io::Error>> =
+        vec![Ok(b"{\"a\":"), Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"))];
+    let broken = Body::from_stream(futures_util::stream::iter(chunks));
+    let refused = read_body(Some(broken)).await.unwrap_err();
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "the client went away: its body is not too large");
+}

@@ -182,3 +182,34 @@ async fn the_manager_an_agent_talks_to_holds_its_presence_whoever_wrote_it_last(
     second.announce_for_agent(&machine("agent")).await.unwrap();
     assert_eq!(held().await, Some(second_lease));
 }
+
+/// An agent that announces itself again, unchanged, to the manager that holds it (a request
+/// of its timed out on a loaded manager, say) costs the store no write; a changed record,
+/// or one gone from the store, is written.
+#[tokio::test]
+async fn an_agent_announced_again_unchanged_costs_the_store_no_write() {
+    let etcd = EtcdServer::start();
+    let manager = registry(&etcd, Duration::from_secs(30)).await;
+    manager.announce_for_agent(&machine("agent")).await.unwrap();
+    manager.report_states("agent", &[running("agent", "a.service")]).await.unwrap();
+    let revision = || async {
+        let reply = manager.connection().get("/fleet-test/machines/", Some(GetOptions::new().with_prefix())).await;
+        reply.unwrap().header().unwrap().revision()
+    };
+    let before = revision().await;
+    manager.announce_for_agent(&machine("agent")).await.unwrap();
+    assert_eq!(revision().await, before, "nothing written");
+
+    let mut moved = machine("agent");
+    moved.public_ip = "10.9.9.9".into();
+    manager.announce_for_agent(&moved).await.unwrap();
+    let after_change = revision().await;
+    assert!(after_change > before, "a changed record is written");
+
+    let delete = etcd_client::TxnOp::delete("/fleet-test/machines/agent", None);
+    manager.connection().txn(etcd_client::Txn::new().and_then([delete])).await.unwrap();
+    manager.announce_for_agent(&moved).await.unwrap();
+    let held = leases_under(&manager, "/fleet-test/machines/agent").await;
+    assert_eq!(held.len(), 1, "a record gone from the store is written again");
+    assert_eq!(leases_under(&manager, "/fleet-test/states/agent/").await.len(), 1, "with the agent's states");
+}

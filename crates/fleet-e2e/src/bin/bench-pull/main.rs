@@ -8,9 +8,14 @@
 //!
 //! (a) the time from the last unit submitted until every unit reports launched, with the
 //!     manager's CPU over that time;
+//!     and the TLS handshakes the managers completed meanwhile, full and resumed;
+//! then waits (up to two minutes) until every agent follows its changes on a change stream,
+//! and prints how long that took;
 //! (b) how many agents one schedule change wakes;
 //! (c) the manager's CPU and memory idle, and what etcd does meanwhile: its CPU, the
 //!     proposals it commits (every store write) and the lease renewals it receives, a second;
+//! (e) a global unit, one change that reaches every agent on its stream: the time until every
+//!     agent reports it active, the managers' CPU and their TLS handshakes, full and resumed;
 //! (d) after the manager is killed and started again, the time until every agent has
 //!     announced itself to the new one; with several managers, after one is killed (not
 //!     started again), the time until every agent it held is held by the others, the fewest
@@ -26,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_core::{DesiredState, MachineState};
+use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::cluster_bench::{submit_units, template, wait_all_launched};
 use fleet_e2e::pki::Authority;
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
@@ -96,6 +101,30 @@ fn agents_by_lease(leases: &std::collections::HashMap<String, i64>) -> Vec<(i64,
     counts
 }
 
+/// The sum over `managers` of one metric series (blocking: each scrape is one request).
+fn managers_metric(managers: &[Fleetd], series: &str) -> f64 {
+    tokio::task::block_in_place(|| {
+        managers
+            .iter()
+            .map(|fleetd| fleet_e2e::metric_value(&fleetd.api("GET", "/metrics", ""), series).unwrap_or(0.0))
+            .sum()
+    })
+}
+
+const FULL_HANDSHAKES: &str = "fleet_api_tls_handshakes_total{kind=\"full\"}";
+const RESUMED_HANDSHAKES: &str = "fleet_api_tls_handshakes_total{kind=\"resumed\"}";
+
+/// TLS handshakes the managers completed so far: (full, resumed).
+fn handshakes(managers: &[Fleetd]) -> (f64, f64) {
+    (managers_metric(managers, FULL_HANDSHAKES), managers_metric(managers, RESUMED_HANDSHAKES))
+}
+
+/// How many agents report `unit` active.
+async fn active_on(api: &EtcdRegistry, unit: &str) -> usize {
+    let states = api.unit_states().await.unwrap_or_default();
+    states.iter().filter(|state| state.name == unit && state.systemd.active == "active").count()
+}
+
 /// Which machine each unit's state says it runs on.
 async fn placements(api: &EtcdRegistry) -> std::collections::HashMap<String, String> {
     let states = api.unit_states().await.expect("read the states");
@@ -105,6 +134,8 @@ async fn placements(api: &EtcdRegistry) -> std::collections::HashMap<String, Str
 fn main() {
     // RUST_LOG=fleet_remote=warn shows the agents' failovers and failures.
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    // The bench's own plain HTTP clients (etcd's metrics) take the tree's one provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let agents = argument(1, 1000);
     let units = argument(2, 10_000);
     let idle_seconds = argument(3, 20) as u64;
@@ -261,6 +292,7 @@ fn main() {
 
         // (a) Submit every unit, then time until all report launched.
         let cpu_before = managers_cpu(&managers);
+        let handshakes_before = handshakes(&managers);
         let submitting = Instant::now();
         submit_units(&api, units).await;
         println!("  submitted {units} units in {:.2} s", submitting.elapsed().as_secs_f64());
@@ -271,6 +303,27 @@ fn main() {
             submitting.elapsed().as_secs_f64(),
             managers_cpu(&managers) - cpu_before,
             managers_rss(&managers)
+        );
+        let handshakes_after = handshakes(&managers);
+        println!(
+            "  (a) TLS handshakes meanwhile: {:.0} full, {:.0} resumed",
+            handshakes_after.0 - handshakes_before.0,
+            handshakes_after.1 - handshakes_before.1
+        );
+
+        // Until every agent follows its changes on a stream: the steady state (b) and (c) measure.
+        let settling = Instant::now();
+        let mut streaming = 0.0;
+        while settling.elapsed() < Duration::from_secs(120) {
+            streaming = managers_metric(&managers, "fleet_pull_agents_streaming");
+            if streaming >= agents as f64 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        println!(
+            "  {streaming:.0} of {agents} agents on their change streams {:.2} s after (a)",
+            settling.elapsed().as_secs_f64()
         );
 
         // (b) One more unit: how many agents wake?
@@ -312,6 +365,37 @@ fn main() {
             etcd_cpu * 100.0 / idle_seconds as f64,
             (proposals - proposals_before) / idle_seconds as f64,
             (renewals - renewals_before) / idle_seconds as f64,
+        );
+
+        // (e) One change that reaches every agent on its stream: a global unit.
+        let cpu_before = managers_cpu(&managers);
+        let handshakes_before = handshakes(&managers);
+        let everywhere = UnitFile::parse(
+            "[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nGlobal=true\nMachineMetadata=role=worker\n",
+        )
+        .expect("the global unit parses");
+        let reaching = Instant::now();
+        api.put_unit("everywhere.service", &everywhere, DesiredState::Launched).await.expect("submit the global unit");
+        let mut last_report = Instant::now();
+        loop {
+            let active = active_on(&api, "everywhere.service").await;
+            if active >= agents {
+                break;
+            }
+            assert!(reaching.elapsed() < Duration::from_secs(300), "only {active}/{agents} agents run the global unit");
+            if last_report.elapsed() > Duration::from_secs(5) {
+                println!("    … {active}/{agents} run it after {:.1} s", reaching.elapsed().as_secs_f64());
+                last_report = Instant::now();
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let handshakes_after = handshakes(&managers);
+        println!(
+            "  (e) a global unit reached all {agents} agents on their streams in {:.2} s (managers' CPU {:.2} s; TLS handshakes {:.0} full, {:.0} resumed)",
+            reaching.elapsed().as_secs_f64(),
+            managers_cpu(&managers) - cpu_before,
+            handshakes_after.0 - handshakes_before.0,
+            handshakes_after.1 - handshakes_before.1
         );
 
         let before = machine_leases(&mut raw).await;
