@@ -270,10 +270,11 @@ pub async fn a_drain_reads_with_its_machine_and_is_stepped_only_while_it_stands(
     };
     let expected = vec![("m1".to_string(), Some(drain.clone())), ("m2".to_string(), None)];
     assert_eq!(drained(registry.machines().await.unwrap()), expected);
-    eventually("the engine and the API's pages read the drain", async || {
+    eventually("the engine, the API's pages and the drains read the drain", async || {
         let engine = registry.snapshot().await.is_ok_and(|s| drained(s.machines) == expected);
         let paged = registry.machines_page(every(0, 10)).await.is_ok_and(|page| drained(page.items) == expected);
-        engine && paged
+        let drains = registry.drains().await.is_ok_and(|drains| drains == vec![("m1".to_string(), drain.clone())]);
+        engine && paged && drains
     })
     .await;
     // The machine restarts: its record is written again, the drain stays.
@@ -290,6 +291,12 @@ pub async fn a_drain_reads_with_its_machine_and_is_stepped_only_while_it_stands(
     registry.set_drain("m1", None).await.unwrap();
     assert!(!registry.step_drain("m1", &again).await.unwrap(), "an ended drain takes no step");
     assert_eq!(drained(registry.machines().await.unwrap()), vec![("m1".into(), None), ("m2".into(), None)]);
+    eventually("no drain is read once it ended", async || registry.drains().await.is_ok_and(|d| d.is_empty())).await;
+    // A drain of a machine that is gone is not read with the live machines' drains.
+    registry.set_drain("m2", Some(&again)).await.unwrap();
+    agent_for("m2").unregister_machine("m2").await.unwrap();
+    eventually("a gone machine's drain is not read", async || registry.drains().await.is_ok_and(|d| d.is_empty()))
+        .await;
 }
 
 /// A machine's unit states are dropped when it leaves.

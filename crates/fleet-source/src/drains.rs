@@ -2,9 +2,10 @@
 //! machine is stepped (`fleet_core::drain::advance`) against what the machines report, and
 //! stored when it moved on; the engine then moves the units it let go.
 //!
-//! It reads the machines, the units and the states of the units a drain concerns from the
+//! It reads the drains, the units and the states of the units a drain concerns from the
 //! store's watch-fed copy, and wakes when any of those change. With no machine drained it
-//! reads the machines on each change and nothing more.
+//! reads the (empty) drains on each change and nothing more: never every machine, which at
+//! 10,000 machines cost the leader a third of its CPU while their agents reported states.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,13 +39,7 @@ impl DrainDriver {
 
     /// Steps every drain; says whether one still has units to move.
     async fn step_drains(&self) -> Result<bool, RegistryError> {
-        let drained: Vec<_> = self
-            .registry
-            .machines()
-            .await?
-            .into_iter()
-            .filter_map(|machine| Some((machine.id, machine.drain?)))
-            .collect();
+        let drained = self.registry.drains().await?;
         if drained.is_empty() {
             return Ok(false);
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_core::drain::Drain;
-use fleet_core::{DesiredState, MachineState, UnitFile, UnitState};
+use fleet_core::{DesiredState, UnitFile, UnitState};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, PageRequest, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitChange,
     UnitChanged, UnitView, Writer,
@@ -27,8 +27,8 @@ pub trait LeaderStore: Send + Sync {
     async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>>;
     /// Every unit, from the store's watch-fed copy where it has one.
     async fn units_copied(&self) -> Result<Vec<UnitView>>;
-    /// The live machines, each with its drain if it has one, from the watch-fed copy likewise.
-    async fn machines(&self) -> Result<Vec<MachineState>>;
+    /// The drains of the live machines, by machine ID, from the watch-fed copy likewise.
+    async fn drains(&self) -> Result<Vec<(String, Drain)>>;
     /// Stores a step of a machine's drain while that drain stands (`false` when it does not).
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool>;
     /// The states the machines report of these units, from the watch-fed copy likewise.
@@ -74,8 +74,8 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     async fn units_copied(&self) -> Result<Vec<UnitView>> {
         Ok(ApiRegistry::units_page(&**self, PageRequest::everything()).await?.items)
     }
-    async fn machines(&self) -> Result<Vec<MachineState>> {
-        Ok(ApiRegistry::machines_page(&**self, PageRequest::everything()).await?.items)
+    async fn drains(&self) -> Result<Vec<(String, Drain)>> {
+        ApiRegistry::drains(&**self).await
     }
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
         ApiRegistry::step_drain(&**self, machine_id, drain).await

@@ -79,9 +79,9 @@ impl LeaderStore for Counting {
         self.read();
         LeaderStore::units_copied(&self.store).await
     }
-    async fn machines(&self) -> Result<Vec<MachineState>> {
+    async fn drains(&self) -> Result<Vec<(String, Drain)>> {
         self.read();
-        LeaderStore::machines(&self.store).await
+        LeaderStore::drains(&self.store).await
     }
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
         self.writes.fetch_add(1, Ordering::SeqCst);

@@ -393,6 +393,23 @@ impl ApiRegistry for EmbeddedRegistry {
         .await
     }
 
+    async fn drains(&self) -> Result<Vec<(MachineId, Drain)>> {
+        self.read(|txn| {
+            let machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
+            let drains = txn.open_table(tables::DRAINS).map_err(unavailable)?;
+            let mut present = Vec::new();
+            for row in drains.iter().map_err(unavailable)? {
+                let (id, drain) = row.map_err(unavailable)?;
+                let id = id.value().to_string();
+                if machines.get(id.as_str()).map_err(unavailable)?.is_some() {
+                    present.push((id.clone(), decode(&id, drain.value())?));
+                }
+            }
+            Ok(present)
+        })
+        .await
+    }
+
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
         let (machine_id, drain) = (machine_id.to_string(), drain.clone());
         self.write(move |txn, touched| {

@@ -518,6 +518,10 @@ impl ApiRegistry for EtcdRegistry {
         self.machines_page_from_copy(request).await
     }
 
+    async fn drains(&self) -> Result<Vec<(MachineId, Drain)>> {
+        self.drains_from_copy().await
+    }
+
     async fn machine_present(&self, machine_id: &str) -> Result<bool> {
         let reply = self.connection().get(&self.keys().machine(machine_id), None).await?;
         Ok(first(&reply).is_some())

@@ -254,6 +254,26 @@ impl EtcdRegistry {
         Page::select(machines, &request, |id, (key, entry)| Ok(super::engine::machine_in(self, &data, id, key, entry)))
     }
 
+    /// The drains of the machines present, from the copy: a walk over its drains alone.
+    pub(super) async fn drains_from_copy(&self) -> Result<Vec<(String, fleet_core::drain::Drain)>> {
+        self.api_copy_current().await?;
+        let mirror = self.api_mirror();
+        let data = mirror.synced()?;
+        let keys = self.keys();
+        let prefix = keys.all_drains();
+        let mut drains = Vec::new();
+        for (key, entry) in data.range(&KeyRange::prefix(prefix.clone())) {
+            let Some(id) = keys.name_in(&prefix, key) else { continue };
+            if !data.entries.contains_key(&keys.machine(id)) {
+                continue;
+            }
+            if let Some(drain) = decode_listed::<fleet_core::drain::Drain>(key, &entry.value) {
+                drains.push((id.to_string(), drain));
+            }
+        }
+        Ok(drains)
+    }
+
     /// The states of `names`, in key (machine, unit) order: one walk over the copy's states,
     /// each looked up by its unit's name, with no (unit, machine) order to sort. Each is parsed
     /// once per revision and shared: a rollout reads the states of its units on every pass.
