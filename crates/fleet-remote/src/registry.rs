@@ -225,7 +225,14 @@ impl RemoteRegistry {
     async fn request(&self, request: reqwest::RequestBuilder) -> std::result::Result<Vec<u8>, Failure> {
         let used = self.current.load(std::sync::atomic::Ordering::Relaxed);
         let unreachable = |error: reqwest::Error| {
-            self.fail_over(used);
+            // No answer in time on a connection the manager accepted, and no other manager to
+            // go to: the manager is loaded, not restarted, and still holds this machine. (An
+            // agent that announced itself again on each timeout loaded it further.) A manager
+            // that lost the machine says so: its work shows no machine, or its states are refused.
+            let slow = error.is_timeout() && !error.is_connect() && self.bases.len() == 1;
+            if !slow {
+                self.fail_over(used);
+            }
             Failure::Unreachable(without_url(&error))
         };
         let sent = tokio::time::Instant::now();
