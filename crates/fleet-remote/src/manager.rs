@@ -93,7 +93,7 @@ impl Manager {
     /// The TLS of `identity` (a machine certificate, or none) towards these managers: make
     /// one per certificate, and every client made from it resumes the sessions the others began.
     pub(crate) fn tls(&self, identity: Option<&MachineCredentials>) -> Result<ClientTls, ManagerError> {
-        ClientTls::new(self.server_ca.as_deref(), identity)
+        ClientTls::new(self.server_ca.as_deref(), identity).map_err(|error| ManagerError::Setup(error.to_string()))
     }
 
     /// An HTTPS client for the manager, speaking `tls`; requests give up after `timeout`. A

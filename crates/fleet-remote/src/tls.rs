@@ -13,7 +13,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls_platform_verifier::BuilderVerifierExt;
 
 use crate::credentials::MachineCredentials;
-use crate::manager::ManagerError;
+
+/// Why the TLS of an identity cannot be set up (names what, never a key's content).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct TlsSetupError(String);
 
 /// How many managers' sessions an agent keeps (each with the few tickets a manager gives).
 const MANAGERS_REMEMBERED: usize = 16;
@@ -37,8 +41,8 @@ pub enum Speaks {
 
 impl ClientTls {
     /// Trusting `server_ca` (PEM; the system's roots without it), presenting `identity` if given.
-    pub fn new(server_ca: Option<&[u8]>, identity: Option<&MachineCredentials>) -> Result<Self, ManagerError> {
-        let setup = |what: &str, error: &dyn std::fmt::Display| ManagerError::Setup(format!("{what}: {error}"));
+    pub fn new(server_ca: Option<&[u8]>, identity: Option<&MachineCredentials>) -> Result<Self, TlsSetupError> {
+        let setup = |what: &str, error: &dyn std::fmt::Display| TlsSetupError(format!("{what}: {error}"));
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -51,7 +55,7 @@ impl ClientTls {
                     roots.add(certificate).map_err(|error| setup("the manager's CA", &error))?;
                 }
                 if roots.is_empty() {
-                    return Err(ManagerError::Setup("the manager's CA holds no certificate".into()));
+                    return Err(TlsSetupError("the manager's CA holds no certificate".into()));
                 }
                 builder.with_root_certificates(roots)
             }
@@ -64,7 +68,7 @@ impl ClientTls {
                     .map_err(|error| setup("the machine certificate", &error))?;
                 // The key's own error is not shown: nothing of a key reaches a message.
                 let key = PrivateKeyDer::from_pem_slice(credentials.key.as_bytes())
-                    .map_err(|_| ManagerError::Setup("the machine key cannot be read".into()))?;
+                    .map_err(|_| TlsSetupError("the machine key cannot be read".into()))?;
                 builder.with_client_auth_cert(chain, key).map_err(|error| setup("the machine certificate", &error))?
             }
             None => builder.with_no_client_auth(),

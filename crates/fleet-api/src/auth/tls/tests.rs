@@ -59,37 +59,27 @@ fn client_config(pki: &Pki) -> rustls::ClientConfig {
     config
 }
 
+/// Moves what `from` has to send into `to`; whether anything moved.
+fn carry(from: &mut rustls::Connection, to: &mut rustls::Connection) -> bool {
+    let mut buffer = Vec::new();
+    while from.wants_write() {
+        from.write_tls(&mut buffer).unwrap();
+    }
+    let mut unread = buffer.as_slice();
+    while !unread.is_empty() {
+        to.read_tls(&mut unread).unwrap();
+        to.process_new_packets().unwrap();
+    }
+    !buffer.is_empty()
+}
+
 /// One connection, in memory, carried until both sides have nothing left to send (the
 /// server's session tickets included): how its handshake went, and the client certificate the
 /// server holds for it.
 fn connect(client: Arc<rustls::ClientConfig>, server: Arc<ServerConfig>) -> (HandshakeKind, Vec<u8>) {
-    let mut client = ClientConnection::new(client, "localhost".try_into().unwrap()).unwrap();
-    let mut server = ServerConnection::new(server).unwrap();
-    let mut buffer = Vec::new();
-    loop {
-        let mut moved = false;
-        while client.wants_write() {
-            client.write_tls(&mut buffer).unwrap();
-            moved = true;
-        }
-        if !buffer.is_empty() {
-            server.read_tls(&mut buffer.as_slice()).unwrap();
-            server.process_new_packets().unwrap();
-            buffer.clear();
-        }
-        while server.wants_write() {
-            server.write_tls(&mut buffer).unwrap();
-            moved = true;
-        }
-        if !buffer.is_empty() {
-            client.read_tls(&mut buffer.as_slice()).unwrap();
-            client.process_new_packets().unwrap();
-            buffer.clear();
-        }
-        if !moved {
-            break;
-        }
-    }
+    let mut client = rustls::Connection::from(ClientConnection::new(client, "localhost".try_into().unwrap()).unwrap());
+    let mut server = rustls::Connection::from(ServerConnection::new(server).unwrap());
+    while carry(&mut client, &mut server) | carry(&mut server, &mut client) {}
     assert!(!client.is_handshaking() && !server.is_handshaking());
     let certificate = server.peer_certificates().and_then(|chain| chain.first()).map(|leaf| leaf.to_vec());
     (server.handshake_kind().unwrap(), certificate.unwrap_or_default())
