@@ -189,7 +189,6 @@ impl EtcdRegistry {
         Ok(self.connection().txn(Txn::new().when([held]).and_then(delete)).await?.succeeded())
     }
 
-    /// The lease `machine_id`'s presence hangs on, as this manager's copy shows it.
     /// Whether this manager holds `machine`'s presence as announced already: its session here
     /// hangs on the agents' live lease, and the store holds this very record under that lease
     /// (read, not taken from the copy, which may lag a deletion). An agent that announces
@@ -210,6 +209,7 @@ impl EtcdRegistry {
         Ok(reply.kvs().first().is_some_and(|kv| kv.lease() == lease && kv.value() == encoded.as_slice()))
     }
 
+    /// The lease `machine_id`'s presence hangs on, as this manager's copy shows it.
     fn presence_lease_in_copy(&self, machine_id: &str) -> Option<i64> {
         let key = self.keys().machine(machine_id);
         self.work_mirror(machine_id).read().entries.get(&key).map(|entry| entry.lease)
