@@ -334,10 +334,7 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// The drains of the machines present, by machine ID, in ID order: what
     /// [`ApiRegistry::machines`] shows of them, without reading every machine (the drain
     /// driver asks on every change of the cluster). A store may serve it from its copy.
-    async fn drains(&self) -> Result<Vec<(MachineId, Drain)>> {
-        let machines = self.machines().await?;
-        Ok(machines.into_iter().filter_map(|machine| Some((machine.id, machine.drain?))).collect())
-    }
+    async fn drains(&self) -> Result<Vec<(MachineId, Drain)>>;
     /// Starts or replaces a machine's drain, or with `None` ends it (the machine takes units
     /// again). The machine reads with it from then on ([`MachineState::drain`]).
     async fn set_drain(&self, machine_id: &str, drain: Option<&Drain>) -> Result<()>;

@@ -172,14 +172,10 @@ impl RemoteRegistry {
 
     /// Presents `credentials` (a renewed certificate) from the next request on, resuming
     /// no session the old certificate began.
-    pub fn use_credentials(
-        &self,
-        manager: &Manager,
-        credentials: &MachineCredentials,
-    ) -> std::result::Result<(), ManagerError> {
-        let tls = manager.tls(Some(credentials))?;
-        let client = manager.client(&tls, REQUEST_TIMEOUT)?;
-        let stream_client = manager.stream_client(&tls)?;
+    pub fn use_credentials(&self, credentials: &MachineCredentials) -> std::result::Result<(), ManagerError> {
+        let tls = self.manager.tls(Some(credentials))?;
+        let client = self.manager.client(&tls, REQUEST_TIMEOUT)?;
+        let stream_client = self.manager.stream_client(&tls)?;
         *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         *self.stream_client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = stream_client;
         *self.tls.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = tls;

@@ -72,7 +72,7 @@ async fn keep_renewing(
                 if let Err(error) = renewed.save(&config.state_dir) {
                     tracing::error!(%error, "cannot keep the renewed certificate");
                 }
-                if let Err(error) = registry.use_credentials(&manager, &renewed) {
+                if let Err(error) = registry.use_credentials(&renewed) {
                     tracing::error!(%error, "cannot use the renewed certificate");
                 }
                 credentials = renewed;
