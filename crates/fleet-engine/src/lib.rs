@@ -12,9 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::schedule::at_most_once::MachineAbsences;
+use fleet_core::schedule::departures::Departures;
 use fleet_core::schedule::{ClusterSnapshot, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache};
 use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
-use fleet_runtime::{Lifecycle, Next, Reconciler, Triggers};
+use fleet_runtime::{Lifecycle, Next, Reconciler, TriggerId, Triggers};
 use tokio::sync::watch;
 
 #[derive(Clone, Debug)]
@@ -51,15 +52,29 @@ pub struct Engine {
     absences: MachineAbsences,
     /// When the first hold on an `AtMostOnce=` unit ends: the engine plans again then.
     hold_ends: Option<tokio::time::Instant>,
-    /// The store's changes to units and machines.
+    /// Units taken off a machine that is still present, until it stopped them.
+    departures: Departures,
+    /// Whether the next pass is this leadership's first look at the cluster: it asks the
+    /// machines about the units it finds unplaced (its predecessor may have taken them off a
+    /// machine that still runs them).
+    first_look: bool,
+    /// Whether a unit waits for the machine it left to stop it: the machines' reports wake
+    /// the engine then (`state_changes`), and only then.
+    departing: bool,
+    /// The store's changes to units and machines, and to the machines' reports.
     changes: Triggers,
+    state_changes: TriggerId,
 }
 
 impl Engine {
     pub fn new(config: EngineConfig, registry: Arc<dyn EngineRegistry>) -> Self {
+        let mut changes = Triggers::none().with(registry.engine_changes());
+        let state_changes = changes.add(registry.state_changes());
+        changes.set_waking(state_changes, false);
         Self {
             config,
-            changes: Triggers::none().with(registry.engine_changes()),
+            changes,
+            state_changes,
             registry,
             requirements: RequirementsCache::default(),
             planner: IncrementalPlanner::default(),
@@ -70,6 +85,9 @@ impl Engine {
             planning: Duration::ZERO,
             absences: MachineAbsences::default(),
             hold_ends: None,
+            departures: Departures::default(),
+            first_look: true,
+            departing: false,
         }
     }
 
@@ -100,6 +118,43 @@ impl Engine {
         until_hold_ends.map_or(self.config.reconcile_interval, |until| until.min(self.config.reconcile_interval))
     }
 
+    /// Notes whether units wait for the machine they left: the machines' reports wake the
+    /// engine while they do.
+    fn set_departing(&mut self, departing: bool) {
+        self.departing = departing;
+        self.changes.set_waking(self.state_changes, departing);
+    }
+
+    /// With nothing else changed, whether a departure ended (its machine stopped the unit):
+    /// the plan may place the unit now.
+    async fn a_departure_ended(&mut self) -> Result<bool, RegistryError> {
+        let running = self.registry.running_on_machines(&self.departures.units()).await?;
+        Ok(self.departures.settle_running(&running))
+    }
+
+    /// `cluster` without the units that wait for the present machine they left to stop them
+    /// ([`Departures`]). The machines' reports are asked only for those units (and, on a
+    /// leadership's first look, for the units it finds unplaced).
+    async fn without_departing_units(&mut self, cluster: ClusterSnapshot) -> Result<ClusterSnapshot, RegistryError> {
+        let mut asked = self.departures.units();
+        if self.first_look {
+            asked.extend(Departures::unknown_on_takeover(&cluster));
+        }
+        if !asked.is_empty() {
+            let running = self.registry.running_on_machines(&asked).await?;
+            self.departures.settle(&running, &cluster, self.first_look);
+        }
+        self.first_look = false;
+        let held = self.departures.held(&cluster);
+        self.set_departing(!held.is_empty());
+        if held.is_empty() {
+            return Ok(cluster);
+        }
+        tracing::debug!(units = held.len(), "units wait for the machine they left to stop them");
+        let units = cluster.units.into_iter().filter(|unit| !held.contains(&unit.name)).collect();
+        Ok(ClusterSnapshot { units, ..cluster })
+    }
+
     /// `cluster` without the `AtMostOnce=` units whose machine is gone but may not have
     /// stopped them yet: the plan leaves them where they are until it has.
     fn without_held_units(&mut self, cluster: ClusterSnapshot) -> ClusterSnapshot {
@@ -128,19 +183,32 @@ impl Engine {
             // What it saw gone while it led before may have come back meanwhile: a new
             // leadership counts absences from its own first sight.
             self.absences = MachineAbsences::default();
+            self.departures = Departures::default();
+            self.first_look = true;
         }
         self.lease = lease;
         let Some(lease) = self.lease.clone() else {
             fleet_metrics::publish_cluster(None);
             return Ok(());
         };
+        // Planned already, unless a unit waited for the machine it left and no longer does.
+        let mut departure_ended = None;
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
-            return Ok(());
+            if !(self.departing && self.a_departure_ended().await?) {
+                return Ok(());
+            }
+            departure_ended = Some(true);
         }
         let planning = tokio::time::Instant::now();
         let snapshot = self.registry.snapshot().await?;
         if self.planned == Some(snapshot.revision) {
-            return Ok(());
+            let ended = match departure_ended {
+                Some(ended) => ended,
+                None => self.departing && self.a_departure_ended().await?,
+            };
+            if !ended {
+                return Ok(());
+            }
         }
         let missing = self.requirements.missing(&snapshot.units);
         if !missing.is_empty() {
@@ -151,9 +219,16 @@ impl Engine {
         let mut cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         cluster.strategy = self.config.strategy;
         let cluster = self.without_held_units(cluster);
-        // A snapshot planned while units are held is planned again when the hold ends.
+        let cluster = self.without_departing_units(cluster).await?;
+        let (mut decided, scope) = self.planner.plan(&cluster);
+        // A unit the plan moves off a present machine is placed once that machine stopped it.
+        if decided.defer_moves_off(&cluster) {
+            self.planner.forget();
+            self.set_departing(true);
+        }
+        // A snapshot planned while units are held is planned again when the hold ends; one
+        // planned while units wait for the machine they left, when one of those ends.
         let planned = self.hold_ends.is_none().then_some(revision);
-        let (decided, scope) = self.planner.plan(&cluster);
         self.planning = planning.elapsed();
         let reasons = decided.reason_texts();
         fleet_metrics::publish_cluster(Some(cluster_counts::cluster_counts(&cluster, &decided)));
@@ -194,6 +269,7 @@ impl Engine {
         decisions
             .get_or_create(&fleet_metrics::DecisionLabels { decision: "unschedule" })
             .inc_by((decided.decisions.len() - placed) as u64);
+        self.departures.note_decisions(&decided.decisions, &cluster);
         self.reasons = reasons;
         self.planned = planned;
         Ok(())

@@ -129,6 +129,92 @@ async fn an_inactive_unit_is_unscheduled() {
     engine.await.unwrap();
 }
 
+/// What a machine's agent reports of `name` running there.
+fn running_on(name: &str, machine: &str, file: &UnitFile) -> fleet_registry::StateReport {
+    fleet_registry::StateReport::Set(fleet_core::UnitState {
+        name: name.into(),
+        machine_id: machine.into(),
+        hash: file.hash(),
+        systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+    })
+}
+
+/// A unit taken off a machine that still reports it running (its fleetd down, frozen or cut
+/// off while its presence holds) is placed again only once that machine stopped it: stop
+/// before start, so it never runs on two machines that are both in touch.
+#[tokio::test(start_paused = true)]
+async fn a_unit_taken_off_a_machine_is_placed_again_only_once_that_machine_stopped_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    registry.register_machine(&machine("m1", "eu")).await.unwrap();
+    registry.register_machine(&machine("m2", "eu")).await.unwrap();
+    let (stop, engine) = start(&registry);
+    let file = unit("");
+    registry.put_unit("a.service", &file, DesiredState::Launched).await.unwrap();
+    eventually("a.service is placed", async || placement(&registry).await["a.service"].is_some()).await;
+    let first = placement(&registry).await["a.service"].clone().unwrap();
+    registry.report_states(&first, &[running_on("a.service", &first, &file)]).await.unwrap();
+    registry.set_desired_state("a.service", DesiredState::Inactive).await.unwrap();
+    eventually("a.service is unscheduled", async || placement(&registry).await["a.service"].is_none()).await;
+    // Its machine has not stopped it: started again, it waits, however long.
+    registry.set_desired_state("a.service", DesiredState::Launched).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(placement(&registry).await["a.service"], None, "placed while {first} still runs it");
+    registry.report_states(&first, &[fleet_registry::StateReport::Remove("a.service".into())]).await.unwrap();
+    eventually("a.service is placed once its machine stopped it", async || {
+        placement(&registry).await["a.service"].is_some()
+    })
+    .await;
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
+
+/// A move off a present machine (here its metadata no longer fits) is a stop there now and
+/// a start elsewhere once it stopped; an engine that takes over learns what waits from the
+/// machines' reports, and a machine that goes ends the wait.
+#[tokio::test(start_paused = true)]
+async fn a_move_waits_for_the_machine_it_leaves_even_across_a_new_leadership() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    registry.register_machine(&machine("m1", "eu")).await.unwrap();
+    let (stop, engine) = start(&registry);
+    let file = unit("MachineMetadata=region=eu");
+    registry.put_unit("eu.service", &file, DesiredState::Launched).await.unwrap();
+    eventually("eu.service is placed on m1", async || {
+        placement(&registry).await["eu.service"].as_deref() == Some("m1")
+    })
+    .await;
+    registry.report_states("m1", &[running_on("eu.service", "m1", &file)]).await.unwrap();
+    registry.register_machine(&machine("m2", "eu")).await.unwrap();
+    registry
+        .change_metadata(&[fleet_registry::MetadataChange::Set {
+            machine_id: "m1".into(),
+            key: "region".into(),
+            value: "asia".into(),
+        }])
+        .await
+        .unwrap();
+    eventually("eu.service is taken off m1", async || placement(&registry).await["eu.service"].is_none()).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(placement(&registry).await["eu.service"], None, "started on m2 while m1 still runs it");
+    // Another engine takes over: it knows nothing of the move but what m1 reports.
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+    let (stop, engine) = start(&registry);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(placement(&registry).await["eu.service"], None, "the new leader started it on m2 while m1 runs it");
+    registry.unregister_machine("m1").await.unwrap();
+    eventually("eu.service moves to m2 once m1 is gone", async || {
+        placement(&registry).await["eu.service"].as_deref() == Some("m2")
+    })
+    .await;
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
+
 /// The embedded store with a rival engine that can take the leadership away, and whose
 /// leadership calls can fail (`failing`); it notes when each was made.
 struct ContestedStore {
@@ -187,8 +273,17 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.store.apply(lease, decisions, unplaced).await
     }
+    async fn running_on_machines(
+        &self,
+        units: &std::collections::BTreeSet<String>,
+    ) -> fleet_registry::Result<std::collections::BTreeSet<(String, String)>> {
+        self.store.running_on_machines(units).await
+    }
     fn engine_changes(&self) -> fleet_registry::ChangeSignal {
         self.store.engine_changes()
+    }
+    fn state_changes(&self) -> fleet_registry::ChangeSignal {
+        fleet_registry::EngineRegistry::state_changes(&self.store)
     }
 }
 

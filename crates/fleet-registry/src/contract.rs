@@ -321,11 +321,24 @@ pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: Ag
         health: None,
     };
     let before = registry.revision().await.unwrap().expect("the store has a revision");
-    agent_for("m1").report_states("m1", &[StateReport::Set(state)]).await.unwrap();
+    agent_for("m1").report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
     assert_eq!(registry.unit_states().await.unwrap().len(), 1);
     let reported = registry.revision().await.unwrap().expect("the store has a revision");
     assert!(reported > before, "a state report moves the revision");
     assert_eq!(registry.revision().await.unwrap(), Some(reported), "a read does not");
+    // The engine asks which machines run the units it waits to place (stop before start).
+    let asked: std::collections::BTreeSet<String> = ["a.service".to_string(), "b.service".to_string()].into();
+    let running_on_m1 = std::collections::BTreeSet::from([("a.service".to_string(), "m1".to_string())]);
+    eventually("m1 is seen running a.service", async || {
+        registry.running_on_machines(&asked).await.is_ok_and(|running| running == running_on_m1)
+    })
+    .await;
+    let stopped = UnitState { systemd: SystemdState::new("loaded", "inactive", "dead"), ..state };
+    agent_for("m1").report_states("m1", &[StateReport::Set(stopped)]).await.unwrap();
+    eventually("a.service stopped on m1 runs nowhere", async || {
+        registry.running_on_machines(&asked).await.is_ok_and(|running| running.is_empty())
+    })
+    .await;
     agent_for("m1").unregister_machine("m1").await.unwrap();
     eventually("the states went with the machine", async || registry.unit_states().await.unwrap().is_empty()).await;
     assert!(registry.machines().await.unwrap().is_empty());

@@ -20,7 +20,7 @@ mod ownership;
 mod source_record;
 mod unit_change;
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -374,8 +374,17 @@ pub trait EngineRegistry: Send + Sync {
     /// Writes the decisions and the reasons for unplaced units, fenced by `lease`. A decision
     /// that no longer applies (the unit was destroyed or moved meanwhile) is skipped.
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()>;
+    /// Of `units`, the (unit, machine) pairs a machine reports running
+    /// ([`fleet_core::schedule::departures::reports_running`]): the engine places a unit it
+    /// took off a present machine only once that machine stopped it.
+    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
+    /// Moves when a machine's report of a unit may have changed (a store may move it more
+    /// often): the engine wakes on it only while a unit waits for the machine it left to stop
+    /// it. On etcd it moves while the API's copy runs, which
+    /// [`EngineRegistry::running_on_machines`] starts.
+    fn state_changes(&self) -> ChangeSignal;
 }
 
 /// Upkeep some stores need, done on the engine leader's fleetd beside the engine (etcd: its

@@ -38,6 +38,8 @@ pub struct TriggerId(usize);
 #[derive(Default)]
 pub struct Triggers {
     signals: Vec<Box<dyn Signal>>,
+    /// The signals that wake nothing for now ([`Triggers::set_waking`]), by position.
+    asleep: Vec<bool>,
 }
 
 impl Triggers {
@@ -49,7 +51,17 @@ impl Triggers {
     /// Adds `signal`; its current value counts as seen only once marked.
     pub fn add<T: Send + Sync + 'static>(&mut self, signal: watch::Receiver<T>) -> TriggerId {
         self.signals.push(Box::new(signal));
+        self.asleep.push(false);
         TriggerId(self.signals.len() - 1)
+    }
+
+    /// Whether signal `id` wakes the loop (it does once added). One that does not is still
+    /// marked seen with the others, so a move during a pass wakes the next as soon as the
+    /// pass lets it wake again.
+    pub fn set_waking(&mut self, id: TriggerId, waking: bool) {
+        if let Some(asleep) = self.asleep.get_mut(id.0) {
+            *asleep = !waking;
+        }
     }
 
     /// As [`Triggers::add`], for building.
@@ -60,7 +72,13 @@ impl Triggers {
 
     /// Returns once any signal moved since it was last marked seen; never without one.
     pub async fn changed(&mut self) {
-        let mut waits: Vec<_> = self.signals.iter_mut().map(|signal| signal.changed()).collect();
+        let mut waits: Vec<_> = self
+            .signals
+            .iter_mut()
+            .zip(&self.asleep)
+            .filter(|(_, asleep)| !**asleep)
+            .map(|(signal, _)| signal.changed())
+            .collect();
         std::future::poll_fn(|context| {
             for wait in &mut waits {
                 if wait.as_mut().poll(context).is_ready() {
@@ -126,5 +144,20 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.is_err(), "seen already");
         second.send_replace(1);
         tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.expect("the other one still wakes");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_signal_that_does_not_wake_keeps_its_move_for_when_it_does() {
+        let (sender, receiver) = watch::channel(0u64);
+        let mut triggers = Triggers::none();
+        let id = triggers.add(receiver);
+        triggers.set_waking(id, false);
+        sender.send_replace(1);
+        let woke = tokio::time::timeout(Duration::from_secs(60), triggers.changed()).await;
+        assert!(woke.is_err(), "a signal that does not wake woke the loop");
+        triggers.set_waking(id, true);
+        tokio::time::timeout(Duration::from_secs(1), triggers.changed())
+            .await
+            .expect("the move made while it did not wake wakes it now");
     }
 }

@@ -5,11 +5,12 @@
 //! commit and still fail for want of an answer, and the machine's work is read from its copy,
 //! which must have caught up with the machine's registering again after a lapse.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use fleet_core::schedule::departures::reports_running;
 use fleet_core::schedule::{Decision, SnapshotUnit};
 use fleet_core::{Backoff, MachineState, UnitFile, UnitHash};
 use fleet_registry::apply_rule::{Condition, unit_writes};
@@ -184,6 +185,9 @@ impl SimStore {
                     && world.renew(lease)
                     && world.claim_presence(&machine, lease).is_some()
                 {
+                    // As the etcd store: the dead fleetd's reports go with it.
+                    world.states.retain(|(_, reporter), _| *reporter != machine.id);
+                    world.state_signal.send_modify(|generation| *generation += 1);
                     return Ok((lease, 0));
                 }
                 if world.presences.contains_key(&machine.id) {
@@ -378,6 +382,7 @@ impl AgentRegistry for SimStore {
                     }
                 }
             }
+            world.state_signal.send_modify(|generation| *generation += 1);
             Ok(())
         })
         .await?
@@ -504,7 +509,23 @@ impl EngineRegistry for SimStore {
         .await?
     }
 
+    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
+        self.request("running", |world| {
+            world
+                .states
+                .iter()
+                .filter(|((unit, _), (state, _))| units.contains(unit) && reports_running(state))
+                .map(|(pair, _)| pair.clone())
+                .collect()
+        })
+        .await
+    }
+
     fn engine_changes(&self) -> ChangeSignal {
         lock(&self.world).engine_signal()
+    }
+
+    fn state_changes(&self) -> ChangeSignal {
+        lock(&self.world).state_signal.subscribe()
     }
 }

@@ -103,6 +103,8 @@ pub struct World {
     /// One signal per engine: a watch channel wakes several waiters in a random order.
     engine_signals: Vec<watch::Sender<u64>>,
     pub agent_signals: BTreeMap<String, watch::Sender<u64>>,
+    /// Moves on every state report.
+    pub state_signal: watch::Sender<u64>,
 }
 
 impl World {
@@ -131,6 +133,7 @@ impl World {
             lease_files: BTreeMap::new(),
             engine_signals: Vec::new(),
             agent_signals: BTreeMap::new(),
+            state_signal: watch::channel(0).0,
         }
     }
 

@@ -44,6 +44,21 @@ fn the_seeds_that_found_a_presence_claimed_too_soon_pass() {
     }
 }
 
+/// Seeds on which a unit was started on another machine while the machine it was taken off
+/// still ran it with its presence holding (its fleetd restarting, its lease kept alive by
+/// elections or not yet expired): the unit was unloaded and loaded again meanwhile. Both
+/// fail without the engine placing such a unit only once that machine stopped it
+/// (`schedule::departures`); 795754710 also needs the engine that took over to learn it from
+/// the machines' reports.
+#[test]
+fn the_seeds_that_found_a_unit_started_before_its_old_machine_stopped_it_pass() {
+    let config = SimConfig::default();
+    for seed in [795_754_710, 910_012_049] {
+        let outcome = run(seed, &config);
+        assert!(outcome.passed(), "{outcome}");
+    }
+}
+
 /// Seeds on which a unit that asked to run at most once ran on two machines: 2013, an engine
 /// that led again counted a machine's absence from when it had seen it gone while it led
 /// before (the machine had come back and gone again meanwhile), so it moved the unit at once.

@@ -13,16 +13,17 @@ use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Res
 
 #[async_trait]
 impl AgentRegistry for EmbeddedRegistry {
+    /// A fleetd starting: what an earlier fleetd of this machine reported goes (a unit it
+    /// reported running may have stopped while no fleetd ran, and the engine waits for a
+    /// machine to stop what it took off it); the agent reports what it holds on its first
+    /// pass.
     async fn register_machine(&self, machine: &MachineState) -> Result<()> {
-        let machine = machine.clone();
-        self.write(move |txn, touched| {
-            let mut machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
-            machines.insert(machine.id.as_str(), encode(&machine).as_slice()).map_err(unavailable)?;
-            *touched = Touched::engine();
-            touched.machines.push(machine.id.clone());
-            Ok(())
-        })
-        .await
+        self.write_machine(machine, true).await
+    }
+
+    /// A pull agent coming to this manager again keeps its reports: it reports only changes.
+    async fn announce_for_agent(&self, machine: &MachineState) -> Result<()> {
+        self.write_machine(machine, false).await
     }
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
@@ -116,5 +117,25 @@ impl AgentRegistry for EmbeddedRegistry {
 
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
         self.machine_signal(machine_id)
+    }
+}
+
+impl EmbeddedRegistry {
+    /// Writes `machine`'s record; with `fresh_reports`, drops the unit states it reported.
+    async fn write_machine(&self, machine: &MachineState, fresh_reports: bool) -> Result<()> {
+        let machine = machine.clone();
+        self.write(move |txn, touched| {
+            let mut machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
+            machines.insert(machine.id.as_str(), encode(&machine).as_slice()).map_err(unavailable)?;
+            if fresh_reports {
+                let suffix = format!("\0{}", machine.id);
+                let mut states = txn.open_table(tables::STATES).map_err(unavailable)?;
+                states.retain(|key, _| !key.ends_with(&suffix)).map_err(unavailable)?;
+            }
+            *touched = Touched::engine();
+            touched.machines.push(machine.id.clone());
+            Ok(())
+        })
+        .await
     }
 }

@@ -1,17 +1,19 @@
 //! The engine's facet of the embedded store. One fleetd owns the file, so leadership is
 //! always its own; the lease is still checked so the seam behaves as on etcd.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use async_trait::async_trait;
 use fleet_core::schedule::Decision;
-use fleet_core::{UnitFile, UnitHash};
+use fleet_core::schedule::departures::reports_running;
+use fleet_core::{UnitFile, UnitHash, UnitState};
 use redb::ReadableTable;
 
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, unit_writes};
+use fleet_registry::codec::decode_listed;
 use fleet_registry::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit};
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
@@ -126,8 +128,37 @@ impl EngineRegistry for EmbeddedRegistry {
         .await
     }
 
+    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
+        if units.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        let units = units.clone();
+        self.read(move |txn| {
+            let states = txn.open_table(tables::STATES).map_err(unavailable)?;
+            let mut running = BTreeSet::new();
+            for unit in &units {
+                // Keys are `unit\0machine`: one range per unit.
+                let (from, to) = (format!("{unit}\0"), format!("{unit}\u{1}"));
+                for row in states.range(from.as_str()..to.as_str()).map_err(unavailable)? {
+                    let (key, value) = row.map_err(unavailable)?;
+                    if let Some(state) = decode_listed::<UnitState>(key.value(), value.value())
+                        && reports_running(&state)
+                    {
+                        running.insert((state.name, state.machine_id));
+                    }
+                }
+            }
+            Ok(running)
+        })
+        .await
+    }
+
     fn engine_changes(&self) -> ChangeSignal {
         self.signals.engine.subscribe()
+    }
+
+    fn state_changes(&self) -> ChangeSignal {
+        self.signals.any_write.subscribe()
     }
 }
 

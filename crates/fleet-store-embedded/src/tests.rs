@@ -82,6 +82,34 @@ async fn schedule_states_and_current_state() {
     assert!(registry.machines().await.unwrap().is_empty());
 }
 
+/// A fleetd that starts again (after a crash: the store keeps its machine) drops what the
+/// one before reported: a unit reported running may have stopped meanwhile, and the engine
+/// waits for a machine to stop what it took off it. A pull agent announcing itself again
+/// keeps its reports: it reports only changes.
+#[tokio::test]
+async fn a_fleetd_starting_again_drops_the_reports_of_the_one_before_and_a_pull_agent_keeps_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let running = |machine: &str| UnitState {
+        name: "a.service".into(),
+        machine_id: machine.into(),
+        hash: unit("[Service]\nExecStart=/bin/true\n").hash(),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+    };
+    for id in ["m1", "pulled"] {
+        registry.register_machine(&machine(id)).await.unwrap();
+        registry.report_states(id, &[StateReport::Set(running(id))]).await.unwrap();
+    }
+    registry.announce_for_agent(&machine("pulled")).await.unwrap();
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let left: Vec<String> = registry.unit_states().await.unwrap().into_iter().map(|state| state.machine_id).collect();
+    assert_eq!(left, vec!["pulled".to_string()]);
+    assert_eq!(registry.machines().await.unwrap().len(), 2);
+}
+
 /// Regression: a store file truncated to 0 bytes opened as a new, empty store without a word,
 /// and a single machine then stopped every unit. A file that is not a whole store is refused,
 /// named, and left as it was.

@@ -2,12 +2,13 @@
 //! from the watch-fed copy, and schedule writes batched into transactions fenced by the
 //! leader key's create revision, so a deposed leader cannot write.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fleet_core::schedule::Decision;
+use fleet_core::schedule::departures::reports_running;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
@@ -393,9 +394,28 @@ impl EngineRegistry for EtcdRegistry {
         Ok(())
     }
 
+    /// From the API's watch-fed copy, which holds every machine's states: asked only while
+    /// a unit waits to leave a machine, or when an engine takes over with units unplaced.
+    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
+        if units.is_empty() {
+            return Ok(BTreeSet::new());
+        }
+        Ok(self
+            .states_of_units_from_copy(units)
+            .await?
+            .iter()
+            .filter(|state| reports_running(state))
+            .map(|state| (state.name.clone(), state.machine_id.clone()))
+            .collect())
+    }
+
     fn engine_changes(&self) -> ChangeSignal {
         self.leader_mirror();
         self.inner.engine_signal.subscribe()
+    }
+
+    fn state_changes(&self) -> ChangeSignal {
+        self.inner.api_signal.subscribe()
     }
 }
 

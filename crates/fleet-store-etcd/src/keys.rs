@@ -26,7 +26,8 @@
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine watches units, placements,
 //! reasons, machines, metadata and drains, every engine the leader key; unit states, which change
-//! most, wake nobody.
+//! most, wake nobody, but the API's copy and, while a unit waits for the machine it left to
+//! stop it, the leading engine through that copy.
 
 /// Whose work a key's change touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

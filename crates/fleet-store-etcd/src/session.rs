@@ -254,8 +254,15 @@ impl EtcdRegistry {
                 tracing::info!(lease, "taking over the machine lease this fleetd holds already");
                 let key = self.keys().machine(&machine.id);
                 let put = TxnOp::put(key.as_str(), encode(machine), Some(PutOptions::new().with_lease(lease)));
+                // The dead fleetd's reports go with it: a unit it reported that no longer runs
+                // (stopped by its keeper meanwhile) would otherwise show running here for as
+                // long as the lease lives, and the engine waits for this machine to stop what
+                // it took off it. The new agent reports what it holds on its first pass.
+                let states = self.keys().state(&machine.id, "");
+                let reports = TxnOp::delete(states.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix()));
                 let still_ours = Compare::lease(key.as_str(), CompareOp::Equal, lease);
-                let held = self.connection().txn(Txn::new().when([still_ours]).and_then([put])).await?.succeeded();
+                let held =
+                    self.connection().txn(Txn::new().when([still_ours]).and_then([put, reports])).await?.succeeded();
                 // The lease can expire between the read and the write: then the presence is
                 // claimed afresh below, which refuses only if another fleetd holds it.
                 held.then_some(lease)

@@ -59,6 +59,37 @@ async fn a_fleetd_killed_as_its_claim_lands_takes_its_presence_back() {
     assert_eq!(reply.kvs().first().map(|kv| kv.lease()), Some(lease));
 }
 
+/// A fleetd that starts again under the lease its predecessor left alive drops what that
+/// one reported: a unit it reported running may have stopped meanwhile (its keeper killed
+/// it), and the engine would wait for this machine to stop it for as long as the lease
+/// lives. The new agent reports what it holds on its first pass.
+#[tokio::test]
+async fn a_fleetd_taking_over_its_lease_drops_its_predecessors_reports() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(30), engine_lease_ttl: Duration::from_secs(3) };
+    let options = EtcdOptions { lease_file: Some(dir.path().join("etcd-machine-lease")), ..options(&etcd) };
+    let dead = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    dead.register_machine(&machine("m1")).await.unwrap();
+    let state = UnitState {
+        name: "a.service".into(),
+        machine_id: "m1".into(),
+        hash: UnitHash([1; 20]),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+    };
+    dead.report_states("m1", &[StateReport::Set(state)]).await.unwrap();
+    dead.session("m1").unwrap().stop_keepalive();
+    drop(dead);
+    let restarted = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    assert_eq!(restarted.unit_states().await.unwrap().len(), 1, "the reports outlive their fleetd");
+    restarted.register_machine(&machine("m1")).await.expect("its own presence, taken back");
+    assert!(restarted.unit_states().await.unwrap().is_empty(), "the predecessor's reports went");
+    assert_eq!(restarted.machines().await.unwrap().len(), 1, "the presence stays");
+}
+
 #[tokio::test]
 async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states() {
     let etcd = EtcdServer::start();

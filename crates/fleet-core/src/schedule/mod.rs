@@ -8,6 +8,7 @@
 
 pub mod at_most_once;
 mod candidates;
+pub mod departures;
 mod incremental;
 mod plan;
 mod reason;

@@ -1,0 +1,268 @@
+//! Units on their way off a machine that is still present. The engine takes a unit off a
+//! machine (an unload, a move, a drain) by deleting its placement; the machine's agent stops
+//! it when it next reads its work. A fleetd that is down, frozen or cut off while its
+//! presence holds reads nothing, and keeps running the unit. Were the unit placed elsewhere
+//! meanwhile, it would run twice while both machines are in touch with the store. So a unit
+//! taken off a present machine is placed again only once that machine no longer reports it
+//! running (its agent stopped it) or is gone (its presence lapsed, and its agent stops what
+//! it runs before it registers again): stop before start.
+//!
+//! The engine learns departures from its own decisions, and an engine that takes over the
+//! leadership from the states of the units it finds unplaced on its first look (the one
+//! before it may have taken them off a machine that still runs them).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{ClusterSnapshot, Decision, Plan, UnitSpec};
+use crate::UnitState;
+use crate::state::DesiredState;
+
+/// Whether a machine's report of a unit says it may be running there: anything but stopped
+/// (`inactive`) or `failed`. A unit loaded and not started is not running.
+pub fn reports_running(state: &UnitState) -> bool {
+    !matches!(state.systemd.active.as_str(), "inactive" | "failed")
+}
+
+/// Unit → the present machine it was taken off and may still run on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Departures {
+    leaving: BTreeMap<String, String>,
+}
+
+/// Whether the plan would place `unit` if it could: unplaced, not global, meant to be loaded
+/// or running.
+fn awaits_placement(unit: &UnitSpec) -> bool {
+    unit.scheduled_on.is_none() && !unit.requirements.global && unit.desired != DesiredState::Inactive
+}
+
+impl Departures {
+    /// Notes the units `decisions` take off a machine present in `cluster`.
+    pub fn note_decisions(&mut self, decisions: &[Decision], cluster: &ClusterSnapshot) {
+        for decision in decisions {
+            if let Decision::Unschedule { unit, machine, .. } = decision
+                && cluster.machines.iter().any(|present| present.id == *machine)
+            {
+                self.leaving.insert(unit.clone(), machine.clone());
+            }
+        }
+    }
+
+    /// The units of `cluster` an engine that just took over must ask the machines about: the
+    /// unplaced ones it would place.
+    pub fn unknown_on_takeover(cluster: &ClusterSnapshot) -> BTreeSet<String> {
+        cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.clone()).collect()
+    }
+
+    /// The units whose departure is still to be confirmed.
+    pub fn units(&self) -> BTreeSet<String> {
+        self.leaving.keys().cloned().collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.leaving.is_empty()
+    }
+
+    /// Takes in what the machines report: `running` holds the (unit, machine) pairs of the
+    /// units asked about that a machine reports running. A departure ends once its machine no
+    /// longer reports the unit running or is gone from `cluster`. With `takeover`, the units
+    /// asked about that a present machine still runs while they await placement are
+    /// departures too.
+    pub fn settle(&mut self, running: &BTreeSet<(String, String)>, cluster: &ClusterSnapshot, takeover: bool) {
+        let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
+        self.leaving.retain(|unit, machine| {
+            present.contains(machine.as_str()) && running.contains(&(unit.clone(), machine.clone()))
+        });
+        if takeover {
+            let waiting: BTreeSet<&str> =
+                cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.as_str()).collect();
+            for (unit, machine) in running {
+                if waiting.contains(unit.as_str()) && present.contains(machine.as_str()) {
+                    self.leaving.entry(unit.clone()).or_insert_with(|| machine.clone());
+                }
+            }
+        }
+    }
+
+    /// As [`Departures::settle`] with the machines unchanged: says whether a departure ended.
+    pub fn settle_running(&mut self, running: &BTreeSet<(String, String)>) -> bool {
+        let before = self.leaving.len();
+        self.leaving.retain(|unit, machine| running.contains(&(unit.clone(), machine.clone())));
+        self.leaving.len() != before
+    }
+
+    /// The units of `cluster` the plan must not place yet: awaiting placement while the
+    /// machine they left may still run them.
+    pub fn held(&self, cluster: &ClusterSnapshot) -> BTreeSet<String> {
+        cluster
+            .units
+            .iter()
+            .filter(|unit| awaits_placement(unit) && self.leaving.contains_key(&unit.name))
+            .map(|unit| unit.name.clone())
+            .collect()
+    }
+}
+
+impl Plan {
+    /// Drops the placements of the units this plan also takes off a machine present in
+    /// `cluster` (a move: a drain, a changed requirement): they are placed once that machine
+    /// stopped them. Says whether it dropped any.
+    pub fn defer_moves_off(&mut self, cluster: &ClusterSnapshot) -> bool {
+        let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
+        let leaving: BTreeSet<String> = self
+            .decisions
+            .iter()
+            .filter_map(|decision| match decision {
+                Decision::Unschedule { unit, machine, .. } if present.contains(machine.as_str()) => Some(unit.clone()),
+                _ => None,
+            })
+            .collect();
+        let before = self.decisions.len();
+        self.decisions
+            .retain(|decision| !matches!(decision, Decision::Schedule { unit, .. } if leaving.contains(unit)));
+        self.decisions.len() != before
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::machine::MachineState;
+    use crate::requirements::Requirements;
+    use crate::schedule::{UnscheduleReason, plan};
+
+    fn unit(name: &str, on: Option<&str>, desired: DesiredState) -> UnitSpec {
+        UnitSpec {
+            name: name.into(),
+            desired,
+            requirements: Arc::new(Requirements::default()),
+            scheduled_on: on.map(str::to_string),
+        }
+    }
+
+    fn cluster(machines: &[&str], units: Vec<UnitSpec>) -> ClusterSnapshot {
+        ClusterSnapshot {
+            machines: machines
+                .iter()
+                .map(|id| MachineState { id: id.to_string(), ..MachineState::default() })
+                .collect(),
+            units,
+            ..ClusterSnapshot::default()
+        }
+    }
+
+    fn running(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
+        pairs.iter().map(|(unit, machine)| (unit.to_string(), machine.to_string())).collect()
+    }
+
+    fn unscheduled(unit: &str, machine: &str) -> Decision {
+        Decision::Unschedule {
+            unit: unit.into(),
+            machine: machine.into(),
+            reason: UnscheduleReason::TargetStateInactive,
+        }
+    }
+
+    #[test]
+    fn a_unit_taken_off_a_present_machine_waits_until_that_machine_stopped_it() {
+        let mut departures = Departures::default();
+        let before = cluster(&["a", "b"], vec![unit("u.service", Some("a"), DesiredState::Inactive)]);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before);
+        // Loaded again while a still runs it: held, so the plan places it nowhere.
+        let again = cluster(&["a", "b"], vec![unit("u.service", None, DesiredState::Launched)]);
+        departures.settle(&running(&[("u.service", "a")]), &again, false);
+        assert_eq!(departures.held(&again), BTreeSet::from(["u.service".to_string()]));
+        let without: Vec<UnitSpec> =
+            again.units.iter().filter(|u| !departures.held(&again).contains(&u.name)).cloned().collect();
+        assert!(plan(&cluster(&["a", "b"], without)).decisions.is_empty());
+        // a reports it stopped: it may go anywhere.
+        departures.settle(&running(&[]), &again, false);
+        assert!(departures.held(&again).is_empty() && departures.is_empty());
+        assert_eq!(plan(&again).decisions.len(), 1);
+    }
+
+    #[test]
+    fn a_move_off_a_present_machine_is_a_stop_now_and_a_start_once_it_stopped() {
+        let mut moved = Plan {
+            decisions: vec![
+                unscheduled("u.service", "a"),
+                Decision::Schedule { unit: "u.service".into(), machine: "b".into() },
+                unscheduled("gone.service", "x"),
+                Decision::Schedule { unit: "gone.service".into(), machine: "b".into() },
+                Decision::Schedule { unit: "new.service".into(), machine: "a".into() },
+            ],
+            ..Plan::default()
+        };
+        let cluster = cluster(&["a", "b"], vec![]);
+        assert!(moved.defer_moves_off(&cluster));
+        assert_eq!(
+            moved.decisions,
+            vec![
+                unscheduled("u.service", "a"),
+                unscheduled("gone.service", "x"),
+                Decision::Schedule { unit: "gone.service".into(), machine: "b".into() },
+                Decision::Schedule { unit: "new.service".into(), machine: "a".into() },
+            ],
+            "x is gone (its agent stops what it runs before it is back); new.service moves nowhere"
+        );
+        assert!(!moved.defer_moves_off(&cluster), "nothing left to defer");
+    }
+
+    #[test]
+    fn a_departure_ends_when_its_machine_is_gone() {
+        let mut departures = Departures::default();
+        let before = cluster(&["a", "b"], vec![unit("u.service", Some("a"), DesiredState::Launched)]);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before);
+        let gone = cluster(&["b"], vec![unit("u.service", None, DesiredState::Launched)]);
+        departures.settle(&running(&[("u.service", "a")]), &gone, false);
+        assert!(departures.is_empty(), "a's presence lapsed: its agent stops what it runs before it is back");
+    }
+
+    #[test]
+    fn only_units_taken_off_a_present_machine_are_noted() {
+        let mut departures = Departures::default();
+        let before = cluster(&["b"], vec![unit("u.service", Some("a"), DesiredState::Launched)]);
+        departures.note_decisions(
+            &[unscheduled("u.service", "a"), Decision::Schedule { unit: "u.service".into(), machine: "b".into() }],
+            &before,
+        );
+        assert!(departures.is_empty(), "a is gone already");
+    }
+
+    #[test]
+    fn an_engine_that_takes_over_learns_departures_from_what_present_machines_run() {
+        let cluster = cluster(
+            &["a", "b"],
+            vec![
+                unit("waiting.service", None, DesiredState::Launched),
+                unit("placed.service", Some("b"), DesiredState::Launched),
+                unit("off.service", None, DesiredState::Inactive),
+            ],
+        );
+        assert_eq!(Departures::unknown_on_takeover(&cluster), BTreeSet::from(["waiting.service".to_string()]));
+        let mut departures = Departures::default();
+        departures.settle(
+            &running(&[
+                ("waiting.service", "a"),
+                ("placed.service", "a"),
+                ("off.service", "a"),
+                ("waiting.service", "gone"),
+            ]),
+            &cluster,
+            true,
+        );
+        assert_eq!(departures.units(), BTreeSet::from(["waiting.service".to_string()]));
+        assert_eq!(departures.held(&cluster), BTreeSet::from(["waiting.service".to_string()]));
+    }
+
+    #[test]
+    fn a_unit_unloaded_stays_a_departure_but_holds_nothing_until_it_is_loaded_again() {
+        let mut departures = Departures::default();
+        let before = cluster(&["a"], vec![unit("u.service", Some("a"), DesiredState::Inactive)]);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before);
+        let off = cluster(&["a"], vec![unit("u.service", None, DesiredState::Inactive)]);
+        assert!(departures.held(&off).is_empty());
+        assert!(!departures.is_empty());
+    }
+}
