@@ -401,12 +401,28 @@ impl Agent {
 
     /// Takes over what the manager already runs (a systemd that outlived fleetd), so a
     /// restart does not restart running units.
+    ///
+    /// What an earlier fleetd reported of them may still be stored (a pull agent's manager
+    /// keeps its reports across the agent's restart): each counts as reported, as a state
+    /// nothing here would report, so the first pass reports it again, and one this agent then
+    /// unloads is taken out of the store instead of showing running on a machine that no
+    /// longer runs it (the engine waits for a machine to stop what it took off it).
     async fn adopt_running_units(&mut self) {
         match self.manager.units().await {
             Ok(units) => {
                 for (name, held) in units {
                     let launched = adopted_as_launched(&held.state);
-                    self.loaded.insert(name, LoadedUnit { hash: held.hash, launched });
+                    self.loaded.insert(name.clone(), LoadedUnit { hash: held.hash, launched });
+                    let unknown = UnitState {
+                        name: name.clone(),
+                        machine_id: self.config.machine.id.clone(),
+                        hash: held.hash,
+                        systemd: fleet_core::SystemdState::new("", "", ""),
+                        launched,
+                        drift: None,
+                        health: None,
+                    };
+                    self.reported.insert(name, unknown);
                 }
             }
             Err(error) => tracing::warn!(%error, "cannot list the units the manager holds"),

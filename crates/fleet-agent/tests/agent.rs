@@ -7,7 +7,7 @@ use std::time::Duration;
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::schedule::{Decision, UnscheduleReason};
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile};
-use fleet_registry::{ApiRegistry, EngineRegistry};
+use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry};
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::{FakeUnitManager, eventually};
 use tokio::sync::watch;
@@ -126,6 +126,65 @@ async fn a_restarted_agent_adopts_running_units_without_restarting_them() {
     agent.lifecycle.send(Lifecycle::Reloading).unwrap();
     agent.task.await.unwrap();
     assert_eq!(manager.state("a.service"), running());
+}
+
+/// The embedded store as a pull agent's manager keeps it: registering again keeps what the
+/// machine reported before.
+struct KeepingReports(EmbeddedRegistry);
+
+#[async_trait::async_trait]
+impl AgentRegistry for KeepingReports {
+    async fn register_machine(&self, machine: &MachineState) -> fleet_registry::Result<()> {
+        self.0.announce_for_agent(machine).await
+    }
+    async fn unregister_machine(&self, machine_id: &str) -> fleet_registry::Result<()> {
+        self.0.unregister_machine(machine_id).await
+    }
+    async fn machine_work(&self, machine_id: &str) -> fleet_registry::Result<fleet_registry::MachineWork> {
+        self.0.machine_work(machine_id).await
+    }
+    async fn unit_body(&self, hash: &fleet_core::UnitHash) -> fleet_registry::Result<Option<UnitFile>> {
+        self.0.unit_body(hash).await
+    }
+    async fn report_states(
+        &self,
+        machine_id: &str,
+        reports: &[fleet_registry::StateReport],
+    ) -> fleet_registry::Result<()> {
+        self.0.report_states(machine_id, reports).await
+    }
+    fn machine_changes(&self, machine_id: &str) -> fleet_registry::ChangeSignal {
+        self.0.machine_changes(machine_id)
+    }
+}
+
+/// An agent that starts again and finds a unit running that is no longer this machine's
+/// (taken off it while no agent ran) stops it and takes its old report out of the store, even
+/// where the store kept the reports of the agent before: a report left showing it running
+/// would keep the engine from placing it anywhere else.
+#[tokio::test(start_paused = true)]
+async fn a_restarted_agent_takes_out_the_report_of_an_adopted_unit_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    registry.register_machine(&config().machine).await.unwrap();
+    let earlier = fleet_core::UnitState {
+        name: "gone.service".into(),
+        machine_id: MACHINE.into(),
+        hash: sleeper().hash(),
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+    };
+    registry.report_states(MACHINE, &[fleet_registry::StateReport::Set(earlier)]).await.unwrap();
+    let manager = Arc::new(FakeUnitManager::running("gone.service", &sleeper()));
+    let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+    let agent = Agent::new(config(), Arc::new(KeepingReports(registry.clone())), manager.clone());
+    let task = tokio::spawn(agent.run(watch));
+    eventually("the unit no longer this machine's is stopped", async || manager.state("gone.service").is_none()).await;
+    eventually("and its old report is gone", async || registry.unit_states().await.unwrap().is_empty()).await;
+    lifecycle.send(Lifecycle::ShuttingDown).unwrap();
+    task.await.unwrap();
 }
 
 #[tokio::test(start_paused = true)]
