@@ -20,6 +20,19 @@ pub(crate) fn machine(id: &str) -> MachineState {
     MachineState { id: id.into(), public_ip: "127.0.0.1".into(), ..Default::default() }
 }
 
+/// What m1's agent reports of `name` running there.
+fn running_on_m1(name: &str, hash: UnitHash) -> UnitState {
+    UnitState {
+        name: name.into(),
+        machine_id: "m1".into(),
+        hash,
+        systemd: SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+    }
+}
+
 fn options(etcd: &EtcdServer) -> EtcdOptions {
     EtcdOptions {
         endpoints: vec![etcd.endpoint()],
@@ -71,15 +84,7 @@ async fn a_fleetd_taking_over_its_lease_drops_its_predecessors_reports() {
     let options = EtcdOptions { lease_file: Some(dir.path().join("etcd-machine-lease")), ..options(&etcd) };
     let dead = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
     dead.register_machine(&machine("m1")).await.unwrap();
-    let state = UnitState {
-        name: "a.service".into(),
-        machine_id: "m1".into(),
-        hash: UnitHash([1; 20]),
-        systemd: SystemdState::new("loaded", "active", "running"),
-        launched: true,
-        drift: None,
-        health: None,
-    };
+    let state = running_on_m1("a.service", UnitHash([1; 20]));
     dead.report_states("m1", &[StateReport::Set(state)]).await.unwrap();
     dead.session("m1").unwrap().stop_keepalive();
     drop(dead);
@@ -100,15 +105,7 @@ async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states(
         Err(RegistryError::MachineInUse { machine_id }) => assert_eq!(machine_id, "m1"),
         other => panic!("expected MachineInUse, got {other:?}"),
     }
-    let state = UnitState {
-        name: "a.service".into(),
-        machine_id: "m1".into(),
-        hash: UnitHash([1; 20]),
-        systemd: SystemdState::new("loaded", "active", "running"),
-        launched: true,
-        drift: None,
-        health: None,
-    };
+    let state = running_on_m1("a.service", UnitHash([1; 20]));
     // A lone change is a plain put or delete (no transaction), under the machine's lease.
     first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
     assert_eq!(second.unit_states().await.unwrap(), vec![state.clone()]);
@@ -581,15 +578,7 @@ async fn a_machine_back_from_an_expired_lease_restores_only_the_states_of_units_
         registry.machine_work("m1").await.is_ok_and(|work| work.scheduled.len() == 2)
     })
     .await;
-    let state = |name: &str| UnitState {
-        name: name.into(),
-        machine_id: "m1".into(),
-        hash: unit(SLEEP).hash(),
-        systemd: SystemdState::new("loaded", "active", "running"),
-        launched: true,
-        drift: None,
-        health: None,
-    };
+    let state = |name: &str| running_on_m1(name, unit(SLEEP).hash());
     let reports = [StateReport::Set(state("kept.service")), StateReport::Set(state("moved.service"))];
     registry.report_states("m1", &reports).await.unwrap();
 
