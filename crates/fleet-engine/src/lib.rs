@@ -133,9 +133,17 @@ impl Engine {
     }
 
     /// `cluster` without the units that wait for the present machine they left to stop them
-    /// ([`Departures`]). The machines' reports are asked only for those units (and, on a
-    /// leadership's first look, for the units it finds unplaced).
-    async fn without_departing_units(&mut self, cluster: ClusterSnapshot) -> Result<ClusterSnapshot, RegistryError> {
+    /// ([`Departures`]), and those units with that machine. The machines' reports are asked
+    /// only for those units (and, on a leadership's first look, for the units it finds
+    /// unplaced); with none, nothing is looked at.
+    async fn without_departing_units(
+        &mut self,
+        cluster: ClusterSnapshot,
+    ) -> Result<(ClusterSnapshot, BTreeMap<String, String>), RegistryError> {
+        if self.departures.is_empty() && !self.first_look {
+            self.set_departing(false);
+            return Ok((cluster, BTreeMap::new()));
+        }
         let mut asked = self.departures.units();
         if self.first_look {
             asked.extend(Departures::unknown_on_takeover(&cluster));
@@ -148,11 +156,11 @@ impl Engine {
         let held = self.departures.held(&cluster);
         self.set_departing(!held.is_empty());
         if held.is_empty() {
-            return Ok(cluster);
+            return Ok((cluster, held));
         }
         tracing::debug!(units = held.len(), "units wait for the machine they left to stop them");
-        let units = cluster.units.into_iter().filter(|unit| !held.contains(&unit.name)).collect();
-        Ok(ClusterSnapshot { units, ..cluster })
+        let units = cluster.units.into_iter().filter(|unit| !held.contains_key(&unit.name)).collect();
+        Ok((ClusterSnapshot { units, ..cluster }, held))
     }
 
     /// `cluster` without the `AtMostOnce=` units whose machine is gone but may not have
@@ -191,24 +199,17 @@ impl Engine {
             fleet_metrics::publish_cluster(None);
             return Ok(());
         };
-        // Planned already, unless a unit waited for the machine it left and no longer does.
-        let mut departure_ended = None;
+        // A unit that waited for the machine it left and no longer does calls for a plan.
+        if self.departing && self.a_departure_ended().await? {
+            self.planned = None;
+        }
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
-            if !(self.departing && self.a_departure_ended().await?) {
-                return Ok(());
-            }
-            departure_ended = Some(true);
+            return Ok(());
         }
         let planning = tokio::time::Instant::now();
         let snapshot = self.registry.snapshot().await?;
         if self.planned == Some(snapshot.revision) {
-            let ended = match departure_ended {
-                Some(ended) => ended,
-                None => self.departing && self.a_departure_ended().await?,
-            };
-            if !ended {
-                return Ok(());
-            }
+            return Ok(());
         }
         let missing = self.requirements.missing(&snapshot.units);
         if !missing.is_empty() {
@@ -219,8 +220,9 @@ impl Engine {
         let mut cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         cluster.strategy = self.config.strategy;
         let cluster = self.without_held_units(cluster);
-        let cluster = self.without_departing_units(cluster).await?;
+        let (cluster, held) = self.without_departing_units(cluster).await?;
         let (mut decided, scope) = self.planner.plan(&cluster);
+        decided.wait_for_departures(held);
         // A unit the plan moves off a present machine is placed once that machine stopped it.
         if decided.defer_moves_off(&cluster) {
             self.planner.forget();

@@ -30,6 +30,11 @@ async fn placement(registry: &EmbeddedRegistry) -> BTreeMap<String, Option<Strin
     registry.units().await.unwrap().into_iter().map(|view| (view.name, view.machine_id)).collect()
 }
 
+/// Why `name` is unplaced, as the engine wrote it.
+async fn reason(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
+    registry.unit(name).await.unwrap().and_then(|view| view.reason)
+}
+
 /// How long an `AtMostOnce=` unit waits on a machine gone, in these tests.
 const HOLD: Duration = Duration::from_secs(5);
 
@@ -159,9 +164,13 @@ async fn a_unit_taken_off_a_machine_is_placed_again_only_once_that_machine_stopp
     registry.report_states(&first, &[running_on("a.service", &first, &file)]).await.unwrap();
     registry.set_desired_state("a.service", DesiredState::Inactive).await.unwrap();
     eventually("a.service is unscheduled", async || placement(&registry).await["a.service"].is_none()).await;
-    // Its machine has not stopped it: started again, it waits, however long.
+    // Its machine has not stopped it: started again, it waits, and says for what.
     registry.set_desired_state("a.service", DesiredState::Launched).await.unwrap();
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    let waits = format!("waits for machine {first} to stop it");
+    eventually("a.service says it waits for its machine", async || {
+        reason(&registry, "a.service").await.as_deref() == Some(waits.as_str())
+    })
+    .await;
     assert_eq!(placement(&registry).await["a.service"], None, "placed while {first} still runs it");
     registry.report_states(&first, &[fleet_registry::StateReport::Remove("a.service".into())]).await.unwrap();
     eventually("a.service is placed once its machine stopped it", async || {
@@ -197,15 +206,21 @@ async fn a_move_waits_for_the_machine_it_leaves_even_across_a_new_leadership() {
         }])
         .await
         .unwrap();
-    eventually("eu.service is taken off m1", async || placement(&registry).await["eu.service"].is_none()).await;
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    eventually("eu.service is taken off m1 and waits for it", async || {
+        reason(&registry, "eu.service").await.as_deref() == Some("waits for machine m1 to stop it")
+    })
+    .await;
     assert_eq!(placement(&registry).await["eu.service"], None, "started on m2 while m1 still runs it");
-    // Another engine takes over: it knows nothing of the move but what m1 reports.
+    // Another engine takes over: it knows nothing of the move but what m1 reports. A unit
+    // submitted after it started is placed in a pass that had looked at eu.service first.
     stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
     let (stop, engine) = start(&registry);
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    registry.put_unit("later.service", &unit(""), DesiredState::Launched).await.unwrap();
+    eventually("the new leader places later.service", async || placement(&registry).await["later.service"].is_some())
+        .await;
     assert_eq!(placement(&registry).await["eu.service"], None, "the new leader started it on m2 while m1 runs it");
+    assert_eq!(reason(&registry, "eu.service").await.as_deref(), Some("waits for machine m1 to stop it"));
     registry.unregister_machine("m1").await.unwrap();
     eventually("eu.service moves to m2 once m1 is gone", async || {
         placement(&registry).await["eu.service"].as_deref() == Some("m2")

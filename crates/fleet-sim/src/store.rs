@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fleet_core::schedule::departures::reports_running;
+use fleet_core::schedule::departures::running_on;
 use fleet_core::schedule::{Decision, SnapshotUnit};
 use fleet_core::{Backoff, MachineState, UnitFile, UnitHash};
 use fleet_registry::apply_rule::{Condition, unit_writes};
@@ -511,12 +511,7 @@ impl EngineRegistry for SimStore {
 
     async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
         self.request("running", |world| {
-            world
-                .states
-                .iter()
-                .filter(|((unit, _), (state, _))| units.contains(unit) && reports_running(state))
-                .map(|(pair, _)| pair.clone())
-                .collect()
+            running_on(world.states.iter().filter(|((unit, _), _)| units.contains(unit)).map(|(_, (state, _))| state))
         })
         .await
     }

@@ -5,16 +5,17 @@ use std::collections::{BTreeSet, HashMap};
 
 use async_trait::async_trait;
 use fleet_core::schedule::Decision;
-use fleet_core::schedule::departures::reports_running;
-use fleet_core::{UnitFile, UnitHash, UnitState};
+use fleet_core::schedule::departures::running_on;
+use fleet_core::{UnitFile, UnitHash};
 use redb::ReadableTable;
 
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, unit_writes};
-use fleet_registry::codec::decode_listed;
-use fleet_registry::{ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit};
+use fleet_registry::{
+    ApiRegistry, ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit,
+};
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
 
@@ -132,25 +133,7 @@ impl EngineRegistry for EmbeddedRegistry {
         if units.is_empty() {
             return Ok(BTreeSet::new());
         }
-        let units = units.clone();
-        self.read(move |txn| {
-            let states = txn.open_table(tables::STATES).map_err(unavailable)?;
-            let mut running = BTreeSet::new();
-            for unit in &units {
-                // Keys are `unit\0machine`: one range per unit.
-                let (from, to) = (format!("{unit}\0"), format!("{unit}\u{1}"));
-                for row in states.range(from.as_str()..to.as_str()).map_err(unavailable)? {
-                    let (key, value) = row.map_err(unavailable)?;
-                    if let Some(state) = decode_listed::<UnitState>(key.value(), value.value())
-                        && reports_running(&state)
-                    {
-                        running.insert((state.name, state.machine_id));
-                    }
-                }
-            }
-            Ok(running)
-        })
-        .await
+        Ok(running_on(ApiRegistry::states_of_units(self, units).await?.iter().map(|state| &**state)))
     }
 
     fn engine_changes(&self) -> ChangeSignal {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fleet_core::schedule::Decision;
-use fleet_core::schedule::departures::reports_running;
+use fleet_core::schedule::departures::running_on;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
@@ -400,13 +400,7 @@ impl EngineRegistry for EtcdRegistry {
         if units.is_empty() {
             return Ok(BTreeSet::new());
         }
-        Ok(self
-            .states_of_units_from_copy(units)
-            .await?
-            .iter()
-            .filter(|state| reports_running(state))
-            .map(|state| (state.name.clone(), state.machine_id.clone()))
-            .collect())
+        Ok(running_on(self.states_of_units_from_copy(units).await?.iter().map(|state| &**state)))
     }
 
     fn engine_changes(&self) -> ChangeSignal {

@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use super::reason::UnplacedReason;
 use super::{ClusterSnapshot, Decision, Plan, UnitSpec};
 use crate::UnitState;
 use crate::state::DesiredState;
@@ -21,6 +22,15 @@ use crate::state::DesiredState;
 /// (`inactive`) or `failed`. A unit loaded and not started is not running.
 pub fn reports_running(state: &UnitState) -> bool {
     !matches!(state.systemd.active.as_str(), "inactive" | "failed")
+}
+
+/// The (unit, machine) pairs of `states` that say the unit may be running there.
+pub fn running_on<'a>(states: impl IntoIterator<Item = &'a UnitState>) -> BTreeSet<(String, String)> {
+    states
+        .into_iter()
+        .filter(|state| reports_running(state))
+        .map(|state| (state.name.clone(), state.machine_id.clone()))
+        .collect()
 }
 
 /// Unit → the present machine it was taken off and may still run on.
@@ -90,14 +100,14 @@ impl Departures {
         self.leaving.len() != before
     }
 
-    /// The units of `cluster` the plan must not place yet: awaiting placement while the
-    /// machine they left may still run them.
-    pub fn held(&self, cluster: &ClusterSnapshot) -> BTreeSet<String> {
+    /// The units of `cluster` the plan must not place yet, with the machine each waits for:
+    /// awaiting placement while the machine they left may still run them.
+    pub fn held(&self, cluster: &ClusterSnapshot) -> BTreeMap<String, String> {
         cluster
             .units
             .iter()
-            .filter(|unit| awaits_placement(unit) && self.leaving.contains_key(&unit.name))
-            .map(|unit| unit.name.clone())
+            .filter(|unit| awaits_placement(unit))
+            .filter_map(|unit| Some((unit.name.clone(), self.leaving.get(&unit.name)?.clone())))
             .collect()
     }
 }
@@ -105,21 +115,38 @@ impl Departures {
 impl Plan {
     /// Drops the placements of the units this plan also takes off a machine present in
     /// `cluster` (a move: a drain, a changed requirement): they are placed once that machine
-    /// stopped them. Says whether it dropped any.
+    /// stopped them, and wait with that reason. Says whether it dropped any.
     pub fn defer_moves_off(&mut self, cluster: &ClusterSnapshot) -> bool {
         let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
-        let leaving: BTreeSet<String> = self
+        let leaving: BTreeMap<String, String> = self
             .decisions
             .iter()
             .filter_map(|decision| match decision {
-                Decision::Unschedule { unit, machine, .. } if present.contains(machine.as_str()) => Some(unit.clone()),
+                Decision::Unschedule { unit, machine, .. } if present.contains(machine.as_str()) => {
+                    Some((unit.clone(), machine.clone()))
+                }
                 _ => None,
             })
             .collect();
-        let before = self.decisions.len();
-        self.decisions
-            .retain(|decision| !matches!(decision, Decision::Schedule { unit, .. } if leaving.contains(unit)));
-        self.decisions.len() != before
+        let mut deferred = Vec::new();
+        self.decisions.retain(|decision| match decision {
+            Decision::Schedule { unit, .. } => match leaving.get(unit) {
+                Some(machine) => {
+                    deferred.push((unit.clone(), machine.clone()));
+                    false
+                }
+                None => true,
+            },
+            Decision::Unschedule { .. } => true,
+        });
+        let any = !deferred.is_empty();
+        self.wait_for_departures(deferred);
+        any
+    }
+
+    /// Gives the units held for the machine they leave, (unit, machine), their reason.
+    pub fn wait_for_departures(&mut self, held: impl IntoIterator<Item = (String, String)>) {
+        self.unplaced.extend(held.into_iter().map(|(unit, machine)| (unit, UnplacedReason::LeavingMachine(machine))));
     }
 }
 
@@ -172,9 +199,9 @@ mod tests {
         // Loaded again while a still runs it: held, so the plan places it nowhere.
         let again = cluster(&["a", "b"], vec![unit("u.service", None, DesiredState::Launched)]);
         departures.settle(&running(&[("u.service", "a")]), &again, false);
-        assert_eq!(departures.held(&again), BTreeSet::from(["u.service".to_string()]));
+        assert_eq!(departures.held(&again), BTreeMap::from([("u.service".to_string(), "a".to_string())]));
         let without: Vec<UnitSpec> =
-            again.units.iter().filter(|u| !departures.held(&again).contains(&u.name)).cloned().collect();
+            again.units.iter().filter(|u| !departures.held(&again).contains_key(&u.name)).cloned().collect();
         assert!(plan(&cluster(&["a", "b"], without)).decisions.is_empty());
         // a reports it stopped: it may go anywhere.
         departures.settle(&running(&[]), &again, false);
@@ -205,6 +232,11 @@ mod tests {
                 Decision::Schedule { unit: "new.service".into(), machine: "a".into() },
             ],
             "x is gone (its agent stops what it runs before it is back); new.service moves nowhere"
+        );
+        assert_eq!(
+            moved.reason_texts(),
+            vec![("u.service".to_string(), "waits for machine a to stop it".to_string())],
+            "the deferred unit says what it waits for"
         );
         assert!(!moved.defer_moves_off(&cluster), "nothing left to defer");
     }
@@ -253,7 +285,7 @@ mod tests {
             true,
         );
         assert_eq!(departures.units(), BTreeSet::from(["waiting.service".to_string()]));
-        assert_eq!(departures.held(&cluster), BTreeSet::from(["waiting.service".to_string()]));
+        assert_eq!(departures.held(&cluster), BTreeMap::from([("waiting.service".to_string(), "a".to_string())]));
     }
 
     #[test]

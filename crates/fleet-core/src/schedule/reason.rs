@@ -107,6 +107,9 @@ pub enum UnplacedReason {
         needs: Resources,
         closest: Closest,
     },
+    /// Taken off a machine that is still present and may still run it: placed once that
+    /// machine stopped it or is gone (stop before start).
+    LeavingMachine(String),
 }
 
 /// Among the machines a unit's rules allow, the one with the most of each resource free.
@@ -185,6 +188,7 @@ impl fmt::Display for UnplacedReason {
             Self::StaysWithLeader(leader) => write!(f, "it follows {leader}, which stays"),
             Self::NowhereElse => f.write_str("its rules allow no other machine"),
             Self::NoRoom { needs, closest } => write_no_room(f, *needs, closest),
+            Self::LeavingMachine(machine) => write!(f, "waits for machine {machine} to stop it"),
         }
     }
 }
