@@ -639,7 +639,13 @@ pub struct Rollout {
     pub reason: Option<String>,
     pub max_unavailable: String,
     pub min_ready_seconds: u64,
+    /// Every unit with its step; left out when asked for (`?units=false`: a client that
+    /// follows a rollout of many units reads `steps` instead). A rollout has at least one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub units: Vec<RolloutUnit>,
+    /// How many units are at each step (`waiting`, `replacing`, ...), steps with none left out.
+    #[serde(default)]
+    pub steps: BTreeMap<String, usize>,
     pub created: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<RolloutCanary>,

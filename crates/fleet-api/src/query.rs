@@ -48,3 +48,13 @@ pub fn page_token(query: &[(String, String)], limit: u16) -> Result<crate::pagin
 pub fn first_value<'a>(query: &'a [(String, String)], name: &str) -> Option<&'a str> {
     query.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
 }
+
+/// A `true`/`false` query parameter, `default` when absent; anything else is a 400 naming it.
+pub fn flag(query: &[(String, String)], name: &str, default: bool) -> Result<bool, ApiError> {
+    match first_value(query, name) {
+        None => Ok(default),
+        Some("true") => Ok(true),
+        Some("false") => Ok(false),
+        Some(other) => Err(ApiError::bad_request(format!("invalid {name} {other:?}: true or false"))),
+    }
+}

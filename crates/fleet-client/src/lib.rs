@@ -345,7 +345,18 @@ impl Client {
     }
 
     pub async fn rollout(&self, name: &str) -> Result<Option<Rollout>> {
-        match self.get(&format!("rollouts/{}", encode_component(name))).await {
+        self.rollout_read(&format!("rollouts/{}", encode_component(name))).await
+    }
+
+    /// A rollout with how many units are at each step (`steps`) but without the list of its
+    /// units: what a client following it reads again and again. A fleetd from before `steps`
+    /// lists the units anyway.
+    pub async fn rollout_progress(&self, name: &str) -> Result<Option<Rollout>> {
+        self.rollout_read(&format!("rollouts/{}?units=false", encode_component(name))).await
+    }
+
+    async fn rollout_read(&self, path: &str) -> Result<Option<Rollout>> {
+        match self.get(path).await {
             Ok(rollout) => Ok(Some(rollout)),
             Err(error) if error.is_not_found() => Ok(None),
             Err(error) => Err(error),

@@ -108,6 +108,34 @@ pub fn asks_at_most_once(unit: &UnitFile) -> bool {
 }
 
 impl Requirements {
+    /// Whether `self` and `other` place a unit alike: every rule the planner reads is the
+    /// same (the keys the original does not know, read for warnings, may differ).
+    pub fn places_alike(&self, other: &Self) -> bool {
+        let Self {
+            machine_id,
+            machine_of,
+            metadata,
+            conflicts,
+            global,
+            replaces,
+            at_most_once,
+            spread_by,
+            spread_group,
+            reservation,
+            unknown_keys: _,
+        } = self;
+        *machine_id == other.machine_id
+            && *machine_of == other.machine_of
+            && *metadata == other.metadata
+            && *conflicts == other.conflicts
+            && *global == other.global
+            && *replaces == other.replaces
+            && *at_most_once == other.at_most_once
+            && *spread_by == other.spread_by
+            && *spread_group == other.spread_group
+            && *reservation == other.reservation
+    }
+
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
     pub fn from_unit(unit_name: &str, unit: &UnitFile) -> Self {
         Self::from_options(unit_name, unit.options())

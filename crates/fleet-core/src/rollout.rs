@@ -143,21 +143,29 @@ impl Observed {
     }
 }
 
-/// What the machines report of a rollout's units, by unit name: a map a test builds, or an
-/// index the driver makes of its pass's states without copying their names.
+/// What the machines report of a rollout's units, asked of each unit by its position in
+/// the rollout and its name: a map by name a test builds, or the reports the driver lines up
+/// with the rollout's units (by position: a pass over 10,000 units looks nothing up).
 pub trait Reports {
-    fn of(&self, name: &str) -> Option<&Observed>;
+    fn of(&self, position: usize, name: &str) -> Option<&Observed>;
 }
 
 impl Reports for BTreeMap<String, Observed> {
-    fn of(&self, name: &str) -> Option<&Observed> {
+    fn of(&self, _position: usize, name: &str) -> Option<&Observed> {
         self.get(name)
     }
 }
 
 impl Reports for HashMap<&str, Observed> {
-    fn of(&self, name: &str) -> Option<&Observed> {
+    fn of(&self, _position: usize, name: &str) -> Option<&Observed> {
         self.get(name)
+    }
+}
+
+/// Reports in the order of the rollout's units: the one at a unit's position is its own.
+impl Reports for [Option<Observed>] {
+    fn of(&self, position: usize, _name: &str) -> Option<&Observed> {
+        self.get(position).and_then(Option::as_ref)
     }
 }
 
@@ -258,9 +266,10 @@ pub struct Advance {
 /// with no report is down). Moves units along, pauses on a failure (or, with `auto_revert`,
 /// turns the rollout into its undo), promotes a canary that baked, starts the next wave when
 /// the budget allows, and says which units to replace now.
-pub fn advance(rollout: &mut Rollout, observed: &impl Reports, now: u64) -> Advance {
+pub fn advance(rollout: &mut Rollout, observed: &(impl Reports + ?Sized), now: u64) -> Advance {
     // Each unit's report, looked up once (in the rollout's order) for the whole step.
-    let seen: Vec<Option<&Observed>> = rollout.units.iter().map(|unit| observed.of(&unit.name)).collect();
+    let seen: Vec<Option<&Observed>> =
+        rollout.units.iter().enumerate().map(|(position, unit)| observed.of(position, &unit.name)).collect();
     step_units(rollout, &seen, now);
     // An undo is not gated: it puts back content known to work, and a unit that does not
     // come back well on it stays marked while the others go on.

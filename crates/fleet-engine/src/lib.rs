@@ -7,14 +7,18 @@
 
 mod cluster_counts;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::schedule::at_most_once::MachineAbsences;
 use fleet_core::schedule::departures::Departures;
-use fleet_core::schedule::{ClusterSnapshot, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache};
-use fleet_registry::{EngineLease, EngineRegistry, RegistryError};
+use fleet_core::schedule::{
+    ClusterSnapshot, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache, SnapshotUnit,
+    contents_alone_changed,
+};
+use fleet_core::{MachineState, UnitHash};
+use fleet_registry::{EngineLease, EngineRegistry, EngineSnapshot, RegistryError};
 use fleet_runtime::{Lifecycle, Next, Reconciler, TriggerId, Triggers};
 use tokio::sync::watch;
 
@@ -61,6 +65,10 @@ pub struct Engine {
     /// Whether a unit waits for the machine it left to stop it: the machines' reports wake
     /// the engine then (`state_changes`), and only then.
     departing: bool,
+    /// The machines and units of the snapshot planned at `planned`, to tell a change of
+    /// units' contents alone (a rollout's waves), which needs no plan when their requirements
+    /// stay.
+    last_planned: Option<(Vec<MachineState>, Vec<SnapshotUnit>)>,
     /// The store's changes to units and machines, and to the machines' reports.
     changes: Triggers,
     state_changes: TriggerId,
@@ -81,6 +89,7 @@ impl Engine {
             reasons: Vec::new(),
             lease: None,
             planned: None,
+            last_planned: None,
             leadership: None,
             planning: Duration::ZERO,
             absences: MachineAbsences::default(),
@@ -178,6 +187,28 @@ impl Engine {
         ClusterSnapshot { units, ..cluster }
     }
 
+    /// Whether `snapshot` differs from the one planned last only in units' contents that
+    /// keep their requirements (then its plan is the last one, written already: the new
+    /// contents are taken and nothing is planned). Not while anything else may call for a
+    /// plan: units held or waiting for a machine to stop them, a leadership's first look.
+    async fn same_plan_as_last(&mut self, snapshot: &EngineSnapshot) -> Result<bool, RegistryError> {
+        let Some((machines, units)) = &self.last_planned else { return Ok(false) };
+        if self.planned.is_none()
+            || self.first_look
+            || self.hold_ends.is_some()
+            || !self.departures.is_empty()
+            || *machines != snapshot.machines
+        {
+            return Ok(false);
+        }
+        let Some(changed) = contents_alone_changed(units, &snapshot.units) else { return Ok(false) };
+        let mut hashes: Vec<UnitHash> = changed.iter().map(|unit| unit.hash).collect();
+        hashes.sort_unstable();
+        hashes.dedup();
+        let bodies = if hashes.is_empty() { HashMap::new() } else { self.registry.unit_bodies(&hashes).await? };
+        Ok(self.requirements.take_same_requirements(&changed, &bodies))
+    }
+
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
         let lease = self.registry.acquire_leadership(&self.config.machine_id).await?;
         match (&self.lease, &lease) {
@@ -187,6 +218,7 @@ impl Engine {
         }
         if lease.is_none() || lease != self.lease {
             self.planned = None;
+            self.last_planned = None;
             self.planner.forget();
             // What it saw gone while it led before may have come back meanwhile: a new
             // leadership counts absences from its own first sight.
@@ -211,12 +243,20 @@ impl Engine {
         if self.planned == Some(snapshot.revision) {
             return Ok(());
         }
+        if self.same_plan_as_last(&snapshot).await? {
+            tracing::debug!("only units' contents changed, their requirements did not: nothing to plan");
+            self.planned = Some(snapshot.revision);
+            self.last_planned = Some((snapshot.machines, snapshot.units));
+            return Ok(());
+        }
+        self.last_planned = None;
         let missing = self.requirements.missing(&snapshot.units);
         if !missing.is_empty() {
             let bodies = self.registry.unit_bodies(&missing).await?;
             self.requirements.learn(&snapshot.units, &bodies);
         }
         let revision = snapshot.revision;
+        let listed = (snapshot.machines.clone(), snapshot.units.clone());
         let mut cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         cluster.strategy = self.config.strategy;
         let cluster = self.without_held_units(cluster);
@@ -241,6 +281,7 @@ impl Engine {
         fleet_metrics::metrics().engine.plans.get_or_create(&fleet_metrics::PlanLabels { scope }).inc();
         if !decided.changes_anything(&self.reasons) {
             self.planned = planned;
+            self.last_planned = Some(listed);
             return Ok(());
         }
         for decision in &decided.decisions {
@@ -274,6 +315,8 @@ impl Engine {
         self.departures.note_decisions(&decided.decisions, &cluster);
         self.reasons = reasons;
         self.planned = planned;
+        // What is planned now is where the decisions just written leave the units, not
+        // where the snapshot had them: the next snapshot is compared in full.
         Ok(())
     }
 }

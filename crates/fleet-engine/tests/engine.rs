@@ -134,6 +134,53 @@ async fn an_inactive_unit_is_unscheduled() {
     engine.await.unwrap();
 }
 
+/// New content that keeps a unit's requirements (a rollout's) needs no plan and moves
+/// nothing; new content that changes them is planned, after it as before.
+#[tokio::test(start_paused = true)]
+async fn new_content_moves_a_unit_only_when_its_requirements_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    registry.register_machine(&machine("m1", "eu")).await.unwrap();
+    registry.register_machine(&machine("m2", "asia")).await.unwrap();
+    let (stop, engine) = start(&registry);
+    let version = |exec: &str, region: &str| {
+        UnitFile::parse(&format!("[Service]\nExecStart={exec}\n[X-Fleet]\nMachineMetadata=region={region}\n")).unwrap()
+    };
+    registry.put_unit("a.service", &version("/bin/one", "eu"), DesiredState::Launched).await.unwrap();
+    registry.put_unit("mars.service", &version("/bin/one", "mars"), DesiredState::Launched).await.unwrap();
+    eventually("a.service is placed on m1, mars.service is not", async || {
+        placement(&registry).await["a.service"].as_deref() == Some("m1")
+            && reason(&registry, "mars.service").await.is_some()
+    })
+    .await;
+
+    for exec in ["/bin/two", "/bin/three"] {
+        registry.put_unit("a.service", &version(exec, "eu"), DesiredState::Launched).await.unwrap();
+        registry.put_unit("mars.service", &version(exec, "mars"), DesiredState::Launched).await.unwrap();
+        // The engine's pass over these writes alone (the clock is paused: it moves once every
+        // task waits), so that it sees contents change and nothing else.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A unit the engine must place shows that it has looked at every change before it.
+    registry.put_unit("b.service", &version("/bin/one", "asia"), DesiredState::Launched).await.unwrap();
+    eventually("b.service is placed", async || placement(&registry).await["b.service"].is_some()).await;
+    assert_eq!(placement(&registry).await["a.service"].as_deref(), Some("m1"), "new content alone moves nothing");
+    assert_eq!(reason(&registry, "mars.service").await.as_deref(), Some("no machine has metadata region=mars"));
+
+    registry.put_unit("a.service", &version("/bin/three", "asia"), DesiredState::Launched).await.unwrap();
+    eventually("a.service follows its new requirements to m2", async || {
+        placement(&registry).await["a.service"].as_deref() == Some("m2")
+    })
+    .await;
+    registry.put_unit("mars.service", &version("/bin/three", "eu"), DesiredState::Launched).await.unwrap();
+    eventually("mars.service, asking for eu now, is placed on m1", async || {
+        placement(&registry).await["mars.service"].as_deref() == Some("m1")
+    })
+    .await;
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
+
 /// What a machine's agent reports of `name` running there.
 fn running_on(name: &str, machine: &str, file: &UnitFile) -> fleet_registry::StateReport {
     fleet_registry::StateReport::Set(fleet_core::UnitState {

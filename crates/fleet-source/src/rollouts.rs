@@ -30,6 +30,8 @@ const FALLBACK: Duration = Duration::from_secs(60);
 
 pub struct RolloutDriver {
     registry: Arc<dyn LeaderStore>,
+    /// The unit names of each running rollout, by rollout name.
+    followed: HashMap<String, Followed>,
 }
 
 /// How a unit runs, as a rollout counts it: active counts only once its health check (where
@@ -49,33 +51,59 @@ pub fn health(state: &UnitState) -> Health {
     }
 }
 
-/// What the machines report of each unit of `rollout`, by unit name (borrowed from
-/// `states`: a pass over 10,000 units copies no name): when two machines report one (a unit
-/// on its way from one to the other), the report of the content the rollout brings, else of
-/// the content it replaces.
-pub fn observed<'a, S: Borrow<UnitState>>(states: &'a [S], rollout: &Rollout) -> HashMap<&'a str, Observed> {
-    let contents: HashMap<&str, (UnitHash, UnitHash)> =
-        rollout.units.iter().map(|unit| (unit.name.as_str(), (unit.from, unit.to))).collect();
-    let rank = |name: &str, hash: UnitHash| match contents.get(name) {
-        Some(&(_, to)) if to == hash => 2,
-        Some(&(from, _)) if from == hash => 1,
-        _ => 0,
+/// A running rollout's unit names as a pass needs them: a set to ask the store with, and
+/// each name's position in the rollout. Kept between passes and made again only when the
+/// rollout's units are no longer these (another rollout of that name, an undo).
+pub struct Followed {
+    /// The names in the rollout's order, to tell whether the rest still fits.
+    order: Vec<String>,
+    names: BTreeSet<String>,
+    positions: HashMap<String, usize>,
+}
+
+impl Followed {
+    pub fn of(rollout: &Rollout) -> Self {
+        let order: Vec<String> = rollout.units.iter().map(|unit| unit.name.clone()).collect();
+        let names = order.iter().cloned().collect();
+        let positions = order.iter().enumerate().map(|(position, name)| (name.clone(), position)).collect();
+        Self { order, names, positions }
+    }
+
+    /// Whether these are `rollout`'s units, in its order.
+    fn fits(&self, rollout: &Rollout) -> bool {
+        self.order.len() == rollout.units.len()
+            && self.order.iter().zip(&rollout.units).all(|(name, unit)| *name == unit.name)
+    }
+}
+
+/// What the machines report of each unit of `rollout`, lined up with its units (`followed`
+/// holds their positions): when two machines report one (a unit on its way from one to the
+/// other), the report of the content the rollout brings, else of the content it replaces.
+pub fn observed<S: Borrow<UnitState>>(states: &[S], rollout: &Rollout, followed: &Followed) -> Vec<Option<Observed>> {
+    let mut seen: Vec<Option<Observed>> = vec![None; rollout.units.len()];
+    let rank = |position: usize, hash: UnitHash| {
+        let unit = &rollout.units[position];
+        match hash {
+            hash if hash == unit.to => 2,
+            hash if hash == unit.from => 1,
+            _ => 0,
+        }
     };
-    let mut seen: HashMap<&'a str, Observed> = HashMap::with_capacity(contents.len());
-    for state in states.iter().map(Borrow::borrow).filter(|state| contents.contains_key(state.name.as_str())) {
-        let name = state.name.as_str();
-        if seen.get(name).is_some_and(|kept| rank(name, kept.hash) > rank(name, state.hash)) {
+    for state in states.iter().map(Borrow::borrow) {
+        let Some(&position) = followed.positions.get(state.name.as_str()) else { continue };
+        let Some(slot) = seen.get_mut(position) else { continue };
+        if slot.as_ref().is_some_and(|kept| rank(position, kept.hash) > rank(position, state.hash)) {
             continue;
         }
         let failure = state.health.as_ref().map(|report| report.failure.clone()).unwrap_or_default();
-        seen.insert(name, Observed { hash: state.hash, health: health(state), failure });
+        *slot = Some(Observed { hash: state.hash, health: health(state), failure });
     }
     seen
 }
 
 impl RolloutDriver {
     pub fn new(registry: Arc<dyn LeaderStore>) -> Self {
-        Self { registry }
+        Self { registry, followed: HashMap::new() }
     }
 
     /// Steps the rollouts while `leads` says this fleetd leads, until `lifecycle` ends it.
@@ -85,7 +113,7 @@ impl RolloutDriver {
     }
 
     /// Steps every running rollout; says when the next pass is due if any still runs.
-    async fn step_running(&self) -> Result<Option<Duration>, RegistryError> {
+    async fn step_running(&mut self) -> Result<Option<Duration>, RegistryError> {
         let running: Vec<Arc<RolloutRecord>> = self
             .registry
             .rollouts()
@@ -93,21 +121,25 @@ impl RolloutDriver {
             .into_iter()
             .filter(|record| record.rollout.state == RolloutState::Running)
             .collect();
+        self.followed.retain(|name, _| running.iter().any(|record| record.name == *name));
         if running.is_empty() {
             return Ok(None);
         }
-        let began = std::time::Instant::now();
-        let names: BTreeSet<String> =
-            running.iter().flat_map(|record| record.rollout.units.iter().map(|unit| unit.name.clone())).collect();
-        let states = self.registry.states_of(&names).await?;
-        let read = began.elapsed();
         let now = now();
         let mut next = FALLBACK;
         for before in running {
+            let began = std::time::Instant::now();
+            let followed = match self.followed.remove(&before.name) {
+                Some(followed) if followed.fits(&before.rollout) => followed,
+                _ => Followed::of(&before.rollout),
+            };
+            let states = self.registry.states_of(&followed.names).await?;
+            let read = began.elapsed();
             // The stored record is shared with the store's copy: the step works on its own.
             let mut record = RolloutRecord::clone(&before);
-            let seen = observed(&states, &record.rollout);
-            let step = advance(&mut record.rollout, &seen, now);
+            let seen = observed(&states, &record.rollout, &followed);
+            self.followed.insert(before.name.clone(), followed);
+            let step = advance(&mut record.rollout, seen.as_slice(), now);
             let stepped = began.elapsed();
             if !step.replace.is_empty() {
                 tracing::info!(rollout = record.name, units = step.replace.len(), "rolling out new content");
@@ -248,9 +280,10 @@ mod tests {
             state("b.service", "m2", old, "inactive"),
             state("c.service", "m1", old, "active"),
         ];
-        let seen = observed(&states, &rollout);
-        assert_eq!(seen.len(), 2, "units of other rollouts are not looked at: {seen:?}");
-        assert_eq!((seen["a.service"].hash, seen["a.service"].health), (new, Health::Active));
-        assert_eq!((seen["b.service"].hash, seen["b.service"].health), (old, Health::Down));
+        let seen = observed(&states, &rollout, &Followed::of(&rollout));
+        assert_eq!(seen.len(), 2, "one report per unit of the rollout, c.service not among them: {seen:?}");
+        let [Some(a), Some(b)] = [&seen[0], &seen[1]] else { panic!("both units are reported: {seen:?}") };
+        assert_eq!((a.hash, a.health), (new, Health::Active));
+        assert_eq!((b.hash, b.health), (old, Health::Down));
     }
 }

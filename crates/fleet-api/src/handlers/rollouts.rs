@@ -25,27 +25,37 @@ const UNITS_MAX: usize = 100_000;
 const DEFAULT_MIN_READY: u64 = 10;
 const DEFAULT_DEADLINE: u64 = 120;
 
+/// The word the API shows for a unit's step, and why it failed.
+fn step_word(step: &Step) -> (&'static str, Option<&String>) {
+    match step {
+        Step::Waiting => ("waiting", None),
+        Step::Replacing { .. } => ("replacing", None),
+        Step::Ready { .. } => ("ready", None),
+        Step::Done => ("done", None),
+        Step::Failed { why } => ("failed", Some(why)),
+    }
+}
+
 /// The API's view of a stored rollout, made from the shared record (a `GET` while a rollout
-/// of 10,000 units runs copies nothing of it first).
-fn to_schema(record: &RolloutRecord) -> RolloutSchema {
+/// of 10,000 units runs copies nothing of it first); without its units' list unless `units`.
+fn to_schema(record: &RolloutRecord, units: bool) -> RolloutSchema {
     let state = record.rollout.state_word();
     let reason = match &record.rollout.state {
         RolloutState::Paused { reason } => Some(reason.clone()),
         RolloutState::Running | RolloutState::Done => None,
     };
+    let mut steps: BTreeMap<String, usize> = BTreeMap::new();
+    for unit in &record.rollout.units {
+        *steps.entry(step_word(&unit.step).0.to_string()).or_default() += 1;
+    }
     let units = record
         .rollout
         .units
         .iter()
+        .filter(|_| units)
         .map(|unit| {
-            let (step, why) = match &unit.step {
-                Step::Waiting => ("waiting", None),
-                Step::Replacing { .. } => ("replacing", None),
-                Step::Ready { .. } => ("ready", None),
-                Step::Done => ("done", None),
-                Step::Failed { why } => ("failed", Some(why.clone())),
-            };
-            UnitSchema { name: unit.name.clone(), step: step.to_string(), why }
+            let (step, why) = step_word(&unit.step);
+            UnitSchema { name: unit.name.clone(), step: step.to_string(), why: why.cloned() }
         })
         .collect();
     let canary = record.rollout.canary.as_ref().map(|canary| RolloutCanary {
@@ -61,6 +71,7 @@ fn to_schema(record: &RolloutRecord) -> RolloutSchema {
         max_unavailable: record.rollout.max_unavailable.to_string(),
         min_ready_seconds: record.rollout.min_ready,
         units,
+        steps,
         created: record.created,
         canary,
         auto_revert: record.rollout.auto_revert,
@@ -78,13 +89,20 @@ async fn find(state: &ApiState, name: &str) -> Result<Arc<RolloutRecord>, ApiErr
         .ok_or_else(|| ApiError::not_found("rollout does not exist"))
 }
 
-pub async fn list(state: &ApiState) -> Result<Response, ApiError> {
-    let rollouts = state.registry.rollouts().await?.iter().map(|record| to_schema(record)).collect();
+/// Whether the answer lists every unit (`?units=false`: the steps' counts only).
+fn with_units(query: &[(String, String)]) -> Result<bool, ApiError> {
+    crate::query::flag(query, "units", true)
+}
+
+pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let units = with_units(query)?;
+    let rollouts = state.registry.rollouts().await?.iter().map(|record| to_schema(record, units)).collect();
     Ok(json_response(StatusCode::OK, &RolloutList { rollouts }))
 }
 
-pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
-    Ok(json_response(StatusCode::OK, &to_schema(find(state, name).await?.as_ref())))
+pub async fn get(state: &ApiState, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let units = with_units(query)?;
+    Ok(json_response(StatusCode::OK, &to_schema(find(state, name).await?.as_ref(), units)))
 }
 
 /// PUT /rollouts/{name}: starts a rollout of new content to existing units. Refused while
@@ -136,7 +154,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     };
     let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix() };
     state.registry.put_rollout(&record).await?;
-    Ok(json_response(StatusCode::CREATED, &to_schema(&record)))
+    Ok(json_response(StatusCode::CREATED, &to_schema(&record, true)))
 }
 
 /// The units of a rollout request with their new content: `units` sharing `options`, or
@@ -207,7 +225,7 @@ pub async fn act(state: &ApiState, name: &str, action: &str) -> Result<Response,
         _ => return Err(ApiError::not_found("no such rollout action (pause, resume, undo, promote)")),
     }
     state.registry.put_rollout(&record).await?;
-    Ok(json_response(StatusCode::OK, &to_schema(&record)))
+    Ok(json_response(StatusCode::OK, &to_schema(&record, true)))
 }
 
 pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> {

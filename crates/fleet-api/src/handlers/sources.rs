@@ -182,11 +182,7 @@ pub async fn sync(state: &ApiState, name: &str) -> Result<Response, ApiError> {
 /// DELETE /sources/{name}: removes a source and destroys the units it owns, or with
 /// `keepUnits=true` leaves them running as units made by hand.
 pub async fn delete(state: &ApiState, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
-    let keep_units = match query.iter().find(|(key, _)| key == "keepUnits").map(|(_, value)| value.as_str()) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => return Err(ApiError::bad_request(format!("invalid keepUnits {other:?}: true or false"))),
-    };
+    let keep_units = crate::query::flag(query, "keepUnits", false)?;
     find(state, name).await?;
     // The record goes first: from then on the source's writes are refused by the store
     // (a sync under way included), so nothing recreates what is destroyed next.

@@ -73,11 +73,7 @@ pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
 /// Who writes a unit: by hand, taking over a unit a source owns only with `takeOver=true`
 /// (our addition; the original's clients never send it).
 pub fn writer(query: &[(String, String)]) -> Result<Writer, ApiError> {
-    match query.iter().find(|(key, _)| key == "takeOver").map(|(_, value)| value.as_str()) {
-        None | Some("false") => Ok(Writer::BY_HAND),
-        Some("true") => Ok(Writer::Hand { take_over: true }),
-        Some(other) => Err(ApiError::bad_request(format!("invalid takeOver {other:?}: true or false"))),
-    }
+    Ok(if crate::query::flag(query, "takeOver", false)? { Writer::Hand { take_over: true } } else { Writer::BY_HAND })
 }
 
 pub async fn delete(state: &ApiState, name: &str, writer: &Writer) -> Result<Response, ApiError> {

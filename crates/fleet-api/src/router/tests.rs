@@ -591,3 +591,39 @@ async fn a_body_too_large_and_a_body_that_broke_off_are_told_apart() {
     let refused = read_body(Some(broken)).await.unwrap_err();
     assert_eq!(refused.status, StatusCode::BAD_REQUEST, "the client went away: its body is not too large");
 }
+
+#[tokio::test]
+async fn a_rollout_is_read_with_its_steps_counted_and_without_its_units_when_asked() {
+    let api = api(100).await;
+    for unit in ["web@1.service", "web@2.service", "web@3.service"] {
+        assert_eq!(
+            api.call("PUT", &format!("/fleet/v1/units/{unit}"), Some(hello(Some("launched")))).await.status.as_u16(),
+            201
+        );
+    }
+    let request = json!({
+        "units": ["web@1.service", "web@2.service", "web@3.service"],
+        "options": [{"section": "Service", "name": "ExecStart", "value": "/bin/sleep 2000"}],
+        "maxUnavailable": "1",
+    });
+    let started = api.call("PUT", "/fleet/v1/rollouts/web", Some(request)).await;
+    assert_eq!(started.status, StatusCode::CREATED, "{}", started.body);
+    assert_eq!(started.body["steps"], json!({"waiting": 3}));
+    assert_eq!(started.body["units"].as_array().map(Vec::len), Some(3));
+
+    let full = api.call("GET", "/fleet/v1/rollouts/web", None).await.body;
+    assert_eq!((&full["steps"], full["units"].as_array().map(Vec::len)), (&json!({"waiting": 3}), Some(3)));
+    let progress = api.call("GET", "/fleet/v1/rollouts/web?units=false", None).await.body;
+    assert!(progress.get("units").is_none(), "no units listed: {progress}");
+    assert_eq!((&progress["state"], &progress["steps"]), (&json!("running"), &json!({"waiting": 3})));
+    let listed = api.call("GET", "/fleet/v1/rollouts?units=false", None).await.body;
+    assert!(listed["rollouts"][0].get("units").is_none(), "{listed}");
+    assert_eq!(listed["rollouts"][0]["steps"], json!({"waiting": 3}));
+    // The client reads both forms.
+    let read: fleet_api_schema::Rollout = serde_json::from_value(progress).unwrap();
+    assert_eq!((read.units.len(), read.steps.get("waiting")), (0, Some(&3)));
+
+    let refused = api.call("GET", "/fleet/v1/rollouts/web?units=maybe", None).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused.body, error(400, "invalid units \"maybe\": true or false"));
+}

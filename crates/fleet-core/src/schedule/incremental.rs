@@ -173,7 +173,7 @@ impl Settled {
             same_machine
                 && settled.desired == unit.desired
                 && (Arc::ptr_eq(&settled.requirements, &unit.requirements)
-                    || settled.requirements == unit.requirements),
+                    || settled.requirements.places_alike(&unit.requirements)),
         )
     }
 

@@ -18,7 +18,7 @@ mod working;
 pub use incremental::{IncrementalPlanner, PlanScope};
 pub use plan::plan;
 pub use reason::{Closest, Refusal, UnplacedReason, UnscheduleReason};
-pub use snapshot::{RequirementsCache, SnapshotUnit};
+pub use snapshot::{RequirementsCache, SnapshotUnit, contents_alone_changed};
 
 use std::sync::Arc;
 

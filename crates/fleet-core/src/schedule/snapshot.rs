@@ -79,6 +79,26 @@ impl RequirementsCache {
         ClusterSnapshot { machines, units, ..ClusterSnapshot::default() }
     }
 
+    /// Takes the new contents of `changed` (units whose content alone changed:
+    /// [`contents_alone_changed`]) when each keeps the rules it was placed by, so that the plan
+    /// of the cluster is the one before; `false`, taking nothing, when one's requirements
+    /// changed, were not known, or its new body is not in `bodies`.
+    pub fn take_same_requirements(&mut self, changed: &[&SnapshotUnit], bodies: &HashMap<UnitHash, UnitFile>) -> bool {
+        let mut kept = Vec::with_capacity(changed.len());
+        for unit in changed {
+            let Some((_, before)) = self.by_unit.get(unit.name.as_str()) else { return false };
+            let Some(file) = bodies.get(&unit.hash) else { return false };
+            if !Requirements::from_unit(&unit.name, file).places_alike(before) {
+                return false;
+            }
+            kept.push((unit, before.clone()));
+        }
+        for (unit, requirements) in kept {
+            self.by_unit.insert(unit.name.clone(), (unit.hash, requirements));
+        }
+        true
+    }
+
     /// How many units' requirements are kept.
     pub fn len(&self) -> usize {
         self.by_unit.len()
@@ -87,6 +107,28 @@ impl RequirementsCache {
     pub fn is_empty(&self) -> bool {
         self.by_unit.is_empty()
     }
+}
+
+/// The units of `current` whose content alone changed since `previous`, or `None` when
+/// anything else did (a unit added, removed, moved or given another desired state; the
+/// lists are in the store's order, name order).
+pub fn contents_alone_changed<'a>(
+    previous: &[SnapshotUnit],
+    current: &'a [SnapshotUnit],
+) -> Option<Vec<&'a SnapshotUnit>> {
+    if previous.len() != current.len() {
+        return None;
+    }
+    let mut changed = Vec::new();
+    for (before, now) in previous.iter().zip(current) {
+        if before.name != now.name || before.desired != now.desired || before.machine_id != now.machine_id {
+            return None;
+        }
+        if before.hash != now.hash {
+            changed.push(now);
+        }
+    }
+    Some(changed)
 }
 
 #[cfg(test)]
@@ -143,5 +185,47 @@ mod tests {
         let mut cache = RequirementsCache::default();
         cache.learn(std::slice::from_ref(&old), &HashMap::from([(old.hash, old_file)]));
         assert_eq!(cache.missing(std::slice::from_ref(&new)), vec![new.hash]);
+    }
+
+    #[test]
+    fn a_change_of_contents_alone_is_told_from_any_other() {
+        let (web, _) = listed("web.service", "[Service]\nExecStart=/bin/a\n", Some("m1"));
+        let (db, _) = listed("db.service", "[Service]\nExecStart=/bin/a\n", None);
+        let (web_b, _) = listed("web.service", "[Service]\nExecStart=/bin/b\n", Some("m1"));
+        let before = vec![db.clone(), web.clone()];
+        let after = [db.clone(), web_b.clone()];
+        let changed = contents_alone_changed(&before, &after).expect("contents alone");
+        assert_eq!(changed, vec![&web_b]);
+        assert_eq!(contents_alone_changed(&before, &before), Some(Vec::new()));
+        let moved = SnapshotUnit { machine_id: Some("m2".into()), ..web_b.clone() };
+        let stopped = SnapshotUnit { desired: DesiredState::Inactive, ..web.clone() };
+        for other in
+            [vec![db.clone(), moved], vec![db.clone(), stopped], vec![db.clone()], vec![web.clone(), db.clone()]]
+        {
+            assert_eq!(contents_alone_changed(&before, &other), None, "{other:?}");
+        }
+    }
+
+    #[test]
+    fn new_contents_are_taken_only_when_every_unit_keeps_its_requirements() {
+        let (web, web_file) = listed("web.service", "[Service]\nExecStart=/bin/a\n[X-Fleet]\nConflicts=web*\n", None);
+        let (same, same_file) = listed("web.service", "[Service]\nExecStart=/bin/b\n[X-Fleet]\nConflicts=web*\n", None);
+        let (other, other_file) = listed("web.service", "[Service]\nExecStart=/bin/c\n[X-Fleet]\nGlobal=true\n", None);
+        let mut cache = RequirementsCache::default();
+        cache.learn(std::slice::from_ref(&web), &HashMap::from([(web.hash, web_file)]));
+        assert!(!cache.take_same_requirements(&[&same], &HashMap::new()), "its new body is needed");
+        assert!(!cache.take_same_requirements(&[&other], &HashMap::from([(other.hash, other_file)])));
+        assert_eq!(cache.missing(std::slice::from_ref(&other)), vec![other.hash], "nothing taken");
+        assert!(cache.take_same_requirements(&[&same], &HashMap::from([(same.hash, same_file)])));
+        assert!(cache.missing(std::slice::from_ref(&same)).is_empty(), "the new content is known");
+        // A key only fleet knows (a health check) is no rule of placement.
+        let (checked, checked_file) = listed(
+            "web.service",
+            "[Service]\nExecStart=/bin/b\n[X-Fleet]\nConflicts=web*\nHealthCheck=tcp://127.0.0.1:80\n",
+            None,
+        );
+        assert!(cache.take_same_requirements(&[&checked], &HashMap::from([(checked.hash, checked_file)])));
+        let (unknown, unknown_file) = listed("db.service", "[Service]\nExecStart=/bin/a\n", None);
+        assert!(!cache.take_same_requirements(&[&unknown], &HashMap::from([(unknown.hash, unknown_file)])));
     }
 }

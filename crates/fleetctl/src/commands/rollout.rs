@@ -32,22 +32,21 @@ pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
 
 /// Shows the rollout; with `wait`, once it is done (success) or paused (failure).
 async fn status(context: &Context, name: &str, wait: bool) -> Outcome {
-    let settled = if wait { wait_settled(context, name, None).await.map(Some) } else { Ok(None) };
-    let rollout = match settled {
-        Ok(Some(rollout)) => Ok(Some(rollout)),
-        Ok(None) => {
-            context.client.rollout(name).await.map_err(|error| format!("Error reading rollout {name}: {error}"))
-        }
-        Err(Unsettled::Paused(rollout)) => {
-            show(&rollout);
+    let settled = if wait { wait_settled(context, name, None).await } else { Ok(()) };
+    let outcome = match settled {
+        Ok(()) => Outcome::Success,
+        // The rollout shown says why it stopped.
+        Err(Unsettled::Stopped(_)) => Outcome::Failure,
+        Err(Unsettled::Failed(error)) => {
+            eprintln!("{error}");
             return Outcome::Failure;
         }
-        Err(Unsettled::Failed(error)) => Err(error),
     };
-    match rollout {
+    // The wait read the steps' counts only: the units are read once, to be shown.
+    match context.client.rollout(name).await.map_err(|error| format!("Error reading rollout {name}: {error}")) {
         Ok(Some(rollout)) => {
             show(&rollout);
-            Outcome::Success
+            outcome
         }
         Ok(None) => {
             eprintln!("Rollout {name} not found");
@@ -65,39 +64,43 @@ const WAIT_POLL: Duration = Duration::from_millis(500);
 
 /// Why a rollout waited for did not finish.
 pub enum Unsettled {
-    Paused(Rollout),
+    /// It stopped by itself or by hand (paused, failed, reverted, a canary waiting to be
+    /// promoted), with why.
+    Stopped(String),
     Failed(String),
 }
 
 impl std::fmt::Display for Unsettled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Paused(rollout) if rollout.state == "reverted" => {
-                write!(f, "reverted: {}", rollout.reverted.as_deref().unwrap_or("a gate failed"))
-            }
-            Self::Paused(rollout) if rollout.state == "canary" => {
-                write!(f, "its canary is done and waits for: fleetctl rollout promote {}", rollout.name)
-            }
-            Self::Paused(rollout) => write!(f, "paused: {}", rollout.reason.as_deref().unwrap_or("by hand")),
-            Self::Failed(error) => f.write_str(error),
+            Self::Stopped(why) | Self::Failed(why) => f.write_str(why),
         }
     }
 }
 
-/// Reads rollout `name` every half second until it finished (done or undone: its last
-/// reading), stopped (paused or failed), is gone, or `deadline` passes.
-pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instant>) -> Result<Rollout, Unsettled> {
+/// Why a rollout that stopped before it was done stopped.
+fn why_stopped(rollout: &Rollout) -> String {
+    match rollout.state.as_str() {
+        "reverted" => format!("reverted: {}", rollout.reverted.as_deref().unwrap_or("a gate failed")),
+        "canary" => format!("its canary is done and waits for: fleetctl rollout promote {}", rollout.name),
+        _ => format!("paused: {}", rollout.reason.as_deref().unwrap_or("by hand")),
+    }
+}
+
+/// Reads the progress of rollout `name` every half second until it finished (done or
+/// undone), stopped (paused, failed, reverted), is gone, or `deadline` passes.
+pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instant>) -> Result<(), Unsettled> {
     loop {
-        match context.client.rollout(name).await {
+        match context.client.rollout_progress(name).await {
             // Finished: its new content, or (undone) its old content back.
-            Ok(Some(rollout)) if rollout.state == "done" || rollout.state == "undone" => return Ok(rollout),
+            Ok(Some(rollout)) if rollout.state == "done" || rollout.state == "undone" => return Ok(()),
             // Still going by itself: waves, an undo begun by a failed gate, a canary baking.
             Ok(Some(rollout)) if rollout.state == "running" || rollout.state == "reverting" => {}
             Ok(Some(rollout))
                 if rollout.state == "canary"
                     && rollout.canary.as_ref().is_some_and(|canary| canary.bake_seconds.is_some()) => {}
             // Paused, failed, reverted, or a canary waiting for a promotion.
-            Ok(Some(rollout)) => return Err(Unsettled::Paused(rollout)),
+            Ok(Some(rollout)) => return Err(Unsettled::Stopped(why_stopped(&rollout))),
             Ok(None) => return Err(Unsettled::Failed(format!("Rollout {name} not found"))),
             Err(error) => return Err(Unsettled::Failed(format!("Error reading rollout {name}: {error}"))),
         }
@@ -224,10 +227,16 @@ pub fn gate_settings(gates: &crate::RolloutGates) -> Result<(Option<String>, Opt
     Ok((gates.canary.clone(), bake, gates.auto_revert))
 }
 
+/// How many units are done, in flight and failed, of how many (from `steps`; a fleetd from
+/// before it answers with the units only, which are counted then).
 fn counts(rollout: &Rollout) -> String {
-    let count = |step: &str| rollout.units.iter().filter(|unit| unit.step == step).count();
+    let count = |step: &str| match rollout.steps.is_empty() {
+        true => rollout.units.iter().filter(|unit| unit.step == step).count(),
+        false => rollout.steps.get(step).copied().unwrap_or(0),
+    };
+    let total = if rollout.steps.is_empty() { rollout.units.len() } else { rollout.steps.values().sum() };
     let moving = count("replacing") + count("ready");
-    format!("{}/{} done, {moving} in flight, {} failed", count("done"), rollout.units.len(), count("failed"))
+    format!("{}/{total} done, {moving} in flight, {} failed", count("done"), count("failed"))
 }
 
 fn show(rollout: &Rollout) {
