@@ -26,8 +26,10 @@
 //! (`cluster_bench::BENCH_RESERVATION`) and every simulated machine states a capacity
 //! (`cluster_bench::SIMULATED_CAPACITY`): the planner's room checks on every placement.
 //! With `health`, (g) follows: health-gated rollouts of every unit ([`health_rollouts`]).
+//! With `via-standby`, (a) submits through the standby engine fleetd: the leader then learns
+//! the units through its watch only.
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health]`
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health] [via-standby]`
 
 mod etcd_metrics;
 mod health_rollouts;
@@ -79,6 +81,7 @@ fn main() {
     let options: Vec<String> = std::env::args().skip(4).collect();
     let reserving = options.iter().any(|option| option == "reserve");
     let health = options.iter().any(|option| option == "health");
+    let via_standby = options.iter().any(|option| option == "via-standby");
     // The simulated machines' own log (their renewals, registrations, passes), on stderr when
     // asked for: `RUST_LOG=fleet_registry=info`.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -157,7 +160,9 @@ fn main() {
         let (standby_cpu_before, fleetctl_cpu_before) =
             (cpu_seconds(standby.pid()), waited_children_cpu_seconds(std::process::id()));
         let submitting = Instant::now();
-        let socket = engine.socket();
+        // `via-standby`: the units go through the standby fleetd's API, so the leader learns
+        // them only through its watch, as it does when the submitting fleetd does not lead.
+        let socket = if via_standby { standby.socket() } else { engine.socket() };
         let started = fleetctl(&socket, list_dir.path(), &["start", "--no-block", "--from-file", &list.display().to_string()]).await;
         println!(
             "  fleetctl start --no-block --from-file: {} units in {:.2} s ({:.0} units/s)",
