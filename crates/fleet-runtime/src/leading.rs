@@ -19,6 +19,12 @@ pub trait LeaderPass: Send {
     const SETTLE: Duration = Duration::ZERO;
     /// One pass; says when the next is due at the latest (a change brings it sooner).
     fn pass(&mut self) -> impl Future<Output = Result<Next, Self::Error>> + Send;
+    /// How long to let a burst of changes gather before a pass, given how long the last one
+    /// took: [`LeaderPass::SETTLE`] unless the pass says otherwise.
+    fn settle(&self, took: Duration) -> Duration {
+        let _ = took;
+        Self::SETTLE
+    }
 }
 
 /// Runs `pass` while `leads` says this fleetd leads, on each move of `changes` and when it
@@ -55,8 +61,8 @@ impl<P: LeaderPass> Reconciler for WhileLeading<P> {
         self.pass.pass().await
     }
 
-    fn settle(&mut self, _took: Duration) -> Duration {
-        P::SETTLE
+    fn settle(&mut self, took: Duration) -> Duration {
+        self.pass.settle(took)
     }
 
     fn triggers(&mut self) -> &mut Triggers {
