@@ -245,6 +245,8 @@ impl Engine {
         }
         if self.same_plan_as_last(&snapshot).await? {
             tracing::debug!("only units' contents changed, their requirements did not: nothing to plan");
+            let skipped = fleet_metrics::PlanLabels { scope: "skipped" };
+            fleet_metrics::metrics().engine.plans.get_or_create(&skipped).inc();
             self.planned = Some(snapshot.revision);
             self.last_planned = Some((snapshot.machines, snapshot.units));
             return Ok(());

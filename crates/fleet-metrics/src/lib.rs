@@ -34,7 +34,8 @@ pub struct DecisionLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PlanLabels {
-    /// `full` (every unit planned) or `changed` (only what changed since the last plan).
+    /// `full` (every unit planned), `changed` (only what changed since the last plan) or
+    /// `skipped` (only units' contents changed and their placement rules did not: no plan).
     pub scope: &'static str,
 }
 
@@ -186,7 +187,11 @@ impl Metrics {
         );
         fleet.register("engine_leader", "1 while this fleetd's engine is the cluster's leader", engine.leader.clone());
         fleet.register("engine_decisions", "Units the engine scheduled or unscheduled", engine.decisions.clone());
-        fleet.register("engine_plans", "Plans the engine made, of every unit or of what changed", engine.plans.clone());
+        fleet.register(
+            "engine_plans",
+            "Plans the engine made, of every unit or of what changed, and those it skipped",
+            engine.plans.clone(),
+        );
         fleet.register("agent_tasks", "Tasks the agent gave its unit manager", agent.tasks.clone());
         fleet.register("agent_task_failures", "Tasks of the agent that failed", agent.task_failures.clone());
         fleet.register("agent_units", "Units the agent holds on this machine", agent.units.clone());

@@ -132,16 +132,15 @@ impl RolloutDriver {
         let mut next = FALLBACK;
         for before in running {
             let began = std::time::Instant::now();
-            let followed = match self.followed.remove(&before.name) {
-                Some(followed) if followed.fits(&before.rollout) => followed,
-                _ => Followed::of(&before.rollout),
-            };
+            let followed = self.followed.entry(before.name.clone()).or_insert_with(|| Followed::of(&before.rollout));
+            if !followed.fits(&before.rollout) {
+                *followed = Followed::of(&before.rollout);
+            }
             let states = self.registry.states_of(&followed.names).await?;
             let read = began.elapsed();
             // The stored record is shared with the store's copy: the step works on its own.
             let mut record = RolloutRecord::clone(&before);
-            let seen = observed(&states, &record.rollout, &followed);
-            self.followed.insert(before.name.clone(), followed);
+            let seen = observed(&states, &record.rollout, followed);
             let step = advance(&mut record.rollout, seen.as_slice(), now);
             let stepped = began.elapsed();
             if !step.replace.is_empty() {

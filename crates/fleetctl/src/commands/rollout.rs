@@ -230,11 +230,14 @@ pub fn gate_settings(gates: &crate::RolloutGates) -> Result<(Option<String>, Opt
 /// How many units are done, in flight and failed, of how many (from `steps`; a fleetd from
 /// before it answers with the units only, which are counted then).
 fn counts(rollout: &Rollout) -> String {
-    let count = |step: &str| match rollout.steps.is_empty() {
-        true => rollout.units.iter().filter(|unit| unit.step == step).count(),
-        false => rollout.steps.get(step).copied().unwrap_or(0),
-    };
-    let total = if rollout.steps.is_empty() { rollout.units.len() } else { rollout.steps.values().sum() };
+    let mut steps = rollout.steps.clone();
+    if steps.is_empty() {
+        for unit in &rollout.units {
+            *steps.entry(unit.step.clone()).or_default() += 1;
+        }
+    }
+    let count = |step: &str| steps.get(step).copied().unwrap_or(0);
+    let total: usize = steps.values().sum();
     let moving = count("replacing") + count("ready");
     format!("{}/{total} done, {moving} in flight, {} failed", count("done"), count("failed"))
 }

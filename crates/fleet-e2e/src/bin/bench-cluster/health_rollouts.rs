@@ -88,14 +88,15 @@ async fn watch(fleetd: &Fleetd, name: &str, until: impl Fn(&Progress) -> bool) -
         tokio::task::block_in_place(|| fleetd.api("GET", &format!("/fleet/v1/rollouts/{name}{query}"), ""))
     };
     loop {
-        let answer = read("?units=false");
-        let progress: Option<Progress> = serde_json::from_value(body_of(&answer)).ok();
-        if let Some(progress) = progress.filter(&until) {
-            let seen = Instant::now();
-            return (progress, body_of(&read("")), seen);
-        }
-        let state = serde_json::from_value::<Progress>(body_of(&answer))
-            .map_or_else(|_| "unreadable".to_string(), |progress| progress.state);
+        let progress: Option<Progress> = serde_json::from_value(body_of(&read("?units=false"))).ok();
+        let state = match progress {
+            Some(progress) if until(&progress) => {
+                let seen = Instant::now();
+                return (progress, body_of(&read("")), seen);
+            }
+            Some(progress) => progress.state,
+            None => "unreadable".to_string(),
+        };
         assert!(started.elapsed() < PATIENCE, "rollout {name} stuck: {state}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
