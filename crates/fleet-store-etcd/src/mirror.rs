@@ -59,6 +59,9 @@ pub struct MirrorData {
     /// ranges are watched apart, so one may be ahead of another. A broken watch resumes each
     /// range from here.
     pub seen: Vec<i64>,
+    /// The revision of the last listing: a watch that outlived it (a listing asked for while
+    /// the stream runs) still delivers the events up to it, which the listing holds already.
+    pub listed: i64,
     /// Moves on every change, so equal generations mean equal contents.
     pub generation: u64,
     /// Whether the copy was listed at least once.
@@ -120,8 +123,6 @@ enum StreamEnd {
     Broken(RegistryError),
     /// A range's start revision was compacted away: list again.
     Compacted,
-    /// A fresh listing was asked for ([`Mirror::relist`]).
-    Relist,
 }
 
 impl Mirror {
@@ -267,7 +268,7 @@ impl Feeder {
                 let end = self.follow(next_relist).await;
                 self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = false;
                 match end {
-                    StreamEnd::Compacted | StreamEnd::Relist => break,
+                    StreamEnd::Compacted => break,
                     StreamEnd::Broken(error) => {
                         if started.elapsed() > RETRY_MAX * 2 {
                             retry.reset();
@@ -303,6 +304,7 @@ impl Feeder {
             data.entries = entries;
             data.revision = data.revision.max(revision);
             data.seen = vec![revision; self.ranges.len()];
+            data.listed = revision;
             data.synced = true;
             if changed {
                 data.generation += 1;
@@ -316,8 +318,12 @@ impl Feeder {
     }
 
     /// Watches every range from the revision its events are applied up to, until the stream
-    /// ends.
-    async fn follow(&self, next_relist: tokio::time::Instant) -> StreamEnd {
+    /// ends. A listing asked for meanwhile ([`Mirror::relist`]) is made beside the watches,
+    /// not before `next_relist` and then at most once per [`RELIST_SPACING`] (or per
+    /// listing's time): the watches go on, and what they deliver up to the listing's revision
+    /// is skipped. etcd then keeps its watchers, where a new stream made it create them again
+    /// and catch each up from an old revision.
+    async fn follow(&self, mut next_relist: tokio::time::Instant) -> StreamEnd {
         let resume = self.data.read().unwrap_or_else(|poisoned| poisoned.into_inner()).seen.clone();
         let connection = &self.connection;
         let options = |index: usize| {
@@ -356,7 +362,15 @@ impl Feeder {
                     relist_asked = true;
                     continue;
                 }
-                () = tokio::time::sleep_until(next_relist), if relist_asked => return StreamEnd::Relist,
+                () = tokio::time::sleep_until(next_relist), if relist_asked => {
+                    let listing = tokio::time::Instant::now();
+                    if let Err(error) = self.list().await {
+                        return StreamEnd::Broken(error);
+                    }
+                    relist_asked = false;
+                    next_relist = tokio::time::Instant::now() + listing.elapsed().max(RELIST_SPACING);
+                    continue;
+                }
             };
             let response = match message {
                 Ok(Some(response)) => response,
@@ -403,6 +417,10 @@ impl Feeder {
         let mut changed = Vec::with_capacity(events.len());
         for event in events {
             let Some(kv) = event.kv() else { continue };
+            // Held already by a listing made while this watch ran.
+            if kv.mod_revision() <= data.listed {
+                continue;
+            }
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             if self.observer.is_some() {
                 changed.push(key.clone());
@@ -500,6 +518,55 @@ mod tests {
         };
         tokio::time::timeout(Duration::from_secs(10), relisted).await.expect("every range current after a relist");
         assert_eq!(mirror.read().entries["/a/key"].value, b"1".to_vec());
+    }
+
+    /// How many watch streams etcd has opened so far, by its own count.
+    async fn watch_streams_opened(etcd: &EtcdServer) -> u64 {
+        let address = etcd.endpoint().trim_start_matches("http://").to_string();
+        let text = tokio::task::spawn_blocking(move || {
+            use std::io::{Read, Write};
+            let mut stream = std::net::TcpStream::connect(address).unwrap();
+            stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").unwrap();
+            let mut text = String::new();
+            stream.read_to_string(&mut text).unwrap();
+            text
+        })
+        .await
+        .unwrap();
+        let line = text
+            .lines()
+            .find(|line| line.starts_with("grpc_server_started_total") && line.contains("grpc_method=\"Watch\""))
+            .expect("etcd counts the watch streams it opened");
+        line.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+    }
+
+    #[tokio::test]
+    async fn a_relist_keeps_the_watch_and_loses_no_change_around_it() {
+        let etcd = EtcdServer::start();
+        let connection = connect(&etcd).await;
+        let mirror = Mirror::start(connection.clone(), vec![KeyRange::prefix("/m/".into())]);
+        let mut kv = connection.kv();
+        let first = kv.put("/m/a", "1", None).await.unwrap().header().unwrap().revision();
+        assert!(mirror.wait_for(first, Duration::from_secs(10)).await);
+        let opened = watch_streams_opened(&etcd).await;
+        // Written just before the listing: the listing holds it, and the watch delivers it
+        // too; it is applied once either way.
+        let before = kv.put("/m/b", "2", None).await.unwrap().header().unwrap().revision();
+        mirror.relist();
+        let mut changes = mirror.changes();
+        let listed = async {
+            while mirror.read().listed < before {
+                changes.changed().await.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), listed).await.expect("the relist is made");
+        kv.put("/m/c", "3", None).await.unwrap();
+        let last = kv.delete("/m/a", None).await.unwrap().header().unwrap().revision();
+        assert!(mirror.wait_for(last, Duration::from_secs(10)).await, "changes after the relist arrive");
+        let keys: Vec<String> = mirror.read().entries.keys().cloned().collect();
+        assert_eq!(keys, ["/m/b", "/m/c"]);
+        assert_eq!(mirror.read().entries["/m/b"].value, b"2".to_vec());
+        assert_eq!(watch_streams_opened(&etcd).await, opened, "the relist opened no watch stream");
     }
 }
 
