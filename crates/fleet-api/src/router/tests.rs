@@ -1,8 +1,9 @@
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use fleet_core::MachineState;
+use fleet_core::{MachineState, UnitFile, UnitHash};
 use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry};
 use fleet_store_embedded::EmbeddedRegistry;
 use serde_json::{Value, json};
@@ -626,4 +627,52 @@ async fn a_rollout_is_read_with_its_steps_counted_and_without_its_units_when_ask
     let refused = api.call("GET", "/fleet/v1/rollouts/web?units=maybe", None).await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
     assert_eq!(refused.body, error(400, "invalid units \"maybe\": true or false"));
+}
+
+#[tokio::test]
+async fn a_rollout_takes_each_unit_s_own_content_and_refuses_a_unit_that_does_not_exist() {
+    use fleet_registry::SourceRegistry;
+    let api = api(100).await;
+    for unit in ["web@1.service", "web@2.service", "db.service"] {
+        assert_eq!(
+            api.call("PUT", &format!("/fleet/v1/units/{unit}"), Some(hello(Some("launched")))).await.status.as_u16(),
+            201
+        );
+    }
+    let option = |command: &str| json!([{"section": "Service", "name": "ExecStart", "value": command}]);
+    let refused = api
+        .call(
+            "PUT",
+            "/fleet/v1/rollouts/missing",
+            Some(json!({
+                "units": ["web@1.service", "nope.service"],
+                "options": option("/bin/sleep 2"),
+                "maxUnavailable": "1",
+            })),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused.body, error(400, "unit nope.service does not exist"));
+    assert!(api.registry.rollouts().await.unwrap().is_empty(), "nothing stored for a refused rollout");
+
+    let files = json!({
+        "web@1.service": option("/bin/sleep 2"),
+        "web@2.service": option("/bin/sleep 2"),
+        "db.service": option("/bin/sleep 3"),
+    });
+    let started =
+        api.call("PUT", "/fleet/v1/rollouts/mixed", Some(json!({"files": files, "maxUnavailable": "1"}))).await;
+    assert_eq!(started.status, StatusCode::CREATED, "{}", started.body);
+    let record = api.registry.rollouts().await.unwrap().pop().expect("the rollout stored");
+    let to: BTreeMap<&str, UnitHash> = record.rollout.units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
+    assert_eq!(to["web@1.service"], to["web@2.service"]);
+    assert_ne!(to["web@1.service"], to["db.service"]);
+    let old = record.rollout.units[0].from;
+    assert!(record.rollout.units.iter().all(|unit| unit.from == old), "every unit starts from its current content");
+    // The old content and each new one, once each.
+    assert_eq!(record.bodies.len(), 3);
+    for hash in to.values().chain([&old]) {
+        let body = &record.bodies[&hash.to_string()];
+        assert_eq!(UnitFile::parse(body).unwrap().hash(), *hash);
+    }
 }

@@ -115,6 +115,7 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
     let cpu_before = cpu();
     let counters_before = etcd_metrics::read(etcd_metrics_address);
     start(fleetd, "bench-good", units, content(2, port), GOOD_DEADLINE_SECONDS);
+    let answered = began.elapsed();
     let (_, _, canary_done) = watch(fleetd, "bench-good", |r| r.state == "canary" || r.state == "done").await;
     let (_, done, finished) = watch(fleetd, "bench-good", |r| r.state != "running" && r.state != "canary").await;
     assert_eq!(done["state"], "done", "the good version completes: {} {}", done["reason"], done["reverted"]);
@@ -125,6 +126,16 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
         total.as_secs_f64(),
         (canary_done - began).as_secs_f64(),
         total.as_secs_f64() - BAKE_SECONDS as f64
+    );
+    let since_epoch = |at: Instant| {
+        let ago = at.elapsed();
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |now| (now - ago).as_secs_f64())
+    };
+    println!(
+        "      the start request answered after {:.3} s; started at {:.3}, seen done at {:.3} (seconds since the epoch, to line up with fleetd's log)",
+        answered.as_secs_f64(),
+        since_epoch(began),
+        since_epoch(finished)
     );
     let busy = total.as_secs_f64() - BAKE_SECONDS as f64;
     println!(
