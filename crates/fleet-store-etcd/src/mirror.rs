@@ -520,6 +520,44 @@ mod tests {
         assert_eq!(mirror.read().entries["/a/key"].value, b"1".to_vec());
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_copy_started_while_keys_change_ends_equal_to_etcd() {
+        let etcd = EtcdServer::start();
+        let connection = connect(&etcd).await;
+        let mut kv = connection.kv();
+        for index in 0..50 {
+            kv.put(format!("/m/old{index}"), "old", None).await.unwrap();
+        }
+        // Writes go on while the copy lists and starts watching: some land before its
+        // listing, some between it and the watchers, some after. Each key changes once, so
+        // a change the copy misses shows at the end.
+        let writer = {
+            let mut kv = kv.clone();
+            tokio::spawn(async move {
+                let mut last = 0;
+                for round in 0..200 {
+                    let reply = if round % 4 == 0 {
+                        kv.delete(format!("/m/old{}", round / 4), None).await.unwrap().header().unwrap().revision()
+                    } else {
+                        kv.put(format!("/m/new{round}"), "new", None).await.unwrap().header().unwrap().revision()
+                    };
+                    last = last.max(reply);
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                last
+            })
+        };
+        let mirror = Mirror::start(connection.clone(), vec![KeyRange::prefix("/m/".into())]);
+        let last = writer.await.unwrap();
+        assert!(mirror.wait_for(last, Duration::from_secs(10)).await, "the copy follows every write");
+        let listed = kv.get("/m/", Some(GetOptions::new().with_prefix())).await.unwrap();
+        let etcd_holds: BTreeMap<String, Vec<u8>> =
+            listed.kvs().iter().map(|kv| (kv.key_str().unwrap().to_string(), kv.value().to_vec())).collect();
+        let copy_holds: BTreeMap<String, Vec<u8>> =
+            mirror.read().entries.iter().map(|(key, entry)| (key.clone(), entry.value.clone())).collect();
+        assert_eq!(copy_holds, etcd_holds);
+    }
+
     /// How many watch streams etcd has opened so far, by its own count.
     async fn watch_streams_opened(etcd: &EtcdServer) -> u64 {
         let address = etcd.endpoint().trim_start_matches("http://").to_string();
