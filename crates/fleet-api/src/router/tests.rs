@@ -593,15 +593,18 @@ async fn a_body_too_large_and_a_body_that_broke_off_are_told_apart() {
     assert_eq!(refused.status, StatusCode::BAD_REQUEST, "the client went away: its body is not too large");
 }
 
+/// Creates `units` launched, each running `hello`.
+async fn launch(api: &Api, units: &[&str]) {
+    for unit in units {
+        let created = api.call("PUT", &format!("/fleet/v1/units/{unit}"), Some(hello(Some("launched")))).await;
+        assert_eq!(created.status, StatusCode::CREATED, "{unit}: {}", created.body);
+    }
+}
+
 #[tokio::test]
 async fn a_rollout_is_read_with_its_steps_counted_and_without_its_units_when_asked() {
     let api = api(100).await;
-    for unit in ["web@1.service", "web@2.service", "web@3.service"] {
-        assert_eq!(
-            api.call("PUT", &format!("/fleet/v1/units/{unit}"), Some(hello(Some("launched")))).await.status.as_u16(),
-            201
-        );
-    }
+    launch(&api, &["web@1.service", "web@2.service", "web@3.service"]).await;
     let request = json!({
         "units": ["web@1.service", "web@2.service", "web@3.service"],
         "options": [{"section": "Service", "name": "ExecStart", "value": "/bin/sleep 2000"}],
@@ -633,12 +636,7 @@ async fn a_rollout_is_read_with_its_steps_counted_and_without_its_units_when_ask
 async fn a_rollout_takes_each_unit_s_own_content_and_refuses_a_unit_that_does_not_exist() {
     use fleet_registry::SourceRegistry;
     let api = api(100).await;
-    for unit in ["web@1.service", "web@2.service", "db.service"] {
-        assert_eq!(
-            api.call("PUT", &format!("/fleet/v1/units/{unit}"), Some(hello(Some("launched")))).await.status.as_u16(),
-            201
-        );
-    }
+    launch(&api, &["web@1.service", "web@2.service", "db.service"]).await;
     let option = |command: &str| json!([{"section": "Service", "name": "ExecStart", "value": command}]);
     let refused = api
         .call(
