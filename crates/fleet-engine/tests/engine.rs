@@ -35,6 +35,17 @@ async fn reason(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
     registry.unit(name).await.unwrap().and_then(|view| view.reason)
 }
 
+/// An embedded store in a new directory (kept while the guard lives) with `machines`
+/// (id, region) registered.
+async fn store_with(machines: &[(&str, &str)]) -> (tempfile::TempDir, EmbeddedRegistry) {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    for (id, region) in machines {
+        registry.register_machine(&machine(id, region)).await.unwrap();
+    }
+    (dir, registry)
+}
+
 /// How long an `AtMostOnce=` unit waits on a machine gone, in these tests.
 const HOLD: Duration = Duration::from_secs(5);
 
@@ -52,10 +63,7 @@ fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task:
 
 #[tokio::test(start_paused = true)]
 async fn places_units_least_loaded_and_moves_them_off_a_machine_that_goes() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    registry.register_machine(&machine("m1", "eu")).await.unwrap();
-    registry.register_machine(&machine("m2", "eu")).await.unwrap();
+    let (_dir, registry) = store_with(&[("m1", "eu"), ("m2", "eu")]).await;
     let (stop, engine) = start(&registry);
     registry.put_unit("a.service", &unit("Conflicts=b.service"), DesiredState::Launched).await.unwrap();
     registry.put_unit("b.service", &unit(""), DesiredState::Launched).await.unwrap();
@@ -92,9 +100,7 @@ async fn places_units_least_loaded_and_moves_them_off_a_machine_that_goes() {
 /// still be stopping it), then moves; a unit without it moves at once.
 #[tokio::test(start_paused = true)]
 async fn an_at_most_once_unit_moves_off_a_lost_machine_only_after_the_hold() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    registry.register_machine(&machine("m1", "eu")).await.unwrap();
+    let (_dir, registry) = store_with(&[("m1", "eu")]).await;
     let (stop, engine) = start(&registry);
     registry.put_unit("once.service", &unit("AtMostOnce=true"), DesiredState::Launched).await.unwrap();
     registry.put_unit("plain.service", &unit(""), DesiredState::Launched).await.unwrap();
@@ -122,9 +128,7 @@ async fn an_at_most_once_unit_moves_off_a_lost_machine_only_after_the_hold() {
 
 #[tokio::test(start_paused = true)]
 async fn an_inactive_unit_is_unscheduled() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    registry.register_machine(&machine("m1", "eu")).await.unwrap();
+    let (_dir, registry) = store_with(&[("m1", "eu")]).await;
     let (stop, engine) = start(&registry);
     registry.put_unit("a.service", &unit(""), DesiredState::Launched).await.unwrap();
     eventually("a.service is placed", async || placement(&registry).await["a.service"].is_some()).await;
@@ -138,10 +142,7 @@ async fn an_inactive_unit_is_unscheduled() {
 /// nothing; new content that changes them is planned, after it as before.
 #[tokio::test(start_paused = true)]
 async fn new_content_moves_a_unit_only_when_its_requirements_change() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    registry.register_machine(&machine("m1", "eu")).await.unwrap();
-    registry.register_machine(&machine("m2", "asia")).await.unwrap();
+    let (_dir, registry) = store_with(&[("m1", "eu"), ("m2", "asia")]).await;
     let (stop, engine) = start(&registry);
     let version = |exec: &str, region: &str| {
         UnitFile::parse(&format!("[Service]\nExecStart={exec}\n[X-Fleet]\nMachineMetadata=region={region}\n")).unwrap()
@@ -201,10 +202,7 @@ fn running_on(name: &str, machine: &str, file: &UnitFile) -> fleet_registry::Sta
 /// before start, so it never runs on two machines that are both in touch.
 #[tokio::test(start_paused = true)]
 async fn a_unit_taken_off_a_machine_is_placed_again_only_once_that_machine_stopped_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    registry.register_machine(&machine("m1", "eu")).await.unwrap();
-    registry.register_machine(&machine("m2", "eu")).await.unwrap();
+    let (_dir, registry) = store_with(&[("m1", "eu"), ("m2", "eu")]).await;
     let (stop, engine) = start(&registry);
     let file = unit("");
     registry.put_unit("a.service", &file, DesiredState::Launched).await.unwrap();
@@ -235,9 +233,7 @@ async fn a_unit_taken_off_a_machine_is_placed_again_only_once_that_machine_stopp
 /// machines' reports, and a machine that goes ends the wait.
 #[tokio::test(start_paused = true)]
 async fn a_move_waits_for_the_machine_it_leaves_even_across_a_new_leadership() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    registry.register_machine(&machine("m1", "eu")).await.unwrap();
+    let (_dir, registry) = store_with(&[("m1", "eu")]).await;
     let (stop, engine) = start(&registry);
     let file = unit("MachineMetadata=region=eu");
     registry.put_unit("eu.service", &file, DesiredState::Launched).await.unwrap();
@@ -356,9 +352,7 @@ impl fleet_registry::EngineRegistry for ContestedStore {
 #[tokio::test(start_paused = true)]
 async fn only_the_leader_writes() {
     use std::sync::atomic::Ordering;
-    let dir = tempfile::tempdir().unwrap();
-    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    store.register_machine(&machine("m1", "eu")).await.unwrap();
+    let (_dir, store) = store_with(&[("m1", "eu")]).await;
     let contested = Arc::new(ContestedStore::over(store.clone()));
     let config = EngineConfig {
         machine_id: "m1".into(),
