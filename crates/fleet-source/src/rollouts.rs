@@ -58,24 +58,26 @@ pub fn health(state: &UnitState) -> Health {
 /// each name's position in the rollout. Kept between passes and made again only when the
 /// rollout's units are no longer these (another rollout of that name, an undo).
 pub struct Followed {
-    /// The names in the rollout's order, to tell whether the rest still fits.
-    order: Vec<String>,
     names: BTreeSet<String>,
     positions: HashMap<String, usize>,
 }
 
 impl Followed {
     pub fn of(rollout: &Rollout) -> Self {
-        let order: Vec<String> = rollout.units.iter().map(|unit| unit.name.clone()).collect();
-        let names = order.iter().cloned().collect();
-        let positions = order.iter().enumerate().map(|(position, name)| (name.clone(), position)).collect();
-        Self { order, names, positions }
+        let names = rollout.units.iter().map(|unit| unit.name.clone()).collect();
+        let positions =
+            rollout.units.iter().enumerate().map(|(position, unit)| (unit.name.clone(), position)).collect();
+        Self { names, positions }
     }
 
     /// Whether these are `rollout`'s units, in its order.
     fn fits(&self, rollout: &Rollout) -> bool {
-        self.order.len() == rollout.units.len()
-            && self.order.iter().zip(&rollout.units).all(|(name, unit)| *name == unit.name)
+        self.positions.len() == rollout.units.len()
+            && rollout
+                .units
+                .iter()
+                .enumerate()
+                .all(|(position, unit)| self.positions.get(&unit.name) == Some(&position))
     }
 }
 

@@ -253,16 +253,15 @@ impl Feeder {
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
             // The listing sets every range's revision; the watches resume from those.
-            let listing = tokio::time::Instant::now();
-            if let Err(error) = self.list().await {
-                tracing::debug!(%error, "listing for the watch cache failed; retrying");
-                tokio::time::sleep(retry.next_delay()).await;
-                continue;
-            }
+            let next_relist = match self.list_spaced().await {
+                Ok(next_relist) => next_relist,
+                Err(error) => {
+                    tracing::debug!(%error, "listing for the watch cache failed; retrying");
+                    tokio::time::sleep(retry.next_delay()).await;
+                    continue;
+                }
+            };
             retry.reset();
-            // Relists asked for in a row (many machines registering again at once, each
-            // asking) leave the copy following its watch at least half the time.
-            let next_relist = tokio::time::Instant::now() + listing.elapsed().max(RELIST_SPACING);
             loop {
                 let started = tokio::time::Instant::now();
                 let end = self.follow(next_relist).await;
@@ -279,6 +278,15 @@ impl Feeder {
                 }
             }
         }
+    }
+
+    /// Lists afresh; says when the next listing asked for may be made. Relists asked for in a
+    /// row (many machines registering again at once, each asking) leave the copy following
+    /// its watch at least half the time.
+    async fn list_spaced(&self) -> Result<tokio::time::Instant> {
+        let listing = tokio::time::Instant::now();
+        self.list().await?;
+        Ok(tokio::time::Instant::now() + listing.elapsed().max(RELIST_SPACING))
     }
 
     /// Replaces the copy with a fresh listing; returns its revision.
@@ -363,12 +371,11 @@ impl Feeder {
                     continue;
                 }
                 () = tokio::time::sleep_until(next_relist), if relist_asked => {
-                    let listing = tokio::time::Instant::now();
-                    if let Err(error) = self.list().await {
-                        return StreamEnd::Broken(error);
-                    }
+                    next_relist = match self.list_spaced().await {
+                        Ok(next_relist) => next_relist,
+                        Err(error) => return StreamEnd::Broken(error),
+                    };
                     relist_asked = false;
-                    next_relist = tokio::time::Instant::now() + listing.elapsed().max(RELIST_SPACING);
                     continue;
                 }
             };

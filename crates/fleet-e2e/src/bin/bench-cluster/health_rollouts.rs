@@ -74,6 +74,8 @@ fn start(fleetd: &Fleetd, name: &str, units: &[String], options: Value, deadline
 struct Progress {
     state: String,
     reverted: Option<String>,
+    /// Why it paused, if it did.
+    reason: Option<String>,
     /// How many units are at each step.
     #[serde(default)]
     steps: std::collections::BTreeMap<String, usize>,
@@ -81,19 +83,15 @@ struct Progress {
 
 /// Reads the progress of rollout `name` (`?units=false`, as `fleetctl rollout status --wait`
 /// does: the bench shares the machine it measures) every 100 ms until `until` holds of it;
-/// returns that progress, the whole rollout read once after, and when `until` was seen to hold.
-async fn watch(fleetd: &Fleetd, name: &str, until: impl Fn(&Progress) -> bool) -> (Progress, Value, Instant) {
+/// returns that progress and when `until` was seen to hold.
+async fn watch(fleetd: &Fleetd, name: &str, until: impl Fn(&Progress) -> bool) -> (Progress, Instant) {
     let started = Instant::now();
-    let read = |query: &str| {
-        tokio::task::block_in_place(|| fleetd.api("GET", &format!("/fleet/v1/rollouts/{name}{query}"), ""))
-    };
+    let path = format!("/fleet/v1/rollouts/{name}?units=false");
     loop {
-        let progress: Option<Progress> = serde_json::from_value(body_of(&read("?units=false"))).ok();
+        let answer = tokio::task::block_in_place(|| fleetd.api("GET", &path, ""));
+        let progress: Option<Progress> = serde_json::from_value(body_of(&answer)).ok();
         let state = match progress {
-            Some(progress) if until(&progress) => {
-                let seen = Instant::now();
-                return (progress, body_of(&read("")), seen);
-            }
+            Some(progress) if until(&progress) => return (progress, Instant::now()),
             Some(progress) => progress.state,
             None => "unreadable".to_string(),
         };
@@ -116,9 +114,9 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
     let counters_before = etcd_metrics::read(etcd_metrics_address);
     start(fleetd, "bench-good", units, content(2, port), GOOD_DEADLINE_SECONDS);
     let answered = began.elapsed();
-    let (_, _, canary_done) = watch(fleetd, "bench-good", |r| r.state == "canary" || r.state == "done").await;
-    let (_, done, finished) = watch(fleetd, "bench-good", |r| r.state != "running" && r.state != "canary").await;
-    assert_eq!(done["state"], "done", "the good version completes: {} {}", done["reason"], done["reverted"]);
+    let (_, canary_done) = watch(fleetd, "bench-good", |r| r.state == "canary" || r.state == "done").await;
+    let (done, finished) = watch(fleetd, "bench-good", |r| r.state != "running" && r.state != "canary").await;
+    assert_eq!(done.state, "done", "the good version completes: {:?} {:?}", done.reason, done.reverted);
     let total = finished - began;
     let [engine_cpu, etcd_cpu, bench_cpu] = std::array::from_fn(|index| cpu()[index] - cpu_before[index]);
     println!(
@@ -162,8 +160,8 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
     // deadline, and the rollout undoes itself.
     let began = Instant::now();
     start(fleetd, "bench-bad", units, content(3, closed), DEADLINE_SECONDS);
-    let (failing, _, gate_failed) = watch(fleetd, "bench-bad", |r| r.reverted.is_some()).await;
-    let (_, reverted, back) = watch(fleetd, "bench-bad", |r| r.state == "reverted").await;
+    let (failing, gate_failed) = watch(fleetd, "bench-bad", |r| r.reverted.is_some()).await;
+    let (reverted, back) = watch(fleetd, "bench-bad", |r| r.state == "reverted").await;
     // The undo holds every unit; those it had to take back were not done when it began.
     let touched = failing.steps.values().sum::<usize>() - failing.steps.get("done").copied().unwrap_or(0);
     println!(
@@ -171,6 +169,6 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
         (gate_failed - began).as_secs_f64(),
         failing.reverted.as_deref().unwrap_or("-"),
         (back - gate_failed).as_secs_f64(),
-        reverted["state"]
+        reverted.state
     );
 }
