@@ -467,6 +467,36 @@ pub struct AgentChanges {
     /// Journals asked for through the manager, to answer at `POST …/journal/{id}`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub journal: Vec<JournalAsk>,
+    /// On a [`CHANGE_STREAM_PROTOCOL_V2`] stream: the machine's work as of `revision`, what
+    /// `GET …/work` answers (absent when it would make the line too long: the agent reads it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub work: Option<AgentWork>,
+    /// With `work`: the bodies of its units the stream has not carried before.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bodies: Vec<AgentHashedBody>,
+    /// On a [`CHANGE_STREAM_PROTOCOL_V2`] stream: the answer to the agent's states line of
+    /// this `id`; such a line carries nothing else, and the revision last sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answer: Option<AgentStreamAnswer>,
+}
+
+/// The manager's answer to an [`AgentStreamStates`] line: the status `POST …/states` would
+/// have answered, and its error's message.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStreamAnswer {
+    pub id: u64,
+    pub status: u16,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+}
+
+/// A line an agent writes on a [`CHANGE_STREAM_PROTOCOL_V2`] stream: state changes of its
+/// units, as `POST …/states` takes them; the manager answers with the same `id`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentStreamStates {
+    pub id: u64,
+    pub states: AgentStates,
 }
 
 /// `GET /fleet/v1/agents/{machine}/stream` with `Connection: upgrade` and this `Upgrade:`
@@ -478,8 +508,21 @@ pub struct AgentChanges {
 /// and nothing else. While the stream is open the machine is present.
 pub const CHANGE_STREAM_PROTOCOL: &str = "fleet-changes/1";
 
+/// The second version of the change stream, asked for beside the first (two `Upgrade:`
+/// values; the manager's `101` names the one it chose, and a manager from before it chooses
+/// the first). Everything of the first holds, and the stream carries a change whole: the
+/// manager's line of changes brings the machine's work and the bodies new to the stream (one
+/// line, at most [`MAX_CHANGE_STREAM_LINE`]; the agent reads what a line leaves out), and the
+/// agent may write [`AgentStreamStates`] lines (at most [`MAX_STREAM_STATES_LINE`]), each
+/// answered by a line with its `answer`. A change then reaches an agent on its stream, and its
+/// states come back on it, with no connection opened.
+pub const CHANGE_STREAM_PROTOCOL_V2: &str = "fleet-changes/2";
+
 /// The longest line of a change stream an agent reads.
 pub const MAX_CHANGE_STREAM_LINE: usize = 256 * 1024;
+
+/// The longest states line a manager reads on a change stream (the API's request body limit).
+pub const MAX_STREAM_STATES_LINE: usize = 1024 * 1024;
 
 /// A journal someone asked a manager for, of a unit on a pull agent it cannot reach.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -46,6 +46,8 @@ pub struct ApiState {
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
     /// Rings the open long polls when a machine was revoked.
     pub revocation_bell: Arc<crate::revocation_bell::RevocationBell>,
+    /// Unit bodies as the change streams carry them, encoded once for all.
+    pub encoded_bodies: Arc<crate::encoded_bodies::EncodedBodies>,
     /// Journals asked of the other machines of the cluster through the store, where the store
     /// carries such questions (etcd).
     pub journal_questions: Option<Arc<dyn fleet_registry::JournalQuestions>>,
@@ -74,6 +76,7 @@ impl ApiState {
             agent_presence: Default::default(),
             journal_relay: Default::default(),
             revocation_bell: Default::default(),
+            encoded_bodies: Default::default(),
             journal_questions: None,
             live_view: Default::default(),
             feed_slots: Default::default(),

@@ -13,6 +13,7 @@ pub mod agent_presence;
 mod api_state;
 pub mod auth;
 mod call;
+mod encoded_bodies;
 mod error;
 pub mod feed_slots;
 mod handlers;

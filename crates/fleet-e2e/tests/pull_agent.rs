@@ -139,18 +139,35 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     });
     let text = fleetd.metrics();
     assert_eq!(fleet_e2e::metric_value(&text, "fleet_pull_agents_streaming"), Some(1.0), "{text}");
-    let resumed = "fleet_api_tls_handshakes_total{kind=\"resumed\"}";
-    let (polled, resumed_before) =
-        (fleet_e2e::metric_value(&text, &polls).unwrap_or(0.0), fleet_e2e::metric_value(&text, resumed).unwrap_or(0.0));
+    // A change then travels whole on the stream: the work and the new body out, the unit's
+    // state back; no connection is opened for it, no request made.
+    let handshakes = |text: &str| {
+        ["full", "resumed"]
+            .iter()
+            .map(|kind| {
+                fleet_e2e::metric_value(text, &format!("fleet_api_tls_handshakes_total{{kind=\"{kind}\"}}"))
+                    .unwrap_or(0.0)
+            })
+            .sum::<f64>()
+    };
+    let counted = |text: &str, series: &str| fleet_e2e::metric_value(text, series).unwrap_or(0.0);
+    let (works, states) = ("fleet_pull_stream_works_total", "fleet_pull_stream_states_total");
+    let (polled, handshakes_before, works_before, states_before) =
+        (counted(&text, &polls), handshakes(&text), counted(&text, works), counted(&text, states));
     fleetd.fleetctl_in(unit_dir.path(), &["start", "--no-block", "quiet.service"]);
     fleetd.wait_until("the pull agent runs a unit it learnt of on the stream", Duration::from_secs(20), |_| {
         units.state("quiet.service") == running
     });
+    fleetd.wait_until("its state came back on the stream", Duration::from_secs(20), |fleetd| {
+        let rows = fleetd.ok(&["list-units", "--full", "--no-legend", "--fields", "unit,machine,active"]).stdout;
+        rows.lines()
+            .any(|row| row.starts_with("quiet.service") && row.contains("pull-agent-1") && row.contains("active"))
+    });
     let text = fleetd.metrics();
-    assert_eq!(fleet_e2e::metric_value(&text, &polls).unwrap_or(0.0), polled, "no long poll meanwhile");
-    // The connection it opened to read its work resumed the TLS session its certificate
-    // began: no certificate signed or checked again.
-    assert!(fleet_e2e::metric_value(&text, resumed).unwrap_or(0.0) > resumed_before, "{text}");
+    assert_eq!(counted(&text, &polls), polled, "no long poll meanwhile");
+    assert_eq!(handshakes(&text), handshakes_before, "no connection opened: {text}");
+    assert!(counted(&text, works) > works_before, "the work came on the stream: {text}");
+    assert!(counted(&text, states) > states_before, "the state went back on it: {text}");
     let reader = {
         let _entered = runtime.enter();
         fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")

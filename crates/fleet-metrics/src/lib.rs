@@ -126,6 +126,10 @@ pub struct PullMetrics {
     /// Agents following their changes on a change stream now.
     pub streaming: Gauge,
     pub joins: Counter,
+    /// Lines of changes that carried the work on a change stream.
+    pub stream_works: Counter,
+    /// States lines agents wrote on their change streams.
+    pub stream_states: Counter,
 }
 
 pub struct Metrics {
@@ -176,6 +180,8 @@ impl Metrics {
             waiting: Gauge::default(),
             streaming: Gauge::default(),
             joins: Counter::default(),
+            stream_works: Counter::default(),
+            stream_states: Counter::default(),
         };
         let fleet = registry.sub_registry_with_prefix("fleet");
         fleet.register("engine_reconciles", "Reconciles the engine ran", engine.reconciles.clone());
@@ -239,6 +245,16 @@ impl Metrics {
             pull.streaming.clone(),
         );
         fleet.register("pull_agent_joins", "Machines that joined through this manager", pull.joins.clone());
+        fleet.register(
+            "pull_stream_works",
+            "Changes whose work a change stream carried to its agent",
+            pull.stream_works.clone(),
+        );
+        fleet.register(
+            "pull_stream_states",
+            "States reports pull agents sent on their change streams",
+            pull.stream_states.clone(),
+        );
         Self { registry, engine, agent, store, api, pull }
     }
 }

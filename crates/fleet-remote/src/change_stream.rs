@@ -6,10 +6,16 @@
 
 use std::time::Duration;
 
-use fleet_api_schema::{AgentChanges, CHANGE_STREAM_PROTOCOL, ErrorBody, MAX_CHANGE_STREAM_LINE};
+use std::collections::HashMap;
+
+use fleet_api_schema::{
+    AgentChanges, AgentStates, AgentStreamAnswer, AgentStreamStates, CHANGE_STREAM_PROTOCOL, CHANGE_STREAM_PROTOCOL_V2,
+    ErrorBody, MAX_CHANGE_STREAM_LINE,
+};
 use reqwest::StatusCode;
 use reqwest::header::{CONNECTION, UPGRADE};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::manager::without_url;
@@ -22,15 +28,24 @@ const LONGEST_OPENING: Duration = Duration::from_secs(30);
 /// What the agent hears on its stream.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Heard {
-    /// The stream opened: the manager heard the agent when its request was sent.
+    /// The stream opened: the manager heard the agent when its request was sent. On a
+    /// second-version stream (`carries_states`) the agent's states may go on it.
     Opened {
         sent: Instant,
+        carries_states: bool,
     },
-    Changes(AgentChanges),
+    Changes(Box<AgentChanges>),
     /// The manager answered the heartbeat sent then.
     BeatAnswered {
         sent: Instant,
     },
+}
+
+/// A states report to send on the stream, and where its answer goes (dropped unanswered when
+/// the stream ends first).
+pub(crate) struct StatesToSend {
+    pub states: AgentStates,
+    pub answer: oneshot::Sender<AgentStreamAnswer>,
 }
 
 /// How a stream ended.
@@ -46,15 +61,22 @@ pub(crate) enum StreamEnd {
     Unreachable(String),
 }
 
-/// Follows the stream at `url` until it ends, beating every `heartbeat`.
+/// Follows the stream at `url` until it ends, beating every `heartbeat`; on a second-version
+/// stream, sends the states `states` brings.
 pub(crate) async fn follow(
     client: &reqwest::Client,
     url: &str,
     heartbeat: Duration,
+    states: mpsc::Receiver<StatesToSend>,
     mut heard: impl FnMut(Heard),
 ) -> StreamEnd {
     let sent = Instant::now();
-    let request = client.get(url).header(CONNECTION, "upgrade").header(UPGRADE, CHANGE_STREAM_PROTOCOL);
+    // Both versions offered: a manager from before the second chooses the first.
+    let request = client
+        .get(url)
+        .header(CONNECTION, "upgrade")
+        .header(UPGRADE, CHANGE_STREAM_PROTOCOL_V2)
+        .header(UPGRADE, CHANGE_STREAM_PROTOCOL);
     // The stream's client has no request timeout (the stream lasts): its opening gets one.
     let response = match tokio::time::timeout(LONGEST_OPENING, request.send()).await {
         Ok(Ok(response)) => response,
@@ -73,24 +95,32 @@ pub(crate) async fn follow(
             status => StreamEnd::Refused(format!("{status}: {message}")),
         };
     }
+    let carries_states =
+        response.headers().get(UPGRADE).is_some_and(|chosen| chosen.as_bytes() == CHANGE_STREAM_PROTOCOL_V2.as_bytes());
     let upgraded = match response.upgrade().await {
         Ok(upgraded) => upgraded,
         Err(error) => return StreamEnd::Unreachable(without_url(&error)),
     };
-    heard(Heard::Opened { sent });
-    follow_lines(BufReader::with_capacity(1024, upgraded), heartbeat, heard).await
+    heard(Heard::Opened { sent, carries_states });
+    let states = carries_states.then_some(states);
+    follow_lines(BufReader::with_capacity(1024, upgraded), heartbeat, states, heard).await
 }
 
-/// Reads the stream's lines from `io`, beating every `heartbeat`, until it ends.
+/// Reads the stream's lines from `io`, beating every `heartbeat` and sending what `states`
+/// brings, until it ends.
 async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
     mut io: Io,
     heartbeat: Duration,
+    mut states: Option<mpsc::Receiver<StatesToSend>>,
     mut heard: impl FnMut(Heard),
 ) -> StreamEnd {
     let mut beats = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The beats sent and not answered yet, oldest first.
     let mut unanswered = std::collections::VecDeque::new();
+    // The states lines sent and not answered yet, by id.
+    let mut awaited: HashMap<u64, oneshot::Sender<AgentStreamAnswer>> = HashMap::new();
+    let mut last_id = 0;
     let mut line = Vec::new();
     loop {
         let answer_due = unanswered.front().map(|sent: &Instant| *sent + LONGEST_ANSWER);
@@ -110,7 +140,12 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                         unanswered.clear();
                     } else {
                         match serde_json::from_slice::<AgentChanges>(&line) {
-                            Ok(changes) => heard(Heard::Changes(changes)),
+                            Ok(AgentChanges { answer: Some(answer), .. }) => match awaited.remove(&answer.id) {
+                                // Its waiter may have given up: nothing to tell then.
+                                Some(waiter) => drop(waiter.send(answer)),
+                                None => return StreamEnd::Refused("an answer to no states line".into()),
+                            },
+                            Ok(changes) => heard(Heard::Changes(Box::new(changes))),
                             Err(error) => return StreamEnd::Refused(format!("an unreadable line of changes: {error}")),
                         }
                     }
@@ -133,7 +168,32 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
             () = sleep_until(answer_due) => {
                 return StreamEnd::Unreachable(format!("no answer to a heartbeat within {LONGEST_ANSWER:?}"));
             }
+            to_send = next_states(&mut states) => match to_send {
+                Some(StatesToSend { states, answer }) => {
+                    last_id += 1;
+                    let mut sent = serde_json::to_vec(&AgentStreamStates { id: last_id, states }).unwrap_or_default();
+                    sent.push(b'\n');
+                    let write = async {
+                        io.write_all(&sent).await?;
+                        io.flush().await
+                    };
+                    match tokio::time::timeout(LONGEST_ANSWER, write).await {
+                        Ok(Ok(())) => drop(awaited.insert(last_id, answer)),
+                        _ => return StreamEnd::Unreachable("a states line could not be sent".into()),
+                    }
+                }
+                // Nothing can send any more: the registry went.
+                None => states = None,
+            },
         }
+    }
+}
+
+/// The next states to send, or never when the stream carries none.
+async fn next_states(states: &mut Option<mpsc::Receiver<StatesToSend>>) -> Option<StatesToSend> {
+    match states {
+        Some(receiver) => receiver.recv().await,
+        None => std::future::pending().await,
     }
 }
 

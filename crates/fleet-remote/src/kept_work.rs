@@ -54,10 +54,14 @@ impl KeptWork {
         self.epoch.load(Ordering::SeqCst)
     }
 
-    /// Keeps `work`, read from a start at `epoch`.
+    /// Keeps `work`, read from a start at `epoch`, unless what is kept is newer (a stream
+    /// carried it while this read was on its way).
     pub fn keep(&self, work: &AgentWork, epoch: u64) {
-        let kept = Kept { work: work.clone(), epoch, read_at: Instant::now() };
-        *self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(kept);
+        let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if kept.as_ref().is_some_and(|kept| kept.epoch > epoch) {
+            return;
+        }
+        *kept = Some(Kept { work: work.clone(), epoch, read_at: Instant::now() });
     }
 
     /// The work kept, while a stream has been open since its read began and said nothing new.

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_api_schema::{
-    AgentChanges, AgentDrift, AgentHealth, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody,
-    AgentUnitState, AgentWork, ErrorBody, Journal, JournalAsk, MAX_BODIES_PER_REQUEST,
+    AgentChanges, AgentDrift, AgentHashedBody, AgentHealth, AgentMachine, AgentStates, AgentStreamAnswer, AgentUnit,
+    AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, Journal, JournalAsk, MAX_BODIES_PER_REQUEST,
+    MAX_STREAM_STATES_LINE,
 };
 use fleet_core::drift::DriftPolicy;
 use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
@@ -54,6 +55,10 @@ pub struct RemoteRegistry {
     heartbeat: Duration,
     /// The work last read, reused while the change stream says nothing changed.
     kept_work: crate::kept_work::KeptWork,
+    /// The bodies a second-version stream carried, of the units of the work it last brought.
+    carried_bodies: Mutex<HashMap<UnitHash, UnitFile>>,
+    /// Sends states on the change stream while a second-version one is open.
+    stream_states: Mutex<Option<tokio::sync::mpsc::Sender<crate::change_stream::StatesToSend>>>,
     /// The manager (its index in `bases`, plus one) that serves no change stream, followed by
     /// long polls instead; 0 for none.
     stream_refused_by: std::sync::atomic::AtomicUsize,
@@ -148,6 +153,8 @@ impl RemoteRegistry {
             tls: std::sync::RwLock::new(tls),
             heartbeat: manager.heartbeat(),
             kept_work: crate::kept_work::KeptWork::default(),
+            carried_bodies: Mutex::new(HashMap::new()),
+            stream_states: Mutex::new(None),
             stream_refused_by: std::sync::atomic::AtomicUsize::new(0),
             bases: manager
                 .bases()
@@ -376,13 +383,19 @@ impl RemoteRegistry {
                     strong.let_request_connection_go();
                     drop(strong);
                     let opened = tokio::time::Instant::now();
-                    let end = crate::change_stream::follow(&client, &url, heartbeat, |heard| {
+                    let (states_sender, states) = tokio::sync::mpsc::channel(16);
+                    let end = crate::change_stream::follow(&client, &url, heartbeat, states, |heard| {
                         if let Some(registry) = registry.upgrade() {
+                            if matches!(heard, crate::change_stream::Heard::Opened { carries_states: true, .. }) {
+                                *registry.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                                    Some(states_sender.clone());
+                            }
                             registry.heard_on_stream(heard, &mut following);
                         }
                     })
                     .await;
                     let Some(strong) = registry.upgrade() else { return };
+                    *strong.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
                     strong.stream_ended(end, used, opened.elapsed(), &mut following)
                 };
                 match outcome {
@@ -433,15 +446,72 @@ impl RemoteRegistry {
     fn heard_on_stream(&self, heard: crate::change_stream::Heard, following: &mut Following) {
         use crate::change_stream::Heard;
         match heard {
-            Heard::Changes(changes) => {
+            Heard::Changes(mut changes) => {
                 self.kept_work.changes_heard();
-                self.heard_changes(changes, following);
+                if let Some(work) = changes.work.take() {
+                    self.take_carried_work(work, std::mem::take(&mut changes.bodies));
+                }
+                self.heard_changes(*changes, following);
             }
-            Heard::Opened { sent } => {
+            Heard::Opened { sent, .. } => {
                 self.kept_work.stream_opened();
                 self.heard_by_manager(sent);
             }
             Heard::BeatAnswered { sent } => self.heard_by_manager(sent),
+        }
+    }
+
+    /// Keeps the work a line of changes carried (as a read of it would), and the bodies it
+    /// brought; the bodies of units no longer held go. A body that is not its hash's is left
+    /// out: the agent reads it.
+    fn take_carried_work(&self, work: AgentWork, bodies: Vec<AgentHashedBody>) {
+        self.kept_work.keep(&work, self.kept_work.before_read());
+        self.note_offline(false);
+        let mut carried = self.carried_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        for body in bodies {
+            let Some(hash) = UnitHash::parse_hex(&body.hash) else { continue };
+            let body = AgentUnitBody { options: body.options };
+            match checked_file(&hash, body.clone()) {
+                Ok(file) => {
+                    if let Some(copy) = &self.copy {
+                        copy.save_body(&hash.to_string(), &body);
+                    }
+                    carried.insert(hash, file);
+                }
+                Err(error) => tracing::warn!(%error, "a body the stream carried does not match its hash"),
+            }
+        }
+        let held: std::collections::HashSet<&str> =
+            work.scheduled.iter().chain(&work.globals).map(|unit| unit.hash.as_str()).collect();
+        carried.retain(|hash, _| held.contains(hash.to_string().as_str()));
+        drop(carried);
+        if let Some(copy) = &self.copy {
+            copy.save_work(&work);
+        }
+    }
+
+    /// Sends `states` on the change stream, if a second-version one is open: its answer, or
+    /// `None` when it must go by request (no such stream, or it ended before answering).
+    async fn states_on_stream(&self, states: &AgentStates) -> Result<Option<AgentStreamAnswer>> {
+        let sender = self.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let Some(sender) = sender else { return Ok(None) };
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let sent = tokio::time::Instant::now();
+        let to_send = crate::change_stream::StatesToSend { states: states.clone(), answer };
+        if sender.send(to_send).await.is_err() {
+            return Ok(None);
+        }
+        match tokio::time::timeout(REQUEST_TIMEOUT, answered).await {
+            Ok(Ok(answer)) => {
+                if (200..300).contains(&answer.status) {
+                    self.heard_by_manager(sent);
+                }
+                Ok(Some(answer))
+            }
+            Ok(Err(_)) => Ok(None),
+            Err(_) => {
+                Err(unavailable(format!("no answer to the states sent on the stream within {REQUEST_TIMEOUT:?}")))
+            }
         }
     }
 
@@ -584,6 +654,18 @@ impl AgentRegistry for RemoteRegistry {
     async fn unit_bodies(&self, machine_id: &str, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
         self.check_machine(machine_id)?;
         let mut found = HashMap::new();
+        let carried = self.carried_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let hashes: Vec<UnitHash> = hashes
+            .iter()
+            .filter(|hash| match carried.get(hash) {
+                Some(file) => {
+                    found.insert(**hash, file.clone());
+                    false
+                }
+                None => true,
+            })
+            .copied()
+            .collect();
         for chunk in hashes.chunks(MAX_BODIES_PER_REQUEST) {
             let query: Vec<String> = chunk.iter().map(|hash| format!("hash={hash}")).collect();
             match self.fetch::<AgentUnitBodies>(&format!("/bodies?{}", query.join("&"))).await {
@@ -648,6 +730,20 @@ impl AgentRegistry for RemoteRegistry {
             }
         }
         let body = serde_json::to_string(&states).map_err(unavailable)?;
+        // Room for the line's id around the states.
+        if body.len() + 64 <= MAX_STREAM_STATES_LINE {
+            match self.states_on_stream(&states).await? {
+                Some(answer) if (200..300).contains(&answer.status) => return Ok(()),
+                // The manager holds no presence for this machine (it moved here): announce,
+                // and send them again by request.
+                Some(answer) if answer.status == 409 => {
+                    self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
+                    self.announce_if_due().await?;
+                }
+                Some(answer) => return Err(unavailable(format!("{}: {}", answer.status, answer.message))),
+                None => {}
+            }
+        }
         let post = || {
             self.client()
                 .post(format!("{}/states", self.base()))

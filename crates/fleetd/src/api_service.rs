@@ -87,6 +87,7 @@ impl ApiService {
             agent_presence: agent_presence.clone(),
             journal_relay: Default::default(),
             revocation_bell: Default::default(),
+            encoded_bodies: Default::default(),
             journal_questions,
             live_view: Default::default(),
             feed_slots: Default::default(),

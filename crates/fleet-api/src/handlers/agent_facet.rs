@@ -167,26 +167,30 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
         presence.answered();
     }
     let revision = *signal.borrow();
-    Ok(json_response(StatusCode::OK, &AgentChanges { revision, journal }))
+    Ok(json_response(StatusCode::OK, &AgentChanges { revision, journal, ..AgentChanges::default() }))
 }
 
 pub async fn work(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
     let work = agents(state)?.machine_work(machine_id).await?;
+    Ok(json_response(StatusCode::OK, &work_to_schema(work)))
+}
+
+/// A machine's work as its agent is told it.
+pub(super) fn work_to_schema(work: MachineWork) -> AgentWork {
     let machine = work.machine.map(|machine| Machine {
         id: machine.id,
         metadata: machine.metadata,
         primary_ip: machine.public_ip,
         ..Machine::default()
     });
-    let answer = AgentWork {
+    AgentWork {
         machine,
         scheduled: work.scheduled.into_iter().map(to_schema).collect(),
         globals: work.globals.into_iter().map(to_schema).collect(),
-    };
-    Ok(json_response(StatusCode::OK, &answer))
+    }
 }
 
-fn options_of(file: fleet_core::UnitFile) -> Vec<UnitOption> {
+pub(super) fn options_of(file: fleet_core::UnitFile) -> Vec<UnitOption> {
     file.into_options()
         .into_iter()
         .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
@@ -242,6 +246,17 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
     let agents = agents(state)?;
     let request: AgentStates =
         serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid states: {error}")))?;
+    take_states(agents, machine_id, request).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// Stores the state changes `machine_id` reports of its own units (by request or on its
+/// change stream): a state only of a unit it holds, every value checked.
+pub(super) async fn take_states(
+    agents: &Arc<dyn AgentRegistry>,
+    machine_id: &str,
+    request: AgentStates,
+) -> Result<(), ApiError> {
     let work = agents.machine_work(machine_id).await?;
     let (names, _) = held(&work);
     if let Some(state) = request.set.iter().find(|state| !names.contains(state.name.as_str())) {
@@ -293,7 +308,7 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
     }
     reports.extend(request.removed.into_iter().map(StateReport::Remove));
     agents.report_states(machine_id, &reports).await?;
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(())
 }
 
 /// The machine answers a journal question its long poll carried.

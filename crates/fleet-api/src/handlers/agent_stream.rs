@@ -3,8 +3,11 @@
 //! manager then writes the machine's changes on it as they come and answers its heartbeats.
 //! The machine is present while the stream is open, and an idle agent costs its manager a
 //! quiet TLS connection and a small task: no HTTP/2 connection (buffers, streams, a request
-//! in flight) stays open for it, as a long poll needs.
+//! in flight) stays open for it, as a long poll needs. On a second-version stream a change
+//! travels whole (the work and its new bodies out, the agent's states back), so a change that
+//! reaches every agent opens no connection.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,24 +18,48 @@ use fleet_core::access::Role;
 use fleet_registry::AgentRegistry;
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::Instant;
 
-use super::agent_facet::agents;
+use self::changes_line::Carried;
+use self::incoming::{Incoming, Said};
+use super::agent_facet::{agents, take_states};
 use crate::agent_presence::AgentPresence;
 use crate::api_state::ApiState;
 use crate::auth::{Auth, Identity};
+use crate::encoded_bodies::EncodedBodies;
 use crate::error::ApiError;
 use crate::journal_relay::JournalRelay;
 use crate::revocation_bell::RevocationBell;
-use crate::schema::{AgentChanges, CHANGE_STREAM_PROTOCOL};
+use crate::schema::{
+    AgentChanges, AgentStreamAnswer, AgentStreamStates, CHANGE_STREAM_PROTOCOL, CHANGE_STREAM_PROTOCOL_V2,
+};
 use crate::upgrade::{ConnectionHold, Upgrade};
 
 /// How long one line may take to leave: an agent that reads nothing loses its stream.
 const WRITE_LIMIT: Duration = Duration::from_secs(10);
 
+/// Which protocol a stream speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Version {
+    /// [`CHANGE_STREAM_PROTOCOL`]: revisions and heartbeats.
+    First,
+    /// [`CHANGE_STREAM_PROTOCOL_V2`]: a change whole, and the agent's states.
+    Second,
+}
+
+impl Version {
+    fn protocol(self) -> &'static str {
+        match self {
+            Version::First => CHANGE_STREAM_PROTOCOL,
+            Version::Second => CHANGE_STREAM_PROTOCOL_V2,
+        }
+    }
+}
+
 /// Opens the stream of `identity`'s machine: `101 Switching Protocols`, then the stream is
-/// served on the connection by a task of its own.
+/// served on the connection by a task of its own. Its opening is admitted as the machine's
+/// facet ([`crate::routes`]), the one action of every request it carries (its states).
 pub async fn open(
     state: &ApiState,
     identity: &Identity,
@@ -43,18 +70,20 @@ pub async fn open(
         return Err(ApiError::new(StatusCode::FORBIDDEN, "only a machine follows its changes"));
     };
     let agents = agents(state)?.clone();
-    if !asks_for_stream(headers) {
+    let Some(version) = asked_version(headers) else {
         return Err(ApiError::bad_request(format!(
             "a change stream needs the headers Connection: upgrade and Upgrade: {CHANGE_STREAM_PROTOCOL}"
         )));
-    }
+    };
     let Some((connection, hold)) = upgrade.take() else {
         return Err(ApiError::bad_request("a change stream needs an HTTP/1.1 connection"));
     };
     let stream = ChangeStream {
         machine: machine.clone(),
         key: identity.key_sha256.clone().unwrap_or_default(),
+        version,
         agents,
+        bodies: state.encoded_bodies.clone(),
         presence: state.agent_presence.clone(),
         journal: state.journal_relay.clone(),
         revocations: state.revocation_bell.clone(),
@@ -64,18 +93,26 @@ pub async fn open(
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    response.headers_mut().insert(header::UPGRADE, HeaderValue::from_static(CHANGE_STREAM_PROTOCOL));
+    response.headers_mut().insert(header::UPGRADE, HeaderValue::from_static(version.protocol()));
     Ok(response)
 }
 
-/// Whether the request asks to switch to the change stream protocol.
-fn asks_for_stream(headers: &HeaderMap) -> bool {
-    let connection_upgrade = headers.get_all(header::CONNECTION).iter().any(|value| {
-        value.to_str().is_ok_and(|text| text.split(',').any(|token| token.trim().eq_ignore_ascii_case("upgrade")))
-    });
-    let protocol =
-        headers.get_all(header::UPGRADE).iter().any(|value| value.as_bytes() == CHANGE_STREAM_PROTOCOL.as_bytes());
-    connection_upgrade && protocol
+/// The newest stream protocol the request asks to switch to, if it asks for one.
+fn asked_version(headers: &HeaderMap) -> Option<Version> {
+    let tokens = |name| {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|value| value.to_str().ok())
+            .flat_map(|text| text.split(','))
+            .map(str::trim)
+            .collect::<Vec<_>>()
+    };
+    if !tokens(header::CONNECTION).iter().any(|token| token.eq_ignore_ascii_case("upgrade")) {
+        return None;
+    }
+    let offered = tokens(header::UPGRADE);
+    [Version::Second, Version::First].into_iter().find(|version| offered.contains(&version.protocol()))
 }
 
 /// What one machine's stream follows.
@@ -83,7 +120,9 @@ struct ChangeStream {
     machine: String,
     /// The key of the certificate it came with: a revocation of it ends the stream.
     key: String,
+    version: Version,
     agents: Arc<dyn AgentRegistry>,
+    bodies: Arc<EncodedBodies>,
     presence: Arc<AgentPresence>,
     journal: Arc<JournalRelay>,
     revocations: Arc<RevocationBell>,
@@ -92,12 +131,15 @@ struct ChangeStream {
 
 /// A line the manager owes its agent.
 enum Line {
-    /// The machine's work's revision and the journals asked of it.
+    /// The machine's work's revision and the journals asked of it (and on a second-version
+    /// stream, the work).
     Changes,
     /// The answer to a heartbeat.
     BeatAnswer,
     /// A request for a heartbeat: the agent has been silent for half of `agent_ttl`.
     BeatRequest,
+    /// The answer to a states line, once they are stored.
+    StatesAnswer(AgentStreamStates),
 }
 
 /// How a stream ended.
@@ -131,35 +173,53 @@ impl ChangeStream {
         let (ask_after, silence) = (self.presence.keepalive(), self.presence.cut_off_slack());
         let mut heard = Instant::now();
         let mut beat_asked = false;
-        let mut due = Some(Line::Changes);
-        let mut beats = [0u8; 64];
-        let ended = loop {
-            let line = match due.take() {
-                None => None,
-                Some(Line::Changes) => Some(self.changes_line(*changes.borrow_and_update())),
-                Some(Line::BeatAnswer) => Some(b"\n".to_vec()),
-                Some(Line::BeatRequest) => Some(b"?\n".to_vec()),
-            };
-            if let Some(line) = line
-                && !write_line(&mut io, &line).await
-            {
-                break Ended::Gone;
+        let mut due = VecDeque::from([Line::Changes]);
+        let mut incoming = Incoming::new(self.version == Version::Second);
+        let mut carried = Carried::default();
+        let ended = 'serving: loop {
+            while let Some(line) = due.pop_front() {
+                let line = match line {
+                    Line::Changes => {
+                        let revision = *changes.borrow_and_update();
+                        self.changes_line(revision, &mut carried).await
+                    }
+                    Line::BeatAnswer => b"\n".to_vec(),
+                    Line::BeatRequest => b"?\n".to_vec(),
+                    Line::StatesAnswer(states) => self.states_answer(states, carried.revision).await,
+                };
+                if !write_line(&mut io, &line).await {
+                    break 'serving Ended::Gone;
+                }
             }
             tokio::select! {
-                read = io.read(&mut beats) => match read {
-                    Ok(read) if read > 0 && beats[..read].iter().all(|byte| *byte == b'\n') => {
-                        heard = Instant::now();
-                        beat_asked = false;
-                        due = Some(Line::BeatAnswer);
+                read = incoming.read(&mut io) => {
+                    if !matches!(read, Ok(true)) {
+                        break Ended::Gone;
                     }
-                    _ => break Ended::Gone,
-                },
+                    loop {
+                        match incoming.next() {
+                            Ok(None) => break,
+                            Ok(Some(said)) => {
+                                heard = Instant::now();
+                                beat_asked = false;
+                                match said {
+                                    Said::Beat => push_once(&mut due, Line::BeatAnswer),
+                                    Said::States(states) => due.push_back(Line::StatesAnswer(states)),
+                                }
+                            }
+                            Err(broken) => {
+                                tracing::debug!(machine = self.machine, broken, "a change stream broken by its agent");
+                                break 'serving Ended::Gone;
+                            }
+                        }
+                    }
+                }
                 changed = changes.changed() => match changed {
-                    Ok(()) => due = Some(Line::Changes),
+                    Ok(()) => push_once(&mut due, Line::Changes),
                     Err(_) => break Ended::Gone,
                 },
                 asked_now = asked.changed() => match asked_now {
-                    Ok(()) => due = Some(Line::Changes),
+                    Ok(()) => push_once(&mut due, Line::Changes),
                     Err(_) => break Ended::Gone,
                 },
                 rang = rung.changed() => {
@@ -169,7 +229,7 @@ impl ChangeStream {
                 }
                 () = tokio::time::sleep_until(heard + ask_after), if !beat_asked => {
                     beat_asked = true;
-                    due = Some(Line::BeatRequest);
+                    push_once(&mut due, Line::BeatRequest);
                 }
                 () = tokio::time::sleep_until(heard + silence) => break Ended::Gone,
                 () = crate::serve::stopped(&mut stop) => break Ended::Stopped,
@@ -182,12 +242,35 @@ impl ChangeStream {
         let _ = io.shutdown().await;
     }
 
-    /// The line that tells the agent its work's `revision` and the journals asked of it.
-    fn changes_line(&self, revision: u64) -> Vec<u8> {
-        let changes = AgentChanges { revision, journal: self.journal.take(&self.machine) };
-        let mut line = serde_json::to_vec(&changes).unwrap_or_default();
-        line.push(b'\n');
-        line
+    /// The line that tells the agent its work's `revision` and the journals asked of it; on a
+    /// second-version stream, its work too.
+    async fn changes_line(&self, revision: u64, carried: &mut Carried) -> Vec<u8> {
+        let journal = self.journal.take(&self.machine);
+        match self.version {
+            Version::First => changes_line::bare(revision, journal),
+            Version::Second => {
+                changes_line::with_work(&self.agents, &self.bodies, &self.machine, revision, journal, carried).await
+            }
+        }
+    }
+
+    /// Stores the states the agent wrote and tells it how that went, as `POST …/states` would.
+    async fn states_answer(&self, states: AgentStreamStates, revision: u64) -> Vec<u8> {
+        let answer = match take_states(&self.agents, &self.machine, states.states).await {
+            Ok(()) => {
+                AgentStreamAnswer { id: states.id, status: StatusCode::NO_CONTENT.as_u16(), message: String::new() }
+            }
+            Err(error) => AgentStreamAnswer { id: states.id, status: error.status.as_u16(), message: error.message },
+        };
+        fleet_metrics::metrics().pull.stream_states.inc();
+        changes_line::encode_line(&AgentChanges { revision, answer: Some(answer), ..AgentChanges::default() })
+    }
+}
+
+/// Adds `line` to what is due unless one of its kind is due already.
+fn push_once(due: &mut VecDeque<Line>, line: Line) {
+    if !due.iter().any(|waiting| std::mem::discriminant(waiting) == std::mem::discriminant(&line)) {
+        due.push_back(line);
     }
 }
 
@@ -200,5 +283,7 @@ async fn write_line<Io: AsyncWrite + Unpin>(io: &mut Io, line: &[u8]) -> bool {
     matches!(tokio::time::timeout(WRITE_LIMIT, written).await, Ok(Ok(())))
 }
 
+mod changes_line;
+mod incoming;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, DuplexStream};
+use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 
@@ -9,7 +10,7 @@ fn following(heartbeat: Duration) -> (DuplexStream, tokio::task::JoinHandle<Stre
     let (agent, manager) = tokio::io::duplex(4096);
     let heard = Arc::new(Mutex::new(Vec::new()));
     let recorded = heard.clone();
-    let task = tokio::spawn(follow_lines(BufReader::new(agent), heartbeat, move |event| {
+    let task = tokio::spawn(follow_lines(BufReader::new(agent), heartbeat, None, move |event| {
         recorded.lock().unwrap().push(event);
     }));
     (manager, task, heard)
@@ -31,7 +32,7 @@ async fn changes_and_answered_beats_are_heard_until_the_manager_closes() {
     assert!(matches!(task.await.unwrap(), StreamEnd::Closed));
     let heard = heard.lock().unwrap();
     assert_eq!(heard.len(), 3, "{heard:?}");
-    assert_eq!(heard[0], Heard::Changes(AgentChanges { revision: 7, journal: Vec::new() }));
+    assert_eq!(heard[0], Heard::Changes(Box::new(AgentChanges { revision: 7, ..AgentChanges::default() })));
     assert!(matches!(heard[1], Heard::BeatAnswered { .. }));
     let Heard::Changes(changes) = &heard[2] else { panic!("{heard:?}") };
     assert_eq!((changes.revision, changes.journal.len()), (8, 1));
@@ -120,18 +121,19 @@ async fn a_switched_request_carries_the_stream() {
     let mut heard = Vec::new();
     let end = tokio::time::timeout(
         Duration::from_secs(10),
-        follow(&http1_client(), &url, Duration::from_millis(100), |event| heard.push(event)),
+        follow(&http1_client(), &url, Duration::from_millis(100), mpsc::channel(1).1, |event| heard.push(event)),
     )
     .await
     .expect("the stream follows the manager's answers");
     // The manager closes the stream after the first beat.
     assert!(matches!(end, StreamEnd::Closed), "{end:?}");
-    assert!(matches!(heard[0], Heard::Opened { .. }), "{heard:?}");
-    assert_eq!(heard[1], Heard::Changes(AgentChanges { revision: 3, journal: Vec::new() }));
+    assert!(matches!(heard[0], Heard::Opened { carries_states: false, .. }), "the manager chose the first: {heard:?}");
+    assert_eq!(heard[1], Heard::Changes(Box::new(AgentChanges { revision: 3, ..AgentChanges::default() })));
     let (head, after) = manager.await.unwrap();
     let head = head.to_ascii_lowercase();
     assert!(head.starts_with("get /fleet/v1/agents/m1/stream http/1.1\r\n"), "{head}");
-    assert!(head.contains("connection: upgrade\r\n") && head.contains("upgrade: fleet-changes/1\r\n"), "{head}");
+    assert!(head.contains("connection: upgrade\r\n"), "{head}");
+    assert!(head.contains("upgrade: fleet-changes/2\r\n") && head.contains("upgrade: fleet-changes/1\r\n"), "{head}");
     assert_eq!(after, b"\n", "one beat");
 }
 
@@ -145,7 +147,7 @@ async fn a_manager_without_streams_is_told_apart_from_one_that_refuses() {
     ];
     for (answer, expected) in cases {
         let (url, manager) = answering_once(answer).await;
-        let end = follow(&http1_client(), &url, Duration::from_secs(20), |_| {}).await;
+        let end = follow(&http1_client(), &url, Duration::from_secs(20), mpsc::channel(1).1, |_| {}).await;
         let kind = match end {
             StreamEnd::Unsupported => "unsupported",
             StreamEnd::Unreachable(_) => "unreachable",
@@ -174,4 +176,51 @@ async fn one_answer_stands_for_beats_that_reached_the_manager_together() {
     drop(manager);
     assert!(matches!(task.await.unwrap(), StreamEnd::Closed));
     assert!(matches!(heard.lock().unwrap()[..], [Heard::BeatAnswered { .. }]));
+}
+
+#[tokio::test]
+async fn states_go_on_a_second_version_stream_and_each_answer_finds_its_waiter() {
+    let (agent, mut manager) = tokio::io::duplex(4096);
+    let (sender, states) = mpsc::channel(4);
+    let task = tokio::spawn(follow_lines(BufReader::new(agent), Duration::from_secs(100), Some(states), |_| {}));
+    let mut waiting = Vec::new();
+    for removed in ["a.service", "b.service"] {
+        let (answer, answered) = oneshot::channel();
+        let states = AgentStates { set: Vec::new(), removed: vec![removed.to_string()] };
+        sender.send(StatesToSend { states, answer }).await.unwrap();
+        waiting.push(answered);
+    }
+    let mut reader = BufReader::new(&mut manager);
+    let mut sent = Vec::new();
+    for _ in 0..2 {
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap();
+        sent.push(serde_json::from_str::<AgentStreamStates>(&line).unwrap());
+    }
+    assert_eq!((sent[0].id, sent[0].states.removed.as_slice()), (1, ["a.service".to_string()].as_slice()));
+    assert_eq!((sent[1].id, sent[1].states.removed.as_slice()), (2, ["b.service".to_string()].as_slice()));
+    // Answered out of order: each reaches the report it answers.
+    manager
+        .write_all(b"{\"revision\":4,\"answer\":{\"id\":2,\"status\":403,\"message\":\"no\"}}\n{\"revision\":4,\"answer\":{\"id\":1,\"status\":204}}\n")
+        .await
+        .unwrap();
+    let second = waiting.pop().unwrap().await.unwrap();
+    let first = waiting.pop().unwrap().await.unwrap();
+    assert_eq!((first.id, first.status), (1, 204));
+    assert_eq!((second.id, second.status, second.message.as_str()), (2, 403, "no"));
+
+    manager.write_all(b"{\"revision\":4,\"answer\":{\"id\":9,\"status\":204}}\n").await.unwrap();
+    assert!(matches!(task.await.unwrap(), StreamEnd::Refused(_)), "an answer to no states line");
+}
+
+#[tokio::test]
+async fn states_waiting_when_the_stream_ends_are_dropped_unanswered() {
+    let (agent, manager) = tokio::io::duplex(4096);
+    let (sender, states) = mpsc::channel(4);
+    let task = tokio::spawn(follow_lines(BufReader::new(agent), Duration::from_secs(100), Some(states), |_| {}));
+    let (answer, answered) = oneshot::channel();
+    sender.send(StatesToSend { states: AgentStates::default(), answer }).await.unwrap();
+    drop(manager);
+    assert!(matches!(task.await.unwrap(), StreamEnd::Closed | StreamEnd::Unreachable(_)));
+    assert!(answered.await.is_err(), "the waiter learns the stream ended: it sends by request");
 }

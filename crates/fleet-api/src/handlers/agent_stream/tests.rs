@@ -21,17 +21,28 @@ struct Served {
     _dir: tempfile::TempDir,
 }
 
-/// A stream of machine `m1` served on one end of an in-memory connection; the agent's end.
+/// A first-version stream of machine `m1` served on one end of an in-memory connection; the
+/// agent's end.
 async fn served() -> Served {
+    served_speaking(Version::First, &[]).await
+}
+
+/// A stream of `version`, opened once `scheduled` are on m1.
+async fn served_speaking(version: Version, scheduled: &[(&str, &UnitFile)]) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     registry.register_machine(&MachineState { id: "m1".into(), ..MachineState::default() }).await.unwrap();
+    for (unit, file) in scheduled {
+        schedule(&registry, unit, file).await;
+    }
     let presence = Arc::new(AgentPresence::new(Duration::from_secs(40)));
     presence.heard("m1").unwrap();
     let stream = ChangeStream {
         machine: "m1".into(),
         key: "k".into(),
+        version,
         agents: Arc::new(registry.clone()),
+        bodies: Arc::new(EncodedBodies::default()),
         presence: presence.clone(),
         journal: Arc::new(JournalRelay::default()),
         revocations: Arc::new(RevocationBell::default()),
@@ -133,7 +144,7 @@ async fn a_stopping_manager_ends_its_streams() {
 }
 
 #[test]
-fn only_a_request_for_the_change_stream_protocol_is_switched() {
+fn the_newest_protocol_asked_for_is_switched_to() {
     let headers = |pairs: &[(&'static str, &'static str)]| {
         let mut map = HeaderMap::new();
         for (name, value) in pairs {
@@ -141,9 +152,112 @@ fn only_a_request_for_the_change_stream_protocol_is_switched() {
         }
         map
     };
-    assert!(asks_for_stream(&headers(&[("connection", "Upgrade"), ("upgrade", CHANGE_STREAM_PROTOCOL)])));
-    assert!(asks_for_stream(&headers(&[("connection", "keep-alive, upgrade"), ("upgrade", CHANGE_STREAM_PROTOCOL)])));
-    assert!(!asks_for_stream(&headers(&[("upgrade", CHANGE_STREAM_PROTOCOL)])));
-    assert!(!asks_for_stream(&headers(&[("connection", "upgrade"), ("upgrade", "websocket")])));
-    assert!(!asks_for_stream(&headers(&[])));
+    let first = Some(Version::First);
+    let second = Some(Version::Second);
+    assert_eq!(asked_version(&headers(&[("connection", "Upgrade"), ("upgrade", CHANGE_STREAM_PROTOCOL)])), first);
+    assert_eq!(
+        asked_version(&headers(&[("connection", "keep-alive, upgrade"), ("upgrade", CHANGE_STREAM_PROTOCOL)])),
+        first
+    );
+    let both_lines =
+        [("connection", "upgrade"), ("upgrade", CHANGE_STREAM_PROTOCOL_V2), ("upgrade", CHANGE_STREAM_PROTOCOL)];
+    assert_eq!(asked_version(&headers(&both_lines)), second);
+    let one_line = [("connection", "upgrade"), ("upgrade", "fleet-changes/1, fleet-changes/2")];
+    assert_eq!(asked_version(&headers(&one_line)), second);
+    assert_eq!(asked_version(&headers(&[("upgrade", CHANGE_STREAM_PROTOCOL)])), None);
+    assert_eq!(asked_version(&headers(&[("connection", "upgrade"), ("upgrade", "websocket")])), None);
+    assert_eq!(asked_version(&headers(&[("connection", "upgrade"), ("upgrade", "fleet-changes/3")])), None);
+    assert_eq!(asked_version(&headers(&[])), None);
+}
+
+fn changes(line: &str) -> AgentChanges {
+    assert!(line.ends_with('\n'), "a whole line: {line:?}");
+    serde_json::from_str::<AgentChanges>(line).unwrap()
+}
+
+/// Schedules `unit` (with `file`) on m1.
+async fn schedule(registry: &EmbeddedRegistry, unit: &str, file: &UnitFile) {
+    registry.put_unit(unit, file, DesiredState::Launched).await.unwrap();
+    let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
+    let schedule = [Decision::Schedule { unit: unit.into(), machine: "m1".into() }];
+    registry.apply(&lease, &schedule, &[]).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_second_version_stream_carries_the_work_and_the_bodies_new_to_it() {
+    let first_file = UnitFile::parse("[Service]\nExecStart=/bin/true\n").unwrap();
+    let mut served = served_speaking(Version::Second, &[("a.service", &first_file)]).await;
+    // The first line: the work as it stands, without bodies (the agent read them before).
+    let first = changes(&line(&mut served.agent).await);
+    assert!(first.bodies.is_empty(), "{first:?}");
+    let work = first.work.unwrap();
+    assert_eq!((work.machine.unwrap().id.as_str(), work.scheduled.len()), ("m1", 1));
+
+    let second_file = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1\n").unwrap();
+    schedule(&served.registry, "b.service", &second_file).await;
+    let next = changes(&line(&mut served.agent).await);
+    assert!(next.revision > first.revision);
+    let work = next.work.expect("the work rides with the change");
+    let names: Vec<&str> = work.scheduled.iter().map(|unit| unit.name.as_str()).collect();
+    assert_eq!(names, ["a.service", "b.service"]);
+    assert_eq!(next.bodies.len(), 1, "only the body new to the stream: {:?}", next.bodies);
+    assert_eq!(next.bodies[0].hash, second_file.hash().to_string());
+    assert_eq!(next.bodies[0].options[0].value, "/bin/sleep 1");
+}
+
+#[tokio::test]
+async fn states_written_on_a_second_version_stream_are_stored_and_answered() {
+    let file = UnitFile::parse("[Service]\nExecStart=/bin/true\n").unwrap();
+    let mut served = served_speaking(Version::Second, &[("a.service", &file)]).await;
+    let last = changes(&line(&mut served.agent).await);
+    let state = crate::schema::AgentUnitState {
+        name: "a.service".into(),
+        hash: file.hash().to_string(),
+        systemd_load_state: "loaded".into(),
+        systemd_active_state: "active".into(),
+        systemd_sub_state: "running".into(),
+        launched: true,
+        ..Default::default()
+    };
+    let held =
+        AgentStreamStates { id: 1, states: crate::schema::AgentStates { set: vec![state.clone()], removed: vec![] } };
+    let not_held = AgentStreamStates {
+        id: 2,
+        states: crate::schema::AgentStates {
+            set: vec![crate::schema::AgentUnitState { name: "z.service".into(), ..state }],
+            removed: vec![],
+        },
+    };
+    let mut sent = Vec::new();
+    for states in [&held, &not_held] {
+        sent.extend(serde_json::to_vec(states).unwrap());
+        sent.push(b'\n');
+    }
+    served.agent.get_mut().write_all(&sent).await.unwrap();
+
+    let answered = changes(&line(&mut served.agent).await);
+    assert_eq!(answered.revision, last.revision, "an answer carries the revision last told");
+    assert!(answered.work.is_none());
+    assert_eq!(answered.answer, Some(AgentStreamAnswer { id: 1, status: 204, message: String::new() }));
+    let states = ApiRegistry::unit_states(&served.registry).await.unwrap();
+    assert_eq!(states.len(), 1);
+    assert_eq!((states[0].name.as_str(), states[0].systemd.active.as_str()), ("a.service", "active"));
+
+    let refused = changes(&line(&mut served.agent).await).answer.unwrap();
+    assert_eq!((refused.id, refused.status), (2, 403));
+    assert_eq!(refused.message, "machine m1 does not hold z.service");
+    assert!(!served.task.is_finished(), "a refused report keeps the stream");
+}
+
+#[tokio::test]
+async fn a_first_version_stream_carries_no_work_and_takes_no_states() {
+    let file = UnitFile::parse("[Service]\nExecStart=/bin/true\n").unwrap();
+    let mut served = served().await;
+    line(&mut served.agent).await;
+    schedule(&served.registry, "a.service", &file).await;
+    let told = changes(&line(&mut served.agent).await);
+    assert!(told.work.is_none() && told.bodies.is_empty(), "{told:?}");
+    served.agent.get_mut().write_all(b"{\"id\":1,\"states\":{}}\n").await.unwrap();
+    served.task.await.unwrap();
+    assert_eq!(line(&mut served.agent).await, "", "the manager closed the stream");
 }
