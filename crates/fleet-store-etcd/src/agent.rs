@@ -30,6 +30,45 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
     Ok(units)
 }
 
+/// One machine's state changes to write (a key's new value, or its removal), under the lease
+/// its presence hangs on.
+pub(crate) struct StatesWrite {
+    changes: Vec<(String, Option<Vec<u8>>)>,
+    lease: i64,
+}
+
+impl EtcdRegistry {
+    /// Writes the state changes of machines that reported at the same time
+    /// ([`crate::written_together`]): one transaction for all, each value under its
+    /// machine's lease; a key written twice (one machine twice in the batch) starts another.
+    async fn write_states(&self, batch: Vec<StatesWrite>) -> Result<Vec<()>> {
+        if let [alone] = batch.as_slice() {
+            self.connection().write(&alone.changes, alone.lease).await?;
+            return Ok(vec![()]);
+        }
+        let count = batch.len();
+        let mut txns: Vec<(HashSet<String>, Vec<TxnOp>)> = Vec::new();
+        for write in batch {
+            let fresh = |txn: &(HashSet<String>, Vec<TxnOp>)| write.changes.iter().all(|(key, _)| !txn.0.contains(key));
+            if !txns.last().is_some_and(fresh) {
+                txns.push((HashSet::new(), Vec::new()));
+            }
+            let Some((keys, ops)) = txns.last_mut() else { continue };
+            for (key, value) in write.changes {
+                ops.push(match value {
+                    Some(value) => TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(write.lease))),
+                    None => TxnOp::delete(key.as_str(), None),
+                });
+                keys.insert(key);
+            }
+        }
+        for (_, ops) in txns {
+            self.connection().txn(Txn::new().and_then(ops)).await?;
+        }
+        Ok(vec![(); count])
+    }
+}
+
 #[async_trait]
 impl AgentRegistry for EtcdRegistry {
     /// A pull agent announces itself when it comes to this manager, and again when its work
@@ -104,7 +143,10 @@ impl AgentRegistry for EtcdRegistry {
             })
             .collect();
         for chunk in changes.chunks(MAX_TXN_OPS) {
-            self.connection().write(chunk, lease).await?;
+            let write = StatesWrite { changes: chunk.to_vec(), lease };
+            let batches = &self.inner.state_batches;
+            let write_batch = |batch: Vec<StatesWrite>| async move { self.write_states(batch).await };
+            batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await?;
             let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             for (key, value) in chunk {

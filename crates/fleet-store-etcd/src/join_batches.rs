@@ -2,18 +2,16 @@
 //! binds its machine ID to its key in one transaction, and a token is one key: sent one by
 //! one, joins through the same token each compared that key's revision and most lost to
 //! another join (10,000 agents through one token joined at about 350 a second, every loser
-//! reading and trying again). Here a join waits for its turn; the join whose turn it is takes
-//! every join waiting (up to [`MOST_JOINS_A_TRANSACTION`]), admits each against what the ones
-//! before it in the batch made of the token and the machine IDs, and writes them all in one
-//! transaction on the same compares. A batch that loses (another fleetd wrote meanwhile) is
+//! reading and trying again). Here joins are [`crate::written_together`]: the join whose
+//! turn it is takes every join waiting (up to [`MOST_JOINS_A_TRANSACTION`]), admits each
+//! against what the ones before it in the batch made of the token and the machine IDs, and
+//! writes them all in one transaction on the same compares. A batch that loses (another fleetd wrote meanwhile) is
 //! read and tried again whole.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
-use tokio::sync::oneshot;
 
 use super::EtcdRegistry;
 use super::records::one;
@@ -42,53 +40,12 @@ pub struct JoinRequest {
     pub key_sha256: String,
 }
 
-struct WaitingJoin {
-    request: JoinRequest,
-    answer: oneshot::Sender<Result<JoinOutcome>>,
-}
-
-/// The joins waiting, and whose turn it is to write them.
-#[derive(Default)]
-pub struct JoinBatches {
-    waiting: Mutex<Vec<WaitingJoin>>,
-    turn: tokio::sync::Mutex<()>,
-}
-
 impl EtcdRegistry {
     /// Joins `request`, written with whatever other joins wait at the same time.
     pub(super) async fn join(&self, request: JoinRequest) -> Result<JoinOutcome> {
         let batches = &self.inner.join_batches;
-        let (answer, mut answered) = oneshot::channel();
-        batches.waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(WaitingJoin { request, answer });
-        let _turn = batches.turn.lock().await;
-        loop {
-            // A batch written while this join waited for its turn may have answered it.
-            if let Ok(outcome) = answered.try_recv() {
-                return outcome;
-            }
-            let batch: Vec<WaitingJoin> = {
-                let mut waiting = batches.waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                let count = waiting.len().min(MOST_JOINS_A_TRANSACTION);
-                waiting.drain(..count).collect()
-            };
-            if batch.is_empty() {
-                return Err(RegistryError::Unavailable("etcd: a join was lost before it was written".into()));
-            }
-            let requests: Vec<JoinRequest> = batch.iter().map(|waiting| waiting.request.clone()).collect();
-            match self.write_joins(&requests).await {
-                Ok(outcomes) => {
-                    for (waiting, outcome) in batch.into_iter().zip(outcomes) {
-                        let _ = waiting.answer.send(Ok(outcome));
-                    }
-                }
-                Err(error) => {
-                    let message = error.to_string();
-                    for waiting in batch {
-                        let _ = waiting.answer.send(Err(RegistryError::Unavailable(message.clone())));
-                    }
-                }
-            }
-        }
+        let write = |requests: Vec<JoinRequest>| async move { self.write_joins(&requests).await };
+        batches.write(request, 1, MOST_JOINS_A_TRANSACTION, write).await
     }
 
     /// Admits and writes `requests` in one transaction, in order: each is admitted against

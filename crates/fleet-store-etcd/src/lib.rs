@@ -29,6 +29,7 @@ mod records;
 mod session;
 mod sources;
 mod unit_write_batches;
+mod written_together;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -136,7 +137,9 @@ struct Inner {
     /// The one lease every pull agent's presence this fleetd holds as a manager hangs on.
     agent_lease: agent_lease::AgentLease,
     /// Joins with registration tokens waiting to be written together.
-    join_batches: join_batches::JoinBatches,
+    join_batches: written_together::WrittenTogether<join_batches::JoinRequest, join_batches::JoinOutcome>,
+    /// Pull agents' state reports waiting to be written together.
+    state_batches: written_together::WrittenTogether<agent::StatesWrite, ()>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
     unconfirmed_claims: Mutex<HashMap<String, i64>>,
@@ -182,7 +185,8 @@ impl EtcdRegistry {
                 claim_lapses: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
                 agent_lease: agent_lease::AgentLease::default(),
-                join_batches: join_batches::JoinBatches::default(),
+                join_batches: Default::default(),
+                state_batches: Default::default(),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),

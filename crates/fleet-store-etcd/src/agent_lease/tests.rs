@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use etcd_client::GetOptions;
 use fleet_core::{SystemdState, UnitHash, UnitState};
-use fleet_registry::{AgentRegistry, StateReport};
+use fleet_registry::{AgentRegistry, ApiRegistry, StateReport};
 use fleet_testkit::{EtcdServer, eventually};
 
 use crate::EtcdRegistry;
@@ -212,4 +212,42 @@ async fn an_agent_announced_again_unchanged_costs_the_store_no_write() {
     let held = leases_under(&manager, "/fleet-test/machines/agent").await;
     assert_eq!(held.len(), 1, "a record gone from the store is written again");
     assert_eq!(leases_under(&manager, "/fleet-test/states/agent/").await.len(), 1, "with the agent's states");
+}
+
+/// Pull agents that report at the same time (a change that reached them all) are written in a
+/// few transactions, not one request each; one machine twice in a batch is written twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn states_many_agents_report_at_once_are_written_together() {
+    let etcd = EtcdServer::start();
+    let manager = registry(&etcd, Duration::from_secs(30)).await;
+    let agents: Vec<String> = (0..300).map(|index| format!("agent{index:03}")).collect();
+    for agent in &agents {
+        manager.announce_for_agent(&machine(agent)).await.unwrap();
+    }
+    let before = manager.revision().await.unwrap().unwrap();
+    // Every report waits until all are in; then they go.
+    let held = manager.inner.state_batches.hold_turn().await;
+    let reports = agents
+        .iter()
+        .map(|agent| (agent.clone(), "everywhere.service"))
+        .chain([("agent000".to_string(), "again.service"), ("agent000".to_string(), "again.service")]);
+    let writes = reports.map(|(agent, unit)| {
+        let manager = manager.clone();
+        tokio::spawn(async move { manager.report_states(&agent, &[running(&agent, unit)]).await })
+    });
+    let writes: Vec<_> = writes.collect();
+    while manager.inner.state_batches.waiting() < 302 {
+        tokio::task::yield_now().await;
+    }
+    drop(held);
+    for write in writes {
+        write.await.unwrap().unwrap();
+    }
+    // At most 128 a transaction, and agent000's second report in a transaction of its own.
+    let moved = manager.revision().await.unwrap().unwrap() - before;
+    assert!(moved <= 5, "302 reports took {moved} transactions");
+    let states = leases_under(&manager, "/fleet-test/states/").await;
+    assert_eq!(states.len(), 301, "every agent's state, and the one reported twice");
+    let lease = manager.inner.agent_lease.current();
+    assert!(states.iter().all(|(_, held)| *held == lease));
 }

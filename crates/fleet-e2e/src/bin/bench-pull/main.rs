@@ -15,7 +15,8 @@
 //! (c) the manager's CPU and memory idle, and what etcd does meanwhile: its CPU, the
 //!     proposals it commits (every store write) and the lease renewals it receives, a second;
 //! (e) a global unit, one change that reaches every agent on its stream: the time until every
-//!     agent reports it active, the managers' CPU and their TLS handshakes, full and resumed;
+//!     agent reports it active, the managers' CPU, their TLS handshakes (full and resumed) and
+//!     what the streams carried (works out, states reports back);
 //! (d) after the manager is killed and started again, the time until every agent has
 //!     announced itself to the new one; with several managers, after one is killed (not
 //!     started again), the time until every agent it held is held by the others, the fewest
@@ -123,6 +124,13 @@ fn handshakes(managers: &[Fleetd]) -> (f64, f64) {
         ["fleet_api_tls_handshakes_total{kind=\"full\"}", "fleet_api_tls_handshakes_total{kind=\"resumed\"}"],
     );
     (full, resumed)
+}
+
+/// What the change streams carried so far: (works out, states reports back).
+fn stream_traffic(managers: &[Fleetd]) -> (f64, f64) {
+    let [works, states] =
+        managers_metrics(managers, ["fleet_pull_stream_works_total", "fleet_pull_stream_states_total"]);
+    (works, states)
 }
 
 /// Runs `change`, then waits until `agents` machines report `unit` active: from a watch of
@@ -412,6 +420,7 @@ fn main() {
         // (e) One change that reaches every agent on its stream: a global unit.
         let cpu_before = managers_cpu(&managers);
         let handshakes_before = handshakes(&managers);
+        let traffic_before = stream_traffic(&managers);
         let everywhere = UnitFile::parse(
             "[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nGlobal=true\nMachineMetadata=role=worker\n",
         )
@@ -423,12 +432,15 @@ fn main() {
         };
         let reached = until_active_everywhere(&mut raw, "everywhere.service", agents, submit).await;
         let handshakes_after = handshakes(&managers);
+        let traffic_after = stream_traffic(&managers);
         println!(
-            "  (e) a global unit reached all {agents} agents on their streams in {:.2} s (managers' CPU {:.2} s; TLS handshakes {:.0} full, {:.0} resumed)",
+            "  (e) a global unit reached all {agents} agents on their streams in {:.2} s (managers' CPU {:.2} s; TLS handshakes {:.0} full, {:.0} resumed; on the streams: {:.0} works out, {:.0} states reports back)",
             reached.as_secs_f64(),
             managers_cpu(&managers) - cpu_before,
             handshakes_after.0 - handshakes_before.0,
-            handshakes_after.1 - handshakes_before.1
+            handshakes_after.1 - handshakes_before.1,
+            traffic_after.0 - traffic_before.0,
+            traffic_after.1 - traffic_before.1,
         );
 
         let before = machine_leases(&mut raw).await;
