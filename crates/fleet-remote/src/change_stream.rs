@@ -59,6 +59,8 @@ pub(crate) enum StreamEnd {
     Refused(String),
     /// The manager could not be reached, or went silent.
     Unreachable(String),
+    /// The agent's requests moved to another manager meanwhile: it follows that one's stream.
+    Moved,
 }
 
 /// Follows the stream at `url` until it ends, beating every `heartbeat`; on a second-version

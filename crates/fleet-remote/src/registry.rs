@@ -66,6 +66,10 @@ pub struct RemoteRegistry {
     bases: Vec<String>,
     /// The manager in use: the next one is tried when it cannot be reached.
     current: std::sync::atomic::AtomicUsize,
+    /// Moves on each time the agent moves to another manager: a change stream open on the
+    /// one it left ends, so that its stream and its requests go to one manager (the one
+    /// that holds its presence).
+    moves: watch::Sender<u64>,
     /// Whether to announce the machine before the next read (a new manager holds no presence
     /// for it yet).
     announce_due: std::sync::atomic::AtomicBool,
@@ -163,6 +167,7 @@ impl RemoteRegistry {
                 .collect(),
             // Agents start on a manager of the list at random, so several managers share them.
             current: std::sync::atomic::AtomicUsize::new(random_sample() as usize),
+            moves: watch::channel(0).0,
             announce_due: std::sync::atomic::AtomicBool::new(false),
             answered: Mutex::new(None),
             machine_id: credentials.machine_id.clone(),
@@ -221,6 +226,7 @@ impl RemoteRegistry {
         let ordering = std::sync::atomic::Ordering::Relaxed;
         if self.bases.len() > 1 && self.current.compare_exchange(used, used.wrapping_add(1), ordering, ordering).is_ok()
         {
+            self.moves.send_modify(|moves| *moves += 1);
             tracing::warn!(manager = self.base(), "the manager cannot be reached; trying another");
         }
     }
@@ -365,6 +371,8 @@ impl RemoteRegistry {
             let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
             loop {
                 let Some(strong) = registry.upgrade() else { return };
+                let mut moves = strong.moves.subscribe();
+                moves.borrow_and_update();
                 let used = strong.current.load(std::sync::atomic::Ordering::Relaxed);
                 let refused = strong.stream_refused_by.load(std::sync::atomic::Ordering::Relaxed);
                 let streams_refused = refused == used % strong.bases.len() + 1;
@@ -384,7 +392,7 @@ impl RemoteRegistry {
                     drop(strong);
                     let opened = tokio::time::Instant::now();
                     let (states_sender, states) = tokio::sync::mpsc::channel(16);
-                    let end = crate::change_stream::follow(&client, &url, heartbeat, states, |heard| {
+                    let followed = crate::change_stream::follow(&client, &url, heartbeat, states, |heard| {
                         if let Some(registry) = registry.upgrade() {
                             if matches!(heard, crate::change_stream::Heard::Opened { carries_states: true, .. }) {
                                 *registry.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
@@ -392,8 +400,13 @@ impl RemoteRegistry {
                             }
                             registry.heard_on_stream(heard, &mut following);
                         }
-                    })
-                    .await;
+                    });
+                    // A request that moved the agent to another manager ends the stream here:
+                    // the manager it left may hold its presence no longer.
+                    let end = tokio::select! {
+                        end = followed => end,
+                        _ = moves.changed() => crate::change_stream::StreamEnd::Moved,
+                    };
                     let Some(strong) = registry.upgrade() else { return };
                     *strong.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
                     strong.stream_ended(end, used, opened.elapsed(), &mut following)
@@ -544,6 +557,10 @@ impl RemoteRegistry {
                 Ok(())
             }
             StreamEnd::Closed if lasted >= self.heartbeat => Ok(()),
+            StreamEnd::Moved => {
+                tracing::info!(manager = self.base(), "following the changes on the manager the agent moved to");
+                Ok(())
+            }
             StreamEnd::Closed => Err("the manager closed the change stream".into()),
             StreamEnd::Refused(text) => Err(text),
             StreamEnd::Unreachable(text) => {

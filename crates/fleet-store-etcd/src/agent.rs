@@ -30,17 +30,18 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
     Ok(units)
 }
 
-/// One machine's state changes to write (a key's new value, or its removal), under the lease
-/// its presence hangs on.
+/// One pull agent's state changes to write (a key's new value, or its removal), under the
+/// lease its presence hangs on.
 pub(crate) struct StatesWrite {
     changes: Vec<(String, Option<Vec<u8>>)>,
     lease: i64,
 }
 
 impl EtcdRegistry {
-    /// Writes the state changes of machines that reported at the same time
+    /// Writes the state changes of the pull agents that reported at the same time
     /// ([`crate::written_together`]): one transaction for all, each value under its
-    /// machine's lease; a key written twice (one machine twice in the batch) starts another.
+    /// agent's lease; a key written twice (one agent twice in the batch) starts another. (A
+    /// fleetd's own machine writes alone, as every fleetd of a cluster does.)
     async fn write_states(&self, batch: Vec<StatesWrite>) -> Result<Vec<()>> {
         if let [alone] = batch.as_slice() {
             self.connection().write(&alone.changes, alone.lease).await?;
@@ -143,10 +144,16 @@ impl AgentRegistry for EtcdRegistry {
             })
             .collect();
         for chunk in changes.chunks(MAX_TXN_OPS) {
-            let write = StatesWrite { changes: chunk.to_vec(), lease };
-            let batches = &self.inner.state_batches;
-            let write_batch = |batch: Vec<StatesWrite>| async move { self.write_states(batch).await };
-            batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await?;
+            if session.own() {
+                // This fleetd's own machine: nothing to write it with.
+                self.connection().write(chunk, lease).await?;
+            } else {
+                // A pull agent's: written with the other agents' reports of the moment.
+                let write = StatesWrite { changes: chunk.to_vec(), lease };
+                let batches = &self.inner.state_batches;
+                let write_batch = |batch: Vec<StatesWrite>| async move { self.write_states(batch).await };
+                batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await?;
+            }
             let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             for (key, value) in chunk {

@@ -153,6 +153,7 @@ async fn a_manager_without_streams_is_told_apart_from_one_that_refuses() {
             StreamEnd::Unreachable(_) => "unreachable",
             StreamEnd::Refused(_) => "refused",
             StreamEnd::Closed => "closed",
+            StreamEnd::Moved => "moved",
         };
         assert_eq!(kind, expected, "{}", String::from_utf8_lossy(answer));
         manager.abort();
