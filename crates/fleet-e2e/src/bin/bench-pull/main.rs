@@ -1,7 +1,7 @@
 //! Benchmark: pull agents through one manager on one etcd.
 //!
 //! One real fleetd is the manager (etcd store, TLS, agent CA) and the engine. Many pull agents
-//! run in this one process, each the real agent code on its own `RemoteRegistry`: its own
+//! run in this process (or its children, below), each the real agent code on its own `RemoteRegistry`: its own
 //! registration, its own certificate, its own HTTPS (HTTP/2) connection and long poll; only
 //! systemd is simulated. Every unit asks for `role=worker`, which only the pull agents have.
 //! Prints:
@@ -24,32 +24,28 @@
 //!
 //! With MANAGERS above 1, that many fleetds share the etcd and the agents (each starts on one
 //! of the list at random). AGENT_TTL (seconds, 60 by default) sets how often an idle agent
-//! beats: three times in it.
+//! beats: three times in it. Past PER_PROCESS agents (10,000 by default: a process may hold
+//! 20,000 open files here, and an agent holds one or two connections), the agents run in child
+//! processes of the bench, PER_PROCESS each; (b) then counts the works the managers' streams
+//! carried. Each manager holds up to about 9,000 agents' connections for the same reason: give
+//! 100,000 agents 12 managers.
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL]`
+//! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL] [PER_PROCESS]`
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_core::{DesiredState, UnitFile};
 use fleet_e2e::cluster_bench::{submit_units, template, wait_all_launched};
 use fleet_e2e::pki::Authority;
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
-use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
+use fleet_registry::ApiRegistry;
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
-use fleet_testkit::FakeUnitManager;
-use tokio::sync::{Semaphore, watch};
 
-/// How many agents join at once (agents join on their own; the bench bounds them).
-const JOINERS: usize = 128;
+mod agent_hosts;
+use agent_hosts::{AgentHosts, Reach};
 
 fn argument(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
-fn agent_id(index: usize) -> String {
-    format!("pull{index:06}")
 }
 
 /// Resident memory of a process, in MiB.
@@ -182,6 +178,13 @@ async fn placements(api: &EtcdRegistry) -> std::collections::HashMap<String, Str
 }
 
 fn main() {
+    let mut arguments = std::env::args().skip(1);
+    if arguments.next().as_deref() == Some("--agent-process") {
+        let mut number = || arguments.next().and_then(|value| value.parse().ok()).expect("FIRST COUNT");
+        let (first, count) = (number(), number());
+        agent_hosts::run_agent_process(first, count);
+        return;
+    }
     // RUST_LOG=fleet_remote=warn shows the agents' failovers and failures.
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     // The bench's own plain HTTP clients (etcd's metrics) take the tree's one provider.
@@ -191,6 +194,7 @@ fn main() {
     let idle_seconds = argument(3, 20) as u64;
     let manager_count = argument(4, 1).max(1);
     let agent_ttl = Duration::from_secs(argument(5, 60) as u64);
+    let per_process = argument(6, 10_000).max(1);
     let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().expect("dir");
     let (api_ca, agent_ca) = (Authority::new("bench API CA"), Authority::new("bench agent CA"));
@@ -243,97 +247,44 @@ fn main() {
         let lifetimes = Lifetimes { agent_ttl, engine_lease_ttl: Duration::from_secs(10) };
         let api = EtcdRegistry::connect(&options, lifetimes).await.expect("connect to etcd");
         let mut raw = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("etcd client");
-        let manager = Arc::new(
-            fleet_remote::Manager::new(
-                &urls.join(","),
-                Some(std::fs::read(&api_ca_file).expect("CA")),
-                Duration::from_secs(30),
-            )
-            .expect("manager")
+        let reach = Reach {
+            urls: urls.join(","),
+            ca_file: api_ca_file.clone(),
+            token: token.clone(),
             // As a pull fleetd beats: three times in agent_ttl.
-            .with_heartbeat(lifetimes.agent_ttl / 3),
-        );
+            heartbeat: lifetimes.agent_ttl / 3,
+        };
+        let processes = agents.div_ceil(per_process);
         println!(
-            "bench-pull: {agents} pull agents through {manager_count} manager(s), {units} units, one etcd, agent_ttl {} s",
-            agent_ttl.as_secs()
+            "bench-pull: {agents} pull agents through {manager_count} manager(s), {units} units, one etcd, agent_ttl {} s{}",
+            agent_ttl.as_secs(),
+            if processes > 1 { format!(", agents in {processes} processes") } else { String::new() }
         );
 
         // What the managers hold before any agent joined: the cluster's data grows from here.
         let rss_before_agents: f64 = managers.iter().map(|fleetd| resident_mib(fleetd.pid())).sum();
         // Join and start every agent.
-        let joining = Instant::now();
         let join_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
         let etcd_cpu_before = cpu_seconds(etcd.pid().expect("etcd runs"));
-        let permits = Arc::new(Semaphore::new(JOINERS));
-        let mut joins = tokio::task::JoinSet::new();
-        for index in 0..agents {
-            let (manager, token, permits) = (manager.clone(), token.clone(), permits.clone());
-            joins.spawn(async move {
-                let _permit = permits.acquire_owned().await.expect("semaphore");
-                let mut tries = 0;
-                let credentials = loop {
-                    match manager.join(&token, &agent_id(index)).await {
-                        Ok((credentials, _)) => break credentials,
-                        Err(fleet_remote::ManagerError::Unreachable(error)) if tries < 20 => {
-                            tries += 1;
-                            eprintln!("    join of {} retried: {error}", agent_id(index));
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                        Err(error) => panic!("join: {error}"),
-                    }
-                };
-                (index, credentials)
-            });
-        }
-        let mut joined = Vec::with_capacity(agents);
-        while let Some(result) = joins.join_next().await {
-            joined.push(result.expect("a join"));
-        }
+        let joining = Instant::now();
+        let (mut hosts, joined_in) = AgentHosts::join_and_start(&reach, agents, per_process).await;
         println!(
             "  {agents} agents joined (certificates signed) in {:.2} s (managers' CPU {:.2} s, etcd's {:.2} s)",
-            joining.elapsed().as_secs_f64(),
+            joined_in.as_secs_f64(),
             managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>() - join_cpu_before,
             cpu_seconds(etcd.pid().expect("etcd runs")) - etcd_cpu_before,
         );
-        let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
-        let starting = Instant::now();
-        let announce_cpu_before = (
-            managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>(),
-            cpu_seconds(std::process::id()),
-        );
-        let mut signals: Vec<ChangeSignal> = Vec::with_capacity(agents);
-        for (index, credentials) in &joined {
-            let registry = fleet_remote::RemoteRegistry::new(&manager, credentials, None).expect("remote store");
-            fleet_remote::start(&registry);
-            signals.push(registry.machine_changes(&agent_id(*index)));
-            let config = AgentConfig {
-                machine: MachineState {
-                    id: agent_id(*index),
-                    public_ip: format!("10.{}.{}.{}", index / 65536, (index / 256) % 256, index % 256),
-                    metadata: [("role".to_string(), "worker".to_string())].into(),
-                    version: "bench".into(),
-                    disable_engine: true,
-                    connection: fleet_core::Connection::Pull,
-                    capacity: None,
-                    drain: None,
-                },
-                // As fleetd's pull mode: changes come on the change stream; the fallback is a safety net.
-                // fleetd's pull mode's (`reconcile_timing::PULL_RECONCILE_INTERVAL`).
-                reconcile_interval: Duration::from_secs(300),
-                debounce: Duration::from_millis(10),
-                presence_ttl: None,
-                stop_units_when_cut_off: false,
-            };
-            tokio::spawn(Agent::new(config, registry, Arc::new(FakeUnitManager::new())).run(lifecycle_watch.clone()));
-        }
+        let starting = joining + joined_in;
+        let agents_cpu = |hosts: &AgentHosts| hosts.pids().into_iter().map(cpu_seconds).sum::<f64>();
+        let announce_cpu_before = (managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>(), 0.0);
         while api.machines().await.map(|m| m.len()).unwrap_or(0) < agents + manager_count {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         println!(
-            "  {agents} agents announced in {:.2} s (managers' CPU {:.2} s, the agents' process {:.2} s)",
+            "  {agents} agents announced in {:.2} s (managers' CPU {:.2} s; the agents' processes {:.2} s since they started joining)",
             starting.elapsed().as_secs_f64(),
             managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>() - announce_cpu_before.0,
-            cpu_seconds(std::process::id()) - announce_cpu_before.1,
+            agents_cpu(&hosts) - announce_cpu_before.1,
         );
 
         let managers_cpu = |managers: &[Fleetd]| managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>();
@@ -376,16 +327,24 @@ fn main() {
             settling.elapsed().as_secs_f64()
         );
 
-        // (b) One more unit: how many agents wake?
+        // (b) One more unit: how many agents wake (in-process agents: their change signals;
+        // agents in other processes: the works their streams carried)?
         tokio::time::sleep(Duration::from_secs(1)).await;
-        for signal in &mut signals {
+        for signal in hosts.signals().into_iter().flatten() {
             signal.mark_unchanged();
         }
+        let (works_before, _) = stream_traffic(&managers);
         api.put_unit("probe@1.service", &template(0), DesiredState::Launched).await.expect("submit the probe");
         wait_all_launched(&api, units + 1, || logs(&managers)).await;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let woken = signals.iter().filter(|signal| signal.has_changed().unwrap_or(false)).count();
-        println!("  (b) agents woken by one schedule change: {woken} of {agents}");
+        let carried = stream_traffic(&managers).0 - works_before;
+        match hosts.signals() {
+            Some(signals) => {
+                let woken = signals.iter().filter(|signal| signal.has_changed().unwrap_or(false)).count();
+                println!("  (b) agents woken by one schedule change: {woken} of {agents} (streams carried {carried:.0} works)");
+            }
+            None => println!("  (b) agents sent a work by one schedule change: {carried:.0} of {agents}"),
+        }
 
         // (c) Idle.
         let etcd_pid = etcd.pid().expect("etcd runs");
@@ -495,6 +454,6 @@ fn main() {
             assert_eq!(fewest, agents, "agents left the cluster while their manager's lease lived");
             assert_eq!(moved, 0, "units moved off agents that reconnected within agent_ttl");
         }
-        let _ = lifecycle.send(Lifecycle::Reloading);
+        drop(hosts);
     });
 }
