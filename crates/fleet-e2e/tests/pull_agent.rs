@@ -576,3 +576,103 @@ fn a_pull_agent_stops_an_at_most_once_unit_once_its_manager_may_have_lost_it() {
         || pull.log(),
     );
 }
+
+/// Drops new connections to a local port while it lives (those open stay up).
+struct NewConnectionsDropped(u16);
+
+impl NewConnectionsDropped {
+    fn to_port(port: u16) -> Self {
+        let rule = |action: &str| {
+            let port = port.to_string();
+            let args = [action, "INPUT", "-p", "tcp", "--dport", port.as_str(), "--syn", "-j", "DROP"];
+            std::process::Command::new("iptables").args(args).status().expect("iptables runs").success()
+        };
+        assert!(rule("-I"), "iptables drops new connections");
+        Self(port)
+    }
+}
+
+impl Drop for NewConnectionsDropped {
+    fn drop(&mut self) {
+        let port = self.0.to_string();
+        let args = ["-D", "INPUT", "-p", "tcp", "--dport", port.as_str(), "--syn", "-j", "DROP"];
+        let _ = std::process::Command::new("iptables").args(args).status();
+    }
+}
+
+/// One manager holds a pull agent's stream and its presence: when a request of the agent's
+/// moves it to the other manager (its manager takes no new connection, while the stream the
+/// agent holds there stays up), its stream on the manager it left ends, and it follows its
+/// changes on the one it moved to, which holds its presence.
+#[test]
+fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() {
+    let pki = ManagerPki::local();
+    let ports = [free_port(), free_port()];
+    let cluster = fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
+    let token = cluster.members[0].ok(&["registration-token", "create", "split"]).stdout.trim().to_string();
+    let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
+    let manager =
+        fleet_remote::Manager::new(&urls, Some(std::fs::read(&pki.api_ca_file).expect("CA")), Duration::from_secs(3))
+            .expect("manager");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let (credentials, _) = runtime.block_on(manager.join(&token, "split-1")).expect("join");
+    let registry = {
+        let _entered = runtime.enter();
+        fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
+    };
+    // Journals asked of the agent are answered by request, as fleetd's pull mode does.
+    let mut asks = registry.journal_asks().expect("the journal questions");
+    let answering = registry.clone();
+    runtime.spawn(async move {
+        while let Some(ask) = asks.recv().await {
+            let journal =
+                fleet_api_schema::Journal { name: ask.unit.clone(), text: "hello\n".into(), ..Default::default() };
+            let _ = answering.answer_journal(ask.id, &journal).await;
+        }
+    });
+    {
+        let _entered = runtime.enter();
+        fleet_remote::start(&registry);
+    }
+    let units = Arc::new(FakeUnitManager::new());
+    let config = AgentConfig {
+        machine: MachineState { id: "split-1".into(), public_ip: "127.0.0.6".into(), ..Default::default() },
+        reconcile_interval: Duration::from_millis(500),
+        debounce: Duration::from_millis(10),
+        presence_ttl: None,
+        stop_units_when_cut_off: false,
+    };
+    let (_lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+    runtime.spawn(Agent::new(config, registry.clone(), units.clone()).run(lifecycle_watch));
+    let unit_dir = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        unit_dir.path(),
+        "split.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineID=split-1\n",
+    );
+    cluster.members[0].fleetctl_in(unit_dir.path(), &["start", "--no-block", "split.service"]);
+    let running = Some(SystemdState::new("loaded", "active", "running"));
+    let streaming =
+        |member: &Fleetd| fleet_e2e::metric_value(&member.metrics(), "fleet_pull_agents_streaming").unwrap_or(0.0);
+    cluster.wait_until(
+        "the agent runs split.service and follows a change stream",
+        Duration::from_secs(90),
+        |cluster| {
+            units.state("split.service") == running && cluster.members.iter().any(|member| streaming(member) == 1.0)
+        },
+    );
+    let first = cluster.members.iter().position(|member| streaming(member) == 1.0).expect("a manager streams");
+    let other = 1 - first;
+
+    let _dropped = NewConnectionsDropped::to_port(ports[first]);
+    std::thread::scope(|scope| {
+        // The question reaches the agent on its stream; its answer needs a new connection.
+        scope.spawn(|| cluster.members[first].fleetctl(&["journal", "--lines", "1", "split.service"]));
+        cluster.wait_until("the agent's stream moved with its requests", Duration::from_secs(120), |cluster| {
+            streaming(&cluster.members[first]) == 0.0 && streaming(&cluster.members[other]) == 1.0
+        });
+    });
+    let machines = cluster.members[other].ok(&["list-machines", "--full", "--no-legend"]).stdout;
+    assert!(machines.contains("split-1"), "{machines}");
+    assert_eq!(units.state("split.service"), running);
+}
