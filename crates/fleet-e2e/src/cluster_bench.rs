@@ -60,6 +60,15 @@ pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
     submitting.elapsed()
 }
 
+/// How many machines are registered under the key prefix `prefix` (`/_coreos.com/fleet/`):
+/// counted, not listed (a listing of every machine ten times a second was itself a load on
+/// etcd in the very rush the benches measure).
+pub async fn registered_machines(client: &mut etcd_client::Client, prefix: &str) -> usize {
+    let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    let reply = client.get(format!("{prefix}machines/"), Some(options)).await;
+    reply.map_or(0, |reply| usize::try_from(reply.count()).unwrap_or(0))
+}
+
 /// Every unit, page by page from the store's copy as the API reads them (as far as they
 /// read).
 pub async fn every_unit(api: &EtcdRegistry) -> Vec<UnitView> {

@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::cluster_bench::{
-    SIMULATED_CAPACITY, TEMPLATES, every_unit, template_reserving, unit_list, wait_all_launched,
+    SIMULATED_CAPACITY, TEMPLATES, every_unit, registered_machines, template_reserving, unit_list, wait_all_launched,
 };
 use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
@@ -146,7 +146,7 @@ fn main() {
         // Counted, not listed: a listing of every machine ten times a second was itself a
         // load on etcd in the very rush it measures.
         let mut counter = etcd_client::Client::connect([etcd.endpoint()], None).await.expect("connect to etcd");
-        while present_machines(&mut counter).await < machines + 3 {
+        while registered_machines(&mut counter, PREFIX).await < machines + 3 {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
@@ -367,14 +367,6 @@ fn print_leadership_moves(first: &Fleetd, second: &Fleetd) {
             println!("      {which} engine fleetd: {line}");
         }
     }
-}
-
-/// How many machines are present, by a count of their presence keys (0 while etcd does
-/// not answer).
-async fn present_machines(client: &mut etcd_client::Client) -> usize {
-    let prefix = format!("{}machines/", PREFIX);
-    let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
-    client.get(prefix, Some(options)).await.map_or(0, |reply| usize::try_from(reply.count()).unwrap_or(0))
 }
 
 /// Whether none of the machines in `lost` is present any more (their leases expired).
