@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use fleet_core::{UnitFile, UnitHash};
 use serde_json::value::RawValue;
 
-use crate::schema::{AgentHashedBody, UnitOption};
+use crate::schema::AgentHashedBody;
 
 /// How many encoded bodies are kept; past it the oldest half goes (a body is encoded again
 /// when next sent).
@@ -38,12 +38,7 @@ impl EncodedBodies {
 
     /// Encodes `file`, the body of `hash`, and keeps it.
     pub fn encode(&self, hash: UnitHash, file: UnitFile) -> Option<EncodedBody> {
-        let options = file
-            .into_options()
-            .into_iter()
-            .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
-            .collect();
-        let body = AgentHashedBody { hash: hash.to_string(), options };
+        let body = AgentHashedBody { hash: hash.to_string(), options: crate::handlers::agent_facet::options_of(file) };
         let encoded: EncodedBody = serde_json::value::to_raw_value(&body).ok()?.into();
         let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if kept.bodies.len() >= KEPT {

@@ -190,7 +190,8 @@ pub(super) fn work_to_schema(work: MachineWork) -> AgentWork {
     }
 }
 
-pub(super) fn options_of(file: fleet_core::UnitFile) -> Vec<UnitOption> {
+/// A unit file's options as the API carries them.
+pub(crate) fn options_of(file: fleet_core::UnitFile) -> Vec<UnitOption> {
     file.into_options()
         .into_iter()
         .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
