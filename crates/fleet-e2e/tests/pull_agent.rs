@@ -577,6 +577,14 @@ fn a_pull_agent_stops_an_at_most_once_unit_once_its_manager_may_have_lost_it() {
     );
 }
 
+/// How many connections to local `port` are established, as their clients see them.
+fn established_to(port: u16) -> usize {
+    let filter = format!("( dport = :{port} )");
+    let out =
+        std::process::Command::new("ss").args(["-Htn", "state", "established", &filter]).output().expect("ss runs");
+    String::from_utf8_lossy(&out.stdout).lines().filter(|line| !line.trim().is_empty()).count()
+}
+
 /// Drops new connections to a local port while it lives (those open stay up).
 struct NewConnectionsDropped(u16);
 
@@ -663,6 +671,11 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
     );
     let first = cluster.members.iter().position(|member| streaming(member) == 1.0).expect("a manager streams");
     let other = 1 - first;
+    // Until the stream is all the agent holds open there (a connection its requests used
+    // before lingers in its pool a while, and would carry the next request past the rule).
+    cluster.wait_until("the agent holds only its stream on its manager", Duration::from_secs(120), |_| {
+        established_to(ports[first]) == 1
+    });
 
     let _dropped = NewConnectionsDropped::to_port(ports[first]);
     std::thread::scope(|scope| {
