@@ -689,3 +689,27 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
     assert!(machines.contains("split-1"), "{machines}");
     assert_eq!(units.state("split.service"), running);
 }
+
+/// Agents that join through a list of managers start at one of them at random: several
+/// managers sign the certificates of agents joining at once, through one token.
+#[test]
+fn joins_through_a_list_of_managers_are_signed_by_all_of_them() {
+    let pki = ManagerPki::local();
+    let ports = [free_port(), free_port()];
+    let cluster = fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
+    let token = cluster.members[0].ok(&["registration-token", "create", "spread"]).stdout.trim().to_string();
+    let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
+    let manager =
+        fleet_remote::Manager::new(&urls, Some(std::fs::read(&pki.api_ca_file).expect("CA")), Duration::from_secs(10))
+            .expect("manager");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    // 24 joins: all on one manager by chance once in about 8 million runs.
+    for index in 0..24 {
+        runtime.block_on(manager.join(&token, &format!("spread-{index}"))).expect("join");
+    }
+    let joins =
+        |member: &Fleetd| fleet_e2e::metric_value(&member.metrics(), "fleet_pull_agent_joins_total").unwrap_or(0.0);
+    let (first, second) = (joins(&cluster.members[0]), joins(&cluster.members[1]));
+    assert_eq!(first + second, 24.0);
+    assert!(first >= 1.0 && second >= 1.0, "joins signed by one manager only: {first} and {second}");
+}

@@ -133,7 +133,9 @@ impl Manager {
         body: String,
     ) -> Result<AgentCertificate, ManagerError> {
         let mut last = ManagerError::Unreachable("no manager".into());
-        for base in &self.bases {
+        // From a manager of the list at random, so that agents joining at once are signed by
+        // all the managers, not all by the first.
+        for base in tried_from(&self.bases, crate::registry::random_sample() as usize) {
             match self.post_to(client, base, path, token, body.clone()).await {
                 Err(error @ ManagerError::Unreachable(_)) => last = error,
                 answered => return answered,
@@ -224,4 +226,25 @@ pub(crate) fn without_url(error: &reqwest::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+/// Every one of `bases`, from the one at `start` (modulo their count) round to the one before it.
+fn tried_from(bases: &[String], start: usize) -> impl Iterator<Item = &String> {
+    let first = if bases.is_empty() { 0 } else { start % bases.len() };
+    bases[first..].iter().chain(&bases[..first])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_manager_is_tried_once_from_the_one_drawn() {
+        let bases: Vec<String> = ["a", "b", "c"].into_iter().map(String::from).collect();
+        let order = |start| tried_from(&bases, start).map(String::as_str).collect::<Vec<_>>();
+        assert_eq!(order(0), ["a", "b", "c"]);
+        assert_eq!(order(1), ["b", "c", "a"]);
+        assert_eq!(order(5), ["c", "a", "b"], "a draw past the count wraps");
+        assert_eq!(tried_from(&[], 7).count(), 0);
+    }
 }

@@ -788,8 +788,8 @@ impl AgentRegistry for RemoteRegistry {
     }
 }
 
-/// A random number for jitter (no secret rides on it).
-fn random_sample() -> u32 {
+/// A random number for jitter and for spreading agents over managers (no secret rides on it).
+pub(crate) fn random_sample() -> u32 {
     use ring::rand::SecureRandom;
     let mut bytes = [0u8; 4];
     let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
