@@ -20,6 +20,19 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
 }
 
+/// Two managers on one store, a registration token named `token_name`, and the agents' view
+/// of both (`timeout` for a request): the managers' ports, in the members' order.
+fn two_managers(token_name: &str, timeout: Duration) -> (fleet_e2e::Cluster, [u16; 2], String, fleet_remote::Manager) {
+    let pki = ManagerPki::local();
+    let ports = [free_port(), free_port()];
+    let cluster = fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
+    let token = cluster.members[0].ok(&["registration-token", "create", token_name]).stdout.trim().to_string();
+    let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
+    let manager = fleet_remote::Manager::new(&urls, Some(std::fs::read(&pki.api_ca_file).expect("CA")), timeout)
+        .expect("manager");
+    (cluster, ports, token, manager)
+}
+
 /// Runs the real agent code for `machine` on `runtime`, on a remote store through `manager`,
 /// with simulated units.
 fn spawn_agent(
@@ -408,16 +421,7 @@ fn a_pull_fleetd_runs_through_a_manager_outage_and_a_restart_during_it() {
 /// moves, through twice `agent_ttl`.
 #[test]
 fn a_pull_agent_fails_over_between_two_managers_without_leaving_the_cluster() {
-    let pki = ManagerPki::local();
-    let api_ca_file = pki.api_ca_file.clone();
-    let ports = [free_port(), free_port()];
-    let mut cluster =
-        fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
-    let token = cluster.members[0].ok(&["registration-token", "create", "roaming"]).stdout.trim().to_string();
-    let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
-    let manager =
-        fleet_remote::Manager::new(&urls, Some(std::fs::read(&api_ca_file).expect("CA")), Duration::from_secs(3))
-            .expect("manager");
+    let (mut cluster, _, token, manager) = two_managers("roaming", Duration::from_secs(3));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let (credentials, _) = runtime.block_on(manager.join(&token, "roam-1")).expect("join");
     let units = Arc::new(FakeUnitManager::new());
@@ -614,14 +618,7 @@ impl Drop for NewConnectionsDropped {
 /// changes on the one it moved to, which holds its presence.
 #[test]
 fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() {
-    let pki = ManagerPki::local();
-    let ports = [free_port(), free_port()];
-    let cluster = fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
-    let token = cluster.members[0].ok(&["registration-token", "create", "split"]).stdout.trim().to_string();
-    let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
-    let manager =
-        fleet_remote::Manager::new(&urls, Some(std::fs::read(&pki.api_ca_file).expect("CA")), Duration::from_secs(3))
-            .expect("manager");
+    let (cluster, ports, token, manager) = two_managers("split", Duration::from_secs(3));
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     let (credentials, _) = runtime.block_on(manager.join(&token, "split-1")).expect("join");
     let registry = {
@@ -694,14 +691,7 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
 /// managers sign the certificates of agents joining at once, through one token.
 #[test]
 fn joins_through_a_list_of_managers_are_signed_by_all_of_them() {
-    let pki = ManagerPki::local();
-    let ports = [free_port(), free_port()];
-    let cluster = fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
-    let token = cluster.members[0].ok(&["registration-token", "create", "spread"]).stdout.trim().to_string();
-    let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
-    let manager =
-        fleet_remote::Manager::new(&urls, Some(std::fs::read(&pki.api_ca_file).expect("CA")), Duration::from_secs(10))
-            .expect("manager");
+    let (cluster, _, token, manager) = two_managers("spread", Duration::from_secs(10));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     // 24 joins: all on one manager by chance once in about 8 million runs.
     for index in 0..24 {

@@ -9,8 +9,8 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use fleet_api_schema::{
-    AgentChanges, AgentStates, AgentStreamAnswer, AgentStreamStates, CHANGE_STREAM_PROTOCOL, CHANGE_STREAM_PROTOCOL_V2,
-    ErrorBody, MAX_CHANGE_STREAM_LINE,
+    AgentChanges, AgentStreamAnswer, CHANGE_STREAM_PROTOCOL, CHANGE_STREAM_PROTOCOL_V2, ErrorBody,
+    MAX_CHANGE_STREAM_LINE,
 };
 use reqwest::StatusCode;
 use reqwest::header::{CONNECTION, UPGRADE};
@@ -44,7 +44,8 @@ pub(crate) enum Heard {
 /// A states report to send on the stream, and where its answer goes (dropped unanswered when
 /// the stream ends first).
 pub(crate) struct StatesToSend {
-    pub states: AgentStates,
+    /// `AgentStates` as JSON, encoded once for the stream or a request alike.
+    pub states: String,
     pub answer: oneshot::Sender<AgentStreamAnswer>,
 }
 
@@ -173,10 +174,10 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
             to_send = next_states(&mut states) => match to_send {
                 Some(StatesToSend { states, answer }) => {
                     last_id += 1;
-                    let mut sent = serde_json::to_vec(&AgentStreamStates { id: last_id, states }).unwrap_or_default();
-                    sent.push(b'\n');
+                    // An `AgentStreamStates` line, around the states as they were encoded.
+                    let sent = format!("{{\"id\":{last_id},\"states\":{states}}}\n");
                     let write = async {
-                        io.write_all(&sent).await?;
+                        io.write_all(sent.as_bytes()).await?;
                         io.flush().await
                     };
                     match tokio::time::timeout(LONGEST_ANSWER, write).await {

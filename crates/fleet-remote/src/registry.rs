@@ -498,9 +498,9 @@ impl RemoteRegistry {
                 Err(error) => tracing::warn!(%error, "a body the stream carried does not match its hash"),
             }
         }
-        let held: std::collections::HashSet<&str> =
-            work.scheduled.iter().chain(&work.globals).map(|unit| unit.hash.as_str()).collect();
-        carried.retain(|hash, _| held.contains(hash.to_string().as_str()));
+        let held: std::collections::HashSet<UnitHash> =
+            work.scheduled.iter().chain(&work.globals).filter_map(|unit| UnitHash::parse_hex(&unit.hash)).collect();
+        carried.retain(|hash, _| held.contains(hash));
         drop(carried);
         if let Some(copy) = &self.copy {
             copy.save_work(&work);
@@ -509,12 +509,12 @@ impl RemoteRegistry {
 
     /// Sends `states` on the change stream, if a second-version one is open: its answer, or
     /// `None` when it must go by request (no such stream, or it ended before answering).
-    async fn states_on_stream(&self, states: &AgentStates) -> Result<Option<AgentStreamAnswer>> {
+    async fn states_on_stream(&self, states: &str) -> Result<Option<AgentStreamAnswer>> {
         let sender = self.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         let Some(sender) = sender else { return Ok(None) };
         let (answer, answered) = tokio::sync::oneshot::channel();
         let sent = tokio::time::Instant::now();
-        let to_send = crate::change_stream::StatesToSend { states: states.clone(), answer };
+        let to_send = crate::change_stream::StatesToSend { states: states.to_string(), answer };
         if sender.send(to_send).await.is_err() {
             return Ok(None);
         }
@@ -675,18 +675,18 @@ impl AgentRegistry for RemoteRegistry {
     async fn unit_bodies(&self, machine_id: &str, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
         self.check_machine(machine_id)?;
         let mut found = HashMap::new();
-        let carried = self.carried_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let hashes: Vec<UnitHash> = hashes
-            .iter()
-            .filter(|hash| match carried.get(hash) {
-                Some(file) => {
-                    found.insert(**hash, file.clone());
-                    false
+        // What the stream carried is not asked for again.
+        let mut unread = Vec::new();
+        {
+            let carried = self.carried_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            for hash in hashes {
+                match carried.get(hash) {
+                    Some(file) => drop(found.insert(*hash, file.clone())),
+                    None => unread.push(*hash),
                 }
-                None => true,
-            })
-            .copied()
-            .collect();
+            }
+        }
+        let hashes = unread;
         for chunk in hashes.chunks(MAX_BODIES_PER_REQUEST) {
             let query: Vec<String> = chunk.iter().map(|hash| format!("hash={hash}")).collect();
             match self.fetch::<AgentUnitBodies>(&format!("/bodies?{}", query.join("&"))).await {
@@ -753,7 +753,7 @@ impl AgentRegistry for RemoteRegistry {
         let body = serde_json::to_string(&states).map_err(unavailable)?;
         // Room for the line's id around the states.
         if body.len() + 64 <= MAX_STREAM_STATES_LINE {
-            match self.states_on_stream(&states).await? {
+            match self.states_on_stream(&body).await? {
                 Some(answer) if (200..300).contains(&answer.status) => return Ok(()),
                 // The manager holds no presence for this machine (it moved here): announce,
                 // and send them again by request.

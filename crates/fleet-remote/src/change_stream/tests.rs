@@ -1,5 +1,6 @@
 use std::sync::{Arc, Mutex};
 
+use fleet_api_schema::{AgentStates, AgentStreamStates};
 use tokio::io::{AsyncReadExt, DuplexStream};
 use tokio::sync::{mpsc, oneshot};
 
@@ -188,7 +189,7 @@ async fn states_go_on_a_second_version_stream_and_each_answer_finds_its_waiter()
     for removed in ["a.service", "b.service"] {
         let (answer, answered) = oneshot::channel();
         let states = AgentStates { set: Vec::new(), removed: vec![removed.to_string()] };
-        sender.send(StatesToSend { states, answer }).await.unwrap();
+        sender.send(StatesToSend { states: serde_json::to_string(&states).unwrap(), answer }).await.unwrap();
         waiting.push(answered);
     }
     let mut reader = BufReader::new(&mut manager);
@@ -220,7 +221,7 @@ async fn states_waiting_when_the_stream_ends_are_dropped_unanswered() {
     let (sender, states) = mpsc::channel(4);
     let task = tokio::spawn(follow_lines(BufReader::new(agent), Duration::from_secs(100), Some(states), |_| {}));
     let (answer, answered) = oneshot::channel();
-    sender.send(StatesToSend { states: AgentStates::default(), answer }).await.unwrap();
+    sender.send(StatesToSend { states: "{}".into(), answer }).await.unwrap();
     drop(manager);
     assert!(matches!(task.await.unwrap(), StreamEnd::Closed | StreamEnd::Unreachable(_)));
     assert!(answered.await.is_err(), "the waiter learns the stream ended: it sends by request");

@@ -278,15 +278,15 @@ fn main() {
         );
         let starting = joining + joined_in;
         let agents_cpu = |hosts: &AgentHosts| hosts.pids().into_iter().map(cpu_seconds).sum::<f64>();
-        let announce_cpu_before = (managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>(), 0.0);
+        let announce_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
         while registered_machines(&mut raw, "/_coreos.com/fleet/").await < agents + manager_count {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         println!(
             "  {agents} agents announced in {:.2} s (managers' CPU {:.2} s; the agents' processes {:.2} s since they started joining)",
             starting.elapsed().as_secs_f64(),
-            managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>() - announce_cpu_before.0,
-            agents_cpu(&hosts) - announce_cpu_before.1,
+            managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>() - announce_cpu_before,
+            agents_cpu(&hosts),
         );
 
         let managers_cpu = |managers: &[Fleetd]| managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>();
