@@ -413,7 +413,7 @@ pub async fn registrations_are_counted_bounded_and_expire(registry: &dyn Registr
 /// A machine ID belongs to the key that first joined with it: the same key may join again,
 /// another may not, until the machine is revoked (which records its key) and forgotten; the
 /// token's grants and the IDs it may create hold; two joins of one ID at once bind one key.
-pub async fn a_machine_id_belongs_to_the_key_that_first_joined(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+pub async fn a_machine_id_belongs_to_the_key_that_first_joined(registry: &dyn Registry, agent_for: AgentFor<'_>) {
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
     let token = |name: &str, sha256: &str, machine_ids: Option<&str>| RegistrationRecord {
         name: name.into(),
@@ -459,6 +459,15 @@ pub async fn a_machine_id_belongs_to_the_key_that_first_joined(registry: &dyn Re
     assert_eq!(join("aa", "m1", owner).await.expect("join"), Err(JoinRefused::RevokedKey("m1".into())));
     let (_, renewed) = join("aa", "m1", "k5").await.expect("join").expect("a new key joins once forgotten");
     assert_eq!(renewed.key_sha256, "k5");
+
+    // A live machine no key holds (a machine of the store's own) is not taken over; once its
+    // key holds it, the machine itself joins again while alive, another key does not.
+    agent_for("etcd-1").register_machine(&machine("etcd-1")).await.expect("register");
+    assert_eq!(join("aa", "etcd-1", "k6").await.expect("join"), Err(JoinRefused::Alive("etcd-1".into())));
+    assert_eq!(registry.machine_identity("etcd-1").await.expect("read"), None, "nothing bound");
+    agent_for("m1").register_machine(&machine("m1")).await.expect("register");
+    assert!(join("aa", "m1", "k5").await.expect("join").is_ok(), "the live machine's own key");
+    assert_eq!(join("aa", "m1", "k7").await.expect("join"), Err(JoinRefused::Alive("m1".into())));
 }
 
 /// Revoking a machine records it and removes it and its states in one write; the other

@@ -314,11 +314,6 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     fn unit_changes(&self) -> ChangeSignal;
     /// Live machines with their effective metadata, in ID order.
     async fn machines(&self) -> Result<Vec<MachineState>>;
-    /// Whether `machine_id` is a live machine (a store may answer without listing them all:
-    /// every join asks, and a cluster of 100,000 machines made each join read all of them).
-    async fn machine_present(&self, machine_id: &str) -> Result<bool> {
-        Ok(self.machines().await?.iter().any(|machine| machine.id == machine_id))
-    }
     /// One page of [`ApiRegistry::machines`] (`admits` and `after` take machine IDs); a store
     /// may serve it from a copy with the consistency of its list pages.
     async fn machines_page(&self, request: PageRequest) -> Result<Page<MachineState>> {

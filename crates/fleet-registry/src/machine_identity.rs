@@ -48,6 +48,8 @@ pub enum JoinRefused {
         "machine {0:?} belongs to another key: rejoin with that machine's own key, or an administrator revokes and forgets it first"
     )]
     Taken(String),
+    #[error("machine {0:?} is alive in the cluster")]
+    Alive(String),
 }
 
 /// Whether a registration token names `machine_id` among those it may create.
@@ -59,7 +61,9 @@ pub fn token_names(token: &RegistrationRecord, machine_id: &str) -> bool {
 }
 
 /// The identity a join with `token` at `now` gives `machine_id` over the key `key_sha256`,
-/// given who holds the ID now (`bound`) and its revocation, if any.
+/// given who holds the ID now (`bound`), its revocation, if any, and whether a machine of that
+/// ID is alive in the cluster (`present`): a live machine no key holds (an etcd machine) is not
+/// taken over, one the same key holds is the machine itself.
 pub fn admit_join(
     token: &RegistrationRecord,
     now: u64,
@@ -67,8 +71,12 @@ pub fn admit_join(
     key_sha256: &str,
     bound: Option<&MachineIdentity>,
     revoked: Option<&RevokedMachine>,
+    present: bool,
 ) -> Result<MachineIdentity, JoinRefused> {
     token.usable_at(now).map_err(JoinRefused::Token)?;
+    if present && bound.is_none_or(|bound| bound.key_sha256 != key_sha256) {
+        return Err(JoinRefused::Alive(machine_id.to_string()));
+    }
     if !token_names(token, machine_id) {
         let pattern = token.machine_ids.clone().unwrap_or_default();
         return Err(JoinRefused::NotNamed { pattern });
@@ -176,17 +184,34 @@ mod tests {
 
     #[test]
     fn an_id_belongs_to_the_key_that_first_joined_with_it() {
-        let first = admit_join(&token(None), 10, "m1", "k1", None, None).unwrap();
+        let first = admit_join(&token(None), 10, "m1", "k1", None, None, false).unwrap();
         assert_eq!((first.key_sha256.as_str(), first.metadata["rack"].as_str()), ("k1", "r9"));
-        assert_eq!(admit_join(&token(None), 10, "m1", "k2", Some(&first), None), Err(JoinRefused::Taken("m1".into())));
-        let again = admit_join(&token(None), 11, "m1", "k1", Some(&first), None).unwrap();
+        assert_eq!(
+            admit_join(&token(None), 10, "m1", "k2", Some(&first), None, false),
+            Err(JoinRefused::Taken("m1".into()))
+        );
+        let again = admit_join(&token(None), 11, "m1", "k1", Some(&first), None, false).unwrap();
         assert_eq!((again.key_sha256.as_str(), again.joined), ("k1", 11));
+    }
+
+    #[test]
+    fn a_live_machine_is_taken_over_only_by_the_key_that_holds_it() {
+        let alive =
+            |key: &str, bound: Option<&MachineIdentity>| admit_join(&token(None), 10, "m1", key, bound, None, true);
+        assert_eq!(alive("k1", None), Err(JoinRefused::Alive("m1".into())), "an etcd machine no key holds");
+        let first = admit_join(&token(None), 10, "m1", "k1", None, None, false).unwrap();
+        assert_eq!(alive("k2", Some(&first)), Err(JoinRefused::Alive("m1".into())));
+        assert_eq!(
+            alive("k1", Some(&first)).map(|identity| identity.key_sha256),
+            Ok("k1".to_string()),
+            "the machine itself"
+        );
     }
 
     #[test]
     fn a_revoked_id_is_free_again_only_once_forgotten_and_never_for_its_old_key() {
         let refused =
-            |revoked: &RevokedMachine, key: &str| admit_join(&token(None), 10, "m1", key, None, Some(revoked));
+            |revoked: &RevokedMachine, key: &str| admit_join(&token(None), 10, "m1", key, None, Some(revoked), false);
         assert_eq!(refused(&revoked(Some("k1"), false), "k2"), Err(JoinRefused::Revoked("m1".into())));
         assert_eq!(refused(&revoked(Some("k1"), true), "k1"), Err(JoinRefused::RevokedKey("m1".into())));
         assert!(refused(&revoked(Some("k1"), true), "k2").is_ok());
@@ -199,18 +224,18 @@ mod tests {
 
     #[test]
     fn a_token_may_name_the_ids_it_creates_and_is_counted() {
-        assert!(admit_join(&token(Some("edge-*")), 10, "edge-7", "k", None, None).is_ok());
+        assert!(admit_join(&token(Some("edge-*")), 10, "edge-7", "k", None, None, false).is_ok());
         assert_eq!(
-            admit_join(&token(Some("edge-*")), 10, "core-1", "k", None, None),
+            admit_join(&token(Some("edge-*")), 10, "core-1", "k", None, None, false),
             Err(JoinRefused::NotNamed { pattern: "edge-*".into() })
         );
-        let expired = admit_join(&token(None), 100, "m1", "k", None, None);
+        let expired = admit_join(&token(None), 100, "m1", "k", None, None, false);
         assert_eq!(expired, Err(JoinRefused::Token(RegistrationRefused::Expired)));
     }
 
     #[test]
     fn a_machine_announces_no_more_than_it_was_granted() {
-        let identity = admit_join(&token(None), 10, "m1", "k1", None, None).unwrap();
+        let identity = admit_join(&token(None), 10, "m1", "k1", None, None, false).unwrap();
         let granted = BTreeMap::from([("rack".to_string(), "r9".to_string())]);
         let bound = admit_announce(&identity, &granted, "10.0.0.1").unwrap();
         assert_eq!(bound.public_ip.as_deref(), Some("10.0.0.1"));

@@ -149,10 +149,13 @@ impl CredentialRegistry for EmbeddedRegistry {
             let bound = read_one::<MachineIdentity>(&identities, &machine_id)?;
             let revoked =
                 read_one::<RevokedMachine>(&txn.open_table(tables::REVOKED).map_err(unavailable)?, &machine_id)?;
-            let identity = match admit_join(&record, now, &machine_id, &key_sha256, bound.as_ref(), revoked.as_ref()) {
-                Ok(identity) => identity,
-                Err(refused) => return Ok(Err(refused)),
-            };
+            let machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
+            let present = machines.get(machine_id.as_str()).map_err(unavailable)?.is_some();
+            let identity =
+                match admit_join(&record, now, &machine_id, &key_sha256, bound.as_ref(), revoked.as_ref(), present) {
+                    Ok(identity) => identity,
+                    Err(refused) => return Ok(Err(refused)),
+                };
             record.uses += 1;
             registrations.insert(record.name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
             identities.insert(machine_id.as_str(), encode(&identity).as_slice()).map_err(unavailable)?;

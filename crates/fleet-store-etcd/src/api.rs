@@ -522,11 +522,6 @@ impl ApiRegistry for EtcdRegistry {
         self.drains_from_copy().await
     }
 
-    async fn machine_present(&self, machine_id: &str) -> Result<bool> {
-        let reply = self.connection().get(&self.keys().machine(machine_id), None).await?;
-        Ok(first(&reply).is_some())
-    }
-
     async fn engine_leader(&self) -> Result<Option<MachineId>> {
         let key = self.keys().leader();
         // A fleetd that runs an engine follows the leader key already; one that does not reads

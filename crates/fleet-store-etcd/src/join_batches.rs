@@ -24,8 +24,8 @@ use fleet_registry::{
 /// What a join comes to: the token's record after it and the machine's identity, or why not.
 pub type JoinOutcome = std::result::Result<(RegistrationRecord, MachineIdentity), JoinRefused>;
 
-/// The most joins one transaction writes: each compares two keys and writes one, and etcd
-/// takes at most 128 compares and 128 writes a transaction.
+/// The most joins one transaction writes: each reads three keys, compares up to three and
+/// writes one, and etcd takes at most 128 operations and 128 compares a transaction.
 const MOST_JOINS_A_TRANSACTION: usize = 32;
 
 /// How often a batch that lost a race with another fleetd's write is tried again.
@@ -60,12 +60,13 @@ impl EtcdRegistry {
             for machine in &machines {
                 gets.push(TxnOp::get(keys.identity(machine), None));
                 gets.push(TxnOp::get(keys.revoked(machine), None));
+                gets.push(TxnOp::get(keys.machine(machine), Some(GetOptions::new().with_keys_only())));
             }
             let (_, replies) = self.connection().small_read(gets).await?;
             let Some((registrations, per_machine)) = replies.split_first() else {
                 return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
             };
-            if per_machine.len() != machines.len() * 2 {
+            if per_machine.len() != machines.len() * 3 {
                 return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
             }
             let tokens: Vec<((String, i64), RegistrationRecord)> = registrations
@@ -77,12 +78,15 @@ impl EtcdRegistry {
                     Some(((key, kv.mod_revision()), record))
                 })
                 .collect();
-            // Each machine's identity and revocation as read, with their mod revisions.
+            // Each machine's identity and revocation as read, with their mod revisions, and
+            // its presence's (0: absent).
             let mut identities: HashMap<&str, (Option<MachineIdentity>, i64)> = HashMap::new();
             let mut revocations: HashMap<&str, (Option<RevokedMachine>, i64)> = HashMap::new();
-            for (machine, pair) in machines.iter().zip(per_machine.chunks(2)) {
-                identities.insert(machine, one(&keys.identity(machine), &pair[0]));
-                revocations.insert(machine, one(&keys.revoked(machine), &pair[1]));
+            let mut presences: HashMap<&str, i64> = HashMap::new();
+            for (machine, read) in machines.iter().zip(per_machine.chunks(3)) {
+                identities.insert(machine, one(&keys.identity(machine), &read[0]));
+                revocations.insert(machine, one(&keys.revoked(machine), &read[1]));
+                presences.insert(machine, read[2].kvs().first().map_or(0, |kv| kv.mod_revision()));
             }
 
             // The records as the batch leaves them, by key, with the revision read.
@@ -98,7 +102,8 @@ impl EtcdRegistry {
                 let machine = request.machine_id.as_str();
                 let identity = bound.get(machine).or(identities.get(machine).and_then(|(read, _)| read.as_ref()));
                 let revoked = revocations.get(machine).and_then(|(read, _)| read.as_ref());
-                match admit_join(record, request.now, machine, &request.key_sha256, identity, revoked) {
+                let present = presences.get(machine).is_some_and(|revision| *revision != 0);
+                match admit_join(record, request.now, machine, &request.key_sha256, identity, revoked, present) {
                     Ok(identity) => {
                         record.uses += 1;
                         bound.insert(machine, identity.clone());
@@ -110,8 +115,9 @@ impl EtcdRegistry {
             if bound.is_empty() {
                 return Ok(outcomes);
             }
-            // Written only if nobody used a token, took an ID or revoked it meanwhile; a
-            // token's lease (its expiry) stays.
+            // Written only if nobody used a token, took an ID or revoked it meanwhile, and no
+            // machine of an ID came alive (or went) meanwhile; a token's lease (its expiry)
+            // stays.
             let mut compares = Vec::new();
             let mut writes = Vec::new();
             for (key, (revision, record)) in &used {
@@ -124,6 +130,8 @@ impl EtcdRegistry {
                 let revoked_revision = revocations.get(machine).map_or(0, |(_, revision)| *revision);
                 compares.push(Compare::mod_revision(identity_key.as_str(), CompareOp::Equal, identity_revision));
                 compares.push(Compare::mod_revision(revoked_key.as_str(), CompareOp::Equal, revoked_revision));
+                let presence_revision = presences.get(machine).copied().unwrap_or(0);
+                compares.push(Compare::mod_revision(keys.machine(machine), CompareOp::Equal, presence_revision));
                 writes.push(TxnOp::put(identity_key.as_str(), encode(identity), None));
             }
             if self.connection().txn(Txn::new().when(compares).and_then(writes)).await?.succeeded() {

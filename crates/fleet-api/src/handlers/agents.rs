@@ -59,22 +59,13 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
     // Signing is pure: the certificate is handed out only if the join below takes.
     let (certificate, expires) = sign(ca, &request.machine_id, &request.csr)?;
     let key = signed_key(&certificate)?;
-    // A machine alive in the cluster that no key holds (an etcd machine) is not taken over;
-    // one that the same key holds is the machine itself.
-    let bound = state.registry.machine_identity(&request.machine_id).await?;
-    if bound.as_ref().is_none_or(|bound| bound.key_sha256 != key)
-        && state.registry.machine_present(&request.machine_id).await?
-    {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("machine {:?} is alive in the cluster", request.machine_id),
-        ));
-    }
+    // Who holds the ID, its revocation and whether a machine of it is alive are read and
+    // checked in the join's own write.
     let joined = state.registry.join_machine(&digest(&token), now_unix(), &request.machine_id, &key).await?;
     let (record, identity) = joined.map_err(|refused| {
         let status = match refused {
             JoinRefused::Token(_) => StatusCode::UNAUTHORIZED,
-            JoinRefused::Taken(_) => StatusCode::CONFLICT,
+            JoinRefused::Taken(_) | JoinRefused::Alive(_) => StatusCode::CONFLICT,
             JoinRefused::NotNamed { .. } | JoinRefused::Revoked(_) | JoinRefused::RevokedKey(_) => {
                 StatusCode::FORBIDDEN
             }

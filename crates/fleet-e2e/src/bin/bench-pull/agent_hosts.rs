@@ -45,12 +45,14 @@ impl Reach {
     }
 }
 
-/// Joins agents `range` (certificates signed), at most [`JOINERS`] at once.
-async fn join(
+/// Joins agents `range` (certificates signed), at most [`JOINERS`] at once; of each, what
+/// `keep` makes of its credentials.
+async fn join<T: Send + 'static>(
     manager: &Arc<fleet_remote::Manager>,
     token: &str,
     range: std::ops::Range<usize>,
-) -> Vec<(usize, MachineCredentials)> {
+    keep: fn(usize, MachineCredentials) -> T,
+) -> Vec<T> {
     let permits = Arc::new(Semaphore::new(JOINERS));
     let mut joins = tokio::task::JoinSet::new();
     for index in range {
@@ -60,7 +62,7 @@ async fn join(
             let mut tries = 0;
             loop {
                 match manager.join(&token, &agent_id(index)).await {
-                    Ok((credentials, _)) => break (index, credentials),
+                    Ok((credentials, _)) => break keep(index, credentials),
                     Err(fleet_remote::ManagerError::Unreachable(error)) if tries < 20 => {
                         tries += 1;
                         eprintln!("    join of {} retried: {error}", agent_id(index));
@@ -76,6 +78,13 @@ async fn join(
         joined.push(result.expect("a join"));
     }
     joined
+}
+
+/// Joins agents `range` as [`join`] does and keeps nothing of them: each join opens a
+/// connection of its own and closes it (a real agent's first request), so that more joins
+/// than a process may hold connections can be measured. How many joined.
+pub async fn join_only(reach: &Reach, range: std::ops::Range<usize>) -> usize {
+    join(&reach.manager(), &reach.token, range, |_, _| ()).await.len()
 }
 
 /// Starts the agents `joined`, each the real agent code on its own remote store with a
@@ -128,7 +137,7 @@ impl AgentHosts {
         let joining = std::time::Instant::now();
         if agents <= per_process {
             let manager = reach.manager();
-            let joined = join(&manager, &reach.token, 0..agents).await;
+            let joined = join(&manager, &reach.token, 0..agents, |index, credentials| (index, credentials)).await;
             let joined_in = joining.elapsed();
             let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
             let signals = start(&manager, &joined, &lifecycle_watch);
@@ -211,7 +220,8 @@ pub fn run_agent_process(first: usize, count: usize) {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
     runtime.block_on(async move {
         let manager = reach.manager();
-        let joined = join(&manager, &reach.token, first..first + count).await;
+        let joined =
+            join(&manager, &reach.token, first..first + count, |index, credentials| (index, credentials)).await;
         let say = |word: &str| {
             let mut out = std::io::stdout().lock();
             writeln!(out, "{word}").and_then(|()| out.flush()).expect("tell the bench");

@@ -30,6 +30,10 @@
 //! carried. Each manager holds up to about 9,000 agents' connections for the same reason: give
 //! 100,000 agents 12 managers.
 //!
+//! `bench-pull --joins COUNT [MANAGERS]` only joins COUNT agents, each with a connection of
+//! its own that it closes (so past what a process may hold open), and prints the time and
+//! the CPU a join costs the managers, etcd and the joining agents.
+//!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL] [PER_PROCESS]`
 
 use std::time::{Duration, Instant};
@@ -179,6 +183,29 @@ async fn placements(api: &EtcdRegistry) -> std::collections::HashMap<String, Str
     states.into_iter().map(|state| (state.name, state.machine_id)).collect()
 }
 
+/// `--joins`: `count` agents join through the managers, each a key pair, a signing request
+/// and a TLS connection of its own (as a real agent's first request), and nothing more.
+async fn joins(reach: &Reach, count: usize, managers: &[Fleetd], etcd: &EtcdServer) {
+    println!("bench-pull: {count} joins through {} manager(s), one etcd", managers.len());
+    let managers_cpu = || managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>();
+    let etcd_cpu = || cpu_seconds(etcd.pid().expect("etcd runs"));
+    let (managers_before, etcd_before, bench_before) = (managers_cpu(), etcd_cpu(), cpu_seconds(std::process::id()));
+    let joining = Instant::now();
+    let joined = agent_hosts::join_only(reach, 0..count).await;
+    let took = joining.elapsed().as_secs_f64();
+    let per_join = |seconds: f64| seconds * 1000.0 / joined as f64;
+    let (managers_spent, etcd_spent) = (managers_cpu() - managers_before, etcd_cpu() - etcd_before);
+    let bench_spent = cpu_seconds(std::process::id()) - bench_before;
+    let [signed] = managers_metrics(managers, ["fleet_pull_agent_joins_total"]);
+    println!(
+        "  {joined} joined in {took:.2} s ({:.0} a second; the managers counted {signed})\n  CPU a join: managers {:.3} ms, etcd {:.3} ms, the joining agents (this process) {:.3} ms",
+        joined as f64 / took,
+        per_join(managers_spent),
+        per_join(etcd_spent),
+        per_join(bench_spent),
+    );
+}
+
 fn main() {
     let mut arguments = std::env::args().skip(1);
     if arguments.next().as_deref() == Some("--agent-process") {
@@ -191,10 +218,12 @@ fn main() {
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     // The bench's own plain HTTP clients (etcd's metrics) take the tree's one provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let agents = argument(1, 1000);
+    // `bench-pull --joins COUNT [MANAGERS]`: only joins, COUNT of them.
+    let joins_only = std::env::args().nth(1).as_deref() == Some("--joins");
+    let agents = argument(if joins_only { 2 } else { 1 }, 1000);
     let units = argument(2, 10_000);
     let idle_seconds = argument(3, 20) as u64;
-    let manager_count = argument(4, 1).max(1);
+    let manager_count = argument(if joins_only { 3 } else { 4 }, 1).max(1);
     let agent_ttl = Duration::from_secs(argument(5, 60) as u64);
     let per_process = argument(6, 10_000).max(1);
     let etcd = EtcdServer::start();
@@ -207,7 +236,7 @@ fn main() {
     std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
     let (cert, key) = (server.cert.display().to_string(), server.key.display().to_string());
     let (ca_cert, ca_key) = (agent_ca_file.display().to_string(), agent_ca_key.display().to_string());
-    let connections = (agents * 2 + 64).to_string();
+    let connections = (if joins_only { 1024 } else { agents * 2 + 64 }).to_string();
     let ttl_setting = format!("{}s", agent_ttl.as_secs());
     let mut urls = Vec::new();
     let mut managers: Vec<Fleetd> = (0..manager_count)
@@ -256,6 +285,10 @@ fn main() {
             // As a pull fleetd beats: three times in agent_ttl.
             heartbeat: lifetimes.agent_ttl / 3,
         };
+        if joins_only {
+            joins(&reach, agents, &managers, &etcd).await;
+            return;
+        }
         let processes = agents.div_ceil(per_process);
         println!(
             "bench-pull: {agents} pull agents through {manager_count} manager(s), {units} units, one etcd, agent_ttl {} s{}",
