@@ -312,24 +312,37 @@ impl EtcdRegistry {
         if signal.receiver_count() == 0 {
             return Ok(());
         }
+        // Asked already: the claim goes ahead once the agent said it stopped (the claim's own
+        // compare refuses a presence another fleetd took meanwhile), so only the first
+        // attempt reads the presence.
+        if let Some(asked) = self.lapse_asked(machine_id) {
+            return asked;
+        }
         // Another fleetd's live presence is refused first: nothing here is stopped for it.
         let held = self.connection().get(&self.keys().machine(machine_id), None).await?;
         if !held.kvs().is_empty() {
             return Err(RegistryError::MachineInUse { machine_id: machine_id.to_string() });
         }
+        let mut asked = self.inner.claim_lapses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !asked.contains_key(machine_id) {
+            signal.send_modify(|lapses| *lapses += 1);
+            asked.insert(machine_id.to_string(), *signal.borrow());
+        }
+        Err(RegistryError::PresenceLapsed)
+    }
+
+    /// Where a lapse was signalled before a fresh claim: `Ok` (and forgotten) once the agent
+    /// handled it, `PresenceLapsed` until then; `None` when none was.
+    fn lapse_asked(&self, machine_id: &str) -> Option<Result<()>> {
         let handled = *self.lapse_ack(machine_id).borrow();
         let mut asked = self.inner.claim_lapses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match asked.get(machine_id) {
             Some(lapse) if handled >= *lapse => {
                 asked.remove(machine_id);
-                Ok(())
+                Some(Ok(()))
             }
-            Some(_) => Err(RegistryError::PresenceLapsed),
-            None => {
-                signal.send_modify(|lapses| *lapses += 1);
-                asked.insert(machine_id.to_string(), *signal.borrow());
-                Err(RegistryError::PresenceLapsed)
-            }
+            Some(_) => Some(Err(RegistryError::PresenceLapsed)),
+            None => None,
         }
     }
 
