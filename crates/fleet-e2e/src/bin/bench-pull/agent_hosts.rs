@@ -217,7 +217,14 @@ pub fn run_agent_process(first: usize, count: usize) {
         token: variable(TOKEN),
         heartbeat: Duration::from_millis(variable(HEARTBEAT).parse().expect("a heartbeat in ms")),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    // Ten such processes on a machine of about 4,900 tasks: the agents' name lookups (a
+    // blocking thread each, 512 a process by default) are bounded.
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(32)
+        .enable_all()
+        .build()
+        .expect("runtime");
     runtime.block_on(async move {
         let manager = reach.manager();
         let joined =
