@@ -152,7 +152,8 @@ impl AgentRegistry for EtcdRegistry {
                 let write = StatesWrite { changes: chunk.to_vec(), lease };
                 let batches = &self.inner.state_batches;
                 let write_batch = |batch: Vec<StatesWrite>| async move { self.write_states(batch).await };
-                batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await?;
+                let written = batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await;
+                self.noting_agent_lease(lease, written)?;
             }
             let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());

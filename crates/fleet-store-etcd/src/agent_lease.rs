@@ -38,6 +38,8 @@ pub struct AgentLease {
     /// One grant at a time: a thousand agents joining together share one lease.
     granting: tokio::sync::Mutex<()>,
     keepalive: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Wakes the keepalive before its time: a write found the lease gone.
+    wake: Arc<tokio::sync::Notify>,
 }
 
 impl AgentLease {
@@ -60,6 +62,16 @@ impl AgentLease {
     /// `lease` expired: no lease is held until the next grant.
     fn forget(&self, lease: i64) {
         let _ = self.lease.compare_exchange(lease, 0, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// etcd answered a write under `lease` that it has no such lease (it expired while etcd
+    /// refused the renewals, too busy to apply them): no lease is held until the next grant,
+    /// and the keepalive claims the agents that hung on it again now, not at its next turn.
+    fn lost(&self, lease: i64) {
+        if lease != 0 && self.lease.compare_exchange(lease, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+            tracing::warn!(lease, "the pull agents' lease is gone from etcd; claiming them again under a new one");
+            self.wake.notify_one();
+        }
     }
 
     /// Stops renewing (the manager dies, for the tests): the lease expires after `agent_ttl`.
@@ -105,7 +117,9 @@ impl EtcdRegistry {
         let mut keepalive = self.inner.agent_lease.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if keepalive.is_none() {
             let registry = Arc::downgrade(&self.inner);
-            *keepalive = Some(tokio::spawn(keep_agents_alive(registry, self.inner.lifetimes.agent_ttl)).abort_handle());
+            let wake = self.inner.agent_lease.wake.clone();
+            let task = keep_agents_alive(registry, self.inner.lifetimes.agent_ttl, wake);
+            *keepalive = Some(tokio::spawn(task).abort_handle());
         }
     }
 
@@ -209,6 +223,18 @@ impl EtcdRegistry {
         Ok(reply.kvs().first().is_some_and(|kv| kv.lease() == lease && kv.value() == encoded.as_slice()))
     }
 
+    /// `result`, of a write under the agents' `lease`; when etcd says it has no such lease,
+    /// the lease is dropped at once ([`AgentLease::lost`]), so that the agents' next
+    /// announcements and reports go under a new one instead of failing until the next renewal.
+    pub(super) fn noting_agent_lease<T>(&self, lease: i64, result: Result<T>) -> Result<T> {
+        if let Err(RegistryError::Unavailable(text)) = &result
+            && text.contains(LEASE_NOT_FOUND)
+        {
+            self.inner.agent_lease.lost(lease);
+        }
+        result
+    }
+
     /// The lease `machine_id`'s presence hangs on, as this manager's copy shows it.
     fn presence_lease_in_copy(&self, machine_id: &str) -> Option<i64> {
         let key = self.keys().machine(machine_id);
@@ -236,16 +262,26 @@ impl EtcdRegistry {
     }
 }
 
-/// Renews the agents' lease every half of `agent_ttl` while the registry lives. Failures are
-/// tried again within a second, then less often (up to a quarter of `agent_ttl`), as a
-/// machine's own lease is.
-async fn keep_agents_alive(registry: std::sync::Weak<super::Inner>, agent_ttl: Duration) {
+/// etcd's message for a request naming a lease it does not have (expired or revoked).
+const LEASE_NOT_FOUND: &str = "requested lease not found";
+
+/// Renews the agents' lease every half of `agent_ttl` while the registry lives, and at once
+/// when `wake` says a write found it gone. Failures are tried again within a second, then
+/// less often (up to a quarter of `agent_ttl`), as a machine's own lease is.
+async fn keep_agents_alive(
+    registry: std::sync::Weak<super::Inner>,
+    agent_ttl: Duration,
+    wake: Arc<tokio::sync::Notify>,
+) {
     let period = agent_ttl / 2;
     let mut keeper = None;
     let mut retry = Backoff::new(RENEWAL_RETRY.min(agent_ttl / 4), agent_ttl / 4);
     let mut wait = period;
     loop {
-        tokio::time::sleep(wait).await;
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = wake.notified() => {}
+        }
         let Some(inner) = registry.upgrade() else { return };
         wait = match (EtcdRegistry { inner }).renew_agent_lease(&mut keeper).await {
             Ok(()) => {

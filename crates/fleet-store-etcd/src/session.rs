@@ -364,7 +364,8 @@ impl EtcdRegistry {
         let mut ops = vec![TxnOp::put(keys.machine(&machine.id), encode(machine), with_lease())];
         ops.extend(states.iter().map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), with_lease())));
         for chunk in ops.chunks(MAX_TXN_OPS) {
-            self.connection().txn(Txn::new().and_then(chunk.to_vec())).await?;
+            let written = self.connection().txn(Txn::new().and_then(chunk.to_vec())).await;
+            self.noting_agent_lease(lease, written)?;
         }
         self.start_session(machine, lease, states, false, sent);
         Ok(())

@@ -152,6 +152,30 @@ async fn the_keepalive_claims_agents_again_once_their_lease_expired() {
     assert_eq!(lease_count(&manager).await, 1);
 }
 
+/// A write that finds the agents' lease gone (it expired while etcd was too busy to apply
+/// its renewals) drops it at once: the next announcement goes under a new lease, and the
+/// keepalive, woken, claims the other agents again, long before its next turn (here
+/// `agent_ttl` is ten minutes).
+#[tokio::test]
+async fn a_write_that_finds_the_lease_gone_has_the_agents_claimed_again_at_once() {
+    let etcd = EtcdServer::start();
+    let manager = registry(&etcd, Duration::from_secs(600)).await;
+    for id in ["a", "b"] {
+        manager.announce_for_agent(&machine(id)).await.unwrap();
+    }
+    let expired = manager.inner.agent_lease.current();
+    super::super::session::revoke(manager.connection(), expired).await.unwrap();
+    let refused = manager.report_states("a", &[running("a", "a.service")]).await;
+    assert!(refused.is_err(), "the state went under the gone lease: {refused:?}");
+    assert_eq!(manager.inner.agent_lease.current(), 0, "the gone lease is dropped");
+    eventually("both agents are present again under one new lease", || async {
+        let held = leases_under(&manager, "/fleet-test/machines/").await;
+        held.len() == 2 && held.iter().all(|(_, lease)| *lease != 0 && *lease != expired && *lease == held[0].1)
+    })
+    .await;
+    manager.report_states("a", &[running("a", "a.service")]).await.unwrap();
+}
+
 /// An announcement that reached the agent's first manager late (the agent had moved on)
 /// writes its presence under that manager's lease, which would give it up after `agent_ttl`
 /// of silence: the manager the agent talks to takes it back as soon as the agent reads its
