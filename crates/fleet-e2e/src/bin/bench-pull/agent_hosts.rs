@@ -147,14 +147,7 @@ impl AgentHosts {
         let mut outputs: Vec<BufReader<ChildStdout>> = Vec::new();
         for first in (0..agents).step_by(per_process) {
             let count = per_process.min(agents - first);
-            // At a lower priority: the agents stand in for machines of their own, and ten
-            // processes of them on these two cores otherwise starve etcd and the managers
-            // (100,000 agents: etcd fell minutes behind applying, refused every lease renewal,
-            // and the managers' leases expired).
-            let exe = std::env::current_exe().expect("the bench's own path");
-            let mut child = Command::new("nice")
-                .args(["-n", "10"])
-                .arg(exe)
+            let mut child = Command::new(std::env::current_exe().expect("the bench's own path"))
                 .args(["--agent-process", &first.to_string(), &count.to_string()])
                 .env(URLS, &reach.urls)
                 .env(CA_FILE, &reach.ca_file)
