@@ -256,8 +256,8 @@ impl Connection {
     }
 }
 
-/// A read-only transaction's revision and its reads' answers, in order.
-fn replies_of(response: TxnResponse) -> (i64, Vec<GetResponse>) {
+/// A transaction's revision and its reads' answers, in order (of the branch it took).
+pub(crate) fn replies_of(response: TxnResponse) -> (i64, Vec<GetResponse>) {
     let revision = response.header().map_or(0, |header| header.revision());
     let replies = response
         .op_responses()

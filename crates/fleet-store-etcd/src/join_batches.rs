@@ -6,7 +6,7 @@
 //! turn it is takes every join waiting (up to [`MOST_JOINS_A_TRANSACTION`]), admits each
 //! against what the ones before it in the batch made of the token and the machine IDs, and
 //! writes them all in one transaction on the same compares. A batch that loses (another fleetd wrote meanwhile) is
-//! read and tried again whole.
+//! tried again whole against what the losing transaction read back.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,6 +14,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
+use super::connection::replies_of;
 use super::records::one;
 use fleet_registry::codec::{decode_listed, encode, find_registration};
 use fleet_registry::machine_identity::admit_join;
@@ -55,14 +56,14 @@ impl EtcdRegistry {
         let mut machines: Vec<&str> = requests.iter().map(|request| request.machine_id.as_str()).collect();
         machines.sort_unstable();
         machines.dedup();
+        let mut gets = vec![TxnOp::get(keys.registrations(), Some(GetOptions::new().with_prefix()))];
+        for machine in &machines {
+            gets.push(TxnOp::get(keys.identity(machine), None));
+            gets.push(TxnOp::get(keys.revoked(machine), None));
+            gets.push(TxnOp::get(keys.machine(machine), Some(GetOptions::new().with_keys_only())));
+        }
+        let (_, mut replies) = self.connection().small_read(gets.clone()).await?;
         for attempt in 0..ATTEMPTS {
-            let mut gets = vec![TxnOp::get(keys.registrations(), Some(GetOptions::new().with_prefix()))];
-            for machine in &machines {
-                gets.push(TxnOp::get(keys.identity(machine), None));
-                gets.push(TxnOp::get(keys.revoked(machine), None));
-                gets.push(TxnOp::get(keys.machine(machine), Some(GetOptions::new().with_keys_only())));
-            }
-            let (_, replies) = self.connection().small_read(gets).await?;
             let Some((registrations, per_machine)) = replies.split_first() else {
                 return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
             };
@@ -134,9 +135,14 @@ impl EtcdRegistry {
                 compares.push(Compare::mod_revision(keys.machine(machine), CompareOp::Equal, presence_revision));
                 writes.push(TxnOp::put(identity_key.as_str(), encode(identity), None));
             }
-            if self.connection().txn(Txn::new().when(compares).and_then(writes)).await?.succeeded() {
+            // Refused, the transaction reads everything again, and the next attempt admits
+            // against that: a lost race costs one request, not two.
+            let answer =
+                self.connection().txn(Txn::new().when(compares).and_then(writes).or_else(gets.clone())).await?;
+            if answer.succeeded() {
                 return Ok(outcomes);
             }
+            replies = replies_of(answer).1;
             // Another fleetd's joins through the same token: spread the next attempts out.
             let spread = u64::from(std::process::id()).wrapping_add(attempt as u64) % 7;
             tokio::time::sleep(Duration::from_millis(1 + spread)).await;
