@@ -126,6 +126,9 @@ pub struct PullMetrics {
     /// Agents following their changes on a change stream now.
     pub streaming: Gauge,
     pub joins: Counter,
+    /// Batches of joins written again because another manager's joins (or any write to a
+    /// key they compare) landed between their read and their write.
+    pub join_races_lost: Counter,
     /// Lines of changes that carried the work on a change stream.
     pub stream_works: Counter,
     /// States lines agents wrote on their change streams.
@@ -180,6 +183,7 @@ impl Metrics {
             waiting: Gauge::default(),
             streaming: Gauge::default(),
             joins: Counter::default(),
+            join_races_lost: Counter::default(),
             stream_works: Counter::default(),
             stream_states: Counter::default(),
         };
@@ -245,6 +249,11 @@ impl Metrics {
             pull.streaming.clone(),
         );
         fleet.register("pull_agent_joins", "Machines that joined through this manager", pull.joins.clone());
+        fleet.register(
+            "pull_join_races_lost",
+            "Batches of joins written again after another write to a key they compare landed first",
+            pull.join_races_lost.clone(),
+        );
         fleet.register(
             "pull_stream_works",
             "Changes whose work a change stream carried to its agent",

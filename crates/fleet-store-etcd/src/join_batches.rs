@@ -143,6 +143,7 @@ impl EtcdRegistry {
                 return Ok(outcomes);
             }
             replies = replies_of(answer).1;
+            fleet_metrics::metrics().pull.join_races_lost.inc();
             // Another fleetd's joins through the same token: spread the next attempts out.
             let spread = u64::from(std::process::id()).wrapping_add(attempt as u64) % 7;
             tokio::time::sleep(Duration::from_millis(1 + spread)).await;

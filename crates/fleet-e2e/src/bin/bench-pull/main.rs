@@ -196,9 +196,10 @@ async fn joins(reach: &Reach, count: usize, managers: &[Fleetd], etcd: &EtcdServ
     let per_join = |seconds: f64| seconds * 1000.0 / joined as f64;
     let (managers_spent, etcd_spent) = (managers_cpu() - managers_before, etcd_cpu() - etcd_before);
     let bench_spent = cpu_seconds(std::process::id()) - bench_before;
-    let [signed] = managers_metrics(managers, ["fleet_pull_agent_joins_total"]);
+    let [signed, races] =
+        managers_metrics(managers, ["fleet_pull_agent_joins_total", "fleet_pull_join_races_lost_total"]);
     println!(
-        "  {joined} joined in {took:.2} s ({:.0} a second; the managers counted {signed})\n  CPU a join: managers {:.3} ms, etcd {:.3} ms, the joining agents (this process) {:.3} ms",
+        "  {joined} joined in {took:.2} s ({:.0} a second; the managers counted {signed}, and {races} batches of joins written again after losing a race)\n  CPU a join: managers {:.3} ms, etcd {:.3} ms, the joining agents (this process) {:.3} ms",
         joined as f64 / took,
         per_join(managers_spent),
         per_join(etcd_spent),
