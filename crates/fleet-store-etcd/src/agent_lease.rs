@@ -59,16 +59,16 @@ impl AgentLease {
         *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(sent);
     }
 
-    /// `lease` expired: no lease is held until the next grant.
-    fn forget(&self, lease: i64) {
-        let _ = self.lease.compare_exchange(lease, 0, Ordering::SeqCst, Ordering::SeqCst);
+    /// `lease` expired: no lease is held until the next grant. Whether it was the one held.
+    fn forget(&self, lease: i64) -> bool {
+        lease != 0 && self.lease.compare_exchange(lease, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok()
     }
 
     /// etcd answered a write under `lease` that it has no such lease (it expired while etcd
     /// refused the renewals, too busy to apply them): no lease is held until the next grant,
     /// and the keepalive claims the agents that hung on it again now, not at its next turn.
     fn lost(&self, lease: i64) {
-        if lease != 0 && self.lease.compare_exchange(lease, 0, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+        if self.forget(lease) {
             tracing::warn!(lease, "the pull agents' lease is gone from etcd; claiming them again under a new one");
             self.wake.notify_one();
         }
@@ -256,7 +256,9 @@ impl EtcdRegistry {
         match renewed {
             true => shared.mark_renewed(sent),
             // Gone: the next agent claimed or taken over gets a new one.
-            false => shared.forget(lease),
+            false => {
+                shared.forget(lease);
+            }
         }
         self.reclaim_agents().await
     }
