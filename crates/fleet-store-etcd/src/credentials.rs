@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 
 use super::join_batches::JoinRequest;
 use super::records::one;
+use super::registration_uses::{UseCounters, counted_apart};
 use super::{EtcdRegistry, session};
 use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{
@@ -104,11 +105,45 @@ impl CredentialRegistry for EtcdRegistry {
     }
 
     async fn registrations(&self) -> Result<Vec<RegistrationRecord>> {
-        self.list_named(&self.keys().registrations(), |record: &RegistrationRecord| &record.name).await
+        // Each with its uses counted on it and, without a use limit, apart: read together.
+        let keys = self.keys();
+        let uses_prefix = keys.all_registration_uses();
+        let gets = vec![
+            TxnOp::get(keys.registrations(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(uses_prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        ];
+        let (_, replies) = self.connection().small_read(gets).await?;
+        let [registrations, counters] = replies.as_slice() else {
+            return Err(RegistryError::Unavailable("etcd: a listing of tokens came back short".into()));
+        };
+        let counters = UseCounters::read(&uses_prefix, counters.kvs());
+        let mut records: Vec<RegistrationRecord> = registrations
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let mut record = decode_listed::<RegistrationRecord>(&String::from_utf8_lossy(kv.key()), kv.value())?;
+                if counted_apart(&record) {
+                    record.uses = record.uses.saturating_add(counters.total(&record.name, kv.create_revision()));
+                }
+                Some(record)
+            })
+            .collect();
+        records.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(records)
     }
 
     async fn revoke_registration(&self, name: &str) -> Result<bool> {
-        self.delete_key(&self.keys().registration(name)).await
+        // Its counters of uses go with it.
+        let keys = self.keys();
+        let counters = Some(DeleteOptions::new().with_prefix());
+        let txn = Txn::new().and_then(vec![
+            TxnOp::delete(keys.registration(name), None),
+            TxnOp::delete(keys.registration_uses(name), counters),
+        ]);
+        let reply = self.connection().txn(txn).await?;
+        Ok(
+            matches!(reply.op_responses().first(), Some(etcd_client::TxnOpResponse::Delete(delete)) if delete.deleted() > 0),
+        )
     }
 
     async fn revoke_machine(&self, revoked: &RevokedMachine) -> Result<()> {

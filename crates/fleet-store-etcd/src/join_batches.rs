@@ -6,7 +6,9 @@
 //! turn it is takes every join waiting (up to [`MOST_JOINS_A_TRANSACTION`]), admits each
 //! against what the ones before it in the batch made of the token and the machine IDs, and
 //! writes them all in one transaction on the same compares. A batch that loses (another fleetd wrote meanwhile) is
-//! tried again whole against what the losing transaction read back.
+//! tried again whole against what the losing transaction read back. A token without a use
+//! limit is only compared, its uses counted apart per writer ([`crate::registration_uses`]),
+//! so several fleetds' batches through it do not race at all.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -15,7 +17,9 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
 use super::connection::replies_of;
+use super::keys::Keys;
 use super::records::one;
+use super::registration_uses::{CountedUses, UseCounters, counted_apart};
 use fleet_registry::codec::{decode_listed, encode, find_registration};
 use fleet_registry::machine_identity::admit_join;
 use fleet_registry::{
@@ -56,7 +60,11 @@ impl EtcdRegistry {
         let mut machines: Vec<&str> = requests.iter().map(|request| request.machine_id.as_str()).collect();
         machines.sort_unstable();
         machines.dedup();
-        let mut gets = vec![TxnOp::get(keys.registrations(), Some(GetOptions::new().with_prefix()))];
+        let uses_prefix = keys.all_registration_uses();
+        let mut gets = vec![
+            TxnOp::get(keys.registrations(), Some(GetOptions::new().with_prefix())),
+            TxnOp::get(uses_prefix.as_str(), Some(GetOptions::new().with_prefix())),
+        ];
         for machine in &machines {
             gets.push(TxnOp::get(keys.identity(machine), None));
             gets.push(TxnOp::get(keys.revoked(machine), None));
@@ -64,19 +72,26 @@ impl EtcdRegistry {
         }
         let (_, mut replies) = self.connection().small_read(gets.clone()).await?;
         for attempt in 0..ATTEMPTS {
-            let Some((registrations, per_machine)) = replies.split_first() else {
+            let [registrations, counters, per_machine @ ..] = replies.as_slice() else {
                 return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
             };
             if per_machine.len() != machines.len() * 3 {
                 return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
             }
-            let tokens: Vec<((String, i64), RegistrationRecord)> = registrations
+            let counters = UseCounters::read(&uses_prefix, counters.kvs());
+            let tokens: Vec<(ReadToken, RegistrationRecord)> = registrations
                 .kvs()
                 .iter()
                 .filter_map(|kv| {
                     let key = String::from_utf8_lossy(kv.key()).into_owned();
                     let record = decode_listed::<RegistrationRecord>(&key, kv.value())?;
-                    Some(((key, kv.mod_revision()), record))
+                    let read = ReadToken {
+                        key,
+                        revision: kv.mod_revision(),
+                        created: kv.create_revision(),
+                        lease: kv.lease(),
+                    };
+                    Some((read, record))
                 })
                 .collect();
             // Each machine's identity and revocation as read, with their mod revisions, and
@@ -90,25 +105,28 @@ impl EtcdRegistry {
                 presences.insert(machine, read[2].kvs().first().map_or(0, |kv| kv.mod_revision()));
             }
 
-            // The records as the batch leaves them, by key, with the revision read.
-            let mut used: HashMap<String, (i64, RegistrationRecord)> = HashMap::new();
+            // The tokens as the batch leaves them, by key: the record with every use counted
+            // (on it or apart), the token as read, and this writer's counter when counted apart.
+            let mut used: HashMap<String, UsedToken> = HashMap::new();
             let mut bound: HashMap<&str, MachineIdentity> = HashMap::new();
             let mut outcomes = Vec::with_capacity(requests.len());
             for request in requests {
-                let Some(((key, revision), read)) = find_registration(tokens.clone(), &request.token_sha256) else {
+                let Some((read, record)) = find_registration(tokens.clone(), &request.token_sha256) else {
                     outcomes.push(Err(JoinRefused::Token(RegistrationRefused::Unknown)));
                     continue;
                 };
-                let record = &mut used.entry(key).or_insert((revision, read)).1;
+                let token = used
+                    .entry(read.key.clone())
+                    .or_insert_with(|| UsedToken::new(read, record, &counters, &self.inner.join_writer));
                 let machine = request.machine_id.as_str();
                 let identity = bound.get(machine).or(identities.get(machine).and_then(|(read, _)| read.as_ref()));
                 let revoked = revocations.get(machine).and_then(|(read, _)| read.as_ref());
                 let present = presences.get(machine).is_some_and(|revision| *revision != 0);
-                match admit_join(record, request.now, machine, &request.key_sha256, identity, revoked, present) {
+                match admit_join(&token.record, request.now, machine, &request.key_sha256, identity, revoked, present) {
                     Ok(identity) => {
-                        record.uses += 1;
+                        token.count_one();
                         bound.insert(machine, identity.clone());
-                        outcomes.push(Ok((record.clone(), identity)));
+                        outcomes.push(Ok((token.record.clone(), identity)));
                     }
                     Err(refused) => outcomes.push(Err(refused)),
                 }
@@ -121,9 +139,8 @@ impl EtcdRegistry {
             // stays.
             let mut compares = Vec::new();
             let mut writes = Vec::new();
-            for (key, (revision, record)) in &used {
-                compares.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, *revision));
-                writes.push(TxnOp::put(key.as_str(), encode(record), Some(PutOptions::new().with_ignore_lease())));
+            for token in used.values() {
+                token.write(keys, &self.inner.join_writer, &mut compares, &mut writes);
             }
             for (machine, identity) in &bound {
                 let (identity_key, revoked_key) = (keys.identity(machine), keys.revoked(machine));
@@ -149,6 +166,60 @@ impl EtcdRegistry {
             tokio::time::sleep(Duration::from_millis(1 + spread)).await;
         }
         Err(RegistryError::Unavailable("etcd: the registration token kept changing; try again".into()))
+    }
+}
+
+/// A token's key as read.
+#[derive(Clone, Debug)]
+struct ReadToken {
+    key: String,
+    revision: i64,
+    /// Its creation revision: what its counters name it by.
+    created: i64,
+    /// Its expiry's lease (0: none), which its counters carry too.
+    lease: i64,
+}
+
+/// A token a batch uses.
+struct UsedToken {
+    read: ReadToken,
+    /// The record with every use so far, counted on it or apart.
+    record: RegistrationRecord,
+    /// This writer's counter when the token's uses are counted apart, and its mod revision.
+    own: Option<(CountedUses, i64)>,
+}
+
+impl UsedToken {
+    fn new(read: ReadToken, mut record: RegistrationRecord, counters: &UseCounters, writer: &str) -> Self {
+        let own = counted_apart(&record).then(|| {
+            let apart = counters.total(&record.name, read.created);
+            record.uses = record.uses.saturating_add(apart);
+            counters.own(&record.name, read.created, writer)
+        });
+        Self { read, record, own }
+    }
+
+    fn count_one(&mut self) {
+        self.record.uses = self.record.uses.saturating_add(1);
+        if let Some((own, _)) = &mut self.own {
+            own.uses = own.uses.saturating_add(1);
+        }
+    }
+
+    /// What the batch compares and writes for this token: its record (counted on it), or
+    /// this writer's counter, the record only compared (counted apart).
+    fn write(&self, keys: &Keys, writer: &str, compares: &mut Vec<Compare>, writes: &mut Vec<TxnOp>) {
+        let key = self.read.key.as_str();
+        compares.push(Compare::mod_revision(key, CompareOp::Equal, self.read.revision));
+        match &self.own {
+            None => writes.push(TxnOp::put(key, encode(&self.record), Some(PutOptions::new().with_ignore_lease()))),
+            Some((own, revision)) => {
+                let counter = keys.registration_use_counter(&self.record.name, writer);
+                compares.push(Compare::mod_revision(counter.as_str(), CompareOp::Equal, *revision));
+                let lease = (self.read.lease != 0).then(|| PutOptions::new().with_lease(self.read.lease));
+                writes.push(TxnOp::put(counter, encode(own), lease));
+            }
+        }
     }
 }
 

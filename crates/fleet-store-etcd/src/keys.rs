@@ -19,6 +19,7 @@
 //! | `sources/<name>` | [`fleet_registry::SourceRecord`] (no secret: credentials stay in files) | — | API |
 //! | `source-status/<name>` | [`fleet_registry::SourceStatus`] | — | engine leader |
 //! | `rollouts/<name>` | [`fleet_registry::RolloutRecord`] | — | API, engine leader |
+//! | `registration-uses/<name>/<writer>` | [`crate::registration_uses::CountedUses`]: the joins one fleetd (a random writer ID a process) admitted through a token without a use limit | the token's | API of that fleetd |
 //! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
 //! | `journal/asks/<machine>/<id>` | [`fleet_registry::JournalQuestion`] and the asker's lease | asker's | API of the asking fleetd |
 //! | `journal/answers/<id>` | the answer (the API's journal JSON) | asker's | the machine asked |
@@ -194,6 +195,21 @@ impl Keys {
 
     pub fn registration(&self, name: &str) -> String {
         self.key(&["registrations", name])
+    }
+
+    /// Every counter of uses of every registration token.
+    pub fn all_registration_uses(&self) -> String {
+        self.key(&["registration-uses", ""])
+    }
+
+    /// The counters of uses of the registration token `name`, one per writer.
+    pub fn registration_uses(&self, name: &str) -> String {
+        self.key(&["registration-uses", name, ""])
+    }
+
+    /// The uses of the registration token `name` that `writer` counted.
+    pub fn registration_use_counter(&self, name: &str, writer: &str) -> String {
+        self.key(&["registration-uses", name, writer])
     }
 
     pub fn sources(&self) -> String {

@@ -26,6 +26,7 @@ mod journal_questions;
 mod keys;
 mod mirror;
 mod records;
+mod registration_uses;
 mod session;
 mod sources;
 mod unit_write_batches;
@@ -138,6 +139,8 @@ struct Inner {
     agent_lease: agent_lease::AgentLease,
     /// Joins with registration tokens waiting to be written together.
     join_batches: written_together::WrittenTogether<join_batches::JoinRequest, join_batches::JoinOutcome>,
+    /// This process's writer ID for the uses it counts of tokens without a use limit.
+    join_writer: String,
     /// Pull agents' state reports waiting to be written together.
     state_batches: written_together::WrittenTogether<agent::StatesWrite, ()>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
@@ -186,6 +189,7 @@ impl EtcdRegistry {
                 sessions: Mutex::new(HashMap::new()),
                 agent_lease: agent_lease::AgentLease::default(),
                 join_batches: Default::default(),
+                join_writer: registration_uses::new_writer(),
                 state_batches: Default::default(),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),

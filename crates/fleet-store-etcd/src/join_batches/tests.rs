@@ -6,7 +6,7 @@ use std::time::Duration;
 use fleet_registry::{CredentialRegistry, JoinRefused, RegistrationRecord, RegistrationRefused};
 use fleet_testkit::EtcdServer;
 
-use crate::tests::registry;
+use crate::tests::{keys_under, registry};
 
 /// 120 machines join through one token of 90 uses, half through each of two managers, all at
 /// once: exactly 90 join, each bound to its own key, and the token counts 90 uses. Each
@@ -56,4 +56,65 @@ async fn joins_at_once_through_two_managers_use_a_token_exactly_as_often_as_it_a
         bound += usize::from(second.machine_identity(&format!("m{index:03}")).await.unwrap().is_some());
     }
     assert_eq!(bound, 90, "every machine that joined, and no other, is bound");
+}
+
+/// 120 machines join through one token without a use limit, half through each of two
+/// managers, all at once: every one joins, the token lists 120 uses, and no batch of either
+/// manager lost a race with the other's (each counts its uses under a key of its own and the
+/// token's record is not written). A counter carries the token's expiry lease, and revoking
+/// the token deletes its counters, so a token made again under the name starts at none.
+#[tokio::test]
+async fn joins_through_two_managers_on_a_token_without_a_limit_never_race() {
+    let etcd = EtcdServer::start();
+    let ttl = Duration::from_secs(30);
+    let (first, second) = (registry(&etcd, ttl).await, registry(&etcd, ttl).await);
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let token = RegistrationRecord {
+        name: "fleet".into(),
+        sha256: "ee".into(),
+        created: now,
+        expires: Some(now + 3600),
+        max_uses: None,
+        uses: 0,
+        metadata: Default::default(),
+        machine_ids: None,
+    };
+    assert!(first.create_registration(&token).await.unwrap());
+    let races_before = fleet_metrics::metrics().pull.join_races_lost.get();
+    let joins = (0..120).map(|index| {
+        let manager = if index % 2 == 0 { first.clone() } else { second.clone() };
+        let (machine, key) = (format!("m{index:03}"), format!("k{index:03}"));
+        tokio::spawn(async move { (machine.clone(), manager.join_machine("ee", now, &machine, &key).await) })
+    });
+    for join in joins.collect::<Vec<_>>() {
+        let (machine, answer) = join.await.unwrap();
+        let (_, identity) = answer.unwrap().unwrap_or_else(|refused| panic!("{machine}: {refused:?}"));
+        assert_eq!(identity.id, machine);
+    }
+    assert_eq!(fleet_metrics::metrics().pull.join_races_lost.get(), races_before, "no batch lost a race");
+    for manager in [&first, &second] {
+        let listed = manager.registrations().await.unwrap();
+        assert_eq!(listed.iter().map(|record| record.uses).collect::<Vec<_>>(), vec![120]);
+    }
+
+    let keys = first.keys();
+    let counters = keys_under(&first, &keys.registration_uses("fleet")).await;
+    assert_eq!(counters.len(), 2, "one counter a manager: {counters:?}");
+    let lease_of = |key: String| {
+        let registry = first.clone();
+        async move { registry.connection().get(&key, None).await.unwrap().kvs().first().map(|kv| kv.lease()) }
+    };
+    let token_lease = lease_of(keys.registration("fleet")).await.expect("the token");
+    assert_ne!(token_lease, 0, "an expiring token has a lease");
+    for counter in counters {
+        assert_eq!(lease_of(counter).await, Some(token_lease), "a counter ends with its token");
+    }
+
+    assert!(second.revoke_registration("fleet").await.unwrap());
+    assert!(keys_under(&first, &keys.registration_uses("fleet")).await.is_empty());
+    assert!(!second.revoke_registration("fleet").await.unwrap(), "revoked once");
+    assert!(first.create_registration(&RegistrationRecord { expires: None, ..token }).await.unwrap());
+    assert!(second.join_machine("ee", now, "m999", "k999").await.unwrap().is_ok());
+    let listed = first.registrations().await.unwrap();
+    assert_eq!(listed.iter().map(|record| record.uses).collect::<Vec<_>>(), vec![1], "a new token starts afresh");
 }

@@ -264,7 +264,8 @@ fn main() {
         .collect();
     let token = managers[0]
         // The agents announce role=worker: a pull agent announces no more than its token grants.
-        .ok(&["registration-token", "create", "--max-uses", &agents.to_string(), "--metadata", "role=worker", "bench"])
+        // Bounded by time, not by uses: joins through several managers then never race on it.
+        .ok(&["registration-token", "create", "--ttl", "24h", "--metadata", "role=worker", "bench"])
         .stdout
         .trim()
         .to_string();
