@@ -162,6 +162,7 @@ impl Agent {
     /// One pass: register if not yet, act on the presence, then reconcile what runs here
     /// with the machine's work. Says when to look again.
     async fn pass(&mut self) -> Result<Next, RegistryError> {
+        fleet_metrics::metrics().agent.passes.inc();
         if !self.registered {
             match self.registry.register_machine(&self.config.machine).await {
                 Ok(()) => self.registered = true,

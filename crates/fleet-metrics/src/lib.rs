@@ -87,6 +87,8 @@ pub struct EngineMetrics {
 
 /// The agent's reconciler.
 pub struct AgentMetrics {
+    /// Passes of the agent's reconciler: how often it looked at its work.
+    pub passes: Counter,
     pub tasks: Family<TaskLabels, Counter>,
     pub task_failures: Family<TaskLabels, Counter>,
     /// Units the agent holds on its machine.
@@ -160,6 +162,7 @@ impl Metrics {
             plans: Family::default(),
         };
         let agent = AgentMetrics {
+            passes: Counter::default(),
             tasks: Family::default(),
             task_failures: Family::default(),
             units: Gauge::default(),
@@ -202,6 +205,7 @@ impl Metrics {
             "Plans the engine made, of every unit or of what changed, and those it skipped",
             engine.plans.clone(),
         );
+        fleet.register("agent_passes", "Passes of the agent over its machine's work", agent.passes.clone());
         fleet.register("agent_tasks", "Tasks the agent gave its unit manager", agent.tasks.clone());
         fleet.register("agent_task_failures", "Tasks of the agent that failed", agent.task_failures.clone());
         fleet.register("agent_units", "Units the agent holds on this machine", agent.units.clone());

@@ -112,6 +112,8 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
     let cpu = || [cpu_seconds(fleetd.pid()), cpu_seconds(etcd_pid), cpu_seconds(std::process::id())];
     let cpu_before = cpu();
     let counters_before = etcd_metrics::read(etcd_metrics_address);
+    let agent = &fleet_metrics::metrics().agent;
+    let (passes_before, probes_before) = (agent.passes.get(), agent.health_probes.get());
     start(fleetd, "bench-good", units, content(2, port), GOOD_DEADLINE_SECONDS);
     let answered = began.elapsed();
     let (_, canary_done) = watch(fleetd, "bench-good", |r| r.state == "canary" || r.state == "done").await;
@@ -144,6 +146,11 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
     let counters = etcd_metrics::delta(&counters_before, &etcd_metrics::read(etcd_metrics_address));
     let moved: Vec<String> = counters.iter().map(|(name, moved)| format!("{name} {moved:.0}")).collect();
     println!("      etcd over it: {}", moved.join(", "));
+    println!(
+        "      the simulated agents over it: {} passes, {} health probes",
+        agent.passes.get() - passes_before,
+        agent.health_probes.get() - probes_before
+    );
 
     // Every unit now runs a check: what 10,000 of them cost while nothing changes.
     let (bench_before, accepted_before) = (cpu_seconds(std::process::id()), accepted.load(Ordering::Relaxed));
