@@ -25,6 +25,7 @@ mod join_batches;
 mod journal_questions;
 mod keys;
 mod mirror;
+mod presence_batches;
 mod records;
 mod registration_uses;
 mod session;
@@ -143,6 +144,8 @@ struct Inner {
     join_writer: String,
     /// Pull agents' state reports waiting to be written together.
     state_batches: written_together::WrittenTogether<agent::StatesWrite, ()>,
+    /// Pull agents' presences waiting to be taken over together.
+    presence_batches: written_together::WrittenTogether<fleet_core::MachineState, ()>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
     unconfirmed_claims: Mutex<HashMap<String, i64>>,
@@ -191,6 +194,7 @@ impl EtcdRegistry {
                 join_batches: Default::default(),
                 join_writer: registration_uses::new_writer(),
                 state_batches: Default::default(),
+                presence_batches: Default::default(),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),

@@ -13,7 +13,7 @@ use fleet_core::MachineState;
 use fleet_core::backoff::Backoff;
 
 use super::EtcdRegistry;
-use super::connection::{Connection, MAX_TXN_OPS, unavailable};
+use super::connection::{Connection, unavailable};
 use fleet_registry::codec::encode;
 use fleet_registry::{RegistryError, Result};
 
@@ -346,35 +346,10 @@ impl EtcdRegistry {
         }
     }
 
-    /// Holds a pull agent's presence for it: the machine's record and the unit states it
-    /// reported moved under this manager's lease for its agents (whichever manager held them
-    /// before). This fleetd's own lease record is left alone.
-    pub(super) async fn take_over_session(&self, machine: &MachineState) -> Result<()> {
-        let sent = tokio::time::Instant::now();
-        let lease = self.agent_lease().await?;
-        let keys = self.keys();
-        let prefix = keys.state(&machine.id, "");
-        let reply = self.connection().get(&prefix, Some(etcd_client::GetOptions::new().with_prefix())).await?;
-        let states: BTreeMap<String, Vec<u8>> = reply
-            .kvs()
-            .iter()
-            .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec()))
-            .collect();
-        let with_lease = || Some(PutOptions::new().with_lease(lease));
-        let mut ops = vec![TxnOp::put(keys.machine(&machine.id), encode(machine), with_lease())];
-        ops.extend(states.iter().map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), with_lease())));
-        for chunk in ops.chunks(MAX_TXN_OPS) {
-            let written = self.connection().txn(Txn::new().and_then(chunk.to_vec())).await;
-            self.noting_agent_lease(lease, written)?;
-        }
-        self.start_session(machine, lease, states, false, sent);
-        Ok(())
-    }
-
     /// Records `machine`'s session under `lease`, kept alive from now on: by a keepalive of its
     /// own for this fleetd's machine (`own`), by the agents' lease for a pull agent's.
     /// `renewed`: when the request that granted or last renewed the lease was sent.
-    fn start_session(
+    pub(super) fn start_session(
         &self,
         machine: &MachineState,
         lease: i64,

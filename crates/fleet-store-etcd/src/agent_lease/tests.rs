@@ -275,3 +275,47 @@ async fn states_many_agents_report_at_once_are_written_together() {
     let lease = manager.inner.agent_lease.current();
     assert!(states.iter().all(|(_, held)| *held == lease));
 }
+
+/// Agents that announce at the same time are taken over together: fifty arriving while a
+/// take-over is under way are written in one transaction (one etcd revision), each under the
+/// agents' lease with the states it reported before (through another manager), and each held
+/// here afterwards. An agent given twice in the batch is taken over once.
+#[tokio::test]
+async fn agents_announcing_at_once_are_taken_over_in_one_write() {
+    let (_etcd, first, second) = two_managers(Duration::from_secs(30)).await;
+    first.announce_for_agent(&machine("agent00")).await.unwrap();
+    first.report_states("agent00", &[running("agent00", "a.service")]).await.unwrap();
+    second.announce_for_agent(&machine("warm")).await.unwrap();
+    let revision =
+        || async { first.connection().get("/fleet-test/", None).await.unwrap().header().unwrap().revision() };
+    let before = revision().await;
+
+    let held = second.inner.presence_batches.hold_turn().await;
+    let mut announcing = Vec::new();
+    for index in 0..50 {
+        let (manager, id) = (second.clone(), format!("agent{index:02}"));
+        announcing.push(tokio::spawn(async move { manager.announce_for_agent(&machine(&id)).await }));
+    }
+    let again = second.clone();
+    announcing.push(tokio::spawn(async move { again.announce_for_agent(&machine("agent07")).await }));
+    eventually("every announcement waits for the turn", || async { second.inner.presence_batches.waiting() == 51 })
+        .await;
+    drop(held);
+    for announced in announcing {
+        announced.await.unwrap().unwrap();
+    }
+
+    assert_eq!(revision().await, before + 1, "fifty presences and a state, one write");
+    let lease = second.inner.agent_lease.current();
+    let machines = leases_under(&second, "/fleet-test/machines/").await;
+    assert_eq!(machines.len(), 51, "{machines:?}");
+    assert!(machines.iter().all(|(_, held)| *held == lease), "{machines:?} not all under {lease}");
+    assert_eq!(
+        leases_under(&second, "/fleet-test/states/").await,
+        vec![("/fleet-test/states/agent00/a.service".to_string(), lease)]
+    );
+    for index in 0..50 {
+        let id = format!("agent{index:02}");
+        assert!(matches!(second.presence_renewed(&id), fleet_registry::Renewal::SentAt(_)), "{id} held here");
+    }
+}
