@@ -151,7 +151,10 @@ impl AgentRegistry for EtcdRegistry {
                 // A pull agent's: written with the other agents' reports of the moment.
                 let write = StatesWrite { changes: chunk.to_vec(), lease };
                 let batches = &self.inner.state_batches;
-                let write_batch = |batch: Vec<StatesWrite>| async move { self.write_states(batch).await };
+                let write_batch = |batch: Vec<StatesWrite>| {
+                    let registry = self.clone();
+                    async move { registry.write_states(batch).await }
+                };
                 let written = batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await;
                 self.noting_agent_lease(lease, written)?;
             }

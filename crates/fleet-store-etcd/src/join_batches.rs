@@ -49,7 +49,10 @@ impl EtcdRegistry {
     /// Joins `request`, written with whatever other joins wait at the same time.
     pub(super) async fn join(&self, request: JoinRequest) -> Result<JoinOutcome> {
         let batches = &self.inner.join_batches;
-        let write = |requests: Vec<JoinRequest>| async move { self.write_joins(&requests).await };
+        let write = |requests: Vec<JoinRequest>| {
+            let registry = self.clone();
+            async move { registry.write_joins(&requests).await }
+        };
         batches.write(request, 1, MOST_JOINS_A_TRANSACTION, write).await
     }
 

@@ -26,7 +26,10 @@ impl EtcdRegistry {
     /// own lease record is left alone.
     pub(super) async fn take_over_session(&self, machine: &MachineState) -> Result<()> {
         let batches = &self.inner.presence_batches;
-        let write = |machines: Vec<MachineState>| async move { self.take_over_sessions(machines).await };
+        let write = |machines: Vec<MachineState>| {
+            let registry = self.clone();
+            async move { registry.take_over_sessions(machines).await }
+        };
         batches.write(machine.clone(), 1, MOST_AGENTS_A_BATCH, write).await
     }
 

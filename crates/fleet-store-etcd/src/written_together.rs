@@ -5,7 +5,7 @@
 //! requests. A write waits for its turn; the one whose turn it is takes every write waiting,
 //! up to a batch's bound, writes them together and answers each.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use fleet_registry::{RegistryError, Result};
 use tokio::sync::oneshot;
@@ -20,62 +20,58 @@ struct Waiting<Request, Outcome> {
 /// The writes of one kind waiting, and whose turn it is to write them.
 pub(crate) struct WrittenTogether<Request, Outcome> {
     waiting: Mutex<Vec<Waiting<Request, Outcome>>>,
-    turn: tokio::sync::Mutex<()>,
+    turn: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<Request, Outcome> Default for WrittenTogether<Request, Outcome> {
     fn default() -> Self {
-        Self { waiting: Mutex::new(Vec::new()), turn: tokio::sync::Mutex::new(()) }
+        Self { waiting: Mutex::new(Vec::new()), turn: Arc::new(tokio::sync::Mutex::new(())) }
     }
 }
 
-impl<Request, Outcome> WrittenTogether<Request, Outcome> {
+impl<Request: Send + 'static, Outcome: Send + 'static> WrittenTogether<Request, Outcome> {
     /// Writes `request` (of `weight`) with whatever else waits, at most `most` weight a batch
     /// (a heavier request alone): `write` writes a batch and answers its requests in order.
     /// A batch that fails fails each of its requests.
+    ///
+    /// A batch, once taken, is written to the end on a task of its own, holding the turn:
+    /// the request whose turn it was may be dropped meanwhile (its client gone, its timeout
+    /// passed), and the others in its batch are still written and answered. (Dropped with it,
+    /// they were lost: 800 announcements on one manager in a 100,000-agent run.)
     pub(crate) async fn write<Written>(
         &self,
         request: Request,
         weight: usize,
         most: usize,
-        mut write: impl FnMut(Vec<Request>) -> Written,
+        write: impl Fn(Vec<Request>) -> Written,
     ) -> Result<Outcome>
     where
-        Written: Future<Output = Result<Vec<Outcome>>>,
+        Written: Future<Output = Result<Vec<Outcome>>> + Send + 'static,
     {
         let (answer, mut answered) = oneshot::channel();
         self.waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Waiting { request, weight, answer });
-        let _turn = self.turn.lock().await;
         loop {
+            let turn = self.turn.clone().lock_owned().await;
             // A batch written while this request waited for its turn may have answered it.
-            if let Ok(outcome) = answered.try_recv() {
-                return outcome;
+            match answered.try_recv() {
+                Ok(outcome) => return outcome,
+                Err(oneshot::error::TryRecvError::Closed) => return Err(lost()),
+                Err(oneshot::error::TryRecvError::Empty) => {}
             }
             let batch = self.take(most);
             if batch.is_empty() {
-                return Err(RegistryError::Unavailable("etcd: a write was lost before it was written".into()));
+                return Err(lost());
             }
             let (requests, answers): (Vec<Request>, Vec<_>) =
                 batch.into_iter().map(|waiting| (waiting.request, waiting.answer)).unzip();
-            let count = answers.len();
-            match write(requests).await {
-                Ok(outcomes) if outcomes.len() == count => {
-                    for (answer, outcome) in answers.into_iter().zip(outcomes) {
-                        let _ = answer.send(Ok(outcome));
-                    }
-                }
-                Ok(_) => {
-                    for answer in answers {
-                        let _ = answer.send(Err(RegistryError::Unavailable("etcd: a batch came back short".into())));
-                    }
-                }
-                Err(error) => {
-                    let message = error.to_string();
-                    for answer in answers {
-                        let _ = answer.send(Err(RegistryError::Unavailable(message.clone())));
-                    }
-                }
-            }
+            let written = write(requests);
+            let batch = tokio::spawn(async move {
+                answer_each(answers, written.await);
+                drop(turn);
+            });
+            // The batch goes on if this request is dropped here. Had it panicked, its answers
+            // were dropped with it, which each of its requests finds out above.
+            let _ = batch.await;
         }
     }
 
@@ -105,6 +101,32 @@ impl<Request, Outcome> WrittenTogether<Request, Outcome> {
             .max(1)
             .min(waiting.len());
         waiting.drain(..count).collect()
+    }
+}
+
+fn lost() -> RegistryError {
+    RegistryError::Unavailable("etcd: a write was lost before it was written".into())
+}
+
+/// Answers each request of a batch with its outcome, or every one with the batch's failure.
+fn answer_each<Outcome>(answers: Vec<oneshot::Sender<Result<Outcome>>>, written: Result<Vec<Outcome>>) {
+    match written {
+        Ok(outcomes) if outcomes.len() == answers.len() => {
+            for (answer, outcome) in answers.into_iter().zip(outcomes) {
+                let _ = answer.send(Ok(outcome));
+            }
+        }
+        Ok(_) => {
+            for answer in answers {
+                let _ = answer.send(Err(RegistryError::Unavailable("etcd: a batch came back short".into())));
+            }
+        }
+        Err(error) => {
+            let message = error.to_string();
+            for answer in answers {
+                let _ = answer.send(Err(RegistryError::Unavailable(message.clone())));
+            }
+        }
     }
 }
 
@@ -154,5 +176,48 @@ mod tests {
         let written =
             together.write(2, 200, 128, |batch: Vec<usize>| std::future::ready(Ok(vec![(); batch.len()]))).await;
         assert!(written.is_ok(), "a write heavier than the bound is written alone");
+    }
+
+    /// The request whose turn it is may be dropped while its batch is written (its client
+    /// went away, its timeout passed): the batch is still written whole, and the others in
+    /// it are answered.
+    #[tokio::test]
+    async fn a_batch_is_written_whole_when_the_request_whose_turn_it_was_is_dropped() {
+        let together = Arc::new(WrittenTogether::<usize, usize>::default());
+        let release = Arc::new(tokio::sync::Notify::new());
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let held = together.hold_turn().await;
+        let spawn = |request: usize| {
+            let (together, release, batches) = (together.clone(), release.clone(), batches.clone());
+            tokio::spawn(async move {
+                let write = move |batch: Vec<usize>| {
+                    let (release, batches) = (release.clone(), batches.clone());
+                    async move {
+                        batches.lock().unwrap().push(batch.clone());
+                        release.notified().await;
+                        Ok(batch.iter().map(|request| request * 10).collect())
+                    }
+                };
+                together.write(request, 1, 10, write).await
+            })
+        };
+        let first = spawn(1);
+        while together.waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        let second = spawn(2);
+        while together.waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        // The first in line takes the turn and both requests, and is dropped while writing.
+        drop(held);
+        while batches.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        first.abort();
+        assert!(first.await.is_err_and(|ended| ended.is_cancelled()));
+        release.notify_one();
+        assert_eq!(second.await.unwrap().unwrap(), 20, "written and answered");
+        assert_eq!(*batches.lock().unwrap(), vec![vec![1, 2]], "one batch, written once");
     }
 }
