@@ -2,11 +2,13 @@
 //! revocation on one fleetd is seen by every other on its next read.
 
 use async_trait::async_trait;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp};
 use serde::de::DeserializeOwned;
 
+use super::connection::MAX_TXN_OPS;
 use super::join_batches::JoinRequest;
 use super::records::one;
 use super::registration_uses::{UseCounters, counted_apart};
@@ -56,6 +58,17 @@ impl EtcdRegistry {
                 Some((key.strip_prefix(prefix)?.to_string(), record))
             })
             .collect())
+    }
+
+    /// Writes the identities put at the same time, in one request; a machine given twice keeps
+    /// the later (one transaction writes a key once).
+    async fn write_identities(&self, changes: Vec<(String, Vec<u8>)>) -> Result<Vec<()>> {
+        let count = changes.len();
+        let latest: BTreeMap<String, Option<Vec<u8>>> =
+            changes.into_iter().map(|(key, value)| (key, Some(value))).collect();
+        let changes: Vec<(String, Option<Vec<u8>>)> = latest.into_iter().collect();
+        self.connection().write(&changes, 0).await?;
+        Ok(vec![(); count])
     }
 
     /// Deletes `key`; `false` when it did not exist.
@@ -184,8 +197,15 @@ impl CredentialRegistry for EtcdRegistry {
     }
 
     async fn put_machine_identity(&self, identity: &MachineIdentity) -> Result<()> {
-        // A lone put, never a one-operation transaction (see `Connection::write`); no lease.
-        self.connection().write(&[(self.keys().identity(&identity.id), Some(encode(identity)))], 0).await
+        // Pull agents arriving together each record their public IP here on their first
+        // announcement: their identities go in one write (a lone put when alone, never a
+        // one-operation transaction: see `Connection::write`); no lease.
+        let change = (self.keys().identity(&identity.id), encode(identity));
+        let write = |changes: Vec<(String, Vec<u8>)>| {
+            let registry = self.clone();
+            async move { registry.write_identities(changes).await }
+        };
+        self.inner.identity_batches.write(change, 1, MAX_TXN_OPS, write).await
     }
 
     async fn forget_machine(&self, machine_id: &str) -> Result<bool> {

@@ -144,6 +144,8 @@ struct Inner {
     join_writer: String,
     /// Pull agents' state reports waiting to be written together.
     state_batches: written_together::WrittenTogether<agent::StatesWrite, ()>,
+    /// Machines' identities waiting to be written together (pull agents' first announcements).
+    identity_batches: written_together::WrittenTogether<(String, Vec<u8>), ()>,
     /// Pull agents' presences waiting to be taken over together.
     presence_batches: written_together::WrittenTogether<fleet_core::MachineState, ()>,
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
@@ -195,6 +197,7 @@ impl EtcdRegistry {
                 join_writer: registration_uses::new_writer(),
                 state_batches: Default::default(),
                 presence_batches: Default::default(),
+                identity_batches: Default::default(),
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use fleet_registry::{CredentialRegistry, JoinRefused, RegistrationRecord, RegistrationRefused};
+use fleet_registry::{CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused};
 use fleet_testkit::EtcdServer;
 
 use crate::tests::{keys_under, registry};
@@ -117,4 +117,47 @@ async fn joins_through_two_managers_on_a_token_without_a_limit_never_race() {
     assert!(second.join_machine("ee", now, "m999", "k999").await.unwrap().is_ok());
     let listed = first.registrations().await.unwrap();
     assert_eq!(listed.iter().map(|record| record.uses).collect::<Vec<_>>(), vec![1], "a new token starts afresh");
+}
+
+/// Identities put at the same time (pull agents recording their public IP on their first
+/// announcement) go in one write: thirty, one etcd revision, each readable after; a machine
+/// given twice keeps the identity put later.
+#[tokio::test]
+async fn identities_put_at_once_are_written_together() {
+    let etcd = EtcdServer::start();
+    let manager = registry(&etcd, Duration::from_secs(30)).await;
+    let identity = |index: usize, ip: &str| MachineIdentity {
+        id: format!("m{index:02}"),
+        key_sha256: format!("k{index:02}"),
+        registration: "fleet".into(),
+        joined: 1,
+        metadata: Default::default(),
+        public_ip: Some(ip.into()),
+    };
+    manager.put_machine_identity(&identity(99, "10.0.0.99")).await.unwrap();
+    let revision =
+        || async { manager.connection().get("/fleet-test/", None).await.unwrap().header().unwrap().revision() };
+    let before = revision().await;
+
+    let held = manager.inner.identity_batches.hold_turn().await;
+    let mut putting = Vec::new();
+    for (index, ip) in (0..30).map(|index| (index, "10.0.0.1")).chain([(7, "10.0.0.2")]) {
+        let (putter, identity) = (manager.clone(), identity(index, ip));
+        putting.push(tokio::spawn(async move { putter.put_machine_identity(&identity).await }));
+        // In this order: the second identity of m07 is the later.
+        while manager.inner.identity_batches.waiting() < putting.len() {
+            tokio::task::yield_now().await;
+        }
+    }
+    drop(held);
+    for put in putting {
+        put.await.unwrap().unwrap();
+    }
+
+    assert_eq!(revision().await, before + 1, "thirty-one puts, one write");
+    for index in 0..30 {
+        let read = manager.machine_identity(&format!("m{index:02}")).await.unwrap().expect("written");
+        let ip = if index == 7 { "10.0.0.2" } else { "10.0.0.1" };
+        assert_eq!(read.public_ip.as_deref(), Some(ip), "m{index:02}");
+    }
 }
