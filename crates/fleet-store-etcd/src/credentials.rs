@@ -11,7 +11,7 @@ use serde::de::DeserializeOwned;
 use super::connection::MAX_TXN_OPS;
 use super::join_batches::JoinRequest;
 use super::records::one;
-use super::registration_uses::{UseCounters, counted_apart};
+use super::registration_uses::{UseCounters, listed_tokens};
 use super::{EtcdRegistry, session};
 use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{
@@ -130,17 +130,8 @@ impl CredentialRegistry for EtcdRegistry {
             return Err(RegistryError::Unavailable("etcd: a listing of tokens came back short".into()));
         };
         let counters = UseCounters::read(&uses_prefix, counters.kvs());
-        let mut records: Vec<RegistrationRecord> = registrations
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let mut record = decode_listed::<RegistrationRecord>(&String::from_utf8_lossy(kv.key()), kv.value())?;
-                if counted_apart(&record) {
-                    record.uses = record.uses.saturating_add(counters.total(&record.name, kv.create_revision()));
-                }
-                Some(record)
-            })
-            .collect();
+        let mut records: Vec<RegistrationRecord> =
+            listed_tokens(registrations.kvs(), &counters).into_iter().map(|(_, record)| record).collect();
         records.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(records)
     }

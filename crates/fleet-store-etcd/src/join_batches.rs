@@ -19,8 +19,8 @@ use super::EtcdRegistry;
 use super::connection::replies_of;
 use super::keys::Keys;
 use super::records::one;
-use super::registration_uses::{CountedUses, UseCounters, counted_apart};
-use fleet_registry::codec::{decode_listed, encode, find_registration};
+use super::registration_uses::{CountedUses, ListedToken, UseCounters, counted_apart, listed_tokens};
+use fleet_registry::codec::{encode, find_registration};
 use fleet_registry::machine_identity::admit_join;
 use fleet_registry::{
     JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused, RegistryError, Result, RevokedMachine,
@@ -82,21 +82,7 @@ impl EtcdRegistry {
                 return Err(RegistryError::Unavailable("etcd: a join's read came back short".into()));
             }
             let counters = UseCounters::read(&uses_prefix, counters.kvs());
-            let tokens: Vec<(ReadToken, RegistrationRecord)> = registrations
-                .kvs()
-                .iter()
-                .filter_map(|kv| {
-                    let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    let record = decode_listed::<RegistrationRecord>(&key, kv.value())?;
-                    let read = ReadToken {
-                        key,
-                        revision: kv.mod_revision(),
-                        created: kv.create_revision(),
-                        lease: kv.lease(),
-                    };
-                    Some((read, record))
-                })
-                .collect();
+            let tokens = listed_tokens(registrations.kvs(), &counters);
             // Each machine's identity and revocation as read, with their mod revisions, and
             // its presence's (0: absent).
             let mut identities: HashMap<&str, (Option<MachineIdentity>, i64)> = HashMap::new();
@@ -172,20 +158,9 @@ impl EtcdRegistry {
     }
 }
 
-/// A token's key as read.
-#[derive(Clone, Debug)]
-struct ReadToken {
-    key: String,
-    revision: i64,
-    /// Its creation revision: what its counters name it by.
-    created: i64,
-    /// Its expiry's lease (0: none), which its counters carry too.
-    lease: i64,
-}
-
 /// A token a batch uses.
 struct UsedToken {
-    read: ReadToken,
+    read: ListedToken,
     /// The record with every use so far, counted on it or apart.
     record: RegistrationRecord,
     /// This writer's counter when the token's uses are counted apart, and its mod revision.
@@ -193,12 +168,9 @@ struct UsedToken {
 }
 
 impl UsedToken {
-    fn new(read: ReadToken, mut record: RegistrationRecord, counters: &UseCounters, writer: &str) -> Self {
-        let own = counted_apart(&record).then(|| {
-            let apart = counters.total(&record.name, read.created);
-            record.uses = record.uses.saturating_add(apart);
-            counters.own(&record.name, read.created, writer)
-        });
+    /// `record` as listed, its uses counted on it and apart ([`listed_tokens`]).
+    fn new(read: ListedToken, record: RegistrationRecord, counters: &UseCounters, writer: &str) -> Self {
+        let own = counted_apart(&record).then(|| counters.own(&record.name, read.created, writer));
         Self { read, record, own }
     }
 

@@ -62,7 +62,7 @@ impl UseCounters {
     }
 
     /// The uses counted apart for the token `name` whose key was created at `token_revision`.
-    pub(crate) fn total(&self, name: &str, token_revision: i64) -> u32 {
+    fn total(&self, name: &str, token_revision: i64) -> u32 {
         self.by_token.get(name).map_or(0, |counters| {
             counters
                 .iter()
@@ -84,6 +84,34 @@ impl UseCounters {
             None => (CountedUses { token_revision, uses: 0 }, 0),
         }
     }
+}
+
+/// A registration token's key as listed.
+#[derive(Clone, Debug)]
+pub(crate) struct ListedToken {
+    pub key: String,
+    pub revision: i64,
+    /// Its creation revision: what its counters name it by.
+    pub created: i64,
+    /// Its expiry's lease (0: none), which its counters carry too.
+    pub lease: i64,
+}
+
+/// The tokens in a listing of `registrations/` (undecodable ones skipped and logged), each
+/// with every use counted: on its record and, without a use limit, apart by `counters`.
+pub(crate) fn listed_tokens(kvs: &[KeyValue], counters: &UseCounters) -> Vec<(ListedToken, RegistrationRecord)> {
+    kvs.iter()
+        .filter_map(|kv| {
+            let key = String::from_utf8_lossy(kv.key()).into_owned();
+            let mut record = decode_listed::<RegistrationRecord>(&key, kv.value())?;
+            if counted_apart(&record) {
+                record.uses = record.uses.saturating_add(counters.total(&record.name, kv.create_revision()));
+            }
+            let listed =
+                ListedToken { key, revision: kv.mod_revision(), created: kv.create_revision(), lease: kv.lease() };
+            Some((listed, record))
+        })
+        .collect()
 }
 
 /// Whether joins through `token` are counted apart rather than on its record.
