@@ -13,7 +13,7 @@ use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, TriggerId, Triggers};
 use fleet_unit_manager::{HeldUnit, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
-use fleet_core::state_report::{HeldNow, adopted_as_launched, already_reported, state_reports};
+use fleet_core::state_report::{HeldNow, HeldUnitNow, adopted_as_launched, apply_reports, reports_of_changes};
 
 use crate::drift_watch::DriftWatch;
 use crate::health_watch::{HealthWatch, Running};
@@ -596,65 +596,39 @@ impl Agent {
         let health = self.health.reports();
         let unhealthy = health.values().filter(|report| report.status == HealthStatus::Unhealthy).count();
         fleet_metrics::metrics().agent.units_unhealthy.set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
-        // Most passes change nothing: that is decided without building a single state.
-        let mut present = 0;
-        let unchanged = self.loaded.iter().all(|(name, loaded)| {
-            held.get(name).is_none_or(|unit| {
-                present += 1;
-                let now = HeldNow {
-                    hash: loaded.hash,
-                    systemd: &unit.state,
-                    launched: loaded.launched,
-                    drift: self.drift.report(name),
-                    health: health.get(name),
-                };
-                already_reported(self.reported.get(name), now)
-            })
-        }) && present == self.reported.len();
-        if unchanged {
-            return Ok(());
-        }
-        let current: BTreeMap<String, UnitState> = self
+        // What each unit held here says now; a state is built only for one whose report
+        // changes (most passes change one unit or none).
+        let held_now: Vec<HeldUnitNow<'_>> = self
             .loaded
             .iter()
             .filter_map(|(name, loaded)| {
-                let held = held.get(name)?;
-                Some((
-                    name.clone(),
-                    UnitState {
-                        name: name.clone(),
-                        machine_id: self.config.machine.id.clone(),
+                let unit = held.get(name)?;
+                Some(HeldUnitNow {
+                    name,
+                    now: HeldNow {
                         hash: loaded.hash,
-                        systemd: held.state.clone(),
+                        systemd: &unit.state,
                         launched: loaded.launched,
-                        drift: self.drift.report(name).cloned(),
-                        health: health.get(name).cloned(),
+                        drift: self.drift.report(name),
+                        health: health.get(name),
                     },
-                ))
+                    // A unit that just started with a check is reported with its first
+                    // verdict (or as unknown once that is overdue).
+                    awaiting_first_verdict: self.health.awaiting_first_verdict(name),
+                })
             })
             .collect();
+        let reports = reports_of_changes(&self.reported, self.machine_id(), &held_now);
+        if reports.is_empty() {
+            return Ok(());
+        }
         let mut by_active_state: BTreeMap<String, u64> = BTreeMap::new();
-        for state in current.values() {
-            *by_active_state.entry(state.systemd.active.clone()).or_default() += 1;
+        for unit in &held_now {
+            *by_active_state.entry(unit.now.systemd.active.clone()).or_default() += 1;
         }
         fleet_metrics::publish_unit_states(by_active_state);
-        // A unit that just started with a check is reported with its first verdict (or as
-        // unknown once that is overdue): until then, what was reported of it stands.
-        let current: BTreeMap<String, UnitState> = current
-            .into_iter()
-            .filter_map(|(name, state)| {
-                if self.health.awaiting_first_verdict(&name) {
-                    self.reported.get(&name).map(|reported| (name, reported.clone()))
-                } else {
-                    Some((name, state))
-                }
-            })
-            .collect();
-        let reports = state_reports(&self.reported, &current);
-        if !reports.is_empty() {
-            self.registry.report_states(self.machine_id(), &reports).await?;
-            self.reported = current;
-        }
+        self.registry.report_states(self.machine_id(), &reports).await?;
+        apply_reports(&mut self.reported, reports);
         Ok(())
     }
 

@@ -1,7 +1,7 @@
 //! What an agent tells the registry about its units: only what changed since its last
 //! report, and which units it counts as launched. Pure.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use crate::drift::DriftReport;
 use crate::health::HealthReport;
@@ -54,20 +54,69 @@ pub fn already_reported(reported: Option<&UnitState>, now: HeldNow<'_>) -> bool 
     )
 }
 
-/// The reports that take `reported` to `current`.
-pub fn state_reports(
+/// One unit the machine holds now, as its report would say it.
+#[derive(Clone, Copy, Debug)]
+pub struct HeldUnitNow<'a> {
+    pub name: &'a str,
+    pub now: HeldNow<'a>,
+    /// It started with a health check whose first verdict is not in yet: what was reported
+    /// of it stands until the verdict (or its wait) is.
+    pub awaiting_first_verdict: bool,
+}
+
+impl HeldUnitNow<'_> {
+    fn state(&self, machine_id: &str) -> UnitState {
+        UnitState {
+            name: self.name.to_string(),
+            machine_id: machine_id.to_string(),
+            hash: self.now.hash,
+            systemd: self.now.systemd.clone(),
+            launched: self.now.launched,
+            drift: self.now.drift.cloned(),
+            health: self.now.health.cloned(),
+        }
+    }
+}
+
+/// The reports that take `reported` to what machine `machine_id` holds now (`held`, each
+/// unit once): a state is built only for a unit whose report changes, and a unit reported
+/// before and held no more is removed. Most passes change one unit or none, on machines that
+/// hold many.
+pub fn reports_of_changes(
     reported: &BTreeMap<String, UnitState>,
-    current: &BTreeMap<String, UnitState>,
+    machine_id: &str,
+    held: &[HeldUnitNow<'_>],
 ) -> Vec<StateReport> {
-    let mut reports: Vec<StateReport> = current
-        .iter()
-        .filter(|(name, state)| reported.get(*name) != Some(state))
-        .map(|(_, state)| StateReport::Set(state.clone()))
-        .collect();
-    reports.extend(
-        reported.keys().filter(|name| !current.contains_key(*name)).map(|name| StateReport::Remove(name.clone())),
-    );
+    let mut reports = Vec::new();
+    let mut still_reported = 0;
+    for unit in held {
+        let before = reported.get(unit.name);
+        still_reported += usize::from(before.is_some());
+        if !unit.awaiting_first_verdict && !already_reported(before, unit.now) {
+            reports.push(StateReport::Set(unit.state(machine_id)));
+        }
+    }
+    if still_reported < reported.len() {
+        let held: HashSet<&str> = held.iter().map(|unit| unit.name).collect();
+        reports.extend(
+            reported.keys().filter(|name| !held.contains(name.as_str())).map(|name| StateReport::Remove(name.clone())),
+        );
+    }
     reports
+}
+
+/// `reported` once `reports` are written.
+pub fn apply_reports(reported: &mut BTreeMap<String, UnitState>, reports: Vec<StateReport>) {
+    for report in reports {
+        match report {
+            StateReport::Set(state) => {
+                reported.insert(state.name.clone(), state);
+            }
+            StateReport::Remove(name) => {
+                reported.remove(&name);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -96,11 +145,30 @@ mod tests {
         assert!(!adopted_as_launched(&SystemdState::new("loaded", "inactive", "dead")));
     }
 
+    /// What a machine holding `current` says of each unit, none awaiting a first verdict.
+    fn held_as(current: &BTreeMap<String, UnitState>) -> Vec<HeldUnitNow<'_>> {
+        current
+            .values()
+            .map(|state| HeldUnitNow {
+                name: &state.name,
+                now: HeldNow {
+                    hash: state.hash,
+                    systemd: &state.systemd,
+                    launched: state.launched,
+                    drift: state.drift.as_ref(),
+                    health: state.health.as_ref(),
+                },
+                awaiting_first_verdict: false,
+            })
+            .collect()
+    }
+
     #[test]
     fn only_changes_are_reported() {
-        let reported = BTreeMap::from([state("same", "active"), state("changed", "active"), state("gone", "active")]);
+        let mut reported =
+            BTreeMap::from([state("same", "active"), state("changed", "active"), state("gone", "active")]);
         let current = BTreeMap::from([state("same", "active"), state("changed", "failed"), state("new", "active")]);
-        let reports = state_reports(&reported, &current);
+        let reports = reports_of_changes(&reported, "m", &held_as(&current));
         assert_eq!(
             reports,
             vec![
@@ -109,7 +177,28 @@ mod tests {
                 StateReport::Remove("gone".into()),
             ]
         );
-        assert!(state_reports(&current, &current).is_empty());
+        apply_reports(&mut reported, reports);
+        assert_eq!(reported, current, "the reports take what was reported to what is held");
+        assert!(reports_of_changes(&current, "m", &held_as(&current)).is_empty());
+    }
+
+    #[test]
+    fn a_unit_awaiting_its_first_verdict_keeps_what_was_reported_of_it() {
+        let reported = BTreeMap::from([state("restarted", "active")]);
+        let current = BTreeMap::from([state("restarted", "activating"), state("started", "active")]);
+        let mut held = held_as(&current);
+        for unit in &mut held {
+            unit.awaiting_first_verdict = true;
+        }
+        assert!(
+            reports_of_changes(&reported, "m", &held).is_empty(),
+            "neither the restarted unit (kept as reported) nor the new one (not reported yet) is reported, nor removed"
+        );
+        held[0].awaiting_first_verdict = false;
+        assert_eq!(
+            reports_of_changes(&reported, "m", &held),
+            vec![StateReport::Set(state("restarted", "activating").1)]
+        );
     }
 
     #[test]
