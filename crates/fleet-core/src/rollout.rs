@@ -484,6 +484,9 @@ fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
     }
 }
 
+mod split_units;
 mod stored_units;
+
+pub use split_units::{FixedUnits, StepRuns, join_units, split_units};
 #[cfg(test)]
 mod tests;

@@ -45,6 +45,7 @@ macro_rules! registry_contract {
             a_sources_drift_policy_reaches_the_agents,
             sources_and_their_statuses_are_kept_by_name,
             rollouts_are_kept_by_name,
+            a_rollout_of_the_most_units_is_kept_whole,
             sources_statuses_and_rollouts_signal_their_changes,
             units_and_states_signal_their_changes_while_paged,
             pages_are_the_lists_cut_up,
@@ -668,6 +669,61 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
     assert!(registry.remove_rollout("api").await.expect("remove"));
     assert!(!registry.remove_rollout("api").await.expect("remove"), "already gone");
     assert_eq!(registry.rollouts().await.expect("list").len(), 1);
+}
+
+/// A rollout of the most units the API takes (100,000), each with content of its own, is
+/// stored, stepped and read back whole: several megabytes, more than one etcd request may carry.
+pub async fn a_rollout_of_the_most_units_is_kept_whole(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
+    const UNITS: usize = 100_000;
+    const OWN_CONTENT: usize = 10_000;
+    let old = unit("/bin/a").hash();
+    let mut bodies = std::collections::BTreeMap::new();
+    let units: Vec<RolloutUnit> = (0..UNITS)
+        .map(|index| {
+            let to = if index < OWN_CONTENT {
+                let file = unit(&format!("/usr/local/bin/a-service-of-its-own --instance {index} --with-a-long-line"));
+                bodies.insert(file.hash().to_string(), file.serialize());
+                file.hash()
+            } else {
+                unit("/bin/b").hash()
+            };
+            RolloutUnit {
+                name: format!("a-rather-long-unit-name-{index:06}@instance.service"),
+                from: old,
+                to,
+                step: Step::Waiting,
+            }
+        })
+        .collect();
+    let mut record = RolloutRecord {
+        name: "everything".into(),
+        rollout: Rollout {
+            units,
+            max_unavailable: MaxUnavailable::Percent(10),
+            min_ready: 0,
+            deadline: 60,
+            state: RolloutState::Running,
+            undo: false,
+            canary: None,
+            auto_revert: false,
+            reverted: None,
+        },
+        bodies,
+        created: 1_700_000_000,
+    };
+    registry.put_rollout(&record).await.expect("store a rollout of 100,000 units");
+    let read = registry.rollouts().await.expect("list");
+    assert!(read.len() == 1 && *read[0] == record, "read back whole");
+    // A driver's pass: the first wave is being replaced.
+    for unit in record.rollout.units.iter_mut().take(10_000) {
+        unit.step = Step::Replacing { since: 1_700_000_100 };
+    }
+    registry.put_rollout(&record).await.expect("step it");
+    let read = registry.rollouts().await.expect("list");
+    assert!(read.len() == 1 && *read[0] == record, "read back stepped");
+    assert!(registry.remove_rollout("everything").await.expect("remove"));
+    assert!(registry.rollouts().await.expect("list").is_empty());
 }
 
 /// Writing a source, a source's status or a rollout moves `source_changes`: the engine

@@ -18,7 +18,8 @@
 //! | `registrations/<name>` | [`fleet_registry::RegistrationRecord`] (hash only) | its expiry's | API |
 //! | `sources/<name>` | [`fleet_registry::SourceRecord`] (no secret: credentials stay in files) | — | API |
 //! | `source-status/<name>` | [`fleet_registry::SourceStatus`] | — | engine leader |
-//! | `rollouts/<name>` | [`fleet_registry::RolloutRecord`] | — | API, engine leader |
+//! | `rollouts/<name>` | a [`fleet_registry::RolloutRecord`]'s head: the record without its units' names, contents and bodies, with their steps (`stored_rollouts.rs`) | — | API, engine leader |
+//! | `rollouts/<name>/<digest>/<index>` | a slice of at most 512 KiB of the part of that rollout that stays while it runs (names, contents, bodies), written before the first head that names its digest | — | API, engine leader |
 //! | `registration-uses/<name>/<writer>` | [`crate::registration_uses::CountedUses`]: the joins one fleetd (a random writer ID a process) admitted through a token without a use limit | the token's | API of that fleetd |
 //! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
 //! | `journal/asks/<machine>/<id>` | [`fleet_registry::JournalQuestion`] and the asker's lease | asker's | API of the asking fleetd |
@@ -234,6 +235,21 @@ impl Keys {
 
     pub fn rollout(&self, name: &str) -> String {
         self.key(&["rollouts", name])
+    }
+
+    /// Every slice of rollout `name`'s fixed parts, whatever their digest.
+    pub fn rollout_slices(&self, name: &str) -> String {
+        self.key(&["rollouts", name, ""])
+    }
+
+    /// The slices of the fixed part of rollout `name` whose digest is `digest`.
+    pub fn rollout_slices_of(&self, name: &str, digest: &str) -> String {
+        self.key(&["rollouts", name, digest, ""])
+    }
+
+    /// Slice `index` of that fixed part (numbered so that key order is slice order).
+    pub fn rollout_slice(&self, name: &str, digest: &str, index: usize) -> String {
+        self.key(&["rollouts", name, digest, &format!("{index:06}")])
     }
 
     pub fn tokens(&self) -> String {

@@ -30,6 +30,7 @@ mod records;
 mod registration_uses;
 mod session;
 mod sources;
+mod stored_rollouts;
 mod unit_write_batches;
 mod written_together;
 

@@ -4,11 +4,15 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use std::collections::BTreeSet;
+
+use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::EtcdRegistry;
 use super::keys::KeyRange;
-use fleet_registry::codec::encode;
+use super::mirror::{Entry, MirrorData};
+use super::stored_rollouts::{self, Stored};
+use fleet_registry::codec::{decode, encode};
 use fleet_registry::{ChangeSignal, RegistryError, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
 
 /// How long a read of the rollouts waits for the copy to hold this fleetd's last write.
@@ -43,19 +47,45 @@ impl SourceRegistry for EtcdRegistry {
         Ok(())
     }
 
+    /// The head alone when the fixed part is stored already (every pass of a running
+    /// rollout); the fixed part's missing slices first otherwise (a new rollout), then the
+    /// head, on the last slice being there, deleting the slices of any other fixed part.
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
-        let key = self.keys().rollout(&record.name);
-        let txn = Txn::new().and_then(vec![TxnOp::put(key.as_str(), encode(record), None)]);
-        let reply = self.connection().big_txn(txn).await?;
-        if let Some(header) = reply.header() {
-            self.sources_mirror().expect(&key, header.revision());
+        let keys = self.keys();
+        let key = keys.rollout(&record.name);
+        let pieces = stored_rollouts::pieces(record);
+        let slice_keys: Vec<String> =
+            (0..pieces.slices.len()).map(|index| keys.rollout_slice(&record.name, &pieces.digest, index)).collect();
+        let (held, stale) = self.rollout_slices_held(&record.name, &pieces.digest);
+        self.write_rollout_slices(&slice_keys, &pieces.slices, &held).await?;
+        // The head is written where the last slice is: a rollout removed meanwhile took its
+        // slices with it, and a copy that was behind may have shown slices that are gone.
+        let stored: Vec<Compare> =
+            slice_keys.last().map(|last| Compare::version(last.as_str(), CompareOp::Greater, 0)).into_iter().collect();
+        let mut ops = vec![TxnOp::put(key.as_str(), pieces.head.clone(), None)];
+        ops.extend(stale.iter().map(|prefix| TxnOp::delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))));
+        for attempt in 0..2 {
+            let reply = self.connection().big_txn(Txn::new().when(stored.clone()).and_then(ops.clone())).await?;
+            if reply.succeeded() {
+                if let Some(header) = reply.header() {
+                    self.sources_mirror().expect(&key, header.revision());
+                }
+                return Ok(());
+            }
+            if attempt == 0 {
+                self.write_rollout_slices(&slice_keys, &pieces.slices, &BTreeSet::new()).await?;
+            }
         }
-        Ok(())
+        Err(RegistryError::Unavailable(format!(
+            "etcd: the slices of rollout {} went while it was written (removed meanwhile?)",
+            record.name
+        )))
     }
 
     /// From the watch-fed copy, once it holds this fleetd's own rollout writes: a running
-    /// rollout of 10,000 units is a record of a megabyte, read on every pass of the driver and
-    /// every `GET`, which must not each be a read of it from etcd.
+    /// rollout of 10,000 units is read on every pass of the driver and every `GET`, which
+    /// must not each be a read of it from etcd. Each head is joined with its fixed part once
+    /// per revision, and each fixed part parsed once.
     async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>> {
         let mirror = self.sources_mirror();
         if !mirror.caught_up(CATCH_UP).await {
@@ -64,23 +94,91 @@ impl SourceRegistry for EtcdRegistry {
             ));
         }
         let data = mirror.synced()?;
-        let range = KeyRange::prefix(self.keys().rollouts());
-        // Each record is parsed once per revision and shared by every reader. The copy is in
-        // key order, `rollouts/<name>`: name order.
-        Ok(data.range(&range).filter_map(|(key, entry)| entry.decoded_listed::<RolloutRecord>(key)).collect())
+        let prefix = self.keys().rollouts();
+        let range = KeyRange::prefix(prefix.clone());
+        // The copy is in key order, `rollouts/<name>`: name order; a name's slices follow it.
+        let heads = data.range(&range).filter(|(key, _)| !key[prefix.len()..].contains('/'));
+        Ok(heads
+            .filter_map(|(key, entry)| {
+                let read = entry.decoded.get_or_decode(|| self.rollout_in_copy(&data, key, &entry.value));
+                read.inspect_err(|error| tracing::error!(%error, "skipping a rollout that cannot be read")).ok()
+            })
+            .collect())
     }
 
     async fn remove_rollout(&self, name: &str) -> Result<bool> {
-        let key = self.keys().rollout(name);
-        let deleted = self.delete_key_at(&key).await?;
-        if let Some(revision) = deleted {
-            self.sources_mirror().expect(&key, revision);
+        let keys = self.keys();
+        let key = keys.rollout(name);
+        let ops = vec![
+            TxnOp::delete(key.as_str(), None),
+            TxnOp::delete(keys.rollout_slices(name), Some(DeleteOptions::new().with_prefix())),
+        ];
+        let reply = self.connection().txn(Txn::new().and_then(ops)).await?;
+        let deleted =
+            matches!(reply.op_responses().first(), Some(TxnOpResponse::Delete(delete)) if delete.deleted() > 0);
+        if deleted && let Some(header) = reply.header() {
+            self.sources_mirror().expect(&key, header.revision());
         }
-        Ok(deleted.is_some())
+        Ok(deleted)
     }
 
     fn source_changes(&self) -> ChangeSignal {
         self.sources_mirror();
         self.inner.sources_signal.subscribe()
+    }
+}
+
+impl EtcdRegistry {
+    /// Writes each slice of a rollout's fixed part not in `held`, one request each.
+    async fn write_rollout_slices(&self, keys: &[String], slices: &[Vec<u8>], held: &BTreeSet<String>) -> Result<()> {
+        for (key, slice) in keys.iter().zip(slices) {
+            if !held.contains(key) {
+                self.connection()
+                    .big_txn(Txn::new().and_then(vec![TxnOp::put(key.as_str(), slice.clone(), None)]))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Of rollout `name`'s slices in the copy: those of the fixed part `digest`, and the
+    /// prefixes of any other fixed part's (left by an earlier rollout of the name, or by a
+    /// write cut short).
+    fn rollout_slices_held(&self, name: &str, digest: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+        let keys = self.keys();
+        let Ok(data) = self.sources_mirror().synced() else { return Default::default() };
+        let current = keys.rollout_slices_of(name, digest);
+        let all = keys.rollout_slices(name);
+        let (mut held, mut stale) = (BTreeSet::new(), BTreeSet::new());
+        for (key, _) in data.range(&KeyRange::prefix(all.clone())) {
+            if key.starts_with(&current) {
+                held.insert(key.clone());
+            } else if let Some((other, _)) = key[all.len()..].split_once('/') {
+                stale.insert(keys.rollout_slices_of(name, other));
+            }
+        }
+        (held, stale)
+    }
+
+    /// The rollout stored at `key` (`value`), joined with its fixed part's slices in `data`.
+    fn rollout_in_copy(&self, data: &MirrorData, key: &str, value: &[u8]) -> Result<RolloutRecord> {
+        let head = match decode::<Stored>(key, value)? {
+            Stored::Whole(record) => return Ok(record),
+            Stored::Head(head) => head,
+        };
+        let corrupt = |reason: String| RegistryError::Corrupt { key: key.to_string(), reason };
+        let name = &key[self.keys().rollouts().len()..];
+        let slices_key = self.keys().rollout_slices_of(name, &head.fixed);
+        let slices_range = KeyRange::prefix(slices_key.clone());
+        let slices: Vec<(&String, &Entry)> = data.range(&slices_range).collect();
+        if slices.len() != head.slices {
+            return Err(corrupt(format!("{} of its {} slices are stored", slices.len(), head.slices)));
+        }
+        let Some((_, first)) = slices.first() else { return Err(corrupt("no slice".into())) };
+        // Parsed once for the life of the rollout: its slices are never rewritten.
+        let fixed = first.decoded.get_or_decode(|| {
+            stored_rollouts::fixed_from_slices(&slices_key, slices.iter().map(|(_, entry)| entry.value.as_slice()))
+        })?;
+        stored_rollouts::joined(&head, &fixed).map_err(corrupt)
     }
 }
