@@ -91,6 +91,12 @@ pub struct Agent {
     /// manager, so a change its own listing already shows (its own start, say) does not call
     /// for another.
     state_changes: TriggerId,
+    /// Health flips among the triggers: a pass woken by them alone may only report.
+    health_flips: TriggerId,
+    /// Whether the last pass that reconciled did all it set out to (read every body it
+    /// needed, carried out every task) and nothing since changed what is loaded here: a
+    /// pass woken by a health flip alone then has nothing to reconcile.
+    settled: bool,
     /// Moves when the store says the presence lapsed: a pass in progress is dropped for it.
     lapses: Option<watch::Receiver<u64>>,
     /// Whether the machine is registered (a pass registers it first).
@@ -108,7 +114,7 @@ impl Agent {
         let mut triggers = Triggers::none().with(registry.machine_changes(&config.machine.id));
         let state_changes = triggers.add(manager.state_changes());
         let health = HealthWatch::default();
-        triggers.add(health.flips());
+        let health_flips = triggers.add(health.flips());
         let lapses = registry.presence_lapses(&config.machine.id);
         Self {
             config,
@@ -127,6 +133,8 @@ impl Agent {
             register_retry: fleet_core::backoff::Backoff::new(RETRY_MIN, Duration::from_secs(30)),
             triggers,
             state_changes,
+            health_flips,
+            settled: false,
             lapses,
             registered: false,
             presence_due: None,
@@ -163,7 +171,8 @@ impl Agent {
     /// with the machine's work. Says when to look again.
     async fn pass(&mut self) -> Result<Next, RegistryError> {
         fleet_metrics::metrics().agent.passes.inc();
-        if !self.registered {
+        let registering = !self.registered;
+        if registering {
             match self.registry.register_machine(&self.config.machine).await {
                 Ok(()) => self.registered = true,
                 // A fresh presence: the store registers the machine once it stopped what runs
@@ -189,7 +198,7 @@ impl Agent {
             biased;
             Some(()) = lapsed(lapses.as_mut()) => Err(RegistryError::PresenceLapsed),
             () = until(lapse_at) => Ok(()),
-            outcome = self.reconcile() => outcome,
+            outcome = self.reconcile_or_report(registering) => outcome,
         };
         self.lapses = lapses;
         let next = match outcome {
@@ -379,6 +388,8 @@ impl Agent {
 
     /// Stops and unloads `names` (`why`, for the log).
     async fn stop_and_unload(&mut self, names: &[String], why: &str) {
+        // What is loaded here changed outside a reconcile: the next pass reconciles.
+        self.settled = false;
         for name in names {
             if let Err(error) = self.manager.stop(name).await {
                 tracing::warn!(unit = name, %error, why, "stopping a unit");
@@ -430,8 +441,22 @@ impl Agent {
         }
     }
 
+    /// A reconcile, or only a report of the states: a pass woken by a health flip alone
+    /// (the first verdict of a unit just started, most often) after a pass that did all it set
+    /// out to has nothing else to do, and need not read the machine's work again.
+    async fn reconcile_or_report(&mut self, registering: bool) -> Result<(), RegistryError> {
+        // A drift look that is due waits for the next pass that reconciles: drift is not
+        // what a health flip is about.
+        let nothing_else = self.settled && !registering && !self.presence_lapsed;
+        if nothing_else && self.triggers.moved_alone(self.health_flips) {
+            return self.report_states(None).await;
+        }
+        self.reconcile().await
+    }
+
     /// One pass: what should run here, the tasks to get there, and the states to report.
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
+        self.settled = false;
         let work = self.registry.machine_work(self.machine_id()).await?;
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
         let (mut desired, unread) = self.desired_units(&machine, &work.scheduled, &work.globals).await;
@@ -465,11 +490,13 @@ impl Agent {
         // A pass that does nothing reports from the look it took: one listing of the unit
         // manager per pass (a D-Bus call on systemd), not two.
         let held_now = if tasks.is_empty() { looked_at } else { None };
+        let mut every_task_done = true;
         for task in tasks {
-            self.execute(task, &desired).await;
+            every_task_done &= self.execute(task, &desired).await;
         }
         fleet_metrics::metrics().agent.units.set(i64::try_from(self.loaded.len()).unwrap_or(i64::MAX));
         self.report_states(held_now).await?;
+        self.settled = every_task_done && unread.is_none();
         // New content that could not be read is tried again soon, as a failed pass is.
         unread.map_or(Ok(()), Err)
     }
@@ -511,15 +538,16 @@ impl Agent {
         (desired, unread)
     }
 
-    /// Carries out one task; a failure is logged and the other units go on.
-    async fn execute(&mut self, task: Task, desired: &BTreeMap<String, DesiredUnit>) {
+    /// Carries out one task; a failure is logged and the other units go on. Whether it was
+    /// done.
+    async fn execute(&mut self, task: Task, desired: &BTreeMap<String, DesiredUnit>) -> bool {
         let result = match &task {
             Task::Load(name) => {
                 let Some(hash) = desired.get(name).map(|unit| unit.hash) else {
-                    return;
+                    return false;
                 };
                 let Some(file) = self.bodies.get(&hash).cloned() else {
-                    return;
+                    return false;
                 };
                 let result = self.manager.load(name, &file).await;
                 if result.is_ok() {
@@ -551,7 +579,7 @@ impl Agent {
             Task::Start(name) if self.at_most_once.contains(name) && !self.presence_holds() => {
                 // Woken from a freeze in the middle of a pass, say: it may run elsewhere now.
                 tracing::info!(unit = name, "not starting a unit that runs at most once: the presence may have lapsed");
-                return;
+                return false;
             }
             Task::Start(name) => {
                 let result = self.manager.start(name).await;
@@ -573,10 +601,14 @@ impl Agent {
         let metrics = &fleet_metrics::metrics().agent;
         metrics.tasks.get_or_create(&fleet_metrics::TaskLabels { task: kind }).inc();
         match result {
-            Ok(()) => tracing::debug!(?task, "done"),
+            Ok(()) => {
+                tracing::debug!(?task, "done");
+                true
+            }
             Err(error) => {
                 metrics.task_failures.get_or_create(&fleet_metrics::TaskLabels { task: kind }).inc();
                 tracing::warn!(?task, %error, "task failed");
+                false
             }
         }
     }

@@ -27,12 +27,15 @@ struct Setup {
     lifecycle: watch::Sender<Lifecycle>,
     task: tokio::task::JoinHandle<()>,
     reported: Arc<Mutex<Vec<StateReport>>>,
+    work_reads: Arc<AtomicUsize>,
 }
 
-/// The embedded store, keeping every state report the agent wrote through it, in order.
+/// The embedded store, keeping every state report the agent wrote through it, in order,
+/// and counting its reads of the machine's work.
 struct Recording {
     store: EmbeddedRegistry,
     reported: Arc<Mutex<Vec<StateReport>>>,
+    work_reads: Arc<AtomicUsize>,
 }
 
 #[async_trait::async_trait]
@@ -44,6 +47,7 @@ impl AgentRegistry for Recording {
         self.store.unregister_machine(machine_id).await
     }
     async fn machine_work(&self, machine_id: &str) -> fleet_registry::Result<MachineWork> {
+        self.work_reads.fetch_add(1, Ordering::Relaxed);
         self.store.machine_work(machine_id).await
     }
     async fn unit_body(&self, hash: &UnitHash) -> fleet_registry::Result<Option<UnitFile>> {
@@ -77,10 +81,11 @@ impl Setup {
         };
         let (lifecycle, watch) = watch::channel(Lifecycle::Running);
         let reported = Arc::new(Mutex::new(Vec::new()));
-        let recording = Recording { store: registry.clone(), reported: reported.clone() };
+        let work_reads = Arc::new(AtomicUsize::new(0));
+        let recording = Recording { store: registry.clone(), reported: reported.clone(), work_reads: work_reads.clone() };
         let agent = Agent::new(config, Arc::new(recording), manager.clone()).with_first_verdict_wait(wait);
         let task = tokio::spawn(agent.run(watch));
-        Self { _dir: dir, registry, manager, lifecycle, task, reported }
+        Self { _dir: dir, registry, manager, lifecycle, task, reported, work_reads }
     }
 
     /// The health of every state of `name` the agent reported, in order (`None`: no check).
@@ -143,6 +148,30 @@ async fn a_tcp_check_reports_healthy_then_unhealthy_once_the_port_closes() {
     })
     .await;
     assert_eq!(setup.health("plain.service").await, None, "a unit without a check reports no health");
+    setup.stop().await;
+}
+
+/// A pass woken by a health flip alone, with nothing left undone before it, reports the
+/// flip without reading the machine's work again: nothing it should run changed.
+#[tokio::test]
+async fn a_health_flip_alone_is_reported_without_reading_the_work_again() {
+    let setup = Setup::start();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let port = listener.local_addr().expect("its address").port();
+    setup.run("db.service", &format!("HealthCheck=tcp://127.0.0.1:{port}\n{FAST}")).await;
+    setup.wait_for("db.service", HealthStatus::Healthy).await;
+    let reads = setup.work_reads.load(Ordering::Relaxed);
+    assert!(reads > 0, "the work was read to start the unit");
+    drop(listener);
+    setup.wait_for("db.service", HealthStatus::Unhealthy).await;
+    assert_eq!(setup.work_reads.load(Ordering::Relaxed), reads, "the flip was reported without a read of the work");
+    // A change to the work is still read at once.
+    setup.run("plain.service", "").await;
+    eventually("the new unit is reported", async || {
+        setup.registry.unit_states().await.expect("states").iter().any(|state| state.name == "plain.service")
+    })
+    .await;
+    assert!(setup.work_reads.load(Ordering::Relaxed) > reads);
     setup.stop().await;
 }
 

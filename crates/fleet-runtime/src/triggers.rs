@@ -10,6 +10,8 @@ use tokio::sync::watch;
 trait Signal: Send {
     /// Returns once the signal moved since it was last seen; never once its sender is gone.
     fn changed(&mut self) -> Pin<Box<dyn Future<Output = ()> + Send + '_>>;
+    /// Whether it moved since it was last seen (never once its sender is gone).
+    fn has_moved(&self) -> bool;
     fn mark_seen(&mut self);
 }
 
@@ -22,6 +24,10 @@ impl<T: Send + Sync> Signal for watch::Receiver<T> {
                 std::future::pending::<()>().await;
             }
         })
+    }
+
+    fn has_moved(&self) -> bool {
+        self.has_changed().unwrap_or(false)
     }
 
     fn mark_seen(&mut self) {
@@ -40,6 +46,9 @@ pub struct Triggers {
     signals: Vec<Box<dyn Signal>>,
     /// The signals that wake nothing for now ([`Triggers::set_waking`]), by position.
     asleep: Vec<bool>,
+    /// Which signals had moved when they were last all marked seen: what the pass that
+    /// follows was woken by.
+    moved: Vec<bool>,
 }
 
 impl Triggers {
@@ -52,6 +61,7 @@ impl Triggers {
     pub fn add<T: Send + Sync + 'static>(&mut self, signal: watch::Receiver<T>) -> TriggerId {
         self.signals.push(Box::new(signal));
         self.asleep.push(false);
+        self.moved.push(false);
         TriggerId(self.signals.len() - 1)
     }
 
@@ -92,9 +102,16 @@ impl Triggers {
 
     /// Marks every signal seen: what moved so far is what the next pass will look at.
     pub fn mark_seen(&mut self) {
-        for signal in &mut self.signals {
+        for (signal, moved) in self.signals.iter_mut().zip(&mut self.moved) {
+            *moved = signal.has_moved();
             signal.mark_seen();
         }
+    }
+
+    /// Whether signal `id` alone had moved when every signal was last marked seen: the pass
+    /// that follows was woken by it and by nothing else (not by its timer either).
+    pub fn moved_alone(&self, id: TriggerId) -> bool {
+        self.moved.iter().enumerate().all(|(index, moved)| *moved == (index == id.0))
     }
 
     /// Marks one signal seen, for a pass that has just looked at what it signals.
@@ -122,6 +139,25 @@ mod tests {
         assert!(tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.is_err(), "nothing moved");
         first.send_replace(1);
         tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.expect("woken by the first");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_knows_whether_one_signal_alone_woke_it() {
+        let (first, first_watch) = watch::channel(0u64);
+        let (second, second_watch) = watch::channel(0u64);
+        let mut triggers = Triggers::none();
+        let (first_id, second_id) = (triggers.add(first_watch), triggers.add(second_watch));
+        triggers.mark_seen();
+        assert!(!triggers.moved_alone(first_id) && !triggers.moved_alone(second_id), "nothing moved: the timer");
+        second.send_replace(1);
+        triggers.mark_seen();
+        assert!(triggers.moved_alone(second_id) && !triggers.moved_alone(first_id));
+        first.send_replace(1);
+        second.send_replace(2);
+        triggers.mark_seen();
+        assert!(!triggers.moved_alone(first_id) && !triggers.moved_alone(second_id), "both moved");
+        triggers.mark_seen();
+        assert!(!triggers.moved_alone(second_id), "seen since");
     }
 
     #[tokio::test(start_paused = true)]
