@@ -449,6 +449,7 @@ impl Agent {
         // what a health flip is about.
         let nothing_else = self.settled && !registering && !self.presence_lapsed;
         if nothing_else && self.triggers.moved_alone(self.health_flips) {
+            fleet_metrics::metrics().agent.report_passes.inc();
             return self.report_states(None).await;
         }
         self.reconcile().await

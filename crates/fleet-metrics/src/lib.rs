@@ -89,6 +89,8 @@ pub struct EngineMetrics {
 pub struct AgentMetrics {
     /// Passes of the agent's reconciler: how often it looked at its work.
     pub passes: Counter,
+    /// Of those, the passes woken by a health flip alone that only reported.
+    pub report_passes: Counter,
     pub tasks: Family<TaskLabels, Counter>,
     pub task_failures: Family<TaskLabels, Counter>,
     /// Units the agent holds on its machine.
@@ -163,6 +165,7 @@ impl Metrics {
         };
         let agent = AgentMetrics {
             passes: Counter::default(),
+            report_passes: Counter::default(),
             tasks: Family::default(),
             task_failures: Family::default(),
             units: Gauge::default(),
@@ -206,6 +209,11 @@ impl Metrics {
             engine.plans.clone(),
         );
         fleet.register("agent_passes", "Passes of the agent over its machine's work", agent.passes.clone());
+        fleet.register(
+            "agent_report_passes",
+            "Passes of the agent woken by a health flip alone that only reported its units' states",
+            agent.report_passes.clone(),
+        );
         fleet.register("agent_tasks", "Tasks the agent gave its unit manager", agent.tasks.clone());
         fleet.register("agent_task_failures", "Tasks of the agent that failed", agent.task_failures.clone());
         fleet.register("agent_units", "Units the agent holds on this machine", agent.units.clone());

@@ -114,6 +114,7 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
     let counters_before = etcd_metrics::read(etcd_metrics_address);
     let agent = &fleet_metrics::metrics().agent;
     let (passes_before, probes_before) = (agent.passes.get(), agent.health_probes.get());
+    let report_passes_before = agent.report_passes.get();
     start(fleetd, "bench-good", units, content(2, port), GOOD_DEADLINE_SECONDS);
     let answered = began.elapsed();
     let (_, canary_done) = watch(fleetd, "bench-good", |r| r.state == "canary" || r.state == "done").await;
@@ -147,8 +148,9 @@ pub async fn run(fleetd: &Fleetd, etcd_pid: u32, etcd_metrics_address: &str, uni
     let moved: Vec<String> = counters.iter().map(|(name, moved)| format!("{name} {moved:.0}")).collect();
     println!("      etcd over it: {}", moved.join(", "));
     println!(
-        "      the simulated agents over it: {} passes, {} health probes",
+        "      the simulated agents over it: {} passes ({} of them woken by a health flip alone, which only reported), {} health probes",
         agent.passes.get() - passes_before,
+        agent.report_passes.get() - report_passes_before,
         agent.health_probes.get() - probes_before
     );
 
