@@ -82,7 +82,8 @@ impl Setup {
         let (lifecycle, watch) = watch::channel(Lifecycle::Running);
         let reported = Arc::new(Mutex::new(Vec::new()));
         let work_reads = Arc::new(AtomicUsize::new(0));
-        let recording = Recording { store: registry.clone(), reported: reported.clone(), work_reads: work_reads.clone() };
+        let recording =
+            Recording { store: registry.clone(), reported: reported.clone(), work_reads: work_reads.clone() };
         let agent = Agent::new(config, Arc::new(recording), manager.clone()).with_first_verdict_wait(wait);
         let task = tokio::spawn(agent.run(watch));
         Self { _dir: dir, registry, manager, lifecycle, task, reported, work_reads }

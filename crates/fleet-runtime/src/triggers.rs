@@ -46,6 +46,8 @@ pub struct Triggers {
     signals: Vec<Box<dyn Signal>>,
     /// The signals that wake nothing for now ([`Triggers::set_waking`]), by position.
     asleep: Vec<bool>,
+    /// The signal whose move [`Triggers::changed`] last returned on (which marks it seen).
+    woken_by: Option<usize>,
     /// Which signals had moved when they were last all marked seen: what the pass that
     /// follows was woken by.
     moved: Vec<bool>,
@@ -86,24 +88,28 @@ impl Triggers {
             .signals
             .iter_mut()
             .zip(&self.asleep)
-            .filter(|(_, asleep)| !**asleep)
-            .map(|(signal, _)| signal.changed())
+            .enumerate()
+            .filter(|(_, (_, asleep))| !**asleep)
+            .map(|(index, (signal, _))| (index, signal.changed()))
             .collect();
-        std::future::poll_fn(|context| {
-            for wait in &mut waits {
+        let woken_by = std::future::poll_fn(|context| {
+            for (index, wait) in &mut waits {
                 if wait.as_mut().poll(context).is_ready() {
-                    return Poll::Ready(());
+                    return Poll::Ready(*index);
                 }
             }
             Poll::Pending
         })
         .await;
+        drop(waits);
+        self.woken_by = Some(woken_by);
     }
 
     /// Marks every signal seen: what moved so far is what the next pass will look at.
     pub fn mark_seen(&mut self) {
-        for (signal, moved) in self.signals.iter_mut().zip(&mut self.moved) {
-            *moved = signal.has_moved();
+        let woken_by = self.woken_by.take();
+        for (index, (signal, moved)) in self.signals.iter_mut().zip(&mut self.moved).enumerate() {
+            *moved = woken_by == Some(index) || signal.has_moved();
             signal.mark_seen();
         }
     }
@@ -152,6 +158,10 @@ mod tests {
         second.send_replace(1);
         triggers.mark_seen();
         assert!(triggers.moved_alone(second_id) && !triggers.moved_alone(first_id));
+        second.send_replace(2);
+        tokio::time::timeout(Duration::from_secs(1), triggers.changed()).await.expect("woken by the second");
+        triggers.mark_seen();
+        assert!(triggers.moved_alone(second_id), "the move that woke the loop, though waking marked it seen");
         first.send_replace(1);
         second.send_replace(2);
         triggers.mark_seen();
