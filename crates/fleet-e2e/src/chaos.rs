@@ -73,6 +73,13 @@ mod tests {
     }
 
     #[test]
+    fn an_unsettled_report_ends_with_each_fleetds_last_lines_without_http2_frames() {
+        let log = "one\ntwo h2::codec frame\nthree\nfour\n";
+        assert_eq!(super::last_lines(log, 2), ["three", "four"]);
+        assert_eq!(super::last_lines(log, 9), ["one", "three", "four"]);
+    }
+
+    #[test]
     fn episodes_are_placed_in_the_logs_by_their_wall_clock_window() {
         // As fleetd's log lines begin: `2026-11-22T19:17:22.793352Z DEBUG …`.
         assert_eq!(super::log_time(1_795_375_042), "2026-11-22T19:17:22");
@@ -597,6 +604,14 @@ impl Chaos {
             text.push('\n');
             text.push_str(&trail);
         }
+        // An agent that never acts on its units names none of them: what each fleetd did last
+        // shows which one was stuck, and where.
+        for (index, member) in self.members.iter().enumerate() {
+            text.push_str(&format!("\n  fleetd {index}'s last lines:"));
+            for line in last_lines(&member.fleetd.log(), LAST_LINES) {
+                text.push_str(&format!("\n    fleetd {index}: {line}"));
+            }
+        }
         text
     }
 
@@ -649,6 +664,16 @@ impl Chaos {
         }
         trails
     }
+}
+
+/// How many of each fleetd's last log lines an unsettled run's report prints.
+const LAST_LINES: usize = 40;
+
+/// The last `count` lines of `log`, without HTTP/2 frames (they say nothing of what fleet did).
+fn last_lines(log: &str, count: usize) -> Vec<&str> {
+    let mut lines: Vec<&str> = log.lines().rev().filter(|line| !line.contains(" h2::")).take(count).collect();
+    lines.reverse();
+    lines
 }
 
 /// fleetctl's error, with unit numbers taken out so that refusals of one kind count together.
