@@ -72,8 +72,7 @@ pub fn pieces(record: &RolloutRecord) -> Pieces {
 
 /// The fixed part from its slices, in order (`key`: where they are, for an error).
 pub fn fixed_from_slices<'a>(key: &str, slices: impl Iterator<Item = &'a [u8]>) -> Result<Fixed, RegistryError> {
-    let bytes: Vec<u8> = slices.flat_map(|slice| slice.iter().copied()).collect();
-    decode(key, &bytes)
+    decode(key, &slices.collect::<Vec<&[u8]>>().concat())
 }
 
 /// The record a head and its fixed part make.
