@@ -369,7 +369,7 @@ impl Drop for Fleetd {
 }
 
 pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};
-pub use fleet_testkit::{EtcdServer, SystemdUser};
+pub use fleet_testkit::{EtcdServer, LARGE_CLUSTER_SETTINGS, SystemdUser};
 pub use fleet_unit_manager::native::unit_processes;
 
 /// Writes `text` to `dir/name`; returns the path, as fleetctl takes it.

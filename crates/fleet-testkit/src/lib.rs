@@ -13,7 +13,7 @@ mod seeded;
 mod systemd;
 mod tls;
 
-pub use etcd::EtcdServer;
+pub use etcd::{EtcdServer, LARGE_CLUSTER_SETTINGS};
 pub use eventually::eventually;
 pub use fake_manager::FakeUnitManager;
 pub use git_repo::GitRepo;

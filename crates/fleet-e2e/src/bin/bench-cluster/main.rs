@@ -29,7 +29,11 @@
 //! With `via-standby`, (a) submits through the standby engine fleetd: the leader then learns
 //! the units through its watch only.
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health] [via-standby]`
+//! etcd runs with the settings README recommends for a large cluster on etcd 3.4
+//! (`fleet_testkit::LARGE_CLUSTER_SETTINGS`), the header line says which; with
+//! `etcd-defaults`, with etcd's own defaults.
+//!
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health] [via-standby] [etcd-defaults]`
 
 mod etcd_metrics;
 mod health_rollouts;
@@ -43,7 +47,7 @@ use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::cluster_bench::{
     SIMULATED_CAPACITY, TEMPLATES, every_unit, registered_machines, template_reserving, unit_list, wait_all_launched,
 };
-use fleet_e2e::{EtcdServer, Fleetd, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds};
+use fleet_e2e::{EtcdServer, Fleetd, LARGE_CLUSTER_SETTINGS, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_testkit::FakeUnitManager;
@@ -84,6 +88,7 @@ fn main() {
     let reserving = options.iter().any(|option| option == "reserve");
     let health = options.iter().any(|option| option == "health");
     let via_standby = options.iter().any(|option| option == "via-standby");
+    let etcd_defaults = options.iter().any(|option| option == "etcd-defaults");
     // The simulated machines' own log (their renewals, registrations, passes), on stderr when
     // asked for: `RUST_LOG=fleet_registry=info`.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -92,7 +97,14 @@ fn main() {
             .with_writer(std::io::stderr)
             .init();
     }
-    let etcd = EtcdServer::start();
+    // etcd as README recommends for a cluster of this size, unless asked for its defaults.
+    let (etcd, etcd_settings) = if etcd_defaults {
+        (EtcdServer::start(), "its defaults".to_string())
+    } else {
+        let (flag, (variable, value)) = LARGE_CLUSTER_SETTINGS;
+        let value = std::env::var(variable).unwrap_or_else(|_| value.to_string());
+        (EtcdServer::start_for_scale(), format!("{flag} {variable}={value}"))
+    };
     let options = EtcdOptions {
         endpoints: vec![etcd.endpoint()],
         key_prefix: PREFIX.into(),
@@ -125,7 +137,7 @@ fn main() {
         }
         let api = registries[0].clone();
         let reserve = if reserving { ", every unit reserving memory and CPU" } else { "" };
-        println!("bench-cluster: {machines} simulated machines, {units} units{reserve}, one fleetd engine, etcd 3.4");
+        println!("bench-cluster: {machines} simulated machines, {units} units{reserve}, one fleetd engine, etcd 3.4 with {etcd_settings}");
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let joined = Instant::now();
         let mut agents = Vec::new();
@@ -204,12 +216,11 @@ fn main() {
             assert_eq!(rows, units, "fleetctl {command} shows every unit");
         }
         println!(
-            "  memory (VmHWM): fleetd engine {:.0} MiB; an agent-only fleetd with no units {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB; etcd {:.0} MiB (GOGC {})",
+            "  memory (VmHWM): fleetd engine {:.0} MiB; an agent-only fleetd with no units {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB; etcd {:.0} MiB",
             peak_resident_mib(engine.pid()),
             peak_resident_mib(agent_only.pid()),
             peak_resident_mib(std::process::id()),
             peak_resident_mib(etcd_pid),
-            std::env::var("GOGC").unwrap_or_else(|_| "default".to_string())
         );
 
         let store = etcd_metrics::store_size(etcd.endpoint().trim_start_matches("http://"));
