@@ -71,6 +71,28 @@ pub trait Reconciler: Send {
     }
 }
 
+/// How long a pass runs before the log says so (again at twice, four times as long…): a pass
+/// waiting on a call that never answers would otherwise leave a loop silent while the rest of
+/// fleetd, its presence among it, looks well.
+pub const SLOW_PASS: Duration = Duration::from_secs(30);
+
+/// Runs `pass` to its end, warning each time it has run for [`SLOW_PASS`] doubled.
+async fn watched<T>(name: &str, pass: impl Future<Output = T>) -> T {
+    let started = tokio::time::Instant::now();
+    let mut pass = std::pin::pin!(pass);
+    let mut warn_after = SLOW_PASS;
+    loop {
+        tokio::select! {
+            biased;
+            outcome = &mut pass => return outcome,
+            () = tokio::time::sleep_until(started + warn_after) => {
+                tracing::warn!(running_for = ?warn_after, "{name}: one pass has not ended");
+                warn_after *= 2;
+            }
+        }
+    }
+}
+
 /// Runs `reconciler` until `lifecycle` leaves [`Lifecycle::Running`], then finishes it.
 pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receiver<Lifecycle>) {
     let mut retry = Backoff::new(R::RETRY.min, R::RETRY.max);
@@ -83,10 +105,10 @@ pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receive
             tokio::select! {
                 biased;
                 _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => continue,
-                outcome = reconciler.pass() => outcome,
+                outcome = watched(R::NAME, reconciler.pass()) => outcome,
             }
         } else {
-            reconciler.pass().await
+            watched(R::NAME, reconciler.pass()).await
         };
         let took = started.elapsed();
         let next = match outcome {
@@ -177,6 +199,55 @@ mod tests {
 
     async fn passes_reach(passes: &watch::Receiver<usize>, count: usize) {
         passes.clone().wait_for(|passes| *passes >= count).await.expect("the loop runs");
+    }
+
+    /// What a test's log says, written by a `tracing` subscriber into memory.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("lock").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Captured {
+        fn text(&self) -> String {
+            String::from_utf8_lossy(&self.0.lock().expect("lock")).into_owned()
+        }
+        fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+            let log = self.clone();
+            tracing_subscriber::fmt().with_ansi(false).with_writer(move || log.clone()).finish()
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_that_does_not_end_is_named_in_the_log_at_growing_intervals() {
+        let log = Captured::default();
+        let _logging = tracing::subscriber::set_default(log.subscriber());
+        let stuck = watched("stuck loop", std::future::pending::<()>());
+        let gave_up = tokio::time::timeout(SLOW_PASS * 3, stuck).await;
+        assert!(gave_up.is_err(), "the pass never ends");
+        let text = log.text();
+        // At 30 s and 60 s; the next would be at 120 s.
+        assert_eq!(text.matches("stuck loop: one pass has not ended").count(), 2, "{text}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_that_ends_in_time_leaves_the_log_alone() {
+        let log = Captured::default();
+        let _logging = tracing::subscriber::set_default(log.subscriber());
+        let answer = watched("quick loop", async {
+            tokio::time::sleep(SLOW_PASS - Duration::from_millis(1)).await;
+            7
+        })
+        .await;
+        assert_eq!(answer, 7);
+        assert_eq!(log.text(), "");
     }
 
     #[tokio::test(start_paused = true)]

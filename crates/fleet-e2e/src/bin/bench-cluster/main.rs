@@ -47,7 +47,9 @@ use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_e2e::cluster_bench::{
     SIMULATED_CAPACITY, TEMPLATES, every_unit, registered_machines, template_reserving, unit_list, wait_all_launched,
 };
-use fleet_e2e::{EtcdServer, Fleetd, LARGE_CLUSTER_SETTINGS, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds};
+use fleet_e2e::{
+    EtcdServer, Fleetd, LARGE_CLUSTER_SETTINGS, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds,
+};
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_testkit::FakeUnitManager;
