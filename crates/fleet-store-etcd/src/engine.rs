@@ -224,11 +224,20 @@ impl EngineRegistry for EtcdRegistry {
         let mut leadership = self.inner.leadership.lock().await;
         let lease_of = |held: &Leadership| EngineLease { machine_id: machine_id.to_string(), token: held.token as u64 };
         if let Some(held) = leadership.as_mut() {
-            if self.renew_leadership(held).await? {
-                return Ok(Some(lease_of(held)));
+            match self.renew_leadership(held).await {
+                Ok(true) => return Ok(Some(lease_of(held))),
+                // etcd 3.4 refuses every renewal while it is more than a second behind in
+                // applying what it committed (a storm of registrations or of unit writes can
+                // do that for seconds on end). The lease holds for its time to live from the
+                // last renewal sent, and every write of the leader is fenced by its key: the
+                // engine plans and writes on through the refusals until that time is up.
+                Err(error) if held.renewed.elapsed() < self.inner.lifetimes.engine_lease_ttl => {
+                    tracing::debug!(%error, last_renewed_ago = ?held.renewed.elapsed(), "engine lease not renewed; leading on while it lives");
+                    return Ok(Some(lease_of(held)));
+                }
+                Err(error) => return Err(error),
+                Ok(false) => {}
             }
-            // etcd 3.4 refuses every renewal while it is more than a second behind in applying
-            // what it committed (a storm of registrations can do that for seconds on end).
             tracing::warn!(last_renewed_ago = ?held.renewed.elapsed(), "engine lease expired");
             *leadership = None;
         }

@@ -176,6 +176,32 @@ async fn one_leader_at_a_time_and_a_deposed_leader_cannot_write() {
     assert!(!b.engine_copy_running(), "so does a leader that steps down");
 }
 
+/// etcd 3.4 refuses every lease renewal while it is behind in applying what it committed,
+/// and a store that is away refuses everything: the leader leads on, its writes fenced by its
+/// key, for as long as its lease lives by its own clock from the last renewal it sent, and
+/// only then does a refused renewal fail the engine's pass.
+#[tokio::test]
+async fn a_leader_whose_renewal_is_refused_leads_on_while_its_lease_lives() {
+    let mut etcd = EtcdServer::start();
+    let ttl = Duration::from_secs(30);
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: ttl };
+    let a = EtcdRegistry::connect(&options(&etcd), lifetimes).await.unwrap();
+    let lease = a.acquire_leadership("ma").await.unwrap().expect("the only engine leads");
+    etcd.kill();
+    assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease.clone()), "refused within the lease's life");
+    {
+        let mut leadership = a.inner.leadership.lock().await;
+        let held = leadership.as_mut().expect("still held");
+        held.renewed = held.renewed.checked_sub(ttl).expect("an instant a lease's life ago");
+    }
+    assert!(a.acquire_leadership("ma").await.is_err(), "refused once the lease may be gone: the pass fails");
+    etcd.resume();
+    eventually("the lease is renewed once etcd is back", || async {
+        a.acquire_leadership("ma").await.is_ok_and(|held| held == Some(lease.clone()))
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn copies_resume_after_an_outage() {
     let mut etcd = EtcdServer::start();
