@@ -241,6 +241,10 @@ impl EtcdRegistry {
             None => 0,
         };
         if !data.current_since(rejoined_at) {
+            // The registration asked for a listing; asked again on every read until the copy
+            // is current (the asks coalesce, and listings are spaced), so that no lost ask
+            // leaves the work unreadable.
+            mirror.relist();
             return Err(RegistryError::PresenceLapsed);
         }
         let keys = self.keys();

@@ -66,6 +66,8 @@ pub struct MirrorData {
     pub generation: u64,
     /// Whether the copy was listed at least once.
     pub synced: bool,
+    /// How many listings it was made from (the first and each asked for since).
+    pub listings: u64,
     /// Whether its watch stream is up now (else the copy may be missing recent changes).
     pub streaming: bool,
 }
@@ -239,6 +241,24 @@ impl Mirror {
     }
 }
 
+/// A listing asked for with [`Mirror::relist`] and taken from its signal, not made yet: a
+/// stream that ends first asks again, so the next one makes it. (A machine registering again
+/// as its connection comes back asks just before its broken stream ends; lost, the ranges
+/// with no event since would stay behind the registration until etcd's next progress notice,
+/// minutes later, and the machine's work could not be read meanwhile.)
+struct PendingRelist<'a> {
+    asked: bool,
+    notify: &'a tokio::sync::Notify,
+}
+
+impl Drop for PendingRelist<'_> {
+    fn drop(&mut self) {
+        if self.asked {
+            self.notify.notify_one();
+        }
+    }
+}
+
 struct Feeder {
     connection: Connection,
     ranges: Vec<KeyRange>,
@@ -314,6 +334,7 @@ impl Feeder {
             data.seen = vec![revision; self.ranges.len()];
             data.listed = revision;
             data.synced = true;
+            data.listings += 1;
             if changed {
                 data.generation += 1;
             }
@@ -362,20 +383,20 @@ impl Feeder {
         self.changes.send_modify(|generation| *generation += 1);
         // Watch IDs come back in the order the watches were asked for.
         let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
-        let mut relist_asked = false;
+        let mut relist = PendingRelist { asked: false, notify: &self.relist };
         loop {
             let message = tokio::select! {
                 message = stream.message() => message,
-                () = self.relist.notified(), if !relist_asked => {
-                    relist_asked = true;
+                () = self.relist.notified(), if !relist.asked => {
+                    relist.asked = true;
                     continue;
                 }
-                () = tokio::time::sleep_until(next_relist), if relist_asked => {
+                () = tokio::time::sleep_until(next_relist), if relist.asked => {
                     next_relist = match self.list_spaced().await {
                         Ok(next_relist) => next_relist,
                         Err(error) => return StreamEnd::Broken(error),
                     };
-                    relist_asked = false;
+                    relist.asked = false;
                     continue;
                 }
             };
@@ -390,6 +411,8 @@ impl Feeder {
             }
             if response.compact_revision() > 0 {
                 tracing::info!(compacted = response.compact_revision(), "watch start revision compacted; relisting");
+                // The listing that follows is the one asked for too.
+                relist.asked = false;
                 return StreamEnd::Compacted;
             }
             if response.canceled() {
@@ -501,6 +524,42 @@ mod tests {
         // A relist then brings the copy to the latest value.
         assert_eq!(feeder.list().await.unwrap(), latest);
         assert_eq!(feeder.data.read().unwrap().entries["/m/key"].value, b"3".to_vec());
+    }
+
+    /// The chaos run's seed 1820719916: a machine registered again while its stream to etcd
+    /// was broken, the relist it asked for was lost with the stream, and its work could not
+    /// be read for the rest of the run.
+    #[tokio::test]
+    async fn a_relist_asked_for_is_still_asked_for_after_the_stream_breaks() {
+        let mut etcd = EtcdServer::start();
+        let feeder = Feeder {
+            connection: connect(&etcd).await,
+            ranges: vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())],
+            data: Arc::new(RwLock::new(MirrorData::default())),
+            changes: watch::channel(0).0,
+            observer: None,
+            relist: Arc::new(tokio::sync::Notify::new()),
+        };
+        feeder.list().await.unwrap();
+        let mut changes = feeder.changes.subscribe();
+        // Not due for an hour: the stream breaks before the listing is made.
+        let following = feeder.follow(tokio::time::Instant::now() + Duration::from_secs(3600));
+        let breaking = async {
+            while !feeder.data.read().unwrap().streaming {
+                changes.changed().await.unwrap();
+            }
+            feeder.relist.notify_one();
+            // The follower takes the signal (it waits for nothing else), then etcd goes.
+            tokio::task::yield_now().await;
+            etcd.kill();
+        };
+        let (ended, ()) = tokio::time::timeout(Duration::from_secs(20), async { tokio::join!(following, breaking) })
+            .await
+            .expect("the stream ends once etcd is gone");
+        assert!(matches!(ended, StreamEnd::Broken(_)));
+        tokio::time::timeout(Duration::from_secs(10), feeder.relist.notified())
+            .await
+            .expect("the listing is still asked for");
     }
 
     #[tokio::test]

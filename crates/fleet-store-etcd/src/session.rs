@@ -118,6 +118,12 @@ impl MachineSession {
         self.rejoined_at.load(Ordering::SeqCst)
     }
 
+    /// As if the machine registered again at `revision`.
+    #[cfg(test)]
+    pub fn note_rejoined_at(&self, revision: i64) {
+        self.rejoined_at.store(revision, Ordering::SeqCst);
+    }
+
     /// Whether this is this fleetd's own machine rather than a pull agent's.
     pub fn own(&self) -> bool {
         self.own
