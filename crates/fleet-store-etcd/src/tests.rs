@@ -209,13 +209,25 @@ async fn a_leader_whose_renewal_is_refused_leads_on_while_its_lease_lives() {
     let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: ttl };
     let a = EtcdRegistry::connect(&options(&etcd), lifetimes).await.unwrap();
     let lease = a.acquire_leadership("ma").await.unwrap().expect("the only engine leads");
+    let renewals_sent = || {
+        let counted = "fleet_store_request_duration_seconds_count{store=\"etcd\",operation=\"lease_keepalive\"}";
+        let text = fleet_metrics::render();
+        let line = text.lines().find(|line| line.starts_with(counted));
+        line.and_then(|line| line.rsplit(' ').next()).map_or(0.0, |count| count.parse::<f64>().unwrap_or(0.0))
+    };
+    let sent = renewals_sent();
+    assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease.clone()), "renewed a moment ago");
+    assert_eq!(renewals_sent(), sent, "a leadership renewed a moment ago asks etcd nothing");
     etcd.kill();
-    assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease.clone()), "refused within the lease's life");
-    {
+    // Moves the last renewal sent back by half the lease's life: due for renewal again.
+    let age_by_half_a_life = || async {
         let mut leadership = a.inner.leadership.lock().await;
         let held = leadership.as_mut().expect("still held");
-        held.renewed = held.renewed.checked_sub(ttl).expect("an instant a lease's life ago");
-    }
+        held.renewed = held.renewed.checked_sub(ttl / 2).expect("an instant half a lease's life ago");
+    };
+    age_by_half_a_life().await;
+    assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease.clone()), "refused within the lease's life");
+    age_by_half_a_life().await;
     assert!(a.acquire_leadership("ma").await.is_err(), "refused once the lease may be gone: the pass fails");
     etcd.resume();
     eventually("the lease is renewed once etcd is back", || async {
