@@ -13,6 +13,7 @@ mod drift_watch;
 pub mod health_watch;
 mod probe;
 mod reconciler;
+mod unreadable_work;
 
 pub use fleet_runtime::Lifecycle;
 pub use reconciler::{Agent, AgentConfig};

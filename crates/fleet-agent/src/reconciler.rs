@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::unreadable_work::UnreadableWork;
 use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Task};
 use fleet_core::desired_units::{Assigned, desired_units};
 use fleet_core::health::HealthStatus;
@@ -104,6 +105,9 @@ pub struct Agent {
     /// When the last pass found the presence due a look, whatever else happens: a failed
     /// pass is retried by then at the latest.
     presence_due: Option<Duration>,
+    /// Since when the work could not be read (the presence lapsed, the store's copy not yet
+    /// current since the machine registered again).
+    unreadable: UnreadableWork,
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -135,6 +139,7 @@ impl Agent {
             state_changes,
             health_flips,
             settled: false,
+            unreadable: UnreadableWork::default(),
             lapses,
             registered: false,
             presence_due: None,
@@ -202,7 +207,12 @@ impl Agent {
         };
         self.lapses = lapses;
         let next = match outcome {
-            Ok(()) => self.config.reconcile_interval,
+            Ok(()) => {
+                if self.unreadable.readable() {
+                    fleet_metrics::metrics().agent.work_unreadable.dec();
+                }
+                self.config.reconcile_interval
+            }
             // Starting up: the copy wakes this loop once it has listed.
             Err(RegistryError::NotListedYet) => {
                 tracing::debug!("the store's copy is not listed yet; waiting for it");
@@ -213,6 +223,7 @@ impl Agent {
             // The copy wakes this loop when it can.
             Err(RegistryError::PresenceLapsed) => {
                 self.stop_for_lapse("its presence lapsed").await;
+                self.note_unreadable_work();
                 RETRY_MIN
             }
             Err(error) => {
@@ -369,6 +380,21 @@ impl Agent {
     /// Stops every unit held here (none of them can be shown to be this machine's: `why`),
     /// then tells the store, which may register the machine again: nothing runs here that
     /// the engine may have moved.
+    /// Notes a pass that could not read the work: counted in the gauge while it lasts, and
+    /// told in the log when it lasts long.
+    fn note_unreadable_work(&mut self) {
+        let unreadable = self.unreadable.unreadable(tokio::time::Instant::now());
+        if unreadable.began {
+            fleet_metrics::metrics().agent.work_unreadable.inc();
+        }
+        if let Some(lasted) = unreadable.warn_after {
+            tracing::warn!(
+                ?lasted,
+                "this machine's work cannot be read (its presence lapsed, and the store does not yet show its work since it registered again): it runs nothing meanwhile"
+            );
+        }
+    }
+
     async fn stop_for_lapse(&mut self, why: &str) {
         if !self.loaded.is_empty() {
             tracing::warn!(

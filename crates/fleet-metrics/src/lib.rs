@@ -105,6 +105,9 @@ pub struct AgentMetrics {
     pub health_restarts: Counter,
     /// Health check probes made.
     pub health_probes: Counter,
+    /// Agents (in this process) that cannot read their machine's work now: their presence
+    /// lapsed and the store does not yet show the work since they registered again.
+    pub work_unreadable: Gauge,
 }
 
 /// Requests to the store, whichever it is.
@@ -174,6 +177,7 @@ impl Metrics {
             units_unhealthy: Gauge::default(),
             health_restarts: Counter::default(),
             health_probes: Counter::default(),
+            work_unreadable: Gauge::default(),
         };
         let store = StoreMetrics {
             request_duration: Family::new_with_constructor(latency_histogram),
@@ -230,6 +234,11 @@ impl Metrics {
             agent.health_restarts.clone(),
         );
         fleet.register("agent_health_probes", "Health check probes made", agent.health_probes.clone());
+        fleet.register(
+            "agent_work_unreadable",
+            "Agents that cannot read their machine's work now (its presence lapsed and the store does not yet show the work since it registered again): such a machine runs nothing meanwhile",
+            agent.work_unreadable.clone(),
+        );
         fleet.register_with_unit(
             "store_request_duration",
             "How long requests to the store took",
