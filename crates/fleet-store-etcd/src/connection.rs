@@ -9,6 +9,7 @@ use etcd_client::{
     TxnOp, TxnResponse, WatchClient,
 };
 
+use fleet_core::backoff::Backoff;
 use fleet_registry::{RegistryError, Result};
 
 /// How to reach etcd: the original's `etcd_*` options.
@@ -53,6 +54,10 @@ pub struct Connection {
 
 /// How long to wait before sending a call again that could not connect.
 const CONNECT_RETRY: Duration = Duration::from_millis(20);
+/// How long to wait before sending a call again that etcd refused while too far behind in
+/// applying what it committed: at first, then twice as long each time, up to the second.
+const BEHIND_RETRY_MIN: Duration = Duration::from_millis(50);
+const BEHIND_RETRY_MAX: Duration = Duration::from_secs(1);
 
 /// Whether `error` says the request was never carried out: no connection could be made to the
 /// member, or the member refused it for want of a leader (the require-leader check comes before
@@ -63,6 +68,14 @@ fn never_sent(error: &etcd_client::Error) -> bool {
     matches!(error, etcd_client::Error::GRpcStatus(status)
         if i32::from(status.code()) == UNAVAILABLE
             && (status.message().contains("connect error") || status.message() == "etcdserver: no leader"))
+}
+
+/// Whether etcd refused `error`'s request because its apply is too far behind what it
+/// committed (etcd 3.4's "too many requests"): refused before it is proposed, so nothing was
+/// done, and the request is better sent again a little later than answered with an error that
+/// sends the caller's whole batch back as single requests.
+fn refused_while_behind(error: &etcd_client::Error) -> bool {
+    matches!(error, etcd_client::Error::GRpcStatus(status) if status.message() == "etcdserver: too many requests")
 }
 
 pub(crate) fn unavailable(error: impl std::fmt::Display) -> RegistryError {
@@ -221,7 +234,8 @@ impl Connection {
     }
 
     /// One KV call within `limit`, made again (on another connection, most likely) while the
-    /// member it reached could not take it: down, or without a leader. The request was not
+    /// member it reached could not take it: down, or without a leader; and, after a pause
+    /// that grows, while etcd refuses it for being too far behind. The request was not
     /// carried out, so any call may be made again. Any other failure is the answer.
     async fn sent_once<T, F, Fut>(&self, operation: &'static str, limit: Duration, call: F) -> Result<T>
     where
@@ -230,11 +244,15 @@ impl Connection {
     {
         let started = std::time::Instant::now();
         let deadline = tokio::time::Instant::now() + limit;
+        let mut behind = Backoff::new(BEHIND_RETRY_MIN, BEHIND_RETRY_MAX);
         let result = loop {
             match tokio::time::timeout_at(deadline, call()).await {
                 Err(_) => break Err(unavailable(format!("no answer within {limit:?}"))),
                 Ok(Err(error)) if never_sent(&error) && tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(CONNECT_RETRY).await;
+                }
+                Ok(Err(error)) if refused_while_behind(&error) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + behind.next_delay())).await;
                 }
                 Ok(answer) => break answer.map_err(unavailable),
             }
@@ -273,4 +291,68 @@ pub(crate) fn replies_of(response: TxnResponse) -> (i64, Vec<GetResponse>) {
 /// A range read of every key under `prefix`.
 pub fn get_prefix(prefix: &str) -> TxnOp {
     TxnOp::get(prefix, Some(GetOptions::new().with_prefix()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use fleet_testkit::EtcdServer;
+
+    use super::*;
+
+    async fn connect(etcd: &EtcdServer) -> Connection {
+        let options = EtcdOptions { endpoints: vec![etcd.endpoint()], ..EtcdOptions::default() };
+        Connection::connect(&options).await.unwrap()
+    }
+
+    fn refusal(message: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::unknown(message.to_string()))
+    }
+
+    /// etcd 3.4 refuses requests with "too many requests" while its apply is five thousand
+    /// entries behind its commits; nothing was done, so the call waits and goes again (within
+    /// its limit) rather than failing a batch back to its caller.
+    #[tokio::test]
+    async fn a_call_refused_while_etcd_is_behind_goes_again_after_growing_pauses() {
+        let etcd = EtcdServer::start();
+        let connection = connect(&etcd).await;
+        let (calls, started) = (AtomicUsize::new(0), tokio::time::Instant::now());
+        let answer = connection
+            .sent_once("test", Duration::from_secs(5), || async {
+                match calls.fetch_add(1, Ordering::SeqCst) {
+                    0..3 => Err(refusal("etcdserver: too many requests")),
+                    _ => Ok(7),
+                }
+            })
+            .await;
+        assert_eq!(answer.unwrap(), 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 4);
+        // 50 ms, 100 ms, 200 ms.
+        assert!(started.elapsed() >= Duration::from_millis(350), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn a_call_refused_for_as_long_as_its_limit_fails_and_any_other_failure_is_the_answer() {
+        let etcd = EtcdServer::start();
+        let connection = connect(&etcd).await;
+        let calls = AtomicUsize::new(0);
+        let refused: Result<()> = connection
+            .sent_once("test", Duration::from_secs(3), || async {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Err(refusal("etcdserver: too many requests"))
+            })
+            .await;
+        assert!(refused.is_err());
+        assert!(calls.load(Ordering::SeqCst) > 3, "sent again while its limit lasted");
+        let other = AtomicUsize::new(0);
+        let failed: Result<()> = connection
+            .sent_once("test", Duration::from_secs(3), || async {
+                other.fetch_add(1, Ordering::SeqCst);
+                Err(refusal("etcdserver: request timed out"))
+            })
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(other.load(Ordering::SeqCst), 1, "a request that may have been carried out is not sent again");
+    }
 }
