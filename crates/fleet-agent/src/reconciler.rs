@@ -374,12 +374,6 @@ impl Agent {
         }
     }
 
-    /// Stops and unloads every unit this agent holds (`why`, for the log).
-    /// Unit by unit: the manager's `stop_all` is for leaving (the native supervisor then
-    /// removes its cgroups, and could start nothing after).
-    /// Stops every unit held here (none of them can be shown to be this machine's: `why`),
-    /// then tells the store, which may register the machine again: nothing runs here that
-    /// the engine may have moved.
     /// Notes a pass that could not read the work: counted in the gauge while it lasts, and
     /// told in the log when it lasts long.
     fn note_unreadable_work(&mut self) {
@@ -395,6 +389,9 @@ impl Agent {
         }
     }
 
+    /// Stops every unit held here (none of them can be shown to be this machine's: `why`),
+    /// then tells the store, which may register the machine again: nothing runs here that
+    /// the engine may have moved.
     async fn stop_for_lapse(&mut self, why: &str) {
         if !self.loaded.is_empty() {
             tracing::warn!(
@@ -407,6 +404,9 @@ impl Agent {
         self.registry.presence_lapse_handled(self.machine_id());
     }
 
+    /// Stops and unloads every unit this agent holds (`why`, for the log).
+    /// Unit by unit: the manager's `stop_all` is for leaving (the native supervisor then
+    /// removes its cgroups, and could start nothing after).
     async fn stop_and_unload_all(&mut self, why: &str) {
         let names: Vec<String> = self.loaded.keys().cloned().collect();
         self.stop_and_unload(&names, why).await;
