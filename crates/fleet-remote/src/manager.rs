@@ -116,11 +116,26 @@ impl Manager {
     /// An HTTP/1.1 client for the change stream, speaking `tls`: its one request is switched
     /// to the stream, which lasts as long as the manager answers its heartbeats.
     pub(crate) fn stream_client(&self, tls: &ClientTls) -> Result<reqwest::Client, ManagerError> {
-        let builder = reqwest::Client::builder()
-            .tls_backend_preconfigured(tls.config(Speaks::Stream))
+        self.single_request_client(tls, None)
+    }
+
+    /// An HTTP/1.1 client whose connection carries one request and is closed after it (no
+    /// timeout with `None`): a join or a renewal is an agent's only request on a connection
+    /// of its own, and HTTP/2's setup (settings both ways, its buffers on the manager) would
+    /// cost both sides more than the request itself.
+    fn single_request_client(
+        &self,
+        tls: &ClientTls,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Client, ManagerError> {
+        let mut builder = reqwest::Client::builder()
+            .tls_backend_preconfigured(tls.config(Speaks::Http1))
             .http1_only()
             .connect_timeout(self.timeout)
             .pool_max_idle_per_host(0);
+        if let Some(timeout) = timeout {
+            builder = builder.timeout(timeout);
+        }
         builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
     }
 
@@ -182,7 +197,12 @@ impl Manager {
         let body = serde_json::to_string(&AgentJoinRequest { machine_id: machine_id.to_string(), csr })
             .map_err(|error| ManagerError::Setup(error.to_string()))?;
         let answer = self
-            .post(&self.client(&self.tls(None)?, self.timeout)?, "/fleet/v1/agents/join", Some(token), body)
+            .post(
+                &self.single_request_client(&self.tls(None)?, Some(self.timeout))?,
+                "/fleet/v1/agents/join",
+                Some(token),
+                body,
+            )
             .await?;
         if answer.machine_id != machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));
@@ -200,7 +220,12 @@ impl Manager {
         let body = serde_json::to_string(&AgentRenewRequest { csr })
             .map_err(|error| ManagerError::Setup(error.to_string()))?;
         let answer = self
-            .post(&self.client(&self.tls(Some(current))?, self.timeout)?, "/fleet/v1/agents/renew", None, body)
+            .post(
+                &self.single_request_client(&self.tls(Some(current))?, Some(self.timeout))?,
+                "/fleet/v1/agents/renew",
+                None,
+                body,
+            )
             .await?;
         if answer.machine_id != current.machine_id {
             return Err(ManagerError::BadAnswer(format!("a certificate for {:?}", answer.machine_id)));

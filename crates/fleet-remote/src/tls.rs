@@ -35,8 +35,9 @@ pub struct ClientTls(Arc<rustls::ClientConfig>);
 pub enum Speaks {
     /// Requests: HTTP/2 where the manager offers it.
     Requests,
-    /// The change stream: HTTP/1.1, to be upgraded.
-    Stream,
+    /// HTTP/1.1 only: the change stream (to be upgraded), and a request made once on a
+    /// connection of its own (a join, a renewal), which HTTP/2's setup would only slow.
+    Http1,
 }
 
 impl ClientTls {
@@ -82,7 +83,7 @@ impl ClientTls {
         let mut config = (*self.0).clone();
         config.alpn_protocols = match speaks {
             Speaks::Requests => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
-            Speaks::Stream => vec![b"http/1.1".to_vec()],
+            Speaks::Http1 => vec![b"http/1.1".to_vec()],
         };
         config
     }

@@ -115,3 +115,34 @@ fn a_reloaded_configuration_resumes_nothing_begun_before() {
     let (after_reload, _) = connect(Arc::new(client.clone()), server_config(&pki.files).unwrap());
     assert_eq!(after_reload, HandshakeKind::Full);
 }
+
+/// The suite a connection of `client` to `server` settles on.
+fn negotiated_suite(client: rustls::ClientConfig, server: Arc<ServerConfig>) -> rustls::CipherSuite {
+    let mut client =
+        rustls::Connection::from(ClientConnection::new(Arc::new(client), "localhost".try_into().unwrap()).unwrap());
+    let mut server = rustls::Connection::from(ServerConnection::new(server).unwrap());
+    while carry(&mut client, &mut server) | carry(&mut server, &mut client) {}
+    server.negotiated_cipher_suite().unwrap().suite()
+}
+
+#[test]
+fn the_server_chooses_aes_128_with_sha_256_and_still_serves_a_client_offering_only_another_suite() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = pki(dir.path());
+    let server = server_config(&pki.files).unwrap();
+    // rustls' own order offers AES-256-GCM with SHA-384 first.
+    let offered_first = client_config(&pki).crypto_provider().cipher_suites[0].suite();
+    assert_eq!(offered_first, rustls::CipherSuite::TLS13_AES_256_GCM_SHA384);
+    assert_eq!(negotiated_suite(client_config(&pki), server.clone()), rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
+    let mut only = rustls::crypto::ring::default_provider();
+    only.cipher_suites.retain(|suite| suite.suite() == rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256);
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca.clone()).unwrap();
+    let chacha_only = rustls::ClientConfig::builder_with_provider(Arc::new(only))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![pki.client.0.clone()], pki.client.1.clone_key())
+        .unwrap();
+    assert_eq!(negotiated_suite(chacha_only, server), rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256);
+}

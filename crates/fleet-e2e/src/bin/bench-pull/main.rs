@@ -243,7 +243,9 @@ fn main() {
     let mut managers: Vec<Fleetd> = (0..manager_count)
         .map(|index| {
             let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
-            urls.push(format!("https://localhost:{port}"));
+            // By address: the agents here would otherwise each look `localhost` up, a cost of the
+            // agents, not of the manager this measures.
+            urls.push(format!("https://127.0.0.1:{port}"));
             let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
             Fleetd::start(
                 &format!("b{index:x}").repeat(16),
