@@ -484,9 +484,11 @@ fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
     }
 }
 
+mod replace_order;
 mod split_units;
 mod stored_units;
 
+pub use replace_order::machine_by_machine;
 pub use split_units::{FixedUnits, StepRuns, join_units, split_units};
 #[cfg(test)]
 mod tests;

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::DesiredState;
-use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, units_after_sync};
+use fleet_core::rollout::{
+    MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, machine_by_machine, units_after_sync,
+};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
@@ -291,6 +293,10 @@ impl SourceSyncer {
             bodies.insert(file.hash().to_string(), file.serialize());
             units.push(RolloutUnit { name: name.clone(), from: current.hash, to: file.hash(), step: Step::Waiting });
         }
+        let asked_first = source.gates.canary_of(units.len()).map_or(0, |canary| canary.count);
+        let units = machine_by_machine(units, asked_first, |unit| {
+            views.get(&unit.name).and_then(|view| view.machine_id.as_deref())
+        });
         let existing = self.registry.rollouts().await?.into_iter().find(|record| record.name == name);
         let Some(units) = units_after_sync(existing.as_ref().map(|record| &record.rollout), &units) else {
             return Ok(());

@@ -674,3 +674,40 @@ async fn a_rollout_takes_each_unit_s_own_content_and_refuses_a_unit_that_does_no
         assert_eq!(UnitFile::parse(body).unwrap().hash(), *hash);
     }
 }
+
+#[tokio::test]
+async fn a_rollout_replaces_the_units_after_its_canary_machine_by_machine() {
+    use fleet_registry::SourceRegistry;
+    let api = api(100).await;
+    let names = ["web@1.service", "web@2.service", "web@3.service", "web@4.service", "web@5.service"];
+    launch(&api, &names).await;
+    for id in ["m1", "m2"] {
+        let machine = MachineState { id: id.into(), public_ip: "10.0.0.1".into(), ..Default::default() };
+        api.registry.register_machine(&machine).await.unwrap();
+    }
+    // Placed as the engine spreads instances: one machine, then the other.
+    let lease = api.registry.acquire_leadership("m1").await.unwrap().unwrap();
+    let decisions: Vec<fleet_core::schedule::Decision> = names
+        .iter()
+        .enumerate()
+        .map(|(index, unit)| fleet_core::schedule::Decision::Schedule {
+            unit: unit.to_string(),
+            machine: if index % 2 == 0 { "m1" } else { "m2" }.into(),
+        })
+        .collect();
+    api.registry.apply(&lease, &decisions, &[]).await.unwrap();
+    let request = json!({
+        "units": names,
+        "options": [{"section": "Service", "name": "ExecStart", "value": "/bin/sleep 2000"}],
+        "maxUnavailable": "2",
+        "canary": "1",
+        "bakeSeconds": 5,
+    });
+    let started = api.call("PUT", "/fleet/v1/rollouts/web", Some(request)).await;
+    assert_eq!(started.status, StatusCode::CREATED, "{}", started.body);
+    let record = api.registry.rollouts().await.unwrap().pop().expect("the rollout stored");
+    let order: Vec<&str> = record.rollout.units.iter().map(|unit| unit.name.as_str()).collect();
+    // The canary as asked; then m2's units (its first, web@2, came first after the canary),
+    // then m1's others.
+    assert_eq!(order, ["web@1.service", "web@2.service", "web@4.service", "web@3.service", "web@5.service"]);
+}
