@@ -35,6 +35,8 @@ pub struct RolloutDriver {
     registry: Arc<dyn LeaderStore>,
     /// The unit names of each running rollout, by rollout name.
     followed: HashMap<String, Followed>,
+    /// How long the last pass waited on its writes (waves and records).
+    writing: Duration,
 }
 
 /// How a unit runs, as a rollout counts it: active counts only once its health check (where
@@ -108,7 +110,7 @@ pub fn observed<S: Borrow<UnitState>>(states: &[S], rollout: &Rollout, followed:
 
 impl RolloutDriver {
     pub fn new(registry: Arc<dyn LeaderStore>) -> Self {
-        Self { registry, followed: HashMap::new() }
+        Self { registry, followed: HashMap::new(), writing: Duration::ZERO }
     }
 
     /// Steps the rollouts while `leads` says this fleetd leads, until `lifecycle` ends it.
@@ -132,8 +134,9 @@ impl RolloutDriver {
         }
         let now = now();
         let mut next = FALLBACK;
+        self.writing = Duration::ZERO;
         for before in running {
-            let began = std::time::Instant::now();
+            let began = tokio::time::Instant::now();
             let followed = self.followed.entry(before.name.clone()).or_insert_with(|| Followed::of(&before.rollout));
             if !followed.fits(&before.rollout) {
                 *followed = Followed::of(&before.rollout);
@@ -150,6 +153,8 @@ impl RolloutDriver {
                 self.replace_all(&record, &step.replace).await?;
             }
             let written = began.elapsed();
+            self.writing += written - stepped;
+            let storing = tokio::time::Instant::now();
             if record.rollout != before.rollout {
                 if let Some(why) = record.rollout.reverted.as_ref().filter(|_| before.rollout.reverted.is_none()) {
                     tracing::warn!(rollout = record.name, why, "rollout reverting by itself: a gate failed");
@@ -161,6 +166,7 @@ impl RolloutDriver {
                 }
                 self.registry.put_rollout(&record).await?;
             }
+            self.writing += storing.elapsed();
             tracing::debug!(
                 rollout = record.name,
                 units = record.rollout.units.len(),
@@ -230,11 +236,14 @@ impl LeaderPass for RolloutDriver {
     /// States change in bursts (a wave of units restarting): one pass for the burst.
     const SETTLE: Duration = Duration::from_millis(25);
 
-    /// Under a stream of reports a burst is gathered for as long as the last pass took (at
-    /// most [`MOST_SETTLING`]): each pass then takes more units at once, the driver takes at
-    /// most about half a core, and the store gets fewer, larger wave writes.
+    /// Under a stream of reports a burst is gathered for as long as the last pass worked (at
+    /// most [`MOST_SETTLING`]): each pass then takes more units at once and the driver takes
+    /// at most about half a core. The time it waited on its writes does not count: what the
+    /// store is asked to take is bounded by the budget (a wave writes only units that others
+    /// done have made room for), and gathering for as long as a wave took to write doubled
+    /// every wave's turn, with the driver and the store idle between them.
     fn settle(&self, took: Duration) -> Duration {
-        Self::SETTLE.max(took.min(MOST_SETTLING))
+        Self::SETTLE.max(took.saturating_sub(self.writing).min(MOST_SETTLING))
     }
 
     /// A running rollout is stepped on every change and when a step is due by the clock; with

@@ -32,6 +32,8 @@ struct Counting {
     writes: AtomicUsize,
     /// Every unit name the loops asked for by name.
     asked: Mutex<BTreeSet<String>>,
+    /// How long each unit write and rollout write takes (a store that answers slowly).
+    write_delay: Duration,
 }
 
 impl Counting {
@@ -65,6 +67,7 @@ impl LeaderStore for Counting {
     }
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
         self.writes.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.write_delay).await;
         self.store.put_rollout(record).await
     }
     async fn units(&self) -> Result<Vec<UnitView>> {
@@ -97,6 +100,7 @@ impl LeaderStore for Counting {
     }
     async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>> {
         self.writes.fetch_add(changes.len(), Ordering::SeqCst);
+        tokio::time::sleep(self.write_delay).await;
         LeaderStore::change_units_as(&self.store, changes, writer).await
     }
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
@@ -128,7 +132,13 @@ fn start(leading: bool) -> Leader {
     let dir = tempfile::tempdir().expect("dir");
     let store = Arc::new(EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("store"));
     let (reads_sender, reads) = watch::channel(0);
-    let store = Arc::new(Counting { store, reads: reads_sender, writes: AtomicUsize::new(0), asked: Mutex::default() });
+    let store = Arc::new(Counting {
+        store,
+        reads: reads_sender,
+        writes: AtomicUsize::new(0),
+        asked: Mutex::default(),
+        write_delay: Duration::ZERO,
+    });
     let (leads, leads_watch) = watch::channel(leading);
     let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
     let config = SyncerConfig {
@@ -311,6 +321,58 @@ async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
     let asked = leader.store.asked.lock().expect("asked").clone();
     assert_eq!(asked, names.iter().map(|name| name.to_string()).collect(), "only the rollout's units are read");
     leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rollout_pass_gathers_the_next_burst_for_as_long_as_it_worked_not_as_long_as_it_waited_on_writes() {
+    use fleet_runtime::LeaderPass;
+    let dir = tempfile::tempdir().expect("dir");
+    let embedded = Arc::new(EmbeddedRegistry::open(&dir.path().join("fleet.redb")).expect("store"));
+    let (reads, _) = watch::channel(0);
+    let write_delay = Duration::from_millis(150);
+    let store = Arc::new(Counting {
+        store: embedded.clone(),
+        reads,
+        writes: AtomicUsize::new(0),
+        asked: Mutex::default(),
+        write_delay,
+    });
+    let (old, new) = (unit("/bin/sleep 1000"), unit("/bin/sleep 2000"));
+    embedded.register_machine(&MachineState { id: "m1".into(), ..Default::default() }).await.expect("register");
+    let names = ["web@1.service", "web@2.service"];
+    for name in names {
+        embedded.put_unit(name, &old, DesiredState::Launched).await.expect("unit");
+        report_active(&embedded, name, &old).await;
+    }
+    let rollout = Rollout {
+        units: names
+            .iter()
+            .map(|name| RolloutUnit { name: name.to_string(), from: old.hash(), to: new.hash(), step: Step::Waiting })
+            .collect(),
+        max_unavailable: MaxUnavailable::Count(2),
+        min_ready: 0,
+        deadline: 3600,
+        state: RolloutState::Running,
+        undo: false,
+        canary: None,
+        auto_revert: false,
+        reverted: None,
+    };
+    let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
+    embedded.put_rollout(&RolloutRecord { name: "web".into(), rollout, bodies, created: 0 }).await.expect("rollout");
+    let mut driver = RolloutDriver::new(store.clone());
+    let began = tokio::time::Instant::now();
+    driver.pass().await.expect("a pass");
+    let took = began.elapsed();
+    // The wave and the record were written, each waited on for the store's delay.
+    assert_eq!(store.writes.load(Ordering::SeqCst), names.len() + 1);
+    assert!(took >= write_delay * 2, "the pass waited on both writes: {took:?}");
+    // On paused time the pass did no work the clock saw: only the least gathering is left.
+    assert_eq!(driver.settle(took), RolloutDriver::SETTLE);
+    // A pass that waited on no write gathers as long as it took, within the bound.
+    let fresh = RolloutDriver::new(store);
+    assert_eq!(fresh.settle(Duration::from_millis(100)), Duration::from_millis(100));
+    assert_eq!(fresh.settle(Duration::from_secs(5)), Duration::from_millis(250));
 }
 
 /// The engine's part, played by the test: moves `unit` from `from` (if it is placed) to `to`.
