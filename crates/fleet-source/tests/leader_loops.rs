@@ -266,25 +266,25 @@ async fn report_active_on(store: &EmbeddedRegistry, machine: &str, name: &str, f
     store.report_states(machine, &[StateReport::Set(state)]).await.expect("report");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
-    let mut leader = start(true);
-    leader.reads_reach(FIRST_PASSES).await;
-    let store = leader.store.store.clone();
-    let (old, new) = (unit("/bin/sleep 1000"), unit("/bin/sleep 2000"));
-    store.register_machine(&MachineState { id: "m1".into(), ..Default::default() }).await.expect("register");
-    let names = ["web@1.service", "web@2.service"];
+/// Units `names` on m1, each running `old` as reported, and a running rollout "web" taking
+/// them to `new`, `max_unavailable` at a time, stored in `store`.
+async fn store_rollout(
+    store: &EmbeddedRegistry,
+    names: &[&str],
+    old: &UnitFile,
+    new: &UnitFile,
+    max_unavailable: usize,
+) {
     for name in names {
-        store.put_unit(name, &old, DesiredState::Launched).await.expect("unit");
-        report_active(&store, name, &old).await;
+        store.put_unit(name, old, DesiredState::Launched).await.expect("unit");
+        report_active(store, name, old).await;
     }
-    store.put_unit("other.service", &unit("/bin/true"), DesiredState::Launched).await.expect("unit");
     let rollout = Rollout {
         units: names
             .iter()
             .map(|name| RolloutUnit { name: name.to_string(), from: old.hash(), to: new.hash(), step: Step::Waiting })
             .collect(),
-        max_unavailable: MaxUnavailable::Count(1),
+        max_unavailable: MaxUnavailable::Count(max_unavailable),
         min_ready: 0,
         deadline: 3600,
         state: RolloutState::Running,
@@ -294,8 +294,20 @@ async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
         reverted: None,
     };
     let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
-    let started = tokio::time::Instant::now();
     store.put_rollout(&RolloutRecord { name: "web".into(), rollout, bodies, created: 0 }).await.expect("rollout");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_running_rollout_reads_only_its_units_and_moves_on_their_states() {
+    let mut leader = start(true);
+    leader.reads_reach(FIRST_PASSES).await;
+    let store = leader.store.store.clone();
+    let (old, new) = (unit("/bin/sleep 1000"), unit("/bin/sleep 2000"));
+    store.register_machine(&MachineState { id: "m1".into(), ..Default::default() }).await.expect("register");
+    let names = ["web@1.service", "web@2.service"];
+    store.put_unit("other.service", &unit("/bin/true"), DesiredState::Launched).await.expect("unit");
+    let started = tokio::time::Instant::now();
+    store_rollout(&store, &names, &old, &new, 1).await;
     let mut changes = store.unit_changes();
     // The machine plays its part: each unit given the new content runs it.
     let mut reported = BTreeSet::new();
@@ -340,26 +352,7 @@ async fn a_rollout_pass_gathers_the_next_burst_for_as_long_as_it_worked_not_as_l
     let (old, new) = (unit("/bin/sleep 1000"), unit("/bin/sleep 2000"));
     embedded.register_machine(&MachineState { id: "m1".into(), ..Default::default() }).await.expect("register");
     let names = ["web@1.service", "web@2.service"];
-    for name in names {
-        embedded.put_unit(name, &old, DesiredState::Launched).await.expect("unit");
-        report_active(&embedded, name, &old).await;
-    }
-    let rollout = Rollout {
-        units: names
-            .iter()
-            .map(|name| RolloutUnit { name: name.to_string(), from: old.hash(), to: new.hash(), step: Step::Waiting })
-            .collect(),
-        max_unavailable: MaxUnavailable::Count(2),
-        min_ready: 0,
-        deadline: 3600,
-        state: RolloutState::Running,
-        undo: false,
-        canary: None,
-        auto_revert: false,
-        reverted: None,
-    };
-    let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
-    embedded.put_rollout(&RolloutRecord { name: "web".into(), rollout, bodies, created: 0 }).await.expect("rollout");
+    store_rollout(&embedded, &names, &old, &new, 2).await;
     let mut driver = RolloutDriver::new(store.clone());
     let began = tokio::time::Instant::now();
     driver.pass().await.expect("a pass");
