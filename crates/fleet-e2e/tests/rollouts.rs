@@ -3,7 +3,7 @@
 //! pauses the rollout with at most two units affected and undo brings the old content back;
 //! a rollout whose engine leader dies is finished by the next one.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -189,6 +189,29 @@ fn a_sources_new_content_reaches_its_running_units_in_waves() {
     let status = fleet.ok(&["rollout", "status", "source-apps"]).stdout;
     for instance in 1..=4 {
         assert!(status.contains(&format!("web@{instance}.service")), "web@{instance} kept:\n{status}");
+    }
+    // With no canary, the rollout went machine by machine: it lists each machine's units side
+    // by side (four instances on three machines: one holds two).
+    let listed = fleet.ok(&["list-units", "--no-legend", "--fields", "unit,machine"]).stdout;
+    let machine_of: BTreeMap<&str, &str> = listed
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            Some((fields.next()?, fields.next()?))
+        })
+        .collect();
+    let order: Vec<&str> = status
+        .lines()
+        .filter_map(|line| line.split_whitespace().next())
+        .filter(|unit| unit.starts_with("web@"))
+        .collect();
+    let mut left = BTreeSet::new();
+    for (unit, next) in order.iter().zip(order.iter().skip(1)) {
+        let (machine, next_machine) = (machine_of[unit], machine_of[next]);
+        if machine != next_machine {
+            left.insert(machine);
+        }
+        assert!(!left.contains(next_machine), "{next} is apart from its machine's other units:\n{status}\n{listed}");
     }
 }
 
