@@ -178,6 +178,7 @@ fn main() {
         let (etcd_cpu_before, bench_cpu_before) = (cpu_seconds(etcd_pid), cpu_seconds(std::process::id()));
         let (standby_cpu_before, fleetctl_cpu_before) =
             (cpu_seconds(standby.pid()), waited_children_cpu_seconds(std::process::id()));
+        let presence_before = presence_requests();
         let submitting = Instant::now();
         // `via-standby`: the units go through the standby fleetd's API, so the leader learns
         // them only through its watch, as it does when the submitting fleetd does not lead.
@@ -201,6 +202,12 @@ fn main() {
         let rates: Vec<String> =
             counters.iter().map(|(name, moved)| format!("{name} {moved:.0} ({:.0}/s)", moved / seconds)).collect();
         println!("      etcd over (a): {}", rates.join(", "));
+        let presence = presence_requests();
+        println!(
+            "      the simulated machines over (a): {:.0} leases granted (a machine registering again), {:.0} lease renewals failed",
+            presence.0 - presence_before.0,
+            presence.1 - presence_before.1
+        );
         println!("      {}", leaderships(&engine, &standby));
         println!(
             "      CPU over (a): etcd {:.1} s, the simulated machines' process {:.1} s, the standby engine fleetd {:.1} s, fleetctl {:.1} s (the engine fleetd above)",
@@ -339,6 +346,15 @@ fn wait_for_leader(fleetd: &Fleetd) {
         assert!(Instant::now() < deadline, "no engine leadership: {}", fleetd.log());
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// The lease grants and the failed lease renewals of this process's simulated machines so
+/// far: a machine whose lease lapsed (etcd refusing its renewals under load) registers again
+/// with a new one.
+fn presence_requests() -> (f64, f64) {
+    let text = fleet_metrics::render();
+    let failed = "fleet_store_request_errors_total{store=\"etcd\",operation=\"lease_keepalive\"}";
+    (metric(&text, LEASE_GRANTS), metric(&text, failed))
 }
 
 /// One sample's value in a metrics text, 0 when absent.
