@@ -47,9 +47,14 @@ fn pki(dir: &Path) -> Pki {
 /// A client's configuration with a session store of its own; its clones share the store,
 /// and resume what one another began (as a pull agent's clients do).
 fn client_config(pki: &Pki) -> rustls::ClientConfig {
+    client_config_with(pki, rustls::crypto::ring::default_provider())
+}
+
+/// [`client_config`] over `provider` (the suites it offers, in its order).
+fn client_config_with(pki: &Pki, provider: rustls::crypto::CryptoProvider) -> rustls::ClientConfig {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(pki.ca.clone()).unwrap();
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(provider))
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_root_certificates(roots)
@@ -136,13 +141,8 @@ fn the_server_chooses_aes_128_with_sha_256_and_still_serves_a_client_offering_on
     assert_eq!(negotiated_suite(client_config(&pki), server.clone()), rustls::CipherSuite::TLS13_AES_128_GCM_SHA256);
     let mut only = rustls::crypto::ring::default_provider();
     only.cipher_suites.retain(|suite| suite.suite() == rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256);
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(pki.ca.clone()).unwrap();
-    let chacha_only = rustls::ClientConfig::builder_with_provider(Arc::new(only))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_client_auth_cert(vec![pki.client.0.clone()], pki.client.1.clone_key())
-        .unwrap();
-    assert_eq!(negotiated_suite(chacha_only, server), rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256);
+    assert_eq!(
+        negotiated_suite(client_config_with(&pki, only), server),
+        rustls::CipherSuite::TLS13_CHACHA20_POLY1305_SHA256
+    );
 }
