@@ -56,6 +56,10 @@ impl SourceRegistry for EtcdRegistry {
         let pieces = stored_rollouts::pieces(record);
         let slice_keys: Vec<String> =
             (0..pieces.slices.len()).map(|index| keys.rollout_slice(&record.name, &pieces.digest, index)).collect();
+        // The slices held are read from the copy once it holds this fleetd's own last write
+        // (a copy still behind it would not show the slices just written, and they would be
+        // written again); a copy that does not catch up in time only costs that.
+        self.sources_mirror().caught_up(CATCH_UP).await;
         let (held, stale) = self.rollout_slices_held(&record.name, &pieces.digest);
         self.write_rollout_slices(&slice_keys, &pieces.slices, &held).await?;
         // The head is written where the last slice is: a rollout removed meanwhile took its
