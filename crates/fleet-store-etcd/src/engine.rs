@@ -13,9 +13,10 @@ use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
 use super::keys::KeyRange;
+use super::leadership::Leadership;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarryingAssignment};
-use super::session::{Leadership, grant, renew};
+use super::session::grant_lease;
 use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_from_records};
@@ -110,46 +111,27 @@ impl EtcdRegistry {
         Some(TxnOp::txn(Txn::new().when(compares).and_then(ops)))
     }
 
-    /// Renews the engine's lease when a third of its time to live has passed since the last
-    /// renewal: a long apply (tens of thousands of writes on a busy etcd) outlasts the lease
-    /// otherwise, and the standby takes over in the middle of it. A lease etcd says is gone
-    /// ends the leadership; a renewal that fails is left to the fence.
-    async fn keep_leadership(&self, lease: &EngineLease) -> Result<()> {
+    /// Ends the leadership if etcd said its lease is gone (its keeper renews it meanwhile; a
+    /// lease that merely went unrenewed is left to the fence).
+    async fn check_leadership(&self, lease: &EngineLease) -> Result<()> {
         let mut leadership = self.inner.leadership.lock().await;
-        let Some(held) = leadership.as_mut().filter(|held| held.token as u64 == lease.token) else {
+        let Some(held) = leadership.as_ref().filter(|held| held.token as u64 == lease.token) else {
             return Err(RegistryError::LeadershipLost);
         };
-        if held.renewed.elapsed() < self.inner.lifetimes.engine_lease_ttl / 3 {
-            return Ok(());
-        }
-        match self.renew_leadership(held).await {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!("engine lease expired while applying a plan");
-                *leadership = None;
-                return Err(RegistryError::LeadershipLost);
-            }
-            Err(error) => tracing::warn!(%error, "cannot renew the engine lease while applying a plan"),
+        if held.clock.gone() {
+            tracing::warn!("engine lease expired while applying a plan");
+            *leadership = None;
+            return Err(RegistryError::LeadershipLost);
         }
         Ok(())
     }
 
-    /// Whether the leader key, as the copy that follows it holds it, is the one this fleetd
-    /// created with `token`.
-    fn holds_leader_key(&self, token: i64) -> bool {
+    /// Whether the copy that follows the leader key shows it created by someone else than this
+    /// fleetd's leadership of `token` (the key's absence proves nothing: a copy may not show
+    /// the key just created yet).
+    fn leader_key_held_by_another(&self, token: i64) -> bool {
         let data = self.leader_mirror().read();
-        data.synced && data.entries.get(&self.keys().leader()).is_some_and(|entry| entry.create_revision == token)
-    }
-
-    /// Renews the held leadership's lease once, noting when a renewal that worked was sent;
-    /// `false` when etcd says the lease is gone.
-    async fn renew_leadership(&self, held: &mut Leadership) -> Result<bool> {
-        let sent = std::time::Instant::now();
-        let renewed = renew(self.connection(), held.lease, &mut held.keeper).await?;
-        if renewed {
-            held.renewed = sent;
-        }
-        Ok(renewed)
+        data.synced && data.entries.get(&self.keys().leader()).is_some_and(|entry| entry.create_revision != token)
     }
 
     /// The landing units that are the first of their content on their machine, with that
@@ -230,28 +212,22 @@ impl EngineRegistry for EtcdRegistry {
     async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>> {
         let mut leadership = self.inner.leadership.lock().await;
         let lease_of = |held: &Leadership| EngineLease { machine_id: machine_id.to_string(), token: held.token as u64 };
-        if let Some(held) = leadership.as_mut() {
-            // Renewed within a third of its life and still the leader key's holder by the
-            // copy: nothing to ask etcd (the engine passes many times a second under load,
-            // and a renewal etcd refuses takes it a second to say so).
-            if held.renewed.elapsed() < self.inner.lifetimes.engine_lease_ttl / 3 && self.holds_leader_key(held.token) {
+        if let Some(held) = leadership.as_ref() {
+            if held.clock.lives() && !self.leader_key_held_by_another(held.token) {
                 return Ok(Some(lease_of(held)));
             }
-            match self.renew_leadership(held).await {
-                Ok(true) => return Ok(Some(lease_of(held))),
-                // etcd 3.4 refuses every renewal while it is more than a second behind in
-                // applying what it committed (a storm of registrations or of unit writes can
-                // do that for seconds on end). The lease holds for its time to live from the
-                // last renewal sent, and every write of the leader is fenced by its key: the
-                // engine plans and writes on through the refusals until that time is up.
-                Err(error) if held.renewed.elapsed() < self.inner.lifetimes.engine_lease_ttl => {
-                    tracing::debug!(%error, last_renewed_ago = ?held.renewed.elapsed(), "engine lease not renewed; leading on while it lives");
-                    return Ok(Some(lease_of(held)));
-                }
-                Err(error) => return Err(error),
-                Ok(false) => {}
+            // etcd 3.4 refuses every renewal while it is more than a second behind in
+            // applying what it committed (a storm of registrations or of unit writes can do
+            // that for seconds on end), and a store that is away refuses everything: the
+            // leader leads on while its lease lives by its clock, its writes fenced by its
+            // key. Past that the pass fails, and its keeper goes on trying until etcd answers.
+            if !held.clock.gone() && !self.leader_key_held_by_another(held.token) {
+                return Err(RegistryError::Unavailable(format!(
+                    "etcd: the engine lease was not renewed for {:?}",
+                    held.clock.since_renewed()
+                )));
             }
-            tracing::warn!(last_renewed_ago = ?held.renewed.elapsed(), "engine lease expired");
+            tracing::warn!(last_renewed_ago = ?held.clock.since_renewed(), "engine lease expired");
             *leadership = None;
         }
         let leader_key = self.keys().leader();
@@ -262,7 +238,10 @@ impl EngineRegistry for EtcdRegistry {
                 return Ok(None);
             }
         }
-        let lease = grant(self.connection(), self.inner.lifetimes.engine_lease_ttl).await?;
+        // etcd counts the lease's life from when it received the grant: from when it was sent.
+        let sent = tokio::time::Instant::now();
+        let granted = grant_lease(self.connection(), self.inner.lifetimes.engine_lease_ttl).await?;
+        let lease = granted.id;
         let txn = Txn::new()
             .when([Compare::create_revision(leader_key.as_str(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(leader_key.as_str(), machine_id, Some(PutOptions::new().with_lease(lease)))]);
@@ -273,7 +252,7 @@ impl EngineRegistry for EtcdRegistry {
             return Ok(None);
         }
         let token = reply.header().map_or(0, |header| header.revision());
-        let held = Leadership { lease, token, keeper: None, renewed: std::time::Instant::now() };
+        let held = Leadership::hold(self.connection().clone(), lease, token, granted.ttl, sent);
         let granted = lease_of(&held);
         *leadership = Some(held);
         // The new leader lists the cluster now; its first snapshot waits for that listing.
@@ -392,7 +371,7 @@ impl EngineRegistry for EtcdRegistry {
         let mut running = tokio::task::JoinSet::new();
         let mut last_write: Option<i64> = None;
         loop {
-            self.keep_leadership(lease).await?;
+            self.check_leadership(lease).await?;
             while running.len() < TXNS_IN_FLIGHT
                 && let Some(txn) = batches.next()
             {

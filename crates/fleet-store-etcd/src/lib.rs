@@ -24,6 +24,7 @@ mod engine;
 mod join_batches;
 mod journal_questions;
 mod keys;
+mod leadership;
 mod mirror;
 mod presence_batches;
 mod records;
@@ -152,7 +153,7 @@ struct Inner {
     /// Per machine, the lease of a presence claim that got no answer: it may have landed, and
     /// the next attempt takes it over instead of finding the machine "in use" by itself.
     unconfirmed_claims: Mutex<HashMap<String, i64>>,
-    leadership: tokio::sync::Mutex<Option<session::Leadership>>,
+    leadership: tokio::sync::Mutex<Option<leadership::Leadership>>,
     /// At most [`UNIT_BATCHES_IN_FLIGHT`] batch transactions of unit writes in flight,
     /// however many batches the API is given: etcd that falls behind on writes lets leases
     /// expire.

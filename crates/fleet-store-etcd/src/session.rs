@@ -22,10 +22,23 @@ pub type Keeper = (LeaseKeeper, LeaseKeepAliveStream);
 
 /// Grants a lease of `ttl` (at least one second).
 pub async fn grant(connection: &Connection, ttl: Duration) -> Result<i64> {
+    grant_lease(connection, ttl).await.map(|granted| granted.id)
+}
+
+/// A lease etcd granted, with the time to live it gave (whole seconds, and no less than its
+/// minimum: not always the one asked for).
+pub struct GrantedLease {
+    pub id: i64,
+    pub ttl: Duration,
+}
+
+/// Grants a lease of `ttl` (whole seconds, at least one), saying what etcd gave.
+pub async fn grant_lease(connection: &Connection, ttl: Duration) -> Result<GrantedLease> {
     let seconds = ttl.as_secs().max(1) as i64;
     let mut client = connection.client();
     let granted = connection.within("lease_grant", connection.timeout, client.lease_grant(seconds, None)).await?;
-    Ok(granted.id())
+    let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0).max(1));
+    Ok(GrantedLease { id: granted.id(), ttl })
 }
 
 pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
@@ -538,14 +551,4 @@ impl EtcdRegistry {
         }
         Ok(())
     }
-}
-
-/// The engine leadership this fleetd holds.
-pub struct Leadership {
-    pub lease: i64,
-    /// The leader key's create revision: the fence every schedule write checks.
-    pub token: i64,
-    pub keeper: Option<Keeper>,
-    /// When the last renewal that succeeded was sent.
-    pub renewed: std::time::Instant,
 }
