@@ -114,6 +114,8 @@ pub struct AgentMetrics {
 pub struct StoreMetrics {
     pub request_duration: Family<StoreLabels, Histogram>,
     pub request_errors: Family<StoreLabels, Counter>,
+    /// Seconds bulk writes waited for the store to catch up with what it committed.
+    pub writes_held: Counter<f64, std::sync::atomic::AtomicU64>,
 }
 
 /// The HTTP API.
@@ -182,6 +184,7 @@ impl Metrics {
         let store = StoreMetrics {
             request_duration: Family::new_with_constructor(latency_histogram),
             request_errors: Family::default(),
+            writes_held: Counter::default(),
         };
         let api = ApiMetrics {
             requests: Family::default(),
@@ -246,6 +249,12 @@ impl Metrics {
             store.request_duration.clone(),
         );
         fleet.register("store_request_errors", "Requests to the store that failed", store.request_errors.clone());
+        fleet.register_with_unit(
+            "store_writes_held",
+            "How long bulk writes waited for the store to catch up with what it committed",
+            Unit::Seconds,
+            store.writes_held.clone(),
+        );
         fleet.register("api_requests", "API requests answered, by endpoint and status", api.requests.clone());
         fleet.register_with_unit(
             "api_request_duration",

@@ -15,6 +15,7 @@ mod agent;
 mod agent_lease;
 mod api;
 mod api_copy;
+mod apply_lag;
 mod body_collection;
 mod chores;
 mod compaction;
@@ -158,6 +159,8 @@ struct Inner {
     /// however many batches the API is given: etcd that falls behind on writes lets leases
     /// expire.
     unit_batches: tokio::sync::Semaphore,
+    /// What holds those batches while etcd is far behind in applying.
+    apply_lag: apply_lag::ApplyLagGate,
     /// Moves when the engine's snapshot finds bodies to collect (see [`chores`]).
     chores_signal: watch::Sender<u64>,
 }
@@ -203,6 +206,7 @@ impl EtcdRegistry {
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),
+                apply_lag: apply_lag::ApplyLagGate::default(),
                 chores_signal: watch::channel(0).0,
             }),
         })

@@ -198,12 +198,17 @@ async fn reading_the_work_from_a_copy_behind_the_registration_asks_for_a_listing
         .await;
 }
 
+/// How many requests of kind `operation` this process has sent etcd.
+fn requests_sent(operation: &str) -> f64 {
+    let counted = format!("fleet_store_request_duration_seconds_count{{store=\"etcd\",operation=\"{operation}\"}}");
+    let text = fleet_metrics::render();
+    let line = text.lines().find(|line| line.starts_with(&counted));
+    line.and_then(|line| line.rsplit(' ').next()).map_or(0.0, |count| count.parse::<f64>().unwrap_or(0.0))
+}
+
 /// How many lease renewals this process has sent etcd.
 fn lease_renewals_sent() -> f64 {
-    let counted = "fleet_store_request_duration_seconds_count{store=\"etcd\",operation=\"lease_keepalive\"}";
-    let text = fleet_metrics::render();
-    let line = text.lines().find(|line| line.starts_with(counted));
-    line.and_then(|line| line.rsplit(' ').next()).map_or(0.0, |count| count.parse::<f64>().unwrap_or(0.0))
+    requests_sent("lease_keepalive")
 }
 
 /// etcd 3.4 refuses every lease renewal while it is behind in applying what it committed,
@@ -871,4 +876,23 @@ async fn journal_questions_go_to_their_machine_and_answers_come_back() {
     let unanswered = asker.ask_journal("m3", &question, Duration::from_millis(300)).await.unwrap();
     assert_eq!(unanswered, None);
     assert!(keys_under(&asked, "/fleet-test/journal/").await.is_empty(), "nor of a question no one answered");
+}
+
+/// A submission asks etcd how far behind it is in applying before its batches (and would wait
+/// while it is far behind: `apply_lag`'s tests); the probe answers from a real etcd.
+#[tokio::test]
+async fn a_submission_asks_how_far_behind_etcd_is_before_writing() {
+    use fleet_registry::{UnitChange, UnitChanged, Writer};
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    assert!(registry.apply_lag().await.is_some(), "etcd answers the probe");
+    let probes = || requests_sent("apply_probe");
+    let before = probes();
+    let changes: Vec<UnitChange> = (0..300)
+        .map(|n| UnitChange { name: format!("u{n}.service"), file: Some(unit(SLEEP)), desired: DesiredState::Inactive })
+        .collect();
+    registry.change_units_as(&changes[..1], &Writer::BY_HAND).await.unwrap();
+    let answers = registry.change_units_as(&changes, &Writer::BY_HAND).await.unwrap();
+    assert!(answers.iter().all(|answer| matches!(answer, Ok(UnitChanged::Written))), "{answers:?}");
+    assert!(probes() > before, "the batches asked");
 }
