@@ -118,6 +118,7 @@ impl EtcdRegistry {
         let Some(held) = leadership.as_ref().filter(|held| held.token as u64 == lease.token) else {
             return Err(RegistryError::LeadershipLost);
         };
+        held.clock.came_by();
         if held.clock.gone() {
             tracing::warn!("engine lease expired while applying a plan");
             *leadership = None;
@@ -213,6 +214,7 @@ impl EngineRegistry for EtcdRegistry {
         let mut leadership = self.inner.leadership.lock().await;
         let lease_of = |held: &Leadership| EngineLease { machine_id: machine_id.to_string(), token: held.token as u64 };
         if let Some(held) = leadership.as_ref() {
+            held.clock.came_by();
             if held.clock.lives() && !self.leader_key_held_by_another(held.token) {
                 return Ok(Some(lease_of(held)));
             }

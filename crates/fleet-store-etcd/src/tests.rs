@@ -262,6 +262,28 @@ async fn a_leader_keeps_its_lease_while_no_pass_comes() {
     assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease), "still the leader, with its token");
 }
 
+/// An engine that stops coming by altogether (a pass that never ends) no longer has its lease
+/// renewed once it has been silent for a few of the lease's lives: the lease lapses and a
+/// standby leads.
+#[tokio::test]
+async fn a_leader_whose_engine_stops_passing_lets_its_lease_lapse() {
+    let etcd = EtcdServer::start();
+    let (a, b) = (registry(&etcd, Duration::from_secs(10)).await, registry(&etcd, Duration::from_secs(10)).await);
+    a.acquire_leadership("ma").await.unwrap().expect("the first engine leads");
+    let held = a.inner.leadership.lock().await.as_ref().expect("held").lease;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = a.connection().client().lease_time_to_live(held, None).await.unwrap().ttl();
+        if left <= 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the lease of a silent engine lapses ({left} s left)");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eventually("the standby leads", || async { b.acquire_leadership("mb").await.unwrap().is_some() }).await;
+    assert!(a.acquire_leadership("ma").await.unwrap().is_none(), "the silent engine leads no more");
+}
+
 #[tokio::test]
 async fn copies_resume_after_an_outage() {
     let mut etcd = EtcdServer::start();
