@@ -2,12 +2,13 @@
 //! syncer, the rollout driver, the sweep of silent pull agents): a pass, then a wait for
 //! whichever comes first of a trigger (a change signal) or the moment the pass asked to be
 //! run again, a settling time to gather a burst, and the next pass. A failed pass is logged
-//! and retried after the one backoff. Every reconciler stops the same way: when fleetd's
+//! (a failure repeated on every wake once a minute) and retried after the one backoff. Every reconciler stops the same way: when fleetd's
 //! [`Lifecycle`] leaves `Running`. What runs on the engine leader only runs through
 //! [`while_leading`].
 
 #![forbid(unsafe_code)]
 
+mod failure_log;
 mod leading;
 mod lifecycle;
 mod reconciler;

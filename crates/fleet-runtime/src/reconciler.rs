@@ -7,6 +7,7 @@ use std::time::Duration;
 use fleet_core::Backoff;
 use tokio::sync::watch;
 
+use crate::failure_log::FailureLog;
 use crate::{Lifecycle, Triggers};
 
 /// When a pass wants the next one at the latest (a trigger may bring it sooner).
@@ -96,6 +97,7 @@ async fn watched<T>(name: &str, pass: impl Future<Output = T>) -> T {
 /// Runs `reconciler` until `lifecycle` leaves [`Lifecycle::Running`], then finishes it.
 pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receiver<Lifecycle>) {
     let mut retry = Backoff::new(R::RETRY.min, R::RETRY.max);
+    let mut failures = FailureLog::default();
     let ending = loop {
         if let Some(ending) = ended(&lifecycle) {
             break ending;
@@ -114,12 +116,17 @@ pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receive
         let next = match outcome {
             Ok(next) => {
                 retry.reset();
+                failures.recovered();
                 next
             }
             Err(error) => {
                 let backoff = retry.next_delay();
                 let wait = reconciler.due_within().map_or(backoff, |due| due.min(backoff));
-                tracing::warn!(%error, retry_in = ?wait, "{} failed; {}", R::NAME, reconciler.on_failure());
+                if failures.warns(&error.to_string(), tokio::time::Instant::now()) {
+                    tracing::warn!(%error, retry_in = ?wait, "{} failed; {}", R::NAME, reconciler.on_failure());
+                } else {
+                    tracing::debug!(%error, retry_in = ?wait, "{} failed again", R::NAME);
+                }
                 Next::After(wait)
             }
         };

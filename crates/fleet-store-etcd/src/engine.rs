@@ -224,10 +224,10 @@ impl EngineRegistry for EtcdRegistry {
             // leader leads on while its lease lives by its clock, its writes fenced by its
             // key. Past that the pass fails, and its keeper goes on trying until etcd answers.
             if !held.clock.gone() && !self.leader_key_held_by_another(held.token) {
-                return Err(RegistryError::Unavailable(format!(
-                    "etcd: the engine lease was not renewed for {:?}",
-                    held.clock.since_renewed()
-                )));
+                tracing::debug!(last_renewed_ago = ?held.clock.since_renewed(), "engine lease not renewed within its life");
+                return Err(RegistryError::Unavailable(
+                    "etcd: the engine lease was not renewed within its life".into(),
+                ));
             }
             tracing::warn!(last_renewed_ago = ?held.clock.since_renewed(), "engine lease expired");
             *leadership = None;
