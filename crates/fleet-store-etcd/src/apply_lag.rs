@@ -1,9 +1,10 @@
-//! How far etcd is behind in applying what it committed, and the gate that holds bulk unit
-//! writes while it is far behind. etcd 3.4 answers a lease renewal only once it has applied
-//! what it had committed, and refuses it after a second of waiting: a submission of units
-//! that commits faster than etcd applies makes every machine's renewal fail, and past their
-//! `agent_ttl` the leases expire and the units move. Of all the writes, a submission's are
-//! the ones that can wait.
+//! How far etcd is behind in applying what it committed, and the gate that holds the writes
+//! that can wait while it is far behind. etcd 3.4 answers a lease renewal only once it has
+//! applied what it had committed, and refuses it after a second of waiting: a submission of
+//! units, or thousands of machines registering, that commit faster than etcd applies make
+//! every lease renewal fail, and past their time to live the leases expire (machines' units
+//! move, the engine's leadership moves). A submission's batches and a machine's registration
+//! are what can wait.
 //!
 //! The lag is a linearizable read's time beyond a serializable one's: etcd answers the first
 //! once it has applied everything committed when the read came, the second at once; the
@@ -17,6 +18,8 @@ use tokio::time::Instant;
 
 /// Past this lag bulk writes wait: a quarter of the second after which renewals are refused.
 pub const LAG_LIMIT: Duration = Duration::from_millis(250);
+/// How long a probe's read is waited for.
+const PROBE_LIMIT: Duration = Duration::from_secs(1);
 /// A lag measured this recently stands for now.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 /// A bulk write waits at most this long for the lag to fall: the gate slows a submission,
@@ -79,7 +82,8 @@ impl ApplyLagGate {
 }
 
 impl super::EtcdRegistry {
-    /// How far etcd is behind in applying, measured once; `None` without an answer.
+    /// How far etcd is behind in applying, measured once; `None` when etcd does not answer a
+    /// plain read within [`PROBE_LIMIT`] (then nothing is known, and nothing is held).
     pub(super) async fn apply_lag(&self) -> Option<Duration> {
         let connection = self.connection();
         // Any key: it is counted, never read.
@@ -90,15 +94,20 @@ impl super::EtcdRegistry {
             async move { client.get(key, Some(options.with_count_only())).await }
         };
         let started = Instant::now();
-        connection.within("apply_probe", connection.timeout, read(GetOptions::new().with_serializable())).await.ok()?;
+        connection.within("apply_probe", PROBE_LIMIT, read(GetOptions::new().with_serializable())).await.ok()?;
         let at_once = started.elapsed();
         let started = Instant::now();
-        connection.within("apply_probe", connection.timeout, read(GetOptions::new())).await.ok()?;
-        Some(started.elapsed().saturating_sub(at_once))
+        // A linearizable read that does not come back in time: etcd is at least that far behind.
+        let waited = match connection.within("apply_probe", PROBE_LIMIT, read(GetOptions::new())).await {
+            Ok(_) => started.elapsed(),
+            Err(_) => PROBE_LIMIT,
+        };
+        Some(waited.saturating_sub(at_once))
     }
 
-    /// Holds a bulk write while etcd is far behind in applying ([`ApplyLagGate`]).
-    pub(super) async fn admit_bulk_write(&self) {
+    /// Holds a write that can wait (a batch of a submission, a machine's registration) while
+    /// etcd is far behind in applying ([`ApplyLagGate`]).
+    pub(super) async fn wait_while_etcd_is_behind(&self) {
         let held = self.inner.apply_lag.admit(|| self.apply_lag()).await;
         if !held.is_zero() {
             fleet_metrics::metrics().store.writes_held.inc_by(held.as_secs_f64());

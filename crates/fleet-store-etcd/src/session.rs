@@ -267,6 +267,9 @@ impl EtcdRegistry {
     /// Starts a session for `machine`: a new lease and the presence (or the lease a crashed
     /// predecessor on this machine left alive), and the keepalive.
     pub(super) async fn open_session(&self, machine: &MachineState) -> Result<()> {
+        // Thousands of machines registering at once keep etcd behind in applying, and etcd
+        // then refuses every lease renewal, the engine's among them: a registration waits.
+        self.wait_while_etcd_is_behind().await;
         let sent = tokio::time::Instant::now();
         let taken_over = match self.own_live_lease(machine).await? {
             Some((lease, _)) => {
@@ -508,6 +511,9 @@ impl EtcdRegistry {
     /// would otherwise wake, re-register at once, and never see the lapse). And the machine's
     /// work is read only from a copy that has seen the new presence ([`MachineSession::rejoined_at`]).
     pub(super) async fn reopen(&self, session: &MachineSession) -> Result<()> {
+        // Leases lapse in numbers when etcd is overloaded: their registrations wait rather than
+        // keep it so.
+        self.wait_while_etcd_is_behind().await;
         let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
         // A claim of an earlier attempt that got no answer may have landed: it is this one.
         let landed = match self.unconfirmed_claim(&machine.id) {

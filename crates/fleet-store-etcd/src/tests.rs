@@ -900,10 +900,11 @@ async fn journal_questions_go_to_their_machine_and_answers_come_back() {
     assert!(keys_under(&asked, "/fleet-test/journal/").await.is_empty(), "nor of a question no one answered");
 }
 
-/// A submission asks etcd how far behind it is in applying before its batches (and would wait
-/// while it is far behind: `apply_lag`'s tests); the probe answers from a real etcd.
+/// A submission's batches and a machine's registration ask etcd how far behind it is in
+/// applying before they write (and would wait while it is far behind: `apply_lag`'s tests);
+/// the probe answers from a real etcd.
 #[tokio::test]
-async fn a_submission_asks_how_far_behind_etcd_is_before_writing() {
+async fn a_submission_and_a_registration_ask_how_far_behind_etcd_is() {
     use fleet_registry::{UnitChange, UnitChanged, Writer};
     let etcd = EtcdServer::start();
     let registry = registry(&etcd, Duration::from_secs(10)).await;
@@ -917,4 +918,9 @@ async fn a_submission_asks_how_far_behind_etcd_is_before_writing() {
     let answers = registry.change_units_as(&changes, &Writer::BY_HAND).await.unwrap();
     assert!(answers.iter().all(|answer| matches!(answer, Ok(UnitChanged::Written))), "{answers:?}");
     assert!(probes() > before, "the batches asked");
+    // Another fleetd (its own connection, its own last measure) registers its machine.
+    let other = self::registry(&etcd, Duration::from_secs(10)).await;
+    let before = probes();
+    other.register_machine(&machine("m1")).await.unwrap();
+    assert!(probes() > before, "the registration asked");
 }

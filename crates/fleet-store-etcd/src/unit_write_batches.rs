@@ -74,7 +74,7 @@ impl EtcdRegistry {
                 let registry = self.clone();
                 in_flight.spawn(async move {
                     let turn = registry.inner.unit_batches.acquire().await;
-                    registry.admit_bulk_write().await;
+                    registry.wait_while_etcd_is_behind().await;
                     let written = registry.connection().big_txn(Txn::new().and_then(ops)).await;
                     drop(turn);
                     (chunk, body_keys, written)
