@@ -22,9 +22,10 @@ pub const LAG_LIMIT: Duration = Duration::from_millis(250);
 const PROBE_LIMIT: Duration = Duration::from_secs(1);
 /// A lag measured this recently stands for now.
 const PROBE_EVERY: Duration = Duration::from_millis(100);
-/// A bulk write waits at most this long for the lag to fall: the gate slows a submission,
-/// it never stops one.
-pub const MAX_HOLD: Duration = Duration::from_secs(5);
+/// A write waits at most this long for the lag to fall: the gate slows a submission, it never
+/// stops one. Well inside what a client allows a batch (fleetctl: its request timeout, 3 s
+/// by default, per hundred units; a batch transaction is 110, two in flight).
+pub const MAX_HOLD: Duration = Duration::from_secs(2);
 
 /// Whether a bulk write that has waited `held` waits on, etcd being `lag` behind.
 pub fn holds(lag: Duration, held: Duration) -> bool {
