@@ -215,15 +215,16 @@ impl EngineRegistry for EtcdRegistry {
         let lease_of = |held: &Leadership| EngineLease { machine_id: machine_id.to_string(), token: held.token as u64 };
         if let Some(held) = leadership.as_ref() {
             held.clock.came_by();
-            if held.clock.lives() && !self.leader_key_held_by_another(held.token) {
-                return Ok(Some(lease_of(held)));
-            }
-            // etcd 3.4 refuses every renewal while it is more than a second behind in
-            // applying what it committed (a storm of registrations or of unit writes can do
-            // that for seconds on end), and a store that is away refuses everything: the
-            // leader leads on while its lease lives by its clock, its writes fenced by its
-            // key. Past that the pass fails, and its keeper goes on trying until etcd answers.
             if !held.clock.gone() && !self.leader_key_held_by_another(held.token) {
+                if held.clock.lives() {
+                    return Ok(Some(lease_of(held)));
+                }
+                // etcd 3.4 refuses every renewal while it is more than a second behind in
+                // applying what it committed (a storm of registrations or of unit writes can
+                // do that for seconds on end), and a store that is away refuses everything:
+                // the leader leads on while its lease lives by its clock, its writes fenced by
+                // its key. Past that the pass fails, and its keeper goes on trying until etcd
+                // answers.
                 tracing::debug!(last_renewed_ago = ?held.clock.since_renewed(), "engine lease not renewed within its life");
                 return Err(RegistryError::Unavailable(
                     "etcd: the engine lease was not renewed within its life".into(),

@@ -5,7 +5,7 @@ use std::time::Duration;
 use etcd_client::{GetOptions, Txn, TxnOp};
 use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitHash, UnitState};
-use fleet_testkit::{EtcdServer, eventually};
+use fleet_testkit::{EtcdServer, eventually, eventually_within};
 
 use super::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, RegistryError, StateReport};
@@ -252,11 +252,10 @@ async fn a_leader_keeps_its_lease_while_no_pass_comes() {
     let lease = a.acquire_leadership("ma").await.unwrap().expect("the only engine leads");
     let held = a.inner.leadership.lock().await.as_ref().expect("held").lease;
     // Renewals go every third of the lease's three seconds: four of them span more than its life.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while lease_renewals_sent() < 4.0 {
-        assert!(tokio::time::Instant::now() < deadline, "the lease's keeper renews it");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually_within("the lease's keeper renews it four times", Duration::from_secs(30), async || {
+        lease_renewals_sent() >= 4.0
+    })
+    .await;
     let left = a.connection().client().lease_time_to_live(held, None).await.unwrap().ttl();
     assert!(left > 0, "etcd holds the lease still ({left} s left)");
     assert_eq!(a.acquire_leadership("ma").await.unwrap(), Some(lease), "still the leader, with its token");
@@ -271,15 +270,10 @@ async fn a_leader_whose_engine_stops_passing_lets_its_lease_lapse() {
     let (a, b) = (registry(&etcd, Duration::from_secs(10)).await, registry(&etcd, Duration::from_secs(10)).await);
     a.acquire_leadership("ma").await.unwrap().expect("the first engine leads");
     let held = a.inner.leadership.lock().await.as_ref().expect("held").lease;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = a.connection().client().lease_time_to_live(held, None).await.unwrap().ttl();
-        if left <= 0 {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "the lease of a silent engine lapses ({left} s left)");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually_within("the lease of a silent engine lapses", Duration::from_secs(60), async || {
+        a.connection().client().lease_time_to_live(held, None).await.unwrap().ttl() <= 0
+    })
+    .await;
     eventually("the standby leads", || async { b.acquire_leadership("mb").await.unwrap().is_some() }).await;
     // Once its copy shows the standby's key (or its keeper hears the lease is gone), the silent
     // engine leads no more; until then its pass fails, as its lease outlived its life.

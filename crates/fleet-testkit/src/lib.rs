@@ -14,7 +14,7 @@ mod systemd;
 mod tls;
 
 pub use etcd::{EtcdServer, LARGE_CLUSTER_SETTINGS};
-pub use eventually::eventually;
+pub use eventually::{eventually, eventually_within};
 pub use fake_manager::FakeUnitManager;
 pub use git_repo::GitRepo;
 pub use ports::free_port;
