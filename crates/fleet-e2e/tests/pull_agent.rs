@@ -195,6 +195,23 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     assert_eq!(read.len(), 3);
     assert!(hashes.iter().all(|hash| read.get(hash).is_some_and(|file| file.hash() == *hash)));
     assert_eq!(fleet_e2e::metric_value(&fleetd.metrics(), &batch).unwrap_or(0.0), before + 1.0, "one request");
+    // Requests a new store sends together, before it has a connection, share the one it opens:
+    // one TLS handshake, not one each.
+    let together = {
+        let _entered = runtime.enter();
+        fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
+    };
+    let handshakes_before = handshakes(&fleetd.metrics());
+    let read = runtime.block_on(async {
+        let mut reads = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let (store, machine, hashes) = (together.clone(), credentials.machine_id.clone(), hashes.clone());
+            reads.spawn(async move { store.unit_bodies(&machine, &hashes).await.map(|bodies| bodies.len()) });
+        }
+        reads.join_all().await
+    });
+    assert!(read.iter().all(|bodies| matches!(bodies, Ok(3))), "{read:?}");
+    assert_eq!(handshakes(&fleetd.metrics()), handshakes_before + 1.0, "one connection for the eight requests");
     fleetd.ok(&["destroy", "one.service", "two.service", "three.service", "quiet.service"]);
 
     // A global unit runs on the manager (a machine with a store) and on the pull agent alike.

@@ -101,9 +101,15 @@ impl Manager {
     /// change stream needs none between its changes.
     pub(crate) fn client(&self, tls: &ClientTls, timeout: Duration) -> Result<reqwest::Client, ManagerError> {
         // A long poll holds its connection for minutes: a manager gone without a word is found
-        // by HTTP/2 pings, and the agent tries another within seconds.
+        // by HTTP/2 pings, and the agent tries another within seconds. HTTP/2 is spoken from
+        // the first byte (every manager offers it), so that requests sent together before the
+        // connection is up wait for that one connection: where HTTP/2 was only learnt from the
+        // handshake, each opened a connection of its own, and all but one were dropped after
+        // their TLS handshakes (10,000 agents starting together cost their manager 14,577 full
+        // handshakes).
         let builder = reqwest::Client::builder()
             .tls_backend_preconfigured(tls.config(Speaks::Requests))
+            .http2_prior_knowledge()
             .timeout(timeout)
             .connect_timeout(self.timeout.min(timeout))
             .pool_idle_timeout(IDLE_CONNECTION)

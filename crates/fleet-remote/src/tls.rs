@@ -33,7 +33,9 @@ pub struct ClientTls(Arc<rustls::ClientConfig>);
 /// ALPN: what a connection may speak.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Speaks {
-    /// Requests: HTTP/2 where the manager offers it.
+    /// Requests: HTTP/2, which every manager offers (a server that does not fails the
+    /// handshake, where offering HTTP/1.1 too would let it answer in a protocol the client
+    /// does not speak on this connection).
     Requests,
     /// HTTP/1.1 only: the change stream (to be upgraded), and a request made once on a
     /// connection of its own (a join, a renewal), which HTTP/2's setup would only slow.
@@ -82,7 +84,7 @@ impl ClientTls {
     pub fn config(&self, speaks: Speaks) -> rustls::ClientConfig {
         let mut config = (*self.0).clone();
         config.alpn_protocols = match speaks {
-            Speaks::Requests => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+            Speaks::Requests => vec![b"h2".to_vec()],
             Speaks::Http1 => vec![b"http/1.1".to_vec()],
         };
         config

@@ -316,14 +316,18 @@ fn main() {
         let starting = joining + joined_in;
         let agents_cpu = |hosts: &AgentHosts| hosts.pids().into_iter().map(cpu_seconds).sum::<f64>();
         let announce_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
+        let announce_handshakes_before = handshakes(&managers);
         let announce_etcd_before = (cpu_seconds(etcd.pid().expect("etcd runs")), store_revision(&mut raw).await);
         while registered_machines(&mut raw, "/_coreos.com/fleet/").await < agents + manager_count {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+        let announce_handshakes = handshakes(&managers);
         println!(
-            "  {agents} agents announced in {:.2} s (managers' CPU {:.2} s, etcd's {:.2} s and {} writes since the last join; the agents' processes {:.2} s since they started joining)",
+            "  {agents} agents announced in {:.2} s (managers' CPU {:.2} s, TLS handshakes {:.0} full and {:.0} resumed, etcd's {:.2} s and {} writes since the last join; the agents' processes {:.2} s since they started joining)",
             starting.elapsed().as_secs_f64(),
             managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum::<f64>() - announce_cpu_before,
+            announce_handshakes.0 - announce_handshakes_before.0,
+            announce_handshakes.1 - announce_handshakes_before.1,
             cpu_seconds(etcd.pid().expect("etcd runs")) - announce_etcd_before.0,
             store_revision(&mut raw).await - announce_etcd_before.1,
             agents_cpu(&hosts),
