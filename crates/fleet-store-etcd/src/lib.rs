@@ -26,6 +26,7 @@ mod join_batches;
 mod journal_questions;
 mod keys;
 mod leadership;
+mod machine_records;
 mod mirror;
 mod presence_batches;
 mod records;
