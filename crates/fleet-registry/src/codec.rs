@@ -40,23 +40,10 @@ pub fn machine_from_records(
     drain: Option<(&str, &[u8])>,
 ) -> Option<fleet_core::MachineState> {
     let machine: fleet_core::MachineState = decode_listed(machine_key, machine)?;
-    let overrides: Option<MetadataOverrides> = overrides.and_then(|(key, bytes)| decode_listed(key, bytes));
-    let drain = drain.and_then(|(key, bytes)| decode_listed(key, bytes));
-    Some(machine_with(machine, overrides.as_ref(), drain))
-}
-
-/// A machine's presence record with its metadata overrides and its drain, already decoded.
-pub fn machine_with(
-    machine: fleet_core::MachineState,
-    overrides: Option<&MetadataOverrides>,
-    drain: Option<fleet_core::drain::Drain>,
-) -> fleet_core::MachineState {
-    let mut machine = match overrides {
-        Some(overrides) => machine.with_overrides(overrides),
-        None => machine,
-    };
-    machine.drain = drain;
-    machine
+    let overrides: MetadataOverrides = overrides.and_then(|(key, bytes)| decode_listed(key, bytes)).unwrap_or_default();
+    let mut machine = machine.with_overrides(&overrides);
+    machine.drain = drain.and_then(|(key, bytes)| decode_listed(key, bytes));
+    Some(machine)
 }
 
 /// A unit body as stored: its options, in order.

@@ -13,7 +13,7 @@ use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarriedBody};
-use fleet_registry::codec::{decode_listed, encode};
+use fleet_registry::codec::{decode_listed, encode, machine_from_records};
 use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
 
 /// The assignments under `collection` in a machine's copy.
@@ -250,10 +250,11 @@ impl EtcdRegistry {
         let keys = self.keys();
         let machine_key = keys.machine(machine_id);
         let metadata_key = keys.metadata(machine_id);
+        let overrides = data.entries.get(&metadata_key).map(|entry| (metadata_key.as_str(), entry.value.as_slice()));
         let machine = data
             .entries
             .get(&machine_key)
-            .and_then(|entry| super::machine_records::machine_of(&data, &machine_key, entry, &metadata_key, None));
+            .and_then(|entry| machine_from_records(&machine_key, &entry.value, overrides, None));
         Ok(MachineWork {
             machine,
             scheduled: assignments(self, &data, keys.schedule(machine_id))?,

@@ -19,7 +19,7 @@ use super::records::{Assignment, CarryingAssignment};
 use super::session::grant_lease;
 use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
-use fleet_registry::codec::{Options, decode, decode_listed, encode};
+use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_from_records};
 use fleet_registry::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
 };
@@ -53,8 +53,11 @@ pub(super) fn machine_in(
     key: &str,
     entry: &super::mirror::Entry,
 ) -> Option<MachineState> {
-    let keys = registry.keys();
-    super::machine_records::machine_of(data, key, entry, &keys.metadata(id), Some(&keys.drain(id)))
+    let (metadata_key, drain_key) = (registry.keys().metadata(id), registry.keys().drain(id));
+    let record = |key: &str| data.entries.get(key).map(|entry| entry.value.as_slice());
+    let overrides = record(&metadata_key).map(|bytes| (metadata_key.as_str(), bytes));
+    let drain = record(&drain_key).map(|bytes| (drain_key.as_str(), bytes));
+    machine_from_records(key, &entry.value, overrides, drain)
 }
 
 impl EtcdRegistry {

@@ -26,7 +26,6 @@ mod join_batches;
 mod journal_questions;
 mod keys;
 mod leadership;
-mod machine_records;
 mod mirror;
 mod presence_batches;
 mod records;
