@@ -350,6 +350,12 @@ fn paths_match_whole_segments_and_methods_are_listed_as_the_original_words_them(
         matches!(find("/fleet/v1/units/a%2Fb.service", &Method::GET), Found::Route(_, params) if params == ["a/b.service"])
     );
     assert!(matches!(find("/fleet/v1/units/%ff", &Method::GET), Found::Nothing));
+    // A path a segment longer or shorter than every pattern it begins like matches none.
+    for path in ["/fleet/v1/units/a.service/extra", "/fleet/v1/agents/m1/bodies/h/extra", "/fleet/v1/agents/m1/journal"]
+    {
+        assert!(matches!(find(path, &Method::GET), Found::Nothing), "{path}");
+        assert!(matches!(find(path, &Method::POST), Found::Nothing), "{path}");
+    }
     let refusal = |path: &str, method: Method| match find(path, &method) {
         Found::WrongMethod(message) => message,
         _ => panic!("{method} {path} is not a wrong method"),
