@@ -98,29 +98,42 @@ impl EtcdRegistry {
         self.inner.api_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// The API's copy, started if it is not running; each call counts as a use.
+    /// The API's copy, started if it is not running (or taken back from the engine that
+    /// reads it: `engine_copy.rs`); each call counts as a use.
     fn api_mirror(&self) -> Arc<Mirror> {
         let mut slot = self.api_copy_slot();
         let copy = slot.get_or_insert_with(|| {
-            let keys = self.keys();
-            let ranges = vec![
-                KeyRange::prefix(keys.units()),
-                KeyRange::prefix(keys.placements()),
-                KeyRange::prefix(keys.reasons()),
-                KeyRange::prefix(keys.all_states()),
-                KeyRange::prefix(keys.bodies()),
-                KeyRange::prefix(keys.machines()),
-                KeyRange::prefix(keys.all_metadata()),
-                KeyRange::prefix(keys.all_drains()),
-            ];
+            let mirror = self.api_copy_the_engine_reads().unwrap_or_else(|| {
+                let keys = self.keys();
+                // The engine's ranges first, in its order, so that it can read this copy.
+                let mut ranges = super::engine_copy::engine_ranges(keys);
+                ranges.extend([KeyRange::prefix(keys.all_states()), KeyRange::prefix(keys.bodies())]);
+                let inner = &self.inner;
+                let waker = super::engine_copy::engine_waker(
+                    keys,
+                    inner.engine_reads_api_copy.clone(),
+                    inner.engine_signal.clone(),
+                );
+                Arc::new(Mirror::signalling_observed(
+                    self.connection().clone(),
+                    ranges,
+                    inner.api_signal.clone(),
+                    waker,
+                ))
+            });
             self.release_api_copy_when_idle();
-            ApiCopy {
-                mirror: Arc::new(Mirror::signalling(self.connection().clone(), ranges, self.inner.api_signal.clone())),
-                last_used: std::time::Instant::now(),
-            }
+            ApiCopy { mirror, last_used: std::time::Instant::now() }
         });
         copy.last_used = std::time::Instant::now();
         copy.mirror.clone()
+    }
+
+    /// The API's copy once it was listed, without counting as a use (for the engine).
+    pub(super) fn api_copy_listed(&self) -> Option<Arc<Mirror>> {
+        let slot = self.api_copy_slot();
+        let copy = slot.as_ref()?;
+        let listed = copy.mirror.read().synced;
+        listed.then(|| copy.mirror.clone())
     }
 
     /// Drops the API's copy (and its watch) once it has not been used for `api_copy_idle`.
@@ -175,7 +188,9 @@ impl EtcdRegistry {
     /// [`EtcdRegistry::api_wrote`] for operations answered by `responses` at `revision` (the
     /// operations of a nested transaction, say).
     pub(super) fn api_wrote_at(&self, revision: i64, keys: &[String], responses: &[TxnOpResponse]) {
-        let Some(mirror) = self.api_copy_slot().as_ref().map(|copy| copy.mirror.clone()) else {
+        // The copy the engine reads may become the API's again: it must wait for these too.
+        let api_copy = self.api_copy_slot().as_ref().map(|copy| copy.mirror.clone());
+        let Some(mirror) = api_copy.or_else(|| self.api_copy_the_engine_reads()) else {
             return;
         };
         for (key, response) in keys.iter().zip(responses) {

@@ -22,6 +22,7 @@ mod compaction;
 mod connection;
 mod credentials;
 mod engine;
+mod engine_copy;
 mod join_batches;
 mod journal_questions;
 mod keys;
@@ -107,9 +108,12 @@ struct Inner {
     /// and the signal its changes move.
     journal_mirrors: Mutex<HashMap<String, (Mirror, watch::Sender<u64>)>>,
     sources_signal: watch::Sender<u64>,
-    /// The engine's copy of the cluster, while this engine leads: a standby (every fleetd
-    /// that may lead) follows the leader key only, and lists the cluster when it takes over.
+    /// The copy of the cluster the engine reads while it leads (`engine_copy.rs`): a standby
+    /// (every fleetd that may lead) follows the leader key only, and lists the cluster when it
+    /// takes over.
     engine_mirror: Mutex<Option<Arc<Mirror>>>,
+    /// Whether that copy is the API's (which then moves `engine_signal` too).
+    engine_reads_api_copy: Arc<std::sync::atomic::AtomicBool>,
     /// Moves on every change of the leader key, and of the engine's copy while there is one.
     engine_signal: watch::Sender<u64>,
     /// The engine copy's unit records as last decoded, by key.
@@ -181,6 +185,7 @@ impl EtcdRegistry {
                 journal_mirrors: Mutex::new(HashMap::new()),
                 sources_signal: watch::channel(0).0,
                 engine_mirror: Mutex::new(None),
+                engine_reads_api_copy: Arc::default(),
                 engine_signal: watch::channel(0).0,
                 engine_records: Mutex::new(DecodedRecords::default()),
                 api_mirror: Mutex::new(None),
@@ -226,44 +231,6 @@ impl EtcdRegistry {
     pub(crate) async fn corrupt_unit_record(&self, name: &str) {
         let corrupt = etcd_client::TxnOp::put(self.keys().unit(name), "{not json", None);
         self.connection().txn(etcd_client::Txn::new().and_then([corrupt])).await.expect("a put");
-    }
-
-    /// The engine's copy of units, placements, reasons, machines, metadata and drains, started on
-    /// first use (the leadership taken) and kept until [`EtcdRegistry::drop_engine_mirror`].
-    fn engine_mirror(&self) -> Arc<Mirror> {
-        let mut mirror = self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        mirror
-            .get_or_insert_with(|| {
-                let keys = self.keys();
-                // Units first: ENGINE_UNITS_RANGE.
-                let ranges = vec![
-                    KeyRange::prefix(keys.units()),
-                    KeyRange::prefix(keys.placements()),
-                    KeyRange::prefix(keys.reasons()),
-                    KeyRange::prefix(keys.machines()),
-                    KeyRange::prefix(keys.all_metadata()),
-                    KeyRange::prefix(keys.all_drains()),
-                ];
-                Arc::new(Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone()))
-            })
-            .clone()
-    }
-
-    /// Gives the engine's copy back (the leadership is gone): a standby holds nothing that
-    /// grows with the cluster, and etcd streams it nothing but the leader key.
-    fn drop_engine_mirror(&self) {
-        let dropped = self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-        if dropped.is_some() {
-            let mut records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            records.by_key.clear();
-            records.contents.clear();
-        }
-    }
-
-    /// Whether this engine holds a copy of the cluster now.
-    #[cfg(test)]
-    fn engine_copy_running(&self) -> bool {
-        self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some()
     }
 
     /// The copy of the leader key, which every engine follows.

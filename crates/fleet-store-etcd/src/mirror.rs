@@ -144,6 +144,16 @@ impl Mirror {
         Self::begin(connection, ranges, None, changes)
     }
 
+    /// As [`Mirror::signalling`], telling `observer` of every change too.
+    pub fn signalling_observed(
+        connection: Connection,
+        ranges: Vec<KeyRange>,
+        changes: watch::Sender<u64>,
+        observer: Observer,
+    ) -> Self {
+        Self::begin(connection, ranges, Some(observer), changes)
+    }
+
     fn begin(
         connection: Connection,
         ranges: Vec<KeyRange>,

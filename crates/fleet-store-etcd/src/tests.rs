@@ -662,6 +662,53 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
     assert_eq!(names, ["a.service", "b.service"]);
 }
 
+/// A leader that serves lists reads the API's copy: one copy and one watch of the units and
+/// placements in the fleetd, not two. Unit changes still wake its engine; the copy outlives
+/// the API's idle time while the engine reads it, the API takes it back (its own writes in
+/// it) rather than listing the cluster again, and the engine lets it go with its leadership.
+#[tokio::test]
+async fn a_leader_that_serves_lists_reads_the_api_copy_and_keeps_no_second_one() {
+    use std::sync::Arc;
+    let etcd = EtcdServer::start();
+    let options = EtcdOptions { api_copy_idle: Some(Duration::from_secs(2)), ..options(&etcd) };
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let lease = registry.acquire_leadership("m1").await.unwrap().expect("the only engine leads");
+    let own = Arc::downgrade(&registry.engine_copy().expect("a leader lists the cluster"));
+    assert_eq!(registry.snapshot().await.unwrap().units.len(), 1);
+    let every = fleet_registry::PageRequest { start: 0, limit: 100, admits: Arc::new(|_: &str| true), after: None };
+    registry.units_page(every.clone()).await.unwrap();
+    let api_copy = registry.api_copy_running().expect("a list starts the API's copy");
+    assert!(!own.upgrade().is_some_and(|own| Arc::ptr_eq(&own, &api_copy)), "the API lists a copy of its own first");
+    assert_eq!(registry.snapshot().await.unwrap().units.len(), 1);
+    let read = registry.engine_copy().expect("the leader holds a copy");
+    assert!(Arc::ptr_eq(&read, &api_copy), "the engine's next look reads the API's copy");
+    assert!(own.upgrade().is_none(), "and its own copy is gone with its watch");
+    drop(read);
+    let mut engine_changes = registry.engine_changes();
+    engine_changes.mark_unchanged();
+    registry.put_unit("b.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), engine_changes.changed())
+        .await
+        .expect("a unit's change in the API's copy wakes the engine")
+        .unwrap();
+    eventually("the API lets its idle copy go", async || registry.api_copy_running().is_none()).await;
+    let read = registry.engine_copy().expect("the leader still holds a copy");
+    assert!(Arc::ptr_eq(&read, &api_copy), "the copy the engine reads outlives the API's idle time");
+    registry.put_unit("c.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    let names: Vec<String> =
+        registry.units_page(every).await.unwrap().items.into_iter().map(|unit| unit.name).collect();
+    assert_eq!(names, ["a.service", "b.service", "c.service"], "the API's own write is in the copy it took back");
+    let taken_back = registry.api_copy_running().expect("a list takes a copy");
+    assert!(Arc::ptr_eq(&taken_back, &api_copy), "the API takes back the copy the engine reads");
+    drop((read, taken_back));
+    registry.release_leadership(&lease).await.unwrap();
+    assert!(!registry.engine_copy_running(), "the engine lets the copy go with its leadership");
+    assert!(registry.api_copy_running().is_some_and(|copy| Arc::ptr_eq(&copy, &api_copy)), "the API keeps it");
+}
+
 /// A machine whose lease expired registers again with its states kept aside, and writes
 /// them again only for the units its caught-up copy still gives it: the engine moved the
 /// others meanwhile, and their old states would list them twice.
