@@ -48,7 +48,8 @@ use fleet_e2e::cluster_bench::{
     SIMULATED_CAPACITY, TEMPLATES, every_unit, registered_machines, template_reserving, unit_list, wait_all_launched,
 };
 use fleet_e2e::{
-    EtcdServer, Fleetd, LARGE_CLUSTER_SETTINGS, binary, cpu_seconds, peak_resident_mib, waited_children_cpu_seconds,
+    EtcdServer, Fleetd, LARGE_CLUSTER_SETTINGS, binary, cpu_seconds, metric_value, peak_resident_mib,
+    waited_children_cpu_seconds,
 };
 use fleet_registry::{AgentRegistry, ApiRegistry, ChangeSignal};
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
@@ -179,6 +180,7 @@ fn main() {
         let (standby_cpu_before, fleetctl_cpu_before) =
             (cpu_seconds(standby.pid()), waited_children_cpu_seconds(std::process::id()));
         let presence_before = presence_requests();
+        let held_before = writes_held(&engine);
         let submitting = Instant::now();
         // `via-standby`: the units go through the standby fleetd's API, so the leader learns
         // them only through its watch, as it does when the submitting fleetd does not lead.
@@ -202,6 +204,10 @@ fn main() {
         let rates: Vec<String> =
             counters.iter().map(|(name, moved)| format!("{name} {moved:.0} ({:.0}/s)", moved / seconds)).collect();
         println!("      etcd over (a): {}", rates.join(", "));
+        println!(
+            "      the engine fleetd's unit writes held while etcd was behind in applying: {:.1} s in all",
+            writes_held(&engine) - held_before
+        );
         let presence = presence_requests();
         println!(
             "      the simulated machines over (a): {:.0} leases granted (a machine registering again), {:.0} lease renewals failed",
@@ -422,4 +428,9 @@ async fn fleetctl(socket: &std::path::Path, dir: &std::path::Path, args: &[&str]
     assert!(output.status.success(), "fleetctl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
     eprint!("{}", String::from_utf8_lossy(&output.stderr));
     String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// How long `fleetd`'s writes have waited in all for etcd to catch up with applying.
+fn writes_held(fleetd: &Fleetd) -> f64 {
+    metric_value(&fleetd.metrics(), "fleet_store_writes_held_seconds_total").unwrap_or(0.0)
 }
