@@ -1,12 +1,14 @@
 //! The copy of the cluster the leading engine reads. The API's copy holds every range the
 //! engine's does (and the states and bodies besides): while it runs, the engine reads it, so a
 //! fleetd that leads and serves lists keeps one copy and one watch of the units and placements,
-//! not two. Otherwise the engine keeps a copy of its own ranges. Either is let go with the
-//! leadership; the API's copy outlives its idle time while the engine reads it, and the API
-//! takes it back rather than starting another.
+//! not two. Otherwise the engine keeps a copy of its own ranges: when the API lets its copy go
+//! for idleness, the engine lists its own and reads the API's until that one is listed (a
+//! leader does not hold every state for ever after one list), and the API takes back the copy
+//! the engine still reads rather than listing the cluster again. The leadership gone, the
+//! engine lets go of both.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
 
 use tokio::sync::watch;
 
@@ -47,50 +49,77 @@ pub(super) fn engine_waker(
     })
 }
 
-fn held(slot: &Mutex<Option<Arc<Mirror>>>) -> MutexGuard<'_, Option<Arc<Mirror>>> {
-    slot.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+/// The copies the engine holds.
+#[derive(Default)]
+pub(super) struct EngineCopies {
+    /// The copy it reads now.
+    reading: Option<Arc<Mirror>>,
+    /// A copy of its own ranges, listing, to read once it is listed (the API let go of the
+    /// copy the engine reads).
+    listing: Option<Arc<Mirror>>,
 }
 
 impl EtcdRegistry {
+    fn engine_copies(&self) -> MutexGuard<'_, EngineCopies> {
+        self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn own_engine_copy(&self) -> Arc<Mirror> {
+        let ranges = engine_ranges(self.keys());
+        Arc::new(Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone()))
+    }
+
     /// The copy the engine reads while it leads: the API's once that one is listed, else one
     /// of its own, started on first use (the leadership taken) and kept until
     /// [`EtcdRegistry::drop_engine_mirror`].
     pub(super) fn engine_mirror(&self) -> Arc<Mirror> {
         // Asked before the engine's slot is locked: the API locks its slot, then this one.
         let api_copy = self.api_copy_listed();
-        let mut engine_copy = held(&self.inner.engine_mirror);
+        let reads_api_copy = &self.inner.engine_reads_api_copy;
+        let mut copies = self.engine_copies();
         if let Some(api_copy) = api_copy {
-            if !engine_copy.as_ref().is_some_and(|copy| Arc::ptr_eq(copy, &api_copy)) {
-                self.inner.engine_reads_api_copy.store(true, Ordering::SeqCst);
+            copies.listing = None;
+            if !copies.reading.as_ref().is_some_and(|copy| Arc::ptr_eq(copy, &api_copy)) {
+                reads_api_copy.store(true, Ordering::SeqCst);
                 // The engine's own copy, if it had one, goes with its watch.
-                *engine_copy = Some(api_copy.clone());
+                copies.reading = Some(api_copy.clone());
                 tracing::debug!("the engine reads the API's copy of the cluster");
             }
             return api_copy;
         }
-        engine_copy
-            .get_or_insert_with(|| {
-                let ranges = engine_ranges(self.keys());
-                Arc::new(Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone()))
-            })
-            .clone()
+        if let Some(reading) = copies.reading.clone()
+            && reads_api_copy.load(Ordering::SeqCst)
+        {
+            // The API let its copy go: the engine reads it until its own is listed.
+            let own = copies.listing.get_or_insert_with(|| self.own_engine_copy()).clone();
+            if !own.read().synced {
+                return reading;
+            }
+            reads_api_copy.store(false, Ordering::SeqCst);
+            copies.listing = None;
+            copies.reading = Some(own.clone());
+            tracing::debug!("the engine reads a copy of its own ranges again");
+            return own;
+        }
+        copies.reading.get_or_insert_with(|| self.own_engine_copy()).clone()
     }
 
     /// The API's copy the engine reads, if it reads one: the API takes it back after letting
     /// it go for idleness, rather than listing the cluster again beside it.
     pub(super) fn api_copy_the_engine_reads(&self) -> Option<Arc<Mirror>> {
-        let engine_copy = held(&self.inner.engine_mirror);
-        if self.inner.engine_reads_api_copy.load(Ordering::SeqCst) { engine_copy.clone() } else { None }
+        let copies = self.engine_copies();
+        if self.inner.engine_reads_api_copy.load(Ordering::SeqCst) { copies.reading.clone() } else { None }
     }
 
-    /// Gives the engine's copy back (the leadership is gone): a standby holds nothing that
+    /// Gives the engine's copies back (the leadership is gone): a standby holds nothing that
     /// grows with the cluster, and etcd streams it nothing but the leader key (and what its
     /// API's copy asks while lists use it).
     pub(super) fn drop_engine_mirror(&self) {
         let dropped = {
-            let mut engine_copy = held(&self.inner.engine_mirror);
+            let mut copies = self.engine_copies();
             self.inner.engine_reads_api_copy.store(false, Ordering::SeqCst);
-            engine_copy.take()
+            copies.listing = None;
+            copies.reading.take()
         };
         if dropped.is_some() {
             let mut records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -102,7 +131,7 @@ impl EtcdRegistry {
     /// The copy this engine reads now, if it holds one.
     #[cfg(test)]
     pub(super) fn engine_copy(&self) -> Option<Arc<Mirror>> {
-        held(&self.inner.engine_mirror).clone()
+        self.engine_copies().reading.clone()
     }
 
     /// Whether this engine holds a copy of the cluster now.

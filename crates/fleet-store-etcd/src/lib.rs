@@ -111,7 +111,7 @@ struct Inner {
     /// The copy of the cluster the engine reads while it leads (`engine_copy.rs`): a standby
     /// (every fleetd that may lead) follows the leader key only, and lists the cluster when it
     /// takes over.
-    engine_mirror: Mutex<Option<Arc<Mirror>>>,
+    engine_mirror: Mutex<engine_copy::EngineCopies>,
     /// Whether that copy is the API's (which then moves `engine_signal` too).
     engine_reads_api_copy: Arc<std::sync::atomic::AtomicBool>,
     /// Moves on every change of the leader key, and of the engine's copy while there is one.
@@ -184,7 +184,7 @@ impl EtcdRegistry {
                 sources_mirror: OnceLock::new(),
                 journal_mirrors: Mutex::new(HashMap::new()),
                 sources_signal: watch::channel(0).0,
-                engine_mirror: Mutex::new(None),
+                engine_mirror: Mutex::default(),
                 engine_reads_api_copy: Arc::default(),
                 engine_signal: watch::channel(0).0,
                 engine_records: Mutex::new(DecodedRecords::default()),

@@ -663,9 +663,11 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
 }
 
 /// A leader that serves lists reads the API's copy: one copy and one watch of the units and
-/// placements in the fleetd, not two. Unit changes still wake its engine; the copy outlives
-/// the API's idle time while the engine reads it, the API takes it back (its own writes in
-/// it) rather than listing the cluster again, and the engine lets it go with its leadership.
+/// placements in the fleetd, not two. Unit changes still wake its engine. The API takes back
+/// the copy the engine still reads after letting it go (its own writes in it) rather than
+/// listing the cluster again; once the API let it go, the engine lists a copy of its own ranges
+/// and reads the API's until then (a leader keeps no states after a list); and it lets go of
+/// its copy with its leadership.
 #[tokio::test]
 async fn a_leader_that_serves_lists_reads_the_api_copy_and_keeps_no_second_one() {
     use std::sync::Arc;
@@ -694,19 +696,30 @@ async fn a_leader_that_serves_lists_reads_the_api_copy_and_keeps_no_second_one()
         .await
         .expect("a unit's change in the API's copy wakes the engine")
         .unwrap();
+    // The API lets its copy go while the engine reads it; the API's next list takes it back.
     eventually("the API lets its idle copy go", async || registry.api_copy_running().is_none()).await;
-    let read = registry.engine_copy().expect("the leader still holds a copy");
-    assert!(Arc::ptr_eq(&read, &api_copy), "the copy the engine reads outlives the API's idle time");
     registry.put_unit("c.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     let names: Vec<String> =
         registry.units_page(every).await.unwrap().items.into_iter().map(|unit| unit.name).collect();
     assert_eq!(names, ["a.service", "b.service", "c.service"], "the API's own write is in the copy it took back");
     let taken_back = registry.api_copy_running().expect("a list takes a copy");
     assert!(Arc::ptr_eq(&taken_back, &api_copy), "the API takes back the copy the engine reads");
-    drop((read, taken_back));
+    drop(taken_back);
+    // Let go again, the engine goes back to a copy of its own ranges once that one is listed.
+    eventually("the API lets its idle copy go again", async || registry.api_copy_running().is_none()).await;
+    let api_copy = {
+        let weak = Arc::downgrade(&api_copy);
+        drop(api_copy);
+        weak
+    };
+    eventually("the engine reads a copy of its own again", async || {
+        assert_eq!(registry.snapshot().await.unwrap().units.len(), 3, "every snapshot holds every unit");
+        registry.engine_copy().is_some_and(|copy| !api_copy.upgrade().is_some_and(|api| Arc::ptr_eq(&copy, &api)))
+    })
+    .await;
+    assert!(api_copy.upgrade().is_none(), "the copy with every state is gone");
     registry.release_leadership(&lease).await.unwrap();
-    assert!(!registry.engine_copy_running(), "the engine lets the copy go with its leadership");
-    assert!(registry.api_copy_running().is_some_and(|copy| Arc::ptr_eq(&copy, &api_copy)), "the API keeps it");
+    assert!(!registry.engine_copy_running(), "the engine lets its copy go with its leadership");
 }
 
 /// A machine whose lease expired registers again with its states kept aside, and writes
