@@ -9,6 +9,8 @@ use fleet_registry::{ApiRegistry, PageRequest, RegistryError, UnitView};
 use fleet_store_etcd::EtcdRegistry;
 use tokio::sync::Semaphore;
 
+use crate::launched_units::LaunchedUnits;
+
 /// How many templates the units are instances of.
 pub const TEMPLATES: usize = 10;
 /// How many submissions run at once.
@@ -97,10 +99,6 @@ pub async fn every_unit(api: &EtcdRegistry) -> Vec<UnitView> {
     }
 }
 
-async fn launched(api: &EtcdRegistry) -> usize {
-    every_unit(api).await.iter().filter(|unit| unit.current == Some(DesiredState::Launched)).count()
-}
-
 /// Writes the templates and a list of `count` instance names into `dir`, for
 /// `fleetctl start --from-file`: the names the other submissions use.
 pub fn unit_list(dir: &std::path::Path, count: usize, reserving: bool) -> std::path::PathBuf {
@@ -119,11 +117,12 @@ const COPY_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Waits until `count` units report launched, printing progress every 5 s; `stuck` tells why
 /// when nothing moves for two minutes. Returns how long it took.
-pub async fn wait_all_launched(api: &EtcdRegistry, count: usize, stuck: impl Fn() -> String) -> Duration {
+pub async fn wait_all_launched(launched: &LaunchedUnits, count: usize, stuck: impl Fn() -> String) -> Duration {
     let started = Instant::now();
     let (mut last_done, mut last_progress, mut last_report) = (0, Instant::now(), Instant::now());
+    let mut changes = launched.changes();
     loop {
-        let done = launched(api).await;
+        let done = *changes.borrow_and_update();
         if done >= count {
             return started.elapsed();
         }
@@ -135,7 +134,9 @@ pub async fn wait_all_launched(api: &EtcdRegistry, count: usize, stuck: impl Fn(
             println!("    … {done}/{count} launched after {:.1} s", started.elapsed().as_secs_f64());
             last_report = Instant::now();
         }
-        // Counting a hundred thousand units takes a while itself: look less often then.
-        tokio::time::sleep(Duration::from_millis(if count > 20_000 { 1000 } else { 250 })).await;
+        // Woken by the count's change; at least once a second to report and to notice a stall.
+        if let Ok(ended) = tokio::time::timeout(Duration::from_secs(1), changes.changed()).await {
+            ended.expect("the count of launched units is followed for as long as the bench waits");
+        }
     }
 }

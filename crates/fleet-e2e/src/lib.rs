@@ -15,6 +15,7 @@ pub mod https;
 pub mod lab;
 pub mod lab_etcd;
 pub mod lab_fleet;
+pub mod launched_units;
 pub mod nat;
 pub mod netlab;
 pub mod pki;
