@@ -442,7 +442,13 @@ impl Client {
 
     /// One `POST units` of `units`; its answers, checked to be one per unit.
     async fn send_batch(&self, units: &[&Unit]) -> Result<Option<Vec<UnitBatchResult>>> {
-        let body = serde_json::json!({ "units": units }).to_string();
+        // Written straight from the units: through a `serde_json::Value` first, three
+        // quarters of fleetctl's CPU went into building, printing and dropping that value.
+        #[derive(serde::Serialize)]
+        struct Batch<'a> {
+            units: &'a [&'a Unit],
+        }
+        let body = serde_json::to_string(&Batch { units }).map_err(|error| ClientError::Decode(error.to_string()))?;
         let path = if self.take_over { "units?takeOver=true" } else { "units" };
         let hundreds = u32::try_from(units.len().div_ceil(UNITS_PER_TIMEOUT).max(1)).unwrap_or(u32::MAX);
         match self.send_within(Method::POST, path, Some(body), self.timeout.saturating_mul(hundreds)).await {
