@@ -98,7 +98,7 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use fleet_core::SystemdState;
+    use fleet_core::{SystemdState, UnitFile};
 
     fn state(name: &str, machine: &str, launched: bool) -> Vec<u8> {
         let state = UnitState {
@@ -112,8 +112,6 @@ mod tests {
         };
         serde_json::to_vec(&state).unwrap()
     }
-
-    use fleet_core::UnitFile;
 
     #[test]
     fn a_unit_counts_once_while_some_state_of_it_says_launched() {

@@ -634,16 +634,25 @@ async fn a_batch_fails_fast_while_etcd_is_down_and_writes_once_it_is_back() {
     assert_eq!(registry.units().await.unwrap().len(), 300);
 }
 
+/// A store whose API copy is let go after `idle` without a use.
+async fn registry_whose_api_copy_idles(etcd: &EtcdServer, idle: Duration) -> EtcdRegistry {
+    let options = EtcdOptions { api_copy_idle: Some(idle), ..options(etcd) };
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    EtcdRegistry::connect(&options, lifetimes).await.unwrap()
+}
+
+/// A page request for every unit (at most a hundred).
+fn every_unit_page() -> fleet_registry::PageRequest {
+    fleet_registry::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None }
+}
+
 #[tokio::test]
 async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
     let etcd = EtcdServer::start();
-    let options = EtcdOptions { api_copy_idle: Some(Duration::from_secs(3)), ..options(&etcd) };
-    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
-    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    let registry = registry_whose_api_copy_idles(&etcd, Duration::from_secs(3)).await;
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     assert!(registry.api_copy_running().is_none(), "a write alone starts no copy of the cluster");
-    let every =
-        fleet_registry::PageRequest { start: 0, limit: 100, admits: std::sync::Arc::new(|_: &str| true), after: None };
+    let every = every_unit_page();
     assert_eq!(registry.units_page(every.clone()).await.unwrap().items.len(), 1);
     let first = registry.api_copy_running().expect("a list starts the copy");
     // Used every second for longer than the idle time, it stays: the same copy, never
@@ -672,15 +681,13 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
 async fn a_leader_that_serves_lists_reads_the_api_copy_and_keeps_no_second_one() {
     use std::sync::Arc;
     let etcd = EtcdServer::start();
-    let options = EtcdOptions { api_copy_idle: Some(Duration::from_secs(2)), ..options(&etcd) };
-    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
-    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    let registry = registry_whose_api_copy_idles(&etcd, Duration::from_secs(2)).await;
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     registry.register_machine(&machine("m1")).await.unwrap();
     let lease = registry.acquire_leadership("m1").await.unwrap().expect("the only engine leads");
     let own = Arc::downgrade(&registry.engine_copy().expect("a leader lists the cluster"));
     assert_eq!(registry.snapshot().await.unwrap().units.len(), 1);
-    let every = fleet_registry::PageRequest { start: 0, limit: 100, admits: Arc::new(|_: &str| true), after: None };
+    let every = every_unit_page();
     registry.units_page(every.clone()).await.unwrap();
     let api_copy = registry.api_copy_running().expect("a list starts the API's copy");
     assert!(!own.upgrade().is_some_and(|own| Arc::ptr_eq(&own, &api_copy)), "the API lists a copy of its own first");
