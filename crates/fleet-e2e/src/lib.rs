@@ -5,6 +5,11 @@
 //! workspace's binaries must be built first (`cargo build --workspace --bins`, which
 //! `cargo test --workspace` and `cargo nextest run --workspace` do).
 
+/// The benches' simulated machines run fleetd's agent in this process: they allocate as
+/// fleetd does (`fleetd/src/main.rs`), so that what they cost the machine is what fleetd's would.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 pub mod browser;
 pub mod chaos;
 mod cluster;

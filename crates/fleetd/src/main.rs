@@ -24,6 +24,11 @@ use std::process::ExitCode;
 
 use fleetd::config::Config;
 
+/// fleetd allocates through jemalloc: see `memory_trim.rs` for why, and for how its freed
+/// pages go back to the system.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const USAGE: &str = "Usage: fleetd [-config PATH] [-version] [-help] [-manual] [-sample-config]\n       \
                      fleetd -make-certificates DIR [-hosts NAME,ADDRESS,...]";
 
