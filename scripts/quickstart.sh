@@ -28,12 +28,12 @@ fi
 if [ -z "$bin_dir" ]; then
   command -v cargo >/dev/null || { echo "cargo is required to build fleet (https://rustup.rs), or set FLEET_BIN_DIR"; exit 1; }
   # etcd-client's build needs protoc and Google's well-known protos, even for a single machine
-  # on the embedded store.
-  if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ]; then
+  # on the embedded store; jemalloc's (fleetd's allocator) needs make.
+  if ! command -v protoc >/dev/null || [ ! -f /usr/include/google/protobuf/descriptor.proto ] || ! command -v make >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq protobuf-compiler libprotobuf-dev make
     else
-      echo "protoc and Google's well-known protos are required (Debian packages protobuf-compiler and libprotobuf-dev)"; exit 1
+      echo "protoc, Google's well-known protos and make are required (Debian packages protobuf-compiler, libprotobuf-dev and make)"; exit 1
     fi
   fi
   cargo build --release -p fleetd -p fleetctl

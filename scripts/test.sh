@@ -16,6 +16,8 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # git (the git-source tests make real repositories; fetching file:// runs git-upload-pack).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
+# jemalloc, fleetd's allocator, is built from its C sources by make.
+command -v make >/dev/null || missing+=(make)
 # etcd-client's protos import Google's well-known types, which only libprotobuf-dev ships
 # (protobuf-compiler merely recommends it, and recommends are not installed here).
 [ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
