@@ -71,6 +71,9 @@ pub async fn registered_machines(client: &mut etcd_client::Client, prefix: &str)
     reply.map_or(0, |reply| usize::try_from(reply.count()).unwrap_or(0))
 }
 
+/// The longest the bench's copy of the units may go without answering before the bench gives up.
+const COPY_PATIENCE: Duration = Duration::from_secs(120);
+
 /// Every unit, page by page from the store's copy as the API reads them (as far as they
 /// read).
 pub async fn every_unit(api: &EtcdRegistry) -> Vec<UnitView> {
@@ -111,9 +114,6 @@ pub fn unit_list(dir: &std::path::Path, count: usize, reserving: bool) -> std::p
     std::fs::write(&list, names.join("\n")).expect("write the unit list");
     list
 }
-
-/// The longest the bench's copy of the units may go without answering before the bench gives up.
-const COPY_PATIENCE: Duration = Duration::from_secs(120);
 
 /// Waits until `count` units report launched, printing progress every 5 s; `stuck` tells why
 /// when nothing moves for two minutes. Returns how long it took.

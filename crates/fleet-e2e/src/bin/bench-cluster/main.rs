@@ -434,5 +434,6 @@ async fn fleetctl(socket: &std::path::Path, dir: &std::path::Path, args: &[&str]
 
 /// How long `fleetd`'s writes have waited in all for etcd to catch up with applying.
 fn writes_held(fleetd: &Fleetd) -> f64 {
-    metric_value(&fleetd.metrics(), "fleet_store_writes_held_seconds_total").unwrap_or(0.0)
+    let text = tokio::task::block_in_place(|| fleetd.metrics());
+    metric_value(&text, "fleet_store_writes_held_seconds_total").unwrap_or(0.0)
 }
