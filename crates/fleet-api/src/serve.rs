@@ -19,6 +19,7 @@ use crate::auth::Peer;
 use crate::auth::certificate::{self, CertificateIdentity};
 use crate::auth::tls::ServerTls;
 use crate::host_check::HostCheck;
+use crate::lean_tls::LeanTlsStream;
 use crate::listen::ApiListener;
 use crate::upgrade::ConnectionHold;
 use fleet_metrics::HandshakeLabels;
@@ -168,10 +169,11 @@ async fn accept_loop<L: Accept>(
                 connections.spawn(serve_connection(stream, peer, Protocol::Http1, router, stop, limits, slot));
             }
             Connect::Tls(tls) => {
-                let acceptor = tokio_rustls::TlsAcceptor::from(tls.current());
+                let config = tls.current();
                 let machine_issuer = tls.machine_issuer();
                 connections.spawn(async move {
-                    let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream)).await;
+                    let handshake =
+                        tokio::time::timeout(limits.header_timeout, LeanTlsStream::accept(stream, config)).await;
                     let stream = match handshake {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(error)) => {
@@ -180,23 +182,22 @@ async fn accept_loop<L: Accept>(
                         }
                         Err(_) => return,
                     };
-                    let kind = match stream.get_ref().1.handshake_kind() {
+                    let kind = match stream.tls().handshake_kind() {
                         Some(rustls::HandshakeKind::Resumed) => "resumed",
                         _ => "full",
                     };
                     fleet_metrics::metrics().api.tls_handshakes.get_or_create(&HandshakeLabels { kind }).inc();
-                    let certificate =
-                        stream.get_ref().1.peer_certificates().and_then(|chain| chain.first()).map(|leaf| {
-                            Arc::new(certificate::from_der(leaf, machine_issuer.as_deref()).unwrap_or_else(|| {
-                                CertificateIdentity {
-                                    name: "unnamed".into(),
-                                    role: Err("its subject has no usable common name (CN)".into()),
-                                    key_sha256: String::new(),
-                                }
-                            }))
-                        });
+                    let certificate = stream.tls().peer_certificates().and_then(|chain| chain.first()).map(|leaf| {
+                        Arc::new(certificate::from_der(leaf, machine_issuer.as_deref()).unwrap_or_else(|| {
+                            CertificateIdentity {
+                                name: "unnamed".into(),
+                                role: Err("its subject has no usable common name (CN)".into()),
+                                key_sha256: String::new(),
+                            }
+                        }))
+                    });
                     let peer = Peer::Tcp { tls: true, certificate };
-                    let protocol = match stream.get_ref().1.alpn_protocol() {
+                    let protocol = match stream.tls().alpn_protocol() {
                         Some(b"h2") => Protocol::Http2,
                         _ => Protocol::Http1,
                     };

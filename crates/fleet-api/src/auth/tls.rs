@@ -166,4 +166,4 @@ impl ServerTls {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,13 +7,13 @@ use rustls::{ClientConnection, HandshakeKind, ServerConnection};
 use super::*;
 
 /// A CA, a server certificate for `localhost` and a client certificate, all written to `dir`.
-struct Pki {
-    files: TlsFiles,
+pub(crate) struct Pki {
+    pub files: TlsFiles,
     ca: CertificateDer<'static>,
-    client: (CertificateDer<'static>, PrivateKeyDer<'static>),
+    pub client: (CertificateDer<'static>, PrivateKeyDer<'static>),
 }
 
-fn pki(dir: &Path) -> Pki {
+pub(crate) fn pki(dir: &Path) -> Pki {
     let ca_key = KeyPair::generate().unwrap();
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca_params.distinguished_name.push(DnType::CommonName, "test CA");
@@ -46,7 +46,7 @@ fn pki(dir: &Path) -> Pki {
 
 /// A client's configuration with a session store of its own; its clones share the store,
 /// and resume what one another began (as a pull agent's clients do).
-fn client_config(pki: &Pki) -> rustls::ClientConfig {
+pub(crate) fn client_config(pki: &Pki) -> rustls::ClientConfig {
     client_config_with(pki, rustls::crypto::ring::default_provider())
 }
 
