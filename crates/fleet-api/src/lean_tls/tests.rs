@@ -42,10 +42,31 @@ fn setup() -> (tempfile::TempDir, Pki) {
 #[tokio::test]
 async fn data_crosses_both_ways_and_a_quiet_connection_holds_no_buffer() {
     let (_dir, pki) = setup();
-    let mut client = client_config(&pki);
+    exchange(&pki, client_config(&pki), rustls::ProtocolVersion::TLSv1_3).await;
+}
+
+#[tokio::test]
+async fn a_tls_1_2_client_is_served_the_same() {
+    let (_dir, pki) = setup();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(pki.ca.clone()).unwrap();
+    let client = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_protocol_versions(&[&rustls::version::TLS12])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(vec![pki.client.0.clone()], pki.client.1.clone_key())
+        .unwrap();
+    exchange(&pki, client, rustls::ProtocolVersion::TLSv1_2).await;
+}
+
+/// A connection of `client` that negotiates `version`: the client's certificate and ALPN
+/// reach the server, megabytes cross each way, the quiet connection holds no buffer, and
+/// each side's close_notify reaches the other as a clean end.
+async fn exchange(pki: &Pki, mut client: rustls::ClientConfig, version: rustls::ProtocolVersion) {
     client.alpn_protocols = vec![b"http/1.1".to_vec()];
     let (server, client) = connect(server_config(&pki.files).unwrap(), Arc::new(client)).await;
     let (mut server, mut client) = (server.unwrap(), client.unwrap());
+    assert_eq!(server.tls().protocol_version(), Some(version));
     let presented = server.tls().peer_certificates().and_then(|chain| chain.first()).map(|leaf| leaf.to_vec());
     assert_eq!(presented, Some(pki.client.0.to_vec()), "the server holds the client's verified certificate");
     assert_eq!(server.tls().alpn_protocol(), Some(&b"http/1.1"[..]));

@@ -9,7 +9,7 @@ use super::*;
 /// A CA, a server certificate for `localhost` and a client certificate, all written to `dir`.
 pub(crate) struct Pki {
     pub files: TlsFiles,
-    ca: CertificateDer<'static>,
+    pub ca: CertificateDer<'static>,
     pub client: (CertificateDer<'static>, PrivateKeyDer<'static>),
 }
 
