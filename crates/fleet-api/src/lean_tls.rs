@@ -53,6 +53,9 @@ pub struct LeanTlsStream<IO> {
     read_ended: ReadEnd,
     /// close_notify is in `outgoing` (or sent): nothing more is written.
     close_notify_queued: bool,
+    /// rustls refused what the peer sent: the connection is over, and rustls is not asked again
+    /// (it would make its alert twice).
+    failed: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +162,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTlsStream<IO> {
             outgoing_sent: 0,
             read_ended: ReadEnd::Open,
             close_notify_queued: false,
+            failed: false,
         };
         std::future::poll_fn(|cx| stream.poll_handshake(cx)).await?;
         Ok(stream)
@@ -198,15 +202,23 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTlsStream<IO> {
     /// decrypted goes to `plaintext`, records rustls makes to `outgoing`, and where application
     /// data may be written, `data` (all of it) is encrypted. On an error, the alert rustls
     /// makes for the peer is still put in `outgoing`.
-    fn process(&mut self, mut action: Option<Action<'_>>) -> io::Result<Stop> {
+    fn process(&mut self, action: Option<Action<'_>>) -> io::Result<Stop> {
+        if self.failed {
+            return Err(invalid("the TLS connection failed"));
+        }
+        let processed = self.process_records(action);
+        if processed.is_err() {
+            self.failed = true;
+            self.collect_alert();
+        }
+        processed
+    }
+
+    fn process_records(&mut self, mut action: Option<Action<'_>>) -> io::Result<Stop> {
         loop {
             let UnbufferedStatus { mut discard, state } = self.connection.process_tls_records(&mut self.incoming);
             let stop = match state {
-                Err(error) => {
-                    self.incoming.drain(..discard.min(self.incoming.len()));
-                    self.collect_alert();
-                    return Err(tls_error(error));
-                }
+                Err(error) => return Err(tls_error(error)),
                 Ok(ConnectionState::ReadTraffic(mut traffic)) => {
                     while let Some(record) = traffic.next_record() {
                         let AppDataRecord { discard: taken, payload } = record.map_err(tls_error)?;
@@ -256,17 +268,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTlsStream<IO> {
         }
     }
 
-    /// After an error, what rustls still has for the peer (the alert saying why).
+    /// After an error, what rustls still has for the peer (the alert saying why). rustls hands
+    /// out what it has to send before it reads anything, and is given nothing to read.
     fn collect_alert(&mut self) {
-        for _ in 0..4 {
-            match self.connection.process_tls_records(&mut self.incoming).state {
-                Ok(ConnectionState::EncodeTlsData(mut encode)) => {
-                    if append(&mut self.outgoing, 0, |room| encode.encode(room).map_err(Refused::from)).is_err() {
-                        return;
-                    }
-                }
-                Ok(ConnectionState::TransmitTlsData(transmit)) => transmit.done(),
-                _ => return,
+        self.incoming = Vec::new();
+        while self.connection.wants_write() {
+            let Ok(ConnectionState::EncodeTlsData(mut encode)) = self.connection.process_tls_records(&mut []).state
+            else {
+                return;
+            };
+            if append(&mut self.outgoing, 0, |room| encode.encode(room).map_err(Refused::from)).is_err() {
+                return;
             }
         }
     }

@@ -19,7 +19,7 @@ pub mod feed_slots;
 mod handlers;
 mod host_check;
 pub mod journal_relay;
-mod lean_tls;
+pub mod lean_tls;
 pub mod listen;
 pub mod live_view;
 pub mod pagination;

@@ -9,6 +9,7 @@
 
 mod api_request;
 mod api_unverified;
+mod tls_stream;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -23,6 +24,7 @@ use serde::de::DeserializeOwned;
 
 pub use api_request::api_request;
 pub use api_unverified::api_unverified;
+pub use tls_stream::tls_stream;
 
 /// A fuzz target: arbitrary bytes in, a panic only on a defect.
 pub type Target = fn(&[u8]);
@@ -36,6 +38,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("api_unverified", api_unverified),
     ("page_token", page_token),
     ("etcd_records", etcd_records),
+    ("tls_stream", tls_stream),
 ];
 
 fn text(data: &[u8]) -> String {

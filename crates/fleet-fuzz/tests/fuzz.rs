@@ -97,3 +97,8 @@ fn page_token() {
 fn etcd_records() {
     run("etcd_records");
 }
+
+#[test]
+fn tls_stream() {
+    run("tls_stream");
+}

@@ -1,6 +1,7 @@
 //! Benchmark: pull agents through one manager on one etcd.
 //!
-//! One real fleetd is the manager (etcd store, TLS, agent CA) and the engine. Many pull agents
+//! One real fleetd is the manager (etcd store, TLS, agent CA); another, started first and given
+//! no agent, leads the engine (with `--joins`, the manager leads it). Many pull agents
 //! run in this process (or its children, below), each the real agent code on its own `RemoteRegistry`: its own
 //! registration, its own certificate, its own HTTPS (HTTP/2) connection and long poll; only
 //! systemd is simulated. Every unit asks for `role=worker`, which only the pull agents have.
@@ -14,6 +15,9 @@
 //! (b) how many agents one schedule change wakes;
 //! (c) the manager's CPU and memory idle, and what etcd does meanwhile: its CPU, the
 //!     proposals it commits (every store write) and the lease renewals it receives, a second;
+//!     and what one more manager, on the same store but given to no agent, grew by since
+//!     before any agent joined: the cluster's data as a manager holds it, which the memory an
+//!     agent costs its manager is then given beyond;
 //! (e) a global unit, one change that reaches every agent on its stream: the time until every
 //!     agent reports it active, the managers' CPU, their TLS handshakes (full and resumed) and
 //!     what the streams carried (works out, states reports back);
@@ -42,7 +46,7 @@ use fleet_core::{DesiredState, UnitFile};
 use fleet_e2e::cluster_bench::{registered_machines, submit_units, template, wait_all_launched};
 use fleet_e2e::launched_units::LaunchedUnits;
 use fleet_e2e::pki::Authority;
-use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds};
+use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds, metric_value};
 use fleet_registry::ApiRegistry;
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 
@@ -241,30 +245,49 @@ fn main() {
     let connections = (if joins_only { 1024 } else { agents * 2 + 64 }).to_string();
     let ttl_setting = format!("{}s", agent_ttl.as_secs());
     let mut urls = Vec::new();
+    let start_manager = |index: usize| {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
+        let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
+        let manager = Fleetd::start(
+            &format!("b{index:x}").repeat(16),
+            &[
+                ("etcd_servers", &etcd.endpoint()),
+                ("etcd_request_timeout", "5"),
+                ("metadata", "role=manager"),
+                ("api_listen", &listen),
+                ("api_tls_cert_file", &cert),
+                ("api_tls_key_file", &key),
+                ("agent_ca_cert_file", &ca_cert),
+                ("agent_ca_key_file", &ca_key),
+                ("api_max_connections", &connections),
+                ("agent_ttl", &ttl_setting),
+            ],
+        );
+        // By address: the agents here would otherwise each look `localhost` up, a cost of the
+        // agents, not of the manager this measures.
+        (manager, format!("https://127.0.0.1:{port}"))
+    };
+    // With agents, the engine leads from a fleetd of its own, started first and given no
+    // agent: the serving managers and the witness below then differ only by their agents.
+    let engine = (!joins_only).then(|| {
+        let (engine, _) = start_manager(manager_count + 1);
+        let leading = Instant::now();
+        while metric_value(&engine.metrics(), "fleet_engine_leader") != Some(1.0) {
+            assert!(leading.elapsed() < Duration::from_secs(60), "the first fleetd never led the engine");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        engine
+    });
     let mut managers: Vec<Fleetd> = (0..manager_count)
         .map(|index| {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port();
-            // By address: the agents here would otherwise each look `localhost` up, a cost of the
-            // agents, not of the manager this measures.
-            urls.push(format!("https://127.0.0.1:{port}"));
-            let listen = format!("unix://{{socket}},https://127.0.0.1:{port}");
-            Fleetd::start(
-                &format!("b{index:x}").repeat(16),
-                &[
-                    ("etcd_servers", &etcd.endpoint()),
-                    ("etcd_request_timeout", "5"),
-                    ("metadata", "role=manager"),
-                    ("api_listen", &listen),
-                    ("api_tls_cert_file", &cert),
-                    ("api_tls_key_file", &key),
-                    ("agent_ca_cert_file", &ca_cert),
-                    ("agent_ca_key_file", &ca_key),
-                    ("api_max_connections", &connections),
-                    ("agent_ttl", &ttl_setting),
-                ],
-            )
+            let (manager, url) = start_manager(index);
+            urls.push(url);
+            manager
         })
         .collect();
+    // A manager like the others that no agent is given: what it grows by is the cluster's data
+    // as a manager holds it, which (c) takes from what the serving managers grow by.
+    let witness = (!joins_only).then(|| start_manager(manager_count).0);
     let token = managers[0]
         // The agents announce role=worker: a pull agent announces no more than its token grants.
         // Bounded by time, not by uses: joins through several managers then never race on it.
@@ -303,6 +326,8 @@ fn main() {
 
         // What the managers hold before any agent joined: the cluster's data grows from here.
         let rss_before_agents: f64 = managers.iter().map(|fleetd| resident_mib(fleetd.pid())).sum();
+        let witness_before = witness.as_ref().map_or(0.0, |fleetd| resident_mib(fleetd.pid()));
+        let engine_before = engine.as_ref().map_or(0.0, |fleetd| resident_mib(fleetd.pid()));
         // Join and start every agent.
         let join_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
         let etcd_cpu_before = cpu_seconds(etcd.pid().expect("etcd runs"));
@@ -319,7 +344,7 @@ fn main() {
         let announce_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
         let announce_handshakes_before = handshakes(&managers);
         let announce_etcd_before = (cpu_seconds(etcd.pid().expect("etcd runs")), store_revision(&mut raw).await);
-        while registered_machines(&mut raw, "/_coreos.com/fleet/").await < agents + manager_count {
+        while registered_machines(&mut raw, "/_coreos.com/fleet/").await < agents + manager_count + 2 * usize::from(witness.is_some()) {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let announce_handshakes = handshakes(&managers);
@@ -417,6 +442,15 @@ fn main() {
             "  (c) managers' RSS {rss_now:.0} MiB, {rss_before_agents:.0} MiB before any agent joined: {:.1} KiB an agent beyond that (the cluster's data included)",
             (rss_now - rss_before_agents) * 1024.0 / agents as f64
         );
+        if let (Some(witness), Some(engine)) = (&witness, &engine) {
+            let cluster_data = resident_mib(witness.pid()) - witness_before;
+            println!(
+                "  (c) a manager no agent is given grew {cluster_data:.0} MiB ({:.1} KiB an agent: the cluster's data as a manager holds it); the serving managers {:.1} KiB an agent beyond that; the engine leader grew {:.0} MiB",
+                cluster_data * 1024.0 / agents as f64,
+                (rss_now - rss_before_agents - cluster_data * manager_count as f64) * 1024.0 / agents as f64,
+                resident_mib(engine.pid()) - engine_before,
+            );
+        }
         println!(
             "  (c) agents held per manager: {held:?}; etcd CPU {:.1}%, {:.1} proposals/s, {:.1} lease renewals/s",
             etcd_cpu * 100.0 / idle_seconds as f64,
