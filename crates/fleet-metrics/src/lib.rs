@@ -142,6 +142,8 @@ pub struct PullMetrics {
     pub stream_works: Counter,
     /// States lines agents wrote on their change streams.
     pub stream_states: Counter,
+    /// Heartbeats agents sent on their change streams (each answered).
+    pub stream_heartbeats: Counter,
 }
 
 pub struct Metrics {
@@ -199,6 +201,7 @@ impl Metrics {
             join_races_lost: Counter::default(),
             stream_works: Counter::default(),
             stream_states: Counter::default(),
+            stream_heartbeats: Counter::default(),
         };
         let fleet = registry.sub_registry_with_prefix("fleet");
         fleet.register("engine_reconciles", "Reconciles the engine ran", engine.reconciles.clone());
@@ -293,6 +296,11 @@ impl Metrics {
             "pull_stream_states",
             "States reports pull agents sent on their change streams",
             pull.stream_states.clone(),
+        );
+        fleet.register(
+            "pull_stream_heartbeats",
+            "Heartbeats pull agents sent on their change streams",
+            pull.stream_heartbeats.clone(),
         );
         Self { registry, engine, agent, store, api, pull }
     }

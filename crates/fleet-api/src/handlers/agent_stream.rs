@@ -203,7 +203,10 @@ impl ChangeStream {
                                 heard = Instant::now();
                                 beat_asked = false;
                                 match said {
-                                    Said::Beat => push_once(&mut due, Line::BeatAnswer),
+                                    Said::Beat => {
+                                        fleet_metrics::metrics().pull.stream_heartbeats.inc();
+                                        push_once(&mut due, Line::BeatAnswer);
+                                    }
                                     Said::States(states) => due.push_back(Line::StatesAnswer(states)),
                                 }
                             }

@@ -424,9 +424,12 @@ fn main() {
         let before: Vec<f64> = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).collect();
         let etcd_before = cpu_seconds(etcd_pid);
         let witness_cpu_before = witness.as_ref().map_or(0.0, |fleetd| cpu_seconds(fleetd.pid()));
+        let [beats_before] = managers_metrics(&managers, ["fleet_pull_stream_heartbeats_total"]);
         let (proposals_before, renewals_before) = etcd_counters(&etcd.endpoint()).await;
         tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
         let witness_cpu = witness.as_ref().map_or(0.0, |fleetd| cpu_seconds(fleetd.pid())) - witness_cpu_before;
+        let [beats_after] = managers_metrics(&managers, ["fleet_pull_stream_heartbeats_total"]);
+        let beats = beats_after - beats_before;
         let managers_idle_cpu: f64 =
             managers.iter().enumerate().map(|(index, fleetd)| cpu_seconds(fleetd.pid()) - before[index]).sum();
         let etcd_cpu = cpu_seconds(etcd_pid) - etcd_before;
@@ -454,14 +457,19 @@ fn main() {
                 (rss_now - rss_before_agents - cluster_data * manager_count as f64) * 1024.0 / agents as f64,
                 resident_mib(engine.pid()) - engine_before,
             );
-            // Idle CPU beyond what a manager spends with no agent, an agent: what 100,000 agents
-            // on one manager would idle at, from this run.
-            let per_agent = (managers_idle_cpu - witness_cpu * manager_count as f64) / agents as f64;
+            // Idle CPU beyond what a manager spends with no agent, a heartbeat (how many fall in
+            // the window depends on when the agents began theirs): what 100,000 agents beating
+            // at their period would cost one manager.
+            let beyond = managers_idle_cpu - witness_cpu * manager_count as f64;
+            let per_beat = beyond / beats.max(1.0);
+            let beats_a_second = 100_000.0 / reach.heartbeat.as_secs_f64();
             println!(
-                "  (c) idle CPU of the manager no agent is given {:.2}%; the serving managers' beyond it {:.2} µs a second an agent: one manager would idle at {:.1}% with 100,000 agents",
+                "  (c) idle CPU of the manager no agent is given {:.2}%; the serving managers' beyond it {:.2} s for {beats:.0} heartbeats, {:.0} µs each: one manager would idle at {:.1}% with 100,000 agents beating every {:.0} s",
                 witness_cpu * 100.0 / idle_seconds as f64,
-                per_agent * 1e6 / idle_seconds as f64,
-                (witness_cpu + per_agent * 100_000.0) * 100.0 / idle_seconds as f64,
+                beyond,
+                per_beat * 1e6,
+                (witness_cpu / idle_seconds as f64 + per_beat * beats_a_second) * 100.0,
+                reach.heartbeat.as_secs_f64(),
             );
         }
         println!(
