@@ -461,16 +461,21 @@ fn main() {
             // the window depends on when the agents began theirs): what 100,000 agents beating
             // at their period would cost one manager.
             let beyond = managers_idle_cpu - witness_cpu * manager_count as f64;
-            let per_beat = beyond / beats.max(1.0);
-            let beats_a_second = 100_000.0 / reach.heartbeat.as_secs_f64();
-            println!(
-                "  (c) idle CPU of the manager no agent is given {:.2}%; the serving managers' beyond it {:.2} s for {beats:.0} heartbeats, {:.0} µs each: one manager would idle at {:.1}% with 100,000 agents beating every {:.0} s",
-                witness_cpu * 100.0 / idle_seconds as f64,
-                beyond,
-                per_beat * 1e6,
-                (witness_cpu / idle_seconds as f64 + per_beat * beats_a_second) * 100.0,
-                reach.heartbeat.as_secs_f64(),
-            );
+            let witness_share = witness_cpu * 100.0 / idle_seconds as f64;
+            if beats > 0.0 {
+                let per_beat = beyond / beats;
+                let beats_a_second = 100_000.0 / reach.heartbeat.as_secs_f64();
+                println!(
+                    "  (c) idle CPU of the manager no agent is given {witness_share:.2}%; the serving managers' beyond it {beyond:.2} s for {beats:.0} heartbeats, {:.0} µs each: one manager would idle at {:.1}% with 100,000 agents beating every {:.0} s",
+                    per_beat * 1e6,
+                    witness_share + per_beat * beats_a_second * 100.0,
+                    reach.heartbeat.as_secs_f64(),
+                );
+            } else {
+                println!(
+                    "  (c) idle CPU of the manager no agent is given {witness_share:.2}%; no heartbeat fell in the window to price (agents beat every third of agent_ttl)"
+                );
+            }
         }
         println!(
             "  (c) agents held per manager: {held:?}; etcd CPU {:.1}%, {:.1} proposals/s, {:.1} lease renewals/s",
