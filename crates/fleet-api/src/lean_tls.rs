@@ -74,18 +74,6 @@ enum Action<'d> {
     CloseNotify,
 }
 
-/// Where processing what was received stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stop {
-    /// The handshake waits for more from the peer.
-    Blocked,
-    /// Application data may be written (the handshake may still wait for the peer's last
-    /// flight: see [`CommonState::is_handshaking`]).
-    Writable,
-    /// Both sides sent close_notify.
-    Closed,
-}
-
 fn tls_error(error: rustls::Error) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, error)
 }
@@ -200,9 +188,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTlsStream<IO> {
 
     /// Runs rustls over what was received until it waits for the peer or may write: data
     /// decrypted goes to `plaintext`, records rustls makes to `outgoing`, and where application
-    /// data may be written, `data` (all of it) is encrypted. On an error, the alert rustls
-    /// makes for the peer is still put in `outgoing`.
-    fn process(&mut self, action: Option<Action<'_>>) -> io::Result<Stop> {
+    /// data may be written, `action` is carried out (all of its data encrypted). Says whether
+    /// it was: not during the handshake's first flights, nor once both sides closed. On an
+    /// error, the alert rustls makes for the peer is still put in `outgoing`.
+    fn process(&mut self, action: Option<Action<'_>>) -> io::Result<bool> {
         if self.failed {
             return Err(invalid("the TLS connection failed"));
         }
@@ -214,10 +203,10 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTlsStream<IO> {
         processed
     }
 
-    fn process_records(&mut self, mut action: Option<Action<'_>>) -> io::Result<Stop> {
+    fn process_records(&mut self, mut action: Option<Action<'_>>) -> io::Result<bool> {
         loop {
             let UnbufferedStatus { mut discard, state } = self.connection.process_tls_records(&mut self.incoming);
-            let stop = match state {
+            let writable = match state {
                 Err(error) => return Err(tls_error(error)),
                 Ok(ConnectionState::ReadTraffic(mut traffic)) => {
                     while let Some(record) = traffic.next_record() {
@@ -242,9 +231,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTlsStream<IO> {
                 }
                 Ok(ConnectionState::Closed) => {
                     self.read_ended = ReadEnd::Notified;
-                    Some(Stop::Closed)
+                    Some(false)
                 }
-                Ok(ConnectionState::BlockedHandshake) => Some(Stop::Blocked),
+                Ok(ConnectionState::BlockedHandshake) => Some(false),
                 Ok(ConnectionState::WriteTraffic(mut traffic)) => {
                     match action.take() {
                         Some(Action::Encrypt(data)) => encrypt(&mut traffic, &mut self.outgoing, data)?,
@@ -253,17 +242,17 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> LeanTlsStream<IO> {
                         })?,
                         None => {}
                     }
-                    Some(Stop::Writable)
+                    Some(true)
                 }
                 // The configuration accepts no early data, so none is offered to read.
                 Ok(_) => return Err(invalid("TLS offered a state this server does not take")),
             };
             self.incoming.drain(..discard.min(self.incoming.len()));
-            if let Some(stop) = stop {
+            if let Some(writable) = writable {
                 if self.incoming.is_empty() {
                     self.incoming = Vec::new();
                 }
-                return Ok(stop);
+                return Ok(writable);
             }
         }
     }
@@ -395,7 +384,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for LeanTlsStream<IO> {
             this.outgoing_sent = 0;
         }
         let taken = data.len().min(MOST_OUTGOING);
-        if this.process(Some(Action::Encrypt(&data[..taken])))? != Stop::Writable {
+        if !this.process(Some(Action::Encrypt(&data[..taken])))? {
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::BrokenPipe, "the TLS connection is closed")));
         }
         this.send_what_goes(cx)?;

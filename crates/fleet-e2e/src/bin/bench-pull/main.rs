@@ -212,6 +212,20 @@ async fn joins(reach: &Reach, count: usize, managers: &[Fleetd], etcd: &EtcdServ
     );
 }
 
+/// The two fleetds beside the serving managers when agents run: the engine leader and the
+/// witness, a manager no agent is given.
+struct Bystanders {
+    engine: Fleetd,
+    witness: Fleetd,
+}
+
+impl Bystanders {
+    /// The witness's RSS and the engine leader's, in MiB.
+    fn resident_mib(&self) -> (f64, f64) {
+        (resident_mib(self.witness.pid()), resident_mib(self.engine.pid()))
+    }
+}
+
 fn main() {
     let mut arguments = std::env::args().skip(1);
     if arguments.next().as_deref() == Some("--agent-process") {
@@ -268,7 +282,7 @@ fn main() {
         (manager, format!("https://127.0.0.1:{port}"))
     };
     // With agents, the engine leads from a fleetd of its own, started first and given no
-    // agent: the serving managers and the witness below then differ only by their agents.
+    // agent: the serving managers and the witness (below) then differ only by their agents.
     let engine = (!joins_only).then(|| {
         let (engine, _) = start_manager(manager_count + 1);
         let leading = Instant::now();
@@ -287,7 +301,7 @@ fn main() {
         .collect();
     // A manager like the others that no agent is given: what it grows by is the cluster's data
     // as a manager holds it, which (c) takes from what the serving managers grow by.
-    let witness = (!joins_only).then(|| start_manager(manager_count).0);
+    let bystanders = engine.map(|engine| Bystanders { engine, witness: start_manager(manager_count).0 });
     let token = managers[0]
         // The agents announce role=worker: a pull agent announces no more than its token grants.
         // Bounded by time, not by uses: joins through several managers then never race on it.
@@ -326,8 +340,7 @@ fn main() {
 
         // What the managers hold before any agent joined: the cluster's data grows from here.
         let rss_before_agents: f64 = managers.iter().map(|fleetd| resident_mib(fleetd.pid())).sum();
-        let witness_before = witness.as_ref().map_or(0.0, |fleetd| resident_mib(fleetd.pid()));
-        let engine_before = engine.as_ref().map_or(0.0, |fleetd| resident_mib(fleetd.pid()));
+        let bystanders_rss_before = bystanders.as_ref().map(Bystanders::resident_mib);
         // Join and start every agent.
         let join_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
         let etcd_cpu_before = cpu_seconds(etcd.pid().expect("etcd runs"));
@@ -344,7 +357,7 @@ fn main() {
         let announce_cpu_before: f64 = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).sum();
         let announce_handshakes_before = handshakes(&managers);
         let announce_etcd_before = (cpu_seconds(etcd.pid().expect("etcd runs")), store_revision(&mut raw).await);
-        while registered_machines(&mut raw, "/_coreos.com/fleet/").await < agents + manager_count + 2 * usize::from(witness.is_some()) {
+        while registered_machines(&mut raw, "/_coreos.com/fleet/").await < agents + manager_count + 2 * usize::from(bystanders.is_some()) {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         let announce_handshakes = handshakes(&managers);
@@ -423,11 +436,10 @@ fn main() {
         let etcd_pid = etcd.pid().expect("etcd runs");
         let before: Vec<f64> = managers.iter().map(|fleetd| cpu_seconds(fleetd.pid())).collect();
         let etcd_before = cpu_seconds(etcd_pid);
-        let witness_cpu_before = witness.as_ref().map_or(0.0, |fleetd| cpu_seconds(fleetd.pid()));
+        let witness_cpu_before = bystanders.as_ref().map(|fleetds| cpu_seconds(fleetds.witness.pid()));
         let [beats_before] = managers_metrics(&managers, ["fleet_pull_stream_heartbeats_total"]);
         let (proposals_before, renewals_before) = etcd_counters(&etcd.endpoint()).await;
         tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
-        let witness_cpu = witness.as_ref().map_or(0.0, |fleetd| cpu_seconds(fleetd.pid())) - witness_cpu_before;
         let [beats_after] = managers_metrics(&managers, ["fleet_pull_stream_heartbeats_total"]);
         let beats = beats_after - beats_before;
         let managers_idle_cpu: f64 =
@@ -449,13 +461,17 @@ fn main() {
             "  (c) managers' RSS {rss_now:.0} MiB, {rss_before_agents:.0} MiB before any agent joined: {:.1} KiB an agent beyond that (the cluster's data included)",
             (rss_now - rss_before_agents) * 1024.0 / agents as f64
         );
-        if let (Some(witness), Some(engine)) = (&witness, &engine) {
-            let cluster_data = resident_mib(witness.pid()) - witness_before;
+        if let (Some(fleetds), Some((witness_before, engine_before)), Some(witness_cpu_before)) =
+            (&bystanders, bystanders_rss_before, witness_cpu_before)
+        {
+            let (witness_now, engine_now) = fleetds.resident_mib();
+            let cluster_data = witness_now - witness_before;
+            let witness_cpu = cpu_seconds(fleetds.witness.pid()) - witness_cpu_before;
             println!(
                 "  (c) a manager no agent is given grew {cluster_data:.0} MiB ({:.1} KiB an agent: the cluster's data as a manager holds it); the serving managers {:.1} KiB an agent beyond that; the engine leader grew {:.0} MiB",
                 cluster_data * 1024.0 / agents as f64,
                 (rss_now - rss_before_agents - cluster_data * manager_count as f64) * 1024.0 / agents as f64,
-                resident_mib(engine.pid()) - engine_before,
+                engine_now - engine_before,
             );
             // Idle CPU beyond what a manager spends with no agent, a heartbeat (how many fall in
             // the window depends on when the agents began theirs): what 100,000 agents beating
@@ -549,7 +565,7 @@ fn main() {
                 tokio::time::sleep(Duration::from_millis(250)).await;
             };
             let moved_all = killed.elapsed();
-            // The engine may lead on the killed manager: give the new leader time to act on anything lost.
+            // Give the engine time to act on anything it saw lost.
             tokio::time::sleep(Duration::from_secs(15)).await;
             let placed_after = placements(&api).await;
             let moved = placed_before.iter().filter(|(unit, machine)| placed_after.get(*unit) != Some(*machine)).count();
