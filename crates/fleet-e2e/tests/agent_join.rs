@@ -10,9 +10,7 @@ use fleet_e2e::https::{Caller, Credentials};
 use fleet_e2e::pki::{ManagerPki, pairs};
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
+use fleet_testkit::free_port;
 
 /// A key pair and a certificate signing request over it, as an agent makes them.
 fn key_and_csr() -> (KeyPair, String) {

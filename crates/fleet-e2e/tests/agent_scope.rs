@@ -8,9 +8,7 @@ use fleet_e2e::Fleetd;
 use fleet_e2e::https::{Answer, Caller, Credentials};
 use fleet_e2e::pki::{ManagerPki, pairs};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
+use fleet_testkit::free_port;
 
 fn json(answer: &Answer) -> serde_json::Value {
     serde_json::from_str(&answer.body).unwrap_or_default()

@@ -11,9 +11,7 @@ use fleet_e2e::https::{Answer, Caller, Credentials};
 use fleet_e2e::pki::{Authority, Pair};
 use fleet_e2e::{Cluster, Fleetd, member_id};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
+use fleet_testkit::free_port;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")

@@ -8,9 +8,7 @@ use std::time::{Duration, Instant};
 
 use fleet_e2e::binary;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
+use fleet_testkit::free_port;
 
 /// One HTTP/1.0 GET; the whole answer as text.
 fn http_get(port: u16, path: &str) -> Option<String> {

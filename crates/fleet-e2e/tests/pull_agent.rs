@@ -16,9 +16,7 @@ use fleet_registry::AgentRegistry;
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::watch;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
+use fleet_testkit::free_port;
 
 /// Two managers on one store, a registration token named `token_name`, and the agents' view
 /// of both (`timeout` for a request): the managers' ports, in the members' order.

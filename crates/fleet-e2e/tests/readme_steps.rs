@@ -57,9 +57,7 @@ fn machines(fleetd: &Fleetd) -> Vec<String> {
     rows
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
+use fleet_testkit::free_port;
 
 #[test]
 fn one_machine_and_three_etcd_members_run_on_the_readme_s_fleet_conf() {

@@ -6,9 +6,7 @@ use std::process::Command;
 
 use fleet_e2e::{Fleetd, Ran, binary};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
+use fleet_testkit::free_port;
 
 /// The value of `key = value` among the printed lines.
 fn printed<'a>(lines: &'a str, key: &str) -> &'a str {

@@ -3,21 +3,45 @@
 use std::net::TcpListener;
 use std::sync::Mutex;
 
-/// Ports handed out by this process, so that two servers started at once never get the same
-/// one between the probe and the bind.
-static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+/// Ports are drawn below the kernel's ephemeral range (32768–60999 by default), from which
+/// every outgoing connection takes its local port: a port probed free there could be taken by
+/// any connection made before the server binds it (a parallel test's fleetd failed to start
+/// with "Address already in use" under load that way).
+const LOWEST: u16 = 10_000;
+const HIGHEST: u16 = 32_000;
+
+/// The last port this process handed out: each process walks up from a start of its own.
+static LAST: Mutex<Option<u16>> = Mutex::new(None);
 
 /// A loopback TCP port nothing listens on now and this process has not handed out before.
 pub fn free_port() -> u16 {
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut last = LAST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let span = u32::from(HIGHEST - LOWEST);
+    // Processes started one after another (a test each) start 97 ports apart.
+    let start = last.unwrap_or_else(|| LOWEST + u16::try_from(std::process::id().wrapping_mul(97) % span).unwrap_or(0));
+    let mut port = start;
     loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .map(|address| address.port())
-            .expect("binding a loopback port");
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
+        port = if port >= HIGHEST { LOWEST } else { port + 1 };
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            *last = Some(port);
             return port;
+        }
+        assert_ne!(port, start, "no free loopback port between {LOWEST} and {HIGHEST}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_free_distinct_and_below_the_ephemeral_range() {
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len());
+        for port in ports {
+            assert!((LOWEST..=HIGHEST).contains(&port), "{port}");
+            TcpListener::bind(("127.0.0.1", port)).expect("nothing listens on a port handed out");
         }
     }
 }

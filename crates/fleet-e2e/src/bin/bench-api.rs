@@ -20,9 +20,7 @@ static NEXT_UNIT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// The name prefixes of the units each variant PUTs (distinct, so every PUT creates a unit).
 const PREFIXES: [&str; 3] = ["plain", "token", "tls"];
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("address").port()
-}
+use fleet_testkit::free_port;
 
 fn unit_body() -> &'static str {
     r#"{"desiredState":"inactive","options":[{"section":"Service","name":"ExecStart","value":"/bin/sleep 1000"}]}"#
