@@ -253,7 +253,13 @@ impl Agent {
     async fn check_presence(&mut self) -> Option<Duration> {
         let ttl = self.config.presence_ttl?;
         let renewed = match self.registry.presence_renewed(self.machine_id()) {
-            Renewal::NotLeased => return None,
+            // Nothing here needs the presence proven (or the store keeps no lease): what a
+            // lapse stopped may run again.
+            Renewal::NotLeased => {
+                self.presence_lapsed = false;
+                self.fenced = false;
+                return None;
+            }
             // Not registered (yet): nothing says the presence holds.
             Renewal::NotHeld => None,
             Renewal::SentAt(sent) => Some(sent),
@@ -495,6 +501,13 @@ impl Agent {
                 self.at_most_once.insert(name);
             }
         }
+        // Told before anything here counts on it: a store that renews rarely while idle (a
+        // pull agent's heartbeats) proves the presence from now on.
+        let wanted = self.config.presence_ttl.is_some()
+            && (self.config.stop_units_when_cut_off
+                || !self.at_most_once.is_empty()
+                || !self.asking(&desired).is_empty());
+        self.registry.presence_wanted(self.machine_id(), wanted);
         if self.presence_lapsed {
             // They may run elsewhere now: none starts here until the presence is renewed.
             let asking = self.asking(&desired);

@@ -504,8 +504,9 @@ pub struct AgentStreamStates {
 /// the machine's changes from then on. The manager writes one [`AgentChanges`] as a line of
 /// JSON at once and again whenever the machine's work may have changed or a journal is asked
 /// of it, an empty line to answer each heartbeat, and a line `?` to ask for one when the agent
-/// has been silent for half of its `agent_ttl`; the agent writes heartbeats, each a lone `\n`,
-/// and nothing else. While the stream is open the machine is present.
+/// has been silent for longer than it beats at ([`CHANGE_STREAM_HEARTBEAT_HEADER`]; half of
+/// its `agent_ttl` if it did not say); the agent writes heartbeats, each a lone `\n`, and
+/// nothing else. While the stream is open the machine is present.
 pub const CHANGE_STREAM_PROTOCOL: &str = "fleet-changes/1";
 
 /// The second version of the change stream, asked for beside the first (two `Upgrade:`
@@ -517,6 +518,17 @@ pub const CHANGE_STREAM_PROTOCOL: &str = "fleet-changes/1";
 /// answered by a line with its `answer`. A change then reaches an agent on its stream, and its
 /// states come back on it, with no connection opened.
 pub const CHANGE_STREAM_PROTOCOL_V2: &str = "fleet-changes/2";
+
+/// A header of the change stream's request: the longest the agent goes between heartbeats,
+/// in whole seconds (it beats that rarely while idle, and every third of its `agent_ttl`
+/// while a unit it runs needs its presence proven). The manager then asks for a beat only
+/// after that much silence, and counts the agent lost when it stays silent half as long
+/// again, or at once when the connection ends (a kernel's keepalive finds a peer gone without
+/// a word). Without it, the manager expects a beat within half of its `agent_ttl`.
+pub const CHANGE_STREAM_HEARTBEAT_HEADER: &str = "fleet-heartbeat";
+
+/// The longest heartbeat period a manager takes from [`CHANGE_STREAM_HEARTBEAT_HEADER`].
+pub const LONGEST_STREAM_HEARTBEAT_SECONDS: u64 = 3600;
 
 /// The longest line of a change stream an agent reads.
 pub const MAX_CHANGE_STREAM_LINE: usize = 256 * 1024;

@@ -30,6 +30,7 @@ mod routes;
 pub use fleet_api_schema as schema;
 pub mod serve;
 pub mod silent_agents;
+pub mod tcp_liveness;
 mod upgrade;
 mod write_guard;
 

@@ -21,6 +21,7 @@ use crate::auth::tls::ServerTls;
 use crate::host_check::HostCheck;
 use crate::lean_tls::LeanTlsStream;
 use crate::listen::ApiListener;
+use crate::tcp_liveness::{self, Probing};
 use crate::upgrade::ConnectionHold;
 use fleet_metrics::HandshakeLabels;
 
@@ -109,6 +110,9 @@ enum Connect {
 trait Accept: Send + 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     fn next(&self) -> impl std::future::Future<Output = std::io::Result<(Self::Stream, Peer)>> + Send;
+    /// Has the kernel end the connection once its peer has been gone for about one and a
+    /// half `keep_alive` (where the connection can tell).
+    fn watch_peer(_stream: &Self::Stream, _probing: Probing) {}
 }
 
 impl Accept for tokio::net::UnixListener {
@@ -126,6 +130,12 @@ impl Accept for tokio::net::TcpListener {
         let (stream, _) = self.accept().await?;
         Ok((stream, Peer::Tcp { tls: false, certificate: None }))
     }
+
+    fn watch_peer(stream: &Self::Stream, probing: Probing) {
+        if let Err(error) = tcp_liveness::watch_peer(stream, probing) {
+            tracing::debug!(%error, "cannot have the kernel watch an API connection's peer");
+        }
+    }
 }
 
 async fn accept_loop<L: Accept>(
@@ -136,6 +146,7 @@ async fn accept_loop<L: Accept>(
     connect: Connect,
 ) {
     let slots = Arc::new(Semaphore::new(limits.connections_per_listener));
+    let probing = Probing::for_keep_alive(limits.keep_alive);
     let mut connections = tokio::task::JoinSet::new();
     let mut refused_logged = false;
     loop {
@@ -163,6 +174,9 @@ async fn accept_loop<L: Accept>(
             continue;
         };
         refused_logged = false;
+        // An idle pull agent's stream may carry nothing for minutes: its kernel, not a
+        // heartbeat, tells whether it is still there.
+        L::watch_peer(&stream, probing);
         let (router, stop) = (router.clone(), stop.clone());
         match &connect {
             Connect::Plain => {

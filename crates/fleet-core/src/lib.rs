@@ -18,6 +18,7 @@ pub mod duration;
 pub mod glob;
 pub mod health;
 pub mod machine;
+pub mod peer_probing;
 pub mod requirements;
 pub mod reserved;
 pub mod resources;

@@ -67,11 +67,16 @@ fn a_pull_agent_behind_nat_works_though_the_manager_cannot_reach_it() {
     assert!(!agent.log().contains(&token[9..]), "the token reached the agent's log");
 
     // Offline for twice agent_ttl: the cluster loses the machine, the unit keeps running on
-    // it; back online, the machine returns and the unit is placed on it again.
+    // it; back online, the machine returns and the unit is placed on it again. The agent beats
+    // every 5 minutes (the default agent_heartbeat) and its link goes without a word: only the
+    // kernel's probes of the stream's connection can tell the manager it is gone.
     lab.agent_online(false);
+    let offline = std::time::Instant::now();
     manager.wait_until("the offline agent is lost", Duration::from_secs(10), |manager| {
         !manager.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
     });
+    println!("a pull agent cut off behind its NAT was lost {:?} after (agent_ttl 2 s)", offline.elapsed());
+    assert!(manager.log().contains("pull agent silent for agent_ttl"), "{}", manager.log());
     std::thread::sleep(Duration::from_secs(2));
     let sleeper = ["/bin/sleep", "7777"];
     assert!(fleet_e2e::process_running(&sleeper), "the unit keeps running while the agent is offline");

@@ -471,12 +471,18 @@ pub trait AgentRegistry: Send + Sync {
     fn presence_renewed(&self, _machine_id: &str) -> Renewal {
         Renewal::NotLeased
     }
+    /// Whether something this machine runs needs its presence proven by its own clock (an
+    /// `AtMostOnce=` unit, `stop_units_when_cut_off`): a store whose renewals cost something
+    /// while idle (a pull agent's heartbeats) renews often only while one does, and counts
+    /// [`AgentRegistry::presence_renewed`] from then.
+    fn presence_wanted(&self, _machine_id: &str, _wanted: bool) {}
 }
 
 /// What a store knows of the renewals of a machine's presence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Renewal {
-    /// The store keeps no lease (the embedded store): the presence never lapses.
+    /// The store keeps no lease (the embedded store), or counts none now (a pull agent that
+    /// nothing asks to prove its presence): the presence does not lapse by this machine's clock.
     NotLeased,
     /// The machine holds no presence through this store now (it has not registered yet).
     NotHeld,

@@ -9,13 +9,13 @@ use std::time::Duration;
 use std::collections::HashMap;
 
 use fleet_api_schema::{
-    AgentChanges, AgentStreamAnswer, CHANGE_STREAM_PROTOCOL, CHANGE_STREAM_PROTOCOL_V2, ErrorBody,
-    MAX_CHANGE_STREAM_LINE,
+    AgentChanges, AgentStreamAnswer, CHANGE_STREAM_HEARTBEAT_HEADER, CHANGE_STREAM_PROTOCOL, CHANGE_STREAM_PROTOCOL_V2,
+    ErrorBody, LONGEST_STREAM_HEARTBEAT_SECONDS, MAX_CHANGE_STREAM_LINE,
 };
 use reqwest::StatusCode;
 use reqwest::header::{CONNECTION, UPGRADE};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 use crate::manager::without_url;
@@ -49,6 +49,31 @@ pub(crate) struct StatesToSend {
     pub answer: oneshot::Sender<AgentStreamAnswer>,
 }
 
+/// How often the agent beats: every `idle` while nothing it runs needs its presence proven,
+/// every `proving` while something does (`proven` says since when, and may change while the
+/// stream lasts).
+#[derive(Clone, Debug)]
+pub(crate) struct Beats {
+    pub idle: Duration,
+    pub proving: Duration,
+    pub proven: watch::Receiver<Option<Instant>>,
+}
+
+impl Beats {
+    /// The period the agent beats at now.
+    fn period(&self) -> Duration {
+        if self.proven.borrow().is_some() { self.proving } else { self.idle.max(self.proving) }
+    }
+
+    /// The longest the agent goes between beats, as the stream's request declares it (whole
+    /// seconds, rounded up, within what a manager takes).
+    fn declared_seconds(&self) -> u64 {
+        let longest = self.idle.max(self.proving);
+        let seconds = longest.as_secs() + u64::from(longest.subsec_nanos() > 0);
+        seconds.clamp(1, LONGEST_STREAM_HEARTBEAT_SECONDS)
+    }
+}
+
 /// How a stream ended.
 #[derive(Debug)]
 pub(crate) enum StreamEnd {
@@ -64,12 +89,12 @@ pub(crate) enum StreamEnd {
     Moved,
 }
 
-/// Follows the stream at `url` until it ends, beating every `heartbeat`; on a second-version
+/// Follows the stream at `url` until it ends, beating as `beats` says; on a second-version
 /// stream, sends the states `states` brings.
 pub(crate) async fn follow(
     client: &reqwest::Client,
     url: &str,
-    heartbeat: Duration,
+    beats: Beats,
     states: mpsc::Receiver<StatesToSend>,
     mut heard: impl FnMut(Heard),
 ) -> StreamEnd {
@@ -79,7 +104,8 @@ pub(crate) async fn follow(
         .get(url)
         .header(CONNECTION, "upgrade")
         .header(UPGRADE, CHANGE_STREAM_PROTOCOL_V2)
-        .header(UPGRADE, CHANGE_STREAM_PROTOCOL);
+        .header(UPGRADE, CHANGE_STREAM_PROTOCOL)
+        .header(CHANGE_STREAM_HEARTBEAT_HEADER, beats.declared_seconds());
     // The stream's client has no request timeout (the stream lasts): its opening gets one.
     let response = match tokio::time::timeout(LONGEST_OPENING, request.send()).await {
         Ok(Ok(response)) => response,
@@ -106,19 +132,22 @@ pub(crate) async fn follow(
     };
     heard(Heard::Opened { sent, carries_states });
     let states = carries_states.then_some(states);
-    follow_lines(BufReader::with_capacity(1024, upgraded), heartbeat, states, heard).await
+    follow_lines(BufReader::with_capacity(1024, upgraded), beats, states, heard).await
 }
 
-/// Reads the stream's lines from `io`, beating every `heartbeat` and sending what `states`
+/// Reads the stream's lines from `io`, beating as `beats` says and sending what `states`
 /// brings, until it ends.
 async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
     mut io: Io,
-    heartbeat: Duration,
+    mut beats: Beats,
     mut states: Option<mpsc::Receiver<StatesToSend>>,
     mut heard: impl FnMut(Heard),
 ) -> StreamEnd {
-    let mut beats = tokio::time::interval_at(Instant::now() + heartbeat, heartbeat);
-    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_beat = Instant::now();
+    let mut beat_now = false;
+    // Once the presence must be proven, at once: what was heard last may be minutes old.
+    let mut proving = beats.proven.borrow_and_update().is_some();
+    let mut proven_open = true;
     // The beats sent and not answered yet, oldest first.
     let mut unanswered = std::collections::VecDeque::new();
     // The states lines sent and not answered yet, by id.
@@ -127,12 +156,13 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
     let mut line = Vec::new();
     loop {
         let answer_due = unanswered.front().map(|sent: &Instant| *sent + LONGEST_ANSWER);
+        let beat_due = if beat_now { Instant::now() } else { last_beat + beats.period() };
         tokio::select! {
             read = next_line(&mut io, &mut line) => match read {
                 Ok(true) => {
                     if line == b"?\n" {
                         // The manager heard nothing for a while: beat now.
-                        beats.reset_immediately();
+                        beat_now = true;
                     } else if line == b"\n" {
                         // One answer may stand for beats that reached the manager together:
                         // it heard the oldest of them by then, and is there.
@@ -158,7 +188,7 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                 Err(error) if error.kind() == std::io::ErrorKind::InvalidData => return StreamEnd::Refused(error.to_string()),
                 Err(error) => return StreamEnd::Unreachable(error.to_string()),
             },
-            _ = beats.tick() => {
+            () = tokio::time::sleep_until(beat_due) => {
                 let beat = async {
                     io.write_all(b"\n").await?;
                     io.flush().await
@@ -166,6 +196,18 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                 match tokio::time::timeout(LONGEST_ANSWER, beat).await {
                     Ok(Ok(())) => unanswered.push_back(Instant::now()),
                     _ => return StreamEnd::Unreachable("a heartbeat could not be sent".into()),
+                }
+                last_beat = Instant::now();
+                beat_now = false;
+            }
+            changed = beats.proven.changed(), if proven_open => {
+                if changed.is_err() {
+                    // The registry went: the stream beats as it last did, to its end.
+                    proven_open = false;
+                } else {
+                    let now_proving = beats.proven.borrow_and_update().is_some();
+                    beat_now |= now_proving && !proving && unanswered.is_empty();
+                    proving = now_proving;
                 }
             }
             () = sleep_until(answer_due) => {

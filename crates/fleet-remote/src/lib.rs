@@ -15,5 +15,5 @@ mod tls;
 
 pub use credentials::{CredentialsError, MachineCredentials, credentials_path};
 pub use disk_copy::DiskCopy;
-pub use manager::{Manager, ManagerError};
+pub use manager::{DEFAULT_IDLE_HEARTBEAT, Manager, ManagerError};
 pub use registry::{RemoteRegistry, start};

@@ -8,12 +8,17 @@ use std::time::Duration;
 /// ([`Manager::with_heartbeat`]), and the longest an answer may take: a manager gone without
 /// a word (its machine, its network) is left within a heartbeat and a half.
 const HEARTBEAT: Duration = Duration::from_secs(20);
+/// How often an idle agent beats on its change stream unless told otherwise
+/// ([`Manager::with_idle_heartbeat`]; fleetd's `agent_heartbeat`): its connection's kernels
+/// watch it in between.
+pub const DEFAULT_IDLE_HEARTBEAT: Duration = Duration::from_secs(300);
 const LONGEST_PING_WAIT: Duration = Duration::from_secs(10);
 /// How long a connection to the manager is kept with no request on it. (An agent that moves
 /// to a change stream lets its connection go at once.)
 const IDLE_CONNECTION: Duration = Duration::from_secs(30);
 
 use fleet_api_schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest, ErrorBody};
+use fleet_core::peer_probing::Probing;
 use rcgen::{CertificateParams, DistinguishedName, KeyPair};
 
 use crate::credentials::MachineCredentials;
@@ -42,6 +47,7 @@ pub struct Manager {
     server_ca: Option<Vec<u8>>,
     timeout: Duration,
     heartbeat: Duration,
+    idle_heartbeat: Duration,
 }
 
 /// A new key pair and a certificate signing request over it (its subject is left to the CA).
@@ -69,7 +75,7 @@ impl Manager {
         if let Some(url) = bases.iter().find(|url| !url.starts_with("https://")) {
             return Err(ManagerError::Setup(format!("a manager URL must start with https://: {url:?}")));
         }
-        Ok(Self { bases, server_ca, timeout, heartbeat: HEARTBEAT })
+        Ok(Self { bases, server_ca, timeout, heartbeat: HEARTBEAT, idle_heartbeat: DEFAULT_IDLE_HEARTBEAT })
     }
 
     /// Pings the manager's connection every `every` (HTTP/2 keepalive): the agent's
@@ -78,6 +84,18 @@ impl Manager {
     pub fn with_heartbeat(mut self, every: Duration) -> Self {
         self.heartbeat = every.max(Duration::from_millis(100));
         self
+    }
+
+    /// Beats on the change stream only every `every` while nothing the agent runs needs its
+    /// presence proven (never more often than [`Manager::heartbeat`]).
+    pub fn with_idle_heartbeat(mut self, every: Duration) -> Self {
+        self.idle_heartbeat = every;
+        self
+    }
+
+    /// How often the agent beats on its change stream while idle.
+    pub fn idle_heartbeat(&self) -> Duration {
+        self.idle_heartbeat.max(self.heartbeat)
     }
 
     /// The managers' base URLs, in the order given.
@@ -120,9 +138,18 @@ impl Manager {
     }
 
     /// An HTTP/1.1 client for the change stream, speaking `tls`: its one request is switched
-    /// to the stream, which lasts as long as the manager answers its heartbeats.
+    /// to the stream, which lasts as long as the manager answers its heartbeats and its
+    /// kernel hears the manager's: a manager gone without a word is found by keepalive probes
+    /// within a heartbeat and a half of when it was last heard, whether the agent beats or not.
     pub(crate) fn stream_client(&self, tls: &ClientTls) -> Result<reqwest::Client, ManagerError> {
-        self.single_request_client(tls, None)
+        let probing = Probing::for_keep_alive(self.heartbeat);
+        let builder = self
+            .single_request_builder(tls, None)
+            .tcp_keepalive(Duration::from_secs(probing.idle_seconds.into()))
+            .tcp_keepalive_interval(Duration::from_secs(probing.interval_seconds.into()))
+            .tcp_keepalive_retries(probing.count)
+            .tcp_user_timeout(probing.detects_within());
+        builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
     }
 
     /// An HTTP/1.1 client whose connection carries one request and is closed after it (no
@@ -134,6 +161,10 @@ impl Manager {
         tls: &ClientTls,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Client, ManagerError> {
+        self.single_request_builder(tls, timeout).build().map_err(|error| ManagerError::Setup(error.to_string()))
+    }
+
+    fn single_request_builder(&self, tls: &ClientTls, timeout: Option<Duration>) -> reqwest::ClientBuilder {
         let mut builder = reqwest::Client::builder()
             .tls_backend_preconfigured(tls.config(Speaks::Http1))
             .http1_only()
@@ -142,7 +173,7 @@ impl Manager {
         if let Some(timeout) = timeout {
             builder = builder.timeout(timeout);
         }
-        builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
+        builder
     }
 
     /// Posts to the first manager that answers.

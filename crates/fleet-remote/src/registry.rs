@@ -51,8 +51,13 @@ pub struct RemoteRegistry {
     /// sessions the others began.
     manager: Manager,
     tls: std::sync::RwLock<ClientTls>,
-    /// How often the change stream beats.
+    /// How often the change stream beats while the presence must be proven, and while idle.
     heartbeat: Duration,
+    idle_heartbeat: Duration,
+    /// Since when something this machine runs needs its presence proven (an `AtMostOnce=`
+    /// unit, or `stop_units_when_cut_off`), if something does: only an answer to what was
+    /// sent since proves it, and the change stream beats at `heartbeat` meanwhile.
+    proving: watch::Sender<Option<tokio::time::Instant>>,
     /// The work last read, reused while the change stream says nothing changed.
     kept_work: crate::kept_work::KeptWork,
     /// The bodies a second-version stream carried, of the units of the work it last brought.
@@ -156,6 +161,8 @@ impl RemoteRegistry {
             manager: manager.clone(),
             tls: std::sync::RwLock::new(tls),
             heartbeat: manager.heartbeat(),
+            idle_heartbeat: manager.idle_heartbeat(),
+            proving: watch::channel(None).0,
             kept_work: crate::kept_work::KeptWork::default(),
             carried_bodies: Mutex::new(HashMap::new()),
             stream_states: Mutex::new(None),
@@ -391,12 +398,12 @@ impl RemoteRegistry {
                 } else {
                     // Only a weak reference is held while the stream lasts, so that dropping
                     // the registry ends it.
-                    let (client, url, heartbeat) = strong.stream_parts();
+                    let (client, url, beats) = strong.stream_parts();
                     strong.let_request_connection_go();
                     drop(strong);
                     let opened = tokio::time::Instant::now();
                     let (states_sender, states) = tokio::sync::mpsc::channel(16);
-                    let followed = crate::change_stream::follow(&client, &url, heartbeat, states, |heard| {
+                    let followed = crate::change_stream::follow(&client, &url, beats, states, |heard| {
                         if let Some(registry) = registry.upgrade() {
                             if matches!(heard, crate::change_stream::Heard::Opened { carries_states: true, .. }) {
                                 *registry.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
@@ -429,10 +436,15 @@ impl RemoteRegistry {
         }));
     }
 
-    /// The change stream's client, URL and heartbeat, on the manager in use.
-    fn stream_parts(&self) -> (reqwest::Client, String, Duration) {
+    /// The change stream's client, URL and heartbeats, on the manager in use.
+    fn stream_parts(&self) -> (reqwest::Client, String, crate::change_stream::Beats) {
         let client = self.stream_client.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        (client, format!("{}/stream", self.base()), self.heartbeat)
+        let beats = crate::change_stream::Beats {
+            idle: self.idle_heartbeat,
+            proving: self.heartbeat,
+            proven: self.proving.subscribe(),
+        };
+        (client, format!("{}/stream", self.base()), beats)
     }
 
     /// One long poll for changes.
@@ -536,7 +548,17 @@ impl RemoteRegistry {
     /// reached it, no sooner.
     fn heard_by_manager(&self, sent: tokio::time::Instant) {
         let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        *answered = Some(answered.map_or(sent, |before| before.max(sent)));
+        let before = *answered;
+        *answered = Some(before.map_or(sent, |before| before.max(sent)));
+        drop(answered);
+        // The first proof since the presence had to be proven: the agent may now start what
+        // waited for it.
+        if let Some(since) = *self.proving.borrow()
+            && sent >= since
+            && before.is_none_or(|before| before < since)
+        {
+            self.changes.send_modify(|revision| *revision += 1);
+        }
     }
 
     /// What a stream's end means: follow long polls (a manager without streams), open the
@@ -615,11 +637,28 @@ impl AgentRegistry for RemoteRegistry {
         Ok(())
     }
 
+    /// Counted by this machine's clock only while something here needs it proven: an idle
+    /// agent beats minutes apart, and its last answer's age says nothing then.
     fn presence_renewed(&self, _machine_id: &str) -> fleet_registry::Renewal {
+        let Some(since) = *self.proving.borrow() else { return fleet_registry::Renewal::NotLeased };
         match *self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
-            Some(sent) => fleet_registry::Renewal::SentAt(sent),
-            None => fleet_registry::Renewal::NotHeld,
+            Some(sent) if sent >= since => fleet_registry::Renewal::SentAt(sent),
+            _ => fleet_registry::Renewal::NotHeld,
         }
+    }
+
+    fn presence_wanted(&self, _machine_id: &str, wanted: bool) {
+        self.proving.send_if_modified(|since| match (wanted, since.is_some()) {
+            (true, false) => {
+                *since = Some(tokio::time::Instant::now());
+                true
+            }
+            (false, true) => {
+                *since = None;
+                true
+            }
+            _ => false,
+        });
     }
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {

@@ -68,6 +68,10 @@ pub struct Config {
     pub manager_url: String,
     /// The CA of the manager's certificate (PEM); the system's roots when empty.
     pub manager_ca_file: String,
+    /// How often an idle pull agent beats on its change stream (never more often than a
+    /// third of `agent_ttl`, which it beats at while a unit of its asks `AtMostOnce=` or
+    /// `stop_units_when_cut_off` is set).
+    pub agent_heartbeat: Duration,
     /// The registration token a pull agent joins with, once.
     pub registration_token: Secret,
     pub state_dir: PathBuf,
@@ -133,6 +137,7 @@ impl Default for Config {
             agent_cert_lifetime: Duration::from_secs(24 * 3600),
             manager_url: String::new(),
             manager_ca_file: String::new(),
+            agent_heartbeat: fleet_remote::DEFAULT_IDLE_HEARTBEAT,
             registration_token: Secret::default(),
             state_dir: "/var/lib/fleet".into(),
             unit_log_max_bytes: 4 * 1024 * 1024,
@@ -348,6 +353,14 @@ const OPTIONS: &[(&str, Setter)] = &[
         assign(&mut config.manager_url, Ok(value.trim_end_matches('/').to_string()))
     }),
     ("manager_ca_file", |config, name, value| assign(&mut config.manager_ca_file, existing_file(name, value))),
+    ("agent_heartbeat", |config, name, value| {
+        // A manager takes a heartbeat period of whole seconds up to an hour.
+        let every = parse_go_duration(name, value)?;
+        if every < Duration::from_secs(1) || every > Duration::from_secs(3600) {
+            return Err(bad(name, value, "expected a duration from 1s to 1h"));
+        }
+        assign(&mut config.agent_heartbeat, Ok(every))
+    }),
     ("registration_token", |config, _name, value| assign(&mut config.registration_token, Ok(Secret::new(value)))),
     ("state_dir", |config, _name, value| assign(&mut config.state_dir, Ok(value.into()))),
 ];
@@ -565,6 +578,11 @@ mod tests {
         let cases = [
             ("token_limit", "0", "invalid value \"0\" for option token_limit: expected a whole number from 1 to 65535"),
             ("agent_ttl", "soon", "invalid value \"soon\" for option agent_ttl: expected a duration such as 30s"),
+            (
+                "agent_heartbeat",
+                "2h",
+                "invalid value \"2h\" for option agent_heartbeat: expected a duration from 1s to 1h",
+            ),
             (
                 "unit_manager",
                 "docker",

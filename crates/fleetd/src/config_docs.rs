@@ -150,6 +150,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "A pull agent's manager (https://host:port): set, this fleetd has no store of its own and pulls its work from it.",
     ),
     doc("manager_ca_file", "", "The CA of the manager's certificate (PEM); the system's roots when empty."),
+    doc(
+        "agent_heartbeat",
+        "5m",
+        "How often an idle pull agent beats on its change stream: its connection is watched by the kernels of both ends, so that a lost agent or manager is still noticed within agent_ttl. While a unit of it asks AtMostOnce= (or stop_units_when_cut_off is set) it beats every third of agent_ttl, the proof such a unit runs on.",
+    ),
     doc("registration_token", "", "The registration token a pull agent joins with, once."),
     doc("enable_grpc", "false", "Accepted and ignored (the original's experimental gRPC registry)."),
     doc("verify_units", "false", "Accepted for the original's configurations; signed units are not supported."),

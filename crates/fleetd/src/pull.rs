@@ -122,8 +122,11 @@ pub async fn run(
     } else {
         Some(std::fs::read(&config.manager_ca_file).with_context(|| format!("reading {}", config.manager_ca_file))?)
     };
-    let manager =
-        Arc::new(Manager::new(&config.manager_url, server_ca, MANAGER_TIMEOUT)?.with_heartbeat(config.agent_ttl / 3));
+    let manager = Arc::new(
+        Manager::new(&config.manager_url, server_ca, MANAGER_TIMEOUT)?
+            .with_heartbeat(config.agent_ttl / 3)
+            .with_idle_heartbeat(config.agent_heartbeat),
+    );
     let credentials = credentials(&config, &manager, &machine.id).await?;
     let copy = DiskCopy::open(&config.state_dir.join("desired")).context("keeping the desired state on disk")?;
     let registry = RemoteRegistry::new(&manager, &credentials, Some(copy))?;

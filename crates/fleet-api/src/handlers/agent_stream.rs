@@ -32,7 +32,8 @@ use crate::error::ApiError;
 use crate::journal_relay::JournalRelay;
 use crate::revocation_bell::RevocationBell;
 use crate::schema::{
-    AgentChanges, AgentStreamAnswer, AgentStreamStates, CHANGE_STREAM_PROTOCOL, CHANGE_STREAM_PROTOCOL_V2,
+    AgentChanges, AgentStreamAnswer, AgentStreamStates, CHANGE_STREAM_HEARTBEAT_HEADER, CHANGE_STREAM_PROTOCOL,
+    CHANGE_STREAM_PROTOCOL_V2, LONGEST_STREAM_HEARTBEAT_SECONDS,
 };
 use crate::upgrade::{ConnectionHold, Upgrade};
 
@@ -75,6 +76,7 @@ pub async fn open(
             "a change stream needs the headers Connection: upgrade and Upgrade: {CHANGE_STREAM_PROTOCOL}"
         )));
     };
+    let heartbeat = declared_heartbeat(headers)?;
     let Some((connection, hold)) = upgrade.take() else {
         return Err(ApiError::bad_request("a change stream needs an HTTP/1.1 connection"));
     };
@@ -82,6 +84,7 @@ pub async fn open(
         machine: machine.clone(),
         key: identity.key_sha256.clone().unwrap_or_default(),
         version,
+        heartbeat,
         agents,
         bodies: state.encoded_bodies.clone(),
         presence: state.agent_presence.clone(),
@@ -115,12 +118,30 @@ fn asked_version(headers: &HeaderMap) -> Option<Version> {
     [Version::Second, Version::First].into_iter().find(|version| offered.contains(&version.protocol()))
 }
 
+/// The heartbeat period the stream's request declares ([`CHANGE_STREAM_HEARTBEAT_HEADER`]),
+/// if it declares one: whole seconds, from one to [`LONGEST_STREAM_HEARTBEAT_SECONDS`].
+fn declared_heartbeat(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+    let Some(value) = headers.get(CHANGE_STREAM_HEARTBEAT_HEADER) else { return Ok(None) };
+    let seconds = value.to_str().ok().and_then(|text| text.trim().parse::<u64>().ok());
+    match seconds {
+        Some(seconds) if (1..=LONGEST_STREAM_HEARTBEAT_SECONDS).contains(&seconds) => {
+            Ok(Some(Duration::from_secs(seconds)))
+        }
+        _ => Err(ApiError::bad_request(format!(
+            "{CHANGE_STREAM_HEARTBEAT_HEADER} must be whole seconds from 1 to {LONGEST_STREAM_HEARTBEAT_SECONDS}"
+        ))),
+    }
+}
+
 /// What one machine's stream follows.
 struct ChangeStream {
     machine: String,
     /// The key of the certificate it came with: a revocation of it ends the stream.
     key: String,
     version: Version,
+    /// The longest its agent goes between heartbeats, if it said; its connection's end then
+    /// tells when it was last there.
+    heartbeat: Option<Duration>,
     agents: Arc<dyn AgentRegistry>,
     bodies: Arc<EncodedBodies>,
     presence: Arc<AgentPresence>,
@@ -136,7 +157,8 @@ enum Line {
     Changes,
     /// The answer to a heartbeat.
     BeatAnswer,
-    /// A request for a heartbeat: the agent has been silent for half of `agent_ttl`.
+    /// A request for a heartbeat: the agent has been silent for longer than it beats at (half
+    /// of `agent_ttl` if it did not say).
     BeatRequest,
     /// The answer to a states line, once they are stored.
     StatesAnswer(AgentStreamStates),
@@ -146,10 +168,24 @@ enum Line {
 enum Ended {
     /// The manager stops: its agents were heard to the end.
     Stopped,
-    /// The agent went (it closed the stream, its connection broke, it fell silent, it sent
-    /// what the protocol has no place for, or its certificate was revoked): heard last at its
-    /// last heartbeat.
-    Gone,
+    /// The agent fell silent for longer than its heartbeats allow: heard last at its last word.
+    Silent,
+    /// The connection ended (the agent closed it, its connection was reset, it sent what the
+    /// protocol has no place for, or its certificate was revoked): its kernel was there until
+    /// then.
+    Closed,
+    /// The kernel found the peer gone (no answer to its keepalive probes, or to what was
+    /// sent), or it read nothing for [`WRITE_LIMIT`]: heard last at its last word or
+    /// [`AgentPresence::cut_off_slack`] before, whichever is later.
+    Unheard,
+}
+
+/// How a failed read or write of the stream ended it.
+fn ended_by(error: &std::io::Error) -> Ended {
+    match error.kind() {
+        std::io::ErrorKind::TimedOut => Ended::Unheard,
+        _ => Ended::Closed,
+    }
 }
 
 impl ChangeStream {
@@ -168,9 +204,15 @@ impl ChangeStream {
         let (mut rung, _listening) = self.revocations.open_poll(&self.auth);
         let open = self.presence.poll_opened(&self.machine);
         let _streaming = fleet_metrics::OpenNow::change_stream();
-        // An agent silent for half of `agent_ttl` is asked for a beat, and has a quarter more to
-        // give it (whatever its own heartbeat): its loss is noticed within `agent_ttl`.
-        let (ask_after, silence) = (self.presence.keepalive(), self.presence.cut_off_slack());
+        // An agent silent for longer than it beats at (half of `agent_ttl` if it did not say)
+        // is asked for a beat, and has half as long again to give it. One that said how often
+        // it beats may be silent for minutes: its connection is watched by the kernel
+        // ([`crate::tcp_liveness`]), so that its loss is noticed within `agent_ttl` all the same.
+        let ask_after = match self.heartbeat {
+            Some(period) => (period * 5 / 4).max(self.presence.keepalive()),
+            None => self.presence.keepalive(),
+        };
+        let silence = ask_after * 3 / 2;
         let mut heard = Instant::now();
         let mut beat_asked = false;
         let mut due = VecDeque::from([Line::Changes]);
@@ -187,14 +229,16 @@ impl ChangeStream {
                     Line::BeatRequest => b"?\n".to_vec(),
                     Line::StatesAnswer(states) => self.states_answer(states, carried.revision).await,
                 };
-                if !write_line(&mut io, &line).await {
-                    break 'serving Ended::Gone;
+                if let Err(error) = write_line(&mut io, &line).await {
+                    break 'serving ended_by(&error);
                 }
             }
             tokio::select! {
                 read = incoming.read(&mut io) => {
-                    if !matches!(read, Ok(true)) {
-                        break Ended::Gone;
+                    match read {
+                        Ok(true) => {}
+                        Ok(false) => break Ended::Closed,
+                        Err(error) => break ended_by(&error),
                     }
                     loop {
                         match incoming.next() {
@@ -212,35 +256,42 @@ impl ChangeStream {
                             }
                             Err(broken) => {
                                 tracing::debug!(machine = self.machine, broken, "a change stream broken by its agent");
-                                break 'serving Ended::Gone;
+                                break 'serving Ended::Closed;
                             }
                         }
                     }
                 }
                 changed = changes.changed() => match changed {
                     Ok(()) => push_once(&mut due, Line::Changes),
-                    Err(_) => break Ended::Gone,
+                    Err(_) => break Ended::Silent,
                 },
                 asked_now = asked.changed() => match asked_now {
                     Ok(()) => push_once(&mut due, Line::Changes),
-                    Err(_) => break Ended::Gone,
+                    Err(_) => break Ended::Silent,
                 },
                 rang = rung.changed() => {
                     if rang.is_err() || self.auth.certificate_revoked(&self.machine, &self.key).await.unwrap_or(false) {
-                        break Ended::Gone;
+                        break Ended::Silent;
                     }
                 }
                 () = tokio::time::sleep_until(heard + ask_after), if !beat_asked => {
                     beat_asked = true;
                     push_once(&mut due, Line::BeatRequest);
                 }
-                () = tokio::time::sleep_until(heard + silence) => break Ended::Gone,
+                () = tokio::time::sleep_until(heard + silence) => break Ended::Silent,
                 () = crate::serve::stopped(&mut stop) => break Ended::Stopped,
             }
         };
         match ended {
             Ended::Stopped => open.answered(),
-            Ended::Gone => open.last_heard(heard),
+            // Heard at its last word, or, for an agent that beats rarely and whose
+            // connection ended, when it ended (it was there until then).
+            Ended::Closed if self.heartbeat.is_some() => open.answered(),
+            Ended::Silent | Ended::Closed => open.last_heard(heard),
+            Ended::Unheard => {
+                let cut_off = Instant::now().checked_sub(self.presence.cut_off_slack());
+                open.last_heard(cut_off.map_or(heard, |cut_off| cut_off.max(heard)));
+            }
         }
         let _ = io.shutdown().await;
     }
@@ -277,13 +328,17 @@ fn push_once(due: &mut VecDeque<Line>, line: Line) {
     }
 }
 
-/// Writes `line` whole within [`WRITE_LIMIT`]; false if it could not.
-async fn write_line<Io: AsyncWrite + Unpin>(io: &mut Io, line: &[u8]) -> bool {
+/// Writes `line` whole within [`WRITE_LIMIT`] (an agent that reads nothing for that long
+/// counts as gone unheard).
+async fn write_line<Io: AsyncWrite + Unpin>(io: &mut Io, line: &[u8]) -> std::io::Result<()> {
     let written = async {
         io.write_all(line).await?;
         io.flush().await
     };
-    matches!(tokio::time::timeout(WRITE_LIMIT, written).await, Ok(Ok(())))
+    match tokio::time::timeout(WRITE_LIMIT, written).await {
+        Ok(written) => written,
+        Err(_) => Err(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+    }
 }
 
 mod changes_line;

@@ -6,15 +6,67 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 
+/// Beats every `heartbeat`, idle or not.
+fn steady(heartbeat: Duration) -> Beats {
+    Beats { idle: heartbeat, proving: heartbeat, proven: watch::channel(None).1 }
+}
+
 /// Follows a stream whose manager's end is returned, recording what is heard.
 fn following(heartbeat: Duration) -> (DuplexStream, tokio::task::JoinHandle<StreamEnd>, Arc<Mutex<Vec<Heard>>>) {
+    following_beats(steady(heartbeat))
+}
+
+fn following_beats(beats: Beats) -> (DuplexStream, tokio::task::JoinHandle<StreamEnd>, Arc<Mutex<Vec<Heard>>>) {
     let (agent, manager) = tokio::io::duplex(4096);
     let heard = Arc::new(Mutex::new(Vec::new()));
     let recorded = heard.clone();
-    let task = tokio::spawn(follow_lines(BufReader::new(agent), heartbeat, None, move |event| {
+    let task = tokio::spawn(follow_lines(BufReader::new(agent), beats, None, move |event| {
         recorded.lock().unwrap().push(event);
     }));
     (manager, task, heard)
+}
+
+/// Reads one beat from the manager's end, and says when it came.
+async fn next_beat(manager: &mut DuplexStream) -> Instant {
+    let mut beat = [0u8; 1];
+    manager.read_exact(&mut beat).await.unwrap();
+    assert_eq!(&beat, b"\n");
+    Instant::now()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_idle_agent_beats_rarely_and_at_once_when_its_presence_must_be_proven() {
+    let (proven, watched) = watch::channel(None);
+    let idle = Duration::from_secs(300);
+    let proving = Duration::from_secs(10);
+    let opened = Instant::now();
+    let (mut manager, task, heard) = following_beats(Beats { idle, proving, proven: watched });
+    assert_eq!(next_beat(&mut manager).await - opened, idle, "idle: one beat in its idle period");
+    manager.write_all(b"\n").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    // A unit that needs the presence proven arrives: a beat at once, then every `proving`.
+    proven.send_replace(Some(Instant::now()));
+    let asked = Instant::now();
+    assert_eq!(next_beat(&mut manager).await, asked, "beaten at once");
+    manager.write_all(b"\n").await.unwrap();
+    assert_eq!(next_beat(&mut manager).await - asked, proving);
+    manager.write_all(b"\n").await.unwrap();
+    let last = Instant::now();
+    // Nothing needs it any more: back to the idle period, counted from the last beat.
+    proven.send_replace(None);
+    assert_eq!(next_beat(&mut manager).await - last, idle);
+    drop(manager);
+    assert!(matches!(task.await.unwrap(), StreamEnd::Closed));
+    let answered = heard.lock().unwrap().iter().filter(|heard| matches!(heard, Heard::BeatAnswered { .. })).count();
+    assert_eq!(answered, 3);
+}
+
+#[test]
+fn the_request_declares_the_longest_it_goes_between_beats_in_whole_seconds() {
+    let beats = |idle, proving| Beats { idle, proving, proven: watch::channel(None).1 };
+    assert_eq!(beats(Duration::from_secs(300), Duration::from_secs(10)).declared_seconds(), 300);
+    assert_eq!(beats(Duration::from_millis(100), Duration::from_millis(1500)).declared_seconds(), 2);
+    assert_eq!(beats(Duration::from_secs(7200), Duration::from_secs(10)).declared_seconds(), 3600);
 }
 
 #[tokio::test(start_paused = true)]
@@ -122,7 +174,9 @@ async fn a_switched_request_carries_the_stream() {
     let mut heard = Vec::new();
     let end = tokio::time::timeout(
         Duration::from_secs(10),
-        follow(&http1_client(), &url, Duration::from_millis(100), mpsc::channel(1).1, |event| heard.push(event)),
+        follow(&http1_client(), &url, steady(Duration::from_millis(100)), mpsc::channel(1).1, |event| {
+            heard.push(event)
+        }),
     )
     .await
     .expect("the stream follows the manager's answers");
@@ -135,6 +189,7 @@ async fn a_switched_request_carries_the_stream() {
     assert!(head.starts_with("get /fleet/v1/agents/m1/stream http/1.1\r\n"), "{head}");
     assert!(head.contains("connection: upgrade\r\n"), "{head}");
     assert!(head.contains("upgrade: fleet-changes/2\r\n") && head.contains("upgrade: fleet-changes/1\r\n"), "{head}");
+    assert!(head.contains("fleet-heartbeat: 1\r\n"), "the longest between beats, in whole seconds: {head}");
     assert_eq!(after, b"\n", "one beat");
 }
 
@@ -148,7 +203,7 @@ async fn a_manager_without_streams_is_told_apart_from_one_that_refuses() {
     ];
     for (answer, expected) in cases {
         let (url, manager) = answering_once(answer).await;
-        let end = follow(&http1_client(), &url, Duration::from_secs(20), mpsc::channel(1).1, |_| {}).await;
+        let end = follow(&http1_client(), &url, steady(Duration::from_secs(20)), mpsc::channel(1).1, |_| {}).await;
         let kind = match end {
             StreamEnd::Unsupported => "unsupported",
             StreamEnd::Unreachable(_) => "unreachable",
@@ -184,7 +239,8 @@ async fn one_answer_stands_for_beats_that_reached_the_manager_together() {
 async fn states_go_on_a_second_version_stream_and_each_answer_finds_its_waiter() {
     let (agent, mut manager) = tokio::io::duplex(4096);
     let (sender, states) = mpsc::channel(4);
-    let task = tokio::spawn(follow_lines(BufReader::new(agent), Duration::from_secs(100), Some(states), |_| {}));
+    let task =
+        tokio::spawn(follow_lines(BufReader::new(agent), steady(Duration::from_secs(100)), Some(states), |_| {}));
     let mut waiting = Vec::new();
     for removed in ["a.service", "b.service"] {
         let (answer, answered) = oneshot::channel();
@@ -219,7 +275,8 @@ async fn states_go_on_a_second_version_stream_and_each_answer_finds_its_waiter()
 async fn states_waiting_when_the_stream_ends_are_dropped_unanswered() {
     let (agent, manager) = tokio::io::duplex(4096);
     let (sender, states) = mpsc::channel(4);
-    let task = tokio::spawn(follow_lines(BufReader::new(agent), Duration::from_secs(100), Some(states), |_| {}));
+    let task =
+        tokio::spawn(follow_lines(BufReader::new(agent), steady(Duration::from_secs(100)), Some(states), |_| {}));
     let (answer, answered) = oneshot::channel();
     sender.send(StatesToSend { states: "{}".into(), answer }).await.unwrap();
     drop(manager);

@@ -29,6 +29,11 @@ async fn served() -> Served {
 
 /// A stream of `version`, opened once `scheduled` are on m1.
 async fn served_speaking(version: Version, scheduled: &[(&str, &UnitFile)]) -> Served {
+    served_with(version, scheduled, None).await
+}
+
+/// As [`served_speaking`], its agent having declared how often it beats.
+async fn served_with(version: Version, scheduled: &[(&str, &UnitFile)], heartbeat: Option<Duration>) -> Served {
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     registry.register_machine(&MachineState { id: "m1".into(), ..MachineState::default() }).await.unwrap();
@@ -41,6 +46,7 @@ async fn served_speaking(version: Version, scheduled: &[(&str, &UnitFile)]) -> S
         machine: "m1".into(),
         key: "k".into(),
         version,
+        heartbeat,
         agents: Arc::new(registry.clone()),
         bodies: Arc::new(EncodedBodies::default()),
         presence: presence.clone(),
@@ -109,6 +115,62 @@ async fn a_silent_agent_loses_its_stream_and_is_present_from_its_last_heartbeat(
     assert!(served.presence.take_lost().is_empty(), "heard 31 s ago, agent_ttl 40 s");
     tokio::time::advance(Duration::from_secs(9)).await;
     assert_eq!(served.presence.take_lost(), vec!["m1".to_string()], "lost 40 s after its last heartbeat");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_that_beats_rarely_keeps_its_stream_and_is_present_until_agent_ttl_after_it_closed() {
+    let mut served = served_with(Version::First, &[], Some(Duration::from_secs(300))).await;
+    line(&mut served.agent).await;
+    // Silent for far longer than agent_ttl (40 s): its connection is the kernel's to watch.
+    tokio::time::advance(Duration::from_secs(370)).await;
+    assert!(!served.task.is_finished(), "kept through its heartbeat period");
+    served.agent.get_mut().write_all(b"\n").await.unwrap();
+    assert_eq!(line(&mut served.agent).await, "\n");
+    tokio::time::advance(Duration::from_secs(200)).await;
+    // It closes its connection (say, to move to another manager): it was there until then,
+    // and has agent_ttl to be heard again before it is lost.
+    drop(served.agent);
+    served.task.await.unwrap();
+    tokio::time::advance(Duration::from_secs(39)).await;
+    assert!(served.presence.take_lost().is_empty(), "closed 39 s ago, agent_ttl 40 s");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(served.presence.take_lost(), vec!["m1".to_string()]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_agent_silent_past_the_period_it_declared_is_asked_then_lost_from_its_last_word() {
+    let mut served = served_with(Version::First, &[], Some(Duration::from_secs(300))).await;
+    line(&mut served.agent).await;
+    // Asked once silent for a period and a quarter, dropped at half as long again.
+    tokio::time::advance(Duration::from_secs(374)).await;
+    assert!(!served.task.is_finished());
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(line(&mut served.agent).await, "?\n");
+    tokio::time::advance(Duration::from_millis(562_500 - 375_000)).await;
+    served.task.await.unwrap();
+    assert_eq!(served.presence.take_lost(), vec!["m1".to_string()], "heard last 562.5 s ago");
+}
+
+#[test]
+fn a_declared_heartbeat_is_whole_seconds_within_an_hour() {
+    let declared = |value: &str| {
+        let mut headers = HeaderMap::new();
+        headers.insert(CHANGE_STREAM_HEARTBEAT_HEADER, HeaderValue::from_str(value).unwrap());
+        declared_heartbeat(&headers).map_err(|error| error.status)
+    };
+    assert_eq!(declared_heartbeat(&HeaderMap::new()).map_err(|error| error.status), Ok(None));
+    assert_eq!(declared("300"), Ok(Some(Duration::from_secs(300))));
+    assert_eq!(declared("3600"), Ok(Some(Duration::from_secs(3600))));
+    for bad in ["0", "3601", "-5", "1.5", "soon", "99999999999999999999999"] {
+        assert_eq!(declared(bad), Err(StatusCode::BAD_REQUEST), "{bad}");
+    }
+}
+
+#[test]
+fn a_connection_the_kernel_gave_up_on_is_told_apart_from_one_closed() {
+    assert!(matches!(ended_by(&std::io::Error::from(std::io::ErrorKind::TimedOut)), Ended::Unheard));
+    assert!(matches!(ended_by(&std::io::Error::from(std::io::ErrorKind::ConnectionReset)), Ended::Closed));
+    assert!(matches!(ended_by(&std::io::Error::from(std::io::ErrorKind::BrokenPipe)), Ended::Closed));
 }
 
 #[tokio::test(start_paused = true)]

@@ -23,6 +23,7 @@ const URLS: &str = "BENCH_PULL_URLS";
 const CA_FILE: &str = "BENCH_PULL_CA_FILE";
 const TOKEN: &str = "BENCH_PULL_TOKEN";
 const HEARTBEAT: &str = "BENCH_PULL_HEARTBEAT_MS";
+const IDLE_HEARTBEAT: &str = "BENCH_PULL_IDLE_HEARTBEAT_MS";
 
 pub fn agent_id(index: usize) -> String {
     format!("pull{index:06}")
@@ -34,14 +35,17 @@ pub struct Reach {
     pub urls: String,
     pub ca_file: std::path::PathBuf,
     pub token: String,
+    /// How often an agent beats while its presence must be proven (a third of `agent_ttl`),
+    /// and while idle (`agent_heartbeat`).
     pub heartbeat: Duration,
+    pub idle_heartbeat: Duration,
 }
 
 impl Reach {
     fn manager(&self) -> Arc<fleet_remote::Manager> {
         let ca = std::fs::read(&self.ca_file).expect("the API CA");
         let manager = fleet_remote::Manager::new(&self.urls, Some(ca), Duration::from_secs(30)).expect("manager");
-        Arc::new(manager.with_heartbeat(self.heartbeat))
+        Arc::new(manager.with_heartbeat(self.heartbeat).with_idle_heartbeat(self.idle_heartbeat))
     }
 }
 
@@ -153,6 +157,7 @@ impl AgentHosts {
                 .env(CA_FILE, &reach.ca_file)
                 .env(TOKEN, &reach.token)
                 .env(HEARTBEAT, reach.heartbeat.as_millis().to_string())
+                .env(IDLE_HEARTBEAT, reach.idle_heartbeat.as_millis().to_string())
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
                 .spawn()
@@ -216,6 +221,7 @@ pub fn run_agent_process(first: usize, count: usize) {
         ca_file: variable(CA_FILE).into(),
         token: variable(TOKEN),
         heartbeat: Duration::from_millis(variable(HEARTBEAT).parse().expect("a heartbeat in ms")),
+        idle_heartbeat: Duration::from_millis(variable(IDLE_HEARTBEAT).parse().expect("a heartbeat in ms")),
     };
     // Ten such processes on a machine of about 4,900 tasks: the agents' name lookups (a
     // blocking thread each, 512 a process by default) are bounded.

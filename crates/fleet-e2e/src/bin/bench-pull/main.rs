@@ -27,8 +27,11 @@
 //!     agents present meanwhile and the units that moved.
 //!
 //! With MANAGERS above 1, that many fleetds share the etcd and the agents (each starts on one
-//! of the list at random). AGENT_TTL (seconds, 60 by default) sets how often an idle agent
-//! beats: three times in it. Past PER_PROCESS agents (10,000 by default: a process may hold
+//! of the list at random). AGENT_TTL (seconds, 60 by default) sets how soon a lost agent or
+//! manager is noticed (the connections' keepalive probes) and how often an agent beats while
+//! its presence must be proven (three times in it; no bench unit asks it); IDLE_HEARTBEAT
+//! (seconds, the default `agent_heartbeat` unless given) how often an idle agent beats.
+//! Past PER_PROCESS agents (10,000 by default: a process may hold
 //! 20,000 open files here, and an agent holds one or two connections), the agents run in child
 //! processes of the bench, PER_PROCESS each; (b) then counts the works the managers' streams
 //! carried. Each manager holds up to about 9,000 agents' connections for the same reason: give
@@ -38,7 +41,7 @@
 //! its own that it closes (so past what a process may hold open), and prints the time and
 //! the CPU a join costs the managers, etcd and the joining agents.
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL] [PER_PROCESS]`
+//! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL] [PER_PROCESS] [IDLE_HEARTBEAT]`
 
 use std::time::{Duration, Instant};
 
@@ -246,6 +249,8 @@ fn main() {
     let manager_count = argument(if joins_only { 3 } else { 4 }, 1).max(1);
     let agent_ttl = Duration::from_secs(argument(5, 60) as u64);
     let per_process = argument(6, 10_000).max(1);
+    let idle_heartbeat =
+        Duration::from_secs(argument(7, fleet_remote::DEFAULT_IDLE_HEARTBEAT.as_secs() as usize) as u64);
     let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().expect("dir");
     let (api_ca, agent_ca) = (Authority::new("bench API CA"), Authority::new("bench agent CA"));
@@ -324,8 +329,10 @@ fn main() {
             urls: urls.join(","),
             ca_file: api_ca_file.clone(),
             token: token.clone(),
-            // As a pull fleetd beats: three times in agent_ttl.
+            // As a pull fleetd beats: three times in agent_ttl while its presence must be
+            // proven, every IDLE_HEARTBEAT while idle.
             heartbeat: lifetimes.agent_ttl / 3,
+            idle_heartbeat,
         };
         if joins_only {
             joins(&reach, agents, &managers, &etcd).await;
@@ -333,8 +340,9 @@ fn main() {
         }
         let processes = agents.div_ceil(per_process);
         println!(
-            "bench-pull: {agents} pull agents through {manager_count} manager(s), {units} units, one etcd, agent_ttl {} s{}",
+            "bench-pull: {agents} pull agents through {manager_count} manager(s), {units} units, one etcd, agent_ttl {} s, idle agents beating every {} s{}",
             agent_ttl.as_secs(),
+            reach.idle_heartbeat.max(reach.heartbeat).as_secs(),
             if processes > 1 { format!(", agents in {processes} processes") } else { String::new() }
         );
 
@@ -474,22 +482,22 @@ fn main() {
                 engine_now - engine_before,
             );
             // Idle CPU beyond what a manager spends with no agent, a heartbeat (how many fall in
-            // the window depends on when the agents began theirs): what 100,000 agents beating
-            // at their period would cost one manager.
+            // the window depends on when the agents began theirs): what 100,000 idle agents
+            // beating at the default `agent_heartbeat` would cost one manager.
             let beyond = managers_idle_cpu - witness_cpu * manager_count as f64;
             let witness_share = witness_cpu * 100.0 / idle_seconds as f64;
             if beats > 0.0 {
                 let per_beat = beyond / beats;
-                let beats_a_second = 100_000.0 / reach.heartbeat.as_secs_f64();
+                let every = fleet_remote::DEFAULT_IDLE_HEARTBEAT.as_secs_f64();
                 println!(
-                    "  (c) idle CPU of the manager no agent is given {witness_share:.2}%; the serving managers' beyond it {beyond:.2} s for {beats:.0} heartbeats, {:.0} µs each: one manager would idle at {:.1}% with 100,000 agents beating every {:.0} s",
+                    "  (c) idle CPU of the manager no agent is given {witness_share:.2}%; the serving managers' beyond it {beyond:.2} s for {beats:.0} heartbeats, {:.0} µs each: one manager would idle at {:.1}% with 100,000 agents beating every {every:.0} s (the default agent_heartbeat)",
                     per_beat * 1e6,
-                    witness_share + per_beat * beats_a_second * 100.0,
-                    reach.heartbeat.as_secs_f64(),
+                    witness_share + per_beat * 100_000.0 / every * 100.0,
                 );
             } else {
                 println!(
-                    "  (c) idle CPU of the manager no agent is given {witness_share:.2}%; no heartbeat fell in the window to price (agents beat every third of agent_ttl)"
+                    "  (c) idle CPU of the manager no agent is given {witness_share:.2}%; no heartbeat fell in the window to price (idle agents beat every {} s)",
+                    reach.idle_heartbeat.max(reach.heartbeat).as_secs()
                 );
             }
         }
