@@ -9,6 +9,7 @@ use etcd_client::{
     TxnOp, TxnResponse, WatchClient,
 };
 
+use crate::balanced_channel::TrustingEtcd;
 use fleet_core::backoff::Backoff;
 use fleet_registry::{RegistryError, Result};
 
@@ -135,11 +136,13 @@ impl Connection {
                 .with_user(options.username.clone(), options.password.expose().to_string())
                 .with_auto_token_refresh(true);
         }
-        let client =
-            tokio::time::timeout(options.request_timeout * 5, Client::connect(&options.endpoints, Some(connect)))
-                .await
-                .map_err(|_| unavailable("connecting timed out"))?
-                .map_err(unavailable)?;
+        let client = tokio::time::timeout(
+            options.request_timeout * 5,
+            Client::connect_with_balanced_channel(&options.endpoints, Some(connect), TrustingEtcd),
+        )
+        .await
+        .map_err(|_| unavailable("connecting timed out"))?
+        .map_err(unavailable)?;
         Ok(Self { client, timeout: options.request_timeout })
     }
 

@@ -16,6 +16,7 @@ mod agent_lease;
 mod api;
 mod api_copy;
 mod apply_lag;
+mod balanced_channel;
 mod body_collection;
 mod chores;
 mod compaction;
