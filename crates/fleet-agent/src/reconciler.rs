@@ -493,24 +493,21 @@ impl Agent {
         let work = self.registry.machine_work(self.machine_id()).await?;
         let machine = work.machine.clone().unwrap_or_else(|| self.config.machine.clone());
         let (mut desired, unread) = self.desired_units(&machine, &work.scheduled, &work.globals).await;
+        let asking = self.asking(&desired);
         // A unit adopted from a manager that outlived fleetd is known to ask only by the
         // content it is wanted with, when that is the content it runs.
-        for name in self.asking(&desired) {
-            if self.loaded.get(&name).is_some_and(|held| desired.get(&name).is_some_and(|unit| unit.hash == held.hash))
-            {
-                self.at_most_once.insert(name);
+        for name in &asking {
+            if self.loaded.get(name).is_some_and(|held| desired.get(name).is_some_and(|unit| unit.hash == held.hash)) {
+                self.at_most_once.insert(name.clone());
             }
         }
         // Told before anything here counts on it: a store that renews rarely while idle (a
         // pull agent's heartbeats) proves the presence from now on.
         let wanted = self.config.presence_ttl.is_some()
-            && (self.config.stop_units_when_cut_off
-                || !self.at_most_once.is_empty()
-                || !self.asking(&desired).is_empty());
+            && (self.config.stop_units_when_cut_off || !self.at_most_once.is_empty() || !asking.is_empty());
         self.registry.presence_wanted(self.machine_id(), wanted);
         if self.presence_lapsed {
             // They may run elsewhere now: none starts here until the presence is renewed.
-            let asking = self.asking(&desired);
             desired.retain(|name, _| !asking.contains(name) && !self.at_most_once.contains(name));
         }
         // The fence covers what this pass may start before it starts anything.

@@ -19,20 +19,6 @@ pub fn watch_peer(socket: &impl AsRawFd, probing: Probing) -> io::Result<()> {
     set(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, probing.user_timeout_ms)
 }
 
-/// Reads back what [`watch_peer`] set (for tests and diagnostics).
-pub fn probing_of(socket: &impl AsRawFd) -> io::Result<Option<Probing>> {
-    let fd = socket.as_raw_fd();
-    if get(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE)? == 0 {
-        return Ok(None);
-    }
-    Ok(Some(Probing {
-        idle_seconds: get(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE)?,
-        interval_seconds: get(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL)?,
-        count: get(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT)?,
-        user_timeout_ms: get(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT)?,
-    }))
-}
-
 fn set(fd: libc::c_int, level: libc::c_int, name: libc::c_int, value: u32) -> io::Result<()> {
     let value = libc::c_int::try_from(value).unwrap_or(libc::c_int::MAX);
     // SAFETY: the option's value is a c_int, passed by pointer with its size.
@@ -48,18 +34,32 @@ fn set(fd: libc::c_int, level: libc::c_int, name: libc::c_int, value: u32) -> io
     if result == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
-fn get(fd: libc::c_int, level: libc::c_int, name: libc::c_int) -> io::Result<u32> {
-    let mut value: libc::c_int = 0;
-    let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: the kernel writes at most `length` bytes into `value`, a c_int.
-    let result = unsafe { libc::getsockopt(fd, level, name, std::ptr::addr_of_mut!(value).cast(), &mut length) };
-    if result == 0 { Ok(u32::try_from(value).unwrap_or(0)) } else { Err(io::Error::last_os_error()) }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    fn get(fd: libc::c_int, level: libc::c_int, name: libc::c_int) -> io::Result<u32> {
+        let mut value: libc::c_int = 0;
+        let mut length = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: the kernel writes at most `length` bytes into `value`, a c_int.
+        let result = unsafe { libc::getsockopt(fd, level, name, std::ptr::addr_of_mut!(value).cast(), &mut length) };
+        if result == 0 { Ok(u32::try_from(value).unwrap_or(0)) } else { Err(io::Error::last_os_error()) }
+    }
+
+    /// Reads back what [`watch_peer`] set.
+    fn probing_of(socket: &impl AsRawFd) -> io::Result<Option<Probing>> {
+        let fd = socket.as_raw_fd();
+        if get(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE)? == 0 {
+            return Ok(None);
+        }
+        Ok(Some(Probing {
+            idle_seconds: get(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE)?,
+            interval_seconds: get(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL)?,
+            count: get(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT)?,
+            user_timeout_ms: get(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT)?,
+        }))
+    }
 
     #[test]
     fn the_kernel_is_given_the_probing_and_keeps_it() {

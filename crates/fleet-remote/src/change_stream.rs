@@ -62,13 +62,19 @@ pub(crate) struct Beats {
 impl Beats {
     /// The period the agent beats at now.
     fn period(&self) -> Duration {
-        if self.proven.borrow().is_some() { self.proving } else { self.idle.max(self.proving) }
+        if self.proven.borrow().is_some() { self.proving } else { self.longest() }
+    }
+
+    /// The longest the agent goes between beats (an idle period shorter than the proving
+    /// one is not beaten faster).
+    fn longest(&self) -> Duration {
+        self.idle.max(self.proving)
     }
 
     /// The longest the agent goes between beats, as the stream's request declares it (whole
     /// seconds, rounded up, within what a manager takes).
     fn declared_seconds(&self) -> u64 {
-        let longest = self.idle.max(self.proving);
+        let longest = self.longest();
         let seconds = longest.as_secs() + u64::from(longest.subsec_nanos() > 0);
         seconds.clamp(1, LONGEST_STREAM_HEARTBEAT_SECONDS)
     }

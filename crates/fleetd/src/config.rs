@@ -356,7 +356,8 @@ const OPTIONS: &[(&str, Setter)] = &[
     ("agent_heartbeat", |config, name, value| {
         // A manager takes a heartbeat period of whole seconds up to an hour.
         let every = parse_go_duration(name, value)?;
-        if every < Duration::from_secs(1) || every > Duration::from_secs(3600) {
+        let longest = Duration::from_secs(fleet_api::schema::LONGEST_STREAM_HEARTBEAT_SECONDS);
+        if every < Duration::from_secs(1) || every > longest {
             return Err(bad(name, value, "expected a duration from 1s to 1h"));
         }
         assign(&mut config.agent_heartbeat, Ok(every))

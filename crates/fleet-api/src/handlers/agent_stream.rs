@@ -168,7 +168,9 @@ enum Line {
 enum Ended {
     /// The manager stops: its agents were heard to the end.
     Stopped,
-    /// The agent fell silent for longer than its heartbeats allow: heard last at its last word.
+    /// The agent fell silent for longer than its heartbeats allow, or the manager ended the
+    /// stream for it (its certificate revoked, the store's signals gone): heard last at its
+    /// last word.
     Silent,
     /// The connection ended (the agent closed it, its connection was reset, it sent what the
     /// protocol has no place for, or its certificate was revoked): its kernel was there until
