@@ -226,7 +226,7 @@ impl RemoteRegistry {
     /// cannot be reached: the next request goes to the next one, which holds no presence for
     /// this machine yet. Requests in flight together that fail together move on once: each
     /// moving on would send the agent back to the manager that failed.
-    fn fail_over(&self, used: usize) {
+    fn fail_over(&self, used: usize, why: &str) {
         // Whichever manager answers next (another, or this one restarted) may hold no
         // presence for this machine: announce to it first.
         self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -234,7 +234,7 @@ impl RemoteRegistry {
         if self.bases.len() > 1 && self.current.compare_exchange(used, used.wrapping_add(1), ordering, ordering).is_ok()
         {
             self.moves.send_modify(|moves| *moves += 1);
-            tracing::warn!(manager = self.base(), "the manager cannot be reached; trying another");
+            tracing::warn!(manager = self.base(), why, "the manager cannot be reached; trying another");
         }
     }
 
@@ -250,10 +250,11 @@ impl RemoteRegistry {
             // agent. A manager that lost the machine says so: its work shows no machine, or its
             // states are refused.
             let slow = error.is_timeout() && !error.is_connect();
+            let text = without_url(&error);
             if !slow {
-                self.fail_over(used);
+                self.fail_over(used, &text);
             }
-            Failure::Unreachable(without_url(&error))
+            Failure::Unreachable(text)
         };
         let sent = tokio::time::Instant::now();
         let response = request.send().await.map_err(unreachable)?;
@@ -590,7 +591,7 @@ impl RemoteRegistry {
             StreamEnd::Closed => Err("the manager closed the change stream".into()),
             StreamEnd::Refused(text) => Err(text),
             StreamEnd::Unreachable(text) => {
-                self.fail_over(used);
+                self.fail_over(used, &text);
                 Err(text)
             }
         }

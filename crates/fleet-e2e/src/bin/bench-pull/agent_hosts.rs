@@ -214,6 +214,12 @@ impl Drop for AgentHosts {
 /// `bench-pull --agent-process FIRST COUNT`: joins and runs agents FIRST.. (COUNT of them) as
 /// the environment says, until its input closes.
 pub fn run_agent_process(first: usize, count: usize) {
+    // RUST_LOG=fleet_remote=warn shows these agents' failovers and failures (on standard
+    // error: standard output speaks to the bench).
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let _ = rustls::crypto::ring::default_provider().install_default();
     let variable = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
     let reach = Reach {
