@@ -40,6 +40,11 @@ pub struct ServeLimits {
     /// pull agent's long poll lasts minutes, and its connection going dead must be noticed
     /// within that).
     pub keep_alive: Duration,
+    /// How long a TLS handshake may take. On a manager, as long as a pull agent waits for its
+    /// manager's answer: a handshake that is slow because the manager is loaded is finished,
+    /// not thrown away with the work done for it (a thrown-away handshake is done again, and
+    /// under load the agents' handshakes were dropped faster than they could finish).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for ServeLimits {
@@ -49,6 +54,7 @@ impl Default for ServeLimits {
             header_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(5),
             keep_alive: Duration::from_secs(10),
+            handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -187,7 +193,7 @@ async fn accept_loop<L: Accept>(
                 let machine_issuer = tls.machine_issuer();
                 connections.spawn(async move {
                     let handshake =
-                        tokio::time::timeout(limits.header_timeout, LeanTlsStream::accept(stream, config)).await;
+                        tokio::time::timeout(limits.handshake_timeout, LeanTlsStream::accept(stream, config)).await;
                     let stream = match handshake {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(error)) => {
@@ -381,6 +387,7 @@ mod tests {
         header_timeout: Duration::from_millis(300),
         shutdown_grace: Duration::from_secs(1),
         keep_alive: Duration::from_secs(10),
+        handshake_timeout: Duration::from_millis(300),
     };
 
     /// Regression: idle and slow-header connections were never timed out.

@@ -18,11 +18,10 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufRea
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
+use crate::leaving::Fault;
 use crate::manager::without_url;
 
-/// The most an answer to a heartbeat may take before the manager counts as gone.
-const LONGEST_ANSWER: Duration = Duration::from_secs(10);
-/// The most the manager may take to switch the stream's request (connecting included).
+/// The least the manager is given to switch the stream's request (connecting included).
 const LONGEST_OPENING: Duration = Duration::from_secs(30);
 
 /// What the agent hears on its stream.
@@ -51,12 +50,14 @@ pub(crate) struct StatesToSend {
 
 /// How often the agent beats: every `idle` while nothing it runs needs its presence proven,
 /// every `proving` while something does (`proven` says since when, and may change while the
-/// stream lasts).
+/// stream lasts); and how long an answer may take before the manager counts as gone
+/// (`answer_within`, the agent's patience: a beat's, a states line's, the opening's).
 #[derive(Clone, Debug)]
 pub(crate) struct Beats {
     pub idle: Duration,
     pub proving: Duration,
     pub proven: watch::Receiver<Option<Instant>>,
+    pub answer_within: Duration,
 }
 
 impl Beats {
@@ -89,8 +90,8 @@ pub(crate) enum StreamEnd {
     Closed,
     /// The manager answered with a refusal, or broke the protocol.
     Refused(String),
-    /// The manager could not be reached, or went silent.
-    Unreachable(String),
+    /// The manager could not be reached, or went silent: why, and what that says of it.
+    Unreachable { why: String, fault: Fault },
     /// The agent's requests moved to another manager meanwhile: it follows that one's stream.
     Moved,
 }
@@ -113,12 +114,11 @@ pub(crate) async fn follow(
         .header(UPGRADE, CHANGE_STREAM_PROTOCOL)
         .header(CHANGE_STREAM_HEARTBEAT_HEADER, beats.declared_seconds());
     // The stream's client has no request timeout (the stream lasts): its opening gets one.
-    let response = match tokio::time::timeout(LONGEST_OPENING, request.send()).await {
+    let opening = beats.answer_within.max(LONGEST_OPENING);
+    let response = match tokio::time::timeout(opening, request.send()).await {
         Ok(Ok(response)) => response,
-        Ok(Err(error)) => return StreamEnd::Unreachable(without_url(&error)),
-        Err(_) => {
-            return StreamEnd::Unreachable(format!("no answer to the stream's request within {LONGEST_OPENING:?}"));
-        }
+        Ok(Err(error)) => return StreamEnd::Unreachable { why: without_url(&error), fault: Fault::of(&error) },
+        Err(_) => return went_silent(format!("no answer to the stream's request within {opening:?}")),
     };
     let status = response.status();
     if status != StatusCode::SWITCHING_PROTOCOLS {
@@ -126,7 +126,10 @@ pub(crate) async fn follow(
         let message = serde_json::from_slice::<ErrorBody>(&body).map(|body| body.error.message).unwrap_or_default();
         return match status {
             StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::BAD_REQUEST => StreamEnd::Unsupported,
-            status if status.is_server_error() => StreamEnd::Unreachable(format!("{status}: {message}")),
+            // It says it cannot serve the agent (it is full, say): another may.
+            status if status.is_server_error() => {
+                StreamEnd::Unreachable { why: format!("{status}: {message}"), fault: Fault::Refused }
+            }
             status => StreamEnd::Refused(format!("{status}: {message}")),
         };
     }
@@ -134,7 +137,7 @@ pub(crate) async fn follow(
         response.headers().get(UPGRADE).is_some_and(|chosen| chosen.as_bytes() == CHANGE_STREAM_PROTOCOL_V2.as_bytes());
     let upgraded = match response.upgrade().await {
         Ok(upgraded) => upgraded,
-        Err(error) => return StreamEnd::Unreachable(without_url(&error)),
+        Err(error) => return went_silent(without_url(&error)),
     };
     heard(Heard::Opened { sent, carries_states });
     let states = carries_states.then_some(states);
@@ -161,7 +164,7 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
     let mut last_id = 0;
     let mut line = Vec::new();
     loop {
-        let answer_due = unanswered.front().map(|sent: &Instant| *sent + LONGEST_ANSWER);
+        let answer_due = unanswered.front().map(|sent: &Instant| *sent + beats.answer_within);
         let beat_due = if beat_now { Instant::now() } else { last_beat + beats.period() };
         tokio::select! {
             read = next_line(&mut io, &mut line) => match read {
@@ -192,16 +195,16 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                 }
                 Ok(false) => return StreamEnd::Closed,
                 Err(error) if error.kind() == std::io::ErrorKind::InvalidData => return StreamEnd::Refused(error.to_string()),
-                Err(error) => return StreamEnd::Unreachable(error.to_string()),
+                Err(error) => return went_silent(error.to_string()),
             },
             () = tokio::time::sleep_until(beat_due) => {
                 let beat = async {
                     io.write_all(b"\n").await?;
                     io.flush().await
                 };
-                match tokio::time::timeout(LONGEST_ANSWER, beat).await {
+                match tokio::time::timeout(beats.answer_within, beat).await {
                     Ok(Ok(())) => unanswered.push_back(Instant::now()),
-                    _ => return StreamEnd::Unreachable("a heartbeat could not be sent".into()),
+                    _ => return went_silent("a heartbeat could not be sent".into()),
                 }
                 last_beat = Instant::now();
                 beat_now = false;
@@ -217,7 +220,7 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                 }
             }
             () = sleep_until(answer_due) => {
-                return StreamEnd::Unreachable(format!("no answer to a heartbeat within {LONGEST_ANSWER:?}"));
+                return went_silent(format!("no answer to a heartbeat within {:?}", beats.answer_within));
             }
             to_send = next_states(&mut states) => match to_send {
                 Some(StatesToSend { states, answer }) => {
@@ -228,9 +231,9 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                         io.write_all(sent.as_bytes()).await?;
                         io.flush().await
                     };
-                    match tokio::time::timeout(LONGEST_ANSWER, write).await {
+                    match tokio::time::timeout(beats.answer_within, write).await {
                         Ok(Ok(())) => drop(awaited.insert(last_id, answer)),
-                        _ => return StreamEnd::Unreachable("a states line could not be sent".into()),
+                        _ => return went_silent("a states line could not be sent".into()),
                     }
                 }
                 // Nothing can send any more: the registry went.
@@ -238,6 +241,11 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
             },
         }
     }
+}
+
+/// The manager went silent, or its connection was cut: `why`.
+fn went_silent(why: String) -> StreamEnd {
+    StreamEnd::Unreachable { why, fault: Fault::Unanswered }
 }
 
 /// The next states to send, or never when the stream carries none.

@@ -9,6 +9,7 @@ mod change_stream;
 mod credentials;
 mod disk_copy;
 mod kept_work;
+mod leaving;
 mod manager;
 mod registry;
 mod tls;

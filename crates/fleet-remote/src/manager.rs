@@ -6,13 +6,14 @@ use std::time::Duration;
 
 /// How often an agent pings its manager's connection unless told otherwise
 /// ([`Manager::with_heartbeat`]), and the longest an answer may take: a manager gone without
-/// a word (its machine, its network) is left within a heartbeat and a half.
+/// a word (its machine, its network) is left within two heartbeats.
 const HEARTBEAT: Duration = Duration::from_secs(20);
+/// The least an agent waits for an answer from its manager ([`Manager::patience`]).
+const SHORTEST_PATIENCE: Duration = Duration::from_secs(10);
 /// How often an idle agent beats on its change stream unless told otherwise
 /// ([`Manager::with_idle_heartbeat`]; fleetd's `agent_heartbeat`): its connection's kernels
 /// watch it in between.
 pub const DEFAULT_IDLE_HEARTBEAT: Duration = Duration::from_secs(300);
-const LONGEST_PING_WAIT: Duration = Duration::from_secs(10);
 /// How long a connection to the manager is kept with no request on it. (An agent that moves
 /// to a change stream lets its connection go at once.)
 const IDLE_CONNECTION: Duration = Duration::from_secs(30);
@@ -108,6 +109,18 @@ impl Manager {
         self.heartbeat
     }
 
+    /// How long the agent waits for an answer from the manager it is connected to (to a
+    /// request, a heartbeat, a ping) before it counts that manager as gone: a heartbeat
+    /// period, at least [`SHORTEST_PATIENCE`]. A loaded manager is slow, not gone, and holds
+    /// the agent's presence for three periods (`agent_ttl`) from when it last heard it; an
+    /// agent that gives up sooner throws away what the manager did for it (the answer comes,
+    /// to no one) and adds its retry, or its move to another manager, to the load that made
+    /// the manager slow. (Agents that gave up after 10 s on loaded managers with an
+    /// `agent_ttl` of five minutes kept 100,000 of them from settling.)
+    pub fn patience(&self) -> Duration {
+        self.heartbeat.max(SHORTEST_PATIENCE)
+    }
+
     /// The TLS of `identity` (a machine certificate, or none) towards these managers: make
     /// one per certificate, and every client made from it resumes the sessions the others began.
     pub(crate) fn tls(&self, identity: Option<&MachineCredentials>) -> Result<ClientTls, ManagerError> {
@@ -132,7 +145,7 @@ impl Manager {
             .connect_timeout(self.timeout.min(timeout))
             .pool_idle_timeout(IDLE_CONNECTION)
             .http2_keep_alive_interval(Some(self.heartbeat))
-            .http2_keep_alive_timeout(LONGEST_PING_WAIT.min(self.heartbeat))
+            .http2_keep_alive_timeout(self.heartbeat)
             .http2_keep_alive_while_idle(true);
         builder.build().map_err(|error| ManagerError::Setup(error.to_string()))
     }
@@ -308,5 +321,16 @@ mod tests {
         assert_eq!(order(1), ["b", "c", "a"]);
         assert_eq!(order(5), ["c", "a", "b"], "a draw past the count wraps");
         assert_eq!(tried_from(&[], 7).count(), 0);
+    }
+
+    #[test]
+    fn an_agent_waits_a_heartbeat_for_its_managers_answer_and_never_less_than_ten_seconds() {
+        let manager =
+            |heartbeat| Manager::new("https://a", None, Duration::from_secs(10)).unwrap().with_heartbeat(heartbeat);
+        // agent_ttl 5 minutes (a heartbeat of 100 s): a loaded manager is given 100 s.
+        assert_eq!(manager(Duration::from_secs(100)).patience(), Duration::from_secs(100));
+        // The default agent_ttl, 30 s, and shorter ones: 10 s, as before patience grew with it.
+        assert_eq!(manager(Duration::from_secs(10)).patience(), SHORTEST_PATIENCE);
+        assert_eq!(manager(Duration::from_millis(700)).patience(), SHORTEST_PATIENCE);
     }
 }

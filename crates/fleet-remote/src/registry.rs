@@ -20,11 +20,10 @@ use tokio::sync::watch;
 
 use crate::credentials::MachineCredentials;
 use crate::disk_copy::DiskCopy;
+use crate::leaving::Fault;
 use crate::manager::{Manager, ManagerError, without_url};
 use crate::tls::ClientTls;
 
-/// How long a request may take; a long poll waits up to 25 s on the manager, so it gets more.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the agent asks its manager to hold a long poll when nothing changes: an idle agent
 /// costs its manager a quiet connection (pinged by both sides), not a request every few
 /// seconds. A manager from before `wait` answers after its own short wait, as it always did.
@@ -93,6 +92,9 @@ pub struct RemoteRegistry {
     /// When the last request a manager answered was sent: it heard from this machine no
     /// sooner, and holds its presence `agent_ttl` from when it did.
     answered: Mutex<Option<tokio::time::Instant>>,
+    /// When the manager in use last answered anything (or when the agent came to it): one
+    /// silent for the agent's patience since is left for another.
+    last_answer: Mutex<tokio::time::Instant>,
 }
 
 /// Why a request to the manager failed.
@@ -156,7 +158,7 @@ impl RemoteRegistry {
         let (journal_asks, asks_received) = tokio::sync::mpsc::unbounded_channel();
         let tls = manager.tls(Some(credentials))?;
         let registry = Arc::new(Self {
-            client: std::sync::RwLock::new(manager.client(&tls, REQUEST_TIMEOUT)?),
+            client: std::sync::RwLock::new(manager.client(&tls, manager.patience())?),
             stream_client: std::sync::RwLock::new(manager.stream_client(&tls)?),
             manager: manager.clone(),
             tls: std::sync::RwLock::new(tls),
@@ -177,6 +179,7 @@ impl RemoteRegistry {
             moves: watch::channel(0).0,
             announce_due: std::sync::atomic::AtomicBool::new(false),
             answered: Mutex::new(None),
+            last_answer: Mutex::new(tokio::time::Instant::now()),
             machine_id: credentials.machine_id.clone(),
             announced: Mutex::new(None),
             changes: watch::channel(0).0,
@@ -193,7 +196,7 @@ impl RemoteRegistry {
     /// no session the old certificate began.
     pub fn use_credentials(&self, credentials: &MachineCredentials) -> std::result::Result<(), ManagerError> {
         let tls = self.manager.tls(Some(credentials))?;
-        let client = self.manager.client(&tls, REQUEST_TIMEOUT)?;
+        let client = self.manager.client(&tls, self.manager.patience())?;
         let stream_client = self.manager.stream_client(&tls)?;
         *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         *self.stream_client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = stream_client;
@@ -206,7 +209,7 @@ impl RemoteRegistry {
     /// else on its manager until its work changes.
     fn let_request_connection_go(&self) {
         let tls = self.tls.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        match self.manager.client(&tls, REQUEST_TIMEOUT) {
+        match self.manager.client(&tls, self.manager.patience()) {
             Ok(client) => *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client,
             Err(error) => tracing::debug!(%error, "cannot make a new client; the old connection idles out"),
         }
@@ -223,41 +226,47 @@ impl RemoteRegistry {
     }
 
     /// The manager a request was sent to (`used`, as [`RemoteRegistry::current`] read then)
-    /// cannot be reached: the next request goes to the next one, which holds no presence for
-    /// this machine yet. Requests in flight together that fail together move on once: each
-    /// moving on would send the agent back to the manager that failed.
-    fn fail_over(&self, used: usize, why: &str) {
+    /// failed so (`fault`, `why`): if [`Fault::leaves`] says so, the next request goes to the
+    /// next one, which holds no presence for this machine yet. Requests in flight together
+    /// that fail together move on once: each moving on would send the agent back to the
+    /// manager that failed.
+    fn fail_over(&self, used: usize, why: &str, fault: Fault) {
+        let silent_for = self.last_answer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).elapsed();
+        if !fault.leaves(silent_for, self.manager.patience()) {
+            tracing::debug!(why, "no answer from the manager; it answered lately, so the agent stays");
+            return;
+        }
         // Whichever manager answers next (another, or this one restarted) may hold no
         // presence for this machine: announce to it first.
         self.announce_due.store(true, std::sync::atomic::Ordering::Relaxed);
         let ordering = std::sync::atomic::Ordering::Relaxed;
         if self.bases.len() > 1 && self.current.compare_exchange(used, used.wrapping_add(1), ordering, ordering).is_ok()
         {
+            // The manager moved to is given the agent's whole patience.
+            self.answer_heard();
             self.moves.send_modify(|moves| *moves += 1);
             tracing::warn!(manager = self.base(), why, "the manager cannot be reached; trying another");
         }
     }
 
+    /// The manager in use answered (anything: it is there).
+    fn answer_heard(&self) {
+        *self.last_answer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = tokio::time::Instant::now();
+    }
+
     async fn request(&self, request: reqwest::RequestBuilder) -> std::result::Result<Vec<u8>, Failure> {
         let used = self.current.load(std::sync::atomic::Ordering::Relaxed);
         let unreachable = |error: reqwest::Error| {
-            // No answer in time on a connection the manager accepted: the manager is loaded,
-            // not gone, and still holds this machine; the agent stays. (Agents that moved on each
-            // timeout loaded every manager further: each move a full TLS handshake and an
-            // announcement on the next, and 40,000 agents on five loaded managers never
-            // settled.) A manager that is gone refuses the connection or lets it time out, and
-            // one that stopped answering on an open stream misses its heartbeats: both move the
-            // agent. A manager that lost the machine says so: its work shows no machine, or its
-            // states are refused.
-            let slow = error.is_timeout() && !error.is_connect();
+            // A manager that is gone refuses the connection, or answers nothing for the
+            // agent's patience: either moves the agent (`leaving`). A manager that lost the
+            // machine says so: its work shows no machine, or its states are refused.
             let text = without_url(&error);
-            if !slow {
-                self.fail_over(used, &text);
-            }
+            self.fail_over(used, &text, Fault::of(&error));
             Failure::Unreachable(text)
         };
         let sent = tokio::time::Instant::now();
         let response = request.send().await.map_err(unreachable)?;
+        self.answer_heard();
         let status = response.status();
         let bytes = response.bytes().await.map_err(unreachable)?;
         if status.is_success() {
@@ -444,6 +453,7 @@ impl RemoteRegistry {
             idle: self.idle_heartbeat,
             proving: self.heartbeat,
             proven: self.proving.subscribe(),
+            answer_within: self.manager.patience(),
         };
         (client, format!("{}/stream", self.base()), beats)
     }
@@ -454,7 +464,7 @@ impl RemoteRegistry {
             Some(after) => format!("{}/changes?after={after}&wait={}", self.base(), wait.as_secs()),
             None => format!("{}/changes", self.base()),
         };
-        let answer = self.send(self.client().get(path).timeout(wait + REQUEST_TIMEOUT)).await;
+        let answer = self.send(self.client().get(path).timeout(wait + self.manager.patience())).await;
         let answer = answer.and_then(|bytes| serde_json::from_slice::<AgentChanges>(&bytes).map_err(unavailable));
         match answer {
             Ok(changes) => {
@@ -475,6 +485,7 @@ impl RemoteRegistry {
     /// What the change stream brought.
     fn heard_on_stream(&self, heard: crate::change_stream::Heard, following: &mut Following) {
         use crate::change_stream::Heard;
+        self.answer_heard();
         match heard {
             Heard::Changes(mut changes) => {
                 self.kept_work.changes_heard();
@@ -531,17 +542,17 @@ impl RemoteRegistry {
         if sender.send(to_send).await.is_err() {
             return Ok(None);
         }
-        match tokio::time::timeout(REQUEST_TIMEOUT, answered).await {
+        let patience = self.manager.patience();
+        match tokio::time::timeout(patience, answered).await {
             Ok(Ok(answer)) => {
+                self.answer_heard();
                 if (200..300).contains(&answer.status) {
                     self.heard_by_manager(sent);
                 }
                 Ok(Some(answer))
             }
             Ok(Err(_)) => Ok(None),
-            Err(_) => {
-                Err(unavailable(format!("no answer to the states sent on the stream within {REQUEST_TIMEOUT:?}")))
-            }
+            Err(_) => Err(unavailable(format!("no answer to the states sent on the stream within {patience:?}"))),
         }
     }
 
@@ -590,9 +601,9 @@ impl RemoteRegistry {
             }
             StreamEnd::Closed => Err("the manager closed the change stream".into()),
             StreamEnd::Refused(text) => Err(text),
-            StreamEnd::Unreachable(text) => {
-                self.fail_over(used, &text);
-                Err(text)
+            StreamEnd::Unreachable { why, fault } => {
+                self.fail_over(used, &why, fault);
+                Err(why)
             }
         }
     }

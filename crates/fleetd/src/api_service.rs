@@ -98,6 +98,13 @@ impl ApiService {
         let limits = ServeLimits {
             connections_per_listener: config.api_max_connections,
             keep_alive: if serves_agents { agent_presence.keepalive() } else { defaults.keep_alive },
+            // A pull agent waits a third of agent_ttl for its manager (at least 10 s): its
+            // handshake is given more.
+            handshake_timeout: if serves_agents {
+                agent_presence.keepalive().max(defaults.handshake_timeout)
+            } else {
+                defaults.handshake_timeout
+            },
             ..defaults
         };
         let (stop, stopped) = watch::channel(false);

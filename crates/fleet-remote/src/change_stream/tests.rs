@@ -6,9 +6,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::*;
 
+/// How long the agents here wait for an answer.
+const PATIENCE: Duration = Duration::from_secs(10);
+
 /// Beats every `heartbeat`, idle or not.
 fn steady(heartbeat: Duration) -> Beats {
-    Beats { idle: heartbeat, proving: heartbeat, proven: watch::channel(None).1 }
+    Beats { idle: heartbeat, proving: heartbeat, proven: watch::channel(None).1, answer_within: PATIENCE }
 }
 
 /// Follows a stream whose manager's end is returned, recording what is heard.
@@ -40,7 +43,7 @@ async fn an_idle_agent_beats_rarely_and_at_once_when_its_presence_must_be_proven
     let idle = Duration::from_secs(300);
     let proving = Duration::from_secs(10);
     let opened = Instant::now();
-    let (mut manager, task, heard) = following_beats(Beats { idle, proving, proven: watched });
+    let (mut manager, task, heard) = following_beats(Beats { idle, proving, proven: watched, answer_within: PATIENCE });
     assert_eq!(next_beat(&mut manager).await - opened, idle, "idle: one beat in its idle period");
     manager.write_all(b"\n").await.unwrap();
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -63,7 +66,7 @@ async fn an_idle_agent_beats_rarely_and_at_once_when_its_presence_must_be_proven
 
 #[test]
 fn the_request_declares_the_longest_it_goes_between_beats_in_whole_seconds() {
-    let beats = |idle, proving| Beats { idle, proving, proven: watch::channel(None).1 };
+    let beats = |idle, proving| Beats { idle, proving, proven: watch::channel(None).1, answer_within: PATIENCE };
     assert_eq!(beats(Duration::from_secs(300), Duration::from_secs(10)).declared_seconds(), 300);
     assert_eq!(beats(Duration::from_millis(100), Duration::from_millis(1500)).declared_seconds(), 2);
     assert_eq!(beats(Duration::from_secs(7200), Duration::from_secs(10)).declared_seconds(), 3600);
@@ -92,14 +95,19 @@ async fn changes_and_answered_beats_are_heard_until_the_manager_closes() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_manager_that_does_not_answer_a_beat_is_gone() {
-    let (mut manager, task, _heard) = following(Duration::from_secs(20));
-    let mut beat = [0u8; 1];
-    manager.read_exact(&mut beat).await.unwrap();
-    let beaten = Instant::now();
-    let end = task.await.unwrap();
-    assert!(matches!(end, StreamEnd::Unreachable(_)), "{end:?}");
-    assert_eq!(Instant::now() - beaten, LONGEST_ANSWER);
+async fn a_manager_that_does_not_answer_a_beat_within_the_agents_patience_is_gone() {
+    // A slow manager is waited on as long as the agent's patience says, however long.
+    for patience in [PATIENCE, Duration::from_secs(100)] {
+        let heartbeat = Duration::from_secs(20);
+        let beats = Beats { answer_within: patience, ..steady(heartbeat) };
+        let (mut manager, task, _heard) = following_beats(beats);
+        let mut beat = [0u8; 1];
+        manager.read_exact(&mut beat).await.unwrap();
+        let beaten = Instant::now();
+        let end = task.await.unwrap();
+        assert!(matches!(end, StreamEnd::Unreachable { .. }), "{end:?}");
+        assert_eq!(Instant::now() - beaten, patience);
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -206,7 +214,7 @@ async fn a_manager_without_streams_is_told_apart_from_one_that_refuses() {
         let end = follow(&http1_client(), &url, steady(Duration::from_secs(20)), mpsc::channel(1).1, |_| {}).await;
         let kind = match end {
             StreamEnd::Unsupported => "unsupported",
-            StreamEnd::Unreachable(_) => "unreachable",
+            StreamEnd::Unreachable { .. } => "unreachable",
             StreamEnd::Refused(_) => "refused",
             StreamEnd::Closed => "closed",
             StreamEnd::Moved => "moved",
@@ -227,9 +235,9 @@ async fn one_answer_stands_for_beats_that_reached_the_manager_together() {
     manager.write_all(b"\n").await.unwrap();
     let answered = Instant::now();
     // Nothing more until the next beat: the stream stays, however long after the answer.
-    tokio::time::sleep(LONGEST_ANSWER * 2).await;
+    tokio::time::sleep(PATIENCE * 2).await;
     assert!(!task.is_finished(), "the answer covered both beats");
-    assert!(Instant::now() > answered + LONGEST_ANSWER);
+    assert!(Instant::now() > answered + PATIENCE);
     drop(manager);
     assert!(matches!(task.await.unwrap(), StreamEnd::Closed));
     assert!(matches!(heard.lock().unwrap()[..], [Heard::BeatAnswered { .. }]));
@@ -280,6 +288,6 @@ async fn states_waiting_when_the_stream_ends_are_dropped_unanswered() {
     let (answer, answered) = oneshot::channel();
     sender.send(StatesToSend { states: "{}".into(), answer }).await.unwrap();
     drop(manager);
-    assert!(matches!(task.await.unwrap(), StreamEnd::Closed | StreamEnd::Unreachable(_)));
+    assert!(matches!(task.await.unwrap(), StreamEnd::Closed | StreamEnd::Unreachable { .. }));
     assert!(answered.await.is_err(), "the waiter learns the stream ended: it sends by request");
 }
