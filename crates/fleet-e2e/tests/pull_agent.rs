@@ -604,33 +604,46 @@ fn established_to(port: u16) -> usize {
     String::from_utf8_lossy(&out.stdout).lines().filter(|line| !line.trim().is_empty()).count()
 }
 
-/// Drops new connections to a local port while it lives (those open stay up).
-struct NewConnectionsDropped(u16);
+/// Refuses new connections to a local port while it lives (those open stay up).
+struct NewConnectionsRefused(u16);
 
-impl NewConnectionsDropped {
+impl NewConnectionsRefused {
+    /// The rule that answers a new connection to `port` with a reset, as a port nothing
+    /// listens on does.
+    fn rule(action: &str, port: u16) -> bool {
+        let port = port.to_string();
+        let args = [
+            action,
+            "INPUT",
+            "-p",
+            "tcp",
+            "--dport",
+            port.as_str(),
+            "--syn",
+            "-j",
+            "REJECT",
+            "--reject-with",
+            "tcp-reset",
+        ];
+        std::process::Command::new("iptables").args(args).status().expect("iptables runs").success()
+    }
+
     fn to_port(port: u16) -> Self {
-        let rule = |action: &str| {
-            let port = port.to_string();
-            let args = [action, "INPUT", "-p", "tcp", "--dport", port.as_str(), "--syn", "-j", "DROP"];
-            std::process::Command::new("iptables").args(args).status().expect("iptables runs").success()
-        };
-        assert!(rule("-I"), "iptables drops new connections");
+        assert!(Self::rule("-I", port), "iptables refuses new connections");
         Self(port)
     }
 }
 
-impl Drop for NewConnectionsDropped {
+impl Drop for NewConnectionsRefused {
     fn drop(&mut self) {
-        let port = self.0.to_string();
-        let args = ["-D", "INPUT", "-p", "tcp", "--dport", port.as_str(), "--syn", "-j", "DROP"];
-        let _ = std::process::Command::new("iptables").args(args).status();
+        Self::rule("-D", self.0);
     }
 }
 
 /// One manager holds a pull agent's stream and its presence: when a request of the agent's
-/// moves it to the other manager (its manager takes no new connection, while the stream the
-/// agent holds there stays up), its stream on the manager it left ends, and it follows its
-/// changes on the one it moved to, which holds its presence.
+/// moves it to the other manager (its manager's port refuses new connections, while the
+/// stream the agent holds there stays up), its stream on the manager it left ends, and it
+/// follows its changes on the one it moved to, which holds its presence.
 #[test]
 fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() {
     let (cluster, ports, token, manager) = two_managers("split", Duration::from_secs(3));
@@ -689,7 +702,7 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
         established_to(ports[first]) == 1
     });
 
-    let _dropped = NewConnectionsDropped::to_port(ports[first]);
+    let _refused = NewConnectionsRefused::to_port(ports[first]);
     std::thread::scope(|scope| {
         // The question reaches the agent on its stream; its answer needs a new connection.
         scope.spawn(|| cluster.members[first].fleetctl(&["journal", "--lines", "1", "split.service"]));

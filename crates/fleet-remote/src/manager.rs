@@ -127,10 +127,12 @@ impl Manager {
         ClientTls::new(self.server_ca.as_deref(), identity).map_err(|error| ManagerError::Setup(error.to_string()))
     }
 
-    /// An HTTPS client for the manager, speaking `tls`; requests give up after `timeout`. A
-    /// connection with no request for [`IDLE_CONNECTION`] is closed: an agent that follows a
-    /// change stream needs none between its changes.
-    pub(crate) fn client(&self, tls: &ClientTls, timeout: Duration) -> Result<reqwest::Client, ManagerError> {
+    /// An HTTPS client for the manager, speaking `tls`; a request gives up after the agent's
+    /// [`Manager::patience`], and so does connecting (its TLS handshake included: one a
+    /// loaded manager is slow to finish is waited for, not begun again). A connection with no
+    /// request for [`IDLE_CONNECTION`] is closed: an agent that follows a change stream needs
+    /// none between its changes.
+    pub(crate) fn client(&self, tls: &ClientTls) -> Result<reqwest::Client, ManagerError> {
         // A long poll holds its connection for minutes: a manager gone without a word is found
         // by HTTP/2 pings, and the agent tries another within seconds. HTTP/2 is spoken from
         // the first byte (every manager offers it), so that requests sent together before the
@@ -141,8 +143,8 @@ impl Manager {
         let builder = reqwest::Client::builder()
             .tls_backend_preconfigured(tls.config(Speaks::Requests))
             .http2_prior_knowledge()
-            .timeout(timeout)
-            .connect_timeout(self.timeout.min(timeout))
+            .timeout(self.patience())
+            .connect_timeout(self.patience())
             .pool_idle_timeout(IDLE_CONNECTION)
             .http2_keep_alive_interval(Some(self.heartbeat))
             .http2_keep_alive_timeout(self.heartbeat)
@@ -158,6 +160,7 @@ impl Manager {
         let probing = Probing::for_keep_alive(self.heartbeat);
         let builder = self
             .single_request_builder(tls, None)
+            .connect_timeout(self.patience().max(self.timeout))
             .tcp_keepalive(Duration::from_secs(probing.idle_seconds.into()))
             .tcp_keepalive_interval(Duration::from_secs(probing.interval_seconds.into()))
             .tcp_keepalive_retries(probing.count)

@@ -158,7 +158,7 @@ impl RemoteRegistry {
         let (journal_asks, asks_received) = tokio::sync::mpsc::unbounded_channel();
         let tls = manager.tls(Some(credentials))?;
         let registry = Arc::new(Self {
-            client: std::sync::RwLock::new(manager.client(&tls, manager.patience())?),
+            client: std::sync::RwLock::new(manager.client(&tls)?),
             stream_client: std::sync::RwLock::new(manager.stream_client(&tls)?),
             manager: manager.clone(),
             tls: std::sync::RwLock::new(tls),
@@ -196,7 +196,7 @@ impl RemoteRegistry {
     /// no session the old certificate began.
     pub fn use_credentials(&self, credentials: &MachineCredentials) -> std::result::Result<(), ManagerError> {
         let tls = self.manager.tls(Some(credentials))?;
-        let client = self.manager.client(&tls, self.manager.patience())?;
+        let client = self.manager.client(&tls)?;
         let stream_client = self.manager.stream_client(&tls)?;
         *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
         *self.stream_client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = stream_client;
@@ -209,7 +209,7 @@ impl RemoteRegistry {
     /// else on its manager until its work changes.
     fn let_request_connection_go(&self) {
         let tls = self.tls.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        match self.manager.client(&tls, self.manager.patience()) {
+        match self.manager.client(&tls) {
             Ok(client) => *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client,
             Err(error) => tracing::debug!(%error, "cannot make a new client; the old connection idles out"),
         }

@@ -72,13 +72,25 @@ fn resident_mib(pid: u32) -> f64 {
     kib / 1024.0
 }
 
-/// The leases the agents' machine records hang on (keys only: 40,000 records with their
-/// values pass gRPC's 4 MiB answer).
+/// The leases the agents' machine records hang on, read 10,000 keys at a time (keys only:
+/// 40,000 records with their values pass gRPC's 4 MiB answer, and so do 100,000 keys).
 async fn machine_leases(client: &mut etcd_client::Client) -> std::collections::HashMap<String, i64> {
     let prefix = "/_coreos.com/fleet/machines/pull";
-    let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
-    let reply = client.get(prefix, Some(options)).await.expect("read machines");
-    reply.kvs().iter().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.lease())).collect()
+    // Just past every key that starts with the prefix.
+    let end = "/_coreos.com/fleet/machines/pulm";
+    let mut leases = std::collections::HashMap::new();
+    let mut from = prefix.to_string();
+    loop {
+        let options = etcd_client::GetOptions::new().with_range(end).with_limit(10_000).with_keys_only();
+        let reply = client.get(from.as_str(), Some(options)).await.expect("read machines");
+        for kv in reply.kvs() {
+            leases.insert(String::from_utf8_lossy(kv.key()).into_owned(), kv.lease());
+        }
+        match reply.kvs().last() {
+            Some(last) if reply.more() => from = format!("{}\0", String::from_utf8_lossy(last.key())),
+            _ => return leases,
+        }
+    }
 }
 
 /// What etcd has done so far: proposals committed (every write goes through one) and lease
