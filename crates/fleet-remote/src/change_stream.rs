@@ -128,7 +128,7 @@ pub(crate) async fn follow(
             StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::BAD_REQUEST => StreamEnd::Unsupported,
             // It says it cannot serve the agent (it is full, say): another may.
             status if status.is_server_error() => {
-                StreamEnd::Unreachable { why: format!("{status}: {message}"), fault: Fault::Refused }
+                StreamEnd::Unreachable { why: format!("{status}: {message}"), fault: Fault::Gone }
             }
             status => StreamEnd::Refused(format!("{status}: {message}")),
         };
@@ -195,7 +195,7 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                 }
                 Ok(false) => return StreamEnd::Closed,
                 Err(error) if error.kind() == std::io::ErrorKind::InvalidData => return StreamEnd::Refused(error.to_string()),
-                Err(error) => return went_silent(error.to_string()),
+                Err(error) => return StreamEnd::Unreachable { why: error.to_string(), fault: Fault::of_io(&error) },
             },
             () = tokio::time::sleep_until(beat_due) => {
                 let beat = async {

@@ -1,20 +1,21 @@
-//! When a pull agent leaves the manager it uses for another: at once when nothing listens
-//! there any more, and otherwise only once that manager has answered nothing for the agent's
-//! patience ([`crate::Manager::patience`]). A loaded manager drops connections, lets
-//! handshakes run out and answers late, and is still there: agents that left it at the first
-//! such failure each paid a new handshake and an announcement on the next manager, loaded it
-//! in turn, and 100,000 agents on twelve managers never settled.
+//! When a pull agent leaves the manager it uses for another: at once when the manager is
+//! gone, and otherwise only once it has answered nothing for a heartbeat period (a third of
+//! `agent_ttl`). A loaded manager drops connections, lets handshakes run out and answers
+//! late, and is still there: agents that left it at the first such failure each paid a new
+//! handshake and an announcement on the next manager, loaded it in turn, and 100,000 agents
+//! on twelve managers never settled (219,567 moves in six minutes).
 
 use std::time::Duration;
 
 /// What a failed exchange with the manager says of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fault {
-    /// Nothing listens there (the connection was refused), or the manager said it cannot
-    /// serve the agent: it is gone, or restarting.
-    Refused,
-    /// No answer, a connection dropped or cut off, a handshake that ran out: how a manager
-    /// that is gone looks, and how a loaded one does.
+    /// The manager is gone: nothing listens at its address (the connection was refused), the
+    /// kernel gave up on the connection (its data or probes went unacknowledged: a loaded
+    /// manager's kernel still acknowledges), or the manager said it cannot serve the agent.
+    Gone,
+    /// No answer, a connection dropped, a handshake that ran out: how a manager that is gone
+    /// looks, and how a loaded one does.
     Unanswered,
     /// A request that got no answer in time on a connection that the manager accepted and
     /// that stays alive (its pings are answered): the manager is loaded, not gone.
@@ -22,10 +23,10 @@ pub(crate) enum Fault {
 }
 
 impl Fault {
-    /// What a transport error says.
+    /// What a request's transport error says.
     pub(crate) fn of(error: &reqwest::Error) -> Self {
-        if connection_refused(error) {
-            Fault::Refused
+        if kernel_says_gone(error) {
+            Fault::Gone
         } else if error.is_timeout() && !error.is_connect() {
             Fault::Slow
         } else {
@@ -33,25 +34,33 @@ impl Fault {
         }
     }
 
+    /// What an error reading or writing an open connection says.
+    pub(crate) fn of_io(error: &std::io::Error) -> Self {
+        if kernel_says_gone(error) { Fault::Gone } else { Fault::Unanswered }
+    }
+
     /// Whether the agent leaves a manager that failed so and has answered it nothing for
-    /// `silent_for`.
-    pub(crate) fn leaves(self, silent_for: Duration, patience: Duration) -> bool {
+    /// `silent_for`, given its heartbeat `period`.
+    pub(crate) fn leaves(self, silent_for: Duration, period: Duration) -> bool {
         match self {
-            Fault::Refused => true,
-            Fault::Unanswered => silent_for >= patience,
+            Fault::Gone => true,
+            Fault::Unanswered => silent_for >= period,
             Fault::Slow => false,
         }
     }
 }
 
-/// Whether `error` comes of a connection refused (nothing listens at the manager's address).
-fn connection_refused(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `error` comes of the kernel's word that the manager is not there: a connection
+/// refused, or one timed out by the kernel itself (an OS error, unlike a client's own
+/// timeouts).
+fn kernel_says_gone(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(error);
     while let Some(error) = cause {
-        if let Some(io) = error.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::ConnectionRefused
-        {
-            return true;
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            let timed_out_by_kernel = io.kind() == std::io::ErrorKind::TimedOut && io.raw_os_error().is_some();
+            if io.kind() == std::io::ErrorKind::ConnectionRefused || timed_out_by_kernel {
+                return true;
+            }
         }
         cause = error.source();
     }
@@ -62,14 +71,25 @@ fn connection_refused(error: &(dyn std::error::Error + 'static)) -> bool {
 mod tests {
     use super::*;
 
-    const PATIENCE: Duration = Duration::from_secs(100);
+    const PERIOD: Duration = Duration::from_secs(100);
 
     #[test]
-    fn an_agent_leaves_a_manager_that_refuses_at_once_and_one_that_does_not_answer_after_its_patience() {
-        assert!(Fault::Refused.leaves(Duration::ZERO, PATIENCE));
-        assert!(!Fault::Unanswered.leaves(Duration::from_secs(10), PATIENCE), "a loaded manager is waited on");
-        assert!(Fault::Unanswered.leaves(PATIENCE, PATIENCE));
-        assert!(!Fault::Slow.leaves(PATIENCE * 10, PATIENCE), "its connection says it is there");
+    fn an_agent_leaves_a_manager_that_is_gone_at_once_and_one_that_does_not_answer_after_a_period() {
+        assert!(Fault::Gone.leaves(Duration::ZERO, PERIOD));
+        assert!(!Fault::Unanswered.leaves(Duration::from_secs(10), PERIOD), "a loaded manager is waited on");
+        assert!(Fault::Unanswered.leaves(PERIOD, PERIOD));
+        assert!(!Fault::Slow.leaves(PERIOD * 10, PERIOD), "its connection says it is there");
+    }
+
+    #[test]
+    fn the_kernels_timeout_says_gone_and_a_broken_connection_does_not() {
+        // ETIMEDOUT on Linux: what a read gets once TCP_USER_TIMEOUT or the keepalive probes ran out.
+        let by_kernel = std::io::Error::from_raw_os_error(110);
+        assert_eq!(Fault::of_io(&by_kernel), Fault::Gone);
+        let cut = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
+        assert_eq!(Fault::of_io(&cut), Fault::Unanswered);
+        let by_client = std::io::Error::new(std::io::ErrorKind::TimedOut, "a client's own timeout");
+        assert_eq!(Fault::of_io(&by_client), Fault::Unanswered);
     }
 
     #[tokio::test]
@@ -79,7 +99,7 @@ mod tests {
         // Nothing listens on a port just let go.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let refused = client.get(format!("http://127.0.0.1:{port}/")).send().await.unwrap_err();
-        assert_eq!(Fault::of(&refused), Fault::Refused, "{refused:?}");
+        assert_eq!(Fault::of(&refused), Fault::Gone, "{refused:?}");
         // A listener that accepts and then closes without a word.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
@@ -90,7 +110,7 @@ mod tests {
         });
         let dropped = client.get(format!("http://{address}/")).send().await.unwrap_err();
         assert_eq!(Fault::of(&dropped), Fault::Unanswered, "{dropped:?}");
-        // One that accepts and never answers.
+        // One that accepts and never answers: the client's own timeout, not the kernel's.
         let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = silent.local_addr().unwrap();
         let held = tokio::spawn(async move {

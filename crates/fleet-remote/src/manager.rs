@@ -110,13 +110,11 @@ impl Manager {
     }
 
     /// How long the agent waits for an answer from the manager it is connected to (to a
-    /// request, a heartbeat, a ping) before it counts that manager as gone: a heartbeat
-    /// period, at least [`SHORTEST_PATIENCE`]. A loaded manager is slow, not gone, and holds
-    /// the agent's presence for three periods (`agent_ttl`) from when it last heard it; an
-    /// agent that gives up sooner throws away what the manager did for it (the answer comes,
-    /// to no one) and adds its retry, or its move to another manager, to the load that made
-    /// the manager slow. (Agents that gave up after 10 s on loaded managers with an
-    /// `agent_ttl` of five minutes kept 100,000 of them from settling.)
+    /// request, a heartbeat, a handshake): a heartbeat period, at least [`SHORTEST_PATIENCE`].
+    /// A loaded manager is slow, not gone, and holds the agent's presence for three periods
+    /// (`agent_ttl`) from when it last heard it; an agent that gives up sooner throws away
+    /// what the manager did for it (the answer comes, to no one) and adds its retry to the load
+    /// that made the manager slow. (When the agent leaves a manager for another: `leaving`.)
     pub fn patience(&self) -> Duration {
         self.heartbeat.max(SHORTEST_PATIENCE)
     }

@@ -232,7 +232,7 @@ impl RemoteRegistry {
     /// manager that failed.
     fn fail_over(&self, used: usize, why: &str, fault: Fault) {
         let silent_for = self.last_answer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).elapsed();
-        if !fault.leaves(silent_for, self.manager.patience()) {
+        if !fault.leaves(silent_for, self.heartbeat) {
             tracing::debug!(why, "no answer from the manager; it answered lately, so the agent stays");
             return;
         }
