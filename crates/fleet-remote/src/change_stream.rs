@@ -195,7 +195,7 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                 }
                 Ok(false) => return StreamEnd::Closed,
                 Err(error) if error.kind() == std::io::ErrorKind::InvalidData => return StreamEnd::Refused(error.to_string()),
-                Err(error) => return StreamEnd::Unreachable { why: error.to_string(), fault: Fault::of_io(&error) },
+                Err(error) => return went_silent(error.to_string()),
             },
             () = tokio::time::sleep_until(beat_due) => {
                 let beat = async {

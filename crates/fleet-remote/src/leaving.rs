@@ -1,6 +1,6 @@
-//! When a pull agent leaves the manager it uses for another: at once when the manager is
-//! gone, and otherwise only once it has answered nothing for a heartbeat period (a third of
-//! `agent_ttl`). A loaded manager drops connections, lets handshakes run out and answers
+//! When a pull agent leaves the manager it uses for another: at once when nothing listens
+//! there, and otherwise only once the manager has answered nothing for a heartbeat period (a
+//! third of `agent_ttl`). A loaded manager drops connections, lets handshakes run out and answers
 //! late, and is still there: agents that left it at the first such failure each paid a new
 //! handshake and an announcement on the next manager, loaded it in turn, and 100,000 agents
 //! on twelve managers never settled (219,567 moves in six minutes).
@@ -10,12 +10,14 @@ use std::time::Duration;
 /// What a failed exchange with the manager says of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Fault {
-    /// The manager is gone: nothing listens at its address (the connection was refused), the
-    /// kernel gave up on the connection (its data or probes went unacknowledged: a loaded
-    /// manager's kernel still acknowledges), or the manager said it cannot serve the agent.
+    /// The manager is gone: nothing listens at its address (the connection was refused), or
+    /// it said it cannot serve the agent.
     Gone,
-    /// No answer, a connection dropped, a handshake that ran out: how a manager that is gone
-    /// looks, and how a loaded one does.
+    /// No answer, a connection dropped or given up by the kernel, a handshake that ran out:
+    /// how a manager that is gone looks, and how a loaded one does (one that reads its
+    /// connections late leaves their windows shut until the kernel gives up on them). A
+    /// connection whose peer went silent is found by the kernel's probes only after a
+    /// heartbeat period of silence, so a manager gone so is left at once all the same.
     Unanswered,
     /// A request that got no answer in time on a connection that the manager accepted and
     /// that stays alive (its pings are answered): the manager is loaded, not gone.
@@ -25,18 +27,13 @@ pub(crate) enum Fault {
 impl Fault {
     /// What a request's transport error says.
     pub(crate) fn of(error: &reqwest::Error) -> Self {
-        if kernel_says_gone(error) {
+        if connection_refused(error) {
             Fault::Gone
         } else if error.is_timeout() && !error.is_connect() {
             Fault::Slow
         } else {
             Fault::Unanswered
         }
-    }
-
-    /// What an error reading or writing an open connection says.
-    pub(crate) fn of_io(error: &std::io::Error) -> Self {
-        if kernel_says_gone(error) { Fault::Gone } else { Fault::Unanswered }
     }
 
     /// Whether the agent leaves a manager that failed so and has answered it nothing for
@@ -50,17 +47,14 @@ impl Fault {
     }
 }
 
-/// Whether `error` comes of the kernel's word that the manager is not there: a connection
-/// refused, or one timed out by the kernel itself (an OS error, unlike a client's own
-/// timeouts).
-fn kernel_says_gone(error: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `error` comes of a connection refused: nothing listens at the manager's address.
+fn connection_refused(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(error);
     while let Some(error) = cause {
-        if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            let timed_out_by_kernel = io.kind() == std::io::ErrorKind::TimedOut && io.raw_os_error().is_some();
-            if io.kind() == std::io::ErrorKind::ConnectionRefused || timed_out_by_kernel {
-                return true;
-            }
+        if let Some(io) = error.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::ConnectionRefused
+        {
+            return true;
         }
         cause = error.source();
     }
@@ -79,17 +73,6 @@ mod tests {
         assert!(!Fault::Unanswered.leaves(Duration::from_secs(10), PERIOD), "a loaded manager is waited on");
         assert!(Fault::Unanswered.leaves(PERIOD, PERIOD));
         assert!(!Fault::Slow.leaves(PERIOD * 10, PERIOD), "its connection says it is there");
-    }
-
-    #[test]
-    fn the_kernels_timeout_says_gone_and_a_broken_connection_does_not() {
-        // ETIMEDOUT on Linux: what a read gets once TCP_USER_TIMEOUT or the keepalive probes ran out.
-        let by_kernel = std::io::Error::from_raw_os_error(110);
-        assert_eq!(Fault::of_io(&by_kernel), Fault::Gone);
-        let cut = std::io::Error::new(std::io::ErrorKind::BrokenPipe, "broken pipe");
-        assert_eq!(Fault::of_io(&cut), Fault::Unanswered);
-        let by_client = std::io::Error::new(std::io::ErrorKind::TimedOut, "a client's own timeout");
-        assert_eq!(Fault::of_io(&by_client), Fault::Unanswered);
     }
 
     #[tokio::test]
