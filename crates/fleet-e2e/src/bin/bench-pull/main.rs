@@ -41,6 +41,8 @@
 //! its own that it closes (so past what a process may hold open), and prints the time and
 //! the CPU a join costs the managers, etcd and the joining agents.
 //!
+//! `BENCH_PULL_LOGS=DIR` keeps every fleetd's log as it stands after (c) in DIR.
+//!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL] [PER_PROCESS] [IDLE_HEARTBEAT]`
 
 use std::time::{Duration, Instant};
@@ -519,6 +521,19 @@ fn main() {
             (proposals - proposals_before) / idle_seconds as f64,
             (renewals - renewals_before) / idle_seconds as f64,
         );
+        // BENCH_PULL_LOGS=DIR keeps the fleetds' logs as they stand after (c) (they go with
+        // the bench's temporary directory otherwise).
+        if let Some(dir) = std::env::var_os("BENCH_PULL_LOGS") {
+            let dir = std::path::PathBuf::from(dir);
+            std::fs::create_dir_all(&dir).expect("the logs' directory");
+            let named = managers.iter().enumerate().map(|(index, fleetd)| (format!("manager-{index}"), fleetd));
+            let bystanding = bystanders.iter().flat_map(|fleetds| {
+                [("engine".to_string(), &fleetds.engine), ("witness".to_string(), &fleetds.witness)]
+            });
+            for (name, fleetd) in named.chain(bystanding) {
+                std::fs::write(dir.join(format!("{name}.log")), fleetd.log()).expect("keep a log");
+            }
+        }
 
         // (e) One change that reaches every agent on its stream: a global unit.
         let cpu_before = managers_cpu(&managers);
