@@ -95,6 +95,26 @@ async fn machine_leases(client: &mut etcd_client::Client) -> std::collections::H
     }
 }
 
+/// Past this many agents on one host, loopback's input queue must hold their bursts.
+const AGENTS_A_SHORT_QUEUE_DROPS: usize = 20_000;
+
+/// Says so when the host's loopback input queue (`net.core.netdev_max_backlog`) is short for
+/// `agents`' connections: their keepalive probes and pushes come in bursts, a short queue drops
+/// them, and the kernel then ends idle streams on timeouts, which moves their agents inside the
+/// idle window (1,000, the default, dropped 251,000 packets in one 100,000-agent run). A host
+/// setting, left to whoever runs the bench.
+fn warn_of_a_short_loopback_queue(agents: usize) {
+    let queue: usize = std::fs::read_to_string("/proc/sys/net/core/netdev_max_backlog")
+        .ok()
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(0);
+    if agents > AGENTS_A_SHORT_QUEUE_DROPS && queue < agents {
+        println!(
+            "  note: net.core.netdev_max_backlog is {queue}: loopback drops the bursts of {agents} agents' connections and idle streams end on timeouts; `sysctl -w net.core.netdev_max_backlog={agents}` for a clean idle window"
+        );
+    }
+}
+
 /// What etcd has done so far: proposals committed (every write goes through one) and lease
 /// renewals received, from its metrics.
 async fn etcd_counters(endpoint: &str) -> (f64, f64) {
@@ -353,6 +373,7 @@ fn main() {
             return;
         }
         let processes = agents.div_ceil(per_process);
+        warn_of_a_short_loopback_queue(agents);
         println!(
             "bench-pull: {agents} pull agents through {manager_count} manager(s), {units} units, one etcd, agent_ttl {} s, idle agents beating every {} s{}",
             agent_ttl.as_secs(),
