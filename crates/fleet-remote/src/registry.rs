@@ -93,7 +93,8 @@ pub struct RemoteRegistry {
     /// sooner, and holds its presence `agent_ttl` from when it did.
     answered: Mutex<Option<tokio::time::Instant>>,
     /// When the manager in use last answered anything (or when the agent came to it): one
-    /// silent for the agent's patience since is left for another.
+    /// silent for a heartbeat period since is left for another when an exchange fails
+    /// ([`Fault::leaves`]).
     last_answer: Mutex<tokio::time::Instant>,
 }
 
@@ -242,7 +243,7 @@ impl RemoteRegistry {
         let ordering = std::sync::atomic::Ordering::Relaxed;
         if self.bases.len() > 1 && self.current.compare_exchange(used, used.wrapping_add(1), ordering, ordering).is_ok()
         {
-            // The manager moved to is given the agent's whole patience.
+            // The manager moved to is given a whole period before it counts as silent.
             self.answer_heard();
             self.moves.send_modify(|moves| *moves += 1);
             tracing::warn!(manager = self.base(), why, "the manager cannot be reached; trying another");
