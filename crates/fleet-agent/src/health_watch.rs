@@ -72,7 +72,9 @@ struct Restarts {
 
 pub struct HealthWatch {
     clock: Instant,
-    checks: HashMap<UnitHash, Option<Declared>>,
+    /// Each running unit's check, read once per (unit, content): instances of one template
+    /// share their content but not their check, whose specifiers (`%i`) are each instance's.
+    checks: HashMap<(String, UnitHash), Option<Declared>>,
     followed: BTreeMap<String, Followed>,
     /// Written by the tasks: each unit's verdict, and how many times it flipped.
     verdicts: Arc<Mutex<BTreeMap<String, (LastVerdict, u64)>>>,
@@ -131,15 +133,18 @@ impl HealthWatch {
     /// content, gets a fresh task (its status unknown); the tasks of the others end.
     pub fn follow<'a>(&mut self, running: impl IntoIterator<Item = Running<'a>>, manager: &Arc<dyn UnitManager>) {
         let running: Vec<Running<'a>> = running.into_iter().collect();
-        // Checks are read once per content, and forgotten once no unit here runs it.
-        let running_hashes: std::collections::HashSet<UnitHash> = running.iter().map(|unit| unit.hash).collect();
-        self.checks.retain(|hash, _| running_hashes.contains(hash));
+        // Checks are read once per unit and content, and forgotten once the unit no longer
+        // runs that content here.
+        let running_now: std::collections::HashSet<(&str, UnitHash)> =
+            running.iter().map(|unit| (unit.name, unit.hash)).collect();
+        self.checks.retain(|(name, hash), _| running_now.contains(&(name.as_str(), *hash)));
         let new =
             running.iter().filter(|unit| self.followed.get(unit.name).is_none_or(|f| f.hash != unit.hash)).count();
         let spread = FIRST_PROBE_WITHIN + FIRST_PROBE_SPREAD_PER_UNIT * u32::try_from(new).unwrap_or(u32::MAX);
         let mut keep: BTreeMap<String, UnitHash> = BTreeMap::new();
         for unit in running {
-            let declared = self.checks.entry(unit.hash).or_insert_with(|| declared(unit.name, unit.file));
+            let declared =
+                self.checks.entry((unit.name.to_string(), unit.hash)).or_insert_with(|| declared(unit.name, unit.file));
             let Some(declared) = declared.clone() else { continue };
             keep.insert(unit.name.to_string(), unit.hash);
             if self.followed.get(unit.name).is_some_and(|followed| followed.hash == unit.hash) {
@@ -184,7 +189,11 @@ impl HealthWatch {
         let mut due = Vec::new();
         for (name, (verdict, flips)) in verdicts.iter() {
             let Some(followed) = self.followed.get(name) else { continue };
-            let asks = self.checks.get(&followed.hash).and_then(Option::as_ref).is_some_and(|d| d.check.restart);
+            let asks = self
+                .checks
+                .get(&(name.clone(), followed.hash))
+                .and_then(Option::as_ref)
+                .is_some_and(|declared| declared.check.restart);
             if !asks || verdict.status != HealthStatus::Unhealthy {
                 continue;
             }

@@ -152,6 +152,26 @@ async fn a_tcp_check_reports_healthy_then_unhealthy_once_the_port_closes() {
     setup.stop().await;
 }
 
+/// Regression (issue 68): instances of one template share their content, and the check of
+/// the first one followed was probed for every instance (`%i` expanded once). Each instance
+/// is probed on its own port: the one listening is healthy, the one not is unhealthy.
+#[tokio::test]
+async fn instances_of_one_template_are_each_probed_at_their_own_instance() {
+    let setup = Setup::start();
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+    let listening = listener.local_addr().expect("its address").port();
+    let silent = fleet_testkit::free_port();
+    let check = format!("HealthCheck=tcp://127.0.0.1:%i\n{FAST}");
+    let (up, down) = (format!("chk@{listening}.service"), format!("chk@{silent}.service"));
+    setup.run(&up, &check).await;
+    setup.run(&down, &check).await;
+    setup.wait_for(&up, HealthStatus::Healthy).await;
+    let report = setup.wait_for(&down, HealthStatus::Unhealthy).await;
+    assert!(report.failure.contains(&format!("127.0.0.1:{silent}")), "the silent instance's own port: {report:?}");
+    assert_eq!(setup.health(&up).await.map(|report| report.status), Some(HealthStatus::Healthy));
+    setup.stop().await;
+}
+
 /// A pass woken by a health flip alone, with nothing left undone before it, reports the
 /// flip without reading the machine's work again: nothing it should run changed.
 #[tokio::test]
