@@ -586,6 +586,10 @@ pub struct Source {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub min_ready_seconds: Option<u64>,
+    /// How long a unit its rollout replaced may take to become active and healthy before the
+    /// gate fails; 120 when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
     /// Its rollouts' canary (`1`, `5%`), bake time and auto-revert, as a rollout request's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<String>,
@@ -629,6 +633,10 @@ pub struct SourceStatus {
     /// Whether the last sync attempt is of the source as it now stands.
     #[serde(default)]
     pub current: bool,
+    /// Why the source rolls nothing out: its rollout reverted itself on the commit it is at.
+    /// A new commit, or a forced sync, ends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<String>,
 }
 
 /// A unit the cluster holds otherwise than its source says.

@@ -136,7 +136,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/sources/{name}", ReadSources, Empty, |s, c| sources::get(s, c.param()).await),
     route!(PUT "/fleet/v1/sources/{name}", ManageSources, Json, |s, c| sources::put(s, c.param(), c.body).await),
     route!(DELETE "/fleet/v1/sources/{name}", ManageSources, Empty, |s, c| sources::delete(s, c.param(), c.query).await),
-    route!(POST "/fleet/v1/sources/{name}/sync", ManageSources, Empty, |s, c| sources::sync(s, c.param()).await),
+    route!(POST "/fleet/v1/sources/{name}/sync", ManageSources, Empty, |s, c| sources::sync(s, c.param(), c.query).await),
     route!(POST "/fleet/v1/sources/{name}/webhook", SourceWebhook, Signed, |s, c| sources::webhook(s, c.param()).await),
     route!(GET "/fleet/v1/rollouts", ReadSources, Empty, |s, c| rollouts::list(s, c.query).await),
     route!(GET "/fleet/v1/rollouts/{name}", ReadSources, Empty, |s, c| rollouts::get(s, c.param(), c.query).await),

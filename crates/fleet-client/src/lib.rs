@@ -331,8 +331,9 @@ impl Client {
     }
 
     /// Asks for a sync of a source now.
-    pub async fn sync_source(&self, name: &str) -> Result<()> {
-        self.send(Method::POST, &format!("sources/{}/sync", encode_component(name)), None).await.map(drop)
+    pub async fn sync_source(&self, name: &str, force: bool) -> Result<()> {
+        let force = if force { "?force=true" } else { "" };
+        self.send(Method::POST, &format!("sources/{}/sync{force}", encode_component(name)), None).await.map(drop)
     }
 
     /// Removes a source, destroying its units unless `keep_units`; `false` when there was none.

@@ -61,6 +61,21 @@ impl fmt::Display for MaxUnavailable {
 /// The longest bake time a canary may ask for (seconds): a week.
 pub const MOST_BAKE: u64 = 7 * 86_400;
 
+/// The longest a rollout waits for a unit to become ready (its deadline) or to stay ready
+/// (its min-ready), in seconds: a week, as a bake.
+pub const MOST_WAIT: u64 = MOST_BAKE;
+
+/// Checks a rollout's wait (`minReadySeconds` from 0, `deadlineSeconds` from 1) as a request
+/// or a source states it: at most [`MOST_WAIT`].
+pub fn check_wait(option: &str, seconds: u64) -> Result<u64, String> {
+    let least = u64::from(option == "deadlineSeconds");
+    if (least..=MOST_WAIT).contains(&seconds) {
+        Ok(seconds)
+    } else {
+        Err(format!("invalid {option} {seconds}: from {least} to {MOST_WAIT} seconds (a week)"))
+    }
+}
+
 /// How a rollout proves new content before it goes on, as a request or a source states it:
 /// a canary of `canary` units (a count or a percentage) first, staying well for `bake`
 /// seconds before the rest follow by themselves (only on a promotion without it), and whether

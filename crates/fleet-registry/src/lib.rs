@@ -37,7 +37,7 @@ pub use model::{
     StateReport, TokenRecord, UnitRecord, UnitView,
 };
 pub use ownership::{OwnedBy, Writer};
-pub use source_record::{OutOfSync, RolloutRecord, SourceRecord, SourceStatus};
+pub use source_record::{DEFAULT_DEADLINE_SECONDS, OutOfSync, RolloutRecord, SourceRecord, SourceStatus};
 pub use unit_change::{UnitChange, UnitChanged};
 
 #[derive(Debug, thiserror::Error)]

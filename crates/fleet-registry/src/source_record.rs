@@ -42,13 +42,32 @@ pub struct SourceRecord {
     /// What the machines do when the source's units drift there: put them back, or report.
     #[serde(default, skip_serializing_if = "DriftPolicy::is_default")]
     pub drift: DriftPolicy,
+    /// How long a unit its rollout replaced may take to become active and healthy before
+    /// the gate fails (seconds).
+    #[serde(default = "default_deadline")]
+    pub deadline_seconds: u64,
     /// Moves on every change of the record and every request for a sync (webhook, resume):
     /// the syncing engine syncs at once when it moved.
     pub generation: u64,
+    /// Moves on every forced sync (`source sync --force`): a commit whose rollout reverted
+    /// itself is rolled out once more (`fleet_core::source::halt`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub forced: u64,
 }
 
 fn default_min_ready() -> u64 {
     10
+}
+
+/// How long, by default, a unit a source's rollout replaced may take to become ready.
+pub const DEFAULT_DEADLINE_SECONDS: u64 = 120;
+
+fn default_deadline() -> u64 {
+    DEFAULT_DEADLINE_SECONDS
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 fn is_default_gates(gates: &Gates) -> bool {
@@ -75,7 +94,9 @@ impl SourceRecord {
             min_ready_seconds: default_min_ready(),
             gates: Gates::default(),
             drift: DriftPolicy::default(),
+            deadline_seconds: DEFAULT_DEADLINE_SECONDS,
             generation: 0,
+            forced: 0,
         }
     }
 }
@@ -107,6 +128,10 @@ pub struct SourceStatus {
     pub generation: u64,
     /// Failed attempts in a row (for the backoff), 0 after a success.
     pub failures: u32,
+    /// Why the source rolls nothing out: its rollout reverted itself on the commit it is at
+    /// (`fleet_core::source::halt`); `None` when it is not halted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub halted: Option<String>,
 }
 
 /// A unit the cluster holds otherwise than its source says.
@@ -132,4 +157,8 @@ pub struct RolloutRecord {
     pub bodies: std::collections::BTreeMap<String, String>,
     /// Seconds since the epoch.
     pub created: u64,
+    /// For a source's rollout: the commit its newest content came from (a revert halts the
+    /// source on it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_commit: Option<fleet_core::source::halt::RolledFrom>,
 }

@@ -13,6 +13,7 @@ use fleet_core::rollout::{
     MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, machine_by_machine, units_after_sync,
 };
 use fleet_core::source::cadence::{LastAttempt, next_sync};
+use fleet_core::source::halt::{Halt, LastRollout, RolledFrom, halt};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
 use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
@@ -24,9 +25,6 @@ use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
 use crate::leader_store::LeaderStore;
 use crate::now;
 use fleet_runtime::{LeaderPass, Triggers, while_leading};
-
-/// How long a unit a source's rollout replaced may take to become active.
-const ROLLOUT_DEADLINE: u64 = 120;
 
 /// The largest unit file a status keeps for a diff.
 const WANTED_TEXT_MAX: usize = 64 * 1024;
@@ -139,7 +137,23 @@ impl SourceSyncer {
             }
         };
         let content = self.content(source, &fetched);
-        match self.apply(source, &content).await {
+        let last_rollout = match self.registry.rollouts().await {
+            Ok(rollouts) => rollouts.into_iter().find(|record| record.name == rollout_name(&source.name)),
+            Err(error) => {
+                status.error = Some(format!("reading the source's rollout: {error}"));
+                status.failures = previous.failures.saturating_add(1);
+                return status;
+            }
+        };
+        let last = last_rollout.as_ref().map(|record| LastRollout {
+            from: record.source_commit.as_ref(),
+            reverted: record.rollout.reverted.as_deref(),
+        });
+        if let Some(halted) = halt(&fetched.commit, source.forced, last) {
+            return halted_status(source, status, previous, &halted);
+        }
+        let commit = RolledFrom { commit: fetched.commit.clone(), forced: source.forced };
+        match self.apply(source, &content, &commit).await {
             Ok(applied) => {
                 if applied.changes > 0 {
                     tracing::info!(
@@ -196,7 +210,12 @@ impl SourceSyncer {
 
     /// Plans against what the cluster holds and writes the plan as the source; new content
     /// for its running units goes out as a rollout when the source asks for waves.
-    async fn apply(&self, source: &SourceRecord, content: &SourceContent) -> Result<Applied, RegistryError> {
+    async fn apply(
+        &self,
+        source: &SourceRecord,
+        content: &SourceContent,
+        commit: &RolledFrom,
+    ) -> Result<Applied, RegistryError> {
         let views: BTreeMap<String, UnitView> =
             self.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
         let held: BTreeMap<String, HeldUnit> = views
@@ -220,8 +239,8 @@ impl SourceSyncer {
             Some(Ok(max_unavailable)) => {
                 let (rolled, direct): (Vec<&SyncChange>, Vec<&SyncChange>) =
                     plan.changes.iter().partition(|change| runs_and_changes(change, &views, &source.name));
-                self.roll_out(source, max_unavailable, &rolled, &views).await?;
-                let why = format!("new content waiting in rollout source-{}", source.name);
+                self.roll_out(source, max_unavailable, &rolled, &views, commit).await?;
+                let why = format!("new content waiting in rollout {}", rollout_name(&source.name));
                 out_of_sync.extend(rolled.iter().map(|change| out_of_sync_entry(content, change.unit(), why.clone())));
                 (rolled.len(), direct)
             }
@@ -279,11 +298,12 @@ impl SourceSyncer {
         max_unavailable: MaxUnavailable,
         changes: &[&SyncChange],
         views: &BTreeMap<String, UnitView>,
+        commit: &RolledFrom,
     ) -> Result<(), RegistryError> {
         if changes.is_empty() {
             return Ok(());
         }
-        let name = format!("source-{}", source.name);
+        let name = rollout_name(&source.name);
         let mut bodies = BTreeMap::new();
         let mut units = Vec::new();
         for change in changes {
@@ -299,7 +319,14 @@ impl SourceSyncer {
         });
         let existing = self.registry.rollouts().await?.into_iter().find(|record| record.name == name);
         let Some(units) = units_after_sync(existing.as_ref().map(|record| &record.rollout), &units) else {
-            return Ok(());
+            // Nothing new for the rollout; it carries this commit's content all the same.
+            return match existing {
+                Some(record) if record.source_commit.as_ref() != Some(commit) => {
+                    let record = RolloutRecord { source_commit: Some(commit.clone()), ..RolloutRecord::clone(&record) };
+                    self.registry.put_rollout(&record).await
+                }
+                _ => Ok(()),
+            };
         };
         // The bodies of the units kept from the rollout under way stay with it.
         let created = match existing {
@@ -317,14 +344,50 @@ impl SourceSyncer {
             units,
             max_unavailable,
             min_ready: source.min_ready_seconds,
-            deadline: ROLLOUT_DEADLINE,
+            deadline: source.deadline_seconds,
             state: RolloutState::Running,
             undo: false,
             auto_revert: source.gates.auto_revert,
             reverted: None,
         };
-        self.registry.put_rollout(&RolloutRecord { name, rollout, bodies, created }).await
+        let record = RolloutRecord { name, rollout, bodies, created, source_commit: Some(commit.clone()) };
+        self.registry.put_rollout(&record).await
     }
+}
+
+/// The rollout a source's new content goes out in.
+fn rollout_name(source: &str) -> String {
+    format!("source-{source}")
+}
+
+/// The status of `source` halted on `halted`: nothing written, what the last sync found kept,
+/// and its units waiting in the reverted rollout said to wait for the halt's end.
+fn halted_status(
+    source: &SourceRecord,
+    mut status: SourceStatus,
+    previous: SourceStatus,
+    halted: &Halt,
+) -> SourceStatus {
+    let why = halted.describe(&source.name);
+    if previous.halted.is_none() {
+        tracing::warn!(
+            source = source.name,
+            commit = halted.commit,
+            reason = halted.why,
+            "source halted: its rollout reverted itself"
+        );
+    }
+    let waiting = format!("new content waiting in rollout {}", rollout_name(&source.name));
+    status.commit = Some(halted.commit.clone());
+    status.problems = previous.problems;
+    status.owned_elsewhere = previous.owned_elsewhere;
+    status.out_of_sync = previous
+        .out_of_sync
+        .into_iter()
+        .map(|entry| if entry.why == waiting { OutOfSync { why: why.clone(), ..entry } } else { entry })
+        .collect();
+    status.halted = Some(why);
+    status
 }
 
 struct Applied {

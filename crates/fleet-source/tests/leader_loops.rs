@@ -294,7 +294,8 @@ async fn store_rollout(
         reverted: None,
     };
     let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
-    store.put_rollout(&RolloutRecord { name: "web".into(), rollout, bodies, created: 0 }).await.expect("rollout");
+    let record = RolloutRecord { name: "web".into(), rollout, bodies, created: 0, source_commit: None };
+    store.put_rollout(&record).await.expect("rollout");
 }
 
 #[tokio::test(start_paused = true)]

@@ -86,7 +86,7 @@ pub fn joined(head: &Head, fixed: &Fixed) -> Result<RolloutRecord, String> {
 /// `record` with no units and no bodies: what its head carries beside the steps.
 fn without_units(record: &RolloutRecord) -> RolloutRecord {
     // Destructured in full: a field added to a rollout must be carried here too.
-    let RolloutRecord { name, rollout, bodies: _, created } = record;
+    let RolloutRecord { name, rollout, bodies: _, created, source_commit } = record;
     let Rollout { units: _, max_unavailable, min_ready, deadline, state, undo, canary, auto_revert, reverted } =
         rollout;
     RolloutRecord {
@@ -104,6 +104,7 @@ fn without_units(record: &RolloutRecord) -> RolloutRecord {
         },
         bodies: BTreeMap::new(),
         created: *created,
+        source_commit: source_commit.clone(),
     }
 }
 
@@ -147,6 +148,7 @@ mod tests {
             },
             bodies,
             created: 1_700_000_000,
+            source_commit: Some(fleet_core::source::halt::RolledFrom { commit: "c0ffee".into(), forced: 2 }),
         }
     }
 

@@ -429,7 +429,13 @@ pub enum SourceCommand {
     /// Sync a paused source again, at once
     Resume { name: String },
     /// Sync a source now
-    Sync { name: String },
+    Sync {
+        /// Also roll out once more the commit the source halted on (its rollout reverted
+        /// itself there)
+        #[arg(long)]
+        force: bool,
+        name: String,
+    },
     /// Remove a source and destroy its units (or keep them, as units made by hand)
     Remove {
         /// Keep the source's units running, as units made by hand
@@ -476,6 +482,10 @@ pub struct SourceAdd {
     /// wave (e.g. 10s)
     #[arg(long, default_value = "10s")]
     min_ready: String,
+    /// With --max-unavailable: how long a replaced unit may take to become active (and
+    /// healthy, with a health check) before its rollout's gate fails (e.g. 2m)
+    #[arg(long, default_value = "2m")]
+    deadline: String,
     #[command(flatten)]
     gates: RolloutGates,
     /// What machines do when a unit of the source is stopped or edited on them

@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use fleet_core::rollout::{Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, machine_by_machine};
+use fleet_core::rollout::{
+    Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, check_wait, machine_by_machine,
+};
 use fleet_core::source::checks::check_source_name;
 use fleet_core::unit_name::UnitNameInfo;
 use fleet_core::{UnitFile, UnitHash};
@@ -114,6 +116,9 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         serde_json::from_slice(body).map_err(|error| bad(format!("invalid rollout: {error}")))?;
     let max_unavailable = MaxUnavailable::parse(&request.max_unavailable).map_err(bad)?;
     let gates = Gates::parse(request.canary.as_deref(), request.bake_seconds, request.auto_revert).map_err(bad)?;
+    let min_ready =
+        check_wait("minReadySeconds", request.min_ready_seconds.unwrap_or(DEFAULT_MIN_READY)).map_err(bad)?;
+    let deadline = check_wait("deadlineSeconds", request.deadline_seconds.unwrap_or(DEFAULT_DEADLINE)).map_err(bad)?;
     let contents = new_contents(request.units, request.options, request.files)?;
     if let Some(existing) = state.registry.rollouts().await?.into_iter().find(|record| record.name == name)
         && existing.rollout.state != RolloutState::Done
@@ -169,14 +174,14 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         canary,
         units,
         max_unavailable,
-        min_ready: request.min_ready_seconds.unwrap_or(DEFAULT_MIN_READY),
-        deadline: request.deadline_seconds.unwrap_or(DEFAULT_DEADLINE).max(1),
+        min_ready,
+        deadline,
         state: RolloutState::Running,
         undo: false,
         auto_revert: gates.auto_revert,
         reverted: None,
     };
-    let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix() };
+    let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix(), source_commit: None };
     state.registry.put_rollout(&record).await?;
     Ok(json_response(StatusCode::CREATED, &to_schema(&record, true)))
 }

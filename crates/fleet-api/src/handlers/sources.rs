@@ -7,10 +7,11 @@ use std::collections::BTreeMap;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleet_core::drift::DriftPolicy;
+use fleet_core::rollout::check_wait;
 use fleet_core::source::checks::{
     INTERVAL_SECONDS, PATHS_MAX, check_credentials_name, check_path, check_reference, check_repo, check_source_name,
 };
-use fleet_registry::{SourceRecord, SourceStatus, Writer};
+use fleet_registry::{DEFAULT_DEADLINE_SECONDS, SourceRecord, SourceStatus, Writer};
 
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
@@ -35,6 +36,7 @@ fn to_schema(record: SourceRecord, status: Option<SourceStatus>) -> Source {
             .collect(),
         units: status.units,
         changes: status.changes,
+        halted: status.halted,
     });
     Source {
         name: record.name,
@@ -50,6 +52,7 @@ fn to_schema(record: SourceRecord, status: Option<SourceStatus>) -> Source {
         webhook_secret: record.webhook_secret,
         max_unavailable: record.max_unavailable,
         min_ready_seconds: Some(record.min_ready_seconds),
+        deadline_seconds: Some(record.deadline_seconds),
         canary: record.gates.canary.map(|canary| canary.to_string()),
         bake_seconds: record.gates.bake,
         auto_revert: record.gates.auto_revert,
@@ -136,6 +139,9 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
         Some(policy) => DriftPolicy::parse(policy).map_err(bad)?,
         None => DriftPolicy::Correct,
     };
+    let min_ready_seconds = check_wait("minReadySeconds", request.min_ready_seconds.unwrap_or(10)).map_err(bad)?;
+    let deadline_seconds =
+        check_wait("deadlineSeconds", request.deadline_seconds.unwrap_or(DEFAULT_DEADLINE_SECONDS)).map_err(bad)?;
     if request.status.is_some() {
         return Err(bad("status is the sync's to write".into()));
     }
@@ -152,10 +158,12 @@ fn checked(name: &str, request: Source) -> Result<SourceRecord, ApiError> {
         take_over: request.take_over,
         webhook_secret: request.webhook_secret,
         max_unavailable: request.max_unavailable,
-        min_ready_seconds: request.min_ready_seconds.unwrap_or(10).min(86_400),
+        min_ready_seconds,
+        deadline_seconds,
         gates,
         drift,
         generation: 0,
+        forced: 0,
     })
 }
 
@@ -167,14 +175,20 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     let mut record = checked(name, request)?;
     let existing = state.registry.sources().await?.into_iter().find(|old| old.name == name);
     record.generation = existing.as_ref().map_or(1, |old| old.generation + 1);
+    // A source replaced stays halted on a reverted commit: only a new commit or a forced sync
+    // rolls it out again.
+    record.forced = existing.as_ref().map_or(0, |old| old.forced);
     state.registry.put_source(&record).await?;
     Ok(if existing.is_some() { StatusCode::NO_CONTENT } else { StatusCode::CREATED }.into_response())
 }
 
-/// POST /sources/{name}/sync: asks the syncing engine to sync now.
-pub async fn sync(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+/// POST /sources/{name}/sync: asks the syncing engine to sync now; with `force=true` a
+/// commit the source halted on (its rollout reverted itself) is rolled out once more.
+pub async fn sync(state: &ApiState, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+    let force = crate::query::flag(query, "force", false)?;
     let mut record = find(state, name).await?;
     record.generation += 1;
+    record.forced += u64::from(force);
     state.registry.put_source(&record).await?;
     Ok(StatusCode::ACCEPTED.into_response())
 }

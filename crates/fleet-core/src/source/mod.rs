@@ -1,10 +1,12 @@
 //! Desired state from git, sans I/O: what a source's files say ([`content`], with its
-//! [`desired_file`]) and what a sync must write ([`sync_plan`]).
+//! [`desired_file`]), what a sync must write ([`sync_plan`]) and when a reverted commit halts
+//! it ([`halt`]).
 
 pub mod cadence;
 pub mod checks;
 pub mod content;
 pub mod desired_file;
+pub mod halt;
 pub mod sync_plan;
 
 pub use content::{FileProblem, SourceContent, WantedUnit, read_source};

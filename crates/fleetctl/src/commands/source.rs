@@ -24,6 +24,7 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 webhook_secret,
                 max_unavailable,
                 min_ready,
+                deadline,
                 gates,
                 drift,
                 name,
@@ -31,13 +32,18 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
             let Ok((canary, bake_seconds, auto_revert)) = super::rollout::gate_settings(&gates) else {
                 return Outcome::Usage;
             };
-            let min_ready_seconds = match parse_go_duration(&min_ready) {
-                Ok(min_ready) => min_ready.as_secs(),
+            let seconds = |flag: &str, value: &str| match parse_go_duration(value) {
+                Ok(span) => Ok(span.as_secs()),
                 Err(error) => {
-                    eprintln!("Invalid --min-ready {min_ready:?}: {error}");
-                    return Outcome::Usage;
+                    eprintln!("Invalid --{flag} {value:?}: {error}");
+                    Err(Outcome::Usage)
                 }
             };
+            let (min_ready_seconds, deadline_seconds) =
+                match (seconds("min-ready", &min_ready), seconds("deadline", &deadline)) {
+                    (Ok(min_ready), Ok(deadline)) => (min_ready, deadline),
+                    (Err(outcome), _) | (_, Err(outcome)) => return outcome,
+                };
             let interval_seconds = match parse_go_duration(&interval) {
                 Ok(interval) => interval.as_secs().max(1),
                 Err(error) => {
@@ -58,6 +64,7 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
                 webhook_secret,
                 max_unavailable,
                 min_ready_seconds: Some(min_ready_seconds),
+                deadline_seconds: Some(deadline_seconds),
                 canary,
                 bake_seconds,
                 auto_revert,
@@ -70,9 +77,10 @@ pub async fn run(context: &Context, command: SourceCommand) -> Outcome {
         SourceCommand::Status { diff, name } => status(context, &name, diff).await,
         SourceCommand::Pause { name } => set_paused(context, &name, true).await,
         SourceCommand::Resume { name } => set_paused(context, &name, false).await,
-        SourceCommand::Sync { name } => match context.client.sync_source(&name).await {
+        SourceCommand::Sync { force, name } => match context.client.sync_source(&name, force).await {
             Ok(()) => {
-                eprintln!("Source {name} will sync now");
+                let again = if force { ", rolling out again a commit it halted on" } else { "" };
+                eprintln!("Source {name} will sync now{again}");
                 Outcome::Success
             }
             Err(error) => {
@@ -105,6 +113,7 @@ fn state(source: &Source) -> &'static str {
         None => "pending",
         Some(status) if status.error.is_some() => "failing",
         Some(status) if !status.current => "syncing",
+        Some(status) if status.halted.is_some() => "halted",
         Some(status) if !status.problems.is_empty() || !status.owned_elsewhere.is_empty() => "problems",
         Some(status) if !status.out_of_sync.is_empty() => "out of sync",
         Some(_) => "synced",
@@ -174,6 +183,9 @@ async fn status(context: &Context, name: &str, diff: bool) -> Outcome {
     }
     println!("Interval:  {}s", source.interval_seconds.unwrap_or_default());
     println!("State:     {}", state(&source));
+    if let Some(max_unavailable) = &source.max_unavailable {
+        println!("Rollouts:  {}", rollout_settings(&source, max_unavailable));
+    }
     if source.drift.as_deref() == Some("report") {
         println!("Drift:     reported only (machines do not put drifted units back)");
     }
@@ -188,6 +200,9 @@ async fn status(context: &Context, name: &str, diff: bool) -> Outcome {
     if let Some(error) = &status.error {
         println!("Error:     {error}");
     }
+    if let Some(halted) = &status.halted {
+        println!("Halted:    {halted}");
+    }
     for problem in &status.problems {
         println!("Problem:   {problem}");
     }
@@ -198,6 +213,23 @@ async fn status(context: &Context, name: &str, diff: bool) -> Outcome {
         }
     }
     drifted(context, name).await
+}
+
+/// How a source rolls its new content out, in one line.
+fn rollout_settings(source: &Source, max_unavailable: &str) -> String {
+    let mut words = vec![
+        format!("at most {max_unavailable} down"),
+        format!("min ready {}s", source.min_ready_seconds.unwrap_or_default()),
+        format!("deadline {}s", source.deadline_seconds.unwrap_or_default()),
+    ];
+    if let Some(canary) = &source.canary {
+        let bake = source.bake_seconds.map_or(" until promoted".to_string(), |bake| format!(", baked {bake}s"));
+        words.push(format!("canary {canary}{bake}"));
+    }
+    if source.auto_revert {
+        words.push("auto-revert".to_string());
+    }
+    words.join(", ")
 }
 
 /// How the cluster's `unit` differs from the source's file for it.
