@@ -461,11 +461,26 @@ pub async fn a_machine_id_belongs_to_the_key_that_first_joined(registry: &dyn Re
     let (_, renewed) = join("aa", "m1", "k5").await.expect("join").expect("a new key joins once forgotten");
     assert_eq!(renewed.key_sha256, "k5");
 
-    // A live machine no key holds (a machine of the store's own) is not taken over; once its
-    // key holds it, the machine itself joins again while alive, another key does not.
+    // A machine of the store's own (a member) is bound to it when it registers: no key takes
+    // its ID while it is alive, nor once it is gone (issue 67: a stopped member's ID was joined
+    // with a plain registration token), until an administrator revokes and forgets it.
     agent_for("etcd-1").register_machine(&machine("etcd-1")).await.expect("register");
     assert_eq!(join("aa", "etcd-1", "k6").await.expect("join"), Err(JoinRefused::Alive("etcd-1".into())));
-    assert_eq!(registry.machine_identity("etcd-1").await.expect("read"), None, "nothing bound");
+    let bound = registry.machine_identity("etcd-1").await.expect("read");
+    assert!(bound.as_ref().is_some_and(|bound| bound.member && bound.key_sha256.is_empty()), "{bound:?}");
+    agent_for("etcd-1").unregister_machine("etcd-1").await.expect("unregister");
+    eventually("the member is gone", async || {
+        registry.machines().await.is_ok_and(|machines| machines.iter().all(|m| m.id != "etcd-1"))
+    })
+    .await;
+    assert_eq!(join("aa", "etcd-1", "k6").await.expect("join"), Err(JoinRefused::Member("etcd-1".into())));
+    agent_for("etcd-1").register_machine(&machine("etcd-1")).await.expect("the member comes back");
+    assert!(registry.machine_identity("etcd-1").await.expect("read").is_some_and(|bound| bound.member), "still its");
+    agent_for("etcd-1").unregister_machine("etcd-1").await.expect("unregister");
+    let revoked = RevokedMachine { id: "etcd-1".into(), at: now, key_sha256: None, forgotten: false };
+    registry.revoke_machine(&revoked).await.expect("revoke");
+    assert!(registry.forget_machine("etcd-1").await.expect("forget"));
+    assert!(join("aa", "etcd-1", "k6").await.expect("join").is_ok(), "an administrator gave the ID up");
     agent_for("m1").register_machine(&machine("m1")).await.expect("register");
     assert!(join("aa", "m1", "k5").await.expect("join").is_ok(), "the live machine's own key");
     assert_eq!(join("aa", "m1", "k7").await.expect("join"), Err(JoinRefused::Alive("m1".into())));
@@ -610,7 +625,9 @@ fn source_record(name: &str, generation: u64) -> SourceRecord {
         branch: Some("main".into()),
         paths: vec!["units".into()],
         drift: fleet_core::drift::DriftPolicy::Report,
+        deadline_seconds: 300,
         generation,
+        forced: 2,
         ..SourceRecord::new(name, "https://git.example/units.git")
     }
 }
@@ -624,7 +641,8 @@ pub async fn sources_and_their_statuses_are_kept_by_name(registry: &dyn Registry
     registry.put_source(&source("apps", 1)).await.expect("store");
     registry.put_source(&source("web", 2)).await.expect("replace");
     assert_eq!(registry.sources().await.expect("list"), vec![source("apps", 1), source("web", 2)]);
-    let status = SourceStatus { commit: Some("abc".into()), units: 3, ..SourceStatus::default() };
+    let halted = Some("halted on commit abc: its rollout source-web reverted itself (…)".to_string());
+    let status = SourceStatus { commit: Some("abc".into()), units: 3, halted, ..SourceStatus::default() };
     registry.set_source_status("web", &status).await.expect("status");
     assert_eq!(registry.source_statuses().await.expect("statuses"), vec![("web".to_string(), status)]);
     assert!(registry.remove_source("web").await.expect("remove"));
@@ -656,6 +674,7 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
         },
         bodies: [(unit("/bin/b").hash().to_string(), unit("/bin/b").serialize())].into(),
         created: 1_700_000_000,
+        source_commit: Some(fleet_core::source::halt::RolledFrom { commit: "c0ffee".into(), forced: 1 }),
     };
     assert!(registry.rollouts().await.expect("none yet").is_empty());
     registry.put_rollout(&record("web", RolloutState::Running)).await.expect("store");
@@ -711,6 +730,7 @@ pub async fn a_rollout_of_the_most_units_is_kept_whole(registry: &dyn Registry, 
         },
         bodies,
         created: 1_700_000_000,
+        source_commit: None,
     };
     registry.put_rollout(&record).await.expect("store a rollout of 100,000 units");
     let read = registry.rollouts().await.expect("list");
@@ -750,7 +770,13 @@ pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn R
         auto_revert: false,
         reverted: None,
     };
-    let record = RolloutRecord { name: "web".into(), rollout, bodies: Default::default(), created: 1_700_000_000 };
+    let record = RolloutRecord {
+        name: "web".into(),
+        rollout,
+        bodies: Default::default(),
+        created: 1_700_000_000,
+        source_commit: None,
+    };
     registry.put_rollout(&record).await.expect("store");
     seen("a rollout moves the signal").await;
     assert!(registry.remove_source("web").await.expect("remove"));

@@ -3,7 +3,9 @@
 //!
 //! A machine ID belongs to the key that first joined with it: rejoining as that machine takes
 //! the same key (which is the machine's own credential), or an administrator's revocation and
-//! `forget` first. What it may announce (metadata, public IP) is bounded by what was granted:
+//! `forget` first. The ID of a machine that reaches the store itself (a store member, whose
+//! credential is its access to the store, not a key) is bound to it when it first registers:
+//! no join takes it, live or not, until an administrator revokes and forgets it. What it may announce (metadata, public IP) is bounded by what was granted:
 //! its registration token's metadata, and the public IP of its first announcement; changing
 //! either is an administrator's act.
 
@@ -29,6 +31,24 @@ pub struct MachineIdentity {
     /// The public IP its first announcement gave.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub public_ip: Option<String>,
+    /// A store member's ID (it reaches the store itself): no key holds it, no join takes it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub member: bool,
+}
+
+impl MachineIdentity {
+    /// The binding of a store member's ID, made when it first registers at `now`.
+    pub fn member(id: &str, now: u64) -> Self {
+        Self {
+            id: id.to_string(),
+            key_sha256: String::new(),
+            registration: String::new(),
+            joined: now,
+            metadata: BTreeMap::new(),
+            public_ip: None,
+            member: true,
+        }
+    }
 }
 
 /// Why a join is refused.
@@ -50,6 +70,10 @@ pub enum JoinRefused {
     Taken(String),
     #[error("machine {0:?} is alive in the cluster")]
     Alive(String),
+    #[error(
+        "machine {0:?} is a member of the cluster that reaches the store itself: an administrator revokes and forgets it (fleetctl machine revoke, then forget) before a pull agent may use its ID"
+    )]
+    Member(String),
 }
 
 /// Whether a registration token names `machine_id` among those it may create.
@@ -90,6 +114,7 @@ pub fn admit_join(
         }
     }
     match bound {
+        Some(bound) if bound.member => Err(JoinRefused::Member(machine_id.to_string())),
         Some(bound) if bound.key_sha256 != key_sha256 => Err(JoinRefused::Taken(machine_id.to_string())),
         // The same key again: the machine itself, which keeps what it was granted.
         Some(bound) => Ok(MachineIdentity { registration: token.name.clone(), joined: now, ..bound.clone() }),
@@ -100,6 +125,7 @@ pub fn admit_join(
             joined: now,
             metadata: token.metadata.clone(),
             public_ip: None,
+            member: false,
         }),
     }
 }

@@ -9,7 +9,7 @@ use redb::ReadableTable;
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, decode, encode, read_all, state_key};
 use super::{EmbeddedRegistry, Touched, unavailable};
-use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, Result, StateReport};
+use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineIdentity, MachineWork, Result, StateReport};
 
 #[async_trait]
 impl AgentRegistry for EmbeddedRegistry {
@@ -122,12 +122,20 @@ impl AgentRegistry for EmbeddedRegistry {
 
 impl EmbeddedRegistry {
     /// Writes `machine`'s record; with `fresh_reports`, drops the unit states it reported.
+    /// Writes a machine's presence; `fresh_reports` for a fleetd of this store registering
+    /// (its earlier reports go, and its ID is bound to it as a member: no join takes it).
     async fn write_machine(&self, machine: &MachineState, fresh_reports: bool) -> Result<()> {
         let machine = machine.clone();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
         self.write(move |txn, touched| {
             let mut machines = txn.open_table(tables::MACHINES).map_err(unavailable)?;
             machines.insert(machine.id.as_str(), encode(&machine).as_slice()).map_err(unavailable)?;
             if fresh_reports {
+                let mut identities = txn.open_table(tables::IDENTITIES).map_err(unavailable)?;
+                if identities.get(machine.id.as_str()).map_err(unavailable)?.is_none() {
+                    let member = encode(&MachineIdentity::member(&machine.id, now));
+                    identities.insert(machine.id.as_str(), member.as_slice()).map_err(unavailable)?;
+                }
                 let suffix = format!("\0{}", machine.id);
                 let mut states = txn.open_table(tables::STATES).map_err(unavailable)?;
                 states.retain(|key, _| !key.ends_with(&suffix)).map_err(unavailable)?;

@@ -270,6 +270,7 @@ impl EtcdRegistry {
         // Thousands of machines registering at once keep etcd behind in applying, and etcd
         // then refuses every lease renewal, the engine's among them: a registration waits.
         self.wait_while_etcd_is_behind().await;
+        self.bind_member_id(&machine.id).await?;
         let sent = tokio::time::Instant::now();
         let taken_over = match self.own_live_lease(machine).await? {
             Some((lease, _)) => {
@@ -323,6 +324,19 @@ impl EtcdRegistry {
             self.wake_agent(&machine.id);
         }
         Ok(())
+    }
+
+    /// Binds `machine_id` to this store member unless something holds it already: a member's
+    /// ID stays its own while it is away, and no pull agent joins as it until an administrator
+    /// revokes and forgets it (`machine_identity::admit_join`). The join's own transaction
+    /// compares the binding's revision, so a join and this binding cannot both win.
+    async fn bind_member_id(&self, machine_id: &str) -> Result<()> {
+        let key = self.keys().identity(machine_id);
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.as_secs());
+        let binding = encode(&fleet_registry::MachineIdentity::member(machine_id, now));
+        let unbound = Compare::create_revision(key.as_str(), CompareOp::Equal, 0);
+        let txn = Txn::new().when([unbound]).and_then([TxnOp::put(key.as_str(), binding, None)]);
+        self.connection().txn(txn).await.map(drop)
     }
 
     /// Before a fresh presence claim, the machine's agent stops what runs there (it may have

@@ -80,6 +80,7 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
                 joined: crate::auth::tokens::now_unix(),
                 metadata: request.metadata.clone(),
                 public_ip: Some(request.public_ip.clone()).filter(|ip| !ip.is_empty()),
+                member: false,
             }
         }
     };

@@ -65,7 +65,7 @@ pub async fn join(state: &ApiState, headers: &HeaderMap, body: &[u8]) -> Result<
     let (record, identity) = joined.map_err(|refused| {
         let status = match refused {
             JoinRefused::Token(_) => StatusCode::UNAUTHORIZED,
-            JoinRefused::Taken(_) | JoinRefused::Alive(_) => StatusCode::CONFLICT,
+            JoinRefused::Taken(_) | JoinRefused::Alive(_) | JoinRefused::Member(_) => StatusCode::CONFLICT,
             JoinRefused::NotNamed { .. } | JoinRefused::Revoked(_) | JoinRefused::RevokedKey(_) => {
                 StatusCode::FORBIDDEN
             }

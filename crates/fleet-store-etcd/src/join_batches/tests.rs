@@ -137,6 +137,7 @@ async fn identities_put_at_once_are_written_together() {
         joined: 1,
         metadata: Default::default(),
         public_ip: Some(ip.into()),
+        member: false,
     };
     manager.put_machine_identity(&identity(99, "10.0.0.99")).await.unwrap();
     let revision =
