@@ -149,3 +149,63 @@ fn a_machine_id_and_its_grants_belong_to_the_key_that_joined() {
     let work = lab.call(&successor_caller.expect("a certificate"), "GET", "/fleet/v1/agents/victim-1/work", None);
     assert_eq!(work.status, 200, "{}", work.body);
 }
+
+/// Regression (issue 67): an etcd member has no key on record, so once it was stopped any
+/// holder of a registration token joined with its machine ID and was given its pinned units
+/// and their bodies; the member then could not start again. A member's ID is bound to it
+/// when it registers: the join is refused while it is away, and the member comes back.
+#[test]
+fn a_stopped_members_machine_id_is_not_joined_with_a_registration_token() {
+    let pki = ManagerPki::local();
+    let port = fleet_testkit::free_port();
+    let mut cluster = fleet_e2e::Cluster::start(2, |index| match index {
+        0 => pki.manager_config(&format!("127.0.0.1:{port}"), &[]),
+        _ => vec![("unit_manager".into(), "native".into())],
+    });
+    let lab = Lab {
+        base: format!("https://localhost:{port}"),
+        rt: tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime"),
+        pki,
+    };
+    let member = fleet_e2e::member_id(1);
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "pinned.service",
+        &format!(
+            "[Service]\nExecStart=/bin/sleep 1000\nEnvironment=DB_PASSWORD=hunter2\n[X-Fleet]\nMachineID={member}\n"
+        ),
+    );
+    cluster.members[0].fleetctl_in(units.path(), &["start", "--no-block", "pinned.service"]);
+    let manager = &cluster.members[0];
+    manager.wait_until("the pinned unit runs on member 2", WAIT, |manager| {
+        manager
+            .ok(&["list-units", "--no-legend", "--full", "--fields", "unit,machine,active"])
+            .stdout
+            .contains("active")
+    });
+    let token = manager.ok(&["registration-token", "create", "plain"]).stdout.trim().to_string();
+
+    // Member 2 dies; once its lease lapsed, a holder of the token asks for its ID.
+    cluster.members[1].stop_with(libc::SIGKILL);
+    let manager = &cluster.members[0];
+    manager.wait_until("member 2 is gone", WAIT, |manager| !machines(manager).contains(&member));
+    let thief_key = KeyPair::generate().expect("key");
+    let (taken, thief) = lab.join(&token, &member, &thief_key);
+    assert_eq!(taken.status, 409, "{}", taken.body);
+    assert!(taken.body.contains("is a member of the cluster") && thief.is_none(), "{}", taken.body);
+
+    // The member itself starts again and runs its unit.
+    let config = cluster.member_config(1);
+    let pairs: Vec<(&str, &str)> = config.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let returned = fleet_e2e::Fleetd::start(&member, &[pairs, vec![("unit_manager", "native")]].concat());
+    returned.wait_until("member 2 is back", WAIT, |fleetd| machines(fleetd).contains(&member));
+    drop(returned);
+
+    // An administrator gives the ID up on purpose: revoked and forgotten, it may be joined.
+    let manager = &cluster.members[0];
+    manager.ok(&["machine", "revoke", &member]);
+    manager.ok(&["machine", "forget", &member]);
+    let (given, _) = lab.join(&token, &member, &thief_key);
+    assert_eq!(given.status, 201, "{}", given.body);
+}
