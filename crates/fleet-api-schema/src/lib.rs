@@ -213,6 +213,19 @@ pub struct Journal {
     /// `?status=true` and the manager has one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<String>,
+    /// Older lines were left out: the journal came from another machine, and a relayed
+    /// answer carries at most 128 KiB (the newest lines).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// A journal as another machine answers it for a relay (through the store, or from a pull
+/// agent to its manager): the journal, or why that machine could not read it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum RelayedJournal {
+    Failed { error: String },
+    Journal(Journal),
 }
 
 /// `POST /fleet/v1/tokens`: a new bearer token (our addition; administrators only).

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
-use fleet_api_schema::Journal;
+use fleet_api_schema::{Journal, RelayedJournal};
 use fleet_registry::ApiRegistry;
 use fleet_unit_manager::UnitManager;
 
@@ -24,7 +24,47 @@ impl LocalMachine {
         let text = self.manager.journal(unit, lines).await.map_err(|error| error.to_string())?;
         let status =
             if with_status { self.manager.status(unit).await.map_err(|error| error.to_string())? } else { None };
-        Ok(Journal { machine_id: self.machine_id.clone(), name: unit.to_string(), text, status })
+        Ok(Journal { machine_id: self.machine_id.clone(), name: unit.to_string(), text, status, truncated: false })
+    }
+
+    /// What this machine answers another fleetd that relays `unit`'s journal: the journal,
+    /// with its newest lines within `fleet_core::journal_relay::MOST_ANSWER_BYTES`, or why it
+    /// could not be read.
+    pub async fn relayed_journal(&self, unit: &str, lines: usize, with_status: bool) -> RelayedJournal {
+        match self.journal(unit, lines, with_status).await {
+            Ok(journal) => RelayedJournal::Journal(within_relay_bound(journal)),
+            Err(error) => RelayedJournal::Failed { error },
+        }
+    }
+}
+
+/// `journal` with only its newest lines, and at most 16 KiB of its status report, so that its
+/// JSON fits a relayed answer.
+pub fn within_relay_bound(mut journal: Journal) -> Journal {
+    use fleet_core::journal_relay::{MOST_ANSWER_BYTES, newest_lines_within};
+    const MOST_STATUS_BYTES: usize = 16 * 1024;
+    if let Some(status) = &mut journal.status
+        && status.len() > MOST_STATUS_BYTES
+    {
+        let mut end = MOST_STATUS_BYTES;
+        while !status.is_char_boundary(end) {
+            end -= 1;
+        }
+        status.truncate(end);
+        journal.truncated = true;
+    }
+    let text = std::mem::take(&mut journal.text);
+    // Room for the other fields, then halved until the encoding (escapes included) fits.
+    let mut budget = MOST_ANSWER_BYTES.saturating_sub(MOST_STATUS_BYTES + 4096);
+    loop {
+        let (kept, cut) = newest_lines_within(&text, budget);
+        journal.text = kept.to_string();
+        journal.truncated |= cut;
+        let size = serde_json::to_vec(&journal).map_or(usize::MAX, |encoded| encoded.len());
+        if size <= MOST_ANSWER_BYTES || budget == 0 {
+            return journal;
+        }
+        budget /= 2;
     }
 }
 
@@ -44,6 +84,8 @@ pub struct ApiState {
     pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
     /// Journals asked of pull agents through this manager.
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
+    /// What askers may relay of other machines' journals, and how many at once.
+    pub journal_limits: Arc<crate::journal_limits::JournalLimits>,
     /// Rings the open long polls when a machine was revoked.
     pub revocation_bell: Arc<crate::revocation_bell::RevocationBell>,
     /// Unit bodies as the change streams carry them, encoded once for all.
@@ -75,6 +117,7 @@ impl ApiState {
             agents: None,
             agent_presence: Default::default(),
             journal_relay: Default::default(),
+            journal_limits: Default::default(),
             revocation_bell: Default::default(),
             encoded_bodies: Default::default(),
             journal_questions: None,

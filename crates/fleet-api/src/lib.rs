@@ -18,6 +18,7 @@ mod error;
 pub mod feed_slots;
 mod handlers;
 mod host_check;
+pub mod journal_limits;
 pub mod journal_relay;
 pub mod lean_tls;
 pub mod listen;

@@ -125,7 +125,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/machines/{machine}/drain", List, Empty, |s, c| drains::get(s, c.param()).await),
     route!(PUT "/fleet/v1/machines/{machine}/drain", WriteMachines, Json, |s, c| drains::put(s, c.param(), c.body).await),
     route!(DELETE "/fleet/v1/machines/{machine}/drain", WriteMachines, Empty, |s, c| drains::delete(s, c.param()).await),
-    route!(GET "/fleet/v1/journal/{unit}", ReadUnit, Empty, |s, c| journal::get(s, c.param(), c.query).await),
+    route!(GET "/fleet/v1/journal/{unit}", ReadUnit, Empty, |s, c| journal::get(s, c.identity, c.param(), c.query).await),
     route!(GET "/fleet/v1/tokens", ManageCredentials, Empty, |s, c| tokens::list(s).await),
     route!(POST "/fleet/v1/tokens", ManageCredentials, Json, |s, c| tokens::create(s, c.body).await),
     route!(DELETE "/fleet/v1/tokens/{name}", ManageCredentials, Empty, |s, c| tokens::revoke(s, c.param()).await),

@@ -134,6 +134,72 @@ fn the_journal_of_a_unit_on_another_member_comes_from_its_machine() {
     assert!(status.stdout.contains("talking on"), "its machine's log: {status:?}");
 }
 
+/// What etcd holds in use (bytes), from its own metrics.
+fn etcd_bytes_in_use(etcd: &EtcdServer) -> f64 {
+    let address = etcd.endpoint().trim_start_matches("http://").to_string();
+    let metrics = fleet_e2e::http_get(&address, "/metrics");
+    metric_value(&metrics, "etcd_mvcc_db_total_size_in_use_in_bytes").expect("etcd's size in use")
+}
+
+/// Regression (issue 67): a viewer's `journal?lines=100000` of a unit on another member wrote
+/// up to 1 MiB into etcd each time, kept until compaction; 250 of them raised etcd's NOSPACE
+/// alarm and every write of the cluster failed. A relayed answer now carries at most 128 KiB
+/// (the newest lines, said to be cut), and an asker gets a few at once and then a few a
+/// minute (429 past it, with a JSON error): a burst of 40 leaves etcd about as it was.
+#[test]
+fn a_viewer_cannot_fill_etcd_through_the_journal_relay() {
+    use fleet_e2e::https::{Caller, Credentials};
+    let pki = fleet_e2e::pki::ManagerPki::local();
+    let port = fleet_testkit::free_port();
+    let cluster = Cluster::start(2, |index| match index {
+        0 => pki.manager_config(&format!("127.0.0.1:{port}"), &[]),
+        _ => vec![("unit_manager".into(), "native".into())],
+    });
+    let path = scratch(&cluster).join("chatty.service");
+    // 4 MB of log in long lines, then quiet.
+    let unit = format!(
+        "[Service]\nExecStart=/bin/sh -c 'yes 0123456789abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz | head -c 4000000; exec sleep 100000'\n[X-Fleet]\nMachineID={}\n",
+        member_id(1)
+    );
+    std::fs::write(&path, unit).unwrap();
+    let manager = &cluster.members[0];
+    manager.ok(&["start", &path.display().to_string()]);
+    let token = manager.ok(&["token", "create", "--role", "viewer", "peeker"]).stdout.trim().to_string();
+    let viewer = Caller::new(
+        &format!("https://localhost:{port}"),
+        Some(&pki.api_ca_file),
+        Credentials { token: Some(&token), certificate: None },
+    )
+    .expect("a caller");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let ask =
+        || rt.block_on(viewer.call("GET", "/fleet/v1/journal/chatty.service?lines=100000", None)).expect("answer");
+    let mut first = None;
+    cluster.wait_until("the whole log was written and is relayed", Duration::from_secs(60), |_| {
+        let answer = ask();
+        let journal: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+        let done = answer.status == 200 && journal["truncated"] == true;
+        first = done.then_some(journal);
+        done
+    });
+    let first = first.unwrap_or_default();
+    let text = first["text"].as_str().unwrap_or_default();
+    assert!(text.len() <= fleet_core::journal_relay::MOST_ANSWER_BYTES && text.len() > 64 * 1024, "{}", text.len());
+    assert!(text.lines().all(|line| line.ends_with("xyz")), "whole lines only");
+
+    let before = etcd_bytes_in_use(&cluster.etcd);
+    let answers: Vec<_> = (0..40).map(|_| ask()).collect();
+    let refused = answers.iter().filter(|answer| answer.status == 429).count();
+    let relayed = answers.iter().filter(|answer| answer.status == 200).count();
+    assert_eq!(refused + relayed, answers.len(), "{:?}", answers.iter().map(|a| a.status).collect::<Vec<_>>());
+    assert!(relayed <= fleet_core::journal_relay::ASKS_AT_ONCE as usize + 2, "{relayed} relayed in a burst");
+    let message: serde_json::Value =
+        serde_json::from_str(&answers.iter().find(|a| a.status == 429).expect("a refusal").body).expect("JSON");
+    assert!(message["error"]["message"].as_str().unwrap_or_default().contains("too many journals"), "{message}");
+    let grown = etcd_bytes_in_use(&cluster.etcd) - before;
+    assert!(grown < 8.0 * 1024.0 * 1024.0, "etcd grew by {grown} bytes for a burst of 40");
+}
+
 #[test]
 fn a_killed_member_s_units_move_to_the_others_and_nothing_else_moves() {
     let mut cluster = Cluster::start(3, |_| Vec::new());

@@ -660,7 +660,7 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
         while let Some(ask) = asks.recv().await {
             let journal =
                 fleet_api_schema::Journal { name: ask.unit.clone(), text: "hello\n".into(), ..Default::default() };
-            let _ = answering.answer_journal(ask.id, &journal).await;
+            let _ = answering.answer_journal(ask.id, &fleet_api_schema::RelayedJournal::Journal(journal)).await;
         }
     });
     {

@@ -10,8 +10,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fleet_api_schema::{
     AgentChanges, AgentDrift, AgentHashedBody, AgentHealth, AgentMachine, AgentStates, AgentStreamAnswer, AgentUnit,
-    AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, Journal, JournalAsk, MAX_BODIES_PER_REQUEST,
-    MAX_STREAM_STATES_LINE,
+    AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, JournalAsk, MAX_BODIES_PER_REQUEST,
+    MAX_STREAM_STATES_LINE, RelayedJournal,
 };
 use fleet_core::drift::DriftPolicy;
 use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
@@ -296,8 +296,8 @@ impl RemoteRegistry {
     }
 
     /// Answers journal question `id`.
-    pub async fn answer_journal(&self, id: u64, journal: &Journal) -> Result<()> {
-        let body = serde_json::to_string(journal).map_err(unavailable)?;
+    pub async fn answer_journal(&self, id: u64, answer: &RelayedJournal) -> Result<()> {
+        let body = serde_json::to_string(answer).map_err(unavailable)?;
         let url = format!("{}/journal/{id}", self.base());
         self.send(self.client().post(url).header("Content-Type", "application/json").body(body)).await.map(drop)
     }

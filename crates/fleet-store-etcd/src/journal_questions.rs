@@ -1,14 +1,18 @@
 //! Journal questions between etcd members: the asking fleetd puts a question under the asked
 //! machine's prefix, under a short lease of its own; the machine, which follows that prefix,
 //! writes its answer beside it under the same lease and takes the question away; the asker
-//! reads the answer and revokes the lease, which takes whatever is left with it.
+//! reads the answer and revokes the lease, which takes whatever is left with it. An answer
+//! stays in etcd's history until the next compaction, so what is relayed is bounded
+//! (`fleet_core::journal_relay`): the API bounds each asker's rate and this fleetd's relays,
+//! this store the questions in flight in the whole cluster and each answer's size.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{PutOptions, Txn, TxnOp};
+use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
+use fleet_core::journal_relay::MOST_IN_FLIGHT_IN_CLUSTER;
 use fleet_registry::codec::{decode_listed, encode};
-use fleet_registry::{ChangeSignal, JournalQuestion, JournalQuestions, Result};
+use fleet_registry::{ChangeSignal, JournalQuestion, JournalQuestions, RegistryError, Result};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -21,8 +25,9 @@ use super::session::{grant, revoke};
 const QUESTION_LIFETIME: Duration = Duration::from_secs(30);
 /// How often the asker looks for the answer.
 const ANSWER_POLL: Duration = Duration::from_millis(100);
-/// The largest answer kept (a journal is bounded by the lines asked; this bounds the store).
-const MOST_ANSWER_BYTES: usize = 1 << 20;
+/// The largest answer written (the answering fleetd keeps its answer within it; an answer
+/// past it, from a fleetd of another version, is replaced by an error).
+const MOST_ANSWER_BYTES: usize = fleet_core::journal_relay::MOST_ANSWER_BYTES;
 
 /// A question as stored: what is asked, and the lease the answer goes under.
 #[derive(Serialize, Deserialize)]
@@ -44,6 +49,13 @@ fn question_id() -> String {
 impl JournalQuestions for EtcdRegistry {
     async fn ask_journal(&self, machine: &str, question: &JournalQuestion, wait: Duration) -> Result<Option<Vec<u8>>> {
         let connection = self.connection();
+        let all = self.keys().all_journal_questions();
+        let asked = connection.get(&all, Some(GetOptions::new().with_prefix().with_count_only())).await?;
+        if usize::try_from(asked.count()).unwrap_or(usize::MAX) >= MOST_IN_FLIGHT_IN_CLUSTER {
+            return Err(RegistryError::Unavailable(format!(
+                "the cluster has {MOST_IN_FLIGHT_IN_CLUSTER} journal questions in flight already; try again shortly"
+            )));
+        }
         let lease = grant(connection, QUESTION_LIFETIME).await?;
         let id = question_id();
         let stored = Stored { question: question.clone(), lease };
@@ -88,7 +100,13 @@ impl JournalQuestions for EtcdRegistry {
         let Some(stored) = reply.kvs().first().and_then(|kv| decode_listed::<Stored>(&question_key, kv.value())) else {
             return Ok(());
         };
-        let answer = if answer.len() > MOST_ANSWER_BYTES { &answer[..MOST_ANSWER_BYTES] } else { answer };
+        let too_large;
+        let answer = if answer.len() > MOST_ANSWER_BYTES {
+            too_large = format!(r#"{{"error":"its answer was larger than {MOST_ANSWER_BYTES} bytes"}}"#).into_bytes();
+            &too_large
+        } else {
+            answer
+        };
         let txn = Txn::new().and_then([
             TxnOp::put(
                 self.keys().journal_answer(id),

@@ -23,7 +23,7 @@
 //! | `registration-uses/<name>/<writer>` | [`crate::registration_uses::CountedUses`]: the joins one fleetd (a random writer ID a process) admitted through a token without a use limit | the token's | API of that fleetd |
 //! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
 //! | `journal/asks/<machine>/<id>` | [`fleet_registry::JournalQuestion`] and the asker's lease | asker's | API of the asking fleetd |
-//! | `journal/answers/<id>` | the answer (the API's journal JSON) | asker's | the machine asked |
+//! | `journal/answers/<id>` | the answer ([`fleet_api_schema`]'s `RelayedJournal` JSON, at most 128 KiB) | asker's | the machine asked |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine watches units, placements,
@@ -138,6 +138,10 @@ impl Keys {
     }
     pub fn reason(&self, name: &str) -> String {
         self.key(&["reasons", name])
+    }
+    /// Every journal question of the cluster.
+    pub fn all_journal_questions(&self) -> String {
+        self.key(&["journal", "asks", ""])
     }
     /// The journal questions put to `machine` (each under its asker's lease).
     pub fn journal_questions(&self, machine: &str) -> String {

@@ -86,6 +86,7 @@ impl ApiService {
             agent_ca,
             agent_presence: agent_presence.clone(),
             journal_relay: Default::default(),
+            journal_limits: Default::default(),
             revocation_bell: Default::default(),
             encoded_bodies: Default::default(),
             journal_questions,

@@ -28,13 +28,11 @@ impl Reconciler for JournalAnswers {
     async fn pass(&mut self) -> Result<Next, Self::Error> {
         let machine = self.local.machine_id.clone();
         for (id, question) in self.questions.journal_questions(&machine).await? {
-            let answer = match self.local.journal(&question.unit, question.lines, question.status).await {
-                Ok(journal) => serde_json::to_vec(&journal).unwrap_or_default(),
-                Err(error) => {
-                    tracing::warn!(unit = question.unit, %error, "cannot read a unit's journal for another fleetd");
-                    Vec::new()
-                }
-            };
+            let answer = self.local.relayed_journal(&question.unit, question.lines, question.status).await;
+            if let fleet_api::schema::RelayedJournal::Failed { error } = &answer {
+                tracing::warn!(unit = question.unit, %error, "cannot read a unit's journal for another fleetd");
+            }
+            let answer = serde_json::to_vec(&answer).unwrap_or_default();
             self.questions.answer_journal(&machine, &id, &answer).await?;
         }
         Ok(Next::OnChange)

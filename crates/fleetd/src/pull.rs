@@ -94,14 +94,10 @@ async fn answer_journals(
     units: Arc<dyn UnitManager>,
     machine_id: String,
 ) {
+    let local = fleet_api::LocalMachine { machine_id, manager: units };
     while let Some(ask) = asks.recv().await {
-        let text = units
-            .journal(&ask.unit, ask.lines)
-            .await
-            .unwrap_or_else(|error| format!("cannot read the journal: {error}"));
-        let status = if ask.status { units.status(&ask.unit).await.ok().flatten() } else { None };
-        let journal = fleet_api::schema::Journal { machine_id: machine_id.clone(), name: ask.unit, text, status };
-        if let Err(error) = registry.answer_journal(ask.id, &journal).await {
+        let answer = local.relayed_journal(&ask.unit, ask.lines, ask.status).await;
+        if let Err(error) = registry.answer_journal(ask.id, &answer).await {
             tracing::warn!(%error, "cannot answer a journal question");
         }
     }

@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use fleet_api_schema::RelayedJournal;
 use fleet_core::access::Role;
 use fleet_core::drift::{Drift, DriftReport};
 use fleet_core::health::{HealthReport, HealthStatus};
@@ -21,7 +22,7 @@ use crate::auth::Identity;
 use crate::error::{ApiError, json_response};
 use crate::schema::{
     AgentChanges, AgentHashedBody, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentWork,
-    Journal, MAX_BODIES_PER_REQUEST, Machine, UnitOption,
+    MAX_BODIES_PER_REQUEST, Machine, UnitOption,
 };
 
 pub(super) fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
@@ -316,10 +317,14 @@ pub(super) async fn take_states(
 /// The machine answers a journal question its long poll carried.
 pub fn journal_answer(state: &ApiState, machine_id: &str, id: &str, body: &[u8]) -> Result<Response, ApiError> {
     let id: u64 = id.parse().map_err(|_| ApiError::not_found("no such journal question for this machine"))?;
-    let mut journal: Journal =
+    let mut answer: RelayedJournal =
         serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid journal: {error}")))?;
-    journal.machine_id = machine_id.to_string();
-    if state.journal_relay.answer(machine_id, id, journal) {
+    if let RelayedJournal::Journal(journal) = &mut answer {
+        journal.machine_id = machine_id.to_string();
+        // What the agent sent is bounded as any relayed answer is.
+        *journal = crate::api_state::within_relay_bound(std::mem::take(journal));
+    }
+    if state.journal_relay.answer(machine_id, id, answer) {
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found("no such journal question for this machine"))
