@@ -34,7 +34,7 @@ impl Prober {
     ) -> Outcome {
         let result = match probe {
             // Bounded by its own timeout, which also kills what it left.
-            Probe::Exec { argv } => run_check(argv, run_as, timeout).await,
+            Probe::Exec { argv } => run_check(argv, run_as, manager.check_cgroup(unit).await, timeout).await,
             other => match tokio::time::timeout(timeout, self.probe_network(other, unit, manager)).await {
                 Ok(result) => result,
                 Err(_) => Err(format!("no answer within {}s", timeout.as_secs_f64())),

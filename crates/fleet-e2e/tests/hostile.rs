@@ -264,6 +264,27 @@ fn unit_processes_cannot_escape_the_supervisor() {
     escapes_end_with_their_unit(Fleetd::start("e2e0hostile00009", &[]), 4242900);
 }
 
+/// Regression (issue 67): an `exec:` health check's `setsid` child left its process group and
+/// lived on in fleetd's own cgroup, outside the unit's limits, past `destroy` and fleetd's
+/// shutdown. A check's command now runs as one of the unit's processes: what it leaves is in
+/// the unit's cgroup, and goes with the unit. (The check waits for its `setsid` child, so that
+/// the child has left the check's process group before the check ends: every probe leaves one.)
+#[test]
+fn what_a_health_check_starts_is_the_units_and_goes_with_it() {
+    let fleet = Fleetd::start("e2e0hostile0000c", &[]);
+    let unit = "[Service]\nExecStart=/bin/sleep 100000\n[X-Fleet]\nHealthCheck=exec:/bin/sh -c \"setsid sleep 99124 & wait\"\nHealthCheckInterval=1s\n";
+    let path = write_unit(fleet.dir.path(), "checked.service", unit);
+    fleet.ok(&["start", "--no-block", &path]);
+    let left = || pids_running(&["sleep", "99124"]);
+    fleet.wait_until("the check left processes behind", Duration::from_secs(60), |_| left().len() >= 2);
+    for pid in left() {
+        let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        assert!(cgroup.contains("/checked.service"), "process {pid} is the unit's: {cgroup}");
+    }
+    fleet.ok(&["destroy", "checked.service"]);
+    fleet.wait_until("nothing the check started outlives the unit", Duration::from_secs(60), |_| left().is_empty());
+}
+
 /// Where no cgroup v2 hierarchy was mounted (a host of cgroup v1 controllers only), a unit's
 /// `setsid` child outlived `fleetctl stop` and ran twice after a restart: units were tracked
 /// by process group and environment only. fleetd mounts the hierarchy itself now, so the same

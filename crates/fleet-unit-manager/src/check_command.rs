@@ -1,5 +1,5 @@
-//! A health check's command (`HealthCheck=exec:…`): run as the unit's user, in a process group
-//! of its own, with a clean environment and no input, bounded by its timeout. Its output is
+//! A health check's command (`HealthCheck=exec:…`): run as the unit's user, in the unit's
+//! cgroup where its manager has one and in a process group of its own, with a clean environment and no input, bounded by its timeout. Its output is
 //! read as it comes and only the first bytes kept; when it exits or its time is up, everything
 //! left in its group is killed, so a check that hangs, floods or forks leaves nothing behind.
 
@@ -10,6 +10,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
 use crate::account::{lookup_group, lookup_user};
+use crate::cgroup_procs::{CgroupProcs, become_account};
 
 /// The output kept for the failure report.
 const KEPT_OUTPUT: usize = 512;
@@ -24,9 +25,16 @@ pub struct RunAs {
     pub group: Option<String>,
 }
 
-/// Runs `argv` as `run_as` for at most `timeout`: `Ok` when it exits 0, else why not
-/// (its exit and the start of its output, or the timeout).
-pub async fn run_check(argv: &[String], run_as: &RunAs, timeout: Duration) -> Result<(), String> {
+/// Runs `argv` as `run_as` for at most `timeout`, as one of the unit's processes when `cgroup`
+/// says where they are (it then counts against the unit's limits, and what it leaves goes with
+/// the unit): `Ok` when it exits 0, else why not (its exit and the start of its output, or the
+/// timeout).
+pub async fn run_check(
+    argv: &[String],
+    run_as: &RunAs,
+    cgroup: Option<CgroupProcs>,
+    timeout: Duration,
+) -> Result<(), String> {
     let Some(program) = argv.first() else { return Err("no command".to_string()) };
     let mut command = Command::new(program);
     command
@@ -39,13 +47,25 @@ pub async fn run_check(argv: &[String], run_as: &RunAs, timeout: Duration) -> Re
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    let (mut uid, mut gid) = (None, None);
     if let Some(user) = &run_as.user {
         let account = lookup_user(user).map_err(|error| error.to_string())?;
-        command.uid(account.uid).gid(account.gid);
+        (uid, gid) = (Some(account.uid), Some(account.gid));
         command.env("HOME", &account.home).env("USER", &account.name).env("LOGNAME", &account.name);
     }
     if let Some(group) = &run_as.group {
-        command.gid(lookup_group(group).map_err(|error| error.to_string())?);
+        gid = Some(lookup_group(group).map_err(|error| error.to_string())?);
+    }
+    // SAFETY: the closure makes only system calls (open, write, close, setgroups, setgid,
+    // setuid) on memory prepared before the fork.
+    unsafe {
+        command.pre_exec(move || {
+            // Into the unit's cgroup while still root, then the unit's user.
+            if let Some(cgroup) = &cgroup {
+                cgroup.join_from_child()?;
+            }
+            become_account(uid, gid)
+        });
     }
     let mut child = command.spawn().map_err(|error| format!("cannot run {program}: {error}"))?;
     let group = child.id().and_then(|pid| i32::try_from(pid).ok());
@@ -136,14 +156,14 @@ mod tests {
     }
 
     async fn check(script: &str, timeout_ms: u64) -> Result<(), String> {
-        run_check(&sh(script), &RunAs::default(), Duration::from_millis(timeout_ms)).await
+        run_check(&sh(script), &RunAs::default(), None, Duration::from_millis(timeout_ms)).await
     }
 
     #[tokio::test]
     async fn exit_zero_passes_and_anything_else_says_why() {
         assert_eq!(check("exit 0", 5000).await, Ok(()));
         assert_eq!(check("echo not ready >&2; exit 3", 5000).await, Err("exit status 3: not ready".into()));
-        let missing = run_check(&["/no/such/check".into()], &RunAs::default(), Duration::from_secs(5)).await;
+        let missing = run_check(&["/no/such/check".into()], &RunAs::default(), None, Duration::from_secs(5)).await;
         assert!(missing.is_err_and(|why| why.starts_with("cannot run /no/such/check")));
     }
 

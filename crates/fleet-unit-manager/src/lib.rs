@@ -6,6 +6,7 @@
 //! this trait.
 
 pub mod account;
+pub mod cgroup_procs;
 pub mod check_command;
 pub mod fence;
 #[cfg(feature = "native")]
@@ -82,6 +83,12 @@ pub trait UnitManager: Send + Sync {
     /// rather than by a stop. A manager only fleet can stop says yes.
     async fn ended_by_itself(&self, _name: &str) -> Result<bool> {
         Ok(true)
+    }
+    /// The cgroups a health check's command of unit `name` joins: the unit's own, so that
+    /// what the check starts counts against the unit's limits and goes with the unit. `None`
+    /// where the manager has none for it (the check then runs in a process group of its own).
+    async fn check_cgroup(&self, _name: &str) -> Option<cgroup_procs::CgroupProcs> {
+        None
     }
     /// What systemd's watchdog says of a `Type=notify` service with `WatchdogSec=`: `None`
     /// while it pings in time, else what is wrong (it fired, or the service is late with its

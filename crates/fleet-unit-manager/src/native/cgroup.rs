@@ -12,6 +12,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use crate::cgroup_procs::CgroupProcs;
+
 /// The directory holding one fleetd's unit cgroups.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CgroupBase {
@@ -123,9 +125,18 @@ impl CgroupBase {
             Err(error) if error.kind() == io::ErrorKind::AlreadyExists => {}
             Err(error) => return Err(error),
         }
-        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cgroup path has a NUL byte"))?;
+        let procs = CgroupProcs::of_dirs([dir.as_path()])?;
         Ok(UnitCgroup { hierarchy_path: format!("{}/{unit}", self.hierarchy_path), dir, procs, limited_in: Vec::new() })
+    }
+
+    /// What a process joins to be one of `unit`'s processes, while the unit has a cgroup here
+    /// (its cgroup v2; on a hybrid host, not the v1 ones that hold its limits).
+    pub fn running_unit(&self, unit: &str) -> Option<CgroupProcs> {
+        if unit.is_empty() || unit.contains('/') || unit.starts_with('.') || unit.starts_with("cgroup.") {
+            return None;
+        }
+        let dir = self.dir.join(unit);
+        dir.is_dir().then(|| CgroupProcs::of_dirs([dir.as_path()]).ok()).flatten()
     }
 
     /// Kills every process in `unit`'s cgroup, if it has one.
@@ -181,47 +192,31 @@ impl CgroupBase {
 pub struct UnitCgroup {
     dir: PathBuf,
     hierarchy_path: String,
-    /// `cgroup.procs`, ready for a child to write itself into between fork and exec.
-    procs: CString,
-    /// The unit's cgroups in v1 hierarchies that hold its limits (a hybrid host), each with its
-    /// `cgroup.procs` likewise.
-    limited_in: Vec<(PathBuf, CString)>,
+    /// Its `cgroup.procs`, then those of `limited_in`: ready for a child to write itself into
+    /// between fork and exec.
+    procs: CgroupProcs,
+    /// The unit's cgroups in v1 hierarchies that hold its limits (a hybrid host).
+    limited_in: Vec<PathBuf>,
 }
 
 impl UnitCgroup {
     fn existing(dir: PathBuf) -> Self {
-        let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes()).unwrap_or_default();
+        let procs = CgroupProcs::of_dirs([dir.as_path()]).unwrap_or_default();
         Self { dir, hierarchy_path: String::new(), procs, limited_in: Vec::new() }
     }
 
     /// Limits the unit's processes to `limits` (see [`super::limits`]).
     pub fn limit(&mut self, base_name: &str, unit: &str, limits: fleet_core::Resources) -> io::Result<()> {
         for dir in super::limits::apply(&self.dir, base_name, unit, limits)? {
-            let procs = CString::new(dir.join("cgroup.procs").as_os_str().as_bytes())
-                .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "cgroup path has a NUL byte"))?;
-            self.limited_in.push((dir, procs));
+            self.procs.push(&dir)?;
+            self.limited_in.push(dir);
         }
         Ok(())
     }
 
-    /// Moves the calling process into this cgroup. Meant for a child between fork and exec:
-    /// it only makes system calls (open, write, close) on memory prepared before the fork.
-    pub fn join_from_child(&self) -> io::Result<()> {
-        for procs in std::iter::once(&self.procs).chain(self.limited_in.iter().map(|(_, procs)| procs)) {
-            // SAFETY: open/write/close are async-signal-safe; `procs` outlives the call.
-            unsafe {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if written != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-        }
-        Ok(())
+    /// What a process joins to be one of the unit's (this cgroup and its v1 ones).
+    pub fn procs(&self) -> &CgroupProcs {
+        &self.procs
     }
 
     /// The processes in the cgroup now.
@@ -273,7 +268,7 @@ impl UnitCgroup {
     /// Removes the (empty) cgroup, and its v1 ones; a cgroup still in use stays.
     pub fn remove(&self) {
         let _ = std::fs::remove_dir(&self.dir);
-        for (dir, _) in &self.limited_in {
+        for dir in &self.limited_in {
             let _ = std::fs::remove_dir(dir);
         }
     }

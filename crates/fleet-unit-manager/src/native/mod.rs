@@ -454,6 +454,12 @@ impl UnitManager for NativeManager {
         self.shared.changes.subscribe()
     }
 
+    /// A running unit's cgroup: its health checks' commands run as its processes.
+    async fn check_cgroup(&self, name: &str) -> Option<crate::cgroup_procs::CgroupProcs> {
+        let running = self.shared.slots().get(name).is_some_and(|slot| slot.running.is_some());
+        running.then(|| self.shared.cgroups.as_ref()?.running_unit(name)).flatten()
+    }
+
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
         let path = log_path(&self.shared.log_dir, name);
         let limits = self.shared.log_limits;

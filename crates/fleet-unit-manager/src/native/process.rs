@@ -86,21 +86,9 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
             // Into the unit's cgroup while still root: once the unit's user, the process
             // could not move itself out of fleetd's cgroup.
             if let Some(cgroup) = &cgroup {
-                cgroup.join_from_child()?;
+                cgroup.procs().join_from_child()?;
             }
-            if let Some(gid) = gid {
-                if uid.is_some() && libc::setgroups(0, std::ptr::null()) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                if libc::setgid(gid) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if let Some(uid) = uid
-                && libc::setuid(uid) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
+            crate::cgroup_procs::become_account(uid, gid)?;
             // After the change of user, which clears the parent-death signal.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());

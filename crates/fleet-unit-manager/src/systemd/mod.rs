@@ -4,6 +4,7 @@
 //! when to ask again.
 
 mod bus;
+mod control_group;
 mod ending;
 mod fence_timer;
 pub mod paths;
@@ -339,6 +340,26 @@ impl UnitManager for SystemdManager {
             self.bus.on_connection(|connection| ending::read(connection, path.clone())).await.unwrap_or_default();
         let seen = self.seen.lock().map(|seen| seen.get(&path)).unwrap_or_default();
         Ok(ending::Ending::of(&file, live, seen).by_itself())
+    }
+
+    /// The service's own cgroup, as systemd names it (`ControlGroup`), where fleetd may write
+    /// into it: a check's command is then one of the service's processes, which systemd stops
+    /// with it.
+    async fn check_cgroup(&self, name: &str) -> Option<crate::cgroup_procs::CgroupProcs> {
+        if !name.ends_with(".service") {
+            return None;
+        }
+        let path = unit_object_path(name);
+        let group = self.bus.on_connection(|connection| control_group::control_group(connection, path)).await.ok()?;
+        let group = group.trim_start_matches('/');
+        if group.is_empty() {
+            return None;
+        }
+        let dir = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .iter()
+            .map(|mount| std::path::Path::new(mount).join(group))
+            .find(|dir| dir.join("cgroup.procs").is_file())?;
+        crate::cgroup_procs::CgroupProcs::of_dirs([dir.as_path()]).ok()
     }
 
     async fn watchdog_trouble(&self, name: &str) -> Result<Option<String>> {
