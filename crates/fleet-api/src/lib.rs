@@ -32,6 +32,7 @@ pub use fleet_api_schema as schema;
 pub mod serve;
 pub mod silent_agents;
 pub mod tcp_liveness;
+pub mod unread_answers;
 mod upgrade;
 mod write_guard;
 

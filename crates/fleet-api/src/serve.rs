@@ -22,6 +22,7 @@ use crate::host_check::HostCheck;
 use crate::lean_tls::LeanTlsStream;
 use crate::listen::ApiListener;
 use crate::tcp_liveness::{self, Probing};
+use crate::unread_answers::ConnectionAnswers;
 use crate::upgrade::ConnectionHold;
 use fleet_metrics::HandshakeLabels;
 
@@ -59,8 +60,9 @@ impl Default for ServeLimits {
     }
 }
 
-/// Requests one HTTP/2 connection may have in flight at once.
-const HTTP2_STREAMS_PER_CONNECTION: u32 = 64;
+/// Requests one HTTP/2 connection may have in flight at once (a pull agent has a long poll
+/// and a request or two).
+pub const HTTP2_STREAMS_PER_CONNECTION: u32 = 16;
 
 /// How long to wait before accepting again after an accept error (e.g. EMFILE).
 const ACCEPT_RETRY: Duration = Duration::from_millis(100);
@@ -271,8 +273,10 @@ where
     }
 }
 
-/// Serves `connection` until it ends, or until `stop`, when it finishes in-flight requests.
-async fn drive(connection: impl GracefulShutdown, stop: &mut watch::Receiver<bool>) {
+/// Serves `connection` until it ends, or until `stop`, when it finishes in-flight requests;
+/// closes it at once when its client leaves the answers it asked for unread
+/// ([`ConnectionAnswers::stalled`]).
+async fn drive(connection: impl GracefulShutdown, stop: &mut watch::Receiver<bool>, answers: &ConnectionAnswers) {
     tokio::pin!(connection);
     tokio::select! {
         result = connection.as_mut() => {
@@ -283,6 +287,9 @@ async fn drive(connection: impl GracefulShutdown, stop: &mut watch::Receiver<boo
         () = stopped(stop) => {
             connection.as_mut().shut_down();
             let _ = connection.await;
+        }
+        () = answers.stalled() => {
+            tracing::info!(held = answers.held(), "closing an API connection whose client reads none of its answers");
         }
     }
 }
@@ -300,17 +307,22 @@ async fn serve_connection<S>(
 {
     // A protocol a request upgrades to keeps the connection's slot and follows the stop.
     let hold = ConnectionHold { slot: Arc::new(slot), stop: stop.clone() };
-    let with_peer = router.map_request(move |mut request: axum::http::Request<hyper::body::Incoming>| {
-        request.extensions_mut().insert(peer.clone());
-        request.extensions_mut().insert(hold.clone());
-        request
-    });
+    let answers = ConnectionAnswers::new();
+    let held = answers.clone();
+    let with_peer = router
+        .map_request(move |mut request: axum::http::Request<hyper::body::Incoming>| {
+            request.extensions_mut().insert(peer.clone());
+            request.extensions_mut().insert(hold.clone());
+            request
+        })
+        .map_response(move |response| held.hold(response));
     let service = TowerToHyperService::new(with_peer);
     match protocol {
         Protocol::Http1 => {
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-            drive(builder.serve_connection(TokioIo::new(stream), service).with_upgrades(), &mut stop).await;
+            let connection = builder.serve_connection(TokioIo::new(stream), service).with_upgrades();
+            drive(connection, &mut stop, &answers).await;
         }
         // A pull agent keeps one HTTP/2 connection for its long polls and requests alike.
         Protocol::Http2 => {
@@ -320,7 +332,7 @@ async fn serve_connection<S>(
                 .keep_alive_interval(Some(limits.keep_alive))
                 .keep_alive_timeout(limits.keep_alive / 2)
                 .max_concurrent_streams(HTTP2_STREAMS_PER_CONNECTION);
-            drive(builder.serve_connection(TokioIo::new(stream), service), &mut stop).await;
+            drive(builder.serve_connection(TokioIo::new(stream), service), &mut stop, &answers).await;
         }
     }
 }

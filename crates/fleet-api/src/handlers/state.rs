@@ -40,6 +40,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
     let role = role.clone();
     let admits = move |name: &str| unit.as_deref().is_none_or(|unit| name == unit) && role.sees_unit(name);
     let request = PageRequest { start, limit, admits: Arc::new(admits), after };
+    let _turn = crate::unread_answers::page_build_turn().await;
     let page = state.registry.unit_states_page(request, machine).await?;
     let states: Vec<UnitState> = page.items.into_iter().map(to_schema).collect();
     let (states, next) = token.page_fetched(states, page.more, serialized_size);

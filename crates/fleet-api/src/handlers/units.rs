@@ -54,6 +54,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
     let after = state.page_cursors.after(&listing, start);
     let role = role.clone();
     let request = PageRequest { start, limit, admits: Arc::new(move |name: &str| role.sees_unit(name)), after };
+    let _turn = crate::unread_answers::page_build_turn().await;
     let page = state.registry.units_page(request).await?;
     let units: Vec<Unit> = page.items.into_iter().map(|view| to_schema(view, Shown::InList)).collect();
     let (units, next) = token.page_fetched(units, page.more, serialized_size);
