@@ -119,10 +119,10 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(DELETE "/fleet/v1/units/{unit}", WriteUnit, Empty, |s, c| units::delete(s, c.param(), &units::writer(c.query)?).await),
     route!(GET "/fleet/v1/state", List, Empty, |s, c| state::list(s, c.query, c.role()).await),
     route!(GET "/fleet/v1/state/{unit}", ReadUnit, Empty, |s, c| state::get(s, c.param()).await),
-    route!(GET "/fleet/v1/machines", List, Empty, |s, c| machines::list(s, c.query).await),
+    route!(GET "/fleet/v1/machines", List, Empty, |s, c| machines::list(s, c.query, c.role()).await),
     route!(PATCH "/fleet/v1/machines", WriteMachines, Json, |s, c| machines::patch(s, c.body).await),
     // Ours: drains, journals, credentials, sources, rollouts, pull agents, metrics, the web view.
-    route!(GET "/fleet/v1/machines/{machine}/drain", List, Empty, |s, c| drains::get(s, c.param()).await),
+    route!(GET "/fleet/v1/machines/{machine}/drain", List, Empty, |s, c| drains::get(s, c.param(), c.role()).await),
     route!(PUT "/fleet/v1/machines/{machine}/drain", WriteMachines, Json, |s, c| drains::put(s, c.param(), c.body).await),
     route!(DELETE "/fleet/v1/machines/{machine}/drain", WriteMachines, Empty, |s, c| drains::delete(s, c.param()).await),
     route!(GET "/fleet/v1/journal/{unit}", ReadUnit, Empty, |s, c| journal::get(s, c.identity, c.param(), c.query).await),

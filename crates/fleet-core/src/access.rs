@@ -223,10 +223,12 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
         ) => Access::Allowed,
         (Role::Operator { .. } | Role::Viewer, A::ReadUnit(_)) if outside_scope => Access::Hidden,
         (Role::Operator { .. }, A::WriteUnit(_)) if outside_scope => Access::Denied,
-        (Role::Operator { .. }, A::List | A::ReadUnit(_) | A::WriteUnit(_) | A::WriteUnits | A::WriteMachines) => {
+        (Role::Operator { .. }, A::List | A::ReadUnit(_) | A::WriteUnit(_) | A::WriteUnits) => Access::Allowed,
+        // A machine's drain and metadata move every unit on it, or that asks for it: an
+        // operator limited to some units touches no machine (issue 67).
+        (Role::Operator { units: None }, A::ReadMetrics | A::ReadSources | A::ManageRollouts | A::WriteMachines) => {
             Access::Allowed
         }
-        (Role::Operator { units: None }, A::ReadMetrics | A::ReadSources | A::ManageRollouts) => Access::Allowed,
         (Role::Viewer, A::List | A::ReadUnit(_) | A::ReadMetrics | A::ReadSources) => Access::Allowed,
         _ => Access::Denied,
     }
@@ -264,7 +266,7 @@ mod tests {
         let table: [(Role, [Access; 16]); 7] = [
             (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D]),
             (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D]),
-            (operator("web-*"), [A, A, A, A, D, D, D, D, D, D, D, D, D, D, A, D]),
+            (operator("web-*"), [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D]),
             (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D]),
             (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D]),
             (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D]),
@@ -282,6 +284,8 @@ mod tests {
         let role = operator("web-*");
         assert_eq!(decide(&role, Action::ReadUnit("db.service")), Access::Hidden);
         assert_eq!(decide(&role, Action::WriteUnit("db.service")), Access::Denied);
+        // Regression (issue 67): it drained any machine, moving units outside its pattern.
+        assert_eq!(decide(&role, Action::WriteMachines), Access::Denied, "a drain moves every unit of a machine");
         assert!(role.sees_unit("web-2.service"));
         assert!(!role.sees_unit("db.service"));
         assert_eq!(role.to_string(), "operator(web-*)");

@@ -108,7 +108,7 @@ fn matrix(role: usize, machine: &str) -> Vec<Case> {
         case("GET", "/fleet/v1/state/web-1.service", None, [200, 200, 200, 200]),
         case("GET", "/fleet/v1/state/db.service", None, [200, 200, 404, 200]),
         case("GET", "/fleet/v1/machines", None, [200, 200, 200, 200]),
-        case("PATCH", "/fleet/v1/machines", Some(&patch), [204, 204, 204, 403]),
+        case("PATCH", "/fleet/v1/machines", Some(&patch), [204, 204, 403, 403]),
         case("GET", "/fleet/v1/journal/web-1.service", None, [200, 200, 200, 200]),
         case("GET", "/fleet/v1/journal/db.service", None, [200, 200, 404, 200]),
         case("GET", "/fleet/v1/tokens", None, [200, 403, 403, 403]),

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fleet_core::MachineState;
+use fleet_core::access::Role;
 use fleet_core::drain::{Drain, progress};
 use fleet_core::machine::valid_machine_id;
 use fleet_core::rollout::MaxUnavailable;
@@ -86,11 +87,22 @@ async fn status_of(state: &ApiState, machine: &str, drain: Drain) -> Result<Mach
     statuses.remove(machine).ok_or_else(|| ApiError::not_found(format!("machine {machine:?} is not drained")))
 }
 
-/// GET: where the machine's drain stands; 404 when it is not drained.
-pub async fn get(state: &ApiState, requested: &str) -> Result<Response, ApiError> {
+/// GET: where the machine's drain stands, naming only the units `role` sees; 404 when it is
+/// not drained.
+pub async fn get(state: &ApiState, requested: &str, role: &Role) -> Result<Response, ApiError> {
     let machine = find(state, requested).await?.ok_or_else(|| not_found(requested))?;
     let drain = machine.drain.ok_or_else(|| ApiError::not_found(format!("machine {:?} is not drained", machine.id)))?;
-    Ok(json_response(StatusCode::OK, &status_of(state, &machine.id, drain).await?))
+    let status = status_of(state, &machine.id, drain).await?;
+    Ok(json_response(StatusCode::OK, &seen_by(status, role)))
+}
+
+/// A drain's standing with only the units `role` sees named (a scoped operator sees neither
+/// the names nor the reasons of other units).
+pub fn seen_by(mut status: MachineDrain, role: &Role) -> MachineDrain {
+    status.moving.retain(|unit| role.sees_unit(&unit.name));
+    status.stays.retain(|unit| role.sees_unit(&unit.name));
+    status.left.retain(|name| role.sees_unit(name));
+    status
 }
 
 /// PUT: drains the machine, or changes the max-unavailable of the drain under way (which
@@ -129,4 +141,28 @@ pub async fn delete(state: &ApiState, requested: &str) -> Result<Response, ApiEr
     state.registry.set_drain(&id, None).await?;
     tracing::info!(machine = id, "machine drain ended");
     Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Regression (issue 67): an operator limited to `web-*` was shown every unit a drain
+    /// moved, left or kept, with the reasons.
+    #[test]
+    fn a_scoped_operator_is_shown_only_its_own_units_of_a_drain() {
+        let unit = |name: &str| DrainingUnit { name: name.into(), reason: Some("why".into()) };
+        let status = MachineDrain {
+            moving: vec![unit("web-1.service"), unit("db.service")],
+            stays: vec![unit("secret-job.service")],
+            left: vec!["web-2.service".into(), "db-2.service".into()],
+            ..MachineDrain::default()
+        };
+        let scoped = Role::parse("operator", Some("web-*")).expect("a role");
+        let seen = seen_by(status.clone(), &scoped);
+        assert_eq!(seen.moving, vec![unit("web-1.service")]);
+        assert!(seen.stays.is_empty());
+        assert_eq!(seen.left, vec!["web-2.service".to_string()]);
+        assert_eq!(seen_by(status.clone(), &Role::Viewer), status, "a viewer sees every unit");
+    }
 }

@@ -4,6 +4,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
 
+use fleet_core::access::Role;
 use fleet_core::drain::Drain;
 use fleet_registry::{MetadataChange, PageRequest};
 use serde_json::Value;
@@ -14,7 +15,8 @@ use crate::pagination::serialized_size;
 use crate::query::page_token;
 use crate::schema::{Machine, MachinePage};
 
-pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Response, ApiError> {
+/// The machines, their drains naming only the units `role` sees.
+pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
     let token = page_token(query, state.page_size.get())?;
     let (start, limit) = token.window();
     let listing = "machines";
@@ -32,7 +34,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)]) -> Result<Respon
             engine_leader: leader.as_ref() == Some(&machine.id),
             connection: machine.connection.word().to_string(),
             capacity: machine.capacity.map(Into::into),
-            drain: drains.remove(&machine.id),
+            drain: drains.remove(&machine.id).map(|drain| crate::handlers::drains::seen_by(drain, role)),
             id: machine.id,
             metadata: machine.metadata,
             primary_ip: machine.public_ip,
