@@ -73,12 +73,13 @@ impl MachineState {
     }
 }
 
-/// Parses fleet.conf's `metadata="k=v,k2=v2"`: items without `=` are ignored, keys and values
-/// are trimmed, a later duplicate wins.
 /// Whether `id` can name a machine that joins by itself (a pull agent): 1 to 64 letters,
-/// digits, `-`, `_` and `.` (a systemd machine ID is 32 hex digits).
+/// digits, `-`, `_` and `.`, starting with a letter or digit (a systemd machine ID is 32 hex
+/// digits; `.`, `..` and `-rf` name nothing).
 pub fn valid_machine_id(id: &str) -> bool {
-    (1..=64).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    (1..=64).contains(&id.len())
+        && id.bytes().next().is_some_and(|first| first.is_ascii_alphanumeric())
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
 /// Whether `key` can be a metadata key: 1 to 64 letters, digits, `_`, `.` and `-`.
@@ -86,6 +87,8 @@ pub fn valid_metadata_key(key: &str) -> bool {
     (1..=64).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
 }
 
+/// Parses fleet.conf's `metadata="k=v,k2=v2"`: items without `=` are ignored, keys and values
+/// are trimmed, a later duplicate wins.
 pub fn parse_metadata(text: &str) -> BTreeMap<String, String> {
     text.split(',')
         .filter_map(|item| item.split_once('='))
@@ -97,6 +100,17 @@ pub fn parse_metadata(text: &str) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Regression (issue 67): `..`, `.` and `-rf` were machine IDs, revoked with a 204.
+    #[test]
+    fn a_machine_id_starts_with_a_letter_or_digit() {
+        for id in ["0f3a9c", "m1", "edge-1", "web_2.example"] {
+            assert!(valid_machine_id(id), "{id}");
+        }
+        for id in ["", ".", "..", "-rf", "_x", "a/b", "a b", &"x".repeat(65)] {
+            assert!(!valid_machine_id(id), "{id:?}");
+        }
+    }
 
     #[test]
     fn short_ids_match() {

@@ -208,4 +208,12 @@ fn a_stopped_members_machine_id_is_not_joined_with_a_registration_token() {
     manager.ok(&["machine", "forget", &member]);
     let (given, _) = lab.join(&token, &member, &thief_key);
     assert_eq!(given.status, 201, "{}", given.body);
+
+    // Regression (issue 67): IDs that never existed were revoked with a 204.
+    for id in ["..", "never-was"] {
+        let refused = manager.fleetctl(&["machine", "revoke", id]);
+        assert_ne!(refused.code, 0, "{id}: {refused:?}");
+    }
+    let unknown = manager.fleetctl(&["machine", "revoke", "never-was"]);
+    assert!(unknown.stderr.contains("is not known to the cluster"), "{unknown:?}");
 }

@@ -140,7 +140,13 @@ pub async fn revoke(state: &ApiState, machine_id: &str) -> Result<Response, ApiE
     if !valid_machine_id(machine_id) {
         return Err(ApiError::bad_request("invalid machine ID"));
     }
-    let key_sha256 = state.registry.machine_identity(machine_id).await?.map(|identity| identity.key_sha256);
+    let bound = state.registry.machine_identity(machine_id).await?;
+    let present =
+        || async { state.registry.machines().await.map(|machines| machines.iter().any(|m| m.id == machine_id)) };
+    if bound.is_none() && !present().await? {
+        return Err(ApiError::not_found(format!("machine {machine_id:?} is not known to the cluster")));
+    }
+    let key_sha256 = bound.map(|identity| identity.key_sha256).filter(|key| !key.is_empty());
     let revoked = RevokedMachine { id: machine_id.to_string(), at: now_unix(), key_sha256, forgotten: false };
     state.registry.revoke_machine(&revoked).await?;
     state.auth.forget_revoked().await;
