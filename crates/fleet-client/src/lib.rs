@@ -54,6 +54,9 @@ pub struct Client {
     timeout: Duration,
 }
 
+/// How long a journal request waits at least: fleetd's relay waits 10 s for the machine.
+const JOURNAL_RELAY_PATIENCE: Duration = Duration::from_secs(15);
+
 /// Units of a batch per [`Client`] request timeout it is given.
 const UNITS_PER_TIMEOUT: usize = 100;
 
@@ -490,12 +493,20 @@ impl Client {
     }
 
     pub async fn journal(&self, name: &str, lines: usize) -> Result<Journal> {
-        self.get(&format!("journal/{}?lines={lines}", encode_component(name))).await
+        self.relayed_journal(&format!("journal/{}?lines={lines}", encode_component(name))).await
     }
 
     /// The journal with the unit manager's status report of the unit, if it has one.
     pub async fn status(&self, name: &str, lines: usize) -> Result<Journal> {
-        self.get(&format!("journal/{}?lines={lines}&status=true", encode_component(name))).await
+        self.relayed_journal(&format!("journal/{}?lines={lines}&status=true", encode_component(name))).await
+    }
+
+    /// A journal, which fleetd may relay from the machine that runs the unit: given the
+    /// relay's own wait and more, whatever the request timeout (issue 68: the 3 s default
+    /// gave up before the relay's 10 s).
+    async fn relayed_journal(&self, path: &str) -> Result<Journal> {
+        let (_, bytes) = self.send_within(Method::GET, path, None, self.timeout.max(JOURNAL_RELAY_PATIENCE)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
     }
 }
 

@@ -59,6 +59,7 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
     let machines = context.machines().await;
     let mut found = Vec::new();
     let mut not_running = false;
+    let mut unreadable = false;
     for (index, argument) in arguments.iter().enumerate() {
         let name = mangle(argument);
         let unit = match existing_unit(context, &name).await {
@@ -72,7 +73,15 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
         let states = context.client.unit_states(Some(&name)).await.unwrap_or_default();
         // As `systemctl status`: a unit that runs nowhere, or not everywhere it is, exits 3.
         not_running |= states.is_empty() || states.iter().any(|state| state.systemd_active_state != "active");
-        let report = context.client.status(&name, 10).await.ok();
+        // A log that cannot be had is said, not left out in silence (issue 68).
+        let report = match context.client.status(&name, 10).await {
+            Ok(report) => Some(report),
+            Err(error) => {
+                eprintln!("Unable to read the journal of {name}: {error}");
+                unreadable = true;
+                None
+            }
+        };
         if output == OutputFormat::Json {
             found.push((unit, states, report));
             continue;
@@ -132,7 +141,11 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             .collect();
         print_json(&statuses);
     }
-    if not_running { Outcome::Exit(SYSTEMCTL_NOT_ACTIVE) } else { Outcome::Success }
+    match (not_running, unreadable) {
+        (true, _) => Outcome::Exit(SYSTEMCTL_NOT_ACTIVE),
+        (false, true) => Outcome::Failure,
+        (false, false) => Outcome::Success,
+    }
 }
 
 /// `    Health: unhealthy: HTTP 500`, for a unit with a health check that runs.
