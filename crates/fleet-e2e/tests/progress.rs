@@ -1,5 +1,5 @@
 //! A blocking command's progress: drawn on a terminal (a pseudo-terminal made by `script`),
-//! absent when the output is not a terminal.
+//! absent when the output is not a terminal; why a unit waits is said either way.
 
 use std::process::Command;
 
@@ -42,4 +42,36 @@ fn start_shows_progress_and_the_unplaceable_reason_only_on_a_terminal() {
     assert!(!piped.stderr.contains('\u{1b}') && !piped.stderr.contains("launched 0/1"), "{piped:?}");
     assert!(piped.stderr.contains("timed out waiting for unit nowhere.service"), "{piped:?}");
     assert!(piped.stderr.contains(reason), "{piped:?}");
+}
+
+/// Regression (issue 68): a piped `fleetctl start` of a unit that fits nowhere blocked forever
+/// and said nothing; it says why on stderr as soon as the engine knows, terminal or not.
+#[test]
+fn a_piped_start_that_blocks_says_why_the_unit_waits() {
+    use std::io::{BufRead, BufReader};
+    let fleet = Fleetd::start("e2e0progress0002", &[]);
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let unit = write_unit(
+        dir.path(),
+        "nowhere.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=region=nowhere\n",
+    );
+    let mut start = Command::new(binary("fleetctl"))
+        .args([&format!("--endpoint=unix://{}", fleet.socket().display()), "start", &unit])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("fleetctl start");
+    let stderr = start.stderr.take().expect("its stderr");
+    // Read until the reason comes (or fleetctl ends, which would be a failure too).
+    let said = BufReader::new(stderr)
+        .lines()
+        .map_while(Result::ok)
+        .find(|line| line.contains("cannot be scheduled"))
+        .unwrap_or_default();
+    let still_waiting = start.try_wait().expect("its status").is_none();
+    let _ = start.kill();
+    let _ = start.wait();
+    assert_eq!(said, "Unit nowhere.service cannot be scheduled: no machine has metadata region=nowhere");
+    assert!(still_waiting, "it still blocks, as asked");
 }

@@ -44,10 +44,13 @@ impl Progress {
         self.bar.set_message(message);
     }
 
-    /// Prints `line` on stderr above the progress line when it is drawn; nothing otherwise
-    /// (without a terminal the original's output is kept as it was).
+    /// Prints `line` on stderr, above the progress line when it is drawn. Without a terminal
+    /// too (issue 68: a piped `start` of a unit that fits nowhere waited forever in silence);
+    /// standard output stays the original's.
     pub fn note(&self, line: &str) {
-        if !self.bar.is_hidden() {
+        if self.bar.is_hidden() {
+            eprintln!("{line}");
+        } else {
             self.bar.suspend(|| eprintln!("{line}"));
         }
     }

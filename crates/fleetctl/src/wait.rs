@@ -111,27 +111,34 @@ pub async fn wait_for_state(
         if pending.is_empty() {
             return Ok(());
         }
+        // Why a unit waits is said as soon as the engine says it, on a terminal or not (issue
+        // 68: piped, a start of a unit that fits nowhere waited forever in silence).
+        let unplaced: Vec<(&String, &str)> =
+            pending.iter().filter_map(|name| Some((name, units.get(name)?.reason.as_deref()?))).collect();
+        for (name, reason) in &unplaced {
+            if noted.get(*name).map(String::as_str) != Some(*reason) {
+                let line = format!("Unit {name} cannot be scheduled: {reason}");
+                match &progress {
+                    Some(progress) => progress.note(&line),
+                    None => eprintln!("{line}"),
+                }
+                noted.insert((*name).clone(), reason.to_string());
+            }
+        }
         if let Some(progress) = &progress {
             let mut by_state: BTreeMap<String, usize> = BTreeMap::new();
             for name in &pending {
                 let state = units.get(name).and_then(|unit| unit.current_state.clone());
                 *by_state.entry(state.unwrap_or_else(|| "not submitted".to_string())).or_default() += 1;
             }
-            let unplaced: Vec<(&String, &str)> =
-                pending.iter().filter_map(|name| Some((name, units.get(name)?.reason.as_deref()?))).collect();
-            for (name, reason) in &unplaced {
-                if noted.get(*name).map(String::as_str) != Some(*reason) {
-                    progress.note(&format!("Unit {name} cannot be scheduled: {reason}"));
-                    noted.insert((*name).clone(), reason.to_string());
-                }
-            }
             progress.update(names.len() - pending.len(), describe(target, &by_state, unplaced.len()));
         }
         if deadline.is_some_and(|deadline| Instant::now() >= deadline) {
             let name = &pending[0];
             let mut message = format!("timed out waiting for unit {name} to report state {target}");
-            // Why each unit still waiting cannot be placed, where the engine said.
-            for name in &pending {
+            // Why each unit still waiting cannot be placed, where the engine said and it was
+            // not said already.
+            for name in pending.iter().filter(|name| !noted.contains_key(*name)) {
                 if let Some(reason) = units.get(name).and_then(|unit| unit.reason.as_deref()) {
                     message.push_str(&format!("\nUnit {name} cannot be scheduled: {reason}"));
                 }
