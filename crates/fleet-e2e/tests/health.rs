@@ -290,6 +290,16 @@ fn a_sources_reverted_commit_stays_reverted_until_forced_or_replaced() {
     });
     let after = fleet.ok(&["rollout", "status", "source-web"]).stdout;
     assert!(after.contains("State:           reverted"), "still reverted after later syncs: {after}");
+    // The source's name stands for its rollout (issue 68: `rollout status web` was "not found"),
+    // and the rollout reads as JSON too.
+    let by_source = fleet.ok(&["rollout", "status", "-o", "json", "web"]);
+    let json: serde_json::Value = serde_json::from_str(&by_source.stdout).expect("JSON");
+    assert_eq!(
+        (json["name"].as_str(), json["state"].as_str()),
+        (Some("source-web"), Some("reverted")),
+        "{by_source:?}"
+    );
+    assert!(by_source.stderr.contains("Rollout source-web (of source web)"), "{by_source:?}");
     assert!(all_serve(&fleet.state_dir(), &ports, "200"), "no unit runs v2 again");
 
     // A forced sync rolls the same commit out once more: it fails again and halts again.

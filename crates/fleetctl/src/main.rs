@@ -530,12 +530,14 @@ pub enum RolloutCommand {
         #[arg(long)]
         no_legend: bool,
     },
-    /// Show a rollout, unit by unit
+    /// Show a rollout, unit by unit (a source's name stands for its rollout, source-NAME)
     Status {
         name: String,
         /// Wait until the rollout is done (exit 0) or paused (exit 1, with why)
         #[arg(long)]
         wait: bool,
+        #[command(flatten)]
+        output: output::OutputFlag,
     },
     /// Start no new wave
     Pause { name: String },

@@ -12,6 +12,7 @@ use fleet_core::unit_name::{UnitNameInfo, with_default_unit_type};
 use super::create::schema_options;
 use crate::context::Context;
 use crate::local_units::read_unit_file;
+use crate::output::OutputFormat;
 use crate::table::tab_table;
 use crate::{Outcome, RolloutCommand};
 
@@ -22,7 +23,10 @@ pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
             start(context, request).await
         }
         RolloutCommand::List { no_legend } => list(context, no_legend).await,
-        RolloutCommand::Status { name, wait } => status(context, &name, wait).await,
+        RolloutCommand::Status { name, wait, output } => {
+            let name = rollout_named(context, &name).await;
+            status(context, &name, wait, output.output).await
+        }
         RolloutCommand::Pause { name } => act(context, &name, "pause").await,
         RolloutCommand::Resume { name } => act(context, &name, "resume").await,
         RolloutCommand::Undo { name } => act(context, &name, "undo").await,
@@ -30,8 +34,24 @@ pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
     }
 }
 
+/// The rollout `name` names: itself, or where no rollout has that name and a source does,
+/// that source's rollout (`source-NAME`), said on stderr.
+async fn rollout_named(context: &Context, name: &str) -> String {
+    if matches!(context.client.rollout_progress(name).await, Ok(Some(_))) {
+        return name.to_string();
+    }
+    let of_source = format!("source-{name}");
+    match context.client.source(name).await {
+        Ok(Some(_)) => {
+            eprintln!("Rollout {of_source} (of source {name})");
+            of_source
+        }
+        _ => name.to_string(),
+    }
+}
+
 /// Shows the rollout; with `wait`, once it is done (success) or paused (failure).
-async fn status(context: &Context, name: &str, wait: bool) -> Outcome {
+async fn status(context: &Context, name: &str, wait: bool, output: OutputFormat) -> Outcome {
     let settled = if wait { wait_settled(context, name, None).await } else { Ok(()) };
     let outcome = match settled {
         Ok(()) => Outcome::Success,
@@ -45,7 +65,10 @@ async fn status(context: &Context, name: &str, wait: bool) -> Outcome {
     // The wait read the steps' counts only: the units are read once, to be shown.
     match context.client.rollout(name).await.map_err(|error| format!("Error reading rollout {name}: {error}")) {
         Ok(Some(rollout)) => {
-            show(&rollout);
+            match output {
+                OutputFormat::Json => crate::output::print_json(&rollout),
+                OutputFormat::Table | OutputFormat::Wide => show(&rollout),
+            }
             outcome
         }
         Ok(None) => {
