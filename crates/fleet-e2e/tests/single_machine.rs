@@ -355,6 +355,9 @@ fn units_named_by_range_list_file_and_pattern() {
     assert_eq!(missing_list.code, 2);
     assert!(missing_list.stderr.starts_with("cannot read the unit list /nonexistent/list:"), "{missing_list:?}");
 
-    fleet.ok(&["destroy", "hello@*"]);
+    // Regression (issue 68): a pattern matching nothing left the other arguments undone.
+    let partly = fleet.fleetctl(&["destroy", "hello@7.service", "hello@*", "c@*"]);
+    assert_eq!((partly.code, partly.stderr.as_str()), (1, "no unit in the cluster matches c@*\n"), "{partly:?}");
+    assert!(partly.stdout.contains("Destroyed hello@9.service"), "the rest was done: {partly:?}");
     assert_eq!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout, "");
 }

@@ -676,14 +676,29 @@ fn main() -> ExitCode {
 }
 
 /// Runs `act` on the units `list` names (see [`unit_arguments`]), or says why there are none.
+/// A pattern that matches nothing is said, and fails the command (exit 1) once `act` has done
+/// the rest.
 async fn with_units(
     context: &Context,
     list: &unit_arguments::UnitList,
     act: impl AsyncFnOnce(&[String]) -> Outcome,
 ) -> Outcome {
-    match commands::lifecycle::named_units(context, list).await {
-        Ok(units) => act(&units).await,
-        Err(outcome) => outcome,
+    let matched = match commands::lifecycle::named_units(context, list).await {
+        Ok(matched) => matched,
+        Err(outcome) => return outcome,
+    };
+    for pattern in &matched.unmatched {
+        eprintln!("no unit in the cluster matches {pattern}");
+    }
+    if matched.unmatched.is_empty() {
+        return act(&matched.names).await;
+    }
+    if matched.names.is_empty() {
+        return Outcome::Failure;
+    }
+    match act(&matched.names).await {
+        Outcome::Success => Outcome::Failure,
+        other => other,
     }
 }
 

@@ -101,23 +101,30 @@ pub fn is_pattern(argument: &str) -> bool {
     argument.contains(['*', '?', '[']) && !argument.contains('/') && !Path::new(argument).exists()
 }
 
+/// What patterns matched: the names, and the patterns that matched nothing.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Matched {
+    pub names: Vec<String>,
+    pub unmatched: Vec<String>,
+}
+
 /// `arguments` with each pattern replaced by the names in `cluster` it matches (in name
-/// order); a pattern that matches nothing is an error, as is a malformed one.
-pub fn match_patterns(arguments: &[String], cluster: &BTreeSet<String>) -> Result<Vec<String>, String> {
-    let mut out = Vec::with_capacity(arguments.len());
+/// order), and the patterns that matched nothing; a malformed pattern is an error.
+pub fn match_patterns(arguments: &[String], cluster: &BTreeSet<String>) -> Result<Matched, String> {
+    let mut matched = Matched { names: Vec::with_capacity(arguments.len()), unmatched: Vec::new() };
     for argument in arguments {
         if !is_pattern(argument) {
-            out.push(argument.clone());
+            matched.names.push(argument.clone());
             continue;
         }
         let glob = Glob::new(argument).ok_or_else(|| format!("invalid pattern {argument}"))?;
-        let before = out.len();
-        out.extend(cluster.iter().filter(|name| glob.matches(name)).cloned());
-        if out.len() == before {
-            return Err(format!("no unit in the cluster matches {argument}"));
+        let before = matched.names.len();
+        matched.names.extend(cluster.iter().filter(|name| glob.matches(name)).cloned());
+        if matched.names.len() == before {
+            matched.unmatched.push(argument.clone());
         }
     }
-    Ok(out)
+    Ok(matched)
 }
 
 #[cfg(test)]
@@ -161,10 +168,17 @@ mod tests {
     fn patterns_match_the_cluster_and_must_match_something() {
         let cluster: BTreeSet<String> = ["web@1.service", "web@2.service", "db.service"].map(String::from).into();
         let arguments = ["db.service".to_string(), "web@*.service".to_string()];
-        assert_eq!(match_patterns(&arguments, &cluster).unwrap(), ["db.service", "web@1.service", "web@2.service"]);
         assert_eq!(
-            match_patterns(&["api@?.service".to_string()], &cluster).unwrap_err(),
-            "no unit in the cluster matches api@?.service"
+            match_patterns(&arguments, &cluster).unwrap().names,
+            ["db.service", "web@1.service", "web@2.service"]
+        );
+        // Regression (issue 68): one pattern matching nothing made the whole command do nothing.
+        let some = ["web@*".to_string(), "c@*".to_string()];
+        let matched = match_patterns(&some, &cluster).unwrap();
+        assert_eq!((matched.names.len(), matched.unmatched), (2, vec!["c@*".to_string()]));
+        assert_eq!(
+            match_patterns(&["api@?.service".to_string()], &cluster).unwrap().unmatched,
+            ["api@?.service".to_string()]
         );
         assert_eq!(match_patterns(&["web[".to_string()], &cluster).unwrap_err(), "invalid pattern web[");
     }

@@ -9,7 +9,7 @@ use fleet_core::unit_name::mangle;
 
 use super::create::{Replacing, Waves, in_parallel, is_global, lazy_create, write_units};
 use crate::context::Context;
-use crate::unit_arguments::{UnitList, is_pattern, match_patterns};
+use crate::unit_arguments::{Matched, UnitList, is_pattern, match_patterns};
 use crate::wait::{Attempts, fetch_units, wait_for_active, wait_for_gone, wait_for_state};
 use crate::{BlockFlags, CreateFlags, Outcome, WaveFlags};
 
@@ -126,14 +126,15 @@ fn announce_triggered(triggered: Vec<Unit>, verb: &str, attempts: Attempts) -> O
 }
 
 /// The units a command names: ranges and the list file expanded, patterns matched against
-/// the cluster's units (listed only when there is a pattern).
-pub async fn named_units(context: &Context, list: &UnitList) -> Result<Vec<String>, Outcome> {
+/// the cluster's units (listed only when there is a pattern), with the patterns that matched
+/// nothing.
+pub async fn named_units(context: &Context, list: &UnitList) -> Result<Matched, Outcome> {
     let arguments = list.arguments().map_err(|error| {
         eprintln!("{error}");
         Outcome::Usage
     })?;
     if !arguments.iter().any(|argument| is_pattern(argument)) {
-        return Ok(arguments);
+        return Ok(Matched { names: arguments, unmatched: Vec::new() });
     }
     let cluster = context.client.units().await.map_err(|error| {
         eprintln!("Error listing units: {error}");
