@@ -16,6 +16,8 @@ pub(crate) enum Failure {
     UnknownCertificate,
     /// No answer in time.
     TimedOut,
+    /// The answer was not HTTP: a TLS listener asked in plain HTTP.
+    NotHttp,
     Other,
 }
 
@@ -38,6 +40,9 @@ pub(crate) fn failure(error: &reqwest::Error) -> Failure {
         let text = cause.to_string();
         if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
             return Failure::UnknownCertificate;
+        }
+        if text.contains("invalid HTTP version parsed") {
+            return Failure::NotHttp;
         }
         source = cause.source();
     }
@@ -64,6 +69,10 @@ pub(crate) fn explain(endpoint: &str, failure: Failure, timeout: Duration, cause
             "no answer within {}: is the address right and fleetd not overloaded? (--request-timeout)",
             humanize(timeout)
         ),
+        Failure::NotHttp => match endpoint.strip_prefix("http://") {
+            Some(rest) => format!("it does not answer in plain HTTP: a TLS listener? Use https://{rest}"),
+            None => "it does not answer in HTTP: is that fleetd's address?".to_string(),
+        },
         Failure::Other => return format!("cannot reach fleetd at {endpoint}: {cause}"),
     };
     format!("cannot reach fleetd at {endpoint}: {what_to_check} ({cause})")
@@ -101,6 +110,15 @@ mod tests {
             assert!(message.starts_with("cannot reach fleetd at unix:///var/run/fleet.sock: "), "{message}");
             assert!(message.contains("os error 2"), "the transport's words are kept: {message}");
         }
+    }
+
+    /// Regression (issue 68): plain HTTP to an HTTPS listener said only "invalid HTTP version
+    /// parsed".
+    #[test]
+    fn plain_http_to_a_tls_listener_is_told_to_use_https() {
+        let said =
+            explain("http://10.0.0.5:4002", Failure::NotHttp, Duration::from_secs(3), "invalid HTTP version parsed");
+        assert!(said.contains("Use https://10.0.0.5:4002"), "{said}");
     }
 
     #[test]

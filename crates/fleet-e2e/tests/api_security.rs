@@ -292,6 +292,15 @@ fn embedded_store_every_endpoint_every_role_and_every_bad_credential() {
         &[],
     );
     assert_eq!(with_cert.code, 0, "{with_cert:?}");
+    // Regression (issue 68): plain HTTP to this HTTPS listener said "invalid HTTP version parsed".
+    let plain = std::process::Command::new(fleet_e2e::binary("fleetctl"))
+        .arg(format!("--endpoint={}", base.replace("https://", "http://")))
+        .arg("list-machines")
+        .env_remove("FLEETCTL_ENDPOINT")
+        .output()
+        .expect("fleetctl");
+    let plain = fleet_e2e::Ran::from(plain);
+    assert!(plain.code != 0 && plain.stderr.contains(&format!("Use {base}")), "{plain:?}");
     let token_list = fleetd.ok(&["token", "list"]);
     assert!(token_list.stdout.contains("scoped1") && token_list.stdout.contains("web-*"), "{token_list:?}");
 
