@@ -197,16 +197,21 @@ pub fn marked_processes(marker: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Kills every process of `unit` whose environment carries `marker`; how many it found.
-pub fn kill_unit_leftovers(marker: &str, unit: &str) -> usize {
+/// The processes of `unit` whose environment carries `marker`.
+pub fn unit_marked_processes(marker: &str, unit: &str) -> Vec<u32> {
     let wanted = format!("{UNIT_MARKER}={unit}");
-    let processes: Vec<u32> = marked_processes(marker)
+    marked_processes(marker)
         .into_iter()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/environ"))
                 .is_ok_and(|environ| environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()))
         })
-        .collect();
+        .collect()
+}
+
+/// Kills every process of `unit` whose environment carries `marker`; how many it found.
+pub fn kill_unit_leftovers(marker: &str, unit: &str) -> usize {
+    let processes = unit_marked_processes(marker, unit);
     for pid in &processes {
         signal_process(*pid, libc::SIGKILL);
     }
