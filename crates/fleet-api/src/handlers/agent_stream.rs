@@ -205,6 +205,7 @@ impl ChangeStream {
         let mut asked = self.journal.asked(&self.machine);
         let (mut rung, _listening) = self.revocations.open_poll(&self.auth);
         let open = self.presence.poll_opened(&self.machine);
+        let (number, mut newer) = self.presence.stream_opened(&self.machine);
         let _streaming = fleet_metrics::OpenNow::change_stream();
         // An agent silent for longer than it beats at (half of `agent_ttl` if it did not say)
         // is asked for a beat, and has half as long again to give it. One that said how often
@@ -281,6 +282,12 @@ impl ChangeStream {
                     push_once(&mut due, Line::BeatRequest);
                 }
                 () = tokio::time::sleep_until(heard + silence) => break Ended::Silent,
+                // A newer stream of this machine opened here: it takes over.
+                opened = newer.changed() => {
+                    if opened.is_err() || *newer.borrow_and_update() != number {
+                        break Ended::Stopped;
+                    }
+                }
                 () = crate::serve::stopped(&mut stop) => break Ended::Stopped,
             }
         };

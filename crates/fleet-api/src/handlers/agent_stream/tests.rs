@@ -205,6 +205,20 @@ async fn a_stopping_manager_ends_its_streams() {
     assert_eq!(served.slots.available_permits(), 1);
 }
 
+/// Regression (issue 67): one agent certificate held 200 streams, each buffering a states
+/// line of up to 1 MiB. A machine holds one stream on a manager: a newer one ends the older.
+#[tokio::test]
+async fn a_newer_stream_of_the_same_machine_ends_the_older_one() {
+    let mut first = served().await;
+    line(&mut first.agent).await;
+    // The second stream, as a reconnecting agent opens it, on the same manager's presence.
+    let (number, _newest) = first.presence.stream_opened("m1");
+    assert_eq!(number, 2, "the first stream was number 1");
+    first.task.await.unwrap();
+    assert_eq!(line(&mut first.agent).await, "", "the older stream was closed");
+    assert_eq!(first.slots.available_permits(), 1, "and its connection's slot given back");
+}
+
 #[test]
 fn the_newest_protocol_asked_for_is_switched_to() {
     let headers = |pairs: &[(&'static str, &'static str)]| {
