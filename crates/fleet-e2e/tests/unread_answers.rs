@@ -101,10 +101,13 @@ fn clients_that_never_read_their_answers_do_not_grow_fleetd() {
     let peak = peak_resident_mib(fleet.pid());
     let answered = statuses.iter().filter(|status| **status == 200).count();
     let refused = statuses.iter().filter(|status| **status == 503).count();
-    assert_eq!(answered + refused, statuses.len(), "{statuses:?}");
-    eprintln!("{answered} answered, {refused} refused, peak {:.0} MiB", peak_resident_mib(fleet.pid()));
+    // A connection whose client took nothing for 30 s is closed: what it still waited for
+    // never got its headers (on a loaded machine, building the pages can take that long).
+    let closed = statuses.iter().filter(|status| **status == 0).count();
+    assert_eq!(answered + refused + closed, statuses.len(), "{statuses:?}");
+    eprintln!("{answered} answered, {refused} refused, {closed} closed, peak {peak:.0} MiB");
     assert!(refused > 0 && answered > 0, "{answered} answered, {refused} refused");
-    // Unbounded, the pages alone were 32 × 64 × 400 KB = 800 MB.
+    // Unbounded, the pages alone were 2,048 × 400 KB = 800 MB.
     assert!(peak - before < 200.0, "fleetd grew from {before:.0} MiB to {peak:.0} MiB");
     drop(rt);
 }
