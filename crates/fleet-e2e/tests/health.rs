@@ -244,22 +244,10 @@ fn a_sources_reverted_commit_stays_reverted_until_forced_or_replaced() {
     let repo = GitRepo::new();
     repo.commit(&[("web@.service", Some(&version(200))), ("fleet-desired.conf", Some(&desired))], "v1");
     let url = repo.url();
-    let add = [
-        "source",
-        "add",
-        "--repo",
-        &url,
-        "--interval",
-        "1s",
-        "--max-unavailable",
-        "1",
-        "--min-ready",
-        "1s",
-        "--deadline",
-        "5s",
-        "--auto-revert",
-        "web",
-    ];
+    let add = format!(
+        "source add --repo {url} --interval 1s --max-unavailable 1 --min-ready 1s --deadline 5s --auto-revert web"
+    );
+    let add: Vec<&str> = add.split_whitespace().collect();
     fleet.ok(&add);
     fleet.wait_until("the instances serve version 1", WAIT, |_| all_serve(&fleet.state_dir(), &ports, "200"));
 
