@@ -1,6 +1,8 @@
 //! How many live feeds (`/ui/events`) each identity holds open, bounded: a feed is a held
 //! connection and a task, so one credential (or anonymous callers together) cannot open them
-//! without end.
+//! without end. All together they hold at most half of a listener's connections
+//! ([`FeedSlots::for_connections`]), so live views never starve the rest of the API (issue 67:
+//! 45 of them against `api_max_connections = 40` left no connection for anyone else).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,9 +12,15 @@ pub const PER_IDENTITY: usize = 8;
 /// The most feeds open at once, all identities together.
 pub const IN_ALL: usize = 1024;
 
-#[derive(Default)]
 pub struct FeedSlots {
     open: Mutex<HashMap<String, usize>>,
+    in_all: usize,
+}
+
+impl Default for FeedSlots {
+    fn default() -> Self {
+        Self { open: Mutex::default(), in_all: IN_ALL }
+    }
 }
 
 /// One feed's slot, given back when the feed ends.
@@ -26,15 +34,20 @@ pub struct FeedSlot {
 pub enum NoSlot {
     #[error("at most {PER_IDENTITY} live views are open per identity; close one first")]
     Identity,
-    #[error("this fleetd serves {IN_ALL} live views already; try again later")]
+    #[error("this fleetd serves all the live views it may already; try again later")]
     Everyone,
 }
 
 impl FeedSlots {
+    /// The slots of a fleetd whose listeners take `connections` each: half of them at most.
+    pub fn for_connections(connections: usize) -> Self {
+        Self { open: Mutex::default(), in_all: (connections / 2).clamp(1, IN_ALL) }
+    }
+
     /// A slot for a feed of `identity`.
     pub fn take(self: &Arc<Self>, identity: &str) -> Result<FeedSlot, NoSlot> {
         let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if open.values().sum::<usize>() >= IN_ALL {
+        if open.values().sum::<usize>() >= self.in_all {
             return Err(NoSlot::Everyone);
         }
         let held = open.entry(identity.to_string()).or_default();
@@ -75,5 +88,15 @@ mod tests {
         assert_eq!(slots.take("token:zz").err(), Some(NoSlot::Everyone));
         drop(many);
         assert!(slots.open.lock().unwrap().is_empty());
+    }
+
+    /// Regression (issue 67): 45 live views against 40 connections starved the API.
+    #[test]
+    fn live_views_hold_at_most_half_of_a_listeners_connections() {
+        let slots = Arc::new(FeedSlots::for_connections(40));
+        let held: Vec<FeedSlot> = (0..45).filter_map(|n| slots.take(&format!("token:{n}")).ok()).collect();
+        assert_eq!(held.len(), 20, "half of the 40");
+        assert_eq!(slots.take("token:late").err(), Some(NoSlot::Everyone));
+        assert_eq!(FeedSlots::for_connections(100_000).in_all, IN_ALL, "never more than the bound of all");
     }
 }

@@ -91,7 +91,7 @@ impl ApiService {
             encoded_bodies: Default::default(),
             journal_questions,
             live_view: Default::default(),
-            feed_slots: Default::default(),
+            feed_slots: Arc::new(fleet_api::feed_slots::FeedSlots::for_connections(config.api_max_connections)),
             page_cursors: Default::default(),
             source_secrets_dir: Some(config.source_credentials_dir.clone()),
         };

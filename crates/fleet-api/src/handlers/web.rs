@@ -93,10 +93,16 @@ async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)>
 }
 
 pub async fn events(state: &ApiState, identity: &Identity) -> Result<Response, ApiError> {
-    let slot = state
-        .feed_slots
-        .take(&identity.name)
-        .map_err(|full| ApiError::new(StatusCode::TOO_MANY_REQUESTS, full.to_string()))?;
+    let slot = match state.feed_slots.take(&identity.name) {
+        Ok(slot) => slot,
+        // The connection goes with the refusal: a refused live view keeps no connection of the
+        // listener's for the keep-alive's while (issue 67).
+        Err(full) => {
+            let mut refused = ApiError::new(StatusCode::TOO_MANY_REQUESTS, full.to_string()).into_response();
+            refused.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return Ok(refused);
+        }
+    };
     let (view, patches) = state.live_view.watch(state.registry.clone()).await?;
     let role = identity.role.clone();
     let feed = Feed { state: state.clone(), role, patches, first: Some(reset(&view)), _slot: slot };
