@@ -36,7 +36,7 @@ pub mod unread_answers;
 mod upgrade;
 mod write_guard;
 
-pub use api_state::{ApiState, LocalMachine, PageSize};
+pub use api_state::{ApiState, LocalMachine, PageSize, within_relay_bound};
 pub use router::router;
 
 /// The version fleetd reports in `Server: fleetd/<version>`.

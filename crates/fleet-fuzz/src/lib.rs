@@ -39,6 +39,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("page_token", page_token),
     ("etcd_records", etcd_records),
     ("tls_stream", tls_stream),
+    ("relayed_journal", relayed_journal),
 ];
 
 fn text(data: &[u8]) -> String {
@@ -98,6 +99,27 @@ pub fn fleet_conf(data: &[u8]) {
 }
 
 /// Page tokens as clients send them back.
+/// A journal another machine answers for a relay (a value read from etcd, or a pull agent's
+/// POST): whatever it says, it is read or refused, and what is passed on stays within the
+/// relay's bound, its newest lines whole.
+pub fn relayed_journal(data: &[u8]) {
+    use fleet_api::schema::{Journal, RelayedJournal};
+    use fleet_core::journal_relay::{MOST_ANSWER_BYTES, newest_lines_within};
+    let bound = data.first().map_or(0, |byte| usize::from(*byte) * 16);
+    let whole = text(data);
+    let (kept, cut) = newest_lines_within(&whole, bound);
+    assert!(kept.len() <= bound || !cut, "kept within the bound");
+    assert!(whole.ends_with(kept), "the newest lines");
+    let Ok(answer) = serde_json::from_slice::<RelayedJournal>(data) else { return };
+    if let RelayedJournal::Journal(journal) = answer {
+        let bounded = fleet_api::within_relay_bound(journal.clone());
+        let encoded = serde_json::to_vec(&bounded).expect("a journal encodes");
+        assert!(encoded.len() <= MOST_ANSWER_BYTES || bounded.text.is_empty(), "within the relay's bound");
+        assert!(journal.text.ends_with(&bounded.text), "the newest lines are kept");
+        let _: Journal = serde_json::from_slice(&encoded).expect("what is passed on reads back");
+    }
+}
+
 pub fn page_token(data: &[u8]) {
     let limit = data.first().map_or(100, |byte| u16::from(*byte).max(1));
     let token = text(data.get(1..).unwrap_or_default());

@@ -102,3 +102,8 @@ fn etcd_records() {
 fn tls_stream() {
     run("tls_stream");
 }
+
+#[test]
+fn relayed_journal() {
+    run("relayed_journal");
+}
