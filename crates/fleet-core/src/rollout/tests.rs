@@ -408,3 +408,14 @@ fn gates_read_and_a_canary_is_never_the_whole_rollout() {
     assert!(Gates::parse(Some("0"), None, false).is_err_and(|error| error.starts_with("invalid canary")));
     assert!(Gates::parse(Some("1"), Some(MOST_BAKE + 1), false).is_err());
 }
+
+/// Regression (issue 67): `minReadySeconds` and `deadlineSeconds` took 2^64−1, and the
+/// rollout then stayed "ready" for ever; a week is the most, as for a bake.
+#[test]
+fn a_rollouts_waits_are_bounded_to_a_week() {
+    assert_eq!(check_wait("minReadySeconds", 0), Ok(0));
+    assert_eq!(check_wait("deadlineSeconds", MOST_WAIT), Ok(MOST_WAIT));
+    assert!(check_wait("deadlineSeconds", 0).is_err(), "a deadline of nothing");
+    let refused = check_wait("minReadySeconds", u64::MAX).expect_err("past a week");
+    assert!(refused.contains("minReadySeconds") && refused.contains("a week"), "{refused}");
+}
