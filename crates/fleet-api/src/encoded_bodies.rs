@@ -38,7 +38,7 @@ impl EncodedBodies {
 
     /// Encodes `file`, the body of `hash`, and keeps it.
     pub fn encode(&self, hash: UnitHash, file: UnitFile) -> Option<EncodedBody> {
-        let body = AgentHashedBody { hash: hash.to_string(), options: crate::handlers::agent_facet::options_of(file) };
+        let body = AgentHashedBody { hash: hash.to_string(), options: options_of(file) };
         let encoded: EncodedBody = serde_json::value::to_raw_value(&body).ok()?.into();
         let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         if kept.bodies.len() >= KEPT {
@@ -52,6 +52,14 @@ impl EncodedBodies {
         kept.bodies.insert(hash, (arrival, encoded.clone()));
         Some(encoded)
     }
+}
+
+/// A unit file's options as the API carries them.
+pub(crate) fn options_of(file: fleet_core::UnitFile) -> Vec<fleet_api_schema::UnitOption> {
+    file.into_options()
+        .into_iter()
+        .map(|option| fleet_api_schema::UnitOption { name: option.name, section: option.section, value: option.value })
+        .collect()
 }
 
 #[cfg(test)]

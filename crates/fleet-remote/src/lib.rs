@@ -8,6 +8,7 @@
 mod change_stream;
 mod credentials;
 mod disk_copy;
+mod jitter;
 mod kept_work;
 mod leaving;
 mod manager;

@@ -201,7 +201,7 @@ impl Manager {
         let mut last = ManagerError::Unreachable("no manager".into());
         // From a manager of the list at random, so that agents joining at once are signed by
         // all the managers, not all by the first.
-        for base in tried_from(&self.bases, crate::registry::random_sample() as usize) {
+        for base in tried_from(&self.bases, crate::jitter::random_sample() as usize) {
             match self.post_to(client, base, path, token, body.clone()).await {
                 Err(error @ ManagerError::Unreachable(_)) => last = error,
                 answered => return answered,

@@ -8,6 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+
+use crate::jitter::random_sample;
 use fleet_api_schema::{
     AgentChanges, AgentDrift, AgentHashedBody, AgentHealth, AgentMachine, AgentStates, AgentStreamAnswer, AgentUnit,
     AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, JournalAsk, MAX_BODIES_PER_REQUEST,
@@ -838,12 +840,4 @@ impl AgentRegistry for RemoteRegistry {
     fn machine_changes(&self, _machine_id: &str) -> ChangeSignal {
         self.changes.subscribe()
     }
-}
-
-/// A random number for jitter and for spreading agents over managers (no secret rides on it).
-pub(crate) fn random_sample() -> u32 {
-    use ring::rand::SecureRandom;
-    let mut bytes = [0u8; 4];
-    let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
-    u32::from_le_bytes(bytes)
 }

@@ -152,8 +152,9 @@ impl SourceSyncer {
         if let Some(halted) = halt(&fetched.commit, source.forced, last) {
             return halted_status(source, status, previous, &halted);
         }
-        let commit = RolledFrom { commit: fetched.commit.clone(), forced: source.forced };
-        match self.apply(source, &content, &commit).await {
+        let rolling =
+            Rolling { from: RolledFrom { commit: fetched.commit.clone(), forced: source.forced }, last_rollout };
+        match self.apply(source, &content, &rolling).await {
             Ok(applied) => {
                 if applied.changes > 0 {
                     tracing::info!(
@@ -214,7 +215,7 @@ impl SourceSyncer {
         &self,
         source: &SourceRecord,
         content: &SourceContent,
-        commit: &RolledFrom,
+        rolling: &Rolling,
     ) -> Result<Applied, RegistryError> {
         let views: BTreeMap<String, UnitView> =
             self.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
@@ -239,7 +240,7 @@ impl SourceSyncer {
             Some(Ok(max_unavailable)) => {
                 let (rolled, direct): (Vec<&SyncChange>, Vec<&SyncChange>) =
                     plan.changes.iter().partition(|change| runs_and_changes(change, &views, &source.name));
-                self.roll_out(source, max_unavailable, &rolled, &views, commit).await?;
+                self.roll_out(source, max_unavailable, &rolled, &views, rolling).await?;
                 let why = format!("new content waiting in rollout {}", rollout_name(&source.name));
                 out_of_sync.extend(rolled.iter().map(|change| out_of_sync_entry(content, change.unit(), why.clone())));
                 (rolled.len(), direct)
@@ -298,8 +299,9 @@ impl SourceSyncer {
         max_unavailable: MaxUnavailable,
         changes: &[&SyncChange],
         views: &BTreeMap<String, UnitView>,
-        commit: &RolledFrom,
+        rolling: &Rolling,
     ) -> Result<(), RegistryError> {
+        let (commit, existing) = (&rolling.from, rolling.last_rollout.clone());
         if changes.is_empty() {
             return Ok(());
         }
@@ -317,7 +319,6 @@ impl SourceSyncer {
         let units = machine_by_machine(units, asked_first, |unit| {
             views.get(&unit.name).and_then(|view| view.machine_id.as_deref())
         });
-        let existing = self.registry.rollouts().await?.into_iter().find(|record| record.name == name);
         let Some(units) = units_after_sync(existing.as_ref().map(|record| &record.rollout), &units) else {
             // Nothing new for the rollout; it carries this commit's content all the same.
             return match existing {
@@ -388,6 +389,13 @@ fn halted_status(
         .collect();
     status.halted = Some(why);
     status
+}
+
+/// What a sync rolls out from: the commit fetched, and the source's rollout as this sync read
+/// it (read once, for the halt and for the rollout both).
+struct Rolling {
+    from: RolledFrom,
+    last_rollout: Option<Arc<RolloutRecord>>,
 }
 
 struct Applied {

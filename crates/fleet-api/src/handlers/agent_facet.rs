@@ -19,10 +19,11 @@ use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork};
 use super::registration_tokens::check_metadata;
 use crate::api_state::ApiState;
 use crate::auth::Identity;
+use crate::encoded_bodies::options_of;
 use crate::error::{ApiError, json_response};
 use crate::schema::{
     AgentChanges, AgentHashedBody, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentWork,
-    MAX_BODIES_PER_REQUEST, Machine, UnitOption,
+    MAX_BODIES_PER_REQUEST, Machine,
 };
 
 pub(super) fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
@@ -190,14 +191,6 @@ pub(super) fn work_to_schema(work: MachineWork) -> AgentWork {
         scheduled: work.scheduled.into_iter().map(to_schema).collect(),
         globals: work.globals.into_iter().map(to_schema).collect(),
     }
-}
-
-/// A unit file's options as the API carries them.
-pub(crate) fn options_of(file: fleet_core::UnitFile) -> Vec<UnitOption> {
-    file.into_options()
-        .into_iter()
-        .map(|option| UnitOption { name: option.name, section: option.section, value: option.value })
-        .collect()
 }
 
 /// Refuses any of `hashes` that is not the body of a unit `machine_id` holds.
