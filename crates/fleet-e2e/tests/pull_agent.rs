@@ -538,6 +538,39 @@ fn fleetctl_journal_reaches_a_pull_agents_unit_through_the_manager() {
     assert_eq!(status.code, 0, "{status:?}\n{}", pull.log());
 }
 
+/// Regression (issue 68): `journal` and `status` of a pull agent's unit asked of an etcd member
+/// that is not the agent's manager ended in a 504: the question went into etcd for the agent,
+/// which cannot read etcd. The manager holding the agent answers it on the agent's behalf.
+#[test]
+fn journal_of_a_pull_agents_unit_asked_of_another_member_comes_through_its_manager() {
+    let pki = ManagerPki::local();
+    let ports = [free_port(), free_port()];
+    let cluster = fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
+    let token = cluster.members[0].ok(&["registration-token", "create", "journal"]).stdout.trim().to_string();
+    // The agent knows only the first manager.
+    let pull = PullFleetd::start(&format!("https://localhost:{}", ports[0]), &pki.api_ca_file, Some(&token), None, &[]);
+    let other = &cluster.members[1];
+    other.wait_until("the pull fleetd joins", Duration::from_secs(30), |member| {
+        member.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "faraway.service",
+        "[Service]\nExecStart=/bin/sh -c 'echo hello-from-another-members-agent; exec sleep 1000'\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+    );
+    other.fleetctl_in(units.path(), &["start", "--no-block", "faraway.service"]);
+    // Before the fix, every answer was a 504 ("did not answer within 10s").
+    other.wait_until("the journal comes back through the agent's manager", Duration::from_secs(60), |member| {
+        let journal = member.fleetctl(&["journal", "--lines", "5", "faraway.service"]);
+        assert!(!journal.stderr.contains("did not answer"), "{journal:?}\n{}\n{}", cluster.logs(), pull.log());
+        journal.stdout.contains("hello-from-another-members-agent")
+    });
+    let status = other.fleetctl(&["status", "faraway.service"]);
+    assert_eq!(status.code, 0, "{status:?}");
+    assert!(status.stdout.contains("faraway.service"), "{status:?}");
+}
+
 /// A unit that asked to run at most once on a pull agent stops once its manager may have
 /// stopped hearing from the agent for `agent_ttl` (the manager frozen here), by the agent's
 /// own clock, and runs again once the manager hears it.

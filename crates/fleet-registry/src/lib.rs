@@ -415,6 +415,19 @@ pub trait JournalQuestions: Send + Sync {
     fn journal_question_changes(&self, machine: &str) -> ChangeSignal;
     /// Answers question `id` put to `machine`, and takes the question away.
     async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()>;
+    /// The questions put to any machine and not answered yet: what a manager answers for
+    /// the pull agents it holds, which cannot reach the store.
+    async fn every_journal_question(&self) -> Result<Vec<PutQuestion>>;
+    /// Moves when a question may have been put to any machine.
+    fn every_journal_question_changes(&self) -> ChangeSignal;
+}
+
+/// A journal question, the machine it was put to and its id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutQuestion {
+    pub machine: String,
+    pub id: String,
+    pub question: JournalQuestion,
 }
 
 /// What a journal question asks.

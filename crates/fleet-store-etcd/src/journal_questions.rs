@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
 use fleet_core::journal_relay::MOST_IN_FLIGHT_IN_CLUSTER;
 use fleet_registry::codec::{decode_listed, encode};
-use fleet_registry::{ChangeSignal, JournalQuestion, JournalQuestions, RegistryError, Result};
+use fleet_registry::{ChangeSignal, JournalQuestion, JournalQuestions, PutQuestion, RegistryError, Result};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -85,13 +85,7 @@ impl JournalQuestions for EtcdRegistry {
     }
 
     fn journal_question_changes(&self, machine: &str) -> ChangeSignal {
-        let mut mirrors = self.inner.journal_mirrors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let (_, signal) = mirrors.entry(machine.to_string()).or_insert_with(|| {
-            let signal = watch::channel(0).0;
-            let range = KeyRange::prefix(self.keys().journal_questions(machine));
-            (Mirror::signalling(self.connection().clone(), vec![range], signal.clone()), signal)
-        });
-        signal.subscribe()
+        self.question_changes(self.keys().journal_questions(machine))
     }
 
     async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()> {
@@ -118,5 +112,33 @@ impl JournalQuestions for EtcdRegistry {
         // The asker may have given up (its lease gone): then nothing is written.
         let _ = self.connection().txn(txn).await;
         Ok(())
+    }
+
+    async fn every_journal_question(&self) -> Result<Vec<PutQuestion>> {
+        let stored: Vec<(String, Stored)> = self.list_keyed(&self.keys().all_journal_questions()).await?;
+        Ok(stored
+            .into_iter()
+            .filter_map(|(key, stored)| {
+                let (machine, id) = key.split_once('/')?;
+                Some(PutQuestion { machine: machine.to_string(), id: id.to_string(), question: stored.question })
+            })
+            .collect())
+    }
+
+    fn every_journal_question_changes(&self) -> ChangeSignal {
+        self.question_changes(self.keys().all_journal_questions())
+    }
+}
+
+impl EtcdRegistry {
+    /// Moves when a question may have been put under `prefix`: one watch per prefix followed.
+    fn question_changes(&self, prefix: String) -> ChangeSignal {
+        let mut mirrors = self.inner.journal_mirrors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let (_, signal) = mirrors.entry(prefix.clone()).or_insert_with(|| {
+            let signal = watch::channel(0).0;
+            let range = KeyRange::prefix(prefix);
+            (Mirror::signalling(self.connection().clone(), vec![range], signal.clone()), signal)
+        });
+        signal.subscribe()
     }
 }

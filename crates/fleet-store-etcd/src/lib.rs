@@ -105,8 +105,8 @@ struct Inner {
     /// Sources, their statuses and rollouts, for the change signal the engine leader's
     /// syncer and rollout driver wake on; started on first use.
     sources_mirror: OnceLock<Mirror>,
-    /// Per machine answering journal questions here: the copy of the questions put to it,
-    /// and the signal its changes move.
+    /// Per prefix of journal questions followed here (a machine's own, or every machine's on
+    /// a manager answering for its pull agents): its copy, and the signal its changes move.
     journal_mirrors: Mutex<HashMap<String, (Mirror, watch::Sender<u64>)>>,
     sources_signal: watch::Sender<u64>,
     /// The copy of the cluster the engine reads while it leads (`engine_copy.rs`): a standby

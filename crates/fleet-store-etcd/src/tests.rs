@@ -935,15 +935,17 @@ async fn a_lapsed_machine_registers_again_only_after_its_agent_stopped_its_units
     .await;
 }
 
-/// A journal question reaches the machine asked (and wakes it), its answer reaches the asker,
-/// and nothing of either is left after; a question no one answers ends with `None`.
+/// A journal question reaches the machine asked (and wakes it), and a manager following every
+/// machine's questions (for its pull agents); its answer reaches the asker, and nothing of
+/// either is left after; a question no one answers ends with `None`.
 #[tokio::test(flavor = "multi_thread")]
 async fn journal_questions_go_to_their_machine_and_answers_come_back() {
-    use fleet_registry::{JournalQuestion, JournalQuestions};
+    use fleet_registry::{JournalQuestion, JournalQuestions, PutQuestion};
     let etcd = EtcdServer::start();
     let asker = std::sync::Arc::new(registry(&etcd, Duration::from_secs(10)).await);
     let asked = registry(&etcd, Duration::from_secs(10)).await;
     let mut woken = asked.journal_question_changes("m2");
+    let mut manager_woken = asked.every_journal_question_changes();
     let question = JournalQuestion { unit: "web.service".into(), lines: 5, status: false };
     let asking = {
         let (asker, question) = (asker.clone(), question.clone());
@@ -958,6 +960,9 @@ async fn journal_questions_go_to_their_machine_and_answers_come_back() {
         woken.changed().await.unwrap();
     };
     assert!(asked.journal_questions("m1").await.unwrap().is_empty(), "only the machine asked");
+    manager_woken.changed().await.unwrap();
+    let every = asked.every_journal_question().await.unwrap();
+    assert_eq!(every, [PutQuestion { machine: "m2".into(), id: id.clone(), question: question.clone() }]);
     asked.answer_journal("m2", &id, b"the answer").await.unwrap();
     assert_eq!(asking.await.unwrap().unwrap(), Some(b"the answer".to_vec()));
     assert!(keys_under(&asked, "/fleet-test/journal/").await.is_empty(), "nothing is left");

@@ -31,6 +31,8 @@ pub struct ApiService {
     tls: Option<Arc<ServerTls>>,
     /// Which pull agents were heard from lately.
     pub agent_presence: Arc<AgentPresence>,
+    /// Journal questions carried to pull agents on their streams.
+    pub journal_relay: Arc<fleet_api::journal_relay::JournalRelay>,
     /// Whether this fleetd is a manager: it signs machine certificates and serves pull agents.
     pub serves_agents: bool,
     /// How it serves (`API on …`), for systemd's status line.
@@ -77,6 +79,7 @@ impl ApiService {
         // A fleetd that signs machine certificates is a manager: it serves pull agents.
         let serves_agents = agent_ca.is_some();
         let agent_presence = Arc::new(AgentPresence::new(config.agent_ttl));
+        let journal_relay = Arc::new(fleet_api::journal_relay::JournalRelay::default());
         let state = ApiState {
             registry: registry.clone(),
             page_size: page_size.clone(),
@@ -85,7 +88,7 @@ impl ApiService {
             agents: agent_ca.as_ref().map(|_| registry.clone() as Arc<dyn fleet_registry::AgentRegistry>),
             agent_ca,
             agent_presence: agent_presence.clone(),
-            journal_relay: Default::default(),
+            journal_relay: journal_relay.clone(),
             journal_limits: Default::default(),
             revocation_bell: Default::default(),
             encoded_bodies: Default::default(),
@@ -126,7 +129,7 @@ impl ApiService {
         if !crate::ready_probe::wait_until_api_answers(unix_socket, probe, READY_LIMIT).await {
             anyhow::bail!("the API did not answer within {READY_LIMIT:?} of starting");
         }
-        Ok(Self { page_size, tls, agent_presence, serves_agents, serving, stop, server, owned_sockets })
+        Ok(Self { page_size, tls, agent_presence, journal_relay, serves_agents, serving, stop, server, owned_sockets })
     }
 
     /// Takes in a reloaded configuration: the page size and the certificates (a failure

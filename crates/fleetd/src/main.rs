@@ -1,5 +1,6 @@
 //! fleetd: on every machine, the engine, the agent and the HTTP API v1.
 
+mod agent_journal_answers;
 mod api_service;
 mod capacity;
 mod daemon;

@@ -19,6 +19,7 @@ use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
+use crate::agent_journal_answers::AgentJournalAnswers;
 use crate::api_service::ApiService;
 use crate::daemon::{Components, Daemon};
 use crate::journal_answers::JournalAnswers;
@@ -209,6 +210,15 @@ impl Components for ClusterMember {
             tasks.spawn(supervise("silent agent sweep", move || {
                 fleet_runtime::run(SilentAgentSweep::new(presence.clone(), registry.clone()), running.clone())
             }));
+            // A manager answers the journal questions put through the store to its agents.
+            if let Some(questions) = self.journal_questions.clone() {
+                let (relay, presence, running) =
+                    (self.api.journal_relay.clone(), self.api.agent_presence.clone(), lifecycle.clone());
+                tasks.spawn(supervise("agents' journal answers", move || {
+                    let answers = AgentJournalAnswers::new(questions.clone(), relay.clone(), presence.clone());
+                    fleet_runtime::run(answers, running.clone())
+                }));
+            }
             // A manager's memory comes and goes with its agents' connections.
             let running = lifecycle.clone();
             tasks.spawn(supervise("memory trim", move || fleet_runtime::run(MemoryTrim::new(), running.clone())));
