@@ -10,6 +10,7 @@ pub mod admission;
 pub mod agent_plan;
 pub mod backoff;
 pub mod civil_time;
+pub mod closest;
 pub mod desired_units;
 pub mod drain;
 pub mod drift;
@@ -32,6 +33,7 @@ pub mod state;
 pub mod state_report;
 pub mod unit_file;
 pub mod unit_name;
+pub mod unknown_options;
 
 pub use backoff::Backoff;
 pub use machine::{Connection, MachineId, MachineState};

@@ -152,6 +152,48 @@ fn malformed_units_are_refused_and_nothing_is_stored() {
     assert_eq!(fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout, "hello@.service\n");
 }
 
+/// Regression (issue 68): typos in a unit file were stored silently and the unit failed with
+/// "unit is failed/failed". They are still stored, as the original did, but submission warns
+/// with the option meant, and `status` names what is unknown.
+#[test]
+fn typos_in_a_unit_file_are_warned_about_with_the_option_meant() {
+    let fleet = Fleetd::start("e2e0typos0000001", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo.service");
+    std::fs::write(
+        &typo,
+        "[Service]\nExecStrat=/bin/sleep 1000\n[Servce]\nUser=nobody\n[X-Fleet]\nMachineMetdata=zone=a\n",
+    )
+    .unwrap();
+    let submitted = fleet.fleetctl(&["submit", &typo.display().to_string()]);
+    assert_eq!(submitted.code, 0, "still accepted: {submitted:?}");
+    assert_eq!(
+        submitted.stderr,
+        "Unit typo.service: unknown option ExecStrat= in [Service], which systemd ignores; did you mean ExecStart=?\n\
+         Unit typo.service: unknown section [Servce], which systemd ignores; did you mean [Service]?\n\
+         Unit typo.service: unrecognized requirement in [X-Fleet] section: \"MachineMetdata\"; did you mean \"MachineMetadata\"?\n"
+    );
+    assert_eq!(fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout, "typo.service\n");
+    // Submitted again unchanged: nothing is written, nothing said again.
+    let again = fleet.fleetctl(&["submit", &typo.display().to_string()]);
+    assert_eq!((again.code, again.stderr.as_str()), (0, ""), "{again:?}");
+    let started = fleet.fleetctl(&["start", "--no-block", "typo.service"]);
+    assert_eq!(started.code, 0, "{started:?}");
+    fleet.wait_until("the unit without ExecStart= fails", WAIT, |fleet| {
+        fleet.ok(&["list-units", "--no-legend", "--fields", "unit,active"]).stdout.contains("failed")
+    });
+    let status = fleet.fleetctl(&["status", "typo.service"]);
+    assert!(
+        status.stdout.contains(
+            "   Warning: unknown option ExecStrat= in [Service], which systemd ignores; did you mean ExecStart=?\n"
+        ),
+        "{status:?}"
+    );
+    let json = fleet.fleetctl(&["status", "-o", "json", "typo.service"]);
+    let json: serde_json::Value = serde_json::from_str(&json.stdout).expect("json");
+    assert_eq!(json[0]["unknownOptions"].as_array().map(Vec::len), Some(3), "{json}");
+}
+
 #[test]
 fn usage_errors_and_version() {
     let fleet = Fleetd::start("e2e0usage0000001", &[]);

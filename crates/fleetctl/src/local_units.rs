@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use fleet_core::UnitFile;
 use fleet_core::unit_name::UnitNameInfo;
+use fleet_core::unknown_options::{Unknown, unknown_options};
 
 /// Reads a unit file; `None` when there is no such file. A malformed file is an error that
 /// names the file and the line.
@@ -15,6 +16,21 @@ pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>, String> {
         Err(error) => return Err(format!("{}: {error}", path.display())),
     };
     UnitFile::parse(&text).map(Some).map_err(|error| format!("{}: {error}", path.display()))
+}
+
+/// Says on stderr what in `file`, about to be submitted as `name`, neither systemd nor fleet
+/// knows (the unit is still submitted, as the original did). An unknown `[X-Fleet]` key gets
+/// the original's warning, with the nearest known key when one is near.
+pub fn warn_unknown_options(name: &str, file: &UnitFile) {
+    for unknown in unknown_options(file.options()) {
+        match unknown {
+            Unknown::Option { section, name: key, nearest } if section == fleet_core::unit_file::X_FLEET => {
+                let hint = nearest.map(|nearest| format!("; did you mean {nearest:?}?")).unwrap_or_default();
+                eprintln!("Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}{hint}");
+            }
+            unknown => eprintln!("Unit {name}: {unknown}"),
+        }
+    }
 }
 
 /// Where the template of the instance `name` would be, beside the file `argument` names.

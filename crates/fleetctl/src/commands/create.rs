@@ -5,12 +5,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fleet_api_schema::{RolloutRequest, Unit, UnitOption};
-use fleet_core::requirements::{KNOWN_KEYS, is_added_key};
 use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name, with_default_unit_type};
 use fleet_core::{Requirements, UnitFile};
 
 use crate::context::Context;
-use crate::local_units::{local_template_path, read_unit_file};
+use crate::local_units::{local_template_path, read_unit_file, warn_unknown_options};
 use crate::wait::fetch_units;
 
 /// How many requests fleetctl keeps in flight at once.
@@ -229,12 +228,20 @@ pub async fn lazy_create(
     let mut replaced = BTreeSet::new();
     let mut rolled: BTreeMap<String, Vec<UnitOption>> = BTreeMap::new();
     let mut seen = BTreeSet::new();
+    // Each content is warned about once (the instances of one template share it).
+    let mut warned = BTreeSet::new();
     for (argument, name) in arguments.iter().zip(&names) {
         if !seen.insert(name.clone()) {
             continue;
         }
         let path = with_default_unit_type(argument);
         let local = local_content(&path, name, &registry, &mut templates_on_disk).await?;
+        if let Some(local) = &local
+            && registry.get(name).is_none_or(|existing| unit_file(existing).hash() != local.hash())
+            && warned.insert(local.hash())
+        {
+            warn_unknown_options(name, local);
+        }
         if let Some(existing) = registry.get(name) {
             let Some(local) = local else { continue };
             let stored = unit_file(existing);
@@ -325,11 +332,6 @@ fn new_unit_as(name: &str, file: &UnitFile, desired: &str) -> Result<Unit, Strin
 fn new_unit(name: &str, file: &UnitFile) -> Result<Unit, String> {
     let requirements = Requirements::from_unit(name, file);
     requirements.validate().map_err(|error| format!("unit {name}: {error}"))?;
-    for key in &requirements.unknown_keys {
-        if !KNOWN_KEYS.contains(&key.as_str()) && !is_added_key(key) {
-            eprintln!("Unit {name}: unrecognized requirement in [X-Fleet] section: {key:?}");
-        }
-    }
     Ok(Unit { name: name.to_string(), options: schema_options(file), ..Unit::default() })
 }
 

@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use fleet_core::unit_name::mangle;
+use fleet_core::unknown_options::unknown_options;
 
 use super::create::{is_global, unit_file};
 use super::list::{health_text, unit_row};
@@ -98,6 +99,7 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             for line in states.iter().filter_map(health_line) {
                 println!("{line}");
             }
+            print_unknown_options(&unit);
             continue;
         }
         let description = unit_file(&unit).description().map(str::to_string);
@@ -113,6 +115,7 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
                 println!("{line}");
             }
         }
+        print_unknown_options(&unit);
         if let Some(journal) = &report
             && !journal.text.is_empty()
         {
@@ -136,6 +139,7 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
                     hash: file.hash().to_string(),
                     states: states.iter().map(|state| unit_row(state, &machines)).collect(),
                     log: report.as_ref().map(|journal| journal.text.lines().collect()).unwrap_or_default(),
+                    unknown_options: unknown_options(file.options()).iter().map(ToString::to_string).collect(),
                 }
             })
             .collect();
@@ -145,6 +149,14 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
         (true, _) => Outcome::Exit(SYSTEMCTL_NOT_ACTIVE),
         (false, true) => Outcome::Failure,
         (false, false) => Outcome::Success,
+    }
+}
+
+/// `   Warning: unknown option ExecStrat= in [Service], …`: what in the unit file neither
+/// systemd nor fleet knows, a likely reason why it fails (issue 68).
+fn print_unknown_options(unit: &fleet_api_schema::Unit) {
+    for unknown in unknown_options(unit_file(unit).options()) {
+        println!("   Warning: {unknown}");
     }
 }
 

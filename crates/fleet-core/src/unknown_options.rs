@@ -1,0 +1,136 @@
+//! Options and sections of a unit file that neither systemd nor fleet knows: the original
+//! stored them silently and systemd ignores them, so `ExecStrat=` made a unit that failed
+//! without saying why. They are still accepted; this names them, with the known one nearest
+//! (`did you mean ExecStart?`), for fleetctl to warn at submission and in `status`.
+//!
+//! What systemd knows is the table its parser is built from (`unknown_options/systemd.txt`,
+//! written by `scripts/systemd-options.sh`); `[X-Fleet]` holds the original's keys and
+//! fleet's own. Sections and options whose names begin with `X-` are the user's own, as
+//! systemd has them.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::sync::LazyLock;
+
+use crate::closest::closest;
+use crate::requirements::{ADDED_KEYS, KNOWN_KEYS};
+use crate::unit_file::{UnitOption, X_FLEET};
+
+/// `Section.Name` a line, the first line saying which systemd.
+const SYSTEMD_OPTIONS: &str = include_str!("unknown_options/systemd.txt");
+
+/// Every section systemd knows, with its options; `[X-Fleet]` with fleet's.
+static KNOWN: LazyLock<BTreeMap<&'static str, BTreeSet<&'static str>>> = LazyLock::new(|| {
+    let mut known: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for line in SYSTEMD_OPTIONS.lines().filter(|line| !line.starts_with('#')) {
+        if let Some((section, name)) = line.split_once('.') {
+            known.entry(section).or_default().insert(name);
+        }
+    }
+    let fleet = KNOWN_KEYS.iter().chain(ADDED_KEYS).chain(crate::health::check::KEYS);
+    known.entry(X_FLEET).or_default().extend(fleet.copied());
+    known
+});
+
+/// A section, or an option of a known section, that nothing knows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unknown {
+    Section { section: String, nearest: Option<&'static str> },
+    Option { section: String, name: String, nearest: Option<&'static str> },
+}
+
+impl fmt::Display for Unknown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Unknown::Section { section, nearest } => {
+                write!(f, "unknown section [{section}], which systemd ignores")?;
+                match nearest {
+                    Some(nearest) => write!(f, "; did you mean [{nearest}]?"),
+                    None => Ok(()),
+                }
+            }
+            Unknown::Option { section, name, nearest } => {
+                write!(f, "unknown option {name}= in [{section}], which ")?;
+                f.write_str(if section == X_FLEET { "fleet ignores" } else { "systemd ignores" })?;
+                match nearest {
+                    Some(nearest) => write!(f, "; did you mean {nearest}=?"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+/// The unknown sections and options of a unit file, each once, in file order.
+pub fn unknown_options(options: &[UnitOption]) -> Vec<Unknown> {
+    let mut found: Vec<Unknown> = Vec::new();
+    for option in options {
+        let unknown = if is_users_own(&option.section) {
+            continue;
+        } else if let Some(names) = KNOWN.get(option.section.as_str()) {
+            if is_users_own(&option.name) || names.contains(option.name.as_str()) {
+                continue;
+            }
+            let nearest = closest(&option.name, names.iter().copied());
+            Unknown::Option { section: option.section.clone(), name: option.name.clone(), nearest }
+        } else {
+            let nearest = closest(&option.section, KNOWN.keys().copied());
+            Unknown::Section { section: option.section.clone(), nearest }
+        };
+        if !found.contains(&unknown) {
+            found.push(unknown);
+        }
+    }
+    found
+}
+
+/// `X-…`: a name systemd leaves to the user (fleet's own section aside).
+fn is_users_own(name: &str) -> bool {
+    name.starts_with("X-") && name != X_FLEET
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unknown(text: &str) -> Vec<String> {
+        let file = crate::UnitFile::parse(text).expect("a unit file");
+        unknown_options(file.options()).iter().map(ToString::to_string).collect()
+    }
+
+    /// Regression (issue 68): typos were stored silently and the unit failed without a word.
+    #[test]
+    fn typos_are_named_with_the_option_meant() {
+        let found = unknown(
+            "[Unit]\nDescription=web\n[Service]\nExecStrat=/bin/web\nExecStrat=/bin/web2\nRestart=always\n\
+             [Servce]\nUser=web\n[X-Fleet]\nMachineMetdata=zone=a\nSpreadBy=zone\n",
+        );
+        assert_eq!(
+            found,
+            [
+                "unknown option ExecStrat= in [Service], which systemd ignores; did you mean ExecStart=?",
+                "unknown section [Servce], which systemd ignores; did you mean [Service]?",
+                "unknown option MachineMetdata= in [X-Fleet], which fleet ignores; did you mean MachineMetadata=?",
+            ]
+        );
+    }
+
+    #[test]
+    fn what_systemd_and_fleet_know_passes_and_the_users_own_names_too() {
+        let text = "[Unit]\nDescription=d\nAfter=a.service\nStartLimitIntervalSec=5\n\
+                    [Service]\nType=simple\nExecStartPre=/bin/true\nExecStart=/bin/true\nMemoryLimit=1G\n\
+                    CPUShares=10\nPermissionsStartOnly=true\nStartLimitInterval=5\nX-Mine=1\n\
+                    [Socket]\nListenStream=80\n[Timer]\nOnCalendar=daily\n[Install]\nWantedBy=multi-user.target\n\
+                    [X-Fleet]\nMachineID=abc\nX-ConditionMachineMetadata=a=b\nGlobal=true\nAtMostOnce=true\n\
+                    HealthCheck=http://127.0.0.1/\n[X-Own]\nAnything=goes\n";
+        assert_eq!(unknown(text), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_name_nothing_is_near_is_named_without_a_guess() {
+        assert_eq!(
+            unknown("[Service]\nFrobnicate=1\n"),
+            ["unknown option Frobnicate= in [Service], which systemd ignores"]
+        );
+    }
+}
