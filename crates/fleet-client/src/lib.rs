@@ -20,8 +20,10 @@ pub enum ClientError {
     /// The endpoint cannot be used (no scheme, a Unix URL with a host...).
     #[error("{0}")]
     Endpoint(String),
-    /// The API answered with an error; shown as the original's Go client shows it.
-    #[error("googleapi: Error {code}: {message}")]
+    /// The API answered with an error; shown as the original's Go client shows it, and when
+    /// fleetd says it cannot reach etcd, with where to look (the original's message names no
+    /// address, nor should an answer to any client).
+    #[error("googleapi: Error {code}: {message}{}", store_hint(*code, message))]
     Api { code: u16, message: String },
     #[error("{0}")]
     Transport(String),
@@ -36,6 +38,17 @@ impl ClientError {
 }
 
 pub type Result<T> = std::result::Result<T, ClientError>;
+
+/// The message with which fleetd answers while it cannot reach its store (the original's).
+const STORE_UNREACHABLE: &str = "fleet server unable to communicate with etcd";
+
+fn store_hint(code: u16, message: &str) -> &'static str {
+    if code == 503 && message == STORE_UNREACHABLE {
+        "\n(fleetd cannot reach etcd: is etcd running at the etcd_servers of fleetd's configuration? fleetd's log names the address it tries)"
+    } else {
+        ""
+    }
+}
 
 /// How many times in all a batch of units is sent while fleetd answers that it cannot
 /// reach its store, and the first wait between two sends (doubling after each).
@@ -535,6 +548,17 @@ fn encode_component(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    /// Issue 68: "unable to communicate with etcd" said nothing of where to look.
+    #[test]
+    fn an_unreachable_store_is_said_with_where_to_look_and_other_errors_as_the_original() {
+        let unreachable = super::ClientError::Api { code: 503, message: super::STORE_UNREACHABLE.into() };
+        let said = unreachable.to_string();
+        assert!(said.starts_with("googleapi: Error 503: fleet server unable to communicate with etcd\n"), "{said}");
+        assert!(said.contains("etcd_servers"), "{said}");
+        let other = super::ClientError::Api { code: 404, message: "unit does not exist".into() };
+        assert_eq!(other.to_string(), "googleapi: Error 404: unit does not exist");
+    }
+
     use super::*;
 
     #[test]

@@ -175,7 +175,13 @@ impl std::fmt::Display for ConfigError {
             Self::Syntax { path, line, text } => {
                 write!(f, "{}:{line}: expected \"option = value\", found {text:?}", path.display())
             }
-            Self::UnknownOption { source, name } => write!(f, "{source}: unknown option {name:?}"),
+            Self::UnknownOption { source, name } => {
+                write!(f, "{source}: unknown option {name:?}")?;
+                match fleet_core::closest::closest(name, OPTIONS.iter().map(|(known, _)| *known)) {
+                    Some(nearest) => write!(f, "; did you mean {nearest:?}?"),
+                    None => Ok(()),
+                }
+            }
             Self::BadValue { name, value, reason } => write!(f, "invalid value {value:?} for option {name}: {reason}"),
         }
     }
@@ -655,7 +661,7 @@ mod tests {
             Config::load(Some(&path), &BTreeMap::new())
                 .unwrap_err()
                 .to_string()
-                .ends_with("unknown option \"tokn_limit\"")
+                .ends_with("unknown option \"tokn_limit\"; did you mean \"token_limit\"?")
         );
         assert!(Config::load(Some(&dir.path().join("missing")), &BTreeMap::new()).is_err());
         assert!(matches!(Config::load(Some(dir.path()), &BTreeMap::new()), Err(ConfigError::NotAFile(_))));
