@@ -412,6 +412,12 @@ fn credential_less_clients_need_the_anonymous_opt_in_on_tcp() {
         .expect("fleetctl");
     assert!(!submit.status.success(), "an anonymous viewer cannot write");
     assert!(String::from_utf8_lossy(&submit.stderr).contains("403"), "{submit:?}");
+    // Nor stop what the socket's administrator started; said in words (it was "stoping").
+    open.fleetctl_in(dir.path(), &["start", "--no-block", "hello.service"]);
+    open.wait_until("hello.service runs", Duration::from_secs(30), |open| !open.unit_rows().is_empty());
+    let stop = run(port, &["stop", "--no-block", "hello.service"]);
+    assert_eq!(stop.code, 1, "{stop:?}");
+    assert!(stop.stderr.starts_with("Error stopping units: googleapi: Error 403"), "{stop:?}");
 }
 
 /// On etcd with two fleetds: a token made on one works on the other, the whole matrix holds

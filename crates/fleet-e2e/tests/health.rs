@@ -122,6 +122,10 @@ fn a_failing_version_is_stopped_at_its_canary_and_reverted_and_a_good_one_comple
     let waited = fleet.fleetctl(&["rollout", "status", "--wait", "web"]);
     assert_eq!(waited.code, 1, "a reverted rollout settles as a failure: {waited:?}");
     assert!(waited.stdout.contains("State:           reverted"), "{waited:?}");
+    // Issue 68: the wait said nothing while it waited, and a reverted rollout read "3/3 done".
+    assert!(waited.stderr.lines().all(|line| line.starts_with("Rollout web: ")), "progress as it goes: {waited:?}");
+    assert!(waited.stderr.contains("Rollout web: reverted (4/4 back on their old content"), "{waited:?}");
+    assert!(waited.stdout.contains("Units:           4/4 back on their old content"), "{waited:?}");
     assert!(
         waited.stdout.contains("was still unhealthy on its new content after 6s: HTTP 500"),
         "the gate that failed is recorded: {waited:?}"

@@ -262,7 +262,7 @@ async fn lower(
     context: &Context,
     arguments: &[String],
     block: &BlockFlags,
-    (target, verb, done): (&'static str, &str, &str),
+    (target, verb, done, acting_on): (&'static str, &str, &str, &str),
 ) -> Outcome {
     let units = match units_to_act_on(context, arguments, "Error retrieving units").await {
         Ok(units) => units,
@@ -285,7 +285,7 @@ async fn lower(
     let triggered = match set_desired_state(context, acting, target, &BTreeSet::new()).await {
         Ok(triggered) => triggered,
         Err(error) => {
-            eprintln!("Error {verb}ing units: {error}");
+            eprintln!("Error {acting_on} units: {error}");
             return Outcome::Failure;
         }
     };
@@ -307,11 +307,11 @@ async fn lower(
 }
 
 pub async fn stop(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
-    lower(context, arguments, block, ("loaded", "stop", "stopped")).await
+    lower(context, arguments, block, ("loaded", "stop", "stopped", "stopping")).await
 }
 
 pub async fn unload(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {
-    lower(context, arguments, block, ("inactive", "unload", "unloaded")).await
+    lower(context, arguments, block, ("inactive", "unload", "unloaded", "unloading")).await
 }
 
 pub async fn destroy(context: &Context, arguments: &[String], block: &BlockFlags) -> Outcome {

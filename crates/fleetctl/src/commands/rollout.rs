@@ -113,8 +113,18 @@ fn why_stopped(rollout: &Rollout) -> String {
 /// Reads the progress of rollout `name` every half second until it finished (done or
 /// undone), stopped (paused, failed, reverted), is gone, or `deadline` passes.
 pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instant>) -> Result<(), Unsettled> {
+    let mut said = String::new();
     loop {
-        match context.client.rollout_progress(name).await {
+        let progress = context.client.rollout_progress(name).await;
+        // While it waits, it says how far the rollout is, on stderr, each time that moves.
+        if let Ok(Some(rollout)) = &progress {
+            let line = format!("Rollout {name}: {} ({})", rollout.state, counts(rollout));
+            if line != said {
+                eprintln!("{line}");
+                said = line;
+            }
+        }
+        match progress {
             // Finished: its new content, or (undone) its old content back.
             Ok(Some(rollout)) if rollout.state == "done" || rollout.state == "undone" => return Ok(()),
             // Still going by itself: waves, an undo begun by a failed gate, a canary baking.
@@ -252,7 +262,9 @@ pub fn gate_settings(gates: &crate::RolloutGates) -> Result<(Option<String>, Opt
 }
 
 /// How many units are done, in flight and failed, of how many (from `steps`; a fleetd from
-/// before it answers with the units only, which are counted then).
+/// before it answers with the units only, which are counted then). An undo's units that are
+/// done are back on their old content, and said so: "3/3 done" of a reverted rollout read as
+/// a success (issue 68).
 fn counts(rollout: &Rollout) -> String {
     let mut steps = rollout.steps.clone();
     if steps.is_empty() {
@@ -263,7 +275,11 @@ fn counts(rollout: &Rollout) -> String {
     let count = |step: &str| steps.get(step).copied().unwrap_or(0);
     let total: usize = steps.values().sum();
     let moving = count("replacing") + count("ready");
-    format!("{}/{total} done, {moving} in flight, {} failed", count("done"), count("failed"))
+    let done = match rollout.state.as_str() {
+        "reverting" | "reverted" | "undone" => "back on their old content",
+        _ => "done",
+    };
+    format!("{}/{total} {done}, {moving} in flight, {} failed", count("done"), count("failed"))
 }
 
 fn show(rollout: &Rollout) {
@@ -327,6 +343,21 @@ async fn act(context: &Context, name: &str, action: &str) -> Outcome {
 
 #[cfg(test)]
 mod tests {
+    use fleet_api_schema::Rollout;
+
+    #[test]
+    fn an_undos_units_are_counted_back_on_their_old_content() {
+        let rollout = |state: &str| Rollout {
+            state: state.into(),
+            steps: [("done".to_string(), 3)].into_iter().collect(),
+            ..Rollout::default()
+        };
+        assert_eq!(super::counts(&rollout("done")), "3/3 done, 0 in flight, 0 failed");
+        for undo in ["reverted", "reverting", "undone"] {
+            assert_eq!(super::counts(&rollout(undo)), "3/3 back on their old content, 0 in flight, 0 failed");
+        }
+    }
+
     #[test]
     fn rollout_names_come_from_unit_names() {
         assert_eq!(super::default_name("web@.service"), "web");
