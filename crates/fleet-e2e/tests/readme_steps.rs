@@ -169,3 +169,142 @@ fn tls_made_in_one_step_and_a_pull_agent_join_as_the_readme_says() {
     assert!(rows.contains(&"readme-edge-1 rack=r1 pull -".to_string()), "{rows:?}\n{}", agent.log());
     drop(agent);
 }
+
+/// A shell a newcomer types the README's lines into, in its own process group: what it
+/// starts in the background is ended with it, whatever the test's outcome.
+struct Typing {
+    shell: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::path::PathBuf,
+}
+
+impl Typing {
+    fn start(dir: &std::path::Path) -> Self {
+        use std::os::unix::process::CommandExt;
+        let output = dir.join("shell.out");
+        let log = std::fs::File::create(&output).expect("the shell's output");
+        let path = format!("{}:{}", fleet_e2e::binary_dir().display(), std::env::var("PATH").unwrap_or_default());
+        let mut shell = Command::new("bash")
+            .arg("-s")
+            .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+            .env("PATH", path)
+            .env_remove("FLEETCTL_ENDPOINT")
+            .env_remove("FLEETCTL_TOKEN")
+            .stdin(std::process::Stdio::piped())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("bash");
+        let input = shell.stdin.take().expect("the shell's input");
+        Self { shell, input, output }
+    }
+
+    /// Types `lines`, then waits until the shell has run them: what they printed.
+    fn run(&mut self, lines: &str) -> String {
+        use std::io::Write;
+        let before = self.said().len();
+        let marker = format!("__typed_{before}__");
+        writeln!(self.input, "{lines}\necho {marker}").expect("type into the shell");
+        fleet_e2e::poll_until(
+            "the shell ran the lines",
+            Duration::from_secs(120),
+            || self.said().contains(&marker),
+            || self.said(),
+        );
+        let said = self.said();
+        said[before..said.find(&marker).unwrap_or(said.len())].to_string()
+    }
+
+    fn said(&self) -> String {
+        std::fs::read_to_string(&self.output).unwrap_or_default()
+    }
+
+    /// Types `exit`: the shell ends once it has run what it was given.
+    fn exit(&mut self) {
+        use std::io::Write;
+        writeln!(self.input, "exit").expect("type into the shell");
+    }
+
+    /// Whether the shell, or anything it started, is still running.
+    fn any_left(&mut self) -> bool {
+        // An ended shell is a member of its group until it is waited for.
+        let _ = self.shell.try_wait();
+        let group = i32::try_from(self.shell.id()).expect("a pid");
+        // SAFETY: signal 0 only asks whether the process group exists.
+        unsafe { libc::kill(-group, 0) == 0 }
+    }
+}
+
+impl Drop for Typing {
+    fn drop(&mut self) {
+        let group = i32::try_from(self.shell.id()).expect("a pid");
+        // SAFETY: signals only the shell's own process group.
+        unsafe { libc::kill(-group, libc::SIGKILL) };
+        let _ = self.shell.wait();
+    }
+}
+
+/// Issue 68: "a cluster on one box", etcd, three members and a pull agent, typed into one
+/// shell as the README has them; only this test's directory and ports are put in.
+#[test]
+fn a_cluster_on_one_box_as_the_readme_walks_through_it() {
+    let readme = readme();
+    let dir = tempfile::tempdir().expect("dir");
+    let box_dir = dir.path().join("box").display().to_string();
+    let (client, peer, manager) = (free_port().to_string(), free_port().to_string(), free_port().to_string());
+    let members = put_in(
+        &block(&readme, "sh", "# a cluster on one box: etcd, three members (the first a manager of pull agents too)"),
+        &[("/tmp/fleet-box", &box_dir), ("2379", &client), ("2380", &peer), ("4002", &manager)],
+    );
+    let agent = put_in(
+        &block(&readme, "sh", "# a pull agent, joining through the first member with a registration token"),
+        &[("4002", &manager)],
+    );
+    let units = block(&readme, "sh", "# four machines, four units");
+    let mut shell = Typing::start(dir.path());
+    shell.run(&members);
+    let machines_seen = || {
+        let socket = format!("unix://{box_dir}/1/fleet.sock");
+        let listed = Command::new(binary("fleetctl"))
+            .args(["--endpoint", &socket, "list-machines", "--no-legend", "--full", "--fields", "machine,connection"])
+            .output()
+            .expect("fleetctl");
+        String::from_utf8_lossy(&listed.stdout).into_owned()
+    };
+    fleet_e2e::poll_until(
+        "the three members are listed",
+        Duration::from_secs(60),
+        || machines_seen().lines().count() == 3,
+        || shell.said(),
+    );
+    shell.run(&agent);
+    fleet_e2e::poll_until(
+        "the pull agent joined",
+        Duration::from_secs(60),
+        || machines_seen().contains("box-agent\tpull"),
+        || shell.said(),
+    );
+    let said = shell.run(&units);
+    for n in 1..=4 {
+        assert!(said.contains(&format!("Unit hello@{n}.service launched on ")), "{said}");
+        assert!(
+            said.lines()
+                .any(|line| line.starts_with(&format!("hello@{n}.service\t")) && line.ends_with("\tactive\trunning")),
+            "{said}"
+        );
+    }
+    let wide = said.lines().filter(|line| line.starts_with("box-")).count();
+    assert_eq!(wide, 4, "four machines in list-machines -o wide: {said}");
+    assert!(said.contains("Hello from 1"), "the journal from member 3: {said}");
+    // The README's way to end it ends everything it started, units too.
+    let stop = "kill %1 %2 %3 %4 %5";
+    assert!(readme.contains(&format!("`{stop}`")), "the README ends it with {stop:?}");
+    shell.run(&format!("{stop}\nwait"));
+    shell.exit();
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while shell.any_left() {
+        assert!(std::time::Instant::now() < deadline, "the walkthrough left processes running:\n{}", shell.said());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

@@ -36,6 +36,11 @@ fn hello_runs_and_stops() {
     let fleet = Fleetd::start("e2e0hello0000001", &[]);
     let started = fleet.ok(&["start", &example("hello.service")]);
     assert_eq!(started.stdout, "Unit hello.service inactive\nUnit hello.service launched on e2e0hell.../127.0.0.1\n");
+    // The original's table, and beneath it on stderr which machine leads (issue 68).
+    let machines = fleet.fleetctl(&["list-machines"]);
+    assert_eq!(machines.stdout, "MACHINE\t\tIP\t\tMETADATA\ne2e0hell...\t127.0.0.1\t-\n");
+    assert_eq!(machines.stderr, "Engine leader: e2e0hell... (-o wide shows more)\n");
+    assert_eq!(fleet.fleetctl(&["list-machines", "--no-legend"]).stderr, "", "scripts get the table alone");
     assert_eq!(fleet.unit_rows(), vec![("hello.service".into(), "active".into(), "running".into())]);
     assert_eq!(unit_processes(&fleet.state_dir()).len(), 2, "sh and its sleep run under the supervisor");
     let table = fleet.ok(&["list-units"]).stdout;
@@ -69,6 +74,10 @@ fn templates_cycles_order_and_cat() {
     let files = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,dstate"]).stdout;
     assert_eq!(files.lines().count(), 9, "{files}");
     assert!(files.lines().all(|line| line.ends_with("inactive")));
+    // As the original: a description is shown as written, its specifiers not expanded
+    // (issue 68 asked; the original's `desc` is the unit file's value as is).
+    let described = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,desc"]).stdout;
+    assert!(described.lines().any(|line| line == "hello@1.service\tHello instance %i"), "{described}");
     // Loaded, then started, then stopped, then unloaded, then destroyed: twice.
     for _ in 0..2 {
         fleet.ok(&["load", &example("hello@1.service"), &example("hello@2.service")]);

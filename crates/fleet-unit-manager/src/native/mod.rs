@@ -310,8 +310,10 @@ impl NativeManager {
     }
 }
 
-fn description(unit: &str, file: &UnitFile) -> String {
-    file.description().map_or_else(|| unit.to_string(), str::to_string)
+/// What the unit's log lines call it: its `Description=` with its specifiers expanded, as
+/// systemd's own lines have it ("Starting Hello instance 1..."), else its name.
+fn description(unit: &str, file: &UnitFile, specifiers: &Specifiers) -> String {
+    file.description().map_or_else(|| unit.to_string(), |description| specifiers.expand(description))
 }
 
 #[async_trait]
@@ -410,7 +412,7 @@ impl UnitManager for NativeManager {
         state.set("activating", "start");
         let runner = Runner {
             unit: name.to_string(),
-            description: description(name, &file),
+            description: description(name, &file, &specifiers),
             config,
             context,
             specifiers,

@@ -70,7 +70,7 @@ async fn output_environment_and_specifiers_reach_the_journal() {
     let env_file = dir.path().join("env");
     std::fs::write(&env_file, "FROM_FILE=filed\n").unwrap();
     let unit = format!(
-        "[Service]\nType=oneshot\nRemainAfterExit=yes\nEnvironment=GREETING=hi\nEnvironmentFile={}\nEnvironmentFile=-/nonexistent\nExecStartPre=/bin/echo pre\nExecStart=/bin/sh -c 'echo $GREETING %i $FROM_FILE; echo oops >&2'\nExecStartPost=-/bin/false\n",
+        "[Unit]\nDescription=Greeting %i\n[Service]\nType=oneshot\nRemainAfterExit=yes\nEnvironment=GREETING=hi\nEnvironmentFile={}\nEnvironmentFile=-/nonexistent\nExecStartPre=/bin/echo pre\nExecStart=/bin/sh -c 'echo $GREETING %i $FROM_FILE; echo oops >&2'\nExecStartPost=-/bin/false\n",
         env_file.display()
     );
     load(&manager, "greet@world.service", &unit).await;
@@ -81,6 +81,8 @@ async fn output_environment_and_specifiers_reach_the_journal() {
     assert!(journal.contains(": pre"), "{journal}");
     assert!(journal.contains(": hi world filed"), "{journal}");
     assert!(journal.contains(": oops"), "{journal}");
+    // As systemd's lines: the description's specifiers expanded (it said "Starting Greeting %i").
+    assert!(journal.contains("fleetd: Starting Greeting world..."), "{journal}");
     manager.stop("greet@world.service").await.unwrap();
     wait_for(&manager, "greet@world.service", "inactive", "dead").await;
 }

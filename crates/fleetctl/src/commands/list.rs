@@ -130,6 +130,15 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
         })
         .collect();
     print_table(&fields, rows, list.no_legend);
+    // The original's table has no leader column, and scripts read it: with the legend on and
+    // no leader column asked for, which machine leads is said beneath, on stderr.
+    if !list.no_legend
+        && !fields.contains(&"leader")
+        && let Some(leader) = machines.iter().find(|machine| machine.engine_leader)
+    {
+        let ids = machines.iter().map(|machine| machine.id.as_str());
+        eprintln!("Engine leader: {} (-o wide shows more)", machine_id_legend(&leader.id, ids, full));
+    }
     Outcome::Success
 }
 
