@@ -109,3 +109,60 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
         String::new,
     );
 }
+
+/// Regression (issue 68): the header counted every unit with a reason as waiting (a placed unit
+/// may carry one: kept on a drained machine, spread unevenly), and health had no column.
+#[test]
+fn the_header_counts_only_units_that_wait_and_health_has_its_column() {
+    let port = fleet_testkit::free_port();
+    let listen = format!("unix://{{socket}},http://127.0.0.1:{port}");
+    let fleet = Fleetd::start(
+        "0e0e0e0e0000000000000000000000a2",
+        &[("api_listen", listen.as_str()), ("api_anonymous_role", "viewer"), ("metadata", "zone=a")],
+    );
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let checked = "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nSpreadBy=zone\nHealthCheck=exec:/bin/true\nHealthCheckInterval=1s\nHealthCheckThreshold=1\n";
+    let web: Vec<String> = (1..=2).map(|n| write_unit(dir.path(), &format!("web@{n}.service"), checked)).collect();
+    fleet.ok(&["start", &web[0], &web[1]]);
+    let nowhere = write_unit(
+        dir.path(),
+        "nowhere.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=zone=nowhere\n",
+    );
+    fleet.ok(&["start", "--no-block", &nowhere]);
+    // The only machine drained: its units have nowhere to go, stay, and (the first of the
+    // drain's wave) carry a reason.
+    fleet.ok(&["machine", "drain", "0e0e0e0e"]);
+    fleet.wait_until("a unit kept on the drained machine says so", WAIT, |fleet| {
+        let listed = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,reason"]).stdout;
+        listed.lines().any(|line| line.starts_with("web@") && line.contains("cannot leave its draining machine"))
+    });
+    let mut browser = Browser::open(&format!("http://127.0.0.1:{port}/ui/"), 1400, 900);
+    poll_until(
+        "the header counts the one unit that waits, and health shows in its column",
+        WAIT,
+        || {
+            let summary = browser.evaluate("document.getElementById('summary').innerText");
+            let healthy = browser.evaluate(
+                "[...document.querySelectorAll('#units .row')].filter(r => r.children[5] && r.children[5].innerText === 'healthy').length",
+            );
+            summary == "1 machines, 3 units: 2 active, 1 waiting for a machine" && healthy == 2
+        },
+        String::new,
+    );
+    assert!(text(&mut browser).contains("HEALTH"), "the column has its head");
+    browser.evaluate(
+        "(s => { s.value = 'unplaced'; s.dispatchEvent(new Event('input')); })(document.getElementById('unit-state'))",
+    );
+    poll_until(
+        "waiting for a machine lists only the unit that waits",
+        WAIT,
+        || {
+            browser
+                .evaluate("document.getElementById('units').innerText")
+                .as_str()
+                .is_some_and(|rows| rows.contains("nowhere.service") && !rows.contains("web@1.service"))
+        },
+        String::new,
+    );
+}

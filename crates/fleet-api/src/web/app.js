@@ -96,7 +96,7 @@ function unitClass(u) {
   if (u.health && u.health.startsWith("unhealthy")) return "failed";
   if (u.active === "active") return "active";
   if (u.active === "failed") return "failed";
-  if (u.reason) return "waiting";
+  if (isWaiting(u)) return "waiting";
   return null;
 }
 
@@ -108,10 +108,23 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [u.desired],
     [u.current || "-"],
     [ip ? machine + "/" + ip : machine, null, u.machine || ""],
-    [u.active ? u.active + "/" + u.sub + (u.health ? ", " + u.health.split(":")[0] : "") : "-", unitClass(u), u.health || ""],
-    [u.reason || "", "waiting", u.reason || ""],
+    [u.active ? u.active + "/" + u.sub : "-", unitClass(u)],
+    [u.health || "-", healthClass(u), u.health || ""],
+    [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];
 });
+
+// Waiting for a machine: asked to be somewhere and placed nowhere. A placed unit may carry a
+// reason too (spread unevenly, kept on a drained machine): a note, not a wait.
+function isWaiting(u) {
+  if (u.desired === "inactive") return false;
+  return u.global ? u.machines === 0 : !u.machine;
+}
+
+function healthClass(u) {
+  if (!u.health) return null;
+  return u.health.startsWith("unhealthy") ? "failed" : u.health.startsWith("healthy") ? "active" : null;
+}
 
 function unitShown(u, pattern, state) {
   if (pattern && !pattern.test(u.name)) return false;
@@ -119,7 +132,7 @@ function unitShown(u, pattern, state) {
     case "active": return u.active === "active";
     case "failed": return u.active === "failed";
     case "unhealthy": return !!u.health && u.health.startsWith("unhealthy");
-    case "unplaced": return !!u.reason || (!u.global && !u.machine && u.desired !== "inactive");
+    case "unplaced": return isWaiting(u);
     case "inactive": return u.active !== "active";
     default: return true;
   }

@@ -234,7 +234,8 @@ pub(super) fn choose<'a>(
 type SpreadGroup<'a> = (&'a str, Vec<(UnitIndex, Rank)>);
 
 /// For each group of units that spread (`SpreadBy=`) whose key's values end more than one apart,
-/// a note on each of its units in a value more than one over the fewest: which value has fewer,
+/// a note on each of its units in a value more than one over the fewest (of the values with a
+/// machine that is not drained): which value has fewer,
 /// and why it takes none of them ("zone=a has 2 fewer of web@: needs 2 GiB memory; ..."), or
 /// that placed units are not moved to even it out. Unit name, note.
 pub(super) fn spread_notes<'a>(working: &Working<'a>, index: &mut MetadataIndex<'a>) -> Vec<(String, String)> {
@@ -248,7 +249,14 @@ pub(super) fn spread_notes<'a>(working: &Working<'a>, index: &mut MetadataIndex<
     for (group, (key, members)) in groups {
         let domains = index.domains(working, key);
         let count = |domain: usize| working.spread_count(group, &domains.values[domain]);
-        let Some(fewest) = (0..domains.values.len()).min_by_key(|domain| (count(*domain), *domain)) else { continue };
+        // A value whose every machine is drained takes no unit: it does not count as fewer.
+        let open =
+            |domain: usize| working.ranks().any(|rank| domains.of_rank[rank.0] == domain && !working.draining(rank));
+        let Some(fewest) =
+            (0..domains.values.len()).filter(|domain| open(*domain)).min_by_key(|domain| (count(*domain), *domain))
+        else {
+            continue;
+        };
         let over: Vec<UnitIndex> = members
             .iter()
             .filter(|(_, rank)| count(domains.of_rank[rank.0]) > count(fewest) + 1)

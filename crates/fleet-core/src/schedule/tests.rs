@@ -984,6 +984,21 @@ fn instances_spread_unevenly_say_which_value_has_fewer_and_why() {
     );
 }
 
+/// Regression (issue 68): with zone c drained, every running instance carried "spread
+/// unevenly: zone=c has 3 fewer", though zone c can take none.
+#[test]
+fn a_drained_value_does_not_count_against_the_spread() {
+    let mut c = zoned("m3", "c");
+    c.drain = drained("m3", &[]).drain;
+    let units: Vec<UnitSpec> = (1..=6).map(|n| unit(&format!("web@{n}.service"), "SpreadBy=zone", None)).collect();
+    let snapshot =
+        ClusterSnapshot { machines: vec![zoned("m1", "a"), zoned("m2", "b"), c], units, ..ClusterSnapshot::default() };
+    let result = plan(&snapshot);
+    assert_eq!(scheduled(&result).values().filter(|m| *m == "m3").count(), 0, "the drained zone takes none");
+    assert_eq!(scheduled(&result).len(), 6);
+    assert!(result.spread_notes.is_empty(), "a and b are even: {:?}", result.spread_notes);
+}
+
 fn drained(id: &str, let_go: &[&str]) -> MachineState {
     let mut drain = crate::drain::Drain::new(crate::rollout::MaxUnavailable::Count(1), 0);
     drain.released = let_go.iter().map(|unit| (unit.to_string(), 0)).collect();
