@@ -31,6 +31,7 @@ pub mod service_values;
 pub mod source;
 pub mod state;
 pub mod state_report;
+pub mod store_format;
 pub mod unit_file;
 pub mod unit_name;
 pub mod unknown_options;

@@ -115,6 +115,15 @@ impl Fleetd {
         (output.status.code(), log)
     }
 
+    /// Runs this (stopped) fleetd again in its directory, expecting it to refuse to start:
+    /// its exit code and log.
+    pub fn run_refused(&self) -> (Option<i32>, String) {
+        assert!(self.child.is_none(), "stop the fleetd first");
+        let output = self.command().output().expect("run fleetd");
+        let log = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        (output.status.code(), log)
+    }
+
     /// The fleetd command line for this directory, with no `FLEET_*` from the caller.
     fn command(&self) -> Command {
         let mut command = match self.launcher.prefix.split_first() {

@@ -351,12 +351,24 @@ impl Drop for OpenNow {
     }
 }
 
+static BUILD: std::sync::OnceLock<Vec<(String, String)>> = std::sync::OnceLock::new();
+
+/// What this process is (`version`, `commit`, `store_format`), shown as `fleet_build_info`;
+/// set once, at start.
+pub fn set_build_info(labels: &[(&str, &str)]) {
+    let _ = BUILD.set(labels.iter().map(|(name, value)| (name.to_string(), value.to_string())).collect());
+}
+
 /// Everything in the text format: this process's metrics, then what the engine and the agent
 /// published of the cluster and this machine, and the process's figures.
 pub fn render() -> String {
     use prometheus_client::encoding::text::{encode_eof, encode_registry};
     let mut text = String::new();
     let mut scraped = Registry::default();
+    if let Some(build) = BUILD.get() {
+        let info = prometheus_client::metrics::info::Info::new(build.clone());
+        scraped.sub_registry_with_prefix("fleet").register("build", "What this fleetd is", info);
+    }
     cluster::register_published(scraped.sub_registry_with_prefix("fleet"));
     process::register(&mut scraped);
     // Writing to a String cannot fail.

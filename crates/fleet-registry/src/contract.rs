@@ -1076,3 +1076,18 @@ pub async fn an_unreadable_unit_hides_only_itself(registry: &dyn Registry, corru
     eventually("the unit written again is listed", async || registry.units().await.is_ok_and(|views| views.len() == 2))
         .await;
 }
+
+/// A store records its format once, by compare-and-swap: nothing recorded at first (a store of
+/// fleet 0.1), then what one fleetd recorded; a fleetd that expected another record records
+/// nothing. Leaves format 2 recorded, for the caller to find again on reopening.
+pub async fn a_store_records_its_format_once(record: &dyn crate::FormatRecord) {
+    use fleet_core::store_format::StoredFormat;
+    let one = StoredFormat { format: 1, oldest_fleetd: 1 };
+    let two = StoredFormat { format: 2, oldest_fleetd: 1 };
+    assert_eq!(record.stored_format().await.expect("read"), None, "a new store records nothing");
+    assert!(record.record_format(None, one).await.expect("record"), "the first record is written");
+    assert!(!record.record_format(None, two).await.expect("record"), "not over another's record");
+    assert_eq!(record.stored_format().await.expect("read"), Some(one));
+    assert!(record.record_format(Some(one), two).await.expect("record"), "a migration's record replaces it");
+    assert_eq!(record.stored_format().await.expect("read"), Some(two));
+}

@@ -396,6 +396,25 @@ pub trait StoreChores: Send + Sync {
     fn chore_changes(&self) -> ChangeSignal;
 }
 
+/// The store's recorded format (`fleet_core::store_format`), read and written by fleetd before
+/// anything else touches the store.
+#[async_trait]
+pub trait FormatRecord: Send + Sync {
+    /// The format the store records; `None` when it records none (written by fleet 0.1).
+    async fn stored_format(&self) -> Result<Option<fleet_core::store_format::StoredFormat>>;
+    /// Records `new` if the store still records `expected`; `false` when another fleetd
+    /// recorded something else first (read it again and decide again).
+    async fn record_format(
+        &self,
+        expected: Option<fleet_core::store_format::StoredFormat>,
+        new: fleet_core::store_format::StoredFormat,
+    ) -> Result<bool>;
+    /// Applies one migration (`fleet_core::store_format::MIGRATIONS`) to the store's keys or
+    /// tables; safe to apply again after a crash half way, and safe while fleetds of the
+    /// previous format run on the store.
+    async fn migrate(&self, step: &fleet_core::store_format::Migration) -> Result<()>;
+}
+
 /// A unit's journal asked of the machine that runs it through another fleetd of the cluster
 /// (etcd: a question under the machine's own prefix, answered beside it, both under the
 /// asker's short lease). A store whose one machine answers for itself (the embedded store)

@@ -8,6 +8,7 @@ mod agent;
 mod api;
 mod credentials;
 mod engine;
+mod format;
 mod sources;
 mod tables;
 
@@ -50,6 +51,54 @@ struct Signals {
     any_write: watch::Sender<u64>,
 }
 
+/// Creates the tables a store lacks (all of them in a new store), in one write; a store that
+/// has them all is not written to, so that a fleetd that then finds it of a format it cannot
+/// run on leaves it as it was.
+fn create_missing_tables(db: &Database) -> Result<()> {
+    use redb::{ReadableDatabase, TableHandle};
+    let named = [
+        tables::UNITS,
+        tables::BODIES,
+        tables::MACHINES,
+        tables::METADATA,
+        tables::DRAINS,
+        tables::STATES,
+        tables::TOKENS,
+        tables::REGISTRATIONS,
+        tables::REVOKED,
+        tables::IDENTITIES,
+        tables::SOURCES,
+        tables::SOURCE_STATUSES,
+        tables::ROLLOUTS,
+    ];
+    let texts = [tables::SCHEDULE, tables::REASONS];
+    let wanted: Vec<&str> = named
+        .iter()
+        .map(|table| table.name())
+        .chain(texts.iter().map(|table| table.name()))
+        .chain([tables::BODY_REFS.name()])
+        .collect();
+    let present: Vec<String> = db
+        .begin_read()
+        .map_err(unavailable)?
+        .list_tables()
+        .map_err(unavailable)?
+        .map(|table| table.name().to_string())
+        .collect();
+    if wanted.iter().all(|name| present.iter().any(|present| present == name)) {
+        return Ok(());
+    }
+    let txn = db.begin_write().map_err(unavailable)?;
+    for table in named {
+        txn.open_table(table).map_err(unavailable)?;
+    }
+    for table in texts {
+        txn.open_table(table).map_err(unavailable)?;
+    }
+    txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
+    txn.commit().map_err(unavailable)
+}
+
 #[derive(Clone)]
 pub struct EmbeddedRegistry {
     db: Arc<Database>,
@@ -84,29 +133,7 @@ impl EmbeddedRegistry {
                 )));
             }
         };
-        let txn = db.begin_write().map_err(unavailable)?;
-        for table in [
-            tables::UNITS,
-            tables::BODIES,
-            tables::MACHINES,
-            tables::METADATA,
-            tables::DRAINS,
-            tables::STATES,
-            tables::TOKENS,
-            tables::REGISTRATIONS,
-            tables::REVOKED,
-            tables::IDENTITIES,
-            tables::SOURCES,
-            tables::SOURCE_STATUSES,
-            tables::ROLLOUTS,
-        ] {
-            txn.open_table(table).map_err(unavailable)?;
-        }
-        for table in [tables::SCHEDULE, tables::REASONS] {
-            txn.open_table(table).map_err(unavailable)?;
-        }
-        txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
-        txn.commit().map_err(unavailable)?;
+        create_missing_tables(&db)?;
         let signals = Signals {
             engine: watch::channel(0).0,
             sources: watch::channel(0).0,

@@ -72,3 +72,7 @@ pub fn read_all<T: DeserializeOwned>(
     }
     Ok(rows)
 }
+
+/// `format` → [`fleet_core::store_format::StoredFormat`]: the store's layout (none in a store
+/// written by fleet 0.1).
+pub const STORE_FORMAT: TableDefinition<&str, &[u8]> = TableDefinition::new("store_format");

@@ -83,3 +83,23 @@ async fn an_unreadable_unit_hides_only_itself_from_a_member() {
 async fn an_unreadable_unit_hides_only_itself_serving_many_machines() {
     an_unreadable_unit(true).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_store_records_its_format_once() {
+    use fleet_registry::FormatRecord;
+    let (registry, etcd) = etcd_store(false).await;
+    contract::a_store_records_its_format_once(&registry).await;
+    let options = EtcdOptions {
+        endpoints: vec![etcd.endpoint()],
+        key_prefix: "/contract/".into(),
+        request_timeout: Duration::from_secs(2),
+        ..EtcdOptions::default()
+    };
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(5) };
+    let other = EtcdRegistry::connect(&options, lifetimes).await.expect("etcd store");
+    assert_eq!(
+        other.stored_format().await.expect("read").map(|stored| stored.format),
+        Some(2),
+        "another member reads it"
+    );
+}

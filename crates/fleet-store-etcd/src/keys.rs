@@ -24,6 +24,7 @@
 //! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
 //! | `journal/asks/<machine>/<id>` | [`fleet_registry::JournalQuestion`] and the asker's lease | asker's | API of the asking fleetd |
 //! | `journal/answers/<id>` | the answer ([`fleet_api_schema`]'s `RelayedJournal` JSON, at most 128 KiB) | asker's | the machine asked |
+//! | `store-format` | [`fleet_core::store_format::StoredFormat`] (absent in a store of fleet 0.1: format 1) | — | the first fleetd of a format, before anything else |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine watches units, placements,
@@ -153,6 +154,9 @@ impl Keys {
     /// The answer to journal question `id` (under its asker's lease).
     pub fn journal_answer(&self, id: &str) -> String {
         self.key(&["journal", "answers", id])
+    }
+    pub fn store_format(&self) -> String {
+        self.key(&["store-format"])
     }
     pub fn machines(&self) -> String {
         self.key(&["machines", ""])

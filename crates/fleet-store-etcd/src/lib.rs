@@ -24,6 +24,7 @@ mod connection;
 mod credentials;
 mod engine;
 mod engine_copy;
+mod format;
 mod join_batches;
 mod journal_questions;
 mod keys;

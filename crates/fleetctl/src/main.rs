@@ -24,8 +24,6 @@ use fleet_core::secret::Secret;
 
 use crate::context::Context;
 
-const VERSION: &str = env!("CARGO_PKG_VERSION");
-
 #[derive(Parser, Debug)]
 #[command(
     name = "fleetctl",
@@ -614,7 +612,7 @@ const SIGN_DEPRECATED: &str = "WARNING: The signed/verified units feature is DEP
 fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.global.version {
-        println!("fleetctl version {VERSION}");
+        println!("{}", fleet_build_info::describe("fleetctl"));
         return ExitCode::SUCCESS;
     }
     let Some(command) = cli.command else {
@@ -623,7 +621,7 @@ fn main() -> ExitCode {
     };
     match &command {
         Command::Version => {
-            println!("fleetctl version {VERSION}");
+            println!("{}", fleet_build_info::describe("fleetctl"));
             return ExitCode::SUCCESS;
         }
         Command::Completion { shell } => {

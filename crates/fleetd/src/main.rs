@@ -17,6 +17,7 @@ mod run;
 mod service_manager;
 mod store;
 mod store_chores;
+mod store_format;
 mod supervise;
 
 use std::collections::BTreeMap;
@@ -101,7 +102,7 @@ fn main() -> ExitCode {
     let config_path = match parse_args(&args) {
         Ok(Invocation::Run(path)) => path,
         Ok(Invocation::Version) => {
-            println!("fleetd version {}", fleetd::VERSION);
+            println!("{}", fleet_build_info::describe("fleetd"));
             return ExitCode::SUCCESS;
         }
         Ok(Invocation::Help) => {

@@ -139,7 +139,14 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
         let machine = machine_state(&config, &machine_id);
         return crate::pull::run(config, machine, manager, daemon).await;
     }
-    let store::Store { registry, chores, journal_questions } = store::open(&config).await?;
+    let store::Store { registry, chores, journal_questions, format } = store::open(&config).await?;
+    crate::store_format::settle(format.as_ref()).await?;
+    let store_format = fleet_core::store_format::CURRENT.to_string();
+    fleet_metrics::set_build_info(&[
+        ("version", fleet_build_info::VERSION),
+        ("commit", fleet_build_info::COMMIT),
+        ("store_format", &store_format),
+    ]);
     // Followed for fleetd's whole life: a fresh presence is claimed only once the agent
     // stopped what runs here from before (announcing cannot claim one ahead of it).
     let _lapses = registry.presence_lapses(&machine_id);

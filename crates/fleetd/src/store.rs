@@ -43,6 +43,8 @@ pub struct Store {
     pub chores: Option<Arc<dyn StoreChores>>,
     /// How journals are asked of the cluster's other machines, where the store carries them.
     pub journal_questions: Option<Arc<dyn JournalQuestions>>,
+    /// The store's recorded format.
+    pub format: Arc<dyn fleet_registry::FormatRecord>,
 }
 
 /// Opens the store the configuration names. Connecting to etcd is retried with backoff:
@@ -54,7 +56,8 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
         // A store an older fleetd created under a wider umask.
         fleet_fs::make_private(&path)?;
         tracing::info!(path = %path.display(), "using the embedded store");
-        return Ok(Store { registry: Arc::new(EmbeddedRegistry::open(&path)?), chores: None, journal_questions: None });
+        let registry = Arc::new(EmbeddedRegistry::open(&path)?);
+        return Ok(Store { registry: registry.clone(), chores: None, journal_questions: None, format: registry });
     }
     if config.disable_watches {
         tracing::warn!("disable_watches is ignored: each agent watches only its own schedule, so watches wake no herd");
@@ -69,7 +72,8 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
                 return Ok(Store {
                     registry: registry.clone(),
                     chores: Some(registry.clone()),
-                    journal_questions: Some(registry),
+                    journal_questions: Some(registry.clone()),
+                    format: registry,
                 });
             }
             Err(error) => {
