@@ -102,6 +102,9 @@ pub struct ApiState {
     /// Where git sources' secrets are read (their push webhooks' shared secrets); `None`:
     /// no webhook is accepted.
     pub source_secrets_dir: Option<std::path::PathBuf>,
+    /// How the store is backed up (`GET /fleet/v1/backup`); `None`: not through the API
+    /// (etcd's snapshots are etcd's).
+    pub backup: Option<crate::Backup>,
 }
 
 impl ApiState {
@@ -125,6 +128,7 @@ impl ApiState {
             feed_slots: Default::default(),
             page_cursors: Default::default(),
             source_secrets_dir: None,
+            backup: None,
         }
     }
 }

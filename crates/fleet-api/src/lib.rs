@@ -37,6 +37,7 @@ mod upgrade;
 mod write_guard;
 
 pub use api_state::{ApiState, LocalMachine, PageSize, within_relay_bound};
+pub use handlers::backup::Backup;
 pub use router::router;
 
 /// The version fleetd reports in `Server: fleetd/<version>`.

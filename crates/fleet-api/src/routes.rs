@@ -12,8 +12,8 @@ use crate::api_state::ApiState;
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
-    agent_facet, agent_stream, agents, discovery, drains, journal, machines, metrics, registration_tokens, rollouts,
-    sources, state, tokens, unit_batch, units, web,
+    agent_facet, agent_stream, agents, backup, discovery, drains, journal, machines, metrics, registration_tokens,
+    rollouts, sources, state, tokens, unit_batch, units, web,
 };
 
 /// A handler, as the table holds it.
@@ -37,6 +37,7 @@ pub(crate) enum Need {
     ReadSources,
     ManageSources,
     ManageRollouts,
+    BackUp,
     /// Established by the body's signature with the source's secret, verified before the
     /// handler runs.
     SourceWebhook,
@@ -60,6 +61,7 @@ impl Need {
             Need::ReadSources => Action::ReadSources,
             Need::ManageSources => Action::ManageSources,
             Need::ManageRollouts => Action::ManageRollouts,
+            Need::BackUp => Action::BackUp,
             Need::SourceWebhook => Action::SourceWebhook(named),
         }
     }
@@ -159,6 +161,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/agents/{machine}/bodies/{hash}", MachineFacet, Empty, |s, c| agent_facet::body(s, c.param(), c.second_param()).await),
     route!(POST "/fleet/v1/agents/{machine}/states", MachineFacet, Json, |s, c| agent_facet::report(s, c.param(), c.body).await),
     route!(POST "/fleet/v1/agents/{machine}/journal/{id}", MachineFacet, Json, |s, c| agent_facet::journal_answer(s, c.param(), c.second_param(), c.body)),
+    route!(GET "/fleet/v1/backup", BackUp, Empty, |s, c| backup::get(s).await),
     route!(GET "/metrics", ReadMetrics, Empty, |s, c| metrics::get(s, c.headers).await),
     route!(GET "/", List, Empty, |s, c| Ok(web::redirect_to_page())),
     route!(GET "/ui", List, Empty, |s, c| Ok(web::redirect_to_page())),

@@ -223,6 +223,37 @@ impl Client {
         Ok((status, bytes.to_vec()))
     }
 
+    /// A snapshot of the embedded store (`GET /fleet/v1/backup`), written to `into` as it
+    /// comes; its size. The whole transfer may take an hour (a big store over a slow link).
+    pub async fn backup(&self, into: &mut impl std::io::Write) -> Result<u64> {
+        let url = format!("{}/fleet/v1/backup", self.base);
+        let limit = Duration::from_secs(3600);
+        let mut response = self.http.get(url).timeout(limit).send().await.map_err(|error| {
+            let failure = unreachable::failure(&error);
+            ClientError::Transport(unreachable::explain(&self.endpoint, failure, limit, &describe_transport(&error)))
+        })?;
+        let status = response.status();
+        if status.is_client_error() || status.is_server_error() {
+            let bytes = response.bytes().await.map_err(|error| ClientError::Transport(error.to_string()))?;
+            let message =
+                serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
+            return Err(ClientError::Api { code: status.as_u16(), message });
+        }
+        let expected = response.content_length();
+        let mut written = 0u64;
+        while let Some(chunk) = response.chunk().await.map_err(|error| ClientError::Transport(error.to_string()))? {
+            into.write_all(&chunk).map_err(|error| ClientError::Transport(format!("writing the backup: {error}")))?;
+            written += chunk.len() as u64;
+        }
+        if expected.is_some_and(|expected| expected != written) {
+            return Err(ClientError::Transport(format!(
+                "the backup ended after {written} of {} bytes",
+                expected.unwrap_or_default()
+            )));
+        }
+        Ok(written)
+    }
+
     /// Deletes what `path` names; `false` when there was nothing.
     async fn delete(&self, path: &str) -> Result<bool> {
         match self.send(Method::DELETE, path, None).await {

@@ -157,6 +157,8 @@ pub enum Action<'a> {
     ManageRollouts,
     /// A push webhook for the source named: syncs it.
     SourceWebhook(&'a str),
+    /// Takes a snapshot of the whole store, every credential's hash in it: administrators only.
+    BackUp,
 }
 
 impl Action<'_> {
@@ -219,7 +221,8 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
             | A::ReadMetrics
             | A::ReadSources
             | A::ManageSources
-            | A::ManageRollouts,
+            | A::ManageRollouts
+            | A::BackUp,
         ) => Access::Allowed,
         (Role::Operator { .. } | Role::Viewer, A::ReadUnit(_)) if outside_scope => Access::Hidden,
         (Role::Operator { .. }, A::WriteUnit(_)) if outside_scope => Access::Denied,
@@ -262,15 +265,16 @@ mod tests {
             Action::ManageRollouts,
             Action::WriteUnits,
             Action::SourceWebhook("web"),
+            Action::BackUp,
         ];
-        let table: [(Role, [Access; 16]); 7] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D]),
-            (operator("web-*"), [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D]),
-            (Role::Webhook { source: "docs".into() }, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D, D]),
+        let table: [(Role, [Access; 17]); 7] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D, A]),
+            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D, D]),
+            (operator("web-*"), [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D, D]),
+            (Role::Webhook { source: "docs".into() }, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

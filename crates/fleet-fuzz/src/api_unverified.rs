@@ -41,6 +41,7 @@ fn fixture() -> &'static Fixture {
             page_size: PageSize::new(2),
             agents: Some(Arc::new(registry.clone())),
             source_secrets_dir: Some(secrets),
+            backup: None,
             ..ApiState::new(Arc::new(registry.clone()), fleet_api::auth::Auth::new(Arc::new(registry.clone()), None))
         };
         Fixture { runtime, state, registry, _dir: dir }

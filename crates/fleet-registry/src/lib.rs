@@ -396,6 +396,14 @@ pub trait StoreChores: Send + Sync {
     fn chore_changes(&self) -> ChangeSignal;
 }
 
+/// A consistent copy of the whole store while it serves (`fleetctl backup`): the embedded
+/// store's; etcd has `etcdctl snapshot save`.
+#[async_trait]
+pub trait StoreBackup: Send + Sync {
+    /// Writes a snapshot of the store, as of one moment, into the new file `to`; its size.
+    async fn back_up(&self, to: &std::path::Path) -> Result<u64>;
+}
+
 /// The store's recorded format (`fleet_core::store_format`), read and written by fleetd before
 /// anything else touches the store.
 #[async_trait]

@@ -5,6 +5,8 @@
 //! units or machines, each machine only on changes to its own work.
 
 mod agent;
+mod backup;
+pub use backup::{SnapshotSummary, check_snapshot};
 mod api;
 mod credentials;
 mod engine;
@@ -56,28 +58,6 @@ struct Signals {
 /// run on leaves it as it was.
 fn create_missing_tables(db: &Database) -> Result<()> {
     use redb::{ReadableDatabase, TableHandle};
-    let named = [
-        tables::UNITS,
-        tables::BODIES,
-        tables::MACHINES,
-        tables::METADATA,
-        tables::DRAINS,
-        tables::STATES,
-        tables::TOKENS,
-        tables::REGISTRATIONS,
-        tables::REVOKED,
-        tables::IDENTITIES,
-        tables::SOURCES,
-        tables::SOURCE_STATUSES,
-        tables::ROLLOUTS,
-    ];
-    let texts = [tables::SCHEDULE, tables::REASONS];
-    let wanted: Vec<&str> = named
-        .iter()
-        .map(|table| table.name())
-        .chain(texts.iter().map(|table| table.name()))
-        .chain([tables::BODY_REFS.name()])
-        .collect();
     let present: Vec<String> = db
         .begin_read()
         .map_err(unavailable)?
@@ -85,14 +65,18 @@ fn create_missing_tables(db: &Database) -> Result<()> {
         .map_err(unavailable)?
         .map(|table| table.name().to_string())
         .collect();
-    if wanted.iter().all(|name| present.iter().any(|present| present == name)) {
+    let has = |name: &str| present.iter().any(|present| present == name);
+    let complete = tables::RECORDS.iter().all(|table| has(table.name()))
+        && tables::TEXTS.iter().all(|table| has(table.name()))
+        && has(tables::BODY_REFS.name());
+    if complete {
         return Ok(());
     }
     let txn = db.begin_write().map_err(unavailable)?;
-    for table in named {
+    for table in tables::RECORDS {
         txn.open_table(table).map_err(unavailable)?;
     }
-    for table in texts {
+    for table in tables::TEXTS {
         txn.open_table(table).map_err(unavailable)?;
     }
     txn.open_table(tables::BODY_REFS).map_err(unavailable)?;

@@ -76,3 +76,24 @@ pub fn read_all<T: DeserializeOwned>(
 /// `format` → [`fleet_core::store_format::StoredFormat`]: the store's layout (none in a store
 /// written by fleet 0.1).
 pub const STORE_FORMAT: TableDefinition<&str, &[u8]> = TableDefinition::new("store_format");
+
+/// Every table of JSON records a store opens with (the format's table aside, which only a
+/// fleetd that checked the format writes).
+pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
+    UNITS,
+    BODIES,
+    MACHINES,
+    METADATA,
+    DRAINS,
+    STATES,
+    TOKENS,
+    REGISTRATIONS,
+    REVOKED,
+    IDENTITIES,
+    SOURCES,
+    SOURCE_STATUSES,
+    ROLLOUTS,
+];
+
+/// Every table of text values.
+pub const TEXTS: [TableDefinition<&str, &str>; 2] = [SCHEDULE, REASONS];

@@ -330,6 +330,13 @@ enum Command {
         #[command(subcommand)]
         action: RegistrationTokenCommand,
     },
+    /// Save a snapshot of the embedded store to FILE while fleetd runs (administrators only);
+    /// fleetd -restore FILE puts it back
+    Backup {
+        /// Where the snapshot goes (written 0600; an existing file is replaced once the whole
+        /// snapshot is in)
+        file: std::path::PathBuf,
+    },
     /// Print the version
     Version,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
@@ -701,7 +708,7 @@ async fn with_units(
 }
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
-    use commands::{inspect, lifecycle, list, machine, registration_token, remote, rollout, source, token};
+    use commands::{backup, inspect, lifecycle, list, machine, registration_token, remote, rollout, source, token};
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
             let Some(options) = ssh else {
@@ -743,6 +750,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
         Command::Machine { action } => machine::run(&context, action).await,
+        Command::Backup { file } => backup::run(&context, &file).await,
         Command::Version
         | Command::Verify { .. }
         | Command::FdForward { .. }

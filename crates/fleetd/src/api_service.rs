@@ -51,6 +51,7 @@ impl ApiService {
         machine_id: &str,
         registry: Arc<dyn fleet_registry::Registry>,
         journal_questions: Option<Arc<dyn fleet_registry::JournalQuestions>>,
+        backup: Option<Arc<dyn fleet_registry::StoreBackup>>,
         manager: Arc<dyn UnitManager>,
         activated: Vec<ApiListener>,
     ) -> anyhow::Result<Self> {
@@ -97,6 +98,11 @@ impl ApiService {
             feed_slots: Arc::new(fleet_api::feed_slots::FeedSlots::for_connections(config.api_max_connections)),
             page_cursors: Default::default(),
             source_secrets_dir: Some(config.source_credentials_dir.clone()),
+            backup: backup.map(|store| fleet_api::Backup {
+                store,
+                scratch: config.state_dir.clone(),
+                under_way: Default::default(),
+            }),
         };
         let defaults = ServeLimits::default();
         let limits = ServeLimits {

@@ -13,6 +13,7 @@ mod process_setup;
 mod pull;
 mod ready_probe;
 mod reconcile_timing;
+mod restore;
 mod run;
 mod service_manager;
 mod store;
@@ -32,10 +33,12 @@ use fleetd::config::Config;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 const USAGE: &str = "Usage: fleetd [-config PATH] [-version] [-help] [-manual] [-sample-config]\n       \
-                     fleetd -make-certificates DIR [-hosts NAME,ADDRESS,...]";
+                     fleetd -make-certificates DIR [-hosts NAME,ADDRESS,...]\n       \
+                     fleetd [-config PATH] -restore FILE";
 
 enum Invocation {
     Run(Option<PathBuf>),
+    Restore { config: Option<PathBuf>, snapshot: PathBuf },
     Version,
     Help,
     Manual,
@@ -47,6 +50,7 @@ enum Invocation {
 fn parse_args(args: &[String]) -> Result<Invocation, String> {
     let mut config = None;
     let mut certificates: Option<PathBuf> = None;
+    let mut restore: Option<PathBuf> = None;
     let mut hosts: Vec<String> = Vec::new();
     let mut index = 0;
     while index < args.len() {
@@ -61,7 +65,7 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
             (true, "help" | "h") => return Ok(Invocation::Help),
             (true, "manual") => return Ok(Invocation::Manual),
             (true, "sample-config") => return Ok(Invocation::SampleConfig),
-            (true, "config" | "make-certificates" | "hosts") => {
+            (true, "config" | "make-certificates" | "hosts" | "restore") => {
                 let value = match inline {
                     Some(value) => value,
                     None => {
@@ -72,6 +76,7 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
                 match name {
                     "config" => config = Some(PathBuf::from(value)),
                     "make-certificates" => certificates = Some(PathBuf::from(value)),
+                    "restore" => restore = Some(PathBuf::from(value)),
                     _ => hosts.extend(value.split(',').map(|host| host.trim().to_string())),
                 }
             }
@@ -83,10 +88,12 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
         }
         index += 1;
     }
-    match certificates {
-        Some(dir) => Ok(Invocation::MakeCertificates { dir, hosts }),
-        None if !hosts.is_empty() => Err("-hosts goes with -make-certificates".to_string()),
-        None => Ok(Invocation::Run(config)),
+    match (certificates, restore) {
+        (Some(_), Some(_)) => Err("-make-certificates and -restore are two things: one at a time".to_string()),
+        (Some(dir), None) => Ok(Invocation::MakeCertificates { dir, hosts }),
+        (None, _) if !hosts.is_empty() => Err("-hosts goes with -make-certificates".to_string()),
+        (None, Some(snapshot)) => Ok(Invocation::Restore { config, snapshot }),
+        (None, None) => Ok(Invocation::Run(config)),
     }
 }
 
@@ -99,8 +106,9 @@ fn main() -> ExitCode {
         fleet_unit_manager::native::run_keeper(marker, cgroups.first().map(std::path::Path::new));
         return ExitCode::SUCCESS;
     }
-    let config_path = match parse_args(&args) {
-        Ok(Invocation::Run(path)) => path,
+    let (config_path, restore) = match parse_args(&args) {
+        Ok(Invocation::Run(path)) => (path, None),
+        Ok(Invocation::Restore { config, snapshot }) => (config, Some(snapshot)),
         Ok(Invocation::Version) => {
             println!("{}", fleet_build_info::describe("fleetd"));
             return ExitCode::SUCCESS;
@@ -131,6 +139,28 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(snapshot) = restore {
+        return match restore::run(&config, &snapshot) {
+            Ok(restored) => {
+                let format =
+                    restored.summary.format.map_or("unrecorded".to_string(), |stored| stored.format.to_string());
+                println!(
+                    "restored {} units and {} machines (store format {format}) into {}",
+                    restored.summary.units,
+                    restored.summary.machines,
+                    restored.store.display()
+                );
+                if let Some(kept) = restored.kept {
+                    println!("the store it replaced is kept in {}", kept.display());
+                }
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("fleetd: {error:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let filter = if config.verbosity > 0 { "debug" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("FLEETD_LOG").unwrap_or_else(|_| filter.into());
     if log_priority::stderr_is_journal() {

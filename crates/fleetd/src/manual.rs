@@ -29,6 +29,13 @@ pub const FLAGS: &[(&str, Option<&str>, &str)] = &[
         "With -make-certificates: the comma-separated host names and addresses the API is reached at \
          (localhost and 127.0.0.1 are always included).",
     ),
+    (
+        "-restore",
+        Some("FILE"),
+        "Put the snapshot FILE (made by fleetctl backup) in place of the embedded store of the stopped fleetd \
+         the configuration names, once it is checked whole; the store it replaces is kept as \
+         registry.redb.before-restore. Refused while that fleetd runs, and on etcd (use etcdctl snapshot).",
+    ),
 ];
 
 pub fn manual_page(version: &str) -> String {

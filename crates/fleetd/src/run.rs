@@ -139,7 +139,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
         let machine = machine_state(&config, &machine_id);
         return crate::pull::run(config, machine, manager, daemon).await;
     }
-    let store::Store { registry, chores, journal_questions, format } = store::open(&config).await?;
+    let store::Store { registry, chores, journal_questions, format, backup } = store::open(&config).await?;
     crate::store_format::settle(format.as_ref()).await?;
     let store_format = fleet_core::store_format::CURRENT.to_string();
     fleet_metrics::set_build_info(&[
@@ -164,6 +164,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
         &machine_id,
         registry.clone(),
         journal_questions.clone(),
+        backup,
         manager.clone(),
         activated,
     )

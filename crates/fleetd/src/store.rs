@@ -45,6 +45,8 @@ pub struct Store {
     pub journal_questions: Option<Arc<dyn JournalQuestions>>,
     /// The store's recorded format.
     pub format: Arc<dyn fleet_registry::FormatRecord>,
+    /// How the API backs the store up (the embedded store; etcd's are etcd's).
+    pub backup: Option<Arc<dyn fleet_registry::StoreBackup>>,
 }
 
 /// Opens the store the configuration names. Connecting to etcd is retried with backoff:
@@ -57,7 +59,13 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
         fleet_fs::make_private(&path)?;
         tracing::info!(path = %path.display(), "using the embedded store");
         let registry = Arc::new(EmbeddedRegistry::open(&path)?);
-        return Ok(Store { registry: registry.clone(), chores: None, journal_questions: None, format: registry });
+        return Ok(Store {
+            registry: registry.clone(),
+            chores: None,
+            journal_questions: None,
+            format: registry.clone(),
+            backup: Some(registry),
+        });
     }
     if config.disable_watches {
         tracing::warn!("disable_watches is ignored: each agent watches only its own schedule, so watches wake no herd");
@@ -74,6 +82,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
                     chores: Some(registry.clone()),
                     journal_questions: Some(registry.clone()),
                     format: registry,
+                    backup: None,
                 });
             }
             Err(error) => {

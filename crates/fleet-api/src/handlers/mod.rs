@@ -3,6 +3,7 @@
 pub mod agent_facet;
 pub mod agent_stream;
 pub mod agents;
+pub mod backup;
 pub mod discovery;
 pub mod drains;
 pub mod journal;

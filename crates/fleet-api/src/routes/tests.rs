@@ -85,6 +85,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/fleet/v1/agents/{machine}/bodies/{hash}", "UDDDDDADUUUUD"),
     ("POST", "/fleet/v1/agents/{machine}/states", "UDDDDDADUUUUX"),
     ("POST", "/fleet/v1/agents/{machine}/journal/{id}", "UDDDDDADUUUUX"),
+    ("GET", "/fleet/v1/backup", "UAADDDDDUUUUA"),
     ("GET", "/metrics", "UAAADADDUUUUA"),
     ("GET", "/", "UAAAAADDUUUUA"),
     ("GET", "/ui", "UAAAAADDUUUUA"),
@@ -159,6 +160,7 @@ async fn lab() -> Lab {
     registry.put_source(&source).await.unwrap();
     let state = ApiState {
         source_secrets_dir: Some(secrets),
+        backup: None,
         ..ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None))
     };
     Lab { state, tokens, registration, _dir: dir }

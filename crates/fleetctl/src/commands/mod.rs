@@ -1,5 +1,6 @@
 //! The commands, grouped by what they do.
 
+pub mod backup;
 pub mod create;
 pub mod inspect;
 pub mod lifecycle;
