@@ -7,10 +7,14 @@
 #   PREFIX=/usr scripts/install.sh     another prefix
 #   DESTDIR=/tmp/pkg scripts/install.sh   stage into a directory (packaging); systemd is not told
 #   FLEET_BINARIES=target/release scripts/install.sh   install binaries built already
+#   UNITDIR=/lib/systemd/system SOCKET_GROUP=fleet   where the units go, and the socket's group
+#                                      (scripts/deb.sh, for the package)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix="${PREFIX:-/usr/local}"
 dest="${DESTDIR:-}"
+unitdir="${UNITDIR:-/etc/systemd/system}"
+socket_group="${SOCKET_GROUP:-root}"
 binaries="${FLEET_BINARIES:-}"
 if [ -z "$binaries" ]; then
   command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; exit 1; }
@@ -21,13 +25,13 @@ for binary in fleetd fleetctl; do
   [ -x "$binaries/$binary" ] || { echo "$binaries/$binary is missing"; exit 1; }
 done
 
-install -d -m 0755 "$dest$prefix/bin" "$dest/etc/systemd/system" "$dest$prefix/share/man/man1" \
+install -d -m 0755 "$dest$prefix/bin" "$dest$unitdir" "$dest$prefix/share/man/man1" \
   "$dest$prefix/share/man/man8" "$dest$prefix/share/bash-completion/completions" \
   "$dest$prefix/share/zsh/site-functions" "$dest$prefix/share/fish/vendor_completions.d"
 install -m 0755 "$binaries/fleetd" "$binaries/fleetctl" "$dest$prefix/bin/"
-sed "s|@BINDIR@|$prefix/bin|g" dist/fleet.service > "$dest/etc/systemd/system/fleet.service"
-install -m 0644 dist/fleet.socket "$dest/etc/systemd/system/fleet.socket"
-chmod 0644 "$dest/etc/systemd/system/fleet.service"
+sed "s|@BINDIR@|$prefix/bin|g" dist/fleet.service > "$dest$unitdir/fleet.service"
+sed "s|^SocketGroup=root$|SocketGroup=$socket_group|" dist/fleet.socket > "$dest$unitdir/fleet.socket"
+chmod 0644 "$dest$unitdir/fleet.service" "$dest$unitdir/fleet.socket"
 
 # The configuration may hold secrets (etcd_password, registration_token): root only.
 install -d -m 0700 "$dest/etc/fleet"
