@@ -41,6 +41,19 @@ fn hello_runs_and_stops() {
     assert_eq!(machines.stdout, "MACHINE\t\tIP\t\tMETADATA\ne2e0hell...\t127.0.0.1\t-\n");
     assert_eq!(machines.stderr, "Engine leader: e2e0hell... (-o wide shows more)\n");
     assert_eq!(fleet.fleetctl(&["list-machines", "--no-legend"]).stderr, "", "scripts get the table alone");
+    // A reader that stops early ends fleetctl quietly (it panicked on the broken pipe): here
+    // a pipe whose reader is gone before fleetctl writes.
+    let (reader, writer) = std::io::pipe().expect("a pipe");
+    drop(reader);
+    let piped = std::process::Command::new(fleet_e2e::binary("fleetctl"))
+        .arg(format!("--endpoint=unix://{}", fleet.socket().display()))
+        .arg("list-machines")
+        .stdout(writer)
+        .output()
+        .expect("fleetctl");
+    let stderr = String::from_utf8_lossy(&piped.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(piped.status.code(), Some(141), "{stderr}");
     assert_eq!(fleet.unit_rows(), vec![("hello.service".into(), "active".into(), "running".into())]);
     assert_eq!(unit_processes(&fleet.state_dir()).len(), 2, "sh and its sleep run under the supervisor");
     let table = fleet.ok(&["list-units"]).stdout;

@@ -683,7 +683,20 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
     registry.put_rollout(&record("web", paused.clone())).await.expect("replace");
     assert_eq!(
         registry.rollouts().await.expect("list"),
-        vec![Arc::new(record("api", RolloutState::Done)), Arc::new(record("web", paused))]
+        vec![Arc::new(record("api", RolloutState::Done)), Arc::new(record("web", paused.clone()))]
+    );
+    // The driver's step is written only over the record it stepped from (regression: on etcd
+    // a pause by hand was overwritten by the step of the record read before it).
+    let stepped = record("web", RolloutState::Done);
+    let read_before_the_pause = record("web", RolloutState::Running);
+    assert!(!registry.put_rollout_over(&stepped, &read_before_the_pause).await.expect("step"), "not over the pause");
+    let web = |rollouts: Vec<Arc<RolloutRecord>>| rollouts.into_iter().find(|stored| stored.name == "web");
+    assert_eq!(web(registry.rollouts().await.expect("list")), Some(Arc::new(record("web", paused.clone()))));
+    assert!(registry.put_rollout_over(&stepped, &record("web", paused)).await.expect("step"), "over what it read");
+    assert_eq!(web(registry.rollouts().await.expect("list")), Some(Arc::new(stepped.clone())));
+    assert!(
+        !registry.put_rollout_over(&record("gone", RolloutState::Done), &stepped).await.expect("step"),
+        "none stored"
     );
     assert!(registry.remove_rollout("api").await.expect("remove"));
     assert!(!registry.remove_rollout("api").await.expect("remove"), "already gone");

@@ -159,6 +159,10 @@ pub trait SourceRegistry: Send + Sync {
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()>;
     /// Stores a rollout, replacing any of that name.
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()>;
+    /// Writes `record` only if the stored rollout is still `before` (as read): `false`, and
+    /// nothing written, when it was changed meanwhile (paused, undone, promoted by hand) or
+    /// removed. The rollout driver's step, so that it never overwrites such a change.
+    async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool>;
     /// Every rollout, in name order, shared: a rollout of 10,000 units is read on every pass
     /// of its driver and every `GET`, and a reader that changes it works on its own copy.
     async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>>;

@@ -21,6 +21,8 @@ pub trait LeaderStore: Send + Sync {
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()>;
     async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>>;
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()>;
+    /// `SourceRegistry::put_rollout_over`: the driver's step, never over a change by hand.
+    async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool>;
     /// Every unit (a sync compares the whole cluster with its source).
     async fn units(&self) -> Result<Vec<UnitView>>;
     /// The units of these names that exist, from the store's watch-fed copy where it has one.
@@ -64,6 +66,9 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     }
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
         SourceRegistry::put_rollout(&**self, record).await
+    }
+    async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool> {
+        SourceRegistry::put_rollout_over(&**self, record, before).await
     }
     async fn units(&self) -> Result<Vec<UnitView>> {
         ApiRegistry::units(&**self).await

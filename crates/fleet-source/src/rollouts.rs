@@ -164,7 +164,11 @@ impl RolloutDriver {
                 } else if record.rollout.state == RolloutState::Done {
                     tracing::info!(rollout = record.name, "rollout done");
                 }
-                self.registry.put_rollout(&record).await?;
+                // Not over a pause, an undo or a promotion made since `before` was read:
+                // that change stands, and the next pass steps from it.
+                if !self.registry.put_rollout_over(&record, &before).await? {
+                    tracing::info!(rollout = record.name, "rollout changed during its step; stepping it again");
+                }
             }
             self.writing += storing.elapsed();
             tracing::debug!(

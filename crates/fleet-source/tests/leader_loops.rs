@@ -70,6 +70,11 @@ impl LeaderStore for Counting {
         tokio::time::sleep(self.write_delay).await;
         self.store.put_rollout(record).await
     }
+    async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.write_delay).await;
+        self.store.put_rollout_over(record, before).await
+    }
     async fn units(&self) -> Result<Vec<UnitView>> {
         self.read();
         LeaderStore::units(&self.store).await

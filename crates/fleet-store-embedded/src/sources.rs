@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use redb::ReadableTable;
 
 use super::tables::{self, read_all};
 use super::{EmbeddedRegistry, unavailable};
@@ -48,6 +49,25 @@ impl SourceRegistry for EmbeddedRegistry {
 
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
         self.put_named(tables::ROLLOUTS, &record.name, record.clone()).await
+    }
+
+    async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool> {
+        let (record, before) = (record.clone(), before.clone());
+        self.write(move |txn, touched| {
+            let mut table = txn.open_table(tables::ROLLOUTS).map_err(unavailable)?;
+            let key = record.name.as_str();
+            let stored: Option<RolloutRecord> = match table.get(key).map_err(unavailable)? {
+                Some(bytes) => Some(tables::decode(&format!("rollouts/{key}"), bytes.value())?),
+                None => None,
+            };
+            if stored.as_ref() != Some(&before) {
+                return Ok(false);
+            }
+            table.insert(key, tables::encode(&record).as_slice()).map_err(unavailable)?;
+            touched.sources = true;
+            Ok(true)
+        })
+        .await
     }
 
     async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>> {

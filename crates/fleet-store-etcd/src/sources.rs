@@ -51,39 +51,19 @@ impl SourceRegistry for EtcdRegistry {
     /// rollout); the fixed part's missing slices first otherwise (a new rollout), then the
     /// head, on the last slice being there, deleting the slices of any other fixed part.
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()> {
-        let keys = self.keys();
-        let key = keys.rollout(&record.name);
-        let pieces = stored_rollouts::pieces(record);
-        let slice_keys: Vec<String> =
-            (0..pieces.slices.len()).map(|index| keys.rollout_slice(&record.name, &pieces.digest, index)).collect();
-        // The slices held are read from the copy once it holds this fleetd's own last write
-        // (a copy still behind it would not show the slices just written, and they would be
-        // written again); a copy that does not catch up in time only costs that.
-        self.sources_mirror().caught_up(CATCH_UP).await;
-        let (held, stale) = self.rollout_slices_held(&record.name, &pieces.digest);
-        self.write_rollout_slices(&slice_keys, &pieces.slices, &held).await?;
-        // The head is written where the last slice is: a rollout removed meanwhile took its
-        // slices with it, and a copy that was behind may have shown slices that are gone.
-        let stored: Vec<Compare> =
-            slice_keys.last().map(|last| Compare::version(last.as_str(), CompareOp::Greater, 0)).into_iter().collect();
-        let mut ops = vec![TxnOp::put(key.as_str(), pieces.head.clone(), None)];
-        ops.extend(stale.iter().map(|prefix| TxnOp::delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))));
-        for attempt in 0..2 {
-            let reply = self.connection().big_txn(Txn::new().when(stored.clone()).and_then(ops.clone())).await?;
-            if reply.succeeded() {
-                if let Some(header) = reply.header() {
-                    self.sources_mirror().expect(&key, header.revision());
-                }
-                return Ok(());
+        self.write_rollout(record, None).await.map(|_| ())
+    }
+
+    async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool> {
+        let key = self.keys().rollout(&record.name);
+        let reply = self.connection().get(&key, None).await?;
+        match reply.kvs().first() {
+            Some(kv) if stored_rollouts::holds(kv.value(), before) => {
+                self.write_rollout(record, Some(kv.mod_revision())).await
             }
-            if attempt == 0 {
-                self.write_rollout_slices(&slice_keys, &pieces.slices, &BTreeSet::new()).await?;
-            }
+            // Changed (or removed) since it was read: that change stands.
+            _ => Ok(false),
         }
-        Err(RegistryError::Unavailable(format!(
-            "etcd: the slices of rollout {} went while it was written (removed meanwhile?)",
-            record.name
-        )))
     }
 
     /// From the watch-fed copy, once it holds this fleetd's own rollout writes: a running
@@ -184,5 +164,54 @@ impl EtcdRegistry {
             stored_rollouts::fixed_from_slices(&slices_key, slices.iter().map(|(_, entry)| entry.value.as_slice()))
         })?;
         stored_rollouts::joined(&head, &fixed).map_err(corrupt)
+    }
+}
+
+impl EtcdRegistry {
+    /// Writes a rollout's slices, then its head where the last slice is; with `unchanged_since`,
+    /// only while the head is still at that revision (`false` when it moved).
+    async fn write_rollout(&self, record: &RolloutRecord, unchanged_since: Option<i64>) -> Result<bool> {
+        let keys = self.keys();
+        let key = keys.rollout(&record.name);
+        let pieces = stored_rollouts::pieces(record);
+        let slice_keys: Vec<String> =
+            (0..pieces.slices.len()).map(|index| keys.rollout_slice(&record.name, &pieces.digest, index)).collect();
+        // The slices held are read from the copy once it holds this fleetd's own last write
+        // (a copy still behind it would not show the slices just written, and they would be
+        // written again); a copy that does not catch up in time only costs that.
+        self.sources_mirror().caught_up(CATCH_UP).await;
+        let (held, stale) = self.rollout_slices_held(&record.name, &pieces.digest);
+        self.write_rollout_slices(&slice_keys, &pieces.slices, &held).await?;
+        // The head is written where the last slice is: a rollout removed meanwhile took its
+        // slices with it, and a copy that was behind may have shown slices that are gone.
+        let mut stored: Vec<Compare> =
+            slice_keys.last().map(|last| Compare::version(last.as_str(), CompareOp::Greater, 0)).into_iter().collect();
+        if let Some(revision) = unchanged_since {
+            stored.push(Compare::mod_revision(key.as_str(), CompareOp::Equal, revision));
+        }
+        let mut ops = vec![TxnOp::put(key.as_str(), pieces.head.clone(), None)];
+        ops.extend(stale.iter().map(|prefix| TxnOp::delete(prefix.as_str(), Some(DeleteOptions::new().with_prefix()))));
+        for attempt in 0..2 {
+            let reply = self.connection().big_txn(Txn::new().when(stored.clone()).and_then(ops.clone())).await?;
+            if reply.succeeded() {
+                if let Some(header) = reply.header() {
+                    self.sources_mirror().expect(&key, header.revision());
+                }
+                return Ok(true);
+            }
+            if let Some(revision) = unchanged_since {
+                let now = self.connection().get(&key, None).await?;
+                if now.kvs().first().map(|kv| kv.mod_revision()) != Some(revision) {
+                    return Ok(false);
+                }
+            }
+            if attempt == 0 {
+                self.write_rollout_slices(&slice_keys, &pieces.slices, &BTreeSet::new()).await?;
+            }
+        }
+        Err(RegistryError::Unavailable(format!(
+            "etcd: the slices of rollout {} went while it was written (removed meanwhile?)",
+            record.name
+        )))
     }
 }

@@ -70,6 +70,20 @@ pub fn pieces(record: &RolloutRecord) -> Pieces {
     Pieces { head: encode(&head), digest, slices }
 }
 
+/// Whether the `rollouts/<name>` value `stored` holds `record` (its head, as the record's own
+/// pieces make it; or the whole record, stored by an earlier version), compared as records, not
+/// as bytes: another version may encode the same head differently.
+pub fn holds(stored: &[u8], record: &RolloutRecord) -> bool {
+    match decode::<Stored>("rollouts/", stored) {
+        Ok(Stored::Head(head)) => {
+            let (_, steps) = split_units(&record.rollout.units);
+            head.record == without_units(record) && head.steps == steps && head.fixed == pieces(record).digest
+        }
+        Ok(Stored::Whole(whole)) => whole == *record,
+        Err(_) => false,
+    }
+}
+
 /// The fixed part from its slices, in order (`key`: where they are, for an error).
 pub fn fixed_from_slices<'a>(key: &str, slices: impl Iterator<Item = &'a [u8]>) -> Result<Fixed, RegistryError> {
     decode(key, &slices.collect::<Vec<&[u8]>>().concat())

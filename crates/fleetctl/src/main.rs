@@ -616,7 +616,28 @@ fn exit(outcome: Outcome) -> ExitCode {
 
 const SIGN_DEPRECATED: &str = "WARNING: The signed/verified units feature is DEPRECATED and cannot be used.";
 
+/// A reader that stops early (`| head`, `| grep -q`) ends fleetctl quietly, with the status
+/// of a command a broken pipe killed (141), as it ends other command line tools; Rust's
+/// printing panics on it instead (and fleetctl forbids the unsafe code that would restore
+/// SIGPIPE). Every other panic is reported as before.
+fn quiet_on_broken_pipe() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |panic| {
+        let message = panic
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.starts_with("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        report(panic);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = Cli::parse();
     if cli.global.version {
         println!("{}", fleet_build_info::describe("fleetctl"));
