@@ -308,3 +308,60 @@ fn a_cluster_on_one_box_as_the_readme_walks_through_it() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// Issue 69: "Upgrading" shows what `fleetd --version` prints, and "Backing up" backs a fleetd
+/// up and restores it as its lines say (`systemctl` standing for this test's own stop and start,
+/// and `-config` for the test's fleet.conf).
+#[test]
+fn the_version_and_a_backup_and_restore_as_the_readme_shows_them() {
+    let readme = readme();
+    let shown = block(&readme, "text", "fleetd version 0.2.0");
+    let printed = Ran::from(Command::new(binary("fleetd")).arg("--version").output().expect("fleetd"));
+    let shape = |text: &str| -> Vec<String> {
+        text.lines().map(|line| line.rsplit_once(' ').map_or(line, |(head, _)| head).to_string()).collect()
+    };
+    assert_eq!(shape(&printed.stdout), shape(&shown), "{printed:?}");
+    assert!(printed.stdout.starts_with(&format!("fleetd version {}\n", env!("CARGO_PKG_VERSION"))));
+    assert!(
+        shown.starts_with(&format!("fleetd version {}\n", env!("CARGO_PKG_VERSION"))),
+        "the README names this release"
+    );
+
+    let mut fleet = Fleetd::start("e2e0readme000031", &[]);
+    fleet.ok(&["start", &examples_dir().join("hello.service").display().to_string()]);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("fleet.redb").display().to_string();
+    let back_up = block(&readme, "sh", "# a snapshot of the embedded store while fleetd runs");
+    let restore =
+        block(&readme, "sh", "# restore: fleetd stopped, the snapshot put in its place, fleetd started again");
+    for line in put_in(&back_up, &[("/var/backups/fleet.redb", &file)]).lines().filter(|line| !line.starts_with('#')) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(words[0], "fleetctl", "{line}");
+        fleet.ok(&words[1..]);
+    }
+    let hash = |fleet: &Fleetd| fleet.ok(&["list-unit-files", "--full", "--no-legend", "--fields", "unit,hash"]).stdout;
+    let before = hash(&fleet);
+    fleet.ok(&["destroy", "hello.service"]);
+    for line in put_in(&restore, &[("/var/backups/fleet.redb", &file)]).lines().filter(|line| !line.starts_with('#')) {
+        match line {
+            "systemctl stop fleet" => {
+                fleet.stop_with(libc::SIGTERM);
+            }
+            "systemctl start fleet" => fleet.launch(),
+            _ => {
+                let args: Vec<&str> = line.split_whitespace().collect();
+                assert_eq!(args[0], "fleetd", "{line}");
+                let restored = Ran::from(
+                    Command::new(binary("fleetd"))
+                        .arg("-config")
+                        .arg(fleet.config_path())
+                        .args(&args[1..])
+                        .output()
+                        .expect("fleetd"),
+                );
+                assert_eq!(restored.code, 0, "{restored:?}");
+            }
+        }
+    }
+    assert_eq!(hash(&fleet), before, "the unit destroyed after the backup is back, with its hash");
+}
