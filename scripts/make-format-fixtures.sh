@@ -66,17 +66,19 @@ populate() {
   done
 }
 
+# Starts the old fleetd as machine $2 in $work/$1, with the fleet.conf lines that follow.
+start_fleetd() {
+  local dir="$work/$1" machine="$2"
+  shift 2
+  mkdir -p "$dir"
+  printf '%s\n' "machine_id = $machine" "state_dir = $dir/state" "api_listen = unix://$dir/fleet.sock" \
+    "unit_manager = native" "metadata = role=web" "$@" > "$dir/fleet.conf"
+  "$old/fleetd" -config "$dir/fleet.conf" > "$dir/fleetd.log" 2>&1 &
+  pids+=($!)
+}
+
 # The embedded store: fleetd killed once it is full, so that nothing is undone by a clean stop.
-mkdir -p "$work/embedded"
-cat > "$work/embedded/fleet.conf" <<CONF
-machine_id = fixture0machine01
-state_dir = $work/embedded/state
-api_listen = unix://$work/embedded/fleet.sock
-unit_manager = native
-metadata = role=web
-CONF
-"$old/fleetd" -config "$work/embedded/fleet.conf" > "$work/embedded/fleetd.log" 2>&1 &
-pids+=($!)
+start_fleetd embedded fixture0machine01
 populate "$work/embedded/fleet.sock" "$out/embedded"
 kill -9 "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 cp "$work/embedded/state/registry.redb" "$out/registry.redb"
@@ -87,17 +89,7 @@ etcd --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$port" --adv
   --listen-peer-urls "http://127.0.0.1:$((port + 1))" > "$work/etcd.log" 2>&1 &
 pids+=($!)
 wait_for "curl -sf http://127.0.0.1:$port/health"
-mkdir -p "$work/member"
-cat > "$work/member/fleet.conf" <<CONF
-machine_id = fixture0machine02
-state_dir = $work/member/state
-api_listen = unix://$work/member/fleet.sock
-unit_manager = native
-metadata = role=web
-etcd_servers = http://127.0.0.1:$port
-CONF
-"$old/fleetd" -config "$work/member/fleet.conf" > "$work/member/fleetd.log" 2>&1 &
-pids+=($!)
+start_fleetd member fixture0machine02 "etcd_servers = http://127.0.0.1:$port"
 populate "$work/member/fleet.sock" "$out/etcd"
 kill -9 "${pids[-1]}"
 prefix="$(printf '/_coreos.com/fleet/' | base64 -w0)"

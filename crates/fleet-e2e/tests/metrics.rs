@@ -21,6 +21,11 @@ fn metrics_follow_the_cluster_and_pass_promtool() {
     assert!(value(&fleet, "process_resident_memory_bytes") > 1e6);
     assert!(value(&fleet, "process_open_fds") > 3.0);
     assert_eq!(metric_value(&fleet.metrics(), "fleet_unit_states{active_state=\"active\"}"), None);
+    // What this fleetd is (issue 69), a gauge promtool takes.
+    let build = format!("fleet_build_info{{version=\"{}\",commit=\"", env!("CARGO_PKG_VERSION"));
+    let scraped = fleet.metrics();
+    let line = scraped.lines().find(|line| line.starts_with(&build)).unwrap_or_else(|| panic!("{scraped}"));
+    assert!(line.ends_with(",store_format=\"1\"} 1"), "{line}");
 
     let hello = examples_dir().join("hello.service").display().to_string();
     fleet.ok(&["start", &hello]);

@@ -366,8 +366,14 @@ pub fn render() -> String {
     let mut text = String::new();
     let mut scraped = Registry::default();
     if let Some(build) = BUILD.get() {
-        let info = prometheus_client::metrics::info::Info::new(build.clone());
-        scraped.sub_registry_with_prefix("fleet").register("build", "What this fleetd is", info);
+        // A gauge of 1 labelled with what it is (the classic text format has no info type).
+        let info = Family::<Vec<(String, String)>, Gauge>::default();
+        info.get_or_create(build).set(1);
+        scraped.sub_registry_with_prefix("fleet").register(
+            "build_info",
+            "What this fleetd is: its version, the commit it was built from, its store format",
+            info,
+        );
     }
     cluster::register_published(scraped.sub_registry_with_prefix("fleet"));
     process::register(&mut scraped);
