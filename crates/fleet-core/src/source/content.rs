@@ -85,6 +85,10 @@ pub fn read_source(files: &[(String, String)], max_units: usize) -> SourceConten
                 content.problems.push(FileProblem { path: path.clone(), line: None, problem });
             }
             Ok(file) => {
+                // Kept as the original kept them, but named (issue 68): a typo is no longer silent.
+                for unknown in crate::unknown_options::unknown_options(file.options()) {
+                    content.problems.push(FileProblem { path: path.clone(), line: None, problem: unknown.to_string() });
+                }
                 let desired = DesiredState::Launched;
                 content.units.insert(base.to_string(), WantedUnit { file, desired, path: path.clone() });
             }
@@ -293,5 +297,21 @@ mod tests {
         assert!(over.halted);
         let files_over = read_source(&files(&[template, ("a.service", "[Service]\nExecStart=/bin/true\n")]), 1);
         assert!(files_over.halted && files_over.problems[0].to_string().contains("more than 1 units"));
+    }
+
+    /// Issue 68: a unit file with a typo from a source is still a unit, and its status names
+    /// the typo with the option meant.
+    #[test]
+    fn a_typo_in_a_sources_unit_is_named_and_the_unit_kept() {
+        let files = vec![("units/web.service".to_string(), "[Service]\nExecStrat=/bin/web\n".to_string())];
+        let content = read_source(&files, DEFAULT_MAX_UNITS);
+        assert!(content.units.contains_key("web.service") && !content.halted && content.broken.is_empty());
+        let problems: Vec<String> = content.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            problems,
+            [
+                "units/web.service: unknown option ExecStrat= in [Service], which systemd ignores; did you mean ExecStart=?"
+            ]
+        );
     }
 }
