@@ -1,7 +1,9 @@
 //! fleetd's life, the same in every mode (etcd, embedded store, pull agent): its components
 //! run under one [`Lifecycle`] until a signal. SIGHUP reloads: the components stop with the
 //! units left running and start again; SIGTERM or SIGINT shuts down: they stop the units and
-//! leave the cluster.
+//! leave the cluster; SIGUSR2 exits for an upgrade: the components stop as for a reload, the
+//! units are left running and the machine's presence is kept, for the next fleetd (the new
+//! binary, which systemd starts again) to take both over.
 
 use anyhow::Context;
 use fleet_runtime::Lifecycle;
@@ -22,6 +24,15 @@ pub struct Daemon {
     terminate: Signal,
     interrupt: Signal,
     hangup: Signal,
+    upgrade: Signal,
+}
+
+/// What a signal asks of the running components.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    Reload,
+    ShutDown,
+    ExitForUpgrade,
 }
 
 impl Daemon {
@@ -32,6 +43,7 @@ impl Daemon {
             terminate: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
             interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
+            upgrade: signal(SignalKind::user_defined2()).context("installing the SIGUSR2 handler")?,
         })
     }
 
@@ -45,23 +57,32 @@ impl Daemon {
             let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
             let mut tasks = JoinSet::new();
             components.start(&mut tasks, lifecycle_watch);
-            let reload = tokio::select! {
-                _ = self.terminate.recv() => false,
-                _ = self.interrupt.recv() => false,
-                _ = self.hangup.recv() => true,
+            let asked = tokio::select! {
+                _ = self.terminate.recv() => Asked::ShutDown,
+                _ = self.interrupt.recv() => Asked::ShutDown,
+                _ = self.hangup.recv() => Asked::Reload,
+                _ = self.upgrade.recv() => Asked::ExitForUpgrade,
             };
-            if reload {
-                tracing::info!("Reloading configuration");
-                crate::service_manager::reloading();
-                components.reload();
-                let _ = lifecycle.send(Lifecycle::Reloading);
-            } else {
-                tracing::info!("Shutting down");
-                crate::service_manager::stopping();
-                let _ = lifecycle.send(Lifecycle::ShuttingDown);
+            match asked {
+                Asked::Reload => {
+                    tracing::info!("Reloading configuration");
+                    crate::service_manager::reloading();
+                    components.reload();
+                    let _ = lifecycle.send(Lifecycle::Reloading);
+                }
+                Asked::ExitForUpgrade => {
+                    tracing::info!("Exiting for an upgrade: units left running, the presence kept for the next fleetd");
+                    crate::service_manager::stopping();
+                    let _ = lifecycle.send(Lifecycle::Reloading);
+                }
+                Asked::ShutDown => {
+                    tracing::info!("Shutting down");
+                    crate::service_manager::stopping();
+                    let _ = lifecycle.send(Lifecycle::ShuttingDown);
+                }
             }
             while tasks.join_next().await.is_some() {}
-            if !reload {
+            if asked != Asked::Reload {
                 return;
             }
             crate::service_manager::ready(serving);

@@ -82,7 +82,9 @@ pub fn manual_page(version: &str) -> String {
     }
     page.control("SH", ["SIGNALS"]).text([roman(
         "SIGTERM and SIGINT stop fleetd cleanly: its units are stopped (for at most shutdown_timeout) and handed to \
-         other machines at once. SIGHUP reads the configuration again (token_limit, the API's TLS certificate).",
+         other machines at once. SIGHUP reads the configuration again (token_limit, the API's TLS certificate). \
+         SIGUSR2 exits for an upgrade: the units are left running and the machine's presence held, for the \
+         next fleetd to take over (under the systemd unit manager, nothing restarts).",
     )]);
     page.control("SH", ["SYSTEMD"]).text([roman(
         "Run under systemd as fleet.service (Type=notify): fleetd reports ready once its API answers, keeps a \
