@@ -82,12 +82,7 @@ pub fn check_snapshot(path: &Path) -> Result<SnapshotSummary> {
     }
     let db = Database::open(path).map_err(|error| refused(error.to_string()))?;
     let read = db.begin_read().map_err(|error| refused(error.to_string()))?;
-    let names: Vec<&str> = tables::RECORDS
-        .iter()
-        .map(|table| table.name())
-        .chain(tables::TEXTS.iter().map(|table| table.name()))
-        .chain([tables::BODY_REFS.name(), tables::STORE_FORMAT.name()])
-        .collect();
+    let names: Vec<&str> = tables::opened_names().chain([tables::STORE_FORMAT.name()]).collect();
     let present: Vec<String> =
         read.list_tables().map_err(|error| refused(error.to_string()))?.map(|table| table.name().to_string()).collect();
     if let Some(missing) = names.iter().find(|name| !present.iter().any(|present| present == *name)) {

@@ -66,10 +66,7 @@ fn create_missing_tables(db: &Database) -> Result<()> {
         .map(|table| table.name().to_string())
         .collect();
     let has = |name: &str| present.iter().any(|present| present == name);
-    let complete = tables::RECORDS.iter().all(|table| has(table.name()))
-        && tables::TEXTS.iter().all(|table| has(table.name()))
-        && has(tables::BODY_REFS.name());
-    if complete {
+    if tables::opened_names().all(has) {
         return Ok(());
     }
     let txn = db.begin_write().map_err(unavailable)?;

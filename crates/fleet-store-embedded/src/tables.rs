@@ -97,3 +97,9 @@ pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
 
 /// Every table of text values.
 pub const TEXTS: [TableDefinition<&str, &str>; 2] = [SCHEDULE, REASONS];
+
+/// The names of every table a store opens with ([`RECORDS`], [`TEXTS`], [`BODY_REFS`]).
+pub fn opened_names() -> impl Iterator<Item = &'static str> {
+    use redb::TableHandle;
+    RECORDS.iter().map(|table| table.name()).chain(TEXTS.iter().map(|table| table.name())).chain([BODY_REFS.name()])
+}

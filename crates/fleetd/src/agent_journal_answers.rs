@@ -5,7 +5,7 @@
 //! answer, or the agent's error, written back for the asker. A question is carried once.
 
 use std::collections::HashSet;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_api::agent_presence::AgentPresence;
@@ -25,7 +25,7 @@ pub struct AgentJournalAnswers {
     presence: Arc<AgentPresence>,
     /// The ids of the questions carried (or being carried) and still in the store: each is
     /// carried once, and forgotten when its asker takes it away.
-    carried: Mutex<HashSet<String>>,
+    carried: HashSet<String>,
     /// The questions being carried (they go with this reconciler).
     carrying: JoinSet<()>,
     triggers: Triggers,
@@ -39,8 +39,8 @@ impl AgentJournalAnswers {
 
     /// The questions to carry now: put to an agent held here and not carried yet. Forgets the
     /// questions no longer in the store.
-    fn to_carry(&self, put: Vec<PutQuestion>) -> Vec<PutQuestion> {
-        let mut carried = self.carried.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    fn take_to_carry(&mut self, put: Vec<PutQuestion>) -> Vec<PutQuestion> {
+        let carried = &mut self.carried;
         carried.retain(|id| put.iter().any(|question| &question.id == id));
         put.into_iter()
             .filter(|question| self.presence.knows(&question.machine))
@@ -59,7 +59,7 @@ impl Reconciler for AgentJournalAnswers {
         // (`fleet_core::journal_relay::MOST_IN_FLIGHT_IN_CLUSTER`), so these tasks are few.
         let questions = self.questions.clone();
         let put = questions.every_journal_question().await?;
-        for put in self.to_carry(put) {
+        for put in self.take_to_carry(put) {
             let (questions, relay) = (self.questions.clone(), self.relay.clone());
             self.carrying.spawn(async move {
                 let PutQuestion { machine, id, question } = put;

@@ -45,7 +45,11 @@ pub async fn get(state: &ApiState) -> Result<Response, ApiError> {
         .suffix(".redb")
         .tempfile_in(&backup.scratch)
         .map_err(unavailable)?;
-    let size = backup.store.back_up(file.path()).await?;
+    // Said as what it is: the generic store error would read "unable to communicate with etcd".
+    let size = backup.store.back_up(file.path()).await.map_err(|error| {
+        tracing::error!(%error, "cannot take a backup");
+        ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "cannot take the backup: fleetd's log says why")
+    })?;
     let reader = tokio::fs::File::open(file.path()).await.map_err(unavailable)?;
     // The file and the turn go with the answer: deleted and released once it is sent.
     let chunks = futures_util::stream::unfold((reader, file, turn), |(mut reader, file, turn)| async move {
