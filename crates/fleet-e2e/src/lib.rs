@@ -59,6 +59,8 @@ pub struct Fleetd {
     child: Option<Child>,
     extra: Vec<(String, String)>,
     launcher: Launcher,
+    /// The fleetd binary it runs, when not the workspace's own.
+    program: Option<PathBuf>,
 }
 
 /// How fleetd is started: a command prefix (e.g. `nsenter ... --`) and extra environment.
@@ -99,11 +101,19 @@ impl Fleetd {
         fleetd
     }
 
+    /// As [`Fleetd::start`], running `program` rather than the workspace's fleetd.
+    pub fn start_from(machine_id: &str, config: &[(&str, &str)], program: &Path) -> Self {
+        let mut fleetd = Self::in_new_dir(machine_id, config, Launcher::default());
+        fleetd.program = Some(program.to_path_buf());
+        fleetd.launch();
+        fleetd
+    }
+
     /// A fleetd not started yet, in a directory of its own.
     fn in_new_dir(machine_id: &str, config: &[(&str, &str)], launcher: Launcher) -> Self {
         let dir = tempfile::tempdir().expect("temporary directory");
         let extra = config.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher }
+        Self { dir, machine_id: machine_id.to_string(), child: None, extra, launcher, program: None }
     }
 
     /// Runs a fleetd that is expected to refuse to start; returns its exit code and log.
@@ -126,13 +136,14 @@ impl Fleetd {
 
     /// The fleetd command line for this directory, with no `FLEET_*` from the caller.
     fn command(&self) -> Command {
+        let fleetd = self.program.clone().unwrap_or_else(|| binary("fleetd"));
         let mut command = match self.launcher.prefix.split_first() {
             Some((program, args)) => {
                 let mut command = Command::new(program);
-                command.args(args).arg(binary("fleetd"));
+                command.args(args).arg(fleetd);
                 command
             }
-            None => Command::new(binary("fleetd")),
+            None => Command::new(fleetd),
         };
         command.envs(self.launcher.env.iter().cloned());
         for (name, _) in std::env::vars_os() {

@@ -374,7 +374,7 @@ fn a_notify_service_is_healthy_while_it_pings_its_watchdog_and_unhealthy_once_it
 /// machine's presence kept; the next fleetd (the new binary) takes both over, on etcd, without
 /// restarting anything: the unit's main process and its start time are the same after.
 #[test]
-fn an_exit_for_an_upgrade_leaves_the_units_running_for_the_next_fleetd() {
+fn an_upgrade_in_place_leaves_the_units_running_and_takes_the_lease_over() {
     let systemd = SystemdUser::start();
     let etcd = EtcdServer::start();
     let units = systemd.units_directory().display().to_string();
@@ -386,22 +386,23 @@ fn an_exit_for_an_upgrade_leaves_the_units_running_for_the_next_fleetd() {
         ("etcd_servers", endpoint.as_str()),
         ("etcd_request_timeout", "2"),
     ];
-    let mut fleet =
-        Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let fleet = Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
     let dir = tempfile::tempdir().unwrap();
     let kept = write_unit(dir.path(), "kept.service", "[Service]\nExecStart=/bin/sleep 100007\n");
     fleet.ok(&["start", &kept]);
     wait_for(&systemd, "kept.service", "SubState", "running");
     let (pid, since) = (systemd.show("kept.service", "MainPID"), systemd.show("kept.service", "ActiveEnterTimestamp"));
 
-    assert_eq!(fleet.stop_with(libc::SIGUSR2), Some(0), "{}", fleet.log());
-    assert!(fleet.log().contains("Exiting for an upgrade"), "{}", fleet.log());
-    assert_eq!(systemd.show("kept.service", "SubState"), "running", "left running");
-    fleet.launch();
-    fleet.wait_until("the next fleetd reports the unit it took over", WAIT, |f| {
+    let fleetd_pid = fleet.pid();
+    fleet.signal(libc::SIGUSR2);
+    fleet.wait_until("the next image took the machine's lease over", WAIT, |f| {
+        f.log().contains("taking over the machine lease this fleetd holds already")
+    });
+    assert!(fleet.log().contains("upgrading in place"), "{}", fleet.log());
+    assert_eq!(fleet.pid(), fleetd_pid, "replaced in place");
+    fleet.wait_until("the next image reports the unit it took over", WAIT, |f| {
         row(f, "kept.service") == Some(("active".into(), "running".into()))
     });
-    assert!(fleet.log().contains("taking over the machine lease this fleetd holds already"), "{}", fleet.log());
     assert_eq!(systemd.show("kept.service", "MainPID"), pid, "never restarted");
     assert_eq!(systemd.show("kept.service", "ActiveEnterTimestamp"), since, "never restarted");
 }

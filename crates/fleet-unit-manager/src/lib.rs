@@ -11,6 +11,7 @@ pub mod check_command;
 pub mod fence;
 #[cfg(feature = "native")]
 pub mod native;
+pub mod reexec;
 #[cfg(feature = "systemd")]
 pub mod systemd;
 
@@ -104,5 +105,14 @@ pub trait UnitManager: Send + Sync {
     /// manager has no such backstop.
     async fn fence(&self, _deadline: tokio::time::Instant, _units: &[String]) -> Result<bool> {
         Ok(false)
+    }
+    /// Replaces fleetd in place with `reexec` for an upgrade, the units left running for the
+    /// next image to take over as they run. Returns only if that failed, with why; the units
+    /// are then supervised as before.
+    async fn reexec(&self, reexec: &reexec::Reexec) -> std::io::Error {
+        match reexec.image() {
+            Ok(image) => image.exec(),
+            Err(error) => error,
+        }
     }
 }

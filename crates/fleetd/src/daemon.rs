@@ -1,12 +1,15 @@
 //! fleetd's life, the same in every mode (etcd, embedded store, pull agent): its components
 //! run under one [`Lifecycle`] until a signal. SIGHUP reloads: the components stop with the
 //! units left running and start again; SIGTERM or SIGINT shuts down: they stop the units and
-//! leave the cluster; SIGUSR2 exits for an upgrade: the components stop as for a reload, the
-//! units are left running and the machine's presence is kept, for the next fleetd (the new
-//! binary, which systemd starts again) to take both over.
+//! leave the cluster; SIGUSR2 upgrades in place: the components stop as for a reload, and
+//! fleetd replaces itself with the binary it was started from (see `in_place.rs`), its units
+//! running on and its presence kept; if it cannot, it goes on as after a reload.
+
+use std::sync::Arc;
 
 use anyhow::Context;
 use fleet_runtime::Lifecycle;
+use fleet_unit_manager::UnitManager;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -25,6 +28,7 @@ pub struct Daemon {
     interrupt: Signal,
     hangup: Signal,
     upgrade: Signal,
+    in_place: crate::in_place::InPlace,
 }
 
 /// What a signal asks of the running components.
@@ -32,7 +36,7 @@ pub struct Daemon {
 enum Asked {
     Reload,
     ShutDown,
-    ExitForUpgrade,
+    UpgradeInPlace,
 }
 
 impl Daemon {
@@ -44,24 +48,38 @@ impl Daemon {
             interrupt: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
             hangup: signal(SignalKind::hangup()).context("installing the SIGHUP handler")?,
             upgrade: signal(SignalKind::user_defined2()).context("installing the SIGUSR2 handler")?,
+            in_place: crate::in_place::InPlace::of_this_process()?,
         })
     }
 
     /// Runs `components` until SIGTERM or SIGINT, starting them again on each SIGHUP; returns
     /// once they stopped. `serving` says how fleetd serves, for systemd's status line
-    /// (`API on …`, `pulling from …`).
-    pub async fn run(&mut self, serving: &str, components: &mut impl Components) {
+    /// (`API on …`, `pulling from …`); `units` hands the units over on SIGUSR2.
+    pub async fn run(&mut self, serving: &str, components: &mut impl Components, units: Arc<dyn UnitManager>) {
         crate::service_manager::ready(serving);
         tokio::spawn(crate::service_manager::keep_alive(serving.to_string()));
         loop {
             let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
             let mut tasks = JoinSet::new();
             components.start(&mut tasks, lifecycle_watch);
-            let asked = tokio::select! {
-                _ = self.terminate.recv() => Asked::ShutDown,
-                _ = self.interrupt.recv() => Asked::ShutDown,
-                _ = self.hangup.recv() => Asked::Reload,
-                _ = self.upgrade.recv() => Asked::ExitForUpgrade,
+            let asked = loop {
+                let asked = tokio::select! {
+                    _ = self.terminate.recv() => Asked::ShutDown,
+                    _ = self.interrupt.recv() => Asked::ShutDown,
+                    _ = self.hangup.recv() => Asked::Reload,
+                    _ = self.upgrade.recv() => Asked::UpgradeInPlace,
+                };
+                if asked != Asked::UpgradeInPlace {
+                    break asked;
+                }
+                // Nothing stops before the new binary is known to run here.
+                match self.in_place.check_new_binary().await {
+                    Ok(version) => {
+                        tracing::info!(new = version, "upgrading in place: units left running, the presence kept");
+                        break asked;
+                    }
+                    Err(error) => tracing::error!("not upgrading: {error:#}"),
+                }
             };
             match asked {
                 Asked::Reload => {
@@ -70,9 +88,8 @@ impl Daemon {
                     components.reload();
                     let _ = lifecycle.send(Lifecycle::Reloading);
                 }
-                Asked::ExitForUpgrade => {
-                    tracing::info!("Exiting for an upgrade: units left running, the presence kept for the next fleetd");
-                    crate::service_manager::stopping();
+                Asked::UpgradeInPlace => {
+                    crate::service_manager::reloading();
                     let _ = lifecycle.send(Lifecycle::Reloading);
                 }
                 Asked::ShutDown => {
@@ -82,7 +99,10 @@ impl Daemon {
                 }
             }
             while tasks.join_next().await.is_some() {}
-            if asked != Asked::Reload {
+            if asked == Asked::UpgradeInPlace {
+                let error = self.in_place.replace(units.as_ref()).await;
+                tracing::error!("{error:#}; this fleetd goes on");
+            } else if asked != Asked::Reload {
                 return;
             }
             crate::service_manager::ready(serving);

@@ -5,6 +5,7 @@ mod api_service;
 mod capacity;
 mod daemon;
 mod host;
+mod in_place;
 mod journal_answers;
 mod log_priority;
 mod make_certificates;
@@ -182,6 +183,8 @@ fn main() -> ExitCode {
         Ok(open_files) => tracing::debug!(open_files, "open-file limit"),
         Err(error) => tracing::warn!(%error, "cannot raise the open-file limit"),
     }
+    // The nonce an earlier image of this fleetd replaced itself with, if it did.
+    let handover_nonce = in_place::handover_nonce();
     // Before any thread starts: the sockets systemd passed, read from the environment.
     let activated = match fleet_api::listen::activated_listeners() {
         Ok(activated) => activated,
@@ -197,7 +200,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run::run(config, config_path, activated)) {
+    match runtime.block_on(run::run(config, config_path, activated, handover_nonce)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");

@@ -83,8 +83,9 @@ pub fn manual_page(version: &str) -> String {
     page.control("SH", ["SIGNALS"]).text([roman(
         "SIGTERM and SIGINT stop fleetd cleanly: its units are stopped (for at most shutdown_timeout) and handed to \
          other machines at once. SIGHUP reads the configuration again (token_limit, the API's TLS certificate). \
-         SIGUSR2 exits for an upgrade: the units are left running and the machine's presence held, for the \
-         next fleetd to take over (under the systemd unit manager, nothing restarts).",
+         SIGUSR2 upgrades in place: once the binary fleetd was started from (by then the new release) runs, \
+         fleetd replaces itself with it, keeping its PID, its machine's presence and its units, which run on \
+         under either unit manager.",
     )]);
     page.control("SH", ["SYSTEMD"]).text([roman(
         "Run under systemd as fleet.service (Type=notify): fleetd reports ready once its API answers, keeps a \

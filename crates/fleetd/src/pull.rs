@@ -144,8 +144,8 @@ pub async fn run(
     }
     // A pull agent serves no API: it is ready once it joined and holds its credentials.
     let pulling = format!("pulling from {}", config.manager_url);
-    let mut agent = PullAgent { machine, agent_ttl: config.agent_ttl, registry, units };
-    daemon.run(&pulling, &mut agent).await;
+    let mut agent = PullAgent { machine, agent_ttl: config.agent_ttl, registry, units: units.clone() };
+    daemon.run(&pulling, &mut agent, units).await;
     renewing.abort();
     tracing::info!("fleetd stopped");
     Ok(())

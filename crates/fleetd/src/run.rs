@@ -61,7 +61,11 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
 
 /// The unit manager `unit_manager` asks for: `auto` takes systemd when the machine runs it
 /// (`/run/systemd/system` exists) and it answers on the bus, the native supervisor otherwise.
-async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<dyn UnitManager>> {
+async fn unit_manager(
+    config: &Config,
+    machine_id: &str,
+    handover_nonce: Option<String>,
+) -> anyhow::Result<Arc<dyn UnitManager>> {
     let user = config.systemd_user;
     let instance = if user { "the user's systemd instance" } else { "systemd" };
     let use_systemd = match config.unit_manager {
@@ -92,6 +96,7 @@ async fn unit_manager(config: &Config, machine_id: &str) -> anyhow::Result<Arc<d
         log_limits: LogLimits { max_bytes: config.unit_log_max_bytes, files: config.unit_log_files },
         stop_all_timeout: config.shutdown_timeout,
         allow_without_cgroups: config.native_without_cgroups,
+        handover_nonce,
     };
     Ok(Arc::new(NativeManager::new(options)?))
 }
@@ -126,7 +131,14 @@ fn warn_deprecated_options(config: &Config) {
 
 /// Runs fleetd until SIGTERM or SIGINT. `activated` holds the sockets systemd passed, taken
 /// in `main` before the runtime's threads started.
-pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<ApiListener>) -> anyhow::Result<()> {
+/// `handover_nonce`: set when an earlier image of this fleetd replaced itself with this one
+/// (SIGUSR2), whose units are taken over as they run.
+pub async fn run(
+    config: Config,
+    config_path: Option<PathBuf>,
+    activated: Vec<ApiListener>,
+    handover_nonce: Option<String>,
+) -> anyhow::Result<()> {
     warn_deprecated_options(&config);
     let machine_id = config.resolve_machine_id()?;
     fleet_fs::create_private_dir(&config.state_dir)
@@ -134,7 +146,7 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
     // Before anything else touches the state: unit processes, the store, the lease file.
     let _state_lock = fleet_fs::StateLock::acquire(&config.state_dir)?;
     let mut daemon = Daemon::new()?;
-    let manager = unit_manager(&config, &machine_id).await?;
+    let manager = unit_manager(&config, &machine_id, handover_nonce).await?;
     if !config.manager_url.is_empty() {
         let machine = machine_state(&config, &machine_id);
         return crate::pull::run(config, machine, manager, daemon).await;
@@ -172,7 +184,8 @@ pub async fn run(config: Config, config_path: Option<PathBuf>, activated: Vec<Ap
     let serving = api.serving.clone();
     let mut member =
         ClusterMember { config, config_path, machine_id, registry, chores, journal_questions, manager, api };
-    daemon.run(&serving, &mut member).await;
+    let units = member.manager.clone();
+    daemon.run(&serving, &mut member, units).await;
     member.api.stop().await;
     tracing::info!("fleetd stopped");
     Ok(())

@@ -153,9 +153,18 @@ impl CgroupBase {
     /// Kills every process in every unit cgroup below the base and removes those cgroups:
     /// what a fleetd that died left behind. Returns how many processes it found.
     pub fn kill_everything(&self) -> usize {
+        self.kill_everything_but(&std::collections::BTreeSet::new())
+    }
+
+    /// [`CgroupBase::kill_everything`] but for the cgroups of the units in `kept` (those an
+    /// earlier image of this fleetd handed over, which run on).
+    pub fn kill_everything_but(&self, kept: &std::collections::BTreeSet<String>) -> usize {
         let Ok(entries) = std::fs::read_dir(&self.dir) else { return 0 };
         let mut found = 0;
         for entry in entries.flatten() {
+            if entry.file_name().to_str().is_some_and(|unit| kept.contains(unit)) {
+                continue;
+            }
             if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
                 let unit = UnitCgroup::existing(entry.path());
                 found += unit.pids().len();
@@ -168,7 +177,9 @@ impl CgroupBase {
                 unit.remove();
             }
         }
-        super::limits::remove_v1_bases(&self.name());
+        if kept.is_empty() {
+            super::limits::remove_v1_bases(&self.name());
+        }
         found
     }
 }

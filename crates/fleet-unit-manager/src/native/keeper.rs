@@ -9,13 +9,16 @@
 //! (their machine's presence may have lapsed then); unless a later line moves or lifts it,
 //! the keeper kills them at that moment, even when fleetd is frozen and cannot.
 
+use std::fs::File;
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use super::cgroup::CgroupBase;
+use super::handover::is_pipe;
 use super::process::{kill_leftovers, kill_unit_leftovers};
 
 /// The argument that turns the fleetd binary into a keeper.
@@ -41,14 +44,33 @@ pub fn spawn_keeper(program: &Path, marker: &str, cgroups: Option<&Path>) -> io:
 
 /// fleetd's ends of the pipes to its keeper.
 pub struct KeeperPipe {
-    input: std::process::ChildStdin,
-    acknowledgements: io::BufReader<std::process::ChildStdout>,
+    input: File,
+    acknowledgements: io::BufReader<File>,
 }
 
 impl KeeperPipe {
     /// The pipes of a keeper [`spawn_keeper`] started.
     pub fn of(keeper: &mut Child) -> Option<Self> {
-        Some(Self { input: keeper.stdin.take()?, acknowledgements: io::BufReader::new(keeper.stdout.take()?) })
+        let input = File::from(OwnedFd::from(keeper.stdin.take()?));
+        let acknowledgements = File::from(OwnedFd::from(keeper.stdout.take()?));
+        Some(Self { input, acknowledgements: io::BufReader::new(acknowledgements) })
+    }
+
+    /// The pipes an earlier image of this fleetd handed over (by descriptor), if both are
+    /// still open pipes.
+    pub fn adopt(input: RawFd, acknowledgements: RawFd) -> Option<Self> {
+        if input == acknowledgements || !is_pipe(input) || !is_pipe(acknowledgements) {
+            return None;
+        }
+        // SAFETY: both descriptors were handed over for these pipes alone, are open pipes
+        // (checked just now) and distinct, and nothing else in this image owns them.
+        let (input, acknowledgements) = unsafe { (File::from_raw_fd(input), File::from_raw_fd(acknowledgements)) };
+        Some(Self { input, acknowledgements: io::BufReader::new(acknowledgements) })
+    }
+
+    /// The descriptors to hand over: the lines' pipe, the acknowledgements' pipe.
+    pub fn descriptors(&self) -> (RawFd, RawFd) {
+        (self.input.as_raw_fd(), self.acknowledgements.get_ref().as_raw_fd())
     }
 
     /// Hands the keeper `line` and waits until it took it in (and finished any kill an

@@ -7,14 +7,17 @@
 
 mod cgroup;
 mod command;
+mod handover;
 mod keeper;
 mod limits;
+mod main_process;
 mod process;
 mod runner;
 mod service;
 mod spawner;
 mod tracking;
 mod unit_log;
+mod upgrade;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -54,6 +57,9 @@ pub struct NativeOptions {
     /// Run units even where no cgroup v2 hierarchy holds their processes (tracked by process
     /// group and environment only, which a unit's process can leave both of).
     pub allow_without_cgroups: bool,
+    /// Set when this fleetd replaced an earlier image of itself in place (`FLEETD_REEXEC`):
+    /// the units that image handed over for this nonce are taken over as they run.
+    pub handover_nonce: Option<String>,
 }
 
 /// Why the native manager refuses to start where no cgroup v2 hierarchy is to be had.
@@ -61,7 +67,8 @@ pub const WITHOUT_CGROUPS: &str = "the native unit manager keeps each unit's pro
 
 struct RunningUnit {
     stop: watch::Sender<bool>,
-    done: JoinHandle<()>,
+    park: watch::Sender<bool>,
+    done: JoinHandle<Option<handover::ParkedProcess>>,
 }
 
 struct Slot {
@@ -97,6 +104,8 @@ struct Shared {
     keeper_pipe: tokio::sync::Mutex<Option<keeper::KeeperPipe>>,
     /// Whether there is a keeper: a fence is then checked before each start.
     has_keeper: bool,
+    /// Where a handover for an upgrade is written.
+    state_dir: PathBuf,
     /// The fence as the keeper holds it, checked before each start.
     fence: Mutex<crate::fence::Fence>,
 }
@@ -153,7 +162,15 @@ impl NativeManager {
         fleet_fs::create_private_dir(&log_dir)
             .map_err(|source| UnitManagerError::Io { context: format!("creating {}", log_dir.display()), source })?;
         let marker = supervisor_marker(&options.state_dir);
-        wait_for_previous_keeper(&marker);
+        let mut handover = options
+            .handover_nonce
+            .as_deref()
+            .and_then(|nonce| handover::Handover::take(&options.state_dir, nonce))
+            .map(upgrade::Handed::of);
+        let handed_keeper = handover.as_mut().and_then(upgrade::Handed::take_keeper);
+        if handed_keeper.is_none() {
+            wait_for_previous_keeper(&marker);
+        }
         let cgroups = CgroupBase::prepare(&marker);
         match &cgroups {
             Some(base) => {
@@ -165,11 +182,14 @@ impl NativeManager {
             }
             None => return Err(UnitManagerError::Unsupported(WITHOUT_CGROUPS.into())),
         }
-        let leftovers = cgroups.as_ref().map_or(0, CgroupBase::kill_everything) + kill_leftovers(&marker);
+        let kept = handover.as_ref().map(upgrade::Handed::names).unwrap_or_default();
+        let leftovers = cgroups.as_ref().map_or(0, |base| base.kill_everything_but(&kept))
+            + process::kill_leftovers_but(&marker, &kept);
         if leftovers > 0 {
             tracing::warn!(leftovers, "killed unit processes left behind by an earlier fleetd");
         }
         let mut keeper = match &options.keeper_program {
+            _ if handed_keeper.is_some() => None,
             Some(program) => Some(
                 keeper::spawn_keeper(program, &marker, cgroups.as_ref().map(CgroupBase::dir)).map_err(|source| {
                     UnitManagerError::Io { context: format!("starting the unit keeper {}", program.display()), source }
@@ -177,12 +197,13 @@ impl NativeManager {
             ),
             None => None,
         };
-        let keeper_pipe = keeper.as_mut().and_then(keeper::KeeperPipe::of);
+        let keeper_pipe = handed_keeper.or_else(|| keeper.as_mut().and_then(keeper::KeeperPipe::of));
         let has_keeper = keeper_pipe.is_some();
         let shared = Shared {
             _keeper: keeper,
             keeper_pipe: tokio::sync::Mutex::new(keeper_pipe),
             has_keeper,
+            state_dir: options.state_dir,
             fence: Mutex::default(),
             units: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
@@ -200,7 +221,11 @@ impl NativeManager {
             machine_id: options.machine_id,
             hostname: options.hostname,
         };
-        Ok(Self { shared: Arc::new(shared) })
+        let manager = Self { shared: Arc::new(shared) };
+        if let Some(handed) = handover {
+            manager.take_over(handed);
+        }
+        Ok(manager)
     }
 
     fn specifiers(&self, unit: &str) -> Specifiers {
@@ -283,6 +308,66 @@ impl NativeManager {
             unit: specifiers.name.clone(),
             cgroup: None,
         })
+    }
+
+    /// Starts a loaded unit's runner: from the start, or (`resumed`) going on with the
+    /// processes a runner parked for an upgrade.
+    fn launch(&self, name: &str, resumed: Option<handover::ParkedProcess>) -> Result<()> {
+        let (config, file, log, generation) = {
+            let mut slots = self.shared.slots();
+            let slot = slots.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
+            if slot.running.as_ref().is_some_and(|running| !running.done.is_finished()) {
+                return Ok(());
+            }
+            let config = match slot.config.clone() {
+                Ok(config) => config,
+                Err(reason) => {
+                    // A value that reached the store anyway: the unit fails with the reason.
+                    slot.log.line("fleetd", None, &format!("{name}: {reason}"));
+                    slot.state = SystemdState::new("bad-setting", "failed", "failed");
+                    drop(slots);
+                    self.shared.changed();
+                    return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
+                }
+            };
+            slot.generation = self.shared.next_generation();
+            (config, slot.file.clone(), slot.log.clone(), slot.generation)
+        };
+        let specifiers = self.specifiers(name);
+        let state = SlotState { shared: Arc::downgrade(&self.shared), unit: name.to_string(), generation };
+        let context = match self.context(&config, &specifiers) {
+            Ok(context) => context,
+            Err(reason) => {
+                log.line("fleetd", None, &format!("{name}: {reason}"));
+                state.set("failed", "failed");
+                return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
+            }
+        };
+        let (stop, stop_requests) = watch::channel(false);
+        let (park, park_requests) = watch::channel(false);
+        if resumed.is_none() {
+            state.set("activating", "start");
+        }
+        let runner = Runner {
+            unit: name.to_string(),
+            description: description(name, &file, &specifiers),
+            config,
+            context,
+            specifiers,
+            log,
+            state,
+            stop: stop_requests,
+            park: park_requests,
+            previous: self.shared.stopping().get(name).cloned(),
+            cgroups: self.shared.cgroups.clone(),
+            limits: fleet_core::requirements::limits_of(file.options()),
+            spawner: self.shared.spawner.clone(),
+        };
+        let done = tokio::spawn(runner.run(resumed));
+        if let Some(slot) = self.shared.slots().get_mut(name) {
+            slot.running = Some(RunningUnit { stop, park, done });
+        }
+        Ok(())
     }
 
     fn log_sink(&self, unit: &str) -> LogSink {
@@ -378,57 +463,7 @@ impl UnitManager for NativeManager {
             let fence = self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             fence.check_start(name, tokio::time::Instant::now())?;
         }
-        let (config, file, log, generation) = {
-            let mut slots = self.shared.slots();
-            let slot = slots.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
-            if slot.running.as_ref().is_some_and(|running| !running.done.is_finished()) {
-                return Ok(());
-            }
-            let config = match slot.config.clone() {
-                Ok(config) => config,
-                Err(reason) => {
-                    // A value that reached the store anyway: the unit fails with the reason.
-                    slot.log.line("fleetd", None, &format!("{name}: {reason}"));
-                    slot.state = SystemdState::new("bad-setting", "failed", "failed");
-                    drop(slots);
-                    self.shared.changed();
-                    return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
-                }
-            };
-            slot.generation = self.shared.next_generation();
-            (config, slot.file.clone(), slot.log.clone(), slot.generation)
-        };
-        let specifiers = self.specifiers(name);
-        let state = SlotState { shared: Arc::downgrade(&self.shared), unit: name.to_string(), generation };
-        let context = match self.context(&config, &specifiers) {
-            Ok(context) => context,
-            Err(reason) => {
-                log.line("fleetd", None, &format!("{name}: {reason}"));
-                state.set("failed", "failed");
-                return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
-            }
-        };
-        let (stop, stop_requests) = watch::channel(false);
-        state.set("activating", "start");
-        let runner = Runner {
-            unit: name.to_string(),
-            description: description(name, &file, &specifiers),
-            config,
-            context,
-            specifiers,
-            log,
-            state,
-            stop: stop_requests,
-            previous: self.shared.stopping().get(name).cloned(),
-            cgroups: self.shared.cgroups.clone(),
-            limits: fleet_core::requirements::limits_of(file.options()),
-            spawner: self.shared.spawner.clone(),
-        };
-        let done = tokio::spawn(runner.run());
-        if let Some(slot) = self.shared.slots().get_mut(name) {
-            slot.running = Some(RunningUnit { stop, done });
-        }
-        Ok(())
+        self.launch(name, None)
     }
 
     async fn stop(&self, name: &str) -> Result<()> {
@@ -498,6 +533,11 @@ impl UnitManager for NativeManager {
         *held = Some(pipe);
         sent.map_err(|source| UnitManagerError::Io { context: "fencing units through the keeper".into(), source })?;
         Ok(true)
+    }
+
+    /// Parks every unit's runner, hands the units over, and replaces fleetd in place.
+    async fn reexec(&self, reexec: &crate::reexec::Reexec) -> std::io::Error {
+        self.hand_over_and_exec(reexec).await
     }
 
     /// Stops every unit at once and waits for them, for `stop_all_timeout` at most; then

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 
@@ -59,8 +60,18 @@ impl ExecContext {
     }
 }
 
+/// A process [`spawn`] started.
+pub struct Started {
+    pub child: Child,
+    /// The read ends of the pipes its output comes through (copied into its unit's log by
+    /// tasks of their own), which a handover for an upgrade passes on.
+    pub output: Vec<RawFd>,
+    /// What its log lines are called: the program's file name.
+    pub ident: String,
+}
+
 /// Starts `command` in a new process group whose output goes to `sink`.
-pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io::Result<Child> {
+pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io::Result<Started> {
     let program = &command.argv[0];
     let mut process = Command::new(program);
     process
@@ -107,13 +118,35 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
     let mut child = process.spawn()?;
     let pid = child.id();
     let ident = program.rsplit('/').next().unwrap_or(program).to_string();
+    let mut output = Vec::new();
     if let Some(stdout) = child.stdout.take() {
+        output.push(stdout.as_raw_fd());
         tokio::spawn(copy_lines(stdout, sink.clone(), ident.clone(), pid));
     }
     if let Some(stderr) = child.stderr.take() {
-        tokio::spawn(copy_lines(stderr, sink.clone(), ident, pid));
+        output.push(stderr.as_raw_fd());
+        tokio::spawn(copy_lines(stderr, sink.clone(), ident.clone(), pid));
     }
-    Ok(child)
+    Ok(Started { child, output, ident })
+}
+
+/// Copies the output a process of an earlier image of fleetd writes into `fds` (pipes that
+/// image handed over) into its unit's log, as [`spawn`] does for the processes it starts.
+pub fn copy_handed_output(fds: &[RawFd], sink: &LogSink, ident: &str, pid: u32) -> Vec<RawFd> {
+    let mut copied = Vec::new();
+    for fd in fds.iter().copied().filter(|fd| super::handover::is_pipe(*fd)) {
+        // SAFETY: the descriptor was handed over for this pipe alone and nothing else in
+        // this image owns it (it was checked to be a pipe just now).
+        let owned = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        match tokio::net::unix::pipe::Receiver::from_owned_fd(owned) {
+            Ok(receiver) => {
+                copied.push(fd);
+                tokio::spawn(copy_lines(receiver, sink.clone(), ident.to_string(), Some(pid)));
+            }
+            Err(error) => tracing::warn!(fd, %error, "cannot read a unit's output handed over"),
+        }
+    }
+    copied
 }
 
 /// Copies a process's output into its unit's log a line at a time; a line longer than
@@ -199,14 +232,7 @@ pub fn marked_processes(marker: &str) -> Vec<u32> {
 
 /// The processes of `unit` whose environment carries `marker`.
 pub fn unit_marked_processes(marker: &str, unit: &str) -> Vec<u32> {
-    let wanted = format!("{UNIT_MARKER}={unit}");
-    marked_processes(marker)
-        .into_iter()
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/environ"))
-                .is_ok_and(|environ| environ.split(|byte| *byte == 0).any(|item| item == wanted.as_bytes()))
-        })
-        .collect()
+    marked_processes(marker).into_iter().filter(|pid| unit_of(*pid).as_deref() == Some(unit)).collect()
 }
 
 /// Kills every process of `unit` whose environment carries `marker`; how many it found.
@@ -221,9 +247,27 @@ pub fn kill_unit_leftovers(marker: &str, unit: &str) -> usize {
 /// Kills every process whose environment carries `marker`: the units a crashed fleetd left.
 /// Returns how many it found.
 pub fn kill_leftovers(marker: &str) -> usize {
-    let leftovers = marked_processes(marker);
+    kill_leftovers_but(marker, &std::collections::BTreeSet::new())
+}
+
+/// [`kill_leftovers`] but for the processes of the units in `kept` (handed over to run on).
+pub fn kill_leftovers_but(marker: &str, kept: &std::collections::BTreeSet<String>) -> usize {
+    let leftovers: Vec<u32> = marked_processes(marker)
+        .into_iter()
+        .filter(|pid| unit_of(*pid).is_none_or(|unit| !kept.contains(&unit)))
+        .collect();
     for pid in &leftovers {
         signal_process(*pid, libc::SIGKILL);
     }
     leftovers.len()
+}
+
+/// The unit a marked process's environment names.
+fn unit_of(pid: u32) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let prefix = format!("{UNIT_MARKER}=");
+    environ
+        .split(|byte| *byte == 0)
+        .find_map(|item| item.strip_prefix(prefix.as_bytes()))
+        .map(|unit| String::from_utf8_lossy(unit).into_owned())
 }

@@ -6,12 +6,13 @@ use std::os::unix::process::ExitStatusExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::process::Child;
 use tokio::sync::watch;
 
 use super::cgroup::CgroupBase;
 use super::command::{ExecCommand, Specifiers, parse_command};
-use super::process::{ExecContext, process_alive, signal_group, signal_process};
+use super::handover::ParkedProcess;
+use super::main_process::MainProcess;
+use super::process::{ExecContext, Started, process_alive, signal_group, signal_process};
 use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
 use super::spawner::Spawner;
 use super::unit_log::LogSink;
@@ -40,6 +41,9 @@ pub struct Runner<S: StateSink> {
     pub log: LogSink,
     pub state: S,
     pub stop: watch::Receiver<bool>,
+    /// Set when fleetd replaces itself for an upgrade: a runner whose unit runs steadily
+    /// hands its processes over as they run, and ends.
+    pub park: watch::Receiver<bool>,
     /// The stop of this unit's previous run, still under way: nothing starts before it ends.
     pub previous: Option<watch::Receiver<bool>>,
     /// Where the unit's cgroup goes, if the machine has a writable cgroup v2 hierarchy.
@@ -52,6 +56,7 @@ pub struct Runner<S: StateSink> {
 enum Outcome {
     Ended(Exit),
     Stopped,
+    Parked(ParkedProcess),
 }
 
 fn exit_of(status: std::process::ExitStatus) -> Exit {
@@ -93,22 +98,32 @@ impl<S: StateSink> Runner<S> {
         })
     }
 
+    /// Resolves when fleetd asks its runners to hand their units over.
+    async fn parked(park: &mut watch::Receiver<bool>) {
+        if park.wait_for(|requested| *requested).await.is_err() {
+            // The manager is gone: nothing will ask.
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// Starts one command, on the manager's spawning thread.
-    async fn start_process(&self, command: &ExecCommand) -> Result<Child, Exit> {
+    async fn start_process(&self, command: &ExecCommand) -> Result<Started, Exit> {
         self.spawner.spawn(command, &self.context, &self.log).await.map_err(|error| {
             self.say(&format!("{}: Failed to execute {}: {error}", self.unit, command.argv[0]));
             Exit::Code(EXIT_EXEC)
         })
     }
 
-    /// Runs the unit until it is stopped or ends for good; an empty cgroup is removed after.
-    pub async fn run(mut self) {
+    /// Runs the unit until it is stopped or ends for good (an empty cgroup is removed after),
+    /// or until it parks for an upgrade: then what it hands over. `resumed`: the processes of
+    /// the unit as a runner parked them, to supervise as they run rather than start anew.
+    pub async fn run(mut self, resumed: Option<ParkedProcess>) -> Option<ParkedProcess> {
         if let Some(mut previous) = self.previous.take() {
             tokio::select! {
                 _ = previous.wait_for(|done| *done) => {}
                 () = Self::stopped(&mut self.stop) => {
                     self.state.set("inactive", "dead");
-                    return;
+                    return None;
                 }
             }
         }
@@ -127,36 +142,46 @@ impl<S: StateSink> Runner<S> {
             }
         }
         let cgroup = self.context.cgroup.clone();
-        self.run_unit().await;
-        if let Some(cgroup) = cgroup.filter(|cgroup| !cgroup.populated()) {
+        let parked = self.run_unit(resumed).await;
+        if parked.is_none()
+            && let Some(cgroup) = cgroup.filter(|cgroup| !cgroup.populated())
+        {
             cgroup.remove();
         }
+        parked
     }
 
-    async fn run_unit(&mut self) {
+    async fn run_unit(&mut self, mut resumed: Option<ParkedProcess>) -> Option<ParkedProcess> {
         let mut starts: VecDeque<Instant> = VecDeque::new();
         loop {
-            let now = Instant::now();
-            starts.push_back(now);
-            while starts.front().is_some_and(|start| now.duration_since(*start) > START_LIMIT_INTERVAL) {
-                starts.pop_front();
-            }
-            if starts.len() > START_LIMIT_BURST {
-                self.say(&format!("{}: Start request repeated too quickly.", self.unit));
-                self.say(&format!("Failed to start {}.", self.description));
-                self.state.set("failed", "failed");
-                return;
-            }
-            self.say(&format!("Starting {}...", self.description));
-            match self.start_once().await {
+            let outcome = match resumed.take() {
+                Some(parked) => self.resume(parked).await,
+                None => {
+                    let now = Instant::now();
+                    starts.push_back(now);
+                    while starts.front().is_some_and(|start| now.duration_since(*start) > START_LIMIT_INTERVAL) {
+                        starts.pop_front();
+                    }
+                    if starts.len() > START_LIMIT_BURST {
+                        self.say(&format!("{}: Start request repeated too quickly.", self.unit));
+                        self.say(&format!("Failed to start {}.", self.description));
+                        self.state.set("failed", "failed");
+                        return None;
+                    }
+                    self.say(&format!("Starting {}...", self.description));
+                    self.start_once().await
+                }
+            };
+            match outcome {
+                Outcome::Parked(parked) => return Some(parked),
                 Outcome::Stopped => {
                     self.say(&format!("Stopped {}.", self.description));
                     self.state.set("inactive", "dead");
-                    return;
+                    return None;
                 }
                 Outcome::Ended(_) if self.stop_requested() => {
                     self.state.set("inactive", "dead");
-                    return;
+                    return None;
                 }
                 Outcome::Ended(exit) if self.config.restart.restarts_after(exit) => {
                     self.state.set("activating", "auto-restart");
@@ -166,20 +191,20 @@ impl<S: StateSink> Runner<S> {
                         () = delay => continue,
                         () = Self::stopped(&mut self.stop) => {
                             self.state.set("inactive", "dead");
-                            return;
+                            return None;
                         }
                     }
                 }
                 Outcome::Ended(Exit::Code(0)) => {
                     self.say(&format!("{}: Deactivated successfully.", self.unit));
                     self.state.set("inactive", "dead");
-                    return;
+                    return None;
                 }
                 Outcome::Ended(exit) => {
                     let result = if exit == Exit::Timeout { "timeout" } else { "exit-code" };
                     self.say(&format!("{}: Failed with result '{result}'.", self.unit));
                     self.state.set("failed", "failed");
-                    return;
+                    return None;
                 }
             }
         }
@@ -219,6 +244,7 @@ impl<S: StateSink> Runner<S> {
                 }
                 Outcome::Ended(_) => {}
                 Outcome::Stopped => return Some(Outcome::Stopped),
+                Outcome::Parked(parked) => return Some(Outcome::Parked(parked)),
             }
         }
         None
@@ -227,7 +253,7 @@ impl<S: StateSink> Runner<S> {
     /// Runs one command to its end, within `timeout`, unless a stop comes first.
     async fn run_to_end(&mut self, command: &ExecCommand, timeout: Option<Duration>) -> Outcome {
         let mut child = match self.start_process(command).await {
-            Ok(child) => child,
+            Ok(started) => MainProcess::Spawned(started.child),
             Err(exit) => return Outcome::Ended(exit),
         };
         let pgid = child.id();
@@ -264,16 +290,37 @@ impl<S: StateSink> Runner<S> {
             return self.after_failed_start(outcome).await;
         }
         if self.config.remain_after_exit {
-            self.state.set("active", "exited");
             self.say(&format!("Finished {}.", self.description));
-            Self::stopped(&mut self.stop).await;
-            self.state.set("deactivating", "stop");
-            let _ = self.run_all(self.config.exec_stop.clone(), self.config.timeout_stop).await;
-            self.run_stop_post().await;
-            return Outcome::Stopped;
+            return self.stay_exited().await;
         }
         self.run_stop_post().await;
         Outcome::Ended(Exit::Code(0))
+    }
+
+    /// A oneshot service that remains active after its commands: until it is stopped.
+    async fn stay_exited(&mut self) -> Outcome {
+        self.state.set("active", "exited");
+        tokio::select! {
+            () = Self::stopped(&mut self.stop) => {}
+            () = Self::parked(&mut self.park) => return Outcome::Parked(ParkedProcess::Exited),
+        }
+        self.state.set("deactivating", "stop");
+        // The stop asked for is what runs these: they must not be cut short by it.
+        let _ = self.run_all_unstoppable(self.config.exec_stop.clone()).await;
+        self.run_stop_post().await;
+        Outcome::Stopped
+    }
+
+    /// Goes on with a unit's processes as a runner parked them.
+    async fn resume(&mut self, parked: ParkedProcess) -> Outcome {
+        match parked {
+            ParkedProcess::Main { main, output, ident } => {
+                let pgid = main.id();
+                self.supervise_main(*main, pgid, output, ident).await
+            }
+            ParkedProcess::Forking { pgid, main_pid } => self.supervise_forking(pgid, main_pid).await,
+            ParkedProcess::Exited => self.stay_exited().await,
+        }
     }
 
     async fn run_simple(&mut self) -> Outcome {
@@ -281,8 +328,8 @@ impl<S: StateSink> Runner<S> {
             Ok(command) => command,
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
-        let mut main = match self.start_process(&command).await {
-            Ok(child) => child,
+        let (mut main, output, ident) = match self.start_process(&command).await {
+            Ok(started) => (MainProcess::Spawned(started.child), started.output, started.ident),
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
         let pgid = main.id();
@@ -293,9 +340,22 @@ impl<S: StateSink> Runner<S> {
                 return self.after_failed_start(outcome).await;
             }
         }
-        self.state.set("active", "running");
         self.say(&format!("Started {}.", self.description));
+        self.supervise_main(main, pgid, output, ident).await
+    }
+
+    /// A running main process (of process group `pgid`), until it ends, is stopped, or is
+    /// handed over.
+    async fn supervise_main(
+        &mut self,
+        mut main: MainProcess,
+        pgid: Option<u32>,
+        output: Vec<std::os::fd::RawFd>,
+        ident: String,
+    ) -> Outcome {
+        self.state.set("active", "running");
         tokio::select! {
+            () = Self::parked(&mut self.park) => Outcome::Parked(ParkedProcess::Main { main: Box::new(main), output, ident }),
             status = main.wait() => {
                 let exit = status.map_or(Exit::Code(EXIT_EXEC), exit_of);
                 self.say(&format!("{}: Main process exited, {}", self.unit, describe(exit)));
@@ -323,7 +383,7 @@ impl<S: StateSink> Runner<S> {
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
         let mut starter = match self.start_process(&command).await {
-            Ok(child) => child,
+            Ok(started) => MainProcess::Spawned(started.child),
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
         let Some(pgid) = starter.id() else {
@@ -344,15 +404,22 @@ impl<S: StateSink> Runner<S> {
         }
         let main_pid = self.trusted_main_pid(pgid);
         let context = self.context.clone();
-        let alive = move || main_pid.map_or_else(|| context.unit_alive(pgid), process_alive);
-        if !alive() {
+        if !main_pid.map_or_else(|| context.unit_alive(pgid), process_alive) {
             self.run_stop_post().await;
             return Outcome::Ended(Exit::Code(0));
         }
-        self.state.set("active", "running");
         self.say(&format!("Started {}.", self.description));
+        self.supervise_forking(pgid, main_pid).await
+    }
+
+    /// A forking service's daemon, until it ends, is stopped, or is handed over.
+    async fn supervise_forking(&mut self, pgid: u32, main_pid: Option<u32>) -> Outcome {
+        let context = self.context.clone();
+        let alive = move || main_pid.map_or_else(|| context.unit_alive(pgid), process_alive);
+        self.state.set("active", "running");
         loop {
             tokio::select! {
+                () = Self::parked(&mut self.park) => return Outcome::Parked(ParkedProcess::Forking { pgid, main_pid }),
                 () = tokio::time::sleep(POLL) => {
                     if !alive() {
                         self.say(&format!("{}: Main process exited", self.unit));
@@ -433,7 +500,7 @@ impl<S: StateSink> Runner<S> {
 
     /// Stops a running process as `KillMode=` and `KillSignal=` say, escalating to SIGKILL
     /// after `TimeoutStopSec=`.
-    async fn terminate(&mut self, child: &mut Child) {
+    async fn terminate(&mut self, child: &mut MainProcess) {
         let Some(pid) = child.id() else { return };
         self.state.set("deactivating", "stop-sigterm");
         let signal = self.config.kill_signal;

@@ -2,23 +2,30 @@
 //! proportion to its memory; done on the runtime's workers, a thousand starts at once kept
 //! the API from answering. Done here, they wait on each other instead. The thread lives as
 //! long as the manager: a process's parent-death signal fires when the *thread* that forked
-//! it ends, so it must not be a pool thread that retires when idle.
+//! it ends, so it must not be a pool thread that retires when idle. For the same reason it is
+//! the thread that replaces fleetd in place for an upgrade: the thread that calls `execve`
+//! lives on as the new image, so the units it forked keep running.
 
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::mpsc;
 
-use tokio::process::Child;
 use tokio::sync::oneshot;
 
 use super::command::ExecCommand;
-use super::process::{ExecContext, spawn};
+use super::process::{ExecContext, Started, spawn};
 use super::unit_log::LogSink;
 
-struct Request {
+struct SpawnRequest {
     command: ExecCommand,
     context: ExecContext,
     log: LogSink,
-    reply: oneshot::Sender<io::Result<Child>>,
+    reply: oneshot::Sender<io::Result<Started>>,
+}
+
+enum Request {
+    Spawn(Box<SpawnRequest>),
+    Exec { image: crate::reexec::ExecImage, keep: Vec<RawFd>, reply: oneshot::Sender<io::Error> },
 }
 
 pub struct Spawner {
@@ -34,17 +41,49 @@ impl Spawner {
         std::thread::Builder::new().name("fleet-unit-spawner".into()).spawn(move || {
             let _runtime = runtime.enter();
             for request in incoming {
-                let _ = request.reply.send(spawn(&request.command, &request.context, &request.log));
+                match request {
+                    Request::Spawn(request) => {
+                        let _ = request.reply.send(spawn(&request.command, &request.context, &request.log));
+                    }
+                    Request::Exec { image, keep, reply } => {
+                        let _ = reply.send(exec_keeping(&image, &keep));
+                    }
+                }
             }
         })?;
         Ok(Self { requests })
     }
 
     /// Starts `command` (see [`spawn`]) on the spawning thread.
-    pub async fn spawn(&self, command: &ExecCommand, context: &ExecContext, log: &LogSink) -> io::Result<Child> {
+    pub async fn spawn(&self, command: &ExecCommand, context: &ExecContext, log: &LogSink) -> io::Result<Started> {
         let (reply, answer) = oneshot::channel();
-        let request = Request { command: command.clone(), context: context.clone(), log: log.clone(), reply };
+        let request = Request::Spawn(Box::new(SpawnRequest {
+            command: command.clone(),
+            context: context.clone(),
+            log: log.clone(),
+            reply,
+        }));
         self.requests.send(request).map_err(|_| io::Error::other("the unit spawner has stopped"))?;
         answer.await.map_err(|_| io::Error::other("the unit spawner has stopped"))?
     }
+
+    /// Replaces this process with `image` from the spawning thread, `keep` passed through;
+    /// returns only if that failed, with why.
+    pub async fn exec(&self, image: crate::reexec::ExecImage, keep: Vec<RawFd>) -> io::Error {
+        let (reply, answer) = oneshot::channel();
+        if self.requests.send(Request::Exec { image, keep, reply }).is_err() {
+            return io::Error::other("the unit spawner has stopped");
+        }
+        answer.await.unwrap_or_else(|_| io::Error::other("the unit spawner has stopped"))
+    }
+}
+
+/// Marks `keep` to pass through `execve`, then calls it.
+fn exec_keeping(image: &crate::reexec::ExecImage, keep: &[RawFd]) -> io::Error {
+    for fd in keep {
+        if let Err(error) = super::handover::keep_across_exec(*fd) {
+            return error;
+        }
+    }
+    image.exec()
 }

@@ -15,6 +15,7 @@ fn manager_stopping_within(dir: &Path, stop_all_timeout: Duration) -> NativeMana
         log_limits: LogLimits::default(),
         stop_all_timeout,
         allow_without_cgroups: false,
+        handover_nonce: None,
     })
     .unwrap()
 }

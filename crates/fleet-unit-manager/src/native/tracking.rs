@@ -97,7 +97,7 @@ mod tests {
             ignore_failure: false,
         };
         let sink = LogSink::new(&dir.path().join("escape.log"), "test", LogLimits::default());
-        let mut child = spawn(&command, &context, &sink).expect("spawned");
+        let mut child = spawn(&command, &context, &sink).expect("spawned").child;
         let pgid = child.id().expect("its pid");
         // Both sleeps run, one of them in a session (and group) of its own.
         let marked = || unit_marked_processes(&context.marker, &context.unit);
