@@ -72,6 +72,10 @@ step target/debug/bench-web 300 1
 # machines lost at once and a killed engine leader leave every unit running once; then a
 # health-gated rollout of every unit completes and a failing version reverts itself.
 step target/debug/bench-cluster 1000 10000 5 reserve health
+# A rolling upgrade of three members under systemd while units are submitted, each member
+# replaced in place: no unit restarted or lost, some member's API answering throughout (the run
+# from the previous release is in BENCHMARKS.md: building it here costs more than it is worth).
+step target/debug/bench-upgrade target/debug/fleetd 20 20
 # The deterministic simulation of the protocol (the real engine and agents over a simulated
 # store, under seeded faults): 1,000 seeds from one drawn now, printed with any that fails.
 step target/debug/fleet-sim 1000

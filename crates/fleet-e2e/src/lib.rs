@@ -48,6 +48,27 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// Sends one raw HTTP/1.0 request to an API's Unix socket; returns the whole answer.
+fn raw_request(socket: &Path, method: &str, path: &str, json: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let request = format!(
+        "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+        json.len()
+    );
+    stream.write_all(request.as_bytes())?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer)?;
+    Ok(answer)
+}
+
+/// Whether a `GET` of `path` on the API's Unix socket `socket` answers 200 (`false` while the
+/// socket is not up).
+pub fn socket_answers(socket: &Path, path: &str) -> bool {
+    raw_request(socket, "GET", path, "").is_ok_and(|answer| answer.split(' ').nth(1) == Some("200"))
+}
+
 /// The unit files shipped in `examples/`.
 pub fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")
@@ -101,9 +122,9 @@ impl Fleetd {
         fleetd
     }
 
-    /// As [`Fleetd::start`], running `program` rather than the workspace's fleetd.
-    pub fn start_from(machine_id: &str, config: &[(&str, &str)], program: &Path) -> Self {
-        let mut fleetd = Self::in_new_dir(machine_id, config, Launcher::default());
+    /// As [`Fleetd::start_with`], running `program` rather than the workspace's fleetd.
+    pub fn start_from(machine_id: &str, config: &[(&str, &str)], launcher: Launcher, program: &Path) -> Self {
+        let mut fleetd = Self::in_new_dir(machine_id, config, launcher);
         fleetd.program = Some(program.to_path_buf());
         fleetd.launch();
         fleetd
@@ -305,7 +326,7 @@ impl Fleetd {
     /// Whether a `GET` of `path` on the API's Unix socket answers 200 (`false` while the
     /// socket is not up).
     fn answers(&self, path: &str) -> bool {
-        self.try_api("GET", path, "").is_ok_and(|answer| answer.split(' ').nth(1) == Some("200"))
+        socket_answers(&self.socket(), path)
     }
 
     /// Sends one raw HTTP/1.0 request to the API's Unix socket; returns the whole answer.
@@ -314,16 +335,7 @@ impl Fleetd {
     }
 
     fn try_api(&self, method: &str, path: &str, json: &str) -> std::io::Result<String> {
-        use std::io::{Read, Write};
-        let mut stream = std::os::unix::net::UnixStream::connect(self.socket())?;
-        let request = format!(
-            "{method} {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
-            json.len()
-        );
-        stream.write_all(request.as_bytes())?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer)?;
-        Ok(answer)
+        raw_request(&self.socket(), method, path, json)
     }
 
     /// `GET /metrics` through the Unix socket, in the classic text format, after it passed

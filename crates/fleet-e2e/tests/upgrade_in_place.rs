@@ -135,7 +135,7 @@ fn a_new_binary_that_does_not_run_is_refused_before_anything_stops() {
     let bin = tempfile::tempdir().unwrap();
     let installed = bin.path().join("fleetd");
     replace_binary(&installed, &std::fs::read(fleet_e2e::binary("fleetd")).unwrap());
-    let fleet = Fleetd::start_from("e2e0inplace00002", &[], &installed);
+    let fleet = Fleetd::start_from("e2e0inplace00002", &[], fleet_e2e::Launcher::default(), &installed);
     let dir = tempfile::tempdir().unwrap();
     let kept = write_unit(dir.path(), "kept.service", "[Service]\nExecStart=/bin/sleep 100013\n");
     fleet.ok(&["start", &kept]);
