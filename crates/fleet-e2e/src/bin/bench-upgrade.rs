@@ -61,7 +61,8 @@ fn running_units(members: &[Member]) -> BTreeMap<String, Running> {
             let value = |key: &str| {
                 text.lines().find_map(|line| line.strip_prefix(key)?.strip_prefix('=')).unwrap_or("").to_string()
             };
-            units.insert(name.to_string(), Running { main_pid: value("MainPID"), since: value("ActiveEnterTimestamp") });
+            units
+                .insert(name.to_string(), Running { main_pid: value("MainPID"), since: value("ActiveEnterTimestamp") });
         }
     }
     units
@@ -166,7 +167,8 @@ fn main() {
     for index in order {
         // Part of the burst goes to another member while this one is upgraded.
         let submit_to = (index + 1) % MEMBERS;
-        let batch: Vec<&str> = names[units..].iter().skip(index * per_member).take(per_member).map(String::as_str).collect();
+        let batch: Vec<&str> =
+            names[units..].iter().skip(index * per_member).take(per_member).map(String::as_str).collect();
         let mut submit = std::process::Command::new(binary("fleetctl"));
         submit.arg(format!("--endpoint=unix://{}", members[submit_to].fleet.socket().display()));
         submit.args(["start", "--no-block"]).args(batch);
@@ -210,10 +212,16 @@ fn main() {
     done.store(true, Ordering::Relaxed);
     let (longest, rounds, unanswered) = poller.join().expect("the API poller");
 
-    let restarted: Vec<&String> =
-        before.iter().filter(|(name, was)| after.get(*name).is_some_and(|now| now != *was)).map(|(name, _)| name).collect();
+    let restarted: Vec<&String> = before
+        .iter()
+        .filter(|(name, was)| after.get(*name).is_some_and(|now| now != *was))
+        .map(|(name, _)| name)
+        .collect();
     let lost = units + burst - after.len();
-    println!("upgrade of {MEMBERS} members: {:.1} s, with {burst} units submitted meanwhile", upgrade_took.as_secs_f64());
+    println!(
+        "upgrade of {MEMBERS} members: {:.1} s, with {burst} units submitted meanwhile",
+        upgrade_took.as_secs_f64()
+    );
     println!("units restarted by the upgrade: {} of {units} {restarted:?}", restarted.len());
     println!("units lost: {lost} of {}", units + burst);
     for (index, longest) in longest.iter().enumerate() {
