@@ -238,6 +238,10 @@ pub struct TokenRequest {
     /// The unit pattern an operator token is limited to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub units: Option<String>,
+    /// The secrets an operator token may set and name in its units (a pattern); none when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<String>,
     /// How long the token is accepted, in seconds; forever when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
@@ -252,6 +256,8 @@ pub struct Token {
     pub role: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub units: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<String>,
     /// Seconds since the Unix epoch.
     pub created: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -265,6 +271,42 @@ pub struct Token {
 pub struct TokenList {
     #[serde(default)]
     pub tokens: Vec<Token>,
+}
+
+/// `PUT /fleet/v1/secrets/{name}`: a secret's new value (our addition), base64 in JSON so that
+/// any bytes may be one.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SecretValue {
+    /// The value, base64 (standard alphabet, padded).
+    pub value: String,
+}
+
+impl std::fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretValue(redacted)")
+    }
+}
+
+/// A secret as the API shows it: never its value.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretInfo {
+    pub name: String,
+    pub version: u64,
+    /// The value's length in bytes.
+    pub size: usize,
+    /// Who set this version, as the audit trail names them.
+    pub set_by: String,
+    /// When, in seconds since the Unix epoch.
+    pub set_at: u64,
+}
+
+/// `GET /fleet/v1/secrets`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretList {
+    #[serde(default)]
+    pub secrets: Vec<SecretInfo>,
 }
 
 /// `POST /fleet/v1/registration-tokens`: a token pull agents join with (our addition;

@@ -105,6 +105,8 @@ pub struct ApiState {
     /// How the store is backed up (`GET /fleet/v1/backup`); `None`: not through the API
     /// (etcd's snapshots are etcd's).
     pub backup: Option<crate::Backup>,
+    /// The cluster's secrets key, which seals the values set through this API.
+    pub secret_keys: Arc<crate::secret_keys::SecretKeys>,
 }
 
 impl ApiState {
@@ -129,6 +131,7 @@ impl ApiState {
             page_cursors: Default::default(),
             source_secrets_dir: None,
             backup: None,
+            secret_keys: Arc::new(crate::secret_keys::SecretKeys::missing("no secrets key is configured")),
         }
     }
 }

@@ -28,6 +28,7 @@ mod query;
 pub mod revocation_bell;
 pub mod router;
 mod routes;
+pub mod secret_keys;
 pub use fleet_api_schema as schema;
 pub mod serve;
 pub mod silent_agents;

@@ -13,7 +13,7 @@ use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
     agent_facet, agent_stream, agents, backup, discovery, drains, journal, machines, metrics, registration_tokens,
-    rollouts, sources, state, tokens, unit_batch, units, web,
+    rollouts, secrets, sources, state, tokens, unit_batch, units, web,
 };
 
 /// A handler, as the table holds it.
@@ -38,6 +38,8 @@ pub(crate) enum Need {
     ManageSources,
     ManageRollouts,
     BackUp,
+    ListSecrets,
+    WriteSecret,
     /// Established by the body's signature with the source's secret, verified before the
     /// handler runs.
     SourceWebhook,
@@ -62,6 +64,8 @@ impl Need {
             Need::ManageSources => Action::ManageSources,
             Need::ManageRollouts => Action::ManageRollouts,
             Need::BackUp => Action::BackUp,
+            Need::ListSecrets => Action::ListSecrets,
+            Need::WriteSecret => Action::WriteSecret(named),
             Need::SourceWebhook => Action::SourceWebhook(named),
         }
     }
@@ -117,7 +121,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/units", List, Empty, |s, c| units::list(s, c.query, c.role()).await),
     route!(POST "/fleet/v1/units", WriteUnits, Json, |s, c| unit_batch::post(s, c.role(), c.body, &units::writer(c.query)?).await),
     route!(GET "/fleet/v1/units/{unit}", ReadUnit, Empty, |s, c| units::get(s, c.param()).await),
-    route!(PUT "/fleet/v1/units/{unit}", WriteUnit, Json, |s, c| units::put(s, c.param(), c.body, &units::writer(c.query)?).await),
+    route!(PUT "/fleet/v1/units/{unit}", WriteUnit, Json, |s, c| units::put(s, c.role(), c.param(), c.body, &units::writer(c.query)?).await),
     route!(DELETE "/fleet/v1/units/{unit}", WriteUnit, Empty, |s, c| units::delete(s, c.param(), &units::writer(c.query)?).await),
     route!(GET "/fleet/v1/state", List, Empty, |s, c| state::list(s, c.query, c.role()).await),
     route!(GET "/fleet/v1/state/{unit}", ReadUnit, Empty, |s, c| state::get(s, c.param()).await),
@@ -162,6 +166,9 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(POST "/fleet/v1/agents/{machine}/states", MachineFacet, Json, |s, c| agent_facet::report(s, c.param(), c.body).await),
     route!(POST "/fleet/v1/agents/{machine}/journal/{id}", MachineFacet, Json, |s, c| agent_facet::journal_answer(s, c.param(), c.second_param(), c.body)),
     route!(GET "/fleet/v1/backup", BackUp, Empty, |s, c| backup::get(s).await),
+    route!(GET "/fleet/v1/secrets", ListSecrets, Empty, |s, c| secrets::list(s).await),
+    route!(PUT "/fleet/v1/secrets/{name}", WriteSecret, Json, |s, c| secrets::put(s, c.identity, c.param(), c.body).await),
+    route!(DELETE "/fleet/v1/secrets/{name}", WriteSecret, Empty, |s, c| secrets::delete(s, c.param()).await),
     route!(GET "/metrics", ReadMetrics, Empty, |s, c| metrics::get(s, c.headers).await),
     route!(GET "/", List, Empty, |s, c| Ok(web::redirect_to_page())),
     route!(GET "/ui", List, Empty, |s, c| Ok(web::redirect_to_page())),

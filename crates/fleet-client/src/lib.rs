@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use fleet_api_schema::{
     DrainRequest, ErrorBody, Journal, Machine, MachineDrain, MachinePage, RegistrationToken, RegistrationTokenList,
-    RegistrationTokenRequest, Rollout, RolloutList, RolloutRequest, Source, SourceList, Token, TokenList, TokenRequest,
-    Unit, UnitBatchResult, UnitBatchResults, UnitPage, UnitState, UnitStatePage,
+    RegistrationTokenRequest, Rollout, RolloutList, RolloutRequest, SecretInfo, SecretList, SecretValue, Source,
+    SourceList, Token, TokenList, TokenRequest, Unit, UnitBatchResult, UnitBatchResults, UnitPage, UnitState,
+    UnitStatePage,
 };
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -307,6 +308,25 @@ impl Client {
     /// Revokes a token; `false` when there was none.
     pub async fn revoke_token(&self, name: &str) -> Result<bool> {
         self.delete(&format!("tokens/{}", encode_component(name))).await
+    }
+
+    /// Sets a secret's value (a new version); what the cluster now shows of it.
+    pub async fn set_secret(&self, name: &str, value: &[u8]) -> Result<SecretInfo> {
+        use base64::Engine;
+        let request = SecretValue { value: base64::engine::general_purpose::STANDARD.encode(value) };
+        let body = serde_json::to_string(&request).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let (_, bytes) = self.send(Method::PUT, &format!("secrets/{}", encode_component(name)), Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    /// Every secret, by name (never a value).
+    pub async fn secrets(&self) -> Result<Vec<SecretInfo>> {
+        self.get::<SecretList>("secrets").await.map(|list| list.secrets)
+    }
+
+    /// Removes a secret; `false` when there was none.
+    pub async fn remove_secret(&self, name: &str) -> Result<bool> {
+        self.delete(&format!("secrets/{}", encode_component(name))).await
     }
 
     /// Makes a registration token; the answer holds the token itself, shown this once.

@@ -11,8 +11,9 @@ pub enum Role {
     /// Everything, credentials included.
     Admin,
     /// Unit lifecycle and machine metadata; with a scope, only units whose names match it
-    /// (the others are invisible to it).
-    Operator { units: Option<UnitScope> },
+    /// (the others are invisible to it). It sets and names in its units only the secrets
+    /// `secrets` covers (none without it).
+    Operator { units: Option<UnitScope>, secrets: Option<UnitScope> },
     /// Reading only: units, states, machines and journals.
     Viewer,
     /// A machine of the cluster that joined as a pull agent, by the certificate the cluster's
@@ -61,6 +62,10 @@ pub enum RoleError {
     BadScope(String),
     #[error("only the operator role can be limited to units")]
     ScopeNotAllowed,
+    #[error("invalid secret pattern {0:?}")]
+    BadSecretScope(String),
+    #[error("only the operator role is given secrets by pattern (an admin has them all, a viewer none)")]
+    SecretScopeNotAllowed,
 }
 
 impl Role {
@@ -73,9 +78,39 @@ impl Role {
         match (name, scope) {
             ("admin", None) => Ok(Self::Admin),
             ("viewer", None) => Ok(Self::Viewer),
-            ("operator", units) => Ok(Self::Operator { units }),
+            ("operator", units) => Ok(Self::Operator { units, secrets: None }),
             ("admin" | "viewer", Some(_)) => Err(RoleError::ScopeNotAllowed),
             (other, _) => Err(RoleError::UnknownRole(other.to_string())),
+        }
+    }
+
+    /// This operator role, given the secrets `pattern` covers (`None` or empty: none).
+    pub fn with_secrets(self, pattern: Option<&str>) -> Result<Self, RoleError> {
+        let pattern = match pattern {
+            None | Some("") => return Ok(self),
+            Some(pattern) => pattern,
+        };
+        let scope = UnitScope::new(pattern).ok_or_else(|| RoleError::BadSecretScope(pattern.to_string()))?;
+        match self {
+            Self::Operator { units, .. } => Ok(Self::Operator { units, secrets: Some(scope) }),
+            _ => Err(RoleError::SecretScopeNotAllowed),
+        }
+    }
+
+    /// The secret pattern an operator is given, if any.
+    pub fn secret_scope(&self) -> Option<&str> {
+        match self {
+            Self::Operator { secrets: Some(scope), .. } => Some(scope.pattern()),
+            _ => None,
+        }
+    }
+
+    /// Whether the role may set, remove and name in its units the secret `name`.
+    pub fn holds_secret(&self, name: &str) -> bool {
+        match self {
+            Self::Admin => true,
+            Self::Operator { secrets: Some(scope), .. } => scope.covers(name),
+            _ => false,
         }
     }
 
@@ -94,7 +129,7 @@ impl Role {
     /// The unit pattern the role is limited to, if any.
     pub fn scope(&self) -> Option<&str> {
         match self {
-            Self::Operator { units: Some(scope) } => Some(scope.pattern()),
+            Self::Operator { units: Some(scope), .. } => Some(scope.pattern()),
             _ => None,
         }
     }
@@ -102,7 +137,7 @@ impl Role {
     /// Whether the role sees `unit` at all (in lists, states and journals).
     pub fn sees_unit(&self, unit: &str) -> bool {
         match self {
-            Self::Operator { units: Some(scope) } => scope.covers(unit),
+            Self::Operator { units: Some(scope), .. } => scope.covers(unit),
             Self::Machine { .. } | Self::Joining | Self::Webhook { .. } => false,
             _ => true,
         }
@@ -159,25 +194,13 @@ pub enum Action<'a> {
     SourceWebhook(&'a str),
     /// Takes a snapshot of the whole store, every credential's hash in it: administrators only.
     BackUp,
+    /// Lists the secrets: their names, versions, sizes, who set them and when; never a value.
+    ListSecrets,
+    /// Sets or removes the secret named (an operator: one its secret pattern covers).
+    WriteSecret(&'a str),
 }
 
 impl Action<'_> {
-    /// Whether the action changes anything (writes are always audited).
-    pub fn writes(&self) -> bool {
-        matches!(
-            self,
-            Self::WriteUnit(_)
-                | Self::WriteUnits
-                | Self::WriteMachines
-                | Self::ManageCredentials
-                | Self::ManageSources
-                | Self::ManageRollouts
-                | Self::SourceWebhook(_)
-                | Self::Join
-                | Self::RenewMachine
-        )
-    }
-
     /// The unit the action concerns, if one.
     pub fn unit(&self) -> Option<&str> {
         match self {
@@ -222,16 +245,21 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
             | A::ReadSources
             | A::ManageSources
             | A::ManageRollouts
-            | A::BackUp,
+            | A::BackUp
+            | A::ListSecrets
+            | A::WriteSecret(_),
         ) => Access::Allowed,
+        (Role::Operator { .. }, A::WriteSecret(name)) if role.holds_secret(name) => Access::Allowed,
+        (Role::Operator { .. } | Role::Viewer, A::ListSecrets) => Access::Allowed,
         (Role::Operator { .. } | Role::Viewer, A::ReadUnit(_)) if outside_scope => Access::Hidden,
         (Role::Operator { .. }, A::WriteUnit(_)) if outside_scope => Access::Denied,
         (Role::Operator { .. }, A::List | A::ReadUnit(_) | A::WriteUnit(_) | A::WriteUnits) => Access::Allowed,
         // A machine's drain and metadata move every unit on it, or that asks for it: an
         // operator limited to some units touches no machine (issue 67).
-        (Role::Operator { units: None }, A::ReadMetrics | A::ReadSources | A::ManageRollouts | A::WriteMachines) => {
-            Access::Allowed
-        }
+        (
+            Role::Operator { units: None, .. },
+            A::ReadMetrics | A::ReadSources | A::ManageRollouts | A::WriteMachines,
+        ) => Access::Allowed,
         (Role::Viewer, A::List | A::ReadUnit(_) | A::ReadMetrics | A::ReadSources) => Access::Allowed,
         _ => Access::Denied,
     }
@@ -266,15 +294,23 @@ mod tests {
             Action::WriteUnits,
             Action::SourceWebhook("web"),
             Action::BackUp,
+            Action::ListSecrets,
+            Action::WriteSecret("web-db"),
+            Action::WriteSecret("billing-key"),
         ];
-        let table: [(Role, [Access; 17]); 7] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D, A]),
-            (Role::Operator { units: None }, [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D, D]),
-            (operator("web-*"), [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D, D]),
-            (Role::Webhook { source: "docs".into() }, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D, D, D]),
+        let web_secrets = operator("web-*").with_secrets(Some("web-*")).expect("a secret scope");
+        let table: [(Role, [Access; 20]); 8] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D, A, A, A, A]),
+            (
+                Role::Operator { units: None, secrets: None },
+                [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D, D, A, D, D],
+            ),
+            (operator("web-*"), [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D, A, D, D]),
+            (web_secrets, [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D, A, A, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D, D, A, D, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D, D, D, D, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D, D, D, D, D]),
+            (Role::Webhook { source: "docs".into() }, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D, D, D, D, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

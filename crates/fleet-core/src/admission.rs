@@ -14,6 +14,7 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     check_service_directives(file).map_err(|error| error.to_string())?;
     crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
     crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
+    crate::secrets::references(file)?;
     Requirements::from_unit(name, file).validate().map_err(|error| error.to_string())
 }
 

@@ -34,7 +34,7 @@ pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "Sp
 
 /// Whether `key` is one fleet adds to `[X-Fleet]` (placement or health check).
 pub fn is_added_key(key: &str) -> bool {
-    ADDED_KEYS.contains(&key) || crate::health::check::KEYS.contains(&key)
+    ADDED_KEYS.contains(&key) || crate::health::check::KEYS.contains(&key) || key == crate::secrets::KEY
 }
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.

@@ -92,6 +92,7 @@ fn matrix(role: usize, machine: &str) -> Vec<Case> {
         r#"{{"units":[{{"name":"{own}-batch.service","desiredState":"inactive","options":[{{"section":"Service","name":"ExecStart","value":"/bin/sleep 1000"}}]}}]}}"#
     );
     let db_batch = r#"{"units":[{"name":"db.service","desiredState":"launched"}]}"#;
+    let secret = r#"{"value":"aGVsbG8="}"#;
     vec![
         case("GET", "/fleet/v1/discovery", None, [200, 200, 200, 200]),
         case("GET", "/fleet/v1/units", None, [200, 200, 200, 200]),
@@ -117,6 +118,13 @@ fn matrix(role: usize, machine: &str) -> Vec<Case> {
         case("GET", "/fleet/v1/registration-tokens", None, [200, 403, 403, 403]),
         case("POST", "/fleet/v1/registration-tokens", Some(&registration), [201, 403, 403, 403]),
         case("DELETE", "/fleet/v1/registration-tokens/joined-by-web-admin", None, [204, 403, 403, 403]),
+        // Secrets: an operator holds those its secret pattern covers (`web-*` for the scoped
+        // one; none for the other); everyone may list names.
+        case("GET", "/fleet/v1/secrets", None, [200, 200, 200, 200]),
+        case("PUT", &format!("/fleet/v1/secrets/{own}"), Some(secret), [201, 403, 201, 403]),
+        case("PUT", "/fleet/v1/secrets/db-key", Some(secret), [201, 403, 403, 403]),
+        case("DELETE", &format!("/fleet/v1/secrets/{own}"), None, [204, 403, 204, 403]),
+        case("DELETE", "/fleet/v1/secrets/db-key", None, [204, 403, 403, 403]),
     ]
 }
 
@@ -137,7 +145,7 @@ impl RoleTokens {
             tokens: [
                 make_token(maker, "admin1", "admin", &[]),
                 make_token(maker, "operator1", "operator", &[]),
-                make_token(maker, "scoped1", "operator", &["--units", "web-*"]),
+                make_token(maker, "scoped1", "operator", &["--units", "web-*", "--secrets", "web-*"]),
                 make_token(maker, "viewer1", "viewer", &["--ttl", "1h"]),
             ],
         }
@@ -426,9 +434,13 @@ fn credential_less_clients_need_the_anonymous_opt_in_on_tcp() {
 fn etcd_two_fleetds_share_tokens_and_revocations() {
     let pki = Pki::new();
     let ports = [free_port(), free_port()];
+    // The members share the cluster's secrets key, as -make-certificates has it copied.
+    let secrets_key = pki.path().join("secrets.key");
+    fleet_secrets::ClusterKeys::generate().expect("a key").create(&secrets_key).expect("the key file");
     let cluster = Cluster::start(2, |index| {
         let mut config = pki.config(ports[index]);
         config.push(("unit_manager".into(), "native".into()));
+        config.push(("secrets_key_file".into(), secrets_key.display().to_string()));
         config
     });
     let (maker, other) = (&cluster.members[0], &cluster.members[1]);

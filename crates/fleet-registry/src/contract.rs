@@ -31,6 +31,7 @@ macro_rules! registry_contract {
     ($open:path) => {
         $crate::registry_contract!(@each $open;
             tokens_are_unique_by_name_and_revocable,
+            secrets_are_set_over_the_version_read,
             a_revoked_machine_goes_with_its_states,
             registrations_are_counted_bounded_and_expire,
             a_machine_id_belongs_to_the_key_that_first_joined,
@@ -352,6 +353,7 @@ pub async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry, _a
         name: name.to_string(),
         role: "operator".into(),
         units: Some("web-*".into()),
+        secrets: Some("web-*".into()),
         sha256: sha256.to_string(),
         created: 1_700_000_000,
         expires: Some(1_800_000_000),
@@ -365,6 +367,32 @@ pub async fn tokens_are_unique_by_name_and_revocable(registry: &dyn Registry, _a
     assert!(registry.revoke_token("ci").await.expect("revoke"));
     assert!(!registry.revoke_token("ci").await.expect("revoke"), "already gone");
     assert_eq!(registry.tokens().await.expect("list"), vec![record("alice", "bb")]);
+}
+
+/// A secret is written only over the version its writer read (a first one only where there
+/// is none), listed in name order, and removed once.
+pub async fn secrets_are_set_over_the_version_read(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    let record = |name: &str, version: u64| crate::SecretRecord {
+        name: name.to_string(),
+        version,
+        size: 7,
+        set_by: "token:ci".into(),
+        set_at: 1_700_000_000 + version,
+        sealed: format!("fleet-secret-1:0011223344556677:{name}{version}"),
+    };
+    assert!(registry.secrets().await.expect("a fresh store lists none").is_empty());
+    assert!(registry.put_secret(&record("db", 1), None).await.expect("put"));
+    assert!(!registry.put_secret(&record("db", 1), None).await.expect("put"), "a first value only where none is");
+    assert!(registry.put_secret(&record("api", 1), None).await.expect("put"));
+    assert!(!registry.put_secret(&record("db", 3), Some(2)).await.expect("put"), "not over a version never read");
+    assert!(registry.put_secret(&record("db", 2), Some(1)).await.expect("put"));
+    assert!(!registry.put_secret(&record("db", 2), Some(1)).await.expect("put"), "a second writer of 1 loses");
+    assert_eq!(registry.secrets().await.expect("list"), vec![record("api", 1), record("db", 2)]);
+    assert_eq!(registry.secret("db").await.expect("read"), Some(record("db", 2)));
+    assert_eq!(registry.secret("none").await.expect("read"), None);
+    assert!(registry.remove_secret("db").await.expect("remove"));
+    assert!(!registry.remove_secret("db").await.expect("remove"), "already gone");
+    assert_eq!(registry.secrets().await.expect("list"), vec![record("api", 1)]);
 }
 
 /// A registration token is used at most `max_uses` times (each use counted atomically, even

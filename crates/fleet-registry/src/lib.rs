@@ -34,7 +34,7 @@ pub use fleet_core::schedule::SnapshotUnit;
 pub use machine_identity::{JoinRefused, MachineIdentity};
 pub use model::{
     AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, RevokedMachine,
-    StateReport, TokenRecord, UnitRecord, UnitView,
+    SecretRecord, StateReport, TokenRecord, UnitRecord, UnitView,
 };
 pub use ownership::{OwnedBy, Writer};
 pub use source_record::{DEFAULT_DEADLINE_SECONDS, OutOfSync, RolloutRecord, SourceRecord, SourceStatus};
@@ -143,6 +143,15 @@ pub trait CredentialRegistry: Send + Sync {
     /// Frees a revoked machine's ID for another key: its identity goes, its revocation is
     /// marked forgotten (its old key stays refused). `false` when the machine is not revoked.
     async fn forget_machine(&self, machine_id: &str) -> Result<bool>;
+    /// Stores `record` if the stored secret of its name is still at version `previous`
+    /// (`None`: there is none); `false`, and nothing written, when it moved meanwhile.
+    async fn put_secret(&self, record: &SecretRecord, previous: Option<u64>) -> Result<bool>;
+    /// Every secret, in name order (values sealed).
+    async fn secrets(&self) -> Result<Vec<SecretRecord>>;
+    /// One secret (its value sealed), if it exists.
+    async fn secret(&self, name: &str) -> Result<Option<SecretRecord>>;
+    /// Removes a secret; `false` when there was none.
+    async fn remove_secret(&self, name: &str) -> Result<bool>;
 }
 
 /// Git sources (their records, and what their last syncs did) and rollouts.

@@ -118,12 +118,32 @@ pub struct TokenRecord {
     /// The unit pattern an operator token is limited to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub units: Option<String>,
+    /// The secrets an operator token may set and name in its units (none without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<String>,
     pub sha256: String,
     /// When it was made, in seconds since the Unix epoch.
     pub created: u64,
     /// When it stops being accepted, in seconds since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires: Option<u64>,
+}
+
+/// A cluster secret as a store keeps it: its value sealed under the cluster's secrets key
+/// (`fleet-secrets`), which no store holds, with who set which version when.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretRecord {
+    pub name: String,
+    /// 1 for the first value, one more for each value set since.
+    pub version: u64,
+    /// The value's length in bytes (what a reader of the store may know of it).
+    pub size: usize,
+    /// The identity that set it, as the audit trail names it.
+    pub set_by: String,
+    /// When, in seconds since the Unix epoch.
+    pub set_at: u64,
+    /// The value, sealed and bound to this name and version.
+    pub sealed: String,
 }
 
 /// A registration token as a store keeps it (only its SHA-256): what a pull agent presents

@@ -53,7 +53,7 @@ impl StoreBackup for EmbeddedRegistry {
             let from = db.begin_read().map_err(unavailable)?;
             let snapshot = Database::create(&to).map_err(unavailable)?;
             let into = snapshot.begin_write().map_err(unavailable)?;
-            for table in tables::RECORDS {
+            for table in tables::RECORDS.into_iter().chain(tables::ADDED_RECORDS) {
                 copy(&from, &into, table)?;
             }
             for table in tables::TEXTS {
@@ -82,7 +82,7 @@ pub fn check_snapshot(path: &Path) -> Result<SnapshotSummary> {
     }
     let db = Database::open(path).map_err(|error| refused(error.to_string()))?;
     let read = db.begin_read().map_err(|error| refused(error.to_string()))?;
-    let names: Vec<&str> = tables::opened_names().chain([tables::STORE_FORMAT.name()]).collect();
+    let names: Vec<&str> = tables::required_names().chain([tables::STORE_FORMAT.name()]).collect();
     let present: Vec<String> =
         read.list_tables().map_err(|error| refused(error.to_string()))?.map(|table| table.name().to_string()).collect();
     if let Some(missing) = names.iter().find(|name| !present.iter().any(|present| present == *name)) {

@@ -11,7 +11,7 @@ use fleet_registry::codec::find_registration;
 use fleet_registry::machine_identity::admit_join;
 use fleet_registry::{
     CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistrationRefused, Result, RevokedMachine,
-    TokenRecord,
+    SecretRecord, TokenRecord,
 };
 
 /// The record named `name` of a table of JSON records, if any (one that cannot be read is
@@ -88,6 +88,37 @@ impl EmbeddedRegistry {
 
 #[async_trait]
 impl CredentialRegistry for EmbeddedRegistry {
+    async fn put_secret(&self, record: &SecretRecord, previous: Option<u64>) -> Result<bool> {
+        let record = record.clone();
+        self.write(move |txn, _| {
+            let mut rows = txn.open_table(tables::SECRETS).map_err(unavailable)?;
+            let stored: Option<SecretRecord> = read_one(&rows, &record.name)?;
+            if stored.map(|stored| stored.version) != previous {
+                return Ok(false);
+            }
+            rows.insert(record.name.as_str(), encode(&record).as_slice()).map_err(unavailable)?;
+            Ok(true)
+        })
+        .await
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        self.list_all(tables::SECRETS).await
+    }
+
+    async fn secret(&self, name: &str) -> Result<Option<SecretRecord>> {
+        let name = name.to_string();
+        self.read(move |txn| {
+            let rows = txn.open_table(tables::SECRETS).map_err(unavailable)?;
+            read_one(&rows, &name)
+        })
+        .await
+    }
+
+    async fn remove_secret(&self, name: &str) -> Result<bool> {
+        self.remove_named(tables::SECRETS, name).await
+    }
+
     async fn create_token(&self, record: &TokenRecord) -> Result<bool> {
         self.insert_new(tables::TOKENS, &record.name, record.clone()).await
     }

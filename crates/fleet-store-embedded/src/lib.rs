@@ -70,7 +70,7 @@ fn create_missing_tables(db: &Database) -> Result<()> {
         return Ok(());
     }
     let txn = db.begin_write().map_err(unavailable)?;
-    for table in tables::RECORDS {
+    for table in tables::RECORDS.into_iter().chain(tables::ADDED_RECORDS) {
         txn.open_table(table).map_err(unavailable)?;
     }
     for table in tables::TEXTS {

@@ -33,6 +33,8 @@ pub const TOKENS: TableDefinition<&str, &[u8]> = TableDefinition::new("tokens");
 pub const SOURCES: TableDefinition<&str, &[u8]> = TableDefinition::new("sources");
 /// Rollout name → [`fleet_registry::RolloutRecord`].
 pub const ROLLOUTS: TableDefinition<&str, &[u8]> = TableDefinition::new("rollouts");
+/// Secret name → [`fleet_registry::SecretRecord`] (its value sealed).
+pub const SECRETS: TableDefinition<&str, &[u8]> = TableDefinition::new("secrets");
 /// Source name → [`fleet_registry::SourceStatus`].
 pub const SOURCE_STATUSES: TableDefinition<&str, &[u8]> = TableDefinition::new("source_statuses");
 
@@ -95,11 +97,23 @@ pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
     ROLLOUTS,
 ];
 
+/// Tables of JSON records added to format 1 since 0.2.0 began it: a store opens with them too
+/// (a store without one is given it), a backup holds them, and a snapshot taken before they
+/// were added restores without them.
+pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 1] = [SECRETS];
+
 /// Every table of text values.
 pub const TEXTS: [TableDefinition<&str, &str>; 2] = [SCHEDULE, REASONS];
 
-/// The names of every table a store opens with ([`RECORDS`], [`TEXTS`], [`BODY_REFS`]).
-pub fn opened_names() -> impl Iterator<Item = &'static str> {
+/// The names of the tables every store of format 1 has ([`RECORDS`], [`TEXTS`], [`BODY_REFS`]):
+/// what a snapshot must hold.
+pub fn required_names() -> impl Iterator<Item = &'static str> {
     use redb::TableHandle;
     RECORDS.iter().map(|table| table.name()).chain(TEXTS.iter().map(|table| table.name())).chain([BODY_REFS.name()])
+}
+
+/// The names of every table a store opens with: [`required_names`] and [`ADDED_RECORDS`].
+pub fn opened_names() -> impl Iterator<Item = &'static str> {
+    use redb::TableHandle;
+    required_names().chain(ADDED_RECORDS.iter().map(|table| table.name()))
 }

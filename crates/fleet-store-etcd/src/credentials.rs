@@ -16,7 +16,7 @@ use super::{EtcdRegistry, session};
 use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{
     CredentialRegistry, JoinRefused, MachineIdentity, RegistrationRecord, RegistryError, Result, RevokedMachine,
-    TokenRecord,
+    SecretRecord, TokenRecord,
 };
 
 impl EtcdRegistry {
@@ -89,6 +89,38 @@ impl EtcdRegistry {
 
 #[async_trait]
 impl CredentialRegistry for EtcdRegistry {
+    async fn put_secret(&self, record: &SecretRecord, previous: Option<u64>) -> Result<bool> {
+        let key = self.keys().secret(&record.name);
+        let reply = self.connection().get(key.as_str(), None).await?;
+        let stored = reply.kvs().first();
+        let stored_version =
+            stored.and_then(|kv| decode_listed::<SecretRecord>(&key, kv.value())).map(|stored| stored.version);
+        if stored_version != previous {
+            return Ok(false);
+        }
+        // Written only over what was read: a value set meanwhile is not overwritten.
+        let unchanged = match stored {
+            Some(kv) => Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
+            None => Compare::version(key.as_str(), CompareOp::Equal, 0),
+        };
+        let txn = Txn::new().when(vec![unchanged]).and_then(vec![TxnOp::put(key.as_str(), encode(record), None)]);
+        Ok(self.connection().txn(txn).await?.succeeded())
+    }
+
+    async fn secrets(&self) -> Result<Vec<SecretRecord>> {
+        self.list_named(&self.keys().secrets(), |record: &SecretRecord| &record.name).await
+    }
+
+    async fn secret(&self, name: &str) -> Result<Option<SecretRecord>> {
+        let key = self.keys().secret(name);
+        let reply = self.connection().get(key.as_str(), None).await?;
+        Ok(reply.kvs().first().and_then(|kv| decode_listed::<SecretRecord>(&key, kv.value())))
+    }
+
+    async fn remove_secret(&self, name: &str) -> Result<bool> {
+        self.delete_key(&self.keys().secret(name)).await
+    }
+
     async fn create_token(&self, record: &TokenRecord) -> Result<bool> {
         self.put_new(&self.keys().token(&record.name), encode(record), None).await
     }

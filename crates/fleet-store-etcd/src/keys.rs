@@ -268,6 +268,14 @@ impl Keys {
         self.key(&["tokens", name])
     }
 
+    pub fn secrets(&self) -> String {
+        self.key(&["secrets", ""])
+    }
+
+    pub fn secret(&self, name: &str) -> String {
+        self.key(&["secrets", name])
+    }
+
     /// `schedule/` of every machine.
     pub fn all_schedules(&self) -> String {
         self.key(&["schedule", ""])

@@ -310,6 +310,11 @@ enum Command {
         #[command(subcommand)]
         action: TokenCommand,
     },
+    /// The cluster's secrets: set (from standard input or a file), list (names only), rm
+    Secret {
+        #[command(subcommand)]
+        action: SecretCommand,
+    },
     /// Manage machines: drain, undrain, status (operators); revoke, forget (administrators)
     Machine {
         #[command(subcommand)]
@@ -572,6 +577,26 @@ pub struct RolloutGates {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum SecretCommand {
+    /// Set a secret's value (a new version), read from standard input to its end (one
+    /// trailing newline dropped) or from --from-file; never from the command line
+    Set {
+        name: String,
+        /// Read the value from this file, as it is
+        #[arg(long)]
+        from_file: Option<std::path::PathBuf>,
+    },
+    /// List the secrets: names, versions, sizes, who set them and when (never a value)
+    List {
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+    },
+    /// Remove a secret (refused while a unit names it)
+    Rm { name: String },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum TokenCommand {
     /// Make a token and print it; it is shown this once
     Create {
@@ -581,6 +606,10 @@ pub enum TokenCommand {
         /// Limit an operator to the units whose names match this pattern (e.g. 'web-*')
         #[arg(long)]
         units: Option<String>,
+        /// Let an operator set, and name in its units, the secrets whose names match this
+        /// pattern (e.g. 'web-*'); an operator without it has none
+        #[arg(long)]
+        secrets: Option<String>,
         /// How long the token is accepted (e.g. 24h); forever when not given
         #[arg(long)]
         ttl: Option<String>,
@@ -729,7 +758,9 @@ async fn with_units(
 }
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
-    use commands::{backup, inspect, lifecycle, list, machine, registration_token, remote, rollout, source, token};
+    use commands::{
+        backup, inspect, lifecycle, list, machine, registration_token, remote, rollout, secret, source, token,
+    };
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
             let Some(options) = ssh else {
@@ -767,6 +798,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         }
         Command::Restart { block_attempts, units } => lifecycle::restart(&context, &units, block_attempts).await,
         Command::Token { action } => token::run(&context, action).await,
+        Command::Secret { action } => secret::run(&context, action).await,
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,

@@ -98,6 +98,7 @@ impl ApiService {
             feed_slots: Arc::new(fleet_api::feed_slots::FeedSlots::for_connections(config.api_max_connections)),
             page_cursors: Default::default(),
             source_secrets_dir: Some(config.source_credentials_dir.clone()),
+            secret_keys: Arc::new(crate::secrets_key::of(config)),
             backup: backup.map(|store| fleet_api::Backup {
                 store,
                 scratch: config.state_dir.clone(),

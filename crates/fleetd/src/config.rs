@@ -63,6 +63,10 @@ pub struct Config {
     pub agent_ca_key_file: String,
     /// ...valid for this long.
     pub agent_cert_lifetime: Duration,
+    /// The cluster's secrets key (`fleetd -make-certificates` makes it, beside the agent CA
+    /// key); empty: the one beside `agent_ca_key_file`, else (embedded store) the state
+    /// directory's own.
+    pub secrets_key_file: String,
     /// A pull agent's manager (`https://manager:4002`): set, this fleetd has no store of its
     /// own and pulls its work from the manager.
     pub manager_url: String,
@@ -135,6 +139,7 @@ impl Default for Config {
             agent_ca_cert_file: String::new(),
             agent_ca_key_file: String::new(),
             agent_cert_lifetime: Duration::from_secs(24 * 3600),
+            secrets_key_file: String::new(),
             manager_url: String::new(),
             manager_ca_file: String::new(),
             agent_heartbeat: fleet_remote::DEFAULT_IDLE_HEARTBEAT,
@@ -349,6 +354,7 @@ const OPTIONS: &[(&str, Setter)] = &[
     ("api_max_connections", |config, name, value| assign(&mut config.api_max_connections, parse_count(name, value))),
     ("agent_ca_cert_file", |config, name, value| assign(&mut config.agent_ca_cert_file, existing_file(name, value))),
     ("agent_ca_key_file", |config, name, value| assign(&mut config.agent_ca_key_file, existing_file(name, value))),
+    ("secrets_key_file", |config, name, value| assign(&mut config.secrets_key_file, existing_file(name, value))),
     ("agent_cert_lifetime", |config, name, value| {
         assign(&mut config.agent_cert_lifetime, parse_go_duration(name, value))
     }),

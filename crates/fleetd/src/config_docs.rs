@@ -143,6 +143,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "The cluster's agent CA certificate (PEM): with its key, this fleetd signs certificates for machines that join with a registration token.",
     ),
     doc("agent_ca_key_file", "", "The key of agent_ca_cert_file (PEM)."),
+    doc(
+        "secrets_key_file",
+        "",
+        "The cluster's secrets key, the same file on every member (fleetd -make-certificates makes it, 0600): it seals the values of secrets, which no store holds in the clear. Empty: secrets.key beside agent_ca_key_file; on the embedded store without one, the state directory's own, made when the first secret is set.",
+    ),
     doc("agent_cert_lifetime", "24h", "How long a joined machine's certificate is valid (renewed at two thirds)."),
     doc(
         "manager_url",

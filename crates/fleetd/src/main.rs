@@ -16,6 +16,7 @@ mod ready_probe;
 mod reconcile_timing;
 mod restore;
 mod run;
+mod secrets_key;
 mod service_manager;
 mod store;
 mod store_chores;

@@ -19,6 +19,7 @@ pub fn usage_lines(files: &ClusterCertificates, host: &str) -> String {
          api_tls_client_ca_file = {api_ca}\n\
          agent_ca_cert_file = {agent_ca}\n\
          agent_ca_key_file = {agent_ca_key}\n\
+         secrets_key_file = {secrets_key}\n\
          \n\
          # fleetctl, as the administrator:\n\
          fleetctl --endpoint https://{host}:4002 --ca-file {api_ca} --cert-file {admin} --key-file {admin_key} list-machines\n\
@@ -29,7 +30,9 @@ pub fn usage_lines(files: &ClusterCertificates, host: &str) -> String {
          registration_token = …\n\
          \n\
          Keep {api_ca_key} and {agent_ca_key} off the machines that do not need them: with them anyone\n\
-         can make certificates the cluster trusts. The server and admin certificates expire in a year.\n",
+         can make certificates the cluster trusts. The server and admin certificates expire in a year.\n\
+         {secrets_key} opens every secret of the cluster: copy it (0600) to every member of the store,\n\
+         to no pull agent.\n",
         server = path(&files.server),
         server_key = path(&files.server_key),
         api_ca = path(&files.api_ca),
@@ -38,6 +41,7 @@ pub fn usage_lines(files: &ClusterCertificates, host: &str) -> String {
         agent_ca_key = path(&files.agent_ca_key),
         admin = path(&files.admin),
         admin_key = path(&files.admin_key),
+        secrets_key = path(&files.secrets_key),
     )
 }
 

@@ -46,6 +46,9 @@ pub struct ClusterCertificates {
     pub admin_key: PathBuf,
     pub agent_ca: PathBuf,
     pub agent_ca_key: PathBuf,
+    /// The cluster's secrets key (not a certificate, but made with them and kept beside the
+    /// agent CA key, where a fleetd looks for it).
+    pub secrets_key: PathBuf,
 }
 
 impl ClusterCertificates {
@@ -59,10 +62,11 @@ impl ClusterCertificates {
             admin_key: dir.join("admin-key.pem"),
             agent_ca: dir.join("agent-ca.pem"),
             agent_ca_key: dir.join("agent-ca-key.pem"),
+            secrets_key: dir.join(fleet_secrets::KEY_FILE_NAME),
         }
     }
 
-    fn all(&self) -> [&Path; 8] {
+    fn all(&self) -> [&Path; 9] {
         [
             &self.api_ca,
             &self.api_ca_key,
@@ -72,6 +76,7 @@ impl ClusterCertificates {
             &self.admin_key,
             &self.agent_ca,
             &self.agent_ca_key,
+            &self.secrets_key,
         ]
     }
 }
@@ -167,6 +172,8 @@ pub fn make(dir: &Path, hosts: &[String], now: SystemTime) -> Result<ClusterCert
     admin.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     let (admin_pem, admin_key) = signed(admin, &api_ca)?;
+    let secrets_key = fleet_secrets::ClusterKeys::generate()
+        .map_err(|error| CertificatesError::Write { path: files.secrets_key.clone(), reason: error.to_string() })?;
     fleet_fs::create_private_dir(dir)
         .map_err(|error| CertificatesError::Write { path: dir.to_path_buf(), reason: error.to_string() })?;
     let contents = [
@@ -178,6 +185,7 @@ pub fn make(dir: &Path, hosts: &[String], now: SystemTime) -> Result<ClusterCert
         (&files.admin_key, admin_key),
         (&files.agent_ca, agent_ca_pem),
         (&files.agent_ca_key, agent_ca.key().serialize_pem()),
+        (&files.secrets_key, secrets_key.text()),
     ];
     for (path, text) in contents {
         fleet_fs::write_private(path, text.as_bytes())

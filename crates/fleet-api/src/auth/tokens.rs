@@ -159,7 +159,9 @@ impl TokenCheck {
         if record.expires.is_some_and(|expires| expires <= now_unix()) {
             return Err(TokenError::Expired);
         }
-        match Role::parse(&record.role, record.units.as_deref()) {
+        match Role::parse(&record.role, record.units.as_deref())
+            .and_then(|role| role.with_secrets(record.secrets.as_deref()))
+        {
             Ok(role) => Ok((record.name.clone(), role)),
             Err(error) => {
                 tracing::warn!(token = record.name, %error, "a stored token names no valid role; refusing it");
@@ -194,6 +196,7 @@ mod tests {
             name: name.into(),
             role: "viewer".into(),
             units: None,
+            secrets: None,
             sha256: sha256.into(),
             created: 0,
             expires: None,

@@ -25,6 +25,7 @@ fn to_schema(record: TokenRecord) -> Token {
         name: record.name,
         role: record.role,
         units: record.units,
+        secrets: record.secrets,
         created: record.created,
         expires: record.expires,
         token: None,
@@ -39,8 +40,9 @@ pub async fn create(state: &ApiState, body: &[u8]) -> Result<Response, ApiError>
             "invalid token name: 1 to 64 characters among letters, digits, '-', '_', '.' and '@'",
         ));
     }
-    let role =
-        Role::parse(&request.role, request.units.as_deref()).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let role = Role::parse(&request.role, request.units.as_deref())
+        .and_then(|role| role.with_secrets(request.secrets.as_deref()))
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let created = now_unix();
     let expires = match request.ttl_seconds {
         None => None,
@@ -53,6 +55,7 @@ pub async fn create(state: &ApiState, body: &[u8]) -> Result<Response, ApiError>
         name: request.name,
         role: role.name().to_string(),
         units: role.scope().map(str::to_string),
+        secrets: role.secret_scope().map(str::to_string),
         sha256: digest(&token),
         created,
         expires,

@@ -24,6 +24,8 @@ pub const MOST_UNITS_PER_BATCH: usize = 1000;
 pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -> Result<Response, ApiError> {
     let batch: UnitBatch = json_object(body)?;
     let changes = admitted(batch, role)?;
+    let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
+    super::secrets::check_named(state, role, files).await?;
     let answers = state.registry.change_units_as(&changes, writer).await?;
     let units = changes
         .iter()

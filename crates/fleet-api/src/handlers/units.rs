@@ -117,7 +117,13 @@ pub(crate) fn json_object<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result
 }
 
 /// PUT /units/{name}: create, replace (new options) or change the desired state.
-pub async fn put(state: &ApiState, name: &str, body: &[u8], writer: &Writer) -> Result<Response, ApiError> {
+pub async fn put(
+    state: &ApiState,
+    role: &Role,
+    name: &str,
+    body: &[u8],
+    writer: &Writer,
+) -> Result<Response, ApiError> {
     let request: Unit = json_object(body)?;
     if !request.name.is_empty() && request.name != name {
         return Err(ApiError::bad_request(format!(
@@ -142,6 +148,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8], writer: &Writer) -> 
             return Err(ApiError::new(StatusCode::CONFLICT, "unit does not exist and options field empty"));
         }
         validate_options(name, &file)?;
+        super::secrets::check_named(state, role, [(name, &file)]).await?;
         let desired = desired.unwrap_or(DesiredState::Inactive);
         refuse_template_activation(name, desired)?;
         state.registry.put_unit_as(name, &file, desired, writer).await?;

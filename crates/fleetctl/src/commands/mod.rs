@@ -9,5 +9,6 @@ pub mod machine;
 pub mod registration_token;
 pub mod remote;
 pub mod rollout;
+pub mod secret;
 pub mod source;
 pub mod token;

@@ -10,13 +10,15 @@ use crate::{Outcome, TokenCommand};
 
 pub async fn run(context: &Context, command: TokenCommand) -> Outcome {
     match command {
-        TokenCommand::Create { role, units, ttl, name } => create(context, role, units, ttl.as_deref(), name).await,
+        TokenCommand::Create { role, units, secrets, ttl, name } => {
+            create(context, TokenRequest { name, role, units, secrets, ttl_seconds: None }, ttl.as_deref()).await
+        }
         TokenCommand::List { no_legend } => list(context, no_legend).await,
         TokenCommand::Revoke { name } => revoke(context, &name).await,
     }
 }
 
-async fn create(context: &Context, role: String, units: Option<String>, ttl: Option<&str>, name: String) -> Outcome {
+async fn create(context: &Context, request: TokenRequest, ttl: Option<&str>) -> Outcome {
     let ttl_seconds = match ttl.map(parse_go_duration).transpose() {
         Ok(ttl) => ttl.map(|ttl| ttl.as_secs().max(1)),
         Err(error) => {
@@ -24,7 +26,7 @@ async fn create(context: &Context, role: String, units: Option<String>, ttl: Opt
             return Outcome::Usage;
         }
     };
-    let request = TokenRequest { name, role, units, ttl_seconds };
+    let request = TokenRequest { ttl_seconds, ..request };
     match context.client.create_token(&request).await {
         Ok(Token { token: Some(token), name, expires, .. }) => {
             println!("{token}");
@@ -57,13 +59,14 @@ async fn list(context: &Context, no_legend: bool) -> Outcome {
     };
     let mut rows = Vec::with_capacity(tokens.len() + 1);
     if !no_legend {
-        rows.push(["NAME", "ROLE", "UNITS", "CREATED", "EXPIRES"].map(str::to_string).to_vec());
+        rows.push(["NAME", "ROLE", "UNITS", "SECRETS", "CREATED", "EXPIRES"].map(str::to_string).to_vec());
     }
     for token in tokens {
         rows.push(vec![
             token.name,
             token.role,
             token.units.unwrap_or_else(|| "-".into()),
+            token.secrets.unwrap_or_else(|| "-".into()),
             time(token.created),
             token.expires.map_or("-".to_string(), time),
         ]);

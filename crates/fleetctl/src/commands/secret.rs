@@ -1,0 +1,120 @@
+//! `fleetctl secret set|list|rm`: the cluster's secrets. A value is read from standard input
+//! or a file, never from the command line (where `ps` and shell histories would keep it), and
+//! is never printed.
+
+use std::io::Read;
+use std::path::Path;
+
+use fleet_core::secrets::{MAX_VALUE_BYTES, name_problem, value_problem};
+
+use crate::commands::token::time;
+use crate::context::Context;
+use crate::table::tab_table;
+use crate::{Outcome, SecretCommand};
+
+pub async fn run(context: &Context, command: SecretCommand) -> Outcome {
+    match command {
+        SecretCommand::Set { name, from_file } => set(context, &name, from_file.as_deref()).await,
+        SecretCommand::List { no_legend } => list(context, no_legend).await,
+        SecretCommand::Rm { name } => remove(context, &name).await,
+    }
+}
+
+/// The value: the file's bytes, or standard input's to its end; one more byte than a value
+/// may have is read at most, so a wrong file is not read whole. A single trailing newline
+/// (what `echo` and editors add) is dropped from standard input.
+fn read_value(from_file: Option<&Path>) -> Result<Vec<u8>, String> {
+    let limit = MAX_VALUE_BYTES as u64 + 1;
+    let mut value = Vec::new();
+    match from_file {
+        Some(path) => std::fs::File::open(path)
+            .and_then(|file| file.take(limit).read_to_end(&mut value))
+            .map_err(|error| format!("reading {}: {error}", path.display()))?,
+        None => {
+            std::io::stdin()
+                .take(limit)
+                .read_to_end(&mut value)
+                .map_err(|error| format!("reading standard input: {error}"))?;
+            if value.ends_with(b"\n") {
+                value.pop();
+                if value.ends_with(b"\r") {
+                    value.pop();
+                }
+            }
+            value.len()
+        }
+    };
+    match value_problem(&value) {
+        Some(problem) => Err(problem),
+        None => Ok(value),
+    }
+}
+
+async fn set(context: &Context, name: &str, from_file: Option<&Path>) -> Outcome {
+    if let Some(problem) = name_problem(name) {
+        eprintln!("Error setting secret: {problem}");
+        return Outcome::Usage;
+    }
+    if from_file.is_none() && std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+        eprintln!("Type the value of {name}, then Ctrl-D (or pipe it in, or give --from-file):");
+    }
+    let value = match read_value(from_file) {
+        Ok(value) => value,
+        Err(error) => {
+            eprintln!("Error setting secret {name}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    match context.client.set_secret(name, &value).await {
+        Ok(info) => {
+            eprintln!("Set secret {} (version {}, {} bytes)", info.name, info.version, info.size);
+            Outcome::Success
+        }
+        Err(error) => {
+            eprintln!("Error setting secret {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+async fn list(context: &Context, no_legend: bool) -> Outcome {
+    let secrets = match context.client.secrets().await {
+        Ok(secrets) => secrets,
+        Err(error) => {
+            eprintln!("Error listing secrets: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let mut rows = Vec::with_capacity(secrets.len() + 1);
+    if !no_legend {
+        rows.push(["NAME", "VERSION", "SIZE", "SET BY", "SET AT"].map(str::to_string).to_vec());
+    }
+    for secret in secrets {
+        rows.push(vec![
+            secret.name,
+            secret.version.to_string(),
+            secret.size.to_string(),
+            secret.set_by,
+            time(secret.set_at),
+        ]);
+    }
+    print!("{}", tab_table(&rows));
+    Outcome::Success
+}
+
+async fn remove(context: &Context, name: &str) -> Outcome {
+    match context.client.remove_secret(name).await {
+        Ok(true) => {
+            eprintln!("Removed secret {name}");
+            Outcome::Success
+        }
+        Ok(false) => {
+            eprintln!("Secret {name} does not exist");
+            Outcome::Failure
+        }
+        Err(error) => {
+            eprintln!("Error removing secret {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
