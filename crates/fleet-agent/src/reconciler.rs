@@ -9,8 +9,9 @@ use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Task};
 use fleet_core::desired_units::{Assigned, desired_units};
 use fleet_core::health::HealthStatus;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
-use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport};
+use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport, UnitSecrets};
 use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, TriggerId, Triggers};
+use fleet_unit_manager::credentials::Credential;
 use fleet_unit_manager::{HeldUnit, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
@@ -108,6 +109,39 @@ pub struct Agent {
     /// Since when the work could not be read (the presence lapsed, the store's copy not yet
     /// current since the machine registered again).
     unreadable: UnreadableWork,
+    /// Where the values of the secrets units name come from; none: a unit that names one
+    /// does not load.
+    secrets: Option<Arc<dyn UnitSecrets>>,
+}
+
+/// The credentials of `name`, which is loaded next from `file`: the values of the secrets
+/// it names, under the names it gives them. Never a value in an error.
+async fn credentials_of(
+    secrets: Option<Arc<dyn UnitSecrets>>,
+    machine_id: &str,
+    name: &str,
+    file: &UnitFile,
+) -> Result<Vec<Credential>, UnitManagerError> {
+    let refused = |reason: String| UnitManagerError::Refused { unit: name.to_string(), reason };
+    let references = fleet_core::secrets::references(file).map_err(refused)?;
+    if references.is_empty() {
+        return Ok(Vec::new());
+    }
+    let source = secrets.ok_or_else(|| refused("this machine cannot receive secrets".into()))?;
+    let names: Vec<String> = references.iter().map(|reference| reference.secret.clone()).collect();
+    let values = source
+        .unit_secrets(machine_id, name, &names)
+        .await
+        .map_err(|why| refused(format!("cannot have its secrets: {why}")))?;
+    let mut values: HashMap<String, Vec<u8>> = values.into_iter().collect();
+    references
+        .into_iter()
+        .map(|reference| match values.get(&reference.secret) {
+            Some(value) => Ok(Credential::new(reference.credential, value.clone())),
+            None => Err(refused(format!("secret {} was not delivered", reference.secret))),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .inspect(|_| values.values_mut().for_each(|value| value.fill(0)))
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
@@ -143,7 +177,14 @@ impl Agent {
             lapses,
             registered: false,
             presence_due: None,
+            secrets: None,
         }
+    }
+
+    /// Where the values of the secrets units name come from.
+    pub fn with_secrets(mut self, secrets: Arc<dyn UnitSecrets>) -> Self {
+        self.secrets = Some(secrets);
+        self
     }
 
     /// How long a unit that starts with a health check waits for its first verdict before it
@@ -586,7 +627,17 @@ impl Agent {
                 let Some(file) = self.bodies.get(&hash).cloned() else {
                     return false;
                 };
-                let result = self.manager.load(name, &file).await;
+                // Its credentials first, where its processes will find them (none: any it had
+                // go); then the unit.
+                let secrets = self.secrets.clone();
+                let provided = match credentials_of(secrets, &self.config.machine.id, name, &file).await {
+                    Ok(credentials) => self.manager.provide_credentials(name, &file, &credentials).await,
+                    Err(error) => Err(error),
+                };
+                let result = match provided {
+                    Ok(()) => self.manager.load(name, &file).await,
+                    Err(error) => Err(error),
+                };
                 if result.is_ok() {
                     self.loaded.insert(name.clone(), LoadedUnit { hash, launched: false });
                     if fleet_core::requirements::asks_at_most_once(&file) {

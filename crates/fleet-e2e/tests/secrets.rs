@@ -97,3 +97,42 @@ fn secrets_are_sealed_at_rest_named_by_units_and_never_shown() {
     let api = fleet.api("GET", "/fleet/v1/secrets", "");
     assert!(api.contains("\"name\":\"api-key\"") && !api.contains("sealed"), "{api}");
 }
+
+/// The SHA-256 of `value`, in hex, as `sha256sum` prints it.
+fn sha256_hex(value: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, value).as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[test]
+fn a_unit_reads_its_secret_as_a_credential_that_goes_with_it() {
+    let credentials = tempfile::tempdir().unwrap();
+    let base = credentials.path().display().to_string();
+    let fleet = Fleetd::start("e2e0secrets00002", &[("unit_manager", "native"), ("credentials_dir", &base)]);
+    let set = fleetctl_with_input(&fleet, &["secret", "set", "db-password"], VALUE);
+    assert_eq!(set.code, 0, "{set:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let reader = write_unit(
+        dir.path(),
+        "reader.service",
+        "[Service]\nExecStart=/bin/sh -c 'sha256sum \"$CREDENTIALS_DIRECTORY/DB\"; exec sleep 100019'\n\
+         [X-Fleet]\nSecret=db-password:DB\n",
+    );
+    fleet.ok(&["start", &reader]);
+    let expected = sha256_hex(VALUE);
+    fleet.wait_until("the unit printed its credential's hash", std::time::Duration::from_secs(20), |f| {
+        f.ok(&["journal", "reader.service"]).stdout.contains(&expected)
+    });
+    let file = credentials.path().join("e2e0secrets00002/reader.service/DB");
+    assert_eq!(std::fs::read(&file).unwrap(), VALUE);
+    let mode = std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&file).unwrap().permissions());
+    assert_eq!(mode & 0o777, 0o400);
+    // The value is in the credential alone: not in the unit's file, the store, the log.
+    let cat = fleet.ok(&["cat", "reader.service"]).stdout;
+    assert!(!cat.as_bytes().windows(VALUE.len()).any(|window| window == VALUE));
+    assert!(!file_holds(&fleet.state_dir().join("registry.redb"), VALUE));
+    assert!(!fleet.log().as_bytes().windows(VALUE.len()).any(|window| window == VALUE));
+
+    fleet.ok(&["destroy", "reader.service"]);
+    fleet.wait_until("the credentials went with the unit", std::time::Duration::from_secs(20), |_| !file.exists());
+    assert!(!file.parent().unwrap().exists());
+}

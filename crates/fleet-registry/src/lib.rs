@@ -544,6 +544,21 @@ pub enum Renewal {
 }
 
 /// A store that serves every role, as fleetd needs.
+/// The values of the secrets a unit names, for the machine that runs it: an etcd member opens
+/// them with the cluster's secrets key, a pull agent asks its manager over its own mTLS
+/// channel (which checks the unit is this machine's work).
+#[async_trait]
+pub trait UnitSecrets: Send + Sync {
+    /// The values of the secrets `unit` names (`names`), for `machine_id`, which runs it, by
+    /// secret name; an error says why not (never with a value).
+    async fn unit_secrets(
+        &self,
+        machine_id: &str,
+        unit: &str,
+        names: &[String],
+    ) -> std::result::Result<Vec<(String, Vec<u8>)>, String>;
+}
+
 pub trait Registry: ApiRegistry + EngineRegistry + AgentRegistry {}
 
 impl<T: ApiRegistry + EngineRegistry + AgentRegistry> Registry for T {}

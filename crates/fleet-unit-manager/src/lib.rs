@@ -8,6 +8,7 @@
 pub mod account;
 pub mod cgroup_procs;
 pub mod check_command;
+pub mod credentials;
 pub mod fence;
 #[cfg(feature = "native")]
 pub mod native;
@@ -105,6 +106,24 @@ pub trait UnitManager: Send + Sync {
     /// manager has no such backstop.
     async fn fence(&self, _deadline: tokio::time::Instant, _units: &[String]) -> Result<bool> {
         Ok(false)
+    }
+    /// Puts `credentials` where the processes of `name` (loaded next, from `file`) find them
+    /// (`$CREDENTIALS_DIRECTORY`), replacing what it had; none removes them. They go when
+    /// the unit is unloaded. A manager that cannot deliver credentials refuses a unit that
+    /// has some.
+    async fn provide_credentials(
+        &self,
+        name: &str,
+        _file: &UnitFile,
+        credentials: &[credentials::Credential],
+    ) -> Result<()> {
+        if credentials.is_empty() {
+            return Ok(());
+        }
+        Err(UnitManagerError::Refused {
+            unit: name.to_string(),
+            reason: format!("the {} unit manager cannot deliver credentials", self.kind()),
+        })
     }
     /// Replaces fleetd in place with `reexec` for an upgrade, the units left running for the
     /// next image to take over as they run. Returns only if that failed, with why; the units

@@ -67,6 +67,9 @@ pub struct Config {
     /// key); empty: the one beside `agent_ca_key_file`, else (embedded store) the state
     /// directory's own.
     pub secrets_key_file: String,
+    /// Where the units' credentials (the secrets they name) are written for them, on a tmpfs:
+    /// `<credentials_dir>/<machine ID>/<unit>`.
+    pub credentials_dir: PathBuf,
     /// A pull agent's manager (`https://manager:4002`): set, this fleetd has no store of its
     /// own and pulls its work from the manager.
     pub manager_url: String,
@@ -140,6 +143,7 @@ impl Default for Config {
             agent_ca_key_file: String::new(),
             agent_cert_lifetime: Duration::from_secs(24 * 3600),
             secrets_key_file: String::new(),
+            credentials_dir: "/run/fleet/credentials".into(),
             manager_url: String::new(),
             manager_ca_file: String::new(),
             agent_heartbeat: fleet_remote::DEFAULT_IDLE_HEARTBEAT,
@@ -355,6 +359,7 @@ const OPTIONS: &[(&str, Setter)] = &[
     ("agent_ca_cert_file", |config, name, value| assign(&mut config.agent_ca_cert_file, existing_file(name, value))),
     ("agent_ca_key_file", |config, name, value| assign(&mut config.agent_ca_key_file, existing_file(name, value))),
     ("secrets_key_file", |config, name, value| assign(&mut config.secrets_key_file, existing_file(name, value))),
+    ("credentials_dir", |config, _name, value| assign(&mut config.credentials_dir, Ok(value.into()))),
     ("agent_cert_lifetime", |config, name, value| {
         assign(&mut config.agent_cert_lifetime, parse_go_duration(name, value))
     }),

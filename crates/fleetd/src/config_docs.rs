@@ -148,6 +148,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "",
         "The cluster's secrets key, the same file on every member (fleetd -make-certificates makes it, 0600): it seals the values of secrets, which no store holds in the clear. Empty: secrets.key beside agent_ca_key_file; on the embedded store without one, the state directory's own, made when the first secret is set.",
     ),
+    doc(
+        "credentials_dir",
+        "/run/fleet/credentials",
+        "Where the units' credentials (the values of the secrets they name) are written for them, on a tmpfs: <credentials_dir>/<machine ID>/<unit>, readable by the unit's user alone, removed with the unit.",
+    ),
     doc("agent_cert_lifetime", "24h", "How long a joined machine's certificate is valid (renewed at two thirds)."),
     doc(
         "manager_url",

@@ -21,6 +21,7 @@ mod service_manager;
 mod store;
 mod store_chores;
 mod store_format;
+mod store_secrets;
 mod supervise;
 
 use std::collections::BTreeMap;

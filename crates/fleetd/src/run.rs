@@ -82,7 +82,11 @@ async fn unit_manager(
     };
     if use_systemd {
         tracing::info!(units_directory = %config.units_directory.display(), "using {instance} as the unit manager");
-        let options = SystemdOptions { user, units_directory: config.units_directory.clone() };
+        let options = SystemdOptions {
+            user,
+            units_directory: config.units_directory.clone(),
+            credentials_dir: config.credentials_dir.join(machine_id),
+        };
         let manager = SystemdManager::new(options)?;
         return Ok(manager);
     }
@@ -97,6 +101,7 @@ async fn unit_manager(
         stop_all_timeout: config.shutdown_timeout,
         allow_without_cgroups: config.native_without_cgroups,
         handover_nonce,
+        credentials_dir: config.credentials_dir.join(machine_id),
     };
     Ok(Arc::new(NativeManager::new(options)?))
 }
@@ -182,8 +187,18 @@ pub async fn run(
     )
     .await?;
     let serving = api.serving.clone();
-    let mut member =
-        ClusterMember { config, config_path, machine_id, registry, chores, journal_questions, manager, api };
+    let secret_keys = Arc::new(crate::secrets_key::of(&config));
+    let mut member = ClusterMember {
+        config,
+        config_path,
+        machine_id,
+        registry,
+        chores,
+        journal_questions,
+        manager,
+        api,
+        secret_keys,
+    };
     let units = member.manager.clone();
     daemon.run(&serving, &mut member, units).await;
     member.api.stop().await;
@@ -202,6 +217,8 @@ struct ClusterMember {
     journal_questions: Option<Arc<dyn fleet_registry::JournalQuestions>>,
     manager: Arc<dyn UnitManager>,
     api: ApiService,
+    /// The cluster's secrets key, which opens what units name for the agent.
+    secret_keys: Arc<fleet_api::secret_keys::SecretKeys>,
 }
 
 impl Components for ClusterMember {
@@ -222,8 +239,12 @@ impl Components for ClusterMember {
             }));
         }
         let (registry, manager, running) = (self.registry.clone(), self.manager.clone(), lifecycle.clone());
+        let secrets: Arc<dyn fleet_registry::UnitSecrets> =
+            Arc::new(crate::store_secrets::StoreSecrets::new(self.registry.clone(), self.secret_keys.clone()));
         tasks.spawn(supervise("agent", move || {
-            Agent::new(agent_config.clone(), registry.clone(), manager.clone()).run(running.clone())
+            Agent::new(agent_config.clone(), registry.clone(), manager.clone())
+                .with_secrets(secrets.clone())
+                .run(running.clone())
         }));
         if self.api.serves_agents {
             let (presence, registry, running) =

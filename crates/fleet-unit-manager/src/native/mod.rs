@@ -60,6 +60,8 @@ pub struct NativeOptions {
     /// Set when this fleetd replaced an earlier image of itself in place (`FLEETD_REEXEC`):
     /// the units that image handed over for this nonce are taken over as they run.
     pub handover_nonce: Option<String>,
+    /// Where the units' credentials go (`<credentials_dir>/<unit>`, on a tmpfs).
+    pub credentials_dir: PathBuf,
 }
 
 /// Why the native manager refuses to start where no cgroup v2 hierarchy is to be had.
@@ -106,6 +108,8 @@ struct Shared {
     has_keeper: bool,
     /// Where a handover for an upgrade is written.
     state_dir: PathBuf,
+    /// The units' credentials.
+    credentials: crate::credentials::CredentialDirs,
     /// The fence as the keeper holds it, checked before each start.
     fence: Mutex<crate::fence::Fence>,
 }
@@ -204,6 +208,7 @@ impl NativeManager {
             keeper_pipe: tokio::sync::Mutex::new(keeper_pipe),
             has_keeper,
             state_dir: options.state_dir,
+            credentials: crate::credentials::CredentialDirs::new(options.credentials_dir),
             fence: Mutex::default(),
             units: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
@@ -343,6 +348,10 @@ impl NativeManager {
                 return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
             }
         };
+        let mut context = context;
+        if let Some(dir) = self.shared.credentials.of(name).filter(|dir| dir.is_dir()) {
+            context.environment.insert("CREDENTIALS_DIRECTORY".into(), dir.display().to_string());
+        }
         let (stop, stop_requests) = watch::channel(false);
         let (park, park_requests) = watch::channel(false);
         if resumed.is_none() {
@@ -445,6 +454,7 @@ impl UnitManager for NativeManager {
 
     async fn unload(&self, name: &str) -> Result<()> {
         self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).unloaded(name);
+        self.shared.credentials.remove(name);
         let running = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = running {
             self.begin_stop(name, running);
@@ -533,6 +543,41 @@ impl UnitManager for NativeManager {
         *held = Some(pipe);
         sent.map_err(|source| UnitManagerError::Io { context: "fencing units through the keeper".into(), source })?;
         Ok(true)
+    }
+
+    /// Writes the unit's credentials, readable by its `User=` (and `Group=`) alone; its
+    /// commands find them in `$CREDENTIALS_DIRECTORY` from its next start.
+    async fn provide_credentials(
+        &self,
+        name: &str,
+        file: &UnitFile,
+        credentials: &[crate::credentials::Credential],
+    ) -> Result<()> {
+        let refused = |reason: String| UnitManagerError::Refused { unit: name.to_string(), reason };
+        let owner = if credentials.is_empty() {
+            None
+        } else {
+            let config = ServiceConfig::from_unit(name, file).map_err(|error| refused(error.to_string()))?.0;
+            let specifiers = self.specifiers(name);
+            match &config.user {
+                Some(user) => {
+                    let account = lookup_user(&specifiers.expand(user)).map_err(|error| refused(error.to_string()))?;
+                    let gid = match &config.group {
+                        Some(group) => {
+                            lookup_group(&specifiers.expand(group)).map_err(|error| refused(error.to_string()))?
+                        }
+                        None => account.gid,
+                    };
+                    Some((account.uid, gid))
+                }
+                None => None,
+            }
+        };
+        self.shared
+            .credentials
+            .write(name, credentials, owner)
+            .map(drop)
+            .map_err(|source| UnitManagerError::Io { context: format!("writing the credentials of {name}"), source })
     }
 
     /// Parks every unit's runner, hands the units over, and replaces fleetd in place.

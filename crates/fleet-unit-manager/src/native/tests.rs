@@ -16,6 +16,7 @@ fn manager_stopping_within(dir: &Path, stop_all_timeout: Duration) -> NativeMana
         stop_all_timeout,
         allow_without_cgroups: false,
         handover_nonce: None,
+        credentials_dir: dir.join("credentials"),
     })
     .unwrap()
 }

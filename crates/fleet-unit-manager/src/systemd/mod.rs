@@ -22,8 +22,8 @@ use tokio::sync::watch;
 
 use self::bus::{Bus, BusError};
 use self::paths::{
-    RESERVATION_DROP_IN, has_install_section, is_unit_file_name, reservation_drop_in, runtime_unit_dir,
-    unit_object_path,
+    CREDENTIALS_DROP_IN, RESERVATION_DROP_IN, credentials_drop_in, has_install_section, is_unit_file_name,
+    reservation_drop_in, runtime_unit_dir, unit_object_path,
 };
 use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
 
@@ -32,11 +32,15 @@ pub struct SystemdOptions {
     pub user: bool,
     /// Where fleet writes the unit files it links into systemd.
     pub units_directory: PathBuf,
+    /// Where the units' credentials go (`<credentials_dir>/<unit>`, on a tmpfs), for systemd
+    /// to load.
+    pub credentials_dir: PathBuf,
 }
 
 pub struct SystemdManager {
     user: bool,
     units_directory: PathBuf,
+    credentials: crate::credentials::CredentialDirs,
     bus: Arc<Bus>,
     /// The units fleet holds and their hashes; read from `units_directory` on first use.
     held: tokio::sync::Mutex<Option<BTreeMap<String, UnitHash>>>,
@@ -68,6 +72,7 @@ impl SystemdManager {
         let manager = Arc::new(Self {
             user: options.user,
             units_directory: options.units_directory,
+            credentials: crate::credentials::CredentialDirs::new(options.credentials_dir),
             bus: bus.clone(),
             held: tokio::sync::Mutex::new(None),
             watched: Arc::new(Mutex::new(HashSet::new())),
@@ -104,6 +109,31 @@ impl SystemdManager {
             }
             None => {
                 self.remove_reservation_drop_in(name);
+                Ok(())
+            }
+        }
+    }
+
+    /// The drop-in that hands systemd the unit's credentials (`credentials`, in `dir`), or
+    /// removes it when there are none.
+    fn write_credentials_drop_in(
+        &self,
+        name: &str,
+        dir: Option<&Path>,
+        credentials: &[crate::credentials::Credential],
+    ) -> Result<()> {
+        let Some(drop_ins) = self.runtime_link(&format!("{name}.d")) else { return Ok(()) };
+        let path = drop_ins.join(CREDENTIALS_DROP_IN);
+        let names: Vec<&str> = credentials.iter().map(|credential| credential.name.as_str()).collect();
+        match dir.and_then(|dir| credentials_drop_in(self.user, dir, &names)) {
+            Some(text) => {
+                fleet_fs::create_private_dir(&drop_ins)
+                    .map_err(io_error(format!("creating {}", drop_ins.display())))?;
+                fleet_fs::write_private(&path, text.as_bytes()).map_err(io_error(format!("writing {}", path.display())))
+            }
+            None => {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_dir(&drop_ins);
                 Ok(())
             }
         }
@@ -240,6 +270,8 @@ impl UnitManager for SystemdManager {
             std::fs::remove_file(&link).map_err(io_error(format!("removing {}", link.display())))?;
         }
         self.remove_reservation_drop_in(name);
+        let _ = self.write_credentials_drop_in(name, None, &[]);
+        self.credentials.remove(name);
         let path = self.unit_path(name);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -255,6 +287,21 @@ impl UnitManager for SystemdManager {
         self.read_back.forget(name);
         self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).forget(&unit_object_path(name));
         Ok(())
+    }
+
+    /// Writes the credentials (root's alone: systemd copies them into the unit's own
+    /// `$CREDENTIALS_DIRECTORY`) and the drop-in that loads them, before the unit is loaded.
+    async fn provide_credentials(
+        &self,
+        name: &str,
+        _file: &UnitFile,
+        credentials: &[crate::credentials::Credential],
+    ) -> Result<()> {
+        let dir = self
+            .credentials
+            .write(name, credentials, None)
+            .map_err(|source| UnitManagerError::Io { context: format!("writing the credentials of {name}"), source })?;
+        self.write_credentials_drop_in(name, dir.as_deref(), credentials)
     }
 
     async fn reload_unit_files(&self) -> Result<()> {

@@ -46,6 +46,28 @@ pub fn reservation_drop_in(limits: fleet_core::Resources) -> Option<String> {
 /// The name of that drop-in in the unit's `.d` directory.
 pub const RESERVATION_DROP_IN: &str = "50-fleet-reservation.conf";
 
+/// The drop-in that hands systemd a unit's credentials, the files `names` in `dir`: the
+/// system instance loads each (`LoadCredential=`) into the unit's own `$CREDENTIALS_DIRECTORY`;
+/// a user instance (which before systemd 254 delivers no credentials) is pointed at `dir`
+/// itself. `None` when there are none.
+pub fn credentials_drop_in(user: bool, dir: &Path, names: &[&str]) -> Option<String> {
+    if names.is_empty() {
+        return None;
+    }
+    let mut text = String::from("# Written by fleet: the unit's [X-Fleet] Secret= credentials.\n[Service]\n");
+    if user {
+        text.push_str(&format!("Environment=CREDENTIALS_DIRECTORY={}\n", dir.display()));
+    } else {
+        for name in names {
+            text.push_str(&format!("LoadCredential={name}:{}\n", dir.join(name).display()));
+        }
+    }
+    Some(text)
+}
+
+/// The file name of [`credentials_drop_in`].
+pub const CREDENTIALS_DROP_IN: &str = "50-fleet-credentials.conf";
+
 /// Whether the unit has an `[Install]` section, which fleet enables at runtime.
 pub fn has_install_section(file: &UnitFile) -> bool {
     file.options().iter().any(|option| option.section == "Install")
@@ -59,6 +81,18 @@ pub fn is_unit_file_name(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_are_loaded_by_systemd_or_pointed_at_in_a_user_instance() {
+        let dir = Path::new("/run/fleet/credentials/m1/web.service");
+        let system = credentials_drop_in(false, dir, &["DB", "api"]).unwrap();
+        assert!(system.ends_with(
+            "[Service]\nLoadCredential=DB:/run/fleet/credentials/m1/web.service/DB\nLoadCredential=api:/run/fleet/credentials/m1/web.service/api\n"
+        ));
+        let user = credentials_drop_in(true, dir, &["DB"]).unwrap();
+        assert!(user.ends_with("[Service]\nEnvironment=CREDENTIALS_DIRECTORY=/run/fleet/credentials/m1/web.service\n"));
+        assert_eq!(credentials_drop_in(false, dir, &[]), None);
+    }
 
     #[test]
     fn object_paths_are_escaped_as_systemd_does() {
