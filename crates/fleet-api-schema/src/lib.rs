@@ -494,6 +494,27 @@ pub struct AgentUnitBody {
     pub options: Vec<UnitOption>,
 }
 
+/// `GET /fleet/v1/agents/{machine}/secrets/{unit}`: the values of the secrets a unit the
+/// machine runs names, base64, by secret name (only ever over the machine's own mTLS channel).
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentUnitSecrets {
+    pub secrets: Vec<AgentSecret>,
+}
+
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentSecret {
+    pub name: String,
+    /// The value, base64.
+    pub value: String,
+}
+
+impl std::fmt::Debug for AgentUnitSecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.secrets.iter().map(|secret| secret.name.as_str()).collect();
+        write!(f, "AgentUnitSecrets({names:?})")
+    }
+}
+
 /// At most this many hashes in one `GET /fleet/v1/agents/{machine}/bodies` (the request line
 /// stays a few kilobytes).
 pub const MAX_BODIES_PER_REQUEST: usize = 100;

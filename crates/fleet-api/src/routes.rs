@@ -164,6 +164,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/agents/{machine}/bodies", MachineFacet, Empty, |s, c| agent_facet::bodies(s, c.param(), c.query).await),
     route!(GET "/fleet/v1/agents/{machine}/bodies/{hash}", MachineFacet, Empty, |s, c| agent_facet::body(s, c.param(), c.second_param()).await),
     route!(POST "/fleet/v1/agents/{machine}/states", MachineFacet, Json, |s, c| agent_facet::report(s, c.param(), c.body).await),
+    route!(GET "/fleet/v1/agents/{machine}/secrets/{unit}", MachineFacet, Empty, |s, c| agent_facet::secrets(s, c.param(), c.second_param()).await),
     route!(POST "/fleet/v1/agents/{machine}/journal/{id}", MachineFacet, Json, |s, c| agent_facet::journal_answer(s, c.param(), c.second_param(), c.body)),
     route!(GET "/fleet/v1/backup", BackUp, Empty, |s, c| backup::get(s).await),
     route!(GET "/fleet/v1/secrets", ListSecrets, Empty, |s, c| secrets::list(s).await),

@@ -103,6 +103,9 @@ impl ManagerPki {
         let agent_ca_file = agent_ca.write(&dir.path().join("agent-ca.pem"));
         let agent_ca_key = dir.path().join("agent-ca-key.pem");
         std::fs::write(&agent_ca_key, agent_ca.key_pem()).expect("agent CA key");
+        // The cluster's secrets key beside it, as `fleetd -make-certificates` makes it.
+        let secrets_key = dir.path().join(fleet_secrets::KEY_FILE_NAME);
+        fleet_secrets::ClusterKeys::generate().expect("a key").create(&secrets_key).expect("the secrets key");
         Self { dir, api_ca, api_ca_file, server, agent_ca, agent_ca_file, agent_ca_key }
     }
 

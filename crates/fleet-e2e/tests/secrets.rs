@@ -120,7 +120,7 @@ fn a_unit_reads_its_secret_as_a_credential_that_goes_with_it() {
     fleet.ok(&["start", &reader]);
     let expected = sha256_hex(VALUE);
     fleet.wait_until("the unit printed its credential's hash", std::time::Duration::from_secs(20), |f| {
-        f.ok(&["journal", "reader.service"]).stdout.contains(&expected)
+        f.fleetctl(&["journal", "reader.service"]).stdout.contains(&expected)
     });
     let file = credentials.path().join("e2e0secrets00002/reader.service/DB");
     assert_eq!(std::fs::read(&file).unwrap(), VALUE);
@@ -135,4 +135,127 @@ fn a_unit_reads_its_secret_as_a_credential_that_goes_with_it() {
     fleet.ok(&["destroy", "reader.service"]);
     fleet.wait_until("the credentials went with the unit", std::time::Duration::from_secs(20), |_| !file.exists());
     assert!(!file.parent().unwrap().exists());
+}
+
+/// A pull agent has the value of a secret its unit names from its manager, over its own mTLS
+/// channel; the manager, which does not run the unit, keeps no credential of it.
+#[test]
+fn a_pull_agent_has_its_units_secrets_from_its_manager_and_no_one_else_does() {
+    use fleet_e2e::pki::ManagerPki;
+    use fleet_testkit::free_port;
+    let pki = ManagerPki::local();
+    let port = free_port();
+    let manager_credentials = tempfile::tempdir().unwrap();
+    let mut config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    config.push(("credentials_dir".into(), manager_credentials.path().display().to_string()));
+    let pairs: Vec<(&str, &str)> = config.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
+    let manager = Fleetd::start("e2e0secrets00003", &pairs);
+    let set = fleetctl_with_input(&manager, &["secret", "set", "api-key"], VALUE);
+    assert_eq!(set.code, 0, "{set:?}");
+    let token = manager.ok(&["registration-token", "create", "--max-uses", "1", "once"]).stdout.trim().to_string();
+
+    let pull_dir = tempfile::tempdir().unwrap();
+    let pull_credentials = pull_dir.path().join("credentials");
+    let pull_config = format!(
+        "machine_id = pullsecrets00001\nstate_dir = {}\nunit_manager = native\nmanager_url = https://localhost:{port}\n\
+         manager_ca_file = {}\npublic_ip = 127.0.0.9\nregistration_token = {token}\ncredentials_dir = {}\n",
+        pull_dir.path().join("state").display(),
+        pki.api_ca_file.display(),
+        pull_credentials.display()
+    );
+    let pull = fleet_e2e::pull::PullFleetd::start_configured(pull_dir, &pull_config, &[], &[]);
+    manager.wait_until("the pull agent joins", std::time::Duration::from_secs(30), |f| {
+        f.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullsecrets00001")
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let pulled = write_unit(
+        dir.path(),
+        "pulled-secret.service",
+        "[Service]\nExecStart=/bin/sh -c 'sha256sum \"$CREDENTIALS_DIRECTORY/key\"; exec sleep 100021'\n\
+         [X-Fleet]\nMachineID=pullsecrets00001\nSecret=api-key:key\n",
+    );
+    manager.ok(&["start", "--no-block", &pulled]);
+    let expected = sha256_hex(VALUE);
+    manager.wait_until(
+        "the pull agent's unit printed its credential's hash",
+        std::time::Duration::from_secs(30),
+        |f| f.fleetctl(&["journal", "pulled-secret.service"]).stdout.contains(&expected),
+    );
+    let delivered = pull_credentials.join("pullsecrets00001/pulled-secret.service/key");
+    assert_eq!(std::fs::read(&delivered).unwrap(), VALUE);
+    // Not kept with the desired state the pull agent keeps on disk, nor in its log.
+    let state = pull.dir.path().join("state");
+    let mut kept = vec![state.clone()];
+    while let Some(path) = kept.pop() {
+        for entry in std::fs::read_dir(&path).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                kept.push(path);
+            } else {
+                assert!(!file_holds(&path, VALUE), "{} holds the value", path.display());
+            }
+        }
+    }
+    assert!(!pull.log().as_bytes().windows(VALUE.len()).any(|window| window == VALUE));
+    // The manager runs nothing of it: no credential there.
+    assert_eq!(std::fs::read_dir(manager_credentials.path()).map(|dir| dir.count()).unwrap_or(0), 0);
+}
+
+/// Every file below `dir` that holds `needle`.
+fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<std::path::PathBuf> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(path) = dirs.pop() {
+        for entry in std::fs::read_dir(&path).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if file_holds(&path, needle) {
+                found.push(path);
+            }
+        }
+    }
+    found
+}
+
+/// On etcd: the value reaches etcd sealed (its data directory, write-ahead log included,
+/// never holds it), and only the member that runs the unit writes the credential.
+#[test]
+fn on_etcd_only_the_member_that_runs_the_unit_has_the_value() {
+    let keys = tempfile::tempdir().unwrap();
+    let key = keys.path().join("secrets.key");
+    fleet_secrets::ClusterKeys::generate().unwrap().create(&key).unwrap();
+    let credentials = [tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap()];
+    let cluster = fleet_e2e::Cluster::start(2, |index| {
+        vec![
+            ("unit_manager".into(), "native".into()),
+            ("secrets_key_file".into(), key.display().to_string()),
+            ("credentials_dir".into(), credentials[index].path().display().to_string()),
+        ]
+    });
+    let (first, second) = (&cluster.members[0], &cluster.members[1]);
+    let set = fleetctl_with_input(first, &["secret", "set", "db-password"], VALUE);
+    assert_eq!(set.code, 0, "{set:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let pinned = write_unit(
+        dir.path(),
+        "pinned-secret.service",
+        &format!(
+            "[Service]\nExecStart=/bin/sh -c 'sha256sum \"$CREDENTIALS_DIRECTORY/DB\"; exec sleep 100023'\n\
+             [X-Fleet]\nMachineID={}\nSecret=db-password:DB\n",
+            fleet_e2e::member_id(1)
+        ),
+    );
+    first.ok(&["start", "--no-block", &pinned]);
+    let expected = sha256_hex(VALUE);
+    second.wait_until("the unit printed its credential's hash", std::time::Duration::from_secs(30), |f| {
+        f.fleetctl(&["journal", "pinned-secret.service"]).stdout.contains(&expected)
+    });
+    assert_eq!(files_holding(credentials[1].path(), VALUE).len(), 1, "the running member's credential");
+    assert!(files_holding(credentials[0].path(), VALUE).is_empty(), "nothing on the other member");
+    for member in &cluster.members {
+        assert!(files_holding(member.dir.path(), VALUE).is_empty(), "nothing in a member's state or units");
+        assert!(!member.log().as_bytes().windows(VALUE.len()).any(|window| window == VALUE));
+    }
+    assert!(files_holding(&cluster.etcd.data_dir(), VALUE).is_empty(), "etcd holds it sealed only");
 }

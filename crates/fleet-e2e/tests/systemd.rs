@@ -406,3 +406,54 @@ fn an_upgrade_in_place_leaves_the_units_running_and_takes_the_lease_over() {
     assert_eq!(systemd.show("kept.service", "MainPID"), pid, "never restarted");
     assert_eq!(systemd.show("kept.service", "ActiveEnterTimestamp"), since, "never restarted");
 }
+
+/// A unit's secret under systemd: written 0400 under `credentials_dir` and handed to the unit
+/// by a drop-in (in a user instance, which delivers no credentials before systemd 254, as
+/// `CREDENTIALS_DIRECTORY`); both go when the unit is destroyed.
+#[test]
+fn a_units_secret_reaches_it_under_systemd_and_goes_with_it() {
+    let systemd = SystemdUser::start();
+    let units = systemd.units_directory().display().to_string();
+    let credentials = tempfile::tempdir().unwrap();
+    let base = credentials.path().display().to_string();
+    let config = [
+        ("unit_manager", "systemd"),
+        ("systemd_user", "true"),
+        ("units_directory", units.as_str()),
+        ("credentials_dir", base.as_str()),
+    ];
+    let fleet = Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let value = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(value.path(), b"systemd-secret-value").unwrap();
+    fleet.ok(&["secret", "set", "token", "--from-file", &value.path().display().to_string()]);
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let unit = write_unit(
+        dir.path(),
+        "creds.service",
+        &format!(
+            "[Service]\nExecStart=/bin/sh -c 'cat \"$CREDENTIALS_DIRECTORY/T\" > {}; exec sleep 100025'\n[X-Fleet]\nSecret=token:T\n",
+            out.display()
+        ),
+    );
+    fleet.ok(&["start", &unit]);
+    wait_for(&systemd, "creds.service", "SubState", "running");
+    let deadline = Instant::now() + WAIT;
+    while std::fs::read(&out).unwrap_or_default() != b"systemd-secret-value" {
+        assert!(Instant::now() < deadline, "the unit did not read its credential: {:?}", std::fs::read_to_string(&out));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let drop_in = systemd.runtime_dir().join("systemd/user/creds.service.d/50-fleet-credentials.conf");
+    let text = std::fs::read_to_string(&drop_in).expect("the drop-in");
+    assert!(text.contains("CREDENTIALS_DIRECTORY="), "{text}");
+    assert!(!text.contains("systemd-secret-value"), "the drop-in names the file, not the value");
+    let file = credentials.path().join(MACHINE).join("creds.service/T");
+    assert!(file.exists());
+
+    fleet.ok(&["destroy", "creds.service"]);
+    let deadline = Instant::now() + WAIT;
+    while file.exists() || drop_in.exists() {
+        assert!(Instant::now() < deadline, "the credential and its drop-in went with the unit");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

@@ -643,6 +643,34 @@ pub fn start(registry: &Arc<RemoteRegistry>) {
     registry.start_polling();
 }
 
+/// The values of a unit's secrets, asked of the manager over this machine's own mTLS
+/// channel; the manager opens them, and only for a unit it gave this machine. Never kept on
+/// disk here.
+#[async_trait]
+impl fleet_registry::UnitSecrets for RemoteRegistry {
+    async fn unit_secrets(
+        &self,
+        machine_id: &str,
+        unit: &str,
+        names: &[String],
+    ) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
+        use base64::Engine;
+        self.check_machine(machine_id).map_err(|error| error.to_string())?;
+        let answer = self
+            .fetch::<fleet_api_schema::AgentUnitSecrets>(&format!("/secrets/{unit}"))
+            .await
+            .map_err(|failure| RegistryError::from(failure).to_string())?;
+        let mut values = Vec::with_capacity(names.len());
+        for secret in answer.secrets.into_iter().filter(|secret| names.contains(&secret.name)) {
+            let value = base64::engine::general_purpose::STANDARD
+                .decode(secret.value.as_bytes())
+                .map_err(|_| format!("the manager sent secret {} not in base64", secret.name))?;
+            values.push((secret.name, value));
+        }
+        Ok(values)
+    }
+}
+
 #[async_trait]
 impl AgentRegistry for RemoteRegistry {
     async fn register_machine(&self, machine: &MachineState) -> Result<()> {

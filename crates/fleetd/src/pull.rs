@@ -172,8 +172,11 @@ impl Components for PullAgent {
             stop_units_when_cut_off: false,
         };
         let (registry, units) = (self.registry.clone(), self.units.clone());
+        let secrets: Arc<dyn fleet_registry::UnitSecrets> = self.registry.clone();
         tasks.spawn(supervise("agent", move || {
-            Agent::new(agent_config.clone(), registry.clone(), units.clone()).run(lifecycle.clone())
+            Agent::new(agent_config.clone(), registry.clone(), units.clone())
+                .with_secrets(secrets.clone())
+                .run(lifecycle.clone())
         }));
     }
 

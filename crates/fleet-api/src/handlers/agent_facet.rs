@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use base64::Engine;
 use fleet_api_schema::RelayedJournal;
 use fleet_core::access::Role;
 use fleet_core::drift::{Drift, DriftReport};
@@ -22,8 +23,8 @@ use crate::auth::Identity;
 use crate::encoded_bodies::options_of;
 use crate::error::{ApiError, json_response};
 use crate::schema::{
-    AgentChanges, AgentHashedBody, AgentMachine, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody, AgentWork,
-    MAX_BODIES_PER_REQUEST, Machine,
+    AgentChanges, AgentHashedBody, AgentMachine, AgentSecret, AgentStates, AgentUnit, AgentUnitBodies, AgentUnitBody,
+    AgentUnitSecrets, AgentWork, MAX_BODIES_PER_REQUEST, Machine,
 };
 
 pub(super) fn agents(state: &ApiState) -> Result<&Arc<dyn AgentRegistry>, ApiError> {
@@ -209,6 +210,48 @@ pub async fn body(state: &ApiState, machine_id: &str, hash: &str) -> Result<Resp
     check_held(agents, machine_id, &[hash]).await?;
     let file = agents.unit_body(&hash).await?.ok_or_else(|| ApiError::not_found("unit body does not exist"))?;
     Ok(json_response(StatusCode::OK, &AgentUnitBody { options: options_of(file) }))
+}
+
+/// `GET /agents/{machine}/secrets/{unit}`: the values of the secrets `unit` names, opened here
+/// for the machine, which must hold the unit: scheduled to it, or global and wanted by its
+/// metadata. Nothing of another unit, and nothing for a machine revoked (its certificate
+/// no longer reaches here).
+pub async fn secrets(state: &ApiState, machine_id: &str, unit: &str) -> Result<Response, ApiError> {
+    let agents = agents(state)?;
+    let work = agents.machine_work(machine_id).await?;
+    let scheduled = work.scheduled.iter().find(|held| held.name == unit);
+    let global = work.globals.iter().find(|held| held.name == unit);
+    let Some(held) = scheduled.or(global) else {
+        return Err(forbidden(format!("machine {machine_id} holds no unit {unit}")));
+    };
+    let file = agents.unit_body(&held.hash).await?.ok_or_else(|| ApiError::not_found("unit body does not exist"))?;
+    if scheduled.is_none() {
+        let metadata = work.machine.as_ref().map(|machine| machine.metadata.clone()).unwrap_or_default();
+        if !fleet_core::requirements::Requirements::from_unit(unit, &file).metadata_matches(&metadata) {
+            return Err(forbidden(format!("machine {machine_id} does not run global unit {unit}")));
+        }
+    }
+    let references = fleet_core::secrets::references(&file).map_err(ApiError::bad_request)?;
+    let keys = state.secret_keys.get().map_err(|why| {
+        tracing::warn!(machine = machine_id, unit, "cannot open secrets for a pull agent: {why}");
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("this fleetd holds no secrets key: {why}"))
+    })?;
+    let mut secrets = Vec::with_capacity(references.len());
+    for reference in references {
+        let name = reference.secret;
+        let record = state
+            .registry
+            .secret(&name)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("secret {name} does not exist")))?;
+        let opened = fleet_secrets::open(&keys, &name, record.version, &record.sealed).map_err(|error| {
+            tracing::warn!(secret = name, %error, "cannot open a secret");
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("secret {name}: {error}"))
+        })?;
+        let value = base64::engine::general_purpose::STANDARD.encode(opened.expose());
+        secrets.push(AgentSecret { name, value });
+    }
+    Ok(json_response(StatusCode::OK, &AgentUnitSecrets { secrets }))
 }
 
 /// `GET /agents/{machine}/bodies?hash=H&hash=H…`: the bodies that exist among those asked for,

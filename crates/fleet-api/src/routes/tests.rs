@@ -84,6 +84,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/fleet/v1/agents/{machine}/bodies", "UDDDDDADUUUUD"),
     ("GET", "/fleet/v1/agents/{machine}/bodies/{hash}", "UDDDDDADUUUUD"),
     ("POST", "/fleet/v1/agents/{machine}/states", "UDDDDDADUUUUX"),
+    ("GET", "/fleet/v1/agents/{machine}/secrets/{unit}", "UDDDDDADUUUUD"),
     ("POST", "/fleet/v1/agents/{machine}/journal/{id}", "UDDDDDADUUUUX"),
     ("GET", "/fleet/v1/backup", "UAADDDDDUUUUA"),
     ("GET", "/fleet/v1/secrets", "UAAAAADDUUUUA"),
