@@ -302,6 +302,18 @@ pub struct SecretInfo {
     pub set_at: u64,
 }
 
+/// `POST /fleet/v1/secrets-reseal`: every value sealed again under the key that now seals.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretsResealed {
+    /// Values sealed again now.
+    pub resealed: usize,
+    /// Values already sealed under it.
+    pub already: usize,
+    /// The id of the key that seals (nothing of the key itself).
+    pub sealing_key: String,
+}
+
 /// `GET /fleet/v1/secrets`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SecretList {

@@ -170,6 +170,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/secrets", ListSecrets, Empty, |s, c| secrets::list(s).await),
     route!(PUT "/fleet/v1/secrets/{name}", WriteSecret, Json, |s, c| secrets::put(s, c.identity, c.param(), c.body).await),
     route!(DELETE "/fleet/v1/secrets/{name}", WriteSecret, Empty, |s, c| secrets::delete(s, c.param()).await),
+    route!(POST "/fleet/v1/secrets-reseal", ManageCredentials, Empty, |s, c| secrets::reseal(s).await),
     route!(GET "/metrics", ReadMetrics, Empty, |s, c| metrics::get(s, c.headers).await),
     route!(GET "/", List, Empty, |s, c| Ok(web::redirect_to_page())),
     route!(GET "/ui", List, Empty, |s, c| Ok(web::redirect_to_page())),

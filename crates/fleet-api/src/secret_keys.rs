@@ -1,15 +1,16 @@
 //! Where this fleetd finds the cluster's secrets key: a file named in the configuration, the
 //! one beside the agent CA key, or (a single machine on the embedded store) one of its own in
-//! its state directory, made when the first secret is set. Loaded once, then kept.
+//! its state directory, made when the first secret is set. Loaded when first needed, then
+//! kept until a reload (SIGHUP) lets a rotated key file in.
 
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use fleet_secrets::ClusterKeys;
 
 pub struct SecretKeys {
     source: Source,
-    loaded: OnceLock<Arc<ClusterKeys>>,
+    loaded: Mutex<Option<Arc<ClusterKeys>>>,
 }
 
 enum Source {
@@ -24,23 +25,24 @@ enum Source {
 impl SecretKeys {
     /// The key in `path`, which must exist when a secret is first set or opened.
     pub fn at(path: PathBuf) -> Self {
-        Self { source: Source::File(path), loaded: OnceLock::new() }
+        Self { source: Source::File(path), loaded: Mutex::new(None) }
     }
 
     /// A single machine's own key at `path`, made there when first needed.
     pub fn own_at(path: PathBuf) -> Self {
-        Self { source: Source::OwnFile(path), loaded: OnceLock::new() }
+        Self { source: Source::OwnFile(path), loaded: Mutex::new(None) }
     }
 
     /// No key on this fleetd, for the reason given.
     pub fn missing(why: impl Into<String>) -> Self {
-        Self { source: Source::Missing(why.into()), loaded: OnceLock::new() }
+        Self { source: Source::Missing(why.into()), loaded: Mutex::new(None) }
     }
 
     /// The keys, loaded (or made) on first use; why there are none otherwise (naming files,
     /// never a key).
     pub fn get(&self) -> Result<Arc<ClusterKeys>, String> {
-        if let Some(keys) = self.loaded.get() {
+        let mut loaded = self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(keys) = loaded.as_ref() {
             return Ok(keys.clone());
         }
         let keys = match &self.source {
@@ -49,7 +51,12 @@ impl SecretKeys {
             Source::Missing(why) => return Err(why.clone()),
         }
         .map_err(|error| error.to_string())?;
-        Ok(self.loaded.get_or_init(|| Arc::new(keys)).clone())
+        Ok(loaded.insert(Arc::new(keys)).clone())
+    }
+
+    /// Reads the key file again when next needed (a rotation replaced it).
+    pub fn forget(&self) {
+        *self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
     }
 }
 

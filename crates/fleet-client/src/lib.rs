@@ -324,6 +324,12 @@ impl Client {
         self.get::<SecretList>("secrets").await.map(|list| list.secrets)
     }
 
+    /// Seals every secret's value again under the key that now seals (after a rotation).
+    pub async fn reseal_secrets(&self) -> Result<fleet_api_schema::SecretsResealed> {
+        let (_, bytes) = self.send(Method::POST, "secrets-reseal", None).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
     /// Removes a secret; `false` when there was none.
     pub async fn remove_secret(&self, name: &str) -> Result<bool> {
         self.delete(&format!("secrets/{}", encode_component(name))).await

@@ -259,3 +259,51 @@ fn on_etcd_only_the_member_that_runs_the_unit_has_the_value() {
     }
     assert!(files_holding(&cluster.etcd.data_dir(), VALUE).is_empty(), "etcd holds it sealed only");
 }
+
+/// Rotating the cluster's secrets key: a new key in front, fleetd told (SIGHUP), every value
+/// sealed again, the old key dropped; the units still have their values.
+#[test]
+fn the_secrets_key_rotates_without_losing_a_value() {
+    let credentials = tempfile::tempdir().unwrap();
+    let base = credentials.path().display().to_string();
+    let fleet = Fleetd::start("e2e0secrets00004", &[("unit_manager", "native"), ("credentials_dir", &base)]);
+    for name in ["one", "two"] {
+        assert_eq!(fleetctl_with_input(&fleet, &["secret", "set", name], VALUE).code, 0);
+    }
+    let key = fleet.state_dir().join("secrets.key");
+    let rotate = |extra: &[&str]| {
+        let output = Command::new(binary("fleetd"))
+            .arg("-rotate-secrets-key")
+            .arg(&key)
+            .args(extra)
+            .output()
+            .expect("fleetd -rotate-secrets-key");
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let said = rotate(&[]);
+    let new_key = said.split("now seals with key ").nth(1).and_then(|rest| rest.split(';').next()).unwrap().to_string();
+    fleet.signal(libc::SIGHUP);
+    fleet.wait_until("fleetd reloaded", std::time::Duration::from_secs(20), |f| {
+        f.log().contains("Reloading configuration")
+    });
+    let resealed = fleet.ok(&["secret", "reseal"]);
+    assert_eq!(resealed.stderr, format!("Sealed 2 secrets again under key {new_key} (0 were already)\n"));
+    assert!(fleet.ok(&["secret", "reseal"]).stderr.contains("Sealed 0 secrets again"), "once is enough");
+    assert!(rotate(&["-drop-old-keys"]).contains(&format!("it holds {new_key}\n")));
+    fleet.signal(libc::SIGHUP);
+    fleet.wait_until("fleetd reloaded again", std::time::Duration::from_secs(20), |f| {
+        f.log().matches("Reloading configuration").count() == 2
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let reader = write_unit(
+        dir.path(),
+        "rotated.service",
+        "[Service]\nExecStart=/bin/sh -c 'sha256sum \"$CREDENTIALS_DIRECTORY/two\"; exec sleep 100027'\n[X-Fleet]\nSecret=two\n",
+    );
+    fleet.ok(&["start", &reader]);
+    let expected = sha256_hex(VALUE);
+    fleet.wait_until("the unit has the value under the new key", std::time::Duration::from_secs(20), |f| {
+        f.fleetctl(&["journal", "rotated.service"]).stdout.contains(&expected)
+    });
+}

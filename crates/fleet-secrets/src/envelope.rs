@@ -71,6 +71,15 @@ pub fn seal(keys: &ClusterKeys, name: &str, version: u64, value: &[u8]) -> Resul
     Ok(format!("{PREFIX}:{}:{}", key.id(), STANDARD.encode(body)))
 }
 
+/// The id of the key that sealed `sealed`, if it is in fleet's format.
+pub fn sealed_with(sealed: &str) -> Option<&str> {
+    let mut parts = sealed.splitn(3, ':');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(PREFIX), Some(key_id), Some(_)) => Some(key_id),
+        _ => None,
+    }
+}
+
 /// Opens a value [`seal`] sealed as version `version` of secret `name`.
 pub fn open(keys: &ClusterKeys, name: &str, version: u64, sealed: &str) -> Result<Revealed, SealError> {
     let mut parts = sealed.splitn(3, ':');
@@ -107,6 +116,7 @@ mod tests {
         let keys = keys();
         let sealed = seal(&keys, "db-password", 3, b"hunter2").unwrap();
         assert!(sealed.starts_with("fleet-secret-1:"));
+        assert_eq!(sealed_with(&sealed), Some(keys.sealing().id()));
         assert!(!sealed.contains("hunter2"));
         assert_eq!(open(&keys, "db-password", 3, &sealed).unwrap().expose(), b"hunter2");
         assert_eq!(open(&keys, "other", 3, &sealed).unwrap_err(), SealError::Tampered);

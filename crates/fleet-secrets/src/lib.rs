@@ -7,5 +7,5 @@
 mod envelope;
 mod key_file;
 
-pub use envelope::{Revealed, SealError, open, seal};
+pub use envelope::{Revealed, SealError, open, seal, sealed_with};
 pub use key_file::{ClusterKeys, KEY_FILE_NAME, KeyFileError};

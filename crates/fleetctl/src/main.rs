@@ -594,6 +594,9 @@ pub enum SecretCommand {
     },
     /// Remove a secret (refused while a unit names it)
     Rm { name: String },
+    /// Seal every value again under the key that now seals, after `fleetd -rotate-secrets-key`
+    /// (administrators only)
+    Reseal,
 }
 
 #[derive(Subcommand, Debug)]

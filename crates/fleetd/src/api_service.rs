@@ -41,6 +41,8 @@ pub struct ApiService {
     server: tokio::task::JoinHandle<()>,
     /// The Unix socket files fleetd created itself, removed when it stops.
     owned_sockets: Vec<PathBuf>,
+    /// The cluster's secrets key, shared with the agent; a reload reads its file again.
+    pub secret_keys: Arc<fleet_api::secret_keys::SecretKeys>,
 }
 
 impl ApiService {
@@ -77,6 +79,7 @@ impl ApiService {
             );
         }
         let page_size = PageSize::new(config.token_limit);
+        let secret_keys = Arc::new(crate::secrets_key::of(config));
         // A fleetd that signs machine certificates is a manager: it serves pull agents.
         let serves_agents = agent_ca.is_some();
         let agent_presence = Arc::new(AgentPresence::new(config.agent_ttl));
@@ -98,7 +101,7 @@ impl ApiService {
             feed_slots: Arc::new(fleet_api::feed_slots::FeedSlots::for_connections(config.api_max_connections)),
             page_cursors: Default::default(),
             source_secrets_dir: Some(config.source_credentials_dir.clone()),
-            secret_keys: Arc::new(crate::secrets_key::of(config)),
+            secret_keys: secret_keys.clone(),
             backup: backup.map(|store| fleet_api::Backup {
                 store,
                 scratch: config.state_dir.clone(),
@@ -136,13 +139,25 @@ impl ApiService {
         if !crate::ready_probe::wait_until_api_answers(unix_socket, probe, READY_LIMIT).await {
             anyhow::bail!("the API did not answer within {READY_LIMIT:?} of starting");
         }
-        Ok(Self { page_size, tls, agent_presence, journal_relay, serves_agents, serving, stop, server, owned_sockets })
+        Ok(Self {
+            page_size,
+            tls,
+            agent_presence,
+            journal_relay,
+            serves_agents,
+            serving,
+            stop,
+            server,
+            owned_sockets,
+            secret_keys,
+        })
     }
 
     /// Takes in a reloaded configuration: the page size and the certificates (a failure
     /// keeps the running ones).
     pub fn reload(&self, config: &Config) {
         self.page_size.set(config.token_limit);
+        self.secret_keys.forget();
         match (self.tls.as_deref(), api_security::tls_files(config)) {
             (Some(tls), Ok(Some(files))) => match tls.reload(files) {
                 Ok(()) => tracing::info!("API TLS certificates reloaded"),

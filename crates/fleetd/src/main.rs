@@ -15,6 +15,7 @@ mod pull;
 mod ready_probe;
 mod reconcile_timing;
 mod restore;
+mod rotate_secrets_key;
 mod run;
 mod secrets_key;
 mod service_manager;
@@ -47,6 +48,7 @@ enum Invocation {
     Manual,
     SampleConfig,
     MakeCertificates { dir: PathBuf, hosts: Vec<String> },
+    RotateSecretsKey { file: PathBuf, drop_old: bool },
 }
 
 /// Reads Go-style flags: `-config PATH`, `--config=PATH`, `-version`, `fleetd version`.
@@ -54,6 +56,8 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
     let mut config = None;
     let mut certificates: Option<PathBuf> = None;
     let mut restore: Option<PathBuf> = None;
+    let mut rotate: Option<PathBuf> = None;
+    let mut drop_old = false;
     let mut hosts: Vec<String> = Vec::new();
     let mut index = 0;
     while index < args.len() {
@@ -68,7 +72,8 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
             (true, "help" | "h") => return Ok(Invocation::Help),
             (true, "manual") => return Ok(Invocation::Manual),
             (true, "sample-config") => return Ok(Invocation::SampleConfig),
-            (true, "config" | "make-certificates" | "hosts" | "restore") => {
+            (true, "drop-old-keys") => drop_old = true,
+            (true, "config" | "make-certificates" | "hosts" | "restore" | "rotate-secrets-key") => {
                 let value = match inline {
                     Some(value) => value,
                     None => {
@@ -80,6 +85,7 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
                     "config" => config = Some(PathBuf::from(value)),
                     "make-certificates" => certificates = Some(PathBuf::from(value)),
                     "restore" => restore = Some(PathBuf::from(value)),
+                    "rotate-secrets-key" => rotate = Some(PathBuf::from(value)),
                     _ => hosts.extend(value.split(',').map(|host| host.trim().to_string())),
                 }
             }
@@ -90,6 +96,15 @@ fn parse_args(args: &[String]) -> Result<Invocation, String> {
             }
         }
         index += 1;
+    }
+    if let Some(file) = rotate {
+        if certificates.is_some() || restore.is_some() {
+            return Err("-rotate-secrets-key goes alone".to_string());
+        }
+        return Ok(Invocation::RotateSecretsKey { file, drop_old });
+    }
+    if drop_old {
+        return Err("-drop-old-keys goes with -rotate-secrets-key".to_string());
     }
     match (certificates, restore) {
         (Some(_), Some(_)) => Err("-make-certificates and -restore are two things: one at a time".to_string()),
@@ -129,6 +144,7 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Ok(Invocation::MakeCertificates { dir, hosts }) => return make_certificates::run(&dir, &hosts),
+        Ok(Invocation::RotateSecretsKey { file, drop_old }) => return rotate_secrets_key::run(&file, drop_old),
         Err(message) => {
             eprintln!("{message}\n{USAGE}");
             return ExitCode::FAILURE;

@@ -30,6 +30,14 @@ pub const FLAGS: &[(&str, Option<&str>, &str)] = &[
          (localhost and 127.0.0.1 are always included).",
     ),
     (
+        "-rotate-secrets-key",
+        Some("FILE"),
+        "Put a new key in front of the secrets key file FILE (the others kept, to open what they sealed) and \
+         exit. Then: copy FILE to every member, SIGHUP them, fleetctl secret reseal, and \
+         -rotate-secrets-key FILE -drop-old-keys (copied again) once every value is sealed under the new key.",
+    ),
+    ("-drop-old-keys", None, "With -rotate-secrets-key: keep only the key that seals, drop the others."),
+    (
         "-restore",
         Some("FILE"),
         "Put the snapshot FILE (made by fleetctl backup) in place of the embedded store of the stopped fleetd \

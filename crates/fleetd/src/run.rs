@@ -187,7 +187,7 @@ pub async fn run(
     )
     .await?;
     let serving = api.serving.clone();
-    let secret_keys = Arc::new(crate::secrets_key::of(&config));
+    let secret_keys = api.secret_keys.clone();
     let mut member = ClusterMember {
         config,
         config_path,

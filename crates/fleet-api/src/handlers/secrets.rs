@@ -18,7 +18,7 @@ use crate::api_state::ApiState;
 use crate::auth::Identity;
 use crate::auth::tokens::now_unix;
 use crate::error::{ApiError, json_response};
-use crate::schema::{SecretInfo, SecretList, SecretValue};
+use crate::schema::{SecretInfo, SecretList, SecretValue, SecretsResealed};
 
 /// How many times a set is tried again when another set of the same secret came in between.
 const SET_ATTEMPTS: usize = 5;
@@ -107,6 +107,36 @@ pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> 
     } else {
         Err(ApiError::not_found("secret does not exist"))
     }
+}
+
+/// `POST /fleet/v1/secrets-reseal` (administrators): every value sealed again under the key
+/// that now seals, after a rotation of the cluster's secrets key; versions stay.
+pub async fn reseal(state: &ApiState) -> Result<Response, ApiError> {
+    let keys = state.secret_keys.get().map_err(|why| {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("this fleetd holds no secrets key: {why}"))
+    })?;
+    let sealing = keys.sealing().id().to_string();
+    let (mut resealed, mut already) = (0, 0);
+    for record in state.registry.secrets().await? {
+        if fleet_secrets::sealed_with(&record.sealed) == Some(sealing.as_str()) {
+            already += 1;
+            continue;
+        }
+        let opened = fleet_secrets::open(&keys, &record.name, record.version, &record.sealed).map_err(|error| {
+            ApiError::new(StatusCode::CONFLICT, format!("secret {} cannot be sealed again: {error}", record.name))
+        })?;
+        let sealed = fleet_secrets::seal(&keys, &record.name, record.version, opened.expose())
+            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
+        let again = SecretRecord { sealed, ..record.clone() };
+        // A value set meanwhile was sealed under the new key by its set.
+        if state.registry.put_secret(&again, Some(record.version)).await? {
+            resealed += 1;
+        } else {
+            already += 1;
+        }
+    }
+    tracing::info!(resealed, already, sealing_key = sealing, "secrets sealed again");
+    Ok(json_response(StatusCode::OK, &SecretsResealed { resealed, already, sealing_key: sealing }))
 }
 
 /// Checks the secrets the units in `files` name: `role` may name each (403), and each

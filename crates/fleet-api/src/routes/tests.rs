@@ -90,6 +90,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/fleet/v1/secrets", "UAAAAADDUUUUA"),
     ("PUT", "/fleet/v1/secrets/{name}", "UAADDDDDUUUUX"),
     ("DELETE", "/fleet/v1/secrets/{name}", "UAADDDDDUUUUX"),
+    ("POST", "/fleet/v1/secrets-reseal", "UAADDDDDUUUUX"),
     ("GET", "/metrics", "UAAADADDUUUUA"),
     ("GET", "/", "UAAAAADDUUUUA"),
     ("GET", "/ui", "UAAAAADDUUUUA"),

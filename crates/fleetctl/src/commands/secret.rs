@@ -17,6 +17,7 @@ pub async fn run(context: &Context, command: SecretCommand) -> Outcome {
         SecretCommand::Set { name, from_file } => set(context, &name, from_file.as_deref()).await,
         SecretCommand::List { no_legend } => list(context, no_legend).await,
         SecretCommand::Rm { name } => remove(context, &name).await,
+        SecretCommand::Reseal => reseal(context).await,
     }
 }
 
@@ -114,6 +115,22 @@ async fn remove(context: &Context, name: &str) -> Outcome {
         }
         Err(error) => {
             eprintln!("Error removing secret {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+async fn reseal(context: &Context) -> Outcome {
+    match context.client.reseal_secrets().await {
+        Ok(done) => {
+            eprintln!(
+                "Sealed {} secrets again under key {} ({} were already)",
+                done.resealed, done.sealing_key, done.already
+            );
+            Outcome::Success
+        }
+        Err(error) => {
+            eprintln!("Error sealing the secrets again: {error}");
             Outcome::Failure
         }
     }
