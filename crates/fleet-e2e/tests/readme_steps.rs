@@ -365,3 +365,69 @@ fn the_version_and_a_backup_and_restore_as_the_readme_shows_them() {
     }
     assert_eq!(hash(&fleet), before, "the unit destroyed after the backup is back, with its hash");
 }
+
+#[test]
+fn secrets_as_the_readme_sets_names_and_rotates_them() {
+    let readme = readme();
+    let credentials = tempfile::tempdir().expect("dir");
+    let base = credentials.path().display().to_string();
+    let fleet = Fleetd::start("e2e0readme000041", &[("credentials_dir", &base)]);
+    let fleetctl = format!("{} --endpoint=unix://{}", binary("fleetctl").display(), fleet.socket().display());
+    let run_shell = |lines: &str, env: &[(&str, &str)]| {
+        let script = format!("set -e\nfleetctl() {{ {fleetctl} \"$@\"; }}\n{lines}");
+        let ran = Ran::from(Command::new("sh").arg("-c").arg(&script).envs(env.iter().copied()).output().expect("sh"));
+        assert_eq!(ran.code, 0, "{lines}\n{ran:?}");
+        ran
+    };
+    let set = block(
+        &readme,
+        "sh",
+        "# set a secret from standard input (never from an argument), list what there is (never a value)",
+    );
+    let listed = run_shell(&set, &[("DB_PASSWORD", "s3cret-from-the-readme")]);
+    assert!(listed.stdout.contains("db-password\t1\t22\t"), "{listed:?}");
+
+    let unit = block(
+        &readme,
+        "ini",
+        "[Service]\nExecStart=/bin/sh -c 'exec /usr/bin/myapp --password-file \"$CREDENTIALS_DIRECTORY/db\"'",
+    );
+    let unit = put_in(&unit, &[("/usr/bin/myapp --password-file", "/usr/bin/sha256sum")]);
+    let dir = tempfile::tempdir().expect("dir");
+    let path = fleet_e2e::write_unit(dir.path(), "myapp.service", &unit);
+    fleet.ok(&["start", "--no-block", &path]);
+    let expected: String = ring::digest::digest(&ring::digest::SHA256, b"s3cret-from-the-readme")
+        .as_ref()
+        .iter()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    fleet.wait_until("the unit read its credential", std::time::Duration::from_secs(20), |f| {
+        f.fleetctl(&["journal", "myapp.service"]).stdout.contains(&expected)
+    });
+
+    let rotation = block(
+        &readme,
+        "sh",
+        "# a new key in front; copy the file to every member and reload them; seal every value again; drop the old key",
+    );
+    let key = fleet.state_dir().join("secrets.key").display().to_string();
+    let mut reloads = 0;
+    for line in put_in(&rotation, &[("/etc/fleet/tls/secrets.key", &key)]).lines().filter(|line| !line.starts_with('#'))
+    {
+        if line == "systemctl reload fleet" {
+            fleet.signal(libc::SIGHUP);
+            reloads += 1;
+            fleet.wait_until("fleetd reloaded", std::time::Duration::from_secs(20), |f| {
+                f.log().matches("Reloading configuration").count() == reloads
+            });
+        } else if let Some(args) = line.strip_prefix("fleetd ") {
+            let args: Vec<&str> = args.split_whitespace().collect();
+            let ran = Ran::from(Command::new(binary("fleetd")).args(&args).output().expect("fleetd"));
+            assert_eq!(ran.code, 0, "{line}: {ran:?}");
+        } else {
+            let said = run_shell(line, &[]);
+            assert!(said.stderr.contains("Sealed 1 secrets again"), "{said:?}");
+        }
+    }
+    assert_eq!(fleet_secrets::ClusterKeys::load(std::path::Path::new(&key)).expect("the key").ids().len(), 1);
+}
