@@ -133,15 +133,16 @@ async fn credentials_of(
         .unit_secrets(machine_id, name, &names)
         .await
         .map_err(|why| refused(format!("cannot have its secrets: {why}")))?;
-    let mut values: HashMap<String, Vec<u8>> = values.into_iter().collect();
+    // Each value becomes a credential (wiped when dropped); the copies here are wiped too.
+    let values: HashMap<String, Credential> =
+        values.into_iter().map(|(secret, value)| (secret, Credential::new(String::new(), value))).collect();
     references
         .into_iter()
         .map(|reference| match values.get(&reference.secret) {
-            Some(value) => Ok(Credential::new(reference.credential, value.clone())),
+            Some(value) => Ok(Credential::new(reference.credential, value.value().to_vec())),
             None => Err(refused(format!("secret {} was not delivered", reference.secret))),
         })
-        .collect::<Result<Vec<_>, _>>()
-        .inspect(|_| values.values_mut().for_each(|value| value.fill(0)))
+        .collect()
 }
 
 const RETRY_MIN: Duration = Duration::from_millis(250);

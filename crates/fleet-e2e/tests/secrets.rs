@@ -199,6 +199,38 @@ fn a_pull_agent_has_its_units_secrets_from_its_manager_and_no_one_else_does() {
     assert!(!pull.log().as_bytes().windows(VALUE.len()).any(|window| window == VALUE));
     // The manager runs nothing of it: no credential there.
     assert_eq!(std::fs::read_dir(manager_credentials.path()).map(|dir| dir.count()).unwrap_or(0), 0);
+
+    // The machine's own certificate has its unit's secrets, no other unit's; revoked, nothing.
+    let kept: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join("machine-credentials.json")).unwrap()).unwrap();
+    let certificates = tempfile::tempdir().unwrap();
+    let (cert, key) = (certificates.path().join("cert.pem"), certificates.path().join("key.pem"));
+    std::fs::write(&cert, kept["certificate"].as_str().expect("its certificate")).unwrap();
+    std::fs::write(&key, kept["key"].as_str().expect("its key")).unwrap();
+    let caller = fleet_e2e::https::Caller::new(
+        &format!("https://localhost:{port}"),
+        Some(&pki.api_ca_file),
+        fleet_e2e::https::Credentials { token: None, certificate: Some((&cert, &key)) },
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let ask = |unit: &str| {
+        let path = format!("/fleet/v1/agents/pullsecrets00001/secrets/{unit}");
+        runtime.block_on(caller.call("GET", &path, None)).expect("an answer")
+    };
+    let encoded = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(VALUE)
+    };
+    let own = ask("pulled-secret.service");
+    assert_eq!(own.status, 200, "{}", own.body);
+    assert!(own.body.contains(&encoded));
+    let other = ask("someone-elses.service");
+    assert_eq!(other.status, 403, "{}", other.body);
+    manager.ok(&["machine", "revoke", "pullsecrets00001"]);
+    let revoked = ask("pulled-secret.service");
+    assert!(matches!(revoked.status, 401 | 403), "{}: {}", revoked.status, revoked.body);
+    assert!(!revoked.body.contains(&encoded));
 }
 
 /// Every file below `dir` that holds `needle`.

@@ -379,6 +379,11 @@ impl NativeManager {
         Ok(())
     }
 
+    /// Every unit's runner, taken out of its slot (for a stop of all, or a handover).
+    fn take_running(&self) -> Vec<(String, RunningUnit)> {
+        self.shared.slots().iter_mut().filter_map(|(name, slot)| Some((name.clone(), slot.running.take()?))).collect()
+    }
+
     fn log_sink(&self, unit: &str) -> LogSink {
         LogSink::new(&log_path(&self.shared.log_dir, unit), &self.shared.hostname, self.shared.log_limits)
     }
@@ -588,13 +593,7 @@ impl UnitManager for NativeManager {
     /// Stops every unit at once and waits for them, for `stop_all_timeout` at most; then
     /// kills whatever is left, so a unit that ignores its stop cannot hold fleetd up.
     async fn stop_all(&self) -> Result<()> {
-        let running: Vec<(String, RunningUnit)> = self
-            .shared
-            .slots()
-            .iter_mut()
-            .filter_map(|(name, slot)| Some((name.clone(), slot.running.take()?)))
-            .collect();
-        for (name, running) in running {
+        for (name, running) in self.take_running() {
             self.begin_stop(&name, running);
         }
         let stopping: Vec<watch::Receiver<bool>> = self.shared.stopping().values().cloned().collect();

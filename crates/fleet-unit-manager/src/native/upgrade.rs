@@ -13,7 +13,7 @@ use super::handover::{self, HandedProcess, HandedUnit, Handover, ParkedProcess};
 use super::keeper::KeeperPipe;
 use super::main_process::{AdoptedChild, MainProcess, parent_of};
 use super::process::{copy_handed_output, kill_unit_leftovers};
-use super::{NativeManager, RunningUnit, ServiceConfig, Slot};
+use super::{NativeManager, ServiceConfig, Slot};
 use crate::reexec::Reexec;
 
 /// How long a unit that is starting or stopping has to settle before the upgrade goes on
@@ -128,12 +128,7 @@ impl NativeManager {
             Ok(image) => image,
             Err(error) => return error,
         };
-        let running: Vec<(String, RunningUnit)> = self
-            .shared
-            .slots()
-            .iter_mut()
-            .filter_map(|(name, slot)| Some((name.clone(), slot.running.take()?)))
-            .collect();
+        let running = self.take_running();
         for (_, unit) in &running {
             let _ = unit.park.send(true);
         }
