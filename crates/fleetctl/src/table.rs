@@ -35,22 +35,41 @@ pub fn tab_table(rows: &[Vec<String>]) -> String {
 /// The original's width of a shortened machine ID.
 const LEGEND_WIDTH: usize = 8;
 
-/// How many leading characters tell `id` apart from every other of `ids`: the original's 8, or
-/// more where machine IDs share a longer prefix.
-fn distinct_prefix<'a>(id: &str, ids: impl IntoIterator<Item = &'a str>) -> usize {
-    let shared = |other: &str| id.chars().zip(other.chars()).take_while(|(a, b)| a == b).count();
-    let longest = ids.into_iter().filter(|other| *other != id).map(shared).max().unwrap_or(0);
-    (longest + 1).max(LEGEND_WIDTH)
+/// The machine IDs of a listing, sorted once, so that each row's legend is found in O(log M):
+/// the ID sharing the longest prefix with another sits next to it in order. (Compared with
+/// every ID for every row, a list of 100,000 units on 10,000 machines took 22 s in fleetctl.)
+pub struct MachineIds {
+    sorted: Vec<String>,
 }
 
-/// `3d1219c7...`, longer where another of `ids` shares those characters, or the full ID
-/// with `--full`.
-pub fn machine_id_legend<'a>(id: &str, ids: impl IntoIterator<Item = &'a str>, full: bool) -> String {
-    let width = distinct_prefix(id, ids);
-    if full || id.chars().count() <= width {
-        id.to_string()
-    } else {
-        format!("{}...", id.chars().take(width).collect::<String>())
+impl MachineIds {
+    pub fn of<'a>(ids: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut sorted: Vec<String> = ids.into_iter().map(str::to_string).collect();
+        sorted.sort_unstable();
+        sorted.dedup();
+        Self { sorted }
+    }
+
+    /// How many leading characters tell `id` apart from every other ID: the original's 8, or
+    /// more where another ID shares a longer prefix.
+    fn distinct_prefix(&self, id: &str) -> usize {
+        let shared = |other: &str| id.chars().zip(other.chars()).take_while(|(a, b)| a == b).count();
+        let at = self.sorted.partition_point(|other| other.as_str() < id);
+        let before = at.checked_sub(1).and_then(|index| self.sorted.get(index));
+        let after = self.sorted[at..].iter().find(|other| other.as_str() != id);
+        let longest = before.into_iter().chain(after).map(|other| shared(other)).max().unwrap_or(0);
+        (longest + 1).max(LEGEND_WIDTH)
+    }
+
+    /// `3d1219c7...`, longer where another ID shares those characters, or the full ID with
+    /// `--full`.
+    pub fn legend(&self, id: &str, full: bool) -> String {
+        let width = self.distinct_prefix(id);
+        if full || id.chars().count() <= width {
+            id.to_string()
+        } else {
+            format!("{}...", id.chars().take(width).collect::<String>())
+        }
     }
 }
 
@@ -59,12 +78,26 @@ pub fn machine_ip<'a>(machines: &'a BTreeMap<String, Machine>, id: &str) -> Opti
     machines.get(id).map(|machine| machine.primary_ip.as_str()).filter(|ip| !ip.is_empty())
 }
 
-/// The ID legend followed by `/<ip>` when the machine's address is known.
-pub fn machine_full_legend(id: &str, machines: &BTreeMap<String, Machine>, full: bool) -> String {
-    let legend = machine_id_legend(id, machines.keys().map(String::as_str), full);
-    match machine_ip(machines, id) {
-        Some(ip) => format!("{legend}/{ip}"),
-        None => legend,
+/// The machines of a listing, with their IDs in order: each row's `ID.../IP` legend.
+pub struct MachineLegends {
+    addresses: BTreeMap<String, String>,
+    ids: MachineIds,
+}
+
+impl MachineLegends {
+    pub fn of(machines: &BTreeMap<String, Machine>) -> Self {
+        let addresses =
+            machines.keys().filter_map(|id| Some((id.clone(), machine_ip(machines, id)?.to_string()))).collect();
+        Self { addresses, ids: MachineIds::of(machines.keys().map(String::as_str)) }
+    }
+
+    /// The ID legend followed by `/<ip>` when the machine's address is known.
+    pub fn full_legend(&self, id: &str, full: bool) -> String {
+        let legend = self.ids.legend(id, full);
+        match self.addresses.get(id) {
+            Some(ip) => format!("{legend}/{ip}"),
+            None => legend,
+        }
     }
 }
 
@@ -102,18 +135,36 @@ mod tests {
             "3d1219c7abcdef".to_string(),
             Machine { id: "3d1219c7abcdef".into(), primary_ip: "127.0.0.1".into(), ..Default::default() },
         )]);
-        assert_eq!(machine_full_legend("3d1219c7abcdef", &machines, false), "3d1219c7.../127.0.0.1");
-        assert_eq!(machine_full_legend("3d1219c7abcdef", &machines, true), "3d1219c7abcdef/127.0.0.1");
-        assert_eq!(machine_full_legend("ffffffff0000", &machines, false), "ffffffff...");
+        let legends = MachineLegends::of(&machines);
+        assert_eq!(legends.full_legend("3d1219c7abcdef", false), "3d1219c7.../127.0.0.1");
+        assert_eq!(legends.full_legend("3d1219c7abcdef", true), "3d1219c7abcdef/127.0.0.1");
+        assert_eq!(legends.full_legend("ffffffff0000", false), "ffffffff...");
     }
 
     #[test]
     fn machine_ids_that_share_a_prefix_are_shown_long_enough_to_tell_apart() {
-        let ids = ["00000000aa11", "00000000ab22", "3d1219c7ffff"];
-        assert_eq!(machine_id_legend("00000000aa11", ids, false), "00000000aa...");
-        assert_eq!(machine_id_legend("00000000ab22", ids, false), "00000000ab...");
-        assert_eq!(machine_id_legend("3d1219c7ffff", ids, false), "3d1219c7...", "the original's 8 otherwise");
-        assert_eq!(machine_id_legend("00000000aa11", ["00000000aa11", "00000000aa1"], false), "00000000aa11");
-        assert_eq!(machine_id_legend("ééééééééé", [], false), "éééééééé...", "cut by characters, not bytes");
+        let ids = MachineIds::of(["3d1219c7ffff", "00000000ab22", "00000000aa11"]);
+        assert_eq!(ids.legend("00000000aa11", false), "00000000aa...");
+        assert_eq!(ids.legend("00000000ab22", false), "00000000ab...");
+        assert_eq!(ids.legend("3d1219c7ffff", false), "3d1219c7...", "the original's 8 otherwise");
+        assert_eq!(MachineIds::of(["00000000aa11", "00000000aa1"]).legend("00000000aa11", false), "00000000aa11");
+        assert_eq!(MachineIds::of([]).legend("ééééééééé", false), "éééééééé...", "cut by characters, not bytes");
+        // An ID not among them (a state of a machine gone) is told apart from its neighbours.
+        assert_eq!(ids.legend("00000000ab2f", false), "00000000ab2f");
+    }
+
+    /// The legend of every ID matches comparing it with every other ID, the way it was found
+    /// before the IDs were sorted once.
+    #[test]
+    fn neighbours_in_order_give_the_longest_shared_prefix() {
+        let ids: Vec<String> = (0..300u32)
+            .map(|n| format!("{:08x}{:04x}", n / 7 * 0x1111, n.wrapping_mul(2_654_435_761) % 65536))
+            .collect();
+        let order = MachineIds::of(ids.iter().map(String::as_str));
+        for id in &ids {
+            let shared = |other: &String| id.chars().zip(other.chars()).take_while(|(a, b)| a == b).count();
+            let longest = ids.iter().filter(|other| *other != id).map(shared).max().unwrap_or(0);
+            assert_eq!(order.distinct_prefix(id), (longest + 1).max(LEGEND_WIDTH), "{id}");
+        }
     }
 }

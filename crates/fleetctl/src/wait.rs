@@ -9,7 +9,7 @@ use fleet_api_schema::Unit;
 use crate::BlockFlags;
 use crate::context::Context;
 use crate::progress::{Progress, describe};
-use crate::table::machine_full_legend;
+use crate::table::MachineLegends;
 
 pub const POLL: Duration = Duration::from_millis(250);
 pub const ATTEMPT: Duration = Duration::from_secs(2);
@@ -75,7 +75,7 @@ pub async fn wait_for_state(
 ) -> Result<(), String> {
     let deadline = attempts.deadline();
     let mut pending: Vec<String> = names.to_vec();
-    let mut machines = None;
+    let mut legends: Option<MachineLegends> = None;
     let progress = (attempts != Attempts::NoBlock).then(|| Progress::new(names.len(), target));
     // The reasons already shown above the progress line, by unit.
     let mut noted: BTreeMap<String, String> = BTreeMap::new();
@@ -92,13 +92,12 @@ pub async fn wait_for_state(
                 Some(unit) if unit.current_state.as_deref() == Some(target) => {
                     let on = match &unit.machine_id {
                         Some(id) => {
-                            if machines.is_none() {
-                                machines = Some(context.machines().await);
+                            // Read and sorted once: a wait for 100,000 units names a machine each.
+                            if legends.is_none() {
+                                legends = Some(MachineLegends::of(&context.machines().await));
                             }
-                            format!(
-                                " on {}",
-                                machine_full_legend(id, machines.as_ref().unwrap_or(&BTreeMap::new()), false)
-                            )
+                            let on = legends.as_ref().map(|legends| legends.full_legend(id, false)).unwrap_or_default();
+                            format!(" on {on}")
                         }
                         None => String::new(),
                     };

@@ -10,7 +10,7 @@ use super::list::{health_text, unit_row};
 use crate::Outcome;
 use crate::context::Context;
 use crate::output::{OutputFormat, UnitStatus, print_json};
-use crate::table::machine_full_legend;
+use crate::table::MachineLegends;
 
 pub async fn cat(context: &Context, arguments: &[String]) -> Outcome {
     let [argument] = arguments else {
@@ -108,7 +108,7 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             None => println!("● {name}"),
         }
         for state in &states {
-            println!("   Machine: {}", machine_full_legend(&state.machine_id, &machines, false));
+            println!("   Machine: {}", MachineLegends::of(&machines).full_legend(&state.machine_id, false));
             println!("    Loaded: {}", state.systemd_load_state);
             println!("    Active: {} ({})", state.systemd_active_state, state.systemd_sub_state);
             if let Some(line) = health_line(state) {

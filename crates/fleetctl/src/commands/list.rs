@@ -9,7 +9,7 @@ use super::create::{is_global, unit_file};
 use crate::context::Context;
 use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, print_json};
 use crate::reservations::{capacity_cell, reserved_by_machine, reserved_cell};
-use crate::table::{machine_full_legend, machine_id_legend, machine_ip, tab_table};
+use crate::table::{MachineIds, MachineLegends, machine_ip, tab_table};
 use crate::{ListFlags, Outcome};
 
 /// The columns to print: those of `--fields`, or every one with `-o wide`.
@@ -108,13 +108,14 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
         print_json(&rows);
         return Outcome::Success;
     }
+    let ids = MachineIds::of(machines.iter().map(|machine| machine.id.as_str()));
     let rows = machines
         .iter()
         .map(|machine| {
             fields
                 .iter()
                 .map(|field| match *field {
-                    "machine" => machine_id_legend(&machine.id, machines.iter().map(|m| m.id.as_str()), full),
+                    "machine" => ids.legend(&machine.id, full),
                     "ip" => or_dash(&machine.primary_ip),
                     "units" => units_of(&machine.id).to_string(),
                     "connection" => or_dash(&machine.connection),
@@ -136,8 +137,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
         && !fields.contains(&"leader")
         && let Some(leader) = machines.iter().find(|machine| machine.engine_leader)
     {
-        let ids = machines.iter().map(|machine| machine.id.as_str());
-        eprintln!("Engine leader: {} (-o wide shows more)", machine_id_legend(&leader.id, ids, full));
+        eprintln!("Engine leader: {} (-o wide shows more)", ids.legend(&leader.id, full));
     }
     Outcome::Success
 }
@@ -202,6 +202,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
         print_json(&rows);
         return Outcome::Success;
     }
+    let legends = MachineLegends::of(&machines);
     let rows = units
         .iter()
         .map(|unit| {
@@ -217,7 +218,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     "state" => or_dash(unit.current_state.as_deref().unwrap_or("")),
                     "target" | "tmachine" if global => "global".to_string(),
                     "target" | "tmachine" => match &unit.machine_id {
-                        Some(id) => machine_full_legend(id, &machines, list.full),
+                        Some(id) => legends.full_legend(id, list.full),
                         None => "-".to_string(),
                     },
                     "hash" if list.full => file.hash().to_string(),
@@ -285,6 +286,7 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
         print_json(&rows);
         return Outcome::Success;
     }
+    let legends = MachineLegends::of(&machines);
     let rows = states
         .iter()
         .map(|state| {
@@ -293,7 +295,7 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
                 .map(|field| match *field {
                     "unit" => state.name.clone(),
                     "machine" if state.machine_id.is_empty() => "-".to_string(),
-                    "machine" => machine_full_legend(&state.machine_id, &machines, list.full),
+                    "machine" => legends.full_legend(&state.machine_id, list.full),
                     "hash" => match UnitHash::parse_hex(&state.hash) {
                         Some(hash) if !list.full => hash.short(),
                         _ => or_dash(&state.hash),
