@@ -60,6 +60,35 @@ impl SecretKeys {
     }
 }
 
+/// Why a stored secret could not be opened (never with any of its value).
+#[derive(Debug)]
+pub enum OpenFailure {
+    Store(fleet_registry::RegistryError),
+    Missing,
+    Sealed(fleet_secrets::SealError),
+}
+
+impl std::fmt::Display for OpenFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Store(error) => write!(f, "reading it: {error}"),
+            Self::Missing => f.write_str("it does not exist"),
+            Self::Sealed(error) => error.fmt(f),
+        }
+    }
+}
+
+/// The value of secret `name` as the store holds it, opened with `keys`: what a member's agent
+/// and a manager answering its pull agents both need.
+pub async fn open_stored(
+    registry: &dyn fleet_registry::ApiRegistry,
+    keys: &ClusterKeys,
+    name: &str,
+) -> Result<fleet_secrets::Revealed, OpenFailure> {
+    let record = registry.secret(name).await.map_err(OpenFailure::Store)?.ok_or(OpenFailure::Missing)?;
+    fleet_secrets::open(keys, name, record.version, &record.sealed).map_err(OpenFailure::Sealed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

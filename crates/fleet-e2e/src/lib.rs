@@ -69,6 +69,20 @@ pub fn socket_answers(socket: &Path, path: &str) -> bool {
     raw_request(socket, "GET", path, "").is_ok_and(|answer| answer.split(' ').nth(1) == Some("200"))
 }
 
+/// Puts `contents` in place of `path` as a package does: a new executable file beside it,
+/// renamed over it (a running process keeps its old file; the path names the new one).
+pub fn install_binary(path: &Path, contents: &[u8]) {
+    let staged = path.with_extension("dpkg-new");
+    std::fs::write(&staged, contents).expect("writing the new binary");
+    std::fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
+    std::fs::rename(&staged, path).expect("installing the new binary");
+}
+
+/// The SHA-256 of `value`, in hex, as `sha256sum` prints it.
+pub fn sha256_hex(value: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, value).as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
 /// The unit files shipped in `examples/`.
 pub fn examples_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples")

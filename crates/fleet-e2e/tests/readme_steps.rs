@@ -396,11 +396,7 @@ fn secrets_as_the_readme_sets_names_and_rotates_them() {
     let dir = tempfile::tempdir().expect("dir");
     let path = fleet_e2e::write_unit(dir.path(), "myapp.service", &unit);
     fleet.ok(&["start", "--no-block", &path]);
-    let expected: String = ring::digest::digest(&ring::digest::SHA256, b"s3cret-from-the-readme")
-        .as_ref()
-        .iter()
-        .map(|byte| format!("{byte:02x}"))
-        .collect();
+    let expected = fleet_e2e::sha256_hex(b"s3cret-from-the-readme");
     fleet.wait_until("the unit read its credential", std::time::Duration::from_secs(20), |f| {
         f.fleetctl(&["journal", "myapp.service"]).stdout.contains(&expected)
     });

@@ -98,11 +98,6 @@ fn secrets_are_sealed_at_rest_named_by_units_and_never_shown() {
     assert!(api.contains("\"name\":\"api-key\"") && !api.contains("sealed"), "{api}");
 }
 
-/// The SHA-256 of `value`, in hex, as `sha256sum` prints it.
-fn sha256_hex(value: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, value).as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
 #[test]
 fn a_unit_reads_its_secret_as_a_credential_that_goes_with_it() {
     let credentials = tempfile::tempdir().unwrap();
@@ -118,7 +113,7 @@ fn a_unit_reads_its_secret_as_a_credential_that_goes_with_it() {
          [X-Fleet]\nSecret=db-password:DB\n",
     );
     fleet.ok(&["start", &reader]);
-    let expected = sha256_hex(VALUE);
+    let expected = fleet_e2e::sha256_hex(VALUE);
     fleet.wait_until("the unit printed its credential's hash", std::time::Duration::from_secs(20), |f| {
         f.fleetctl(&["journal", "reader.service"]).stdout.contains(&expected)
     });
@@ -175,7 +170,7 @@ fn a_pull_agent_has_its_units_secrets_from_its_manager_and_no_one_else_does() {
          [X-Fleet]\nMachineID=pullsecrets00001\nSecret=api-key:key\n",
     );
     manager.ok(&["start", "--no-block", &pulled]);
-    let expected = sha256_hex(VALUE);
+    let expected = fleet_e2e::sha256_hex(VALUE);
     manager.wait_until(
         "the pull agent's unit printed its credential's hash",
         std::time::Duration::from_secs(30),
@@ -185,17 +180,7 @@ fn a_pull_agent_has_its_units_secrets_from_its_manager_and_no_one_else_does() {
     assert_eq!(std::fs::read(&delivered).unwrap(), VALUE);
     // Not kept with the desired state the pull agent keeps on disk, nor in its log.
     let state = pull.dir.path().join("state");
-    let mut kept = vec![state.clone()];
-    while let Some(path) = kept.pop() {
-        for entry in std::fs::read_dir(&path).unwrap().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                kept.push(path);
-            } else {
-                assert!(!file_holds(&path, VALUE), "{} holds the value", path.display());
-            }
-        }
-    }
+    assert_eq!(files_holding(&state, VALUE), Vec::<std::path::PathBuf>::new(), "kept nowhere on disk");
     assert!(!pull.log().as_bytes().windows(VALUE.len()).any(|window| window == VALUE));
     // The manager runs nothing of it: no credential there.
     assert_eq!(std::fs::read_dir(manager_credentials.path()).map(|dir| dir.count()).unwrap_or(0), 0);
@@ -279,7 +264,7 @@ fn on_etcd_only_the_member_that_runs_the_unit_has_the_value() {
         ),
     );
     first.ok(&["start", "--no-block", &pinned]);
-    let expected = sha256_hex(VALUE);
+    let expected = fleet_e2e::sha256_hex(VALUE);
     second.wait_until("the unit printed its credential's hash", std::time::Duration::from_secs(30), |f| {
         f.fleetctl(&["journal", "pinned-secret.service"]).stdout.contains(&expected)
     });
@@ -334,7 +319,7 @@ fn the_secrets_key_rotates_without_losing_a_value() {
         "[Service]\nExecStart=/bin/sh -c 'sha256sum \"$CREDENTIALS_DIRECTORY/two\"; exec sleep 100027'\n[X-Fleet]\nSecret=two\n",
     );
     fleet.ok(&["start", &reader]);
-    let expected = sha256_hex(VALUE);
+    let expected = fleet_e2e::sha256_hex(VALUE);
     fleet.wait_until("the unit has the value under the new key", std::time::Duration::from_secs(20), |f| {
         f.fleetctl(&["journal", "rotated.service"]).stdout.contains(&expected)
     });

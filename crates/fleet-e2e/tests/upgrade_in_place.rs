@@ -122,19 +122,11 @@ fn an_upgrade_in_place_keeps_the_native_units_running_and_supervised() {
     }
 }
 
-/// Puts `contents` in place of `path` as a package does: a new file renamed over it.
-fn replace_binary(path: &std::path::Path, contents: &[u8]) {
-    let staged = path.with_extension("dpkg-new");
-    std::fs::write(&staged, contents).unwrap();
-    std::fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    std::fs::rename(&staged, path).unwrap();
-}
-
 #[test]
 fn a_new_binary_that_does_not_run_is_refused_before_anything_stops() {
     let bin = tempfile::tempdir().unwrap();
     let installed = bin.path().join("fleetd");
-    replace_binary(&installed, &std::fs::read(fleet_e2e::binary("fleetd")).unwrap());
+    fleet_e2e::install_binary(&installed, &std::fs::read(fleet_e2e::binary("fleetd")).unwrap());
     let fleet = Fleetd::start_from("e2e0inplace00002", &[], fleet_e2e::Launcher::default(), &installed);
     let dir = tempfile::tempdir().unwrap();
     let kept = write_unit(dir.path(), "kept.service", "[Service]\nExecStart=/bin/sleep 100013\n");
@@ -151,7 +143,7 @@ fn a_new_binary_that_does_not_run_is_refused_before_anything_stops() {
     assert_eq!(sleeper.len(), 1);
 
     // A release that cannot run here (a broken download, another architecture).
-    replace_binary(&installed, b"#!/bin/sh\nexit 1\n");
+    fleet_e2e::install_binary(&installed, b"#!/bin/sh\nexit 1\n");
     fleet.signal(libc::SIGUSR2);
     fleet.wait_until("the upgrade refused", WAIT, |f| f.log().contains("not upgrading"));
     assert!(fleet.log().contains("--version failed"), "{}", fleet.log());
@@ -161,7 +153,7 @@ fn a_new_binary_that_does_not_run_is_refused_before_anything_stops() {
 
     // The real release put in its place: the same process runs it.
     let pid = fleet.pid();
-    replace_binary(&installed, &std::fs::read(fleet_e2e::binary("fleetd")).unwrap());
+    fleet_e2e::install_binary(&installed, &std::fs::read(fleet_e2e::binary("fleetd")).unwrap());
     fleet.signal(libc::SIGUSR2);
     fleet.wait_until("the next image took the unit over", WAIT, |f| {
         f.log().contains("took over the units the previous fleetd handed over")

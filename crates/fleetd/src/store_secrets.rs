@@ -29,14 +29,9 @@ impl UnitSecrets for StoreSecrets {
         let keys = self.keys.get()?;
         let mut values = Vec::with_capacity(names.len());
         for name in names {
-            let record = self
-                .registry
-                .secret(name)
+            let opened = fleet_api::secret_keys::open_stored(self.registry.as_ref(), &keys, name)
                 .await
-                .map_err(|error| format!("reading secret {name}: {error}"))?
-                .ok_or_else(|| format!("secret {name} does not exist"))?;
-            let opened = fleet_secrets::open(&keys, name, record.version, &record.sealed)
-                .map_err(|error| format!("secret {name}: {error}"))?;
+                .map_err(|why| format!("secret {name}: {why}"))?;
             values.push((name.clone(), opened.expose().to_vec()));
         }
         Ok(values)

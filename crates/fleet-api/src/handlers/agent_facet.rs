@@ -239,14 +239,16 @@ pub async fn secrets(state: &ApiState, machine_id: &str, unit: &str) -> Result<R
     let mut secrets = Vec::with_capacity(references.len());
     for reference in references {
         let name = reference.secret;
-        let record = state
-            .registry
-            .secret(&name)
-            .await?
-            .ok_or_else(|| ApiError::not_found(format!("secret {name} does not exist")))?;
-        let opened = fleet_secrets::open(&keys, &name, record.version, &record.sealed).map_err(|error| {
-            tracing::warn!(secret = name, %error, "cannot open a secret");
-            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("secret {name}: {error}"))
+        let opened = crate::secret_keys::open_stored(state.registry.as_ref(), &keys, &name).await.map_err(|why| {
+            use crate::secret_keys::OpenFailure;
+            match why {
+                OpenFailure::Store(error) => ApiError::from(error),
+                OpenFailure::Missing => ApiError::not_found(format!("secret {name} does not exist")),
+                OpenFailure::Sealed(error) => {
+                    tracing::warn!(secret = name, %error, "cannot open a secret");
+                    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("secret {name}: {error}"))
+                }
+            }
         })?;
         let value = base64::engine::general_purpose::STANDARD.encode(opened.expose());
         secrets.push(AgentSecret { name, value });

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use fleet_e2e::{EtcdServer, Fleetd, Launcher, SystemdUser, binary, socket_answers};
+use fleet_e2e::{EtcdServer, Fleetd, Launcher, SystemdUser, binary, install_binary, socket_answers};
 
 const MEMBERS: usize = 3;
 const WAIT: Duration = Duration::from_secs(180);
@@ -39,14 +39,6 @@ struct Member {
 struct Running {
     main_pid: String,
     since: String,
-}
-
-/// Puts `from` in place of `path` as a package does: a new file renamed over it.
-fn install(from: &Path, path: &Path) {
-    let staged = path.with_extension("dpkg-new");
-    std::fs::copy(from, &staged).expect("copying fleetd");
-    std::fs::set_permissions(&staged, std::os::unix::fs::PermissionsExt::from_mode(0o755)).expect("chmod");
-    std::fs::rename(&staged, path).expect("installing fleetd");
 }
 
 /// The `up@N` units each systemd runs, with their main process and start.
@@ -114,6 +106,7 @@ fn main() {
     let units: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(30);
     let burst: usize = args.next().and_then(|n| n.parse().ok()).unwrap_or(30);
     let to = binary("fleetd");
+    let new_binary = std::fs::read(&to).expect("this build's fleetd");
     let version = |program: &Path| {
         let output = std::process::Command::new(program).arg("--version").output().expect("fleetd --version");
         String::from_utf8_lossy(&output.stdout).lines().next().unwrap_or("").to_string()
@@ -134,7 +127,7 @@ fn main() {
             ];
             let bin = tempfile::tempdir().expect("temporary directory");
             let installed = bin.path().join("fleetd");
-            install(&from, &installed);
+            install_binary(&installed, &std::fs::read(&from).expect("the previous fleetd"));
             let launcher = Launcher { prefix: systemd.enter_prefix(), env: systemd.env() };
             let fleet = Fleetd::start_from(&format!("upgrade{index}0bench000000"), &config, launcher, &installed);
             Member { systemd, fleet, installed, _bin: bin }
@@ -177,7 +170,7 @@ fn main() {
         println!("member {index}: upgrading; {}", leader.trim());
         let member = &mut members[index];
         let started = Instant::now();
-        install(&to, &member.installed);
+        install_binary(&member.installed, &new_binary);
         let pid = member.fleet.pid();
         member.fleet.signal(libc::SIGUSR2);
         let short = member.fleet.machine_id[..8].to_string();
