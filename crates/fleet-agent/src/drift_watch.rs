@@ -59,7 +59,8 @@ impl DriftWatch {
             .iter()
             .filter_map(|task| match task {
                 Task::Unload(name) | Task::Load(name) | Task::Stop(name) | Task::Start(name) => Some(name.as_str()),
-                Task::ReloadUnitFiles => None,
+                // Its credentials only: its unit file and its running are as they were.
+                Task::Refresh(_) | Task::ReloadUnitFiles => None,
             })
             .collect();
         let now = self.started.elapsed();
@@ -142,9 +143,9 @@ mod tests {
         manager.load("a.service", &file).await.expect("load");
         manager.start("a.service").await.expect("start");
         manager.stop_outside_fleet("a.service").expect("stop");
-        let wanted = DesiredUnit { hash, state: DesiredState::Launched, drift: DriftPolicy::Correct };
+        let wanted = DesiredUnit { hash, state: DesiredState::Launched, drift: DriftPolicy::Correct, secrets: Default::default() };
         let desired = BTreeMap::from([("a.service".to_string(), wanted.clone())]);
-        let loaded = BTreeMap::from([("a.service".to_string(), LoadedUnit { hash, launched: true })]);
+        let loaded = BTreeMap::from([("a.service".to_string(), LoadedUnit { hash, launched: true, secrets: None })]);
         let mut watch = DriftWatch::default();
         for _ in 0..3 {
             let fixes = watch.corrections(&manager, &desired, &loaded, &held("inactive", hash), &[]).await;

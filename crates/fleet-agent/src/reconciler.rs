@@ -115,35 +115,38 @@ pub struct Agent {
 }
 
 /// The credentials of `name`, which is loaded next from `file`: the values of the secrets
-/// it names, under the names it gives them. Never a value in an error.
+/// it names, under the names it gives them, and the version of each secret given. Never a
+/// value in an error.
 async fn credentials_of(
     secrets: Option<Arc<dyn UnitSecrets>>,
     machine_id: &str,
     name: &str,
     file: &UnitFile,
-) -> Result<Vec<Credential>, UnitManagerError> {
+) -> Result<(Vec<Credential>, BTreeMap<String, u64>), UnitManagerError> {
     let refused = |reason: String| UnitManagerError::Refused { unit: name.to_string(), reason };
     let references = fleet_core::secrets::references(file).map_err(refused)?;
     if references.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), BTreeMap::new()));
     }
     let source = secrets.ok_or_else(|| refused("this machine cannot receive secrets".into()))?;
     let names: Vec<String> = references.iter().map(|reference| reference.secret.clone()).collect();
-    let values = source
+    let delivered = source
         .unit_secrets(machine_id, name, &names)
         .await
         .map_err(|why| refused(format!("cannot have its secrets: {why}")))?;
-    // Each value becomes a credential (wiped when dropped); the copies here are wiped too.
-    let values: HashMap<String, Credential> =
-        values.into_iter().map(|(secret, value)| (secret, Credential::new(String::new(), value))).collect();
-    references
+    let versions = delivered.iter().map(|secret| (secret.name.clone(), secret.version)).collect();
+    let credentials = references
         .into_iter()
-        .map(|reference| match values.get(&reference.secret) {
-            Some(value) => Ok(Credential::new(reference.credential, value.value().to_vec())),
+        .map(|reference| match delivered.iter().find(|secret| secret.name == reference.secret) {
+            Some(secret) => Ok(Credential::new(reference.credential, secret.value.clone())),
             None => Err(refused(format!("secret {} was not delivered", reference.secret))),
         })
-        .collect()
+        .collect::<Result<Vec<Credential>, UnitManagerError>>()?;
+    Ok((credentials, versions))
 }
+
+/// What a unit that names no secret, or whose deliveries are not known, reports of them.
+static NO_SECRETS: BTreeMap<String, u64> = BTreeMap::new();
 
 const RETRY_MIN: Duration = Duration::from_millis(250);
 const RETRY_MAX: Duration = Duration::from_secs(30);
@@ -498,7 +501,9 @@ impl Agent {
             Ok(units) => {
                 for (name, held) in units {
                     let launched = adopted_as_launched(&held.state);
-                    self.loaded.insert(name.clone(), LoadedUnit { hash: held.hash, launched });
+                    // Which versions of its secrets it was given is not known: taken to be
+                    // what it is pinned to once the work is read.
+                    self.loaded.insert(name.clone(), LoadedUnit { hash: held.hash, launched, secrets: None });
                     let unknown = UnitState {
                         name: name.clone(),
                         machine_id: self.config.machine.id.clone(),
@@ -507,6 +512,7 @@ impl Agent {
                         launched,
                         drift: None,
                         health: None,
+                        secrets: Default::default(),
                     };
                     self.reported.insert(name, unknown);
                 }
@@ -551,6 +557,15 @@ impl Agent {
         if self.presence_lapsed {
             // They may run elsewhere now: none starts here until the presence is renewed.
             desired.retain(|name, _| !asking.contains(name) && !self.at_most_once.contains(name));
+        }
+        // A unit taken over from an earlier fleetd runs the versions of its secrets it is
+        // pinned to, as far as anyone can tell: a pin that moves later is acted on.
+        for (name, loaded) in &mut self.loaded {
+            if loaded.secrets.is_none()
+                && let Some(wanted) = desired.get(name).filter(|wanted| wanted.hash == loaded.hash)
+            {
+                loaded.secrets = Some(wanted.secrets.versions.clone());
+            }
         }
         // The fence covers what this pass may start before it starts anything.
         self.arm_fence_for(&desired).await;
@@ -630,24 +645,30 @@ impl Agent {
                 };
                 // Its credentials first, where its processes will find them (none: any it had
                 // go); then the unit.
-                let secrets = self.secrets.clone();
-                let provided = match credentials_of(secrets, &self.config.machine.id, name, &file).await {
-                    Ok(credentials) => self.manager.provide_credentials(name, &file, &credentials).await,
+                let result = match self.provide_credentials(name, &file).await {
+                    Ok(versions) => self.manager.load(name, &file).await.map(|()| versions),
                     Err(error) => Err(error),
                 };
-                let result = match provided {
-                    Ok(()) => self.manager.load(name, &file).await,
-                    Err(error) => Err(error),
-                };
-                if result.is_ok() {
-                    self.loaded.insert(name.clone(), LoadedUnit { hash, launched: false });
+                let result = result.map(|versions| {
+                    self.loaded.insert(name.clone(), LoadedUnit::loaded(hash, versions));
                     if fleet_core::requirements::asks_at_most_once(&file) {
                         self.at_most_once.insert(name.clone());
                     } else {
                         self.at_most_once.remove(name);
                     }
-                }
+                });
                 result
+            }
+            Task::Refresh(name) => {
+                let Some(file) = self.loaded.get(name).and_then(|unit| self.bodies.get(&unit.hash)).cloned() else {
+                    return false;
+                };
+                let result = self.provide_credentials(name, &file).await;
+                result.map(|versions| {
+                    if let Some(unit) = self.loaded.get_mut(name) {
+                        unit.secrets = Some(versions);
+                    }
+                })
             }
             Task::Unload(name) => {
                 let result = self.manager.unload(name).await;
@@ -682,6 +703,7 @@ impl Agent {
         };
         let kind = match &task {
             Task::Load(_) => "load",
+            Task::Refresh(_) => "refresh",
             Task::Unload(_) => "unload",
             Task::ReloadUnitFiles => "reload",
             Task::Stop(_) => "stop",
@@ -700,6 +722,20 @@ impl Agent {
                 false
             }
         }
+    }
+
+    /// Writes the credentials of `name` (loaded from `file`) where its processes read them;
+    /// says which version of each secret they hold.
+    async fn provide_credentials(
+        &mut self,
+        name: &str,
+        file: &UnitFile,
+    ) -> Result<BTreeMap<String, u64>, UnitManagerError> {
+        let (secrets, manager, machine_id) =
+            (self.secrets.clone(), self.manager.clone(), self.config.machine.id.clone());
+        let (credentials, versions) = credentials_of(secrets, &machine_id, name, file).await?;
+        manager.provide_credentials(name, file, &credentials).await?;
+        Ok(versions)
     }
 
     async fn report_states(&mut self, held_now: Option<BTreeMap<String, HeldUnit>>) -> Result<(), RegistryError> {
@@ -732,6 +768,7 @@ impl Agent {
                         launched: loaded.launched,
                         drift: self.drift.report(name),
                         health: health.get(name),
+                        secrets: loaded.secrets.as_ref().unwrap_or(&NO_SECRETS),
                     },
                     // A unit that just started with a check is reported with its first
                     // verdict (or as unknown once that is overdue).
@@ -832,7 +869,15 @@ impl Reconciler for Agent {
 
 /// A unit of the machine's work, as the agent's decision takes it.
 fn assigned(unit: &AssignedUnit) -> Assigned<'_> {
-    Assigned { name: &unit.name, wanted: DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift } }
+    Assigned {
+        name: &unit.name,
+        wanted: DesiredUnit {
+            hash: unit.hash,
+            state: unit.desired,
+            drift: unit.drift,
+            secrets: unit.secrets.clone(),
+        },
+    }
 }
 
 /// Returns when `lapses` moves (marking it seen); never without one.

@@ -175,6 +175,7 @@ async fn a_restarted_agent_takes_out_the_report_of_an_adopted_unit_it_stops() {
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     };
     registry.report_states(MACHINE, &[fleet_registry::StateReport::Set(earlier)]).await.unwrap();
     let manager = Arc::new(FakeUnitManager::running("gone.service", &sleeper()));

@@ -280,6 +280,25 @@ pub struct TokenList {
 pub struct SecretValue {
     /// The value, base64 (standard alphabet, padded).
     pub value: String,
+    /// How a new value reaches the running units that name the secret: restarted in waves by
+    /// a rollout (`secret-<name>`) with these settings, as `PUT /rollouts/{name}` takes them
+    /// (all at once when `maxUnavailable` is absent)…
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_ready_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bake_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_revert: bool,
+    /// …or written where they read it, none restarted (under systemd a unit sees it at its
+    /// next start).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_restart: bool,
 }
 
 impl std::fmt::Debug for SecretValue {
@@ -300,6 +319,17 @@ pub struct SecretInfo {
     pub set_by: String,
     /// When, in seconds since the Unix epoch.
     pub set_at: u64,
+    /// Older versions kept for units still pinned to them (a rotation under way, or undone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<u64>,
+    /// The rollout that takes this value to the running units that name it, when a set
+    /// started one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<String>,
+    /// The units that name it and were given this value by the set (those not running, or
+    /// all of them with `noRestart`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved: Option<usize>,
 }
 
 /// `POST /fleet/v1/secrets-reseal`: every value sealed again under the key that now seals.
@@ -432,6 +462,12 @@ pub struct AgentUnit {
     /// `report` when the machine must not put the unit back if it drifts; empty: correct.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub drift_policy: String,
+    /// The version of each secret it is to run with, where not the newest (a rotation).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, u64>,
+    /// A moved version is written where the unit reads it, the unit left running.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub secrets_in_place: bool,
 }
 
 /// `GET /fleet/v1/agents/{machine}/work`: what the machine should hold.
@@ -463,6 +499,9 @@ pub struct AgentUnitState {
     pub drift: Option<AgentDrift>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<AgentHealth>,
+    /// The version of each secret it was given.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, u64>,
 }
 
 /// What a pull agent's health check says of a unit that runs.
@@ -516,6 +555,8 @@ pub struct AgentUnitSecrets {
 #[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentSecret {
     pub name: String,
+    #[serde(default)]
+    pub version: u64,
     /// The value, base64.
     pub value: String,
 }
@@ -805,6 +846,12 @@ pub struct Rollout {
     /// Why it undid itself: the gate that failed (an undo begun by `autoRevert`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted: Option<String>,
+    /// For a rollout of a secret's new value: the secret, and the version it takes units to
+    /// (back from, on an undo).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_version: Option<u64>,
 }
 
 /// A rollout's canary, as the API shows it.

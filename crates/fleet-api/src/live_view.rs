@@ -270,6 +270,7 @@ mod tests {
             reason: reason.map(str::to_string),
             source: None,
             drift: Default::default(),
+            secrets: Default::default(),
         }
     }
 
@@ -282,6 +283,7 @@ mod tests {
             launched: true,
             drift: None,
             health: None,
+            secrets: Default::default(),
         }
     }
 

@@ -65,6 +65,8 @@ impl SecretKeys {
 pub enum OpenFailure {
     Store(fleet_registry::RegistryError),
     Missing,
+    /// The unit is pinned to a version the store no longer keeps.
+    VersionGone(u64),
     Sealed(fleet_secrets::SealError),
 }
 
@@ -73,20 +75,33 @@ impl std::fmt::Display for OpenFailure {
         match self {
             Self::Store(error) => write!(f, "reading it: {error}"),
             Self::Missing => f.write_str("it does not exist"),
+            Self::VersionGone(version) => write!(f, "its version {version} is no longer kept"),
             Self::Sealed(error) => error.fmt(f),
         }
     }
 }
 
-/// The value of secret `name` as the store holds it, opened with `keys`: what a member's agent
-/// and a manager answering its pull agents both need.
-pub async fn open_stored(
+/// The values of the secrets `names` a unit names, as the store holds them, opened with
+/// `keys` at the versions the unit is pinned to (`pins`; else the newest): what a member's
+/// agent and a manager answering its pull agents both need. An error names the secret.
+pub async fn open_for_unit(
     registry: &dyn fleet_registry::ApiRegistry,
     keys: &ClusterKeys,
-    name: &str,
-) -> Result<fleet_secrets::Revealed, OpenFailure> {
-    let record = registry.secret(name).await.map_err(OpenFailure::Store)?.ok_or(OpenFailure::Missing)?;
-    fleet_secrets::open(keys, name, record.version, &record.sealed).map_err(OpenFailure::Sealed)
+    pins: &fleet_core::secrets::SecretPins,
+    names: &[String],
+) -> Result<Vec<fleet_registry::DeliveredSecret>, (String, OpenFailure)> {
+    let mut delivered = Vec::with_capacity(names.len());
+    for name in names {
+        let failed = |why: OpenFailure| (name.clone(), why);
+        let record = registry.secret(name).await.map_err(|error| failed(OpenFailure::Store(error)))?;
+        let record = record.ok_or_else(|| failed(OpenFailure::Missing))?;
+        let version = pins.versions.get(name).copied().unwrap_or(record.version);
+        let sealed = record.sealed_version(version).ok_or_else(|| failed(OpenFailure::VersionGone(version)))?;
+        let opened =
+            fleet_secrets::open(keys, name, version, sealed).map_err(|error| failed(OpenFailure::Sealed(error)))?;
+        delivered.push(fleet_registry::DeliveredSecret { name: name.clone(), version, value: opened.expose().to_vec() });
+    }
+    Ok(delivered)
 }
 
 #[cfg(test)]

@@ -310,10 +310,12 @@ impl Client {
         self.delete(&format!("tokens/{}", encode_component(name))).await
     }
 
-    /// Sets a secret's value (a new version); what the cluster now shows of it.
-    pub async fn set_secret(&self, name: &str, value: &[u8]) -> Result<SecretInfo> {
+    /// Sets a secret's value (a new version), taken to the units that name it as `how` says
+    /// (a rollout's settings, or `noRestart`; its `value` is replaced by `value`); what the
+    /// cluster now shows of it.
+    pub async fn set_secret(&self, name: &str, value: &[u8], how: SecretValue) -> Result<SecretInfo> {
         use base64::Engine;
-        let request = SecretValue { value: base64::engine::general_purpose::STANDARD.encode(value) };
+        let request = SecretValue { value: base64::engine::general_purpose::STANDARD.encode(value), ..how };
         let body = serde_json::to_string(&request).map_err(|error| ClientError::Decode(error.to_string()))?;
         let (_, bytes) = self.send(Method::PUT, &format!("secrets/{}", encode_component(name)), Some(body)).await?;
         serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use crate::drift::{Drift, DriftPolicy};
 use crate::machine::MachineState;
 use crate::requirements::Requirements;
+use crate::secrets::SecretPins;
 use crate::state::DesiredState;
 use crate::unit_file::UnitHash;
 
@@ -16,6 +17,8 @@ pub struct DesiredUnit {
     pub state: DesiredState,
     /// What to do if the unit drifts on this machine.
     pub drift: DriftPolicy,
+    /// The versions of its secrets it is to run with, where not the newest.
+    pub secrets: SecretPins,
 }
 
 /// A unit the unit manager holds now.
@@ -23,6 +26,16 @@ pub struct DesiredUnit {
 pub struct LoadedUnit {
     pub hash: UnitHash,
     pub launched: bool,
+    /// The version of each secret it was given; `None`: not known (taken over from an
+    /// earlier fleetd).
+    pub secrets: Option<BTreeMap<String, u64>>,
+}
+
+impl LoadedUnit {
+    /// A unit just loaded with the secrets `secrets`, not started yet.
+    pub fn loaded(hash: UnitHash, secrets: BTreeMap<String, u64>) -> Self {
+        Self { hash, launched: false, secrets: Some(secrets) }
+    }
 }
 
 /// One step, in the order the original runs them.
@@ -30,6 +43,8 @@ pub struct LoadedUnit {
 pub enum Task {
     Unload(String),
     Load(String),
+    /// Its credentials written again, the unit left running (`secret set --no-restart`).
+    Refresh(String),
     /// One `daemon-reload` after all loads and unloads.
     ReloadUnitFiles,
     Stop(String),
@@ -40,7 +55,7 @@ impl Task {
     fn rank(&self) -> u8 {
         match self {
             Self::Unload(_) => 1,
-            Self::Load(_) => 2,
+            Self::Load(_) | Self::Refresh(_) => 2,
             Self::ReloadUnitFiles => 3,
             Self::Stop(_) => 4,
             Self::Start(_) => 5,
@@ -55,18 +70,27 @@ pub fn plan(desired: &BTreeMap<String, DesiredUnit>, loaded: &BTreeMap<String, L
         match desired.get(name) {
             None => tasks.push(Task::Unload(name.clone())),
             Some(wanted) if wanted.state == DesiredState::Inactive => tasks.push(Task::Unload(name.clone())),
-            Some(wanted) if wanted.hash != current.hash => {
+            // New content, or a secret's version moved (given by a restart): loaded afresh.
+            Some(wanted)
+                if wanted.hash != current.hash
+                    || (!wanted.secrets.in_place && wanted.secrets.moved_from(current.secrets.as_ref())) =>
+            {
                 tasks.push(Task::Unload(name.clone()));
                 tasks.push(Task::Load(name.clone()));
                 if wanted.state == DesiredState::Launched {
                     tasks.push(Task::Start(name.clone()));
                 }
             }
-            Some(wanted) => match (wanted.state, current.launched) {
-                (DesiredState::Launched, false) => tasks.push(Task::Start(name.clone())),
-                (DesiredState::Loaded, true) => tasks.push(Task::Stop(name.clone())),
-                _ => {}
-            },
+            Some(wanted) => {
+                if wanted.secrets.moved_from(current.secrets.as_ref()) {
+                    tasks.push(Task::Refresh(name.clone()));
+                }
+                match (wanted.state, current.launched) {
+                    (DesiredState::Launched, false) => tasks.push(Task::Start(name.clone())),
+                    (DesiredState::Loaded, true) => tasks.push(Task::Stop(name.clone())),
+                    _ => {}
+                }
+            }
         }
     }
     for (name, wanted) in desired {
@@ -161,11 +185,11 @@ mod tests {
     }
 
     fn want(n: u8, state: DesiredState) -> DesiredUnit {
-        DesiredUnit { hash: hash(n), state, drift: DriftPolicy::Correct }
+        DesiredUnit { hash: hash(n), state, drift: DriftPolicy::Correct, secrets: SecretPins::default() }
     }
 
     fn have(n: u8, launched: bool) -> LoadedUnit {
-        LoadedUnit { hash: hash(n), launched }
+        LoadedUnit { hash: hash(n), launched, secrets: Some(BTreeMap::new()) }
     }
 
     #[test]
@@ -227,6 +251,34 @@ mod tests {
             ]
         );
         assert!(with_corrections(Vec::new(), &[]).is_empty());
+    }
+
+    #[test]
+    fn a_moved_secret_restarts_its_unit_or_is_written_where_it_runs() {
+        let pinned = |version: u64, in_place: bool| DesiredUnit {
+            secrets: SecretPins { versions: BTreeMap::from([("db".to_string(), version)]), in_place },
+            ..want(1, DesiredState::Launched)
+        };
+        let given = |version: Option<u64>| LoadedUnit {
+            secrets: version.map(|version| BTreeMap::from([("db".to_string(), version)])),
+            ..have(1, true)
+        };
+        let name = "a.service".to_string();
+        let tasks = |wanted: DesiredUnit, loaded: LoadedUnit| {
+            plan(&BTreeMap::from([(name.clone(), wanted)]), &BTreeMap::from([(name.clone(), loaded)]))
+        };
+        assert_eq!(
+            tasks(pinned(2, false), given(Some(1))),
+            vec![
+                Task::Unload(name.clone()),
+                Task::Load(name.clone()),
+                Task::ReloadUnitFiles,
+                Task::Start(name.clone())
+            ]
+        );
+        assert_eq!(tasks(pinned(2, true), given(Some(1))), vec![Task::Refresh(name.clone())]);
+        assert!(tasks(pinned(2, false), given(Some(2))).is_empty(), "the pinned version runs");
+        assert!(tasks(pinned(2, false), given(None)).is_empty(), "taken over: taken to run what is pinned");
     }
 
     #[test]

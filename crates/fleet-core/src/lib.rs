@@ -27,6 +27,7 @@ pub mod resources;
 pub mod rollout;
 pub mod schedule;
 pub mod secret;
+pub mod secret_rotation;
 pub mod secrets;
 pub mod service_values;
 pub mod source;

@@ -5,6 +5,10 @@
 //!
 //! The grammar and bounds every entry point checks (the API, fleetctl, a git source).
 
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
 /// The key in `[X-Fleet]`.
 pub const KEY: &str = "Secret";
 
@@ -93,6 +97,51 @@ pub fn value_problem(value: &[u8]) -> Option<String> {
         .then(|| format!("a secret's value may be at most {MAX_VALUE_BYTES} bytes; this one is {}", value.len()))
 }
 
+/// The versions of its secrets a unit is to run with, where they are not simply the newest:
+/// a rotation rolled out in waves holds the units it has not reached yet on the version they
+/// run (and an undo takes them back to it). A secret the unit names and that is not here is
+/// delivered at its newest version.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretPins {
+    /// Secret name → version.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub versions: BTreeMap<String, u64>,
+    /// A machine running the unit writes a moved version's credential where the unit reads it
+    /// without restarting the unit (`secret set --no-restart`); otherwise it restarts the unit
+    /// with it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_place: bool,
+}
+
+impl SecretPins {
+    pub fn is_empty(&self) -> bool {
+        self.versions.is_empty() && !self.in_place
+    }
+
+    /// Whether a unit that was given `delivered` (secret → version) must be given its
+    /// credentials again for these pins; unknown deliveries (`None`: a unit taken over from
+    /// an earlier fleetd) are taken to be what is pinned.
+    pub fn moved_from(&self, delivered: Option<&BTreeMap<String, u64>>) -> bool {
+        delivered.is_some_and(|delivered| {
+            self.versions.iter().any(|(secret, version)| delivered.get(secret) != Some(version))
+        })
+    }
+}
+
+/// What a rollout of a secret's version calls a unit's content: a hash of the secret's name
+/// and version, so that the rollout's state machine (which follows unit hashes from one to
+/// another) steps units from one version of a secret to another as it steps them from one
+/// unit file to another. Never a unit file's hash: that covers `[X-Fleet]` text, not this.
+pub fn version_identity(secret: &str, version: u64) -> crate::UnitHash {
+    use sha1::{Digest, Sha1};
+    let mut digest = Sha1::new();
+    digest.update(b"fleet secret version\0");
+    digest.update(secret.as_bytes());
+    digest.update(b"\0");
+    digest.update(version.to_be_bytes());
+    crate::UnitHash(digest.finalize().into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,6 +185,24 @@ mod tests {
         let too_many = unit(&format!("[X-Fleet]\n{many}"));
         assert!(references(&too_many).unwrap_err().contains("at most 64"));
         assert_eq!(references(&unit("[Service]\nExecStart=/bin/true\n")).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn pins_move_only_where_a_known_delivery_differs() {
+        let pins = SecretPins { versions: BTreeMap::from([("db".to_string(), 3)]), in_place: false };
+        let delivered = |version: u64| BTreeMap::from([("db".to_string(), version), ("api".to_string(), 9)]);
+        assert!(!pins.moved_from(Some(&delivered(3))), "the pinned version was delivered");
+        assert!(pins.moved_from(Some(&delivered(2))));
+        assert!(pins.moved_from(Some(&BTreeMap::new())), "a pinned secret not delivered at all");
+        assert!(!pins.moved_from(None), "a unit taken over is taken to run what is pinned");
+        assert!(!SecretPins::default().moved_from(Some(&delivered(1))), "no pins: the newest, whatever it is");
+    }
+
+    #[test]
+    fn each_version_of_each_secret_is_its_own_content() {
+        assert_eq!(version_identity("db", 2), version_identity("db", 2));
+        assert_ne!(version_identity("db", 2), version_identity("db", 3));
+        assert_ne!(version_identity("db", 2), version_identity("api", 2));
     }
 
     #[test]

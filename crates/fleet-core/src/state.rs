@@ -121,6 +121,10 @@ pub struct UnitState {
     /// What its health check says, for a checked unit that runs (our addition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health: Option<crate::health::HealthReport>,
+    /// The version of each secret the unit was last given (our addition): what a rotation
+    /// rolled out in waves follows.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub secrets: std::collections::BTreeMap<String, u64>,
 }
 
 #[cfg(test)]

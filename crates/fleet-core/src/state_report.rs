@@ -28,6 +28,8 @@ pub struct HeldNow<'a> {
     pub launched: bool,
     pub drift: Option<&'a DriftReport>,
     pub health: Option<&'a HealthReport>,
+    /// The version of each secret it was given.
+    pub secrets: &'a BTreeMap<String, u64>,
 }
 
 /// Whether `reported` already says what a unit held `now` would: most passes change nothing,
@@ -44,12 +46,14 @@ pub fn already_reported(reported: Option<&UnitState>, now: HeldNow<'_>) -> bool 
              launched: reported_launched,
              drift: reported_drift,
              health: reported_health,
+             secrets: reported_secrets,
          }| {
             *reported_hash == now.hash
                 && *reported_launched == now.launched
                 && reported_systemd == now.systemd
                 && reported_drift.as_ref() == now.drift
                 && reported_health.as_ref() == now.health
+                && reported_secrets == now.secrets
         },
     )
 }
@@ -74,6 +78,7 @@ impl HeldUnitNow<'_> {
             launched: self.now.launched,
             drift: self.now.drift.cloned(),
             health: self.now.health.cloned(),
+            secrets: self.now.secrets.clone(),
         }
     }
 }
@@ -133,6 +138,7 @@ mod tests {
             launched: true,
             drift: None,
             health: None,
+            secrets: Default::default(),
         };
         (name.to_string(), state)
     }
@@ -157,6 +163,7 @@ mod tests {
                     launched: state.launched,
                     drift: state.drift.as_ref(),
                     health: state.health.as_ref(),
+                    secrets: &state.secrets,
                 },
                 awaiting_first_verdict: false,
             })
@@ -205,7 +212,9 @@ mod tests {
     fn a_state_is_already_reported_only_when_every_field_matches() {
         let (_, reported) = state("a", "active");
         let active = SystemdState::new("loaded", "active", "x");
-        let now = HeldNow { hash: reported.hash, systemd: &active, launched: true, drift: None, health: None };
+        let none = BTreeMap::new();
+        let now =
+            HeldNow { hash: reported.hash, systemd: &active, launched: true, drift: None, health: None, secrets: &none };
         assert!(already_reported(Some(&reported), now));
         assert!(!already_reported(None, now), "never reported");
         assert!(!already_reported(Some(&reported), HeldNow { hash: UnitHash([1; 20]), ..now }), "new content");

@@ -109,6 +109,7 @@ mod tests {
             launched,
             drift: None,
             health: None,
+            secrets: Default::default(),
         };
         serde_json::to_vec(&state).unwrap()
     }

@@ -194,6 +194,7 @@ fn running_on(name: &str, machine: &str, file: &UnitFile) -> fleet_registry::Sta
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     })
 }
 

@@ -4,6 +4,7 @@
 //! Reads that go through a watch-fed copy are eventually consistent, so the checks wait for
 //! them.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use fleet_core::schedule::{Decision, UnscheduleReason};
@@ -39,6 +40,7 @@ macro_rules! registry_contract {
             the_engine_leader_is_named_while_it_leads,
             a_schedule_change_wakes_only_its_machine,
             desired_state_changes_reach_the_agent,
+            secret_pins_reach_the_agent_and_hold_across_new_content,
             runtime_metadata_overlays_the_machine,
             a_drain_reads_with_its_machine_and_is_stepped_only_while_it_stands,
             states_go_with_their_machine,
@@ -232,6 +234,43 @@ pub async fn desired_state_changes_reach_the_agent(registry: &dyn Registry, agen
     assert_eq!(registry.unit("x.service").await.unwrap().unwrap().reason.as_deref(), Some("no machine"));
 }
 
+/// The versions of its secrets a unit is pinned to reach its machine, are shown with it, hold
+/// when its content changes, and change nothing else of it.
+pub async fn secret_pins_reach_the_agent_and_hold_across_new_content(
+    registry: &dyn Registry,
+    agent_for: AgentFor<'_>,
+) {
+    use fleet_core::secrets::SecretPins;
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
+    registry.put_unit("x.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.unwrap();
+    eventually("the engine sees the unit", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)).await;
+    place(registry, "x.service", "m1").await;
+    let pins = SecretPins { versions: BTreeMap::from([("db".to_string(), 3)]), in_place: true };
+    assert!(registry.set_secret_pins("x.service", &pins).await.unwrap());
+    assert!(!registry.set_secret_pins("nothing.service", &pins).await.unwrap(), "no such unit");
+    let pinned = |work: &crate::MachineWork, wanted: &SecretPins| {
+        work.scheduled.first().is_some_and(|unit| unit.secrets == *wanted && unit.desired == DesiredState::Launched)
+    };
+    eventually("m1 sees the pins", async || agent_for("m1").machine_work("m1").await.is_ok_and(|w| pinned(&w, &pins)))
+        .await;
+    let view = registry.unit("x.service").await.unwrap().unwrap();
+    assert_eq!((view.secrets.clone(), view.desired, view.machine_id.as_deref()), (pins.clone(), DesiredState::Launched, Some("m1")));
+    registry.put_unit("x.service", &unit("/bin/sleep 2000"), DesiredState::Launched).await.unwrap();
+    let new_hash = unit("/bin/sleep 2000").hash();
+    eventually("m1 sees the new content, still pinned", async || {
+        agent_for("m1")
+            .machine_work("m1")
+            .await
+            .is_ok_and(|work| pinned(&work, &pins) && work.scheduled.first().is_some_and(|unit| unit.hash == new_hash))
+    })
+    .await;
+    assert!(registry.set_secret_pins("x.service", &SecretPins::default()).await.unwrap());
+    eventually("m1 sees the pins gone", async || {
+        agent_for("m1").machine_work("m1").await.is_ok_and(|work| pinned(&work, &SecretPins::default()))
+    })
+    .await;
+}
+
 /// Runtime metadata overlays the machine's configured metadata, in every reading of it.
 pub async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry, agent_for: AgentFor<'_>) {
     let mut configured = machine("m1");
@@ -321,6 +360,7 @@ pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: Ag
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     };
     let before = registry.revision().await.unwrap().expect("the store has a revision");
     agent_for("m1").report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
@@ -379,6 +419,7 @@ pub async fn secrets_are_set_over_the_version_read(registry: &dyn Registry, _age
         set_by: "token:ci".into(),
         set_at: 1_700_000_000 + version,
         sealed: format!("fleet-secret-1:0011223344556677:{name}{version}"),
+        kept: (1..version).map(|older| (older, format!("sealed {name}{older}"))).collect(),
     };
     assert!(registry.secrets().await.expect("a fresh store lists none").is_empty());
     assert!(registry.put_secret(&record("db", 1), None).await.expect("put"));
@@ -389,6 +430,8 @@ pub async fn secrets_are_set_over_the_version_read(registry: &dyn Registry, _age
     assert!(!registry.put_secret(&record("db", 2), Some(1)).await.expect("put"), "a second writer of 1 loses");
     assert_eq!(registry.secrets().await.expect("list"), vec![record("api", 1), record("db", 2)]);
     assert_eq!(registry.secret("db").await.expect("read"), Some(record("db", 2)));
+    let db = registry.secret("db").await.expect("read").expect("db");
+    assert_eq!((db.sealed_version(1), db.sealed_version(3)), (Some("sealed db1"), None), "an older version is kept");
     assert_eq!(registry.secret("none").await.expect("read"), None);
     assert!(registry.remove_secret("db").await.expect("remove"));
     assert!(!registry.remove_secret("db").await.expect("remove"), "already gone");
@@ -536,6 +579,7 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     };
     agent_for("m1").report_states("m1", &[StateReport::Set(state("m1"))]).await.expect("report");
     agent_for("m2").report_states("m2", &[StateReport::Set(state("m2"))]).await.expect("report");
@@ -703,6 +747,7 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
         bodies: [(unit("/bin/b").hash().to_string(), unit("/bin/b").serialize())].into(),
         created: 1_700_000_000,
         source_commit: Some(fleet_core::source::halt::RolledFrom { commit: "c0ffee".into(), forced: 1 }),
+        secret: None,
     };
     assert!(registry.rollouts().await.expect("none yet").is_empty());
     registry.put_rollout(&record("web", RolloutState::Running)).await.expect("store");
@@ -772,6 +817,7 @@ pub async fn a_rollout_of_the_most_units_is_kept_whole(registry: &dyn Registry, 
         bodies,
         created: 1_700_000_000,
         source_commit: None,
+        secret: None,
     };
     registry.put_rollout(&record).await.expect("store a rollout of 100,000 units");
     let read = registry.rollouts().await.expect("list");
@@ -817,6 +863,7 @@ pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn R
         bodies: Default::default(),
         created: 1_700_000_000,
         source_commit: None,
+        secret: None,
     };
     registry.put_rollout(&record).await.expect("store");
     seen("a rollout moves the signal").await;
@@ -851,6 +898,7 @@ pub async fn units_and_states_signal_their_changes_while_paged(registry: &dyn Re
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     };
     agent.report_states("m1", &[StateReport::Set(state)]).await.expect("report");
     eventually("a state report moves the signal", async || changes.has_changed().unwrap_or(false)).await;
@@ -930,6 +978,7 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
                     launched: true,
                     drift: None,
                     health: None,
+                    secrets: Default::default(),
                 })
             })
             .collect::<Vec<_>>();

@@ -37,7 +37,7 @@ pub use model::{
     SecretRecord, StateReport, TokenRecord, UnitRecord, UnitView,
 };
 pub use ownership::{OwnedBy, Writer};
-pub use source_record::{DEFAULT_DEADLINE_SECONDS, OutOfSync, RolloutRecord, SourceRecord, SourceStatus};
+pub use source_record::{DEFAULT_DEADLINE_SECONDS, OutOfSync, RolledSecret, RolloutRecord, SourceRecord, SourceStatus};
 pub use unit_change::{UnitChange, UnitChanged};
 
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +152,9 @@ pub trait CredentialRegistry: Send + Sync {
     async fn secret(&self, name: &str) -> Result<Option<SecretRecord>>;
     /// Removes a secret; `false` when there was none.
     async fn remove_secret(&self, name: &str) -> Result<bool>;
+    /// Sets the versions of its secrets the unit `name` is to run with (its record and the
+    /// machines' copies), all else of it left as it is; `false` when there is no such unit.
+    async fn set_secret_pins(&self, name: &str, pins: &fleet_core::secrets::SecretPins) -> Result<bool>;
 }
 
 /// Git sources (their records, and what their last syncs did) and rollouts.
@@ -549,14 +552,34 @@ pub enum Renewal {
 /// channel (which checks the unit is this machine's work).
 #[async_trait]
 pub trait UnitSecrets: Send + Sync {
-    /// The values of the secrets `unit` names (`names`), for `machine_id`, which runs it, by
-    /// secret name; an error says why not (never with a value).
+    /// The values of the secrets `unit` names (`names`), for `machine_id`, which runs it, at
+    /// the versions the unit is pinned to (else the newest); an error says why not (never
+    /// with a value).
     async fn unit_secrets(
         &self,
         machine_id: &str,
         unit: &str,
         names: &[String],
-    ) -> std::result::Result<Vec<(String, Vec<u8>)>, String>;
+    ) -> std::result::Result<Vec<DeliveredSecret>, String>;
+}
+
+/// One secret's value as a machine receives it for a unit.
+pub struct DeliveredSecret {
+    pub name: String,
+    pub version: u64,
+    pub value: Vec<u8>,
+}
+
+impl std::fmt::Debug for DeliveredSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DeliveredSecret({} v{})", self.name, self.version)
+    }
+}
+
+impl Drop for DeliveredSecret {
+    fn drop(&mut self) {
+        self.value.fill(0);
+    }
 }
 
 pub trait Registry: ApiRegistry + EngineRegistry + AgentRegistry {}

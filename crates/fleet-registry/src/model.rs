@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use fleet_core::drift::DriftPolicy;
 use fleet_core::schedule::SnapshotUnit;
+use fleet_core::secrets::SecretPins;
 use fleet_core::state::TargetReport;
 use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use serde::{Deserialize, Serialize};
@@ -21,6 +22,9 @@ pub struct UnitRecord {
     /// What machines do when the unit drifts there (its writer's policy).
     #[serde(default, skip_serializing_if = "DriftPolicy::is_default")]
     pub drift: DriftPolicy,
+    /// The versions of its secrets it runs with, where not the newest (a rotation under way).
+    #[serde(default, skip_serializing_if = "SecretPins::is_empty")]
+    pub secrets: SecretPins,
 }
 
 /// A unit as the API shows it.
@@ -39,6 +43,7 @@ pub struct UnitView {
     /// The source that owns the unit; `None`: made by hand.
     pub source: Option<String>,
     pub drift: DriftPolicy,
+    pub secrets: SecretPins,
 }
 
 impl UnitView {
@@ -70,6 +75,7 @@ impl UnitView {
             reason,
             source: record.source,
             drift: record.drift,
+            secrets: record.secrets,
         }
     }
 }
@@ -97,6 +103,7 @@ pub struct AssignedUnit {
     pub hash: UnitHash,
     pub desired: DesiredState,
     pub drift: DriftPolicy,
+    pub secrets: SecretPins,
 }
 
 /// One machine's work: itself as the cluster sees it, its schedule and the global units.
@@ -144,6 +151,17 @@ pub struct SecretRecord {
     pub set_at: u64,
     /// The value, sealed and bound to this name and version.
     pub sealed: String,
+    /// Older versions some unit is still pinned to (a rotation under way, or undone), by
+    /// version: their values, sealed likewise.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub kept: BTreeMap<u64, String>,
+}
+
+impl SecretRecord {
+    /// The sealed value of `version`, while this record has it.
+    pub fn sealed_version(&self, version: u64) -> Option<&str> {
+        if version == self.version { Some(&self.sealed) } else { self.kept.get(&version).map(String::as_str) }
+    }
 }
 
 /// A registration token as a store keeps it (only its SHA-256): what a pull agent presents
@@ -224,6 +242,7 @@ mod tests {
             global: false,
             source: None,
             drift: Default::default(),
+            secrets: Default::default(),
         };
         let report = |file: &UnitFile| UnitState {
             name: "a.service".into(),
@@ -233,6 +252,7 @@ mod tests {
             launched: true,
             drift: None,
             health: None,
+            secrets: Default::default(),
         };
         let view = |reported: &UnitState| {
             UnitView::from_records("a.service", record.clone(), new.clone(), Some("m1".into()), None, Some(reported))

@@ -161,4 +161,27 @@ pub struct RolloutRecord {
     /// source on it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_commit: Option<fleet_core::source::halt::RolledFrom>,
+    /// For the rollout of a secret's new version (`secret-<name>`): the secret, and the
+    /// versions its units move between (each named in the rollout by
+    /// `fleet_core::secrets::version_identity`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<RolledSecret>,
+}
+
+/// The secret a rollout moves units from version to version of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolledSecret {
+    pub name: String,
+    /// Every version a unit of the rollout is moved from or to.
+    pub versions: Vec<u64>,
+}
+
+impl RolledSecret {
+    /// The version a rollout's content hash names, if it names one of this secret's.
+    pub fn version_of(&self, identity: fleet_core::UnitHash) -> Option<u64> {
+        self.versions
+            .iter()
+            .copied()
+            .find(|&version| fleet_core::secrets::version_identity(&self.name, version) == identity)
+    }
 }

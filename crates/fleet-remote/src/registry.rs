@@ -147,7 +147,8 @@ fn assigned(unit: AgentUnit) -> Result<AssignedUnit> {
     } else {
         DriftPolicy::parse(&unit.drift_policy).map_err(unavailable)?
     };
-    Ok(AssignedUnit { name: unit.name, hash, desired, drift })
+    let secrets = fleet_core::secrets::SecretPins { versions: unit.secrets, in_place: unit.secrets_in_place };
+    Ok(AssignedUnit { name: unit.name, hash, desired, drift, secrets })
 }
 
 impl RemoteRegistry {
@@ -653,7 +654,7 @@ impl fleet_registry::UnitSecrets for RemoteRegistry {
         machine_id: &str,
         unit: &str,
         names: &[String],
-    ) -> std::result::Result<Vec<(String, Vec<u8>)>, String> {
+    ) -> std::result::Result<Vec<fleet_registry::DeliveredSecret>, String> {
         use base64::Engine;
         self.check_machine(machine_id).map_err(|error| error.to_string())?;
         let answer = self
@@ -665,7 +666,7 @@ impl fleet_registry::UnitSecrets for RemoteRegistry {
             let value = base64::engine::general_purpose::STANDARD
                 .decode(secret.value.as_bytes())
                 .map_err(|_| format!("the manager sent secret {} not in base64", secret.name))?;
-            values.push((secret.name, value));
+            values.push(fleet_registry::DeliveredSecret { name: secret.name, version: secret.version, value });
         }
         Ok(values)
     }
@@ -828,6 +829,7 @@ impl AgentRegistry for RemoteRegistry {
                         restarts: report.restarts,
                         given_up: report.given_up,
                     }),
+                    secrets: state.secrets.clone(),
                 }),
                 StateReport::Remove(name) => states.removed.push(name.clone()),
             }

@@ -190,6 +190,7 @@ impl World {
             hash: unit.file.hash(),
             desired: unit.desired,
             drift: DriftPolicy::default(),
+            secrets: Default::default(),
         })
     }
 

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_core::drain::Drain;
+use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, UnitFile, UnitState};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, PageRequest, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitChange,
@@ -41,6 +42,8 @@ pub trait LeaderStore: Send + Sync {
     async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>>;
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool>;
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool>;
+    /// The versions of its secrets a unit is to run with (a secret's rollout moves them).
+    async fn set_secret_pins(&self, name: &str, pins: &SecretPins) -> Result<bool>;
     /// Moves when a source, a source's status or a rollout changes.
     fn source_changes(&self) -> ChangeSignal;
     /// Moves when a unit, a unit state, a machine or a drain may have changed, while
@@ -99,6 +102,9 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     }
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool> {
         ApiRegistry::destroy_unit_as(&**self, name, writer).await
+    }
+    async fn set_secret_pins(&self, name: &str, pins: &SecretPins) -> Result<bool> {
+        fleet_registry::CredentialRegistry::set_secret_pins(&**self, name, pins).await
     }
     fn source_changes(&self) -> ChangeSignal {
         SourceRegistry::source_changes(&**self)

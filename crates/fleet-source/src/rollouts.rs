@@ -16,7 +16,9 @@ use std::time::Duration;
 use fleet_core::health::HealthStatus;
 use fleet_core::rollout::{Health, Observed, Rollout, RolloutState, advance, next_timed_step};
 use fleet_core::{UnitFile, UnitHash, UnitState};
-use fleet_registry::{RegistryError, RolloutRecord, UnitChange, UnitView, Writer};
+use fleet_core::secret_rotation::pinned;
+use fleet_core::secrets::version_identity;
+use fleet_registry::{RegistryError, RolledSecret, RolloutRecord, UnitChange, UnitView, Writer};
 use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
 
@@ -86,7 +88,19 @@ impl Followed {
 /// What the machines report of each unit of `rollout`, lined up with its units (`followed`
 /// holds their positions): when two machines report one (a unit on its way from one to the
 /// other), the report of the content the rollout brings, else of the content it replaces.
-pub fn observed<S: Borrow<UnitState>>(states: &[S], rollout: &Rollout, followed: &Followed) -> Vec<Option<Observed>> {
+///
+/// A secret's rollout (`secret`) names the content a unit runs by the version of the secret
+/// it was given (`fleet_core::secrets::version_identity`), not by its unit file.
+pub fn observed<S: Borrow<UnitState>>(
+    states: &[S],
+    rollout: &Rollout,
+    followed: &Followed,
+    secret: Option<&RolledSecret>,
+) -> Vec<Option<Observed>> {
+    let content = |state: &UnitState| match secret {
+        None => state.hash,
+        Some(secret) => version_identity(&secret.name, state.secrets.get(&secret.name).copied().unwrap_or(0)),
+    };
     let mut seen: Vec<Option<Observed>> = vec![None; rollout.units.len()];
     let rank = |position: usize, hash: UnitHash| {
         let unit = &rollout.units[position];
@@ -99,11 +113,12 @@ pub fn observed<S: Borrow<UnitState>>(states: &[S], rollout: &Rollout, followed:
     for state in states.iter().map(Borrow::borrow) {
         let Some(&position) = followed.positions.get(state.name.as_str()) else { continue };
         let Some(slot) = seen.get_mut(position) else { continue };
-        if slot.as_ref().is_some_and(|kept| rank(position, kept.hash) > rank(position, state.hash)) {
+        let hash = content(state);
+        if slot.as_ref().is_some_and(|kept| rank(position, kept.hash) > rank(position, hash)) {
             continue;
         }
         let failure = state.health.as_ref().map(|report| report.failure.clone()).unwrap_or_default();
-        *slot = Some(Observed { hash: state.hash, health: health(state), failure });
+        *slot = Some(Observed { hash, health: health(state), failure });
     }
     seen
 }
@@ -145,12 +160,15 @@ impl RolloutDriver {
             let read = began.elapsed();
             // The stored record is shared with the store's copy: the step works on its own.
             let mut record = RolloutRecord::clone(&before);
-            let seen = observed(&states, &record.rollout, followed);
+            let seen = observed(&states, &record.rollout, followed, record.secret.as_ref());
             let step = advance(&mut record.rollout, seen.as_slice(), now);
             let stepped = began.elapsed();
             if !step.replace.is_empty() {
                 tracing::info!(rollout = record.name, units = step.replace.len(), "rolling out new content");
-                self.replace_all(&record, &step.replace).await?;
+                match &record.secret {
+                    Some(secret) => self.move_secret(&record, secret, &step.replace).await?,
+                    None => self.replace_all(&record, &step.replace).await?,
+                }
             }
             let written = began.elapsed();
             self.writing += written - stepped;
@@ -234,6 +252,31 @@ impl RolloutDriver {
     }
 }
 
+impl RolloutDriver {
+    /// Moves the units `names` (a wave of a secret's rollout) to the version of `secret` the
+    /// rollout takes each to: their machines restart them with it.
+    async fn move_secret(&self, record: &RolloutRecord, secret: &RolledSecret, names: &[String]) -> Result<(), RegistryError> {
+        let wave: BTreeSet<String> = names.iter().cloned().collect();
+        let units: BTreeMap<String, UnitView> =
+            self.registry.units_named(&wave).await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
+        let targets: HashMap<&str, UnitHash> =
+            record.rollout.units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
+        for name in names {
+            let Some(version) = targets.get(name.as_str()).and_then(|&to| secret.version_of(to)) else {
+                tracing::error!(rollout = record.name, unit = name, "the rollout names no version of its secret for this unit");
+                continue;
+            };
+            let Some(current) = units.get(name) else {
+                tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
+                continue;
+            };
+            let pins = pinned(&current.secrets, &secret.name, version, false);
+            self.registry.set_secret_pins(name, &pins).await?;
+        }
+        Ok(())
+    }
+}
+
 impl LeaderPass for RolloutDriver {
     type Error = RegistryError;
     const NAME: &'static str = "rollout pass";
@@ -277,6 +320,7 @@ mod tests {
             launched: true,
             drift: None,
             health: None,
+            secrets: Default::default(),
         }
     }
 
@@ -304,7 +348,7 @@ mod tests {
             state("b.service", "m2", old, "inactive"),
             state("c.service", "m1", old, "active"),
         ];
-        let seen = observed(&states, &rollout, &Followed::of(&rollout));
+        let seen = observed(&states, &rollout, &Followed::of(&rollout), None);
         assert_eq!(seen.len(), 2, "one report per unit of the rollout, c.service not among them: {seen:?}");
         let [Some(a), Some(b)] = [&seen[0], &seen[1]] else { panic!("both units are reported: {seen:?}") };
         assert_eq!((a.hash, a.health), (new, Health::Active));

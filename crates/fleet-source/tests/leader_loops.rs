@@ -116,6 +116,10 @@ impl LeaderStore for Counting {
         self.writes.fetch_add(1, Ordering::SeqCst);
         LeaderStore::destroy_unit_as(&self.store, name, writer).await
     }
+    async fn set_secret_pins(&self, name: &str, pins: &fleet_core::secrets::SecretPins) -> Result<bool> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        LeaderStore::set_secret_pins(&self.store, name, pins).await
+    }
     fn source_changes(&self) -> ChangeSignal {
         self.store.source_changes()
     }
@@ -267,6 +271,7 @@ async fn report_active_on(store: &EmbeddedRegistry, machine: &str, name: &str, f
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     };
     store.report_states(machine, &[StateReport::Set(state)]).await.expect("report");
 }
@@ -299,7 +304,7 @@ async fn store_rollout(
         reverted: None,
     };
     let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
-    let record = RolloutRecord { name: "web".into(), rollout, bodies, created: 0, source_commit: None };
+    let record = RolloutRecord { name: "web".into(), rollout, bodies, created: 0, source_commit: None, secret: None };
     store.put_rollout(&record).await.expect("rollout");
 }
 

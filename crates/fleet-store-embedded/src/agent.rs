@@ -60,6 +60,7 @@ impl AgentRegistry for EmbeddedRegistry {
                         hash: record.hash,
                         desired: record.desired,
                         drift: record.drift,
+                        secrets: record.secrets,
                     });
                 }
             }
@@ -70,6 +71,7 @@ impl AgentRegistry for EmbeddedRegistry {
                         hash: record.hash,
                         desired: record.desired,
                         drift: record.drift,
+                        secrets: record.secrets,
                     });
                 }
             }

@@ -1,6 +1,7 @@
 //! The API's facet of the embedded store.
 
 use async_trait::async_trait;
+use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitState};
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
@@ -170,7 +171,9 @@ fn put_in(
             release_body(txn, &old.hash)?;
         }
     }
-    let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy() };
+    // A rotation's pins hold across new content: the unit is still on its way.
+    let secrets = previous.as_ref().map(|old| old.secrets.clone()).unwrap_or_default();
+    let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy(), secrets };
     txn.open_table(tables::UNITS)
         .map_err(unavailable)?
         .insert(name, encode(&record).as_slice())
@@ -197,6 +200,20 @@ fn set_desired_in(
         .map_err(unavailable)?
         .insert(name, encode(&record).as_slice())
         .map_err(unavailable)?;
+    touch_unit(txn, name, record.global, touched)?;
+    Ok(true)
+}
+
+/// Sets the secret pins of the unit `name` in `txn`; `false` when there is no such unit.
+pub(super) fn set_pins_in(txn: &WriteTransaction, touched: &mut Touched, name: &str, pins: &SecretPins) -> Result<bool> {
+    let Some(mut record) = unit_record(txn, name)? else {
+        return Ok(false);
+    };
+    if record.secrets == *pins {
+        return Ok(true);
+    }
+    record.secrets = pins.clone();
+    txn.open_table(tables::UNITS).map_err(unavailable)?.insert(name, encode(&record).as_slice()).map_err(unavailable)?;
     touch_unit(txn, name, record.global, touched)?;
     Ok(true)
 }

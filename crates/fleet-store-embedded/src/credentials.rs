@@ -1,6 +1,7 @@
 //! The credentials facet of the embedded store.
 
 use async_trait::async_trait;
+use fleet_core::secrets::SecretPins;
 use redb::{ReadableTable, TableDefinition};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -117,6 +118,11 @@ impl CredentialRegistry for EmbeddedRegistry {
 
     async fn remove_secret(&self, name: &str) -> Result<bool> {
         self.remove_named(tables::SECRETS, name).await
+    }
+
+    async fn set_secret_pins(&self, name: &str, pins: &SecretPins) -> Result<bool> {
+        let (name, pins) = (name.to_string(), pins.clone());
+        self.write(move |txn, touched| super::api::set_pins_in(txn, touched, &name, &pins)).await
     }
 
     async fn create_token(&self, record: &TokenRecord) -> Result<bool> {

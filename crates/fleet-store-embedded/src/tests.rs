@@ -57,6 +57,7 @@ async fn schedule_states_and_current_state() {
         launched: false,
         drift: None,
         health: None,
+        secrets: Default::default(),
     };
     registry.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
     assert_eq!(registry.unit("a.service").await.unwrap().unwrap().current, Some(DesiredState::Loaded));
@@ -98,6 +99,7 @@ async fn a_fleetd_starting_again_drops_the_reports_of_the_one_before_and_a_pull_
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     };
     for id in ["m1", "pulled"] {
         registry.register_machine(&machine(id)).await.unwrap();

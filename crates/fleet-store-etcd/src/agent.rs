@@ -24,8 +24,8 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
         let Some(name) = registry.keys().name_in(&collection, key) else { continue };
         // Parsed once per revision: an agent reads its work on every pass.
         let assignment = entry.decoded::<Assignment>(key)?;
-        let Assignment { hash, desired, drift } = *assignment;
-        units.push(AssignedUnit { name: name.to_string(), hash, desired, drift });
+        let Assignment { hash, desired, drift, secrets } = Assignment::clone(&assignment);
+        units.push(AssignedUnit { name: name.to_string(), hash, desired, drift, secrets });
     }
     Ok(units)
 }

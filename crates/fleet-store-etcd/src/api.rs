@@ -8,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, Txn, TxnOp};
 use fleet_core::drain::Drain;
+use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 
 use super::EtcdRegistry;
@@ -198,7 +199,7 @@ impl EtcdRegistry {
         let keys = self.keys();
         let assignment = Assignment::of(record);
         let encoded = |content: Option<&UnitFile>| match content {
-            Some(file) => encode(&CarryingAssignment { assignment, body: file.options() }),
+            Some(file) => encode(&CarryingAssignment { assignment: &assignment, body: file.options() }),
             None => encode(&assignment),
         };
         if record.global {
@@ -215,6 +216,14 @@ impl EtcdRegistry {
 }
 
 impl EtcdRegistry {
+    /// The secret pins of a unit (`CredentialRegistry::set_secret_pins`), written as any unit
+    /// write is: over what was read, its machine's copy with it.
+    pub(super) async fn set_pins(&self, name: &str, pins: &SecretPins) -> Result<bool> {
+        self.write_unit(name, &Writer::BY_HAND, |current| self.plan_pins(name, pins, current))
+            .await?
+            .map_err(|refused| refused.into_error(name))
+    }
+
     /// Removes a unit whose record cannot be read: every key named after it (its body, which
     /// the engine collects once no unit has it, is left to the engine).
     async fn destroy_unreadable_unit(&self, name: &str) -> Result<bool> {
@@ -270,11 +279,34 @@ impl EtcdRegistry {
             global: put.global,
             source,
             drift: writer.drift_policy(),
+            // A rotation's pins hold across new content: the unit is still on its way.
+            secrets: current.record.as_ref().map(|old| old.secrets.clone()).unwrap_or_default(),
         };
         let mut writes = Writes::default();
         writes.put(keys.unit(name), encode(&record));
         self.agent_copies(name, &record, current, &mut writes, Some(put.file));
         Planned::Write(writes, Ok(()))
+    }
+
+    /// What setting the secret pins of the unit `current` holds writes; `false` when there is
+    /// no unit. Nothing else of it changes, its owner included.
+    pub(super) fn plan_pins(
+        &self,
+        name: &str,
+        pins: &SecretPins,
+        current: &Current,
+    ) -> Planned<std::result::Result<bool, OwnedBy>> {
+        let Some(old) = &current.record else {
+            return Planned::Done(Ok(false));
+        };
+        if old.secrets == *pins {
+            return Planned::Done(Ok(true));
+        }
+        let record = UnitRecord { secrets: pins.clone(), ..old.clone() };
+        let mut writes = Writes::default();
+        writes.put(self.keys().unit(name), encode(&record));
+        self.agent_copies(name, &record, current, &mut writes, None);
+        Planned::Write(writes, Ok(true))
     }
 
     /// What setting the desired state of the unit `current` holds writes; `false` when

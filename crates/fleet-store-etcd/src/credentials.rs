@@ -121,6 +121,10 @@ impl CredentialRegistry for EtcdRegistry {
         self.delete_key(&self.keys().secret(name)).await
     }
 
+    async fn set_secret_pins(&self, name: &str, pins: &fleet_core::secrets::SecretPins) -> Result<bool> {
+        self.set_pins(name, pins).await
+    }
+
     async fn create_token(&self, record: &TokenRecord) -> Result<bool> {
         self.put_new(&self.keys().token(&record.name), encode(record), None).await
     }

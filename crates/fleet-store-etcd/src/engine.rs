@@ -97,7 +97,7 @@ impl EtcdRegistry {
             let record: UnitRecord = decode(&unit_key, &data.entries.get(&unit_key)?.value).ok()?;
             let assignment = Assignment::of(&record);
             let value = match carried.filter(|(hash, _)| *hash == record.hash) {
-                Some((_, file)) => encode(&CarryingAssignment { assignment, body: file.options() }),
+                Some((_, file)) => encode(&CarryingAssignment { assignment: &assignment, body: file.options() }),
                 None => encode(&assignment),
             };
             ops.push(TxnOp::put(placement_key.as_str(), machine.as_str(), None));

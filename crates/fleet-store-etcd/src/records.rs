@@ -4,22 +4,25 @@ use fleet_core::drift::DriftPolicy;
 use fleet_core::{DesiredState, UnitHash, UnitOption};
 use serde::{Deserialize, Serialize};
 
+use fleet_core::secrets::SecretPins;
 use fleet_registry::UnitRecord;
 
 /// What an agent needs to know of a unit it should hold: under `schedule/<machine>/<unit>`
 /// and `global/<unit>`. The unit's name is the last element of the key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Assignment {
     pub hash: UnitHash,
     pub desired: DesiredState,
     #[serde(default, skip_serializing_if = "DriftPolicy::is_default")]
     pub drift: DriftPolicy,
+    #[serde(default, skip_serializing_if = "SecretPins::is_empty")]
+    pub secrets: SecretPins,
 }
 
 impl Assignment {
     /// The agents' copy of `record`.
     pub fn of(record: &UnitRecord) -> Self {
-        Self { hash: record.hash, desired: record.desired, drift: record.drift }
+        Self { hash: record.hash, desired: record.desired, drift: record.drift, secrets: record.secrets.clone() }
     }
 }
 
@@ -31,7 +34,7 @@ impl Assignment {
 #[derive(Serialize)]
 pub struct CarryingAssignment<'a> {
     #[serde(flatten)]
-    pub assignment: Assignment,
+    pub assignment: &'a Assignment,
     pub body: &'a [UnitOption],
 }
 

@@ -100,7 +100,7 @@ pub fn joined(head: &Head, fixed: &Fixed) -> Result<RolloutRecord, String> {
 /// `record` with no units and no bodies: what its head carries beside the steps.
 fn without_units(record: &RolloutRecord) -> RolloutRecord {
     // Destructured in full: a field added to a rollout must be carried here too.
-    let RolloutRecord { name, rollout, bodies: _, created, source_commit } = record;
+    let RolloutRecord { name, rollout, bodies: _, created, source_commit, secret } = record;
     let Rollout { units: _, max_unavailable, min_ready, deadline, state, undo, canary, auto_revert, reverted } =
         rollout;
     RolloutRecord {
@@ -119,6 +119,7 @@ fn without_units(record: &RolloutRecord) -> RolloutRecord {
         bodies: BTreeMap::new(),
         created: *created,
         source_commit: source_commit.clone(),
+        secret: secret.clone(),
     }
 }
 
@@ -163,6 +164,7 @@ mod tests {
             bodies,
             created: 1_700_000_000,
             source_commit: Some(fleet_core::source::halt::RolledFrom { commit: "c0ffee".into(), forced: 2 }),
+            secret: None,
         }
     }
 

@@ -30,6 +30,7 @@ fn running_on_m1(name: &str, hash: UnitHash) -> UnitState {
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     }
 }
 
@@ -875,8 +876,8 @@ async fn a_machines_first_unit_of_each_content_carries_the_body() {
     assert_eq!(found[&other.hash()].hash(), other.hash());
 
     // A carried body that is not the content its assignment names is not taken.
-    let assignment = Assignment { hash: sleeper.hash(), desired: DesiredState::Launched, drift: Default::default() };
-    let forged = fleet_registry::codec::encode(&CarryingAssignment { assignment, body: other.options() });
+    let assignment = Assignment { hash: sleeper.hash(), desired: DesiredState::Launched, drift: Default::default(), secrets: Default::default() };
+    let forged = fleet_registry::codec::encode(&CarryingAssignment { assignment: &assignment, body: other.options() });
     kv.put("/fleet-test/schedule/m1/a.service", forged, None).await.unwrap();
     eventually("the forged body is refused, and bodies/ has no other", || async {
         AgentRegistry::unit_bodies(&registry, "m1", &[sleeper.hash()]).await.unwrap().is_empty()

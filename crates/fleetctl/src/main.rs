@@ -580,11 +580,30 @@ pub struct RolloutGates {
 pub enum SecretCommand {
     /// Set a secret's value (a new version), read from standard input to its end (one
     /// trailing newline dropped) or from --from-file; never from the command line
+    ///
+    /// The running units that name it are restarted with the new value in waves, by a rollout
+    /// (secret-NAME) with the budget and gates of `fleetctl rollout` (25% at once unless
+    /// --max-unavailable says); `rollout undo` takes them back to the old value
     Set {
         name: String,
         /// Read the value from this file, as it is
         #[arg(long)]
         from_file: Option<std::path::PathBuf>,
+        /// Restart nothing: write the new value where the units read it (under systemd a
+        /// unit sees it at its next start)
+        #[arg(long, conflicts_with_all = ["max_unavailable", "min_ready", "deadline", "canary", "auto_revert"])]
+        no_restart: bool,
+        /// At most this many units restarted at once: a number, or a percentage (25%)
+        #[arg(long)]
+        max_unavailable: Option<String>,
+        /// How long a restarted unit must stay active before the next wave (e.g. 10s)
+        #[arg(long)]
+        min_ready: Option<String>,
+        /// How long a restarted unit may take to become active before the rollout pauses
+        #[arg(long)]
+        deadline: Option<String>,
+        #[command(flatten)]
+        gates: RolloutGates,
     },
     /// List the secrets: names, versions, sizes, who set them and when (never a value)
     List {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_api::secret_keys::SecretKeys;
-use fleet_registry::{ApiRegistry, UnitSecrets};
+use fleet_registry::{ApiRegistry, DeliveredSecret, UnitSecrets};
 
 pub struct StoreSecrets {
     registry: Arc<dyn ApiRegistry>,
@@ -23,17 +23,17 @@ impl UnitSecrets for StoreSecrets {
     async fn unit_secrets(
         &self,
         _machine_id: &str,
-        _unit: &str,
+        unit: &str,
         names: &[String],
-    ) -> Result<Vec<(String, Vec<u8>)>, String> {
+    ) -> Result<Vec<DeliveredSecret>, String> {
         let keys = self.keys.get()?;
-        let mut values = Vec::with_capacity(names.len());
-        for name in names {
-            let opened = fleet_api::secret_keys::open_stored(self.registry.as_ref(), &keys, name)
-                .await
-                .map_err(|why| format!("secret {name}: {why}"))?;
-            values.push((name.clone(), opened.expose().to_vec()));
-        }
-        Ok(values)
+        // The versions it is pinned to, as the store holds them now.
+        let pins = match self.registry.unit(unit).await {
+            Ok(view) => view.map(|view| view.secrets).unwrap_or_default(),
+            Err(error) => return Err(format!("reading unit {unit}: {error}")),
+        };
+        fleet_api::secret_keys::open_for_unit(self.registry.as_ref(), &keys, &pins, names)
+            .await
+            .map_err(|(name, why)| format!("secret {name}: {why}"))
     }
 }

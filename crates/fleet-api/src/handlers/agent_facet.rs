@@ -37,7 +37,14 @@ fn forbidden(message: String) -> ApiError {
 
 fn to_schema(unit: AssignedUnit) -> AgentUnit {
     let drift_policy = if unit.drift.is_default() { String::new() } else { unit.drift.to_string() };
-    AgentUnit { name: unit.name, hash: unit.hash.to_string(), desired_state: unit.desired.to_string(), drift_policy }
+    AgentUnit {
+        name: unit.name,
+        hash: unit.hash.to_string(),
+        desired_state: unit.desired.to_string(),
+        drift_policy,
+        secrets: unit.secrets.versions,
+        secrets_in_place: unit.secrets.in_place,
+    }
 }
 
 /// The names and body hashes of what `machine` holds: its schedule and the global units.
@@ -236,23 +243,32 @@ pub async fn secrets(state: &ApiState, machine_id: &str, unit: &str) -> Result<R
         tracing::warn!(machine = machine_id, unit, "cannot open secrets for a pull agent: {why}");
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("this fleetd holds no secrets key: {why}"))
     })?;
-    let mut secrets = Vec::with_capacity(references.len());
-    for reference in references {
-        let name = reference.secret;
-        let opened = crate::secret_keys::open_stored(state.registry.as_ref(), &keys, &name).await.map_err(|why| {
+    let names: Vec<String> = references.into_iter().map(|reference| reference.secret).collect();
+    // At the versions the unit is pinned to in the machine's work.
+    let delivered = crate::secret_keys::open_for_unit(state.registry.as_ref(), &keys, &held.secrets, &names)
+        .await
+        .map_err(|(name, why)| {
             use crate::secret_keys::OpenFailure;
             match why {
                 OpenFailure::Store(error) => ApiError::from(error),
                 OpenFailure::Missing => ApiError::not_found(format!("secret {name} does not exist")),
+                OpenFailure::VersionGone(version) => {
+                    ApiError::not_found(format!("secret {name} no longer keeps version {version}"))
+                }
                 OpenFailure::Sealed(error) => {
                     tracing::warn!(secret = name, %error, "cannot open a secret");
                     ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("secret {name}: {error}"))
                 }
             }
         })?;
-        let value = base64::engine::general_purpose::STANDARD.encode(opened.expose());
-        secrets.push(AgentSecret { name, value });
-    }
+    let secrets = delivered
+        .iter()
+        .map(|secret| AgentSecret {
+            name: secret.name.clone(),
+            version: secret.version,
+            value: base64::engine::general_purpose::STANDARD.encode(&secret.value),
+        })
+        .collect();
     Ok(json_response(StatusCode::OK, &AgentUnitSecrets { secrets }))
 }
 
@@ -345,11 +361,28 @@ pub(super) async fn take_states(
             launched: reported.launched,
             drift,
             health,
+            secrets: checked_deliveries(reported.secrets)?,
         }));
     }
     reports.extend(request.removed.into_iter().map(StateReport::Remove));
     agents.report_states(machine_id, &reports).await?;
     Ok(())
+}
+
+/// The versions of secrets a machine says it gave a unit, as bounded as a unit's references.
+fn checked_deliveries(
+    delivered: std::collections::BTreeMap<String, u64>,
+) -> Result<std::collections::BTreeMap<String, u64>, ApiError> {
+    if delivered.len() > fleet_core::secrets::MAX_REFERENCES {
+        return Err(ApiError::bad_request(format!(
+            "a unit names at most {} secrets",
+            fleet_core::secrets::MAX_REFERENCES
+        )));
+    }
+    match delivered.keys().find_map(|name| fleet_core::secrets::name_problem(name)) {
+        Some(problem) => Err(ApiError::bad_request(problem)),
+        None => Ok(delivered),
+    }
 }
 
 /// The machine answers a journal question its long poll carried.

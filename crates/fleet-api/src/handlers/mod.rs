@@ -11,6 +11,7 @@ pub mod machines;
 pub mod metrics;
 pub mod registration_tokens;
 pub mod rollouts;
+pub mod secret_rotation;
 pub mod secrets;
 pub mod sources;
 pub mod state;

@@ -78,6 +78,8 @@ fn to_schema(record: &RolloutRecord, units: bool) -> RolloutSchema {
         canary,
         auto_revert: record.rollout.auto_revert,
         reverted: record.rollout.reverted.clone(),
+        secret: record.secret.as_ref().map(|secret| secret.name.clone()),
+        secret_version: record.secret.as_ref().and_then(|secret| secret.versions.last().copied()),
     }
 }
 
@@ -181,7 +183,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         auto_revert: gates.auto_revert,
         reverted: None,
     };
-    let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix(), source_commit: None };
+    let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix(), source_commit: None, secret: None };
     state.registry.put_rollout(&record).await?;
     Ok(json_response(StatusCode::CREATED, &to_schema(&record, true)))
 }

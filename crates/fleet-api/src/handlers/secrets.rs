@@ -12,12 +12,14 @@ use base64::engine::general_purpose::STANDARD;
 use fleet_core::UnitFile;
 use fleet_core::access::Role;
 use fleet_core::secrets::{name_problem, references, value_problem};
-use fleet_registry::SecretRecord;
+use fleet_core::secret_rotation::{NamingUnit, plan_rotation};
+use fleet_registry::{SecretRecord, UnitView};
 
 use crate::api_state::ApiState;
 use crate::auth::Identity;
 use crate::auth::tokens::now_unix;
 use crate::error::{ApiError, json_response};
+use crate::handlers::secret_rotation::{self, Waves};
 use crate::schema::{SecretInfo, SecretList, SecretValue, SecretsResealed};
 
 /// How many times a set is tried again when another set of the same secret came in between.
@@ -30,6 +32,9 @@ fn info(record: SecretRecord) -> SecretInfo {
         size: record.size,
         set_by: record.set_by,
         set_at: record.set_at,
+        kept: record.kept.keys().copied().collect(),
+        rollout: None,
+        moved: None,
     }
 }
 
@@ -38,29 +43,52 @@ pub async fn list(state: &ApiState) -> Result<Response, ApiError> {
     Ok(json_response(StatusCode::OK, &SecretList { secrets }))
 }
 
-/// `PUT /fleet/v1/secrets/{name}`: sets the secret's value (a new version), sealed here.
+/// `PUT /fleet/v1/secrets/{name}`: sets the secret's value (a new version), sealed here, and
+/// takes it to the units that name it (`secret_rotation`): the running ones restarted in
+/// waves by a rollout, or, with `noRestart`, given it where they run.
 pub async fn put(state: &ApiState, identity: &Identity, name: &str, body: &[u8]) -> Result<Response, ApiError> {
     if let Some(problem) = name_problem(name) {
         return Err(ApiError::bad_request(problem));
     }
     // Never echoes the body: serde's message could quote the value.
-    let request: SecretValue = serde_json::from_slice(body)
-        .map_err(|_| ApiError::bad_request("invalid secret: expected {\"value\": \"<base64>\"}"))?;
+    let request: SecretValue = serde_json::from_slice(body).map_err(|_| {
+        ApiError::bad_request(
+            "invalid secret: expected {\"value\": \"<base64>\"} and the rollout's settings (maxUnavailable, minReadySeconds, deadlineSeconds, canary, bakeSeconds, autoRevert) or noRestart",
+        )
+    })?;
     let value = STANDARD
         .decode(request.value.as_bytes())
         .map_err(|_| ApiError::bad_request("invalid secret: value is not base64"))?;
     if let Some(problem) = value_problem(&value) {
         return Err(ApiError::bad_request(problem));
     }
+    let waves = Waves::of(&request)?;
     let keys = state.secret_keys.get().map_err(|why| {
         tracing::warn!("cannot set secret {name}: {why}");
         ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("this fleetd holds no secrets key: {why}"))
     })?;
+    let rollout_name = secret_rotation::rollout_name(name);
     for _ in 0..SET_ATTEMPTS {
-        let previous = state.registry.secret(name).await?.map(|stored| stored.version);
+        let stored = state.registry.secret(name).await?;
+        let previous = stored.as_ref().map(|stored| stored.version);
         let version = previous.map_or(1, |version| version + 1);
+        let naming = naming_units(state, name).await?;
+        secret_rotation::check_may_move(&identity.role, name, &naming)?;
+        secret_rotation::check_no_rollout_runs(state, &rollout_name, name).await?;
+        let units: Vec<NamingUnit> = naming.iter().map(secret_rotation::naming_unit).collect();
+        let plan = plan_rotation(name, previous, version, &units, request.no_restart);
+        // Every running unit is held on the version it runs before a newer one exists.
+        secret_rotation::write_pins(state, &plan.hold).await?;
         let sealed = fleet_secrets::seal(&keys, name, version, &value)
             .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
+        let kept = plan
+            .kept
+            .iter()
+            .filter_map(|&older| {
+                let sealed = stored.as_ref()?.sealed_version(older)?;
+                Some((older, sealed.to_string()))
+            })
+            .collect();
         let record = SecretRecord {
             name: name.to_string(),
             version,
@@ -68,11 +96,18 @@ pub async fn put(state: &ApiState, identity: &Identity, name: &str, body: &[u8])
             set_by: identity.name.clone(),
             set_at: now_unix(),
             sealed,
+            kept,
         };
-        if state.registry.put_secret(&record, previous).await? {
-            let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
-            return Ok(json_response(status, &info(record)));
+        if !state.registry.put_secret(&record, previous).await? {
+            continue;
         }
+        secret_rotation::write_pins(state, &plan.moved).await?;
+        let rollout = secret_rotation::start_rollout(state, &rollout_name, name, plan.rolled, plan.versions, &waves, &naming)
+            .await?;
+        tracing::info!(secret = name, version, rolled = ?rollout, moved = plan.moved.len(), "secret set");
+        let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
+        let shown = SecretInfo { rollout, moved: Some(plan.moved.len()), ..info(record) };
+        return Ok(json_response(status, &shown));
     }
     Err(ApiError::new(
         StatusCode::CONFLICT,
@@ -80,16 +115,20 @@ pub async fn put(state: &ApiState, identity: &Identity, name: &str, body: &[u8])
     ))
 }
 
-/// `DELETE /fleet/v1/secrets/{name}`: refused while a unit names it (it could not start again).
-pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> {
-    let naming: Vec<String> = state
+/// The units that name the secret `name`.
+async fn naming_units(state: &ApiState, name: &str) -> Result<Vec<UnitView>, ApiError> {
+    Ok(state
         .registry
         .units()
         .await?
         .into_iter()
         .filter(|unit| references(&unit.file).is_ok_and(|named| named.iter().any(|named| named.secret == name)))
-        .map(|unit| unit.name)
-        .collect();
+        .collect())
+}
+
+/// `DELETE /fleet/v1/secrets/{name}`: refused while a unit names it (it could not start again).
+pub async fn delete(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+    let naming: Vec<String> = naming_units(state, name).await?.into_iter().map(|unit| unit.name).collect();
     if !naming.is_empty() {
         let shown: Vec<&str> = naming.iter().take(10).map(String::as_str).collect();
         let more = if naming.len() > shown.len() {
@@ -118,16 +157,25 @@ pub async fn reseal(state: &ApiState) -> Result<Response, ApiError> {
     let sealing = keys.sealing().id().to_string();
     let (mut resealed, mut already) = (0, 0);
     for record in state.registry.secrets().await? {
-        if fleet_secrets::sealed_with(&record.sealed) == Some(sealing.as_str()) {
+        let sealed_now = |sealed: &String| fleet_secrets::sealed_with(sealed) == Some(sealing.as_str());
+        if sealed_now(&record.sealed) && record.kept.values().all(sealed_now) {
             already += 1;
             continue;
         }
-        let opened = fleet_secrets::open(&keys, &record.name, record.version, &record.sealed).map_err(|error| {
-            ApiError::new(StatusCode::CONFLICT, format!("secret {} cannot be sealed again: {error}", record.name))
-        })?;
-        let sealed = fleet_secrets::seal(&keys, &record.name, record.version, opened.expose())
-            .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))?;
-        let again = SecretRecord { sealed, ..record.clone() };
+        let reseal = |version: u64, sealed: &str| {
+            let opened = fleet_secrets::open(&keys, &record.name, version, sealed).map_err(|error| {
+                ApiError::new(StatusCode::CONFLICT, format!("secret {} cannot be sealed again: {error}", record.name))
+            })?;
+            fleet_secrets::seal(&keys, &record.name, version, opened.expose())
+                .map_err(|error| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, error.to_string()))
+        };
+        let sealed = reseal(record.version, &record.sealed)?;
+        let kept = record
+            .kept
+            .iter()
+            .map(|(&version, sealed)| Ok((version, reseal(version, sealed)?)))
+            .collect::<Result<_, ApiError>>()?;
+        let again = SecretRecord { sealed, kept, ..record.clone() };
         // A value set meanwhile was sealed under the new key by its set.
         if state.registry.put_secret(&again, Some(record.version)).await? {
             resealed += 1;
@@ -192,6 +240,7 @@ mod tests {
                 set_by: "test".into(),
                 set_at: 0,
                 sealed: String::new(),
+                kept: Default::default(),
             };
             assert!(registry.put_secret(&record, None).await.unwrap());
         }

@@ -20,6 +20,7 @@ fn running(machine_id: &str, name: &str) -> StateReport {
         launched: true,
         drift: None,
         health: None,
+        secrets: Default::default(),
     })
 }
 

@@ -7,14 +7,24 @@ use std::path::Path;
 
 use fleet_core::secrets::{MAX_VALUE_BYTES, name_problem, value_problem};
 
+use fleet_api_schema::SecretValue;
+
+use crate::commands::rollout::gate_settings;
 use crate::commands::token::time;
+use fleet_core::duration::parse_go_duration;
 use crate::context::Context;
 use crate::table::tab_table;
 use crate::{Outcome, SecretCommand};
 
 pub async fn run(context: &Context, command: SecretCommand) -> Outcome {
     match command {
-        SecretCommand::Set { name, from_file } => set(context, &name, from_file.as_deref()).await,
+        SecretCommand::Set { name, from_file, no_restart, max_unavailable, min_ready, deadline, gates } => {
+            let how = match rotation(no_restart, max_unavailable, min_ready, deadline, &gates) {
+                Ok(how) => how,
+                Err(outcome) => return outcome,
+            };
+            set(context, &name, from_file.as_deref(), how).await
+        }
         SecretCommand::List { no_legend } => list(context, no_legend).await,
         SecretCommand::Rm { name } => remove(context, &name).await,
         SecretCommand::Reseal => reseal(context).await,
@@ -51,7 +61,40 @@ fn read_value(from_file: Option<&Path>) -> Result<Vec<u8>, String> {
     }
 }
 
-async fn set(context: &Context, name: &str, from_file: Option<&Path>) -> Outcome {
+/// How the new value reaches the units, as the request carries it.
+fn rotation(
+    no_restart: bool,
+    max_unavailable: Option<String>,
+    min_ready: Option<String>,
+    deadline: Option<String>,
+    gates: &crate::RolloutGates,
+) -> Result<SecretValue, Outcome> {
+    let seconds = |flag: &str, value: Option<String>| {
+        value
+            .map(|value| {
+                parse_go_duration(&value).map(|duration| duration.as_secs()).map_err(|error| {
+                    eprintln!("Invalid --{flag} {value:?}: {error}");
+                    Outcome::Usage
+                })
+            })
+            .transpose()
+    };
+    let min_ready_seconds = seconds("min-ready", min_ready)?;
+    let deadline_seconds = seconds("deadline", deadline)?;
+    let (canary, bake_seconds, auto_revert) = gate_settings(gates).map_err(|()| Outcome::Usage)?;
+    Ok(SecretValue {
+        value: String::new(),
+        max_unavailable,
+        min_ready_seconds,
+        deadline_seconds,
+        canary,
+        bake_seconds,
+        auto_revert,
+        no_restart,
+    })
+}
+
+async fn set(context: &Context, name: &str, from_file: Option<&Path>, how: SecretValue) -> Outcome {
     if let Some(problem) = name_problem(name) {
         eprintln!("Error setting secret: {problem}");
         return Outcome::Usage;
@@ -66,9 +109,20 @@ async fn set(context: &Context, name: &str, from_file: Option<&Path>) -> Outcome
             return Outcome::Failure;
         }
     };
-    match context.client.set_secret(name, &value).await {
+    let no_restart = how.no_restart;
+    match context.client.set_secret(name, &value, how).await {
         Ok(info) => {
             eprintln!("Set secret {} (version {}, {} bytes)", info.name, info.version, info.size);
+            if let Some(rollout) = &info.rollout {
+                eprintln!("Rolling it out to the units that run with it: fleetctl rollout status {rollout}");
+            }
+            match info.moved {
+                Some(moved) if moved > 0 && no_restart => {
+                    eprintln!("Written where {moved} unit(s) read it; none restarted")
+                }
+                Some(moved) if moved > 0 => eprintln!("{moved} unit(s) not running will start with it"),
+                _ => {}
+            }
             Outcome::Success
         }
         Err(error) => {
