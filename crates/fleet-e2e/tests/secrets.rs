@@ -324,3 +324,140 @@ fn the_secrets_key_rotates_without_losing_a_value() {
         f.fleetctl(&["journal", "rotated.service"]).stdout.contains(&expected)
     });
 }
+
+/// A unit of `rot@.service` (instance `%i`) that appends `PID start-ms` to `<out>/%i.starts`
+/// when it starts, fails at once when its credential says `bad`, and keeps `PID value` of
+/// what its credential holds in `<out>/%i.seen`.
+fn rotating_units(out: &std::path::Path) -> String {
+    let script = out.join("reader.sh");
+    std::fs::write(
+        &script,
+        "out=\"$1\"; i=\"$2\"\n\
+         echo \"$$ $(date +%s%3N)\" >> \"$out/$i.starts\"\n\
+         while :; do\n\
+           v=$(cat \"$CREDENTIALS_DIRECTORY/DB\")\n\
+           [ \"$v\" = bad ] && exit 1\n\
+           printf '%s %s\\n' \"$$\" \"$v\" > \"$out/$i.seen.new\" && mv \"$out/$i.seen.new\" \"$out/$i.seen\"\n\
+           sleep 0.2\n\
+         done\n",
+    )
+    .expect("the script");
+    write_unit(
+        out,
+        "rot@.service",
+        &format!(
+            "[Service]\nExecStart=/bin/sh {} {} %i\n[X-Fleet]\nSecret=db:DB\n",
+            script.display(),
+            out.display()
+        ),
+    )
+}
+
+/// What instance `i` last saw: its PID and the credential's value.
+fn seen(out: &std::path::Path, i: u32) -> Option<(String, String)> {
+    let text = std::fs::read_to_string(out.join(format!("{i}.seen"))).ok()?;
+    let (pid, value) = text.trim_end().split_once(' ')?;
+    Some((pid.to_string(), value.to_string()))
+}
+
+/// When instance `i` started, in milliseconds since the epoch, each time it did.
+fn starts(out: &std::path::Path, i: u32) -> Vec<u64> {
+    let text = std::fs::read_to_string(out.join(format!("{i}.starts"))).unwrap_or_default();
+    text.lines().filter_map(|line| line.split_once(' ')?.1.parse().ok()).collect()
+}
+
+/// Waits until every instance sees `value`; their PIDs then.
+fn all_see(fleet: &Fleetd, out: &std::path::Path, value: &str) -> Vec<String> {
+    fleet.wait_until(&format!("every unit sees {value}"), std::time::Duration::from_secs(90), |_| {
+        (1..=3).all(|i| seen(out, i).is_some_and(|(_, seen)| seen == value))
+    });
+    (1..=3).map(|i| seen(out, i).map(|(pid, _)| pid).unwrap_or_default()).collect()
+}
+
+#[test]
+fn a_new_value_restarts_its_units_in_waves_or_reaches_them_without_a_restart() {
+    let fleet = Fleetd::start("e2e0secrets00006", &[("unit_manager", "native")]);
+    let out = tempfile::tempdir().unwrap();
+    let template = rotating_units(out.path());
+    assert_eq!(fleetctl_with_input(&fleet, &["secret", "set", "db"], b"one").code, 0);
+    fleet.ok(&["submit", &template]);
+    fleet.ok(&["start", "rot@1.service", "rot@2.service", "rot@3.service"]);
+    let before = all_see(&fleet, out.path(), "one");
+
+    // One unit at a time, each staying up 2 s before the next goes.
+    let set = fleetctl_with_input(
+        &fleet,
+        &["secret", "set", "db", "--max-unavailable", "1", "--min-ready", "2s", "--deadline", "60s"],
+        b"two",
+    );
+    assert_eq!(set.code, 0, "{set:?}");
+    assert!(set.stderr.contains("fleetctl rollout status secret-db"), "{set:?}");
+    let waited = fleet.fleetctl(&["rollout", "status", "secret-db", "--wait"]);
+    assert_eq!(waited.code, 0, "the rollout is done: {waited:?}");
+    let after = all_see(&fleet, out.path(), "two");
+    for i in 0..3 {
+        assert_ne!(before[i], after[i], "rot@{} was restarted with the new value", i + 1);
+    }
+    let mut restarted: Vec<u64> = (1..=3)
+        .map(|i| {
+            let starts = starts(out.path(), i);
+            assert_eq!(starts.len(), 2, "rot@{i} started twice: {starts:?}");
+            starts[1]
+        })
+        .collect();
+    restarted.sort_unstable();
+    for pair in restarted.windows(2) {
+        assert!(pair[1] - pair[0] >= 2_000, "one wave at a time, min-ready apart: {restarted:?}");
+    }
+    let rollout = fleet.api("GET", "/fleet/v1/rollouts/secret-db", "");
+    assert!(rollout.contains("\"secret\":\"db\"") && rollout.contains("\"secretVersion\":2"), "{rollout}");
+
+    // Without a restart: the same processes read the new value where they read the old.
+    let set = fleetctl_with_input(&fleet, &["secret", "set", "db", "--no-restart"], b"three");
+    assert_eq!(set.code, 0, "{set:?}");
+    assert!(set.stderr.contains("Written where 3 unit(s) read it; none restarted"), "{set:?}");
+    let kept = all_see(&fleet, out.path(), "three");
+    assert_eq!(kept, after, "no unit was restarted");
+    assert!((1..=3).all(|i| starts(out.path(), i).len() == 2));
+    let refused = fleetctl_with_input(&fleet, &["secret", "set", "db", "--no-restart", "--max-unavailable", "1"], b"x");
+    assert_eq!(refused.code, 2, "--no-restart takes no rollout settings: {refused:?}");
+}
+
+#[test]
+fn a_value_that_breaks_its_units_is_taken_back_by_itself() {
+    let fleet = Fleetd::start("e2e0secrets00007", &[("unit_manager", "native")]);
+    let out = tempfile::tempdir().unwrap();
+    let template = rotating_units(out.path());
+    assert_eq!(fleetctl_with_input(&fleet, &["secret", "set", "db"], b"good").code, 0);
+    fleet.ok(&["submit", &template]);
+    fleet.ok(&["start", "rot@1.service", "rot@2.service", "rot@3.service"]);
+    let before = all_see(&fleet, out.path(), "good");
+
+    let set = fleetctl_with_input(
+        &fleet,
+        &["secret", "set", "db", "--max-unavailable", "1", "--min-ready", "1s", "--auto-revert"],
+        b"bad",
+    );
+    assert_eq!(set.code, 0, "{set:?}");
+    fleet.wait_until("the rollout reverted itself", std::time::Duration::from_secs(90), |f| {
+        f.api("GET", "/fleet/v1/rollouts/secret-db?units=false", "").contains("\"state\":\"reverted\"")
+    });
+    let after = all_see(&fleet, out.path(), "good");
+    let restarted: Vec<u32> = (1..=3).filter(|&i| starts(out.path(), i).len() > 1).collect();
+    assert_eq!(restarted.len(), 1, "only the first wave met the bad value: {restarted:?}");
+    for i in 1..=3usize {
+        if !restarted.contains(&(i as u32)) {
+            assert_eq!(before[i - 1], after[i - 1], "rot@{i} was never restarted");
+        }
+    }
+    let listed = fleet.api("GET", "/fleet/v1/secrets", "");
+    assert!(listed.contains("\"version\":2") && listed.contains("\"kept\":[1]"), "the old value is kept: {listed}");
+
+    // A good value after that rolls out from where the units are.
+    let set = fleetctl_with_input(&fleet, &["secret", "set", "db", "--max-unavailable", "100%"], b"better");
+    assert_eq!(set.code, 0, "{set:?}");
+    assert_eq!(fleet.fleetctl(&["rollout", "status", "secret-db", "--wait"]).code, 0);
+    all_see(&fleet, out.path(), "better");
+    let listed = fleet.api("GET", "/fleet/v1/secrets", "");
+    assert!(listed.contains("\"version\":3") && listed.contains("\"kept\":[1]"), "{listed}");
+}

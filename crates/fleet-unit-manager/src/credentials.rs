@@ -65,8 +65,8 @@ impl CredentialDirs {
         owner: Option<(u32, u32)>,
     ) -> io::Result<Option<PathBuf>> {
         let dir = self.of(unit).ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a unit name"))?;
-        self.remove(unit);
         if credentials.is_empty() {
+            self.remove(unit);
             return Ok(None);
         }
         // The base may be crossed by every unit's user, listed by none.
@@ -92,7 +92,16 @@ impl CredentialDirs {
                 std::os::unix::fs::chown(&staged, Some(uid), Some(gid))?;
             }
             std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(0o500))?;
-            std::fs::rename(&staged, &dir)
+            // New values replace the old ones while the unit runs (a rotation without a
+            // restart): the old directory steps aside only for the moment between two renames.
+            let old = self.base.join(format!(".{unit}.old"));
+            remove_tree(&old);
+            if dir.exists() {
+                std::fs::rename(&dir, &old)?;
+            }
+            std::fs::rename(&staged, &dir)?;
+            remove_tree(&old);
+            Ok(())
         })();
         if let Err(error) = written {
             remove_tree(&staged);

@@ -13,6 +13,7 @@ use fleet_core::UnitFile;
 use fleet_core::access::Role;
 use fleet_core::secrets::{name_problem, references, value_problem};
 use fleet_core::secret_rotation::{NamingUnit, plan_rotation};
+use fleet_core::unit_name::UnitNameInfo;
 use fleet_registry::{SecretRecord, UnitView};
 
 use crate::api_state::ApiState;
@@ -72,7 +73,9 @@ pub async fn put(state: &ApiState, identity: &Identity, name: &str, body: &[u8])
         let stored = state.registry.secret(name).await?;
         let previous = stored.as_ref().map(|stored| stored.version);
         let version = previous.map_or(1, |version| version + 1);
-        let naming = naming_units(state, name).await?;
+        // A template runs nowhere: its instances are units of their own.
+        let mut naming = naming_units(state, name).await?;
+        naming.retain(|unit| !UnitNameInfo::new(&unit.name).is_template());
         secret_rotation::check_may_move(&identity.role, name, &naming)?;
         secret_rotation::check_no_rollout_runs(state, &rollout_name, name).await?;
         let units: Vec<NamingUnit> = naming.iter().map(secret_rotation::naming_unit).collect();
