@@ -143,7 +143,12 @@ mod tests {
         manager.load("a.service", &file).await.expect("load");
         manager.start("a.service").await.expect("start");
         manager.stop_outside_fleet("a.service").expect("stop");
-        let wanted = DesiredUnit { hash, state: DesiredState::Launched, drift: DriftPolicy::Correct, secrets: Default::default() };
+        let wanted = DesiredUnit {
+            hash,
+            state: DesiredState::Launched,
+            drift: DriftPolicy::Correct,
+            secrets: Default::default(),
+        };
         let desired = BTreeMap::from([("a.service".to_string(), wanted.clone())]);
         let loaded = BTreeMap::from([("a.service".to_string(), LoadedUnit { hash, launched: true, secrets: None })]);
         let mut watch = DriftWatch::default();

@@ -649,22 +649,20 @@ impl Agent {
                     Ok(versions) => self.manager.load(name, &file).await.map(|()| versions),
                     Err(error) => Err(error),
                 };
-                let result = result.map(|versions| {
+                result.map(|versions| {
                     self.loaded.insert(name.clone(), LoadedUnit::loaded(hash, versions));
                     if fleet_core::requirements::asks_at_most_once(&file) {
                         self.at_most_once.insert(name.clone());
                     } else {
                         self.at_most_once.remove(name);
                     }
-                });
-                result
+                })
             }
             Task::Refresh(name) => {
                 let Some(file) = self.loaded.get(name).and_then(|unit| self.bodies.get(&unit.hash)).cloned() else {
                     return false;
                 };
-                let result = self.provide_credentials(name, &file).await;
-                result.map(|versions| {
+                self.provide_credentials(name, &file).await.map(|versions| {
                     if let Some(unit) = self.loaded.get_mut(name) {
                         unit.secrets = Some(versions);
                     }
@@ -871,12 +869,7 @@ impl Reconciler for Agent {
 fn assigned(unit: &AssignedUnit) -> Assigned<'_> {
     Assigned {
         name: &unit.name,
-        wanted: DesiredUnit {
-            hash: unit.hash,
-            state: unit.desired,
-            drift: unit.drift,
-            secrets: unit.secrets.clone(),
-        },
+        wanted: DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift, secrets: unit.secrets.clone() },
     }
 }
 

@@ -99,7 +99,11 @@ pub async fn open_for_unit(
         let sealed = record.sealed_version(version).ok_or_else(|| failed(OpenFailure::VersionGone(version)))?;
         let opened =
             fleet_secrets::open(keys, name, version, sealed).map_err(|error| failed(OpenFailure::Sealed(error)))?;
-        delivered.push(fleet_registry::DeliveredSecret { name: name.clone(), version, value: opened.expose().to_vec() });
+        delivered.push(fleet_registry::DeliveredSecret {
+            name: name.clone(),
+            version,
+            value: opened.expose().to_vec(),
+        });
     }
     Ok(delivered)
 }

@@ -213,8 +213,14 @@ mod tests {
         let (_, reported) = state("a", "active");
         let active = SystemdState::new("loaded", "active", "x");
         let none = BTreeMap::new();
-        let now =
-            HeldNow { hash: reported.hash, systemd: &active, launched: true, drift: None, health: None, secrets: &none };
+        let now = HeldNow {
+            hash: reported.hash,
+            systemd: &active,
+            launched: true,
+            drift: None,
+            health: None,
+            secrets: &none,
+        };
         assert!(already_reported(Some(&reported), now));
         assert!(!already_reported(None, now), "never reported");
         assert!(!already_reported(Some(&reported), HeldNow { hash: UnitHash([1; 20]), ..now }), "new content");

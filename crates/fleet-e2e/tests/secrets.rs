@@ -212,6 +212,23 @@ fn a_pull_agent_has_its_units_secrets_from_its_manager_and_no_one_else_does() {
     assert!(own.body.contains(&encoded));
     let other = ask("someone-elses.service");
     assert_eq!(other.status, 403, "{}", other.body);
+
+    // A new value reaches the pull agent's unit by a restart its rollout follows: the pins
+    // travel in the machine's work, the version it was given in its reports.
+    let rotated = fleetctl_with_input(&manager, &["secret", "set", "api-key", "--min-ready", "1s"], b"rotated-value");
+    assert_eq!(rotated.code, 0, "{rotated:?}");
+    let waited = manager.fleetctl(&["rollout", "status", "secret-api-key", "--wait"]);
+    assert_eq!(waited.code, 0, "{waited:?}");
+    let expected = fleet_e2e::sha256_hex(b"rotated-value");
+    manager.wait_until("the unit printed the new credential's hash", std::time::Duration::from_secs(30), |f| {
+        f.fleetctl(&["journal", "pulled-secret.service"]).stdout.contains(&expected)
+    });
+    assert_eq!(std::fs::read(&delivered).unwrap(), b"rotated-value");
+    let encoded = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(b"rotated-value")
+    };
+
     manager.ok(&["machine", "revoke", "pullsecrets00001"]);
     let revoked = ask("pulled-secret.service");
     assert!(matches!(revoked.status, 401 | 403), "{}: {}", revoked.status, revoked.body);
@@ -275,6 +292,16 @@ fn on_etcd_only_the_member_that_runs_the_unit_has_the_value() {
         assert!(!member.log().as_bytes().windows(VALUE.len()).any(|window| window == VALUE));
     }
     assert!(files_holding(&cluster.etcd.data_dir(), VALUE).is_empty(), "etcd holds it sealed only");
+
+    // A new value set through one member reaches the unit on the other by its rollout.
+    let rotated = fleetctl_with_input(first, &["secret", "set", "db-password", "--min-ready", "1s"], b"rotated-db");
+    assert_eq!(rotated.code, 0, "{rotated:?}");
+    assert_eq!(first.fleetctl(&["rollout", "status", "secret-db-password", "--wait"]).code, 0);
+    let expected = fleet_e2e::sha256_hex(b"rotated-db");
+    second.wait_until("the unit printed the new credential's hash", std::time::Duration::from_secs(30), |f| {
+        f.fleetctl(&["journal", "pinned-secret.service"]).stdout.contains(&expected)
+    });
+    assert!(files_holding(credentials[0].path(), b"rotated-db").is_empty(), "still nothing on the other member");
 }
 
 /// Rotating the cluster's secrets key: a new key in front, fleetd told (SIGHUP), every value
@@ -345,11 +372,7 @@ fn rotating_units(out: &std::path::Path) -> String {
     write_unit(
         out,
         "rot@.service",
-        &format!(
-            "[Service]\nExecStart=/bin/sh {} {} %i\n[X-Fleet]\nSecret=db:DB\n",
-            script.display(),
-            out.display()
-        ),
+        &format!("[Service]\nExecStart=/bin/sh {} {} %i\n[X-Fleet]\nSecret=db:DB\n", script.display(), out.display()),
     )
 }
 

@@ -236,10 +236,7 @@ pub async fn desired_state_changes_reach_the_agent(registry: &dyn Registry, agen
 
 /// The versions of its secrets a unit is pinned to reach its machine, are shown with it, hold
 /// when its content changes, and change nothing else of it.
-pub async fn secret_pins_reach_the_agent_and_hold_across_new_content(
-    registry: &dyn Registry,
-    agent_for: AgentFor<'_>,
-) {
+pub async fn secret_pins_reach_the_agent_and_hold_across_new_content(registry: &dyn Registry, agent_for: AgentFor<'_>) {
     use fleet_core::secrets::SecretPins;
     agent_for("m1").register_machine(&machine("m1")).await.unwrap();
     registry.put_unit("x.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.unwrap();
@@ -254,7 +251,10 @@ pub async fn secret_pins_reach_the_agent_and_hold_across_new_content(
     eventually("m1 sees the pins", async || agent_for("m1").machine_work("m1").await.is_ok_and(|w| pinned(&w, &pins)))
         .await;
     let view = registry.unit("x.service").await.unwrap().unwrap();
-    assert_eq!((view.secrets.clone(), view.desired, view.machine_id.as_deref()), (pins.clone(), DesiredState::Launched, Some("m1")));
+    assert_eq!(
+        (view.secrets.clone(), view.desired, view.machine_id.as_deref()),
+        (pins.clone(), DesiredState::Launched, Some("m1"))
+    );
     registry.put_unit("x.service", &unit("/bin/sleep 2000"), DesiredState::Launched).await.unwrap();
     let new_hash = unit("/bin/sleep 2000").hash();
     eventually("m1 sees the new content, still pinned", async || {

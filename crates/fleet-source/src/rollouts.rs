@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use fleet_core::health::HealthStatus;
 use fleet_core::rollout::{Health, Observed, Rollout, RolloutState, advance, next_timed_step};
-use fleet_core::{UnitFile, UnitHash, UnitState};
 use fleet_core::secret_rotation::pinned;
 use fleet_core::secrets::version_identity;
+use fleet_core::{UnitFile, UnitHash, UnitState};
 use fleet_registry::{RegistryError, RolledSecret, RolloutRecord, UnitChange, UnitView, Writer};
 use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
@@ -255,7 +255,12 @@ impl RolloutDriver {
 impl RolloutDriver {
     /// Moves the units `names` (a wave of a secret's rollout) to the version of `secret` the
     /// rollout takes each to: their machines restart them with it.
-    async fn move_secret(&self, record: &RolloutRecord, secret: &RolledSecret, names: &[String]) -> Result<(), RegistryError> {
+    async fn move_secret(
+        &self,
+        record: &RolloutRecord,
+        secret: &RolledSecret,
+        names: &[String],
+    ) -> Result<(), RegistryError> {
         let wave: BTreeSet<String> = names.iter().cloned().collect();
         let units: BTreeMap<String, UnitView> =
             self.registry.units_named(&wave).await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
@@ -263,7 +268,11 @@ impl RolloutDriver {
             record.rollout.units.iter().map(|unit| (unit.name.as_str(), unit.to)).collect();
         for name in names {
             let Some(version) = targets.get(name.as_str()).and_then(|&to| secret.version_of(to)) else {
-                tracing::error!(rollout = record.name, unit = name, "the rollout names no version of its secret for this unit");
+                tracing::error!(
+                    rollout = record.name,
+                    unit = name,
+                    "the rollout names no version of its secret for this unit"
+                );
                 continue;
             };
             let Some(current) = units.get(name) else {

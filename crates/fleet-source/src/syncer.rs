@@ -351,7 +351,8 @@ impl SourceSyncer {
             auto_revert: source.gates.auto_revert,
             reverted: None,
         };
-        let record = RolloutRecord { name, rollout, bodies, created, source_commit: Some(commit.clone()), secret: None };
+        let record =
+            RolloutRecord { name, rollout, bodies, created, source_commit: Some(commit.clone()), secret: None };
         self.registry.put_rollout(&record).await
     }
 }

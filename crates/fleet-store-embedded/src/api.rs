@@ -205,7 +205,12 @@ fn set_desired_in(
 }
 
 /// Sets the secret pins of the unit `name` in `txn`; `false` when there is no such unit.
-pub(super) fn set_pins_in(txn: &WriteTransaction, touched: &mut Touched, name: &str, pins: &SecretPins) -> Result<bool> {
+pub(super) fn set_pins_in(
+    txn: &WriteTransaction,
+    touched: &mut Touched,
+    name: &str,
+    pins: &SecretPins,
+) -> Result<bool> {
     let Some(mut record) = unit_record(txn, name)? else {
         return Ok(false);
     };
@@ -213,7 +218,10 @@ pub(super) fn set_pins_in(txn: &WriteTransaction, touched: &mut Touched, name: &
         return Ok(true);
     }
     record.secrets = pins.clone();
-    txn.open_table(tables::UNITS).map_err(unavailable)?.insert(name, encode(&record).as_slice()).map_err(unavailable)?;
+    txn.open_table(tables::UNITS)
+        .map_err(unavailable)?
+        .insert(name, encode(&record).as_slice())
+        .map_err(unavailable)?;
     touch_unit(txn, name, record.global, touched)?;
     Ok(true)
 }

@@ -876,7 +876,12 @@ async fn a_machines_first_unit_of_each_content_carries_the_body() {
     assert_eq!(found[&other.hash()].hash(), other.hash());
 
     // A carried body that is not the content its assignment names is not taken.
-    let assignment = Assignment { hash: sleeper.hash(), desired: DesiredState::Launched, drift: Default::default(), secrets: Default::default() };
+    let assignment = Assignment {
+        hash: sleeper.hash(),
+        desired: DesiredState::Launched,
+        drift: Default::default(),
+        secrets: Default::default(),
+    };
     let forged = fleet_registry::codec::encode(&CarryingAssignment { assignment: &assignment, body: other.options() });
     kv.put("/fleet-test/schedule/m1/a.service", forged, None).await.unwrap();
     eventually("the forged body is refused, and bodies/ has no other", || async {

@@ -183,7 +183,14 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         auto_revert: gates.auto_revert,
         reverted: None,
     };
-    let record = RolloutRecord { name: name.to_string(), rollout, bodies, created: now_unix(), source_commit: None, secret: None };
+    let record = RolloutRecord {
+        name: name.to_string(),
+        rollout,
+        bodies,
+        created: now_unix(),
+        source_commit: None,
+        secret: None,
+    };
     state.registry.put_rollout(&record).await?;
     Ok(json_response(StatusCode::CREATED, &to_schema(&record, true)))
 }

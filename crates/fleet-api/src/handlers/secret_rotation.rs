@@ -3,13 +3,13 @@
 //! running ones in waves, stepped by the engine leader's rollout driver like any other.
 
 use axum::http::StatusCode;
+use fleet_core::DesiredState;
 use fleet_core::access::{Access, Action, Role, decide};
 use fleet_core::rollout::{
     Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, check_wait, machine_by_machine,
 };
 use fleet_core::secret_rotation::NamingUnit;
 use fleet_core::secrets::SecretPins;
-use fleet_core::DesiredState;
 use fleet_registry::{RolledSecret, RolloutRecord, UnitView};
 
 use crate::api_state::ApiState;
@@ -64,11 +64,8 @@ pub fn rollout_name(secret: &str) -> String {
     if fleet_core::source::checks::check_source_name(&plain).is_ok() {
         return plain;
     }
-    let kept: String = secret
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' })
-        .take(40)
-        .collect();
+    let kept: String =
+        secret.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '-' }).take(40).collect();
     let digest = fleet_core::secrets::version_identity(secret, 0).to_string();
     format!("secret-{}-{}", kept.trim_matches('-'), &digest[..8])
 }
@@ -171,6 +168,38 @@ mod tests {
     }
 
     #[test]
+    fn a_new_value_may_move_only_units_the_role_may_write() {
+        let view = |name: &str| {
+            let file = fleet_core::UnitFile::parse("[Service]\nExecStart=/bin/true\n[X-Fleet]\nSecret=db\n").unwrap();
+            UnitView::from_records(
+                name,
+                fleet_registry::UnitRecord {
+                    hash: file.hash(),
+                    desired: DesiredState::Launched,
+                    global: false,
+                    source: None,
+                    drift: Default::default(),
+                    secrets: Default::default(),
+                },
+                file,
+                None,
+                None,
+                None,
+            )
+        };
+        let web = Role::parse("operator", Some("web-*")).unwrap().with_secrets(Some("*")).unwrap();
+        assert!(check_may_move(&web, "db", &[view("web-1.service")]).is_ok());
+        let refused = check_may_move(&web, "db", &[view("web-1.service"), view("billing.service")]).unwrap_err();
+        assert_eq!(refused.status, StatusCode::FORBIDDEN);
+        assert!(
+            refused.message.contains("may not change unit billing.service, which names secret db"),
+            "{}",
+            refused.message
+        );
+        assert!(check_may_move(&Role::Admin, "db", &[view("billing.service")]).is_ok());
+    }
+
+    #[test]
     fn no_restart_takes_no_rollout_settings_and_bad_settings_are_refused() {
         let request = |edit: &dyn Fn(&mut SecretValue)| {
             let mut request = SecretValue { value: "eA==".into(), ..SecretValue::default() };
@@ -179,11 +208,13 @@ mod tests {
         };
         assert_eq!(request(&|_| {}).unwrap().max_unavailable, DEFAULT_MAX_UNAVAILABLE);
         assert!(request(&|r| r.no_restart = true).is_ok());
-        assert!(request(&|r| {
-            r.no_restart = true;
-            r.max_unavailable = Some("1".into());
-        })
-        .is_err());
+        assert!(
+            request(&|r| {
+                r.no_restart = true;
+                r.max_unavailable = Some("1".into());
+            })
+            .is_err()
+        );
         assert!(request(&|r| r.max_unavailable = Some("0".into())).is_err());
         assert!(request(&|r| r.bake_seconds = Some(5)).is_err(), "a bake needs a canary");
         assert!(request(&|r| r.deadline_seconds = Some(0)).is_err());

@@ -11,8 +11,8 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use fleet_core::UnitFile;
 use fleet_core::access::Role;
-use fleet_core::secrets::{name_problem, references, value_problem};
 use fleet_core::secret_rotation::{NamingUnit, plan_rotation};
+use fleet_core::secrets::{name_problem, references, value_problem};
 use fleet_core::unit_name::UnitNameInfo;
 use fleet_registry::{SecretRecord, UnitView};
 
@@ -105,8 +105,9 @@ pub async fn put(state: &ApiState, identity: &Identity, name: &str, body: &[u8])
             continue;
         }
         secret_rotation::write_pins(state, &plan.moved).await?;
-        let rollout = secret_rotation::start_rollout(state, &rollout_name, name, plan.rolled, plan.versions, &waves, &naming)
-            .await?;
+        let rollout =
+            secret_rotation::start_rollout(state, &rollout_name, name, plan.rolled, plan.versions, &waves, &naming)
+                .await?;
         tracing::info!(secret = name, version, rolled = ?rollout, moved = plan.moved.len(), "secret set");
         let status = if previous.is_none() { StatusCode::CREATED } else { StatusCode::OK };
         let shown = SecretInfo { rollout, moved: Some(plan.moved.len()), ..info(record) };

@@ -11,10 +11,10 @@ use fleet_api_schema::SecretValue;
 
 use crate::commands::rollout::gate_settings;
 use crate::commands::token::time;
-use fleet_core::duration::parse_go_duration;
 use crate::context::Context;
 use crate::table::tab_table;
 use crate::{Outcome, SecretCommand};
+use fleet_core::duration::parse_go_duration;
 
 pub async fn run(context: &Context, command: SecretCommand) -> Outcome {
     match command {
