@@ -473,8 +473,11 @@ fn a_value_that_breaks_its_units_is_taken_back_by_itself() {
             assert_eq!(before[i - 1], after[i - 1], "rot@{i} was never restarted");
         }
     }
-    let listed = fleet.api("GET", "/fleet/v1/secrets", "");
-    assert!(listed.contains("\"version\":2") && listed.contains("\"kept\":[1]"), "the old value is kept: {listed}");
+    let listed = fleet.ok(&["secret", "list", "-o", "json"]).stdout;
+    assert!(
+        listed.contains("\"version\": 2") && listed.contains("\"kept\": [\n      1\n    ]"),
+        "the old value is kept: {listed}"
+    );
 
     // A good value after that rolls out from where the units are.
     let set = fleetctl_with_input(&fleet, &["secret", "set", "db", "--max-unavailable", "100%"], b"better");

@@ -610,6 +610,8 @@ pub enum SecretCommand {
         /// Omit the header line
         #[arg(long)]
         no_legend: bool,
+        #[command(flatten)]
+        output: output::OutputFlag,
     },
     /// Remove a secret (refused while a unit names it)
     Rm { name: String },

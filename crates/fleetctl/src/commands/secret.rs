@@ -25,7 +25,7 @@ pub async fn run(context: &Context, command: SecretCommand) -> Outcome {
             };
             set(context, &name, from_file.as_deref(), how).await
         }
-        SecretCommand::List { no_legend } => list(context, no_legend).await,
+        SecretCommand::List { no_legend, output } => list(context, no_legend, output.output).await,
         SecretCommand::Rm { name } => remove(context, &name).await,
         SecretCommand::Reseal => reseal(context).await,
     }
@@ -132,7 +132,7 @@ async fn set(context: &Context, name: &str, from_file: Option<&Path>, how: Secre
     }
 }
 
-async fn list(context: &Context, no_legend: bool) -> Outcome {
+async fn list(context: &Context, no_legend: bool, output: crate::output::OutputFormat) -> Outcome {
     let secrets = match context.client.secrets().await {
         Ok(secrets) => secrets,
         Err(error) => {
@@ -140,6 +140,10 @@ async fn list(context: &Context, no_legend: bool) -> Outcome {
             return Outcome::Failure;
         }
     };
+    if output == crate::output::OutputFormat::Json {
+        crate::output::print_json(&secrets);
+        return Outcome::Success;
+    }
     let mut rows = Vec::with_capacity(secrets.len() + 1);
     if !no_legend {
         rows.push(["NAME", "VERSION", "SIZE", "SET BY", "SET AT"].map(str::to_string).to_vec());
