@@ -282,7 +282,7 @@ pub struct SecretValue {
     pub value: String,
     /// How a new value reaches the running units that name the secret: restarted in waves by
     /// a rollout (`secret-<name>`) with these settings, as `PUT /rollouts/{name}` takes them
-    /// (all at once when `maxUnavailable` is absent)…
+    /// (a quarter of them at once when `maxUnavailable` is absent)…
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_unavailable: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -196,12 +196,15 @@ fn set_desired_in(
     };
     record.source = owner_after(writer, name, Some(&record))?;
     record.desired = desired;
-    txn.open_table(tables::UNITS)
-        .map_err(unavailable)?
-        .insert(name, encode(&record).as_slice())
-        .map_err(unavailable)?;
-    touch_unit(txn, name, record.global, touched)?;
+    store_unit(txn, touched, name, &record)?;
     Ok(true)
+}
+
+/// Writes the record of the unit `name`, which stays global or not as it was, and tells the
+/// agents it concerns.
+fn store_unit(txn: &WriteTransaction, touched: &mut Touched, name: &str, record: &UnitRecord) -> Result<()> {
+    txn.open_table(tables::UNITS).map_err(unavailable)?.insert(name, encode(record).as_slice()).map_err(unavailable)?;
+    touch_unit(txn, name, record.global, touched)
 }
 
 /// Sets the secret pins of the unit `name` in `txn`; `false` when there is no such unit.
@@ -218,11 +221,7 @@ pub(super) fn set_pins_in(
         return Ok(true);
     }
     record.secrets = pins.clone();
-    txn.open_table(tables::UNITS)
-        .map_err(unavailable)?
-        .insert(name, encode(&record).as_slice())
-        .map_err(unavailable)?;
-    touch_unit(txn, name, record.global, touched)?;
+    store_unit(txn, touched, name, &record)?;
     Ok(true)
 }
 
