@@ -8,6 +8,7 @@ use crate::unreadable_work::UnreadableWork;
 use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Task};
 use fleet_core::desired_units::{Assigned, desired_units};
 use fleet_core::health::HealthStatus;
+use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport, UnitSecrets};
 use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, TriggerId, Triggers};
@@ -122,6 +123,7 @@ async fn credentials_of(
     machine_id: &str,
     name: &str,
     file: &UnitFile,
+    pins: &SecretPins,
 ) -> Result<(Vec<Credential>, BTreeMap<String, u64>), UnitManagerError> {
     let refused = |reason: String| UnitManagerError::Refused { unit: name.to_string(), reason };
     let references = fleet_core::secrets::references(file).map_err(refused)?;
@@ -131,7 +133,7 @@ async fn credentials_of(
     let source = secrets.ok_or_else(|| refused("this machine cannot receive secrets".into()))?;
     let names: Vec<String> = references.iter().map(|reference| reference.secret.clone()).collect();
     let delivered = source
-        .unit_secrets(machine_id, name, &names)
+        .unit_secrets(machine_id, name, &names, pins)
         .await
         .map_err(|why| refused(format!("cannot have its secrets: {why}")))?;
     let versions = delivered.iter().map(|secret| (secret.name.clone(), secret.version)).collect();
@@ -645,7 +647,8 @@ impl Agent {
                 };
                 // Its credentials first, where its processes will find them (none: any it had
                 // go); then the unit.
-                let result = match self.provide_credentials(name, &file).await {
+                let pins = desired.get(name).map(|unit| unit.secrets.clone()).unwrap_or_default();
+                let result = match self.provide_credentials(name, &file, &pins).await {
                     Ok(versions) => self.manager.load(name, &file).await.map(|()| versions),
                     Err(error) => Err(error),
                 };
@@ -662,7 +665,8 @@ impl Agent {
                 let Some(file) = self.loaded.get(name).and_then(|unit| self.bodies.get(&unit.hash)).cloned() else {
                     return false;
                 };
-                self.provide_credentials(name, &file).await.map(|versions| {
+                let pins = desired.get(name).map(|unit| unit.secrets.clone()).unwrap_or_default();
+                self.provide_credentials(name, &file, &pins).await.map(|versions| {
                     if let Some(unit) = self.loaded.get_mut(name) {
                         unit.secrets = Some(versions);
                     }
@@ -723,15 +727,16 @@ impl Agent {
     }
 
     /// Writes the credentials of `name` (loaded from `file`) where its processes read them;
-    /// says which version of each secret they hold.
+    /// at the versions `pins` (its work's) says; says which version of each secret they hold.
     async fn provide_credentials(
         &mut self,
         name: &str,
         file: &UnitFile,
+        pins: &SecretPins,
     ) -> Result<BTreeMap<String, u64>, UnitManagerError> {
         let (secrets, manager, machine_id) =
             (self.secrets.clone(), self.manager.clone(), self.config.machine.id.clone());
-        let (credentials, versions) = credentials_of(secrets, &machine_id, name, file).await?;
+        let (credentials, versions) = credentials_of(secrets, &machine_id, name, file, pins).await?;
         manager.provide_credentials(name, file, &credentials).await?;
         Ok(versions)
     }

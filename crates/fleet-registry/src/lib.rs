@@ -553,13 +553,15 @@ pub enum Renewal {
 #[async_trait]
 pub trait UnitSecrets: Send + Sync {
     /// The values of the secrets `unit` names (`names`), for `machine_id`, which runs it, at
-    /// the versions the unit is pinned to (else the newest); an error says why not (never
-    /// with a value).
+    /// the versions the unit is pinned to (else the newest): `pins`, as the machine's work
+    /// says, for a member, which opens them itself; a manager answering a pull agent goes by
+    /// its own copy of that work instead. An error says why not (never with a value).
     async fn unit_secrets(
         &self,
         machine_id: &str,
         unit: &str,
         names: &[String],
+        pins: &fleet_core::secrets::SecretPins,
     ) -> std::result::Result<Vec<DeliveredSecret>, String>;
 }
 

@@ -654,6 +654,8 @@ impl fleet_registry::UnitSecrets for RemoteRegistry {
         machine_id: &str,
         unit: &str,
         names: &[String],
+        // The manager goes by its own copy of this machine's work.
+        _pins: &fleet_core::secrets::SecretPins,
     ) -> std::result::Result<Vec<fleet_registry::DeliveredSecret>, String> {
         use base64::Engine;
         self.check_machine(machine_id).map_err(|error| error.to_string())?;

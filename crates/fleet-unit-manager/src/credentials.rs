@@ -96,10 +96,17 @@ impl CredentialDirs {
             // restart): the old directory steps aside only for the moment between two renames.
             let old = self.base.join(format!(".{unit}.old"));
             remove_tree(&old);
-            if dir.exists() {
+            let stepped_aside = dir.exists();
+            if stepped_aside {
                 std::fs::rename(&dir, &old)?;
             }
-            std::fs::rename(&staged, &dir)?;
+            if let Err(error) = std::fs::rename(&staged, &dir) {
+                // The unit keeps the credentials it had.
+                if stepped_aside {
+                    let _ = std::fs::rename(&old, &dir);
+                }
+                return Err(error);
+            }
             remove_tree(&old);
             Ok(())
         })();

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_api::secret_keys::SecretKeys;
+use fleet_core::secrets::SecretPins;
 use fleet_registry::{ApiRegistry, DeliveredSecret, UnitSecrets};
 
 pub struct StoreSecrets {
@@ -23,16 +24,12 @@ impl UnitSecrets for StoreSecrets {
     async fn unit_secrets(
         &self,
         _machine_id: &str,
-        unit: &str,
+        _unit: &str,
         names: &[String],
+        pins: &SecretPins,
     ) -> Result<Vec<DeliveredSecret>, String> {
         let keys = self.keys.get()?;
-        // The versions it is pinned to, as the store holds them now.
-        let pins = match self.registry.unit(unit).await {
-            Ok(view) => view.map(|view| view.secrets).unwrap_or_default(),
-            Err(error) => return Err(format!("reading unit {unit}: {error}")),
-        };
-        fleet_api::secret_keys::open_for_unit(self.registry.as_ref(), &keys, &pins, names)
+        fleet_api::secret_keys::open_for_unit(self.registry.as_ref(), &keys, pins, names)
             .await
             .map_err(|(name, why)| format!("secret {name}: {why}"))
     }

@@ -14,7 +14,7 @@ use fleet_core::access::Role;
 use fleet_core::secret_rotation::{NamingUnit, plan_rotation};
 use fleet_core::secrets::{name_problem, references, value_problem};
 use fleet_core::unit_name::UnitNameInfo;
-use fleet_registry::{SecretRecord, UnitView};
+use fleet_registry::{PageRequest, SecretRecord, UnitView};
 
 use crate::api_state::ApiState;
 use crate::auth::Identity;
@@ -121,10 +121,12 @@ pub async fn put(state: &ApiState, identity: &Identity, name: &str, body: &[u8])
 
 /// The units that name the secret `name`.
 async fn naming_units(state: &ApiState, name: &str) -> Result<Vec<UnitView>, ApiError> {
+    // From the API's copy where the store keeps one: every unit's file, read from it, not etcd.
     Ok(state
         .registry
-        .units()
+        .units_page(PageRequest::everything())
         .await?
+        .items
         .into_iter()
         .filter(|unit| references(&unit.file).is_ok_and(|named| named.iter().any(|named| named.secret == name)))
         .collect())
