@@ -764,3 +764,70 @@ fn joins_through_a_list_of_managers_are_signed_by_all_of_them() {
     assert_eq!(first + second, 24.0);
     assert!(first >= 1.0 && second >= 1.0, "joins signed by one manager only: {first} and {second}");
 }
+
+/// The lease a machine's presence hangs on in `etcd`, if it is present.
+fn presence_lease(etcd: &str, machine_id: &str) -> Option<i64> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    runtime.block_on(async {
+        let mut client = etcd_client::Client::connect([etcd], None).await.ok()?;
+        let all = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+        let reply = client.get("/", Some(all)).await.ok()?;
+        let suffix = format!("/machines/{machine_id}");
+        reply.kvs().iter().find(|kv| kv.key().ends_with(suffix.as_bytes())).map(|kv| kv.lease())
+    })
+}
+
+/// A manager killed and started again: its idle pull agent announces itself to it at once,
+/// its presence moving to the new life's lease, long before the old life's lease (nobody
+/// renews it any more) would expire; its unit never stops or moves. Before, the agent found
+/// its presence still there and waited for that lease to expire (`agent_ttl`, here 120 s),
+/// its units unscheduled meanwhile.
+#[test]
+fn an_idle_pull_agent_announces_itself_to_its_restarted_manager_at_once() {
+    let pki = ManagerPki::local();
+    let port = free_port();
+    let mut cluster = fleet_e2e::Cluster::start(1, |_| {
+        let mut config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+        config.push(("agent_ttl".into(), "120s".into()));
+        config
+    });
+    let token = cluster.members[0].ok(&["registration-token", "create", "restart"]).stdout.trim().to_string();
+    let pull = PullFleetd::start(&format!("https://localhost:{port}"), &pki.api_ca_file, Some(&token), None, &[]);
+    let units = tempfile::tempdir().expect("units");
+    fleet_e2e::write_unit(
+        units.path(),
+        "idle.service",
+        "[Service]\nExecStart=/bin/sleep 4343\n[X-Fleet]\nMachineID=pullfleetd000001\n",
+    );
+    cluster.members[0].wait_until("the pull fleetd joins", Duration::from_secs(30), |fleetd| {
+        fleetd.ok(&["list-machines", "--full", "--no-legend"]).stdout.contains("pullfleetd000001")
+    });
+    cluster.members[0].fleetctl_in(units.path(), &["start", "--no-block", "idle.service"]);
+    let sleeper = ["/bin/sleep", "4343"];
+    fleet_e2e::poll_until(
+        "idle.service runs",
+        Duration::from_secs(30),
+        || fleet_e2e::process_running(&sleeper),
+        || pull.log(),
+    );
+    // Idle: on its change stream (after a quiet long poll), where nothing but the stream's
+    // end tells it of the manager's.
+    cluster.members[0].wait_until("the agent follows its change stream", Duration::from_secs(90), |fleetd| {
+        fleet_e2e::metric_value(&fleetd.metrics(), "fleet_pull_agents_streaming") == Some(1.0)
+    });
+    let etcd = cluster.etcd.endpoint();
+    let before = presence_lease(&etcd, "pullfleetd000001").expect("the agent's presence");
+
+    cluster.members[0].stop_with(libc::SIGKILL);
+    cluster.members[0].launch();
+    // A bound far inside the 120 s the old lease lives: the agent announced itself anew.
+    fleet_e2e::poll_until(
+        "the presence hangs on the restarted manager's lease",
+        Duration::from_secs(40),
+        || presence_lease(&etcd, "pullfleetd000001").is_some_and(|lease| lease != before),
+        || pull.log(),
+    );
+    let listed = cluster.members[0].ok(&["list-units", "--no-legend", "--full"]).stdout;
+    assert!(listed.contains("idle.service") && listed.contains("pullfleetd000001"), "{listed}");
+    assert!(fleet_e2e::process_running(&sleeper), "the unit ran throughout");
+}

@@ -15,7 +15,7 @@ use fleet_core::drift::{Drift, DriftReport};
 use fleet_core::health::{HealthReport, HealthStatus};
 use fleet_core::{Connection, MachineState, Resources, StateReport, SystemdState, UnitHash, UnitState};
 use fleet_registry::machine_identity::admit_announce;
-use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork};
+use fleet_registry::{AgentRegistry, AssignedUnit, MachineIdentity, MachineWork, RegistryError, Renewal};
 
 use super::registration_tokens::check_metadata;
 use crate::api_state::ApiState;
@@ -182,8 +182,25 @@ pub async fn changes(state: &ApiState, identity: &Identity, query: &[(String, St
 }
 
 pub async fn work(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
-    let work = agents(state)?.machine_work(machine_id).await?;
+    let work = served_work(agents(state)?, machine_id).await?;
     Ok(json_response(StatusCode::OK, &work_to_schema(work)))
+}
+
+/// A pull agent's work as its manager tells it: the machine shown absent while this manager
+/// holds no presence for it (the manager restarted, or the agent came from another), so that
+/// the agent announces itself here at once, as agents since 0.1 do for a machine the cluster
+/// lost. Without it, an idle agent back on its restarted manager found its presence still
+/// there, hanging on the lease of the manager's previous life that nobody renewed any more,
+/// and announced only once that lease expired (`agent_ttl`), its units unscheduled meanwhile.
+pub(super) async fn served_work(
+    agents: &Arc<dyn AgentRegistry>,
+    machine_id: &str,
+) -> Result<MachineWork, RegistryError> {
+    let mut work = agents.machine_work(machine_id).await?;
+    if agents.presence_renewed(machine_id) == Renewal::NotHeld {
+        work.machine = None;
+    }
+    Ok(work)
 }
 
 /// A machine's work as its agent is told it.

@@ -59,7 +59,7 @@ pub(super) async fn with_work(
     carried: &mut Carried,
 ) -> Vec<u8> {
     carried.revision = revision;
-    let work = match agents.machine_work(machine).await {
+    let work = match crate::handlers::agent_facet::served_work(agents, machine).await {
         Ok(work) => work,
         Err(error) => {
             tracing::debug!(%error, machine, "the stream's work could not be read: the agent reads it");
