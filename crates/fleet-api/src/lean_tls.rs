@@ -2,7 +2,7 @@
 //! stream owns the buffers and lets each go as soon as it is empty, so a connection that is
 //! quiet (a pull agent's change stream, silent for minutes) holds no buffer at all. rustls'
 //! buffered connection keeps a 4 KiB read buffer, zero-filled, under every connection for its
-//! whole life: a sixth of what an idle agent cost its manager (BENCHMARKS.md, issue 36).
+//! whole life: a sixth of what an idle agent cost its manager (docs/benchmark-history.md, issue 36).
 //!
 //! The cryptography, the handshake and the record layer stay rustls'; this file only moves
 //! bytes between the socket, rustls and the reader and writer above.

@@ -9,7 +9,7 @@
 //! failing every call in flight and ending every watch, which then lists the cluster again.
 //! That limit guards a server against a flood from an untrusted peer; between fleetd and its
 //! own etcd it only turns a busy moment into an outage. Found with 100,000 pull agents on 12
-//! managers (BENCHMARKS.md, issue 36).
+//! managers (docs/benchmark-history.md, issue 36).
 
 use std::time::Duration;
 

@@ -66,7 +66,7 @@ pub struct Lifetimes {
 /// How many batch transactions of unit writes one fleetd keeps in flight. With one, etcd
 /// waited between them while fleetd read the answer and planned the next (100,000 units took
 /// 22.5 s to submit; with two, 18.7–21.9 s). Four made etcd fall behind until machine leases
-/// expired (BENCHMARKS.md).
+/// expired (docs/benchmark-history.md).
 const UNIT_BATCHES_IN_FLIGHT: usize = 2;
 
 /// Where the engine's copy keeps the units among its ranges (`seen` is per range).

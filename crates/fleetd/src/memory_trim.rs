@@ -1,7 +1,7 @@
 //! Hands the memory freed after a burst back to the system. fleetd allocates through jemalloc
 //! (`main.rs`): with glibc's allocator a manager whose 10,000 pull agents joined at once, then
 //! held only their change streams, kept a third more RSS an agent for the same live heap, and
-//! its agents and engine spent a fifth more CPU (BENCHMARKS.md, issue 36). jemalloc returns
+//! its agents and engine spent a fifth more CPU (docs/benchmark-history.md, issue 36). jemalloc returns
 //! the pages of freed allocations on its own as the process allocates; an idle process
 //! allocates little, so every [`TRIM_EVERY`] its arenas' unused pages are purged.
 

@@ -9,7 +9,7 @@ pub const AGENT_RECONCILE_INTERVAL: Duration = Duration::from_secs(5);
 /// The agent's fallback reconcile period on a pull agent: its changes arrive by long poll,
 /// and the open poll itself keeps it present, so the fallback is only a safety net. Each is
 /// a request to the manager: at 30 s, ten thousand idle agents sent 333 a second, over half
-/// of an idle manager's CPU (BENCHMARKS.md). A failed announcement is retried on its own
+/// of an idle manager's CPU (docs/benchmark-history.md). A failed announcement is retried on its own
 /// backoff, and an agent whose `AtMostOnce=` units need its presence renewed passes before
 /// it would lapse, whatever this period.
 pub const PULL_RECONCILE_INTERVAL: Duration = Duration::from_secs(300);
