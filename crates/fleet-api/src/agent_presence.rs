@@ -10,6 +10,7 @@
 //! before it ended: the longest its connection can have been dead unnoticed. So a lost agent
 //! is noticed within `agent_ttl` of its last sign of life either way.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -64,7 +65,7 @@ impl AgentPresence {
     /// machine certificate cannot make its manager hold many (issue 67: 200 streams of one
     /// agent, each with a 1 MiB line under way, took a manager from 29 MB to 233 MB).
     pub fn stream_opened(&self, machine: &str) -> (u64, watch::Receiver<u64>) {
-        let mut streams = self.streams.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut streams = self.streams.locked();
         streams.retain(|_, newest| newest.receiver_count() > 0);
         let newest = streams.entry(machine.to_string()).or_insert_with(|| watch::channel(0).0);
         newest.send_modify(|number| *number += 1);
@@ -72,7 +73,7 @@ impl AgentPresence {
     }
 
     fn table(&self) -> MutexGuard<'_, HashMap<String, Heard>> {
-        self.heard.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.heard.locked()
     }
 
     /// How long a long poll waits when the agent asks for no wait: short enough that an agent

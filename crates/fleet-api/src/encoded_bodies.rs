@@ -2,6 +2,7 @@
 //! thousands of agents (a global unit, a rollout's new content) encodes its body for the
 //! first and hands the same bytes to the rest.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -32,7 +33,7 @@ struct Kept {
 impl EncodedBodies {
     /// The encoding of `hash`'s body, if kept.
     pub fn get(&self, hash: &UnitHash) -> Option<EncodedBody> {
-        let kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let kept = self.kept.locked();
         kept.bodies.get(hash).map(|(_, body)| body.clone())
     }
 
@@ -40,7 +41,7 @@ impl EncodedBodies {
     pub fn encode(&self, hash: UnitHash, file: UnitFile) -> Option<EncodedBody> {
         let body = AgentHashedBody { hash: hash.to_string(), options: options_of(file) };
         let encoded: EncodedBody = serde_json::value::to_raw_value(&body).ok()?.into();
-        let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut kept = self.kept.locked();
         if kept.bodies.len() >= KEPT {
             let mut ages: Vec<u64> = kept.bodies.values().map(|(arrival, _)| *arrival).collect();
             let (_, median, _) = ages.select_nth_unstable(KEPT / 2);

@@ -4,6 +4,7 @@
 //! ([`FeedSlots::for_connections`]), so live views never starve the rest of the API (issue 67:
 //! 45 of them against `api_max_connections = 40` left no connection for anyone else).
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -46,7 +47,7 @@ impl FeedSlots {
 
     /// A slot for a feed of `identity`.
     pub fn take(self: &Arc<Self>, identity: &str) -> Result<FeedSlot, NoSlot> {
-        let mut open = self.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut open = self.open.locked();
         if open.values().sum::<usize>() >= self.in_all {
             return Err(NoSlot::Everyone);
         }
@@ -61,7 +62,7 @@ impl FeedSlots {
 
 impl Drop for FeedSlot {
     fn drop(&mut self) {
-        let mut open = self.slots.open.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut open = self.slots.open.locked();
         if let Some(held) = open.get_mut(&self.identity) {
             *held -= 1;
             if *held == 0 {

@@ -1,6 +1,7 @@
 //! Journals of units on pull agents, which a manager cannot reach: a request waits while the
 //! agent's long poll carries the question to it, and the agent posts the answer back.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,7 +45,7 @@ pub enum NotAsked {
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex.locked()
 }
 
 impl JournalRelay {

@@ -2,6 +2,7 @@
 //! rows ([`cluster_view`]), and sends every watcher only the rows that changed ([`patch`]).
 //! Both are pure functions over plain data; the task and the channel are the only I/O.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -215,7 +216,7 @@ impl LiveView {
     ) -> Result<(ClusterView, broadcast::Receiver<Arc<Patch>>), fleet_registry::RegistryError> {
         let receiver = self.patches.subscribe();
         let view = read_view(registry.as_ref()).await?;
-        let mut reader = self.reader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut reader = self.reader.locked();
         if reader.as_ref().is_none_or(|task| task.is_finished()) {
             *reader = Some(tokio::spawn(read_while_watched(registry, self.patches.clone(), view.clone())));
         }

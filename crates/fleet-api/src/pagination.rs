@@ -5,6 +5,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE;
+use fleet_core::unpoisoned::Locked;
 
 /// The most a page's items may take, serialised; a page holds at least one item.
 pub const MAX_PAGE_BYTES: usize = 4 * 1024 * 1024;
@@ -133,14 +134,14 @@ impl PageCursors {
         if start == 0 {
             return None;
         }
-        let cursors = self.cursors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let cursors = self.cursors.locked();
         let (last, served) = cursors.get(&(listing.to_string(), start))?;
         (served.elapsed() < CURSOR_LIFETIME).then(|| last.clone())
     }
 
     /// Notes that the page of `listing` ending before `next_start` ended with `last`.
     pub fn remember(&self, listing: &str, next_start: usize, last: String) {
-        let mut cursors = self.cursors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut cursors = self.cursors.locked();
         if cursors.len() >= MAX_CURSORS {
             cursors.retain(|_, (_, served)| served.elapsed() < CURSOR_LIFETIME);
             if cursors.len() >= MAX_CURSORS {

@@ -3,6 +3,7 @@
 //! its state directory, made when the first secret is set. Loaded when first needed, then
 //! kept until a reload (SIGHUP) lets a rotated key file in.
 
+use fleet_core::unpoisoned::Locked;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -41,7 +42,7 @@ impl SecretKeys {
     /// The keys, loaded (or made) on first use; why there are none otherwise (naming files,
     /// never a key).
     pub fn get(&self) -> Result<Arc<ClusterKeys>, String> {
-        let mut loaded = self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut loaded = self.loaded.locked();
         if let Some(keys) = loaded.as_ref() {
             return Ok(keys.clone());
         }
@@ -56,7 +57,7 @@ impl SecretKeys {
 
     /// Reads the key file again when next needed (a rotation replaced it).
     pub fn forget(&self) {
-        *self.loaded.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        *self.loaded.locked() = None;
     }
 }
 

@@ -1,6 +1,7 @@
 //! A request's way out of HTTP: the connection that a protocol it upgrades to (a pull agent's
 //! change stream) takes over, with what that protocol keeps of the connection it leaves.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::{Arc, Mutex};
 
 use axum::http::Extensions;
@@ -31,6 +32,6 @@ impl Upgrade {
 
     /// The connection to take over once the answer is sent, and what it keeps.
     pub fn take(&self) -> Option<(OnUpgrade, ConnectionHold)> {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+        self.0.locked().take()
     }
 }

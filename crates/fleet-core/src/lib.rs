@@ -37,6 +37,7 @@ pub mod store_format;
 pub mod unit_file;
 pub mod unit_name;
 pub mod unknown_options;
+pub mod unpoisoned;
 
 pub use backoff::Backoff;
 pub use machine::{Connection, MachineId, MachineState};

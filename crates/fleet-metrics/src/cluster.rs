@@ -4,6 +4,7 @@
 //! unit states of this machine, which its agent publishes as it reports them (sum them over
 //! instances for the cluster). A scrape costs the store nothing, whatever the cluster's size.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
@@ -51,7 +52,7 @@ struct Published {
 static PUBLISHED: Mutex<Published> = Mutex::new(Published { cluster: None, unit_states: BTreeMap::new() });
 
 fn published() -> std::sync::MutexGuard<'static, Published> {
-    PUBLISHED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    PUBLISHED.locked()
 }
 
 /// The engine leader's counts of the cluster; `None` when this fleetd does not lead.

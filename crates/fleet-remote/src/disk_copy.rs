@@ -2,6 +2,7 @@
 //! last work the manager sent and the bodies of its units, so that it keeps its units running
 //! through an outage of its manager, and brings them back up if it restarts during one.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -50,7 +51,7 @@ impl DiskCopy {
     }
 
     pub fn save_work(&self, work: &AgentWork) {
-        let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut kept = self.kept.locked();
         if kept.as_ref() == Some(work) {
             return;
         }

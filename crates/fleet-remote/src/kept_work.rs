@@ -3,6 +3,7 @@
 //! to open, no request), and only a change, a stream lost or [`LONGEST_KEPT`] makes it read
 //! again.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -57,7 +58,7 @@ impl KeptWork {
     /// Keeps `work`, read from a start at `epoch`, unless what is kept is newer (a stream
     /// carried it while this read was on its way).
     pub fn keep(&self, work: &AgentWork, epoch: u64) {
-        let mut kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut kept = self.kept.locked();
         if kept.as_ref().is_some_and(|kept| kept.epoch > epoch) {
             return;
         }
@@ -69,7 +70,7 @@ impl KeptWork {
         if !self.following.load(Ordering::SeqCst) {
             return None;
         }
-        let kept = self.kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let kept = self.kept.locked();
         let kept = kept.as_ref()?;
         let fresh = kept.epoch == self.epoch.load(Ordering::SeqCst) && kept.read_at.elapsed() < LONGEST_KEPT;
         fresh.then(|| kept.work.clone())

@@ -2,6 +2,7 @@
 //! HTTPS API, with the machine's own certificate. Every connection is opened by the agent;
 //! changes arrive by long polls that the agent opens too.
 
+use fleet_core::unpoisoned::{Locked, ReadWriteLocked};
 use std::collections::HashMap;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
@@ -118,7 +119,7 @@ impl From<Failure> for RegistryError {
 
 impl Drop for RemoteRegistry {
     fn drop(&mut self) {
-        if let Some(poller) = self.poller.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        if let Some(poller) = self.poller.locked().take() {
             poller.abort();
         }
     }
@@ -202,9 +203,9 @@ impl RemoteRegistry {
         let tls = self.manager.tls(Some(credentials))?;
         let client = self.manager.client(&tls)?;
         let stream_client = self.manager.stream_client(&tls)?;
-        *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client;
-        *self.stream_client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = stream_client;
-        *self.tls.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = tls;
+        *self.client.write_locked() = client;
+        *self.stream_client.write_locked() = stream_client;
+        *self.tls.write_locked() = tls;
         Ok(())
     }
 
@@ -212,15 +213,15 @@ impl RemoteRegistry {
     /// requests in flight on it end): the agent moves to a change stream, and holds nothing
     /// else on its manager until its work changes.
     fn let_request_connection_go(&self) {
-        let tls = self.tls.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let tls = self.tls.read_locked().clone();
         match self.manager.client(&tls) {
-            Ok(client) => *self.client.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = client,
+            Ok(client) => *self.client.write_locked() = client,
             Err(error) => tracing::debug!(%error, "cannot make a new client; the old connection idles out"),
         }
     }
 
     fn client(&self) -> reqwest::Client {
-        self.client.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        self.client.read_locked().clone()
     }
 
     /// This machine's part of the manager in use.
@@ -235,7 +236,7 @@ impl RemoteRegistry {
     /// that fail together move on once: each moving on would send the agent back to the
     /// manager that failed.
     fn fail_over(&self, used: usize, why: &str, fault: Fault) {
-        let silent_for = self.last_answer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).elapsed();
+        let silent_for = self.last_answer.locked().elapsed();
         if !fault.leaves(silent_for, self.heartbeat) {
             tracing::debug!(why, "no answer from the manager; it answered lately, so the agent stays");
             return;
@@ -255,7 +256,7 @@ impl RemoteRegistry {
 
     /// The manager in use answered (anything: it is there).
     fn answer_heard(&self) {
-        *self.last_answer.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = tokio::time::Instant::now();
+        *self.last_answer.locked() = tokio::time::Instant::now();
     }
 
     async fn request(&self, request: reqwest::RequestBuilder) -> std::result::Result<Vec<u8>, Failure> {
@@ -295,7 +296,7 @@ impl RemoteRegistry {
 
     /// The journal questions managers ask of this machine (once: whoever reads the logs).
     pub fn journal_asks(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<JournalAsk>> {
-        self.journal_asks_taken.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take()
+        self.journal_asks_taken.locked().take()
     }
 
     /// Answers journal question `id`.
@@ -310,7 +311,7 @@ impl RemoteRegistry {
         if !self.announce_due.swap(false, std::sync::atomic::Ordering::Relaxed) {
             return Ok(());
         }
-        let announced = self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let announced = self.announced.locked().clone();
         let Some(machine) = announced else { return Ok(()) };
         match self.announce(&machine).await {
             Ok(()) => Ok(()),
@@ -386,7 +387,7 @@ impl RemoteRegistry {
     /// Follows the manager's changes to this machine's work and moves the signal on each: by
     /// its change stream, or by long polls where the manager serves no stream.
     fn start_polling(self: &Arc<Self>) {
-        let mut poller = self.poller.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut poller = self.poller.locked();
         if poller.is_some() {
             return;
         }
@@ -420,8 +421,7 @@ impl RemoteRegistry {
                     let followed = crate::change_stream::follow(&client, &url, beats, states, |heard| {
                         if let Some(registry) = registry.upgrade() {
                             if matches!(heard, crate::change_stream::Heard::Opened { carries_states: true, .. }) {
-                                *registry.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-                                    Some(states_sender.clone());
+                                *registry.stream_states.locked() = Some(states_sender.clone());
                             }
                             registry.heard_on_stream(heard, &mut following);
                         }
@@ -433,7 +433,7 @@ impl RemoteRegistry {
                         _ = moves.changed() => crate::change_stream::StreamEnd::Moved,
                     };
                     let Some(strong) = registry.upgrade() else { return };
-                    *strong.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+                    *strong.stream_states.locked() = None;
                     strong.stream_ended(end, used, opened.elapsed(), &mut following)
                 };
                 match outcome {
@@ -452,7 +452,7 @@ impl RemoteRegistry {
 
     /// The change stream's client, URL and heartbeats, on the manager in use.
     fn stream_parts(&self) -> (reqwest::Client, String, crate::change_stream::Beats) {
-        let client = self.stream_client.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let client = self.stream_client.read_locked().clone();
         let beats = crate::change_stream::Beats {
             idle: self.idle_heartbeat,
             proving: self.heartbeat,
@@ -512,7 +512,7 @@ impl RemoteRegistry {
     fn take_carried_work(&self, work: AgentWork, bodies: Vec<AgentHashedBody>) {
         self.kept_work.keep(&work, self.kept_work.before_read());
         self.note_offline(false);
-        let mut carried = self.carried_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut carried = self.carried_bodies.locked();
         for body in bodies {
             let Some(hash) = UnitHash::parse_hex(&body.hash) else { continue };
             let body = AgentUnitBody { options: body.options };
@@ -538,7 +538,7 @@ impl RemoteRegistry {
     /// Sends `states` on the change stream, if a second-version one is open: its answer, or
     /// `None` when it must go by request (no such stream, or it ended before answering).
     async fn states_on_stream(&self, states: &str) -> Result<Option<AgentStreamAnswer>> {
-        let sender = self.stream_states.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let sender = self.stream_states.locked().clone();
         let Some(sender) = sender else { return Ok(None) };
         let (answer, answered) = tokio::sync::oneshot::channel();
         let sent = tokio::time::Instant::now();
@@ -563,7 +563,7 @@ impl RemoteRegistry {
     /// The manager answered what was sent at `sent`: it noted this machine present when that
     /// reached it, no sooner.
     fn heard_by_manager(&self, sent: tokio::time::Instant) {
-        let mut answered = self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut answered = self.answered.locked();
         let before = *answered;
         *answered = Some(before.map_or(sent, |before| before.max(sent)));
         drop(answered);
@@ -679,7 +679,7 @@ impl AgentRegistry for RemoteRegistry {
     async fn register_machine(&self, machine: &MachineState) -> Result<()> {
         self.check_machine(&machine.id)?;
         self.announce(machine).await?;
-        *self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(machine.clone());
+        *self.announced.locked() = Some(machine.clone());
         Ok(())
     }
 
@@ -687,7 +687,7 @@ impl AgentRegistry for RemoteRegistry {
     /// agent beats minutes apart, and its last answer's age says nothing then.
     fn presence_renewed(&self, _machine_id: &str) -> fleet_registry::Renewal {
         let Some(since) = *self.proving.borrow() else { return fleet_registry::Renewal::NotLeased };
-        match *self.answered.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) {
+        match *self.answered.locked() {
             Some(sent) if sent >= since => fleet_registry::Renewal::SentAt(sent),
             _ => fleet_registry::Renewal::NotHeld,
         }
@@ -716,7 +716,7 @@ impl AgentRegistry for RemoteRegistry {
         self.check_machine(machine_id)?;
         self.announce_if_due().await?;
         let mut work = self.fetch_work().await?;
-        let announced = self.announced.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let announced = self.announced.locked().clone();
         if let (None, Some(machine)) = (&work.machine, announced) {
             // The cluster lost this machine (it was gone longer than agent_ttl): announce it
             // again, as an etcd machine does with a new lease.
@@ -763,7 +763,7 @@ impl AgentRegistry for RemoteRegistry {
         // What the stream carried is not asked for again.
         let mut unread = Vec::new();
         {
-            let carried = self.carried_bodies.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let carried = self.carried_bodies.locked();
             for hash in hashes {
                 match carried.get(hash) {
                     Some(file) => drop(found.insert(*hash, file.clone())),

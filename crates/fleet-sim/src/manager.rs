@@ -3,6 +3,7 @@
 //! supervisor's process or systemd's timer), which no freeze reaches and which kills the
 //! fenced units at their deadline.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -25,7 +26,7 @@ pub struct Keeper {
 
 impl Keeper {
     fn fence(&self) -> std::sync::MutexGuard<'_, Fence> {
-        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.fence.locked()
     }
 
     /// Kills the fenced units of `units` once their deadline has come.

@@ -5,6 +5,7 @@
 //! commit and still fail for want of an answer, and the machine's work is read from its copy,
 //! which must have caught up with the machine's registering again after a lapse.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -33,7 +34,7 @@ const LAPSED: i64 = i64::MAX;
 pub type SharedWorld = Arc<Mutex<World>>;
 
 pub fn lock(world: &SharedWorld) -> MutexGuard<'_, World> {
-    world.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    world.locked()
 }
 
 /// The machine's session, as this fleetd holds it.
@@ -115,18 +116,18 @@ impl SimStore {
     }
 
     fn session(&self) -> Option<Session> {
-        *self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        *self.session.locked()
     }
 
     fn update_session(&self, change: impl FnOnce(&mut Session)) {
-        if let Some(session) = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_mut() {
+        if let Some(session) = self.session.locked().as_mut() {
             change(session);
         }
     }
 
     /// Stops renewing (the fleetd died).
     pub fn stop(&self) {
-        if let Some(task) = self.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        if let Some(task) = self.keepalive.locked().take() {
             task.abort();
         }
     }
@@ -163,7 +164,7 @@ impl SimStore {
     /// A write: as [`SimStore::request`], but its answer may be lost after it committed.
     async fn write<T>(&self, what: &str, operation: impl FnOnce(&mut World) -> T) -> Result<T> {
         let result = self.request(what, operation).await?;
-        let lost = self.random.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).below(1000) < self.lost_answers;
+        let lost = self.random.locked().below(1000) < self.lost_answers;
         if lost {
             self.sleep(REQUEST_TIMEOUT).await;
             return Err(RegistryError::unavailable("simulated store", format!("{what}: committed, answer lost")));
@@ -217,11 +218,10 @@ impl SimStore {
                 }
             })?;
         self.unconfirmed.store(false, std::sync::atomic::Ordering::SeqCst);
-        self.claim_lapse.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
-        *self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-            Some(Session { lease, renewed: sent, rejoined_at: claimed_at });
+        self.claim_lapse.locked().take();
+        *self.session.locked() = Some(Session { lease, renewed: sent, rejoined_at: claimed_at });
         let task = tokio::spawn(self.clone().keep_alive()).abort_handle();
-        if let Some(previous) = self.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).replace(task) {
+        if let Some(previous) = self.keepalive.locked().replace(task) {
             previous.abort();
         }
         Ok(())
@@ -234,12 +234,12 @@ impl SimStore {
             return true;
         }
         let handled = *self.lapse_acks.borrow();
-        self.claim_lapse.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).is_some_and(|lapse| handled >= lapse)
+        self.claim_lapse.locked().is_some_and(|lapse| handled >= lapse)
     }
 
     /// Signals the lapse a fresh claim waits for the agent to handle (once per claim).
     fn ask_stop_before_fresh_claim(&self) {
-        let mut asked = self.claim_lapse.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut asked = self.claim_lapse.locked();
         if asked.is_none() {
             self.lapses.send_modify(|lapses| *lapses += 1);
             *asked = Some(*self.lapses.borrow());
@@ -335,7 +335,7 @@ impl AgentRegistry for SimStore {
 
     async fn unregister_machine(&self, _machine_id: &str) -> Result<()> {
         self.stop();
-        let Some(session) = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() else {
+        let Some(session) = self.session.locked().take() else {
             return Ok(());
         };
         self.write("unregister", |world| world.revoke(session.lease)).await
@@ -450,7 +450,7 @@ impl EngineRegistry for SimStore {
             })
             .await?;
         let world = lock(&self.world);
-        *self.planned_from.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = snapshot
+        *self.planned_from.locked() = snapshot
             .units
             .iter()
             .filter_map(|unit| Some((unit.name.clone(), world.units.get(&unit.name)?.modified)))
@@ -468,7 +468,7 @@ impl EngineRegistry for SimStore {
     }
 
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {
-        let planned_from = self.planned_from.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let planned_from = self.planned_from.locked().clone();
         self.write("apply", |world| {
             if !world.leads(&lease.machine_id, lease.token) {
                 return Err(RegistryError::LeadershipLost);

@@ -3,6 +3,7 @@
 //! writer; what happened goes to the source's status. Git → leader → agents: the agents see
 //! ordinary units.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -72,14 +73,14 @@ impl SourceSyncer {
 
     /// The commit whose content is held for `source`, if any.
     fn known_commit(&self, source: &SourceRecord) -> Option<String> {
-        let read = self.read.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let read = self.read.locked();
         read.get(&source.name).filter(|held| held.origin == origin(source)).map(|held| held.commit.clone())
     }
 
     /// The content of what was fetched: the held one when the commit is unchanged, or the
     /// files read now (and held for next time).
     fn content(&self, source: &SourceRecord, fetched: &Fetched) -> Arc<SourceContent> {
-        let mut read = self.read.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut read = self.read.locked();
         if fetched.unchanged
             && let Some(held) = read.get(&source.name).filter(|held| held.commit == fetched.commit)
         {

@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 use fleet_core::secrets::SecretPins;
+use fleet_core::unpoisoned::Locked;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitState};
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
@@ -377,7 +378,7 @@ impl ApiRegistry for EmbeddedRegistry {
     }
 
     async fn engine_leader(&self) -> Result<Option<MachineId>> {
-        Ok(self.leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+        Ok(self.leader.locked().clone())
     }
 
     async fn change_metadata(&self, changes: &[MetadataChange]) -> Result<()> {

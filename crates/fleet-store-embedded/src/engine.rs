@@ -1,6 +1,7 @@
 //! The engine's facet of the embedded store. One fleetd owns the file, so leadership is
 //! always its own; the lease is still checked so the seam behaves as on etcd.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeSet, HashMap};
 
 use async_trait::async_trait;
@@ -22,12 +23,12 @@ const EMBEDDED_LEASE_TOKEN: u64 = 1;
 #[async_trait]
 impl EngineRegistry for EmbeddedRegistry {
     async fn acquire_leadership(&self, machine_id: &str) -> Result<Option<EngineLease>> {
-        *self.leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(machine_id.to_string());
+        *self.leader.locked() = Some(machine_id.to_string());
         Ok(Some(EngineLease { machine_id: machine_id.to_string(), token: EMBEDDED_LEASE_TOKEN }))
     }
 
     async fn release_leadership(&self, lease: &EngineLease) -> Result<()> {
-        let mut leader = self.leader.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut leader = self.leader.locked();
         if leader.as_deref() == Some(lease.machine_id.as_str()) {
             *leader = None;
         }

@@ -4,6 +4,8 @@
 //! of it. Readers are told of changes through watch channels: the engine on any change to
 //! units or machines, each machine only on changes to its own work.
 
+#![forbid(unsafe_code)]
+
 mod agent;
 mod backup;
 pub use backup::{SnapshotSummary, check_snapshot};
@@ -14,6 +16,7 @@ mod format;
 mod sources;
 mod tables;
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -184,7 +187,7 @@ impl EmbeddedRegistry {
         if touched.sources {
             bump(&self.signals.sources);
         }
-        let machines = self.signals.machines.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let machines = self.signals.machines.locked();
         if touched.all_machines {
             machines.values().for_each(bump);
         } else {
@@ -198,7 +201,7 @@ impl EmbeddedRegistry {
     }
 
     fn machine_signal(&self, machine_id: &str) -> ChangeSignal {
-        let mut machines = self.signals.machines.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut machines = self.signals.machines.locked();
         machines.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).subscribe()
     }
 }

@@ -2,6 +2,7 @@
 //! `schedule/<machine>/`, `global/`, its presence and its metadata: a fallback reconcile
 //! reads nothing from etcd, and only changes to this machine's work wake it.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
@@ -90,7 +91,7 @@ impl AgentRegistry for EtcdRegistry {
         // Registered already (fleetd announces before its agent starts, and a reload registers
         // again): write only when what the cluster sees of this machine changed.
         {
-            let mut known = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut known = session.machine.locked();
             if *known == *machine {
                 return Ok(());
             }
@@ -158,8 +159,8 @@ impl AgentRegistry for EtcdRegistry {
                 let written = batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await;
                 self.noting_agent_lease(lease, written)?;
             }
-            let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut written = session.states.locked();
+            let mut to_restore = session.to_restore.locked();
             for (key, value) in chunk {
                 to_restore.remove(key);
                 match value {
@@ -268,7 +269,7 @@ impl EtcdRegistry {
     /// absent.
     async fn restore_states(&self, machine_id: &str, work: &MachineWork) -> Result<()> {
         let Some(session) = self.session(machine_id) else { return Ok(()) };
-        let pending = std::mem::take(&mut *session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let pending = std::mem::take(&mut *session.to_restore.locked());
         if pending.is_empty() {
             return Ok(());
         }
@@ -294,13 +295,13 @@ impl EtcdRegistry {
                 .collect();
             if let Err(error) = self.connection().txn(Txn::new().and_then(ops)).await {
                 // What was not written is tried again on the next read of the work.
-                let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut to_restore = session.to_restore.locked();
                 for (key, value) in kept.into_iter().skip(done * MAX_TXN_OPS) {
                     to_restore.entry(key).or_insert(value);
                 }
                 return Err(error);
             }
-            let mut written = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut written = session.states.locked();
             for (key, value) in chunk {
                 written.entry(key.clone()).or_insert_with(|| value.clone());
             }

@@ -17,6 +17,7 @@
 //!   after a lapse ([`EtcdRegistry::reclaim_agents`]); one that another manager took
 //!   meanwhile is let go.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,11 +53,11 @@ impl AgentLease {
         if lease == 0 || lease != self.current() {
             return None;
         }
-        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        *self.renewed.locked()
     }
 
     fn mark_renewed(&self, sent: tokio::time::Instant) {
-        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(sent);
+        *self.renewed.locked() = Some(sent);
     }
 
     /// `lease` expired: no lease is held until the next grant. Whether it was the one held.
@@ -76,7 +77,7 @@ impl AgentLease {
 
     /// Stops renewing (the manager dies, for the tests): the lease expires after `agent_ttl`.
     pub fn stop_keepalive(&self) {
-        if let Some(task) = self.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        if let Some(task) = self.keepalive.locked().take() {
             task.abort();
         }
     }
@@ -114,7 +115,7 @@ impl EtcdRegistry {
     /// Starts the agents' lease keepalive if it is not running. The task holds the registry
     /// only weakly: it ends when the registry is dropped.
     fn keep_agent_lease_alive(&self) {
-        let mut keepalive = self.inner.agent_lease.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut keepalive = self.inner.agent_lease.keepalive.locked();
         if keepalive.is_none() {
             let registry = Arc::downgrade(&self.inner);
             let wake = self.inner.agent_lease.wake.clone();
@@ -130,7 +131,7 @@ impl EtcdRegistry {
     pub(super) async fn reclaim_agents(&self) -> Result<()> {
         let live = self.inner.agent_lease.current();
         let lapsed: Vec<Arc<MachineSession>> = {
-            let sessions = self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let sessions = self.inner.sessions.locked();
             sessions.values().filter(|session| !session.own() && session.lease() != live).cloned().collect()
         };
         if lapsed.is_empty() {
@@ -167,7 +168,7 @@ impl EtcdRegistry {
         match self.presence_lease_in_copy(machine_id) {
             Some(lease) if lease != session.lease() && session.lease() == self.inner.agent_lease.current() => {
                 tracing::info!(machine_id, "another manager wrote this pull agent's presence since; taking it back");
-                let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+                let machine = session.machine.locked().clone();
                 self.take_over_session(&machine).await
             }
             _ => Ok(()),
@@ -215,7 +216,7 @@ impl EtcdRegistry {
         if lease == 0 || lease != self.inner.agent_lease.current() {
             return Ok(false);
         }
-        if *session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) != *machine {
+        if *session.machine.locked() != *machine {
             return Ok(false);
         }
         let reply = self.connection().get(&self.keys().machine(&machine.id), None).await?;

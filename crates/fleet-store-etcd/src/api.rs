@@ -2,6 +2,7 @@
 //! from the watch-fed copy (`api_copy.rs`); writes as transactions conditional on the
 //! revisions read, retried when another writer got there first.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -99,7 +100,7 @@ impl EtcdRegistry {
     async fn write_unit<T>(&self, name: &str, writer: &Writer, plan: impl Fn(&Current) -> Planned<T>) -> Result<T> {
         let guess = std::sync::Mutex::new(self.current_in_copy(name));
         optimistically(|| async {
-            let guessed = guess.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+            let guessed = guess.locked().take();
             let (current, guessed) = match guessed {
                 Some(current) => (current, true),
                 None => (self.current(name, writer).await?, false),

@@ -7,6 +7,7 @@
 //! every other write once the watch delivered it (milliseconds). A copy whose watch is down
 //! answers nothing: the list fails as a read from etcd would.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,11 +47,11 @@ type UnitMachinePairs = Vec<(String, String)>;
 impl StateOrder {
     /// Forgets the order (the copy it was sorted from is gone).
     fn clear(&self) {
-        *self.sorted.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        *self.sorted.locked() = None;
     }
 
     fn of(&self, registry: &EtcdRegistry, data: &MirrorData) -> Arc<UnitMachinePairs> {
-        let mut sorted = self.sorted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut sorted = self.sorted.locked();
         if let Some((generation, order)) = sorted.as_ref()
             && *generation == data.generation
         {
@@ -95,7 +96,7 @@ fn resumed<'a>(
 
 impl EtcdRegistry {
     fn api_copy_slot(&self) -> std::sync::MutexGuard<'_, Option<ApiCopy>> {
-        self.inner.api_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.api_mirror.locked()
     }
 
     /// The API's copy, started if it is not running (or taken back from the engine that
@@ -143,7 +144,7 @@ impl EtcdRegistry {
             loop {
                 tokio::time::sleep(idle / 4).await;
                 let Some(inner) = inner.upgrade() else { return };
-                let mut slot = inner.api_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut slot = inner.api_mirror.locked();
                 match slot.as_ref() {
                     Some(copy) if copy.last_used.elapsed() < idle => {}
                     _ => {

@@ -118,6 +118,8 @@ impl super::EtcdRegistry {
 
 #[cfg(test)]
 mod tests {
+    use fleet_core::unpoisoned::Locked;
+
     use std::sync::Mutex;
 
     use super::*;
@@ -138,7 +140,7 @@ mod tests {
         let lags: Vec<Duration> = lags.iter().map(|ms| Duration::from_millis(*ms)).collect();
         let made = Mutex::new(0usize);
         move || {
-            let mut made = made.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut made = made.locked();
             let lag = lags[(*made).min(lags.len() - 1)];
             *made += 1;
             std::future::ready(Some(lag))

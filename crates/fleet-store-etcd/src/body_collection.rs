@@ -9,6 +9,7 @@
 //! it was last written at or before the revision of the copy that showed it unused, so a unit
 //! that took up the content since then wrote the body again, and keeps it.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeSet, HashMap};
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, Txn, TxnOp, TxnOpResponse};
@@ -76,7 +77,7 @@ impl ContentCounts {
 impl EtcdRegistry {
     /// Whether a collection would have anything to do.
     pub(super) fn bodies_to_collect(&self) -> bool {
-        self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contents.has_work()
+        self.inner.engine_records.locked().contents.has_work()
     }
 
     /// Deletes the bodies no unit of the engine's last snapshot refers to; the first time
@@ -85,7 +86,7 @@ impl EtcdRegistry {
     /// how many bodies are gone.
     pub(super) async fn delete_unused_bodies(&self) -> Result<usize> {
         let (mut candidates, revision, swept, epoch) = {
-            let mut records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut records = self.inner.engine_records.locked();
             let contents = &mut records.contents;
             let (swept, epoch) = (contents.swept, contents.epoch);
             let (candidates, revision) = contents.due();
@@ -100,7 +101,7 @@ impl EtcdRegistry {
             candidates.dedup();
         }
         let gone = self.delete_bodies_unchanged_since(&candidates, revision).await?;
-        let mut records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut records = self.inner.engine_records.locked();
         let contents = &mut records.contents;
         if contents.epoch == epoch {
             // A body written again since stays a candidate: the next collection looks again.
@@ -122,7 +123,7 @@ impl EtcdRegistry {
         let listed = self.connection().get(&bodies, Some(GetOptions::new().with_prefix().with_keys_only())).await?;
         let legacy_refs = TxnOp::delete(keys.legacy_refs(), Some(DeleteOptions::new().with_prefix()));
         self.connection().txn(Txn::new().and_then([legacy_refs])).await?;
-        let records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let records = self.inner.engine_records.locked();
         if records.contents.epoch != epoch {
             return Ok(Vec::new());
         }

@@ -4,6 +4,7 @@
 //! chore compacts to the revision it noted one interval before, so a watch that fell behind
 //! by less than that resumes, and one that fell further behind lists again (`mirror.rs`).
 
+use fleet_core::unpoisoned::Locked;
 use std::time::{Duration, Instant};
 
 use super::EtcdRegistry;
@@ -25,7 +26,7 @@ pub(super) struct Checkpoint {
 impl EtcdRegistry {
     /// When the next compaction is due at the latest.
     pub(super) fn compaction_due_within(&self) -> Duration {
-        let noted = self.inner.checkpoint.noted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let noted = self.inner.checkpoint.noted.locked();
         noted.map_or(NOTE_RETRY, |(at, _)| self.inner.kept_history.saturating_sub(at.elapsed()))
     }
 
@@ -35,7 +36,7 @@ impl EtcdRegistry {
         let kept = self.inner.kept_history;
         let current = self.engine_mirror().read().revision;
         let due = {
-            let mut noted = self.inner.checkpoint.noted.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut noted = self.inner.checkpoint.noted.locked();
             match *noted {
                 None => {
                     *noted = (current > 0).then(|| (Instant::now(), current));

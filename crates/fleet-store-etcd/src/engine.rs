@@ -2,6 +2,7 @@
 //! from the watch-fed copy, and schedule writes batched into transactions fenced by the
 //! leader key's create revision, so a deposed leader cannot write.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
@@ -144,7 +145,7 @@ impl EtcdRegistry {
             return HashMap::new();
         }
         let keys = self.keys();
-        let records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let records = self.inner.engine_records.locked();
         let hash_of = |unit: &str| {
             let key = keys.unit(unit);
             match records.by_key.get(&key) {
@@ -290,7 +291,7 @@ impl EngineRegistry for EtcdRegistry {
         let mut units = Vec::new();
         let unit_range = KeyRange::prefix(units_prefix.clone());
         // Records are decoded once per version: a pass decodes only what changed since the last.
-        let mut decoded = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut decoded = self.inner.engine_records.locked();
         decoded.pass = decoded.pass.wrapping_add(1);
         let pass = decoded.pass;
         for (key, entry) in data.range(&unit_range) {

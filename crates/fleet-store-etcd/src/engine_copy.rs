@@ -7,6 +7,7 @@
 //! the engine still reads rather than listing the cluster again. The leadership gone, the
 //! engine lets go of both.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, MutexGuard};
 
@@ -61,7 +62,7 @@ pub(super) struct EngineCopies {
 
 impl EtcdRegistry {
     fn engine_copies(&self) -> MutexGuard<'_, EngineCopies> {
-        self.inner.engine_mirror.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.inner.engine_mirror.locked()
     }
 
     fn own_engine_copy(&self) -> Arc<Mirror> {
@@ -122,7 +123,7 @@ impl EtcdRegistry {
             copies.reading.take()
         };
         if dropped.is_some() {
-            let mut records = self.inner.engine_records.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut records = self.inner.engine_records.locked();
             records.by_key.clear();
             records.contents.clear();
         }

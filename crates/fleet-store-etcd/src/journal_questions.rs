@@ -6,6 +6,7 @@
 //! (`fleet_core::journal_relay`): the API bounds each asker's rate and this fleetd's relays,
 //! this store the questions in flight in the whole cluster and each answer's size.
 
+use fleet_core::unpoisoned::Locked;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -133,7 +134,7 @@ impl JournalQuestions for EtcdRegistry {
 impl EtcdRegistry {
     /// Moves when a question may have been put under `prefix`: one watch per prefix followed.
     fn question_changes(&self, prefix: String) -> ChangeSignal {
-        let mut mirrors = self.inner.journal_mirrors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut mirrors = self.inner.journal_mirrors.locked();
         let (_, signal) = mirrors.entry(prefix.clone()).or_insert_with(|| {
             let signal = watch::channel(0).0;
             let range = KeyRange::prefix(prefix);

@@ -5,6 +5,7 @@
 //! comes by (a pass, a batch of its writes) within [`ENGINE_SILENCE`] lives of the lease: an
 //! engine wedged in a pass that never ends lets its lease lapse, and a standby leads.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -73,27 +74,27 @@ impl LeaseClock {
 
     /// Notes that the engine is at work (a pass began, or a batch of its writes).
     pub fn came_by(&self) {
-        *self.came_by.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Instant::now();
+        *self.came_by.locked() = Instant::now();
     }
 
     /// Whether the engine came by within [`ENGINE_SILENCE`] lives of the lease.
     fn engine_at_work(&self) -> bool {
-        self.came_by.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).elapsed() < self.ttl * ENGINE_SILENCE
+        self.came_by.locked().elapsed() < self.ttl * ENGINE_SILENCE
     }
 
     pub fn since_renewed(&self) -> Duration {
-        self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).elapsed()
+        self.renewed.locked().elapsed()
     }
 
     fn mark_renewed(&self, sent: Instant) {
-        let mut renewed = self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut renewed = self.renewed.locked();
         *renewed = (*renewed).max(sent);
     }
 
     /// Moves the last renewal back by `by`, as if time had passed without one.
     #[cfg(test)]
     pub fn age(&self, by: Duration) {
-        let mut renewed = self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut renewed = self.renewed.locked();
         *renewed = renewed.checked_sub(by).unwrap_or(*renewed);
     }
 }

@@ -11,6 +11,8 @@
 //!   fallback reconcile costs no etcd request;
 //! - the engine's writes are batched transactions fenced by its leader key.
 
+#![forbid(unsafe_code)]
+
 mod agent;
 mod agent_lease;
 mod api;
@@ -39,6 +41,7 @@ mod stored_rollouts;
 mod unit_write_batches;
 mod written_together;
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -276,7 +279,7 @@ impl EtcdRegistry {
                 ];
                 let signals = self.inner.work_signals.clone();
                 let observer: mirror::Observer = Arc::new(move |changed| {
-                    let signals = signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let signals = signals.locked();
                     let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
                     match changed {
                         mirror::Changed::Everything => signals.values().for_each(bump),
@@ -299,7 +302,7 @@ impl EtcdRegistry {
             self.machine_mirror(machine_id).poke();
             return;
         }
-        let signals = self.inner.work_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let signals = self.inner.work_signals.locked();
         if let Some(signal) = signals.get(machine_id) {
             signal.send_modify(|revision| *revision += 1);
         }
@@ -307,13 +310,13 @@ impl EtcdRegistry {
 
     /// `machine_id`'s lapse signal (see [`fleet_registry::AgentRegistry::presence_lapses`]).
     pub(crate) fn lapse_signal(&self, machine_id: &str) -> watch::Sender<u64> {
-        let mut signals = self.inner.lapse_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut signals = self.inner.lapse_signals.locked();
         signals.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).clone()
     }
 
     /// How many of `machine_id`'s lapses its agent has handled.
     pub(crate) fn lapse_ack(&self, machine_id: &str) -> watch::Sender<u64> {
-        let mut acks = self.inner.lapse_acks.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut acks = self.inner.lapse_acks.locked();
         acks.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).clone()
     }
 
@@ -323,12 +326,12 @@ impl EtcdRegistry {
             return self.machine_mirror(machine_id).changes();
         }
         self.work_mirror(machine_id);
-        let mut signals = self.inner.work_signals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut signals = self.inner.work_signals.locked();
         signals.entry(machine_id.to_string()).or_insert_with(|| watch::channel(0).0).subscribe()
     }
 
     fn machine_mirror(&self, machine_id: &str) -> Arc<Mirror> {
-        let mut mirrors = self.inner.machine_mirrors.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut mirrors = self.inner.machine_mirrors.locked();
         mirrors
             .entry(machine_id.to_string())
             .or_insert_with(|| {

@@ -4,6 +4,7 @@
 //! signal and read the copy, so waking up costs no etcd request.
 
 use fleet_core::Backoff;
+use fleet_core::unpoisoned::{Locked, ReadWriteLocked};
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -189,7 +190,7 @@ impl Mirror {
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
-        self.data.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.data.read_locked()
     }
 
     /// The copy, or `Unavailable` before the first listing.
@@ -233,7 +234,7 @@ impl Mirror {
     /// ignored. Only changes that make an event may be noted, or the wait cannot end.
     pub fn expect(&self, key: &str, revision: i64) {
         if let Some(index) = self.ranges.iter().position(|range| range.contains(key)) {
-            let mut expected = self.expected.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut expected = self.expected.locked();
             expected[index] = expected[index].max(revision);
         }
     }
@@ -243,7 +244,7 @@ impl Mirror {
     /// they come), or `limit` passes; `true` if so. Each range is waited on by its own
     /// revision: etcd orders a watcher's events, not one watcher's against another's.
     pub async fn caught_up(&self, limit: Duration) -> bool {
-        let expected = self.expected.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let expected = self.expected.locked().clone();
         self.wait_until(limit, |data| {
             data.synced && data.streaming && data.seen.iter().zip(&expected).all(|(seen, expected)| seen >= expected)
         })
@@ -295,7 +296,7 @@ impl Feeder {
             loop {
                 let started = tokio::time::Instant::now();
                 let end = self.follow(next_relist).await;
-                self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = false;
+                self.data.write_locked().streaming = false;
                 match end {
                     StreamEnd::Compacted => break,
                     StreamEnd::Broken(error) => {
@@ -337,7 +338,7 @@ impl Feeder {
             }
         }
         {
-            let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut data = self.data.write_locked();
             let changed = !data.synced || data.entries != entries;
             data.entries = entries;
             data.revision = data.revision.max(revision);
@@ -363,7 +364,7 @@ impl Feeder {
     /// is skipped. etcd then keeps its watchers, where a new stream made it create them again
     /// and catch each up from an old revision.
     async fn follow(&self, mut next_relist: tokio::time::Instant) -> StreamEnd {
-        let resume = self.data.read().unwrap_or_else(|poisoned| poisoned.into_inner()).seen.clone();
+        let resume = self.data.read_locked().seen.clone();
         let connection = &self.connection;
         let options = |index: usize| {
             WatchOptions::new()
@@ -388,7 +389,7 @@ impl Feeder {
                 return StreamEnd::Broken(RegistryError::Unavailable(error.to_string()));
             }
         }
-        self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner()).streaming = true;
+        self.data.write_locked().streaming = true;
         // Readers waiting for the watch to be up (`Mirror::caught_up`) look again.
         self.changes.send_modify(|generation| *generation += 1);
         // Watch IDs come back in the order the watches were asked for.
@@ -442,7 +443,7 @@ impl Feeder {
     /// event up to its revision was delivered).
     fn apply(&self, response: &WatchResponse, index: usize) {
         let events = response.events();
-        let mut data = self.data.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut data = self.data.write_locked();
         if events.is_empty() {
             if !response.created()
                 && let Some(header) = response.header()

@@ -3,6 +3,7 @@
 //! partition longer than `agent_ttl`), the machine registers again under a new lease and
 //! writes its states again.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -143,7 +144,7 @@ impl MachineSession {
     }
 
     pub fn machine_id(&self) -> String {
-        self.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).id.clone()
+        self.machine.locked().id.clone()
     }
 
     /// Notes that etcd said the lease expired: no copy shows what is still this machine's
@@ -154,15 +155,15 @@ impl MachineSession {
 
     /// When the last renewal that succeeded was sent.
     pub fn renewed(&self) -> tokio::time::Instant {
-        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        *self.renewed.locked()
     }
 
     fn mark_renewed(&self, sent: tokio::time::Instant) {
-        *self.renewed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = sent;
+        *self.renewed.locked() = sent;
     }
 
     pub fn stop_keepalive(&self) {
-        if let Some(task) = self.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+        if let Some(task) = self.keepalive.locked().take() {
             task.abort();
         }
     }
@@ -206,13 +207,13 @@ impl EtcdRegistry {
     }
 
     pub(super) fn unconfirmed_claim(&self, machine_id: &str) -> Option<i64> {
-        self.inner.unconfirmed_claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(machine_id).copied()
+        self.inner.unconfirmed_claims.locked().get(machine_id).copied()
     }
 
     /// Notes that the claim under `lease` got no answer (`Some`), or that the machine's
     /// presence is settled (`None`).
     pub(super) fn note_unconfirmed_claim(&self, machine_id: &str, lease: Option<i64>) {
-        let mut claims = self.inner.unconfirmed_claims.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut claims = self.inner.unconfirmed_claims.locked();
         match lease {
             Some(lease) => claims.insert(machine_id.to_string(), lease),
             None => claims.remove(machine_id),
@@ -359,7 +360,7 @@ impl EtcdRegistry {
         if !held.kvs().is_empty() {
             return Err(RegistryError::MachineInUse { machine_id: machine_id.to_string() });
         }
-        let mut asked = self.inner.claim_lapses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut asked = self.inner.claim_lapses.locked();
         if !asked.contains_key(machine_id) {
             signal.send_modify(|lapses| *lapses += 1);
             asked.insert(machine_id.to_string(), *signal.borrow());
@@ -371,7 +372,7 @@ impl EtcdRegistry {
     /// handled it, `PresenceLapsed` until then; `None` when none was.
     fn lapse_asked(&self, machine_id: &str) -> Option<Result<()>> {
         let handled = *self.lapse_ack(machine_id).borrow();
-        let mut asked = self.inner.claim_lapses.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut asked = self.inner.claim_lapses.locked();
         match asked.get(machine_id) {
             Some(lapse) if handled >= *lapse => {
                 asked.remove(machine_id);
@@ -405,14 +406,9 @@ impl EtcdRegistry {
         });
         if own {
             let task = tokio::spawn(self.clone().keep_alive(session.clone())).abort_handle();
-            *session.keepalive.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
+            *session.keepalive.locked() = Some(task);
         }
-        let previous = self
-            .inner
-            .sessions
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(machine.id.clone(), session);
+        let previous = self.inner.sessions.locked().insert(machine.id.clone(), session);
         if let Some(previous) = previous {
             previous.stop_keepalive();
         }
@@ -428,16 +424,16 @@ impl EtcdRegistry {
     }
 
     pub(super) fn session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
-        self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(machine_id).cloned()
+        self.inner.sessions.locked().get(machine_id).cloned()
     }
 
     pub(super) fn take_session(&self, machine_id: &str) -> Option<Arc<MachineSession>> {
-        self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(machine_id)
+        self.inner.sessions.locked().remove(machine_id)
     }
 
     /// Forgets `session` if it is still `machine_id`'s (not replaced meanwhile).
     pub(super) fn forget_session(&self, machine_id: &str, session: &Arc<MachineSession>) {
-        let mut sessions = self.inner.sessions.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut sessions = self.inner.sessions.locked();
         if sessions.get(machine_id).is_some_and(|held| Arc::ptr_eq(held, session)) {
             sessions.remove(machine_id);
         }
@@ -528,7 +524,7 @@ impl EtcdRegistry {
         // Leases lapse in numbers when etcd is overloaded: their registrations wait rather than
         // keep it so.
         self.wait_while_etcd_is_behind().await;
-        let machine = session.machine.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let machine = session.machine.locked().clone();
         // A claim of an earlier attempt that got no answer may have landed: it is this one.
         let landed = match self.unconfirmed_claim(&machine.id) {
             Some(_) => self.own_live_lease(&machine).await?.filter(|(lease, _)| *lease != session.lease()),
@@ -540,8 +536,8 @@ impl EtcdRegistry {
         };
         self.note_unconfirmed_claim(&machine.id, None);
         {
-            let mut recorded = session.states.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let mut to_restore = session.to_restore.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut recorded = session.states.locked();
+            let mut to_restore = session.to_restore.locked();
             to_restore.append(&mut recorded);
         }
         session.lease.store(lease, Ordering::SeqCst);

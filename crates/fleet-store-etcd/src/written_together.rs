@@ -5,6 +5,7 @@
 //! requests. A write waits for its turn; the one whose turn it is takes every write waiting,
 //! up to a batch's bound, writes them together and answers each.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::{Arc, Mutex};
 
 use fleet_registry::{RegistryError, Result};
@@ -49,7 +50,7 @@ impl<Request: Send + 'static, Outcome: Send + 'static> WrittenTogether<Request, 
         Written: Future<Output = Result<Vec<Outcome>>> + Send + 'static,
     {
         let (answer, mut answered) = oneshot::channel();
-        self.waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(Waiting { request, weight, answer });
+        self.waiting.locked().push(Waiting { request, weight, answer });
         loop {
             let turn = self.turn.clone().lock_owned().await;
             // A batch written while this request waited for its turn may have answered it.
@@ -84,12 +85,12 @@ impl<Request: Send + 'static, Outcome: Send + 'static> WrittenTogether<Request, 
     /// How many writes wait.
     #[cfg(test)]
     pub(crate) fn waiting(&self) -> usize {
-        self.waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).len()
+        self.waiting.locked().len()
     }
 
     /// The oldest requests waiting, up to `most` weight (at least one).
     fn take(&self, most: usize) -> Vec<Waiting<Request, Outcome>> {
-        let mut waiting = self.waiting.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut waiting = self.waiting.locked();
         let mut weight = 0;
         let count = waiting
             .iter()

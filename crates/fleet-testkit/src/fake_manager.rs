@@ -6,6 +6,7 @@
 //! `systemctl stop` behind fleet's back ([`FakeUnitManager::stop_outside_fleet`]), or fail by
 //! itself ([`FakeUnitManager::fail_by_itself`]).
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -47,7 +48,7 @@ impl FakeUnitManager {
     pub fn running(name: &str, file: &UnitFile) -> Self {
         let manager = Self::new();
         let held = HeldUnit { hash: file.hash(), state: SystemdState::new("loaded", "active", "running") };
-        manager.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.to_string(), held);
+        manager.units.locked().insert(name.to_string(), held);
         manager
     }
 
@@ -63,12 +64,12 @@ impl FakeUnitManager {
 
     /// The state of `name`, if held.
     pub fn state(&self, name: &str) -> Option<SystemdState> {
-        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).get(name).map(|held| held.state.clone())
+        self.units.locked().get(name).map(|held| held.state.clone())
     }
 
     /// Stops `name` as `systemctl stop` would, behind fleet's back.
     pub fn stop_outside_fleet(&self, name: &str) -> Result<()> {
-        self.stopped_outside.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.to_string());
+        self.stopped_outside.locked().insert(name.to_string());
         self.set(name, SystemdState::new("loaded", "inactive", "dead"))
     }
 
@@ -79,7 +80,7 @@ impl FakeUnitManager {
     }
 
     fn set(&self, name: &str, state: SystemdState) -> Result<()> {
-        let mut units = self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut units = self.units.locked();
         let unit = units.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
         unit.state = state;
         drop(units);
@@ -96,13 +97,13 @@ impl UnitManager for FakeUnitManager {
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
         let held = HeldUnit { hash: file.hash(), state: SystemdState::new("loaded", "inactive", "dead") };
-        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(name.to_string(), held);
+        self.units.locked().insert(name.to_string(), held);
         self.changes.send_modify(|generation| *generation += 1);
         Ok(())
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
-        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(name);
+        self.units.locked().remove(name);
         self.changes.send_modify(|generation| *generation += 1);
         Ok(())
     }
@@ -113,7 +114,7 @@ impl UnitManager for FakeUnitManager {
 
     async fn start(&self, name: &str) -> Result<()> {
         self.starts.fetch_add(1, Ordering::SeqCst);
-        self.stopped_outside.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(name);
+        self.stopped_outside.locked().remove(name);
         self.set(name, SystemdState::new("loaded", "active", "running"))
     }
 
@@ -122,7 +123,7 @@ impl UnitManager for FakeUnitManager {
     }
 
     async fn units(&self) -> Result<BTreeMap<String, HeldUnit>> {
-        Ok(self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone())
+        Ok(self.units.locked().clone())
     }
 
     fn state_changes(&self) -> watch::Receiver<u64> {
@@ -130,7 +131,7 @@ impl UnitManager for FakeUnitManager {
     }
 
     async fn ended_by_itself(&self, name: &str) -> Result<bool> {
-        Ok(!self.stopped_outside.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(name))
+        Ok(!self.stopped_outside.locked().contains(name))
     }
 
     async fn journal(&self, _name: &str, _lines: usize) -> Result<String> {
@@ -139,8 +140,7 @@ impl UnitManager for FakeUnitManager {
 
     async fn stop_all(&self) -> Result<()> {
         self.stop_alls.fetch_add(1, Ordering::SeqCst);
-        let names: Vec<String> =
-            self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).keys().cloned().collect();
+        let names: Vec<String> = self.units.locked().keys().cloned().collect();
         for name in names {
             self.stop(&name).await?;
         }

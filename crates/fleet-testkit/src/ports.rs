@@ -1,5 +1,6 @@
 //! Free loopback ports for servers started by tests.
 
+use fleet_core::unpoisoned::Locked;
 use std::net::TcpListener;
 use std::sync::Mutex;
 
@@ -15,7 +16,7 @@ static LAST: Mutex<Option<u16>> = Mutex::new(None);
 
 /// A loopback TCP port nothing listens on now and this process has not handed out before.
 pub fn free_port() -> u16 {
-    let mut last = LAST.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let mut last = LAST.locked();
     let span = u32::from(HIGHEST - LOWEST);
     // Processes started one after another (a test each) start 97 ports apart.
     let start = last.unwrap_or_else(|| LOWEST + u16::try_from(std::process::id().wrapping_mul(97) % span).unwrap_or(0));

@@ -3,6 +3,7 @@
 //! [`ServerTls::reload`] (fleetd calls it on SIGHUP), so certificates rotate without a
 //! restart; connections made before keep the configuration they started with.
 
+use fleet_core::unpoisoned::ReadWriteLocked;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -143,25 +144,25 @@ impl ServerTls {
 
     /// The configuration new connections use.
     pub fn current(&self) -> Arc<ServerConfig> {
-        self.loaded.read().unwrap_or_else(|poisoned| poisoned.into_inner()).config.clone()
+        self.loaded.read_locked().config.clone()
     }
 
     /// The subject of the agent CA, whose certificates name machines.
     pub fn machine_issuer(&self) -> Option<Arc<[u8]>> {
-        self.loaded.read().unwrap_or_else(|poisoned| poisoned.into_inner()).machine_issuer.clone()
+        self.loaded.read_locked().machine_issuer.clone()
     }
 
     /// Reads the files again (at the paths `files` names now); on failure the running
     /// configuration stays.
     pub fn reload(&self, files: TlsFiles) -> Result<(), TlsError> {
         let loaded = load(&files)?;
-        *self.loaded.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = loaded;
-        *self.files.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = files;
+        *self.loaded.write_locked() = loaded;
+        *self.files.write_locked() = files;
         Ok(())
     }
 
     pub fn files(&self) -> TlsFiles {
-        self.files.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        self.files.read_locked().clone()
     }
 }
 

@@ -4,6 +4,7 @@
 //! the clock, and printed), on every core. `fleet-sim --seed N`: one seed, in full, twice,
 //! to show it replays the same. Exits 1 when any seed fails.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -69,11 +70,11 @@ fn main() -> anyhow::Result<()> {
                         return;
                     }
                     let outcome = run(seed, &config);
-                    let mut longest = longest.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    let mut longest = longest.locked();
                     *longest = (*longest).max(outcome.longest_double_run);
                     if !outcome.passed() {
                         print!("{outcome}");
-                        failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(outcome);
+                        failed.locked().push(outcome);
                     }
                 }
             })
@@ -83,13 +84,13 @@ fn main() -> anyhow::Result<()> {
         thread.join().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
     }
     let took = started.elapsed();
-    let failed = failed.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let failed = failed.locked();
     println!(
         "{seeds} seeds in {:.1} s on {workers} threads: {:.0} seeds per minute, {} failed; longest double run {:?}",
         took.as_secs_f64(),
         seeds as f64 * 60.0 / took.as_secs_f64(),
         failed.len(),
-        *longest.lock().unwrap_or_else(|poisoned| poisoned.into_inner()),
+        *longest.locked(),
     );
     if !failed.is_empty() {
         let seeds: Vec<u64> = failed.iter().map(|outcome| outcome.seed).collect();

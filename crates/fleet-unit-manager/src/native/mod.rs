@@ -19,6 +19,7 @@ mod tracking;
 mod unit_log;
 mod upgrade;
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, Weak};
@@ -116,11 +117,11 @@ struct Shared {
 
 impl Shared {
     fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
-        self.units.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.units.locked()
     }
 
     fn stopping(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, watch::Receiver<bool>>> {
-        self.stopping.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.stopping.locked()
     }
 
     fn next_generation(&self) -> u64 {
@@ -422,7 +423,7 @@ impl UnitManager for NativeManager {
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
-        self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).loaded(name, file);
+        self.shared.fence.locked().loaded(name, file);
         let previous = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = previous {
             self.begin_stop(name, running);
@@ -458,7 +459,7 @@ impl UnitManager for NativeManager {
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
-        self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).unloaded(name);
+        self.shared.fence.locked().unloaded(name);
         self.shared.credentials.remove(name);
         let running = self.shared.slots().get_mut(name).and_then(|slot| slot.running.take());
         if let Some(running) = running {
@@ -475,7 +476,7 @@ impl UnitManager for NativeManager {
 
     async fn start(&self, name: &str) -> Result<()> {
         if self.shared.has_keeper {
-            let fence = self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let fence = self.shared.fence.locked();
             fence.check_start(name, tokio::time::Instant::now())?;
         }
         self.launch(name, None)
@@ -535,7 +536,7 @@ impl UnitManager for NativeManager {
         let left_ms = u64::try_from(left.as_micros().div_ceil(1000)).unwrap_or(u64::MAX / 2);
         let line = keeper::Fence { deadline_ms: keeper::monotonic_ms() + left_ms, units: units.to_vec() }.line();
         // The fence counts from now whatever the keeper is doing: a start checks it at once.
-        self.shared.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).arm(deadline, units);
+        self.shared.fence.locked().arm(deadline, units);
         let (pipe, sent) = tokio::task::spawn_blocking(move || {
             let sent = pipe.send(&line);
             (pipe, sent)

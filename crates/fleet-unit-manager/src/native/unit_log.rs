@@ -1,6 +1,7 @@
 //! Per-unit logs: what a unit's processes print and what the supervisor says about it,
 //! one timestamped line at a time, kept under `state_dir` so `fleetctl journal` can read it.
 
+use fleet_core::unpoisoned::Locked;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -127,7 +128,7 @@ impl LogSink {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LogFile> {
-        self.file.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.file.locked()
     }
 
     /// Keeps the file open until the returned value is dropped (a process's output stream).

@@ -11,6 +11,7 @@ pub mod paths;
 mod read_back;
 mod watchdog;
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -224,7 +225,7 @@ impl UnitManager for SystemdManager {
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
-        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).loaded(name, file);
+        self.fence.locked().loaded(name, file);
         let path = self.unit_path(name);
         fleet_fs::write_private(&path, file.serialize().as_bytes())
             .map_err(io_error(format!("writing {}", path.display())))?;
@@ -252,7 +253,7 @@ impl UnitManager for SystemdManager {
     }
 
     async fn unload(&self, name: &str) -> Result<()> {
-        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).unloaded(name);
+        self.fence.locked().unloaded(name);
         let (unit, mode) = (name.to_string(), "replace".to_string());
         // A unit systemd no longer knows has nothing to stop.
         if let Err(BusError::Transport(reason)) =
@@ -285,7 +286,7 @@ impl UnitManager for SystemdManager {
         }
         self.remember_refusal(name, None);
         self.read_back.forget(name);
-        self.seen.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).forget(&unit_object_path(name));
+        self.seen.locked().forget(&unit_object_path(name));
         Ok(())
     }
 
@@ -312,10 +313,7 @@ impl UnitManager for SystemdManager {
     }
 
     async fn start(&self, name: &str) -> Result<()> {
-        self.fence
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .check_start(name, tokio::time::Instant::now())?;
+        self.fence.locked().check_start(name, tokio::time::Instant::now())?;
         let (unit, mode) = (name.to_string(), "replace".to_string());
         match self.bus.call(|manager| async move { manager.start_unit(unit, mode).await }).await {
             Ok(_) => {
@@ -450,7 +448,7 @@ impl UnitManager for SystemdManager {
     /// outlives a frozen or killed fleetd.
     async fn fence(&self, deadline: tokio::time::Instant, units: &[String]) -> Result<bool> {
         self.fence_timers.lock().await.arm(self.user, deadline, units).await?;
-        self.fence.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).arm(deadline, units);
+        self.fence.locked().arm(deadline, units);
         Ok(true)
     }
 }

@@ -1,6 +1,7 @@
 //! The unit files fleet wrote, read back to see whether someone on the machine changed or
 //! removed them. A file whose size and modification time are unchanged is not read again.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Mutex;
@@ -29,7 +30,7 @@ impl ReadBack {
             Err(_) => return FileOnMachine::Differs,
         };
         let (len, modified) = (metadata.len(), metadata.modified().unwrap_or(SystemTime::UNIX_EPOCH));
-        let mut stamps = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut stamps = self.0.locked();
         let found = match stamps.get(name).filter(|stamp| stamp.len == len && stamp.modified == modified) {
             Some(stamp) => stamp.hash,
             None => {
@@ -43,7 +44,7 @@ impl ReadBack {
     }
 
     pub fn forget(&self, name: &str) {
-        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).remove(name);
+        self.0.locked().remove(name);
     }
 }
 
