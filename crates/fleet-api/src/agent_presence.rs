@@ -85,7 +85,7 @@ impl AgentPresence {
     /// How long a pull agent's connection may carry no request before it is pinged (HTTP/2
     /// keepalive): half of `agent_ttl`, and the answer may take a quarter, so a connection
     /// dead without a word is closed within three quarters of it. The agent pings too, three
-    /// times in `agent_ttl` (`fleet_remote::Manager::with_heartbeat`), to leave a manager
+    /// times in `agent_ttl` (`fleet_pull_agent::Manager::with_heartbeat`), to leave a manager
     /// gone silent; hyper does not count the agent's pings as hearing from it, so an idle
     /// connection carries both sides' pings (five in two `agent_ttl`).
     pub fn keepalive(&self) -> Duration {

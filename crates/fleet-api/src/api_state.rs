@@ -77,7 +77,7 @@ pub struct ApiState {
     /// Who is asking: tokens, and the anonymous opt-in.
     pub auth: Auth,
     /// The agent CA, on a fleetd that signs machine certificates for joining pull agents.
-    pub agent_ca: Option<Arc<crate::auth::agent_ca::AgentCa>>,
+    pub agent_ca: Option<Arc<fleet_tls::agent_ca::AgentCa>>,
     /// The agent's side of the store, on a fleetd that serves pull agents (a manager).
     pub agents: Option<Arc<dyn fleet_registry::AgentRegistry>>,
     /// When each pull agent was last heard from.

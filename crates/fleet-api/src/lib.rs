@@ -20,7 +20,6 @@ mod handlers;
 mod host_check;
 pub mod journal_limits;
 pub mod journal_relay;
-pub mod lean_tls;
 pub mod listen;
 pub mod live_view;
 pub mod pagination;

@@ -16,15 +16,15 @@ use tokio::sync::{Semaphore, watch};
 use tower::ServiceExt as _;
 
 use crate::auth::Peer;
-use crate::auth::certificate::{self, CertificateIdentity};
-use crate::auth::tls::ServerTls;
 use crate::host_check::HostCheck;
-use crate::lean_tls::LeanTlsStream;
 use crate::listen::ApiListener;
 use crate::tcp_liveness::{self, Probing};
 use crate::unread_answers::ConnectionAnswers;
 use crate::upgrade::ConnectionHold;
 use fleet_metrics::HandshakeLabels;
+use fleet_tls::certificate::{self, CertificateIdentity};
+use fleet_tls::lean_tls::LeanTlsStream;
+use fleet_tls::server_tls::ServerTls;
 
 /// The limits every listener serves with.
 #[derive(Clone, Copy, Debug)]

@@ -2,6 +2,8 @@
 //! built from, and the store format it reads and writes. `fleetd --version`, `fleetctl
 //! version` and fleetd's `fleet_build_info` metric say it the same way.
 
+#![forbid(unsafe_code)]
+
 /// The project's version (semver; CHANGELOG.md says what each changed).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 

@@ -145,7 +145,7 @@ fn agents_join_with_a_registration_token_and_renew_their_certificate() {
     assert!(log.contains("machine joined with a registration token"), "{log}");
 }
 
-/// The agent's side: `fleet_remote::Manager` joins, keeps the credentials (0600), renews them
+/// The agent's side: `fleet_pull_agent::Manager` joins, keeps the credentials (0600), renews them
 /// with the certificate, and reports a refusal without the token in it.
 #[test]
 fn the_agent_side_joins_keeps_and_renews_its_credentials() {
@@ -157,7 +157,7 @@ fn the_agent_side_joins_keeps_and_renews_its_credentials() {
     let token = fleetd.ok(&["registration-token", "create", "--max-uses", "1", "--metadata", "zone=a", "z"]).stdout;
     let token = token.trim();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
-    let manager = fleet_remote::Manager::new(
+    let manager = fleet_pull_agent::Manager::new(
         &format!("https://localhost:{port}"),
         Some(std::fs::read(&api_ca_file).expect("CA")),
         Duration::from_secs(10),
@@ -171,12 +171,12 @@ fn the_agent_side_joins_keeps_and_renews_its_credentials() {
 
     let state = tempfile::tempdir().expect("state");
     credentials.save(state.path()).expect("save");
-    let loaded = fleet_remote::MachineCredentials::load(state.path()).expect("load").expect("kept");
+    let loaded = fleet_pull_agent::MachineCredentials::load(state.path()).expect("load").expect("kept");
     let renewed = rt.block_on(manager.renew(&loaded)).expect("renew");
     assert_eq!(renewed.machine_id, "agent-7");
     assert_ne!(renewed.key, loaded.key, "a new key pair");
 
     let refused = rt.block_on(manager.join(token, "agent-8")).expect_err("used up");
-    assert!(matches!(refused, fleet_remote::ManagerError::Refused { status: 401, .. }), "{refused}");
+    assert!(matches!(refused, fleet_pull_agent::ManagerError::Refused { status: 401, .. }), "{refused}");
     assert!(!refused.to_string().contains(&token[9..]), "the token is in the error: {refused}");
 }

@@ -19,7 +19,7 @@ fn agent_caller(
     dir: &std::path::Path,
     base: &str,
     ca: &std::path::Path,
-    credentials: &fleet_remote::MachineCredentials,
+    credentials: &fleet_pull_agent::MachineCredentials,
 ) -> Caller {
     let (cert, key) =
         (dir.join(format!("{}.pem", credentials.machine_id)), dir.join(format!("{}-key.pem", credentials.machine_id)));
@@ -38,7 +38,7 @@ fn a_machine_certificate_opens_only_that_machines_own_work() {
     let base = format!("https://localhost:{port}");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let manager =
-        fleet_remote::Manager::new(&base, Some(std::fs::read(&api_ca_file).expect("CA")), Duration::from_secs(10))
+        fleet_pull_agent::Manager::new(&base, Some(std::fs::read(&api_ca_file).expect("CA")), Duration::from_secs(10))
             .expect("manager");
     let token = fleetd.ok(&["registration-token", "create", "--max-uses", "2", "--metadata", "kind=pull", "pair"]);
     let token = token.stdout.trim().to_string();

@@ -54,7 +54,8 @@ fn forged_identities_make_no_machine_present_and_the_manager_keeps_its_own() {
     // A real machine, by its own certificate, is present; silent, it is given up after
     // agent_ttl. Once that happened, any forged presence would have been given up too.
     let token = manager.ok(&["registration-token", "create", "real"]).stdout.trim().to_string();
-    let joiner = fleet_remote::Manager::new(&base, Some(pki.api_ca_pem()), Duration::from_secs(10)).expect("manager");
+    let joiner =
+        fleet_pull_agent::Manager::new(&base, Some(pki.api_ca_pem()), Duration::from_secs(10)).expect("manager");
     let (credentials, _) = rt.block_on(joiner.join(&token, "real-1")).expect("join");
     let (cert, key) = (pki.path().join("real-1.pem"), pki.path().join("real-1-key.pem"));
     std::fs::write(&cert, &credentials.certificate).expect("certificate");

@@ -1,5 +1,5 @@
 //! A pull agent end to end, without NAT yet: the real agent code on the remote store
-//! (`fleet_remote::RemoteRegistry`) joins a real manager with a registration token, announces
+//! (`fleet_pull_agent::RemoteRegistry`) joins a real manager with a registration token, announces
 //! itself, and runs what the engine schedules onto it (through a simulated unit manager),
 //! reporting states that fleetctl shows like any other machine's; a clean stop takes it out
 //! of the cluster. Every connection is opened by the agent.
@@ -20,13 +20,16 @@ use fleet_testkit::free_port;
 
 /// Two managers on one store, a registration token named `token_name`, and the agents' view
 /// of both (`timeout` for a request): the managers' ports, in the members' order.
-fn two_managers(token_name: &str, timeout: Duration) -> (fleet_e2e::Cluster, [u16; 2], String, fleet_remote::Manager) {
+fn two_managers(
+    token_name: &str,
+    timeout: Duration,
+) -> (fleet_e2e::Cluster, [u16; 2], String, fleet_pull_agent::Manager) {
     let pki = ManagerPki::local();
     let ports = [free_port(), free_port()];
     let cluster = fleet_e2e::Cluster::start(2, |index| pki.manager_config(&format!("127.0.0.1:{}", ports[index]), &[]));
     let token = cluster.members[0].ok(&["registration-token", "create", token_name]).stdout.trim().to_string();
     let urls = format!("https://localhost:{},https://localhost:{}", ports[0], ports[1]);
-    let manager = fleet_remote::Manager::new(&urls, Some(std::fs::read(&pki.api_ca_file).expect("CA")), timeout)
+    let manager = fleet_pull_agent::Manager::new(&urls, Some(std::fs::read(&pki.api_ca_file).expect("CA")), timeout)
         .expect("manager");
     (cluster, ports, token, manager)
 }
@@ -35,16 +38,16 @@ fn two_managers(token_name: &str, timeout: Duration) -> (fleet_e2e::Cluster, [u1
 /// with simulated units.
 fn spawn_agent(
     runtime: &tokio::runtime::Runtime,
-    manager: &fleet_remote::Manager,
-    credentials: &fleet_remote::MachineCredentials,
+    manager: &fleet_pull_agent::Manager,
+    credentials: &fleet_pull_agent::MachineCredentials,
     machine: MachineState,
     reconcile_interval: Duration,
     units: &Arc<FakeUnitManager>,
     lifecycle: watch::Receiver<Lifecycle>,
 ) -> tokio::task::JoinHandle<()> {
     let _entered = runtime.enter();
-    let registry = fleet_remote::RemoteRegistry::new(manager, credentials, None).expect("remote store");
-    fleet_remote::start(&registry);
+    let registry = fleet_pull_agent::RemoteRegistry::new(manager, credentials, None).expect("remote store");
+    fleet_pull_agent::start(&registry);
     let config = AgentConfig {
         machine,
         reconcile_interval,
@@ -66,7 +69,7 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
         fleetd.ok(&["registration-token", "create", "--metadata", "kind=pull", "pull"]).stdout.trim().to_string();
 
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let manager = fleet_remote::Manager::new(
+    let manager = fleet_pull_agent::Manager::new(
         &format!("https://localhost:{port}"),
         Some(std::fs::read(&api_ca_file).expect("CA")),
         Duration::from_secs(10),
@@ -181,7 +184,7 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     assert!(counted(&text, states) > states_before, "the state went back on it: {text}");
     let reader = {
         let _entered = runtime.enter();
-        fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
+        fleet_pull_agent::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
     };
     let work = runtime.block_on(reader.machine_work(&credentials.machine_id)).expect("work");
     let three = ["one.service", "two.service", "three.service"];
@@ -197,7 +200,7 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
     // one TLS handshake, not one each.
     let together = {
         let _entered = runtime.enter();
-        fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
+        fleet_pull_agent::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
     };
     let handshakes_before = handshakes(&fleetd.metrics());
     let read = runtime.block_on(async {
@@ -312,7 +315,7 @@ fn a_silent_pull_agent_is_lost_after_agent_ttl_and_comes_back() {
     let fleetd = Fleetd::start("e2e0manager00006", &pairs(&config));
     let api_ca_file = pki.api_ca_file.clone();
     let token = fleetd.ok(&["registration-token", "create", "t"]).stdout.trim().to_string();
-    let manager = fleet_remote::Manager::new(
+    let manager = fleet_pull_agent::Manager::new(
         &format!("https://localhost:{port}"),
         Some(std::fs::read(&api_ca_file).expect("CA")),
         Duration::from_secs(10),
@@ -684,7 +687,7 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
     let (credentials, _) = runtime.block_on(manager.join(&token, "split-1")).expect("join");
     let registry = {
         let _entered = runtime.enter();
-        fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
+        fleet_pull_agent::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
     };
     // Journals asked of the agent are answered by request, as fleetd's pull mode does.
     let mut asks = registry.journal_asks().expect("the journal questions");
@@ -698,7 +701,7 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
     });
     {
         let _entered = runtime.enter();
-        fleet_remote::start(&registry);
+        fleet_pull_agent::start(&registry);
     }
     let units = Arc::new(FakeUnitManager::new());
     let config = AgentConfig {

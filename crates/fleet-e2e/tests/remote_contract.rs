@@ -1,14 +1,12 @@
 //! The registry contract, run against the remote store: every check of the agent's facet that
 //! the store crates run against the embedded and etcd stores, with the agent's side played by
-//! `fleet_remote::RemoteRegistry` (one per machine, each with its own certificate) through an
+//! `fleet_pull_agent::RemoteRegistry` (one per machine, each with its own certificate) through an
 //! in-process manager (the real API server, TLS and agent CA) on an embedded store.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_api::auth::agent_ca::AgentCa;
-use fleet_api::auth::tls::{ServerTls, TlsFiles};
 use fleet_api::auth::tokens::{REGISTRATION_PREFIX, digest, generate, now_unix};
 use fleet_api::listen::bind_tcp;
 use fleet_api::serve::{ServeLimits, serve};
@@ -17,6 +15,8 @@ use fleet_e2e::pki::ManagerPki;
 use fleet_registry::contract::{self, AgentFor};
 use fleet_registry::{AgentRegistry, CredentialRegistry, RegistrationRecord, Registry};
 use fleet_store_embedded::EmbeddedRegistry;
+use fleet_tls::agent_ca::AgentCa;
+use fleet_tls::server_tls::{ServerTls, TlsFiles};
 use tokio::sync::watch;
 
 /// A manager on an embedded store, and a remote store for each of machines m1 and m2.
@@ -66,7 +66,7 @@ async fn remote_stores() -> RemoteStores {
         machine_ids: None,
     };
     assert!(store.create_registration(&record).await.expect("registration"));
-    let manager = fleet_remote::Manager::new(
+    let manager = fleet_pull_agent::Manager::new(
         &format!("https://localhost:{port}"),
         Some(pki.api_ca_pem()),
         Duration::from_secs(10),
@@ -75,8 +75,8 @@ async fn remote_stores() -> RemoteStores {
     let mut agents: HashMap<String, Arc<dyn AgentRegistry>> = HashMap::new();
     for id in ["m1", "m2"] {
         let (credentials, _) = manager.join(&token, id).await.expect("join");
-        let remote = fleet_remote::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
-        fleet_remote::start(&remote);
+        let remote = fleet_pull_agent::RemoteRegistry::new(&manager, &credentials, None).expect("remote store");
+        fleet_pull_agent::start(&remote);
         agents.insert(id.to_string(), remote);
     }
     RemoteStores { store, agents, _stop: stop, _pki: pki, _dir: dir }

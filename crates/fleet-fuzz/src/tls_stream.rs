@@ -5,9 +5,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
-use fleet_api::auth::cluster_certificates;
-use fleet_api::auth::tls::{TlsFiles, server_config};
-use fleet_api::lean_tls::LeanTlsStream;
+use fleet_tls::cluster_certificates;
+use fleet_tls::lean_tls::LeanTlsStream;
+use fleet_tls::server_tls::{TlsFiles, server_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 struct Fixture {

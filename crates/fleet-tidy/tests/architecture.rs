@@ -12,13 +12,10 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|error| panic!("reading {}: {error}", path.display()))
 }
 
-/// The "Architecture invariant:" paragraphs of ARCHITECTURE.md, each on one line.
+/// The "Architecture invariant:" lines of ARCHITECTURE.md.
 fn invariants() -> Vec<String> {
     let text = read(&root().join("ARCHITECTURE.md"));
-    text.split("\n\n")
-        .filter(|paragraph| paragraph.starts_with("Architecture invariant:"))
-        .map(|paragraph| paragraph.split_whitespace().collect::<Vec<_>>().join(" "))
-        .collect()
+    text.lines().filter(|line| line.starts_with("Architecture invariant:")).map(str::to_string).collect()
 }
 
 /// The `crate/path.rs::name` references after "Checked by" in `invariant`.
@@ -51,6 +48,49 @@ fn every_invariant_names_the_tests_that_check_it() {
             assert!(path.exists(), "{file} does not exist, named by: {invariant}");
             assert!(defines(&read(&path), &name), "{file} has no test {name}, named by: {invariant}");
         }
+    }
+}
+
+/// The most an invariant's sentence may hold: a rule a reader takes in at once.
+const SENTENCE_MAX_CHARS: usize = 200;
+
+#[test]
+fn every_invariant_is_one_sentence_on_a_line_of_its_own() {
+    let text = read(&root().join("ARCHITECTURE.md"));
+    let lines: Vec<&str> = text.lines().collect();
+    for (number, line) in lines.iter().enumerate() {
+        if !line.starts_with("Architecture invariant:") {
+            // Only the form's own name, quoted, may stand inside other text.
+            let unquoted = line.replace("\"Architecture invariant:\"", "");
+            assert!(
+                !unquoted.contains("Architecture invariant:"),
+                "line {}: an invariant begins its own line: {line}",
+                number + 1
+            );
+            continue;
+        }
+        let blank = |at: Option<&&str>| at.is_none_or(|line| line.trim().is_empty());
+        assert!(
+            blank(number.checked_sub(1).and_then(|before| lines.get(before))) && blank(lines.get(number + 1)),
+            "line {}: an invariant is a paragraph of one line: {line}",
+            number + 1
+        );
+        let claim = line.trim_start_matches("Architecture invariant:").trim();
+        let (sentence, _) = claim
+            .split_once(" Checked by ")
+            .unwrap_or_else(|| panic!("line {}: the sentence is followed by \"Checked by\": {line}", number + 1));
+        assert!(sentence.ends_with('.'), "line {}: the sentence ends with a full stop: {sentence}", number + 1);
+        let inner = &sentence[..sentence.len() - 1];
+        assert!(
+            !inner.contains(". ") && !inner.contains("; "),
+            "line {}: one sentence, not several: {sentence}",
+            number + 1
+        );
+        assert!(
+            sentence.chars().count() <= SENTENCE_MAX_CHARS,
+            "line {}: a sentence of at most {SENTENCE_MAX_CHARS} characters: {sentence}",
+            number + 1
+        );
     }
 }
 
@@ -96,8 +136,17 @@ fn clients_and_reconcilers_depend_on_no_store_backend() {
     const FORBIDDEN: [&str; 6] =
         ["fleet-store-etcd", "fleet-store-embedded", "etcd-client", "redb", "zbus", "zbus_systemd"];
     let crates = workspace();
-    let roots =
-        ["fleetctl", "fleet-client", "fleet-api", "fleet-engine", "fleet-agent", "fleet-remote", "fleet-source"];
+    let roots = [
+        "fleetctl",
+        "fleet-client",
+        "fleet-api",
+        "fleet-tls",
+        "fleet-engine",
+        "fleet-agent",
+        "fleet-pull-agent",
+        "fleet-leader",
+        "fleet-source",
+    ];
     // Everything they reach inside the workspace, each checked alike.
     let mut reached: BTreeSet<String> = BTreeSet::new();
     let mut next: Vec<String> = roots.iter().map(|name| name.to_string()).collect();
@@ -171,5 +220,40 @@ fn one_tls_crypto_provider() {
     assert!(packages.contains("ring") && packages.contains("rustls"), "ring provides rustls's cryptography");
     for other in ["aws-lc-rs", "aws-lc-sys", "openssl", "openssl-sys", "native-tls"] {
         assert!(!packages.contains(other), "{other} is in the tree: only ring may provide TLS cryptography");
+    }
+}
+
+/// The `.rs` files under `dir`, recursively.
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        if path.is_dir() {
+            pending.extend(std::fs::read_dir(&path).expect("a directory").map(|entry| entry.expect("an entry").path()));
+        } else if path.extension().is_some_and(|extension| extension == "rs") {
+            found.push(path);
+        }
+    }
+    found
+}
+
+#[test]
+fn every_crate_without_unsafe_code_forbids_it() {
+    for entry in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        let dir = entry.expect("an entry").path();
+        let files = rust_files(&dir.join("src"));
+        let has_unsafe = files.iter().any(|file| {
+            let source = read(file);
+            source.contains("unsafe {") || source.contains("unsafe fn") || source.contains("unsafe impl")
+        });
+        let crate_root = ["src/lib.rs", "src/main.rs"].iter().map(|root| dir.join(root)).find(|root| root.exists());
+        let Some(crate_root) = crate_root else { continue };
+        if !has_unsafe {
+            assert!(
+                read(&crate_root).contains("#![forbid(unsafe_code)]"),
+                "{} has no unsafe code and does not forbid it",
+                crate_root.display()
+            );
+        }
     }
 }

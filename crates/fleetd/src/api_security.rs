@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use fleet_api::auth::tls::TlsFiles;
+use fleet_tls::server_tls::TlsFiles;
 
 use crate::config::Config;
 

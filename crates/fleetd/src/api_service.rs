@@ -10,11 +10,11 @@ use anyhow::Context;
 use fleet_api::LocalMachine;
 use fleet_api::agent_presence::AgentPresence;
 use fleet_api::auth::Auth;
-use fleet_api::auth::agent_ca::AgentCa;
-use fleet_api::auth::tls::ServerTls;
 use fleet_api::listen::{ApiListener, ListenAddress};
 use fleet_api::serve::{ServeLimits, serve};
 use fleet_api::{ApiState, PageSize, router};
+use fleet_tls::agent_ca::AgentCa;
+use fleet_tls::server_tls::ServerTls;
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
 

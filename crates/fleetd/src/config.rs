@@ -146,7 +146,7 @@ impl Default for Config {
             credentials_dir: "/run/fleet/credentials".into(),
             manager_url: String::new(),
             manager_ca_file: String::new(),
-            agent_heartbeat: fleet_remote::DEFAULT_IDLE_HEARTBEAT,
+            agent_heartbeat: fleet_pull_agent::DEFAULT_IDLE_HEARTBEAT,
             registration_token: Secret::default(),
             state_dir: "/var/lib/fleet".into(),
             unit_log_max_bytes: 4 * 1024 * 1024,

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::SystemTime;
 
-use fleet_api::auth::cluster_certificates::{self, ClusterCertificates};
+use fleet_tls::cluster_certificates::{self, ClusterCertificates};
 
 /// What to write where, once the files are made.
 pub fn usage_lines(files: &ClusterCertificates, host: &str) -> String {

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig};
 use fleet_core::{Backoff, MachineState};
-use fleet_remote::{DiskCopy, MachineCredentials, Manager, ManagerError, RemoteRegistry};
+use fleet_pull_agent::{DiskCopy, MachineCredentials, Manager, ManagerError, RemoteRegistry};
 use fleet_runtime::Lifecycle;
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
@@ -29,7 +29,7 @@ async fn credentials(config: &Config, manager: &Manager, machine_id: &str) -> an
         if kept.machine_id != machine_id {
             anyhow::bail!(
                 "{} holds credentials for machine {}, not {machine_id}",
-                fleet_remote::credentials_path(&config.state_dir).display(),
+                fleet_pull_agent::credentials_path(&config.state_dir).display(),
                 kept.machine_id
             );
         }
@@ -126,7 +126,7 @@ pub async fn run(
     let credentials = credentials(&config, &manager, &machine.id).await?;
     let copy = DiskCopy::open(&config.state_dir.join("desired")).context("keeping the desired state on disk")?;
     let registry = RemoteRegistry::new(&manager, &credentials, Some(copy))?;
-    fleet_remote::start(&registry);
+    fleet_pull_agent::start(&registry);
     let mut machine = machine;
     for (key, value) in &credentials.metadata {
         machine.metadata.entry(key.clone()).or_insert_with(|| value.clone());

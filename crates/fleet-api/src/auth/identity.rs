@@ -6,9 +6,9 @@ use axum::http::{HeaderMap, Method, header};
 use fleet_core::access::Role;
 use fleet_registry::{CredentialRegistry, RevokedMachine, SourceRecord};
 
-use super::certificate::CertificateIdentity;
 use super::store_cache::{StoreCache, Unavailable};
 use super::tokens::{FRESH_FOR, REGISTRATION_PREFIX, TokenCheck, TokenError};
+use fleet_tls::certificate::CertificateIdentity;
 
 /// How a connection reached the API; set by the server on every request it reads.
 #[derive(Clone, Debug)]

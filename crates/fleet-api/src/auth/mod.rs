@@ -5,13 +5,9 @@
 //! Authorization itself is [`fleet_core::access::decide`], called once per request by the
 //! router.
 
-pub mod agent_ca;
 pub mod audit;
-pub mod certificate;
-pub mod cluster_certificates;
 pub(crate) mod identity;
 pub mod store_cache;
-pub mod tls;
 pub mod tokens;
 pub mod webhook;
 

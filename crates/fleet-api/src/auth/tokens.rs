@@ -52,13 +52,7 @@ pub fn generate(prefix: &str) -> Option<String> {
 
 /// The SHA-256 of a token, in hex: what the store keeps.
 pub fn digest(token: &str) -> String {
-    hex_sha256(token.as_bytes())
-}
-
-/// The SHA-256 of `bytes`, in hex.
-pub fn hex_sha256(bytes: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    digest.as_ref().iter().map(|byte| format!("{byte:02x}")).collect()
+    fleet_tls::hex_sha256(token.as_bytes())
 }
 
 /// Whether `token` has the shape of one [`generate`] makes with `prefix`.

@@ -12,12 +12,12 @@ use fleet_registry::{JoinRefused, MachineIdentity, RevokedMachine};
 
 use crate::api_state::ApiState;
 use crate::auth::Identity;
-use crate::auth::agent_ca::{AgentCa, AgentCaError};
-use crate::auth::certificate::key_sha256_of_pem;
 use crate::auth::identity::bearer_token;
 use crate::auth::tokens::{REGISTRATION_PREFIX, digest, now_unix, well_formed};
 use crate::error::{ApiError, json_response};
 use crate::schema::{AgentCertificate, AgentJoinRequest, AgentRenewRequest};
+use fleet_tls::agent_ca::{AgentCa, AgentCaError};
+use fleet_tls::certificate::key_sha256_of_pem;
 
 fn agent_ca(state: &ApiState) -> Result<&AgentCa, ApiError> {
     state.agent_ca.as_deref().ok_or_else(|| ApiError::not_found("this fleetd signs no machine certificates"))

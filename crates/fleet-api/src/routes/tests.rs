@@ -10,10 +10,10 @@ use fleet_registry::{CredentialRegistry, RegistrationRecord, SourceRecord, Sourc
 use fleet_store_embedded::EmbeddedRegistry;
 
 use super::*;
-use crate::auth::certificate::CertificateIdentity;
 use crate::auth::tokens::{REGISTRATION_PREFIX, TOKEN_PREFIX, digest, generate};
 use crate::auth::{Auth, Peer};
 use crate::router::{Asked, admit};
+use fleet_tls::certificate::CertificateIdentity;
 
 /// The identities every route is tried with, in the order of the expected table's columns.
 const IDENTITIES: [&str; 13] = [

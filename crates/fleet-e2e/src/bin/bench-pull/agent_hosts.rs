@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::MachineState;
+use fleet_pull_agent::MachineCredentials;
 use fleet_registry::{AgentRegistry, ChangeSignal};
-use fleet_remote::MachineCredentials;
 use fleet_testkit::FakeUnitManager;
 use tokio::sync::{Semaphore, watch};
 
@@ -42,9 +42,9 @@ pub struct Reach {
 }
 
 impl Reach {
-    fn manager(&self) -> Arc<fleet_remote::Manager> {
+    fn manager(&self) -> Arc<fleet_pull_agent::Manager> {
         let ca = std::fs::read(&self.ca_file).expect("the API CA");
-        let manager = fleet_remote::Manager::new(&self.urls, Some(ca), Duration::from_secs(30)).expect("manager");
+        let manager = fleet_pull_agent::Manager::new(&self.urls, Some(ca), Duration::from_secs(30)).expect("manager");
         Arc::new(manager.with_heartbeat(self.heartbeat).with_idle_heartbeat(self.idle_heartbeat))
     }
 }
@@ -52,7 +52,7 @@ impl Reach {
 /// Joins agents `range` (certificates signed), at most [`JOINERS`] at once; of each, what
 /// `keep` makes of its credentials.
 async fn join<T: Send + 'static>(
-    manager: &Arc<fleet_remote::Manager>,
+    manager: &Arc<fleet_pull_agent::Manager>,
     token: &str,
     range: std::ops::Range<usize>,
     keep: fn(usize, MachineCredentials) -> T,
@@ -67,7 +67,7 @@ async fn join<T: Send + 'static>(
             loop {
                 match manager.join(&token, &agent_id(index)).await {
                     Ok((credentials, _)) => break keep(index, credentials),
-                    Err(fleet_remote::ManagerError::Unreachable(error)) if tries < 20 => {
+                    Err(fleet_pull_agent::ManagerError::Unreachable(error)) if tries < 20 => {
                         tries += 1;
                         eprintln!("    join of {} retried: {error}", agent_id(index));
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -94,14 +94,14 @@ pub async fn join_only(reach: &Reach, range: std::ops::Range<usize>) -> usize {
 /// Starts the agents `joined`, each the real agent code on its own remote store with a
 /// simulated unit manager: the signals that move when each is told of a change.
 fn start(
-    manager: &Arc<fleet_remote::Manager>,
+    manager: &Arc<fleet_pull_agent::Manager>,
     joined: &[(usize, MachineCredentials)],
     lifecycle: &watch::Receiver<Lifecycle>,
 ) -> Vec<ChangeSignal> {
     let mut signals = Vec::with_capacity(joined.len());
     for (index, credentials) in joined {
-        let registry = fleet_remote::RemoteRegistry::new(manager, credentials, None).expect("remote store");
-        fleet_remote::start(&registry);
+        let registry = fleet_pull_agent::RemoteRegistry::new(manager, credentials, None).expect("remote store");
+        fleet_pull_agent::start(&registry);
         signals.push(registry.machine_changes(&agent_id(*index)));
         let config = AgentConfig {
             machine: MachineState {
@@ -214,7 +214,7 @@ impl Drop for AgentHosts {
 /// `bench-pull --agent-process FIRST COUNT`: joins and runs agents FIRST.. (COUNT of them) as
 /// the environment says, until its input closes.
 pub fn run_agent_process(first: usize, count: usize) {
-    // RUST_LOG=fleet_remote=warn shows these agents' failovers and failures (on standard
+    // RUST_LOG=fleet_pull_agent=warn shows these agents' failovers and failures (on standard
     // error: standard output speaks to the bench).
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())

@@ -271,7 +271,7 @@ fn main() {
         agent_hosts::run_agent_process(first, count);
         return;
     }
-    // RUST_LOG=fleet_remote=warn shows the agents' failovers and failures.
+    // RUST_LOG=fleet_pull_agent=warn shows the agents' failovers and failures.
     tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
     // The bench's own plain HTTP clients (etcd's metrics) take the tree's one provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -284,7 +284,7 @@ fn main() {
     let agent_ttl = Duration::from_secs(argument(5, 60) as u64);
     let per_process = argument(6, 10_000).max(1);
     let idle_heartbeat =
-        Duration::from_secs(argument(7, fleet_remote::DEFAULT_IDLE_HEARTBEAT.as_secs() as usize) as u64);
+        Duration::from_secs(argument(7, fleet_pull_agent::DEFAULT_IDLE_HEARTBEAT.as_secs() as usize) as u64);
     let etcd = EtcdServer::start();
     let dir = tempfile::tempdir().expect("dir");
     let (api_ca, agent_ca) = (Authority::new("bench API CA"), Authority::new("bench agent CA"));
@@ -523,7 +523,7 @@ fn main() {
             let witness_share = witness_cpu * 100.0 / idle_seconds as f64;
             if beats > 0.0 {
                 let per_beat = beyond / beats;
-                let every = fleet_remote::DEFAULT_IDLE_HEARTBEAT.as_secs_f64();
+                let every = fleet_pull_agent::DEFAULT_IDLE_HEARTBEAT.as_secs_f64();
                 println!(
                     "  (c) idle CPU of the manager no agent is given {witness_share:.2}%; the serving managers' beyond it {beyond:.2} s for {beats:.0} heartbeats, {:.0} µs each: one manager would idle at {:.1}% with 100,000 agents beating every {every:.0} s (the default agent_heartbeat)",
                     per_beat * 1e6,

@@ -1,4 +1,5 @@
-//! A pull agent's side of its manager (the "remote" store of ARCHITECTURE.md): it joins the
+//! The pull agent: a machine that reaches the cluster only through its managers' HTTPS API
+//! (the "remote" store of ARCHITECTURE.md, [`RemoteRegistry`]). It joins the
 //! cluster once with a registration token, for a certificate of its own that the cluster's
 //! agent CA signs over a key pair the agent made itself, keeps that certificate and key on
 //! disk (0600), and renews it well before it expires. The token is not kept.

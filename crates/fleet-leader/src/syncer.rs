@@ -22,10 +22,10 @@ use fleet_runtime::Lifecycle;
 use fleet_runtime::Next;
 use tokio::sync::watch;
 
-use crate::fetch::{Credentials, FetchRequest, Fetched, fetch};
 use crate::leader_store::LeaderStore;
 use crate::now;
 use fleet_runtime::{LeaderPass, Triggers, while_leading};
+use fleet_source::{Credentials, FetchRequest, Fetched, fetch};
 
 /// The largest unit file a status keeps for a diff.
 const WANTED_TEXT_MAX: usize = 64 * 1024;

@@ -7,8 +7,8 @@ use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
 use super::*;
-use crate::auth::tls::server_config;
-use crate::auth::tls::tests::{Pki, client_config, pki};
+use crate::server_tls::server_config;
+use crate::server_tls::tests::{Pki, client_config, pki};
 
 /// A server stream and a rustls client stream over one loopback TCP connection, both past
 /// the handshake as each side sees it.

@@ -230,7 +230,7 @@ mod tests {
         assert!(api_ca.is_ca() && !server.is_ca());
         // The administrator's certificate names the admin role, as the API reads subjects.
         let admin = parsed(&files.admin);
-        let identity = crate::auth::certificate::from_der(&admin, None).expect("an identity");
+        let identity = crate::certificate::from_der(&admin, None).expect("an identity");
         assert_eq!(identity.role.map(|role| role.to_string()), Ok("admin".to_string()));
         // The agent CA is a CA of its own, apart from the API's.
         let agent_ca = parsed(&files.agent_ca);

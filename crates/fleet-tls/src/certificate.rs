@@ -6,7 +6,7 @@
 use fleet_core::access::Role;
 use fleet_core::machine::valid_machine_id;
 
-use super::agent_ca::MACHINE_ORGANIZATION;
+use crate::agent_ca::MACHINE_ORGANIZATION;
 
 /// What a verified client certificate says of its holder.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,7 +23,7 @@ pub struct CertificateIdentity {
 /// SHA-256 (hex) of a DER certificate's public key.
 pub fn key_sha256(der: &[u8]) -> Option<String> {
     let (_, certificate) = x509_parser::parse_x509_certificate(der).ok()?;
-    Some(crate::auth::tokens::hex_sha256(certificate.public_key().raw))
+    Some(crate::hex_sha256(certificate.public_key().raw))
 }
 
 /// SHA-256 (hex) of a PEM certificate's public key.
@@ -61,7 +61,7 @@ pub fn from_der(der: &[u8], machine_issuer: Option<&[u8]>) -> Option<Certificate
         (None, false) => Err("its subject has no organization (O) naming a role".to_string()),
         (Some(role), false) => Role::parse(role, unit.as_deref()).map_err(|error| error.to_string()),
     };
-    let key_sha256 = crate::auth::tokens::hex_sha256(certificate.public_key().raw);
+    let key_sha256 = crate::hex_sha256(certificate.public_key().raw);
     Some(CertificateIdentity { name, role, key_sha256 })
 }
 

@@ -14,12 +14,12 @@ use async_trait::async_trait;
 use fleet_core::drain::Drain;
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::{DesiredState, MachineState, StateReport, SystemdState, UnitFile, UnitState};
+use fleet_leader::{DrainDriver, LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
 use fleet_registry::{
     AgentRegistry, ApiRegistry, ChangeSignal, RegistryError, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus,
     UnitChange, UnitChanged, UnitView, Writer,
 };
 use fleet_runtime::Lifecycle;
-use fleet_source::{DrainDriver, LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
 use fleet_store_embedded::EmbeddedRegistry;
 use tokio::sync::watch;
 
