@@ -10,6 +10,9 @@ use etcd_client::{EventType, GetOptions, WatchOptions};
 use fleet_core::UnitState;
 use tokio::sync::watch;
 
+/// The largest listing or watch message the bench takes from etcd.
+const REPLY_MAX_BYTES: usize = 512 * 1024 * 1024;
+
 /// The count, kept current by a task that follows etcd.
 pub struct LaunchedUnits {
     count: watch::Receiver<usize>,
@@ -26,10 +29,17 @@ impl LaunchedUnits {
     /// Lists the unit states under `prefix` (the store's key prefix) on etcd at `endpoint`,
     /// then follows them.
     pub async fn follow(endpoint: &str, prefix: &str) -> Self {
-        let mut client = etcd_client::Client::connect([endpoint], None).await.expect("connect to etcd");
+        let client = etcd_client::Client::connect([endpoint], None).await.expect("connect to etcd");
         let states = format!("{prefix}states/");
-        let listed =
-            client.get(states.as_str(), Some(GetOptions::new().with_prefix())).await.expect("list the unit states");
+        // 100,000 states list to some 30 MiB, and etcd puts many events in one watch message
+        // (one of 6.5 MiB stopped the bench at 10,000 machines): tonic's 4 MiB default would
+        // refuse both.
+        let listed = client
+            .kv_client()
+            .max_decoding_message_size(REPLY_MAX_BYTES)
+            .get(states.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("list the unit states");
         let revision = listed.header().map_or(0, |header| header.revision());
         let mut tally = Tally::default();
         for kv in listed.kvs() {
@@ -37,7 +47,12 @@ impl LaunchedUnits {
         }
         let (sender, count) = watch::channel(tally.launched());
         let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let mut stream = client.watch(states.as_str(), Some(options)).await.expect("watch the unit states");
+        let mut stream = client
+            .watch_client()
+            .max_decoding_message_size(REPLY_MAX_BYTES)
+            .watch(states.as_str(), Some(options))
+            .await
+            .expect("watch the unit states");
         let task = tokio::spawn(async move {
             while let Some(response) = stream.message().await.expect("the unit states' watch") {
                 assert!(!response.canceled(), "the unit states' watch was cancelled: {}", response.cancel_reason());

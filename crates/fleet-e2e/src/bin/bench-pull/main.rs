@@ -601,6 +601,18 @@ fn main() {
                 "  (d) manager killed and restarted: every agent announced to it again after {:.2} s",
                 restarting.elapsed().as_secs_f64()
             );
+            let mut streaming = 0.0;
+            while restarting.elapsed() < Duration::from_secs(300) {
+                [streaming] = managers_metrics(&managers, ["fleet_pull_agents_streaming"]);
+                if streaming >= agents as f64 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            println!(
+                "  (d) {streaming:.0} of {agents} agents on their change streams again after {:.2} s",
+                restarting.elapsed().as_secs_f64()
+            );
         } else {
             // (d) One manager is killed: until every agent it held is held by another, with
             // the fewest agents present meanwhile and the units that moved.
