@@ -24,11 +24,10 @@ pub trait LeaderStore: Send + Sync {
     async fn put_rollout(&self, record: &RolloutRecord) -> Result<()>;
     /// `SourceRegistry::put_rollout_over`: the driver's step, never over a change by hand.
     async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool>;
-    /// Every unit (a sync compares the whole cluster with its source).
-    async fn units(&self) -> Result<Vec<UnitView>>;
     /// The units of these names that exist, from the store's watch-fed copy where it has one.
     async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>>;
-    /// Every unit, from the store's watch-fed copy where it has one.
+    /// Every unit, from the store's watch-fed copy where it has one (a sync compares the
+    /// whole cluster with its source).
     async fn units_copied(&self) -> Result<Vec<UnitView>>;
     /// The drains of the live machines, by machine ID, from the watch-fed copy likewise.
     async fn drains(&self) -> Result<Vec<(String, Drain)>>;
@@ -72,9 +71,6 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     }
     async fn put_rollout_over(&self, record: &RolloutRecord, before: &RolloutRecord) -> Result<bool> {
         SourceRegistry::put_rollout_over(&**self, record, before).await
-    }
-    async fn units(&self) -> Result<Vec<UnitView>> {
-        ApiRegistry::units(&**self).await
     }
     async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>> {
         Ok(ApiRegistry::units_page(&**self, PageRequest::named(names)).await?.items)

@@ -218,8 +218,10 @@ impl SourceSyncer {
         content: &SourceContent,
         rolling: &Rolling,
     ) -> Result<Applied, RegistryError> {
+        // From the store's watch-fed copy, which holds this fleetd's own writes before it
+        // answers: a sync of a source reads no unit from etcd.
         let views: BTreeMap<String, UnitView> =
-            self.registry.units().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
+            self.registry.units_copied().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
         let held: BTreeMap<String, HeldUnit> = views
             .iter()
             .map(|(name, unit)| {

@@ -75,10 +75,6 @@ impl LeaderStore for Counting {
         tokio::time::sleep(self.write_delay).await;
         self.store.put_rollout_over(record, before).await
     }
-    async fn units(&self) -> Result<Vec<UnitView>> {
-        self.read();
-        LeaderStore::units(&self.store).await
-    }
     async fn units_named(&self, names: &BTreeSet<String>) -> Result<Vec<UnitView>> {
         self.ask(names);
         LeaderStore::units_named(&self.store, names).await

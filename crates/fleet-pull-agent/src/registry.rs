@@ -34,11 +34,15 @@ const POLL_WAIT: Duration = Duration::from_secs(300);
 /// How long a starting agent's long poll waits (up to twice as long, at random) before the
 /// agent counts as settled and moves to a change stream: its request connection then carries
 /// nothing and closes, and the stream is all the agent holds on its manager. A starting agent
-/// opens one connection, not two at once; the spread keeps agents started together from
-/// opening their streams in the same second. At 15 s (to 30 s) 10,000 agents were on their
-/// streams 28 s after their units launched; a stream carries every later change whole, so
-/// there is little to wait for.
-const QUIET_WAIT: Duration = Duration::from_secs(2);
+/// opens one connection, not two at once, and the spread keeps agents started together from
+/// opening their streams in the same second: 10,000 agents that did starved etcd while units
+/// were submitted, and at 2 s their announcements took 20 s where they take 13 s.
+const QUIET_WAIT: Duration = Duration::from_secs(15);
+/// The same wait for an agent that followed a stream before (it ended: the manager restarted
+/// or the agent moved): its work is known, and a stream brings every later change whole.
+/// At [`QUIET_WAIT`] 10,000 agents were back on their streams only 28 s after their units
+/// launched.
+const QUIET_WAIT_AGAIN: Duration = Duration::from_secs(2);
 
 fn unavailable(error: impl std::fmt::Display) -> RegistryError {
     RegistryError::unavailable("manager", error)
@@ -406,11 +410,12 @@ impl RemoteRegistry {
                 let refused = strong.stream_refused_by.load(std::sync::atomic::Ordering::Relaxed);
                 let streams_refused = refused == used % strong.bases.len() + 1;
                 let outcome = if streams_refused || !following.quiet {
-                    // Starting (its work and bodies read by requests): long polls on the
-                    // connection its requests use anyway, until one ends with nothing new.
+                    // Busy (starting, back from an outage, or its work changing): long polls on
+                    // the connection its requests use anyway, until one ends with nothing new.
                     // Spread, so that agents started (or moved) together do not all move to
                     // their streams in the same second.
-                    let quiet = QUIET_WAIT + QUIET_WAIT.mul_f64(f64::from(random_sample()) / f64::from(u32::MAX));
+                    let settle = if following.streamed { QUIET_WAIT_AGAIN } else { QUIET_WAIT };
+                    let quiet = settle + settle.mul_f64(f64::from(random_sample()) / f64::from(u32::MAX));
                     let wait = if streams_refused { POLL_WAIT } else { quiet };
                     strong.poll_once(wait, &mut following).await
                 } else {
@@ -590,14 +595,14 @@ impl RemoteRegistry {
         following: &mut Following,
     ) -> std::result::Result<(), String> {
         use crate::change_stream::StreamEnd;
-        // Whatever a new stream's first line says, the agent looks at its work again then.
-        // It follows the next stream at once (after the backoff when this one failed), not long
-        // polls until it is quiet: the stream brings the work it must look at, and after a
-        // manager's restart every agent would otherwise spend a quiet poll or two (15 to 60 s)
-        // before it is back on a stream. Long polls are for a starting agent, which reads its
-        // work and bodies by requests anyway, and for a manager that serves no stream.
+        // Whatever a new stream's first line says, the agent looks at its work again then,
+        // by long polls until it is quiet again. (Tried: straight back to a stream, 10,000
+        // agents whose manager was killed and restarted were all back after 143 s, not 28:
+        // each attempt at a stream is a new connection and a full handshake on the fresh
+        // manager, where long polls keep one connection through their retries.)
         following.recovering = true;
-        following.quiet = !matches!(end, StreamEnd::Unsupported);
+        following.quiet = false;
+        following.streamed = true;
         self.kept_work.stream_ended();
         match end {
             StreamEnd::Unsupported => {
@@ -644,6 +649,9 @@ struct Following {
     /// Whether the last long poll waited out [`QUIET_WAIT`] with nothing new: the agent is
     /// idle, and follows its changes on a change stream from then on.
     quiet: bool,
+    /// Whether the agent followed a change stream before (its polls then wait
+    /// [`QUIET_WAIT_AGAIN`]).
+    streamed: bool,
 }
 
 /// Starts the long poll for changes; call once the registry is shared.

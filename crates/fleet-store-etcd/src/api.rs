@@ -3,7 +3,7 @@
 //! revisions read, retried when another writer got there first.
 
 use fleet_core::unpoisoned::Locked;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -13,10 +13,8 @@ use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 
 use super::EtcdRegistry;
-use super::connection::get_prefix;
-use super::keys::Keys;
 use super::records::{Assignment, CarryingAssignment};
-use fleet_registry::codec::{MetadataOverrides, Options, decode, decode_listed, encode, machine_from_records};
+use fleet_registry::codec::{MetadataOverrides, Options, decode, encode};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange,
     UnitChanged, UnitRecord, UnitView, Writer,
@@ -344,19 +342,6 @@ fn missing_body(key: String) -> RegistryError {
     RegistryError::Corrupt { key, reason: "unit body missing".into() }
 }
 
-/// Each machine's record under `prefix` in `reply`, by machine, with its key.
-fn records_by_machine<'r>(keys: &Keys, reply: &'r GetResponse, prefix: &str) -> HashMap<String, (String, &'r [u8])> {
-    reply
-        .kvs()
-        .iter()
-        .filter_map(|kv| {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let machine = keys.name_in(prefix, &key)?.to_string();
-            Some((machine, (key, kv.value())))
-        })
-        .collect()
-}
-
 #[async_trait]
 impl ApiRegistry for EtcdRegistry {
     /// etcd's revision, which every write under any key moves: one read of one key.
@@ -365,54 +350,10 @@ impl ApiRegistry for EtcdRegistry {
         Ok(reply.header().map(|header| u64::try_from(header.revision()).unwrap_or(0)))
     }
 
+    /// From the API's watch-fed copy, as every list is: no reader goes to etcd for what the
+    /// copy holds.
     async fn units(&self) -> Result<Vec<UnitView>> {
-        let keys = self.keys();
-        let prefixes = [keys.units(), keys.placements(), keys.reasons(), keys.all_states(), keys.bodies()];
-        let (_, replies) = self.connection().read(prefixes.iter().map(|prefix| get_prefix(prefix)).collect()).await?;
-        let [units, placements, reasons, states, bodies] = replies.as_slice() else {
-            return Err(RegistryError::Unavailable("etcd: short reply".into()));
-        };
-        let named = |reply: &GetResponse, collection: &str| -> Vec<(String, String)> {
-            reply
-                .kvs()
-                .iter()
-                .filter_map(|kv| {
-                    let key = String::from_utf8_lossy(kv.key()).into_owned();
-                    keys.name_in(collection, &key).map(|name| (name.to_string(), text(kv)))
-                })
-                .collect()
-        };
-        let placed: HashMap<String, String> = named(placements, &keys.placements()).into_iter().collect();
-        let reasons: HashMap<String, String> = named(reasons, &keys.reasons()).into_iter().collect();
-        let mut state_of: HashMap<String, UnitState> = HashMap::new();
-        for kv in states.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            if let Some(state) = decode_listed(&key, kv.value()) {
-                state_of.insert(key, state);
-            }
-        }
-        let mut files: HashMap<String, UnitFile> = HashMap::new();
-        for kv in bodies.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            if let Some(options) = decode_listed::<Options>(&key, kv.value()) {
-                files.insert(key, UnitFile::from_options(options));
-            }
-        }
-        let mut views = Vec::new();
-        for kv in units.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let Some(name) = keys.name_in(&keys.units(), &key) else { continue };
-            let Some(record) = decode_listed::<UnitRecord>(&key, kv.value()) else { continue };
-            let body_key = keys.body(&record.hash.to_string());
-            let Some(file) = files.get(&body_key).cloned() else {
-                tracing::error!(error = %missing_body(body_key), "skipping a unit whose body cannot be read");
-                continue;
-            };
-            let machine = placed.get(name).cloned();
-            let state = machine.as_ref().and_then(|machine| state_of.remove(&keys.state(machine, name)));
-            views.push(UnitView::from_records(name, record, file, machine, reasons.get(name).cloned(), state.as_ref()));
-        }
-        Ok(views)
+        Ok(self.units_page_from_copy(PageRequest::everything()).await?.items)
     }
 
     async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {
@@ -511,40 +452,14 @@ impl ApiRegistry for EtcdRegistry {
         }
     }
 
+    /// From the API's watch-fed copy, in (unit, machine) order.
     async fn unit_states(&self) -> Result<Vec<UnitState>> {
-        let reply = self
-            .connection()
-            .get(&self.keys().all_states(), Some(etcd_client::GetOptions::new().with_prefix()))
-            .await?;
-        let mut states = Vec::new();
-        for kv in reply.kvs() {
-            states.extend(decode_listed::<UnitState>(&String::from_utf8_lossy(kv.key()), kv.value()));
-        }
-        states.sort_by(|a, b| (&a.name, &a.machine_id).cmp(&(&b.name, &b.machine_id)));
-        Ok(states)
+        Ok(self.unit_states_page_from_copy(PageRequest::everything(), None).await?.items)
     }
 
+    /// From the API's watch-fed copy, in machine ID order.
     async fn machines(&self) -> Result<Vec<MachineState>> {
-        let keys = self.keys();
-        let reads =
-            vec![get_prefix(&keys.machines()), get_prefix(&keys.all_metadata()), get_prefix(&keys.all_drains())];
-        let (_, replies) = self.connection().read(reads).await?;
-        let [machines, metadata, drains] = replies.as_slice() else {
-            return Err(RegistryError::Unavailable("etcd: short reply".into()));
-        };
-        let overrides = records_by_machine(keys, metadata, &keys.all_metadata());
-        let drains = records_by_machine(keys, drains, &keys.all_drains());
-        let machines_prefix = keys.machines();
-        let mut result = Vec::new();
-        for kv in machines.kvs() {
-            let key = String::from_utf8_lossy(kv.key()).into_owned();
-            let Some(id) = keys.name_in(&machines_prefix, &key) else { continue };
-            let changes = overrides.get(id).map(|(key, bytes)| (key.as_str(), *bytes));
-            let drain = drains.get(id).map(|(key, bytes)| (key.as_str(), *bytes));
-            result.extend(machine_from_records(&key, kv.value(), changes, drain));
-        }
-        result.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(result)
+        Ok(self.machines_page_from_copy(PageRequest::everything()).await?.items)
     }
 
     async fn machines_page(&self, request: PageRequest) -> Result<Page<MachineState>> {

@@ -107,17 +107,23 @@ async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states(
         other => panic!("expected MachineInUse, got {other:?}"),
     }
     let state = running_on_m1("a.service", UnitHash([1; 20]));
-    // A lone change is a plain put or delete (no transaction), under the machine's lease.
+    // A lone change is a plain put or delete (no transaction), under the machine's lease. The
+    // second fleetd reads from its watch-fed copy, which learns of the first's writes soon after.
+    let states = |expected: Vec<UnitState>| {
+        let second = &second;
+        async move { second.unit_states().await.is_ok_and(|states| states == expected) }
+    };
     first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
-    assert_eq!(second.unit_states().await.unwrap(), vec![state.clone()]);
+    eventually("the state is seen", || states(vec![state.clone()])).await;
     first.report_states("m1", &[StateReport::Remove(state.name.clone())]).await.unwrap();
-    assert!(second.unit_states().await.unwrap().is_empty(), "a lone removal");
+    eventually("a lone removal is seen", || states(Vec::new())).await;
     first.report_states("m1", &[StateReport::Set(state.clone())]).await.unwrap();
-    assert_eq!(second.unit_states().await.unwrap(), vec![state]);
+    eventually("the state is seen again", || states(vec![state.clone()])).await;
     assert_eq!(second.machines().await.unwrap().len(), 1);
     first.unregister_machine("m1").await.unwrap();
-    assert!(second.machines().await.unwrap().is_empty());
-    assert!(second.unit_states().await.unwrap().is_empty(), "states went with the lease");
+    eventually("the machine is gone", || async { second.machines().await.is_ok_and(|machines| machines.is_empty()) })
+        .await;
+    eventually("states went with the lease", || states(Vec::new())).await;
     second.register_machine(&machine("m1")).await.unwrap();
 }
 
