@@ -142,6 +142,8 @@ fn main() {
         let reserve = if reserving { ", every unit reserving memory and CPU" } else { "" };
         println!("bench-cluster: {machines} simulated machines, {units} units{reserve}, one fleetd engine, etcd 3.4 with {etcd_settings}");
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
+        let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
+        let registration_counters = etcd_metrics::read(&metrics_address);
         let joined = Instant::now();
         let mut agents = Vec::new();
         for index in 0..machines {
@@ -165,6 +167,17 @@ fn main() {
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         println!("  {machines} machines registered in {:.2} s", joined.elapsed().as_secs_f64());
+        // What a registration costs etcd, whatever the machine's speed: each lease grant and
+        // each transaction that writes is a proposal etcd commits and applies in turn.
+        let counters = etcd_metrics::delta(&registration_counters, &etcd_metrics::read(&metrics_address));
+        let per_machine = |name: &str| counters.get(name).copied().unwrap_or(0.0) / machines as f64;
+        println!(
+            "      etcd requests per machine registered: {:.2} lease grants, {:.2} transactions, {:.2} reads; {:.2} puts",
+            per_machine("grpc LeaseGrant"),
+            per_machine("grpc Txn"),
+            per_machine("grpc Range"),
+            per_machine("etcd_mvcc_put_total")
+        );
         println!("      {}", leaderships(&engine, &standby));
         print_leadership_moves(&engine, &standby);
 
@@ -172,7 +185,6 @@ fn main() {
         let templates: Vec<UnitFile> = (0..TEMPLATES).map(|index| template_reserving(index, reserving)).collect();
         let list_dir = tempfile::tempdir().expect("a directory for the unit list");
         let list = unit_list(list_dir.path(), units, reserving);
-        let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
         let submission_counters = etcd_metrics::read(&metrics_address);
         let etcd_pid = etcd.pid().unwrap_or(0);
         let cpu_before = cpu_seconds(engine.pid());
