@@ -162,6 +162,18 @@ fn managers_metrics<const N: usize>(managers: &[Fleetd], series: [&str; N]) -> [
 }
 
 /// TLS handshakes the managers completed so far: (full, resumed).
+/// How many agents follow a change stream on the managers, once all `agents` do or `limit`
+/// after `since`.
+async fn until_all_streaming(managers: &[Fleetd], agents: usize, since: Instant, limit: Duration) -> f64 {
+    loop {
+        let [streaming] = managers_metrics(managers, ["fleet_pull_agents_streaming"]);
+        if streaming >= agents as f64 || since.elapsed() >= limit {
+            return streaming;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 fn handshakes(managers: &[Fleetd]) -> (f64, f64) {
     let [full, resumed] = managers_metrics(
         managers,
@@ -443,14 +455,7 @@ fn main() {
 
         // Until every agent follows its changes on a stream: the steady state (b) and (c) measure.
         let settling = Instant::now();
-        let mut streaming = 0.0;
-        while settling.elapsed() < Duration::from_secs(120) {
-            [streaming] = managers_metrics(&managers, ["fleet_pull_agents_streaming"]);
-            if streaming >= agents as f64 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
+        let streaming = until_all_streaming(&managers, agents, settling, Duration::from_secs(120)).await;
         println!(
             "  {streaming:.0} of {agents} agents on their change streams {:.2} s after (a)",
             settling.elapsed().as_secs_f64()
@@ -601,14 +606,7 @@ fn main() {
                 "  (d) manager killed and restarted: every agent announced to it again after {:.2} s",
                 restarting.elapsed().as_secs_f64()
             );
-            let mut streaming = 0.0;
-            while restarting.elapsed() < Duration::from_secs(300) {
-                [streaming] = managers_metrics(&managers, ["fleet_pull_agents_streaming"]);
-                if streaming >= agents as f64 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
+            let streaming = until_all_streaming(&managers, agents, restarting, Duration::from_secs(300)).await;
             println!(
                 "  (d) {streaming:.0} of {agents} agents on their change streams again after {:.2} s",
                 restarting.elapsed().as_secs_f64()
