@@ -419,11 +419,40 @@ impl EngineRegistry for EtcdRegistry {
 }
 
 impl EtcdRegistry {
-    /// The bodies of `hashes` that exist, in one read (the whole collection when asked for
-    /// more than a transaction holds).
-    pub(super) async fn read_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
-        let keys = self.keys();
+    /// The bodies of `hashes` the API's copy holds while it is up, and the hashes it does
+    /// not hold (all of them while there is no such copy).
+    fn copied_bodies(&self, hashes: &[UnitHash]) -> (HashMap<UnitHash, UnitFile>, Vec<UnitHash>) {
         let mut found = HashMap::new();
+        let Some(copy) = self.api_copy_listed() else { return (found, hashes.to_vec()) };
+        let data = copy.read();
+        if !data.streaming {
+            return (found, hashes.to_vec());
+        }
+        let keys = self.keys();
+        let mut unread = Vec::new();
+        for hash in hashes {
+            let key = keys.body(&hash.to_string());
+            match data.entries.get(&key).and_then(|entry| decode_listed::<Options>(&key, &entry.value)) {
+                Some(options) => {
+                    found.insert(*hash, UnitFile::from_options(options));
+                }
+                None => unread.push(*hash),
+            }
+        }
+        (found, unread)
+    }
+
+    /// The bodies of `hashes` that exist: from the API's watch-fed copy where it holds them
+    /// (a body is written with the units that name it, so a copy that shows a unit holds its
+    /// body), the rest in one read of etcd (the whole collection when asked for more than a
+    /// transaction holds).
+    pub(super) async fn read_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
+        let (mut found, hashes) = self.copied_bodies(hashes);
+        if hashes.is_empty() {
+            return Ok(found);
+        }
+        let hashes = hashes.as_slice();
+        let keys = self.keys();
         let mut bodies = Vec::new();
         if hashes.len() > MAX_TXN_OPS {
             let (_, replies) = self.connection().read(vec![super::connection::get_prefix(&keys.bodies())]).await?;

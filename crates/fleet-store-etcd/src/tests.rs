@@ -1007,3 +1007,25 @@ async fn a_submission_and_a_registration_ask_how_far_behind_etcd_is() {
     other.register_machine(&machine("m1")).await.unwrap();
     assert!(probes() > before, "the registration asked");
 }
+
+/// While the API's copy is up, the bodies the engine asks for come from it: etcd is asked only
+/// for a body the copy does not hold.
+#[tokio::test]
+async fn bodies_the_api_copy_holds_cost_etcd_no_read() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    let sleeper = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1\n").unwrap();
+    registry.put_unit("a.service", &sleeper, DesiredState::Launched).await.unwrap();
+    // A list starts the API's copy, which holds the unit's body once it holds the unit.
+    eventually("the API's copy lists the unit", || async {
+        registry.units_page(fleet_registry::PageRequest::everything()).await.is_ok_and(|page| page.items.len() == 1)
+    })
+    .await;
+    let before = requests_sent("txn");
+    let read = EngineRegistry::unit_bodies(&registry, &[sleeper.hash()]).await.unwrap();
+    assert_eq!(read.get(&sleeper.hash()), Some(&sleeper), "the body, from the copy");
+    assert_eq!(requests_sent("txn"), before, "no request to etcd for a body the copy holds");
+    let unknown = UnitHash([7; 20]);
+    assert!(EngineRegistry::unit_bodies(&registry, &[unknown]).await.unwrap().is_empty());
+    assert_eq!(requests_sent("txn"), before + 1.0, "a body the copy lacks is asked of etcd");
+}
