@@ -646,8 +646,9 @@ struct Following {
     after: Option<u64>,
     /// Whether the agent lost its manager since: it reconciles at the next word.
     recovering: bool,
-    /// Whether the last long poll waited out [`QUIET_WAIT`] with nothing new: the agent is
-    /// idle, and follows its changes on a change stream from then on.
+    /// Whether the last long poll waited out its quiet wait ([`QUIET_WAIT`] or
+    /// [`QUIET_WAIT_AGAIN`]) with nothing new: the agent follows its changes on a change
+    /// stream from then on.
     quiet: bool,
     /// Whether the agent followed a change stream before (its polls then wait
     /// [`QUIET_WAIT_AGAIN`]).

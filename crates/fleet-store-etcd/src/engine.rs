@@ -432,9 +432,10 @@ impl EtcdRegistry {
         let mut unread = Vec::new();
         for hash in hashes {
             let key = keys.body(&hash.to_string());
-            match data.entries.get(&key).and_then(|entry| decode_listed::<Options>(&key, &entry.value)) {
+            // Parsed once per revision of the body, however often it is asked for.
+            match data.entries.get(&key).and_then(|entry| entry.decoded_listed::<Options>(&key)) {
                 Some(options) => {
-                    found.insert(*hash, UnitFile::from_options(options));
+                    found.insert(*hash, UnitFile::from_options(options.as_ref().clone()));
                 }
                 None => unread.push(*hash),
             }

@@ -193,14 +193,9 @@ fn fleet_core_does_no_io_and_reads_no_clock() {
         "async fn",
         "std::env",
     ];
-    let mut files = vec![root().join("crates/fleet-core/src")];
-    while let Some(path) = files.pop() {
-        if path.is_dir() {
-            files.extend(std::fs::read_dir(&path).expect("a directory").map(|entry| entry.expect("an entry").path()));
-            continue;
-        }
+    for path in rust_files(&root().join("crates/fleet-core/src")) {
         let name = path.file_name().and_then(|name| name.to_str()).unwrap_or_default();
-        if !name.ends_with(".rs") || name == "tests.rs" {
+        if name == "tests.rs" {
             continue;
         }
         let source = read(&path);
