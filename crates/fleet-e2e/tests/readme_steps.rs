@@ -176,6 +176,7 @@ struct Typing {
     shell: std::process::Child,
     input: std::process::ChildStdin,
     output: std::path::PathBuf,
+    dir: std::path::PathBuf,
 }
 
 impl Typing {
@@ -197,7 +198,7 @@ impl Typing {
             .spawn()
             .expect("bash");
         let input = shell.stdin.take().expect("the shell's input");
-        Self { shell, input, output }
+        Self { shell, input, output, dir: dir.to_path_buf() }
     }
 
     /// Types `lines`, then waits until the shell has run them: what they printed.
@@ -210,7 +211,7 @@ impl Typing {
             "the shell ran the lines",
             Duration::from_secs(120),
             || self.said().contains(&marker),
-            || self.said(),
+            || self.said_and_logs(),
         );
         let said = self.said();
         said[before..said.find(&marker).unwrap_or(said.len())].to_string()
@@ -218,6 +219,27 @@ impl Typing {
 
     fn said(&self) -> String {
         std::fs::read_to_string(&self.output).unwrap_or_default()
+    }
+
+    /// What the shell said, then the last lines of every log the walkthrough wrote under its
+    /// directory: what a failure is read from.
+    fn said_and_logs(&self) -> String {
+        let mut text = self.said();
+        let mut pending = vec![self.dir.clone()];
+        while let Some(dir) = pending.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for path in entries.flatten().map(|entry| entry.path()) {
+                if path.is_dir() {
+                    pending.push(path);
+                } else if path.extension().is_some_and(|extension| extension == "log") {
+                    let log = std::fs::read_to_string(&path).unwrap_or_default();
+                    let lines: Vec<&str> = log.lines().collect();
+                    let tail = lines[lines.len().saturating_sub(60)..].join("\n");
+                    text.push_str(&format!("\n--- {} ---\n{tail}\n", path.display()));
+                }
+            }
+        }
+        text
     }
 
     /// Types `exit`: the shell ends once it has run what it was given.
@@ -276,14 +298,14 @@ fn a_cluster_on_one_box_as_the_readme_walks_through_it() {
         "the three members are listed",
         Duration::from_secs(60),
         || machines_seen().lines().count() == 3,
-        || shell.said(),
+        || shell.said_and_logs(),
     );
     shell.run(&agent);
     fleet_e2e::poll_until(
         "the pull agent joined",
         Duration::from_secs(60),
         || machines_seen().contains("box-agent\tpull"),
-        || shell.said(),
+        || shell.said_and_logs(),
     );
     let said = shell.run(&units);
     for n in 1..=4 {

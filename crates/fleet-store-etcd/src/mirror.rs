@@ -6,6 +6,7 @@
 use fleet_core::Backoff;
 use fleet_core::unpoisoned::{Locked, ReadWriteLocked};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
@@ -51,6 +52,14 @@ impl Entry {
     }
 }
 
+/// The counter every copy's generations are drawn from.
+static GENERATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// A generation no copy in this process had before.
+fn next_generation() -> u64 {
+    GENERATIONS.fetch_add(1, Ordering::Relaxed) + 1
+}
+
 #[derive(Debug, Default)]
 pub struct MirrorData {
     pub entries: BTreeMap<String, Entry>,
@@ -63,7 +72,10 @@ pub struct MirrorData {
     /// The revision of the last listing: a watch that outlived it (a listing asked for while
     /// the stream runs) still delivers the events up to it, which the listing holds already.
     pub listed: i64,
-    /// Moves on every change, so equal generations mean equal contents.
+    /// Moves on every change, so equal generations mean equal contents. Drawn from one
+    /// counter for every copy in the process ([`next_generation`]): a reader that moves from
+    /// one copy to another (the engine, `engine_copy.rs`) never takes the other's count for
+    /// its own.
     pub generation: u64,
     /// Whether the copy was listed at least once.
     pub synced: bool,
@@ -347,7 +359,7 @@ impl Feeder {
             data.synced = true;
             data.listings += 1;
             if changed {
-                data.generation += 1;
+                data.generation = next_generation();
             }
         }
         self.changes.send_modify(|generation| *generation += 1);
@@ -480,7 +492,7 @@ impl Feeder {
                 *seen = (*seen).max(kv.mod_revision());
             }
         }
-        data.generation += 1;
+        data.generation = next_generation();
         drop(data);
         self.changes.send_modify(|generation| *generation += 1);
         if let Some(observer) = &self.observer {
