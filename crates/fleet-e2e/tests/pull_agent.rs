@@ -689,14 +689,21 @@ fn a_pull_agent_whose_requests_move_to_another_manager_takes_its_stream_along() 
         let _entered = runtime.enter();
         fleet_pull_agent::RemoteRegistry::new(&manager, &credentials, None).expect("remote store")
     };
-    // Journals asked of the agent are answered by request, as fleetd's pull mode does.
-    let mut asks = registry.journal_asks().expect("the journal questions");
+    // Journals asked of the agent are answered through its inbox, as fleetd's pull mode does.
     let answering = registry.clone();
     runtime.spawn(async move {
-        while let Some(ask) = asks.recv().await {
-            let journal =
-                fleet_api_schema::Journal { name: ask.unit.clone(), text: "hello\n".into(), ..Default::default() };
-            let _ = answering.answer_journal(ask.id, &fleet_api_schema::RelayedJournal::Journal(journal)).await;
+        use fleet_registry::JournalInbox;
+        let mut asked = answering.journal_question_changes("split-1");
+        loop {
+            for (id, question) in answering.journal_questions("split-1").await.unwrap_or_default() {
+                let journal =
+                    fleet_api_schema::Journal { name: question.unit, text: "hello\n".into(), ..Default::default() };
+                let answer = serde_json::to_vec(&fleet_api_schema::RelayedJournal::Journal(journal)).expect("json");
+                let _ = answering.answer_journal("split-1", &id, &answer).await;
+            }
+            if asked.changed().await.is_err() {
+                return;
+            }
         }
     });
     {

@@ -9,14 +9,19 @@
 mod change_stream;
 mod credentials;
 mod disk_copy;
+mod following;
 mod jitter;
+mod journal_inbox;
 mod kept_work;
 mod leaving;
 mod manager;
 mod registry;
+mod renewal;
 mod tls;
 
 pub use credentials::{CredentialsError, MachineCredentials, credentials_path};
 pub use disk_copy::DiskCopy;
+pub use following::{follow_changes, start};
 pub use manager::{DEFAULT_IDLE_HEARTBEAT, Manager, ManagerError};
-pub use registry::{RemoteRegistry, start};
+pub use registry::RemoteRegistry;
+pub use renewal::keep_renewing;

@@ -5,7 +5,7 @@
 use fleet_core::unpoisoned::{Locked, ReadWriteLocked};
 use std::collections::HashMap;
 use std::str::FromStr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,16 +13,18 @@ use async_trait::async_trait;
 use crate::jitter::random_sample;
 use fleet_api_schema::{
     AgentChanges, AgentDrift, AgentHashedBody, AgentHealth, AgentMachine, AgentStates, AgentStreamAnswer, AgentUnit,
-    AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, JournalAsk, MAX_BODIES_PER_REQUEST,
-    MAX_STREAM_STATES_LINE, RelayedJournal,
+    AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, MAX_BODIES_PER_REQUEST,
+    MAX_STREAM_STATES_LINE,
 };
 use fleet_core::drift::DriftPolicy;
-use fleet_core::{Backoff, DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
+use fleet_core::{DesiredState, MachineState, StateReport, UnitFile, UnitHash, UnitOption};
 use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result};
+use fleet_runtime::Lifecycle;
 use tokio::sync::watch;
 
 use crate::credentials::MachineCredentials;
 use crate::disk_copy::DiskCopy;
+use crate::following::Following;
 use crate::leaving::Fault;
 use crate::manager::{Manager, ManagerError, without_url};
 use crate::tls::ClientTls;
@@ -91,14 +93,14 @@ pub struct RemoteRegistry {
     /// The machine as last announced, to announce again if the manager lost it.
     announced: Mutex<Option<MachineState>>,
     changes: watch::Sender<u64>,
-    poller: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Ends the following of changes started without a fleetd's lifecycle, when dropped.
+    own_lifecycle: Mutex<Option<watch::Sender<Lifecycle>>>,
     /// The desired state kept on disk, used while the manager cannot be reached.
     copy: Option<DiskCopy>,
     /// Whether the last read came from the copy (to log the change once).
     offline: std::sync::atomic::AtomicBool,
-    /// Journal questions the long poll brought, for whoever reads the unit manager's logs.
-    journal_asks: tokio::sync::mpsc::UnboundedSender<JournalAsk>,
-    journal_asks_taken: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<JournalAsk>>>,
+    /// Journal questions the manager relayed, waiting for an answer (`journal_inbox.rs`).
+    journal_asks: crate::journal_inbox::WaitingAsks,
     /// When the last request a manager answered was sent: it heard from this machine no
     /// sooner, and holds its presence `agent_ttl` from when it did.
     answered: Mutex<Option<tokio::time::Instant>>,
@@ -126,8 +128,8 @@ impl From<Failure> for RegistryError {
 
 impl Drop for RemoteRegistry {
     fn drop(&mut self) {
-        if let Some(poller) = self.poller.locked().take() {
-            poller.abort();
+        if let Some(lifecycle) = self.own_lifecycle.locked().take() {
+            lifecycle.send_replace(Lifecycle::ShuttingDown);
         }
     }
 }
@@ -167,7 +169,6 @@ impl RemoteRegistry {
         credentials: &MachineCredentials,
         copy: Option<DiskCopy>,
     ) -> std::result::Result<Arc<Self>, ManagerError> {
-        let (journal_asks, asks_received) = tokio::sync::mpsc::unbounded_channel();
         let tls = manager.tls(Some(credentials))?;
         let registry = Arc::new(Self {
             client: std::sync::RwLock::new(manager.client(&tls)?),
@@ -195,11 +196,10 @@ impl RemoteRegistry {
             machine_id: credentials.machine_id.clone(),
             announced: Mutex::new(None),
             changes: watch::channel(0).0,
-            poller: Mutex::new(None),
+            own_lifecycle: Mutex::new(None),
             copy,
             offline: std::sync::atomic::AtomicBool::new(false),
-            journal_asks,
-            journal_asks_taken: Mutex::new(Some(asks_received)),
+            journal_asks: crate::journal_inbox::WaitingAsks::default(),
         });
         Ok(registry)
     }
@@ -301,16 +301,15 @@ impl RemoteRegistry {
         serde_json::from_slice(&bytes).map_err(|error| Failure::Refused { status: 200, text: error.to_string() })
     }
 
-    /// The journal questions managers ask of this machine (once: whoever reads the logs).
-    pub fn journal_asks(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<JournalAsk>> {
-        self.journal_asks_taken.locked().take()
+    /// The journal questions the manager relayed and this machine has not answered yet.
+    pub(crate) fn journal_asks(&self) -> &crate::journal_inbox::WaitingAsks {
+        &self.journal_asks
     }
 
-    /// Answers journal question `id`.
-    pub async fn answer_journal(&self, id: u64, answer: &RelayedJournal) -> Result<()> {
-        let body = serde_json::to_string(answer).map_err(unavailable)?;
+    /// Sends the answer (a `RelayedJournal` in JSON) to journal question `id`.
+    pub(crate) async fn post_journal_answer(&self, id: u64, answer: Vec<u8>) -> Result<()> {
         let url = format!("{}/journal/{id}", self.base());
-        self.send(self.client().post(url).header("Content-Type", "application/json").body(body)).await.map(drop)
+        self.send(self.client().post(url).header("Content-Type", "application/json").body(answer)).await.map(drop)
     }
 
     /// Announces the machine to the manager in use if it holds no presence for it yet.
@@ -368,7 +367,7 @@ impl RemoteRegistry {
         }
     }
 
-    fn check_machine(&self, machine_id: &str) -> Result<()> {
+    pub(crate) fn check_machine(&self, machine_id: &str) -> Result<()> {
         if machine_id == self.machine_id {
             Ok(())
         } else {
@@ -391,71 +390,63 @@ impl RemoteRegistry {
         .map(drop)
     }
 
-    /// Follows the manager's changes to this machine's work and moves the signal on each: by
-    /// its change stream, or by long polls where the manager serves no stream.
-    fn start_polling(self: &Arc<Self>) {
-        let mut poller = self.poller.locked();
-        if poller.is_some() {
-            return;
+    /// One round of following the manager's changes: a long poll while the agent is busy
+    /// (starting, back from an outage, or its work changing) or its manager serves no stream,
+    /// else a change stream from its opening to its end. Holds `self` only while it polls:
+    /// a stream holds the weak `registry` alone, so that dropping the registry ends it.
+    pub(crate) async fn follow_once(
+        self: Arc<Self>,
+        registry: &Weak<Self>,
+        following: &mut Following,
+    ) -> std::result::Result<(), String> {
+        let mut moves = self.moves.subscribe();
+        moves.borrow_and_update();
+        let used = self.current.load(std::sync::atomic::Ordering::Relaxed);
+        let refused = self.stream_refused_by.load(std::sync::atomic::Ordering::Relaxed);
+        let streams_refused = refused == used % self.bases.len() + 1;
+        if streams_refused || !following.quiet {
+            // Long polls on the connection its requests use anyway, until one ends with
+            // nothing new. Spread, so that agents started (or moved) together do not all move
+            // to their streams in the same second.
+            let settle = if following.streamed { QUIET_WAIT_AGAIN } else { QUIET_WAIT };
+            let quiet = settle + settle.mul_f64(f64::from(random_sample()) / f64::from(u32::MAX));
+            let wait = if streams_refused { POLL_WAIT } else { quiet };
+            return self.poll_once(wait, following).await;
         }
-        let registry = Arc::downgrade(self);
-        *poller = Some(tokio::spawn(async move {
-            let mut following = Following::default();
-            let mut backoff = Backoff::new(Duration::from_millis(250), Duration::from_secs(30));
-            loop {
-                let Some(strong) = registry.upgrade() else { return };
-                let mut moves = strong.moves.subscribe();
-                moves.borrow_and_update();
-                let used = strong.current.load(std::sync::atomic::Ordering::Relaxed);
-                let refused = strong.stream_refused_by.load(std::sync::atomic::Ordering::Relaxed);
-                let streams_refused = refused == used % strong.bases.len() + 1;
-                let outcome = if streams_refused || !following.quiet {
-                    // Busy (starting, back from an outage, or its work changing): long polls on
-                    // the connection its requests use anyway, until one ends with nothing new.
-                    // Spread, so that agents started (or moved) together do not all move to
-                    // their streams in the same second.
-                    let settle = if following.streamed { QUIET_WAIT_AGAIN } else { QUIET_WAIT };
-                    let quiet = settle + settle.mul_f64(f64::from(random_sample()) / f64::from(u32::MAX));
-                    let wait = if streams_refused { POLL_WAIT } else { quiet };
-                    strong.poll_once(wait, &mut following).await
-                } else {
-                    // Only a weak reference is held while the stream lasts, so that dropping
-                    // the registry ends it.
-                    let (client, url, beats) = strong.stream_parts();
-                    strong.let_request_connection_go();
-                    drop(strong);
-                    let opened = tokio::time::Instant::now();
-                    let (states_sender, states) = tokio::sync::mpsc::channel(16);
-                    let followed = crate::change_stream::follow(&client, &url, beats, states, |heard| {
-                        if let Some(registry) = registry.upgrade() {
-                            if matches!(heard, crate::change_stream::Heard::Opened { carries_states: true, .. }) {
-                                *registry.stream_states.locked() = Some(states_sender.clone());
-                            }
-                            registry.heard_on_stream(heard, &mut following);
-                        }
-                    });
-                    // A request that moved the agent to another manager ends the stream here:
-                    // the manager it left may hold its presence no longer.
-                    let end = tokio::select! {
-                        end = followed => end,
-                        _ = moves.changed() => crate::change_stream::StreamEnd::Moved,
-                    };
-                    let Some(strong) = registry.upgrade() else { return };
-                    *strong.stream_states.locked() = None;
-                    strong.stream_ended(end, used, opened.elapsed(), &mut following)
-                };
-                match outcome {
-                    Ok(()) => backoff.reset(),
-                    Err(error) => {
-                        let wait = backoff.next_delay_jittered(random_sample());
-                        tracing::warn!(%error, retry_in = ?wait, "cannot hear from the manager");
-                        following.after = None;
-                        following.recovering = true;
-                        tokio::time::sleep(wait).await;
-                    }
+        let (client, url, beats) = self.stream_parts();
+        self.let_request_connection_go();
+        drop(self);
+        let opened = tokio::time::Instant::now();
+        let (states_sender, states) = tokio::sync::mpsc::channel(16);
+        let followed = crate::change_stream::follow(&client, &url, beats, states, |heard| {
+            if let Some(registry) = registry.upgrade() {
+                if matches!(heard, crate::change_stream::Heard::Opened { carries_states: true, .. }) {
+                    *registry.stream_states.locked() = Some(states_sender.clone());
                 }
+                registry.heard_on_stream(heard, following);
             }
-        }));
+        });
+        // A request that moved the agent to another manager ends the stream here: the
+        // manager it left may hold its presence no longer.
+        let end = tokio::select! {
+            end = followed => end,
+            _ = moves.changed() => crate::change_stream::StreamEnd::Moved,
+        };
+        let Some(registry) = registry.upgrade() else { return Ok(()) };
+        *registry.stream_states.locked() = None;
+        registry.stream_ended(end, used, opened.elapsed(), following)
+    }
+
+    /// A lifecycle for following changes without a fleetd's ([`crate::start`]): it ends when
+    /// the registry is dropped. `None` if one was made already.
+    pub(crate) fn lifecycle_of_its_own(&self) -> Option<watch::Receiver<Lifecycle>> {
+        let mut own = self.own_lifecycle.locked();
+        if own.is_some() {
+            return None;
+        }
+        let (sender, lifecycle) = watch::channel(Lifecycle::Running);
+        *own = Some(sender);
+        Some(lifecycle)
     }
 
     /// The change stream's client, URL and heartbeats, on the manager in use.
@@ -627,7 +618,7 @@ impl RemoteRegistry {
     /// A manager's word on this machine's changes, by long poll or stream.
     fn heard_changes(&self, changes: AgentChanges, following: &mut Following) {
         for ask in changes.journal {
-            let _ = self.journal_asks.send(ask);
+            self.journal_asks.heard(ask);
         }
         // Back after an outage: reconcile now (and announce to the manager that answers),
         // whatever changed meanwhile.
@@ -637,27 +628,6 @@ impl RemoteRegistry {
         following.recovering = false;
         following.after = Some(changes.revision);
     }
-}
-
-/// Where the agent's following of its manager's changes stands.
-#[derive(Default)]
-struct Following {
-    /// The revision of the machine's work last heard.
-    after: Option<u64>,
-    /// Whether the agent lost its manager since: it reconciles at the next word.
-    recovering: bool,
-    /// Whether the last long poll waited out its quiet wait ([`QUIET_WAIT`] or
-    /// [`QUIET_WAIT_AGAIN`]) with nothing new: the agent follows its changes on a change
-    /// stream from then on.
-    quiet: bool,
-    /// Whether the agent followed a change stream before (its polls then wait
-    /// [`QUIET_WAIT_AGAIN`]).
-    streamed: bool,
-}
-
-/// Starts the long poll for changes; call once the registry is shared.
-pub fn start(registry: &Arc<RemoteRegistry>) {
-    registry.start_polling();
 }
 
 /// The values of a unit's secrets, asked of the manager over this machine's own mTLS

@@ -439,12 +439,26 @@ pub trait FormatRecord: Send + Sync {
     async fn migrate(&self, step: &fleet_core::store_format::Migration) -> Result<()>;
 }
 
+/// The questions put to one machine about its units' journals, as the machine answers them:
+/// through the store on an etcd member, through its manager on a pull agent. Every kind of
+/// machine answers through this facet, by one reconciler.
+#[async_trait]
+pub trait JournalInbox: Send + Sync {
+    /// The questions put to `machine` and not answered yet, by id.
+    async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>>;
+    /// Moves when a question may have been put to `machine`.
+    fn journal_question_changes(&self, machine: &str) -> ChangeSignal;
+    /// Answers question `id` put to `machine` (`answer` is a `RelayedJournal` in JSON), and
+    /// takes the question away.
+    async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()>;
+}
+
 /// A unit's journal asked of the machine that runs it through another fleetd of the cluster
 /// (etcd: a question under the machine's own prefix, answered beside it, both under the
 /// asker's short lease). A store whose one machine answers for itself (the embedded store)
 /// does not implement it.
 #[async_trait]
-pub trait JournalQuestions: Send + Sync {
+pub trait JournalQuestions: JournalInbox {
     /// Puts `question` to `machine`; its answer, or `None` when none came within `wait`.
     async fn ask_journal(
         &self,
@@ -452,12 +466,6 @@ pub trait JournalQuestions: Send + Sync {
         question: &JournalQuestion,
         wait: std::time::Duration,
     ) -> Result<Option<Vec<u8>>>;
-    /// The questions put to `machine` and not answered yet, by id.
-    async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>>;
-    /// Moves when a question may have been put to `machine`.
-    fn journal_question_changes(&self, machine: &str) -> ChangeSignal;
-    /// Answers question `id` put to `machine`, and takes the question away.
-    async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()>;
     /// The questions put to any machine and not answered yet: what a manager answers for
     /// the pull agents it holds, which cannot reach the store.
     async fn every_journal_question(&self) -> Result<Vec<PutQuestion>>;

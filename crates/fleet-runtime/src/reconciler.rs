@@ -57,6 +57,14 @@ pub trait Reconciler: Send {
         None
     }
 
+    /// A random sample that spreads a failed pass's wait over half to all of the backoff, for
+    /// a reconciler that runs on many machines at once (pull agents that lost their manager
+    /// together do not come back in the same instant); `None` waits the backoff exactly,
+    /// which keeps a simulated run the same from one replay to the next.
+    fn retry_spread(&mut self) -> Option<u32> {
+        None
+    }
+
     /// What a failed pass leaves as it is, for the log ("running units are left alone").
     fn on_failure(&self) -> &'static str {
         "trying again"
@@ -120,7 +128,10 @@ pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receive
                 next
             }
             Err(error) => {
-                let backoff = retry.next_delay();
+                let backoff = match reconciler.retry_spread() {
+                    Some(sample) => retry.next_delay_jittered(sample),
+                    None => retry.next_delay(),
+                };
                 let wait = reconciler.due_within().map_or(backoff, |due| due.min(backoff));
                 if failures.warns(&error.to_string(), tokio::time::Instant::now()) {
                     tracing::warn!(%error, retry_in = ?wait, "{} failed; {}", R::NAME, reconciler.on_failure());
@@ -167,6 +178,7 @@ mod tests {
         next: Next,
         triggers: Triggers,
         finished: std::sync::Arc<std::sync::Mutex<Option<Lifecycle>>>,
+        spread: Option<u32>,
     }
 
     impl Reconciler for Counting {
@@ -183,6 +195,10 @@ mod tests {
             &mut self.triggers
         }
 
+        fn retry_spread(&mut self) -> Option<u32> {
+            self.spread
+        }
+
         async fn finish(self, ending: Lifecycle) {
             *self.finished.lock().expect("lock") = Some(ending);
         }
@@ -196,9 +212,13 @@ mod tests {
     }
 
     fn start(failures: usize, next: Next, triggers: Triggers) -> Harness {
+        start_spread(failures, next, triggers, None)
+    }
+
+    fn start_spread(failures: usize, next: Next, triggers: Triggers, spread: Option<u32>) -> Harness {
         let (counter, passes) = watch::channel(0);
         let finished = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let reconciler = Counting { passes: counter, failures, next, triggers, finished: finished.clone() };
+        let reconciler = Counting { passes: counter, failures, next, triggers, finished: finished.clone(), spread };
         let (lifecycle, watch) = watch::channel(Lifecycle::Running);
         let running = tokio::spawn(run(reconciler, watch));
         Harness { passes, finished, lifecycle, running }
@@ -286,6 +306,17 @@ mod tests {
         assert!(began.elapsed() >= Duration::from_millis(1750), "{:?}", began.elapsed());
         tokio::time::sleep(Duration::from_secs(3600)).await;
         assert_eq!(*harness.passes.borrow(), 4, "a success waits for a change");
+    }
+
+    /// A spread backoff waits between half and all of each delay: at the smallest sample,
+    /// half (125 ms, 250 ms, 500 ms after three failures).
+    #[tokio::test(start_paused = true)]
+    async fn a_spread_backoff_waits_from_half_of_each_delay() {
+        let harness = start_spread(3, Next::OnChange, Triggers::none(), Some(0));
+        let began = tokio::time::Instant::now();
+        passes_reach(&harness.passes, 4).await;
+        let took = began.elapsed();
+        assert!(took >= Duration::from_millis(875) && took < Duration::from_millis(1750), "{took:?}");
     }
 
     #[tokio::test(start_paused = true)]

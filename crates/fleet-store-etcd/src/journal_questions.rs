@@ -13,7 +13,9 @@ use async_trait::async_trait;
 use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
 use fleet_core::journal_relay::MOST_IN_FLIGHT_IN_CLUSTER;
 use fleet_registry::codec::{decode_listed, encode};
-use fleet_registry::{ChangeSignal, JournalQuestion, JournalQuestions, PutQuestion, RegistryError, Result};
+use fleet_registry::{
+    ChangeSignal, JournalInbox, JournalQuestion, JournalQuestions, PutQuestion, RegistryError, Result,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -44,6 +46,44 @@ fn question_id() -> String {
     // waits for the earlier's answer, which names its unit.
     let _ = ring::rand::SystemRandom::new().fill(&mut bytes);
     bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[async_trait]
+impl JournalInbox for EtcdRegistry {
+    async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>> {
+        let stored: Vec<(String, Stored)> = self.list_keyed(&self.keys().journal_questions(machine)).await?;
+        Ok(stored.into_iter().map(|(id, stored)| (id, stored.question)).collect())
+    }
+
+    fn journal_question_changes(&self, machine: &str) -> ChangeSignal {
+        self.question_changes(self.keys().journal_questions(machine))
+    }
+
+    async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()> {
+        let question_key = self.keys().journal_question(machine, id);
+        let reply = self.connection().get(&question_key, None).await?;
+        let Some(stored) = reply.kvs().first().and_then(|kv| decode_listed::<Stored>(&question_key, kv.value())) else {
+            return Ok(());
+        };
+        let too_large;
+        let answer = if answer.len() > MOST_ANSWER_BYTES {
+            too_large = format!(r#"{{"error":"its answer was larger than {MOST_ANSWER_BYTES} bytes"}}"#).into_bytes();
+            &too_large
+        } else {
+            answer
+        };
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                self.keys().journal_answer(id),
+                answer.to_vec(),
+                Some(PutOptions::new().with_lease(stored.lease)),
+            ),
+            TxnOp::delete(question_key, None),
+        ]);
+        // The asker may have given up (its lease gone): then nothing is written.
+        let _ = self.connection().txn(txn).await;
+        Ok(())
+    }
 }
 
 #[async_trait]
@@ -78,41 +118,6 @@ impl JournalQuestions for EtcdRegistry {
         // The question, and any answer, go with the lease.
         let _ = revoke(connection, lease).await;
         Ok(answer)
-    }
-
-    async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>> {
-        let stored: Vec<(String, Stored)> = self.list_keyed(&self.keys().journal_questions(machine)).await?;
-        Ok(stored.into_iter().map(|(id, stored)| (id, stored.question)).collect())
-    }
-
-    fn journal_question_changes(&self, machine: &str) -> ChangeSignal {
-        self.question_changes(self.keys().journal_questions(machine))
-    }
-
-    async fn answer_journal(&self, machine: &str, id: &str, answer: &[u8]) -> Result<()> {
-        let question_key = self.keys().journal_question(machine, id);
-        let reply = self.connection().get(&question_key, None).await?;
-        let Some(stored) = reply.kvs().first().and_then(|kv| decode_listed::<Stored>(&question_key, kv.value())) else {
-            return Ok(());
-        };
-        let too_large;
-        let answer = if answer.len() > MOST_ANSWER_BYTES {
-            too_large = format!(r#"{{"error":"its answer was larger than {MOST_ANSWER_BYTES} bytes"}}"#).into_bytes();
-            &too_large
-        } else {
-            answer
-        };
-        let txn = Txn::new().and_then([
-            TxnOp::put(
-                self.keys().journal_answer(id),
-                answer.to_vec(),
-                Some(PutOptions::new().with_lease(stored.lease)),
-            ),
-            TxnOp::delete(question_key, None),
-        ]);
-        // The asker may have given up (its lease gone): then nothing is written.
-        let _ = self.connection().txn(txn).await;
-        Ok(())
     }
 
     async fn every_journal_question(&self) -> Result<Vec<PutQuestion>> {

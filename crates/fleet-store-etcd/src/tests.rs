@@ -976,7 +976,7 @@ async fn a_lapsed_machine_registers_again_only_after_its_agent_stopped_its_units
 /// either is left after; a question no one answers ends with `None`.
 #[tokio::test(flavor = "multi_thread")]
 async fn journal_questions_go_to_their_machine_and_answers_come_back() {
-    use fleet_registry::{JournalQuestion, JournalQuestions, PutQuestion};
+    use fleet_registry::{JournalInbox, JournalQuestion, JournalQuestions, PutQuestion};
     let etcd = EtcdServer::start();
     let asker = std::sync::Arc::new(registry(&etcd, Duration::from_secs(10)).await);
     let asked = registry(&etcd, Duration::from_secs(10)).await;

@@ -252,3 +252,20 @@ fn every_crate_without_unsafe_code_forbids_it() {
         }
     }
 }
+
+/// The pull agent's loops run on fleet-runtime under fleetd's one lifecycle: neither its
+/// crate nor fleetd's pull mode spawns a task of its own, but for `following.rs::start`, the
+/// follower of a registry that has no fleetd around it (tests, benchmarks).
+#[test]
+fn the_pull_agent_spawns_no_loop_outside_the_runtime() {
+    let mut files = rust_files(&root().join("crates/fleet-pull-agent/src"));
+    files.push(root().join("crates/fleetd/src/pull.rs"));
+    for path in files.into_iter().filter(|path| !path.ends_with("tests.rs")) {
+        let source = read(&path);
+        // What a file's tests do is theirs: only the code above its test module counts.
+        let code = source.split("#[cfg(test)]").next().unwrap_or_default();
+        let spawns = code.matches("tokio::spawn(").count() + code.matches(".spawn(async").count();
+        let allowed = usize::from(path.ends_with("fleet-pull-agent/src/following.rs"));
+        assert_eq!(spawns, allowed, "{} spawns a task outside fleet-runtime", path.display());
+    }
+}

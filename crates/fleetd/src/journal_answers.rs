@@ -1,21 +1,22 @@
-//! Answers the journal questions other fleetds of the cluster put to this machine through the
-//! store (`fleet_registry::JournalQuestions`): each is answered from the unit manager, as this
-//! machine's own API would answer it, when the store says one was put.
+//! Answers the journal questions other fleetds of the cluster put to this machine
+//! (`fleet_registry::JournalInbox`: through etcd on a member, relayed by its manager on a pull
+//! agent): each is answered from the unit manager, as this machine's own API would answer it,
+//! when the inbox says one was put. The one answering path for every kind of machine.
 
 use std::sync::Arc;
 
 use fleet_api::LocalMachine;
-use fleet_registry::JournalQuestions;
+use fleet_registry::JournalInbox;
 use fleet_runtime::{Next, Reconciler, Triggers};
 
 pub struct JournalAnswers {
-    questions: Arc<dyn JournalQuestions>,
+    questions: Arc<dyn JournalInbox>,
     local: LocalMachine,
     triggers: Triggers,
 }
 
 impl JournalAnswers {
-    pub fn new(questions: Arc<dyn JournalQuestions>, local: LocalMachine) -> Self {
+    pub fn new(questions: Arc<dyn JournalInbox>, local: LocalMachine) -> Self {
         let triggers = Triggers::none().with(questions.journal_question_changes(&local.machine_id));
         Self { questions, local, triggers }
     }

@@ -3,7 +3,7 @@
 //! renews that certificate before it expires, and runs the agent on the remote store.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig};
@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::daemon::{Components, Daemon};
+use crate::journal_answers::JournalAnswers;
 use crate::reconcile_timing::{DEBOUNCE, PULL_RECONCILE_INTERVAL};
 use crate::supervise::supervise;
 use fleetd::config::Config;
@@ -56,53 +57,6 @@ async fn credentials(config: &Config, manager: &Manager, machine_id: &str) -> an
     }
 }
 
-/// Renews the certificate at two thirds of its life, for as long as fleetd runs.
-async fn keep_renewing(
-    config: Config,
-    manager: Arc<Manager>,
-    registry: Arc<RemoteRegistry>,
-    mut credentials: MachineCredentials,
-) {
-    let mut retry = Backoff::new(Duration::from_secs(1), Duration::from_secs(300));
-    loop {
-        tokio::time::sleep(credentials.until_renewal(SystemTime::now())).await;
-        match manager.renew(&credentials).await {
-            Ok(renewed) => {
-                retry.reset();
-                if let Err(error) = renewed.save(&config.state_dir) {
-                    tracing::error!(%error, "cannot keep the renewed certificate");
-                }
-                if let Err(error) = registry.use_credentials(&renewed) {
-                    tracing::error!(%error, "cannot use the renewed certificate");
-                }
-                credentials = renewed;
-                tracing::info!("machine certificate renewed");
-            }
-            Err(error) => {
-                let wait = retry.next_delay();
-                tracing::warn!(%error, retry_in = ?wait, "cannot renew the machine certificate yet");
-                tokio::time::sleep(wait).await;
-            }
-        }
-    }
-}
-
-/// Answers the journal questions managers relay, from the unit manager's logs.
-async fn answer_journals(
-    mut asks: tokio::sync::mpsc::UnboundedReceiver<fleet_api::schema::JournalAsk>,
-    registry: Arc<RemoteRegistry>,
-    units: Arc<dyn UnitManager>,
-    machine_id: String,
-) {
-    let local = fleet_api::LocalMachine { machine_id, manager: units };
-    while let Some(ask) = asks.recv().await {
-        let answer = local.relayed_journal(&ask.unit, ask.lines, ask.status).await;
-        if let Err(error) = registry.answer_journal(ask.id, &answer).await {
-            tracing::warn!(%error, "cannot answer a journal question");
-        }
-    }
-}
-
 /// Runs fleetd as a pull agent until SIGTERM or SIGINT.
 pub async fn run(
     config: Config,
@@ -126,7 +80,6 @@ pub async fn run(
     let credentials = credentials(&config, &manager, &machine.id).await?;
     let copy = DiskCopy::open(&config.state_dir.join("desired")).context("keeping the desired state on disk")?;
     let registry = RemoteRegistry::new(&manager, &credentials, Some(copy))?;
-    fleet_pull_agent::start(&registry);
     let mut machine = machine;
     for (key, value) in &credentials.metadata {
         machine.metadata.entry(key.clone()).or_insert_with(|| value.clone());
@@ -138,25 +91,33 @@ pub async fn run(
         "fleetd {} starting as a pull agent",
         fleetd::VERSION
     );
-    let renewing = tokio::spawn(keep_renewing(config.clone(), manager.clone(), registry.clone(), credentials));
-    if let Some(asks) = registry.journal_asks() {
-        tokio::spawn(answer_journals(asks, registry.clone(), units.clone(), machine.id.clone()));
-    }
     // A pull agent serves no API: it is ready once it joined and holds its credentials.
     let pulling = format!("pulling from {}", config.manager_url);
-    let mut agent = PullAgent { machine, agent_ttl: config.agent_ttl, registry, units: units.clone() };
+    let mut agent = PullAgent {
+        machine,
+        agent_ttl: config.agent_ttl,
+        registry,
+        units: units.clone(),
+        manager,
+        credentials,
+        state_dir: config.state_dir.clone(),
+    };
     daemon.run(&pulling, &mut agent, units).await;
-    renewing.abort();
     tracing::info!("fleetd stopped");
     Ok(())
 }
 
-/// What a pull agent runs under the daemon: the agent, on the remote store.
+/// What a pull agent runs under the daemon, each a reconciler under its one lifecycle: the
+/// agent on the remote store, the following of the manager's changes, the certificate's
+/// renewal and the answers to journal questions.
 struct PullAgent {
     machine: MachineState,
     agent_ttl: Duration,
     registry: Arc<RemoteRegistry>,
     units: Arc<dyn UnitManager>,
+    manager: Arc<Manager>,
+    credentials: MachineCredentials,
+    state_dir: std::path::PathBuf,
 }
 
 impl Components for PullAgent {
@@ -171,12 +132,32 @@ impl Components for PullAgent {
             presence_ttl: Some(self.agent_ttl),
             stop_units_when_cut_off: false,
         };
-        let (registry, units) = (self.registry.clone(), self.units.clone());
+        let (registry, units, running) = (self.registry.clone(), self.units.clone(), lifecycle.clone());
         let secrets: Arc<dyn fleet_registry::UnitSecrets> = self.registry.clone();
         tasks.spawn(supervise("agent", move || {
             Agent::new(agent_config.clone(), registry.clone(), units.clone())
                 .with_secrets(secrets.clone())
-                .run(lifecycle.clone())
+                .run(running.clone())
+        }));
+        let (registry, running) = (self.registry.clone(), lifecycle.clone());
+        tasks.spawn(supervise("manager's changes", move || {
+            fleet_pull_agent::follow_changes(&registry, running.clone())
+        }));
+        let (manager, registry, running) = (self.manager.clone(), self.registry.clone(), lifecycle.clone());
+        let (credentials, state_dir) = (self.credentials.clone(), self.state_dir.clone());
+        tasks.spawn(supervise("certificate renewal", move || {
+            fleet_pull_agent::keep_renewing(
+                manager.clone(),
+                registry.clone(),
+                credentials.clone(),
+                state_dir.clone(),
+                running.clone(),
+            )
+        }));
+        let inbox: Arc<dyn fleet_registry::JournalInbox> = self.registry.clone();
+        let local = fleet_api::LocalMachine { machine_id: self.machine.id.clone(), manager: self.units.clone() };
+        tasks.spawn(supervise("journal answers", move || {
+            fleet_runtime::run(JournalAnswers::new(inbox.clone(), local.clone()), lifecycle.clone())
         }));
     }
 
