@@ -52,6 +52,17 @@ impl Daemon {
         })
     }
 
+    /// Runs `work` (what fleetd does before its components can start: a pull agent's join,
+    /// retried while its manager cannot be reached) unless SIGTERM or SIGINT comes first:
+    /// `None` then, and fleetd ends as asked rather than only once the work is done.
+    pub async fn unless_stopped<T>(&mut self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            outcome = work => Some(outcome),
+            _ = self.terminate.recv() => None,
+            _ = self.interrupt.recv() => None,
+        }
+    }
+
     /// Runs `components` until SIGTERM or SIGINT, starting them again on each SIGHUP; returns
     /// once they stopped. `serving` says how fleetd serves, for systemd's status line
     /// (`API on …`, `pulling from …`); `units` hands the units over on SIGUSR2.

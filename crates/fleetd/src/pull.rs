@@ -77,7 +77,11 @@ pub async fn run(
             .with_heartbeat(config.agent_ttl / 3)
             .with_idle_heartbeat(config.agent_heartbeat),
     );
-    let credentials = credentials(&config, &manager, &machine.id).await?;
+    let Some(credentials) = daemon.unless_stopped(credentials(&config, &manager, &machine.id)).await else {
+        tracing::info!("fleetd stopped before it joined");
+        return Ok(());
+    };
+    let credentials = credentials?;
     let copy = DiskCopy::open(&config.state_dir.join("desired")).context("keeping the desired state on disk")?;
     let registry = RemoteRegistry::new(&manager, &credentials, Some(copy))?;
     let mut machine = machine;
