@@ -846,37 +846,3 @@ fn an_idle_pull_agent_announces_itself_to_its_restarted_manager_at_once() {
         fleet_e2e::metric_value(&fleetd.metrics(), "fleet_pull_agents_streaming") == Some(1.0)
     });
 }
-
-/// A pull fleetd whose manager cannot be reached while it joins ends on SIGTERM at once, as a
-/// joined one does: its signals are heard from its start, not only once its components run.
-#[test]
-fn a_pull_fleetd_still_trying_to_join_ends_on_sigterm() {
-    let pki = ManagerPki::local();
-    // Nothing listens there.
-    let manager_url = format!("https://localhost:{}", free_port());
-    let mut pull = PullFleetd::start(&manager_url, &pki.api_ca_file, Some("not-a-token-it-gets-to-use"), None, &[]);
-    fleet_e2e::poll_until(
-        "it tries to join",
-        Duration::from_secs(60),
-        || pull.log().contains("cannot join yet"),
-        || pull.log(),
-    );
-    let mut child = pull.child.take().expect("running");
-    // SAFETY: kill has no memory-safety preconditions.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let ended = loop {
-        if let Some(status) = child.try_wait().expect("its status") {
-            break Some(status);
-        }
-        if std::time::Instant::now() > deadline {
-            // Not left behind whatever the outcome.
-            let _ = child.kill();
-            let _ = child.wait();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    };
-    assert!(ended.is_some_and(|status| status.success()), "{ended:?}\n{}", pull.log());
-    assert!(pull.log().contains("fleetd stopped before it joined"), "{}", pull.log());
-}

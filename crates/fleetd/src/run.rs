@@ -156,8 +156,17 @@ pub async fn run(
         let machine = machine_state(&config, &machine_id);
         return crate::pull::run(config, machine, manager, daemon).await;
     }
-    let store::Store { registry, chores, journal_questions, format, backup } = store::open(&config).await?;
-    crate::store_format::settle(format.as_ref()).await?;
+    // Both retry while the store cannot be reached: a signal meanwhile ends fleetd.
+    let reached = daemon.unless_stopped(async {
+        let store = store::open(&config).await?;
+        crate::store_format::settle(store.format.as_ref()).await?;
+        anyhow::Ok(store)
+    });
+    let Some(reached) = reached.await else {
+        tracing::info!("fleetd stopped before it reached its store");
+        return Ok(());
+    };
+    let store::Store { registry, chores, journal_questions, format: _, backup } = reached?;
     let store_format = fleet_core::store_format::CURRENT.to_string();
     fleet_metrics::set_build_info(&[
         ("version", fleet_build_info::VERSION),
