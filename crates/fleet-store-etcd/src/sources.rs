@@ -21,29 +21,55 @@ const CATCH_UP: Duration = Duration::from_secs(2);
 #[async_trait]
 impl SourceRegistry for EtcdRegistry {
     async fn put_source(&self, record: &SourceRecord) -> Result<()> {
-        let txn = Txn::new().and_then(vec![TxnOp::put(self.keys().source(&record.name), encode(record), None)]);
-        self.connection().txn(txn).await?;
+        let key = self.keys().source(&record.name);
+        let reply =
+            self.connection().txn(Txn::new().and_then(vec![TxnOp::put(key.as_str(), encode(record), None)])).await?;
+        self.sources_written(&key, &reply);
         Ok(())
     }
 
+    /// From the watch-fed copy, once it holds this fleetd's own writes (the syncer reads them
+    /// on every pass), in name order.
     async fn sources(&self) -> Result<Vec<SourceRecord>> {
-        self.list_named(&self.keys().sources(), |record: &SourceRecord| &record.name).await
+        self.copied_under::<SourceRecord>(&self.keys().sources())
+            .await
+            .map(|records| records.into_iter().map(|(_, record)| record.as_ref().clone()).collect())
     }
 
     async fn remove_source(&self, name: &str) -> Result<bool> {
-        self.delete_key(&self.keys().source_status(name)).await?;
-        self.delete_key(&self.keys().source(name)).await
+        let keys = self.keys();
+        let (status, source) = (keys.source_status(name), keys.source(name));
+        let ops = vec![TxnOp::delete(status.as_str(), None), TxnOp::delete(source.as_str(), None)];
+        let reply = self.connection().txn(Txn::new().and_then(ops)).await?;
+        let deleted: Vec<bool> = reply
+            .op_responses()
+            .iter()
+            .map(|response| matches!(response, TxnOpResponse::Delete(delete) if delete.deleted() > 0))
+            .collect();
+        for (key, deleted) in [status, source].iter().zip(&deleted) {
+            if *deleted {
+                self.sources_written(key, &reply);
+            }
+        }
+        Ok(deleted.get(1).copied().unwrap_or(false))
     }
 
+    /// From the watch-fed copy, as [`SourceRegistry::sources`].
     async fn source_statuses(&self) -> Result<Vec<(String, SourceStatus)>> {
-        self.list_keyed(&self.keys().source_statuses()).await
+        self.copied_under::<SourceStatus>(&self.keys().source_statuses())
+            .await
+            .map(|statuses| statuses.into_iter().map(|(name, status)| (name, status.as_ref().clone())).collect())
     }
 
     async fn set_source_status(&self, name: &str, status: &SourceStatus) -> Result<()> {
         // A removed source keeps no status (a sync under way when it was removed).
         let present = Compare::version(self.keys().source(name), CompareOp::Greater, 0);
-        let put = TxnOp::put(self.keys().source_status(name), encode(status), None);
-        self.connection().txn(Txn::new().when([present]).and_then([put])).await?;
+        let key = self.keys().source_status(name);
+        let put = TxnOp::put(key.as_str(), encode(status), None);
+        let reply = self.connection().txn(Txn::new().when([present]).and_then([put])).await?;
+        if reply.succeeded() {
+            self.sources_written(&key, &reply);
+        }
         Ok(())
     }
 
@@ -71,12 +97,7 @@ impl SourceRegistry for EtcdRegistry {
     /// must not each be a read of it from etcd. Each head is joined with its fixed part once
     /// per revision, and each fixed part parsed once.
     async fn rollouts(&self) -> Result<Vec<Arc<RolloutRecord>>> {
-        let mirror = self.sources_mirror();
-        if !mirror.caught_up(CATCH_UP).await {
-            return Err(RegistryError::Unavailable(
-                "etcd: the copy of the rollouts is not up to date (its watch is behind or down)".into(),
-            ));
-        }
+        let mirror = self.sources_copy_caught_up().await?;
         let data = mirror.synced()?;
         let prefix = self.keys().rollouts();
         let range = KeyRange::prefix(prefix.clone());
@@ -113,6 +134,42 @@ impl SourceRegistry for EtcdRegistry {
 }
 
 impl EtcdRegistry {
+    /// The copy of the sources, their statuses and the rollouts, once it holds this fleetd's
+    /// own writes to them and its watch is up (waiting up to [`CATCH_UP`]).
+    async fn sources_copy_caught_up(&self) -> Result<&super::mirror::Mirror> {
+        let mirror = self.sources_mirror();
+        if !mirror.caught_up(CATCH_UP).await {
+            return Err(RegistryError::Unavailable(
+                "etcd: the copy of the sources and rollouts is not up to date (its watch is behind or down)".into(),
+            ));
+        }
+        Ok(mirror)
+    }
+
+    /// Notes this fleetd's write of `key` (answered by `reply`): the next read of the copy
+    /// waits until it holds it. Only for a write that changed `key`: the copy sees no event
+    /// for one that did not, and would be waited for in vain.
+    fn sources_written(&self, key: &str, reply: &etcd_client::TxnResponse) {
+        if let Some(header) = reply.header() {
+            self.sources_mirror().expect(key, header.revision());
+        }
+    }
+
+    /// The records under `prefix` in the copy, by the rest of their key (a name), in name
+    /// order, each decoded once per revision; one that cannot be decoded is left out (and
+    /// logged, as a listing does).
+    async fn copied_under<T: serde::de::DeserializeOwned + Send + Sync + 'static>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, Arc<T>)>> {
+        let mirror = self.sources_copy_caught_up().await?;
+        let data = mirror.synced()?;
+        Ok(data
+            .range(&KeyRange::prefix(prefix.to_string()))
+            .filter_map(|(key, entry)| Some((key[prefix.len()..].to_string(), entry.decoded_listed::<T>(key)?)))
+            .collect())
+    }
+
     /// Writes each slice of a rollout's fixed part not in `held`, one request each.
     async fn write_rollout_slices(&self, keys: &[String], slices: &[Vec<u8>], held: &BTreeSet<String>) -> Result<()> {
         for (key, slice) in keys.iter().zip(slices) {

@@ -1053,3 +1053,33 @@ async fn bodies_the_api_copy_holds_cost_etcd_no_read() {
     assert!(EngineRegistry::unit_bodies(&registry, &[unknown]).await.unwrap().is_empty());
     assert_eq!(requests_sent("txn"), before + 1.0, "a body the copy lacks is asked of etcd");
 }
+
+/// The sources and their statuses, which the source syncer reads on every pass, come from the
+/// watch-fed copy of the sources: a read costs etcd no request, and still shows this
+/// fleetd's own writes at once (a write and a removal, a status on a removed source not
+/// kept).
+#[tokio::test]
+async fn sources_and_statuses_are_read_from_the_copy_with_this_fleetds_writes() {
+    use fleet_registry::{SourceRecord, SourceRegistry, SourceStatus};
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    let record = |name: &str| SourceRecord::new(name, "https://git.example/units.git");
+    for name in ["b", "a"] {
+        registry.put_source(&record(name)).await.unwrap();
+    }
+    let status = SourceStatus { commit: Some("abc".into()), attempted_at: 7, ..SourceStatus::default() };
+    registry.set_source_status("a", &status).await.unwrap();
+    let names = |sources: Vec<SourceRecord>| sources.into_iter().map(|source| source.name).collect::<Vec<_>>();
+    assert_eq!(names(registry.sources().await.unwrap()), ["a", "b"], "both, in name order, at once");
+    assert_eq!(registry.source_statuses().await.unwrap(), [("a".to_string(), status.clone())]);
+    let before = (requests_sent("txn"), requests_sent("range"));
+    for _ in 0..3 {
+        registry.sources().await.unwrap();
+        registry.source_statuses().await.unwrap();
+    }
+    assert_eq!((requests_sent("txn"), requests_sent("range")), before, "reads cost etcd no request");
+    assert!(registry.remove_source("a").await.unwrap());
+    registry.set_source_status("a", &status).await.unwrap();
+    assert_eq!(names(registry.sources().await.unwrap()), ["b"], "the removal shows at once");
+    assert!(registry.source_statuses().await.unwrap().is_empty(), "no status kept for a removed source");
+}
