@@ -33,7 +33,7 @@ const ANSWER_POLL: Duration = Duration::from_millis(100);
 const MOST_ANSWER_BYTES: usize = fleet_core::journal_relay::MOST_ANSWER_BYTES;
 
 /// A question as stored: what is asked, and the lease the answer goes under.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct Stored {
     question: JournalQuestion,
     lease: i64,
@@ -51,7 +51,7 @@ fn question_id() -> String {
 #[async_trait]
 impl JournalInbox for EtcdRegistry {
     async fn journal_questions(&self, machine: &str) -> Result<Vec<(String, JournalQuestion)>> {
-        let stored: Vec<(String, Stored)> = self.list_keyed(&self.keys().journal_questions(machine)).await?;
+        let stored = self.questions_under(&self.keys().journal_questions(machine)).await?;
         Ok(stored.into_iter().map(|(id, stored)| (id, stored.question)).collect())
     }
 
@@ -121,7 +121,7 @@ impl JournalQuestions for EtcdRegistry {
     }
 
     async fn every_journal_question(&self) -> Result<Vec<PutQuestion>> {
-        let stored: Vec<(String, Stored)> = self.list_keyed(&self.keys().all_journal_questions()).await?;
+        let stored = self.questions_under(&self.keys().all_journal_questions()).await?;
         Ok(stored
             .into_iter()
             .filter_map(|(key, stored)| {
@@ -137,6 +137,29 @@ impl JournalQuestions for EtcdRegistry {
 }
 
 impl EtcdRegistry {
+    /// The questions under `prefix` by the rest of their key: from the watch-fed copy that
+    /// wakes their answerer while its watch is up (a question already answered may show
+    /// there a moment longer; its answer then finds it gone and writes nothing), else from
+    /// etcd.
+    async fn questions_under(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
+        {
+            let mirrors = self.inner.journal_mirrors.locked();
+            if let Some((mirror, _)) = mirrors.get(prefix) {
+                let data = mirror.read();
+                if data.synced && data.streaming {
+                    return Ok(data
+                        .range(&KeyRange::prefix(prefix.to_string()))
+                        .filter_map(|(key, entry)| {
+                            let stored = entry.decoded_listed::<Stored>(key)?;
+                            Some((key[prefix.len()..].to_string(), stored.as_ref().clone()))
+                        })
+                        .collect());
+                }
+            }
+        }
+        self.list_keyed(prefix).await
+    }
+
     /// Moves when a question may have been put under `prefix`: one watch per prefix followed.
     fn question_changes(&self, prefix: String) -> ChangeSignal {
         let mut mirrors = self.inner.journal_mirrors.locked();

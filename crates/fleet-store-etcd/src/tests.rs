@@ -972,8 +972,9 @@ async fn a_lapsed_machine_registers_again_only_after_its_agent_stopped_its_units
 }
 
 /// A journal question reaches the machine asked (and wakes it), and a manager following every
-/// machine's questions (for its pull agents); its answer reaches the asker, and nothing of
-/// either is left after; a question no one answers ends with `None`.
+/// machine's questions (for its pull agents), each reading it from the copy that woke it; its
+/// answer reaches the asker, and nothing of either is left after; a question no one answers
+/// ends with `None`.
 #[tokio::test(flavor = "multi_thread")]
 async fn journal_questions_go_to_their_machine_and_answers_come_back() {
     use fleet_registry::{JournalInbox, JournalQuestion, JournalQuestions, PutQuestion};
@@ -996,9 +997,24 @@ async fn journal_questions_go_to_their_machine_and_answers_come_back() {
         woken.changed().await.unwrap();
     };
     assert!(asked.journal_questions("m1").await.unwrap().is_empty(), "only the machine asked");
-    manager_woken.changed().await.unwrap();
-    let every = asked.every_journal_question().await.unwrap();
+    let every = loop {
+        let every = asked.every_journal_question().await.unwrap();
+        if !every.is_empty() {
+            break every;
+        }
+        manager_woken.changed().await.unwrap();
+    };
     assert_eq!(every, [PutQuestion { machine: "m2".into(), id: id.clone(), question: question.clone() }]);
+    // Once their watches are up, the copies that woke the answerers are all they read.
+    let sent = || requests_sent("txn") + requests_sent("range");
+    eventually("the questions are read from the copies alone", async || {
+        let before = sent();
+        let mine = asked.journal_questions("m2").await.unwrap();
+        let every = asked.every_journal_question().await.unwrap();
+        assert_eq!((mine.len(), every.len()), (1, 1));
+        sent() == before
+    })
+    .await;
     asked.answer_journal("m2", &id, b"the answer").await.unwrap();
     assert_eq!(asking.await.unwrap().unwrap(), Some(b"the answer".to_vec()));
     assert!(keys_under(&asked, "/fleet-test/journal/").await.is_empty(), "nothing is left");
