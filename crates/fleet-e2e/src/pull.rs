@@ -44,7 +44,8 @@ impl PullFleetd {
         Self::start_configured(dir, &config, prefix, env)
     }
 
-    /// Starts `fleetd` in `dir` with the fleet.conf `config`, as written.
+    /// Starts `fleetd` in `dir` with the fleet.conf `config`, as written (a pull agent or any
+    /// other fleetd).
     pub fn start_configured(dir: tempfile::TempDir, config: &str, prefix: &[&str], env: &[(&str, &str)]) -> Self {
         std::fs::write(dir.path().join("fleet.conf"), config).expect("fleet.conf");
         let log =

@@ -3,7 +3,7 @@
 //! reaching etcd, a pull agent joining its manager, each retried while they cannot be
 //! reached) must end on SIGTERM too, not leave the signal unread until systemd's SIGKILL.
 
-use std::process::{Child, Command};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use fleet_e2e::pki::ManagerPki;
@@ -62,17 +62,10 @@ fn a_member_still_trying_to_reach_etcd_ends_on_sigterm() {
         free_port(),
         dir.path().join("fleet.sock").display()
     );
-    std::fs::write(dir.path().join("fleet.conf"), config).expect("fleet.conf");
-    let log_path = dir.path().join("fleetd.log");
-    let log = std::fs::File::create(&log_path).expect("log");
-    let child = Command::new(fleet_e2e::binary("fleetd"))
-        .arg("-config")
-        .arg(dir.path().join("fleet.conf"))
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("fleetd");
-    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    // A fleetd of its own configuration: an etcd member here, whose store cannot be reached.
+    let mut member = PullFleetd::start_configured(dir, &config, &[], &[]);
+    let child = member.child.take().expect("running");
+    let log = || member.log();
     ends_on_sigterm_while(
         child,
         log,
