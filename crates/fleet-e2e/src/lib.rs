@@ -491,6 +491,23 @@ pub fn poll_until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool
     }
 }
 
+/// `child`'s exit status once it exits by itself within `limit`; `None` if it did not, and
+/// then it is killed: a test never leaves a process behind, whatever its outcome.
+pub fn exit_within(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().ok().flatten() {
+            return Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// Checks a scrape with `promtool check metrics`: the format parses and the names follow
 /// Prometheus's conventions.
 pub fn promtool_check(text: &str) {

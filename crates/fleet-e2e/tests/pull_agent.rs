@@ -846,3 +846,20 @@ fn an_idle_pull_agent_announces_itself_to_its_restarted_manager_at_once() {
         fleet_e2e::metric_value(&fleetd.metrics(), "fleet_pull_agents_streaming") == Some(1.0)
     });
 }
+
+/// A pull fleetd whose manager refuses its registration token says why and exits: a refusal
+/// is an answer, not an outage to wait out.
+#[test]
+fn a_pull_fleetd_refused_at_its_join_says_why_and_exits() {
+    let pki = ManagerPki::local();
+    let port = free_port();
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    let _manager = Fleetd::start("e2e0manager00031", &pairs(&config));
+    let manager_url = format!("https://localhost:{port}");
+    let mut pull = PullFleetd::start(&manager_url, &pki.api_ca_file, Some("fleet-reg-not-one-it-made"), None, &[]);
+    let mut child = pull.child.take().expect("running");
+    let status = fleet_e2e::exit_within(&mut child, Duration::from_secs(30));
+    assert!(status.is_some_and(|status| !status.success()), "{status:?}\n{}", pull.log());
+    assert!(pull.log().contains("joining the cluster: "), "{}", pull.log());
+    assert!(!pull.log().contains("joining the cluster failed; trying again"), "{}", pull.log());
+}

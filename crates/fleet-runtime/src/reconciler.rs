@@ -17,6 +17,9 @@ pub enum Next {
     After(Duration),
     /// Only when a trigger moves.
     OnChange,
+    /// Never: the reconciler's work is done (a join that succeeded). The loop ends, and
+    /// finishes it with `Lifecycle::Running`.
+    Done,
 }
 
 /// The error policy: after a failed pass, the next one runs after a delay that doubles with
@@ -122,6 +125,7 @@ pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receive
         };
         let took = started.elapsed();
         let next = match outcome {
+            Ok(Next::Done) => break Lifecycle::Running,
             Ok(next) => {
                 retry.reset();
                 failures.recovered();
@@ -163,7 +167,7 @@ fn ended(lifecycle: &watch::Receiver<Lifecycle>) -> Option<Lifecycle> {
 async fn after(next: Next) {
     match next {
         Next::After(wait) => tokio::time::sleep(wait).await,
-        Next::OnChange => std::future::pending().await,
+        Next::OnChange | Next::Done => std::future::pending().await,
     }
 }
 
@@ -317,6 +321,16 @@ mod tests {
         passes_reach(&harness.passes, 4).await;
         let took = began.elapsed();
         assert!(took >= Duration::from_millis(875) && took < Duration::from_millis(1750), "{took:?}");
+    }
+
+    /// A pass that says its work is done ends the loop, after the failures before it were
+    /// retried.
+    #[tokio::test(start_paused = true)]
+    async fn a_pass_whose_work_is_done_ends_the_loop() {
+        let harness = start(2, Next::Done, Triggers::none());
+        harness.running.await.expect("ended by itself");
+        assert_eq!(*harness.passes.borrow(), 3, "two failures, then the pass that was done");
+        assert_eq!(*harness.finished.lock().expect("lock"), Some(Lifecycle::Running));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use fleet_agent::{Agent, AgentConfig};
-use fleet_core::{Backoff, MachineState};
-use fleet_pull_agent::{DiskCopy, MachineCredentials, Manager, ManagerError, RemoteRegistry};
+use fleet_core::MachineState;
+use fleet_pull_agent::{DiskCopy, MachineCredentials, Manager, RemoteRegistry};
 use fleet_runtime::Lifecycle;
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
@@ -25,7 +25,7 @@ const MANAGER_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The machine's credentials: those kept in `state_dir`, else a join with the registration
 /// token, retried while the manager cannot be reached and given up when it refuses.
-async fn credentials(config: &Config, manager: &Manager, machine_id: &str) -> anyhow::Result<MachineCredentials> {
+async fn credentials(config: &Config, manager: &Arc<Manager>, machine_id: &str) -> anyhow::Result<MachineCredentials> {
     if let Some(kept) = MachineCredentials::load(&config.state_dir)? {
         if kept.machine_id != machine_id {
             anyhow::bail!(
@@ -39,22 +39,14 @@ async fn credentials(config: &Config, manager: &Manager, machine_id: &str) -> an
     if config.registration_token.is_empty() {
         anyhow::bail!("this machine has not joined yet: set registration_token");
     }
-    let mut retry = Backoff::new(Duration::from_millis(500), Duration::from_secs(30));
-    loop {
-        match manager.join(config.registration_token.expose(), machine_id).await {
-            Ok((credentials, _)) => {
-                credentials.save(&config.state_dir)?;
-                tracing::info!(machine_id, "joined the cluster through the manager");
-                return Ok(credentials);
-            }
-            Err(error @ ManagerError::Unreachable(_)) => {
-                let wait = retry.next_delay();
-                tracing::warn!(%error, retry_in = ?wait, "cannot join yet");
-                tokio::time::sleep(wait).await;
-            }
-            Err(error) => return Err(error).context("joining the cluster"),
-        }
-    }
+    let joined = fleet_pull_agent::join(
+        manager.clone(),
+        config.registration_token.expose(),
+        machine_id,
+        config.state_dir.clone(),
+    )
+    .await?;
+    Ok(joined)
 }
 
 /// Runs fleetd as a pull agent until SIGTERM or SIGINT.
