@@ -11,22 +11,7 @@ use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, Triggers};
 use tokio::sync::watch;
 
 use crate::jitter::random_sample;
-use crate::registry::RemoteRegistry;
-
-/// Where the agent's following of its manager's changes stands.
-#[derive(Default)]
-pub(crate) struct Following {
-    /// The revision of the machine's work last heard.
-    pub(crate) after: Option<u64>,
-    /// Whether the agent lost its manager since: it reconciles at the next word.
-    pub(crate) recovering: bool,
-    /// Whether the last long poll waited out its quiet wait with nothing new: the agent
-    /// follows its changes on a change stream from then on.
-    pub(crate) quiet: bool,
-    /// Whether the agent followed a change stream before (its polls then wait longer before
-    /// it moves to a stream again).
-    pub(crate) streamed: bool,
-}
+use crate::registry::{Following, RemoteRegistry};
 
 /// Follows the changes of one registry's machine and moves its signal on each.
 struct ChangeFollower {

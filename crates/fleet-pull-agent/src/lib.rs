@@ -19,6 +19,7 @@ mod manager;
 mod registry;
 mod renewal;
 mod tls;
+mod waiting_asks;
 
 pub use credentials::{CredentialsError, MachineCredentials, credentials_path};
 pub use disk_copy::DiskCopy;

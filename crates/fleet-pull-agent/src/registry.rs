@@ -24,7 +24,6 @@ use tokio::sync::watch;
 
 use crate::credentials::MachineCredentials;
 use crate::disk_copy::DiskCopy;
-use crate::following::Following;
 use crate::leaving::Fault;
 use crate::manager::{Manager, ManagerError, without_url};
 use crate::tls::ClientTls;
@@ -100,7 +99,7 @@ pub struct RemoteRegistry {
     /// Whether the last read came from the copy (to log the change once).
     offline: std::sync::atomic::AtomicBool,
     /// Journal questions the manager relayed, waiting for an answer (`journal_inbox.rs`).
-    journal_asks: crate::journal_inbox::WaitingAsks,
+    journal_asks: crate::waiting_asks::WaitingAsks,
     /// When the last request a manager answered was sent: it heard from this machine no
     /// sooner, and holds its presence `agent_ttl` from when it did.
     answered: Mutex<Option<tokio::time::Instant>>,
@@ -199,7 +198,7 @@ impl RemoteRegistry {
             own_lifecycle: Mutex::new(None),
             copy,
             offline: std::sync::atomic::AtomicBool::new(false),
-            journal_asks: crate::journal_inbox::WaitingAsks::default(),
+            journal_asks: crate::waiting_asks::WaitingAsks::default(),
         });
         Ok(registry)
     }
@@ -302,7 +301,7 @@ impl RemoteRegistry {
     }
 
     /// The journal questions the manager relayed and this machine has not answered yet.
-    pub(crate) fn journal_asks(&self) -> &crate::journal_inbox::WaitingAsks {
+    pub(crate) fn journal_asks(&self) -> &crate::waiting_asks::WaitingAsks {
         &self.journal_asks
     }
 
@@ -628,6 +627,21 @@ impl RemoteRegistry {
         following.recovering = false;
         following.after = Some(changes.revision);
     }
+}
+
+/// Where the agent's following of its manager's changes stands.
+#[derive(Default)]
+pub(crate) struct Following {
+    /// The revision of the machine's work last heard.
+    pub(crate) after: Option<u64>,
+    /// Whether the agent lost its manager since: it reconciles at the next word.
+    pub(crate) recovering: bool,
+    /// Whether the last long poll waited out its quiet wait with nothing new: the agent
+    /// follows its changes on a change stream from then on.
+    pub(crate) quiet: bool,
+    /// Whether the agent followed a change stream before (its polls then wait longer before
+    /// it moves to a stream again).
+    pub(crate) streamed: bool,
 }
 
 /// The values of a unit's secrets, asked of the manager over this machine's own mTLS
