@@ -180,3 +180,60 @@ fn the_agent_side_joins_keeps_and_renews_its_credentials() {
     assert!(matches!(refused, fleet_pull_agent::ManagerError::Refused { status: 401, .. }), "{refused}");
     assert!(!refused.to_string().contains(&token[9..]), "the token is in the error: {refused}");
 }
+
+/// The agent's join and renewal as fleetd runs them: `fleet_pull_agent::join` keeps the signed
+/// credentials on disk; a renewal that is due renews at once, keeps the new certificate on
+/// disk, and puts it in the credentials shared with the renewal a reload starts (which would
+/// otherwise renew the certificate fleetd started with, expired in time).
+#[test]
+fn a_due_certificate_is_renewed_kept_and_shared_with_the_next_renewal() {
+    use std::sync::{Arc, Mutex};
+    let pki = ManagerPki::local();
+    let port = free_port();
+    let config = pki.manager_config(&format!("127.0.0.1:{port}"), &[]);
+    let fleetd = Fleetd::start("e2e0manager00032", &pairs(&config));
+    let token = fleetd.ok(&["registration-token", "create", "renewing"]).stdout.trim().to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let manager = Arc::new(
+        fleet_pull_agent::Manager::new(
+            &format!("https://localhost:{port}"),
+            Some(std::fs::read(&pki.api_ca_file).expect("CA")),
+            Duration::from_secs(10),
+        )
+        .expect("manager"),
+    );
+    let state = tempfile::tempdir().expect("state");
+    let joined = runtime
+        .block_on(fleet_pull_agent::join(manager.clone(), &token, "renewing-1", state.path().to_path_buf()))
+        .expect("joined");
+    let kept = fleet_pull_agent::MachineCredentials::load(state.path()).expect("load").expect("kept");
+    assert_eq!(kept.key, joined.key, "the join keeps what it was signed");
+    let registry = {
+        let _entered = runtime.enter();
+        fleet_pull_agent::RemoteRegistry::new(&manager, &joined, None).expect("remote store")
+    };
+    // Due now: its recorded life ends a second after it began (five minutes ago).
+    let due = fleet_pull_agent::MachineCredentials { not_after: joined.not_before + 1, ..joined.clone() };
+    let shared = Arc::new(Mutex::new(due));
+    let (lifecycle, running) = tokio::sync::watch::channel(fleet_agent::Lifecycle::Running);
+    let renewing = runtime.spawn(fleet_pull_agent::keep_renewing(
+        manager.clone(),
+        registry.clone(),
+        shared.clone(),
+        state.path().to_path_buf(),
+        running,
+    ));
+    let now = || shared.lock().expect("lock").clone();
+    fleet_e2e::poll_until(
+        "the due certificate is renewed",
+        Duration::from_secs(30),
+        || now().key != joined.key,
+        || fleetd.log(),
+    );
+    let renewed = now();
+    assert!(!renewed.renewal_due(std::time::SystemTime::now()), "the new one is not due");
+    let on_disk = fleet_pull_agent::MachineCredentials::load(state.path()).expect("load").expect("kept");
+    assert_eq!(on_disk.key, renewed.key, "kept on disk");
+    lifecycle.send_replace(fleet_agent::Lifecycle::Reloading);
+    runtime.block_on(renewing).expect("the renewal ends with its lifecycle");
+}

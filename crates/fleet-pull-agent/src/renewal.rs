@@ -4,9 +4,10 @@
 //! long before the certificate expires.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use fleet_core::unpoisoned::Locked;
 use fleet_runtime::{Lifecycle, Next, Reconciler, Retry, Triggers};
 use tokio::sync::watch;
 
@@ -17,7 +18,9 @@ use crate::registry::RemoteRegistry;
 struct CertificateRenewal {
     manager: Arc<Manager>,
     registry: Arc<RemoteRegistry>,
-    credentials: MachineCredentials,
+    /// The credentials in use, shared with the renewal that runs after a reload: one started
+    /// again renews the newest certificate, not the one fleetd started with.
+    credentials: Arc<Mutex<MachineCredentials>>,
     state_dir: PathBuf,
     triggers: Triggers,
 }
@@ -30,20 +33,22 @@ impl Reconciler for CertificateRenewal {
     const STOP_CUTS_PASS: bool = true;
 
     async fn pass(&mut self) -> Result<Next, String> {
-        let until = self.credentials.until_renewal(SystemTime::now());
+        let current = self.credentials.locked().clone();
+        let until = current.until_renewal(SystemTime::now());
         if !until.is_zero() {
             return Ok(Next::After(until));
         }
-        let renewed = self.manager.renew(&self.credentials).await.map_err(|error| error.to_string())?;
+        let renewed = self.manager.renew(&current).await.map_err(|error| error.to_string())?;
         if let Err(error) = renewed.save(&self.state_dir) {
             tracing::error!(%error, "cannot keep the renewed certificate");
         }
         if let Err(error) = self.registry.use_credentials(&renewed) {
             tracing::error!(%error, "cannot use the renewed certificate");
         }
-        self.credentials = renewed;
+        let until = renewed.until_renewal(SystemTime::now());
+        *self.credentials.locked() = renewed;
         tracing::info!("machine certificate renewed");
-        Ok(Next::After(self.credentials.until_renewal(SystemTime::now())))
+        Ok(Next::After(until))
     }
 
     fn triggers(&mut self) -> &mut Triggers {
@@ -52,11 +57,12 @@ impl Reconciler for CertificateRenewal {
 }
 
 /// Renews `credentials` through `manager` for as long as `lifecycle` is `Running`: each
-/// renewed certificate is kept in `state_dir` (0600) and used by `registry` from then on.
+/// renewed certificate is kept in `state_dir` (0600), used by `registry` from then on, and put
+/// in `credentials` for the renewal started after a reload.
 pub fn keep_renewing(
     manager: Arc<Manager>,
     registry: Arc<RemoteRegistry>,
-    credentials: MachineCredentials,
+    credentials: Arc<Mutex<MachineCredentials>>,
     state_dir: PathBuf,
     lifecycle: watch::Receiver<Lifecycle>,
 ) -> impl Future<Output = ()> + Send + 'static {

@@ -39,14 +39,8 @@ async fn credentials(config: &Config, manager: &Arc<Manager>, machine_id: &str) 
     if config.registration_token.is_empty() {
         anyhow::bail!("this machine has not joined yet: set registration_token");
     }
-    let joined = fleet_pull_agent::join(
-        manager.clone(),
-        config.registration_token.expose(),
-        machine_id,
-        config.state_dir.clone(),
-    )
-    .await?;
-    Ok(joined)
+    let token = config.registration_token.expose();
+    Ok(fleet_pull_agent::join(manager.clone(), token, machine_id, config.state_dir.clone()).await?)
 }
 
 /// Runs fleetd as a pull agent until SIGTERM or SIGINT.
@@ -95,7 +89,7 @@ pub async fn run(
         registry,
         units: units.clone(),
         manager,
-        credentials,
+        credentials: Arc::new(std::sync::Mutex::new(credentials)),
         state_dir: config.state_dir.clone(),
     };
     daemon.run(&pulling, &mut agent, units).await;
@@ -112,7 +106,8 @@ struct PullAgent {
     registry: Arc<RemoteRegistry>,
     units: Arc<dyn UnitManager>,
     manager: Arc<Manager>,
-    credentials: MachineCredentials,
+    /// Shared with every renewal started (one after each reload): the newest certificate.
+    credentials: Arc<std::sync::Mutex<MachineCredentials>>,
     state_dir: std::path::PathBuf,
 }
 
