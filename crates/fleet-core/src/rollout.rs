@@ -379,7 +379,7 @@ fn step_units(rollout: &mut Rollout, seen: &[Option<&Observed>], now: u64) {
                     _ => format!("{name} did not become active within {deadline}s ({})", describe(seen, unit.to)),
                 },
             },
-            (Step::Ready { since }, Some(Health::Active)) if now.saturating_sub(*since) >= min_ready => Step::Done,
+            (Step::Ready { since }, Some(Health::Active)) if stayed(*since, now, min_ready) => Step::Done,
             (Step::Ready { .. }, Some(Health::Active)) => unit.step.clone(),
             (Step::Ready { .. }, Some(Health::Down)) => {
                 Step::Failed { why: format!("{name} went down within {min_ready}s of its replacement") }
@@ -409,9 +409,21 @@ fn promote_a_baked_canary(rollout: &mut Rollout, now: u64) {
         return;
     }
     let since = *canary.done_since.get_or_insert(now);
-    if canary.bake.is_some_and(|bake| now.saturating_sub(since) >= bake) {
+    if canary.bake.is_some_and(|bake| stayed(since, now, bake)) {
         canary.promoted = true;
     }
+}
+
+/// Whether something seen in second `since` has lasted `seconds` by second `now`. The clock
+/// has whole seconds, so `since` may stand for a moment just before `since + 1`: only a
+/// difference past `seconds` guarantees the whole stay (up to a second more, never less).
+fn stayed(since: u64, now: u64, seconds: u64) -> bool {
+    seconds == 0 || now.saturating_sub(since) > seconds
+}
+
+/// The first second in which [`stayed`] holds.
+fn stayed_at(since: u64, seconds: u64) -> u64 {
+    if seconds == 0 { since } else { since.saturating_add(seconds).saturating_add(1) }
 }
 
 fn with_failure(text: String, failure: &str) -> String {
@@ -427,12 +439,12 @@ pub fn next_timed_step(rollout: &Rollout) -> Option<u64> {
     }
     let due = |unit: &RolloutUnit| match unit.step {
         Step::Replacing { since } => Some(since.saturating_add(rollout.deadline).saturating_add(1)),
-        Step::Ready { since } => Some(since.saturating_add(rollout.min_ready)),
+        Step::Ready { since } => Some(stayed_at(since, rollout.min_ready)),
         Step::Waiting | Step::Done | Step::Failed { .. } => None,
     };
     let baked = rollout.canary.as_ref().filter(|canary| !canary.promoted).and_then(|canary| {
         let bake = canary.bake?;
-        Some(canary.done_since?.saturating_add(bake))
+        Some(stayed_at(canary.done_since?, bake))
     });
     rollout.units.iter().filter_map(due).chain(baked).min()
 }

@@ -65,7 +65,7 @@ fn the_next_timed_step_is_when_a_deadline_passes_or_min_ready_is_reached() {
     reports.insert("web@0.service".into(), Observed::new(NEW, Health::Active));
     advance(&mut rollout, &reports, 10);
     assert_eq!(rollout.units[0].step, Step::Ready { since: 10 });
-    assert_eq!(changes_first_at(&rollout, &reports), 15, "active for min_ready (5 s)");
+    assert_eq!(changes_first_at(&rollout, &reports), 16, "active for min_ready (5 s) in whole seconds");
     rollout.state = RolloutState::Paused { reason: "by hand".into() };
     assert_eq!(next_timed_step(&rollout), None, "a paused rollout waits on nothing");
 }
@@ -100,6 +100,29 @@ fn a_sync_during_a_rollout_keeps_its_progress_and_every_unit_it_touched() {
     assert_eq!(units_after_sync(None, &left).map(|units| units.len()), Some(2));
 }
 
+/// The clock has whole seconds: a unit seen active late in second 10 has stayed 5 s only once
+/// second 16 begins (CI saw a min-ready of 2 s honoured in 1.15 s when 12 - 10 counted as 2).
+#[test]
+fn a_stay_in_whole_seconds_is_never_shorter_than_asked() {
+    let mut rollout = rollout(2, MaxUnavailable::Count(1));
+    let mut seen = all(2, OLD, Health::Active);
+    advance(&mut rollout, &seen, 9);
+    seen.insert("web@0.service".into(), Observed::new(NEW, Health::Active));
+    advance(&mut rollout, &seen, 10);
+    assert!(advance(&mut rollout, &seen, 15).replace.is_empty(), "5 s on the clock may be 4.01 s");
+    assert_eq!(next_timed_step(&rollout), Some(16));
+    assert_eq!(advance(&mut rollout, &seen, 16).replace, vec!["web@1.service"]);
+    let mut at_once = rollout_with_min_ready(0);
+    assert_eq!(advance(&mut at_once, &all(2, OLD, Health::Active), 0).replace, vec!["web@0.service"]);
+    let mut seen = all(2, OLD, Health::Active);
+    seen.insert("web@0.service".into(), Observed::new(NEW, Health::Active));
+    assert_eq!(advance(&mut at_once, &seen, 0).replace, vec!["web@1.service"], "no min-ready: no wait");
+}
+
+fn rollout_with_min_ready(min_ready: u64) -> Rollout {
+    Rollout { min_ready, ..rollout(2, MaxUnavailable::Count(1)) }
+}
+
 #[test]
 fn budgets_count_and_percent() {
     assert_eq!(MaxUnavailable::parse("2"), Ok(MaxUnavailable::Count(2)));
@@ -118,14 +141,14 @@ fn waves_of_two_each_waiting_for_the_last_to_be_ready() {
         seen.insert(format!("web@{n}.service"), Observed::new(NEW, Health::Active));
     }
     assert!(advance(&mut rollout, &seen, 102).replace.is_empty(), "ready, not yet for min_ready");
-    assert_eq!(advance(&mut rollout, &seen, 107).replace, vec!["web@2.service", "web@3.service"]);
+    assert_eq!(advance(&mut rollout, &seen, 108).replace, vec!["web@2.service", "web@3.service"]);
     for n in 2..5 {
         seen.insert(format!("web@{n}.service"), Observed::new(NEW, Health::Active));
     }
-    advance(&mut rollout, &seen, 108);
-    assert_eq!(advance(&mut rollout, &seen, 113).replace, vec!["web@4.service"]);
-    advance(&mut rollout, &seen, 114);
-    advance(&mut rollout, &seen, 120);
+    advance(&mut rollout, &seen, 109);
+    assert_eq!(advance(&mut rollout, &seen, 115).replace, vec!["web@4.service"]);
+    advance(&mut rollout, &seen, 116);
+    advance(&mut rollout, &seen, 122);
     assert_eq!(rollout.state, RolloutState::Done);
 }
 
@@ -328,10 +351,10 @@ fn a_canary_goes_alone_bakes_and_then_the_rest_follow_by_themselves() {
     let mut rollout = canary_rollout(10, 2, Some(30));
     assert_eq!(advance(&mut rollout, &running(10, 0, Health::Active), 0).replace.len(), 2, "the canary alone");
     advance(&mut rollout, &running(10, 2, Health::Active), 1);
-    assert!(advance(&mut rollout, &running(10, 2, Health::Active), 6).replace.is_empty(), "baking");
+    assert!(advance(&mut rollout, &running(10, 2, Health::Active), 7).replace.is_empty(), "baking");
     assert_eq!(rollout.state_word(), "canary");
-    assert_eq!(next_timed_step(&rollout), Some(36), "the bake ends 30 s after the canary was done");
-    let wave = advance(&mut rollout, &running(10, 2, Health::Active), 36).replace;
+    assert_eq!(next_timed_step(&rollout), Some(38), "the bake ends 30 whole seconds after the canary was done");
+    let wave = advance(&mut rollout, &running(10, 2, Health::Active), 38).replace;
     assert_eq!(wave, vec!["web@2.service", "web@3.service", "web@4.service"], "promoted: waves of three");
     assert_eq!(rollout.state_word(), "running");
 }
@@ -377,7 +400,7 @@ fn a_failed_gate_reverts_the_rollout_by_itself_and_says_why() {
     rollout.auto_revert = true;
     advance(&mut rollout, &running(6, 0, Health::Active), 0);
     advance(&mut rollout, &running(6, 2, Health::Active), 1);
-    advance(&mut rollout, &running(6, 2, Health::Active), 6);
+    advance(&mut rollout, &running(6, 2, Health::Active), 7);
     assert_eq!(rollout.state_word(), "canary");
     // While baking, one canary unit turns unhealthy: the gate fails and the undo begins at once.
     let mut seen = running(6, 2, Health::Active);
