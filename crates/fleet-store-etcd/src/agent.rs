@@ -98,7 +98,7 @@ impl AgentRegistry for EtcdRegistry {
             *known = machine.clone();
         }
         let key = self.keys().machine(&machine.id);
-        self.connection().write(&[(key, Some(encode(machine)))], session.lease()).await
+        self.connection().write(&[(key, Some(encode(machine)))], session.lease()).await.map(|_| ())
     }
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
@@ -146,8 +146,15 @@ impl AgentRegistry for EtcdRegistry {
             .collect();
         for chunk in changes.chunks(MAX_TXN_OPS) {
             if session.own() {
-                // This fleetd's own machine: nothing to write it with.
-                self.connection().write(chunk, lease).await?;
+                // This fleetd's own machine: nothing to write it with. Its API's lists show
+                // what it reported, as they show what the API wrote.
+                let revision = self.connection().write(chunk, lease).await?;
+                if let Some(cache) = self.cluster_cache_running() {
+                    let held = session.states.locked();
+                    // A removal makes an event only where there was a state to remove.
+                    let changed = chunk.iter().filter(|(key, value)| value.is_some() || held.contains_key(key));
+                    changed.for_each(|(key, _)| cache.expect(key, revision));
+                }
             } else {
                 // A pull agent's: written with the other agents' reports of the moment.
                 let write = StatesWrite { changes: chunk.to_vec(), lease };

@@ -474,7 +474,7 @@ impl ApiRegistry for EtcdRegistry {
         let key = self.keys().leader();
         // A fleetd that runs an engine follows the leader key already; one that does not reads
         // it (a list must not start a watch that outlives it).
-        if let Some(mirror) = self.inner.leader_mirror.get() {
+        if let Some(mirror) = self.inner.leader_cache.get() {
             let data = mirror.read();
             if data.synced && data.streaming {
                 return Ok(data.entries.get(&key).map(|entry| String::from_utf8_lossy(&entry.value).into_owned()));

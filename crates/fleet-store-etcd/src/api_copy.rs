@@ -1,6 +1,7 @@
-//! The API's watch-fed copy of units, placements, reasons, unit states, bodies, machines and
-//! their metadata, from which lists are served: a page costs a walk over names in memory and
-//! the views of its own items, never a read of whole prefixes from etcd.
+//! The API's reads of the cluster's cache (`cluster_cache.rs`: units, placements, reasons,
+//! unit states, bodies, machines and their metadata), from which lists are served: a page costs
+//! a walk over names in memory and the views of its own items, never a read of whole prefixes
+//! from etcd.
 //!
 //! Consistency, as the API states it: a list through a fleetd shows every unit write that
 //! fleetd's API acknowledged before the list began (it waits for its copy to have it), and
@@ -17,22 +18,16 @@ use fleet_core::{MachineState, UnitFile, UnitState};
 
 use super::EtcdRegistry;
 use super::keys::KeyRange;
-use super::mirror::{Mirror, MirrorData};
+use super::mirror::MirrorData;
 use fleet_registry::codec::{Options, decode, decode_listed};
 use fleet_registry::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
 
 /// How long a list waits for the copy to catch up with this API's last write.
 const CATCH_UP: Duration = Duration::from_secs(2);
 
-/// How long the copy stays after its last use: a fleetd that an operator listed through once
-/// gives the cluster's copy back, and holds only its own work again.
+/// How long the cluster's cache stays after an API read used it: a fleetd that an operator
+/// listed through once gives it back, and holds only its own work again.
 pub(super) const IDLE: Duration = Duration::from_secs(600);
-
-/// The API's copy while something uses it.
-pub(super) struct ApiCopy {
-    mirror: Arc<Mirror>,
-    last_used: std::time::Instant,
-}
 
 /// The unit states in (unit, machine) order, as of one generation of the copy: etcd keeps
 /// them by machine first, so the order is sorted once per change, not once per page.
@@ -45,11 +40,6 @@ pub(super) struct StateOrder {
 type UnitMachinePairs = Vec<(String, String)>;
 
 impl StateOrder {
-    /// Forgets the order (the copy it was sorted from is gone).
-    fn clear(&self) {
-        *self.sorted.locked() = None;
-    }
-
     fn of(&self, registry: &EtcdRegistry, data: &MirrorData) -> Arc<UnitMachinePairs> {
         let mut sorted = self.sorted.locked();
         if let Some((generation, order)) = sorted.as_ref()
@@ -95,88 +85,6 @@ fn resumed<'a>(
 }
 
 impl EtcdRegistry {
-    fn api_copy_slot(&self) -> std::sync::MutexGuard<'_, Option<ApiCopy>> {
-        self.inner.api_mirror.locked()
-    }
-
-    /// The API's copy, started if it is not running (or taken back from the engine that
-    /// reads it: `engine_copy.rs`); each call counts as a use.
-    fn api_mirror(&self) -> Arc<Mirror> {
-        let mut slot = self.api_copy_slot();
-        let copy = slot.get_or_insert_with(|| {
-            let mirror = self.api_copy_the_engine_reads().unwrap_or_else(|| {
-                let keys = self.keys();
-                // The engine's ranges first, in its order, so that it can read this copy.
-                let mut ranges = super::engine_copy::engine_ranges(keys);
-                ranges.extend([KeyRange::prefix(keys.all_states()), KeyRange::prefix(keys.bodies())]);
-                let inner = &self.inner;
-                let waker = super::engine_copy::engine_waker(
-                    keys,
-                    inner.engine_reads_api_copy.clone(),
-                    inner.engine_signal.clone(),
-                );
-                Arc::new(Mirror::signalling_observed(
-                    self.connection().clone(),
-                    ranges,
-                    inner.api_signal.clone(),
-                    waker,
-                ))
-            });
-            self.release_api_copy_when_idle();
-            ApiCopy { mirror, last_used: std::time::Instant::now() }
-        });
-        copy.last_used = std::time::Instant::now();
-        copy.mirror.clone()
-    }
-
-    /// The API's copy once it was listed, without counting as a use (for the engine).
-    pub(super) fn api_copy_listed(&self) -> Option<Arc<Mirror>> {
-        let slot = self.api_copy_slot();
-        let copy = slot.as_ref()?;
-        let listed = copy.mirror.read().synced;
-        listed.then(|| copy.mirror.clone())
-    }
-
-    /// Drops the API's copy (and its watch) once it has not been used for `api_copy_idle`.
-    fn release_api_copy_when_idle(&self) {
-        let (inner, idle) = (Arc::downgrade(&self.inner), self.inner.api_copy_idle);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(idle / 4).await;
-                let Some(inner) = inner.upgrade() else { return };
-                let mut slot = inner.api_mirror.locked();
-                match slot.as_ref() {
-                    Some(copy) if copy.last_used.elapsed() < idle => {}
-                    _ => {
-                        *slot = None;
-                        inner.state_order.clear();
-                        tracing::debug!("the API's copy of the cluster was idle: released");
-                        return;
-                    }
-                }
-            }
-        });
-    }
-
-    /// The API's copy as it runs now (it starts with a list and goes when idle), to tell one
-    /// copy from the next.
-    #[cfg(test)]
-    pub(super) fn api_copy_running(&self) -> Option<Arc<Mirror>> {
-        self.api_copy_slot().as_ref().map(|copy| copy.mirror.clone())
-    }
-
-    /// The API's copy, when it was started and its watch is up (never starts it).
-    pub(super) fn api_copy_if_up(&self) -> Option<Arc<Mirror>> {
-        let mut slot = self.api_copy_slot();
-        let copy = slot.as_mut()?;
-        let up = {
-            let data = copy.mirror.read();
-            data.synced && data.streaming
-        };
-        copy.last_used = std::time::Instant::now();
-        up.then(|| copy.mirror.clone())
-    }
-
     /// Notes a write this API made (`keys` in the order of the transaction's operations):
     /// lists wait until their copy has every change it made. A copy started later lists
     /// after this write, so it needs no note.
@@ -189,11 +97,7 @@ impl EtcdRegistry {
     /// [`EtcdRegistry::api_wrote`] for operations answered by `responses` at `revision` (the
     /// operations of a nested transaction, say).
     pub(super) fn api_wrote_at(&self, revision: i64, keys: &[String], responses: &[TxnOpResponse]) {
-        // The copy the engine reads may become the API's again: it must wait for these too.
-        let api_copy = self.api_copy_slot().as_ref().map(|copy| copy.mirror.clone());
-        let Some(mirror) = api_copy.or_else(|| self.api_copy_the_engine_reads()) else {
-            return;
-        };
+        let Some(mirror) = self.cluster_cache_running() else { return };
         for (key, response) in keys.iter().zip(responses) {
             let changed = match response {
                 TxnOpResponse::Put(_) => true,

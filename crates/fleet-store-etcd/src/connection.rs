@@ -196,25 +196,27 @@ impl Connection {
     /// view for every transaction, writes included, and that view copies every write it has
     /// not yet committed to its backend; a put or a delete skips it. An agent's state
     /// reports are mostly a single key, one per unit, so at thousands of machines this is
-    /// most of what etcd is asked.
-    pub async fn write(&self, changes: &[(String, Option<Vec<u8>>)], lease: i64) -> Result<()> {
+    /// most of what etcd is asked. Answers the revision etcd wrote them at (0 when it did
+    /// not say).
+    pub async fn write(&self, changes: &[(String, Option<Vec<u8>>)], lease: i64) -> Result<i64> {
         let put_options = || Some(PutOptions::new().with_lease(lease));
+        let revision = |header: Option<&etcd_client::ResponseHeader>| header.map_or(0, |header| header.revision());
         match changes {
-            [] => Ok(()),
+            [] => Ok(0),
             [(key, Some(value))] => self
                 .sent_once("put", self.timeout, || {
                     let (mut kv, key, value) = (self.kv(), key.clone(), value.clone());
                     async move { kv.put(key, value, put_options()).await }
                 })
                 .await
-                .map(|_| ()),
+                .map(|reply| revision(reply.header())),
             [(key, None)] => self
                 .sent_once("delete", self.timeout, || {
                     let (mut kv, key) = (self.kv(), key.clone());
                     async move { kv.delete(key, None).await }
                 })
                 .await
-                .map(|_| ()),
+                .map(|reply| revision(reply.header())),
             _ => {
                 let ops: Vec<TxnOp> = changes
                     .iter()
@@ -223,7 +225,7 @@ impl Connection {
                         None => TxnOp::delete(key.as_str(), None),
                     })
                     .collect();
-                self.txn(Txn::new().and_then(ops)).await.map(|_| ())
+                self.txn(Txn::new().and_then(ops)).await.map(|reply| revision(reply.header()))
             }
         }
     }

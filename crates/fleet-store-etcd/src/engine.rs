@@ -399,8 +399,8 @@ impl EngineRegistry for EtcdRegistry {
         Ok(())
     }
 
-    /// From the API's watch-fed copy, which holds every machine's states: asked only while
-    /// a unit waits to leave a machine, or when an engine takes over with units unplaced.
+    /// From the cluster's cache, which holds every machine's states: asked only while a unit
+    /// waits to leave a machine, or when an engine takes over with units unplaced.
     async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
         if units.is_empty() {
             return Ok(BTreeSet::new());
@@ -419,13 +419,13 @@ impl EngineRegistry for EtcdRegistry {
 }
 
 impl EtcdRegistry {
-    /// The bodies of `hashes` the API's copy holds while it is up, and the hashes it does
-    /// not hold (all of them while there is no such copy).
+    /// The bodies of `hashes` the cluster's cache holds while it is up, and the hashes it
+    /// does not hold (all of them while it does not run).
     fn copied_bodies(&self, hashes: &[UnitHash]) -> (HashMap<UnitHash, UnitFile>, Vec<UnitHash>) {
         let mut found = HashMap::new();
-        let Some(copy) = self.api_copy_listed() else { return (found, hashes.to_vec()) };
+        let Some(copy) = self.cluster_cache_running() else { return (found, hashes.to_vec()) };
         let data = copy.read();
-        if !data.streaming {
+        if !data.synced || !data.streaming {
             return (found, hashes.to_vec());
         }
         let keys = self.keys();
@@ -443,7 +443,7 @@ impl EtcdRegistry {
         (found, unread)
     }
 
-    /// The bodies of `hashes` that exist: from the API's watch-fed copy where it holds them
+    /// The bodies of `hashes` that exist: from the cluster's cache where it holds them
     /// (a body is written with the units that name it, so a copy that shows a unit holds its
     /// body), the rest in one read of etcd (the whole collection when asked for more than a
     /// transaction holds).

@@ -17,9 +17,9 @@ use fleet_registry::{
     ChangeSignal, JournalInbox, JournalQuestion, JournalQuestions, PutQuestion, RegistryError, Result,
 };
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 
 use super::EtcdRegistry;
+use super::caches::Cache;
 use super::keys::KeyRange;
 use super::mirror::Mirror;
 use super::session::{grant, revoke};
@@ -143,8 +143,8 @@ impl EtcdRegistry {
     /// etcd.
     async fn questions_under(&self, prefix: &str) -> Result<Vec<(String, Stored)>> {
         {
-            let mirrors = self.inner.journal_mirrors.locked();
-            if let Some((mirror, _)) = mirrors.get(prefix) {
+            let mirrors = self.inner.question_caches.locked();
+            if let Some(mirror) = mirrors.get(prefix) {
                 let data = mirror.read();
                 if data.synced && data.streaming {
                     return Ok(data
@@ -162,12 +162,12 @@ impl EtcdRegistry {
 
     /// Moves when a question may have been put under `prefix`: one watch per prefix followed.
     fn question_changes(&self, prefix: String) -> ChangeSignal {
-        let mut mirrors = self.inner.journal_mirrors.locked();
-        let (_, signal) = mirrors.entry(prefix.clone()).or_insert_with(|| {
-            let signal = watch::channel(0).0;
-            let range = KeyRange::prefix(prefix);
-            (Mirror::signalling(self.connection().clone(), vec![range], signal.clone()), signal)
+        let mut mirrors = self.inner.question_caches.locked();
+        let held = mirrors.entry(prefix.clone()).or_insert_with(|| {
+            let range = KeyRange::prefix(prefix.clone());
+            let start = || Mirror::start(self.connection().clone(), vec![range]);
+            self.inner.caches.hold(Cache::Questions(prefix), Duration::ZERO, start)
         });
-        signal.subscribe()
+        held.changes()
     }
 }

@@ -20,12 +20,13 @@ mod api_copy;
 mod apply_lag;
 mod balanced_channel;
 mod body_collection;
+mod caches;
 mod chores;
+mod cluster_cache;
 mod compaction;
 mod connection;
 mod credentials;
 mod engine;
-mod engine_copy;
 mod format;
 mod join_batches;
 mod journal_questions;
@@ -43,11 +44,13 @@ mod written_together;
 
 use fleet_core::unpoisoned::Locked;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
 
+use caches::{Cache, Caches, Held};
 use connection::Connection;
 pub use connection::EtcdOptions;
 use keys::{KeyRange, Keys};
@@ -72,7 +75,7 @@ pub struct Lifetimes {
 /// expired (docs/benchmark-history.md).
 const UNIT_BATCHES_IN_FLIGHT: usize = 2;
 
-/// Where the engine's copy keeps the units among its ranges (`seen` is per range).
+/// Where the cluster's cache keeps the units among its ranges (`seen` is per range).
 const ENGINE_UNITS_RANGE: usize = 0;
 
 /// The engine copy's unit records as the snapshots decoded them, by key, and the number of
@@ -104,41 +107,40 @@ struct Inner {
     keys: Keys,
     lease_file: Option<std::path::PathBuf>,
     lifetimes: Lifetimes,
-    /// The leader key alone: what an engine that does not lead follows.
-    leader_mirror: OnceLock<Mirror>,
-    /// Sources, their statuses and rollouts, for the change signal the engine leader's
-    /// syncer and rollout driver wake on; started on first use.
-    sources_mirror: OnceLock<Mirror>,
+    /// Every watch-fed cache of this fleetd, one per key range set (`caches.rs`).
+    caches: Caches,
+    /// The leader key's, which every engine follows from its first look.
+    leader_cache: OnceLock<Held>,
+    /// The sources', their statuses' and rollouts', for the change signal the engine leader's
+    /// syncer and rollout driver wake on; held from first use.
+    sources_cache: OnceLock<Held>,
     /// Per prefix of journal questions followed here (a machine's own, or every machine's on
-    /// a manager answering for its pull agents): its copy, and the signal its changes move.
-    journal_mirrors: Mutex<HashMap<String, (Mirror, watch::Sender<u64>)>>,
+    /// a manager answering for its pull agents).
+    question_caches: Mutex<HashMap<String, Held>>,
     sources_signal: watch::Sender<u64>,
-    /// The copy of the cluster the engine reads while it leads (`engine_copy.rs`): a standby
-    /// (every fleetd that may lead) follows the leader key only, and lists the cluster when it
-    /// takes over.
-    engine_mirror: Mutex<engine_copy::EngineCopies>,
-    /// Whether that copy is the API's (which then moves `engine_signal` too).
-    engine_reads_api_copy: Arc<std::sync::atomic::AtomicBool>,
-    /// Moves on every change of the leader key, and of the engine's copy while there is one.
+    /// The engine's hold on the cluster's cache while it leads (`cluster_cache.rs`): a
+    /// standby (every fleetd that may lead) follows the leader key only.
+    engine_hold: Mutex<Option<Held>>,
+    /// Whether the engine leads (holds the cluster's cache), so that its changes wake it.
+    engine_leads: Arc<AtomicBool>,
+    /// Moves on every change of the leader key, and of the engine's ranges while it leads.
     engine_signal: watch::Sender<u64>,
-    /// The engine copy's unit records as last decoded, by key.
+    /// The cluster cache's unit records as the engine last decoded them, by key.
     engine_records: Mutex<DecodedRecords>,
-    /// The API's copy of units, placements, reasons, states and bodies, for paged lists,
-    /// while lists use it.
-    api_mirror: Mutex<Option<api_copy::ApiCopy>>,
-    /// Moves on every change the API's copy sees, whichever copy that is.
+    /// Moves on every change the cluster's cache sees.
     api_signal: watch::Sender<u64>,
-    /// How long the API's copy stays after its last use.
+    /// How long the cluster's cache stays after an API read.
     api_copy_idle: Duration,
     state_order: api_copy::StateOrder,
     /// How much history the engine leader keeps when it compacts.
     kept_history: Duration,
     checkpoint: compaction::Checkpoint,
-    machine_mirrors: Mutex<HashMap<String, Arc<Mirror>>>,
-    /// With `serve_many_machines`: every machine's work in one copy, and a wake-up signal per
-    /// machine fed by that copy's changes.
+    /// Each machine's work, held from its agent's first look.
+    work_caches: Mutex<HashMap<String, Held>>,
+    /// With `serve_many_machines`: every machine's work in one cache, and a wake-up signal per
+    /// machine fed by that cache's changes.
     serve_many_machines: bool,
-    all_work_mirror: OnceLock<Arc<Mirror>>,
+    all_work_cache: OnceLock<Held>,
     work_signals: Arc<Mutex<HashMap<String, watch::Sender<u64>>>>,
     /// Per machine: moves when etcd says its lease expired.
     lapse_signals: Mutex<HashMap<String, watch::Sender<u64>>>,
@@ -185,23 +187,23 @@ impl EtcdRegistry {
                 keys: Keys::new(&options.key_prefix),
                 lease_file: options.lease_file.clone(),
                 lifetimes,
-                leader_mirror: OnceLock::new(),
-                sources_mirror: OnceLock::new(),
-                journal_mirrors: Mutex::new(HashMap::new()),
+                caches: Caches::default(),
+                leader_cache: OnceLock::new(),
+                sources_cache: OnceLock::new(),
+                question_caches: Mutex::new(HashMap::new()),
                 sources_signal: watch::channel(0).0,
-                engine_mirror: Mutex::default(),
-                engine_reads_api_copy: Arc::default(),
+                engine_hold: Mutex::default(),
+                engine_leads: Arc::default(),
                 engine_signal: watch::channel(0).0,
                 engine_records: Mutex::new(DecodedRecords::default()),
-                api_mirror: Mutex::new(None),
                 api_signal: watch::channel(0).0,
                 api_copy_idle: options.api_copy_idle.unwrap_or(api_copy::IDLE),
                 state_order: api_copy::StateOrder::default(),
                 kept_history: options.kept_history.unwrap_or(compaction::KEPT_HISTORY),
                 checkpoint: compaction::Checkpoint::default(),
-                machine_mirrors: Mutex::new(HashMap::new()),
+                work_caches: Mutex::new(HashMap::new()),
                 serve_many_machines: options.serve_many_machines,
-                all_work_mirror: OnceLock::new(),
+                all_work_cache: OnceLock::new(),
                 work_signals: Arc::new(Mutex::new(HashMap::new())),
                 lapse_signals: Mutex::new(HashMap::new()),
                 lapse_acks: Mutex::new(HashMap::new()),
@@ -238,18 +240,23 @@ impl EtcdRegistry {
         self.connection().txn(etcd_client::Txn::new().and_then([corrupt])).await.expect("a put");
     }
 
-    /// The copy of the leader key, which every engine follows.
+    /// Holds `cache` for the life of this fleetd (in `slot`), started with `start`.
+    fn held_for_good<'a>(&self, slot: &'a OnceLock<Held>, cache: Cache, start: impl FnOnce() -> Mirror) -> &'a Held {
+        slot.get_or_init(|| self.inner.caches.hold(cache, Duration::ZERO, start))
+    }
+
+    /// The leader key's cache, which every engine follows.
     fn leader_mirror(&self) -> &Mirror {
-        self.inner.leader_mirror.get_or_init(|| {
+        self.held_for_good(&self.inner.leader_cache, Cache::Leader, || {
             let ranges = vec![KeyRange::single(self.keys().leader())];
             Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone())
         })
     }
 
-    /// The copy of sources, their statuses and rollouts, whose changes move
+    /// The cache of sources, their statuses and rollouts, whose changes move
     /// `sources_signal`.
     fn sources_mirror(&self) -> &Mirror {
-        self.inner.sources_mirror.get_or_init(|| {
+        self.held_for_good(&self.inner.sources_cache, Cache::Sources, || {
             let keys = self.keys();
             let ranges = vec![
                 KeyRange::prefix(keys.sources()),
@@ -260,39 +267,36 @@ impl EtcdRegistry {
         })
     }
 
-    /// One machine's copy of its schedule, the global units, its presence and its metadata.
-    /// The copy `machine_id`'s work is read from: one for all machines when serving many,
-    /// else one of its own.
+    /// The cache `machine_id`'s work is read from: one for all machines when serving many,
+    /// else one of its own (its schedule, the global units, its presence and its metadata).
     fn work_mirror(&self, machine_id: &str) -> Arc<Mirror> {
         if !self.inner.serve_many_machines {
             return self.machine_mirror(machine_id);
         }
-        self.inner
-            .all_work_mirror
-            .get_or_init(|| {
-                let keys = self.keys().clone();
-                let ranges = vec![
-                    KeyRange::prefix(keys.all_schedules()),
-                    KeyRange::prefix(keys.globals()),
-                    KeyRange::prefix(keys.machines()),
-                    KeyRange::prefix(keys.all_metadata()),
-                ];
-                let signals = self.inner.work_signals.clone();
-                let observer: mirror::Observer = Arc::new(move |changed| {
-                    let signals = signals.locked();
-                    let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
-                    match changed {
-                        mirror::Changed::Everything => signals.values().for_each(bump),
-                        mirror::Changed::Key(key) => match keys.work_touched_by(key) {
-                            keys::WorkTouched::Machine(id) => signals.get(id).into_iter().for_each(bump),
-                            keys::WorkTouched::Everyone => signals.values().for_each(bump),
-                            keys::WorkTouched::Nobody => {}
-                        },
-                    }
-                });
-                Arc::new(Mirror::observed(self.connection().clone(), ranges, Some(observer)))
-            })
-            .clone()
+        let held = self.held_for_good(&self.inner.all_work_cache, Cache::AllWork, || {
+            let keys = self.keys().clone();
+            let ranges = vec![
+                KeyRange::prefix(keys.all_schedules()),
+                KeyRange::prefix(keys.globals()),
+                KeyRange::prefix(keys.machines()),
+                KeyRange::prefix(keys.all_metadata()),
+            ];
+            let signals = self.inner.work_signals.clone();
+            let observer: mirror::Observer = Arc::new(move |changed| {
+                let signals = signals.locked();
+                let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
+                match changed {
+                    mirror::Changed::Everything => signals.values().for_each(bump),
+                    mirror::Changed::Key(key) => match keys.work_touched_by(key) {
+                        keys::WorkTouched::Machine(id) => signals.get(id).into_iter().for_each(bump),
+                        keys::WorkTouched::Everyone => signals.values().for_each(bump),
+                        keys::WorkTouched::Nobody => {}
+                    },
+                }
+            });
+            Mirror::observed(self.connection().clone(), ranges, Some(observer))
+        });
+        held.shared().clone()
     }
 
     /// Wakes `machine_id`'s agent without a change to its copy: what it may read changed
@@ -331,10 +335,9 @@ impl EtcdRegistry {
     }
 
     fn machine_mirror(&self, machine_id: &str) -> Arc<Mirror> {
-        let mut mirrors = self.inner.machine_mirrors.locked();
-        mirrors
-            .entry(machine_id.to_string())
-            .or_insert_with(|| {
+        let mut held = self.inner.work_caches.locked();
+        let held = held.entry(machine_id.to_string()).or_insert_with(|| {
+            self.inner.caches.hold(Cache::Work(machine_id.to_string()), Duration::ZERO, || {
                 let keys = self.keys();
                 let ranges = vec![
                     KeyRange::prefix(keys.schedule(machine_id)),
@@ -342,9 +345,10 @@ impl EtcdRegistry {
                     KeyRange::single(keys.machine(machine_id)),
                     KeyRange::single(keys.metadata(machine_id)),
                 ];
-                Arc::new(Mirror::start(self.connection().clone(), ranges))
+                Mirror::start(self.connection().clone(), ranges)
             })
-            .clone()
+        });
+        held.shared().clone()
     }
 }
 

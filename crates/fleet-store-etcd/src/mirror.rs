@@ -73,9 +73,8 @@ pub struct MirrorData {
     /// the stream runs) still delivers the events up to it, which the listing holds already.
     pub listed: i64,
     /// Moves on every change, so equal generations mean equal contents. Drawn from one
-    /// counter for every copy in the process ([`next_generation`]): a reader that moves from
-    /// one copy to another (the engine, `engine_copy.rs`) never takes the other's count for
-    /// its own.
+    /// counter for every copy in the process ([`next_generation`]): a cache released and
+    /// started again never repeats a count a reader planned from.
     pub generation: u64,
     /// Whether the copy was listed at least once.
     pub synced: bool,

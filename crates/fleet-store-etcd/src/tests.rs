@@ -7,6 +7,7 @@ use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitHash, UnitState};
 use fleet_testkit::{EtcdServer, eventually, eventually_within};
 
+use super::caches::Cache;
 use super::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, MetadataChange, RegistryError, StateReport};
 
@@ -459,7 +460,9 @@ async fn the_engine_collects_unused_bodies_but_not_one_taken_up_meanwhile() {
     assert!(registry.destroy_unit("b.service").await.unwrap());
     snapshot_shows(&registry, &[]).await;
     assert_eq!(registry.delete_unused_bodies().await.unwrap(), 1);
-    assert_eq!(registry.unit_body(&used.hash()).await.unwrap(), None);
+    assert_eq!(keys_under(&registry, &keys.bodies()).await, Vec::<String>::new());
+    // The leader's cache of the cluster loses the body with the deletion's event.
+    eventually("the body is gone", async || registry.unit_body(&used.hash()).await.unwrap().is_none()).await;
     assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "nothing is left to collect");
 }
 
@@ -476,8 +479,9 @@ async fn serving_many_machines_takes_one_copy_for_all() {
     for index in 0..200 {
         registry.machine_work(&format!("m{index}")).await.expect("work from the copy");
     }
-    assert!(registry.inner.machine_mirrors.lock().unwrap().is_empty(), "no copy of its own per machine");
-    assert!(registry.inner.all_work_mirror.get().is_some(), "one copy for all");
+    let own = |index: usize| registry.inner.caches.running(&Cache::Work(format!("m{index}")));
+    assert!((0..200).all(|index| own(index).is_none()), "no copy of its own per machine");
+    assert!(registry.inner.caches.running(&Cache::AllWork).is_some(), "one copy for all");
     for signal in &mut signals {
         signal.mark_unchanged();
     }
@@ -658,19 +662,19 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
     let etcd = EtcdServer::start();
     let registry = registry_whose_api_copy_idles(&etcd, Duration::from_secs(3)).await;
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
-    assert!(registry.api_copy_running().is_none(), "a write alone starts no copy of the cluster");
+    assert!(registry.cluster_cache_running().is_none(), "a write alone starts no copy of the cluster");
     let every = every_unit_page();
     assert_eq!(registry.units_page(every.clone()).await.unwrap().items.len(), 1);
-    let first = registry.api_copy_running().expect("a list starts the copy");
+    let first = registry.cluster_cache_running().expect("a list starts the copy");
     // Used every second for longer than the idle time, it stays: the same copy, never
     // released and started again.
     for _ in 0..5 {
         tokio::time::sleep(Duration::from_secs(1)).await;
         registry.units_page(every.clone()).await.unwrap();
     }
-    let still = registry.api_copy_running().expect("a copy in use stays");
+    let still = registry.cluster_cache_running().expect("a copy in use stays");
     assert!(std::sync::Arc::ptr_eq(&first, &still), "a copy in use stays the same copy");
-    eventually("the idle copy is released", async || registry.api_copy_running().is_none()).await;
+    eventually("the idle copy is released", async || registry.cluster_cache_running().is_none()).await;
     // The next list starts a fresh copy that holds every write, this API's own included.
     registry.put_unit("b.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     let names: Vec<String> =
@@ -678,70 +682,55 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
     assert_eq!(names, ["a.service", "b.service"]);
 }
 
-/// A leader that serves lists reads the API's copy: one copy and one watch of the units and
-/// placements in the fleetd, not two. Unit changes still wake its engine. The API takes back
-/// the copy the engine still reads after letting it go (its own writes in it) rather than
-/// listing the cluster again; once the API let it go, the engine lists a copy of its own ranges
-/// and reads the API's until then (a leader keeps no states after a list); and it lets go of
-/// its copy with its leadership.
+/// A leader that serves lists reads the one cache of the cluster its API reads: one copy
+/// and one watch of the units and placements in the fleetd, never a hand-off between two.
+/// Unit changes wake its engine; states do not. With its leadership it lets go of its hold,
+/// and the cache stays only as long as the API's last list lingers.
 #[tokio::test]
-async fn a_leader_that_serves_lists_reads_the_api_copy_and_keeps_no_second_one() {
+async fn a_leader_that_serves_lists_reads_the_one_cache_of_the_cluster() {
     use std::sync::Arc;
     let etcd = EtcdServer::start();
     let registry = registry_whose_api_copy_idles(&etcd, Duration::from_secs(2)).await;
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     registry.register_machine(&machine("m1")).await.unwrap();
     let lease = registry.acquire_leadership("m1").await.unwrap().expect("the only engine leads");
-    let own = Arc::downgrade(&registry.engine_copy().expect("a leader lists the cluster"));
     assert_eq!(registry.snapshot().await.unwrap().units.len(), 1);
+    let cache = registry.cluster_cache_running().expect("a leader holds the cluster's cache");
     let every = every_unit_page();
-    registry.units_page(every.clone()).await.unwrap();
-    let api_copy = registry.api_copy_running().expect("a list starts the API's copy");
-    assert!(!own.upgrade().is_some_and(|own| Arc::ptr_eq(&own, &api_copy)), "the API lists a copy of its own first");
-    assert_eq!(registry.snapshot().await.unwrap().units.len(), 1);
-    let read = registry.engine_copy().expect("the leader holds a copy");
-    assert!(Arc::ptr_eq(&read, &api_copy), "the engine's next look reads the API's copy");
-    assert!(own.upgrade().is_none(), "and its own copy is gone with its watch");
-    drop(read);
+    assert_eq!(registry.units_page(every.clone()).await.unwrap().items.len(), 1);
+    let listed = registry.cluster_cache_running().expect("the API reads a cache");
+    assert!(Arc::ptr_eq(&cache, &listed), "the API reads the engine's cache, not one of its own");
+    drop(listed);
     let mut engine_changes = registry.engine_changes();
     engine_changes.mark_unchanged();
     registry.put_unit("b.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), engine_changes.changed())
         .await
-        .expect("a unit's change in the API's copy wakes the engine")
+        .expect("a unit's change wakes the engine")
         .unwrap();
-    // The API lets its copy go while the engine reads it; the API's next list takes it back.
-    eventually("the API lets its idle copy go", async || registry.api_copy_running().is_none()).await;
+    // Idle for longer than the API's linger, the cache stays: the engine holds it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let still = registry.cluster_cache_running().expect("the leader's hold keeps the cache");
+    assert!(Arc::ptr_eq(&cache, &still), "the same cache all along");
+    drop((cache, still));
     registry.put_unit("c.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     let names: Vec<String> =
         registry.units_page(every).await.unwrap().items.into_iter().map(|unit| unit.name).collect();
-    assert_eq!(names, ["a.service", "b.service", "c.service"], "the API's own write is in the copy it took back");
-    let taken_back = registry.api_copy_running().expect("a list takes a copy");
-    assert!(Arc::ptr_eq(&taken_back, &api_copy), "the API takes back the copy the engine reads");
-    drop(taken_back);
-    // Let go again, the engine goes back to a copy of its own ranges once that one is listed.
-    eventually("the API lets its idle copy go again", async || registry.api_copy_running().is_none()).await;
-    let api_copy = {
-        let weak = Arc::downgrade(&api_copy);
-        drop(api_copy);
-        weak
-    };
-    eventually("the engine reads a copy of its own again", async || {
-        assert_eq!(registry.snapshot().await.unwrap().units.len(), 3, "every snapshot holds every unit");
-        registry.engine_copy().is_some_and(|copy| !api_copy.upgrade().is_some_and(|api| Arc::ptr_eq(&copy, &api)))
-    })
-    .await;
-    assert!(api_copy.upgrade().is_none(), "the copy with every state is gone");
+    assert_eq!(names, ["a.service", "b.service", "c.service"], "the API's own write is in the cache");
     registry.release_leadership(&lease).await.unwrap();
-    assert!(!registry.engine_copy_running(), "the engine lets its copy go with its leadership");
+    assert!(!registry.engine_copy_running(), "the engine lets go of its hold with its leadership");
+    assert!(registry.cluster_cache_running().is_some(), "the API's last list still lingers");
+    eventually("the cache goes once the API's linger passed", async || registry.cluster_cache_running().is_none())
+        .await;
 }
 
-/// Every copy draws its generations from one counter: an engine that moves from its own copy
-/// to the API's never takes the new copy's count for the one it planned. (Counted apart, a
-/// unit written between the two listings showed the same generation as the plan before it,
-/// and the engine never placed it: the README's walkthrough stalled so.)
+/// A unit the API lists is in the engine's next snapshot: both read one cache, whose
+/// generation moves with every change. (When the engine moved from a copy of its own to the
+/// API's, each counting generations from 0, a unit written between the two listings showed
+/// the same generation as the plan before it, and the engine never placed it: the README's
+/// walkthrough stalled so.)
 #[tokio::test]
-async fn an_engine_moving_to_the_api_copy_never_takes_its_count_for_the_one_it_planned() {
+async fn a_unit_the_api_lists_is_never_taken_for_one_the_engine_planned() {
     let etcd = EtcdServer::start();
     let registry = registry_whose_api_copy_idles(&etcd, Duration::from_secs(600)).await;
     registry.register_machine(&machine("m1")).await.unwrap();
@@ -749,14 +738,12 @@ async fn an_engine_moving_to_the_api_copy_never_takes_its_count_for_the_one_it_p
     let planned = registry.snapshot().await.unwrap();
     assert!(planned.units.is_empty());
     registry.put_unit("a.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
-    assert_eq!(registry.units_page(every_unit_page()).await.unwrap().items.len(), 1, "the API's copy lists the unit");
+    assert_eq!(registry.units_page(every_unit_page()).await.unwrap().items.len(), 1, "the API lists the unit");
     assert_ne!(
         registry.snapshot_revision().await.unwrap(),
         Some(planned.revision),
-        "the API's copy holds a unit the plan did not see: its generation is not the plan's"
+        "the cache holds a unit the plan did not see: its generation is not the plan's"
     );
-    let engine_copy = registry.engine_copy().expect("the leader holds a copy");
-    assert!(std::sync::Arc::ptr_eq(&engine_copy, &registry.api_copy_running().expect("the API's copy")));
     assert_eq!(registry.snapshot().await.unwrap().units.len(), 1);
 }
 
