@@ -372,7 +372,12 @@ impl ApiRegistry for EtcdRegistry {
         self.inner.api_signal.subscribe()
     }
 
+    /// From the cluster's cache while it runs (a leader's, or a fleetd's that lists), else
+    /// from etcd.
     async fn unit(&self, name: &str) -> Result<Option<UnitView>> {
+        if let Some(read) = self.unit_from_copy(name).await {
+            return read;
+        }
         let keys = self.keys();
         let current = self.current(name, &Writer::BY_HAND).await?;
         let Some(record) = current.record else {

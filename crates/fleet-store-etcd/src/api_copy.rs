@@ -133,29 +133,62 @@ impl EtcdRegistry {
         let mut bodies: HashMap<String, UnitFile> = HashMap::new();
         Page::select(units, &request, |name, (key, value)| {
             let Some(record) = decode_listed::<UnitRecord>(key, value) else { return Ok(None) };
-            let body_key = keys.body(&record.hash.to_string());
-            let file = match bodies.get(&body_key) {
-                Some(file) => file.clone(),
-                None => {
-                    let Some(body) = data.entries.get(&body_key) else {
-                        tracing::error!(key = body_key, "skipping a unit whose body is missing");
-                        return Ok(None);
-                    };
-                    let file = UnitFile::from_options(decode::<Options>(&body_key, &body.value)?);
-                    bodies.insert(body_key, file.clone());
-                    file
-                }
-            };
-            let text =
-                |key: String| data.entries.get(&key).map(|entry| String::from_utf8_lossy(&entry.value).into_owned());
-            let machine = text(keys.placement(name));
-            let reason = text(keys.reason(name));
-            let state: Option<UnitState> = machine.as_ref().and_then(|machine| {
-                let key = keys.state(machine, name);
-                data.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value))
-            });
-            Ok(Some(UnitView::from_records(name, record, file, machine, reason, state.as_ref())))
+            self.view_in_copy(&data, name, record, &mut bodies)
         })
+    }
+
+    /// Unit `name` from the cluster's cache, when it runs and holds this API's writes (a
+    /// read of one unit then costs etcd nothing); `None` when the cache cannot answer.
+    pub(super) async fn unit_from_copy(&self, name: &str) -> Option<Result<Option<UnitView>>> {
+        let cache = self.api_copy_if_up()?;
+        if !cache.caught_up(CATCH_UP).await {
+            return None;
+        }
+        let data = cache.synced().ok()?;
+        let key = self.keys().unit(name);
+        let Some(entry) = data.entries.get(&key) else { return Some(Ok(None)) };
+        let record = match decode::<UnitRecord>(&key, &entry.value) {
+            Ok(record) => record,
+            Err(error) => return Some(Err(error)),
+        };
+        // Ranges are watched apart: another fleetd's unit may show before its body does.
+        if !data.entries.contains_key(&self.keys().body(&record.hash.to_string())) {
+            return None;
+        }
+        Some(self.view_in_copy(&data, name, record, &mut HashMap::new()))
+    }
+
+    /// `record`'s view with what the copy holds of it: body (parsed once per page in
+    /// `bodies`), placement, reason and state. `None` when its body is missing.
+    fn view_in_copy(
+        &self,
+        data: &MirrorData,
+        name: &str,
+        record: UnitRecord,
+        bodies: &mut HashMap<String, UnitFile>,
+    ) -> Result<Option<UnitView>> {
+        let keys = self.keys();
+        let body_key = keys.body(&record.hash.to_string());
+        let file = match bodies.get(&body_key) {
+            Some(file) => file.clone(),
+            None => {
+                let Some(body) = data.entries.get(&body_key) else {
+                    tracing::error!(key = body_key, "skipping a unit whose body is missing");
+                    return Ok(None);
+                };
+                let file = UnitFile::from_options(decode::<Options>(&body_key, &body.value)?);
+                bodies.insert(body_key, file.clone());
+                file
+            }
+        };
+        let text = |key: String| data.entries.get(&key).map(|entry| String::from_utf8_lossy(&entry.value).into_owned());
+        let machine = text(keys.placement(name));
+        let reason = text(keys.reason(name));
+        let state: Option<UnitState> = machine.as_ref().and_then(|machine| {
+            let key = keys.state(machine, name);
+            data.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value))
+        });
+        Ok(Some(UnitView::from_records(name, record, file, machine, reason, state.as_ref())))
     }
 
     /// One page of the live machines with their effective metadata, in ID order (`admits`

@@ -1057,6 +1057,26 @@ async fn bodies_the_api_copy_holds_cost_etcd_no_read() {
     assert_eq!(requests_sent("txn"), before + 1.0, "a body the copy lacks is asked of etcd");
 }
 
+/// A unit read while the cluster's cache runs comes from it, with this API's own write, and
+/// costs etcd nothing; with no cache running it is read from etcd.
+#[tokio::test]
+async fn a_unit_read_while_the_cluster_cache_runs_costs_etcd_no_read() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    let (first, second) = (unit(SLEEP), UnitFile::parse("[Service]\nExecStart=/bin/sleep 2\n").unwrap());
+    registry.put_unit("a.service", &first, DesiredState::Launched).await.unwrap();
+    let before = requests_sent("txn") + requests_sent("range");
+    assert_eq!(registry.unit("a.service").await.unwrap().map(|view| view.hash), Some(first.hash()));
+    assert!(requests_sent("txn") + requests_sent("range") > before, "no cache runs: read from etcd");
+    assert_eq!(registry.units_page(fleet_registry::PageRequest::everything()).await.unwrap().items.len(), 1);
+    registry.put_unit("a.service", &second, DesiredState::Inactive).await.unwrap();
+    let before = requests_sent("txn") + requests_sent("range");
+    let read = registry.unit("a.service").await.unwrap().expect("the unit");
+    assert_eq!((read.hash, read.desired), (second.hash(), DesiredState::Inactive), "this API's own write");
+    assert_eq!(registry.unit("b.service").await.unwrap(), None);
+    assert_eq!(requests_sent("txn") + requests_sent("range"), before, "no request to etcd");
+}
+
 /// The sources and their statuses, which the source syncer reads on every pass, come from the
 /// watch-fed copy of the sources: a read costs etcd no request, and still shows this
 /// fleetd's own writes at once (a write and a removal, a status on a removed source not
