@@ -243,7 +243,7 @@ impl Fleetd {
     }
 
     /// As [`Fleetd::start`], but waits only until its API answers on its socket, listing
-    /// nothing through it: a list starts the API's copy of the whole cluster, which a
+    /// nothing through it: a list starts the cache of the whole cluster, which a
     /// measurement of what an agent-only fleetd holds must not include.
     pub fn start_unlisted(machine_id: &str, config: &[(&str, &str)]) -> Self {
         let mut fleetd = Self::in_new_dir(machine_id, config, Launcher::default());

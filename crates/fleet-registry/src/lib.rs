@@ -326,7 +326,8 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// Moves when a unit, its placement or a unit state may have changed (a store may move it
     /// more often), for a reader of [`ApiRegistry::units_page`] and
     /// [`ApiRegistry::unit_states_page`] to read again. On etcd it moves while those pages are
-    /// being read (they start the API's copy of the cluster; it goes when idle).
+    /// being read or the engine leads (either holds the cluster's cache; an API read lets it
+    /// go when idle).
     fn unit_changes(&self) -> ChangeSignal;
     /// Live machines with their effective metadata, in ID order.
     async fn machines(&self) -> Result<Vec<MachineState>>;
@@ -393,8 +394,7 @@ pub trait EngineRegistry: Send + Sync {
     fn engine_changes(&self) -> ChangeSignal;
     /// Moves when a machine's report of a unit may have changed (a store may move it more
     /// often): the engine wakes on it only while a unit waits for the machine it left to stop
-    /// it. On etcd it moves while the API's copy runs, which
-    /// [`EngineRegistry::running_on_machines`] starts.
+    /// it. On etcd it moves while the cluster's cache runs, which the leading engine holds.
     fn state_changes(&self) -> ChangeSignal;
 }
 

@@ -149,7 +149,7 @@ impl AgentRegistry for EtcdRegistry {
                 // This fleetd's own machine: nothing to write it with. Its API's lists show
                 // what it reported, as they show what the API wrote.
                 let revision = self.connection().write(chunk, lease).await?;
-                if let Some(cache) = self.cluster_cache_running() {
+                if let Some(cache) = self.states_cache_running() {
                     let held = session.states.locked();
                     // A removal makes an event only where there was a state to remove.
                     let changed = chunk.iter().filter(|(key, value)| value.is_some() || held.contains_key(key));

@@ -1,6 +1,6 @@
-//! The API's facet of the etcd store: reads straight from etcd (consistent), but list pages
-//! from the watch-fed copy (`api_copy.rs`); writes as transactions conditional on the
-//! revisions read, retried when another writer got there first.
+//! The API's facet of the etcd store: list pages and, while it runs, single units from the
+//! cluster's cache (`api_copy.rs`), other reads straight from etcd; writes as transactions
+//! conditional on the revisions read, retried when another writer got there first.
 
 use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeMap, BTreeSet};
@@ -47,7 +47,7 @@ pub(super) struct Current {
     placement_revision: i64,
 }
 
-/// A transaction's operations with the key each one changes, so that the API's copy can wait
+/// A transaction's operations with the key each one changes, so that the cluster's cache can wait
 /// for exactly the changes the transaction made.
 #[derive(Default)]
 pub(super) struct Writes {
@@ -93,7 +93,7 @@ where
 impl EtcdRegistry {
     /// One unit's optimistic write: `plan` sees the unit's record and placement as they are,
     /// and its operations are written only if neither changed meanwhile. The first attempt
-    /// starts from the API's copy when it is up (no read: its revisions are checked by the
+    /// starts from the cluster's cache when it is up (no read: its revisions are checked by the
     /// write itself); an answer without a write is only given from a fresh read.
     async fn write_unit<T>(&self, name: &str, writer: &Writer, plan: impl Fn(&Current) -> Planned<T>) -> Result<T> {
         let guess = std::sync::Mutex::new(self.current_in_copy(name));
@@ -119,9 +119,9 @@ impl EtcdRegistry {
         .await
     }
 
-    /// The unit and its placement as the API's copy holds them, if the copy is up.
+    /// The unit and its placement as the cluster's cache holds them, if the cache is up.
     pub(super) fn current_in_copy(&self, name: &str) -> Option<Current> {
-        let mirror = self.api_copy_if_up()?;
+        let mirror = self.api_copy_if_up(&super::caches::Cache::Cluster)?;
         let data = mirror.read();
         let keys = self.keys();
         let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));

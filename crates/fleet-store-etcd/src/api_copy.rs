@@ -17,6 +17,7 @@ use etcd_client::{TxnOpResponse, TxnResponse};
 use fleet_core::{MachineState, UnitFile, UnitState};
 
 use super::EtcdRegistry;
+use super::caches::{Cache, Held};
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use fleet_registry::codec::{Options, decode, decode_listed};
@@ -97,23 +98,25 @@ impl EtcdRegistry {
     /// [`EtcdRegistry::api_wrote`] for operations answered by `responses` at `revision` (the
     /// operations of a nested transaction, say).
     pub(super) fn api_wrote_at(&self, revision: i64, keys: &[String], responses: &[TxnOpResponse]) {
-        let Some(mirror) = self.cluster_cache_running() else { return };
-        for (key, response) in keys.iter().zip(responses) {
-            let changed = match response {
-                TxnOpResponse::Put(_) => true,
-                TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
-                TxnOpResponse::Get(_) | TxnOpResponse::Txn(_) => false,
-            };
-            if changed {
-                mirror.expect(key, revision);
+        let caches = [self.cluster_cache_running(), self.states_cache_running()];
+        for mirror in caches.iter().flatten() {
+            for (key, response) in keys.iter().zip(responses) {
+                let changed = match response {
+                    TxnOpResponse::Put(_) => true,
+                    TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
+                    TxnOpResponse::Get(_) | TxnOpResponse::Txn(_) => false,
+                };
+                if changed {
+                    mirror.expect(key, revision);
+                }
             }
         }
     }
 
-    /// Waits until the copy holds this API's writes and its watch is up.
-    pub(super) async fn api_copy_current(&self) -> Result<()> {
-        if self.api_mirror().caught_up(CATCH_UP).await {
-            return Ok(());
+    /// `held` once it holds this API's writes and its watch is up.
+    pub(super) async fn up_to_date(held: Held) -> Result<Held> {
+        if held.caught_up(CATCH_UP).await {
+            return Ok(held);
         }
         Err(RegistryError::Unavailable(
             "etcd: the API's copy of the cluster is not up to date (its watch is behind or down)".into(),
@@ -121,9 +124,9 @@ impl EtcdRegistry {
     }
 
     pub(super) async fn units_page_from_copy(&self, request: PageRequest) -> Result<Page<UnitView>> {
-        self.api_copy_current().await?;
-        let mirror = self.api_mirror();
-        let data = mirror.synced()?;
+        let mirror = Self::up_to_date(self.api_mirror()).await?;
+        let states = Self::up_to_date(self.api_states()).await?;
+        let (data, states) = (mirror.synced()?, states.synced()?);
         let keys = self.keys();
         let prefix = keys.units();
         let range = KeyRange::prefix(prefix.clone());
@@ -133,18 +136,18 @@ impl EtcdRegistry {
         let mut bodies: HashMap<String, UnitFile> = HashMap::new();
         Page::select(units, &request, |name, (key, value)| {
             let Some(record) = decode_listed::<UnitRecord>(key, value) else { return Ok(None) };
-            self.view_in_copy(&data, name, record, &mut bodies)
+            self.view_in_copy(&data, &states, name, record, &mut bodies)
         })
     }
 
     /// Unit `name` from the cluster's cache, when it runs and holds this API's writes (a
     /// read of one unit then costs etcd nothing); `None` when the cache cannot answer.
     pub(super) async fn unit_from_copy(&self, name: &str) -> Option<Result<Option<UnitView>>> {
-        let cache = self.api_copy_if_up()?;
-        if !cache.caught_up(CATCH_UP).await {
+        let (cache, states) = (self.api_copy_if_up(&Cache::Cluster)?, self.api_copy_if_up(&Cache::States)?);
+        if !cache.caught_up(CATCH_UP).await || !states.caught_up(CATCH_UP).await {
             return None;
         }
-        let data = cache.synced().ok()?;
+        let (data, states) = (cache.synced().ok()?, states.synced().ok()?);
         let key = self.keys().unit(name);
         let Some(entry) = data.entries.get(&key) else { return Some(Ok(None)) };
         let record = match decode::<UnitRecord>(&key, &entry.value) {
@@ -155,14 +158,15 @@ impl EtcdRegistry {
         if !data.entries.contains_key(&self.keys().body(&record.hash.to_string())) {
             return None;
         }
-        Some(self.view_in_copy(&data, name, record, &mut HashMap::new()))
+        Some(self.view_in_copy(&data, &states, name, record, &mut HashMap::new()))
     }
 
-    /// `record`'s view with what the copy holds of it: body (parsed once per page in
+    /// `record`'s view with what the caches hold of it: body (parsed once per page in
     /// `bodies`), placement, reason and state. `None` when its body is missing.
     fn view_in_copy(
         &self,
         data: &MirrorData,
+        states: &MirrorData,
         name: &str,
         record: UnitRecord,
         bodies: &mut HashMap<String, UnitFile>,
@@ -186,7 +190,7 @@ impl EtcdRegistry {
         let reason = text(keys.reason(name));
         let state: Option<UnitState> = machine.as_ref().and_then(|machine| {
             let key = keys.state(machine, name);
-            data.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value))
+            states.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value))
         });
         Ok(Some(UnitView::from_records(name, record, file, machine, reason, state.as_ref())))
     }
@@ -195,8 +199,7 @@ impl EtcdRegistry {
     /// and `after` take machine IDs). Only the page's machines are decoded: a client that
     /// pages through 10,000 machines a hundred at a time decodes each once, not a hundred times.
     pub(super) async fn machines_page_from_copy(&self, request: PageRequest) -> Result<Page<MachineState>> {
-        self.api_copy_current().await?;
-        let mirror = self.api_mirror();
+        let mirror = Self::up_to_date(self.api_mirror()).await?;
         let data = mirror.synced()?;
         let keys = self.keys();
         let prefix = keys.machines();
@@ -209,8 +212,7 @@ impl EtcdRegistry {
 
     /// The drains of the machines present, from the copy: a walk over its drains alone.
     pub(super) async fn drains_from_copy(&self) -> Result<Vec<(String, fleet_core::drain::Drain)>> {
-        self.api_copy_current().await?;
-        let mirror = self.api_mirror();
+        let mirror = Self::up_to_date(self.api_mirror()).await?;
         let data = mirror.synced()?;
         let keys = self.keys();
         let prefix = keys.all_drains();
@@ -231,8 +233,7 @@ impl EtcdRegistry {
     /// each looked up by its unit's name, with no (unit, machine) order to sort. Each is parsed
     /// once per revision and shared: a rollout reads the states of its units on every pass.
     pub(super) async fn states_of_units_from_copy(&self, names: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>> {
-        self.api_copy_current().await?;
-        let mirror = self.api_mirror();
+        let mirror = Self::up_to_date(self.api_states()).await?;
         let data = mirror.synced()?;
         let keys = self.keys();
         let prefix = keys.all_states();
@@ -249,8 +250,7 @@ impl EtcdRegistry {
         request: PageRequest,
         machine: Option<&str>,
     ) -> Result<Page<UnitState>> {
-        self.api_copy_current().await?;
-        let mirror = self.api_mirror();
+        let mirror = Self::up_to_date(self.api_states()).await?;
         let data = mirror.synced()?;
         let keys = self.keys();
         let decoded = |unit: &str, machine: &str| {

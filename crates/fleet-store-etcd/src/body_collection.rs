@@ -19,7 +19,7 @@ use super::EtcdRegistry;
 use super::connection::NESTED_PER_TXN;
 use fleet_registry::Result;
 
-/// How many units of each content the engine's copy holds, and the contents that lost their
+/// How many units of each content the cluster's cache holds, and the contents that lost their
 /// last unit and wait to be collected.
 #[derive(Default)]
 pub(super) struct ContentCounts {

@@ -25,9 +25,12 @@ pub(super) enum Cache {
     Sources,
     /// The journal questions under a prefix (one machine's, or every machine's on a manager).
     Questions(String),
-    /// Units, placements, reasons, machines, metadata, drains, unit states and bodies: what
-    /// the leading engine plans from and the API lists.
+    /// Units, placements, reasons, machines, metadata, drains and bodies: what the leading
+    /// engine plans from and the API lists.
     Cluster,
+    /// Every machine's unit states, which change most: for the API's lists and what the
+    /// engine and rollouts ask of them now and then, not for every leader.
+    States,
     /// One machine's schedule, the global units, its presence and its metadata.
     Work(String),
     /// Every machine's work, for a fleetd that serves many machines.

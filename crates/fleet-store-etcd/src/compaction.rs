@@ -13,7 +13,7 @@ use fleet_registry::Result;
 /// How much history is kept, unless the options say otherwise.
 pub const KEPT_HISTORY: Duration = Duration::from_secs(5 * 60);
 
-/// How soon to look again while no revision could be noted (the engine's copy is not listed
+/// How soon to look again while no revision could be noted (the cluster's cache is not listed
 /// yet).
 const NOTE_RETRY: Duration = Duration::from_secs(1);
 

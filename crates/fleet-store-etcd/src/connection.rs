@@ -33,8 +33,8 @@ pub struct EtcdOptions {
     /// How much of etcd's history the engine leader keeps when it compacts (default:
     /// five minutes).
     pub kept_history: Option<Duration>,
-    /// How long the API's copy of the cluster stays after its last use (`None`: ten
-    /// minutes); a fleetd that serves no lists holds only its own work.
+    /// How long the cluster's cache stays after an API read used it (`None`: ten minutes);
+    /// a fleetd that serves no lists and does not lead holds only its own work.
     pub api_copy_idle: Option<Duration>,
 }
 

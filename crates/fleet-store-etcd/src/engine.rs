@@ -190,7 +190,7 @@ impl EtcdRegistry {
         })
     }
 
-    /// The reasons the engine's copy holds now, by unit.
+    /// The reasons the cluster's cache holds now, by unit.
     fn stored_reasons(&self, data: &MirrorData) -> Vec<(String, String)> {
         let keys = self.keys();
         let reasons = keys.reasons();

@@ -27,10 +27,10 @@
 //! | `store-format` | [`fleet_core::store_format::StoredFormat`] (absent in a store of fleet 0.1: format 1) | — | the first fleetd of a format, before anything else |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
-//! a schedule change wakes exactly one agent. The leading engine watches units, placements,
-//! reasons, machines, metadata and drains, every engine the leader key; unit states, which change
-//! most, wake nobody, but the API's copy and, while a unit waits for the machine it left to
-//! stop it, the leading engine through that copy.
+//! a schedule change wakes exactly one agent. The leading engine holds the cluster's cache
+//! (units, placements, reasons, machines, metadata, drains, states and bodies), every engine the
+//! leader key's; unit states, which change most, wake nobody but the API's readers and, while a
+//! unit waits for the machine it left to stop it, the leading engine.
 
 /// Whose work a key's change touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

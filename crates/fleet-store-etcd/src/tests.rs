@@ -684,7 +684,7 @@ async fn the_api_copy_starts_with_a_list_and_is_released_when_idle() {
 
 /// A leader that serves lists reads the one cache of the cluster its API reads: one copy
 /// and one watch of the units and placements in the fleetd, never a hand-off between two.
-/// Unit changes wake its engine; states do not. With its leadership it lets go of its hold,
+/// Unit changes wake its engine; states do not, and it holds none until something asks. With its leadership it lets go of its hold,
 /// and the cache stays only as long as the API's last list lingers.
 #[tokio::test]
 async fn a_leader_that_serves_lists_reads_the_one_cache_of_the_cluster() {
@@ -696,6 +696,7 @@ async fn a_leader_that_serves_lists_reads_the_one_cache_of_the_cluster() {
     let lease = registry.acquire_leadership("m1").await.unwrap().expect("the only engine leads");
     assert_eq!(registry.snapshot().await.unwrap().units.len(), 1);
     let cache = registry.cluster_cache_running().expect("a leader holds the cluster's cache");
+    assert!(registry.states_cache_running().is_none(), "but no states: nothing asked for them");
     let every = every_unit_page();
     assert_eq!(registry.units_page(every.clone()).await.unwrap().items.len(), 1);
     let listed = registry.cluster_cache_running().expect("the API reads a cache");
@@ -717,6 +718,7 @@ async fn a_leader_that_serves_lists_reads_the_one_cache_of_the_cluster() {
     let names: Vec<String> =
         registry.units_page(every).await.unwrap().items.into_iter().map(|unit| unit.name).collect();
     assert_eq!(names, ["a.service", "b.service", "c.service"], "the API's own write is in the cache");
+    assert!(registry.states_cache_running().is_some(), "a list of units reads their states");
     registry.release_leadership(&lease).await.unwrap();
     assert!(!registry.engine_copy_running(), "the engine lets go of its hold with its leadership");
     assert!(registry.cluster_cache_running().is_some(), "the API's last list still lingers");

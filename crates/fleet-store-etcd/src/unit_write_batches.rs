@@ -41,7 +41,7 @@ impl EtcdRegistry {
             std::iter::repeat_with(|| None).take(changes.len()).collect();
         // Guesses come from the copy; it should hold this API's own writes first (if it cannot,
         // the guesses are only staler, and their conditions catch that).
-        if let Err(error) = self.api_copy_current().await {
+        if let Err(error) = Self::up_to_date(self.api_mirror()).await {
             tracing::debug!(%error, "writing a batch of units from a copy that is behind");
         }
         // Up to UNIT_BATCHES_IN_FLIGHT transactions of this call are in flight while the next
