@@ -8,9 +8,8 @@
 //! every other write once the watch delivered it (milliseconds). A copy whose watch is down
 //! answers nothing: the list fails as a read from etcd would.
 
-use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{TxnOpResponse, TxnResponse};
@@ -30,37 +29,22 @@ const CATCH_UP: Duration = Duration::from_secs(2);
 /// listed through once gives it back, and holds only its own work again.
 pub(super) const IDLE: Duration = Duration::from_secs(600);
 
-/// The unit states in (unit, machine) order, as of one generation of the copy: etcd keeps
-/// them by machine first, so the order is sorted once per change, not once per page.
-#[derive(Default)]
-pub(super) struct StateOrder {
-    sorted: Mutex<Option<(u64, Arc<UnitMachinePairs>)>>,
-}
-
 /// (unit, machine) pairs, sorted.
 type UnitMachinePairs = Vec<(String, String)>;
 
-impl StateOrder {
-    fn of(&self, registry: &EtcdRegistry, data: &MirrorData) -> Arc<UnitMachinePairs> {
-        let mut sorted = self.sorted.locked();
-        if let Some((generation, order)) = sorted.as_ref()
-            && *generation == data.generation
-        {
-            return order.clone();
-        }
-        let prefix = registry.keys().all_states();
-        let mut order: UnitMachinePairs = data
-            .range(&KeyRange::prefix(prefix.clone()))
-            .filter_map(|(key, _)| {
-                let (machine, unit) = machine_and_unit(&prefix, key)?;
-                Some((unit.to_string(), machine.to_string()))
-            })
-            .collect();
-        order.sort_unstable();
-        let order = Arc::new(order);
-        *sorted = Some((data.generation, order.clone()));
-        order
-    }
+/// The unit states of `data` (the states' cache) in (unit, machine) order: etcd keeps them by
+/// machine first, so the order is sorted once per change of the cache, not once per page.
+fn state_order(registry: &EtcdRegistry, data: &MirrorData) -> UnitMachinePairs {
+    let prefix = registry.keys().all_states();
+    let mut order: UnitMachinePairs = data
+        .range(&KeyRange::prefix(prefix.clone()))
+        .filter_map(|(key, _)| {
+            let (machine, unit) = machine_and_unit(&prefix, key)?;
+            Some((unit.to_string(), machine.to_string()))
+        })
+        .collect();
+    order.sort_unstable();
+    order
 }
 
 /// The machine and unit a state key (`<prefix><machine>/<unit>`, `prefix` the states') names.
@@ -269,7 +253,8 @@ impl EtcdRegistry {
                 .filter_map(|(key, _)| keys.name_in(&prefix, key).map(|unit| Ok((unit, ()))));
             return Page::select(units, &request, |unit, ()| decoded(unit, machine));
         }
-        let order = self.inner.state_order.of(self, &data);
+        // Kept with the cache for its generation, and gone with it.
+        let order = mirror.derived(&data, |data| state_order(self, data));
         let from = match request.after.as_deref().and_then(|after| after.split_once('\0')) {
             Some(after) => order.partition_point(|(unit, machine)| (unit.as_str(), machine.as_str()) <= after),
             None => 0,

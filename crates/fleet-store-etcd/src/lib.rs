@@ -131,7 +131,6 @@ struct Inner {
     api_signal: watch::Sender<u64>,
     /// How long the cluster's cache stays after an API read.
     api_copy_idle: Duration,
-    state_order: api_copy::StateOrder,
     /// How much history the engine leader keeps when it compacts.
     kept_history: Duration,
     checkpoint: compaction::Checkpoint,
@@ -198,7 +197,6 @@ impl EtcdRegistry {
                 engine_records: Mutex::new(DecodedRecords::default()),
                 api_signal: watch::channel(0).0,
                 api_copy_idle: options.api_copy_idle.unwrap_or(api_copy::IDLE),
-                state_order: api_copy::StateOrder::default(),
                 kept_history: options.kept_history.unwrap_or(compaction::KEPT_HISTORY),
                 checkpoint: compaction::Checkpoint::default(),
                 work_caches: Mutex::new(HashMap::new()),

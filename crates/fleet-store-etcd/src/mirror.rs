@@ -115,7 +115,12 @@ pub struct Mirror {
     expected: std::sync::Mutex<Vec<i64>>,
     /// Asks the feeder for a fresh listing (requests made meanwhile come to one).
     relist: Arc<tokio::sync::Notify>,
+    /// What a reader derived from the whole copy, with the generation it was derived at.
+    derived: std::sync::Mutex<Option<(u64, Derived)>>,
 }
+
+/// A value derived from a whole copy ([`Mirror::derived`]).
+type Derived = Arc<dyn std::any::Any + Send + Sync>;
 
 impl Drop for Mirror {
     fn drop(&mut self) {
@@ -184,7 +189,7 @@ impl Mirror {
             relist: relist.clone(),
         };
         let task = tokio::spawn(feeder.run()).abort_handle();
-        Self { data, changes, task, ranges, expected, relist }
+        Self { data, changes, task, ranges, expected, relist, derived: std::sync::Mutex::new(None) }
     }
 
     /// Has the copy listed afresh, soon: every range is then current as of a revision read
@@ -193,6 +198,25 @@ impl Mirror {
     /// range that write shows up in first (see [`MirrorData::current_since`]).
     pub fn relist(&self) {
         self.relist.notify_one();
+    }
+
+    /// What `compute` derives from the whole copy (`data`, read from it), kept for the copy's
+    /// generation: computed again after a change, and gone with the copy. One value per copy.
+    pub fn derived<T: Send + Sync + 'static>(
+        &self,
+        data: &MirrorData,
+        compute: impl FnOnce(&MirrorData) -> T,
+    ) -> Arc<T> {
+        let mut derived = self.derived.locked();
+        if let Some((generation, value)) = derived.as_ref()
+            && *generation == data.generation
+            && let Ok(value) = value.clone().downcast::<T>()
+        {
+            return value;
+        }
+        let value = Arc::new(compute(data));
+        *derived = Some((data.generation, value.clone()));
+        value
     }
 
     /// Wakes the copy's readers though it did not change: what they may read of it did.
@@ -521,6 +545,29 @@ mod tests {
         Connection::connect(&options).await.unwrap()
     }
 
+    /// A value derived from the whole copy is computed once per generation and again after
+    /// a change.
+    #[tokio::test]
+    async fn a_derived_value_is_computed_once_per_generation() {
+        let etcd = EtcdServer::start();
+        let connection = connect(&etcd).await;
+        let mut kv = connection.kv();
+        kv.put("/d/a", "1", None).await.unwrap();
+        let mirror = Mirror::start(connection, vec![KeyRange::prefix("/d/".into())]);
+        let computed = std::sync::atomic::AtomicUsize::new(0);
+        let count = |data: &MirrorData| {
+            computed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            data.entries.len()
+        };
+        let first = *mirror.derived(&mirror.listed(Duration::from_secs(10)).await.unwrap(), count);
+        let again = *mirror.derived(&mirror.read(), count);
+        assert_eq!((first, again, computed.load(std::sync::atomic::Ordering::SeqCst)), (1, 1, 1));
+        let written = kv.put("/d/b", "2", None).await.unwrap().header().unwrap().revision();
+        assert!(mirror.wait_for(written, Duration::from_secs(10)).await);
+        assert_eq!(*mirror.derived(&mirror.read(), count), 2, "derived again after the change");
+        assert_eq!(computed.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn a_compacted_resume_revision_ends_the_stream_for_a_relist() {
         let etcd = EtcdServer::start();
@@ -713,6 +760,7 @@ mod expected_tests {
             ranges: vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())],
             expected: std::sync::Mutex::new(vec![0, 0]),
             relist: Arc::new(tokio::sync::Notify::new()),
+            derived: std::sync::Mutex::new(None),
         }
     }
 
