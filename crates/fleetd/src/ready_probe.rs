@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower::ServiceExt;
 
 /// A request every API answers from the router alone: probing with a list would start the
-/// API's copy of the whole cluster on every fleetd, and keep it until it idles out.
+/// cache of the whole cluster on every fleetd, and keep it until it idles out.
 const PROBE: &str = "/fleet/v1/discovery";
 
 /// One request on the Unix socket at `path`: whether it answered 200.
