@@ -709,8 +709,9 @@ async fn a_leader_that_serves_lists_reads_the_one_cache_of_the_cluster() {
         .await
         .expect("a unit's change wakes the engine")
         .unwrap();
-    // Idle for longer than the API's linger, the cache stays: the engine holds it.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Past the API's linger (the states' cache, which only that list held, is gone), the
+    // cluster's cache stays: the engine holds it.
+    eventually("the API's linger passed", async || registry.states_cache_running().is_none()).await;
     let still = registry.cluster_cache_running().expect("the leader's hold keeps the cache");
     assert!(Arc::ptr_eq(&cache, &still), "the same cache all along");
     drop((cache, still));
