@@ -149,12 +149,10 @@ impl AgentRegistry for EtcdRegistry {
                 // This fleetd's own machine: nothing to write it with. Its API's lists show
                 // what it reported, as they show what the API wrote.
                 let revision = self.connection().write(chunk, lease).await?;
-                if let Some(cache) = self.states_cache_running() {
-                    let held = session.states.locked();
-                    // A removal makes an event only where there was a state to remove.
-                    let changed = chunk.iter().filter(|(key, value)| value.is_some() || held.contains_key(key));
-                    changed.for_each(|(key, _)| cache.expect(key, revision));
-                }
+                let held = session.states.locked();
+                // A removal makes an event only where there was a state to remove.
+                let changed = chunk.iter().filter(|(key, value)| value.is_some() || held.contains_key(key));
+                self.wrote_at(revision, changed.map(|(key, _)| key.as_str()));
             } else {
                 // A pull agent's: written with the other agents' reports of the moment.
                 let write = StatesWrite { changes: chunk.to_vec(), lease };

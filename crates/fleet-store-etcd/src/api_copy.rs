@@ -1,7 +1,7 @@
-//! The API's reads of the cluster's cache (`cluster_cache.rs`: units, placements, reasons,
-//! unit states, bodies, machines and their metadata), from which lists are served: a page costs
-//! a walk over names in memory and the views of its own items, never a read of whole prefixes
-//! from etcd.
+//! The API's reads of the cluster's cache and the states' (`cluster_cache.rs`: units,
+//! placements, reasons, bodies, machines and their metadata; unit states), from which lists
+//! are served: a page costs a walk over names in memory and the views of its own items, never a
+//! read of whole prefixes from etcd.
 //!
 //! Consistency, as the API states it: a list through a fleetd shows every unit write that
 //! fleetd's API acknowledged before the list began (it waits for its copy to have it), and
@@ -71,8 +71,7 @@ fn resumed<'a>(
 
 impl EtcdRegistry {
     /// Notes a write this API made (`keys` in the order of the transaction's operations):
-    /// lists wait until their copy has every change it made. A copy started later lists
-    /// after this write, so it needs no note.
+    /// lists wait until their caches have every change it made ([`EtcdRegistry::wrote_at`]).
     pub(super) fn api_wrote(&self, reply: &TxnResponse, keys: &[String]) {
         if let Some(header) = reply.header() {
             self.api_wrote_at(header.revision(), keys, &reply.op_responses());
@@ -82,18 +81,22 @@ impl EtcdRegistry {
     /// [`EtcdRegistry::api_wrote`] for operations answered by `responses` at `revision` (the
     /// operations of a nested transaction, say).
     pub(super) fn api_wrote_at(&self, revision: i64, keys: &[String], responses: &[TxnOpResponse]) {
+        let changed = keys.iter().zip(responses).filter(|(_, response)| match response {
+            TxnOpResponse::Put(_) => true,
+            TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
+            TxnOpResponse::Get(_) | TxnOpResponse::Txn(_) => false,
+        });
+        self.wrote_at(revision, changed.map(|(key, _)| key.as_str()));
+    }
+
+    /// Notes that this fleetd changed `changed` at `revision` (only keys whose change makes an
+    /// event), in every cache the API reads that runs: its reads then wait until they hold it.
+    /// A cache started later lists after the write, so it needs no note.
+    pub(super) fn wrote_at<'k>(&self, revision: i64, changed: impl Iterator<Item = &'k str>) {
         let caches = [self.cluster_cache_running(), self.states_cache_running()];
-        for mirror in caches.iter().flatten() {
-            for (key, response) in keys.iter().zip(responses) {
-                let changed = match response {
-                    TxnOpResponse::Put(_) => true,
-                    TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
-                    TxnOpResponse::Get(_) | TxnOpResponse::Txn(_) => false,
-                };
-                if changed {
-                    mirror.expect(key, revision);
-                }
-            }
+        let caches: Vec<_> = caches.into_iter().flatten().collect();
+        for key in changed {
+            caches.iter().for_each(|cache| cache.expect(key, revision));
         }
     }
 

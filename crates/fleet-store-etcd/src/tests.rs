@@ -995,14 +995,15 @@ async fn journal_questions_go_to_their_machine_and_answers_come_back() {
         manager_woken.changed().await.unwrap();
     };
     assert_eq!(every, [PutQuestion { machine: "m2".into(), id: id.clone(), question: question.clone() }]);
-    // Once their watches are up, the copies that woke the answerers are all they read.
+    // Once their watches are up, the copies that woke the answerers are all they read. (A copy
+    // whose stream is up may not have applied the question's event yet: its answerer is woken
+    // again when it does, so the test waits for it too.)
     let sent = || requests_sent("txn") + requests_sent("range");
     eventually("the questions are read from the copies alone", async || {
         let before = sent();
         let mine = asked.journal_questions("m2").await.unwrap();
         let every = asked.every_journal_question().await.unwrap();
-        assert_eq!((mine.len(), every.len()), (1, 1));
-        sent() == before
+        (mine.len(), every.len()) == (1, 1) && sent() == before
     })
     .await;
     asked.answer_journal("m2", &id, b"the answer").await.unwrap();
