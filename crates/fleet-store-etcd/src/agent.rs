@@ -102,6 +102,8 @@ impl AgentRegistry for EtcdRegistry {
     }
 
     async fn unregister_machine(&self, machine_id: &str) -> Result<()> {
+        // The machine's agent is done following its work: its cache goes by the rule.
+        self.inner.work_caches.locked().remove(machine_id);
         let Some(session) = self.take_session(machine_id) else {
             return Ok(());
         };

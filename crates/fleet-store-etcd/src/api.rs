@@ -65,6 +65,19 @@ impl Writes {
         self.ops.push(TxnOp::delete(key.as_str(), None));
         self.keys.push(key);
     }
+
+    /// A content-addressed body, written only where it is absent: a body once written never
+    /// changes, so a unit taking up a content that has one costs etcd no put.
+    pub fn put_body(&mut self, key: String, value: impl Into<Vec<u8>>) {
+        self.ops.push(put_if_absent(&key, value));
+        self.keys.push(key);
+    }
+}
+
+/// A nested transaction that puts `value` at `key` only when no value is there.
+pub(super) fn put_if_absent(key: &str, value: impl Into<Vec<u8>>) -> TxnOp {
+    let absent = Compare::version(key, CompareOp::Equal, 0);
+    TxnOp::txn(Txn::new().when([absent]).and_then([TxnOp::put(key, value, None)]))
 }
 
 /// What one attempt of an optimistic unit write found to do.
@@ -405,7 +418,7 @@ impl ApiRegistry for EtcdRegistry {
         self.write_unit(name, writer, |current| {
             let mut planned = self.plan_put(&put, writer, current);
             if let Planned::Write(writes, _) = &mut planned {
-                writes.put(body_key.clone(), encode(&file.options()));
+                writes.put_body(body_key.clone(), encode(&file.options()));
             }
             planned
         })

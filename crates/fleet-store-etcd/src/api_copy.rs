@@ -84,7 +84,9 @@ impl EtcdRegistry {
         let changed = keys.iter().zip(responses).filter(|(_, response)| match response {
             TxnOpResponse::Put(_) => true,
             TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
-            TxnOpResponse::Get(_) | TxnOpResponse::Txn(_) => false,
+            // A write on a condition ([`crate::api::put_if_absent`]): it wrote if it held.
+            TxnOpResponse::Txn(inner) => inner.succeeded(),
+            TxnOpResponse::Get(_) => false,
         });
         self.wrote_at(revision, changed.map(|(key, _)| key.as_str()));
     }

@@ -5,9 +5,12 @@
 //! what went unused before it led.
 //!
 //! Why no reference keys are needed: every write of a unit record with some content writes
-//! that content's body in the same transaction. A body is deleted only on the condition that
-//! it was last written at or before the revision of the copy that showed it unused, so a unit
-//! that took up the content since then wrote the body again, and keeps it.
+//! that content's body in the same transaction where it is absent (and only there: a body
+//! never changes, so putting it again would cost etcd a put per unit for nothing). A body is
+//! deleted only on the condition that it was last written, and every unit record last
+//! written, at or before the revision of the copy that showed it unused: a unit that took up
+//! the content since then either found the body there, and holds the deletion back, or
+//! wrote it again after the deletion.
 
 use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeSet, HashMap};
@@ -17,6 +20,7 @@ use fleet_core::UnitHash;
 
 use super::EtcdRegistry;
 use super::connection::NESTED_PER_TXN;
+use super::keys::prefix_end;
 use fleet_registry::Result;
 
 /// How many units of each content the cluster's cache holds, and the contents that lost their
@@ -136,10 +140,14 @@ impl EtcdRegistry {
             .collect())
     }
 
-    /// Deletes each body of `hashes` that was last written at or before `revision`; the
-    /// hashes whose body is gone now (deleted, or there was none).
+    /// Deletes each body of `hashes` that was last written at or before `revision`, while no
+    /// unit record was written after it; the hashes whose body is gone now (deleted, or there
+    /// was none).
     async fn delete_bodies_unchanged_since(&self, hashes: &[UnitHash], revision: i64) -> Result<Vec<UnitHash>> {
         let keys = self.keys();
+        let units = keys.units();
+        let no_unit_written_since =
+            Compare::mod_revision(units.as_str(), CompareOp::Less, revision + 1).with_range(prefix_end(&units));
         let mut gone = Vec::new();
         for chunk in hashes.chunks(NESTED_PER_TXN) {
             let ops: Vec<TxnOp> = chunk
@@ -147,7 +155,8 @@ impl EtcdRegistry {
                 .map(|hash| {
                     let key = keys.body(&hash.to_string());
                     let unchanged = Compare::mod_revision(key.as_str(), CompareOp::Less, revision + 1);
-                    TxnOp::txn(Txn::new().when([unchanged]).and_then([TxnOp::delete(key.as_str(), None)]))
+                    let delete = TxnOp::delete(key.as_str(), None);
+                    TxnOp::txn(Txn::new().when([unchanged, no_unit_written_since.clone()]).and_then([delete]))
                 })
                 .collect();
             let reply = self.connection().txn(Txn::new().and_then(ops)).await?;

@@ -3,7 +3,7 @@
 //! | key | value | lease | writer |
 //! |---|---|---|---|
 //! | `units/<unit>` | [`fleet_registry::UnitRecord`] | — | API |
-//! | `bodies/<hash>` | the unit's options | — | API (content-addressed, written with every unit write that sets the content); the engine leader deletes it when no unit has that content |
+//! | `bodies/<hash>` | the unit's options | — | API (content-addressed, written with a unit write that sets the content where it is absent); the engine leader deletes it when no unit has that content |
 //! | `global/<unit>` | [`fleet_registry::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
 //! | `placement/<unit>` | machine ID | — | engine, fenced |
 //! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes |

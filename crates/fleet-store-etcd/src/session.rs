@@ -43,8 +43,14 @@ pub async fn grant_lease(connection: &Connection, ttl: Duration) -> Result<Grant
 }
 
 pub async fn revoke(connection: &Connection, lease: i64) -> Result<()> {
+    revoke_at(connection, lease).await.map(|_| ())
+}
+
+/// Revokes `lease`; the revision at which the keys it carried were deleted.
+pub async fn revoke_at(connection: &Connection, lease: i64) -> Result<i64> {
     let mut client = connection.client();
-    connection.within("lease_revoke", connection.timeout, client.lease_revoke(lease)).await.map(|_| ())
+    let reply = connection.within("lease_revoke", connection.timeout, client.lease_revoke(lease)).await?;
+    Ok(reply.header().map_or(0, |header| header.revision()))
 }
 
 /// How soon a first failed renewal is tried again.
@@ -565,10 +571,11 @@ impl EtcdRegistry {
             return self.give_up_agent(session).await;
         }
         session.stop_keepalive();
-        revoke(self.connection(), session.lease()).await?;
-        if session.own {
-            self.record_lease(None);
-        }
+        let revision = revoke_at(self.connection(), session.lease()).await?;
+        // The presence went with the lease: this fleetd's lists wait until they show it gone.
+        let presence = self.keys().machine(&session.machine.locked().id);
+        self.wrote_at(revision, std::iter::once(presence.as_str()));
+        self.record_lease(None);
         Ok(())
     }
 }

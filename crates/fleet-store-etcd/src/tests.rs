@@ -128,6 +128,23 @@ async fn a_live_machine_id_is_refused_and_its_lease_carries_presence_and_states(
     second.register_machine(&machine("m1")).await.unwrap();
 }
 
+/// A machine's work cache is held while its agent follows it: it goes when the machine
+/// leaves, and comes again if it registers again.
+#[tokio::test]
+async fn a_machines_work_cache_goes_when_it_leaves() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    eventually("the work cache is listed", async || registry.machine_work("m1").await.is_ok()).await;
+    let work = Cache::Work("m1".into());
+    assert!(registry.inner.caches.running(&work).is_some(), "held while the machine's agent follows it");
+    registry.unregister_machine("m1").await.unwrap();
+    assert!(registry.inner.caches.running(&work).is_none(), "released with the machine");
+    registry.register_machine(&machine("m1")).await.unwrap();
+    eventually("the work is read again", async || registry.machine_work("m1").await.is_ok()).await;
+    assert!(registry.inner.caches.running(&work).is_some());
+}
+
 #[tokio::test]
 async fn a_dead_machines_lease_expires() {
     let etcd = EtcdServer::start();
@@ -429,7 +446,8 @@ async fn snapshot_shows(registry: &EtcdRegistry, names: &[&str]) {
 /// Bodies are collected by the leading engine, with no key per unit and content: the first
 /// collection of a leadership deletes a body no unit has (and the reference keys earlier
 /// versions wrote); a body a unit took up after the snapshot that showed it unused is kept,
-/// because that unit's write wrote it again; one that lost its last unit goes.
+/// because that unit was written since; one that lost its last unit goes. A unit taking up a
+/// content whose body is there does not write the body again.
 #[tokio::test]
 async fn the_engine_collects_unused_bodies_but_not_one_taken_up_meanwhile() {
     let etcd = EtcdServer::start();
@@ -451,8 +469,10 @@ async fn the_engine_collects_unused_bodies_but_not_one_taken_up_meanwhile() {
 
     assert!(registry.destroy_unit("a.service").await.unwrap());
     snapshot_shows(&registry, &[]).await;
+    let body_written = body_revision(&registry, &used).await;
     registry.put_unit("b.service", &used, DesiredState::Launched).await.unwrap();
-    assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "b.service wrote the body again");
+    assert_eq!(body_revision(&registry, &used).await, body_written, "the body was there: b.service left it as it was");
+    assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "b.service was written since the snapshot");
     assert_eq!(registry.unit_body(&used.hash()).await.unwrap(), Some(used.clone()));
     snapshot_shows(&registry, &["b.service"]).await;
     assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "b.service has it");
@@ -464,6 +484,13 @@ async fn the_engine_collects_unused_bodies_but_not_one_taken_up_meanwhile() {
     // The leader's cache of the cluster loses the body with the deletion's event.
     eventually("the body is gone", async || registry.unit_body(&used.hash()).await.unwrap().is_none()).await;
     assert_eq!(registry.delete_unused_bodies().await.unwrap(), 0, "nothing is left to collect");
+}
+
+/// The revision at which `file`'s body was last written.
+async fn body_revision(registry: &EtcdRegistry, file: &UnitFile) -> i64 {
+    let key = registry.keys().body(&file.hash().to_string());
+    let reply = registry.connection().get(key.as_str(), None).await.unwrap();
+    reply.kvs().first().map_or(0, |kv| kv.mod_revision())
 }
 
 /// A manager serving many machines holds one watch-fed copy for all of their work, however

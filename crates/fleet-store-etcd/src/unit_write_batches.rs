@@ -1,14 +1,14 @@
 //! Many unit writes per etcd transaction. Each unit's write is a nested transaction on its
 //! own conditions (the unit and its placement as the API's copy holds them), so a unit that
 //! changed meanwhile fails alone and is written again alone, from a fresh read; bodies, which
-//! the instances of a template share, are written once per transaction.
+//! the instances of a template share, are written once per transaction, where absent.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use etcd_client::{Txn, TxnOp, TxnOpResponse, TxnResponse};
 use tokio::task::JoinSet;
 
-use super::api::{Current, Planned, UnitPut, Writes};
+use super::api::{Current, Planned, UnitPut, Writes, put_if_absent};
 use super::connection::NESTED_PER_TXN;
 use super::{EtcdRegistry, UNIT_BATCHES_IN_FLIGHT};
 use fleet_registry::codec::encode;
@@ -62,7 +62,7 @@ impl EtcdRegistry {
                 let mut ops: Vec<TxnOp> = Vec::with_capacity(bodies.len() + chunk.len());
                 let mut body_keys = Vec::with_capacity(bodies.len());
                 for (key, value) in bodies {
-                    ops.push(TxnOp::put(key.as_str(), value, None));
+                    ops.push(put_if_absent(&key, value));
                     body_keys.push(key);
                 }
                 for nested in &chunk {
