@@ -11,6 +11,7 @@ pub mod certificate;
 pub mod cluster_certificates;
 pub mod lean_tls;
 pub mod server_tls;
+pub mod tickets;
 
 /// The SHA-256 of `bytes`, in lowercase hex: how tokens and certificate keys are named in
 /// the store.

@@ -12,6 +12,8 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 
+use crate::tickets::DerivedTicketer;
+
 /// Where the TLS material is.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -78,12 +80,17 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         .with_safe_default_protocol_versions()
         .map_err(|error| TlsError::Invalid(error.to_string()))?;
     let client_roots: Vec<&PathBuf> = files.client_ca.iter().chain(files.agent_ca.iter()).collect();
+    let served = certificates(&files.certificate)?;
+    let key = private_key(&files.key)?;
+    // What the tickets' keys are derived from: the served chain and every trusted CA.
+    let mut trusted: Vec<CertificateDer<'static>> = served.clone();
     let builder = match client_roots.as_slice() {
         [] => builder.with_no_client_auth(),
         paths => {
             let mut roots = rustls::RootCertStore::empty();
             for path in paths {
                 for certificate in certificates(path)? {
+                    trusted.push(certificate.clone());
                     roots
                         .add(certificate)
                         .map_err(|error| TlsError::Invalid(format!("{}: {error}", path.display())))?;
@@ -96,17 +103,22 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
             builder.with_client_cert_verifier(verifier)
         }
     };
+    let ticketer = {
+        let context: Vec<&[u8]> = trusted.iter().map(|certificate| certificate.as_ref()).collect();
+        DerivedTicketer::new(key.secret_der(), &context)
+    };
     let mut config = builder
-        .with_single_cert(certificates(&files.certificate)?, private_key(&files.key)?)
+        .with_single_cert(served, key)
         .map_err(|error| TlsError::Invalid(format!("{}: {error}", files.certificate.display())))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     // The suite is the server's choice (see `provider`), whatever order a client offers.
     config.ignore_client_order = true;
-    // Sessions are resumed from tickets only this configuration can open (a reload makes a
-    // new one, so nothing begun under other files resumes), each carrying the client
-    // certificate it began with: a pull agent's many short connections cost no certificate
-    // signatures, and the manager still reads (and checks) the certificate on every one.
-    config.ticketer = rustls::crypto::ring::Ticketer::new().map_err(|error| TlsError::Invalid(error.to_string()))?;
+    // Sessions are resumed from tickets only these files open (`tickets.rs`: in this process
+    // and the next one, so a restarted manager's agents come back without full handshakes;
+    // nothing begun under other files resumes), each carrying the client certificate it began
+    // with: a pull agent's many short connections cost no certificate signatures, and the
+    // manager still reads (and checks) the certificate on every one.
+    config.ticketer = Arc::new(ticketer);
     Ok(Arc::new(config))
 }
 
