@@ -285,7 +285,7 @@ impl EtcdRegistry {
                 let bump = |sender: &watch::Sender<u64>| sender.send_modify(|revision| *revision += 1);
                 match changed {
                     mirror::Changed::Everything => signals.values().for_each(bump),
-                    mirror::Changed::Key(key) => match keys.work_touched_by(key) {
+                    mirror::Changed::Key(key) | mirror::Changed::Rewritten(key) => match keys.work_touched_by(key) {
                         keys::WorkTouched::Machine(id) => signals.get(id).into_iter().for_each(bump),
                         keys::WorkTouched::Everyone => signals.values().for_each(bump),
                         keys::WorkTouched::Nobody => {}

@@ -100,6 +100,9 @@ impl MirrorData {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Changed<'a> {
     Key(&'a str),
+    /// A key written again with the value it held: only its revision or its lease moved (a
+    /// machine's presence taken over by a restarted manager, say).
+    Rewritten(&'a str),
     Everything,
 }
 
@@ -499,7 +502,9 @@ impl Feeder {
             }
             let key = String::from_utf8_lossy(kv.key()).into_owned();
             if self.observer.is_some() {
-                changed.push(key.clone());
+                let rewritten = event.event_type() == EventType::Put
+                    && data.entries.get(&key).is_some_and(|held| held.value == kv.value());
+                changed.push((key.clone(), rewritten));
             }
             match event.event_type() {
                 EventType::Put => {
@@ -519,8 +524,8 @@ impl Feeder {
         drop(data);
         self.changes.send_modify(|generation| *generation += 1);
         if let Some(observer) = &self.observer {
-            for key in &changed {
-                observer(Changed::Key(key));
+            for (key, rewritten) in &changed {
+                observer(if *rewritten { Changed::Rewritten(key) } else { Changed::Key(key) });
             }
         }
     }
@@ -566,6 +571,40 @@ mod tests {
         assert!(mirror.wait_for(written, Duration::from_secs(10)).await);
         assert_eq!(*mirror.derived(&mirror.read(), count), 2, "derived again after the change");
         assert_eq!(computed.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
+    /// An observer is told which writes changed a key's value and which wrote it again as it
+    /// was.
+    #[tokio::test]
+    async fn an_observer_tells_a_value_written_again_from_a_changed_one() {
+        let etcd = EtcdServer::start();
+        let connection = connect(&etcd).await;
+        let mut kv = connection.kv();
+        kv.put("/o/key", "1", None).await.unwrap();
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let observer: Observer = {
+            let told = told.clone();
+            Arc::new(move |changed| {
+                let note = match changed {
+                    Changed::Key(key) => format!("changed {key}"),
+                    Changed::Rewritten(key) => format!("rewritten {key}"),
+                    Changed::Everything => "everything".to_string(),
+                };
+                told.lock().unwrap().push(note);
+            })
+        };
+        let mirror = Mirror::observed(connection, vec![KeyRange::prefix("/o/".into())], Some(observer));
+        drop(mirror.listed(Duration::from_secs(10)).await.unwrap());
+        for value in ["1", "2", "2"] {
+            let written = kv.put("/o/key", value, None).await.unwrap().header().unwrap().revision();
+            assert!(mirror.wait_for(written, Duration::from_secs(10)).await);
+        }
+        let deleted = kv.delete("/o/key", None).await.unwrap().header().unwrap().revision();
+        assert!(mirror.wait_for(deleted, Duration::from_secs(10)).await);
+        assert_eq!(
+            *told.lock().unwrap(),
+            ["everything", "rewritten /o/key", "changed /o/key", "rewritten /o/key", "changed /o/key"]
+        );
     }
 
     #[tokio::test]
