@@ -156,10 +156,15 @@ impl EtcdRegistry {
                     let key = keys.body(&hash.to_string());
                     let unchanged = Compare::mod_revision(key.as_str(), CompareOp::Less, revision + 1);
                     let delete = TxnOp::delete(key.as_str(), None);
-                    TxnOp::txn(Txn::new().when([unchanged, no_unit_written_since.clone()]).and_then([delete]))
+                    TxnOp::txn(Txn::new().when([unchanged]).and_then([delete]))
                 })
                 .collect();
-            let reply = self.connection().txn(Txn::new().and_then(ops)).await?;
+            // Once per transaction, not per body: etcd compares every unit record for it.
+            let txn = Txn::new().when([no_unit_written_since.clone()]).and_then(ops);
+            let reply = self.connection().txn(txn).await?;
+            if !reply.succeeded() {
+                break;
+            }
             for (hash, response) in chunk.iter().zip(reply.op_responses()) {
                 if matches!(response, TxnOpResponse::Txn(inner) if inner.succeeded()) {
                     gone.push(*hash);
