@@ -592,7 +592,9 @@ fn main() {
             // (d) The manager is killed and started again: until every agent announced itself anew.
             managers[0].stop_with(libc::SIGKILL);
             let restarting = Instant::now();
-            managers[0].launch();
+            // Started without waiting for its API (`launch` would block this thread until the
+            // manager lists every machine, and no agent could be seen back before that).
+            managers[0].relaunch();
             // When the first agent and half of them were back: how the time splits between the
             // manager coming up, the agents' retries reaching it, and their announcements.
             let (mut first_back, mut half_back) = (None, None);
