@@ -82,15 +82,18 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
     let client_roots: Vec<&PathBuf> = files.client_ca.iter().chain(files.agent_ca.iter()).collect();
     let served = certificates(&files.certificate)?;
     let key = private_key(&files.key)?;
-    // What the tickets' keys are derived from: the served chain and every trusted CA.
-    let mut trusted: Vec<CertificateDer<'static>> = served.clone();
+    // What the tickets' keys are derived from: the served chain and every trusted CA, each
+    // CA after the role it is trusted in (a CA moved from one role to the other is other files).
+    let mut context: Vec<Vec<u8>> = served.iter().map(|certificate| certificate.to_vec()).collect();
     let builder = match client_roots.as_slice() {
         [] => builder.with_no_client_auth(),
         paths => {
             let mut roots = rustls::RootCertStore::empty();
             for path in paths {
+                let role: &[u8] = if files.client_ca.as_ref() == Some(*path) { b"client CA" } else { b"agent CA" };
+                context.push(role.to_vec());
                 for certificate in certificates(path)? {
-                    trusted.push(certificate.clone());
+                    context.push(certificate.to_vec());
                     roots
                         .add(certificate)
                         .map_err(|error| TlsError::Invalid(format!("{}: {error}", path.display())))?;
@@ -104,7 +107,7 @@ pub fn server_config(files: &TlsFiles) -> Result<Arc<ServerConfig>, TlsError> {
         }
     };
     let ticketer = {
-        let context: Vec<&[u8]> = trusted.iter().map(|certificate| certificate.as_ref()).collect();
+        let context: Vec<&[u8]> = context.iter().map(Vec::as_slice).collect();
         DerivedTicketer::new(key.secret_der(), &context)
     };
     let mut config = builder

@@ -125,6 +125,13 @@ fn a_restarted_server_resumes_what_began_under_the_same_files_and_nothing_else()
     let widened = TlsFiles { agent_ca: pki.files.client_ca.clone(), ..pki.files.clone() };
     let (other_files, _) = connect(Arc::new(client.clone()), server_config(&widened).unwrap());
     assert_eq!(other_files, HandshakeKind::Full);
+    // The same CA trusted in the other role (machines' certificates, not clients'): other files.
+    let moved = TlsFiles { client_ca: None, agent_ca: pki.files.client_ca.clone(), ..pki.files.clone() };
+    let fresh_client = client_config(&pki);
+    let (began, _) = connect(Arc::new(fresh_client.clone()), server_config(&pki.files).unwrap());
+    assert_eq!(began, HandshakeKind::Full);
+    let (as_agent_ca, _) = connect(Arc::new(fresh_client), server_config(&moved).unwrap());
+    assert_eq!(as_agent_ca, HandshakeKind::Full, "a CA moved to another role resumes nothing");
 }
 
 /// The suite a connection of `client` to `server` settles on.
