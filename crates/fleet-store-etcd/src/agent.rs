@@ -31,6 +31,9 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
     Ok(units)
 }
 
+/// How long a read of a machine's work waits for its copy's first listing.
+const FIRST_LISTING: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// One pull agent's state changes to write (a key's new value, or its removal), under the
 /// lease its presence hangs on.
 pub(crate) struct StatesWrite {
@@ -111,6 +114,10 @@ impl AgentRegistry for EtcdRegistry {
     }
 
     async fn machine_work(&self, machine_id: &str) -> Result<MachineWork> {
+        // A manager that just started lists every agent's work once: an agent asking meanwhile
+        // waits for that listing instead of being turned away (each refusal lengthened its
+        // backoff, and 10,000 agents came back over many seconds after the manager was ready).
+        drop(self.work_mirror(machine_id).listed(FIRST_LISTING).await);
         let work = self.work_from_copy(machine_id)?;
         self.restore_states(machine_id, &work).await?;
         self.hold_agent_talking_here(machine_id).await?;

@@ -343,7 +343,8 @@ impl EtcdRegistry {
                     KeyRange::single(keys.machine(machine_id)),
                     KeyRange::single(keys.metadata(machine_id)),
                 ];
-                Mirror::start(self.connection().clone(), ranges)
+                // Listed once read: its agent reads it only once the machine registered.
+                Mirror::when_read(self.connection().clone(), ranges)
             })
         });
         held.shared().clone()

@@ -118,6 +118,8 @@ pub struct Mirror {
     expected: std::sync::Mutex<Vec<i64>>,
     /// Asks the feeder for a fresh listing (requests made meanwhile come to one).
     relist: Arc<tokio::sync::Notify>,
+    /// For a copy listed only once wanted ([`Mirror::when_read`]): lets its first listing go.
+    wanted: Option<Arc<tokio::sync::Notify>>,
     /// What a reader derived from the whole copy, with the generation it was derived at.
     derived: std::sync::Mutex<Option<(u64, Derived)>>,
 }
@@ -155,13 +157,20 @@ impl Mirror {
 
     /// As [`Mirror::start`], telling `observer` of every change.
     pub fn observed(connection: Connection, ranges: Vec<KeyRange>, observer: Option<Observer>) -> Self {
-        Self::begin(connection, ranges, observer, watch::channel(0).0)
+        Self::begin(connection, ranges, observer, watch::channel(0).0, false)
+    }
+
+    /// As [`Mirror::start`], but listed first when it is first read or asked to list: a
+    /// machine's copy made as its agent starts is listed after the machine registered, once
+    /// (listed before, it had to be listed again to be current since the registration).
+    pub fn when_read(connection: Connection, ranges: Vec<KeyRange>) -> Self {
+        Self::begin(connection, ranges, None, watch::channel(0).0, true)
     }
 
     /// As [`Mirror::start`], moving `changes` on every change: copies given the same sender
     /// wake the same readers.
     pub fn signalling(connection: Connection, ranges: Vec<KeyRange>, changes: watch::Sender<u64>) -> Self {
-        Self::begin(connection, ranges, None, changes)
+        Self::begin(connection, ranges, None, changes, false)
     }
 
     /// As [`Mirror::signalling`], telling `observer` of every change too.
@@ -171,7 +180,7 @@ impl Mirror {
         changes: watch::Sender<u64>,
         observer: Observer,
     ) -> Self {
-        Self::begin(connection, ranges, Some(observer), changes)
+        Self::begin(connection, ranges, Some(observer), changes, false)
     }
 
     fn begin(
@@ -179,10 +188,12 @@ impl Mirror {
         ranges: Vec<KeyRange>,
         observer: Option<Observer>,
         changes: watch::Sender<u64>,
+        deferred: bool,
     ) -> Self {
         let data = Arc::new(RwLock::new(MirrorData::default()));
         let expected = std::sync::Mutex::new(vec![0; ranges.len()]);
         let relist = Arc::new(tokio::sync::Notify::new());
+        let wanted = deferred.then(|| Arc::new(tokio::sync::Notify::new()));
         let feeder = Feeder {
             connection,
             ranges: ranges.clone(),
@@ -190,9 +201,17 @@ impl Mirror {
             changes: changes.clone(),
             observer,
             relist: relist.clone(),
+            wanted: wanted.clone(),
         };
         let task = tokio::spawn(feeder.run()).abort_handle();
-        Self { data, changes, task, ranges, expected, relist, derived: std::sync::Mutex::new(None) }
+        Self { data, changes, task, ranges, expected, relist, wanted, derived: std::sync::Mutex::new(None) }
+    }
+
+    /// Lets a copy listed only once wanted list (a stored permit: once is enough).
+    fn want(&self) {
+        if let Some(wanted) = &self.wanted {
+            wanted.notify_one();
+        }
     }
 
     /// Has the copy listed afresh, soon: every range is then current as of a revision read
@@ -200,6 +219,7 @@ impl Mirror {
     /// must not act on anything older than a write it just made, when it cannot know which
     /// range that write shows up in first (see [`MirrorData::current_since`]).
     pub fn relist(&self) {
+        self.want();
         self.relist.notify_one();
     }
 
@@ -228,6 +248,7 @@ impl Mirror {
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
+        self.want();
         self.data.read_locked()
     }
 
@@ -315,10 +336,21 @@ struct Feeder {
     changes: watch::Sender<u64>,
     observer: Option<Observer>,
     relist: Arc<tokio::sync::Notify>,
+    wanted: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl Feeder {
     async fn run(self) {
+        if let Some(wanted) = &self.wanted {
+            wanted.notified().await;
+        }
+        // A listing asked for before the first one starts is that one: its revision is read
+        // after the ask.
+        tokio::select! {
+            biased;
+            () = self.relist.notified() => {}
+            () = std::future::ready(()) => {}
+        }
         let mut retry = Backoff::new(RETRY_MIN, RETRY_MAX);
         loop {
             // The listing sets every range's revision; the watches resume from those.
@@ -624,6 +656,7 @@ mod tests {
             changes: watch::channel(0).0,
             observer: None,
             relist: Arc::new(tokio::sync::Notify::new()),
+            wanted: None,
         };
         feeder.data.write().unwrap().seen = vec![1];
         let ended =
@@ -647,6 +680,7 @@ mod tests {
             changes: watch::channel(0).0,
             observer: None,
             relist: Arc::new(tokio::sync::Notify::new()),
+            wanted: None,
         };
         feeder.list().await.unwrap();
         let mut changes = feeder.changes.subscribe();
@@ -799,6 +833,7 @@ mod expected_tests {
             ranges: vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())],
             expected: std::sync::Mutex::new(vec![0, 0]),
             relist: Arc::new(tokio::sync::Notify::new()),
+            wanted: None,
             derived: std::sync::Mutex::new(None),
         }
     }
