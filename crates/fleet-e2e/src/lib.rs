@@ -348,7 +348,8 @@ impl Fleetd {
         self.try_api(method, path, json).expect("a request to the API over its socket")
     }
 
-    fn try_api(&self, method: &str, path: &str, json: &str) -> std::io::Result<String> {
+    /// [`Fleetd::api`], or the error of a fleetd not answering (one starting, say).
+    pub fn try_api(&self, method: &str, path: &str, json: &str) -> std::io::Result<String> {
         raw_request(&self.socket(), method, path, json)
     }
 

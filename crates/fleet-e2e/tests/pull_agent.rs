@@ -788,10 +788,10 @@ fn presence_lease(etcd: &str, machine_id: &str) -> Option<i64> {
 }
 
 /// A manager killed and started again: its idle pull agent announces itself to it at once,
-/// its presence moving to the new life's lease, long before the old life's lease (nobody
-/// renews it any more) would expire; its unit never stops or moves. Before, the agent found
-/// its presence still there and waited for that lease to expire (`agent_ttl`, here 120 s),
-/// its units unscheduled meanwhile.
+/// long before `agent_ttl` (here 120 s); the restarted manager holds it on the lease of its
+/// previous life, which it recorded and renews again, so the presence stays as it was; its
+/// unit never stops or moves. Before, the agent found its presence still there and waited
+/// for that lease to expire, its units unscheduled meanwhile.
 #[test]
 fn an_idle_pull_agent_announces_itself_to_its_restarted_manager_at_once() {
     let pki = ManagerPki::local();
@@ -830,12 +830,21 @@ fn an_idle_pull_agent_announces_itself_to_its_restarted_manager_at_once() {
 
     cluster.members[0].stop_with(libc::SIGKILL);
     cluster.members[0].launch();
-    // A bound far inside the 120 s the old lease lives: the agent announced itself anew.
-    fleet_e2e::poll_until(
-        "the presence hangs on the restarted manager's lease",
+    // A bound far inside the 120 s the lease lives: the agent announced itself anew.
+    cluster.members[0].wait_until(
+        "the agent announces itself to the restarted manager",
         Duration::from_secs(40),
-        || presence_lease(&etcd, "pullfleetd000001").is_some_and(|lease| lease != before),
-        || pull.log(),
+        |fleetd| fleet_e2e::metric_value(&fleetd.metrics(), "fleet_pull_agent_announcements_total") == Some(1.0),
+    );
+    assert_eq!(
+        presence_lease(&etcd, "pullfleetd000001"),
+        Some(before),
+        "held on the lease of the manager's previous life"
+    );
+    assert!(
+        cluster.members[0]
+            .log()
+            .contains("holding pull agents' presences under the lease held before this manager restarted")
     );
     let listed = cluster.members[0].ok(&["list-units", "--no-legend", "--full"]).stdout;
     assert!(listed.contains("idle.service") && listed.contains("pullfleetd000001"), "{listed}");

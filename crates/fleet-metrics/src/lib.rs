@@ -135,6 +135,9 @@ pub struct PullMetrics {
     /// Agents following their changes on a change stream now.
     pub streaming: Gauge,
     pub joins: Counter,
+    /// Announcements of pull agents this manager took (each agent's first after this manager
+    /// started, and each after the cluster lost it).
+    pub announcements: Counter,
     /// Batches of joins written again because another manager's joins (or any write to a
     /// key they compare) landed between their read and their write.
     pub join_races_lost: Counter,
@@ -198,6 +201,7 @@ impl Metrics {
             waiting: Gauge::default(),
             streaming: Gauge::default(),
             joins: Counter::default(),
+            announcements: Counter::default(),
             join_races_lost: Counter::default(),
             stream_works: Counter::default(),
             stream_states: Counter::default(),
@@ -282,6 +286,11 @@ impl Metrics {
             pull.streaming.clone(),
         );
         fleet.register("pull_agent_joins", "Machines that joined through this manager", pull.joins.clone());
+        fleet.register(
+            "pull_agent_announcements",
+            "Announcements of pull agents this manager took",
+            pull.announcements.clone(),
+        );
         fleet.register(
             "pull_join_races_lost",
             "Batches of joins written again after another write to a key they compare landed first",

@@ -12,6 +12,10 @@
 //!   after its last renewal: an agent that reconnects to another manager meanwhile is taken
 //!   over there (its presence and states moved under that manager's lease) and never leaves
 //!   the cluster, so its units do not move.
+//! - A manager restarted while its lease lives (it records the lease in its state directory)
+//!   holds its agents on that lease again: their presences and states stay as they were, an
+//!   agent announcing itself again costs the store no write, and one that does not come back
+//!   within `agent_ttl` is given up.
 //! - A manager cut off from etcd past `agent_ttl` loses the lease and every presence with it:
 //!   it claims each agent it still holds again under a new lease, as an etcd machine does
 //!   after a lapse ([`EtcdRegistry::reclaim_agents`]); one that another manager took
@@ -104,12 +108,84 @@ impl EtcdRegistry {
             return Ok(held);
         }
         let sent = tokio::time::Instant::now();
-        let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+        let lease = match self.recorded_agent_lease().await {
+            Some(lease) => {
+                tracing::info!(
+                    lease,
+                    "holding pull agents' presences under the lease held before this manager restarted"
+                );
+                self.give_up_agents_not_back(lease);
+                lease
+            }
+            None => {
+                let lease = grant(self.connection(), self.inner.lifetimes.agent_ttl).await?;
+                self.record_agent_lease(lease);
+                tracing::info!(lease, "holding pull agents' presences under a new lease");
+                lease
+            }
+        };
         shared.mark_renewed(sent);
         shared.lease.store(lease, Ordering::SeqCst);
         self.keep_agent_lease_alive();
-        tracing::info!(lease, "holding pull agents' presences under a new lease");
         Ok(lease)
+    }
+
+    /// The agents' lease this manager recorded, if etcd still holds it (renewed now): a
+    /// manager restarted within `agent_ttl` finds its agents' presences and states on it.
+    async fn recorded_agent_lease(&self) -> Option<i64> {
+        let path = self.inner.agent_lease_file.as_ref()?;
+        let lease = std::fs::read_to_string(path).ok()?.trim().parse::<i64>().ok()?;
+        match renew(self.connection(), lease, &mut None).await {
+            Ok(true) => Some(lease),
+            Ok(false) => None,
+            Err(error) => {
+                tracing::info!(%error, lease, "cannot renew the pull agents' lease recorded before; granting another");
+                None
+            }
+        }
+    }
+
+    fn record_agent_lease(&self, lease: i64) {
+        let Some(path) = &self.inner.agent_lease_file else { return };
+        if let Err(error) = fleet_fs::write_private(path, lease.to_string().as_bytes()) {
+            tracing::warn!(path = %path.display(), %error, "cannot record the pull agents' lease");
+        }
+    }
+
+    /// An agent whose presence hangs on a `lease` taken over from this manager's previous
+    /// life and that has not announced itself here within `agent_ttl` is given up, as an agent
+    /// silent that long is (another manager that holds it now keeps it).
+    fn give_up_agents_not_back(&self, lease: i64) {
+        let registry = Arc::downgrade(&self.inner);
+        let agent_ttl = self.inner.lifetimes.agent_ttl;
+        tokio::spawn(async move {
+            tokio::time::sleep(agent_ttl).await;
+            let Some(inner) = registry.upgrade() else { return };
+            let registry = EtcdRegistry { inner };
+            if let Err(error) = registry.give_up_presences_not_back(lease).await {
+                tracing::warn!(%error, "cannot give up the pull agents that did not come back after a restart");
+            }
+        });
+    }
+
+    async fn give_up_presences_not_back(&self, lease: i64) -> Result<()> {
+        let machines = self.keys().machines();
+        let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+        let reply = self.connection().get(&machines, Some(options)).await?;
+        let not_back: Vec<String> = reply
+            .kvs()
+            .iter()
+            .filter(|kv| kv.lease() == lease)
+            .filter_map(|kv| self.keys().name_in(&machines, &String::from_utf8_lossy(kv.key())).map(str::to_string))
+            .filter(|id| self.session(id).is_none())
+            .collect();
+        if !not_back.is_empty() {
+            tracing::info!(agents = not_back.len(), "giving up pull agents that did not come back after a restart");
+        }
+        for machine_id in not_back {
+            self.delete_presence_held_by(&machine_id, lease).await?;
+        }
+        Ok(())
     }
 
     /// Starts the agents' lease keepalive if it is not running. The task holds the registry

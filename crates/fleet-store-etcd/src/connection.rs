@@ -27,6 +27,9 @@ pub struct EtcdOptions {
     /// Where this fleetd records its machine lease, so that a fleetd restarted after a crash
     /// takes its own live lease over instead of being refused until the lease expires.
     pub lease_file: Option<std::path::PathBuf>,
+    /// Where a manager records the lease its pull agents' presences hang on, so that a
+    /// manager restarted while the lease lives holds them on it again, rewriting nothing.
+    pub agent_lease_file: Option<std::path::PathBuf>,
     /// A manager of pull agents reads every machine's work from one watch-fed copy (one watch
     /// however many machines it serves) rather than a copy per machine.
     pub serve_many_machines: bool,

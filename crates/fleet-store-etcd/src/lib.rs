@@ -106,6 +106,7 @@ struct Inner {
     connection: Connection,
     keys: Keys,
     lease_file: Option<std::path::PathBuf>,
+    agent_lease_file: Option<std::path::PathBuf>,
     lifetimes: Lifetimes,
     /// Every watch-fed cache of this fleetd, one per key range set (`caches.rs`).
     caches: Caches,
@@ -185,6 +186,7 @@ impl EtcdRegistry {
                 connection,
                 keys: Keys::new(&options.key_prefix),
                 lease_file: options.lease_file.clone(),
+                agent_lease_file: options.agent_lease_file.clone(),
                 lifetimes,
                 caches: Caches::default(),
                 leader_cache: OnceLock::new(),

@@ -1,6 +1,8 @@
 //! Pull agents' presences taken over together. An agent that comes to this manager has its
 //! presence (and the states it reported before, wherever it was) written under this
-//! manager's agents' lease: one read of its states and one write, two etcd requests an agent.
+//! manager's agents' lease: one read of its states and one write, two etcd requests an agent
+//! (the write only where they do not hang on that lease already: a manager restarted on the
+//! lease it held writes nothing for the agents that come back to it).
 //! When thousands arrive at once (a manager started, another lost, a cluster of agents
 //! booting), those requests starved etcd (the 100,000-agent run's announce phase). Here the
 //! take-overs waiting at the same time ([`crate::written_together`]) read every agent's states
@@ -8,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
 use super::connection::MAX_TXN_OPS;
@@ -52,7 +54,15 @@ impl EtcdRegistry {
             return Err(RegistryError::Unavailable("etcd: a read of agents' states came back short".into()));
         }
         let with_lease = || Some(PutOptions::new().with_lease(lease));
-        let mut ops = Vec::new();
+        // Transactions of at most MAX_TXN_OPS writes in all, however they nest.
+        let mut txns: Vec<(usize, Vec<TxnOp>)> = Vec::new();
+        let mut add = |weight: usize, ops: Vec<TxnOp>| match txns.last_mut() {
+            Some((held, last)) if *held + weight <= MAX_TXN_OPS => {
+                *held += weight;
+                last.extend(ops);
+            }
+            _ => txns.push((weight, ops)),
+        };
         let mut taken: Vec<(MachineState, BTreeMap<String, Vec<u8>>)> = Vec::with_capacity(latest.len());
         for (machine, reply) in latest.into_values().zip(replies) {
             let states: BTreeMap<String, Vec<u8>> = reply
@@ -60,12 +70,27 @@ impl EtcdRegistry {
                 .iter()
                 .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec()))
                 .collect();
-            ops.push(TxnOp::put(keys.machine(&machine.id), encode(&machine), with_lease()));
-            ops.extend(states.iter().map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), with_lease())));
+            let (machine_key, record) = (keys.machine(&machine.id), encode(&machine));
+            let mut writes = vec![TxnOp::put(machine_key.as_str(), record.clone(), with_lease())];
+            writes.extend(states.iter().map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), with_lease())));
+            if writes.len() > MAX_TXN_OPS {
+                // More than one transaction holds: written whatever holds them now.
+                for chunk in writes.chunks(MAX_TXN_OPS) {
+                    add(chunk.len(), chunk.to_vec());
+                }
+            } else {
+                // Held so already (under the lease a restarted manager took back): written
+                // again, they would cost the store a write and wake its readers for nothing.
+                let held = [
+                    Compare::lease(machine_key.as_str(), CompareOp::Equal, lease),
+                    Compare::value(machine_key.as_str(), CompareOp::Equal, record),
+                ];
+                add(writes.len(), vec![TxnOp::txn(Txn::new().when(held).or_else(writes))]);
+            }
             taken.push((machine, states));
         }
-        for chunk in ops.chunks(MAX_TXN_OPS) {
-            let written = self.connection().txn(Txn::new().and_then(chunk.to_vec())).await;
+        for (_, ops) in txns {
+            let written = self.connection().txn(Txn::new().and_then(ops)).await;
             self.noting_agent_lease(lease, written)?;
         }
         for (machine, states) in taken {

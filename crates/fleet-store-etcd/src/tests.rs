@@ -36,7 +36,7 @@ fn running_on_m1(name: &str, hash: UnitHash) -> UnitState {
     }
 }
 
-fn options(etcd: &EtcdServer) -> EtcdOptions {
+pub(crate) fn options(etcd: &EtcdServer) -> EtcdOptions {
     EtcdOptions {
         endpoints: vec![etcd.endpoint()],
         key_prefix: "/fleet-test/".into(),

@@ -24,6 +24,7 @@ fn etcd_options(config: &Config) -> EtcdOptions {
         cert_file: config.etcd_certfile.clone(),
         key_file: config.etcd_keyfile.clone(),
         lease_file: Some(config.state_dir.join("etcd-machine-lease")),
+        agent_lease_file: Some(config.state_dir.join("etcd-agent-lease")),
         // A manager (it signs machine certificates) serves many pull agents from one copy.
         serve_many_machines: !config.agent_ca_cert_file.is_empty(),
         kept_history: None,

@@ -109,6 +109,7 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
         drain: None,
     };
     agents.announce_for_agent(&machine).await?;
+    fleet_metrics::metrics().pull.announcements.inc();
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use etcd_client::GetOptions;
 use fleet_core::{SystemdState, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, ApiRegistry, StateReport};
-use fleet_testkit::{EtcdServer, eventually};
+use fleet_testkit::{EtcdServer, eventually, eventually_within};
 
 use crate::EtcdRegistry;
 use crate::tests::{keys_under, machine, registry};
@@ -319,4 +319,47 @@ async fn agents_announcing_at_once_are_taken_over_in_one_write() {
         let id = format!("agent{index:02}");
         assert!(matches!(second.presence_renewed(&id), fleet_registry::Renewal::SentAt(_)), "{id} held here");
     }
+}
+
+/// A manager restarted while its agents' lease lives (recorded in its state directory) holds
+/// them on it again: an agent that announces itself to it costs the store no write, its
+/// presence and states stay as they were, and an agent that does not come back within
+/// `agent_ttl` is given up.
+#[tokio::test]
+async fn a_manager_restarted_on_its_live_lease_takes_its_agents_back_writing_nothing() {
+    let etcd = EtcdServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let options = crate::EtcdOptions {
+        agent_lease_file: Some(dir.path().join("etcd-agent-lease")),
+        ..crate::tests::options(&etcd)
+    };
+    let lifetimes = crate::Lifetimes { agent_ttl: Duration::from_secs(4), engine_lease_ttl: Duration::from_secs(3) };
+    let before = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    for agent in ["back", "gone"] {
+        before.announce_for_agent(&machine(agent)).await.unwrap();
+    }
+    before.report_states("back", &[running("back", "a.service")]).await.unwrap();
+    let lease = before.inner.agent_lease.current();
+    before.inner.agent_lease.stop_keepalive();
+    drop(before);
+
+    let after = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    let revision = |registry: &EtcdRegistry| {
+        let connection = registry.connection().clone();
+        async move { connection.get("/fleet-test/", None).await.unwrap().header().unwrap().revision() }
+    };
+    let unchanged = revision(&after).await;
+    after.announce_for_agent(&machine("back")).await.unwrap();
+    assert_eq!(after.inner.agent_lease.current(), lease, "the lease of the manager's previous life");
+    assert_eq!(revision(&after).await, unchanged, "taking the agent back wrote nothing");
+    assert_eq!(lease_count(&after).await, 1);
+    assert!(matches!(after.presence_renewed("back"), fleet_registry::Renewal::SentAt(_)));
+    let held = leases_under(&after, "/fleet-test/states/back/").await;
+    assert_eq!(held, vec![("/fleet-test/states/back/a.service".to_string(), lease)]);
+
+    eventually_within("the agent that did not come back is given up", Duration::from_secs(30), || async {
+        keys_under(&after, "/fleet-test/machines/").await == ["/fleet-test/machines/back".to_string()]
+    })
+    .await;
+    assert_eq!(leases_under(&after, "/fleet-test/machines/").await, vec![("/fleet-test/machines/back".into(), lease)]);
 }
