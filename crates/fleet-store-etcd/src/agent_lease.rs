@@ -376,4 +376,4 @@ async fn keep_agents_alive(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

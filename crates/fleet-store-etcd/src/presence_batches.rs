@@ -130,12 +130,12 @@ mod tests {
     use std::time::Duration;
 
     use etcd_client::GetOptions;
-    use fleet_core::{SystemdState, UnitHash, UnitState};
     use fleet_registry::{AgentRegistry, StateReport};
     use fleet_testkit::EtcdServer;
 
     use super::MOST_AGENTS_A_BATCH;
     use crate::EtcdRegistry;
+    use crate::agent_lease::tests::running;
     use crate::tests::{machine, registry};
 
     async fn leases_under(registry: &EtcdRegistry, prefix: &str) -> Vec<i64> {
@@ -156,20 +156,8 @@ mod tests {
         first.take_over_sessions(machines.clone()).await.unwrap();
         assert_eq!(leases_under(&first, "/fleet-test/machines/").await.len(), MOST_AGENTS_A_BATCH);
         for agent in &machines {
-            let reports: Vec<StateReport> = (0..10)
-                .map(|unit| {
-                    StateReport::Set(UnitState {
-                        name: format!("u{unit}.service"),
-                        machine_id: agent.id.clone(),
-                        hash: UnitHash([7; 20]),
-                        systemd: SystemdState::new("loaded", "active", "running"),
-                        launched: true,
-                        drift: None,
-                        health: None,
-                        secrets: Default::default(),
-                    })
-                })
-                .collect();
+            let reports: Vec<StateReport> =
+                (0..10).map(|unit| running(&agent.id, &format!("u{unit}.service"))).collect();
             first.report_states(&agent.id, &reports).await.unwrap();
         }
         let second = registry(&etcd, Duration::from_secs(30)).await;

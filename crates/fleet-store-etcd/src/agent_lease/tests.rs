@@ -11,7 +11,7 @@ use fleet_testkit::{EtcdServer, eventually, eventually_within};
 use crate::EtcdRegistry;
 use crate::tests::{keys_under, machine, registry};
 
-fn running(machine_id: &str, name: &str) -> StateReport {
+pub(crate) fn running(machine_id: &str, name: &str) -> StateReport {
     StateReport::Set(UnitState {
         name: name.into(),
         machine_id: machine_id.into(),
