@@ -134,7 +134,7 @@ impl EtcdRegistry {
     /// manager restarted within `agent_ttl` finds its agents' presences and states on it.
     async fn recorded_agent_lease(&self) -> Option<i64> {
         let path = self.inner.agent_lease_file.as_ref()?;
-        let lease = std::fs::read_to_string(path).ok()?.trim().parse::<i64>().ok()?;
+        let lease = super::session::recorded_lease(path)?;
         match renew(self.connection(), lease, &mut None).await {
             Ok(true) => Some(lease),
             Ok(false) => None,

@@ -61,6 +61,14 @@ pub(super) fn jitter_sample() -> u32 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |since| since.subsec_nanos())
 }
 
+/// The lease recorded in `path` (this fleetd's machine lease, or a manager's agents' lease),
+/// if the file holds one; a symbolic link there is not followed.
+pub(super) fn recorded_lease(path: &std::path::Path) -> Option<i64> {
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut fleet_fs::open_no_follow(path).ok()?, &mut text).ok()?;
+    text.trim().parse::<i64>().ok()
+}
+
 /// Renews `lease` once; `false` when etcd says it has expired.
 pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keeper>) -> Result<bool> {
     if keeper.as_ref().is_none_or(|(open, _)| open.id() != lease) {
@@ -198,11 +206,7 @@ impl EtcdRegistry {
     /// presence's creation revision: the one a previous fleetd on this machine recorded (it
     /// died and its lease lives on), or one whose claim got no answer but landed.
     async fn own_live_lease(&self, machine: &MachineState) -> Result<Option<(i64, i64)>> {
-        let recorded = self
-            .inner
-            .lease_file
-            .as_ref()
-            .and_then(|path| std::fs::read_to_string(path).ok().and_then(|text| text.trim().parse::<i64>().ok()));
+        let recorded = self.inner.lease_file.as_ref().and_then(|path| recorded_lease(path));
         let unconfirmed = self.unconfirmed_claim(&machine.id);
         if recorded.is_none() && unconfirmed.is_none() {
             return Ok(None);

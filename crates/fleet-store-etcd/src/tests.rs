@@ -1159,3 +1159,16 @@ async fn sources_and_statuses_are_read_from_the_copy_with_this_fleetds_writes() 
     assert_eq!(names(registry.sources().await.unwrap()), ["b"], "the removal shows at once");
     assert!(registry.source_statuses().await.unwrap().is_empty(), "no status kept for a removed source");
 }
+
+/// A recorded lease (the machine's, or a manager's agents') is read from the file itself: a
+/// symbolic link planted in its place is not followed.
+#[test]
+fn a_recorded_lease_is_read_without_following_a_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let (file, link) = (dir.path().join("etcd-agent-lease"), dir.path().join("planted"));
+    fleet_fs::write_private(&file, b"7587\n").unwrap();
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    assert_eq!(super::session::recorded_lease(&file), Some(7587));
+    assert_eq!(super::session::recorded_lease(&link), None, "a link is not followed");
+    assert_eq!(super::session::recorded_lease(&dir.path().join("absent")), None);
+}
