@@ -20,7 +20,9 @@ use fleet_registry::{ChangeSignal, RegistryError, Result};
 use serde::de::DeserializeOwned;
 
 mod decoded;
+mod expansion;
 use decoded::Decoded;
+pub use expansion::Expansion;
 
 /// One key's value and revisions, as etcd last reported them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,11 +34,13 @@ pub struct Entry {
     pub lease: i64,
     /// The value decoded, once a reader asked for it.
     pub decoded: Decoded,
+    /// Whether a page holds it, rather than a key of its own ([`Expansion`]).
+    pub from_page: bool,
 }
 
 impl Entry {
     pub fn new(value: Vec<u8>, create_revision: i64, mod_revision: i64, lease: i64) -> Self {
-        Self { value, create_revision, mod_revision, lease, decoded: Decoded::default() }
+        Self { value, create_revision, mod_revision, lease, decoded: Decoded::default(), from_page: false }
     }
 
     /// The value decoded as `T`, parsed on the first read of this revision only (`key`
@@ -111,7 +115,12 @@ pub type Observer = Arc<dyn Fn(Changed<'_>) + Send + Sync>;
 
 pub struct Mirror {
     data: Arc<RwLock<MirrorData>>,
+    /// Moves when what the copy holds changed (readers wake on it; several copies may share it).
     changes: watch::Sender<u64>,
+    /// Moves on every change of the copy's state, held or not (its watch came up, a range's
+    /// revision moved): what this copy's own waits wake on. The agents woken by `changes`
+    /// are not woken for nothing when a watch comes up.
+    moved: watch::Sender<u64>,
     task: tokio::task::AbortHandle,
     ranges: Vec<KeyRange>,
     /// Per range, the revision of the last change this process made in it and waits to see.
@@ -157,20 +166,31 @@ impl Mirror {
 
     /// As [`Mirror::start`], telling `observer` of every change.
     pub fn observed(connection: Connection, ranges: Vec<KeyRange>, observer: Option<Observer>) -> Self {
-        Self::begin(connection, ranges, observer, watch::channel(0).0, false)
+        Self::begin(connection, ranges, observer, watch::channel(0).0, false, None)
     }
 
     /// As [`Mirror::start`], but listed first when it is first read or asked to list: a
     /// machine's copy made as its agent starts is listed after the machine registered, once
     /// (listed before, it had to be listed again to be current since the registration).
     pub fn when_read(connection: Connection, ranges: Vec<KeyRange>) -> Self {
-        Self::begin(connection, ranges, None, watch::channel(0).0, true)
+        Self::begin(connection, ranges, None, watch::channel(0).0, true, None)
+    }
+
+    /// As [`Mirror::signalling`], holding beside each page `expansion` names the keys it
+    /// stands for.
+    pub fn signalling_expanded(
+        connection: Connection,
+        ranges: Vec<KeyRange>,
+        changes: watch::Sender<u64>,
+        expansion: Expansion,
+    ) -> Self {
+        Self::begin(connection, ranges, None, changes, false, Some(expansion))
     }
 
     /// As [`Mirror::start`], moving `changes` on every change: copies given the same sender
     /// wake the same readers.
     pub fn signalling(connection: Connection, ranges: Vec<KeyRange>, changes: watch::Sender<u64>) -> Self {
-        Self::begin(connection, ranges, None, changes, false)
+        Self::begin(connection, ranges, None, changes, false, None)
     }
 
     /// As [`Mirror::signalling`], telling `observer` of every change too.
@@ -180,7 +200,7 @@ impl Mirror {
         changes: watch::Sender<u64>,
         observer: Observer,
     ) -> Self {
-        Self::begin(connection, ranges, Some(observer), changes, false)
+        Self::begin(connection, ranges, Some(observer), changes, false, None)
     }
 
     fn begin(
@@ -189,22 +209,26 @@ impl Mirror {
         observer: Option<Observer>,
         changes: watch::Sender<u64>,
         deferred: bool,
+        expansion: Option<Expansion>,
     ) -> Self {
         let data = Arc::new(RwLock::new(MirrorData::default()));
         let expected = std::sync::Mutex::new(vec![0; ranges.len()]);
         let relist = Arc::new(tokio::sync::Notify::new());
         let wanted = deferred.then(|| Arc::new(tokio::sync::Notify::new()));
+        let moved = watch::channel(0).0;
         let feeder = Feeder {
             connection,
             ranges: ranges.clone(),
             data: data.clone(),
             changes: changes.clone(),
+            moved: moved.clone(),
             observer,
             relist: relist.clone(),
             wanted: wanted.clone(),
+            expansion,
         };
         let task = tokio::spawn(feeder.run()).abort_handle();
-        Self { data, changes, task, ranges, expected, relist, wanted, derived: std::sync::Mutex::new(None) }
+        Self { data, changes, moved, task, ranges, expected, relist, wanted, derived: std::sync::Mutex::new(None) }
     }
 
     /// Lets a copy listed only once wanted list (a stored permit: once is enough).
@@ -245,6 +269,14 @@ impl Mirror {
     /// Wakes the copy's readers though it did not change: what they may read of it did.
     pub fn poke(&self) {
         self.changes.send_modify(|generation| *generation += 1);
+        self.moved.send_modify(|generation| *generation += 1);
+    }
+
+    /// The revision up to which `data` (this copy's) has applied every event of the range
+    /// starting at `start`.
+    pub fn seen_in(&self, data: &MirrorData, start: &str) -> Option<i64> {
+        let index = self.ranges.iter().position(|range| range.start == start)?;
+        data.seen.get(index).copied()
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
@@ -264,7 +296,7 @@ impl Mirror {
 
     /// Waits until `done` holds of the copy or `limit` passes; `true` if it holds.
     async fn wait_until(&self, limit: Duration, done: impl Fn(&MirrorData) -> bool) -> bool {
-        let mut changes = self.changes.subscribe();
+        let mut changes = self.moved.subscribe();
         let waited = async {
             while !done(&self.read()) {
                 if changes.changed().await.is_err() {
@@ -334,9 +366,12 @@ struct Feeder {
     ranges: Vec<KeyRange>,
     data: Arc<RwLock<MirrorData>>,
     changes: watch::Sender<u64>,
+    moved: watch::Sender<u64>,
     observer: Option<Observer>,
     relist: Arc<tokio::sync::Notify>,
     wanted: Option<Arc<tokio::sync::Notify>>,
+    /// Keys that stand for others, held beside them.
+    expansion: Option<Expansion>,
 }
 
 impl Feeder {
@@ -407,6 +442,9 @@ impl Feeder {
                 );
             }
         }
+        if let Some(expansion) = &self.expansion {
+            expansion.expand_listing(&mut entries);
+        }
         {
             let mut data = self.data.write_locked();
             let changed = !data.synced || data.entries != entries;
@@ -421,6 +459,7 @@ impl Feeder {
             }
         }
         self.changes.send_modify(|generation| *generation += 1);
+        self.moved.send_modify(|generation| *generation += 1);
         if let Some(observer) = &self.observer {
             observer(Changed::Everything);
         }
@@ -460,8 +499,9 @@ impl Feeder {
             }
         }
         self.data.write_locked().streaming = true;
-        // Readers waiting for the watch to be up (`Mirror::caught_up`) look again.
-        self.changes.send_modify(|generation| *generation += 1);
+        // Waits for the watch to be up (`Mirror::caught_up`) look again; readers of what it
+        // holds are not woken: nothing they read changed.
+        self.moved.send_modify(|generation| *generation += 1);
         // Watch IDs come back in the order the watches were asked for.
         let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
         let mut relist = PendingRelist { asked: false, notify: &self.relist };
@@ -522,6 +562,7 @@ impl Feeder {
                 *seen = (*seen).max(header.revision());
                 drop(data);
                 self.changes.send_modify(|generation| *generation += 1);
+                self.moved.send_modify(|generation| *generation += 1);
             }
             return;
         }
@@ -538,12 +579,19 @@ impl Feeder {
                     && data.entries.get(&key).is_some_and(|held| held.value == kv.value());
                 changed.push((key.clone(), rewritten));
             }
-            match event.event_type() {
-                EventType::Put => {
-                    let entry = Entry::new(kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease());
+            let entry = (event.event_type() == EventType::Put)
+                .then(|| Entry::new(kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease()));
+            match (&self.expansion, entry) {
+                (Some(expansion), entry) => {
+                    let standing = expansion.apply(&mut data.entries, &key, entry);
+                    if self.observer.is_some() {
+                        changed.extend(standing.into_iter().map(|key| (key, false)));
+                    }
+                }
+                (None, Some(entry)) => {
                     data.entries.insert(key, entry);
                 }
-                EventType::Delete => {
+                (None, None) => {
                     data.entries.remove(&key);
                 }
             }
@@ -555,6 +603,7 @@ impl Feeder {
         data.generation = next_generation();
         drop(data);
         self.changes.send_modify(|generation| *generation += 1);
+        self.moved.send_modify(|generation| *generation += 1);
         if let Some(observer) = &self.observer {
             for (key, rewritten) in &changed {
                 observer(if *rewritten { Changed::Rewritten(key) } else { Changed::Key(key) });
@@ -654,9 +703,11 @@ mod tests {
             ranges: vec![KeyRange::prefix("/m/".into())],
             data: Arc::new(RwLock::new(MirrorData::default())),
             changes: watch::channel(0).0,
+            moved: watch::channel(0).0,
             observer: None,
             relist: Arc::new(tokio::sync::Notify::new()),
             wanted: None,
+            expansion: None,
         };
         feeder.data.write().unwrap().seen = vec![1];
         let ended =
@@ -678,12 +729,14 @@ mod tests {
             ranges: vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())],
             data: Arc::new(RwLock::new(MirrorData::default())),
             changes: watch::channel(0).0,
+            moved: watch::channel(0).0,
             observer: None,
             relist: Arc::new(tokio::sync::Notify::new()),
             wanted: None,
+            expansion: None,
         };
         feeder.list().await.unwrap();
-        let mut changes = feeder.changes.subscribe();
+        let mut changes = feeder.moved.subscribe();
         // Not due for an hour: the stream breaks before the listing is made.
         let following = feeder.follow(tokio::time::Instant::now() + Duration::from_secs(3600));
         let breaking = async {
@@ -814,6 +867,22 @@ mod tests {
         assert_eq!(mirror.read().entries["/m/b"].value, b"2".to_vec());
         assert_eq!(watch_streams_opened(&etcd).await, opened, "the relist opened no watch stream");
     }
+
+    /// Its watch coming up after the listing changes nothing a reader reads: an agent woken
+    /// by it made a pass for nothing (and the contract's "a schedule change wakes only its
+    /// machine" failed under load, the other machine's watch coming up late).
+    #[tokio::test]
+    async fn a_watch_coming_up_wakes_no_reader() {
+        let etcd = EtcdServer::start();
+        let mirror = Mirror::start(connect(&etcd).await, vec![KeyRange::prefix("/w/".into())]);
+        let mut changes = mirror.changes();
+        drop(mirror.listed(Duration::from_secs(10)).await.unwrap());
+        changes.mark_unchanged();
+        assert!(mirror.caught_up(Duration::from_secs(10)).await, "the watch comes up");
+        assert!(!changes.has_changed().unwrap(), "the watch coming up woke a reader");
+        etcd_client::Client::connect([etcd.endpoint()], None).await.unwrap().put("/w/key", "1", None).await.unwrap();
+        tokio::time::timeout(Duration::from_secs(10), changes.changed()).await.unwrap().unwrap();
+    }
 }
 
 #[cfg(test)]
@@ -829,6 +898,7 @@ mod expected_tests {
         Mirror {
             data: Arc::new(RwLock::new(data)),
             changes: watch::channel(0).0,
+            moved: watch::channel(0).0,
             task: tokio::spawn(async {}).abort_handle(),
             ranges: vec![KeyRange::prefix("/a/".into()), KeyRange::prefix("/b/".into())],
             expected: std::sync::Mutex::new(vec![0, 0]),
@@ -850,7 +920,7 @@ mod expected_tests {
         let delivered = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
             mirror.data.write().unwrap().seen[1] = 7;
-            mirror.changes.send_modify(|generation| *generation += 1);
+            mirror.moved.send_modify(|generation| *generation += 1);
         };
         let (caught_up, ()) = tokio::join!(waiting, delivered);
         assert!(caught_up, "the range's own event ends the wait");
