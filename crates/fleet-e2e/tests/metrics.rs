@@ -25,7 +25,8 @@ fn metrics_follow_the_cluster_and_pass_promtool() {
     let build = format!("fleet_build_info{{version=\"{}\",commit=\"", env!("CARGO_PKG_VERSION"));
     let scraped = fleet.metrics();
     let line = scraped.lines().find(|line| line.starts_with(&build)).unwrap_or_else(|| panic!("{scraped}"));
-    assert!(line.ends_with(",store_format=\"1\"} 1"), "{line}");
+    let format = fleet_core::store_format::CURRENT;
+    assert!(line.ends_with(&format!(",store_format=\"{format}\"}} 1")), "{line}");
 
     let hello = examples_dir().join("hello.service").display().to_string();
     fleet.ok(&["start", &hello]);
