@@ -10,7 +10,7 @@ use crate::resources::Resources;
 pub type MachineId = String;
 
 /// A live machine: its identity, address and effective metadata.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MachineState {
     pub id: MachineId,
     pub public_ip: String,
@@ -29,31 +29,6 @@ pub struct MachineState {
     /// move off. Kept in a record of its own, which the stores lay over the machine's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<Drain>,
-    /// The store format its fleetd reads and writes (`store_format::CURRENT`); a record
-    /// without it was written by a fleetd of format 1.
-    #[serde(default = "format_one")]
-    pub store_format: u32,
-}
-
-fn format_one() -> u32 {
-    1
-}
-
-impl Default for MachineState {
-    /// A machine of this build's store format, with nothing else known.
-    fn default() -> Self {
-        Self {
-            id: MachineId::default(),
-            public_ip: String::new(),
-            metadata: BTreeMap::new(),
-            version: String::new(),
-            disable_engine: false,
-            connection: Connection::default(),
-            capacity: None,
-            drain: None,
-            store_format: crate::store_format::CURRENT,
-        }
-    }
 }
 
 /// How a machine is connected to the cluster: its fleetd holds the store itself (an etcd

@@ -12,17 +12,11 @@
 use serde::{Deserialize, Serialize};
 
 /// The format this build reads and writes. Format 1 is the layout of fleet 0.1 (which recorded
-/// no format) and 0.2 (the first to record it); format 2 (0.3) keeps a machine's unit states
-/// in pages, one write for many units.
-pub const CURRENT: u32 = 2;
-
-/// The format whose fleetds read a machine's unit states in pages: machines write pages once
-/// the store lets no older fleetd run (until then, one key per unit, which both formats read).
-pub const PAGED_STATES: u32 = 2;
+/// no format) and 0.2 (the first to record it).
+pub const CURRENT: u32 = 1;
 
 /// The migrations this build knows, in order: each takes a store of format `to - 1` to `to`.
-pub const MIGRATIONS: &[Migration] =
-    &[Migration { to: PAGED_STATES, name: "unit states in pages per machine", oldest_fleetd: 1 }];
+pub const MIGRATIONS: &[Migration] = &[];
 
 /// A store's recorded format, and the oldest fleetd format that may still run on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -87,7 +87,6 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
         connection: fleet_core::Connection::Pull,
         capacity: None,
         drain: None,
-        store_format: fleet_core::store_format::CURRENT,
     };
     let agent_task =
         spawn_agent(&runtime, &manager, &credentials, machine, Duration::from_secs(5), &units, lifecycle_watch);

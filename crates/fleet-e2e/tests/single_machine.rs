@@ -226,7 +226,10 @@ fn usage_errors_and_version() {
     // The original's line first; then the commit and the store format (issue 69).
     let lines: Vec<&str> = version.lines().collect();
     assert_eq!(lines[0], format!("fleetctl version {}", env!("CARGO_PKG_VERSION")));
-    assert!(lines[1].starts_with("commit ") && lines[2] == format!("store format {}", fleet_core::store_format::CURRENT), "{version}");
+    assert!(
+        lines[1].starts_with("commit ") && lines[2] == format!("store format {}", fleet_core::store_format::CURRENT),
+        "{version}"
+    );
     assert_eq!(fleet.ok(&["list-units", "--version"]).stdout, version);
     assert!(fleet.ok(&["help"]).stdout.contains(env!("CARGO_PKG_VERSION")));
     assert!(!fleet.ok(&[]).stdout.is_empty());

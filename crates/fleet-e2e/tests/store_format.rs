@@ -13,8 +13,8 @@ fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
 }
 
-/// A store of a later release, which only fleetds of format 3 or later may run on.
-const LATER: StoredFormat = StoredFormat { format: 3, oldest_fleetd: 3 };
+/// A store of a later release, which only fleetds of format 2 or later may run on.
+const LATER: StoredFormat = StoredFormat { format: 3, oldest_fleetd: 2 };
 
 #[test]
 fn fleetd_records_the_embedded_stores_format_and_stays_out_of_a_later_one() {
@@ -27,16 +27,14 @@ fn fleetd_records_the_embedded_stores_format_and_stays_out_of_a_later_one() {
     let left = runtime.block_on(fleet_registry::ApiRegistry::machines(&store)).expect("machines");
     assert!(left.is_empty(), "a clean stop takes the machine out: {left:?}");
     let recorded = runtime.block_on(store.stored_format()).expect("read");
-    // Migrated to format 2 on its first start, fleetds of format 1 still let run (the embedded
-    // store has one member, and no pages of states: nothing else changes).
-    assert_eq!(recorded, Some(StoredFormat { format: 2, oldest_fleetd: 1 }));
+    assert_eq!(recorded, Some(StoredFormat { format: 1, oldest_fleetd: 1 }));
     assert!(runtime.block_on(store.record_format(recorded, LATER)).expect("record"));
     drop(store);
 
     let (code, log) = fleet.run_refused();
     assert_eq!(code, Some(1), "{log}");
     assert!(
-        log.contains("the store is of format 3, which fleetds of format 3 or later run on; this fleetd is of format 2"),
+        log.contains("the store is of format 3, which fleetds of format 2 or later run on; this fleetd is of format 1"),
         "{log}"
     );
     // redb marks its file open and closed, so the bytes move: what is in it does not.
@@ -59,34 +57,15 @@ async fn cluster_store(cluster: &Cluster) -> fleet_store_etcd::EtcdRegistry {
     fleet_store_etcd::EtcdRegistry::connect(&options, lifetimes).await.expect("etcd store")
 }
 
-/// Every member of the cluster being of format 2, its leader records that no fleetd of format
-/// 1 may run, and the members then keep their units' states in pages: one key per machine.
 #[test]
-fn an_etcd_cluster_of_format_two_keeps_states_in_pages_and_an_older_member_stays_out() {
+fn an_etcd_member_too_old_for_the_clusters_format_stays_out() {
     let cluster = Cluster::start(1, |_| Vec::new());
     let member = &cluster.members[0];
     let runtime = runtime();
     let registry = runtime.block_on(cluster_store(&cluster));
-    let paged = StoredFormat { format: 2, oldest_fleetd: 2 };
-    member.wait_until("the leader records that every member reads pages", Duration::from_secs(30), |_| {
-        runtime.block_on(registry.stored_format()).ok().flatten() == Some(paged)
-    });
-    let units = tempfile::tempdir().expect("a directory");
-    std::fs::write(units.path().join("paged.service"), "[Service]\nExecStart=/bin/sleep 1000\n").expect("unit");
-    member.fleetctl_in(units.path(), &["start", "--no-block", "paged.service"]);
-    member.wait_until("paged.service runs", Duration::from_secs(30), |member| {
-        member.ok(&["list-units", "--no-legend"]).stdout.contains("running")
-    });
-    let etcd_keys = |prefix: &str| {
-        let mut client = runtime.block_on(etcd_client::Client::connect([cluster.etcd.endpoint()], None)).expect("etcd");
-        let options = etcd_client::GetOptions::new().with_prefix().with_keys_only();
-        let reply = runtime.block_on(client.get(format!("/_coreos.com/fleet/{prefix}"), Some(options))).expect("get");
-        reply.kvs().iter().map(|kv| String::from_utf8_lossy(kv.key()).into_owned()).collect::<Vec<_>>()
-    };
-    assert_eq!(etcd_keys("unit-states/").len(), 1, "the machine's states are one page");
-    assert!(etcd_keys("states/").is_empty(), "no state of its own key");
-
-    assert!(runtime.block_on(registry.record_format(Some(paged), LATER)).expect("record"));
+    let recorded = runtime.block_on(registry.stored_format()).expect("read");
+    assert_eq!(recorded, Some(StoredFormat { format: 1, oldest_fleetd: 1 }), "the first member recorded it");
+    assert!(runtime.block_on(registry.record_format(recorded, LATER)).expect("record"));
     let config = cluster.member_config(1);
     let pairs: Vec<(&str, &str)> = config.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
     let (code, log) = Fleetd::start_refused("e2e0format000002", &pairs);

@@ -38,13 +38,10 @@ impl FormatRecord for EmbeddedRegistry {
     }
 
     async fn migrate(&self, step: &Migration) -> Result<()> {
-        match step.to {
-            // Pages of states are etcd's layout: the embedded store keeps its table of states.
-            fleet_core::store_format::PAGED_STATES => Ok(()),
-            _ => Err(RegistryError::Unavailable(format!(
-                "this build knows no way to migrate the embedded store to format {} ({})",
-                step.to, step.name
-            ))),
-        }
+        // Format 1 is the first: no migration exists yet. Each later one is matched here.
+        Err(RegistryError::Unavailable(format!(
+            "this build knows no way to migrate the embedded store to format {} ({})",
+            step.to, step.name
+        )))
     }
 }

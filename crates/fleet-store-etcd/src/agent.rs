@@ -3,12 +3,14 @@
 //! reads nothing from etcd, and only changes to this machine's work wake it.
 
 use fleet_core::unpoisoned::Locked;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::EtcdRegistry;
+use super::connection::MAX_TXN_OPS;
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarriedBody};
@@ -31,6 +33,46 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
 
 /// How long a read of a machine's work waits for its copy's first listing.
 const FIRST_LISTING: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// One pull agent's state changes to write (a key's new value, or its removal), under the
+/// lease its presence hangs on.
+pub(crate) struct StatesWrite {
+    changes: Vec<(String, Option<Vec<u8>>)>,
+    lease: i64,
+}
+
+impl EtcdRegistry {
+    /// Writes the state changes of the pull agents that reported at the same time
+    /// ([`crate::written_together`]): one transaction for all, each value under its
+    /// agent's lease; a key written twice (one agent twice in the batch) starts another. (A
+    /// fleetd's own machine writes alone, as every fleetd of a cluster does.)
+    async fn write_states(&self, batch: Vec<StatesWrite>) -> Result<Vec<()>> {
+        if let [alone] = batch.as_slice() {
+            self.connection().write(&alone.changes, alone.lease).await?;
+            return Ok(vec![()]);
+        }
+        let count = batch.len();
+        let mut txns: Vec<(HashSet<String>, Vec<TxnOp>)> = Vec::new();
+        for write in batch {
+            let fresh = |txn: &(HashSet<String>, Vec<TxnOp>)| write.changes.iter().all(|(key, _)| !txn.0.contains(key));
+            if !txns.last().is_some_and(fresh) {
+                txns.push((HashSet::new(), Vec::new()));
+            }
+            let Some((keys, ops)) = txns.last_mut() else { continue };
+            for (key, value) in write.changes {
+                ops.push(match value {
+                    Some(value) => TxnOp::put(key.as_str(), value, Some(PutOptions::new().with_lease(write.lease))),
+                    None => TxnOp::delete(key.as_str(), None),
+                });
+                keys.insert(key);
+            }
+        }
+        for (_, ops) in txns {
+            self.connection().txn(Txn::new().and_then(ops)).await?;
+        }
+        Ok(vec![(); count])
+    }
+}
 
 #[async_trait]
 impl AgentRegistry for EtcdRegistry {
@@ -102,7 +144,46 @@ impl AgentRegistry for EtcdRegistry {
         let Some(session) = self.session(machine_id) else {
             return Err(fleet_registry::RegistryError::NotAnnounced { machine_id: machine_id.to_string() });
         };
-        self.write_reports(&session, machine_id, reports).await
+        let keys = self.keys();
+        let lease = session.lease();
+        let changes: Vec<(String, Option<Vec<u8>>)> = reports
+            .iter()
+            .map(|report| match report {
+                StateReport::Set(state) => (keys.state(machine_id, &state.name), Some(encode(state))),
+                StateReport::Remove(name) => (keys.state(machine_id, name), None),
+            })
+            .collect();
+        for chunk in changes.chunks(MAX_TXN_OPS) {
+            if session.own() {
+                // This fleetd's own machine: nothing to write it with. Its API's lists show
+                // what it reported, as they show what the API wrote.
+                let revision = self.connection().write(chunk, lease).await?;
+                let held = session.states.locked();
+                // A removal makes an event only where there was a state to remove.
+                let changed = chunk.iter().filter(|(key, value)| value.is_some() || held.contains_key(key));
+                self.wrote_at(revision, changed.map(|(key, _)| key.as_str()));
+            } else {
+                // A pull agent's: written with the other agents' reports of the moment.
+                let write = StatesWrite { changes: chunk.to_vec(), lease };
+                let batches = &self.inner.state_batches;
+                let write_batch = |batch: Vec<StatesWrite>| {
+                    let registry = self.clone();
+                    async move { registry.write_states(batch).await }
+                };
+                let written = batches.write(write, chunk.len(), MAX_TXN_OPS, write_batch).await;
+                self.noting_agent_lease(lease, written)?;
+            }
+            let mut written = session.states.locked();
+            let mut to_restore = session.to_restore.locked();
+            for (key, value) in chunk {
+                to_restore.remove(key);
+                match value {
+                    Some(value) => written.insert(key.clone(), value.clone()),
+                    None => written.remove(key),
+                };
+            }
+        }
+        Ok(())
     }
 
     fn presence_lapses(&self, machine_id: &str) -> Option<ChangeSignal> {
@@ -194,5 +275,51 @@ impl EtcdRegistry {
             scheduled: assignments(self, &data, keys.schedule(machine_id))?,
             globals: assignments(self, &data, keys.globals())?,
         })
+    }
+
+    /// After a re-registration, writes again the states of the units `work` (read from a
+    /// copy that has caught up with it) still gives this machine, under the new lease. A
+    /// state the agent reported since is newer and stays: each write is on the key being
+    /// absent.
+    async fn restore_states(&self, machine_id: &str, work: &MachineWork) -> Result<()> {
+        let Some(session) = self.session(machine_id) else { return Ok(()) };
+        let pending = std::mem::take(&mut *session.to_restore.locked());
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let keys = self.keys();
+        let here: HashSet<String> =
+            work.scheduled.iter().chain(&work.globals).map(|unit| keys.state(machine_id, &unit.name)).collect();
+        let (kept, gone): (Vec<_>, Vec<_>) = pending.into_iter().partition(|(key, _)| here.contains(key));
+        tracing::info!(
+            machine_id,
+            restored = kept.len(),
+            dropped = gone.len(),
+            "writing unit states again after registering again"
+        );
+        let lease = session.lease();
+        for (done, chunk) in kept.chunks(MAX_TXN_OPS).enumerate() {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(key, value)| {
+                    let absent = Compare::version(key.as_str(), CompareOp::Equal, 0);
+                    let put = TxnOp::put(key.as_str(), value.clone(), Some(PutOptions::new().with_lease(lease)));
+                    TxnOp::txn(Txn::new().when([absent]).and_then([put]))
+                })
+                .collect();
+            if let Err(error) = self.connection().txn(Txn::new().and_then(ops)).await {
+                // What was not written is tried again on the next read of the work.
+                let mut to_restore = session.to_restore.locked();
+                for (key, value) in kept.into_iter().skip(done * MAX_TXN_OPS) {
+                    to_restore.entry(key).or_insert(value);
+                }
+                return Err(error);
+            }
+            let mut written = session.states.locked();
+            for (key, value) in chunk {
+                written.entry(key.clone()).or_insert_with(|| value.clone());
+            }
+        }
+        Ok(())
     }
 }

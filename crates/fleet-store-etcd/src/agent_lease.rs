@@ -271,10 +271,12 @@ impl EtcdRegistry {
     /// did.
     async fn delete_presence_held_by(&self, machine_id: &str, lease: i64) -> Result<bool> {
         let keys = self.keys();
-        let machine_key = keys.machine(machine_id);
+        let (machine_key, states) = (keys.machine(machine_id), keys.state(machine_id, ""));
         let held = Compare::lease(machine_key.as_str(), CompareOp::Equal, lease);
-        let [states, pages] = crate::state_pages::deletes(keys, machine_id);
-        let delete = [TxnOp::delete(machine_key.as_str(), None), states, pages];
+        let delete = [
+            TxnOp::delete(machine_key.as_str(), None),
+            TxnOp::delete(states.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix())),
+        ];
         Ok(self.connection().txn(Txn::new().when([held]).and_then(delete)).await?.succeeded())
     }
 

@@ -7,14 +7,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, GetResponse, KeyValue, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetResponse, KeyValue, Txn, TxnOp};
 use fleet_core::drain::Drain;
 use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 
 use super::EtcdRegistry;
 use super::records::{Assignment, CarryingAssignment};
-use super::state_pages;
 use fleet_registry::codec::{MetadataOverrides, Options, decode, encode};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange,
@@ -400,21 +399,15 @@ impl ApiRegistry for EtcdRegistry {
         let body_key = keys.body(&record.hash.to_string());
         let mut gets = vec![TxnOp::get(body_key.as_str(), None), TxnOp::get(keys.reason(name), None)];
         if let Some(machine) = &current.machine {
-            // Its state in either layout: its own key, or its machine's pages.
             gets.push(TxnOp::get(keys.state(machine, name), None));
-            gets.push(TxnOp::get(keys.machine_state_pages(machine), Some(GetOptions::new().with_prefix())));
         }
         let (_, replies) = self.connection().read(gets).await?;
         let body = replies.first().and_then(first).ok_or_else(|| missing_body(body_key.clone()))?;
         let file = UnitFile::from_options(decode::<Options>(&body_key, body.value())?);
         let reason = replies.get(1).and_then(first).map(text);
-        let state = match &current.machine {
-            Some(machine) => {
-                let key = keys.state(machine, name);
-                let mut held = state_pages::per_unit(keys, replies.iter().skip(2).flat_map(|reply| reply.kvs()));
-                held.remove(&key).map(|state| decode(&key, &state)).transpose()?
-            }
-            None => None,
+        let state = match (replies.get(2).and_then(first), &current.machine) {
+            (Some(kv), Some(machine)) => Some(decode(&keys.state(machine, name), kv.value())?),
+            _ => None,
         };
         Ok(Some(UnitView::from_records(name, record, file, current.machine, reason, state.as_ref())))
     }

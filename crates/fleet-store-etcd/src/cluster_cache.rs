@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use super::EtcdRegistry;
 use super::caches::{Cache, Held};
 use super::keys::{KeyRange, Keys};
-use super::mirror::{self, Expansion, Mirror};
+use super::mirror::{self, Mirror};
 
 /// The ranges the engine plans from, units first ([`super::ENGINE_UNITS_RANGE`]).
 fn engine_ranges(keys: &Keys) -> Vec<KeyRange> {
@@ -95,11 +95,8 @@ impl EtcdRegistry {
     /// after the returned hold goes.
     pub(super) fn api_states(&self) -> Held {
         self.inner.caches.hold(Cache::States, self.inner.api_copy_idle, || {
-            let keys = self.keys();
-            let (units, pages) = (keys.all_states(), keys.all_state_pages());
-            let ranges = vec![KeyRange::prefix(units.clone()), KeyRange::prefix(pages.clone())];
-            let expansion = Expansion { pages, units };
-            Mirror::signalling_expanded(self.connection().clone(), ranges, self.inner.api_signal.clone(), expansion)
+            let ranges = vec![KeyRange::prefix(self.keys().all_states())];
+            Mirror::signalling(self.connection().clone(), ranges, self.inner.api_signal.clone())
         })
     }
 

@@ -39,29 +39,12 @@ async fn open_serving_many() -> Opened {
     open_with(true).await
 }
 
-/// A member's store on a cluster whose members all read pages of states: states are written
-/// in pages from the first report.
-async fn open_paged() -> Opened {
-    use fleet_core::store_format::{PAGED_STATES, StoredFormat};
-    use fleet_registry::FormatRecord;
-    let (registry, etcd) = etcd_store(false).await;
-    let paged = StoredFormat { format: PAGED_STATES, oldest_fleetd: PAGED_STATES };
-    assert!(registry.record_format(None, paged).await.expect("record the format"));
-    eventually("the store's copy shows the format", async || registry.states_paged()).await;
-    let registry = Arc::new(registry);
-    Opened { registry: registry.clone(), chores: Some(registry), guard: Box::new(etcd) }
-}
-
 mod opened_by_a_member {
     fleet_registry::registry_contract!(super::open);
 }
 
 mod opened_serving_many_machines {
     fleet_registry::registry_contract!(super::open_serving_many);
-}
-
-mod opened_with_states_in_pages {
-    fleet_registry::registry_contract!(super::open_paged);
 }
 
 /// The etcd store drops an expired registration token by itself (its lease ends).

@@ -188,12 +188,12 @@ impl CredentialRegistry for EtcdRegistry {
 
     async fn revoke_machine(&self, revoked: &RevokedMachine) -> Result<()> {
         let keys = self.keys();
-        let mut ops = vec![
+        let states = keys.state(&revoked.id, "");
+        let txn = Txn::new().and_then(vec![
             TxnOp::put(keys.revoked(&revoked.id), encode(revoked), None),
             TxnOp::delete(keys.machine(&revoked.id), None),
-        ];
-        ops.extend(crate::state_pages::deletes(keys, &revoked.id));
-        let txn = Txn::new().and_then(ops);
+            TxnOp::delete(states, Some(DeleteOptions::new().with_prefix())),
+        ]);
         self.connection().txn(txn).await.map(drop)
     }
 

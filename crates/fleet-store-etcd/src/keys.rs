@@ -11,8 +11,7 @@
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `drains/<machine>` | [`fleet_core::drain::Drain`] | — | API (starts and ends it), engine leader (steps it) |
-//! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] (store format 1) | machine's | agent |
-//! | `unit-states/<machine>/<page>` | the machine's states on that page, unit name to [`fleet_core::UnitState`] (store format 2, `state_pages.rs`) | machine's | agent |
+//! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
 //! | `revoked/<machine>` | [`fleet_registry::RevokedMachine`] | — | API |
 //! | `identities/<machine>` | [`fleet_registry::MachineIdentity`] (a pull agent's key hash and grants) | — | API |
@@ -182,17 +181,6 @@ impl Keys {
     }
     pub fn state(&self, machine: &str, unit: &str) -> String {
         self.key(&["states", machine, unit])
-    }
-    /// Where machines keep their states in pages (store format 2, `state_pages.rs`).
-    pub fn all_state_pages(&self) -> String {
-        self.key(&["unit-states", ""])
-    }
-    /// Page `page` of `machine`'s states; `machine_state_pages` is the prefix of all of them.
-    pub fn state_page(&self, machine: &str, page: u32) -> String {
-        self.key(&["unit-states", machine, &page.to_string()])
-    }
-    pub fn machine_state_pages(&self, machine: &str) -> String {
-        self.key(&["unit-states", machine, ""])
     }
     pub fn leader(&self) -> String {
         self.key(&["engine", "leader"])

@@ -38,8 +38,6 @@ mod records;
 mod registration_uses;
 mod session;
 mod sources;
-mod state_pages;
-mod state_reports;
 mod stored_rollouts;
 mod unit_write_batches;
 mod written_together;
@@ -159,7 +157,7 @@ struct Inner {
     /// This process's writer ID for the uses it counts of tokens without a use limit.
     join_writer: String,
     /// Pull agents' state reports waiting to be written together.
-    state_batches: written_together::WrittenTogether<state_reports::StatesWrite, ()>,
+    state_batches: written_together::WrittenTogether<agent::StatesWrite, ()>,
     /// Machines' identities waiting to be written together (pull agents' first announcements).
     identity_batches: written_together::WrittenTogether<(String, Vec<u8>), ()>,
     /// Pull agents' presences waiting to be taken over together.
@@ -247,12 +245,10 @@ impl EtcdRegistry {
         slot.get_or_init(|| self.inner.caches.hold(cache, Duration::ZERO, start))
     }
 
-    /// The cache of the leader key, which every engine follows, and of the store's recorded
-    /// format, which says how states are written (`format.rs`).
+    /// The leader key's cache, which every engine follows.
     fn leader_mirror(&self) -> &Mirror {
         self.held_for_good(&self.inner.leader_cache, Cache::Leader, || {
-            let keys = self.keys();
-            let ranges = vec![KeyRange::single(keys.leader()), KeyRange::single(keys.store_format())];
+            let ranges = vec![KeyRange::single(self.keys().leader())];
             Mirror::signalling(self.connection().clone(), ranges, self.inner.engine_signal.clone())
         })
     }

@@ -20,9 +20,7 @@ use fleet_registry::{ChangeSignal, RegistryError, Result};
 use serde::de::DeserializeOwned;
 
 mod decoded;
-mod expansion;
 use decoded::Decoded;
-pub use expansion::Expansion;
 
 /// One key's value and revisions, as etcd last reported them.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,13 +32,11 @@ pub struct Entry {
     pub lease: i64,
     /// The value decoded, once a reader asked for it.
     pub decoded: Decoded,
-    /// Whether a page holds it, rather than a key of its own ([`Expansion`]).
-    pub from_page: bool,
 }
 
 impl Entry {
     pub fn new(value: Vec<u8>, create_revision: i64, mod_revision: i64, lease: i64) -> Self {
-        Self { value, create_revision, mod_revision, lease, decoded: Decoded::default(), from_page: false }
+        Self { value, create_revision, mod_revision, lease, decoded: Decoded::default() }
     }
 
     /// The value decoded as `T`, parsed on the first read of this revision only (`key`
@@ -166,31 +162,20 @@ impl Mirror {
 
     /// As [`Mirror::start`], telling `observer` of every change.
     pub fn observed(connection: Connection, ranges: Vec<KeyRange>, observer: Option<Observer>) -> Self {
-        Self::begin(connection, ranges, observer, watch::channel(0).0, false, None)
+        Self::begin(connection, ranges, observer, watch::channel(0).0, false)
     }
 
     /// As [`Mirror::start`], but listed first when it is first read or asked to list: a
     /// machine's copy made as its agent starts is listed after the machine registered, once
     /// (listed before, it had to be listed again to be current since the registration).
     pub fn when_read(connection: Connection, ranges: Vec<KeyRange>) -> Self {
-        Self::begin(connection, ranges, None, watch::channel(0).0, true, None)
-    }
-
-    /// As [`Mirror::signalling`], holding beside each page `expansion` names the keys it
-    /// stands for.
-    pub fn signalling_expanded(
-        connection: Connection,
-        ranges: Vec<KeyRange>,
-        changes: watch::Sender<u64>,
-        expansion: Expansion,
-    ) -> Self {
-        Self::begin(connection, ranges, None, changes, false, Some(expansion))
+        Self::begin(connection, ranges, None, watch::channel(0).0, true)
     }
 
     /// As [`Mirror::start`], moving `changes` on every change: copies given the same sender
     /// wake the same readers.
     pub fn signalling(connection: Connection, ranges: Vec<KeyRange>, changes: watch::Sender<u64>) -> Self {
-        Self::begin(connection, ranges, None, changes, false, None)
+        Self::begin(connection, ranges, None, changes, false)
     }
 
     /// As [`Mirror::signalling`], telling `observer` of every change too.
@@ -200,7 +185,7 @@ impl Mirror {
         changes: watch::Sender<u64>,
         observer: Observer,
     ) -> Self {
-        Self::begin(connection, ranges, Some(observer), changes, false, None)
+        Self::begin(connection, ranges, Some(observer), changes, false)
     }
 
     fn begin(
@@ -209,7 +194,6 @@ impl Mirror {
         observer: Option<Observer>,
         changes: watch::Sender<u64>,
         deferred: bool,
-        expansion: Option<Expansion>,
     ) -> Self {
         let data = Arc::new(RwLock::new(MirrorData::default()));
         let expected = std::sync::Mutex::new(vec![0; ranges.len()]);
@@ -225,7 +209,6 @@ impl Mirror {
             observer,
             relist: relist.clone(),
             wanted: wanted.clone(),
-            expansion,
         };
         let task = tokio::spawn(feeder.run()).abort_handle();
         Self { data, changes, moved, task, ranges, expected, relist, wanted, derived: std::sync::Mutex::new(None) }
@@ -270,13 +253,6 @@ impl Mirror {
     pub fn poke(&self) {
         self.changes.send_modify(|generation| *generation += 1);
         self.moved.send_modify(|generation| *generation += 1);
-    }
-
-    /// The revision up to which `data` (this copy's) has applied every event of the range
-    /// starting at `start`.
-    pub fn seen_in(&self, data: &MirrorData, start: &str) -> Option<i64> {
-        let index = self.ranges.iter().position(|range| range.start == start)?;
-        data.seen.get(index).copied()
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
@@ -370,8 +346,6 @@ struct Feeder {
     observer: Option<Observer>,
     relist: Arc<tokio::sync::Notify>,
     wanted: Option<Arc<tokio::sync::Notify>>,
-    /// Keys that stand for others, held beside them.
-    expansion: Option<Expansion>,
 }
 
 impl Feeder {
@@ -441,9 +415,6 @@ impl Feeder {
                     Entry::new(kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease()),
                 );
             }
-        }
-        if let Some(expansion) = &self.expansion {
-            expansion.expand_listing(&mut entries);
         }
         {
             let mut data = self.data.write_locked();
@@ -579,19 +550,12 @@ impl Feeder {
                     && data.entries.get(&key).is_some_and(|held| held.value == kv.value());
                 changed.push((key.clone(), rewritten));
             }
-            let entry = (event.event_type() == EventType::Put)
-                .then(|| Entry::new(kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease()));
-            match (&self.expansion, entry) {
-                (Some(expansion), entry) => {
-                    let standing = expansion.apply(&mut data.entries, &key, entry);
-                    if self.observer.is_some() {
-                        changed.extend(standing.into_iter().map(|key| (key, false)));
-                    }
-                }
-                (None, Some(entry)) => {
+            match event.event_type() {
+                EventType::Put => {
+                    let entry = Entry::new(kv.value().to_vec(), kv.create_revision(), kv.mod_revision(), kv.lease());
                     data.entries.insert(key, entry);
                 }
-                (None, None) => {
+                EventType::Delete => {
                     data.entries.remove(&key);
                 }
             }
@@ -707,7 +671,6 @@ mod tests {
             observer: None,
             relist: Arc::new(tokio::sync::Notify::new()),
             wanted: None,
-            expansion: None,
         };
         feeder.data.write().unwrap().seen = vec![1];
         let ended =
@@ -733,7 +696,6 @@ mod tests {
             observer: None,
             relist: Arc::new(tokio::sync::Notify::new()),
             wanted: None,
-            expansion: None,
         };
         feeder.list().await.unwrap();
         let mut changes = feeder.moved.subscribe();

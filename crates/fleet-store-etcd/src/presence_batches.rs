@@ -10,11 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 
 use super::EtcdRegistry;
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
-use super::state_pages;
 use fleet_core::MachineState;
 use fleet_registry::codec::encode;
 use fleet_registry::{RegistryError, Result};
@@ -48,23 +47,21 @@ impl EtcdRegistry {
         for machine in machines {
             latest.insert(machine.id.clone(), machine);
         }
-        // Each agent's states in either layout (`state_pages.rs`): two reads an agent.
-        let gets: Vec<TxnOp> = latest.keys().flat_map(|id| state_pages::gets(keys, id)).collect();
-        let mut replies = Vec::with_capacity(gets.len());
-        for chunk in gets.chunks(MAX_TXN_OPS) {
-            replies.extend(self.connection().small_read(chunk.to_vec()).await?.1);
-        }
-        if replies.len() != 2 * latest.len() {
+        let gets: Vec<TxnOp> =
+            latest.keys().map(|id| TxnOp::get(keys.state(id, ""), Some(GetOptions::new().with_prefix()))).collect();
+        let (_, replies) = self.connection().small_read(gets).await?;
+        if replies.len() != latest.len() {
             return Err(RegistryError::Unavailable("etcd: a read of agents' states came back short".into()));
         }
         let with_lease = || Some(PutOptions::new().with_lease(lease));
         let mut txns: Vec<Filling> = vec![Filling::default()];
-        let mut taken: Vec<(MachineState, state_pages::HeldStates)> = Vec::with_capacity(latest.len());
-        for (machine, replies) in latest.into_values().zip(replies.chunks(2)) {
-            let kvs = || replies.iter().flat_map(|reply| reply.kvs());
-            // Written again as they are held; the session keeps them by unit.
-            let states: BTreeMap<String, Vec<u8>> =
-                kvs().map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec())).collect();
+        let mut taken: Vec<(MachineState, BTreeMap<String, Vec<u8>>)> = Vec::with_capacity(latest.len());
+        for (machine, reply) in latest.into_values().zip(replies) {
+            let states: BTreeMap<String, Vec<u8>> = reply
+                .kvs()
+                .iter()
+                .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec()))
+                .collect();
             let (machine_key, record) = (keys.machine(&machine.id), encode(&machine));
             let mut writes = vec![TxnOp::put(machine_key.as_str(), record.clone(), with_lease())];
             writes.extend(states.iter().map(|(key, value)| TxnOp::put(key.as_str(), value.clone(), with_lease())));
@@ -87,8 +84,7 @@ impl EtcdRegistry {
                     last.add(nested, count, inner);
                 }
             }
-            let held = (state_pages::per_unit(keys, kvs()), state_pages::WrittenPages::read(keys, &machine.id, kvs()));
-            taken.push((machine, held));
+            taken.push((machine, states));
         }
         for filled in txns.into_iter().filter(|filled| !filled.ops.is_empty()) {
             let written = self.connection().txn(Txn::new().and_then(filled.ops)).await;

@@ -15,7 +15,6 @@ use fleet_core::backoff::Backoff;
 
 use super::EtcdRegistry;
 use super::connection::{Connection, unavailable};
-use super::state_pages::{HeldStates, WrittenPages};
 use fleet_registry::codec::encode;
 use fleet_registry::{RegistryError, Result};
 
@@ -120,8 +119,6 @@ pub struct MachineSession {
     /// of units still here are, once its copy of its work has caught up with its return (the
     /// engine may have moved the others meanwhile, and their states would show them twice).
     pub to_restore: Mutex<BTreeMap<String, Vec<u8>>>,
-    /// What it wrote of its pages of states (store format 2), one write at a time.
-    pub pages: tokio::sync::Mutex<WrittenPages>,
     keepalive: Mutex<Option<tokio::task::AbortHandle>>,
     /// When the last renewal that succeeded was sent: the lease lives at least `agent_ttl`
     /// from then (etcd started counting when it received it, later).
@@ -294,12 +291,13 @@ impl EtcdRegistry {
                 // (stopped by its keeper meanwhile) would otherwise show running here for as
                 // long as the lease lives, and the engine waits for this machine to stop what
                 // it took off it. The new agent reports what it holds on its first pass.
-                let [reports, pages] = crate::state_pages::deletes(self.keys(), &machine.id);
+                let states = self.keys().state(&machine.id, "");
+                let reports = TxnOp::delete(states.as_str(), Some(etcd_client::DeleteOptions::new().with_prefix()));
                 let still_ours = Compare::lease(key.as_str(), CompareOp::Equal, lease);
                 let binding = self.member_binding(&machine.id);
                 let held = self
                     .connection()
-                    .txn(Txn::new().when([still_ours]).and_then([put, reports, pages, binding]))
+                    .txn(Txn::new().when([still_ours]).and_then([put, reports, binding]))
                     .await?
                     .succeeded();
                 // The lease can expire between the read and the write: then the presence is
@@ -329,7 +327,7 @@ impl EtcdRegistry {
         };
         self.note_unconfirmed_claim(&machine.id, None);
         self.record_lease(Some(lease));
-        self.start_session(machine, lease, Default::default(), true, renewed);
+        self.start_session(machine, lease, BTreeMap::new(), true, renewed);
         if let Some(session) = self.session(&machine.id) {
             session.rejoined_at.store(claimed_at, Ordering::SeqCst);
         }
@@ -406,7 +404,7 @@ impl EtcdRegistry {
         &self,
         machine: &MachineState,
         lease: i64,
-        (states, pages): HeldStates,
+        states: BTreeMap<String, Vec<u8>>,
         own: bool,
         renewed: tokio::time::Instant,
     ) {
@@ -415,7 +413,6 @@ impl EtcdRegistry {
             lease: AtomicI64::new(lease),
             states: Mutex::new(states),
             to_restore: Mutex::new(BTreeMap::new()),
-            pages: tokio::sync::Mutex::new(pages),
             keepalive: Mutex::new(None),
             renewed: Mutex::new(renewed),
             own,
@@ -553,12 +550,9 @@ impl EtcdRegistry {
         };
         self.note_unconfirmed_claim(&machine.id, None);
         {
-            // Its pages went with the old lease, as its states did.
-            let mut pages = session.pages.lock().await;
             let mut recorded = session.states.locked();
             let mut to_restore = session.to_restore.locked();
             to_restore.append(&mut recorded);
-            *pages = WrittenPages::default();
         }
         session.lease.store(lease, Ordering::SeqCst);
         session.rejoined_at.store(rejoined_at, Ordering::SeqCst);

@@ -56,7 +56,6 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
         },
         capacity: crate::capacity::of_this_machine(config),
         drain: None,
-        store_format: fleet_core::store_format::CURRENT,
     }
 }
 

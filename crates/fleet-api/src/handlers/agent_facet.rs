@@ -107,8 +107,6 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
         connection: Connection::Pull,
         capacity,
         drain: None,
-        // Its states are written by this manager, in this manager's format.
-        store_format: fleet_core::store_format::CURRENT,
     };
     agents.announce_for_agent(&machine).await?;
     fleet_metrics::metrics().pull.announcements.inc();

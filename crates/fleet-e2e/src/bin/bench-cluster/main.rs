@@ -80,7 +80,6 @@ fn simulated_machine(index: usize, reserving: bool) -> MachineState {
         connection: fleet_core::Connection::Etcd,
         capacity: reserving.then_some(SIMULATED_CAPACITY),
         drain: None,
-        store_format: fleet_core::store_format::CURRENT,
     }
 }
 

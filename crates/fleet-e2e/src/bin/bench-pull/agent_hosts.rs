@@ -113,7 +113,6 @@ fn start(
                 connection: fleet_core::Connection::Pull,
                 capacity: None,
                 drain: None,
-                store_format: fleet_core::store_format::CURRENT,
             },
             // As fleetd's pull mode: changes come on the change stream; the fallback is a safety net.
             // fleetd's pull mode's (`reconcile_timing::PULL_RECONCILE_INTERVAL`).

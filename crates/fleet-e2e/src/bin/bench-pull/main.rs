@@ -205,11 +205,9 @@ async fn until_active_everywhere(
     agents: usize,
     change: impl std::future::Future<Output = ()>,
 ) -> Duration {
-    // States of a key each (`states/`) and machines' pages of them (`unit-states/`), and the
-    // few keys between (the store's format, tokens), which are passed over.
-    let (from, to) = ("/_coreos.com/fleet/states/", "/_coreos.com/fleet/unit-states0");
-    let options = etcd_client::WatchOptions::new().with_range(to);
-    let mut events = raw.watch(from, Some(options)).await.expect("watch the states");
+    let prefix = "/_coreos.com/fleet/states/";
+    let mut events =
+        raw.watch(prefix, Some(etcd_client::WatchOptions::new().with_prefix())).await.expect("watch the states");
     let started = Instant::now();
     change.await;
     let suffix = format!("/{unit}");
@@ -223,16 +221,12 @@ async fn until_active_everywhere(
         for event in answer.events() {
             let Some(kv) = event.kv().filter(|_| event.event_type() == etcd_client::EventType::Put) else { continue };
             let key = String::from_utf8_lossy(kv.key());
-            let state = if key.contains("/unit-states/") {
-                let page =
-                    serde_json::from_slice::<std::collections::BTreeMap<String, fleet_core::UnitState>>(kv.value());
-                page.ok().and_then(|mut page| page.remove(unit))
-            } else if key.ends_with(&suffix) {
-                serde_json::from_slice::<fleet_core::UnitState>(kv.value()).ok()
-            } else {
-                None
-            };
-            if let Some(state) = state.filter(|state| state.systemd.active == "active") {
+            if !key.ends_with(&suffix) {
+                continue;
+            }
+            if let Ok(state) = serde_json::from_slice::<fleet_core::UnitState>(kv.value())
+                && state.systemd.active == "active"
+            {
                 active.insert(state.machine_id);
             }
         }
