@@ -40,6 +40,11 @@ impl ClientError {
 
 pub type Result<T> = std::result::Result<T, ClientError>;
 
+/// The page size lists ask for (`pageSize`, fleetd's addition): 100,000 units come in 20
+/// requests, not the 1,000 of the original's 100 a page (`bench-lists 100000`: list-unit-files
+/// 1.21–1.50 s against 1.81–2.41 s, list-units 0.60–0.75 s against 0.93–1.78 s).
+pub const PAGE_SIZE: u16 = 5_000;
+
 /// The message with which fleetd answers while it cannot reach its store (the original's).
 const STORE_UNREACHABLE: &str = "fleet server unable to communicate with etcd";
 
@@ -269,7 +274,9 @@ impl Client {
         serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
     }
 
-    /// Follows page tokens to the end.
+    /// Follows page tokens to the end, asking for pages of [`PAGE_SIZE`] (a server that does
+    /// not know `pageSize`, the original's, answers pages of its own size, which the tokens
+    /// carry).
     async fn all_pages<P: DeserializeOwned, T>(
         &self,
         path: &str,
@@ -277,13 +284,12 @@ impl Client {
     ) -> Result<Vec<T>> {
         let mut items = Vec::new();
         let mut token: Option<String> = None;
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let path = format!("{path}{separator}pageSize={PAGE_SIZE}");
         loop {
-            let separator = if path.contains('?') { '&' } else { '?' };
             let url = match &token {
-                Some(token) => {
-                    format!("{path}{separator}nextPageToken={}", encode_component(token))
-                }
-                None => path.to_string(),
+                Some(token) => format!("{path}&nextPageToken={}", encode_component(token)),
+                None => path.clone(),
             };
             let (page, next) = split(self.get::<P>(&url).await?);
             items.extend(page);

@@ -317,6 +317,36 @@ async fn pagination_tokens() {
     }
 }
 
+/// `pageSize` (our addition) asks for pages of another size than the server's; its tokens
+/// carry that size, and a request must keep asking it. Out of bounds is a 400 naming it.
+#[tokio::test]
+async fn a_client_may_ask_for_its_page_size() {
+    let api = api(2).await;
+    for n in 0..5 {
+        api.call("PUT", &format!("/fleet/v1/units/u{n}.service"), Some(hello(None))).await;
+    }
+    let first = api.call("GET", "/fleet/v1/units?pageSize=3", None).await.body;
+    assert_eq!(first["units"].as_array().unwrap().len(), 3);
+    let token = first["nextPageToken"].as_str().unwrap().replace('=', "%3D");
+    let second = api.call("GET", &format!("/fleet/v1/units?pageSize=3&nextPageToken={token}"), None).await.body;
+    let names: Vec<&str> =
+        second["units"].as_array().unwrap().iter().map(|unit| unit["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["u3.service", "u4.service"]);
+    assert!(second.get("nextPageToken").is_none());
+    let states = api.call("GET", "/fleet/v1/state?pageSize=10000", None).await;
+    assert_eq!(states.status, StatusCode::OK);
+    let cases = [
+        (format!("/fleet/v1/units?nextPageToken={token}"), "token limit must be 2".to_string()),
+        ("/fleet/v1/units?pageSize=0".into(), "invalid pageSize \"0\": a number from 1 to 10000".into()),
+        ("/fleet/v1/machines?pageSize=10001".into(), "invalid pageSize \"10001\": a number from 1 to 10000".into()),
+        ("/fleet/v1/state?pageSize=x".into(), "invalid pageSize \"x\": a number from 1 to 10000".into()),
+        ("/fleet/v1/units?pageSize=3&pageSize=4".into(), "too many values for pageSize".into()),
+    ];
+    for (path, message) in cases {
+        assert_eq!(api.call("GET", &path, None).await.body, error(400, &message), "{path}");
+    }
+}
+
 #[tokio::test]
 async fn machine_metadata_patch() {
     let api = api(100).await;
