@@ -4,9 +4,10 @@
 //! next pass reports it in the unit's state (and restarts the unit when it asked for that,
 //! within its budget). Probes run beside the agent's passes and never hold them up.
 
+use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_core::drift::{Corrections, DriftPolicy, Verdict};
@@ -121,12 +122,7 @@ impl HealthWatch {
     pub fn awaiting_first_verdict(&self, name: &str) -> bool {
         let Some(followed) = self.followed.get(name) else { return false };
         followed.since.elapsed() < self.first_verdict_wait
-            && self
-                .verdicts
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(name)
-                .is_some_and(|(_, flips)| *flips == 0)
+            && self.verdicts.locked().get(name).is_some_and(|(_, flips)| *flips == 0)
     }
 
     /// Follows exactly the checked units of `running` (active now): a new one, or one with new
@@ -150,10 +146,7 @@ impl HealthWatch {
             if self.followed.get(unit.name).is_some_and(|followed| followed.hash == unit.hash) {
                 continue;
             }
-            self.verdicts
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .insert(unit.name.to_string(), Default::default());
+            self.verdicts.locked().insert(unit.name.to_string(), Default::default());
             let first = first_probe_offset(unit.name, declared.check.interval.min(spread));
             let outlet = Outlet { verdicts: self.verdicts.clone(), flips: self.flips.clone() };
             let timing = Timing { first, clock: self.clock, first_verdict_wait: self.first_verdict_wait };
@@ -161,7 +154,7 @@ impl HealthWatch {
             self.followed.insert(unit.name.to_string(), Followed { hash: unit.hash, task, since: Instant::now() });
         }
         self.followed.retain(|name, _| keep.contains_key(name));
-        self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).retain(|name, _| keep.contains_key(name));
+        self.verdicts.locked().retain(|name, _| keep.contains_key(name));
     }
 
     /// Keeps the restart budgets of the units `launched` here only: a unit stopped or gone
@@ -177,7 +170,7 @@ impl HealthWatch {
         if let Some(restarts) = self.restarts.get_mut(name) {
             restarts.answered = 0;
         }
-        self.verdicts.lock().unwrap_or_else(PoisonError::into_inner).remove(name);
+        self.verdicts.locked().remove(name);
     }
 
     /// The units that turned unhealthy and asked to be restarted for it, within their budget
@@ -185,7 +178,7 @@ impl HealthWatch {
     /// unhealthy, marked given up, until its content changes.
     pub fn restarts_due(&mut self) -> Vec<String> {
         let now = self.clock.elapsed();
-        let verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        let verdicts = self.verdicts.locked();
         let mut due = Vec::new();
         for (name, (verdict, flips)) in verdicts.iter() {
             let Some(followed) = self.followed.get(name) else { continue };
@@ -215,7 +208,7 @@ impl HealthWatch {
     /// What to report of each followed unit's health.
     pub fn reports(&self) -> BTreeMap<String, HealthReport> {
         let now = self.clock.elapsed();
-        let verdicts = self.verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+        let verdicts = self.verdicts.locked();
         verdicts
             .iter()
             .map(|(name, (verdict, _))| {
@@ -295,7 +288,7 @@ async fn watch_unit(name: String, declared: Declared, manager: Arc<dyn UnitManag
             tracing::info!(unit = name, status = %tracker.status(), failure = tracker.failure(), "health changed");
             let verdict = LastVerdict { status: tracker.status(), failure: tracker.failure().to_string() };
             {
-                let mut verdicts = verdicts.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut verdicts = verdicts.locked();
                 let Some(slot) = verdicts.get_mut(&name) else { return };
                 *slot = (verdict, slot.1 + 1);
             }

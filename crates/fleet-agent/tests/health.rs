@@ -2,8 +2,9 @@
 //! the fake unit manager, in real time (probes are real I/O): what is reported, when, and the
 //! restarts a unit asked for.
 
+use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicU16, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
@@ -54,7 +55,7 @@ impl AgentRegistry for Recording {
         self.store.unit_body(hash).await
     }
     async fn report_states(&self, machine_id: &str, reports: &[StateReport]) -> fleet_registry::Result<()> {
-        self.reported.lock().unwrap_or_else(PoisonError::into_inner).extend_from_slice(reports);
+        self.reported.locked().extend_from_slice(reports);
         self.store.report_states(machine_id, reports).await
     }
     fn machine_changes(&self, machine_id: &str) -> ChangeSignal {
@@ -91,7 +92,7 @@ impl Setup {
 
     /// The health of every state of `name` the agent reported, in order (`None`: no check).
     fn reported_health_of(&self, name: &str) -> Vec<Option<HealthStatus>> {
-        let reported = self.reported.lock().unwrap_or_else(PoisonError::into_inner);
+        let reported = self.reported.locked();
         reported
             .iter()
             .filter_map(|report| match report {

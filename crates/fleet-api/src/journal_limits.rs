@@ -2,7 +2,8 @@
 //! (`fleet_core::journal_relay`): each asker's allowance, and how many relays run here at once.
 //! A relay asked past either is refused before anything is asked of the store or an agent.
 
-use std::sync::{Arc, Mutex, PoisonError};
+use fleet_core::unpoisoned::Locked;
+use std::sync::{Arc, Mutex};
 
 use axum::http::StatusCode;
 use fleet_core::access::Role;
@@ -45,7 +46,7 @@ impl JournalLimits {
         })?;
         if identity.role != Role::Admin {
             let now = self.origin.elapsed();
-            let mut allowances = self.allowances.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut allowances = self.allowances.locked();
             allowances.take(&identity.name, now).map_err(|wait| {
                 ApiError::new(
                     StatusCode::TOO_MANY_REQUESTS,

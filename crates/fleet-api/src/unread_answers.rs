@@ -10,9 +10,10 @@
 //! the JSON) is bounded by building [`PAGE_BUILDS_AT_ONCE`] at a time, whatever the number of
 //! connections and streams asking.
 
+use fleet_core::unpoisoned::Locked;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -104,7 +105,7 @@ impl ConnectionAnswers {
             ));
         }
         if before == 0 {
-            *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+            *self.progress.locked() = Instant::now();
             self.holding.notify_one();
         }
         Ok(())
@@ -116,7 +117,7 @@ impl ConnectionAnswers {
     }
 
     fn took(&self) {
-        *self.progress.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *self.progress.locked() = Instant::now();
     }
 
     /// Resolves once this connection has held answers for [`STALL`] with nothing taken.
@@ -133,7 +134,7 @@ impl ConnectionAnswers {
                 }
                 ringing.await;
             }
-            let since = *self.progress.lock().unwrap_or_else(PoisonError::into_inner);
+            let since = *self.progress.locked();
             if since.elapsed() >= stall && self.held() > 0 {
                 return;
             }
