@@ -37,31 +37,34 @@ pub fn percent_decode(text: &str) -> Option<String> {
 /// `pagination::MAX_PAGE_BYTES`).
 pub const MAX_PAGE_SIZE: u16 = 10_000;
 
+/// The one value of parameter `name`, if given; `too_many` is the 400's message when it is
+/// given more than once.
+fn at_most_one<'q>(query: &'q [(String, String)], name: &str, too_many: &str) -> Result<Option<&'q str>, ApiError> {
+    let mut values = query.iter().filter(|(key, _)| key == name).map(|(_, value)| value.as_str());
+    match (values.next(), values.next()) {
+        (value, None) => Ok(value),
+        _ => Err(ApiError::bad_request(too_many)),
+    }
+}
+
 /// The page size of a list: the `pageSize` a client asked for (our addition: fleetctl asks
 /// for large pages, so that 100,000 units are 20 requests, not 1,000), else the server's
 /// (`token_limit`, as the original). A page token must carry the same size.
 pub fn page_limit(query: &[(String, String)], server_limit: u16) -> Result<u16, ApiError> {
-    let asked: Vec<&String> = query.iter().filter(|(name, _)| name == "pageSize").map(|(_, value)| value).collect();
-    match asked.as_slice() {
-        [] => Ok(server_limit),
-        [size] => size.parse::<u16>().ok().filter(|size| (1..=MAX_PAGE_SIZE).contains(size)).ok_or_else(|| {
-            let shown: String = size.chars().take(32).collect();
-            ApiError::bad_request(format!("invalid pageSize {shown:?}: a number from 1 to {MAX_PAGE_SIZE}"))
-        }),
-        _ => Err(ApiError::bad_request("too many values for pageSize")),
-    }
+    let Some(size) = at_most_one(query, "pageSize", "too many values for pageSize")? else { return Ok(server_limit) };
+    size.parse::<u16>().ok().filter(|size| (1..=MAX_PAGE_SIZE).contains(size)).ok_or_else(|| {
+        let shown: String = size.chars().take(32).collect();
+        ApiError::bad_request(format!("invalid pageSize {shown:?}: a number from 1 to {MAX_PAGE_SIZE}"))
+    })
 }
 
 /// Reads the one page token a request may carry, for pages of the size the request asks
 /// ([`page_limit`]).
 pub fn page_token(query: &[(String, String)], server_limit: u16) -> Result<crate::pagination::PageToken, ApiError> {
     let limit = page_limit(query, server_limit)?;
-    let tokens: Vec<&String> =
-        query.iter().filter(|(name, _)| name == "nextPageToken").map(|(_, value)| value).collect();
-    match tokens.as_slice() {
-        [] => Ok(crate::pagination::PageToken::first(limit)),
-        [token] => crate::pagination::PageToken::decode(token, limit).map_err(ApiError::bad_request),
-        _ => Err(ApiError::bad_request("too many values for page token")),
+    match at_most_one(query, "nextPageToken", "too many values for page token")? {
+        None => Ok(crate::pagination::PageToken::first(limit)),
+        Some(token) => crate::pagination::PageToken::decode(token, limit).map_err(ApiError::bad_request),
     }
 }
 

@@ -41,8 +41,7 @@ impl ClientError {
 pub type Result<T> = std::result::Result<T, ClientError>;
 
 /// The page size lists ask for (`pageSize`, fleetd's addition): 100,000 units come in 20
-/// requests, not the 1,000 of the original's 100 a page (`bench-lists 100000`: list-unit-files
-/// 1.21–1.50 s against 1.81–2.41 s, list-units 0.60–0.75 s against 0.93–1.78 s).
+/// requests, not the 1,000 of the original's 100 a page (`bench-lists` in BENCHMARKS.md).
 pub const PAGE_SIZE: u16 = 5_000;
 
 /// The message with which fleetd answers while it cannot reach its store (the original's).

@@ -251,8 +251,7 @@ impl Mirror {
 
     /// Wakes the copy's readers though it did not change: what they may read of it did.
     pub fn poke(&self) {
-        self.changes.send_modify(|generation| *generation += 1);
-        self.moved.send_modify(|generation| *generation += 1);
+        bump(&[&self.changes, &self.moved]);
     }
 
     pub fn read(&self) -> RwLockReadGuard<'_, MirrorData> {
@@ -348,7 +347,17 @@ struct Feeder {
     wanted: Option<Arc<tokio::sync::Notify>>,
 }
 
+/// Moves each of `signals` on.
+fn bump(signals: &[&watch::Sender<u64>]) {
+    signals.iter().for_each(|signal| signal.send_modify(|generation| *generation += 1));
+}
+
 impl Feeder {
+    /// Wakes the copy's readers and its own waits: what it holds changed (or was listed).
+    fn held_changed(&self) {
+        bump(&[&self.changes, &self.moved]);
+    }
+
     async fn run(self) {
         if let Some(wanted) = &self.wanted {
             wanted.notified().await;
@@ -429,8 +438,7 @@ impl Feeder {
                 data.generation = next_generation();
             }
         }
-        self.changes.send_modify(|generation| *generation += 1);
-        self.moved.send_modify(|generation| *generation += 1);
+        self.held_changed();
         if let Some(observer) = &self.observer {
             observer(Changed::Everything);
         }
@@ -472,7 +480,7 @@ impl Feeder {
         self.data.write_locked().streaming = true;
         // Waits for the watch to be up (`Mirror::caught_up`) look again; readers of what it
         // holds are not woken: nothing they read changed.
-        self.moved.send_modify(|generation| *generation += 1);
+        bump(&[&self.moved]);
         // Watch IDs come back in the order the watches were asked for.
         let mut range_of_watch: BTreeMap<i64, usize> = BTreeMap::new();
         let mut relist = PendingRelist { asked: false, notify: &self.relist };
@@ -532,8 +540,7 @@ impl Feeder {
             {
                 *seen = (*seen).max(header.revision());
                 drop(data);
-                self.changes.send_modify(|generation| *generation += 1);
-                self.moved.send_modify(|generation| *generation += 1);
+                self.held_changed();
             }
             return;
         }
@@ -566,8 +573,7 @@ impl Feeder {
         }
         data.generation = next_generation();
         drop(data);
-        self.changes.send_modify(|generation| *generation += 1);
-        self.moved.send_modify(|generation| *generation += 1);
+        self.held_changed();
         if let Some(observer) = &self.observer {
             for (key, rewritten) in &changed {
                 observer(if *rewritten { Changed::Rewritten(key) } else { Changed::Key(key) });
