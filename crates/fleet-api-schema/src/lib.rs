@@ -14,7 +14,7 @@ fn is_empty(text: &Option<String>) -> bool {
     text.as_deref().is_none_or(str::is_empty)
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct UnitOption {
     pub name: String,
     pub section: String,
@@ -163,29 +163,31 @@ impl From<Capacity> for fleet_core::Resources {
     }
 }
 
+/// A page of a list. The pages' items are the schema's types; a server may send them already
+/// encoded (`Item` a raw JSON value), which reads the same.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct UnitPage {
+pub struct UnitPage<Item = Unit> {
     #[serde(default, skip_serializing_if = "is_empty")]
     pub next_page_token: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub units: Vec<Unit>,
+    pub units: Vec<Item>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct UnitStatePage {
+pub struct UnitStatePage<Item = UnitState> {
     #[serde(default, skip_serializing_if = "is_empty")]
     pub next_page_token: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub states: Vec<UnitState>,
+    pub states: Vec<Item>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct MachinePage {
+pub struct MachinePage<Item = Machine> {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub machines: Vec<Machine>,
+    pub machines: Vec<Item>,
     #[serde(default, skip_serializing_if = "is_empty")]
     pub next_page_token: Option<String>,
 }

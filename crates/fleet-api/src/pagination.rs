@@ -113,6 +113,35 @@ impl PageToken {
     }
 }
 
+/// One item of a page as it goes out: encoded as JSON once, measured by that encoding's
+/// length, and sent as those bytes.
+pub type EncodedItem = Box<serde_json::value::RawValue>;
+
+impl PageToken {
+    /// [`PageToken::page_fetched`] for items that go out as JSON: each is encoded once (its
+    /// length cuts the page, its bytes are sent). The items the page keeps come back beside
+    /// their encodings, in order, for the cursor of the page after.
+    pub fn page_encoded<T: serde::Serialize>(
+        self,
+        items: Vec<T>,
+        more: bool,
+    ) -> (Vec<T>, Vec<EncodedItem>, Option<Self>) {
+        let encoded: Vec<(EncodedItem, T)> = items
+            .into_iter()
+            .filter_map(|item| match serde_json::value::to_raw_value(&item) {
+                Ok(json) => Some((json, item)),
+                Err(error) => {
+                    tracing::error!(%error, "an item of a page could not be encoded; it is left out");
+                    None
+                }
+            })
+            .collect();
+        let (kept, next) = self.page_fetched(encoded, more, |(json, _)| json.get().len());
+        let (encoded, items) = kept.into_iter().unzip();
+        (items, encoded, next)
+    }
+}
+
 /// Where the lists clients follow page by page stopped: the next page of a listing (its kind,
 /// its asker's role and filters) resumes after the last item of the page before, so a store
 /// finds it without walking every item before it. Tokens stay the original's (a page number,
@@ -150,11 +179,6 @@ impl PageCursors {
         }
         cursors.insert((listing.to_string(), next_start), (last, std::time::Instant::now()));
     }
-}
-
-/// What an item takes in a JSON answer.
-pub fn serialized_size<T: serde::Serialize>(item: &T) -> usize {
-    serde_json::to_vec(item).map_or(0, |bytes| bytes.len())
 }
 
 #[cfg(test)]
@@ -208,5 +232,21 @@ mod tests {
         let huge = |_: &usize| MAX_PAGE_BYTES * 2;
         let (page, next) = PageToken::first(100).page(items, huge);
         assert_eq!((page, next.map(|token| token.start)), (vec![0], Some(Some(1))), "at least one item a page");
+    }
+
+    #[test]
+    fn encoded_pages_are_cut_by_their_encodings_and_send_those_bytes() {
+        // Three strings of about 40% of a page each: two fit, the third starts the next page.
+        let items: Vec<String> = ["a", "b", "c"].iter().map(|letter| letter.repeat(MAX_PAGE_BYTES * 2 / 5)).collect();
+        let (kept, encoded, next) = PageToken::first(100).page_encoded(items.clone(), false);
+        assert_eq!(kept, items[..2]);
+        let sent: Vec<String> = encoded.iter().map(|json| json.get().to_string()).collect();
+        let expected: Vec<String> = items[..2].iter().map(|item| serde_json::to_string(item).unwrap()).collect();
+        assert_eq!(sent, expected);
+        assert_eq!(next.map(|token| token.start), Some(Some(2)));
+        let page = fleet_api_schema::UnitPage { next_page_token: None, units: encoded };
+        let read: fleet_api_schema::UnitPage<String> =
+            serde_json::from_str(&serde_json::to_string(&page).unwrap()).unwrap();
+        assert_eq!(read.units, items[..2], "a page of encoded items reads as the items");
     }
 }

@@ -11,7 +11,6 @@ use serde_json::Value;
 
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
-use crate::pagination::serialized_size;
 use crate::query::page_token;
 use crate::schema::{Machine, MachinePage};
 
@@ -40,11 +39,11 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
             primary_ip: machine.public_ip,
         })
         .collect();
-    let (machines, next) = token.page_fetched(machines, page.more, serialized_size);
+    let (machines, encoded, next) = token.page_encoded(machines, page.more);
     if let (Some(_), Some(last)) = (&next, machines.last()) {
         state.page_cursors.remember(listing, start + machines.len(), last.id.clone());
     }
-    Ok(json_response(StatusCode::OK, &MachinePage { machines, next_page_token: next.map(|t| t.encode()) }))
+    Ok(json_response(StatusCode::OK, &MachinePage { machines: encoded, next_page_token: next.map(|t| t.encode()) }))
 }
 
 /// A field of a JSON object, its name matched case-insensitively as the original's decoder does.

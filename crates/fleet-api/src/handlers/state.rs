@@ -9,7 +9,6 @@ use fleet_registry::PageRequest;
 
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
-use crate::pagination::serialized_size;
 use crate::query::{first_value, page_token};
 use crate::schema::{UnitState, UnitStatePage};
 
@@ -43,11 +42,11 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
     let _turn = crate::unread_answers::page_build_turn().await;
     let page = state.registry.unit_states_page(request, machine).await?;
     let states: Vec<UnitState> = page.items.into_iter().map(to_schema).collect();
-    let (states, next) = token.page_fetched(states, page.more, serialized_size);
+    let (states, encoded, next) = token.page_encoded(states, page.more);
     if let (Some(_), Some(last)) = (&next, states.last()) {
         state.page_cursors.remember(&listing, start + states.len(), format!("{}\0{}", last.name, last.machine_id));
     }
-    Ok(json_response(StatusCode::OK, &UnitStatePage { next_page_token: next.map(|t| t.encode()), states }))
+    Ok(json_response(StatusCode::OK, &UnitStatePage { next_page_token: next.map(|t| t.encode()), states: encoded }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {

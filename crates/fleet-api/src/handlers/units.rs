@@ -11,7 +11,6 @@ use fleet_registry::{PageRequest, UnitView, Writer};
 
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
-use crate::pagination::serialized_size;
 use crate::query::page_token;
 use crate::schema::{Unit, UnitOption, UnitPage};
 
@@ -57,11 +56,11 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
     let _turn = crate::unread_answers::page_build_turn().await;
     let page = state.registry.units_page(request).await?;
     let units: Vec<Unit> = page.items.into_iter().map(|view| to_schema(view, Shown::InList)).collect();
-    let (units, next) = token.page_fetched(units, page.more, serialized_size);
+    let (units, encoded, next) = token.page_encoded(units, page.more);
     if let (Some(_), Some(last)) = (&next, units.last()) {
         state.page_cursors.remember(&listing, start + units.len(), last.name.clone());
     }
-    Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units }))
+    Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units: encoded }))
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use fleet_api_schema::{Machine, Unit, UnitState};
 use fleet_core::UnitHash;
 
-use super::create::{is_global, unit_file};
+use super::file_facts::FactsByContents;
 use crate::context::Context;
 use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, print_json};
 use crate::reservations::{capacity_cell, reserved_by_machine, reserved_cell};
@@ -176,17 +176,18 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
             None => unit.source.as_ref().map(|_| "in sync"),
         }
     };
+    let mut files = FactsByContents::default();
     if output == OutputFormat::Json {
-        let files: Vec<_> = units.iter().map(unit_file).collect();
+        let facts: Vec<_> = units.iter().map(|unit| files.of(unit)).collect();
         let rows: Vec<UnitFileRow<'_>> = units
             .iter()
-            .zip(&files)
+            .zip(&facts)
             .map(|(unit, file)| {
-                let global = is_global(unit);
+                let global = file.global(unit);
                 let machine = unit.machine_id.as_deref().filter(|_| !global);
                 UnitFileRow {
                     unit: &unit.name,
-                    hash: file.hash().to_string(),
+                    hash: file.hash.to_string(),
                     description: file.description(),
                     desired_state: unit.desired_state.as_deref(),
                     current_state: unit.current_state.as_deref().filter(|_| !global),
@@ -206,8 +207,8 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
     let rows = units
         .iter()
         .map(|unit| {
-            let global = is_global(unit);
-            let file = unit_file(unit);
+            let file = files.of(unit);
+            let global = file.global(unit);
             fields
                 .iter()
                 .map(|field| match *field {
@@ -221,8 +222,8 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                         Some(id) => legends.full_legend(id, list.full),
                         None => "-".to_string(),
                     },
-                    "hash" if list.full => file.hash().to_string(),
-                    "hash" => file.hash().short(),
+                    "hash" if list.full => file.hash.to_string(),
+                    "hash" => file.hash.short(),
                     "desc" => or_dash(file.description().unwrap_or("")),
                     "source" => or_dash(unit.source.as_deref().unwrap_or("")),
                     "sync" => or_dash(sync_of(unit).unwrap_or("")),

@@ -2,6 +2,7 @@
 
 pub mod backup;
 pub mod create;
+pub mod file_facts;
 pub mod inspect;
 pub mod lifecycle;
 pub mod list;

@@ -1,0 +1,87 @@
+//! What `list-unit-files` shows of a unit's file (its hash, description and whether it is
+//! global), worked out once per distinct contents: a listing of many units usually holds few
+//! files (every instance of a template shares one), and building and hashing a file per row was
+//! most of fleetctl's time on a list of 100,000.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use fleet_api_schema::{Unit, UnitOption};
+use fleet_core::{Requirements, UnitFile, UnitHash};
+
+use super::create::unit_file;
+
+/// One file's facts.
+pub struct FileFacts {
+    file: UnitFile,
+    pub hash: UnitHash,
+    /// Whether units with this file are global, when that does not depend on the unit's name
+    /// (no `[X-Fleet]` value has a specifier such as `%i`).
+    global_for_any_name: Option<bool>,
+}
+
+impl FileFacts {
+    fn of(unit: &Unit) -> Self {
+        let file = unit_file(unit);
+        let names_matter =
+            file.options().iter().any(|option| option.section == "X-Fleet" && option.value.contains('%'));
+        let global_for_any_name = (!names_matter).then(|| Requirements::from_unit(&unit.name, &file).global);
+        Self { hash: file.hash(), global_for_any_name, file }
+    }
+
+    pub fn description(&self) -> Option<&str> {
+        self.file.description()
+    }
+
+    /// Whether `unit` (which has this file) is global.
+    pub fn global(&self, unit: &Unit) -> bool {
+        self.global_for_any_name.unwrap_or_else(|| Requirements::from_unit(&unit.name, &self.file).global)
+    }
+}
+
+/// The facts of each unit's file, computed once per distinct contents.
+#[derive(Default)]
+pub struct FactsByContents<'a> {
+    known: HashMap<&'a [UnitOption], Rc<FileFacts>>,
+}
+
+impl<'a> FactsByContents<'a> {
+    pub fn of(&mut self, unit: &'a Unit) -> Rc<FileFacts> {
+        Rc::clone(self.known.entry(&unit.options).or_insert_with(|| Rc::new(FileFacts::of(unit))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unit(name: &str, text: &str) -> Unit {
+        let file = UnitFile::parse(text).expect("a valid unit file");
+        Unit { name: name.to_string(), options: super::super::create::schema_options(&file), ..Default::default() }
+    }
+
+    #[test]
+    fn units_with_one_file_share_its_facts_and_others_get_their_own() {
+        let a = unit("a@1.service", "[Unit]\nDescription=A\n[Service]\nExecStart=/bin/true\n");
+        let b = unit("a@2.service", "[Unit]\nDescription=A\n[Service]\nExecStart=/bin/true\n");
+        let c = unit("c.service", "[Unit]\nDescription=C\n[X-Fleet]\nGlobal=true\n");
+        let mut facts = FactsByContents::default();
+        let (fa, fb, fc) = (facts.of(&a), facts.of(&b), facts.of(&c));
+        assert!(Rc::ptr_eq(&fa, &fb));
+        assert_eq!(fa.hash, unit_file(&a).hash());
+        assert_eq!(fc.hash, unit_file(&c).hash());
+        assert_eq!((fa.description(), fc.description()), (Some("A"), Some("C")));
+        assert_eq!((fa.global(&a), fc.global(&c)), (false, true));
+    }
+
+    #[test]
+    fn a_global_that_names_the_instance_is_read_per_unit() {
+        let text = "[Service]\nExecStart=/bin/true\n[X-Fleet]\nGlobal=%i\n";
+        let (on, off) = (unit("g@true.service", text), unit("g@false.service", text));
+        let mut facts = FactsByContents::default();
+        let (f_on, f_off) = (facts.of(&on), facts.of(&off));
+        assert!(Rc::ptr_eq(&f_on, &f_off));
+        assert_eq!((f_on.global(&on), f_off.global(&off)), (true, false));
+        assert_eq!(f_on.global(&on), Requirements::from_unit(&on.name, &unit_file(&on)).global);
+    }
+}
