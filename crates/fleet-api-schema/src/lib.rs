@@ -438,6 +438,11 @@ pub struct AgentCertificate {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// A header of the answer to a pull agent's announce, `true` when an agent whose change
+/// stream ended may open it again at once: the manager is not busy taking many agents back.
+/// A manager before 0.3 does not send it.
+pub const STREAM_NOW_HEADER: &str = "x-fleet-stream-now";
+
 /// `PUT /fleet/v1/agents/{machine}/machine`: a pull agent announces itself (our addition).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -82,6 +82,9 @@ pub struct ApiState {
     pub agents: Option<Arc<dyn fleet_registry::AgentRegistry>>,
     /// When each pull agent was last heard from.
     pub agent_presence: Arc<crate::agent_presence::AgentPresence>,
+    /// How many pull agents announce themselves a second, for whether one may open its
+    /// change stream at once.
+    pub announce_pace: Arc<crate::announce_pace::AnnouncePace>,
     /// Journals asked of pull agents through this manager.
     pub journal_relay: Arc<crate::journal_relay::JournalRelay>,
     /// What askers may relay of other machines' journals, and how many at once.
@@ -121,6 +124,7 @@ impl ApiState {
             agent_ca: None,
             agents: None,
             agent_presence: Default::default(),
+            announce_pace: Default::default(),
             journal_relay: Default::default(),
             journal_limits: Default::default(),
             revocation_bell: Default::default(),

@@ -854,11 +854,13 @@ fn an_idle_pull_agent_announces_itself_to_its_restarted_manager_at_once() {
     let listed = cluster.members[0].ok(&["list-units", "--no-legend", "--full"]).stdout;
     assert!(listed.contains("idle.service") && listed.contains("pullfleetd000001"), "{listed}");
     assert!(fleet_e2e::process_running(&sleeper), "the unit ran throughout");
-    // And it follows the restarted manager on a change stream again once its long polls there
-    // bring nothing new.
+    // And it follows the restarted manager on a change stream again, at once: the manager,
+    // taking no crowd of agents back, welcomed it so in its announce's answer (before, the
+    // agent waited 15-30 s for its long polls there to settle).
     cluster.members[0].wait_until("the agent follows a change stream again", Duration::from_secs(60), |fleetd| {
         fleet_e2e::metric_value(&fleetd.metrics(), "fleet_pull_agents_streaming") == Some(1.0)
     });
+    assert!(pull.log().contains("the manager welcomes this agent's change stream again at once"), "{}", pull.log());
 }
 
 /// A pull fleetd whose manager refuses its registration token says why and exits: a refusal

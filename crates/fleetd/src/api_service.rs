@@ -92,6 +92,7 @@ impl ApiService {
             agents: agent_ca.as_ref().map(|_| registry.clone() as Arc<dyn fleet_registry::AgentRegistry>),
             agent_ca,
             agent_presence: agent_presence.clone(),
+            announce_pace: Default::default(),
             journal_relay: journal_relay.clone(),
             journal_limits: Default::default(),
             revocation_bell: Default::default(),

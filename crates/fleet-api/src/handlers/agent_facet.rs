@@ -9,7 +9,7 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
-use fleet_api_schema::RelayedJournal;
+use fleet_api_schema::{RelayedJournal, STREAM_NOW_HEADER};
 use fleet_core::access::Role;
 use fleet_core::drift::{Drift, DriftReport};
 use fleet_core::health::{HealthReport, HealthStatus};
@@ -110,7 +110,8 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
     };
     agents.announce_for_agent(&machine).await?;
     fleet_metrics::metrics().pull.announcements.inc();
-    Ok(StatusCode::NO_CONTENT.into_response())
+    let stream_now = if state.announce_pace.welcomes_stream() { "true" } else { "false" };
+    Ok((StatusCode::NO_CONTENT, [(STREAM_NOW_HEADER, stream_now)]).into_response())
 }
 
 /// The machine leaves the cluster (a clean stop): it and its states go, its units move.
