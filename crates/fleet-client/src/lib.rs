@@ -743,4 +743,35 @@ mod tests {
             answer.expect("written").expect("batches").into_iter().map(|result| (result.name, result.code)).collect();
         assert_eq!(codes, vec![("a.service".to_string(), 204), ("b.service".to_string(), 204)]);
     }
+
+    /// Pages are followed to the end by their tokens, their items kept in order; a page that
+    /// does not decode fails the list.
+    #[tokio::test]
+    async fn pages_are_followed_in_order_and_a_bad_page_fails_the_list() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let client =
+            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
+                .expect("a client");
+        let page = |names: &[&str], next: Option<&str>| {
+            let units: Vec<String> = names.iter().map(|name| format!(r#"{{"name":"{name}","options":[]}}"#)).collect();
+            let token = next.map(|token| format!(r#","nextPageToken":"{token}""#)).unwrap_or_default();
+            format!(r#"{{"units":[{}]{token}}}"#, units.join(","))
+        };
+        let server = async {
+            let first = answer_once(&listener, "200 OK", &page(&["a.service", "b.service"], Some("t2"))).await;
+            let second = answer_once(&listener, "200 OK", &page(&["c.service"], Some("t3"))).await;
+            let third = answer_once(&listener, "200 OK", &page(&["d.service", "e.service"], None)).await;
+            (first, second, third)
+        };
+        let ((first, second, third), listed) = tokio::join!(server, client.units());
+        assert!(first.contains("pageSize=") && !first.contains("nextPageToken"), "{first}");
+        assert!(second.contains("nextPageToken=t2") && third.contains("nextPageToken=t3"), "{second}{third}");
+        let names: Vec<String> = listed.expect("listed").into_iter().map(|unit| unit.name).collect();
+        assert_eq!(names, ["a.service", "b.service", "c.service", "d.service", "e.service"]);
+
+        // A page that does not decode ends the list there.
+        let bad = r#"{"units":[{"name":7}],"nextPageToken":"t2"}"#;
+        let (_, listed) = tokio::join!(answer_once(&listener, "200 OK", bad), client.units());
+        assert!(matches!(listed, Err(ClientError::Decode(_))), "{listed:?}");
+    }
 }
