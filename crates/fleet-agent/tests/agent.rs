@@ -84,6 +84,37 @@ async fn runs_what_is_scheduled_here_reports_it_and_stops_what_is_taken_away() {
     assert!(registry.machines().await.unwrap().is_empty(), "a clean shutdown leaves the cluster");
 }
 
+/// A pass with many units to load stops between two of them when fleetd stops: it does not
+/// load the rest only for shutdown to unload them (100,000 units took fleetd 20-30 s to stop).
+#[tokio::test(start_paused = true)]
+async fn a_pass_with_many_units_to_load_stops_between_two_when_fleetd_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
+    let mut decisions = Vec::new();
+    for n in 0..50 {
+        let name = format!("u{n}.service");
+        registry.put_unit(&name, &sleeper(), DesiredState::Loaded).await.unwrap();
+        decisions.push(Decision::Schedule { unit: name, machine: MACHINE.into() });
+    }
+    registry.apply(&lease, &decisions, &[]).await.unwrap();
+    let manager = Arc::new(FakeUnitManager::new());
+    let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+    let stop = lifecycle.clone();
+    manager.when_loaded(3, move || {
+        stop.send_replace(Lifecycle::ShuttingDown);
+    });
+    let agent = Agent::new(config(), Arc::new(registry.clone()), manager.clone());
+    agent.run(watch).await;
+    assert_eq!(manager.loads(), 3, "no load after fleetd began to stop");
+    assert!(
+        (0..50).all(|n| manager.state(&format!("u{n}.service")).is_none()),
+        "what was loaded is unloaded at shutdown"
+    );
+    assert!(registry.machines().await.unwrap().is_empty(), "a clean shutdown leaves the cluster");
+    drop(lifecycle);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_unit_that_fails_by_itself_is_reported_failed_and_left_alone() {
     let dir = tempfile::tempdir().unwrap();

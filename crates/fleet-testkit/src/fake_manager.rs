@@ -16,6 +16,9 @@ use fleet_core::{SystemdState, UnitFile};
 use fleet_unit_manager::{HeldUnit, Result, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
+/// What a test runs once enough loads were asked for.
+type AfterLoads = Box<dyn FnOnce() + Send>;
+
 pub struct FakeUnitManager {
     units: Mutex<BTreeMap<String, HeldUnit>>,
     /// Units stopped behind fleet's back since fleet last started them.
@@ -23,6 +26,9 @@ pub struct FakeUnitManager {
     starts: AtomicUsize,
     /// Calls of `stop_all`: fleetd's leaving, nothing else.
     stop_alls: AtomicUsize,
+    loads: AtomicUsize,
+    /// What to do once this many loads were asked for ([`FakeUnitManager::when_loaded`]).
+    after_loads: Mutex<Option<(usize, AfterLoads)>>,
     changes: watch::Sender<u64>,
 }
 
@@ -39,6 +45,8 @@ impl FakeUnitManager {
             stopped_outside: Mutex::new(BTreeSet::new()),
             starts: AtomicUsize::new(0),
             stop_alls: AtomicUsize::new(0),
+            loads: AtomicUsize::new(0),
+            after_loads: Mutex::new(None),
             changes: watch::channel(0).0,
         }
     }
@@ -55,6 +63,16 @@ impl FakeUnitManager {
     /// How many starts were asked for.
     pub fn starts(&self) -> usize {
         self.starts.load(Ordering::SeqCst)
+    }
+
+    /// How many loads were asked for.
+    pub fn loads(&self) -> usize {
+        self.loads.load(Ordering::SeqCst)
+    }
+
+    /// Runs `then` as the `count`th load is done (a test stopping fleetd mid-pass).
+    pub fn when_loaded(&self, count: usize, then: impl FnOnce() + Send + 'static) {
+        *self.after_loads.locked() = Some((count, Box::new(then)));
     }
 
     /// How many times `stop_all` was called.
@@ -99,6 +117,14 @@ impl UnitManager for FakeUnitManager {
         let held = HeldUnit { hash: file.hash(), state: SystemdState::new("loaded", "inactive", "dead") };
         self.units.locked().insert(name.to_string(), held);
         self.changes.send_modify(|generation| *generation += 1);
+        let loads = self.loads.fetch_add(1, Ordering::SeqCst) + 1;
+        let due = {
+            let mut after = self.after_loads.locked();
+            if after.as_ref().is_some_and(|(count, _)| *count == loads) { after.take() } else { None }
+        };
+        if let Some((_, then)) = due {
+            then();
+        }
         Ok(())
     }
 

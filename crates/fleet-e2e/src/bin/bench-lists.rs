@@ -1,6 +1,7 @@
 //! Benchmark: `fleetctl list-unit-files` and `list-units` of many units on one machine with
 //! the embedded store (the etcd store's lists are timed by `bench-cluster`). The units are
-//! loaded, not started: each reports a state, and no process runs. Prints its numbers.
+//! loaded, not started: each reports a state, and no process runs. Prints its numbers, and
+//! how long fleetd then takes to stop.
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-lists [COUNT]`
 
@@ -39,4 +40,8 @@ fn main() {
         }
     }
     println!("  fleetd memory (VmHWM): {:.0} MiB", peak_resident_mib(fleet.pid()));
+    let mut fleet = fleet;
+    let stopping = Instant::now();
+    fleet.stop_with(libc::SIGTERM);
+    println!("  fleetd stopped {:.2} s after SIGTERM", stopping.elapsed().as_secs_f64());
 }
