@@ -50,6 +50,8 @@ fn upgrade(fleet: &Fleetd, upgrades: usize) {
     fleet.wait_until("the next image took the units over", WAIT, |f| {
         f.log().matches("took over the units the previous fleetd handed over").count() == upgrades
     });
+    // It takes the units over before its API listens: a list asked for in between is refused.
+    fleet.wait_until("the next image's API answers", WAIT, |f| f.fleetctl(&["list-units", "--no-legend"]).code == 0);
     assert_eq!(fleet.pid(), pid, "the same process");
     let running = [("forked", "active", "running"), ("stays", "active", "exited"), ("ticker", "active", "running")];
     let expected: BTreeSet<_> = running
