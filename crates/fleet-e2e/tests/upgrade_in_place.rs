@@ -42,16 +42,22 @@ fn daemon(fleet: &Fleetd) -> Option<i32> {
     })
 }
 
+/// Waits until the next image took the units over, `upgrades` being how many it has done by
+/// then, and its API answers: it takes the units over before its API listens, and a list
+/// asked for in between is refused.
+fn took_over(fleet: &Fleetd, upgrades: usize) {
+    fleet.wait_until("the next image took the units over", WAIT, |f| {
+        f.log().matches("took over the units the previous fleetd handed over").count() == upgrades
+    });
+    fleet.wait_until("the next image's API answers", WAIT, |f| f.fleetctl(&["list-units", "--no-legend"]).code == 0);
+}
+
 /// Sends SIGUSR2 and waits for the next image to have taken the units over, `upgrades`
 /// being how many it has done by then.
 fn upgrade(fleet: &Fleetd, upgrades: usize) {
     let pid = fleet.pid();
     fleet.signal(libc::SIGUSR2);
-    fleet.wait_until("the next image took the units over", WAIT, |f| {
-        f.log().matches("took over the units the previous fleetd handed over").count() == upgrades
-    });
-    // It takes the units over before its API listens: a list asked for in between is refused.
-    fleet.wait_until("the next image's API answers", WAIT, |f| f.fleetctl(&["list-units", "--no-legend"]).code == 0);
+    took_over(fleet, upgrades);
     assert_eq!(fleet.pid(), pid, "the same process");
     let running = [("forked", "active", "running"), ("stays", "active", "exited"), ("ticker", "active", "running")];
     let expected: BTreeSet<_> = running
@@ -157,9 +163,7 @@ fn a_new_binary_that_does_not_run_is_refused_before_anything_stops() {
     let pid = fleet.pid();
     fleet_e2e::install_binary(&installed, &std::fs::read(fleet_e2e::binary("fleetd")).unwrap());
     fleet.signal(libc::SIGUSR2);
-    fleet.wait_until("the next image took the unit over", WAIT, |f| {
-        f.log().contains("took over the units the previous fleetd handed over")
-    });
+    took_over(&fleet, 1);
     assert_eq!(fleet.pid(), pid);
     assert_eq!(
         std::fs::read_link(format!("/proc/{pid}/exe")).unwrap(),
