@@ -440,7 +440,7 @@ pub struct AgentCertificate {
 
 /// A header of the answer to a pull agent's announce, `true` when an agent whose change
 /// stream ended may open it again at once: the manager is not busy taking many agents back.
-/// A manager before 0.3 does not send it.
+/// A manager of 0.2.0 or earlier does not send it.
 pub const STREAM_NOW_HEADER: &str = "x-fleet-stream-now";
 
 /// `PUT /fleet/v1/agents/{machine}/machine`: a pull agent announces itself (our addition).

@@ -40,11 +40,11 @@ const POLL_WAIT: Duration = Duration::from_secs(300);
 /// at every poll, so it moves only once they stop coming: at 15 s (to 30 s) 10,000 agents were
 /// on their streams 28 s after their units launched, at 2 s as they launched.
 const QUIET_WAIT: Duration = Duration::from_secs(2);
-/// The same wait for an agent whose stream ended (its manager restarted, or it moved) and whose
-/// announce to it was slow: after a restart every agent comes back at once, and streams opened
-/// while others still announce themselves slow those down (10,000 agents were all back after
-/// 74 s at 2 s, 28 s at 15 s). The spread keeps agents that came back together from moving in
-/// the same second.
+/// The same wait for an agent whose stream ended (its manager restarted, or it moved) and that
+/// its manager did not welcome back on a stream at once (`stream_welcomes`): after a restart
+/// every agent comes back at once, and streams opened while others still announce themselves
+/// slow those down (10,000 agents were all back after 74 s at 2 s, 28 s at 15 s). The spread
+/// keeps agents that came back together from moving in the same second.
 const QUIET_WAIT_AGAIN: Duration = Duration::from_secs(15);
 
 fn unavailable(error: impl std::fmt::Display) -> RegistryError {
@@ -274,14 +274,15 @@ impl RemoteRegistry {
     }
 
     async fn request(&self, request: reqwest::RequestBuilder) -> std::result::Result<Vec<u8>, Failure> {
-        self.exchange(request).await.map(|(_, body)| body)
+        self.exchange(request, None).await.map(|(_, body)| body)
     }
 
-    /// [`RemoteRegistry::request`], with the answer's headers.
+    /// [`RemoteRegistry::request`], with the answer's `header` if asked for and sent.
     async fn exchange(
         &self,
         request: reqwest::RequestBuilder,
-    ) -> std::result::Result<(reqwest::header::HeaderMap, Vec<u8>), Failure> {
+        header: Option<&str>,
+    ) -> std::result::Result<(Option<reqwest::header::HeaderValue>, Vec<u8>), Failure> {
         let used = self.current.load(std::sync::atomic::Ordering::Relaxed);
         let unreachable = |error: reqwest::Error| {
             // A manager that is gone refuses the connection, or answers nothing for the
@@ -295,7 +296,7 @@ impl RemoteRegistry {
         let response = request.send().await.map_err(unreachable)?;
         self.answer_heard();
         let status = response.status();
-        let headers = response.headers().clone();
+        let header = header.and_then(|name| response.headers().get(name).cloned());
         let bytes = response.bytes().await.map_err(unreachable)?;
         if status.is_success() {
             self.heard_by_manager(sent);
@@ -305,7 +306,7 @@ impl RemoteRegistry {
                 serde_json::from_slice::<ErrorBody>(&bytes).map(|body| body.error.message).unwrap_or_default();
             return Err(Failure::Refused { status: status.as_u16(), text: format!("{status}: {message}") });
         }
-        Ok((headers, bytes.to_vec()))
+        Ok((header, bytes.to_vec()))
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<Vec<u8>> {
@@ -401,9 +402,9 @@ impl RemoteRegistry {
         let body = serde_json::to_string(&body).map_err(unavailable)?;
         let request =
             self.client().put(format!("{}/machine", self.base())).header("Content-Type", "application/json").body(body);
-        let (headers, _) = self.exchange(request).await.map_err(RegistryError::from)?;
-        // A manager before 0.3 sends no such header: no welcome.
-        if headers.get(STREAM_NOW_HEADER).is_some_and(|value| value == "true") {
+        let (stream_now, _) = self.exchange(request, Some(STREAM_NOW_HEADER)).await.map_err(RegistryError::from)?;
+        // A manager of 0.2.0 or earlier sends no such header: no welcome.
+        if stream_now.is_some_and(|value| value == "true") {
             self.stream_welcomes.send_modify(|welcomes| *welcomes += 1);
         }
         Ok(())
