@@ -144,6 +144,8 @@ fn main() {
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
         let registration_counters = etcd_metrics::read(&metrics_address);
+        let etcd_pid = etcd.pid().unwrap_or(0);
+        let registration_cpu = [cpu_seconds(etcd_pid), cpu_seconds(std::process::id()), cpu_seconds(engine.pid())];
         let joined = Instant::now();
         let mut agents = Vec::new();
         for index in 0..machines {
@@ -178,6 +180,12 @@ fn main() {
             per_machine("grpc Range"),
             per_machine("etcd_mvcc_put_total")
         );
+        println!(
+            "      CPU over the registration: etcd {:.1} s, the simulated machines' process {:.1} s, the engine fleetd {:.1} s",
+            cpu_seconds(etcd_pid) - registration_cpu[0],
+            cpu_seconds(std::process::id()) - registration_cpu[1],
+            cpu_seconds(engine.pid()) - registration_cpu[2]
+        );
         println!("      {}", leaderships(&engine, &standby));
         print_leadership_moves(&engine, &standby);
 
@@ -186,7 +194,6 @@ fn main() {
         let list_dir = tempfile::tempdir().expect("a directory for the unit list");
         let list = unit_list(list_dir.path(), units, reserving);
         let submission_counters = etcd_metrics::read(&metrics_address);
-        let etcd_pid = etcd.pid().unwrap_or(0);
         let cpu_before = cpu_seconds(engine.pid());
         let (etcd_cpu_before, bench_cpu_before) = (cpu_seconds(etcd_pid), cpu_seconds(std::process::id()));
         let (standby_cpu_before, fleetctl_cpu_before) =
