@@ -915,3 +915,49 @@ pub struct UnitBatchResult {
     #[serde(default, skip_serializing_if = "is_empty")]
     pub message: Option<String>,
 }
+
+/// `POST /fleet/v1/plans` (our addition): what a command's unit writes would do, asked before
+/// they are made; nothing is written. `units` as a [`UnitBatch`] takes them; `destroy` names
+/// the units the command would destroy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    #[serde(default)]
+    pub units: Vec<Unit>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub destroy: Vec<String>,
+}
+
+/// The answer to a [`PlanRequest`]: the store's index the plan was made at (a later write
+/// moves it) and every unit the change names or moves.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Plan {
+    pub index: u64,
+    pub units: Vec<PlannedUnit>,
+}
+
+/// One unit of a [`Plan`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedUnit {
+    pub name: String,
+    /// `create`, `change` (new content), `set` (desired state only), `unchanged`, `destroy`,
+    /// or `moved` (a unit the change does not name, moved by it).
+    pub action: String,
+    /// The content's hash now and after (absent: no unit).
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub hash_before: Option<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub hash: Option<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub desired_state_before: Option<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub desired_state: Option<String>,
+    /// Its machine now (or the one the engine is about to give it) and after.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub machine_before: Option<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub machine: Option<String>,
+    /// Why the engine would leave it unplaced after the change.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub waiting: Option<String>,
+}

@@ -110,6 +110,8 @@ pub struct ApiState {
     pub backup: Option<crate::Backup>,
     /// The cluster's secrets key, which seals the values set through this API.
     pub secret_keys: Arc<crate::secret_keys::SecretKeys>,
+    /// How the engine chooses among machines (`placement_strategy`): plans choose alike.
+    pub placement_strategy: fleet_core::schedule::PlacementStrategy,
 }
 
 impl ApiState {
@@ -136,6 +138,7 @@ impl ApiState {
             source_secrets_dir: None,
             backup: None,
             secret_keys: Arc::new(crate::secret_keys::SecretKeys::missing("no secrets key is configured")),
+            placement_strategy: Default::default(),
         }
     }
 }

@@ -12,8 +12,8 @@ use crate::api_state::ApiState;
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
-    agent_facet, agent_stream, agents, backup, discovery, drains, journal, machines, metrics, registration_tokens,
-    rollouts, secrets, sources, state, tokens, unit_batch, units, web,
+    agent_facet, agent_stream, agents, backup, discovery, drains, journal, machines, metrics, plans,
+    registration_tokens, rollouts, secrets, sources, state, tokens, unit_batch, units, web,
 };
 
 /// A handler, as the table holds it.
@@ -131,6 +131,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/machines/{machine}/drain", List, Empty, |s, c| drains::get(s, c.param(), c.role()).await),
     route!(PUT "/fleet/v1/machines/{machine}/drain", WriteMachines, Json, |s, c| drains::put(s, c.param(), c.body).await),
     route!(DELETE "/fleet/v1/machines/{machine}/drain", WriteMachines, Empty, |s, c| drains::delete(s, c.param()).await),
+    route!(POST "/fleet/v1/plans", List, Json, |s, c| plans::post(s, c.role(), c.body).await),
     route!(GET "/fleet/v1/journal/{unit}", ReadUnit, Empty, |s, c| journal::get(s, c.identity, c.param(), c.query).await),
     route!(GET "/fleet/v1/tokens", ManageCredentials, Empty, |s, c| tokens::list(s).await),
     route!(POST "/fleet/v1/tokens", ManageCredentials, Json, |s, c| tokens::create(s, c.body).await),

@@ -103,6 +103,7 @@ impl ApiService {
             page_cursors: Default::default(),
             source_secrets_dir: Some(config.source_credentials_dir.clone()),
             secret_keys: secret_keys.clone(),
+            placement_strategy: config.placement_strategy,
             backup: backup.map(|store| fleet_api::Backup {
                 store,
                 scratch: config.state_dir.clone(),

@@ -9,6 +9,7 @@ pub mod drains;
 pub mod journal;
 pub mod machines;
 pub mod metrics;
+pub mod plans;
 pub mod registration_tokens;
 pub mod rollouts;
 pub mod secret_rotation;

@@ -16,14 +16,17 @@ use fleet_registry::{UnitChange, UnitChanged, Writer};
 use super::units::{file_from_options, json_object, refuse_template_activation, validate_options};
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
-use crate::schema::{UnitBatch, UnitBatchResult, UnitBatchResults};
+use crate::schema::{Unit, UnitBatch, UnitBatchResult, UnitBatchResults};
 
 /// The most units one request may carry (fleetctl sends at most this many at once).
 pub const MOST_UNITS_PER_BATCH: usize = 1000;
 
 pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -> Result<Response, ApiError> {
     let batch: UnitBatch = json_object(body)?;
-    let changes = admitted(batch, role)?;
+    if batch.units.is_empty() {
+        return Err(ApiError::bad_request("no units given"));
+    }
+    let changes = admitted(batch.units, role, Asked::Write, MOST_UNITS_PER_BATCH)?;
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
     super::secrets::check_named(state, role, files).await?;
     let answers = state.registry.change_units_as(&changes, writer).await?;
@@ -46,30 +49,31 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -
     Ok(json_response(StatusCode::OK, &UnitBatchResults { units }))
 }
 
-/// The batch's changes, each checked as its own `PUT` would be and by the one authorization
-/// check; the first unit refused refuses the whole batch.
-fn admitted(batch: UnitBatch, role: &Role) -> Result<Vec<UnitChange>, ApiError> {
-    if batch.units.is_empty() {
-        return Err(ApiError::bad_request("no units given"));
-    }
-    if batch.units.len() > MOST_UNITS_PER_BATCH {
-        return Err(ApiError::bad_request(format!(
-            "{} units given; at most {MOST_UNITS_PER_BATCH} per request",
-            batch.units.len()
-        )));
+/// What a request asks of each of its units: to write it, or to plan a write of it (which
+/// needs only that the caller may see it: a viewer plans anything it reads, an operator
+/// within its pattern).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Asked {
+    Write,
+    Plan,
+}
+
+/// The request's changes (at most `most`), each checked as its own `PUT` would be and by the
+/// one authorization check; the first unit refused refuses the whole request.
+pub(super) fn admitted(units: Vec<Unit>, role: &Role, asked: Asked, most: usize) -> Result<Vec<UnitChange>, ApiError> {
+    if units.len() > most {
+        return Err(ApiError::bad_request(format!("{} units given; at most {most} per request", units.len())));
     }
     let mut names = HashSet::new();
-    let mut changes = Vec::with_capacity(batch.units.len());
-    for (index, unit) in batch.units.into_iter().enumerate() {
+    let mut changes = Vec::with_capacity(units.len());
+    for (index, unit) in units.into_iter().enumerate() {
         let name = unit.name;
         if name.is_empty() {
             return Err(ApiError::bad_request(format!("unit {index} of the batch has no name")));
         }
         let about = |error: ApiError| ApiError::new(error.status, format!("unit {name}: {}", error.message));
         validate_name(&name).map_err(|error| about(ApiError::bad_request(error.to_string())))?;
-        if decide(role, Action::WriteUnit(&name)) != Access::Allowed {
-            return Err(ApiError::new(StatusCode::FORBIDDEN, format!("{role} may not write unit {name}")));
-        }
+        may(role, &name, asked)?;
         let desired: DesiredState = match unit.desired_state.as_deref().filter(|state| !state.is_empty()) {
             Some(text) => {
                 text.parse().map_err(|error: InvalidState| about(ApiError::bad_request(error.to_string())))?
@@ -91,4 +95,16 @@ fn admitted(batch: UnitBatch, role: &Role) -> Result<Vec<UnitChange>, ApiError> 
         changes.push(UnitChange { name, file, desired });
     }
     Ok(changes)
+}
+
+/// Whether `role` may do what `asked` says to unit `name`.
+pub(super) fn may(role: &Role, name: &str, asked: Asked) -> Result<(), ApiError> {
+    let (action, verb) = match asked {
+        Asked::Write => (Action::WriteUnit(name), "write"),
+        Asked::Plan => (Action::ReadUnit(name), "plan"),
+    };
+    match decide(role, action) {
+        Access::Allowed => Ok(()),
+        _ => Err(ApiError::new(StatusCode::FORBIDDEN, format!("{role} may not {verb} unit {name}"))),
+    }
 }

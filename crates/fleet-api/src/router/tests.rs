@@ -741,3 +741,69 @@ async fn a_rollout_replaces_the_units_after_its_canary_machine_by_machine() {
     // then m1's others.
     assert_eq!(order, ["web@1.service", "web@2.service", "web@4.service", "web@3.service", "web@5.service"]);
 }
+
+#[tokio::test]
+async fn a_plan_shows_what_a_change_would_do_and_writes_nothing() {
+    let api = api(100).await;
+    launch(&api, &["old.service", "other.service"]).await;
+    for id in ["m1", "m2"] {
+        let machine = MachineState { id: id.into(), public_ip: "10.0.0.1".into(), ..Default::default() };
+        api.registry.register_machine(&machine).await.unwrap();
+    }
+    let lease = api.registry.acquire_leadership("m1").await.unwrap().unwrap();
+    let placed = |unit: &str, machine: &str| fleet_core::schedule::Decision::Schedule {
+        unit: unit.into(),
+        machine: machine.into(),
+    };
+    api.registry.apply(&lease, &[placed("old.service", "m1"), placed("other.service", "m2")], &[]).await.unwrap();
+    let revision = api.registry.revision().await.unwrap();
+
+    let mut replacing = hello(Some("launched"));
+    replacing["name"] = json!("new.service");
+    replacing["options"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"section": "X-Fleet", "name": "Replaces", "value": "old.service"}));
+    let mut changed = hello(Some("launched"));
+    changed["name"] = json!("other.service");
+    changed["options"][0]["value"] = json!("/bin/sleep 2000");
+    let request = json!({
+        "units": [replacing, changed, {"name": "absent.service", "desiredState": "loaded"}],
+        "destroy": ["gone.service"],
+    });
+    let plan = api.call("POST", "/fleet/v1/plans", Some(request)).await;
+    assert_eq!(plan.status, StatusCode::OK, "{}", plan.body);
+    let by_name: BTreeMap<String, Value> = plan.body["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|unit| (unit["name"].as_str().unwrap().to_string(), unit.clone()))
+        .collect();
+    let field = |unit: &str, name: &str| by_name[unit].get(name).cloned().unwrap_or(Value::Null);
+    assert_eq!((field("new.service", "action"), field("new.service", "machine")), (json!("create"), json!("m1")));
+    assert_eq!(
+        (field("old.service", "action"), field("old.service", "machineBefore"), field("old.service", "machine")),
+        (json!("moved"), json!("m1"), json!("m2")),
+        "the unit it replaces moves"
+    );
+    assert_eq!((field("other.service", "action"), field("other.service", "machine")), (json!("change"), json!("m2")));
+    assert_ne!(field("other.service", "hash"), field("other.service", "hashBefore"));
+    assert_eq!(field("absent.service", "action"), json!("missing"));
+    assert_eq!(field("gone.service", "action"), json!("missing"));
+    assert_eq!(plan.body["index"], json!(revision.unwrap_or(0)));
+    // Nothing was written: the store's revision and the units are as they were.
+    assert_eq!(api.registry.revision().await.unwrap(), revision);
+    assert_eq!(api.call("GET", "/fleet/v1/units/new.service", None).await.status, StatusCode::NOT_FOUND);
+
+    // What the write would refuse, the plan refuses with the same words.
+    let mut bad = hello(Some("launched"));
+    bad["name"] = json!("bad.service");
+    bad["options"][0] = json!({"section": "Service", "name": "Restart", "value": "sometimes"});
+    let refused = api.call("POST", "/fleet/v1/plans", Some(json!({"units": [bad]}))).await;
+    assert_eq!(
+        (refused.status.as_u16(), refused.body),
+        (400, error(400, "unit bad.service: invalid value \"sometimes\" for Restart=: unknown value \"sometimes\""))
+    );
+    let empty = api.call("POST", "/fleet/v1/plans", Some(json!({}))).await;
+    assert_eq!(empty.body, error(400, "no units given"));
+}

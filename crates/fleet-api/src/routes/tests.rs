@@ -51,6 +51,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/fleet/v1/machines/{machine}/drain", "UAAAAADDUUUUA"),
     ("PUT", "/fleet/v1/machines/{machine}/drain", "UAAADDDDUUUUX"),
     ("DELETE", "/fleet/v1/machines/{machine}/drain", "UAAADDDDUUUUX"),
+    ("POST", "/fleet/v1/plans", "UAAAAADDUUUUX"),
     ("GET", "/fleet/v1/journal/{unit}", "UAAAHADDUUUUA"),
     ("GET", "/fleet/v1/tokens", "UAADDDDDUUUUA"),
     ("POST", "/fleet/v1/tokens", "UAADDDDDUUUUX"),

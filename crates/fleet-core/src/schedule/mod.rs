@@ -11,6 +11,7 @@ mod candidates;
 pub mod departures;
 mod incremental;
 mod plan;
+pub mod preview;
 mod reason;
 mod snapshot;
 mod working;
