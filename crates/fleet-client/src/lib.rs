@@ -5,6 +5,8 @@
 mod unreachable;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use fleet_api_schema::{
@@ -68,6 +70,10 @@ pub struct Client {
     endpoint: String,
     /// `?takeOver=true` on unit writes (see [`ClientOptions::take_over`]).
     take_over: bool,
+    /// The plan index the first unit write is made on (see [`ClientOptions::if_unchanged`]),
+    /// and whether a write took it already.
+    if_unchanged: Option<u64>,
+    condition_taken: Arc<AtomicBool>,
     /// How long one request may take; a batch of units gets this per hundred units.
     timeout: Duration,
 }
@@ -122,6 +128,10 @@ pub struct ClientOptions {
     pub through_socket: Option<PathBuf>,
     /// Unit writes take over units a git source manages (they become units made by hand).
     pub take_over: bool,
+    /// The first unit write (one unit, or the first batch) is made only if the cluster is
+    /// still as the plan of this index saw it (`?ifUnchanged=`); the writes after it are the
+    /// command's own and carry nothing.
+    pub if_unchanged: Option<u64>,
 }
 
 impl std::fmt::Debug for ClientOptions {
@@ -195,7 +205,8 @@ impl Client {
         };
         let http = builder.build().map_err(|error| ClientError::Transport(error.to_string()))?;
         let endpoint = endpoint.split(',').next().unwrap_or_default().trim().to_string();
-        Ok(Self { http, base, endpoint, take_over: options.take_over, timeout })
+        let (if_unchanged, condition_taken) = (options.if_unchanged, Arc::default());
+        Ok(Self { http, base, endpoint, take_over: options.take_over, if_unchanged, condition_taken, timeout })
     }
 
     async fn send(&self, method: Method, path: &str, body: Option<String>) -> Result<(StatusCode, Vec<u8>)> {
@@ -451,6 +462,13 @@ impl Client {
         serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
     }
 
+    /// What `request`'s unit writes would do; nothing is written.
+    pub async fn plan(&self, request: &fleet_api_schema::PlanRequest) -> Result<fleet_api_schema::Plan> {
+        let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let (_, bytes) = self.send(Method::POST, "plans", Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
     /// Pauses, resumes or undoes a rollout.
     pub async fn rollout_action(&self, name: &str, action: &str) -> Result<Rollout> {
         let path = format!("rollouts/{}/{action}", encode_component(name));
@@ -478,8 +496,22 @@ impl Client {
 
     /// A unit's path for a write, taking it over when asked to.
     fn unit_path(&self, name: &str) -> String {
-        let take_over = if self.take_over { "?takeOver=true" } else { "" };
-        format!("units/{}{take_over}", encode_component(name))
+        format!("units/{}{}", encode_component(name), self.write_query())
+    }
+
+    /// The query of a unit write: `takeOver` when asked for, and the plan index the first
+    /// write is conditioned on.
+    fn write_query(&self) -> String {
+        let mut query = Vec::new();
+        if self.take_over {
+            query.push("takeOver=true".to_string());
+        }
+        if let Some(index) = self.if_unchanged
+            && !self.condition_taken.swap(true, Ordering::SeqCst)
+        {
+            query.push(format!("ifUnchanged={index}"));
+        }
+        if query.is_empty() { String::new() } else { format!("?{}", query.join("&")) }
     }
 
     /// Writes many units in one request (`POST units`, fleetd's addition), each as its own
@@ -530,9 +562,9 @@ impl Client {
             units: &'a [&'a Unit],
         }
         let body = serde_json::to_string(&Batch { units }).map_err(|error| ClientError::Decode(error.to_string()))?;
-        let path = if self.take_over { "units?takeOver=true" } else { "units" };
+        let path = format!("units{}", self.write_query());
         let hundreds = u32::try_from(units.len().div_ceil(UNITS_PER_TIMEOUT).max(1)).unwrap_or(u32::MAX);
-        match self.send_within(Method::POST, path, Some(body), self.timeout.saturating_mul(hundreds)).await {
+        match self.send_within(Method::POST, &path, Some(body), self.timeout.saturating_mul(hundreds)).await {
             Ok((_, bytes)) => {
                 let results = serde_json::from_slice::<UnitBatchResults>(&bytes)
                     .map_err(|error| ClientError::Decode(error.to_string()))?

@@ -47,6 +47,7 @@ fn client_options(flags: &GlobalFlags, timeout: Duration) -> Result<ClientOption
         token: token.filter(|token| !token.is_empty()),
         through_socket: None,
         take_over: flags.take_over,
+        if_unchanged: flags.if_unchanged,
     })
 }
 

@@ -80,6 +80,10 @@ pub struct GlobalFlags {
     /// the source then leaves alone); with source add: take over units of the same names
     #[arg(long, global = true)]
     pub take_over: bool,
+    /// Make the command's first unit write only if the cluster is still as `fleetctl plan`
+    /// saw it when it printed this index (refused otherwise: plan again)
+    #[arg(long, global = true, value_name = "INDEX")]
+    pub if_unchanged: Option<u64>,
     /// SSH known hosts file
     #[arg(long, global = true, env = "FLEETCTL_KNOWN_HOSTS_FILE", default_value = "~/.fleetctl/known_hosts")]
     pub known_hosts_file: String,
@@ -324,6 +328,20 @@ enum Command {
     Source {
         #[command(subcommand)]
         action: SourceCommand,
+    },
+    /// Show what submit, load, start, stop, unload or destroy would do, writing nothing: each
+    /// unit's action, desired state and machine (or why it would wait), the units the change
+    /// would move, and the diff of changed unit files
+    Plan {
+        /// The command to plan
+        #[arg(value_enum)]
+        command: commands::plan::Planned,
+        #[command(flatten)]
+        create: CreateFlags,
+        #[command(flatten)]
+        units: unit_arguments::UnitList,
+        #[command(flatten)]
+        output: output::OutputFlag,
     },
     /// Roll new content out to running units in waves: start, list, status, pause, resume, undo
     Rollout {
@@ -783,7 +801,7 @@ async fn with_units(
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
     use commands::{
-        backup, inspect, lifecycle, list, machine, registration_token, remote, rollout, secret, source, token,
+        backup, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout, secret, source, token,
     };
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
@@ -826,6 +844,10 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
+        Command::Plan { command, create, units, output } => {
+            let plan = async |units: &[String]| plan::run(&context, command, units, &create, output.output).await;
+            with_units(&context, &units, plan).await
+        }
         Command::Machine { action } => machine::run(&context, action).await,
         Command::Backup { file } => backup::run(&context, &file).await,
         Command::Version

@@ -47,16 +47,67 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     }
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
     super::secrets::check_named(state, role, files).await?;
-    // The index is read before the cluster: a write in between makes it stale, never newer
-    // than what was planned.
-    let index = state.registry.revision().await?.unwrap_or(0);
     let (units, machines) = (state.registry.units().await?, state.registry.machines().await?);
+    let index = standing_index(&units, &machines);
     let strategy = state.placement_strategy;
     let destroy = request.destroy;
     let planned = tokio::task::spawn_blocking(move || planned(units, machines, strategy, &changes, &destroy))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
     Ok(json_response(StatusCode::OK, &Plan { index, units: planned }))
+}
+
+/// `?ifUnchanged=INDEX` on a unit write: the write is refused (409) unless the cluster is
+/// still as the plan that printed INDEX saw it. Checked just before the write, not with it: a
+/// write by someone else in between is not caught, a change before the check always is.
+pub async fn unchanged_since(state: &ApiState, query: &[(String, String)]) -> Result<(), ApiError> {
+    let Some(text) = crate::query::first_value(query, "ifUnchanged") else { return Ok(()) };
+    let asked: u64 = text.parse().map_err(|_| {
+        ApiError::bad_request(format!("invalid ifUnchanged {text:?}: a plan index, as fleetctl plan prints it"))
+    })?;
+    let (units, machines) = (state.registry.units().await?, state.registry.machines().await?);
+    let now = standing_index(&units, &machines);
+    if now != asked {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("the cluster changed since plan index {asked} (it is at {now} now): plan again"),
+        ));
+    }
+    Ok(())
+}
+
+/// What a plan depends on, as one number: every unit's name, content, desired state and
+/// machine, and every machine as the planner sees it (metadata, capacity, drain). Unit
+/// states, which change all the time, are not in it. The same on every member and every
+/// store (SHA-256 of a fixed encoding), so a plan made through one member guards a write
+/// through another.
+pub fn standing_index(units: &[UnitView], machines: &[fleet_core::MachineState]) -> u64 {
+    let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut units: Vec<&UnitView> = units.iter().collect();
+    units.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+    for unit in units {
+        let line = format!(
+            "unit\0{}\0{}\0{}\0{}\n",
+            unit.name,
+            unit.hash,
+            unit.desired,
+            unit.machine_id.as_deref().unwrap_or("")
+        );
+        digest.update(line.as_bytes());
+    }
+    let mut machines: Vec<&fleet_core::MachineState> = machines.iter().collect();
+    machines.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+    for machine in machines {
+        let planned = (&machine.id, &machine.metadata, &machine.capacity, &machine.drain);
+        digest.update(b"machine\0");
+        digest.update(serde_json::to_string(&planned).unwrap_or_default().as_bytes());
+        digest.update(b"\n");
+    }
+    let sum = digest.finish();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&sum.as_ref()[..8]);
+    // Shown as a decimal number: kept below 2^53 so that any JSON reader holds it exactly.
+    u64::from_be_bytes(first) >> 11
 }
 
 /// The plan of `changes` and `destroy` over the cluster of `units` on `machines`.

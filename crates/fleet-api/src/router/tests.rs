@@ -790,10 +790,31 @@ async fn a_plan_shows_what_a_change_would_do_and_writes_nothing() {
     assert_ne!(field("other.service", "hash"), field("other.service", "hashBefore"));
     assert_eq!(field("absent.service", "action"), json!("missing"));
     assert_eq!(field("gone.service", "action"), json!("missing"));
-    assert_eq!(plan.body["index"], json!(revision.unwrap_or(0)));
     // Nothing was written: the store's revision and the units are as they were.
     assert_eq!(api.registry.revision().await.unwrap(), revision);
     assert_eq!(api.call("GET", "/fleet/v1/units/new.service", None).await.status, StatusCode::NOT_FOUND);
+
+    // The plan's index guards a write: taken while nothing changed, refused once something
+    // did, whatever the unit written.
+    let index = plan.body["index"].as_u64().expect("a plan index");
+    let again = api.call("POST", "/fleet/v1/plans", Some(json!({"destroy": ["other.service"]}))).await;
+    assert_eq!(again.body["index"], json!(index), "the same cluster, the same index");
+    let mut first = hello(Some("launched"));
+    first["name"] = json!("first.service");
+    let guarded = |body: &Value| Some(json!({"units": [body]}));
+    let written = api.call("POST", &format!("/fleet/v1/units?ifUnchanged={index}"), guarded(&first)).await;
+    assert_eq!(written.status, StatusCode::OK, "{}", written.body);
+    let stale = api
+        .call("PUT", &format!("/fleet/v1/units/second.service?ifUnchanged={index}"), Some(hello(Some("launched"))))
+        .await;
+    assert_eq!(stale.status, StatusCode::CONFLICT, "{}", stale.body);
+    let message = stale.body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with(&format!("the cluster changed since plan index {index} (it is at ")), "{message}");
+    assert_eq!(api.call("GET", "/fleet/v1/units/second.service", None).await.status, StatusCode::NOT_FOUND);
+    let stale_delete = api.call("DELETE", &format!("/fleet/v1/units/first.service?ifUnchanged={index}"), None).await;
+    assert_eq!(stale_delete.status, StatusCode::CONFLICT);
+    let bad_index = api.call("DELETE", "/fleet/v1/units/first.service?ifUnchanged=soon", None).await;
+    assert_eq!(bad_index.body, error(400, "invalid ifUnchanged \"soon\": a plan index, as fleetctl plan prints it"));
 
     // What the write would refuse, the plan refuses with the same words.
     let mut bad = hello(Some("launched"));

@@ -216,6 +216,50 @@ pub async fn lazy_create(
     arguments: &[String],
     replacing: &Replacing<'_>,
 ) -> Result<Created, String> {
+    let Creations { names, to_create, replaced, rolled, .. } = creations(context, arguments, replacing).await?;
+    let written: BTreeMap<String, Unit> = to_create.iter().map(|unit| (unit.name.clone(), unit.clone())).collect();
+    let announced: Vec<(String, bool)> = to_create
+        .iter()
+        .filter(|unit| !replaced.contains(&unit.name))
+        .map(|unit| (unit.name.clone(), is_global(unit)))
+        .collect();
+    write_units(context, to_create).await?;
+    let rollout = match replacing.waves.as_ref().filter(|_| !rolled.is_empty()) {
+        Some(waves) => Some(roll_out(context, waves, rolled).await?),
+        None => None,
+    };
+    // A global unit has no current state of its own: the original prints its name alone.
+    for (name, global) in &announced {
+        if *global {
+            println!("Unit {name}");
+        } else {
+            println!("Unit {name} inactive");
+        }
+    }
+    Ok(Created { names, written, rollout })
+}
+
+/// What [`lazy_create`] would write for `arguments`, worked out from the cluster and the local
+/// files without writing anything (its warnings are printed as it goes).
+pub struct Creations {
+    /// Every unit named, in argument order.
+    pub names: Vec<String>,
+    /// The units to write (new, or replacements), with the command's desired state.
+    pub to_create: Vec<Unit>,
+    /// Those of `to_create` that replace a unit the cluster holds.
+    pub replaced: BTreeSet<String>,
+    /// Running units to be given new content in waves, by a rollout.
+    pub rolled: BTreeMap<String, Vec<UnitOption>>,
+    /// The named units (and their templates) as the cluster holds them.
+    pub existing: BTreeMap<String, Unit>,
+}
+
+/// See [`Creations`].
+pub async fn creations(
+    context: &Context,
+    arguments: &[String],
+    replacing: &Replacing<'_>,
+) -> Result<Creations, String> {
     let names: Vec<String> = arguments.iter().map(|argument| mangle(argument)).collect();
     for name in &names {
         validate_name(name).map_err(|error| error.to_string())?;
@@ -275,26 +319,7 @@ pub async fn lazy_create(
         };
         to_create.push(new_unit_as(name, &local, replacing.to)?);
     }
-    let written: BTreeMap<String, Unit> = to_create.iter().map(|unit| (unit.name.clone(), unit.clone())).collect();
-    let announced: Vec<(String, bool)> = to_create
-        .iter()
-        .filter(|unit| !replaced.contains(&unit.name))
-        .map(|unit| (unit.name.clone(), is_global(unit)))
-        .collect();
-    write_units(context, to_create).await?;
-    let rollout = match replacing.waves.as_ref().filter(|_| !rolled.is_empty()) {
-        Some(waves) => Some(roll_out(context, waves, rolled).await?),
-        None => None,
-    };
-    // A global unit has no current state of its own: the original prints its name alone.
-    for (name, global) in &announced {
-        if *global {
-            println!("Unit {name}");
-        } else {
-            println!("Unit {name} inactive");
-        }
-    }
-    Ok(Created { names, written, rollout })
+    Ok(Creations { names, to_create, replaced, rolled, existing: registry })
 }
 
 /// Starts a rollout that gives `files` (running units) their new content in `waves`; its name.

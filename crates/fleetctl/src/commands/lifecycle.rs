@@ -86,6 +86,16 @@ async fn units_to_act_on(context: &Context, arguments: &[String], failing: &str)
     }
 }
 
+/// The existing units among `arguments`, for a plan of stop, unload or destroy: none is an
+/// error, as for the commands.
+pub async fn existing_units(context: &Context, arguments: &[String]) -> Result<Vec<Unit>, Outcome> {
+    match units_to_act_on(context, arguments, "Error retrieving units").await {
+        Ok(units) => Ok(units),
+        Err(Outcome::Success) => Err(Outcome::Failure),
+        Err(outcome) => Err(outcome),
+    }
+}
+
 /// Sets `target` as the desired state of every unit not already there; returns those it
 /// changed, with those `already` set to it by this command (created or replaced with it).
 async fn set_desired_state(

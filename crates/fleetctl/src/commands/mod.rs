@@ -7,6 +7,7 @@ pub mod inspect;
 pub mod lifecycle;
 pub mod list;
 pub mod machine;
+pub mod plan;
 pub mod registration_token;
 pub mod remote;
 pub mod rollout;

@@ -1,0 +1,86 @@
+//! `fleetctl plan`, end to end on a single machine: real fleetd on the embedded store, the
+//! real fleetctl. A plan says what the command would do and writes nothing; the command then
+//! does what the plan said.
+
+use std::time::Duration;
+
+use fleet_e2e::Fleetd;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn plan_index(printed: &str) -> String {
+    let line = printed.lines().find_map(|line| line.strip_prefix("Plan index: ")).unwrap_or_default();
+    line.split_whitespace().next().unwrap_or_default().to_string()
+}
+
+fn unit_files(fleet: &Fleetd) -> String {
+    fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,dstate"]).stdout
+}
+
+#[test]
+fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
+    let fleet = Fleetd::start("e2e0plans0000001", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("planned.service");
+    std::fs::write(&path, "[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
+    let unit = path.display().to_string();
+
+    let planned = fleet.ok(&["plan", "start", &unit]);
+    let row = planned.stdout.lines().find(|line| line.starts_with("planned.service")).unwrap_or_default().to_string();
+    let fields: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(fields[..3], ["planned.service", "create", "-"], "{planned:?}");
+    assert_eq!(fields[3..5], ["->", "launched"], "{planned:?}");
+    let machine = fields[5..].join(" ");
+    assert!(machine.starts_with("- -> e2e0plan"), "placed on the one machine: {planned:?}");
+    assert!(planned.stdout.contains("Plan index: "), "{planned:?}");
+    assert_eq!(unit_files(&fleet), "", "a plan writes nothing");
+
+    // The command does what the plan said, on the cluster the plan saw.
+    let index = plan_index(&planned.stdout);
+    fleet.ok(&["--if-unchanged", &index, "start", &unit]);
+    fleet.wait_until("the unit runs", WAIT, |f| {
+        f.unit_rows() == vec![("planned.service".into(), "active".into(), "running".into())]
+    });
+
+    // New content: without --replace start keeps the cluster's (and says so); with it, the
+    // plan shows the change and its diff, and still writes nothing.
+    std::fs::write(&path, "[Service]\nExecStart=/bin/sleep 2000\n").unwrap();
+    let kept = fleet.ok(&["plan", "start", &unit]);
+    assert!(kept.stderr.contains("differs from local unit file"), "{kept:?}");
+    assert!(kept.stdout.starts_with("Nothing to do"), "{kept:?}");
+    let replaced = fleet.ok(&["plan", "start", "--replace", &unit]);
+    assert!(replaced.stdout.contains("planned.service  change  launched"), "{replaced:?}");
+    assert!(replaced.stdout.contains("-ExecStart=/bin/sleep 1000"), "{replaced:?}");
+    assert!(replaced.stdout.contains("+ExecStart=/bin/sleep 2000"), "{replaced:?}");
+    assert!(fleet.ok(&["cat", "planned.service"]).stdout.contains("sleep 1000"));
+
+    // A destroy, as JSON.
+    let destroy = fleet.ok(&["plan", "destroy", "planned.service", "-o", "json"]);
+    let plan: serde_json::Value = serde_json::from_str(&destroy.stdout).unwrap();
+    let planned_unit = &plan["units"][0];
+    assert_eq!((&planned_unit["name"], &planned_unit["action"]), (&"planned.service".into(), &"destroy".into()));
+    assert!(planned_unit["machineBefore"].as_str().is_some_and(|id| id.starts_with("e2e0plan")), "{plan}");
+    assert!(planned_unit.get("machine").is_none(), "{plan}");
+    assert!(plan["index"].as_u64().is_some_and(|index| index > 0), "{plan}");
+    assert_eq!(unit_files(&fleet), "planned.service\tlaunched\n", "still there");
+
+    // A plan's index is stale once the cluster changed: the command refuses and writes nothing.
+    let stale = plan_index(&fleet.ok(&["plan", "stop", "planned.service"]).stdout);
+    let other = dir.path().join("other.service");
+    std::fs::write(&other, "[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
+    fleet.ok(&["submit", &other.display().to_string()]);
+    let refused = fleet.fleetctl(&["--if-unchanged", &stale, "stop", "--no-block", "planned.service"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains(&format!("the cluster changed since plan index {stale}")), "{refused:?}");
+    assert_eq!(unit_files(&fleet), "other.service\tinactive\nplanned.service\tlaunched\n");
+
+    // A plan refuses what the command refuses, with its words, and the unit is left alone.
+    let stop_unknown = fleet.fleetctl(&["plan", "stop", "nowhere.service"]);
+    assert_eq!((stop_unknown.code, stop_unknown.stderr.as_str()), (1, "Units not found in registry\n"));
+    let bad = dir.path().join("bad.service");
+    std::fs::write(&bad, "[Service]\nExecStart=/bin/true\nthis is not an option\n").unwrap();
+    let refused = fleet.fleetctl(&["plan", "start", &bad.display().to_string()]);
+    assert_eq!(refused.code, 1);
+    assert!(refused.stderr.contains("bad.service: line 3: expected \"Name=Value\""), "{refused:?}");
+    assert_eq!(unit_files(&fleet), "other.service\tinactive\nplanned.service\tlaunched\n");
+}

@@ -1,0 +1,176 @@
+//! `fleetctl plan`: what submit, load, start, stop, unload or destroy would do, asked of
+//! fleetd before anything is written. The units' writes are worked out as the command works
+//! them out (the same files, the same registry, the same warnings), then fleetd's planner
+//! says where each unit would go, what it would move and what would wait, and why.
+
+use std::collections::BTreeMap;
+
+use fleet_api_schema::{Plan, PlanRequest, PlannedUnit, Unit};
+
+use super::create::{Creations, Replacing, creations, is_global, unit_file};
+use super::lifecycle::existing_units;
+use crate::context::Context;
+use crate::diff::unified;
+use crate::output::{OutputFormat, print_json};
+use crate::{CreateFlags, Outcome};
+
+/// The command planned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Planned {
+    Submit,
+    Load,
+    Start,
+    Stop,
+    Unload,
+    Destroy,
+}
+
+pub async fn run(
+    context: &Context,
+    planned: Planned,
+    arguments: &[String],
+    create: &CreateFlags,
+    output: OutputFormat,
+) -> Outcome {
+    let (request, contents) = match request(context, planned, arguments, create).await {
+        Ok(asked) => asked,
+        Err(outcome) => return outcome,
+    };
+    if request.units.is_empty() && request.destroy.is_empty() {
+        println!("Nothing to do: every unit named is as the command would leave it.");
+        return Outcome::Success;
+    }
+    let plan = match context.client.plan(&request).await {
+        Ok(plan) => plan,
+        Err(error) => {
+            eprintln!("Error planning: {error}");
+            return Outcome::Failure;
+        }
+    };
+    match output {
+        OutputFormat::Json => print_json(&plan),
+        OutputFormat::Table | OutputFormat::Wide => print_plan(&plan, &contents, output == OutputFormat::Wide),
+    }
+    Outcome::Success
+}
+
+/// The unit files before and after, by unit, for the diffs of changed units.
+type Contents = BTreeMap<String, (String, String)>;
+
+/// What `planned` would write for `arguments`.
+async fn request(
+    context: &Context,
+    planned: Planned,
+    arguments: &[String],
+    create: &CreateFlags,
+) -> Result<(PlanRequest, Contents), Outcome> {
+    if arguments.is_empty() {
+        eprintln!("No units given");
+        return Err(Outcome::Usage);
+    }
+    match planned {
+        Planned::Submit | Planned::Load | Planned::Start => {
+            let (from, to): (&[&str], &'static str) = match planned {
+                Planned::Submit => (&["inactive"], "inactive"),
+                Planned::Load => (&["inactive", "loaded"], "loaded"),
+                _ => (&["inactive", "loaded", "launched"], "launched"),
+            };
+            let replacing = Replacing { allowed: create.replace, from, to, waves: None };
+            let created = creations(context, arguments, &replacing).await.map_err(|error| {
+                eprintln!("Error creating units: {error}");
+                Outcome::Failure
+            })?;
+            Ok(created_request(created, (planned != Planned::Submit).then_some(to)))
+        }
+        Planned::Stop | Planned::Unload => {
+            let target = if planned == Planned::Stop { "loaded" } else { "inactive" };
+            let units = existing_units(context, arguments).await?;
+            let units = units.into_iter().filter_map(|unit| lowered(unit, target)).collect();
+            Ok((PlanRequest { units, destroy: Vec::new() }, Contents::new()))
+        }
+        Planned::Destroy => {
+            let units = existing_units(context, arguments).await?;
+            Ok((
+                PlanRequest { units: Vec::new(), destroy: units.into_iter().map(|unit| unit.name).collect() },
+                Contents::new(),
+            ))
+        }
+    }
+}
+
+/// The write stop or unload makes of `unit`: its desired state lowered to `target`, unless
+/// it is there already or (not global) inactive, which the commands leave alone.
+fn lowered(unit: Unit, target: &str) -> Option<Unit> {
+    let inactive = unit.current_state.as_deref().unwrap_or("inactive") == "inactive" && !is_global(&unit);
+    let moves = unit.desired_state.as_deref() != Some(target) && !inactive;
+    moves.then(|| Unit { name: unit.name, desired_state: Some(target.to_string()), ..Unit::default() })
+}
+
+/// The writes of a command that creates what is missing, then (unless `target` is `None`,
+/// as for submit) sets every named unit's desired state to `target`.
+fn created_request(created: Creations, target: Option<&str>) -> (PlanRequest, Contents) {
+    let Creations { names, to_create, existing, .. } = created;
+    let mut contents = Contents::new();
+    for unit in &to_create {
+        if let Some(before) = existing.get(&unit.name) {
+            contents.insert(unit.name.clone(), (unit_file(before).serialize(), unit_file(unit).serialize()));
+        }
+    }
+    let mut units = to_create;
+    if let Some(target) = target {
+        let written: std::collections::BTreeSet<String> = units.iter().map(|unit| unit.name.clone()).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for name in names.iter().filter(|name| !written.contains(*name) && seen.insert(name.to_string())) {
+            let Some(unit) = existing.get(name) else { continue };
+            if unit.desired_state.as_deref() != Some(target) {
+                units.push(Unit { name: name.clone(), desired_state: Some(target.to_string()), ..Unit::default() });
+            }
+        }
+    }
+    for unit in units.iter_mut().filter(|unit| !unit.options.is_empty()) {
+        unit.desired_state.get_or_insert_with(|| "inactive".to_string());
+    }
+    (PlanRequest { units, destroy: Vec::new() }, contents)
+}
+
+/// The plan as a table, then the diff of each changed unit, then the index.
+fn print_plan(plan: &Plan, contents: &Contents, wide: bool) {
+    let rows: Vec<[String; 4]> = plan.units.iter().map(|unit| row(unit, wide)).collect();
+    let header = ["UNIT".to_string(), "ACTION".to_string(), "STATE".to_string(), "MACHINE".to_string()];
+    let widths: Vec<usize> =
+        (0..4).map(|column| rows.iter().chain([&header]).map(|row| row[column].len()).max().unwrap_or(0)).collect();
+    for row in [&header].into_iter().chain(&rows) {
+        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:width$}")).collect();
+        println!("{}", cells.join("  ").trim_end());
+    }
+    for unit in plan.units.iter().filter(|unit| unit.action == "change") {
+        if let Some((before, after)) = contents.get(&unit.name) {
+            print!(
+                "\n{}",
+                unified(&format!("{} (cluster)", unit.name), before, &format!("{} (local)", unit.name), after)
+            );
+        }
+    }
+    println!(
+        "\nPlan index: {} (nothing was written; with --if-unchanged {} the command refuses if the cluster changes first)",
+        plan.index, plan.index
+    );
+}
+
+fn row(unit: &PlannedUnit, wide: bool) -> [String; 4] {
+    let machine = |id: &Option<String>| match id {
+        Some(id) if wide => id.clone(),
+        Some(id) => id.chars().take(8).collect(),
+        None => "-".to_string(),
+    };
+    let state = match (&unit.desired_state_before, &unit.desired_state) {
+        (before, after) if before == after => after.clone().unwrap_or_else(|| "-".into()),
+        (before, after) => format!("{} -> {}", before.as_deref().unwrap_or("-"), after.as_deref().unwrap_or("-")),
+    };
+    let placement = match (&unit.machine_before, &unit.machine, &unit.waiting) {
+        (_, None, Some(waiting)) => format!("{} -> waits: {waiting}", machine(&unit.machine_before)),
+        (before, after, _) if before == after => machine(after),
+        (before, after, _) => format!("{} -> {}", machine(before), machine(after)),
+    };
+    [unit.name.clone(), unit.action.clone(), state, placement]
+}
