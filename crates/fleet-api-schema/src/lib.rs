@@ -917,14 +917,31 @@ pub struct UnitBatchResult {
 }
 
 /// `POST /fleet/v1/plans` (our addition): what a command's unit writes would do, asked before
-/// they are made; nothing is written. `units` as a [`UnitBatch`] takes them; `destroy` names
-/// the units the command would destroy.
+/// they are made; nothing is written. `units` are the writes, each as a [`UnitBatch`]'s unit
+/// (its options given, or named by a key of `contents`, so that the instances of a template
+/// carry it once); `destroy` names the units the command would destroy.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanRequest {
     #[serde(default)]
-    pub units: Vec<Unit>,
+    pub units: Vec<PlanUnit>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub destroy: Vec<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contents: BTreeMap<String, Vec<UnitOption>>,
+}
+
+/// One write of a [`PlanRequest`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanUnit {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub desired_state: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<UnitOption>,
+    /// The key in the request's `contents` of this unit's options.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub content: Option<String>,
 }
 
 /// The answer to a [`PlanRequest`]: the store's index the plan was made at (a later write

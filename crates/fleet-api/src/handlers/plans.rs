@@ -5,7 +5,7 @@
 //! the store holds it, with and without the change ([`fleet_core::schedule::preview`]), and
 //! nothing is written.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use axum::http::StatusCode;
@@ -21,10 +21,11 @@ use super::unit_batch::{Asked, admitted, may};
 use super::units::json_object;
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
-use crate::schema::{Plan, PlanRequest, PlannedUnit};
+use crate::schema::{Plan, PlanRequest, PlanUnit, PlannedUnit, Unit, UnitOption};
 
-/// The most units one plan may name: a plan of every unit of a large submission at once.
-pub const MOST_UNITS_PER_PLAN: usize = 20_000;
+/// The most units one plan may name: ten thousand instances of a template fit the request
+/// body's bound when they carry its content once.
+pub const MOST_UNITS_PER_PLAN: usize = 10_000;
 
 pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response, ApiError> {
     let request: PlanRequest = json_object(body)?;
@@ -37,7 +38,8 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
             request.units.len() + request.destroy.len()
         )));
     }
-    let changes = admitted(request.units, role, Asked::Plan, MOST_UNITS_PER_PLAN)?;
+    let units = with_contents(request.units, &request.contents)?;
+    let changes = admitted(units, role, Asked::Plan, MOST_UNITS_PER_PLAN)?;
     for name in &request.destroy {
         validate_name(name).map_err(|error| ApiError::bad_request(format!("unit {name}: {error}")))?;
         may(role, name, Asked::Plan)?;
@@ -55,6 +57,28 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
     Ok(json_response(StatusCode::OK, &Plan { index, units: planned }))
+}
+
+/// The request's units as a batch writes them: each with its options, given or named.
+fn with_contents(units: Vec<PlanUnit>, contents: &BTreeMap<String, Vec<UnitOption>>) -> Result<Vec<Unit>, ApiError> {
+    units
+        .into_iter()
+        .map(|unit| {
+            let options = match (unit.options.is_empty(), &unit.content) {
+                (true, Some(key)) => contents.get(key).cloned().ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "unit {}: content {key:?} is not in the request's contents",
+                        unit.name
+                    ))
+                })?,
+                (false, Some(_)) => {
+                    return Err(ApiError::bad_request(format!("unit {}: options and content both given", unit.name)));
+                }
+                (_, None) => unit.options,
+            };
+            Ok(Unit { name: unit.name, desired_state: unit.desired_state, options, ..Unit::default() })
+        })
+        .collect()
 }
 
 /// `?ifUnchanged=INDEX` on a unit write: the write is refused (409) unless the cluster is

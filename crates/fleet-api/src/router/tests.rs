@@ -827,4 +827,22 @@ async fn a_plan_shows_what_a_change_would_do_and_writes_nothing() {
     );
     let empty = api.call("POST", "/fleet/v1/plans", Some(json!({}))).await;
     assert_eq!(empty.body, error(400, "no units given"));
+
+    // Instances share their content: it is carried once, named by each.
+    let shared = json!({
+        "contents": {"k": hello(None)["options"]},
+        "units": [{"name": "i@1.service", "desiredState": "launched", "content": "k"},
+                  {"name": "i@2.service", "desiredState": "launched", "content": "k"}],
+    });
+    let plan = api.call("POST", "/fleet/v1/plans", Some(shared)).await;
+    let actions: Vec<(&str, &str)> = plan.body["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|unit| (unit["name"].as_str().unwrap(), unit["action"].as_str().unwrap()))
+        .collect();
+    assert_eq!(actions, [("i@1.service", "create"), ("i@2.service", "create")], "{}", plan.body);
+    let unknown = json!({"units": [{"name": "i@3.service", "desiredState": "launched", "content": "nope"}]});
+    let refused = api.call("POST", "/fleet/v1/plans", Some(unknown)).await;
+    assert_eq!(refused.body, error(400, "unit i@3.service: content \"nope\" is not in the request's contents"));
 }

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use fleet_api_schema::{Plan, PlanRequest, PlannedUnit, Unit};
+use fleet_api_schema::{Plan, PlanRequest, PlanUnit, PlannedUnit, Unit};
 
 use super::create::{Creations, Replacing, creations, is_global, unit_file};
 use super::lifecycle::existing_units;
@@ -86,12 +86,12 @@ async fn request(
             let target = if planned == Planned::Stop { "loaded" } else { "inactive" };
             let units = existing_units(context, arguments).await?;
             let units = units.into_iter().filter_map(|unit| lowered(unit, target)).collect();
-            Ok((PlanRequest { units, destroy: Vec::new() }, Contents::new()))
+            Ok((with_shared_contents(units), Contents::new()))
         }
         Planned::Destroy => {
             let units = existing_units(context, arguments).await?;
             Ok((
-                PlanRequest { units: Vec::new(), destroy: units.into_iter().map(|unit| unit.name).collect() },
+                PlanRequest { destroy: units.into_iter().map(|unit| unit.name).collect(), ..PlanRequest::default() },
                 Contents::new(),
             ))
         }
@@ -130,7 +130,30 @@ fn created_request(created: Creations, target: Option<&str>) -> (PlanRequest, Co
     for unit in units.iter_mut().filter(|unit| !unit.options.is_empty()) {
         unit.desired_state.get_or_insert_with(|| "inactive".to_string());
     }
-    (PlanRequest { units, destroy: Vec::new() }, contents)
+    (with_shared_contents(units), contents)
+}
+
+/// A plan request of `units`, each content carried once (the instances of a template share
+/// theirs), keyed by its hash.
+fn with_shared_contents(units: Vec<Unit>) -> PlanRequest {
+    let mut request = PlanRequest::default();
+    for unit in units {
+        let content = match unit.options.is_empty() {
+            true => None,
+            false => {
+                let key = unit_file(&unit).hash().to_string();
+                request.contents.entry(key.clone()).or_insert(unit.options);
+                Some(key)
+            }
+        };
+        request.units.push(PlanUnit {
+            name: unit.name,
+            desired_state: unit.desired_state,
+            options: Vec::new(),
+            content,
+        });
+    }
+    request
 }
 
 /// The plan as a table, then the diff of each changed unit, then the index.

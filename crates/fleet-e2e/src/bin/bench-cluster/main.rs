@@ -251,6 +251,20 @@ fn main() {
             println!("  (d) fleetctl {command}: {rows} rows in {:.2} s", listing.elapsed().as_secs_f64());
             assert_eq!(rows, units, "fleetctl {command} shows every unit");
         }
+        // (d) A plan of up to 10,000 new instances (one request): where each would go.
+        let planned = units.min(10_000);
+        let names: Vec<String> =
+            (units..units + planned).map(|index| format!("bench{}@{index}.service", index % TEMPLATES)).collect();
+        let plan_list = list_dir.path().join("planned.list");
+        std::fs::write(&plan_list, names.join("\n")).expect("write the planned units' list");
+        let planning = Instant::now();
+        let plan = fleetctl(&socket, list_dir.path(), &["plan", "start", "-o", "json", "--from-file", &plan_list.display().to_string()]).await;
+        let plan_seconds = planning.elapsed().as_secs_f64();
+        let plan: serde_json::Value = serde_json::from_str(&plan).expect("the plan as JSON");
+        let placed = plan["units"]
+            .as_array()
+            .map_or(0, |units| units.iter().filter(|unit| unit["action"] == "create" && unit["machine"].is_string()).count());
+        println!("  (d) fleetctl plan start of {planned} new units: {plan_seconds:.2} s ({placed} placed; nothing written)");
         println!(
             "  memory (VmHWM): fleetd engine {:.0} MiB; an agent-only fleetd with no units {:.0} MiB; the bench process ({machines} agents, their etcd copies) {:.0} MiB; etcd {:.0} MiB",
             peak_resident_mib(engine.pid()),
