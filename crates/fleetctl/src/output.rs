@@ -117,3 +117,46 @@ pub fn print_json(rows: &impl Serialize) {
         Err(error) => eprintln!("cannot write JSON: {error}"),
     }
 }
+
+/// `plan -o json`: the plan's index and its units, every field present (`null` for none).
+#[derive(Debug, Serialize)]
+pub struct PlanOutput<'a> {
+    pub index: u64,
+    pub units: Vec<PlanUnitRow<'a>>,
+}
+
+/// A unit of `plan -o json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlanUnitRow<'a> {
+    pub name: &'a str,
+    pub action: &'a str,
+    pub hash_before: Option<&'a str>,
+    pub hash: Option<&'a str>,
+    pub desired_state_before: Option<&'a str>,
+    pub desired_state: Option<&'a str>,
+    pub machine_before: Option<&'a str>,
+    pub machine: Option<&'a str>,
+    pub waiting: Option<&'a str>,
+}
+
+impl<'a> PlanOutput<'a> {
+    pub fn of(plan: &'a fleet_api_schema::Plan) -> Self {
+        let units = plan
+            .units
+            .iter()
+            .map(|unit| PlanUnitRow {
+                name: &unit.name,
+                action: &unit.action,
+                hash_before: unit.hash_before.as_deref(),
+                hash: unit.hash.as_deref(),
+                desired_state_before: unit.desired_state_before.as_deref(),
+                desired_state: unit.desired_state.as_deref(),
+                machine_before: unit.machine_before.as_deref(),
+                machine: unit.machine.as_deref(),
+                waiting: unit.waiting.as_deref(),
+            })
+            .collect();
+        Self { index: plan.index, units }
+    }
+}

@@ -207,3 +207,6 @@ fn planned_unit(
         name: unit.name,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,7 @@ use super::create::{Creations, Replacing, creations, is_global, unit_file};
 use super::lifecycle::existing_units;
 use crate::context::Context;
 use crate::diff::unified;
-use crate::output::{OutputFormat, print_json};
+use crate::output::{OutputFormat, PlanOutput, print_json};
 use crate::{CreateFlags, Outcome};
 
 /// The command planned.
@@ -48,7 +48,7 @@ pub async fn run(
         }
     };
     match output {
-        OutputFormat::Json => print_json(&plan),
+        OutputFormat::Json => print_json(&PlanOutput::of(&plan)),
         OutputFormat::Table | OutputFormat::Wide => print_plan(&plan, &contents, output == OutputFormat::Wide),
     }
     Outcome::Success
