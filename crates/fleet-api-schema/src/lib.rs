@@ -928,6 +928,9 @@ pub struct PlanRequest {
     pub destroy: Vec<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub contents: BTreeMap<String, Vec<UnitOption>>,
+    /// Machines (IDs or short IDs) drained: every unit on them let go.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain: Vec<String>,
 }
 
 /// One write of a [`PlanRequest`].
@@ -958,7 +961,8 @@ pub struct Plan {
 pub struct PlannedUnit {
     pub name: String,
     /// `create`, `change` (new content), `set` (desired state only), `unchanged`, `destroy`,
-    /// or `moved` (a unit the change does not name, moved by it).
+    /// `missing` (named, but no such unit), `moved` (moved by the change: a unit it does not
+    /// name, or one on a machine it drains) or `stays` (on a machine it drains, with why).
     pub action: String,
     /// The content's hash now and after (absent: no unit).
     #[serde(default, skip_serializing_if = "is_empty")]

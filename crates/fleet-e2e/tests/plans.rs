@@ -54,6 +54,18 @@ fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
     assert!(replaced.stdout.contains("+ExecStart=/bin/sleep 2000"), "{replaced:?}");
     assert!(fleet.ok(&["cat", "planned.service"]).stdout.contains("sleep 1000"));
 
+    // A drain of the only machine: its unit has nowhere to go, and says so.
+    let drain = fleet.ok(&["plan", "machine", "drain", "e2e0plan", "-o", "json"]);
+    let plan: serde_json::Value = serde_json::from_str(&drain.stdout).unwrap();
+    let stays = &plan["units"][0];
+    assert_eq!((&stays["name"], &stays["action"]), (&"planned.service".into(), &"stays".into()), "{plan}");
+    let reason = stays["waiting"].as_str().unwrap_or_default();
+    assert!(reason.starts_with("cannot leave its draining machine"), "{plan}");
+    let unknown = fleet.fleetctl(&["plan", "machine", "drain", "f00f00f0"]);
+    assert_eq!(unknown.code, 1);
+    assert!(unknown.stderr.contains("machine \"f00f00f0\" does not exist"), "{unknown:?}");
+    assert!(fleet.ok(&["list-machines", "--no-legend"]).stdout.lines().all(|line| !line.contains("drain")));
+
     // A destroy, as JSON.
     let destroy = fleet.ok(&["plan", "destroy", "planned.service", "-o", "json"]);
     let plan: serde_json::Value = serde_json::from_str(&destroy.stdout).unwrap();

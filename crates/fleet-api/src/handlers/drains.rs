@@ -20,7 +20,7 @@ use crate::error::{ApiError, json_response};
 use crate::schema::{DrainRequest, DrainingUnit, MachineDrain};
 
 /// The live machine `requested` names (by ID or short ID), if exactly one.
-async fn find(state: &ApiState, requested: &str) -> Result<Option<MachineState>, ApiError> {
+pub(super) async fn find(state: &ApiState, requested: &str) -> Result<Option<MachineState>, ApiError> {
     if !valid_machine_id(requested) {
         return Err(ApiError::bad_request(format!("invalid machine ID {requested:?}")));
     }
@@ -36,7 +36,7 @@ async fn find(state: &ApiState, requested: &str) -> Result<Option<MachineState>,
     }
 }
 
-fn not_found(requested: &str) -> ApiError {
+pub(super) fn not_found(requested: &str) -> ApiError {
     ApiError::not_found(format!("machine {requested:?} does not exist"))
 }
 

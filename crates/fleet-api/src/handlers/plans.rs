@@ -17,7 +17,7 @@ use fleet_core::schedule::{ClusterSnapshot, UnitSpec};
 use fleet_core::unit_name::validate_name;
 use fleet_registry::{UnitChange, UnitView};
 
-use super::unit_batch::{Asked, admitted, may};
+use super::unit_batch::{Permission, admitted, may};
 use super::units::json_object;
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
@@ -27,10 +27,19 @@ use crate::schema::{Plan, PlanRequest, PlanUnit, PlannedUnit, Unit, UnitOption};
 /// body's bound when they carry its content once.
 pub const MOST_UNITS_PER_PLAN: usize = 10_000;
 
+/// The most machines one plan may drain.
+pub const MOST_DRAINS_PER_PLAN: usize = 100;
+
 pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response, ApiError> {
     let request: PlanRequest = json_object(body)?;
-    if request.units.is_empty() && request.destroy.is_empty() {
+    if request.units.is_empty() && request.destroy.is_empty() && request.drain.is_empty() {
         return Err(ApiError::bad_request("no units given"));
+    }
+    if request.drain.len() > MOST_DRAINS_PER_PLAN {
+        return Err(ApiError::bad_request(format!(
+            "{} machines given; at most {MOST_DRAINS_PER_PLAN} per plan",
+            request.drain.len()
+        )));
     }
     if request.units.len() + request.destroy.len() > MOST_UNITS_PER_PLAN {
         return Err(ApiError::bad_request(format!(
@@ -39,24 +48,32 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
         )));
     }
     let units = with_contents(request.units, &request.contents)?;
-    let changes = admitted(units, role, Asked::Plan, MOST_UNITS_PER_PLAN)?;
+    let changes = admitted(units, role, Permission::Plan, MOST_UNITS_PER_PLAN)?;
     for name in &request.destroy {
         validate_name(name).map_err(|error| ApiError::bad_request(format!("unit {name}: {error}")))?;
-        may(role, name, Asked::Plan)?;
+        may(role, name, Permission::Plan)?;
         if changes.iter().any(|change| change.name == *name) {
             return Err(ApiError::bad_request(format!("unit {name} is given twice")));
         }
     }
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
     super::secrets::check_named(state, role, files).await?;
+    let mut drained = Vec::with_capacity(request.drain.len());
+    for requested in &request.drain {
+        let machine =
+            super::drains::find(state, requested).await?.ok_or_else(|| super::drains::not_found(requested))?;
+        drained.push(machine.id);
+    }
     let (units, machines) = (state.registry.units().await?, state.registry.machines().await?);
     let index = standing_index(&units, &machines);
     let strategy = state.placement_strategy;
-    let destroy = request.destroy;
-    let planned = tokio::task::spawn_blocking(move || planned(units, machines, strategy, &changes, &destroy))
+    let asked = Asked { changes, destroy: request.destroy, drained };
+    let planned = tokio::task::spawn_blocking(move || planned(units, machines, strategy, &asked))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
-    Ok(json_response(StatusCode::OK, &Plan { index, units: planned }))
+    // A caller sees only the units it may read (a scoped operator's drain moves others too).
+    let units = planned.into_iter().filter(|unit| may(role, &unit.name, Permission::Plan).is_ok()).collect();
+    Ok(json_response(StatusCode::OK, &Plan { index, units }))
 }
 
 /// The request's units as a batch writes them: each with its options, given or named.
@@ -134,14 +151,22 @@ pub fn standing_index(units: &[UnitView], machines: &[fleet_core::MachineState])
     u64::from_be_bytes(first) >> 11
 }
 
-/// The plan of `changes` and `destroy` over the cluster of `units` on `machines`.
+/// What a plan was asked to preview.
+struct Asked {
+    changes: Vec<UnitChange>,
+    destroy: Vec<String>,
+    /// Machines drained, by full ID.
+    drained: Vec<String>,
+}
+
+/// The plan of `asked` over the cluster of `units` on `machines`.
 fn planned(
     units: Vec<UnitView>,
     machines: Vec<fleet_core::MachineState>,
     strategy: fleet_core::schedule::PlacementStrategy,
-    changes: &[UnitChange],
-    destroy: &[String],
+    asked: &Asked,
 ) -> Vec<PlannedUnit> {
+    let Asked { changes, destroy, drained } = asked;
     let specs = units
         .iter()
         .map(|unit| UnitSpec {
@@ -160,26 +185,31 @@ fn planned(
             requirements: change.file.as_ref().map(|file| Arc::new(Requirements::from_unit(&change.name, file))),
         })
         .chain(destroy.iter().map(|name| PreviewChange::Destroy { name: name.clone() }))
+        .chain(drained.iter().map(|machine| PreviewChange::Drain { machine: machine.clone() }))
         .collect();
     let preview = preview(&cluster, &previewed);
     let standing: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
-    let asked: HashMap<&str, &UnitChange> = changes.iter().map(|change| (change.name.as_str(), change)).collect();
-    preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &asked)).collect()
+    let changed: HashMap<&str, &UnitChange> = changes.iter().map(|change| (change.name.as_str(), change)).collect();
+    preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &changed, destroy)).collect()
 }
 
 /// One previewed unit as the answer shows it.
 fn planned_unit(
     unit: PreviewedUnit,
     standing: &HashMap<&str, &UnitView>,
-    asked: &HashMap<&str, &UnitChange>,
+    changed: &HashMap<&str, &UnitChange>,
+    destroy: &[String],
 ) -> PlannedUnit {
     let now = standing.get(unit.name.as_str());
-    let change = asked.get(unit.name.as_str());
+    let change = changed.get(unit.name.as_str());
+    let destroyed = destroy.contains(&unit.name);
     let hash_before = now.map(|view| view.hash.to_string());
     let new_hash = change.and_then(|change| change.file.as_ref()).map(|file| file.hash().to_string());
     let action = match (now, change) {
-        (None, None) if unit.changed => "missing",
-        (_, None) if unit.changed => "destroy",
+        (None, None) if destroyed => "missing",
+        (_, None) if destroyed => "destroy",
+        // On a drained machine: it leaves, or stays with why.
+        (_, None) if unit.changed && unit.before == unit.after => "stays",
         (_, None) => "moved",
         (None, Some(change)) if change.file.is_some() => "create",
         (None, Some(_)) => "missing",

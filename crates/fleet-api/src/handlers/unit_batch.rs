@@ -26,7 +26,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -
     if batch.units.is_empty() {
         return Err(ApiError::bad_request("no units given"));
     }
-    let changes = admitted(batch.units, role, Asked::Write, MOST_UNITS_PER_BATCH)?;
+    let changes = admitted(batch.units, role, Permission::Write, MOST_UNITS_PER_BATCH)?;
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
     super::secrets::check_named(state, role, files).await?;
     let answers = state.registry.change_units_as(&changes, writer).await?;
@@ -53,14 +53,19 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -
 /// needs only that the caller may see it: a viewer plans anything it reads, an operator
 /// within its pattern).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Asked {
+pub(super) enum Permission {
     Write,
     Plan,
 }
 
 /// The request's changes (at most `most`), each checked as its own `PUT` would be and by the
 /// one authorization check; the first unit refused refuses the whole request.
-pub(super) fn admitted(units: Vec<Unit>, role: &Role, asked: Asked, most: usize) -> Result<Vec<UnitChange>, ApiError> {
+pub(super) fn admitted(
+    units: Vec<Unit>,
+    role: &Role,
+    asked: Permission,
+    most: usize,
+) -> Result<Vec<UnitChange>, ApiError> {
     if units.len() > most {
         return Err(ApiError::bad_request(format!("{} units given; at most {most} per request", units.len())));
     }
@@ -98,10 +103,10 @@ pub(super) fn admitted(units: Vec<Unit>, role: &Role, asked: Asked, most: usize)
 }
 
 /// Whether `role` may do what `asked` says to unit `name`.
-pub(super) fn may(role: &Role, name: &str, asked: Asked) -> Result<(), ApiError> {
+pub(super) fn may(role: &Role, name: &str, asked: Permission) -> Result<(), ApiError> {
     let (action, verb) = match asked {
-        Asked::Write => (Action::WriteUnit(name), "write"),
-        Asked::Plan => (Action::ReadUnit(name), "plan"),
+        Permission::Write => (Action::WriteUnit(name), "write"),
+        Permission::Plan => (Action::ReadUnit(name), "plan"),
     };
     match decide(role, action) {
         Access::Allowed => Ok(()),

@@ -10,7 +10,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use super::{ClusterSnapshot, Decision, Plan, UnitSpec, plan};
+use crate::drain::Drain;
 use crate::requirements::Requirements;
+use crate::rollout::MaxUnavailable;
 use crate::state::DesiredState;
 
 /// One change to preview.
@@ -21,14 +23,9 @@ pub enum PreviewChange {
     Set { name: String, desired: DesiredState, requirements: Option<Arc<Requirements>> },
     /// The unit destroyed.
     Destroy { name: String },
-}
-
-impl PreviewChange {
-    pub fn name(&self) -> &str {
-        match self {
-            PreviewChange::Set { name, .. } | PreviewChange::Destroy { name } => name,
-        }
-    }
+    /// The machine drained, every unit on it let go at once. A drain lets them go in waves:
+    /// where a later wave lands may differ when the machines' loads changed meanwhile.
+    Drain { machine: String },
 }
 
 /// Where a unit is, before and after the change.
@@ -57,13 +54,27 @@ pub fn preview(cluster: &ClusterSnapshot, changes: &[PreviewChange]) -> Preview 
     let standing = settled(cluster.clone(), &plan(cluster));
     let before: BTreeMap<String, Option<String>> =
         standing.units.iter().map(|unit| (unit.name.clone(), unit.scheduled_on.clone())).collect();
+    let mut named: BTreeSet<String> = BTreeSet::new();
+    for change in changes {
+        match change {
+            PreviewChange::Set { name, .. } | PreviewChange::Destroy { name } => {
+                named.insert(name.clone());
+            }
+            PreviewChange::Drain { machine } => named.extend(
+                standing
+                    .units
+                    .iter()
+                    .filter(|unit| unit.scheduled_on.as_deref() == Some(machine))
+                    .map(|unit| unit.name.clone()),
+            ),
+        }
+    }
     let changed = with_changes(standing, changes);
     let after_plan = plan(&changed);
     let waiting: BTreeMap<String, String> = after_plan.reason_texts().into_iter().collect();
     let after_cluster = settled(changed, &after_plan);
     let after: BTreeMap<&str, Option<&str>> =
         after_cluster.units.iter().map(|unit| (unit.name.as_str(), unit.scheduled_on.as_deref())).collect();
-    let named: BTreeSet<&str> = changes.iter().map(PreviewChange::name).collect();
     let previewed = |name: &str, changed: bool| PreviewedUnit {
         name: name.to_string(),
         before: before.get(name).cloned().flatten(),
@@ -110,6 +121,15 @@ fn with_changes(mut cluster: ClusterSnapshot, changes: &[PreviewChange]) -> Clus
         match change {
             PreviewChange::Destroy { name } => {
                 destroyed.insert(name.as_str());
+            }
+            PreviewChange::Drain { machine } => {
+                let on_it = cluster.units.iter().filter(|unit| unit.scheduled_on.as_deref() == Some(machine));
+                let released = on_it.map(|unit| (unit.name.clone(), 0)).collect();
+                if let Some(drained) = cluster.machines.iter_mut().find(|candidate| candidate.id == *machine) {
+                    let standing = drained.drain.take();
+                    let max_unavailable = standing.map_or(MaxUnavailable::Count(1), |drain| drain.max_unavailable);
+                    drained.drain = Some(Drain { released, ..Drain::new(max_unavailable, 0) });
+                }
             }
             PreviewChange::Set { name, desired, requirements } => match position.get(name) {
                 Some(index) => {

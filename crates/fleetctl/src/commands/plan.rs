@@ -23,6 +23,8 @@ pub enum Planned {
     Stop,
     Unload,
     Destroy,
+    /// `plan machine drain ID…`
+    Machine,
 }
 
 pub async fn run(
@@ -36,7 +38,7 @@ pub async fn run(
         Ok(asked) => asked,
         Err(outcome) => return outcome,
     };
-    if request.units.is_empty() && request.destroy.is_empty() {
+    if request.units.is_empty() && request.destroy.is_empty() && request.drain.is_empty() {
         println!("Nothing to do: every unit named is as the command would leave it.");
         return Outcome::Success;
     }
@@ -88,6 +90,15 @@ async fn request(
             let units = units.into_iter().filter_map(|unit| lowered(unit, target)).collect();
             Ok((with_shared_contents(units), Contents::new()))
         }
+        Planned::Machine => match arguments.split_first() {
+            Some((verb, machines)) if verb == "drain" && !machines.is_empty() => {
+                Ok((PlanRequest { drain: machines.to_vec(), ..PlanRequest::default() }, Contents::new()))
+            }
+            _ => {
+                eprintln!("Usage: fleetctl plan machine drain MACHINE...");
+                Err(Outcome::Usage)
+            }
+        },
         Planned::Destroy => {
             let units = existing_units(context, arguments).await?;
             Ok((
@@ -134,14 +145,16 @@ fn created_request(created: Creations, target: Option<&str>) -> (PlanRequest, Co
 }
 
 /// A plan request of `units`, each content carried once (the instances of a template share
-/// theirs), keyed by its hash.
+/// theirs), under a short key (ten thousand units then fit the API's bound on a request).
 fn with_shared_contents(units: Vec<Unit>) -> PlanRequest {
     let mut request = PlanRequest::default();
+    let mut keys: std::collections::HashMap<fleet_core::UnitHash, String> = std::collections::HashMap::new();
     for unit in units {
         let content = match unit.options.is_empty() {
             true => None,
             false => {
-                let key = unit_file(&unit).hash().to_string();
+                let next = keys.len().to_string();
+                let key = keys.entry(unit_file(&unit).hash()).or_insert(next).clone();
                 request.contents.entry(key.clone()).or_insert(unit.options);
                 Some(key)
             }
@@ -192,6 +205,7 @@ fn row(unit: &PlannedUnit, wide: bool) -> [String; 4] {
     };
     let placement = match (&unit.machine_before, &unit.machine, &unit.waiting) {
         (_, None, Some(waiting)) => format!("{} -> waits: {waiting}", machine(&unit.machine_before)),
+        (before, after, Some(waiting)) if before == after => format!("{}, {waiting}", machine(after)),
         (before, after, _) if before == after => machine(after),
         (before, after, _) => format!("{} -> {}", machine(before), machine(after)),
     };

@@ -86,3 +86,21 @@ fn new_content_keeps_a_unit_where_it_may_stay_and_moves_it_where_it_may_not() {
     let moves = preview(&cluster, &[start("x.service", "MachineMetadata=role=db")]);
     assert_eq!(moves.units, vec![at("x.service", Some("a"), Some("b"), true)]);
 }
+
+#[test]
+fn a_drain_shows_where_each_unit_of_the_machine_goes_and_which_stay_and_why() {
+    let cluster = cluster(vec![
+        unit("x.service", "", Some("a")),
+        unit("pinned.service", "MachineID=a", Some("a")),
+        unit("z.service", "", Some("b")),
+    ]);
+    let preview = preview(&cluster, &[PreviewChange::Drain { machine: "a".into() }]);
+    let [pinned, x] = preview.units.as_slice() else { panic!("the drained machine's two units: {preview:?}") };
+    assert_eq!((x.name.as_str(), x.before.as_deref(), x.after.as_deref()), ("x.service", Some("a"), Some("b")));
+    assert_eq!(
+        (pinned.name.as_str(), pinned.before.as_deref(), pinned.after.as_deref()),
+        ("pinned.service", Some("a"), Some("a"))
+    );
+    let reason = pinned.waiting.as_deref().unwrap_or_default();
+    assert!(reason.starts_with("cannot leave its draining machine"), "{reason:?}");
+}
