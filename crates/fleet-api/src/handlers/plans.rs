@@ -71,9 +71,13 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     let planned = tokio::task::spawn_blocking(move || planned(units, machines, strategy, &asked))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
-    // A caller sees only the units it may read (a scoped operator's drain moves others too).
-    let units = planned.into_iter().filter(|unit| may(role, &unit.name, Permission::Plan).is_ok()).collect();
-    Ok(json_response(StatusCode::OK, &Plan { index, units }))
+    Ok(json_response(StatusCode::OK, &Plan { index, units: seen_by(planned, role) }))
+}
+
+/// The planned units `role` may see: a change (a drain, a unit that replaces another) may move
+/// units outside a scoped operator's pattern, which stay hidden from it.
+fn seen_by(planned: Vec<PlannedUnit>, role: &Role) -> Vec<PlannedUnit> {
+    planned.into_iter().filter(|unit| may(role, &unit.name, Permission::Plan).is_ok()).collect()
 }
 
 /// The request's units as a batch writes them: each with its options, given or named.

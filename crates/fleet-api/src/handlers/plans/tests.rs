@@ -141,3 +141,17 @@ async fn a_plan_equals_what_the_change_then_does() {
     // The scenarios hold every kind of outcome, or the comparison above proves little.
     assert!(moved > 0 && waiting > 0 && placed > 0, "moved {moved}, waiting {waiting}, placed {placed}");
 }
+
+#[test]
+fn a_scoped_operator_plans_only_its_units_and_sees_only_those_a_change_moves() {
+    let scoped = fleet_core::access::Role::parse("operator", Some("web-*")).expect("a role");
+    let planned =
+        |name: &str| crate::schema::PlannedUnit { name: name.into(), action: "moved".into(), ..Default::default() };
+    let seen = super::seen_by(vec![planned("web-1.service"), planned("db.service")], &scoped);
+    assert_eq!(seen, vec![planned("web-1.service")]);
+    let all = super::seen_by(vec![planned("web-1.service"), planned("db.service")], &fleet_core::access::Role::Viewer);
+    assert_eq!(all.len(), 2, "a viewer sees every unit");
+    let refused = super::may(&scoped, "db.service", super::Permission::Plan).expect_err("outside its pattern");
+    assert_eq!(refused.status, axum::http::StatusCode::FORBIDDEN);
+    assert!(super::may(&fleet_core::access::Role::Viewer, "db.service", super::Permission::Plan).is_ok());
+}
