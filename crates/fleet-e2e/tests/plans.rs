@@ -52,6 +52,9 @@ fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
     assert!(replaced.stdout.contains("planned.service  change  launched"), "{replaced:?}");
     assert!(replaced.stdout.contains("-ExecStart=/bin/sleep 1000"), "{replaced:?}");
     assert!(replaced.stdout.contains("+ExecStart=/bin/sleep 2000"), "{replaced:?}");
+    let rollout = fleet.ok(&["plan", "rollout", &unit]);
+    assert!(rollout.stdout.contains("planned.service  change  launched"), "{rollout:?}");
+    assert!(rollout.stdout.contains("+ExecStart=/bin/sleep 2000"), "{rollout:?}");
     assert!(fleet.ok(&["cat", "planned.service"]).stdout.contains("sleep 1000"));
 
     // A drain of the only machine: its unit has nowhere to go, and says so.

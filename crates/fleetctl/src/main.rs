@@ -329,8 +329,8 @@ enum Command {
         #[command(subcommand)]
         action: SourceCommand,
     },
-    /// Show what submit, load, start, stop, unload, destroy or `machine drain MACHINE…` would
-    /// do, writing nothing: each unit's action, desired state and machine (or why it would
+    /// Show what submit, load, start, stop, unload, destroy, `machine drain MACHINE...` or
+    /// `rollout FILE` would do, writing nothing: each unit's action, desired state and machine (or why it would
     /// wait), the units the change would move, and the diff of changed unit files
     Plan {
         /// The command to plan

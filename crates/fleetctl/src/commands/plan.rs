@@ -23,8 +23,10 @@ pub enum Planned {
     Stop,
     Unload,
     Destroy,
-    /// `plan machine drain ID…`
+    /// `plan machine drain MACHINE...`
     Machine,
+    /// `plan rollout FILE`: the content a rollout of FILE gives its units
+    Rollout,
 }
 
 pub async fn run(
@@ -99,6 +101,31 @@ async fn request(
                 Err(Outcome::Usage)
             }
         },
+        Planned::Rollout => {
+            let [argument] = arguments else {
+                eprintln!("Usage: fleetctl plan rollout FILE");
+                return Err(Outcome::Usage);
+            };
+            let (_, file, names) = super::rollout::targets(context, argument, None).await?;
+            let wanted: std::collections::BTreeSet<String> = names.into_iter().collect();
+            let existing = crate::wait::fetch_units(context, &wanted).await.map_err(|error| {
+                eprintln!("Error listing units: {error}");
+                Outcome::Failure
+            })?;
+            let options = super::create::schema_options(&file);
+            let mut contents = Contents::new();
+            let mut units = Vec::new();
+            for (name, unit) in existing {
+                contents.insert(name.clone(), (unit_file(&unit).serialize(), file.serialize()));
+                units.push(Unit {
+                    name,
+                    desired_state: unit.desired_state,
+                    options: options.clone(),
+                    ..Unit::default()
+                });
+            }
+            Ok((with_shared_contents(units), contents))
+        }
         Planned::Destroy => {
             let units = existing_units(context, arguments).await?;
             Ok((

@@ -154,6 +154,52 @@ struct StartRequest {
     file: String,
 }
 
+/// What a rollout of the unit file `argument` gives its content to: the unit it names, or
+/// every instance in the cluster of the template it names (those `instances` matches). The
+/// unit's name, its file and the units; the command's words when there are none.
+pub async fn targets(
+    context: &Context,
+    argument: &str,
+    instances: Option<&str>,
+) -> Result<(String, fleet_core::UnitFile, Vec<String>), Outcome> {
+    let path = with_default_unit_type(argument);
+    let unit = Path::new(&path).file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+    let file = match read_unit_file(Path::new(&path)) {
+        Ok(Some(file)) => file,
+        Ok(None) => {
+            eprintln!("Error starting rollout: unable to find {path}");
+            return Err(Outcome::Failure);
+        }
+        Err(error) => {
+            eprintln!("Error starting rollout: {error}");
+            return Err(Outcome::Failure);
+        }
+    };
+    warn_unknown_options(&unit, &file);
+    let units: Vec<String> = if UnitNameInfo::new(&unit).is_template() {
+        let cluster = match context.client.units().await {
+            Ok(units) => units,
+            Err(error) => {
+                eprintln!("Error listing units: {error}");
+                return Err(Outcome::Failure);
+            }
+        };
+        cluster
+            .into_iter()
+            .map(|held| held.name)
+            .filter(|held| UnitNameInfo::new(held).template().as_deref() == Some(unit.as_str()))
+            .filter(|held| instances.is_none_or(|pattern| glob_matches(pattern, held)))
+            .collect()
+    } else {
+        vec![unit.clone()]
+    };
+    if units.is_empty() {
+        eprintln!("Error starting rollout: no instance of {unit} in the cluster");
+        return Err(Outcome::Failure);
+    }
+    Ok((unit, file, units))
+}
+
 /// A rollout name from a unit name: `web@.service` → `web`.
 fn default_name(unit: &str) -> String {
     let stem = unit.rsplit_once('.').map_or(unit, |(stem, _)| stem).trim_end_matches('@');
@@ -181,41 +227,10 @@ async fn start(context: &Context, request: StartRequest) -> Outcome {
         (Err(outcome), _) | (_, Err(outcome)) => return outcome,
     };
     let Ok((canary, bake_seconds, auto_revert)) = gate_settings(&request.gates) else { return Outcome::Usage };
-    let path = with_default_unit_type(&request.file);
-    let unit = Path::new(&path).file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
-    let file = match read_unit_file(Path::new(&path)) {
-        Ok(Some(file)) => file,
-        Ok(None) => {
-            eprintln!("Error starting rollout: unable to find {path}");
-            return Outcome::Failure;
-        }
-        Err(error) => {
-            eprintln!("Error starting rollout: {error}");
-            return Outcome::Failure;
-        }
+    let (unit, file, units) = match targets(context, &request.file, request.instances.as_deref()).await {
+        Ok(found) => found,
+        Err(outcome) => return outcome,
     };
-    warn_unknown_options(&unit, &file);
-    let units: Vec<String> = if UnitNameInfo::new(&unit).is_template() {
-        let cluster = match context.client.units().await {
-            Ok(units) => units,
-            Err(error) => {
-                eprintln!("Error listing units: {error}");
-                return Outcome::Failure;
-            }
-        };
-        cluster
-            .into_iter()
-            .map(|held| held.name)
-            .filter(|held| UnitNameInfo::new(held).template().as_deref() == Some(unit.as_str()))
-            .filter(|held| request.instances.as_deref().is_none_or(|pattern| glob_matches(pattern, held)))
-            .collect()
-    } else {
-        vec![unit.clone()]
-    };
-    if units.is_empty() {
-        eprintln!("Error starting rollout: no instance of {unit} in the cluster");
-        return Outcome::Failure;
-    }
     let name = request.name.unwrap_or_else(|| default_name(&unit));
     let body = RolloutRequest {
         units,
