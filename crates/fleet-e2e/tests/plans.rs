@@ -99,3 +99,94 @@ fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
     assert!(refused.stderr.contains("bad.service: line 3: expected \"Name=Value\""), "{refused:?}");
     assert_eq!(unit_files(&fleet), "other.service\tinactive\nplanned.service\tlaunched\n");
 }
+
+/// unit → (machine before, machine after) of a plan printed as JSON.
+fn planned_machines(printed: &str) -> std::collections::BTreeMap<String, (Option<String>, Option<String>)> {
+    let plan: serde_json::Value = serde_json::from_str(printed).unwrap_or_else(|error| panic!("{error}: {printed}"));
+    let text = |unit: &serde_json::Value, field: &str| unit[field].as_str().map(str::to_string);
+    plan["units"]
+        .as_array()
+        .map(|units| {
+            units
+                .iter()
+                .map(|unit| {
+                    (text(unit, "name").unwrap_or_default(), (text(unit, "machineBefore"), text(unit, "machine")))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// On etcd, three members: a plan made through one member is what a write through another then
+/// does, for a start and for a drain, and its index guards the write whichever member takes it.
+#[test]
+fn on_etcd_a_plan_through_one_member_is_what_a_write_through_another_does() {
+    use fleet_e2e::Cluster;
+    let cluster = Cluster::start(3, |_| Vec::new());
+    let dir = cluster.members[0].dir.path().to_path_buf();
+    std::fs::write(dir.join("sleep@.service"), "[Service]\nExecStart=/bin/sleep 100000\n").unwrap();
+    let instances = |range: std::ops::RangeInclusive<usize>| -> Vec<String> {
+        range.map(|index| dir.join(format!("sleep@{index}.service")).display().to_string()).collect()
+    };
+    let placed = |c: &Cluster| -> std::collections::BTreeMap<String, String> {
+        c.placement()
+            .into_iter()
+            .filter_map(|(unit, (machine, state))| Some((unit, machine.filter(|_| state == "launched")?)))
+            .collect()
+    };
+    let first = instances(1..=3);
+    let mut args = vec!["start", "--no-block"];
+    args.extend(first.iter().map(String::as_str));
+    cluster.members[0].ok(&args);
+    cluster.wait_until("3 units launched", Duration::from_secs(30), |c| placed(c).len() == 3);
+
+    // A start of three more, planned through the first member, written through the second.
+    let more = instances(4..=6);
+    let mut plan_args = vec!["plan", "start", "-o", "json"];
+    plan_args.extend(more.iter().map(String::as_str));
+    let printed = cluster.members[0].ok(&plan_args).stdout;
+    let planned = planned_machines(&printed);
+    let index = serde_json::from_str::<serde_json::Value>(&printed).unwrap()["index"].to_string();
+    assert_eq!(planned.len(), 3, "{printed}");
+    assert!(planned.values().all(|(before, after)| before.is_none() && after.is_some()), "{printed}");
+    let mut start_args = vec!["--if-unchanged", index.as_str(), "start", "--no-block"];
+    start_args.extend(more.iter().map(String::as_str));
+    cluster.members[1].ok(&start_args);
+    cluster.wait_until("6 units launched", Duration::from_secs(30), |c| placed(c).len() == 6);
+    let now = placed(&cluster);
+    for (unit, (_, after)) in &planned {
+        assert_eq!(now.get(unit), after.as_ref(), "{unit}: planned {printed}, placed {now:?}");
+    }
+
+    // The same index is stale now, through any member.
+    let mut stale_args = vec!["--if-unchanged", index.as_str(), "stop", "--no-block"];
+    stale_args.push("sleep@1.service");
+    let refused = cluster.members[2].fleetctl(&stale_args);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("the cluster changed since plan index"), "{refused:?}");
+
+    // A drain of the third member's machine, planned through the second: where its units go.
+    let drained = fleet_e2e::member_id(2);
+    let printed = cluster.members[1].ok(&["plan", "machine", "drain", &drained, "-o", "json"]).stdout;
+    let planned = planned_machines(&printed);
+    let on_it: Vec<&String> = now.iter().filter(|(_, machine)| **machine == drained).map(|(unit, _)| unit).collect();
+    assert_eq!(planned.keys().collect::<Vec<_>>(), on_it, "the plan names the machine's units: {printed}");
+    assert!(
+        planned.values().all(|(before, after)| before.as_deref() == Some(drained.as_str())
+            && after.as_ref().is_some_and(|machine| *machine != drained)),
+        "{printed}"
+    );
+    cluster.members[0].ok(&["machine", "drain", &drained]);
+    cluster.wait_until("the drained machine's units run elsewhere", Duration::from_secs(60), |c| {
+        let now = placed(c);
+        now.len() == 6 && now.values().all(|machine| *machine != drained)
+    });
+    // A drain lets its units go in waves: where each lands is compared as a whole (the
+    // machines they went to), not unit by unit.
+    let now = placed(&cluster);
+    let mut landed: Vec<&String> = planned.keys().filter_map(|unit| now.get(unit)).collect();
+    let mut said: Vec<&String> = planned.values().filter_map(|(_, after)| after.as_ref()).collect();
+    landed.sort();
+    said.sort();
+    assert_eq!(landed, said, "planned {printed}, placed {now:?}");
+}
