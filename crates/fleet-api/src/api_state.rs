@@ -112,6 +112,8 @@ pub struct ApiState {
     pub secret_keys: Arc<crate::secret_keys::SecretKeys>,
     /// How the engine chooses among machines (`placement_strategy`): plans choose alike.
     pub placement_strategy: fleet_core::schedule::PlacementStrategy,
+    /// How many plans are being worked out (at most `handlers::plans::MOST_PLANS_AT_ONCE`).
+    pub plans_under_way: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl ApiState {
@@ -139,6 +141,7 @@ impl ApiState {
             backup: None,
             secret_keys: Arc::new(crate::secret_keys::SecretKeys::missing("no secrets key is configured")),
             placement_strategy: Default::default(),
+            plans_under_way: Default::default(),
         }
     }
 }

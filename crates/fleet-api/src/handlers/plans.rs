@@ -5,8 +5,9 @@
 //! the store holds it, with and without the change ([`fleet_core::schedule::preview`]), and
 //! nothing is written.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::http::StatusCode;
 use axum::response::Response;
@@ -30,6 +31,35 @@ pub const MOST_UNITS_PER_PLAN: usize = 10_000;
 /// The most machines one plan may drain.
 pub const MOST_DRAINS_PER_PLAN: usize = 100;
 
+/// The most plans a fleetd works out at once: each may take a core for a second on a large
+/// cluster, and viewers may ask. More are refused (429) until one ends.
+pub const MOST_PLANS_AT_ONCE: usize = 2;
+
+/// One of the [`MOST_PLANS_AT_ONCE`] plans a fleetd works out (`under_way` counts them),
+/// given back when dropped.
+struct PlanSlot<'a> {
+    under_way: &'a AtomicUsize,
+}
+
+impl<'a> PlanSlot<'a> {
+    fn take(under_way: &'a AtomicUsize) -> Result<Self, ApiError> {
+        if under_way.fetch_add(1, Ordering::SeqCst) >= MOST_PLANS_AT_ONCE {
+            under_way.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("{MOST_PLANS_AT_ONCE} plans are being worked out already; try again"),
+            ));
+        }
+        Ok(PlanSlot { under_way })
+    }
+}
+
+impl Drop for PlanSlot<'_> {
+    fn drop(&mut self) {
+        self.under_way.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response, ApiError> {
     let request: PlanRequest = json_object(body)?;
     if request.units.is_empty() && request.destroy.is_empty() && request.drain.is_empty() {
@@ -49,13 +79,15 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     }
     let units = with_contents(request.units, &request.contents)?;
     let changes = admitted(units, role, Permission::Plan, MOST_UNITS_PER_PLAN)?;
+    let mut named: HashSet<&str> = changes.iter().map(|change| change.name.as_str()).collect();
     for name in &request.destroy {
         validate_name(name).map_err(|error| ApiError::bad_request(format!("unit {name}: {error}")))?;
         may(role, name, Permission::Plan)?;
-        if changes.iter().any(|change| change.name == *name) {
+        if !named.insert(name) {
             return Err(ApiError::bad_request(format!("unit {name} is given twice")));
         }
     }
+    let _slot = PlanSlot::take(&state.plans_under_way)?;
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
     super::secrets::check_named(state, role, files).await?;
     let mut drained = Vec::with_capacity(request.drain.len());

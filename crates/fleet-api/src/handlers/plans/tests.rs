@@ -155,3 +155,14 @@ fn a_scoped_operator_plans_only_its_units_and_sees_only_those_a_change_moves() {
     assert_eq!(refused.status, axum::http::StatusCode::FORBIDDEN);
     assert!(super::may(&fleet_core::access::Role::Viewer, "db.service", super::Permission::Plan).is_ok());
 }
+
+#[test]
+fn at_most_two_plans_are_worked_out_at_once() {
+    let under_way = std::sync::atomic::AtomicUsize::new(0);
+    let first = super::PlanSlot::take(&under_way).expect("a first slot");
+    let _second = super::PlanSlot::take(&under_way).expect("a second slot");
+    let refused = super::PlanSlot::take(&under_way).err().expect("no third");
+    assert_eq!(refused.status, axum::http::StatusCode::TOO_MANY_REQUESTS);
+    drop(first);
+    assert!(super::PlanSlot::take(&under_way).is_ok(), "a slot given back is taken again");
+}
