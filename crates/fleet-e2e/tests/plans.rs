@@ -8,6 +8,12 @@ use fleet_e2e::Fleetd;
 
 const WAIT: Duration = Duration::from_secs(20);
 
+/// The words of the plan table's row of `unit`.
+fn row_of<'a>(printed: &'a str, unit: &str) -> Vec<&'a str> {
+    let row = printed.lines().find(|line| line.split_whitespace().next() == Some(unit));
+    row.unwrap_or_else(|| panic!("no row of {unit}: {printed}")).split_whitespace().collect()
+}
+
 fn plan_index(printed: &str) -> String {
     let line = printed.lines().find_map(|line| line.strip_prefix("Plan index: ")).unwrap_or_default();
     line.split_whitespace().next().unwrap_or_default().to_string()
@@ -26,8 +32,7 @@ fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
     let unit = path.display().to_string();
 
     let planned = fleet.ok(&["plan", "start", &unit]);
-    let row = planned.stdout.lines().find(|line| line.starts_with("planned.service")).unwrap_or_default().to_string();
-    let fields: Vec<&str> = row.split_whitespace().collect();
+    let fields = row_of(&planned.stdout, "planned.service");
     assert_eq!(fields[..3], ["planned.service", "create", "-"], "{planned:?}");
     assert_eq!(fields[3..5], ["->", "launched"], "{planned:?}");
     let machine = fields[5..].join(" ");
@@ -49,11 +54,11 @@ fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
     assert!(kept.stderr.contains("differs from local unit file"), "{kept:?}");
     assert!(kept.stdout.starts_with("Nothing to do"), "{kept:?}");
     let replaced = fleet.ok(&["plan", "start", "--replace", &unit]);
-    assert!(replaced.stdout.contains("planned.service  change  launched"), "{replaced:?}");
+    assert_eq!(row_of(&replaced.stdout, "planned.service")[..4], ["planned.service", "change", "launched", "e2e0plan"]);
     assert!(replaced.stdout.contains("-ExecStart=/bin/sleep 1000"), "{replaced:?}");
     assert!(replaced.stdout.contains("+ExecStart=/bin/sleep 2000"), "{replaced:?}");
     let rollout = fleet.ok(&["plan", "rollout", &unit]);
-    assert!(rollout.stdout.contains("planned.service  change  launched"), "{rollout:?}");
+    assert_eq!(row_of(&rollout.stdout, "planned.service")[..3], ["planned.service", "change", "launched"]);
     assert!(rollout.stdout.contains("+ExecStart=/bin/sleep 2000"), "{rollout:?}");
     assert!(fleet.ok(&["cat", "planned.service"]).stdout.contains("sleep 1000"));
 

@@ -20,15 +20,19 @@ use crate::error::{ApiError, json_response};
 use crate::schema::{DrainRequest, DrainingUnit, MachineDrain};
 
 /// The live machine `requested` names (by ID or short ID), if exactly one.
-pub(super) async fn find(state: &ApiState, requested: &str) -> Result<Option<MachineState>, ApiError> {
+async fn find(state: &ApiState, requested: &str) -> Result<Option<MachineState>, ApiError> {
+    Ok(find_in(&state.registry.machines().await?, requested)?.cloned())
+}
+
+/// The machine of `machines` that `requested` names (by ID or short ID), if exactly one.
+pub(super) fn find_in<'a>(machines: &'a [MachineState], requested: &str) -> Result<Option<&'a MachineState>, ApiError> {
     if !valid_machine_id(requested) {
         return Err(ApiError::bad_request(format!("invalid machine ID {requested:?}")));
     }
-    let machines = state.registry.machines().await?;
     if let Some(exact) = machines.iter().find(|machine| machine.id == requested) {
-        return Ok(Some(exact.clone()));
+        return Ok(Some(exact));
     }
-    let mut matching = machines.into_iter().filter(|machine| machine.matches_id(requested));
+    let mut matching = machines.iter().filter(|machine| machine.matches_id(requested));
     match (matching.next(), matching.next()) {
         (Some(only), None) => Ok(Some(only)),
         (Some(_), Some(_)) => Err(ApiError::bad_request(format!("machine ID {requested:?} names several machines"))),

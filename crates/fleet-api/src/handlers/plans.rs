@@ -90,13 +90,13 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     let _slot = PlanSlot::take(&state.plans_under_way)?;
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
     super::secrets::check_named(state, role, files).await?;
+    let (units, machines) = (state.registry.units().await?, state.registry.machines().await?);
     let mut drained = Vec::with_capacity(request.drain.len());
     for requested in &request.drain {
         let machine =
-            super::drains::find(state, requested).await?.ok_or_else(|| super::drains::not_found(requested))?;
-        drained.push(machine.id);
+            super::drains::find_in(&machines, requested)?.ok_or_else(|| super::drains::not_found(requested))?;
+        drained.push(machine.id.clone());
     }
-    let (units, machines) = (state.registry.units().await?, state.registry.machines().await?);
     let index = standing_index(&units, &machines);
     let strategy = state.placement_strategy;
     let asked = Asked { changes, destroy: request.destroy, drained };
@@ -226,7 +226,8 @@ fn planned(
     let preview = preview(&cluster, &previewed);
     let standing: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
     let changed: HashMap<&str, &UnitChange> = changes.iter().map(|change| (change.name.as_str(), change)).collect();
-    preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &changed, destroy)).collect()
+    let destroyed: HashSet<&str> = destroy.iter().map(String::as_str).collect();
+    preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &changed, &destroyed)).collect()
 }
 
 /// One previewed unit as the answer shows it.
@@ -234,11 +235,11 @@ fn planned_unit(
     unit: PreviewedUnit,
     standing: &HashMap<&str, &UnitView>,
     changed: &HashMap<&str, &UnitChange>,
-    destroy: &[String],
+    destroy: &HashSet<&str>,
 ) -> PlannedUnit {
     let now = standing.get(unit.name.as_str());
     let change = changed.get(unit.name.as_str());
-    let destroyed = destroy.contains(&unit.name);
+    let destroyed = destroy.contains(unit.name.as_str());
     let hash_before = now.map(|view| view.hash.to_string());
     let new_hash = change.and_then(|change| change.file.as_ref()).map(|file| file.hash().to_string());
     let action = match (now, change) {

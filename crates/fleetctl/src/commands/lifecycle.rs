@@ -108,13 +108,24 @@ async fn set_desired_state(
         .into_iter()
         .filter(|unit| unit.desired_state.as_deref() != Some(target) || already.contains(&unit.name))
         .collect();
-    let to_set: Vec<Unit> = triggered
-        .iter()
-        .filter(|unit| !already.contains(&unit.name))
-        .map(|unit| Unit { name: unit.name.clone(), desired_state: Some(target.to_string()), ..Unit::default() })
-        .collect();
-    write_units(context, to_set).await?;
+    write_units(context, desired_state_writes(&triggered, target, already)).await?;
     Ok(triggered)
+}
+
+/// The writes that give `units` the desired state `target`: one for each unit not there yet,
+/// unless this command set it already (`already`: created or replaced with it).
+pub fn desired_state_writes(units: &[Unit], target: &str, already: &BTreeSet<String>) -> Vec<Unit> {
+    units
+        .iter()
+        .filter(|unit| unit.desired_state.as_deref() != Some(target) && !already.contains(&unit.name))
+        .map(|unit| Unit { name: unit.name.clone(), desired_state: Some(target.to_string()), ..Unit::default() })
+        .collect()
+}
+
+/// Whether stop and unload leave `unit` alone: a unit that is not global and is inactive
+/// already (stop says it cannot stop it).
+pub fn inactive_already(unit: &Unit) -> bool {
+    !is_global(unit) && unit.current_state.as_deref().unwrap_or("inactive") == "inactive"
 }
 
 /// Says which units changed state: global ones are never waited for; with `--no-block` the
@@ -281,9 +292,7 @@ async fn lower(
     let mut outcome = Outcome::Success;
     let mut acting = Vec::new();
     for unit in units {
-        let current = unit.current_state.as_deref().unwrap_or("inactive");
-        let global = is_global(&unit);
-        if !global && current == "inactive" {
+        if inactive_already(&unit) {
             if target == "loaded" {
                 eprintln!("Unable to stop unit {} in state inactive", unit.name);
                 outcome = Outcome::Failure;

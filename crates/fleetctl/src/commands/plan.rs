@@ -3,15 +3,16 @@
 //! them out (the same files, the same registry, the same warnings), then fleetd's planner
 //! says where each unit would go, what it would move and what would wait, and why.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use fleet_api_schema::{Plan, PlanRequest, PlanUnit, PlannedUnit, Unit};
 
-use super::create::{Creations, Replacing, creations, is_global, unit_file};
-use super::lifecycle::existing_units;
+use super::create::{Creations, Replacing, creations, unit_file};
+use super::lifecycle::{desired_state_writes, existing_units, inactive_already};
 use crate::context::Context;
 use crate::diff::unified;
 use crate::output::{OutputFormat, PlanOutput, print_json};
+use crate::table::tab_table;
 use crate::{CreateFlags, Outcome};
 
 /// The command planned.
@@ -88,9 +89,9 @@ async fn request(
         }
         Planned::Stop | Planned::Unload => {
             let target = if planned == Planned::Stop { "loaded" } else { "inactive" };
-            let units = existing_units(context, arguments).await?;
-            let units = units.into_iter().filter_map(|unit| lowered(unit, target)).collect();
-            Ok((with_shared_contents(units), Contents::new()))
+            let units: Vec<Unit> =
+                existing_units(context, arguments).await?.into_iter().filter(|unit| !inactive_already(unit)).collect();
+            Ok((with_shared_contents(desired_state_writes(&units, target, &BTreeSet::new())), Contents::new()))
         }
         Planned::Machine => match arguments.split_first() {
             Some((verb, machines)) if verb == "drain" && !machines.is_empty() => {
@@ -107,7 +108,7 @@ async fn request(
                 return Err(Outcome::Usage);
             };
             let (_, file, names) = super::rollout::targets(context, argument, None).await?;
-            let wanted: std::collections::BTreeSet<String> = names.into_iter().collect();
+            let wanted: BTreeSet<String> = names.into_iter().collect();
             let existing = crate::wait::fetch_units(context, &wanted).await.map_err(|error| {
                 eprintln!("Error listing units: {error}");
                 Outcome::Failure
@@ -136,14 +137,6 @@ async fn request(
     }
 }
 
-/// The write stop or unload makes of `unit`: its desired state lowered to `target`, unless
-/// it is there already or (not global) inactive, which the commands leave alone.
-fn lowered(unit: Unit, target: &str) -> Option<Unit> {
-    let inactive = unit.current_state.as_deref().unwrap_or("inactive") == "inactive" && !is_global(&unit);
-    let moves = unit.desired_state.as_deref() != Some(target) && !inactive;
-    moves.then(|| Unit { name: unit.name, desired_state: Some(target.to_string()), ..Unit::default() })
-}
-
 /// The writes of a command that creates what is missing, then (unless `target` is `None`,
 /// as for submit) sets every named unit's desired state to `target`.
 fn created_request(created: Creations, target: Option<&str>) -> (PlanRequest, Contents) {
@@ -154,19 +147,17 @@ fn created_request(created: Creations, target: Option<&str>) -> (PlanRequest, Co
             contents.insert(unit.name.clone(), (unit_file(before).serialize(), unit_file(unit).serialize()));
         }
     }
+    // New units and replacements carry the command's desired state already.
+    let written: BTreeSet<String> = to_create.iter().map(|unit| unit.name.clone()).collect();
     let mut units = to_create;
     if let Some(target) = target {
-        let written: std::collections::BTreeSet<String> = units.iter().map(|unit| unit.name.clone()).collect();
-        let mut seen = std::collections::BTreeSet::new();
-        for name in names.iter().filter(|name| !written.contains(*name) && seen.insert(name.to_string())) {
-            let Some(unit) = existing.get(name) else { continue };
-            if unit.desired_state.as_deref() != Some(target) {
-                units.push(Unit { name: name.clone(), desired_state: Some(target.to_string()), ..Unit::default() });
-            }
-        }
-    }
-    for unit in units.iter_mut().filter(|unit| !unit.options.is_empty()) {
-        unit.desired_state.get_or_insert_with(|| "inactive".to_string());
+        let mut seen = BTreeSet::new();
+        let named: Vec<Unit> = names
+            .iter()
+            .filter(|name| seen.insert(name.as_str()))
+            .filter_map(|name| existing.get(name).cloned())
+            .collect();
+        units.extend(desired_state_writes(&named, target, &written));
     }
     (with_shared_contents(units), contents)
 }
@@ -198,14 +189,9 @@ fn with_shared_contents(units: Vec<Unit>) -> PlanRequest {
 
 /// The plan as a table, then the diff of each changed unit, then the index.
 fn print_plan(plan: &Plan, contents: &Contents, wide: bool) {
-    let rows: Vec<[String; 4]> = plan.units.iter().map(|unit| row(unit, wide)).collect();
-    let header = ["UNIT".to_string(), "ACTION".to_string(), "STATE".to_string(), "MACHINE".to_string()];
-    let widths: Vec<usize> =
-        (0..4).map(|column| rows.iter().chain([&header]).map(|row| row[column].len()).max().unwrap_or(0)).collect();
-    for row in [&header].into_iter().chain(&rows) {
-        let cells: Vec<String> = row.iter().zip(&widths).map(|(cell, width)| format!("{cell:width$}")).collect();
-        println!("{}", cells.join("  ").trim_end());
-    }
+    let header = ["UNIT", "ACTION", "STATE", "MACHINE"].map(str::to_string).to_vec();
+    let rows: Vec<Vec<String>> = std::iter::once(header).chain(plan.units.iter().map(|unit| row(unit, wide))).collect();
+    print!("{}", tab_table(&rows));
     for unit in plan.units.iter().filter(|unit| unit.action == "change") {
         if let Some((before, after)) = contents.get(&unit.name) {
             print!(
@@ -220,7 +206,7 @@ fn print_plan(plan: &Plan, contents: &Contents, wide: bool) {
     );
 }
 
-fn row(unit: &PlannedUnit, wide: bool) -> [String; 4] {
+fn row(unit: &PlannedUnit, wide: bool) -> Vec<String> {
     let machine = |id: &Option<String>| match id {
         Some(id) if wide => id.clone(),
         Some(id) => id.chars().take(8).collect(),
@@ -236,5 +222,5 @@ fn row(unit: &PlannedUnit, wide: bool) -> [String; 4] {
         (before, after, _) if before == after => machine(after),
         (before, after, _) => format!("{} -> {}", machine(before), machine(after)),
     };
-    [unit.name.clone(), unit.action.clone(), state, placement]
+    vec![unit.name.clone(), unit.action.clone(), state, placement]
 }
