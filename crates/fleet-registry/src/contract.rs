@@ -17,8 +17,8 @@ use crate::{
     TokenRecord,
 };
 use crate::{
-    JoinRefused, RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord, SourceRecord, SourceStatus,
-    UnitChange, UnitChanged, UnitView, Writer,
+    Imported, ImportedUnit, JoinRefused, RegistrationRecord, RegistrationRefused, RevokedMachine, RolloutRecord,
+    SourceRecord, SourceStatus, UnitChange, UnitChanged, UnitView, Writer,
 };
 
 /// The agent's facet of the store for one machine: the store itself for a store that serves
@@ -53,6 +53,7 @@ macro_rules! registry_contract {
             units_and_states_signal_their_changes_while_paged,
             pages_are_the_lists_cut_up,
             a_batch_of_unit_writes_is_each_write_alone,
+            an_import_writes_its_units_where_they_run_or_nothing,
         );
     };
     (@each $open:path; $($name:ident),+ $(,)?) => {
@@ -1180,4 +1181,47 @@ pub async fn a_store_records_its_format_once(record: &dyn crate::FormatRecord) {
     assert_eq!(record.stored_format().await.expect("read"), Some(one));
     assert!(record.record_format(Some(one), two).await.expect("record"), "a migration's record replaces it");
     assert_eq!(record.stored_format().await.expect("read"), Some(two));
+}
+
+/// An import writes every unit with its placement (the machine's work has it, the engine's
+/// snapshot shows it placed), or nothing at all when one of its names is taken; enough units
+/// to take several of a store's transactions.
+pub async fn an_import_writes_its_units_where_they_run_or_nothing(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
+    registry.put_unit("taken.service", &unit("/bin/sleep 1"), DesiredState::Inactive).await.unwrap();
+    let imported = |name: String, machine: Option<&str>| ImportedUnit {
+        file: unit(&format!("/bin/sleep {}", name.len())),
+        name,
+        desired: DesiredState::Launched,
+        machine: machine.map(str::to_string),
+    };
+    let mut units: Vec<ImportedUnit> =
+        (0..300).map(|index| imported(format!("app-{index:03}.service"), Some("m1"))).collect();
+    units.push(imported("waits.service".into(), None));
+    let mut with_taken = units.clone();
+    with_taken.insert(150, imported("taken.service".into(), Some("m1")));
+    assert_eq!(
+        registry.import_units(&with_taken).await.unwrap(),
+        Imported::Existing(vec!["taken.service".to_string()])
+    );
+    assert!(registry.unit("app-000.service").await.unwrap().is_none(), "an import refused wrote a unit");
+    assert_eq!(registry.import_units(&units).await.unwrap(), Imported::Written);
+    let placed = registry.unit("app-299.service").await.unwrap().expect("an imported unit");
+    assert_eq!((placed.machine_id.as_deref(), placed.desired), (Some("m1"), DesiredState::Launched));
+    assert_eq!(registry.unit("waits.service").await.unwrap().expect("an imported unit").machine_id, None);
+    eventually("m1's work has every imported unit placed there", async || {
+        agent_for("m1").machine_work("m1").await.is_ok_and(|work| work.scheduled.len() == 300)
+    })
+    .await;
+    eventually("the engine sees them placed", async || {
+        registry.snapshot().await.is_ok_and(|snapshot| {
+            snapshot.units.iter().filter(|unit| unit.machine_id.as_deref() == Some("m1")).count() == 300
+        })
+    })
+    .await;
+    assert_eq!(
+        registry.import_units(&units[..1]).await.unwrap(),
+        Imported::Existing(vec!["app-000.service".to_string()]),
+        "an import again finds its units there"
+    );
 }

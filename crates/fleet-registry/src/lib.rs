@@ -14,6 +14,7 @@
 pub mod apply_rule;
 pub mod codec;
 mod drain_units;
+mod import;
 pub mod machine_identity;
 mod model;
 mod ownership;
@@ -31,6 +32,7 @@ use tokio::sync::watch;
 
 pub use drain_units::{drain_unit_names, drain_units};
 pub use fleet_core::schedule::SnapshotUnit;
+pub use import::{Imported, ImportedUnit};
 pub use machine_identity::{JoinRefused, MachineIdentity};
 pub use model::{
     AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, RevokedMachine,
@@ -309,6 +311,10 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     }
     /// Removes a unit; `false` when there was none.
     async fn destroy_unit_as(&self, name: &str, writer: &Writer) -> Result<bool>;
+    /// Stores every unit of `units` by hand, each placed on the machine it names, or none of
+    /// them: [`Imported::Existing`] when a unit of one of their names exists. A placement
+    /// written here is the engine's from then on (it keeps it while the unit can run there).
+    async fn import_units(&self, units: &[ImportedUnit]) -> Result<Imported>;
     /// [`ApiRegistry::put_unit_as`] by hand, taking nothing over.
     async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
         self.put_unit_as(name, file, desired, &Writer::BY_HAND).await

@@ -12,8 +12,8 @@ use fleet_core::drain::Drain;
 use fleet_registry::codec::decode_listed;
 use fleet_registry::codec::machine_from_records;
 use fleet_registry::{
-    ApiRegistry, ChangeSignal, MetadataChange, Page, PageRequest, RegistryError, Result, UnitChange, UnitChanged,
-    UnitView, Writer,
+    ApiRegistry, ChangeSignal, Imported, ImportedUnit, MetadataChange, Page, PageRequest, RegistryError, Result,
+    UnitChange, UnitChanged, UnitView, Writer,
 };
 
 /// A units or states table key as a page walks it: borrowed from the table, never copied;
@@ -321,6 +321,37 @@ impl ApiRegistry for EmbeddedRegistry {
             txn.open_table(tables::REASONS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
             release_body(txn, &record.hash)?;
             Ok(true)
+        })
+        .await
+    }
+
+    /// One transaction: every unit and its placement, or nothing.
+    async fn import_units(&self, units: &[ImportedUnit]) -> Result<Imported> {
+        let units = units.to_vec();
+        self.write(move |txn, touched| {
+            let existing: Vec<String> = {
+                let table = txn.open_table(tables::UNITS).map_err(unavailable)?;
+                let mut existing = Vec::new();
+                for unit in &units {
+                    if table.get(unit.name.as_str()).map_err(unavailable)?.is_some() {
+                        existing.push(unit.name.clone());
+                    }
+                }
+                existing
+            };
+            if !existing.is_empty() {
+                return Ok(Imported::Existing(existing));
+            }
+            for unit in &units {
+                if let Some(machine) = &unit.machine {
+                    txn.open_table(tables::SCHEDULE)
+                        .map_err(unavailable)?
+                        .insert(unit.name.as_str(), machine.as_str())
+                        .map_err(unavailable)?;
+                }
+                put_in(txn, touched, &unit.name, &unit.file, unit.desired, &Writer::BY_HAND)?;
+            }
+            Ok(Imported::Written)
         })
         .await
     }

@@ -56,7 +56,7 @@ pub(super) struct Writes {
 }
 
 impl Writes {
-    fn put(&mut self, key: String, value: impl Into<Vec<u8>>) {
+    pub(super) fn put(&mut self, key: String, value: impl Into<Vec<u8>>) {
         self.ops.push(TxnOp::put(key.as_str(), value, None));
         self.keys.push(key);
     }
@@ -468,6 +468,10 @@ impl ApiRegistry for EtcdRegistry {
             }
             Err(error) => Err(error),
         }
+    }
+
+    async fn import_units(&self, units: &[fleet_registry::ImportedUnit]) -> Result<fleet_registry::Imported> {
+        self.import(units).await
     }
 
     /// From the API's watch-fed copy, in (unit, machine) order.

@@ -28,6 +28,7 @@ mod connection;
 mod credentials;
 mod engine;
 mod format;
+mod imports;
 mod join_batches;
 mod journal_questions;
 mod keys;

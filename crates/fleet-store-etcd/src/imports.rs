@@ -1,0 +1,173 @@
+//! An import (`ApiRegistry::import_units`): units written with their placements, many per
+//! transaction, each on the condition that neither its unit nor its placement exists; when one
+//! finds its name taken, or etcd fails, what the import wrote is deleted again, so it leaves
+//! all of its units or none. (Bodies it wrote stay: the engine collects those no unit has.)
+
+use std::collections::BTreeMap;
+
+use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use fleet_core::Requirements;
+use fleet_registry::codec::encode;
+use fleet_registry::{Imported, ImportedUnit, Result, UnitRecord, Writer};
+
+use super::EtcdRegistry;
+use super::api::{Writes, put_if_absent};
+use super::connection::NESTED_PER_TXN;
+use super::records::{Assignment, CarryingAssignment};
+
+/// The most bytes of bodies one transaction carries (etcd refuses requests over 1.5 MiB).
+const BODY_BYTES_PER_TXN: usize = 1024 * 1024;
+
+/// A unit whose write was not answered: taken back only if written once and not since.
+const UNKNOWN_REVISION: i64 = 0;
+
+/// One imported unit and its nested transaction's writes.
+struct Written<'a> {
+    unit: &'a ImportedUnit,
+    writes: Writes,
+}
+
+impl EtcdRegistry {
+    pub(super) async fn import(&self, units: &[ImportedUnit]) -> Result<Imported> {
+        let existing = self.existing_units(units).await?;
+        if !existing.is_empty() {
+            return Ok(Imported::Existing(existing));
+        }
+        let mut written: Vec<(&ImportedUnit, i64)> = Vec::new();
+        let mut next = 0;
+        while next < units.len() {
+            let (chunk, bodies, after) = self.import_chunk(units, next);
+            next = after;
+            let mut ops: Vec<TxnOp> = bodies.iter().map(|(key, value)| put_if_absent(key, value.clone())).collect();
+            let keys = self.keys();
+            for nested in &chunk {
+                let name = nested.unit.name.as_str();
+                let absent = [
+                    Compare::version(keys.unit(name), CompareOp::Equal, 0),
+                    Compare::version(keys.placement(name), CompareOp::Equal, 0),
+                ];
+                ops.push(TxnOp::txn(Txn::new().when(absent).and_then(nested.writes.ops.clone())));
+            }
+            let reply = match self.connection().big_txn(Txn::new().and_then(ops)).await {
+                Ok(reply) => reply,
+                Err(error) => {
+                    // The chunk may have been written without its answer reaching here: its
+                    // units are taken back too where they were written once and not since.
+                    written.extend(chunk.iter().map(|nested| (nested.unit, UNKNOWN_REVISION)));
+                    self.take_back(&written).await;
+                    return Err(error);
+                }
+            };
+            let revision = reply.header().map_or(0, |header| header.revision());
+            let responses = reply.op_responses();
+            let mut taken = Vec::new();
+            for (nested, response) in chunk.iter().zip(responses.iter().skip(bodies.len())) {
+                match response {
+                    TxnOpResponse::Txn(inner) if inner.succeeded() => {
+                        self.api_wrote_at(revision, &nested.writes.keys, &inner.op_responses());
+                        written.push((nested.unit, revision));
+                    }
+                    _ => taken.push(nested.unit.name.clone()),
+                }
+            }
+            if !taken.is_empty() {
+                self.take_back(&written).await;
+                return Ok(Imported::Existing(taken));
+            }
+        }
+        Ok(Imported::Written)
+    }
+
+    /// The names of `units` that exist already, read from etcd (a copy could be behind).
+    async fn existing_units(&self, units: &[ImportedUnit]) -> Result<Vec<String>> {
+        let keys = self.keys();
+        let mut existing = Vec::new();
+        for chunk in units.chunks(NESTED_PER_TXN) {
+            let gets = chunk
+                .iter()
+                .map(|unit| TxnOp::get(keys.unit(&unit.name), Some(etcd_client::GetOptions::new().with_count_only())))
+                .collect();
+            let (_, replies) = self.connection().read(gets).await?;
+            for (unit, reply) in chunk.iter().zip(replies) {
+                if reply.count() > 0 {
+                    existing.push(unit.name.clone());
+                }
+            }
+        }
+        Ok(existing)
+    }
+
+    /// The units from `start` that fit one transaction with the bodies they need, and where
+    /// the next chunk starts.
+    fn import_chunk<'a>(
+        &self,
+        units: &'a [ImportedUnit],
+        start: usize,
+    ) -> (Vec<Written<'a>>, BTreeMap<String, Vec<u8>>, usize) {
+        let keys = self.keys();
+        let (mut chunk, mut bodies, mut body_bytes) = (Vec::new(), BTreeMap::new(), 0);
+        let mut index = start;
+        while index < units.len() && chunk.len() + bodies.len() + 2 <= NESTED_PER_TXN && body_bytes < BODY_BYTES_PER_TXN
+        {
+            let unit = &units[index];
+            index += 1;
+            let hash = unit.file.hash();
+            let body_key = keys.body(&hash.to_string());
+            if !bodies.contains_key(&body_key) {
+                let body = encode(&unit.file.options());
+                body_bytes += body.len();
+                bodies.insert(body_key, body);
+            }
+            let record = UnitRecord {
+                hash,
+                desired: unit.desired,
+                global: Requirements::from_unit(&unit.name, &unit.file).global,
+                source: None,
+                drift: Writer::BY_HAND.drift_policy(),
+                secrets: Default::default(),
+            };
+            let mut writes = Writes::default();
+            writes.put(keys.unit(&unit.name), encode(&record));
+            let assignment = Assignment::of(&record);
+            let carried = encode(&CarryingAssignment { assignment: &assignment, body: unit.file.options() });
+            if record.global {
+                writes.put(keys.global(&unit.name), carried);
+            } else if let Some(machine) = &unit.machine {
+                writes.put(keys.placement(&unit.name), machine.as_bytes().to_vec());
+                writes.put(keys.scheduled(machine, &unit.name), carried);
+            }
+            chunk.push(Written { unit, writes });
+        }
+        (chunk, bodies, index)
+    }
+
+    /// Deletes the units of `written` (each as written at its revision: a unit someone changed
+    /// since is theirs now), with their placements and agents' copies.
+    async fn take_back(&self, written: &[(&ImportedUnit, i64)]) {
+        let keys = self.keys();
+        for chunk in written.chunks(NESTED_PER_TXN) {
+            let ops: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(unit, revision)| {
+                    let name = unit.name.as_str();
+                    let mut deletes = vec![
+                        TxnOp::delete(keys.unit(name), None),
+                        TxnOp::delete(keys.placement(name), None),
+                        TxnOp::delete(keys.global(name), None),
+                    ];
+                    if let Some(machine) = &unit.machine {
+                        deletes.push(TxnOp::delete(keys.scheduled(machine, name), None));
+                    }
+                    let unchanged = match *revision {
+                        UNKNOWN_REVISION => Compare::version(keys.unit(name), CompareOp::Equal, 1),
+                        revision => Compare::mod_revision(keys.unit(name), CompareOp::Equal, revision),
+                    };
+                    TxnOp::txn(Txn::new().when([unchanged]).and_then(deletes))
+                })
+                .collect();
+            if let Err(error) = self.connection().big_txn(Txn::new().and_then(ops)).await {
+                tracing::error!(%error, units = chunk.len(), "an import that failed could not take back the units it wrote");
+            }
+        }
+    }
+}
