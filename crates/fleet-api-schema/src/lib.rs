@@ -982,3 +982,59 @@ pub struct PlannedUnit {
     #[serde(default, skip_serializing_if = "is_empty")]
     pub waiting: Option<String>,
 }
+
+/// `POST /fleet/v1/imports` (ours): units taken over from the original fleet's registry
+/// (`fleetctl import-original`), each with the machine the original runs it on. Contents are
+/// carried once under keys of `contents`, as in a [`PlanRequest`]. Administrators only.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportRequest {
+    pub units: Vec<ImportUnit>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contents: BTreeMap<String, Vec<UnitOption>>,
+    /// Report what the import would do; write nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// One unit of an [`ImportRequest`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportUnit {
+    pub name: String,
+    pub desired_state: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<UnitOption>,
+    /// The key in the request's `contents` of this unit's options.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub content: Option<String>,
+    /// The machine the original runs it on (none: not scheduled there).
+    #[serde(default, rename = "machineID", skip_serializing_if = "is_empty")]
+    pub machine_id: Option<String>,
+}
+
+/// The answer to an [`ImportRequest`]: every unit and what the import does with it;
+/// `written` once it is stored (never with a unit refused: an import is all or nothing).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImportReport {
+    pub written: bool,
+    pub units: Vec<ImportedUnitReport>,
+}
+
+/// One unit of an [`ImportReport`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportedUnitReport {
+    pub name: String,
+    /// `adopt` (placed on the machine it runs on, which takes it over as it runs), `global`
+    /// (every machine that runs it takes it over), `place` (the engine places it: it was not
+    /// scheduled) or `refused` (with why).
+    pub action: String,
+    pub desired_state: String,
+    #[serde(default, rename = "machineID", skip_serializing_if = "is_empty")]
+    pub machine_id: Option<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub hash: Option<String>,
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub reason: Option<String>,
+}

@@ -33,6 +33,9 @@ use crate::upgrade::Upgrade;
 
 /// The largest request body accepted.
 pub const BODY_LIMIT: usize = 1024 * 1024;
+/// The largest body of a route that takes a [`crate::routes::Body::Bulk`] (read only once the
+/// caller is authorized for it).
+pub const BULK_BODY_LIMIT: usize = 32 * 1024 * 1024;
 /// How long a client may take to send a request's body.
 const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -149,7 +152,8 @@ pub(crate) async fn admit(state: &ApiState, asked: Asked<'_>, body: Body) -> Res
     let (mut body, mut read) = (Some(body), None);
     let identity = match route.need {
         Need::SourceWebhook => {
-            let bytes = read_body(body.take()).await.map_err(|error| turned(error.into_response(), None))?;
+            let bytes =
+                read_body(body.take(), route.body).await.map_err(|error| turned(error.into_response(), None))?;
             let source = params.first().map_or("", String::as_str);
             let secrets = state.source_secrets_dir.as_deref();
             let registry = state.registry.as_ref();
@@ -184,7 +188,7 @@ pub(crate) async fn admit(state: &ApiState, asked: Asked<'_>, body: Body) -> Res
     }
     let body = match read {
         Some(bytes) => bytes,
-        None => match read_body(body.take()).await {
+        None => match read_body(body.take(), route.body).await {
             Ok(bytes) => bytes,
             Err(error) => return Err(turned(error.into_response(), Some(Ok(identity)))),
         },
@@ -210,15 +214,19 @@ fn refusal_response(refusal: &Refused, route: &Route) -> Response {
 }
 
 /// A request's body, bounded in size and in the time it may take to arrive.
-async fn read_body(body: Option<Body>) -> Result<Bytes, ApiError> {
+async fn read_body(body: Option<Body>, kind: crate::routes::Body) -> Result<Bytes, ApiError> {
     let body = body.unwrap_or_else(Body::empty);
-    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, BODY_LIMIT)).await {
+    let limit = match kind {
+        crate::routes::Body::Bulk => BULK_BODY_LIMIT,
+        _ => BODY_LIMIT,
+    };
+    match tokio::time::timeout(BODY_TIMEOUT, axum::body::to_bytes(body, limit)).await {
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(error))
             if std::error::Error::source(&error)
                 .is_some_and(|cause| cause.is::<http_body_util::LengthLimitError>()) =>
         {
-            Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {BODY_LIMIT} bytes")))
+            Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("request body exceeds {limit} bytes")))
         }
         // The client went away (or its stream was reset) before its body was whole.
         Ok(Err(_)) => Err(ApiError::bad_request("request body could not be read")),

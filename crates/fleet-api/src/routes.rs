@@ -12,7 +12,7 @@ use crate::api_state::ApiState;
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
-    agent_facet, agent_stream, agents, backup, discovery, drains, journal, machines, metrics, plans,
+    agent_facet, agent_stream, agents, backup, discovery, drains, imports, journal, machines, metrics, plans,
     registration_tokens, rollouts, secrets, sources, state, tokens, unit_batch, units, web,
 };
 
@@ -38,6 +38,7 @@ pub(crate) enum Need {
     ManageSources,
     ManageRollouts,
     BackUp,
+    Import,
     ListSecrets,
     WriteSecret,
     /// Established by the body's signature with the source's secret, verified before the
@@ -64,6 +65,7 @@ impl Need {
             Need::ManageSources => Action::ManageSources,
             Need::ManageRollouts => Action::ManageRollouts,
             Need::BackUp => Action::BackUp,
+            Need::Import => Action::Import,
             Need::ListSecrets => Action::ListSecrets,
             Need::WriteSecret => Action::WriteSecret(named),
             Need::SourceWebhook => Action::SourceWebhook(named),
@@ -79,6 +81,9 @@ pub(crate) enum Body {
     Empty,
     /// A JSON document, with exactly one `Content-Type: application/json`.
     Json,
+    /// A JSON document as [`Body::Json`], of up to [`crate::router::BULK_BODY_LIMIT`]: an
+    /// administrator's import of a whole registry.
+    Bulk,
     /// Whatever a git forge sends; the request is authenticated by the body's signature.
     Signed,
 }
@@ -132,6 +137,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(PUT "/fleet/v1/machines/{machine}/drain", WriteMachines, Json, |s, c| drains::put(s, c.param(), c.body).await),
     route!(DELETE "/fleet/v1/machines/{machine}/drain", WriteMachines, Empty, |s, c| drains::delete(s, c.param()).await),
     route!(POST "/fleet/v1/plans", List, Json, |s, c| plans::post(s, c.role(), c.body).await),
+    route!(POST "/fleet/v1/imports", Import, Bulk, |s, c| imports::post(s, c.role(), c.body).await),
     route!(GET "/fleet/v1/journal/{unit}", ReadUnit, Empty, |s, c| journal::get(s, c.identity, c.param(), c.query).await),
     route!(GET "/fleet/v1/tokens", ManageCredentials, Empty, |s, c| tokens::list(s).await),
     route!(POST "/fleet/v1/tokens", ManageCredentials, Json, |s, c| tokens::create(s, c.body).await),

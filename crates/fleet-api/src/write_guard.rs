@@ -21,7 +21,7 @@ pub(crate) fn check(method: &Method, body: Body, headers: &HeaderMap) -> Result<
     }
     check_same_site(headers)?;
     match body {
-        Body::Json => check_json(headers),
+        Body::Json | Body::Bulk => check_json(headers),
         Body::Empty if headers.contains_key(header::CONTENT_TYPE) => check_json(headers),
         Body::Empty | Body::Signed => Ok(()),
     }

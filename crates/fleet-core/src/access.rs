@@ -194,6 +194,9 @@ pub enum Action<'a> {
     SourceWebhook(&'a str),
     /// Takes a snapshot of the whole store, every credential's hash in it: administrators only.
     BackUp,
+    /// Takes over units from the original fleet's registry with the machines they run on,
+    /// which is the engine's to decide otherwise: administrators only.
+    Import,
     /// Lists the secrets: their names, versions, sizes, who set them and when; never a value.
     ListSecrets,
     /// Sets or removes the secret named (an operator: one its secret pattern covers).
@@ -246,6 +249,7 @@ pub fn decide(role: &Role, action: Action<'_>) -> Access {
             | A::ManageSources
             | A::ManageRollouts
             | A::BackUp
+            | A::Import
             | A::ListSecrets
             | A::WriteSecret(_),
         ) => Access::Allowed,
@@ -297,20 +301,21 @@ mod tests {
             Action::ListSecrets,
             Action::WriteSecret("web-db"),
             Action::WriteSecret("billing-key"),
+            Action::Import,
         ];
         let web_secrets = operator("web-*").with_secrets(Some("web-*")).expect("a secret scope");
-        let table: [(Role, [Access; 20]); 8] = [
-            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D, A, A, A, A]),
+        let table: [(Role, [Access; 21]); 8] = [
+            (Role::Admin, [A, A, A, A, A, D, D, D, D, A, A, A, D, A, A, D, A, A, A, A, A]),
             (
                 Role::Operator { units: None, secrets: None },
-                [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D, D, A, D, D],
+                [A, A, A, A, D, D, D, D, D, A, A, D, D, A, A, D, D, A, D, D, D],
             ),
-            (operator("web-*"), [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D, A, D, D]),
-            (web_secrets, [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D, A, A, D]),
-            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D, D, A, D, D]),
-            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D, D, D, D, D]),
-            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D, D, D, D, D]),
-            (Role::Webhook { source: "docs".into() }, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D, D, D, D, D, D]),
+            (operator("web-*"), [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D, A, D, D, D]),
+            (web_secrets, [A, A, A, D, D, D, D, D, D, D, D, D, D, D, A, D, D, A, A, D, D]),
+            (Role::Viewer, [A, A, D, D, D, D, D, D, D, A, A, D, D, D, D, D, D, A, D, D, D]),
+            (Role::Machine { id: "m1".into() }, [D, D, D, D, D, D, A, A, D, D, D, D, D, D, D, D, D, D, D, D, D]),
+            (Role::Joining, [D, D, D, D, D, A, D, D, D, D, D, D, D, D, D, D, D, D, D, D, D]),
+            (Role::Webhook { source: "docs".into() }, [D, D, D, D, D, D, D, D, D, D, D, D, A, D, D, D, D, D, D, D, D]),
         ];
         for (role, expected) in table {
             for (action, want) in actions.iter().zip(expected) {

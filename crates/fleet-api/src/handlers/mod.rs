@@ -6,6 +6,7 @@ pub mod agents;
 pub mod backup;
 pub mod discovery;
 pub mod drains;
+pub mod imports;
 pub mod journal;
 pub mod machines;
 pub mod metrics;

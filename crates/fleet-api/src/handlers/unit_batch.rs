@@ -72,34 +72,38 @@ pub(super) fn admitted(
     let mut names = HashSet::new();
     let mut changes = Vec::with_capacity(units.len());
     for (index, unit) in units.into_iter().enumerate() {
-        let name = unit.name;
-        if name.is_empty() {
-            return Err(ApiError::bad_request(format!("unit {index} of the batch has no name")));
+        let change = admit_one(index, unit, role, asked)?;
+        if !names.insert(change.name.clone()) {
+            return Err(ApiError::bad_request(format!("unit {} is given twice", change.name)));
         }
-        let about = |error: ApiError| ApiError::new(error.status, format!("unit {name}: {}", error.message));
-        validate_name(&name).map_err(|error| about(ApiError::bad_request(error.to_string())))?;
-        may(role, &name, asked)?;
-        let desired: DesiredState = match unit.desired_state.as_deref().filter(|state| !state.is_empty()) {
-            Some(text) => {
-                text.parse().map_err(|error: InvalidState| about(ApiError::bad_request(error.to_string())))?
-            }
-            None => return Err(about(ApiError::bad_request("desiredState missing"))),
-        };
-        refuse_template_activation(&name, desired).map_err(about)?;
-        let file = match unit.options.is_empty() {
-            true => None,
-            false => {
-                let file = file_from_options(unit.options);
-                validate_options(&name, &file).map_err(about)?;
-                Some(file)
-            }
-        };
-        if !names.insert(name.clone()) {
-            return Err(ApiError::bad_request(format!("unit {name} is given twice")));
-        }
-        changes.push(UnitChange { name, file, desired });
+        changes.push(change);
     }
     Ok(changes)
+}
+
+/// One unit of a request (the `index`th), checked as its own `PUT` would be.
+pub(super) fn admit_one(index: usize, unit: Unit, role: &Role, asked: Permission) -> Result<UnitChange, ApiError> {
+    let name = unit.name;
+    if name.is_empty() {
+        return Err(ApiError::bad_request(format!("unit {index} of the batch has no name")));
+    }
+    let about = |error: ApiError| ApiError::new(error.status, format!("unit {name}: {}", error.message));
+    validate_name(&name).map_err(|error| about(ApiError::bad_request(error.to_string())))?;
+    may(role, &name, asked)?;
+    let desired: DesiredState = match unit.desired_state.as_deref().filter(|state| !state.is_empty()) {
+        Some(text) => text.parse().map_err(|error: InvalidState| about(ApiError::bad_request(error.to_string())))?,
+        None => return Err(about(ApiError::bad_request("desiredState missing"))),
+    };
+    refuse_template_activation(&name, desired).map_err(about)?;
+    let file = match unit.options.is_empty() {
+        true => None,
+        false => {
+            let file = file_from_options(unit.options);
+            validate_options(&name, &file).map_err(about)?;
+            Some(file)
+        }
+    };
+    Ok(UnitChange { name, file, desired })
 }
 
 /// Whether `role` may do what `asked` says to unit `name`.

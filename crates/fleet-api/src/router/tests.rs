@@ -614,12 +614,18 @@ async fn a_machine_is_drained_shown_and_undrained_and_bad_requests_are_refused()
 #[tokio::test]
 async fn a_body_too_large_and_a_body_that_broke_off_are_told_apart() {
     let large = Body::from(vec![b'x'; BODY_LIMIT + 1]);
-    let refused = read_body(Some(large)).await.unwrap_err();
+    let refused = read_body(Some(large), crate::routes::Body::Json).await.unwrap_err();
+    assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE);
+    // A bulk body (an administrator's import) may be larger, to its own bound.
+    let bulk = Body::from(vec![b'x'; BODY_LIMIT + 1]);
+    assert!(read_body(Some(bulk), crate::routes::Body::Bulk).await.is_ok());
+    let too_large = Body::from(vec![b'x'; BULK_BODY_LIMIT + 1]);
+    let refused = read_body(Some(too_large), crate::routes::Body::Bulk).await.unwrap_err();
     assert_eq!(refused.status, StatusCode::PAYLOAD_TOO_LARGE);
     let chunks: Vec<Result<&'static [u8], std::io::Error>> =
         vec![Ok(b"{\"a\":"), Err(std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset"))];
     let broken = Body::from_stream(futures_util::stream::iter(chunks));
-    let refused = read_body(Some(broken)).await.unwrap_err();
+    let refused = read_body(Some(broken), crate::routes::Body::Json).await.unwrap_err();
     assert_eq!(refused.status, StatusCode::BAD_REQUEST, "the client went away: its body is not too large");
 }
 
@@ -845,4 +851,94 @@ async fn a_plan_shows_what_a_change_would_do_and_writes_nothing() {
     let unknown = json!({"units": [{"name": "i@3.service", "desiredState": "launched", "content": "nope"}]});
     let refused = api.call("POST", "/fleet/v1/plans", Some(unknown)).await;
     assert_eq!(refused.body, error(400, "unit i@3.service: content \"nope\" is not in the request's contents"));
+}
+
+/// An import stores the original's units with the machines they run on, reports what it does
+/// with each, and writes nothing while one is refused or when asked for a dry run.
+#[tokio::test]
+async fn an_import_writes_units_where_they_run_or_nothing_and_says_why() {
+    let api = api(100).await;
+    launch(&api, &["taken.service"]).await;
+    let machine = MachineState { id: "m1".into(), public_ip: "10.0.0.1".into(), ..Default::default() };
+    api.registry.register_machine(&machine).await.unwrap();
+    let options = json!([{"section": "Service", "name": "ExecStart", "value": "/bin/sleep 1000"}]);
+    let global = json!([
+        {"section": "Service", "name": "ExecStart", "value": "/bin/sleep 1000"},
+        {"section": "X-Fleet", "name": "Global", "value": "true"}
+    ]);
+    let unit = |name: &str, desired: &str, machine: Option<&str>| json!({"name": name, "desiredState": desired, "content": "app", "machineID": machine});
+    let units = vec![
+        unit("web.service", "launched", Some("m1")),
+        unit("batch.service", "launched", None),
+        unit("idle.service", "inactive", Some("m1")),
+        json!({"name": "everywhere.service", "desiredState": "launched", "content": "global", "machineID": "m1"}),
+    ];
+    let contents = json!({"app": options, "global": global});
+    let refused = |units: Vec<Value>| json!({"units": units, "contents": contents});
+
+    let dry = api
+        .call("POST", "/fleet/v1/imports", Some(json!({"units": units, "contents": contents, "dryRun": true})))
+        .await;
+    assert_eq!(dry.status, StatusCode::OK, "{}", dry.body);
+    let actions: Vec<(String, String)> = dry.body["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|unit| (unit["name"].as_str().unwrap().to_string(), unit["action"].as_str().unwrap().to_string()))
+        .collect();
+    let expected = [
+        ("web.service", "adopt"),
+        ("batch.service", "place"),
+        ("idle.service", "store"),
+        ("everywhere.service", "global"),
+    ];
+    assert_eq!(actions, expected.map(|(name, action)| (name.to_string(), action.to_string())));
+    assert_eq!(dry.body["written"], json!(false));
+    assert_eq!(
+        api.call("GET", "/fleet/v1/units/web.service", None).await.status,
+        StatusCode::NOT_FOUND,
+        "a dry run wrote"
+    );
+
+    // One unit refused, whatever the reason, and nothing is written; the dry run says why.
+    for (bad, reason) in [
+        (unit("taken.service", "launched", Some("m1")), "exists in fleet already"),
+        (
+            unit("elsewhere.service", "launched", Some("m9")),
+            "machine m9, where the original runs it, has not joined fleet",
+        ),
+        (
+            json!({"name": "bad.service", "desiredState": "launched", "options": [{"section": "Service", "name": "", "value": "x"}]}),
+            "option name is empty",
+        ),
+        (unit("tmpl@.service", "launched", None), "cannot activate template"),
+        (
+            json!({"name": "web.service", "desiredState": "launched", "content": "none"}),
+            "is not in the request's contents",
+        ),
+    ] {
+        let mut with_bad = units.clone();
+        with_bad.push(bad);
+        let answer = api.call("POST", "/fleet/v1/imports", Some(refused(with_bad.clone()))).await;
+        assert_eq!(answer.status, StatusCode::CONFLICT, "{}", answer.body);
+        assert!(answer.body["error"]["message"].as_str().unwrap().contains("nothing was imported"), "{}", answer.body);
+        let mut dry = refused(with_bad);
+        dry["dryRun"] = json!(true);
+        let report = api.call("POST", "/fleet/v1/imports", Some(dry)).await;
+        let last = report.body["units"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(last["action"], json!("refused"), "{last}");
+        assert!(last["reason"].as_str().unwrap().contains(reason), "{last} should say {reason:?}");
+        assert_eq!(api.call("GET", "/fleet/v1/units/web.service", None).await.status, StatusCode::NOT_FOUND);
+    }
+
+    let written = api.call("POST", "/fleet/v1/imports", Some(refused(units.clone()))).await;
+    assert_eq!(written.status, StatusCode::OK, "{}", written.body);
+    assert_eq!(written.body["written"], json!(true));
+    let web = api.call("GET", "/fleet/v1/units/web.service", None).await;
+    assert_eq!((web.body["machineID"].clone(), web.body["desiredState"].clone()), (json!("m1"), json!("launched")));
+    let idle = api.call("GET", "/fleet/v1/units/idle.service", None).await;
+    assert_eq!((idle.body.get("machineID"), idle.body["desiredState"].clone()), (None, json!("inactive")));
+    let again = api.call("POST", "/fleet/v1/imports", Some(refused(units))).await;
+    assert_eq!(again.status, StatusCode::CONFLICT, "an import again finds its units: {}", again.body);
+    assert_eq!(api.call("POST", "/fleet/v1/imports", Some(json!({"units": []}))).await.status, StatusCode::BAD_REQUEST);
 }

@@ -52,6 +52,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("PUT", "/fleet/v1/machines/{machine}/drain", "UAAADDDDUUUUX"),
     ("DELETE", "/fleet/v1/machines/{machine}/drain", "UAAADDDDUUUUX"),
     ("POST", "/fleet/v1/plans", "UAAAAADDUUUUX"),
+    ("POST", "/fleet/v1/imports", "UAADDDDDUUUUX"),
     ("GET", "/fleet/v1/journal/{unit}", "UAAAHADDUUUUA"),
     ("GET", "/fleet/v1/tokens", "UAADDDDDUUUUA"),
     ("POST", "/fleet/v1/tokens", "UAADDDDDUUUUX"),
