@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod original_registry;
 mod unreachable;
 
 use std::path::{Path, PathBuf};
@@ -154,7 +155,7 @@ fn read_file(path: &Path, what: &str) -> Result<Vec<u8>> {
 }
 
 /// Adds the TLS settings of `options` to `builder`.
-fn with_tls(mut builder: reqwest::ClientBuilder, options: &ClientOptions) -> Result<reqwest::ClientBuilder> {
+pub(crate) fn with_tls(mut builder: reqwest::ClientBuilder, options: &ClientOptions) -> Result<reqwest::ClientBuilder> {
     if let Some(path) = &options.ca_file {
         let certificates = reqwest::Certificate::from_pem_bundle(&read_file(path, "CA file")?)
             .map_err(|error| ClientError::Endpoint(format!("invalid CA file {}: {error}", path.display())))?;
@@ -466,6 +467,15 @@ impl Client {
     pub async fn plan(&self, request: &fleet_api_schema::PlanRequest) -> Result<fleet_api_schema::Plan> {
         let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
         let (_, bytes) = self.send(Method::POST, "plans", Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    /// Takes over the original fleet's units (`request.dry_run`: only reports what it would
+    /// do). A whole registry may take minutes to write: it is given at least ten.
+    pub async fn import(&self, request: &fleet_api_schema::ImportRequest) -> Result<fleet_api_schema::ImportReport> {
+        let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
+        let timeout = self.timeout.max(Duration::from_secs(600));
+        let (_, bytes) = self.send_within(Method::POST, "imports", Some(body), timeout).await?;
         serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
     }
 

@@ -360,6 +360,13 @@ enum Command {
         /// snapshot is in)
         file: std::path::PathBuf,
     },
+    /// Take over the units of an original fleet cluster (read from its etcd's v2 keys, which
+    /// stay as they are) with the machines they run on, so that each machine's fleetd keeps
+    /// them running; one unit refused and nothing is imported (administrators only)
+    ImportOriginal {
+        #[command(flatten)]
+        flags: commands::import_original::ImportFlags,
+    },
     /// Print the version
     Version,
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell)
@@ -801,7 +808,8 @@ async fn with_units(
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
     use commands::{
-        backup, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout, secret, source, token,
+        backup, import_original, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout, secret,
+        source, token,
     };
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
@@ -850,6 +858,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         }
         Command::Machine { action } => machine::run(&context, action).await,
         Command::Backup { file } => backup::run(&context, &file).await,
+        Command::ImportOriginal { flags } => import_original::run(&context, &flags).await,
         Command::Version
         | Command::Verify { .. }
         | Command::FdForward { .. }

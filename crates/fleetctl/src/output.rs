@@ -160,3 +160,42 @@ impl<'a> PlanOutput<'a> {
         Self { index: plan.index, units }
     }
 }
+
+/// `import-original -o json`: whether it was written and every unit, every field present
+/// (`null` for none).
+#[derive(Debug, Serialize)]
+pub struct ImportOutput<'a> {
+    pub written: bool,
+    pub units: Vec<ImportUnitRow<'a>>,
+}
+
+/// A unit of `import-original -o json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ImportUnitRow<'a> {
+    pub name: &'a str,
+    pub action: &'a str,
+    pub desired_state: &'a str,
+    #[serde(rename = "machineID")]
+    pub machine_id: Option<&'a str>,
+    pub hash: Option<&'a str>,
+    pub reason: Option<&'a str>,
+}
+
+impl<'a> ImportOutput<'a> {
+    pub fn of(report: &'a fleet_api_schema::ImportReport) -> Self {
+        let units = report
+            .units
+            .iter()
+            .map(|unit| ImportUnitRow {
+                name: &unit.name,
+                action: &unit.action,
+                desired_state: &unit.desired_state,
+                machine_id: unit.machine_id.as_deref(),
+                hash: unit.hash.as_deref(),
+                reason: unit.reason.as_deref(),
+            })
+            .collect();
+        Self { written: report.written, units }
+    }
+}

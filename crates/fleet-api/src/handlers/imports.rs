@@ -4,13 +4,13 @@
 //! Every unit is admitted as its own `PUT` would be and reported with what the import does
 //! with it; one refused, and nothing is written (a dry run writes nothing either).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use axum::http::StatusCode;
 use axum::response::Response;
-use fleet_core::DesiredState;
 use fleet_core::access::Role;
 use fleet_core::requirements::Requirements;
+use fleet_core::{DesiredState, MachineState};
 use fleet_registry::{Imported, ImportedUnit};
 
 use super::unit_batch::{Permission, admit_one};
@@ -36,7 +36,8 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
             request.units.len()
         )));
     }
-    let machines: HashSet<String> = state.registry.machines().await?.into_iter().map(|machine| machine.id).collect();
+    let machines: HashMap<String, MachineState> =
+        state.registry.machines().await?.into_iter().map(|machine| (machine.id.clone(), machine)).collect();
     let existing: HashSet<String> = state.registry.units().await?.into_iter().map(|unit| unit.name).collect();
     let mut names = HashSet::new();
     let mut admitted = Vec::with_capacity(request.units.len());
@@ -89,7 +90,7 @@ fn admit(
     unit: ImportUnit,
     contents: &BTreeMap<String, Vec<UnitOption>>,
     role: &Role,
-    machines: &HashSet<String>,
+    machines: &HashMap<String, MachineState>,
 ) -> Admitted {
     let options = match (unit.options.is_empty(), &unit.content) {
         (true, Some(key)) => {
@@ -107,15 +108,23 @@ fn admit(
         error.message.strip_prefix(&prefix).map_or(error.message.clone(), str::to_string)
     })?;
     let file = change.file.ok_or("no unit file given")?;
-    let placed = change.desired != DesiredState::Inactive && !Requirements::from_unit(&change.name, &file).global;
-    let machine = match unit.machine_id.filter(|_| placed) {
-        Some(machine) if !machines.contains(&machine) => {
+    let requirements = Requirements::from_unit(&change.name, &file);
+    let placed = change.desired != DesiredState::Inactive && !requirements.global;
+    let machine = unit.machine_id.filter(|_| placed);
+    if let Some(id) = &machine {
+        // Placed where the engine would not keep it, it would be taken off at once: stopped.
+        let Some(joined) = machines.get(id) else {
             return Err(format!(
-                "machine {machine}, where the original runs it, has not joined fleet: start fleet's fleetd there first"
+                "machine {id}, where the original runs it, has not joined fleet: start fleet's fleetd there first"
+            ));
+        };
+        if !requirements.metadata_matches(&joined.metadata) {
+            return Err(format!(
+                "machine {id} lacks the metadata its MachineMetadata= asks for: give that machine's fleet.conf the \
+                 original's metadata= first"
             ));
         }
-        machine => machine,
-    };
+    }
     Ok(ImportedUnit { name: change.name, file, desired: change.desired, machine })
 }
 

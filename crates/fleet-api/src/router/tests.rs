@@ -913,6 +913,13 @@ async fn an_import_writes_units_where_they_run_or_nothing_and_says_why() {
         ),
         (unit("tmpl@.service", "launched", None), "cannot activate template"),
         (
+            json!({"name": "db.service", "desiredState": "launched", "machineID": "m1", "options": [
+                {"section": "Service", "name": "ExecStart", "value": "/bin/sleep 1000"},
+                {"section": "X-Fleet", "name": "MachineMetadata", "value": "role=db"}
+            ]}),
+            "lacks the metadata its MachineMetadata= asks for",
+        ),
+        (
             json!({"name": "web.service", "desiredState": "launched", "content": "none"}),
             "is not in the request's contents",
         ),
