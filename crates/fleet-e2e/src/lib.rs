@@ -23,6 +23,7 @@ pub mod lab_fleet;
 pub mod launched_units;
 pub mod nat;
 pub mod netlab;
+pub mod original_fleet;
 pub mod pki;
 pub mod presence_log;
 pub mod pull;

@@ -42,6 +42,8 @@ pub struct EtcdServer {
     tls: Option<crate::TestCertificates>,
     /// Run with the settings README recommends for a large cluster on etcd 3.4.
     tuned: bool,
+    /// Serve etcd's v2 keys API too (where the original fleet kept its registry).
+    v2: bool,
 }
 
 /// What README recommends for etcd 3.4 under a large cluster, as `(flag, environment)`: a
@@ -61,6 +63,25 @@ impl EtcdServer {
         Self::start_with(host, false)
     }
 
+    /// Starts etcd with its v2 keys API on as well (`--enable-v2`), as the original fleet's
+    /// clusters ran it, and waits until it answers.
+    pub fn start_with_v2_api() -> Self {
+        ensure_installed();
+        let dir = tempfile::tempdir().expect("temporary directory for etcd");
+        let mut server = Self {
+            dir,
+            host: "127.0.0.1".to_string(),
+            client_port: crate::free_port(),
+            peer_port: crate::free_port(),
+            child: None,
+            tls: None,
+            tuned: false,
+            v2: true,
+        };
+        server.resume();
+        server
+    }
+
     /// Starts etcd with [`LARGE_CLUSTER_SETTINGS`] (the benchmarks at thousands of machines);
     /// `GOGC` set in the caller's environment still wins.
     pub fn start_for_scale() -> Self {
@@ -78,6 +99,7 @@ impl EtcdServer {
             child: None,
             tls: None,
             tuned,
+            v2: false,
         };
         server.resume();
         server
@@ -97,6 +119,7 @@ impl EtcdServer {
             child: None,
             tls: Some(certificates),
             tuned: false,
+            v2: false,
         };
         server.resume();
         server
@@ -168,6 +191,9 @@ impl EtcdServer {
         // spends its time. Off by default: etcd then samples its mutexes, which slows it.
         if std::env::var_os("FLEET_TEST_ETCD_PPROF").is_some_and(|value| value == "1") {
             command.arg("--enable-pprof");
+        }
+        if self.v2 {
+            command.arg("--enable-v2");
         }
         if let Some(tls) = &self.tls {
             command

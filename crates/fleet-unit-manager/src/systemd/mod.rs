@@ -9,6 +9,7 @@ mod ending;
 mod fence_timer;
 pub mod paths;
 mod read_back;
+mod units_directory;
 mod watchdog;
 
 use fleet_core::unpoisoned::Locked;
@@ -23,8 +24,8 @@ use tokio::sync::watch;
 
 use self::bus::{Bus, BusError};
 use self::paths::{
-    CREDENTIALS_DROP_IN, RESERVATION_DROP_IN, credentials_drop_in, has_install_section, is_unit_file_name,
-    reservation_drop_in, runtime_unit_dir, unit_object_path,
+    CREDENTIALS_DROP_IN, RESERVATION_DROP_IN, credentials_drop_in, has_install_section, reservation_drop_in,
+    runtime_unit_dir, unit_object_path,
 };
 use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
 
@@ -45,6 +46,9 @@ pub struct SystemdManager {
     bus: Arc<Bus>,
     /// The units fleet holds and their hashes; read from `units_directory` on first use.
     held: tokio::sync::Mutex<Option<BTreeMap<String, UnitHash>>>,
+    /// Unit files another writer left in `units_directory` (the original fleet's agent), read
+    /// with `held`: never stopped nor reported, adopted as they run once scheduled here.
+    foreign: Mutex<BTreeMap<String, UnitHash>>,
     /// Object paths of the held units, for the signal watcher.
     watched: Arc<Mutex<HashSet<String>>>,
     /// The end times the held units announced, kept by the signal watcher.
@@ -76,6 +80,7 @@ impl SystemdManager {
             credentials: crate::credentials::CredentialDirs::new(options.credentials_dir),
             bus: bus.clone(),
             held: tokio::sync::Mutex::new(None),
+            foreign: Mutex::default(),
             watched: Arc::new(Mutex::new(HashSet::new())),
             seen: Arc::new(Mutex::new(ending::SeenEndings::default())),
             refused: Mutex::new(HashMap::new()),
@@ -157,11 +162,34 @@ impl SystemdManager {
     async fn held(&self) -> tokio::sync::MutexGuard<'_, Option<BTreeMap<String, UnitHash>>> {
         let mut held = self.held.lock().await;
         if held.is_none() {
-            let found = scan_units_directory(&self.units_directory);
-            self.set_watched(&found);
-            *held = Some(found);
+            let found = units_directory::scan(&self.units_directory);
+            self.set_watched(&found.fleets);
+            *self.foreign.locked() = found.foreign;
+            *held = Some(found.fleets);
         }
         held
+    }
+
+    /// Takes a unit file another writer left from the foreign ones: its hash, if there is one.
+    async fn take_foreign(&self, name: &str) -> Option<UnitHash> {
+        drop(self.held().await);
+        self.foreign.locked().remove(name)
+    }
+
+    /// Makes the unit another writer left, running as `file` says, fleet's own as it runs: no
+    /// stop, no start, no rewrite of its file (which becomes private, as fleet's files are).
+    async fn adopt(&self, name: &str, file: &UnitFile) -> Result<()> {
+        let path = self.unit_path(name);
+        fleet_fs::make_private(&path).map_err(io_error(format!("making {} private", path.display())))?;
+        self.fence.locked().loaded(name, file);
+        let mut held = self.held().await;
+        let units = held.get_or_insert_with(BTreeMap::new);
+        units.insert(name.to_string(), file.hash());
+        self.set_watched(units);
+        drop(held);
+        self.remember_refusal(name, None);
+        tracing::info!(unit = name, "adopted a unit left running by another fleet agent, as it runs");
+        Ok(())
     }
 
     fn set_watched(&self, held: &BTreeMap<String, UnitHash>) {
@@ -199,25 +227,6 @@ async fn run_tool(program: &str, user: bool, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// The unit files in `directory` and their hashes; unreadable or malformed files are skipped.
-fn scan_units_directory(directory: &Path) -> BTreeMap<String, UnitHash> {
-    let mut found = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(directory) else { return found };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !is_unit_file_name(&name) {
-            continue;
-        }
-        match std::fs::read_to_string(entry.path()).map(|text| UnitFile::parse(&text)) {
-            Ok(Ok(file)) => {
-                found.insert(name, file.hash());
-            }
-            _ => tracing::warn!(unit = %name, "skipping an unreadable unit file in the units directory"),
-        }
-    }
-    found
-}
-
 #[async_trait]
 impl UnitManager for SystemdManager {
     fn kind(&self) -> &'static str {
@@ -225,6 +234,15 @@ impl UnitManager for SystemdManager {
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
+        match self.take_foreign(name).await {
+            Some(hash) if hash == file.hash() => return self.adopt(name, file).await,
+            // Other content than fleet's for it: what runs stops before fleet's takes its place.
+            Some(_) => {
+                tracing::info!(unit = name, "replacing a unit left by another fleet agent with other content");
+                self.stop(name).await?;
+            }
+            None => {}
+        }
         self.fence.locked().loaded(name, file);
         let path = self.unit_path(name);
         fleet_fs::write_private(&path, file.serialize().as_bytes())

@@ -30,14 +30,14 @@ pub struct ImportFlags {
     #[arg(long = "dry-run")]
     pub dry_run: bool,
     /// The CA that signed the original's etcd certificate (PEM)
-    #[arg(long = "etcd-cafile", value_name = "FILE")]
-    pub etcd_cafile: Option<std::path::PathBuf>,
+    #[arg(long = "original-ca-file", value_name = "FILE")]
+    pub original_ca_file: Option<std::path::PathBuf>,
     /// A client certificate for the original's etcd (PEM)
-    #[arg(long = "etcd-certfile", value_name = "FILE")]
-    pub etcd_certfile: Option<std::path::PathBuf>,
-    /// The key of --etcd-certfile (PEM)
-    #[arg(long = "etcd-keyfile", value_name = "FILE")]
-    pub etcd_keyfile: Option<std::path::PathBuf>,
+    #[arg(long = "original-cert-file", value_name = "FILE")]
+    pub original_cert_file: Option<std::path::PathBuf>,
+    /// The key of --original-cert-file (PEM)
+    #[arg(long = "original-key-file", value_name = "FILE")]
+    pub original_key_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub output: OutputFlag,
 }
@@ -45,9 +45,9 @@ pub struct ImportFlags {
 pub async fn run(context: &Context, flags: &ImportFlags) -> Outcome {
     let options = ClientOptions {
         timeout: Duration::from_secs(60),
-        ca_file: flags.etcd_cafile.clone(),
-        cert_file: flags.etcd_certfile.clone(),
-        key_file: flags.etcd_keyfile.clone(),
+        ca_file: flags.original_ca_file.clone(),
+        cert_file: flags.original_cert_file.clone(),
+        key_file: flags.original_key_file.clone(),
         ..ClientOptions::default()
     };
     let original = match read_original_registry(&flags.etcd, &flags.prefix, &options).await {
