@@ -113,10 +113,10 @@ impl EtcdRegistry {
             index += 1;
             let hash = unit.file.hash();
             let body_key = keys.body(&hash.to_string());
-            if !bodies.contains_key(&body_key) {
+            if let std::collections::btree_map::Entry::Vacant(entry) = bodies.entry(body_key) {
                 let body = encode(&unit.file.options());
                 body_bytes += body.len();
-                bodies.insert(body_key, body);
+                entry.insert(body);
             }
             let record = UnitRecord {
                 hash,
