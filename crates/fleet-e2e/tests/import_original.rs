@@ -136,3 +136,30 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     assert_eq!(running_since(&systemd, "stray.service"), before["stray.service"]);
     assert_eq!(running_since(&systemd, "web.service"), before["web.service"]);
 }
+
+/// A registry of 10,000 units (instances of one template, as large original clusters ran
+/// them) on fleet's etcd store: imported whole, each on the machine the original put it on.
+/// Prints how long the import took (BENCHMARKS.md).
+#[test]
+fn a_registry_of_ten_thousand_units_is_imported_whole() {
+    const UNITS: usize = 10_000;
+    let etcd = EtcdServer::start_with_v2_api();
+    let template = "[Service]\nExecStart=/bin/sleep 100775\n";
+    let jobs: Vec<OriginalJob> =
+        (0..UNITS).map(|index| job(&format!("app@{index}.service"), template, "loaded", Some(MACHINE))).collect();
+    let writing = Instant::now();
+    OriginalRegistryWriter::new(&etcd.endpoint()).write(&jobs, &[(MACHINE, BTreeMap::new())]);
+    eprintln!("the original's registry of {UNITS} units written in {:.2} s", writing.elapsed().as_secs_f64());
+    let fleet = Fleetd::start(MACHINE, &[("etcd_servers", etcd.endpoint().as_str())]);
+    let importing = Instant::now();
+    let imported = fleet.ok(&["--request-timeout=60", "import-original", &format!("--etcd={}", etcd.endpoint())]);
+    let took = importing.elapsed();
+    assert!(imported.stdout.contains(&format!("Imported {UNITS} units: {UNITS} kept on the machine")), "{imported:#?}");
+    println!("import-original of {UNITS} units: {:.2} s", took.as_secs_f64());
+    let listed = fleet.ok(&["list-unit-files", "--no-legend", "--full", "--fields", "unit,dstate,target"]).stdout;
+    let placed = listed
+        .lines()
+        .filter(|line| line.contains("loaded") && line.contains(MACHINE) && line.starts_with("app@"))
+        .count();
+    assert_eq!(placed, UNITS, "every unit listed loaded on its machine");
+}
