@@ -72,6 +72,16 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     ];
     jobs.push(job("elsewhere.service", worker, "launched", Some("88888888000000000000000000000002")));
     original.write(&jobs, &[(MACHINE, BTreeMap::new())]);
+    // A job whose unit file the original kept malformed (written by an older version).
+    let garbled = "[Service\nExecStart=/bin/true\n";
+    original.put_all(vec![
+        (
+            "job/garbled.service/object".into(),
+            serde_json::json!({"Name": "garbled.service", "UnitHash": vec![7u8; 20]}).to_string(),
+        ),
+        ("job/garbled.service/target-state".into(), "launched".into()),
+        (format!("unit/{}", "07".repeat(20)), serde_json::json!({"Raw": garbled}).to_string()),
+    ]);
     let before: BTreeMap<&str, (String, String)> =
         ["web.service", "worker@1.service", "worker@2.service", "stray.service"]
             .into_iter()
@@ -92,13 +102,18 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     let dry = fleet.fleetctl(&["import-original", &etcd_flag, "--dry-run"]);
     assert_eq!(dry.code, 1, "{dry:#?}");
     assert!(dry.stdout.contains("elsewhere.service") && dry.stdout.contains("has not joined fleet"), "{dry:#?}");
+    assert!(dry.stdout.contains("garbled.service") && dry.stdout.contains("its unit file: line 1"), "{dry:#?}");
     assert!(dry.stdout.contains("adopt"), "{dry:#?}");
     let refused = fleet.fleetctl(&["import-original", &etcd_flag]);
     assert_eq!(refused.code, 1, "{refused:#?}");
-    assert!(refused.stderr.contains("Nothing imported: 1 of 5 units refused"), "{refused:#?}");
+    assert!(refused.stderr.contains("Nothing imported: 2 of 6 units refused"), "{refused:#?}");
     assert!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout.is_empty(), "a refused import wrote units");
+    let elsewhere = fleet.fleetctl(&["import-original", &etcd_flag, "--prefix=/not-fleet/"]);
+    assert_eq!(elsewhere.code, 1, "{elsewhere:#?}");
+    assert!(elsewhere.stderr.contains("no fleet registry at /not-fleet"), "{elsewhere:#?}");
 
     original.delete_dir("job/elsewhere.service");
+    original.delete_dir("job/garbled.service");
     let imported = fleet.ok(&["import-original", &etcd_flag]);
     assert!(imported.stdout.contains("Imported 4 units: 3 kept on the machine that runs them"), "{imported:#?}");
     for unit in ["web.service", "worker@1.service", "worker@2.service"] {

@@ -5,8 +5,8 @@
 //! | `units/<unit>` | [`fleet_registry::UnitRecord`] | — | API |
 //! | `bodies/<hash>` | the unit's options | — | API (content-addressed, written with a unit write that sets the content where it is absent); the engine leader deletes it when no unit has that content |
 //! | `global/<unit>` | [`fleet_registry::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
-//! | `placement/<unit>` | machine ID | — | engine, fenced |
-//! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes |
+//! | `placement/<unit>` | machine ID | — | engine, fenced; API's import of units it creates (`imports.rs`) |
+//! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes and imports |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |

@@ -66,18 +66,8 @@ impl EtcdServer {
     /// Starts etcd with its v2 keys API on as well (`--enable-v2`), as the original fleet's
     /// clusters ran it, and waits until it answers.
     pub fn start_with_v2_api() -> Self {
-        ensure_installed();
-        let dir = tempfile::tempdir().expect("temporary directory for etcd");
-        let mut server = Self {
-            dir,
-            host: "127.0.0.1".to_string(),
-            client_port: crate::free_port(),
-            peer_port: crate::free_port(),
-            child: None,
-            tls: None,
-            tuned: false,
-            v2: true,
-        };
+        let mut server = Self::unstarted("127.0.0.1", false);
+        server.v2 = true;
         server.resume();
         server
     }
@@ -89,9 +79,16 @@ impl EtcdServer {
     }
 
     fn start_with(host: &str, tuned: bool) -> Self {
+        let mut server = Self::unstarted(host, tuned);
+        server.resume();
+        server
+    }
+
+    /// A server of its own directory and ports, not started yet.
+    fn unstarted(host: &str, tuned: bool) -> Self {
         ensure_installed();
         let dir = tempfile::tempdir().expect("temporary directory for etcd");
-        let mut server = Self {
+        Self {
             dir,
             host: host.to_string(),
             client_port: crate::free_port(),
@@ -100,27 +97,14 @@ impl EtcdServer {
             tls: None,
             tuned,
             v2: false,
-        };
-        server.resume();
-        server
+        }
     }
 
     /// Starts etcd serving clients over TLS only, with client certificates required; the
     /// certificates are made fresh for it.
     pub fn start_tls() -> Self {
-        ensure_installed();
-        let dir = tempfile::tempdir().expect("temporary directory for etcd");
-        let certificates = crate::TestCertificates::generate(dir.path());
-        let mut server = Self {
-            dir,
-            host: "127.0.0.1".to_string(),
-            client_port: crate::free_port(),
-            peer_port: crate::free_port(),
-            child: None,
-            tls: Some(certificates),
-            tuned: false,
-            v2: false,
-        };
+        let mut server = Self::unstarted("127.0.0.1", false);
+        server.tls = Some(crate::TestCertificates::generate(server.dir.path()));
         server.resume();
         server
     }

@@ -182,14 +182,19 @@ impl SystemdManager {
         let path = self.unit_path(name);
         fleet_fs::make_private(&path).map_err(io_error(format!("making {} private", path.display())))?;
         self.fence.locked().loaded(name, file);
+        self.hold(name, file).await;
+        tracing::info!(unit = name, "adopted a unit left running by another fleet agent, as it runs");
+        Ok(())
+    }
+
+    /// Counts `name`, loaded from `file`, among the units fleet holds.
+    async fn hold(&self, name: &str, file: &UnitFile) {
         let mut held = self.held().await;
         let units = held.get_or_insert_with(BTreeMap::new);
         units.insert(name.to_string(), file.hash());
         self.set_watched(units);
         drop(held);
         self.remember_refusal(name, None);
-        tracing::info!(unit = name, "adopted a unit left running by another fleet agent, as it runs");
-        Ok(())
     }
 
     fn set_watched(&self, held: &BTreeMap<String, UnitHash>) {
@@ -249,12 +254,7 @@ impl UnitManager for SystemdManager {
             .map_err(io_error(format!("writing {}", path.display())))?;
         // Before systemd reads the unit (linking it loads it), so that it starts with its limits.
         self.write_reservation_drop_in(name, file)?;
-        let mut held = self.held().await;
-        let units = held.get_or_insert_with(BTreeMap::new);
-        units.insert(name.to_string(), file.hash());
-        self.set_watched(units);
-        drop(held);
-        self.remember_refusal(name, None);
+        self.hold(name, file).await;
         let target = path.display().to_string();
         self.bus
             .call(|manager| async move { manager.link_unit_files(vec![target], true, true).await })
