@@ -58,9 +58,11 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     let web = "[Unit]\nDescription=web\n\n[Service]\nExecStart=/bin/sleep 100771\n";
     let worker = "[Service]\nExecStart=/bin/sleep 100772\n";
     let stray = "[Service]\nExecStart=/bin/sleep 100773\n";
+    let everywhere = "[Service]\nExecStart=/bin/sleep 100776\n\n[X-Fleet]\nGlobal=true\n";
     started_by_the_original(&systemd, "web.service", web);
     started_by_the_original(&systemd, "worker@1.service", worker);
     started_by_the_original(&systemd, "worker@2.service", worker);
+    started_by_the_original(&systemd, "everywhere.service", everywhere);
     // Loaded by the original's agent, but no longer in its registry: fleet never owns it.
     started_by_the_original(&systemd, "stray.service", stray);
     let original = OriginalRegistryWriter::new(&etcd.endpoint());
@@ -69,6 +71,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
         job("worker@1.service", worker, "launched", Some(MACHINE)),
         job("worker@2.service", worker, "launched", Some(MACHINE)),
         job("later.service", "[Service]\nExecStart=/bin/sleep 100774\n", "inactive", None),
+        job("everywhere.service", everywhere, "launched", None),
     ];
     jobs.push(job("elsewhere.service", worker, "launched", Some("88888888000000000000000000000002")));
     original.write(&jobs, &[(MACHINE, BTreeMap::new())]);
@@ -83,7 +86,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
         (format!("unit/{}", "07".repeat(20)), serde_json::json!({"Raw": garbled}).to_string()),
     ]);
     let before: BTreeMap<&str, (String, String)> =
-        ["web.service", "worker@1.service", "worker@2.service", "stray.service"]
+        ["web.service", "worker@1.service", "worker@2.service", "everywhere.service", "stray.service"]
             .into_iter()
             .map(|unit| (unit, running_since(&systemd, unit)))
             .collect();
@@ -106,7 +109,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     assert!(dry.stdout.contains("adopt"), "{dry:#?}");
     let refused = fleet.fleetctl(&["import-original", &etcd_flag]);
     assert_eq!(refused.code, 1, "{refused:#?}");
-    assert!(refused.stderr.contains("Nothing imported: 2 of 6 units refused"), "{refused:#?}");
+    assert!(refused.stderr.contains("Nothing imported: 2 of 7 units refused"), "{refused:#?}");
     assert!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout.is_empty(), "a refused import wrote units");
     let elsewhere = fleet.fleetctl(&["import-original", &etcd_flag, "--prefix=/not-fleet/"]);
     assert_eq!(elsewhere.code, 1, "{elsewhere:#?}");
@@ -115,8 +118,9 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     original.delete_dir("job/elsewhere.service");
     original.delete_dir("job/garbled.service");
     let imported = fleet.ok(&["import-original", &etcd_flag]);
-    assert!(imported.stdout.contains("Imported 4 units: 3 kept on the machine that runs them"), "{imported:#?}");
-    for unit in ["web.service", "worker@1.service", "worker@2.service"] {
+    let said = "Imported 5 units: 3 kept on the machine that runs them, 1 global";
+    assert!(imported.stdout.contains(said), "{imported:#?}");
+    for unit in ["web.service", "worker@1.service", "worker@2.service", "everywhere.service"] {
         fleet.wait_until(&format!("fleet reports {unit} running"), WAIT, |f| {
             f.unit_rows().contains(&(unit.to_string(), "active".into(), "running".into()))
         });
@@ -133,12 +137,19 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
         .collect();
     let row = |dstate: &str, machine: &str| (dstate.to_string(), machine.to_string());
     let expected = BTreeMap::from([
+        ("everywhere.service".to_string(), row("launched", "global")),
         ("later.service".to_string(), row("inactive", "-")),
         ("web.service".to_string(), row("launched", MACHINE)),
         ("worker@1.service".to_string(), row("launched", MACHINE)),
         ("worker@2.service".to_string(), row("launched", MACHINE)),
     ]);
     assert_eq!(rows, expected, "the original's schedule, and no unit fleet does not own:\n{files}");
+    // The same unit hashes as the original's.
+    let hashes = fleet.ok(&["list-unit-files", "--no-legend", "--full", "--fields", "unit,hash"]).stdout;
+    for (unit, text) in [("web.service", web), ("worker@1.service", worker), ("everywhere.service", everywhere)] {
+        let hash = fleet_core::UnitFile::parse(text).unwrap().hash().to_string();
+        assert!(hashes.lines().any(|line| line.starts_with(unit) && line.ends_with(&hash)), "{unit} {hash}:\n{hashes}");
+    }
     for (unit, since) in &before {
         assert_eq!(&running_since(&systemd, unit), since, "{unit} was restarted; fleetd log:\n{}", fleet.log());
     }
