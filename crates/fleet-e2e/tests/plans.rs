@@ -61,6 +61,21 @@ fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
     assert_eq!(row_of(&rollout.stdout, "planned.service")[..3], ["planned.service", "change", "launched"]);
     assert!(rollout.stdout.contains("+ExecStart=/bin/sleep 2000"), "{rollout:?}");
     assert!(fleet.ok(&["cat", "planned.service"]).stdout.contains("sleep 1000"));
+    // A template's rollout, over the instances a pattern picks as `rollout start --instances`.
+    let template = dir.path().join("tmpl@.service");
+    std::fs::write(&template, "[Service]\nExecStart=/bin/sleep 3000\n").unwrap();
+    let instance = |index: u32| dir.path().join(format!("tmpl@{index}.service")).display().to_string();
+    fleet.ok(&["submit", &instance(1), &instance(2)]);
+    std::fs::write(&template, "[Service]\nExecStart=/bin/sleep 3001\n").unwrap();
+    let template = template.display().to_string();
+    let some = fleet.ok(&["plan", "rollout", "--instances", "tmpl@1*", &template]);
+    assert_eq!(row_of(&some.stdout, "tmpl@1.service")[..2], ["tmpl@1.service", "change"], "{some:?}");
+    assert!(!some.stdout.contains("tmpl@2.service"), "{some:?}");
+    assert!(fleet.ok(&["plan", "rollout", &template]).stdout.contains("tmpl@2.service"));
+    let misplaced = fleet.fleetctl(&["plan", "start", "--instances", "tmpl@1*", &unit]);
+    assert_eq!(misplaced.code, 2, "{misplaced:?}");
+    assert!(misplaced.stderr.contains("--instances applies to plan rollout only"), "{misplaced:?}");
+    fleet.ok(&["destroy", "tmpl@1.service", "tmpl@2.service"]);
 
     // A drain of the only machine: its unit has nowhere to go, and says so.
     let drain = fleet.ok(&["plan", "machine", "drain", "e2e0plan", "-o", "json"]);

@@ -338,6 +338,10 @@ enum Command {
         command: commands::plan::Planned,
         #[command(flatten)]
         create: CreateFlags,
+        /// With `plan rollout`: only the instances whose names match this pattern, as
+        /// `rollout start --instances` takes them
+        #[arg(long)]
+        instances: Option<String>,
         #[command(flatten)]
         units: unit_arguments::UnitList,
         #[command(flatten)]
@@ -852,8 +856,9 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
-        Command::Plan { command, create, units, output } => {
-            let plan = async |units: &[String]| plan::run(&context, command, units, &create, output.output).await;
+        Command::Plan { command, create, instances, units, output } => {
+            let asked = plan::Asked { planned: command, create: &create, instances: instances.as_deref() };
+            let plan = async |units: &[String]| plan::run(&context, &asked, units, output.output).await;
             with_units(&context, &units, plan).await
         }
         Command::Machine { action } => machine::run(&context, action).await,

@@ -30,14 +30,20 @@ pub enum Planned {
     Rollout,
 }
 
-pub async fn run(
-    context: &Context,
-    planned: Planned,
-    arguments: &[String],
-    create: &CreateFlags,
-    output: OutputFormat,
-) -> Outcome {
-    let (request, contents) = match request(context, planned, arguments, create).await {
+/// What is planned: the command, with its flags.
+pub struct Asked<'a> {
+    pub planned: Planned,
+    pub create: &'a CreateFlags,
+    /// `plan rollout --instances PATTERN`.
+    pub instances: Option<&'a str>,
+}
+
+pub async fn run(context: &Context, asked: &Asked<'_>, arguments: &[String], output: OutputFormat) -> Outcome {
+    if asked.instances.is_some() && asked.planned != Planned::Rollout {
+        eprintln!("--instances applies to plan rollout only");
+        return Outcome::Usage;
+    }
+    let (request, contents) = match request(context, asked, arguments).await {
         Ok(asked) => asked,
         Err(outcome) => return outcome,
     };
@@ -65,10 +71,10 @@ type Contents = BTreeMap<String, (String, String)>;
 /// What `planned` would write for `arguments`.
 async fn request(
     context: &Context,
-    planned: Planned,
+    asked: &Asked<'_>,
     arguments: &[String],
-    create: &CreateFlags,
 ) -> Result<(PlanRequest, Contents), Outcome> {
+    let (planned, create) = (asked.planned, asked.create);
     if arguments.is_empty() {
         eprintln!("No units given");
         return Err(Outcome::Usage);
@@ -107,7 +113,7 @@ async fn request(
                 eprintln!("Usage: fleetctl plan rollout FILE");
                 return Err(Outcome::Usage);
             };
-            let (_, file, names) = super::rollout::targets(context, argument, None).await?;
+            let (_, file, names) = super::rollout::targets(context, argument, asked.instances).await?;
             let wanted: BTreeSet<String> = names.into_iter().collect();
             let existing = crate::wait::fetch_units(context, &wanted).await.map_err(|error| {
                 eprintln!("Error listing units: {error}");
