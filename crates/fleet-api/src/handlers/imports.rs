@@ -42,7 +42,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     let mut names = HashSet::new();
     let mut admitted = Vec::with_capacity(request.units.len());
     for (index, unit) in request.units.into_iter().enumerate() {
-        let mut outcome = admit(index, unit.clone(), &request.contents, role, &machines);
+        let mut outcome = admit(index, &unit, &request.contents, role, &machines);
         if let Ok(imported) = &outcome {
             if existing.contains(&imported.name) {
                 outcome = Err("a unit of this name exists in fleet already".to_string());
@@ -87,7 +87,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
 /// and against the machines that have joined.
 fn admit(
     index: usize,
-    unit: ImportUnit,
+    unit: &ImportUnit,
     contents: &BTreeMap<String, Vec<UnitOption>>,
     role: &Role,
     machines: &HashMap<String, MachineState>,
@@ -97,12 +97,13 @@ fn admit(
             contents.get(key).cloned().ok_or_else(|| format!("content {key:?} is not in the request's contents"))?
         }
         (false, Some(_)) => return Err("options and content both given".to_string()),
-        (_, None) => unit.options,
+        (_, None) => unit.options.clone(),
     };
     if options.is_empty() {
         return Err("no unit file given".to_string());
     }
-    let asked = Unit { name: unit.name.clone(), desired_state: Some(unit.desired_state), options, ..Unit::default() };
+    let asked =
+        Unit { name: unit.name.clone(), desired_state: Some(unit.desired_state.clone()), options, ..Unit::default() };
     let change = admit_one(index, asked, role, Permission::Write).map_err(|error| {
         let prefix = format!("unit {}: ", unit.name);
         error.message.strip_prefix(&prefix).map_or(error.message.clone(), str::to_string)
@@ -110,7 +111,7 @@ fn admit(
     let file = change.file.ok_or("no unit file given")?;
     let requirements = Requirements::from_unit(&change.name, &file);
     let placed = change.desired != DesiredState::Inactive && !requirements.global;
-    let machine = unit.machine_id.filter(|_| placed);
+    let machine = unit.machine_id.clone().filter(|_| placed);
     if let Some(id) = &machine {
         // Placed where the engine would not keep it, it would be taken off at once: stopped.
         let Some(joined) = machines.get(id) else {
