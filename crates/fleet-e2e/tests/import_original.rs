@@ -59,10 +59,13 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     let worker = "[Service]\nExecStart=/bin/sleep 100772\n";
     let stray = "[Service]\nExecStart=/bin/sleep 100773\n";
     let everywhere = "[Service]\nExecStart=/bin/sleep 100776\n\n[X-Fleet]\nGlobal=true\n";
+    // Its registry asks for new content the original's agent had not loaded yet.
+    let (behind, caught_up) = ("[Service]\nExecStart=/bin/sleep 100777\n", "[Service]\nExecStart=/bin/sleep 100778\n");
     started_by_the_original(&systemd, "web.service", web);
     started_by_the_original(&systemd, "worker@1.service", worker);
     started_by_the_original(&systemd, "worker@2.service", worker);
     started_by_the_original(&systemd, "everywhere.service", everywhere);
+    started_by_the_original(&systemd, "behind.service", behind);
     // Loaded by the original's agent, but no longer in its registry: fleet never owns it.
     started_by_the_original(&systemd, "stray.service", stray);
     let original = OriginalRegistryWriter::new(&etcd.endpoint());
@@ -72,6 +75,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
         job("worker@2.service", worker, "launched", Some(MACHINE)),
         job("later.service", "[Service]\nExecStart=/bin/sleep 100774\n", "inactive", None),
         job("everywhere.service", everywhere, "launched", None),
+        job("behind.service", caught_up, "launched", Some(MACHINE)),
     ];
     jobs.push(job("elsewhere.service", worker, "launched", Some("88888888000000000000000000000002")));
     original.write(&jobs, &[(MACHINE, BTreeMap::new())]);
@@ -109,7 +113,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     assert!(dry.stdout.contains("adopt"), "{dry:#?}");
     let refused = fleet.fleetctl(&["import-original", &etcd_flag]);
     assert_eq!(refused.code, 1, "{refused:#?}");
-    assert!(refused.stderr.contains("Nothing imported: 2 of 7 units refused"), "{refused:#?}");
+    assert!(refused.stderr.contains("Nothing imported: 2 of 8 units refused"), "{refused:#?}");
     assert!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout.is_empty(), "a refused import wrote units");
     let elsewhere = fleet.fleetctl(&["import-original", &etcd_flag, "--prefix=/not-fleet/"]);
     assert_eq!(elsewhere.code, 1, "{elsewhere:#?}");
@@ -118,7 +122,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     original.delete_dir("job/elsewhere.service");
     original.delete_dir("job/garbled.service");
     let imported = fleet.ok(&["import-original", &etcd_flag]);
-    let said = "Imported 5 units: 3 kept on the machine that runs them, 1 global";
+    let said = "Imported 6 units: 4 kept on the machine that runs them, 1 global";
     assert!(imported.stdout.contains(said), "{imported:#?}");
     for unit in ["web.service", "worker@1.service", "worker@2.service", "everywhere.service"] {
         fleet.wait_until(&format!("fleet reports {unit} running"), WAIT, |f| {
@@ -137,6 +141,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
         .collect();
     let row = |dstate: &str, machine: &str| (dstate.to_string(), machine.to_string());
     let expected = BTreeMap::from([
+        ("behind.service".to_string(), row("launched", MACHINE)),
         ("everywhere.service".to_string(), row("launched", "global")),
         ("later.service".to_string(), row("inactive", "-")),
         ("web.service".to_string(), row("launched", MACHINE)),
@@ -153,6 +158,11 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
     for (unit, since) in &before {
         assert_eq!(&running_since(&systemd, unit), since, "{unit} was restarted; fleetd log:\n{}", fleet.log());
     }
+    // The one whose content the registry changed runs that content now: stopped, replaced.
+    fleet.wait_until("behind.service runs the registry's content", WAIT, |_| {
+        systemd.show("behind.service", "ExecStart").contains("100778")
+            && systemd.show("behind.service", "SubState") == "running"
+    });
     let mode = std::fs::metadata(systemd.units_directory().join("web.service")).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "an adopted unit's file is fleet's now");
 
