@@ -112,6 +112,18 @@ impl Gates {
         let count = size.of(total).min(total.saturating_sub(1));
         (count > 0).then_some(Canary { count, bake: self.bake, done_since: None, promoted: false })
     }
+
+    /// A new rollout's canary, and its units (`units` as asked) in the order it replaces them:
+    /// the canary's, the first asked, then the rest machine by machine ([`machine_by_machine`]).
+    pub fn replacement_order<'m, T>(
+        &self,
+        units: Vec<T>,
+        machine_of: impl Fn(&T) -> Option<&'m str>,
+    ) -> (Option<Canary>, Vec<T>) {
+        let canary = self.canary_of(units.len());
+        let first = canary.as_ref().map_or(0, |canary| canary.count);
+        (canary, machine_by_machine(units, first, machine_of))
+    }
 }
 
 /// Where one unit of a rollout is.

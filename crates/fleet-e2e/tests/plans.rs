@@ -72,9 +72,23 @@ fn a_plan_says_what_start_replace_and_destroy_would_do_and_writes_nothing() {
     assert_eq!(row_of(&some.stdout, "tmpl@1.service")[..2], ["tmpl@1.service", "change"], "{some:?}");
     assert!(!some.stdout.contains("tmpl@2.service"), "{some:?}");
     assert!(fleet.ok(&["plan", "rollout", &template]).stdout.contains("tmpl@2.service"));
+    // The order a rollout would replace them in, its canary first.
+    let ordered = fleet.ok(&["plan", "rollout", "--canary", "1", "-o", "json", &template]);
+    let ordered: serde_json::Value = serde_json::from_str(&ordered.stdout).unwrap();
+    let order: Vec<(String, serde_json::Value, serde_json::Value)> = ordered["units"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|unit| (unit["name"].as_str().unwrap().to_string(), unit["order"].clone(), unit["canary"].clone()))
+        .collect();
+    assert_eq!(
+        order,
+        [("tmpl@1.service".to_string(), 1.into(), true.into()), ("tmpl@2.service".to_string(), 2.into(), false.into())]
+    );
+    assert!(fleet.ok(&["plan", "rollout", "--canary", "1", &template]).stdout.contains("1 (canary)"));
     let misplaced = fleet.fleetctl(&["plan", "start", "--instances", "tmpl@1*", &unit]);
     assert_eq!(misplaced.code, 2, "{misplaced:?}");
-    assert!(misplaced.stderr.contains("--instances applies to plan rollout only"), "{misplaced:?}");
+    assert!(misplaced.stderr.contains("--instances and --canary apply to plan rollout only"), "{misplaced:?}");
     fleet.ok(&["destroy", "tmpl@1.service", "tmpl@2.service"]);
 
     // A drain of the only machine: its unit has nowhere to go, and says so.

@@ -10,9 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::DesiredState;
-use fleet_core::rollout::{
-    MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, machine_by_machine, units_after_sync,
-};
+use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, units_after_sync};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::halt::{Halt, LastRollout, RolledFrom, halt};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
@@ -318,10 +316,9 @@ impl SourceSyncer {
             bodies.insert(file.hash().to_string(), file.serialize());
             units.push(RolloutUnit { name: name.clone(), from: current.hash, to: file.hash(), step: Step::Waiting });
         }
-        let asked_first = source.gates.canary_of(units.len()).map_or(0, |canary| canary.count);
-        let units = machine_by_machine(units, asked_first, |unit| {
-            views.get(&unit.name).and_then(|view| view.machine_id.as_deref())
-        });
+        let (_, units) = source
+            .gates
+            .replacement_order(units, |unit| views.get(&unit.name).and_then(|view| view.machine_id.as_deref()));
         let Some(units) = units_after_sync(existing.as_ref().map(|record| &record.rollout), &units) else {
             // Nothing new for the rollout; it carries this commit's content all the same.
             return match existing {

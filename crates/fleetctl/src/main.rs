@@ -342,6 +342,10 @@ enum Command {
         /// `rollout start --instances` takes them
         #[arg(long)]
         instances: Option<String>,
+        /// With `plan rollout`: the canary (a number of units or a percentage) the rollout
+        /// would replace first, as `rollout start --canary` takes it
+        #[arg(long)]
+        canary: Option<String>,
         #[command(flatten)]
         units: unit_arguments::UnitList,
         #[command(flatten)]
@@ -856,8 +860,13 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
-        Command::Plan { command, create, instances, units, output } => {
-            let asked = plan::Asked { planned: command, create: &create, instances: instances.as_deref() };
+        Command::Plan { command, create, instances, canary, units, output } => {
+            let asked = plan::Asked {
+                planned: command,
+                create: &create,
+                instances: instances.as_deref(),
+                canary: canary.as_deref(),
+            };
             let plan = async |units: &[String]| plan::run(&context, &asked, units, output.output).await;
             with_units(&context, &units, plan).await
         }

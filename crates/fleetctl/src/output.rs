@@ -138,10 +138,14 @@ pub struct PlanUnitRow<'a> {
     pub machine_before: Option<&'a str>,
     pub machine: Option<&'a str>,
     pub waiting: Option<&'a str>,
+    /// `plan rollout`: where the rollout would replace it (from 1); null otherwise.
+    pub order: Option<usize>,
+    /// `plan rollout`: whether it is among the canary's units.
+    pub canary: bool,
 }
 
 impl<'a> PlanOutput<'a> {
-    pub fn of(plan: &'a fleet_api_schema::Plan) -> Self {
+    pub fn of(plan: &'a fleet_api_schema::Plan, order: Option<&crate::commands::plan::ReplacementOrder>) -> Self {
         let units = plan
             .units
             .iter()
@@ -155,6 +159,8 @@ impl<'a> PlanOutput<'a> {
                 machine_before: unit.machine_before.as_deref(),
                 machine: unit.machine.as_deref(),
                 waiting: unit.waiting.as_deref(),
+                order: order.and_then(|order| order.get(&unit.name)).map(|(place, _)| *place),
+                canary: order.and_then(|order| order.get(&unit.name)).is_some_and(|(_, canary)| *canary),
             })
             .collect();
         Self { index: plan.index, units }

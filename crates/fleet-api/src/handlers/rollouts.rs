@@ -7,9 +7,7 @@ use std::sync::Arc;
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use fleet_core::rollout::{
-    Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, check_wait, machine_by_machine,
-};
+use fleet_core::rollout::{Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, check_wait};
 use fleet_core::source::checks::check_source_name;
 use fleet_core::unit_name::UnitNameInfo;
 use fleet_core::{UnitFile, UnitHash};
@@ -168,10 +166,8 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         };
         units.push(RolloutUnit { name: unit, from: current.hash, to, step: Step::Waiting });
     }
-    let canary = gates.canary_of(units.len());
-    let asked_first = canary.as_ref().map_or(0, |canary| canary.count);
-    let units =
-        machine_by_machine(units, asked_first, |unit| held.get(&unit.name).and_then(|view| view.machine_id.as_deref()));
+    let (canary, units) =
+        gates.replacement_order(units, |unit| held.get(&unit.name).and_then(|view| view.machine_id.as_deref()));
     let rollout = Rollout {
         canary,
         units,

@@ -5,9 +5,7 @@
 use axum::http::StatusCode;
 use fleet_core::DesiredState;
 use fleet_core::access::{Access, Action, Role, decide};
-use fleet_core::rollout::{
-    Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, check_wait, machine_by_machine,
-};
+use fleet_core::rollout::{Gates, MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, check_wait};
 use fleet_core::secret_rotation::NamingUnit;
 use fleet_core::secrets::SecretPins;
 use fleet_registry::{RolledSecret, RolloutRecord, UnitView};
@@ -124,12 +122,10 @@ pub async fn start_rollout(
     if rolled.iter().all(|unit| unit.step == Step::Done) {
         return Ok(None);
     }
-    let canary = waves.gates.canary_of(rolled.len());
-    let asked_first = canary.as_ref().map_or(0, |canary| canary.count);
     let machine_of = |unit: &RolloutUnit| {
         naming.iter().find(|view| view.name == unit.name).and_then(|view| view.machine_id.as_deref())
     };
-    let units = machine_by_machine(rolled, asked_first, machine_of);
+    let (canary, units) = waves.gates.replacement_order(rolled, machine_of);
     let rollout = Rollout {
         canary,
         units,

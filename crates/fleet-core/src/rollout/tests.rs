@@ -442,3 +442,15 @@ fn a_rollouts_waits_are_bounded_to_a_week() {
     let refused = check_wait("minReadySeconds", u64::MAX).expect_err("past a week");
     assert!(refused.contains("minReadySeconds") && refused.contains("a week"), "{refused}");
 }
+
+/// A new rollout replaces its canary first, as asked, then the rest machine by machine.
+#[test]
+fn a_rollout_replaces_its_canary_first_then_machine_by_machine() {
+    let units = [("a", "m1"), ("b", "m2"), ("c", "m1"), ("d", "m2"), ("e", "m1")];
+    let gates = Gates::parse(Some("1"), None, false).unwrap();
+    let (canary, ordered) = gates.replacement_order(units.to_vec(), |(_, machine)| Some(*machine));
+    assert_eq!(canary.map(|canary| canary.count), Some(1));
+    assert_eq!(ordered.iter().map(|(name, _)| *name).collect::<Vec<_>>(), ["a", "b", "d", "c", "e"]);
+    let (none, same) = Gates::default().replacement_order(units.to_vec(), |(_, machine)| Some(*machine));
+    assert_eq!((none, same.iter().map(|(name, _)| *name).collect::<Vec<_>>()), (None, vec!["a", "c", "e", "b", "d"]));
+}

@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use fleet_api_schema::{Plan, PlanRequest, PlanUnit, PlannedUnit, Unit};
+use fleet_core::rollout::Gates;
 
 use super::create::{Creations, Replacing, creations, unit_file};
 use super::lifecycle::{desired_state_writes, existing_units, inactive_already};
@@ -36,13 +37,37 @@ pub struct Asked<'a> {
     pub create: &'a CreateFlags,
     /// `plan rollout --instances PATTERN`.
     pub instances: Option<&'a str>,
+    /// `plan rollout --canary SIZE`.
+    pub canary: Option<&'a str>,
+}
+
+/// Each unit of a rollout's plan and where the rollout would replace it: its place (from 1)
+/// and whether it is the canary's.
+pub type ReplacementOrder = BTreeMap<String, (usize, bool)>;
+
+/// Where a rollout started now would replace each unit of `plan` it changes, with the canary
+/// `gates` ask for: the order the API gives a new rollout (the units as `rollout start` sends
+/// them, by name), from where each runs now.
+fn replacement_order(plan: &Plan, gates: &Gates) -> ReplacementOrder {
+    let mut changed: Vec<&PlannedUnit> = plan.units.iter().filter(|unit| unit.action == "change").collect();
+    changed.sort_by(|a, b| a.name.cmp(&b.name));
+    let (canary, ordered) = gates.replacement_order(changed, |unit| unit.machine_before.as_deref());
+    let canary = canary.map_or(0, |canary| canary.count);
+    ordered.into_iter().enumerate().map(|(index, unit)| (unit.name.clone(), (index + 1, index < canary))).collect()
 }
 
 pub async fn run(context: &Context, asked: &Asked<'_>, arguments: &[String], output: OutputFormat) -> Outcome {
-    if asked.instances.is_some() && asked.planned != Planned::Rollout {
-        eprintln!("--instances applies to plan rollout only");
+    if (asked.instances.is_some() || asked.canary.is_some()) && asked.planned != Planned::Rollout {
+        eprintln!("--instances and --canary apply to plan rollout only");
         return Outcome::Usage;
     }
+    let gates = match Gates::parse(asked.canary, None, false) {
+        Ok(gates) => gates,
+        Err(error) => {
+            eprintln!("{error}");
+            return Outcome::Usage;
+        }
+    };
     let (request, contents) = match request(context, asked, arguments).await {
         Ok(asked) => asked,
         Err(outcome) => return outcome,
@@ -58,9 +83,12 @@ pub async fn run(context: &Context, asked: &Asked<'_>, arguments: &[String], out
             return Outcome::Failure;
         }
     };
+    let order = (asked.planned == Planned::Rollout).then(|| replacement_order(&plan, &gates));
     match output {
-        OutputFormat::Json => print_json(&PlanOutput::of(&plan)),
-        OutputFormat::Table | OutputFormat::Wide => print_plan(&plan, &contents, output == OutputFormat::Wide),
+        OutputFormat::Json => print_json(&PlanOutput::of(&plan, order.as_ref())),
+        OutputFormat::Table | OutputFormat::Wide => {
+            print_plan(&plan, &contents, order.as_ref(), output == OutputFormat::Wide)
+        }
     }
     Outcome::Success
 }
@@ -194,9 +222,24 @@ fn with_shared_contents(units: Vec<Unit>) -> PlanRequest {
 }
 
 /// The plan as a table, then the diff of each changed unit, then the index.
-fn print_plan(plan: &Plan, contents: &Contents, wide: bool) {
-    let header = ["UNIT", "ACTION", "STATE", "MACHINE"].map(str::to_string).to_vec();
-    let rows: Vec<Vec<String>> = std::iter::once(header).chain(plan.units.iter().map(|unit| row(unit, wide))).collect();
+fn print_plan(plan: &Plan, contents: &Contents, order: Option<&ReplacementOrder>, wide: bool) {
+    let mut header = ["UNIT", "ACTION", "STATE", "MACHINE"].map(str::to_string).to_vec();
+    if order.is_some() {
+        header.push("ORDER".to_string());
+    }
+    let rows: Vec<Vec<String>> = std::iter::once(header)
+        .chain(plan.units.iter().map(|unit| {
+            let mut row = row(unit, wide);
+            if let Some(order) = order {
+                row.push(match order.get(&unit.name) {
+                    Some((place, true)) => format!("{place} (canary)"),
+                    Some((place, false)) => place.to_string(),
+                    None => "-".to_string(),
+                });
+            }
+            row
+        }))
+        .collect();
     print!("{}", tab_table(&rows));
     for unit in plan.units.iter().filter(|unit| unit.action == "change") {
         if let Some((before, after)) = contents.get(&unit.name) {
