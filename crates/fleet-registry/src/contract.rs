@@ -1224,4 +1224,20 @@ pub async fn an_import_writes_its_units_where_they_run_or_nothing(registry: &dyn
         Imported::Existing(vec!["app-000.service".to_string()]),
         "an import again finds its units there"
     );
+    // Large unit files, more of them than one request to the store may carry.
+    let large: Vec<ImportedUnit> = (0..60)
+        .map(|index| ImportedUnit {
+            name: format!("large-{index:02}.service"),
+            file: UnitFile::parse(&format!(
+                "[Service]\nExecStart=/bin/echo {index}\n{}",
+                (0..15).map(|line| format!("Environment=K{line}={}\n", "x".repeat(2_000))).collect::<String>()
+            ))
+            .expect("a large unit file"),
+            desired: DesiredState::Launched,
+            machine: Some("m1".to_string()),
+        })
+        .collect();
+    assert_eq!(registry.import_units(&large).await.unwrap(), Imported::Written);
+    let last = registry.unit("large-59.service").await.unwrap().expect("the last large unit");
+    assert_eq!(last.hash, large[59].file.hash());
 }

@@ -3,10 +3,10 @@
 //! finds its name taken, or etcd fails, what the import wrote is deleted again, so it leaves
 //! all of its units or none. (Bodies it wrote stay: the engine collects those no unit has.)
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
-use fleet_core::Requirements;
+use fleet_core::{Requirements, UnitHash};
 use fleet_registry::codec::encode;
 use fleet_registry::{Imported, ImportedUnit, Result, UnitRecord, Writer};
 
@@ -15,8 +15,8 @@ use super::api::{Writes, put_if_absent};
 use super::connection::NESTED_PER_TXN;
 use super::records::{Assignment, CarryingAssignment};
 
-/// The most bytes of bodies one transaction carries (etcd refuses requests over 1.5 MiB).
-const BODY_BYTES_PER_TXN: usize = 1024 * 1024;
+/// The most bytes one transaction carries (etcd refuses requests over 1.5 MiB).
+const BYTES_PER_TXN: usize = 1024 * 1024;
 
 /// A unit whose write was not answered: taken back only if written once and not since.
 const UNKNOWN_REVISION: i64 = 0;
@@ -105,17 +105,18 @@ impl EtcdRegistry {
         start: usize,
     ) -> (Vec<Written<'a>>, BTreeMap<String, Vec<u8>>, usize) {
         let keys = self.keys();
-        let (mut chunk, mut bodies, mut body_bytes) = (Vec::new(), BTreeMap::new(), 0);
+        let (mut chunk, mut bodies, mut bytes) = (Vec::new(), BTreeMap::new(), 0);
+        // A machine's first unit of each content carries the body, as the engine's writes do.
+        let mut carried_to: HashSet<(&str, UnitHash)> = HashSet::new();
         let mut index = start;
-        while index < units.len() && chunk.len() + bodies.len() + 2 <= NESTED_PER_TXN && body_bytes < BODY_BYTES_PER_TXN
-        {
+        while index < units.len() && chunk.len() + bodies.len() + 2 <= NESTED_PER_TXN && bytes < BYTES_PER_TXN {
             let unit = &units[index];
             index += 1;
             let hash = unit.file.hash();
             let body_key = keys.body(&hash.to_string());
             if let std::collections::btree_map::Entry::Vacant(entry) = bodies.entry(body_key) {
                 let body = encode(&unit.file.options());
-                body_bytes += body.len();
+                bytes += body.len();
                 entry.insert(body);
             }
             let record = UnitRecord {
@@ -127,14 +128,23 @@ impl EtcdRegistry {
                 secrets: Default::default(),
             };
             let mut writes = Writes::default();
-            writes.put(keys.unit(&unit.name), encode(&record));
+            let encoded = encode(&record);
+            bytes += encoded.len();
+            writes.put(keys.unit(&unit.name), encoded);
             let assignment = Assignment::of(&record);
-            let carried = encode(&CarryingAssignment { assignment: &assignment, body: unit.file.options() });
-            if record.global {
-                writes.put(keys.global(&unit.name), carried);
-            } else if let Some(machine) = &unit.machine {
-                writes.put(keys.placement(&unit.name), machine.as_bytes().to_vec());
-                writes.put(keys.scheduled(machine, &unit.name), carried);
+            let carrying = || encode(&CarryingAssignment { assignment: &assignment, body: unit.file.options() });
+            let copy = match (record.global, &unit.machine) {
+                (true, _) => Some((keys.global(&unit.name), carrying())),
+                (false, Some(machine)) => {
+                    writes.put(keys.placement(&unit.name), machine.as_bytes().to_vec());
+                    let first = carried_to.insert((machine.as_str(), hash));
+                    Some((keys.scheduled(machine, &unit.name), if first { carrying() } else { encode(&assignment) }))
+                }
+                (false, None) => None,
+            };
+            if let Some((key, value)) = copy {
+                bytes += value.len();
+                writes.put(key, value);
             }
             chunk.push(Written { unit, writes });
         }
