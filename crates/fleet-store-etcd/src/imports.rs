@@ -60,8 +60,11 @@ impl EtcdRegistry {
             };
             let revision = reply.header().map_or(0, |header| header.revision());
             let responses = reply.op_responses();
+            let (body_responses, unit_responses) = responses.split_at(bodies.len().min(responses.len()));
+            let body_keys: Vec<String> = bodies.into_keys().collect();
+            self.api_wrote_at(revision, &body_keys, body_responses);
             let mut taken = Vec::new();
-            for (nested, response) in chunk.iter().zip(responses.iter().skip(bodies.len())) {
+            for (nested, response) in chunk.iter().zip(unit_responses) {
                 match response {
                     TxnOpResponse::Txn(inner) if inner.succeeded() => {
                         self.api_wrote_at(revision, &nested.writes.keys, &inner.op_responses());
