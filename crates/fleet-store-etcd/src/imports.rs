@@ -3,7 +3,7 @@
 //! finds its name taken, or etcd fails, what the import wrote is deleted again, so it leaves
 //! all of its units or none. (Bodies it wrote stay: the engine collects those no unit has.)
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
 use fleet_core::{Requirements, UnitHash};
@@ -155,22 +155,32 @@ impl EtcdRegistry {
     }
 
     /// Deletes the units of `written` (each as written at its revision: a unit someone changed
-    /// since is theirs now), with their placements and agents' copies.
+    /// since is theirs now), with their placements and the agents' copies: where the import put
+    /// them and where the engine may have moved them since.
     async fn take_back(&self, written: &[(&ImportedUnit, i64)]) {
         let keys = self.keys();
         for chunk in written.chunks(NESTED_PER_TXN) {
+            let gets = chunk.iter().map(|(unit, _)| TxnOp::get(keys.placement(&unit.name), None)).collect();
+            let placed_now: Vec<Option<String>> = match self.connection().read(gets).await {
+                Ok((_, replies)) => replies
+                    .iter()
+                    .map(|reply| reply.kvs().first().map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+                    .collect(),
+                Err(_) => vec![None; chunk.len()],
+            };
             let ops: Vec<TxnOp> = chunk
                 .iter()
-                .map(|(unit, revision)| {
+                .zip(placed_now)
+                .map(|((unit, revision), now)| {
                     let name = unit.name.as_str();
                     let mut deletes = vec![
                         TxnOp::delete(keys.unit(name), None),
                         TxnOp::delete(keys.placement(name), None),
                         TxnOp::delete(keys.global(name), None),
                     ];
-                    if let Some(machine) = &unit.machine {
-                        deletes.push(TxnOp::delete(keys.scheduled(machine, name), None));
-                    }
+                    let machines: BTreeSet<&str> = unit.machine.as_deref().into_iter().chain(now.as_deref()).collect();
+                    deletes
+                        .extend(machines.into_iter().map(|machine| TxnOp::delete(keys.scheduled(machine, name), None)));
                     let unchanged = match *revision {
                         UNKNOWN_REVISION => Compare::version(keys.unit(name), CompareOp::Equal, 1),
                         revision => Compare::mod_revision(keys.unit(name), CompareOp::Equal, revision),

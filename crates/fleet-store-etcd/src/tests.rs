@@ -1172,3 +1172,31 @@ fn a_recorded_lease_is_read_without_following_a_link() {
     assert_eq!(super::session::recorded_lease(&link), None, "a link is not followed");
     assert_eq!(super::session::recorded_lease(&dir.path().join("absent")), None);
 }
+
+/// An import that finds a name taken once it has written some of its units (here a stray
+/// placement of one of them, which the count of existing units does not see) takes back what
+/// it wrote: units, placements and the machine's schedule entries.
+#[tokio::test]
+async fn an_import_that_finds_a_name_taken_midway_takes_back_what_it_wrote() {
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(30)).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    registry
+        .connection()
+        .txn(Txn::new().and_then([TxnOp::put("/fleet-test/placement/app-250.service", "m1", None)]))
+        .await
+        .unwrap();
+    let units: Vec<fleet_registry::ImportedUnit> = (0..300)
+        .map(|index| fleet_registry::ImportedUnit {
+            name: format!("app-{index:03}.service"),
+            file: unit("[Service]\nExecStart=/bin/sleep 1000\n"),
+            desired: DesiredState::Launched,
+            machine: Some("m1".into()),
+        })
+        .collect();
+    let imported = registry.import_units(&units).await.unwrap();
+    assert_eq!(imported, fleet_registry::Imported::Existing(vec!["app-250.service".to_string()]));
+    assert!(keys_under(&registry, "/fleet-test/units/").await.is_empty(), "units taken back");
+    assert_eq!(keys_under(&registry, "/fleet-test/placement/").await, ["/fleet-test/placement/app-250.service"]);
+    assert!(keys_under(&registry, "/fleet-test/schedule/").await.is_empty(), "the machine's entries taken back");
+}
