@@ -118,6 +118,10 @@ pub fn print_json(rows: &impl Serialize) {
     }
 }
 
+/// Each unit of a rollout's plan and where the rollout would replace it: its place (from 1)
+/// and whether it is the canary's.
+pub type ReplacementOrder = std::collections::BTreeMap<String, (usize, bool)>;
+
 /// `plan -o json`: the plan's index and its units, every field present (`null` for none).
 #[derive(Debug, Serialize)]
 pub struct PlanOutput<'a> {
@@ -145,7 +149,7 @@ pub struct PlanUnitRow<'a> {
 }
 
 impl<'a> PlanOutput<'a> {
-    pub fn of(plan: &'a fleet_api_schema::Plan, order: Option<&crate::commands::plan::ReplacementOrder>) -> Self {
+    pub fn of(plan: &'a fleet_api_schema::Plan, order: Option<&ReplacementOrder>) -> Self {
         let units = plan
             .units
             .iter()

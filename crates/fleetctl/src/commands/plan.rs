@@ -12,7 +12,7 @@ use super::create::{Creations, Replacing, creations, unit_file};
 use super::lifecycle::{desired_state_writes, existing_units, inactive_already};
 use crate::context::Context;
 use crate::diff::unified;
-use crate::output::{OutputFormat, PlanOutput, print_json};
+use crate::output::{OutputFormat, PlanOutput, ReplacementOrder, print_json};
 use crate::table::tab_table;
 use crate::{CreateFlags, Outcome};
 
@@ -40,10 +40,6 @@ pub struct Asked<'a> {
     /// `plan rollout --canary SIZE`.
     pub canary: Option<&'a str>,
 }
-
-/// Each unit of a rollout's plan and where the rollout would replace it: its place (from 1)
-/// and whether it is the canary's.
-pub type ReplacementOrder = BTreeMap<String, (usize, bool)>;
 
 /// Where a rollout started now would replace each unit of `plan` it changes, with the canary
 /// `gates` ask for: the order the API gives a new rollout (the units as `rollout start` sends
