@@ -9,6 +9,7 @@ pub mod access;
 pub mod admission;
 pub mod agent_plan;
 pub mod backoff;
+pub mod calendar;
 pub mod civil_time;
 pub mod closest;
 pub mod desired_units;
