@@ -40,6 +40,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("etcd_records", etcd_records),
     ("tls_stream", tls_stream),
     ("relayed_journal", relayed_journal),
+    ("calendar", calendar),
 ];
 
 fn text(data: &[u8]) -> String {
@@ -57,6 +58,23 @@ pub fn unit_file(data: &[u8]) {
     let _ = check_service_directives(&file);
     let requirements = Requirements::from_unit("fuzz@1.service", &file);
     let _ = requirements.validate();
+}
+
+/// A calendar expression (`[X-Fleet] Schedule=`): its normalized form reads back as the same
+/// expression, and its elapses from a few moments are in order, after those moments.
+pub fn calendar(data: &[u8]) {
+    use fleet_core::calendar::CalendarSpec;
+    let Ok(spec) = CalendarSpec::parse(&text(data)) else { return };
+    let normalized = spec.to_string();
+    let again = CalendarSpec::parse(&normalized).expect("the normalized form of an expression reads");
+    assert_eq!(again, spec, "{normalized:?} reads back as itself");
+    for base in [-1, 0, 1_796_342_400_000_000, 1_806_195_900_000_000, 7_258_118_399_999_999, i64::MAX] {
+        let elapses = spec.elapses_after(base, 3);
+        assert!(elapses.windows(2).all(|pair| pair[0] < pair[1]), "{normalized:?} from {base}: {elapses:?}");
+        assert!(elapses.iter().all(|elapse| *elapse > base), "{normalized:?} from {base}: {elapses:?}");
+        assert_eq!(again.elapses_after(base, 3), elapses);
+    }
+    let _ = spec.check_interval(1_796_342_400_000_000);
 }
 
 /// `[Service]` values and the native supervisor's reading of a whole unit.

@@ -107,3 +107,8 @@ fn tls_stream() {
 fn relayed_journal() {
     run("relayed_journal");
 }
+
+#[test]
+fn calendar() {
+    run("calendar");
+}
