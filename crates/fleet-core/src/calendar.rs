@@ -113,10 +113,11 @@ impl CalendarSpec {
         elapses
     }
 
-    /// Refuses an expression that never elapses after `now`, or whose elapses (the next
-    /// [`INTERVAL_SAMPLE`] from `now`) come closer than [`MIN_INTERVAL_MICROS`].
-    pub fn check_interval(&self, now: i64) -> Result<(), CalendarError> {
-        let elapses = self.elapses_after(now, INTERVAL_SAMPLE);
+    /// Refuses an expression that never elapses at all (`*-02-30`), or whose first
+    /// [`INTERVAL_SAMPLE`] elapses come closer than [`MIN_INTERVAL_MICROS`]. Independent of the
+    /// time it is asked at, so that what was admitted yesterday is admitted today.
+    pub fn check_interval(&self) -> Result<(), CalendarError> {
+        let elapses = self.elapses_after(-1, INTERVAL_SAMPLE);
         if elapses.is_empty() {
             return Err(CalendarError::NeverElapses);
         }

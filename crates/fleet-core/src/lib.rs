@@ -19,6 +19,7 @@ pub mod drift_report;
 pub mod duration;
 pub mod glob;
 pub mod health;
+pub mod job;
 pub mod journal_relay;
 pub mod machine;
 pub mod peer_probing;

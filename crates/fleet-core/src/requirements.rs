@@ -34,7 +34,10 @@ pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "Sp
 
 /// Whether `key` is one fleet adds to `[X-Fleet]` (placement or health check).
 pub fn is_added_key(key: &str) -> bool {
-    ADDED_KEYS.contains(&key) || crate::health::check::KEYS.contains(&key) || key == crate::secrets::KEY
+    ADDED_KEYS.contains(&key)
+        || crate::health::check::KEYS.contains(&key)
+        || crate::job::KEYS.contains(&key)
+        || key == crate::secrets::KEY
 }
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.
@@ -273,7 +276,7 @@ pub struct ReservationError {
 }
 
 /// The value of the last `name=` of `section` (a later one overrides, as in systemd).
-fn last_value<'o>(options: &'o [UnitOption], section: &str, name: &str) -> Option<&'o str> {
+pub(crate) fn last_value<'o>(options: &'o [UnitOption], section: &str, name: &str) -> Option<&'o str> {
     options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
 }
 

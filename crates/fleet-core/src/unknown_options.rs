@@ -27,7 +27,7 @@ static KNOWN: LazyLock<BTreeMap<&'static str, BTreeSet<&'static str>>> = LazyLoc
             known.entry(section).or_default().insert(name);
         }
     }
-    let fleet = KNOWN_KEYS.iter().chain(ADDED_KEYS).chain(crate::health::check::KEYS);
+    let fleet = KNOWN_KEYS.iter().chain(ADDED_KEYS).chain(crate::health::check::KEYS).chain(crate::job::KEYS);
     known.entry(X_FLEET).or_default().extend(fleet.copied());
     known
 });

@@ -163,6 +163,15 @@ fn malformed_units_are_refused_and_nothing_is_stored() {
     let ran = fleet.fleetctl(&["submit", &combo.display().to_string()]);
     assert_eq!(ran.code, 1);
     assert!(ran.stderr.contains("MachineID cannot be used with Global"), "{ran:?}");
+    let scheduled = dir.path().join("nightly.service");
+    std::fs::write(&scheduled, "[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=Mon *-*-* 25:00\n")
+        .unwrap();
+    let ran = fleet.fleetctl(&["submit", &scheduled.display().to_string()]);
+    assert_eq!(ran.code, 1);
+    assert!(
+        ran.stderr.contains("invalid value \"Mon *-*-* 25:00\" for [X-Fleet] Schedule: the hour 25 is outside 0..23"),
+        "{ran:?}"
+    );
     let missing = fleet.fleetctl(&["start", "nowhere.service"]);
     assert_eq!(
         (missing.code, missing.stderr.as_str()),

@@ -74,7 +74,7 @@ pub fn calendar(data: &[u8]) {
         assert!(elapses.iter().all(|elapse| *elapse > base), "{normalized:?} from {base}: {elapses:?}");
         assert_eq!(again.elapses_after(base, 3), elapses);
     }
-    let _ = spec.check_interval(1_796_342_400_000_000);
+    let _ = spec.check_interval();
 }
 
 /// `[Service]` values and the native supervisor's reading of a whole unit.

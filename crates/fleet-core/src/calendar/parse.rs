@@ -42,7 +42,7 @@ pub enum CalendarError {
     Timestamp(String),
     #[error("{0:?} is not a time zone this machine knows (see /usr/share/zoneinfo)")]
     UnknownZone(String),
-    #[error("it never elapses again")]
+    #[error("it never elapses")]
     NeverElapses,
     #[error(
         "it elapses {} s after the elapse before it, more often than fleet runs a unit (every {} s at most)",

@@ -72,15 +72,11 @@ pub enum HealthCheckError {
     Alone(&'static str),
 }
 
-fn last<'o>(options: &'o [UnitOption], section: &str, name: &str) -> Option<&'o str> {
-    options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
-}
-
 /// The health check of the unit named `unit_name` with these options: `Ok(None)` when it
 /// declares none. Every value is checked here, so a unit that enters the cluster has a check
 /// its machine can run.
 pub fn check_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<HealthCheck>, HealthCheckError> {
-    let fleet = |name: &str| last(options, SECTION, name);
+    let fleet = |name: &str| crate::requirements::last_value(options, SECTION, name);
     let probe = match fleet("HealthCheck") {
         Some(value) => Some(parse_probe(&expand_specifiers(value, &UnitNameInfo::new(unit_name)))?),
         None => has_watchdog(options).then_some(Probe::Watchdog),
@@ -139,8 +135,9 @@ pub fn check_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Health
 /// Whether a service is watched by systemd's watchdog: `Type=notify` (or `notify-reload`)
 /// with a `WatchdogSec=` above zero.
 fn has_watchdog(options: &[UnitOption]) -> bool {
-    let notify = last(options, "Service", "Type").is_some_and(|kind| kind.starts_with("notify"));
-    let watchdog = last(options, "Service", "WatchdogSec")
+    let notify =
+        crate::requirements::last_value(options, "Service", "Type").is_some_and(|kind| kind.starts_with("notify"));
+    let watchdog = crate::requirements::last_value(options, "Service", "WatchdogSec")
         .and_then(|value| parse_timespan(value).ok())
         .is_some_and(|span| span.is_some_and(|span| !span.is_zero()));
     notify && watchdog

@@ -1,0 +1,277 @@
+//! The `[X-Fleet]` options of work that ends: `Schedule=` (a calendar expression, as systemd's
+//! `OnCalendar=` reads it: the engine starts one run of the unit at each elapse), what happens
+//! when an elapse finds the last run still running (`Overlap=`) or came while no engine leader
+//! was there to see it (`Missed=`), `Batch=true` (the unit runs to completion, as a
+//! `Type=oneshot` service does), and how a failed run is tried again (`Retries=`,
+//! `RetryDelay=`, the delay doubling up to [`LONGEST_RETRY_DELAY`]).
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::calendar::CalendarSpec;
+use crate::requirements::{SECTION, last_value};
+use crate::service_values::{parse_systemd_bool, parse_timespan};
+use crate::unit_file::UnitOption;
+use crate::unit_name::UnitNameInfo;
+
+/// The keys this module reads.
+pub const KEYS: &[&str] = &["Schedule", "Overlap", "Missed", "Batch", "Retries", "RetryDelay"];
+
+pub const MOST_RETRIES: u32 = 100;
+pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(10);
+const SHORTEST_RETRY_DELAY: Duration = Duration::from_secs(1);
+/// The longest a failed run waits before it is tried again, however often it failed.
+pub const LONGEST_RETRY_DELAY: Duration = Duration::from_secs(3600);
+
+/// What an elapse does while the unit's last run still runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Overlap {
+    /// The elapse is skipped (and recorded as skipped).
+    #[default]
+    Skip,
+    /// The run starts once the last one has finished (one waits at most).
+    Queue,
+    /// The run starts at once, beside the last one.
+    Allow,
+}
+
+/// What becomes of the elapses that passed while no engine leader saw them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Missed {
+    /// They are recorded as skipped; the schedule goes on from the next elapse.
+    #[default]
+    Skip,
+    /// The last of them runs once, as soon as a leader sees it.
+    Once,
+}
+
+/// What a unit that runs to completion, or on a calendar, asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    pub schedule: Option<CalendarSpec>,
+    pub overlap: Overlap,
+    pub missed: Missed,
+    /// `Batch=true`, or a `Type=oneshot` service: a run ends, and its result is kept.
+    pub runs_to_completion: bool,
+    /// How many times a failed run is tried again.
+    pub retries: u32,
+    /// The wait before the first retry; each further one waits twice as long.
+    pub retry_delay: Duration,
+}
+
+impl Job {
+    /// The wait before retry `attempt` (1 for the first): `RetryDelay=` doubled each time, up
+    /// to [`LONGEST_RETRY_DELAY`] (or `RetryDelay=` itself, when that is longer).
+    pub fn retry_delay_before(&self, attempt: u32) -> Duration {
+        let cap = LONGEST_RETRY_DELAY.max(self.retry_delay);
+        let doublings = attempt.saturating_sub(1).min(32);
+        self.retry_delay.saturating_mul(1u32 << doublings.min(31)).min(cap)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum JobError {
+    #[error("invalid value {value:?} for [X-Fleet] {option}: {why}")]
+    Invalid { option: &'static str, value: String, why: String },
+    #[error("[X-Fleet] Schedule= cannot be used on a template ({0}); give it to each instance")]
+    ScheduledTemplate(String),
+    #[error("[X-Fleet] {0}= needs Schedule=")]
+    NeedsSchedule(&'static str),
+    #[error("[X-Fleet] {0}= needs a unit that runs to completion (Batch=true, or Type=oneshot in [Service])")]
+    NeedsCompletion(&'static str),
+}
+
+/// The job options of the unit named `unit_name`: `Ok(None)` for a unit that neither runs to
+/// completion nor has a schedule (a service, as before). Every value is checked here, so a
+/// unit that enters the cluster has a schedule the engine can follow.
+pub fn job_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Job>, JobError> {
+    let fleet = |name: &str| last_value(options, SECTION, name);
+    let invalid =
+        |option: &'static str, value: &str, why: String| JobError::Invalid { option, value: value.to_string(), why };
+    let schedule = match fleet("Schedule") {
+        None => None,
+        Some(value) => {
+            if UnitNameInfo::new(unit_name).is_template() {
+                return Err(JobError::ScheduledTemplate(unit_name.to_string()));
+            }
+            let spec =
+                CalendarSpec::parse(value.trim()).map_err(|error| invalid("Schedule", value, error.to_string()))?;
+            spec.check_interval().map_err(|error| invalid("Schedule", value, error.to_string()))?;
+            Some(spec)
+        }
+    };
+    let choice = |option: &'static str| -> Result<Option<&str>, JobError> {
+        match fleet(option) {
+            Some(_) if schedule.is_none() => Err(JobError::NeedsSchedule(option)),
+            other => Ok(other),
+        }
+    };
+    let overlap = match choice("Overlap")? {
+        None => Overlap::default(),
+        Some(value) => value.parse().map_err(|why: String| invalid("Overlap", value, why))?,
+    };
+    let missed = match choice("Missed")? {
+        None => Missed::default(),
+        Some(value) => value.parse().map_err(|why: String| invalid("Missed", value, why))?,
+    };
+    let batch = match fleet("Batch") {
+        None => false,
+        Some(value) => parse_systemd_bool(value)
+            .ok_or_else(|| invalid("Batch", value, "expected a boolean (yes or no)".to_string()))?,
+    };
+    let oneshot = last_value(options, "Service", "Type").is_some_and(|kind| kind.trim() == "oneshot");
+    let runs_to_completion = batch || oneshot;
+    let completion = |option: &'static str| -> Result<Option<&str>, JobError> {
+        match fleet(option) {
+            Some(_) if !runs_to_completion => Err(JobError::NeedsCompletion(option)),
+            other => Ok(other),
+        }
+    };
+    let retries =
+        match completion("Retries")? {
+            None => 0,
+            Some(value) => value.trim().parse::<u32>().ok().filter(|n| *n <= MOST_RETRIES).ok_or_else(|| {
+                invalid("Retries", value, format!("expected a whole number from 0 to {MOST_RETRIES}"))
+            })?,
+        };
+    let retry_delay = match completion("RetryDelay")? {
+        None => DEFAULT_RETRY_DELAY,
+        Some(value) => match parse_timespan(value) {
+            Ok(Some(span)) if (SHORTEST_RETRY_DELAY..=Duration::from_secs(86_400)).contains(&span) => span,
+            Ok(_) => return Err(invalid("RetryDelay", value, "expected a time span from 1s to 1d".to_string())),
+            Err(error) => return Err(invalid("RetryDelay", value, error.to_string())),
+        },
+    };
+    if schedule.is_none() && !runs_to_completion {
+        return Ok(None);
+    }
+    Ok(Some(Job { schedule, overlap, missed, runs_to_completion, retries, retry_delay }))
+}
+
+impl FromStr for Overlap {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "skip" => Ok(Overlap::Skip),
+            "queue" => Ok(Overlap::Queue),
+            "allow" => Ok(Overlap::Allow),
+            _ => Err("expected skip, queue or allow".to_string()),
+        }
+    }
+}
+
+impl fmt::Display for Overlap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Overlap::Skip => "skip",
+            Overlap::Queue => "queue",
+            Overlap::Allow => "allow",
+        })
+    }
+}
+
+impl FromStr for Missed {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim() {
+            "skip" => Ok(Missed::Skip),
+            "once" => Ok(Missed::Once),
+            _ => Err("expected skip or once".to_string()),
+        }
+    }
+}
+
+impl fmt::Display for Missed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Missed::Skip => "skip",
+            Missed::Once => "once",
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::unit_file::UnitFile;
+
+    fn job(name: &str, text: &str) -> Result<Option<Job>, String> {
+        let file = UnitFile::parse(text).expect("a unit");
+        job_of(name, file.options()).map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn a_scheduled_unit_reads_its_options_and_their_defaults() {
+        let read = job("backup.service", "[Service]\nType=oneshot\n[X-Fleet]\nSchedule=Mon..Fri 02:00 Europe/Berlin\n")
+            .expect("valid")
+            .expect("a job");
+        assert_eq!(
+            read.schedule.as_ref().map(ToString::to_string).as_deref(),
+            Some("Mon..Fri *-*-* 02:00:00 Europe/Berlin")
+        );
+        assert_eq!((read.overlap, read.missed, read.runs_to_completion), (Overlap::Skip, Missed::Skip, true));
+        assert_eq!((read.retries, read.retry_delay), (0, DEFAULT_RETRY_DELAY));
+        let read = job(
+            "report.service",
+            "[X-Fleet]\nSchedule=hourly\nOverlap=queue\nMissed=once\nBatch=yes\nRetries=3\nRetryDelay=30s\n",
+        )
+        .expect("valid")
+        .expect("a job");
+        assert_eq!((read.overlap, read.missed, read.retries), (Overlap::Queue, Missed::Once, 3));
+        assert_eq!(read.retry_delay_before(1), Duration::from_secs(30));
+        assert_eq!(read.retry_delay_before(3), Duration::from_secs(120));
+        assert_eq!(read.retry_delay_before(40), LONGEST_RETRY_DELAY);
+        assert_eq!(job("web.service", "[Service]\nExecStart=/bin/web\n"), Ok(None));
+        let file = UnitFile::parse(
+            "[X-Fleet]\nSchedule=daily\nOverlap=allow\nMissed=once\nBatch=1\nRetries=1\nRetryDelay=5s\n",
+        )
+        .expect("a unit");
+        assert_eq!(crate::unknown_options::unknown_options(file.options()), vec![], "fleet knows its job keys");
+    }
+
+    #[test]
+    fn bad_job_options_are_refused_naming_the_option() {
+        let error = |name: &str, text: &str| job(name, text).expect_err(text);
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nSchedule=Mon *-*-* 25:00\n"),
+            "invalid value \"Mon *-*-* 25:00\" for [X-Fleet] Schedule: the hour 25 is outside 0..23"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nSchedule=*:*:*\n"),
+            "invalid value \"*:*:*\" for [X-Fleet] Schedule: it elapses 1 s after the elapse before it, more often than fleet runs a unit (every 2 s at most)"
+        );
+        assert_eq!(
+            error("backup@.service", "[X-Fleet]\nSchedule=daily\n"),
+            "[X-Fleet] Schedule= cannot be used on a template (backup@.service); give it to each instance"
+        );
+        assert!(job("backup@db.service", "[X-Fleet]\nSchedule=daily\n").is_ok_and(|job| job.is_some()));
+        assert_eq!(error("a.service", "[X-Fleet]\nOverlap=skip\n"), "[X-Fleet] Overlap= needs Schedule=");
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nSchedule=daily\nOverlap=sometimes\n"),
+            "invalid value \"sometimes\" for [X-Fleet] Overlap: expected skip, queue or allow"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nSchedule=daily\nMissed=all\n"),
+            "invalid value \"all\" for [X-Fleet] Missed: expected skip or once"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nRetries=3\n"),
+            "[X-Fleet] Retries= needs a unit that runs to completion (Batch=true, or Type=oneshot in [Service])"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nBatch=true\nRetries=1000\n"),
+            "invalid value \"1000\" for [X-Fleet] Retries: expected a whole number from 0 to 100"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nBatch=true\nRetryDelay=0\n"),
+            "invalid value \"0\" for [X-Fleet] RetryDelay: expected a time span from 1s to 1d"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nBatch=maybe\n"),
+            "invalid value \"maybe\" for [X-Fleet] Batch: expected a boolean (yes or no)"
+        );
+    }
+}
