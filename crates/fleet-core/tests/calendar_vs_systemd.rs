@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 
 use fleet_core::calendar::CalendarSpec;
+use jiff::tz::TimeZoneDatabase;
 
 const ITERATIONS: usize = 5;
 
@@ -86,9 +87,11 @@ fn systemd_readings(expressions: &[String], base_seconds: i64) -> (BTreeMap<Stri
     (readings, undetermined)
 }
 
-/// fleet's reading of `expression` from `base`, in systemd's words.
-fn fleet_reading(expression: &str, base_micros: i64) -> Option<Reading> {
-    let spec = CalendarSpec::parse(expression).ok()?;
+/// fleet's reading of `expression` from `base`, in systemd's words, with the zones of the
+/// machine's database, which systemd reads (fleet itself reads the one compiled into it, whose
+/// version may differ: Havana's and Casablanca's rules did between 2025b and 2026f).
+fn fleet_reading(expression: &str, base_micros: i64, zones: &TimeZoneDatabase) -> Option<Reading> {
+    let spec = CalendarSpec::parse_in(expression, zones).ok()?;
     let elapses = spec
         .elapses_after(base_micros, ITERATIONS)
         .into_iter()
@@ -106,13 +109,14 @@ fn fleet_reads_every_calendar_expression_of_the_corpus_as_systemd_does() {
     assert!(expressions.len() >= 200, "the corpus has {} expressions", expressions.len());
     let mut differences = Vec::new();
     let (mut compared, mut gave_up) = (0, 0);
+    let zones = TimeZoneDatabase::from_dir("/usr/share/zoneinfo").expect("the machine's zone database (tzdata)");
     for base in BASES {
         let base: jiff::Timestamp = base.parse().expect("a base time");
         let (readings, undetermined) = systemd_readings(&expressions, base.as_second());
         assert!(readings.len() > expressions.len() / 2, "systemd-analyze read {} expressions", readings.len());
         for expression in &expressions {
             let systemd = readings.get(expression);
-            let fleet = fleet_reading(expression, base.as_microsecond());
+            let fleet = fleet_reading(expression, base.as_microsecond(), &zones);
             compared += 1;
             if undetermined.contains(expression) {
                 if fleet.as_ref().is_none_or(|reading| reading.elapses.is_empty()) {

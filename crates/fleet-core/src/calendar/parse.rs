@@ -40,7 +40,7 @@ pub enum CalendarError {
     Range { field: &'static str, start: String, stop: String },
     #[error("{0} is out of range")]
     Timestamp(String),
-    #[error("{0:?} is not a time zone this machine knows (see /usr/share/zoneinfo)")]
+    #[error("{0:?} is not a time zone fleet knows (an IANA name such as Europe/Berlin; the case matters)")]
     UnknownZone(String),
     #[error("it never elapses")]
     NeverElapses,

@@ -102,11 +102,11 @@ fn bad_expressions_say_what_is_wrong() {
     assert_eq!(error("*:30/45"), "the minute repetition /45 does not fit between 0 and 59");
     assert_eq!(
         error("daily Mars/Olympus"),
-        "\"Mars/Olympus\" is not a time zone this machine knows (see /usr/share/zoneinfo)"
+        "\"Mars/Olympus\" is not a time zone fleet knows (an IANA name such as Europe/Berlin; the case matters)"
     );
     assert_eq!(
         error("12:00 europe/berlin"),
-        "\"europe/berlin\" is not a time zone this machine knows (see /usr/share/zoneinfo)"
+        "\"europe/berlin\" is not a time zone fleet knows (an IANA name such as Europe/Berlin; the case matters)"
     );
     assert!(error("tomorrow").contains("expected a number or *"));
 }
