@@ -9,6 +9,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub mod runs;
+
 use crate::calendar::CalendarSpec;
 use crate::requirements::{SECTION, last_value};
 use crate::service_values::{parse_systemd_bool, parse_timespan};
@@ -30,10 +32,9 @@ pub enum Overlap {
     /// The elapse is skipped (and recorded as skipped).
     #[default]
     Skip,
-    /// The run starts once the last one has finished (one waits at most).
+    /// The run starts once the last one has finished (one waits at most; a newer elapse
+    /// takes the place of a waiting one, which is skipped).
     Queue,
-    /// The run starts at once, beside the last one.
-    Allow,
 }
 
 /// What becomes of the elapses that passed while no engine leader saw them.
@@ -156,8 +157,9 @@ impl FromStr for Overlap {
         match text.trim() {
             "skip" => Ok(Overlap::Skip),
             "queue" => Ok(Overlap::Queue),
-            "allow" => Ok(Overlap::Allow),
-            _ => Err("expected skip, queue or allow".to_string()),
+            // One unit runs on one machine at a time: a second run beside the first would be a
+            // second unit, so `allow` is not offered.
+            _ => Err("expected skip or queue".to_string()),
         }
     }
 }
@@ -167,7 +169,6 @@ impl fmt::Display for Overlap {
         f.write_str(match self {
             Overlap::Skip => "skip",
             Overlap::Queue => "queue",
-            Overlap::Allow => "allow",
         })
     }
 }
@@ -226,7 +227,7 @@ mod tests {
         assert_eq!(read.retry_delay_before(40), LONGEST_RETRY_DELAY);
         assert_eq!(job("web.service", "[Service]\nExecStart=/bin/web\n"), Ok(None));
         let file = UnitFile::parse(
-            "[X-Fleet]\nSchedule=daily\nOverlap=allow\nMissed=once\nBatch=1\nRetries=1\nRetryDelay=5s\n",
+            "[X-Fleet]\nSchedule=daily\nOverlap=queue\nMissed=once\nBatch=1\nRetries=1\nRetryDelay=5s\n",
         )
         .expect("a unit");
         assert_eq!(crate::unknown_options::unknown_options(file.options()), vec![], "fleet knows its job keys");
@@ -250,8 +251,8 @@ mod tests {
         assert!(job("backup@db.service", "[X-Fleet]\nSchedule=daily\n").is_ok_and(|job| job.is_some()));
         assert_eq!(error("a.service", "[X-Fleet]\nOverlap=skip\n"), "[X-Fleet] Overlap= needs Schedule=");
         assert_eq!(
-            error("a.service", "[X-Fleet]\nSchedule=daily\nOverlap=sometimes\n"),
-            "invalid value \"sometimes\" for [X-Fleet] Overlap: expected skip, queue or allow"
+            error("a.service", "[X-Fleet]\nSchedule=daily\nOverlap=allow\n"),
+            "invalid value \"allow\" for [X-Fleet] Overlap: expected skip or queue"
         );
         assert_eq!(
             error("a.service", "[X-Fleet]\nSchedule=daily\nMissed=all\n"),

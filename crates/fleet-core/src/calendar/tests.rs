@@ -126,3 +126,17 @@ fn an_expression_that_fires_too_often_or_never_is_refused() {
         "it elapses 1 s after the elapse before it, more often than fleet runs a unit (every 2 s at most)"
     );
 }
+
+#[test]
+fn the_last_elapse_before_a_moment_is_found_without_walking_every_elapse() {
+    let spec = CalendarSpec::parse("*:*:0/2").expect("every 2 s");
+    let week_later = at("2026-12-11T00:00:01");
+    let last = spec.last_at_or_before(week_later, at("2026-12-04T00:00:00"));
+    assert_eq!(last.map(shown).as_deref(), Some("2026-12-11T00:00:00"));
+    let spec = CalendarSpec::parse("Mon 09:00 Europe/Berlin").expect("Mondays");
+    assert_eq!(
+        spec.last_at_or_before(at("2026-12-21T07:59:59"), at("2026-12-01T00:00:00")).map(shown).as_deref(),
+        Some("2026-12-14T08:00:00")
+    );
+    assert_eq!(spec.last_at_or_before(at("2026-12-07T07:59:59"), at("2026-12-01T00:00:00")), None);
+}

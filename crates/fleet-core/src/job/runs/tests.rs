@@ -1,0 +1,190 @@
+use std::collections::BTreeSet;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::calendar::CalendarSpec;
+use crate::job::Job;
+
+const SECOND: i64 = 1_000_000;
+/// 2026-12-04 00:00:00 UTC.
+const START: i64 = 1_796_342_400 * SECOND;
+
+fn job(schedule: &str, overlap: Overlap, missed: Missed) -> Job {
+    Job {
+        schedule: Some(CalendarSpec::parse(schedule).expect("a schedule")),
+        overlap,
+        missed,
+        runs_to_completion: true,
+        retries: 0,
+        retry_delay: std::time::Duration::from_secs(10),
+    }
+}
+
+fn finish_active(record: &mut JobRecord, now: i64) {
+    for run in record.runs.iter_mut().filter(|run| run.is_active()) {
+        run.ended = Some(now);
+        run.outcome = Some(Outcome::Succeeded);
+    }
+}
+
+#[test]
+fn an_elapse_on_time_is_claimed_once_and_the_next_one_is_named() {
+    let job = job("*:0/15", Overlap::Skip, Missed::Skip);
+    let record = JobRecord::new(START);
+    let early = advance(&job, &record, START + 10 * SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!((early.claimed.clone(), early.next_elapse), (None, Some(START + 900 * SECOND)));
+    let due = advance(&job, &early.record, START + 901 * SECOND, DEFAULT_KEPT_RUNS);
+    let run = due.claimed.clone().expect("claimed");
+    assert_eq!((run.id, run.elapse), (1, Some(START + 900 * SECOND)));
+    assert_eq!(due.next_elapse, Some(START + 1800 * SECOND));
+    let again = advance(&job, &due.record, START + 902 * SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!(again.claimed, None, "read back after a lost answer: nothing claimed twice");
+    assert_eq!(again.record, due.record);
+}
+
+#[test]
+fn elapses_missed_while_no_leader_looked_are_skipped_or_run_once() {
+    let record = JobRecord::new(START);
+    let back = START + 3 * 3600 * SECOND + 300 * SECOND;
+    let skip = advance(&job("*:0/15", Overlap::Skip, Missed::Skip), &record, back, DEFAULT_KEPT_RUNS);
+    assert_eq!(skip.claimed, None);
+    assert_eq!(
+        skip.skipped,
+        vec![
+            Skipped { first: START + 900 * SECOND, last: START + 9_900 * SECOND, why: SkipReason::Missed },
+            Skipped { first: START + 10_800 * SECOND, last: START + 10_800 * SECOND, why: SkipReason::Missed },
+        ]
+    );
+    assert_eq!(skip.record.cursor, START + 10_800 * SECOND, "the last due elapse: 03:00");
+    let once = advance(&job("*:0/15", Overlap::Skip, Missed::Once), &record, back, DEFAULT_KEPT_RUNS);
+    assert_eq!(once.claimed.expect("the last missed one runs").elapse, Some(START + 10_800 * SECOND));
+    assert_eq!(
+        once.skipped,
+        vec![Skipped { first: START + 900 * SECOND, last: START + 9_900 * SECOND, why: SkipReason::Missed }]
+    );
+}
+
+#[test]
+fn an_elapse_during_a_run_is_skipped_or_waits_its_turn() {
+    let record = JobRecord::new(START);
+    for (overlap, queued) in [(Overlap::Skip, None), (Overlap::Queue, Some(START + 120 * SECOND))] {
+        let job = job("*:0/1", overlap, Missed::Skip);
+        let first = advance(&job, &record, START + 61 * SECOND, DEFAULT_KEPT_RUNS);
+        assert!(first.claimed.is_some());
+        let second = advance(&job, &first.record, START + 121 * SECOND, DEFAULT_KEPT_RUNS);
+        assert_eq!((second.claimed.clone(), second.record.queued), (None, queued), "{overlap:?}");
+        let mut ended = second.record.clone();
+        finish_active(&mut ended, START + 130 * SECOND);
+        let third = advance(&job, &ended, START + 131 * SECOND, DEFAULT_KEPT_RUNS);
+        assert_eq!(third.claimed.map(|run| run.elapse), queued.map(Some), "{overlap:?}");
+    }
+}
+
+#[test]
+fn a_run_by_hand_waits_for_no_elapse_but_for_the_active_run() {
+    let record = JobRecord::new(START);
+    let (record, run) = dispatch(&record, START + SECOND, DEFAULT_KEPT_RUNS).expect("nothing runs");
+    assert_eq!((run.id, run.elapse), (1, None));
+    assert_eq!(dispatch(&record, START + 2 * SECOND, DEFAULT_KEPT_RUNS), Err(DispatchError::Active(1)));
+}
+
+#[test]
+fn finished_runs_beyond_the_bound_are_dropped_oldest_first() {
+    let job = job("*:*:0/2", Overlap::Skip, Missed::Skip);
+    let mut record = JobRecord::new(START);
+    for step in 1..=10 {
+        let now = START + step * 2 * SECOND;
+        record = advance(&job, &record, now, 3).record;
+        finish_active(&mut record, now);
+    }
+    let ids: Vec<u64> = record.runs.iter().map(|run| run.id).collect();
+    assert_eq!(ids, vec![8, 9, 10]);
+}
+
+/// One thing that happens to a schedule: time passes (a leader's pass at the new time), a
+/// second leader passes at the same moment from the same record (its write loses the
+/// compare-and-swap), or the active run ends.
+#[derive(Clone, Debug)]
+enum Event {
+    Pass { after_seconds: i64 },
+    RacingLeaders { after_seconds: i64, skew_seconds: i64 },
+    RunEnds,
+}
+
+fn events() -> impl Strategy<Value = Vec<Event>> {
+    let pass = prop_oneof![
+        8 => (1i64..120).prop_map(|after_seconds| Event::Pass { after_seconds }),
+        1 => (600i64..7200).prop_map(|after_seconds| Event::Pass { after_seconds }),
+        2 => ((1i64..60), (0i64..5)).prop_map(|(after_seconds, skew_seconds)| Event::RacingLeaders { after_seconds, skew_seconds }),
+        4 => Just(Event::RunEnds),
+    ];
+    proptest::collection::vec(pass, 1..60)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+    /// Whatever passes, leader races and run ends come, no elapse is claimed twice, none is
+    /// claimed before it is due, and every elapse up to the cursor is claimed, waiting or in a
+    /// skipped range.
+    #[test]
+    fn every_elapse_is_claimed_at_most_once_and_accounted_for(
+        schedule in proptest::sample::select(vec!["*:*:0/2", "*:*:0/7", "*:0/1", "*:0/15", "*:*:0/3,4", "Mon..Fri *-*-* 00:01..05:00"]),
+        overlap in prop_oneof![Just(Overlap::Skip), Just(Overlap::Queue)],
+        missed in prop_oneof![Just(Missed::Skip), Just(Missed::Once)],
+        events in events(),
+    ) {
+        let job = job(schedule, overlap, missed);
+        let mut stored = JobRecord::new(START);
+        let mut now = START;
+        let mut claimed: Vec<i64> = Vec::new();
+        let mut skipped: Vec<Skipped> = Vec::new();
+        for event in events {
+            match event {
+                Event::Pass { after_seconds } => {
+                    now += after_seconds * SECOND;
+                    let step = advance(&job, &stored, now, DEFAULT_KEPT_RUNS);
+                    if let Some(run) = &step.claimed {
+                        let elapse = run.elapse.expect("an elapse");
+                        prop_assert!(elapse <= now, "claimed {elapse} before it was due at {now}");
+                        claimed.push(elapse);
+                    }
+                    skipped.extend(step.skipped);
+                    prop_assert!(step.record.cursor >= stored.cursor, "the cursor went back");
+                    stored = step.record;
+                }
+                Event::RacingLeaders { after_seconds, skew_seconds } => {
+                    now += after_seconds * SECOND;
+                    let winner = advance(&job, &stored, now, DEFAULT_KEPT_RUNS);
+                    // The loser computed from the same record; its swap fails and its claim is
+                    // never carried out. It reads the winner's record back and passes again.
+                    let _loser = advance(&job, &stored, now + skew_seconds * SECOND, DEFAULT_KEPT_RUNS);
+                    if let Some(run) = &winner.claimed {
+                        claimed.push(run.elapse.expect("an elapse"));
+                    }
+                    skipped.extend(winner.skipped);
+                    let again = advance(&job, &winner.record, now + skew_seconds * SECOND, DEFAULT_KEPT_RUNS);
+                    if let Some(run) = &again.claimed {
+                        claimed.push(run.elapse.expect("an elapse"));
+                    }
+                    skipped.extend(again.skipped);
+                    stored = again.record;
+                    now += skew_seconds * SECOND;
+                }
+                Event::RunEnds => finish_active(&mut stored, now),
+            }
+        }
+        let unique: BTreeSet<i64> = claimed.iter().copied().collect();
+        prop_assert_eq!(unique.len(), claimed.len(), "an elapse was claimed twice: {:?}", claimed);
+        let spec = job.schedule.as_ref().expect("scheduled");
+        let mut elapse = spec.next_after(START);
+        while let Some(at) = elapse.filter(|at| *at <= stored.cursor) {
+            let accounted = unique.contains(&at)
+                || stored.queued == Some(at)
+                || skipped.iter().any(|range| range.first <= at && at <= range.last);
+            prop_assert!(accounted, "elapse {} was neither claimed, waiting nor skipped", at);
+            elapse = spec.next_after(at);
+        }
+    }
+}
