@@ -358,6 +358,19 @@ impl fleet_registry::EngineRegistry for ContestedStore {
     ) -> fleet_registry::Result<std::collections::BTreeSet<(String, String)>> {
         self.store.running_on_machines(units).await
     }
+    async fn job_records(&self) -> fleet_registry::Result<Vec<fleet_registry::StoredJob>> {
+        self.store.job_records().await
+    }
+    async fn put_job_record(
+        &self,
+        lease: &fleet_registry::EngineLease,
+        unit: &str,
+        record: Option<&fleet_core::job::runs::JobRecord>,
+        version: u64,
+    ) -> fleet_registry::Result<bool> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.put_job_record(lease, unit, record, version).await
+    }
     fn engine_changes(&self) -> fleet_registry::ChangeSignal {
         self.store.engine_changes()
     }

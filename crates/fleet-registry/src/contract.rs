@@ -54,6 +54,7 @@ macro_rules! registry_contract {
             pages_are_the_lists_cut_up,
             a_batch_of_unit_writes_is_each_write_alone,
             an_import_writes_its_units_where_they_run_or_nothing,
+            job_records_are_replaced_only_over_the_version_read,
         );
     };
     (@each $open:path; $($name:ident),+ $(,)?) => {
@@ -1240,4 +1241,37 @@ pub async fn an_import_writes_its_units_where_they_run_or_nothing(registry: &dyn
     assert_eq!(registry.import_units(&large).await.unwrap(), Imported::Written);
     let last = registry.unit("large-59.service").await.unwrap().expect("the last large unit");
     assert_eq!(last.hash, large[59].file.hash());
+}
+
+/// A job record is written only over the version read (0: none), and only by the engine
+/// leader: the one way a run is claimed, so that no elapse is claimed twice.
+pub async fn job_records_are_replaced_only_over_the_version_read(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    use fleet_core::job::runs::JobRecord;
+    agent_for("m1").register_machine(&machine("m1")).await.unwrap();
+    let lease = lease(registry).await;
+    assert_eq!(registry.job_records().await.unwrap(), vec![]);
+    let first = JobRecord::new(1_000);
+    assert!(registry.put_job_record(&lease, "backup.service", Some(&first), 0).await.unwrap(), "a new record");
+    let stored = registry.job_records().await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_eq!((stored[0].unit.as_str(), &stored[0].record), ("backup.service", &first));
+    let version = stored[0].version;
+    assert!(version > 0);
+    assert!(!registry.put_job_record(&lease, "backup.service", Some(&first), 0).await.unwrap(), "one exists");
+    let mut claimed = first.clone();
+    claimed.cursor = 2_000;
+    assert!(registry.put_job_record(&lease, "backup.service", Some(&claimed), version).await.unwrap());
+    let newer = registry.job_records().await.unwrap()[0].clone();
+    assert_eq!(newer.record, claimed);
+    assert_ne!(newer.version, version);
+    assert!(
+        !registry.put_job_record(&lease, "backup.service", Some(&first), version).await.unwrap(),
+        "a write over a version read before another write is refused"
+    );
+    let stale = EngineLease { machine_id: "m9".into(), token: lease.token + 1_000 };
+    let refused = registry.put_job_record(&stale, "backup.service", None, newer.version).await;
+    assert!(matches!(refused, Err(RegistryError::LeadershipLost)), "{refused:?}");
+    let lease = registry.acquire_leadership("m1").await.unwrap().expect("leads again");
+    assert!(registry.put_job_record(&lease, "backup.service", None, newer.version).await.unwrap(), "removed");
+    assert_eq!(registry.job_records().await.unwrap(), vec![]);
 }

@@ -368,6 +368,16 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     }
 }
 
+/// A unit's job record (the runs of a scheduled or run-to-completion unit) as a store holds
+/// it, with the version a compare-and-swap names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredJob {
+    pub unit: String,
+    pub record: fleet_core::job::runs::JobRecord,
+    /// Moves on every write of the record; never 0 for a stored one.
+    pub version: u64,
+}
+
 /// Proof of engine leadership, checked by every schedule write.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineLease {
@@ -396,6 +406,18 @@ pub trait EngineRegistry: Send + Sync {
     /// ([`fleet_core::schedule::departures::reports_running`]): the engine places a unit it
     /// took off a present machine only once that machine stopped it.
     async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>>;
+    /// Every stored job record.
+    async fn job_records(&self) -> Result<Vec<StoredJob>>;
+    /// Replaces `unit`'s job record by `record` (`None`: removes it) if the stored one is
+    /// still at `version` (0: none is stored), fenced by `lease`; `false` when another write
+    /// came first. The one way a run is claimed: two leaders never both claim one elapse.
+    async fn put_job_record(
+        &self,
+        lease: &EngineLease,
+        unit: &str,
+        record: Option<&fleet_core::job::runs::JobRecord>,
+        version: u64,
+    ) -> Result<bool>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
     /// Moves when a machine's report of a unit may have changed (a store may move it more

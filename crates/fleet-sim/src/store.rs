@@ -11,13 +11,14 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use fleet_core::job::runs::JobRecord;
 use fleet_core::schedule::departures::running_on;
 use fleet_core::schedule::{Decision, SnapshotUnit};
 use fleet_core::{Backoff, MachineState, UnitFile, UnitHash};
 use fleet_registry::apply_rule::{Condition, unit_writes};
 use fleet_registry::{
     AgentRegistry, ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, MachineWork, RegistryError, Renewal,
-    Result, StateReport,
+    Result, StateReport, StoredJob,
 };
 use fleet_testkit::Seeded;
 use tokio::time::Instant;
@@ -514,6 +515,37 @@ impl EngineRegistry for SimStore {
             running_on(world.states.iter().filter(|((unit, _), _)| units.contains(unit)).map(|(_, (state, _))| state))
         })
         .await
+    }
+
+    async fn job_records(&self) -> Result<Vec<StoredJob>> {
+        self.request("jobs", |world| {
+            world
+                .jobs
+                .iter()
+                .map(|(unit, (record, version))| StoredJob {
+                    unit: unit.clone(),
+                    record: record.clone(),
+                    version: *version,
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn put_job_record(
+        &self,
+        lease: &EngineLease,
+        unit: &str,
+        record: Option<&JobRecord>,
+        version: u64,
+    ) -> Result<bool> {
+        self.write("put job", |world| {
+            if !world.leads(&lease.machine_id, lease.token) {
+                return Err(RegistryError::LeadershipLost);
+            }
+            Ok(world.put_job(unit, record, version))
+        })
+        .await?
     }
 
     fn engine_changes(&self) -> ChangeSignal {

@@ -105,11 +105,17 @@ pub struct World {
     pub agent_signals: BTreeMap<String, watch::Sender<u64>>,
     /// Moves on every state report.
     pub state_signal: watch::Sender<u64>,
+    /// Unit → its job record and the version its compare-and-swap names.
+    pub jobs: BTreeMap<String, (fleet_core::job::runs::JobRecord, u64)>,
+    /// The version the next job record write gets.
+    next_job_version: u64,
 }
 
 impl World {
     pub fn new(lease_ttl: Duration, engine_lease_ttl: Duration) -> Self {
         Self {
+            jobs: BTreeMap::new(),
+            next_job_version: 1,
             revision: 1,
             units: BTreeMap::new(),
             schedule: BTreeMap::new(),
@@ -176,6 +182,24 @@ impl World {
         for signal in &self.engine_signals {
             signal.send_modify(|generation| *generation += 1);
         }
+    }
+
+    /// Replaces `unit`'s job record if it is still at `version` (0: none stored).
+    pub fn put_job(&mut self, unit: &str, record: Option<&fleet_core::job::runs::JobRecord>, version: u64) -> bool {
+        let stored = self.jobs.get(unit).map_or(0, |(_, version)| *version);
+        if stored != version {
+            return false;
+        }
+        match record {
+            Some(record) => {
+                self.jobs.insert(unit.to_string(), (record.clone(), self.next_job_version));
+                self.next_job_version += 1;
+            }
+            None => {
+                self.jobs.remove(unit);
+            }
+        }
+        true
     }
 
     fn record(&mut self, change: Change) {

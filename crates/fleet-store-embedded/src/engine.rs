@@ -11,11 +11,13 @@ use fleet_core::{UnitFile, UnitHash};
 use redb::ReadableTable;
 
 use super::api::read_machines;
-use super::tables::{self, Options, UnitRecord, read_all};
+use super::tables::{self, Options, UnitRecord, decode, encode, read_all};
 use super::{EmbeddedRegistry, unavailable};
+use fleet_core::job::runs::JobRecord;
 use fleet_registry::apply_rule::{Condition, ReasonWrite, unit_writes};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit,
+    StoredJob,
 };
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
@@ -135,6 +137,52 @@ impl EngineRegistry for EmbeddedRegistry {
             return Ok(BTreeSet::new());
         }
         Ok(running_on(ApiRegistry::states_of_units(self, units).await?.iter().map(|state| &**state)))
+    }
+
+    async fn job_records(&self) -> Result<Vec<StoredJob>> {
+        self.read(move |txn| {
+            let jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;
+            Ok(read_all::<tables::StoredJobValue>(&jobs)?
+                .into_iter()
+                .map(|(unit, stored)| StoredJob { unit, record: stored.record, version: stored.version })
+                .collect())
+        })
+        .await
+    }
+
+    async fn put_job_record(
+        &self,
+        lease: &EngineLease,
+        unit: &str,
+        record: Option<&JobRecord>,
+        version: u64,
+    ) -> Result<bool> {
+        if lease.token != EMBEDDED_LEASE_TOKEN {
+            return Err(RegistryError::LeadershipLost);
+        }
+        let (unit, record) = (unit.to_string(), record.cloned());
+        self.write(move |txn, _touched| {
+            let mut jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;
+            let stored = jobs
+                .get(unit.as_str())
+                .map_err(unavailable)?
+                .and_then(|value| decode::<tables::StoredJobValue>(&unit, value.value()).ok())
+                .map_or(0, |stored| stored.version);
+            if stored != version {
+                return Ok(false);
+            }
+            match record {
+                Some(record) => {
+                    let value = encode(&tables::StoredJobValue { version: version + 1, record });
+                    jobs.insert(unit.as_str(), value.as_slice()).map_err(unavailable)?;
+                }
+                None => {
+                    jobs.remove(unit.as_str()).map_err(unavailable)?;
+                }
+            }
+            Ok(true)
+        })
+        .await
     }
 
     fn engine_changes(&self) -> ChangeSignal {

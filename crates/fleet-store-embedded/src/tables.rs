@@ -100,7 +100,17 @@ pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
 /// Tables of JSON records added to format 1 since 0.2.0 began it: a store opens with them too
 /// (a store without one is given it), a backup holds them, and a snapshot taken before they
 /// were added restores without them.
-pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 1] = [SECRETS];
+pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 2] = [SECRETS, JOBS];
+
+/// Unit name → [`StoredJobValue`]: the runs of a scheduled or run-to-completion unit.
+pub const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");
+
+/// A job record with the version its compare-and-swap names.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub struct StoredJobValue {
+    pub version: u64,
+    pub record: fleet_core::job::runs::JobRecord,
+}
 
 /// Every table of text values.
 pub const TEXTS: [TableDefinition<&str, &str>; 2] = [SCHEDULE, REASONS];

@@ -7,7 +7,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use fleet_core::job::runs::JobRecord;
 use fleet_core::schedule::Decision;
 use fleet_core::schedule::departures::running_on;
 use fleet_core::{MachineState, UnitFile, UnitHash};
@@ -22,7 +23,8 @@ use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_from_records};
 use fleet_registry::{
-    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, UnitRecord,
+    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, StoredJob,
+    UnitRecord,
 };
 
 /// How many of the engine's schedule transactions are in flight at once.
@@ -341,6 +343,52 @@ impl EngineRegistry for EtcdRegistry {
 
     async fn unit_bodies(&self, hashes: &[UnitHash]) -> Result<HashMap<UnitHash, UnitFile>> {
         self.read_bodies(hashes).await
+    }
+
+    /// Read from etcd itself, not a copy: a record is claimed from what is stored, and there
+    /// are as many as units with a schedule.
+    async fn job_records(&self) -> Result<Vec<StoredJob>> {
+        let prefix = self.keys().jobs();
+        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
+        Ok(reply
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = kv.key_str().ok()?;
+                let unit = key.strip_prefix(prefix.as_str())?.to_string();
+                let record = decode_listed::<JobRecord>(key, kv.value())?;
+                Some(StoredJob { unit, record, version: kv.mod_revision() as u64 })
+            })
+            .collect())
+    }
+
+    /// One transaction: fenced by the leader key, then the record's own revision compared (0:
+    /// absent), so a lost answer is read back rather than written twice.
+    async fn put_job_record(
+        &self,
+        lease: &EngineLease,
+        unit: &str,
+        record: Option<&JobRecord>,
+        version: u64,
+    ) -> Result<bool> {
+        self.check_leadership(lease).await?;
+        let key = self.keys().job(unit);
+        let unchanged = match version {
+            0 => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            version => Compare::mod_revision(key.as_str(), CompareOp::Equal, version as i64),
+        };
+        let write = match record {
+            Some(record) => TxnOp::put(key.as_str(), encode(record), None),
+            None => TxnOp::delete(key.as_str(), None),
+        };
+        let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
+        let guarded = Txn::new().when([unchanged]).and_then([write]);
+        let reply = self.connection().txn(Txn::new().when([fence]).and_then([TxnOp::txn(guarded)])).await?;
+        if !reply.succeeded() {
+            *self.inner.leadership.lock().await = None;
+            return Err(RegistryError::LeadershipLost);
+        }
+        Ok(matches!(reply.op_responses().first(), Some(TxnOpResponse::Txn(inner)) if inner.succeeded()))
     }
 
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {

@@ -21,6 +21,7 @@
 //! | `rollouts/<name>` | a [`fleet_registry::RolloutRecord`]'s head: the record without its units' names, contents and bodies, with their steps (`stored_rollouts.rs`) | — | API, engine leader |
 //! | `rollouts/<name>/<digest>/<index>` | a slice of at most 512 KiB of the part of that rollout that stays while it runs (names, contents, bodies), written before the first head that names its digest | — | API, engine leader |
 //! | `registration-uses/<name>/<writer>` | [`crate::registration_uses::CountedUses`]: the joins one fleetd (a random writer ID a process) admitted through a token without a use limit | the token's | API of that fleetd |
+//! | `jobs/<unit>` | [`fleet_core::job::runs::JobRecord`]: a scheduled or run-to-completion unit's runs, replaced whole by compare-and-swap on its revision | — | engine, fenced |
 //! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
 //! | `journal/asks/<machine>/<id>` | [`fleet_registry::JournalQuestion`] and the asker's lease | asker's | API of the asking fleetd |
 //! | `journal/answers/<id>` | the answer ([`fleet_api_schema`]'s `RelayedJournal` JSON, at most 128 KiB) | asker's | the machine asked |
@@ -258,6 +259,15 @@ impl Keys {
     /// Slice `index` of that fixed part (numbered so that key order is slice order).
     pub fn rollout_slice(&self, name: &str, digest: &str, index: usize) -> String {
         self.key(&["rollouts", name, digest, &format!("{index:06}")])
+    }
+
+    /// The job records: the runs of scheduled and run-to-completion units.
+    pub fn jobs(&self) -> String {
+        self.key(&["jobs", ""])
+    }
+
+    pub fn job(&self, unit: &str) -> String {
+        self.key(&["jobs", unit])
     }
 
     pub fn tokens(&self) -> String {
