@@ -15,6 +15,7 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
     crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
     crate::job::job_of(name, file.options()).map_err(|error| error.to_string())?;
+    crate::job::refuse_until_runs_are_kept(file.options()).map_err(|error| error.to_string())?;
     crate::secrets::references(file)?;
     Requirements::from_unit(name, file).validate().map_err(|error| error.to_string())
 }
@@ -42,5 +43,18 @@ mod tests {
         assert_eq!(admit_unit("web@5.service", &file), Ok(()));
         assert!(admit_unit("web@x.service", &file).is_err_and(|error| error.contains("invalid port \"80x\"")));
         assert_eq!(checked_as("db.service"), "db.service");
+    }
+
+    #[test]
+    fn job_options_are_refused_until_their_runs_are_kept_and_malformed_ones_say_why_first() {
+        let file = UnitFile::parse("[Service]\nType=oneshot\n[X-Fleet]\nSchedule=daily\n").expect("a unit");
+        assert_eq!(
+            admit_unit("backup.service", &file),
+            Err("[X-Fleet] Schedule= is read but this fleet does not run scheduled or batch units yet; without it the unit runs as a service".to_string())
+        );
+        let file = UnitFile::parse("[X-Fleet]\nSchedule=25:00\n").expect("a unit");
+        assert!(admit_unit("a.service", &file).is_err_and(|error| error.contains("the hour 25 is outside 0..23")));
+        let file = UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n").expect("a unit");
+        assert_eq!(admit_unit("setup.service", &file), Ok(()), "a oneshot service as before");
     }
 }

@@ -81,6 +81,20 @@ pub enum JobError {
     NeedsSchedule(&'static str),
     #[error("[X-Fleet] {0}= needs a unit that runs to completion (Batch=true, or Type=oneshot in [Service])")]
     NeedsCompletion(&'static str),
+    #[error(
+        "[X-Fleet] {0}= is read but this fleet does not run scheduled or batch units yet; without it the unit runs as a service"
+    )]
+    NotRunYet(&'static str),
+}
+
+/// Refuses the job options this fleet reads but does not act on yet: until the engine starts
+/// a unit's runs on its calendar and keeps their results, a unit with them would run as a
+/// service, which is not what it asks for. Malformed values are refused by [`job_of`] first.
+pub fn refuse_until_runs_are_kept(options: &[UnitOption]) -> Result<(), JobError> {
+    match KEYS.iter().find(|key| last_value(options, SECTION, key).is_some()) {
+        Some(key) => Err(JobError::NotRunYet(key)),
+        None => Ok(()),
+    }
 }
 
 /// The job options of the unit named `unit_name`: `Ok(None)` for a unit that neither runs to
