@@ -518,6 +518,7 @@ impl Agent {
                     // what it is pinned to once the work is read.
                     self.loaded.insert(name.clone(), LoadedUnit { hash: held.hash, launched, secrets: None });
                     let unknown = UnitState {
+                        run: None,
                         name: name.clone(),
                         machine_id: self.config.machine.id.clone(),
                         hash: held.hash,
@@ -782,6 +783,7 @@ impl Agent {
                 Some(HeldUnitNow {
                     name,
                     now: HeldNow {
+                        run: None,
                         hash: loaded.hash,
                         systemd: &unit.state,
                         launched: loaded.launched,

@@ -199,6 +199,7 @@ async fn a_restarted_agent_takes_out_the_report_of_an_adopted_unit_it_stops() {
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     registry.register_machine(&config().machine).await.unwrap();
     let earlier = fleet_core::UnitState {
+        run: None,
         name: "gone.service".into(),
         machine_id: MACHINE.into(),
         hash: sleeper().hash(),

@@ -509,6 +509,27 @@ pub struct AgentUnitState {
     /// The version of each secret it was given.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub secrets: BTreeMap<String, u64>,
+    /// The run of a unit that runs to completion (fleet_core's `RunReport`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<AgentRun>,
+}
+
+/// What a pull agent says of the run of a unit that runs to completion: times in microseconds
+/// since the epoch by its clock; `outcome` one of `succeeded`, `failed`, `lost` once it ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AgentRun {
+    pub started: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// The exit status of a failed run that exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<i32>,
+    /// The signal that killed a failed run (`SIGKILL`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
 }
 
 /// What a pull agent's health check says of a unit that runs.

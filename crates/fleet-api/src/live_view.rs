@@ -277,6 +277,7 @@ mod tests {
 
     fn state(name: &str, machine: &str, active: &str) -> UnitState {
         UnitState {
+            run: None,
             name: name.into(),
             machine_id: machine.into(),
             hash: unit(name, None, None).hash,

@@ -125,6 +125,10 @@ pub struct UnitState {
     /// rolled out in waves follows.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub secrets: std::collections::BTreeMap<String, u64>,
+    /// For a unit that runs to completion, the run its machine started since it was given the
+    /// unit (our addition): the engine learns from it that a run began and how it ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<crate::job::runs::RunReport>,
 }
 
 #[cfg(test)]

@@ -30,6 +30,8 @@ pub struct HeldNow<'a> {
     pub health: Option<&'a HealthReport>,
     /// The version of each secret it was given.
     pub secrets: &'a BTreeMap<String, u64>,
+    /// Its run, for a unit that runs to completion.
+    pub run: Option<&'a crate::job::runs::RunReport>,
 }
 
 /// Whether `reported` already says what a unit held `now` would: most passes change nothing,
@@ -47,6 +49,7 @@ pub fn already_reported(reported: Option<&UnitState>, now: HeldNow<'_>) -> bool 
              drift: reported_drift,
              health: reported_health,
              secrets: reported_secrets,
+             run: reported_run,
          }| {
             *reported_hash == now.hash
                 && *reported_launched == now.launched
@@ -54,6 +57,7 @@ pub fn already_reported(reported: Option<&UnitState>, now: HeldNow<'_>) -> bool 
                 && reported_drift.as_ref() == now.drift
                 && reported_health.as_ref() == now.health
                 && reported_secrets == now.secrets
+                && reported_run.as_ref() == now.run
         },
     )
 }
@@ -79,6 +83,7 @@ impl HeldUnitNow<'_> {
             drift: self.now.drift.cloned(),
             health: self.now.health.cloned(),
             secrets: self.now.secrets.clone(),
+            run: self.now.run.cloned(),
         }
     }
 }
@@ -131,6 +136,7 @@ mod tests {
 
     fn state(name: &str, active: &str) -> (String, UnitState) {
         let state = UnitState {
+            run: None,
             name: name.into(),
             machine_id: "m".into(),
             hash: UnitHash([0; 20]),
@@ -158,6 +164,7 @@ mod tests {
             .map(|state| HeldUnitNow {
                 name: &state.name,
                 now: HeldNow {
+                    run: None,
                     hash: state.hash,
                     systemd: &state.systemd,
                     launched: state.launched,
@@ -214,6 +221,7 @@ mod tests {
         let active = SystemdState::new("loaded", "active", "x");
         let none = BTreeMap::new();
         let now = HeldNow {
+            run: None,
             hash: reported.hash,
             systemd: &active,
             launched: true,

@@ -117,6 +117,7 @@ mod tests {
 
     fn state(name: &str, machine: &str, launched: bool) -> Vec<u8> {
         let state = UnitState {
+            run: None,
             name: name.into(),
             machine_id: machine.into(),
             hash: UnitFile::parse("[Service]\nExecStart=/bin/true\n").unwrap().hash(),

@@ -205,6 +205,7 @@ async fn new_content_moves_a_unit_only_when_its_requirements_change() {
 /// What a machine's agent reports of `name` running there.
 fn running_on(name: &str, machine: &str, file: &UnitFile) -> fleet_registry::StateReport {
     fleet_registry::StateReport::Set(fleet_core::UnitState {
+        run: None,
         name: name.into(),
         machine_id: machine.into(),
         hash: file.hash(),

@@ -322,6 +322,7 @@ mod tests {
 
     fn state(name: &str, machine: &str, hash: UnitHash, active: &str) -> UnitState {
         UnitState {
+            run: None,
             name: name.into(),
             machine_id: machine.into(),
             hash,

@@ -260,6 +260,7 @@ async fn report_active(store: &EmbeddedRegistry, name: &str, file: &UnitFile) {
 
 async fn report_active_on(store: &EmbeddedRegistry, machine: &str, name: &str, file: &UnitFile) {
     let state = UnitState {
+        run: None,
         name: name.into(),
         machine_id: machine.into(),
         hash: file.hash(),

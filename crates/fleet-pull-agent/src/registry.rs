@@ -12,8 +12,8 @@ use async_trait::async_trait;
 
 use crate::jitter::random_sample;
 use fleet_api_schema::{
-    AgentChanges, AgentDrift, AgentHashedBody, AgentHealth, AgentMachine, AgentStates, AgentStreamAnswer, AgentUnit,
-    AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, MAX_BODIES_PER_REQUEST,
+    AgentChanges, AgentDrift, AgentHashedBody, AgentHealth, AgentMachine, AgentRun, AgentStates, AgentStreamAnswer,
+    AgentUnit, AgentUnitBodies, AgentUnitBody, AgentUnitState, AgentWork, ErrorBody, MAX_BODIES_PER_REQUEST,
     MAX_STREAM_STATES_LINE,
 };
 use fleet_core::drift::DriftPolicy;
@@ -872,6 +872,19 @@ impl AgentRegistry for RemoteRegistry {
                         given_up: report.given_up,
                     }),
                     secrets: state.secrets.clone(),
+                    run: state.run.as_ref().map(|run| AgentRun {
+                        started: run.started,
+                        ended: run.ended,
+                        outcome: run.outcome.as_ref().map(|outcome| outcome.word().to_string()),
+                        status: match &run.outcome {
+                            Some(fleet_core::job::runs::Outcome::Failed { status, .. }) => *status,
+                            _ => None,
+                        },
+                        signal: match &run.outcome {
+                            Some(fleet_core::job::runs::Outcome::Failed { signal, .. }) => signal.clone(),
+                            _ => None,
+                        },
+                    }),
                 }),
                 StateReport::Remove(name) => states.removed.push(name.clone()),
             }

@@ -355,6 +355,7 @@ pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: Ag
     })
     .await;
     let state = UnitState {
+        run: None,
         name: "a.service".into(),
         machine_id: "m1".into(),
         hash: file.hash(),
@@ -574,6 +575,7 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
         .await;
     }
     let state = |machine: &str| UnitState {
+        run: None,
         name: "a.service".into(),
         machine_id: machine.into(),
         hash: file.hash(),
@@ -893,6 +895,7 @@ pub async fn units_and_states_signal_their_changes_while_paged(registry: &dyn Re
     .await;
     changes.mark_unchanged();
     let state = UnitState {
+        run: None,
         name: "web.service".into(),
         machine_id: "m1".into(),
         hash: file.hash(),
@@ -968,6 +971,7 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
             .iter()
             .map(|name| {
                 StateReport::Set(UnitState {
+                    run: None,
                     name: name.to_string(),
                     machine_id: id.into(),
                     hash: if *name == "all.service" {

@@ -245,6 +245,7 @@ mod tests {
             secrets: Default::default(),
         };
         let report = |file: &UnitFile| UnitState {
+            run: None,
             name: "a.service".into(),
             machine_id: "m1".into(),
             hash: file.hash(),

@@ -50,6 +50,7 @@ async fn schedule_states_and_current_state() {
     assert_eq!(registry.unit("a.service").await.unwrap().unwrap().current, Some(DesiredState::Inactive));
 
     let mut state = UnitState {
+        run: None,
         name: "a.service".into(),
         machine_id: "m1".into(),
         hash: file.hash(),
@@ -92,6 +93,7 @@ async fn a_fleetd_starting_again_drops_the_reports_of_the_one_before_and_a_pull_
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     let running = |machine: &str| UnitState {
+        run: None,
         name: "a.service".into(),
         machine_id: machine.into(),
         hash: unit("[Service]\nExecStart=/bin/true\n").hash(),

@@ -24,6 +24,7 @@ pub(crate) fn machine(id: &str) -> MachineState {
 /// What m1's agent reports of `name` running there.
 fn running_on_m1(name: &str, hash: UnitHash) -> UnitState {
     UnitState {
+        run: None,
         name: name.into(),
         machine_id: "m1".into(),
         hash,

@@ -372,7 +372,12 @@ pub(super) async fn take_states(
             }),
             None => None,
         };
+        let run = match reported.run {
+            Some(run) => Some(checked_run(run)?),
+            None => None,
+        };
         reports.push(StateReport::Set(UnitState {
+            run,
             name: reported.name,
             machine_id: machine_id.to_string(),
             hash,
@@ -386,6 +391,18 @@ pub(super) async fn take_states(
     reports.extend(request.removed.into_iter().map(StateReport::Remove));
     agents.report_states(machine_id, &reports).await?;
     Ok(())
+}
+
+/// A run a machine reports, its outcome one the words name.
+fn checked_run(run: fleet_api_schema::AgentRun) -> Result<fleet_core::job::runs::RunReport, ApiError> {
+    let outcome = match run.outcome.as_deref() {
+        None => None,
+        Some(word) => Some(
+            fleet_core::job::runs::Outcome::from_report(word, run.status, run.signal.as_deref())
+                .ok_or_else(|| ApiError::bad_request(format!("invalid run outcome {word:?}")))?,
+        ),
+    };
+    Ok(fleet_core::job::runs::RunReport { started: run.started, ended: run.ended, outcome })
 }
 
 /// The versions of secrets a machine says it gave a unit, as bounded as a unit's references.

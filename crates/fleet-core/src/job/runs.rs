@@ -47,13 +47,18 @@ pub struct Run {
     pub machine: Option<String>,
     pub started: Option<i64>,
     pub ended: Option<i64>,
-    /// `None` while it is active.
+    /// How it ended; `None` until it did.
     pub outcome: Option<Outcome>,
+    /// Whether its machine has let the unit go (or is gone): until then the run holds the
+    /// unit, and no other run of it starts.
+    #[serde(default)]
+    pub released: bool,
 }
 
 impl Run {
+    /// Whether it still holds its unit: not ended, or ended and not let go of yet.
     pub fn is_active(&self) -> bool {
-        self.outcome.is_none()
+        !self.released
     }
 }
 
@@ -71,6 +76,45 @@ pub enum Outcome {
     Lost {
         why: String,
     },
+    /// The unit was stopped (or destroyed) while it ran.
+    Stopped,
+}
+
+/// What a machine reports of the run of a unit that runs to completion: when its agent
+/// started it (its clock, microseconds since the epoch) and, once the unit manager shows the
+/// run's own end (not a start still queued), when and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunReport {
+    pub started: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<Outcome>,
+}
+
+impl Outcome {
+    /// `succeeded`, `failed`, `lost` or `stopped`: the outcome in one word, as reports carry it.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Lost { .. } => "lost",
+            Outcome::Stopped => "stopped",
+        }
+    }
+
+    /// The outcome a machine reports in words: a status and a signal only for `failed` (a
+    /// signal's name at most 16 characters), a `lost` one with why its machine says so.
+    pub fn from_report(word: &str, status: Option<i32>, signal: Option<&str>) -> Option<Self> {
+        let signal = signal.filter(|name| name.len() <= 16 && name.bytes().all(|b| b.is_ascii_alphanumeric()));
+        match word {
+            "succeeded" => Some(Outcome::Succeeded),
+            "failed" => Some(Outcome::Failed { status, signal: signal.map(str::to_string) }),
+            "lost" => Some(Outcome::Lost { why: "its machine lost track of it".to_string() }),
+            "stopped" => Some(Outcome::Stopped),
+            _ => None,
+        }
+    }
 }
 
 /// A range of elapses skipped for one reason.
@@ -125,8 +169,16 @@ impl JobRecord {
     }
 
     fn claim(&mut self, elapse: Option<i64>, now: i64) -> Run {
-        let run =
-            Run { id: self.next_id, elapse, claimed: now, machine: None, started: None, ended: None, outcome: None };
+        let run = Run {
+            id: self.next_id,
+            elapse,
+            claimed: now,
+            machine: None,
+            started: None,
+            ended: None,
+            outcome: None,
+            released: false,
+        };
         self.next_id += 1;
         self.runs.push(run.clone());
         run
@@ -203,6 +255,95 @@ pub fn advance(job: &Job, record: &JobRecord, now: i64, kept: usize) -> Advance 
     record.bound(kept);
     let next_elapse = spec.next_after(record.cursor.max(now));
     Advance { record, claimed, skipped, next_elapse }
+}
+
+/// What the machines say of a unit whose record this is, for [`observe`].
+#[derive(Clone, Copy, Debug)]
+pub struct Seen<'a> {
+    /// Whether its desired state still asks for its runs (`launched`).
+    pub wanted: bool,
+    /// What the machine of the active run reports of the unit, if it reports it.
+    pub report: Option<&'a crate::UnitState>,
+    /// Whether the machine of the active run is still in the cluster.
+    pub machine_present: bool,
+}
+
+/// The record once what the machines say of the active run is taken in: it began when its
+/// machine reports a run of it; it ended when that report says so; its machine gone, it was
+/// lost (not run again: whether it ran is not known); the unit no longer wanted, it was
+/// stopped. It is let go of ([`Run::released`]) once its machine no longer reports the unit
+/// after it ended (or is gone), so that the next run never meets the last one's report.
+pub fn observe(record: &JobRecord, seen: Seen<'_>, now: i64) -> JobRecord {
+    let mut record = record.clone();
+    let Some(run) = record.runs.iter_mut().rev().find(|run| run.is_active()) else { return record };
+    let mut end = |run: &mut Run, outcome: Outcome, at: i64| {
+        if run.outcome.is_none() {
+            run.outcome = Some(outcome);
+            run.ended = Some(at);
+        }
+    };
+    let Some(machine) = run.machine.clone() else {
+        // Not placed yet: nothing ran, nothing to let go of.
+        if !seen.wanted {
+            end(run, Outcome::Stopped, now);
+            run.released = true;
+        }
+        return record;
+    };
+    if !seen.machine_present {
+        end(run, Outcome::Lost { why: format!("machine {machine} was lost") }, now);
+        run.released = true;
+        return record;
+    }
+    match seen.report.and_then(|state| state.run.as_ref()) {
+        Some(report) => {
+            run.started.get_or_insert(report.started);
+            if let Some(outcome) = &report.outcome {
+                end(run, outcome.clone(), report.ended.unwrap_or(now));
+            }
+        }
+        None if seen.report.is_none() && (run.started.is_some() || run.outcome.is_some()) => {
+            end(run, Outcome::Lost { why: format!("machine {machine} let it go before it reported an end") }, now);
+            run.released = true;
+        }
+        None => {}
+    }
+    if !seen.wanted {
+        end(run, Outcome::Stopped, now);
+    }
+    record
+}
+
+/// Whether the active run's unit is wanted on its machine now: placed and not ended. An ended
+/// run's unit is taken off (its machine then lets it go), and a unit without an active run is
+/// not placed at all.
+pub fn runs_now(record: &JobRecord) -> Option<RunPlace<'_>> {
+    let run = record.active_run()?;
+    if run.outcome.is_some() {
+        return None;
+    }
+    Some(match &run.machine {
+        Some(machine) => RunPlace::On(machine),
+        None => RunPlace::Anywhere,
+    })
+}
+
+/// Where the active run of a unit is to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunPlace<'a> {
+    /// Claimed, not placed yet: where the planner puts it (then recorded before it is written).
+    Anywhere,
+    /// On the machine recorded for it, and nowhere else.
+    On(&'a str),
+}
+
+/// The record with the active run given to `machine` (the planner placed it there): written
+/// before the placement, so that a run is only ever placed once.
+pub fn placed(record: &JobRecord, machine: &str) -> Option<JobRecord> {
+    let mut record = record.clone();
+    let run = record.runs.iter_mut().rev().find(|run| run.is_active() && run.machine.is_none())?;
+    run.machine = Some(machine.to_string());
+    Some(record)
 }
 
 /// The elapse just before `elapse`, searching from `from` (an elapse itself).

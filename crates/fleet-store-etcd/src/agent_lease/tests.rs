@@ -13,6 +13,7 @@ use crate::tests::{keys_under, machine, registry};
 
 pub(crate) fn running(machine_id: &str, name: &str) -> StateReport {
     StateReport::Set(UnitState {
+        run: None,
         name: name.into(),
         machine_id: machine_id.into(),
         hash: UnitHash([7; 20]),

@@ -25,6 +25,7 @@ fn finish_active(record: &mut JobRecord, now: i64) {
     for run in record.runs.iter_mut().filter(|run| run.is_active()) {
         run.ended = Some(now);
         run.outcome = Some(Outcome::Succeeded);
+        run.released = true;
     }
 }
 
@@ -187,4 +188,80 @@ proptest! {
             elapse = spec.next_after(at);
         }
     }
+}
+
+fn report(machine: &str, run: Option<RunReport>) -> crate::UnitState {
+    crate::UnitState {
+        name: "backup.service".into(),
+        machine_id: machine.into(),
+        hash: crate::UnitHash([0; 20]),
+        systemd: crate::SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+        secrets: Default::default(),
+        run,
+    }
+}
+
+fn claimed_on(machine: Option<&str>) -> JobRecord {
+    let job = job("*:0/15", Overlap::Skip, Missed::Skip);
+    let record = advance(&job, &JobRecord::new(START), START + 901 * SECOND, DEFAULT_KEPT_RUNS).record;
+    match machine {
+        Some(machine) => placed(&record, machine).expect("an active run without a machine"),
+        None => record,
+    }
+}
+
+#[test]
+fn a_run_begins_ends_and_is_let_go_of_as_its_machine_reports_it() {
+    let record = claimed_on(None);
+    assert_eq!(runs_now(&record), Some(RunPlace::Anywhere));
+    let record = placed(&record, "m1").expect("placed");
+    assert_eq!(runs_now(&record), Some(RunPlace::On("m1")));
+    assert_eq!(placed(&record, "m2"), None, "a run is placed once");
+    let present = |report| Seen { wanted: true, report, machine_present: true };
+    let loaded = report("m1", None);
+    let waiting = observe(&record, present(Some(&loaded)), START + 902 * SECOND);
+    assert_eq!(waiting, record, "loaded, not started: nothing changes");
+    let started = report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None }));
+    let running = observe(&record, present(Some(&started)), START + 904 * SECOND);
+    assert_eq!(running.runs[0].started, Some(START + 903 * SECOND));
+    let failed = Outcome::Failed { status: Some(3), signal: None };
+    let ended = report(
+        "m1",
+        Some(RunReport {
+            started: START + 903 * SECOND,
+            ended: Some(START + 910 * SECOND),
+            outcome: Some(failed.clone()),
+        }),
+    );
+    let ended = observe(&running, present(Some(&ended)), START + 911 * SECOND);
+    assert_eq!(
+        (ended.runs[0].outcome.clone(), ended.runs[0].ended),
+        (Some(failed.clone()), Some(START + 910 * SECOND))
+    );
+    assert_eq!(runs_now(&ended), None, "an ended run's unit is taken off its machine");
+    assert!(ended.active_run().is_some(), "but it holds the unit until its machine let it go");
+    let let_go = observe(&ended, present(None), START + 912 * SECOND);
+    assert!(let_go.active_run().is_none());
+    assert_eq!(let_go.runs[0].outcome, Some(failed), "its outcome stays");
+}
+
+#[test]
+fn a_run_whose_machine_is_gone_or_forgets_it_was_lost_and_a_stopped_unit_stops_its_run() {
+    let record = claimed_on(Some("m1"));
+    let gone = observe(&record, Seen { wanted: true, report: None, machine_present: false }, START + 950 * SECOND);
+    assert_eq!(gone.runs[0].outcome, Some(Outcome::Lost { why: "machine m1 was lost".into() }));
+    assert!(gone.active_run().is_none(), "not run again for its elapse");
+    let started = report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None }));
+    let running = observe(&record, Seen { wanted: true, report: Some(&started), machine_present: true }, START);
+    let forgotten = observe(&running, Seen { wanted: true, report: None, machine_present: true }, START + 960 * SECOND);
+    assert!(matches!(forgotten.runs[0].outcome, Some(Outcome::Lost { .. })));
+    assert!(forgotten.active_run().is_none());
+    let stopped = observe(&running, Seen { wanted: false, report: Some(&started), machine_present: true }, START);
+    assert_eq!(stopped.runs[0].outcome, Some(Outcome::Stopped));
+    assert!(stopped.active_run().is_some(), "held until its machine let the unit go");
+    let unplaced = observe(&claimed_on(None), Seen { wanted: false, report: None, machine_present: true }, START);
+    assert_eq!((unplaced.runs[0].outcome.clone(), unplaced.active_run()), (Some(Outcome::Stopped), None));
 }
