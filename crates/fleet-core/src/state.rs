@@ -128,7 +128,7 @@ pub struct UnitState {
     /// For a unit that runs to completion, the run its machine started since it was given the
     /// unit (our addition): the engine learns from it that a run began and how it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub run: Option<crate::job::runs::RunReport>,
+    pub run: Option<Box<crate::job::runs::RunReport>>,
 }
 
 #[cfg(test)]

@@ -9,6 +9,10 @@ use crate::{SystemdState, UnitHash, UnitState};
 
 /// A change in what a machine reports about one of its units.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "reports are built, sent and dropped together, mostly sets: a box each would be an allocation per report"
+)]
 pub enum StateReport {
     Set(UnitState),
     Remove(String),
@@ -57,7 +61,7 @@ pub fn already_reported(reported: Option<&UnitState>, now: HeldNow<'_>) -> bool 
                 && reported_drift.as_ref() == now.drift
                 && reported_health.as_ref() == now.health
                 && reported_secrets == now.secrets
-                && reported_run.as_ref() == now.run
+                && reported_run.as_deref() == now.run
         },
     )
 }
@@ -83,7 +87,7 @@ impl HeldUnitNow<'_> {
             drift: self.now.drift.cloned(),
             health: self.now.health.cloned(),
             secrets: self.now.secrets.clone(),
-            run: self.now.run.cloned(),
+            run: self.now.run.cloned().map(Box::new),
         }
     }
 }

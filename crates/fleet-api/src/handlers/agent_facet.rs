@@ -373,7 +373,7 @@ pub(super) async fn take_states(
             None => None,
         };
         let run = match reported.run {
-            Some(run) => Some(checked_run(run)?),
+            Some(run) => Some(Box::new(checked_run(run)?)),
             None => None,
         };
         reports.push(StateReport::Set(UnitState {

@@ -276,7 +276,7 @@ pub struct Seen<'a> {
 pub fn observe(record: &JobRecord, seen: Seen<'_>, now: i64) -> JobRecord {
     let mut record = record.clone();
     let Some(run) = record.runs.iter_mut().rev().find(|run| run.is_active()) else { return record };
-    let mut end = |run: &mut Run, outcome: Outcome, at: i64| {
+    let end = |run: &mut Run, outcome: Outcome, at: i64| {
         if run.outcome.is_none() {
             run.outcome = Some(outcome);
             run.ended = Some(at);

@@ -191,6 +191,7 @@ proptest! {
 }
 
 fn report(machine: &str, run: Option<RunReport>) -> crate::UnitState {
+    let run = run.map(Box::new);
     crate::UnitState {
         name: "backup.service".into(),
         machine_id: machine.into(),
