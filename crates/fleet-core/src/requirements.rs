@@ -70,6 +70,10 @@ pub struct Requirements {
     pub reservation: Resources,
     /// Keys of `[X-Fleet]` the original does not know (fleet's own among them).
     pub unknown_keys: Vec<String>,
+    /// What a unit that runs to completion or on a calendar asks for (`Schedule=` and its
+    /// companions); `None` for a service, and for one whose job options cannot be read (such a
+    /// unit is refused at submission).
+    pub job: Option<crate::job::Job>,
 }
 
 /// Splits `"a=1" "b=2"` into its quoted parts, as the original does for `[X-Fleet]` values
@@ -126,6 +130,7 @@ impl Requirements {
             spread_group,
             reservation,
             unknown_keys: _,
+            job,
         } = self;
         *machine_id == other.machine_id
             && *machine_of == other.machine_of
@@ -137,6 +142,7 @@ impl Requirements {
             && *spread_by == other.spread_by
             && *spread_group == other.spread_group
             && *reservation == other.reservation
+            && *job == other.job
     }
 
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
@@ -201,6 +207,7 @@ impl Requirements {
             .filter(|pattern| !pattern.is_empty())
             .map(|pattern| if glob_matches(&pattern, unit_name) { Ok(pattern) } else { Err(pattern) });
         requirements.reservation = reservation_of(options).unwrap_or_default();
+        requirements.job = crate::job::job_of(unit_name, options).ok().flatten();
         requirements
     }
 

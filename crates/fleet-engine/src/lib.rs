@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 mod cluster_counts;
+mod jobs;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -72,6 +73,8 @@ pub struct Engine {
     /// The store's changes to units and machines, and to the machines' reports.
     changes: Triggers,
     state_changes: TriggerId,
+    /// The runs of scheduled units.
+    jobs: jobs::Jobs,
 }
 
 impl Engine {
@@ -97,6 +100,7 @@ impl Engine {
             departures: Departures::default(),
             first_look: true,
             departing: false,
+            jobs: jobs::Jobs::default(),
         }
     }
 
@@ -121,17 +125,19 @@ impl Engine {
         fleet_runtime::run(self, lifecycle).await;
     }
 
-    /// The fallback period, or sooner when a hold on an `AtMostOnce=` unit ends.
+    /// The fallback period, or sooner when a hold on an `AtMostOnce=` unit ends or a
+    /// scheduled unit's next elapse is due.
     fn next_look(&self) -> Duration {
         let until_hold_ends = self.hold_ends.map(|ends| ends.saturating_duration_since(tokio::time::Instant::now()));
-        until_hold_ends.map_or(self.config.reconcile_interval, |until| until.min(self.config.reconcile_interval))
+        let until_due = if self.lease.is_some() { self.jobs.due_in(jobs::now_micros()) } else { None };
+        [until_hold_ends, until_due].into_iter().flatten().fold(self.config.reconcile_interval, Duration::min)
     }
 
     /// Notes whether units wait for the machine they left: the machines' reports wake the
-    /// engine while they do.
+    /// engine while they do, and while a scheduled unit's run is active.
     fn set_departing(&mut self, departing: bool) {
         self.departing = departing;
-        self.changes.set_waking(self.state_changes, departing);
+        self.changes.set_waking(self.state_changes, departing || self.jobs.running());
     }
 
     /// With nothing else changed, whether a departure ended (its machine stopped the unit):
@@ -225,6 +231,7 @@ impl Engine {
             self.absences = MachineAbsences::default();
             self.departures = Departures::default();
             self.first_look = true;
+            self.jobs = jobs::Jobs::default();
         }
         self.lease = lease;
         let Some(lease) = self.lease.clone() else {
@@ -233,6 +240,11 @@ impl Engine {
         };
         // A unit that waited for the machine it left and no longer does calls for a plan.
         if self.departing && self.a_departure_ended().await? {
+            self.planned = None;
+        }
+        // Scheduled units' runs change with the clock and the machines' reports: while there
+        // are any, every pass plans.
+        if self.jobs.watching() {
             self.planned = None;
         }
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
@@ -261,6 +273,11 @@ impl Engine {
         let listed = (snapshot.machines.clone(), snapshot.units.clone());
         let mut cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         cluster.strategy = self.config.strategy;
+        let cluster = match self.jobs.step(&*self.registry, &lease, cluster, jobs::now_micros()).await {
+            Ok(cluster) => cluster,
+            Err(error) => return Err(self.failed_write(error)),
+        };
+        self.changes.set_waking(self.state_changes, self.departing || self.jobs.running());
         let cluster = self.without_held_units(cluster);
         let (cluster, held) = self.without_departing_units(cluster).await?;
         let (mut decided, scope) = self.planner.plan(&cluster);
@@ -301,13 +318,18 @@ impl Engine {
             }
         }
         self.planned = None;
-        if let Err(error) = self.registry.apply(&lease, &decided.decisions, &reasons).await {
+        let decisions =
+            match self.jobs.record_placements(&*self.registry, &lease, decided.decisions.clone(), &cluster).await {
+                Ok(decisions) => decisions,
+                Err(error) => return Err(self.failed_write(error)),
+            };
+        if decisions.len() != decided.decisions.len() {
+            // Runs another write claimed meanwhile are not placed: planned again at once.
             self.planner.forget();
-            if matches!(error, RegistryError::LeadershipLost) {
-                tracing::info!("Engine leadership lost");
-                self.lease = None;
-            }
-            return Err(error);
+        }
+        decided.decisions = decisions;
+        if let Err(error) = self.registry.apply(&lease, &decided.decisions, &reasons).await {
+            return Err(self.failed_write(error));
         }
         let decisions = &fleet_metrics::metrics().engine.decisions;
         decisions.get_or_create(&fleet_metrics::DecisionLabels { decision: "schedule" }).inc_by(placed as u64);
@@ -320,6 +342,19 @@ impl Engine {
         // What is planned now is where the decisions just written leave the units, not
         // where the snapshot had them: the next snapshot is compared in full.
         Ok(())
+    }
+}
+
+impl Engine {
+    /// A write that failed: what the planner assumed written is forgotten, and a lost
+    /// leadership is given up.
+    fn failed_write(&mut self, error: RegistryError) -> RegistryError {
+        self.planner.forget();
+        if matches!(error, RegistryError::LeadershipLost) {
+            tracing::info!("Engine leadership lost");
+            self.lease = None;
+        }
+        error
     }
 }
 

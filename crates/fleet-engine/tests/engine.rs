@@ -359,6 +359,12 @@ impl fleet_registry::EngineRegistry for ContestedStore {
     ) -> fleet_registry::Result<std::collections::BTreeSet<(String, String)>> {
         self.store.running_on_machines(units).await
     }
+    async fn reported_states(
+        &self,
+        units: &std::collections::BTreeSet<String>,
+    ) -> fleet_registry::Result<Vec<Arc<fleet_core::UnitState>>> {
+        self.store.reported_states(units).await
+    }
     async fn job_records(&self) -> fleet_registry::Result<Vec<fleet_registry::StoredJob>> {
         self.store.job_records().await
     }

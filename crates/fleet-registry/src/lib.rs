@@ -406,6 +406,9 @@ pub trait EngineRegistry: Send + Sync {
     /// ([`fleet_core::schedule::departures::reports_running`]): the engine places a unit it
     /// took off a present machine only once that machine stopped it.
     async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>>;
+    /// What the machines report of `units`: the engine follows the runs of scheduled units by
+    /// it.
+    async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>>;
     /// Every stored job record.
     async fn job_records(&self) -> Result<Vec<StoredJob>>;
     /// Replaces `unit`'s job record by `record` (`None`: removes it) if the stored one is

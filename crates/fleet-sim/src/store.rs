@@ -517,6 +517,18 @@ impl EngineRegistry for SimStore {
         .await
     }
 
+    async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<Arc<fleet_core::UnitState>>> {
+        self.request("states", |world| {
+            world
+                .states
+                .iter()
+                .filter(|((unit, _), _)| units.contains(unit))
+                .map(|(_, (state, _))| Arc::new(state.clone()))
+                .collect()
+        })
+        .await
+    }
+
     async fn job_records(&self) -> Result<Vec<StoredJob>> {
         self.request("jobs", |world| {
             world

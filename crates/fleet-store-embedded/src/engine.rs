@@ -139,6 +139,13 @@ impl EngineRegistry for EmbeddedRegistry {
         Ok(running_on(ApiRegistry::states_of_units(self, units).await?.iter().map(|state| &**state)))
     }
 
+    async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<std::sync::Arc<fleet_core::UnitState>>> {
+        if units.is_empty() {
+            return Ok(Vec::new());
+        }
+        ApiRegistry::states_of_units(self, units).await
+    }
+
     async fn job_records(&self) -> Result<Vec<StoredJob>> {
         self.read(move |txn| {
             let jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;

@@ -347,6 +347,13 @@ impl EngineRegistry for EtcdRegistry {
 
     /// Read from etcd itself, not a copy: a record is claimed from what is stored, and there
     /// are as many as units with a schedule.
+    async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<std::sync::Arc<fleet_core::UnitState>>> {
+        if units.is_empty() {
+            return Ok(Vec::new());
+        }
+        fleet_registry::ApiRegistry::states_of_units(self, units).await
+    }
+
     async fn job_records(&self) -> Result<Vec<StoredJob>> {
         let prefix = self.keys().jobs();
         let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;

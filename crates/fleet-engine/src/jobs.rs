@@ -1,0 +1,237 @@
+//! The runs of scheduled units (`[X-Fleet] Schedule=`), as the leading engine keeps them: each
+//! pass it reads every job record, takes in what the machines report of the active runs
+//! ([`fleet_core::job::runs::observe`]), claims or skips the elapses due
+//! ([`fleet_core::job::runs::advance`]) and writes each record that changed by
+//! compare-and-swap, before the planner sees anything. The planner then sees a scheduled unit
+//! as wanted only while a run of it is active and has not ended, on the machine its run was
+//! given and nowhere else; a run not yet placed is placed where the planner puts it, and that
+//! machine is recorded, again by compare-and-swap, before the placement is written. So no
+//! elapse is claimed twice and no run is placed twice, across leaders and lost answers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use fleet_core::job::runs::{self, JobRecord, RunPlace, Seen};
+use fleet_core::schedule::{ClusterSnapshot, Decision};
+use fleet_core::{DesiredState, Requirements};
+use fleet_registry::{EngineLease, EngineRegistry, RegistryError, StoredJob};
+
+/// What the leading engine knows of scheduled units between passes.
+#[derive(Debug)]
+pub struct Jobs {
+    /// Whether the job records are to be read: there were scheduled units or records last
+    /// pass, or this is a leadership's first look.
+    watching: bool,
+    /// When the next elapse of any scheduled unit is due (microseconds since the epoch).
+    next_due: Option<i64>,
+    /// Whether a run is active: the machines' reports wake the engine while one is.
+    running: bool,
+    /// Units whose record another write changed under this pass: left where they are, and
+    /// looked at again at once.
+    contested: bool,
+}
+
+impl Default for Jobs {
+    fn default() -> Self {
+        Self { watching: true, next_due: None, running: false, contested: false }
+    }
+}
+
+/// Microseconds since the epoch, as job records keep times.
+pub fn now_micros() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
+}
+
+impl Jobs {
+    /// Whether this pass is to look at scheduled units (and so plan, whatever the store's
+    /// revision: their runs change with the clock and the machines' reports).
+    pub fn watching(&self) -> bool {
+        self.watching
+    }
+
+    /// Whether a run is active.
+    pub fn running(&self) -> bool {
+        self.running
+    }
+
+    /// How long until the next elapse is due, or a contested record is to be read again.
+    pub fn due_in(&self, now: i64) -> Option<std::time::Duration> {
+        if self.contested {
+            return Some(std::time::Duration::ZERO);
+        }
+        let due = self.next_due?;
+        Some(std::time::Duration::from_micros(u64::try_from(due.saturating_sub(now)).unwrap_or(0)))
+    }
+
+    /// One pass over the scheduled units of `cluster` at `now`: their records brought up to
+    /// date and written, and `cluster` as the planner is to see them.
+    pub async fn step(
+        &mut self,
+        registry: &dyn EngineRegistry,
+        lease: &EngineLease,
+        cluster: ClusterSnapshot,
+        now: i64,
+    ) -> Result<ClusterSnapshot, RegistryError> {
+        let scheduled: BTreeMap<String, (Arc<Requirements>, DesiredState)> = cluster
+            .units
+            .iter()
+            .filter(|unit| unit.requirements.job.as_ref().is_some_and(|job| job.schedule.is_some()))
+            .map(|unit| (unit.name.clone(), (unit.requirements.clone(), unit.desired)))
+            .collect();
+        if scheduled.is_empty() && !self.watching {
+            return Ok(cluster);
+        }
+        let stored: BTreeMap<String, StoredJob> =
+            registry.job_records().await?.into_iter().map(|stored| (stored.unit.clone(), stored)).collect();
+        self.watching = !scheduled.is_empty() || !stored.is_empty();
+        let active: BTreeSet<String> = stored
+            .values()
+            .filter(|stored| stored.record.active_run().is_some_and(|run| run.machine.is_some()))
+            .map(|stored| stored.unit.clone())
+            .collect();
+        let reports = registry.reported_states(&active).await?;
+        let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
+        let (mut next_due, mut running, mut contested) = (None::<i64>, false, BTreeSet::new());
+        let mut current: BTreeMap<String, JobRecord> = BTreeMap::new();
+        let units: BTreeSet<&String> = scheduled.keys().chain(stored.keys()).collect();
+        for unit in units {
+            let (record, version) = match stored.get(unit) {
+                Some(stored) => (stored.record.clone(), stored.version),
+                None => (JobRecord::new(now), 0),
+            };
+            let job = scheduled.get(unit).and_then(|(requirements, desired)| {
+                Some((requirements.job.as_ref()?, *desired == DesiredState::Launched))
+            });
+            let wanted = job.is_some_and(|(_, wanted)| wanted);
+            let machine = record.active_run().and_then(|run| run.machine.clone());
+            let seen = Seen {
+                wanted,
+                report: machine.as_deref().and_then(|machine| {
+                    reports
+                        .iter()
+                        .find(|state| state.name == *unit && state.machine_id == machine)
+                        .map(|state| &**state)
+                }),
+                machine_present: machine.as_deref().is_none_or(|machine| present.contains(machine)),
+            };
+            let mut next = runs::observe(&record, seen, now);
+            if let Some((job, true)) = job {
+                let step = runs::advance(job, &next, now, runs::DEFAULT_KEPT_RUNS);
+                if let Some(run) = &step.claimed {
+                    tracing::info!(unit, run = run.id, elapse = run.elapse, "run claimed");
+                }
+                for skipped in &step.skipped {
+                    tracing::info!(unit, first = skipped.first, last = skipped.last, why = %skipped.why, "elapses skipped");
+                }
+                next_due = match (next_due, step.next_elapse) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                next = step.record;
+            }
+            let gone = job.is_none() && next.active_run().is_none();
+            let write = match (gone, version) {
+                (true, 0) => None,
+                (true, _) => Some(None),
+                (false, 0) if !wanted => None,
+                (false, _) if next == record && version != 0 => None,
+                (false, _) => Some(Some(&next)),
+            };
+            if let Some(record_written) = write
+                && !registry.put_job_record(lease, unit, record_written, version).await?
+            {
+                contested.insert(unit.clone());
+                continue;
+            }
+            running |= next.active_run().is_some();
+            current.insert(unit.clone(), next);
+        }
+        self.next_due = next_due;
+        self.running = running;
+        self.contested = !contested.is_empty();
+        Ok(as_planned(cluster, &scheduled, &current, &contested))
+    }
+
+    /// Of the planner's decisions, those to write once each run it placed has its machine
+    /// recorded: a run whose record changed meanwhile is not placed by this pass.
+    pub async fn record_placements(
+        &mut self,
+        registry: &dyn EngineRegistry,
+        lease: &EngineLease,
+        decisions: Vec<Decision>,
+        cluster: &ClusterSnapshot,
+    ) -> Result<Vec<Decision>, RegistryError> {
+        let scheduled: BTreeSet<&str> = cluster
+            .units
+            .iter()
+            .filter(|unit| unit.requirements.job.as_ref().is_some_and(|job| job.schedule.is_some()))
+            .map(|unit| unit.name.as_str())
+            .collect();
+        let placing: Vec<(&str, &str)> = decisions
+            .iter()
+            .filter_map(|decision| match decision {
+                Decision::Schedule { unit, machine } if scheduled.contains(unit.as_str()) => {
+                    Some((unit.as_str(), machine.as_str()))
+                }
+                _ => None,
+            })
+            .collect();
+        if placing.is_empty() {
+            return Ok(decisions);
+        }
+        let stored: BTreeMap<String, StoredJob> =
+            registry.job_records().await?.into_iter().map(|stored| (stored.unit.clone(), stored)).collect();
+        let mut refused = BTreeSet::new();
+        for (unit, machine) in placing {
+            let recorded = stored.get(unit).and_then(|stored| {
+                let record = runs::placed(&stored.record, machine)?;
+                Some((record, stored.version))
+            });
+            let written = match &recorded {
+                Some((record, version)) => registry.put_job_record(lease, unit, Some(record), *version).await?,
+                // Already placed (pinned there) or no longer claimed: nothing to record.
+                None => {
+                    stored.get(unit).and_then(|stored| runs::runs_now(&stored.record)) == Some(RunPlace::On(machine))
+                }
+            };
+            if written {
+                tracing::info!(unit, machine, "run placed");
+            } else {
+                self.contested = true;
+                refused.insert(unit.to_string());
+            }
+        }
+        Ok(decisions
+            .into_iter()
+            .filter(|decision| !matches!(decision, Decision::Schedule { unit, .. } if refused.contains(unit)))
+            .collect())
+    }
+}
+
+/// `cluster` as the planner is to see its scheduled units: wanted only while a run of theirs
+/// is active and not ended, pinned to the machine it was given once it has one; a unit whose
+/// record could not be written this pass is left out (left where it is).
+fn as_planned(
+    mut cluster: ClusterSnapshot,
+    scheduled: &BTreeMap<String, (Arc<Requirements>, DesiredState)>,
+    records: &BTreeMap<String, JobRecord>,
+    contested: &BTreeSet<String>,
+) -> ClusterSnapshot {
+    cluster.units.retain(|unit| !contested.contains(&unit.name));
+    for unit in &mut cluster.units {
+        if !scheduled.contains_key(&unit.name) {
+            continue;
+        }
+        match records.get(&unit.name).and_then(runs::runs_now) {
+            None => unit.desired = DesiredState::Inactive,
+            Some(RunPlace::Anywhere) => unit.desired = DesiredState::Launched,
+            Some(RunPlace::On(machine)) => {
+                unit.desired = DesiredState::Launched;
+                let pinned = Requirements { machine_id: Some(machine.to_string()), ..(*unit.requirements).clone() };
+                unit.requirements = Arc::new(pinned);
+            }
+        }
+    }
+    cluster
+}

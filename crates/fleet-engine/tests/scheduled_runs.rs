@@ -1,0 +1,137 @@
+//! The engine running a scheduled unit (`[X-Fleet] Schedule=`) against the embedded store, on
+//! the real clock (elapses are wall-clock times), with the machines' agents played by the test
+//! through the store's agent facet: a run is claimed at its elapse, placed once, taken off its
+//! machine when that machine reports its end, and the next one waits until the machine let the
+//! unit go; a run whose machine is lost is recorded lost and never placed elsewhere.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::job::runs::{JobRecord, Outcome, RunReport};
+use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
+use fleet_engine::{Engine, EngineConfig};
+use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, StateReport};
+use fleet_runtime::Lifecycle;
+use fleet_store_embedded::EmbeddedRegistry;
+use fleet_testkit::eventually_within;
+use tokio::sync::watch;
+
+const UNIT: &str = "backup.service";
+/// Long enough for a few elapses every 2 s on a machine kept busy by something else.
+const WAIT: Duration = Duration::from_secs(60);
+
+fn machine(id: &str) -> MachineState {
+    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), metadata: BTreeMap::new(), ..Default::default() }
+}
+
+fn scheduled() -> UnitFile {
+    UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=*:*:0/2\n").unwrap()
+}
+
+async fn record(registry: &EmbeddedRegistry) -> Option<JobRecord> {
+    registry.job_records().await.unwrap().into_iter().find(|stored| stored.unit == UNIT).map(|stored| stored.record)
+}
+
+async fn placed_on(registry: &EmbeddedRegistry) -> Option<String> {
+    registry.unit(UNIT).await.unwrap().and_then(|view| view.machine_id)
+}
+
+/// What the agent of `machine` reports of the unit: loaded and started by it, with `run`.
+fn report(machine: &str, active: &str, run: RunReport) -> StateReport {
+    StateReport::Set(UnitState {
+        name: UNIT.into(),
+        machine_id: machine.into(),
+        hash: scheduled().hash(),
+        systemd: SystemdState::new("loaded", active, if active == "active" { "running" } else { "dead" }),
+        launched: true,
+        drift: None,
+        health: None,
+        secrets: Default::default(),
+        run: Some(Box::new(run)),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scheduled_unit_runs_once_per_elapse_on_one_machine_and_a_lost_run_is_not_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    for id in ["m1", "m2"] {
+        registry.register_machine(&machine(id)).await.unwrap();
+    }
+    let config = EngineConfig {
+        machine_id: "m1".into(),
+        reconcile_interval: Duration::from_secs(5),
+        debounce: Duration::from_millis(10),
+        at_most_once_hold: Duration::from_secs(5),
+        strategy: Default::default(),
+    };
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
+    let engine = tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped));
+    registry.put_unit(UNIT, &scheduled(), DesiredState::Launched).await.unwrap();
+
+    // The first elapse: one run claimed, placed, recorded on the machine it was placed on.
+    eventually_within("the first run is placed", WAIT, async || placed_on(&registry).await.is_some()).await;
+    let first_machine = placed_on(&registry).await.unwrap();
+    let first = record(&registry).await.expect("a record");
+    assert_eq!(first.runs.len(), 1, "{first:?}");
+    assert_eq!(first.runs[0].machine.as_deref(), Some(first_machine.as_str()), "recorded before it was placed");
+    let first_elapse = first.runs[0].elapse.expect("an elapse");
+
+    // Its machine runs it to its end: the engine takes the unit off, and while the machine
+    // still holds it no other run starts, though elapses pass.
+    let started = first_elapse + 100_000;
+    let ran = RunReport { started, ended: Some(started + 200_000), outcome: Some(Outcome::Succeeded) };
+    registry.report_states(&first_machine, &[report(&first_machine, "inactive", ran)]).await.unwrap();
+    eventually_within("the ended run's unit is taken off its machine", WAIT, async || {
+        placed_on(&registry).await.is_none()
+    })
+    .await;
+    let ended = record(&registry).await.unwrap();
+    assert_eq!(ended.runs[0].outcome, Some(Outcome::Succeeded));
+    assert_eq!(ended.runs[0].started, Some(started));
+    assert!(ended.active_run().is_some(), "held until its machine let the unit go");
+
+    // The machine lets it go: the next elapse gets the next run.
+    registry.report_states(&first_machine, &[StateReport::Remove(UNIT.into())]).await.unwrap();
+    eventually_within("the second run is placed", WAIT, async || placed_on(&registry).await.is_some()).await;
+    let second = record(&registry).await.unwrap();
+    let run = second.active_run().expect("the second run").clone();
+    assert_eq!(run.id, 2);
+    assert!(run.elapse.expect("an elapse") > first_elapse, "{second:?}");
+    assert!(!second.runs[0].is_active(), "the first run was let go");
+
+    // Its machine is lost while it runs: recorded lost, never placed elsewhere for its elapse.
+    let second_machine = run.machine.clone().expect("placed");
+    let running = RunReport { started: run.elapse.unwrap() + 50_000, ended: None, outcome: None };
+    registry.report_states(&second_machine, &[report(&second_machine, "active", running)]).await.unwrap();
+    eventually_within("the run is seen started", WAIT, async || {
+        record(&registry).await.unwrap().runs.iter().any(|seen| seen.id == 2 && seen.started.is_some())
+    })
+    .await;
+    registry.unregister_machine(&second_machine).await.unwrap();
+    eventually_within("the run is recorded lost", WAIT, async || {
+        record(&registry).await.unwrap().runs.iter().any(|seen| seen.id == 2 && seen.outcome.is_some())
+    })
+    .await;
+    let lost = record(&registry).await.unwrap();
+    let second_run = lost.runs.iter().find(|seen| seen.id == 2).unwrap();
+    assert!(matches!(&second_run.outcome, Some(Outcome::Lost { why }) if why.contains(&second_machine)), "{lost:?}");
+    assert_eq!(second_run.machine.as_deref(), Some(second_machine.as_str()), "never given another machine");
+
+    // The next elapse runs on the machine left.
+    let survivor = if second_machine == "m1" { "m2" } else { "m1" };
+    eventually_within("the third run is placed on the machine left", WAIT, async || {
+        placed_on(&registry).await.as_deref() == Some(survivor)
+    })
+    .await;
+    let third = record(&registry).await.unwrap();
+    let elapses: Vec<i64> = third.runs.iter().filter_map(|seen| seen.elapse).collect();
+    let mut distinct = elapses.clone();
+    distinct.dedup();
+    assert_eq!(elapses, distinct, "no elapse ran twice");
+    assert!(elapses.windows(2).all(|pair| pair[0] < pair[1]), "{elapses:?}");
+
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
