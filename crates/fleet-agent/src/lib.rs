@@ -5,7 +5,8 @@
 //! reports. It wakes on changes to its own machine's work and on unit-state changes, with
 //! a periodic reconcile as the fallback. Units that drift (changed on the machine behind
 //! fleet's back) are found and put back by [`drift_watch`]; units with a health check are
-//! probed by [`health_watch`], and their health travels in their states.
+//! probed by [`health_watch`], and their health travels in their states. Scheduled units are
+//! started once per load and their runs reported by [`run_book`].
 
 #![forbid(unsafe_code)]
 
@@ -13,6 +14,7 @@ mod drift_watch;
 pub mod health_watch;
 mod probe;
 mod reconciler;
+mod run_book;
 mod unreadable_work;
 
 pub use fleet_runtime::Lifecycle;

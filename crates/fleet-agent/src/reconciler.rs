@@ -80,6 +80,8 @@ pub struct Agent {
     presence_lapsed: bool,
     /// The units loaded here whose loaded content asked to run at most once.
     at_most_once: BTreeSet<String>,
+    /// The runs of scheduled units here.
+    run_book: crate::run_book::RunBook,
     /// The fence handed to the unit manager last: its deadline and units.
     fence: Option<(tokio::time::Instant, Vec<String>)>,
     /// Whether the log said the unit manager has no fence for `AtMostOnce=` units.
@@ -174,6 +176,7 @@ impl Agent {
             fenced: false,
             presence_lapsed: false,
             at_most_once: BTreeSet::new(),
+            run_book: crate::run_book::RunBook::default(),
             fence: None,
             told_no_fence: false,
             drift: DriftWatch::default(),
@@ -671,6 +674,7 @@ impl Agent {
                 };
                 result.map(|versions| {
                     self.loaded.insert(name.clone(), LoadedUnit::loaded(hash, versions));
+                    self.run_book.loaded(name, &file);
                     if fleet_core::requirements::asks_at_most_once(&file) {
                         self.at_most_once.insert(name.clone());
                     } else {
@@ -694,6 +698,7 @@ impl Agent {
                 if result.is_ok() {
                     self.loaded.remove(name);
                     self.at_most_once.remove(name);
+                    self.run_book.unloaded(name);
                 }
                 result
             }
@@ -710,12 +715,32 @@ impl Agent {
                 tracing::info!(unit = name, "not starting a unit that runs at most once: the presence may have lapsed");
                 return false;
             }
+            Task::Start(name)
+                if !self.run_book.may_start(
+                    name,
+                    self.loaded.get(name).and_then(|unit| self.bodies.get(&unit.hash)),
+                    crate::run_book::now_micros(),
+                ) =>
+            {
+                // A scheduled unit runs once per load; one taken over from an earlier fleetd is
+                // reported lost, never started again.
+                if let Some(unit) = self.loaded.get_mut(name) {
+                    unit.launched = true;
+                }
+                Ok(())
+            }
             Task::Start(name) => {
+                let asked = crate::run_book::now_micros();
                 let result = self.manager.start(name).await;
                 if let Some(unit) = self.loaded.get_mut(name) {
                     // The start was asked for; the manager's state says how it went. A start
                     // the fence refused was not: a later pass asks again.
                     unit.launched = !matches!(result, Err(UnitManagerError::Fenced { .. }));
+                }
+                match &result {
+                    Ok(()) => self.run_book.started(name, asked),
+                    Err(UnitManagerError::Fenced { .. }) => {}
+                    Err(error) => self.run_book.refused(name, asked, &error.to_string()),
                 }
                 result
             }
@@ -770,6 +795,8 @@ impl Agent {
             },
         };
         self.follow_health(&held).await;
+        let (manager, now) = (self.manager.clone(), crate::run_book::now_micros());
+        self.run_book.follow(&*manager, &self.loaded, &self.bodies, now).await;
         let health = self.health.reports();
         let unhealthy = health.values().filter(|report| report.status == HealthStatus::Unhealthy).count();
         fleet_metrics::metrics().agent.units_unhealthy.set(i64::try_from(unhealthy).unwrap_or(i64::MAX));
@@ -783,7 +810,7 @@ impl Agent {
                 Some(HeldUnitNow {
                     name,
                     now: HeldNow {
-                        run: None,
+                        run: self.run_book.report(name),
                         hash: loaded.hash,
                         systemd: &unit.state,
                         launched: loaded.launched,

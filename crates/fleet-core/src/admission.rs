@@ -46,11 +46,14 @@ mod tests {
     }
 
     #[test]
-    fn job_options_are_refused_until_their_runs_are_kept_and_malformed_ones_say_why_first() {
+    fn job_options_not_acted_on_yet_are_refused_and_malformed_ones_say_why_first() {
         let file = UnitFile::parse("[Service]\nType=oneshot\n[X-Fleet]\nSchedule=daily\n").expect("a unit");
+        assert_eq!(admit_unit("backup.service", &file), Ok(()));
+        let file = UnitFile::parse("[Service]\nType=oneshot\n[X-Fleet]\nSchedule=daily\nRetries=2\n").expect("a unit");
         assert_eq!(
             admit_unit("backup.service", &file),
-            Err("[X-Fleet] Schedule= is read but this fleet does not run scheduled or batch units yet; without it the unit runs as a service".to_string())
+            Err("[X-Fleet] Retries= is read but this fleet does not act on it yet; without it the unit runs as it would"
+                .to_string())
         );
         let file = UnitFile::parse("[X-Fleet]\nSchedule=25:00\n").expect("a unit");
         assert!(admit_unit("a.service", &file).is_err_and(|error| error.contains("the hour 25 is outside 0..23")));

@@ -81,17 +81,18 @@ pub enum JobError {
     NeedsSchedule(&'static str),
     #[error("[X-Fleet] {0}= needs a unit that runs to completion (Batch=true, or Type=oneshot in [Service])")]
     NeedsCompletion(&'static str),
-    #[error(
-        "[X-Fleet] {0}= is read but this fleet does not run scheduled or batch units yet; without it the unit runs as a service"
-    )]
+    #[error("[X-Fleet] {0}= is read but this fleet does not act on it yet; without it the unit runs as it would")]
     NotRunYet(&'static str),
 }
 
-/// Refuses the job options this fleet reads but does not act on yet: until the engine starts
-/// a unit's runs on its calendar and keeps their results, a unit with them would run as a
-/// service, which is not what it asks for. Malformed values are refused by [`job_of`] first.
+/// The job options this fleet reads but does not act on yet: batch units with kept results
+/// and retries of failed runs. A unit with them would silently not get what it asks for.
+const NOT_ACTED_ON_YET: &[&str] = &["Batch", "Retries", "RetryDelay"];
+
+/// Refuses the job options this fleet reads but does not act on yet. Malformed values are
+/// refused by [`job_of`] first.
 pub fn refuse_until_runs_are_kept(options: &[UnitOption]) -> Result<(), JobError> {
-    match KEYS.iter().find(|key| last_value(options, SECTION, key).is_some()) {
+    match NOT_ACTED_ON_YET.iter().find(|key| last_value(options, SECTION, key).is_some()) {
         Some(key) => Err(JobError::NotRunYet(key)),
         None => Ok(()),
     }

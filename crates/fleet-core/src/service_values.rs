@@ -106,6 +106,15 @@ pub fn parse_signal(text: &str) -> Option<i32> {
     }
 }
 
+/// A signal's name as systemd prints it (`SIGKILL` for 9); `SIG<number>` for one it has no
+/// name for here.
+pub fn signal_name(number: i32) -> String {
+    match SIGNALS.iter().find(|(_, known)| *known == number) {
+        Some((name, _)) => format!("SIG{name}"),
+        None => format!("SIG{number}"),
+    }
+}
+
 /// Reads a boolean with systemd's grammar (`yes`/`no`, `true`/`false`, `on`/`off`, `1`/`0`).
 pub fn parse_systemd_bool(text: &str) -> Option<bool> {
     match text.trim().to_ascii_lowercase().as_str() {

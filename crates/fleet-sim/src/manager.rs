@@ -100,6 +100,10 @@ impl UnitManager for SimManager {
         self.units.ended_by_itself(name).await
     }
 
+    async fn run_end(&self, name: &str) -> Result<Option<fleet_core::job::runs::Outcome>> {
+        self.units.run_end(name).await
+    }
+
     async fn journal(&self, _name: &str, _lines: usize) -> Result<String> {
         Ok(String::new())
     }

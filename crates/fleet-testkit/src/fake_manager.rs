@@ -12,6 +12,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
+use fleet_core::job::runs::Outcome;
 use fleet_core::{SystemdState, UnitFile};
 use fleet_unit_manager::{HeldUnit, Result, UnitManager, UnitManagerError};
 use tokio::sync::watch;
@@ -29,6 +30,8 @@ pub struct FakeUnitManager {
     loads: AtomicUsize,
     /// What to do once this many loads were asked for ([`FakeUnitManager::when_loaded`]).
     after_loads: Mutex<Option<(usize, AfterLoads)>>,
+    /// How each unit's run since its last start ended by itself ([`FakeUnitManager::end_run`]).
+    run_ends: Mutex<BTreeMap<String, Outcome>>,
     changes: watch::Sender<u64>,
 }
 
@@ -47,6 +50,7 @@ impl FakeUnitManager {
             stop_alls: AtomicUsize::new(0),
             loads: AtomicUsize::new(0),
             after_loads: Mutex::new(None),
+            run_ends: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
         }
     }
@@ -97,6 +101,17 @@ impl FakeUnitManager {
         self.set(name, SystemdState::new("loaded", "failed", "failed"))
     }
 
+    /// Ends the run of `name` by itself, as a oneshot's process exiting would: `inactive`
+    /// when it succeeded, else `failed`.
+    pub fn end_run(&self, name: &str, outcome: Outcome) -> Result<()> {
+        let state = match outcome {
+            Outcome::Succeeded => SystemdState::new("loaded", "inactive", "dead"),
+            _ => SystemdState::new("loaded", "failed", "failed"),
+        };
+        self.run_ends.locked().insert(name.to_string(), outcome);
+        self.set(name, state)
+    }
+
     fn set(&self, name: &str, state: SystemdState) -> Result<()> {
         let mut units = self.units.locked();
         let unit = units.get_mut(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
@@ -141,6 +156,7 @@ impl UnitManager for FakeUnitManager {
     async fn start(&self, name: &str) -> Result<()> {
         self.starts.fetch_add(1, Ordering::SeqCst);
         self.stopped_outside.locked().remove(name);
+        self.run_ends.locked().remove(name);
         self.set(name, SystemdState::new("loaded", "active", "running"))
     }
 
@@ -154,6 +170,10 @@ impl UnitManager for FakeUnitManager {
 
     fn state_changes(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    async fn run_end(&self, name: &str) -> Result<Option<Outcome>> {
+        Ok(self.run_ends.locked().get(name).cloned())
     }
 
     async fn ended_by_itself(&self, name: &str) -> Result<bool> {

@@ -86,6 +86,11 @@ pub trait UnitManager: Send + Sync {
     async fn ended_by_itself(&self, _name: &str) -> Result<bool> {
         Ok(true)
     }
+    /// How the run of unit `name` this manager last started ended, for a unit that runs to
+    /// completion: `None` while it has not ended since that start (a start still queued has
+    /// not), or when this manager has not started it. The end is the run's own (its main
+    /// process exited after the start), never a unit merely seen inactive.
+    async fn run_end(&self, name: &str) -> Result<Option<fleet_core::job::runs::Outcome>>;
     /// The cgroups a health check's command of unit `name` joins: the unit's own, so that
     /// what the check starts counts against the unit's limits and goes with the unit. `None`
     /// where the manager has none for it (the check then runs in a process group of its own).

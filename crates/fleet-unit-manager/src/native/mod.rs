@@ -82,6 +82,8 @@ struct Slot {
     generation: u64,
     running: Option<RunningUnit>,
     log: LogSink,
+    /// How its last run ended by itself, since its last start.
+    last_end: Option<fleet_core::job::runs::Outcome>,
 }
 
 struct Shared {
@@ -154,6 +156,16 @@ impl StateSink for SlotState {
             slot.state = SystemdState::new("loaded", active, sub);
         }
         shared.changed();
+    }
+
+    fn ended(&self, outcome: fleet_core::job::runs::Outcome) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut slots = shared.slots();
+        if let Some(slot) = slots.get_mut(&self.unit).filter(|slot| slot.generation == self.generation) {
+            slot.last_end = Some(outcome);
+        }
     }
 }
 
@@ -337,6 +349,7 @@ impl NativeManager {
                 }
             };
             slot.generation = self.shared.next_generation();
+            slot.last_end = None;
             (config, slot.file.clone(), slot.log.clone(), slot.generation)
         };
         let specifiers = self.specifiers(name);
@@ -451,7 +464,16 @@ impl UnitManager for NativeManager {
         let generation = self.shared.next_generation();
         slots.insert(
             name.to_string(),
-            Slot { hash: file.hash(), file: file.clone(), config, state, generation, running: None, log },
+            Slot {
+                hash: file.hash(),
+                file: file.clone(),
+                config,
+                state,
+                generation,
+                running: None,
+                log,
+                last_end: None,
+            },
         );
         drop(slots);
         self.shared.changed();
@@ -480,6 +502,10 @@ impl UnitManager for NativeManager {
             fence.check_start(name, tokio::time::Instant::now())?;
         }
         self.launch(name, None)
+    }
+
+    async fn run_end(&self, name: &str) -> Result<Option<fleet_core::job::runs::Outcome>> {
+        Ok(self.shared.slots().get(name).and_then(|slot| slot.last_end.clone()))
     }
 
     async fn stop(&self, name: &str) -> Result<()> {

@@ -29,6 +29,21 @@ const KILL_WAIT: Duration = Duration::from_secs(2);
 /// How the runner tells the world what state its unit is in.
 pub trait StateSink: Send + Sync + 'static {
     fn set(&self, active: &str, sub: &str);
+    /// The run ended by itself (not by a stop), with no restart to come: how.
+    fn ended(&self, _outcome: fleet_core::job::runs::Outcome) {}
+}
+
+/// How a run that ended by itself ended, in the words job records keep.
+fn run_outcome(exit: Exit) -> fleet_core::job::runs::Outcome {
+    use fleet_core::job::runs::Outcome;
+    match exit {
+        Exit::Code(0) => Outcome::Succeeded,
+        Exit::Code(code) => Outcome::Failed { status: Some(code), signal: None },
+        Exit::Signal(signal) => {
+            Outcome::Failed { status: None, signal: Some(fleet_core::service_values::signal_name(signal)) }
+        }
+        Exit::Timeout => Outcome::Failed { status: None, signal: None },
+    }
 }
 
 /// What the runner works with.
@@ -165,6 +180,7 @@ impl<S: StateSink> Runner<S> {
                     if starts.len() > START_LIMIT_BURST {
                         self.say(&format!("{}: Start request repeated too quickly.", self.unit));
                         self.say(&format!("Failed to start {}.", self.description));
+                        self.state.ended(fleet_core::job::runs::Outcome::Failed { status: None, signal: None });
                         self.state.set("failed", "failed");
                         return None;
                     }
@@ -197,12 +213,14 @@ impl<S: StateSink> Runner<S> {
                 }
                 Outcome::Ended(Exit::Code(0)) => {
                     self.say(&format!("{}: Deactivated successfully.", self.unit));
+                    self.state.ended(run_outcome(Exit::Code(0)));
                     self.state.set("inactive", "dead");
                     return None;
                 }
                 Outcome::Ended(exit) => {
                     let result = if exit == Exit::Timeout { "timeout" } else { "exit-code" };
                     self.say(&format!("{}: Failed with result '{result}'.", self.unit));
+                    self.state.ended(run_outcome(exit));
                     self.state.set("failed", "failed");
                     return None;
                 }

@@ -108,6 +108,7 @@ impl NativeManager {
             generation: self.shared.next_generation(),
             running: None,
             log,
+            last_end: None,
         };
         self.shared.slots().insert(unit.name.clone(), slot);
         self.launch(&unit.name, Some(parked)).map_err(|error| error.to_string())?;

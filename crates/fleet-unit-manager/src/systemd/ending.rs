@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 
 use fleet_core::UnitFile;
+use fleet_core::job::runs::Outcome;
 use zbus::Connection;
 use zbus_systemd::systemd1::{ServiceProxy, UnitProxy};
 
@@ -29,7 +30,7 @@ pub struct Times {
 }
 
 impl Times {
-    fn known(self) -> bool {
+    pub fn known(self) -> bool {
         self.main_exited_at != 0 || self.left_active_at != 0
     }
 }
@@ -111,6 +112,26 @@ pub async fn read(connection: Connection, path: String) -> zbus::Result<Times> {
     })
 }
 
+/// How a run whose main process exited ended, from what systemd says of it: its `Result`,
+/// and `ExecMainCode` (1: exited, 2: killed, 3: dumped core) with `ExecMainStatus` (the exit
+/// status, or the signal's number).
+pub fn outcome_of(result: &str, code: i32, status: i32) -> Outcome {
+    match (result, code) {
+        ("success", _) => Outcome::Succeeded,
+        (_, 2 | 3) => Outcome::Failed { status: None, signal: Some(fleet_core::service_values::signal_name(status)) },
+        (_, 1) => Outcome::Failed { status: Some(status), signal: None },
+        _ => Outcome::Failed { status: None, signal: None },
+    }
+}
+
+/// Reads how systemd says the last run of `path` ended: `Result`, `ExecMainCode`,
+/// `ExecMainStatus`.
+pub async fn read_outcome(connection: Connection, path: String) -> zbus::Result<Outcome> {
+    let no_cache = zbus::proxy::CacheProperties::No;
+    let service = ServiceProxy::builder(&connection).path(path).cache_properties(no_cache).build().await?;
+    Ok(outcome_of(&service.result().await?, service.exec_main_code().await?, service.exec_main_status().await?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -134,6 +155,15 @@ mod tests {
         assert!(Ending::of(&oneshot, none, none).by_itself(), "a oneshot is done when it ends");
         let remaining = file("[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/bin/true\n");
         assert!(!Ending::of(&remaining, times(1_000, 1_500), none).by_itself(), "a remaining oneshot, stopped");
+    }
+
+    #[test]
+    fn a_run_ends_as_systemd_says_it_did() {
+        assert_eq!(outcome_of("success", 1, 0), Outcome::Succeeded);
+        assert_eq!(outcome_of("exit-code", 1, 3), Outcome::Failed { status: Some(3), signal: None });
+        assert_eq!(outcome_of("signal", 2, 9), Outcome::Failed { status: None, signal: Some("SIGKILL".into()) });
+        assert_eq!(outcome_of("core-dump", 3, 11), Outcome::Failed { status: None, signal: Some("SIGSEGV".into()) });
+        assert_eq!(outcome_of("timeout", 0, 0), Outcome::Failed { status: None, signal: None });
     }
 
     #[test]

@@ -62,6 +62,9 @@ pub struct SystemdManager {
     fence: Mutex<crate::fence::Fence>,
     /// The timers systemd holds for it.
     fence_timers: tokio::sync::Mutex<fence_timer::FenceTimers>,
+    /// When this manager last asked each unit to start, on systemd's monotonic clock: a run
+    /// ended once its main process exited after that.
+    started: Mutex<HashMap<String, u64>>,
 }
 
 impl SystemdManager {
@@ -84,6 +87,7 @@ impl SystemdManager {
             watched: Arc::new(Mutex::new(HashSet::new())),
             seen: Arc::new(Mutex::new(ending::SeenEndings::default())),
             refused: Mutex::new(HashMap::new()),
+            started: Mutex::new(HashMap::new()),
             read_back: read_back::ReadBack::default(),
             changes: changes.clone(),
             fence: Mutex::default(),
@@ -272,6 +276,7 @@ impl UnitManager for SystemdManager {
 
     async fn unload(&self, name: &str) -> Result<()> {
         self.fence.locked().unloaded(name);
+        self.started.locked().remove(name);
         let (unit, mode) = (name.to_string(), "replace".to_string());
         // A unit systemd no longer knows has nothing to stop.
         if let Err(BusError::Transport(reason)) =
@@ -332,6 +337,7 @@ impl UnitManager for SystemdManager {
 
     async fn start(&self, name: &str) -> Result<()> {
         self.fence.locked().check_start(name, tokio::time::Instant::now())?;
+        self.started.locked().insert(name.to_string(), watchdog::now());
         let (unit, mode) = (name.to_string(), "replace".to_string());
         match self.bus.call(|manager| async move { manager.start_unit(unit, mode).await }).await {
             Ok(_) => {
@@ -388,6 +394,22 @@ impl UnitManager for SystemdManager {
 
     async fn file_on_machine(&self, name: &str, hash: UnitHash) -> FileOnMachine {
         self.read_back.compare(name, &self.unit_path(name), hash)
+    }
+
+    async fn run_end(&self, name: &str) -> Result<Option<fleet_core::job::runs::Outcome>> {
+        let Some(started) = self.started.locked().get(name).copied() else { return Ok(None) };
+        let path = unit_object_path(name);
+        let live =
+            self.bus.on_connection(|connection| ending::read(connection, path.clone())).await.unwrap_or_default();
+        let seen = self.seen.lock().map(|seen| seen.get(&path)).unwrap_or_default();
+        let times = if live.known() { live } else { seen };
+        if times.main_exited_at <= started {
+            return Ok(None);
+        }
+        let read = self.bus.on_connection(|connection| ending::read_outcome(connection, path.clone())).await;
+        Ok(Some(read.unwrap_or_else(|_| fleet_core::job::runs::Outcome::Lost {
+            why: "it ended, and systemd forgot how before fleet read it".to_string(),
+        })))
     }
 
     async fn ended_by_itself(&self, name: &str) -> Result<bool> {

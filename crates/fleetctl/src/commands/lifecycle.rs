@@ -136,6 +136,15 @@ fn announce_triggered(triggered: Vec<Unit>, verb: &str, attempts: Attempts) -> O
     for unit in &global {
         println!("Triggered global unit {} {verb}", unit.name);
     }
+    // A unit on a calendar runs at its elapses, not now: nothing to wait for.
+    let (on_calendar, scheduled): (Vec<Unit>, Vec<Unit>) =
+        scheduled.into_iter().partition(|unit| calendar_of(unit).is_some());
+    for unit in &on_calendar {
+        match calendar_of(unit).filter(|_| verb == "start") {
+            Some(calendar) => println!("Triggered unit {} {verb}; it runs {}", unit.name, next_run(&calendar)),
+            None => println!("Triggered unit {} {verb}", unit.name),
+        }
+    }
     let names: Vec<String> = scheduled.into_iter().map(|unit| unit.name).collect();
     if attempts == Attempts::NoBlock {
         for name in &names {
@@ -144,6 +153,28 @@ fn announce_triggered(triggered: Vec<Unit>, verb: &str, attempts: Attempts) -> O
         return None;
     }
     Some(names)
+}
+
+/// The calendar of a unit with `[X-Fleet] Schedule=` (the last one, as fleet reads it).
+fn calendar_of(unit: &Unit) -> Option<String> {
+    let schedule = unit.options.iter().rev().find(|option| option.section == "X-Fleet" && option.name == "Schedule")?;
+    Some(schedule.value.clone())
+}
+
+/// `on Mon..Fri *-*-* 02:00:00 Europe/Berlin, next at 2026-12-07 01:00:00 UTC`.
+fn next_run(calendar: &str) -> String {
+    let Ok(spec) = fleet_core::calendar::CalendarSpec::parse(calendar.trim()) else {
+        return format!("on {calendar}");
+    };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let next = spec.next_after(i64::try_from(now.as_micros()).unwrap_or(i64::MAX));
+    match next.and_then(|micros| u64::try_from(micros / 1_000_000).ok()) {
+        Some(seconds) => {
+            let at = fleet_core::civil_time::CivilTime::from_unix(seconds).rfc3339();
+            format!("on {spec}, next at {}", at.replacen('T', " ", 1).replace('Z', " UTC"))
+        }
+        None => format!("on {spec}, which never elapses again"),
+    }
 }
 
 /// The units a command names: ranges and the list file expanded, patterns matched against

@@ -1,0 +1,129 @@
+//! The runs of scheduled units (`[X-Fleet] Schedule=`) on this machine: a scheduled unit is
+//! started at most once per load (the engine gives it to a machine for one run, and takes it
+//! off once that run ended), its run is reported with when it started and, once the unit
+//! manager shows the run's own end, how it ended. A scheduled unit this agent did not load
+//! itself (an earlier fleetd did, before a restart) is never started: whether its run already
+//! ran is not known here, so it is reported lost, and the engine does not run that elapse again.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use fleet_core::agent_plan::LoadedUnit;
+use fleet_core::job::runs::{Outcome, RunReport};
+use fleet_core::{Requirements, UnitFile, UnitHash};
+use fleet_unit_manager::UnitManager;
+
+const ADOPTED: &str = "fleetd restarted while this machine held the run; whether it ran is not known";
+
+#[derive(Debug, Default)]
+pub struct RunBook {
+    /// Units loaded here whose content runs on a calendar.
+    scheduled: BTreeSet<String>,
+    /// Units this agent loaded itself; the others it took over from an earlier fleetd.
+    loaded_here: BTreeSet<String>,
+    runs: BTreeMap<String, RunReport>,
+}
+
+/// Whether `file`, as unit `name`, runs on a calendar.
+fn is_scheduled(name: &str, file: &UnitFile) -> bool {
+    Requirements::from_unit(name, file).job.is_some_and(|job| job.schedule.is_some())
+}
+
+/// Microseconds since the epoch, as runs are reported.
+pub fn now_micros() -> i64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
+}
+
+impl RunBook {
+    /// `name` was loaded here with `file`: a run of it may start once.
+    pub fn loaded(&mut self, name: &str, file: &UnitFile) {
+        self.loaded_here.insert(name.to_string());
+        self.runs.remove(name);
+        if is_scheduled(name, file) {
+            self.scheduled.insert(name.to_string());
+        } else {
+            self.scheduled.remove(name);
+        }
+    }
+
+    pub fn unloaded(&mut self, name: &str) {
+        self.loaded_here.remove(name);
+        self.scheduled.remove(name);
+        self.runs.remove(name);
+    }
+
+    /// Whether `name` (with `file`, when known) may be started now; a scheduled unit taken
+    /// over from an earlier fleetd is reported lost instead.
+    pub fn may_start(&mut self, name: &str, file: Option<&UnitFile>, now: i64) -> bool {
+        if !self.loaded_here.contains(name) {
+            if file.is_some_and(|file| is_scheduled(name, file)) {
+                self.adopted(name, now);
+                return false;
+            }
+            return true;
+        }
+        !self.scheduled.contains(name) || !self.runs.contains_key(name)
+    }
+
+    /// `name` was asked to start at `now`.
+    pub fn started(&mut self, name: &str, now: i64) {
+        if self.scheduled.contains(name) {
+            self.runs.insert(name.to_string(), RunReport { started: now, ended: None, outcome: None });
+        }
+    }
+
+    /// The manager refused to start `name`: its run ended there, failed.
+    pub fn refused(&mut self, name: &str, now: i64, why: &str) {
+        if self.scheduled.contains(name) {
+            tracing::info!(unit = name, why, "a scheduled unit's run could not start");
+            let failed = Outcome::Failed { status: None, signal: None };
+            self.runs.insert(name.to_string(), RunReport { started: now, ended: Some(now), outcome: Some(failed) });
+        }
+    }
+
+    fn adopted(&mut self, name: &str, now: i64) {
+        self.runs.entry(name.to_string()).or_insert_with(|| RunReport {
+            started: now,
+            ended: Some(now),
+            outcome: Some(Outcome::Lost { why: ADOPTED.to_string() }),
+        });
+    }
+
+    /// Takes in the ends of the runs under way, and reports lost the scheduled units taken over
+    /// from an earlier fleetd that run (which this agent never starts, so never asks about).
+    pub async fn follow(
+        &mut self,
+        manager: &dyn UnitManager,
+        loaded: &BTreeMap<String, LoadedUnit>,
+        bodies: &HashMap<UnitHash, UnitFile>,
+        now: i64,
+    ) {
+        for (name, unit) in loaded {
+            if !self.loaded_here.contains(name)
+                && !self.runs.contains_key(name)
+                && bodies.get(&unit.hash).is_some_and(|file| is_scheduled(name, file))
+            {
+                self.adopted(name, now);
+            }
+        }
+        for (name, run) in self.runs.iter_mut().filter(|(_, run)| run.outcome.is_none()) {
+            match manager.run_end(name).await {
+                Ok(Some(outcome)) => {
+                    run.ended = Some(now);
+                    run.outcome = Some(outcome);
+                }
+                Ok(None) => {}
+                Err(error) => tracing::debug!(unit = name, %error, "cannot read how a run ended"),
+            }
+        }
+    }
+
+    pub fn report(&self, name: &str) -> Option<&RunReport> {
+        self.runs.get(name)
+    }
+
+    /// Whether a run is under way here: the manager's state changes wake the agent then.
+    pub fn running(&self) -> bool {
+        self.runs.values().any(|run| run.outcome.is_none())
+    }
+}

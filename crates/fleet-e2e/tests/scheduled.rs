@@ -1,0 +1,72 @@
+//! A scheduled unit (`[X-Fleet] Schedule=`) run by fleetd through a real systemd (a user
+//! instance in a private mount namespace): a run at each elapse, each once, its end read from
+//! systemd and kept in the unit's job record, which the test reads from the embedded store
+//! once fleetd has stopped.
+
+use std::time::Duration;
+
+use fleet_core::job::runs::{JobRecord, Outcome};
+use fleet_e2e::{Fleetd, Launcher, SystemdUser, write_unit};
+use fleet_registry::EngineRegistry;
+use fleet_store_embedded::EmbeddedRegistry;
+
+const MACHINE: &str = "5d5d5d5d0000000000000000000000ab";
+/// Long enough for several elapses every 2 s on a machine kept busy by something else.
+const WAIT: Duration = Duration::from_secs(120);
+
+fn record_after_stop(fleet: &mut Fleetd, unit: &str) -> JobRecord {
+    fleet.stop_with(libc::SIGTERM);
+    let registry =
+        EmbeddedRegistry::open(&fleet.state_dir().join("registry.redb")).expect("the stopped fleetd's store");
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+    let records = runtime.block_on(registry.job_records()).expect("job records");
+    records.into_iter().find(|stored| stored.unit == unit).map(|stored| stored.record).expect("a record")
+}
+
+#[test]
+fn a_scheduled_unit_runs_once_per_elapse_through_systemd_and_its_runs_are_kept() {
+    let systemd = SystemdUser::start();
+    let units = systemd.units_directory().display().to_string();
+    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
+    let mut fleet =
+        Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let failing = dir.path().join("fail");
+    let text = format!(
+        "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo run >> {}; test ! -e {}'\n[X-Fleet]\nSchedule=*:*:0/2\n",
+        ran.display(),
+        failing.display()
+    );
+    let tick = write_unit(dir.path(), "tick.service", &text);
+    let started = fleet.ok(&["start", &tick]);
+    assert!(
+        started.stdout.contains("Triggered unit tick.service start; it runs on *-*-* *:*:00/2, next at "),
+        "{started:?}"
+    );
+    let lines = || std::fs::read_to_string(&ran).map_or(0, |text| text.lines().count());
+    fleet.wait_until("two runs ran", WAIT, |_| lines() >= 2);
+    // A run that fails says how.
+    std::fs::write(&failing, "").unwrap();
+    let failed_from = lines();
+    fleet.wait_until("a failing run ran", WAIT, |_| lines() >= failed_from + 2);
+    let record = record_after_stop(&mut fleet, "tick.service");
+
+    let elapses: Vec<i64> = record.runs.iter().filter_map(|run| run.elapse).collect();
+    assert!(elapses.windows(2).all(|pair| pair[0] < pair[1]), "each elapse runs once, in order: {record:?}");
+    assert!(elapses.iter().all(|elapse| elapse % 2_000_000 == 0), "on the schedule: {elapses:?}");
+    let ended: Vec<&Outcome> = record.runs.iter().filter_map(|run| run.outcome.as_ref()).collect();
+    let ran_lines = std::fs::read_to_string(&ran).unwrap().lines().count();
+    let started = record.runs.iter().filter(|run| run.started.is_some()).count();
+    assert!(ran_lines <= started.max(1) + 1, "no run the record does not know of: {ran_lines} lines, {record:?}");
+    assert!(ended.contains(&&Outcome::Succeeded), "{record:?}");
+    assert!(
+        ended.iter().any(|outcome| matches!(outcome, Outcome::Failed { status: Some(1), signal: None })),
+        "a failed run's exit status is kept: {record:?}"
+    );
+    for run in record.runs.iter().filter(|run| run.outcome.is_some()) {
+        assert_eq!(run.machine.as_deref(), Some(MACHINE), "{run:?}");
+        let (started, ended) = (run.started.expect("started"), run.ended.expect("ended"));
+        assert!(started <= ended && started >= run.elapse.expect("an elapse"), "{run:?}");
+    }
+}
