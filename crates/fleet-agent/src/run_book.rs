@@ -121,9 +121,4 @@ impl RunBook {
     pub fn report(&self, name: &str) -> Option<&RunReport> {
         self.runs.get(name)
     }
-
-    /// Whether a run is under way here: the manager's state changes wake the agent then.
-    pub fn running(&self) -> bool {
-        self.runs.values().any(|run| run.outcome.is_none())
-    }
 }

@@ -1,0 +1,90 @@
+//! The agent and scheduled units (`[X-Fleet] Schedule=`), against the embedded store and the
+//! fake unit manager, with paused time: a scheduled unit given to this machine is started once
+//! per load and its run reported with how it ended; one an earlier fleetd loaded is never
+//! started, and its run is reported lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_agent::{Agent, AgentConfig, Lifecycle};
+use fleet_core::job::runs::{Outcome, RunReport};
+use fleet_core::schedule::Decision;
+use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_registry::{ApiRegistry, EngineRegistry};
+use fleet_store_embedded::EmbeddedRegistry;
+use fleet_testkit::{FakeUnitManager, eventually};
+use tokio::sync::watch;
+
+const MACHINE: &str = "m1";
+const UNIT: &str = "tick.service";
+
+fn scheduled() -> UnitFile {
+    UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=hourly\n").unwrap()
+}
+
+fn config() -> AgentConfig {
+    AgentConfig {
+        machine: MachineState { id: MACHINE.into(), public_ip: "127.0.0.1".into(), ..Default::default() },
+        reconcile_interval: Duration::from_secs(5),
+        debounce: Duration::from_millis(10),
+        presence_ttl: None,
+        stop_units_when_cut_off: false,
+    }
+}
+
+/// Writes what the engine would for a run: the unit, placed on this machine.
+async fn place(registry: &EmbeddedRegistry) {
+    registry.put_unit(UNIT, &scheduled(), DesiredState::Launched).await.unwrap();
+    let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
+    let decision = Decision::Schedule { unit: UNIT.into(), machine: MACHINE.into() };
+    registry.apply(&lease, &[decision], &[]).await.unwrap();
+}
+
+async fn reported_run(registry: &EmbeddedRegistry) -> Option<RunReport> {
+    let states = registry.unit_states().await.unwrap();
+    states.into_iter().find(|state| state.name == UNIT).and_then(|state| state.run.map(|run| *run))
+}
+
+fn start(registry: &EmbeddedRegistry, manager: &Arc<FakeUnitManager>) -> watch::Sender<Lifecycle> {
+    let (lifecycle, watch) = watch::channel(Lifecycle::Running);
+    let agent = Agent::new(config(), Arc::new(registry.clone()), manager.clone());
+    tokio::spawn(agent.run(watch));
+    lifecycle
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_unit_is_started_once_per_load_and_its_run_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let manager = Arc::new(FakeUnitManager::new());
+    let _agent = start(&registry, &manager);
+    place(&registry).await;
+    eventually("the run is reported started", async || reported_run(&registry).await.is_some()).await;
+    assert_eq!(manager.starts(), 1);
+    let failed = Outcome::Failed { status: Some(3), signal: None };
+    manager.end_run(UNIT, failed.clone()).unwrap();
+    eventually("its end is reported", async || {
+        reported_run(&registry).await.is_some_and(|run| run.outcome == Some(failed.clone()) && run.ended.is_some())
+    })
+    .await;
+    // Passes go by (the fallback reconcile, a state change): the ended run is not started again.
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    manager.end_run(UNIT, failed.clone()).unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(manager.starts(), 1, "a scheduled unit runs once per load");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_unit_an_earlier_fleetd_loaded_is_not_started_and_its_run_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    place(&registry).await;
+    let manager = Arc::new(FakeUnitManager::running(UNIT, &scheduled()));
+    let _agent = start(&registry, &manager);
+    eventually("the taken-over run is reported lost", async || {
+        reported_run(&registry).await.is_some_and(|run| matches!(run.outcome, Some(Outcome::Lost { .. })))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(manager.starts(), 0, "never started again: whether its run ran is not known");
+}
