@@ -1059,3 +1059,63 @@ pub struct ImportedUnitReport {
     #[serde(default, skip_serializing_if = "is_empty")]
     pub reason: Option<String>,
 }
+
+/// `GET /fleet/v1/units/{name}/runs` (our addition): the calendar of a unit that runs on one and
+/// what became of its elapses. Times are RFC 3339, in UTC.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitRuns {
+    pub name: String,
+    /// `[X-Fleet] Schedule=` in its normalized form; absent for a unit without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<String>,
+    /// When it next elapses; absent when it never does again (or has no schedule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_elapse: Option<String>,
+    /// An elapse waiting for the run before it to end (`Overlap=queue`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued: Option<String>,
+    /// Oldest first, at most the number a unit keeps.
+    #[serde(default)]
+    pub runs: Vec<UnitRun>,
+    /// The latest ranges of elapses skipped, oldest first.
+    #[serde(default)]
+    pub skipped: Vec<SkippedElapses>,
+}
+
+/// One run of a unit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitRun {
+    pub id: u64,
+    /// The elapse it ran for; absent for a run started by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elapse: Option<String>,
+    pub claimed: String,
+    #[serde(rename = "machineID", default, skip_serializing_if = "Option::is_none")]
+    pub machine_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended: Option<String>,
+    /// `waiting` (claimed, not started), `running`, `succeeded`, `failed`, `lost` or `stopped`.
+    pub state: String,
+    /// The exit status of a failed run that exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<i32>,
+    /// The signal that killed a failed run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
+    /// Why a lost run is not known to have ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
+}
+
+/// A range of elapses skipped for one reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SkippedElapses {
+    pub first: String,
+    pub last: String,
+    pub why: String,
+}

@@ -498,6 +498,15 @@ impl Client {
         }
     }
 
+    /// A unit's calendar and runs (our addition); `None` when there is no such unit.
+    pub async fn unit_runs(&self, name: &str) -> Result<Option<fleet_api_schema::UnitRuns>> {
+        match self.get(&format!("units/{}/runs", encode_component(name))).await {
+            Ok(runs) => Ok(Some(runs)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
     /// Creates or replaces a unit (PUT with options).
     pub async fn put_unit(&self, unit: &Unit) -> Result<()> {
         let body = serde_json::to_string(unit).map_err(|error| ClientError::Decode(error.to_string()))?;

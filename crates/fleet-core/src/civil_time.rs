@@ -31,6 +31,12 @@ impl CivilTime {
     }
 }
 
+/// `2026-11-22T10:37:33Z` for a moment in microseconds since the epoch (to the second; a
+/// moment before the epoch is shown as the epoch).
+pub fn rfc3339_of_micros(micros: i64) -> String {
+    CivilTime::from_unix(u64::try_from(micros.div_euclid(1_000_000)).unwrap_or(0)).rfc3339()
+}
+
 /// The date `days` after 1970-01-01 (negative: before), as year, month (1 to 12) and day
 /// (Howard Hinnant's civil-from-days).
 pub fn civil_from_days(days: i64) -> (i64, u32, u32) {

@@ -50,6 +50,18 @@ fn a_scheduled_unit_runs_once_per_elapse_through_systemd_and_its_runs_are_kept()
     std::fs::write(&failing, "").unwrap();
     let failed_from = lines();
     fleet.wait_until("a failing run ran", WAIT, |_| lines() >= failed_from + 2);
+    fleet.wait_until("fleetctl runs shows a failed run", WAIT, |f| {
+        f.ok(&["runs", "tick.service"]).stdout.contains("failed (status 1)")
+    });
+    let shown = fleet.ok(&["runs", "tick.service"]).stdout;
+    assert!(shown.starts_with("Schedule: *-*-* *:*:00/2\nNext run: "), "{shown}");
+    assert!(shown.contains("\tsucceeded\n"), "{shown}");
+    let json: serde_json::Value =
+        serde_json::from_str(&fleet.ok(&["runs", "tick.service", "-o", "json"]).stdout).unwrap();
+    assert_eq!(json["name"], "tick.service");
+    assert!(json["runs"].as_array().is_some_and(|runs| runs.iter().any(|run| run["state"] == "succeeded")), "{json}");
+    let missing = fleet.fleetctl(&["runs", "nowhere.service"]);
+    assert_eq!((missing.code, missing.stderr.as_str()), (1, "Unit nowhere.service does not exist.\n"));
     let record = record_after_stop(&mut fleet, "tick.service");
 
     let elapses: Vec<i64> = record.runs.iter().filter_map(|run| run.elapse).collect();

@@ -334,6 +334,8 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// [`ApiRegistry::unit_states_page`] to read again. On etcd it moves while those pages are
     /// being read or the engine leads (either holds the cluster's cache; an API read lets it
     /// go when idle).
+    /// The job record of `unit` (its runs, when it runs on a calendar), if it has one.
+    async fn job_record(&self, unit: &str) -> Result<Option<fleet_core::job::runs::JobRecord>>;
     fn unit_changes(&self) -> ChangeSignal;
     /// Live machines with their effective metadata, in ID order.
     async fn machines(&self) -> Result<Vec<MachineState>>;

@@ -228,6 +228,16 @@ pub(super) fn set_pins_in(
 
 #[async_trait]
 impl ApiRegistry for EmbeddedRegistry {
+    async fn job_record(&self, unit: &str) -> Result<Option<fleet_core::job::runs::JobRecord>> {
+        let unit = unit.to_string();
+        self.read(move |txn| {
+            let jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;
+            let Some(value) = jobs.get(unit.as_str()).map_err(unavailable)? else { return Ok(None) };
+            Ok(Some(tables::decode::<tables::StoredJobValue>(&unit, value.value())?.record))
+        })
+        .await
+    }
+
     async fn revision(&self) -> Result<Option<u64>> {
         Ok(Some(self.writes()))
     }

@@ -357,6 +357,15 @@ fn missing_body(key: String) -> RegistryError {
 
 #[async_trait]
 impl ApiRegistry for EtcdRegistry {
+    async fn job_record(&self, unit: &str) -> Result<Option<fleet_core::job::runs::JobRecord>> {
+        let key = self.keys().job(unit);
+        let reply = self.connection().get(&key, None).await?;
+        match reply.kvs().first() {
+            Some(kv) => Ok(Some(fleet_registry::codec::decode(&key, kv.value())?)),
+            None => Ok(None),
+        }
+    }
+
     /// etcd's revision, which every write under any key moves: one read of one key.
     async fn revision(&self) -> Result<Option<u64>> {
         let reply = self.connection().get(&self.keys().units(), None).await?;

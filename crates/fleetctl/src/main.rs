@@ -276,6 +276,13 @@ enum Command {
         #[command(flatten)]
         units: unit_arguments::UnitList,
     },
+    /// Show a unit's calendar ([X-Fleet] Schedule=), when it next runs, and what became of its
+    /// runs and elapses
+    Runs {
+        #[command(flatten)]
+        output: output::OutputFlag,
+        unit: String,
+    },
     /// Show the status of units
     Status {
         /// SSH port (unused: status comes through the API)
@@ -816,8 +823,8 @@ async fn with_units(
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
     use commands::{
-        backup, import_original, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout, secret,
-        source, token,
+        backup, import_original, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout, runs,
+        secret, source, token,
     };
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
@@ -828,6 +835,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
             remote::ssh(&context, &options, request).await
         }
         Command::Cat { units } => inspect::cat(&context, &units).await,
+        Command::Runs { unit, output } => runs::runs(&context, &unit, output.output).await,
         Command::Status { units, output, .. } => inspect::status(&context, &units, output.output).await,
         Command::Journal { lines, follow, units, .. } => inspect::journal(&context, &units, lines, follow).await,
         Command::ListMachines { list, fields, output } => list::machines(&context, &list, &fields, output.output).await,

@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod plans;
 pub mod registration_tokens;
 pub mod rollouts;
+pub mod runs;
 pub mod secret_rotation;
 pub mod secrets;
 pub mod sources;

@@ -44,6 +44,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/fleet/v1/units/{unit}", "UAAAHADDUUUUA"),
     ("PUT", "/fleet/v1/units/{unit}", "UAAADDDDUUUUX"),
     ("DELETE", "/fleet/v1/units/{unit}", "UAAADDDDUUUUX"),
+    ("GET", "/fleet/v1/units/{unit}/runs", "UAAAHADDUUUUA"),
     ("GET", "/fleet/v1/state", "UAAAAADDUUUUA"),
     ("GET", "/fleet/v1/state/{unit}", "UAAAHADDUUUUA"),
     ("GET", "/fleet/v1/machines", "UAAAAADDUUUUA"),

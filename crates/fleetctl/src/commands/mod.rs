@@ -12,6 +12,7 @@ pub mod plan;
 pub mod registration_token;
 pub mod remote;
 pub mod rollout;
+pub mod runs;
 pub mod secret;
 pub mod source;
 pub mod token;

@@ -1,0 +1,129 @@
+//! `fleetctl runs UNIT`: a unit's calendar, when it next runs, and its runs (our addition).
+
+use fleet_api_schema::UnitRuns;
+
+use fleet_core::unit_name::mangle;
+
+use crate::Outcome;
+use crate::context::Context;
+use crate::output::{OutputFormat, print_json};
+use crate::table::tab_table;
+
+pub async fn runs(context: &Context, argument: &str, output: OutputFormat) -> Outcome {
+    let name = mangle(argument);
+    let runs = match context.client.unit_runs(&name).await {
+        Ok(Some(runs)) => runs,
+        Ok(None) => {
+            eprintln!("Unit {name} does not exist.");
+            return Outcome::Failure;
+        }
+        Err(error) => {
+            eprintln!("Error retrieving the runs of {name}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    if output == OutputFormat::Json {
+        print_json(&runs);
+        return Outcome::Success;
+    }
+    print!("{}", shown(&runs));
+    Outcome::Success
+}
+
+/// The schedule and the next elapse, the runs as a table, then the elapses skipped.
+fn shown(runs: &UnitRuns) -> String {
+    let mut text = String::new();
+    match &runs.schedule {
+        Some(schedule) => {
+            let next = runs.next_elapse.as_deref().unwrap_or("never again");
+            text.push_str(&format!("Schedule: {schedule}\nNext run: {next}\n"));
+        }
+        None => text.push_str(&format!("Unit {} has no schedule.\n", runs.name)),
+    }
+    if let Some(queued) = &runs.queued {
+        text.push_str(&format!("Waiting: the elapse of {queued}, for the run before it to end\n"));
+    }
+    if runs.runs.is_empty() {
+        text.push_str("No runs yet.\n");
+    } else {
+        let dash = |value: &Option<String>| value.clone().unwrap_or_else(|| "-".to_string());
+        let mut table = vec![["RUN", "ELAPSE", "MACHINE", "STARTED", "ENDED", "RESULT"].map(String::from).to_vec()];
+        for run in &runs.runs {
+            let result = match (&run.status, &run.signal, &run.why) {
+                (Some(status), _, _) => format!("{} (status {status})", run.state),
+                (None, Some(signal), _) => format!("{} ({signal})", run.state),
+                (None, None, Some(why)) => format!("{} ({why})", run.state),
+                _ => run.state.clone(),
+            };
+            let machine = run.machine_id.as_ref().map(|id| id.chars().take(8).collect());
+            table.push(vec![
+                run.id.to_string(),
+                run.elapse.clone().unwrap_or_else(|| "by hand".to_string()),
+                dash(&machine),
+                dash(&run.started),
+                dash(&run.ended),
+                result,
+            ]);
+        }
+        text.push_str(&tab_table(&table));
+    }
+    for skipped in &runs.skipped {
+        let range = if skipped.first == skipped.last {
+            skipped.first.clone()
+        } else {
+            format!("{} to {}", skipped.first, skipped.last)
+        };
+        text.push_str(&format!("Skipped {range}: {}\n", skipped.why));
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_api_schema::{SkippedElapses, UnitRun};
+
+    #[test]
+    fn runs_are_shown_with_their_results_and_what_was_skipped() {
+        let runs = UnitRuns {
+            name: "backup.service".into(),
+            schedule: Some("*-*-* 02:00:00 Europe/Berlin".into()),
+            next_elapse: Some("2026-12-05T01:00:00Z".into()),
+            queued: None,
+            runs: vec![
+                UnitRun {
+                    id: 7,
+                    elapse: Some("2026-12-03T01:00:00Z".into()),
+                    claimed: "2026-12-03T01:00:00Z".into(),
+                    machine_id: Some("5d5d5d5d0000000000000000000000ab".into()),
+                    started: Some("2026-12-03T01:00:01Z".into()),
+                    ended: Some("2026-12-03T01:04:10Z".into()),
+                    state: "failed".into(),
+                    status: Some(3),
+                    ..UnitRun::default()
+                },
+                UnitRun {
+                    id: 8,
+                    elapse: Some("2026-12-04T01:00:00Z".into()),
+                    claimed: "2026-12-04T01:00:00Z".into(),
+                    state: "waiting".into(),
+                    ..UnitRun::default()
+                },
+            ],
+            skipped: vec![SkippedElapses {
+                first: "2026-12-02T01:00:00Z".into(),
+                last: "2026-12-02T01:00:00Z".into(),
+                why: "missed: no engine leader saw it in time".into(),
+            }],
+        };
+        assert_eq!(
+            shown(&runs),
+            "Schedule: *-*-* 02:00:00 Europe/Berlin\n\
+             Next run: 2026-12-05T01:00:00Z\n\
+             RUN\tELAPSE\t\t\tMACHINE\t\tSTARTED\t\t\tENDED\t\t\tRESULT\n\
+             7\t2026-12-03T01:00:00Z\t5d5d5d5d\t2026-12-03T01:00:01Z\t2026-12-03T01:04:10Z\tfailed (status 3)\n\
+             8\t2026-12-04T01:00:00Z\t-\t\t-\t\t\t-\t\t\twaiting\n\
+             Skipped 2026-12-02T01:00:00Z: missed: no engine leader saw it in time\n"
+        );
+    }
+}
