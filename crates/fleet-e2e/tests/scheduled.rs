@@ -60,6 +60,11 @@ fn a_scheduled_unit_runs_once_per_elapse_through_systemd_and_its_runs_are_kept()
         serde_json::from_str(&fleet.ok(&["runs", "tick.service", "-o", "json"]).stdout).unwrap();
     assert_eq!(json["name"], "tick.service");
     assert!(json["runs"].as_array().is_some_and(|runs| runs.iter().any(|run| run["state"] == "succeeded")), "{json}");
+    let listed = fleet.fleetctl(&["list-unit-files", "--no-legend", "--fields", "unit,schedule,next"]);
+    assert!(listed.stdout.starts_with("tick.service\t*-*-* *:*:00/2\t"), "{listed:?}");
+    assert!(listed.stdout.trim_end().ends_with(" UTC"), "the next elapse: {listed:?}");
+    let hinted = fleet.fleetctl(&["list-unit-files"]);
+    assert!(hinted.stderr.contains("1 unit(s) run on a calendar"), "{hinted:?}");
     let missing = fleet.fleetctl(&["runs", "nowhere.service"]);
     assert_eq!((missing.code, missing.stderr.as_str()), (1, "Unit nowhere.service does not exist.\n"));
     let record = record_after_stop(&mut fleet, "tick.service");

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use fleet_api_schema::{Unit, UnitOption};
+use fleet_core::calendar::CalendarSpec;
 use fleet_core::{Requirements, UnitFile, UnitHash};
 
 use super::create::unit_file;
@@ -15,6 +16,8 @@ use super::create::unit_file;
 pub struct FileFacts {
     file: UnitFile,
     pub hash: UnitHash,
+    /// `[X-Fleet] Schedule=`, read (the last one, as fleet reads it).
+    pub schedule: Option<CalendarSpec>,
     /// Whether units with this file are global, when that does not depend on the unit's name
     /// (no `[X-Fleet]` value has a specifier such as `%i`).
     global_for_any_name: Option<bool>,
@@ -26,7 +29,7 @@ impl FileFacts {
         let names_matter =
             file.options().iter().any(|option| option.section == "X-Fleet" && option.value.contains('%'));
         let global_for_any_name = (!names_matter).then(|| Requirements::from_unit(&unit.name, &file).global);
-        Self { hash: file.hash(), global_for_any_name, file }
+        Self { hash: file.hash(), global_for_any_name, schedule: schedule_of(&file), file }
     }
 
     pub fn description(&self) -> Option<&str> {
@@ -36,6 +39,24 @@ impl FileFacts {
     /// Whether `unit` (which has this file) is global.
     pub fn global(&self, unit: &Unit) -> bool {
         self.global_for_any_name.unwrap_or_else(|| Requirements::from_unit(&unit.name, &self.file).global)
+    }
+}
+
+/// A file's `[X-Fleet] Schedule=`, read.
+fn schedule_of(file: &UnitFile) -> Option<CalendarSpec> {
+    let value = file.values(fleet_core::unit_file::X_FLEET, "Schedule").last()?;
+    CalendarSpec::parse(value.trim()).ok()
+}
+
+/// When `schedule` next elapses after now: `2026-12-05 01:00:00 UTC`, or `never`.
+pub fn next_elapse_text(schedule: &CalendarSpec) -> String {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    match schedule.next_after(i64::try_from(now.as_micros()).unwrap_or(i64::MAX)) {
+        Some(micros) => {
+            let at = fleet_core::civil_time::rfc3339_of_micros(micros);
+            at.replacen('T', " ", 1).replace('Z', " UTC")
+        }
+        None => "never".to_string(),
     }
 }
 

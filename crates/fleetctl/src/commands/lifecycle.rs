@@ -163,17 +163,9 @@ fn calendar_of(unit: &Unit) -> Option<String> {
 
 /// `on Mon..Fri *-*-* 02:00:00 Europe/Berlin, next at 2026-12-07 01:00:00 UTC`.
 fn next_run(calendar: &str) -> String {
-    let Ok(spec) = fleet_core::calendar::CalendarSpec::parse(calendar.trim()) else {
-        return format!("on {calendar}");
-    };
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    let next = spec.next_after(i64::try_from(now.as_micros()).unwrap_or(i64::MAX));
-    match next.and_then(|micros| u64::try_from(micros / 1_000_000).ok()) {
-        Some(seconds) => {
-            let at = fleet_core::civil_time::CivilTime::from_unix(seconds).rfc3339();
-            format!("on {spec}, next at {}", at.replacen('T', " ", 1).replace('Z', " UTC"))
-        }
-        None => format!("on {spec}, which never elapses again"),
+    match fleet_core::calendar::CalendarSpec::parse(calendar.trim()) {
+        Ok(spec) => format!("on {spec}, next at {}", super::file_facts::next_elapse_text(&spec)),
+        Err(_) => format!("on {calendar}"),
     }
 }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use fleet_api_schema::{Machine, Unit, UnitState};
 use fleet_core::UnitHash;
 
-use super::file_facts::FactsByContents;
+use super::file_facts::{FactsByContents, next_elapse_text};
 use crate::context::Context;
 use crate::output::{MachineRow, OutputFormat, UnitFileRow, UnitRow, print_json};
 use crate::reservations::{capacity_cell, reserved_by_machine, reserved_cell};
@@ -144,10 +144,15 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
 
 pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
     let fields = if output == OutputFormat::Wide {
-        vec!["unit", "hash", "dstate", "state", "target", "global", "desc", "reason", "source", "sync"]
+        vec![
+            "unit", "hash", "dstate", "state", "target", "global", "desc", "reason", "source", "sync", "schedule",
+            "next",
+        ]
     } else {
-        let valid =
-            ["desc", "dstate", "global", "hash", "reason", "source", "state", "sync", "target", "tmachine", "unit"];
+        let valid = [
+            "desc", "dstate", "global", "hash", "next", "reason", "schedule", "source", "state", "sync", "target",
+            "tmachine", "unit",
+        ];
         match columns(fields, &valid, output) {
             Ok(fields) => fields,
             Err(outcome) => return outcome,
@@ -197,6 +202,8 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     reason: unit.reason.as_deref(),
                     source: unit.source.as_deref(),
                     sync: sync_of(unit),
+                    schedule: file.schedule.as_ref().map(ToString::to_string),
+                    next_elapse: file.schedule.as_ref().map(next_elapse_text),
                 }
             })
             .collect();
@@ -227,12 +234,20 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     "desc" => or_dash(file.description().unwrap_or("")),
                     "source" => or_dash(unit.source.as_deref().unwrap_or("")),
                     "sync" => or_dash(sync_of(unit).unwrap_or("")),
+                    "schedule" => file.schedule.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
+                    "next" => file.schedule.as_ref().map_or_else(|| "-".to_string(), next_elapse_text),
                     _ => or_dash(unit.reason.as_deref().unwrap_or("")),
                 })
                 .collect()
         })
         .collect();
     print_table(&fields, rows, list.no_legend);
+    let on_calendar = units.iter().filter(|unit| files.of(unit).schedule.is_some()).count();
+    if on_calendar > 0 && !fields.contains(&"next") {
+        eprintln!(
+            "{on_calendar} unit(s) run on a calendar, placed only while a run runs; see: fleetctl list-unit-files --fields unit,schedule,next,state"
+        );
+    }
     if !sync.is_empty() && !fields.contains(&"sync") {
         eprintln!(
             "{} unit(s) are out of sync with their source; see: fleetctl list-unit-files --fields unit,source,sync",
