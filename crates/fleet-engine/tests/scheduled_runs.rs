@@ -135,3 +135,37 @@ async fn a_scheduled_unit_runs_once_per_elapse_on_one_machine_and_a_lost_run_is_
     stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
 }
+
+/// A scheduled unit stopped while its run is placed has that run stopped and taken off; once
+/// its machine let it go and the unit is destroyed, its record goes too.
+#[tokio::test(flavor = "multi_thread")]
+async fn stopping_a_scheduled_unit_stops_its_run_and_destroying_it_removes_its_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    registry.register_machine(&machine("m1")).await.unwrap();
+    let config = EngineConfig {
+        machine_id: "m1".into(),
+        reconcile_interval: Duration::from_secs(5),
+        debounce: Duration::from_millis(10),
+        at_most_once_hold: Duration::from_secs(5),
+        strategy: Default::default(),
+    };
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
+    let engine = tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped));
+    registry.put_unit(UNIT, &scheduled(), DesiredState::Launched).await.unwrap();
+    eventually_within("a run is placed", WAIT, async || placed_on(&registry).await.is_some()).await;
+    let running = RunReport { started: 1, ended: None, outcome: None };
+    registry.report_states("m1", &[report("m1", "active", running)]).await.unwrap();
+    registry.set_desired_state(UNIT, DesiredState::Inactive).await.unwrap();
+    eventually_within("the run is stopped and taken off", WAIT, async || {
+        placed_on(&registry).await.is_none()
+            && record(&registry).await.is_some_and(|record| record.runs[0].outcome == Some(Outcome::Stopped))
+    })
+    .await;
+    registry.report_states("m1", &[StateReport::Remove(UNIT.into())]).await.unwrap();
+    registry.destroy_unit(UNIT).await.unwrap();
+    eventually_within("the record goes with the unit", WAIT, async || record(&registry).await.is_none()).await;
+
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
