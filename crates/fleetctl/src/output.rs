@@ -70,10 +70,8 @@ pub struct UnitFileRow<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sync: Option<&'a str>,
     /// For a unit on a calendar: its `Schedule=`, normalized.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub schedule: Option<String>,
     /// For a unit on a calendar: when it next runs (`2026-12-05 01:00:00 UTC`, or `never`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub next_elapse: Option<String>,
 }
 
