@@ -12,9 +12,8 @@ use std::time::Duration;
 pub mod runs;
 
 use crate::calendar::CalendarSpec;
-use crate::requirements::{SECTION, last_value};
 use crate::service_values::{parse_systemd_bool, parse_timespan};
-use crate::unit_file::UnitOption;
+use crate::unit_file::{UnitOption, X_FLEET as SECTION, last_value};
 use crate::unit_name::UnitNameInfo;
 
 /// The keys this module reads.

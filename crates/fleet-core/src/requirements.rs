@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use crate::glob::glob_matches;
 use crate::resources::{ResourceError, Resources, parse_bytes, parse_cores, parse_cpu_quota};
-use crate::unit_file::{UnitFile, UnitOption};
+use crate::unit_file::{UnitFile, UnitOption, last_value};
 use crate::unit_name::UnitNameInfo;
 
 pub const SECTION: &str = crate::unit_file::X_FLEET;
@@ -280,11 +280,6 @@ pub struct ReservationError {
     pub option: &'static str,
     pub value: String,
     pub error: ResourceError,
-}
-
-/// The value of the last `name=` of `section` (a later one overrides, as in systemd).
-pub(crate) fn last_value<'o>(options: &'o [UnitOption], section: &str, name: &str) -> Option<&'o str> {
-    options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
 }
 
 /// What a unit with these options reserves: `[X-Fleet] Memory=` and `CPU=` (the last of

@@ -15,6 +15,12 @@ pub const LINE_MAX: usize = 2048;
 /// The section fleet's own options live in.
 pub const X_FLEET: &str = "X-Fleet";
 
+/// The value of the last `name=` of `section` among `options` (a later one overrides, as in
+/// systemd).
+pub fn last_value<'o>(options: &'o [UnitOption], section: &str, name: &str) -> Option<&'o str> {
+    options.iter().rev().find(|option| option.section == section && option.name == name).map(|o| o.value.as_str())
+}
+
 /// One `Name=Value` line of a unit file, with the section it stands in.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct UnitOption {

@@ -52,13 +52,8 @@ fn report(machine: &str, active: &str, run: RunReport) -> StateReport {
     })
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_scheduled_unit_runs_once_per_elapse_on_one_machine_and_a_lost_run_is_not_run_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
-    for id in ["m1", "m2"] {
-        registry.register_machine(&machine(id)).await.unwrap();
-    }
+/// The engine of machine m1, running until told to stop.
+fn start_engine(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
     let config = EngineConfig {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(5),
@@ -67,7 +62,17 @@ async fn a_scheduled_unit_runs_once_per_elapse_on_one_machine_and_a_lost_run_is_
         strategy: Default::default(),
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
-    let engine = tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped));
+    (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_scheduled_unit_runs_once_per_elapse_on_one_machine_and_a_lost_run_is_not_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    for id in ["m1", "m2"] {
+        registry.register_machine(&machine(id)).await.unwrap();
+    }
+    let (stop, engine) = start_engine(&registry);
     registry.put_unit(UNIT, &scheduled(), DesiredState::Launched).await.unwrap();
 
     // The first elapse: one run claimed, placed, recorded on the machine it was placed on.
@@ -143,15 +148,7 @@ async fn stopping_a_scheduled_unit_stops_its_run_and_destroying_it_removes_its_r
     let dir = tempfile::tempdir().unwrap();
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     registry.register_machine(&machine("m1")).await.unwrap();
-    let config = EngineConfig {
-        machine_id: "m1".into(),
-        reconcile_interval: Duration::from_secs(5),
-        debounce: Duration::from_millis(10),
-        at_most_once_hold: Duration::from_secs(5),
-        strategy: Default::default(),
-    };
-    let (stop, stopped) = watch::channel(Lifecycle::Running);
-    let engine = tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped));
+    let (stop, engine) = start_engine(&registry);
     registry.put_unit(UNIT, &scheduled(), DesiredState::Launched).await.unwrap();
     eventually_within("a run is placed", WAIT, async || placed_on(&registry).await.is_some()).await;
     let running = RunReport { started: 1, ended: None, outcome: None };

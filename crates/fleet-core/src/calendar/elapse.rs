@@ -196,6 +196,75 @@ fn next_matching(chain: &Chain, value: &mut i64, end_of_month: Option<(i64, i64)
     Ok(moved)
 }
 
+/// A field of the search below the year.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Field {
+    Month,
+    Day,
+    Hour,
+    Minute,
+    Second,
+}
+
+/// After `field` moved to its next matching value (`moved`): the fields below it restart, and
+/// whether the time so set needs no normalization. When the field has no matching value left
+/// (or normalization would go back), the field above moves on and everything below restarts;
+/// when normalization moved the time, the search restarts from there. `false` in both cases:
+/// the search goes round again.
+fn settled(clock: &mut Clock, tm: &mut Tm, micros: &mut i64, field: Field, moved: Result<bool, ()>) -> bool {
+    if moved == Ok(true) {
+        match field {
+            Field::Month => {
+                tm.day = 1;
+                tm.clear_time();
+            }
+            Field::Day => tm.clear_time(),
+            Field::Hour => {
+                tm.minute = 0;
+                tm.second = 0;
+            }
+            Field::Minute => tm.second = 0,
+            Field::Second => {}
+        }
+        if field != Field::Second {
+            *micros = 0;
+        }
+    }
+    match moved.and_then(|_| clock.within_bounds(tm)) {
+        Ok(within) => within,
+        Err(()) => {
+            match field {
+                Field::Month => {
+                    tm.year += 1;
+                    tm.month0 = 0;
+                    tm.day = 1;
+                    tm.clear_time();
+                }
+                Field::Day => {
+                    tm.month0 += 1;
+                    tm.day = 1;
+                    tm.clear_time();
+                }
+                Field::Hour => {
+                    tm.day += 1;
+                    tm.clear_time();
+                }
+                Field::Minute => {
+                    tm.hour += 1;
+                    tm.minute = 0;
+                    tm.second = 0;
+                }
+                Field::Second => {
+                    tm.minute += 1;
+                    tm.second = 0;
+                }
+            }
+            *micros = 0;
+            false
+        }
+    }
+}
+
 /// The first elapse strictly after `after` (microseconds since the epoch, UTC).
 pub(super) fn next_after(spec: &CalendarSpec, after: i64) -> Option<i64> {
     if after > LATEST {
@@ -229,40 +298,14 @@ fn search(spec: &CalendarSpec, clock: &mut Clock, mut tm: Tm, mut micros: i64) -
         let mut month = tm.month0 + 1;
         let moved = next_matching(&spec.month, &mut month, None);
         tm.month0 = month - 1;
-        if moved == Ok(true) {
-            tm.day = 1;
-            tm.clear_time();
-            micros = 0;
-        }
-        match moved.and_then(|_| clock.within_bounds(&mut tm)) {
-            Err(()) => {
-                tm.year += 1;
-                tm.month0 = 0;
-                tm.day = 1;
-                tm.clear_time();
-                micros = 0;
-                continue;
-            }
-            Ok(false) => continue,
-            Ok(true) => {}
+        if !settled(clock, &mut tm, &mut micros, Field::Month, moved) {
+            continue;
         }
 
         let end_of_month = spec.end_of_month.then_some((tm.year, tm.month0));
         let moved = next_matching(&spec.day, &mut tm.day, end_of_month);
-        if moved == Ok(true) {
-            tm.clear_time();
-            micros = 0;
-        }
-        match moved.and_then(|_| clock.within_bounds(&mut tm)) {
-            Err(()) => {
-                tm.month0 += 1;
-                tm.day = 1;
-                tm.clear_time();
-                micros = 0;
-                continue;
-            }
-            Ok(false) => continue,
-            Ok(true) => {}
+        if !settled(clock, &mut tm, &mut micros, Field::Day, moved) {
+            continue;
         }
 
         if !clock.matches_weekday(spec.weekdays, tm) {
@@ -273,52 +316,21 @@ fn search(spec: &CalendarSpec, clock: &mut Clock, mut tm: Tm, mut micros: i64) -
         }
 
         let moved = next_matching(&spec.hour, &mut tm.hour, None);
-        if moved == Ok(true) {
-            tm.minute = 0;
-            tm.second = 0;
-            micros = 0;
-        }
-        match moved.and_then(|_| clock.within_bounds(&mut tm)) {
-            Err(()) => {
-                tm.day += 1;
-                tm.clear_time();
-                micros = 0;
-                continue;
-            }
-            Ok(false) => continue,
-            Ok(true) => {}
+        if !settled(clock, &mut tm, &mut micros, Field::Hour, moved) {
+            continue;
         }
 
         let moved = next_matching(&spec.minute, &mut tm.minute, None);
-        if moved == Ok(true) {
-            tm.second = 0;
-            micros = 0;
-        }
-        match moved.and_then(|_| clock.within_bounds(&mut tm)) {
-            Err(()) => {
-                tm.hour += 1;
-                tm.minute = 0;
-                tm.second = 0;
-                micros = 0;
-                continue;
-            }
-            Ok(false) => continue,
-            Ok(true) => {}
+        if !settled(clock, &mut tm, &mut micros, Field::Minute, moved) {
+            continue;
         }
 
         let mut second_micros = tm.second * MICROS + micros;
         let moved = next_matching(&spec.second, &mut second_micros, None);
         micros = second_micros % MICROS;
         tm.second = second_micros / MICROS;
-        match moved.and_then(|_| clock.within_bounds(&mut tm)) {
-            Err(()) => {
-                tm.minute += 1;
-                tm.second = 0;
-                micros = 0;
-                continue;
-            }
-            Ok(false) => continue,
-            Ok(true) => {}
+        if !settled(clock, &mut tm, &mut micros, Field::Second, moved) {
+            continue;
         }
         return Some((tm, micros));
     }

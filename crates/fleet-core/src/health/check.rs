@@ -76,7 +76,7 @@ pub enum HealthCheckError {
 /// declares none. Every value is checked here, so a unit that enters the cluster has a check
 /// its machine can run.
 pub fn check_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<HealthCheck>, HealthCheckError> {
-    let fleet = |name: &str| crate::requirements::last_value(options, SECTION, name);
+    let fleet = |name: &str| crate::unit_file::last_value(options, SECTION, name);
     let probe = match fleet("HealthCheck") {
         Some(value) => Some(parse_probe(&expand_specifiers(value, &UnitNameInfo::new(unit_name)))?),
         None => has_watchdog(options).then_some(Probe::Watchdog),
@@ -136,8 +136,8 @@ pub fn check_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Health
 /// with a `WatchdogSec=` above zero.
 fn has_watchdog(options: &[UnitOption]) -> bool {
     let notify =
-        crate::requirements::last_value(options, "Service", "Type").is_some_and(|kind| kind.starts_with("notify"));
-    let watchdog = crate::requirements::last_value(options, "Service", "WatchdogSec")
+        crate::unit_file::last_value(options, "Service", "Type").is_some_and(|kind| kind.starts_with("notify"));
+    let watchdog = crate::unit_file::last_value(options, "Service", "WatchdogSec")
         .and_then(|value| parse_timespan(value).ok())
         .is_some_and(|span| span.is_some_and(|span| !span.is_zero()));
     notify && watchdog
