@@ -13,7 +13,8 @@ command -v cargo >/dev/null || { echo "cargo is required (https://rustup.rs)"; e
 # (promtool checks every /metrics scrape of the tests), groff-base (the manual pages must format
 # without a warning), openssh (fleetctl ssh and --tunnel against a real sshd and ssh-agent),
 # chromium (the web view in a real headless browser), bsdutils (`script`: fleetctl on a terminal),
-# git (the git-source tests make real repositories; fetching file:// runs git-upload-pack).
+# git (the git-source tests make real repositories; fetching file:// runs git-upload-pack),
+# tzdata (systemd-analyze reads the calendar tests' time zones from it).
 missing=()
 command -v protoc >/dev/null || missing+=(protobuf-compiler)
 # jemalloc, fleetd's allocator, is built from its C sources by make.
@@ -34,6 +35,8 @@ command -v groff >/dev/null || missing+=(groff-base)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v script >/dev/null || missing+=(bsdutils)
 command -v git-upload-pack >/dev/null || missing+=(git)
+# IANA's zone files: the calendar tests read expressions in zones through systemd-analyze.
+[ -f /usr/share/zoneinfo/Europe/Berlin ] || missing+=(tzdata)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
