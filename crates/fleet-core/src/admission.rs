@@ -55,6 +55,8 @@ mod tests {
             Err("[X-Fleet] Retries= is read but this fleet does not act on it yet; without it the unit runs as it would"
                 .to_string())
         );
+        let file = UnitFile::parse("[X-Fleet]\nSchedule=daily\nGlobal=true\n").expect("a unit");
+        assert!(admit_unit("sweep.service", &file).is_err_and(|error| error.contains("Schedule= with Global=true")));
         let file = UnitFile::parse("[X-Fleet]\nSchedule=25:00\n").expect("a unit");
         assert!(admit_unit("a.service", &file).is_err_and(|error| error.contains("the hour 25 is outside 0..23")));
         let file = UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n").expect("a unit");

@@ -82,6 +82,10 @@ pub enum JobError {
     NeedsCompletion(&'static str),
     #[error("[X-Fleet] {0}= is read but this fleet does not act on it yet; without it the unit runs as it would")]
     NotRunYet(&'static str),
+    #[error(
+        "[X-Fleet] Schedule= with Global=true is not run by this fleet yet: a global unit on a calendar would run on every machine all the time"
+    )]
+    GlobalSchedule,
 }
 
 /// The job options this fleet reads but does not act on yet: batch units with kept results
@@ -91,10 +95,15 @@ const NOT_ACTED_ON_YET: &[&str] = &["Batch", "Retries", "RetryDelay"];
 /// Refuses the job options this fleet reads but does not act on yet. Malformed values are
 /// refused by [`job_of`] first.
 pub fn refuse_until_runs_are_kept(options: &[UnitOption]) -> Result<(), JobError> {
-    match NOT_ACTED_ON_YET.iter().find(|key| last_value(options, SECTION, key).is_some()) {
-        Some(key) => Err(JobError::NotRunYet(key)),
-        None => Ok(()),
+    if let Some(key) = NOT_ACTED_ON_YET.iter().find(|key| last_value(options, SECTION, key).is_some()) {
+        return Err(JobError::NotRunYet(key));
     }
+    let global = last_value(options, SECTION, "Global")
+        .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t"));
+    if global && last_value(options, SECTION, "Schedule").is_some() {
+        return Err(JobError::GlobalSchedule);
+    }
+    Ok(())
 }
 
 /// The job options of the unit named `unit_name`: `Ok(None)` for a unit that neither runs to
