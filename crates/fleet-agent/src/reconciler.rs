@@ -612,6 +612,7 @@ impl Agent {
         }
         fleet_metrics::metrics().agent.units.set(i64::try_from(self.loaded.len()).unwrap_or(i64::MAX));
         self.report_states(held_now).await?;
+        self.run_book.caught_up();
         self.settled = every_task_done && unread.is_none();
         // New content that could not be read is tried again soon, as a failed pass is.
         unread.map_or(Ok(()), Err)

@@ -4,6 +4,9 @@
 //! manager shows the run's own end, how it ended. A scheduled unit this agent did not load
 //! itself (an earlier fleetd did, before a restart) is never started: whether its run already
 //! ran is not known here, so it is reported lost, and the engine does not run that elapse again.
+//! Nor is one this fleetd found given to its machine when it started (loaded by its first pass):
+//! under the native supervisor a unit dies with the fleetd that ran it, so a fresh load does not
+//! prove a fresh run.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -21,6 +24,9 @@ pub struct RunBook {
     /// Units this agent loaded itself; the others it took over from an earlier fleetd.
     loaded_here: BTreeSet<String>,
     runs: BTreeMap<String, RunReport>,
+    /// Whether a pass of this agent has done its work: loads before then are of the work this
+    /// fleetd found when it started, which an earlier one may have begun running.
+    caught_up: bool,
 }
 
 /// Whether `file`, as unit `name`, runs on a calendar.
@@ -37,13 +43,21 @@ pub fn now_micros() -> i64 {
 impl RunBook {
     /// `name` was loaded here with `file`: a run of it may start once.
     pub fn loaded(&mut self, name: &str, file: &UnitFile) {
-        self.loaded_here.insert(name.to_string());
+        if self.caught_up {
+            self.loaded_here.insert(name.to_string());
+        }
         self.runs.remove(name);
         if is_scheduled(name, file) {
             self.scheduled.insert(name.to_string());
         } else {
             self.scheduled.remove(name);
         }
+    }
+
+    /// A pass did its work: from now on, what is loaded is loaded for a run this agent saw
+    /// given to its machine.
+    pub fn caught_up(&mut self) {
+        self.caught_up = true;
     }
 
     pub fn unloaded(&mut self, name: &str) {

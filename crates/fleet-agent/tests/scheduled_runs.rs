@@ -22,6 +22,10 @@ fn scheduled() -> UnitFile {
     UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=hourly\n").unwrap()
 }
 
+fn plain() -> UnitFile {
+    UnitFile::parse("[Service]\nExecStart=/bin/sleep 1000\n").unwrap()
+}
+
 fn config() -> AgentConfig {
     AgentConfig {
         machine: MachineState { id: MACHINE.into(), public_ip: "127.0.0.1".into(), ..Default::default() },
@@ -58,9 +62,16 @@ async fn a_scheduled_unit_is_started_once_per_load_and_its_run_reported() {
     let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     let manager = Arc::new(FakeUnitManager::new());
     let _agent = start(&registry, &manager);
+    // A pass has done its work (a plain unit runs): what comes now was given to this machine
+    // while this fleetd ran.
+    registry.put_unit("plain.service", &plain(), DesiredState::Launched).await.unwrap();
+    let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
+    let decision = Decision::Schedule { unit: "plain.service".into(), machine: MACHINE.into() };
+    registry.apply(&lease, &[decision], &[]).await.unwrap();
+    eventually("the plain unit runs", async || manager.starts() == 1).await;
     place(&registry).await;
     eventually("the run is reported started", async || reported_run(&registry).await.is_some()).await;
-    assert_eq!(manager.starts(), 1);
+    assert_eq!(manager.starts(), 2);
     let failed = Outcome::Failed { status: Some(3), signal: None };
     manager.end_run(UNIT, failed.clone()).unwrap();
     eventually("its end is reported", async || {
@@ -71,7 +82,7 @@ async fn a_scheduled_unit_is_started_once_per_load_and_its_run_reported() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     manager.end_run(UNIT, failed.clone()).unwrap();
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(manager.starts(), 1, "a scheduled unit runs once per load");
+    assert_eq!(manager.starts(), 2, "a scheduled unit runs once per load");
 }
 
 #[tokio::test(start_paused = true)]
@@ -87,4 +98,23 @@ async fn a_scheduled_unit_an_earlier_fleetd_loaded_is_not_started_and_its_run_is
     .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(manager.starts(), 0, "never started again: whether its run ran is not known");
+}
+
+/// Under the native supervisor a unit dies with the fleetd that ran it: a fleetd that finds a
+/// scheduled unit given to its machine when it starts cannot tell a fresh run from one begun,
+/// and does not start it.
+#[tokio::test(start_paused = true)]
+async fn a_scheduled_unit_found_given_to_the_machine_at_start_is_not_started_and_is_reported_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    place(&registry).await;
+    let manager = Arc::new(FakeUnitManager::new());
+    let _agent = start(&registry, &manager);
+    eventually("the run found at start is reported lost", async || {
+        reported_run(&registry).await.is_some_and(|run| matches!(run.outcome, Some(Outcome::Lost { .. })))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(manager.starts(), 0);
+    assert!(manager.state(UNIT).is_some(), "loaded, not started");
 }
