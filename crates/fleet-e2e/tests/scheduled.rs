@@ -65,6 +65,10 @@ fn a_scheduled_unit_runs_once_per_elapse_through_systemd_and_its_runs_are_kept()
     assert!(listed.stdout.trim_end().ends_with(" UTC"), "the next elapse: {listed:?}");
     let hinted = fleet.fleetctl(&["list-unit-files"]);
     assert!(hinted.stderr.contains("1 unit(s) run on a calendar"), "{hinted:?}");
+    let metrics = fleet.metrics();
+    assert!(metrics.contains("fleet_scheduled_runs_total{result=\"succeeded\"}"), "{metrics}");
+    assert!(metrics.contains("fleet_scheduled_runs_total{result=\"failed\"}"), "{metrics}");
+    assert!(metrics.contains("fleet_scheduled_run_duration_seconds_count"), "{metrics}");
     let missing = fleet.fleetctl(&["runs", "nowhere.service"]);
     assert_eq!((missing.code, missing.stderr.as_str()), (1, "Unit nowhere.service does not exist.\n"));
     let record = record_after_stop(&mut fleet, "tick.service");

@@ -116,6 +116,7 @@ impl Jobs {
                 machine_present: machine.as_deref().is_none_or(|machine| present.contains(machine)),
             };
             let mut next = runs::observe(&record, seen, now);
+            let mut skipped = Vec::new();
             if let Some((job, true)) = job {
                 let step = runs::advance(job, &next, now, runs::DEFAULT_KEPT_RUNS);
                 if let Some(run) = &step.claimed {
@@ -124,6 +125,7 @@ impl Jobs {
                 for skipped in &step.skipped {
                     tracing::info!(unit, first = skipped.first, last = skipped.last, why = %skipped.why, "elapses skipped");
                 }
+                skipped = step.skipped.iter().map(|skipped| skipped.why).collect();
                 next_due = match (next_due, step.next_elapse) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -144,6 +146,9 @@ impl Jobs {
                 contested.insert(unit.clone());
                 continue;
             }
+            // Counted once written: a pass whose write lost sees the same ends and skips again.
+            count_ends(&record, &next);
+            count_skips(&skipped);
             running |= next.active_run().is_some();
             current.insert(unit.clone(), next);
         }
@@ -206,6 +211,30 @@ impl Jobs {
             .into_iter()
             .filter(|decision| !matches!(decision, Decision::Schedule { unit, .. } if refused.contains(unit)))
             .collect())
+    }
+}
+
+/// Counts the runs `after` shows ended that `before` did not, by result, with how long they ran.
+fn count_ends(before: &JobRecord, after: &JobRecord) {
+    let engine = &fleet_metrics::metrics().engine;
+    for run in &after.runs {
+        let Some(outcome) = &run.outcome else { continue };
+        if before.runs.iter().any(|seen| seen.id == run.id && seen.outcome.is_some()) {
+            continue;
+        }
+        tracing::info!(run = run.id, result = outcome.word(), "run ended");
+        engine.runs.get_or_create(&fleet_metrics::RunLabels { result: outcome.word() }).inc();
+        if let (Some(started), Some(ended)) = (run.started, run.ended) {
+            engine.run_duration.observe(ended.saturating_sub(started).max(0) as f64 / 1e6);
+        }
+    }
+}
+
+/// Counts elapses skipped, by why.
+fn count_skips(skipped: &[runs::SkipReason]) {
+    let engine = &fleet_metrics::metrics().engine;
+    for why in skipped {
+        engine.elapses_skipped.get_or_create(&fleet_metrics::SkipLabels { why: why.word() }).inc();
     }
 }
 

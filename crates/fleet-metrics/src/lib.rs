@@ -33,6 +33,18 @@ pub struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RunLabels {
+    /// `succeeded`, `failed`, `lost` or `stopped`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SkipLabels {
+    /// `missed`, `overlap` or `too_soon`.
+    pub why: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PlanLabels {
     /// `full` (every unit planned), `changed` (only what changed since the last plan) or
     /// `skipped` (only units' contents changed and their placement rules did not: no plan).
@@ -83,6 +95,13 @@ pub struct EngineMetrics {
     pub leader: Gauge,
     pub decisions: Family<DecisionLabels, Counter>,
     pub plans: Family<PlanLabels, Counter>,
+    /// Runs of units on a calendar that ended, by result (counted by the leader that saw the
+    /// end).
+    pub runs: Family<RunLabels, Counter>,
+    /// How long the runs that ended ran, start to end.
+    pub run_duration: Histogram,
+    /// Elapses of units on a calendar skipped, by why.
+    pub elapses_skipped: Family<SkipLabels, Counter>,
 }
 
 /// The agent's reconciler.
@@ -172,6 +191,10 @@ impl Metrics {
             leader: Gauge::default(),
             decisions: Family::default(),
             plans: Family::default(),
+            runs: Family::default(),
+            // 0.1 s to about 27 h.
+            run_duration: Histogram::new(exponential_buckets(0.1, 3.0, 14)),
+            elapses_skipped: Family::default(),
         };
         let agent = AgentMetrics {
             passes: Counter::default(),
@@ -221,6 +244,18 @@ impl Metrics {
             "engine_plans",
             "Plans the engine made, of every unit or of what changed, and those it skipped",
             engine.plans.clone(),
+        );
+        fleet.register("scheduled_runs", "Runs of units on a calendar that ended, by result", engine.runs.clone());
+        fleet.register_with_unit(
+            "scheduled_run_duration",
+            "How long the runs of units on a calendar ran",
+            Unit::Seconds,
+            engine.run_duration.clone(),
+        );
+        fleet.register(
+            "scheduled_elapses_skipped",
+            "Elapses of units on a calendar skipped, by why",
+            engine.elapses_skipped.clone(),
         );
         fleet.register("agent_passes", "Passes of the agent over its machine's work", agent.passes.clone());
         fleet.register(

@@ -135,6 +135,17 @@ pub enum SkipReason {
     TooSoon,
 }
 
+impl SkipReason {
+    /// One word for it, as metrics label it: `missed`, `overlap` or `too_soon`.
+    pub fn word(self) -> &'static str {
+        match self {
+            SkipReason::Missed => "missed",
+            SkipReason::Overlap => "overlap",
+            SkipReason::TooSoon => "too_soon",
+        }
+    }
+}
+
 impl std::fmt::Display for SkipReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
