@@ -1,6 +1,6 @@
-//! The runs of scheduled units (`[X-Fleet] Schedule=`) on this machine: a scheduled unit is
-//! started at most once per load (the engine gives it to a machine for one run, and takes it
-//! off once that run ended), its run is reported with when it started and, once the unit
+//! The runs of units on a calendar or batch units (`Schedule=`, `Batch=true`; "scheduled
+//! units" here) on this machine: a scheduled unit is started at most once per load (the engine
+//! gives it to a machine for one run, and takes it off once that run ended), its run is reported with when it started and, once the unit
 //! manager shows the run's own end, how it ended. A scheduled unit this agent did not load
 //! itself (an earlier fleetd did, before a restart) is never started: whether its run already
 //! ran is not known here, so it is reported lost, and the engine does not run that elapse again.
@@ -29,9 +29,9 @@ pub struct RunBook {
     caught_up: bool,
 }
 
-/// Whether `file`, as unit `name`, runs on a calendar.
-fn is_scheduled(name: &str, file: &UnitFile) -> bool {
-    Requirements::from_unit(name, file).job.is_some_and(|job| job.schedule.is_some())
+/// Whether `file`, as unit `name`, has its runs kept by the engine (on a calendar, or a batch unit).
+fn runs_are_kept(name: &str, file: &UnitFile) -> bool {
+    Requirements::from_unit(name, file).job.is_some_and(|job| job.keeps_runs())
 }
 
 /// Microseconds since the epoch, as runs are reported.
@@ -47,7 +47,7 @@ impl RunBook {
             self.loaded_here.insert(name.to_string());
         }
         self.runs.remove(name);
-        if is_scheduled(name, file) {
+        if runs_are_kept(name, file) {
             self.scheduled.insert(name.to_string());
         } else {
             self.scheduled.remove(name);
@@ -70,7 +70,7 @@ impl RunBook {
     /// over from an earlier fleetd is reported lost instead.
     pub fn may_start(&mut self, name: &str, file: Option<&UnitFile>, now: i64) -> bool {
         if !self.loaded_here.contains(name) {
-            if file.is_some_and(|file| is_scheduled(name, file)) {
+            if file.is_some_and(|file| runs_are_kept(name, file)) {
                 self.adopted(name, now);
                 return false;
             }
@@ -115,7 +115,7 @@ impl RunBook {
         for (name, unit) in loaded {
             if !self.loaded_here.contains(name)
                 && !self.runs.contains_key(name)
-                && bodies.get(&unit.hash).is_some_and(|file| is_scheduled(name, file))
+                && bodies.get(&unit.hash).is_some_and(|file| runs_are_kept(name, file))
             {
                 self.adopted(name, now);
             }

@@ -1060,8 +1060,9 @@ pub struct ImportedUnitReport {
     pub reason: Option<String>,
 }
 
-/// `GET /fleet/v1/units/{name}/runs` (our addition): the calendar of a unit that runs on one and
-/// what became of its elapses. Times are RFC 3339, in UTC.
+/// `GET /fleet/v1/units/{name}/runs` (our addition): the calendar of a unit that runs on one,
+/// whether it is a batch unit, and what became of its elapses and runs. Times are RFC 3339, in
+/// UTC.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct UnitRuns {
@@ -1075,6 +1076,15 @@ pub struct UnitRuns {
     /// An elapse waiting for the run before it to end (`Overlap=queue`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued: Option<String>,
+    /// `[X-Fleet] Batch=true`: each start of the unit is one run.
+    #[serde(default)]
+    pub batch: bool,
+    /// `[X-Fleet] Retries=`: how often a failed run is tried again.
+    #[serde(default)]
+    pub retries: u32,
+    /// When the latest run, failed, is tried again; absent when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<String>,
     /// Oldest first, at most the number a unit keeps.
     #[serde(default)]
     pub runs: Vec<UnitRun>,
@@ -1088,9 +1098,13 @@ pub struct UnitRuns {
 #[serde(rename_all = "camelCase")]
 pub struct UnitRun {
     pub id: u64,
-    /// The elapse it ran for; absent for a run started by hand.
+    /// The elapse it ran for; absent for a run not for an elapse (a batch unit's start, or one
+    /// started by hand).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub elapse: Option<String>,
+    /// 1 for a first run, one more for each retry of it.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
     pub claimed: String,
     #[serde(rename = "machineID", default, skip_serializing_if = "Option::is_none")]
     pub machine_id: Option<String>,
@@ -1109,6 +1123,10 @@ pub struct UnitRun {
     /// Why a lost run is not known to have ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+}
+
+fn first_attempt() -> u32 {
+    1
 }
 
 /// A range of elapses skipped for one reason.

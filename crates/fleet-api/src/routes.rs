@@ -129,6 +129,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(PUT "/fleet/v1/units/{unit}", WriteUnit, Json, |s, c| { plans::unchanged_since(s, c.query).await?; units::put(s, c.role(), c.param(), c.body, &units::writer(c.query)?).await }),
     route!(DELETE "/fleet/v1/units/{unit}", WriteUnit, Empty, |s, c| { plans::unchanged_since(s, c.query).await?; units::delete(s, c.param(), &units::writer(c.query)?).await }),
     route!(GET "/fleet/v1/units/{unit}/runs", ReadUnit, Empty, |s, c| runs::get(s, c.param()).await),
+    route!(POST "/fleet/v1/units/{unit}/runs", WriteUnit, Empty, |s, c| runs::post(s, c.param()).await),
     route!(GET "/fleet/v1/state", List, Empty, |s, c| state::list(s, c.query, c.role()).await),
     route!(GET "/fleet/v1/state/{unit}", ReadUnit, Empty, |s, c| state::get(s, c.param()).await),
     route!(GET "/fleet/v1/machines", List, Empty, |s, c| machines::list(s, c.query, c.role()).await),

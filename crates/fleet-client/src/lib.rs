@@ -507,6 +507,12 @@ impl Client {
         }
     }
 
+    /// Starts a run of `name` now (`fleetctl run`): the run claimed, which the engine places.
+    pub async fn start_run(&self, name: &str) -> Result<fleet_api_schema::UnitRun> {
+        let (_, bytes) = self.send(Method::POST, &format!("units/{}/runs", encode_component(name)), None).await?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
     /// Creates or replaces a unit (PUT with options).
     pub async fn put_unit(&self, unit: &Unit) -> Result<()> {
         let body = serde_json::to_string(unit).map_err(|error| ClientError::Decode(error.to_string()))?;

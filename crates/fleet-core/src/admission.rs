@@ -15,7 +15,7 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
     crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
     crate::job::job_of(name, file.options()).map_err(|error| error.to_string())?;
-    crate::job::refuse_until_runs_are_kept(file.options()).map_err(|error| error.to_string())?;
+    crate::job::refuse_what_is_not_run_yet(file.options()).map_err(|error| error.to_string())?;
     crate::secrets::references(file)?;
     Requirements::from_unit(name, file).validate().map_err(|error| error.to_string())
 }
@@ -46,18 +46,16 @@ mod tests {
     }
 
     #[test]
-    fn job_options_not_acted_on_yet_are_refused_and_malformed_ones_say_why_first() {
-        let file = UnitFile::parse("[Service]\nType=oneshot\n[X-Fleet]\nSchedule=daily\n").expect("a unit");
-        assert_eq!(admit_unit("backup.service", &file), Ok(()));
+    fn global_jobs_are_refused_and_malformed_job_options_say_why_first() {
         let file = UnitFile::parse("[Service]\nType=oneshot\n[X-Fleet]\nSchedule=daily\nRetries=2\n").expect("a unit");
-        assert_eq!(
-            admit_unit("backup.service", &file),
-            Err("[X-Fleet] Retries= is read but this fleet does not act on it yet; without it the unit runs as it would"
-                .to_string())
-        );
+        assert_eq!(admit_unit("backup.service", &file), Ok(()));
+        let file = UnitFile::parse("[X-Fleet]\nBatch=true\nRetries=2\nRetryDelay=1min\n").expect("a unit");
+        assert_eq!(admit_unit("migrate.service", &file), Ok(()));
         let file = UnitFile::parse("[X-Fleet]\nSchedule=daily\nGlobal=true\n").expect("a unit");
-        assert!(admit_unit("sweep.service", &file).is_err_and(|error| error.contains("Schedule= with Global=true")));
-        let file = UnitFile::parse("[X-Fleet]\nSchedule=25:00\n").expect("a unit");
+        assert!(admit_unit("sweep.service", &file).is_err_and(|error| error.contains("Batch=true with Global=true")));
+        let file = UnitFile::parse("[X-Fleet]\nBatch=yes\nGlobal=true\n").expect("a unit");
+        assert!(admit_unit("sweep.service", &file).is_err_and(|error| error.contains("Batch=true with Global=true")));
+        let file = UnitFile::parse("[X-Fleet]\nSchedule=25:00\nGlobal=true\n").expect("a unit");
         assert!(admit_unit("a.service", &file).is_err_and(|error| error.contains("the hour 25 is outside 0..23")));
         let file = UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n").expect("a unit");
         assert_eq!(admit_unit("setup.service", &file), Ok(()), "a oneshot service as before");

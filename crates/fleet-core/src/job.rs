@@ -1,9 +1,13 @@
 //! The `[X-Fleet]` options of work that ends: `Schedule=` (a calendar expression, as systemd's
 //! `OnCalendar=` reads it: the engine starts one run of the unit at each elapse), what happens
 //! when an elapse finds the last run still running (`Overlap=`) or came while no engine leader
-//! was there to see it (`Missed=`), `Batch=true` (the unit runs to completion, as a
-//! `Type=oneshot` service does), and how a failed run is tried again (`Retries=`,
-//! `RetryDelay=`, the delay doubling up to [`LONGEST_RETRY_DELAY`]).
+//! was there to see it (`Missed=`), `Batch=true` (each start of the unit is one run, taken off
+//! its machine once it ended, its result kept), and how a failed run is tried again
+//! (`Retries=`, `RetryDelay=`, the delay doubling up to [`LONGEST_RETRY_DELAY`]).
+//!
+//! A `Type=oneshot` service without `Batch=` or `Schedule=` stays what it is in the original
+//! fleet: it stays on its machine after its run (units that follow it with `MachineOf=` rely on
+//! that), and no run of it is kept.
 
 use std::fmt;
 use std::str::FromStr;
@@ -52,8 +56,9 @@ pub struct Job {
     pub schedule: Option<CalendarSpec>,
     pub overlap: Overlap,
     pub missed: Missed,
-    /// `Batch=true`, or a `Type=oneshot` service: a run ends, and its result is kept.
-    pub runs_to_completion: bool,
+    /// `Batch=true`: each start of the unit is one run, kept, and the unit is taken off its
+    /// machine once the run ended.
+    pub batch: bool,
     /// How many times a failed run is tried again.
     pub retries: u32,
     /// The wait before the first retry; each further one waits twice as long.
@@ -61,6 +66,11 @@ pub struct Job {
 }
 
 impl Job {
+    /// Whether the engine keeps the unit's runs (and places it only for a run).
+    pub fn keeps_runs(&self) -> bool {
+        self.schedule.is_some() || self.batch
+    }
+
     /// The wait before retry `attempt` (1 for the first): `RetryDelay=` doubled each time, up
     /// to [`LONGEST_RETRY_DELAY`] (or `RetryDelay=` itself, when that is longer).
     pub fn retry_delay_before(&self, attempt: u32) -> Duration {
@@ -78,30 +88,23 @@ pub enum JobError {
     ScheduledTemplate(String),
     #[error("[X-Fleet] {0}= needs Schedule=")]
     NeedsSchedule(&'static str),
-    #[error("[X-Fleet] {0}= needs a unit that runs to completion (Batch=true, or Type=oneshot in [Service])")]
-    NeedsCompletion(&'static str),
-    #[error("[X-Fleet] {0}= is read but this fleet does not act on it yet; without it the unit runs as it would")]
-    NotRunYet(&'static str),
+    #[error("[X-Fleet] {0}= needs Batch=true or Schedule=: fleet retries only the runs it keeps")]
+    NeedsRuns(&'static str),
     #[error(
-        "[X-Fleet] Schedule= with Global=true is not run by this fleet yet: a global unit on a calendar would run on every machine all the time"
+        "[X-Fleet] Schedule= or Batch=true with Global=true is not run by this fleet yet: a global unit's runs would not be kept, and it would run on every machine all the time"
     )]
-    GlobalSchedule,
+    GlobalJob,
 }
 
-/// The job options this fleet reads but does not act on yet: batch units with kept results
-/// and retries of failed runs. A unit with them would silently not get what it asks for.
-const NOT_ACTED_ON_YET: &[&str] = &["Batch", "Retries", "RetryDelay"];
-
-/// Refuses the job options this fleet reads but does not act on yet. Malformed values are
-/// refused by [`job_of`] first.
-pub fn refuse_until_runs_are_kept(options: &[UnitOption]) -> Result<(), JobError> {
-    if let Some(key) = NOT_ACTED_ON_YET.iter().find(|key| last_value(options, SECTION, key).is_some()) {
-        return Err(JobError::NotRunYet(key));
-    }
+/// Refuses what this fleet reads but does not run yet: a global unit on a calendar or a batch
+/// global unit (one run per machine and elapse is not kept yet). Malformed values are refused
+/// by [`job_of`] first.
+pub fn refuse_what_is_not_run_yet(options: &[UnitOption]) -> Result<(), JobError> {
     let global = last_value(options, SECTION, "Global")
         .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t"));
-    if global && last_value(options, SECTION, "Schedule").is_some() {
-        return Err(JobError::GlobalSchedule);
+    let batch = last_value(options, SECTION, "Batch").and_then(parse_systemd_bool).unwrap_or(false);
+    if global && (last_value(options, SECTION, "Schedule").is_some() || batch) {
+        return Err(JobError::GlobalJob);
     }
     Ok(())
 }
@@ -144,22 +147,21 @@ pub fn job_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Job>, Jo
         Some(value) => parse_systemd_bool(value)
             .ok_or_else(|| invalid("Batch", value, "expected a boolean (yes or no)".to_string()))?,
     };
-    let oneshot = last_value(options, "Service", "Type").is_some_and(|kind| kind.trim() == "oneshot");
-    let runs_to_completion = batch || oneshot;
-    let completion = |option: &'static str| -> Result<Option<&str>, JobError> {
+    let keeps_runs = batch || schedule.is_some();
+    let kept = |option: &'static str| -> Result<Option<&str>, JobError> {
         match fleet(option) {
-            Some(_) if !runs_to_completion => Err(JobError::NeedsCompletion(option)),
+            Some(_) if !keeps_runs => Err(JobError::NeedsRuns(option)),
             other => Ok(other),
         }
     };
     let retries =
-        match completion("Retries")? {
+        match kept("Retries")? {
             None => 0,
             Some(value) => value.trim().parse::<u32>().ok().filter(|n| *n <= MOST_RETRIES).ok_or_else(|| {
                 invalid("Retries", value, format!("expected a whole number from 0 to {MOST_RETRIES}"))
             })?,
         };
-    let retry_delay = match completion("RetryDelay")? {
+    let retry_delay = match kept("RetryDelay")? {
         None => DEFAULT_RETRY_DELAY,
         Some(value) => match parse_timespan(value) {
             Ok(Some(span)) if (SHORTEST_RETRY_DELAY..=Duration::from_secs(86_400)).contains(&span) => span,
@@ -167,10 +169,10 @@ pub fn job_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Job>, Jo
             Err(error) => return Err(invalid("RetryDelay", value, error.to_string())),
         },
     };
-    if schedule.is_none() && !runs_to_completion {
+    if !keeps_runs {
         return Ok(None);
     }
-    Ok(Some(Job { schedule, overlap, missed, runs_to_completion, retries, retry_delay }))
+    Ok(Some(Job { schedule, overlap, missed, batch, retries, retry_delay }))
 }
 
 impl FromStr for Overlap {
@@ -236,7 +238,7 @@ mod tests {
             read.schedule.as_ref().map(ToString::to_string).as_deref(),
             Some("Mon..Fri *-*-* 02:00:00 Europe/Berlin")
         );
-        assert_eq!((read.overlap, read.missed, read.runs_to_completion), (Overlap::Skip, Missed::Skip, true));
+        assert_eq!((read.overlap, read.missed, read.batch), (Overlap::Skip, Missed::Skip, false));
         assert_eq!((read.retries, read.retry_delay), (0, DEFAULT_RETRY_DELAY));
         let read = job(
             "report.service",
@@ -249,6 +251,11 @@ mod tests {
         assert_eq!(read.retry_delay_before(3), Duration::from_secs(120));
         assert_eq!(read.retry_delay_before(40), LONGEST_RETRY_DELAY);
         assert_eq!(job("web.service", "[Service]\nExecStart=/bin/web\n"), Ok(None));
+        assert_eq!(job("setup.service", "[Service]\nType=oneshot\nRemainAfterExit=yes\n"), Ok(None), "as the original");
+        let read = job("migrate.service", "[Service]\nType=oneshot\n[X-Fleet]\nBatch=true\nRetries=2\n")
+            .expect("valid")
+            .expect("a job");
+        assert!(read.batch && read.keeps_runs() && read.schedule.is_none());
         let file = UnitFile::parse(
             "[X-Fleet]\nSchedule=daily\nOverlap=queue\nMissed=once\nBatch=1\nRetries=1\nRetryDelay=5s\n",
         )
@@ -282,8 +289,8 @@ mod tests {
             "invalid value \"all\" for [X-Fleet] Missed: expected skip or once"
         );
         assert_eq!(
-            error("a.service", "[X-Fleet]\nRetries=3\n"),
-            "[X-Fleet] Retries= needs a unit that runs to completion (Batch=true, or Type=oneshot in [Service])"
+            error("a.service", "[Service]\nType=oneshot\n[X-Fleet]\nRetries=3\n"),
+            "[X-Fleet] Retries= needs Batch=true or Schedule=: fleet retries only the runs it keeps"
         );
         assert_eq!(
             error("a.service", "[X-Fleet]\nBatch=true\nRetries=1000\n"),

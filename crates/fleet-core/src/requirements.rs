@@ -74,6 +74,9 @@ pub struct Requirements {
     /// companions); `None` for a service, and for one whose job options cannot be read (such a
     /// unit is refused at submission).
     pub job: Option<crate::job::Job>,
+    /// Machines the unit goes to only when no other machine takes it: the engine sets them for
+    /// the retry of a run that failed there. Never read from a unit file.
+    pub avoid: Vec<String>,
 }
 
 /// Splits `"a=1" "b=2"` into its quoted parts, as the original does for `[X-Fleet]` values
@@ -131,6 +134,7 @@ impl Requirements {
             reservation,
             unknown_keys: _,
             job,
+            avoid,
         } = self;
         *machine_id == other.machine_id
             && *machine_of == other.machine_of
@@ -143,6 +147,7 @@ impl Requirements {
             && *spread_group == other.spread_group
             && *reservation == other.reservation
             && *job == other.job
+            && *avoid == other.avoid
     }
 
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.

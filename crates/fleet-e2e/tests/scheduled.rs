@@ -91,3 +91,59 @@ fn a_scheduled_unit_runs_once_per_elapse_through_systemd_and_its_runs_are_kept()
         assert!(started <= ended && started >= run.elapse.expect("an elapse"), "{run:?}");
     }
 }
+
+/// A batch unit (`Batch=true`) through systemd: its start is one run; the run that fails is
+/// retried after its delay and the retry's success kept; `fleetctl run` starts one more.
+#[test]
+fn a_batch_unit_runs_once_per_start_its_failed_run_is_retried_and_fleetctl_run_runs_it_again() {
+    let systemd = SystemdUser::start();
+    let units = systemd.units_directory().display().to_string();
+    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
+    let mut fleet =
+        Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let failed_once = dir.path().join("failed-once");
+    // The first run fails with status 3; every later one succeeds.
+    let text = format!(
+        "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo run >> {ran}; test -e {marker} || {{ touch {marker}; exit 3; }}'\n\
+         [X-Fleet]\nBatch=true\nRetries=2\nRetryDelay=1s\n",
+        ran = ran.display(),
+        marker = failed_once.display()
+    );
+    let migrate = write_unit(dir.path(), "migrate.service", &text);
+    let started = fleet.ok(&["start", &migrate]);
+    assert!(
+        started.stdout.contains("Triggered unit migrate.service start; fleetctl runs migrate.service shows"),
+        "{started:?}"
+    );
+    let succeeded = |f: &Fleetd| f.ok(&["runs", "migrate.service", "-o", "json"]).stdout;
+    fleet.wait_until("the retry succeeded", WAIT, |f| {
+        let json: serde_json::Value = serde_json::from_str(&succeeded(f)).unwrap();
+        json["runs"].as_array().is_some_and(|runs| runs.iter().any(|run| run["state"] == "succeeded"))
+    });
+    let shown = fleet.ok(&["runs", "migrate.service"]).stdout;
+    assert!(shown.starts_with("Unit migrate.service is a batch unit: each start is one run.\n"), "{shown}");
+    assert!(shown.contains("failed (status 3)\n"), "{shown}");
+    assert!(shown.contains("succeeded, attempt 2\n"), "{shown}");
+
+    let again = fleet.ok(&["run", "migrate.service"]);
+    assert!(again.stdout.starts_with("Started run 3 of migrate.service;"), "{again:?}");
+    fleet.wait_until("the run by hand ran", WAIT, |_| {
+        std::fs::read_to_string(&ran).map_or(0, |t| t.lines().count()) >= 3
+    });
+    let web = write_unit(dir.path(), "web.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    fleet.ok(&["submit", &web]);
+    let refused = fleet.fleetctl(&["run", "web.service"]);
+    assert_eq!(refused.code, 1, "{refused:?}");
+    assert!(refused.stderr.contains("neither Schedule= nor Batch=true"), "{refused:?}");
+    fleet.wait_until("the run by hand is kept", WAIT, |f| {
+        let json: serde_json::Value = serde_json::from_str(&succeeded(f)).unwrap();
+        json["runs"].as_array().is_some_and(|runs| runs.len() == 3 && runs[2]["state"] == "succeeded")
+    });
+    let record = record_after_stop(&mut fleet, "migrate.service");
+    let summary: Vec<(u64, u32, &str)> =
+        record.runs.iter().map(|run| (run.id, run.attempt, run.outcome.as_ref().map_or("-", Outcome::word))).collect();
+    assert_eq!(summary, vec![(1, 1, "failed"), (2, 2, "succeeded"), (3, 1, "succeeded")], "{record:?}");
+    assert_eq!(std::fs::read_to_string(&ran).unwrap().lines().count(), 3, "each run ran once");
+}

@@ -1,16 +1,19 @@
-//! The runs of scheduled units (`[X-Fleet] Schedule=`), as the leading engine keeps them: each
-//! pass it reads every job record, takes in what the machines report of the active runs
-//! ([`fleet_core::job::runs::observe`]), claims or skips the elapses due
-//! ([`fleet_core::job::runs::advance`]) and writes each record that changed by
-//! compare-and-swap, before the planner sees anything. The planner then sees a scheduled unit
-//! as wanted only while a run of it is active and has not ended, on the machine its run was
-//! given and nowhere else; a run not yet placed is placed where the planner puts it, and that
-//! machine is recorded, again by compare-and-swap, before the placement is written. So no
-//! elapse is claimed twice and no run is placed twice, across leaders and lost answers.
+//! The runs of units on a calendar (`[X-Fleet] Schedule=`) and of batch units (`Batch=true`),
+//! as the leading engine keeps them: each pass it reads every job record, takes in what the
+//! machines report of the active runs ([`fleet_core::job::runs::observe`]), claims or skips the
+//! elapses due and claims the runs owed to a batch unit's start or a failed run's retry
+//! ([`fleet_core::job::runs::advance`]), and writes each record that changed by
+//! compare-and-swap, before the planner sees anything. The planner then sees such a unit as
+//! wanted only while a run of it is active and has not ended, on the machine its run was given
+//! and nowhere else; a run not yet placed is placed where the planner puts it (away from the
+//! machines a retried run failed on, when it can be), and that machine is recorded, again by
+//! compare-and-swap, before the placement is written. So no elapse is claimed twice and no run
+//! is placed twice, across leaders and lost answers.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+use fleet_core::job::Job;
 use fleet_core::job::runs::{self, JobRecord, RunPlace, Seen};
 use fleet_core::schedule::{ClusterSnapshot, Decision};
 use fleet_core::{DesiredState, Requirements};
@@ -76,7 +79,7 @@ impl Jobs {
         let scheduled: BTreeMap<String, (Arc<Requirements>, DesiredState)> = cluster
             .units
             .iter()
-            .filter(|unit| unit.requirements.job.as_ref().is_some_and(|job| job.schedule.is_some()))
+            .filter(|unit| unit.requirements.job.as_ref().is_some_and(Job::keeps_runs))
             .map(|unit| (unit.name.clone(), (unit.requirements.clone(), unit.desired)))
             .collect();
         if scheduled.is_empty() && !self.watching {
@@ -126,7 +129,7 @@ impl Jobs {
                     tracing::info!(unit, first = skipped.first, last = skipped.last, why = %skipped.why, "elapses skipped");
                 }
                 skipped = step.skipped.iter().map(|skipped| skipped.why).collect();
-                next_due = match (next_due, step.next_elapse) {
+                next_due = match (next_due, step.next_due) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
@@ -170,7 +173,7 @@ impl Jobs {
         let scheduled: BTreeSet<&str> = cluster
             .units
             .iter()
-            .filter(|unit| unit.requirements.job.as_ref().is_some_and(|job| job.schedule.is_some()))
+            .filter(|unit| unit.requirements.job.as_ref().is_some_and(Job::keeps_runs))
             .map(|unit| unit.name.as_str())
             .collect();
         let placing: Vec<(&str, &str)> = decisions
@@ -252,9 +255,16 @@ fn as_planned(
         if !scheduled.contains_key(&unit.name) {
             continue;
         }
-        match records.get(&unit.name).and_then(runs::runs_now) {
+        let record = records.get(&unit.name);
+        match record.and_then(runs::runs_now) {
             None => unit.desired = DesiredState::Inactive,
-            Some(RunPlace::Anywhere) => unit.desired = DesiredState::Launched,
+            Some(RunPlace::Anywhere) => {
+                unit.desired = DesiredState::Launched;
+                let avoid = record.and_then(JobRecord::active_run).map(|run| run.avoid.clone()).unwrap_or_default();
+                if !avoid.is_empty() {
+                    unit.requirements = Arc::new(Requirements { avoid, ..(*unit.requirements).clone() });
+                }
+            }
             Some(RunPlace::On(machine)) => {
                 unit.desired = DesiredState::Launched;
                 let pinned = Requirements { machine_id: Some(machine.to_string()), ..(*unit.requirements).clone() };

@@ -2,7 +2,8 @@
 //! the real clock (elapses are wall-clock times), with the machines' agents played by the test
 //! through the store's agent facet: a run is claimed at its elapse, placed once, taken off its
 //! machine when that machine reports its end, and the next one waits until the machine let the
-//! unit go; a run whose machine is lost is recorded lost and never placed elsewhere.
+//! unit go; a run whose machine is lost is recorded lost and never placed elsewhere. A batch
+//! unit runs once per start, and its failed run is retried on the other machine.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -39,10 +40,14 @@ async fn placed_on(registry: &EmbeddedRegistry) -> Option<String> {
 
 /// What the agent of `machine` reports of the unit: loaded and started by it, with `run`.
 fn report(machine: &str, active: &str, run: RunReport) -> StateReport {
+    report_of(&scheduled(), machine, active, run)
+}
+
+fn report_of(file: &UnitFile, machine: &str, active: &str, run: RunReport) -> StateReport {
     StateReport::Set(UnitState {
         name: UNIT.into(),
         machine_id: machine.into(),
-        hash: scheduled().hash(),
+        hash: file.hash(),
         systemd: SystemdState::new("loaded", active, if active == "active" { "running" } else { "dead" }),
         launched: true,
         drift: None,
@@ -162,6 +167,59 @@ async fn stopping_a_scheduled_unit_stops_its_run_and_destroying_it_removes_its_r
     registry.report_states("m1", &[StateReport::Remove(UNIT.into())]).await.unwrap();
     registry.destroy_unit(UNIT).await.unwrap();
     eventually_within("the record goes with the unit", WAIT, async || record(&registry).await.is_none()).await;
+
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
+
+/// A batch unit (`Batch=true`) runs once when started; its failed run is retried after its
+/// delay on the machine it did not fail on; once a run succeeded it is not run again while it
+/// stays started.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_unit_runs_once_and_its_failed_run_is_retried_on_another_machine() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    for id in ["m1", "m2"] {
+        registry.register_machine(&machine(id)).await.unwrap();
+    }
+    let file = UnitFile::parse(
+        "[Service]\nType=oneshot\nExecStart=/bin/false\n[X-Fleet]\nBatch=true\nRetries=1\nRetryDelay=1s\n",
+    )
+    .unwrap();
+    let (stop, engine) = start_engine(&registry);
+    registry.put_unit(UNIT, &file, DesiredState::Launched).await.unwrap();
+    eventually_within("the run is placed", WAIT, async || placed_on(&registry).await.is_some()).await;
+    let failed_on = placed_on(&registry).await.unwrap();
+    let failed =
+        RunReport { started: 1, ended: Some(2), outcome: Some(Outcome::Failed { status: Some(1), signal: None }) };
+    registry.report_states(&failed_on, &[report_of(&file, &failed_on, "failed", failed)]).await.unwrap();
+    eventually_within("the failed run is taken off", WAIT, async || placed_on(&registry).await.is_none()).await;
+    registry.report_states(&failed_on, &[StateReport::Remove(UNIT.into())]).await.unwrap();
+
+    let other = if failed_on == "m1" { "m2" } else { "m1" };
+    eventually_within("the retry is placed on the other machine", WAIT, async || {
+        placed_on(&registry).await.as_deref() == Some(other)
+    })
+    .await;
+    let retry = record(&registry).await.unwrap().active_run().cloned().expect("the retry");
+    assert_eq!((retry.id, retry.attempt, retry.avoid.clone()), (2, 2, vec![failed_on.clone()]));
+    let succeeded = RunReport { started: 3, ended: Some(4), outcome: Some(Outcome::Succeeded) };
+    registry.report_states(other, &[report_of(&file, other, "inactive", succeeded)]).await.unwrap();
+    eventually_within("the retry's end is kept and its unit taken off", WAIT, async || {
+        placed_on(&registry).await.is_none()
+            && record(&registry).await.is_some_and(|record| record.runs.last().unwrap().outcome.is_some())
+    })
+    .await;
+    registry.report_states(other, &[StateReport::Remove(UNIT.into())]).await.unwrap();
+    eventually_within("the retry is let go of", WAIT, async || {
+        record(&registry).await.is_some_and(|record| record.active_run().is_none())
+    })
+    .await;
+    let done = record(&registry).await.unwrap();
+    let outcomes: Vec<&str> = done.runs.iter().filter_map(|run| run.outcome.as_ref().map(Outcome::word)).collect();
+    assert_eq!(outcomes, vec!["failed", "succeeded"]);
+    assert_eq!(registry.unit(UNIT).await.unwrap().map(|view| view.desired), Some(DesiredState::Launched));
+    assert_eq!(placed_on(&registry).await, None, "done: not run again while it stays started");
 
     stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();

@@ -329,13 +329,24 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     }
     /// Every unit state every machine reported, in (unit, machine) order.
     async fn unit_states(&self) -> Result<Vec<UnitState>>;
+    /// The job record of `unit` (its runs, when it runs on a calendar or is a batch unit), with
+    /// its version, if it has one.
+    async fn job_record(&self, unit: &str) -> Result<Option<StoredJob>>;
+    /// Replaces `unit`'s job record by `record`, which has a run started by hand (`fleetctl
+    /// run`), if the stored one is still at `version` (0: none is stored); `false` when another
+    /// write came first. The one write of a job record not fenced by the engine's lease (the
+    /// version alone orders it against the leader's), and it wakes the engine.
+    async fn put_dispatched_run(
+        &self,
+        unit: &str,
+        record: &fleet_core::job::runs::JobRecord,
+        version: u64,
+    ) -> Result<bool>;
     /// Moves when a unit, its placement or a unit state may have changed (a store may move it
     /// more often), for a reader of [`ApiRegistry::units_page`] and
     /// [`ApiRegistry::unit_states_page`] to read again. On etcd it moves while those pages are
     /// being read or the engine leads (either holds the cluster's cache; an API read lets it
     /// go when idle).
-    /// The job record of `unit` (its runs, when it runs on a calendar), if it has one.
-    async fn job_record(&self, unit: &str) -> Result<Option<fleet_core::job::runs::JobRecord>>;
     fn unit_changes(&self) -> ChangeSignal;
     /// Live machines with their effective metadata, in ID order.
     async fn machines(&self) -> Result<Vec<MachineState>>;

@@ -228,12 +228,28 @@ pub(super) fn set_pins_in(
 
 #[async_trait]
 impl ApiRegistry for EmbeddedRegistry {
-    async fn job_record(&self, unit: &str) -> Result<Option<fleet_core::job::runs::JobRecord>> {
+    async fn job_record(&self, unit: &str) -> Result<Option<fleet_registry::StoredJob>> {
         let unit = unit.to_string();
         self.read(move |txn| {
             let jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;
             let Some(value) = jobs.get(unit.as_str()).map_err(unavailable)? else { return Ok(None) };
-            Ok(Some(tables::decode::<tables::StoredJobValue>(&unit, value.value())?.record))
+            let stored = tables::decode::<tables::StoredJobValue>(&unit, value.value())?;
+            Ok(Some(fleet_registry::StoredJob { unit: unit.clone(), record: stored.record, version: stored.version }))
+        })
+        .await
+    }
+
+    async fn put_dispatched_run(
+        &self,
+        unit: &str,
+        record: &fleet_core::job::runs::JobRecord,
+        version: u64,
+    ) -> Result<bool> {
+        let (unit, record) = (unit.to_string(), record.clone());
+        self.write(move |txn, touched| {
+            let replaced = crate::engine::replace_job_record(txn, &unit, Some(record), version)?;
+            touched.engine = replaced;
+            Ok(replaced)
         })
         .await
     }

@@ -168,28 +168,7 @@ impl EngineRegistry for EmbeddedRegistry {
             return Err(RegistryError::LeadershipLost);
         }
         let (unit, record) = (unit.to_string(), record.cloned());
-        self.write(move |txn, _touched| {
-            let mut jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;
-            let stored = jobs
-                .get(unit.as_str())
-                .map_err(unavailable)?
-                .and_then(|value| decode::<tables::StoredJobValue>(&unit, value.value()).ok())
-                .map_or(0, |stored| stored.version);
-            if stored != version {
-                return Ok(false);
-            }
-            match record {
-                Some(record) => {
-                    let value = encode(&tables::StoredJobValue { version: version + 1, record });
-                    jobs.insert(unit.as_str(), value.as_slice()).map_err(unavailable)?;
-                }
-                None => {
-                    jobs.remove(unit.as_str()).map_err(unavailable)?;
-                }
-            }
-            Ok(true)
-        })
-        .await
+        self.write(move |txn, _touched| replace_job_record(txn, &unit, record, version)).await
     }
 
     fn engine_changes(&self) -> ChangeSignal {
@@ -220,4 +199,33 @@ impl EmbeddedRegistry {
         })
         .await
     }
+}
+
+/// Replaces `unit`'s job record by `record` (`None`: removes it) if the stored one is at
+/// `version` (0: none); `false` when it is not.
+pub(crate) fn replace_job_record(
+    txn: &redb::WriteTransaction,
+    unit: &str,
+    record: Option<JobRecord>,
+    version: u64,
+) -> Result<bool> {
+    let mut jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;
+    let stored = jobs
+        .get(unit)
+        .map_err(unavailable)?
+        .and_then(|value| decode::<tables::StoredJobValue>(unit, value.value()).ok())
+        .map_or(0, |stored| stored.version);
+    if stored != version {
+        return Ok(false);
+    }
+    match record {
+        Some(record) => {
+            let value = encode(&tables::StoredJobValue { version: version + 1, record });
+            jobs.insert(unit, value.as_slice()).map_err(unavailable)?;
+        }
+        None => {
+            jobs.remove(unit).map_err(unavailable)?;
+        }
+    }
+    Ok(true)
 }

@@ -357,13 +357,37 @@ fn missing_body(key: String) -> RegistryError {
 
 #[async_trait]
 impl ApiRegistry for EtcdRegistry {
-    async fn job_record(&self, unit: &str) -> Result<Option<fleet_core::job::runs::JobRecord>> {
+    async fn job_record(&self, unit: &str) -> Result<Option<fleet_registry::StoredJob>> {
         let key = self.keys().job(unit);
         let reply = self.connection().get(&key, None).await?;
         match reply.kvs().first() {
-            Some(kv) => Ok(Some(fleet_registry::codec::decode(&key, kv.value())?)),
+            Some(kv) => Ok(Some(fleet_registry::StoredJob {
+                unit: unit.to_string(),
+                record: fleet_registry::codec::decode(&key, kv.value())?,
+                version: u64::try_from(kv.mod_revision()).unwrap_or(0),
+            })),
             None => Ok(None),
         }
+    }
+
+    /// One transaction comparing the record's own revision (0: absent); the engine wakes on
+    /// it through the cluster's cache, which holds the records.
+    async fn put_dispatched_run(
+        &self,
+        unit: &str,
+        record: &fleet_core::job::runs::JobRecord,
+        version: u64,
+    ) -> Result<bool> {
+        let key = self.keys().job(unit);
+        let unchanged = match version {
+            0 => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            version => {
+                Compare::mod_revision(key.as_str(), CompareOp::Equal, i64::try_from(version).unwrap_or(i64::MAX))
+            }
+        };
+        let write = TxnOp::put(key.as_str(), fleet_registry::codec::encode(record), None);
+        let reply = self.connection().txn(Txn::new().when([unchanged]).and_then([write])).await?;
+        Ok(reply.succeeded())
     }
 
     /// etcd's revision, which every write under any key moves: one read of one key.

@@ -28,6 +28,8 @@ fn engine_ranges(keys: &Keys) -> Vec<KeyRange> {
         KeyRange::prefix(keys.machines()),
         KeyRange::prefix(keys.all_metadata()),
         KeyRange::prefix(keys.all_drains()),
+        // Job records: a run started by hand wakes the engine.
+        KeyRange::prefix(keys.jobs()),
     ]
 }
 

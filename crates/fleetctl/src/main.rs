@@ -277,6 +277,9 @@ enum Command {
         #[command(flatten)]
         units: unit_arguments::UnitList,
     },
+    /// Start a run now of a started unit on a calendar ([X-Fleet] Schedule=) or of a batch unit
+    /// (Batch=true), unless one is running
+    Run { unit: String },
     /// Show a unit's calendar ([X-Fleet] Schedule=), when it next runs, and what became of its
     /// runs and elapses
     Runs {
@@ -837,6 +840,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         }
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Runs { unit, output } => runs::runs(&context, &unit, output.output).await,
+        Command::Run { unit } => runs::run(&context, &unit).await,
         Command::Status { units, output, .. } => inspect::status(&context, &units, output.output).await,
         Command::Journal { lines, follow, units, .. } => inspect::journal(&context, &units, lines, follow).await,
         Command::ListMachines { list, fields, output } => list::machines(&context, &list, &fields, output.output).await,

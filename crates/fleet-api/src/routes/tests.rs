@@ -45,6 +45,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("PUT", "/fleet/v1/units/{unit}", "UAAADDDDUUUUX"),
     ("DELETE", "/fleet/v1/units/{unit}", "UAAADDDDUUUUX"),
     ("GET", "/fleet/v1/units/{unit}/runs", "UAAAHADDUUUUA"),
+    ("POST", "/fleet/v1/units/{unit}/runs", "UAAADDDDUUUUX"),
     ("GET", "/fleet/v1/state", "UAAAAADDUUUUA"),
     ("GET", "/fleet/v1/state/{unit}", "UAAAHADDUUUUA"),
     ("GET", "/fleet/v1/machines", "UAAAAADDUUUUA"),

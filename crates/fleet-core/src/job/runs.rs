@@ -1,10 +1,13 @@
-//! A scheduled unit's runs: which elapses of its calendar the engine leader claims for a run,
-//! which it skips and why, and what it keeps of them. One [`JobRecord`] per unit, replaced whole
+//! The runs of a unit on a calendar or of a batch unit: which elapses of its calendar the engine
+//! leader claims for a run, which it skips and why, when a batch unit's start or a failed run's
+//! retry is owed a run, and what it keeps of them. One [`JobRecord`] per unit, replaced whole
 //! by compare-and-swap: [`advance`] only ever moves the record's cursor forward and claims only
 //! elapses after it, so two leaders (or one leader whose write's answer was lost, trying
 //! again from what it reads back) never both claim one elapse. That is the at-most-once rule;
 //! the at-least-once rule is that every elapse after the schedule began is claimed, queued or
-//! recorded as skipped with its reason.
+//! recorded as skipped with its reason. A retry (`Retries=`) is a further attempt at the same
+//! elapse, claimed only once the attempt before it failed (ended with a status or a signal: a
+//! run whose machine was lost is never retried, since whether it ran is not known).
 
 use serde::{Deserialize, Serialize};
 
@@ -33,14 +36,28 @@ pub struct JobRecord {
     pub queued: Option<i64>,
     /// The latest ranges of skipped elapses, oldest first.
     pub skips: Vec<Skipped>,
+    /// The unit was stopped since its last run: a batch unit's next start is owed a run.
+    #[serde(default)]
+    pub stopped_since_run: bool,
+    /// A run started by hand waits for the run before it, ended, to be let go of.
+    #[serde(default)]
+    pub owed_by_hand: bool,
 }
 
 /// One run of a unit.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Run {
     pub id: u64,
-    /// The elapse it runs for; `None`: started by hand (`fleetctl run`).
+    /// The elapse it runs for; `None`: not for an elapse (a batch unit's start, or `fleetctl
+    /// run`).
     pub elapse: Option<i64>,
+    /// 1 for a first run, one more for each retry of it.
+    #[serde(default = "first_attempt")]
+    pub attempt: u32,
+    /// The machines the attempts before this one failed on: it goes to one of them only when
+    /// no other machine takes it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid: Vec<String>,
     /// When it was claimed.
     pub claimed: i64,
     /// The machine it was given to, once placed.
@@ -53,6 +70,10 @@ pub struct Run {
     /// unit, and no other run of it starts.
     #[serde(default)]
     pub released: bool,
+}
+
+fn first_attempt() -> u32 {
+    1
 }
 
 impl Run {
@@ -165,14 +186,23 @@ pub struct Advance {
     pub claimed: Option<Run>,
     /// The ranges this step skipped.
     pub skipped: Vec<Skipped>,
-    /// When the next elapse is due (`None`: never again).
-    pub next_elapse: Option<i64>,
+    /// When the next step is due: the next elapse, or a failed run's retry (`None`: nothing
+    /// is due on the clock).
+    pub next_due: Option<i64>,
 }
 
 impl JobRecord {
     /// The record of a schedule first seen at `now`: nothing before it is owed.
     pub fn new(now: i64) -> Self {
-        Self { cursor: now, next_id: 1, runs: Vec::new(), queued: None, skips: Vec::new() }
+        Self {
+            cursor: now,
+            next_id: 1,
+            runs: Vec::new(),
+            queued: None,
+            skips: Vec::new(),
+            stopped_since_run: false,
+            owed_by_hand: false,
+        }
     }
 
     pub fn active_run(&self) -> Option<&Run> {
@@ -180,9 +210,15 @@ impl JobRecord {
     }
 
     fn claim(&mut self, elapse: Option<i64>, now: i64) -> Run {
+        self.claim_attempt(elapse, now, 1, Vec::new())
+    }
+
+    fn claim_attempt(&mut self, elapse: Option<i64>, now: i64, attempt: u32, avoid: Vec<String>) -> Run {
         let run = Run {
             id: self.next_id,
             elapse,
+            attempt,
+            avoid,
             claimed: now,
             machine: None,
             started: None,
@@ -215,28 +251,63 @@ impl JobRecord {
         }
     }
 
+    /// When the latest run, failed, is owed a retry by `job`, and the attempt that retry is:
+    /// `None` while a run is active, when it did not fail, or when its retries are spent.
+    pub fn retry_due(&self, job: &Job) -> Option<(i64, u32)> {
+        let latest = self.runs.last().filter(|run| !run.is_active())?;
+        let (Some(Outcome::Failed { .. }), Some(ended)) = (&latest.outcome, latest.ended) else { return None };
+        if latest.attempt > job.retries {
+            return None;
+        }
+        let wait = i64::try_from(job.retry_delay_before(latest.attempt).as_micros()).unwrap_or(i64::MAX);
+        Some((ended.saturating_add(wait), latest.attempt + 1))
+    }
+
     /// The elapse of the latest run that had one.
     fn last_run_elapse(&self) -> Option<i64> {
         self.runs.iter().rev().find_map(|run| run.elapse)
     }
 }
 
-/// One step of `job`'s schedule at `now` from `record`: a queued elapse starts once no run is
-/// active; the elapses due since the cursor are claimed or skipped by the unit's rules (the
-/// latest one runs if it is on time, or late with `Missed=once`; the others are skipped); the
-/// cursor moves to the latest elapse due. A unit without a schedule only has its runs bounded.
+/// One step of `job` at `now` from `record`, for a unit whose desired state asks for its runs:
+/// a failed run's retry starts once its delay passed; a queued elapse starts once no run is
+/// active; a batch unit without a schedule runs once per start; the elapses due since the
+/// cursor are claimed or skipped by the unit's rules (the latest one runs if it is on time, or
+/// late with `Missed=once`; the others are skipped); the cursor moves to the latest elapse due.
 pub fn advance(job: &Job, record: &JobRecord, now: i64, kept: usize) -> Advance {
     let mut record = record.clone();
     let mut claimed = None;
     let mut skipped = Vec::new();
-    if record.active_run().is_none()
+    let mut retry_at = None;
+    // A unit stopped and started again begins afresh: the retries of its last run are dropped.
+    let restarted = std::mem::take(&mut record.stopped_since_run);
+    if record.owed_by_hand && record.active_run().is_none() {
+        record.owed_by_hand = false;
+        claimed = Some(record.claim(None, now));
+    } else if let Some((due, attempt)) = record.retry_due(job).filter(|_| !restarted) {
+        if due <= now {
+            let (elapse, mut avoid) = record.runs.last().map(|run| (run.elapse, run.avoid.clone())).unwrap_or_default();
+            avoid.extend(record.runs.last().and_then(|run| run.machine.clone()));
+            avoid.sort_unstable();
+            avoid.dedup();
+            claimed = Some(record.claim_attempt(elapse, now, attempt, avoid));
+        } else {
+            retry_at = Some(due);
+        }
+    }
+    if claimed.is_none()
+        && record.active_run().is_none()
         && let Some(elapse) = record.queued.take()
     {
         claimed = Some(record.claim(Some(elapse), now));
     }
+    let owed_a_start = job.batch && job.schedule.is_none() && (record.runs.is_empty() || restarted);
+    if owed_a_start && claimed.is_none() && record.active_run().is_none() {
+        claimed = Some(record.claim(None, now));
+    }
     let Some(spec) = &job.schedule else {
         record.bound(kept);
-        return Advance { record, claimed, skipped, next_elapse: None };
+        return Advance { record, claimed, skipped, next_due: retry_at };
     };
     if let Some(first) = spec.next_after(record.cursor).filter(|first| *first <= now) {
         let last = spec.last_at_or_before(now, record.cursor).unwrap_or(first);
@@ -265,7 +336,11 @@ pub fn advance(job: &Job, record: &JobRecord, now: i64, kept: usize) -> Advance 
     }
     record.bound(kept);
     let next_elapse = spec.next_after(record.cursor.max(now));
-    Advance { record, claimed, skipped, next_elapse }
+    let next_due = match (next_elapse, retry_at) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Advance { record, claimed, skipped, next_due }
 }
 
 /// What the machines say of a unit whose record this is, for [`observe`].
@@ -286,6 +361,14 @@ pub struct Seen<'a> {
 /// after it ended (or is gone), so that the next run never meets the last one's report.
 pub fn observe(record: &JobRecord, seen: Seen<'_>, now: i64) -> JobRecord {
     let mut record = record.clone();
+    if !seen.wanted && record.active_run().is_none() && !record.runs.is_empty() {
+        record.stopped_since_run = true;
+    }
+    if !seen.wanted {
+        // A run started by hand and still owed is dropped with the stop, as a running one is
+        // stopped.
+        record.owed_by_hand = false;
+    }
     let Some(run) = record.runs.iter_mut().rev().find(|run| run.is_active()) else { return record };
     let end = |run: &mut Run, outcome: Outcome, at: i64| {
         if run.outcome.is_none() {
@@ -362,22 +445,43 @@ fn before(spec: &crate::calendar::CalendarSpec, elapse: i64, from: i64) -> i64 {
     spec.last_at_or_before(elapse - 1, from - 1).unwrap_or(from)
 }
 
-/// A run started by hand now (`fleetctl run`): refused while one is active, as an elapse
-/// would be skipped.
-pub fn dispatch(record: &JobRecord, now: i64, kept: usize) -> Result<(JobRecord, Run), DispatchError> {
-    if let Some(active) = record.active_run() {
-        return Err(DispatchError::Active(active.id));
-    }
+/// A run started by hand now (`fleetctl run`): claimed at once, or, while the run before it
+/// has ended but its machine has not let the unit go yet, owed (claimed by the engine's next
+/// step once it has). Refused while a run still runs, as an elapse would be skipped.
+pub fn dispatch(record: &JobRecord, now: i64, kept: usize) -> Result<Dispatched, DispatchError> {
     let mut record = record.clone();
+    match record.active_run() {
+        Some(active) if active.outcome.is_none() => return Err(DispatchError::Active(active.id)),
+        Some(_) if record.owed_by_hand => return Err(DispatchError::Owed(record.next_id)),
+        Some(_) => {
+            record.owed_by_hand = true;
+            let id = record.next_id;
+            return Ok(Dispatched { record, id, claimed: false });
+        }
+        None => {}
+    }
     let run = record.claim(None, now);
     record.bound(kept);
-    Ok((record, run))
+    Ok(Dispatched { record, id: run.id, claimed: true })
+}
+
+/// What [`dispatch`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dispatched {
+    /// The record to store (by compare-and-swap over the one read).
+    pub record: JobRecord,
+    /// The number the run has, or will have once claimed.
+    pub id: u64,
+    /// Whether it was claimed at once (else it is owed).
+    pub claimed: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchError {
     #[error("run {0} is still running")]
     Active(u64),
+    #[error("run {0} was started by hand already and waits for the run before it to be let go of")]
+    Owed(u64),
 }
 
 #[cfg(test)]

@@ -216,6 +216,14 @@ pub(super) fn choose<'a>(
         }
         (None, None) => working.by_load_for(needs).filter(|rank| keep(*rank)).find(|rank| consider(*rank)),
     };
+    // A retried run goes back to a machine it failed on only when no other takes it.
+    let avoided: Vec<Rank> = requirements.avoid.iter().flat_map(|id| working.ranks_named(id)).collect();
+    let mut first_preferred = |keep: &dyn Fn(Rank) -> bool| {
+        if avoided.is_empty() {
+            return first_where(keep);
+        }
+        first_where(&|rank: Rank| keep(rank) && !avoided.contains(&rank)).or_else(|| first_where(keep))
+    };
     // A unit that spreads tries the values of its key from the one with the fewest of its
     // group, then the strategy's order within each.
     let chosen = match working.spread_of(unit) {
@@ -223,9 +231,9 @@ pub(super) fn choose<'a>(
             let domains = index.domains(working, key);
             let mut order: Vec<usize> = (0..domains.values.len()).collect();
             order.sort_by_key(|domain| (working.spread_count(group, &domains.values[*domain]), *domain));
-            order.into_iter().find_map(|domain| first_where(&|rank: Rank| domains.of_rank[rank.0] == domain))
+            order.into_iter().find_map(|domain| first_preferred(&|rank: Rank| domains.of_rank[rank.0] == domain))
         }
-        None => first_where(&|_| true),
+        None => first_preferred(&|_| true),
     };
     chosen.ok_or_else(|| why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()))
 }

@@ -1062,3 +1062,25 @@ fn units_let_go_move_with_their_followers_and_one_with_nowhere_to_go_stays_with_
     let m2 = result.loads.iter().find(|load| load.machine == "m2").map(|load| load.units);
     assert_eq!(m2, Some(2));
 }
+
+#[test]
+fn a_retried_run_goes_back_to_a_machine_it_failed_on_only_when_no_other_takes_it() {
+    let avoiding = |x_fleet: &str, avoid: &[&str]| {
+        let mut spec = unit("job.service", x_fleet, None);
+        let requirements =
+            Requirements { avoid: avoid.iter().map(|id| id.to_string()).collect(), ..(*spec.requirements).clone() };
+        spec.requirements = std::sync::Arc::new(requirements);
+        spec
+    };
+    let machines = vec![machine("a", &[("role", "batch")]), machine("b", &[("role", "batch")]), machine("c", &[])];
+    let placed = |units: Vec<UnitSpec>| {
+        scheduled(&plan(&ClusterSnapshot { machines: machines.clone(), units, ..ClusterSnapshot::default() }))
+    };
+    // Least loaded first would be `a`; it failed there, so `b`.
+    let elsewhere = placed(vec![avoiding("MachineMetadata=role=batch", &["a"])]);
+    assert_eq!(elsewhere.get("job.service").map(String::as_str), Some("b"));
+    // It failed on every machine its rules allow: it goes back to the first of them.
+    let back = placed(vec![avoiding("MachineMetadata=role=batch", &["a", "b"])]);
+    assert_eq!(back.get("job.service").map(String::as_str), Some("a"));
+    assert_eq!(placed(vec![avoiding("", &["a", "b"])]).get("job.service").map(String::as_str), Some("c"));
+}

@@ -136,12 +136,16 @@ fn announce_triggered(triggered: Vec<Unit>, verb: &str, attempts: Attempts) -> O
     for unit in &global {
         println!("Triggered global unit {} {verb}", unit.name);
     }
-    // A unit on a calendar runs at its elapses, not now: nothing to wait for.
-    let (on_calendar, scheduled): (Vec<Unit>, Vec<Unit>) =
-        scheduled.into_iter().partition(|unit| calendar_of(unit).is_some());
-    for unit in &on_calendar {
+    // A unit on a calendar runs at its elapses, not now, and a batch unit's run ends: nothing
+    // to wait for (`fleetctl runs` shows their runs).
+    let (with_runs, scheduled): (Vec<Unit>, Vec<Unit>) =
+        scheduled.into_iter().partition(|unit| calendar_of(unit).is_some() || is_batch(unit));
+    for unit in &with_runs {
         match calendar_of(unit).filter(|_| verb == "start") {
             Some(calendar) => println!("Triggered unit {} {verb}; it runs {}", unit.name, next_run(&calendar)),
+            None if verb == "start" => {
+                println!("Triggered unit {} {verb}; fleetctl runs {} shows how its run ends", unit.name, unit.name)
+            }
             None => println!("Triggered unit {} {verb}", unit.name),
         }
     }
@@ -159,6 +163,12 @@ fn announce_triggered(triggered: Vec<Unit>, verb: &str, attempts: Attempts) -> O
 fn calendar_of(unit: &Unit) -> Option<String> {
     let schedule = unit.options.iter().rev().find(|option| option.section == "X-Fleet" && option.name == "Schedule")?;
     Some(schedule.value.clone())
+}
+
+/// Whether a unit says `[X-Fleet] Batch=true` (the last one, as fleet reads it).
+fn is_batch(unit: &Unit) -> bool {
+    let batch = unit.options.iter().rev().find(|option| option.section == "X-Fleet" && option.name == "Batch");
+    batch.and_then(|option| fleet_core::service_values::parse_systemd_bool(&option.value)).unwrap_or(false)
 }
 
 /// `on Mon..Fri *-*-* 02:00:00 Europe/Berlin, next at 2026-12-07 01:00:00 UTC`.

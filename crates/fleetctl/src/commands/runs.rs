@@ -1,4 +1,5 @@
-//! `fleetctl runs UNIT`: a unit's calendar, when it next runs, and its runs (our addition).
+//! `fleetctl runs UNIT`: a unit's calendar, when it next runs, and its runs; `fleetctl run
+//! UNIT`: a run of it now (our additions).
 
 use fleet_api_schema::UnitRuns;
 
@@ -8,6 +9,24 @@ use crate::Outcome;
 use crate::context::Context;
 use crate::output::{OutputFormat, print_json};
 use crate::table::tab_table;
+
+pub async fn run(context: &Context, argument: &str) -> Outcome {
+    let name = mangle(argument);
+    match context.client.start_run(&name).await {
+        Ok(run) => {
+            println!("Started run {} of {name}; fleetctl runs {name} shows how it ends", run.id);
+            Outcome::Success
+        }
+        Err(error) if error.is_not_found() => {
+            eprintln!("Unit {name} does not exist.");
+            Outcome::Failure
+        }
+        Err(error) => {
+            eprintln!("Error starting a run of {name}: {error}");
+            Outcome::Failure
+        }
+    }
+}
 
 pub async fn runs(context: &Context, argument: &str, output: OutputFormat) -> Outcome {
     let name = mangle(argument);
@@ -38,6 +57,7 @@ fn shown(runs: &UnitRuns) -> String {
             let next = runs.next_elapse.as_deref().unwrap_or("never again");
             text.push_str(&format!("Schedule: {schedule}\nNext run: {next}\n"));
         }
+        None if runs.batch => text.push_str(&format!("Unit {} is a batch unit: each start is one run.\n", runs.name)),
         None => text.push_str(&format!("Unit {} has no schedule.\n", runs.name)),
     }
     if let Some(queued) = &runs.queued {
@@ -55,10 +75,11 @@ fn shown(runs: &UnitRuns) -> String {
                 (None, None, Some(why)) => format!("{} ({why})", run.state),
                 _ => run.state.clone(),
             };
+            let result = if run.attempt > 1 { format!("{result}, attempt {}", run.attempt) } else { result };
             let machine = run.machine_id.as_ref().map(|id| id.chars().take(8).collect());
             table.push(vec![
                 run.id.to_string(),
-                run.elapse.clone().unwrap_or_else(|| "by hand".to_string()),
+                dash(&run.elapse),
                 dash(&machine),
                 dash(&run.started),
                 dash(&run.ended),
@@ -66,6 +87,9 @@ fn shown(runs: &UnitRuns) -> String {
             ]);
         }
         text.push_str(&tab_table(&table));
+    }
+    if let Some(retry_at) = &runs.retry_at {
+        text.push_str(&format!("Retry: at {retry_at} (Retries={})\n", runs.retries));
     }
     for skipped in &runs.skipped {
         let range = if skipped.first == skipped.last {
@@ -90,6 +114,7 @@ mod tests {
             schedule: Some("*-*-* 02:00:00 Europe/Berlin".into()),
             next_elapse: Some("2026-12-05T01:00:00Z".into()),
             queued: None,
+            batch: false,
             runs: vec![
                 UnitRun {
                     id: 7,
@@ -104,12 +129,21 @@ mod tests {
                 },
                 UnitRun {
                     id: 8,
-                    elapse: Some("2026-12-04T01:00:00Z".into()),
-                    claimed: "2026-12-04T01:00:00Z".into(),
+                    elapse: Some("2026-12-03T01:00:00Z".into()),
+                    attempt: 2,
+                    claimed: "2026-12-03T01:04:20Z".into(),
                     state: "waiting".into(),
                     ..UnitRun::default()
                 },
+                UnitRun {
+                    id: 9,
+                    claimed: "2026-12-03T09:00:00Z".into(),
+                    state: "running".into(),
+                    ..UnitRun::default()
+                },
             ],
+            retries: 2,
+            retry_at: Some("2026-12-03T01:05:00Z".into()),
             skipped: vec![SkippedElapses {
                 first: "2026-12-02T01:00:00Z".into(),
                 last: "2026-12-02T01:00:00Z".into(),
@@ -122,7 +156,9 @@ mod tests {
              Next run: 2026-12-05T01:00:00Z\n\
              RUN\tELAPSE\t\t\tMACHINE\t\tSTARTED\t\t\tENDED\t\t\tRESULT\n\
              7\t2026-12-03T01:00:00Z\t5d5d5d5d\t2026-12-03T01:00:01Z\t2026-12-03T01:04:10Z\tfailed (status 3)\n\
-             8\t2026-12-04T01:00:00Z\t-\t\t-\t\t\t-\t\t\twaiting\n\
+             8\t2026-12-03T01:00:00Z\t-\t\t-\t\t\t-\t\t\twaiting, attempt 2\n\
+             9\t-\t\t\t-\t\t-\t\t\t-\t\t\trunning\n\
+             Retry: at 2026-12-03T01:05:00Z (Retries=2)\n\
              Skipped 2026-12-02T01:00:00Z: missed: no engine leader saw it in time\n"
         );
     }

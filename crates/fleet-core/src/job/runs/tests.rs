@@ -15,18 +15,101 @@ fn job(schedule: &str, overlap: Overlap, missed: Missed) -> Job {
         schedule: Some(CalendarSpec::parse(schedule).expect("a schedule")),
         overlap,
         missed,
-        runs_to_completion: true,
+        batch: false,
         retries: 0,
         retry_delay: std::time::Duration::from_secs(10),
     }
 }
 
 fn finish_active(record: &mut JobRecord, now: i64) {
+    end_active(record, now, Outcome::Succeeded);
+}
+
+fn end_active(record: &mut JobRecord, now: i64, outcome: Outcome) {
     for run in record.runs.iter_mut().filter(|run| run.is_active()) {
         run.ended = Some(now);
-        run.outcome = Some(Outcome::Succeeded);
+        run.outcome = Some(outcome.clone());
         run.released = true;
     }
+}
+
+fn failed() -> Outcome {
+    Outcome::Failed { status: Some(1), signal: None }
+}
+
+fn batch(retries: u32) -> Job {
+    Job {
+        schedule: None,
+        overlap: Overlap::Skip,
+        missed: Missed::Skip,
+        batch: true,
+        retries,
+        retry_delay: std::time::Duration::from_secs(10),
+    }
+}
+
+#[test]
+fn a_batch_unit_runs_once_per_start() {
+    let job = batch(0);
+    let first = advance(&job, &JobRecord::new(START), START, DEFAULT_KEPT_RUNS);
+    let run = first.claimed.clone().expect("its start is owed a run");
+    assert_eq!((run.id, run.elapse, run.attempt), (1, None, 1));
+    let again = advance(&job, &first.record, START + SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!(again.claimed, None, "one run while it runs");
+    let mut record = again.record;
+    finish_active(&mut record, START + 5 * SECOND);
+    let done = advance(&job, &record, START + 6 * SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!((done.claimed, done.next_due), (None, None), "finished: not run again while it stays started");
+    let stopped = Seen { wanted: false, report: None, machine_present: true };
+    let record = observe(&done.record, stopped, START + 7 * SECOND);
+    assert!(record.stopped_since_run);
+    let restarted = advance(&job, &record, START + 8 * SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!(restarted.claimed.map(|run| (run.id, run.attempt)), Some((2, 1)), "started again: run again");
+    assert!(!restarted.record.stopped_since_run);
+}
+
+#[test]
+fn a_failed_run_is_retried_after_a_doubling_delay_away_from_the_machines_it_failed_on() {
+    let job = batch(2);
+    let mut record = advance(&job, &JobRecord::new(START), START, DEFAULT_KEPT_RUNS).record;
+    let mut now = START;
+    let mut machines = Vec::new();
+    for (attempt, delay) in [(1u32, 10i64), (2, 20)] {
+        let machine = format!("m{attempt}");
+        record = placed(&record, &machine).expect("placed");
+        machines.push(machine);
+        now += 30 * SECOND;
+        end_active(&mut record, now, failed());
+        let early = advance(&job, &record, now + (delay - 1) * SECOND, DEFAULT_KEPT_RUNS);
+        assert_eq!((early.claimed, early.next_due), (None, Some(now + delay * SECOND)), "attempt {attempt}");
+        let due = advance(&job, &early.record, now + delay * SECOND, DEFAULT_KEPT_RUNS);
+        let retry = due.claimed.expect("retried once its delay passed");
+        assert_eq!((retry.attempt, retry.elapse, &retry.avoid), (attempt + 1, None, &machines));
+        record = due.record;
+        now += delay * SECOND;
+    }
+    record = placed(&record, "m3").expect("placed");
+    end_active(&mut record, now + SECOND, failed());
+    let spent = advance(&job, &record, now + 3600 * SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!((spent.claimed, spent.next_due), (None, None), "two retries, then no more");
+    assert_eq!(spent.record.runs.len(), 3);
+}
+
+#[test]
+fn a_lost_or_stopped_run_is_not_retried_and_a_restart_drops_the_retries() {
+    let job = batch(3);
+    let mut record = advance(&job, &JobRecord::new(START), START, DEFAULT_KEPT_RUNS).record;
+    end_active(&mut record, START + SECOND, Outcome::Lost { why: "machine m1 was lost".into() });
+    assert_eq!(advance(&job, &record, START + 3600 * SECOND, DEFAULT_KEPT_RUNS).claimed, None, "lost: maybe ran");
+    let mut record = advance(&job, &JobRecord::new(START), START, DEFAULT_KEPT_RUNS).record;
+    end_active(&mut record, START + SECOND, Outcome::Stopped);
+    assert_eq!(advance(&job, &record, START + 3600 * SECOND, DEFAULT_KEPT_RUNS).claimed, None, "stopped by hand");
+    let mut record = advance(&job, &JobRecord::new(START), START, DEFAULT_KEPT_RUNS).record;
+    end_active(&mut record, START + SECOND, failed());
+    let stopped = Seen { wanted: false, report: None, machine_present: true };
+    let record = observe(&record, stopped, START + 2 * SECOND);
+    let restarted = advance(&job, &record, START + 3 * SECOND, DEFAULT_KEPT_RUNS).claimed.expect("a fresh run");
+    assert_eq!((restarted.attempt, restarted.avoid.len()), (1, 0));
 }
 
 #[test]
@@ -34,11 +117,11 @@ fn an_elapse_on_time_is_claimed_once_and_the_next_one_is_named() {
     let job = job("*:0/15", Overlap::Skip, Missed::Skip);
     let record = JobRecord::new(START);
     let early = advance(&job, &record, START + 10 * SECOND, DEFAULT_KEPT_RUNS);
-    assert_eq!((early.claimed.clone(), early.next_elapse), (None, Some(START + 900 * SECOND)));
+    assert_eq!((early.claimed.clone(), early.next_due), (None, Some(START + 900 * SECOND)));
     let due = advance(&job, &early.record, START + 901 * SECOND, DEFAULT_KEPT_RUNS);
     let run = due.claimed.clone().expect("claimed");
     assert_eq!((run.id, run.elapse), (1, Some(START + 900 * SECOND)));
-    assert_eq!(due.next_elapse, Some(START + 1800 * SECOND));
+    assert_eq!(due.next_due, Some(START + 1800 * SECOND));
     let again = advance(&job, &due.record, START + 902 * SECOND, DEFAULT_KEPT_RUNS);
     assert_eq!(again.claimed, None, "read back after a lost answer: nothing claimed twice");
     assert_eq!(again.record, due.record);
@@ -85,9 +168,25 @@ fn an_elapse_during_a_run_is_skipped_or_waits_its_turn() {
 #[test]
 fn a_run_by_hand_waits_for_no_elapse_but_for_the_active_run() {
     let record = JobRecord::new(START);
-    let (record, run) = dispatch(&record, START + SECOND, DEFAULT_KEPT_RUNS).expect("nothing runs");
-    assert_eq!((run.id, run.elapse), (1, None));
-    assert_eq!(dispatch(&record, START + 2 * SECOND, DEFAULT_KEPT_RUNS), Err(DispatchError::Active(1)));
+    let started = dispatch(&record, START + SECOND, DEFAULT_KEPT_RUNS).expect("nothing runs");
+    assert_eq!((started.id, started.claimed), (1, true));
+    assert_eq!(started.record.active_run().map(|run| (run.id, run.elapse)), Some((1, None)));
+    assert_eq!(dispatch(&started.record, START + 2 * SECOND, DEFAULT_KEPT_RUNS), Err(DispatchError::Active(1)));
+    // Ended, not let go of yet: the next one is owed, and claimed once it is let go of.
+    let mut record = started.record;
+    record.runs[0].outcome = Some(Outcome::Succeeded);
+    record.runs[0].ended = Some(START + 3 * SECOND);
+    let owed = dispatch(&record, START + 4 * SECOND, DEFAULT_KEPT_RUNS).expect("owed");
+    assert_eq!((owed.id, owed.claimed, owed.record.owed_by_hand), (2, false, true));
+    assert_eq!(dispatch(&owed.record, START + 5 * SECOND, DEFAULT_KEPT_RUNS), Err(DispatchError::Owed(2)));
+    let job = batch(0);
+    let waiting = advance(&job, &owed.record, START + 5 * SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!(waiting.claimed, None, "the run before still holds the unit");
+    let mut record = waiting.record;
+    record.runs[0].released = true;
+    let claimed = advance(&job, &record, START + 6 * SECOND, DEFAULT_KEPT_RUNS);
+    assert_eq!(claimed.claimed.map(|run| (run.id, run.elapse)), Some((2, None)));
+    assert!(!claimed.record.owed_by_hand);
 }
 
 #[test]
@@ -110,7 +209,7 @@ fn finished_runs_beyond_the_bound_are_dropped_oldest_first() {
 enum Event {
     Pass { after_seconds: i64 },
     RacingLeaders { after_seconds: i64, skew_seconds: i64 },
-    RunEnds,
+    RunEnds { failed: bool },
 }
 
 fn events() -> impl Strategy<Value = Vec<Event>> {
@@ -118,7 +217,7 @@ fn events() -> impl Strategy<Value = Vec<Event>> {
         8 => (1i64..120).prop_map(|after_seconds| Event::Pass { after_seconds }),
         1 => (600i64..7200).prop_map(|after_seconds| Event::Pass { after_seconds }),
         2 => ((1i64..60), (0i64..5)).prop_map(|(after_seconds, skew_seconds)| Event::RacingLeaders { after_seconds, skew_seconds }),
-        4 => Just(Event::RunEnds),
+        4 => proptest::bool::ANY.prop_map(|failed| Event::RunEnds { failed }),
     ];
     proptest::collection::vec(pass, 1..60)
 }
@@ -126,7 +225,8 @@ fn events() -> impl Strategy<Value = Vec<Event>> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
-    /// Whatever passes, leader races and run ends come, no elapse is claimed twice, none is
+    /// Whatever passes, leader races and run ends (failed ones retried) come, no elapse is
+    /// claimed twice for a first attempt nor tried more often than its retries allow, none is
     /// claimed before it is due, and every elapse up to the cursor is claimed, waiting or in a
     /// skipped range.
     #[test]
@@ -134,12 +234,14 @@ proptest! {
         schedule in proptest::sample::select(vec!["*:*:0/2", "*:*:0/7", "*:0/1", "*:0/15", "*:*:0/3,4", "Mon..Fri *-*-* 00:01..05:00"]),
         overlap in prop_oneof![Just(Overlap::Skip), Just(Overlap::Queue)],
         missed in prop_oneof![Just(Missed::Skip), Just(Missed::Once)],
+        retries in 0u32..3,
         events in events(),
     ) {
-        let job = job(schedule, overlap, missed);
+        let job = Job { retries, ..job(schedule, overlap, missed) };
         let mut stored = JobRecord::new(START);
         let mut now = START;
         let mut claimed: Vec<i64> = Vec::new();
+        let mut attempts: std::collections::BTreeMap<i64, Vec<u32>> = std::collections::BTreeMap::new();
         let mut skipped: Vec<Skipped> = Vec::new();
         for event in events {
             match event {
@@ -149,7 +251,10 @@ proptest! {
                     if let Some(run) = &step.claimed {
                         let elapse = run.elapse.expect("an elapse");
                         prop_assert!(elapse <= now, "claimed {elapse} before it was due at {now}");
-                        claimed.push(elapse);
+                        attempts.entry(elapse).or_default().push(run.attempt);
+                        if run.attempt == 1 {
+                            claimed.push(elapse);
+                        }
                     }
                     skipped.extend(step.skipped);
                     prop_assert!(step.record.cursor >= stored.cursor, "the cursor went back");
@@ -162,22 +267,34 @@ proptest! {
                     // never carried out. It reads the winner's record back and passes again.
                     let _loser = advance(&job, &stored, now + skew_seconds * SECOND, DEFAULT_KEPT_RUNS);
                     if let Some(run) = &winner.claimed {
-                        claimed.push(run.elapse.expect("an elapse"));
+                        attempts.entry(run.elapse.expect("an elapse")).or_default().push(run.attempt);
+                        if run.attempt == 1 {
+                            claimed.push(run.elapse.expect("an elapse"));
+                        }
                     }
                     skipped.extend(winner.skipped);
                     let again = advance(&job, &winner.record, now + skew_seconds * SECOND, DEFAULT_KEPT_RUNS);
                     if let Some(run) = &again.claimed {
-                        claimed.push(run.elapse.expect("an elapse"));
+                        attempts.entry(run.elapse.expect("an elapse")).or_default().push(run.attempt);
+                        if run.attempt == 1 {
+                            claimed.push(run.elapse.expect("an elapse"));
+                        }
                     }
                     skipped.extend(again.skipped);
                     stored = again.record;
                     now += skew_seconds * SECOND;
                 }
-                Event::RunEnds => finish_active(&mut stored, now),
+                Event::RunEnds { failed: false } => finish_active(&mut stored, now),
+                Event::RunEnds { failed: true } => end_active(&mut stored, now, failed()),
             }
         }
         let unique: BTreeSet<i64> = claimed.iter().copied().collect();
         prop_assert_eq!(unique.len(), claimed.len(), "an elapse was claimed twice: {:?}", claimed);
+        for (elapse, tried) in &attempts {
+            let expected: Vec<u32> = (1..=tried.len() as u32).collect();
+            prop_assert_eq!(tried, &expected, "elapse {} was tried out of order", elapse);
+            prop_assert!(tried.len() as u32 <= 1 + retries, "elapse {} tried {} times", elapse, tried.len());
+        }
         let spec = job.schedule.as_ref().expect("scheduled");
         let mut elapse = spec.next_after(START);
         while let Some(at) = elapse.filter(|at| *at <= stored.cursor) {
