@@ -87,3 +87,6 @@ step target/debug/bench-upgrade target/debug/fleetd 20 20
 # store, under seeded faults): 500 seeds from one drawn now, printed with any that fails (a
 # fresh slice each run; the release runs of tens of thousands are in BENCHMARKS.md).
 step target/debug/fleet-sim 500
+# The same with four units on a calendar besides: each elapse run at most once and every one
+# accounted for (run, waiting or skipped with its reason), under the same faults.
+step target/debug/fleet-sim --scheduled 4 1000

@@ -492,6 +492,7 @@ impl Agent {
             }
             self.loaded.remove(name);
             self.at_most_once.remove(name);
+            self.run_book.set_aside(name, crate::run_book::now_micros());
         }
     }
 

@@ -6,7 +6,9 @@
 //! ran is not known here, so it is reported lost, and the engine does not run that elapse again.
 //! Nor is one this fleetd found given to its machine when it started (loaded by its first pass):
 //! under the native supervisor a unit dies with the fleetd that ran it, so a fresh load does not
-//! prove a fresh run.
+//! prove a fresh run. Nor is one this agent stopped and unloaded itself (its presence lapsed,
+//! it was cut off) and finds given to it again: the run it had started is over (reported lost)
+//! and is not started twice; one it had not started yet starts then.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -16,6 +18,7 @@ use fleet_core::{Requirements, UnitFile, UnitHash};
 use fleet_unit_manager::UnitManager;
 
 const ADOPTED: &str = "fleetd restarted while this machine held the run; whether it ran is not known";
+const SET_ASIDE: &str = "fleetd stopped it while its machine was out of touch";
 
 #[derive(Debug, Default)]
 pub struct RunBook {
@@ -27,6 +30,9 @@ pub struct RunBook {
     /// Whether a pass of this agent has done its work: loads before then are of the work this
     /// fleetd found when it started, which an earlier one may have begun running.
     caught_up: bool,
+    /// Units this agent stopped and unloaded outside its work (out of touch): their runs are
+    /// kept when they are loaded again.
+    set_aside: BTreeSet<String>,
 }
 
 /// Whether `file`, as unit `name`, has its runs kept by the engine (on a calendar, or a batch unit).
@@ -46,7 +52,9 @@ impl RunBook {
         if self.caught_up {
             self.loaded_here.insert(name.to_string());
         }
-        self.runs.remove(name);
+        if !self.set_aside.remove(name) {
+            self.runs.remove(name);
+        }
         if runs_are_kept(name, file) {
             self.scheduled.insert(name.to_string());
         } else {
@@ -60,7 +68,21 @@ impl RunBook {
         self.caught_up = true;
     }
 
+    /// This agent stopped and unloaded `name` though its work still has it (out of touch): a
+    /// run of it under way ended here, and is not started again when `name` comes back.
+    pub fn set_aside(&mut self, name: &str, now: i64) {
+        if !self.scheduled.contains(name) {
+            return;
+        }
+        self.set_aside.insert(name.to_string());
+        if let Some(run) = self.runs.get_mut(name).filter(|run| run.outcome.is_none()) {
+            run.ended = Some(now);
+            run.outcome = Some(Outcome::Lost { why: SET_ASIDE.to_string() });
+        }
+    }
+
     pub fn unloaded(&mut self, name: &str) {
+        self.set_aside.remove(name);
         self.loaded_here.remove(name);
         self.scheduled.remove(name);
         self.runs.remove(name);

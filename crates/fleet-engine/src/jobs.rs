@@ -40,6 +40,9 @@ impl Default for Jobs {
     }
 }
 
+/// A wall clock: microseconds since the epoch, as job records keep times.
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
 /// Microseconds since the epoch, as job records keep times.
 pub fn now_micros() -> i64 {
     let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();

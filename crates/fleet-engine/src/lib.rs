@@ -7,6 +7,7 @@
 
 mod cluster_counts;
 mod jobs;
+pub use jobs::Clock;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -75,6 +76,8 @@ pub struct Engine {
     state_changes: TriggerId,
     /// The runs of scheduled units.
     jobs: jobs::Jobs,
+    /// The wall clock elapses are read on (microseconds since the epoch).
+    clock: Clock,
 }
 
 impl Engine {
@@ -101,7 +104,14 @@ impl Engine {
             first_look: true,
             departing: false,
             jobs: jobs::Jobs::default(),
+            clock: Arc::new(jobs::now_micros),
         }
+    }
+
+    /// Reads the wall clock through `clock` (a simulation's, whose time is its own).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// Keeps `signal` told whether this engine leads.
@@ -129,7 +139,7 @@ impl Engine {
     /// scheduled unit's next elapse is due.
     fn next_look(&self) -> Duration {
         let until_hold_ends = self.hold_ends.map(|ends| ends.saturating_duration_since(tokio::time::Instant::now()));
-        let until_due = if self.lease.is_some() { self.jobs.due_in(jobs::now_micros()) } else { None };
+        let until_due = if self.lease.is_some() { self.jobs.due_in((self.clock)()) } else { None };
         [until_hold_ends, until_due].into_iter().flatten().fold(self.config.reconcile_interval, Duration::min)
     }
 
@@ -273,7 +283,7 @@ impl Engine {
         let listed = (snapshot.machines.clone(), snapshot.units.clone());
         let mut cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         cluster.strategy = self.config.strategy;
-        let cluster = match self.jobs.step(&*self.registry, &lease, cluster, jobs::now_micros()).await {
+        let cluster = match self.jobs.step(&*self.registry, &lease, cluster, (self.clock)()).await {
             Ok(cluster) => cluster,
             Err(error) => return Err(self.failed_write(error)),
         };

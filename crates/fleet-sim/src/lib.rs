@@ -6,7 +6,8 @@
 //! restarts, store elections, stuck watches; and writes whose answer is lost, and fleetds
 //! whose clocks run fast or slow) and the operations (units started, changed, stopped,
 //! destroyed); the [`judge`] checks every run: the double-run window, nothing lost,
-//! convergence. A failing seed is printed and replayed with `fleet-sim --seed N`.
+//! convergence; with units on a calendar ([`SimConfig::scheduled`]), [`runs_judge`] checks
+//! that each elapse ran at most once and every one is accounted for. A failing seed is printed and replayed with `fleet-sim --seed N`.
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ pub mod faults;
 mod gate;
 pub mod judge;
 mod manager;
+pub mod runs_judge;
 pub mod store;
 pub mod world;
 
@@ -33,7 +35,7 @@ use tracing::Instrument;
 use crate::faults::{Fault, FaultKind};
 use crate::gate::Gate;
 use crate::judge::{Judge, Sample};
-use crate::manager::{Keeper, SimManager};
+use crate::manager::{Keeper, RunLog, SimManager};
 use crate::store::{SharedWorld, SimStore, lock};
 use crate::world::World;
 
@@ -47,6 +49,9 @@ pub struct SimConfig {
     pub agent_ttl: Duration,
     /// The chance in a thousand that a write commits but its answer is lost.
     pub lost_answers: usize,
+    /// Units on a calendar (`s0.service`…, every 2 s, runs of 0.3 s or 2.5 s), besides
+    /// `units`: started at once and never operated on.
+    pub scheduled: usize,
 }
 
 impl Default for SimConfig {
@@ -57,6 +62,7 @@ impl Default for SimConfig {
             length: Duration::from_secs(60),
             agent_ttl: Duration::from_secs(4),
             lost_answers: 20,
+            scheduled: 0,
         }
     }
 }
@@ -68,6 +74,8 @@ pub struct Outcome {
     pub faults: BTreeMap<&'static str, usize>,
     pub violations: Vec<String>,
     pub longest_double_run: Duration,
+    /// Runs of units on a calendar claimed in all.
+    pub runs_claimed: usize,
     /// How long after the last fault ended the cluster settled (`None`: it did not).
     pub settled_after: Option<Duration>,
     /// A digest of everything sampled: equal for two runs of one seed.
@@ -87,6 +95,9 @@ impl std::fmt::Display for Outcome {
         writeln!(f, "seed {}: {} violation(s)", self.seed, self.violations.len())?;
         writeln!(f, "  faults: {:?}", self.faults)?;
         writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
+        if self.runs_claimed > 0 {
+            writeln!(f, "  runs of units on a calendar claimed: {}", self.runs_claimed)?;
+        }
         match self.settled_after {
             Some(after) => writeln!(f, "  settled {after:?} after the last fault")?,
             None => writeln!(f, "  never settled")?,
@@ -133,6 +144,10 @@ struct Cluster {
     nodes: Vec<Node>,
     config: SimConfig,
     seed: u64,
+    /// Every machine's starts of units on a calendar.
+    runs: RunLog,
+    /// When the simulation began: the engines' wall clocks count from it.
+    began: Instant,
 }
 
 impl Cluster {
@@ -147,8 +162,13 @@ impl Cluster {
             node.clock_rate,
             self.config.lost_answers,
         );
-        let manager: Arc<dyn UnitManager> =
-            Arc::new(SimManager::new(node.units.clone(), node.frozen.clone(), node.keeper.clone()));
+        let manager: Arc<dyn UnitManager> = Arc::new(SimManager::new(
+            node.units.clone(),
+            node.frozen.clone(),
+            node.keeper.clone(),
+            &node.machine.id,
+            self.runs.clone(),
+        ));
         let agent_config = AgentConfig {
             machine: node.machine.clone(),
             reconcile_interval: Duration::from_secs(5),
@@ -164,7 +184,10 @@ impl Cluster {
             at_most_once_hold: fleet_core::schedule::at_most_once::hold(self.config.agent_ttl),
             strategy: Default::default(),
         };
-        let engine = Engine::new(engine_config, Arc::new(store.clone()));
+        let (began, rate) = (self.began, node.clock_rate);
+        let clock: fleet_engine::Clock =
+            Arc::new(move || WALL_CLOCK_BEGINS + (began.elapsed().as_micros() as f64 * rate) as i64);
+        let engine = Engine::new(engine_config, Arc::new(store.clone())).with_clock(clock);
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let span = tracing::info_span!("fleetd", machine = node.machine.id.as_str(), start = node.starts);
         node.tasks = vec![
@@ -286,6 +309,23 @@ impl Cluster {
             FaultKind::WatchStall => {}
         }
     }
+}
+
+/// The wall clock's reading when a simulation begins: 2026-12-04 00:00:00 UTC.
+const WALL_CLOCK_BEGINS: i64 = 1_796_342_400_000_000;
+
+/// A unit on a calendar of the workload: every 2 s, its runs lasting 0.3 s (even ones) or
+/// 2.5 s (odd ones: elapses meet a run still running); overlaps skipped or queued, missed
+/// elapses skipped or run once, by turns.
+fn scheduled_file(index: usize) -> UnitFile {
+    let length = if index.is_multiple_of(2) { "0.3" } else { "2.5" };
+    let overlap = if index % 4 < 2 { "skip" } else { "queue" };
+    let missed = if index.is_multiple_of(3) { "once" } else { "skip" };
+    UnitFile::parse(&format!(
+        "[Service]\nType=oneshot\nExecStart=/bin/sleep {length}\n\
+         [X-Fleet]\nSchedule=*:*:0/2\nOverlap={overlap}\nMissed={missed}\n"
+    ))
+    .expect("a valid unit")
 }
 
 /// A unit of the workload: each has a body of its own, and a new one when replaced.
@@ -415,7 +455,14 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         *faults_count.entry(fault.kind.name()).or_default() += 1;
     }
     let operations = operations(&mut random, &config);
-    let mut cluster = Cluster { world: world.clone(), nodes, config: config.clone(), seed };
+    let mut cluster = Cluster {
+        world: world.clone(),
+        nodes,
+        config: config.clone(),
+        seed,
+        runs: RunLog::default(),
+        began: Instant::now(),
+    };
     for index in 0..config.machines {
         cluster.start(index);
     }
@@ -424,6 +471,9 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         for unit in 0..config.units {
             let file = unit_file(unit, 0, at_most_once(unit));
             world.put_unit(&format!("u{unit}.service"), file, DesiredState::Launched);
+        }
+        for unit in 0..config.scheduled {
+            world.put_unit(&format!("s{unit}.service"), scheduled_file(unit), DesiredState::Launched);
         }
         // Copies lag their store by up to 300 ms, each its own.
         for index in 0..config.machines {
@@ -453,6 +503,8 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let tick = Duration::from_millis(10);
     let sample_every = 10;
     let mut judge = Judge::default();
+    let mut runs_judge = runs_judge::RunsJudge::default();
+    let scheduled: BTreeSet<String> = (0..config.scheduled).map(|unit| format!("s{unit}.service")).collect();
     let mut digest = 0;
     let once_units: Vec<String> =
         (0..config.units).filter(|unit| at_most_once(*unit)).map(|unit| format!("u{unit}.service")).collect();
@@ -488,7 +540,10 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         cluster.enforce_fences();
         judge.look_at_most_once(Instant::now(), &cluster.running(&once_units));
         if ticks.is_multiple_of(sample_every) {
-            let sample = cluster.sample().await;
+            let mut sample = cluster.sample().await;
+            runs_judge.look(&lock(&world).jobs);
+            // A unit on a calendar runs only now and then: the settling rules are not its.
+            sample.running.retain(|unit, _| !scheduled.contains(unit));
             judge.look(Instant::now(), &sample);
             digest_sample(&mut digest, &sample);
             if traced {
@@ -509,6 +564,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
                     let meant: BTreeMap<String, bool> = world
                         .units
                         .iter()
+                        .filter(|(name, _)| !scheduled.contains(*name))
                         .map(|(name, unit)| (name.clone(), unit.desired == DesiredState::Launched))
                         .collect();
                     (meant, world.schedule.clone())
@@ -528,7 +584,22 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         ticks += 1;
         tokio::time::sleep(tick).await;
     }
+    runs_judge.look(&lock(&world).jobs);
+    let schedules: BTreeMap<String, fleet_core::calendar::CalendarSpec> = (0..config.scheduled)
+        .filter_map(|unit| {
+            let file = scheduled_file(unit);
+            let name = format!("s{unit}.service");
+            let job = fleet_core::Requirements::from_unit(&name, &file).job?;
+            Some((name, job.schedule?))
+        })
+        .collect();
+    let mut starts: BTreeMap<String, u64> = BTreeMap::new();
+    for ((_, unit), count) in fleet_core::unpoisoned::Locked::locked(&*cluster.runs).iter() {
+        *starts.entry(unit.clone()).or_default() += count;
+    }
+    runs_judge.judge(&schedules, &starts);
     let mut violations = judge.violations;
+    violations.append(&mut runs_judge.violations);
     if settled_after.is_none() {
         violations.push(format!("never settled after the faults: {unsettled_why}"));
     }
@@ -550,6 +621,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         faults: faults_count,
         violations,
         longest_double_run: judge.longest_double_run,
+        runs_claimed: runs_judge.runs_claimed(),
         settled_after,
         digest,
         trace,

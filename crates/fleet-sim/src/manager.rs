@@ -1,11 +1,14 @@
 //! A machine's unit manager in the simulation: the fake manager, reached only while the
 //! fleetd is not frozen, with the keeper of `AtMostOnce=` units ([`Keeper`]: the native
 //! supervisor's process or systemd's timer), which no freeze reaches and which kills the
-//! fenced units at their deadline.
+//! fenced units at their deadline. A unit on a calendar runs for as long as its
+//! `ExecStart=/bin/sleep SECONDS` says, then ends by itself, and each start of one is counted
+//! in the [`RunLog`] every machine shares (the judge compares them with the runs claimed).
 
 use fleet_core::unpoisoned::Locked;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_core::UnitFile;
@@ -37,15 +40,39 @@ impl Keeper {
     }
 }
 
+/// The starts of units on a calendar on every machine, across fleetd restarts: (machine,
+/// unit) → how many.
+pub type RunLog = Arc<Mutex<BTreeMap<(String, String), u64>>>;
+
+/// How long a run of `name` lasts: the seconds of its `ExecStart=/bin/sleep`, for a unit on a
+/// calendar; `None` for any other.
+fn run_length(name: &str, file: &UnitFile) -> Option<Duration> {
+    fleet_core::Requirements::from_unit(name, file).job.filter(|job| job.keeps_runs())?;
+    let command =
+        file.options().iter().rev().find(|option| option.section == "Service" && option.name == "ExecStart")?;
+    let seconds: f64 = command.value.split_whitespace().last()?.parse().ok()?;
+    Some(Duration::from_secs_f64(seconds))
+}
+
 pub struct SimManager {
     pub units: Arc<FakeUnitManager>,
     frozen: Arc<Gate>,
     keeper: Arc<Keeper>,
+    machine: String,
+    runs: RunLog,
+    /// Units on a calendar loaded here, with how long a run of each lasts.
+    run_lengths: Mutex<BTreeMap<String, Duration>>,
 }
 
 impl SimManager {
-    pub fn new(units: Arc<FakeUnitManager>, frozen: Arc<Gate>, keeper: Arc<Keeper>) -> Self {
-        Self { units, frozen, keeper }
+    pub fn new(
+        units: Arc<FakeUnitManager>,
+        frozen: Arc<Gate>,
+        keeper: Arc<Keeper>,
+        machine: &str,
+        runs: RunLog,
+    ) -> Self {
+        Self { units, frozen, keeper, machine: machine.to_string(), runs, run_lengths: Mutex::default() }
     }
 
     async fn thawed(&self) {
@@ -62,6 +89,13 @@ impl UnitManager for SimManager {
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {
         self.thawed().await;
         self.keeper.fence().loaded(name, file);
+        {
+            let mut lengths = self.run_lengths.locked();
+            match run_length(name, file) {
+                Some(length) => lengths.insert(name.to_string(), length),
+                None => lengths.remove(name),
+            };
+        }
         self.units.load(name, file).await
     }
 
@@ -79,7 +113,25 @@ impl UnitManager for SimManager {
     async fn start(&self, name: &str) -> Result<()> {
         self.thawed().await;
         self.keeper.fence().check_start(name, Instant::now())?;
-        self.units.start(name).await
+        self.units.start(name).await?;
+        let Some(length) = self.run_lengths.locked().get(name).copied() else { return Ok(()) };
+        let key = (self.machine.clone(), name.to_string());
+        let start = {
+            let mut runs = self.runs.locked();
+            let count = runs.entry(key.clone()).or_default();
+            *count += 1;
+            *count
+        };
+        // The run ends by itself, unless it was started again (or stopped) meanwhile.
+        let (units, runs, name) = (self.units.clone(), self.runs.clone(), name.to_string());
+        tokio::spawn(async move {
+            tokio::time::sleep(length).await;
+            let current = runs.locked().get(&key).copied();
+            if current == Some(start) && units.state(&name).is_some_and(|state| state.active == "active") {
+                let _ = units.end_run(&name, fleet_core::job::runs::Outcome::Succeeded);
+            }
+        });
+        Ok(())
     }
 
     async fn stop(&self, name: &str) -> Result<()> {

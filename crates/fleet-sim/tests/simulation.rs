@@ -78,3 +78,18 @@ fn a_fresh_slice_of_seeds_passes() {
         assert!(outcome.passed(), "{outcome}");
     }
 }
+
+/// Units on a calendar under the same faults: each elapse claimed at most once, no run started
+/// twice, every elapse run, waiting or skipped with its reason. Seed 17 found an agent starting
+/// a run again after it had stopped it while out of touch and was given the unit back.
+#[test]
+fn units_on_a_calendar_run_each_elapse_at_most_once_under_faults() {
+    let config = fleet_sim::SimConfig { scheduled: 4, ..SimConfig::default() };
+    let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
+    println!("seeds {first}..{} with units on a calendar (replay one: fleet-sim --scheduled 4 --seed N)", first + 20);
+    for seed in [14, 17].into_iter().chain(first..first + 20) {
+        let outcome = run(seed, &config);
+        assert!(outcome.passed(), "{outcome}");
+        assert!(outcome.runs_claimed > 0, "runs were claimed: {outcome}");
+    }
+}

@@ -2,7 +2,8 @@
 //!
 //! `fleet-sim [SEEDS] [FIRST]`: SEEDS seeds (default 1,000) from FIRST (default: drawn from
 //! the clock, and printed), on every core. `fleet-sim --seed N`: one seed, in full, twice,
-//! to show it replays the same. Exits 1 when any seed fails.
+//! to show it replays the same. `--scheduled N` (before the rest) adds N units on a calendar to
+//! the workload. Exits 1 when any seed fails.
 
 use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -13,8 +14,13 @@ use anyhow::{Context, bail};
 use fleet_sim::{Outcome, SimConfig, run};
 
 fn main() -> anyhow::Result<()> {
-    let arguments: Vec<String> = std::env::args().skip(1).collect();
-    let config = SimConfig::default();
+    let mut arguments: Vec<String> = std::env::args().skip(1).collect();
+    let mut config = SimConfig::default();
+    if arguments.first().map(String::as_str) == Some("--scheduled") {
+        let count = arguments.get(1).context("--scheduled needs a number")?;
+        config.scheduled = count.parse().context("--scheduled needs a number")?;
+        arguments.drain(..2);
+    }
     if arguments.first().map(String::as_str) == Some("--seed") {
         // FLEET_SIM_LOG=debug: the engines' and agents' logs, on the simulated clock.
         if let Ok(filter) = std::env::var("FLEET_SIM_LOG") {
@@ -49,11 +55,12 @@ fn main() -> anyhow::Result<()> {
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
     };
     println!(
-        "simulating seeds {first}..{} ({:?} each, {} machines, {} units)",
+        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar)",
         first + seeds,
         config.length,
         config.machines,
-        config.units
+        config.units,
+        config.scheduled
     );
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(first));
