@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fleet_core::agent_plan::LoadedUnit;
-use fleet_core::job::runs::{Outcome, RunReport};
+use fleet_core::job::runs::{LOG_LINES, Outcome, RunReport, log_tail};
 use fleet_core::{Requirements, UnitFile, UnitHash};
 use fleet_unit_manager::UnitManager;
 
@@ -104,7 +104,7 @@ impl RunBook {
     /// `name` was asked to start at `now`.
     pub fn started(&mut self, name: &str, now: i64) {
         if self.scheduled.contains(name) {
-            self.runs.insert(name.to_string(), RunReport { started: now, ended: None, outcome: None });
+            self.runs.insert(name.to_string(), RunReport { started: now, ended: None, outcome: None, log: None });
         }
     }
 
@@ -113,7 +113,10 @@ impl RunBook {
         if self.scheduled.contains(name) {
             tracing::info!(unit = name, why, "a scheduled unit's run could not start");
             let failed = Outcome::Failed { status: None, signal: None };
-            self.runs.insert(name.to_string(), RunReport { started: now, ended: Some(now), outcome: Some(failed) });
+            self.runs.insert(
+                name.to_string(),
+                RunReport { started: now, ended: Some(now), outcome: Some(failed), log: None },
+            );
         }
     }
 
@@ -122,6 +125,7 @@ impl RunBook {
             started: now,
             ended: Some(now),
             outcome: Some(Outcome::Lost { why: ADOPTED.to_string() }),
+            log: None,
         });
     }
 
@@ -147,6 +151,13 @@ impl RunBook {
                 Ok(Some(outcome)) => {
                     run.ended = Some(now);
                     run.outcome = Some(outcome);
+                    run.log = match manager.run_log(name, run.started, LOG_LINES).await {
+                        Ok(text) => log_tail(&text),
+                        Err(error) => {
+                            tracing::debug!(unit = name, %error, "cannot read the log of a run that ended");
+                            None
+                        }
+                    };
                 }
                 Ok(None) => {}
                 Err(error) => tracing::debug!(unit = name, %error, "cannot read how a run ended"),

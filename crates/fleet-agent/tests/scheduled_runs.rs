@@ -1,6 +1,6 @@
 //! The agent and scheduled units (`[X-Fleet] Schedule=`), against the embedded store and the
 //! fake unit manager, with paused time: a scheduled unit given to this machine is started once
-//! per load and its run reported with how it ended; one an earlier fleetd loaded is never
+//! per load and its run reported with how it ended and the last lines of its log; one an earlier fleetd loaded is never
 //! started, and its run is reported lost.
 
 use std::sync::Arc;
@@ -73,11 +73,14 @@ async fn a_scheduled_unit_is_started_once_per_load_and_its_run_reported() {
     eventually("the run is reported started", async || reported_run(&registry).await.is_some()).await;
     assert_eq!(manager.starts(), 2);
     let failed = Outcome::Failed { status: Some(3), signal: None };
+    manager.write_log(UNIT, "copying /srv\nno space left on device\n");
     manager.end_run(UNIT, failed.clone()).unwrap();
     eventually("its end is reported", async || {
         reported_run(&registry).await.is_some_and(|run| run.outcome == Some(failed.clone()) && run.ended.is_some())
     })
     .await;
+    let ended = reported_run(&registry).await.unwrap();
+    assert_eq!(ended.log.as_deref(), Some("copying /srv\nno space left on device"), "with the last lines of its log");
     // Passes go by (the fallback reconcile, a state change): the ended run is not started again.
     tokio::time::sleep(Duration::from_secs(30)).await;
     manager.end_run(UNIT, failed.clone()).unwrap();

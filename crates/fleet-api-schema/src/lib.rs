@@ -530,6 +530,9 @@ pub struct AgentRun {
     /// The signal that killed a failed run (`SIGKILL`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<String>,
+    /// The last lines of the unit's log once the run ended (at most 20 lines, 2,048 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
 }
 
 /// What a pull agent's health check says of a unit that runs.
@@ -1123,6 +1126,9 @@ pub struct UnitRun {
     /// Why a lost run is not known to have ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// The last lines of its log when it ended (at most 20 lines, 2,048 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
 }
 
 fn first_attempt() -> u32 {

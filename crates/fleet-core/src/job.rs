@@ -21,9 +21,11 @@ use crate::unit_file::{UnitOption, X_FLEET as SECTION, last_value};
 use crate::unit_name::UnitNameInfo;
 
 /// The keys this module reads.
-pub const KEYS: &[&str] = &["Schedule", "Overlap", "Missed", "Batch", "Retries", "RetryDelay"];
+pub const KEYS: &[&str] = &["Schedule", "Overlap", "Missed", "Batch", "Retries", "RetryDelay", "KeepRuns"];
 
 pub const MOST_RETRIES: u32 = 100;
+/// The most runs a unit may keep (`KeepRuns=`): its whole record is written at each change.
+pub const MOST_KEPT_RUNS: usize = 100;
 pub const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(10);
 const SHORTEST_RETRY_DELAY: Duration = Duration::from_secs(1);
 /// The longest a failed run waits before it is tried again, however often it failed.
@@ -63,6 +65,8 @@ pub struct Job {
     pub retries: u32,
     /// The wait before the first retry; each further one waits twice as long.
     pub retry_delay: Duration,
+    /// How many runs are kept (`KeepRuns=`; the oldest finished ones go first).
+    pub kept_runs: usize,
 }
 
 impl Job {
@@ -88,7 +92,7 @@ pub enum JobError {
     ScheduledTemplate(String),
     #[error("[X-Fleet] {0}= needs Schedule=")]
     NeedsSchedule(&'static str),
-    #[error("[X-Fleet] {0}= needs Batch=true or Schedule=: fleet retries only the runs it keeps")]
+    #[error("[X-Fleet] {0}= needs Batch=true or Schedule=: fleet keeps and retries the runs of those only")]
     NeedsRuns(&'static str),
     #[error(
         "[X-Fleet] Schedule= or Batch=true with Global=true is not run by this fleet yet: a global unit's runs would not be kept, and it would run on every machine all the time"
@@ -169,10 +173,18 @@ pub fn job_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Job>, Jo
             Err(error) => return Err(invalid("RetryDelay", value, error.to_string())),
         },
     };
+    let kept_runs = match kept("KeepRuns")? {
+        None => runs::DEFAULT_KEPT_RUNS,
+        Some(value) => {
+            value.trim().parse::<usize>().ok().filter(|n| (1..=MOST_KEPT_RUNS).contains(n)).ok_or_else(|| {
+                invalid("KeepRuns", value, format!("expected a whole number from 1 to {MOST_KEPT_RUNS}"))
+            })?
+        }
+    };
     if !keeps_runs {
         return Ok(None);
     }
-    Ok(Some(Job { schedule, overlap, missed, batch, retries, retry_delay }))
+    Ok(Some(Job { schedule, overlap, missed, batch, retries, retry_delay, kept_runs }))
 }
 
 impl FromStr for Overlap {
@@ -239,14 +251,14 @@ mod tests {
             Some("Mon..Fri *-*-* 02:00:00 Europe/Berlin")
         );
         assert_eq!((read.overlap, read.missed, read.batch), (Overlap::Skip, Missed::Skip, false));
-        assert_eq!((read.retries, read.retry_delay), (0, DEFAULT_RETRY_DELAY));
+        assert_eq!((read.retries, read.retry_delay, read.kept_runs), (0, DEFAULT_RETRY_DELAY, 20));
         let read = job(
             "report.service",
-            "[X-Fleet]\nSchedule=hourly\nOverlap=queue\nMissed=once\nBatch=yes\nRetries=3\nRetryDelay=30s\n",
+            "[X-Fleet]\nSchedule=hourly\nOverlap=queue\nMissed=once\nBatch=yes\nRetries=3\nRetryDelay=30s\nKeepRuns=50\n",
         )
         .expect("valid")
         .expect("a job");
-        assert_eq!((read.overlap, read.missed, read.retries), (Overlap::Queue, Missed::Once, 3));
+        assert_eq!((read.overlap, read.missed, read.retries, read.kept_runs), (Overlap::Queue, Missed::Once, 3, 50));
         assert_eq!(read.retry_delay_before(1), Duration::from_secs(30));
         assert_eq!(read.retry_delay_before(3), Duration::from_secs(120));
         assert_eq!(read.retry_delay_before(40), LONGEST_RETRY_DELAY);
@@ -257,7 +269,7 @@ mod tests {
             .expect("a job");
         assert!(read.batch && read.keeps_runs() && read.schedule.is_none());
         let file = UnitFile::parse(
-            "[X-Fleet]\nSchedule=daily\nOverlap=queue\nMissed=once\nBatch=1\nRetries=1\nRetryDelay=5s\n",
+            "[X-Fleet]\nSchedule=daily\nOverlap=queue\nMissed=once\nBatch=1\nRetries=1\nRetryDelay=5s\nKeepRuns=3\n",
         )
         .expect("a unit");
         assert_eq!(crate::unknown_options::unknown_options(file.options()), vec![], "fleet knows its job keys");
@@ -290,7 +302,7 @@ mod tests {
         );
         assert_eq!(
             error("a.service", "[Service]\nType=oneshot\n[X-Fleet]\nRetries=3\n"),
-            "[X-Fleet] Retries= needs Batch=true or Schedule=: fleet retries only the runs it keeps"
+            "[X-Fleet] Retries= needs Batch=true or Schedule=: fleet keeps and retries the runs of those only"
         );
         assert_eq!(
             error("a.service", "[X-Fleet]\nBatch=true\nRetries=1000\n"),
@@ -299,6 +311,14 @@ mod tests {
         assert_eq!(
             error("a.service", "[X-Fleet]\nBatch=true\nRetryDelay=0\n"),
             "invalid value \"0\" for [X-Fleet] RetryDelay: expected a time span from 1s to 1d"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nBatch=true\nKeepRuns=0\n"),
+            "invalid value \"0\" for [X-Fleet] KeepRuns: expected a whole number from 1 to 100"
+        );
+        assert_eq!(
+            error("a.service", "[X-Fleet]\nKeepRuns=5\n"),
+            "[X-Fleet] KeepRuns= needs Batch=true or Schedule=: fleet keeps and retries the runs of those only"
         );
         assert_eq!(
             error("a.service", "[X-Fleet]\nBatch=maybe\n"),

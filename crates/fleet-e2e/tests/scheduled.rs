@@ -106,7 +106,7 @@ fn a_batch_unit_runs_once_per_start_its_failed_run_is_retried_and_fleetctl_run_r
     let failed_once = dir.path().join("failed-once");
     // The first run fails with status 3; every later one succeeds.
     let text = format!(
-        "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo run >> {ran}; test -e {marker} || {{ touch {marker}; exit 3; }}'\n\
+        "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo migrating; echo run >> {ran}; test -e {marker} || {{ touch {marker}; exit 3; }}'\n\
          [X-Fleet]\nBatch=true\nRetries=2\nRetryDelay=1s\n",
         ran = ran.display(),
         marker = failed_once.display()
@@ -126,6 +126,10 @@ fn a_batch_unit_runs_once_per_start_its_failed_run_is_retried_and_fleetctl_run_r
     assert!(shown.starts_with("Unit migrate.service is a batch unit: each start is one run.\n"), "{shown}");
     assert!(shown.contains("failed (status 3)\n"), "{shown}");
     assert!(shown.contains("succeeded, attempt 2\n"), "{shown}");
+    // The last lines of the latest run's log (systemd's own lines about the run at least), and
+    // only that run's: none of the run before.
+    let log = shown.split("'s log:\n").nth(1).expect("a run's log is shown");
+    assert!(log.matches("migrating").count() <= 1, "{shown}");
 
     let again = fleet.ok(&["run", "migrate.service"]);
     assert!(again.stdout.starts_with("Started run 3 of migrate.service;"), "{again:?}");

@@ -124,7 +124,7 @@ impl Jobs {
             let mut next = runs::observe(&record, seen, now);
             let mut skipped = Vec::new();
             if let Some((job, true)) = job {
-                let step = runs::advance(job, &next, now, runs::DEFAULT_KEPT_RUNS);
+                let step = runs::advance(job, &next, now, job.kept_runs);
                 if let Some(run) = &step.claimed {
                     tracing::info!(unit, run = run.id, elapse = run.elapse, "run claimed");
                 }

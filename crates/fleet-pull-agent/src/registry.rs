@@ -884,6 +884,7 @@ impl AgentRegistry for RemoteRegistry {
                             Some(fleet_core::job::runs::Outcome::Failed { signal, .. }) => signal.clone(),
                             _ => None,
                         },
+                        log: run.log.clone(),
                     }),
                 }),
                 StateReport::Remove(name) => states.removed.push(name.clone()),

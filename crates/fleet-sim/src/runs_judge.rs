@@ -103,6 +103,7 @@ mod tests {
             ended: None,
             outcome: None,
             released: true,
+            log: None,
         }
     }
 

@@ -32,6 +32,8 @@ pub struct FakeUnitManager {
     after_loads: Mutex<Option<(usize, AfterLoads)>>,
     /// How each unit's run since its last start ended by itself ([`FakeUnitManager::end_run`]).
     run_ends: Mutex<BTreeMap<String, Outcome>>,
+    /// What each unit wrote to its log ([`FakeUnitManager::write_log`]).
+    logs: Mutex<BTreeMap<String, String>>,
     changes: watch::Sender<u64>,
 }
 
@@ -51,8 +53,14 @@ impl FakeUnitManager {
             loads: AtomicUsize::new(0),
             after_loads: Mutex::new(None),
             run_ends: Mutex::new(BTreeMap::new()),
+            logs: Mutex::new(BTreeMap::new()),
             changes: watch::channel(0).0,
         }
+    }
+
+    /// `name` writes `text` to its log (what `journal` then shows).
+    pub fn write_log(&self, name: &str, text: &str) {
+        self.logs.locked().entry(name.to_string()).or_default().push_str(text);
     }
 
     /// A manager that already holds `file` as `name`, running: what a restarted fleetd
@@ -180,8 +188,11 @@ impl UnitManager for FakeUnitManager {
         Ok(!self.stopped_outside.locked().contains(name))
     }
 
-    async fn journal(&self, _name: &str, _lines: usize) -> Result<String> {
-        Ok(String::new())
+    async fn journal(&self, name: &str, lines: usize) -> Result<String> {
+        let logs = self.logs.locked();
+        let Some(log) = logs.get(name) else { return Ok(String::new()) };
+        let all: Vec<&str> = log.lines().collect();
+        Ok(all[all.len().saturating_sub(lines)..].iter().map(|line| format!("{line}\n")).collect())
     }
 
     async fn stop_all(&self) -> Result<()> {

@@ -71,6 +71,11 @@ pub trait UnitManager: Send + Sync {
     fn state_changes(&self) -> watch::Receiver<u64>;
     /// The last `lines` lines of a unit's log.
     async fn journal(&self, name: &str, lines: usize) -> Result<String>;
+    /// The last `lines` lines of a unit's log written since `since` (microseconds since the
+    /// epoch: when its run started), as far as the manager can tell them from earlier ones.
+    async fn run_log(&self, name: &str, _since: i64, lines: usize) -> Result<String> {
+        self.journal(name, lines).await
+    }
     /// The manager's own status report of a unit (`systemctl status`), when it has one.
     async fn status(&self, _name: &str) -> Result<Option<String>> {
         Ok(None)

@@ -402,7 +402,13 @@ fn checked_run(run: fleet_api_schema::AgentRun) -> Result<fleet_core::job::runs:
                 .ok_or_else(|| ApiError::bad_request(format!("invalid run outcome {word:?}")))?,
         ),
     };
-    Ok(fleet_core::job::runs::RunReport { started: run.started, ended: run.ended, outcome })
+    if run.log.as_ref().is_some_and(|log| log.len() > fleet_core::job::runs::LOG_BYTES) {
+        return Err(ApiError::bad_request(format!(
+            "a run's log is at most {} bytes",
+            fleet_core::job::runs::LOG_BYTES
+        )));
+    }
+    Ok(fleet_core::job::runs::RunReport { started: run.started, ended: run.ended, outcome, log: run.log })
 }
 
 /// The versions of secrets a machine says it gave a unit, as bounded as a unit's references.

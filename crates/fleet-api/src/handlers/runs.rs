@@ -7,7 +7,7 @@ use axum::response::Response;
 
 use fleet_core::DesiredState;
 use fleet_core::civil_time::rfc3339_of_micros;
-use fleet_core::job::runs::{self, DEFAULT_KEPT_RUNS, JobRecord, Outcome, Run};
+use fleet_core::job::runs::{self, JobRecord, Outcome, Run};
 
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
@@ -52,12 +52,13 @@ pub async fn post(state: &ApiState, name: &str) -> Result<Response, ApiError> {
     let Some(unit) = state.registry.unit(name).await? else {
         return Err(ApiError::not_found("unit does not exist"));
     };
-    if !fleet_core::job::job_of(name, unit.file.options()).ok().flatten().is_some_and(|job| job.keeps_runs()) {
+    let Some(job) = fleet_core::job::job_of(name, unit.file.options()).ok().flatten().filter(|job| job.keeps_runs())
+    else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "unit has neither Schedule= nor Batch=true in [X-Fleet]: fleet keeps no runs of it",
         ));
-    }
+    };
     if unit.desired != DesiredState::Launched {
         return Err(ApiError::new(StatusCode::CONFLICT, "unit is not started: start it first"));
     }
@@ -68,7 +69,7 @@ pub async fn post(state: &ApiState, name: &str) -> Result<Response, ApiError> {
             None => (JobRecord::new(now_micros()), 0),
         };
         let now = now_micros();
-        let dispatched = runs::dispatch(&record, now, DEFAULT_KEPT_RUNS)
+        let dispatched = runs::dispatch(&record, now, job.kept_runs)
             .map_err(|error| ApiError::new(StatusCode::CONFLICT, error.to_string()))?;
         if state.registry.put_dispatched_run(name, &dispatched.record, version).await? {
             tracing::info!(unit = name, run = dispatched.id, claimed = dispatched.claimed, "run started by hand");
@@ -125,6 +126,7 @@ fn run(run: &Run) -> UnitRun {
         status,
         signal,
         why,
+        log: run.log.clone(),
     }
 }
 

@@ -18,6 +18,10 @@ use crate::calendar::MIN_INTERVAL_MICROS;
 pub const GRACE_MICROS: i64 = 60_000_000;
 /// How many runs a unit keeps by default (the oldest finished ones go first).
 pub const DEFAULT_KEPT_RUNS: usize = 20;
+/// How many of the last lines of a run's log are kept with its end.
+pub const LOG_LINES: usize = 20;
+/// At most this many bytes of them (the last ones).
+pub const LOG_BYTES: usize = 2048;
 /// How many ranges of skipped elapses a record keeps.
 const KEPT_SKIPS: usize = 10;
 
@@ -70,6 +74,9 @@ pub struct Run {
     /// unit, and no other run of it starts.
     #[serde(default)]
     pub released: bool,
+    /// The last lines of its log when it ended, as its machine read them ([`log_tail`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
 }
 
 fn first_attempt() -> u32 {
@@ -111,6 +118,22 @@ pub struct RunReport {
     pub ended: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub outcome: Option<Outcome>,
+    /// The last lines of the unit's log once it ended ([`log_tail`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub log: Option<String>,
+}
+
+/// The last [`LOG_LINES`] lines of `text`, and of those the last [`LOG_BYTES`] bytes (cut at a
+/// character's start); `None` when nothing is left.
+pub fn log_tail(text: &str) -> Option<String> {
+    let text = text.trim_end();
+    let from_line = text.rmatch_indices('\n').nth(LOG_LINES - 1).map_or(0, |(at, _)| at + 1);
+    let mut from = from_line.max(text.len().saturating_sub(LOG_BYTES));
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let tail = &text[from..];
+    (!tail.is_empty()).then(|| tail.to_string())
 }
 
 impl Outcome {
@@ -225,6 +248,7 @@ impl JobRecord {
             ended: None,
             outcome: None,
             released: false,
+            log: None,
         };
         self.next_id += 1;
         self.runs.push(run.clone());
@@ -393,6 +417,9 @@ pub fn observe(record: &JobRecord, seen: Seen<'_>, now: i64) -> JobRecord {
         Some(report) => {
             run.started.get_or_insert(report.started);
             if let Some(outcome) = &report.outcome {
+                if run.outcome.is_none() {
+                    run.log = report.log.as_deref().and_then(log_tail);
+                }
                 end(run, outcome.clone(), report.ended.unwrap_or(now));
             }
         }

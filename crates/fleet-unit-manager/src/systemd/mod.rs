@@ -236,6 +236,26 @@ async fn run_tool(program: &str, user: bool, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
+impl SystemdManager {
+    /// `journalctl -n LINES -u NAME`, from `since` (microseconds since the epoch) when given.
+    async fn journal_lines(&self, name: &str, lines: usize, since: Option<i64>) -> Result<String> {
+        let lines = lines.to_string();
+        let mut args = vec!["--no-pager", "--quiet", "-n", lines.as_str(), "-u", name];
+        // `@SECONDS.MICROS`: systemd.time(7)'s reading of a time since the epoch.
+        let since =
+            since.map(|micros| format!("@{}.{:06}", micros.div_euclid(1_000_000), micros.rem_euclid(1_000_000)));
+        if let Some(since) = &since {
+            args.extend(["--since", since.as_str()]);
+        }
+        let text = run_tool("journalctl", self.user, &args).await?;
+        // A user instance run by root logs to the system journal, not to a user journal.
+        if self.user && text.is_empty() {
+            return run_tool("journalctl", false, &args).await;
+        }
+        Ok(text)
+    }
+}
+
 #[async_trait]
 impl UnitManager for SystemdManager {
     fn kind(&self) -> &'static str {
@@ -458,14 +478,11 @@ impl UnitManager for SystemdManager {
     }
 
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
-        let lines = lines.to_string();
-        let args = ["--no-pager", "--quiet", "-n", lines.as_str(), "-u", name];
-        let text = run_tool("journalctl", self.user, &args).await?;
-        // A user instance run by root logs to the system journal, not to a user journal.
-        if self.user && text.is_empty() {
-            return run_tool("journalctl", false, &args).await;
-        }
-        Ok(text)
+        self.journal_lines(name, lines, None).await
+    }
+
+    async fn run_log(&self, name: &str, since: i64, lines: usize) -> Result<String> {
+        self.journal_lines(name, lines, Some(since)).await
     }
 
     async fn status(&self, name: &str) -> Result<Option<String>> {

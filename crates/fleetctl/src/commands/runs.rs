@@ -88,6 +88,12 @@ fn shown(runs: &UnitRuns) -> String {
         }
         text.push_str(&tab_table(&table));
     }
+    if let Some((run, log)) = runs.runs.iter().rev().find_map(|run| Some((run, run.log.as_ref()?))) {
+        text.push_str(&format!("The last lines of run {}'s log:\n", run.id));
+        for line in log.lines() {
+            text.push_str(&format!("  {line}\n"));
+        }
+    }
     if let Some(retry_at) = &runs.retry_at {
         text.push_str(&format!("Retry: at {retry_at} (Retries={})\n", runs.retries));
     }
@@ -125,6 +131,7 @@ mod tests {
                     ended: Some("2026-12-03T01:04:10Z".into()),
                     state: "failed".into(),
                     status: Some(3),
+                    log: Some("copying /srv\nno space left on device".into()),
                     ..UnitRun::default()
                 },
                 UnitRun {
@@ -158,6 +165,7 @@ mod tests {
              7\t2026-12-03T01:00:00Z\t5d5d5d5d\t2026-12-03T01:00:01Z\t2026-12-03T01:04:10Z\tfailed (status 3)\n\
              8\t2026-12-03T01:00:00Z\t-\t\t-\t\t\t-\t\t\twaiting, attempt 2\n\
              9\t-\t\t\t-\t\t-\t\t\t-\t\t\trunning\n\
+             The last lines of run 7's log:\n  copying /srv\n  no space left on device\n\
              Retry: at 2026-12-03T01:05:00Z (Retries=2)\n\
              Skipped 2026-12-02T01:00:00Z: missed: no engine leader saw it in time\n"
         );

@@ -18,6 +18,7 @@ fn job(schedule: &str, overlap: Overlap, missed: Missed) -> Job {
         batch: false,
         retries: 0,
         retry_delay: std::time::Duration::from_secs(10),
+        kept_runs: DEFAULT_KEPT_RUNS,
     }
 }
 
@@ -45,6 +46,7 @@ fn batch(retries: u32) -> Job {
         batch: true,
         retries,
         retry_delay: std::time::Duration::from_secs(10),
+        kept_runs: DEFAULT_KEPT_RUNS,
     }
 }
 
@@ -342,7 +344,8 @@ fn a_run_begins_ends_and_is_let_go_of_as_its_machine_reports_it() {
     let loaded = report("m1", None);
     let waiting = observe(&record, present(Some(&loaded)), START + 902 * SECOND);
     assert_eq!(waiting, record, "loaded, not started: nothing changes");
-    let started = report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None }));
+    let started =
+        report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None, log: None }));
     let running = observe(&record, present(Some(&started)), START + 904 * SECOND);
     assert_eq!(running.runs[0].started, Some(START + 903 * SECOND));
     let failed = Outcome::Failed { status: Some(3), signal: None };
@@ -352,6 +355,7 @@ fn a_run_begins_ends_and_is_let_go_of_as_its_machine_reports_it() {
             started: START + 903 * SECOND,
             ended: Some(START + 910 * SECOND),
             outcome: Some(failed.clone()),
+            log: None,
         }),
     );
     let ended = observe(&running, present(Some(&ended)), START + 911 * SECOND);
@@ -372,7 +376,8 @@ fn a_run_whose_machine_is_gone_or_forgets_it_was_lost_and_a_stopped_unit_stops_i
     let gone = observe(&record, Seen { wanted: true, report: None, machine_present: false }, START + 950 * SECOND);
     assert_eq!(gone.runs[0].outcome, Some(Outcome::Lost { why: "machine m1 was lost".into() }));
     assert!(gone.active_run().is_none(), "not run again for its elapse");
-    let started = report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None }));
+    let started =
+        report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None, log: None }));
     let running = observe(&record, Seen { wanted: true, report: Some(&started), machine_present: true }, START);
     let forgotten = observe(&running, Seen { wanted: true, report: None, machine_present: true }, START + 960 * SECOND);
     assert!(matches!(forgotten.runs[0].outcome, Some(Outcome::Lost { .. })));
@@ -382,4 +387,17 @@ fn a_run_whose_machine_is_gone_or_forgets_it_was_lost_and_a_stopped_unit_stops_i
     assert!(stopped.active_run().is_some(), "held until its machine let the unit go");
     let unplaced = observe(&claimed_on(None), Seen { wanted: false, report: None, machine_present: true }, START);
     assert_eq!((unplaced.runs[0].outcome.clone(), unplaced.active_run()), (Some(Outcome::Stopped), None));
+}
+
+#[test]
+fn a_run_keeps_the_last_lines_of_its_log_bounded() {
+    let many: String = (1..=30).map(|line| format!("line {line}\n")).collect();
+    let tail = log_tail(&many).expect("lines");
+    assert_eq!(tail.lines().count(), LOG_LINES);
+    assert!(tail.starts_with("line 11\n") && tail.ends_with("line 30"), "{tail}");
+    let wide = "é".repeat(LOG_BYTES);
+    let tail = log_tail(&wide).expect("a tail");
+    assert!(tail.len() <= LOG_BYTES && tail.chars().all(|c| c == 'é'));
+    assert_eq!(log_tail("\n\n"), None);
+    assert_eq!(log_tail("one line"), Some("one line".to_string()));
 }
