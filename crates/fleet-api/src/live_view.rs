@@ -8,10 +8,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fleet_core::access::Role;
+use fleet_core::civil_time::rfc3339_of_micros;
+use fleet_core::job::runs::{JobRecord, Outcome};
 use fleet_core::requirements::reservation_of;
 use fleet_core::reserved::{UnitReservation, reserved_by_machine};
 use fleet_core::{MachineState, Resources, UnitState};
-use fleet_registry::{ApiRegistry, UnitView};
+use fleet_registry::{ApiRegistry, StoredJob, UnitView};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
@@ -65,6 +67,10 @@ pub struct UnitRow {
     /// What its health check says where it runs (`healthy`, `unhealthy: HTTP 500`, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub health: Option<String>,
+    /// A unit on a calendar or a batch unit: how its last run ended and what comes next
+    /// (`last: succeeded (run 12); next 2026-12-05T02:00:00Z`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runs: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -106,8 +112,17 @@ impl Patch {
     }
 }
 
-/// The rows of what the store holds.
-pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[MachineState]) -> ClusterView {
+/// The rows of what the store holds, at `now` (microseconds since the epoch: when units on a
+/// calendar run next).
+pub fn cluster_view(
+    units: &[UnitView],
+    states: &[UnitState],
+    machines: &[MachineState],
+    jobs: &[StoredJob],
+    now: i64,
+) -> ClusterView {
+    let records: BTreeMap<&str, &JobRecord> =
+        jobs.iter().map(|stored| (stored.unit.as_str(), &stored.record)).collect();
     let mut load: BTreeMap<&str, usize> = BTreeMap::new();
     let mut by_unit: BTreeMap<&str, Vec<&UnitState>> = BTreeMap::new();
     for state in states {
@@ -159,11 +174,42 @@ pub fn cluster_view(units: &[UnitView], states: &[UnitState], machines: &[Machin
                 machines: reported.len(),
                 reason: unit.reason.clone(),
                 health: here.and_then(|state| state.health.as_ref()).map(|health| health.describe()),
+                runs: runs_cell(unit, records.get(unit.name.as_str()).copied(), now),
             };
             (row.name.clone(), row)
         })
         .collect();
     ClusterView { machines, units }
+}
+
+/// What the runs column says of `unit`: nothing for a unit whose runs fleet does not keep.
+fn runs_cell(unit: &UnitView, record: Option<&JobRecord>, now: i64) -> Option<String> {
+    let job = fleet_core::job::job_of(&unit.name, unit.file.options()).ok().flatten()?;
+    let mut parts = Vec::new();
+    match record.and_then(|record| record.runs.last()) {
+        Some(run) => {
+            let state = match (&run.outcome, run.started) {
+                (Some(outcome), _) => outcome.word(),
+                (None, Some(_)) => "running",
+                (None, None) => "waiting",
+            };
+            let status = match &run.outcome {
+                Some(Outcome::Failed { status: Some(status), .. }) => format!(" (status {status})"),
+                Some(Outcome::Failed { signal: Some(signal), .. }) => format!(" ({signal})"),
+                _ => String::new(),
+            };
+            let attempt = if run.attempt > 1 { format!(", attempt {}", run.attempt) } else { String::new() };
+            parts.push(format!("last: {state}{status}{attempt} (run {})", run.id));
+        }
+        None => parts.push("no runs yet".to_string()),
+    }
+    let launched = unit.desired == fleet_core::DesiredState::Launched;
+    if let Some(retry) = record.filter(|_| launched).and_then(|record| record.retry_due(&job)) {
+        parts.push(format!("retry {}", rfc3339_of_micros(retry.0)));
+    } else if let Some(next) = job.schedule.as_ref().filter(|_| launched).and_then(|spec| spec.next_after(now)) {
+        parts.push(format!("next {}", rfc3339_of_micros(next)));
+    }
+    Some(parts.join("; "))
 }
 
 fn changed<T: Clone + PartialEq>(old: &BTreeMap<String, T>, new: &BTreeMap<String, T>) -> (Vec<T>, Vec<String>) {
@@ -191,8 +237,13 @@ pub fn reset(view: &ClusterView) -> Patch {
 
 /// Reads the cluster into rows.
 pub async fn read_view(registry: &dyn ApiRegistry) -> Result<ClusterView, fleet_registry::RegistryError> {
-    let (units, states, machines) = tokio::try_join!(registry.units(), registry.unit_states(), registry.machines())?;
-    Ok(cluster_view(&units, &states, &machines))
+    let (units, states, machines, jobs) =
+        tokio::try_join!(registry.units(), registry.unit_states(), registry.machines(), registry.all_job_records())?;
+    let now = i64::try_from(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_micros(),
+    )
+    .unwrap_or(i64::MAX);
+    Ok(cluster_view(&units, &states, &machines, &jobs, now))
 }
 
 /// The feed: one reader task for every watcher, running only while there are watchers.
@@ -299,6 +350,8 @@ mod tests {
             &[unit("a.service", Some("m1"), None), unit("b.service", None, Some("no machine has region=x"))],
             &[state("a.service", "m1", "active")],
             &[machine("m1"), machine("m2")],
+            &[],
+            0,
         );
         assert_eq!(view.machines["m1"].units, 1);
         assert_eq!(view.machines["m2"].units, 0);
@@ -315,9 +368,10 @@ mod tests {
             ..Default::default()
         };
         let checked = UnitState { health: Some(unhealthy), ..state("a.service", "m1", "active") };
-        let view = cluster_view(&[unit("a.service", Some("m1"), None)], &[checked], &[machine("m1")]);
+        let view = cluster_view(&[unit("a.service", Some("m1"), None)], &[checked], &[machine("m1")], &[], 0);
         assert_eq!(view.units["a.service"].health.as_deref(), Some("unhealthy: HTTP 500"));
-        let plain = cluster_view(&[unit("a.service", Some("m1"), None)], &[state("a.service", "m1", "active")], &[]);
+        let plain =
+            cluster_view(&[unit("a.service", Some("m1"), None)], &[state("a.service", "m1", "active")], &[], &[], 0);
         assert_eq!(plain.units["a.service"].health, None, "no check, no health");
     }
 
@@ -326,11 +380,12 @@ mod tests {
         let mut drained = machine("m1");
         drained.drain = Some(fleet_core::drain::Drain::new(fleet_core::rollout::MaxUnavailable::Count(1), 0));
         let units = [unit("a.service", Some("m1"), None), unit("b.service", Some("m2"), None)];
-        let view = cluster_view(&units, &[state("a.service", "m1", "active")], &[drained.clone(), machine("m2")]);
+        let view =
+            cluster_view(&units, &[state("a.service", "m1", "active")], &[drained.clone(), machine("m2")], &[], 0);
         assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "draining", moving: 0, left: 1 }));
         assert_eq!(view.machines["m2"].drain, None);
         let moved = [unit("a.service", Some("m2"), None), unit("b.service", Some("m2"), None)];
-        let view = cluster_view(&moved, &[], &[drained, machine("m2")]);
+        let view = cluster_view(&moved, &[], &[drained, machine("m2")], &[], 0);
         assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "drained", moving: 0, left: 0 }));
     }
 
@@ -341,11 +396,15 @@ mod tests {
             &[unit("a.service", Some("m1"), None), unit("b.service", Some("m1"), None)],
             &[state("a.service", "m1", "activating"), state("b.service", "m1", "active")],
             &machines,
+            &[],
+            0,
         );
         let after = cluster_view(
             &[unit("a.service", Some("m1"), None), unit("c.service", None, None)],
             &[state("a.service", "m1", "active")],
             &machines,
+            &[],
+            0,
         );
         let changes = patch(&before, &after);
         let names: Vec<&str> = changes.units.iter().map(|unit| unit.name.as_str()).collect();
@@ -356,5 +415,41 @@ mod tests {
         let scoped = changes.visible_to(&Role::parse("operator", Some("a*")).expect("role"));
         assert_eq!(scoped.units.len(), 1);
         assert!(scoped.units_gone.is_empty());
+    }
+
+    #[test]
+    fn a_unit_whose_runs_are_kept_shows_its_last_run_and_what_comes_next() {
+        const SECOND: i64 = 1_000_000;
+        const START: i64 = 1_796_342_400 * SECOND;
+        let with = |text: &str| {
+            let mut unit = unit("backup.service", None, None);
+            unit.file = UnitFile::parse(text).expect("valid unit");
+            unit
+        };
+        let calendar = with("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=*:0/15\n");
+        let view = cluster_view(std::slice::from_ref(&calendar), &[], &[], &[], START);
+        assert_eq!(view.units["backup.service"].runs.as_deref(), Some("no runs yet; next 2026-12-04T00:15:00Z"));
+        let job = fleet_core::job::job_of("backup.service", calendar.file.options()).unwrap().unwrap();
+        let mut record = fleet_core::job::runs::advance(&job, &JobRecord::new(START), START + 901 * SECOND, 20).record;
+        let run = record.runs.last_mut().expect("a run");
+        run.outcome = Some(Outcome::Failed { status: Some(3), signal: None });
+        run.ended = Some(START + 950 * SECOND);
+        run.released = true;
+        let stored = StoredJob { unit: "backup.service".into(), record, version: 1 };
+        let view = cluster_view(&[calendar], &[], &[], std::slice::from_ref(&stored), START + 960 * SECOND);
+        assert_eq!(
+            view.units["backup.service"].runs.as_deref(),
+            Some("last: failed (status 3) (run 1); next 2026-12-04T00:30:00Z")
+        );
+        let batch = with("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nBatch=true\nRetries=1\n");
+        let view = cluster_view(&[batch], &[], &[], &[stored], START + 960 * SECOND);
+        assert_eq!(
+            view.units["backup.service"].runs.as_deref(),
+            Some("last: failed (status 3) (run 1); retry 2026-12-04T00:16:00Z")
+        );
+        assert_eq!(
+            cluster_view(&[unit("web.service", None, None)], &[], &[], &[], START).units["web.service"].runs,
+            None
+        );
     }
 }

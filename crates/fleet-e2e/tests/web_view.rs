@@ -166,3 +166,37 @@ fn the_header_counts_only_units_that_wait_and_health_has_its_column() {
         String::new,
     );
 }
+
+/// A unit on a calendar shows how its last run ended and when it runs next in its own column,
+/// and between runs it is not counted as waiting for a machine.
+#[test]
+fn a_unit_on_a_calendar_shows_its_runs_and_does_not_wait() {
+    let port = fleet_testkit::free_port();
+    let listen = format!("unix://{{socket}},http://127.0.0.1:{port}");
+    let fleet = Fleetd::start(
+        "0e0e0e0e0000000000000000000000a3",
+        &[("api_listen", listen.as_str()), ("api_anonymous_role", "viewer")],
+    );
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let tick = write_unit(
+        dir.path(),
+        "tick.service",
+        "[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=*:*:0/2\n",
+    );
+    fleet.ok(&["start", &tick]);
+    let mut browser = Browser::open(&format!("http://127.0.0.1:{port}/ui/"), 1600, 900);
+    poll_until(
+        "the runs column shows a run that succeeded and the next elapse, and nothing waits",
+        WAIT,
+        || {
+            let runs = browser.evaluate(
+                "[...document.querySelectorAll('#units .row')].map(r => r.children[6] ? r.children[6].innerText : '').join('|')",
+            );
+            let summary = browser.evaluate("document.getElementById('summary').innerText");
+            runs.as_str().is_some_and(|runs| runs.starts_with("last: succeeded (run ") && runs.contains("; next 20"))
+                && summary.as_str().is_some_and(|summary| summary.ends_with(" 0 waiting for a machine"))
+        },
+        String::new,
+    );
+    assert!(text(&mut browser).contains("RUNS"), "the column has its head");
+}

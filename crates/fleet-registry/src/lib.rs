@@ -332,6 +332,8 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// The job record of `unit` (its runs, when it runs on a calendar or is a batch unit), with
     /// its version, if it has one.
     async fn job_record(&self, unit: &str) -> Result<Option<StoredJob>>;
+    /// Every stored job record (the web view's runs of each unit).
+    async fn all_job_records(&self) -> Result<Vec<StoredJob>>;
     /// Replaces `unit`'s job record by `record`, which has a run started by hand (`fleetctl
     /// run`), if the stored one is still at `version` (0: none is stored); `false` when another
     /// write came first. The one write of a job record not fenced by the engine's lease (the

@@ -239,6 +239,10 @@ impl ApiRegistry for EmbeddedRegistry {
         .await
     }
 
+    async fn all_job_records(&self) -> Result<Vec<fleet_registry::StoredJob>> {
+        fleet_registry::EngineRegistry::job_records(self).await
+    }
+
     async fn put_dispatched_run(
         &self,
         unit: &str,

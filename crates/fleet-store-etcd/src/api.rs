@@ -372,6 +372,10 @@ impl ApiRegistry for EtcdRegistry {
 
     /// One transaction comparing the record's own revision (0: absent); the engine wakes on
     /// it through the cluster's cache, which holds the records.
+    async fn all_job_records(&self) -> Result<Vec<fleet_registry::StoredJob>> {
+        fleet_registry::EngineRegistry::job_records(self).await
+    }
+
     async fn put_dispatched_run(
         &self,
         unit: &str,

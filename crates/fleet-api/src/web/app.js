@@ -110,6 +110,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [ip ? machine + "/" + ip : machine, null, u.machine || ""],
     [u.active ? u.active + "/" + u.sub : "-", unitClass(u)],
     [u.health || "-", healthClass(u), u.health || ""],
+    [u.runs || "-", runsClass(u), u.runs || ""],
     [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];
 });
@@ -118,7 +119,16 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
 // reason too (spread unevenly, kept on a drained machine): a note, not a wait.
 function isWaiting(u) {
   if (u.desired === "inactive") return false;
+  // A unit on a calendar or a batch unit is placed only for a run: between runs it waits for
+  // nothing (its runs column says what comes next), unless the engine said why it cannot run.
+  if (u.runs && !u.reason) return false;
   return u.global ? u.machines === 0 : !u.machine;
+}
+
+function runsClass(u) {
+  if (!u.runs) return null;
+  return u.runs.startsWith("last: failed") || u.runs.startsWith("last: lost") ? "failed"
+    : u.runs.startsWith("last: running") ? "active" : null;
 }
 
 function healthClass(u) {
