@@ -79,6 +79,9 @@ step bash -c 'set -o pipefail; target/debug/bench-cluster 1000 10000 5 reserve h
 # Its lists against a tenth of the cluster: a row may cost at most twice as much at ten times the
 # units (issue 71: lists that grew with units × machines took 22 s at 100,000).
 step scripts/list-linearity.sh "$big_bench"
+# Units on a calendar all due at one second, on 20 simulated machines: each started exactly once
+# for its elapse (the 1,000-machine figures are in BENCHMARKS.md).
+step target/debug/bench-calendar 20 200
 # A rolling upgrade of three members under systemd while units are submitted, each member
 # replaced in place: no unit restarted or lost, some member's API answering throughout (the run
 # from the previous release is in BENCHMARKS.md: building it here costs more than it is worth).

@@ -18,6 +18,21 @@ const SUBMITTERS: usize = 64;
 /// How long the count of launched units may stand still before a run is given up.
 const STALL_LIMIT: Duration = Duration::from_secs(120);
 
+/// Simulated machine `index`: `role=worker`, no engine, offering [`SIMULATED_CAPACITY`] when
+/// `reserving`.
+pub fn simulated_machine(index: usize, reserving: bool) -> fleet_core::MachineState {
+    fleet_core::MachineState {
+        id: format!("{:08x}5151515151515151515151515151", 0x5100_0000 + index),
+        public_ip: format!("10.{}.{}.{}", index / 65536, (index / 256) % 256, index % 256),
+        metadata: [("role".to_string(), "worker".to_string())].into(),
+        version: "bench".into(),
+        disable_engine: true,
+        connection: fleet_core::Connection::Etcd,
+        capacity: reserving.then_some(SIMULATED_CAPACITY),
+        drain: None,
+    }
+}
+
 /// Template `index`: a service for machines with `role=worker`.
 pub fn template(index: usize) -> UnitFile {
     template_reserving(index, false)
@@ -41,14 +56,20 @@ pub fn template_reserving(index: usize, reserving: bool) -> UnitFile {
 /// Submits `count` units (instances of the templates), 64 at a time; returns how long it took.
 pub async fn submit_units(api: &EtcdRegistry, count: usize) -> Duration {
     let templates: Vec<UnitFile> = (0..TEMPLATES).map(template).collect();
+    let units = (0..count)
+        .map(|index| (format!("bench{}@{index}.service", index % TEMPLATES), templates[index % TEMPLATES].clone()));
+    submit(api, units).await
+}
+
+/// Submits `units` (name, file) launched, 64 at a time; returns how long it took.
+pub async fn submit(api: &EtcdRegistry, units: impl IntoIterator<Item = (String, UnitFile)>) -> Duration {
     let submitting = Instant::now();
     let permits = Arc::new(Semaphore::new(SUBMITTERS));
     let mut submissions = tokio::task::JoinSet::new();
-    for index in 0..count {
-        let (api, file, permits) = (api.clone(), templates[index % TEMPLATES].clone(), permits.clone());
+    for (name, file) in units {
+        let (api, permits) = (api.clone(), permits.clone());
         submissions.spawn(async move {
             let _permit = permits.acquire_owned().await.expect("semaphore");
-            let name = format!("bench{}@{index}.service", index % TEMPLATES);
             // A store that does not answer in time under the load is asked again, as a client would.
             let mut tries = 0;
             while let Err(error) = api.put_unit(&name, &file, DesiredState::Launched).await {

@@ -43,9 +43,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
-use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_core::{DesiredState, UnitFile};
 use fleet_e2e::cluster_bench::{
-    SIMULATED_CAPACITY, TEMPLATES, every_unit, registered_machines, template_reserving, unit_list, wait_all_launched,
+    TEMPLATES, every_unit, registered_machines, simulated_machine, template_reserving, unit_list, wait_all_launched,
 };
 use fleet_e2e::launched_units::LaunchedUnits;
 use fleet_e2e::{
@@ -68,19 +68,6 @@ const LEASE_GRANTS: &str = "fleet_store_request_duration_seconds_count{store=\"e
 
 fn argument(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
-fn simulated_machine(index: usize, reserving: bool) -> MachineState {
-    MachineState {
-        id: format!("{:08x}5151515151515151515151515151", 0x5100_0000 + index),
-        public_ip: format!("10.{}.{}.{}", index / 65536, (index / 256) % 256, index % 256),
-        metadata: [("role".to_string(), "worker".to_string())].into(),
-        version: "bench".into(),
-        disable_engine: true,
-        connection: fleet_core::Connection::Etcd,
-        capacity: reserving.then_some(SIMULATED_CAPACITY),
-        drain: None,
-    }
 }
 
 fn main() {
