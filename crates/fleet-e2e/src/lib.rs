@@ -130,6 +130,14 @@ impl Fleetd {
         Self::start_with(machine_id, config, Launcher::default())
     }
 
+    /// A fleetd whose units run under `systemd`'s user instance (in its namespace), on the
+    /// embedded store.
+    pub fn start_under(systemd: &SystemdUser, machine_id: &str) -> Self {
+        let units = systemd.units_directory().display().to_string();
+        let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
+        Self::start_with(machine_id, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() })
+    }
+
     /// As [`Fleetd::start`], started through `launcher`.
     pub fn start_with(machine_id: &str, config: &[(&str, &str)], launcher: Launcher) -> Self {
         let mut fleetd = Self::in_new_dir(machine_id, config, launcher);

@@ -9,7 +9,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 use fleet_e2e::original_fleet::{OriginalJob, OriginalRegistryWriter};
-use fleet_e2e::{EtcdServer, Fleetd, Launcher, SystemdUser};
+use fleet_e2e::{EtcdServer, Fleetd, SystemdUser};
 
 const WAIT: Duration = Duration::from_secs(30);
 const MACHINE: &str = "77777777000000000000000000000001";
@@ -96,9 +96,7 @@ fn a_running_original_cluster_is_taken_over_without_a_unit_restarting() {
             .collect();
 
     // fleet's fleetd starts where the original's agent ran: what it did not write, it leaves.
-    let units = systemd.units_directory().display().to_string();
-    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
-    let fleet = Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let fleet = Fleetd::start_under(&systemd, MACHINE);
     fleet.wait_until("the agent read the units directory", WAIT, |f| {
         f.log().contains("left alone until scheduled here")
     });

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fleet_core::job::runs::{JobRecord, Outcome};
-use fleet_e2e::{Fleetd, Launcher, SystemdUser, write_unit};
+use fleet_e2e::{Fleetd, SystemdUser, write_unit};
 use fleet_registry::EngineRegistry;
 use fleet_store_embedded::EmbeddedRegistry;
 
@@ -26,10 +26,7 @@ fn record_after_stop(fleet: &mut Fleetd, unit: &str) -> JobRecord {
 #[test]
 fn a_scheduled_unit_runs_once_per_elapse_through_systemd_and_its_runs_are_kept() {
     let systemd = SystemdUser::start();
-    let units = systemd.units_directory().display().to_string();
-    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
-    let mut fleet =
-        Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let mut fleet = Fleetd::start_under(&systemd, MACHINE);
     let dir = tempfile::tempdir().unwrap();
     let ran = dir.path().join("ran");
     let failing = dir.path().join("fail");
@@ -97,10 +94,7 @@ fn a_scheduled_unit_runs_once_per_elapse_through_systemd_and_its_runs_are_kept()
 #[test]
 fn a_batch_unit_runs_once_per_start_its_failed_run_is_retried_and_fleetctl_run_runs_it_again() {
     let systemd = SystemdUser::start();
-    let units = systemd.units_directory().display().to_string();
-    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
-    let mut fleet =
-        Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() });
+    let mut fleet = Fleetd::start_under(&systemd, MACHINE);
     let dir = tempfile::tempdir().unwrap();
     let ran = dir.path().join("ran");
     let failed_once = dir.path().join("failed-once");

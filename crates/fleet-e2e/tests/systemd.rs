@@ -10,9 +10,7 @@ const WAIT: Duration = Duration::from_secs(20);
 const MACHINE: &str = "5d5d5d5d0000000000000000000000aa";
 
 fn fleetd_on(systemd: &SystemdUser) -> Fleetd {
-    let units = systemd.units_directory().display().to_string();
-    let config = [("unit_manager", "auto"), ("systemd_user", "true"), ("units_directory", units.as_str())];
-    Fleetd::start_with(MACHINE, &config, Launcher { prefix: systemd.enter_prefix(), env: systemd.env() })
+    Fleetd::start_under(systemd, MACHINE)
 }
 
 /// Waits until systemd reports `value` for `property` of `unit`.
