@@ -251,7 +251,7 @@ impl ApiRegistry for EmbeddedRegistry {
     ) -> Result<bool> {
         let (unit, record) = (unit.to_string(), record.clone());
         self.write(move |txn, touched| {
-            let replaced = crate::engine::replace_job_record(txn, &unit, Some(record), version)?;
+            let replaced = crate::job_records::replace(txn, &unit, Some(record), version)?;
             touched.engine = replaced;
             Ok(replaced)
         })

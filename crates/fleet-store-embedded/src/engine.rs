@@ -11,7 +11,7 @@ use fleet_core::{UnitFile, UnitHash};
 use redb::ReadableTable;
 
 use super::api::read_machines;
-use super::tables::{self, Options, UnitRecord, decode, encode, read_all};
+use super::tables::{self, Options, UnitRecord, read_all};
 use super::{EmbeddedRegistry, unavailable};
 use fleet_core::job::runs::JobRecord;
 use fleet_registry::apply_rule::{Condition, ReasonWrite, unit_writes};
@@ -168,7 +168,7 @@ impl EngineRegistry for EmbeddedRegistry {
             return Err(RegistryError::LeadershipLost);
         }
         let (unit, record) = (unit.to_string(), record.cloned());
-        self.write(move |txn, _touched| replace_job_record(txn, &unit, record, version)).await
+        self.write(move |txn, _touched| super::job_records::replace(txn, &unit, record, version)).await
     }
 
     fn engine_changes(&self) -> ChangeSignal {
@@ -199,33 +199,4 @@ impl EmbeddedRegistry {
         })
         .await
     }
-}
-
-/// Replaces `unit`'s job record by `record` (`None`: removes it) if the stored one is at
-/// `version` (0: none); `false` when it is not.
-pub(crate) fn replace_job_record(
-    txn: &redb::WriteTransaction,
-    unit: &str,
-    record: Option<JobRecord>,
-    version: u64,
-) -> Result<bool> {
-    let mut jobs = txn.open_table(tables::JOBS).map_err(unavailable)?;
-    let stored = jobs
-        .get(unit)
-        .map_err(unavailable)?
-        .and_then(|value| decode::<tables::StoredJobValue>(unit, value.value()).ok())
-        .map_or(0, |stored| stored.version);
-    if stored != version {
-        return Ok(false);
-    }
-    match record {
-        Some(record) => {
-            let value = encode(&tables::StoredJobValue { version: version + 1, record });
-            jobs.insert(unit, value.as_slice()).map_err(unavailable)?;
-        }
-        None => {
-            jobs.remove(unit).map_err(unavailable)?;
-        }
-    }
-    Ok(true)
 }

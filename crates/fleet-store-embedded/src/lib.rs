@@ -13,6 +13,7 @@ mod api;
 mod credentials;
 mod engine;
 mod format;
+mod job_records;
 mod sources;
 mod tables;
 
