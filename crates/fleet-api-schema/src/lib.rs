@@ -1005,6 +1005,10 @@ pub struct PlannedUnit {
     /// Why the engine would leave it unplaced after the change.
     #[serde(default, skip_serializing_if = "is_empty")]
     pub waiting: Option<String>,
+    /// A unit on a calendar or a batch unit: placed only for a run, and when that is
+    /// (`runs on *-*-* 02:00:00, next at 2026-12-05T02:00:00Z`).
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub runs: Option<String>,
 }
 
 /// `POST /fleet/v1/imports` (ours): units taken over from the original fleet's registry

@@ -146,6 +146,8 @@ pub struct PlanUnitRow<'a> {
     pub machine_before: Option<&'a str>,
     pub machine: Option<&'a str>,
     pub waiting: Option<&'a str>,
+    /// A unit on a calendar or a batch unit: when it runs (placed only for a run).
+    pub runs: Option<&'a str>,
     /// `plan rollout`: where the rollout would replace it (from 1); null otherwise.
     pub order: Option<usize>,
     /// `plan rollout`: whether it is among the canary's units.
@@ -167,6 +169,7 @@ impl<'a> PlanOutput<'a> {
                 machine_before: unit.machine_before.as_deref(),
                 machine: unit.machine.as_deref(),
                 waiting: unit.waiting.as_deref(),
+                runs: unit.runs.as_deref(),
                 order: order.and_then(|order| order.get(&unit.name)).map(|(place, _)| *place),
                 canary: order.and_then(|order| order.get(&unit.name)).is_some_and(|(_, canary)| *canary),
             })

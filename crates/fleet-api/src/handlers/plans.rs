@@ -16,6 +16,7 @@ use fleet_core::requirements::Requirements;
 use fleet_core::schedule::preview::{PreviewChange, PreviewedUnit, preview};
 use fleet_core::schedule::{ClusterSnapshot, UnitSpec};
 use fleet_core::unit_name::validate_name;
+use fleet_core::{DesiredState, UnitFile};
 use fleet_registry::{UnitChange, UnitView};
 
 use super::unit_batch::{Permission, admitted, may};
@@ -205,20 +206,28 @@ fn planned(
     let Asked { changes, destroy, drained } = asked;
     let specs = units
         .iter()
-        .map(|unit| UnitSpec {
-            name: unit.name.clone(),
-            desired: unit.desired,
-            requirements: Arc::new(Requirements::from_unit(&unit.name, &unit.file)),
-            scheduled_on: unit.machine_id.clone(),
+        .map(|unit| {
+            let requirements = Arc::new(Requirements::from_unit(&unit.name, &unit.file));
+            UnitSpec {
+                name: unit.name.clone(),
+                desired: as_planned(unit.desired, &requirements, unit.machine_id.is_some()),
+                requirements,
+                scheduled_on: unit.machine_id.clone(),
+            }
         })
         .collect();
     let cluster = ClusterSnapshot { machines, units: specs, strategy };
     let previewed: Vec<PreviewChange> = changes
         .iter()
-        .map(|change| PreviewChange::Set {
-            name: change.name.clone(),
-            desired: change.desired,
-            requirements: change.file.as_ref().map(|file| Arc::new(Requirements::from_unit(&change.name, file))),
+        .map(|change| {
+            let requirements = change.file.as_ref().map(|file| Arc::new(Requirements::from_unit(&change.name, file)));
+            let standing = units.iter().find(|unit| unit.name == change.name);
+            let kept = requirements
+                .clone()
+                .or_else(|| standing.map(|unit| Arc::new(Requirements::from_unit(&unit.name, &unit.file))));
+            let placed = standing.is_some_and(|unit| unit.machine_id.is_some());
+            let desired = kept.map_or(change.desired, |kept| as_planned(change.desired, &kept, placed));
+            PreviewChange::Set { name: change.name.clone(), desired, requirements }
         })
         .chain(destroy.iter().map(|name| PreviewChange::Destroy { name: name.clone() }))
         .chain(drained.iter().map(|machine| PreviewChange::Drain { machine: machine.clone() }))
@@ -228,6 +237,32 @@ fn planned(
     let changed: HashMap<&str, &UnitChange> = changes.iter().map(|change| (change.name.as_str(), change)).collect();
     let destroyed: HashSet<&str> = destroy.iter().map(String::as_str).collect();
     preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &changed, &destroyed)).collect()
+}
+
+/// A unit whose runs fleet keeps (on a calendar, or a batch unit) is placed only for a run, as
+/// the engine does: one that is not placed now stays unplaced in the plan.
+fn as_planned(desired: DesiredState, requirements: &Requirements, placed: bool) -> DesiredState {
+    if requirements.job.as_ref().is_some_and(fleet_core::job::Job::keeps_runs) && !placed {
+        DesiredState::Inactive
+    } else {
+        desired
+    }
+}
+
+/// What the plan says of a unit whose runs fleet keeps.
+fn runs_note(name: &str, file: &UnitFile) -> Option<String> {
+    let job = fleet_core::job::job_of(name, file.options()).ok().flatten().filter(fleet_core::job::Job::keeps_runs)?;
+    Some(match &job.schedule {
+        Some(spec) => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+            let now = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
+            match spec.next_after(now) {
+                Some(next) => format!("runs on {spec}, next at {}", fleet_core::civil_time::rfc3339_of_micros(next)),
+                None => format!("runs on {spec}, never again"),
+            }
+        }
+        None => "a batch unit: one run each start, placed when started".to_string(),
+    })
 }
 
 /// One previewed unit as the answer shows it.
@@ -242,6 +277,8 @@ fn planned_unit(
     let destroyed = destroy.contains(unit.name.as_str());
     let hash_before = now.map(|view| view.hash.to_string());
     let new_hash = change.and_then(|change| change.file.as_ref()).map(|file| file.hash().to_string());
+    let file_after = change.and_then(|change| change.file.as_ref()).or_else(|| now.map(|view| &view.file));
+    let runs = file_after.filter(|_| !destroyed).and_then(|file| runs_note(&unit.name, file));
     let action = match (now, change) {
         (None, None) if destroyed => "missing",
         (_, None) if destroyed => "destroy",
@@ -271,6 +308,7 @@ fn planned_unit(
         machine_before: unit.before,
         machine: unit.after,
         waiting: unit.waiting,
+        runs,
         name: unit.name,
     }
 }

@@ -267,5 +267,10 @@ fn row(unit: &PlannedUnit, wide: bool) -> Vec<String> {
         (before, after, _) if before == after => machine(after),
         (before, after, _) => format!("{} -> {}", machine(before), machine(after)),
     };
+    // A unit on a calendar or a batch unit is placed only for a run: when that is.
+    let placement = match &unit.runs {
+        Some(runs) => format!("{placement}; {runs}"),
+        None => placement,
+    };
     vec![unit.name.clone(), unit.action.clone(), state, placement]
 }

@@ -166,3 +166,39 @@ fn at_most_two_plans_are_worked_out_at_once() {
     drop(first);
     assert!(super::PlanSlot::take(&under_way).is_ok(), "a slot given back is taken again");
 }
+
+/// A unit on a calendar or a batch unit is placed only for a run, as the engine does: the plan
+/// leaves it unplaced and says when it runs; a service beside it is placed as before.
+#[tokio::test]
+async fn a_plan_places_units_whose_runs_are_kept_only_for_a_run_and_says_when() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let state = ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None));
+    let router = router(state);
+    registry.register_machine(&MachineState { id: "m0".into(), ..MachineState::default() }).await.unwrap();
+    let job = |name: &str, key: &str, value: &str| {
+        json!({"name": name, "desiredState": "launched", "options": [
+            {"section": "Service", "name": "Type", "value": "oneshot"},
+            {"section": "Service", "name": "ExecStart", "value": "/bin/true"},
+            {"section": "X-Fleet", "name": key, "value": value},
+        ]})
+    };
+    let units = json!({"units": [
+        job("backup.service", "Schedule", "*-*-* 02:00:00"),
+        job("migrate.service", "Batch", "true"),
+        unit("web.service", "", "launched"),
+    ]});
+    let (status, planned) = call(&router, "POST", "/fleet/v1/plans", units).await;
+    assert_eq!(status, 200, "{planned}");
+    let by_name = |name: &str| {
+        planned["units"].as_array().unwrap().iter().find(|unit| unit["name"] == name).cloned().expect("planned")
+    };
+    let backup = by_name("backup.service");
+    assert_eq!((backup["action"].as_str(), backup.get("machine")), (Some("create"), None), "{planned}");
+    let runs = backup["runs"].as_str().unwrap_or_default();
+    assert!(runs.starts_with("runs on *-*-* 02:00:00, next at 20") && runs.ends_with("T02:00:00Z"), "{planned}");
+    assert_eq!(by_name("migrate.service")["runs"], "a batch unit: one run each start, placed when started");
+    assert_eq!(by_name("migrate.service").get("machine"), None);
+    assert_eq!(by_name("web.service")["machine"], "m0");
+    assert_eq!(by_name("web.service").get("runs"), None);
+}
