@@ -217,15 +217,16 @@ fn planned(
         })
         .collect();
     let cluster = ClusterSnapshot { machines, units: specs, strategy };
+    let standing: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
     let previewed: Vec<PreviewChange> = changes
         .iter()
         .map(|change| {
             let requirements = change.file.as_ref().map(|file| Arc::new(Requirements::from_unit(&change.name, file)));
-            let standing = units.iter().find(|unit| unit.name == change.name);
+            let now = standing.get(change.name.as_str());
             let kept = requirements
                 .clone()
-                .or_else(|| standing.map(|unit| Arc::new(Requirements::from_unit(&unit.name, &unit.file))));
-            let placed = standing.is_some_and(|unit| unit.machine_id.is_some());
+                .or_else(|| now.map(|unit| Arc::new(Requirements::from_unit(&unit.name, &unit.file))));
+            let placed = now.is_some_and(|unit| unit.machine_id.is_some());
             let desired = kept.map_or(change.desired, |kept| as_planned(change.desired, &kept, placed));
             PreviewChange::Set { name: change.name.clone(), desired, requirements }
         })
@@ -233,7 +234,6 @@ fn planned(
         .chain(drained.iter().map(|machine| PreviewChange::Drain { machine: machine.clone() }))
         .collect();
     let preview = preview(&cluster, &previewed);
-    let standing: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
     let changed: HashMap<&str, &UnitChange> = changes.iter().map(|change| (change.name.as_str(), change)).collect();
     let destroyed: HashSet<&str> = destroy.iter().map(String::as_str).collect();
     preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &changed, &destroyed)).collect()
