@@ -71,7 +71,8 @@ impl RunBook {
     /// This agent stopped and unloaded `name` though its work still has it (out of touch): a
     /// run of it under way ended here, and is not started again when `name` comes back.
     pub fn set_aside(&mut self, name: &str, now: i64) {
-        if !self.scheduled.contains(name) {
+        // Whether or not this agent loaded it: one it took over (reported lost) is kept as well.
+        if !self.scheduled.contains(name) && !self.runs.contains_key(name) {
             return;
         }
         self.set_aside.insert(name.to_string());

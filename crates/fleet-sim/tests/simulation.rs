@@ -81,13 +81,15 @@ fn a_fresh_slice_of_seeds_passes() {
 
 /// Units on a calendar under the same faults: each elapse claimed at most once, no run started
 /// twice, every elapse run, waiting or skipped with its reason. Seed 17 found an agent starting
-/// a run again after it had stopped it while out of touch and was given the unit back.
+/// a run again after it had stopped it while out of touch and was given the unit back;
+/// 796408244 the same with a unit a restarted fleetd had taken over (reported lost, then set
+/// aside when its presence lapsed, then given back).
 #[test]
 fn units_on_a_calendar_run_each_elapse_at_most_once_under_faults() {
     let config = fleet_sim::SimConfig { scheduled: 4, ..SimConfig::default() };
     let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
     println!("seeds {first}..{} with units on a calendar (replay one: fleet-sim --scheduled 4 --seed N)", first + 20);
-    for seed in [14, 17].into_iter().chain(first..first + 20) {
+    for seed in [14, 17, 796_408_244].into_iter().chain(first..first + 20) {
         let outcome = run(seed, &config);
         assert!(outcome.passed(), "{outcome}");
         assert!(outcome.runs_claimed > 0, "runs were claimed: {outcome}");
