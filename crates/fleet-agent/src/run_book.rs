@@ -40,11 +40,7 @@ fn runs_are_kept(name: &str, file: &UnitFile) -> bool {
     Requirements::from_unit(name, file).job.is_some_and(|job| job.keeps_runs())
 }
 
-/// Microseconds since the epoch, as runs are reported.
-pub fn now_micros() -> i64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
-}
+pub use fleet_runtime::wall_clock::now_micros;
 
 impl RunBook {
     /// `name` was loaded here with `file`: a run of it may start once.

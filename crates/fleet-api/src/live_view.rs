@@ -239,11 +239,7 @@ pub fn reset(view: &ClusterView) -> Patch {
 pub async fn read_view(registry: &dyn ApiRegistry) -> Result<ClusterView, fleet_registry::RegistryError> {
     let (units, states, machines, jobs) =
         tokio::try_join!(registry.units(), registry.unit_states(), registry.machines(), registry.all_job_records())?;
-    let now = i64::try_from(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_micros(),
-    )
-    .unwrap_or(i64::MAX);
-    Ok(cluster_view(&units, &states, &machines, &jobs, now))
+    Ok(cluster_view(&units, &states, &machines, &jobs, fleet_runtime::wall_clock::now_micros()))
 }
 
 /// The feed: one reader task for every watcher, running only while there are watchers.

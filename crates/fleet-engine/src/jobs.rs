@@ -74,11 +74,7 @@ impl Default for Jobs {
 /// A wall clock: microseconds since the epoch, as job records keep times.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
-/// Microseconds since the epoch, as job records keep times.
-pub fn now_micros() -> i64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
-}
+pub use fleet_runtime::wall_clock::now_micros;
 
 impl Jobs {
     /// Whether this pass is to look at scheduled units (and so plan, whatever the store's

@@ -13,6 +13,7 @@ mod leading;
 mod lifecycle;
 mod reconciler;
 mod triggers;
+pub mod wall_clock;
 
 pub use leading::{LeaderPass, while_leading};
 pub use lifecycle::Lifecycle;

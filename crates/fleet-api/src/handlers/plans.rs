@@ -253,14 +253,10 @@ fn as_planned(desired: DesiredState, requirements: &Requirements, placed: bool) 
 fn runs_note(name: &str, file: &UnitFile) -> Option<String> {
     let job = fleet_core::job::job_of(name, file.options()).ok().flatten().filter(fleet_core::job::Job::keeps_runs)?;
     Some(match &job.schedule {
-        Some(spec) => {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-            let now = i64::try_from(now.as_micros()).unwrap_or(i64::MAX);
-            match spec.next_after(now) {
-                Some(next) => format!("runs on {spec}, next at {}", fleet_core::civil_time::rfc3339_of_micros(next)),
-                None => format!("runs on {spec}, never again"),
-            }
-        }
+        Some(spec) => match spec.next_after(fleet_runtime::wall_clock::now_micros()) {
+            Some(next) => format!("runs on {spec}, next at {}", fleet_core::civil_time::rfc3339_of_micros(next)),
+            None => format!("runs on {spec}, never again"),
+        },
         None => "a batch unit: one run each start, placed when started".to_string(),
     })
 }

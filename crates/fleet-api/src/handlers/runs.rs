@@ -9,6 +9,8 @@ use fleet_core::DesiredState;
 use fleet_core::civil_time::rfc3339_of_micros;
 use fleet_core::job::runs::{self, JobRecord, Outcome, Run};
 
+use fleet_runtime::wall_clock::now_micros;
+
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
 use crate::schema::{SkippedElapses, UnitRun, UnitRuns};
@@ -128,9 +130,4 @@ fn run(run: &Run) -> UnitRun {
         why,
         log: run.log.clone(),
     }
-}
-
-fn now_micros() -> i64 {
-    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
 }
