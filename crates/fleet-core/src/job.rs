@@ -3,7 +3,9 @@
 //! when an elapse finds the last run still running (`Overlap=`) or came while no engine leader
 //! was there to see it (`Missed=`), `Batch=true` (each start of the unit is one run, taken off
 //! its machine once it ended, its result kept), and how a failed run is tried again
-//! (`Retries=`, `RetryDelay=`, the delay doubling up to [`LONGEST_RETRY_DELAY`]).
+//! (`Retries=`, `RetryDelay=`, the delay doubling up to [`LONGEST_RETRY_DELAY`]). On a service
+//! (neither a batch unit nor on a calendar), `Retries=` moves it to another machine when it
+//! fails, with the same doubling delay ([`moves`]).
 //!
 //! A `Type=oneshot` service without `Batch=` or `Schedule=` stays what it is in the original
 //! fleet: it stays on its machine after its run (units that follow it with `MachineOf=` rely on
@@ -13,6 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub mod moves;
 pub mod runs;
 
 use crate::calendar::CalendarSpec;
@@ -75,6 +78,17 @@ impl Job {
         self.schedule.is_some() || self.batch
     }
 
+    /// Whether this is a service that moves when it fails (`Retries=` without `Batch=` or
+    /// `Schedule=`; [`moves`]).
+    pub fn moves_on_failure(&self) -> bool {
+        !self.keeps_runs() && self.retries > 0
+    }
+
+    /// Whether the engine keeps a record of the unit: its runs, or a moving service's stays.
+    pub fn is_recorded(&self) -> bool {
+        self.keeps_runs() || self.moves_on_failure()
+    }
+
     /// The wait before retry `attempt` (1 for the first): `RetryDelay=` doubled each time, up
     /// to [`LONGEST_RETRY_DELAY`] (or `RetryDelay=` itself, when that is longer).
     pub fn retry_delay_before(&self, attempt: u32) -> Duration {
@@ -92,8 +106,12 @@ pub enum JobError {
     ScheduledTemplate(String),
     #[error("[X-Fleet] {0}= needs Schedule=")]
     NeedsSchedule(&'static str),
-    #[error("[X-Fleet] {0}= needs Batch=true or Schedule=: fleet keeps and retries the runs of those only")]
+    #[error("[X-Fleet] {0}= needs Retries=, Batch=true or Schedule=: fleet keeps and retries the runs of those only")]
     NeedsRuns(&'static str),
+    #[error(
+        "[X-Fleet] Retries= on a global service: it runs on every machine it may, it has nowhere to move when it fails"
+    )]
+    GlobalMoves,
     #[error(
         "[X-Fleet] Schedule= or Batch=true with Global=true is not run by this fleet yet: a global unit's runs would not be kept, and it would run on every machine all the time"
     )]
@@ -107,8 +125,12 @@ pub fn refuse_what_is_not_run_yet(options: &[UnitOption]) -> Result<(), JobError
     let global = last_value(options, SECTION, "Global")
         .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t"));
     let batch = last_value(options, SECTION, "Batch").and_then(parse_systemd_bool).unwrap_or(false);
-    if global && (last_value(options, SECTION, "Schedule").is_some() || batch) {
+    let schedule = last_value(options, SECTION, "Schedule").is_some();
+    if global && (schedule || batch) {
         return Err(JobError::GlobalJob);
+    }
+    if global && last_value(options, SECTION, "Retries").is_some() {
+        return Err(JobError::GlobalMoves);
     }
     Ok(())
 }
@@ -152,19 +174,20 @@ pub fn job_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Job>, Jo
             .ok_or_else(|| invalid("Batch", value, "expected a boolean (yes or no)".to_string()))?,
     };
     let keeps_runs = batch || schedule.is_some();
-    let kept = |option: &'static str| -> Result<Option<&str>, JobError> {
-        match fleet(option) {
-            Some(_) if !keeps_runs => Err(JobError::NeedsRuns(option)),
-            other => Ok(other),
-        }
-    };
     let retries =
-        match kept("Retries")? {
+        match fleet("Retries") {
             None => 0,
             Some(value) => value.trim().parse::<u32>().ok().filter(|n| *n <= MOST_RETRIES).ok_or_else(|| {
                 invalid("Retries", value, format!("expected a whole number from 0 to {MOST_RETRIES}"))
             })?,
         };
+    // On a service, `Retries=` moves it when it fails, and its stays are kept as runs.
+    let kept = |option: &'static str| -> Result<Option<&str>, JobError> {
+        match fleet(option) {
+            Some(_) if !keeps_runs && retries == 0 => Err(JobError::NeedsRuns(option)),
+            other => Ok(other),
+        }
+    };
     let retry_delay = match kept("RetryDelay")? {
         None => DEFAULT_RETRY_DELAY,
         Some(value) => match parse_timespan(value) {
@@ -181,7 +204,7 @@ pub fn job_of(unit_name: &str, options: &[UnitOption]) -> Result<Option<Job>, Jo
             })?
         }
     };
-    if !keeps_runs {
+    if !keeps_runs && retries == 0 {
         return Ok(None);
     }
     Ok(Some(Job { schedule, overlap, missed, batch, retries, retry_delay, kept_runs }))
@@ -267,12 +290,32 @@ mod tests {
         let read = job("migrate.service", "[Service]\nType=oneshot\n[X-Fleet]\nBatch=true\nRetries=2\n")
             .expect("valid")
             .expect("a job");
-        assert!(read.batch && read.keeps_runs() && read.schedule.is_none());
+        assert!(read.batch && read.keeps_runs() && read.schedule.is_none() && !read.moves_on_failure());
+        let read = job("web.service", "[Service]\nExecStart=/bin/web\n[X-Fleet]\nRetries=3\nRetryDelay=1m\n")
+            .expect("valid")
+            .expect("a service that moves");
+        assert!(read.moves_on_failure() && read.is_recorded() && !read.keeps_runs());
+        assert_eq!((read.retries, read.retry_delay), (3, Duration::from_secs(60)));
         let file = UnitFile::parse(
             "[X-Fleet]\nSchedule=daily\nOverlap=queue\nMissed=once\nBatch=1\nRetries=1\nRetryDelay=5s\nKeepRuns=3\n",
         )
         .expect("a unit");
         assert_eq!(crate::unknown_options::unknown_options(file.options()), vec![], "fleet knows its job keys");
+    }
+
+    #[test]
+    fn global_units_take_no_runs_and_no_moves() {
+        let refused = |text: &str| {
+            let file = UnitFile::parse(text).expect("a unit");
+            refuse_what_is_not_run_yet(file.options()).map_err(|error| error.to_string())
+        };
+        assert_eq!(
+            refused("[X-Fleet]\nGlobal=true\nRetries=2\n"),
+            Err("[X-Fleet] Retries= on a global service: it runs on every machine it may, it has nowhere to move when it fails".to_string())
+        );
+        assert!(refused("[X-Fleet]\nGlobal=true\nSchedule=daily\n").is_err());
+        assert_eq!(refused("[X-Fleet]\nGlobal=true\n"), Ok(()));
+        assert_eq!(refused("[X-Fleet]\nRetries=2\n"), Ok(()));
     }
 
     #[test]
@@ -301,8 +344,8 @@ mod tests {
             "invalid value \"all\" for [X-Fleet] Missed: expected skip or once"
         );
         assert_eq!(
-            error("a.service", "[Service]\nType=oneshot\n[X-Fleet]\nRetries=3\n"),
-            "[X-Fleet] Retries= needs Batch=true or Schedule=: fleet keeps and retries the runs of those only"
+            error("a.service", "[Service]\nType=oneshot\n[X-Fleet]\nRetryDelay=3s\n"),
+            "[X-Fleet] RetryDelay= needs Retries=, Batch=true or Schedule=: fleet keeps and retries the runs of those only"
         );
         assert_eq!(
             error("a.service", "[X-Fleet]\nBatch=true\nRetries=1000\n"),
@@ -318,7 +361,7 @@ mod tests {
         );
         assert_eq!(
             error("a.service", "[X-Fleet]\nKeepRuns=5\n"),
-            "[X-Fleet] KeepRuns= needs Batch=true or Schedule=: fleet keeps and retries the runs of those only"
+            "[X-Fleet] KeepRuns= needs Retries=, Batch=true or Schedule=: fleet keeps and retries the runs of those only"
         );
         assert_eq!(
             error("a.service", "[X-Fleet]\nBatch=maybe\n"),

@@ -145,3 +145,38 @@ fn a_batch_unit_runs_once_per_start_its_failed_run_is_retried_and_fleetctl_run_r
     assert_eq!(summary, vec![(1, 1, "failed"), (2, 2, "succeeded"), (3, 1, "succeeded")], "{record:?}");
     assert_eq!(std::fs::read_to_string(&ran).unwrap().lines().count(), 3, "each run ran once");
 }
+
+#[test]
+fn a_service_that_fails_is_tried_again_after_its_delay_and_then_left_off_saying_why() {
+    let systemd = SystemdUser::start();
+    let mut fleet = Fleetd::start_under(&systemd, MACHINE);
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    // A service that dies at once, every time it is started.
+    let text = format!(
+        "[Service]\nExecStart=/bin/sh -c 'echo run >> {}; exit 3'\n[X-Fleet]\nRetries=1\nRetryDelay=1s\n",
+        ran.display()
+    );
+    let web = write_unit(dir.path(), "crashy.service", &text);
+    fleet.ok(&["start", "--no-block", &web]);
+    let lines = || std::fs::read_to_string(&ran).map_or(0, |text| text.lines().count());
+    let reason = |f: &Fleetd| f.ok(&["list-unit-files", "--no-legend", "--fields", "unit,reason"]).stdout;
+    fleet.wait_until("its one retry is spent, and the reason says so", WAIT, |f| {
+        reason(f).contains("failed 2 times on 1 machine; Retries=1 spent: stop and start it to try again")
+    });
+    assert_eq!(lines(), 2, "started once, then once more after its delay");
+    let shown = fleet.ok(&["runs", "crashy.service"]).stdout;
+    assert!(
+        shown.starts_with(
+            "Unit crashy.service is a service that moves when it fails (Retries=1): each stay on a machine is a run.\n"
+        ),
+        "{shown}"
+    );
+    assert!(shown.contains("failed, attempt 2\n"), "{shown}");
+    let units = fleet.ok(&["list-units", "--no-legend"]).stdout;
+    assert!(!units.contains("crashy.service"), "left off its machine: {units}");
+    let record = record_after_stop(&mut fleet, "crashy.service");
+    let summary: Vec<(u32, &str)> =
+        record.runs.iter().map(|stay| (stay.attempt, stay.outcome.as_ref().map_or("-", Outcome::word))).collect();
+    assert_eq!(summary, vec![(1, "failed"), (2, "failed")], "{record:?}");
+}

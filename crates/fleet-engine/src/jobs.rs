@@ -16,6 +16,7 @@ use futures_util::stream::{self, StreamExt};
 use std::sync::Arc;
 
 use fleet_core::job::Job;
+use fleet_core::job::moves;
 use fleet_core::job::runs::{self, JobRecord, RunPlace, Seen};
 use fleet_core::schedule::{ClusterSnapshot, Decision};
 use fleet_core::{DesiredState, Requirements};
@@ -63,11 +64,13 @@ pub struct Jobs {
     /// Units whose record another write changed under this pass: left where they are, and
     /// looked at again at once.
     contested: bool,
+    /// Services that moved on failure kept off every machine for now, with why.
+    off: Vec<(String, String)>,
 }
 
 impl Default for Jobs {
     fn default() -> Self {
-        Self { watching: true, next_due: None, running: false, contested: false }
+        Self { watching: true, next_due: None, running: false, contested: false, off: Vec::new() }
     }
 }
 
@@ -86,6 +89,12 @@ impl Jobs {
     /// Whether a run is active.
     pub fn running(&self) -> bool {
         self.running
+    }
+
+    /// The services kept off every machine after they failed, with why (their reasons, as the
+    /// store keeps them), from the last pass.
+    pub fn off_reasons(&self) -> &[(String, String)] {
+        &self.off
     }
 
     /// How long until the next elapse is due, or a contested record is to be read again.
@@ -109,8 +118,14 @@ impl Jobs {
         let scheduled: BTreeMap<String, (Arc<Requirements>, DesiredState)> = cluster
             .units
             .iter()
-            .filter(|unit| unit.requirements.job.as_ref().is_some_and(Job::keeps_runs))
+            .filter(|unit| unit.requirements.job.as_ref().is_some_and(Job::is_recorded))
             .map(|unit| (unit.name.clone(), (unit.requirements.clone(), unit.desired)))
+            .collect();
+        let placed_on: HashMap<&str, &str> = cluster
+            .units
+            .iter()
+            .filter(|unit| scheduled.contains_key(&unit.name))
+            .filter_map(|unit| Some((unit.name.as_str(), unit.scheduled_on.as_deref()?)))
             .collect();
         if scheduled.is_empty() && !self.watching {
             return Ok(cluster);
@@ -129,6 +144,7 @@ impl Jobs {
         let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
         let (mut next_due, mut running, mut contested) = (None::<i64>, false, BTreeSet::new());
         let mut current: BTreeMap<String, JobRecord> = BTreeMap::new();
+        let mut places: BTreeMap<String, moves::Place> = BTreeMap::new();
         let units: BTreeSet<&String> = scheduled.keys().chain(stored.keys()).collect();
         let mut steps = Vec::with_capacity(units.len());
         for unit in units {
@@ -140,6 +156,38 @@ impl Jobs {
                 Some((requirements.job.as_ref()?, *desired == DesiredState::Launched))
             });
             let wanted = job.is_some_and(|(_, wanted)| wanted);
+            if let Some((job, _)) = job.filter(|(job, _)| job.moves_on_failure()) {
+                let report_on = |machine: &str| reported.get(&(unit.as_str(), machine)).copied();
+                let is_present = |machine: &str| present.contains(machine);
+                let seen = moves::Seen {
+                    wanted,
+                    placed_on: placed_on.get(unit.as_str()).copied(),
+                    report_on: &report_on,
+                    present: &is_present,
+                };
+                let followed = moves::follow(job, &record, &seen, now);
+                next_due = match (next_due, followed.next_due) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if followed.record.runs.len() > record.runs.len() {
+                    tracing::info!(unit, machine = seen.placed_on, "a service that moves on failure began a stay");
+                }
+                if let moves::Place::Off(why) = &followed.place
+                    && followed.record != record
+                {
+                    tracing::info!(unit, why, "a service that failed is kept off every machine for now");
+                }
+                places.insert(unit.clone(), followed.place);
+                let write = match version {
+                    0 if followed.record.runs.is_empty() => Write::Nothing,
+                    _ if followed.record == record && version != 0 => Write::Nothing,
+                    _ => Write::Replace,
+                };
+                let next = followed.record;
+                steps.push(Step { unit: unit.clone(), record, version, next, write, skipped: Vec::new() });
+                continue;
+            }
             let machine = record.active_run().and_then(|run| run.machine.clone());
             let seen = Seen {
                 wanted,
@@ -191,7 +239,15 @@ impl Jobs {
         self.next_due = next_due;
         self.running = running;
         self.contested = !contested.is_empty();
-        Ok(as_planned(cluster, &scheduled, &current, &contested))
+        self.off = places
+            .iter()
+            .filter(|(unit, _)| !contested.contains(*unit))
+            .filter_map(|(unit, place)| match place {
+                moves::Place::Off(why) => Some((unit.clone(), why.clone())),
+                _ => None,
+            })
+            .collect();
+        Ok(as_planned(cluster, &scheduled, &current, &places, &contested))
     }
 
     /// Of the planner's decisions, those to write once each run it placed has its machine
@@ -291,11 +347,24 @@ fn as_planned(
     mut cluster: ClusterSnapshot,
     scheduled: &BTreeMap<String, (Arc<Requirements>, DesiredState)>,
     records: &BTreeMap<String, JobRecord>,
+    places: &BTreeMap<String, moves::Place>,
     contested: &BTreeSet<String>,
 ) -> ClusterSnapshot {
     cluster.units.retain(|unit| !contested.contains(&unit.name));
     for unit in &mut cluster.units {
         if !scheduled.contains_key(&unit.name) {
+            continue;
+        }
+        // A service that moves on failure is planned as any other, but while it waits after a
+        // failure (off every machine) or tries again away from where it failed.
+        if let Some(place) = places.get(&unit.name) {
+            match place {
+                moves::Place::AsWanted => {}
+                moves::Place::Avoiding(avoid) => {
+                    unit.requirements = Arc::new(Requirements { avoid: avoid.clone(), ..(*unit.requirements).clone() });
+                }
+                moves::Place::Off(_) => unit.desired = DesiredState::Inactive,
+            }
             continue;
         }
         let record = records.get(&unit.name);

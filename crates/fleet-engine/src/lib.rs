@@ -301,6 +301,8 @@ impl Engine {
         // planned while units wait for the machine they left, when one of those ends.
         let planned = self.hold_ends.is_none().then_some(revision);
         self.planning = planning.elapsed();
+        // Services kept off every machine after a failure say why, as unplaced units do.
+        decided.kept_off = self.jobs.off_reasons().to_vec();
         let reasons = decided.reason_texts();
         fleet_metrics::publish_cluster(Some(cluster_counts::cluster_counts(&cluster, &decided)));
         let scope = match scope {

@@ -264,7 +264,7 @@ impl JobRecord {
     }
 
     /// Drops the oldest finished runs beyond `kept`.
-    fn bound(&mut self, kept: usize) {
+    pub(crate) fn bound(&mut self, kept: usize) {
         while self.runs.len() > kept.max(1) {
             match self.runs.iter().position(|run| !run.is_active()) {
                 Some(oldest) => {

@@ -88,6 +88,9 @@ pub struct Plan {
     /// Units `SpreadBy=` placed more than one apart from another value of its key, with why
     /// that value took none.
     pub spread_notes: Vec<(String, String)>,
+    /// Units the engine keeps off every machine for now, with why (a service that moves on
+    /// failure, waiting to be tried again: [`crate::job::moves`]). The planner leaves it empty.
+    pub kept_off: Vec<(String, String)>,
     /// Every machine, in ID order, with the units (global ones included) and reservations the
     /// plan leaves on it.
     pub loads: Vec<MachineLoad>,
@@ -102,15 +105,15 @@ pub struct MachineLoad {
 }
 
 impl Plan {
-    /// The reasons units are unplaced, cannot leave a drained machine, or were spread unevenly,
-    /// as the stores keep them: unit and text, in unit name order.
+    /// The reasons units are unplaced, cannot leave a drained machine, were spread unevenly or
+    /// are kept off every machine, as the stores keep them: unit and text, in unit name order.
     pub fn reason_texts(&self) -> Vec<(String, String)> {
         let unplaced = self.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string()));
         let stuck = self
             .stuck
             .iter()
             .map(|(unit, reason)| (unit.clone(), format!("cannot leave its draining machine: {reason}")));
-        let notes = self.spread_notes.iter().cloned();
+        let notes = self.spread_notes.iter().chain(&self.kept_off).cloned();
         let mut texts: Vec<(String, String)> = unplaced.chain(stuck).chain(notes).collect();
         texts.sort();
         texts

@@ -58,6 +58,10 @@ fn shown(runs: &UnitRuns) -> String {
             text.push_str(&format!("Schedule: {schedule}\nNext run: {next}\n"));
         }
         None if runs.batch => text.push_str(&format!("Unit {} is a batch unit: each start is one run.\n", runs.name)),
+        None if runs.retries > 0 => text.push_str(&format!(
+            "Unit {} is a service that moves when it fails (Retries={}): each stay on a machine is a run.\n",
+            runs.name, runs.retries
+        )),
         None => text.push_str(&format!("Unit {} has no schedule.\n", runs.name)),
     }
     if let Some(queued) = &runs.queued {
@@ -169,5 +173,17 @@ mod tests {
              Retry: at 2026-12-03T01:05:00Z (Retries=2)\n\
              Skipped 2026-12-02T01:00:00Z: missed: no engine leader saw it in time\n"
         );
+    }
+
+    #[test]
+    fn a_moving_service_says_what_its_runs_are() {
+        let runs = UnitRuns { name: "web.service".into(), retries: 3, ..UnitRuns::default() };
+        assert_eq!(
+            shown(&runs),
+            "Unit web.service is a service that moves when it fails (Retries=3): each stay on a machine is a run.\n\
+             No runs yet.\n"
+        );
+        let plain = UnitRuns { name: "web.service".into(), ..UnitRuns::default() };
+        assert_eq!(shown(&plain), "Unit web.service has no schedule.\nNo runs yet.\n");
     }
 }
