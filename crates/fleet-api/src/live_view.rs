@@ -438,7 +438,14 @@ mod tests {
             Some("last: failed (status 3) (run 1); next 2026-12-04T00:30:00Z")
         );
         let batch = with("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nBatch=true\nRetries=1\n");
-        let view = cluster_view(&[batch], &[], &[], &[stored], START + 960 * SECOND);
+        let view = cluster_view(&[batch], &[], &[], std::slice::from_ref(&stored), START + 960 * SECOND);
+        assert_eq!(
+            view.units["backup.service"].runs.as_deref(),
+            Some("last: failed (status 3) (run 1); retry 2026-12-04T00:16:00Z")
+        );
+        // A service that moves when it fails shows its stays the same way.
+        let moving = with("[Service]\nExecStart=/bin/web\n[X-Fleet]\nRetries=2\n");
+        let view = cluster_view(&[moving], &[], &[], &[stored], START + 960 * SECOND);
         assert_eq!(
             view.units["backup.service"].runs.as_deref(),
             Some("last: failed (status 3) (run 1); retry 2026-12-04T00:16:00Z")

@@ -14,6 +14,15 @@ pub enum DurationError {
     Zero,
 }
 
+/// A span in its largest whole unit, as a reason shows a wait: `10s`, `4m`, `1h`, `90s`.
+pub fn short_span(span: Duration) -> String {
+    match span.as_secs() {
+        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
 /// Reads a positive Go duration.
 pub fn parse_go_duration(value: &str) -> Result<Duration, DurationError> {
     let mut rest = value.trim();
@@ -49,6 +58,15 @@ pub fn parse_go_duration(value: &str) -> Result<Duration, DurationError> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_span_is_shown_in_its_largest_whole_unit() {
+        let shown = |seconds| super::short_span(std::time::Duration::from_secs(seconds));
+        assert_eq!(
+            (shown(240), shown(3600), shown(90), shown(10)),
+            ("4m".into(), "1h".into(), "90s".into(), "10s".into())
+        );
+    }
+
     use super::*;
 
     #[test]

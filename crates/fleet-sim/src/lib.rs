@@ -7,7 +7,10 @@
 //! whose clocks run fast or slow) and the operations (units started, changed, stopped,
 //! destroyed); the [`judge`] checks every run: the double-run window, nothing lost,
 //! convergence; with units on a calendar ([`SimConfig::scheduled`]), [`runs_judge`] checks
-//! that each elapse ran at most once and every one is accounted for. A failing seed is printed and replayed with `fleet-sim --seed N`.
+//! that each elapse ran at most once and every one is accounted for; with services that move
+//! on failure ([`SimConfig::moving`], failing on m0), that each is recorded failed only where
+//! it fails and ends running elsewhere, or off with its retries spent. A failing seed is
+//! printed and replayed with `fleet-sim --seed N`.
 
 #![forbid(unsafe_code)]
 
@@ -52,6 +55,10 @@ pub struct SimConfig {
     /// Units on a calendar (`s0.service`…, every 2 s, runs of 0.3 s or 2.5 s), besides
     /// `units`: started at once and never operated on.
     pub scheduled: usize,
+    /// Services that move when they fail (`f0.service`…, `Retries=3`, `RetryDelay=1s`), which
+    /// fail soon after each start on m0 and run anywhere else: the settling rule sees each
+    /// run on another machine in the end. Started at once and never operated on.
+    pub moving: usize,
 }
 
 impl Default for SimConfig {
@@ -63,6 +70,7 @@ impl Default for SimConfig {
             agent_ttl: Duration::from_secs(4),
             lost_answers: 20,
             scheduled: 0,
+            moving: 0,
         }
     }
 }
@@ -76,6 +84,8 @@ pub struct Outcome {
     pub longest_double_run: Duration,
     /// Runs of units on a calendar claimed in all.
     pub runs_claimed: usize,
+    /// Stays of services that move on failure recorded failed (each on [`FAILING_MACHINE`]).
+    pub stays_failed: usize,
     /// How long after the last fault ended the cluster settled (`None`: it did not).
     pub settled_after: Option<Duration>,
     /// A digest of everything sampled: equal for two runs of one seed.
@@ -97,6 +107,9 @@ impl std::fmt::Display for Outcome {
         writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
         if self.runs_claimed > 0 {
             writeln!(f, "  runs of units on a calendar claimed: {}", self.runs_claimed)?;
+        }
+        if self.stays_failed > 0 {
+            writeln!(f, "  failures of services that move on failure: {}", self.stays_failed)?;
         }
         match self.settled_after {
             Some(after) => writeln!(f, "  settled {after:?} after the last fault")?,
@@ -328,6 +341,42 @@ fn scheduled_file(index: usize) -> UnitFile {
     .expect("a valid unit")
 }
 
+/// Judges the records of the services that move on failure: a stay is recorded failed only on
+/// [`FAILING_MACHINE`], where they fail (a failure seen elsewhere would be a stale report taken
+/// for a new one); returns how many were.
+fn judge_moves(
+    jobs: &BTreeMap<String, (fleet_core::job::runs::JobRecord, u64)>,
+    violations: &mut Vec<String>,
+) -> usize {
+    let mut failed = 0;
+    for (unit, (record, _)) in jobs.iter().filter(|(unit, _)| unit.starts_with('f')) {
+        for stay in &record.runs {
+            if !matches!(stay.outcome, Some(fleet_core::job::runs::Outcome::Failed { .. })) {
+                continue;
+            }
+            failed += 1;
+            if stay.machine.as_deref() != Some(FAILING_MACHINE) {
+                violations.push(format!("{unit}: stay {} was recorded failed on {:?}", stay.id, stay.machine));
+            }
+        }
+    }
+    failed
+}
+
+/// The machine every service that moves on failure fails on.
+pub const FAILING_MACHINE: &str = "m0";
+/// Their `Retries=`.
+const MOVING_RETRIES: u32 = 3;
+
+/// A service of the workload that moves when it fails: it fails soon after each start on
+/// [`FAILING_MACHINE`] (the simulated manager reads `/bin/fails-on`), and runs anywhere else.
+fn moving_file(index: usize) -> UnitFile {
+    UnitFile::parse(&format!(
+        "[Service]\nExecStart=/bin/fails-on {FAILING_MACHINE} {index}\n[X-Fleet]\nRetries={MOVING_RETRIES}\nRetryDelay=1s\n"
+    ))
+    .expect("a valid unit")
+}
+
 /// A unit of the workload: each has a body of its own, and a new one when replaced.
 fn unit_file(index: usize, version: usize, at_most_once: bool) -> UnitFile {
     let x_fleet = if at_most_once { "[X-Fleet]\nAtMostOnce=true\n" } else { "" };
@@ -475,6 +524,9 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         for unit in 0..config.scheduled {
             world.put_unit(&format!("s{unit}.service"), scheduled_file(unit), DesiredState::Launched);
         }
+        for unit in 0..config.moving {
+            world.put_unit(&format!("f{unit}.service"), moving_file(unit), DesiredState::Launched);
+        }
         // Copies lag their store by up to 300 ms, each its own.
         for index in 0..config.machines {
             let lag = random.duration(Duration::ZERO, Duration::from_millis(300));
@@ -541,7 +593,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         judge.look_at_most_once(Instant::now(), &cluster.running(&once_units));
         if ticks.is_multiple_of(sample_every) {
             let mut sample = cluster.sample().await;
-            runs_judge.look(&lock(&world).jobs);
+            runs_judge.look(&lock(&world).jobs, &scheduled);
             // A unit on a calendar runs only now and then: the settling rules are not its.
             sample.running.retain(|unit, _| !scheduled.contains(unit));
             judge.look(Instant::now(), &sample);
@@ -561,11 +613,19 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             if elapsed >= faults_end && pending.peek().is_none() {
                 let (meant, schedule) = {
                     let world = lock(&world);
+                    // A service that moved on failure until its retries were spent (it failed
+                    // on m0 each time: only m0 took it) is meant to stay off.
+                    let spent = |name: &str| {
+                        world.jobs.get(name).and_then(|(record, _)| record.runs.last()).is_some_and(|stay| {
+                            matches!(stay.outcome, Some(fleet_core::job::runs::Outcome::Failed { .. }))
+                                && stay.attempt > MOVING_RETRIES
+                        })
+                    };
                     let meant: BTreeMap<String, bool> = world
                         .units
                         .iter()
                         .filter(|(name, _)| !scheduled.contains(*name))
-                        .map(|(name, unit)| (name.clone(), unit.desired == DesiredState::Launched))
+                        .map(|(name, unit)| (name.clone(), unit.desired == DesiredState::Launched && !spent(name)))
                         .collect();
                     (meant, world.schedule.clone())
                 };
@@ -584,7 +644,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         ticks += 1;
         tokio::time::sleep(tick).await;
     }
-    runs_judge.look(&lock(&world).jobs);
+    runs_judge.look(&lock(&world).jobs, &scheduled);
     let schedules: BTreeMap<String, fleet_core::calendar::CalendarSpec> = (0..config.scheduled)
         .filter_map(|unit| {
             let file = scheduled_file(unit);
@@ -600,6 +660,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     runs_judge.judge(&schedules, &starts);
     let mut violations = judge.violations;
     violations.append(&mut runs_judge.violations);
+    let stays_failed = judge_moves(&lock(&world).jobs, &mut violations);
     if settled_after.is_none() {
         violations.push(format!("never settled after the faults: {unsettled_why}"));
     }
@@ -622,6 +683,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         violations,
         longest_double_run: judge.longest_double_run,
         runs_claimed: runs_judge.runs_claimed(),
+        stays_failed,
         settled_after,
         digest,
         trace,

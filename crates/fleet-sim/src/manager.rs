@@ -54,6 +54,19 @@ fn run_length(name: &str, file: &UnitFile) -> Option<Duration> {
     Some(Duration::from_secs_f64(seconds))
 }
 
+/// Whether a run of `file` fails soon after it starts on `machine`: its `ExecStart=` is
+/// `/bin/fails-on MACHINE …` and names it.
+fn fails_on(file: &UnitFile, machine: &str) -> bool {
+    let command = file.options().iter().rev().find(|option| option.section == "Service" && option.name == "ExecStart");
+    command.is_some_and(|command| {
+        let mut words = command.value.split_whitespace();
+        words.next() == Some("/bin/fails-on") && words.next() == Some(machine)
+    })
+}
+
+/// How long a start of a service that fails here lasts before it fails.
+const FAILS_AFTER: Duration = Duration::from_millis(200);
+
 pub struct SimManager {
     pub units: Arc<FakeUnitManager>,
     frozen: Arc<Gate>,
@@ -62,6 +75,8 @@ pub struct SimManager {
     runs: RunLog,
     /// Units on a calendar loaded here, with how long a run of each lasts.
     run_lengths: Mutex<BTreeMap<String, Duration>>,
+    /// Services loaded here that fail soon after each start here.
+    failing: Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl SimManager {
@@ -72,7 +87,15 @@ impl SimManager {
         machine: &str,
         runs: RunLog,
     ) -> Self {
-        Self { units, frozen, keeper, machine: machine.to_string(), runs, run_lengths: Mutex::default() }
+        Self {
+            units,
+            frozen,
+            keeper,
+            machine: machine.to_string(),
+            runs,
+            run_lengths: Mutex::default(),
+            failing: Mutex::default(),
+        }
     }
 
     async fn thawed(&self) {
@@ -95,6 +118,11 @@ impl UnitManager for SimManager {
                 Some(length) => lengths.insert(name.to_string(), length),
                 None => lengths.remove(name),
             };
+            let mut failing = self.failing.locked();
+            match fails_on(file, &self.machine) {
+                true => failing.insert(name.to_string()),
+                false => failing.remove(name),
+            };
         }
         self.units.load(name, file).await
     }
@@ -114,6 +142,16 @@ impl UnitManager for SimManager {
         self.thawed().await;
         self.keeper.fence().check_start(name, Instant::now())?;
         self.units.start(name).await?;
+        if self.failing.locked().contains(name) {
+            let (units, name) = (self.units.clone(), name.to_string());
+            tokio::spawn(async move {
+                tokio::time::sleep(FAILS_AFTER).await;
+                if units.state(&name).is_some_and(|state| state.active == "active") {
+                    let _ = units.fail_by_itself(&name);
+                }
+            });
+            return Ok(());
+        }
         let Some(length) = self.run_lengths.locked().get(name).copied() else { return Ok(()) };
         let key = (self.machine.clone(), name.to_string());
         let start = {

@@ -28,9 +28,9 @@ pub struct RunsJudge {
 }
 
 impl RunsJudge {
-    /// Takes in the job records stored now.
-    pub fn look(&mut self, jobs: &BTreeMap<String, (JobRecord, u64)>) {
-        for (unit, (record, _)) in jobs {
+    /// Takes in the job records stored now of the units on a calendar, `units`.
+    pub fn look(&mut self, jobs: &BTreeMap<String, (JobRecord, u64)>, units: &BTreeSet<String>) {
+        for (unit, (record, _)) in jobs.iter().filter(|(unit, _)| units.contains(*unit)) {
             let seen = self.seen.entry(unit.clone()).or_default();
             seen.first_cursor.get_or_insert(record.cursor);
             for run in &record.runs {
@@ -115,7 +115,7 @@ mod tests {
     fn verdict(looks: &[BTreeMap<String, (JobRecord, u64)>], starts: u64) -> Vec<String> {
         let mut judge = RunsJudge::default();
         for look in looks {
-            judge.look(look);
+            judge.look(look, &BTreeSet::from(["s.service".to_string()]));
         }
         let spec = CalendarSpec::parse("*:*:0/2").expect("a schedule");
         judge.judge(

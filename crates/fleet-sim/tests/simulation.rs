@@ -95,3 +95,20 @@ fn units_on_a_calendar_run_each_elapse_at_most_once_under_faults() {
         assert!(outcome.runs_claimed > 0, "runs were claimed: {outcome}");
     }
 }
+
+/// Services that fail on m0 move elsewhere under the same faults: each ends running on another
+/// machine, or off with its retries spent having failed on m0 only (20804 and 20987: the other
+/// machines were out of touch through four tries, so each went back to m0).
+#[test]
+fn services_that_fail_move_elsewhere_under_faults() {
+    let config = fleet_sim::SimConfig { moving: 3, ..SimConfig::default() };
+    let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
+    println!("seeds {first}..{} with services that move (replay one: fleet-sim --moving 3 --seed N)", first + 20);
+    let mut failures = 0;
+    for seed in [20_804, 20_987].into_iter().chain(first..first + 20) {
+        let outcome = run(seed, &config);
+        assert!(outcome.passed(), "{outcome}");
+        failures += outcome.stays_failed;
+    }
+    assert!(failures >= 12, "the two seeds named spent their retries on m0 at least: {failures} failures");
+}

@@ -251,7 +251,11 @@ fn as_planned(desired: DesiredState, requirements: &Requirements, placed: bool) 
 
 /// What the plan says of a unit whose runs fleet keeps.
 fn runs_note(name: &str, file: &UnitFile) -> Option<String> {
-    let job = fleet_core::job::job_of(name, file.options()).ok().flatten().filter(fleet_core::job::Job::keeps_runs)?;
+    let job = fleet_core::job::job_of(name, file.options()).ok().flatten()?;
+    if job.moves_on_failure() {
+        let delay = fleet_core::duration::short_span(job.retry_delay);
+        return Some(format!("moves when it fails: up to {} times in a row, {delay} apart and doubling", job.retries));
+    }
     Some(match &job.schedule {
         Some(spec) => match spec.next_after(fleet_runtime::wall_clock::now_micros()) {
             Some(next) => format!("runs on {spec}, next at {}", fleet_core::civil_time::rfc3339_of_micros(next)),

@@ -14,8 +14,6 @@
 //! stay is let go of once its machine no longer reports the unit, so that the next stay never
 //! meets the last one's `failed`.
 
-use std::time::Duration;
-
 use super::Job;
 use super::runs::{JobRecord, Outcome, Run};
 use crate::UnitState;
@@ -161,7 +159,7 @@ fn waiting(job: &Job, record: &JobRecord, now: i64) -> Option<(Place, Option<i64
     let at = crate::civil_time::rfc3339_of_micros(due);
     // Due already, its machine not let go of yet: that machine's report wakes the engine.
     Some((
-        Place::Off(format!("{failed}; next try in {}, at {at}", short_span(wait))),
+        Place::Off(format!("{failed}; next try in {}, at {at}", crate::duration::short_span(wait))),
         Some(due).filter(|due| *due > now),
     ))
 }
@@ -176,16 +174,6 @@ fn failures_text(latest: &Run) -> String {
         format!("failed on {} {}", machines.len(), plural(machines.len()))
     } else {
         format!("failed {} times on {} {}", latest.attempt, machines.len(), plural(machines.len()))
-    }
-}
-
-/// A wait in its largest whole unit: `10s`, `4m`, `1h`.
-fn short_span(span: Duration) -> String {
-    let seconds = span.as_secs();
-    match seconds {
-        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
-        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
-        s => format!("{s}s"),
     }
 }
 

@@ -3,7 +3,8 @@
 //! `fleet-sim [SEEDS] [FIRST]`: SEEDS seeds (default 1,000) from FIRST (default: drawn from
 //! the clock, and printed), on every core. `fleet-sim --seed N`: one seed, in full, twice,
 //! to show it replays the same. `--scheduled N` (before the rest) adds N units on a calendar to
-//! the workload. Exits 1 when any seed fails.
+//! the workload; `--moving N`, N services that move when they fail (each fails on m0). Exits 1
+//! when any seed fails.
 
 use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,9 +17,15 @@ use fleet_sim::{Outcome, SimConfig, run};
 fn main() -> anyhow::Result<()> {
     let mut arguments: Vec<String> = std::env::args().skip(1).collect();
     let mut config = SimConfig::default();
-    if arguments.first().map(String::as_str) == Some("--scheduled") {
-        let count = arguments.get(1).context("--scheduled needs a number")?;
-        config.scheduled = count.parse().context("--scheduled needs a number")?;
+    while let Some(option @ ("--scheduled" | "--moving")) = arguments.first().map(String::as_str) {
+        let count: usize = arguments
+            .get(1)
+            .and_then(|count| count.parse().ok())
+            .with_context(|| format!("{option} needs a number"))?;
+        match option {
+            "--scheduled" => config.scheduled = count,
+            _ => config.moving = count,
+        }
         arguments.drain(..2);
     }
     if arguments.first().map(String::as_str) == Some("--seed") {
@@ -55,12 +62,13 @@ fn main() -> anyhow::Result<()> {
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
     };
     println!(
-        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar)",
+        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure)",
         first + seeds,
         config.length,
         config.machines,
         config.units,
-        config.scheduled
+        config.scheduled,
+        config.moving
     );
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(first));

@@ -168,7 +168,8 @@ fn at_most_two_plans_are_worked_out_at_once() {
 }
 
 /// A unit on a calendar or a batch unit is placed only for a run, as the engine does: the plan
-/// leaves it unplaced and says when it runs; a service beside it is placed as before.
+/// leaves it unplaced and says when it runs; a service beside it is placed as before, and one
+/// that moves when it fails too, the plan saying so.
 #[tokio::test]
 async fn a_plan_places_units_whose_runs_are_kept_only_for_a_run_and_says_when() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,6 +188,11 @@ async fn a_plan_places_units_whose_runs_are_kept_only_for_a_run_and_says_when() 
         job("backup.service", "Schedule", "*-*-* 02:00:00"),
         job("migrate.service", "Batch", "true"),
         unit("web.service", "", "launched"),
+        {"name": "api.service", "desiredState": "launched", "options": [
+            {"section": "Service", "name": "ExecStart", "value": "/bin/api"},
+            {"section": "X-Fleet", "name": "Retries", "value": "3"},
+            {"section": "X-Fleet", "name": "RetryDelay", "value": "4m"},
+        ]},
     ]});
     let (status, planned) = call(&router, "POST", "/fleet/v1/plans", units).await;
     assert_eq!(status, 200, "{planned}");
@@ -201,4 +207,7 @@ async fn a_plan_places_units_whose_runs_are_kept_only_for_a_run_and_says_when() 
     assert_eq!(by_name("migrate.service").get("machine"), None);
     assert_eq!(by_name("web.service")["machine"], "m0");
     assert_eq!(by_name("web.service").get("runs"), None);
+    // A service that moves when it fails is placed as any service, and the plan says it moves.
+    assert_eq!(by_name("api.service")["machine"], "m0");
+    assert_eq!(by_name("api.service")["runs"], "moves when it fails: up to 3 times in a row, 4m apart and doubling");
 }

@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use super::*;
 use crate::job::runs::DEFAULT_KEPT_RUNS;
@@ -205,7 +206,4 @@ fn a_service_failing_on_its_only_machine_says_so_and_keeps_a_bounded_record() {
         record = due.record;
     }
     assert_eq!(record.runs.len(), 3, "KeepRuns= bounds the stays kept");
-    assert_eq!(short_span(Duration::from_secs(240)), "4m");
-    assert_eq!(short_span(Duration::from_secs(3600)), "1h");
-    assert_eq!(short_span(Duration::from_secs(90)), "90s");
 }
