@@ -16,7 +16,9 @@ use fleet_unit_manager::credentials::Credential;
 use fleet_unit_manager::{HeldUnit, UnitManager, UnitManagerError};
 use tokio::sync::watch;
 
-use fleet_core::state_report::{HeldNow, HeldUnitNow, adopted_as_launched, apply_reports, reports_of_changes};
+use fleet_core::state_report::{
+    HeldNow, HeldUnitNow, adopted_as_launched, apply_reports, apply_uncertain_reports, reports_of_changes,
+};
 
 use crate::drift_watch::DriftWatch;
 use crate::health_watch::{HealthWatch, Running};
@@ -835,7 +837,10 @@ impl Agent {
             *by_active_state.entry(unit.now.systemd.active.clone()).or_default() += 1;
         }
         fleet_metrics::publish_unit_states(by_active_state);
-        self.registry.report_states(self.machine_id(), &reports).await?;
+        if let Err(error) = self.registry.report_states(self.machine_id(), &reports).await {
+            apply_uncertain_reports(&mut self.reported, reports);
+            return Err(error.into());
+        }
         apply_reports(&mut self.reported, reports);
         Ok(())
     }

@@ -133,10 +133,46 @@ pub fn apply_reports(reported: &mut BTreeMap<String, UnitState>, reports: Vec<St
     }
 }
 
+/// `reported` once a write of `reports` failed without saying whether it landed (a lost
+/// answer commits): a state it set may be in the store or not. Each is kept as reported in an
+/// unknown state, which what the machine holds never equals: sent again while the unit is
+/// held, removed once it is not. (Were it forgotten, a unit let go of meanwhile would keep its
+/// last state in the store for as long as the machine's presence lives; a removal that failed
+/// is still reported, so it is sent again as it is.)
+pub fn apply_uncertain_reports(reported: &mut BTreeMap<String, UnitState>, reports: Vec<StateReport>) {
+    for report in reports {
+        if let StateReport::Set(state) = report {
+            let unknown = SystemdState::new("unknown", "unknown", "unknown");
+            reported.insert(state.name.clone(), UnitState { systemd: unknown, ..state });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::UnitHash;
+
+    #[test]
+    fn a_report_whose_write_may_have_landed_is_sent_again_or_removed() {
+        let mut reported = BTreeMap::from([state("gone", "active")]);
+        let current = BTreeMap::from([state("kept", "failed"), state("dropped", "failed")]);
+        let reports = reports_of_changes(&reported, "m", &held_as(&current));
+        apply_uncertain_reports(&mut reported, reports);
+        // Next pass: "dropped" was let go of meanwhile, "kept" is still held.
+        let now = BTreeMap::from([state("kept", "failed")]);
+        let again = reports_of_changes(&reported, "m", &held_as(&now));
+        assert_eq!(
+            again,
+            vec![
+                StateReport::Set(state("kept", "failed").1),
+                StateReport::Remove("dropped".into()),
+                StateReport::Remove("gone".into()),
+            ]
+        );
+        apply_reports(&mut reported, again);
+        assert_eq!(reported, now);
+    }
 
     fn state(name: &str, active: &str) -> (String, UnitState) {
         let state = UnitState {

@@ -350,6 +350,9 @@ fn judge_moves(
 ) -> usize {
     let mut failed = 0;
     for (unit, (record, _)) in jobs.iter().filter(|(unit, _)| unit.starts_with('f')) {
+        if std::env::var_os("SIM_DEBUG_MOVES").is_some() {
+            eprintln!("{unit}: {record:?}");
+        }
         for stay in &record.runs {
             if !matches!(stay.outcome, Some(fleet_core::job::runs::Outcome::Failed { .. })) {
                 continue;
@@ -661,6 +664,15 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let mut violations = judge.violations;
     violations.append(&mut runs_judge.violations);
     let stays_failed = judge_moves(&lock(&world).jobs, &mut violations);
+    if std::env::var_os("SIM_DEBUG_MOVES").is_some() {
+        for ((unit, machine), (state, rev)) in lock(&world).states.iter().filter(|((u, _), _)| u.starts_with('f')) {
+            eprintln!("state {unit} on {machine}: {:?} rev {rev}", state.systemd);
+        }
+        eprintln!(
+            "schedule {:?}",
+            lock(&world).schedule.iter().filter(|(u, _)| u.starts_with('f')).collect::<Vec<_>>()
+        );
+    }
     if settled_after.is_none() {
         violations.push(format!("never settled after the faults: {unsettled_why}"));
     }
