@@ -839,7 +839,7 @@ impl Agent {
         fleet_metrics::publish_unit_states(by_active_state);
         if let Err(error) = self.registry.report_states(self.machine_id(), &reports).await {
             apply_uncertain_reports(&mut self.reported, reports);
-            return Err(error.into());
+            return Err(error);
         }
         apply_reports(&mut self.reported, reports);
         Ok(())
