@@ -101,7 +101,8 @@ impl RunBook {
     /// `name` was asked to start at `now`.
     pub fn started(&mut self, name: &str, now: i64) {
         if self.scheduled.contains(name) {
-            self.runs.insert(name.to_string(), RunReport { started: now, ended: None, outcome: None, log: None });
+            self.runs
+                .insert(name.to_string(), RunReport { started: now, ended: None, outcome: None, log: None, run: None });
         }
     }
 
@@ -112,7 +113,7 @@ impl RunBook {
             let failed = Outcome::Failed { status: None, signal: None };
             self.runs.insert(
                 name.to_string(),
-                RunReport { started: now, ended: Some(now), outcome: Some(failed), log: None },
+                RunReport { started: now, ended: Some(now), outcome: Some(failed), log: None, run: None },
             );
         }
     }
@@ -123,6 +124,7 @@ impl RunBook {
             ended: Some(now),
             outcome: Some(Outcome::Lost { why: ADOPTED.to_string() }),
             log: None,
+            run: None,
         });
     }
 

@@ -15,6 +15,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+pub mod global_runs;
 pub mod moves;
 pub mod runs;
 
@@ -113,21 +114,20 @@ pub enum JobError {
     )]
     GlobalMoves,
     #[error(
-        "[X-Fleet] Schedule= or Batch=true with Global=true is not run by this fleet yet: a global unit's runs would not be kept, and it would run on every machine all the time"
+        "[X-Fleet] Batch=true with Global=true is not run by this fleet yet: give the global unit a Schedule= (it runs on every machine at each elapse), or start a batch unit per machine"
     )]
-    GlobalJob,
+    GlobalBatch,
 }
 
-/// Refuses what this fleet reads but does not run yet: a global unit on a calendar or a batch
-/// global unit (one run per machine and elapse is not kept yet). Malformed values are refused
-/// by [`job_of`] first.
+/// Refuses what this fleet reads but does not run: a batch global unit, and `Retries=` on a
+/// global unit (a global unit on a calendar runs on every machine at each elapse:
+/// [`global_runs`]; it is not retried). Malformed values are refused by [`job_of`] first.
 pub fn refuse_what_is_not_run_yet(options: &[UnitOption]) -> Result<(), JobError> {
     let global = last_value(options, SECTION, "Global")
         .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t"));
     let batch = last_value(options, SECTION, "Batch").and_then(parse_systemd_bool).unwrap_or(false);
-    let schedule = last_value(options, SECTION, "Schedule").is_some();
-    if global && (schedule || batch) {
-        return Err(JobError::GlobalJob);
+    if global && batch {
+        return Err(JobError::GlobalBatch);
     }
     if global && last_value(options, SECTION, "Retries").is_some() {
         return Err(JobError::GlobalMoves);
@@ -313,7 +313,8 @@ mod tests {
             refused("[X-Fleet]\nGlobal=true\nRetries=2\n"),
             Err("[X-Fleet] Retries= on a global service: it runs on every machine it may, it has nowhere to move when it fails".to_string())
         );
-        assert!(refused("[X-Fleet]\nGlobal=true\nSchedule=daily\n").is_err());
+        assert_eq!(refused("[X-Fleet]\nGlobal=true\nSchedule=daily\n"), Ok(()), "on every machine at each elapse");
+        assert!(refused("[X-Fleet]\nGlobal=true\nBatch=true\n").is_err());
         assert_eq!(refused("[X-Fleet]\nGlobal=true\n"), Ok(()));
         assert_eq!(refused("[X-Fleet]\nRetries=2\n"), Ok(()));
     }

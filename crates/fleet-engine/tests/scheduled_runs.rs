@@ -91,7 +91,8 @@ async fn a_scheduled_unit_runs_once_per_elapse_on_one_machine_and_a_lost_run_is_
     // Its machine runs it to its end: the engine takes the unit off, and while the machine
     // still holds it no other run starts, though elapses pass.
     let started = first_elapse + 100_000;
-    let ran = RunReport { started, ended: Some(started + 200_000), outcome: Some(Outcome::Succeeded), log: None };
+    let ran =
+        RunReport { started, ended: Some(started + 200_000), outcome: Some(Outcome::Succeeded), log: None, run: None };
     registry.report_states(&first_machine, &[report(&first_machine, "inactive", ran)]).await.unwrap();
     eventually_within("the ended run's unit is taken off its machine", WAIT, async || {
         placed_on(&registry).await.is_none()
@@ -113,7 +114,7 @@ async fn a_scheduled_unit_runs_once_per_elapse_on_one_machine_and_a_lost_run_is_
 
     // Its machine is lost while it runs: recorded lost, never placed elsewhere for its elapse.
     let second_machine = run.machine.clone().expect("placed");
-    let running = RunReport { started: run.elapse.unwrap() + 50_000, ended: None, outcome: None, log: None };
+    let running = RunReport { started: run.elapse.unwrap() + 50_000, ended: None, outcome: None, log: None, run: None };
     registry.report_states(&second_machine, &[report(&second_machine, "active", running)]).await.unwrap();
     eventually_within("the run is seen started", WAIT, async || {
         record(&registry).await.unwrap().runs.iter().any(|seen| seen.id == 2 && seen.started.is_some())
@@ -156,7 +157,7 @@ async fn stopping_a_scheduled_unit_stops_its_run_and_destroying_it_removes_its_r
     let (stop, engine) = start_engine(&registry);
     registry.put_unit(UNIT, &scheduled(), DesiredState::Launched).await.unwrap();
     eventually_within("a run is placed", WAIT, async || placed_on(&registry).await.is_some()).await;
-    let running = RunReport { started: 1, ended: None, outcome: None, log: None };
+    let running = RunReport { started: 1, ended: None, outcome: None, log: None, run: None };
     registry.report_states("m1", &[report("m1", "active", running)]).await.unwrap();
     registry.set_desired_state(UNIT, DesiredState::Inactive).await.unwrap();
     eventually_within("the run is stopped and taken off", WAIT, async || {
@@ -195,6 +196,7 @@ async fn a_batch_unit_runs_once_and_its_failed_run_is_retried_on_another_machine
         ended: Some(2),
         outcome: Some(Outcome::Failed { status: Some(1), signal: None }),
         log: None,
+        run: None,
     };
     registry.report_states(&failed_on, &[report_of(&file, &failed_on, "failed", failed)]).await.unwrap();
     eventually_within("the failed run is taken off", WAIT, async || placed_on(&registry).await.is_none()).await;
@@ -207,7 +209,7 @@ async fn a_batch_unit_runs_once_and_its_failed_run_is_retried_on_another_machine
     .await;
     let retry = record(&registry).await.unwrap().active_run().cloned().expect("the retry");
     assert_eq!((retry.id, retry.attempt, retry.avoid.clone()), (2, 2, vec![failed_on.clone()]));
-    let succeeded = RunReport { started: 3, ended: Some(4), outcome: Some(Outcome::Succeeded), log: None };
+    let succeeded = RunReport { started: 3, ended: Some(4), outcome: Some(Outcome::Succeeded), log: None, run: None };
     registry.report_states(other, &[report_of(&file, other, "inactive", succeeded)]).await.unwrap();
     eventually_within("the retry's end is kept and its unit taken off", WAIT, async || {
         placed_on(&registry).await.is_none()

@@ -104,6 +104,7 @@ mod tests {
             outcome: None,
             released: true,
             log: None,
+            tally: None,
         }
     }
 

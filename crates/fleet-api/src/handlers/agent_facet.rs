@@ -408,7 +408,7 @@ fn checked_run(run: fleet_api_schema::AgentRun) -> Result<fleet_core::job::runs:
             fleet_core::job::runs::LOG_BYTES
         )));
     }
-    Ok(fleet_core::job::runs::RunReport { started: run.started, ended: run.ended, outcome, log: run.log })
+    Ok(fleet_core::job::runs::RunReport { started: run.started, ended: run.ended, outcome, log: run.log, run: None })
 }
 
 /// The versions of secrets a machine says it gave a unit, as bounded as a unit's references.

@@ -197,6 +197,7 @@ fn begin(record: &mut JobRecord, machine: &str, attempt: u32, avoid: Vec<String>
         outcome: None,
         released: false,
         log: None,
+        tally: None,
     });
     record.next_id += 1;
 }

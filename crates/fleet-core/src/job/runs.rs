@@ -77,6 +77,9 @@ pub struct Run {
     /// The last lines of its log when it ended, as its machine read them ([`log_tail`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
+    /// For a global unit's run, which every machine runs: how it ended on each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tally: Option<Box<super::global_runs::Tally>>,
 }
 
 fn first_attempt() -> u32 {
@@ -121,6 +124,9 @@ pub struct RunReport {
     /// The last lines of the unit's log once it ended ([`log_tail`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
+    /// The number of the run, where the machine knows it (a global unit's ticket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<u64>,
 }
 
 /// The last [`LOG_LINES`] lines of `text`, and of those the last [`LOG_BYTES`] bytes (cut at a
@@ -249,6 +255,7 @@ impl JobRecord {
             outcome: None,
             released: false,
             log: None,
+            tally: None,
         };
         self.next_id += 1;
         self.runs.push(run.clone());

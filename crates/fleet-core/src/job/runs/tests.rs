@@ -344,8 +344,10 @@ fn a_run_begins_ends_and_is_let_go_of_as_its_machine_reports_it() {
     let loaded = report("m1", None);
     let waiting = observe(&record, present(Some(&loaded)), START + 902 * SECOND);
     assert_eq!(waiting, record, "loaded, not started: nothing changes");
-    let started =
-        report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None, log: None }));
+    let started = report(
+        "m1",
+        Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None, log: None, run: None }),
+    );
     let running = observe(&record, present(Some(&started)), START + 904 * SECOND);
     assert_eq!(running.runs[0].started, Some(START + 903 * SECOND));
     let failed = Outcome::Failed { status: Some(3), signal: None };
@@ -356,6 +358,7 @@ fn a_run_begins_ends_and_is_let_go_of_as_its_machine_reports_it() {
             ended: Some(START + 910 * SECOND),
             outcome: Some(failed.clone()),
             log: None,
+            run: None,
         }),
     );
     let ended = observe(&running, present(Some(&ended)), START + 911 * SECOND);
@@ -376,8 +379,10 @@ fn a_run_whose_machine_is_gone_or_forgets_it_was_lost_and_a_stopped_unit_stops_i
     let gone = observe(&record, Seen { wanted: true, report: None, machine_present: false }, START + 950 * SECOND);
     assert_eq!(gone.runs[0].outcome, Some(Outcome::Lost { why: "machine m1 was lost".into() }));
     assert!(gone.active_run().is_none(), "not run again for its elapse");
-    let started =
-        report("m1", Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None, log: None }));
+    let started = report(
+        "m1",
+        Some(RunReport { started: START + 903 * SECOND, ended: None, outcome: None, log: None, run: None }),
+    );
     let running = observe(&record, Seen { wanted: true, report: Some(&started), machine_present: true }, START);
     let forgotten = observe(&running, Seen { wanted: true, report: None, machine_present: true }, START + 960 * SECOND);
     assert!(matches!(forgotten.runs[0].outcome, Some(Outcome::Lost { .. })));
