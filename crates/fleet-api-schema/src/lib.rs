@@ -475,6 +475,17 @@ pub struct AgentUnit {
     /// A moved version is written where the unit reads it, the unit left running.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub secrets_in_place: bool,
+    /// For a global unit on a calendar: the run every machine is to run now (its number and
+    /// elapse, microseconds since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<AgentRunTicket>,
+}
+
+/// The run every machine of a global unit on a calendar is to run now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRunTicket {
+    pub id: u64,
+    pub elapse: i64,
 }
 
 /// `GET /fleet/v1/agents/{machine}/work`: what the machine should hold.

@@ -101,4 +101,5 @@ remote_contract!(
     runtime_metadata_overlays_the_machine,
     states_go_with_their_machine,
     a_revoked_machine_goes_with_its_states,
+    a_run_ticket_reaches_every_machine_with_its_global_unit,
 );

@@ -164,7 +164,8 @@ fn assigned(unit: AgentUnit) -> Result<AssignedUnit> {
         DriftPolicy::parse(&unit.drift_policy).map_err(unavailable)?
     };
     let secrets = fleet_core::secrets::SecretPins { versions: unit.secrets, in_place: unit.secrets_in_place };
-    Ok(AssignedUnit { name: unit.name, hash, desired, drift, secrets })
+    let run = unit.run.map(|ticket| fleet_core::job::global_runs::RunTicket { id: ticket.id, elapse: ticket.elapse });
+    Ok(AssignedUnit { name: unit.name, hash, desired, drift, secrets, run })
 }
 
 impl RemoteRegistry {

@@ -55,6 +55,7 @@ macro_rules! registry_contract {
             a_batch_of_unit_writes_is_each_write_alone,
             an_import_writes_its_units_where_they_run_or_nothing,
             job_records_are_replaced_only_over_the_version_read,
+            a_run_ticket_reaches_every_machine_with_its_global_unit,
         );
     };
     (@each $open:path; $($name:ident),+ $(,)?) => {
@@ -1278,4 +1279,41 @@ pub async fn job_records_are_replaced_only_over_the_version_read(registry: &dyn 
     let lease = registry.acquire_leadership("m1").await.unwrap().expect("leads again");
     assert!(registry.put_job_record(&lease, "backup.service", None, newer.version).await.unwrap(), "removed");
     assert_eq!(registry.job_records().await.unwrap(), vec![]);
+}
+
+/// The ticket of a global unit on a calendar reaches every machine's work with the unit, is
+/// written only under the leadership, and goes when removed.
+pub async fn a_run_ticket_reaches_every_machine_with_its_global_unit(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    use fleet_core::job::global_runs::RunTicket;
+    for id in ["m1", "m2"] {
+        agent_for(id).register_machine(&machine(id)).await.unwrap();
+    }
+    let sweep = UnitFile::parse("[Service]\nExecStart=/bin/true\n[X-Fleet]\nGlobal=true\nSchedule=daily\n").unwrap();
+    registry.put_unit("sweep.service", &sweep, DesiredState::Launched).await.unwrap();
+    let lease = lease(registry).await;
+    assert_eq!(registry.run_tickets().await.unwrap(), BTreeMap::new());
+    let ticket = RunTicket { id: 3, elapse: 1_796_342_400_000_000 };
+    registry.put_run_ticket(&lease, "sweep.service", Some(&ticket)).await.unwrap();
+    assert_eq!(registry.run_tickets().await.unwrap(), BTreeMap::from([("sweep.service".to_string(), ticket)]));
+    for id in ["m1", "m2"] {
+        eventually("the machine's work carries the ticket", async || {
+            agent_for(id).machine_work(id).await.is_ok_and(|work| {
+                work.globals.iter().any(|unit| unit.name == "sweep.service" && unit.run == Some(ticket))
+            })
+        })
+        .await;
+    }
+    let stale = EngineLease { machine_id: "m9".into(), token: lease.token + 1_000 };
+    let refused = registry.put_run_ticket(&stale, "sweep.service", None).await;
+    assert!(matches!(refused, Err(RegistryError::LeadershipLost)), "{refused:?}");
+    let lease = registry.acquire_leadership("m1").await.unwrap().expect("leads again");
+    registry.put_run_ticket(&lease, "sweep.service", None).await.unwrap();
+    assert_eq!(registry.run_tickets().await.unwrap(), BTreeMap::new());
+    eventually("the ticket is gone from the work", async || {
+        agent_for("m1")
+            .machine_work("m1")
+            .await
+            .is_ok_and(|work| work.globals.iter().any(|unit| unit.name == "sweep.service" && unit.run.is_none()))
+    })
+    .await;
 }

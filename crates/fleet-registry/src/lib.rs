@@ -21,7 +21,7 @@ mod ownership;
 mod source_record;
 mod unit_change;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -436,6 +436,16 @@ pub trait EngineRegistry: Send + Sync {
         record: Option<&fleet_core::job::runs::JobRecord>,
         version: u64,
     ) -> Result<bool>;
+    /// The ticket of each global unit on a calendar: the run its machines are to run now.
+    async fn run_tickets(&self) -> Result<BTreeMap<String, fleet_core::job::global_runs::RunTicket>>;
+    /// Sets `unit`'s ticket (`None`: removes it), fenced by `lease`; every machine's work
+    /// carries it with the unit.
+    async fn put_run_ticket(
+        &self,
+        lease: &EngineLease,
+        unit: &str,
+        ticket: Option<&fleet_core::job::global_runs::RunTicket>,
+    ) -> Result<()>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
     /// Moves when a machine's report of a unit may have changed (a store may move it more

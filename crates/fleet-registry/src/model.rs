@@ -104,6 +104,9 @@ pub struct AssignedUnit {
     pub desired: DesiredState,
     pub drift: DriftPolicy,
     pub secrets: SecretPins,
+    /// For a global unit on a calendar: the run every machine is to run now, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<fleet_core::job::global_runs::RunTicket>,
 }
 
 /// One machine's work: itself as the cluster sees it, its schedule and the global units.

@@ -560,6 +560,29 @@ impl EngineRegistry for SimStore {
         .await?
     }
 
+    async fn run_tickets(&self) -> Result<BTreeMap<String, fleet_core::job::global_runs::RunTicket>> {
+        self.request("run tickets", |world| world.run_tickets.clone()).await
+    }
+
+    async fn put_run_ticket(
+        &self,
+        lease: &EngineLease,
+        unit: &str,
+        ticket: Option<&fleet_core::job::global_runs::RunTicket>,
+    ) -> Result<()> {
+        self.write("put run ticket", |world| {
+            if !world.leads(&lease.machine_id, lease.token) {
+                return Err(RegistryError::LeadershipLost);
+            }
+            match ticket {
+                Some(ticket) => world.run_tickets.insert(unit.to_string(), *ticket),
+                None => world.run_tickets.remove(unit),
+            };
+            Ok(())
+        })
+        .await?
+    }
+
     fn engine_changes(&self) -> ChangeSignal {
         lock(&self.world).engine_signal()
     }

@@ -107,6 +107,9 @@ pub struct World {
     pub state_signal: watch::Sender<u64>,
     /// Unit → its job record and the version its compare-and-swap names.
     pub jobs: BTreeMap<String, (fleet_core::job::runs::JobRecord, u64)>,
+    /// The tickets of global units on a calendar (the simulation's workload has no global
+    /// units: kept as a store keeps them, given to no machine).
+    pub run_tickets: BTreeMap<String, fleet_core::job::global_runs::RunTicket>,
     /// The version the next job record write gets.
     next_job_version: u64,
 }
@@ -115,6 +118,7 @@ impl World {
     pub fn new(lease_ttl: Duration, engine_lease_ttl: Duration) -> Self {
         Self {
             jobs: BTreeMap::new(),
+            run_tickets: BTreeMap::new(),
             next_job_version: 1,
             revision: 1,
             units: BTreeMap::new(),
@@ -215,6 +219,7 @@ impl World {
             desired: unit.desired,
             drift: DriftPolicy::default(),
             secrets: Default::default(),
+            run: None,
         })
     }
 

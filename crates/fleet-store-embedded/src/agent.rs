@@ -61,17 +61,24 @@ impl AgentRegistry for EmbeddedRegistry {
                         desired: record.desired,
                         drift: record.drift,
                         secrets: record.secrets,
+                        run: None,
                     });
                 }
             }
+            let tickets = txn.open_table(tables::RUN_TICKETS).map_err(unavailable)?;
             for (name, record) in read_all::<UnitRecord>(&units)? {
                 if record.global {
+                    let run = match tickets.get(name.as_str()).map_err(unavailable)? {
+                        Some(ticket) => fleet_registry::codec::decode_listed(&name, ticket.value()),
+                        None => None,
+                    };
                     work.globals.push(AssignedUnit {
                         name,
                         hash: record.hash,
                         desired: record.desired,
                         drift: record.drift,
                         secrets: record.secrets,
+                        run,
                     });
                 }
             }

@@ -2,7 +2,7 @@
 //! always its own; the lease is still checked so the seam behaves as on etcd.
 
 use fleet_core::unpoisoned::Locked;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use async_trait::async_trait;
 use fleet_core::schedule::Decision;
@@ -13,6 +13,7 @@ use redb::ReadableTable;
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, read_all};
 use super::{EmbeddedRegistry, unavailable};
+use fleet_core::job::global_runs::RunTicket;
 use fleet_core::job::runs::JobRecord;
 use fleet_registry::apply_rule::{Condition, ReasonWrite, unit_writes};
 use fleet_registry::{
@@ -169,6 +170,33 @@ impl EngineRegistry for EmbeddedRegistry {
         }
         let (unit, record) = (unit.to_string(), record.cloned());
         self.write(move |txn, _touched| super::job_records::replace(txn, &unit, record, version)).await
+    }
+
+    async fn run_tickets(&self) -> Result<BTreeMap<String, RunTicket>> {
+        self.read(|txn| {
+            let tickets = txn.open_table(tables::RUN_TICKETS).map_err(unavailable)?;
+            Ok(tables::read_all::<RunTicket>(&tickets)?.into_iter().collect())
+        })
+        .await
+    }
+
+    async fn put_run_ticket(&self, lease: &EngineLease, unit: &str, ticket: Option<&RunTicket>) -> Result<()> {
+        if lease.token != EMBEDDED_LEASE_TOKEN {
+            return Err(RegistryError::LeadershipLost);
+        }
+        let (unit, ticket) = (unit.to_string(), ticket.copied());
+        self.write(move |txn, touched| {
+            let mut tickets = txn.open_table(tables::RUN_TICKETS).map_err(unavailable)?;
+            match ticket {
+                Some(ticket) => tickets.insert(unit.as_str(), tables::encode(&ticket).as_slice()).map(|_| ()),
+                None => tickets.remove(unit.as_str()).map(|_| ()),
+            }
+            .map_err(unavailable)?;
+            // Every machine's work carries it.
+            touched.all_machines = true;
+            Ok(())
+        })
+        .await
     }
 
     fn engine_changes(&self) -> ChangeSignal {

@@ -100,7 +100,11 @@ pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
 /// Tables of JSON records added to format 1 since 0.2.0 began it: a store opens with them too
 /// (a store without one is given it), a backup holds them, and a snapshot taken before they
 /// were added restores without them.
-pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 2] = [SECRETS, JOBS];
+pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 3] = [SECRETS, JOBS, RUN_TICKETS];
+
+/// Unit name → [`fleet_core::job::global_runs::RunTicket`]: the run every machine of a global
+/// unit on a calendar is to run now.
+pub const RUN_TICKETS: TableDefinition<&str, &[u8]> = TableDefinition::new("run_tickets");
 
 /// Unit name → [`StoredJobValue`]: the runs of a scheduled or run-to-completion unit.
 pub const JOBS: TableDefinition<&str, &[u8]> = TableDefinition::new("jobs");

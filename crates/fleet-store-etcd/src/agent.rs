@@ -26,7 +26,7 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
         // Parsed once per revision: an agent reads its work on every pass.
         let assignment = entry.decoded::<Assignment>(key)?;
         let Assignment { hash, desired, drift, secrets } = Assignment::clone(&assignment);
-        units.push(AssignedUnit { name: name.to_string(), hash, desired, drift, secrets });
+        units.push(AssignedUnit { name: name.to_string(), hash, desired, drift, secrets, run: None });
     }
     Ok(units)
 }
@@ -270,11 +270,12 @@ impl EtcdRegistry {
             .entries
             .get(&machine_key)
             .and_then(|entry| machine_from_records(&machine_key, &entry.value, overrides, None));
-        Ok(MachineWork {
-            machine,
-            scheduled: assignments(self, &data, keys.schedule(machine_id))?,
-            globals: assignments(self, &data, keys.globals())?,
-        })
+        let mut globals = assignments(self, &data, keys.globals())?;
+        for global in &mut globals {
+            let key = keys.run_ticket(&global.name);
+            global.run = data.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value));
+        }
+        Ok(MachineWork { machine, scheduled: assignments(self, &data, keys.schedule(machine_id))?, globals })
     }
 
     /// After a re-registration, writes again the states of the units `work` (read from a

@@ -3,11 +3,12 @@
 //! leader key's create revision, so a deposed leader cannot write.
 
 use fleet_core::unpoisoned::Locked;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use fleet_core::job::global_runs::RunTicket;
 use fleet_core::job::runs::JobRecord;
 use fleet_core::schedule::Decision;
 use fleet_core::schedule::departures::running_on;
@@ -367,6 +368,38 @@ impl EngineRegistry for EtcdRegistry {
                 Some(StoredJob { unit, record, version: kv.mod_revision() as u64 })
             })
             .collect())
+    }
+
+    async fn run_tickets(&self) -> Result<BTreeMap<String, RunTicket>> {
+        let prefix = self.keys().run_tickets();
+        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
+        Ok(reply
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = kv.key_str().ok()?;
+                let unit = key.strip_prefix(prefix.as_str())?.to_string();
+                Some((unit, decode_listed::<RunTicket>(key, kv.value())?))
+            })
+            .collect())
+    }
+
+    /// Fenced by the leader key; writing the same ticket again is harmless (a machine runs a
+    /// ticket once).
+    async fn put_run_ticket(&self, lease: &EngineLease, unit: &str, ticket: Option<&RunTicket>) -> Result<()> {
+        self.check_leadership(lease).await?;
+        let key = self.keys().run_ticket(unit);
+        let write = match ticket {
+            Some(ticket) => TxnOp::put(key.as_str(), encode(ticket), None),
+            None => TxnOp::delete(key.as_str(), None),
+        };
+        let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
+        let reply = self.connection().txn(Txn::new().when([fence]).and_then([write])).await?;
+        if !reply.succeeded() {
+            *self.inner.leadership.lock().await = None;
+            return Err(RegistryError::LeadershipLost);
+        }
+        Ok(())
     }
 
     /// One transaction: fenced by the leader key, then the record's own revision compared (0:

@@ -5,6 +5,7 @@
 //! | `units/<unit>` | [`fleet_registry::UnitRecord`] | — | API |
 //! | `bodies/<hash>` | the unit's options | — | API (content-addressed, written with a unit write that sets the content where it is absent); the engine leader deletes it when no unit has that content |
 //! | `global/<unit>` | [`fleet_registry::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
+//! | `global-runs/<unit>` | [`fleet_core::job::global_runs::RunTicket`]: the run every machine of a global unit on a calendar is to run now | — | engine, fenced |
 //! | `placement/<unit>` | machine ID | — | engine, fenced; API's import of units it creates (`imports.rs`) |
 //! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes and imports |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
@@ -27,7 +28,7 @@
 //! | `journal/answers/<id>` | the answer ([`fleet_api_schema`]'s `RelayedJournal` JSON, at most 128 KiB) | asker's | the machine asked |
 //! | `store-format` | [`fleet_core::store_format::StoredFormat`] (absent in a store of fleet 0.1: format 1) | — | the first fleetd of a format, before anything else |
 //!
-//! An agent watches `schedule/<itself>/`, `global/`, its own `machines/` and `metadata/` keys:
+//! An agent watches `schedule/<itself>/`, `global/`, `global-runs/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine holds the cluster's cache
 //! (units, placements, reasons, machines, metadata, drains, states and bodies), every engine the
 //! leader key's; unit states, which change most, wake nobody but the API's readers and, while a
@@ -122,6 +123,12 @@ impl Keys {
     }
     pub fn global(&self, name: &str) -> String {
         self.key(&["global", name])
+    }
+    pub fn run_tickets(&self) -> String {
+        self.key(&["global-runs", ""])
+    }
+    pub fn run_ticket(&self, name: &str) -> String {
+        self.key(&["global-runs", name])
     }
     pub fn placements(&self) -> String {
         self.key(&["placement", ""])
@@ -296,7 +303,7 @@ impl Keys {
     pub fn work_touched_by<'k>(&self, key: &'k str) -> WorkTouched<'k> {
         let Some(rest) = key.strip_prefix(self.prefix.as_str()) else { return WorkTouched::Nobody };
         let machine = |collection: &str| rest.strip_prefix(collection).and_then(|tail| tail.split('/').next());
-        if rest.starts_with("global/") {
+        if rest.starts_with("global/") || rest.starts_with("global-runs/") {
             return WorkTouched::Everyone;
         }
         match machine("schedule/").or_else(|| machine("machines/")).or_else(|| machine("metadata/")) {
@@ -333,6 +340,7 @@ mod tests {
         assert_eq!(keys.work_touched_by(&keys.machine("m2")), WorkTouched::Machine("m2"));
         assert_eq!(keys.work_touched_by(&keys.metadata("m3")), WorkTouched::Machine("m3"));
         assert_eq!(keys.work_touched_by(&keys.global("g.service")), WorkTouched::Everyone);
+        assert_eq!(keys.work_touched_by(&keys.run_ticket("g.service")), WorkTouched::Everyone);
         assert_eq!(keys.work_touched_by(&keys.unit("a.service")), WorkTouched::Nobody);
         assert_eq!(keys.work_touched_by("/other/schedule/m1/a"), WorkTouched::Nobody);
     }

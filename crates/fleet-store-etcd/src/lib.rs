@@ -279,6 +279,7 @@ impl EtcdRegistry {
             let ranges = vec![
                 KeyRange::prefix(keys.all_schedules()),
                 KeyRange::prefix(keys.globals()),
+                KeyRange::prefix(keys.run_tickets()),
                 KeyRange::prefix(keys.machines()),
                 KeyRange::prefix(keys.all_metadata()),
             ];
@@ -343,6 +344,7 @@ impl EtcdRegistry {
                 let ranges = vec![
                     KeyRange::prefix(keys.schedule(machine_id)),
                     KeyRange::prefix(keys.globals()),
+                    KeyRange::prefix(keys.run_tickets()),
                     KeyRange::single(keys.machine(machine_id)),
                     KeyRange::single(keys.metadata(machine_id)),
                 ];

@@ -44,6 +44,7 @@ fn to_schema(unit: AssignedUnit) -> AgentUnit {
         drift_policy,
         secrets: unit.secrets.versions,
         secrets_in_place: unit.secrets.in_place,
+        run: unit.run.map(|ticket| fleet_api_schema::AgentRunTicket { id: ticket.id, elapse: ticket.elapse }),
     }
 }
 
