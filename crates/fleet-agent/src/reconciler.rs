@@ -4,10 +4,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::run_book::GlobalRunHere;
 use crate::unreadable_work::UnreadableWork;
 use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Task};
 use fleet_core::desired_units::{Assigned, desired_units};
 use fleet_core::health::HealthStatus;
+use fleet_core::job::global_runs::RunTicket;
 use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport, UnitSecrets};
@@ -650,8 +652,33 @@ impl Agent {
             globals.iter().filter(|unit| unit.desired != DesiredState::Inactive).collect();
         let unread = self.fetch_new_bodies(scheduled.iter().chain(globals.iter().copied())).await.err();
         let scheduled: Vec<Assigned<'_>> = scheduled.iter().map(assigned).collect();
+        let on_calendar: Vec<(&str, Option<&RunTicket>)> =
+            globals.iter().map(|unit| (unit.name.as_str(), unit.run.as_ref())).collect();
         let globals: Vec<Assigned<'_>> = globals.into_iter().map(assigned).collect();
-        let desired = desired_units(machine, &scheduled, &globals, &self.bodies, &self.loaded, unread.is_some());
+        let mut desired = desired_units(machine, &scheduled, &globals, &self.bodies, &self.loaded, unread.is_some());
+        // A global unit on a calendar runs here only for a ticket it has not run: otherwise it
+        // stays loaded, not started.
+        let now = crate::run_book::now_micros();
+        for (name, ticket) in on_calendar {
+            let Some(wanted) = desired.get_mut(name).filter(|wanted| wanted.state == DesiredState::Launched) else {
+                continue;
+            };
+            let Some(job) = self.bodies.get(&wanted.hash).and_then(|file| crate::run_book::global_job(name, file))
+            else {
+                continue;
+            };
+            let launched = self.loaded.get(name).is_some_and(|held| held.launched);
+            match self.run_book.global_wanted(name, &job, ticket, launched, now) {
+                GlobalRunHere::Running => {}
+                GlobalRunHere::Idle => wanted.state = DesiredState::Loaded,
+                // Started for the run before, which ended by itself: started again.
+                GlobalRunHere::Start => {
+                    if let Some(held) = self.loaded.get_mut(name) {
+                        held.launched = false;
+                    }
+                }
+            }
+        }
         // Keep only the bodies still in use.
         let in_use: std::collections::HashSet<UnitHash> = desired.values().map(|unit| unit.hash).collect();
         self.bodies.retain(|hash, _| in_use.contains(hash));

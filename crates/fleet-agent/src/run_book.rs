@@ -13,6 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use fleet_core::agent_plan::LoadedUnit;
+use fleet_core::job::Job;
+use fleet_core::job::global_runs::{Here, HereSeen, RunTicket, here};
 use fleet_core::job::runs::{LOG_LINES, Outcome, RunReport, log_tail};
 use fleet_core::{Requirements, UnitFile, UnitHash};
 use fleet_unit_manager::UnitManager;
@@ -33,11 +35,33 @@ pub struct RunBook {
     /// Units this agent stopped and unloaded outside its work (out of touch): their runs are
     /// kept when they are loaded again.
     set_aside: BTreeSet<String>,
+    /// Global units on a calendar: what this fleetd knows of their tickets
+    /// ([`fleet_core::job::global_runs::here`]).
+    globals: BTreeMap<String, HereSeen>,
+    /// The ticket a global unit's next start is for.
+    starting: BTreeMap<String, u64>,
 }
 
 /// Whether `file`, as unit `name`, has its runs kept by the engine (on a calendar, or a batch unit).
 fn runs_are_kept(name: &str, file: &UnitFile) -> bool {
     Requirements::from_unit(name, file).job.is_some_and(|job| job.keeps_runs())
+}
+
+/// What a global unit on a calendar does here now ([`RunBook::global_wanted`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GlobalRunHere {
+    /// A new run starts: the unit is started again, whatever ran before.
+    Start,
+    /// Its run goes on.
+    Running,
+    /// It stays loaded, not started.
+    Idle,
+}
+
+/// The job of `file` as unit `name` when it is a global unit on a calendar.
+pub fn global_job(name: &str, file: &UnitFile) -> Option<Job> {
+    let requirements = Requirements::from_unit(name, file);
+    requirements.job.filter(|job| requirements.global && job.schedule.is_some())
 }
 
 pub use fleet_runtime::wall_clock::now_micros;
@@ -78,7 +102,47 @@ impl RunBook {
         }
     }
 
+    /// What global unit `name` on a calendar (`job`) is to do here now, given the ticket its
+    /// work carries: a ticket is started once, never the one this fleetd found when it
+    /// started, and `Overlap=` and `Missed=` apply here. `launched`: whether the unit was
+    /// started (by this fleetd, or by the one before: that run is followed to its end).
+    pub fn global_wanted(
+        &mut self,
+        name: &str,
+        job: &Job,
+        ticket: Option<&RunTicket>,
+        launched: bool,
+        now: i64,
+    ) -> GlobalRunHere {
+        if !self.caught_up && launched && !self.runs.contains_key(name) {
+            // A run an earlier fleetd started: followed, not counted for any ticket.
+            let report = RunReport { started: now, ended: None, outcome: None, log: None, run: None };
+            self.runs.insert(name.to_string(), report);
+        }
+        let running = self.runs.get(name).is_some_and(|run| run.outcome.is_none());
+        let seen = self.globals.entry(name.to_string()).or_default();
+        if !self.caught_up {
+            seen.baseline = ticket.map(|ticket| ticket.id).or(seen.baseline);
+        }
+        seen.running = running;
+        match here(job, ticket, seen, now) {
+            Here::Start(id) => {
+                self.starting.insert(name.to_string(), id);
+                GlobalRunHere::Start
+            }
+            Here::Running => GlobalRunHere::Running,
+            Here::Idle => GlobalRunHere::Idle,
+            Here::Skip(id) => {
+                tracing::info!(unit = name, run = id, "a run of a global unit is not run here");
+                seen.last = Some(id);
+                if running { GlobalRunHere::Running } else { GlobalRunHere::Idle }
+            }
+        }
+    }
+
     pub fn unloaded(&mut self, name: &str) {
+        self.globals.remove(name);
+        self.starting.remove(name);
         self.set_aside.remove(name);
         self.loaded_here.remove(name);
         self.scheduled.remove(name);
@@ -88,6 +152,10 @@ impl RunBook {
     /// Whether `name` (with `file`, when known) may be started now; a scheduled unit taken
     /// over from an earlier fleetd is reported lost instead.
     pub fn may_start(&mut self, name: &str, file: Option<&UnitFile>, now: i64) -> bool {
+        if self.globals.contains_key(name) {
+            // Its ticket said so ([`RunBook::global_wanted`]).
+            return self.starting.contains_key(name);
+        }
         if !self.loaded_here.contains(name) {
             if file.is_some_and(|file| runs_are_kept(name, file)) {
                 self.adopted(name, now);
@@ -100,9 +168,12 @@ impl RunBook {
 
     /// `name` was asked to start at `now`.
     pub fn started(&mut self, name: &str, now: i64) {
+        let run = self.starting.remove(name);
+        if let (Some(id), Some(seen)) = (run, self.globals.get_mut(name)) {
+            seen.last = Some(id);
+        }
         if self.scheduled.contains(name) {
-            self.runs
-                .insert(name.to_string(), RunReport { started: now, ended: None, outcome: None, log: None, run: None });
+            self.runs.insert(name.to_string(), RunReport { started: now, ended: None, outcome: None, log: None, run });
         }
     }
 
@@ -139,6 +210,7 @@ impl RunBook {
     ) {
         for (name, unit) in loaded {
             if !self.loaded_here.contains(name)
+                && !self.globals.contains_key(name)
                 && !self.runs.contains_key(name)
                 && bodies.get(&unit.hash).is_some_and(|file| runs_are_kept(name, file))
             {

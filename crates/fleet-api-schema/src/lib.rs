@@ -1130,7 +1130,8 @@ pub struct UnitRun {
     pub started: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended: Option<String>,
-    /// `waiting` (claimed, not started), `running`, `succeeded`, `failed`, `lost` or `stopped`.
+    /// `waiting` (claimed, not started), `running`, `succeeded`, `failed`, `lost` or `stopped`;
+    /// `global` for a global unit's run, which every machine runs (see `machines`).
     pub state: String,
     /// The exit status of a failed run that exited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1144,6 +1145,34 @@ pub struct UnitRun {
     /// The last lines of its log when it ended (at most 20 lines, 2,048 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
+    /// A global unit's run (`state` is `global`): how it ended on the machines that reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machines: Option<RunMachines>,
+}
+
+/// How a global unit's run ended on the machines, each counted once.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunMachines {
+    pub succeeded: u32,
+    pub failed: u32,
+    pub lost: u32,
+    pub stopped: u32,
+    /// The first machines it failed or was lost on (at most 20).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<MachineFailure>,
+}
+
+/// One machine a global unit's run failed or was lost on.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineFailure {
+    #[serde(rename = "machineID")]
+    pub machine_id: String,
+    /// `failed` or `lost`.
+    pub state: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<String>,
 }
 
 fn first_attempt() -> u32 {

@@ -187,6 +187,15 @@ fn runs_cell(unit: &UnitView, record: Option<&JobRecord>, now: i64) -> Option<St
     let job = fleet_core::job::job_of(&unit.name, unit.file.options()).ok().flatten()?;
     let mut parts = Vec::new();
     match record.and_then(|record| record.runs.last()) {
+        Some(run) if run.tally.is_some() => {
+            let tally = run.tally.as_deref().cloned().unwrap_or_default();
+            parts.push(format!(
+                "last: {} succeeded, {} failed (run {})",
+                tally.succeeded,
+                tally.failed + tally.lost,
+                run.id
+            ));
+        }
         Some(run) => {
             let state = match (&run.outcome, run.started) {
                 (Some(outcome), _) => outcome.word(),

@@ -173,10 +173,49 @@ fn a_service_that_fails_is_tried_again_after_its_delay_and_then_left_off_saying_
         "{shown}"
     );
     assert!(shown.contains("failed, attempt 2\n"), "{shown}");
-    let units = fleet.ok(&["list-units", "--no-legend"]).stdout;
-    assert!(!units.contains("crashy.service"), "left off its machine: {units}");
+    fleet.wait_until("its machine let it go", WAIT, |f| {
+        !f.ok(&["list-units", "--no-legend"]).stdout.contains("crashy.service")
+    });
     let record = record_after_stop(&mut fleet, "crashy.service");
     let summary: Vec<(u32, &str)> =
         record.runs.iter().map(|stay| (stay.attempt, stay.outcome.as_ref().map_or("-", Outcome::word))).collect();
     assert_eq!(summary, vec![(1, "failed"), (2, "failed")], "{record:?}");
+}
+
+#[test]
+fn a_global_unit_on_a_calendar_runs_on_its_machine_at_each_elapse_once() {
+    let systemd = SystemdUser::start();
+    let mut fleet = Fleetd::start_under(&systemd, MACHINE);
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("ran");
+    let text = format!(
+        "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo run >> {}'\n[X-Fleet]\nGlobal=true\nSchedule=*:*:0/2\n",
+        ran.display()
+    );
+    let sweep = write_unit(dir.path(), "sweep.service", &text);
+    fleet.ok(&["start", &sweep]);
+    let lines = || std::fs::read_to_string(&ran).map_or(0, |text| text.lines().count());
+    fleet.wait_until("three elapses ran", WAIT, |_| lines() >= 3);
+    fleet.wait_until("fleetctl runs counts the machine's ends", WAIT, |f| {
+        f.ok(&["runs", "sweep.service"]).stdout.contains("\tevery\t")
+            && f.ok(&["runs", "sweep.service"]).stdout.contains("1 succeeded")
+    });
+    let json: serde_json::Value =
+        serde_json::from_str(&fleet.ok(&["runs", "sweep.service", "-o", "json"]).stdout).unwrap();
+    let runs = json["runs"].as_array().expect("runs");
+    assert!(runs.iter().all(|run| run["state"] == "global"), "{json}");
+    assert!(runs.iter().any(|run| run["machines"]["succeeded"] == 1), "{json}");
+    let record = record_after_stop(&mut fleet, "sweep.service");
+    let elapses: Vec<i64> = record.runs.iter().filter_map(|run| run.elapse).collect();
+    assert!(elapses.windows(2).all(|pair| pair[0] < pair[1]), "each elapse claimed once: {record:?}");
+    let counted: u32 = record.runs.iter().filter_map(|run| run.tally.as_deref()).map(|tally| tally.ended()).sum();
+    let ran_lines = u32::try_from(std::fs::read_to_string(&ran).unwrap().lines().count()).unwrap();
+    assert!(
+        counted >= 1 && counted <= ran_lines,
+        "each end counted once, none it did not run: {counted} of {ran_lines}"
+    );
+    assert!(
+        ran_lines as usize <= record.runs.len() + 1,
+        "at most one run per elapse claimed: {ran_lines} runs, {record:?}"
+    );
 }

@@ -16,8 +16,9 @@ use futures_util::stream::{self, StreamExt};
 use std::sync::Arc;
 
 use fleet_core::job::Job;
+use fleet_core::job::global_runs::{self, RunTicket};
 use fleet_core::job::moves;
-use fleet_core::job::runs::{self, JobRecord, RunPlace, Seen};
+use fleet_core::job::runs::{self, JobRecord, RunPlace, RunReport, Seen};
 use fleet_core::schedule::{ClusterSnapshot, Decision};
 use fleet_core::{DesiredState, Requirements};
 use fleet_registry::{EngineLease, EngineRegistry, RegistryError, StoredJob};
@@ -66,13 +67,19 @@ pub struct Jobs {
     contested: bool,
     /// Services that moved on failure kept off every machine for now, with why.
     off: Vec<(String, String)>,
+    /// The run tickets this leadership published (read on its first pass).
+    tickets: Option<BTreeMap<String, RunTicket>>,
 }
 
 impl Default for Jobs {
     fn default() -> Self {
-        Self { watching: true, next_due: None, running: false, contested: false, off: Vec::new() }
+        Self { watching: true, next_due: None, running: false, contested: false, off: Vec::new(), tickets: None }
     }
 }
+
+/// How long after a global unit's run was claimed the machines' reports wake the engine to
+/// count their ends (a later end is counted at the next pass).
+const TALLY_WINDOW_MICROS: i64 = 3_600_000_000;
 
 /// A wall clock: microseconds since the epoch, as job records keep times.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -133,14 +140,28 @@ impl Jobs {
         let stored: BTreeMap<String, StoredJob> =
             registry.job_records().await?.into_iter().map(|stored| (stored.unit.clone(), stored)).collect();
         self.watching = !scheduled.is_empty() || !stored.is_empty();
+        // Global units on a calendar: every machine runs each run, and reports its end.
+        let globals: BTreeSet<&str> = scheduled
+            .iter()
+            .filter(|(_, (requirements, _))| requirements.global)
+            .map(|(name, _)| name.as_str())
+            .collect();
         let active: BTreeSet<String> = stored
             .values()
             .filter(|stored| stored.record.active_run().is_some_and(|run| run.machine.is_some()))
             .map(|stored| stored.unit.clone())
+            .chain(globals.iter().map(|name| name.to_string()))
             .collect();
         let reports = registry.reported_states(&active).await?;
         let reported: HashMap<(&str, &str), &fleet_core::UnitState> =
             reports.iter().map(|state| ((state.name.as_str(), state.machine_id.as_str()), &**state)).collect();
+        let mut ends: HashMap<&str, Vec<(&str, &RunReport)>> = HashMap::new();
+        for state in reports.iter().filter(|state| globals.contains(state.name.as_str())) {
+            if let Some(run) = state.run.as_deref() {
+                ends.entry(state.name.as_str()).or_default().push((state.machine_id.as_str(), run));
+            }
+        }
+        let mut tickets: BTreeMap<String, RunTicket> = BTreeMap::new();
         let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
         let (mut next_due, mut running, mut contested) = (None::<i64>, false, BTreeSet::new());
         let mut current: BTreeMap<String, JobRecord> = BTreeMap::new();
@@ -156,6 +177,29 @@ impl Jobs {
                 Some((requirements.job.as_ref()?, *desired == DesiredState::Launched))
             });
             let wanted = job.is_some_and(|(_, wanted)| wanted);
+            if let Some((job, _)) = job.filter(|_| globals.contains(unit.as_str())) {
+                let stepped =
+                    global_runs::step(job, &record, ends.get(unit.as_str()).map_or(&[], Vec::as_slice), wanted, now);
+                next_due = match (next_due, stepped.next_due) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if let Some(ticket) = stepped.ticket {
+                    if record.runs.last().map(|run| run.id) != Some(ticket.id) {
+                        tracing::info!(unit, run = ticket.id, elapse = ticket.elapse, "a run of a global unit claimed");
+                    }
+                    tickets.insert(unit.clone(), ticket);
+                }
+                let skipped = stepped.skipped.iter().map(|skipped| skipped.why).collect();
+                // Its first record is written at once: its cursor says since when it is owed runs.
+                let write = match version {
+                    0 if !wanted => Write::Nothing,
+                    _ if stepped.record == record && version != 0 => Write::Nothing,
+                    _ => Write::Replace,
+                };
+                steps.push(Step { unit: unit.clone(), record, version, next: stepped.record, write, skipped });
+                continue;
+            }
             if let Some((job, _)) = job.filter(|(job, _)| job.moves_on_failure()) {
                 let report_on = |machine: &str| reported.get(&(unit.as_str(), machine)).copied();
                 let is_present = |machine: &str| present.contains(machine);
@@ -236,6 +280,9 @@ impl Jobs {
             running |= step.next.active_run().is_some();
             current.insert(step.unit, step.next);
         }
+        // The machines' ends of a global unit's recent run are counted as they come.
+        running |= tickets.values().any(|ticket| now.saturating_sub(ticket.elapse) < TALLY_WINDOW_MICROS);
+        self.publish_tickets(registry, lease, tickets, &contested).await?;
         self.next_due = next_due;
         self.running = running;
         self.contested = !contested.is_empty();
@@ -248,6 +295,39 @@ impl Jobs {
             })
             .collect();
         Ok(as_planned(cluster, &scheduled, &current, &places, &contested))
+    }
+
+    /// Writes the tickets of the global units on a calendar that changed (`tickets`: each
+    /// one's latest run, for the units whose record this pass wrote or left as it was; a
+    /// contested unit keeps the ticket it has), and removes the tickets of units that have
+    /// none now.
+    async fn publish_tickets(
+        &mut self,
+        registry: &dyn EngineRegistry,
+        lease: &EngineLease,
+        mut tickets: BTreeMap<String, RunTicket>,
+        contested: &BTreeSet<String>,
+    ) -> Result<(), RegistryError> {
+        let published = match self.tickets.take() {
+            Some(published) => published,
+            None => registry.run_tickets().await?,
+        };
+        for unit in contested {
+            tickets.remove(unit);
+            if let Some(kept) = published.get(unit) {
+                tickets.insert(unit.clone(), *kept);
+            }
+        }
+        for (unit, ticket) in &tickets {
+            if published.get(unit) != Some(ticket) {
+                registry.put_run_ticket(lease, unit, Some(ticket)).await?;
+            }
+        }
+        for unit in published.keys().filter(|unit| !tickets.contains_key(*unit)) {
+            registry.put_run_ticket(lease, unit, None).await?;
+        }
+        self.tickets = Some(tickets);
+        Ok(())
     }
 
     /// Of the planner's decisions, those to write once each run it placed has its machine
@@ -320,6 +400,24 @@ impl Jobs {
 fn count_ends(before: &JobRecord, after: &JobRecord) {
     let engine = &fleet_metrics::metrics().engine;
     for run in &after.runs {
+        if let Some(tally) = run.tally.as_deref() {
+            // A global unit's run: each machine's end, as it is counted.
+            let seen = before.runs.iter().find(|seen| seen.id == run.id).and_then(|seen| seen.tally.clone());
+            let seen = seen.unwrap_or_default();
+            let counts = [
+                ("succeeded", tally.succeeded, seen.succeeded),
+                ("failed", tally.failed, seen.failed),
+                ("lost", tally.lost, seen.lost),
+                ("stopped", tally.stopped, seen.stopped),
+            ];
+            for (result, now, was) in counts {
+                engine
+                    .runs
+                    .get_or_create(&fleet_metrics::RunLabels { result })
+                    .inc_by(u64::from(now.saturating_sub(was)));
+            }
+            continue;
+        }
         let Some(outcome) = &run.outcome else { continue };
         if before.runs.iter().any(|seen| seen.id == run.id && seen.outcome.is_some()) {
             continue;
@@ -352,7 +450,9 @@ fn as_planned(
 ) -> ClusterSnapshot {
     cluster.units.retain(|unit| !contested.contains(&unit.name));
     for unit in &mut cluster.units {
-        if !scheduled.contains_key(&unit.name) {
+        // A global unit on a calendar is on every machine it may run on, as any global unit:
+        // the machines start it for each ticket.
+        if !scheduled.contains_key(&unit.name) || unit.requirements.global {
             continue;
         }
         // A service that moves on failure is planned as any other, but while it waits after a

@@ -378,6 +378,20 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.store.put_job_record(lease, unit, record, version).await
     }
+    async fn run_tickets(
+        &self,
+    ) -> fleet_registry::Result<std::collections::BTreeMap<String, fleet_core::job::global_runs::RunTicket>> {
+        self.store.run_tickets().await
+    }
+    async fn put_run_ticket(
+        &self,
+        lease: &fleet_registry::EngineLease,
+        unit: &str,
+        ticket: Option<&fleet_core::job::global_runs::RunTicket>,
+    ) -> fleet_registry::Result<()> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.put_run_ticket(lease, unit, ticket).await
+    }
     fn engine_changes(&self) -> fleet_registry::ChangeSignal {
         self.store.engine_changes()
     }

@@ -13,7 +13,7 @@ use fleet_runtime::wall_clock::now_micros;
 
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
-use crate::schema::{SkippedElapses, UnitRun, UnitRuns};
+use crate::schema::{MachineFailure, RunMachines, SkippedElapses, UnitRun, UnitRuns};
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
     let Some(unit) = state.registry.unit(name).await? else {
@@ -107,10 +107,33 @@ fn fill(runs: &mut UnitRuns, record: &JobRecord) {
 
 fn run(run: &Run) -> UnitRun {
     let state = match (&run.outcome, run.started) {
+        _ if run.tally.is_some() => "global",
         (Some(outcome), _) => outcome.word(),
         (None, Some(_)) => "running",
         (None, None) => "waiting",
     };
+    let machines = run.tally.as_deref().map(|tally| RunMachines {
+        succeeded: tally.succeeded,
+        failed: tally.failed,
+        lost: tally.lost,
+        stopped: tally.stopped,
+        failures: tally
+            .failures
+            .iter()
+            .map(|end| {
+                let (status, signal) = match &end.outcome {
+                    Outcome::Failed { status, signal } => (*status, signal.clone()),
+                    _ => (None, None),
+                };
+                MachineFailure {
+                    machine_id: end.machine.clone(),
+                    state: end.outcome.word().to_string(),
+                    status,
+                    signal,
+                }
+            })
+            .collect(),
+    });
     let (status, signal, why) = match &run.outcome {
         Some(Outcome::Failed { status, signal }) => (*status, signal.clone(), None),
         Some(Outcome::Lost { why }) => (None, None, Some(why.clone())),
@@ -129,5 +152,6 @@ fn run(run: &Run) -> UnitRun {
         signal,
         why,
         log: run.log.clone(),
+        machines,
     }
 }

@@ -1,7 +1,7 @@
 //! `fleetctl runs UNIT`: a unit's calendar, when it next runs, and its runs; `fleetctl run
 //! UNIT`: a run of it now (our additions).
 
-use fleet_api_schema::UnitRuns;
+use fleet_api_schema::{RunMachines, UnitRuns};
 
 use fleet_core::unit_name::mangle;
 
@@ -49,6 +49,39 @@ pub async fn runs(context: &Context, argument: &str, output: OutputFormat) -> Ou
     Outcome::Success
 }
 
+/// How a global unit's run ended on the machines: `3 succeeded, 1 failed (5d5d5d5d: status 4)`.
+fn machines_result(machines: &RunMachines) -> String {
+    let counts = [
+        (machines.succeeded, "succeeded"),
+        (machines.failed, "failed"),
+        (machines.lost, "lost"),
+        (machines.stopped, "stopped"),
+    ];
+    let mut parts: Vec<String> =
+        counts.iter().filter(|(count, _)| *count > 0).map(|(count, word)| format!("{count} {word}")).collect();
+    if parts.is_empty() {
+        parts.push("no machine reported an end yet".to_string());
+    }
+    let failures: Vec<String> = machines
+        .failures
+        .iter()
+        .take(3)
+        .map(|failure| {
+            let machine: String = failure.machine_id.chars().take(8).collect();
+            match (&failure.status, &failure.signal) {
+                (Some(status), _) => format!("{machine}: status {status}"),
+                (None, Some(signal)) => format!("{machine}: {signal}"),
+                _ => format!("{machine}: {}", failure.state),
+            }
+        })
+        .collect();
+    let mut text = parts.join(", ");
+    if !failures.is_empty() {
+        text.push_str(&format!(" ({})", failures.join(", ")));
+    }
+    text
+}
+
 /// The schedule and the next elapse, the runs as a table, then the elapses skipped.
 fn shown(runs: &UnitRuns) -> String {
     let mut text = String::new();
@@ -80,7 +113,11 @@ fn shown(runs: &UnitRuns) -> String {
                 _ => run.state.clone(),
             };
             let result = if run.attempt > 1 { format!("{result}, attempt {}", run.attempt) } else { result };
-            let machine = run.machine_id.as_ref().map(|id| id.chars().take(8).collect());
+            let result = run.machines.as_ref().map_or(result, machines_result);
+            let machine = match &run.machines {
+                Some(_) => Some("every".to_string()),
+                None => run.machine_id.as_ref().map(|id| id.chars().take(8).collect()),
+            };
             table.push(vec![
                 run.id.to_string(),
                 dash(&run.elapse),
@@ -185,5 +222,22 @@ mod tests {
         );
         let plain = UnitRuns { name: "web.service".into(), ..UnitRuns::default() };
         assert_eq!(shown(&plain), "Unit web.service has no schedule.\nNo runs yet.\n");
+    }
+
+    #[test]
+    fn a_global_run_shows_how_it_ended_on_the_machines() {
+        let machines = RunMachines {
+            succeeded: 3,
+            failed: 1,
+            failures: vec![fleet_api_schema::MachineFailure {
+                machine_id: "5d5d5d5d0000000000000000000000ab".into(),
+                state: "failed".into(),
+                status: Some(4),
+                signal: None,
+            }],
+            ..RunMachines::default()
+        };
+        assert_eq!(machines_result(&machines), "3 succeeded, 1 failed (5d5d5d5d: status 4)");
+        assert_eq!(machines_result(&RunMachines::default()), "no machine reported an end yet");
     }
 }
