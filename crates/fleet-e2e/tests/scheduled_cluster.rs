@@ -4,7 +4,8 @@
 //! line to a file all machines share, so what ran is counted apart from fleet's own record: no
 //! more lines than runs placed (none ran twice), no elapse claimed twice, and every elapse
 //! between the first and the last run was run or skipped with its reason. A batch unit whose
-//! first run fails is retried on another machine, and both results are listed.
+//! first run fails is retried on another machine, and both results are listed. A global unit on
+//! a calendar runs on all three machines at each elapse.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -133,4 +134,46 @@ fn each_elapse_runs_at_most_once_across_a_killed_leader_and_a_frozen_machine() {
     let listed = lab.members[other].fleetd.ok(&["runs", "migrate.service"]).stdout;
     assert!(listed.contains("failed (status 3)") && listed.contains("succeeded, attempt 2"), "{listed}");
     lab.members[leader].fleetd.relaunch();
+}
+
+/// A global unit on a calendar runs on all three machines at each elapse, each machine's end
+/// counted once: a run's tally reaches three successes, and the lines the machines wrote are
+/// never more than three for each run claimed.
+#[test]
+fn a_global_unit_on_a_calendar_runs_on_every_machine_at_each_elapse() {
+    let lab = lab(3);
+    let ran = lab.scratch.path().join("swept");
+    let text = format!(
+        "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo run >> {}'\n[X-Fleet]\nGlobal=true\nSchedule=*:*:0/2\n",
+        ran.display()
+    );
+    let sweep = write_unit(lab.scratch.path(), "sweep.service", &text);
+    lab.members[0].fleetd.ok(&["start", &sweep]);
+    lab.members[1].fleetd.wait_until("a run ended on every machine", WAIT, |_| {
+        let shown = runs(&lab, 1, "sweep.service");
+        shown["runs"].as_array().is_some_and(|runs| runs.iter().any(|run| run["machines"]["succeeded"] == 3))
+    });
+    lab.members[2].fleetd.ok(&["stop", "sweep.service"]);
+    let shown = runs(&lab, 2, "sweep.service");
+    let all = shown["runs"].as_array().expect("runs");
+    assert!(all.iter().all(|run| run["state"] == "global" && run["machineID"].is_null()), "{shown}");
+    let elapses: Vec<i64> = all.iter().filter_map(|run| run["elapse"].as_str().map(seconds)).collect();
+    let distinct: BTreeSet<i64> = elapses.iter().copied().collect();
+    assert_eq!(distinct.len(), elapses.len(), "no elapse claimed twice: {shown}");
+    // The runs still under way when it stopped may add their lines after the count.
+    // Runs are numbered from 1: the latest number is how many were claimed (only the latest
+    // 20 are kept).
+    let claimed = all.iter().filter_map(|run| run["id"].as_u64()).max().unwrap_or(0);
+    let written = u64::try_from(lines(&ran)).unwrap_or(0);
+    assert!(written <= 3 * claimed, "{written} lines for {claimed} runs on 3 machines: one ran twice: {shown}");
+    let counted: u64 = all
+        .iter()
+        .map(|run| {
+            ["succeeded", "failed", "lost", "stopped"]
+                .iter()
+                .map(|key| run["machines"][key].as_u64().unwrap_or(0))
+                .sum::<u64>()
+        })
+        .sum();
+    assert!(counted <= written, "{counted} ends counted for {written} runs that wrote their line: {shown}");
 }
