@@ -16,6 +16,12 @@ use futures_util::stream::{self, StreamExt};
 use std::sync::Arc;
 
 use fleet_core::job::Job;
+mod as_planned;
+mod run_metrics;
+
+use as_planned::as_planned;
+use run_metrics::{count_ends, count_skips};
+
 use fleet_core::job::global_runs::{self, RunTicket};
 use fleet_core::job::moves;
 use fleet_core::job::runs::{self, JobRecord, RunPlace, RunReport, Seen};
@@ -394,95 +400,4 @@ impl Jobs {
             .filter(|decision| !matches!(decision, Decision::Schedule { unit, .. } if refused.contains(unit)))
             .collect())
     }
-}
-
-/// Counts the runs `after` shows ended that `before` did not, by result, with how long they ran.
-fn count_ends(before: &JobRecord, after: &JobRecord) {
-    let engine = &fleet_metrics::metrics().engine;
-    for run in &after.runs {
-        if let Some(tally) = run.tally.as_deref() {
-            // A global unit's run: each machine's end, as it is counted.
-            let seen = before.runs.iter().find(|seen| seen.id == run.id).and_then(|seen| seen.tally.clone());
-            let seen = seen.unwrap_or_default();
-            let counts = [
-                ("succeeded", tally.succeeded, seen.succeeded),
-                ("failed", tally.failed, seen.failed),
-                ("lost", tally.lost, seen.lost),
-                ("stopped", tally.stopped, seen.stopped),
-            ];
-            for (result, now, was) in counts {
-                engine
-                    .runs
-                    .get_or_create(&fleet_metrics::RunLabels { result })
-                    .inc_by(u64::from(now.saturating_sub(was)));
-            }
-            continue;
-        }
-        let Some(outcome) = &run.outcome else { continue };
-        if before.runs.iter().any(|seen| seen.id == run.id && seen.outcome.is_some()) {
-            continue;
-        }
-        tracing::info!(run = run.id, result = outcome.word(), "run ended");
-        engine.runs.get_or_create(&fleet_metrics::RunLabels { result: outcome.word() }).inc();
-        if let (Some(started), Some(ended)) = (run.started, run.ended) {
-            engine.run_duration.observe(ended.saturating_sub(started).max(0) as f64 / 1e6);
-        }
-    }
-}
-
-/// Counts elapses skipped, by why.
-fn count_skips(skipped: &[runs::SkipReason]) {
-    let engine = &fleet_metrics::metrics().engine;
-    for why in skipped {
-        engine.elapses_skipped.get_or_create(&fleet_metrics::SkipLabels { why: why.word() }).inc();
-    }
-}
-
-/// `cluster` as the planner is to see its scheduled units: wanted only while a run of theirs
-/// is active and not ended, pinned to the machine it was given once it has one; a unit whose
-/// record could not be written this pass is left out (left where it is).
-fn as_planned(
-    mut cluster: ClusterSnapshot,
-    scheduled: &BTreeMap<String, (Arc<Requirements>, DesiredState)>,
-    records: &BTreeMap<String, JobRecord>,
-    places: &BTreeMap<String, moves::Place>,
-    contested: &BTreeSet<String>,
-) -> ClusterSnapshot {
-    cluster.units.retain(|unit| !contested.contains(&unit.name));
-    for unit in &mut cluster.units {
-        // A global unit on a calendar is on every machine it may run on, as any global unit:
-        // the machines start it for each ticket.
-        if !scheduled.contains_key(&unit.name) || unit.requirements.global {
-            continue;
-        }
-        // A service that moves on failure is planned as any other, but while it waits after a
-        // failure (off every machine) or tries again away from where it failed.
-        if let Some(place) = places.get(&unit.name) {
-            match place {
-                moves::Place::AsWanted => {}
-                moves::Place::Avoiding(avoid) => {
-                    unit.requirements = Arc::new(Requirements { avoid: avoid.clone(), ..(*unit.requirements).clone() });
-                }
-                moves::Place::Off(_) => unit.desired = DesiredState::Inactive,
-            }
-            continue;
-        }
-        let record = records.get(&unit.name);
-        match record.and_then(runs::runs_now) {
-            None => unit.desired = DesiredState::Inactive,
-            Some(RunPlace::Anywhere) => {
-                unit.desired = DesiredState::Launched;
-                let avoid = record.and_then(JobRecord::active_run).map(|run| run.avoid.clone()).unwrap_or_default();
-                if !avoid.is_empty() {
-                    unit.requirements = Arc::new(Requirements { avoid, ..(*unit.requirements).clone() });
-                }
-            }
-            Some(RunPlace::On(machine)) => {
-                unit.desired = DesiredState::Launched;
-                let pinned = Requirements { machine_id: Some(machine.to_string()), ..(*unit.requirements).clone() };
-                unit.requirements = Arc::new(pinned);
-            }
-        }
-    }
-    cluster
 }
