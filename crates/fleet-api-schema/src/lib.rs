@@ -544,6 +544,9 @@ pub struct AgentRun {
     /// The last lines of the unit's log once the run ended (at most 20 lines, 2,048 bytes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub log: Option<String>,
+    /// The number of the run, for a global unit on a calendar (its ticket's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<u64>,
 }
 
 /// What a pull agent's health check says of a unit that runs.

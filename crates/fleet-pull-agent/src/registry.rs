@@ -886,6 +886,7 @@ impl AgentRegistry for RemoteRegistry {
                             _ => None,
                         },
                         log: run.log.clone(),
+                        run: run.run,
                     }),
                 }),
                 StateReport::Remove(name) => states.removed.push(name.clone()),

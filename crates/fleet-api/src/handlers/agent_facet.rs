@@ -409,7 +409,7 @@ fn checked_run(run: fleet_api_schema::AgentRun) -> Result<fleet_core::job::runs:
             fleet_core::job::runs::LOG_BYTES
         )));
     }
-    Ok(fleet_core::job::runs::RunReport { started: run.started, ended: run.ended, outcome, log: run.log, run: None })
+    Ok(fleet_core::job::runs::RunReport { started: run.started, ended: run.ended, outcome, log: run.log, run: run.run })
 }
 
 /// The versions of secrets a machine says it gave a unit, as bounded as a unit's references.
@@ -442,5 +442,30 @@ pub fn journal_answer(state: &ApiState, machine_id: &str, id: &str, body: &[u8])
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found("no such journal question for this machine"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checked_run;
+    use fleet_api_schema::AgentRun;
+    use fleet_core::job::runs::Outcome;
+
+    #[test]
+    fn a_reported_run_keeps_its_number_and_bad_ones_are_refused() {
+        let run = AgentRun {
+            started: 1,
+            ended: Some(2),
+            outcome: Some("failed".into()),
+            status: Some(4),
+            run: Some(7),
+            ..AgentRun::default()
+        };
+        let checked = checked_run(run.clone()).expect("a valid run");
+        assert_eq!((checked.run, checked.outcome), (Some(7), Some(Outcome::Failed { status: Some(4), signal: None })));
+        let odd = AgentRun { outcome: Some("exploded".into()), ..run.clone() };
+        assert_eq!(checked_run(odd).err().map(|error| error.status.as_u16()), Some(400));
+        let long = AgentRun { log: Some("x".repeat(4096)), ..run };
+        assert_eq!(checked_run(long).err().map(|error| error.status.as_u16()), Some(400));
     }
 }
