@@ -3,26 +3,22 @@
 //! the leader claims one run and publishes it as the ticket every machine's work carries; each
 //! machine's end is counted once into the run's tally; a stop takes the ticket away.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+mod common;
+
+use common::{machine, start_engine};
+
 use std::time::Duration;
 
 use fleet_core::job::global_runs::MachineEnd;
 use fleet_core::job::runs::{JobRecord, Outcome, RunReport};
-use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
-use fleet_engine::{Engine, EngineConfig};
+use fleet_core::{DesiredState, SystemdState, UnitFile, UnitState};
 use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, StateReport};
 use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually_within;
-use tokio::sync::watch;
 
 const UNIT: &str = "sweep.service";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn machine(id: &str) -> MachineState {
-    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), metadata: BTreeMap::new(), ..Default::default() }
-}
 
 fn sweep() -> UnitFile {
     UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nGlobal=true\nSchedule=*:*:0/2\n").unwrap()
@@ -50,18 +46,6 @@ fn ended(machine: &str, run: u64, outcome: Outcome) -> StateReport {
             run: Some(run),
         })),
     })
-}
-
-fn start_engine(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
-    let config = EngineConfig {
-        machine_id: "m1".into(),
-        reconcile_interval: Duration::from_secs(5),
-        debounce: Duration::from_millis(10),
-        at_most_once_hold: Duration::from_secs(5),
-        strategy: Default::default(),
-    };
-    let (stop, stopped) = watch::channel(Lifecycle::Running);
-    (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -5,24 +5,20 @@
 //! machine let it go, and after its retries are spent kept off every machine, saying so, until
 //! it is stopped and started again.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+mod common;
+
+use common::{machine, start_engine};
+
 use std::time::Duration;
 
-use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
-use fleet_engine::{Engine, EngineConfig};
+use fleet_core::{DesiredState, SystemdState, UnitFile, UnitState};
 use fleet_registry::{AgentRegistry, ApiRegistry, StateReport};
 use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually_within;
-use tokio::sync::watch;
 
 const UNIT: &str = "web.service";
 const WAIT: Duration = Duration::from_secs(60);
-
-fn machine(id: &str) -> MachineState {
-    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), metadata: BTreeMap::new(), ..Default::default() }
-}
 
 fn service() -> UnitFile {
     UnitFile::parse("[Service]\nExecStart=/bin/web\n[X-Fleet]\nRetries=1\nRetryDelay=1s\n").unwrap()
@@ -49,19 +45,6 @@ fn report(machine: &str, active: &str) -> StateReport {
         secrets: Default::default(),
         run: None,
     })
-}
-
-/// The engine of machine m1, running until told to stop.
-fn start_engine(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
-    let config = EngineConfig {
-        machine_id: "m1".into(),
-        reconcile_interval: Duration::from_secs(5),
-        debounce: Duration::from_millis(10),
-        at_most_once_hold: Duration::from_secs(5),
-        strategy: Default::default(),
-    };
-    let (stop, stopped) = watch::channel(Lifecycle::Running);
-    (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
 }
 
 /// The service fails on the machine it is placed on, which then lets it go once the engine

@@ -5,26 +5,22 @@
 //! unit go; a run whose machine is lost is recorded lost and never placed elsewhere. A batch
 //! unit runs once per start, and its failed run is retried on the other machine.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+mod common;
+
+use common::{machine, start_engine};
+
 use std::time::Duration;
 
 use fleet_core::job::runs::{JobRecord, Outcome, RunReport};
-use fleet_core::{DesiredState, MachineState, SystemdState, UnitFile, UnitState};
-use fleet_engine::{Engine, EngineConfig};
+use fleet_core::{DesiredState, SystemdState, UnitFile, UnitState};
 use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, StateReport};
 use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually_within;
-use tokio::sync::watch;
 
 const UNIT: &str = "backup.service";
 /// Long enough for a few elapses every 2 s on a machine kept busy by something else.
 const WAIT: Duration = Duration::from_secs(60);
-
-fn machine(id: &str) -> MachineState {
-    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), metadata: BTreeMap::new(), ..Default::default() }
-}
 
 fn scheduled() -> UnitFile {
     UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=*:*:0/2\n").unwrap()
@@ -55,19 +51,6 @@ fn report_of(file: &UnitFile, machine: &str, active: &str, run: RunReport) -> St
         secrets: Default::default(),
         run: Some(Box::new(run)),
     })
-}
-
-/// The engine of machine m1, running until told to stop.
-fn start_engine(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
-    let config = EngineConfig {
-        machine_id: "m1".into(),
-        reconcile_interval: Duration::from_secs(5),
-        debounce: Duration::from_millis(10),
-        at_most_once_hold: Duration::from_secs(5),
-        strategy: Default::default(),
-    };
-    let (stop, stopped) = watch::channel(Lifecycle::Running);
-    (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -65,6 +65,23 @@ pub(super) fn machine_in(
 }
 
 impl EtcdRegistry {
+    /// Every record under `prefix`, one per unit (named by the rest of its key), read from the
+    /// store itself, with its revision; an unreadable one is left out (and logged).
+    async fn unit_records<T: serde::de::DeserializeOwned>(&self, prefix: String) -> Result<Vec<(String, T, u64)>> {
+        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
+        Ok(reply
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let key = kv.key_str().ok()?;
+                let unit = key.strip_prefix(prefix.as_str())?.to_string();
+                Some((unit, decode_listed::<T>(key, kv.value())?, kv.mod_revision() as u64))
+            })
+            .collect())
+    }
+}
+
+impl EtcdRegistry {
     /// One unit's write as one nested transaction: the apply rule's conditions become its
     /// compares, so a unit that changed meanwhile is skipped without holding back the rest.
     /// A landing unit carries `carried` (a body and its hash) when its content is that.
@@ -356,32 +373,13 @@ impl EngineRegistry for EtcdRegistry {
     }
 
     async fn job_records(&self) -> Result<Vec<StoredJob>> {
-        let prefix = self.keys().jobs();
-        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
-        Ok(reply
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let key = kv.key_str().ok()?;
-                let unit = key.strip_prefix(prefix.as_str())?.to_string();
-                let record = decode_listed::<JobRecord>(key, kv.value())?;
-                Some(StoredJob { unit, record, version: kv.mod_revision() as u64 })
-            })
-            .collect())
+        let listed = self.unit_records::<JobRecord>(self.keys().jobs()).await?;
+        Ok(listed.into_iter().map(|(unit, record, version)| StoredJob { unit, record, version }).collect())
     }
 
     async fn run_tickets(&self) -> Result<BTreeMap<String, RunTicket>> {
-        let prefix = self.keys().run_tickets();
-        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
-        Ok(reply
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let key = kv.key_str().ok()?;
-                let unit = key.strip_prefix(prefix.as_str())?.to_string();
-                Some((unit, decode_listed::<RunTicket>(key, kv.value())?))
-            })
-            .collect())
+        let listed = self.unit_records::<RunTicket>(self.keys().run_tickets()).await?;
+        Ok(listed.into_iter().map(|(unit, ticket, _)| (unit, ticket)).collect())
     }
 
     /// Fenced by the leader key; writing the same ticket again is harmless (a machine runs a

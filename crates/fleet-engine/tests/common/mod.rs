@@ -1,0 +1,29 @@
+//! What the engine's tests against the embedded store share: a machine, and the engine of m1
+//! running until told to stop.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::MachineState;
+use fleet_engine::{Engine, EngineConfig};
+use fleet_runtime::Lifecycle;
+use fleet_store_embedded::EmbeddedRegistry;
+use tokio::sync::watch;
+
+pub fn machine(id: &str) -> MachineState {
+    MachineState { id: id.into(), public_ip: "127.0.0.1".into(), metadata: BTreeMap::new(), ..Default::default() }
+}
+
+/// The engine of machine m1, running until told to stop.
+pub fn start_engine(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
+    let config = EngineConfig {
+        machine_id: "m1".into(),
+        reconcile_interval: Duration::from_secs(5),
+        debounce: Duration::from_millis(10),
+        at_most_once_hold: Duration::from_secs(5),
+        strategy: Default::default(),
+    };
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
+    (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
+}
