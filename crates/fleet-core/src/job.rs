@@ -17,7 +17,9 @@ use std::time::Duration;
 
 pub mod global_runs;
 pub mod moves;
+pub mod outcome;
 pub mod runs;
+pub mod tally;
 
 use crate::calendar::CalendarSpec;
 use crate::service_values::{parse_systemd_bool, parse_timespan};

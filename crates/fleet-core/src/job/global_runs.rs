@@ -14,11 +14,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::Job;
-use super::runs::{self, GRACE_MICROS, JobRecord, Outcome, RunReport, Skipped};
+use super::runs::{self, GRACE_MICROS, JobRecord, RunReport, Skipped};
+pub use super::tally::{MachineEnd, Tally};
 use super::{Missed, Overlap};
-
-/// How many machines' failures a run keeps by name.
-pub const KEPT_FAILURES: usize = 20;
 
 /// The run every machine of a global unit on a calendar is to run, as its work carries it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -27,49 +25,6 @@ pub struct RunTicket {
     pub id: u64,
     /// The elapse it is for, or when it was started by hand (microseconds since the epoch).
     pub elapse: i64,
-}
-
-/// What became of one run of a global unit across the machines.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Tally {
-    pub succeeded: u32,
-    pub failed: u32,
-    pub lost: u32,
-    pub stopped: u32,
-    /// The machines counted so far, each once: kept for the latest runs only (an end
-    /// reported later than that is not counted).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub counted: Vec<String>,
-    /// The first machines it failed on or was lost on, with how ([`KEPT_FAILURES`] at most).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub failures: Vec<MachineEnd>,
-}
-
-/// How a run ended on one machine.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MachineEnd {
-    pub machine: String,
-    pub outcome: Outcome,
-}
-
-impl Tally {
-    /// The machines whose end it counted.
-    pub fn ended(&self) -> u32 {
-        self.succeeded + self.failed + self.lost + self.stopped
-    }
-
-    fn count(&mut self, machine: &str, outcome: &Outcome) {
-        match outcome {
-            Outcome::Succeeded => self.succeeded += 1,
-            Outcome::Failed { .. } => self.failed += 1,
-            Outcome::Lost { .. } => self.lost += 1,
-            Outcome::Stopped => self.stopped += 1,
-        }
-        if matches!(outcome, Outcome::Failed { .. } | Outcome::Lost { .. }) && self.failures.len() < KEPT_FAILURES {
-            self.failures.push(MachineEnd { machine: machine.to_string(), outcome: outcome.clone() });
-        }
-        self.counted.push(machine.to_string());
-    }
 }
 
 /// How many of the latest runs keep the machines they counted.

@@ -11,6 +11,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use super::outcome::Outcome;
+use super::tally::Tally;
 use super::{Job, Missed, Overlap};
 use crate::calendar::MIN_INTERVAL_MICROS;
 
@@ -79,7 +81,7 @@ pub struct Run {
     pub log: Option<String>,
     /// For a global unit's run, which every machine runs: how it ended on each.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tally: Option<Box<super::global_runs::Tally>>,
+    pub tally: Option<Box<Tally>>,
 }
 
 fn first_attempt() -> u32 {
@@ -91,24 +93,6 @@ impl Run {
     pub fn is_active(&self) -> bool {
         !self.released
     }
-}
-
-/// How a run ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Outcome {
-    Succeeded,
-    /// Exited with a status other than 0, or was killed by a signal.
-    Failed {
-        status: Option<i32>,
-        signal: Option<String>,
-    },
-    /// Its machine was lost before it reported an end: whether it ran is not known, and it is
-    /// not run again for the same elapse.
-    Lost {
-        why: String,
-    },
-    /// The unit was stopped (or destroyed) while it ran.
-    Stopped,
 }
 
 /// What a machine reports of the run of a unit that runs to completion: when its agent
@@ -140,31 +124,6 @@ pub fn log_tail(text: &str) -> Option<String> {
     }
     let tail = &text[from..];
     (!tail.is_empty()).then(|| tail.to_string())
-}
-
-impl Outcome {
-    /// `succeeded`, `failed`, `lost` or `stopped`: the outcome in one word, as reports carry it.
-    pub fn word(&self) -> &'static str {
-        match self {
-            Outcome::Succeeded => "succeeded",
-            Outcome::Failed { .. } => "failed",
-            Outcome::Lost { .. } => "lost",
-            Outcome::Stopped => "stopped",
-        }
-    }
-
-    /// The outcome a machine reports in words: a status and a signal only for `failed` (a
-    /// signal's name at most 16 characters), a `lost` one with why its machine says so.
-    pub fn from_report(word: &str, status: Option<i32>, signal: Option<&str>) -> Option<Self> {
-        let signal = signal.filter(|name| name.len() <= 16 && name.bytes().all(|b| b.is_ascii_alphanumeric()));
-        match word {
-            "succeeded" => Some(Outcome::Succeeded),
-            "failed" => Some(Outcome::Failed { status, signal: signal.map(str::to_string) }),
-            "lost" => Some(Outcome::Lost { why: "its machine lost track of it".to_string() }),
-            "stopped" => Some(Outcome::Stopped),
-            _ => None,
-        }
-    }
 }
 
 /// A range of elapses skipped for one reason.

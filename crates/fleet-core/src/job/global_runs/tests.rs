@@ -1,5 +1,6 @@
 use super::*;
 use crate::calendar::CalendarSpec;
+use crate::job::runs::Outcome;
 
 const SECOND: i64 = 1_000_000;
 /// 2026-12-04 00:00:00 UTC.
