@@ -87,11 +87,11 @@ step target/debug/bench-calendar 20 200
 # from the previous release is in BENCHMARKS.md: building it here costs more than it is worth).
 step target/debug/bench-upgrade target/debug/fleetd 20 20
 # The deterministic simulation of the protocol (the real engine and agents over a simulated
-# store, under seeded faults): 1,000 seeds from one drawn now, printed with any that fails (a
+# store, under seeded faults): 700 seeds from one drawn now, printed with any that fails (a
 # fresh slice each run; the release runs of tens of thousands are in BENCHMARKS.md). Besides
 # the 24 services of every run, four units on a calendar (each elapse run at most once and
 # every one accounted for: run, waiting or skipped with its reason) and three services that
 # fail on m0 and move (each ends running elsewhere, or off with its retries spent having failed
 # on m0 only; never recorded failed where it did not fail). One run covers what a plain run
 # checks, so there is no plain run besides.
-step target/debug/fleet-sim --scheduled 4 --moving 3 1000
+step target/debug/fleet-sim --scheduled 4 --moving 3 700
