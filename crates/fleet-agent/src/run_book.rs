@@ -58,10 +58,11 @@ pub enum GlobalRunHere {
     Idle,
 }
 
-/// The job of `file` as unit `name` when it is a global unit on a calendar.
+/// The job of `file` as unit `name` when it is a global unit on a calendar or a global batch
+/// unit: one every machine runs for each ticket.
 pub fn global_job(name: &str, file: &UnitFile) -> Option<Job> {
     let requirements = Requirements::from_unit(name, file);
-    requirements.job.filter(|job| requirements.global && job.schedule.is_some())
+    requirements.job.filter(|job| requirements.global && job.keeps_runs())
 }
 
 pub use fleet_runtime::wall_clock::now_micros;

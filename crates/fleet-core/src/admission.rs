@@ -46,7 +46,7 @@ mod tests {
     }
 
     #[test]
-    fn global_batch_units_are_refused_and_malformed_job_options_say_why_first() {
+    fn retries_on_global_units_are_refused_and_malformed_job_options_say_why_first() {
         let file = UnitFile::parse("[Service]\nType=oneshot\n[X-Fleet]\nSchedule=daily\nRetries=2\n").expect("a unit");
         assert_eq!(admit_unit("backup.service", &file), Ok(()));
         let file = UnitFile::parse("[X-Fleet]\nBatch=true\nRetries=2\nRetryDelay=1min\n").expect("a unit");
@@ -54,7 +54,9 @@ mod tests {
         let file = UnitFile::parse("[X-Fleet]\nSchedule=daily\nGlobal=true\n").expect("a unit");
         assert_eq!(admit_unit("sweep.service", &file), Ok(()), "a global unit on a calendar runs everywhere");
         let file = UnitFile::parse("[X-Fleet]\nBatch=yes\nGlobal=true\n").expect("a unit");
-        assert!(admit_unit("sweep.service", &file).is_err_and(|error| error.contains("Batch=true with Global=true")));
+        assert_eq!(admit_unit("patch.service", &file), Ok(()), "a global batch unit runs everywhere at each start");
+        let file = UnitFile::parse("[X-Fleet]\nBatch=yes\nGlobal=true\nRetries=2\n").expect("a unit");
+        assert!(admit_unit("patch.service", &file).is_err_and(|error| error.contains("Retries= on a global unit")));
         let file = UnitFile::parse("[X-Fleet]\nSchedule=25:00\nGlobal=true\n").expect("a unit");
         assert!(admit_unit("a.service", &file).is_err_and(|error| error.contains("the hour 25 is outside 0..23")));
         let file = UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n").expect("a unit");

@@ -112,25 +112,18 @@ pub enum JobError {
     #[error("[X-Fleet] {0}= needs Retries=, Batch=true or Schedule=: fleet keeps and retries the runs of those only")]
     NeedsRuns(&'static str),
     #[error(
-        "[X-Fleet] Retries= on a global service: it runs on every machine it may, it has nowhere to move when it fails"
+        "[X-Fleet] Retries= on a global unit: it runs on every machine it may, so it has nowhere to move, and its runs are not retried"
     )]
     GlobalMoves,
-    #[error(
-        "[X-Fleet] Batch=true with Global=true is not run by this fleet yet: give the global unit a Schedule= (it runs on every machine at each elapse), or start a batch unit per machine"
-    )]
-    GlobalBatch,
 }
 
-/// Refuses what this fleet reads but does not run: a batch global unit, and `Retries=` on a
-/// global unit (a global unit on a calendar runs on every machine at each elapse:
-/// [`global_runs`]; it is not retried). Malformed values are refused by [`job_of`] first.
+/// Refuses what this fleet reads but does not run: `Retries=` on a global unit (a global unit
+/// on a calendar or a global batch unit runs on every machine: [`global_runs`]; it is not
+/// retried, and a global service has nowhere to move). Malformed values are refused by
+/// [`job_of`] first.
 pub fn refuse_what_is_not_run_yet(options: &[UnitOption]) -> Result<(), JobError> {
     let global = last_value(options, SECTION, "Global")
         .is_some_and(|value| matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t"));
-    let batch = last_value(options, SECTION, "Batch").and_then(parse_systemd_bool).unwrap_or(false);
-    if global && batch {
-        return Err(JobError::GlobalBatch);
-    }
     if global && last_value(options, SECTION, "Retries").is_some() {
         return Err(JobError::GlobalMoves);
     }
@@ -313,10 +306,10 @@ mod tests {
         };
         assert_eq!(
             refused("[X-Fleet]\nGlobal=true\nRetries=2\n"),
-            Err("[X-Fleet] Retries= on a global service: it runs on every machine it may, it has nowhere to move when it fails".to_string())
+            Err("[X-Fleet] Retries= on a global unit: it runs on every machine it may, so it has nowhere to move, and its runs are not retried".to_string())
         );
         assert_eq!(refused("[X-Fleet]\nGlobal=true\nSchedule=daily\n"), Ok(()), "on every machine at each elapse");
-        assert!(refused("[X-Fleet]\nGlobal=true\nBatch=true\n").is_err());
+        assert_eq!(refused("[X-Fleet]\nGlobal=true\nBatch=true\n"), Ok(()), "on every machine at each start");
         assert_eq!(refused("[X-Fleet]\nGlobal=true\n"), Ok(()));
         assert_eq!(refused("[X-Fleet]\nRetries=2\n"), Ok(()));
     }

@@ -219,3 +219,31 @@ fn a_global_unit_on_a_calendar_runs_on_its_machine_at_each_elapse_once() {
         "at most one run per elapse claimed: {ran_lines} runs, {record:?}"
     );
 }
+
+#[test]
+fn a_global_batch_unit_runs_once_per_start_on_its_machine() {
+    let systemd = SystemdUser::start();
+    let mut fleet = Fleetd::start_under(&systemd, MACHINE);
+    let dir = tempfile::tempdir().unwrap();
+    let ran = dir.path().join("patched");
+    let text = format!(
+        "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'echo run >> {}'\n[X-Fleet]\nGlobal=true\nBatch=true\n",
+        ran.display()
+    );
+    let patch = write_unit(dir.path(), "patch.service", &text);
+    fleet.ok(&["start", &patch]);
+    let counted = |f: &Fleetd, succeeded: u64| {
+        let json: serde_json::Value =
+            serde_json::from_str(&f.ok(&["runs", "patch.service", "-o", "json"]).stdout).unwrap();
+        json["runs"].as_array().is_some_and(|runs| {
+            runs.iter().map(|run| run["machines"]["succeeded"].as_u64().unwrap_or(0)).sum::<u64>() == succeeded
+        })
+    };
+    fleet.wait_until("its run ended and was counted", WAIT, |f| counted(f, 1));
+    let again = fleet.ok(&["run", "patch.service"]);
+    assert!(again.stdout.starts_with("Started run 2 of patch.service"), "{again:?}");
+    fleet.wait_until("the run by hand ended and was counted", WAIT, |f| counted(f, 2));
+    let record = record_after_stop(&mut fleet, "patch.service");
+    assert_eq!(record.runs.len(), 2, "{record:?}");
+    assert_eq!(std::fs::read_to_string(&ran).unwrap().lines().count(), 2, "once per start, once by hand");
+}

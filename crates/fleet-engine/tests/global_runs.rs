@@ -101,3 +101,31 @@ async fn each_elapse_is_a_ticket_every_machine_carries_and_each_end_is_counted_o
     stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
 }
+
+/// A global batch unit: each start is one ticket every machine's work carries; a stop takes it
+/// away and a start again is the next ticket.
+#[tokio::test(flavor = "multi_thread")]
+async fn each_start_of_a_global_batch_unit_is_one_ticket() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    for id in ["m1", "m2"] {
+        registry.register_machine(&machine(id)).await.unwrap();
+    }
+    let (stop, engine) = start_engine(&registry);
+    let patch =
+        UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nGlobal=true\nBatch=true\n").unwrap();
+    registry.put_unit("patch.service", &patch, DesiredState::Launched).await.unwrap();
+    let ticket = async || registry.run_tickets().await.unwrap().get("patch.service").map(|ticket| ticket.id);
+    eventually_within("the start is a ticket", WAIT, async || ticket().await == Some(1)).await;
+    let work = registry.machine_work("m2").await.unwrap();
+    assert_eq!(
+        work.globals.iter().find(|unit| unit.name == "patch.service").and_then(|unit| unit.run).map(|t| t.id),
+        Some(1)
+    );
+    registry.set_desired_state("patch.service", DesiredState::Inactive).await.unwrap();
+    eventually_within("a stop takes it away", WAIT, async || ticket().await.is_none()).await;
+    registry.set_desired_state("patch.service", DesiredState::Launched).await.unwrap();
+    eventually_within("a start again is the next ticket", WAIT, async || ticket().await == Some(2)).await;
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}

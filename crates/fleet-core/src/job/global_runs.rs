@@ -1,5 +1,6 @@
 //! A global unit on a calendar (`Global=true` with `Schedule=`): at each elapse every machine
-//! it may run on runs it once. The engine leader claims the elapse in the unit's
+//! it may run on runs it once. A global batch unit (`Global=true` with `Batch=true`) the same
+//! at each start, and a machine that comes later runs the current start's run too. The engine leader claims the elapse in the unit's
 //! [`JobRecord`] as for any unit on a calendar (by compare-and-swap: never twice), and
 //! publishes it as a [`RunTicket`] every machine's work carries; each machine's agent starts
 //! the unit once for that ticket ([`here`]), reports the run with the ticket's number, and the
@@ -55,6 +56,8 @@ pub fn step(job: &Job, record: &JobRecord, reports: &[(&str, &RunReport)], wante
         }
     }
     if !wanted {
+        // A batch unit started again is owed a run.
+        record.stopped_since_run |= !record.runs.is_empty();
         return GlobalStep { record, ticket: None, skipped: Vec::new(), next_due: None };
     }
     let advanced = runs::advance(job, &record, now, job.kept_runs);
@@ -118,7 +121,10 @@ pub fn here(job: &Job, ticket: Option<&RunTicket>, seen: &HereSeen, now: i64) ->
     }
     match fresh {
         None => Here::Idle,
-        Some(ticket) if ticket.elapse <= now - GRACE_MICROS && job.missed == Missed::Skip => Here::Skip(ticket.id),
+        // A batch unit's start is never late: a machine that comes later runs it then.
+        Some(ticket) if job.schedule.is_some() && ticket.elapse <= now - GRACE_MICROS && job.missed == Missed::Skip => {
+            Here::Skip(ticket.id)
+        }
         Some(ticket) => Here::Start(ticket.id),
     }
 }

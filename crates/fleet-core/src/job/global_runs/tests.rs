@@ -97,3 +97,22 @@ fn a_machine_runs_each_ticket_once_by_its_rules() {
     let once = job(Overlap::Skip, Missed::Once);
     assert_eq!(here(&once, Some(&ticket), &seen(None, None, false), late), Here::Start(4));
 }
+
+#[test]
+fn a_global_batch_unit_is_one_ticket_per_start_and_never_late() {
+    let batch = Job { schedule: None, batch: true, ..job(Overlap::Skip, Missed::Skip) };
+    let started = step(&batch, &JobRecord::new(START), &[], true, START);
+    assert_eq!(started.ticket, Some(RunTicket { id: 1, elapse: START }), "its start is a ticket");
+    let again = step(&batch, &started.record, &[], true, START + 60 * SECOND);
+    assert_eq!((again.ticket, again.record.runs.len()), (started.ticket, 1), "one run while it stays started");
+    let stopped = step(&batch, &again.record, &[], false, START + 61 * SECOND);
+    assert_eq!(stopped.ticket, None);
+    let restarted = step(&batch, &stopped.record, &[], true, START + 62 * SECOND);
+    assert_eq!(restarted.ticket, Some(RunTicket { id: 2, elapse: START + 62 * SECOND }), "a start again runs again");
+    // A machine that comes an hour later runs the current start's run; one on a calendar would not.
+    let later = START + 3600 * SECOND;
+    let ticket = RunTicket { id: 2, elapse: START + 62 * SECOND };
+    assert_eq!(here(&batch, Some(&ticket), &HereSeen::default(), later), Here::Start(2));
+    let calendar = job(Overlap::Skip, Missed::Skip);
+    assert_eq!(here(&calendar, Some(&ticket), &HereSeen::default(), later), Here::Skip(2));
+}
