@@ -47,6 +47,10 @@ struct Step {
     next: JobRecord,
     write: Write,
     skipped: Vec<runs::SkipReason>,
+    /// Whether the machines' reports are to wake the engine while its run is active: a run of
+    /// a unit on a calendar or a batch unit, placed on one machine. (A global unit's ends and
+    /// a moving service's failure are seen at the next pass, within the engine's period.)
+    woken_by_reports: bool,
 }
 
 /// Carries out `step`'s write; `false` when another write came first.
@@ -82,10 +86,6 @@ impl Default for Jobs {
         Self { watching: true, next_due: None, running: false, contested: false, off: Vec::new(), tickets: None }
     }
 }
-
-/// How long after a global unit's run was claimed the machines' reports wake the engine to
-/// count their ends (a later end is counted at the next pass).
-const TALLY_WINDOW_MICROS: i64 = 3_600_000_000;
 
 /// A wall clock: microseconds since the epoch, as job records keep times.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
@@ -203,7 +203,8 @@ impl Jobs {
                     _ if stepped.record == record && version != 0 => Write::Nothing,
                     _ => Write::Replace,
                 };
-                steps.push(Step { unit: unit.clone(), record, version, next: stepped.record, write, skipped });
+                let next = stepped.record;
+                steps.push(Step { unit: unit.clone(), record, version, next, write, skipped, woken_by_reports: false });
                 continue;
             }
             if let Some((job, _)) = job.filter(|(job, _)| job.moves_on_failure()) {
@@ -235,7 +236,8 @@ impl Jobs {
                     _ => Write::Replace,
                 };
                 let next = followed.record;
-                steps.push(Step { unit: unit.clone(), record, version, next, write, skipped: Vec::new() });
+                let skipped = Vec::new();
+                steps.push(Step { unit: unit.clone(), record, version, next, write, skipped, woken_by_reports: false });
                 continue;
             }
             let machine = record.active_run().and_then(|run| run.machine.clone());
@@ -269,7 +271,7 @@ impl Jobs {
                 (false, _) if next == record && version != 0 => Write::Nothing,
                 (false, _) => Write::Replace,
             };
-            steps.push(Step { unit: unit.clone(), record, version, next, write, skipped });
+            steps.push(Step { unit: unit.clone(), record, version, next, write, skipped, woken_by_reports: true });
         }
         // The writes of one pass go out together (each still compared with its own version):
         // 10,000 units due at one second are 10,000 claims.
@@ -283,11 +285,9 @@ impl Jobs {
             // Counted once written: a pass whose write lost sees the same ends and skips again.
             count_ends(&step.record, &step.next);
             count_skips(&step.skipped);
-            running |= step.next.active_run().is_some();
+            running |= step.woken_by_reports && step.next.active_run().is_some();
             current.insert(step.unit, step.next);
         }
-        // The machines' ends of a global unit's recent run are counted as they come.
-        running |= tickets.values().any(|ticket| now.saturating_sub(ticket.elapse) < TALLY_WINDOW_MICROS);
         self.publish_tickets(registry, lease, tickets, &contested).await?;
         self.next_due = next_due;
         self.running = running;
@@ -376,7 +376,10 @@ impl Jobs {
                     Some(next) => (next, Write::Replace),
                     None => (record.clone(), Write::Nothing),
                 };
-                (unit, machine, Step { unit: unit.to_string(), record, version, next, write, skipped: Vec::new() })
+                let skipped = Vec::new();
+                let step =
+                    Step { unit: unit.to_string(), record, version, next, write, skipped, woken_by_reports: true };
+                (unit, machine, step)
             })
             .collect();
         let writes: Vec<_> = steps.iter().map(|(_, _, step)| Box::pin(write_step(registry, lease, step))).collect();
