@@ -256,12 +256,15 @@ fn runs_note(name: &str, file: &UnitFile) -> Option<String> {
         let delay = fleet_core::duration::short_span(job.retry_delay);
         return Some(format!("moves when it fails: up to {} times in a row, {delay} apart and doubling", job.retries));
     }
-    Some(match &job.schedule {
-        Some(spec) => match spec.next_after(fleet_runtime::wall_clock::now_micros()) {
-            Some(next) => format!("runs on {spec}, next at {}", fleet_core::civil_time::rfc3339_of_micros(next)),
-            None => format!("runs on {spec}, never again"),
+    let global = fleet_core::Requirements::from_unit(name, file).global;
+    let on = if global { "on every machine it may run on, " } else { "" };
+    Some(match (&job.schedule, global) {
+        (Some(spec), _) => match spec.next_after(fleet_runtime::wall_clock::now_micros()) {
+            Some(next) => format!("runs {on}on {spec}, next at {}", fleet_core::civil_time::rfc3339_of_micros(next)),
+            None => format!("runs {on}on {spec}, never again"),
         },
-        None => "a batch unit: one run each start, placed when started".to_string(),
+        (None, true) => "a global batch unit: every machine it may run on runs it once each start".to_string(),
+        (None, false) => "a batch unit: one run each start, placed when started".to_string(),
     })
 }
 

@@ -188,6 +188,12 @@ async fn a_plan_places_units_whose_runs_are_kept_only_for_a_run_and_says_when() 
         job("backup.service", "Schedule", "*-*-* 02:00:00"),
         job("migrate.service", "Batch", "true"),
         unit("web.service", "", "launched"),
+        {"name": "sweep.service", "desiredState": "launched", "options": [
+            {"section": "Service", "name": "Type", "value": "oneshot"},
+            {"section": "Service", "name": "ExecStart", "value": "/bin/true"},
+            {"section": "X-Fleet", "name": "Schedule", "value": "03:00"},
+            {"section": "X-Fleet", "name": "Global", "value": "true"},
+        ]},
         {"name": "api.service", "desiredState": "launched", "options": [
             {"section": "Service", "name": "ExecStart", "value": "/bin/api"},
             {"section": "X-Fleet", "name": "Retries", "value": "3"},
@@ -210,4 +216,7 @@ async fn a_plan_places_units_whose_runs_are_kept_only_for_a_run_and_says_when() 
     // A service that moves when it fails is placed as any service, and the plan says it moves.
     assert_eq!(by_name("api.service")["machine"], "m0");
     assert_eq!(by_name("api.service")["runs"], "moves when it fails: up to 3 times in a row, 4m apart and doubling");
+    let sweep = by_name("sweep.service");
+    let runs = sweep["runs"].as_str().unwrap_or_default();
+    assert!(runs.starts_with("runs on every machine it may run on, on *-*-* 03:00:00, next at "), "{planned}");
 }
