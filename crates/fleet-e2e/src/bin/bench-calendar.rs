@@ -73,6 +73,10 @@ fn main() {
         ..EtcdOptions::default()
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    // Borrowed, not moved in: the fleetd is stopped before its etcd when main ends (dropped in
+    // the reverse order they were made). Moved into the block, etcd could stop first, and the
+    // fleetd's engine pass then waits on it past fleetd's 30 s to exit.
+    let (etcd, engine) = (&etcd, &engine);
     runtime.block_on(async move {
         let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(30), engine_lease_ttl: Duration::from_secs(10) };
         let mut registries = Vec::new();
