@@ -186,10 +186,7 @@ impl Jobs {
             if let Some((job, _)) = job.filter(|_| globals.contains(unit.as_str())) {
                 let stepped =
                     global_runs::step(job, &record, ends.get(unit.as_str()).map_or(&[], Vec::as_slice), wanted, now);
-                next_due = match (next_due, stepped.next_due) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                next_due = runs::earliest(next_due, stepped.next_due);
                 if let Some(ticket) = stepped.ticket {
                     if record.runs.last().map(|run| run.id) != Some(ticket.id) {
                         tracing::info!(unit, run = ticket.id, elapse = ticket.elapse, "a run of a global unit claimed");
@@ -217,10 +214,7 @@ impl Jobs {
                     present: &is_present,
                 };
                 let followed = moves::follow(job, &record, &seen, now);
-                next_due = match (next_due, followed.next_due) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                next_due = runs::earliest(next_due, followed.next_due);
                 if followed.record.runs.len() > record.runs.len() {
                     tracing::info!(unit, machine = seen.placed_on, "a service that moves on failure began a stay");
                 }
@@ -257,10 +251,7 @@ impl Jobs {
                     tracing::info!(unit, first = skipped.first, last = skipped.last, why = %skipped.why, "elapses skipped");
                 }
                 skipped = step.skipped.iter().map(|skipped| skipped.why).collect();
-                next_due = match (next_due, step.next_due) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                next_due = runs::earliest(next_due, step.next_due);
                 next = step.record;
             }
             let gone = job.is_none() && next.active_run().is_none();

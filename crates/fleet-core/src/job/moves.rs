@@ -85,8 +85,8 @@ pub fn follow(job: &Job, record: &JobRecord, seen: &Seen<'_>, now: i64) -> Follo
         }
     }
     let restarted = std::mem::take(&mut record.stopped_since_run);
-    let (place, next_due, next) = next_stay(job, &record, restarted, now);
-    if let (Some((attempt, avoid)), Some(machine)) = (next, seen.placed_on)
+    let next = next_stay(job, &record, restarted, now);
+    if let (Some((attempt, avoid)), Some(machine)) = (next.stay, seen.placed_on)
         && record.active_run().is_none()
     {
         begin(&mut record, machine, attempt, avoid, now);
@@ -94,48 +94,51 @@ pub fn follow(job: &Job, record: &JobRecord, seen: &Seen<'_>, now: i64) -> Follo
         record.stopped_since_run = true;
     }
     record.bound(job.kept_runs);
-    Followed { record, place, next_due }
+    Followed { record, place: next.place, next_due: next.due }
 }
 
-/// Where the service goes while no stay holds it, when its next try is due, and the attempt
-/// and avoided machines of its next stay (`None` while it may not be placed).
-#[allow(clippy::type_complexity)]
-fn next_stay(
-    job: &Job,
-    record: &JobRecord,
-    restarted: bool,
-    now: i64,
-) -> (Place, Option<i64>, Option<(u32, Vec<String>)>) {
+/// What comes next for a service while no stay holds it.
+struct NextStay {
+    /// Where the planner is to see it.
+    place: Place,
+    /// When its next try is due, while it waits for one.
+    due: Option<i64>,
+    /// The attempt and avoided machines of its next stay, once it is placed (`None` while it
+    /// may not be).
+    stay: Option<(u32, Vec<String>)>,
+}
+
+impl NextStay {
+    fn off(place: Place, due: Option<i64>) -> Self {
+        Self { place, due, stay: None }
+    }
+}
+
+/// Where the service goes while no stay holds it, when its next try is due, and what its next
+/// stay is.
+fn next_stay(job: &Job, record: &JobRecord, restarted: bool, now: i64) -> NextStay {
     if let Some(active) = record.active_run() {
-        return match active.outcome {
-            // Failed, not let go of yet: off its machine, the wait counted from its end.
-            Some(_) => match waiting(job, record, now) {
-                Some((place, due)) => (place, due, None),
-                None => (Place::AsWanted, None, None),
-            },
-            None => (Place::AsWanted, None, None),
+        // Failed, not let go of yet: off its machine, the wait counted from its end.
+        let waits = active.outcome.as_ref().and_then(|_| waiting(job, record, now));
+        return match waits {
+            Some((place, due)) => NextStay::off(place, due),
+            None => NextStay::off(Place::AsWanted, None),
         };
     }
     let Some(latest) = record.runs.last().filter(|_| !restarted) else {
-        return (Place::AsWanted, None, Some((1, Vec::new())));
+        return NextStay { place: Place::AsWanted, due: None, stay: Some((1, Vec::new())) };
     };
     if let Some((place, due)) = waiting(job, record, now) {
-        return (place, due, None);
+        return NextStay::off(place, due);
     }
-    match &latest.outcome {
-        Some(Outcome::Failed { .. }) => {
-            let mut avoid = latest.avoid.clone();
-            avoid.extend(latest.machine.clone());
-            avoid.sort_unstable();
-            avoid.dedup();
-            (Place::Avoiding(avoid.clone()), None, Some((latest.attempt + 1, avoid)))
-        }
-        // Moved, stopped or lost: the row goes on where it was.
-        _ => {
-            let place = if latest.avoid.is_empty() { Place::AsWanted } else { Place::Avoiding(latest.avoid.clone()) };
-            (place, None, Some((latest.attempt, latest.avoid.clone())))
-        }
-    }
+    // After a failure it goes on away from where it failed; moved, stopped or lost, the row
+    // goes on where it was.
+    let (attempt, avoid) = match &latest.outcome {
+        Some(Outcome::Failed { .. }) => (latest.attempt + 1, latest.avoided_after_failure()),
+        _ => (latest.attempt, latest.avoid.clone()),
+    };
+    let place = if avoid.is_empty() { Place::AsWanted } else { Place::Avoiding(avoid.clone()) };
+    NextStay { place, due: None, stay: Some((attempt, avoid)) }
 }
 
 /// While the latest stay failed and its next try is not due yet, or its retries are spent: off

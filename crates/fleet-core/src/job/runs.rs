@@ -89,6 +89,16 @@ fn first_attempt() -> u32 {
 }
 
 impl Run {
+    /// The machines its next attempt is to avoid once it failed: those its attempts before
+    /// it failed on, and its own.
+    pub fn avoided_after_failure(&self) -> Vec<String> {
+        let mut avoid = self.avoid.clone();
+        avoid.extend(self.machine.clone());
+        avoid.sort_unstable();
+        avoid.dedup();
+        avoid
+    }
+
     /// Whether it still holds its unit: not ended, or ended and not let go of yet.
     pub fn is_active(&self) -> bool {
         !self.released
@@ -276,10 +286,8 @@ pub fn advance(job: &Job, record: &JobRecord, now: i64, kept: usize) -> Advance 
         claimed = Some(record.claim(None, now));
     } else if let Some((due, attempt)) = record.retry_due(job).filter(|_| !restarted) {
         if due <= now {
-            let (elapse, mut avoid) = record.runs.last().map(|run| (run.elapse, run.avoid.clone())).unwrap_or_default();
-            avoid.extend(record.runs.last().and_then(|run| run.machine.clone()));
-            avoid.sort_unstable();
-            avoid.dedup();
+            let (elapse, avoid) =
+                record.runs.last().map(|run| (run.elapse, run.avoided_after_failure())).unwrap_or_default();
             claimed = Some(record.claim_attempt(elapse, now, attempt, avoid));
         } else {
             retry_at = Some(due);
@@ -326,11 +334,16 @@ pub fn advance(job: &Job, record: &JobRecord, now: i64, kept: usize) -> Advance 
     }
     record.bound(kept);
     let next_elapse = spec.next_after(record.cursor.max(now));
-    let next_due = match (next_elapse, retry_at) {
+    let next_due = earliest(next_elapse, retry_at);
+    Advance { record, claimed, skipped, next_due }
+}
+
+/// The earlier of two times either of which may be absent: when the next of two things is due.
+pub fn earliest(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
-    };
-    Advance { record, claimed, skipped, next_due }
+    }
 }
 
 /// What the machines say of a unit whose record this is, for [`observe`].
