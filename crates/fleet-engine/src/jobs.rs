@@ -18,9 +18,11 @@ use std::sync::Arc;
 use fleet_core::job::Job;
 mod as_planned;
 mod run_metrics;
+mod settled;
 
 use as_planned::as_planned;
 use run_metrics::{count_ends, count_skips};
+use settled::{Settled, StepInputs};
 
 use fleet_core::job::global_runs::{self, RunTicket};
 use fleet_core::job::moves;
@@ -79,11 +81,21 @@ pub struct Jobs {
     off: Vec<(String, String)>,
     /// The run tickets this leadership published (read on its first pass).
     tickets: Option<BTreeMap<String, RunTicket>>,
+    /// The last step that wrote nothing, while nothing it read changed since.
+    settled: Settled,
 }
 
 impl Default for Jobs {
     fn default() -> Self {
-        Self { watching: true, next_due: None, running: false, contested: false, off: Vec::new(), tickets: None }
+        Self {
+            watching: true,
+            next_due: None,
+            running: false,
+            contested: false,
+            off: Vec::new(),
+            tickets: None,
+            settled: Settled::default(),
+        }
     }
 }
 
@@ -97,6 +109,16 @@ impl Jobs {
     /// revision: their runs change with the clock and the machines' reports).
     pub fn watching(&self) -> bool {
         self.watching
+    }
+
+    /// Whether a step at `now` would change nothing: the last one wrote nothing, no record
+    /// and no report it read changed since, nothing it waits for is due, nothing is contested.
+    /// Reads the records and the reports it follows.
+    pub async fn settled(&self, registry: &dyn EngineRegistry, now: i64) -> Result<bool, RegistryError> {
+        if self.contested || self.next_due.is_some_and(|due| due <= now) {
+            return Ok(false);
+        }
+        self.settled.holds(registry).await
     }
 
     /// Whether a run is active.
@@ -143,6 +165,7 @@ impl Jobs {
         if scheduled.is_empty() && !self.watching {
             return Ok(cluster);
         }
+        self.settled.forget();
         let stored: BTreeMap<String, StoredJob> =
             registry.job_records().await?.into_iter().map(|stored| (stored.unit.clone(), stored)).collect();
         self.watching = !scheduled.is_empty() || !stored.is_empty();
@@ -268,7 +291,9 @@ impl Jobs {
         // 10,000 units due at one second are 10,000 claims.
         let writes: Vec<_> = steps.iter().map(|step| Box::pin(write_step(registry, lease, step))).collect();
         let written: Vec<Result<bool, RegistryError>> = stream::iter(writes).buffered(WRITES_AT_ONCE).collect().await;
+        let mut wrote = false;
         for (step, written) in steps.into_iter().zip(written) {
+            wrote |= !matches!(step.write, Write::Nothing);
             if !written? {
                 contested.insert(step.unit);
                 continue;
@@ -279,7 +304,10 @@ impl Jobs {
             running |= step.woken_by_reports && step.next.active_run().is_some();
             current.insert(step.unit, step.next);
         }
-        self.publish_tickets(registry, lease, tickets, &contested).await?;
+        wrote |= self.publish_tickets(registry, lease, tickets, &contested).await?;
+        if !wrote && contested.is_empty() {
+            self.settled.note(StepInputs::of(stored.values(), reports), active);
+        }
         self.next_due = next_due;
         self.running = running;
         self.contested = !contested.is_empty();
@@ -297,14 +325,14 @@ impl Jobs {
     /// Writes the tickets of the global units on a calendar that changed (`tickets`: each
     /// one's latest run, for the units whose record this pass wrote or left as it was; a
     /// contested unit keeps the ticket it has), and removes the tickets of units that have
-    /// none now.
+    /// none now. Whether it wrote any.
     async fn publish_tickets(
         &mut self,
         registry: &dyn EngineRegistry,
         lease: &EngineLease,
         mut tickets: BTreeMap<String, RunTicket>,
         contested: &BTreeSet<String>,
-    ) -> Result<(), RegistryError> {
+    ) -> Result<bool, RegistryError> {
         let published = match self.tickets.take() {
             Some(published) => published,
             None => registry.run_tickets().await?,
@@ -315,16 +343,19 @@ impl Jobs {
                 tickets.insert(unit.clone(), *kept);
             }
         }
+        let mut wrote = false;
         for (unit, ticket) in &tickets {
             if published.get(unit) != Some(ticket) {
                 registry.put_run_ticket(lease, unit, Some(ticket)).await?;
+                wrote = true;
             }
         }
         for unit in published.keys().filter(|unit| !tickets.contains_key(*unit)) {
             registry.put_run_ticket(lease, unit, None).await?;
+            wrote = true;
         }
         self.tickets = Some(tickets);
-        Ok(())
+        Ok(wrote)
     }
 
     /// Of the planner's decisions, those to write once each run it placed has its machine

@@ -252,9 +252,9 @@ impl Engine {
         if self.departing && self.a_departure_ended().await? {
             self.planned = None;
         }
-        // Scheduled units' runs change with the clock and the machines' reports: while there
-        // are any, every pass plans.
-        if self.jobs.watching() {
+        // Scheduled units' runs change with the clock, their records and the machines' reports:
+        // a pass plans when one of those moved since the last step, as when the cluster did.
+        if self.jobs.watching() && !self.jobs.settled(&*self.registry, (self.clock)()).await? {
             self.planned = None;
         }
         if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {

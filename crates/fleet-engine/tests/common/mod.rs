@@ -17,9 +17,17 @@ pub fn machine(id: &str) -> MachineState {
 
 /// The engine of machine m1, running until told to stop.
 pub fn start_engine(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
+    start_engine_every(registry, Duration::from_secs(5))
+}
+
+/// The engine of machine m1 passing at least once each `interval`, running until told to stop.
+pub fn start_engine_every(
+    registry: &EmbeddedRegistry,
+    interval: Duration,
+) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
     let config = EngineConfig {
         machine_id: "m1".into(),
-        reconcile_interval: Duration::from_secs(5),
+        reconcile_interval: interval,
         debounce: Duration::from_millis(10),
         at_most_once_hold: Duration::from_secs(5),
         strategy: Default::default(),

@@ -66,6 +66,24 @@ const AGENT_TTL: Duration = Duration::from_secs(30);
 /// A fleetd's etcd lease grants and revocations.
 const LEASE_GRANTS: &str = "fleet_store_request_duration_seconds_count{store=\"etcd\",operation=\"lease_grant\"}";
 
+/// (c) again with one unit on a calendar that does not fall due in the window: the engine
+/// fleetd's CPU, which should stay what it is without one. The unit is destroyed after.
+async fn idle_with_a_calendar_unit(api: &EtcdRegistry, engine: &Fleetd, idle_seconds: u64) {
+    let text = "[Unit]\nDescription=bench calendar unit\n\n[Service]\nType=oneshot\nExecStart=/bin/true\n\n[X-Fleet]\nSchedule=*-01-01 00:00:00\nMachineMetadata=role=worker\n";
+    let file = UnitFile::parse(text).expect("the calendar unit parses");
+    api.put_unit("calendar-probe.service", &file, DesiredState::Launched).await.expect("submit the calendar unit");
+    // Past its first passes: its record written.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let engine_before = cpu_seconds(engine.pid());
+    tokio::time::sleep(Duration::from_secs(idle_seconds)).await;
+    let engine_cpu = cpu_seconds(engine.pid()) - engine_before;
+    println!(
+        "      with one unit on a calendar besides (not due): fleetd engine CPU {engine_cpu:.2} s ({:.2}%)",
+        engine_cpu * 100.0 / idle_seconds as f64
+    );
+    api.destroy_unit("calendar-probe.service").await.expect("destroy the calendar unit");
+}
+
 fn argument(index: usize, default: usize) -> usize {
     std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
 }
@@ -304,6 +322,7 @@ fn main() {
             engine_cpu * 100.0 / idle_seconds as f64,
             agents_cpu * 100.0 / idle_seconds as f64
         );
+        idle_with_a_calendar_unit(&api, &engine, idle_seconds).await;
 
         // (e) One machine in ten lost at once: their leases expire together.
         let lost: HashSet<String> = agents.iter().step_by(10).map(|(id, _, _)| id.clone()).collect();
