@@ -1,6 +1,9 @@
 //! What the engine's tests against the embedded store share: a machine, and the engine of m1
 //! running until told to stop.
 
+// Each test binary includes this module and uses only part of it.
+#![allow(dead_code)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
