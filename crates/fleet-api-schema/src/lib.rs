@@ -100,6 +100,10 @@ pub struct Machine {
     /// The machine's drain, while it is drained (our addition).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<MachineDrain>,
+    /// The machine's taints as written (`gpu=yes`, `db:evict`), in key order: it takes only
+    /// the units that tolerate them (our addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
 }
 
 /// A machine's drain and where it stands (our addition): it takes no new units, and its units

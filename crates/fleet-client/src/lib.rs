@@ -397,6 +397,18 @@ impl Client {
         }
     }
 
+    /// Sets taint `key` of machine `machine_id` (its full ID) to what is written after the key
+    /// (`yes`, `yes:evict`, `:evict`, nothing), or removes it with `None`: one operation of
+    /// `PATCH /machines`.
+    pub async fn set_taint(&self, machine_id: &str, key: &str, after_key: Option<&str>) -> Result<()> {
+        let path = format!("/{machine_id}/taints/{key}");
+        let operation = match after_key {
+            Some(value) => serde_json::json!([{"op": "add", "path": path, "value": value}]),
+            None => serde_json::json!([{"op": "remove", "path": path}]),
+        };
+        self.send(Method::PATCH, "machines", Some(operation.to_string())).await.map(drop)
+    }
+
     /// Ends a machine's drain; `false` when it was not drained.
     pub async fn undrain_machine(&self, machine_id: &str) -> Result<bool> {
         self.delete(&format!("machines/{}/drain", encode_component(machine_id))).await

@@ -13,6 +13,7 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     file.check_writable().map_err(|error| error.to_string())?;
     check_service_directives(file).map_err(|error| error.to_string())?;
     crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
+    crate::requirements::check_tolerations(file.options())?;
     crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
     crate::job::job_of(name, file.options()).map_err(|error| error.to_string())?;
     crate::job::refuse_what_is_not_run_yet(file.options()).map_err(|error| error.to_string())?;
@@ -43,6 +44,22 @@ mod tests {
         assert_eq!(admit_unit("web@5.service", &file), Ok(()));
         assert!(admit_unit("web@x.service", &file).is_err_and(|error| error.contains("invalid port \"80x\"")));
         assert_eq!(checked_as("db.service"), "db.service");
+    }
+
+    #[test]
+    fn a_toleration_that_cannot_be_read_is_refused_naming_the_option() {
+        let file = UnitFile::parse("[X-Fleet]\nTolerate=gpu=yes db\nTolerate=zone\n").expect("a unit");
+        assert_eq!(admit_unit("train.service", &file), Ok(()));
+        let file = UnitFile::parse("[X-Fleet]\nTolerate=gpu:evict\n").expect("a unit");
+        assert_eq!(
+            admit_unit("train.service", &file),
+            Err("invalid value for [X-Fleet] Tolerate: \"gpu:evict\" is not a toleration: expected key or key=value"
+                .into())
+        );
+        let file = UnitFile::parse("[X-Fleet]\nTolerate=g/pu\n").expect("a unit");
+        assert!(
+            admit_unit("train.service", &file).is_err_and(|error| error.contains("Tolerate") && error.contains("g/pu"))
+        );
     }
 
     #[test]

@@ -141,18 +141,21 @@ pub struct GlobalUnit<'a> {
     pub requirements: &'a Requirements,
 }
 
-/// Whether a global unit runs on a machine with `metadata`: it is wanted (not inactive), the
-/// machine has the metadata it asks for, and it excludes no unit already there
-/// (`excludes_a_resident`: `Conflicts=` or `Replaces=`, checked both ways). The one rule the
-/// engine's planner counts global units by and each agent runs them by, taking the global
-/// units in name order.
+/// Whether a global unit runs on `machine`: it is wanted (not inactive), the machine has the
+/// metadata it asks for, it tolerates every taint of the machine (`:evict` or not: the rule
+/// knows no "already there"), and it excludes no unit already there (`excludes_a_resident`:
+/// `Conflicts=` or `Replaces=`, checked both ways). The one rule the engine's planner counts
+/// global units by and each agent runs them by, taking the global units in name order.
 pub fn global_unit_runs(
     desired: DesiredState,
     requirements: &Requirements,
-    metadata: &BTreeMap<String, String>,
+    machine: &MachineState,
     excludes_a_resident: impl FnOnce() -> bool,
 ) -> bool {
-    desired != DesiredState::Inactive && requirements.metadata_matches(metadata) && !excludes_a_resident()
+    desired != DesiredState::Inactive
+        && requirements.metadata_matches(&machine.metadata)
+        && crate::taint::first_untolerated(&machine.taints, &requirements.tolerate, false).is_none()
+        && !excludes_a_resident()
 }
 
 /// Which global units this machine runs, by [`global_unit_runs`], in name order.
@@ -169,7 +172,7 @@ pub fn add_global_units(
     for global in globals {
         let excludes_a_resident =
             || taken.iter().any(|(other, requirements)| global.requirements.excludes(global.name, other, requirements));
-        if global_unit_runs(global.desired.state, global.requirements, &machine.metadata, excludes_a_resident) {
+        if global_unit_runs(global.desired.state, global.requirements, machine, excludes_a_resident) {
             desired.insert(global.name.to_string(), global.desired.clone());
             taken.push((global.name, global.requirements));
         }

@@ -36,6 +36,7 @@ pub mod source;
 pub mod state;
 pub mod state_report;
 pub mod store_format;
+pub mod taint;
 pub mod unit_file;
 pub mod unit_name;
 pub mod unknown_options;

@@ -29,6 +29,10 @@ pub struct MachineState {
     /// move off. Kept in a record of its own, which the stores lay over the machine's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<Drain>,
+    /// The taints that keep the machine for the units that tolerate them (fleet.conf's
+    /// `taints=`, with the runtime changes laid over them).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub taints: crate::taint::Taints,
 }
 
 /// How a machine is connected to the cluster: its fleetd holds the store itself (an etcd
@@ -59,11 +63,17 @@ impl MachineState {
         self.id == requested || (requested.len() == 8 && self.id.starts_with(requested))
     }
 
-    /// The machine's metadata with the runtime changes laid over it: a value replaces the
-    /// configured one, an empty value removes the key.
+    /// The machine's metadata and taints with the runtime changes laid over them: a value
+    /// replaces the configured one, an empty value removes the key (taints' entries:
+    /// [`crate::taint::override_entry`]).
     pub fn with_overrides(mut self, overrides: &BTreeMap<String, String>) -> Self {
         for (key, value) in overrides {
-            if value.is_empty() {
+            if let Some((key, taint)) = crate::taint::from_override(key, value) {
+                match taint {
+                    Some(taint) => self.taints.insert(key.to_string(), taint),
+                    None => self.taints.remove(key),
+                };
+            } else if value.is_empty() {
                 self.metadata.remove(key);
             } else {
                 self.metadata.insert(key.clone(), value.clone());

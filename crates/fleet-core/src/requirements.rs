@@ -30,7 +30,11 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// template spread evenly over the values of that metadata key; `SpreadGroup=web-*`: instead,
 /// the units that name the same pattern (and match it) spread together. The health check's
 /// keys are fleet's too ([`crate::health::check::KEYS`]); [`is_added_key`] knows both.
-pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup"];
+pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup", TOLERATE];
+
+/// `Tolerate=gpu=yes` (or `Tolerate=gpu`, any value; several lines or items separated by
+/// spaces): the machines' taints the unit may run beside ([`crate::taint`]).
+pub const TOLERATE: &str = "Tolerate";
 
 /// Whether `key` is one fleet adds to `[X-Fleet]` (placement or health check).
 pub fn is_added_key(key: &str) -> bool {
@@ -77,6 +81,9 @@ pub struct Requirements {
     /// Machines the unit goes to only when no other machine takes it: the engine sets them for
     /// the retry of a run that failed there. Never read from a unit file.
     pub avoid: Vec<String>,
+    /// `Tolerate=`: the taints it may run beside (those that cannot be read are left out; such
+    /// a unit is refused at submission).
+    pub tolerate: Vec<crate::taint::Toleration>,
 }
 
 /// Splits `"a=1" "b=2"` into its quoted parts, as the original does for `[X-Fleet]` values
@@ -135,6 +142,7 @@ impl Requirements {
             unknown_keys: _,
             job,
             avoid,
+            tolerate,
         } = self;
         *machine_id == other.machine_id
             && *machine_of == other.machine_of
@@ -148,6 +156,7 @@ impl Requirements {
             && *reservation == other.reservation
             && *job == other.job
             && *avoid == other.avoid
+            && *tolerate == other.tolerate
     }
 
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
@@ -213,6 +222,7 @@ impl Requirements {
             .map(|pattern| if glob_matches(&pattern, unit_name) { Ok(pattern) } else { Err(pattern) });
         requirements.reservation = reservation_of(options).unwrap_or_default();
         requirements.job = crate::job::job_of(unit_name, options).ok().flatten();
+        requirements.tolerate = tolerations_of(&all(&[TOLERATE])).unwrap_or_default();
         requirements
     }
 
@@ -276,6 +286,29 @@ impl Requirements {
         };
         Err(error)
     }
+}
+
+/// The tolerations of `Tolerate=` values (each holding items separated by spaces), sorted
+/// and without repeats; the first item that cannot be read refuses them all.
+pub fn tolerations_of(values: &[String]) -> Result<Vec<crate::taint::Toleration>, crate::taint::TaintError> {
+    let mut tolerations = values
+        .iter()
+        .flat_map(|value| value.split_whitespace())
+        .map(crate::taint::parse_toleration)
+        .collect::<Result<Vec<_>, _>>()?;
+    tolerations.sort_unstable();
+    tolerations.dedup();
+    Ok(tolerations)
+}
+
+/// Whether the unit's `Tolerate=` lines can all be read, as admission asks.
+pub fn check_tolerations(options: &[UnitOption]) -> Result<(), String> {
+    let values: Vec<String> = options
+        .iter()
+        .filter(|option| option.section == SECTION && option.name == TOLERATE)
+        .map(|option| option.value.clone())
+        .collect();
+    tolerations_of(&values).map(drop).map_err(|error| format!("invalid value for [X-Fleet] {TOLERATE}: {error}"))
 }
 
 /// An `[X-Fleet]` reservation whose value cannot be read.

@@ -30,6 +30,7 @@ pub fn simulated_machine(index: usize, reserving: bool) -> fleet_core::MachineSt
         connection: fleet_core::Connection::Etcd,
         capacity: reserving.then_some(SIMULATED_CAPACITY),
         drain: None,
+        taints: Default::default(),
     }
 }
 

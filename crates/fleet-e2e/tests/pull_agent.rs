@@ -87,6 +87,7 @@ fn a_pull_agent_is_scheduled_onto_and_reports_like_any_machine() {
         connection: fleet_core::Connection::Pull,
         capacity: None,
         drain: None,
+        taints: Default::default(),
     };
     let agent_task =
         spawn_agent(&runtime, &manager, &credentials, machine, Duration::from_secs(5), &units, lifecycle_watch);

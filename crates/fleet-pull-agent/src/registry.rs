@@ -766,6 +766,8 @@ impl AgentRegistry for RemoteRegistry {
             work = self.fetch_work().await?;
         }
         let machine = work.machine.map(|machine| MachineState {
+            // Written by the manager from a stored machine: one that cannot be read is left out.
+            taints: machine.taints.iter().filter_map(|taint| fleet_core::taint::parse_taint(taint).ok()).collect(),
             id: machine.id,
             public_ip: machine.primary_ip,
             metadata: machine.metadata,

@@ -420,6 +420,11 @@ pub enum MachineCommand {
     /// End a machine's drain: it takes units again (units that moved stay where they are)
     #[command(visible_alias = "uncordon")]
     Undrain { machine: String },
+    /// Taint a machine: it takes only units that tolerate the taint ([X-Fleet] Tolerate=);
+    /// KEY=VALUE or KEY, with :evict to also move off the units there that do not tolerate it
+    Taint { machine: String, taint: String },
+    /// Remove a machine's taint (one set in its fleet.conf too)
+    Untaint { machine: String, key: String },
     /// Show where a machine's drain stands: each unit moving (and why one cannot), left, or staying
     Status {
         machine: String,

@@ -44,6 +44,8 @@ pub struct MachineRow<'a> {
     pub reserved: fleet_api_schema::Capacity,
     /// `draining` or `drained` while the machine is drained, else `null`.
     pub drain: Option<&'a str>,
+    /// Its taints as written (`gpu=yes`, `db:evict`); empty when it has none.
+    pub taints: &'a [String],
 }
 
 /// A row of `list-unit-files -o json`.

@@ -32,6 +32,8 @@ pub struct Config {
     pub engine_reconcile_interval: Duration,
     pub public_ip: String,
     pub metadata: BTreeMap<String, String>,
+    /// `taints = gpu=yes,db:evict`: this machine takes only the units that tolerate them.
+    pub taints: fleet_core::taint::Taints,
     pub agent_ttl: Duration,
     pub units_directory: PathBuf,
     pub systemd_user: bool,
@@ -123,6 +125,7 @@ impl Default for Config {
             engine_reconcile_interval: Duration::from_secs(2),
             public_ip: String::new(),
             metadata: BTreeMap::new(),
+            taints: BTreeMap::new(),
             agent_ttl: Duration::from_secs(30),
             units_directory: "/run/fleet/units/".into(),
             systemd_user: false,
@@ -251,6 +254,10 @@ const OPTIONS: &[(&str, Setter)] = &[
         Ok(())
     }),
     ("metadata", |config, _name, value| assign(&mut config.metadata, Ok(parse_metadata(value)))),
+    ("taints", |config, name, value| {
+        let taints = fleet_core::taint::parse_taints(value).map_err(|error| bad(name, value, &error.to_string()));
+        assign(&mut config.taints, taints)
+    }),
     ("agent_ttl", |config, name, value| assign(&mut config.agent_ttl, parse_go_duration(name, value))),
     ("units_directory", |config, _name, value| assign(&mut config.units_directory, Ok(value.into()))),
     ("systemd_user", |config, name, value| assign(&mut config.systemd_user, parse_config_bool(name, value))),

@@ -30,6 +30,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "",
         "This machine's metadata for scheduling, as key=value pairs separated by commas (region=eu,disk=ssd).",
     ),
+    doc(
+        "taints",
+        "",
+        "Taints keeping this machine for the units that tolerate them ([X-Fleet] Tolerate=), separated by commas: key or key=value, :evict to move off the units already here that do not (gpu=yes,db:evict). A pull agent's come from fleetctl machine taint.",
+    ),
     doc("etcd_servers", "", "Comma-separated etcd v3 endpoints (http:// or https://); the embedded store when empty."),
     doc("etcd_key_prefix", "/_coreos.com/fleet/", "The keyspace of fleet's data in etcd."),
     doc("etcd_request_timeout", "1.0", "Seconds each etcd request may take."),

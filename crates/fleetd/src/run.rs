@@ -56,6 +56,7 @@ fn machine_state(config: &Config, machine_id: &str) -> MachineState {
         },
         capacity: crate::capacity::of_this_machine(config),
         drain: None,
+        taints: config.taints.clone(),
     }
 }
 

@@ -108,6 +108,8 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
         connection: Connection::Pull,
         capacity,
         drain: None,
+        // Its taints are the runtime overrides, which the stores lay over its record.
+        taints: Default::default(),
     };
     agents.announce_for_agent(&machine).await?;
     fleet_metrics::metrics().pull.announcements.inc();
@@ -209,6 +211,7 @@ pub(super) async fn served_work(
 /// A machine's work as its agent is told it.
 pub(super) fn work_to_schema(work: MachineWork) -> AgentWork {
     let machine = work.machine.map(|machine| Machine {
+        taints: fleet_core::taint::written(&machine.taints),
         id: machine.id,
         metadata: machine.metadata,
         primary_ip: machine.public_ip,

@@ -34,6 +34,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
             connection: machine.connection.word().to_string(),
             capacity: machine.capacity.map(Into::into),
             drain: drains.remove(&machine.id).map(|drain| crate::handlers::drains::seen_by(drain, role)),
+            taints: fleet_core::taint::written(&machine.taints),
             id: machine.id,
             metadata: machine.metadata,
             primary_ip: machine.public_ip,
@@ -51,12 +52,25 @@ fn field<'a>(object: &'a serde_json::Map<String, Value>, name: &str) -> Option<&
     object.get(name).or_else(|| object.iter().find(|(key, _)| key.eq_ignore_ascii_case(name)).map(|(_, v)| v))
 }
 
-/// `/<machine>/metadata/<key>`, where the key is made of `[A-Za-z0-9_.-]`.
-fn metadata_path(path: &str) -> Option<(String, String)> {
+/// What an operation's path names: a machine's metadata key or (our addition) its taint.
+enum Target {
+    Metadata,
+    Taint,
+}
+
+/// `/<machine>/metadata/<key>` or `/<machine>/taints/<key>`, where the key is made of
+/// `[A-Za-z0-9_.-]`.
+fn metadata_path(path: &str) -> Option<(String, Target, String)> {
     let rest = path.strip_prefix('/')?;
-    let (machine, key) = rest.split_once("/metadata/")?;
+    let (machine, target, key) = match rest.split_once("/metadata/") {
+        Some((machine, key)) => (machine, Target::Metadata, key),
+        None => {
+            let (machine, key) = rest.split_once("/taints/")?;
+            (machine, Target::Taint, key)
+        }
+    };
     let valid_key = !key.is_empty() && key.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c));
-    (!machine.is_empty() && !machine.contains('/') && valid_key).then(|| (machine.to_string(), key.to_string()))
+    (!machine.is_empty() && !machine.contains('/') && valid_key).then(|| (machine.to_string(), target, key.to_string()))
 }
 
 /// Reads one operation; the value may be `"x"` (documented) or `{"value":"x"}` (the
@@ -68,16 +82,31 @@ fn operation(value: &Value) -> Result<MetadataChange, ApiError> {
     if !["add", "remove", "replace"].contains(&op.as_str()) {
         return Err(ApiError::bad_request("invalid op: expect add, remove, or replace"));
     }
-    let (machine_id, key) =
+    let (machine_id, target, key) =
         metadata_path(&text("path")).ok_or_else(|| ApiError::bad_request("machine metadata path invalid"))?;
-    if op == "remove" {
-        return Ok(MetadataChange::Remove { machine_id, key });
-    }
     let value = match field(object, "value") {
         Some(Value::String(value)) => value.clone(),
         Some(Value::Object(nested)) => field(nested, "value").and_then(Value::as_str).unwrap_or("").to_string(),
         _ => String::new(),
     };
+    if let Target::Taint = target {
+        // A taint is written after its key: `yes`, `yes:evict`, `:evict`, or nothing.
+        let taint = match op.as_str() {
+            "remove" => None,
+            _ => Some(
+                fleet_core::taint::parse_after_key(&key, &value)
+                    .map_err(|error| ApiError::bad_request(format!("invalid taint: {error}")))?,
+            ),
+        };
+        let (key, value) = fleet_core::taint::override_entry(&key, taint.as_ref());
+        return Ok(match taint {
+            Some(_) => MetadataChange::Set { machine_id, key, value },
+            None => MetadataChange::Remove { machine_id, key },
+        });
+    }
+    if op == "remove" {
+        return Ok(MetadataChange::Remove { machine_id, key });
+    }
     if value.is_empty() {
         return Err(ApiError::bad_request("invalid value: add and replace require a value"));
     }

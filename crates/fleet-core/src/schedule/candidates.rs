@@ -121,12 +121,27 @@ pub(super) fn fits_machine(working: &Working<'_>, unit: UnitIndex, rank: Rank) -
     if !spec.requirements.metadata_matches(&machine.metadata) {
         return Err(Refusal::MetadataMismatch { machine: machine.id.clone() });
     }
+    // A taint that evicts holds the units already there as it holds new ones.
+    untainted(working, unit, rank, true)?;
     if let Some(peer_rank) = peers_rank(working, unit)?
         && peer_rank != rank
     {
         return Err(Refusal::PeersApart(spec.requirements.machine_of.clone()));
     }
     Ok(())
+}
+
+/// Fails when `rank` has a taint `unit` does not tolerate; with `evicting`, only a taint that
+/// moves off the units already there (`:evict`).
+fn untainted(working: &Working<'_>, unit: UnitIndex, rank: Rank, evicting: bool) -> Result<(), Refusal> {
+    let machine = working.machine(rank);
+    let tolerate = &working.unit(unit).requirements.tolerate;
+    match crate::taint::first_untolerated(&machine.taints, tolerate, evicting) {
+        None => Ok(()),
+        Some((key, taint)) => {
+            Err(Refusal::Tainted { machine: machine.id.clone(), taint: crate::taint::Written(key, taint).to_string() })
+        }
+    }
 }
 
 /// The one machine all of a unit's `MachineOf=` peers are on, if it has peers.
@@ -183,7 +198,10 @@ pub(super) fn choose<'a>(
     // fits nowhere is worked out only once it does.
     let needs = working.group_needs(unit);
     let mut consider = |rank: Rank| {
-        !working.draining(rank) && working.has_room(needs, rank) && able_to_run(working, unit, rank).is_ok()
+        !working.draining(rank)
+            && working.has_room(needs, rank)
+            && untainted(working, unit, rank, false).is_ok()
+            && able_to_run(working, unit, rank).is_ok()
     };
     let first_in_order = |ranks: &[Rank], consider: &mut dyn FnMut(Rank) -> bool| {
         ranks.iter().copied().filter(|rank| consider(*rank)).min_by_key(|rank| (working.order_key(*rank), *rank))
@@ -315,6 +333,10 @@ fn why_nowhere(
             first_drained.get_or_insert(Refusal::Draining(working.machine(rank).id.clone()));
             continue;
         }
+        if let Err(tainted) = untainted(working, unit, rank, false) {
+            first_drained.get_or_insert(tainted);
+            continue;
+        }
         match able_to_run(working, unit, rank) {
             Ok(()) => {
                 let free = working.free(rank).unwrap_or_default();
@@ -327,7 +349,7 @@ fn why_nowhere(
     }
     match closest {
         Some(closest) => UnplacedReason::NoRoom { needs, closest },
-        // A drain is named only when nothing else stands in the way.
+        // A drain or a taint is named only when nothing else stands in the way.
         None => first_refusal.or(first_drained).map_or(UnplacedReason::NoMachines, Refusal::everywhere),
     }
 }

@@ -311,8 +311,7 @@ fn count_global_units(working: &mut Working<'_>, globals: &[UnitIndex]) {
         for rank in working.ranks() {
             let excludes_a_resident =
                 || working.residents(rank).iter().any(|other| working.relation(index, *other).is_some());
-            if global_unit_runs(unit.desired, &unit.requirements, &working.machine(rank).metadata, excludes_a_resident)
-            {
+            if global_unit_runs(unit.desired, &unit.requirements, working.machine(rank), excludes_a_resident) {
                 working.place(index, rank);
             }
         }

@@ -46,6 +46,11 @@ pub enum Refusal {
     ReplacesJustPlaced(String),
     /// The machine is drained: it takes no new units.
     Draining(String),
+    /// The machine has a taint the unit does not tolerate (as written: `gpu=yes`).
+    Tainted {
+        machine: String,
+        taint: String,
+    },
 }
 
 impl Refusal {
@@ -62,6 +67,7 @@ impl Refusal {
             Self::CircularReplace(other) => UnplacedReason::CircularReplace(other),
             Self::ReplacesJustPlaced(other) => UnplacedReason::ReplacesJustPlaced(other),
             Self::Draining(machine) => UnplacedReason::Draining(machine),
+            Self::Tainted { machine, taint } => UnplacedReason::Tainted { machine, taint },
         }
     }
 }
@@ -98,6 +104,11 @@ pub enum UnplacedReason {
     ReplacesJustPlaced(String),
     /// The machine its rules allow is drained (the first of them, when several are).
     Draining(String),
+    /// The machine its rules allow has a taint it does not tolerate (the first of them).
+    Tainted {
+        machine: String,
+        taint: String,
+    },
     /// A unit a drain let go that follows (`MachineOf=`) one that stays on the machine.
     StaysWithLeader(String),
     /// A unit a drain let go whose rules allow no machine but its drained one.
@@ -185,6 +196,9 @@ impl fmt::Display for UnplacedReason {
                 write!(f, "replaces {other}, which has just been placed; retried on the next reconcile")
             }
             Self::Draining(machine) => write!(f, "machine {machine} is draining"),
+            Self::Tainted { machine, taint } => {
+                write!(f, "machine {machine} has taint {taint}, which the unit does not tolerate (Tolerate=)")
+            }
             Self::StaysWithLeader(leader) => write!(f, "it follows {leader}, which stays"),
             Self::NowhereElse => f.write_str("its rules allow no other machine"),
             Self::NoRoom { needs, closest } => write_no_room(f, *needs, closest),

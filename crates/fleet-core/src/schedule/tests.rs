@@ -422,26 +422,37 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
         let count = ids.len();
         let capacities = prop::collection::vec(prop::option::weighted(0.6, (0u64..5, 0u64..5)), count);
         let drained = prop::collection::vec(prop::bool::weighted(0.2), count);
-        (Just(ids), prop::collection::vec(0u8..3, count), capacities, drained)
+        let taints = prop::collection::vec(0u8..8, count);
+        (Just(ids), prop::collection::vec(0u8..3, count), capacities, drained, taints)
     });
     let raw_unit =
-        (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25, 0u8..6, any::<bool>());
+        (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25, 0u8..6, any::<bool>(), 0u8..5);
     (machines, prop::collection::vec(raw_unit, 0..25), any::<bool>()).prop_map(
-        |((ids, regions, capacities, drained), raw_units, bin_pack)| {
+        |((ids, regions, capacities, drained, taints), raw_units, bin_pack)| {
             let mut machines: Vec<MachineState> = ids
                 .iter()
                 .zip(&regions)
                 .zip(&capacities)
                 .zip(&drained)
-                .map(|(((id, region), capacity), drained)| MachineState {
+                .zip(&taints)
+                .map(|((((id, region), capacity), drained), taint)| MachineState {
                     capacity: capacity.map(|(gib, cores)| Resources { memory: gib << 30, cpu_millis: cores * 1000 }),
                     drain: drained.then(|| crate::drain::Drain::new(crate::rollout::MaxUnavailable::Count(1), 0)),
+                    // Most machines untainted; some kept for t=1 or t=2, evicting or not.
+                    taints: crate::taint::parse_taints(match taint {
+                        1 => "t=1",
+                        2 => "t=1:evict",
+                        3 => "t=2:evict",
+                        4 => "t",
+                        _ => "",
+                    })
+                    .expect("a test's taints"),
                     ..machine(&format!("m{id:02}"), &[("region", &format!("r{region}"))])
                 })
                 .collect();
             // Drains let go of some of the units on their machines.
             for (n, raw) in raw_units.iter().enumerate() {
-                let (_, group, on, .., let_go) = raw;
+                let (_, group, on, .., let_go, _) = raw;
                 if let (Some(on), true) = (on, let_go)
                     && let Some(drain) =
                         machines.iter_mut().find(|m| m.id == format!("m{on:02}")).and_then(|m| m.drain.as_mut())
@@ -452,7 +463,7 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
             let units = raw_units
                 .iter()
                 .enumerate()
-                .map(|(n, (kind, group, on, launched, region, other, reserves, _))| {
+                .map(|(n, (kind, group, on, launched, region, other, reserves, _, tolerates))| {
                     let name = format!("g{group}@{n}.service");
                     let rule = match kind {
                         0 => format!("Conflicts=g{group}@*.service"),
@@ -471,9 +482,15 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
                         3 => "\nMemory=2G\nCPU=0.5",
                         _ => "",
                     };
+                    let toleration = match tolerates {
+                        1 => "\nTolerate=t",
+                        2 => "\nTolerate=t=1",
+                        3 => "\nTolerate=t=2 other",
+                        _ => "",
+                    };
                     let global = matches!(kind, 4 | 5);
                     let scheduled_on = on.filter(|_| !global).map(|id| format!("m{id:02}"));
-                    let mut spec = unit(&name, &format!("{rule}{reservation}"), scheduled_on.as_deref());
+                    let mut spec = unit(&name, &format!("{rule}{reservation}{toleration}"), scheduled_on.as_deref());
                     if !launched {
                         spec.desired = DesiredState::Loaded;
                     }
@@ -575,6 +592,7 @@ proptest! {
                     let circular_blocked = before.keys().any(|other| circular(spec, specs[other.as_str()]));
                     let eligible = |m: &MachineState| {
                         m.drain.is_none()
+                            && crate::taint::first_untolerated(&m.taints, &spec.requirements.tolerate, false).is_none()
                             && !circular_blocked
                             && spec.requirements.machine_id.as_ref().is_none_or(|id| m.matches_id(id))
                             && spec.requirements.metadata_matches(&m.metadata)
@@ -690,6 +708,11 @@ proptest! {
             prop_assert!(spec.desired != DesiredState::Inactive);
             prop_assert!(spec.requirements.machine_id.as_ref().is_none_or(|id| target.matches_id(id)));
             prop_assert!(spec.requirements.metadata_matches(&target.metadata));
+            // A unit stays beside a taint it does not tolerate only when it was there before
+            // and the taint does not evict.
+            let untolerated = |evicting| crate::taint::first_untolerated(&target.taints, &spec.requirements.tolerate, evicting);
+            prop_assert!(untolerated(true).is_none(), "{unit} stays beside an evicting taint on {machine}");
+            prop_assert!(initial.get(unit) == Some(machine) || untolerated(false).is_none(), "{unit} placed beside a taint on {machine}");
             for peer in &spec.requirements.machine_of {
                 prop_assert_eq!(placement.get(peer), Some(machine));
             }
@@ -1083,4 +1106,42 @@ fn a_retried_run_goes_back_to_a_machine_it_failed_on_only_when_no_other_takes_it
     let back = placed(vec![avoiding("MachineMetadata=role=batch", &["a", "b"])]);
     assert_eq!(back.get("job.service").map(String::as_str), Some("a"));
     assert_eq!(placed(vec![avoiding("", &["a", "b"])]).get("job.service").map(String::as_str), Some("c"));
+}
+
+#[test]
+fn a_tainted_machine_takes_only_units_that_tolerate_it_and_evicts_only_with_evict() {
+    let tainted = |id: &str, taints: &str| MachineState {
+        taints: crate::taint::parse_taints(taints).unwrap(),
+        ..machine(id, &[])
+    };
+    let snapshot = ClusterSnapshot {
+        machines: vec![tainted("gpu1", "gpu=yes"), tainted("db1", "db:evict")],
+        units: vec![
+            unit("train.service", "Tolerate=gpu=yes\n", None),
+            unit("web.service", "", None),
+            unit("old.service", "", Some("gpu1")),
+            unit("cache.service", "", Some("db1")),
+            unit("pg.service", "Tolerate=db\n", Some("db1")),
+        ],
+        ..ClusterSnapshot::default()
+    };
+    let plan = plan(&snapshot);
+    assert_eq!(scheduled(&plan), BTreeMap::from([("train.service".into(), "gpu1".into())]));
+    // Already there: it stays beside a taint without :evict, and leaves one with it.
+    let moved: Vec<&str> = plan
+        .decisions
+        .iter()
+        .filter_map(|decision| match decision {
+            Decision::Unschedule { unit, .. } => Some(unit.as_str()),
+            Decision::Schedule { .. } => None,
+        })
+        .collect();
+    assert_eq!(moved, ["cache.service"]);
+    let reasons: BTreeMap<String, String> =
+        plan.unplaced.iter().map(|(unit, why)| (unit.clone(), why.to_string())).collect();
+    assert_eq!(
+        reasons["web.service"], "machine db1 has taint db:evict, which the unit does not tolerate (Tolerate=)",
+        "{reasons:?}"
+    );
+    assert!(reasons.contains_key("cache.service"), "{reasons:?}");
 }

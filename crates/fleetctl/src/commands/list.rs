@@ -50,7 +50,8 @@ fn or_dash(text: &str) -> String {
 }
 
 pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
-    let valid = ["machine", "ip", "metadata", "units", "connection", "leader", "capacity", "reserved", "drain"];
+    let valid =
+        ["machine", "ip", "metadata", "units", "connection", "leader", "capacity", "reserved", "drain", "taints"];
     let fields = match columns(fields, &valid, output) {
         Ok(fields) => fields,
         Err(outcome) => return outcome,
@@ -103,6 +104,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                 capacity: machine.capacity,
                 reserved: reserved_on(&machine.id).into(),
                 drain: machine.drain.as_ref().map(|drain| drain.state.as_str()),
+                taints: &machine.taints,
             })
             .collect();
         print_json(&rows);
@@ -123,6 +125,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                     "capacity" => capacity_cell(machine.capacity),
                     "reserved" => reserved_cell(reserved_on(&machine.id), machine.capacity),
                     "drain" => machine.drain.as_ref().map_or("-".to_string(), |drain| drain.state.clone()),
+                    "taints" => or_dash(&machine.taints.join(",")),
                     _ => {
                         or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                     }

@@ -1,5 +1,5 @@
-//! `fleetctl machine revoke|forget|drain|undrain|status`: what an administrator does to one
-//! machine.
+//! `fleetctl machine revoke|forget|drain|undrain|taint|untaint|status`: what an administrator
+//! does to one machine.
 
 use fleet_api_schema::{DrainRequest, MachineDrain};
 
@@ -33,6 +33,8 @@ pub async fn run(context: &Context, command: MachineCommand) -> Outcome {
                 Outcome::Failure
             }
         },
+        MachineCommand::Taint { machine, taint } => set_taint(context, &machine, &taint, true).await,
+        MachineCommand::Untaint { machine, key } => set_taint(context, &machine, &key, false).await,
         MachineCommand::Status { machine, no_legend } => match context.client.machine_drain(&machine).await {
             Ok(Some(drain)) => {
                 print_drain(&machine, &drain, no_legend);
@@ -48,6 +50,48 @@ pub async fn run(context: &Context, command: MachineCommand) -> Outcome {
             }
         },
     }
+}
+
+/// Sets (`taint` as written: `gpu=yes:evict`) or removes (`taint` a key) a taint of the
+/// machine named by its ID or short ID.
+async fn set_taint(context: &Context, machine: &str, taint: &str, setting: bool) -> Outcome {
+    let (key, after_key) = if setting {
+        match fleet_core::taint::parse_taint(taint) {
+            Ok((key, parsed)) => {
+                let after = fleet_core::taint::written_after_key(&key, &parsed);
+                (key, Some(after))
+            }
+            Err(error) => {
+                eprintln!("Error tainting machine {machine}: {error}");
+                return Outcome::Usage;
+            }
+        }
+    } else {
+        (taint.to_string(), None)
+    };
+    let doing = if setting { "tainting" } else { "untainting" };
+    let machines = match context.client.machines().await {
+        Ok(machines) => machines,
+        Err(error) => {
+            eprintln!("Error {doing} machine {machine}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let found: Vec<&str> = machines
+        .iter()
+        .map(|known| known.id.as_str())
+        .filter(|id| *id == machine || (machine.len() == 8 && id.starts_with(machine)))
+        .collect();
+    let [id] = found[..] else {
+        eprintln!("Error {doing} machine {machine}: no machine, or more than one, has that ID");
+        return Outcome::Failure;
+    };
+    let done = context.client.set_taint(id, &key, after_key.as_deref()).await;
+    let line = match &after_key {
+        Some(_) => format!("Machine {machine} is tainted {taint}: it takes only units that tolerate it"),
+        None => format!("Machine {machine} no longer has taint {key}"),
+    };
+    said(done, machine, doing, line)
 }
 
 fn said(done: Result<(), fleet_client::ClientError>, machine: &str, doing: &str, line: String) -> Outcome {

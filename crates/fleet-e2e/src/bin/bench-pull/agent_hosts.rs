@@ -113,6 +113,7 @@ fn start(
                 connection: fleet_core::Connection::Pull,
                 capacity: None,
                 drain: None,
+                taints: Default::default(),
             },
             // As fleetd's pull mode: changes come on the change stream; the fallback is a safety net.
             // fleetd's pull mode's (`reconcile_timing::PULL_RECONCILE_INTERVAL`).
