@@ -62,15 +62,18 @@ struct Settled {
     rules: RuleIndex,
 }
 
-/// A machine's ID, metadata, capacity and drain.
-type SettledMachine = (String, BTreeMap<String, String>, Option<Resources>, Option<Drain>);
+/// A machine's ID, metadata, capacity, drain and taints.
+type SettledMachine = (String, BTreeMap<String, String>, Option<Resources>, Option<Drain>, crate::taint::Taints);
 
 /// The machines of `snapshot` as the planner ranks them.
 fn settled_machines(snapshot: &ClusterSnapshot) -> Vec<SettledMachine> {
     let mut machines: Vec<SettledMachine> = snapshot
         .machines
         .iter()
-        .map(|machine| (machine.id.clone(), machine.metadata.clone(), machine.capacity, machine.drain.clone()))
+        .map(|machine| {
+            let taints = machine.taints.clone();
+            (machine.id.clone(), machine.metadata.clone(), machine.capacity, machine.drain.clone(), taints)
+        })
         .collect();
     machines.sort_by(|a, b| a.0.cmp(&b.0));
     machines.dedup_by(|a, b| a.0 == b.0);
@@ -150,16 +153,15 @@ impl Settled {
         let mut machines: Vec<_> = snapshot
             .machines
             .iter()
-            .map(|machine| (&machine.id, &machine.metadata, machine.capacity, &machine.drain))
+            .map(|machine| (&machine.id, &machine.metadata, machine.capacity, &machine.drain, &machine.taints))
             .collect();
         machines.sort_by(|a, b| a.0.cmp(b.0));
         machines.dedup_by(|a, b| a.0 == b.0);
         snapshot.strategy == self.strategy
             && machines.len() == self.machines.len()
-            && machines
-                .iter()
-                .zip(&self.machines)
-                .all(|(new, old)| *new.0 == old.0 && *new.1 == old.1 && new.2 == old.2 && *new.3 == old.3)
+            && machines.iter().zip(&self.machines).all(|(new, old)| {
+                *new.0 == old.0 && *new.1 == old.1 && new.2 == old.2 && *new.3 == old.3 && *new.4 == old.4
+            })
     }
 
     fn unchanged(&self, unit: &UnitSpec) -> Option<bool> {

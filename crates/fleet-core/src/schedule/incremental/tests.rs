@@ -29,6 +29,8 @@ enum Change {
     MachineJoins(u8),
     /// A machine's drain starts, lets a unit go, or ends.
     Drain(usize, usize, u8),
+    /// A machine is tainted (`t=1`, `t=1:evict`) or untainted.
+    Taint(usize, u8),
 }
 
 fn change() -> impl Strategy<Value = Change> {
@@ -44,6 +46,7 @@ fn change() -> impl Strategy<Value = Change> {
         1 => (0usize..8).prop_map(Change::MachineGone),
         1 => (0u8..12).prop_map(Change::MachineJoins),
         1 => (0usize..8, 0usize..64, 0u8..3).prop_map(|(machine, unit, step)| Change::Drain(machine, unit, step)),
+        1 => (0usize..8, 0u8..3).prop_map(|(machine, taint)| Change::Taint(machine, taint)),
     ]
 }
 
@@ -105,6 +108,11 @@ fn apply_change(snapshot: &mut ClusterSnapshot, change: &Change, serial: usize) 
                 (1, Some(drain)) => drain.released.extend(name.map(|name| (name, 0))),
                 _ => machine.drain = Some(crate::drain::Drain::new(crate::rollout::MaxUnavailable::Count(1), 0)),
             }
+        }
+        Change::Taint(machine, taint) if !snapshot.machines.is_empty() => {
+            let count = snapshot.machines.len();
+            let taints = ["", "t=1", "t=1:evict"][usize::from(*taint) % 3];
+            snapshot.machines[machine % count].taints = crate::taint::parse_taints(taints).expect("a test's taints");
         }
         Change::MachineJoins(id) => {
             let id = format!("m{id:02}");
