@@ -461,6 +461,10 @@ pub struct AgentMachine {
     /// fleet.conf's); an agent without it limits nothing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity: Option<Capacity>,
+    /// Its fleet.conf's taints, as written (`gpu=yes`, `db:evict`): a machine may keep itself
+    /// for some units, never widen what it is given (our addition).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
 }
 
 /// A unit a machine should hold: its name, body hash and desired state.

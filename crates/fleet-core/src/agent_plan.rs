@@ -152,10 +152,7 @@ pub fn global_unit_runs(
     machine: &MachineState,
     excludes_a_resident: impl FnOnce() -> bool,
 ) -> bool {
-    desired != DesiredState::Inactive
-        && requirements.metadata_matches(&machine.metadata)
-        && crate::taint::first_untolerated(&machine.taints, &requirements.tolerate, false).is_none()
-        && !excludes_a_resident()
+    desired != DesiredState::Inactive && requirements.admitted_by(machine) && !excludes_a_resident()
 }
 
 /// Which global units this machine runs, by [`global_unit_runs`], in name order.

@@ -235,6 +235,13 @@ impl Requirements {
         }
     }
 
+    /// Whether a global unit with these rules runs on `machine` by its metadata and taints: it
+    /// has every `MachineMetadata=` asked for, and the unit tolerates each of its taints.
+    pub fn admitted_by(&self, machine: &crate::MachineState) -> bool {
+        self.metadata_matches(&machine.metadata)
+            && crate::taint::first_untolerated(&machine.taints, &self.tolerate, false).is_none()
+    }
+
     /// Whether a machine with `metadata` satisfies every `MachineMetadata=` key.
     pub fn metadata_matches(&self, metadata: &BTreeMap<String, String>) -> bool {
         self.metadata.iter().all(|(key, allowed)| metadata.get(key).is_some_and(|value| allowed.contains(value)))

@@ -99,6 +99,7 @@ remote_contract!(
     a_schedule_change_wakes_only_its_machine,
     desired_state_changes_reach_the_agent,
     runtime_metadata_overlays_the_machine,
+    taints_overlay_the_machine_as_metadata_does,
     states_go_with_their_machine,
     a_revoked_machine_goes_with_its_states,
     a_run_ticket_reaches_every_machine_with_its_global_unit,

@@ -399,6 +399,7 @@ impl RemoteRegistry {
             metadata: machine.metadata.clone(),
             version: machine.version.clone(),
             capacity: machine.capacity.map(Into::into),
+            taints: fleet_core::taint::written(&machine.taints),
         };
         let body = serde_json::to_string(&body).map_err(unavailable)?;
         let request =

@@ -42,6 +42,7 @@ macro_rules! registry_contract {
             desired_state_changes_reach_the_agent,
             secret_pins_reach_the_agent_and_hold_across_new_content,
             runtime_metadata_overlays_the_machine,
+            taints_overlay_the_machine_as_metadata_does,
             a_drain_reads_with_its_machine_and_is_stepped_only_while_it_stands,
             states_go_with_their_machine,
             units_belong_to_the_source_that_made_them,
@@ -295,6 +296,37 @@ pub async fn runtime_metadata_overlays_the_machine(registry: &dyn Registry, agen
     let remove = |key: &str| MetadataChange::Remove { machine_id: "m1".into(), key: key.into() };
     registry.change_metadata(&[remove("foo"), remove("hostname")]).await.unwrap();
     assert!(registry.machines().await.unwrap()[0].metadata.is_empty(), "a removed override hides the configured value");
+}
+
+/// A machine's taints (its configured ones, with the runtime changes laid over them as its
+/// metadata's are) read the same to the API, the engine and the machine's own agent, and never
+/// show as metadata.
+pub async fn taints_overlay_the_machine_as_metadata_does(registry: &dyn Registry, agent_for: AgentFor<'_>) {
+    use fleet_core::taint::{override_entry, parse_taint, parse_taints, written};
+    let mut configured = machine("m1");
+    configured.taints = parse_taints("gpu=yes,zone=a").unwrap();
+    agent_for("m1").register_machine(&configured).await.unwrap();
+    assert_eq!(written(&registry.machines().await.unwrap()[0].taints), ["gpu=yes", "zone=a"]);
+    let (key, value) = override_entry("db", Some(&parse_taint("db:evict").unwrap().1));
+    let tainted = MetadataChange::Set { machine_id: "m1".into(), key, value };
+    let (key, _) = override_entry("gpu", None);
+    let untainted = MetadataChange::Remove { machine_id: "m1".into(), key };
+    registry.change_metadata(&[tainted, untainted]).await.unwrap();
+    let wanted = ["db:evict".to_string(), "zone=a".to_string()];
+    let machine = registry.machines().await.unwrap().remove(0);
+    assert_eq!(written(&machine.taints), wanted);
+    let no_taint_in =
+        |metadata: &std::collections::BTreeMap<String, String>| !metadata.keys().any(|key| key.contains(':'));
+    assert!(no_taint_in(&machine.metadata), "a taint is not metadata: {:?}", machine.metadata);
+    eventually("the engine and the agent read the taints", async || {
+        let engine = registry.snapshot().await.is_ok_and(|s| s.machines.iter().any(|m| written(&m.taints) == wanted));
+        let agent = agent_for("m1")
+            .machine_work("m1")
+            .await
+            .is_ok_and(|work| work.machine.is_some_and(|m| written(&m.taints) == wanted && no_taint_in(&m.metadata)));
+        engine && agent
+    })
+    .await;
 }
 
 /// A machine's drain reads with the machine (to the API and the engine) and outlives the

@@ -74,6 +74,7 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
     if request.version.len() > 64 || request.version.chars().any(char::is_control) {
         return Err(ApiError::bad_request("invalid version"));
     }
+    let taints = announced_taints(&request.taints)?;
     let capacity: Option<Resources> = request.capacity.map(Into::into);
     if capacity.is_some_and(|capacity| !capacity.is_bounded()) {
         return Err(ApiError::bad_request("invalid capacity: at most 1 PiB of memory and 1000000 cores"));
@@ -108,13 +109,27 @@ pub async fn register(state: &ApiState, identity: &Identity, body: &[u8]) -> Res
         connection: Connection::Pull,
         capacity,
         drain: None,
-        // Its taints are the runtime overrides, which the stores lay over its record.
-        taints: Default::default(),
+        taints,
     };
     agents.announce_for_agent(&machine).await?;
     fleet_metrics::metrics().pull.announcements.inc();
     let stream_now = if state.announce_pace.welcomes_stream() { "true" } else { "false" };
     Ok((StatusCode::NO_CONTENT, [(STREAM_NOW_HEADER, stream_now)]).into_response())
+}
+
+/// The most taints a machine announces.
+const MOST_TAINTS: usize = 64;
+
+/// The taints a machine announces, each as written, at most [`MOST_TAINTS`].
+fn announced_taints(written: &[String]) -> Result<fleet_core::taint::Taints, ApiError> {
+    if written.len() > MOST_TAINTS {
+        return Err(ApiError::bad_request(format!("invalid taints: at most {MOST_TAINTS}")));
+    }
+    written
+        .iter()
+        .map(|taint| fleet_core::taint::parse_taint(taint))
+        .collect::<Result<_, _>>()
+        .map_err(|error| ApiError::bad_request(format!("invalid taints: {error}")))
 }
 
 /// The machine leaves the cluster (a clean stop): it and its states go, its units move.
@@ -256,8 +271,8 @@ pub async fn secrets(state: &ApiState, machine_id: &str, unit: &str) -> Result<R
     };
     let file = agents.unit_body(&held.hash).await?.ok_or_else(|| ApiError::not_found("unit body does not exist"))?;
     if scheduled.is_none() {
-        let metadata = work.machine.as_ref().map(|machine| machine.metadata.clone()).unwrap_or_default();
-        if !fleet_core::requirements::Requirements::from_unit(unit, &file).metadata_matches(&metadata) {
+        let machine = work.machine.clone().unwrap_or_default();
+        if !fleet_core::requirements::Requirements::from_unit(unit, &file).admitted_by(&machine) {
             return Err(forbidden(format!("machine {machine_id} does not run global unit {unit}")));
         }
     }

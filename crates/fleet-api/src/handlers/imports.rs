@@ -125,6 +125,13 @@ fn admit(
                  original's metadata= first"
             ));
         }
+        if let Some((key, taint)) = fleet_core::taint::first_untolerated(&joined.taints, &requirements.tolerate, true) {
+            let taint = fleet_core::taint::Written(key, taint);
+            return Err(format!(
+                "machine {id} has taint {taint}, which moves off the units that do not tolerate it: untaint it or \
+                 give the unit Tolerate= first"
+            ));
+        }
     }
     Ok(ImportedUnit { name: change.name, file, desired: change.desired, machine })
 }

@@ -396,6 +396,48 @@ async fn machine_metadata_patch() {
     );
 }
 
+#[tokio::test]
+async fn machine_taints_patch_through_the_same_operations() {
+    let api = api(100).await;
+    let machine = MachineState {
+        id: "m1".into(),
+        public_ip: "10.0.0.1".into(),
+        taints: fleet_core::taint::parse_taints("gpu=yes").unwrap(),
+        ..Default::default()
+    };
+    api.registry.register_machine(&machine).await.unwrap();
+    let taints = || async { api.call("GET", "/fleet/v1/machines", None).await.body["machines"][0]["taints"].clone() };
+    assert_eq!(taints().await, json!(["gpu=yes"]));
+    let ops = json!([
+        {"op": "add", "path": "/m1/taints/db", "value": ":evict"},
+        {"op": "replace", "path": "/m1/taints/gpu", "value": "a100"},
+        {"op": "add", "path": "/m1/taints/edge"},
+    ]);
+    assert_eq!(api.call("PATCH", "/fleet/v1/machines", Some(ops)).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(taints().await, json!(["db:evict", "edge", "gpu=a100"]));
+    let body = api.call("GET", "/fleet/v1/machines", None).await.body;
+    assert!(body["machines"][0].get("metadata").is_none(), "a taint is not metadata: {body}");
+    let remove = json!([{"op": "remove", "path": "/m1/taints/gpu"}, {"op": "remove", "path": "/m1/taints/edge"}]);
+    assert_eq!(api.call("PATCH", "/fleet/v1/machines", Some(remove)).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(taints().await, json!(["db:evict"]));
+    let bad = [
+        (
+            json!([{"op": "add", "path": "/m1/taints/gpu", "value": "yes:later"}]),
+            "invalid taint: \"gpu=yes:later\" is not a taint: expected key, key=value, each optionally followed by :evict",
+        ),
+        (
+            json!([{"op": "add", "path": "/m1/taints/gpu", "value": "a,b"}]),
+            "invalid taint: a taint's or toleration's value is at most 64 letters, digits, '_', '.' and '-', not \"a,b\"",
+        ),
+        (json!([{"op": "add", "path": "/m1/taints/g:pu", "value": "x"}]), "machine metadata path invalid"),
+    ];
+    for (ops, message) in bad {
+        assert_eq!(api.call("PATCH", "/fleet/v1/machines", Some(ops)).await.body, error(400, message));
+    }
+    let missing = json!([{"op": "add", "path": "/m9/taints/gpu", "value": "x"}]);
+    assert_eq!(api.call("PATCH", "/fleet/v1/machines", Some(missing)).await.status, StatusCode::NOT_FOUND);
+}
+
 /// Regression: values that a unit file cannot hold, and `[Service]` values no manager can
 /// use (a time span that panicked the agent), are refused at submission, naming the problem.
 #[tokio::test]
