@@ -36,6 +36,9 @@ pub struct MachineRow {
     /// While the machine is drained: where its drain stands.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain: Option<DrainCell>,
+    /// Its taints as written (`gpu=yes`, `db:evict`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub taints: Vec<String>,
 }
 
 /// A drained machine's drain, as the web view shows it.
@@ -143,6 +146,7 @@ pub fn cluster_view(
                 id: machine.id.to_string(),
                 ip: machine.public_ip.clone(),
                 metadata: machine.metadata.clone(),
+                taints: fleet_core::taint::written(&machine.taints),
                 units: load.get(machine.id.as_str()).copied().unwrap_or(0),
                 capacity: machine.capacity,
                 reserved: reserved.get(machine.id.as_str()).copied().unwrap_or_default(),

@@ -78,11 +78,11 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\tDRIFT\tHEALTH\n"), "{wide}");
     let wide = fleet.ok(&["list-machines", "-o", "wide"]).stdout;
     assert!(
-        wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\tDRAIN\n"),
+        wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\tDRAIN\tTAINTS\n"),
         "{wide}"
     );
     assert!(wide.contains("e2e0json00000001\t"), "-o wide shows machine IDs whole: {wide}");
-    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine\t4 GiB, 2 CPU\t0 B, 0 CPU\t-"), "{wide}");
+    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine\t4 GiB, 2 CPU\t0 B, 0 CPU\t-\t-"), "{wide}");
     let wide = fleet.ok(&["list-unit-files", "-o", "wide", "--no-legend"]).stdout;
     assert!(wide.contains("Waits for a machine"), "{wide}");
 }

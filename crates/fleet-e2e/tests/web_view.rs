@@ -165,6 +165,20 @@ fn the_header_counts_only_units_that_wait_and_health_has_its_column() {
         },
         String::new,
     );
+    // A taint shows in the machine's own column (its units stay: it does not evict).
+    fleet.ok(&["machine", "taint", "0e0e0e0e", "edge=yes"]);
+    poll_until(
+        "the machine's taints column shows the taint",
+        WAIT,
+        || {
+            let cells = browser.evaluate(
+                "[...document.querySelectorAll('#machines .row')].map(r => r.children[5] ? r.children[5].innerText : '').join('|')",
+            );
+            cells.as_str() == Some("edge=yes")
+        },
+        String::new,
+    );
+    assert!(text(&mut browser).contains("TAINTS"), "the column has its head");
 }
 
 /// A unit on a calendar shows how its last run ended and when it runs next in its own column,

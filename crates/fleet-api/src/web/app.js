@@ -89,6 +89,7 @@ const machineList = new VirtualList(document.getElementById("machines"), "machin
   [String(m.units)],
   [fill(m), overCapacity(m) ? "failed" : null, overCapacity(m) ? "over capacity" : ""],
   drainCell(m),
+  (m.taints || []).length ? [m.taints.join(","), null, "takes only the units that tolerate these (Tolerate=)"] : ["-"],
   [Object.entries(m.metadata).map(([k, v]) => k + "=" + v).join(",") || "-"],
 ]);
 
