@@ -33,7 +33,7 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
     doc(
         "taints",
         "",
-        "Taints keeping this machine for the units that tolerate them ([X-Fleet] Tolerate=), separated by commas: key or key=value, :evict to move off the units already here that do not (gpu=yes,db:evict). A pull agent's come from fleetctl machine taint.",
+        "Taints keeping this machine for the units that tolerate them ([X-Fleet] Tolerate=), separated by commas: key or key=value, :evict to move off the units already here that do not (gpu=yes,db:evict). A pull agent announces its own to its manager; fleetctl machine taint sets and removes taints on any machine over these.",
     ),
     doc("etcd_servers", "", "Comma-separated etcd v3 endpoints (http:// or https://); the embedded store when empty."),
     doc("etcd_key_prefix", "/_coreos.com/fleet/", "The keyspace of fleet's data in etcd."),

@@ -155,7 +155,7 @@ pub async fn unchanged_since(state: &ApiState, query: &[(String, String)]) -> Re
 }
 
 /// What a plan depends on, as one number: every unit's name, content, desired state and
-/// machine, and every machine as the planner sees it (metadata, capacity, drain). Unit
+/// machine, and every machine as the planner sees it (metadata, capacity, drain, taints). Unit
 /// states, which change all the time, are not in it. The same on every member and every
 /// store (SHA-256 of a fixed encoding), so a plan made through one member guards a write
 /// through another.
@@ -180,6 +180,13 @@ pub fn standing_index(units: &[UnitView], machines: &[fleet_core::MachineState])
         digest.update(b"machine\0");
         digest.update(serde_json::to_string(&planned).unwrap_or_default().as_bytes());
         digest.update(b"\n");
+        // Only where there are any, so that an untainted cluster's index is what it was
+        // before taints (a plan made through an older member still guards a write here).
+        if !machine.taints.is_empty() {
+            digest.update(b"taints\0");
+            digest.update(fleet_core::taint::written(&machine.taints).join(",").as_bytes());
+            digest.update(b"\n");
+        }
     }
     let sum = digest.finish();
     let mut first = [0u8; 8];

@@ -220,3 +220,18 @@ async fn a_plan_places_units_whose_runs_are_kept_only_for_a_run_and_says_when() 
     let runs = sweep["runs"].as_str().unwrap_or_default();
     assert!(runs.starts_with("runs on every machine it may run on, on *-*-* 03:00:00, next at "), "{planned}");
 }
+
+/// A taint set or removed changes what a plan guards; a cluster without taints keeps the index
+/// it had before taints were known (a plan made through an older member still guards a write).
+#[test]
+fn a_machines_taints_are_part_of_the_plan_index() {
+    let machine = MachineState { id: "m0".into(), ..MachineState::default() };
+    let untainted = super::standing_index(&[], std::slice::from_ref(&machine));
+    assert_eq!(untainted, 1_434_608_290_969_155, "an untainted machine's index as before taints");
+    let mut tainted = machine.clone();
+    tainted.taints = fleet_core::taint::parse_taints("gpu=yes").expect("a taint");
+    let with_taint = super::standing_index(&[], &[tainted.clone()]);
+    assert_ne!(with_taint, untainted);
+    tainted.taints = fleet_core::taint::parse_taints("gpu=yes:evict").expect("a taint");
+    assert_ne!(super::standing_index(&[], &[tainted]), with_taint, "evicting or not is part of it");
+}
