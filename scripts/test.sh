@@ -94,4 +94,4 @@ step target/debug/bench-upgrade target/debug/fleetd 20 20
 # fail on m0 and move (each ends running elsewhere, or off with its retries spent having failed
 # on m0 only; never recorded failed where it did not fail). One run covers what a plain run
 # checks, so there is no plain run besides.
-step target/debug/fleet-sim --scheduled 4 --moving 3 700
+step target/debug/fleet-sim --scheduled 4 --moving 3 --prioritized 8 700

@@ -112,6 +112,9 @@ pub struct ApiState {
     pub secret_keys: Arc<crate::secret_keys::SecretKeys>,
     /// How the engine chooses among machines (`placement_strategy`): plans choose alike.
     pub placement_strategy: fleet_core::schedule::PlacementStrategy,
+    /// Whether a unit that fits nowhere may preempt units of a lower priority (`preemption`):
+    /// plans preempt alike.
+    pub preemption: bool,
     /// How many plans are being worked out (at most `handlers::plans::MOST_PLANS_AT_ONCE`).
     pub plans_under_way: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -141,6 +144,7 @@ impl ApiState {
             backup: None,
             secret_keys: Arc::new(crate::secret_keys::SecretKeys::missing("no secrets key is configured")),
             placement_strategy: Default::default(),
+            preemption: false,
             plans_under_way: Default::default(),
         }
     }

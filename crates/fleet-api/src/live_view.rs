@@ -74,6 +74,8 @@ pub struct UnitRow {
     /// (`last: succeeded (run 12); next 2026-12-05T02:00:00Z`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub runs: Option<String>,
+    /// `[X-Fleet] Priority=` (the default where it sets none).
+    pub priority: u16,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -179,6 +181,8 @@ pub fn cluster_view(
                 reason: unit.reason.clone(),
                 health: here.and_then(|state| state.health.as_ref()).map(|health| health.describe()),
                 runs: runs_cell(unit, records.get(unit.name.as_str()).copied(), now),
+                priority: fleet_core::requirements::priority_of(unit.file.options())
+                    .unwrap_or(fleet_core::requirements::DEFAULT_PRIORITY),
             };
             (row.name.clone(), row)
         })

@@ -14,6 +14,7 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     check_service_directives(file).map_err(|error| error.to_string())?;
     crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
     crate::requirements::check_tolerations(file.options())?;
+    crate::requirements::priority_of(file.options())?;
     crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
     crate::job::job_of(name, file.options()).map_err(|error| error.to_string())?;
     crate::job::refuse_what_is_not_run_yet(file.options()).map_err(|error| error.to_string())?;
@@ -60,6 +61,25 @@ mod tests {
         assert!(
             admit_unit("train.service", &file).is_err_and(|error| error.contains("Tolerate") && error.contains("g/pu"))
         );
+    }
+
+    #[test]
+    fn a_priority_outside_0_to_1000_is_refused_naming_the_option() {
+        for good in ["0", "50", " 900 ", "1000"] {
+            let file = UnitFile::parse(&format!("[X-Fleet]\nPriority={good}\n")).expect("a unit");
+            assert_eq!(admit_unit("web.service", &file), Ok(()), "{good}");
+        }
+        for bad in ["1001", "-1", "+5", "high", "", "5.0", "99999999999"] {
+            let file = UnitFile::parse(&format!("[X-Fleet]\nPriority={bad}\n")).expect("a unit");
+            assert_eq!(
+                admit_unit("web.service", &file),
+                Err(format!("invalid value {bad:?} for [X-Fleet] Priority: expected a whole number from 0 to 1000")),
+                "{bad}"
+            );
+        }
+        let file = UnitFile::parse("[X-Fleet]\nPriority=900\n").expect("a unit");
+        assert_eq!(Requirements::from_unit("web.service", &file).priority, 900);
+        assert_eq!(Requirements::from_unit("web.service", &UnitFile::parse("").expect("a unit")).priority, 50);
     }
 
     #[test]

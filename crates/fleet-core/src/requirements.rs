@@ -30,7 +30,18 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// template spread evenly over the values of that metadata key; `SpreadGroup=web-*`: instead,
 /// the units that name the same pattern (and match it) spread together. The health check's
 /// keys are fleet's too ([`crate::health::check::KEYS`]); [`is_added_key`] knows both.
-pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup", TOLERATE];
+pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup", TOLERATE, PRIORITY];
+
+/// `Priority=` (0 to 1000, [`DEFAULT_PRIORITY`] when absent): units of a higher priority are
+/// placed first, and with preemption on (the engine leader's `preemption = on`) one that fits
+/// nowhere may take the room of units of a lower one ([`crate::schedule`]).
+pub const PRIORITY: &str = "Priority";
+
+/// A unit's priority when it sets none.
+pub const DEFAULT_PRIORITY: u16 = 50;
+
+/// The highest priority a unit may set.
+pub const MAX_PRIORITY: u16 = 1000;
 
 /// `Tolerate=gpu=yes` (or `Tolerate=gpu`, any value; several lines or items separated by
 /// spaces): the machines' taints the unit may run beside ([`crate::taint`]).
@@ -45,7 +56,7 @@ pub fn is_added_key(key: &str) -> bool {
 }
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Requirements {
     /// `MachineID=`: full or 8-character short ID.
     pub machine_id: Option<String>,
@@ -84,6 +95,31 @@ pub struct Requirements {
     /// `Tolerate=`: the taints it may run beside (those that cannot be read are left out; such
     /// a unit is refused at submission).
     pub tolerate: Vec<crate::taint::Toleration>,
+    /// `Priority=`: [`DEFAULT_PRIORITY`] when absent or unreadable (such a unit is refused at
+    /// submission).
+    pub priority: u16,
+}
+
+impl Default for Requirements {
+    fn default() -> Self {
+        Self {
+            machine_id: None,
+            machine_of: Vec::new(),
+            metadata: BTreeMap::new(),
+            conflicts: Vec::new(),
+            global: false,
+            replaces: Vec::new(),
+            at_most_once: false,
+            spread_by: None,
+            spread_group: None,
+            reservation: Resources::default(),
+            unknown_keys: Vec::new(),
+            job: None,
+            avoid: Vec::new(),
+            tolerate: Vec::new(),
+            priority: DEFAULT_PRIORITY,
+        }
+    }
 }
 
 /// Splits `"a=1" "b=2"` into its quoted parts, as the original does for `[X-Fleet]` values
@@ -143,6 +179,7 @@ impl Requirements {
             job,
             avoid,
             tolerate,
+            priority,
         } = self;
         *machine_id == other.machine_id
             && *machine_of == other.machine_of
@@ -157,6 +194,7 @@ impl Requirements {
             && *job == other.job
             && *avoid == other.avoid
             && *tolerate == other.tolerate
+            && *priority == other.priority
     }
 
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
@@ -223,6 +261,7 @@ impl Requirements {
         requirements.reservation = reservation_of(options).unwrap_or_default();
         requirements.job = crate::job::job_of(unit_name, options).ok().flatten();
         requirements.tolerate = tolerations_of(&all(&[TOLERATE])).unwrap_or_default();
+        requirements.priority = priority_of(options).unwrap_or(DEFAULT_PRIORITY);
         requirements
     }
 
@@ -316,6 +355,24 @@ pub fn check_tolerations(options: &[UnitOption]) -> Result<(), String> {
         .map(|option| option.value.clone())
         .collect();
     tolerations_of(&values).map(drop).map_err(|error| format!("invalid value for [X-Fleet] {TOLERATE}: {error}"))
+}
+
+/// The unit's `Priority=` (the last one), [`DEFAULT_PRIORITY`] without one; an error naming
+/// the option and the value for anything but a whole number from 0 to [`MAX_PRIORITY`].
+pub fn priority_of(options: &[UnitOption]) -> Result<u16, String> {
+    let Some(value) = last_value(options, SECTION, PRIORITY) else {
+        return Ok(DEFAULT_PRIORITY);
+    };
+    let trimmed = value.trim();
+    trimmed
+        .parse::<u16>()
+        .ok()
+        .filter(|priority| *priority <= MAX_PRIORITY && trimmed.bytes().all(|b| b.is_ascii_digit()))
+        .ok_or_else(|| {
+            format!(
+                "invalid value {value:?} for [X-Fleet] {PRIORITY}: expected a whole number from 0 to {MAX_PRIORITY}"
+            )
+        })
 }
 
 /// An `[X-Fleet]` reservation whose value cannot be read.

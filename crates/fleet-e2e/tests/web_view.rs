@@ -213,4 +213,9 @@ fn a_unit_on_a_calendar_shows_its_runs_and_does_not_wait() {
         String::new,
     );
     assert!(text(&mut browser).contains("RUNS"), "the column has its head");
+    let priorities = browser.evaluate(
+        "[...document.querySelectorAll('#units .row')].map(r => r.children[7] ? r.children[7].innerText : '').join('|')",
+    );
+    assert_eq!(priorities.as_str(), Some("50"), "a unit that sets no Priority= shows the default");
+    assert!(text(&mut browser).contains("PRIORITY"), "the column has its head");
 }

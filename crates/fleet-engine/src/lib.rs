@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use fleet_core::schedule::at_most_once::MachineAbsences;
 use fleet_core::schedule::departures::Departures;
+use fleet_core::schedule::preemption::Preemptor;
 use fleet_core::schedule::{
-    ClusterSnapshot, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache, SnapshotUnit,
-    contents_alone_changed,
+    ClusterSnapshot, Decision, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache, SnapshotUnit,
+    UnscheduleReason, contents_alone_changed,
 };
 use fleet_core::{MachineState, UnitHash};
 use fleet_registry::{EngineLease, EngineRegistry, EngineSnapshot, RegistryError};
@@ -35,6 +36,9 @@ pub struct EngineConfig {
     pub at_most_once_hold: Duration,
     /// How a unit's machine is chosen among those it fits on (`placement_strategy`).
     pub strategy: PlacementStrategy,
+    /// Whether a unit that fits nowhere may take the room of units of a lower priority
+    /// (`preemption`).
+    pub preemption: bool,
 }
 
 pub struct Engine {
@@ -60,6 +64,9 @@ pub struct Engine {
     hold_ends: Option<tokio::time::Instant>,
     /// Units taken off a machine that is still present, until it stopped them.
     departures: Departures,
+    /// Units preempted and not placed since, with who took their room: their reason says so
+    /// while this leadership lasts.
+    preempted: BTreeMap<String, Preemptor>,
     /// Whether the next pass is this leadership's first look at the cluster: it asks the
     /// machines about the units it finds unplaced (its predecessor may have taken them off a
     /// machine that still runs them).
@@ -101,6 +108,7 @@ impl Engine {
             absences: MachineAbsences::default(),
             hold_ends: None,
             departures: Departures::default(),
+            preempted: BTreeMap::new(),
             first_look: true,
             departing: false,
             jobs: jobs::Jobs::default(),
@@ -240,6 +248,7 @@ impl Engine {
             // leadership counts absences from its own first sight.
             self.absences = MachineAbsences::default();
             self.departures = Departures::default();
+            self.preempted.clear();
             self.first_look = true;
             self.jobs = jobs::Jobs::default();
         }
@@ -283,6 +292,8 @@ impl Engine {
         let listed = (snapshot.machines.clone(), snapshot.units.clone());
         let mut cluster = self.requirements.cluster_snapshot(snapshot.machines, snapshot.units);
         cluster.strategy = self.config.strategy;
+        cluster.preemption = self.config.preemption;
+        cluster.preempted = self.still_preempted(&cluster);
         let cluster = match self.jobs.step(&*self.registry, &lease, cluster, (self.clock)()).await {
             Ok(cluster) => cluster,
             Err(error) => return Err(self.failed_write(error)),
@@ -349,6 +360,12 @@ impl Engine {
             .get_or_create(&fleet_metrics::DecisionLabels { decision: "unschedule" })
             .inc_by((decided.decisions.len() - placed) as u64);
         self.departures.note_decisions(&decided.decisions, &cluster);
+        for decision in &decided.decisions {
+            if let Decision::Unschedule { unit, reason: UnscheduleReason::PreemptedBy(preemptor), .. } = decision {
+                tracing::info!(unit, preemptor = %preemptor.unit, priority = preemptor.priority, "unit preempted");
+                self.preempted.insert(unit.clone(), preemptor.clone());
+            }
+        }
         self.reasons = reasons;
         self.planned = planned;
         // What is planned now is where the decisions just written leave the units, not
@@ -358,6 +375,19 @@ impl Engine {
 }
 
 impl Engine {
+    /// The units this leadership preempted that still wait for a machine (placed again,
+    /// stopped or gone, a unit is forgotten).
+    fn still_preempted(&mut self, cluster: &ClusterSnapshot) -> BTreeMap<String, Preemptor> {
+        let waiting: std::collections::HashSet<&str> = cluster
+            .units
+            .iter()
+            .filter(|unit| unit.scheduled_on.is_none() && unit.desired != fleet_core::state::DesiredState::Inactive)
+            .map(|unit| unit.name.as_str())
+            .collect();
+        self.preempted.retain(|unit, _| waiting.contains(unit.as_str()));
+        self.preempted.clone()
+    }
+
     /// A write that failed: what the planner assumed written is forgotten, and a lost
     /// leadership is given up.
     fn failed_write(&mut self, error: RegistryError) -> RegistryError {

@@ -56,6 +56,7 @@ fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task:
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
         strategy: Default::default(),
+        preemption: false,
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
@@ -413,6 +414,7 @@ async fn only_the_leader_writes() {
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
         strategy: Default::default(),
+        preemption: false,
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     let engine = tokio::spawn(Engine::new(config, contested.clone()).run(stopped));
@@ -450,6 +452,7 @@ async fn failing_passes_are_retried_within_the_fallback_period() {
         debounce: Duration::from_millis(10),
         at_most_once_hold: HOLD,
         strategy: Default::default(),
+        preemption: false,
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     let engine = tokio::spawn(Engine::new(config, failing.clone()).run(stopped));

@@ -59,6 +59,12 @@ pub struct SimConfig {
     /// fail soon after each start on m0 and run anywhere else: the settling rule sees each
     /// run on another machine in the end. Started at once and never operated on.
     pub moving: usize,
+    /// Units with priorities that reserve memory (`p0.service`…, 1 GiB each, priority 900 and
+    /// 10 in turn), on machines that then state a capacity: all of them fit while every machine
+    /// is up, not while some are out of touch, so with `preemption = on` (set when there are
+    /// any) the high ones take the room of the low ones, which come back once the machines do.
+    /// Started at once and never operated on.
+    pub prioritized: usize,
 }
 
 impl Default for SimConfig {
@@ -71,6 +77,7 @@ impl Default for SimConfig {
             lost_answers: 20,
             scheduled: 0,
             moving: 0,
+            prioritized: 0,
         }
     }
 }
@@ -86,6 +93,8 @@ pub struct Outcome {
     pub runs_claimed: usize,
     /// Stays of services that move on failure recorded failed (each on [`FAILING_MACHINE`]).
     pub stays_failed: usize,
+    /// Units the engines took off their machines for units of a higher priority.
+    pub preempted: usize,
     /// How long after the last fault ended the cluster settled (`None`: it did not).
     pub settled_after: Option<Duration>,
     /// A digest of everything sampled: equal for two runs of one seed.
@@ -107,6 +116,9 @@ impl std::fmt::Display for Outcome {
         writeln!(f, "  longest double run: {:?}", self.longest_double_run)?;
         if self.runs_claimed > 0 {
             writeln!(f, "  runs of units on a calendar claimed: {}", self.runs_claimed)?;
+        }
+        if self.preempted > 0 {
+            writeln!(f, "  units preempted: {}", self.preempted)?;
         }
         if self.stays_failed > 0 {
             writeln!(f, "  failures of services that move on failure: {}", self.stays_failed)?;
@@ -196,6 +208,7 @@ impl Cluster {
             debounce: Duration::from_millis(10),
             at_most_once_hold: fleet_core::schedule::at_most_once::hold(self.config.agent_ttl),
             strategy: Default::default(),
+            preemption: self.config.prioritized > 0,
         };
         let (began, rate) = (self.began, node.clock_rate);
         let clock: fleet_engine::Clock =
@@ -381,6 +394,24 @@ fn moving_file(index: usize) -> UnitFile {
 }
 
 /// A unit of the workload: each has a body of its own, and a new one when replaced.
+/// A unit of [`SimConfig::prioritized`]: 1 GiB, priority 900 or 10.
+fn prioritized_file(index: usize) -> UnitFile {
+    let priority = if index.is_multiple_of(2) { 900 } else { 10 };
+    UnitFile::parse(&format!(
+        "[Service]\nExecStart=/bin/prioritized {index}\n[X-Fleet]\nMemory=1G\nPriority={priority}\n"
+    ))
+    .expect("a prioritized unit file")
+}
+
+/// Each machine's capacity with [`SimConfig::prioritized`] units: room for all of them with
+/// every machine up and a third to spare, not with half of them out of touch.
+fn prioritized_capacity(config: &SimConfig) -> Option<fleet_core::resources::Resources> {
+    (config.prioritized > 0).then(|| {
+        let units = config.prioritized.div_ceil(config.machines.max(1)) as u64;
+        fleet_core::resources::Resources { memory: (units + units.div_ceil(3)) << 30, cpu_millis: 64_000 }
+    })
+}
+
 fn unit_file(index: usize, version: usize, at_most_once: bool) -> UnitFile {
     let x_fleet = if at_most_once { "[X-Fleet]\nAtMostOnce=true\n" } else { "" };
     UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep {}\n{x_fleet}", 100_000 + index * 100 + version))
@@ -487,6 +518,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             machine: MachineState {
                 id: format!("m{index}"),
                 public_ip: format!("10.0.0.{}", index + 1),
+                capacity: prioritized_capacity(&config),
                 ..MachineState::default()
             },
             frozen: Arc::default(),
@@ -529,6 +561,9 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         }
         for unit in 0..config.moving {
             world.put_unit(&format!("f{unit}.service"), moving_file(unit), DesiredState::Launched);
+        }
+        for unit in 0..config.prioritized {
+            world.put_unit(&format!("p{unit}.service"), prioritized_file(unit), DesiredState::Launched);
         }
         // Copies lag their store by up to 300 ms, each its own.
         for index in 0..config.machines {
@@ -696,6 +731,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         longest_double_run: judge.longest_double_run,
         runs_claimed: runs_judge.runs_claimed(),
         stays_failed,
+        preempted: lock(&world).preemptions,
         settled_after,
         digest,
         trace,

@@ -474,6 +474,15 @@ impl EngineRegistry for SimStore {
             if !world.leads(&lease.machine_id, lease.token) {
                 return Err(RegistryError::LeadershipLost);
             }
+            world.preemptions += decisions
+                .iter()
+                .filter(|decision| {
+                    matches!(
+                        decision,
+                        Decision::Unschedule { reason: fleet_core::schedule::UnscheduleReason::PreemptedBy(_), .. }
+                    )
+                })
+                .count();
             let stored: Vec<(String, String)> = world.reasons.clone().into_iter().collect();
             let writes = unit_writes(decisions, unplaced, stored.iter().map(|(u, r)| (u.as_str(), r.as_str())));
             for write in writes {

@@ -68,6 +68,8 @@ pub struct Copy {
 }
 
 pub struct World {
+    /// Units the engines took off a machine for one of a higher priority (decisions applied).
+    pub preemptions: usize,
     pub revision: i64,
     pub units: BTreeMap<String, StoredUnit>,
     /// Unit → machine.
@@ -117,6 +119,7 @@ pub struct World {
 impl World {
     pub fn new(lease_ttl: Duration, engine_lease_ttl: Duration) -> Self {
         Self {
+            preemptions: 0,
             jobs: BTreeMap::new(),
             run_tickets: BTreeMap::new(),
             next_job_version: 1,

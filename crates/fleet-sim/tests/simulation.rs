@@ -120,3 +120,22 @@ fn services_that_fail_move_elsewhere_under_faults() {
     }
     assert!(failures >= 12, "the two seeds named first spent their retries on m0 at least: {failures} failures");
 }
+
+/// Units with priorities on machines with room for all of them only while every machine is
+/// up, preemption on: under the same faults the high ones take the room of the low ones while
+/// machines are out of touch, nothing runs twice past the judge's window, and once the faults
+/// end every unit runs again where it is placed.
+#[test]
+fn units_of_a_higher_priority_take_the_room_of_lower_ones_under_faults() {
+    let config = fleet_sim::SimConfig { prioritized: 8, ..SimConfig::default() };
+    let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
+    println!("seeds {first}..{} with priorities (replay one: fleet-sim --prioritized 8 --seed N)", first + 20);
+    let mut preempted = 0;
+    // Seeds 1, 2 and 5 preempt 3, 6 and 5 units.
+    for seed in [1, 2, 5].into_iter().chain(first..first + 20) {
+        let outcome = run(seed, &config);
+        assert!(outcome.passed(), "{outcome}");
+        preempted += outcome.preempted;
+    }
+    assert!(preempted >= 14, "the seeds named first preempt 14 units: {preempted}");
+}

@@ -75,6 +75,8 @@ pub struct UnitFileRow<'a> {
     pub schedule: Option<String>,
     /// For a unit on a calendar: when it next runs (`2026-12-05 01:00:00 UTC`, or `never`).
     pub next_elapse: Option<String>,
+    /// `[X-Fleet] Priority=` (50 when it sets none).
+    pub priority: u16,
 }
 
 /// A row of `list-units -o json`: one unit on one machine.

@@ -104,6 +104,7 @@ impl ApiService {
             source_secrets_dir: Some(config.source_credentials_dir.clone()),
             secret_keys: secret_keys.clone(),
             placement_strategy: config.placement_strategy,
+            preemption: config.preemption,
             plans_under_way: Default::default(),
             backup: backup.map(|store| fleet_api::Backup {
                 store,

@@ -108,6 +108,9 @@ pub struct Config {
     pub system_reserved_cpu: u64,
     /// How the engine chooses among the machines a unit fits on.
     pub placement_strategy: fleet_core::schedule::PlacementStrategy,
+    /// `preemption = on`: a unit that fits nowhere may take the room of units of a lower
+    /// `Priority=` (the engine leader's setting applies).
+    pub preemption: bool,
 }
 
 impl Default for Config {
@@ -164,6 +167,7 @@ impl Default for Config {
             system_reserved_memory: 256 << 20,
             system_reserved_cpu: 0,
             placement_strategy: fleet_core::schedule::PlacementStrategy::Spread,
+            preemption: false,
         }
     }
 }
@@ -350,6 +354,7 @@ const OPTIONS: &[(&str, Setter)] = &[
     ("system_reserved_cpu", |config, name, value| {
         assign(&mut config.system_reserved_cpu, parse_resource_cores(name, value))
     }),
+    ("preemption", |config, name, value| assign(&mut config.preemption, parse_config_bool(name, value))),
     ("placement_strategy", |config, name, value| {
         assign(&mut config.placement_strategy, value.parse().map_err(|reason: String| bad(name, value, &reason)))
     }),

@@ -76,6 +76,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "How the engine chooses among the machines a unit fits on: spread (the one with the most room left, then the fewest units) or binpack (the fullest that still fits, keeping whole machines free). The engine leader's setting applies: give every machine that may lead the same.",
     ),
     doc(
+        "preemption",
+        "off",
+        "Whether a unit that fits nowhere may take the room of units of a lower [X-Fleet] Priority= (on or off): the fewest, lowest first, at most 16 in an engine pass; they wait elsewhere, saying who took their room. The engine leader's setting applies: give every machine that may lead the same.",
+    ),
+    doc(
         "native_without_cgroups",
         "refuse",
         "What the native unit manager does where no cgroup v2 hierarchy can hold a unit's processes (fleetd mounts one at /run/fleet/cgroup2 when it runs as root and none is mounted): refuse to start, or allow units tracked by process group and environment only. With allow, a process that leaves its unit's session and clears its environment outlives the unit's stop.",

@@ -284,6 +284,7 @@ impl Components for ClusterMember {
             debounce: DEBOUNCE,
             at_most_once_hold: fleet_core::schedule::at_most_once::hold(config.agent_ttl),
             strategy: config.placement_strategy,
+            preemption: config.preemption,
         };
         let (leads, leads_watch) = watch::channel(false);
         let (registry, running) = (self.registry.clone(), lifecycle.clone());

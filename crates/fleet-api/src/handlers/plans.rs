@@ -99,9 +99,9 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
         drained.push(machine.id.clone());
     }
     let index = standing_index(&units, &machines);
-    let strategy = state.placement_strategy;
+    let policy = (state.placement_strategy, state.preemption);
     let asked = Asked { changes, destroy: request.destroy, drained };
-    let planned = tokio::task::spawn_blocking(move || planned(units, machines, strategy, &asked))
+    let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, &asked))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
     Ok(json_response(StatusCode::OK, &Plan { index, units: seen_by(planned, role) }))
@@ -207,7 +207,7 @@ struct Asked {
 fn planned(
     units: Vec<UnitView>,
     machines: Vec<fleet_core::MachineState>,
-    strategy: fleet_core::schedule::PlacementStrategy,
+    (strategy, preemption): (fleet_core::schedule::PlacementStrategy, bool),
     asked: &Asked,
 ) -> Vec<PlannedUnit> {
     let Asked { changes, destroy, drained } = asked;
@@ -223,7 +223,7 @@ fn planned(
             }
         })
         .collect();
-    let cluster = ClusterSnapshot { machines, units: specs, strategy };
+    let cluster = ClusterSnapshot { machines, units: specs, strategy, preemption, ..Default::default() };
     let standing: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
     let previewed: Vec<PreviewChange> = changes
         .iter()

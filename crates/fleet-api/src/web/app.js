@@ -112,6 +112,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [u.active ? u.active + "/" + u.sub : "-", unitClass(u)],
     [u.health || "-", healthClass(u), u.health || ""],
     [u.runs || "-", runsClass(u), u.runs || ""],
+    [String(u.priority)],
     [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];
 });

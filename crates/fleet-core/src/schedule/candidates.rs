@@ -133,7 +133,7 @@ pub(super) fn fits_machine(working: &Working<'_>, unit: UnitIndex, rank: Rank) -
 
 /// Fails when `rank` has a taint `unit` does not tolerate; with `evicting`, only a taint that
 /// moves off the units already there (`:evict`).
-fn untainted(working: &Working<'_>, unit: UnitIndex, rank: Rank, evicting: bool) -> Result<(), Refusal> {
+pub(super) fn untainted(working: &Working<'_>, unit: UnitIndex, rank: Rank, evicting: bool) -> Result<(), Refusal> {
     let machine = working.machine(rank);
     let tolerate = &working.unit(unit).requirements.tolerate;
     match crate::taint::first_untolerated(&machine.taints, tolerate, evicting) {

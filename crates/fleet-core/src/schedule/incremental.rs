@@ -4,7 +4,8 @@
 //! `Conflicts=`, `Replaces=`, `MachineOf=` or `Global=` of their own, before or after the
 //! change, and no other unit's rule naming them) on the same machines (same metadata, same
 //! capacity, same drain, no unit a drain let go) with the same strategy and no unit noted as
-//! spread unevenly, only those units and the ones still waiting are planned,
+//! spread unevenly, only those units and the ones still waiting are planned (with preemption
+//! on, only while that leaves none waiting: a waiting unit may preempt any unit),
 //! against the loads (units and reservations) every other unit leaves; anything else gets the
 //! full plan. Either way the result is [`super::plan`] of the whole snapshot, a property test
 //! checks it.
@@ -49,6 +50,7 @@ struct Settled {
     /// Machines in ID order (the planner's ranks), with what the planner reads of them.
     machines: Vec<SettledMachine>,
     strategy: PlacementStrategy,
+    preemption: bool,
     units: HashMap<String, SettledUnit>,
     /// Each machine's load, by rank.
     loads: Vec<Load>,
@@ -158,6 +160,7 @@ impl Settled {
         machines.sort_by(|a, b| a.0.cmp(b.0));
         machines.dedup_by(|a, b| a.0 == b.0);
         snapshot.strategy == self.strategy
+            && snapshot.preemption == self.preemption
             && machines.len() == self.machines.len()
             && machines.iter().zip(&self.machines).all(|(new, old)| {
                 *new.0 == old.0 && *new.1 == old.1 && new.2 == old.2 && *new.3 == old.3 && *new.4 == old.4
@@ -224,8 +227,13 @@ impl Settled {
         }
         let changed_names: HashSet<&str> =
             changed.iter().map(|position| snapshot.units[*position].name.as_str()).collect();
-        let mut part =
-            ClusterSnapshot { machines: snapshot.machines.clone(), units: Vec::new(), strategy: snapshot.strategy };
+        let mut part = ClusterSnapshot {
+            machines: snapshot.machines.clone(),
+            units: Vec::new(),
+            strategy: snapshot.strategy,
+            preemption: snapshot.preemption,
+            preempted: snapshot.preempted.clone(),
+        };
         part.units.extend(changed.iter().map(|position| snapshot.units[*position].clone()));
         part.units.extend(
             snapshot
@@ -236,6 +244,10 @@ impl Settled {
                 .cloned(),
         );
         let (plan, outcome) = plan_with(&part, Some(&baseline));
+        // A unit left waiting might preempt units outside the part: only the full plan knows.
+        if snapshot.preemption && !plan.unplaced.is_empty() {
+            return None;
+        }
         for name in &removed {
             self.units.remove(name);
         }
@@ -285,6 +297,7 @@ impl IncrementalPlanner {
         let mut settled = Settled {
             machines,
             strategy: snapshot.strategy,
+            preemption: snapshot.preemption,
             units,
             loads: loads_of(&plan),
             unplaced: sorted_by_name(&plan.unplaced),

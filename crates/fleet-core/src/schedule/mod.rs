@@ -11,6 +11,7 @@ mod candidates;
 pub mod departures;
 mod incremental;
 mod plan;
+pub mod preemption;
 pub mod preview;
 mod reason;
 mod snapshot;
@@ -45,6 +46,13 @@ pub struct ClusterSnapshot {
     pub machines: Vec<MachineState>,
     pub units: Vec<UnitSpec>,
     pub strategy: PlacementStrategy,
+    /// Whether a unit that fits nowhere may take the room of units of a lower `Priority=`
+    /// (`preemption = on` in the engine leader's fleet.conf): [`preemption`].
+    pub preemption: bool,
+    /// Units taken off their machine by preemption and not placed since, with who took their
+    /// room: their reason says so while they wait. The engine remembers them; a plan adds its
+    /// own.
+    pub preempted: std::collections::BTreeMap<String, preemption::Preemptor>,
 }
 
 /// How the engine chooses among the machines a unit fits on.

@@ -3,6 +3,9 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 
 use super::candidates::{MetadataIndex, able_to_run, choose, circular_partner_placed, fits_machine, spread_notes};
+use super::preemption::{
+    LOOKS_PER_PLAN, PREEMPTED_PER_PLAN, Preemptor, choose_victims, lowest_placed, may_preempt, replace_bound,
+};
 use super::reason::{Refusal, UnplacedReason, UnscheduleReason};
 use super::working::{Load, Rank, Relation, UnitIndex, Working};
 use super::{ClusterSnapshot, Decision, MachineLoad, Plan};
@@ -24,6 +27,9 @@ use crate::unit_name::UnitNameInfo;
 ///    machine in the strategy's order that satisfies its requirements and has room for its
 ///    reservation (and its waiting followers'), followers right after the units they follow.
 ///    A unit that fits nowhere is reported with the reason.
+/// 5. With preemption on, a unit that found no room may take that of units of a lower
+///    priority ([`super::preemption`]); they are placed elsewhere if they fit, else wait saying
+///    who took their room.
 pub fn plan(snapshot: &ClusterSnapshot) -> Plan {
     plan_with(snapshot, None).0
 }
@@ -58,6 +64,7 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
         .filter(|index| unit(*index).desired != DesiredState::Inactive && working.placement(*index).is_none())
         .collect();
     let mut pending = placement_order(&working, waiting);
+    let mut budget = PreemptionBudget::default();
     loop {
         let mut failed = Vec::new();
         let (mut placed_any, mut evicted_any) = (false, false);
@@ -78,8 +85,29 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
         }
         let followers_left = failed.iter().any(|(index, _)| !unit(*index).requirements.machine_of.is_empty());
         if !(placed_any && (followers_left || evicted_any)) {
-            plan.unplaced = failed.into_iter().map(|(index, reason)| (unit(index).name.clone(), reason)).collect();
-            break;
+            let mut preempted = VecDeque::new();
+            if snapshot.preemption {
+                preempt(&mut working, &mut plan, &mut placed, &mut failed, &mut budget, &mut preempted);
+            }
+            if preempted.is_empty() {
+                plan.unplaced = failed
+                    .into_iter()
+                    .map(|(index, reason)| {
+                        let name = &unit(index).name;
+                        let reason = match budget.preemptors.get(&index).or(snapshot.preempted.get(name)) {
+                            Some(preemptor) if snapshot.preemption => {
+                                UnplacedReason::Preempted(preemptor.clone(), Box::new(reason))
+                            }
+                            _ => reason,
+                        };
+                        (name.clone(), reason)
+                    })
+                    .collect();
+                break;
+            }
+            // The units that took room go on; those that left theirs look for other room.
+            pending = failed.into_iter().map(|(index, _)| index).chain(preempted).collect();
+            continue;
         }
         pending = failed.into_iter().map(|(index, _)| index).collect();
     }
@@ -106,8 +134,8 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
     (plan, outcome)
 }
 
-/// The order waiting units (given in name order) are placed in: those that replace others
-/// first, then those restricted to some machines (`MachineID=`, then `MachineMetadata=`:
+/// The order waiting units (given in name order) are placed in: by `Priority=`, highest
+/// first, and within one priority those that replace others first, then those restricted to some machines (`MachineID=`, then `MachineMetadata=`:
 /// placed before units that could go anywhere take their room), then the rest, and last the followers
 /// whose leaders are not waiting; each leader's waiting followers (`MachineOf=`, chains
 /// included) right after it, so that nothing takes the room they need in between.
@@ -131,7 +159,12 @@ fn placement_order(working: &Working<'_>, waiting: Vec<UnitIndex>) -> VecDeque<U
             (None, false) => 1,
             (None, true) => 2,
         };
-        (!requirements.machine_of.is_empty(), requirements.replaces.is_empty(), latitude)
+        (
+            std::cmp::Reverse(requirements.priority),
+            !requirements.machine_of.is_empty(),
+            requirements.replaces.is_empty(),
+            latitude,
+        )
     });
     let mut order = VecDeque::with_capacity(waiting.len());
     let mut placed_leaders: HashMap<UnitIndex, usize> = HashMap::new();
@@ -315,6 +348,71 @@ fn count_global_units(working: &mut Working<'_>, globals: &[UnitIndex]) {
                 working.place(index, rank);
             }
         }
+    }
+}
+
+/// What preemption may still do in this plan, and who took each unit's room.
+struct PreemptionBudget {
+    victims: usize,
+    looks: usize,
+    preemptors: HashMap<UnitIndex, Preemptor>,
+}
+
+impl Default for PreemptionBudget {
+    fn default() -> Self {
+        Self { victims: PREEMPTED_PER_PLAN, looks: LOOKS_PER_PLAN, preemptors: HashMap::new() }
+    }
+}
+
+/// Step 5, with `preemption = on`: each unit that found no room (highest priority first)
+/// takes the room of units of a lower priority where [`choose_victims`] finds it, within the
+/// plan's budget. The units it took off their machines are queued in `preempted`, to be
+/// placed elsewhere; the units placed so leave `failed`.
+fn preempt(
+    working: &mut Working<'_>,
+    plan: &mut Plan,
+    placed: &mut PlacedInThisPlan,
+    failed: &mut Vec<(UnitIndex, UnplacedReason)>,
+    budget: &mut PreemptionBudget,
+    preempted: &mut VecDeque<UnitIndex>,
+) {
+    let Some(lowest) = lowest_placed(working) else {
+        return;
+    };
+    let mut candidates: Vec<UnitIndex> = failed
+        .iter()
+        .filter(|(index, reason)| {
+            matches!(reason, UnplacedReason::NoRoom { .. }) && working.unit(*index).requirements.priority > lowest
+        })
+        .map(|(index, _)| *index)
+        .collect();
+    if candidates.is_empty() {
+        return;
+    }
+    let replaced = replace_bound(working);
+    candidates.retain(|index| may_preempt(working, *index, &replaced));
+    candidates.sort_by_key(|index| std::cmp::Reverse(working.unit(*index).requirements.priority));
+    for index in candidates {
+        if budget.looks == 0 || budget.victims == 0 {
+            break;
+        }
+        budget.looks -= 1;
+        let Some((rank, victims)) = choose_victims(working, index, budget.victims) else {
+            continue;
+        };
+        let spec = working.unit(index);
+        let preemptor = Preemptor { unit: spec.name.clone(), priority: spec.requirements.priority };
+        budget.victims -= victims.len();
+        for victim in victims {
+            budget.preemptors.insert(victim, preemptor.clone());
+            evict(working, plan, placed, victim, UnscheduleReason::PreemptedBy(preemptor.clone()), preempted);
+        }
+        working.place(index, rank);
+        placed.at[index.0] = Some(plan.decisions.len());
+        plan.decisions
+            .push(Decision::Schedule { unit: preemptor.unit.clone(), machine: working.machine(rank).id.clone() });
+        make_room(working, plan, placed, index, rank, preempted);
+        failed.retain(|(other, _)| *other != index);
     }
 }
 

@@ -14,6 +14,8 @@ pub enum UnscheduleReason {
     CannotRunThere(Refusal),
     /// Its machine is drained, and the drain let it go.
     Drained,
+    /// A unit of a higher priority that fit nowhere else took its room (`preemption = on`).
+    PreemptedBy(super::preemption::Preemptor),
 }
 
 impl fmt::Display for UnscheduleReason {
@@ -24,6 +26,7 @@ impl fmt::Display for UnscheduleReason {
             Self::ReplacedBy(other) => write!(f, "replaced by {other}"),
             Self::CannotRunThere(reason) => write!(f, "can no longer run there: {reason}"),
             Self::Drained => f.write_str("its machine is draining"),
+            Self::PreemptedBy(preemptor) => write!(f, "{preemptor}"),
         }
     }
 }
@@ -121,6 +124,9 @@ pub enum UnplacedReason {
     /// Taken off a machine that is still present and may still run it: placed once that
     /// machine stopped it or is gone (stop before start).
     LeavingMachine(String),
+    /// Preempted by a unit of a higher priority, and placed nowhere since, for the reason
+    /// that follows.
+    Preempted(super::preemption::Preemptor, Box<UnplacedReason>),
 }
 
 /// Among the machines a unit's rules allow, the one with the most of each resource free.
@@ -203,6 +209,7 @@ impl fmt::Display for UnplacedReason {
             Self::NowhereElse => f.write_str("its rules allow no other machine"),
             Self::NoRoom { needs, closest } => write_no_room(f, *needs, closest),
             Self::LeavingMachine(machine) => write!(f, "waits for machine {machine} to stop it"),
+            Self::Preempted(preemptor, then) => write!(f, "{preemptor}: {then}"),
         }
     }
 }

@@ -384,7 +384,7 @@ fn excludes(unit: &UnitSpec, other: &UnitSpec) -> bool {
 }
 
 /// The global units each machine runs under the agent's own rule, given who is placed where.
-fn global_residents(
+pub(super) fn global_residents(
     snapshot: &ClusterSnapshot,
     placement: &BTreeMap<String, String>,
 ) -> BTreeMap<String, std::collections::BTreeSet<String>> {
@@ -425,8 +425,18 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
         let taints = prop::collection::vec(0u8..8, count);
         (Just(ids), prop::collection::vec(0u8..3, count), capacities, drained, taints)
     });
-    let raw_unit =
-        (0u8..10, 0u8..4, prop::option::of(0u8..12), any::<bool>(), 0u8..4, 0usize..25, 0u8..6, any::<bool>(), 0u8..5);
+    let raw_unit = (
+        0u8..10,
+        0u8..4,
+        prop::option::of(0u8..12),
+        any::<bool>(),
+        0u8..4,
+        0usize..25,
+        0u8..6,
+        any::<bool>(),
+        0u8..5,
+        0u8..4,
+    );
     (machines, prop::collection::vec(raw_unit, 0..25), any::<bool>()).prop_map(
         |((ids, regions, capacities, drained, taints), raw_units, bin_pack)| {
             let mut machines: Vec<MachineState> = ids
@@ -452,7 +462,7 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
                 .collect();
             // Drains let go of some of the units on their machines.
             for (n, raw) in raw_units.iter().enumerate() {
-                let (_, group, on, .., let_go, _) = raw;
+                let (_, group, on, .., let_go, _, _) = raw;
                 if let (Some(on), true) = (on, let_go)
                     && let Some(drain) =
                         machines.iter_mut().find(|m| m.id == format!("m{on:02}")).and_then(|m| m.drain.as_mut())
@@ -463,7 +473,7 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
             let units = raw_units
                 .iter()
                 .enumerate()
-                .map(|(n, (kind, group, on, launched, region, other, reserves, _, tolerates))| {
+                .map(|(n, (kind, group, on, launched, region, other, reserves, _, tolerates, priority))| {
                     let name = format!("g{group}@{n}.service");
                     let rule = match kind {
                         0 => format!("Conflicts=g{group}@*.service"),
@@ -488,9 +498,16 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
                         3 => "\nTolerate=t=2 other",
                         _ => "",
                     };
+                    // Most at the default priority; some below it, some above.
+                    let priority = match priority {
+                        1 => "\nPriority=10",
+                        2 => "\nPriority=900",
+                        _ => "",
+                    };
                     let global = matches!(kind, 4 | 5);
                     let scheduled_on = on.filter(|_| !global).map(|id| format!("m{id:02}"));
-                    let mut spec = unit(&name, &format!("{rule}{reservation}{toleration}"), scheduled_on.as_deref());
+                    let mut spec =
+                        unit(&name, &format!("{rule}{reservation}{toleration}{priority}"), scheduled_on.as_deref());
                     if !launched {
                         spec.desired = DesiredState::Loaded;
                     }
@@ -498,7 +515,7 @@ pub(super) fn arbitrary_snapshot() -> impl Strategy<Value = ClusterSnapshot> {
                 })
                 .collect();
             let strategy = if bin_pack { PlacementStrategy::BinPack } else { PlacementStrategy::Spread };
-            ClusterSnapshot { machines, units, strategy }
+            ClusterSnapshot { machines, units, strategy, ..ClusterSnapshot::default() }
         },
     )
 }
@@ -786,7 +803,7 @@ fn a_plan_that_changes_nothing_is_not_written() {
     assert!(moving.changes_anything(&[]));
 }
 
-fn sized(id: &str, gib: u64, cores: u64) -> MachineState {
+pub(super) fn sized(id: &str, gib: u64, cores: u64) -> MachineState {
     MachineState { capacity: Some(Resources { memory: gib << 30, cpu_millis: cores * 1000 }), ..machine(id, &[]) }
 }
 
@@ -833,7 +850,7 @@ fn spreading_takes_the_roomiest_machine_and_bin_packing_the_fullest_that_fits() 
     let placed = scheduled(&plan(&spread));
     assert_eq!(placed["new.service"], "m3", "the empty machine has the most room");
     assert_eq!(placed["small.service"], "m3", "then fewest units among the roomiest");
-    let packed = ClusterSnapshot { machines, units, strategy: PlacementStrategy::BinPack };
+    let packed = ClusterSnapshot { machines, units, strategy: PlacementStrategy::BinPack, ..Default::default() };
     let placed = scheduled(&plan(&packed));
     assert_eq!(placed["new.service"], "m1", "the fullest machine that still fits");
     assert_eq!(placed["small.service"], "m1", "m3 stays empty");
@@ -870,6 +887,7 @@ fn a_leader_goes_where_its_followers_fit_too() {
             unit("sidecar.service", "MachineOf=app.service\nMemory=2G", None),
         ],
         strategy: PlacementStrategy::BinPack,
+        ..ClusterSnapshot::default()
     };
     let placed = scheduled(&plan(&snapshot));
     assert_eq!((placed["app.service"].as_str(), placed["sidecar.service"].as_str()), ("m2", "m2"));
@@ -965,7 +983,7 @@ proptest! {
             zones.iter().enumerate().map(|(n, zone)| zoned(&format!("m{n:02}"), &format!("z{zone}"))).collect();
         let units = (0..instances).map(|n| unit(&format!("web@{n}.service"), "SpreadBy=zone", None)).collect();
         let strategy = if bin_pack { PlacementStrategy::BinPack } else { PlacementStrategy::Spread };
-        let snapshot = ClusterSnapshot { machines: machines.clone(), units, strategy };
+        let snapshot = ClusterSnapshot { machines: machines.clone(), units, strategy, ..Default::default() };
         let result = plan(&snapshot);
         prop_assert!(result.unplaced.is_empty());
         let zone_of: BTreeMap<&str, &str> = machines.iter().map(|m| (m.id.as_str(), m.metadata["zone"].as_str())).collect();

@@ -34,6 +34,7 @@ pub fn start_engine_every(
         debounce: Duration::from_millis(10),
         at_most_once_hold: Duration::from_secs(5),
         strategy: Default::default(),
+        preemption: false,
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))

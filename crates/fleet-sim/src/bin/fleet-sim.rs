@@ -3,7 +3,9 @@
 //! `fleet-sim [SEEDS] [FIRST]`: SEEDS seeds (default 1,000) from FIRST (default: drawn from
 //! the clock, and printed), on every core. `fleet-sim --seed N`: one seed, in full, twice,
 //! to show it replays the same. `--scheduled N` (before the rest) adds N units on a calendar to
-//! the workload; `--moving N`, N services that move when they fail (each fails on m0). Exits 1
+//! the workload; `--moving N`, N services that move when they fail (each fails on m0);
+//! `--prioritized N`, N units with priorities on machines with room for them all only while
+//! every machine is up, with preemption on. Exits 1
 //! when any seed fails.
 
 use fleet_core::unpoisoned::Locked;
@@ -17,13 +19,14 @@ use fleet_sim::{Outcome, SimConfig, run};
 fn main() -> anyhow::Result<()> {
     let mut arguments: Vec<String> = std::env::args().skip(1).collect();
     let mut config = SimConfig::default();
-    while let Some(option @ ("--scheduled" | "--moving")) = arguments.first().map(String::as_str) {
+    while let Some(option @ ("--scheduled" | "--moving" | "--prioritized")) = arguments.first().map(String::as_str) {
         let count: usize = arguments
             .get(1)
             .and_then(|count| count.parse().ok())
             .with_context(|| format!("{option} needs a number"))?;
         match option {
             "--scheduled" => config.scheduled = count,
+            "--prioritized" => config.prioritized = count,
             _ => config.moving = count,
         }
         arguments.drain(..2);
@@ -62,13 +65,14 @@ fn main() -> anyhow::Result<()> {
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
     };
     println!(
-        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure)",
+        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure, {} prioritized)",
         first + seeds,
         config.length,
         config.machines,
         config.units,
         config.scheduled,
-        config.moving
+        config.moving,
+        config.prioritized
     );
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(first));

@@ -18,6 +18,8 @@ pub struct FileFacts {
     pub hash: UnitHash,
     /// `[X-Fleet] Schedule=`, read (the last one, as fleet reads it).
     pub schedule: Option<CalendarSpec>,
+    /// `[X-Fleet] Priority=` (the default where it sets none).
+    pub priority: u16,
     /// Whether units with this file are global, when that does not depend on the unit's name
     /// (no `[X-Fleet]` value has a specifier such as `%i`).
     global_for_any_name: Option<bool>,
@@ -29,7 +31,9 @@ impl FileFacts {
         let names_matter =
             file.options().iter().any(|option| option.section == "X-Fleet" && option.value.contains('%'));
         let global_for_any_name = (!names_matter).then(|| Requirements::from_unit(&unit.name, &file).global);
-        Self { hash: file.hash(), global_for_any_name, schedule: schedule_of(&file), file }
+        let priority =
+            fleet_core::requirements::priority_of(file.options()).unwrap_or(fleet_core::requirements::DEFAULT_PRIORITY);
+        Self { hash: file.hash(), global_for_any_name, schedule: schedule_of(&file), priority, file }
     }
 
     pub fn description(&self) -> Option<&str> {

@@ -153,8 +153,8 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
         ]
     } else {
         let valid = [
-            "desc", "dstate", "global", "hash", "next", "reason", "schedule", "source", "state", "sync", "target",
-            "tmachine", "unit",
+            "desc", "dstate", "global", "hash", "next", "priority", "reason", "schedule", "source", "state", "sync",
+            "target", "tmachine", "unit",
         ];
         match columns(fields, &valid, output) {
             Ok(fields) => fields,
@@ -207,6 +207,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     sync: sync_of(unit),
                     schedule: file.schedule.as_ref().map(ToString::to_string),
                     next_elapse: file.schedule.as_ref().map(next_elapse_text),
+                    priority: file.priority,
                 }
             })
             .collect();
@@ -239,6 +240,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     "sync" => or_dash(sync_of(unit).unwrap_or("")),
                     "schedule" => file.schedule.as_ref().map_or_else(|| "-".to_string(), ToString::to_string),
                     "next" => file.schedule.as_ref().map_or_else(|| "-".to_string(), next_elapse_text),
+                    "priority" => file.priority.to_string(),
                     _ => or_dash(unit.reason.as_deref().unwrap_or("")),
                 })
                 .collect()

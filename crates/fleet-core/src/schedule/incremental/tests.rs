@@ -67,7 +67,10 @@ fn apply_change(snapshot: &mut ClusterSnapshot, change: &Change, serial: usize) 
                 3 => "\nMemory=1G\nCPU=1",
                 _ => "",
             };
-            let x_fleet = format!("{x_fleet}{reservation}");
+            // Some below the default priority, some above: with preemption on, either may
+            // take or give room.
+            let priority = ["", "\nPriority=10", "\nPriority=900"][serial % 3];
+            let x_fleet = format!("{x_fleet}{reservation}{priority}");
             let name = if *kind == 3 { format!("tmpl{serial}@.service") } else { name };
             let mut spec = unit(&name, &x_fleet, on.map(|id| format!("m{id:02}")).as_deref());
             if !launched {
@@ -147,13 +150,14 @@ proptest! {
     #[test]
     fn the_incremental_plan_equals_the_full_plan(
         first in arbitrary_snapshot(),
+        preemption in any::<bool>(),
         rounds in prop::collection::vec(
             (prop::collection::vec(prop::bool::weighted(0.1), 0..40), prop::collection::vec(change(), 0..6)),
             1..5,
         ),
     ) {
         let mut planner = IncrementalPlanner::default();
-        let mut snapshot = first;
+        let mut snapshot = ClusterSnapshot { preemption, ..first };
         let mut serial = 0;
         for (skipped, changes) in rounds {
             let (incremental, _) = planner.plan(&snapshot);
@@ -223,4 +227,25 @@ fn a_burst_of_free_units_plans_only_them_and_the_waiting() {
     let mut smaller = written(named.clone(), &plan(&named), &[]);
     smaller.machines.pop();
     assert_eq!(planner.plan(&smaller), (plan(&smaller), PlanScope::Full));
+}
+
+/// With preemption on, a unit that would wait may take the room of a unit outside the change:
+/// the plan is the full one.
+#[test]
+fn a_unit_that_waits_with_preemption_on_gets_the_full_plan() {
+    let full_machine = crate::MachineState {
+        capacity: Some(crate::resources::Resources { memory: 2 << 30, cpu_millis: 2000 }),
+        ..machine("m00", &[])
+    };
+    let units = vec![unit("low@1.service", "Memory=1G\nPriority=10", None), unit("low@2.service", "Memory=1G", None)];
+    let snapshot = ClusterSnapshot { machines: vec![full_machine], units, preemption: true, ..Default::default() };
+    let mut planner = IncrementalPlanner::default();
+    let mut snapshot = written(snapshot.clone(), &planner.plan(&snapshot).0, &[]);
+    snapshot.units.push(unit("high.service", "Memory=1G\nPriority=900", None));
+    let (planned, scope) = planner.plan(&snapshot);
+    assert_eq!(planned, plan(&snapshot));
+    assert_eq!(scope, PlanScope::Full);
+    assert!(
+        planned.decisions.iter().any(|d| matches!(d, Decision::Unschedule { unit, .. } if unit == "low@1.service"))
+    );
 }
