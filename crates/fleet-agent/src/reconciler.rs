@@ -472,6 +472,7 @@ impl Agent {
             );
             self.stop_and_unload_all(why).await;
         }
+        fleet_core::state_report::forget_after_lapse(&mut self.reported);
         self.registry.presence_lapse_handled(self.machine_id());
     }
 

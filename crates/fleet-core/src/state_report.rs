@@ -142,16 +142,47 @@ pub fn apply_reports(reported: &mut BTreeMap<String, UnitState>, reports: Vec<St
 pub fn apply_uncertain_reports(reported: &mut BTreeMap<String, UnitState>, reports: Vec<StateReport>) {
     for report in reports {
         if let StateReport::Set(state) = report {
-            let unknown = SystemdState::new("unknown", "unknown", "unknown");
-            reported.insert(state.name.clone(), UnitState { systemd: unknown, ..state });
+            reported.insert(state.name.clone(), UnitState { systemd: unknown(), ..state });
         }
     }
+}
+
+/// `reported` once the machine's presence lapsed: the store drops the states written under a
+/// lapsed presence (or may have), so none is known to be there. Each is kept in an unknown
+/// state, as an uncertain write's: sent again while the unit is held (a unit started again
+/// once the machine registered afresh is reported running, so no engine takes it for stopped
+/// and starts it elsewhere), removed once it is not.
+pub fn forget_after_lapse(reported: &mut BTreeMap<String, UnitState>) {
+    for state in reported.values_mut() {
+        state.systemd = unknown();
+    }
+}
+
+/// The systemd state nothing a machine holds ever is.
+fn unknown() -> SystemdState {
+    SystemdState::new("unknown", "unknown", "unknown")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::UnitHash;
+
+    /// Seed 50503 of `fleet-sim --scheduled 4 --moving 3 --prioritized 12`: a machine whose
+    /// presence lapsed stopped its units, registered afresh (the store dropping its states) and
+    /// started one again as its work still said; the report of it equalled the one before the
+    /// lapse and was not sent, so the engine took the unit for stopped there and started it
+    /// elsewhere too.
+    #[test]
+    fn after_a_lapse_every_unit_held_is_reported_again_and_the_others_removed() {
+        let mut reported = BTreeMap::from([state("kept", "active"), state("dropped", "active")]);
+        forget_after_lapse(&mut reported);
+        let now = BTreeMap::from([state("kept", "active")]);
+        assert_eq!(
+            reports_of_changes(&reported, "m", &held_as(&now)),
+            vec![StateReport::Set(state("kept", "active").1), StateReport::Remove("dropped".into())]
+        );
+    }
 
     #[test]
     fn a_report_whose_write_may_have_landed_is_sent_again_or_removed() {

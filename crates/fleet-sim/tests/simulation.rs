@@ -124,18 +124,23 @@ fn services_that_fail_move_elsewhere_under_faults() {
 /// Units with priorities on machines with room for all of them only while every machine is
 /// up, preemption on: under the same faults the high ones take the room of the low ones while
 /// machines are out of touch, nothing runs twice past the judge's window, and once the faults
-/// end every unit runs again where it is placed.
+/// end every unit runs again where it is placed. Seeds 50503 and 50784 (with units on a
+/// calendar and services that move besides) found a machine whose presence lapsed starting a
+/// unit again without reporting it (its report equalled the one the store had dropped with the
+/// presence): the engine took the preempted unit for stopped there and started it elsewhere.
 #[test]
 fn units_of_a_higher_priority_take_the_room_of_lower_ones_under_faults() {
-    let config = fleet_sim::SimConfig { prioritized: 8, ..SimConfig::default() };
+    let prioritized = fleet_sim::SimConfig { prioritized: 8, ..SimConfig::default() };
+    let all = fleet_sim::SimConfig { scheduled: 4, moving: 3, prioritized: 12, ..SimConfig::default() };
     let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
     println!("seeds {first}..{} with priorities (replay one: fleet-sim --prioritized 8 --seed N)", first + 20);
     let mut preempted = 0;
     // Seeds 1, 2 and 5 preempt 3, 6 and 5 units.
-    for seed in [1, 2, 5].into_iter().chain(first..first + 20) {
-        let outcome = run(seed, &config);
+    let named = [(1, &prioritized), (2, &prioritized), (5, &prioritized), (50_503, &all), (50_784, &all)];
+    for (seed, config) in named.into_iter().chain((first..first + 20).map(|seed| (seed, &prioritized))) {
+        let outcome = run(seed, config);
         assert!(outcome.passed(), "{outcome}");
         preempted += outcome.preempted;
     }
-    assert!(preempted >= 14, "the seeds named first preempt 14 units: {preempted}");
+    assert!(preempted >= 14, "the seeds named first preempt 14 units at least: {preempted}");
 }
