@@ -104,3 +104,28 @@ fn a_drain_shows_where_each_unit_of_the_machine_goes_and_which_stay_and_why() {
     let reason = pinned.waiting.as_deref().unwrap_or_default();
     assert!(reason.starts_with("cannot leave its draining machine"), "{reason:?}");
 }
+
+/// With preemption on, a plan shows the unit a change would take the room of, and why it
+/// would wait.
+#[test]
+fn a_change_that_would_preempt_shows_the_unit_that_leaves_and_why() {
+    let full = crate::MachineState {
+        capacity: Some(crate::resources::Resources { memory: 1 << 30, cpu_millis: 1000 }),
+        ..machine("a", &[])
+    };
+    let cluster = ClusterSnapshot {
+        machines: vec![full],
+        units: vec![unit("batch.service", "Memory=1G\nPriority=10", Some("a"))],
+        preemption: true,
+        ..ClusterSnapshot::default()
+    };
+    let preview = preview(&cluster, &[start("web.service", "Memory=1G\nPriority=900")]);
+    let waiting = "preempted by web.service (priority 900): needs 1 GiB memory; the most free is 0 B on a";
+    assert_eq!(
+        preview.units,
+        vec![
+            at("web.service", None, Some("a"), true),
+            PreviewedUnit { waiting: Some(waiting.to_string()), ..at("batch.service", Some("a"), None, false) },
+        ]
+    );
+}

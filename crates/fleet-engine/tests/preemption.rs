@@ -1,0 +1,74 @@
+//! Preemption through the engine against the embedded store, with paused time: a unit of a
+//! higher priority takes the room of a lower one, which keeps saying who took it over later
+//! passes, and takes the room back once it is given up.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fleet_core::resources::Resources;
+use fleet_core::{DesiredState, MachineState, UnitFile};
+use fleet_engine::{Engine, EngineConfig};
+use fleet_registry::{AgentRegistry, ApiRegistry};
+use fleet_runtime::Lifecycle;
+use fleet_store_embedded::EmbeddedRegistry;
+use fleet_testkit::eventually;
+use tokio::sync::watch;
+
+fn unit(x_fleet: &str) -> UnitFile {
+    UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\n{x_fleet}\n")).unwrap()
+}
+
+async fn machine_of(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
+    registry.unit(name).await.unwrap().and_then(|view| view.machine_id)
+}
+
+async fn reason(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
+    registry.unit(name).await.unwrap().and_then(|view| view.reason)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_preempted_unit_says_who_took_its_room_until_it_gets_room_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let capacity = Some(Resources { memory: 1 << 30, cpu_millis: 1000 });
+    registry.register_machine(&MachineState { id: "m1".into(), capacity, ..Default::default() }).await.unwrap();
+    let config = EngineConfig {
+        machine_id: "m1".into(),
+        reconcile_interval: Duration::from_secs(2),
+        debounce: Duration::from_millis(10),
+        at_most_once_hold: Duration::from_secs(5),
+        strategy: Default::default(),
+        preemption: true,
+    };
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
+    let engine = tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped));
+
+    registry.put_unit("batch.service", &unit("Memory=1G\nPriority=10"), DesiredState::Launched).await.unwrap();
+    eventually("the low unit is placed", async || machine_of(&registry, "batch.service").await.is_some()).await;
+    registry.put_unit("web.service", &unit("Memory=1G\nPriority=900"), DesiredState::Launched).await.unwrap();
+    eventually("the high unit takes the low one's room", async || {
+        machine_of(&registry, "web.service").await.as_deref() == Some("m1")
+            && machine_of(&registry, "batch.service").await.is_none()
+    })
+    .await;
+    let preempted = "preempted by web.service (priority 900): needs 1 GiB memory; the most free is 0 B on m1";
+    eventually("the low unit says who took its room", async || {
+        reason(&registry, "batch.service").await.as_deref() == Some(preempted)
+    })
+    .await;
+
+    // A later pass plans everything again (a unit waits with preemption on): the reason stays.
+    registry.put_unit("far.service", &unit("MachineMetadata=region=asia"), DesiredState::Launched).await.unwrap();
+    eventually("the later pass ran", async || reason(&registry, "far.service").await.is_some()).await;
+    assert_eq!(reason(&registry, "batch.service").await.as_deref(), Some(preempted));
+
+    registry.destroy_unit("web.service").await.unwrap();
+    eventually("the low unit gets the room back", async || {
+        machine_of(&registry, "batch.service").await.as_deref() == Some("m1")
+    })
+    .await;
+    assert_eq!(reason(&registry, "batch.service").await, None);
+
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
