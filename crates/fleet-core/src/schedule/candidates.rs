@@ -337,9 +337,14 @@ fn why_nowhere(
             first_drained.get_or_insert(tainted);
             continue;
         }
+        // Once a machine the rules allow is known, only one with more of something free can
+        // change the answer: the rules (the costly part) are checked on those alone.
+        let free = working.free(rank).unwrap_or_default();
+        if closest.as_ref().is_some_and(|closest| !closest.improved_by(free)) {
+            continue;
+        }
         match able_to_run(working, unit, rank) {
             Ok(()) => {
-                let free = working.free(rank).unwrap_or_default();
                 closest.get_or_insert_with(Closest::default).count(&working.machine(rank).id, free);
             }
             Err(reason) => {

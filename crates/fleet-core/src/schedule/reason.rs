@@ -137,6 +137,11 @@ pub struct Closest {
 }
 
 impl Closest {
+    /// Whether counting `free` could change it: more of some resource than it holds.
+    pub fn improved_by(&self, free: Resources) -> bool {
+        free.memory > self.memory.0 || free.cpu_millis > self.cpu_millis.0
+    }
+
     /// Counts `free` on `machine`; of equal amounts the first counted is kept.
     pub fn count(&mut self, machine: &str, free: Resources) {
         if free.memory > self.memory.0 || self.memory.1.is_empty() {
