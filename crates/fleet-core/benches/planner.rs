@@ -5,7 +5,11 @@
 //! units `Global=` (100 global units). Both the first placement and a replacement wave over
 //! a settled cluster are timed, and a burst of new units planned in full and incrementally.
 //! Then the same units each reserving memory and CPU, onto machines of four sizes, spread and
-//! bin-packed: the time, and how many machines each strategy leaves empty. Prints its numbers.
+//! bin-packed: the time, and how many machines each strategy leaves empty. Last the same units
+//! with priorities (900 for one in ten, 10 for three in ten), one machine in twenty tainted
+//! (one unit in fifty tolerating it) and preemption on, onto machines too small for them all
+//! (5 GiB and 5 cores each), with the units of each priority placed as a settled cluster would
+//! hold them and the 900s waiting: the plan that preempts. Prints its numbers.
 //!
 //! Run: `cargo bench -p fleet-core --bench planner`
 
@@ -191,6 +195,100 @@ fn main() {
             }
         }
     }
+
+    let decorated = with_priorities_and_taints(cluster(true));
+    println!("the reservations run with priorities, 1 machine in 20 tainted and preemption on (spread)");
+    for run in 1..=2 {
+        let started = Instant::now();
+        let result = plan(&decorated);
+        println!(
+            "run {run}: placed {}, unplaced {}, {:.3} s",
+            result.decisions.len(),
+            result.unplaced.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+
+    let contended = contended();
+    let waiting = contended.units.iter().filter(|unit| unit.scheduled_on.is_none()).count();
+    println!(
+        "with priorities, taints and preemption: machines of 5 GiB and 5 cores, 1 in 20 tainted, {waiting} units waiting"
+    );
+    for run in 1..=2 {
+        let started = Instant::now();
+        let result = plan(&contended);
+        let elapsed = started.elapsed();
+        let preempted = result
+            .decisions
+            .iter()
+            .filter(|d| {
+                matches!(d, Decision::Unschedule { reason: fleet_core::schedule::UnscheduleReason::PreemptedBy(_), .. })
+            })
+            .count();
+        println!(
+            "run {run}: {} decisions, {preempted} units preempted, {} unplaced, {:.3} s",
+            result.decisions.len(),
+            result.unplaced.len(),
+            elapsed.as_secs_f64()
+        );
+    }
+    let mut planner = IncrementalPlanner::default();
+    planner.plan(&contended);
+    let started = Instant::now();
+    let (_, scope) = planner.plan(&contended);
+    println!("  the next pass with units waiting: {scope:?}, {:.3} s", started.elapsed().as_secs_f64());
+}
+
+/// `snapshot` with priorities (900 for one unit in ten, 10 for three in ten), one machine in
+/// twenty tainted `gpu=yes` (one unit in fifty tolerating it) and preemption on.
+fn with_priorities_and_taints(mut snapshot: ClusterSnapshot) -> ClusterSnapshot {
+    for (n, machine) in snapshot.machines.iter_mut().enumerate() {
+        if n % 20 == 0 {
+            machine.taints = fleet_core::taint::parse_taints("gpu=yes").expect("a taint");
+        }
+    }
+    for (n, unit) in snapshot.units.iter_mut().enumerate() {
+        let mut requirements = (*unit.requirements).clone();
+        requirements.priority = match n % 10 {
+            0 => 900,
+            1..=3 => 10,
+            _ => 50,
+        };
+        if n % 50 == 1 {
+            requirements.tolerate =
+                fleet_core::requirements::tolerations_of(&["gpu".to_string()]).expect("a toleration");
+        }
+        unit.requirements = std::sync::Arc::new(requirements);
+    }
+    ClusterSnapshot { preemption: true, ..snapshot }
+}
+
+/// The reservations run's cluster with priorities and taints, on machines of 5 GiB and 5 cores
+/// (about full); the units of priority 900 wait while the others are where a first plan put
+/// them.
+fn contended() -> ClusterSnapshot {
+    let mut snapshot = cluster(true);
+    for machine in &mut snapshot.machines {
+        machine.capacity = Some(Resources { memory: 5 << 30, cpu_millis: 5000 });
+    }
+    let mut snapshot = with_priorities_and_taints(snapshot);
+    let waiting: Vec<bool> = snapshot.units.iter().map(|unit| unit.requirements.priority == 900).collect();
+    let others = ClusterSnapshot {
+        units: snapshot.units.iter().zip(&waiting).filter(|(_, wait)| !**wait).map(|(unit, _)| unit.clone()).collect(),
+        ..snapshot.clone()
+    };
+    let placed: std::collections::HashMap<String, String> = plan(&others)
+        .decisions
+        .into_iter()
+        .filter_map(|decision| match decision {
+            Decision::Schedule { unit, machine } => Some((unit, machine)),
+            Decision::Unschedule { .. } => None,
+        })
+        .collect();
+    for unit in &mut snapshot.units {
+        unit.scheduled_on = placed.get(&unit.name).cloned();
+    }
+    snapshot
 }
 
 fn measure(label: &str, snapshot: &ClusterSnapshot) {

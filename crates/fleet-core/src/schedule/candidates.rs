@@ -197,6 +197,8 @@ pub(super) fn choose<'a>(
     // Room is checked first (it is cheap) and the rules only where there is room; why a unit
     // fits nowhere is worked out only once it does.
     let needs = working.group_needs(unit);
+    // A unit that tolerates no taint looks at untainted machines alone.
+    let untainted_only = requirements.tolerate.is_empty();
     let mut consider = |rank: Rank| {
         !working.draining(rank)
             && working.has_room(needs, rank)
@@ -229,10 +231,13 @@ pub(super) fn choose<'a>(
             let ranks: Vec<Rank> = eligible.ranks.iter().copied().filter(|rank| keep(*rank)).collect();
             first_in_order(&ranks, &mut consider)
         }
-        (None, Some(eligible)) => {
-            working.by_load_for(needs).filter(|rank| eligible.mask[rank.0] && keep(*rank)).find(|rank| consider(*rank))
+        (None, Some(eligible)) => working
+            .by_load_for(needs, untainted_only)
+            .filter(|rank| eligible.mask[rank.0] && keep(*rank))
+            .find(|rank| consider(*rank)),
+        (None, None) => {
+            working.by_load_for(needs, untainted_only).filter(|rank| keep(*rank)).find(|rank| consider(*rank))
         }
-        (None, None) => working.by_load_for(needs).filter(|rank| keep(*rank)).find(|rank| consider(*rank)),
     };
     // A retried run goes back to a machine it failed on only when no other takes it.
     let avoided: Vec<Rank> = requirements.avoid.iter().flat_map(|id| working.ranks_named(id)).collect();

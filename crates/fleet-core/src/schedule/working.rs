@@ -51,6 +51,9 @@ pub(super) struct Working<'a> {
     strategy: PlacementStrategy,
     load: Vec<Load>,
     by_load: BTreeSet<(OrderKey, Rank)>,
+    /// The machines without a taint, in the same order: a unit that tolerates none looks only
+    /// at these (the tainted ones, which few units may take, stay roomy and first in order).
+    untainted_by_load: BTreeSet<(OrderKey, Rank)>,
     residents: Vec<Vec<UnitIndex>>,
     placement: Vec<Option<Rank>>,
     /// Where each unit was scheduled when planning began, if that machine is live.
@@ -93,6 +96,7 @@ impl<'a> Working<'a> {
             units,
             strategy: snapshot.strategy,
             by_load: BTreeSet::new(),
+            untainted_by_load: BTreeSet::new(),
             load,
             residents: vec![Vec::new(); count],
             placement: vec![None; units.len()],
@@ -115,6 +119,8 @@ impl<'a> Working<'a> {
             .map(|unit| unit.scheduled_on.as_deref().and_then(|machine| working.rank_of(machine)))
             .collect();
         working.by_load = working.ranks().map(|rank| (working.order_key(rank), rank)).collect();
+        working.untainted_by_load =
+            working.by_load.iter().filter(|(_, rank)| working.machine(*rank).taints.is_empty()).copied().collect();
         working
     }
 
@@ -228,9 +234,16 @@ impl<'a> Working<'a> {
     }
 
     fn set_load(&mut self, rank: Rank, load: Load) {
+        let untainted = self.machine(rank).taints.is_empty();
         self.by_load.remove(&(self.order_key(rank), rank));
+        if untainted {
+            self.untainted_by_load.remove(&(self.order_key(rank), rank));
+        }
         self.load[rank.0] = load;
         self.by_load.insert((self.order_key(rank), rank));
+        if untainted {
+            self.untainted_by_load.insert((self.order_key(rank), rank));
+        }
     }
 
     /// Every machine's load, by rank.
@@ -312,13 +325,15 @@ impl<'a> Working<'a> {
 
     /// Machines in the order the strategy tries them, from the first that may have room for
     /// `needs`: bin-packing skips the machines with less memory left (in one step, not one by
-    /// one).
-    pub fn by_load_for(&self, needs: Resources) -> impl Iterator<Item = Rank> + '_ {
+    /// one). With `untainted_only`, the machines without a taint alone (for a unit that
+    /// tolerates none, which no tainted machine takes).
+    pub fn by_load_for(&self, needs: Resources, untainted_only: bool) -> impl Iterator<Item = Rank> + '_ {
         let from = match self.strategy {
             PlacementStrategy::Spread => (0, 0, 0),
             PlacementStrategy::BinPack => (needs.memory, 0, 0),
         };
-        self.by_load.range((from, Rank(0))..).map(|(_, rank)| *rank)
+        let set = if untainted_only { &self.untainted_by_load } else { &self.by_load };
+        set.range((from, Rank(0))..).map(|(_, rank)| *rank)
     }
 
     pub fn residents(&self, rank: Rank) -> &[UnitIndex] {
