@@ -111,17 +111,7 @@ fn main() {
     }
     // The steady state: every unit already placed, nothing to change.
     let mut settled = snapshot.clone();
-    let placed: std::collections::HashMap<String, String> = plan(&snapshot)
-        .decisions
-        .into_iter()
-        .filter_map(|decision| match decision {
-            Decision::Schedule { unit, machine } => Some((unit, machine)),
-            Decision::Unschedule { .. } => None,
-        })
-        .collect();
-    for spec in &mut settled.units {
-        spec.scheduled_on = placed.get(&spec.name).cloned();
-    }
+    place_as_planned(&mut settled, &snapshot);
     measure("steady state (all placed)", &settled);
 
     // A replacement wave: the cluster settled without the replacing units, which then arrive
@@ -277,7 +267,13 @@ fn contended() -> ClusterSnapshot {
         units: snapshot.units.iter().zip(&waiting).filter(|(_, wait)| !**wait).map(|(unit, _)| unit.clone()).collect(),
         ..snapshot.clone()
     };
-    let placed: std::collections::HashMap<String, String> = plan(&others)
+    place_as_planned(&mut snapshot, &others);
+    snapshot
+}
+
+/// Puts each unit of `snapshot` where the plan of `planned` schedules it (unplaced otherwise).
+fn place_as_planned(snapshot: &mut ClusterSnapshot, planned: &ClusterSnapshot) {
+    let placed: std::collections::HashMap<String, String> = plan(planned)
         .decisions
         .into_iter()
         .filter_map(|decision| match decision {
@@ -288,7 +284,6 @@ fn contended() -> ClusterSnapshot {
     for unit in &mut snapshot.units {
         unit.scheduled_on = placed.get(&unit.name).cloned();
     }
-    snapshot
 }
 
 fn measure(label: &str, snapshot: &ClusterSnapshot) {

@@ -22,6 +22,7 @@ pub mod health;
 pub mod job;
 pub mod journal_relay;
 pub mod machine;
+pub mod metadata_key;
 pub mod peer_probing;
 pub mod requirements;
 pub mod reserved;

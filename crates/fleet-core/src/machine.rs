@@ -92,10 +92,7 @@ pub fn valid_machine_id(id: &str) -> bool {
         && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
 }
 
-/// Whether `key` can be a metadata key: 1 to 64 letters, digits, `_`, `.` and `-`.
-pub fn valid_metadata_key(key: &str) -> bool {
-    (1..=64).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
-}
+pub use crate::metadata_key::valid_metadata_key;
 
 /// Parses fleet.conf's `metadata="k=v,k2=v2"`: items without `=` are ignored, keys and values
 /// are trimmed, a later duplicate wins.

@@ -319,7 +319,7 @@ impl Requirements {
             _ if self.global && replaces => CombinationError::GlobalWith("Replaces"),
             _ if self.global && self.at_most_once => CombinationError::GlobalWith("AtMostOnce"),
             _ if self.global && self.spread_by.is_some() => CombinationError::GlobalWith("SpreadBy"),
-            _ if self.spread_by.as_deref().is_some_and(|key| !crate::machine::valid_metadata_key(key)) => {
+            _ if self.spread_by.as_deref().is_some_and(|key| !crate::metadata_key::valid_metadata_key(key)) => {
                 CombinationError::SpreadKey(self.spread_by.clone().unwrap_or_default())
             }
             _ if self.spread_group.is_some() && self.spread_by.is_none() => CombinationError::SpreadGroupAlone,

@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::machine::valid_metadata_key;
+use crate::metadata_key::valid_metadata_key;
 
 /// One taint's value and whether it moves off the units already there that do not tolerate it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

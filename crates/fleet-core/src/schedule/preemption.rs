@@ -10,6 +10,7 @@
 //! preempts nothing: the room it took would go to another unit.
 
 use super::candidates::{able_to_run, untainted};
+pub use super::reason::Preemptor;
 use super::working::{Rank, UnitIndex, Working};
 use crate::resources::Resources;
 
@@ -19,19 +20,6 @@ pub const PREEMPTED_PER_PLAN: usize = 16;
 
 /// The most waiting units one plan looks for victims for: each look walks every machine.
 pub const LOOKS_PER_PLAN: usize = 32;
-
-/// Who took a unit's room, as its reason names it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Preemptor {
-    pub unit: String,
-    pub priority: u16,
-}
-
-impl std::fmt::Display for Preemptor {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "preempted by {} (priority {})", self.unit, self.priority)
-    }
-}
 
 /// Whether `victim` may leave `rank` for a unit of `priority`.
 fn may_leave(working: &Working<'_>, victim: UnitIndex, rank: Rank, priority: u16) -> bool {

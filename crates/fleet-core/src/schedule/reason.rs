@@ -15,7 +15,7 @@ pub enum UnscheduleReason {
     /// Its machine is drained, and the drain let it go.
     Drained,
     /// A unit of a higher priority that fit nowhere else took its room (`preemption = on`).
-    PreemptedBy(super::preemption::Preemptor),
+    PreemptedBy(Preemptor),
 }
 
 impl fmt::Display for UnscheduleReason {
@@ -28,6 +28,19 @@ impl fmt::Display for UnscheduleReason {
             Self::Drained => f.write_str("its machine is draining"),
             Self::PreemptedBy(preemptor) => write!(f, "{preemptor}"),
         }
+    }
+}
+
+/// Who took a unit's room, as its reason names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemptor {
+    pub unit: String,
+    pub priority: u16,
+}
+
+impl std::fmt::Display for Preemptor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "preempted by {} (priority {})", self.unit, self.priority)
     }
 }
 
@@ -126,7 +139,7 @@ pub enum UnplacedReason {
     LeavingMachine(String),
     /// Preempted by a unit of a higher priority, and placed nowhere since, for the reason
     /// that follows.
-    Preempted(super::preemption::Preemptor, Box<UnplacedReason>),
+    Preempted(Preemptor, Box<UnplacedReason>),
 }
 
 /// Among the machines a unit's rules allow, the one with the most of each resource free.
