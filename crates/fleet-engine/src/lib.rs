@@ -9,12 +9,12 @@ mod cluster_counts;
 mod jobs;
 pub use jobs::Clock;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::schedule::at_most_once::MachineAbsences;
-use fleet_core::schedule::departures::Departures;
+use fleet_core::schedule::departures::{Departures, Reports};
 use fleet_core::schedule::preemption::Preemptor;
 use fleet_core::schedule::{
     ClusterSnapshot, Decision, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache, SnapshotUnit,
@@ -146,7 +146,12 @@ impl Engine {
     /// The fallback period, or sooner when a hold on an `AtMostOnce=` unit ends or a
     /// scheduled unit's next elapse is due.
     fn next_look(&self) -> Duration {
-        let until_hold_ends = self.hold_ends.map(|ends| ends.saturating_duration_since(tokio::time::Instant::now()));
+        let until_hold_ends = self
+            .hold_ends
+            .into_iter()
+            .chain(self.departures.next_silence_end().map(tokio::time::Instant::from_std))
+            .min()
+            .map(|ends| ends.saturating_duration_since(tokio::time::Instant::now()));
         let until_due = if self.lease.is_some() { self.jobs.due_in((self.clock)()) } else { None };
         [until_hold_ends, until_due].into_iter().flatten().fold(self.config.reconcile_interval, Duration::min)
     }
@@ -161,8 +166,8 @@ impl Engine {
     /// With nothing else changed, whether a departure ended (its machine stopped the unit):
     /// the plan may place the unit now.
     async fn a_departure_ended(&mut self) -> Result<bool, RegistryError> {
-        let running = self.registry.running_on_machines(&self.departures.units()).await?;
-        Ok(self.departures.settle_running(&running))
+        let reports = reports_of(&*self.registry, &self.departures.units()).await?;
+        Ok(self.departures.settle_running(&reports, tokio::time::Instant::now().into_std()))
     }
 
     /// `cluster` without the units that wait for the present machine they left to stop them
@@ -182,8 +187,8 @@ impl Engine {
             asked.extend(Departures::unknown_on_takeover(&cluster));
         }
         if !asked.is_empty() {
-            let running = self.registry.running_on_machines(&asked).await?;
-            self.departures.settle(&running, &cluster, self.first_look);
+            let reports = reports_of(&*self.registry, &asked).await?;
+            self.departures.settle(&reports, &cluster, self.first_look, tokio::time::Instant::now().into_std());
         }
         self.first_look = false;
         let held = self.departures.held(&cluster);
@@ -341,6 +346,14 @@ impl Engine {
             }
         }
         self.planned = None;
+        // What the machines report of the units taken off them, before they are: a machine
+        // that had not reported one is not taken at its silence.
+        let taken_off: BTreeSet<String> =
+            Departures::taken_off(&decided.decisions, &cluster).into_iter().map(|(unit, _)| unit).collect();
+        let before = match reports_of(&*self.registry, &taken_off).await {
+            Ok(reports) => reports,
+            Err(error) => return Err(self.failed_write(error)),
+        };
         let decisions =
             match self.jobs.record_placements(&*self.registry, &lease, decided.decisions.clone(), &cluster).await {
                 Ok(decisions) => decisions,
@@ -359,7 +372,8 @@ impl Engine {
         decisions
             .get_or_create(&fleet_metrics::DecisionLabels { decision: "unschedule" })
             .inc_by((decided.decisions.len() - placed) as u64);
-        self.departures.note_decisions(&decided.decisions, &cluster);
+        let silent_until = tokio::time::Instant::now().into_std() + self.config.at_most_once_hold;
+        self.departures.note_decisions(&decided.decisions, &cluster, &before, silent_until);
         for decision in &decided.decisions {
             if let Decision::Unschedule { unit, reason: UnscheduleReason::PreemptedBy(preemptor), .. } = decision {
                 tracing::info!(unit, preemptor = %preemptor.unit, priority = preemptor.priority, "unit preempted");
@@ -444,4 +458,13 @@ impl Reconciler for Engine {
         }
         self.tell_leadership();
     }
+}
+
+/// What the machines report of `units`.
+async fn reports_of(registry: &dyn EngineRegistry, units: &BTreeSet<String>) -> Result<Reports, RegistryError> {
+    if units.is_empty() {
+        return Ok(Reports::default());
+    }
+    let states = registry.reported_states(units).await?;
+    Ok(Reports::of(states.iter().map(|state| &**state)))
 }

@@ -354,12 +354,6 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.store.apply(lease, decisions, unplaced).await
     }
-    async fn running_on_machines(
-        &self,
-        units: &std::collections::BTreeSet<String>,
-    ) -> fleet_registry::Result<std::collections::BTreeSet<(String, String)>> {
-        self.store.running_on_machines(units).await
-    }
     async fn reported_states(
         &self,
         units: &std::collections::BTreeSet<String>,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use fleet_core::resources::Resources;
 use fleet_core::{DesiredState, MachineState, UnitFile};
 use fleet_engine::{Engine, EngineConfig};
-use fleet_registry::{AgentRegistry, ApiRegistry};
+use fleet_registry::{AgentRegistry, ApiRegistry, StateReport};
 use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
@@ -16,6 +16,21 @@ use tokio::sync::watch;
 
 fn unit(x_fleet: &str) -> UnitFile {
     UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\n{x_fleet}\n")).unwrap()
+}
+
+/// What m1's agent reports of `name` running there.
+fn running_on(name: &str, file: &UnitFile) -> StateReport {
+    StateReport::Set(fleet_core::UnitState {
+        run: None,
+        name: name.into(),
+        machine_id: "m1".into(),
+        hash: file.hash(),
+        systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+        secrets: Default::default(),
+    })
 }
 
 async fn machine_of(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
@@ -43,14 +58,18 @@ async fn a_preempted_unit_says_who_took_its_room_until_it_gets_room_again() {
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     let engine = tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped));
 
-    registry.put_unit("batch.service", &unit("Memory=1G\nPriority=10"), DesiredState::Launched).await.unwrap();
+    let low = unit("Memory=1G\nPriority=10");
+    registry.put_unit("batch.service", &low, DesiredState::Launched).await.unwrap();
     eventually("the low unit is placed", async || machine_of(&registry, "batch.service").await.is_some()).await;
+    registry.report_states("m1", &[running_on("batch.service", &low)]).await.unwrap();
     registry.put_unit("web.service", &unit("Memory=1G\nPriority=900"), DesiredState::Launched).await.unwrap();
     eventually("the high unit takes the low one's room", async || {
         machine_of(&registry, "web.service").await.as_deref() == Some("m1")
             && machine_of(&registry, "batch.service").await.is_none()
     })
     .await;
+    // Its machine stops it and lets it go (the agent's report goes): it waits for room.
+    registry.report_states("m1", &[StateReport::Remove("batch.service".into())]).await.unwrap();
     let preempted = "preempted by web.service (priority 900): needs 1 GiB memory; the most free is 0 B on m1";
     eventually("the low unit says who took its room", async || {
         reason(&registry, "batch.service").await.as_deref() == Some(preempted)

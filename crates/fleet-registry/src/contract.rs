@@ -407,14 +407,15 @@ pub async fn states_go_with_their_machine(registry: &dyn Registry, agent_for: Ag
     // The engine asks which machines run the units it waits to place (stop before start).
     let asked: std::collections::BTreeSet<String> = ["a.service".to_string(), "b.service".to_string()].into();
     let running_on_m1 = std::collections::BTreeSet::from([("a.service".to_string(), "m1".to_string())]);
-    eventually("m1 is seen running a.service", async || {
-        registry.running_on_machines(&asked).await.is_ok_and(|running| running == running_on_m1)
-    })
-    .await;
+    let running = async || {
+        let states = registry.reported_states(&asked).await.ok()?;
+        Some(fleet_core::schedule::departures::Reports::of(states.iter().map(|state| &**state)).running)
+    };
+    eventually("m1 is seen running a.service", async || running().await == Some(running_on_m1.clone())).await;
     let stopped = UnitState { systemd: SystemdState::new("loaded", "inactive", "dead"), ..state };
     agent_for("m1").report_states("m1", &[StateReport::Set(stopped)]).await.unwrap();
     eventually("a.service stopped on m1 runs nowhere", async || {
-        registry.running_on_machines(&asked).await.is_ok_and(|running| running.is_empty())
+        running().await.is_some_and(|running| running.is_empty())
     })
     .await;
     agent_for("m1").unregister_machine("m1").await.unwrap();

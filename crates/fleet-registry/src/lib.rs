@@ -417,12 +417,9 @@ pub trait EngineRegistry: Send + Sync {
     /// Writes the decisions and the reasons for unplaced units, fenced by `lease`. A decision
     /// that no longer applies (the unit was destroyed or moved meanwhile) is skipped.
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()>;
-    /// Of `units`, the (unit, machine) pairs a machine reports running
-    /// ([`fleet_core::schedule::departures::reports_running`]): the engine places a unit it
-    /// took off a present machine only once that machine stopped it.
-    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>>;
     /// What the machines report of `units`: the engine follows the runs of scheduled units by
-    /// it.
+    /// it, and places a unit it took off a present machine only once that machine stopped it
+    /// ([`fleet_core::schedule::departures::Reports`]).
     async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<Arc<UnitState>>>;
     /// Every stored job record.
     async fn job_records(&self) -> Result<Vec<StoredJob>>;

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use fleet_core::job::runs::JobRecord;
-use fleet_core::schedule::departures::running_on;
 use fleet_core::schedule::{Decision, SnapshotUnit};
 use fleet_core::{Backoff, MachineState, UnitFile, UnitHash};
 use fleet_registry::apply_rule::{Condition, unit_writes};
@@ -517,13 +516,6 @@ impl EngineRegistry for SimStore {
             Ok(())
         })
         .await?
-    }
-
-    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
-        self.request("running", |world| {
-            running_on(world.states.iter().filter(|((unit, _), _)| units.contains(unit)).map(|(_, (state, _))| state))
-        })
-        .await
     }
 
     async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<Arc<fleet_core::UnitState>>> {

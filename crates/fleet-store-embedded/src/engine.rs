@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use async_trait::async_trait;
 use fleet_core::schedule::Decision;
-use fleet_core::schedule::departures::running_on;
 use fleet_core::{UnitFile, UnitHash};
 use redb::ReadableTable;
 
@@ -131,13 +130,6 @@ impl EngineRegistry for EmbeddedRegistry {
             Ok(())
         })
         .await
-    }
-
-    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
-        if units.is_empty() {
-            return Ok(BTreeSet::new());
-        }
-        Ok(running_on(ApiRegistry::states_of_units(self, units).await?.iter().map(|state| &**state)))
     }
 
     async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<std::sync::Arc<fleet_core::UnitState>>> {

@@ -11,7 +11,6 @@ use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpR
 use fleet_core::job::global_runs::RunTicket;
 use fleet_core::job::runs::JobRecord;
 use fleet_core::schedule::Decision;
-use fleet_core::schedule::departures::running_on;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
@@ -363,8 +362,9 @@ impl EngineRegistry for EtcdRegistry {
         self.read_bodies(hashes).await
     }
 
-    /// Read from etcd itself, not a copy: a record is claimed from what is stored, and there
-    /// are as many as units with a schedule.
+    /// From the cluster's cache, which holds every machine's states: asked for the runs the
+    /// engine follows, while a unit waits to leave a machine, and when an engine takes over
+    /// with units unplaced.
     async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<std::sync::Arc<fleet_core::UnitState>>> {
         if units.is_empty() {
             return Ok(Vec::new());
@@ -372,6 +372,8 @@ impl EngineRegistry for EtcdRegistry {
         fleet_registry::ApiRegistry::states_of_units(self, units).await
     }
 
+    /// Read from etcd itself, not a copy: a record is claimed from what is stored, and there
+    /// are as many as units with a schedule.
     async fn job_records(&self) -> Result<Vec<StoredJob>> {
         let listed = self.unit_records::<JobRecord>(self.keys().jobs()).await?;
         Ok(listed.into_iter().map(|(unit, record, version)| StoredJob { unit, record, version }).collect())
@@ -483,15 +485,6 @@ impl EngineRegistry for EtcdRegistry {
             tracing::debug!(revision, "the engine's watch has not caught up with its own writes yet");
         }
         Ok(())
-    }
-
-    /// From the cluster's cache, which holds every machine's states: asked only while a unit
-    /// waits to leave a machine, or when an engine takes over with units unplaced.
-    async fn running_on_machines(&self, units: &BTreeSet<String>) -> Result<BTreeSet<(String, String)>> {
-        if units.is_empty() {
-            return Ok(BTreeSet::new());
-        }
-        Ok(running_on(self.states_of_units_from_copy(units).await?.iter().map(|state| &**state)))
     }
 
     fn engine_changes(&self) -> ChangeSignal {

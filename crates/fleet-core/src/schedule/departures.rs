@@ -10,8 +10,16 @@
 //! The engine learns departures from its own decisions, and an engine that takes over the
 //! leadership from the states of the units it finds unplaced on its first look (the one
 //! before it may have taken them off a machine that still runs them).
+//!
+//! A machine that had not reported the unit when it was taken off may run it all the same (it
+//! started it and its report was lost, or it was cut off before writing it): its silence
+//! proves nothing. Such a departure ends when the machine reports the unit stopped, or once
+//! the machine has surely seen the change or stopped what it runs: a hold of `agent_ttl` (and
+//! the clocks' drift) after the unit was taken off, which a cut-off machine's agent never
+//! outlasts with its units running.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
 
 use super::reason::UnplacedReason;
 use super::{ClusterSnapshot, Decision, Plan, UnitSpec};
@@ -24,19 +32,41 @@ pub fn reports_running(state: &UnitState) -> bool {
     !matches!(state.systemd.active.as_str(), "inactive" | "failed")
 }
 
-/// The (unit, machine) pairs of `states` that say the unit may be running there.
-pub fn running_on<'a>(states: impl IntoIterator<Item = &'a UnitState>) -> BTreeSet<(String, String)> {
-    states
-        .into_iter()
-        .filter(|state| reports_running(state))
-        .map(|state| (state.name.clone(), state.machine_id.clone()))
-        .collect()
+/// What the machines report of some units: the (unit, machine) pairs of every report, and of
+/// those that say the unit may be running there.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Reports {
+    pub reported: BTreeSet<(String, String)>,
+    pub running: BTreeSet<(String, String)>,
+}
+
+impl Reports {
+    pub fn of<'a>(states: impl IntoIterator<Item = &'a UnitState>) -> Self {
+        let mut reports = Self::default();
+        for state in states {
+            let pair = (state.name.clone(), state.machine_id.clone());
+            if reports_running(state) {
+                reports.running.insert(pair.clone());
+            }
+            reports.reported.insert(pair);
+        }
+        reports
+    }
+}
+
+/// One unit on its way off a present machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Leaving {
+    machine: String,
+    /// For a unit the machine had not reported when it was taken off: until when its silence
+    /// does not mean it stopped.
+    silent_until: Option<Instant>,
 }
 
 /// Unit → the present machine it was taken off and may still run on.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Departures {
-    leaving: BTreeMap<String, String>,
+    leaving: BTreeMap<String, Leaving>,
 }
 
 /// Whether the plan would place `unit` if it could: unplaced, not global, meant to be loaded
@@ -46,14 +76,36 @@ fn awaits_placement(unit: &UnitSpec) -> bool {
 }
 
 impl Departures {
-    /// Notes the units `decisions` take off a machine present in `cluster`.
-    pub fn note_decisions(&mut self, decisions: &[Decision], cluster: &ClusterSnapshot) {
-        for decision in decisions {
-            if let Decision::Unschedule { unit, machine, .. } = decision
-                && cluster.machines.iter().any(|present| present.id == *machine)
-            {
-                self.leaving.insert(unit.clone(), machine.clone());
-            }
+    /// The (unit, machine) pairs `decisions` take off a machine present in `cluster`: what to
+    /// ask the machines' reports about before the decisions are written.
+    pub fn taken_off(decisions: &[Decision], cluster: &ClusterSnapshot) -> BTreeSet<(String, String)> {
+        decisions
+            .iter()
+            .filter_map(|decision| match decision {
+                Decision::Unschedule { unit, machine, .. }
+                    if cluster.machines.iter().any(|present| present.id == *machine) =>
+                {
+                    Some((unit.clone(), machine.clone()))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Notes the units `decisions` take off a machine present in `cluster`; `before`, what
+    /// the machines reported of them before the decisions were written. A unit its machine had
+    /// not reported is held at least until `silent_until`.
+    pub fn note_decisions(
+        &mut self,
+        decisions: &[Decision],
+        cluster: &ClusterSnapshot,
+        before: &Reports,
+        silent_until: Instant,
+    ) {
+        for (unit, machine) in Self::taken_off(decisions, cluster) {
+            let reported = before.reported.contains(&(unit.clone(), machine.clone()));
+            let silent_until = (!reported).then_some(silent_until);
+            self.leaving.insert(unit, Leaving { machine, silent_until });
         }
     }
 
@@ -72,32 +124,38 @@ impl Departures {
         self.leaving.is_empty()
     }
 
-    /// Takes in what the machines report: `running` holds the (unit, machine) pairs of the
-    /// units asked about that a machine reports running. A departure ends once its machine no
-    /// longer reports the unit running or is gone from `cluster`. With `takeover`, the units
-    /// asked about that a present machine still runs while they await placement are
-    /// departures too.
-    pub fn settle(&mut self, running: &BTreeSet<(String, String)>, cluster: &ClusterSnapshot, takeover: bool) {
+    /// Takes in what the machines report of the units asked about, at `now`. A departure ends
+    /// once its machine is gone from `cluster`, or no longer reports the unit running: reports
+    /// it stopped, or has no report of it (for a unit it had not reported when it was taken
+    /// off, only once its silence may be trusted). With `takeover`, the units asked about that
+    /// a present machine still runs while they await placement are departures too.
+    pub fn settle(&mut self, reports: &Reports, cluster: &ClusterSnapshot, takeover: bool, now: Instant) {
         let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
-        self.leaving.retain(|unit, machine| {
-            present.contains(machine.as_str()) && running.contains(&(unit.clone(), machine.clone()))
-        });
+        self.leaving
+            .retain(|unit, leaving| present.contains(leaving.machine.as_str()) && leaving.holds(unit, reports, now));
         if takeover {
             let waiting: BTreeSet<&str> =
                 cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.as_str()).collect();
-            for (unit, machine) in running {
+            for (unit, machine) in &reports.running {
                 if waiting.contains(unit.as_str()) && present.contains(machine.as_str()) {
-                    self.leaving.entry(unit.clone()).or_insert_with(|| machine.clone());
+                    let leaving = Leaving { machine: machine.clone(), silent_until: None };
+                    self.leaving.entry(unit.clone()).or_insert(leaving);
                 }
             }
         }
     }
 
     /// As [`Departures::settle`] with the machines unchanged: says whether a departure ended.
-    pub fn settle_running(&mut self, running: &BTreeSet<(String, String)>) -> bool {
+    pub fn settle_running(&mut self, reports: &Reports, now: Instant) -> bool {
         let before = self.leaving.len();
-        self.leaving.retain(|unit, machine| running.contains(&(unit.clone(), machine.clone())));
+        self.leaving.retain(|unit, leaving| leaving.holds(unit, reports, now));
         self.leaving.len() != before
+    }
+
+    /// The earliest time a silent machine's departure may end by itself: the engine looks again
+    /// then.
+    pub fn next_silence_end(&self) -> Option<Instant> {
+        self.leaving.values().filter_map(|leaving| leaving.silent_until).min()
     }
 
     /// The units of `cluster` the plan must not place yet, with the machine each waits for:
@@ -107,8 +165,17 @@ impl Departures {
             .units
             .iter()
             .filter(|unit| awaits_placement(unit))
-            .filter_map(|unit| Some((unit.name.clone(), self.leaving.get(&unit.name)?.clone())))
+            .filter_map(|unit| Some((unit.name.clone(), self.leaving.get(&unit.name)?.machine.clone())))
             .collect()
+    }
+}
+
+impl Leaving {
+    /// Whether `unit` is still on its way off this machine, given `reports` at `now`.
+    fn holds(&self, unit: &str, reports: &Reports, now: Instant) -> bool {
+        let pair = (unit.to_string(), self.machine.clone());
+        reports.running.contains(&pair)
+            || (!reports.reported.contains(&pair) && self.silent_until.is_some_and(|until| now < until))
     }
 }
 
@@ -179,9 +246,19 @@ mod tests {
         }
     }
 
-    fn running(pairs: &[(&str, &str)]) -> BTreeSet<(String, String)> {
-        pairs.iter().map(|(unit, machine)| (unit.to_string(), machine.to_string())).collect()
+    /// Reports that the units run on the machines of `pairs`.
+    fn running(pairs: &[(&str, &str)]) -> Reports {
+        let pairs: BTreeSet<(String, String)> =
+            pairs.iter().map(|(unit, machine)| (unit.to_string(), machine.to_string())).collect();
+        Reports { reported: pairs.clone(), running: pairs }
     }
+
+    /// One moment: the tests' clock.
+    fn at(seconds: u64) -> Instant {
+        *START + std::time::Duration::from_secs(seconds)
+    }
+
+    static START: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
 
     fn unscheduled(unit: &str, machine: &str) -> Decision {
         Decision::Unschedule {
@@ -195,16 +272,16 @@ mod tests {
     fn a_unit_taken_off_a_present_machine_waits_until_that_machine_stopped_it() {
         let mut departures = Departures::default();
         let before = cluster(&["a", "b"], vec![unit("u.service", Some("a"), DesiredState::Inactive)]);
-        departures.note_decisions(&[unscheduled("u.service", "a")], &before);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(0));
         // Loaded again while a still runs it: held, so the plan places it nowhere.
         let again = cluster(&["a", "b"], vec![unit("u.service", None, DesiredState::Launched)]);
-        departures.settle(&running(&[("u.service", "a")]), &again, false);
+        departures.settle(&running(&[("u.service", "a")]), &again, false, at(1));
         assert_eq!(departures.held(&again), BTreeMap::from([("u.service".to_string(), "a".to_string())]));
         let without: Vec<UnitSpec> =
             again.units.iter().filter(|u| !departures.held(&again).contains_key(&u.name)).cloned().collect();
         assert!(plan(&cluster(&["a", "b"], without)).decisions.is_empty());
         // a reports it stopped: it may go anywhere.
-        departures.settle(&running(&[]), &again, false);
+        departures.settle(&running(&[]), &again, false, at(1));
         assert!(departures.held(&again).is_empty() && departures.is_empty());
         assert_eq!(plan(&again).decisions.len(), 1);
     }
@@ -241,13 +318,37 @@ mod tests {
         assert!(!moved.defer_moves_off(&cluster), "nothing left to defer");
     }
 
+    /// Seed 796431134 of `fleet-sim --scheduled 4 --moving 3 --prioritized 8`: a machine started
+    /// a unit, its report was lost and it was cut off; the unit was preempted off it, and with
+    /// no report of it there the engine started it elsewhere at once, while it still ran.
+    #[test]
+    fn a_unit_its_machine_had_not_reported_waits_until_its_silence_may_be_trusted() {
+        let mut departures = Departures::default();
+        let before = cluster(&["a", "b"], vec![unit("u.service", Some("a"), DesiredState::Launched)]);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[]), at(10));
+        let waiting = cluster(&["a", "b"], vec![unit("u.service", None, DesiredState::Launched)]);
+        departures.settle(&running(&[]), &waiting, false, at(5));
+        assert_eq!(departures.held(&waiting).len(), 1, "no report yet proves nothing");
+        assert_eq!(departures.next_silence_end(), Some(at(10)));
+        let stopped = Reports { reported: running(&[("u.service", "a")]).reported, running: BTreeSet::new() };
+        let mut told = departures.clone();
+        assert!(told.settle_running(&stopped, at(6)), "a report that it stopped ends it");
+        assert!(!departures.settle_running(&running(&[("u.service", "a")]), at(11)), "running, held past the silence");
+        assert!(departures.settle_running(&running(&[]), at(11)), "silent past the hold: its agent stopped it");
+
+        // A unit its machine had reported ends as before, when the report goes.
+        let mut reported = Departures::default();
+        reported.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(10));
+        assert!(reported.settle_running(&running(&[]), at(1)));
+    }
+
     #[test]
     fn a_departure_ends_when_its_machine_is_gone() {
         let mut departures = Departures::default();
         let before = cluster(&["a", "b"], vec![unit("u.service", Some("a"), DesiredState::Launched)]);
-        departures.note_decisions(&[unscheduled("u.service", "a")], &before);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(0));
         let gone = cluster(&["b"], vec![unit("u.service", None, DesiredState::Launched)]);
-        departures.settle(&running(&[("u.service", "a")]), &gone, false);
+        departures.settle(&running(&[("u.service", "a")]), &gone, false, at(1));
         assert!(departures.is_empty(), "a's presence lapsed: its agent stops what it runs before it is back");
     }
 
@@ -258,6 +359,8 @@ mod tests {
         departures.note_decisions(
             &[unscheduled("u.service", "a"), Decision::Schedule { unit: "u.service".into(), machine: "b".into() }],
             &before,
+            &running(&[]),
+            at(0),
         );
         assert!(departures.is_empty(), "a is gone already");
     }
@@ -283,6 +386,7 @@ mod tests {
             ]),
             &cluster,
             true,
+            at(1),
         );
         assert_eq!(departures.units(), BTreeSet::from(["waiting.service".to_string()]));
         assert_eq!(departures.held(&cluster), BTreeMap::from([("waiting.service".to_string(), "a".to_string())]));
@@ -292,7 +396,7 @@ mod tests {
     fn a_unit_unloaded_stays_a_departure_but_holds_nothing_until_it_is_loaded_again() {
         let mut departures = Departures::default();
         let before = cluster(&["a"], vec![unit("u.service", Some("a"), DesiredState::Inactive)]);
-        departures.note_decisions(&[unscheduled("u.service", "a")], &before);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(0));
         let off = cluster(&["a"], vec![unit("u.service", None, DesiredState::Inactive)]);
         assert!(departures.held(&off).is_empty());
         assert!(!departures.is_empty());
