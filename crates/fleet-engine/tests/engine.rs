@@ -11,6 +11,9 @@ use fleet_registry::{AgentRegistry, ApiRegistry};
 use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
+
+mod common;
+use common::running_on;
 use tokio::sync::watch;
 
 fn machine(id: &str, region: &str) -> MachineState {
@@ -201,21 +204,6 @@ async fn new_content_moves_a_unit_only_when_its_requirements_change() {
     .await;
     stop.send(Lifecycle::ShuttingDown).unwrap();
     engine.await.unwrap();
-}
-
-/// What a machine's agent reports of `name` running there.
-fn running_on(name: &str, machine: &str, file: &UnitFile) -> fleet_registry::StateReport {
-    fleet_registry::StateReport::Set(fleet_core::UnitState {
-        run: None,
-        name: name.into(),
-        machine_id: machine.into(),
-        hash: file.hash(),
-        systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
-        launched: true,
-        drift: None,
-        health: None,
-        secrets: Default::default(),
-    })
 }
 
 /// A unit taken off a machine that still reports it running (its fleetd down, frozen or cut

@@ -12,25 +12,13 @@ use fleet_registry::{AgentRegistry, ApiRegistry, StateReport};
 use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
+
+mod common;
+use common::running_on;
 use tokio::sync::watch;
 
 fn unit(x_fleet: &str) -> UnitFile {
     UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\n{x_fleet}\n")).unwrap()
-}
-
-/// What m1's agent reports of `name` running there.
-fn running_on(name: &str, file: &UnitFile) -> StateReport {
-    StateReport::Set(fleet_core::UnitState {
-        run: None,
-        name: name.into(),
-        machine_id: "m1".into(),
-        hash: file.hash(),
-        systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
-        launched: true,
-        drift: None,
-        health: None,
-        secrets: Default::default(),
-    })
 }
 
 async fn machine_of(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
@@ -61,7 +49,7 @@ async fn a_preempted_unit_says_who_took_its_room_until_it_gets_room_again() {
     let low = unit("Memory=1G\nPriority=10");
     registry.put_unit("batch.service", &low, DesiredState::Launched).await.unwrap();
     eventually("the low unit is placed", async || machine_of(&registry, "batch.service").await.is_some()).await;
-    registry.report_states("m1", &[running_on("batch.service", &low)]).await.unwrap();
+    registry.report_states("m1", &[running_on("batch.service", "m1", &low)]).await.unwrap();
     registry.put_unit("web.service", &unit("Memory=1G\nPriority=900"), DesiredState::Launched).await.unwrap();
     eventually("the high unit takes the low one's room", async || {
         machine_of(&registry, "web.service").await.as_deref() == Some("m1")

@@ -1,5 +1,5 @@
-//! What the engine's tests against the embedded store share: a machine, and the engine of m1
-//! running until told to stop.
+//! What the engine's tests against the embedded store share: a machine, the engine of m1
+//! running until told to stop, and a machine's report of a unit running.
 
 // Each test binary includes this module and uses only part of it.
 #![allow(dead_code)]
@@ -38,4 +38,19 @@ pub fn start_engine_every(
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
     (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
+}
+
+/// What a machine's agent reports of `name` (of `file`) running there.
+pub fn running_on(name: &str, machine: &str, file: &fleet_core::UnitFile) -> fleet_registry::StateReport {
+    fleet_registry::StateReport::Set(fleet_core::UnitState {
+        run: None,
+        name: name.into(),
+        machine_id: machine.into(),
+        hash: file.hash(),
+        systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+        secrets: Default::default(),
+    })
 }
