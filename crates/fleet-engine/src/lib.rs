@@ -143,8 +143,8 @@ impl Engine {
         fleet_runtime::run(self, lifecycle).await;
     }
 
-    /// The fallback period, or sooner when a hold on an `AtMostOnce=` unit ends or a
-    /// scheduled unit's next elapse is due.
+    /// The fallback period, or sooner when a hold on an `AtMostOnce=` unit ends, a silent
+    /// machine's departure may end, or a scheduled unit's next elapse is due.
     fn next_look(&self) -> Duration {
         let until_hold_ends = self
             .hold_ends
