@@ -5,7 +5,8 @@
 //! change, and no other unit's rule naming them) on the same machines (same metadata, same
 //! capacity, same drain, no unit a drain let go) with the same strategy and no unit noted as
 //! spread unevenly, only those units and the ones still waiting are planned (with preemption
-//! on, only while that leaves none waiting: a waiting unit may preempt any unit),
+//! on, only while no unit it leaves waiting has a higher priority than a unit placed: such a
+//! unit may preempt any unit),
 //! against the loads (units and reservations) every other unit leaves; anything else gets the
 //! full plan. Either way the result is [`super::plan`] of the whole snapshot, a property test
 //! checks it.
@@ -244,8 +245,9 @@ impl Settled {
                 .cloned(),
         );
         let (plan, outcome) = plan_with(&part, Some(&baseline));
-        // A unit left waiting might preempt units outside the part: only the full plan knows.
-        if snapshot.preemption && !plan.unplaced.is_empty() {
+        // A unit left waiting might preempt units outside the part (one of a higher priority
+        // than some unit placed): then only the full plan knows.
+        if snapshot.preemption && !plan.unplaced.is_empty() && might_preempt(snapshot, &part, &plan) {
             return None;
         }
         for name in &removed {
@@ -261,6 +263,27 @@ impl Settled {
         self.unplaced = sorted_by_name(&plan.unplaced);
         Some((plan, part.units.len()))
     }
+}
+
+/// Whether a unit `plan` (of `part`, a part of `snapshot`) leaves waiting has a higher priority
+/// than a unit placed: the snapshot's placed units and those the plan places (more than the
+/// full plan would have placed, so the answer errs towards the full plan).
+fn might_preempt(snapshot: &ClusterSnapshot, part: &ClusterSnapshot, plan: &Plan) -> bool {
+    let priority_in_part: HashMap<&str, u16> =
+        part.units.iter().map(|unit| (unit.name.as_str(), unit.requirements.priority)).collect();
+    let placed_by_plan = plan.decisions.iter().filter_map(|decision| match decision {
+        super::Decision::Schedule { unit, .. } => priority_in_part.get(unit.as_str()).copied(),
+        super::Decision::Unschedule { .. } => None,
+    });
+    let lowest = snapshot
+        .units
+        .iter()
+        .filter(|unit| unit.scheduled_on.is_some())
+        .map(|unit| unit.requirements.priority)
+        .chain(placed_by_plan)
+        .min();
+    let highest_waiting = plan.unplaced.iter().filter_map(|(name, _)| priority_in_part.get(name.as_str())).max();
+    matches!((lowest, highest_waiting), (Some(lowest), Some(waiting)) if *waiting > lowest)
 }
 
 /// Each machine's load as `plan` leaves it, by rank.

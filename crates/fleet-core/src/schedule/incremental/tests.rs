@@ -249,3 +249,22 @@ fn a_unit_that_waits_with_preemption_on_gets_the_full_plan() {
         planned.decisions.iter().any(|d| matches!(d, Decision::Unschedule { unit, .. } if unit == "low@1.service"))
     );
 }
+
+/// With preemption on but every unit of one priority, a unit that waits preempts nothing: the
+/// pass still plans only what changed.
+#[test]
+fn a_unit_that_waits_among_equals_keeps_the_plan_incremental() {
+    let full_machine = crate::MachineState {
+        capacity: Some(crate::resources::Resources { memory: 2 << 30, cpu_millis: 2000 }),
+        ..machine("m00", &[])
+    };
+    let units = vec![unit("a@1.service", "Memory=1G", None), unit("a@2.service", "Memory=1G", None)];
+    let snapshot = ClusterSnapshot { machines: vec![full_machine], units, preemption: true, ..Default::default() };
+    let mut planner = IncrementalPlanner::default();
+    let mut snapshot = written(snapshot.clone(), &planner.plan(&snapshot).0, &[]);
+    snapshot.units.push(unit("a@3.service", "Memory=1G", None));
+    let (planned, scope) = planner.plan(&snapshot);
+    assert_eq!(planned, plan(&snapshot));
+    assert_eq!(scope, PlanScope::Changed(1));
+    assert_eq!(planned.unplaced.len(), 1);
+}
