@@ -68,7 +68,8 @@ pub struct Copy {
 }
 
 pub struct World {
-    /// Units the engines took off a machine for one of a higher priority (decisions applied).
+    /// Units the engines took off a machine for one of a higher priority: the preemptions in
+    /// the decisions leaders wrote (a decision the store then skipped included).
     pub preemptions: usize,
     pub revision: i64,
     pub units: BTreeMap<String, StoredUnit>,

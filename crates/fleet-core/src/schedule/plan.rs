@@ -135,9 +135,10 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
 }
 
 /// The order waiting units (given in name order) are placed in: by `Priority=`, highest
-/// first, and within one priority those that replace others first, then those restricted to some machines (`MachineID=`, then `MachineMetadata=`:
-/// placed before units that could go anywhere take their room), then the rest, and last the followers
-/// whose leaders are not waiting; each leader's waiting followers (`MachineOf=`, chains
+/// first, and within one priority those that replace others first, then those restricted to
+/// some machines (`MachineID=`, then `MachineMetadata=`: placed before units that could go
+/// anywhere take their room), then the rest, and last the followers whose leaders are not
+/// waiting; each leader's waiting followers (`MachineOf=`, chains
 /// included) right after it, so that nothing takes the room they need in between.
 fn placement_order(working: &Working<'_>, waiting: Vec<UnitIndex>) -> VecDeque<UnitIndex> {
     let is_waiting: HashSet<UnitIndex> = waiting.iter().copied().collect();

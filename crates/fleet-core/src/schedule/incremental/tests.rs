@@ -229,20 +229,32 @@ fn a_burst_of_free_units_plans_only_them_and_the_waiting() {
     assert_eq!(planner.plan(&smaller), (plan(&smaller), PlanScope::Full));
 }
 
-/// With preemption on, a unit that would wait may take the room of a unit outside the change:
-/// the plan is the full one.
-#[test]
-fn a_unit_that_waits_with_preemption_on_gets_the_full_plan() {
+/// With preemption on: a machine with room for two units of 1 GiB holds the two of `placed`
+/// (each `[X-Fleet]` after `Memory=1G`), settled; then `new` (likewise) comes. Its plan by
+/// the incremental planner, how it was made, and the snapshot it was made of.
+fn one_more_on_a_full_machine(placed: [(&str, &str); 2], new: (&str, &str)) -> (Plan, PlanScope, ClusterSnapshot) {
     let full_machine = crate::MachineState {
         capacity: Some(crate::resources::Resources { memory: 2 << 30, cpu_millis: 2000 }),
         ..machine("m00", &[])
     };
-    let units = vec![unit("low@1.service", "Memory=1G\nPriority=10", None), unit("low@2.service", "Memory=1G", None)];
+    let one = |(name, x_fleet): (&str, &str)| unit(name, &format!("Memory=1G\n{x_fleet}"), None);
+    let units = placed.into_iter().map(one).collect();
     let snapshot = ClusterSnapshot { machines: vec![full_machine], units, preemption: true, ..Default::default() };
     let mut planner = IncrementalPlanner::default();
     let mut snapshot = written(snapshot.clone(), &planner.plan(&snapshot).0, &[]);
-    snapshot.units.push(unit("high.service", "Memory=1G\nPriority=900", None));
+    snapshot.units.push(one(new));
     let (planned, scope) = planner.plan(&snapshot);
+    (planned, scope, snapshot)
+}
+
+/// With preemption on, a unit that would wait may take the room of a unit outside the change:
+/// the plan is the full one.
+#[test]
+fn a_unit_that_waits_with_preemption_on_gets_the_full_plan() {
+    let (planned, scope, snapshot) = one_more_on_a_full_machine(
+        [("low@1.service", "Priority=10"), ("low@2.service", "")],
+        ("high.service", "Priority=900"),
+    );
     assert_eq!(planned, plan(&snapshot));
     assert_eq!(scope, PlanScope::Full);
     assert!(
@@ -254,16 +266,8 @@ fn a_unit_that_waits_with_preemption_on_gets_the_full_plan() {
 /// pass still plans only what changed.
 #[test]
 fn a_unit_that_waits_among_equals_keeps_the_plan_incremental() {
-    let full_machine = crate::MachineState {
-        capacity: Some(crate::resources::Resources { memory: 2 << 30, cpu_millis: 2000 }),
-        ..machine("m00", &[])
-    };
-    let units = vec![unit("a@1.service", "Memory=1G", None), unit("a@2.service", "Memory=1G", None)];
-    let snapshot = ClusterSnapshot { machines: vec![full_machine], units, preemption: true, ..Default::default() };
-    let mut planner = IncrementalPlanner::default();
-    let mut snapshot = written(snapshot.clone(), &planner.plan(&snapshot).0, &[]);
-    snapshot.units.push(unit("a@3.service", "Memory=1G", None));
-    let (planned, scope) = planner.plan(&snapshot);
+    let (planned, scope, snapshot) =
+        one_more_on_a_full_machine([("a@1.service", ""), ("a@2.service", "")], ("a@3.service", ""));
     assert_eq!(planned, plan(&snapshot));
     assert_eq!(scope, PlanScope::Changed(1));
     assert_eq!(planned.unplaced.len(), 1);
