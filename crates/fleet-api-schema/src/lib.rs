@@ -74,6 +74,10 @@ pub struct UnitState {
     /// Restarted too often for its health: left as it is (our addition).
     #[serde(rename = "healthGivenUp", default, skip_serializing_if = "std::ops::Not::not")]
     pub health_given_up: bool,
+    /// Since when its machine is out of touch, RFC 3339: the unit waits for it
+    /// (`LostAfter=`), its states `unknown` (our addition; listed only when asked).
+    #[serde(rename = "outOfTouchSince", default, skip_serializing_if = "String::is_empty")]
+    pub out_of_touch_since: String,
 }
 
 fn is_zero(count: &usize) -> bool {
@@ -104,6 +108,10 @@ pub struct Machine {
     /// the units that tolerate them (our addition).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<String>,
+    /// Since when the machine is out of touch, RFC 3339: gone, with units that wait for it
+    /// (our addition; listed only when asked).
+    #[serde(rename = "outOfTouchSince", default, skip_serializing_if = "String::is_empty")]
+    pub out_of_touch_since: String,
 }
 
 /// A machine's drain and where it stands (our addition): it takes no new units, and its units

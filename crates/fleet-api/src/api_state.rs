@@ -115,6 +115,9 @@ pub struct ApiState {
     /// Whether a unit that fits nowhere may preempt units of a lower priority (`preemption`):
     /// plans preempt alike.
     pub preemption: bool,
+    /// How long a machine's presence outlives its last renewal (`agent_ttl`): a unit's
+    /// `LostAfter=` may not be shorter.
+    pub agent_ttl: std::time::Duration,
     /// How many plans are being worked out (at most `handlers::plans::MOST_PLANS_AT_ONCE`).
     pub plans_under_way: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -145,6 +148,7 @@ impl ApiState {
             secret_keys: Arc::new(crate::secret_keys::SecretKeys::missing("no secrets key is configured")),
             placement_strategy: Default::default(),
             preemption: false,
+            agent_ttl: std::time::Duration::from_secs(30),
             plans_under_way: Default::default(),
         }
     }

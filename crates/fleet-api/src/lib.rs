@@ -23,6 +23,7 @@ pub mod journal_limits;
 pub mod journal_relay;
 pub mod listen;
 pub mod live_view;
+mod out_of_touch;
 pub mod pagination;
 mod query;
 pub mod revocation_bell;

@@ -39,6 +39,9 @@ pub struct MachineRow {
     /// Its taints as written (`gpu=yes`, `db:evict`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub taints: Vec<String>,
+    /// Since when it is out of touch (RFC 3339), while units wait for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_of_touch_since: Option<String>,
 }
 
 /// A drained machine's drain, as the web view shows it.
@@ -157,6 +160,7 @@ pub fn cluster_view(
                     let standing = fleet_core::drain::progress(drain, &machine.id, &concerned);
                     DrainCell { state: standing.word(), moving: standing.moving.len(), left: standing.left.len() }
                 }),
+                out_of_touch_since: None,
             };
             (row.id.clone(), row)
         })
@@ -188,6 +192,37 @@ pub fn cluster_view(
         })
         .collect();
     ClusterView { machines, units }
+}
+
+/// `view` with the machines out of touch that units wait for: each a row of its own (as it
+/// was last seen), and each unit that waits for one shown `unknown`.
+pub fn with_out_of_touch(mut view: ClusterView, machines: &[fleet_core::OutOfTouch]) -> ClusterView {
+    for machine in machines {
+        if view.machines.contains_key(&machine.id) {
+            continue;
+        }
+        let since = rfc3339_of_micros(machine.since);
+        let last = machine.last.clone().unwrap_or_default();
+        for unit in &machine.units {
+            if let Some(row) = view.units.get_mut(unit).filter(|row| row.machine.as_ref() == Some(&machine.id)) {
+                row.active = Some(crate::out_of_touch::UNKNOWN.to_string());
+                row.sub = Some(format!("machine out of touch since {since}"));
+            }
+        }
+        let row = MachineRow {
+            id: machine.id.clone(),
+            ip: last.public_ip,
+            metadata: last.metadata,
+            units: machine.units.len(),
+            capacity: last.capacity,
+            reserved: Resources::default(),
+            drain: None,
+            taints: fleet_core::taint::written(&last.taints),
+            out_of_touch_since: Some(since),
+        };
+        view.machines.insert(machine.id.clone(), row);
+    }
+    view
 }
 
 /// What the runs column says of `unit`: nothing for a unit whose runs fleet does not keep.
@@ -254,9 +289,15 @@ pub fn reset(view: &ClusterView) -> Patch {
 
 /// Reads the cluster into rows.
 pub async fn read_view(registry: &dyn ApiRegistry) -> Result<ClusterView, fleet_registry::RegistryError> {
-    let (units, states, machines, jobs) =
-        tokio::try_join!(registry.units(), registry.unit_states(), registry.machines(), registry.all_job_records())?;
-    Ok(cluster_view(&units, &states, &machines, &jobs, fleet_runtime::wall_clock::now_micros()))
+    let (units, states, machines, jobs, out_of_touch) = tokio::try_join!(
+        registry.units(),
+        registry.unit_states(),
+        registry.machines(),
+        registry.all_job_records(),
+        registry.machines_out_of_touch()
+    )?;
+    let view = cluster_view(&units, &states, &machines, &jobs, fleet_runtime::wall_clock::now_micros());
+    Ok(with_out_of_touch(view, &out_of_touch))
 }
 
 /// The feed: one reader task for every watcher, running only while there are watchers.

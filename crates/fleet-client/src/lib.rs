@@ -627,15 +627,32 @@ impl Client {
     }
 
     pub async fn unit_states(&self, unit: Option<&str>) -> Result<Vec<UnitState>> {
-        let path = match unit {
-            Some(name) => format!("state?unitName={}", encode_component(name)),
-            None => "state".to_string(),
-        };
+        self.unit_states_listed(unit, false).await
+    }
+
+    /// The unit states, and with `out_of_touch` the units that wait for a machine out of touch
+    /// too, as `unknown` (`?outOfTouch=true`, our addition; the original ignores it).
+    pub async fn unit_states_listed(&self, unit: Option<&str>, out_of_touch: bool) -> Result<Vec<UnitState>> {
+        let mut query = Vec::new();
+        if let Some(name) = unit {
+            query.push(format!("unitName={}", encode_component(name)));
+        }
+        if out_of_touch {
+            query.push("outOfTouch=true".to_string());
+        }
+        let path = if query.is_empty() { "state".to_string() } else { format!("state?{}", query.join("&")) };
         self.all_pages(&path, |page: UnitStatePage| (page.states, page.next_page_token)).await
     }
 
     pub async fn machines(&self) -> Result<Vec<Machine>> {
-        self.all_pages("machines", |page: MachinePage| (page.machines, page.next_page_token)).await
+        self.machines_listed(false).await
+    }
+
+    /// The machines, and with `out_of_touch` those gone that units wait for too
+    /// (`?outOfTouch=true`, our addition; the original ignores it).
+    pub async fn machines_listed(&self, out_of_touch: bool) -> Result<Vec<Machine>> {
+        let path = if out_of_touch { "machines?outOfTouch=true" } else { "machines" };
+        self.all_pages(path, |page: MachinePage| (page.machines, page.next_page_token)).await
     }
 
     pub async fn journal(&self, name: &str, lines: usize) -> Result<Journal> {

@@ -21,6 +21,7 @@ pub mod glob;
 pub mod health;
 pub mod job;
 pub mod journal_relay;
+pub mod lost_after;
 pub mod machine;
 pub mod metadata_key;
 pub mod peer_probing;
@@ -44,7 +45,7 @@ pub mod unknown_options;
 pub mod unpoisoned;
 
 pub use backoff::Backoff;
-pub use machine::{Connection, MachineId, MachineState};
+pub use machine::{Connection, MachineId, MachineState, OutOfTouch};
 pub use requirements::Requirements;
 pub use resources::Resources;
 pub use state::{CurrentState, DesiredState, SystemdState, UnitState};

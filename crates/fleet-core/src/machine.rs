@@ -35,6 +35,23 @@ pub struct MachineState {
     pub taints: crate::taint::Taints,
 }
 
+/// A machine the leading engine saw gone that units still wait for (`LostAfter=`,
+/// `AtMostOnce=`): since when the engine counts it out of touch, what it last said of itself,
+/// and the units that wait. Written by the engine; lists show it until it is back or no unit
+/// waits for it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutOfTouch {
+    pub id: MachineId,
+    /// Microseconds since the epoch, by the engine's clock: when it first saw the machine gone.
+    pub since: i64,
+    /// The machine's record as last seen present, when the engine saw it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<MachineState>,
+    /// The units that wait for it, by name.
+    #[serde(default)]
+    pub units: Vec<String>,
+}
+
 /// How a machine is connected to the cluster: its fleetd holds the store itself (an etcd
 /// member's client, or the one embedded store) or it pulls its work from a manager.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

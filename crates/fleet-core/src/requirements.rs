@@ -30,7 +30,8 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// template spread evenly over the values of that metadata key; `SpreadGroup=web-*`: instead,
 /// the units that name the same pattern (and match it) spread together. The health check's
 /// keys are fleet's too ([`crate::health::check::KEYS`]); [`is_added_key`] knows both.
-pub const ADDED_KEYS: &[&str] = &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup", TOLERATE, PRIORITY];
+pub const ADDED_KEYS: &[&str] =
+    &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup", TOLERATE, PRIORITY, crate::lost_after::KEY];
 
 /// `Priority=` (0 to 1000, [`DEFAULT_PRIORITY`] when absent): units of a higher priority are
 /// placed first, and with preemption on (the engine leader's `preemption = on`) one that fits
@@ -98,6 +99,10 @@ pub struct Requirements {
     /// `Priority=`: [`DEFAULT_PRIORITY`] when absent or unreadable (such a unit is refused at
     /// submission).
     pub priority: u16,
+    /// `LostAfter=`: how long its machine may be out of touch before it moves
+    /// ([`crate::lost_after`]; the default when unreadable, and such a unit is refused at
+    /// submission).
+    pub lost_after: crate::lost_after::LostAfter,
 }
 
 impl Default for Requirements {
@@ -118,6 +123,7 @@ impl Default for Requirements {
             avoid: Vec::new(),
             tolerate: Vec::new(),
             priority: DEFAULT_PRIORITY,
+            lost_after: crate::lost_after::LostAfter::AgentTtl,
         }
     }
 }
@@ -180,6 +186,7 @@ impl Requirements {
             avoid,
             tolerate,
             priority,
+            lost_after,
         } = self;
         *machine_id == other.machine_id
             && *machine_of == other.machine_of
@@ -195,6 +202,7 @@ impl Requirements {
             && *avoid == other.avoid
             && *tolerate == other.tolerate
             && *priority == other.priority
+            && *lost_after == other.lost_after
     }
 
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
@@ -262,6 +270,7 @@ impl Requirements {
         requirements.job = crate::job::job_of(unit_name, options).ok().flatten();
         requirements.tolerate = tolerations_of(&all(&[TOLERATE])).unwrap_or_default();
         requirements.priority = priority_of(options).unwrap_or(DEFAULT_PRIORITY);
+        requirements.lost_after = crate::lost_after::lost_after_of(options).unwrap_or_default();
         requirements
     }
 
@@ -319,6 +328,9 @@ impl Requirements {
             _ if self.global && replaces => CombinationError::GlobalWith("Replaces"),
             _ if self.global && self.at_most_once => CombinationError::GlobalWith("AtMostOnce"),
             _ if self.global && self.spread_by.is_some() => CombinationError::GlobalWith("SpreadBy"),
+            _ if self.global && self.lost_after != crate::lost_after::LostAfter::AgentTtl => {
+                CombinationError::GlobalWith(crate::lost_after::KEY)
+            }
             _ if self.spread_by.as_deref().is_some_and(|key| !crate::metadata_key::valid_metadata_key(key)) => {
                 CombinationError::SpreadKey(self.spread_by.clone().unwrap_or_default())
             }

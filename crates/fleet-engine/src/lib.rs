@@ -13,8 +13,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::schedule::at_most_once::MachineAbsences;
 use fleet_core::schedule::departures::{Departures, Reports};
+use fleet_core::schedule::lost_machines::{Held, MachineAbsences, at_most_once_hold};
 use fleet_core::schedule::preemption::Preemptor;
 use fleet_core::schedule::{
     ClusterSnapshot, Decision, IncrementalPlanner, PlacementStrategy, PlanScope, RequirementsCache, SnapshotUnit,
@@ -31,9 +31,10 @@ pub struct EngineConfig {
     /// The fallback reconcile period (`engine_reconcile_interval`).
     pub reconcile_interval: Duration,
     pub debounce: Duration,
-    /// How long an `AtMostOnce=` unit stays on a machine seen gone before it may start
-    /// elsewhere ([`fleet_core::schedule::at_most_once::hold`] of `agent_ttl`).
-    pub at_most_once_hold: Duration,
+    /// How long a machine's presence outlives its last renewal (`agent_ttl`): what units
+    /// with `LostAfter=` or `AtMostOnce=` count their stay on a machine gone from
+    /// ([`fleet_core::schedule::lost_machines`]).
+    pub agent_ttl: Duration,
     /// How a unit's machine is chosen among those it fits on (`placement_strategy`).
     pub strategy: PlacementStrategy,
     /// Whether a unit that fits nowhere may take the room of units of a lower priority
@@ -60,8 +61,13 @@ pub struct Engine {
     planning: Duration,
     /// When this engine first saw each machine gone that units are still placed on.
     absences: MachineAbsences,
-    /// When the first hold on an `AtMostOnce=` unit ends: the engine plans again then.
+    /// When the first stay of a unit on a machine gone ends: the engine plans again then.
     hold_ends: Option<tokio::time::Instant>,
+    /// The machines of the last look, so a machine that goes is shown as it was.
+    machines_before: Vec<MachineState>,
+    /// The machines out of touch this leadership recorded last; `None` before it read what
+    /// its predecessor recorded.
+    out_of_touch_written: Option<Vec<fleet_core::OutOfTouch>>,
     /// Units taken off a machine that is still present, until it stopped them.
     departures: Departures,
     /// Units preempted and not placed since, with who took their room: their reason says so
@@ -107,6 +113,8 @@ impl Engine {
             planning: Duration::ZERO,
             absences: MachineAbsences::default(),
             hold_ends: None,
+            machines_before: Vec::new(),
+            out_of_touch_written: None,
             departures: Departures::default(),
             preempted: BTreeMap::new(),
             first_look: true,
@@ -201,19 +209,38 @@ impl Engine {
         Ok((ClusterSnapshot { units, ..cluster }, held))
     }
 
-    /// `cluster` without the `AtMostOnce=` units whose machine is gone but may not have
-    /// stopped them yet: the plan leaves them where they are until it has.
-    fn without_held_units(&mut self, cluster: ClusterSnapshot) -> ClusterSnapshot {
+    /// `cluster` without the units whose machine is gone and whose stay there is not over
+    /// (`LostAfter=`, `AtMostOnce=`): the plan leaves them where they are. Records the
+    /// machines they wait for, as lists show them, when that changed.
+    async fn without_held_units(
+        &mut self,
+        lease: &EngineLease,
+        cluster: ClusterSnapshot,
+    ) -> Result<(ClusterSnapshot, Held), RegistryError> {
         let now = tokio::time::Instant::now().into_std();
-        self.absences.observe(&cluster, now);
-        let (held, ends) = self.absences.held(&cluster, now, self.config.at_most_once_hold);
-        self.hold_ends = ends.map(tokio::time::Instant::from_std);
-        if held.is_empty() {
-            return cluster;
+        let machines = cluster.machines.clone();
+        self.absences.observe(&cluster, &self.machines_before, now, (self.clock)());
+        self.machines_before = machines;
+        if self.out_of_touch_written.is_none() {
+            let recorded = self.registry.recorded_out_of_touch().await?;
+            self.absences.adopt(&recorded);
+            self.out_of_touch_written = Some(recorded);
         }
-        tracing::debug!(units = held.len(), "at-most-once units wait for their lost machine to have stopped them");
-        let units = cluster.units.into_iter().filter(|unit| !held.contains(&unit.name)).collect();
-        ClusterSnapshot { units, ..cluster }
+        let held = self.absences.held(&cluster, now, self.config.agent_ttl);
+        self.hold_ends = held.next_end.map(tokio::time::Instant::from_std);
+        let records = self.absences.records(&held);
+        if self.out_of_touch_written.as_ref() != Some(&records) {
+            if let Err(error) = self.registry.record_out_of_touch(lease, &records).await {
+                return Err(self.failed_write(error));
+            }
+            self.out_of_touch_written = Some(records);
+        }
+        if held.units.is_empty() {
+            return Ok((cluster, held));
+        }
+        tracing::debug!(units = held.units.len(), "units wait for their machine out of touch");
+        let units = cluster.units.into_iter().filter(|unit| !held.units.contains_key(&unit.name)).collect();
+        Ok((ClusterSnapshot { units, ..cluster }, held))
     }
 
     /// Whether `snapshot` differs from the one planned last only in units' contents that
@@ -252,6 +279,7 @@ impl Engine {
             // What it saw gone while it led before may have come back meanwhile: a new
             // leadership counts absences from its own first sight.
             self.absences = MachineAbsences::default();
+            self.out_of_touch_written = None;
             self.departures = Departures::default();
             self.preempted.clear();
             self.first_look = true;
@@ -304,7 +332,7 @@ impl Engine {
             Err(error) => return Err(self.failed_write(error)),
         };
         self.changes.set_waking(self.state_changes, self.departing || self.jobs.running());
-        let cluster = self.without_held_units(cluster);
+        let (cluster, staying) = self.without_held_units(&lease, cluster).await?;
         let (cluster, held) = self.without_departing_units(cluster).await?;
         let (mut decided, scope) = self.planner.plan(&cluster);
         decided.wait_for_departures(held);
@@ -319,6 +347,7 @@ impl Engine {
         self.planning = planning.elapsed();
         // Services kept off every machine after a failure say why, as unplaced units do.
         decided.kept_off = self.jobs.off_reasons().to_vec();
+        decided.staying = staying.units.into_iter().map(|(unit, held)| (unit, held.reason)).collect();
         let reasons = decided.reason_texts();
         fleet_metrics::publish_cluster(Some(cluster_counts::cluster_counts(&cluster, &decided)));
         let scope = match scope {
@@ -372,7 +401,7 @@ impl Engine {
         decisions
             .get_or_create(&fleet_metrics::DecisionLabels { decision: "unschedule" })
             .inc_by((decided.decisions.len() - placed) as u64);
-        let silent_until = tokio::time::Instant::now().into_std() + self.config.at_most_once_hold;
+        let silent_until = tokio::time::Instant::now().into_std() + at_most_once_hold(self.config.agent_ttl);
         self.departures.note_decisions(&decided.decisions, &cluster, &before, silent_until);
         for decision in &decided.decisions {
             if let Decision::Unschedule { unit, reason: UnscheduleReason::PreemptedBy(preemptor), .. } = decision {

@@ -49,7 +49,9 @@ async fn store_with(machines: &[(&str, &str)]) -> (tempfile::TempDir, EmbeddedRe
     (dir, registry)
 }
 
-/// How long an `AtMostOnce=` unit waits on a machine gone, in these tests.
+/// The engines' `agent_ttl`: an `AtMostOnce=` unit's hold on a machine gone is 5.4 s of it.
+const AGENT_TTL: Duration = Duration::from_secs(4);
+/// At most the hold of an `AtMostOnce=` unit.
 const HOLD: Duration = Duration::from_secs(5);
 
 fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
@@ -57,7 +59,7 @@ fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task:
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
-        at_most_once_hold: HOLD,
+        agent_ttl: AGENT_TTL,
         strategy: Default::default(),
         preemption: false,
     };
@@ -375,6 +377,17 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.store.put_run_ticket(lease, unit, ticket).await
     }
+    async fn recorded_out_of_touch(&self) -> fleet_registry::Result<Vec<fleet_core::OutOfTouch>> {
+        self.store.recorded_out_of_touch().await
+    }
+    async fn record_out_of_touch(
+        &self,
+        lease: &fleet_registry::EngineLease,
+        machines: &[fleet_core::OutOfTouch],
+    ) -> fleet_registry::Result<()> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.record_out_of_touch(lease, machines).await
+    }
     fn engine_changes(&self) -> fleet_registry::ChangeSignal {
         self.store.engine_changes()
     }
@@ -394,7 +407,7 @@ async fn only_the_leader_writes() {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
-        at_most_once_hold: HOLD,
+        agent_ttl: AGENT_TTL,
         strategy: Default::default(),
         preemption: false,
     };
@@ -432,7 +445,7 @@ async fn failing_passes_are_retried_within_the_fallback_period() {
         machine_id: "m1".into(),
         reconcile_interval: interval,
         debounce: Duration::from_millis(10),
-        at_most_once_hold: HOLD,
+        agent_ttl: AGENT_TTL,
         strategy: Default::default(),
         preemption: false,
     };

@@ -39,7 +39,7 @@ async fn a_preempted_unit_says_who_took_its_room_until_it_gets_room_again() {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
         debounce: Duration::from_millis(10),
-        at_most_once_hold: Duration::from_secs(5),
+        agent_ttl: Duration::from_secs(4),
         strategy: Default::default(),
         preemption: true,
     };

@@ -57,6 +57,7 @@ macro_rules! registry_contract {
             an_import_writes_its_units_where_they_run_or_nothing,
             job_records_are_replaced_only_over_the_version_read,
             a_run_ticket_reaches_every_machine_with_its_global_unit,
+            machines_out_of_touch_are_recorded_by_the_leader_and_listed,
         );
     };
     (@each $open:path; $($name:ident),+ $(,)?) => {
@@ -1349,4 +1350,40 @@ pub async fn a_run_ticket_reaches_every_machine_with_its_global_unit(registry: &
             .is_ok_and(|work| work.globals.iter().any(|unit| unit.name == "sweep.service" && unit.run.is_none()))
     })
     .await;
+}
+
+/// The leading engine's record of machines out of touch that units wait for: replaced whole,
+/// read back by the engine and listed by the API, written only under the leadership.
+pub async fn machines_out_of_touch_are_recorded_by_the_leader_and_listed(
+    registry: &dyn Registry,
+    _agent_for: AgentFor<'_>,
+) {
+    use fleet_core::OutOfTouch;
+    let lease = lease(registry).await;
+    assert_eq!(registry.machines_out_of_touch().await.unwrap(), vec![]);
+    let gone = |id: &str, since: i64| OutOfTouch {
+        id: id.into(),
+        since,
+        last: Some(machine(id)),
+        units: vec![format!("{id}-db.service"), format!("{id}-web.service")],
+    };
+    registry.record_out_of_touch(&lease, &[gone("m7", 1_000), gone("m8", 2_000)]).await.unwrap();
+    eventually("the API lists both", async || {
+        registry.machines_out_of_touch().await.is_ok_and(|listed| listed == [gone("m7", 1_000), gone("m8", 2_000)])
+    })
+    .await;
+    assert_eq!(registry.recorded_out_of_touch().await.unwrap(), [gone("m7", 1_000), gone("m8", 2_000)]);
+    registry.record_out_of_touch(&lease, &[gone("m8", 2_000)]).await.unwrap();
+    eventually("m7 is back: gone from the list", async || {
+        registry.machines_out_of_touch().await.is_ok_and(|listed| listed == [gone("m8", 2_000)])
+    })
+    .await;
+    let stale = EngineLease { machine_id: "m9".into(), token: lease.token + 1_000 };
+    let refused = registry.record_out_of_touch(&stale, &[]).await;
+    assert!(matches!(refused, Err(RegistryError::LeadershipLost)), "{refused:?}");
+    let lease = registry.acquire_leadership("m1").await.unwrap().expect("leads again");
+    assert_eq!(registry.recorded_out_of_touch().await.unwrap(), [gone("m8", 2_000)]);
+    registry.record_out_of_touch(&lease, &[]).await.unwrap();
+    eventually("none is left", async || registry.machines_out_of_touch().await.is_ok_and(|listed| listed.is_empty()))
+        .await;
 }

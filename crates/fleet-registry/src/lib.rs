@@ -27,7 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use fleet_core::drain::Drain;
 use fleet_core::schedule::Decision;
-use fleet_core::{DesiredState, MachineId, MachineState, UnitFile, UnitHash, UnitState};
+use fleet_core::{DesiredState, MachineId, MachineState, OutOfTouch, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
 pub use drain_units::{drain_unit_names, drain_units};
@@ -360,6 +360,10 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
         let rest = machines.into_iter().filter(|machine| after.is_none_or(|after| machine.id.as_str() > after));
         Page::select(rest.map(|machine| Ok((machine.id.clone(), machine))), &request, |_, machine| Ok(Some(machine)))
     }
+    /// The machines gone that units still wait for (`LostAfter=`, `AtMostOnce=`), as the
+    /// leading engine recorded them, in ID order (one back may be there until the engine's
+    /// next pass: a reader leaves out those [`ApiRegistry::machines`] lists).
+    async fn machines_out_of_touch(&self) -> Result<Vec<OutOfTouch>>;
     /// The machine whose engine leads the cluster now, if one does.
     async fn engine_leader(&self) -> Result<Option<MachineId>>;
     /// Applies runtime metadata changes all at once.
@@ -443,6 +447,12 @@ pub trait EngineRegistry: Send + Sync {
         unit: &str,
         ticket: Option<&fleet_core::job::global_runs::RunTicket>,
     ) -> Result<()>;
+    /// The machines out of touch that units wait for, as the engine leading last recorded
+    /// them ([`EngineRegistry::record_out_of_touch`]), in ID order.
+    async fn recorded_out_of_touch(&self) -> Result<Vec<OutOfTouch>>;
+    /// Replaces the record of machines out of touch by `machines` (what differs is written),
+    /// fenced by `lease`.
+    async fn record_out_of_touch(&self, lease: &EngineLease, machines: &[OutOfTouch]) -> Result<()>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
     /// Moves when a machine's report of a unit may have changed (a store may move it more

@@ -206,7 +206,7 @@ impl Cluster {
             machine_id: node.machine.id.clone(),
             reconcile_interval: Duration::from_millis(500),
             debounce: Duration::from_millis(10),
-            at_most_once_hold: fleet_core::schedule::at_most_once::hold(self.config.agent_ttl),
+            agent_ttl: self.config.agent_ttl,
             strategy: Default::default(),
             preemption: self.config.prioritized > 0,
         };

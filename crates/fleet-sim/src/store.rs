@@ -584,6 +584,21 @@ impl EngineRegistry for SimStore {
         .await?
     }
 
+    async fn recorded_out_of_touch(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
+        self.request("out of touch", |world| world.out_of_touch.clone()).await
+    }
+
+    async fn record_out_of_touch(&self, lease: &EngineLease, machines: &[fleet_core::OutOfTouch]) -> Result<()> {
+        self.write("record out of touch", |world| {
+            if !world.leads(&lease.machine_id, lease.token) {
+                return Err(RegistryError::LeadershipLost);
+            }
+            world.out_of_touch = machines.to_vec();
+            Ok(())
+        })
+        .await?
+    }
+
     fn engine_changes(&self) -> ChangeSignal {
         lock(&self.world).engine_signal()
     }

@@ -113,6 +113,8 @@ pub struct World {
     /// The tickets of global units on a calendar (the simulation's workload has no global
     /// units: kept as a store keeps them, given to no machine).
     pub run_tickets: BTreeMap<String, fleet_core::job::global_runs::RunTicket>,
+    /// The machines out of touch the leading engine recorded.
+    pub out_of_touch: Vec<fleet_core::OutOfTouch>,
     /// The version the next job record write gets.
     next_job_version: u64,
 }
@@ -123,6 +125,7 @@ impl World {
             preemptions: 0,
             jobs: BTreeMap::new(),
             run_tickets: BTreeMap::new(),
+            out_of_touch: Vec::new(),
             next_job_version: 1,
             revision: 1,
             units: BTreeMap::new(),

@@ -132,6 +132,26 @@ impl EngineRegistry for EmbeddedRegistry {
         .await
     }
 
+    async fn recorded_out_of_touch(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
+        ApiRegistry::machines_out_of_touch(self).await
+    }
+
+    async fn record_out_of_touch(&self, lease: &EngineLease, machines: &[fleet_core::OutOfTouch]) -> Result<()> {
+        if lease.token != EMBEDDED_LEASE_TOKEN {
+            return Err(RegistryError::LeadershipLost);
+        }
+        let machines = machines.to_vec();
+        self.write(move |txn, _touched| {
+            let mut table = txn.open_table(tables::OUT_OF_TOUCH).map_err(unavailable)?;
+            table.retain(|id, _| machines.iter().any(|machine| machine.id == id)).map_err(unavailable)?;
+            for machine in &machines {
+                table.insert(machine.id.as_str(), tables::encode(machine).as_slice()).map_err(unavailable)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<std::sync::Arc<fleet_core::UnitState>>> {
         if units.is_empty() {
             return Ok(Vec::new());

@@ -100,7 +100,11 @@ pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
 /// Tables of JSON records added to format 1 since 0.2.0 began it: a store opens with them too
 /// (a store without one is given it), a backup holds them, and a snapshot taken before they
 /// were added restores without them.
-pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 3] = [SECRETS, JOBS, RUN_TICKETS];
+pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 4] = [SECRETS, JOBS, RUN_TICKETS, OUT_OF_TOUCH];
+
+/// Machine ID → [`fleet_core::OutOfTouch`]: the machines gone that units wait for, as the
+/// engine recorded them.
+pub const OUT_OF_TOUCH: TableDefinition<&str, &[u8]> = TableDefinition::new("out_of_touch");
 
 /// Unit name → [`fleet_core::job::global_runs::RunTicket`]: the run every machine of a global
 /// unit on a calendar is to run now.

@@ -529,6 +529,10 @@ impl ApiRegistry for EtcdRegistry {
         self.drains_from_copy().await
     }
 
+    async fn machines_out_of_touch(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
+        self.out_of_touch_from_copy().await
+    }
+
     async fn engine_leader(&self) -> Result<Option<MachineId>> {
         let key = self.keys().leader();
         // A fleetd that runs an engine follows the leader key already; one that does not reads

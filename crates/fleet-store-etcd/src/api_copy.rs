@@ -17,7 +17,7 @@ use fleet_core::{MachineState, UnitFile, UnitState};
 
 use super::EtcdRegistry;
 use super::caches::{Cache, Held};
-use super::keys::KeyRange;
+use super::keys::{KeyRange, Keys};
 use super::mirror::MirrorData;
 use fleet_registry::codec::{Options, decode, decode_listed};
 use fleet_registry::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
@@ -218,6 +218,13 @@ impl EtcdRegistry {
         Ok(drains)
     }
 
+    /// The machines out of touch the engine recorded, from the copy.
+    pub(super) async fn out_of_touch_from_copy(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
+        let mirror = Self::up_to_date(self.api_mirror()).await?;
+        let data = mirror.synced()?;
+        Ok(out_of_touch_in(self.keys(), &data))
+    }
+
     /// The states of `names`, in key (machine, unit) order: one walk over the copy's states,
     /// each looked up by its unit's name, with no (unit, machine) order to sort. Each is parsed
     /// once per revision and shared: a rollout reads the states of its units on every pass.
@@ -267,4 +274,12 @@ impl EtcdRegistry {
         let states = order[from..].iter().map(|(unit, machine)| Ok((unit.as_str(), machine.as_str())));
         Page::select(states, &request, |unit, machine| decoded(unit, machine))
     }
+}
+
+/// The machines out of touch recorded in `data`, in ID order.
+pub(super) fn out_of_touch_in(keys: &Keys, data: &MirrorData) -> Vec<fleet_core::OutOfTouch> {
+    let prefix = keys.all_out_of_touch();
+    data.range(&KeyRange::prefix(prefix))
+        .filter_map(|(key, entry)| decode_listed::<fleet_core::OutOfTouch>(key, &entry.value))
+        .collect()
 }

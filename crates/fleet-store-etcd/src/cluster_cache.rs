@@ -1,4 +1,5 @@
-//! The cluster's cache: units, placements, reasons, machines, metadata, drains and bodies, in
+//! The cluster's cache: units, placements, reasons, machines, metadata, drains, machines out
+//! of touch and bodies, in
 //! one watch-fed copy that the leading engine and the API read alike; and the states' cache
 //! beside it. The engine holds the cluster's while it leads (a standby follows the leader key
 //! alone); each API read holds what it reads and lets it linger `api_copy_idle` after
@@ -28,6 +29,7 @@ fn engine_ranges(keys: &Keys) -> Vec<KeyRange> {
         KeyRange::prefix(keys.machines()),
         KeyRange::prefix(keys.all_metadata()),
         KeyRange::prefix(keys.all_drains()),
+        KeyRange::prefix(keys.all_out_of_touch()),
         // Job records: a run started by hand wakes the engine.
         KeyRange::prefix(keys.jobs()),
     ]

@@ -487,6 +487,48 @@ impl EngineRegistry for EtcdRegistry {
         Ok(())
     }
 
+    async fn recorded_out_of_touch(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
+        let mirror = self.engine_mirror();
+        let data = mirror.listed(self.connection().timeout).await?;
+        Ok(super::api_copy::out_of_touch_in(self.keys(), &data))
+    }
+
+    /// The records that differ, in transactions fenced by the leader key (a few machines
+    /// as a rule; many when a zone is cut off).
+    async fn record_out_of_touch(&self, lease: &EngineLease, machines: &[fleet_core::OutOfTouch]) -> Result<()> {
+        self.check_leadership(lease).await?;
+        let keys = self.keys();
+        let stored = self.recorded_out_of_touch().await?;
+        let mut ops: Vec<TxnOp> = stored
+            .iter()
+            .filter(|old| !machines.iter().any(|machine| machine.id == old.id))
+            .map(|old| TxnOp::delete(keys.out_of_touch(&old.id), None))
+            .collect();
+        ops.extend(
+            machines
+                .iter()
+                .filter(|machine| !stored.contains(machine))
+                .map(|machine| TxnOp::put(keys.out_of_touch(&machine.id), encode(machine), None)),
+        );
+        let fence = Compare::create_revision(keys.leader(), CompareOp::Equal, lease.token as i64);
+        let mut last_write = None;
+        for batch in ops.chunks(MAX_TXN_OPS) {
+            let reply = self.connection().txn(Txn::new().when([fence.clone()]).and_then(batch.to_vec())).await?;
+            if !reply.succeeded() {
+                *self.inner.leadership.lock().await = None;
+                return Err(RegistryError::LeadershipLost);
+            }
+            last_write = reply.header().map(|header| header.revision());
+        }
+        // The next record is diffed against the cache: it must show this one.
+        if let Some(revision) = last_write
+            && !self.engine_mirror().wait_for(revision, CATCH_UP).await
+        {
+            tracing::debug!(revision, "the engine's watch has not caught up with its record of machines out of touch");
+        }
+        Ok(())
+    }
+
     fn engine_changes(&self) -> ChangeSignal {
         self.leader_mirror();
         self.inner.engine_signal.subscribe()

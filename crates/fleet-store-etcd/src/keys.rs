@@ -12,6 +12,7 @@
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `drains/<machine>` | [`fleet_core::drain::Drain`] | — | API (starts and ends it), engine leader (steps it) |
+//! | `out-of-touch/<machine>` | [`fleet_core::OutOfTouch`]: a machine gone that units wait for | — | engine, fenced |
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
 //! | `revoked/<machine>` | [`fleet_registry::RevokedMachine`] | — | API |
@@ -30,7 +31,7 @@
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, `global-runs/`, its own `machines/` and `metadata/` keys:
 //! a schedule change wakes exactly one agent. The leading engine holds the cluster's cache
-//! (units, placements, reasons, machines, metadata, drains, states and bodies), every engine the
+//! (units, placements, reasons, machines, metadata, drains, machines out of touch, states and bodies), every engine the
 //! leader key's; unit states, which change most, wake nobody but the API's readers and, while a
 //! unit waits for the machine it left to stop it, the leading engine.
 
@@ -183,6 +184,12 @@ impl Keys {
     }
     pub fn drain(&self, id: &str) -> String {
         self.key(&["drains", id])
+    }
+    pub fn all_out_of_touch(&self) -> String {
+        self.key(&["out-of-touch", ""])
+    }
+    pub fn out_of_touch(&self, id: &str) -> String {
+        self.key(&["out-of-touch", id])
     }
     pub fn all_states(&self) -> String {
         self.key(&["states", ""])

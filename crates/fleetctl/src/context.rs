@@ -104,7 +104,7 @@ impl Context {
 
     /// Machines by ID, for legends; empty when they cannot be listed.
     pub async fn machines(&self) -> BTreeMap<String, Machine> {
-        match self.client.machines().await {
+        match self.client.machines_listed(true).await {
             Ok(machines) => machines.into_iter().map(|machine| (machine.id.clone(), machine)).collect(),
             Err(error) => {
                 self.debug(&format!("listing machines: {error}"));

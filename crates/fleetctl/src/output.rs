@@ -46,6 +46,8 @@ pub struct MachineRow<'a> {
     pub drain: Option<&'a str>,
     /// Its taints as written (`gpu=yes`, `db:evict`); empty when it has none.
     pub taints: &'a [String],
+    /// Since when it is out of touch (RFC 3339), while units wait for it; `null` while present.
+    pub out_of_touch_since: Option<&'a str>,
 }
 
 /// A row of `list-unit-files -o json`.
@@ -98,6 +100,10 @@ pub struct UnitRow<'a> {
     pub health: &'a str,
     #[serde(skip_serializing_if = "str::is_empty")]
     pub health_failure: &'a str,
+    /// Since when its machine is out of touch (RFC 3339): the unit waits for it, its state
+    /// unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub out_of_touch_since: Option<&'a str>,
 }
 
 /// An element of `status -o json`.

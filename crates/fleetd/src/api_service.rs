@@ -105,6 +105,7 @@ impl ApiService {
             secret_keys: secret_keys.clone(),
             placement_strategy: config.placement_strategy,
             preemption: config.preemption,
+            agent_ttl: config.agent_ttl,
             plans_under_way: Default::default(),
             backup: backup.map(|store| fleet_api::Backup {
                 store,

@@ -282,7 +282,7 @@ impl Components for ClusterMember {
             machine_id: self.machine_id.clone(),
             reconcile_interval: config.engine_reconcile_interval,
             debounce: DEBOUNCE,
-            at_most_once_hold: fleet_core::schedule::at_most_once::hold(config.agent_ttl),
+            agent_ttl: config.agent_ttl,
             strategy: config.placement_strategy,
             preemption: config.preemption,
         };

@@ -42,7 +42,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     let mut names = HashSet::new();
     let mut admitted = Vec::with_capacity(request.units.len());
     for (index, unit) in request.units.into_iter().enumerate() {
-        let mut outcome = admit(index, &unit, &request.contents, role, &machines);
+        let mut outcome = admit(index, &unit, &request.contents, role, &machines, state.agent_ttl);
         if let Ok(imported) = &outcome {
             if existing.contains(&imported.name) {
                 outcome = Err("a unit of this name exists in fleet already".to_string());
@@ -91,6 +91,7 @@ fn admit(
     contents: &BTreeMap<String, Vec<UnitOption>>,
     role: &Role,
     machines: &HashMap<String, MachineState>,
+    agent_ttl: std::time::Duration,
 ) -> Admitted {
     let options = match (unit.options.is_empty(), &unit.content) {
         (true, Some(key)) => {
@@ -104,7 +105,7 @@ fn admit(
     }
     let asked =
         Unit { name: unit.name.clone(), desired_state: Some(unit.desired_state.clone()), options, ..Unit::default() };
-    let change = admit_one(index, asked, role, Permission::Write).map_err(|error| {
+    let change = admit_one(index, asked, role, Permission::Write, agent_ttl).map_err(|error| {
         let prefix = format!("unit {}: ", unit.name);
         error.message.strip_prefix(&prefix).map_or(error.message.clone(), str::to_string)
     })?;

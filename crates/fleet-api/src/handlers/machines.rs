@@ -11,10 +11,11 @@ use serde_json::Value;
 
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
-use crate::query::page_token;
+use crate::query::{flag, page_token};
 use crate::schema::{Machine, MachinePage};
 
-/// The machines, their drains naming only the units `role` sees.
+/// The machines, their drains naming only the units `role` sees; with `?outOfTouch=true`,
+/// the machines out of touch that units wait for after them, on the last page.
 pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> Result<Response, ApiError> {
     let token = page_token(query, state.page_size.get())?;
     let (start, limit) = token.window();
@@ -38,8 +39,14 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
             id: machine.id,
             metadata: machine.metadata,
             primary_ip: machine.public_ip,
+            out_of_touch_since: String::new(),
         })
         .collect();
+    let mut machines = machines;
+    if !page.more && flag(query, "outOfTouch", false)? {
+        machines
+            .extend(crate::out_of_touch::machines(state).await?.into_iter().map(crate::out_of_touch::listed_machine));
+    }
     let (machines, encoded, next) = token.page_encoded(machines, page.more);
     if let (Some(_), Some(last)) = (&next, machines.last()) {
         state.page_cursors.remember(listing, start + machines.len(), last.id.clone());

@@ -79,7 +79,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
         )));
     }
     let units = with_contents(request.units, &request.contents)?;
-    let changes = admitted(units, role, Permission::Plan, MOST_UNITS_PER_PLAN)?;
+    let changes = admitted(units, role, Permission::Plan, MOST_UNITS_PER_PLAN, state.agent_ttl)?;
     let mut named: HashSet<&str> = changes.iter().map(|change| change.name.as_str()).collect();
     for name in &request.destroy {
         validate_name(name).map_err(|error| ApiError::bad_request(format!("unit {name}: {error}")))?;

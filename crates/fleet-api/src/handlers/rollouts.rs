@@ -153,7 +153,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
             // Its source decides its content; it rolls out its own changes.
             return Err(RegistryError::Owned { unit, owner: Some(source.clone()) }.into());
         }
-        crate::handlers::units::validate_options(&unit, &file)?;
+        crate::handlers::units::validate_options(&unit, &file, state.agent_ttl)?;
         bodies.entry(current.hash.to_string()).or_insert_with(|| current.file.serialize());
         let to = match &last {
             Some((same, hash)) if *same == file => *hash,

@@ -26,7 +26,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -
     if batch.units.is_empty() {
         return Err(ApiError::bad_request("no units given"));
     }
-    let changes = admitted(batch.units, role, Permission::Write, MOST_UNITS_PER_BATCH)?;
+    let changes = admitted(batch.units, role, Permission::Write, MOST_UNITS_PER_BATCH, state.agent_ttl)?;
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
     super::secrets::check_named(state, role, files).await?;
     let answers = state.registry.change_units_as(&changes, writer).await?;
@@ -65,6 +65,7 @@ pub(super) fn admitted(
     role: &Role,
     asked: Permission,
     most: usize,
+    agent_ttl: std::time::Duration,
 ) -> Result<Vec<UnitChange>, ApiError> {
     if units.len() > most {
         return Err(ApiError::bad_request(format!("{} units given; at most {most} per request", units.len())));
@@ -72,7 +73,7 @@ pub(super) fn admitted(
     let mut names = HashSet::new();
     let mut changes = Vec::with_capacity(units.len());
     for (index, unit) in units.into_iter().enumerate() {
-        let change = admit_one(index, unit, role, asked)?;
+        let change = admit_one(index, unit, role, asked, agent_ttl)?;
         if !names.insert(change.name.clone()) {
             return Err(ApiError::bad_request(format!("unit {} is given twice", change.name)));
         }
@@ -82,7 +83,13 @@ pub(super) fn admitted(
 }
 
 /// One unit of a request (the `index`th), checked as its own `PUT` would be.
-pub(super) fn admit_one(index: usize, unit: Unit, role: &Role, asked: Permission) -> Result<UnitChange, ApiError> {
+pub(super) fn admit_one(
+    index: usize,
+    unit: Unit,
+    role: &Role,
+    asked: Permission,
+    agent_ttl: std::time::Duration,
+) -> Result<UnitChange, ApiError> {
     let name = unit.name;
     if name.is_empty() {
         return Err(ApiError::bad_request(format!("unit {index} of the batch has no name")));
@@ -99,7 +106,7 @@ pub(super) fn admit_one(index: usize, unit: Unit, role: &Role, asked: Permission
         true => None,
         false => {
             let file = file_from_options(unit.options);
-            validate_options(&name, &file).map_err(about)?;
+            validate_options(&name, &file, agent_ttl).map_err(about)?;
             Some(file)
         }
     };

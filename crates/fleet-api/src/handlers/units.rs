@@ -94,9 +94,11 @@ pub fn file_from_options(options: Vec<UnitOption>) -> UnitFile {
     )
 }
 
-/// A unit the cluster takes ([`fleet_core::admission::admit_unit`]), or a 400.
-pub fn validate_options(name: &str, file: &UnitFile) -> Result<(), ApiError> {
-    fleet_core::admission::admit_unit(name, file).map_err(ApiError::bad_request)
+/// A unit the cluster takes ([`fleet_core::admission::admit_unit`], and a `LostAfter=` no
+/// shorter than the cluster's `agent_ttl`), or a 400.
+pub fn validate_options(name: &str, file: &UnitFile, agent_ttl: std::time::Duration) -> Result<(), ApiError> {
+    fleet_core::admission::admit_unit(name, file).map_err(ApiError::bad_request)?;
+    fleet_core::lost_after::check_against_agent_ttl(file.options(), agent_ttl).map_err(ApiError::bad_request)
 }
 
 pub(crate) fn refuse_template_activation(name: &str, desired: DesiredState) -> Result<(), ApiError> {
@@ -146,7 +148,7 @@ pub async fn put(
         if !has_options {
             return Err(ApiError::new(StatusCode::CONFLICT, "unit does not exist and options field empty"));
         }
-        validate_options(name, &file)?;
+        validate_options(name, &file, state.agent_ttl)?;
         super::secrets::check_named(state, role, [(name, &file)]).await?;
         let desired = desired.unwrap_or(DesiredState::Inactive);
         refuse_template_activation(name, desired)?;

@@ -84,7 +84,9 @@ function drainCell(m) {
 }
 
 const machineList = new VirtualList(document.getElementById("machines"), "machines-grid", (m) => [
-  [short(m.id), null, m.id],
+  m.outOfTouchSince
+    ? [short(m.id) + " (out of touch)", "failed", m.id + ": out of touch since " + m.outOfTouchSince + ", units wait for it"]
+    : [short(m.id), null, m.id],
   [m.ip || "-"],
   [String(m.units)],
   [fill(m), overCapacity(m) ? "failed" : null, overCapacity(m) ? "over capacity" : ""],

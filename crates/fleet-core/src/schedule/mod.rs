@@ -6,10 +6,10 @@
 //! room left, then the fewest units (spreading), or the fullest one (bin-packing); ties broken
 //! by machine ID. A unit that cannot be placed gets a reason.
 
-pub mod at_most_once;
 mod candidates;
 pub mod departures;
 mod incremental;
+pub mod lost_machines;
 mod plan;
 pub mod preemption;
 pub mod preview;
@@ -99,6 +99,9 @@ pub struct Plan {
     /// Units the engine keeps off every machine for now, with why (a service that moves on
     /// failure, waiting to be tried again: [`crate::job::moves`]). The planner leaves it empty.
     pub kept_off: Vec<(String, String)>,
+    /// Units left on a machine gone while their stay there lasts (`LostAfter=`,
+    /// `AtMostOnce=`), with why: set by the engine, as `kept_off` is.
+    pub staying: Vec<(String, String)>,
     /// Every machine, in ID order, with the units (global ones included) and reservations the
     /// plan leaves on it.
     pub loads: Vec<MachineLoad>,
@@ -121,7 +124,7 @@ impl Plan {
             .stuck
             .iter()
             .map(|(unit, reason)| (unit.clone(), format!("cannot leave its draining machine: {reason}")));
-        let notes = self.spread_notes.iter().chain(&self.kept_off).cloned();
+        let notes = self.spread_notes.iter().chain(&self.kept_off).chain(&self.staying).cloned();
         let mut texts: Vec<(String, String)> = unplaced.chain(stuck).chain(notes).collect();
         texts.sort();
         texts

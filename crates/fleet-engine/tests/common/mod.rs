@@ -32,7 +32,7 @@ pub fn start_engine_every(
         machine_id: "m1".into(),
         reconcile_interval: interval,
         debounce: Duration::from_millis(10),
-        at_most_once_hold: Duration::from_secs(5),
+        agent_ttl: Duration::from_secs(4),
         strategy: Default::default(),
         preemption: false,
     };

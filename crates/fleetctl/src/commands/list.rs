@@ -50,13 +50,24 @@ fn or_dash(text: &str) -> String {
 }
 
 pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output: OutputFormat) -> Outcome {
-    let valid =
-        ["machine", "ip", "metadata", "units", "connection", "leader", "capacity", "reserved", "drain", "taints"];
+    let valid = [
+        "machine",
+        "ip",
+        "metadata",
+        "units",
+        "connection",
+        "leader",
+        "capacity",
+        "reserved",
+        "drain",
+        "taints",
+        "state",
+    ];
     let fields = match columns(fields, &valid, output) {
         Ok(fields) => fields,
         Err(outcome) => return outcome,
     };
-    let machines = match context.client.machines().await {
+    let machines = match context.client.machines_listed(true).await {
         Ok(machines) => machines,
         Err(error) => {
             eprintln!("Error retrieving list of active machines from fleet API ({error})");
@@ -105,6 +116,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                 reserved: reserved_on(&machine.id).into(),
                 drain: machine.drain.as_ref().map(|drain| drain.state.as_str()),
                 taints: &machine.taints,
+                out_of_touch_since: Some(machine.out_of_touch_since.as_str()).filter(|since| !since.is_empty()),
             })
             .collect();
         print_json(&rows);
@@ -126,6 +138,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                     "reserved" => reserved_cell(reserved_on(&machine.id), machine.capacity),
                     "drain" => machine.drain.as_ref().map_or("-".to_string(), |drain| drain.state.clone()),
                     "taints" => or_dash(&machine.taints.join(",")),
+                    "state" => machine_state(machine),
                     _ => {
                         or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                     }
@@ -141,6 +154,11 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
         && let Some(leader) = machines.iter().find(|machine| machine.engine_leader)
     {
         eprintln!("Engine leader: {} (-o wide shows more)", ids.legend(&leader.id, full));
+    }
+    if !fields.contains(&"state") {
+        for machine in machines.iter().filter(|machine| !machine.out_of_touch_since.is_empty()) {
+            eprintln!("Out of touch: {}, {}", ids.legend(&machine.id, full), machine_state(machine));
+        }
     }
     Outcome::Success
 }
@@ -289,7 +307,7 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
             Err(outcome) => return outcome,
         }
     };
-    let mut states = match context.client.unit_states(None).await {
+    let mut states = match context.client.unit_states_listed(None, true).await {
         Ok(states) => states,
         Err(error) => {
             eprintln!("Error retrieving list of units from repository: {error}");
@@ -322,7 +340,7 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
                         _ => or_dash(&state.hash),
                     },
                     "load" => or_dash(&state.systemd_load_state),
-                    "active" => or_dash(&state.systemd_active_state),
+                    "active" => active_text(state),
                     "drift" => or_dash(&state.drift),
                     "health" => or_dash(&health_text(state)),
                     _ => or_dash(&state.systemd_sub_state),
@@ -344,6 +362,23 @@ pub async fn units(context: &Context, list: &ListFlags, fields: &str, output: Ou
         );
     }
     Outcome::Success
+}
+
+/// A machine's presence: `present`, or `out of touch since …` while units wait for it.
+fn machine_state(machine: &Machine) -> String {
+    match machine.out_of_touch_since.as_str() {
+        "" => "present".to_string(),
+        since => format!("out of touch since {since}"),
+    }
+}
+
+/// A unit's active state; for one whose machine is out of touch, `unknown (machine out of
+/// touch since …)`.
+pub fn active_text(state: &UnitState) -> String {
+    match state.out_of_touch_since.as_str() {
+        "" => or_dash(&state.systemd_active_state),
+        since => format!("{} (machine out of touch since {since})", state.systemd_active_state),
+    }
 }
 
 /// What a unit's health check says, on one line (`unhealthy (restarted 2 times): HTTP 500`);
@@ -372,5 +407,6 @@ pub fn unit_row<'a>(state: &'a UnitState, machines: &'a BTreeMap<String, Machine
         drift: &state.drift,
         health: &state.health,
         health_failure: &state.health_failure,
+        out_of_touch_since: Some(state.out_of_touch_since.as_str()).filter(|since| !since.is_empty()),
     }
 }
