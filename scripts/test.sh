@@ -92,6 +92,7 @@ step target/debug/bench-upgrade target/debug/fleetd 20 20
 # the 24 services of every run, four units on a calendar (each elapse run at most once and
 # every one accounted for: run, waiting or skipped with its reason) and three services that
 # fail on m0 and move (each ends running elsewhere, or off with its retries spent having failed
-# on m0 only; never recorded failed where it did not fail). One run covers what a plain run
+# on m0 only; never recorded failed where it did not fail), eight units with priorities and six
+# with LostAfter= (none moved off a machine gone before its span). One run covers what a plain run
 # checks, so there is no plain run besides.
-step target/debug/fleet-sim --scheduled 4 --moving 3 --prioritized 8 700
+step target/debug/fleet-sim --scheduled 4 --moving 3 --prioritized 8 --lost-after 6 700

@@ -91,6 +91,9 @@ pub struct Engine {
     jobs: jobs::Jobs,
     /// The wall clock elapses are read on (microseconds since the epoch).
     clock: Clock,
+    /// Whether a pass failed for the store since the last that got through: the silences of
+    /// machines a unit waits for, and the absences of machines gone, count again from the next.
+    store_was_away: bool,
 }
 
 impl Engine {
@@ -121,6 +124,7 @@ impl Engine {
             departing: false,
             jobs: jobs::Jobs::default(),
             clock: Arc::new(jobs::now_micros),
+            store_was_away: false,
         }
     }
 
@@ -290,6 +294,11 @@ impl Engine {
             fleet_metrics::publish_cluster(None);
             return Ok(());
         };
+        if std::mem::take(&mut self.store_was_away) {
+            let now = tokio::time::Instant::now().into_std();
+            self.departures.restart_silences(now + at_most_once_hold(self.config.agent_ttl));
+            self.absences.count_again_from(now);
+        }
         // A unit that waited for the machine it left and no longer does calls for a plan.
         if self.departing && self.a_departure_ended().await? {
             self.planned = None;
@@ -451,6 +460,9 @@ impl Reconciler for Engine {
         let metrics = &fleet_metrics::metrics().engine;
         let started = std::time::Instant::now();
         let outcome = self.reconcile().await;
+        if matches!(outcome, Err(RegistryError::Unavailable(_))) {
+            self.store_was_away = true;
+        }
         let took = started.elapsed();
         metrics.reconciles.inc();
         metrics.reconcile_duration.observe(took.as_secs_f64());

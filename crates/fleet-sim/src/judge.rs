@@ -11,6 +11,10 @@
 //! - A unit that asked to run at most once (`AtMostOnce=`) never runs on two machines, not
 //!   for an instant, whatever the faults: no excuse. It is looked at every tick of the
 //!   simulated clock (10 ms), not only at the samples.
+//! - A unit with `LostAfter=` moves off a machine out of touch only once the machine's
+//!   presence has been gone for its span less `agent_ttl` (the machine was out of touch
+//!   `agent_ttl` before), never with `never`; and runs on two machines only when one of
+//!   them was gone that long.
 //! - Once the faults end, the cluster settles within [`SETTLE_LIMIT`]: every unit meant to run
 //!   runs once, on the machine the schedule names, and nothing else runs (nothing lost).
 
@@ -35,6 +39,8 @@ pub struct Sample {
     /// When each machine last came back in touch (the world's record, not a sample's: an
     /// absence shorter than the sampling period counts).
     pub absence_ended: BTreeMap<String, Instant>,
+    /// When each machine's presence last went (the world's record).
+    pub absence_began: BTreeMap<String, Instant>,
     pub leaderless: bool,
     /// When the last election ended.
     pub election_ended: Option<Instant>,
@@ -56,6 +62,12 @@ pub struct Judge {
     pub longest_double_run: Duration,
     /// The `AtMostOnce=` units found on two machines, and since when (reported once each).
     twice: BTreeMap<String, Instant>,
+    /// Where each `LostAfter=` unit was placed at the last look.
+    placed: BTreeMap<String, String>,
+    /// The `LostAfter=` units found running on two machines too soon (reported once each).
+    too_soon: BTreeSet<String>,
+    /// Moves of `LostAfter=` units off a machine gone, in their time.
+    pub lost_after_moves: usize,
 }
 
 impl Judge {
@@ -77,6 +89,69 @@ impl Judge {
                 self.twice.insert(unit.clone(), now);
                 self.violations.push(format!(
                     "at {:?}: {unit}, which asked to run at most once, runs on {on:?}",
+                    now.duration_since(began)
+                ));
+            }
+        }
+    }
+
+    /// How long `machine`'s last absence lasted, or has lasted so far.
+    fn absence_length(now: Instant, sample: &Sample, machine: &str) -> Duration {
+        let Some(began) = sample.absence_began.get(machine) else { return Duration::ZERO };
+        if sample.out_of_touch.contains(machine) {
+            return now.duration_since(*began);
+        }
+        sample
+            .absence_ended
+            .get(machine)
+            .filter(|ended| *ended > began)
+            .map_or(Duration::ZERO, |ended| ended.duration_since(*began))
+    }
+
+    /// Looks at where the `LostAfter=` units (unit → span, `None`: never) are placed and run:
+    /// a move off a machine gone, or a second machine running one, before the span (less
+    /// `agent_ttl`, which the machine was out of touch before its presence went) is a
+    /// violation.
+    pub fn look_lost_after(
+        &mut self,
+        now: Instant,
+        sample: &Sample,
+        schedule: &BTreeMap<String, String>,
+        lost_after: &BTreeMap<String, Option<Duration>>,
+        agent_ttl: Duration,
+    ) {
+        let began = *self.began.get_or_insert(now);
+        let enough = |span: &Option<Duration>| span.map(|span| span.saturating_sub(agent_ttl));
+        for (unit, span) in lost_after {
+            let now_on = schedule.get(unit);
+            if let (Some(was), Some(now_on)) = (self.placed.get(unit), now_on)
+                && was != now_on
+                && sample.out_of_touch.contains(was)
+            {
+                let gone_for = Self::absence_length(now, sample, was);
+                if enough(span).is_some_and(|enough| gone_for >= enough) {
+                    self.lost_after_moves += 1;
+                } else {
+                    self.violations.push(format!(
+                        "at {:?}: {unit} (LostAfter={span:?}) moved from {was} to {now_on} after {was} was gone {gone_for:?}",
+                        now.duration_since(began)
+                    ));
+                }
+            }
+            match now_on {
+                Some(machine) => self.placed.insert(unit.clone(), machine.clone()),
+                None => self.placed.remove(unit),
+            };
+            let Some(on) = sample.running.get(unit).filter(|on| on.len() > 1) else {
+                self.too_soon.remove(unit);
+                continue;
+            };
+            let long_enough = on
+                .iter()
+                .any(|machine| enough(span).is_some_and(|enough| Self::absence_length(now, sample, machine) >= enough));
+            if !long_enough && self.too_soon.insert(unit.clone()) {
+                self.violations.push(format!(
+                    "at {:?}: {unit} (LostAfter={span:?}) runs on {on:?}, none of them gone that long",
                     now.duration_since(began)
                 ));
             }
@@ -145,6 +220,7 @@ mod tests {
     fn sample(running: &[(&str, &[&str])], present: &[&str], leaderless: bool) -> Sample {
         Sample {
             absence_ended: BTreeMap::new(),
+            absence_began: BTreeMap::new(),
             out_of_touch: ["a", "b"].iter().filter(|m| !present.contains(m)).map(|m| m.to_string()).collect(),
             election_ended: None,
             running: running
@@ -154,6 +230,31 @@ mod tests {
             present: present.iter().map(|m| m.to_string()).collect(),
             leaderless,
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_unit_with_lost_after_moves_off_a_machine_gone_only_after_its_span() {
+        let ttl = Duration::from_secs(4);
+        let spans: BTreeMap<String, Option<Duration>> =
+            [("l0.service".to_string(), Some(Duration::from_secs(12))), ("l1.service".to_string(), None)].into();
+        let placed = |on: &str| -> BTreeMap<String, String> {
+            spans.keys().map(|unit| (unit.clone(), on.to_string())).collect()
+        };
+        let mut judge = Judge::default();
+        let mut gone = sample(&[], &["b"], false);
+        judge.look_lost_after(Instant::now(), &gone, &placed("a"), &spans, ttl);
+        gone.absence_began.insert("a".into(), Instant::now());
+        tokio::time::advance(Duration::from_secs(7)).await;
+        judge.look_lost_after(Instant::now(), &gone, &placed("b"), &spans, ttl);
+        assert_eq!(judge.violations.len(), 2, "moved after 7 s of 8, and one that never moves: {:?}", judge.violations);
+        let mut judge = Judge::default();
+        judge.look_lost_after(Instant::now(), &gone, &placed("a"), &spans, ttl);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let mut in_time = placed("b");
+        in_time.insert("l1.service".into(), "a".into());
+        judge.look_lost_after(Instant::now(), &gone, &in_time, &spans, ttl);
+        assert!(judge.violations.is_empty(), "{:?}", judge.violations);
+        assert_eq!(judge.lost_after_moves, 1);
     }
 
     #[tokio::test(start_paused = true)]

@@ -65,6 +65,10 @@ pub struct SimConfig {
     /// any) the high ones take the room of the low ones, which come back once the machines do.
     /// Started at once and never operated on.
     pub prioritized: usize,
+    /// Units that wait for a machine out of touch (`l0.service`…, `LostAfter=` three times
+    /// `agent_ttl` and `never` in turn): the judge holds each to its own span. Started at once
+    /// and never operated on, so the engine alone moves them.
+    pub lost_after: usize,
 }
 
 impl Default for SimConfig {
@@ -78,6 +82,7 @@ impl Default for SimConfig {
             scheduled: 0,
             moving: 0,
             prioritized: 0,
+            lost_after: 0,
         }
     }
 }
@@ -95,6 +100,8 @@ pub struct Outcome {
     pub stays_failed: usize,
     /// Units the engines took off their machines for units of a higher priority.
     pub preempted: usize,
+    /// Units with `LostAfter=` moved off a machine gone once their span was over.
+    pub lost_after_moves: usize,
     /// How long after the last fault ended the cluster settled (`None`: it did not).
     pub settled_after: Option<Duration>,
     /// A digest of everything sampled: equal for two runs of one seed.
@@ -119,6 +126,9 @@ impl std::fmt::Display for Outcome {
         }
         if self.preempted > 0 {
             writeln!(f, "  units preempted: {}", self.preempted)?;
+        }
+        if self.lost_after_moves > 0 {
+            writeln!(f, "  units with LostAfter= moved in their time: {}", self.lost_after_moves)?;
         }
         if self.stays_failed > 0 {
             writeln!(f, "  failures of services that move on failure: {}", self.stays_failed)?;
@@ -289,6 +299,7 @@ impl Cluster {
                 .cloned()
                 .collect(),
             absence_ended: world.absence_ended.clone(),
+            absence_began: world.absence_began.clone(),
             leaderless: world.leaderless,
             election_ended: world.election_ended,
         }
@@ -401,6 +412,19 @@ fn prioritized_file(index: usize) -> UnitFile {
         "[Service]\nExecStart=/bin/prioritized {index}\n[X-Fleet]\nMemory=1G\nPriority={priority}\n"
     ))
     .expect("a prioritized unit file")
+}
+
+/// The `LostAfter=` of unit `index` of [`SimConfig::lost_after`]: three times `agent_ttl`,
+/// or (`None`) never, in turn.
+fn lost_after_of(index: usize, agent_ttl: Duration) -> Option<Duration> {
+    index.is_multiple_of(2).then_some(agent_ttl * 3)
+}
+
+/// A unit of [`SimConfig::lost_after`].
+fn lost_after_file(index: usize, agent_ttl: Duration) -> UnitFile {
+    let lost_after = lost_after_of(index, agent_ttl).map_or("never".to_string(), |span| format!("{}s", span.as_secs()));
+    UnitFile::parse(&format!("[Service]\nExecStart=/bin/lost {index}\n[X-Fleet]\nLostAfter={lost_after}\n"))
+        .expect("a unit file with LostAfter=")
 }
 
 /// Each machine's capacity with [`SimConfig::prioritized`] units: room for all of them with
@@ -565,6 +589,13 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         for unit in 0..config.prioritized {
             world.put_unit(&format!("p{unit}.service"), prioritized_file(unit), DesiredState::Launched);
         }
+        for unit in 0..config.lost_after {
+            world.put_unit(
+                &format!("l{unit}.service"),
+                lost_after_file(unit, config.agent_ttl),
+                DesiredState::Launched,
+            );
+        }
         // Copies lag their store by up to 300 ms, each its own.
         for index in 0..config.machines {
             let lag = random.duration(Duration::ZERO, Duration::from_millis(300));
@@ -598,6 +629,9 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let mut digest = 0;
     let once_units: Vec<String> =
         (0..config.units).filter(|unit| at_most_once(*unit)).map(|unit| format!("u{unit}.service")).collect();
+    let lost_after: BTreeMap<String, Option<Duration>> = (0..config.lost_after)
+        .map(|unit| (format!("l{unit}.service"), lost_after_of(unit, config.agent_ttl)))
+        .collect();
     let mut versions = vec![0; config.units];
     let mut destroyed = BTreeSet::new();
     let mut pending = events.into_iter().peekable();
@@ -635,6 +669,8 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             // A unit on a calendar runs only now and then: the settling rules are not its.
             sample.running.retain(|unit, _| !scheduled.contains(unit));
             judge.look(Instant::now(), &sample);
+            let schedule = lock(&world).schedule.clone();
+            judge.look_lost_after(Instant::now(), &sample, &schedule, &lost_after, config.agent_ttl);
             digest_sample(&mut digest, &sample);
             if traced {
                 let world = lock(&world);
@@ -732,6 +768,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         runs_claimed: runs_judge.runs_claimed(),
         stays_failed,
         preempted: lock(&world).preemptions,
+        lost_after_moves: judge.lost_after_moves,
         settled_after,
         digest,
         trace,

@@ -99,6 +99,8 @@ pub struct World {
     pub dead: BTreeSet<String>,
     /// When each machine last came back in touch (see [`World::out_of_touch`]).
     pub absence_ended: BTreeMap<String, Instant>,
+    /// When each machine's presence last went (its lease expired or was revoked).
+    pub absence_began: BTreeMap<String, Instant>,
     /// When the last election ended.
     pub election_ended: Option<Instant>,
     /// The lease a machine's fleetd recorded on disk (it survives a restart).
@@ -146,6 +148,7 @@ impl World {
             frozen: BTreeSet::new(),
             dead: BTreeSet::new(),
             absence_ended: BTreeMap::new(),
+            absence_began: BTreeMap::new(),
             election_ended: None,
             lease_files: BTreeMap::new(),
             engine_signals: Vec::new(),
@@ -279,6 +282,7 @@ impl World {
             .collect();
         for machine in gone {
             self.presences.remove(&machine);
+            self.absence_began.insert(machine.clone(), Instant::now());
             self.record(Change::Presence { machine, present: false });
             self.wake_engines();
         }

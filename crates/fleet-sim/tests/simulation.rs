@@ -149,3 +149,23 @@ fn units_of_a_higher_priority_take_the_room_of_lower_ones_under_faults() {
     }
     assert!(preempted >= 14, "the seeds named first preempt 14 units at least: {preempted}");
 }
+
+/// `LostAfter=` units under every fault: none moves off a machine gone before its span (less
+/// `agent_ttl`), none with `never`, and none runs on a second machine sooner (the judge's
+/// `look_lost_after`). Seed 1000 moves three of them in their time.
+#[test]
+fn units_with_lost_after_wait_their_span_for_a_machine_gone_and_never_with_never() {
+    let config = fleet_sim::SimConfig { lost_after: 6, ..SimConfig::default() };
+    let all = fleet_sim::SimConfig { scheduled: 4, moving: 3, prioritized: 8, lost_after: 6, ..SimConfig::default() };
+    let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
+    println!("seeds {first}..{} with LostAfter= (replay one: fleet-sim --lost-after 6 --seed N)", first + 20);
+    let mut moved = 0;
+    // 796436904: the leader's store did not answer while a machine came back and went again.
+    let named = [(1000, &config), (1000, &all), (796_436_904, &all)];
+    for (seed, config) in named.into_iter().chain((first..first + 20).map(|seed| (seed, &config))) {
+        let outcome = run(seed, config);
+        assert!(outcome.passed(), "{outcome}");
+        moved += outcome.lost_after_moves;
+    }
+    assert!(moved >= 3, "seed 1000 moves three units with LostAfter= once their span is over: {moved}");
+}

@@ -152,6 +152,18 @@ impl Departures {
         self.leaving.len() != before
     }
 
+    /// Restarts the count of every silent machine's silence, to end no sooner than `until`:
+    /// while the store answered nobody, no machine could report (and etcd restarts every
+    /// lease's clock after an election, so a machine cut off meanwhile is still present), so
+    /// the silence before says nothing.
+    pub fn restart_silences(&mut self, until: Instant) {
+        for leaving in self.leaving.values_mut() {
+            if let Some(silent_until) = &mut leaving.silent_until {
+                *silent_until = (*silent_until).max(until);
+            }
+        }
+    }
+
     /// The earliest time a silent machine's departure may end by itself: the engine looks again
     /// then.
     pub fn next_silence_end(&self) -> Option<Instant> {
@@ -340,6 +352,24 @@ mod tests {
         let mut reported = Departures::default();
         reported.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(10));
         assert!(reported.settle_running(&running(&[]), at(1)));
+    }
+
+    /// Seed 796436631 (`--scheduled 4 --moving 3 --prioritized 8`): a unit preempted off a
+    /// machine cut off before it reported the unit; an election of 9.7 s then kept every lease
+    /// alive and the machine silent, and its silence was taken for a stop.
+    #[test]
+    fn a_silence_counts_again_once_the_store_answers_again() {
+        let mut departures = Departures::default();
+        let before = cluster(&["a", "b"], vec![unit("u.service", Some("a"), DesiredState::Launched)]);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[]), at(10));
+        departures.restart_silences(at(30));
+        assert_eq!(departures.next_silence_end(), Some(at(30)));
+        assert!(!departures.settle_running(&running(&[]), at(11)), "silent while nobody could report");
+        assert!(departures.settle_running(&running(&[]), at(30)), "silent since the store answers again");
+        let mut reported = Departures::default();
+        reported.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(10));
+        reported.restart_silences(at(30));
+        assert_eq!(reported.next_silence_end(), None, "a reported unit waits for its report, not a silence");
     }
 
     #[test]

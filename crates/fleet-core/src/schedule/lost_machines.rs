@@ -92,6 +92,14 @@ impl MachineAbsences {
         }
     }
 
+    /// Counts every absence again from `now` (the times shown stay): after the store did not
+    /// answer this engine, a machine may have come back and gone again unseen.
+    pub fn count_again_from(&mut self, now: Instant) {
+        for absence in self.absent.values_mut() {
+            absence.seen = absence.seen.max(now);
+        }
+    }
+
     /// The units whose machine is gone and whose stay ([`stay_of`]) is not over at `now`.
     pub fn held(&self, cluster: &ClusterSnapshot, now: Instant, agent_ttl: Duration) -> Held {
         let mut held = Held::default();
@@ -279,6 +287,24 @@ mod tests {
         let records = absences.records(&held);
         assert_eq!(records.len(), 1, "only machines it sees gone");
         assert_eq!((records[0].since, records[0].last.clone()), (WALL - 60_000_000, Some(machine("a"))));
+    }
+
+    /// Seed 796436904 (`--lost-after 6` with the rest): the leader's store did not answer
+    /// while a machine came back and went again; its absence was counted from the first.
+    #[test]
+    fn an_absence_counts_again_after_the_store_did_not_answer() {
+        let ttl = Duration::from_secs(4);
+        let cluster = ClusterSnapshot {
+            units: vec![unit("db.service", "a", lost_after(LostAfter::After(Duration::from_secs(12))))],
+            ..ClusterSnapshot::default()
+        };
+        let mut absences = MachineAbsences::default();
+        let seen = Instant::now();
+        absences.observe(&cluster, &[], seen, WALL);
+        absences.count_again_from(seen + Duration::from_secs(10));
+        let held = absences.held(&cluster, seen + Duration::from_secs(9), ttl);
+        assert_eq!(held.units["db.service"].until, Some(seen + Duration::from_secs(18)));
+        assert!(held.units["db.service"].reason.contains("since 2025-12-05T12:03:04Z"), "the time shown stays");
     }
 
     #[test]

@@ -5,7 +5,8 @@
 //! to show it replays the same. `--scheduled N` (before the rest) adds N units on a calendar to
 //! the workload; `--moving N`, N services that move when they fail (each fails on m0);
 //! `--prioritized N`, N units with priorities on machines with room for them all only while
-//! every machine is up, with preemption on. Exits 1
+//! every machine is up, with preemption on; `--lost-after N`, N units with `LostAfter=`
+//! (three times `agent_ttl`, and `never`, in turn). Exits 1
 //! when any seed fails.
 
 use fleet_core::unpoisoned::Locked;
@@ -19,7 +20,9 @@ use fleet_sim::{Outcome, SimConfig, run};
 fn main() -> anyhow::Result<()> {
     let mut arguments: Vec<String> = std::env::args().skip(1).collect();
     let mut config = SimConfig::default();
-    while let Some(option @ ("--scheduled" | "--moving" | "--prioritized")) = arguments.first().map(String::as_str) {
+    while let Some(option @ ("--scheduled" | "--moving" | "--prioritized" | "--lost-after")) =
+        arguments.first().map(String::as_str)
+    {
         let count: usize = arguments
             .get(1)
             .and_then(|count| count.parse().ok())
@@ -27,6 +30,7 @@ fn main() -> anyhow::Result<()> {
         match option {
             "--scheduled" => config.scheduled = count,
             "--prioritized" => config.prioritized = count,
+            "--lost-after" => config.lost_after = count,
             _ => config.moving = count,
         }
         arguments.drain(..2);
@@ -65,14 +69,15 @@ fn main() -> anyhow::Result<()> {
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
     };
     println!(
-        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure, {} prioritized)",
+        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure, {} prioritized, {} with LostAfter=)",
         first + seeds,
         config.length,
         config.machines,
         config.units,
         config.scheduled,
         config.moving,
-        config.prioritized
+        config.prioritized,
+        config.lost_after
     );
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(first));
