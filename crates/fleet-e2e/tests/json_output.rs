@@ -32,6 +32,7 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert_eq!(machines[0]["units"], 1);
     assert_eq!(machines[0]["connection"], "embedded");
     assert_eq!(machines[0]["leader"], true, "a single machine's engine leads: {machines}");
+    assert!(machines[0]["outOfTouchSince"].is_null(), "present: {machines}");
     assert_eq!(machines[0]["capacity"], serde_json::json!({"memoryBytes": 4u64 << 30, "cpuMillicores": 2000}));
     assert_eq!(machines[0]["reserved"], serde_json::json!({"memoryBytes": 0, "cpuMillicores": 0}));
 
@@ -78,11 +79,13 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert!(wide.starts_with("UNIT\t\tMACHINE\t\t\tACTIVE\tSUB\tLOAD\tHASH\tDRIFT\tHEALTH\n"), "{wide}");
     let wide = fleet.ok(&["list-machines", "-o", "wide"]).stdout;
     assert!(
-        wide.starts_with("MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\tDRAIN\tTAINTS\n"),
+        wide.starts_with(
+            "MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\tDRAIN\tTAINTS\tSTATE\n"
+        ),
         "{wide}"
     );
     assert!(wide.contains("e2e0json00000001\t"), "-o wide shows machine IDs whole: {wide}");
-    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine\t4 GiB, 2 CPU\t0 B, 0 CPU\t-\t-"), "{wide}");
+    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine\t4 GiB, 2 CPU\t0 B, 0 CPU\t-\t-\tpresent"), "{wide}");
     let wide = fleet.ok(&["list-unit-files", "-o", "wide", "--no-legend"]).stdout;
     assert!(wide.contains("Waits for a machine"), "{wide}");
 }

@@ -200,7 +200,8 @@ enum Command {
         list: ListFlags,
         /// Columns: machine,ip,metadata,units,connection (etcd, embedded or pull),leader (engine on the
         /// machine whose engine leads),capacity,reserved (memory and CPU units may reserve there, and
-        /// what they do)
+        /// what they do),drain,taints,state (present, or out of touch since when while units wait
+        /// for it)
         #[arg(long, default_value = "machine,ip,metadata")]
         fields: String,
         #[command(flatten)]
