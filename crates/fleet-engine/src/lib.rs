@@ -91,9 +91,15 @@ pub struct Engine {
     jobs: jobs::Jobs,
     /// The wall clock elapses are read on (microseconds since the epoch).
     clock: Clock,
-    /// Whether a pass failed for the store since the last that got through: the silences of
-    /// machines a unit waits for, and the absences of machines gone, count again from the next.
+    /// The silent departures this leadership recorded last; `None` before it read what its
+    /// predecessor recorded.
+    silent_written: Option<Vec<fleet_core::schedule::departures::SilentDeparture>>,
+    /// Whether a read of the cluster failed since the last pass that got through: the silences
+    /// of machines a unit waits for, and the absences of machines gone, count again from the
+    /// next.
     store_was_away: bool,
+    /// When this engine last read the cluster (its leadership renewed).
+    cluster_read: Option<std::time::Instant>,
 }
 
 impl Engine {
@@ -125,6 +131,8 @@ impl Engine {
             jobs: jobs::Jobs::default(),
             clock: Arc::new(jobs::now_micros),
             store_was_away: false,
+            cluster_read: None,
+            silent_written: None,
         }
     }
 
@@ -188,11 +196,20 @@ impl Engine {
     /// unplaced); with none, nothing is looked at.
     async fn without_departing_units(
         &mut self,
+        lease: &EngineLease,
         cluster: ClusterSnapshot,
     ) -> Result<(ClusterSnapshot, BTreeMap<String, String>), RegistryError> {
         if self.departures.is_empty() && !self.first_look {
             self.set_departing(false);
+            self.record_silent_departures(lease, None).await?;
             return Ok((cluster, BTreeMap::new()));
+        }
+        let now = tokio::time::Instant::now().into_std();
+        if self.first_look {
+            // The silent departures of the leader before: its reports cannot show them.
+            let recorded = self.registry.recorded_silent_departures().await?;
+            self.departures.adopt_silent(&recorded, &cluster, now + at_most_once_hold(self.config.agent_ttl));
+            self.silent_written = Some(recorded);
         }
         let mut asked = self.departures.units();
         if self.first_look {
@@ -200,9 +217,10 @@ impl Engine {
         }
         if !asked.is_empty() {
             let reports = reports_of(&*self.registry, &asked).await?;
-            self.departures.settle(&reports, &cluster, self.first_look, tokio::time::Instant::now().into_std());
+            self.departures.settle(&reports, &cluster, self.first_look, now);
         }
         self.first_look = false;
+        self.record_silent_departures(lease, None).await?;
         let held = self.departures.held(&cluster);
         self.set_departing(!held.is_empty());
         if held.is_empty() {
@@ -270,7 +288,8 @@ impl Engine {
     }
 
     async fn reconcile(&mut self) -> Result<(), RegistryError> {
-        let lease = self.registry.acquire_leadership(&self.config.machine_id).await?;
+        let lease =
+            self.registry.acquire_leadership(&self.config.machine_id).await.map_err(|error| self.unread(error))?;
         match (&self.lease, &lease) {
             (None, Some(_)) => tracing::info!("Engine leadership acquired"),
             (Some(_), None) => tracing::info!("Engine leadership lost"),
@@ -284,6 +303,7 @@ impl Engine {
             // leadership counts absences from its own first sight.
             self.absences = MachineAbsences::default();
             self.out_of_touch_written = None;
+            self.silent_written = None;
             self.departures = Departures::default();
             self.preempted.clear();
             self.first_look = true;
@@ -294,11 +314,16 @@ impl Engine {
             fleet_metrics::publish_cluster(None);
             return Ok(());
         };
+        let now = tokio::time::Instant::now().into_std();
         if std::mem::take(&mut self.store_was_away) {
-            let now = tokio::time::Instant::now().into_std();
             self.departures.restart_silences(now + at_most_once_hold(self.config.agent_ttl));
-            self.absences.count_again_from(now);
+            // A machine's presence lasts `agent_ttl` at least: one that came back and went
+            // again unseen needs the engine blind that long.
+            if self.cluster_read.is_none_or(|read| now.duration_since(read) >= self.config.agent_ttl) {
+                self.absences.count_again_from(now);
+            }
         }
+        self.cluster_read = Some(now);
         // A unit that waited for the machine it left and no longer does calls for a plan.
         if self.departing && self.a_departure_ended().await? {
             self.planned = None;
@@ -308,11 +333,14 @@ impl Engine {
         if self.jobs.watching() && !self.jobs.settled(&*self.registry, (self.clock)()).await? {
             self.planned = None;
         }
-        if self.planned.is_some() && self.planned == self.registry.snapshot_revision().await? {
-            return Ok(());
+        if self.planned.is_some() {
+            let revision = self.registry.snapshot_revision().await.map_err(|error| self.unread(error))?;
+            if self.planned == revision {
+                return Ok(());
+            }
         }
         let planning = tokio::time::Instant::now();
-        let snapshot = self.registry.snapshot().await?;
+        let snapshot = self.registry.snapshot().await.map_err(|error| self.unread(error))?;
         if self.planned == Some(snapshot.revision) {
             return Ok(());
         }
@@ -342,7 +370,7 @@ impl Engine {
         };
         self.changes.set_waking(self.state_changes, self.departing || self.jobs.running());
         let (cluster, staying) = self.without_held_units(&lease, cluster).await?;
-        let (cluster, held) = self.without_departing_units(cluster).await?;
+        let (cluster, held) = self.without_departing_units(&lease, cluster).await?;
         let (mut decided, scope) = self.planner.plan(&cluster);
         decided.wait_for_departures(held);
         // A unit the plan moves off a present machine is placed once that machine stopped it.
@@ -402,6 +430,11 @@ impl Engine {
             self.planner.forget();
         }
         decided.decisions = decisions;
+        // The silent departures these decisions make are recorded before they are written: a
+        // leader taking over after the write holds them too.
+        let mut noted = self.departures.clone();
+        noted.note_decisions(&decided.decisions, &cluster, &before, tokio::time::Instant::now().into_std());
+        self.record_silent_departures(&lease, Some(&noted)).await?;
         if let Err(error) = self.registry.apply(&lease, &decided.decisions, &reasons).await {
             return Err(self.failed_write(error));
         }
@@ -427,6 +460,24 @@ impl Engine {
 }
 
 impl Engine {
+    /// Records the silent departures of `departures` (else this engine's own) when they are
+    /// not what it recorded last; before it read what its predecessor recorded, nothing.
+    async fn record_silent_departures(
+        &mut self,
+        lease: &EngineLease,
+        departures: Option<&Departures>,
+    ) -> Result<(), RegistryError> {
+        let silent = departures.unwrap_or(&self.departures).silent();
+        if self.silent_written.as_ref().is_none_or(|written| *written == silent) {
+            return Ok(());
+        }
+        if let Err(error) = self.registry.record_silent_departures(lease, &silent).await {
+            return Err(self.failed_write(error));
+        }
+        self.silent_written = Some(silent);
+        Ok(())
+    }
+
     /// The units this leadership preempted that still wait for a machine (placed again,
     /// stopped or gone, a unit is forgotten).
     fn still_preempted(&mut self, cluster: &ClusterSnapshot) -> BTreeMap<String, Preemptor> {
@@ -438,6 +489,16 @@ impl Engine {
             .collect();
         self.preempted.retain(|unit, _| waiting.contains(unit.as_str()));
         self.preempted.clone()
+    }
+
+    /// A read of the cluster that failed: the engine did not see it for a while, so what it
+    /// counts of machines' absences and silences counts again from its next look (a write
+    /// whose answer was lost says nothing of that).
+    fn unread(&mut self, error: RegistryError) -> RegistryError {
+        if matches!(error, RegistryError::Unavailable(_)) {
+            self.store_was_away = true;
+        }
+        error
     }
 
     /// A write that failed: what the planner assumed written is forgotten, and a lost
@@ -460,9 +521,6 @@ impl Reconciler for Engine {
         let metrics = &fleet_metrics::metrics().engine;
         let started = std::time::Instant::now();
         let outcome = self.reconcile().await;
-        if matches!(outcome, Err(RegistryError::Unavailable(_))) {
-            self.store_was_away = true;
-        }
         let took = started.elapsed();
         metrics.reconciles.inc();
         metrics.reconcile_duration.observe(took.as_secs_f64());

@@ -388,6 +388,17 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.store.record_out_of_touch(lease, machines).await
     }
+    async fn recorded_silent_departures(&self) -> fleet_registry::Result<Vec<fleet_registry::SilentDeparture>> {
+        self.store.recorded_silent_departures().await
+    }
+    async fn record_silent_departures(
+        &self,
+        lease: &fleet_registry::EngineLease,
+        departures: &[fleet_registry::SilentDeparture],
+    ) -> fleet_registry::Result<()> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.record_silent_departures(lease, departures).await
+    }
     fn engine_changes(&self) -> fleet_registry::ChangeSignal {
         self.store.engine_changes()
     }

@@ -58,6 +58,7 @@ macro_rules! registry_contract {
             job_records_are_replaced_only_over_the_version_read,
             a_run_ticket_reaches_every_machine_with_its_global_unit,
             machines_out_of_touch_are_recorded_by_the_leader_and_listed,
+            silent_departures_are_recorded_by_the_leader,
         );
     };
     (@each $open:path; $($name:ident),+ $(,)?) => {
@@ -1386,4 +1387,27 @@ pub async fn machines_out_of_touch_are_recorded_by_the_leader_and_listed(
     registry.record_out_of_touch(&lease, &[]).await.unwrap();
     eventually("none is left", async || registry.machines_out_of_touch().await.is_ok_and(|listed| listed.is_empty()))
         .await;
+}
+
+/// The leading engine's record of silent departures: replaced whole, read back by a leader
+/// that takes over, written only under the leadership.
+pub async fn silent_departures_are_recorded_by_the_leader(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    use crate::SilentDeparture;
+    let lease = lease(registry).await;
+    assert_eq!(registry.recorded_silent_departures().await.unwrap(), vec![]);
+    let leaving = |unit: &str, machine: &str| SilentDeparture { unit: unit.into(), machine: machine.into() };
+    registry.record_silent_departures(&lease, &[leaving("a.service", "m1"), leaving("b.service", "m2")]).await.unwrap();
+    assert_eq!(
+        registry.recorded_silent_departures().await.unwrap(),
+        [leaving("a.service", "m1"), leaving("b.service", "m2")]
+    );
+    registry.record_silent_departures(&lease, &[leaving("b.service", "m3")]).await.unwrap();
+    assert_eq!(registry.recorded_silent_departures().await.unwrap(), [leaving("b.service", "m3")]);
+    let stale = EngineLease { machine_id: "m9".into(), token: lease.token + 1_000 };
+    let refused = registry.record_silent_departures(&stale, &[]).await;
+    assert!(matches!(refused, Err(RegistryError::LeadershipLost)), "{refused:?}");
+    let lease = registry.acquire_leadership("m1").await.unwrap().expect("leads again");
+    assert_eq!(registry.recorded_silent_departures().await.unwrap(), [leaving("b.service", "m3")]);
+    registry.record_silent_departures(&lease, &[]).await.unwrap();
+    assert_eq!(registry.recorded_silent_departures().await.unwrap(), vec![]);
 }

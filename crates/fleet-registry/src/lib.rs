@@ -32,6 +32,7 @@ use tokio::sync::watch;
 
 pub use drain_units::{drain_unit_names, drain_units};
 pub use fleet_core::schedule::SnapshotUnit;
+pub use fleet_core::schedule::departures::SilentDeparture;
 pub use import::{Imported, ImportedUnit};
 pub use machine_identity::{JoinRefused, MachineIdentity};
 pub use model::{
@@ -453,6 +454,13 @@ pub trait EngineRegistry: Send + Sync {
     /// Replaces the record of machines out of touch by `machines` (what differs is written),
     /// fenced by `lease`.
     async fn record_out_of_touch(&self, lease: &EngineLease, machines: &[OutOfTouch]) -> Result<()>;
+    /// The silent departures the engine leading last recorded
+    /// ([`EngineRegistry::record_silent_departures`]), in unit order.
+    async fn recorded_silent_departures(&self) -> Result<Vec<SilentDeparture>>;
+    /// Replaces the record of silent departures by `departures` (what differs is written),
+    /// fenced by `lease`: the units taken off a present machine that had not reported them,
+    /// which a leader taking over holds too.
+    async fn record_silent_departures(&self, lease: &EngineLease, departures: &[SilentDeparture]) -> Result<()>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
     /// Moves when a machine's report of a unit may have changed (a store may move it more

@@ -599,6 +599,25 @@ impl EngineRegistry for SimStore {
         .await?
     }
 
+    async fn recorded_silent_departures(&self) -> Result<Vec<fleet_registry::SilentDeparture>> {
+        self.request("silent departures", |world| world.silent_departures.clone()).await
+    }
+
+    async fn record_silent_departures(
+        &self,
+        lease: &EngineLease,
+        departures: &[fleet_registry::SilentDeparture],
+    ) -> Result<()> {
+        self.write("record silent departures", |world| {
+            if !world.leads(&lease.machine_id, lease.token) {
+                return Err(RegistryError::LeadershipLost);
+            }
+            world.silent_departures = departures.to_vec();
+            Ok(())
+        })
+        .await?
+    }
+
     fn engine_changes(&self) -> ChangeSignal {
         lock(&self.world).engine_signal()
     }

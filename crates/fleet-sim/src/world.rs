@@ -117,6 +117,8 @@ pub struct World {
     pub run_tickets: BTreeMap<String, fleet_core::job::global_runs::RunTicket>,
     /// The machines out of touch the leading engine recorded.
     pub out_of_touch: Vec<fleet_core::OutOfTouch>,
+    /// The silent departures the leading engine recorded.
+    pub silent_departures: Vec<fleet_registry::SilentDeparture>,
     /// The version the next job record write gets.
     next_job_version: u64,
 }
@@ -128,6 +130,7 @@ impl World {
             jobs: BTreeMap::new(),
             run_tickets: BTreeMap::new(),
             out_of_touch: Vec::new(),
+            silent_departures: Vec::new(),
             next_job_version: 1,
             revision: 1,
             units: BTreeMap::new(),

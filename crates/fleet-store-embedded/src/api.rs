@@ -439,11 +439,7 @@ impl ApiRegistry for EmbeddedRegistry {
     }
 
     async fn machines_out_of_touch(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
-        self.read(|txn| {
-            let table = txn.open_table(tables::OUT_OF_TOUCH).map_err(unavailable)?;
-            Ok(read_all(&table)?.into_iter().map(|(_, machine)| machine).collect())
-        })
-        .await
+        self.list_all(tables::OUT_OF_TOUCH).await
     }
 
     async fn engine_leader(&self) -> Result<Option<MachineId>> {

@@ -16,11 +16,35 @@ use fleet_core::job::global_runs::RunTicket;
 use fleet_core::job::runs::JobRecord;
 use fleet_registry::apply_rule::{Condition, ReasonWrite, unit_writes};
 use fleet_registry::{
-    ApiRegistry, ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit,
-    StoredJob,
+    ApiRegistry, ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SilentDeparture,
+    SnapshotUnit, StoredJob,
 };
 
 const EMBEDDED_LEASE_TOKEN: u64 = 1;
+
+impl EmbeddedRegistry {
+    /// Replaces every row of `table` by `rows` (key → value), under `lease`: what the engine
+    /// records of its own memory.
+    async fn replace_rows(
+        &self,
+        lease: &EngineLease,
+        table: super::credentials::NamedTable,
+        rows: Vec<(String, Vec<u8>)>,
+    ) -> Result<()> {
+        if lease.token != EMBEDDED_LEASE_TOKEN {
+            return Err(RegistryError::LeadershipLost);
+        }
+        self.write(move |txn, _touched| {
+            let mut table = txn.open_table(table).map_err(unavailable)?;
+            table.retain(|key, _| rows.iter().any(|(wanted, _)| wanted == key)).map_err(unavailable)?;
+            for (key, value) in &rows {
+                table.insert(key.as_str(), value.as_slice()).map_err(unavailable)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+}
 
 #[async_trait]
 impl EngineRegistry for EmbeddedRegistry {
@@ -137,19 +161,17 @@ impl EngineRegistry for EmbeddedRegistry {
     }
 
     async fn record_out_of_touch(&self, lease: &EngineLease, machines: &[fleet_core::OutOfTouch]) -> Result<()> {
-        if lease.token != EMBEDDED_LEASE_TOKEN {
-            return Err(RegistryError::LeadershipLost);
-        }
-        let machines = machines.to_vec();
-        self.write(move |txn, _touched| {
-            let mut table = txn.open_table(tables::OUT_OF_TOUCH).map_err(unavailable)?;
-            table.retain(|id, _| machines.iter().any(|machine| machine.id == id)).map_err(unavailable)?;
-            for machine in &machines {
-                table.insert(machine.id.as_str(), tables::encode(machine).as_slice()).map_err(unavailable)?;
-            }
-            Ok(())
-        })
-        .await
+        let rows = machines.iter().map(|machine| (machine.id.clone(), tables::encode(machine))).collect();
+        self.replace_rows(lease, tables::OUT_OF_TOUCH, rows).await
+    }
+
+    async fn recorded_silent_departures(&self) -> Result<Vec<SilentDeparture>> {
+        self.list_all(tables::SILENT_DEPARTURES).await
+    }
+
+    async fn record_silent_departures(&self, lease: &EngineLease, departures: &[SilentDeparture]) -> Result<()> {
+        let rows = departures.iter().map(|departure| (departure.unit.clone(), tables::encode(departure))).collect();
+        self.replace_rows(lease, tables::SILENT_DEPARTURES, rows).await
     }
 
     async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<std::sync::Arc<fleet_core::UnitState>>> {

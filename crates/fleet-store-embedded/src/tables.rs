@@ -100,7 +100,12 @@ pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
 /// Tables of JSON records added to format 1 since 0.2.0 began it: a store opens with them too
 /// (a store without one is given it), a backup holds them, and a snapshot taken before they
 /// were added restores without them.
-pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 4] = [SECRETS, JOBS, RUN_TICKETS, OUT_OF_TOUCH];
+pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 5] =
+    [SECRETS, JOBS, RUN_TICKETS, OUT_OF_TOUCH, SILENT_DEPARTURES];
+
+/// Unit name → [`fleet_registry::SilentDeparture`]: the units taken off a present machine that
+/// had not reported them, as the engine recorded them.
+pub const SILENT_DEPARTURES: TableDefinition<&str, &[u8]> = TableDefinition::new("silent_departures");
 
 /// Machine ID → [`fleet_core::OutOfTouch`]: the machines gone that units wait for, as the
 /// engine recorded them.

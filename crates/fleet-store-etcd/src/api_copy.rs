@@ -17,7 +17,7 @@ use fleet_core::{MachineState, UnitFile, UnitState};
 
 use super::EtcdRegistry;
 use super::caches::{Cache, Held};
-use super::keys::{KeyRange, Keys};
+use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use fleet_registry::codec::{Options, decode, decode_listed};
 use fleet_registry::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
@@ -222,7 +222,7 @@ impl EtcdRegistry {
     pub(super) async fn out_of_touch_from_copy(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
         let mirror = Self::up_to_date(self.api_mirror()).await?;
         let data = mirror.synced()?;
-        Ok(out_of_touch_in(self.keys(), &data))
+        Ok(super::leader_records::records_in(&data, &self.keys().all_out_of_touch()))
     }
 
     /// The states of `names`, in key (machine, unit) order: one walk over the copy's states,
@@ -274,12 +274,4 @@ impl EtcdRegistry {
         let states = order[from..].iter().map(|(unit, machine)| Ok((unit.as_str(), machine.as_str())));
         Page::select(states, &request, |unit, machine| decoded(unit, machine))
     }
-}
-
-/// The machines out of touch recorded in `data`, in ID order.
-pub(super) fn out_of_touch_in(keys: &Keys, data: &MirrorData) -> Vec<fleet_core::OutOfTouch> {
-    let prefix = keys.all_out_of_touch();
-    data.range(&KeyRange::prefix(prefix))
-        .filter_map(|(key, entry)| decode_listed::<fleet_core::OutOfTouch>(key, &entry.value))
-        .collect()
 }

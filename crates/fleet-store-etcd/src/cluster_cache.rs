@@ -30,6 +30,7 @@ fn engine_ranges(keys: &Keys) -> Vec<KeyRange> {
         KeyRange::prefix(keys.all_metadata()),
         KeyRange::prefix(keys.all_drains()),
         KeyRange::prefix(keys.all_out_of_touch()),
+        KeyRange::prefix(keys.all_silent_departures()),
         // Job records: a run started by hand wakes the engine.
         KeyRange::prefix(keys.jobs()),
     ]

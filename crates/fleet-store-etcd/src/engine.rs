@@ -23,15 +23,15 @@ use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_from_records};
 use fleet_registry::{
-    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SnapshotUnit, StoredJob,
-    UnitRecord,
+    ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SilentDeparture, SnapshotUnit,
+    StoredJob, UnitRecord,
 };
 
 /// How many of the engine's schedule transactions are in flight at once.
 const TXNS_IN_FLIGHT: usize = 4;
 
 /// How long the engine waits for its own writes to come back through its watch.
-const CATCH_UP: Duration = Duration::from_secs(2);
+pub(super) const CATCH_UP: Duration = Duration::from_secs(2);
 
 /// The live machines of a copy that holds machines and metadata, in ID order.
 pub(super) fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<MachineState>> {
@@ -133,7 +133,7 @@ impl EtcdRegistry {
 
     /// Ends the leadership if etcd said its lease is gone (its keeper renews it meanwhile; a
     /// lease that merely went unrenewed is left to the fence).
-    async fn check_leadership(&self, lease: &EngineLease) -> Result<()> {
+    pub(super) async fn check_leadership(&self, lease: &EngineLease) -> Result<()> {
         let mut leadership = self.inner.leadership.lock().await;
         let Some(held) = leadership.as_ref().filter(|held| held.token as u64 == lease.token) else {
             return Err(RegistryError::LeadershipLost);
@@ -488,45 +488,23 @@ impl EngineRegistry for EtcdRegistry {
     }
 
     async fn recorded_out_of_touch(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
-        let mirror = self.engine_mirror();
-        let data = mirror.listed(self.connection().timeout).await?;
-        Ok(super::api_copy::out_of_touch_in(self.keys(), &data))
+        self.leader_records(&self.keys().all_out_of_touch()).await
     }
 
-    /// The records that differ, in transactions fenced by the leader key (a few machines
-    /// as a rule; many when a zone is cut off).
     async fn record_out_of_touch(&self, lease: &EngineLease, machines: &[fleet_core::OutOfTouch]) -> Result<()> {
-        self.check_leadership(lease).await?;
         let keys = self.keys();
-        let stored = self.recorded_out_of_touch().await?;
-        let mut ops: Vec<TxnOp> = stored
-            .iter()
-            .filter(|old| !machines.iter().any(|machine| machine.id == old.id))
-            .map(|old| TxnOp::delete(keys.out_of_touch(&old.id), None))
-            .collect();
-        ops.extend(
-            machines
-                .iter()
-                .filter(|machine| !stored.contains(machine))
-                .map(|machine| TxnOp::put(keys.out_of_touch(&machine.id), encode(machine), None)),
-        );
-        let fence = Compare::create_revision(keys.leader(), CompareOp::Equal, lease.token as i64);
-        let mut last_write = None;
-        for batch in ops.chunks(MAX_TXN_OPS) {
-            let reply = self.connection().txn(Txn::new().when([fence.clone()]).and_then(batch.to_vec())).await?;
-            if !reply.succeeded() {
-                *self.inner.leadership.lock().await = None;
-                return Err(RegistryError::LeadershipLost);
-            }
-            last_write = reply.header().map(|header| header.revision());
-        }
-        // The next record is diffed against the cache: it must show this one.
-        if let Some(revision) = last_write
-            && !self.engine_mirror().wait_for(revision, CATCH_UP).await
-        {
-            tracing::debug!(revision, "the engine's watch has not caught up with its record of machines out of touch");
-        }
-        Ok(())
+        let wanted = machines.iter().map(|machine| (keys.out_of_touch(&machine.id), machine)).collect();
+        self.replace_leader_records(lease, &keys.all_out_of_touch(), wanted).await
+    }
+
+    async fn recorded_silent_departures(&self) -> Result<Vec<SilentDeparture>> {
+        self.leader_records(&self.keys().all_silent_departures()).await
+    }
+
+    async fn record_silent_departures(&self, lease: &EngineLease, departures: &[SilentDeparture]) -> Result<()> {
+        let keys = self.keys();
+        let wanted = departures.iter().map(|departure| (keys.silent_departure(&departure.unit), departure)).collect();
+        self.replace_leader_records(lease, &keys.all_silent_departures(), wanted).await
     }
 
     fn engine_changes(&self) -> ChangeSignal {

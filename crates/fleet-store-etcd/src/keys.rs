@@ -13,6 +13,7 @@
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `drains/<machine>` | [`fleet_core::drain::Drain`] | — | API (starts and ends it), engine leader (steps it) |
 //! | `out-of-touch/<machine>` | [`fleet_core::OutOfTouch`]: a machine gone that units wait for | — | engine, fenced |
+//! | `silent-departures/<unit>` | [`fleet_registry::SilentDeparture`]: a unit taken off a present machine that had not reported it | — | engine, fenced |
 //! | `states/<machine>/<unit>` | [`fleet_core::UnitState`] | machine's | agent |
 //! | `engine/leader` | machine ID | engine's | engine |
 //! | `revoked/<machine>` | [`fleet_registry::RevokedMachine`] | — | API |
@@ -190,6 +191,12 @@ impl Keys {
     }
     pub fn out_of_touch(&self, id: &str) -> String {
         self.key(&["out-of-touch", id])
+    }
+    pub fn all_silent_departures(&self) -> String {
+        self.key(&["silent-departures", ""])
+    }
+    pub fn silent_departure(&self, unit: &str) -> String {
+        self.key(&["silent-departures", unit])
     }
     pub fn all_states(&self) -> String {
         self.key(&["states", ""])

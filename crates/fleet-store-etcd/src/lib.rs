@@ -32,6 +32,7 @@ mod imports;
 mod join_batches;
 mod journal_questions;
 mod keys;
+mod leader_records;
 mod leadership;
 mod mirror;
 mod presence_batches;

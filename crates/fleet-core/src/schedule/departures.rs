@@ -16,7 +16,9 @@
 //! proves nothing. Such a departure ends when the machine reports the unit stopped, or once
 //! the machine has surely seen the change or stopped what it runs: a hold of `agent_ttl` (and
 //! the clocks' drift) after the unit was taken off, which a cut-off machine's agent never
-//! outlasts with its units running.
+//! outlasts with its units running. The leader keeps these silent departures in the store
+//! ([`SilentDeparture`]), so that one taking over holds them too, counted from its own sight:
+//! its first look's reports cannot show a unit its machine never reported.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
@@ -61,6 +63,13 @@ struct Leaving {
     /// For a unit the machine had not reported when it was taken off: until when its silence
     /// does not mean it stopped.
     silent_until: Option<Instant>,
+}
+
+/// A unit taken off a present machine that had not reported it, as the leader records it.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct SilentDeparture {
+    pub unit: String,
+    pub machine: String,
 }
 
 /// Unit → the present machine it was taken off and may still run on.
@@ -113,6 +122,30 @@ impl Departures {
     /// unplaced ones it would place.
     pub fn unknown_on_takeover(cluster: &ClusterSnapshot) -> BTreeSet<String> {
         cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.clone()).collect()
+    }
+
+    /// The departures from a machine that had not reported the unit, in unit order: what the
+    /// leader records for one that takes over.
+    pub fn silent(&self) -> Vec<SilentDeparture> {
+        self.leaving
+            .iter()
+            .filter(|(_, leaving)| leaving.silent_until.is_some())
+            .map(|(unit, leaving)| SilentDeparture { unit: unit.clone(), machine: leaving.machine.clone() })
+            .collect()
+    }
+
+    /// Takes over the silent departures a leader before recorded, of the units of `cluster`
+    /// still awaiting placement whose machine is present: each held until `silent_until`.
+    pub fn adopt_silent(&mut self, recorded: &[SilentDeparture], cluster: &ClusterSnapshot, silent_until: Instant) {
+        let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
+        let waiting: BTreeSet<&str> =
+            cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.as_str()).collect();
+        for departure in recorded {
+            if present.contains(departure.machine.as_str()) && waiting.contains(departure.unit.as_str()) {
+                let leaving = Leaving { machine: departure.machine.clone(), silent_until: Some(silent_until) };
+                self.leaving.entry(departure.unit.clone()).or_insert(leaving);
+            }
+        }
     }
 
     /// The units whose departure is still to be confirmed.
@@ -370,6 +403,42 @@ mod tests {
         reported.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(10));
         reported.restart_silences(at(30));
         assert_eq!(reported.next_silence_end(), None, "a reported unit waits for its report, not a silence");
+    }
+
+    /// Seed 796436631 (`--scheduled 4 --moving 3 --prioritized 8`): a unit preempted off a
+    /// machine cut off that had not reported it; the leader changed, and the new one placed it
+    /// at once while the machine, still present, ran it from its stale copy.
+    #[test]
+    fn a_new_leader_holds_the_silent_departures_recorded_before_it() {
+        let mut old = Departures::default();
+        let before = cluster(
+            &["a", "b"],
+            vec![
+                unit("u.service", Some("a"), DesiredState::Launched),
+                unit("v.service", Some("a"), DesiredState::Launched),
+            ],
+        );
+        let both = [unscheduled("u.service", "a"), unscheduled("v.service", "a")];
+        old.note_decisions(&both, &before, &running(&[("v.service", "a")]), at(10));
+        let recorded = old.silent();
+        assert_eq!(recorded, [SilentDeparture { unit: "u.service".into(), machine: "a".into() }], "v was reported");
+
+        let waiting = cluster(
+            &["a", "b"],
+            vec![unit("u.service", None, DesiredState::Launched), unit("v.service", None, DesiredState::Launched)],
+        );
+        let mut new = Departures::default();
+        new.adopt_silent(&recorded, &waiting, at(30));
+        assert_eq!(new.held(&waiting).keys().collect::<Vec<_>>(), ["u.service"]);
+        assert!(!new.settle_running(&running(&[]), at(29)), "silent, counted from the new leader's sight");
+        assert!(new.settle_running(&running(&[]), at(30)));
+
+        let mut gone = Departures::default();
+        gone.adopt_silent(&recorded, &cluster(&["b"], waiting.units.clone()), at(30));
+        assert!(gone.is_empty(), "its machine is gone: nothing to wait for");
+        let mut placed = Departures::default();
+        placed.adopt_silent(&recorded, &before, at(30));
+        assert!(placed.is_empty(), "placed again meanwhile: nothing to wait for");
     }
 
     #[test]
