@@ -415,6 +415,30 @@ mod tests {
     }
 
     #[test]
+    fn a_machine_out_of_touch_has_a_row_and_its_waiting_units_show_unknown() {
+        let units = [
+            unit("db.service", Some("m2"), Some("machine m2 out of touch since …")),
+            unit("a.service", Some("m1"), None),
+        ];
+        let view = cluster_view(&units, &[state("a.service", "m1", "active")], &[machine("m1")], &[], 0);
+        let gone = fleet_core::OutOfTouch {
+            id: "m2".into(),
+            since: 1_764_936_184_000_000,
+            last: Some(MachineState { public_ip: "10.0.0.2".into(), ..machine("m2") }),
+            units: vec!["db.service".into()],
+        };
+        let back = fleet_core::OutOfTouch { id: "m1".into(), units: vec!["a.service".into()], ..gone.clone() };
+        let view = with_out_of_touch(view, &[gone, back]);
+        let row = &view.machines["m2"];
+        assert_eq!((row.ip.as_str(), row.units), ("10.0.0.2", 1));
+        assert_eq!(row.out_of_touch_since.as_deref(), Some("2025-12-05T12:03:04Z"));
+        assert_eq!(view.units["db.service"].active.as_deref(), Some("unknown"));
+        assert_eq!(view.units["db.service"].sub.as_deref(), Some("machine out of touch since 2025-12-05T12:03:04Z"));
+        assert_eq!(view.machines["m1"].out_of_touch_since, None, "present again: its own row stands");
+        assert_eq!(view.units["a.service"].active.as_deref(), Some("active"));
+    }
+
+    #[test]
     fn a_checked_unit_shows_its_health_where_it_runs() {
         let unhealthy = fleet_core::health::HealthReport {
             status: fleet_core::health::HealthStatus::Unhealthy,

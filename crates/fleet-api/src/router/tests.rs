@@ -991,3 +991,68 @@ async fn an_import_writes_units_where_they_run_or_nothing_and_says_why() {
     assert_eq!(again.status, StatusCode::CONFLICT, "an import again finds its units: {}", again.body);
     assert_eq!(api.call("POST", "/fleet/v1/imports", Some(json!({"units": []}))).await.status, StatusCode::BAD_REQUEST);
 }
+
+/// `LostAfter=` is refused shorter than the API's `agent_ttl` or unreadable, naming the
+/// option; the machines out of touch the engine recorded are listed, with their waiting units
+/// as `unknown`, only when asked, and only while they are not present again.
+#[tokio::test]
+async fn lost_after_is_checked_and_machines_out_of_touch_are_listed_when_asked() {
+    let api = api(100).await;
+    let unit = |lost_after: &str| {
+        json!({"desiredState": "launched", "options": [
+            {"section": "Service", "name": "ExecStart", "value": "/bin/true"},
+            {"section": "X-Fleet", "name": "LostAfter", "value": lost_after},
+        ]})
+    };
+    let short = api.call("PUT", "/fleet/v1/units/db.service", Some(unit("10s"))).await;
+    assert_eq!(
+        short.body,
+        error(
+            400,
+            "invalid value \"10s\" for [X-Fleet] LostAfter: shorter than this cluster's agent_ttl (30s), after which a machine is first seen gone"
+        )
+    );
+    let bad = api.call("PUT", "/fleet/v1/units/db.service", Some(unit("soon"))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.to_string().contains("[X-Fleet] LostAfter"), "{}", bad.body);
+    assert_eq!(api.call("GET", "/fleet/v1/units", None).await.body, json!({}), "nothing was stored");
+    for good in ["30s", "10min", "never"] {
+        let answer = api.call("PUT", "/fleet/v1/units/db.service", Some(unit(good))).await;
+        assert!(answer.status.is_success(), "{good}: {:?}", answer.body);
+    }
+
+    let present = fleet_core::MachineState { id: "m1".into(), public_ip: "10.0.0.1".into(), ..Default::default() };
+    api.registry.register_machine(&present).await.unwrap();
+    let gone = fleet_core::MachineState { id: "m2".into(), public_ip: "10.0.0.2".into(), ..Default::default() };
+    let lease = api.registry.acquire_leadership("m1").await.unwrap().expect("the embedded store's leader");
+    let record = |machine: &fleet_core::MachineState| fleet_core::OutOfTouch {
+        id: machine.id.clone(),
+        since: 1_764_936_184_000_000,
+        last: Some(machine.clone()),
+        units: vec!["db.service".into()],
+    };
+    api.registry.record_out_of_touch(&lease, &[record(&gone), record(&present)]).await.unwrap();
+
+    let plain = api.call("GET", "/fleet/v1/machines", None).await.body;
+    assert_eq!(plain["machines"].as_array().map(Vec::len), Some(1), "the original's list: {plain}");
+    let asked = api.call("GET", "/fleet/v1/machines?outOfTouch=true", None).await.body;
+    let listed = asked["machines"].as_array().cloned().unwrap_or_default();
+    assert_eq!(listed.len(), 2, "m1 is present again: listed once: {asked}");
+    assert_eq!(
+        (&listed[1]["id"], &listed[1]["primaryIP"], &listed[1]["outOfTouchSince"]),
+        (&json!("m2"), &json!("10.0.0.2"), &json!("2025-12-05T12:03:04Z"))
+    );
+    assert!(listed[0].get("outOfTouchSince").is_none(), "{asked}");
+    let states = api.call("GET", "/fleet/v1/state?outOfTouch=true", None).await.body;
+    assert_eq!(
+        states["states"],
+        json!([{"machineID": "m2", "name": "db.service", "systemdActiveState": "unknown",
+                "systemdLoadState": "unknown", "systemdSubState": "unknown",
+                "outOfTouchSince": "2025-12-05T12:03:04Z"}])
+    );
+    assert_eq!(api.call("GET", "/fleet/v1/state", None).await.body, json!({}), "not asked: the original's list");
+    let other = api.call("GET", "/fleet/v1/state?outOfTouch=true&machineID=m1", None).await.body;
+    assert_eq!(other, json!({}), "filtered by machine as the rest");
+    let wrong = api.call("GET", "/fleet/v1/machines?outOfTouch=maybe", None).await;
+    assert_eq!(wrong.body, error(400, "invalid outOfTouch \"maybe\": true or false"));
+}
