@@ -8,7 +8,8 @@ use std::collections::HashSet;
 use fleet_core::OutOfTouch;
 use fleet_core::civil_time::rfc3339_of_micros;
 
-use crate::api_state::ApiState;
+use fleet_registry::ApiRegistry;
+
 use crate::error::ApiError;
 use crate::schema::{Machine, UnitState};
 
@@ -17,12 +18,12 @@ pub const UNKNOWN: &str = "unknown";
 
 /// The machines out of touch the engine recorded that are not present again (a machine back
 /// is left out until the engine's next pass forgets it).
-pub async fn machines(state: &ApiState) -> Result<Vec<OutOfTouch>, ApiError> {
-    let recorded = state.registry.machines_out_of_touch().await?;
+pub async fn machines(registry: &dyn ApiRegistry) -> Result<Vec<OutOfTouch>, ApiError> {
+    let recorded = registry.machines_out_of_touch().await?;
     if recorded.is_empty() {
         return Ok(recorded);
     }
-    let present: HashSet<String> = state.registry.machines().await?.into_iter().map(|machine| machine.id).collect();
+    let present: HashSet<String> = registry.machines().await?.into_iter().map(|machine| machine.id).collect();
     Ok(recorded.into_iter().filter(|machine| !present.contains(&machine.id)).collect())
 }
 

@@ -57,7 +57,7 @@ impl LostAfter {
 /// The unit's `LostAfter=` (the last one given): a systemd time span from 1s to
 /// [`LONGEST`], or `never`.
 pub fn lost_after_of(options: &[UnitOption]) -> Result<LostAfter, String> {
-    let Some(value) = last_value(options, crate::requirements::SECTION, KEY) else {
+    let Some(value) = last_value(options, crate::unit_file::X_FLEET, KEY) else {
         return Ok(LostAfter::AgentTtl);
     };
     let refused = |why: &str| format!("invalid value {value:?} for [X-Fleet] {KEY}: {why}");
@@ -77,7 +77,7 @@ pub fn check_against_agent_ttl(options: &[UnitOption], agent_ttl: Duration) -> R
     match lost_after_of(options)? {
         lost if lost.shorter_than(agent_ttl) => Err(format!(
             "invalid value {:?} for [X-Fleet] {KEY}: shorter than this cluster's agent_ttl ({}), after which a machine is first seen gone",
-            last_value(options, crate::requirements::SECTION, KEY).unwrap_or_default(),
+            last_value(options, crate::unit_file::X_FLEET, KEY).unwrap_or_default(),
             crate::duration::short_span(agent_ttl)
         )),
         _ => Ok(()),

@@ -44,8 +44,9 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
         .collect();
     let mut machines = machines;
     if !page.more && flag(query, "outOfTouch", false)? {
-        machines
-            .extend(crate::out_of_touch::machines(state).await?.into_iter().map(crate::out_of_touch::listed_machine));
+        machines.extend(
+            crate::out_of_touch::machines(&*state.registry).await?.into_iter().map(crate::out_of_touch::listed_machine),
+        );
     }
     let (machines, encoded, next) = token.page_encoded(machines, page.more);
     if let (Some(_), Some(last)) = (&next, machines.last()) {

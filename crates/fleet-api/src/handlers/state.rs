@@ -47,7 +47,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
     let page = state.registry.unit_states_page(request, machine).await?;
     let mut states: Vec<UnitState> = page.items.into_iter().map(to_schema).collect();
     if !page.more && out_of_touch {
-        let machines = crate::out_of_touch::machines(state).await?;
+        let machines = crate::out_of_touch::machines(&*state.registry).await?;
         states.extend(crate::out_of_touch::unit_states(&machines, |unit, on| {
             admits(unit) && machine.is_none_or(|machine| machine == on)
         }));
