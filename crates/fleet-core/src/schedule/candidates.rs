@@ -239,10 +239,6 @@ pub(super) fn choose<'a>(
             working.by_load_for(needs, untainted_only).filter(|rank| keep(*rank)).find(|rank| consider(*rank))
         }
     };
-    // With no room for it anywhere, no machine need be looked at.
-    if !working.room_anywhere(needs) {
-        return Err(why_nowhere(working, unit, needs, fixed.as_deref(), eligible.as_deref()));
-    }
     // A retried run goes back to a machine it failed on only when no other takes it.
     let avoided: Vec<Rank> = requirements.avoid.iter().flat_map(|id| working.ranks_named(id)).collect();
     let mut first_preferred = |keep: &dyn Fn(Rank) -> bool| {
@@ -319,26 +315,6 @@ pub(super) fn spread_notes<'a>(working: &Working<'a>, index: &mut MetadataIndex<
     notes
 }
 
-/// Among the machines (the `eligible` ones, if given) that are not drained, whose taints
-/// `unit` tolerates and whose rules let it run there, the one with the most of each resource
-/// free, the first by rank of equals: found walking the machines from the most free down,
-/// so that a cluster full to the brim is not walked whole for every unit that waits. `None`
-/// when no machine lets it run.
-fn closest_by_free(working: &Working<'_>, unit: UnitIndex, eligible: Option<&Eligible>) -> Option<Closest> {
-    let allowed = |rank: Rank| {
-        eligible.is_none_or(|eligible| eligible.mask[rank.0])
-            && !working.draining(rank)
-            && untainted(working, unit, rank, false).is_ok()
-            && able_to_run(working, unit, rank).is_ok()
-    };
-    let most = |cpu: bool| {
-        working.by_free(cpu).find(|(_, rank)| allowed(*rank)).map(|(free, rank)| (free, working.machine(rank).id.clone()))
-    };
-    let memory = most(false)?;
-    let cpu_millis = most(true)?;
-    Some(Closest { memory, cpu_millis })
-}
-
 /// Why `unit` fits on none of `fixed` (or the `eligible` machines, or all): short of room for
 /// what it `needs` (with the units that follow it) on every machine its rules allow and that is
 /// not drained, naming the closest, else the first machine's refusal.
@@ -349,12 +325,6 @@ fn why_nowhere(
     fixed: Option<&[Rank]>,
     eligible: Option<&Eligible>,
 ) -> UnplacedReason {
-    if fixed.is_none()
-        && eligible.is_none_or(|eligible| eligible.ranks.len() > SMALL_ELIGIBLE_SET)
-        && let Some(closest) = closest_by_free(working, unit, eligible)
-    {
-        return UnplacedReason::NoRoom { needs, closest };
-    }
     let mut first_refusal: Option<Refusal> = None;
     let mut closest: Option<Closest> = None;
     let ranks: Box<dyn Iterator<Item = Rank>> = match (fixed, eligible) {

@@ -1,7 +1,6 @@
 //! The planner's working copy of the cluster: who runs where, and each machine's load (its
 //! units and what they reserve), updated after every decision so later decisions see it.
 
-use std::cmp::Reverse;
 use std::collections::{BTreeSet, HashMap};
 
 use super::{ClusterSnapshot, PlacementStrategy, UnitSpec};
@@ -55,12 +54,6 @@ pub(super) struct Working<'a> {
     /// The machines without a taint, in the same order: a unit that tolerates none looks only
     /// at these (the tainted ones, which few units may take, stay roomy and first in order).
     untainted_by_load: BTreeSet<(OrderKey, Rank)>,
-    /// The machines by what they have free, most first, then by rank: memory, and CPU. A
-    /// machine that states no capacity counts as having nothing free here, as a unit's
-    /// closest machine counts it ([`Working::free_or_nothing`]); `unlimited` counts them.
-    by_free_memory: BTreeSet<(Reverse<u64>, Rank)>,
-    by_free_cpu: BTreeSet<(Reverse<u64>, Rank)>,
-    unlimited: usize,
     residents: Vec<Vec<UnitIndex>>,
     placement: Vec<Option<Rank>>,
     /// Where each unit was scheduled when planning began, if that machine is live.
@@ -104,9 +97,6 @@ impl<'a> Working<'a> {
             strategy: snapshot.strategy,
             by_load: BTreeSet::new(),
             untainted_by_load: BTreeSet::new(),
-            by_free_memory: BTreeSet::new(),
-            by_free_cpu: BTreeSet::new(),
-            unlimited: 0,
             load,
             residents: vec![Vec::new(); count],
             placement: vec![None; units.len()],
@@ -131,25 +121,7 @@ impl<'a> Working<'a> {
         working.by_load = working.ranks().map(|rank| (working.order_key(rank), rank)).collect();
         working.untainted_by_load =
             working.by_load.iter().filter(|(_, rank)| working.machine(*rank).taints.is_empty()).copied().collect();
-        let ranks: Vec<Rank> = working.ranks().collect();
-        for rank in ranks {
-            working.index_free(rank, true);
-        }
-        working.unlimited = working.machines.iter().filter(|machine| machine.capacity.is_none()).count();
         working
-    }
-
-    /// Puts `rank` into (`true`) or takes it out of the machines by what they have free.
-    fn index_free(&mut self, rank: Rank, into: bool) {
-        let free = self.free_or_nothing(rank);
-        let (memory, cpu) = ((Reverse(free.memory), rank), (Reverse(free.cpu_millis), rank));
-        if into {
-            self.by_free_memory.insert(memory);
-            self.by_free_cpu.insert(cpu);
-        } else {
-            self.by_free_memory.remove(&memory);
-            self.by_free_cpu.remove(&cpu);
-        }
     }
 
     pub fn rank_of(&self, id: &str) -> Option<Rank> {
@@ -263,7 +235,6 @@ impl<'a> Working<'a> {
 
     fn set_load(&mut self, rank: Rank, load: Load) {
         let untainted = self.machine(rank).taints.is_empty();
-        self.index_free(rank, false);
         self.by_load.remove(&(self.order_key(rank), rank));
         if untainted {
             self.untainted_by_load.remove(&(self.order_key(rank), rank));
@@ -273,7 +244,6 @@ impl<'a> Working<'a> {
         if untainted {
             self.untainted_by_load.insert((self.order_key(rank), rank));
         }
-        self.index_free(rank, true);
     }
 
     /// Every machine's load, by rank.
@@ -312,27 +282,6 @@ impl<'a> Working<'a> {
             }
         }
         needs
-    }
-
-    /// What is left on `rank`, a machine that states no capacity counting as having nothing
-    /// free: what a unit that fits nowhere is told of the closest machine.
-    pub fn free_or_nothing(&self, rank: Rank) -> Resources {
-        self.free(rank).unwrap_or_default()
-    }
-
-    /// Whether some machine may have room for `needs` (one that states no capacity always
-    /// has): when none has, no machine need be looked at for room.
-    pub fn room_anywhere(&self, needs: Resources) -> bool {
-        let most = |set: &BTreeSet<(Reverse<u64>, Rank)>| set.first().map_or(0, |(Reverse(free), _)| *free);
-        needs.is_zero()
-            || self.unlimited > 0
-            || (needs.memory <= most(&self.by_free_memory) && needs.cpu_millis <= most(&self.by_free_cpu))
-    }
-
-    /// The machines by what they have free of memory (`cpu`: of CPU), most first, then by rank.
-    pub fn by_free(&self, cpu: bool) -> impl Iterator<Item = (u64, Rank)> + '_ {
-        let set = if cpu { &self.by_free_cpu } else { &self.by_free_memory };
-        set.iter().map(|(Reverse(free), rank)| (*free, *rank))
     }
 
     /// Whether `needs` fits in what is left on `rank`.
