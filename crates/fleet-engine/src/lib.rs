@@ -516,6 +516,11 @@ impl Engine {
 impl Reconciler for Engine {
     type Error = RegistryError;
     const NAME: &'static str = "engine reconcile";
+    /// A stop cuts a pass short: its writes are fenced by the leadership and each unit's
+    /// stands alone, and what a successor needs of it (the silent departures) is written
+    /// before the decisions. A pass waiting on a store gone held a stopping fleetd for up to
+    /// every read's retries (50 s).
+    const STOP_CUTS_PASS: bool = true;
 
     async fn pass(&mut self) -> Result<Next, RegistryError> {
         let metrics = &fleet_metrics::metrics().engine;

@@ -287,12 +287,14 @@ async fn a_move_waits_for_the_machine_it_leaves_even_across_a_new_leadership() {
 }
 
 /// The embedded store with a rival engine that can take the leadership away, and whose
-/// leadership calls can fail (`failing`); it notes when each was made.
+/// leadership calls can fail (`failing`); it notes when each was made. With `hanging`, a
+/// snapshot never answers (a store gone, its requests waiting out their timeouts).
 struct ContestedStore {
     store: EmbeddedRegistry,
     rival_leads: std::sync::atomic::AtomicBool,
     writes: std::sync::atomic::AtomicUsize,
     failing: std::sync::atomic::AtomicBool,
+    hanging: std::sync::atomic::AtomicBool,
     attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
@@ -303,6 +305,7 @@ impl ContestedStore {
             rival_leads: false.into(),
             writes: 0.into(),
             failing: false.into(),
+            hanging: false.into(),
             attempts: std::sync::Mutex::new(Vec::new()),
         }
     }
@@ -327,6 +330,9 @@ impl fleet_registry::EngineRegistry for ContestedStore {
         self.store.release_leadership(lease).await
     }
     async fn snapshot(&self) -> fleet_registry::Result<fleet_registry::EngineSnapshot> {
+        if self.hanging.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
         self.store.snapshot().await
     }
     async fn unit_bodies(
@@ -470,4 +476,35 @@ async fn failing_passes_are_retried_within_the_fallback_period() {
     assert!(attempts.len() >= 25, "a minute of failures is retried: {} attempts", attempts.len());
     let longest = attempts.windows(2).map(|pair| pair[1] - pair[0]).max().unwrap();
     assert!(longest <= interval + Duration::from_millis(10), "retried {longest:?} apart");
+}
+
+/// A fleetd asked to stop while its engine's pass waits on a store that does not answer stops
+/// at once: the pass is cut short (its writes are fenced and each stands alone, and what a
+/// successor needs is in the store). It waited out every read's retries before: up to 50 s.
+#[tokio::test]
+async fn a_stop_cuts_short_a_pass_that_waits_on_a_store_gone() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let hanging = Arc::new(ContestedStore::over(store));
+    hanging.hanging.store(true, Ordering::SeqCst);
+    let config = EngineConfig {
+        machine_id: "m1".into(),
+        reconcile_interval: Duration::from_secs(2),
+        debounce: Duration::from_millis(10),
+        agent_ttl: AGENT_TTL,
+        strategy: Default::default(),
+        preemption: false,
+    };
+    let (stop, stopped) = watch::channel(Lifecycle::Running);
+    let engine = tokio::spawn(Engine::new(config, hanging.clone()).run(stopped));
+    eventually("the pass reaches the store that does not answer", async || {
+        !hanging.attempts.lock().unwrap().is_empty()
+    })
+    .await;
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), engine)
+        .await
+        .expect("the engine stops while its pass still waits")
+        .unwrap();
 }
