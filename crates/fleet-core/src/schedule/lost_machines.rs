@@ -100,10 +100,11 @@ impl MachineAbsences {
         }
     }
 
-    /// The units whose machine is gone and whose stay ([`stay_of`]) is not over at `now`.
+    /// The units whose machine is gone and whose stay ([`stay_of`]) is not over at `now`. A
+    /// unit unloaded meanwhile is not held: it runs nowhere else, and the plan takes it off.
     pub fn held(&self, cluster: &ClusterSnapshot, now: Instant, agent_ttl: Duration) -> Held {
         let mut held = Held::default();
-        for unit in &cluster.units {
+        for unit in cluster.units.iter().filter(|unit| unit.desired != crate::state::DesiredState::Inactive) {
             let Some((machine, absence)) =
                 unit.scheduled_on.as_ref().and_then(|machine| Some((machine, self.absent.get(machine)?)))
             else {
@@ -264,6 +265,15 @@ mod tests {
         );
         assert_eq!(held.units["both.service"].until, Some(seen + at_most_once_hold(ttl)), "the longer of the two");
         assert_eq!(held.next_end, Some(seen + at_most_once_hold(ttl)));
+        let unloaded = ClusterSnapshot {
+            units: cluster
+                .units
+                .iter()
+                .map(|unit| UnitSpec { desired: DesiredState::Inactive, ..unit.clone() })
+                .collect(),
+            ..ClusterSnapshot::default()
+        };
+        assert!(absences.held(&unloaded, seen, ttl).units.is_empty(), "unloaded: taken off, not held");
         let much_later = seen + Duration::from_secs(365 * 24 * 3600);
         assert_eq!(absences.held(&cluster, much_later, ttl).units.keys().collect::<Vec<_>>(), ["vault.service"]);
         assert_eq!(absences.held(&cluster, much_later, ttl).next_end, None, "nothing ends by the clock");
