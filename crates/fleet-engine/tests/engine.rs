@@ -132,6 +132,51 @@ async fn an_at_most_once_unit_moves_off_a_lost_machine_only_after_the_hold() {
     engine.await.unwrap();
 }
 
+/// A unit with `LostAfter=20s` stays on its machine gone for 16 s (the 4 s of `agent_ttl` gone
+/// by), saying so, with the machine recorded out of touch; then moves. One with `never` stays
+/// until it is unloaded, and the record goes with the last unit that waits.
+#[tokio::test(start_paused = true)]
+async fn a_unit_waits_its_lost_after_for_a_machine_gone_and_with_never_until_unloaded() {
+    let (_dir, registry) = store_with(&[("m1", "eu")]).await;
+    let (stop, engine) = start(&registry);
+    registry.put_unit("db.service", &unit("LostAfter=20s"), DesiredState::Launched).await.unwrap();
+    registry.put_unit("vault.service", &unit("LostAfter=never"), DesiredState::Launched).await.unwrap();
+    eventually("both are placed on m1", async || {
+        placement(&registry).await.values().all(|machine| machine.as_deref() == Some("m1"))
+    })
+    .await;
+    registry.register_machine(&machine("m2", "eu")).await.unwrap();
+    registry.unregister_machine("m1").await.unwrap();
+    let lost = tokio::time::Instant::now();
+    eventually("both say they wait for m1 and m1 is recorded out of touch", async || {
+        let recorded = registry.machines_out_of_touch().await.unwrap();
+        reason(&registry, "db.service").await.is_some_and(|why| why.contains("unless it is back (LostAfter=20s)"))
+            && reason(&registry, "vault.service").await.is_some_and(|why| why.ends_with("(LostAfter=never)"))
+            && recorded.len() == 1
+            && recorded[0].units == ["db.service", "vault.service"]
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(placement(&registry).await["db.service"].as_deref(), Some("m1"), "15 s in, it still waits");
+    eventually("db.service moves once its wait is over", async || {
+        placement(&registry).await["db.service"].as_deref() == Some("m2")
+    })
+    .await;
+    assert!(lost.elapsed() >= Duration::from_secs(16), "it moved {:?} after its machine was lost", lost.elapsed());
+    assert_eq!(reason(&registry, "db.service").await, None, "placed: no reason left");
+    assert_eq!(placement(&registry).await["vault.service"].as_deref(), Some("m1"), "never: it stays");
+    tokio::time::sleep(Duration::from_secs(3600)).await;
+    assert_eq!(placement(&registry).await["vault.service"].as_deref(), Some("m1"), "an hour on, it stays");
+    registry.set_desired_state("vault.service", DesiredState::Inactive).await.unwrap();
+    eventually("unloaded, it leaves the machine gone and nothing waits for m1", async || {
+        placement(&registry).await["vault.service"].is_none()
+            && registry.machines_out_of_touch().await.unwrap().is_empty()
+    })
+    .await;
+    stop.send(Lifecycle::ShuttingDown).unwrap();
+    engine.await.unwrap();
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_inactive_unit_is_unscheduled() {
     let (_dir, registry) = store_with(&[("m1", "eu")]).await;
