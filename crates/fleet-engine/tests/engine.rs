@@ -55,6 +55,13 @@ const AGENT_TTL: Duration = Duration::from_secs(4);
 const HOLD: Duration = Duration::from_secs(5);
 
 fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
+    start_over(Arc::new(registry.clone()))
+}
+
+/// An engine of machine m1 (a fallback period of 2 s) over `store`, running, and its stop.
+fn start_over(
+    store: Arc<dyn fleet_registry::EngineRegistry>,
+) -> (watch::Sender<Lifecycle>, tokio::task::JoinHandle<()>) {
     let config = EngineConfig {
         machine_id: "m1".into(),
         reconcile_interval: Duration::from_secs(2),
@@ -64,7 +71,7 @@ fn start(registry: &EmbeddedRegistry) -> (watch::Sender<Lifecycle>, tokio::task:
         preemption: false,
     };
     let (stop, stopped) = watch::channel(Lifecycle::Running);
-    (stop, tokio::spawn(Engine::new(config, Arc::new(registry.clone())).run(stopped)))
+    (stop, tokio::spawn(Engine::new(config, store).run(stopped)))
 }
 
 #[tokio::test(start_paused = true)]
@@ -102,21 +109,28 @@ async fn places_units_least_loaded_and_moves_them_off_a_machine_that_goes() {
     engine.await.unwrap();
 }
 
+/// Launches `units` (name, `[X-Fleet]` lines) on the only machine, m1; once they are placed
+/// there, m2 joins and m1 goes. When m1 went.
+async fn placed_on_m1_then_lost(registry: &EmbeddedRegistry, units: &[(&str, &str)]) -> tokio::time::Instant {
+    for (name, x_fleet) in units {
+        registry.put_unit(name, &unit(x_fleet), DesiredState::Launched).await.unwrap();
+    }
+    eventually("every unit is placed on m1", async || {
+        placement(registry).await.values().all(|machine| machine.as_deref() == Some("m1"))
+    })
+    .await;
+    registry.register_machine(&machine("m2", "eu")).await.unwrap();
+    registry.unregister_machine("m1").await.unwrap();
+    tokio::time::Instant::now()
+}
+
 /// An `AtMostOnce=` unit of a machine gone stays placed there for the hold (its machine may
 /// still be stopping it), then moves; a unit without it moves at once.
 #[tokio::test(start_paused = true)]
 async fn an_at_most_once_unit_moves_off_a_lost_machine_only_after_the_hold() {
     let (_dir, registry) = store_with(&[("m1", "eu")]).await;
     let (stop, engine) = start(&registry);
-    registry.put_unit("once.service", &unit("AtMostOnce=true"), DesiredState::Launched).await.unwrap();
-    registry.put_unit("plain.service", &unit(""), DesiredState::Launched).await.unwrap();
-    eventually("both are placed on m1", async || {
-        placement(&registry).await.values().all(|machine| machine.as_deref() == Some("m1"))
-    })
-    .await;
-    registry.register_machine(&machine("m2", "eu")).await.unwrap();
-    registry.unregister_machine("m1").await.unwrap();
-    let lost = tokio::time::Instant::now();
+    let lost = placed_on_m1_then_lost(&registry, &[("once.service", "AtMostOnce=true"), ("plain.service", "")]).await;
     eventually("the plain unit moves to m2", async || {
         placement(&registry).await["plain.service"].as_deref() == Some("m2")
     })
@@ -139,15 +153,8 @@ async fn an_at_most_once_unit_moves_off_a_lost_machine_only_after_the_hold() {
 async fn a_unit_waits_its_lost_after_for_a_machine_gone_and_with_never_until_unloaded() {
     let (_dir, registry) = store_with(&[("m1", "eu")]).await;
     let (stop, engine) = start(&registry);
-    registry.put_unit("db.service", &unit("LostAfter=20s"), DesiredState::Launched).await.unwrap();
-    registry.put_unit("vault.service", &unit("LostAfter=never"), DesiredState::Launched).await.unwrap();
-    eventually("both are placed on m1", async || {
-        placement(&registry).await.values().all(|machine| machine.as_deref() == Some("m1"))
-    })
-    .await;
-    registry.register_machine(&machine("m2", "eu")).await.unwrap();
-    registry.unregister_machine("m1").await.unwrap();
-    let lost = tokio::time::Instant::now();
+    let units = [("db.service", "LostAfter=20s"), ("vault.service", "LostAfter=never")];
+    let lost = placed_on_m1_then_lost(&registry, &units).await;
     eventually("both say they wait for m1 and m1 is recorded out of touch", async || {
         let recorded = registry.machines_out_of_touch().await.unwrap();
         reason(&registry, "db.service").await.is_some_and(|why| why.contains("unless it is back (LostAfter=20s)"))
@@ -465,16 +472,7 @@ async fn only_the_leader_writes() {
     use std::sync::atomic::Ordering;
     let (_dir, store) = store_with(&[("m1", "eu")]).await;
     let contested = Arc::new(ContestedStore::over(store.clone()));
-    let config = EngineConfig {
-        machine_id: "m1".into(),
-        reconcile_interval: Duration::from_secs(2),
-        debounce: Duration::from_millis(10),
-        agent_ttl: AGENT_TTL,
-        strategy: Default::default(),
-        preemption: false,
-    };
-    let (stop, stopped) = watch::channel(Lifecycle::Running);
-    let engine = tokio::spawn(Engine::new(config, contested.clone()).run(stopped));
+    let (stop, engine) = start_over(contested.clone());
     store.put_unit("a.service", &unit(""), DesiredState::Launched).await.unwrap();
     eventually("a.service is placed", async || placement(&store).await["a.service"].is_some()).await;
 
@@ -503,16 +501,7 @@ async fn failing_passes_are_retried_within_the_fallback_period() {
     let failing = Arc::new(ContestedStore::over(store));
     failing.failing.store(true, Ordering::SeqCst);
     let interval = Duration::from_secs(2);
-    let config = EngineConfig {
-        machine_id: "m1".into(),
-        reconcile_interval: interval,
-        debounce: Duration::from_millis(10),
-        agent_ttl: AGENT_TTL,
-        strategy: Default::default(),
-        preemption: false,
-    };
-    let (stop, stopped) = watch::channel(Lifecycle::Running);
-    let engine = tokio::spawn(Engine::new(config, failing.clone()).run(stopped));
+    let (stop, engine) = start_over(failing.clone());
     tokio::time::sleep(Duration::from_secs(60)).await;
     failing.failing.store(false, Ordering::SeqCst);
     stop.send(Lifecycle::ShuttingDown).unwrap();
@@ -533,16 +522,7 @@ async fn a_stop_cuts_short_a_pass_that_waits_on_a_store_gone() {
     let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
     let hanging = Arc::new(ContestedStore::over(store));
     hanging.hanging.store(true, Ordering::SeqCst);
-    let config = EngineConfig {
-        machine_id: "m1".into(),
-        reconcile_interval: Duration::from_secs(2),
-        debounce: Duration::from_millis(10),
-        agent_ttl: AGENT_TTL,
-        strategy: Default::default(),
-        preemption: false,
-    };
-    let (stop, stopped) = watch::channel(Lifecycle::Running);
-    let engine = tokio::spawn(Engine::new(config, hanging.clone()).run(stopped));
+    let (stop, engine) = start_over(hanging.clone());
     eventually("the pass reaches the store that does not answer", async || {
         !hanging.attempts.lock().unwrap().is_empty()
     })
