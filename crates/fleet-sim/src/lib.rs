@@ -416,13 +416,14 @@ fn prioritized_file(index: usize) -> UnitFile {
 
 /// The `LostAfter=` of unit `index` of [`SimConfig::lost_after`]: three times `agent_ttl`,
 /// or (`None`) never, in turn.
-fn lost_after_of(index: usize, agent_ttl: Duration) -> Option<Duration> {
+fn lost_after_span(index: usize, agent_ttl: Duration) -> Option<Duration> {
     index.is_multiple_of(2).then_some(agent_ttl * 3)
 }
 
 /// A unit of [`SimConfig::lost_after`].
 fn lost_after_file(index: usize, agent_ttl: Duration) -> UnitFile {
-    let lost_after = lost_after_of(index, agent_ttl).map_or("never".to_string(), |span| format!("{}s", span.as_secs()));
+    let lost_after =
+        lost_after_span(index, agent_ttl).map_or("never".to_string(), |span| format!("{}s", span.as_secs()));
     UnitFile::parse(&format!("[Service]\nExecStart=/bin/lost {index}\n[X-Fleet]\nLostAfter={lost_after}\n"))
         .expect("a unit file with LostAfter=")
 }
@@ -630,7 +631,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let once_units: Vec<String> =
         (0..config.units).filter(|unit| at_most_once(*unit)).map(|unit| format!("u{unit}.service")).collect();
     let lost_after: BTreeMap<String, Option<Duration>> = (0..config.lost_after)
-        .map(|unit| (format!("l{unit}.service"), lost_after_of(unit, config.agent_ttl)))
+        .map(|unit| (format!("l{unit}.service"), lost_after_span(unit, config.agent_ttl)))
         .collect();
     let mut versions = vec![0; config.units];
     let mut destroyed = BTreeSet::new();
@@ -669,8 +670,10 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             // A unit on a calendar runs only now and then: the settling rules are not its.
             sample.running.retain(|unit, _| !scheduled.contains(unit));
             judge.look(Instant::now(), &sample);
-            let schedule = lock(&world).schedule.clone();
-            judge.look_lost_after(Instant::now(), &sample, &schedule, &lost_after, config.agent_ttl);
+            if !lost_after.is_empty() {
+                let schedule = lock(&world).schedule.clone();
+                judge.look_lost_after(Instant::now(), &sample, &schedule, &lost_after, config.agent_ttl);
+            }
             digest_sample(&mut digest, &sample);
             if traced {
                 let world = lock(&world);

@@ -1,7 +1,6 @@
-//! The cluster's cache: units, placements, reasons, machines, metadata, drains, machines out
-//! of touch and bodies, in
-//! one watch-fed copy that the leading engine and the API read alike; and the states' cache
-//! beside it. The engine holds the cluster's while it leads (a standby follows the leader key
+//! The cluster's cache: units, placements, reasons, machines, metadata, drains, the leader's
+//! records (machines out of touch, silent departures) and bodies, in one watch-fed copy that
+//! the leading engine and the API read alike; and the states' cache beside it. The engine holds the cluster's while it leads (a standby follows the leader key
 //! alone); each API read holds what it reads and lets it linger `api_copy_idle` after
 //! (`caches.rs`), and so do the engine's and rollouts' occasional questions about states. A
 //! fleetd that leads and serves lists keeps one copy of each, and nothing moves from one copy
