@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::disruption_budget::Budgets;
 use crate::rollout::MaxUnavailable;
 use crate::{DesiredState, Requirements, UnitHash, UnitState};
 
@@ -29,11 +30,15 @@ pub struct Drain {
     /// How many units have moved off and run elsewhere.
     #[serde(default)]
     pub moved: usize,
+    /// Why the next unit to go waits though the drain's own budget has room: its group's
+    /// disruption budget ([`crate::disruption_budget`]), as of the last step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 impl Drain {
     pub fn new(max_unavailable: MaxUnavailable, started: u64) -> Self {
-        Self { max_unavailable, started, released: BTreeMap::new(), moved: 0 }
+        Self { max_unavailable, started, released: BTreeMap::new(), moved: 0, held: None }
     }
 
     /// Whether the engine may move `unit` off the drained machine now.
@@ -172,10 +177,24 @@ fn names(machine: &str, wanted: &str) -> bool {
     machine == wanted || (wanted.len() == 8 && machine.starts_with(wanted))
 }
 
+/// One step of the drain of `machine` at `now` (seconds), where no unit has a disruption
+/// budget: [`advance_within`].
+pub fn advance(drain: &mut Drain, machine: &str, units: &[DrainUnit], now: u64) -> Progress {
+    advance_within(drain, machine, units, now, &mut Budgets::default())
+}
+
 /// One step of the drain of `machine` at `now` (seconds), given every unit on the machine and
 /// every unit it let go: units that run elsewhere now count as moved, and the next units are
-/// let go as the budget allows. Returns where the drain stands after the step.
-pub fn advance(drain: &mut Drain, machine: &str, units: &[DrainUnit], now: u64) -> Progress {
+/// let go as the drain's budget allows. Each group let go is taken from `budgets` too: one its
+/// disruption budget holds stays for now (the drain's `held` says why) and the next may go.
+/// Returns where the drain stands after the step.
+pub fn advance_within(
+    drain: &mut Drain,
+    machine: &str,
+    units: &[DrainUnit],
+    now: u64,
+    budgets: &mut Budgets,
+) -> Progress {
     let by_name: BTreeMap<&str, &DrainUnit> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
     let arrived = |name: &str| match by_name.get(name) {
         None => true,
@@ -199,8 +218,18 @@ pub fn advance(drain: &mut Drain, machine: &str, units: &[DrainUnit], now: u64) 
     // A group down anyway goes first and costs nothing more than it already does.
     let (down_groups, up_groups): (Vec<_>, Vec<_>) =
         waiting.into_iter().partition(|group| group.iter().all(|unit| is_down(unit)));
+    let mut held = None;
+    let mut taken = |group: &[&DrainUnit]| match budgets.take(group.iter().map(|unit| unit.name.as_str())) {
+        Ok(()) => true,
+        Err(why) => {
+            held.get_or_insert_with(|| format!("{} waits: {why}", group[0].name));
+            false
+        }
+    };
     for group in down_groups {
-        release(drain, group, now);
+        if taken(group) {
+            release(drain, group, now);
+        }
     }
     for group in up_groups {
         let cost = group.iter().filter(|unit| !is_down(unit)).count();
@@ -209,9 +238,13 @@ pub fn advance(drain: &mut Drain, machine: &str, units: &[DrainUnit], now: u64) 
         if cost > budget && !alone {
             break;
         }
+        if !taken(group) {
+            continue;
+        }
         budget = budget.saturating_sub(cost);
         release(drain, group, now);
     }
+    drain.held = held;
     standing(drain, grouped)
 }
 

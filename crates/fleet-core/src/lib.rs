@@ -13,6 +13,7 @@ pub mod calendar;
 pub mod civil_time;
 pub mod closest;
 pub mod desired_units;
+pub mod disruption_budget;
 pub mod drain;
 pub mod drift;
 pub mod drift_report;

@@ -30,8 +30,18 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// template spread evenly over the values of that metadata key; `SpreadGroup=web-*`: instead,
 /// the units that name the same pattern (and match it) spread together. The health check's
 /// keys are fleet's too ([`crate::health::check::KEYS`]); [`is_added_key`] knows both.
-pub const ADDED_KEYS: &[&str] =
-    &["AtMostOnce", "Memory", "CPU", "SpreadBy", "SpreadGroup", TOLERATE, PRIORITY, crate::lost_after::KEY];
+pub const ADDED_KEYS: &[&str] = &[
+    "AtMostOnce",
+    "Memory",
+    "CPU",
+    "SpreadBy",
+    "SpreadGroup",
+    TOLERATE,
+    PRIORITY,
+    crate::lost_after::KEY,
+    crate::disruption_budget::KEY,
+    crate::disruption_budget::BY_KEY,
+];
 
 /// `Priority=` (0 to 1000, [`DEFAULT_PRIORITY`] when absent): units of a higher priority are
 /// placed first, and with preemption on (the engine leader's `preemption = on`) one that fits
@@ -103,6 +113,10 @@ pub struct Requirements {
     /// ([`crate::lost_after`]; the default when unreadable, and such a unit is refused at
     /// submission).
     pub lost_after: crate::lost_after::LostAfter,
+    /// `DisruptionBudget=` and `DisruptionBudgetBy=`: how many of its group may be down at
+    /// once by a voluntary disruption ([`crate::disruption_budget`]; none when unreadable, and
+    /// such a unit is refused at submission).
+    pub disruption_budget: Option<crate::disruption_budget::DisruptionBudget>,
 }
 
 impl Default for Requirements {
@@ -124,6 +138,7 @@ impl Default for Requirements {
             tolerate: Vec::new(),
             priority: DEFAULT_PRIORITY,
             lost_after: crate::lost_after::LostAfter::AgentTtl,
+            disruption_budget: None,
         }
     }
 }
@@ -187,6 +202,7 @@ impl Requirements {
             tolerate,
             priority,
             lost_after,
+            disruption_budget,
         } = self;
         *machine_id == other.machine_id
             && *machine_of == other.machine_of
@@ -203,6 +219,7 @@ impl Requirements {
             && *tolerate == other.tolerate
             && *priority == other.priority
             && *lost_after == other.lost_after
+            && *disruption_budget == other.disruption_budget
     }
 
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
@@ -271,6 +288,7 @@ impl Requirements {
         requirements.tolerate = tolerations_of(&all(&[TOLERATE])).unwrap_or_default();
         requirements.priority = priority_of(options).unwrap_or(DEFAULT_PRIORITY);
         requirements.lost_after = crate::lost_after::lost_after_of(options).unwrap_or_default();
+        requirements.disruption_budget = crate::disruption_budget::budget_of(unit_name, options).ok().flatten();
         requirements
     }
 
@@ -330,6 +348,9 @@ impl Requirements {
             _ if self.global && self.spread_by.is_some() => CombinationError::GlobalWith("SpreadBy"),
             _ if self.global && self.lost_after != crate::lost_after::LostAfter::AgentTtl => {
                 CombinationError::GlobalWith(crate::lost_after::KEY)
+            }
+            _ if self.global && self.disruption_budget.is_some() => {
+                CombinationError::GlobalWith(crate::disruption_budget::KEY)
             }
             _ if self.spread_by.as_deref().is_some_and(|key| !crate::metadata_key::valid_metadata_key(key)) => {
                 CombinationError::SpreadKey(self.spread_by.clone().unwrap_or_default())

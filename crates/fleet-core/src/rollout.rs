@@ -14,6 +14,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::UnitHash;
+use crate::disruption_budget::Budgets;
 
 /// How many units may be down at once: a count, or a percentage of the rollout's units
 /// (rounded down, at least 1).
@@ -257,6 +258,10 @@ pub struct Rollout {
     /// Why this undo began by itself: the gate that failed.
     #[serde(default)]
     pub reverted: Option<String>,
+    /// Why its next unit waits though the rollout's own budget has room: the group's
+    /// disruption budget that holds it ([`crate::disruption_budget`]), as of its last step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 impl Rollout {
@@ -290,10 +295,24 @@ pub struct Advance {
 }
 
 /// One step of `rollout` at `now` (seconds), with what the machines report per unit (a unit
+/// with no report is down), where no unit has a disruption budget: [`advance_within`].
+pub fn advance(rollout: &mut Rollout, observed: &(impl Reports + ?Sized), now: u64) -> Advance {
+    advance_within(rollout, observed, now, &mut Budgets::default())
+}
+
+/// One step of `rollout` at `now` (seconds), with what the machines report per unit (a unit
 /// with no report is down). Moves units along, pauses on a failure (or, with `auto_revert`,
 /// turns the rollout into its undo), promotes a canary that baked, starts the next wave when
-/// the budget allows, and says which units to replace now.
-pub fn advance(rollout: &mut Rollout, observed: &(impl Reports + ?Sized), now: u64) -> Advance {
+/// the rollout's budget allows, and says which units to replace now. Each unit replaced is
+/// taken from `budgets` too: a unit its group's disruption budget holds waits (the rollout's
+/// `held` says why) and the next ones may go.
+pub fn advance_within(
+    rollout: &mut Rollout,
+    observed: &(impl Reports + ?Sized),
+    now: u64,
+    budgets: &mut Budgets,
+) -> Advance {
+    rollout.held = None;
     // Each unit's report, looked up once (in the rollout's order) for the whole step.
     let seen: Vec<Option<&Observed>> =
         rollout.units.iter().enumerate().map(|(position, unit)| observed.of(position, &unit.name)).collect();
@@ -345,6 +364,7 @@ pub fn advance(rollout: &mut Rollout, observed: &(impl Reports + ?Sized), now: u
     let mut advance = Advance::default();
     // A unit that is down anyway goes first and costs nothing: replacing it takes nothing
     // more down (and an undo must reach the units a bad version took down).
+    let mut held = None;
     for (unit, _) in rollout
         .units
         .iter_mut()
@@ -352,6 +372,10 @@ pub fn advance(rollout: &mut Rollout, observed: &(impl Reports + ?Sized), now: u
         .take(eligible)
         .filter(|(unit, seen)| unit.step == Step::Waiting && is_down(seen))
     {
+        if let Err(why) = budgets.take([unit.name.as_str()]) {
+            held.get_or_insert_with(|| format!("{} waits: {why}", unit.name));
+            continue;
+        }
         unit.step = Step::Replacing { since: now };
         advance.replace.push(unit.name.clone());
     }
@@ -359,10 +383,15 @@ pub fn advance(rollout: &mut Rollout, observed: &(impl Reports + ?Sized), now: u
         if budget == 0 {
             break;
         }
+        if let Err(why) = budgets.take([unit.name.as_str()]) {
+            held.get_or_insert_with(|| format!("{} waits: {why}", unit.name));
+            continue;
+        }
         budget -= 1;
         unit.step = Step::Replacing { since: now };
         advance.replace.push(unit.name.clone());
     }
+    rollout.held = held;
     advance
 }
 
@@ -509,6 +538,7 @@ impl Rollout {
             canary: None,
             auto_revert: false,
             reverted: None,
+            held: None,
             ..self.clone()
         }
     }

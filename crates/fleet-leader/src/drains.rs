@@ -10,11 +10,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::drain::advance;
-use fleet_registry::{RegistryError, drain_unit_names, drain_units};
+use std::collections::HashMap;
+
+use fleet_core::UnitState;
+use fleet_core::drain::{Drain, advance_within};
+use fleet_registry::{RegistryError, UnitView, drain_unit_names, drain_units};
 use fleet_runtime::{LeaderPass, Lifecycle, Next, Triggers, while_leading};
 use tokio::sync::watch;
 
+use crate::disruptions::{BudgetView, DisruptionLedger, Shown};
 use crate::leader_store::LeaderStore;
 use crate::now;
 
@@ -24,11 +28,19 @@ const FALLBACK: Duration = Duration::from_secs(60);
 
 pub struct DrainDriver {
     registry: Arc<dyn LeaderStore>,
+    /// The disruptions this process decided, shared with the rollout driver.
+    ledger: DisruptionLedger,
 }
 
 impl DrainDriver {
     pub fn new(registry: Arc<dyn LeaderStore>) -> Self {
-        Self { registry }
+        Self { registry, ledger: DisruptionLedger::default() }
+    }
+
+    /// The driver counting disruption budgets with `ledger` (the one the rollout driver uses).
+    pub fn sharing(mut self, ledger: DisruptionLedger) -> Self {
+        self.ledger = ledger;
+        self
     }
 
     /// Steps the drains while `leads` says this fleetd leads, until `lifecycle` ends it.
@@ -46,25 +58,53 @@ impl DrainDriver {
         let units = self.registry.units_copied().await?;
         let names = drained.iter().flat_map(|(machine, drain)| drain_unit_names(&units, machine, drain)).collect();
         let states = self.registry.states_of(&names).await?;
+        let budgets = BudgetView::read(&*self.registry, &units).await?;
+        let (steps, unfinished) = self.step_all(drained, &units, &states, &budgets);
+        for (machine, drain) in steps {
+            self.registry.step_drain(&machine, &drain).await?;
+        }
+        Ok(unfinished)
+    }
+}
+
+impl DrainDriver {
+    /// Steps every drain under one decision of the ledger: the units they let go are taken from
+    /// the same budgets, and noted before they are written. Returns the drains that moved on,
+    /// and whether one still has units to move.
+    fn step_all(
+        &self,
+        drained: Vec<(String, Drain)>,
+        units: &[UnitView],
+        states: &[Arc<UnitState>],
+        budgets: &BudgetView,
+    ) -> (Vec<(String, Drain)>, bool) {
         let now = now();
         let mut unfinished = false;
+        let mut steps = Vec::new();
+        let mut decision = self.ledger.decide(budgets);
+        let mut let_go_from: HashMap<String, String> = HashMap::new();
         for (machine, mut drain) in drained {
             let before = drain.clone();
-            let concerned = drain_units(&units, &states, &machine, &before);
-            let progress = advance(&mut drain, &machine, &concerned, now);
+            let concerned = drain_units(units, states, &machine, &before);
+            let progress = advance_within(&mut drain, &machine, &concerned, now, &mut decision.budgets);
             if drain != before {
                 let let_go: Vec<&String> = drain.released.keys().filter(|unit| !before.lets_go(unit)).collect();
                 if !let_go.is_empty() {
                     tracing::info!(machine, units = ?let_go, "drain lets units go");
                 }
+                let_go_from.extend(let_go.into_iter().map(|unit| (unit.clone(), machine.clone())));
+                if let Some(held) = drain.held.as_ref().filter(|held| before.held.as_ref() != Some(*held)) {
+                    tracing::info!(machine, held, "drain waits on a disruption budget");
+                }
                 if progress.word() == "drained" {
                     tracing::info!(machine, moved = drain.moved, stay = progress.stays.len(), "machine drained");
                 }
-                self.registry.step_drain(&machine, &drain).await?;
+                steps.push((machine, drain));
             }
             unfinished |= !progress.moving.is_empty() || !progress.left.is_empty();
         }
-        Ok(unfinished)
+        decision.note(|unit| let_go_from.get(unit).cloned().map(Shown::Drain));
+        (steps, unfinished)
     }
 }
 

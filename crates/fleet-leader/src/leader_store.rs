@@ -7,7 +7,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use fleet_core::drain::Drain;
 use fleet_core::secrets::SecretPins;
-use fleet_core::{DesiredState, UnitFile, UnitState};
+use fleet_core::{DesiredState, MachineState, UnitFile, UnitState};
 use fleet_registry::{
     ApiRegistry, ChangeSignal, PageRequest, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus, UnitChange,
     UnitChanged, UnitView, Writer,
@@ -31,6 +31,8 @@ pub trait LeaderStore: Send + Sync {
     async fn units_copied(&self) -> Result<Vec<UnitView>>;
     /// The drains of the live machines, by machine ID, from the watch-fed copy likewise.
     async fn drains(&self) -> Result<Vec<(String, Drain)>>;
+    /// The live machines (a disruption budget grouped by a key reads their metadata).
+    async fn machines(&self) -> Result<Vec<MachineState>>;
     /// Stores a step of a machine's drain while that drain stands (`false` when it does not).
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool>;
     /// The states the machines report of these units, from the watch-fed copy likewise.
@@ -80,6 +82,9 @@ impl<T: ApiRegistry + ?Sized> LeaderStore for Arc<T> {
     }
     async fn drains(&self) -> Result<Vec<(String, Drain)>> {
         ApiRegistry::drains(&**self).await
+    }
+    async fn machines(&self) -> Result<Vec<MachineState>> {
+        ApiRegistry::machines(&**self).await
     }
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
         ApiRegistry::step_drain(&**self, machine_id, drain).await

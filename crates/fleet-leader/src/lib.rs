@@ -7,11 +7,13 @@
 
 #![forbid(unsafe_code)]
 
+pub mod disruptions;
 pub mod drains;
 pub mod leader_store;
 pub mod rollouts;
 pub mod syncer;
 
+pub use disruptions::DisruptionLedger;
 pub use drains::DrainDriver;
 pub use leader_store::LeaderStore;
 pub use rollouts::RolloutDriver;

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fleet_core::health::HealthStatus;
-use fleet_core::rollout::{Health, Observed, Rollout, RolloutState, advance, next_timed_step};
+use fleet_core::rollout::{Health, Observed, Rollout, RolloutState, advance, advance_within, next_timed_step};
 use fleet_core::secret_rotation::pinned;
 use fleet_core::secrets::version_identity;
 use fleet_core::{UnitFile, UnitHash, UnitState};
@@ -22,6 +22,7 @@ use fleet_registry::{RegistryError, RolledSecret, RolloutRecord, UnitChange, Uni
 use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
 
+use crate::disruptions::{BudgetView, DisruptionLedger, Shown};
 use crate::leader_store::LeaderStore;
 use crate::now;
 use fleet_runtime::{LeaderPass, Triggers, while_leading};
@@ -35,6 +36,8 @@ const MOST_SETTLING: Duration = Duration::from_millis(250);
 
 pub struct RolloutDriver {
     registry: Arc<dyn LeaderStore>,
+    /// The disruptions this process decided, shared with the drain driver.
+    ledger: DisruptionLedger,
     /// The unit names of each running rollout, by rollout name.
     followed: HashMap<String, Followed>,
     /// How long the last pass waited on its writes (waves and records).
@@ -64,6 +67,10 @@ pub fn health(state: &UnitState) -> Health {
 pub struct Followed {
     names: BTreeSet<String>,
     positions: HashMap<String, usize>,
+    /// Whether a unit of the rollout may state a disruption budget (its content before or
+    /// after does; for a secret's rollout, the content its units had when it was first read):
+    /// only then does a pass count the budgets.
+    budgeted: Option<bool>,
 }
 
 impl Followed {
@@ -71,7 +78,7 @@ impl Followed {
         let names = rollout.units.iter().map(|unit| unit.name.clone()).collect();
         let positions =
             rollout.units.iter().enumerate().map(|(position, unit)| (unit.name.clone(), position)).collect();
-        Self { names, positions }
+        Self { names, positions, budgeted: None }
     }
 
     /// Whether these are `rollout`'s units, in its order.
@@ -125,7 +132,27 @@ pub fn observed<S: Borrow<UnitState>>(
 
 impl RolloutDriver {
     pub fn new(registry: Arc<dyn LeaderStore>) -> Self {
-        Self { registry, followed: HashMap::new(), writing: Duration::ZERO }
+        Self { registry, ledger: DisruptionLedger::default(), followed: HashMap::new(), writing: Duration::ZERO }
+    }
+
+    /// The driver counting disruption budgets with `ledger` (the one the drain driver uses).
+    pub fn sharing(mut self, ledger: DisruptionLedger) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// Whether a unit of `record`'s rollout may state a disruption budget: its bodies say so,
+    /// or for a secret's rollout (which carries no bodies) the units' files as first read.
+    async fn budgeted(&self, record: &RolloutRecord, followed: &Followed) -> Result<bool, RegistryError> {
+        if let Some(budgeted) = followed.budgeted {
+            return Ok(budgeted);
+        }
+        let states_one = |text: &str| text.contains(fleet_core::disruption_budget::KEY);
+        if record.secret.is_none() {
+            return Ok(record.bodies.values().any(|body| states_one(body)));
+        }
+        let units = self.registry.units_named(&followed.names).await?;
+        Ok(!fleet_registry::budgeted_units(&units).is_empty())
     }
 
     /// Steps the rollouts while `leads` says this fleetd leads, until `lifecycle` ends it.
@@ -150,18 +177,38 @@ impl RolloutDriver {
         let now = now();
         let mut next = FALLBACK;
         self.writing = Duration::ZERO;
+        let mut any_budgeted = false;
+        for record in &running {
+            let mut followed = self.followed.remove(&record.name).unwrap_or_else(|| Followed::of(&record.rollout));
+            if !followed.fits(&record.rollout) {
+                followed = Followed::of(&record.rollout);
+            }
+            let budgeted = self.budgeted(record, &followed).await?;
+            followed.budgeted = Some(budgeted);
+            any_budgeted |= budgeted;
+            self.followed.insert(record.name.clone(), followed);
+        }
+        // The budgets are counted once a pass, from every unit, only when a unit may have one.
+        let budget_view = match any_budgeted {
+            true => Some(BudgetView::read(&*self.registry, &self.registry.units_copied().await?).await?),
+            false => None,
+        };
         for before in running {
             let began = tokio::time::Instant::now();
-            let followed = self.followed.entry(before.name.clone()).or_insert_with(|| Followed::of(&before.rollout));
-            if !followed.fits(&before.rollout) {
-                *followed = Followed::of(&before.rollout);
-            }
+            let Some(followed) = self.followed.get(&before.name) else { continue };
             let states = self.registry.states_of(&followed.names).await?;
             let read = began.elapsed();
             // The stored record is shared with the store's copy: the step works on its own.
             let mut record = RolloutRecord::clone(&before);
             let seen = observed(&states, &record.rollout, followed, record.secret.as_ref());
-            let step = advance(&mut record.rollout, seen.as_slice(), now);
+            let step = match budget_view.as_ref().filter(|_| followed.budgeted == Some(true)) {
+                Some(view) => self.step_within(&mut record, &seen, now, view),
+                None => advance(&mut record.rollout, seen.as_slice(), now),
+            };
+            if let Some(held) = record.rollout.held.as_ref().filter(|held| before.rollout.held.as_ref() != Some(*held))
+            {
+                tracing::info!(rollout = record.name, held, "rollout waits on a disruption budget");
+            }
             let stepped = began.elapsed();
             if !step.replace.is_empty() {
                 tracing::info!(rollout = record.name, units = step.replace.len(), "rolling out new content");
@@ -286,6 +333,23 @@ impl RolloutDriver {
     }
 }
 
+impl RolloutDriver {
+    /// One step of `record`'s rollout taken from the disruption budgets counted from `view`
+    /// and the ledger; the units it replaces are noted before they are written.
+    fn step_within(
+        &self,
+        record: &mut RolloutRecord,
+        seen: &[Option<Observed>],
+        now: u64,
+        view: &BudgetView,
+    ) -> fleet_core::rollout::Advance {
+        let mut decision = self.ledger.decide(view);
+        let step = advance_within(&mut record.rollout, seen, now, &mut decision.budgets);
+        decision.note(|_| Some(Shown::Rollout(record.name.clone())));
+        step
+    }
+}
+
 impl LeaderPass for RolloutDriver {
     type Error = RegistryError;
     const NAME: &'static str = "rollout pass";
@@ -350,6 +414,7 @@ mod tests {
             canary: None,
             auto_revert: false,
             reverted: None,
+            held: None,
         };
         let states = [
             state("a.service", "m1", new, "active"),

@@ -350,6 +350,7 @@ impl SourceSyncer {
             undo: false,
             auto_revert: source.gates.auto_revert,
             reverted: None,
+            held: None,
         };
         let record =
             RolloutRecord { name, rollout, bodies, created, source_commit: Some(commit.clone()), secret: None };

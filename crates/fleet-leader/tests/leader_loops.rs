@@ -87,6 +87,10 @@ impl LeaderStore for Counting {
         self.read();
         LeaderStore::drains(&self.store).await
     }
+    async fn machines(&self) -> Result<Vec<fleet_core::MachineState>> {
+        self.read();
+        LeaderStore::machines(&self.store).await
+    }
     async fn step_drain(&self, machine_id: &str, drain: &Drain) -> Result<bool> {
         self.writes.fetch_add(1, Ordering::SeqCst);
         LeaderStore::step_drain(&self.store, machine_id, drain).await
@@ -299,6 +303,7 @@ async fn store_rollout(
         canary: None,
         auto_revert: false,
         reverted: None,
+        held: None,
     };
     let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
     let record = RolloutRecord { name: "web".into(), rollout, bodies, created: 0, source_commit: None, secret: None };

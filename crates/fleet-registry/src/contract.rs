@@ -783,6 +783,7 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
             canary: None,
             auto_revert: false,
             reverted: None,
+            held: None,
         },
         bodies: [(unit("/bin/b").hash().to_string(), unit("/bin/b").serialize())].into(),
         created: 1_700_000_000,
@@ -853,6 +854,7 @@ pub async fn a_rollout_of_the_most_units_is_kept_whole(registry: &dyn Registry, 
             canary: None,
             auto_revert: false,
             reverted: None,
+            held: None,
         },
         bodies,
         created: 1_700_000_000,
@@ -896,6 +898,7 @@ pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn R
         canary: None,
         auto_revert: false,
         reverted: None,
+        held: None,
     };
     let record = RolloutRecord {
         name: "web".into(),

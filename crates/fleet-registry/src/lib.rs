@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod apply_rule;
+mod budget_members;
 pub mod codec;
 mod drain_units;
 mod import;
@@ -30,6 +31,7 @@ use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineId, MachineState, OutOfTouch, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
+pub use budget_members::{budget_members, budgeted_units};
 pub use drain_units::{drain_unit_names, drain_units};
 pub use fleet_core::schedule::SnapshotUnit;
 pub use fleet_core::schedule::departures::SilentDeparture;

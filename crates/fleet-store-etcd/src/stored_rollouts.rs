@@ -101,7 +101,7 @@ pub fn joined(head: &Head, fixed: &Fixed) -> Result<RolloutRecord, String> {
 fn without_units(record: &RolloutRecord) -> RolloutRecord {
     // Destructured in full: a field added to a rollout must be carried here too.
     let RolloutRecord { name, rollout, bodies: _, created, source_commit, secret } = record;
-    let Rollout { units: _, max_unavailable, min_ready, deadline, state, undo, canary, auto_revert, reverted } =
+    let Rollout { units: _, max_unavailable, min_ready, deadline, state, undo, canary, auto_revert, reverted, held } =
         rollout;
     RolloutRecord {
         name: name.clone(),
@@ -115,6 +115,7 @@ fn without_units(record: &RolloutRecord) -> RolloutRecord {
             canary: canary.clone(),
             auto_revert: *auto_revert,
             reverted: reverted.clone(),
+            held: held.clone(),
         },
         bodies: BTreeMap::new(),
         created: *created,
@@ -160,6 +161,7 @@ mod tests {
                 canary: None,
                 auto_revert: true,
                 reverted: None,
+                held: None,
             },
             bodies,
             created: 1_700_000_000,

@@ -11,7 +11,7 @@ use fleet_agent::{Agent, AgentConfig};
 use fleet_api::listen::ApiListener;
 use fleet_core::{Connection, MachineState};
 use fleet_engine::{Engine, EngineConfig};
-use fleet_leader::{DrainDriver, RolloutDriver, SourceSyncer, SyncerConfig};
+use fleet_leader::{DisruptionLedger, DrainDriver, RolloutDriver, SourceSyncer, SyncerConfig};
 use fleet_runtime::Lifecycle;
 use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{LogLimits, NativeManager, NativeOptions};
@@ -303,13 +303,16 @@ impl Components for ClusterMember {
         tasks.spawn(supervise("source syncer", move || {
             SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone())).run(leading.clone(), running.clone())
         }));
+        // The rollout and drain drivers take their disruptions from the same budgets.
+        let ledger = DisruptionLedger::default();
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
+        let shared = ledger.clone();
         tasks.spawn(supervise("rollout driver", move || {
-            RolloutDriver::new(Arc::new(registry.clone())).run(leading.clone(), running.clone())
+            RolloutDriver::new(Arc::new(registry.clone())).sharing(shared.clone()).run(leading.clone(), running.clone())
         }));
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         tasks.spawn(supervise("drain driver", move || {
-            DrainDriver::new(Arc::new(registry.clone())).run(leading.clone(), running.clone())
+            DrainDriver::new(Arc::new(registry.clone())).sharing(ledger.clone()).run(leading.clone(), running.clone())
         }));
         if let Some(chores) = self.chores.clone() {
             tasks.spawn(supervise("store chores", move || {

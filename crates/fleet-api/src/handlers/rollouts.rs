@@ -178,6 +178,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         undo: false,
         auto_revert: gates.auto_revert,
         reverted: None,
+        held: None,
     };
     let record = RolloutRecord {
         name: name.to_string(),

@@ -136,6 +136,7 @@ pub async fn start_rollout(
         undo: false,
         auto_revert: waves.gates.auto_revert,
         reverted: None,
+        held: None,
     };
     let record = RolloutRecord {
         name: name.to_string(),

@@ -17,6 +17,7 @@ pub(super) fn rollout(count: usize, max_unavailable: MaxUnavailable) -> Rollout 
         canary: None,
         auto_revert: false,
         reverted: None,
+        held: None,
     }
 }
 
