@@ -114,7 +114,7 @@ impl fmt::Display for Held {
 }
 
 /// One group's budget for one value of its key: how many may be down, and how many are.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Bucket {
     group: String,
     value: Option<String>,
@@ -124,7 +124,7 @@ struct Bucket {
 }
 
 /// The disruption ledger of one decision: every budgeted unit's bucket, and which are down.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Budgets {
     buckets: Vec<Bucket>,
     /// Each budgeted unit: its bucket and whether it counts as down.

@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod budget_view;
 mod cluster_counts;
 mod jobs;
 pub use jobs::Clock;
@@ -21,7 +22,7 @@ use fleet_core::schedule::{
     UnscheduleReason, contents_alone_changed,
 };
 use fleet_core::{MachineState, UnitHash};
-use fleet_registry::{EngineLease, EngineRegistry, EngineSnapshot, RegistryError};
+use fleet_registry::{DisruptionLedger, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Shown};
 use fleet_runtime::{Lifecycle, Next, Reconciler, TriggerId, Triggers};
 use tokio::sync::watch;
 
@@ -100,6 +101,12 @@ pub struct Engine {
     store_was_away: bool,
     /// When this engine last read the cluster (its leadership renewed).
     cluster_read: Option<std::time::Instant>,
+    /// The disruptions this process decided: the leader's rollout and drain drivers take
+    /// theirs from the same budgets.
+    ledger: DisruptionLedger,
+    /// Whether a disruption budget held back an eviction or a preemption in the last plan:
+    /// the machines' reports wake the engine then, and each pass plans in full.
+    budget_held: bool,
 }
 
 impl Engine {
@@ -133,7 +140,16 @@ impl Engine {
             store_was_away: false,
             cluster_read: None,
             silent_written: None,
+            ledger: DisruptionLedger::default(),
+            budget_held: false,
         }
+    }
+
+    /// Takes the engine's evictions and preemptions from the disruption budgets through
+    /// `ledger`, the one the leader's other drivers use.
+    pub fn with_disruption_ledger(mut self, ledger: DisruptionLedger) -> Self {
+        self.ledger = ledger;
+        self
     }
 
     /// Reads the wall clock through `clock` (a simulation's, whose time is its own).
@@ -180,7 +196,13 @@ impl Engine {
     /// engine while they do, and while a scheduled unit's run is active.
     fn set_departing(&mut self, departing: bool) {
         self.departing = departing;
-        self.changes.set_waking(self.state_changes, departing || self.jobs.running());
+        self.set_waking();
+    }
+
+    /// The machines' reports wake the engine while units wait for a machine to stop them,
+    /// while a scheduled unit's run is active, and while a disruption budget holds a plan back.
+    fn set_waking(&mut self) {
+        self.changes.set_waking(self.state_changes, self.departing || self.jobs.running() || self.budget_held);
     }
 
     /// With nothing else changed, whether a departure ended (its machine stopped the unit):
@@ -368,10 +390,31 @@ impl Engine {
             Ok(cluster) => cluster,
             Err(error) => return Err(self.failed_write(error)),
         };
-        self.changes.set_waking(self.state_changes, self.departing || self.jobs.running());
+        self.set_waking();
         let (cluster, staying) = self.without_held_units(&lease, cluster).await?;
-        let (cluster, held) = self.without_departing_units(&lease, cluster).await?;
-        let (mut decided, scope) = self.planner.plan(&cluster);
+        let (mut cluster, held) = self.without_departing_units(&lease, cluster).await?;
+        let budget_view = budget_view::read(&*self.registry, &cluster, &listed.1).await?;
+        let (mut decided, scope) = match &budget_view {
+            None => self.planner.plan(&cluster),
+            // The plan takes its evictions and preemptions from the budgets while it holds the
+            // ledger, and notes them before they are written.
+            Some(view) => {
+                let decision = self.ledger.decide(view);
+                cluster.budgets = decision.budgets.clone();
+                let planned = self.planner.plan(&cluster);
+                decision.note_these(
+                    planned.0.disrupted.iter().map(|(unit, machine)| (unit.clone(), Shown::Left(machine.clone()))),
+                );
+                planned
+            }
+        };
+        // A plan a budget held back may differ once a unit comes back up, with nothing else
+        // changed: the reports wake the engine, and the next plan is a full one.
+        self.budget_held = decided.budget_held();
+        if self.budget_held {
+            self.planner.forget();
+        }
+        self.set_waking();
         decided.wait_for_departures(held);
         // A unit the plan moves off a present machine is placed once that machine stopped it.
         if decided.defer_moves_off(&cluster) {
@@ -380,7 +423,7 @@ impl Engine {
         }
         // A snapshot planned while units are held is planned again when the hold ends; one
         // planned while units wait for the machine they left, when one of those ends.
-        let planned = self.hold_ends.is_none().then_some(revision);
+        let planned = (self.hold_ends.is_none() && !self.budget_held).then_some(revision);
         self.planning = planning.elapsed();
         // Services kept off every machine after a failure say why, as unplaced units do.
         decided.kept_off = self.jobs.off_reasons().to_vec();

@@ -18,9 +18,10 @@ use fleet_registry::{RegistryError, UnitView, drain_unit_names, drain_units};
 use fleet_runtime::{LeaderPass, Lifecycle, Next, Triggers, while_leading};
 use tokio::sync::watch;
 
-use crate::disruptions::{BudgetView, DisruptionLedger, Shown};
+use crate::budget_view::read_budget_view;
 use crate::leader_store::LeaderStore;
 use crate::now;
+use fleet_registry::{BudgetView, DisruptionLedger, Shown};
 
 /// The longest a drain with units moving goes without a pass though nothing changed: a
 /// safety net under the change signals.
@@ -58,7 +59,7 @@ impl DrainDriver {
         let units = self.registry.units_copied().await?;
         let names = drained.iter().flat_map(|(machine, drain)| drain_unit_names(&units, machine, drain)).collect();
         let states = self.registry.states_of(&names).await?;
-        let budgets = BudgetView::read(&*self.registry, &units).await?;
+        let budgets = read_budget_view(&*self.registry, &units).await?;
         let (steps, unfinished) = self.step_all(drained, &units, &states, &budgets);
         for (machine, drain) in steps {
             self.registry.step_drain(&machine, &drain).await?;
@@ -103,7 +104,7 @@ impl DrainDriver {
             }
             unfinished |= !progress.moving.is_empty() || !progress.left.is_empty();
         }
-        decision.note(|unit| let_go_from.get(unit).cloned().map(Shown::Drain));
+        decision.note(|unit| let_go_from.get(unit).cloned().map(Shown::Left));
         (steps, unfinished)
     }
 }

@@ -7,14 +7,14 @@
 
 #![forbid(unsafe_code)]
 
-pub mod disruptions;
+pub mod budget_view;
 pub mod drains;
 pub mod leader_store;
 pub mod rollouts;
 pub mod syncer;
 
-pub use disruptions::DisruptionLedger;
 pub use drains::DrainDriver;
+pub use fleet_registry::DisruptionLedger;
 pub use leader_store::LeaderStore;
 pub use rollouts::RolloutDriver;
 pub use syncer::{SourceSyncer, SyncerConfig};

@@ -22,9 +22,10 @@ use fleet_registry::{RegistryError, RolledSecret, RolloutRecord, UnitChange, Uni
 use fleet_runtime::{Lifecycle, Next};
 use tokio::sync::watch;
 
-use crate::disruptions::{BudgetView, DisruptionLedger, Shown};
+use crate::budget_view::read_budget_view;
 use crate::leader_store::LeaderStore;
 use crate::now;
+use fleet_registry::{BudgetView, DisruptionLedger, Shown};
 use fleet_runtime::{LeaderPass, Triggers, while_leading};
 
 /// The longest a running rollout goes without a pass though nothing changed: a safety net
@@ -190,7 +191,7 @@ impl RolloutDriver {
         }
         // The budgets are counted once a pass, from every unit, only when a unit may have one.
         let budget_view = match any_budgeted {
-            true => Some(BudgetView::read(&*self.registry, &self.registry.units_copied().await?).await?),
+            true => Some(read_budget_view(&*self.registry, &self.registry.units_copied().await?).await?),
             false => None,
         };
         for before in running {

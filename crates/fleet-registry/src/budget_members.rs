@@ -5,42 +5,77 @@
 use std::borrow::Borrow;
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use fleet_core::disruption_budget::{DisruptionBudget, Member, budget_of};
+use fleet_core::disruption_budget::{DisruptionBudget, KEY, Member};
 use fleet_core::drain::Drain;
 use fleet_core::health::HealthStatus;
 use fleet_core::rollout::{RolloutState, Step};
-use fleet_core::unit_file::last_value;
-use fleet_core::{DesiredState, MachineState, Requirements, UnitState};
+use fleet_core::unit_file::{X_FLEET, last_value};
+use fleet_core::{DesiredState, MachineState, Requirements, UnitHash, UnitState};
 
 use crate::{RolloutRecord, UnitView};
 
-/// The units among `units` whose file states a disruption budget, with it (read once here:
-/// the callers ask the machines' reports of these alone).
-pub fn budgeted_units(units: &[UnitView]) -> Vec<(&UnitView, DisruptionBudget)> {
+/// A unit whose file states a disruption budget, as the ledger needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetedUnit {
+    pub name: String,
+    /// Its content now: only a report of it counts as the unit running.
+    pub hash: UnitHash,
+    pub desired: DesiredState,
+    /// The machine it is scheduled on.
+    pub machine_id: Option<String>,
+    /// Its group: its `SpreadGroup=`, else its template.
+    pub group: String,
+    pub budget: DisruptionBudget,
+}
+
+impl BudgetedUnit {
+    /// The unit named `name` of content `hash` with `requirements`, if it has a budget.
+    pub fn of(
+        name: &str,
+        hash: UnitHash,
+        desired: DesiredState,
+        machine_id: Option<&str>,
+        requirements: &Requirements,
+    ) -> Option<Self> {
+        let budget = requirements.disruption_budget.clone()?;
+        Some(Self {
+            name: name.to_string(),
+            hash,
+            desired,
+            machine_id: machine_id.map(str::to_string),
+            group: requirements.spread_group_of(name),
+            budget,
+        })
+    }
+}
+
+/// The units among `units` whose file states a disruption budget (their requirements are
+/// read only for those: the callers ask the machines' reports of these alone).
+pub fn budgeted_units(units: &[UnitView]) -> Vec<BudgetedUnit> {
     units
         .iter()
-        .filter(|unit| {
-            !unit.global
-                && last_value(unit.file.options(), fleet_core::unit_file::X_FLEET, "DisruptionBudget").is_some()
+        .filter(|unit| !unit.global && last_value(unit.file.options(), X_FLEET, KEY).is_some())
+        .filter_map(|unit| {
+            let requirements = Requirements::from_unit(&unit.name, &unit.file);
+            BudgetedUnit::of(&unit.name, unit.hash, unit.desired, unit.machine_id.as_deref(), &requirements)
         })
-        .filter_map(|unit| Some((unit, budget_of(&unit.name, unit.file.options()).ok().flatten()?)))
         .collect()
 }
 
-/// Every budgeted unit that should run (`budgeted`, from [`budgeted_units`]) as the ledger
+/// Every budgeted unit that should run (`budgeted`) as the ledger
 /// counts it. It is down when the machine it is scheduled on does not report it on its
 /// current content as it should be (active and not unhealthy, when it should run), when a
 /// drain let it go, when a running rollout is replacing it, or when `pending` says a
 /// disruption decided a moment ago has not reached what the store shows yet.
-pub fn budget_members<U: Borrow<UnitView>, S: Borrow<UnitState>>(
-    budgeted: &[(U, DisruptionBudget)],
+pub fn budget_members<S: Borrow<UnitState>>(
+    budgeted: &[BudgetedUnit],
     states: &[S],
     drains: &[(String, Drain)],
     rollouts: &[impl Borrow<RolloutRecord>],
     machines: &[MachineState],
-    pending: impl Fn(&UnitView) -> bool,
+    pending: impl Fn(&BudgetedUnit) -> bool,
 ) -> Vec<Member> {
-    let names: BTreeSet<&str> = budgeted.iter().map(|(unit, _)| unit.borrow().name.as_str()).collect();
+    let names: BTreeSet<&str> = budgeted.iter().map(|unit| unit.name.as_str()).collect();
     let mut reports: HashMap<&str, Vec<&UnitState>> = HashMap::new();
     for state in states.iter().map(Borrow::borrow).filter(|state| names.contains(state.name.as_str())) {
         reports.entry(state.name.as_str()).or_default().push(state);
@@ -59,9 +94,8 @@ pub fn budget_members<U: Borrow<UnitView>, S: Borrow<UnitState>>(
         machines.iter().map(|machine| (machine.id.as_str(), &machine.metadata)).collect();
     budgeted
         .iter()
-        .map(|(unit, budget)| (unit.borrow(), budget))
-        .filter(|(unit, _)| unit.desired != DesiredState::Inactive)
-        .map(|(unit, budget)| {
+        .filter(|unit| unit.desired != DesiredState::Inactive)
+        .map(|unit| {
             let on = unit.machine_id.as_deref();
             let runs_well = reports.get(unit.name.as_str()).into_iter().flatten().any(|state| {
                 Some(state.machine_id.as_str()) == on
@@ -72,9 +106,8 @@ pub fn budget_members<U: Borrow<UnitView>, S: Borrow<UnitState>>(
             });
             let name = unit.name.as_str();
             let down = !runs_well || released.contains(name) || replacing.contains(name) || pending(unit);
-            let value = budget.by.as_ref().and_then(|key| metadata.get(on?)?.get(key).cloned());
-            let group = Requirements::from_unit(&unit.name, &unit.file).spread_group_of(&unit.name);
-            Member { name: unit.name.clone(), group, budget: budget.clone(), value, down }
+            let value = unit.budget.by.as_ref().and_then(|key| metadata.get(on?)?.get(key).cloned());
+            Member { name: unit.name.clone(), group: unit.group.clone(), budget: unit.budget.clone(), value, down }
         })
         .collect()
 }

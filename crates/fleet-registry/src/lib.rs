@@ -14,6 +14,7 @@
 pub mod apply_rule;
 mod budget_members;
 pub mod codec;
+mod disruption_ledger;
 mod drain_units;
 mod import;
 pub mod machine_identity;
@@ -31,7 +32,8 @@ use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineId, MachineState, OutOfTouch, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
-pub use budget_members::{budget_members, budgeted_units};
+pub use budget_members::{BudgetedUnit, budget_members, budgeted_units};
+pub use disruption_ledger::{BudgetView, Decision as DisruptionDecision, DisruptionLedger, Shown};
 pub use drain_units::{drain_unit_names, drain_units};
 pub use fleet_core::schedule::SnapshotUnit;
 pub use fleet_core::schedule::departures::SilentDeparture;

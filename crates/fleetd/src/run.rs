@@ -287,10 +287,14 @@ impl Components for ClusterMember {
             preemption: config.preemption,
         };
         let (leads, leads_watch) = watch::channel(false);
-        let (registry, running) = (self.registry.clone(), lifecycle.clone());
+        // The engine, the rollout driver and the drain driver take their disruptions from the
+        // same budgets.
+        let ledger = DisruptionLedger::default();
+        let (registry, running, shared) = (self.registry.clone(), lifecycle.clone(), ledger.clone());
         tasks.spawn(supervise("engine", move || {
             Engine::new(engine_config.clone(), registry.clone())
                 .with_leadership_signal(leads.clone())
+                .with_disruption_ledger(shared.clone())
                 .run(running.clone())
         }));
         let syncer_config = SyncerConfig {
@@ -303,8 +307,6 @@ impl Components for ClusterMember {
         tasks.spawn(supervise("source syncer", move || {
             SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone())).run(leading.clone(), running.clone())
         }));
-        // The rollout and drain drivers take their disruptions from the same budgets.
-        let ledger = DisruptionLedger::default();
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         let shared = ledger.clone();
         tasks.spawn(supervise("rollout driver", move || {

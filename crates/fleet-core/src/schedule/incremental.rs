@@ -234,6 +234,7 @@ impl Settled {
             strategy: snapshot.strategy,
             preemption: snapshot.preemption,
             preempted: snapshot.preempted.clone(),
+            budgets: snapshot.budgets.clone(),
         };
         part.units.extend(changed.iter().map(|position| snapshot.units[*position].clone()));
         part.units.extend(

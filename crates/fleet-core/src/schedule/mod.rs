@@ -53,6 +53,10 @@ pub struct ClusterSnapshot {
     /// room: their reason says so while they wait. The engine remembers them; a plan adds its
     /// own.
     pub preempted: std::collections::BTreeMap<String, preemption::Preemptor>,
+    /// The disruption budgets of the units' groups, as counted when the snapshot was taken:
+    /// an eviction by a taint's `:evict` and a preemption are taken from them, and wait while
+    /// a budget holds them ([`crate::disruption_budget`]). Empty: nothing holds them.
+    pub budgets: crate::disruption_budget::Budgets,
 }
 
 /// How the engine chooses among the machines a unit fits on.
@@ -102,6 +106,12 @@ pub struct Plan {
     /// Units left on a machine gone while their stay there lasts (`LostAfter=`,
     /// `AtMostOnce=`), with why: set by the engine, as `kept_off` is.
     pub staying: Vec<(String, String)>,
+    /// Units a taint's `:evict` would move that stay where they are because their group's
+    /// disruption budget holds them, with why.
+    pub held: Vec<(String, String)>,
+    /// The units this plan takes down by choice (evicted by a taint, preempted), each with the
+    /// machine it leaves: what the budgets were taken for.
+    pub disrupted: Vec<(String, String)>,
     /// Every machine, in ID order, with the units (global ones included) and reservations the
     /// plan leaves on it.
     pub loads: Vec<MachineLoad>,
@@ -124,10 +134,17 @@ impl Plan {
             .stuck
             .iter()
             .map(|(unit, reason)| (unit.clone(), format!("cannot leave its draining machine: {reason}")));
-        let notes = self.spread_notes.iter().chain(&self.kept_off).chain(&self.staying).cloned();
+        let notes = self.spread_notes.iter().chain(&self.kept_off).chain(&self.staying).chain(&self.held).cloned();
         let mut texts: Vec<(String, String)> = unplaced.chain(stuck).chain(notes).collect();
         texts.sort();
         texts
+    }
+
+    /// Whether a disruption budget held back an eviction or a preemption: the plan may differ
+    /// once the budget has room again, with nothing else changed.
+    pub fn budget_held(&self) -> bool {
+        !self.held.is_empty()
+            || self.unplaced.iter().any(|(_, reason)| matches!(reason, UnplacedReason::PreemptionHeld { .. }))
     }
 
     /// Whether writing this plan changes anything, given the reasons written last time: an

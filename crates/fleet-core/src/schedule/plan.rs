@@ -10,6 +10,7 @@ use super::reason::{Refusal, UnplacedReason, UnscheduleReason};
 use super::working::{Load, Rank, Relation, UnitIndex, Working};
 use super::{ClusterSnapshot, Decision, MachineLoad, Plan};
 use crate::agent_plan::global_unit_runs;
+use crate::disruption_budget::Budgets;
 use crate::state::DesiredState;
 use crate::unit_name::UnitNameInfo;
 
@@ -53,7 +54,8 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
     let (globals, placeable): (Vec<UnitIndex>, Vec<UnitIndex>) =
         order.iter().partition(|index| unit(**index).requirements.global);
 
-    keep_scheduled_units(&mut working, &mut plan, &mut placed, &placeable);
+    let mut budgets = snapshot.budgets.clone();
+    keep_scheduled_units(&mut working, &mut plan, &mut placed, &placeable, &mut budgets);
     count_global_units(&mut working, &globals);
     let mut index_cache = MetadataIndex::default();
     move_drained_units(&mut working, &mut plan, &mut placed, &placeable, &mut index_cache);
@@ -87,7 +89,7 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
         if !(placed_any && (followers_left || evicted_any)) {
             let mut preempted = VecDeque::new();
             if snapshot.preemption {
-                preempt(&mut working, &mut plan, &mut placed, &mut failed, &mut budget, &mut preempted);
+                preempt(&mut working, &mut plan, &mut placed, &mut failed, &mut budget, &mut preempted, &mut budgets);
             }
             if preempted.is_empty() {
                 plan.unplaced = failed
@@ -99,6 +101,12 @@ pub(super) fn plan_with(snapshot: &ClusterSnapshot, baseline: Option<&[Load]>) -
                                 UnplacedReason::Preempted(preemptor.clone(), Box::new(reason))
                             }
                             _ => reason,
+                        };
+                        let reason = match budget.held.remove(&index) {
+                            Some((victims, held)) => {
+                                UnplacedReason::PreemptionHeld { victims, held, then: Box::new(reason) }
+                            }
+                            None => reason,
                         };
                         (name.clone(), reason)
                     })
@@ -211,6 +219,7 @@ fn keep_scheduled_units(
     plan: &mut Plan,
     placed: &mut PlacedInThisPlan,
     placeable: &[UnitIndex],
+    budgets: &mut Budgets,
 ) {
     for &index in placeable {
         let unit = working.unit(index);
@@ -232,9 +241,12 @@ fn keep_scheduled_units(
     // nothing is evicted for a unit that is itself about to leave.
     // Evicted units are placed again with every other unplaced unit, so this queue is unused.
     let mut requeue = VecDeque::new();
+    // Units a taint's `:evict` would move that their disruption budget keeps where they are.
+    let mut kept: HashSet<UnitIndex> = HashSet::new();
     loop {
         let leaving: Vec<(UnitIndex, Refusal)> = placeable
             .iter()
+            .filter(|index| !kept.contains(index))
             .filter_map(|&index| {
                 let rank = working.placement(index)?;
                 fits_machine(working, index, rank).err().map(|reason| (index, reason))
@@ -244,6 +256,16 @@ fn keep_scheduled_units(
             break;
         }
         for (index, reason) in leaving {
+            if let Refusal::Tainted { machine, taint } = &reason {
+                let going = leaving_together(working, index);
+                if let Err(held) = budgets.take(going.iter().map(String::as_str)) {
+                    let text = format!("stays on machine {machine} despite its taint {taint} (:evict): {held}");
+                    plan.held.push((working.unit(index).name.clone(), text));
+                    kept.insert(index);
+                    continue;
+                }
+                plan.disrupted.extend(going.into_iter().map(|unit| (unit, machine.clone())));
+            }
             evict(working, plan, placed, index, UnscheduleReason::CannotRunThere(reason), &mut requeue);
         }
     }
@@ -352,16 +374,36 @@ fn count_global_units(working: &mut Working<'_>, globals: &[UnitIndex]) {
     }
 }
 
-/// What preemption may still do in this plan, and who took each unit's room.
+/// The names of `unit` and of its `MachineOf=` followers on its machine (chains included):
+/// what [`evict`] takes off that machine with it.
+fn leaving_together(working: &Working<'_>, unit: UnitIndex) -> Vec<String> {
+    let rank = working.placement(unit);
+    let mut names = vec![working.unit(unit).name.clone()];
+    let mut next = vec![unit];
+    while let Some(leader) = next.pop() {
+        for &follower in working.followers(leader) {
+            let name = &working.unit(follower).name;
+            if working.placement(follower) == rank && !names.contains(name) {
+                names.push(name.clone());
+                next.push(follower);
+            }
+        }
+    }
+    names
+}
+
+/// What preemption may still do in this plan, who took each unit's room, and the units whose
+/// preemption a disruption budget held (the victims it would have taken, and the hold).
 struct PreemptionBudget {
     victims: usize,
     looks: usize,
     preemptors: HashMap<UnitIndex, Preemptor>,
+    held: HashMap<UnitIndex, (Vec<String>, String)>,
 }
 
 impl Default for PreemptionBudget {
     fn default() -> Self {
-        Self { victims: PREEMPTED_PER_PLAN, looks: LOOKS_PER_PLAN, preemptors: HashMap::new() }
+        Self { victims: PREEMPTED_PER_PLAN, looks: LOOKS_PER_PLAN, preemptors: HashMap::new(), held: HashMap::new() }
     }
 }
 
@@ -376,6 +418,7 @@ fn preempt(
     failed: &mut Vec<(UnitIndex, UnplacedReason)>,
     budget: &mut PreemptionBudget,
     preempted: &mut VecDeque<UnitIndex>,
+    budgets: &mut Budgets,
 ) {
     let Some(lowest) = lowest_placed(working) else {
         return;
@@ -401,6 +444,15 @@ fn preempt(
         let Some((rank, victims)) = choose_victims(working, index, budget.victims) else {
             continue;
         };
+        let going: Vec<String> = victims.iter().flat_map(|victim| leaving_together(working, *victim)).collect();
+        if let Err(held) = budgets.take(going.iter().map(String::as_str)) {
+            let names = victims.iter().map(|victim| working.unit(*victim).name.clone()).collect();
+            budget.held.insert(index, (names, held.to_string()));
+            continue;
+        }
+        let machine = working.machine(rank).id.clone();
+        plan.disrupted.extend(going.into_iter().map(|unit| (unit, machine.clone())));
+        budget.held.remove(&index);
         let spec = working.unit(index);
         let preemptor = Preemptor { unit: spec.name.clone(), priority: spec.requirements.priority };
         budget.victims -= victims.len();

@@ -140,6 +140,13 @@ pub enum UnplacedReason {
     /// Preempted by a unit of a higher priority, and placed nowhere since, for the reason
     /// that follows.
     Preempted(Preemptor, Box<UnplacedReason>),
+    /// It found no room, and taking the room of the lower-priority units named is held by
+    /// their disruption budget (the text says which).
+    PreemptionHeld {
+        victims: Vec<String>,
+        held: String,
+        then: Box<UnplacedReason>,
+    },
 }
 
 /// Among the machines a unit's rules allow, the one with the most of each resource free.
@@ -228,6 +235,9 @@ impl fmt::Display for UnplacedReason {
             Self::NoRoom { needs, closest } => write_no_room(f, *needs, closest),
             Self::LeavingMachine(machine) => write!(f, "waits for machine {machine} to stop it"),
             Self::Preempted(preemptor, then) => write!(f, "{preemptor}: {then}"),
+            Self::PreemptionHeld { victims, held, then } => {
+                write!(f, "{then}; preempting {} is {held}", victims.join(", "))
+            }
         }
     }
 }

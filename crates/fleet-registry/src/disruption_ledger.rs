@@ -1,26 +1,26 @@
-//! The disruption ledger the engine leader's drivers share: every voluntary disruption (a
-//! rollout's wave, a drain's units let go) is taken from the disruption budgets of the units'
-//! groups (`fleet_core::disruption_budget`), counted from what the store shows plus the
-//! disruptions decided in this process that the store does not show yet.
+//! The disruption ledger of the engine leader's process: every voluntary disruption (a
+//! rollout's wave, a drain's units let go, the engine's evictions by a taint and its
+//! preemptions) is taken from the disruption budgets of the units' groups
+//! (`fleet_core::disruption_budget`), counted from what the store shows plus the disruptions
+//! decided in this process that the store does not show yet.
 //!
-//! The drivers run side by side and read the store's watch-fed copy, which a write reaches a
+//! The deciders run side by side and read the store's watch-fed copy, which a write reaches a
 //! moment later: without the ledger, a drain and a rollout stepping at once could each see one
 //! unit of a budget of 1 down and take another. So each decision is made under the ledger's
 //! lock, with the disruptions noted by the others and not yet shown by the copy it read counted
 //! down, and notes its own before it writes them.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use fleet_core::MachineState;
-use fleet_core::disruption_budget::{Budgets, DisruptionBudget};
+use fleet_core::disruption_budget::Budgets;
 use fleet_core::drain::Drain;
 use fleet_core::rollout::{RolloutState, Step};
 use fleet_core::unpoisoned::Locked;
-use fleet_registry::{RegistryError, RolloutRecord, UnitView, budget_members, budgeted_units};
+use fleet_core::{MachineState, UnitState};
 
-use crate::leader_store::LeaderStore;
+use crate::{BudgetedUnit, RolloutRecord, budget_members};
 
 /// How long a disruption no view has shown yet counts down by the note alone: far past any
 /// write's way to the store's copy (a write that failed leaves a note behind, held this long).
@@ -33,8 +33,8 @@ const SHOWN: Duration = Duration::from_secs(60);
 /// What shows that a noted disruption reached the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Shown {
-    /// The drain of this machine let the unit go (or it left the machine).
-    Drain(String),
+    /// The unit is no longer scheduled on this machine, or the machine's drain let it go.
+    Left(String),
     /// This rollout started on the unit.
     Rollout(String),
 }
@@ -47,51 +47,29 @@ struct Note {
     seen: Option<Instant>,
 }
 
-/// The disruptions decided in this process, shared by the drivers.
+/// The disruptions decided in this process, shared by its deciders (clones share one ledger).
 #[derive(Clone, Debug, Default)]
 pub struct DisruptionLedger {
     notes: Arc<Mutex<HashMap<String, Note>>>,
 }
 
-/// What a driver read of the store to count the budgets: the budgeted units, the reports of
-/// them, the drains, the rollouts and (where a budget is grouped by a key) the machines.
+/// What a decider read of the store to count the budgets from: the budgeted units, the
+/// reports of them, the drains, the rollouts and (where a budget is grouped by a key) the
+/// machines.
+#[derive(Clone, Debug, Default)]
 pub struct BudgetView {
-    units: Vec<(UnitView, DisruptionBudget)>,
-    states: Vec<Arc<fleet_core::UnitState>>,
-    drains: Vec<(String, Drain)>,
-    rollouts: Vec<Arc<RolloutRecord>>,
-    machines: Vec<MachineState>,
+    pub units: Vec<BudgetedUnit>,
+    pub states: Vec<Arc<UnitState>>,
+    pub drains: Vec<(String, Drain)>,
+    pub rollouts: Vec<Arc<RolloutRecord>>,
+    pub machines: Vec<MachineState>,
 }
 
 impl BudgetView {
-    /// Reads what the budgets are counted from, given every unit (`units`, the store's copy).
-    /// With no unit budgeted it reads nothing more.
-    pub async fn read(store: &dyn LeaderStore, units: &[UnitView]) -> Result<Self, RegistryError> {
-        let budgeted = budgeted_units(units);
-        let mut view = Self {
-            units: budgeted.iter().map(|(unit, budget)| ((*unit).clone(), budget.clone())).collect(),
-            states: Vec::new(),
-            drains: Vec::new(),
-            rollouts: Vec::new(),
-            machines: Vec::new(),
-        };
-        if budgeted.is_empty() {
-            return Ok(view);
-        }
-        let names: BTreeSet<String> = budgeted.iter().map(|(unit, _)| unit.name.clone()).collect();
-        view.states = store.states_of(&names).await?;
-        view.drains = store.drains().await?;
-        view.rollouts = store.rollouts().await?;
-        if budgeted.iter().any(|(_, budget)| budget.by.is_some()) {
-            view.machines = store.machines().await?;
-        }
-        Ok(view)
-    }
-
     /// Whether the view shows `shown` for `unit`.
-    fn shows(&self, unit: &UnitView, shown: &Shown) -> bool {
+    fn shows(&self, unit: &BudgetedUnit, shown: &Shown) -> bool {
         match shown {
-            Shown::Drain(machine) => {
+            Shown::Left(machine) => {
                 unit.machine_id.as_deref() != Some(machine.as_str())
                     || self
                         .drains
@@ -112,7 +90,7 @@ impl BudgetView {
 pub struct Decision<'a> {
     pub budgets: Budgets,
     before: Budgets,
-    notes: std::sync::MutexGuard<'a, HashMap<String, Note>>,
+    notes: MutexGuard<'a, HashMap<String, Note>>,
 }
 
 impl DisruptionLedger {
@@ -121,7 +99,7 @@ impl DisruptionLedger {
     pub fn decide(&self, view: &BudgetView) -> Decision<'_> {
         let mut notes = self.notes.locked();
         let now = Instant::now();
-        let by_name: HashMap<&str, &UnitView> = view.units.iter().map(|(unit, _)| (unit.name.as_str(), unit)).collect();
+        let by_name: HashMap<&str, &BudgetedUnit> = view.units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
         for (name, note) in notes.iter_mut() {
             if note.seen.is_none() && by_name.get(name.as_str()).is_none_or(|unit| view.shows(unit, &note.shown)) {
                 note.seen = Some(now);
@@ -132,7 +110,7 @@ impl DisruptionLedger {
             None => now.duration_since(note.noted) < UNSHOWN,
         });
         // A note this view does not show counts down; one it shows, it counts by itself.
-        let pending = |unit: &UnitView| notes.get(&unit.name).is_some_and(|note| !view.shows(unit, &note.shown));
+        let pending = |unit: &BudgetedUnit| notes.get(&unit.name).is_some_and(|note| !view.shows(unit, &note.shown));
         let members = budget_members(&view.units, &view.states, &view.drains, &view.rollouts, &view.machines, pending);
         let budgets = Budgets::new(members);
         Decision { before: budgets.clone(), budgets, notes }
@@ -140,6 +118,15 @@ impl DisruptionLedger {
 }
 
 impl Decision<'_> {
+    /// Notes `units`, each with what will show it (the units a decision took from a copy of
+    /// [`Decision::budgets`]), and lets the other deciders decide.
+    pub fn note_these(mut self, units: impl IntoIterator<Item = (String, Shown)>) {
+        let now = Instant::now();
+        for (name, shown) in units {
+            self.notes.insert(name, Note { shown, noted: now, seen: None });
+        }
+    }
+
     /// Notes every unit the decision took down, each with what will show it, and lets the
     /// other drivers decide.
     pub fn note(mut self, shown: impl Fn(&str) -> Option<Shown>) {
