@@ -259,7 +259,7 @@ fn keep_scheduled_units(
             if let Refusal::Tainted { machine, taint } = &reason {
                 let going = leaving_together(working, index);
                 if let Err(held) = budgets.take(going.iter().map(String::as_str)) {
-                    let text = format!("stays on machine {machine} despite its taint {taint} (:evict): {held}");
+                    let text = format!("stays on machine {machine} despite its taint {taint}: {held}");
                     plan.held.push((working.unit(index).name.clone(), text));
                     kept.insert(index);
                     continue;
@@ -278,6 +278,8 @@ fn keep_scheduled_units(
             circular_partner_placed(working, index, &targets).and_then(|()| able_to_run(working, index, rank));
         let reason = match refusal {
             Ok(()) => continue,
+            // Its budget keeps it beside the taint (above).
+            Err(Refusal::Tainted { .. }) if kept.contains(&index) => continue,
             Err(Refusal::ReplacedBy(other)) => UnscheduleReason::ReplacedBy(other),
             Err(reason) => UnscheduleReason::CannotRunThere(reason),
         };
