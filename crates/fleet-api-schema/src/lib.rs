@@ -136,6 +136,10 @@ pub struct MachineDrain {
     /// Units that stay on the machine, each with why (`reason`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stays: Vec<DrainingUnit>,
+    /// Why the next unit waits though the drain's own max-unavailable has room: the
+    /// disruption budget of its group (`[X-Fleet] DisruptionBudget=`) that holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -907,6 +911,10 @@ pub struct Rollout {
     /// Why it undid itself: the gate that failed (an undo begun by `autoRevert`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reverted: Option<String>,
+    /// Why its next unit waits though its max-unavailable has room: the disruption budget of
+    /// the unit's group (`[X-Fleet] DisruptionBudget=`) that holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
     /// For a rollout of a secret's new value: the secret, and the version it takes units to
     /// (back from, on an undo).
     #[serde(default, skip_serializing_if = "Option::is_none")]

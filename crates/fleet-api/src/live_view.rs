@@ -52,6 +52,9 @@ pub struct DrainCell {
     /// Units let go that do not run elsewhere yet, and units still to go.
     pub moving: usize,
     pub left: usize,
+    /// Whether a disruption budget holds its next unit (which one is shown to those who see
+    /// the unit, in the drain's status).
+    pub held: bool,
 }
 
 /// A unit as the web view shows it: desired and current state, where it runs and how.
@@ -79,6 +82,9 @@ pub struct UnitRow {
     pub runs: Option<String>,
     /// `[X-Fleet] Priority=` (the default where it sets none).
     pub priority: u16,
+    /// `[X-Fleet] DisruptionBudget=` of its group, as `1` or `25% per zone`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub budget: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -158,7 +164,12 @@ pub fn cluster_view(
                 drain: machine.drain.as_ref().map(|drain| {
                     let concerned = fleet_registry::drain_units(units, states, &machine.id, drain);
                     let standing = fleet_core::drain::progress(drain, &machine.id, &concerned);
-                    DrainCell { state: standing.word(), moving: standing.moving.len(), left: standing.left.len() }
+                    DrainCell {
+                        state: standing.word(),
+                        moving: standing.moving.len(),
+                        left: standing.left.len(),
+                        held: drain.held.is_some(),
+                    }
                 }),
                 out_of_touch_since: None,
             };
@@ -187,6 +198,10 @@ pub fn cluster_view(
                 runs: runs_cell(unit, records.get(unit.name.as_str()).copied(), now),
                 priority: fleet_core::requirements::priority_of(unit.file.options())
                     .unwrap_or(fleet_core::requirements::DEFAULT_PRIORITY),
+                budget: fleet_core::disruption_budget::budget_of(&unit.name, unit.file.options())
+                    .ok()
+                    .flatten()
+                    .map(|budget| budget.short()),
             };
             (row.name.clone(), row)
         })
@@ -460,11 +475,11 @@ mod tests {
         let units = [unit("a.service", Some("m1"), None), unit("b.service", Some("m2"), None)];
         let view =
             cluster_view(&units, &[state("a.service", "m1", "active")], &[drained.clone(), machine("m2")], &[], 0);
-        assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "draining", moving: 0, left: 1 }));
+        assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "draining", moving: 0, left: 1, held: false }));
         assert_eq!(view.machines["m2"].drain, None);
         let moved = [unit("a.service", Some("m2"), None), unit("b.service", Some("m2"), None)];
         let view = cluster_view(&moved, &[], &[drained, machine("m2")], &[], 0);
-        assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "drained", moving: 0, left: 0 }));
+        assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "drained", moving: 0, left: 0, held: false }));
     }
 
     #[test]

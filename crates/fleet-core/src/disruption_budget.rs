@@ -32,6 +32,16 @@ pub struct DisruptionBudget {
     pub by: Option<String>,
 }
 
+impl DisruptionBudget {
+    /// As lists show it: `1`, `25%`, `1 per zone`.
+    pub fn short(&self) -> String {
+        match &self.by {
+            Some(key) => format!("{} per {key}", self.size),
+            None => self.size.to_string(),
+        }
+    }
+}
+
 impl fmt::Display for DisruptionBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{KEY}={}", self.size)?;

@@ -66,6 +66,17 @@ pub struct BudgetView {
 }
 
 impl BudgetView {
+    /// The drains of `machines`, by machine ID, as a view holds them.
+    pub fn drains_of(machines: &[MachineState]) -> Vec<(String, Drain)> {
+        machines.iter().filter_map(|machine| Some((machine.id.clone(), machine.drain.clone()?))).collect()
+    }
+
+    /// The budgets as the view shows them, with nothing decided elsewhere (what a plan
+    /// previews).
+    pub fn budgets(&self) -> Budgets {
+        Budgets::new(budget_members(&self.units, &self.states, &self.drains, &self.rollouts, &self.machines, |_| false))
+    }
+
     /// Whether the view shows `shown` for `unit`.
     fn shows(&self, unit: &BudgetedUnit, shown: &Shown) -> bool {
         match shown {

@@ -215,8 +215,8 @@ enum Command {
         /// Omit the header line
         #[arg(long)]
         no_legend: bool,
-        /// Columns: desc,dstate,global,hash,next (when a unit on a calendar runs next),priority,reason,schedule,source,
-        /// state,sync,target,tmachine,unit
+        /// Columns: budget (DisruptionBudget=),desc,dstate,global,hash,next (when a unit on a calendar runs next),
+        /// priority,reason,schedule,source,state,sync,target,tmachine,unit
         #[arg(long, default_value = "unit,hash,dstate,state,target")]
         fields: String,
         #[command(flatten)]

@@ -79,6 +79,21 @@ pub struct UnitFileRow<'a> {
     pub next_elapse: Option<String>,
     /// `[X-Fleet] Priority=` (50 when it sets none).
     pub priority: u16,
+    /// `[X-Fleet] DisruptionBudget=` (`1`, `25%`) and `DisruptionBudgetBy=`; `null` for none.
+    pub disruption_budget: Option<BudgetJson>,
+}
+
+/// A unit's disruption budget in `-o json`.
+#[derive(Debug, Serialize)]
+pub struct BudgetJson {
+    pub size: String,
+    pub by: Option<String>,
+}
+
+impl BudgetJson {
+    pub fn of(budget: &fleet_core::disruption_budget::DisruptionBudget) -> Self {
+        Self { size: budget.size.to_string(), by: budget.by.clone() }
+    }
 }
 
 /// A row of `list-units -o json`: one unit on one machine.

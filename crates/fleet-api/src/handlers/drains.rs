@@ -80,6 +80,7 @@ pub(crate) async fn statuses(
             moving,
             left: standing.left,
             stays,
+            held: drain.held.clone(),
         };
         result.insert(machine.clone(), status);
     }
@@ -106,6 +107,7 @@ pub fn seen_by(mut status: MachineDrain, role: &Role) -> MachineDrain {
     status.moving.retain(|unit| role.sees_unit(&unit.name));
     status.stays.retain(|unit| role.sees_unit(&unit.name));
     status.left.retain(|name| role.sees_unit(name));
+    status.held = status.held.filter(|held| held_unit_seen(held, role));
     status
 }
 
@@ -147,6 +149,11 @@ pub async fn delete(state: &ApiState, requested: &str) -> Result<Response, ApiEr
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// Whether `role` sees the unit a hold names (it begins `web@2.service waits: …`).
+pub fn held_unit_seen(held: &str, role: &Role) -> bool {
+    held.split_once(" waits: ").is_some_and(|(unit, _)| role.sees_unit(unit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -160,6 +167,7 @@ mod tests {
             moving: vec![unit("web-1.service"), unit("db.service")],
             stays: vec![unit("secret-job.service")],
             left: vec!["web-2.service".into(), "db-2.service".into()],
+            held: Some("db-3.service waits: held by the disruption budget of db-*".into()),
             ..MachineDrain::default()
         };
         let scoped = Role::parse("operator", Some("web-*")).expect("a role");
@@ -167,6 +175,7 @@ mod tests {
         assert_eq!(seen.moving, vec![unit("web-1.service")]);
         assert!(seen.stays.is_empty());
         assert_eq!(seen.left, vec!["web-2.service".to_string()]);
+        assert_eq!(seen.held, None, "the hold names a unit it does not see");
         assert_eq!(seen_by(status.clone(), &Role::Viewer), status, "a viewer sees every unit");
     }
 }

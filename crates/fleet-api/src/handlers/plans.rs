@@ -100,8 +100,9 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     }
     let index = standing_index(&units, &machines);
     let policy = (state.placement_strategy, state.preemption);
+    let budgets = budget_view(state, &units, &machines).await?.budgets();
     let asked = Asked { changes, destroy: request.destroy, drained };
-    let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, &asked))
+    let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, budgets, &asked))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
     Ok(json_response(StatusCode::OK, &Plan { index, units: seen_by(planned, role) }))
@@ -195,6 +196,28 @@ pub fn standing_index(units: &[UnitView], machines: &[fleet_core::MachineState])
     u64::from_be_bytes(first) >> 11
 }
 
+/// What the disruption budgets are counted from, as the cluster stands: the budgeted units,
+/// their states, the drains and the rollouts (nothing is read when no unit has a budget).
+async fn budget_view(
+    state: &ApiState,
+    units: &[UnitView],
+    machines: &[fleet_core::MachineState],
+) -> Result<fleet_registry::BudgetView, ApiError> {
+    let budgeted = fleet_registry::budgeted_units(units);
+    if budgeted.is_empty() {
+        return Ok(fleet_registry::BudgetView::default());
+    }
+    let names: std::collections::BTreeSet<String> = budgeted.iter().map(|unit| unit.name.clone()).collect();
+    let states = state.registry.unit_states_page(fleet_registry::PageRequest::named(&names), None).await?.items;
+    Ok(fleet_registry::BudgetView {
+        units: budgeted,
+        states: states.into_iter().map(Arc::new).collect(),
+        drains: fleet_registry::BudgetView::drains_of(machines),
+        rollouts: state.registry.rollouts().await?,
+        machines: machines.to_vec(),
+    })
+}
+
 /// What a plan was asked to preview.
 struct Asked {
     changes: Vec<UnitChange>,
@@ -208,6 +231,7 @@ fn planned(
     units: Vec<UnitView>,
     machines: Vec<fleet_core::MachineState>,
     (strategy, preemption): (fleet_core::schedule::PlacementStrategy, bool),
+    budgets: fleet_core::disruption_budget::Budgets,
     asked: &Asked,
 ) -> Vec<PlannedUnit> {
     let Asked { changes, destroy, drained } = asked;
@@ -223,7 +247,7 @@ fn planned(
             }
         })
         .collect();
-    let cluster = ClusterSnapshot { machines, units: specs, strategy, preemption, ..Default::default() };
+    let cluster = ClusterSnapshot { machines, units: specs, strategy, preemption, budgets, ..Default::default() };
     let standing: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
     let previewed: Vec<PreviewChange> = changes
         .iter()

@@ -76,6 +76,7 @@ fn to_schema(record: &RolloutRecord, units: bool) -> RolloutSchema {
         canary,
         auto_revert: record.rollout.auto_revert,
         reverted: record.rollout.reverted.clone(),
+        held: record.rollout.held.clone(),
         secret: record.secret.as_ref().map(|secret| secret.name.clone()),
         secret_version: record.secret.as_ref().and_then(|secret| secret.versions.last().copied()),
     }

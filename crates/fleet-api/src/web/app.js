@@ -80,7 +80,8 @@ function overCapacity(m) {
 function drainCell(m) {
   if (!m.drain) return ["-"];
   if (m.drain.state === "drained") return ["drained", null, "takes no new units"];
-  return ["draining: " + m.drain.moving + " moving, " + m.drain.left + " left", "waiting", "takes no new units"];
+  const held = m.drain.held ? " (held by a disruption budget)" : "";
+  return ["draining: " + m.drain.moving + " moving, " + m.drain.left + " left" + held, "waiting", "takes no new units"];
 }
 
 const machineList = new VirtualList(document.getElementById("machines"), "machines-grid", (m) => [
@@ -115,6 +116,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [u.health || "-", healthClass(u), u.health || ""],
     [u.runs || "-", runsClass(u), u.runs || ""],
     [String(u.priority)],
+    [u.budget || "-"],
     [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];
 });

@@ -20,6 +20,8 @@ pub struct FileFacts {
     pub schedule: Option<CalendarSpec>,
     /// `[X-Fleet] Priority=` (the default where it sets none).
     pub priority: u16,
+    /// `[X-Fleet] DisruptionBudget=` and `DisruptionBudgetBy=`.
+    pub budget: Option<fleet_core::disruption_budget::DisruptionBudget>,
     /// Whether units with this file are global, when that does not depend on the unit's name
     /// (no `[X-Fleet]` value has a specifier such as `%i`).
     global_for_any_name: Option<bool>,
@@ -33,7 +35,9 @@ impl FileFacts {
         let global_for_any_name = (!names_matter).then(|| Requirements::from_unit(&unit.name, &file).global);
         let priority =
             fleet_core::requirements::priority_of(file.options()).unwrap_or(fleet_core::requirements::DEFAULT_PRIORITY);
-        Self { hash: file.hash(), global_for_any_name, schedule: schedule_of(&file), priority, file }
+        // A budget does not depend on the unit's name once it belongs to a group.
+        let budget = fleet_core::disruption_budget::budget_of(&unit.name, file.options()).ok().flatten();
+        Self { hash: file.hash(), global_for_any_name, schedule: schedule_of(&file), priority, budget, file }
     }
 
     pub fn description(&self) -> Option<&str> {

@@ -138,6 +138,9 @@ fn print_drain(machine: &str, drain: &MachineDrain, no_legend: bool) {
         drain.stays.len(),
         drain.max_unavailable
     );
+    if let Some(held) = &drain.held {
+        println!("Held: {held}");
+    }
     let mut table: Vec<Vec<String>> = Vec::new();
     if !no_legend {
         table.push(vec!["UNIT".into(), "DRAIN".into(), "REASON".into()]);

@@ -118,7 +118,8 @@ pub async fn wait_settled(context: &Context, name: &str, deadline: Option<Instan
         let progress = context.client.rollout_progress(name).await;
         // While it waits, it says how far the rollout is, on stderr, each time that moves.
         if let Ok(Some(rollout)) = &progress {
-            let line = format!("Rollout {name}: {} ({})", rollout.state, counts(rollout));
+            let held = rollout.held.as_ref().map(|held| format!("; {held}")).unwrap_or_default();
+            let line = format!("Rollout {name}: {} ({}){held}", rollout.state, counts(rollout));
             if line != said {
                 eprintln!("{line}");
                 said = line;
@@ -305,6 +306,9 @@ fn show(rollout: &Rollout) {
     }
     if let Some(why) = &rollout.reverted {
         println!("Reverted:        {why}");
+    }
+    if let Some(held) = &rollout.held {
+        println!("Held:            {held}");
     }
     println!("Max unavailable: {}", rollout.max_unavailable);
     println!("Min ready:       {}s", rollout.min_ready_seconds);
