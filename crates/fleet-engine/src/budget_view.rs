@@ -33,11 +33,9 @@ pub(crate) async fn read(
         })
         .collect();
     let names: BTreeSet<String> = units.iter().map(|unit| unit.name.clone()).collect();
-    let drains =
-        cluster.machines.iter().filter_map(|machine| Some((machine.id.clone(), machine.drain.clone()?))).collect();
     Ok(Some(BudgetView {
         states: registry.reported_states(&names).await?,
-        drains,
+        drains: BudgetView::drains_of(&cluster.machines),
         rollouts: Vec::new(),
         machines: cluster.machines.clone(),
         units,
