@@ -28,11 +28,20 @@ const GIB: u64 = 1 << 30;
 struct Unit {
     name: String,
     machine: Option<String>,
+    /// The machine it left, while it is placed nowhere: it counts in that machine's zone.
+    left: Option<String>,
     /// The content it runs while up.
     running: UnitHash,
     /// The content it should run.
     wanted: UnitHash,
     up: bool,
+}
+
+impl Unit {
+    /// The machine whose zone it counts in: where it is, else the one it left.
+    fn counted_on(&self) -> Option<&str> {
+        self.machine.as_deref().or(self.left.as_deref())
+    }
 }
 
 struct Cluster {
@@ -74,6 +83,7 @@ impl Cluster {
             .map(|n| Unit {
                 name: format!("web@{n}.service"),
                 machine: Some(machines[n % machines.len()].id.clone()),
+                left: None,
                 running: old,
                 wanted: old,
                 up: true,
@@ -123,7 +133,7 @@ impl Cluster {
             name: unit.name.clone(),
             group: "web@.service".to_string(),
             budget: self.budget.clone(),
-            value: self.budget.by.as_ref().and_then(|_| self.zone(unit.machine.as_deref())),
+            value: self.budget.by.as_ref().and_then(|_| self.zone(unit.counted_on())),
             down: self.down(unit),
         }))
     }
@@ -133,7 +143,7 @@ impl Cluster {
         self.units
             .iter()
             .map(|unit| {
-                let value = self.budget.by.as_ref().map(|_| self.zone(unit.machine.as_deref()).unwrap_or_default());
+                let value = self.budget.by.as_ref().map(|_| self.zone(unit.counted_on()).unwrap_or_default());
                 (value, self.down(unit))
             })
             .collect()
@@ -244,13 +254,14 @@ impl Cluster {
                         Decision::Schedule { unit, machine } if unit == "big.service" => self.big = Some(Some(machine)),
                         Decision::Unschedule { unit, .. } => {
                             if let Some(unit) = self.unit_mut(&unit) {
-                                unit.machine = None;
+                                unit.left = unit.machine.take();
                                 unit.up = false;
                             }
                         }
                         Decision::Schedule { unit, machine } => {
                             if let Some(unit) = self.unit_mut(&unit) {
                                 unit.machine = Some(machine);
+                                unit.left = None;
                                 unit.up = false;
                             }
                         }

@@ -62,26 +62,38 @@ pub fn budgeted_units(units: &[UnitView]) -> Vec<BudgetedUnit> {
         .collect()
 }
 
-/// Every budgeted unit that should run (`budgeted`) as the ledger
-/// counts it. It is down when the machine it is scheduled on does not report it on its
-/// current content as it should be (active and not unhealthy, when it should run), when a
-/// drain let it go, when a running rollout is replacing it, or when `pending` says a
-/// disruption decided a moment ago has not reached what the store shows yet.
+/// Whether a disruption decided a moment ago has not reached what the store shows yet, and
+/// the machine it takes the unit off, if it does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    pub down: bool,
+    pub left: Option<String>,
+}
+
+/// Every budgeted unit that should run (`budgeted`) as the ledger counts it. It is down when
+/// the machine it is scheduled on does not report it on its current content as it should be
+/// (active and not unhealthy, when it should run), when a drain let it go, when a running
+/// rollout is replacing it, or when `pending` says a disruption decided a moment ago has not
+/// reached what the store shows yet. A unit on its way between machines (scheduled nowhere)
+/// counts with the value of the machine it left, as a drain or `pending` name it: it is that
+/// value's unit down until it is placed.
 pub fn budget_members<S: Borrow<UnitState>>(
     budgeted: &[BudgetedUnit],
     states: &[S],
     drains: &[(String, Drain)],
     rollouts: &[impl Borrow<RolloutRecord>],
     machines: &[MachineState],
-    pending: impl Fn(&BudgetedUnit) -> bool,
+    pending: impl Fn(&BudgetedUnit) -> Pending,
 ) -> Vec<Member> {
     let names: BTreeSet<&str> = budgeted.iter().map(|unit| unit.name.as_str()).collect();
     let mut reports: HashMap<&str, Vec<&UnitState>> = HashMap::new();
     for state in states.iter().map(Borrow::borrow).filter(|state| names.contains(state.name.as_str())) {
         reports.entry(state.name.as_str()).or_default().push(state);
     }
-    let released: HashSet<&str> =
-        drains.iter().flat_map(|(_, drain)| drain.released.keys()).map(String::as_str).collect();
+    let released: HashMap<&str, &str> = drains
+        .iter()
+        .flat_map(|(machine, drain)| drain.released.keys().map(move |unit| (unit.as_str(), machine.as_str())))
+        .collect();
     let replacing: HashSet<&str> = rollouts
         .iter()
         .map(Borrow::borrow)
@@ -105,8 +117,10 @@ pub fn budget_members<S: Borrow<UnitState>>(
                             && state.health.as_ref().is_none_or(|report| report.status != HealthStatus::Unhealthy)))
             });
             let name = unit.name.as_str();
-            let down = !runs_well || released.contains(name) || replacing.contains(name) || pending(unit);
-            let value = unit.budget.by.as_ref().and_then(|key| metadata.get(on?)?.get(key).cloned());
+            let pending = pending(unit);
+            let down = !runs_well || released.contains_key(name) || replacing.contains(name) || pending.down;
+            let counted_on = on.or_else(|| released.get(name).copied()).or(pending.left.as_deref());
+            let value = unit.budget.by.as_ref().and_then(|key| metadata.get(counted_on?)?.get(key).cloned());
             Member { name: unit.name.clone(), group: unit.group.clone(), budget: unit.budget.clone(), value, down }
         })
         .collect()

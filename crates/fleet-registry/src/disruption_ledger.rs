@@ -20,6 +20,7 @@ use fleet_core::rollout::{RolloutState, Step};
 use fleet_core::unpoisoned::Locked;
 use fleet_core::{MachineState, UnitState};
 
+use crate::budget_members::Pending;
 use crate::{BudgetedUnit, RolloutRecord, budget_members};
 
 /// How long a disruption no view has shown yet counts down by the note alone: far past any
@@ -74,14 +75,16 @@ impl BudgetView {
     /// The budgets as the view shows them, with nothing decided elsewhere (what a plan
     /// previews).
     pub fn budgets(&self) -> Budgets {
-        Budgets::new(budget_members(&self.units, &self.states, &self.drains, &self.rollouts, &self.machines, |_| false))
+        let nothing = |_: &BudgetedUnit| Pending::default();
+        Budgets::new(budget_members(&self.units, &self.states, &self.drains, &self.rollouts, &self.machines, nothing))
     }
 
     /// Whether the view shows `shown` for `unit`.
     fn shows(&self, unit: &BudgetedUnit, shown: &Shown) -> bool {
         match shown {
+            // Placed elsewhere, or let go by the machine's drain (which names the machine).
             Shown::Left(machine) => {
-                unit.machine_id.as_deref() != Some(machine.as_str())
+                unit.machine_id.as_deref().is_some_and(|on| on != machine)
                     || self
                         .drains
                         .iter()
@@ -121,7 +124,16 @@ impl DisruptionLedger {
             None => now.duration_since(note.noted) < UNSHOWN,
         });
         // A note this view does not show counts down; one it shows, it counts by itself.
-        let pending = |unit: &BudgetedUnit| notes.get(&unit.name).is_some_and(|note| !view.shows(unit, &note.shown));
+        let pending = |unit: &BudgetedUnit| match notes.get(&unit.name) {
+            Some(note) if !view.shows(unit, &note.shown) => Pending {
+                down: true,
+                left: match &note.shown {
+                    Shown::Left(machine) => Some(machine.clone()),
+                    Shown::Rollout(_) => None,
+                },
+            },
+            _ => Pending::default(),
+        };
         let members = budget_members(&view.units, &view.states, &view.drains, &view.rollouts, &view.machines, pending);
         let budgets = Budgets::new(members);
         Decision { before: budgets.clone(), budgets, notes }
