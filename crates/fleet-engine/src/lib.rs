@@ -107,6 +107,9 @@ pub struct Engine {
     /// Whether a disruption budget held back an eviction or a preemption in the last plan:
     /// the machines' reports wake the engine then, and each pass plans in full.
     budget_held: bool,
+    /// The snapshot revision and the budgets the plan a budget held back was made from: a pass
+    /// that finds both unchanged plans nothing.
+    budgets_held_at: Option<(u64, Option<fleet_core::disruption_budget::Budgets>)>,
 }
 
 impl Engine {
@@ -142,6 +145,7 @@ impl Engine {
             silent_written: None,
             ledger: DisruptionLedger::default(),
             budget_held: false,
+            budgets_held_at: None,
         }
     }
 
@@ -328,6 +332,8 @@ impl Engine {
             self.silent_written = None;
             self.departures = Departures::default();
             self.preempted.clear();
+            self.budget_held = false;
+            self.budgets_held_at = None;
             self.first_look = true;
             self.jobs = jobs::Jobs::default();
         }
@@ -347,13 +353,16 @@ impl Engine {
         }
         self.cluster_read = Some(now);
         // A unit that waited for the machine it left and no longer does calls for a plan.
+        let mut must_plan = false;
         if self.departing && self.a_departure_ended().await? {
             self.planned = None;
+            must_plan = true;
         }
         // Scheduled units' runs change with the clock, their records and the machines' reports:
         // a pass plans when one of those moved since the last step, as when the cluster did.
         if self.jobs.watching() && !self.jobs.settled(&*self.registry, (self.clock)()).await? {
             self.planned = None;
+            must_plan = true;
         }
         if self.planned.is_some() {
             let revision = self.registry.snapshot_revision().await.map_err(|error| self.unread(error))?;
@@ -391,9 +400,18 @@ impl Engine {
             Err(error) => return Err(self.failed_write(error)),
         };
         self.set_waking();
+        // Counted over every unit, those about to be left out of the plan too (one waiting for
+        // the machine it left is down, and counts).
+        let budget_view = budget_view::read(&*self.registry, &cluster, &listed.1).await?;
+        // While a budget holds a plan back every report wakes the engine: a pass that finds the
+        // cluster and the budgets as the last plan found them has nothing new to plan.
+        let counted = budget_view.as_ref().map(fleet_registry::BudgetView::budgets);
+        let looked = Some((revision, counted));
+        if self.budget_held && !must_plan && self.hold_ends.is_none() && self.budgets_held_at == looked {
+            return Ok(());
+        }
         let (cluster, staying) = self.without_held_units(&lease, cluster).await?;
         let (mut cluster, held) = self.without_departing_units(&lease, cluster).await?;
-        let budget_view = budget_view::read(&*self.registry, &cluster, &listed.1).await?;
         let (mut decided, scope) = match &budget_view {
             None => self.planner.plan(&cluster),
             // The plan takes its evictions and preemptions from the budgets while it holds the
@@ -414,6 +432,7 @@ impl Engine {
         if self.budget_held {
             self.planner.forget();
         }
+        self.budgets_held_at = if self.budget_held { looked } else { None };
         self.set_waking();
         decided.wait_for_departures(held);
         // A unit the plan moves off a present machine is placed once that machine stopped it.
