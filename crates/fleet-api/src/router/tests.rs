@@ -1056,3 +1056,60 @@ async fn lost_after_is_checked_and_machines_out_of_touch_are_listed_when_asked()
     let wrong = api.call("GET", "/fleet/v1/machines?outOfTouch=maybe", None).await;
     assert_eq!(wrong.body, error(400, "invalid outOfTouch \"maybe\": true or false"));
 }
+
+/// `DisruptionBudget=` is refused at submission when it could never be kept or read, naming
+/// the option (a budget of 0 would hold every rollout and drain of its group), and stores
+/// nothing; a good one is taken, through a batch too.
+#[tokio::test]
+async fn a_disruption_budget_is_checked_at_submission_naming_the_option() {
+    let api = api(100).await;
+    let unit = |x_fleet: &[(&str, &str)]| {
+        let mut options = vec![json!({"section": "Service", "name": "ExecStart", "value": "/bin/true"})];
+        options.extend(x_fleet.iter().map(|(name, value)| json!({"section": "X-Fleet", "name": name, "value": value})));
+        json!({"desiredState": "launched", "options": options})
+    };
+    let refused = [
+        (
+            "web@1.service",
+            vec![("DisruptionBudget", "0")],
+            "invalid value \"0\" for [X-Fleet] DisruptionBudget: a budget of 0 would hold every rollout and drain of the group for ever; expected 1 or more units, or 1% to 100%",
+        ),
+        (
+            "web@1.service",
+            vec![("DisruptionBudget", "0%")],
+            "invalid value \"0%\" for [X-Fleet] DisruptionBudget: a budget of 0",
+        ),
+        (
+            "web@1.service",
+            vec![("DisruptionBudget", "half")],
+            "invalid value \"half\" for [X-Fleet] DisruptionBudget: expected a number of units",
+        ),
+        (
+            "web@1.service",
+            vec![("DisruptionBudgetBy", "zone")],
+            "[X-Fleet] DisruptionBudgetBy= needs a DisruptionBudget= to group",
+        ),
+        (
+            "db.service",
+            vec![("DisruptionBudget", "1")],
+            "[X-Fleet] DisruptionBudget= counts a group of units, and db.service is in none",
+        ),
+        ("web@1.service", vec![("DisruptionBudget", "1"), ("Global", "true")], "DisruptionBudget"),
+    ];
+    for (name, x_fleet, says) in refused {
+        let answer = api.call("PUT", &format!("/fleet/v1/units/{name}"), Some(unit(&x_fleet))).await;
+        assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{x_fleet:?}: {}", answer.body);
+        assert!(
+            answer.body["error"]["message"].as_str().is_some_and(|message| message.contains(says)),
+            "{x_fleet:?}: {}",
+            answer.body
+        );
+    }
+    assert_eq!(api.call("GET", "/fleet/v1/units", None).await.body, json!({}), "nothing was stored");
+    let good = unit(&[("DisruptionBudget", "25%"), ("DisruptionBudgetBy", "zone")]);
+    let answer = api.call("PUT", "/fleet/v1/units/web@1.service", Some(good)).await;
+    assert!(answer.status.is_success(), "{:?}", answer.body);
+    let batch = json!({"units": [{"name": "web@2.service", "desiredState": "launched", "options": unit(&[("DisruptionBudget", "0")])["options"]}]});
+    let answer = api.call("POST", "/fleet/v1/units", Some(batch)).await;
+    assert!(answer.body.to_string().contains("[X-Fleet] DisruptionBudget"), "a batch refuses it too: {}", answer.body);
+}
