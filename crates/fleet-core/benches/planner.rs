@@ -9,7 +9,9 @@
 //! with priorities (900 for one in ten, 10 for three in ten), one machine in twenty tainted
 //! (one unit in fifty tolerating it) and preemption on, onto machines too small for them all
 //! (5 GiB and 5 cores each), with the units of each priority placed as a settled cluster would
-//! hold them and the 900s waiting: the plan that preempts. Prints its numbers.
+//! hold them and the 900s waiting: the plan that preempts; and that plan again with every unit
+//! in a disruption budget of 10% per region and one machine in 200 tainted `:evict`. Prints
+//! its numbers.
 //!
 //! Run: `cargo bench -p fleet-core --bench planner`
 
@@ -199,6 +201,20 @@ fn main() {
         );
     }
 
+    let decorated = with_budgets(decorated);
+    println!("the same with disruption budgets (10% per region) and 1 machine in 200 tainted :evict");
+    for run in 1..=2 {
+        let started = Instant::now();
+        let result = plan(&decorated);
+        println!(
+            "run {run}: placed {}, {} evictions held, unplaced {}, {:.3} s",
+            result.decisions.len(),
+            result.held.len(),
+            result.unplaced.len(),
+            started.elapsed().as_secs_f64()
+        );
+    }
+
     let contended = contended();
     let waiting = contended.units.iter().filter(|unit| unit.scheduled_on.is_none()).count();
     println!(
@@ -227,6 +243,52 @@ fn main() {
     let started = Instant::now();
     let (_, scope) = planner.plan(&contended);
     println!("  the next pass with units waiting: {scope:?}, {:.3} s", started.elapsed().as_secs_f64());
+    let budgeted = with_budgets(contended);
+    println!(
+        "and with disruption budgets (10% per region, of each service's instances) and 1 machine in 200 tainted :evict"
+    );
+    for run in 1..=2 {
+        let started = Instant::now();
+        let result = plan(&budgeted);
+        let elapsed = started.elapsed();
+        let held = result.unplaced.iter().filter(|(_, reason)| reason.to_string().contains("held by")).count();
+        println!(
+            "run {run}: {} decisions, {} units disrupted, {} evictions and {held} preemptions held, {} unplaced, {:.3} s",
+            result.decisions.len(),
+            result.disrupted.len(),
+            result.held.len(),
+            result.unplaced.len(),
+            elapsed.as_secs_f64()
+        );
+    }
+}
+
+/// `snapshot` with every unit in a disruption budget of 10% per region of its service's
+/// instances (all up), counted as the engine counts them, and one machine in two hundred
+/// tainted `maintenance:evict`.
+fn with_budgets(mut snapshot: ClusterSnapshot) -> ClusterSnapshot {
+    use fleet_core::disruption_budget::{Budgets, DisruptionBudget, Member};
+    use fleet_core::rollout::MaxUnavailable;
+    for (n, machine) in snapshot.machines.iter_mut().enumerate() {
+        if n % 200 == 7 {
+            machine.taints = fleet_core::taint::parse_taints("maintenance:evict").expect("a taint");
+        }
+    }
+    let budget = DisruptionBudget { size: MaxUnavailable::Percent(10), by: Some("region".to_string()) };
+    let region: std::collections::HashMap<&str, String> = snapshot
+        .machines
+        .iter()
+        .map(|machine| (machine.id.as_str(), machine.metadata.get("region").cloned().unwrap_or_default()))
+        .collect();
+    let members = snapshot.units.iter().map(|unit| Member {
+        name: unit.name.clone(),
+        group: unit.requirements.spread_group_of(&unit.name),
+        budget: budget.clone(),
+        value: unit.scheduled_on.as_deref().and_then(|machine| region.get(machine).cloned()),
+        down: unit.scheduled_on.is_none(),
+    });
+    snapshot.budgets = Budgets::new(members);
+    snapshot
 }
 
 /// `snapshot` with priorities (900 for one unit in ten, 10 for three in ten), one machine in
