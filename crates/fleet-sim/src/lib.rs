@@ -40,7 +40,7 @@ use crate::gate::Gate;
 use crate::judge::{Judge, Sample};
 use crate::manager::{Keeper, RunLog, SimManager};
 use crate::store::{SharedWorld, SimStore, lock};
-use crate::world::World;
+use crate::world::{BUDGETED_PREFIX, World};
 
 /// What a run simulates.
 #[derive(Clone, Debug)]
@@ -69,6 +69,10 @@ pub struct SimConfig {
     /// `agent_ttl` and `never` in turn): the judge holds each to its own span. Started at once
     /// and never operated on, so the engine alone moves them.
     pub lost_after: usize,
+    /// Units with priority 10 that reserve memory as the prioritized ones do, in one group with
+    /// `DisruptionBudget=1` (`b@0.service`…): with the prioritized units of priority 900 they
+    /// are preempted one at a time, and the judge holds every preemption to it.
+    pub budgeted: usize,
 }
 
 impl Default for SimConfig {
@@ -83,6 +87,7 @@ impl Default for SimConfig {
             moving: 0,
             prioritized: 0,
             lost_after: 0,
+            budgeted: 0,
         }
     }
 }
@@ -102,6 +107,8 @@ pub struct Outcome {
     pub preempted: usize,
     /// Units with `LostAfter=` moved off a machine gone once their span was over.
     pub lost_after_moves: usize,
+    /// Units with a disruption budget preempted (one at a time, as the judge holds them).
+    pub budgeted_preempted: usize,
     /// How long after the last fault ended the cluster settled (`None`: it did not).
     pub settled_after: Option<Duration>,
     /// A digest of everything sampled: equal for two runs of one seed.
@@ -126,6 +133,9 @@ impl std::fmt::Display for Outcome {
         }
         if self.preempted > 0 {
             writeln!(f, "  units preempted: {}", self.preempted)?;
+        }
+        if self.budgeted_preempted > 0 {
+            writeln!(f, "  units with a disruption budget preempted: {}", self.budgeted_preempted)?;
         }
         if self.lost_after_moves > 0 {
             writeln!(f, "  units with LostAfter= moved in their time: {}", self.lost_after_moves)?;
@@ -414,6 +424,12 @@ fn prioritized_file(index: usize) -> UnitFile {
     .expect("a prioritized unit file")
 }
 
+/// A unit of [`SimConfig::budgeted`]: 1 GiB, priority 10, in a group with a budget of 1.
+fn budgeted_file() -> UnitFile {
+    UnitFile::parse("[Service]\nExecStart=/bin/budgeted %i\n[X-Fleet]\nMemory=1G\nPriority=10\nDisruptionBudget=1\n")
+        .expect("a budgeted unit file")
+}
+
 /// The `LostAfter=` of unit `index` of [`SimConfig::lost_after`]: three times `agent_ttl`,
 /// or (`None`) never, in turn.
 fn lost_after_span(index: usize, agent_ttl: Duration) -> Option<Duration> {
@@ -431,8 +447,8 @@ fn lost_after_file(index: usize, agent_ttl: Duration) -> UnitFile {
 /// Each machine's capacity with [`SimConfig::prioritized`] units: room for all of them with
 /// every machine up and a third to spare, not with half of them out of touch.
 fn prioritized_capacity(config: &SimConfig) -> Option<fleet_core::resources::Resources> {
-    (config.prioritized > 0).then(|| {
-        let units = config.prioritized.div_ceil(config.machines.max(1)) as u64;
+    (config.prioritized + config.budgeted > 0).then(|| {
+        let units = (config.prioritized + config.budgeted).div_ceil(config.machines.max(1)) as u64;
         fleet_core::resources::Resources { memory: (units + units.div_ceil(3)) << 30, cpu_millis: 64_000 }
     })
 }
@@ -590,6 +606,9 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         for unit in 0..config.prioritized {
             world.put_unit(&format!("p{unit}.service"), prioritized_file(unit), DesiredState::Launched);
         }
+        for unit in 0..config.budgeted {
+            world.put_unit(&format!("{BUDGETED_PREFIX}{unit}.service"), budgeted_file(), DesiredState::Launched);
+        }
         for unit in 0..config.lost_after {
             world.put_unit(
                 &format!("l{unit}.service"),
@@ -737,6 +756,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     runs_judge.judge(&schedules, &starts);
     let mut violations = judge.violations;
     violations.append(&mut runs_judge.violations);
+    violations.append(&mut lock(&world).budget.violations);
     let stays_failed = judge_moves(&lock(&world).jobs, &mut violations);
     if std::env::var_os("SIM_DEBUG_MOVES").is_some() {
         for ((unit, machine), (state, rev)) in lock(&world).states.iter().filter(|((u, _), _)| u.starts_with('f')) {
@@ -763,6 +783,10 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             store.stop();
         }
     }
+    let (preempted, budgeted_preempted) = {
+        let world = lock(&world);
+        (world.preemptions, world.budget.preempted)
+    };
     Outcome {
         seed,
         faults: faults_count,
@@ -770,7 +794,8 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         longest_double_run: judge.longest_double_run,
         runs_claimed: runs_judge.runs_claimed(),
         stays_failed,
-        preempted: lock(&world).preemptions,
+        preempted,
+        budgeted_preempted,
         lost_after_moves: judge.lost_after_moves,
         settled_after,
         digest,

@@ -375,9 +375,14 @@ impl AgentRegistry for SimStore {
             for report in reports {
                 match report {
                     StateReport::Set(state) => {
+                        let placed_on = world.schedule.get(&state.name).cloned();
+                        let active = state.systemd.active == "active";
+                        world.budget.reported(&state.name, machine_id, active, placed_on.as_ref());
                         world.states.insert((state.name.clone(), machine_id.to_string()), (state.clone(), lease));
                     }
                     StateReport::Remove(name) => {
+                        let placed_on = world.schedule.get(name).cloned();
+                        world.budget.reported(name, machine_id, false, placed_on.as_ref());
                         world.states.remove(&(name.clone(), machine_id.to_string()));
                     }
                 }
@@ -473,6 +478,7 @@ impl EngineRegistry for SimStore {
             if !world.leads(&lease.machine_id, lease.token) {
                 return Err(RegistryError::LeadershipLost);
             }
+            world.budget.writes_as(&lease.machine_id);
             world.preemptions += decisions
                 .iter()
                 .filter(|decision| {
@@ -482,6 +488,17 @@ impl EngineRegistry for SimStore {
                     )
                 })
                 .count();
+            let preempted: BTreeSet<&str> = decisions
+                .iter()
+                .filter_map(|decision| match decision {
+                    Decision::Unschedule {
+                        unit,
+                        reason: fleet_core::schedule::UnscheduleReason::PreemptedBy(_),
+                        ..
+                    } => Some(unit.as_str()),
+                    _ => None,
+                })
+                .collect();
             let stored: Vec<(String, String)> = world.reasons.clone().into_iter().collect();
             let writes = unit_writes(decisions, unplaced, stored.iter().map(|(u, r)| (u.as_str(), r.as_str())));
             for write in writes {
@@ -499,9 +516,14 @@ impl EngineRegistry for SimStore {
                 }
                 if write.leaves.is_some() {
                     world.unplace(&write.unit);
+                    if preempted.contains(write.unit.as_str()) {
+                        world.budget.preempted(&write.unit);
+                    }
+                    world.budget.moved(&write.unit);
                 }
                 if let Some(machine) = &write.lands_on {
                     world.place(&write.unit, machine);
+                    world.budget.moved(&write.unit);
                 }
                 match &write.reason {
                     fleet_registry::apply_rule::ReasonWrite::Keep => {}

@@ -121,6 +121,90 @@ pub struct World {
     pub silent_departures: Vec<fleet_registry::SilentDeparture>,
     /// The version the next job record write gets.
     next_job_version: u64,
+    /// The disruption budget judge ([`World::budgeted_unit_preempted`]).
+    pub budget: BudgetJudge,
+}
+
+/// The judge of the units with `DisruptionBudget=1` (`b@…`): a preemption of one that runs
+/// while another is still on its way from its own (taken off, and not reported running on the
+/// machine it is placed on since) takes two down, past the budget. Judged at the store, as each
+/// preemption is written, against the reports the store holds: what the engine could know. A
+/// unit counts as running only once the report is older than a copy's lag (a leader may not
+/// have seen it yet, and a unit down costs nothing), and a leader's first second is excused
+/// (its copy may not show its predecessor's last writes yet).
+#[derive(Debug)]
+pub struct BudgetJudge {
+    began: Instant,
+    /// Budgeted units preempted and not reported running where they are placed since.
+    in_flight: BTreeSet<String>,
+    /// Since when each budgeted unit is reported running where it is placed.
+    up_since: BTreeMap<String, Instant>,
+    /// The leading engine's machine, and since when it writes decisions.
+    leader: Option<(String, Instant)>,
+    pub preempted: usize,
+    pub violations: Vec<String>,
+}
+
+/// Longer than a copy lags its store (300 ms at most) with an engine's pass on top.
+const SEEN_BY_ALL: Duration = Duration::from_secs(1);
+
+/// The names of the units with a disruption budget of 1 in the simulation.
+pub const BUDGETED_PREFIX: &str = "b@";
+
+impl BudgetJudge {
+    fn new() -> Self {
+        Self {
+            began: Instant::now(),
+            in_flight: BTreeSet::new(),
+            up_since: BTreeMap::new(),
+            leader: None,
+            preempted: 0,
+            violations: Vec::new(),
+        }
+    }
+
+    /// The engine of `machine` writes decisions now.
+    pub fn writes_as(&mut self, machine: &str) {
+        if self.leader.as_ref().is_none_or(|(leader, _)| leader != machine) {
+            self.leader = Some((machine.to_string(), Instant::now()));
+        }
+    }
+
+    /// `unit` was taken off its machine by a preemption the store wrote just now.
+    pub fn preempted(&mut self, unit: &str) {
+        let elapsed = self.began.elapsed();
+        if !unit.starts_with(BUDGETED_PREFIX) {
+            return;
+        }
+        self.preempted += 1;
+        let was_up = self.up_since.remove(unit).is_some_and(|since| since.elapsed() > SEEN_BY_ALL);
+        let settled_leader = self.leader.as_ref().is_some_and(|(_, since)| since.elapsed() > SEEN_BY_ALL);
+        if let Some(other) = self.in_flight.iter().find(|other| *other != unit).filter(|_| was_up && settled_leader) {
+            self.violations.push(format!(
+                "at {elapsed:?}: {unit} was preempted while {other}, preempted before, was not back (DisruptionBudget=1)"
+            ));
+        }
+        self.in_flight.insert(unit.to_string());
+    }
+
+    /// `unit` was taken off its machine or placed on one: it runs where it is placed only once
+    /// that machine says so.
+    pub fn moved(&mut self, unit: &str) {
+        self.up_since.remove(unit);
+    }
+
+    /// A machine reported `unit` there, active or not; `placed_on`: where it is placed.
+    pub fn reported(&mut self, unit: &str, machine: &str, active: bool, placed_on: Option<&String>) {
+        if !unit.starts_with(BUDGETED_PREFIX) || placed_on.is_none_or(|on| on != machine) {
+            return;
+        }
+        if active {
+            self.in_flight.remove(unit);
+            self.up_since.entry(unit.to_string()).or_insert_with(Instant::now);
+        } else {
+            self.up_since.remove(unit);
+        }
+    }
 }
 
 impl World {
@@ -132,6 +216,7 @@ impl World {
             out_of_touch: Vec::new(),
             silent_departures: Vec::new(),
             next_job_version: 1,
+            budget: BudgetJudge::new(),
             revision: 1,
             units: BTreeMap::new(),
             schedule: BTreeMap::new(),

@@ -6,8 +6,9 @@
 //! the workload; `--moving N`, N services that move when they fail (each fails on m0);
 //! `--prioritized N`, N units with priorities on machines with room for them all only while
 //! every machine is up, with preemption on; `--lost-after N`, N units with `LostAfter=`
-//! (three times `agent_ttl`, and `never`, in turn). Exits 1
-//! when any seed fails.
+//! (three times `agent_ttl`, and `never`, in turn); `--budgeted N`, N low-priority instances in
+//! one group with `DisruptionBudget=1`, beside the prioritized units. Exits 1 when any seed
+//! fails.
 
 use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +21,7 @@ use fleet_sim::{Outcome, SimConfig, run};
 fn main() -> anyhow::Result<()> {
     let mut arguments: Vec<String> = std::env::args().skip(1).collect();
     let mut config = SimConfig::default();
-    while let Some(option @ ("--scheduled" | "--moving" | "--prioritized" | "--lost-after")) =
+    while let Some(option @ ("--scheduled" | "--moving" | "--prioritized" | "--lost-after" | "--budgeted")) =
         arguments.first().map(String::as_str)
     {
         let count: usize = arguments
@@ -31,6 +32,7 @@ fn main() -> anyhow::Result<()> {
             "--scheduled" => config.scheduled = count,
             "--prioritized" => config.prioritized = count,
             "--lost-after" => config.lost_after = count,
+            "--budgeted" => config.budgeted = count,
             _ => config.moving = count,
         }
         arguments.drain(..2);
@@ -69,7 +71,7 @@ fn main() -> anyhow::Result<()> {
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
     };
     println!(
-        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure, {} prioritized, {} with LostAfter=)",
+        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure, {} prioritized, {} with LostAfter=, {} with a budget)",
         first + seeds,
         config.length,
         config.machines,
@@ -77,16 +79,20 @@ fn main() -> anyhow::Result<()> {
         config.scheduled,
         config.moving,
         config.prioritized,
-        config.lost_after
+        config.lost_after,
+        config.budgeted
     );
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(first));
     let failed: Arc<Mutex<Vec<Outcome>>> = Arc::default();
     let longest = Arc::new(Mutex::new(std::time::Duration::ZERO));
+    // Units preempted in all, and of them those with a disruption budget.
+    let preempted = Arc::new(Mutex::new((0usize, 0usize)));
     let workers = std::thread::available_parallelism().map_or(1, usize::from);
     let threads: Vec<_> = (0..workers)
         .map(|_| {
             let (next, failed, longest, config) = (next.clone(), failed.clone(), longest.clone(), config.clone());
+            let preempted = preempted.clone();
             std::thread::spawn(move || {
                 loop {
                     let seed = next.fetch_add(1, Ordering::SeqCst);
@@ -96,6 +102,9 @@ fn main() -> anyhow::Result<()> {
                     let outcome = run(seed, &config);
                     let mut longest = longest.locked();
                     *longest = (*longest).max(outcome.longest_double_run);
+                    let mut preempted = preempted.locked();
+                    preempted.0 += outcome.preempted;
+                    preempted.1 += outcome.budgeted_preempted;
                     if !outcome.passed() {
                         print!("{outcome}");
                         failed.locked().push(outcome);
@@ -109,8 +118,11 @@ fn main() -> anyhow::Result<()> {
     }
     let took = started.elapsed();
     let failed = failed.locked();
+    let (preempted, budgeted) = *preempted.locked();
+    let preemptions =
+        if preempted > 0 { format!("; {preempted} units preempted ({budgeted} with a budget)") } else { String::new() };
     println!(
-        "{seeds} seeds in {:.1} s on {workers} threads: {:.0} seeds per minute, {} failed; longest double run {:?}",
+        "{seeds} seeds in {:.1} s on {workers} threads: {:.0} seeds per minute, {} failed; longest double run {:?}{preemptions}",
         took.as_secs_f64(),
         seeds as f64 * 60.0 / took.as_secs_f64(),
         failed.len(),
