@@ -178,3 +178,24 @@ fn units_with_lost_after_wait_their_span_for_a_machine_gone_and_never_with_never
     }
     assert!(moved >= 6, "seeds 2017 and 2030 move three units with LostAfter= each once their span is over: {moved}");
 }
+
+/// Units in one group with `DisruptionBudget=1` beside units of a higher priority under every
+/// fault: no preemption of one that runs while another preempted before is not back (the
+/// store's `BudgetJudge`). Seeds 1076 and 1177 preempt five of them in all, one at a time;
+/// both once found the judge counting a unit up on a machine it had left.
+#[test]
+fn units_with_a_disruption_budget_are_preempted_one_at_a_time() {
+    let config = fleet_sim::SimConfig { prioritized: 8, budgeted: 6, ..SimConfig::default() };
+    let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
+    println!(
+        "seeds {first}..{} with budgets (replay one: fleet-sim --prioritized 8 --budgeted 6 --seed N)",
+        first + 20
+    );
+    let mut preempted = 0;
+    for seed in [1076, 1177].into_iter().chain(first..first + 20) {
+        let outcome = run(seed, &config);
+        assert!(outcome.passed(), "{outcome}");
+        preempted += outcome.budgeted_preempted;
+    }
+    assert!(preempted >= 5, "seeds 1076 and 1177 preempt units with a budget: {preempted}");
+}
