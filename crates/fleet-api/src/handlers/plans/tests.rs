@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, header};
 use fleet_core::MachineState;
 use fleet_core::schedule::{ClusterSnapshot, RequirementsCache, plan};
-use fleet_registry::{AgentRegistry, EngineLease, EngineRegistry};
+use fleet_registry::{AgentRegistry, ApiRegistry, EngineLease, EngineRegistry};
 use fleet_store_embedded::EmbeddedRegistry;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -234,4 +234,70 @@ fn a_machines_taints_are_part_of_the_plan_index() {
     assert_ne!(with_taint, untainted);
     tainted.taints = fleet_core::taint::parse_taints("gpu=yes:evict").expect("a taint");
     assert_ne!(super::standing_index(&[], &[tainted]), with_taint, "evicting or not is part of it");
+}
+
+/// A plan counts the disruption budgets as the cluster stands: a start whose preemption the
+/// budget of the units it would take the room of holds is planned waiting, saying which budget.
+#[tokio::test]
+async fn a_plan_shows_a_preemption_a_disruption_budget_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let mut state = ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None));
+    state.preemption = true;
+    let router = router(state);
+    let capacity = Some(fleet_core::Resources { memory: 1 << 30, cpu_millis: 1000 });
+    for machine in ["m1", "m2"] {
+        registry
+            .register_machine(&MachineState { id: machine.into(), capacity, ..MachineState::default() })
+            .await
+            .unwrap();
+    }
+    let budgeted = |name: &str| {
+        json!({"name": name, "desiredState": "launched", "options": [
+            {"section": "Service", "name": "ExecStart", "value": "/bin/sleep 1000"},
+            {"section": "X-Fleet", "name": "Memory", "value": "1G"},
+            {"section": "X-Fleet", "name": "Priority", "value": "10"},
+            {"section": "X-Fleet", "name": "DisruptionBudget", "value": "1"},
+        ]})
+    };
+    let units = json!({"units": [budgeted("web@1.service"), budgeted("web@2.service"), budgeted("web@3.service")]});
+    assert_eq!(call(&router, "POST", "/fleet/v1/units", units).await.0, 200);
+    let lease = registry.acquire_leadership("m1").await.unwrap().expect("the embedded store's leader");
+    settle(&registry, &lease, &mut RequirementsCache::default()).await;
+    let placed = placements(&registry).await;
+    assert_eq!(placed["web@3.service"], None, "two machines of 1 GiB: the third waits, down");
+    // The two placed run where they are: only web@3 is down, and the budget of 1 is spent.
+    for name in ["web@1.service", "web@2.service"] {
+        let on = placed[name].clone().expect("placed");
+        let view = registry.unit(name).await.unwrap().expect("a unit");
+        let running = fleet_core::UnitState {
+            run: None,
+            name: name.into(),
+            machine_id: on.clone(),
+            hash: view.hash,
+            systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
+            launched: true,
+            drift: None,
+            health: None,
+            secrets: Default::default(),
+        };
+        registry.report_states(&on, &[fleet_registry::StateReport::Set(running)]).await.unwrap();
+    }
+
+    let big = json!({"units": [{"name": "db.service", "desiredState": "launched", "options": [
+        {"section": "Service", "name": "ExecStart", "value": "/bin/db"},
+        {"section": "X-Fleet", "name": "Memory", "value": "1G"},
+        {"section": "X-Fleet", "name": "Priority", "value": "900"},
+    ]}]});
+    let (status, planned) = call(&router, "POST", "/fleet/v1/plans", big).await;
+    assert_eq!(status, 200, "{planned}");
+    let db = planned["units"].as_array().unwrap().iter().find(|unit| unit["name"] == "db.service").cloned().unwrap();
+    assert_eq!(db.get("machine"), None, "{planned}");
+    let waiting = db["waiting"].as_str().unwrap_or_default();
+    assert!(
+        waiting.ends_with(
+            "is held by the disruption budget of web@.service: 1 down of the 1 it allows (DisruptionBudget=1)"
+        ),
+        "{planned}"
+    );
 }
