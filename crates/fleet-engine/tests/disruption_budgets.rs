@@ -11,15 +11,7 @@ use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 
 mod common;
-use common::{machine, running_on, start_engine};
-
-async fn machine_of(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
-    registry.unit(name).await.unwrap().and_then(|view| view.machine_id)
-}
-
-async fn reason(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
-    registry.unit(name).await.unwrap().and_then(|view| view.reason)
-}
+use common::{machine, machine_of, reason, running_on, start_engine};
 
 #[tokio::test(start_paused = true)]
 async fn an_evicting_taint_moves_a_budgeted_group_one_unit_at_a_time() {

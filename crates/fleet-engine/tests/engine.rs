@@ -13,7 +13,7 @@ use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 
 mod common;
-use common::running_on;
+use common::{reason, running_on};
 use tokio::sync::watch;
 
 fn machine(id: &str, region: &str) -> MachineState {
@@ -31,11 +31,6 @@ fn unit(x_fleet: &str) -> UnitFile {
 
 async fn placement(registry: &EmbeddedRegistry) -> BTreeMap<String, Option<String>> {
     registry.units().await.unwrap().into_iter().map(|view| (view.name, view.machine_id)).collect()
-}
-
-/// Why `name` is unplaced, as the engine wrote it.
-async fn reason(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
-    registry.unit(name).await.unwrap().and_then(|view| view.reason)
 }
 
 /// An embedded store in a new directory (kept while the guard lives) with `machines`

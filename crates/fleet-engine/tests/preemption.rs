@@ -14,19 +14,11 @@ use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 
 mod common;
-use common::running_on;
+use common::{machine_of, reason, running_on};
 use tokio::sync::watch;
 
 fn unit(x_fleet: &str) -> UnitFile {
     UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\n{x_fleet}\n")).unwrap()
-}
-
-async fn machine_of(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
-    registry.unit(name).await.unwrap().and_then(|view| view.machine_id)
-}
-
-async fn reason(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
-    registry.unit(name).await.unwrap().and_then(|view| view.reason)
 }
 
 #[tokio::test(start_paused = true)]

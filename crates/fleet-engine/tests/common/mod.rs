@@ -54,3 +54,13 @@ pub fn running_on(name: &str, machine: &str, file: &fleet_core::UnitFile) -> fle
         secrets: Default::default(),
     })
 }
+
+/// Where the store has `name` placed.
+pub async fn machine_of(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
+    fleet_registry::ApiRegistry::unit(registry, name).await.unwrap().and_then(|view| view.machine_id)
+}
+
+/// Why the store says `name` waits, if it does.
+pub async fn reason(registry: &EmbeddedRegistry, name: &str) -> Option<String> {
+    fleet_registry::ApiRegistry::unit(registry, name).await.unwrap().and_then(|view| view.reason)
+}
