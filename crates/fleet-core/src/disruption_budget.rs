@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::fmt;
 
-use crate::rollout::MaxUnavailable;
+use crate::max_unavailable::MaxUnavailable;
 use crate::unit_file::{UnitOption, last_value};
 use crate::unit_name::UnitNameInfo;
 

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use crate::disruption_budget::Budgets;
-use crate::rollout::MaxUnavailable;
+use crate::max_unavailable::MaxUnavailable;
 use crate::{DesiredState, Requirements, UnitHash, UnitState};
 
 /// A machine's drain, as the store keeps it.

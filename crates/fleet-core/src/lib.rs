@@ -24,6 +24,7 @@ pub mod job;
 pub mod journal_relay;
 pub mod lost_after;
 pub mod machine;
+pub mod max_unavailable;
 pub mod metadata_key;
 pub mod peer_probing;
 pub mod requirements;
