@@ -12,6 +12,7 @@ pub mod backoff;
 pub mod calendar;
 pub mod civil_time;
 pub mod closest;
+pub mod dependency;
 pub mod desired_units;
 pub mod disruption_budget;
 pub mod drain;

@@ -1,0 +1,235 @@
+//! `[X-Fleet] Requires=` and `After=`: units that wait for units, on any machine.
+//!
+//! `Requires=db.service` starts the unit only once `db.service` is up (active, and healthy
+//! where it has a health check) wherever it runs; with `RequiresGrace=30s`, a unit that runs is
+//! stopped once what it requires has not been up for that long, and waits again (without it,
+//! never). `After=db.service` orders only: the unit starts once `db.service` is up or has
+//! finished, and does not stop with it. A name may be a pattern over instances with a count:
+//! `Requires=db@*.service:2` waits for two of them up. Several items on a line, several lines.
+//!
+//! What the engine decides from this is [`waiting_for`]: given how each unit matching an item
+//! stands, the first item not met and why, as a unit's reason says it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use crate::glob::Glob;
+use crate::unit_file::{UnitOption, X_FLEET, last_value};
+
+/// The option that starts a unit only once what it names is up, and stops it (after
+/// [`GRACE_KEY`]) once that is no longer so.
+pub const REQUIRES_KEY: &str = "Requires";
+/// The option that only orders: start once what it names is up or has finished.
+pub const AFTER_KEY: &str = "After";
+/// How long what a unit requires may be down before the unit is stopped (never when absent).
+pub const GRACE_KEY: &str = "RequiresGrace";
+
+/// The most units an item may ask for.
+pub const MOST_COUNT: u32 = 1000;
+/// The most items a unit may name, over every line of both options.
+pub const MOST_ITEMS: usize = 64;
+
+/// How an item binds the unit to what it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Kind {
+    /// Starts once it is up; stops after the grace once it is not.
+    Requires,
+    /// Starts once it is up or finished; never stops with it.
+    After,
+}
+
+impl Kind {
+    fn key(self) -> &'static str {
+        match self {
+            Kind::Requires => REQUIRES_KEY,
+            Kind::After => AFTER_KEY,
+        }
+    }
+}
+
+/// One item: the units it names (a name, or a pattern over names) and how many of them.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Dependency {
+    pub kind: Kind,
+    pub pattern: String,
+    pub count: u32,
+}
+
+/// A unit's dependencies as its file states them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dependencies {
+    pub items: Vec<Dependency>,
+    /// `RequiresGrace=`: `None`, never stopped for what it requires.
+    pub grace: Option<Duration>,
+}
+
+impl Dependencies {
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// The unit's dependencies; an error names the option and the value for an item that is no
+/// unit name or pattern, a count of 0 or above [`MOST_COUNT`], more than [`MOST_ITEMS`] items,
+/// an item that names the unit itself, a grace that is no time span, and a grace without
+/// `Requires=`.
+pub fn dependencies_of(unit_name: &str, options: &[UnitOption]) -> Result<Dependencies, String> {
+    let mut items = Vec::new();
+    for kind in [Kind::Requires, Kind::After] {
+        let values = options.iter().filter(|option| option.section == X_FLEET && option.name == kind.key());
+        for value in values.flat_map(|option| option.value.split_whitespace()) {
+            let item = item_of(kind, value)?;
+            if Glob::new(&item.pattern).is_some_and(|glob| glob.matches(unit_name)) {
+                return Err(format!(
+                    "invalid value {value:?} for [X-Fleet] {}: it names {unit_name} itself",
+                    kind.key()
+                ));
+            }
+            items.push(item);
+        }
+    }
+    if items.len() > MOST_ITEMS {
+        return Err(format!("[X-Fleet] {REQUIRES_KEY}= and {AFTER_KEY}= name at most {MOST_ITEMS} items a unit"));
+    }
+    items.sort();
+    items.dedup();
+    let grace = match last_value(options, X_FLEET, GRACE_KEY) {
+        None => None,
+        Some(value) => {
+            if !items.iter().any(|item| item.kind == Kind::Requires) {
+                return Err(format!("[X-Fleet] {GRACE_KEY}= needs a {REQUIRES_KEY}= to wait for"));
+            }
+            let refused = |why: &str| format!("invalid value {value:?} for [X-Fleet] {GRACE_KEY}: {why}");
+            match crate::service_values::parse_timespan(value.trim()) {
+                Ok(Some(span)) if span <= crate::lost_after::LONGEST => Some(span).filter(|span| !span.is_zero()),
+                Ok(_) => return Err(refused("expected a time span up to 30d")),
+                Err(error) => return Err(refused(&error.to_string())),
+            }
+        }
+    };
+    Ok(Dependencies { items, grace })
+}
+
+/// One item as written: `db.service`, `db@*.service`, `db@*.service:2`.
+fn item_of(kind: Kind, value: &str) -> Result<Dependency, String> {
+    let refused = |why: &str| format!("invalid value {value:?} for [X-Fleet] {}: {why}", kind.key());
+    // A unit name may hold `:`; a count is the digits after the last one.
+    let (pattern, count) = match value.rsplit_once(':') {
+        Some((pattern, digits)) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => {
+            let count = digits.parse::<u32>().ok().filter(|count| (1..=MOST_COUNT).contains(count));
+            (pattern, count.ok_or_else(|| refused(&format!("a count from 1 to {MOST_COUNT}")))?)
+        }
+        _ => (value, 1),
+    };
+    let Some(glob) = Glob::new(pattern) else { return Err(refused("not a name or a pattern")) };
+    match glob.literal() {
+        Some(name) => crate::unit_name::validate_name(&name).map_err(|error| refused(&error.to_string()))?,
+        None => {
+            let shape = pattern.replace(['*', '?', '[', ']', '^'], "x");
+            crate::unit_name::validate_name(&shape.replace('\\', "")).map_err(|error| refused(&error.to_string()))?;
+        }
+    }
+    if count > 1 && glob.literal().is_some() {
+        return Err(refused("a count needs a pattern over instances (db@*.service:2)"));
+    }
+    Ok(Dependency { kind, pattern: pattern.to_string(), count })
+}
+
+/// How a unit that an item names stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// Active (and healthy, where it has a health check) where it is scheduled.
+    Up,
+    /// It ran to completion where it was scheduled.
+    Finished,
+    /// Neither, with how it is (`inactive on 3f2a1b0c`, `not placed`).
+    Down(String),
+}
+
+/// The first item of `dependencies` not met, and why, as the unit's reason says it
+/// (`waiting for db.service: inactive on 3f2a1b0c`, `waiting for 2 of db@*.service up: 1`);
+/// `None` when every item is met. `standing` gives each unit an item's pattern matches, with how
+/// it stands (none: nothing in the cluster matches).
+pub fn waiting_for<'a>(
+    dependencies: &Dependencies,
+    standing: impl Fn(&Dependency) -> Vec<(&'a str, &'a Standing)>,
+) -> Option<String> {
+    for item in &dependencies.items {
+        let matched = standing(item);
+        let counts = |standing: &Standing| {
+            matches!((item.kind, standing), (_, Standing::Up) | (Kind::After, Standing::Finished))
+        };
+        let met = matched.iter().filter(|(_, standing)| counts(standing)).count();
+        if met >= item.count as usize {
+            continue;
+        }
+        let wanted = if item.kind == Kind::After { "up or finished" } else { "up" };
+        return Some(match (matched.as_slice(), item.count) {
+            ([], 1) => format!("waiting for {}: not in the cluster", item.pattern),
+            ([(_, Standing::Down(how))], 1) => format!("waiting for {}: {how}", item.pattern),
+            ([(_, Standing::Finished)], 1) => format!("waiting for {}: finished, not {wanted}", item.pattern),
+            _ => format!("waiting for {} of {} {wanted}: {met}", item.count, item.pattern),
+        });
+    }
+    None
+}
+
+/// A cycle among units through their items, if there is one: the names around it, the first
+/// again at the end (`a.service → b.service → a.service`). `units` gives each unit with
+/// dependencies its items; an item's pattern binds a unit to every unit among `units` it
+/// matches (a unit without dependencies is in no cycle).
+pub fn find_cycle(units: &BTreeMap<String, Dependencies>) -> Option<Vec<String>> {
+    let names: Vec<&str> = units.keys().map(String::as_str).collect();
+    let edges: BTreeMap<&str, Vec<&str>> = units
+        .iter()
+        .map(|(name, dependencies)| {
+            let targets = dependencies
+                .items
+                .iter()
+                .filter_map(|item| Glob::new(&item.pattern))
+                .flat_map(|glob| match glob.literal() {
+                    Some(literal) => names.iter().filter(|other| **other == literal).copied().collect::<Vec<_>>(),
+                    None => names.iter().filter(|other| glob.matches(other)).copied().collect(),
+                })
+                .filter(|target| target != name)
+                .collect::<BTreeSet<&str>>()
+                .into_iter()
+                .collect();
+            (name.as_str(), targets)
+        })
+        .collect();
+    // Depth first, by colour: on the path (grey) or done (black).
+    let mut done: BTreeSet<&str> = BTreeSet::new();
+    for start in &names {
+        if done.contains(start) {
+            continue;
+        }
+        let mut path: Vec<(&str, usize)> = vec![(start, 0)];
+        let mut on_path: BTreeSet<&str> = BTreeSet::from([*start]);
+        while let Some((node, next)) = path.last_mut() {
+            let node = *node;
+            let targets = edges.get(node).map_or(&[][..], Vec::as_slice);
+            if let Some(&target) = targets.get(*next) {
+                *next += 1;
+                if on_path.contains(target) {
+                    let from = path.iter().position(|(name, _)| *name == target).unwrap_or(0);
+                    let mut cycle: Vec<String> = path[from..].iter().map(|(name, _)| name.to_string()).collect();
+                    cycle.push(target.to_string());
+                    return Some(cycle);
+                }
+                if !done.contains(target) {
+                    path.push((target, 0));
+                    on_path.insert(target);
+                }
+            } else {
+                path.pop();
+                on_path.remove(node);
+                done.insert(node);
+            }
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests;
