@@ -17,6 +17,7 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     crate::requirements::priority_of(file.options())?;
     crate::lost_after::lost_after_of(file.options())?;
     crate::disruption_budget::budget_of(name, file.options())?;
+    crate::dependency::dependencies_of(name, file.options())?;
     crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
     crate::job::job_of(name, file.options()).map_err(|error| error.to_string())?;
     crate::job::refuse_what_is_not_run_yet(file.options()).map_err(|error| error.to_string())?;

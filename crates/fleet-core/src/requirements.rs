@@ -41,6 +41,9 @@ pub const ADDED_KEYS: &[&str] = &[
     crate::lost_after::KEY,
     crate::disruption_budget::KEY,
     crate::disruption_budget::BY_KEY,
+    crate::dependency::REQUIRES_KEY,
+    crate::dependency::AFTER_KEY,
+    crate::dependency::GRACE_KEY,
 ];
 
 /// `Priority=` (0 to 1000, [`DEFAULT_PRIORITY`] when absent): units of a higher priority are
@@ -117,6 +120,9 @@ pub struct Requirements {
     /// once by a voluntary disruption ([`crate::disruption_budget`]; none when unreadable, and
     /// such a unit is refused at submission).
     pub disruption_budget: Option<crate::disruption_budget::DisruptionBudget>,
+    /// `Requires=`, `After=` and `RequiresGrace=`: the units it waits for, on any machine
+    /// ([`crate::dependency`]; none when unreadable, and such a unit is refused at submission).
+    pub dependencies: crate::dependency::Dependencies,
 }
 
 impl Default for Requirements {
@@ -139,6 +145,7 @@ impl Default for Requirements {
             priority: DEFAULT_PRIORITY,
             lost_after: crate::lost_after::LostAfter::AgentTtl,
             disruption_budget: None,
+            dependencies: crate::dependency::Dependencies::default(),
         }
     }
 }
@@ -203,6 +210,7 @@ impl Requirements {
             priority,
             lost_after,
             disruption_budget,
+            dependencies,
         } = self;
         *machine_id == other.machine_id
             && *machine_of == other.machine_of
@@ -220,6 +228,7 @@ impl Requirements {
             && *priority == other.priority
             && *lost_after == other.lost_after
             && *disruption_budget == other.disruption_budget
+            && *dependencies == other.dependencies
     }
 
     /// Reads the `[X-Fleet]` options of the unit named `unit_name`.
@@ -289,6 +298,7 @@ impl Requirements {
         requirements.priority = priority_of(options).unwrap_or(DEFAULT_PRIORITY);
         requirements.lost_after = crate::lost_after::lost_after_of(options).unwrap_or_default();
         requirements.disruption_budget = crate::disruption_budget::budget_of(unit_name, options).ok().flatten();
+        requirements.dependencies = crate::dependency::dependencies_of(unit_name, options).unwrap_or_default();
         requirements
     }
 

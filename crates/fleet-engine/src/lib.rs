@@ -7,6 +7,7 @@
 
 mod budget_view;
 mod cluster_counts;
+mod dependencies;
 mod jobs;
 pub use jobs::Clock;
 
@@ -110,6 +111,13 @@ pub struct Engine {
     /// The snapshot revision and the budgets the plan a budget held back was made from: a pass
     /// that finds both unchanged plans nothing.
     budgets_held_at: Option<(u64, Option<fleet_core::disruption_budget::Budgets>)>,
+    /// The units that wait for units (`Requires=`, `After=`) and since when a running one's
+    /// requirement is not met.
+    dependencies: dependencies::DependencyGate,
+    /// The snapshot revision and the units kept off waiting for units at the last pass, while
+    /// units wait or may leave for what they require: the machines' reports wake the engine, and
+    /// a pass that finds both unchanged plans nothing.
+    waiting_at: Option<(u64, dependencies::Waiting)>,
 }
 
 impl Engine {
@@ -146,6 +154,8 @@ impl Engine {
             ledger: DisruptionLedger::default(),
             budget_held: false,
             budgets_held_at: None,
+            dependencies: dependencies::DependencyGate::default(),
+            waiting_at: None,
         }
     }
 
@@ -190,6 +200,7 @@ impl Engine {
             .hold_ends
             .into_iter()
             .chain(self.departures.next_silence_end().map(tokio::time::Instant::from_std))
+            .chain(self.dependencies.grace_ends.map(tokio::time::Instant::from_std))
             .min()
             .map(|ends| ends.saturating_duration_since(tokio::time::Instant::now()));
         let until_due = if self.lease.is_some() { self.jobs.due_in((self.clock)()) } else { None };
@@ -206,7 +217,9 @@ impl Engine {
     /// The machines' reports wake the engine while units wait for a machine to stop them,
     /// while a scheduled unit's run is active, and while a disruption budget holds a plan back.
     fn set_waking(&mut self) {
-        self.changes.set_waking(self.state_changes, self.departing || self.jobs.running() || self.budget_held);
+        let waiting = self.dependencies.watching;
+        self.changes
+            .set_waking(self.state_changes, self.departing || self.jobs.running() || self.budget_held || waiting);
     }
 
     /// With nothing else changed, whether a departure ended (its machine stopped the unit):
@@ -334,6 +347,8 @@ impl Engine {
             self.preempted.clear();
             self.budget_held = false;
             self.budgets_held_at = None;
+            self.dependencies = dependencies::DependencyGate::default();
+            self.waiting_at = None;
             self.first_look = true;
             self.jobs = jobs::Jobs::default();
         }
@@ -400,14 +415,23 @@ impl Engine {
             Err(error) => return Err(self.failed_write(error)),
         };
         self.set_waking();
+        // Units that wait for units are kept off this plan, saying what they wait for.
+        let (cluster, waiting) = self.dependencies.apply(&*self.registry, cluster, &listed.1, now).await?;
+        let waits = self.dependencies.watching.then(|| (revision, waiting.clone()));
         // Counted over every unit, those about to be left out of the plan too (one waiting for
         // the machine it left is down, and counts).
         let budget_view = budget_view::read(&*self.registry, &cluster, &listed.1).await?;
-        // While a budget holds a plan back every report wakes the engine: a pass that finds the
-        // cluster and the budgets as the last plan found them has nothing new to plan.
+        // While a budget holds a plan back, or units wait for units, every report wakes the
+        // engine: a pass that finds the cluster, the budgets and the waits as the last plan found
+        // them has nothing new to plan.
         let counted = budget_view.as_ref().map(fleet_registry::BudgetView::budgets);
         let looked = Some((revision, counted));
-        if self.budget_held && !must_plan && self.hold_ends.is_none() && self.budgets_held_at == looked {
+        let nothing_new = !must_plan
+            && self.hold_ends.is_none()
+            && (self.budget_held || self.waiting_at.is_some())
+            && (!self.budget_held || self.budgets_held_at == looked)
+            && self.waiting_at == waits;
+        if nothing_new {
             return Ok(());
         }
         let (cluster, staying) = self.without_held_units(&lease, cluster).await?;
@@ -442,10 +466,12 @@ impl Engine {
         }
         // A snapshot planned while units are held is planned again when the hold ends; one
         // planned while units wait for the machine they left, when one of those ends.
-        let planned = (self.hold_ends.is_none() && !self.budget_held).then_some(revision);
+        let planned = (self.hold_ends.is_none() && !self.budget_held && waits.is_none()).then_some(revision);
+        self.waiting_at = waits;
+        self.set_waking();
         self.planning = planning.elapsed();
         // Services kept off every machine after a failure say why, as unplaced units do.
-        decided.kept_off = self.jobs.off_reasons().to_vec();
+        decided.kept_off = self.jobs.off_reasons().iter().cloned().chain(waiting).collect();
         decided.staying = staying.units.into_iter().map(|(unit, held)| (unit, held.reason)).collect();
         let reasons = decided.reason_texts();
         fleet_metrics::publish_cluster(Some(cluster_counts::cluster_counts(&cluster, &decided)));

@@ -1,0 +1,166 @@
+//! Units that wait for units on other machines (`[X-Fleet] Requires=`, `After=`): before each
+//! plan, a unit whose dependencies are not met is kept off every machine for that plan (its
+//! desired state taken as inactive), saying what it waits for. A unit that runs is left where
+//! it is while what it requires is down, unless `RequiresGrace=` has passed: then it is taken
+//! off too, and waits again. What counts as met is `fleet_core::dependency::waiting_for`; how
+//! each unit stands comes from where it is scheduled and what that machine reports of its
+//! current content.
+
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+use fleet_core::dependency::{Dependencies, Dependency, Kind, Standing, waiting_for};
+use fleet_core::glob::Glob;
+use fleet_core::health::HealthStatus;
+use fleet_core::schedule::{ClusterSnapshot, SnapshotUnit};
+use fleet_core::{DesiredState, UnitHash, UnitState};
+use fleet_registry::{EngineRegistry, RegistryError};
+
+/// What the engine keeps between passes of the units that wait for units.
+#[derive(Debug, Default)]
+pub(crate) struct DependencyGate {
+    /// Since when each running unit's `Requires=` has not been met (this leadership's sight).
+    unmet_since: HashMap<String, Instant>,
+    /// When the first `RequiresGrace=` of a running unit ends.
+    pub grace_ends: Option<Instant>,
+    /// Whether how other units stand may change a plan: a unit waits unplaced, or a running
+    /// one may leave once its grace passes. The machines' reports wake the engine then.
+    pub watching: bool,
+}
+
+/// The units a pass kept off, each with why.
+pub(crate) type Waiting = Vec<(String, String)>;
+
+impl DependencyGate {
+    /// `cluster` with each unit whose dependencies are not met kept off for this plan, and the
+    /// units kept off with why. Reads the machines' reports of the units named, only when some
+    /// unit has dependencies.
+    pub async fn apply(
+        &mut self,
+        registry: &dyn EngineRegistry,
+        mut cluster: ClusterSnapshot,
+        listed: &[SnapshotUnit],
+        now: Instant,
+    ) -> Result<(ClusterSnapshot, Waiting), RegistryError> {
+        let dependents: Vec<usize> = (0..cluster.units.len())
+            .filter(|&index| {
+                let unit = &cluster.units[index];
+                unit.desired != DesiredState::Inactive && !unit.requirements.dependencies.is_empty()
+            })
+            .collect();
+        self.watching = dependents.iter().any(|&index| {
+            let unit = &cluster.units[index];
+            unit.scheduled_on.is_none() || unit.requirements.dependencies.grace.is_some()
+        });
+        if !self.watching {
+            self.unmet_since.clear();
+            self.grace_ends = None;
+            return Ok((cluster, Vec::new()));
+        }
+        // Each item's pattern matched once over every unit's name.
+        let mut matched: HashMap<&str, Vec<usize>> = HashMap::new();
+        let by_name: HashMap<&str, usize> =
+            cluster.units.iter().enumerate().map(|(index, unit)| (unit.name.as_str(), index)).collect();
+        for &index in &dependents {
+            for item in &cluster.units[index].requirements.dependencies.items {
+                if matched.contains_key(item.pattern.as_str()) {
+                    continue;
+                }
+                let Some(glob) = Glob::new(&item.pattern) else { continue };
+                let found = match glob.literal() {
+                    Some(name) => by_name.get(name.as_str()).copied().into_iter().collect(),
+                    None => {
+                        (0..cluster.units.len()).filter(|&other| glob.matches(&cluster.units[other].name)).collect()
+                    }
+                };
+                matched.insert(item.pattern.as_str(), found);
+            }
+        }
+        let named: BTreeSet<String> =
+            matched.values().flatten().map(|&index| cluster.units[index].name.clone()).collect();
+        let states = registry.reported_states(&named).await?;
+        let hashes: HashMap<&str, UnitHash> = listed.iter().map(|unit| (unit.name.as_str(), unit.hash)).collect();
+        let standing: HashMap<usize, Standing> = matched
+            .values()
+            .flatten()
+            .map(|&index| {
+                let unit = &cluster.units[index];
+                let hash = hashes.get(unit.name.as_str()).copied();
+                (index, standing_of(unit.scheduled_on.as_deref(), hash, &unit.name, &states))
+            })
+            .collect();
+        let names_of = |item: &Dependency| -> Vec<(&str, &Standing)> {
+            matched
+                .get(item.pattern.as_str())
+                .into_iter()
+                .flatten()
+                .filter_map(|index| Some((cluster.units[*index].name.as_str(), standing.get(index)?)))
+                .collect()
+        };
+        let mut waiting = Vec::new();
+        let mut keep_off = Vec::new();
+        let mut still_unmet = HashMap::new();
+        for &index in &dependents {
+            let unit = &cluster.units[index];
+            let dependencies = &unit.requirements.dependencies;
+            if unit.scheduled_on.is_none() {
+                if let Some(why) = waiting_for(dependencies, &names_of) {
+                    waiting.push((unit.name.clone(), why));
+                    keep_off.push(index);
+                }
+                continue;
+            }
+            // A unit that runs stops only for what it requires, and only past its grace.
+            let required = Dependencies {
+                items: dependencies.items.iter().filter(|item| item.kind == Kind::Requires).cloned().collect(),
+                grace: dependencies.grace,
+            };
+            let (Some(grace), Some(why)) = (required.grace, waiting_for(&required, &names_of)) else { continue };
+            let since = *self.unmet_since.get(&unit.name).unwrap_or(&now);
+            still_unmet.insert(unit.name.clone(), since);
+            if now.duration_since(since) >= grace {
+                waiting.push((unit.name.clone(), format!("{why} (RequiresGrace={} passed)", short(grace))));
+                keep_off.push(index);
+            }
+        }
+        self.grace_ends = still_unmet
+            .iter()
+            .filter_map(|(name, since)| {
+                let index = by_name.get(name.as_str())?;
+                Some(*since + cluster.units[*index].requirements.dependencies.grace?)
+            })
+            .filter(|ends| *ends > now)
+            .min();
+        self.unmet_since = still_unmet;
+        for index in keep_off {
+            cluster.units[index].desired = DesiredState::Inactive;
+        }
+        waiting.sort();
+        Ok((cluster, waiting))
+    }
+}
+
+/// How the unit `name` stands: up when the machine it is scheduled on reports its current
+/// content active (and not unhealthy or unchecked yet), finished when it ran there to its end.
+fn standing_of(on: Option<&str>, hash: Option<UnitHash>, name: &str, states: &[std::sync::Arc<UnitState>]) -> Standing {
+    let Some(on) = on else { return Standing::Down("not placed".to_string()) };
+    let short = on.get(..8).unwrap_or(on);
+    let Some(state) = states.iter().find(|state| state.name == name && state.machine_id == on) else {
+        return Standing::Down(format!("not reported by {short}"));
+    };
+    if Some(state.hash) != hash {
+        return Standing::Down(format!("{short} runs its earlier content"));
+    }
+    match (state.systemd.active.as_str(), state.health.as_ref().map(|health| health.status)) {
+        ("active", None | Some(HealthStatus::Healthy)) => Standing::Up,
+        ("active", Some(HealthStatus::Unhealthy)) => Standing::Down(format!("unhealthy on {short}")),
+        ("active", Some(HealthStatus::Unknown)) => Standing::Down(format!("not yet healthy on {short}")),
+        ("inactive", _) if state.launched && state.systemd.sub == "dead" => Standing::Finished,
+        (active, _) => Standing::Down(format!("{active} on {short}")),
+    }
+}
+
+/// A grace as a unit file writes it.
+fn short(span: Duration) -> String {
+    fleet_core::duration::short_span(span)
+}
