@@ -104,7 +104,7 @@ impl DependencyGate {
             let unit = &cluster.units[index];
             let dependencies = &unit.requirements.dependencies;
             if unit.scheduled_on.is_none() {
-                if let Some(why) = waiting_for(dependencies, &names_of) {
+                if let Some(why) = waiting_for(dependencies, names_of) {
                     waiting.push((unit.name.clone(), why));
                     keep_off.push(index);
                 }
@@ -115,7 +115,7 @@ impl DependencyGate {
                 items: dependencies.items.iter().filter(|item| item.kind == Kind::Requires).cloned().collect(),
                 grace: dependencies.grace,
             };
-            let (Some(grace), Some(why)) = (required.grace, waiting_for(&required, &names_of)) else { continue };
+            let (Some(grace), Some(why)) = (required.grace, waiting_for(&required, names_of)) else { continue };
             let since = *self.unmet_since.get(&unit.name).unwrap_or(&now);
             still_unmet.insert(unit.name.clone(), since);
             if now.duration_since(since) >= grace {
