@@ -271,7 +271,7 @@ fn usage_errors_and_version() {
         (1, "Invalid key in output format: \"bogus\"\nValid fields: active,drift,hash,health,load,machine,sub,unit\n")
     );
     let none = fleet.fleetctl(&["list-unit-files", "--fields", ""]);
-    assert!(none.stderr.starts_with("Must define output format\nValid fields: desc,dstate,"), "{none:?}");
+    assert!(none.stderr.starts_with("Must define output format\nValid fields: budget,desc,dstate,"), "{none:?}");
     // -l on list-unit-files as on list-units, and -n for journal's --lines.
     assert_eq!(fleet.fleetctl(&["list-unit-files", "-l"]).code, 0);
     let journal = fleet.fleetctl(&["journal", "-n", "2", "nothing.service"]);
