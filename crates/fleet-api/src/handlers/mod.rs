@@ -4,6 +4,7 @@ pub mod agent_facet;
 pub mod agent_stream;
 pub mod agents;
 pub mod backup;
+pub mod dependency_cycles;
 pub mod discovery;
 pub mod drains;
 pub mod imports;

@@ -90,7 +90,8 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     }
     let _slot = PlanSlot::take(&state.plans_under_way)?;
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
-    super::secrets::check_named(state, role, files).await?;
+    super::secrets::check_named(state, role, files.clone()).await?;
+    super::dependency_cycles::refuse_cycles(state, files).await?;
     let (units, machines) = (state.registry.units().await?, state.registry.machines().await?);
     let mut drained = Vec::with_capacity(request.drain.len());
     for requested in &request.drain {

@@ -28,7 +28,8 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -
     }
     let changes = admitted(batch.units, role, Permission::Write, MOST_UNITS_PER_BATCH, state.agent_ttl)?;
     let files = changes.iter().filter_map(|change| Some((change.name.as_str(), change.file.as_ref()?)));
-    super::secrets::check_named(state, role, files).await?;
+    super::secrets::check_named(state, role, files.clone()).await?;
+    super::dependency_cycles::refuse_cycles(state, files).await?;
     let answers = state.registry.change_units_as(&changes, writer).await?;
     let units = changes
         .iter()

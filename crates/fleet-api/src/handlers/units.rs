@@ -150,6 +150,7 @@ pub async fn put(
         }
         validate_options(name, &file, state.agent_ttl)?;
         super::secrets::check_named(state, role, [(name, &file)]).await?;
+        super::dependency_cycles::refuse_cycles(state, [(name, &file)]).await?;
         let desired = desired.unwrap_or(DesiredState::Inactive);
         refuse_template_activation(name, desired)?;
         state.registry.put_unit_as(name, &file, desired, writer).await?;

@@ -1113,3 +1113,39 @@ async fn a_disruption_budget_is_checked_at_submission_naming_the_option() {
     let answer = api.call("POST", "/fleet/v1/units", Some(batch)).await;
     assert!(answer.body.to_string().contains("[X-Fleet] DisruptionBudget"), "a batch refuses it too: {}", answer.body);
 }
+
+/// `Requires=` and `After=` are checked at submission: a bad item is refused naming the option,
+/// a name not in the cluster is taken (it may come later), and a write that would have units
+/// wait for each other in a circle (directly or through a pattern) is refused naming the circle,
+/// through a batch and a plan too, storing nothing.
+#[tokio::test]
+async fn dependencies_are_checked_and_a_circle_is_refused_naming_it() {
+    let api = api(100).await;
+    let unit = |x_fleet: &str| {
+        let mut options = vec![json!({"section": "Service", "name": "ExecStart", "value": "/bin/true"})];
+        for line in x_fleet.lines() {
+            let (name, value) = line.split_once('=').expect("key=value");
+            options.push(json!({"section": "X-Fleet", "name": name, "value": value}));
+        }
+        json!({"desiredState": "launched", "options": options})
+    };
+    let bad = api.call("PUT", "/fleet/v1/units/app.service", Some(unit("Requires=db@*.service:0"))).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.to_string().contains("[X-Fleet] Requires: a count from 1 to 1000"), "{}", bad.body);
+    let first = api.call("PUT", "/fleet/v1/units/app.service", Some(unit("Requires=db.service"))).await;
+    assert!(first.status.is_success(), "a unit not in the cluster yet may be required: {}", first.body);
+    let closing = api.call("PUT", "/fleet/v1/units/db.service", Some(unit("After=app*.service"))).await;
+    assert_eq!(closing.status, StatusCode::BAD_REQUEST, "{}", closing.body);
+    let message = closing.body["error"]["message"].as_str().unwrap_or_default().to_string();
+    assert!(message.contains("would have units wait for each other in a circle: "), "{message}");
+    assert!(message.contains("app.service → db.service") || message.contains("db.service → app.service"), "{message}");
+    let batch = json!({"units": [{"name": "db.service", "desiredState": "launched", "options": unit("Requires=app.service")["options"]}]});
+    let refused = api.call("POST", "/fleet/v1/units", Some(batch.clone())).await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{}", refused.body);
+    let planned = api.call("POST", "/fleet/v1/plans", Some(batch)).await;
+    assert_eq!(planned.status, StatusCode::BAD_REQUEST, "a plan refuses it as the write would: {}", planned.body);
+    let listed = api.call("GET", "/fleet/v1/units", None).await.body;
+    assert_eq!(listed["units"].as_array().map(Vec::len), Some(1), "only app.service is stored: {listed}");
+    let fine = api.call("PUT", "/fleet/v1/units/db.service", Some(unit("After=migrate.service"))).await;
+    assert!(fine.status.is_success(), "{}", fine.body);
+}
