@@ -618,7 +618,12 @@ impl Agent {
         }
         fleet_metrics::metrics().agent.units.set(i64::try_from(self.loaded.len()).unwrap_or(i64::MAX));
         self.report_states(held_now).await?;
-        self.run_book.caught_up();
+        // Only a pass that read all of its work has caught up: a unit whose body it could not
+        // read is still of the work this fleetd found when it started, which an earlier fleetd
+        // may have run (seed 796451714: a restarted fleetd started such a run again).
+        if unread.is_none() {
+            self.run_book.caught_up();
+        }
         self.settled = every_task_done && unread.is_none();
         // New content that could not be read is tried again soon, as a failed pass is.
         unread.map_or(Ok(()), Err)

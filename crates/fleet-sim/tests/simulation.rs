@@ -94,6 +94,19 @@ fn units_on_a_calendar_run_each_elapse_at_most_once_under_faults() {
         assert!(outcome.passed(), "{outcome}");
         assert!(outcome.runs_claimed > 0, "runs were claimed: {outcome}");
     }
+    // 796451714, in CI's whole mix: a restarted fleetd whose first pass could not read a run's
+    // body took itself for caught up, and started that run when it could (started 9 times for
+    // 8 runs claimed).
+    let all = fleet_sim::SimConfig {
+        scheduled: 4,
+        moving: 3,
+        prioritized: 8,
+        lost_after: 6,
+        budgeted: 6,
+        ..SimConfig::default()
+    };
+    let outcome = run(796_451_714, &all);
+    assert!(outcome.passed(), "{outcome}");
 }
 
 /// Services that fail on m0 move elsewhere under the same faults: each ends running on another
