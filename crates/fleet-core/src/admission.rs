@@ -17,7 +17,16 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     crate::requirements::priority_of(file.options())?;
     crate::lost_after::lost_after_of(file.options())?;
     crate::disruption_budget::budget_of(name, file.options())?;
-    crate::dependency::dependencies_of(name, file.options())?;
+    let dependencies = crate::dependency::dependencies_of(name, file.options())?;
+    if !dependencies.is_empty()
+        && crate::job::job_of(name, file.options()).ok().flatten().is_some_and(|job| job.is_recorded())
+    {
+        return Err(format!(
+            "[X-Fleet] {}= and {}= are not taken yet by units on a calendar, batch units or services that move when they fail",
+            crate::dependency::REQUIRES_KEY,
+            crate::dependency::AFTER_KEY
+        ));
+    }
     crate::health::check_of(&checked_as(name), file.options()).map_err(|error| error.to_string())?;
     crate::job::job_of(name, file.options()).map_err(|error| error.to_string())?;
     crate::job::refuse_what_is_not_run_yet(file.options()).map_err(|error| error.to_string())?;
@@ -40,6 +49,20 @@ fn checked_as(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dependencies_are_not_taken_yet_by_units_whose_runs_the_engine_keeps() {
+        let file = UnitFile::parse(
+            "[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=daily\nRequires=db.service\n",
+        )
+        .expect("a unit");
+        assert!(
+            admit_unit("backup.service", &file)
+                .is_err_and(|error| error.contains("not taken yet by units on a calendar"))
+        );
+        let file = UnitFile::parse("[Service]\nExecStart=/bin/app\n[X-Fleet]\nRequires=db.service\n").expect("a unit");
+        assert_eq!(admit_unit("app.service", &file), Ok(()));
+    }
 
     #[test]
     fn a_template_s_check_is_read_as_an_instance_s() {
