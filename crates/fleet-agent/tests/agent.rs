@@ -532,3 +532,37 @@ async fn a_lapsed_presence_stops_every_unit_at_once_until_the_work_shows_what_is
     eventually("what is still here runs again", async || manager.state("kept.service") == running()).await;
     assert_eq!(manager.state("moved.service"), None, "what moved away stays stopped");
 }
+
+/// A fleetd whose first pass cannot read the body of a scheduled unit given to its machine has
+/// not caught up: the run it loads once it can was found given at start (an earlier fleetd may
+/// have run it), so it is reported lost and not started. fleet-sim seed 796451714 found a
+/// restarted fleetd starting such a run again.
+#[tokio::test(start_paused = true)]
+async fn a_run_found_at_start_whose_body_could_not_be_read_is_not_started_once_it_can_be() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let tick = UnitFile::parse("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=hourly\n").unwrap();
+    registry.put_unit("tick.service", &tick, DesiredState::Launched).await.unwrap();
+    let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
+    let decision = Decision::Schedule { unit: "tick.service".into(), machine: MACHINE.into() };
+    registry.apply(&lease, &[decision], &[]).await.unwrap();
+    let (flaky, manager, _lifecycle) = start_on_flaky(&registry);
+    // Before its first pass runs: no body can be read.
+    flaky.bodies_down.store(true, std::sync::atomic::Ordering::SeqCst);
+    eventually("a pass read the work and failed on the body", async || {
+        flaky.reads.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    assert!(manager.state("tick.service").is_none(), "nothing loaded without its body");
+    flaky.bodies_down.store(false, std::sync::atomic::Ordering::SeqCst);
+    let lost = |state: &fleet_core::UnitState| {
+        state.run.as_ref().is_some_and(|run| matches!(run.outcome, Some(fleet_core::job::runs::Outcome::Lost { .. })))
+    };
+    eventually("the run is reported lost", async || {
+        registry.unit_states().await.unwrap().iter().any(|state| state.name == "tick.service" && lost(state))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(manager.starts(), 0, "loaded, never started: whether it ran is not known");
+    assert!(manager.state("tick.service").is_some());
+}
