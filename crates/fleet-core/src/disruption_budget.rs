@@ -183,11 +183,6 @@ impl Budgets {
         ledger
     }
 
-    /// Whether no unit has a budget: every disruption goes through.
-    pub fn is_empty(&self) -> bool {
-        self.units.is_empty()
-    }
-
     /// Whether `unit` counts as down in the ledger (down now, or taken down by this decision).
     pub fn is_down(&self, unit: &str) -> bool {
         self.units.get(unit).is_some_and(|(_, down)| *down)
@@ -239,12 +234,6 @@ impl Budgets {
             .collect();
         taken.sort_unstable();
         taken
-    }
-
-    /// Whether every bucket has at most its limit down (a bucket over it by faults alone
-    /// takes no more).
-    pub fn within(&self) -> bool {
-        self.buckets.iter().all(|bucket| bucket.down <= bucket.limit)
     }
 }
 

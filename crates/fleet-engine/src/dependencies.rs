@@ -7,7 +7,7 @@
 //! current content.
 
 use std::collections::{BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use fleet_core::dependency::{Dependencies, Dependency, Kind, Standing, waiting_for};
 use fleet_core::glob::Glob;
@@ -100,6 +100,7 @@ impl DependencyGate {
         let mut waiting = Vec::new();
         let mut keep_off = Vec::new();
         let mut still_unmet = HashMap::new();
+        let mut grace_ends: Option<Instant> = None;
         for &index in &dependents {
             let unit = &cluster.units[index];
             let dependencies = &unit.requirements.dependencies;
@@ -111,26 +112,24 @@ impl DependencyGate {
                 continue;
             }
             // A unit that runs stops only for what it requires, and only past its grace.
+            let Some(grace) = dependencies.grace else { continue };
             let required = Dependencies {
                 items: dependencies.items.iter().filter(|item| item.kind == Kind::Requires).cloned().collect(),
-                grace: dependencies.grace,
+                grace: Some(grace),
             };
-            let (Some(grace), Some(why)) = (required.grace, waiting_for(&required, names_of)) else { continue };
+            let Some(why) = waiting_for(&required, names_of) else { continue };
             let since = *self.unmet_since.get(&unit.name).unwrap_or(&now);
             still_unmet.insert(unit.name.clone(), since);
             if now.duration_since(since) >= grace {
-                waiting.push((unit.name.clone(), format!("{why} (RequiresGrace={} passed)", short(grace))));
+                let grace = fleet_core::duration::short_span(grace);
+                waiting.push((unit.name.clone(), format!("{why} (RequiresGrace={grace} passed)")));
                 keep_off.push(index);
+            } else {
+                let ends = since + grace;
+                grace_ends = Some(grace_ends.map_or(ends, |first| first.min(ends)));
             }
         }
-        self.grace_ends = still_unmet
-            .iter()
-            .filter_map(|(name, since)| {
-                let index = by_name.get(name.as_str())?;
-                Some(*since + cluster.units[*index].requirements.dependencies.grace?)
-            })
-            .filter(|ends| *ends > now)
-            .min();
+        self.grace_ends = grace_ends;
         self.unmet_since = still_unmet;
         for index in keep_off {
             cluster.units[index].desired = DesiredState::Inactive;
@@ -158,9 +157,4 @@ fn standing_of(on: Option<&str>, hash: Option<UnitHash>, name: &str, states: &[s
         ("inactive", _) if state.launched && state.systemd.sub == "dead" => Standing::Finished,
         (active, _) => Standing::Down(format!("{active} on {short}")),
     }
-}
-
-/// A grace as a unit file writes it.
-fn short(span: Duration) -> String {
-    fleet_core::duration::short_span(span)
 }
