@@ -60,7 +60,7 @@ impl DriftWatch {
             .filter_map(|task| match task {
                 Task::Unload(name) | Task::Load(name) | Task::Stop(name) | Task::Start(name) => Some(name.as_str()),
                 // Its credentials only: its unit file and its running are as they were.
-                Task::Refresh(_) | Task::ReloadUnitFiles => None,
+                Task::Refresh(_) | Task::Reload(_) | Task::ReloadUnitFiles => None,
             })
             .collect();
         let now = self.started.elapsed();
@@ -148,9 +148,13 @@ mod tests {
             state: DesiredState::Launched,
             drift: DriftPolicy::Correct,
             secrets: Default::default(),
+            places: Default::default(),
         };
         let desired = BTreeMap::from([("a.service".to_string(), wanted.clone())]);
-        let loaded = BTreeMap::from([("a.service".to_string(), LoadedUnit { hash, launched: true, secrets: None })]);
+        let loaded = BTreeMap::from([(
+            "a.service".to_string(),
+            LoadedUnit { hash, launched: true, secrets: None, places: None },
+        )]);
         let mut watch = DriftWatch::default();
         for _ in 0..3 {
             let fixes = watch.corrections(&manager, &desired, &loaded, &held("inactive", hash), &[]).await;

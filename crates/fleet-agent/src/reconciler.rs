@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use crate::run_book::GlobalRunHere;
 use crate::unreadable_work::UnreadableWork;
-use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Task};
+use fleet_core::agent_plan::{self, DesiredUnit, LoadedUnit, Places, Task};
 use fleet_core::desired_units::{Assigned, desired_units};
 use fleet_core::health::HealthStatus;
 use fleet_core::job::global_runs::RunTicket;
+use fleet_core::required_places::{self, RequiredPlace};
 use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use fleet_registry::{AgentRegistry, AssignedUnit, RegistryError, Renewal, StateReport, UnitSecrets};
@@ -126,19 +127,25 @@ pub struct Agent {
 }
 
 /// The credentials of `name`, which is loaded next from `file`: the values of the secrets
-/// it names, under the names it gives them, and the version of each secret given. Never a
-/// value in an error.
+/// it names, under the names it gives them, and the version of each secret given; and for a
+/// unit that waits for units, the file of where they run (`places`). Never a value in an
+/// error.
 async fn credentials_of(
     secrets: Option<Arc<dyn UnitSecrets>>,
     machine_id: &str,
     name: &str,
     file: &UnitFile,
     pins: &SecretPins,
+    places: &[RequiredPlace],
 ) -> Result<(Vec<Credential>, BTreeMap<String, u64>), UnitManagerError> {
     let refused = |reason: String| UnitManagerError::Refused { unit: name.to_string(), reason };
     let references = fleet_core::secrets::references(file).map_err(refused)?;
+    let mut credentials = Vec::new();
+    if required_places::waits(file.options()) {
+        credentials.push(Credential::new(required_places::FILE_NAME, required_places::file_content(places)));
+    }
     if references.is_empty() {
-        return Ok((Vec::new(), BTreeMap::new()));
+        return Ok((credentials, BTreeMap::new()));
     }
     let source = secrets.ok_or_else(|| refused("this machine cannot receive secrets".into()))?;
     let names: Vec<String> = references.iter().map(|reference| reference.secret.clone()).collect();
@@ -147,13 +154,12 @@ async fn credentials_of(
         .await
         .map_err(|why| refused(format!("cannot have its secrets: {why}")))?;
     let versions = delivered.iter().map(|secret| (secret.name.clone(), secret.version)).collect();
-    let credentials = references
-        .into_iter()
-        .map(|reference| match delivered.iter().find(|secret| secret.name == reference.secret) {
-            Some(secret) => Ok(Credential::new(reference.credential, secret.value.clone())),
-            None => Err(refused(format!("secret {} was not delivered", reference.secret))),
-        })
-        .collect::<Result<Vec<Credential>, UnitManagerError>>()?;
+    for reference in references {
+        match delivered.iter().find(|secret| secret.name == reference.secret) {
+            Some(secret) => credentials.push(Credential::new(reference.credential, secret.value.clone())),
+            None => return Err(refused(format!("secret {} was not delivered", reference.secret))),
+        }
+    }
     Ok((credentials, versions))
 }
 
@@ -525,7 +531,8 @@ impl Agent {
                     let launched = adopted_as_launched(&held.state);
                     // Which versions of its secrets it was given is not known: taken to be
                     // what it is pinned to once the work is read.
-                    self.loaded.insert(name.clone(), LoadedUnit { hash: held.hash, launched, secrets: None });
+                    self.loaded
+                        .insert(name.clone(), LoadedUnit { hash: held.hash, launched, secrets: None, places: None });
                     let unknown = UnitState {
                         run: None,
                         name: name.clone(),
@@ -584,10 +591,10 @@ impl Agent {
         // A unit taken over from an earlier fleetd runs the versions of its secrets it is
         // pinned to, as far as anyone can tell: a pin that moves later is acted on.
         for (name, loaded) in &mut self.loaded {
-            if loaded.secrets.is_none()
-                && let Some(wanted) = desired.get(name).filter(|wanted| wanted.hash == loaded.hash)
-            {
-                loaded.secrets = Some(wanted.secrets.versions.clone());
+            if let Some(wanted) = desired.get(name).filter(|wanted| wanted.hash == loaded.hash) {
+                loaded.secrets.get_or_insert_with(|| wanted.secrets.versions.clone());
+                // Its file says where they ran when it was written: taken to be where they run.
+                loaded.places.get_or_insert_with(|| wanted.places.at.clone());
             }
         }
         // The fence covers what this pass may start before it starts anything.
@@ -685,6 +692,13 @@ impl Agent {
                 }
             }
         }
+        // What a unit that waits for units wants when they move, from its content.
+        for (name, wanted) in desired.iter_mut().filter(|(_, wanted)| !wanted.places.at.is_empty()) {
+            if let Some(file) = self.bodies.get(&wanted.hash) {
+                let dependencies = fleet_core::dependency::dependencies_of(name, file.options());
+                wanted.places.on_change = dependencies.map(|dependencies| dependencies.on_change).unwrap_or_default();
+            }
+        }
         // Keep only the bodies still in use.
         let in_use: std::collections::HashSet<UnitHash> = desired.values().map(|unit| unit.hash).collect();
         self.bodies.retain(|hash, _| in_use.contains(hash));
@@ -704,13 +718,13 @@ impl Agent {
                 };
                 // Its credentials first, where its processes will find them (none: any it had
                 // go); then the unit.
-                let pins = desired.get(name).map(|unit| unit.secrets.clone()).unwrap_or_default();
-                let result = match self.provide_credentials(name, &file, &pins).await {
+                let (pins, places) = wanted_credentials(desired, name);
+                let result = match self.provide_credentials(name, &file, &pins, &places).await {
                     Ok(versions) => self.manager.load(name, &file).await.map(|()| versions),
                     Err(error) => Err(error),
                 };
                 result.map(|versions| {
-                    self.loaded.insert(name.clone(), LoadedUnit::loaded(hash, versions));
+                    self.loaded.insert(name.clone(), LoadedUnit::loaded(hash, versions, places));
                     self.run_book.loaded(name, &file);
                     if fleet_core::requirements::asks_at_most_once(&file) {
                         self.at_most_once.insert(name.clone());
@@ -723,13 +737,15 @@ impl Agent {
                 let Some(file) = self.loaded.get(name).and_then(|unit| self.bodies.get(&unit.hash)).cloned() else {
                     return false;
                 };
-                let pins = desired.get(name).map(|unit| unit.secrets.clone()).unwrap_or_default();
-                self.provide_credentials(name, &file, &pins).await.map(|versions| {
+                let (pins, places) = wanted_credentials(desired, name);
+                self.provide_credentials(name, &file, &pins, &places).await.map(|versions| {
                     if let Some(unit) = self.loaded.get_mut(name) {
                         unit.secrets = Some(versions);
+                        unit.places = Some(places);
                     }
                 })
             }
+            Task::Reload(name) => self.manager.reload(name).await,
             Task::Unload(name) => {
                 let result = self.manager.unload(name).await;
                 if result.is_ok() {
@@ -785,6 +801,7 @@ impl Agent {
         let kind = match &task {
             Task::Load(_) => "load",
             Task::Refresh(_) => "refresh",
+            Task::Reload(_) => "reload-unit",
             Task::Unload(_) => "unload",
             Task::ReloadUnitFiles => "reload",
             Task::Stop(_) => "stop",
@@ -812,10 +829,11 @@ impl Agent {
         name: &str,
         file: &UnitFile,
         pins: &SecretPins,
+        places: &[RequiredPlace],
     ) -> Result<BTreeMap<String, u64>, UnitManagerError> {
         let (secrets, manager, machine_id) =
             (self.secrets.clone(), self.manager.clone(), self.config.machine.id.clone());
-        let (credentials, versions) = credentials_of(secrets, &machine_id, name, file, pins).await?;
+        let (credentials, versions) = credentials_of(secrets, &machine_id, name, file, pins, places).await?;
         manager.provide_credentials(name, file, &credentials).await?;
         Ok(versions)
     }
@@ -963,11 +981,22 @@ impl Reconciler for Agent {
     }
 }
 
+/// The secret versions and places `name` is to be given, as its work says.
+fn wanted_credentials(desired: &BTreeMap<String, DesiredUnit>, name: &str) -> (SecretPins, Vec<RequiredPlace>) {
+    desired.get(name).map(|unit| (unit.secrets.clone(), unit.places.at.clone())).unwrap_or_default()
+}
+
 /// A unit of the machine's work, as the agent's decision takes it.
 fn assigned(unit: &AssignedUnit) -> Assigned<'_> {
     Assigned {
         name: &unit.name,
-        wanted: DesiredUnit { hash: unit.hash, state: unit.desired, drift: unit.drift, secrets: unit.secrets.clone() },
+        wanted: DesiredUnit {
+            hash: unit.hash,
+            state: unit.desired,
+            drift: unit.drift,
+            secrets: unit.secrets.clone(),
+            places: Places { at: unit.required_at.clone(), on_change: Default::default() },
+        },
     }
 }
 

@@ -40,6 +40,20 @@ pub struct Unit {
     /// The git source that owns the unit; absent for a unit made by hand (our addition).
     #[serde(default, skip_serializing_if = "is_empty")]
     pub source: Option<String>,
+    /// For a placed unit with `Requires=` or `After=`, in `GET /units/{name}`: where the
+    /// instances it names that are up run, as its machine's file says (our addition).
+    #[serde(rename = "requiredAt", default, skip_serializing_if = "Vec::is_empty")]
+    pub required_at: Vec<RequiredPlace>,
+}
+
+/// Where one running instance of what a unit requires runs (our addition).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequiredPlace {
+    pub unit: String,
+    #[serde(rename = "machineID")]
+    pub machine_id: String,
+    #[serde(rename = "primaryIP", default, skip_serializing_if = "String::is_empty")]
+    pub primary_ip: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -499,6 +513,9 @@ pub struct AgentUnit {
     /// elapse, microseconds since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<AgentRunTicket>,
+    /// For a unit with `Requires=` or `After=`: where the instances it names that are up run.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required_at: Vec<RequiredPlace>,
 }
 
 /// The run every machine of a global unit on a calendar is to run now.

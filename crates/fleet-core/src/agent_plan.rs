@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use crate::drift::{Drift, DriftPolicy};
 use crate::machine::MachineState;
+use crate::required_places::{OnChange, RequiredPlace};
 use crate::requirements::Requirements;
 use crate::secrets::SecretPins;
 use crate::state::DesiredState;
@@ -19,6 +20,16 @@ pub struct DesiredUnit {
     pub drift: DriftPolicy,
     /// The versions of its secrets it is to run with, where not the newest.
     pub secrets: SecretPins,
+    /// For a unit with `Requires=` or `After=`: where what it names runs, and what it wants
+    /// when that moves.
+    pub places: Places,
+}
+
+/// Where what a unit requires runs, as its file is to say, and what it wants when that moves.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Places {
+    pub at: Vec<RequiredPlace>,
+    pub on_change: OnChange,
 }
 
 /// A unit the unit manager holds now.
@@ -29,12 +40,19 @@ pub struct LoadedUnit {
     /// The version of each secret it was given; `None`: not known (taken over from an
     /// earlier fleetd).
     pub secrets: Option<BTreeMap<String, u64>>,
+    /// Where its file says what it requires runs; `None`: not known (taken over).
+    pub places: Option<Vec<RequiredPlace>>,
 }
 
 impl LoadedUnit {
-    /// A unit just loaded with the secrets `secrets`, not started yet.
-    pub fn loaded(hash: UnitHash, secrets: BTreeMap<String, u64>) -> Self {
-        Self { hash, launched: false, secrets: Some(secrets) }
+    /// A unit just loaded with the secrets `secrets` and the places `places`, not started yet.
+    pub fn loaded(hash: UnitHash, secrets: BTreeMap<String, u64>, places: Vec<RequiredPlace>) -> Self {
+        Self { hash, launched: false, secrets: Some(secrets), places: Some(places) }
+    }
+
+    /// Whether `wanted` places differ from those its file says (known ones only).
+    fn places_moved(&self, wanted: &Places) -> bool {
+        self.places.as_ref().is_some_and(|had| *had != wanted.at)
     }
 }
 
@@ -43,12 +61,15 @@ impl LoadedUnit {
 pub enum Task {
     Unload(String),
     Load(String),
-    /// Its credentials written again, the unit left running (`secret set --no-restart`).
+    /// Its credentials written again, the unit left running (`secret set --no-restart`, or
+    /// what it requires moved).
     Refresh(String),
     /// One `daemon-reload` after all loads and unloads.
     ReloadUnitFiles,
     Stop(String),
     Start(String),
+    /// Its `ExecReload=` run, after a [`Task::Refresh`] (`RequiresChange=reload`).
+    Reload(String),
 }
 
 impl Task {
@@ -58,7 +79,7 @@ impl Task {
             Self::Load(_) | Self::Refresh(_) => 2,
             Self::ReloadUnitFiles => 3,
             Self::Stop(_) => 4,
-            Self::Start(_) => 5,
+            Self::Start(_) | Self::Reload(_) => 5,
         }
     }
 }
@@ -70,10 +91,15 @@ pub fn plan(desired: &BTreeMap<String, DesiredUnit>, loaded: &BTreeMap<String, L
         match desired.get(name) {
             None => tasks.push(Task::Unload(name.clone())),
             Some(wanted) if wanted.state == DesiredState::Inactive => tasks.push(Task::Unload(name.clone())),
-            // New content, or a secret's version moved (given by a restart): loaded afresh.
+            // New content, a secret's version moved (given by a restart), or what a running unit
+            // requires moved and it wants a restart: loaded afresh.
             Some(wanted)
                 if wanted.hash != current.hash
-                    || (!wanted.secrets.in_place && wanted.secrets.moved_from(current.secrets.as_ref())) =>
+                    || (!wanted.secrets.in_place && wanted.secrets.moved_from(current.secrets.as_ref()))
+                    || (current.launched
+                        && wanted.state == DesiredState::Launched
+                        && wanted.places.on_change == OnChange::Restart
+                        && current.places_moved(&wanted.places)) =>
             {
                 tasks.push(Task::Unload(name.clone()));
                 tasks.push(Task::Load(name.clone()));
@@ -82,8 +108,13 @@ pub fn plan(desired: &BTreeMap<String, DesiredUnit>, loaded: &BTreeMap<String, L
                 }
             }
             Some(wanted) => {
-                if wanted.secrets.moved_from(current.secrets.as_ref()) {
+                let places_moved = current.places_moved(&wanted.places);
+                if wanted.secrets.moved_from(current.secrets.as_ref()) || places_moved {
                     tasks.push(Task::Refresh(name.clone()));
+                }
+                let running = current.launched && wanted.state == DesiredState::Launched;
+                if places_moved && running && wanted.places.on_change == OnChange::Reload {
+                    tasks.push(Task::Reload(name.clone()));
                 }
                 match (wanted.state, current.launched) {
                     (DesiredState::Launched, false) => tasks.push(Task::Start(name.clone())),
@@ -185,11 +216,17 @@ mod tests {
     }
 
     fn want(n: u8, state: DesiredState) -> DesiredUnit {
-        DesiredUnit { hash: hash(n), state, drift: DriftPolicy::Correct, secrets: SecretPins::default() }
+        DesiredUnit {
+            hash: hash(n),
+            state,
+            drift: DriftPolicy::Correct,
+            secrets: SecretPins::default(),
+            places: Places::default(),
+        }
     }
 
     fn have(n: u8, launched: bool) -> LoadedUnit {
-        LoadedUnit { hash: hash(n), launched, secrets: Some(BTreeMap::new()) }
+        LoadedUnit { hash: hash(n), launched, secrets: Some(BTreeMap::new()), places: Some(Vec::new()) }
     }
 
     #[test]
@@ -279,6 +316,50 @@ mod tests {
         assert_eq!(tasks(pinned(2, true), given(Some(1))), vec![Task::Refresh(name.clone())]);
         assert!(tasks(pinned(2, false), given(Some(2))).is_empty(), "the pinned version runs");
         assert!(tasks(pinned(2, false), given(None)).is_empty(), "taken over: taken to run what is pinned");
+    }
+
+    #[test]
+    fn what_a_unit_requires_moving_restarts_reloads_or_rewrites_its_file_as_it_asks() {
+        let db = |machine: &str| RequiredPlace {
+            unit: "db.service".into(),
+            machine_id: machine.into(),
+            public_ip: "10.0.0.1".into(),
+        };
+        let wanted = |machine: &str, on_change: OnChange, state: DesiredState| DesiredUnit {
+            places: Places { at: vec![db(machine)], on_change },
+            ..want(1, state)
+        };
+        let given = |places: Option<Vec<RequiredPlace>>, launched: bool| LoadedUnit { places, ..have(1, launched) };
+        let name = "app.service".to_string();
+        let tasks = |wanted: DesiredUnit, loaded: LoadedUnit| {
+            plan(&BTreeMap::from([(name.clone(), wanted)]), &BTreeMap::from([(name.clone(), loaded)]))
+        };
+        let moved = Some(vec![db("m1")]);
+        use DesiredState::Launched;
+        assert_eq!(
+            tasks(wanted("m2", OnChange::Restart, Launched), given(moved.clone(), true)),
+            vec![
+                Task::Unload(name.clone()),
+                Task::Load(name.clone()),
+                Task::ReloadUnitFiles,
+                Task::Start(name.clone())
+            ]
+        );
+        assert_eq!(
+            tasks(wanted("m2", OnChange::Reload, Launched), given(moved.clone(), true)),
+            vec![Task::Refresh(name.clone()), Task::Reload(name.clone())]
+        );
+        assert_eq!(
+            tasks(wanted("m2", OnChange::None, Launched), given(moved.clone(), true)),
+            vec![Task::Refresh(name.clone())]
+        );
+        assert_eq!(
+            tasks(wanted("m2", OnChange::Restart, DesiredState::Loaded), given(moved.clone(), false)),
+            vec![Task::Refresh(name.clone())],
+            "not running: only its file"
+        );
+        assert!(tasks(wanted("m1", OnChange::Restart, Launched), given(moved, true)).is_empty(), "unmoved");
+        assert!(tasks(wanted("m2", OnChange::Restart, Launched), given(None, true)).is_empty(), "taken over");
     }
 
     #[test]

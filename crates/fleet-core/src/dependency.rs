@@ -61,6 +61,8 @@ pub struct Dependencies {
     pub items: Vec<Dependency>,
     /// `RequiresGrace=`: `None`, never stopped for what it requires.
     pub grace: Option<Duration>,
+    /// `RequiresChange=`: what the unit wants when what it requires moves.
+    pub on_change: crate::required_places::OnChange,
 }
 
 impl Dependencies {
@@ -71,8 +73,8 @@ impl Dependencies {
 
 /// The unit's dependencies; an error names the option and the value for an item that is no
 /// unit name or pattern, a count of 0 or above [`MOST_COUNT`], more than [`MOST_ITEMS`] items,
-/// an item that names the unit itself, a grace that is no time span, and a grace without
-/// `Requires=`.
+/// an item that names the unit itself, a grace that is no time span, a grace without
+/// `Requires=`, and a `RequiresChange=` it does not take.
 pub fn dependencies_of(unit_name: &str, options: &[UnitOption]) -> Result<Dependencies, String> {
     let mut items = Vec::new();
     for kind in [Kind::Requires, Kind::After] {
@@ -107,7 +109,8 @@ pub fn dependencies_of(unit_name: &str, options: &[UnitOption]) -> Result<Depend
             }
         }
     };
-    Ok(Dependencies { items, grace })
+    let on_change = crate::required_places::on_change_of(options, !items.is_empty())?;
+    Ok(Dependencies { items, grace, on_change })
 }
 
 /// One item as written: `db.service`, `db@*.service`, `db@*.service:2`.

@@ -80,6 +80,7 @@ mod tests {
             state: DesiredState::Launched,
             drift: DriftPolicy::default(),
             secrets: Default::default(),
+            places: Default::default(),
         }
     }
 
@@ -87,8 +88,10 @@ mod tests {
     fn a_unit_gets_its_wanted_content_or_keeps_the_held_one_while_the_new_is_unread() {
         let machine = MachineState { id: "m".into(), ..Default::default() };
         let (old, new) = (body("/bin/old"), body("/bin/new"));
-        let loaded =
-            BTreeMap::from([("a.service".to_string(), LoadedUnit { hash: old.hash(), launched: true, secrets: None })]);
+        let loaded = BTreeMap::from([(
+            "a.service".to_string(),
+            LoadedUnit { hash: old.hash(), launched: true, secrets: None, places: None },
+        )]);
         let scheduled = [
             Assigned { name: "a.service", wanted: wanted(&new) },
             Assigned { name: "b.service", wanted: wanted(&new) },
@@ -108,8 +111,10 @@ mod tests {
     fn a_held_global_unit_keeps_its_content_while_the_new_is_unread() {
         let machine = MachineState { id: "m".into(), ..Default::default() };
         let (old, new) = (body("/bin/old"), body("/bin/new"));
-        let loaded =
-            BTreeMap::from([("g.service".to_string(), LoadedUnit { hash: old.hash(), launched: true, secrets: None })]);
+        let loaded = BTreeMap::from([(
+            "g.service".to_string(),
+            LoadedUnit { hash: old.hash(), launched: true, secrets: None, places: None },
+        )]);
         let globals = [Assigned { name: "g.service", wanted: wanted(&new) }];
         let desired = desired_units(&machine, &[], &globals, &HashMap::new(), &loaded, true);
         assert_eq!(desired["g.service"].hash, old.hash());

@@ -28,6 +28,7 @@ pub mod machine;
 pub mod max_unavailable;
 pub mod metadata_key;
 pub mod peer_probing;
+pub mod required_places;
 pub mod requirements;
 pub mod reserved;
 pub mod resources;

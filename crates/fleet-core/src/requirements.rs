@@ -44,6 +44,7 @@ pub const ADDED_KEYS: &[&str] = &[
     crate::dependency::REQUIRES_KEY,
     crate::dependency::AFTER_KEY,
     crate::dependency::GRACE_KEY,
+    crate::required_places::CHANGE_KEY,
 ];
 
 /// `Priority=` (0 to 1000, [`DEFAULT_PRIORITY`] when absent): units of a higher priority are

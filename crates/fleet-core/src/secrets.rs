@@ -83,6 +83,12 @@ pub fn references(file: &crate::UnitFile) -> Result<Vec<SecretReference>, String
         if references.iter().any(|known| known.credential == reference.credential) {
             return Err(format!("two Secret= lines give the credential name {:?}", reference.credential));
         }
+        if reference.credential == crate::required_places::FILE_NAME {
+            return Err(format!(
+                "the credential name {:?} is fleet's own (where what the unit requires runs)",
+                reference.credential
+            ));
+        }
         references.push(reference);
     }
     Ok(references)

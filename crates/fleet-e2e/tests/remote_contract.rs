@@ -103,4 +103,5 @@ remote_contract!(
     states_go_with_their_machine,
     a_revoked_machine_goes_with_its_states,
     a_run_ticket_reaches_every_machine_with_its_global_unit,
+    where_requirements_run_reaches_the_machine_of_their_unit,
 );

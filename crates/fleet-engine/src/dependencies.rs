@@ -5,14 +5,20 @@
 //! off too, and waits again. What counts as met is `fleet_core::dependency::waiting_for`; how
 //! each unit stands comes from where it is scheduled and what that machine reports of its
 //! current content.
+//!
+//! The same look gives, for each unit with dependencies, where the instances it names that
+//! are up run ([`UpPlaces`]): once the plan says where each such unit goes, the engine records
+//! them for its machine ([`places_to_record`]), which writes them into the unit's file.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 use fleet_core::dependency::{Dependencies, Dependency, Kind, Standing, waiting_for};
 use fleet_core::glob::Glob;
 use fleet_core::health::HealthStatus;
+use fleet_core::required_places::{RequiredPlace, RequiredPlaces, next_places};
 use fleet_core::schedule::{ClusterSnapshot, SnapshotUnit};
+use fleet_core::schedule::{Decision, Plan};
 use fleet_core::{DesiredState, UnitHash, UnitState};
 use fleet_registry::{EngineRegistry, RegistryError};
 
@@ -31,31 +37,34 @@ pub(crate) struct DependencyGate {
 /// The units a pass kept off, each with why.
 pub(crate) type Waiting = Vec<(String, String)>;
 
+/// For each unit with dependencies the pass did not keep off: where the instances it names
+/// that are up run, sorted.
+pub(crate) type UpPlaces = BTreeMap<String, Vec<RequiredPlace>>;
+
 impl DependencyGate {
-    /// `cluster` with each unit whose dependencies are not met kept off for this plan, and the
-    /// units kept off with why. Reads the machines' reports of the units named, only when some
-    /// unit has dependencies.
+    /// `cluster` with each unit whose dependencies are not met kept off for this plan, the
+    /// units kept off with why, and where what the others name runs. Reads the machines'
+    /// reports of the units named, only when some unit has dependencies.
     pub async fn apply(
         &mut self,
         registry: &dyn EngineRegistry,
         mut cluster: ClusterSnapshot,
         listed: &[SnapshotUnit],
         now: Instant,
-    ) -> Result<(ClusterSnapshot, Waiting), RegistryError> {
+    ) -> Result<(ClusterSnapshot, Waiting, UpPlaces), RegistryError> {
         let dependents: Vec<usize> = (0..cluster.units.len())
             .filter(|&index| {
                 let unit = &cluster.units[index];
                 unit.desired != DesiredState::Inactive && !unit.requirements.dependencies.is_empty()
             })
             .collect();
-        self.watching = dependents.iter().any(|&index| {
-            let unit = &cluster.units[index];
-            unit.scheduled_on.is_none() || unit.requirements.dependencies.grace.is_some()
-        });
+        // How what they name stands may change a plan (a unit waits unplaced, or one that runs
+        // may leave once its grace passes) or where they are told it runs.
+        self.watching = !dependents.is_empty();
         if !self.watching {
             self.unmet_since.clear();
             self.grace_ends = None;
-            return Ok((cluster, Vec::new()));
+            return Ok((cluster, Vec::new(), UpPlaces::new()));
         }
         // Each item's pattern matched once over every unit's name.
         let mut matched: HashMap<&str, Vec<usize>> = HashMap::new();
@@ -116,6 +125,7 @@ impl DependencyGate {
             let required = Dependencies {
                 items: dependencies.items.iter().filter(|item| item.kind == Kind::Requires).cloned().collect(),
                 grace: Some(grace),
+                on_change: dependencies.on_change,
             };
             let Some(why) = waiting_for(&required, names_of) else { continue };
             let since = *self.unmet_since.get(&unit.name).unwrap_or(&now);
@@ -131,12 +141,81 @@ impl DependencyGate {
         }
         self.grace_ends = grace_ends;
         self.unmet_since = still_unmet;
+        let ips: HashMap<&str, &str> =
+            cluster.machines.iter().map(|machine| (machine.id.as_str(), machine.public_ip.as_str())).collect();
+        let mut places = UpPlaces::new();
+        let kept: std::collections::HashSet<usize> = keep_off.iter().copied().collect();
+        for &index in dependents.iter().filter(|index| !kept.contains(index)) {
+            let unit = &cluster.units[index];
+            let mut up: Vec<RequiredPlace> = unit
+                .requirements
+                .dependencies
+                .items
+                .iter()
+                .flat_map(|item| matched.get(item.pattern.as_str()).into_iter().flatten())
+                .filter(|other| standing.get(*other) == Some(&Standing::Up))
+                .filter_map(|&other| {
+                    let required = &cluster.units[other];
+                    let machine = required.scheduled_on.as_deref()?;
+                    Some(RequiredPlace {
+                        unit: required.name.clone(),
+                        machine_id: machine.to_string(),
+                        public_ip: ips.get(machine).copied().unwrap_or_default().to_string(),
+                    })
+                })
+                .collect();
+            up.sort();
+            up.dedup();
+            places.insert(unit.name.clone(), up);
+        }
         for index in keep_off {
             cluster.units[index].desired = DesiredState::Inactive;
         }
         waiting.sort();
-        Ok((cluster, waiting))
+        Ok((cluster, waiting, places))
     }
+}
+
+/// What to record of where requirements run once `plan` is written over `cluster`: for each
+/// unit of `up` placed somewhere after the plan, the places up now, or those recorded for it
+/// on that machine before (`before`) while none is up; nothing for a unit with no place yet.
+pub(crate) fn places_to_record(
+    up: &UpPlaces,
+    cluster: &ClusterSnapshot,
+    plan: &Plan,
+    before: &[RequiredPlaces],
+) -> Vec<RequiredPlaces> {
+    let mut machine_of: HashMap<&str, Option<&str>> = cluster
+        .units
+        .iter()
+        .filter(|unit| up.contains_key(&unit.name))
+        .map(|unit| (unit.name.as_str(), unit.scheduled_on.as_deref()))
+        .collect();
+    for decision in &plan.decisions {
+        match decision {
+            Decision::Schedule { unit, machine } if up.contains_key(unit) => {
+                machine_of.insert(unit.as_str(), Some(machine.as_str()));
+            }
+            Decision::Unschedule { unit, .. } if up.contains_key(unit) => {
+                machine_of.insert(unit.as_str(), None);
+            }
+            _ => {}
+        }
+    }
+    let before: HashMap<(&str, &str), &[RequiredPlace]> = before
+        .iter()
+        .map(|record| ((record.unit.as_str(), record.machine.as_str()), record.places.as_slice()))
+        .collect();
+    let mut records: Vec<RequiredPlaces> = up
+        .iter()
+        .filter_map(|(unit, places)| {
+            let machine = (*machine_of.get(unit.as_str())?)?;
+            let places = next_places(places.clone(), before.get(&(unit.as_str(), machine)).copied());
+            (!places.is_empty()).then(|| RequiredPlaces { unit: unit.clone(), machine: machine.to_string(), places })
+        })
+        .collect();
+    records.sort_by(|a, b| a.unit.cmp(&b.unit));
+    records
 }
 
 /// How the unit `name` stands: up when the machine it is scheduled on reports its current

@@ -70,6 +70,9 @@ pub struct Engine {
     /// The machines out of touch this leadership recorded last; `None` before it read what
     /// its predecessor recorded.
     out_of_touch_written: Option<Vec<fleet_core::OutOfTouch>>,
+    /// Where what units require runs, as this leadership recorded it last; `None` before it
+    /// read what its predecessor recorded.
+    places_written: Option<Vec<fleet_registry::RequiredPlaces>>,
     /// Units taken off a machine that is still present, until it stopped them.
     departures: Departures,
     /// Units preempted and not placed since, with who took their room: their reason says so
@@ -114,10 +117,10 @@ pub struct Engine {
     /// The units that wait for units (`Requires=`, `After=`) and since when a running one's
     /// requirement is not met.
     dependencies: dependencies::DependencyGate,
-    /// The snapshot revision and the units kept off waiting for units at the last pass, while
-    /// units wait or may leave for what they require: the machines' reports wake the engine, and
-    /// a pass that finds both unchanged plans nothing.
-    waiting_at: Option<(u64, dependencies::Waiting)>,
+    /// The snapshot revision, the units kept off waiting for units and where what units name
+    /// runs, at the last pass, while some unit has dependencies: the machines' reports wake the
+    /// engine, and a pass that finds all three unchanged plans nothing.
+    waiting_at: Option<(u64, dependencies::Waiting, dependencies::UpPlaces)>,
 }
 
 impl Engine {
@@ -142,6 +145,7 @@ impl Engine {
             hold_ends: None,
             machines_before: Vec::new(),
             out_of_touch_written: None,
+            places_written: None,
             departures: Departures::default(),
             preempted: BTreeMap::new(),
             first_look: true,
@@ -342,6 +346,7 @@ impl Engine {
             // leadership counts absences from its own first sight.
             self.absences = MachineAbsences::default();
             self.out_of_touch_written = None;
+            self.places_written = None;
             self.silent_written = None;
             self.departures = Departures::default();
             self.preempted.clear();
@@ -416,8 +421,8 @@ impl Engine {
         };
         self.set_waking();
         // Units that wait for units are kept off this plan, saying what they wait for.
-        let (cluster, waiting) = self.dependencies.apply(&*self.registry, cluster, &listed.1, now).await?;
-        let waits = self.dependencies.watching.then(|| (revision, waiting.clone()));
+        let (cluster, waiting, up_places) = self.dependencies.apply(&*self.registry, cluster, &listed.1, now).await?;
+        let waits = self.dependencies.watching.then(|| (revision, waiting.clone(), up_places.clone()));
         // Counted over every unit, those about to be left out of the plan too (one waiting for
         // the machine it left is down, and counts).
         let budget_view = budget_view::read(&*self.registry, &cluster, &listed.1).await?;
@@ -470,6 +475,9 @@ impl Engine {
         self.waiting_at = waits;
         self.set_waking();
         self.planning = planning.elapsed();
+        // Where requirements run, for the machines the plan leaves their dependents on, before
+        // the plan is written: a unit placed now finds its file there when it is loaded.
+        self.record_required_places(&lease, &up_places, &cluster, &decided).await?;
         // Services kept off every machine after a failure say why, as unplaced units do.
         decided.kept_off = self.jobs.off_reasons().iter().cloned().chain(waiting).collect();
         decided.staying = staying.units.into_iter().map(|(unit, held)| (unit, held.reason)).collect();
@@ -548,6 +556,33 @@ impl Engine {
 }
 
 impl Engine {
+    /// Records where what units require runs, when that is not what was recorded last (read
+    /// from the store on a leadership's first record).
+    async fn record_required_places(
+        &mut self,
+        lease: &EngineLease,
+        up: &dependencies::UpPlaces,
+        cluster: &ClusterSnapshot,
+        plan: &fleet_core::schedule::Plan,
+    ) -> Result<(), RegistryError> {
+        if up.is_empty() && self.places_written.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(());
+        }
+        let before = match self.places_written.take() {
+            Some(written) => written,
+            None => self.registry.recorded_required_places().await?,
+        };
+        let records = dependencies::places_to_record(up, cluster, plan, &before);
+        if records != before
+            && let Err(error) = self.registry.record_required_places(lease, &records).await
+        {
+            self.places_written = Some(before);
+            return Err(self.failed_write(error));
+        }
+        self.places_written = Some(records);
+        Ok(())
+    }
+
     /// Records the silent departures of `departures` (else this engine's own) when they are
     /// not what it recorded last; before it read what its predecessor recorded, nothing.
     async fn record_silent_departures(

@@ -444,6 +444,17 @@ impl fleet_registry::EngineRegistry for ContestedStore {
     async fn recorded_silent_departures(&self) -> fleet_registry::Result<Vec<fleet_registry::SilentDeparture>> {
         self.store.recorded_silent_departures().await
     }
+    async fn recorded_required_places(&self) -> fleet_registry::Result<Vec<fleet_registry::RequiredPlaces>> {
+        self.store.recorded_required_places().await
+    }
+    async fn record_required_places(
+        &self,
+        lease: &fleet_registry::EngineLease,
+        places: &[fleet_registry::RequiredPlaces],
+    ) -> fleet_registry::Result<()> {
+        self.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.store.record_required_places(lease, places).await
+    }
     async fn record_silent_departures(
         &self,
         lease: &fleet_registry::EngineLease,

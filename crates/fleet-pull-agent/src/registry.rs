@@ -165,7 +165,16 @@ fn assigned(unit: AgentUnit) -> Result<AssignedUnit> {
     };
     let secrets = fleet_core::secrets::SecretPins { versions: unit.secrets, in_place: unit.secrets_in_place };
     let run = unit.run.map(|ticket| fleet_core::job::global_runs::RunTicket { id: ticket.id, elapse: ticket.elapse });
-    Ok(AssignedUnit { name: unit.name, hash, desired, drift, secrets, run })
+    let required_at = unit
+        .required_at
+        .into_iter()
+        .map(|place| fleet_core::required_places::RequiredPlace {
+            unit: place.unit,
+            machine_id: place.machine_id,
+            public_ip: place.primary_ip,
+        })
+        .collect();
+    Ok(AssignedUnit { name: unit.name, hash, desired, drift, secrets, run, required_at })
 }
 
 impl RemoteRegistry {

@@ -59,6 +59,7 @@ macro_rules! registry_contract {
             a_run_ticket_reaches_every_machine_with_its_global_unit,
             machines_out_of_touch_are_recorded_by_the_leader_and_listed,
             silent_departures_are_recorded_by_the_leader,
+            where_requirements_run_reaches_the_machine_of_their_unit,
         );
     };
     (@each $open:path; $($name:ident),+ $(,)?) => {
@@ -1413,4 +1414,49 @@ pub async fn silent_departures_are_recorded_by_the_leader(registry: &dyn Registr
     assert_eq!(registry.recorded_silent_departures().await.unwrap(), [leaving("b.service", "m3")]);
     registry.record_silent_departures(&lease, &[]).await.unwrap();
     assert_eq!(registry.recorded_silent_departures().await.unwrap(), vec![]);
+}
+
+/// The leading engine's record of where what a unit requires runs: carried by the work of the
+/// machine the unit is placed on (which it wakes, and no other), read by the API for that
+/// machine, read back by a leader, written only under the leadership.
+pub async fn where_requirements_run_reaches_the_machine_of_their_unit(
+    registry: &dyn Registry,
+    agent_for: AgentFor<'_>,
+) {
+    use crate::{RequiredPlace, RequiredPlaces};
+    for id in ["m1", "m2"] {
+        agent_for(id).register_machine(&machine(id)).await.unwrap();
+    }
+    registry.put_unit("app.service", &unit("/bin/sleep 1000"), DesiredState::Launched).await.unwrap();
+    eventually("the engine sees the unit", async || registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)).await;
+    place(registry, "app.service", "m1").await;
+    let work_of = async |id: &str| {
+        let work = agent_for(id).machine_work(id).await.ok()?;
+        work.scheduled.into_iter().find(|unit| unit.name == "app.service").map(|unit| unit.required_at)
+    };
+    eventually("m1's work has the unit", async || work_of("m1").await.is_some()).await;
+    assert_eq!(work_of("m1").await, Some(vec![]), "nothing recorded yet");
+    let (mut m1, mut m2) = (agent_for("m1").machine_changes("m1"), agent_for("m2").machine_changes("m2"));
+    m1.mark_unchanged();
+    m2.mark_unchanged();
+    let lease = lease(registry).await;
+    let db = RequiredPlace { unit: "db.service".into(), machine_id: "m2".into(), public_ip: "10.0.0.2".into() };
+    let record = RequiredPlaces { unit: "app.service".into(), machine: "m1".into(), places: vec![db.clone()] };
+    registry.record_required_places(&lease, std::slice::from_ref(&record)).await.unwrap();
+    eventually("m1's work names where the db runs", async || work_of("m1").await == Some(vec![db.clone()])).await;
+    eventually("m1 is woken", async || m1.has_changed().unwrap_or(false)).await;
+    assert!(!m2.has_changed().unwrap_or(false), "m2 was woken by a record of m1's unit");
+    eventually("the API reads it for m1", async || {
+        registry.required_places_of("app.service", "m1").await.is_ok_and(|places| places == [db.clone()])
+    })
+    .await;
+    assert_eq!(registry.required_places_of("app.service", "m2").await.unwrap(), vec![], "not placed there");
+    assert_eq!(registry.recorded_required_places().await.unwrap(), vec![record]);
+    let stale = EngineLease { machine_id: "m9".into(), token: lease.token + 1_000 };
+    let refused = registry.record_required_places(&stale, &[]).await;
+    assert!(matches!(refused, Err(RegistryError::LeadershipLost)), "{refused:?}");
+    let lease = registry.acquire_leadership("m1").await.unwrap().expect("leads again");
+    registry.record_required_places(&lease, &[]).await.unwrap();
+    eventually("the record is gone from m1's work", async || work_of("m1").await == Some(vec![])).await;
+    assert_eq!(registry.recorded_required_places().await.unwrap(), vec![]);
 }

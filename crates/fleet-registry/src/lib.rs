@@ -35,6 +35,7 @@ use tokio::sync::watch;
 pub use budget_members::{BudgetedUnit, budget_members, budgeted_units};
 pub use disruption_ledger::{BudgetView, Decision as DisruptionDecision, DisruptionLedger, Shown};
 pub use drain_units::{drain_unit_names, drain_units};
+pub use fleet_core::required_places::{RequiredPlace, RequiredPlaces};
 pub use fleet_core::schedule::SnapshotUnit;
 pub use fleet_core::schedule::departures::SilentDeparture;
 pub use import::{Imported, ImportedUnit};
@@ -369,6 +370,9 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// leading engine recorded them, in ID order (one back may be there until the engine's
     /// next pass: a reader leaves out those [`ApiRegistry::machines`] lists).
     async fn machines_out_of_touch(&self) -> Result<Vec<OutOfTouch>>;
+    /// Where what `unit`, placed on `machine`, requires runs, as the leading engine recorded
+    /// it (none: it names nothing up yet, or the engine has not recorded it there yet).
+    async fn required_places_of(&self, unit: &str, machine: &str) -> Result<Vec<RequiredPlace>>;
     /// The machine whose engine leads the cluster now, if one does.
     async fn engine_leader(&self) -> Result<Option<MachineId>>;
     /// Applies runtime metadata changes all at once.
@@ -465,6 +469,13 @@ pub trait EngineRegistry: Send + Sync {
     /// fenced by `lease`: the units taken off a present machine that had not reported them,
     /// which a leader taking over holds too.
     async fn record_silent_departures(&self, lease: &EngineLease, departures: &[SilentDeparture]) -> Result<()>;
+    /// Where what each placed unit with `Requires=` or `After=` requires runs, as the engine
+    /// leading last recorded it ([`EngineRegistry::record_required_places`]).
+    async fn recorded_required_places(&self) -> Result<Vec<RequiredPlaces>>;
+    /// Replaces the record of where what units require runs by `places` (what differs is
+    /// written), fenced by `lease`: each machine's work carries those of its units
+    /// ([`AssignedUnit::required_at`]).
+    async fn record_required_places(&self, lease: &EngineLease, places: &[RequiredPlaces]) -> Result<()>;
     /// Moves when units, desired states or machines change.
     fn engine_changes(&self) -> ChangeSignal;
     /// Moves when a machine's report of a unit may have changed (a store may move it more

@@ -107,6 +107,10 @@ pub struct AssignedUnit {
     /// For a global unit on a calendar: the run every machine is to run now, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run: Option<fleet_core::job::global_runs::RunTicket>,
+    /// For a unit with `Requires=` or `After=`: where the instances it names that are up run,
+    /// as the leading engine recorded it ([`fleet_core::required_places`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub required_at: Vec<fleet_core::required_places::RequiredPlace>,
 }
 
 /// One machine's work: itself as the cluster sees it, its schedule and the global units.

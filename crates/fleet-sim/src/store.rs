@@ -621,6 +621,26 @@ impl EngineRegistry for SimStore {
         .await?
     }
 
+    async fn recorded_required_places(&self) -> Result<Vec<fleet_registry::RequiredPlaces>> {
+        self.request("required places", |world| world.required_places.values().cloned().collect()).await
+    }
+
+    async fn record_required_places(
+        &self,
+        lease: &EngineLease,
+        places: &[fleet_registry::RequiredPlaces],
+    ) -> Result<()> {
+        let places = places.to_vec();
+        self.write("record required places", move |world| {
+            if !world.leads(&lease.machine_id, lease.token) {
+                return Err(RegistryError::LeadershipLost);
+            }
+            world.record_required_places(&places);
+            Ok(())
+        })
+        .await?
+    }
+
     async fn recorded_silent_departures(&self) -> Result<Vec<fleet_registry::SilentDeparture>> {
         self.request("silent departures", |world| world.silent_departures.clone()).await
     }

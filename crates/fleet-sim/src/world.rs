@@ -117,6 +117,8 @@ pub struct World {
     pub run_tickets: BTreeMap<String, fleet_core::job::global_runs::RunTicket>,
     /// The machines out of touch the leading engine recorded.
     pub out_of_touch: Vec<fleet_core::OutOfTouch>,
+    /// Where what each placed unit requires runs, as the engine recorded it, by unit.
+    pub required_places: BTreeMap<String, fleet_registry::RequiredPlaces>,
     /// The silent departures the leading engine recorded.
     pub silent_departures: Vec<fleet_registry::SilentDeparture>,
     /// The version the next job record write gets.
@@ -214,6 +216,7 @@ impl World {
             jobs: BTreeMap::new(),
             run_tickets: BTreeMap::new(),
             out_of_touch: Vec::new(),
+            required_places: BTreeMap::new(),
             silent_departures: Vec::new(),
             next_job_version: 1,
             budget: BudgetJudge::new(),
@@ -318,7 +321,32 @@ impl World {
             drift: DriftPolicy::default(),
             secrets: Default::default(),
             run: None,
+            required_at: self
+                .required_places
+                .get(name)
+                .filter(|record| self.schedule.get(name) == Some(&record.machine))
+                .map(|record| record.places.clone())
+                .unwrap_or_default(),
         })
+    }
+
+    /// Replaces the engine's record of where requirements run; the units whose places
+    /// changed have their machine's work changed.
+    pub fn record_required_places(&mut self, places: &[fleet_registry::RequiredPlaces]) {
+        let wanted: BTreeMap<String, fleet_registry::RequiredPlaces> =
+            places.iter().map(|record| (record.unit.clone(), record.clone())).collect();
+        let changed: Vec<String> = wanted
+            .keys()
+            .chain(self.required_places.keys())
+            .filter(|unit| wanted.get(*unit) != self.required_places.get(*unit))
+            .cloned()
+            .collect();
+        self.required_places = wanted;
+        for unit in changed {
+            if let (Some(machine), Some(assigned)) = (self.schedule.get(&unit).cloned(), self.assigned(&unit)) {
+                self.record(Change::Assigned { machine, unit: assigned });
+            }
+        }
     }
 
     // ---- leases

@@ -9,7 +9,9 @@ use redb::ReadableTable;
 use super::api::read_machines;
 use super::tables::{self, Options, UnitRecord, decode, encode, read_all, state_key};
 use super::{EmbeddedRegistry, Touched, unavailable};
-use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineIdentity, MachineWork, Result, StateReport};
+use fleet_registry::{
+    AgentRegistry, AssignedUnit, ChangeSignal, MachineIdentity, MachineWork, RequiredPlaces, Result, StateReport,
+};
 
 #[async_trait]
 impl AgentRegistry for EmbeddedRegistry {
@@ -45,6 +47,7 @@ impl AgentRegistry for EmbeddedRegistry {
             let machine = read_machines(txn)?.into_iter().find(|machine| machine.id == machine_id);
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
             let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
+            let places = txn.open_table(tables::REQUIRED_PLACES).map_err(unavailable)?;
             let mut work = MachineWork { machine, ..MachineWork::default() };
             for row in schedule.iter().map_err(unavailable)? {
                 let (unit, machine) = row.map_err(unavailable)?;
@@ -55,6 +58,13 @@ impl AgentRegistry for EmbeddedRegistry {
                 if let Some(record) = units.get(name.as_str()).map_err(unavailable)?
                     && let Some(record) = fleet_registry::codec::decode_listed::<UnitRecord>(&name, record.value())
                 {
+                    let required_at = match places.get(name.as_str()).map_err(unavailable)? {
+                        Some(value) => fleet_registry::codec::decode_listed::<RequiredPlaces>(&name, value.value())
+                            .filter(|record| record.machine == machine_id)
+                            .map(|record| record.places)
+                            .unwrap_or_default(),
+                        None => Vec::new(),
+                    };
                     work.scheduled.push(AssignedUnit {
                         name,
                         hash: record.hash,
@@ -62,6 +72,7 @@ impl AgentRegistry for EmbeddedRegistry {
                         drift: record.drift,
                         secrets: record.secrets,
                         run: None,
+                        required_at,
                     });
                 }
             }
@@ -79,6 +90,7 @@ impl AgentRegistry for EmbeddedRegistry {
                         drift: record.drift,
                         secrets: record.secrets,
                         run,
+                        required_at: Vec::new(),
                     });
                 }
             }

@@ -442,6 +442,17 @@ impl ApiRegistry for EmbeddedRegistry {
         self.list_all(tables::OUT_OF_TOUCH).await
     }
 
+    async fn required_places_of(&self, unit: &str, machine: &str) -> Result<Vec<fleet_registry::RequiredPlace>> {
+        let (unit, machine) = (unit.to_string(), machine.to_string());
+        self.read(move |txn| {
+            let places = txn.open_table(tables::REQUIRED_PLACES).map_err(unavailable)?;
+            let Some(value) = places.get(unit.as_str()).map_err(unavailable)? else { return Ok(Vec::new()) };
+            let record = fleet_registry::codec::decode_listed::<fleet_registry::RequiredPlaces>(&unit, value.value());
+            Ok(record.filter(|record| record.machine == machine).map(|record| record.places).unwrap_or_default())
+        })
+        .await
+    }
+
     async fn engine_leader(&self) -> Result<Option<MachineId>> {
         Ok(self.leader.locked().clone())
     }

@@ -174,6 +174,49 @@ impl EngineRegistry for EmbeddedRegistry {
         self.replace_rows(lease, tables::SILENT_DEPARTURES, rows).await
     }
 
+    async fn recorded_required_places(&self) -> Result<Vec<fleet_registry::RequiredPlaces>> {
+        self.list_all(tables::REQUIRED_PLACES).await
+    }
+
+    async fn record_required_places(
+        &self,
+        lease: &EngineLease,
+        places: &[fleet_registry::RequiredPlaces],
+    ) -> Result<()> {
+        if lease.token != EMBEDDED_LEASE_TOKEN {
+            return Err(RegistryError::LeadershipLost);
+        }
+        let rows: Vec<(String, String, Vec<u8>)> =
+            places.iter().map(|record| (record.unit.clone(), record.machine.clone(), tables::encode(record))).collect();
+        // Only the rows that differ are written, and only their machines' agents woken.
+        self.write(move |txn, touched| {
+            let mut table = txn.open_table(tables::REQUIRED_PLACES).map_err(unavailable)?;
+            let mut stale = Vec::new();
+            for row in table.iter().map_err(unavailable)? {
+                let (unit, value) = row.map_err(unavailable)?;
+                let unit = unit.value().to_string();
+                let wanted = rows.iter().find(|(name, _, _)| *name == unit);
+                if wanted.is_none_or(|(_, _, wanted)| wanted.as_slice() != value.value()) {
+                    let record =
+                        fleet_registry::codec::decode_listed::<fleet_registry::RequiredPlaces>(&unit, value.value());
+                    stale.push((unit, record.map(|record| record.machine)));
+                }
+            }
+            for (unit, machine) in stale {
+                table.remove(unit.as_str()).map_err(unavailable)?;
+                touched.machines.extend(machine);
+            }
+            for (unit, machine, value) in &rows {
+                if table.get(unit.as_str()).map_err(unavailable)?.is_none() {
+                    table.insert(unit.as_str(), value.as_slice()).map_err(unavailable)?;
+                    touched.machines.push(machine.clone());
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn reported_states(&self, units: &BTreeSet<String>) -> Result<Vec<std::sync::Arc<fleet_core::UnitState>>> {
         if units.is_empty() {
             return Ok(Vec::new());

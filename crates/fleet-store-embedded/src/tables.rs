@@ -100,8 +100,12 @@ pub const RECORDS: [TableDefinition<&str, &[u8]>; 13] = [
 /// Tables of JSON records added to format 1 since 0.2.0 began it: a store opens with them too
 /// (a store without one is given it), a backup holds them, and a snapshot taken before they
 /// were added restores without them.
-pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 5] =
-    [SECRETS, JOBS, RUN_TICKETS, OUT_OF_TOUCH, SILENT_DEPARTURES];
+pub const ADDED_RECORDS: [TableDefinition<&str, &[u8]>; 6] =
+    [SECRETS, JOBS, RUN_TICKETS, OUT_OF_TOUCH, SILENT_DEPARTURES, REQUIRED_PLACES];
+
+/// Unit name → [`fleet_registry::RequiredPlaces`]: where what each placed unit with
+/// `Requires=` or `After=` requires runs, as the engine recorded it.
+pub const REQUIRED_PLACES: TableDefinition<&str, &[u8]> = TableDefinition::new("required_places");
 
 /// Unit name → [`fleet_registry::SilentDeparture`]: the units taken off a present machine that
 /// had not reported them, as the engine recorded them.

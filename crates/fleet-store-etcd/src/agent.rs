@@ -15,7 +15,9 @@ use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarriedBody};
 use fleet_registry::codec::{decode_listed, encode, machine_from_records};
-use fleet_registry::{AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, Result, StateReport};
+use fleet_registry::{
+    AgentRegistry, AssignedUnit, ChangeSignal, MachineWork, RegistryError, RequiredPlaces, Result, StateReport,
+};
 
 /// The assignments under `collection` in a machine's copy.
 fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -> Result<Vec<AssignedUnit>> {
@@ -26,7 +28,15 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
         // Parsed once per revision: an agent reads its work on every pass.
         let assignment = entry.decoded::<Assignment>(key)?;
         let Assignment { hash, desired, drift, secrets } = Assignment::clone(&assignment);
-        units.push(AssignedUnit { name: name.to_string(), hash, desired, drift, secrets, run: None });
+        units.push(AssignedUnit {
+            name: name.to_string(),
+            hash,
+            desired,
+            drift,
+            secrets,
+            run: None,
+            required_at: Vec::new(),
+        });
     }
     Ok(units)
 }
@@ -275,7 +285,13 @@ impl EtcdRegistry {
             let key = keys.run_ticket(&global.name);
             global.run = data.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value));
         }
-        Ok(MachineWork { machine, scheduled: assignments(self, &data, keys.schedule(machine_id))?, globals })
+        let mut scheduled = assignments(self, &data, keys.schedule(machine_id))?;
+        for unit in &mut scheduled {
+            let key = keys.required_place(machine_id, &unit.name);
+            let record = data.entries.get(&key).and_then(|entry| decode_listed::<RequiredPlaces>(&key, &entry.value));
+            unit.required_at = record.map(|record| record.places).unwrap_or_default();
+        }
+        Ok(MachineWork { machine, scheduled, globals })
     }
 
     /// After a re-registration, writes again the states of the units `work` (read from a

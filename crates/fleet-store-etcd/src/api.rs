@@ -533,6 +533,10 @@ impl ApiRegistry for EtcdRegistry {
         self.out_of_touch_from_copy().await
     }
 
+    async fn required_places_of(&self, unit: &str, machine: &str) -> Result<Vec<fleet_registry::RequiredPlace>> {
+        self.required_places_from_copy(unit, machine).await
+    }
+
     async fn engine_leader(&self) -> Result<Option<MachineId>> {
         let key = self.keys().leader();
         // A fleetd that runs an engine follows the leader key already; one that does not reads

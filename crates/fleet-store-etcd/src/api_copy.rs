@@ -225,6 +225,21 @@ impl EtcdRegistry {
         Ok(super::leader_records::records_in(&data, &self.keys().all_out_of_touch()))
     }
 
+    /// Where what `unit` on `machine` requires runs, as the engine recorded it, from the copy.
+    pub(super) async fn required_places_from_copy(
+        &self,
+        unit: &str,
+        machine: &str,
+    ) -> Result<Vec<fleet_registry::RequiredPlace>> {
+        let mirror = Self::up_to_date(self.api_mirror()).await?;
+        let data = mirror.synced()?;
+        let key = self.keys().required_place(machine, unit);
+        let record = data.entries.get(&key).and_then(|entry| {
+            fleet_registry::codec::decode_listed::<fleet_registry::RequiredPlaces>(&key, &entry.value)
+        });
+        Ok(record.map(|record| record.places).unwrap_or_default())
+    }
+
     /// The states of `names`, in key (machine, unit) order: one walk over the copy's states,
     /// each looked up by its unit's name, with no (unit, machine) order to sort. Each is parsed
     /// once per revision and shared: a rollout reads the states of its units on every pass.

@@ -1,5 +1,5 @@
 //! The cluster's cache: units, placements, reasons, machines, metadata, drains, the leader's
-//! records (machines out of touch, silent departures) and bodies, in one watch-fed copy that
+//! records (machines out of touch, silent departures, where requirements run) and bodies, in one watch-fed copy that
 //! the leading engine and the API read alike; and the states' cache beside it. The engine holds the cluster's while it leads (a standby follows the leader key
 //! alone); each API read holds what it reads and lets it linger `api_copy_idle` after
 //! (`caches.rs`), and so do the engine's and rollouts' occasional questions about states. A
@@ -58,6 +58,8 @@ impl EtcdRegistry {
         let keys = self.keys();
         let mut ranges = engine_ranges(keys);
         ranges.push(KeyRange::prefix(keys.bodies()));
+        // The engine's own record of where requirements run: it wakes no engine.
+        ranges.push(KeyRange::prefix(keys.all_required_places()));
         let inner = &self.inner;
         let waker = engine_waker(keys, inner.engine_leads.clone(), inner.engine_signal.clone());
         Mirror::signalling_observed(self.connection().clone(), ranges, inner.api_signal.clone(), waker)

@@ -487,6 +487,20 @@ impl EngineRegistry for EtcdRegistry {
         Ok(())
     }
 
+    async fn recorded_required_places(&self) -> Result<Vec<fleet_registry::RequiredPlaces>> {
+        self.leader_records(&self.keys().all_required_places()).await
+    }
+
+    async fn record_required_places(
+        &self,
+        lease: &EngineLease,
+        places: &[fleet_registry::RequiredPlaces],
+    ) -> Result<()> {
+        let keys = self.keys();
+        let wanted = places.iter().map(|record| (keys.required_place(&record.machine, &record.unit), record)).collect();
+        self.replace_leader_records(lease, &keys.all_required_places(), wanted).await
+    }
+
     async fn recorded_out_of_touch(&self) -> Result<Vec<fleet_core::OutOfTouch>> {
         self.leader_records(&self.keys().all_out_of_touch()).await
     }

@@ -192,6 +192,16 @@ impl Keys {
     pub fn out_of_touch(&self, id: &str) -> String {
         self.key(&["out-of-touch", id])
     }
+    /// Where what each placed unit requires runs, by machine: `required-at/<machine>/<unit>`.
+    pub fn all_required_places(&self) -> String {
+        self.key(&["required-at", ""])
+    }
+    pub fn required_places(&self, machine: &str) -> String {
+        self.key(&["required-at", machine, ""])
+    }
+    pub fn required_place(&self, machine: &str, unit: &str) -> String {
+        self.key(&["required-at", machine, unit])
+    }
     pub fn all_silent_departures(&self) -> String {
         self.key(&["silent-departures", ""])
     }
@@ -320,7 +330,11 @@ impl Keys {
         if rest.starts_with("global/") || rest.starts_with("global-runs/") {
             return WorkTouched::Everyone;
         }
-        match machine("schedule/").or_else(|| machine("machines/")).or_else(|| machine("metadata/")) {
+        let machine = machine("schedule/")
+            .or_else(|| machine("machines/"))
+            .or_else(|| machine("metadata/"))
+            .or_else(|| machine("required-at/"));
+        match machine {
             Some(id) if !id.is_empty() => WorkTouched::Machine(id),
             _ => WorkTouched::Nobody,
         }

@@ -279,6 +279,7 @@ impl EtcdRegistry {
             let keys = self.keys().clone();
             let ranges = vec![
                 KeyRange::prefix(keys.all_schedules()),
+                KeyRange::prefix(keys.all_required_places()),
                 KeyRange::prefix(keys.globals()),
                 KeyRange::prefix(keys.run_tickets()),
                 KeyRange::prefix(keys.machines()),
@@ -344,6 +345,7 @@ impl EtcdRegistry {
                 let keys = self.keys();
                 let ranges = vec![
                     KeyRange::prefix(keys.schedule(machine_id)),
+                    KeyRange::prefix(keys.required_places(machine_id)),
                     KeyRange::prefix(keys.globals()),
                     KeyRange::prefix(keys.run_tickets()),
                     KeyRange::single(keys.machine(machine_id)),

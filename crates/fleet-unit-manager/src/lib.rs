@@ -65,6 +65,13 @@ pub trait UnitManager: Send + Sync {
     async fn reload_unit_files(&self) -> Result<()>;
     async fn start(&self, name: &str) -> Result<()>;
     async fn stop(&self, name: &str) -> Result<()>;
+    /// Runs a running unit's `ExecReload=` (`RequiresChange=reload`), leaving it running.
+    async fn reload(&self, name: &str) -> Result<()> {
+        Err(UnitManagerError::Refused {
+            unit: name.to_string(),
+            reason: format!("the {} unit manager cannot reload a unit", self.kind()),
+        })
+    }
     /// Every unit held, with its state.
     async fn units(&self) -> Result<BTreeMap<String, HeldUnit>>;
     /// Moves whenever a unit's state changes.

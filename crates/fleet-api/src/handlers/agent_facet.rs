@@ -45,6 +45,7 @@ fn to_schema(unit: AssignedUnit) -> AgentUnit {
         secrets: unit.secrets.versions,
         secrets_in_place: unit.secrets.in_place,
         run: unit.run.map(|ticket| fleet_api_schema::AgentRunTicket { id: ticket.id, elapse: ticket.elapse }),
+        required_at: unit.required_at.into_iter().map(super::units::place_to_schema).collect(),
     }
 }
 

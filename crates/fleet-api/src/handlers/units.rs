@@ -42,7 +42,13 @@ pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
             .collect(),
         reason: view.reason,
         source: view.source,
+        required_at: Vec::new(),
     }
+}
+
+/// One place of what a unit requires as the API and pull agents are told it.
+pub(crate) fn place_to_schema(place: fleet_core::required_places::RequiredPlace) -> crate::schema::RequiredPlace {
+    crate::schema::RequiredPlace { unit: place.unit, machine_id: place.machine_id, primary_ip: place.public_ip }
 }
 
 /// The units `role` sees, a page at a time.
@@ -64,10 +70,17 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
 }
 
 pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
-    match state.registry.unit(name).await? {
-        Some(view) => Ok(json_response(StatusCode::OK, &to_schema(view, Shown::Alone))),
-        None => Err(ApiError::not_found("unit does not exist")),
-    }
+    let Some(view) = state.registry.unit(name).await? else {
+        return Err(ApiError::not_found("unit does not exist"));
+    };
+    // A placed unit that waits for units says where they run, as its machine's file does.
+    let places = match (&view.machine_id, fleet_core::required_places::waits(view.file.options())) {
+        (Some(machine), true) => state.registry.required_places_of(name, machine).await?,
+        _ => Vec::new(),
+    };
+    let mut unit = to_schema(view, Shown::Alone);
+    unit.required_at = places.into_iter().map(place_to_schema).collect();
+    Ok(json_response(StatusCode::OK, &unit))
 }
 
 /// Who writes a unit: by hand, taking over a unit a source owns only with `takeOver=true`

@@ -132,7 +132,7 @@ proptest! {
             .enumerate()
             .map(|(from, to)| {
                 let items = to.iter().map(|to| item(Kind::Requires, &format!("u{to}.service"), 1)).collect();
-                (format!("u{from}.service"), Dependencies { items, grace: None })
+                (format!("u{from}.service"), Dependencies { items, ..Dependencies::default() })
             })
             .collect();
         let found = find_cycle(&units);

@@ -396,7 +396,13 @@ pub(super) fn global_residents(
         .filter(|u| u.requirements.global)
         .map(|u| GlobalUnit {
             name: &u.name,
-            desired: DesiredUnit { hash, state: u.desired, drift: Default::default(), secrets: Default::default() },
+            desired: DesiredUnit {
+                hash,
+                state: u.desired,
+                drift: Default::default(),
+                secrets: Default::default(),
+                places: Default::default(),
+            },
             requirements: &u.requirements,
         })
         .collect();

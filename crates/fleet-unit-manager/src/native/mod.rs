@@ -70,6 +70,7 @@ pub const WITHOUT_CGROUPS: &str = "the native unit manager keeps each unit's pro
 
 struct RunningUnit {
     stop: watch::Sender<bool>,
+    reload: watch::Sender<u64>,
     park: watch::Sender<bool>,
     done: JoinHandle<Option<handover::ParkedProcess>>,
 }
@@ -368,6 +369,7 @@ impl NativeManager {
         }
         let (stop, stop_requests) = watch::channel(false);
         let (park, park_requests) = watch::channel(false);
+        let (reload, reloads) = watch::channel(0);
         if resumed.is_none() {
             state.set("activating", "start");
         }
@@ -381,6 +383,7 @@ impl NativeManager {
             state,
             stop: stop_requests,
             park: park_requests,
+            reloads,
             previous: self.shared.stopping().get(name).cloned(),
             cgroups: self.shared.cgroups.clone(),
             limits: fleet_core::requirements::limits_of(file.options()),
@@ -388,7 +391,7 @@ impl NativeManager {
         };
         let done = tokio::spawn(runner.run(resumed));
         if let Some(slot) = self.shared.slots().get_mut(name) {
-            slot.running = Some(RunningUnit { stop, park, done });
+            slot.running = Some(RunningUnit { stop, reload, park, done });
         }
         Ok(())
     }
@@ -517,6 +520,19 @@ impl UnitManager for NativeManager {
         if let Some(running) = running {
             self.begin_stop(name, running);
         }
+        Ok(())
+    }
+
+    async fn reload(&self, name: &str) -> Result<()> {
+        let slots = self.shared.slots();
+        let slot = slots.get(name).ok_or_else(|| UnitManagerError::NotLoaded(name.to_string()))?;
+        let refused = |reason: &str| UnitManagerError::Refused { unit: name.to_string(), reason: reason.to_string() };
+        if slot.config.as_ref().is_ok_and(|config| config.exec_reload.is_empty()) {
+            return Err(refused("it has no ExecReload="));
+        }
+        let running = slot.running.as_ref().filter(|running| !running.done.is_finished());
+        let running = running.ok_or_else(|| refused("it is not running"))?;
+        running.reload.send_modify(|asked| *asked = asked.wrapping_add(1));
         Ok(())
     }
 

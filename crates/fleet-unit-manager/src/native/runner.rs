@@ -59,6 +59,8 @@ pub struct Runner<S: StateSink> {
     /// Set when fleetd replaces itself for an upgrade: a runner whose unit runs steadily
     /// hands its processes over as they run, and ends.
     pub park: watch::Receiver<bool>,
+    /// Moves when a reload is asked for: a unit running steadily runs its `ExecReload=`.
+    pub reloads: watch::Receiver<u64>,
     /// The stop of this unit's previous run, still under way: nothing starts before it ends.
     pub previous: Option<watch::Receiver<bool>>,
     /// Where the unit's cgroup goes, if the machine has a writable cgroup v2 hierarchy.
@@ -114,6 +116,32 @@ impl<S: StateSink> Runner<S> {
     }
 
     /// Resolves when fleetd asks its runners to hand their units over.
+    /// Resolves when a reload has been asked for; never once the manager is gone.
+    async fn reload_asked(reloads: &mut watch::Receiver<u64>) {
+        if reloads.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Runs the unit's `ExecReload=` commands, `$MAINPID` naming its main process (if it has
+    /// one), while it shows `reload`; then shows `sub` again. A failed command is logged; the
+    /// unit runs on, as under systemd.
+    async fn reload(&mut self, main_pid: Option<u32>, sub: &str) {
+        self.say(&format!("Reloading {}...", self.description));
+        self.state.set("reloading", "reload");
+        if let Some(pid) = main_pid {
+            self.context.environment.insert("MAINPID".into(), pid.to_string());
+        }
+        let failed = self.run_all(self.config.exec_reload.clone(), self.config.timeout_start).await;
+        self.context.environment.remove("MAINPID");
+        if let Some(Outcome::Ended(exit)) = failed {
+            self.say(&format!("{}: Reload failed, {}", self.unit, describe(exit)));
+        } else {
+            self.say(&format!("Reloaded {}.", self.description));
+        }
+        self.state.set("active", sub);
+    }
+
     async fn parked(park: &mut watch::Receiver<bool>) {
         if park.wait_for(|requested| *requested).await.is_err() {
             // The manager is gone: nothing will ask.
@@ -318,9 +346,12 @@ impl<S: StateSink> Runner<S> {
     /// A oneshot service that remains active after its commands: until it is stopped.
     async fn stay_exited(&mut self) -> Outcome {
         self.state.set("active", "exited");
-        tokio::select! {
-            () = Self::stopped(&mut self.stop) => {}
-            () = Self::parked(&mut self.park) => return Outcome::Parked(ParkedProcess::Exited),
+        loop {
+            tokio::select! {
+                () = Self::stopped(&mut self.stop) => break,
+                () = Self::parked(&mut self.park) => return Outcome::Parked(ParkedProcess::Exited),
+                () = Self::reload_asked(&mut self.reloads) => self.reload(None, "exited").await,
+            }
         }
         self.state.set("deactivating", "stop");
         // The stop asked for is what runs these: they must not be cut short by it.
@@ -372,24 +403,29 @@ impl<S: StateSink> Runner<S> {
         ident: String,
     ) -> Outcome {
         self.state.set("active", "running");
-        tokio::select! {
-            () = Self::parked(&mut self.park) => Outcome::Parked(ParkedProcess::Main { main: Box::new(main), output, ident }),
-            status = main.wait() => {
-                let exit = status.map_or(Exit::Code(EXIT_EXEC), exit_of);
-                self.say(&format!("{}: Main process exited, {}", self.unit, describe(exit)));
-                self.state.set("deactivating", "stop");
-                let _ = self.run_all(self.config.exec_stop.clone(), self.config.timeout_stop).await;
-                if let Some(pgid) = pgid { self.kill_remaining(pgid) }
-                self.run_stop_post().await;
-                Outcome::Ended(exit)
-            }
-            () = Self::stopped(&mut self.stop) => {
-                self.say(&format!("Stopping {}...", self.description));
-                self.state.set("deactivating", "stop");
-                let _ = self.run_all_unstoppable(self.config.exec_stop.clone()).await;
-                self.terminate(&mut main).await;
-                self.run_stop_post().await;
-                Outcome::Stopped
+        loop {
+            tokio::select! {
+                () = Self::parked(&mut self.park) => {
+                    return Outcome::Parked(ParkedProcess::Main { main: Box::new(main), output, ident });
+                }
+                status = main.wait() => {
+                    let exit = status.map_or(Exit::Code(EXIT_EXEC), exit_of);
+                    self.say(&format!("{}: Main process exited, {}", self.unit, describe(exit)));
+                    self.state.set("deactivating", "stop");
+                    let _ = self.run_all(self.config.exec_stop.clone(), self.config.timeout_stop).await;
+                    if let Some(pgid) = pgid { self.kill_remaining(pgid) }
+                    self.run_stop_post().await;
+                    return Outcome::Ended(exit);
+                }
+                () = Self::stopped(&mut self.stop) => {
+                    self.say(&format!("Stopping {}...", self.description));
+                    self.state.set("deactivating", "stop");
+                    let _ = self.run_all_unstoppable(self.config.exec_stop.clone()).await;
+                    self.terminate(&mut main).await;
+                    self.run_stop_post().await;
+                    return Outcome::Stopped;
+                }
+                () = Self::reload_asked(&mut self.reloads) => self.reload(pgid, "running").await,
             }
         }
     }
@@ -447,6 +483,7 @@ impl<S: StateSink> Runner<S> {
                     }
                 }
                 () = Self::stopped(&mut self.stop) => break,
+                () = Self::reload_asked(&mut self.reloads) => self.reload(main_pid, "running").await,
             }
         }
         self.say(&format!("Stopping {}...", self.description));

@@ -15,6 +15,7 @@ pub struct ServiceConfig {
     pub exec_start_post: Vec<String>,
     pub exec_stop: Vec<String>,
     pub exec_stop_post: Vec<String>,
+    pub exec_reload: Vec<String>,
     pub restart: RestartPolicy,
     pub restart_sec: Duration,
     pub environment: Vec<String>,
@@ -58,6 +59,7 @@ impl ServiceConfig {
             exec_start_post: Vec::new(),
             exec_stop: Vec::new(),
             exec_stop_post: Vec::new(),
+            exec_reload: Vec::new(),
             restart: RestartPolicy::No,
             restart_sec: Duration::from_millis(100),
             environment: Vec::new(),
@@ -126,12 +128,16 @@ impl ServiceConfig {
                     }
                 }
                 // An empty assignment resets the list, as in systemd.
-                ("Service", key @ ("ExecStartPre" | "ExecStart" | "ExecStartPost" | "ExecStop" | "ExecStopPost")) => {
+                (
+                    "Service",
+                    key @ ("ExecStartPre" | "ExecStart" | "ExecStartPost" | "ExecStop" | "ExecStopPost" | "ExecReload"),
+                ) => {
                     let list = match key {
                         "ExecStartPre" => &mut config.exec_start_pre,
                         "ExecStart" => &mut config.exec_start,
                         "ExecStartPost" => &mut config.exec_start_post,
                         "ExecStop" => &mut config.exec_stop,
+                        "ExecReload" => &mut config.exec_reload,
                         _ => &mut config.exec_stop_post,
                     };
                     if value.trim().is_empty() {

@@ -259,3 +259,41 @@ async fn units_run_in_the_root_directory_by_default() {
     let journal = manager.journal("where.service", 20).await.unwrap();
     assert!(journal.lines().any(|line| line.contains(" pwd[") && line.ends_with("]: /")), "{journal}");
 }
+
+/// `reload` runs a running unit's `ExecReload=` with `$MAINPID` its main process, and leaves
+/// it running; a unit without one, or not running, is refused.
+#[tokio::test]
+async fn reload_runs_exec_reload_with_the_main_pid_and_leaves_the_unit_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = manager(dir.path());
+    let (out, ready) = (dir.path().join("reloaded"), dir.path().join("ready"));
+    let unit = format!(
+        "[Service]\nExecStart=/bin/sh -c 'trap \"echo hup >> {out}\" HUP; touch {ready}; while :; do sleep 0.1; done'\nExecReload=/bin/kill -HUP $MAINPID\n",
+        out = out.display(),
+        ready = ready.display()
+    );
+    load(&manager, "r.service", &unit).await;
+    let refused = manager.reload("r.service").await.expect_err("not running");
+    assert!(refused.to_string().contains("not running"), "{refused}");
+    manager.start("r.service").await.unwrap();
+    wait_for(&manager, "r.service", "active", "running").await;
+    // Its trap is set before it says it is ready.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ready.exists() {
+        assert!(Instant::now() < deadline, "{}", manager.journal("r.service", 20).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    manager.reload("r.service").await.unwrap();
+    while std::fs::read_to_string(&out).unwrap_or_default() != "hup\n" {
+        assert!(Instant::now() < deadline, "{}", manager.journal("r.service", 20).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for(&manager, "r.service", "active", "running").await;
+    let journal = manager.journal("r.service", 20).await.unwrap();
+    assert!(journal.contains("Reloaded "), "{journal}");
+    load(&manager, "plain.service", "[Service]\nExecStart=/bin/sleep 1000\n").await;
+    manager.start("plain.service").await.unwrap();
+    let refused = manager.reload("plain.service").await.expect_err("no ExecReload=");
+    assert!(refused.to_string().contains("ExecReload="), "{refused}");
+    manager.stop_all().await.unwrap();
+}

@@ -385,6 +385,15 @@ impl UnitManager for SystemdManager {
             .map_err(|error| self.refused(name, error))
     }
 
+    async fn reload(&self, name: &str) -> Result<()> {
+        let (unit, mode) = (name.to_string(), "replace".to_string());
+        self.bus
+            .call(|manager| async move { manager.reload_unit(unit, mode).await })
+            .await
+            .map(|_| ())
+            .map_err(|error| self.refused(name, error))
+    }
+
     async fn units(&self) -> Result<BTreeMap<String, HeldUnit>> {
         let held: BTreeMap<String, UnitHash> = self.held().await.clone().unwrap_or_default();
         if held.is_empty() {

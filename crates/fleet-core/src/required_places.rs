@@ -1,0 +1,160 @@
+//! Where the units a unit waits for run, as that unit learns it without asking the API.
+//!
+//! The leading engine records, for each unit with `[X-Fleet] Requires=` or `After=` placed on
+//! a machine, the instances it names that are up: their unit name, machine ID and public IP
+//! ([`RequiredPlaces`]). The machine running the unit writes them as the file
+//! [`FILE_NAME`] in the unit's credentials directory (`$CREDENTIALS_DIRECTORY`), one line per
+//! instance (`db.service 3f2a… 10.0.0.2`), and writes it again when they move; then it does
+//! what `[X-Fleet] RequiresChange=` says ([`OnChange`]): restart the unit (the default), reload
+//! it, or nothing.
+//!
+//! Places only grow stale, never empty: while none of what a unit names is up, its record
+//! keeps the places it had ([`next_places`]), so a unit running on is not restarted into an
+//! empty file by a requirement going down for a moment.
+
+use serde::{Deserialize, Serialize};
+
+use crate::unit_file::{UnitOption, X_FLEET, last_value};
+
+/// The option saying what a unit wants when what it requires moves.
+pub const CHANGE_KEY: &str = "RequiresChange";
+/// The file's name in the unit's credentials directory.
+pub const FILE_NAME: &str = "fleet-requires";
+
+/// What a running unit wants when the places of what it requires change.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnChange {
+    /// Stopped and started again, reading the new file from the start.
+    #[default]
+    Restart,
+    /// Its `ExecReload=` run, the unit left running.
+    Reload,
+    /// The file written again, nothing else.
+    None,
+}
+
+impl OnChange {
+    pub fn word(self) -> &'static str {
+        match self {
+            OnChange::Restart => "restart",
+            OnChange::Reload => "reload",
+            OnChange::None => "none",
+        }
+    }
+}
+
+/// `RequiresChange=` of a unit whose options are `options`: an error names a value other
+/// than `restart`, `reload` or `none`, the option on a unit that names nothing to wait for
+/// (`waits` false), and `reload` on a unit with no `ExecReload=` to run.
+pub fn on_change_of(options: &[UnitOption], waits: bool) -> Result<OnChange, String> {
+    let Some(value) = last_value(options, X_FLEET, CHANGE_KEY) else { return Ok(OnChange::default()) };
+    let on_change = match value.trim() {
+        "restart" => OnChange::Restart,
+        "reload" => OnChange::Reload,
+        "none" => OnChange::None,
+        _ => {
+            return Err(format!("invalid value {value:?} for [X-Fleet] {CHANGE_KEY}: expected restart, reload or none"));
+        }
+    };
+    if !waits {
+        return Err(format!(
+            "[X-Fleet] {CHANGE_KEY}= needs a {}= or {}= to follow",
+            crate::dependency::REQUIRES_KEY,
+            crate::dependency::AFTER_KEY
+        ));
+    }
+    if on_change == OnChange::Reload && last_value(options, "Service", "ExecReload").is_none_or(str::is_empty) {
+        return Err(format!("[X-Fleet] {CHANGE_KEY}=reload needs an ExecReload= in [Service] to run"));
+    }
+    Ok(on_change)
+}
+
+/// Whether a unit with `options` names units to wait for (`Requires=` or `After=`): its
+/// machine gives it the file then.
+pub fn waits(options: &[UnitOption]) -> bool {
+    options.iter().any(|option| {
+        option.section == X_FLEET
+            && (option.name == crate::dependency::REQUIRES_KEY || option.name == crate::dependency::AFTER_KEY)
+    })
+}
+
+/// One running instance of what a unit requires.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct RequiredPlace {
+    pub unit: String,
+    #[serde(rename = "machineID")]
+    pub machine_id: String,
+    #[serde(rename = "primaryIP")]
+    pub public_ip: String,
+}
+
+/// The places recorded for `unit`, placed on `machine`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequiredPlaces {
+    pub unit: String,
+    pub machine: String,
+    pub places: Vec<RequiredPlace>,
+}
+
+/// The places to record for a unit whose requirements are up at `up` (sorted), having been
+/// recorded at `before`: `up`, unless nothing is up, when what was recorded stays.
+pub fn next_places(up: Vec<RequiredPlace>, before: Option<&[RequiredPlace]>) -> Vec<RequiredPlace> {
+    match before {
+        Some(before) if up.is_empty() => before.to_vec(),
+        _ => up,
+    }
+}
+
+/// The file's content: one line per place, `unit machine-id public-ip`.
+pub fn file_content(places: &[RequiredPlace]) -> Vec<u8> {
+    let mut text = String::new();
+    for place in places {
+        let ip = if place.public_ip.is_empty() { "-" } else { place.public_ip.as_str() };
+        text.push_str(&format!("{} {} {ip}\n", place.unit, place.machine_id));
+    }
+    text.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::UnitFile;
+
+    fn on_change(text: &str, waits: bool) -> Result<OnChange, String> {
+        let file = UnitFile::parse(text).expect("a unit file");
+        on_change_of(file.options(), waits)
+    }
+
+    #[test]
+    fn requires_change_is_read_and_checked() {
+        assert_eq!(on_change("[Service]\nExecStart=/bin/true\n", false), Ok(OnChange::Restart));
+        assert_eq!(on_change("[X-Fleet]\nRequiresChange=none\n", true), Ok(OnChange::None));
+        assert_eq!(
+            on_change("[Service]\nExecReload=/bin/kill -HUP $MAINPID\n[X-Fleet]\nRequiresChange=reload\n", true),
+            Ok(OnChange::Reload)
+        );
+        let error = on_change("[X-Fleet]\nRequiresChange=reload\n", true).expect_err("no ExecReload=");
+        assert!(error.contains("ExecReload="), "{error}");
+        let error = on_change("[X-Fleet]\nRequiresChange=bounce\n", true).expect_err("a bad value");
+        assert!(error.contains("\"bounce\"") && error.contains("restart, reload or none"), "{error}");
+        let error = on_change("[X-Fleet]\nRequiresChange=none\n", false).expect_err("nothing to follow");
+        assert!(error.contains("Requires="), "{error}");
+    }
+
+    #[test]
+    fn places_never_go_empty_once_known_and_the_file_has_a_line_each() {
+        let db = |machine: &str| RequiredPlace {
+            unit: "db.service".into(),
+            machine_id: machine.into(),
+            public_ip: format!("10.0.0.{}", machine.len()),
+        };
+        assert_eq!(next_places(vec![], None), vec![]);
+        assert_eq!(next_places(vec![], Some(&[db("m1")])), vec![db("m1")]);
+        assert_eq!(next_places(vec![db("m22")], Some(&[db("m1")])), vec![db("m22")]);
+        let mut no_ip = db("m1");
+        no_ip.public_ip.clear();
+        let text = String::from_utf8(file_content(&[db("m22"), no_ip])).expect("text");
+        assert_eq!(text, "db.service m22 10.0.0.3\ndb.service m1 -\n");
+    }
+}
