@@ -85,6 +85,9 @@ pub struct UnitRow {
     /// `[X-Fleet] DisruptionBudget=` of its group, as `1` or `25% per zone`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub budget: Option<String>,
+    /// What it waits for (`Requires=`, `After=`), as `db.service after:cache.service`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub requires: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -202,6 +205,10 @@ pub fn cluster_view(
                     .ok()
                     .flatten()
                     .map(|budget| budget.short()),
+                requires: fleet_core::dependency::dependencies_of(&unit.name, unit.file.options())
+                    .ok()
+                    .filter(|dependencies| !dependencies.is_empty())
+                    .map(|dependencies| dependencies.short()),
             };
             (row.name.clone(), row)
         })

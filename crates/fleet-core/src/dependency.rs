@@ -69,6 +69,36 @@ impl Dependencies {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
     }
+
+    /// The items of one kind as written (`db.service`, `db@*.service:2`).
+    pub fn written(&self, kind: Kind) -> Vec<String> {
+        let items = self.items.iter().filter(|item| item.kind == kind);
+        items
+            .map(|item| if item.count == 1 { item.pattern.clone() } else { format!("{}:{}", item.pattern, item.count) })
+            .collect()
+    }
+
+    /// One short line for a list: `db.service after:cache.service (grace 30s, reload)`; `-`
+    /// for none.
+    pub fn short(&self) -> String {
+        if self.is_empty() {
+            return "-".to_string();
+        }
+        let mut items = self.written(Kind::Requires);
+        items.extend(self.written(Kind::After).into_iter().map(|item| format!("after:{item}")));
+        let mut notes = Vec::new();
+        if let Some(grace) = self.grace {
+            notes.push(format!("grace {}", crate::duration::short_span(grace)));
+        }
+        if self.on_change != crate::required_places::OnChange::default() {
+            notes.push(self.on_change.word().to_string());
+        }
+        let mut text = items.join(" ");
+        if !notes.is_empty() {
+            text.push_str(&format!(" ({})", notes.join(", ")));
+        }
+        text
+    }
 }
 
 /// The unit's dependencies; an error names the option and the value for an item that is no

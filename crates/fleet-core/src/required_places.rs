@@ -54,7 +54,9 @@ pub fn on_change_of(options: &[UnitOption], waits: bool) -> Result<OnChange, Str
         "reload" => OnChange::Reload,
         "none" => OnChange::None,
         _ => {
-            return Err(format!("invalid value {value:?} for [X-Fleet] {CHANGE_KEY}: expected restart, reload or none"));
+            return Err(format!(
+                "invalid value {value:?} for [X-Fleet] {CHANGE_KEY}: expected restart, reload or none"
+            ));
         }
     };
     if !waits {

@@ -88,6 +88,19 @@ fn a_unit_is_told_where_what_it_requires_runs_and_restarts_reloads_or_not_as_it_
             == 3
     });
 
+    let listed = fleet.ok(&["list-unit-files", "--fields", "unit,requires", "--no-legend"]).stdout;
+    assert!(
+        listed.lines().any(|line| line.contains("reload.service") && line.ends_with("db@*.service (reload)")),
+        "{listed}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&fleet.ok(&["list-unit-files", "-o", "json"]).stdout).expect("json");
+    let reload = json.as_array().and_then(|rows| rows.iter().find(|row| row["unit"] == "reload.service")).cloned();
+    assert_eq!(
+        reload.map(|row| row["requires"].clone()),
+        Some(serde_json::json!({"requires": ["db@*.service"], "after": [], "grace": null, "onChange": "reload"}))
+    );
+
     // One db: each app starts once, its file naming it.
     fleet.ok(&["start", "db@1.service"]);
     let one = vec![place("db@1.service")];

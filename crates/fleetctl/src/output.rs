@@ -81,6 +81,32 @@ pub struct UnitFileRow<'a> {
     pub priority: u16,
     /// `[X-Fleet] DisruptionBudget=` (`1`, `25%`) and `DisruptionBudgetBy=`; `null` for none.
     pub disruption_budget: Option<BudgetJson>,
+    /// `[X-Fleet] Requires=`, `After=`, `RequiresGrace=`, `RequiresChange=`; `null` for none.
+    pub requires: Option<RequiresJson>,
+}
+
+/// What a unit waits for, in `-o json`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RequiresJson {
+    pub requires: Vec<String>,
+    pub after: Vec<String>,
+    /// `RequiresGrace=` (`30s`); `null`: never stopped for what it requires.
+    pub grace: Option<String>,
+    /// `RequiresChange=`: `restart`, `reload` or `none`.
+    pub on_change: &'static str,
+}
+
+impl RequiresJson {
+    pub fn of(dependencies: &fleet_core::dependency::Dependencies) -> Option<Self> {
+        use fleet_core::dependency::Kind;
+        (!dependencies.is_empty()).then(|| Self {
+            requires: dependencies.written(Kind::Requires),
+            after: dependencies.written(Kind::After),
+            grace: dependencies.grace.map(fleet_core::duration::short_span),
+            on_change: dependencies.on_change.word(),
+        })
+    }
 }
 
 /// A unit's disruption budget in `-o json`.

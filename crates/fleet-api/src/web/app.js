@@ -117,6 +117,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [u.runs || "-", runsClass(u), u.runs || ""],
     [String(u.priority)],
     [u.budget || "-"],
+    [u.requires || "-"],
     [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];
 });

@@ -147,3 +147,15 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_short_line_names_every_item_the_grace_and_a_change_other_than_restart() {
+    assert_eq!(Dependencies::default().short(), "-");
+    let dependencies = of(
+        "app.service",
+        "Requires=db@*.service:2 cache.service\nAfter=migrate.service\nRequiresGrace=30s\nRequiresChange=none",
+    )
+    .expect("dependencies");
+    assert_eq!(dependencies.short(), "cache.service db@*.service:2 after:migrate.service (grace 30s, none)");
+    assert_eq!(dependencies.written(Kind::Requires), ["cache.service", "db@*.service:2"]);
+}

@@ -22,6 +22,8 @@ pub struct FileFacts {
     pub priority: u16,
     /// `[X-Fleet] DisruptionBudget=` and `DisruptionBudgetBy=`.
     pub budget: Option<fleet_core::disruption_budget::DisruptionBudget>,
+    /// `[X-Fleet] Requires=`, `After=`, `RequiresGrace=` and `RequiresChange=`.
+    pub dependencies: fleet_core::dependency::Dependencies,
     /// Whether units with this file are global, when that does not depend on the unit's name
     /// (no `[X-Fleet]` value has a specifier such as `%i`).
     global_for_any_name: Option<bool>,
@@ -37,7 +39,16 @@ impl FileFacts {
             fleet_core::requirements::priority_of(file.options()).unwrap_or(fleet_core::requirements::DEFAULT_PRIORITY);
         // A budget does not depend on the unit's name once it belongs to a group.
         let budget = fleet_core::disruption_budget::budget_of(&unit.name, file.options()).ok().flatten();
-        Self { hash: file.hash(), global_for_any_name, schedule: schedule_of(&file), priority, budget, file }
+        let dependencies = fleet_core::dependency::dependencies_of(&unit.name, file.options()).unwrap_or_default();
+        Self {
+            hash: file.hash(),
+            global_for_any_name,
+            schedule: schedule_of(&file),
+            priority,
+            budget,
+            dependencies,
+            file,
+        }
     }
 
     pub fn description(&self) -> Option<&str> {

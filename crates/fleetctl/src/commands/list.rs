@@ -7,7 +7,7 @@ use fleet_core::UnitHash;
 
 use super::file_facts::{FactsByContents, next_elapse_text};
 use crate::context::Context;
-use crate::output::{BudgetJson, MachineRow, OutputFormat, UnitFileRow, UnitRow, print_json};
+use crate::output::{BudgetJson, MachineRow, OutputFormat, RequiresJson, UnitFileRow, UnitRow, print_json};
 use crate::reservations::{capacity_cell, reserved_by_machine, reserved_cell};
 use crate::table::{MachineIds, MachineLegends, machine_ip, tab_table};
 use crate::{ListFlags, Outcome};
@@ -171,8 +171,8 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
         ]
     } else {
         let valid = [
-            "budget", "desc", "dstate", "global", "hash", "next", "priority", "reason", "schedule", "source", "state",
-            "sync", "target", "tmachine", "unit",
+            "budget", "desc", "dstate", "global", "hash", "next", "priority", "reason", "requires", "schedule",
+            "source", "state", "sync", "target", "tmachine", "unit",
         ];
         match columns(fields, &valid, output) {
             Ok(fields) => fields,
@@ -227,6 +227,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     next_elapse: file.schedule.as_ref().map(next_elapse_text),
                     priority: file.priority,
                     disruption_budget: file.budget.as_ref().map(BudgetJson::of),
+                    requires: RequiresJson::of(&file.dependencies),
                 }
             })
             .collect();
@@ -261,6 +262,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     "next" => file.schedule.as_ref().map_or_else(|| "-".to_string(), next_elapse_text),
                     "priority" => file.priority.to_string(),
                     "budget" => file.budget.as_ref().map_or_else(|| "-".to_string(), |budget| budget.short()),
+                    "requires" => file.dependencies.short(),
                     _ => or_dash(unit.reason.as_deref().unwrap_or("")),
                 })
                 .collect()
