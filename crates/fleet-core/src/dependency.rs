@@ -179,6 +179,31 @@ pub enum Standing {
     Down(String),
 }
 
+/// How the unit `name` stands: up when the machine it is scheduled on reports its current
+/// content active (and not unhealthy or unchecked yet), finished when it ran there to its end.
+pub fn standing_of(
+    on: Option<&str>,
+    hash: Option<crate::UnitHash>,
+    name: &str,
+    states: &[std::sync::Arc<crate::UnitState>],
+) -> Standing {
+    let Some(on) = on else { return Standing::Down("not placed".to_string()) };
+    let short = on.get(..8).unwrap_or(on);
+    let Some(state) = states.iter().find(|state| state.name == name && state.machine_id == on) else {
+        return Standing::Down(format!("not reported by {short}"));
+    };
+    if Some(state.hash) != hash {
+        return Standing::Down(format!("{short} runs its earlier content"));
+    }
+    match (state.systemd.active.as_str(), state.health.as_ref().map(|health| health.status)) {
+        ("active", None | Some(crate::health::HealthStatus::Healthy)) => Standing::Up,
+        ("active", Some(crate::health::HealthStatus::Unhealthy)) => Standing::Down(format!("unhealthy on {short}")),
+        ("active", Some(crate::health::HealthStatus::Unknown)) => Standing::Down(format!("not yet healthy on {short}")),
+        ("inactive", _) if state.launched && state.systemd.sub == "dead" => Standing::Finished,
+        (active, _) => Standing::Down(format!("{active} on {short}")),
+    }
+}
+
 /// The first item of `dependencies` not met, and why, as the unit's reason says it
 /// (`waiting for db.service: inactive on 3f2a1b0c`, `waiting for 2 of db@*.service up: 1`);
 /// `None` when every item is met. `standing` gives each unit an item's pattern matches, with how

@@ -13,13 +13,12 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
-use fleet_core::dependency::{Dependencies, Dependency, Kind, Standing, waiting_for};
+use fleet_core::dependency::{Dependencies, Dependency, Kind, Standing, standing_of, waiting_for};
 use fleet_core::glob::Glob;
-use fleet_core::health::HealthStatus;
 use fleet_core::required_places::{RequiredPlace, RequiredPlaces, next_places};
 use fleet_core::schedule::{ClusterSnapshot, SnapshotUnit};
 use fleet_core::schedule::{Decision, Plan};
-use fleet_core::{DesiredState, UnitHash, UnitState};
+use fleet_core::{DesiredState, UnitHash};
 use fleet_registry::{EngineRegistry, RegistryError};
 
 /// What the engine keeps between passes of the units that wait for units.
@@ -216,24 +215,4 @@ pub(crate) fn places_to_record(
         .collect();
     records.sort_by(|a, b| a.unit.cmp(&b.unit));
     records
-}
-
-/// How the unit `name` stands: up when the machine it is scheduled on reports its current
-/// content active (and not unhealthy or unchecked yet), finished when it ran there to its end.
-fn standing_of(on: Option<&str>, hash: Option<UnitHash>, name: &str, states: &[std::sync::Arc<UnitState>]) -> Standing {
-    let Some(on) = on else { return Standing::Down("not placed".to_string()) };
-    let short = on.get(..8).unwrap_or(on);
-    let Some(state) = states.iter().find(|state| state.name == name && state.machine_id == on) else {
-        return Standing::Down(format!("not reported by {short}"));
-    };
-    if Some(state.hash) != hash {
-        return Standing::Down(format!("{short} runs its earlier content"));
-    }
-    match (state.systemd.active.as_str(), state.health.as_ref().map(|health| health.status)) {
-        ("active", None | Some(HealthStatus::Healthy)) => Standing::Up,
-        ("active", Some(HealthStatus::Unhealthy)) => Standing::Down(format!("unhealthy on {short}")),
-        ("active", Some(HealthStatus::Unknown)) => Standing::Down(format!("not yet healthy on {short}")),
-        ("inactive", _) if state.launched && state.systemd.sub == "dead" => Standing::Finished,
-        (active, _) => Standing::Down(format!("{active} on {short}")),
-    }
 }

@@ -102,7 +102,8 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
     let index = standing_index(&units, &machines);
     let policy = (state.placement_strategy, state.preemption);
     let budgets = budget_view(state, &units, &machines).await?.budgets();
-    let asked = Asked { changes, destroy: request.destroy, drained };
+    let waits = dependency_waits::dependency_waits(state, &units, &changes, &request.destroy).await?;
+    let asked = Asked { changes, destroy: request.destroy, drained, waits };
     let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, budgets, &asked))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
@@ -225,6 +226,8 @@ struct Asked {
     destroy: Vec<String>,
     /// Machines drained, by full ID.
     drained: Vec<String>,
+    /// Units that would wait for units, with why: kept unplaced, as the engine keeps them.
+    waits: HashMap<String, String>,
 }
 
 /// The plan of `asked` over the cluster of `units` on `machines`.
@@ -235,14 +238,16 @@ fn planned(
     budgets: fleet_core::disruption_budget::Budgets,
     asked: &Asked,
 ) -> Vec<PlannedUnit> {
-    let Asked { changes, destroy, drained } = asked;
+    let Asked { changes, destroy, drained, waits } = asked;
+    let kept_off =
+        |name: &str, desired: DesiredState| if waits.contains_key(name) { DesiredState::Inactive } else { desired };
     let specs = units
         .iter()
         .map(|unit| {
             let requirements = Arc::new(Requirements::from_unit(&unit.name, &unit.file));
             UnitSpec {
                 name: unit.name.clone(),
-                desired: as_planned(unit.desired, &requirements, unit.machine_id.is_some()),
+                desired: kept_off(&unit.name, as_planned(unit.desired, &requirements, unit.machine_id.is_some())),
                 requirements,
                 scheduled_on: unit.machine_id.clone(),
             }
@@ -260,6 +265,7 @@ fn planned(
                 .or_else(|| now.map(|unit| Arc::new(Requirements::from_unit(&unit.name, &unit.file))));
             let placed = now.is_some_and(|unit| unit.machine_id.is_some());
             let desired = kept.map_or(change.desired, |kept| as_planned(change.desired, &kept, placed));
+            let desired = kept_off(&change.name, desired);
             PreviewChange::Set { name: change.name.clone(), desired, requirements }
         })
         .chain(destroy.iter().map(|name| PreviewChange::Destroy { name: name.clone() }))
@@ -268,7 +274,14 @@ fn planned(
     let preview = preview(&cluster, &previewed);
     let changed: HashMap<&str, &UnitChange> = changes.iter().map(|change| (change.name.as_str(), change)).collect();
     let destroyed: HashSet<&str> = destroy.iter().map(String::as_str).collect();
-    preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &changed, &destroyed)).collect()
+    let mut planned: Vec<PlannedUnit> =
+        preview.units.into_iter().map(|unit| planned_unit(unit, &standing, &changed, &destroyed)).collect();
+    for unit in &mut planned {
+        if let Some(why) = waits.get(&unit.name) {
+            unit.waiting = Some(why.clone());
+        }
+    }
+    planned
 }
 
 /// A unit whose runs fleet keeps (on a calendar, or a batch unit) is placed only for a run, as
@@ -347,6 +360,8 @@ fn planned_unit(
         name: unit.name,
     }
 }
+
+mod dependency_waits;
 
 #[cfg(test)]
 mod tests;

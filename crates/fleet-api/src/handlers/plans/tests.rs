@@ -301,3 +301,43 @@ async fn a_plan_shows_a_preemption_a_disruption_budget_holds() {
         "{planned}"
     );
 }
+
+/// A unit that waits for units is planned as the engine would place it: unplaced, saying what
+/// it waits for, until what it requires runs; then placed.
+#[tokio::test]
+async fn a_plan_leaves_a_unit_waiting_for_what_it_requires_as_the_engine_would() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let state = ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None));
+    let router = router(state);
+    registry.register_machine(&MachineState { id: "m0".into(), ..MachineState::default() }).await.unwrap();
+    let app = json!({"units": [unit("app.service", "Requires=db.service", "launched")]});
+    let (status, planned) = call(&router, "POST", "/fleet/v1/plans", app.clone()).await;
+    assert_eq!(status, 200, "{planned}");
+    let first = &planned["units"][0];
+    assert_eq!((first["action"].as_str(), first.get("machine")), (Some("create"), None), "{planned}");
+    assert_eq!(first["waiting"], "waiting for db.service: not in the cluster", "{planned}");
+
+    // The db placed and running: the app is planned onto a machine.
+    let lease = registry.acquire_leadership("m0").await.unwrap().unwrap();
+    let db = fleet_core::UnitFile::parse("[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
+    registry.put_unit("db.service", &db, fleet_core::DesiredState::Launched).await.unwrap();
+    let placed = fleet_core::schedule::Decision::Schedule { unit: "db.service".into(), machine: "m0".into() };
+    registry.apply(&lease, &[placed], &[]).await.unwrap();
+    let (_, planned) = call(&router, "POST", "/fleet/v1/plans", app.clone()).await;
+    assert_eq!(planned["units"][0]["waiting"], "waiting for db.service: not reported by m0", "{planned}");
+    let running = fleet_core::UnitState {
+        run: None,
+        name: "db.service".into(),
+        machine_id: "m0".into(),
+        hash: db.hash(),
+        systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
+        launched: true,
+        drift: None,
+        health: None,
+        secrets: Default::default(),
+    };
+    registry.report_states("m0", &[fleet_registry::StateReport::Set(running)]).await.unwrap();
+    let (_, planned) = call(&router, "POST", "/fleet/v1/plans", app).await;
+    assert_eq!((planned["units"][0]["machine"].as_str(), planned["units"][0].get("waiting")), (Some("m0"), None));
+}
