@@ -62,6 +62,9 @@ pub struct DrainUnit {
     pub machine_id: Option<String>,
     /// Its `MachineOf=` leaders.
     pub follows: Vec<String>,
+    /// The units with a disruption budget that `Requires=` it: letting it go takes from their
+    /// budgets too (they lose what they require while it moves).
+    pub required_by: Vec<String>,
 }
 
 impl DrainUnit {
@@ -85,6 +88,7 @@ impl DrainUnit {
             wanted: desired != DesiredState::Inactive,
             machine_id: requirements.machine_id.clone(),
             follows: requirements.machine_of.clone(),
+            required_by: Vec::new(),
         }
     }
 }
@@ -219,7 +223,11 @@ pub fn advance_within(
     let (down_groups, up_groups): (Vec<_>, Vec<_>) =
         waiting.into_iter().partition(|group| group.iter().all(|unit| is_down(unit)));
     let mut held = None;
-    let mut taken = |group: &[&DrainUnit]| match budgets.take(group.iter().map(|unit| unit.name.as_str())) {
+    let mut taken = |group: &[&DrainUnit]| match budgets.take(
+        group
+            .iter()
+            .flat_map(|unit| std::iter::once(unit.name.as_str()).chain(unit.required_by.iter().map(String::as_str))),
+    ) {
         Ok(()) => true,
         Err(why) => {
             held.get_or_insert_with(|| format!("{} waits: {why}", group[0].name));

@@ -269,6 +269,19 @@ pub fn advance_within(
     now: u64,
     budgets: &mut Budgets,
 ) -> Advance {
+    advance_in_order(rollout, observed, now, budgets, &HashMap::new())
+}
+
+/// [`advance_within`] for units that wait for one another: a unit whose new content
+/// (`dependencies`, by hash) names units of the rollout waits until they are done
+/// ([`dependency_order::Blocked`]), and the rollout's `held` says so while nothing else goes.
+pub fn advance_in_order(
+    rollout: &mut Rollout,
+    observed: &(impl Reports + ?Sized),
+    now: u64,
+    budgets: &mut Budgets,
+    dependencies: &HashMap<UnitHash, crate::dependency::Dependencies>,
+) -> Advance {
     rollout.held = None;
     // Each unit's report, looked up once (in the rollout's order) for the whole step.
     let seen: Vec<Option<&Observed>> =
@@ -319,16 +332,28 @@ pub fn advance_within(
         _ => rollout.units.len(),
     };
     let mut advance = Advance::default();
+    let blocked = dependency_order::Blocked::of(&rollout.units, dependencies);
     // A unit that is down anyway goes first and costs nothing: replacing it takes nothing
     // more down (and an undo must reach the units a bad version took down).
     let mut held = None;
-    for (unit, _) in rollout
+    let waits = |position: usize, name: &str, held: &mut Option<String>| match blocked.waits_for(position) {
+        Some(required) => {
+            held.get_or_insert_with(|| format!("{name} waits for {required}, which it requires, to be done first"));
+            true
+        }
+        None => false,
+    };
+    for (position, (unit, _)) in rollout
         .units
         .iter_mut()
         .zip(&seen)
+        .enumerate()
         .take(eligible)
-        .filter(|(unit, seen)| unit.step == Step::Waiting && is_down(seen))
+        .filter(|(_, (unit, seen))| unit.step == Step::Waiting && is_down(seen))
     {
+        if waits(position, &unit.name, &mut held) {
+            continue;
+        }
         if let Err(why) = budgets.take([unit.name.as_str()]) {
             held.get_or_insert_with(|| format!("{} waits: {why}", unit.name));
             continue;
@@ -336,9 +361,14 @@ pub fn advance_within(
         unit.step = Step::Replacing { since: now };
         advance.replace.push(unit.name.clone());
     }
-    for unit in rollout.units.iter_mut().take(eligible).filter(|unit| unit.step == Step::Waiting) {
+    for (position, unit) in
+        rollout.units.iter_mut().enumerate().take(eligible).filter(|(_, unit)| unit.step == Step::Waiting)
+    {
         if budget == 0 {
             break;
+        }
+        if waits(position, &unit.name, &mut held) {
+            continue;
         }
         if let Err(why) = budgets.take([unit.name.as_str()]) {
             held.get_or_insert_with(|| format!("{} waits: {why}", unit.name));
@@ -510,6 +540,7 @@ fn describe(seen: Option<&Observed>, to: UnitHash) -> String {
     }
 }
 
+pub mod dependency_order;
 mod replace_order;
 mod split_units;
 mod stored_units;

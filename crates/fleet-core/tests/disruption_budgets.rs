@@ -163,6 +163,7 @@ impl Cluster {
                 wanted: true,
                 machine_id: None,
                 follows: Vec::new(),
+                required_by: Vec::new(),
             })
             .collect()
     }

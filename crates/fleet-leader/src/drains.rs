@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use fleet_core::UnitState;
 use fleet_core::drain::{Drain, advance_within};
-use fleet_registry::{RegistryError, UnitView, drain_unit_names, drain_units};
+use fleet_registry::{RegistryError, UnitView, budgeted_requirers, drain_unit_names, drain_units, note_required_by};
 use fleet_runtime::{LeaderPass, Lifecycle, Next, Triggers, while_leading};
 use tokio::sync::watch;
 
@@ -84,14 +84,25 @@ impl DrainDriver {
         let mut steps = Vec::new();
         let mut decision = self.ledger.decide(budgets);
         let mut let_go_from: HashMap<String, String> = HashMap::new();
+        let mut required_from: HashMap<String, Shown> = HashMap::new();
+        // A unit that budgeted units require is let go within their budgets too.
+        let requirers = budgeted_requirers(units, &budgets.units);
         for (machine, mut drain) in drained {
             let before = drain.clone();
-            let concerned = drain_units(units, states, &machine, &before);
+            let mut concerned = drain_units(units, states, &machine, &before);
+            note_required_by(&mut concerned, &requirers);
             let progress = advance_within(&mut drain, &machine, &concerned, now, &mut decision.budgets);
             if drain != before {
                 let let_go: Vec<&String> = drain.released.keys().filter(|unit| !before.lets_go(unit)).collect();
                 if !let_go.is_empty() {
                     tracing::info!(machine, units = ?let_go, "drain lets units go");
+                }
+                // Those that require what goes lose it while it moves: their budgets took it.
+                for unit in concerned.iter().filter(|unit| let_go.contains(&&unit.name)) {
+                    for requirer in &unit.required_by {
+                        let shown = Shown::Drained { unit: unit.name.clone(), machine: machine.clone() };
+                        required_from.entry(requirer.clone()).or_insert(shown);
+                    }
                 }
                 let_go_from.extend(let_go.into_iter().map(|unit| (unit.clone(), machine.clone())));
                 if let Some(held) = drain.held.as_ref().filter(|held| before.held.as_ref() != Some(*held)) {
@@ -104,7 +115,10 @@ impl DrainDriver {
             }
             unfinished |= !progress.moving.is_empty() || !progress.left.is_empty();
         }
-        decision.note(|unit| let_go_from.get(unit).cloned().map(Shown::Left));
+        decision.note(|unit| {
+            let left = let_go_from.get(unit).cloned().map(Shown::Left);
+            left.or_else(|| required_from.get(unit).cloned())
+        });
         (steps, unfinished)
     }
 }

@@ -13,8 +13,10 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use fleet_core::disruption_budget::Budgets;
 use fleet_core::health::HealthStatus;
-use fleet_core::rollout::{Health, Observed, Rollout, RolloutState, advance, advance_within, next_timed_step};
+use fleet_core::rollout::dependency_order::dependencies_by_content;
+use fleet_core::rollout::{Health, Observed, Rollout, RolloutState, advance_in_order, next_timed_step};
 use fleet_core::secret_rotation::pinned;
 use fleet_core::secrets::version_identity;
 use fleet_core::{UnitFile, UnitHash, UnitState};
@@ -202,13 +204,17 @@ impl RolloutDriver {
             // The stored record is shared with the store's copy: the step works on its own.
             let mut record = RolloutRecord::clone(&before);
             let seen = observed(&states, &record.rollout, followed, record.secret.as_ref());
+            // A unit whose new content names units of the rollout waits until they are done.
+            let dependencies = dependencies_by_content(&record.rollout.units, &record.bodies);
             let step = match budget_view.as_ref().filter(|_| followed.budgeted == Some(true)) {
-                Some(view) => self.step_within(&mut record, &seen, now, view),
-                None => advance(&mut record.rollout, seen.as_slice(), now),
+                Some(view) => self.step_within(&mut record, &seen, now, view, &dependencies),
+                None => {
+                    advance_in_order(&mut record.rollout, seen.as_slice(), now, &mut Budgets::default(), &dependencies)
+                }
             };
             if let Some(held) = record.rollout.held.as_ref().filter(|held| before.rollout.held.as_ref() != Some(*held))
             {
-                tracing::info!(rollout = record.name, held, "rollout waits on a disruption budget");
+                tracing::info!(rollout = record.name, held, "rollout waits");
             }
             let stepped = began.elapsed();
             if !step.replace.is_empty() {
@@ -343,9 +349,10 @@ impl RolloutDriver {
         seen: &[Option<Observed>],
         now: u64,
         view: &BudgetView,
+        dependencies: &HashMap<UnitHash, fleet_core::dependency::Dependencies>,
     ) -> fleet_core::rollout::Advance {
         let mut decision = self.ledger.decide(view);
-        let step = advance_within(&mut record.rollout, seen, now, &mut decision.budgets);
+        let step = advance_in_order(&mut record.rollout, seen, now, &mut decision.budgets, dependencies);
         decision.note(|_| Some(Shown::Rollout(record.name.clone())));
         step
     }

@@ -319,6 +319,8 @@ impl SourceSyncer {
         let (_, units) = source
             .gates
             .replacement_order(units, |unit| views.get(&unit.name).and_then(|view| view.machine_id.as_deref()));
+        // What a unit requires among them goes before it (and into a canary with it).
+        let units = fleet_core::rollout::dependency_order::rollout_units_required_first(units, &bodies);
         let Some(units) = units_after_sync(existing.as_ref().map(|record| &record.rollout), &units) else {
             // Nothing new for the rollout; it carries this commit's content all the same.
             return match existing {

@@ -26,6 +26,8 @@ pub struct BudgetedUnit {
     /// Its group: its `SpreadGroup=`, else its template.
     pub group: String,
     pub budget: DisruptionBudget,
+    /// What it `Requires=` (patterns): it counts as down while a drain moves one of those.
+    pub requires: Vec<String>,
 }
 
 impl BudgetedUnit {
@@ -45,6 +47,13 @@ impl BudgetedUnit {
             machine_id: machine_id.map(str::to_string),
             group: requirements.spread_group_of(name),
             budget,
+            requires: requirements
+                .dependencies
+                .items
+                .iter()
+                .filter(|item| item.kind == fleet_core::dependency::Kind::Requires)
+                .map(|item| item.pattern.clone())
+                .collect(),
         })
     }
 }
@@ -72,8 +81,8 @@ pub struct Pending {
 
 /// Every budgeted unit that should run (`budgeted`) as the ledger counts it. It is down when
 /// the machine it is scheduled on does not report it on its current content as it should be
-/// (active and not unhealthy, when it should run), when a drain let it go, when a running
-/// rollout is replacing it, or when `pending` says a disruption decided a moment ago has not
+/// (active and not unhealthy, when it should run), when a drain let it go or let go a unit it
+/// `Requires=` (not yet arrived elsewhere), when a running rollout is replacing it, or when `pending` says a disruption decided a moment ago has not
 /// reached what the store shows yet. A unit on its way between machines (scheduled nowhere)
 /// counts with the value of the machine it left, as a drain or `pending` name it: it is that
 /// value's unit down until it is placed.
@@ -118,10 +127,66 @@ pub fn budget_members<S: Borrow<UnitState>>(
             });
             let name = unit.name.as_str();
             let pending = pending(unit);
-            let down = !runs_well || released.contains_key(name) || replacing.contains(name) || pending.down;
+            let loses_a_requirement = || {
+                unit.requires
+                    .iter()
+                    .filter_map(|pattern| fleet_core::glob::Glob::new(pattern))
+                    .any(|glob| released.keys().any(|moving| *moving != name && glob.matches(moving)))
+            };
+            let down = !runs_well
+                || released.contains_key(name)
+                || replacing.contains(name)
+                || pending.down
+                || (!unit.requires.is_empty() && loses_a_requirement());
             let counted_on = on.or_else(|| released.get(name).copied()).or(pending.left.as_deref());
             let value = unit.budget.by.as_ref().and_then(|key| metadata.get(counted_on?)?.get(key).cloned());
             Member { name: unit.name.clone(), group: unit.group.clone(), budget: unit.budget.clone(), value, down }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A budgeted unit that runs well counts as down while a drain moves a unit it `Requires=`,
+    /// and not once that unit arrived (the drain no longer lists it).
+    #[test]
+    fn a_unit_counts_down_while_a_drain_moves_what_it_requires() {
+        let file = fleet_core::UnitFile::parse(
+            "[Service]\nExecStart=/bin/app\n[X-Fleet]\nRequires=db.service\nDisruptionBudget=1\n",
+        )
+        .expect("a unit file");
+        let requirements = Requirements::from_unit("app@1.service", &file);
+        let app = BudgetedUnit::of("app@1.service", file.hash(), DesiredState::Launched, Some("m2"), &requirements)
+            .expect("a budget");
+        assert_eq!(app.requires, ["db.service"]);
+        let running = UnitState {
+            run: None,
+            name: "app@1.service".into(),
+            machine_id: "m2".into(),
+            hash: file.hash(),
+            systemd: fleet_core::SystemdState::new("loaded", "active", "running"),
+            launched: true,
+            drift: None,
+            health: None,
+            secrets: Default::default(),
+        };
+        let mut drain = Drain::new(fleet_core::rollout::MaxUnavailable::Count(1), 1);
+        drain.released.insert("db.service".into(), 1);
+        let down = |drains: &[(String, Drain)]| {
+            let members = budget_members(
+                std::slice::from_ref(&app),
+                std::slice::from_ref(&running),
+                drains,
+                &[] as &[RolloutRecord],
+                &[],
+                |_| Pending::default(),
+            );
+            members[0].down
+        };
+        assert!(down(&[("m1".to_string(), drain.clone())]), "its db is on its way");
+        drain.released.clear();
+        assert!(!down(&[("m1".to_string(), drain)]), "its db arrived");
+    }
 }

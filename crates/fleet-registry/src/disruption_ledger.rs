@@ -38,6 +38,8 @@ pub enum Shown {
     Left(String),
     /// This rollout started on the unit.
     Rollout(String),
+    /// A unit it `Requires=` (`unit`) was let go by the drain of `machine`.
+    Drained { unit: String, machine: String },
 }
 
 #[derive(Clone, Debug)]
@@ -95,6 +97,11 @@ impl BudgetView {
                 record.rollout.state != RolloutState::Running
                     || record.rollout.units.iter().any(|step| step.name == unit.name && step.step != Step::Waiting)
             }),
+            Shown::Drained { unit: required, machine } => self
+                .drains
+                .iter()
+                .find(|(drained, _)| drained == machine)
+                .is_none_or(|(_, drain)| drain.lets_go(required)),
         }
     }
 }
@@ -129,7 +136,7 @@ impl DisruptionLedger {
                 down: true,
                 left: match &note.shown {
                     Shown::Left(machine) => Some(machine.clone()),
-                    Shown::Rollout(_) => None,
+                    Shown::Rollout(_) | Shown::Drained { .. } => None,
                 },
             },
             _ => Pending::default(),

@@ -41,3 +41,41 @@ pub fn drain_units<S: Borrow<UnitState>>(
         })
         .collect()
 }
+
+/// The units of `budgeted` (those with a disruption budget) that `Requires=` others, each with
+/// the patterns it requires (from its content among `units`): a drain that lets one of those
+/// others go takes from their budgets too.
+pub fn budgeted_requirers(
+    units: &[UnitView],
+    budgeted: &[crate::BudgetedUnit],
+) -> Vec<(String, Vec<fleet_core::glob::Glob>)> {
+    if budgeted.is_empty() {
+        return Vec::new();
+    }
+    let files: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
+    budgeted
+        .iter()
+        .filter_map(|unit| {
+            let view = files.get(unit.name.as_str())?;
+            let dependencies = fleet_core::dependency::dependencies_of(&unit.name, view.file.options()).ok()?;
+            let required: Vec<fleet_core::glob::Glob> = dependencies
+                .items
+                .iter()
+                .filter(|item| item.kind == fleet_core::dependency::Kind::Requires)
+                .filter_map(|item| fleet_core::glob::Glob::new(&item.pattern))
+                .collect();
+            (!required.is_empty()).then(|| (unit.name.clone(), required))
+        })
+        .collect()
+}
+
+/// Notes on each of `drained` the units of `requirers` that require it.
+pub fn note_required_by(drained: &mut [DrainUnit], requirers: &[(String, Vec<fleet_core::glob::Glob>)]) {
+    for unit in drained {
+        unit.required_by = requirers
+            .iter()
+            .filter(|(name, required)| *name != unit.name && required.iter().any(|glob| glob.matches(&unit.name)))
+            .map(|(name, _)| name.clone())
+            .collect();
+    }
+}

@@ -169,6 +169,8 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
     }
     let (canary, units) =
         gates.replacement_order(units, |unit| held.get(&unit.name).and_then(|view| view.machine_id.as_deref()));
+    // What a unit requires among them goes before it (and into a canary with it).
+    let units = fleet_core::rollout::dependency_order::rollout_units_required_first(units, &bodies);
     let rollout = Rollout {
         canary,
         units,

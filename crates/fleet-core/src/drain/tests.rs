@@ -8,6 +8,7 @@ fn unit(name: &str, on: &str) -> DrainUnit {
         wanted: true,
         machine_id: None,
         follows: Vec::new(),
+        required_by: Vec::new(),
     }
 }
 
@@ -159,4 +160,30 @@ proptest::proptest! {
             proptest::prop_assert!(drain.moved <= moved_off, "only units that left count as moved");
         }
     }
+}
+
+/// A unit that budgeted units require is let go within their budget: two dbs, each required
+/// by one app of a group that may have one down, leave one at a time though the drain allows two.
+#[test]
+fn a_required_unit_is_let_go_within_the_budget_of_what_requires_it() {
+    use crate::disruption_budget::{Budgets, DisruptionBudget, Member};
+    let app = |n: u32| Member {
+        name: format!("app@{n}.service"),
+        group: "app@.service".into(),
+        budget: DisruptionBudget { size: MaxUnavailable::Count(1), by: None },
+        value: None,
+        down: false,
+    };
+    let mut budgets = Budgets::new([app(1), app(2)]);
+    let db =
+        |n: u32| DrainUnit { required_by: vec![format!("app@{n}.service")], ..unit(&format!("db@{n}.service"), "m1") };
+    let mut drain = drain(MaxUnavailable::Count(2));
+    let progress = advance_within(&mut drain, "m1", &[db(1), db(2)], 1, &mut budgets);
+    assert_eq!(names(&progress.moving), ["db@1.service"]);
+    let held = drain.held.clone().unwrap_or_default();
+    assert!(held.starts_with("db@2.service waits: ") && held.contains("app@.service"), "{held}");
+    // Without a budget on what requires them, both go.
+    let mut drain = self::drain(MaxUnavailable::Count(2));
+    let progress = advance_within(&mut drain, "m1", &[db(1), db(2)], 1, &mut Budgets::default());
+    assert_eq!(names(&progress.moving), ["db@1.service", "db@2.service"]);
 }

@@ -455,3 +455,33 @@ fn a_rollout_replaces_its_canary_first_then_machine_by_machine() {
     let (none, same) = Gates::default().replacement_order(units.to_vec(), |(_, machine)| Some(*machine));
     assert_eq!((none, same.iter().map(|(name, _)| *name).collect::<Vec<_>>()), (None, vec!["a", "c", "e", "b", "d"]));
 }
+
+/// A rollout that changes a db and an app that requires it replaces the db first and the app
+/// only once the db ran its new content well for min-ready, though its budget allows both.
+#[test]
+fn what_a_unit_requires_is_replaced_first_and_the_unit_waits_until_it_is_done() {
+    const APP_NEW: UnitHash = UnitHash([3; 20]);
+    let mut rollout = rollout(0, MaxUnavailable::Count(2));
+    rollout.units = vec![
+        RolloutUnit { name: "app.service".into(), from: OLD, to: APP_NEW, step: Step::Waiting },
+        RolloutUnit { name: "db.service".into(), from: OLD, to: NEW, step: Step::Waiting },
+    ];
+    let file = crate::UnitFile::parse("[X-Fleet]\nRequires=db.service\n").expect("a unit file");
+    let app = crate::dependency::dependencies_of("app.service", file.options()).expect("dependencies");
+    let dependencies = HashMap::from([(APP_NEW, app), (NEW, crate::dependency::Dependencies::default())]);
+    let seen = |db: UnitHash, app: UnitHash| {
+        BTreeMap::from([
+            ("db.service".to_string(), Observed::new(db, Health::Active)),
+            ("app.service".to_string(), Observed::new(app, Health::Active)),
+        ])
+    };
+    let step = |rollout: &mut Rollout, reports: &BTreeMap<String, Observed>, now: u64| {
+        advance_in_order(rollout, reports, now, &mut Budgets::default(), &dependencies).replace
+    };
+    assert_eq!(step(&mut rollout, &seen(OLD, OLD), 0), ["db.service"]);
+    assert_eq!(rollout.held.as_deref(), Some("app.service waits for db.service, which it requires, to be done first"));
+    assert!(step(&mut rollout, &seen(NEW, OLD), 1).is_empty(), "the db runs its new content: not done yet");
+    assert!(step(&mut rollout, &seen(NEW, OLD), 5).is_empty(), "within min-ready");
+    assert_eq!(step(&mut rollout, &seen(NEW, OLD), 7), ["app.service"], "the db stayed well past min-ready");
+    assert_eq!(rollout.held, None);
+}
