@@ -95,4 +95,4 @@ step target/debug/bench-upgrade target/debug/fleetd 20 20
 # on m0 only; never recorded failed where it did not fail), eight units with priorities and six
 # with LostAfter= (none moved off a machine gone before its span). One run covers what a plain run
 # checks, so there is no plain run besides.
-step target/debug/fleet-sim --scheduled 4 --moving 3 --prioritized 8 --lost-after 6 --budgeted 6 700
+step target/debug/fleet-sim --scheduled 4 --moving 3 --prioritized 8 --lost-after 6 --budgeted 6 --dependent 6 700

@@ -128,20 +128,19 @@ pub struct Agent {
 
 /// The credentials of `name`, which is loaded next from `file`: the values of the secrets
 /// it names, under the names it gives them, and the version of each secret given; and for a
-/// unit that waits for units, the file of where they run (`places`). Never a value in an
-/// error.
+/// unit that waits for units, the file of where they run (`places`; none where the unit
+/// manager delivers no credentials). Never a value in an error.
 async fn credentials_of(
     secrets: Option<Arc<dyn UnitSecrets>>,
     machine_id: &str,
-    name: &str,
-    file: &UnitFile,
+    (name, file): (&str, &UnitFile),
     pins: &SecretPins,
-    places: &[RequiredPlace],
+    places: Option<&[RequiredPlace]>,
 ) -> Result<(Vec<Credential>, BTreeMap<String, u64>), UnitManagerError> {
     let refused = |reason: String| UnitManagerError::Refused { unit: name.to_string(), reason };
     let references = fleet_core::secrets::references(file).map_err(refused)?;
     let mut credentials = Vec::new();
-    if required_places::waits(file.options()) {
+    if let Some(places) = places.filter(|_| required_places::waits(file.options())) {
         credentials.push(Credential::new(required_places::FILE_NAME, required_places::file_content(places)));
     }
     if references.is_empty() {
@@ -833,7 +832,8 @@ impl Agent {
     ) -> Result<BTreeMap<String, u64>, UnitManagerError> {
         let (secrets, manager, machine_id) =
             (self.secrets.clone(), self.manager.clone(), self.config.machine.id.clone());
-        let (credentials, versions) = credentials_of(secrets, &machine_id, name, file, pins, places).await?;
+        let places = manager.delivers_credentials().then_some(places);
+        let (credentials, versions) = credentials_of(secrets, &machine_id, (name, file), pins, places).await?;
         manager.provide_credentials(name, file, &credentials).await?;
         Ok(versions)
     }

@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod dependency_judge;
 pub mod faults;
 mod gate;
 pub mod judge;
@@ -73,6 +74,11 @@ pub struct SimConfig {
     /// `DisruptionBudget=1` (`b@0.service`…): with the prioritized units of priority 900 they
     /// are preempted one at a time, and the judge holds every preemption to it.
     pub budgeted: usize,
+    /// Pairs of a plain unit `r<k>.service`, launched a quarter into the run and then moved by
+    /// machines' faults, and a unit `w<k>.service`, launched at once, that `Requires=` it
+    /// (`After=` for odd `k`): the judge holds every placement of a dependent to what it
+    /// requires running ([`dependency_judge`]), and the cluster settles with both running.
+    pub dependent: usize,
 }
 
 impl Default for SimConfig {
@@ -88,6 +94,7 @@ impl Default for SimConfig {
             prioritized: 0,
             lost_after: 0,
             budgeted: 0,
+            dependent: 0,
         }
     }
 }
@@ -109,6 +116,8 @@ pub struct Outcome {
     pub lost_after_moves: usize,
     /// Units with a disruption budget preempted (one at a time, as the judge holds them).
     pub budgeted_preempted: usize,
+    /// Units that wait for units placed (each while what it requires ran).
+    pub dependents_placed: usize,
     /// How long after the last fault ended the cluster settled (`None`: it did not).
     pub settled_after: Option<Duration>,
     /// A digest of everything sampled: equal for two runs of one seed.
@@ -136,6 +145,9 @@ impl std::fmt::Display for Outcome {
         }
         if self.budgeted_preempted > 0 {
             writeln!(f, "  units with a disruption budget preempted: {}", self.budgeted_preempted)?;
+        }
+        if self.dependents_placed > 0 {
+            writeln!(f, "  units that wait for units placed: {}", self.dependents_placed)?;
         }
         if self.lost_after_moves > 0 {
             writeln!(f, "  units with LostAfter= moved in their time: {}", self.lost_after_moves)?;
@@ -430,6 +442,17 @@ fn budgeted_file() -> UnitFile {
         .expect("a budgeted unit file")
 }
 
+/// A unit of [`SimConfig::dependent`]: what `w<index>` requires (`r<index>`), or the
+/// dependent itself.
+fn dependent_files(index: usize) -> (UnitFile, UnitFile) {
+    let required = UnitFile::parse(&format!("[Service]\nExecStart=/bin/required {index}\n")).expect("a unit file");
+    let kind = if index.is_multiple_of(2) { "Requires" } else { "After" };
+    let dependent =
+        UnitFile::parse(&format!("[Service]\nExecStart=/bin/dependent {index}\n[X-Fleet]\n{kind}=r{index}.service\n"))
+            .expect("a dependent unit file");
+    (required, dependent)
+}
+
 /// The `LostAfter=` of unit `index` of [`SimConfig::lost_after`]: three times `agent_ttl`,
 /// or (`None`) never, in turn.
 fn lost_after_span(index: usize, agent_ttl: Duration) -> Option<Duration> {
@@ -609,6 +632,12 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         for unit in 0..config.budgeted {
             world.put_unit(&format!("{BUDGETED_PREFIX}{unit}.service"), budgeted_file(), DesiredState::Launched);
         }
+        for unit in 0..config.dependent {
+            let (required, dependent) = dependent_files(unit);
+            world.put_unit(&format!("w{unit}.service"), dependent, DesiredState::Launched);
+            // Loaded only: launched a quarter into the run, so that its dependent waits.
+            world.put_unit(&format!("r{unit}.service"), required, DesiredState::Loaded);
+        }
         for unit in 0..config.lost_after {
             world.put_unit(
                 &format!("l{unit}.service"),
@@ -628,6 +657,8 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         Begin(Fault),
         End(Fault),
         Operate(usize, Operation),
+        /// What dependent `k` requires is launched ([`SimConfig::dependent`]).
+        LaunchRequired(usize),
     }
     let mut events: Vec<(Duration, usize, Event)> = Vec::new();
     for fault in &plan {
@@ -636,6 +667,10 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     }
     for (at, unit, operation) in &operations {
         events.push((*at, events.len(), Event::Operate(*unit, *operation)));
+    }
+    for unit in 0..config.dependent {
+        let at = config.length / 4 + Duration::from_secs(unit as u64);
+        events.push((at, events.len(), Event::LaunchRequired(unit)));
     }
     events.sort_by_key(|(at, order, _)| (*at, *order));
     let faults_end = events.last().map_or(Duration::ZERO, |(at, _, _)| *at);
@@ -670,6 +705,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
                     Event::Begin(fault) => trace.push(format!("{elapsed:?} begins: {fault:?}")),
                     Event::End(fault) => trace.push(format!("{elapsed:?} ends: {fault:?}")),
                     Event::Operate(unit, operation) => trace.push(format!("{elapsed:?} u{unit}: {operation:?}")),
+                    Event::LaunchRequired(unit) => trace.push(format!("{elapsed:?} r{unit}: Launch")),
                 }
             }
             match event {
@@ -677,6 +713,9 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
                 Event::End(fault) => cluster.end(&fault),
                 Event::Operate(unit, operation) => {
                     operate(&mut lock(&world), unit, operation, &mut versions, &mut destroyed)
+                }
+                Event::LaunchRequired(unit) => {
+                    lock(&world).set_desired(&format!("r{unit}.service"), DesiredState::Launched)
                 }
             }
         }
@@ -757,6 +796,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
     let mut violations = judge.violations;
     violations.append(&mut runs_judge.violations);
     violations.append(&mut lock(&world).budget.violations);
+    violations.append(&mut lock(&world).dependencies.violations);
     let stays_failed = judge_moves(&lock(&world).jobs, &mut violations);
     if std::env::var_os("SIM_DEBUG_MOVES").is_some() {
         for ((unit, machine), (state, rev)) in lock(&world).states.iter().filter(|((u, _), _)| u.starts_with('f')) {
@@ -783,9 +823,9 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
             store.stop();
         }
     }
-    let (preempted, budgeted_preempted) = {
+    let (preempted, budgeted_preempted, dependents_placed) = {
         let world = lock(&world);
-        (world.preemptions, world.budget.preempted)
+        (world.preemptions, world.budget.preempted, world.dependencies.placed)
     };
     Outcome {
         seed,
@@ -796,6 +836,7 @@ async fn simulate(seed: u64, config: SimConfig, traced: bool) -> Outcome {
         stays_failed,
         preempted,
         budgeted_preempted,
+        dependents_placed,
         lost_after_moves: judge.lost_after_moves,
         settled_after,
         digest,

@@ -378,11 +378,13 @@ impl AgentRegistry for SimStore {
                         let placed_on = world.schedule.get(&state.name).cloned();
                         let active = state.systemd.active == "active";
                         world.budget.reported(&state.name, machine_id, active, placed_on.as_ref());
+                        world.dependencies.reported(&state.name, machine_id, active, placed_on.as_ref());
                         world.states.insert((state.name.clone(), machine_id.to_string()), (state.clone(), lease));
                     }
                     StateReport::Remove(name) => {
                         let placed_on = world.schedule.get(name).cloned();
                         world.budget.reported(name, machine_id, false, placed_on.as_ref());
+                        world.dependencies.reported(name, machine_id, false, placed_on.as_ref());
                         world.states.remove(&(name.clone(), machine_id.to_string()));
                     }
                 }
@@ -479,6 +481,7 @@ impl EngineRegistry for SimStore {
                 return Err(RegistryError::LeadershipLost);
             }
             world.budget.writes_as(&lease.machine_id);
+            world.dependencies.writes_as(&lease.machine_id);
             world.preemptions += decisions
                 .iter()
                 .filter(|decision| {
@@ -520,10 +523,12 @@ impl EngineRegistry for SimStore {
                         world.budget.preempted(&write.unit);
                     }
                     world.budget.moved(&write.unit);
+                    world.dependencies.unplaced(&write.unit);
                 }
                 if let Some(machine) = &write.lands_on {
                     world.place(&write.unit, machine);
                     world.budget.moved(&write.unit);
+                    world.dependencies.placed(&write.unit);
                 }
                 match &write.reason {
                     fleet_registry::apply_rule::ReasonWrite::Keep => {}

@@ -125,6 +125,8 @@ pub struct World {
     next_job_version: u64,
     /// The disruption budget judge ([`World::budgeted_unit_preempted`]).
     pub budget: BudgetJudge,
+    /// The judge of units that wait for units.
+    pub dependencies: crate::dependency_judge::DependencyJudge,
 }
 
 /// The judge of the units with `DisruptionBudget=1` (`b@…`): a preemption of one that runs
@@ -220,6 +222,7 @@ impl World {
             silent_departures: Vec::new(),
             next_job_version: 1,
             budget: BudgetJudge::new(),
+            dependencies: Default::default(),
             revision: 1,
             units: BTreeMap::new(),
             schedule: BTreeMap::new(),

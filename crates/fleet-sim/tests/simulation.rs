@@ -212,3 +212,20 @@ fn units_with_a_disruption_budget_are_preempted_one_at_a_time() {
     }
     assert!(preempted >= 5, "seeds 1076 and 1177 preempt units with a budget: {preempted}");
 }
+
+/// Units that wait for units (`w<k>` requires `r<k>`, launched a quarter into the run) under
+/// every fault: none is placed while what it requires does not run (the store's
+/// `DependencyJudge`), and each runs once the faults end (the cluster settles).
+#[test]
+fn units_that_wait_for_units_are_placed_only_once_those_run() {
+    let config = fleet_sim::SimConfig { dependent: 6, ..SimConfig::default() };
+    let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
+    println!("seeds {first}..{} with dependents (replay one: fleet-sim --dependent 6 --seed N)", first + 20);
+    let mut placed = 0;
+    for seed in [1000, 1001].into_iter().chain(first..first + 20) {
+        let outcome = run(seed, &config);
+        assert!(outcome.passed(), "{outcome}");
+        placed += outcome.dependents_placed;
+    }
+    assert!(placed >= 12, "every dependent of seeds 1000 and 1001 is placed once at least: {placed}");
+}

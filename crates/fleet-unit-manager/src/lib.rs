@@ -124,6 +124,11 @@ pub trait UnitManager: Send + Sync {
     async fn fence(&self, _deadline: tokio::time::Instant, _units: &[String]) -> Result<bool> {
         Ok(false)
     }
+    /// Whether it delivers credentials ([`UnitManager::provide_credentials`]): one that does
+    /// not runs a unit that waits for units without the file of where they run.
+    fn delivers_credentials(&self) -> bool {
+        false
+    }
     /// Puts `credentials` where the processes of `name` (loaded next, from `file`) find them
     /// (`$CREDENTIALS_DIRECTORY`), replacing what it had; none removes them. They go when
     /// the unit is unloaded. A manager that cannot deliver credentials refuses a unit that

@@ -7,8 +7,8 @@
 //! `--prioritized N`, N units with priorities on machines with room for them all only while
 //! every machine is up, with preemption on; `--lost-after N`, N units with `LostAfter=`
 //! (three times `agent_ttl`, and `never`, in turn); `--budgeted N`, N low-priority instances in
-//! one group with `DisruptionBudget=1`, beside the prioritized units. Exits 1 when any seed
-//! fails.
+//! one group with `DisruptionBudget=1`, beside the prioritized units; `--dependent N`, N
+//! units that wait for N others that faults move. Exits 1 when any seed fails.
 
 use fleet_core::unpoisoned::Locked;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,8 +21,9 @@ use fleet_sim::{Outcome, SimConfig, run};
 fn main() -> anyhow::Result<()> {
     let mut arguments: Vec<String> = std::env::args().skip(1).collect();
     let mut config = SimConfig::default();
-    while let Some(option @ ("--scheduled" | "--moving" | "--prioritized" | "--lost-after" | "--budgeted")) =
-        arguments.first().map(String::as_str)
+    while let Some(
+        option @ ("--scheduled" | "--moving" | "--prioritized" | "--lost-after" | "--budgeted" | "--dependent"),
+    ) = arguments.first().map(String::as_str)
     {
         let count: usize = arguments
             .get(1)
@@ -33,6 +34,7 @@ fn main() -> anyhow::Result<()> {
             "--prioritized" => config.prioritized = count,
             "--lost-after" => config.lost_after = count,
             "--budgeted" => config.budgeted = count,
+            "--dependent" => config.dependent = count,
             _ => config.moving = count,
         }
         arguments.drain(..2);
@@ -71,7 +73,7 @@ fn main() -> anyhow::Result<()> {
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
     };
     println!(
-        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure, {} prioritized, {} with LostAfter=, {} with a budget)",
+        "simulating seeds {first}..{} ({:?} each, {} machines, {} units, {} on a calendar, {} moving on failure, {} prioritized, {} with LostAfter=, {} with a budget, {} waiting for units)",
         first + seeds,
         config.length,
         config.machines,
@@ -80,7 +82,8 @@ fn main() -> anyhow::Result<()> {
         config.moving,
         config.prioritized,
         config.lost_after,
-        config.budgeted
+        config.budgeted,
+        config.dependent
     );
     let started = Instant::now();
     let next = Arc::new(AtomicU64::new(first));

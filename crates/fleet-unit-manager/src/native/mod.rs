@@ -595,6 +595,10 @@ impl UnitManager for NativeManager {
 
     /// Writes the unit's credentials, readable by its `User=` (and `Group=`) alone; its
     /// commands find them in `$CREDENTIALS_DIRECTORY` from its next start.
+    fn delivers_credentials(&self) -> bool {
+        true
+    }
+
     async fn provide_credentials(
         &self,
         name: &str,

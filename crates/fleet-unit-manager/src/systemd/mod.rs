@@ -335,6 +335,10 @@ impl UnitManager for SystemdManager {
 
     /// Writes the credentials (root's alone: systemd copies them into the unit's own
     /// `$CREDENTIALS_DIRECTORY`) and the drop-in that loads them, before the unit is loaded.
+    fn delivers_credentials(&self) -> bool {
+        true
+    }
+
     async fn provide_credentials(
         &self,
         name: &str,
