@@ -105,6 +105,8 @@ pub struct Engine {
     store_was_away: bool,
     /// When this engine last read the cluster (its leadership renewed).
     cluster_read: Option<std::time::Instant>,
+    /// When this leadership last looked at the machines for the absences of those gone.
+    machines_seen: Option<std::time::Instant>,
     /// The disruptions this process decided: the leader's rollout and drain drivers take
     /// theirs from the same budgets.
     ledger: DisruptionLedger,
@@ -154,6 +156,7 @@ impl Engine {
             clock: Arc::new(jobs::now_micros),
             store_was_away: false,
             cluster_read: None,
+            machines_seen: None,
             silent_written: None,
             ledger: DisruptionLedger::default(),
             budget_held: false,
@@ -284,6 +287,14 @@ impl Engine {
     ) -> Result<(ClusterSnapshot, Held), RegistryError> {
         let now = tokio::time::Instant::now().into_std();
         let machines = cluster.machines.clone();
+        // Likewise when the engine only did not look at the machines for that long, its store
+        // answering all along (a write that hung, a pass that failed before this point; seed
+        // 796460972: a machine back for 4 s unseen, and a unit with LostAfter= moved off it as
+        // if it had been gone all along).
+        if self.machines_seen.is_some_and(|seen| now.duration_since(seen) >= self.config.agent_ttl) {
+            self.absences.count_again_from(now);
+        }
+        self.machines_seen = Some(now);
         self.absences.observe(&cluster, &self.machines_before, now, (self.clock)());
         self.machines_before = machines;
         if self.out_of_touch_written.is_none() {
@@ -345,6 +356,7 @@ impl Engine {
             // What it saw gone while it led before may have come back meanwhile: a new
             // leadership counts absences from its own first sight.
             self.absences = MachineAbsences::default();
+            self.machines_seen = None;
             self.out_of_touch_written = None;
             self.places_written = None;
             self.silent_written = None;

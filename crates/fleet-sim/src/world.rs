@@ -405,7 +405,20 @@ impl World {
             self.record(Change::Presence { machine, present: false });
             self.wake_engines();
         }
-        self.states.retain(|_, (_, lease)| self.leases.contains_key(lease));
+        let expired: Vec<(String, String)> = self
+            .states
+            .iter()
+            .filter(|(_, (_, lease))| !self.leases.contains_key(lease))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for (unit, machine) in expired {
+            // The judges count a unit whose report went with its machine's lease as down, as
+            // the engines then do.
+            let placed_on = self.schedule.get(&unit).cloned();
+            self.budget.reported(&unit, &machine, false, placed_on.as_ref());
+            self.dependencies.reported(&unit, &machine, false, placed_on.as_ref());
+            self.states.remove(&(unit, machine));
+        }
     }
 
     // ---- the engine leader

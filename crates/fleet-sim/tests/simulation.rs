@@ -183,7 +183,10 @@ fn units_with_lost_after_wait_their_span_for_a_machine_gone_and_never_with_never
     println!("seeds {first}..{} with LostAfter= (replay one: fleet-sim --lost-after 6 --seed N)", first + 20);
     let mut moved = 0;
     // 796436904: the leader's store did not answer while a machine came back and went again.
-    let named = [(2017, &config), (2030, &config), (796_436_904, &all)];
+    // 796460972: the leader's store answered, but a write hung while a machine came back for
+    // 4 s and went again, and the engine moved a unit off it as if it had been gone all along.
+    let budgeted = fleet_sim::SimConfig { budgeted: 6, ..all.clone() };
+    let named = [(2017, &config), (2030, &config), (796_436_904, &all), (796_460_972, &budgeted)];
     for (seed, config) in named.into_iter().chain((first..first + 20).map(|seed| (seed, &config))) {
         let outcome = run(seed, config);
         assert!(outcome.passed(), "{outcome}");
