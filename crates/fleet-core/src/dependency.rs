@@ -289,5 +289,7 @@ pub fn find_cycle(units: &BTreeMap<String, Dependencies>) -> Option<Vec<String>>
     None
 }
 
+pub mod index;
+
 #[cfg(test)]
 mod tests;

@@ -10,11 +10,10 @@
 //! are up run ([`UpPlaces`]): once the plan says where each such unit goes, the engine records
 //! them for its machine ([`places_to_record`]), which writes them into the unit's file.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use fleet_core::dependency::{Dependencies, Dependency, Kind, Standing, standing_of, waiting_for};
-use fleet_core::glob::Glob;
+use fleet_core::dependency::index::{DependencyIndex, Evaluation, places_of};
 use fleet_core::required_places::{RequiredPlace, RequiredPlaces, next_places};
 use fleet_core::schedule::{ClusterSnapshot, SnapshotUnit};
 use fleet_core::schedule::{Decision, Plan};
@@ -28,9 +27,19 @@ pub(crate) struct DependencyGate {
     unmet_since: HashMap<String, Instant>,
     /// When the first `RequiresGrace=` of a running unit ends.
     pub grace_ends: Option<Instant>,
-    /// Whether how other units stand may change a plan: a unit waits unplaced, or a running
-    /// one may leave once its grace passes. The machines' reports wake the engine then.
+    /// Whether how other units stand may change a plan or what units are told: some unit
+    /// has dependencies. The machines' reports wake the engine then.
     pub watching: bool,
+    /// The index of the cluster revision looked at last, with what each of its dependents
+    /// made of it then.
+    looked: Option<Looked>,
+}
+
+#[derive(Debug)]
+struct Looked {
+    revision: u64,
+    index: DependencyIndex,
+    evaluations: Vec<Evaluation>,
 }
 
 /// The units a pass kept off, each with why.
@@ -41,98 +50,83 @@ pub(crate) type Waiting = Vec<(String, String)>;
 pub(crate) type UpPlaces = BTreeMap<String, Vec<RequiredPlace>>;
 
 impl DependencyGate {
-    /// `cluster` with each unit whose dependencies are not met kept off for this plan, the
-    /// units kept off with why, and where what the others name runs. Reads the machines'
-    /// reports of the units named, only when some unit has dependencies.
+    /// Whether the machines' reports may change a plan of cluster `revision`, as far as
+    /// dependencies go: reads only the states of the units named and re-evaluates only the
+    /// units that name one whose standing moved. `true` when the revision is not the one
+    /// looked at last, or a grace ended (a full pass is due then).
+    pub async fn reports_matter(
+        &mut self,
+        registry: &dyn EngineRegistry,
+        revision: Option<u64>,
+        now: Instant,
+    ) -> Result<bool, RegistryError> {
+        let Some(looked) = self.looked.as_mut().filter(|looked| Some(looked.revision) == revision) else {
+            return Ok(true);
+        };
+        if self.grace_ends.is_some_and(|ends| ends <= now) {
+            return Ok(true);
+        }
+        let states = registry.reported_states(&looked.index.named()).await?;
+        let mut matters = false;
+        for position in looked.index.stand(&states) {
+            let evaluation = looked.index.evaluate(position);
+            matters |= evaluation != looked.evaluations[position];
+            looked.evaluations[position] = evaluation;
+        }
+        Ok(matters)
+    }
+
+    /// `cluster` (of `revision`) with each unit whose dependencies are not met kept off for
+    /// this plan, the units kept off with why, and where what the others name runs. Reads
+    /// the machines' reports of the units named, only when some unit has dependencies.
     pub async fn apply(
         &mut self,
         registry: &dyn EngineRegistry,
-        mut cluster: ClusterSnapshot,
+        (mut cluster, revision): (ClusterSnapshot, u64),
         listed: &[SnapshotUnit],
         now: Instant,
     ) -> Result<(ClusterSnapshot, Waiting, UpPlaces), RegistryError> {
-        let dependents: Vec<usize> = (0..cluster.units.len())
-            .filter(|&index| {
-                let unit = &cluster.units[index];
-                unit.desired != DesiredState::Inactive && !unit.requirements.dependencies.is_empty()
-            })
-            .collect();
-        // How what they name stands may change a plan (a unit waits unplaced, or one that runs
-        // may leave once its grace passes) or where they are told it runs.
-        self.watching = !dependents.is_empty();
+        let mut looked = match self.looked.take().filter(|looked| looked.revision == revision) {
+            Some(looked) => looked,
+            None => {
+                let hashes: HashMap<&str, UnitHash> =
+                    listed.iter().map(|unit| (unit.name.as_str(), unit.hash)).collect();
+                let index = DependencyIndex::build(&cluster.units, &hashes);
+                Looked { revision, index, evaluations: Vec::new() }
+            }
+        };
+        self.watching = !looked.index.is_empty();
         if !self.watching {
             self.unmet_since.clear();
             self.grace_ends = None;
+            self.looked = Some(looked);
             return Ok((cluster, Vec::new(), UpPlaces::new()));
         }
-        // Each item's pattern matched once over every unit's name.
-        let mut matched: HashMap<&str, Vec<usize>> = HashMap::new();
-        let by_name: HashMap<&str, usize> =
-            cluster.units.iter().enumerate().map(|(index, unit)| (unit.name.as_str(), index)).collect();
-        for &index in &dependents {
-            for item in &cluster.units[index].requirements.dependencies.items {
-                if matched.contains_key(item.pattern.as_str()) {
-                    continue;
-                }
-                let Some(glob) = Glob::new(&item.pattern) else { continue };
-                let found = match glob.literal() {
-                    Some(name) => by_name.get(name.as_str()).copied().into_iter().collect(),
-                    None => {
-                        (0..cluster.units.len()).filter(|&other| glob.matches(&cluster.units[other].name)).collect()
-                    }
-                };
-                matched.insert(item.pattern.as_str(), found);
-            }
-        }
-        let named: BTreeSet<String> =
-            matched.values().flatten().map(|&index| cluster.units[index].name.clone()).collect();
-        let states = registry.reported_states(&named).await?;
-        let hashes: HashMap<&str, UnitHash> = listed.iter().map(|unit| (unit.name.as_str(), unit.hash)).collect();
-        let standing: HashMap<usize, Standing> = matched
-            .values()
-            .flatten()
-            .map(|&index| {
-                let unit = &cluster.units[index];
-                let hash = hashes.get(unit.name.as_str()).copied();
-                (index, standing_of(unit.scheduled_on.as_deref(), hash, &unit.name, &states))
-            })
-            .collect();
-        let names_of = |item: &Dependency| -> Vec<(&str, &Standing)> {
-            matched
-                .get(item.pattern.as_str())
-                .into_iter()
-                .flatten()
-                .filter_map(|index| Some((cluster.units[*index].name.as_str(), standing.get(index)?)))
-                .collect()
-        };
+        let states = registry.reported_states(&looked.index.named()).await?;
+        looked.index.stand(&states);
+        looked.evaluations = looked.index.dependents().map(|(position, _)| looked.index.evaluate(position)).collect();
         let mut waiting = Vec::new();
         let mut keep_off = Vec::new();
         let mut still_unmet = HashMap::new();
         let mut grace_ends: Option<Instant> = None;
-        for &index in &dependents {
-            let unit = &cluster.units[index];
-            let dependencies = &unit.requirements.dependencies;
-            if unit.scheduled_on.is_none() {
-                if let Some(why) = waiting_for(dependencies, names_of) {
-                    waiting.push((unit.name.clone(), why));
-                    keep_off.push(index);
+        for (position, name) in looked.index.dependents() {
+            let evaluation = &looked.evaluations[position];
+            let (placed, grace) = looked.index.placed_and_grace(position);
+            if !placed {
+                if let Some(why) = &evaluation.waiting {
+                    waiting.push((name.to_string(), why.clone()));
+                    keep_off.push(name);
                 }
                 continue;
             }
             // A unit that runs stops only for what it requires, and only past its grace.
-            let Some(grace) = dependencies.grace else { continue };
-            let required = Dependencies {
-                items: dependencies.items.iter().filter(|item| item.kind == Kind::Requires).cloned().collect(),
-                grace: Some(grace),
-                on_change: dependencies.on_change,
-            };
-            let Some(why) = waiting_for(&required, names_of) else { continue };
-            let since = *self.unmet_since.get(&unit.name).unwrap_or(&now);
-            still_unmet.insert(unit.name.clone(), since);
+            let (Some(grace), Some(why)) = (grace, &evaluation.requires_unmet) else { continue };
+            let since = *self.unmet_since.get(name).unwrap_or(&now);
+            still_unmet.insert(name.to_string(), since);
             if now.duration_since(since) >= grace {
                 let grace = fleet_core::duration::short_span(grace);
-                waiting.push((unit.name.clone(), format!("{why} (RequiresGrace={grace} passed)")));
-                keep_off.push(index);
+                waiting.push((name.to_string(), format!("{why} (RequiresGrace={grace} passed)")));
+                keep_off.push(name);
             } else {
                 let ends = since + grace;
                 grace_ends = Some(grace_ends.map_or(ends, |first| first.min(ends)));
@@ -142,35 +136,18 @@ impl DependencyGate {
         self.unmet_since = still_unmet;
         let ips: HashMap<&str, &str> =
             cluster.machines.iter().map(|machine| (machine.id.as_str(), machine.public_ip.as_str())).collect();
-        let mut places = UpPlaces::new();
-        let kept: std::collections::HashSet<usize> = keep_off.iter().copied().collect();
-        for &index in dependents.iter().filter(|index| !kept.contains(index)) {
-            let unit = &cluster.units[index];
-            let mut up: Vec<RequiredPlace> = unit
-                .requirements
-                .dependencies
-                .items
-                .iter()
-                .flat_map(|item| matched.get(item.pattern.as_str()).into_iter().flatten())
-                .filter(|other| standing.get(*other) == Some(&Standing::Up))
-                .filter_map(|&other| {
-                    let required = &cluster.units[other];
-                    let machine = required.scheduled_on.as_deref()?;
-                    Some(RequiredPlace {
-                        unit: required.name.clone(),
-                        machine_id: machine.to_string(),
-                        public_ip: ips.get(machine).copied().unwrap_or_default().to_string(),
-                    })
-                })
-                .collect();
-            up.sort();
-            up.dedup();
-            places.insert(unit.name.clone(), up);
-        }
-        for index in keep_off {
-            cluster.units[index].desired = DesiredState::Inactive;
+        let kept: std::collections::HashSet<&str> = keep_off.iter().copied().collect();
+        let places: UpPlaces = looked
+            .index
+            .dependents()
+            .filter(|(_, name)| !kept.contains(name))
+            .map(|(position, name)| (name.to_string(), places_of(&looked.evaluations[position].up, &ips)))
+            .collect();
+        for unit in cluster.units.iter_mut().filter(|unit| kept.contains(unit.name.as_str())) {
+            unit.desired = DesiredState::Inactive;
         }
         waiting.sort();
+        self.looked = Some(looked);
         Ok((cluster, waiting, places))
     }
 }

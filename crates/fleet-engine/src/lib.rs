@@ -107,6 +107,9 @@ pub struct Engine {
     cluster_read: Option<std::time::Instant>,
     /// When this leadership last looked at the machines for the absences of those gone.
     machines_seen: Option<std::time::Instant>,
+    /// Whether a pass failed, or took `agent_ttl` or more, since that look: changes it was
+    /// woken for may have gone by unseen.
+    looks_missed: bool,
     /// The disruptions this process decided: the leader's rollout and drain drivers take
     /// theirs from the same budgets.
     ledger: DisruptionLedger,
@@ -157,6 +160,7 @@ impl Engine {
             store_was_away: false,
             cluster_read: None,
             machines_seen: None,
+            looks_missed: false,
             silent_written: None,
             ledger: DisruptionLedger::default(),
             budget_held: false,
@@ -287,11 +291,12 @@ impl Engine {
     ) -> Result<(ClusterSnapshot, Held), RegistryError> {
         let now = tokio::time::Instant::now().into_std();
         let machines = cluster.machines.clone();
-        // Likewise when the engine only did not look at the machines for that long, its store
-        // answering all along (a write that hung, a pass that failed before this point; seed
-        // 796460972: a machine back for 4 s unseen, and a unit with LostAfter= moved off it as
-        // if it had been gone all along).
-        if self.machines_seen.is_some_and(|seen| now.duration_since(seen) >= self.config.agent_ttl) {
+        // Likewise when a pass failed or dragged since it last looked at the machines, that long
+        // ago, its store answering all along (seed 796460972: a write hung, then failed, while
+        // a machine came back for 4 s and went again unseen, and a unit with LostAfter= moved
+        // off it as if it had been gone all along). An engine that was not woken saw all.
+        let missed = std::mem::take(&mut self.looks_missed);
+        if missed && self.machines_seen.is_some_and(|seen| now.duration_since(seen) >= self.config.agent_ttl) {
             self.absences.count_again_from(now);
         }
         self.machines_seen = Some(now);
@@ -402,6 +407,17 @@ impl Engine {
                 return Ok(());
             }
         }
+        // Woken by the machines' reports while units wait for units, with the cluster as the
+        // last pass found it: only the reports of what they name are read, and only the units
+        // that name one whose standing moved are looked at again; when none of them changes,
+        // there is nothing to plan (at 100,000 units, a full look per report is what it saves).
+        let quiet = !must_plan && self.hold_ends.is_none() && !self.budget_held && !self.departing;
+        if quiet && let Some(looked) = self.waiting_at.as_ref().map(|(revision, ..)| *revision) {
+            let revision = self.registry.snapshot_revision().await.map_err(|error| self.unread(error))?;
+            if revision == Some(looked) && !self.dependencies.reports_matter(&*self.registry, revision, now).await? {
+                return Ok(());
+            }
+        }
         let planning = tokio::time::Instant::now();
         let snapshot = self.registry.snapshot().await.map_err(|error| self.unread(error))?;
         if self.planned == Some(snapshot.revision) {
@@ -433,7 +449,8 @@ impl Engine {
         };
         self.set_waking();
         // Units that wait for units are kept off this plan, saying what they wait for.
-        let (cluster, waiting, up_places) = self.dependencies.apply(&*self.registry, cluster, &listed.1, now).await?;
+        let (cluster, waiting, up_places) =
+            self.dependencies.apply(&*self.registry, (cluster, revision), &listed.1, now).await?;
         let waits = self.dependencies.watching.then(|| (revision, waiting.clone(), up_places.clone()));
         // Counted over every unit, those about to be left out of the plan too (one waiting for
         // the machine it left is down, and counts).
@@ -662,6 +679,9 @@ impl Reconciler for Engine {
         let started = std::time::Instant::now();
         let outcome = self.reconcile().await;
         let took = started.elapsed();
+        if outcome.is_err() || took >= self.config.agent_ttl {
+            self.looks_missed = true;
+        }
         metrics.reconciles.inc();
         metrics.reconcile_duration.observe(took.as_secs_f64());
         metrics.leader.set(i64::from(self.lease.is_some()));
