@@ -13,6 +13,11 @@
 //! in a disruption budget of 10% per region and one machine in 200 tainted `:evict`. Prints
 //! its numbers.
 //!
+//! Last, units that wait for units (issue 75): 100,000 units placed, 20% of them requiring one
+//! of 1,000 dbs (19,000 by name, 1,000 by a pattern over all of them with a count): the
+//! engine's index of them built, and one db's state changing, as a pass woken by that report
+//! looks at it.
+//!
 //! Run: `cargo bench -p fleet-core --bench planner`
 
 use std::time::Instant;
@@ -261,6 +266,7 @@ fn main() {
             elapsed.as_secs_f64()
         );
     }
+    dependencies();
 }
 
 /// `snapshot` with every unit in a disruption budget of 10% per region of its service's
@@ -361,4 +367,89 @@ fn measure(label: &str, snapshot: &ClusterSnapshot) {
         result.unplaced.len(),
         elapsed.as_secs_f64()
     );
+}
+
+/// Units that wait for units: the index of 100,000 placed units of which 20,000 require one
+/// of 1,000 dbs, built; then one db's report changing, looked at as the engine does.
+fn dependencies() {
+    use fleet_core::dependency::index::DependencyIndex;
+    use fleet_core::{SystemdState, UnitState};
+    use std::collections::HashMap;
+    use std::sync::Arc;
+    const DBS: usize = 1_000;
+    const WAITING: usize = UNITS / 5;
+    let parse = |x_fleet: &str| UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n{x_fleet}")).expect("a unit");
+    let plain = parse("");
+    let by_name: Vec<UnitFile> = (0..DBS).map(|k| parse(&format!("[X-Fleet]\nRequires=db@{k}.service\n"))).collect();
+    let by_pattern = parse("[X-Fleet]\nRequires=db@*.service:2\n");
+    let mut units = Vec::with_capacity(UNITS);
+    let mut hashes = HashMap::new();
+    for n in 0..UNITS {
+        let (name, file) = match n {
+            n if n < DBS => (format!("db@{n}.service"), &plain),
+            n if n < DBS + WAITING - DBS => (format!("app@{n}.service"), &by_name[n % DBS]),
+            n if n < DBS + WAITING => (format!("app@{n}.service"), &by_pattern),
+            n => (format!("other@{n}.service"), &plain),
+        };
+        units.push((name, file));
+    }
+    let mut requirements: HashMap<fleet_core::UnitHash, std::sync::Arc<Requirements>> = HashMap::new();
+    let specs: Vec<UnitSpec> = units
+        .iter()
+        .enumerate()
+        .map(|(n, (name, file))| UnitSpec {
+            name: name.clone(),
+            desired: DesiredState::Launched,
+            requirements: requirements
+                .entry(file.hash())
+                .or_insert_with(|| std::sync::Arc::new(Requirements::from_unit(name, file)))
+                .clone(),
+            scheduled_on: Some(format!("m{}", n % MACHINES)),
+        })
+        .collect();
+    for (name, file) in &units {
+        hashes.insert(name.as_str(), file.hash());
+    }
+    let state = |k: usize, active: &str| {
+        Arc::new(UnitState {
+            name: format!("db@{k}.service"),
+            machine_id: format!("m{}", k % MACHINES),
+            hash: plain.hash(),
+            systemd: SystemdState::new("loaded", active, if active == "active" { "running" } else { "failed" }),
+            launched: true,
+            drift: None,
+            health: None,
+            secrets: Default::default(),
+            run: None,
+        })
+    };
+    let running: Vec<Arc<UnitState>> = (0..DBS).map(|k| state(k, "active")).collect();
+    println!("dependencies: {UNITS} units placed, {WAITING} requiring one of {DBS} dbs ({} of them by a pattern)", DBS);
+    let started = Instant::now();
+    let mut index = DependencyIndex::build(&specs, &hashes);
+    let built = started.elapsed();
+    let started = Instant::now();
+    index.stand(&running);
+    let evaluated: usize =
+        index.dependents().map(|(position, _)| usize::from(index.evaluate(position).waiting.is_none())).sum();
+    let stood = started.elapsed();
+    println!(
+        "  the index built in {:.3} s; every db's report read and every unit evaluated in {:.3} s ({evaluated} may start)",
+        built.as_secs_f64(),
+        stood.as_secs_f64()
+    );
+    for run in 1..=3 {
+        let mut changed = running.clone();
+        changed[7 * run] = state(7 * run, "failed");
+        let started = Instant::now();
+        let moved = index.stand(&changed);
+        let waiting = moved.iter().filter(|&&position| index.evaluate(position).waiting.is_some()).count();
+        let elapsed = started.elapsed();
+        println!(
+            "  run {run}: one db fails: {} units looked at again ({waiting} now wait), {} µs",
+            moved.len(),
+            elapsed.as_micros()
+        );
+        index.stand(&running);
+    }
 }

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
-use fleet_core::dependency::index::{DependencyIndex, Evaluation, places_of};
+use fleet_core::dependency::index::{DependencyIndex, Evaluation};
 use fleet_core::required_places::{RequiredPlace, RequiredPlaces, next_places};
 use fleet_core::schedule::{ClusterSnapshot, SnapshotUnit};
 use fleet_core::schedule::{Decision, Plan};
@@ -141,7 +141,7 @@ impl DependencyGate {
             .index
             .dependents()
             .filter(|(_, name)| !kept.contains(name))
-            .map(|(position, name)| (name.to_string(), places_of(&looked.evaluations[position].up, &ips)))
+            .map(|(position, name)| (name.to_string(), looked.index.up_of(&looked.evaluations[position], &ips)))
             .collect();
         for unit in cluster.units.iter_mut().filter(|unit| kept.contains(unit.name.as_str())) {
             unit.desired = DesiredState::Inactive;

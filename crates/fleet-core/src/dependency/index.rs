@@ -39,8 +39,8 @@ pub struct Evaluation {
     pub waiting: Option<String>,
     /// Why what it `Requires=` is not met, for one that runs (its grace counts from then).
     pub requires_unmet: Option<String>,
-    /// Where the instances its items name that are up run (machine ID; IPs are the caller's).
-    pub up: Vec<(String, String)>,
+    /// The instances its items name that are up ([`DependencyIndex::up_of`] says where).
+    up: Vec<usize>,
 }
 
 /// Every unit with dependencies of one cluster revision, and what it names.
@@ -174,17 +174,36 @@ impl DependencyIndex {
         } else {
             None
         };
-        let mut up: Vec<(String, String)> = dependent
+        let mut up: Vec<usize> = dependent
             .items
             .iter()
             .flatten()
-            .map(|&p| &self.required[p])
-            .filter(|required| required.standing == Standing::Up)
-            .filter_map(|required| Some((required.name.clone(), required.on.clone()?)))
+            .copied()
+            .filter(|&p| self.required[p].standing == Standing::Up && self.required[p].on.is_some())
             .collect();
-        up.sort();
+        up.sort_unstable();
         up.dedup();
         Evaluation { waiting, requires_unmet, up }
+    }
+
+    /// Where the instances up of `evaluation` (one of this index's) run, each machine's IP
+    /// from `ips`, sorted.
+    pub fn up_of(&self, evaluation: &Evaluation, ips: &HashMap<&str, &str>) -> Vec<RequiredPlace> {
+        let mut places: Vec<RequiredPlace> = evaluation
+            .up
+            .iter()
+            .filter_map(|&p| {
+                let required = &self.required[p];
+                let machine = required.on.as_deref()?;
+                Some(RequiredPlace {
+                    unit: required.name.clone(),
+                    machine_id: machine.to_string(),
+                    public_ip: ips.get(machine).copied().unwrap_or_default().to_string(),
+                })
+            })
+            .collect();
+        places.sort();
+        places
     }
 
     fn standing_at(&self, position: usize) -> (&str, &Standing) {
@@ -193,13 +212,58 @@ impl DependencyIndex {
     }
 }
 
-/// `up` as places, each machine's IP from `ips`.
-pub fn places_of(up: &[(String, String)], ips: &HashMap<&str, &str>) -> Vec<RequiredPlace> {
-    up.iter()
-        .map(|(unit, machine)| RequiredPlace {
-            unit: unit.clone(),
-            machine_id: machine.clone(),
-            public_ip: ips.get(machine.as_str()).copied().unwrap_or_default().to_string(),
-        })
-        .collect()
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Requirements, SystemdState, UnitFile};
+
+    fn spec(name: &str, x_fleet: &str, on: Option<&str>) -> (UnitSpec, UnitHash) {
+        let file = UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n[X-Fleet]\n{x_fleet}\n")).expect("a unit");
+        let spec = UnitSpec {
+            name: name.into(),
+            desired: DesiredState::Launched,
+            requirements: Arc::new(Requirements::from_unit(name, &file)),
+            scheduled_on: on.map(str::to_string),
+        };
+        (spec, file.hash())
+    }
+
+    #[test]
+    fn a_report_moves_only_the_units_that_name_its_unit() {
+        let units = [
+            spec("db.service", "", Some("m1")),
+            spec("app.service", "Requires=db.service", None),
+            spec("web.service", "After=cache.service", None),
+            spec("cache.service", "", Some("m2")),
+            spec("other.service", "", Some("m2")),
+        ];
+        let hashes: HashMap<&str, UnitHash> = units.iter().map(|(spec, hash)| (spec.name.as_str(), *hash)).collect();
+        let specs: Vec<UnitSpec> = units.iter().map(|(spec, _)| spec.clone()).collect();
+        let mut index = DependencyIndex::build(&specs, &hashes);
+        assert_eq!(index.named(), BTreeSet::from(["cache.service".to_string(), "db.service".to_string()]));
+        let state = |name: &str, on: &str, active: &str| {
+            Arc::new(UnitState {
+                name: name.into(),
+                machine_id: on.into(),
+                hash: hashes[name],
+                systemd: SystemdState::new("loaded", active, "running"),
+                launched: true,
+                drift: None,
+                health: None,
+                secrets: Default::default(),
+                run: None,
+            })
+        };
+        let app = index.dependents().find(|(_, name)| *name == "app.service").map(|(position, _)| position);
+        let app = app.expect("app waits");
+        let both = [state("db.service", "m1", "active"), state("cache.service", "m2", "inactive")];
+        assert_eq!(index.stand(&both).len(), 2, "the first reports move both from not reported");
+        assert_eq!(index.evaluate(app).waiting, None);
+        let places = index.up_of(&index.evaluate(app), &HashMap::from([("m1", "10.0.0.1")]));
+        assert_eq!(places.iter().map(|place| place.public_ip.as_str()).collect::<Vec<_>>(), ["10.0.0.1"]);
+        assert!(index.stand(&both).is_empty(), "nothing moved");
+        let failed = [state("db.service", "m1", "failed"), state("cache.service", "m2", "inactive")];
+        assert_eq!(index.stand(&failed), BTreeSet::from([app]));
+        assert_eq!(index.evaluate(app).waiting.as_deref(), Some("waiting for db.service: failed on m1"));
+    }
 }
