@@ -204,6 +204,49 @@ pub fn standing_of(
     }
 }
 
+/// How the units one pattern matches stand, as much as an item's rule needs: how many are up
+/// and how many finished, and the one it matches when it matches one.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Matched {
+    pub up: usize,
+    pub finished: usize,
+    pub count: usize,
+    /// How the one unit it matches stands, when it matches exactly one.
+    pub only: Option<Standing>,
+}
+
+impl Matched {
+    pub fn of<'a>(standings: impl IntoIterator<Item = &'a Standing>) -> Self {
+        let mut matched = Self::default();
+        for standing in standings {
+            matched.count += 1;
+            match standing {
+                Standing::Up => matched.up += 1,
+                Standing::Finished => matched.finished += 1,
+                Standing::Down(_) => {}
+            }
+            matched.only = (matched.count == 1).then(|| standing.clone());
+        }
+        matched
+    }
+}
+
+/// Why `item` is not met by what its pattern matches (`matched`), as the unit's reason says it;
+/// `None` when it is.
+pub fn unmet(item: &Dependency, matched: &Matched) -> Option<String> {
+    let met = matched.up + if item.kind == Kind::After { matched.finished } else { 0 };
+    if met >= item.count as usize {
+        return None;
+    }
+    let wanted = if item.kind == Kind::After { "up or finished" } else { "up" };
+    Some(match (matched.count, &matched.only, item.count) {
+        (0, _, 1) => format!("waiting for {}: not in the cluster", item.pattern),
+        (1, Some(Standing::Down(how)), 1) => format!("waiting for {}: {how}", item.pattern),
+        (1, Some(Standing::Finished), 1) => format!("waiting for {}: finished, not {wanted}", item.pattern),
+        _ => format!("waiting for {} of {} {wanted}: {met}", item.count, item.pattern),
+    })
+}
+
 /// The first item of `dependencies` not met, and why, as the unit's reason says it
 /// (`waiting for db.service: inactive on 3f2a1b0c`, `waiting for 2 of db@*.service up: 1`);
 /// `None` when every item is met. `standing` gives each unit an item's pattern matches, with how
@@ -212,24 +255,10 @@ pub fn waiting_for<'a>(
     dependencies: &Dependencies,
     standing: impl Fn(&Dependency) -> Vec<(&'a str, &'a Standing)>,
 ) -> Option<String> {
-    for item in &dependencies.items {
-        let matched = standing(item);
-        let counts = |standing: &Standing| {
-            matches!((item.kind, standing), (_, Standing::Up) | (Kind::After, Standing::Finished))
-        };
-        let met = matched.iter().filter(|(_, standing)| counts(standing)).count();
-        if met >= item.count as usize {
-            continue;
-        }
-        let wanted = if item.kind == Kind::After { "up or finished" } else { "up" };
-        return Some(match (matched.as_slice(), item.count) {
-            ([], 1) => format!("waiting for {}: not in the cluster", item.pattern),
-            ([(_, Standing::Down(how))], 1) => format!("waiting for {}: {how}", item.pattern),
-            ([(_, Standing::Finished)], 1) => format!("waiting for {}: finished, not {wanted}", item.pattern),
-            _ => format!("waiting for {} of {} {wanted}: {met}", item.count, item.pattern),
-        });
-    }
-    None
+    dependencies
+        .items
+        .iter()
+        .find_map(|item| unmet(item, &Matched::of(standing(item).into_iter().map(|(_, standing)| standing))))
 }
 
 /// A cycle among units through their items, if there is one: the names around it, the first

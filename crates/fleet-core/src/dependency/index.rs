@@ -1,17 +1,22 @@
 //! What the engine keeps of units that wait for units between two looks at the cluster: each
-//! unit with dependencies, the units its items name, how each of those stands, and what that
-//! makes of the unit. Built once per cluster revision (a walk over every unit, and over the
+//! unit with dependencies, the patterns its items name (each held once, whatever number of
+//! units name it), the units each pattern matches, how each of those stands, and a summary of
+//! that per pattern. Built once per cluster revision (a walk over every unit, and over the
 //! names once per pattern); then a change of state costs the units named (to read and compare
-//! their states) and the dependents of those whose standing moved, not the cluster.
+//! their states), the patterns that match a unit whose standing moved, and the units that name
+//! those patterns: not the cluster.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 
-use super::{Dependencies, Kind, Standing, standing_of, waiting_for};
+use super::{Dependencies, Kind, Matched, Standing, standing_of, unmet};
 use crate::glob::Glob;
 use crate::required_places::RequiredPlace;
 use crate::schedule::UnitSpec;
 use crate::{DesiredState, UnitHash, UnitState};
+
+/// The most places a unit's file names: the first, by unit name, of what its items name up.
+pub const MOST_PLACES: usize = 100;
 
 /// A unit with dependencies, as the index holds it.
 #[derive(Clone, Debug)]
@@ -19,17 +24,29 @@ struct Dependent {
     name: String,
     dependencies: Dependencies,
     placed: bool,
-    /// The positions in [`DependencyIndex::required`] of what each item names, per item.
-    items: Vec<Vec<usize>>,
+    /// The position in [`DependencyIndex::patterns`] of each item's pattern.
+    items: Vec<usize>,
 }
 
-/// A unit some item names, as it stands.
+/// One pattern some item names: the units it matches and how they stand together.
+#[derive(Clone, Debug)]
+struct Pattern {
+    /// Positions in [`DependencyIndex::required`], by unit name.
+    matches: Vec<usize>,
+    matched: Matched,
+    /// The dependents that name it.
+    named_by: Vec<usize>,
+}
+
+/// A unit some pattern matches, as it stands.
 #[derive(Clone, Debug)]
 struct Required {
     name: String,
     on: Option<String>,
     hash: Option<UnitHash>,
     standing: Standing,
+    /// The patterns that match it.
+    patterns: Vec<usize>,
 }
 
 /// What a dependent's dependencies make of it as things stand.
@@ -39,7 +56,8 @@ pub struct Evaluation {
     pub waiting: Option<String>,
     /// Why what it `Requires=` is not met, for one that runs (its grace counts from then).
     pub requires_unmet: Option<String>,
-    /// The instances its items name that are up ([`DependencyIndex::up_of`] says where).
+    /// The instances its items name that are up, at most [`MOST_PLACES`]
+    /// ([`DependencyIndex::up_of`] says where).
     up: Vec<usize>,
 }
 
@@ -47,10 +65,9 @@ pub struct Evaluation {
 #[derive(Clone, Debug, Default)]
 pub struct DependencyIndex {
     dependents: Vec<Dependent>,
+    patterns: Vec<Pattern>,
     required: Vec<Required>,
     by_name: HashMap<String, usize>,
-    /// For each of [`DependencyIndex::required`], the dependents that name it.
-    named_by: Vec<Vec<usize>>,
 }
 
 impl DependencyIndex {
@@ -66,44 +83,41 @@ impl DependencyIndex {
         if waiting.is_empty() {
             return index;
         }
-        let positions: HashMap<&str, usize> =
+        let mut by_position: Vec<(&str, usize)> =
             units.iter().enumerate().map(|(position, unit)| (unit.name.as_str(), position)).collect();
-        let mut matched: HashMap<&str, Vec<usize>> = HashMap::new();
+        by_position.sort_unstable();
+        let positions: HashMap<&str, usize> = by_position.iter().copied().collect();
+        let mut pattern_of: HashMap<&str, usize> = HashMap::new();
         for unit in waiting {
+            let dependent = index.dependents.len();
             let mut items = Vec::new();
             for item in &unit.requirements.dependencies.items {
-                let found = matched.entry(item.pattern.as_str()).or_insert_with(|| match Glob::new(&item.pattern) {
-                    None => Vec::new(),
-                    Some(glob) => match glob.literal() {
-                        Some(name) => positions.get(name.as_str()).copied().into_iter().collect(),
-                        None => (0..units.len()).filter(|&at| glob.matches(&units[at].name)).collect(),
-                    },
-                });
-                let mut named = Vec::with_capacity(found.len());
-                for &at in found.iter() {
-                    let other = &units[at];
-                    let next = index.required.len();
-                    let position = *index.by_name.entry(other.name.clone()).or_insert(next);
-                    if position == next {
-                        let hash = hashes.get(other.name.as_str()).copied();
-                        let standing = Standing::Down("not placed".to_string());
-                        index.required.push(Required {
-                            name: other.name.clone(),
-                            on: other.scheduled_on.clone(),
-                            hash,
-                            standing,
-                        });
-                        index.named_by.push(Vec::new());
+                let pattern = match pattern_of.get(item.pattern.as_str()) {
+                    Some(&pattern) => pattern,
+                    None => {
+                        let found: Vec<usize> = match Glob::new(&item.pattern) {
+                            None => Vec::new(),
+                            Some(glob) => match glob.literal() {
+                                Some(name) => positions.get(name.as_str()).copied().into_iter().collect(),
+                                // In name order, so that the places a file names are the first.
+                                None => by_position
+                                    .iter()
+                                    .filter(|(name, _)| glob.matches(name))
+                                    .map(|(_, at)| *at)
+                                    .collect(),
+                            },
+                        };
+                        let pattern = index.patterns.len();
+                        let matches = found.into_iter().map(|at| index.require(&units[at], hashes, pattern)).collect();
+                        index.patterns.push(Pattern { matches, matched: Matched::default(), named_by: Vec::new() });
+                        pattern_of.insert(item.pattern.as_str(), pattern);
+                        pattern
                     }
-                    named.push(position);
+                };
+                if index.patterns[pattern].named_by.last() != Some(&dependent) {
+                    index.patterns[pattern].named_by.push(dependent);
                 }
-                items.push(named);
-            }
-            let dependent = index.dependents.len();
-            for position in items.iter().flatten() {
-                if index.named_by[*position].last() != Some(&dependent) {
-                    index.named_by[*position].push(dependent);
-                }
+                items.push(pattern);
             }
             index.dependents.push(Dependent {
                 name: unit.name.clone(),
@@ -112,7 +126,27 @@ impl DependencyIndex {
                 items,
             });
         }
+        for pattern in &mut index.patterns {
+            pattern.matched = Matched::of(pattern.matches.iter().map(|&at| &index.required[at].standing));
+        }
         index
+    }
+
+    /// The position of `unit` among the units named, matched by `pattern`.
+    fn require(&mut self, unit: &UnitSpec, hashes: &HashMap<&str, UnitHash>, pattern: usize) -> usize {
+        let next = self.required.len();
+        let position = *self.by_name.entry(unit.name.clone()).or_insert(next);
+        if position == next {
+            self.required.push(Required {
+                name: unit.name.clone(),
+                on: unit.scheduled_on.clone(),
+                hash: hashes.get(unit.name.as_str()).copied(),
+                standing: Standing::Down("not placed".to_string()),
+                patterns: Vec::new(),
+            });
+        }
+        self.required[position].patterns.push(pattern);
+        position
     }
 
     pub fn is_empty(&self) -> bool {
@@ -125,7 +159,7 @@ impl DependencyIndex {
     }
 
     /// Sets each named unit's standing from `states` (the machines' reports of them); the
-    /// dependents whose named units' standing moved, by position.
+    /// dependents that name a pattern whose units' standing moved, by position.
     pub fn stand(&mut self, states: &[Arc<UnitState>]) -> BTreeSet<usize> {
         let mut reports: HashMap<usize, Vec<Arc<UnitState>>> = HashMap::new();
         for state in states {
@@ -133,14 +167,22 @@ impl DependencyIndex {
                 reports.entry(position).or_default().push(state.clone());
             }
         }
-        let mut moved = BTreeSet::new();
+        let mut touched: BTreeSet<usize> = BTreeSet::new();
         for (position, required) in self.required.iter_mut().enumerate() {
             let mine = reports.get(&position).map_or(&[][..], Vec::as_slice);
             let standing = standing_of(required.on.as_deref(), required.hash, &required.name, mine);
             if standing != required.standing {
                 required.standing = standing;
-                moved.extend(self.named_by[position].iter().copied());
+                touched.extend(required.patterns.iter().copied());
             }
+        }
+        // Which instances are up matters to the places even when their number does not: every
+        // dependent of a pattern touched is looked at again.
+        let mut moved = BTreeSet::new();
+        for pattern in touched {
+            let matched = Matched::of(self.patterns[pattern].matches.iter().map(|&at| &self.required[at].standing));
+            self.patterns[pattern].matched = matched;
+            moved.extend(self.patterns[pattern].named_by.iter().copied());
         }
         moved
     }
@@ -159,30 +201,26 @@ impl DependencyIndex {
     /// What the dependent at `position` makes of how what it names stands.
     pub fn evaluate(&self, position: usize) -> Evaluation {
         let dependent = &self.dependents[position];
-        let items = &dependent.dependencies.items;
-        let named_by_item = |item: &super::Dependency| -> Vec<(&str, &Standing)> {
-            let at = items.iter().position(|candidate| candidate == item).unwrap_or(0);
-            dependent.items.get(at).map_or(&[][..], Vec::as_slice).iter().map(|&p| self.standing_at(p)).collect()
-        };
-        let waiting = waiting_for(&dependent.dependencies, named_by_item);
+        let items = dependent.dependencies.items.iter().zip(&dependent.items);
+        let waiting = items.clone().find_map(|(item, &pattern)| unmet(item, &self.patterns[pattern].matched));
         let requires_unmet = if dependent.placed && dependent.dependencies.grace.is_some() {
-            let required = Dependencies {
-                items: items.iter().filter(|item| item.kind == Kind::Requires).cloned().collect(),
-                ..dependent.dependencies.clone()
-            };
-            waiting_for(&required, named_by_item)
+            items
+                .clone()
+                .filter(|(item, _)| item.kind == Kind::Requires)
+                .find_map(|(item, &pattern)| unmet(item, &self.patterns[pattern].matched))
         } else {
             None
         };
-        let mut up: Vec<usize> = dependent
-            .items
-            .iter()
-            .flatten()
-            .copied()
-            .filter(|&p| self.required[p].standing == Standing::Up && self.required[p].on.is_some())
-            .collect();
-        up.sort_unstable();
+        let mut up: Vec<usize> = Vec::new();
+        for &pattern in &dependent.items {
+            let instances = self.patterns[pattern].matches.iter().copied();
+            let placed_up =
+                instances.filter(|&at| self.required[at].standing == Standing::Up && self.required[at].on.is_some());
+            up.extend(placed_up.take(MOST_PLACES));
+        }
+        up.sort_unstable_by(|a, b| self.required[*a].name.cmp(&self.required[*b].name));
         up.dedup();
+        up.truncate(MOST_PLACES);
         Evaluation { waiting, requires_unmet, up }
     }
 
@@ -204,11 +242,6 @@ impl DependencyIndex {
             .collect();
         places.sort();
         places
-    }
-
-    fn standing_at(&self, position: usize) -> (&str, &Standing) {
-        let required = &self.required[position];
-        (required.name.as_str(), &required.standing)
     }
 }
 
@@ -236,11 +269,15 @@ mod tests {
             spec("web.service", "After=cache.service", None),
             spec("cache.service", "", Some("m2")),
             spec("other.service", "", Some("m2")),
+            spec("db@1.service", "", Some("m1")),
+            spec("db@2.service", "", Some("m2")),
+            spec("api.service", "Requires=db@*.service:2", Some("m3")),
         ];
         let hashes: HashMap<&str, UnitHash> = units.iter().map(|(spec, hash)| (spec.name.as_str(), *hash)).collect();
         let specs: Vec<UnitSpec> = units.iter().map(|(spec, _)| spec.clone()).collect();
         let mut index = DependencyIndex::build(&specs, &hashes);
-        assert_eq!(index.named(), BTreeSet::from(["cache.service".to_string(), "db.service".to_string()]));
+        let named: Vec<String> = index.named().into_iter().collect();
+        assert_eq!(named, ["cache.service", "db.service", "db@1.service", "db@2.service"]);
         let state = |name: &str, on: &str, active: &str| {
             Arc::new(UnitState {
                 name: name.into(),
@@ -254,16 +291,27 @@ mod tests {
                 run: None,
             })
         };
-        let app = index.dependents().find(|(_, name)| *name == "app.service").map(|(position, _)| position);
-        let app = app.expect("app waits");
-        let both = [state("db.service", "m1", "active"), state("cache.service", "m2", "inactive")];
-        assert_eq!(index.stand(&both).len(), 2, "the first reports move both from not reported");
+        let position =
+            |unit: &str| index.dependents().find(|(_, name)| *name == unit).map(|(at, _)| at).expect("waits");
+        let (app, api) = (position("app.service"), position("api.service"));
+        let all = |db: &str, db2: &str| {
+            [
+                state("db.service", "m1", db),
+                state("cache.service", "m2", "inactive"),
+                state("db@1.service", "m1", "active"),
+                state("db@2.service", "m2", db2),
+            ]
+        };
+        assert_eq!(index.stand(&all("active", "active")).len(), 3, "the first reports move every one");
         assert_eq!(index.evaluate(app).waiting, None);
-        let places = index.up_of(&index.evaluate(app), &HashMap::from([("m1", "10.0.0.1")]));
-        assert_eq!(places.iter().map(|place| place.public_ip.as_str()).collect::<Vec<_>>(), ["10.0.0.1"]);
-        assert!(index.stand(&both).is_empty(), "nothing moved");
-        let failed = [state("db.service", "m1", "failed"), state("cache.service", "m2", "inactive")];
-        assert_eq!(index.stand(&failed), BTreeSet::from([app]));
+        assert_eq!(index.evaluate(api).waiting, None);
+        let places = index.up_of(&index.evaluate(api), &HashMap::from([("m1", "10.0.0.1"), ("m2", "10.0.0.2")]));
+        let names: Vec<&str> = places.iter().map(|place| place.unit.as_str()).collect();
+        assert_eq!(names, ["db@1.service", "db@2.service"]);
+        assert!(index.stand(&all("active", "active")).is_empty(), "nothing moved");
+        assert_eq!(index.stand(&all("failed", "active")), BTreeSet::from([app]));
         assert_eq!(index.evaluate(app).waiting.as_deref(), Some("waiting for db.service: failed on m1"));
+        assert_eq!(index.stand(&all("failed", "failed")), BTreeSet::from([api]));
+        assert_eq!(index.evaluate(api).waiting.as_deref(), Some("waiting for 2 of db@*.service up: 1"));
     }
 }
