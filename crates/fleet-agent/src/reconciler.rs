@@ -140,7 +140,7 @@ async fn credentials_of(
     let refused = |reason: String| UnitManagerError::Refused { unit: name.to_string(), reason };
     let references = fleet_core::secrets::references(file).map_err(refused)?;
     let mut credentials = Vec::new();
-    if let Some(places) = places.filter(|_| required_places::waits(file.options())) {
+    if let Some(places) = places.filter(|_| fleet_core::dependency::waits(file.options())) {
         credentials.push(Credential::new(required_places::FILE_NAME, required_places::file_content(places)));
     }
     if references.is_empty() {

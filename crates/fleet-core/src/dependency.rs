@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use crate::glob::Glob;
+use crate::required_places::{CHANGE_KEY, OnChange};
 use crate::unit_file::{UnitOption, X_FLEET, last_value};
 
 /// The option that starts a unit only once what it names is up, and stops it (after
@@ -62,7 +63,7 @@ pub struct Dependencies {
     /// `RequiresGrace=`: `None`, never stopped for what it requires.
     pub grace: Option<Duration>,
     /// `RequiresChange=`: what the unit wants when what it requires moves.
-    pub on_change: crate::required_places::OnChange,
+    pub on_change: OnChange,
 }
 
 impl Dependencies {
@@ -90,7 +91,7 @@ impl Dependencies {
         if let Some(grace) = self.grace {
             notes.push(format!("grace {}", crate::duration::short_span(grace)));
         }
-        if self.on_change != crate::required_places::OnChange::default() {
+        if self.on_change != OnChange::default() {
             notes.push(self.on_change.word().to_string());
         }
         let mut text = items.join(" ");
@@ -139,7 +140,7 @@ pub fn dependencies_of(unit_name: &str, options: &[UnitOption]) -> Result<Depend
             }
         }
     };
-    let on_change = crate::required_places::on_change_of(options, !items.is_empty())?;
+    let on_change = on_change_of(options, !items.is_empty())?;
     Ok(Dependencies { items, grace, on_change })
 }
 
@@ -166,6 +167,36 @@ fn item_of(kind: Kind, value: &str) -> Result<Dependency, String> {
         return Err(refused("a count needs a pattern over instances (db@*.service:2)"));
     }
     Ok(Dependency { kind, pattern: pattern.to_string(), count })
+}
+
+/// `RequiresChange=` of a unit whose options are `options`: an error names a value other
+/// than `restart`, `reload` or `none`, the option on a unit that names nothing to wait for
+/// (`waits` false), and `reload` on a unit with no `ExecReload=` to run.
+pub fn on_change_of(options: &[UnitOption], waits: bool) -> Result<OnChange, String> {
+    let Some(value) = last_value(options, X_FLEET, CHANGE_KEY) else { return Ok(OnChange::default()) };
+    let on_change = match value.trim() {
+        "restart" => OnChange::Restart,
+        "reload" => OnChange::Reload,
+        "none" => OnChange::None,
+        _ => {
+            return Err(format!(
+                "invalid value {value:?} for [X-Fleet] {CHANGE_KEY}: expected restart, reload or none"
+            ));
+        }
+    };
+    if !waits {
+        return Err(format!("[X-Fleet] {CHANGE_KEY}= needs a {}= or {}= to follow", REQUIRES_KEY, AFTER_KEY));
+    }
+    if on_change == OnChange::Reload && last_value(options, "Service", "ExecReload").is_none_or(str::is_empty) {
+        return Err(format!("[X-Fleet] {CHANGE_KEY}=reload needs an ExecReload= in [Service] to run"));
+    }
+    Ok(on_change)
+}
+
+/// Whether a unit with `options` names units to wait for (`Requires=` or `After=`): its
+/// machine gives it the file then.
+pub fn waits(options: &[UnitOption]) -> bool {
+    options.iter().any(|option| option.section == X_FLEET && (option.name == REQUIRES_KEY || option.name == AFTER_KEY))
 }
 
 /// How a unit that an item names stands.

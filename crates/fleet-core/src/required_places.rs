@@ -14,8 +14,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::unit_file::{UnitOption, X_FLEET, last_value};
-
 /// The option saying what a unit wants when what it requires moves.
 pub const CHANGE_KEY: &str = "RequiresChange";
 /// The file's name in the unit's credentials directory.
@@ -42,43 +40,6 @@ impl OnChange {
             OnChange::None => "none",
         }
     }
-}
-
-/// `RequiresChange=` of a unit whose options are `options`: an error names a value other
-/// than `restart`, `reload` or `none`, the option on a unit that names nothing to wait for
-/// (`waits` false), and `reload` on a unit with no `ExecReload=` to run.
-pub fn on_change_of(options: &[UnitOption], waits: bool) -> Result<OnChange, String> {
-    let Some(value) = last_value(options, X_FLEET, CHANGE_KEY) else { return Ok(OnChange::default()) };
-    let on_change = match value.trim() {
-        "restart" => OnChange::Restart,
-        "reload" => OnChange::Reload,
-        "none" => OnChange::None,
-        _ => {
-            return Err(format!(
-                "invalid value {value:?} for [X-Fleet] {CHANGE_KEY}: expected restart, reload or none"
-            ));
-        }
-    };
-    if !waits {
-        return Err(format!(
-            "[X-Fleet] {CHANGE_KEY}= needs a {}= or {}= to follow",
-            crate::dependency::REQUIRES_KEY,
-            crate::dependency::AFTER_KEY
-        ));
-    }
-    if on_change == OnChange::Reload && last_value(options, "Service", "ExecReload").is_none_or(str::is_empty) {
-        return Err(format!("[X-Fleet] {CHANGE_KEY}=reload needs an ExecReload= in [Service] to run"));
-    }
-    Ok(on_change)
-}
-
-/// Whether a unit with `options` names units to wait for (`Requires=` or `After=`): its
-/// machine gives it the file then.
-pub fn waits(options: &[UnitOption]) -> bool {
-    options.iter().any(|option| {
-        option.section == X_FLEET
-            && (option.name == crate::dependency::REQUIRES_KEY || option.name == crate::dependency::AFTER_KEY)
-    })
 }
 
 /// One running instance of what a unit requires.
@@ -121,28 +82,6 @@ pub fn file_content(places: &[RequiredPlace]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::UnitFile;
-
-    fn on_change(text: &str, waits: bool) -> Result<OnChange, String> {
-        let file = UnitFile::parse(text).expect("a unit file");
-        on_change_of(file.options(), waits)
-    }
-
-    #[test]
-    fn requires_change_is_read_and_checked() {
-        assert_eq!(on_change("[Service]\nExecStart=/bin/true\n", false), Ok(OnChange::Restart));
-        assert_eq!(on_change("[X-Fleet]\nRequiresChange=none\n", true), Ok(OnChange::None));
-        assert_eq!(
-            on_change("[Service]\nExecReload=/bin/kill -HUP $MAINPID\n[X-Fleet]\nRequiresChange=reload\n", true),
-            Ok(OnChange::Reload)
-        );
-        let error = on_change("[X-Fleet]\nRequiresChange=reload\n", true).expect_err("no ExecReload=");
-        assert!(error.contains("ExecReload="), "{error}");
-        let error = on_change("[X-Fleet]\nRequiresChange=bounce\n", true).expect_err("a bad value");
-        assert!(error.contains("\"bounce\"") && error.contains("restart, reload or none"), "{error}");
-        let error = on_change("[X-Fleet]\nRequiresChange=none\n", false).expect_err("nothing to follow");
-        assert!(error.contains("Requires="), "{error}");
-    }
 
     #[test]
     fn places_never_go_empty_once_known_and_the_file_has_a_line_each() {

@@ -74,7 +74,7 @@ pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
         return Err(ApiError::not_found("unit does not exist"));
     };
     // A placed unit that waits for units says where they run, as its machine's file does.
-    let places = match (&view.machine_id, fleet_core::required_places::waits(view.file.options())) {
+    let places = match (&view.machine_id, fleet_core::dependency::waits(view.file.options())) {
         (Some(machine), true) => state.registry.required_places_of(name, machine).await?,
         _ => Vec::new(),
     };

@@ -159,3 +159,25 @@ fn a_short_line_names_every_item_the_grace_and_a_change_other_than_restart() {
     assert_eq!(dependencies.short(), "cache.service db@*.service:2 after:migrate.service (grace 30s, none)");
     assert_eq!(dependencies.written(Kind::Requires), ["cache.service", "db@*.service:2"]);
 }
+
+fn on_change(text: &str, waits: bool) -> Result<crate::required_places::OnChange, String> {
+    let file = UnitFile::parse(text).expect("a unit file");
+    on_change_of(file.options(), waits)
+}
+
+#[test]
+fn requires_change_is_read_and_checked() {
+    use crate::required_places::OnChange;
+    assert_eq!(on_change("[Service]\nExecStart=/bin/true\n", false), Ok(OnChange::Restart));
+    assert_eq!(on_change("[X-Fleet]\nRequiresChange=none\n", true), Ok(OnChange::None));
+    assert_eq!(
+        on_change("[Service]\nExecReload=/bin/kill -HUP $MAINPID\n[X-Fleet]\nRequiresChange=reload\n", true),
+        Ok(OnChange::Reload)
+    );
+    let error = on_change("[X-Fleet]\nRequiresChange=reload\n", true).expect_err("no ExecReload=");
+    assert!(error.contains("ExecReload="), "{error}");
+    let error = on_change("[X-Fleet]\nRequiresChange=bounce\n", true).expect_err("a bad value");
+    assert!(error.contains("\"bounce\"") && error.contains("restart, reload or none"), "{error}");
+    let error = on_change("[X-Fleet]\nRequiresChange=none\n", false).expect_err("nothing to follow");
+    assert!(error.contains("Requires="), "{error}");
+}
