@@ -6,6 +6,8 @@
 //! never). `After=db.service` orders only: the unit starts once `db.service` is up or has
 //! finished, and does not stop with it. A name may be a pattern over instances with a count:
 //! `Requires=db@*.service:2` waits for two of them up. Several items on a line, several lines.
+//! The unit's specifiers are its own: `Requires=db@%i.service` in `app@.service` makes
+//! `app@3.service` wait for `db@3.service`.
 //!
 //! What the engine decides from this is [`waiting_for`]: given how each unit matching an item
 //! stands, the first item not met and why, as a unit's reason says it.
@@ -108,9 +110,13 @@ impl Dependencies {
 /// `Requires=`, and a `RequiresChange=` it does not take.
 pub fn dependencies_of(unit_name: &str, options: &[UnitOption]) -> Result<Dependencies, String> {
     let mut items = Vec::new();
+    let name = crate::unit_name::UnitNameInfo::new(unit_name);
     for kind in [Kind::Requires, Kind::After] {
         let values = options.iter().filter(|option| option.section == X_FLEET && option.name == kind.key());
         for value in values.flat_map(|option| option.value.split_whitespace()) {
+            // An instance names its own counterpart: `Requires=db@%i.service` in `app@.service`.
+            let value = crate::unit_name::expand_specifiers(value, &name);
+            let value = value.as_str();
             let item = item_of(kind, value)?;
             if Glob::new(&item.pattern).is_some_and(|glob| glob.matches(unit_name)) {
                 return Err(format!(

@@ -47,11 +47,32 @@ pub const SIMULATED_CAPACITY: fleet_core::Resources = fleet_core::Resources { me
 
 /// Template `index`, reserving [`BENCH_RESERVATION`] when `reserving`.
 pub fn template_reserving(index: usize, reserving: bool) -> UnitFile {
+    template_with(index, reserving, false)
+}
+
+/// Template `index` as [`template_reserving`] makes it; with `dependent`, the instances of
+/// template 1 `Requires=` and those of template 2 come `After=` the instance of template 0 of
+/// their number (`bench1@7.service` waits for `bench0@7.service`): one unit in five waits for
+/// another ([`unit_name`] numbers the instances so that each has its counterpart).
+pub fn template_with(index: usize, reserving: bool, dependent: bool) -> UnitFile {
     let reservation = if reserving { BENCH_RESERVATION } else { "" };
+    let waits = match index {
+        1 if dependent => "Requires=bench0@%i.service\n",
+        2 if dependent => "After=bench0@%i.service\n",
+        _ => "",
+    };
     let text = format!(
-        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n{reservation}"
+        "[Unit]\nDescription=bench template {index}\n\n[Service]\nExecStart=/bin/sleep 100000\n\n[X-Fleet]\nMachineMetadata=role=worker\n{reservation}{waits}"
     );
     UnitFile::parse(&text).expect("the bench template parses")
+}
+
+/// The name of unit `index` of the bench: an instance of template `index % TEMPLATES`,
+/// numbered `index`, or with `dependent` numbered `index / TEMPLATES` (every template then
+/// has an instance of each number).
+pub fn unit_name(index: usize, dependent: bool) -> String {
+    let number = if dependent { index / TEMPLATES } else { index };
+    format!("bench{}@{number}.service", index % TEMPLATES)
 }
 
 /// Submits `count` units (instances of the templates), 64 at a time; returns how long it took.
@@ -126,12 +147,12 @@ pub async fn every_unit(api: &EtcdRegistry) -> Vec<UnitView> {
 
 /// Writes the templates and a list of `count` instance names into `dir`, for
 /// `fleetctl start --from-file`: the names the other submissions use.
-pub fn unit_list(dir: &std::path::Path, count: usize, reserving: bool) -> std::path::PathBuf {
+pub fn unit_list(dir: &std::path::Path, count: usize, reserving: bool, dependent: bool) -> std::path::PathBuf {
     for index in 0..TEMPLATES {
         let path = dir.join(format!("bench{index}@.service"));
-        std::fs::write(&path, template_reserving(index, reserving).serialize()).expect("write a bench template");
+        std::fs::write(&path, template_with(index, reserving, dependent).serialize()).expect("write a bench template");
     }
-    let names: Vec<String> = (0..count).map(|index| format!("bench{}@{index}.service", index % TEMPLATES)).collect();
+    let names: Vec<String> = (0..count).map(|index| unit_name(index, dependent)).collect();
     let list = dir.join("units.list");
     std::fs::write(&list, names.join("\n")).expect("write the unit list");
     list

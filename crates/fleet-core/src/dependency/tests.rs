@@ -181,3 +181,12 @@ fn requires_change_is_read_and_checked() {
     let error = on_change("[X-Fleet]\nRequiresChange=none\n", false).expect_err("nothing to follow");
     assert!(error.contains("Requires="), "{error}");
 }
+
+#[test]
+fn an_instance_names_its_own_counterpart_through_its_specifiers() {
+    let dependencies = of("app@3.service", "Requires=db@%i.service\nAfter=%p-cache.service").expect("dependencies");
+    assert_eq!(dependencies.written(Kind::Requires), ["db@3.service"]);
+    assert_eq!(dependencies.written(Kind::After), ["app-cache.service"]);
+    let template = of("app@.service", "Requires=db@%i.service").expect("the template's own");
+    assert_eq!(template.written(Kind::Requires), ["db@.service"]);
+}

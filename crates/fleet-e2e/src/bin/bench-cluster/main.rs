@@ -27,13 +27,16 @@
 //! (`cluster_bench::SIMULATED_CAPACITY`): the planner's room checks on every placement.
 //! With `health`, (g) follows: health-gated rollouts of every unit ([`health_rollouts`]).
 //! With `via-standby`, (a) submits through the standby engine fleetd: the leader then learns
-//! the units through its watch only.
+//! the units through its watch only. With `dependent`, one unit in five waits for another
+//! (`bench1@N` `Requires=` and `bench2@N` comes `After=` `bench0@N`,
+//! `cluster_bench::template_with`): the engine keeps them off until their counterpart runs, and
+//! records where it runs for each.
 //!
 //! etcd runs with the settings README recommends for a large cluster on etcd 3.4
 //! (`fleet_testkit::LARGE_CLUSTER_SETTINGS`), the header line says which; with
 //! `etcd-defaults`, with etcd's own defaults.
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health] [via-standby] [etcd-defaults]`
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health] [via-standby] [dependent] [etcd-defaults]`
 
 mod etcd_metrics;
 mod health_rollouts;
@@ -45,7 +48,8 @@ use std::time::{Duration, Instant};
 use fleet_agent::{Agent, AgentConfig, Lifecycle};
 use fleet_core::{DesiredState, UnitFile};
 use fleet_e2e::cluster_bench::{
-    TEMPLATES, every_unit, registered_machines, simulated_machine, template_reserving, unit_list, wait_all_launched,
+    TEMPLATES, every_unit, registered_machines, simulated_machine, template_reserving, unit_list, unit_name,
+    wait_all_launched,
 };
 use fleet_e2e::launched_units::LaunchedUnits;
 use fleet_e2e::{
@@ -97,6 +101,7 @@ fn main() {
     let health = options.iter().any(|option| option == "health");
     let via_standby = options.iter().any(|option| option == "via-standby");
     let etcd_defaults = options.iter().any(|option| option == "etcd-defaults");
+    let dependent = options.iter().any(|option| option == "dependent");
     // The simulated machines' own log (their renewals, registrations, passes), on stderr when
     // asked for: `RUST_LOG=fleet_registry=info`.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -145,7 +150,8 @@ fn main() {
         }
         let api = registries[0].clone();
         let reserve = if reserving { ", every unit reserving memory and CPU" } else { "" };
-        println!("bench-cluster: {machines} simulated machines, {units} units{reserve}, one fleetd engine, etcd 3.4 with {etcd_settings}");
+        let waits = if dependent { ", one in five waiting for another" } else { "" };
+        println!("bench-cluster: {machines} simulated machines, {units} units{reserve}{waits}, one fleetd engine, etcd 3.4 with {etcd_settings}");
         let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
         let metrics_address = etcd.endpoint().trim_start_matches("http://").to_string();
         let registration_counters = etcd_metrics::read(&metrics_address);
@@ -197,7 +203,7 @@ fn main() {
         // (a) Submit every unit through fleetctl, then time until all report launched.
         let templates: Vec<UnitFile> = (0..TEMPLATES).map(|index| template_reserving(index, reserving)).collect();
         let list_dir = tempfile::tempdir().expect("a directory for the unit list");
-        let list = unit_list(list_dir.path(), units, reserving);
+        let list = unit_list(list_dir.path(), units, reserving, dependent);
         let submission_counters = etcd_metrics::read(&metrics_address);
         let cpu_before = cpu_seconds(engine.pid());
         let (etcd_cpu_before, bench_cpu_before) = (cpu_seconds(etcd_pid), cpu_seconds(std::process::id()));
@@ -259,7 +265,7 @@ fn main() {
         // (d) A plan of up to 10,000 new instances (one request): where each would go.
         let planned = units.min(10_000);
         let names: Vec<String> =
-            (units..units + planned).map(|index| format!("bench{}@{index}.service", index % TEMPLATES)).collect();
+            (units..units + planned).map(|index| unit_name(index, dependent)).collect();
         let plan_list = list_dir.path().join("planned.list");
         std::fs::write(&plan_list, names.join("\n")).expect("write the planned units' list");
         let planning = Instant::now();
