@@ -269,7 +269,7 @@ pub fn advance_within(
     now: u64,
     budgets: &mut Budgets,
 ) -> Advance {
-    advance_in_order(rollout, observed, now, budgets, &HashMap::new())
+    advance_in_order(rollout, observed, now, budgets, &dependency_order::RolloutDependencies::default())
 }
 
 /// [`advance_within`] for units that wait for one another: a unit whose new content
@@ -280,7 +280,7 @@ pub fn advance_in_order(
     observed: &(impl Reports + ?Sized),
     now: u64,
     budgets: &mut Budgets,
-    dependencies: &HashMap<UnitHash, crate::dependency::Dependencies>,
+    dependencies: &dependency_order::RolloutDependencies,
 ) -> Advance {
     rollout.held = None;
     // Each unit's report, looked up once (in the rollout's order) for the whole step.

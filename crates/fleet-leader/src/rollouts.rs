@@ -349,7 +349,7 @@ impl RolloutDriver {
         seen: &[Option<Observed>],
         now: u64,
         view: &BudgetView,
-        dependencies: &HashMap<UnitHash, fleet_core::dependency::Dependencies>,
+        dependencies: &fleet_core::rollout::dependency_order::RolloutDependencies,
     ) -> fleet_core::rollout::Advance {
         let mut decision = self.ledger.decide(view);
         let step = advance_in_order(&mut record.rollout, seen, now, &mut decision.budgets, dependencies);

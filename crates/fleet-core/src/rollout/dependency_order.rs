@@ -14,22 +14,60 @@ use crate::glob::Glob;
 
 use super::{RolloutUnit, Step};
 
-/// The dependencies each new content of `units` states, by its hash, from `bodies` (hash in
-/// hex → unit file text, as a rollout record keeps them). Each content is read once.
+/// The dependencies of a rollout's units' new contents: per content, or per unit where the
+/// content's items hold specifiers (`Requires=db@%i.service` names another unit for each).
+#[derive(Clone, Debug, Default)]
+pub struct RolloutDependencies {
+    by_content: HashMap<UnitHash, Dependencies>,
+    by_unit: HashMap<String, Dependencies>,
+}
+
+impl RolloutDependencies {
+    /// The dependencies `unit`'s new content states for it.
+    pub fn of(&self, unit: &RolloutUnit) -> Option<&Dependencies> {
+        self.by_unit.get(&unit.name).or_else(|| self.by_content.get(&unit.to))
+    }
+
+    fn is_empty(&self) -> bool {
+        self.by_content.values().chain(self.by_unit.values()).all(Dependencies::is_empty)
+    }
+}
+
+impl From<HashMap<UnitHash, Dependencies>> for RolloutDependencies {
+    fn from(by_content: HashMap<UnitHash, Dependencies>) -> Self {
+        Self { by_content, by_unit: HashMap::new() }
+    }
+}
+
+/// The dependencies each new content of `units` states, from `bodies` (hash in hex → unit
+/// file text, as a rollout record keeps them). Each content is read once, and its items once
+/// unless they hold specifiers.
 pub fn dependencies_by_content(
     units: &[RolloutUnit],
     bodies: &std::collections::BTreeMap<String, String>,
-) -> HashMap<UnitHash, Dependencies> {
-    let mut table = HashMap::new();
+) -> RolloutDependencies {
+    let mut files: HashMap<UnitHash, Option<(crate::UnitFile, bool)>> = HashMap::new();
+    let mut table = RolloutDependencies::default();
     for unit in units {
-        if table.contains_key(&unit.to) {
+        let file = files.entry(unit.to).or_insert_with(|| {
+            let file = bodies.get(&unit.to.to_string()).and_then(|text| crate::UnitFile::parse(text).ok())?;
+            let specific = file.options().iter().any(|option| {
+                option.section == crate::unit_file::X_FLEET
+                    && [crate::dependency::REQUIRES_KEY, crate::dependency::AFTER_KEY].contains(&option.name.as_str())
+                    && option.value.contains('%')
+            });
+            Some((file, specific))
+        });
+        let Some((file, specific)) = file else { continue };
+        if !*specific && table.by_content.contains_key(&unit.to) {
             continue;
         }
-        let Some(file) = bodies.get(&unit.to.to_string()).and_then(|text| crate::UnitFile::parse(text).ok()) else {
-            continue;
-        };
         let dependencies = crate::dependency::dependencies_of(&unit.name, file.options()).unwrap_or_default();
-        table.insert(unit.to, dependencies);
+        if *specific {
+            table.by_unit.insert(unit.name.clone(), dependencies);
+        } else {
+            table.by_content.insert(unit.to, dependencies);
+        }
     }
     table
 }
@@ -40,7 +78,7 @@ pub fn rollout_units_required_first(
     bodies: &std::collections::BTreeMap<String, String>,
 ) -> Vec<RolloutUnit> {
     let table = dependencies_by_content(&units, bodies);
-    required_first(units, |unit| unit.name.as_str(), |unit| table.get(&unit.to))
+    required_first(units, |unit| unit.name.as_str(), |unit| table.of(unit))
 }
 
 /// For each unit of `names`, the positions of the other units its dependencies (`of`, by unit
@@ -122,12 +160,12 @@ pub struct Blocked(HashMap<usize, String>);
 impl Blocked {
     /// The units of `units` blocked now; `dependencies` gives the dependencies of each new
     /// content (by its hash).
-    pub fn of(units: &[RolloutUnit], dependencies: &HashMap<UnitHash, Dependencies>) -> Self {
-        if dependencies.values().all(Dependencies::is_empty) {
+    pub fn of(units: &[RolloutUnit], dependencies: &RolloutDependencies) -> Self {
+        if dependencies.is_empty() {
             return Self::default();
         }
         let names: Vec<&str> = units.iter().map(|unit| unit.name.as_str()).collect();
-        let found: Vec<Option<&Dependencies>> = units.iter().map(|unit| dependencies.get(&unit.to)).collect();
+        let found: Vec<Option<&Dependencies>> = units.iter().map(|unit| dependencies.of(unit)).collect();
         let named = named_within(&names, &found);
         let blocked = units
             .iter()

@@ -468,7 +468,10 @@ fn what_a_unit_requires_is_replaced_first_and_the_unit_waits_until_it_is_done() 
     ];
     let file = crate::UnitFile::parse("[X-Fleet]\nRequires=db.service\n").expect("a unit file");
     let app = crate::dependency::dependencies_of("app.service", file.options()).expect("dependencies");
-    let dependencies = HashMap::from([(APP_NEW, app), (NEW, crate::dependency::Dependencies::default())]);
+    let dependencies = dependency_order::RolloutDependencies::from(HashMap::from([
+        (APP_NEW, app),
+        (NEW, crate::dependency::Dependencies::default()),
+    ]));
     let seen = |db: UnitHash, app: UnitHash| {
         BTreeMap::from([
             ("db.service".to_string(), Observed::new(db, Health::Active)),
@@ -484,4 +487,23 @@ fn what_a_unit_requires_is_replaced_first_and_the_unit_waits_until_it_is_done() 
     assert!(step(&mut rollout, &seen(NEW, OLD), 5).is_empty(), "within min-ready");
     assert_eq!(step(&mut rollout, &seen(NEW, OLD), 7), ["app.service"], "the db stayed well past min-ready");
     assert_eq!(rollout.held, None);
+}
+
+/// With `Requires=db@%i.service`, each instance of the app waits for its own db only.
+#[test]
+fn an_instance_waits_for_its_own_counterpart_in_the_rollout() {
+    let app = "[X-Fleet]\nRequires=db@%i.service\n";
+    let file = crate::UnitFile::parse(app).expect("a unit file");
+    let bodies = BTreeMap::from([(file.hash().to_string(), file.serialize())]);
+    let unit = |name: &str, to: UnitHash, step: Step| RolloutUnit { name: name.into(), from: OLD, to, step };
+    let units = vec![
+        unit("app@1.service", file.hash(), Step::Waiting),
+        unit("app@2.service", file.hash(), Step::Waiting),
+        unit("db@1.service", NEW, Step::Done),
+        unit("db@2.service", NEW, Step::Replacing { since: 1 }),
+    ];
+    let table = dependency_order::dependencies_by_content(&units, &bodies);
+    let blocked = dependency_order::Blocked::of(&units, &table);
+    assert_eq!(blocked.waits_for(0), None, "db@1 is done");
+    assert_eq!(blocked.waits_for(1), Some("db@2.service"));
 }
