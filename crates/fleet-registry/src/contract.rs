@@ -1435,6 +1435,8 @@ pub async fn where_requirements_run_reaches_the_machine_of_their_unit(
         work.scheduled.into_iter().find(|unit| unit.name == "app.service").map(|unit| unit.required_at)
     };
     eventually("m1's work has the unit", async || work_of("m1").await.is_some()).await;
+    // m2's own registration is behind it before its wake-ups are counted.
+    eventually("m2's work can be read", async || agent_for("m2").machine_work("m2").await.is_ok()).await;
     assert_eq!(work_of("m1").await, Some(vec![]), "nothing recorded yet");
     let (mut m1, mut m2) = (agent_for("m1").machine_changes("m1"), agent_for("m2").machine_changes("m2"));
     m1.mark_unchanged();

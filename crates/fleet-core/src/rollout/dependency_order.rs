@@ -211,10 +211,10 @@ mod tests {
         let hash = |n: u8| UnitHash([n; 20]);
         let unit =
             |name: &str, to: u8, step: Step| RolloutUnit { name: name.into(), from: hash(0), to: hash(to), step };
-        let table = HashMap::from([
+        let table = RolloutDependencies::from(HashMap::from([
             (hash(1), dependencies("app.service", "Requires=db.service")),
             (hash(2), Dependencies::default()),
-        ]);
+        ]));
         let mut units =
             vec![unit("db.service", 2, Step::Replacing { since: 1 }), unit("app.service", 1, Step::Waiting)];
         assert_eq!(Blocked::of(&units, &table).waits_for(1), Some("db.service"));
