@@ -125,7 +125,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/discovery", List, Empty, |s, c| discovery::get()),
     route!(GET "/fleet/v1/units", List, Empty, |s, c| units::list(s, c.query, c.role()).await),
     route!(POST "/fleet/v1/units", WriteUnits, Json, |s, c| { plans::unchanged_since(s, c.query).await?; unit_batch::post(s, c.role(), c.body, &units::writer(c.query)?).await }),
-    route!(GET "/fleet/v1/units/{unit}", ReadUnit, Empty, |s, c| units::get(s, c.param()).await),
+    route!(GET "/fleet/v1/units/{unit}", ReadUnit, Empty, |s, c| units::get(s, c.role(), c.param()).await),
     route!(PUT "/fleet/v1/units/{unit}", WriteUnit, Json, |s, c| { plans::unchanged_since(s, c.query).await?; units::put(s, c.role(), c.param(), c.body, &units::writer(c.query)?).await }),
     route!(DELETE "/fleet/v1/units/{unit}", WriteUnit, Empty, |s, c| { plans::unchanged_since(s, c.query).await?; units::delete(s, c.param(), &units::writer(c.query)?).await }),
     route!(GET "/fleet/v1/units/{unit}/runs", ReadUnit, Empty, |s, c| runs::get(s, c.param()).await),

@@ -69,7 +69,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
     Ok(json_response(StatusCode::OK, &UnitPage { next_page_token: next.map(|t| t.encode()), units: encoded }))
 }
 
-pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
+pub async fn get(state: &ApiState, role: &Role, name: &str) -> Result<Response, ApiError> {
     let Some(view) = state.registry.unit(name).await? else {
         return Err(ApiError::not_found("unit does not exist"));
     };
@@ -79,7 +79,8 @@ pub async fn get(state: &ApiState, name: &str) -> Result<Response, ApiError> {
         _ => Vec::new(),
     };
     let mut unit = to_schema(view, Shown::Alone);
-    unit.required_at = places.into_iter().map(place_to_schema).collect();
+    // A scoped caller is told where only the units it sees run.
+    unit.required_at = places.into_iter().filter(|place| role.sees_unit(&place.unit)).map(place_to_schema).collect();
     Ok(json_response(StatusCode::OK, &unit))
 }
 
@@ -177,5 +178,47 @@ pub async fn put(
         Ok(StatusCode::NO_CONTENT.into_response())
     } else {
         Err(ApiError::not_found("unit does not exist"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use fleet_core::access::UnitScope;
+    use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, RequiredPlace, RequiredPlaces};
+    use fleet_store_embedded::EmbeddedRegistry;
+
+    use super::*;
+    use crate::auth::Auth;
+
+    /// `requiredAt` names only the units the caller sees: a scoped operator does not learn
+    /// where a unit outside its scope runs.
+    #[tokio::test]
+    async fn a_unit_says_where_what_it_requires_runs_to_those_who_see_that() {
+        let dir = tempfile::tempdir().unwrap();
+        let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+        let state = ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None));
+        let machine = fleet_core::MachineState { id: "m1".into(), ..Default::default() };
+        registry.register_machine(&machine).await.unwrap();
+        let app = UnitFile::parse("[Service]\nExecStart=/bin/app\n[X-Fleet]\nRequires=db.service\n").unwrap();
+        registry.put_unit("app.service", &app, DesiredState::Launched).await.unwrap();
+        let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
+        let placed = fleet_core::schedule::Decision::Schedule { unit: "app.service".into(), machine: "m1".into() };
+        registry.apply(&lease, &[placed], &[]).await.unwrap();
+        let db = RequiredPlace { unit: "db.service".into(), machine_id: "m2".into(), public_ip: "10.0.0.2".into() };
+        let record = RequiredPlaces { unit: "app.service".into(), machine: "m1".into(), places: vec![db] };
+        registry.record_required_places(&lease, &[record]).await.unwrap();
+        let shown = async |role: &Role| {
+            let response = get(&state, role, "app.service").await.unwrap();
+            let body = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+            serde_json::from_slice::<serde_json::Value>(&body).unwrap()["requiredAt"].clone()
+        };
+        assert_eq!(
+            shown(&Role::Viewer).await,
+            serde_json::json!([{"unit": "db.service", "machineID": "m2", "primaryIP": "10.0.0.2"}])
+        );
+        let scoped = Role::Operator { units: UnitScope::new("app*"), secrets: None };
+        assert_eq!(shown(&scoped).await, serde_json::Value::Null, "db.service is outside its scope");
     }
 }
