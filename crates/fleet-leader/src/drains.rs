@@ -86,7 +86,7 @@ impl DrainDriver {
         let mut let_go_from: HashMap<String, String> = HashMap::new();
         let mut required_from: HashMap<String, Shown> = HashMap::new();
         // A unit that budgeted units require is let go within their budgets too.
-        let requirers = budgeted_requirers(units, &budgets.units);
+        let requirers = budgeted_requirers(&budgets.units);
         for (machine, mut drain) in drained {
             let before = drain.clone();
             let mut concerned = drain_units(units, states, &machine, &before);

@@ -43,28 +43,15 @@ pub fn drain_units<S: Borrow<UnitState>>(
 }
 
 /// The units of `budgeted` (those with a disruption budget) that `Requires=` others, each with
-/// the patterns it requires (from its content among `units`): a drain that lets one of those
+/// the patterns it requires ([`crate::BudgetedUnit::requires`]): a drain that lets one of those
 /// others go takes from their budgets too.
-pub fn budgeted_requirers(
-    units: &[UnitView],
-    budgeted: &[crate::BudgetedUnit],
-) -> Vec<(String, Vec<fleet_core::glob::Glob>)> {
-    if budgeted.is_empty() {
-        return Vec::new();
-    }
-    let files: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
+pub fn budgeted_requirers(budgeted: &[crate::BudgetedUnit]) -> Vec<(String, Vec<fleet_core::glob::Glob>)> {
     budgeted
         .iter()
-        .filter_map(|unit| {
-            let view = files.get(unit.name.as_str())?;
-            let dependencies = fleet_core::dependency::dependencies_of(&unit.name, view.file.options()).ok()?;
-            let required: Vec<fleet_core::glob::Glob> = dependencies
-                .items
-                .iter()
-                .filter(|item| item.kind == fleet_core::dependency::Kind::Requires)
-                .filter_map(|item| fleet_core::glob::Glob::new(&item.pattern))
-                .collect();
-            (!required.is_empty()).then(|| (unit.name.clone(), required))
+        .filter(|unit| !unit.requires.is_empty())
+        .map(|unit| {
+            let required = unit.requires.iter().filter_map(|pattern| fleet_core::glob::Glob::new(pattern)).collect();
+            (unit.name.clone(), required)
         })
         .collect()
 }
