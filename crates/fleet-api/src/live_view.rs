@@ -399,6 +399,7 @@ mod tests {
             source: None,
             drift: Default::default(),
             secrets: Default::default(),
+            versions: Default::default(),
         }
     }
 

@@ -44,6 +44,7 @@ pub mod state_report;
 pub mod store_format;
 pub mod taint;
 pub mod unit_file;
+pub mod unit_history;
 pub mod unit_name;
 pub mod unknown_options;
 pub mod unpoisoned;

@@ -287,9 +287,10 @@ impl RolloutDriver {
                 tracing::warn!(rollout = record.name, unit = name, "a unit of the rollout is gone");
                 continue;
             };
+            let by = record.changed_by(current.source.as_deref());
             let writer = match &current.source {
-                Some(source) => Writer::Source { name: source.clone(), take_over: false, drift: current.drift },
-                None => Writer::BY_HAND,
+                Some(source) => Writer::Source { name: source.clone(), take_over: false, drift: current.drift, by },
+                None => Writer::Hand { take_over: false, by },
             };
             let change = UnitChange { name: name.clone(), file: Some(file.clone()), desired: current.desired };
             match by_writer.iter_mut().find(|(kept, _)| *kept == writer) {

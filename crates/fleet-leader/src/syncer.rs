@@ -15,6 +15,7 @@ use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::halt::{Halt, LastRollout, RolledFrom, halt};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
 use fleet_core::unit_name::validate_name;
+use fleet_core::unit_history::ChangedBy;
 use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use fleet_runtime::Lifecycle;
 use fleet_runtime::Next;
@@ -230,7 +231,8 @@ impl SourceSyncer {
             .collect();
         let rules = SyncRules { keep_removed: source.keep_removed, take_over: source.take_over, drift: source.drift };
         let plan = plan_sync(&source.name, content, &held, rules);
-        let writer = Writer::Source { name: source.name.clone(), take_over: source.take_over, drift: source.drift };
+        let by = ChangedBy::source(&source.name, Some(&rolling.from.commit));
+        let writer = Writer::Source { name: source.name.clone(), take_over: source.take_over, drift: source.drift, by };
         let mut owned_elsewhere: Vec<String> =
             plan.owned_elsewhere.iter().map(|owned| describe_owner(&owned.unit, owned.owner.as_deref())).collect();
         let mut out_of_sync = Vec::new();
@@ -355,7 +357,7 @@ impl SourceSyncer {
             held: None,
         };
         let record =
-            RolloutRecord { name, rollout, bodies, created, source_commit: Some(commit.clone()), secret: None };
+            RolloutRecord { name, rollout, bodies, created, source_commit: Some(commit.clone()), secret: None, started_by: None };
         self.registry.put_rollout(&record).await
     }
 }

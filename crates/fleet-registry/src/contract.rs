@@ -642,7 +642,7 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
 pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, agent_for: AgentFor<'_>) {
     use fleet_core::drift::DriftPolicy;
     agent_for("m1").register_machine(&machine("m1")).await.unwrap();
-    let reporting = Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Report };
+    let reporting = Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Report, by: Default::default() };
     registry.put_source(&source_record("git", 1)).await.unwrap();
     let global = UnitFile::parse("[Service]\nExecStart=/bin/g\n\n[X-Fleet]\nGlobal=true\n").expect("a unit file");
     registry.put_unit_as("x.service", &unit("/bin/x"), DesiredState::Launched, &reporting).await.unwrap();
@@ -672,8 +672,8 @@ pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, 
 /// A unit made by a source is its own: a hand write or another source is refused (and
 /// changes nothing) unless it takes the unit over; the unit shows its owner.
 pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
-    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default() };
-    let other = Writer::Source { name: "other".into(), take_over: false, drift: Default::default() };
+    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default(), by: Default::default() };
+    let other = Writer::Source { name: "other".into(), take_over: false, drift: Default::default(), by: Default::default() };
     registry.put_source(&source_record("git", 1)).await.expect("a source");
     registry.put_source(&source_record("other", 1)).await.expect("a source");
     registry.put_unit_as("a.service", &unit("/bin/a"), DesiredState::Launched, &git).await.expect("a source creates");
@@ -705,10 +705,10 @@ pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, 
         registry.put_unit_as("b.service", &unit("/bin/c"), DesiredState::Launched, &git).await,
         Err(RegistryError::Owned { owner: None, .. })
     ));
-    let taking = Writer::Source { name: "git".into(), take_over: true, drift: Default::default() };
+    let taking = Writer::Source { name: "git".into(), take_over: true, drift: Default::default(), by: Default::default() };
     registry.put_unit_as("b.service", &unit("/bin/b"), DesiredState::Launched, &taking).await.expect("taken over");
     assert_eq!(owner(registry.unit("b.service").await.expect("read")), Some("git".into()));
-    let by_hand = Writer::Hand { take_over: true };
+    let by_hand = Writer::identity("token:ci", true);
     registry.put_unit_as("b.service", &unit("/bin/b"), DesiredState::Launched, &by_hand).await.expect("taken back");
     assert_eq!(owner(registry.unit("b.service").await.expect("read")), None);
     assert!(registry.destroy_unit_as("a.service", &git).await.expect("its source destroys it"));
@@ -790,6 +790,7 @@ pub async fn rollouts_are_kept_by_name(registry: &dyn Registry, _agent_for: Agen
         created: 1_700_000_000,
         source_commit: Some(fleet_core::source::halt::RolledFrom { commit: "c0ffee".into(), forced: 1 }),
         secret: None,
+        started_by: Some("token:ci".into()),
     };
     assert!(registry.rollouts().await.expect("none yet").is_empty());
     registry.put_rollout(&record("web", RolloutState::Running)).await.expect("store");
@@ -861,6 +862,7 @@ pub async fn a_rollout_of_the_most_units_is_kept_whole(registry: &dyn Registry, 
         created: 1_700_000_000,
         source_commit: None,
         secret: None,
+        started_by: Some("token:ci".into()),
     };
     registry.put_rollout(&record).await.expect("store a rollout of 100,000 units");
     let read = registry.rollouts().await.expect("list");
@@ -908,6 +910,7 @@ pub async fn sources_statuses_and_rollouts_signal_their_changes(registry: &dyn R
         created: 1_700_000_000,
         source_commit: None,
         secret: None,
+        started_by: Some("token:ci".into()),
     };
     registry.put_rollout(&record).await.expect("store");
     seen("a rollout moves the signal").await;
@@ -1107,7 +1110,7 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
 /// own; more changes than one store request holds, instances sharing a body, a desired state
 /// alone, a unit that is not there, a unit another writer owns; lists show them at once.
 pub async fn a_batch_of_unit_writes_is_each_write_alone(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
-    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default() };
+    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default(), by: Default::default() };
     registry.put_source(&source_record("git", 1)).await.expect("a source");
     registry.put_unit_as("owned.service", &unit("/bin/owned"), DesiredState::Loaded, &git).await.expect("a source");
     registry.put_unit("old.service", &unit("/bin/old"), DesiredState::Launched).await.expect("by hand");
@@ -1246,11 +1249,11 @@ pub async fn an_import_writes_its_units_where_they_run_or_nothing(registry: &dyn
     let mut with_taken = units.clone();
     with_taken.insert(150, imported("taken.service".into(), Some("m1")));
     assert_eq!(
-        registry.import_units(&with_taken).await.unwrap(),
+        registry.import_units(&with_taken, &Writer::BY_HAND).await.unwrap(),
         Imported::Existing(vec!["taken.service".to_string()])
     );
     assert!(registry.unit("app-000.service").await.unwrap().is_none(), "an import refused wrote a unit");
-    assert_eq!(registry.import_units(&units).await.unwrap(), Imported::Written);
+    assert_eq!(registry.import_units(&units, &Writer::BY_HAND).await.unwrap(), Imported::Written);
     let placed = registry.unit("app-299.service").await.unwrap().expect("an imported unit");
     assert_eq!((placed.machine_id.as_deref(), placed.desired), (Some("m1"), DesiredState::Launched));
     assert_eq!(registry.unit("waits.service").await.unwrap().expect("an imported unit").machine_id, None);
@@ -1265,7 +1268,7 @@ pub async fn an_import_writes_its_units_where_they_run_or_nothing(registry: &dyn
     })
     .await;
     assert_eq!(
-        registry.import_units(&units[..1]).await.unwrap(),
+        registry.import_units(&units[..1], &Writer::BY_HAND).await.unwrap(),
         Imported::Existing(vec!["app-000.service".to_string()]),
         "an import again finds its units there"
     );
@@ -1282,7 +1285,7 @@ pub async fn an_import_writes_its_units_where_they_run_or_nothing(registry: &dyn
             machine: Some("m1".to_string()),
         })
         .collect();
-    assert_eq!(registry.import_units(&large).await.unwrap(), Imported::Written);
+    assert_eq!(registry.import_units(&large, &Writer::BY_HAND).await.unwrap(), Imported::Written);
     let last = registry.unit("large-59.service").await.unwrap().expect("the last large unit");
     assert_eq!(last.hash, large[59].file.hash());
 }

@@ -320,7 +320,11 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// Stores every unit of `units` by hand, each placed on the machine it names, or none of
     /// them: [`Imported::Existing`] when a unit of one of their names exists. A placement
     /// written here is the engine's from then on (it keeps it while the unit can run there).
-    async fn import_units(&self, units: &[ImportedUnit]) -> Result<Imported>;
+    /// `writer` is who the units' first versions are by.
+    async fn import_units(&self, units: &[ImportedUnit], writer: &Writer) -> Result<Imported>;
+    /// How many past versions each unit keeps from now on ([`fleet_core::unit_history`]): a
+    /// write trims what is beyond it.
+    fn keep_versions(&self, kept: usize);
     /// [`ApiRegistry::put_unit_as`] by hand, taking nothing over.
     async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
         self.put_unit_as(name, file, desired, &Writer::BY_HAND).await

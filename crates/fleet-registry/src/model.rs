@@ -6,6 +6,7 @@ use fleet_core::drift::DriftPolicy;
 use fleet_core::schedule::SnapshotUnit;
 use fleet_core::secrets::SecretPins;
 use fleet_core::state::TargetReport;
+use fleet_core::unit_history::{Before, Versions, Write};
 use fleet_core::{CurrentState, DesiredState, MachineState, UnitFile, UnitHash, UnitState};
 use serde::{Deserialize, Serialize};
 
@@ -25,6 +26,37 @@ pub struct UnitRecord {
     /// The versions of its secrets it runs with, where not the newest (a rotation under way).
     #[serde(default, skip_serializing_if = "SecretPins::is_empty")]
     pub secrets: SecretPins,
+    /// Its versions: when and by whom the current one was made, and the ones kept before it.
+    #[serde(default, skip_serializing_if = "Versions::is_empty")]
+    pub versions: Versions,
+}
+
+impl UnitRecord {
+    /// The versions of a unit after `writer` writes `hash` with `desired` over `before` (`None`:
+    /// it creates the unit) now, keeping `kept` past versions.
+    pub fn versions_after(
+        before: Option<&UnitRecord>,
+        hash: UnitHash,
+        desired: DesiredState,
+        writer: &crate::Writer,
+        kept: usize,
+    ) -> Versions {
+        let before = before.map(|record| Before { hash: record.hash, desired: record.desired, versions: &record.versions });
+        let write = Write { hash, desired, at: now_in_seconds(), by: writer.changed_by() };
+        Versions::after(before, write, kept)
+    }
+
+    /// Every content the unit refers to: what it runs and what its kept versions name.
+    pub fn contents(&self) -> std::collections::BTreeSet<UnitHash> {
+        self.versions.contents_with(self.hash)
+    }
+}
+
+/// Seconds since the Unix epoch by this machine's clock (0 for a clock set before it).
+pub fn now_in_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| i64::try_from(since.as_secs()).unwrap_or(i64::MAX))
 }
 
 /// A unit as the API shows it.
@@ -44,6 +76,7 @@ pub struct UnitView {
     pub source: Option<String>,
     pub drift: DriftPolicy,
     pub secrets: SecretPins,
+    pub versions: Versions,
 }
 
 impl UnitView {
@@ -76,6 +109,7 @@ impl UnitView {
             source: record.source,
             drift: record.drift,
             secrets: record.secrets,
+            versions: record.versions,
         }
     }
 }
@@ -250,6 +284,7 @@ mod tests {
             source: None,
             drift: Default::default(),
             secrets: Default::default(),
+            versions: Default::default(),
         };
         let report = |file: &UnitFile| UnitState {
             run: None,

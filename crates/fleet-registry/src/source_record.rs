@@ -166,6 +166,20 @@ pub struct RolloutRecord {
     /// `fleet_core::secrets::version_identity`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret: Option<RolledSecret>,
+    /// The identity that started it through the API, named in the versions it writes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_by: Option<String>,
+}
+
+impl RolloutRecord {
+    /// Who the versions this rollout writes are by: the rollout, its source and commit, and who
+    /// started it.
+    pub fn changed_by(&self, source: Option<&str>) -> fleet_core::unit_history::ChangedBy {
+        let commit = self.source_commit.as_ref().map(|from| from.commit.as_str()).filter(|_| source.is_some());
+        fleet_core::unit_history::ChangedBy::rollout(&self.name, source)
+            .at_commit(commit)
+            .asked_by(self.started_by.as_deref())
+    }
 }
 
 /// The secret a rollout moves units from version to version of.

@@ -3,7 +3,9 @@
 use async_trait::async_trait;
 use fleet_core::secrets::SecretPins;
 use fleet_core::unpoisoned::Locked;
-use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitState};
+use std::collections::BTreeSet;
+
+use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 use redb::{ReadTransaction, ReadableTable, WriteTransaction};
 
 use super::tables::{self, MetadataOverrides, UnitRecord, decode, encode, read_all};
@@ -86,31 +88,44 @@ fn touch_unit(txn: &WriteTransaction, name: &str, global: bool, touched: &mut To
     Ok(())
 }
 
-/// Counts one more reference to `file`'s body, writing the body on the first.
-fn reference_body(txn: &WriteTransaction, file: &UnitFile) -> Result<()> {
-    let key = file.hash().to_string();
+/// Moves a unit's references from the contents `before` names to those `after` names
+/// (`UnitRecord::contents`): a body is written with its first reference (`file` is the one
+/// content a write may add) and deleted with its last.
+fn move_references(
+    txn: &WriteTransaction,
+    before: &BTreeSet<UnitHash>,
+    after: &BTreeSet<UnitHash>,
+    file: Option<&UnitFile>,
+) -> Result<()> {
     let mut refs = txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
-    let count = refs.get(key.as_str()).map_err(unavailable)?.map_or(0, |c| c.value());
-    refs.insert(key.as_str(), count + 1).map_err(unavailable)?;
-    if count == 0 {
-        let mut bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
-        bodies.insert(key.as_str(), encode(&file.options()).as_slice()).map_err(unavailable)?;
+    let mut bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
+    for hash in after.difference(before) {
+        let key = hash.to_string();
+        let count = refs.get(key.as_str()).map_err(unavailable)?.map_or(0, |c| c.value());
+        refs.insert(key.as_str(), count + 1).map_err(unavailable)?;
+        if count == 0 {
+            let Some(file) = file.filter(|file| file.hash() == *hash) else {
+                return Err(RegistryError::Corrupt { key, reason: "unit body missing".into() });
+            };
+            bodies.insert(key.as_str(), encode(&file.options()).as_slice()).map_err(unavailable)?;
+        }
+    }
+    for hash in before.difference(after) {
+        let key = hash.to_string();
+        let count = refs.get(key.as_str()).map_err(unavailable)?.map_or(0, |c| c.value());
+        if count <= 1 {
+            refs.remove(key.as_str()).map_err(unavailable)?;
+            bodies.remove(key.as_str()).map_err(unavailable)?;
+        } else {
+            refs.insert(key.as_str(), count - 1).map_err(unavailable)?;
+        }
     }
     Ok(())
 }
 
-/// Drops one reference to a body, deleting the body with the last one.
-fn release_body(txn: &WriteTransaction, hash: &fleet_core::UnitHash) -> Result<()> {
-    let key = hash.to_string();
-    let mut refs = txn.open_table(tables::BODY_REFS).map_err(unavailable)?;
-    let count = refs.get(key.as_str()).map_err(unavailable)?.map_or(0, |c| c.value());
-    if count <= 1 {
-        refs.remove(key.as_str()).map_err(unavailable)?;
-        txn.open_table(tables::BODIES).map_err(unavailable)?.remove(key.as_str()).map_err(unavailable)?;
-    } else {
-        refs.insert(key.as_str(), count - 1).map_err(unavailable)?;
-    }
-    Ok(())
+/// The contents `record` refers to, none for no record.
+fn contents_of(record: Option<&UnitRecord>) -> BTreeSet<UnitHash> {
+    record.map(UnitRecord::contents).unwrap_or_default()
 }
 
 fn unit_record(txn: &WriteTransaction, name: &str) -> Result<Option<UnitRecord>> {
@@ -160,21 +175,18 @@ fn put_in(
     file: &UnitFile,
     desired: DesiredState,
     writer: &Writer,
+    kept: usize,
 ) -> Result<()> {
     source_present(txn, writer)?;
     let hash = file.hash();
     let global = Requirements::from_unit(name, file).global;
     let previous = unit_record(txn, name)?;
     let source = owner_after(writer, name, previous.as_ref())?;
-    if previous.as_ref().is_none_or(|old| old.hash != hash) {
-        reference_body(txn, file)?;
-        if let Some(old) = &previous {
-            release_body(txn, &old.hash)?;
-        }
-    }
     // A rotation's pins hold across new content: the unit is still on its way.
     let secrets = previous.as_ref().map(|old| old.secrets.clone()).unwrap_or_default();
-    let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy(), secrets };
+    let versions = UnitRecord::versions_after(previous.as_ref(), hash, desired, writer, kept);
+    let record = UnitRecord { hash, desired, global, source, drift: writer.drift_policy(), secrets, versions };
+    move_references(txn, &contents_of(previous.as_ref()), &record.contents(), Some(file))?;
     txn.open_table(tables::UNITS)
         .map_err(unavailable)?
         .insert(name, encode(&record).as_slice())
@@ -190,13 +202,17 @@ fn set_desired_in(
     name: &str,
     desired: DesiredState,
     writer: &Writer,
+    kept: usize,
 ) -> Result<bool> {
     source_present(txn, writer)?;
     let Some(mut record) = unit_record(txn, name)? else {
         return Ok(false);
     };
+    let before = record.contents();
     record.source = owner_after(writer, name, Some(&record))?;
+    record.versions = UnitRecord::versions_after(Some(&record), record.hash, desired, writer, kept);
     record.desired = desired;
+    move_references(txn, &before, &record.contents(), None)?;
     store_unit(txn, touched, name, &record)?;
     Ok(true)
 }
@@ -224,6 +240,13 @@ pub(super) fn set_pins_in(
     record.secrets = pins.clone();
     store_unit(txn, touched, name, &record)?;
     Ok(true)
+}
+
+impl EmbeddedRegistry {
+    /// How many past versions a unit keeps (`ApiRegistry::keep_versions`).
+    fn versions_kept(&self) -> usize {
+        self.versions_kept.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 #[async_trait]
@@ -288,27 +311,28 @@ impl ApiRegistry for EmbeddedRegistry {
     }
 
     async fn put_unit_as(&self, name: &str, file: &UnitFile, desired: DesiredState, writer: &Writer) -> Result<()> {
-        let (name, file, writer) = (name.to_string(), file.clone(), writer.clone());
-        self.write(move |txn, touched| put_in(txn, touched, &name, &file, desired, &writer)).await
+        let (name, file, writer, kept) = (name.to_string(), file.clone(), writer.clone(), self.versions_kept());
+        self.write(move |txn, touched| put_in(txn, touched, &name, &file, desired, &writer, kept)).await
     }
 
     async fn set_desired_state_as(&self, name: &str, desired: DesiredState, writer: &Writer) -> Result<bool> {
-        let (name, writer) = (name.to_string(), writer.clone());
-        self.write(move |txn, touched| set_desired_in(txn, touched, &name, desired, &writer)).await
+        let (name, writer, kept) = (name.to_string(), writer.clone(), self.versions_kept());
+        self.write(move |txn, touched| set_desired_in(txn, touched, &name, desired, &writer, kept)).await
     }
 
     /// Every change in one transaction: a unit another writer owns is refused alone (its
     /// check comes before any write of it); any other failure writes nothing.
     async fn change_units_as(&self, changes: &[UnitChange], writer: &Writer) -> Result<Vec<Result<UnitChanged>>> {
-        let (changes, writer) = (changes.to_vec(), writer.clone());
+        let (changes, writer, kept) = (changes.to_vec(), writer.clone(), self.versions_kept());
         self.write(move |txn, touched| {
             let mut answers = Vec::with_capacity(changes.len());
             for change in &changes {
                 let answer = match &change.file {
                     Some(file) => {
-                        put_in(txn, touched, &change.name, file, change.desired, &writer).map(|()| UnitChanged::Written)
+                        put_in(txn, touched, &change.name, file, change.desired, &writer, kept)
+                        .map(|()| UnitChanged::Written)
                     }
-                    None => set_desired_in(txn, touched, &change.name, change.desired, &writer)
+                    None => set_desired_in(txn, touched, &change.name, change.desired, &writer, kept)
                         .map(|found| if found { UnitChanged::Written } else { UnitChanged::NoSuchUnit }),
                 };
                 match answer {
@@ -349,15 +373,15 @@ impl ApiRegistry for EmbeddedRegistry {
             txn.open_table(tables::UNITS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
             txn.open_table(tables::SCHEDULE).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
             txn.open_table(tables::REASONS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
-            release_body(txn, &record.hash)?;
+            move_references(txn, &record.contents(), &BTreeSet::new(), None)?;
             Ok(true)
         })
         .await
     }
 
     /// One transaction: every unit and its placement, or nothing.
-    async fn import_units(&self, units: &[ImportedUnit]) -> Result<Imported> {
-        let units = units.to_vec();
+    async fn import_units(&self, units: &[ImportedUnit], writer: &Writer) -> Result<Imported> {
+        let (units, writer) = (units.to_vec(), writer.clone());
         self.write(move |txn, touched| {
             let existing: Vec<String> = {
                 let table = txn.open_table(tables::UNITS).map_err(unavailable)?;
@@ -379,11 +403,15 @@ impl ApiRegistry for EmbeddedRegistry {
                         .insert(unit.name.as_str(), machine.as_str())
                         .map_err(unavailable)?;
                 }
-                put_in(txn, touched, &unit.name, &unit.file, unit.desired, &Writer::BY_HAND)?;
+                put_in(txn, touched, &unit.name, &unit.file, unit.desired, &writer, 0)?;
             }
             Ok(Imported::Written)
         })
         .await
+    }
+
+    fn keep_versions(&self, kept: usize) {
+        self.versions_kept.store(kept, std::sync::atomic::Ordering::Relaxed);
     }
 
     async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {

@@ -91,6 +91,8 @@ pub struct EmbeddedRegistry {
     /// The machine whose engine last took the leadership and has not given it back: one
     /// fleetd holds the store, so leadership is only ever its own (kept in memory).
     leader: Arc<Mutex<Option<String>>>,
+    /// How many past versions a unit keeps (`ApiRegistry::keep_versions`).
+    versions_kept: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl EmbeddedRegistry {
@@ -126,7 +128,8 @@ impl EmbeddedRegistry {
             writes: std::sync::atomic::AtomicU64::new(0),
             any_write: watch::channel(0).0,
         };
-        Ok(Self { db: Arc::new(db), signals: Arc::new(signals), leader: Arc::default() })
+        let versions_kept = Arc::new(std::sync::atomic::AtomicUsize::new(fleet_core::unit_history::DEFAULT_KEPT));
+        Ok(Self { db: Arc::new(db), signals: Arc::new(signals), leader: Arc::default(), versions_kept })
     }
 
     /// Writes something that is not a unit record as `name`'s record (for the contract test

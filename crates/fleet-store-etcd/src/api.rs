@@ -132,6 +132,11 @@ impl EtcdRegistry {
         .await
     }
 
+    /// How many past versions a unit keeps (`ApiRegistry::keep_versions`).
+    fn versions_kept(&self) -> usize {
+        self.inner.versions_kept.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The unit and its placement as the cluster's cache holds them, if the cache is up.
     pub(super) fn current_in_copy(&self, name: &str) -> Option<Current> {
         let mirror = self.api_copy_if_up(&super::caches::Cache::Cluster)?;
@@ -293,6 +298,7 @@ impl EtcdRegistry {
             drift: writer.drift_policy(),
             // A rotation's pins hold across new content: the unit is still on its way.
             secrets: current.record.as_ref().map(|old| old.secrets.clone()).unwrap_or_default(),
+            versions: UnitRecord::versions_after(current.record.as_ref(), put.hash, put.desired, writer, self.versions_kept()),
         };
         let mut writes = Writes::default();
         writes.put(keys.unit(name), encode(&record));
@@ -337,7 +343,8 @@ impl EtcdRegistry {
             Ok(source) => source,
             Err(refused) => return Planned::Done(Err(refused)),
         };
-        let record = UnitRecord { desired, source, ..old.clone() };
+        let versions = UnitRecord::versions_after(Some(old), old.hash, desired, writer, self.versions_kept());
+        let record = UnitRecord { desired, source, versions, ..old.clone() };
         let mut writes = Writes::default();
         writes.put(self.keys().unit(name), encode(&record));
         self.agent_copies(name, &record, current, &mut writes, None);
@@ -507,8 +514,12 @@ impl ApiRegistry for EtcdRegistry {
         }
     }
 
-    async fn import_units(&self, units: &[fleet_registry::ImportedUnit]) -> Result<fleet_registry::Imported> {
-        self.import(units).await
+    async fn import_units(&self, units: &[fleet_registry::ImportedUnit], writer: &Writer) -> Result<fleet_registry::Imported> {
+        self.import(units, writer).await
+    }
+
+    fn keep_versions(&self, kept: usize) {
+        self.inner.versions_kept.store(kept, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// From the API's watch-fed copy, in (unit, machine) order.

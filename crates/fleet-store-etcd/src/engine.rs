@@ -323,10 +323,11 @@ impl EngineRegistry for EtcdRegistry {
                 _ => {
                     let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
                     let (hash, desired) = (record.hash, record.desired);
-                    let record = DecodedRecord { mod_revision: entry.mod_revision, hash, desired, seen: pass };
-                    decoded.contents.add(hash);
+                    let contents = record.contents().into_iter().collect();
+                    let record = DecodedRecord { mod_revision: entry.mod_revision, hash, desired, contents, seen: pass };
+                    record.contents.iter().for_each(|hash| decoded.contents.add(*hash));
                     if let Some(replaced) = decoded.by_key.insert(key.clone(), record) {
-                        decoded.contents.remove(replaced.hash);
+                        replaced.contents.iter().for_each(|hash| decoded.contents.remove(*hash));
                     }
                     (hash, desired)
                 }
@@ -341,7 +342,7 @@ impl EngineRegistry for EtcdRegistry {
         by_key.retain(|_, record| {
             let current = record.seen == pass;
             if !current {
-                contents.remove(record.hash);
+                record.contents.iter().for_each(|hash| contents.remove(*hash));
             }
             current
         });

@@ -28,7 +28,7 @@ struct Written<'a> {
 }
 
 impl EtcdRegistry {
-    pub(super) async fn import(&self, units: &[ImportedUnit]) -> Result<Imported> {
+    pub(super) async fn import(&self, units: &[ImportedUnit], writer: &Writer) -> Result<Imported> {
         let existing = self.existing_units(units).await?;
         if !existing.is_empty() {
             return Ok(Imported::Existing(existing));
@@ -36,7 +36,7 @@ impl EtcdRegistry {
         let mut written: Vec<(&ImportedUnit, i64)> = Vec::new();
         let mut next = 0;
         while next < units.len() {
-            let (chunk, bodies, after) = self.import_chunk(units, next);
+            let (chunk, bodies, after) = self.import_chunk(units, next, writer);
             next = after;
             let mut ops: Vec<TxnOp> = bodies.iter().map(|(key, value)| put_if_absent(key, value.clone())).collect();
             let keys = self.keys();
@@ -106,6 +106,7 @@ impl EtcdRegistry {
         &self,
         units: &'a [ImportedUnit],
         start: usize,
+        writer: &Writer,
     ) -> (Vec<Written<'a>>, BTreeMap<String, Vec<u8>>, usize) {
         let keys = self.keys();
         let (mut chunk, mut bodies, mut bytes) = (Vec::new(), BTreeMap::new(), 0);
@@ -129,6 +130,7 @@ impl EtcdRegistry {
                 source: None,
                 drift: Writer::BY_HAND.drift_policy(),
                 secrets: Default::default(),
+                versions: UnitRecord::versions_after(None, hash, unit.desired, writer, 0),
             };
             let mut writes = Writes::default();
             let encoded = encode(&record);

@@ -95,6 +95,8 @@ struct DecodedRecord {
     mod_revision: i64,
     hash: fleet_core::UnitHash,
     desired: fleet_core::DesiredState,
+    /// Every content it refers to: its own and its kept versions' (`UnitRecord::contents`).
+    contents: Box<[fleet_core::UnitHash]>,
     /// The snapshot that last saw the record: one that no snapshot saw is gone.
     seen: u64,
 }
@@ -172,6 +174,8 @@ struct Inner {
     /// however many batches the API is given: etcd that falls behind on writes lets leases
     /// expire.
     unit_batches: tokio::sync::Semaphore,
+    /// How many past versions a unit keeps (`ApiRegistry::keep_versions`).
+    versions_kept: std::sync::atomic::AtomicUsize,
     /// What holds those batches while etcd is far behind in applying.
     apply_lag: apply_lag::ApplyLagGate,
     /// Moves when the engine's snapshot finds bodies to collect (see [`chores`]).
@@ -220,6 +224,7 @@ impl EtcdRegistry {
                 unconfirmed_claims: Mutex::new(HashMap::new()),
                 leadership: tokio::sync::Mutex::new(None),
                 unit_batches: tokio::sync::Semaphore::new(UNIT_BATCHES_IN_FLIGHT),
+                versions_kept: std::sync::atomic::AtomicUsize::new(fleet_core::unit_history::DEFAULT_KEPT),
                 apply_lag: apply_lag::ApplyLagGate::default(),
                 chores_signal: watch::channel(0).0,
             }),

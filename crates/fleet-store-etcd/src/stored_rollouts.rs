@@ -100,7 +100,7 @@ pub fn joined(head: &Head, fixed: &Fixed) -> Result<RolloutRecord, String> {
 /// `record` with no units and no bodies: what its head carries beside the steps.
 fn without_units(record: &RolloutRecord) -> RolloutRecord {
     // Destructured in full: a field added to a rollout must be carried here too.
-    let RolloutRecord { name, rollout, bodies: _, created, source_commit, secret } = record;
+    let RolloutRecord { name, rollout, bodies: _, created, source_commit, secret, started_by } = record;
     let Rollout { units: _, max_unavailable, min_ready, deadline, state, undo, canary, auto_revert, reverted, held } =
         rollout;
     RolloutRecord {
@@ -121,6 +121,7 @@ fn without_units(record: &RolloutRecord) -> RolloutRecord {
         created: *created,
         source_commit: source_commit.clone(),
         secret: secret.clone(),
+        started_by: started_by.clone(),
     }
 }
 
@@ -167,6 +168,7 @@ mod tests {
             created: 1_700_000_000,
             source_commit: Some(fleet_core::source::halt::RolledFrom { commit: "c0ffee".into(), forced: 2 }),
             secret: None,
+            started_by: Some("token:ci".into()),
         }
     }
 

@@ -1195,7 +1195,7 @@ async fn an_import_that_finds_a_name_taken_midway_takes_back_what_it_wrote() {
             machine: Some("m1".into()),
         })
         .collect();
-    let imported = registry.import_units(&units).await.unwrap();
+    let imported = registry.import_units(&units, &fleet_registry::Writer::BY_HAND).await.unwrap();
     assert_eq!(imported, fleet_registry::Imported::Existing(vec!["app-250.service".to_string()]));
     assert!(keys_under(&registry, "/fleet-test/units/").await.is_empty(), "units taken back");
     assert_eq!(keys_under(&registry, "/fleet-test/placement/").await, ["/fleet-test/placement/app-250.service"]);

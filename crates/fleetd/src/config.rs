@@ -111,6 +111,9 @@ pub struct Config {
     /// `preemption = on`: a unit that fits nowhere may take the room of units of a lower
     /// `Priority=` (the engine leader's setting applies).
     pub preemption: bool,
+    /// How many past versions each unit keeps (`fleetctl history`), at most
+    /// `unit_history::MOST_KEPT`; the fleetd that writes a unit applies its own.
+    pub unit_versions_kept: usize,
 }
 
 impl Default for Config {
@@ -168,6 +171,7 @@ impl Default for Config {
             system_reserved_cpu: 0,
             placement_strategy: fleet_core::schedule::PlacementStrategy::Spread,
             preemption: false,
+            unit_versions_kept: fleet_core::unit_history::DEFAULT_KEPT,
         }
     }
 }
@@ -355,6 +359,10 @@ const OPTIONS: &[(&str, Setter)] = &[
         assign(&mut config.system_reserved_cpu, parse_resource_cores(name, value))
     }),
     ("preemption", |config, name, value| assign(&mut config.preemption, parse_config_bool(name, value))),
+    ("unit_versions_kept", |config, name, value| {
+        let kept = fleet_core::unit_history::parse_kept(value).map_err(|error| bad(name, value, &error));
+        assign(&mut config.unit_versions_kept, kept)
+    }),
     ("placement_strategy", |config, name, value| {
         assign(&mut config.placement_strategy, value.parse().map_err(|reason: String| bad(name, value, &reason)))
     }),
@@ -607,6 +615,11 @@ mod tests {
     fn bad_values_name_the_option() {
         let cases = [
             ("token_limit", "0", "invalid value \"0\" for option token_limit: expected a whole number from 1 to 65535"),
+            (
+                "unit_versions_kept",
+                "1001",
+                "invalid value \"1001\" for option unit_versions_kept: expected a whole number from 0 to 1000",
+            ),
             ("agent_ttl", "soon", "invalid value \"soon\" for option agent_ttl: expected a duration such as 30s"),
             (
                 "agent_heartbeat",

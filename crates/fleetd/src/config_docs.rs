@@ -81,6 +81,11 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "Whether a unit that fits nowhere may take the room of units of a lower [X-Fleet] Priority= (on or off): the fewest, lowest first, at most 16 in an engine pass; they wait elsewhere, saying who took their room. The engine leader's setting applies: give every machine that may lead the same.",
     ),
     doc(
+        "unit_versions_kept",
+        "20",
+        "How many past versions of each unit the store keeps for fleetctl history and revert (0 to 1000): each change of a unit's content or desired state makes a version. The fleetd that writes a unit applies its own setting: give every machine the same.",
+    ),
+    doc(
         "native_without_cgroups",
         "refuse",
         "What the native unit manager does where no cgroup v2 hierarchy can hold a unit's processes (fleetd mounts one at /run/fleet/cgroup2 when it runs as root and none is mounted): refuse to start, or allow units tracked by process group and environment only. With allow, a process that leaves its unit's session and clears its environment outlives the unit's stop.",

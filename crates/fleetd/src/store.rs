@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use fleet_registry::{JournalQuestions, Registry, StoreChores};
+use fleet_registry::{ApiRegistry, JournalQuestions, Registry, StoreChores};
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 
@@ -60,6 +60,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
         fleet_fs::make_private(&path)?;
         tracing::info!(path = %path.display(), "using the embedded store");
         let registry = Arc::new(EmbeddedRegistry::open(&path)?);
+        registry.keep_versions(config.unit_versions_kept);
         return Ok(Store {
             registry: registry.clone(),
             chores: None,
@@ -78,6 +79,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Store> {
             Ok(registry) => {
                 tracing::info!(servers = ?config.etcd_servers, prefix = config.etcd_key_prefix, "using etcd");
                 let registry = Arc::new(registry);
+                registry.keep_versions(config.unit_versions_kept);
                 return Ok(Store {
                     registry: registry.clone(),
                     chores: Some(registry.clone()),

@@ -11,11 +11,12 @@ use axum::response::Response;
 use fleet_core::access::Role;
 use fleet_core::requirements::Requirements;
 use fleet_core::{DesiredState, MachineState};
-use fleet_registry::{Imported, ImportedUnit};
+use fleet_registry::{Imported, ImportedUnit, Writer};
 
 use super::unit_batch::{Permission, admit_one};
 use super::units::json_object;
 use crate::api_state::ApiState;
+use crate::auth::Identity;
 use crate::error::{ApiError, json_response};
 use crate::schema::{ImportReport, ImportRequest, ImportUnit, ImportedUnitReport, Unit, UnitOption};
 
@@ -25,7 +26,8 @@ pub const MOST_UNITS_PER_IMPORT: usize = 100_000;
 /// What an import does with one unit: the unit to store, or why it is refused.
 type Admitted = Result<ImportedUnit, String>;
 
-pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn post(state: &ApiState, identity: &Identity, body: &[u8]) -> Result<Response, ApiError> {
+    let role = &identity.role;
     let request: ImportRequest = json_object(body)?;
     if request.units.is_empty() {
         return Err(ApiError::bad_request("no units given"));
@@ -74,7 +76,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
         ));
     }
     let units: Vec<ImportedUnit> = admitted.into_iter().filter_map(|(_, outcome)| outcome.ok()).collect();
-    match state.registry.import_units(&units).await? {
+    match state.registry.import_units(&units, &Writer::identity(&identity.name, false)).await? {
         Imported::Written => Ok(json_response(StatusCode::OK, &ImportReport { written: true, units: report })),
         Imported::Existing(names) => Err(ApiError::new(
             StatusCode::CONFLICT,

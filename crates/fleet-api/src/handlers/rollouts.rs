@@ -14,6 +14,7 @@ use fleet_core::{UnitFile, UnitHash};
 use fleet_registry::{PageRequest, RegistryError, RolloutRecord};
 
 use crate::api_state::ApiState;
+use crate::auth::Identity;
 use crate::auth::tokens::now_unix;
 use crate::error::{ApiError, json_response};
 use crate::schema::{
@@ -110,7 +111,7 @@ pub async fn get(state: &ApiState, name: &str, query: &[(String, String)]) -> Re
 
 /// PUT /rollouts/{name}: starts a rollout of new content to existing units. Refused while
 /// another rollout of that name runs or is paused.
-pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, ApiError> {
+pub async fn put(state: &ApiState, identity: &Identity, name: &str, body: &[u8]) -> Result<Response, ApiError> {
     let bad = ApiError::bad_request;
     check_source_name(name).map_err(|_| bad(format!("invalid rollout name {name:?}: use 1-63 of a-z, 0-9 and -")))?;
     let request: RolloutRequest =
@@ -190,6 +191,7 @@ pub async fn put(state: &ApiState, name: &str, body: &[u8]) -> Result<Response, 
         created: now_unix(),
         source_commit: None,
         secret: None,
+        started_by: Some(identity.name.clone()),
     };
     state.registry.put_rollout(&record).await?;
     Ok(json_response(StatusCode::CREATED, &to_schema(&record, true)))

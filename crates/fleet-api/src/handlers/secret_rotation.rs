@@ -145,6 +145,8 @@ pub async fn start_rollout(
         created: now_unix(),
         source_commit: None,
         secret: Some(RolledSecret { name: secret.to_string(), versions }),
+        // A secret's rollout moves pins, which make no unit version.
+        started_by: None,
     };
     state.registry.put_rollout(&record).await?;
     Ok(Some(name.to_string()))
@@ -177,6 +179,7 @@ mod tests {
                     source: None,
                     drift: Default::default(),
                     secrets: Default::default(),
+                    versions: Default::default(),
                 },
                 file,
                 None,

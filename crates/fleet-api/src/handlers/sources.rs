@@ -14,6 +14,7 @@ use fleet_core::source::checks::{
 use fleet_registry::{DEFAULT_DEADLINE_SECONDS, SourceRecord, SourceStatus, Writer};
 
 use crate::api_state::ApiState;
+use crate::auth::Identity;
 use crate::error::{ApiError, json_response};
 use crate::schema::{Source, SourceList, SourceOutOfSync, SourceStatus as StatusSchema};
 
@@ -195,13 +196,18 @@ pub async fn sync(state: &ApiState, name: &str, query: &[(String, String)]) -> R
 
 /// DELETE /sources/{name}: removes a source and destroys the units it owns, or with
 /// `keepUnits=true` leaves them running as units made by hand.
-pub async fn delete(state: &ApiState, name: &str, query: &[(String, String)]) -> Result<Response, ApiError> {
+pub async fn delete(
+    state: &ApiState,
+    identity: &Identity,
+    name: &str,
+    query: &[(String, String)],
+) -> Result<Response, ApiError> {
     let keep_units = crate::query::flag(query, "keepUnits", false)?;
     find(state, name).await?;
     // The record goes first: from then on the source's writes are refused by the store
     // (a sync under way included), so nothing recreates what is destroyed next.
     state.registry.remove_source(name).await?;
-    let released = Writer::Hand { take_over: true };
+    let released = Writer::identity(&identity.name, true);
     for unit in state.registry.units().await?.into_iter().filter(|unit| unit.source.as_deref() == Some(name)) {
         if keep_units {
             state.registry.set_desired_state_as(&unit.name, unit.desired, &released).await?;

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use fleet_registry::{PageRequest, UnitView, Writer};
 
 use crate::api_state::ApiState;
+use crate::auth::Identity;
 use crate::error::{ApiError, json_response};
 use crate::query::page_token;
 use crate::schema::{Unit, UnitOption, UnitPage};
@@ -84,10 +85,10 @@ pub async fn get(state: &ApiState, role: &Role, name: &str) -> Result<Response, 
     Ok(json_response(StatusCode::OK, &unit))
 }
 
-/// Who writes a unit: by hand, taking over a unit a source owns only with `takeOver=true`
-/// (our addition; the original's clients never send it).
-pub fn writer(query: &[(String, String)]) -> Result<Writer, ApiError> {
-    Ok(if crate::query::flag(query, "takeOver", false)? { Writer::Hand { take_over: true } } else { Writer::BY_HAND })
+/// Who writes a unit: `identity` by hand, taking over a unit a source owns only with
+/// `takeOver=true` (our addition; the original's clients never send it).
+pub fn writer(identity: &Identity, query: &[(String, String)]) -> Result<Writer, ApiError> {
+    Ok(Writer::identity(&identity.name, crate::query::flag(query, "takeOver", false)?))
 }
 
 pub async fn delete(state: &ApiState, name: &str, writer: &Writer) -> Result<Response, ApiError> {
