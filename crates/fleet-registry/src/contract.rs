@@ -77,6 +77,16 @@ macro_rules! registry_contract {
             $crate::contract::bodies_are_content_addressed_and_collected(opened.registry.as_ref(), opened.chores.as_deref())
                 .await;
         }
+
+        #[tokio::test(flavor = "multi_thread")]
+        async fn a_unit_keeps_its_versions_and_the_bodies_they_name() {
+            let opened: $crate::contract::Opened = $open().await;
+            $crate::contract::a_unit_keeps_its_versions_and_the_bodies_they_name(
+                opened.registry.as_ref(),
+                opened.chores.as_deref(),
+            )
+            .await;
+        }
     };
 }
 
@@ -145,12 +155,68 @@ pub async fn bodies_are_content_addressed_and_collected(registry: &dyn Registry,
     assert_eq!(both.len(), 2, "a body that is gone is left out");
     assert_eq!((&both[&shared.hash()], &both[&other.hash()]), (&shared, &other));
     assert!(registry.destroy_unit("a.service").await.unwrap());
-    eventually("the body is collected after its last unit", async || collected(registry, chores, &shared.hash()).await)
-        .await;
-    assert!(registry.unit_body(&other.hash()).await.unwrap().is_some(), "b.service still refers to it");
+    // b.service's first version names the shared content: its body stays while it does.
+    let b = registry.unit("b.service").await.unwrap().unwrap();
+    assert_eq!(b.versions.past.iter().map(|past| past.hash).collect::<Vec<_>>(), vec![shared.hash()]);
     assert!(registry.destroy_unit("b.service").await.unwrap());
     assert!(!registry.destroy_unit("b.service").await.unwrap(), "a second destroy finds nothing");
+    eventually("the body is collected after its last unit and version", async || {
+        collected(registry, chores, &shared.hash()).await
+    })
+    .await;
     eventually("the other body is collected too", async || collected(registry, chores, &other.hash()).await).await;
+}
+
+/// Each change of a unit's content or desired state makes a version, by its writer; the newest
+/// kept past versions stay in the unit, and their bodies with them until no version names them.
+pub async fn a_unit_keeps_its_versions_and_the_bodies_they_name(
+    registry: &dyn Registry,
+    chores: Option<&dyn StoreChores>,
+) {
+    use fleet_core::unit_history::ChangedBy;
+    let (ci, alice) = (Writer::identity("token:ci", false), Writer::identity("cert:alice", false));
+    let (first, second, third) = (unit("/bin/first"), unit("/bin/second"), unit("/bin/third"));
+    let versions = async || registry.unit("a.service").await.expect("read").expect("the unit").versions;
+    registry.put_unit_as("a.service", &first, DesiredState::Inactive, &ci).await.unwrap();
+    let made = versions().await;
+    assert_eq!(made.current.as_ref().map(|stamp| (stamp.version, &stamp.by)), Some((1, &ChangedBy::identity("token:ci"))));
+    assert!(made.past.is_empty(), "creating a unit keeps no version before it");
+    assert!(registry.set_desired_state_as("a.service", DesiredState::Launched, &alice).await.unwrap());
+    registry.put_unit_as("a.service", &second, DesiredState::Launched, &ci).await.unwrap();
+    registry.put_unit_as("a.service", &second, DesiredState::Launched, &alice).await.unwrap();
+    let after = versions().await;
+    assert_eq!(after.number(), 3, "a write that changes nothing makes no version");
+    let past: Vec<_> = after.past.iter().map(|past| (past.version, past.hash, past.desired, past.by.clone())).collect();
+    assert_eq!(past, vec![
+        (1, first.hash(), DesiredState::Inactive, ChangedBy::identity("token:ci")),
+        (2, first.hash(), DesiredState::Launched, ChangedBy::identity("cert:alice")),
+    ]);
+    assert!(past_times_are_set(&after), "{after:?}");
+    // A batch writes versions as single writes do.
+    let batch = [UnitChange { name: "a.service".into(), file: Some(third.clone()), desired: DesiredState::Launched }];
+    assert_eq!(registry.change_units_as(&batch, &alice).await.unwrap().len(), 1);
+    assert_eq!(versions().await.number(), 4);
+    // Fewer kept: the next write trims the oldest; their content goes once nothing names it.
+    registry.keep_versions(1);
+    registry.put_unit_as("a.service", &unit("/bin/fourth"), DesiredState::Launched, &ci).await.unwrap();
+    let trimmed = versions().await;
+    assert_eq!(trimmed.past.iter().map(|past| (past.version, past.hash)).collect::<Vec<_>>(), vec![(4, third.hash())]);
+    eventually("a content no version names any more is collected", async || {
+        collected(registry, chores, &first.hash()).await && collected(registry, chores, &second.hash()).await
+    })
+    .await;
+    assert_eq!(registry.unit_body(&third.hash()).await.unwrap(), Some(third.clone()), "version 4 names it");
+    registry.keep_versions(fleet_core::unit_history::DEFAULT_KEPT);
+    assert!(registry.destroy_unit_as("a.service", &ci).await.unwrap());
+    eventually("a destroyed unit's versions go with it", async || collected(registry, chores, &third.hash()).await)
+        .await;
+    registry.put_unit_as("a.service", &first, DesiredState::Launched, &ci).await.unwrap();
+    let again = versions().await;
+    assert_eq!((again.number(), again.past.len()), (1, 0), "a unit made again starts afresh");
+}
+
+fn past_times_are_set(versions: &fleet_core::unit_history::Versions) -> bool {
+    versions.past.iter().all(|past| past.at.is_some_and(|at| at > 1_700_000_000))
 }
 
 /// A lease that is not the current leader's writes nothing and says so.
