@@ -1231,3 +1231,32 @@ pub struct SkippedElapses {
     pub last: String,
     pub why: String,
 }
+
+/// A unit's versions, oldest first, the current one last (our addition:
+/// `GET /units/{name}/history`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitHistory {
+    pub name: String,
+    pub versions: Vec<UnitVersion>,
+}
+
+/// One version of a unit: what its content and desired state were, since when, by whom.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UnitVersion {
+    pub version: u64,
+    /// The content's hash, as `list-unit-files` shows it in full.
+    pub hash: String,
+    pub desired_state: String,
+    /// RFC 3339, UTC; absent for the version a unit had before fleet kept versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub changed_at: Option<String>,
+    #[serde(default, skip_serializing_if = "fleet_core::unit_history::ChangedBy::is_unknown")]
+    pub changed_by: fleet_core::unit_history::ChangedBy,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub current: bool,
+    /// The unit file of this version: in `GET /units/{name}/history/{version}` only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<UnitOption>,
+}

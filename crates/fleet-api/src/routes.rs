@@ -13,7 +13,7 @@ use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
     agent_facet, agent_stream, agents, backup, discovery, drains, imports, journal, machines, metrics, plans,
-    registration_tokens, rollouts, runs, secrets, sources, state, tokens, unit_batch, units, web,
+    registration_tokens, rollouts, runs, secrets, sources, state, tokens, unit_batch, unit_history, units, web,
 };
 
 /// A handler, as the table holds it.
@@ -128,6 +128,8 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/units/{unit}", ReadUnit, Empty, |s, c| units::get(s, c.role(), c.param()).await),
     route!(PUT "/fleet/v1/units/{unit}", WriteUnit, Json, |s, c| { plans::unchanged_since(s, c.query).await?; units::put(s, c.role(), c.param(), c.body, &units::writer(c.identity, c.query)?).await }),
     route!(DELETE "/fleet/v1/units/{unit}", WriteUnit, Empty, |s, c| { plans::unchanged_since(s, c.query).await?; units::delete(s, c.param(), &units::writer(c.identity, c.query)?).await }),
+    route!(GET "/fleet/v1/units/{unit}/history", ReadUnit, Empty, |s, c| unit_history::list(s, c.param()).await),
+    route!(GET "/fleet/v1/units/{unit}/history/{version}", ReadUnit, Empty, |s, c| unit_history::get(s, c.param(), c.second_param()).await),
     route!(GET "/fleet/v1/units/{unit}/runs", ReadUnit, Empty, |s, c| runs::get(s, c.param()).await),
     route!(POST "/fleet/v1/units/{unit}/runs", WriteUnit, Empty, |s, c| runs::post(s, c.param()).await),
     route!(GET "/fleet/v1/state", List, Empty, |s, c| state::list(s, c.query, c.role()).await),

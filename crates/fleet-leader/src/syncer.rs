@@ -14,8 +14,8 @@ use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, St
 use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::halt::{Halt, LastRollout, RolledFrom, halt};
 use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
-use fleet_core::unit_name::validate_name;
 use fleet_core::unit_history::ChangedBy;
+use fleet_core::unit_name::validate_name;
 use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use fleet_runtime::Lifecycle;
 use fleet_runtime::Next;
@@ -356,8 +356,15 @@ impl SourceSyncer {
             reverted: None,
             held: None,
         };
-        let record =
-            RolloutRecord { name, rollout, bodies, created, source_commit: Some(commit.clone()), secret: None, started_by: None };
+        let record = RolloutRecord {
+            name,
+            rollout,
+            bodies,
+            created,
+            source_commit: Some(commit.clone()),
+            secret: None,
+            started_by: None,
+        };
         self.registry.put_rollout(&record).await
     }
 }

@@ -306,7 +306,15 @@ async fn store_rollout(
         held: None,
     };
     let bodies = BTreeMap::from([(new.hash().to_string(), new.serialize())]);
-    let record = RolloutRecord { name: "web".into(), rollout, bodies, created: 0, source_commit: None, secret: None, started_by: None };
+    let record = RolloutRecord {
+        name: "web".into(),
+        rollout,
+        bodies,
+        created: 0,
+        source_commit: None,
+        secret: None,
+        started_by: None,
+    };
     store.put_rollout(&record).await.expect("rollout");
 }
 

@@ -179,7 +179,10 @@ pub async fn a_unit_keeps_its_versions_and_the_bodies_they_name(
     let versions = async || registry.unit("a.service").await.expect("read").expect("the unit").versions;
     registry.put_unit_as("a.service", &first, DesiredState::Inactive, &ci).await.unwrap();
     let made = versions().await;
-    assert_eq!(made.current.as_ref().map(|stamp| (stamp.version, &stamp.by)), Some((1, &ChangedBy::identity("token:ci"))));
+    assert_eq!(
+        made.current.as_ref().map(|stamp| (stamp.version, &stamp.by)),
+        Some((1, &ChangedBy::identity("token:ci")))
+    );
     assert!(made.past.is_empty(), "creating a unit keeps no version before it");
     assert!(registry.set_desired_state_as("a.service", DesiredState::Launched, &alice).await.unwrap());
     registry.put_unit_as("a.service", &second, DesiredState::Launched, &ci).await.unwrap();
@@ -187,10 +190,13 @@ pub async fn a_unit_keeps_its_versions_and_the_bodies_they_name(
     let after = versions().await;
     assert_eq!(after.number(), 3, "a write that changes nothing makes no version");
     let past: Vec<_> = after.past.iter().map(|past| (past.version, past.hash, past.desired, past.by.clone())).collect();
-    assert_eq!(past, vec![
-        (1, first.hash(), DesiredState::Inactive, ChangedBy::identity("token:ci")),
-        (2, first.hash(), DesiredState::Launched, ChangedBy::identity("cert:alice")),
-    ]);
+    assert_eq!(
+        past,
+        vec![
+            (1, first.hash(), DesiredState::Inactive, ChangedBy::identity("token:ci")),
+            (2, first.hash(), DesiredState::Launched, ChangedBy::identity("cert:alice")),
+        ]
+    );
     assert!(past_times_are_set(&after), "{after:?}");
     // A batch writes versions as single writes do.
     let batch = [UnitChange { name: "a.service".into(), file: Some(third.clone()), desired: DesiredState::Launched }];
@@ -708,7 +714,8 @@ pub async fn a_revoked_machine_goes_with_its_states(registry: &dyn Registry, age
 pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, agent_for: AgentFor<'_>) {
     use fleet_core::drift::DriftPolicy;
     agent_for("m1").register_machine(&machine("m1")).await.unwrap();
-    let reporting = Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Report, by: Default::default() };
+    let reporting =
+        Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Report, by: Default::default() };
     registry.put_source(&source_record("git", 1)).await.unwrap();
     let global = UnitFile::parse("[Service]\nExecStart=/bin/g\n\n[X-Fleet]\nGlobal=true\n").expect("a unit file");
     registry.put_unit_as("x.service", &unit("/bin/x"), DesiredState::Launched, &reporting).await.unwrap();
@@ -738,8 +745,10 @@ pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, 
 /// A unit made by a source is its own: a hand write or another source is refused (and
 /// changes nothing) unless it takes the unit over; the unit shows its owner.
 pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
-    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default(), by: Default::default() };
-    let other = Writer::Source { name: "other".into(), take_over: false, drift: Default::default(), by: Default::default() };
+    let git =
+        Writer::Source { name: "git".into(), take_over: false, drift: Default::default(), by: Default::default() };
+    let other =
+        Writer::Source { name: "other".into(), take_over: false, drift: Default::default(), by: Default::default() };
     registry.put_source(&source_record("git", 1)).await.expect("a source");
     registry.put_source(&source_record("other", 1)).await.expect("a source");
     registry.put_unit_as("a.service", &unit("/bin/a"), DesiredState::Launched, &git).await.expect("a source creates");
@@ -771,7 +780,8 @@ pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, 
         registry.put_unit_as("b.service", &unit("/bin/c"), DesiredState::Launched, &git).await,
         Err(RegistryError::Owned { owner: None, .. })
     ));
-    let taking = Writer::Source { name: "git".into(), take_over: true, drift: Default::default(), by: Default::default() };
+    let taking =
+        Writer::Source { name: "git".into(), take_over: true, drift: Default::default(), by: Default::default() };
     registry.put_unit_as("b.service", &unit("/bin/b"), DesiredState::Launched, &taking).await.expect("taken over");
     assert_eq!(owner(registry.unit("b.service").await.expect("read")), Some("git".into()));
     let by_hand = Writer::identity("token:ci", true);
@@ -1176,7 +1186,8 @@ pub async fn pages_are_the_lists_cut_up(registry: &dyn Registry, agent_for: Agen
 /// own; more changes than one store request holds, instances sharing a body, a desired state
 /// alone, a unit that is not there, a unit another writer owns; lists show them at once.
 pub async fn a_batch_of_unit_writes_is_each_write_alone(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
-    let git = Writer::Source { name: "git".into(), take_over: false, drift: Default::default(), by: Default::default() };
+    let git =
+        Writer::Source { name: "git".into(), take_over: false, drift: Default::default(), by: Default::default() };
     registry.put_source(&source_record("git", 1)).await.expect("a source");
     registry.put_unit_as("owned.service", &unit("/bin/owned"), DesiredState::Loaded, &git).await.expect("a source");
     registry.put_unit("old.service", &unit("/bin/old"), DesiredState::Launched).await.expect("by hand");

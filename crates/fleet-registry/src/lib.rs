@@ -325,6 +325,8 @@ pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
     /// How many past versions each unit keeps from now on ([`fleet_core::unit_history`]): a
     /// write trims what is beyond it.
     fn keep_versions(&self, kept: usize);
+    /// The unit file of a content a unit or a kept version names, by its hash.
+    async fn kept_body(&self, hash: &UnitHash) -> Result<Option<UnitFile>>;
     /// [`ApiRegistry::put_unit_as`] by hand, taking nothing over.
     async fn put_unit(&self, name: &str, file: &UnitFile, desired: DesiredState) -> Result<()> {
         self.put_unit_as(name, file, desired, &Writer::BY_HAND).await

@@ -41,7 +41,8 @@ impl UnitRecord {
         writer: &crate::Writer,
         kept: usize,
     ) -> Versions {
-        let before = before.map(|record| Before { hash: record.hash, desired: record.desired, versions: &record.versions });
+        let before =
+            before.map(|record| Before { hash: record.hash, desired: record.desired, versions: &record.versions });
         let write = Write { hash, desired, at: now_in_seconds(), by: writer.changed_by() };
         Versions::after(before, write, kept)
     }

@@ -78,8 +78,18 @@ mod tests {
 
     #[test]
     fn sources_own_what_they_make() {
-        let git = Writer::Source { name: "git".into(), take_over: false, drift: DriftPolicy::Correct, by: ChangedBy::UNKNOWN };
-        let other = Writer::Source { name: "other".into(), take_over: false, drift: DriftPolicy::Correct, by: ChangedBy::UNKNOWN };
+        let git = Writer::Source {
+            name: "git".into(),
+            take_over: false,
+            drift: DriftPolicy::Correct,
+            by: ChangedBy::UNKNOWN,
+        };
+        let other = Writer::Source {
+            name: "other".into(),
+            take_over: false,
+            drift: DriftPolicy::Correct,
+            by: ChangedBy::UNKNOWN,
+        };
         assert_eq!(git.owner_after(false, None), Ok(Some("git".into())));
         assert_eq!(git.owner_after(true, Some("git")), Ok(Some("git".into())));
         assert_eq!(other.owner_after(true, Some("git")), Err(OwnedBy { owner: Some("git".into()) }));
@@ -87,7 +97,12 @@ mod tests {
         assert_eq!(Writer::BY_HAND.owner_after(true, None), Ok(None));
         assert_eq!(Writer::BY_HAND.owner_after(true, Some("git")), Err(OwnedBy { owner: Some("git".into()) }));
         assert_eq!(Writer::identity("token:ci", true).owner_after(true, Some("git")), Ok(None));
-        let taking = Writer::Source { name: "other".into(), take_over: true, drift: DriftPolicy::Correct, by: ChangedBy::UNKNOWN };
+        let taking = Writer::Source {
+            name: "other".into(),
+            take_over: true,
+            drift: DriftPolicy::Correct,
+            by: ChangedBy::UNKNOWN,
+        };
         assert_eq!(taking.owner_after(true, Some("git")), Ok(Some("other".into())));
     }
 }

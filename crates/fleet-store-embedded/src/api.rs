@@ -328,10 +328,8 @@ impl ApiRegistry for EmbeddedRegistry {
             let mut answers = Vec::with_capacity(changes.len());
             for change in &changes {
                 let answer = match &change.file {
-                    Some(file) => {
-                        put_in(txn, touched, &change.name, file, change.desired, &writer, kept)
-                        .map(|()| UnitChanged::Written)
-                    }
+                    Some(file) => put_in(txn, touched, &change.name, file, change.desired, &writer, kept)
+                        .map(|()| UnitChanged::Written),
                     None => set_desired_in(txn, touched, &change.name, change.desired, &writer, kept)
                         .map(|found| if found { UnitChanged::Written } else { UnitChanged::NoSuchUnit }),
                 };
@@ -408,6 +406,10 @@ impl ApiRegistry for EmbeddedRegistry {
             Ok(Imported::Written)
         })
         .await
+    }
+
+    async fn kept_body(&self, hash: &fleet_core::UnitHash) -> Result<Option<UnitFile>> {
+        fleet_registry::AgentRegistry::unit_body(self, hash).await
     }
 
     fn keep_versions(&self, kept: usize) {

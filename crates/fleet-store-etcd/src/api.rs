@@ -298,7 +298,13 @@ impl EtcdRegistry {
             drift: writer.drift_policy(),
             // A rotation's pins hold across new content: the unit is still on its way.
             secrets: current.record.as_ref().map(|old| old.secrets.clone()).unwrap_or_default(),
-            versions: UnitRecord::versions_after(current.record.as_ref(), put.hash, put.desired, writer, self.versions_kept()),
+            versions: UnitRecord::versions_after(
+                current.record.as_ref(),
+                put.hash,
+                put.desired,
+                writer,
+                self.versions_kept(),
+            ),
         };
         let mut writes = Writes::default();
         writes.put(keys.unit(name), encode(&record));
@@ -514,8 +520,16 @@ impl ApiRegistry for EtcdRegistry {
         }
     }
 
-    async fn import_units(&self, units: &[fleet_registry::ImportedUnit], writer: &Writer) -> Result<fleet_registry::Imported> {
+    async fn import_units(
+        &self,
+        units: &[fleet_registry::ImportedUnit],
+        writer: &Writer,
+    ) -> Result<fleet_registry::Imported> {
         self.import(units, writer).await
+    }
+
+    async fn kept_body(&self, hash: &fleet_core::UnitHash) -> Result<Option<UnitFile>> {
+        fleet_registry::AgentRegistry::unit_body(self, hash).await
     }
 
     fn keep_versions(&self, kept: usize) {

@@ -324,7 +324,8 @@ impl EngineRegistry for EtcdRegistry {
                     let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
                     let (hash, desired) = (record.hash, record.desired);
                     let contents = record.contents().into_iter().collect();
-                    let record = DecodedRecord { mod_revision: entry.mod_revision, hash, desired, contents, seen: pass };
+                    let record =
+                        DecodedRecord { mod_revision: entry.mod_revision, hash, desired, contents, seen: pass };
                     record.contents.iter().for_each(|hash| decoded.contents.add(*hash));
                     if let Some(replaced) = decoded.by_key.insert(key.clone(), record) {
                         replaced.contents.iter().for_each(|hash| decoded.contents.remove(*hash));

@@ -21,5 +21,6 @@ pub mod sources;
 pub mod state;
 pub mod tokens;
 pub mod unit_batch;
+pub mod unit_history;
 pub mod units;
 pub mod web;

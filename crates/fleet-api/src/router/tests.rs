@@ -1149,3 +1149,41 @@ async fn dependencies_are_checked_and_a_circle_is_refused_naming_it() {
     let fine = api.call("PUT", "/fleet/v1/units/db.service", Some(unit("After=migrate.service"))).await;
     assert!(fine.status.is_success(), "{}", fine.body);
 }
+
+#[tokio::test]
+async fn a_units_versions_are_listed_and_each_read_back_with_its_file() {
+    let api = api(100).await;
+    let path = "/fleet/v1/units/a.service";
+    api.call("PUT", path, Some(hello(Some("inactive")))).await;
+    api.call("PUT", path, Some(json!({"desiredState": "launched"}))).await;
+    let mut changed = hello(Some("launched"));
+    changed["options"][0]["value"] = json!("/bin/sleep 2000");
+    assert!(api.call("PUT", path, Some(changed)).await.status.is_success());
+    let history = api.call("GET", "/fleet/v1/units/a.service/history", None).await.body;
+    let versions = history["versions"].as_array().unwrap();
+    let summary: Vec<(u64, &str, bool)> = versions
+        .iter()
+        .map(|v| (v["version"].as_u64().unwrap(), v["desiredState"].as_str().unwrap(), v["current"] == json!(true)))
+        .collect();
+    assert_eq!(summary, [(1, "inactive", false), (2, "launched", false), (3, "launched", true)]);
+    for version in versions {
+        assert_eq!(version["changedBy"], json!({"identity": "unix:uid=0"}), "{version}");
+        assert!(version["changedAt"].as_str().unwrap().ends_with('Z'), "{version}");
+    }
+    assert_eq!(versions[0]["hash"], versions[1]["hash"], "a desired-state change keeps the content");
+    let first = api.call("GET", "/fleet/v1/units/a.service/history/1", None).await.body;
+    assert_eq!(first["options"], hello(None)["options"]);
+    assert_eq!(first["version"], json!(1));
+    let current = api.call("GET", "/fleet/v1/units/a.service/history/3", None).await.body;
+    assert_eq!(current["options"][0]["value"], json!("/bin/sleep 2000"));
+    let cases = [
+        ("/fleet/v1/units/a.service/history/9", 404, "unit a.service keeps no version 9: it keeps versions 1 to 3"),
+        ("/fleet/v1/units/a.service/history/0", 400, "invalid version \"0\": expected a whole number from 1"),
+        ("/fleet/v1/units/a.service/history/x", 400, "invalid version \"x\": expected a whole number from 1"),
+        ("/fleet/v1/units/nope.service/history", 404, "unit does not exist"),
+        ("/fleet/v1/units/nope.service/history/1", 404, "unit does not exist"),
+    ];
+    for (path, code, message) in cases {
+        assert_eq!(api.call("GET", path, None).await.body, error(code, message), "{path}");
+    }
+}

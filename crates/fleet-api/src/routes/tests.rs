@@ -44,6 +44,8 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/fleet/v1/units/{unit}", "UAAAHADDUUUUA"),
     ("PUT", "/fleet/v1/units/{unit}", "UAAADDDDUUUUX"),
     ("DELETE", "/fleet/v1/units/{unit}", "UAAADDDDUUUUX"),
+    ("GET", "/fleet/v1/units/{unit}/history", "UAAAHADDUUUUA"),
+    ("GET", "/fleet/v1/units/{unit}/history/{version}", "UAAAHADDUUUUA"),
     ("GET", "/fleet/v1/units/{unit}/runs", "UAAAHADDUUUUA"),
     ("POST", "/fleet/v1/units/{unit}/runs", "UAAADDDDUUUUX"),
     ("GET", "/fleet/v1/state", "UAAAAADDUUUUA"),
@@ -116,6 +118,7 @@ fn example_path(pattern: &str) -> String {
         .replace("{name}", "docs")
         .replace("{hash}", &"ab".repeat(20))
         .replace("{id}", "1")
+        .replace("{version}", "1")
 }
 
 struct Lab {

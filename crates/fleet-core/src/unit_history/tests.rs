@@ -34,11 +34,10 @@ fn each_change_of_content_or_desired_state_keeps_the_version_before() {
         vec![(1, hash(1), DesiredState::Inactive, Some(10)), (2, hash(1), DesiredState::Launched, Some(20))]
     );
     let shown = shown(hash(2), DesiredState::Launched, &replaced);
-    assert_eq!(shown.iter().map(|version| (version.version, version.current)).collect::<Vec<_>>(), vec![
-        (1, false),
-        (2, false),
-        (3, true)
-    ]);
+    assert_eq!(
+        shown.iter().map(|version| (version.version, version.current)).collect::<Vec<_>>(),
+        vec![(1, false), (2, false), (3, true)]
+    );
     assert_eq!(replaced.contents_with(hash(2)), [hash(1), hash(2)].into_iter().collect());
 }
 
@@ -73,13 +72,16 @@ fn a_unit_written_before_versions_were_kept_is_version_one_of_unknown_origin() {
     let before = Before { hash: hash(1), desired: DesiredState::Launched, versions: &old };
     let after = Versions::after(Some(before), write(hash(2), DesiredState::Launched, 50, &ci), 20);
     assert_eq!(after.number(), 2);
-    assert_eq!(after.past, vec![PastVersion {
-        version: 1,
-        hash: hash(1),
-        desired: DesiredState::Launched,
-        at: None,
-        by: ChangedBy::UNKNOWN
-    }]);
+    assert_eq!(
+        after.past,
+        vec![PastVersion {
+            version: 1,
+            hash: hash(1),
+            desired: DesiredState::Launched,
+            at: None,
+            by: ChangedBy::UNKNOWN
+        }]
+    );
 }
 
 #[test]
