@@ -519,6 +519,21 @@ impl Client {
         }
     }
 
+    /// The versions of the unit `name` (`fleetctl history`); `None` when there is no such unit.
+    pub async fn unit_history(&self, name: &str) -> Result<Option<fleet_api_schema::UnitHistory>> {
+        match self.get(&format!("units/{}/history", encode_component(name))).await {
+            Ok(history) => Ok(Some(history)),
+            Err(error) if error.is_not_found() => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// One version of the unit `name` with its unit file (`fleetctl revert`): an error naming
+    /// the versions kept when that one is not.
+    pub async fn unit_version(&self, name: &str, version: u64) -> Result<fleet_api_schema::UnitVersion> {
+        self.get(&format!("units/{}/history/{version}", encode_component(name))).await
+    }
+
     /// Starts a run of `name` now (`fleetctl run`): the run claimed, which the engine places.
     pub async fn start_run(&self, name: &str) -> Result<fleet_api_schema::UnitRun> {
         let (_, bytes) = self.send(Method::POST, &format!("units/{}/runs", encode_component(name)), None).await?;

@@ -288,6 +288,30 @@ enum Command {
         output: output::OutputFlag,
         unit: String,
     },
+    /// Show a unit's versions: each change of its content or desired state, when and by whom
+    /// (the newest 20 past versions are kept unless fleetd's unit_versions_kept says otherwise)
+    History {
+        #[command(flatten)]
+        output: output::OutputFlag,
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+        unit: String,
+    },
+    /// Bring back a version of a unit (see `fleetctl history`): its content and desired state;
+    /// a unit that runs gets the old content through a rollout, waited for
+    Revert {
+        unit: String,
+        /// The version to bring back
+        #[arg(long)]
+        to: u64,
+        /// For a running unit: at most this many units down at once (a number, or 25%)
+        #[arg(long, default_value = "1")]
+        max_unavailable: String,
+        /// For a running unit: how long it must stay active for the rollout to be done
+        #[arg(long, default_value = "10s")]
+        min_ready: String,
+    },
     /// Show the status of units
     Status {
         /// SSH port (unused: status comes through the API)
@@ -603,8 +627,14 @@ pub enum RolloutCommand {
     Pause { name: String },
     /// Go on (a failed unit gets a new deadline)
     Resume { name: String },
-    /// Take every unit the rollout touched back to its old content, in the same waves
-    Undo { name: String },
+    /// Take every unit the rollout touched back to its old content, in the same waves; with
+    /// --to, back to that version of each (see `fleetctl history`) in a new rollout
+    Undo {
+        name: String,
+        /// The version of each unit to go back to
+        #[arg(long)]
+        to: Option<u64>,
+    },
     /// Let the rest follow a canary that is done, without waiting for its bake time
     Promote { name: String },
 }
@@ -833,8 +863,8 @@ async fn with_units(
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
     use commands::{
-        backup, import_original, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout, runs,
-        secret, source, token,
+        backup, history, import_original, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout,
+        runs, secret, source, token,
     };
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
@@ -846,6 +876,12 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         }
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Runs { unit, output } => runs::runs(&context, &unit, output.output).await,
+        Command::History { unit, output, no_legend } => {
+            history::history(&context, &unit, output.output, no_legend).await
+        }
+        Command::Revert { unit, to, max_unavailable, min_ready } => {
+            history::revert(&context, &unit, to, &history::Waves { max_unavailable, min_ready }).await
+        }
         Command::Run { unit } => runs::run(&context, &unit).await,
         Command::Status { units, output, .. } => inspect::status(&context, &units, output.output).await,
         Command::Journal { lines, follow, units, .. } => inspect::journal(&context, &units, lines, follow).await,

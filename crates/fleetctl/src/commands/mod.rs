@@ -3,6 +3,7 @@
 pub mod backup;
 pub mod create;
 pub mod file_facts;
+pub mod history;
 pub mod import_original;
 pub mod inspect;
 pub mod lifecycle;

@@ -29,7 +29,8 @@ pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
         }
         RolloutCommand::Pause { name } => act(context, &name, "pause").await,
         RolloutCommand::Resume { name } => act(context, &name, "resume").await,
-        RolloutCommand::Undo { name } => act(context, &name, "undo").await,
+        RolloutCommand::Undo { name, to: None } => act(context, &name, "undo").await,
+        RolloutCommand::Undo { name, to: Some(to) } => super::history::undo_to(context, &name, to).await,
         RolloutCommand::Promote { name } => act(context, &name, "promote").await,
     }
 }
@@ -202,7 +203,7 @@ pub async fn targets(
 }
 
 /// A rollout name from a unit name: `web@.service` → `web`.
-fn default_name(unit: &str) -> String {
+pub(crate) fn default_name(unit: &str) -> String {
     let stem = unit.rsplit_once('.').map_or(unit, |(stem, _)| stem).trim_end_matches('@');
     let name: String = stem
         .chars()
