@@ -88,6 +88,8 @@ pub struct UnitRow {
     /// What it waits for (`Requires=`, `After=`), as `db.service after:cache.service`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub requires: Option<String>,
+    /// Its current version and who made it (`3 by token:ci`); `fleetctl history` lists them all.
+    pub version: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -209,11 +211,21 @@ pub fn cluster_view(
                     .ok()
                     .filter(|dependencies| !dependencies.is_empty())
                     .map(|dependencies| dependencies.short()),
+                version: version_cell(&unit.versions),
             };
             (row.name.clone(), row)
         })
         .collect();
     ClusterView { machines, units }
+}
+
+/// A unit's current version as the web view shows it: `3 by token:ci`, or `1` when who made it
+/// is unknown.
+fn version_cell(versions: &fleet_core::unit_history::Versions) -> String {
+    match versions.current.as_ref().filter(|stamp| !stamp.by.is_unknown()) {
+        Some(stamp) => format!("{} by {}", stamp.version, stamp.by.describe()),
+        None => versions.number().to_string(),
+    }
 }
 
 /// `view` with the machines out of touch that units wait for: each a row of its own (as it

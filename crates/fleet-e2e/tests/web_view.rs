@@ -49,6 +49,7 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
                 && seen.contains("active/running")
                 && seen.contains("nowhere.service")
                 && seen.contains("region=nowhere")
+                && seen.contains("1 by unix:uid=0")
         },
         String::new,
     );

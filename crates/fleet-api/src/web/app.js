@@ -118,6 +118,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [String(u.priority)],
     [u.budget || "-"],
     [u.requires || "-"],
+    [u.version, null, u.version],
     [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];
 });
