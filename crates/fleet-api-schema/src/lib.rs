@@ -1064,6 +1064,12 @@ pub struct PlannedUnit {
     /// (`runs on *-*-* 02:00:00, next at 2026-12-05T02:00:00Z`).
     #[serde(default, skip_serializing_if = "is_empty")]
     pub runs: Option<String>,
+    /// The unit's version now and after (`fleetctl history`): a change of content or desired
+    /// state makes the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version_before: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
 }
 
 /// `POST /fleet/v1/imports` (ours): units taken over from the original fleet's registry

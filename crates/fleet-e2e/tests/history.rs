@@ -72,19 +72,27 @@ fn versions_outlive_the_engine_leader_and_a_revert_rolls_the_old_content_back() 
     cluster.wait_until("version 1 runs", WAIT, |_| started(out.path(), name) == ["1"]);
     let first_hash = hash_of(cluster.any(), name);
     cluster.any().ok(&["start", "--replace", &unit(dir.path(), out.path(), name, 2)]);
-    cluster.wait_until("version 2's content runs", WAIT, |_| started(out.path(), name).last().map(String::as_str) == Some("2"));
+    cluster.wait_until("version 2's content runs", WAIT, |_| {
+        started(out.path(), name).last().map(String::as_str) == Some("2")
+    });
     let second_hash = hash_of(cluster.any(), name);
     assert_ne!(first_hash, second_hash);
 
     let before = versions(&history_json(&cluster.any().ok(&["history", name, "-o", "json"]).stdout));
     let summary: Vec<(u64, &str, &str, bool)> =
         before.iter().map(|(n, hash, desired, current, _)| (*n, hash.as_str(), desired.as_str(), *current)).collect();
-    assert_eq!(summary, [
-        (1, first_hash.as_str(), "inactive", false),
-        (2, first_hash.as_str(), "launched", false),
-        (3, second_hash.as_str(), "launched", true),
-    ]);
-    assert!(before.iter().all(|(.., by)| by["identity"].as_str().is_some_and(|who| who.starts_with("unix:"))), "{before:?}");
+    assert_eq!(
+        summary,
+        [
+            (1, first_hash.as_str(), "inactive", false),
+            (2, first_hash.as_str(), "launched", false),
+            (3, second_hash.as_str(), "launched", true),
+        ]
+    );
+    assert!(
+        before.iter().all(|(.., by)| by["identity"].as_str().is_some_and(|who| who.starts_with("unix:"))),
+        "{before:?}"
+    );
 
     // The engine leader goes: every member still shows the same versions.
     let leader = cluster.leader().expect("a leader");
@@ -149,7 +157,17 @@ fn a_revert_of_a_unit_that_does_not_run_writes_it_back_and_a_rollout_is_undone_t
     fleet.ok(&start.iter().map(String::as_str).collect::<Vec<_>>());
     let old_hash = hash_of(&fleet, instances[0]);
     std::fs::write(&template, "[Service]\nEnvironment=V=2\nExecStart=/bin/sleep 100402\n").unwrap();
-    fleet.ok(&["rollout", "start", "--max-unavailable", "2", "--min-ready", "1s", "--name", "web", &template.display().to_string()]);
+    fleet.ok(&[
+        "rollout",
+        "start",
+        "--max-unavailable",
+        "2",
+        "--min-ready",
+        "1s",
+        "--name",
+        "web",
+        &template.display().to_string(),
+    ]);
     fleet.ok(&["rollout", "status", "web", "--wait"]);
     assert_ne!(hash_of(&fleet, instances[0]), old_hash);
     let undone = fleet.ok(&["rollout", "undo", "web", "--to", "1"]);

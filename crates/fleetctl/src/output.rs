@@ -203,6 +203,9 @@ pub struct PlanUnitRow<'a> {
     pub order: Option<usize>,
     /// `plan rollout`: whether it is among the canary's units.
     pub canary: bool,
+    /// Its version now and after (`fleetctl history`).
+    pub version_before: Option<u64>,
+    pub version: Option<u64>,
 }
 
 impl<'a> PlanOutput<'a> {
@@ -223,6 +226,8 @@ impl<'a> PlanOutput<'a> {
                 runs: unit.runs.as_deref(),
                 order: order.and_then(|order| order.get(&unit.name)).map(|(place, _)| *place),
                 canary: order.and_then(|order| order.get(&unit.name)).is_some_and(|(_, canary)| *canary),
+                version_before: unit.version_before,
+                version: unit.version,
             })
             .collect();
         Self { index: plan.index, units }

@@ -344,7 +344,16 @@ fn planned_unit(
         (_, Some(change)) => Some(change.desired.to_string()),
         (_, None) => now.map(|view| view.desired.to_string()),
     };
+    let version_before = now.map(|view| view.versions.number());
+    let version = match action {
+        "destroy" | "missing" => None,
+        "create" => Some(1),
+        "change" | "set" => version_before.map(|number| number + 1),
+        _ => version_before,
+    };
     PlannedUnit {
+        version_before,
+        version,
         action: action.to_string(),
         hash: match action {
             "destroy" | "missing" => None,

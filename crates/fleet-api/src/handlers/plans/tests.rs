@@ -76,7 +76,7 @@ fn unit(name: &str, rule: &str, desired: &str) -> Value {
 
 #[tokio::test]
 async fn a_plan_equals_what_the_change_then_does() {
-    let (mut moved, mut waiting, mut placed) = (0, 0, 0);
+    let (mut moved, mut waiting, mut placed, mut versioned) = (0, 0, 0, 0);
     for seed in 0..40u64 {
         let mut random = Seeded(seed);
         let dir = tempfile::tempdir().unwrap();
@@ -133,13 +133,19 @@ async fn a_plan_equals_what_the_change_then_does() {
             let said = unit.get("machine").and_then(Value::as_str);
             let became = after.get(name).cloned().flatten();
             assert_eq!(said, became.as_deref(), "seed {seed}: {name} planned {unit}, placed {after:?}");
+            let version = registry.unit(name).await.unwrap().map(|view| view.versions.number());
+            assert_eq!(unit.get("version").and_then(Value::as_u64), version, "seed {seed}: {name} planned {unit}");
+            versioned += usize::from(unit["action"] == "set" && version.is_some_and(|number| number > 1));
             moved += usize::from(unit["action"] == "moved");
             waiting += usize::from(unit["waiting"].is_string());
             placed += usize::from(unit["action"] == "create" && said.is_some());
         }
     }
     // The scenarios hold every kind of outcome, or the comparison above proves little.
-    assert!(moved > 0 && waiting > 0 && placed > 0, "moved {moved}, waiting {waiting}, placed {placed}");
+    assert!(
+        moved > 0 && waiting > 0 && placed > 0 && versioned > 0,
+        "moved {moved}, waiting {waiting}, placed {placed}, versions made {versioned}"
+    );
 }
 
 #[test]
