@@ -155,6 +155,9 @@ impl DependencyGate {
 /// What to record of where requirements run once `plan` is written over `cluster`: for each
 /// unit of `up` placed somewhere after the plan, the places up now, or those recorded for it
 /// on that machine before (`before`) while none is up; nothing for a unit with no place yet.
+/// A unit kept off (not in `up`) keeps its record while the cluster still has it on that
+/// machine: the record is written before the plan, and its machine must not see the file
+/// change (and restart the unit with what it names gone) before it sees the unit leave.
 pub(crate) fn places_to_record(
     up: &UpPlaces,
     cluster: &ClusterSnapshot,
@@ -190,6 +193,70 @@ pub(crate) fn places_to_record(
             (!places.is_empty()).then(|| RequiredPlaces { unit: unit.clone(), machine: machine.to_string(), places })
         })
         .collect();
+    let leaving = cluster.units.iter().filter(|unit| !up.contains_key(&unit.name)).filter_map(|unit| {
+        let machine = unit.scheduled_on.as_deref()?;
+        let places = before.get(&(unit.name.as_str(), machine))?;
+        Some(RequiredPlaces { unit: unit.name.clone(), machine: machine.to_string(), places: places.to_vec() })
+    });
+    records.extend(leaving);
     records.sort_by(|a, b| a.unit.cmp(&b.unit));
     records
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn place(unit: &str, machine: &str) -> RequiredPlace {
+        RequiredPlace { unit: unit.into(), machine_id: machine.into(), public_ip: format!("10.0.0.{}", machine.len()) }
+    }
+
+    fn cluster_with_app_on(machine: Option<&str>) -> ClusterSnapshot {
+        let file = fleet_core::UnitFile::parse("[Service]\nExecStart=/bin/true\n[X-Fleet]\nRequires=db.service\n")
+            .expect("a unit");
+        let app = fleet_core::schedule::UnitSpec {
+            name: "app.service".into(),
+            desired: DesiredState::Launched,
+            requirements: std::sync::Arc::new(fleet_core::Requirements::from_unit("app.service", &file)),
+            scheduled_on: machine.map(str::to_string),
+        };
+        ClusterSnapshot { units: vec![app], ..ClusterSnapshot::default() }
+    }
+
+    /// Regression (loaded suite, dependencies_on_etcd): an app taken off past its grace lost
+    /// its record in the same pass, written before its unschedule; its machine saw the file go
+    /// first and restarted the app with nothing in it, then stopped it.
+    #[test]
+    fn a_unit_kept_off_keeps_its_record_until_it_has_left_its_machine() {
+        let before = vec![RequiredPlaces {
+            unit: "app.service".into(),
+            machine: "m2".into(),
+            places: vec![place("db.service", "m0")],
+        }];
+        let cluster = cluster_with_app_on(Some("m2"));
+        let leaving = Plan {
+            decisions: vec![Decision::Unschedule {
+                unit: "app.service".into(),
+                machine: "m2".into(),
+                reason: fleet_core::schedule::UnscheduleReason::TargetStateInactive,
+            }],
+            ..Plan::default()
+        };
+        assert_eq!(places_to_record(&UpPlaces::new(), &cluster, &leaving, &before), before, "still on m2");
+        let gone = cluster_with_app_on(None);
+        assert_eq!(places_to_record(&UpPlaces::new(), &gone, &Plan::default(), &before), Vec::new(), "it left");
+        let back = UpPlaces::from([("app.service".to_string(), vec![place("db.service", "m1")])]);
+        let placed = Plan {
+            decisions: vec![Decision::Schedule { unit: "app.service".into(), machine: "m2".into() }],
+            ..Plan::default()
+        };
+        assert_eq!(
+            places_to_record(&back, &gone, &placed, &before),
+            vec![RequiredPlaces {
+                unit: "app.service".into(),
+                machine: "m2".into(),
+                places: vec![place("db.service", "m1")],
+            }]
+        );
+    }
 }
