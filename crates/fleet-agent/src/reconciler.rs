@@ -589,11 +589,17 @@ impl Agent {
         }
         // A unit taken over from an earlier fleetd runs the versions of its secrets it is
         // pinned to, as far as anyone can tell: a pin that moves later is acted on.
+        let manager = &self.manager;
         for (name, loaded) in &mut self.loaded {
             if let Some(wanted) = desired.get(name).filter(|wanted| wanted.hash == loaded.hash) {
                 loaded.secrets.get_or_insert_with(|| wanted.secrets.versions.clone());
-                // Its file says where they ran when it was written: taken to be where they run.
-                loaded.places.get_or_insert_with(|| wanted.places.at.clone());
+                // Its file says where what it requires ran when it was written (they may have
+                // moved while no fleetd ran here): a move is then acted on as any other.
+                loaded.places.get_or_insert_with(|| {
+                    manager
+                        .delivered_credential(name, required_places::FILE_NAME)
+                        .map_or_else(|| wanted.places.at.clone(), |file| required_places::parse_file(file.value()))
+                });
             }
         }
         // The fence covers what this pass may start before it starts anything.

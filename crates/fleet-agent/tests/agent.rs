@@ -566,3 +566,51 @@ async fn a_run_found_at_start_whose_body_could_not_be_read_is_not_started_once_i
     assert_eq!(manager.starts(), 0, "loaded, never started: whether it ran is not known");
     assert!(manager.state("tick.service").is_some());
 }
+
+/// A unit taken over from an earlier fleetd is given where what it requires runs now: its file
+/// is read back, and when the places moved while no agent ran here (its db went to another
+/// machine), the unit is restarted with the new file, as any move restarts it; one whose file
+/// is current is left running.
+#[tokio::test(start_paused = true)]
+async fn a_taken_over_unit_whose_requirements_moved_meanwhile_is_restarted_with_where_they_run_now() {
+    use fleet_core::required_places::{FILE_NAME, RequiredPlace, RequiredPlaces, file_content};
+    use fleet_unit_manager::UnitManager;
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    registry.register_machine(&config().machine).await.unwrap();
+    let app = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nRequires=db.service\n").unwrap();
+    registry.put_unit("app.service", &app, DesiredState::Launched).await.unwrap();
+    let lease = registry.acquire_leadership("engine").await.unwrap().unwrap();
+    let placed = Decision::Schedule { unit: "app.service".into(), machine: MACHINE.into() };
+    registry.apply(&lease, &[placed], &[]).await.unwrap();
+    let db_on = |machine: &str| RequiredPlace {
+        unit: "db.service".into(),
+        machine_id: machine.into(),
+        public_ip: format!("10.0.0.{}", &machine[1..]),
+    };
+    let now = RequiredPlaces { unit: "app.service".into(), machine: MACHINE.into(), places: vec![db_on("m2")] };
+    registry.record_required_places(&lease, &[now]).await.unwrap();
+
+    // The earlier fleetd gave it the db on m3, where it ran then.
+    let manager = Arc::new(FakeUnitManager::running("app.service", &app).delivering_credentials());
+    manager.delivered("app.service", FILE_NAME, &file_content(&[db_on("m3")]));
+    let agent = start(&registry, &manager);
+    let file = || manager.delivered_credential("app.service", FILE_NAME).map(|file| file.value().to_vec());
+    eventually("the unit is restarted with where the db runs now", async || {
+        manager.starts() == 1 && file() == Some(file_content(&[db_on("m2")]))
+    })
+    .await;
+    agent.lifecycle.send(Lifecycle::Reloading).unwrap();
+    agent.task.await.unwrap();
+
+    // The next fleetd finds the file current: nothing restarts.
+    let agent = start(&registry, &manager);
+    eventually("the unit is reported again", async || {
+        registry.unit_states().await.unwrap().iter().any(|state| state.name == "app.service" && state.launched)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(manager.starts(), 1, "a unit whose file is current is left running");
+    agent.lifecycle.send(Lifecycle::ShuttingDown).unwrap();
+    agent.task.await.unwrap();
+}

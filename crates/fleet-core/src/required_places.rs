@@ -79,9 +79,36 @@ pub fn file_content(places: &[RequiredPlace]) -> Vec<u8> {
     text.into_bytes()
 }
 
+/// The places a `fleet-requires` file written by [`file_content`] names; lines that are not
+/// three words are left out.
+pub fn parse_file(content: &[u8]) -> Vec<RequiredPlace> {
+    String::from_utf8_lossy(content)
+        .lines()
+        .filter_map(|line| {
+            let mut words = line.split(' ');
+            let (unit, machine, ip) = (words.next()?, words.next()?, words.next()?);
+            if words.next().is_some() || unit.is_empty() || machine.is_empty() {
+                return None;
+            }
+            let public_ip = if ip == "-" { String::new() } else { ip.to_string() };
+            Some(RequiredPlace { unit: unit.to_string(), machine_id: machine.to_string(), public_ip })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_reads_back_as_the_places_it_was_written_from() {
+        let places = vec![
+            RequiredPlace { unit: "db@1.service".into(), machine_id: "m1".into(), public_ip: "10.0.0.1".into() },
+            RequiredPlace { unit: "db@2.service".into(), machine_id: "m2".into(), public_ip: String::new() },
+        ];
+        assert_eq!(parse_file(&file_content(&places)), places);
+        assert_eq!(parse_file(b"one two\nthree four five six\n\n"), Vec::new());
+    }
 
     #[test]
     fn places_never_go_empty_once_known_and_the_file_has_a_line_each() {

@@ -20,6 +20,9 @@ use tokio::sync::watch;
 /// What a test runs once enough loads were asked for.
 type AfterLoads = Box<dyn FnOnce() + Send>;
 
+/// Each unit's credentials, by unit and credential name.
+type Delivered = BTreeMap<String, BTreeMap<String, Vec<u8>>>;
+
 pub struct FakeUnitManager {
     units: Mutex<BTreeMap<String, HeldUnit>>,
     /// Units stopped behind fleet's back since fleet last started them.
@@ -34,6 +37,9 @@ pub struct FakeUnitManager {
     run_ends: Mutex<BTreeMap<String, Outcome>>,
     /// What each unit wrote to its log ([`FakeUnitManager::write_log`]).
     logs: Mutex<BTreeMap<String, String>>,
+    /// Each unit's credentials by name, for a manager that delivers them
+    /// ([`FakeUnitManager::delivering_credentials`]); `None`: it delivers none.
+    credentials: Option<Mutex<Delivered>>,
     changes: watch::Sender<u64>,
 }
 
@@ -54,7 +60,20 @@ impl FakeUnitManager {
             after_loads: Mutex::new(None),
             run_ends: Mutex::new(BTreeMap::new()),
             logs: Mutex::new(BTreeMap::new()),
+            credentials: None,
             changes: watch::channel(0).0,
+        }
+    }
+
+    /// The same manager, delivering credentials as the native and systemd managers do.
+    pub fn delivering_credentials(self) -> Self {
+        Self { credentials: Some(Mutex::new(BTreeMap::new())), ..self }
+    }
+
+    /// `name` holds `value` as its credential `credential`, as an earlier fleetd delivered it.
+    pub fn delivered(&self, name: &str, credential: &str, value: &[u8]) {
+        if let Some(credentials) = &self.credentials {
+            credentials.locked().entry(name.to_string()).or_default().insert(credential.to_string(), value.to_vec());
         }
     }
 
@@ -134,6 +153,37 @@ impl FakeUnitManager {
 impl UnitManager for FakeUnitManager {
     fn kind(&self) -> &'static str {
         "fake"
+    }
+
+    fn delivers_credentials(&self) -> bool {
+        self.credentials.is_some()
+    }
+
+    fn delivered_credential(
+        &self,
+        name: &str,
+        credential: &str,
+    ) -> Option<fleet_unit_manager::credentials::Credential> {
+        let credentials = self.credentials.as_ref()?.locked();
+        let value = credentials.get(name)?.get(credential)?.clone();
+        Some(fleet_unit_manager::credentials::Credential::new(credential, value))
+    }
+
+    async fn provide_credentials(
+        &self,
+        name: &str,
+        _file: &UnitFile,
+        credentials: &[fleet_unit_manager::credentials::Credential],
+    ) -> Result<()> {
+        let Some(held) = &self.credentials else {
+            if credentials.is_empty() {
+                return Ok(());
+            }
+            return Err(UnitManagerError::Refused { unit: name.to_string(), reason: "the fake delivers none".into() });
+        };
+        let values = credentials.iter().map(|credential| (credential.name.clone(), credential.value().to_vec()));
+        held.locked().insert(name.to_string(), values.collect());
+        Ok(())
     }
 
     async fn load(&self, name: &str, file: &UnitFile) -> Result<()> {

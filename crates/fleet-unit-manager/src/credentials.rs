@@ -117,6 +117,17 @@ impl CredentialDirs {
         Ok(Some(dir))
     }
 
+    /// The value of `unit`'s credential `name` as it was last written, if it has one (a
+    /// fleetd that took a running unit over reads what the unit was given). Read by fleetd's
+    /// own user, root as a rule; a file it may not read counts as none.
+    pub fn read(&self, unit: &str, name: &str) -> Option<Credential> {
+        if !fleet_core::secrets::valid_name(name) {
+            return None;
+        }
+        let value = std::fs::read(self.of(unit)?.join(name)).ok()?;
+        Some(Credential::new(name, value))
+    }
+
     /// Removes `unit`'s credentials, if it has any.
     pub fn remove(&self, unit: &str) {
         if let Some(dir) = self.of(unit) {
@@ -155,6 +166,11 @@ mod tests {
         dirs.write("web.service", &[Credential::new("DB", b"new".to_vec())], None).unwrap();
         assert_eq!(std::fs::read(written.join("DB")).unwrap(), b"new");
         assert!(!written.join("api").exists());
+        // Read back as delivered (a fleetd taking the unit over); what is not there is none.
+        assert_eq!(dirs.read("web.service", "DB").map(|credential| credential.value().to_vec()), Some(b"new".to_vec()));
+        assert!(dirs.read("web.service", "api").is_none());
+        assert!(dirs.read("web.service", "../DB").is_none());
+        assert!(dirs.read("../x", "DB").is_none());
         dirs.remove("web.service");
         assert!(!written.exists());
         assert_eq!(dirs.write("web.service", &[], None).unwrap(), None);

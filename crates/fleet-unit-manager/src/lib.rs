@@ -129,6 +129,11 @@ pub trait UnitManager: Send + Sync {
     fn delivers_credentials(&self) -> bool {
         false
     }
+    /// The credential `credential` of `name` as it was last delivered, if this manager
+    /// delivers credentials and `name` has that one.
+    fn delivered_credential(&self, _name: &str, _credential: &str) -> Option<credentials::Credential> {
+        None
+    }
     /// Puts `credentials` where the processes of `name` (loaded next, from `file`) find them
     /// (`$CREDENTIALS_DIRECTORY`), replacing what it had; none removes them. They go when
     /// the unit is unloaded. A manager that cannot deliver credentials refuses a unit that

@@ -599,6 +599,10 @@ impl UnitManager for NativeManager {
         true
     }
 
+    fn delivered_credential(&self, name: &str, credential: &str) -> Option<crate::credentials::Credential> {
+        self.shared.credentials.read(name, credential)
+    }
+
     async fn provide_credentials(
         &self,
         name: &str,

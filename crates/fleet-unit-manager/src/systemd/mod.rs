@@ -339,6 +339,10 @@ impl UnitManager for SystemdManager {
         true
     }
 
+    fn delivered_credential(&self, name: &str, credential: &str) -> Option<crate::credentials::Credential> {
+        self.credentials.read(name, credential)
+    }
+
     async fn provide_credentials(
         &self,
         name: &str,
