@@ -148,6 +148,20 @@ fn a_revert_of_a_unit_that_does_not_run_writes_it_back_and_a_rollout_is_undone_t
     assert_ne!(newest.1, first_hash, "version 2 was the second content");
     assert!(started(out.path(), name).is_empty(), "nothing was started");
 
+    // A revert is planned as any change: the diff, and the version it would make.
+    let planned = history_json(&fleet.ok(&["plan", "revert", name, "--to", "3", "-o", "json"]).stdout);
+    let unit = &planned["units"][0];
+    assert_eq!(
+        (unit["name"].as_str(), unit["action"].as_str(), unit["versionBefore"].as_u64(), unit["version"].as_u64()),
+        (Some(name), Some("change"), Some(6), Some(7)),
+        "{planned}"
+    );
+    let table = fleet.ok(&["plan", "revert", name, "--to", "3"]).stdout;
+    assert!(table.contains("-Environment=VERSION=2") && table.contains("+Environment=VERSION=3"), "{table}");
+    assert_eq!(fleet.fleetctl(&["plan", "revert", name]).code, 2, "--to is needed");
+    let still = versions(&history_json(&fleet.ok(&["history", name, "-o", "json"]).stdout));
+    assert_eq!(still.last().map(|version| version.0), Some(6), "a plan writes nothing");
+
     // Three instances rolled out to new content, then undone to their version 2.
     let template = dir.path().join("web@.service");
     let instances = ["web@1.service", "web@2.service", "web@3.service"];

@@ -365,8 +365,8 @@ enum Command {
         #[command(subcommand)]
         action: SourceCommand,
     },
-    /// Show what submit, load, start, stop, unload, destroy, `machine drain MACHINE...` or
-    /// `rollout FILE` would do, writing nothing: each unit's action, desired state and machine (or why it would
+    /// Show what submit, load, start, stop, unload, destroy, `machine drain MACHINE...`,
+    /// `rollout FILE` or `revert UNIT --to VERSION` would do, writing nothing: each unit's action, desired state and machine (or why it would
     /// wait), the units the change would move, and the diff of changed unit files
     Plan {
         /// The command to plan
@@ -382,6 +382,9 @@ enum Command {
         /// would replace first, as `rollout start --canary` takes it
         #[arg(long)]
         canary: Option<String>,
+        /// With `plan revert`: the version to bring back (see `fleetctl history`)
+        #[arg(long)]
+        to: Option<u64>,
         #[command(flatten)]
         units: unit_arguments::UnitList,
         #[command(flatten)]
@@ -915,12 +918,13 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
-        Command::Plan { command, create, instances, canary, units, output } => {
+        Command::Plan { command, create, instances, canary, to, units, output } => {
             let asked = plan::Asked {
                 planned: command,
                 create: &create,
                 instances: instances.as_deref(),
                 canary: canary.as_deref(),
+                to,
             };
             let plan = async |units: &[String]| plan::run(&context, &asked, units, output.output).await;
             with_units(&context, &units, plan).await

@@ -82,13 +82,9 @@ pub async fn revert(context: &Context, argument: &str, to: u64, waves: &Waves) -
             return Outcome::Usage;
         }
     };
-    let (current, version) = match (context.client.unit(&name).await, context.client.unit_version(&name, to).await) {
-        (Ok(Some(current)), Ok(version)) => (current, version),
-        (Ok(None), _) => {
-            eprintln!("Unit {name} does not exist.");
-            return Outcome::Failure;
-        }
-        (Err(error), _) | (_, Err(error)) => {
+    let (current, version) = match current_and_version(context, &name, to).await {
+        Ok(found) => found,
+        Err(error) => {
             eprintln!("Error reverting {name}: {error}");
             return Outcome::Failure;
         }
@@ -104,13 +100,7 @@ pub async fn revert(context: &Context, argument: &str, to: u64, waves: &Waves) -
         let files = BTreeMap::from([(name.clone(), version.options.clone())]);
         roll_back(context, &rollout_name("revert-", &name, ""), files, max_unavailable, min_ready).await
     } else {
-        let unit = Unit {
-            name: name.clone(),
-            options: version.options.clone(),
-            desired_state: Some(version.desired_state.clone()),
-            ..Unit::default()
-        };
-        context.client.put_unit(&unit).await.map_err(|error| error.to_string())
+        context.client.put_unit(&as_unit(&name, &version)).await.map_err(|error| error.to_string())
     };
     match outcome {
         Ok(()) => {
@@ -121,6 +111,25 @@ pub async fn revert(context: &Context, argument: &str, to: u64, waves: &Waves) -
             eprintln!("Error reverting {name} to version {to}: {error}");
             Outcome::Failure
         }
+    }
+}
+
+/// The unit `name` as the cluster holds it, and its version `to` with its unit file.
+pub async fn current_and_version(context: &Context, name: &str, to: u64) -> Result<(Unit, UnitVersion), String> {
+    match (context.client.unit(name).await, context.client.unit_version(name, to).await) {
+        (Ok(Some(current)), Ok(version)) => Ok((current, version)),
+        (Ok(None), _) => Err(format!("Unit {name} does not exist.")),
+        (Err(error), _) | (_, Err(error)) => Err(error.to_string()),
+    }
+}
+
+/// The unit `name` as `version` had it: what a revert leaves (`fleetctl plan revert` plans it).
+pub fn as_unit(name: &str, version: &UnitVersion) -> Unit {
+    Unit {
+        name: name.to_string(),
+        options: version.options.clone(),
+        desired_state: Some(version.desired_state.clone()),
+        ..Unit::default()
     }
 }
 

@@ -1,4 +1,4 @@
-//! `fleetctl plan`: what submit, load, start, stop, unload or destroy would do, asked of
+//! `fleetctl plan`: what submit, load, start, stop, unload, destroy or revert would do, asked of
 //! fleetd before anything is written. The units' writes are worked out as the command works
 //! them out (the same files, the same registry, the same warnings), then fleetd's planner
 //! says where each unit would go, what it would move and what would wait, and why.
@@ -29,6 +29,8 @@ pub enum Planned {
     Machine,
     /// `plan rollout FILE`: the content a rollout of FILE gives its units
     Rollout,
+    /// `plan revert UNIT --to VERSION`: the unit as that version had it
+    Revert,
 }
 
 /// What is planned: the command, with its flags.
@@ -39,6 +41,8 @@ pub struct Asked<'a> {
     pub instances: Option<&'a str>,
     /// `plan rollout --canary SIZE`.
     pub canary: Option<&'a str>,
+    /// `plan revert --to VERSION`.
+    pub to: Option<u64>,
 }
 
 /// Where a rollout started now would replace each unit of `plan` it changes, with the canary
@@ -55,6 +59,10 @@ fn replacement_order(plan: &Plan, gates: &Gates) -> ReplacementOrder {
 pub async fn run(context: &Context, asked: &Asked<'_>, arguments: &[String], output: OutputFormat) -> Outcome {
     if (asked.instances.is_some() || asked.canary.is_some()) && asked.planned != Planned::Rollout {
         eprintln!("--instances and --canary apply to plan rollout only");
+        return Outcome::Usage;
+    }
+    if asked.to.is_some() != (asked.planned == Planned::Revert) {
+        eprintln!("--to goes with plan revert, which needs it: fleetctl plan revert UNIT --to VERSION");
         return Outcome::Usage;
     }
     let gates = match Gates::parse(asked.canary, None, false) {
@@ -156,6 +164,25 @@ async fn request(
                 });
             }
             Ok((with_shared_contents(units), contents))
+        }
+        Planned::Revert => {
+            let ([argument], Some(to)) = (arguments, asked.to) else {
+                eprintln!("Usage: fleetctl plan revert UNIT --to VERSION");
+                return Err(Outcome::Usage);
+            };
+            let name = fleet_core::unit_name::mangle(argument);
+            let (current, version) =
+                super::history::current_and_version(context, &name, to).await.map_err(|error| {
+                    eprintln!("Error planning the revert of {name}: {error}");
+                    Outcome::Failure
+                })?;
+            let reverted = super::history::as_unit(&name, &version);
+            let mut contents = Contents::new();
+            let (before, after) = (unit_file(&current), unit_file(&reverted));
+            if before.hash() != after.hash() {
+                contents.insert(name, (before.serialize(), after.serialize()));
+            }
+            Ok((with_shared_contents(vec![reverted]), contents))
         }
         Planned::Destroy => {
             let units = existing_units(context, arguments).await?;
