@@ -5,6 +5,9 @@
 //!
 //! The versions live in the unit's own record, so a write and its version are one write, and a
 //! content a kept version names is as referenced as one a unit runs (its body is not collected).
+//! A key per version would keep records small, but trimming it would need the versions read on
+//! every change (or a reference key per content and unit) to know which bodies a version still
+//! names; in the record, the store's copies count them as they count a unit's own content.
 
 use std::collections::BTreeSet;
 
