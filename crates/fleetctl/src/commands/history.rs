@@ -1,10 +1,10 @@
 //! `fleetctl history UNIT`: a unit's versions, with when and by whom each was made;
-//! `fleetctl revert UNIT --to VERSION` and `fleetctl rollout undo NAME --to VERSION`: a version
-//! written back, through a rollout where the unit runs (our additions).
+//! `fleetctl revert UNIT --to VERSION`: a version written back, through a rollout where the unit
+//! runs (our additions; `rollout undo --to` is `rollout.rs`'s).
 
 use std::collections::BTreeMap;
 
-use fleet_api_schema::{RolloutRequest, Unit, UnitHistory, UnitOption, UnitVersion};
+use fleet_api_schema::{Unit, UnitHistory, UnitVersion};
 use fleet_core::duration::parse_go_duration;
 use fleet_core::max_unavailable::MaxUnavailable;
 use fleet_core::unit_name::mangle;
@@ -98,7 +98,14 @@ pub async fn revert(context: &Context, argument: &str, to: u64, waves: &Waves) -
         context.client.set_desired_state(&name, &version.desired_state).await.map_err(|error| error.to_string())
     } else if now == "launched" && version.desired_state == "launched" {
         let files = BTreeMap::from([(name.clone(), version.options.clone())]);
-        roll_back(context, &rollout_name("revert-", &name, ""), files, max_unavailable, min_ready).await
+        super::rollout::roll_back(
+            context,
+            &super::rollout::rollout_name("revert-", &name, ""),
+            files,
+            max_unavailable,
+            min_ready,
+        )
+        .await
     } else {
         context.client.put_unit(&as_unit(&name, &version)).await.map_err(|error| error.to_string())
     };
@@ -131,70 +138,6 @@ pub fn as_unit(name: &str, version: &UnitVersion) -> Unit {
         desired_state: Some(version.desired_state.clone()),
         ..Unit::default()
     }
-}
-
-/// Every unit rollout `name` touched back to its version `to`, in a new rollout with the same
-/// bound on units down. Nothing starts unless every unit keeps that version.
-pub async fn undo_to(context: &Context, name: &str, to: u64) -> Outcome {
-    let rollout = match context.client.rollout(name).await {
-        Ok(Some(rollout)) => rollout,
-        Ok(None) => {
-            eprintln!("Rollout {name} not found");
-            return Outcome::Failure;
-        }
-        Err(error) => {
-            eprintln!("Error reading rollout {name}: {error}");
-            return Outcome::Failure;
-        }
-    };
-    let mut files = BTreeMap::new();
-    for unit in &rollout.units {
-        match context.client.unit_version(&unit.name, to).await {
-            Ok(version) => files.insert(unit.name.clone(), version.options),
-            Err(error) => {
-                eprintln!("Error undoing rollout {name} to version {to}: {}: {error}", unit.name);
-                return Outcome::Failure;
-            }
-        };
-    }
-    if files.is_empty() {
-        eprintln!("Rollout {name} touched no unit");
-        return Outcome::Failure;
-    }
-    let new_name = rollout_name("", name, &format!("-to-v{to}"));
-    match roll_back(context, &new_name, files, rollout.max_unavailable.clone(), rollout.min_ready_seconds).await {
-        Ok(()) => Outcome::Success,
-        Err(error) => {
-            eprintln!("Error undoing rollout {name} to version {to}: {error}");
-            Outcome::Failure
-        }
-    }
-}
-
-/// Starts rollout `name` giving each unit of `files` its content back, and waits for it.
-async fn roll_back(
-    context: &Context,
-    name: &str,
-    files: BTreeMap<String, Vec<UnitOption>>,
-    max_unavailable: String,
-    min_ready: u64,
-) -> Result<(), String> {
-    let request =
-        RolloutRequest { files, max_unavailable, min_ready_seconds: Some(min_ready), ..RolloutRequest::default() };
-    let rollout = context.client.start_rollout(name, &request).await.map_err(|error| error.to_string())?;
-    eprintln!(
-        "Rollout {name} started: {} units get their old content back, at most {} down at once (see: fleetctl rollout status {name})",
-        rollout.units.len(),
-        rollout.max_unavailable
-    );
-    crate::commands::rollout::wait_settled(context, name, None).await.map_err(|error| error.to_string())
-}
-
-/// A rollout name from `prefix`, the rollout name made of `name` (a unit's or a rollout's)
-/// and `suffix`, cut to the 63 characters a rollout name may have.
-fn rollout_name(prefix: &str, name: &str, suffix: &str) -> String {
-    let whole = format!("{prefix}{}{suffix}", crate::commands::rollout::default_name(name));
-    whole.chars().take(63).collect::<String>().trim_end_matches('-').to_string()
 }
 
 fn short(version: &UnitVersion) -> String {
@@ -253,12 +196,5 @@ mod tests {
         );
         assert!(!table(&history, true, true).contains("VERSION"));
         assert!(table(&history, true, true).contains("0123456789abcdef0123456789abcdef01234567"));
-    }
-
-    #[test]
-    fn rollouts_that_bring_versions_back_are_named_for_what_they_undo() {
-        assert_eq!(rollout_name("revert-", "Web@1.service", ""), "revert-web-1");
-        assert_eq!(rollout_name("", "replace-1700000000", "-to-v3"), "replace-1700000000-to-v3");
-        assert_eq!(rollout_name("revert-", &"a".repeat(80), "").len(), 63);
     }
 }

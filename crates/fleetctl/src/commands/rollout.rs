@@ -1,10 +1,11 @@
 //! `fleetctl rollout start|list|status|pause|resume|undo|promote`: new content in waves, a
 //! canary first when asked.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use fleet_api_schema::{Rollout, RolloutRequest};
+use fleet_api_schema::{Rollout, RolloutRequest, UnitOption};
 use fleet_core::duration::parse_go_duration;
 use fleet_core::glob::glob_matches;
 use fleet_core::unit_name::{UnitNameInfo, with_default_unit_type};
@@ -30,7 +31,7 @@ pub async fn run(context: &Context, command: RolloutCommand) -> Outcome {
         RolloutCommand::Pause { name } => act(context, &name, "pause").await,
         RolloutCommand::Resume { name } => act(context, &name, "resume").await,
         RolloutCommand::Undo { name, to: None } => act(context, &name, "undo").await,
-        RolloutCommand::Undo { name, to: Some(to) } => super::history::undo_to(context, &name, to).await,
+        RolloutCommand::Undo { name, to: Some(to) } => undo_to(context, &name, to).await,
         RolloutCommand::Promote { name } => act(context, &name, "promote").await,
     }
 }
@@ -361,6 +362,70 @@ async fn act(context: &Context, name: &str, action: &str) -> Outcome {
     }
 }
 
+/// Every unit rollout `name` touched back to its version `to`, in a new rollout with the same
+/// bound on units down. Nothing starts unless every unit keeps that version.
+async fn undo_to(context: &Context, name: &str, to: u64) -> Outcome {
+    let rollout = match context.client.rollout(name).await {
+        Ok(Some(rollout)) => rollout,
+        Ok(None) => {
+            eprintln!("Rollout {name} not found");
+            return Outcome::Failure;
+        }
+        Err(error) => {
+            eprintln!("Error reading rollout {name}: {error}");
+            return Outcome::Failure;
+        }
+    };
+    let mut files = BTreeMap::new();
+    for unit in &rollout.units {
+        match context.client.unit_version(&unit.name, to).await {
+            Ok(version) => files.insert(unit.name.clone(), version.options),
+            Err(error) => {
+                eprintln!("Error undoing rollout {name} to version {to}: {}: {error}", unit.name);
+                return Outcome::Failure;
+            }
+        };
+    }
+    if files.is_empty() {
+        eprintln!("Rollout {name} touched no unit");
+        return Outcome::Failure;
+    }
+    let new_name = rollout_name("", name, &format!("-to-v{to}"));
+    match roll_back(context, &new_name, files, rollout.max_unavailable.clone(), rollout.min_ready_seconds).await {
+        Ok(()) => Outcome::Success,
+        Err(error) => {
+            eprintln!("Error undoing rollout {name} to version {to}: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+/// Starts rollout `name` giving each unit of `files` its content back, and waits for it.
+pub async fn roll_back(
+    context: &Context,
+    name: &str,
+    files: BTreeMap<String, Vec<UnitOption>>,
+    max_unavailable: String,
+    min_ready: u64,
+) -> Result<(), String> {
+    let request =
+        RolloutRequest { files, max_unavailable, min_ready_seconds: Some(min_ready), ..RolloutRequest::default() };
+    let rollout = context.client.start_rollout(name, &request).await.map_err(|error| error.to_string())?;
+    eprintln!(
+        "Rollout {name} started: {} units get their old content back, at most {} down at once (see: fleetctl rollout status {name})",
+        rollout.units.len(),
+        rollout.max_unavailable
+    );
+    wait_settled(context, name, None).await.map_err(|error| error.to_string())
+}
+
+/// A rollout name from `prefix`, the rollout name made of `name` (a unit's or a rollout's)
+/// and `suffix`, cut to the 63 characters a rollout name may have.
+pub fn rollout_name(prefix: &str, name: &str, suffix: &str) -> String {
+    let whole = format!("{prefix}{}{suffix}", default_name(name));
+    whole.chars().take(63).collect::<String>().trim_end_matches('-').to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use fleet_api_schema::Rollout;
@@ -383,5 +448,12 @@ mod tests {
         assert_eq!(super::default_name("web@.service"), "web");
         assert_eq!(super::default_name("API_Server.service"), "api-server");
         assert_eq!(super::default_name("@.service"), "rollout");
+    }
+
+    #[test]
+    fn rollouts_that_bring_versions_back_are_named_for_what_they_undo() {
+        assert_eq!(super::rollout_name("revert-", "Web@1.service", ""), "revert-web-1");
+        assert_eq!(super::rollout_name("", "replace-1700000000", "-to-v3"), "replace-1700000000-to-v3");
+        assert_eq!(super::rollout_name("revert-", &"a".repeat(80), "").len(), 63);
     }
 }
