@@ -44,6 +44,10 @@ pub struct Unit {
     /// instances it names that are up run, as its machine's file says (our addition).
     #[serde(rename = "requiredAt", default, skip_serializing_if = "Vec::is_empty")]
     pub required_at: Vec<RequiredPlace>,
+    /// Its current version, as `GET /units/{name}/history` numbers them, from the second on
+    /// (absent: the first, so that a unit never changed reads as the original's; our addition).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
 }
 
 /// Where one running instance of what a unit requires runs (our addition).

@@ -161,6 +161,11 @@ fn a_revert_of_a_unit_that_does_not_run_writes_it_back_and_a_rollout_is_undone_t
     assert_eq!(fleet.fleetctl(&["plan", "revert", name]).code, 2, "--to is needed");
     let still = versions(&history_json(&fleet.ok(&["history", name, "-o", "json"]).stdout));
     assert_eq!(still.last().map(|version| version.0), Some(6), "a plan writes nothing");
+    let listed = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,version"]).stdout;
+    assert!(listed.lines().any(|line| line.split_whitespace().eq([name, "6"])), "{listed}");
+    let rows = history_json(&fleet.ok(&["list-unit-files", "-o", "json"]).stdout);
+    let row = rows.as_array().and_then(|rows| rows.iter().find(|row| row["unit"] == name)).cloned();
+    assert_eq!(row.map(|row| row["version"].clone()), Some(Value::from(6)));
 
     // Three instances rolled out to new content, then undone to their version 2.
     let template = dir.path().join("web@.service");

@@ -83,6 +83,8 @@ pub struct UnitFileRow<'a> {
     pub disruption_budget: Option<BudgetJson>,
     /// `[X-Fleet] Requires=`, `After=`, `RequiresGrace=`, `RequiresChange=`; `null` for none.
     pub requires: Option<RequiresJson>,
+    /// Its current version (`fleetctl history`): 1 for a unit never changed.
+    pub version: u64,
 }
 
 /// What a unit waits for, in `-o json`.

@@ -44,6 +44,8 @@ pub fn to_schema(view: UnitView, shown: Shown) -> Unit {
         reason: view.reason,
         source: view.source,
         required_at: Vec::new(),
+        // A unit at its first version reads exactly as the original's.
+        version: Some(view.versions.number()).filter(|number| *number > 1),
     }
 }
 

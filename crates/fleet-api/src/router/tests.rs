@@ -1159,6 +1159,11 @@ async fn a_units_versions_are_listed_and_each_read_back_with_its_file() {
     let mut changed = hello(Some("launched"));
     changed["options"][0]["value"] = json!("/bin/sleep 2000");
     assert!(api.call("PUT", path, Some(changed)).await.status.is_success());
+    assert_eq!(
+        api.call("GET", path, None).await.body["version"],
+        json!(3),
+        "a unit says its version from the second on"
+    );
     let history = api.call("GET", "/fleet/v1/units/a.service/history", None).await.body;
     let versions = history["versions"].as_array().unwrap();
     let summary: Vec<(u64, &str, bool)> = versions
