@@ -18,6 +18,7 @@ pub mod disruption_budget;
 pub mod drain;
 pub mod drift;
 pub mod drift_report;
+pub mod events;
 pub mod duration;
 pub mod glob;
 pub mod health;

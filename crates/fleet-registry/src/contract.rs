@@ -60,6 +60,7 @@ macro_rules! registry_contract {
             machines_out_of_touch_are_recorded_by_the_leader_and_listed,
             silent_departures_are_recorded_by_the_leader,
             where_requirements_run_reaches_the_machine_of_their_unit,
+            events_are_one_stream_read_from_any_index_and_trimmed_oldest_first,
         );
     };
     (@each $open:path; $($name:ident),+ $(,)?) => {
@@ -1541,4 +1542,55 @@ pub async fn where_requirements_run_reaches_the_machine_of_their_unit(
     registry.record_required_places(&lease, &[]).await.unwrap();
     eventually("the record is gone from m1's work", async || work_of("m1").await == Some(vec![])).await;
     assert_eq!(registry.recorded_required_places().await.unwrap(), vec![]);
+}
+
+/// Events come back in the order their batches were stored, each batch in its own order, from
+/// any index on and a page at a time; their signal moves when a batch is stored; trimming
+/// takes whole batches, oldest first, by count and by age, and says how far it went, so that
+/// a reader resuming from before it learns that it missed events.
+pub async fn events_are_one_stream_read_from_any_index_and_trimmed_oldest_first(
+    registry: &dyn Registry,
+    _agent_for: AgentFor<'_>,
+) {
+    use fleet_core::events::{EventKind, EventPage, NewEvent};
+    let event = |second: i64, unit: &str| {
+        NewEvent::new(second * 1_000_000, EventKind::Placed, format!("e{second}")).of_unit(unit).on_machine("m1")
+    };
+    let read = async |after: u64, limit: usize| registry.events_after(after, limit).await.expect("events read");
+    let messages = |page: &EventPage| page.events.iter().map(|e| e.event.message.clone()).collect::<Vec<_>>();
+    let mut changes = registry.event_changes();
+    changes.borrow_and_update();
+    registry.append_events(&[event(1, "a.service"), event(2, "b.service")]).await.expect("a batch");
+    registry.append_events(&[event(3, "a.service")]).await.expect("another");
+    registry.append_events(&[]).await.expect("no batch at all");
+    eventually("both batches are read back", async || read(0, 100).await.events.len() == 3).await;
+    assert!(changes.has_changed().expect("the signal lives"), "storing a batch moves the signal");
+
+    let page = read(0, 100).await;
+    assert_eq!(messages(&page), ["e1", "e2", "e3"]);
+    let indexes: Vec<u64> = page.events.iter().map(|e| e.index).collect();
+    assert!(indexes.windows(2).all(|pair| pair[0] < pair[1]), "indexes grow: {indexes:?}");
+    assert!(page.oldest.is_some_and(|oldest| oldest <= indexes[0]));
+    assert_eq!((page.trimmed_through, page.more), (0, false));
+    assert_eq!(page.events[0].event, event(1, "a.service"));
+    assert_eq!(messages(&read(indexes[0], 100).await), ["e2", "e3"]);
+    assert_eq!(messages(&read(indexes[2], 100).await), Vec::<String>::new());
+    let first_two = read(0, 2).await;
+    assert_eq!((messages(&first_two), first_two.more), (vec!["e1".to_string(), "e2".to_string()], true));
+
+    // The newest one kept: the first batch goes whole, and readers from before it are told.
+    assert_eq!(registry.trim_events(1, 0).await.expect("a trim"), 2);
+    eventually("the first batch is gone", async || messages(&read(0, 100).await) == ["e3"]).await;
+    let page = read(0, 100).await;
+    assert_eq!(page.trimmed_through, indexes[1]);
+    assert!(page.missed_after(0) && page.missed_after(indexes[0]) && !page.missed_after(indexes[1]));
+    assert_eq!(page.oldest, Some(indexes[2] - indexes[2] % fleet_core::events::PER_BATCH));
+
+    // By age: what was made before second 4 goes; what comes after still follows it.
+    assert_eq!(registry.trim_events(100, 4_000_000).await.expect("a trim"), 1);
+    eventually("every event is gone", async || read(0, 100).await.events.is_empty()).await;
+    registry.append_events(&[event(5, "c.service")]).await.expect("a batch after");
+    eventually("the new one is read", async || read(indexes[2], 100).await.events.len() == 1).await;
+    let page = read(0, 100).await;
+    assert!(page.events[0].index > indexes[2] && page.trimmed_through == indexes[2]);
 }

@@ -16,6 +16,7 @@ mod budget_members;
 pub mod codec;
 mod disruption_ledger;
 mod drain_units;
+mod event_sink;
 mod import;
 pub mod machine_identity;
 mod model;
@@ -28,12 +29,14 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use fleet_core::drain::Drain;
+use fleet_core::events::{EventPage, NewEvent};
 use fleet_core::schedule::Decision;
 use fleet_core::{DesiredState, MachineId, MachineState, OutOfTouch, UnitFile, UnitHash, UnitState};
 use tokio::sync::watch;
 
 pub use budget_members::{BudgetedUnit, budget_members, budgeted_units};
 pub use disruption_ledger::{BudgetView, Decision as DisruptionDecision, DisruptionLedger, Shown};
+pub use event_sink::{EventSink, micros_now};
 pub use drain_units::{budgeted_requirers, drain_unit_names, drain_units, note_required_by};
 pub use fleet_core::required_places::{RequiredPlace, RequiredPlaces};
 pub use fleet_core::schedule::SnapshotUnit;
@@ -109,6 +112,22 @@ pub type Result<T> = std::result::Result<T, RegistryError>;
 /// A counter that moves on every change a reader cares about; readers wait on it and then
 /// re-read. Changes may be coalesced, never lost.
 pub type ChangeSignal = watch::Receiver<u64>;
+
+/// The cluster's events ([`fleet_core::events`]): one stream for every member, in the order
+/// the store gives their batches.
+#[async_trait]
+pub trait EventLog: Send + Sync {
+    /// Stores `events` (at most [`fleet_core::events::PER_BATCH`]) as one batch, after every
+    /// batch stored before it.
+    async fn append_events(&self, events: &[NewEvent]) -> Result<()>;
+    /// Up to `limit` events after index `after`, in index order, with what was trimmed.
+    async fn events_after(&self, after: u64, limit: usize) -> Result<EventPage>;
+    /// Moves when events may have been appended, by any member.
+    fn event_changes(&self) -> ChangeSignal;
+    /// Trims the events beyond the newest `most` and those made before `oldest_at`
+    /// (microseconds since the epoch); returns how many went.
+    async fn trim_events(&self, most: usize, oldest_at: i64) -> Result<usize>;
+}
 
 /// Credentials every fleetd of a cluster accepts: bearer tokens, kept by their hash.
 #[async_trait]
@@ -261,7 +280,7 @@ impl<T> Page<T> {
 }
 
 #[async_trait]
-pub trait ApiRegistry: CredentialRegistry + SourceRegistry + Send + Sync {
+pub trait ApiRegistry: CredentialRegistry + SourceRegistry + EventLog + Send + Sync {
     /// Every unit, in name order, with its schedule and derived current state.
     async fn units(&self) -> Result<Vec<UnitView>>;
     /// One page of [`ApiRegistry::units`], built without reading every unit: what a request

@@ -12,6 +12,7 @@ pub use backup::{SnapshotSummary, check_snapshot};
 mod api;
 mod credentials;
 mod engine;
+mod events;
 mod format;
 mod job_records;
 mod sources;
@@ -55,6 +56,9 @@ struct Signals {
     writes: std::sync::atomic::AtomicU64,
     /// Moves on every write.
     any_write: watch::Sender<u64>,
+    /// Moves when events are appended (never with [`Signals::any_write`]: an event is no
+    /// change to the cluster).
+    events: watch::Sender<u64>,
 }
 
 /// Creates the tables a store lacks (all of them in a new store), in one write; a store that
@@ -127,6 +131,7 @@ impl EmbeddedRegistry {
             machines: Mutex::new(HashMap::new()),
             writes: std::sync::atomic::AtomicU64::new(0),
             any_write: watch::channel(0).0,
+            events: watch::channel(0).0,
         };
         let versions_kept = Arc::new(std::sync::atomic::AtomicUsize::new(fleet_core::unit_history::DEFAULT_KEPT));
         Ok(Self { db: Arc::new(db), signals: Arc::new(signals), leader: Arc::default(), versions_kept })

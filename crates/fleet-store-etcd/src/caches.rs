@@ -35,6 +35,8 @@ pub(super) enum Cache {
     Work(String),
     /// Every machine's work, for a fleetd that serves many machines.
     AllWork,
+    /// The event batches and the mark of those trimmed.
+    Events,
 }
 
 /// The caches running in this fleetd (each a watch-fed [`Mirror`]; the rule does not depend

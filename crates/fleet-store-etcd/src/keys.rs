@@ -28,6 +28,8 @@
 //! | `tokens/<name>` | [`fleet_registry::TokenRecord`] (the token's hash, never the token) | — | API |
 //! | `journal/asks/<machine>/<id>` | [`fleet_registry::JournalQuestion`] and the asker's lease | asker's | API of the asking fleetd |
 //! | `journal/answers/<id>` | the answer ([`fleet_api_schema`]'s `RelayedJournal` JSON, at most 128 KiB) | asker's | the machine asked |
+//! | `events/<micros>-<writer>-<seq>` | a batch of [`fleet_core::events::NewEvent`]s; an event's index is the key's revision × 10,000 + its place | — | any fleetd (`events.rs`); the engine leader trims the oldest |
+//! | `events/trimmed` | the highest event index trimmed, in decimal | — | engine leader |
 //! | `store-format` | [`fleet_core::store_format::StoredFormat`] (absent in a store of fleet 0.1: format 1) | — | the first fleetd of a format, before anything else |
 //!
 //! An agent watches `schedule/<itself>/`, `global/`, `global-runs/`, its own `machines/` and `metadata/` keys:
@@ -105,6 +107,23 @@ impl Keys {
 
     pub fn units(&self) -> String {
         self.key(&["units", ""])
+    }
+
+    /// The prefix of the event batches.
+    pub fn events(&self) -> String {
+        self.key(&["events", ""])
+    }
+
+    /// One batch of events: by the time it was written, so that a range of the oldest is a
+    /// range of keys.
+    pub fn event_batch(&self, micros: i64, writer: &str, sequence: u64) -> String {
+        self.key(&["events", &format!("{micros:016}-{writer}-{sequence:010}")])
+    }
+
+    /// The highest event index trimmed so far: under the batches' prefix, so that one watch
+    /// brings a trim's mark and its deletes together.
+    pub fn events_trimmed(&self) -> String {
+        self.key(&["events", "trimmed"])
     }
     pub fn unit(&self, name: &str) -> String {
         self.key(&["units", name])

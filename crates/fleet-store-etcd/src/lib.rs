@@ -27,6 +27,7 @@ mod compaction;
 mod connection;
 mod credentials;
 mod engine;
+mod events;
 mod format;
 mod imports;
 mod join_batches;
@@ -123,6 +124,9 @@ struct Inner {
     /// a manager answering for its pull agents).
     question_caches: Mutex<HashMap<String, Held>>,
     sources_signal: watch::Sender<u64>,
+    /// The event log's cache, held from its first read; its changes move `events_signal`.
+    events_cache: OnceLock<Held>,
+    events_signal: watch::Sender<u64>,
     /// The engine's hold on the cluster's cache while it leads (`cluster_cache.rs`): a
     /// standby (every fleetd that may lead) follows the leader key only.
     engine_hold: Mutex<Option<Held>>,
@@ -158,7 +162,8 @@ struct Inner {
     agent_lease: agent_lease::AgentLease,
     /// Joins with registration tokens waiting to be written together.
     join_batches: written_together::WrittenTogether<join_batches::JoinRequest, join_batches::JoinOutcome>,
-    /// This process's writer ID for the uses it counts of tokens without a use limit.
+    /// This process's writer ID: in the uses it counts of tokens without a use limit, and in
+    /// the keys of the event batches it writes.
     join_writer: String,
     /// Pull agents' state reports waiting to be written together.
     state_batches: written_together::WrittenTogether<agent::StatesWrite, ()>,
@@ -199,6 +204,8 @@ impl EtcdRegistry {
                 sources_cache: OnceLock::new(),
                 question_caches: Mutex::new(HashMap::new()),
                 sources_signal: watch::channel(0).0,
+                events_cache: OnceLock::new(),
+                events_signal: watch::channel(0).0,
                 engine_hold: Mutex::default(),
                 engine_leads: Arc::default(),
                 engine_signal: watch::channel(0).0,

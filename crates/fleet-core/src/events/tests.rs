@@ -1,0 +1,122 @@
+use super::*;
+use crate::health::{HealthReport, HealthStatus};
+use crate::state_report::StateReport;
+use crate::{SystemdState, UnitHash, UnitState};
+
+fn state(active: &str, sub: &str, health: Option<HealthStatus>) -> UnitState {
+    UnitState {
+        name: "web@1.service".into(),
+        machine_id: "m1".into(),
+        hash: UnitHash([0; 20]),
+        systemd: SystemdState::new("loaded", active, sub),
+        launched: true,
+        drift: None,
+        health: health.map(|status| HealthReport { status, failure: String::new(), restarts: 0, given_up: false }),
+        secrets: Default::default(),
+        run: None,
+    }
+}
+
+#[test]
+fn an_index_names_its_batch_and_its_place_and_orders_as_they_do() {
+    assert_eq!(index_of(7, 3), 70_003);
+    assert_eq!(batch_of(70_003), 7);
+    assert!(index_of(7, (PER_BATCH - 1) as usize) < index_of(8, 0));
+}
+
+#[test]
+fn kinds_are_named_and_read_back_by_their_names() {
+    for kind in EventKind::ALL {
+        assert_eq!(EventKind::parse(kind.name()), Some(kind));
+        let json = serde_json::to_string(&kind).unwrap();
+        assert_eq!(json, format!("\"{}\"", kind.name()));
+    }
+    assert_eq!(EventKind::parse("nonsense"), None);
+}
+
+#[test]
+fn a_message_is_cut_to_its_bound_at_a_character() {
+    let event = NewEvent::new(0, EventKind::Write, "é".repeat(LONGEST_MESSAGE));
+    assert!(event.message.len() <= LONGEST_MESSAGE);
+    assert!(event.message.chars().all(|c| c == 'é'));
+}
+
+#[test]
+fn a_filter_admits_by_kind_unit_pattern_and_machine_prefix() {
+    let event = NewEvent::new(0, EventKind::Placed, "placed").of_unit("web@1.service").on_machine("abcdef");
+    let filter = |unit: Option<&str>, machine: Option<&str>, kinds: Vec<EventKind>| EventFilter {
+        unit: unit.map(|pattern| Glob::new(pattern).unwrap()),
+        machine: machine.map(str::to_string),
+        kinds,
+    };
+    assert!(filter(None, None, vec![]).admits(&event));
+    assert!(filter(Some("web@*"), Some("abc"), vec![EventKind::Placed, EventKind::Moved]).admits(&event));
+    assert!(!filter(Some("db*"), None, vec![]).admits(&event));
+    assert!(!filter(None, Some("abd"), vec![]).admits(&event));
+    assert!(!filter(None, None, vec![EventKind::State]).admits(&event));
+    let of_no_unit = NewEvent::new(0, EventKind::MachineJoined, "joined").on_machine("abcdef");
+    assert!(!filter(Some("*"), None, vec![]).admits(&of_no_unit));
+}
+
+#[test]
+fn a_scoped_operator_sees_events_of_its_units_only_and_a_machine_none() {
+    let scoped = Role::parse("operator", Some("web@*")).unwrap();
+    let web = NewEvent::new(0, EventKind::State, "x").of_unit("web@1.service");
+    let db = NewEvent::new(0, EventKind::State, "x").of_unit("db.service");
+    let machine = NewEvent::new(0, EventKind::MachineLost, "x").on_machine("m1");
+    assert!(visible_to(&scoped, &web));
+    assert!(!visible_to(&scoped, &db));
+    assert!(!visible_to(&scoped, &machine));
+    for role in [Role::Admin, Role::Viewer, Role::parse("operator", None).unwrap()] {
+        assert!(visible_to(&role, &db) && visible_to(&role, &machine), "{role}");
+    }
+    let agent = Role::Machine { id: "m1".into() };
+    assert!(!visible_to(&agent, &web) && !visible_to(&agent, &machine));
+}
+
+#[test]
+fn what_is_trimmed_is_the_older_of_too_many_and_too_old() {
+    let kept = [(1, 10), (2, 20), (3, 30), (4, 40)];
+    assert_eq!(to_trim(&kept, 10, 0), 0);
+    assert_eq!(to_trim(&kept, 3, 0), 1);
+    assert_eq!(to_trim(&kept, 3, 35), 3);
+    assert_eq!(to_trim(&kept, 0, 0), 4);
+}
+
+#[test]
+fn a_page_says_a_reader_missed_events_only_when_some_after_it_were_trimmed() {
+    let page = EventPage { trimmed_through: 50_000, ..EventPage::default() };
+    assert!(page.missed_after(0));
+    assert!(page.missed_after(49_999));
+    assert!(!page.missed_after(50_000));
+    assert!(!EventPage::default().missed_after(0));
+}
+
+#[test]
+fn a_state_event_is_made_when_active_or_sub_moves_and_health_when_its_verdict_does() {
+    let running = state("active", "running", Some(HealthStatus::Unknown));
+    let new = state_changes(None, &StateReport::Set(running.clone()), 5);
+    assert_eq!(new.len(), 1);
+    assert_eq!(new[0].message, "active/running (was new)");
+    assert_eq!((new[0].unit.as_deref(), new[0].machine.as_deref()), (Some("web@1.service"), Some("m1")));
+
+    let mut relaunched = running.clone();
+    relaunched.launched = false;
+    assert!(state_changes(Some(&running), &StateReport::Set(relaunched), 5).is_empty());
+
+    let healthy = state("active", "running", Some(HealthStatus::Healthy));
+    let events = state_changes(Some(&running), &StateReport::Set(healthy.clone()), 6);
+    assert_eq!(events.iter().map(|e| (e.kind, e.message.as_str())).collect::<Vec<_>>(), [(EventKind::Health, "healthy")]);
+
+    let mut failed = state("failed", "failed", Some(HealthStatus::Unhealthy));
+    if let Some(health) = failed.health.as_mut() {
+        health.failure = "exit 1".into();
+    }
+    let events = state_changes(Some(&healthy), &StateReport::Set(failed.clone()), 7);
+    let shown: Vec<_> = events.iter().map(|e| (e.kind, e.message.as_str())).collect();
+    assert_eq!(shown, [(EventKind::State, "failed/failed (was active/running)"), (EventKind::Health, "unhealthy: exit 1")]);
+
+    let gone = state_changes(Some(&failed), &StateReport::Remove("web@1.service".into()), 8);
+    assert_eq!(gone[0].message, "gone (was failed/failed)");
+    assert!(state_changes(None, &StateReport::Remove("web@1.service".into()), 8).is_empty());
+}
