@@ -1270,3 +1270,24 @@ pub struct UnitVersion {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub options: Vec<UnitOption>,
 }
+
+/// One event of `GET /fleet/v1/events` (each server-sent event's data; its id is the index).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterEvent {
+    /// Where it stands in the one stream: larger is later; not dense.
+    pub index: u64,
+    /// RFC 3339, UTC, by the clock of the fleetd that made it.
+    pub time: String,
+    /// `placed`, `moved`, `unplaced`, `waiting`, `state`, `health`, `machine-joined`,
+    /// `machine-lost`, `machine-revoked`, `drain`, `rollout`, `sync`, `write`.
+    pub kind: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_id: Option<String>,
+    /// The identity that asked, for what one asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    pub message: String,
+}

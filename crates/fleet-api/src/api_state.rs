@@ -120,6 +120,8 @@ pub struct ApiState {
     pub agent_ttl: std::time::Duration,
     /// How many plans are being worked out (at most `handlers::plans::MOST_PLANS_AT_ONCE`).
     pub plans_under_way: Arc<std::sync::atomic::AtomicUsize>,
+    /// Where the audit trail's writes go as events (discarding unless fleetd sets one).
+    pub events: fleet_registry::EventSink,
 }
 
 impl ApiState {
@@ -150,6 +152,7 @@ impl ApiState {
             preemption: false,
             agent_ttl: std::time::Duration::from_secs(30),
             plans_under_way: Default::default(),
+            events: fleet_registry::EventSink::discarding(),
         }
     }
 }

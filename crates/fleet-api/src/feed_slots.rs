@@ -1,4 +1,4 @@
-//! How many live feeds (`/ui/events`) each identity holds open, bounded: a feed is a held
+//! How many live feeds (the web view's `/ui/events`, the event streams of `/fleet/v1/events`) each identity holds open, bounded: a feed is a held
 //! connection and a task, so one credential (or anonymous callers together) cannot open them
 //! without end. All together they hold at most half of a listener's connections
 //! ([`FeedSlots::for_connections`]), so live views never starve the rest of the API (issue 67:
@@ -33,9 +33,9 @@ pub struct FeedSlot {
 /// No slot is free: the identity's own bound, or the bound of all.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum NoSlot {
-    #[error("at most {PER_IDENTITY} live views are open per identity; close one first")]
+    #[error("at most {PER_IDENTITY} live feeds (web views and event streams) are open per identity; close one first")]
     Identity,
-    #[error("this fleetd serves all the live views it may already; try again later")]
+    #[error("this fleetd serves all the live feeds (web views and event streams) it may already; try again later")]
     Everyone,
 }
 

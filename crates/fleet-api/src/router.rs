@@ -90,18 +90,30 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
         Found::Route(route, params) => (route, params),
         Found::WrongMethod(message) => {
             let response = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message).into_response();
-            return finish(Outcome { response, route: None, identity: None, action: None }, &method, &path, started);
+            return finish(
+                Outcome { response, route: None, identity: None, action: None },
+                &method,
+                &path,
+                started,
+                &state.events,
+            );
         }
         Found::Nothing => {
             let response = ApiError::not_found("").into_response();
-            return finish(Outcome { response, route: None, identity: None, action: None }, &method, &path, started);
+            return finish(
+                Outcome { response, route: None, identity: None, action: None },
+                &method,
+                &path,
+                started,
+                &state.events,
+            );
         }
     };
     let query = query_pairs(parts.uri.query());
     let peer = parts.extensions.get::<Peer>();
     let asked = Asked { route, params: &params, method: &method, query: &query, headers: &parts.headers, peer };
     let outcome = serve(&state, asked, body, &upgrade).await;
-    finish(outcome, &method, &path, started)
+    finish(outcome, &method, &path, started, &state.events)
 }
 
 /// A request the route table knows, with what came with it.
@@ -234,10 +246,16 @@ async fn read_body(body: Option<Body>, kind: crate::routes::Body) -> Result<Byte
     }
 }
 
-/// The audit line, the `Server` header and the metrics of every answer. A request whose
-/// identity was not established is audited by its route's pattern, never by the path it
-/// chose (which could name anything).
-fn finish(outcome: Outcome<'_>, method: &Method, path: &str, started: std::time::Instant) -> Response {
+/// The audit line (and, for a write, its event), the `Server` header and the metrics of every
+/// answer. A request whose identity was not established is audited by its route's pattern,
+/// never by the path it chose (which could name anything).
+fn finish(
+    outcome: Outcome<'_>,
+    method: &Method,
+    path: &str,
+    started: std::time::Instant,
+    events: &fleet_registry::EventSink,
+) -> Response {
     let Outcome { mut response, route, identity, action } = outcome;
     let status = response.status();
     if let Some(route) = route
@@ -250,7 +268,11 @@ fn finish(outcome: Outcome<'_>, method: &Method, path: &str, started: std::time:
         };
         let established = matches!(identity, Some(Ok(_)));
         let unit = action.filter(|_| established).and_then(|action| action.unit().map(str::to_string));
-        audit::record(&AuditEntry { identity: &name, role: &role, method, path, unit: unit.as_deref(), status });
+        let entry = AuditEntry { identity: &name, role: &role, method, path, unit: unit.as_deref(), status };
+        audit::record(&entry);
+        if let Some(event) = audit::event_of(&entry, route.need) {
+            events.note(event);
+        }
     }
     let server = HeaderValue::from_static(concat!("fleetd/", env!("CARGO_PKG_VERSION")));
     response.headers_mut().insert(header::SERVER, server);

@@ -12,7 +12,7 @@ use crate::api_state::ApiState;
 use crate::call::Call;
 use crate::error::ApiError;
 use crate::handlers::{
-    agent_facet, agent_stream, agents, backup, discovery, drains, imports, journal, machines, metrics, plans,
+    agent_facet, agent_stream, agents, backup, discovery, drains, events, imports, journal, machines, metrics, plans,
     registration_tokens, rollouts, runs, secrets, sources, state, tokens, unit_batch, unit_history, units, web,
 };
 
@@ -140,6 +140,7 @@ pub(crate) static ROUTES: &[Route] = &[
     route!(GET "/fleet/v1/machines/{machine}/drain", List, Empty, |s, c| drains::get(s, c.param(), c.role()).await),
     route!(PUT "/fleet/v1/machines/{machine}/drain", WriteMachines, Json, |s, c| drains::put(s, c.param(), c.body).await),
     route!(DELETE "/fleet/v1/machines/{machine}/drain", WriteMachines, Empty, |s, c| drains::delete(s, c.param()).await),
+    route!(GET "/fleet/v1/events", List, Empty, |s, c| events::get(s, c.identity, c.headers, c.query).await),
     route!(POST "/fleet/v1/plans", List, Json, |s, c| plans::post(s, c.role(), c.body).await),
     route!(POST "/fleet/v1/imports", Import, Bulk, |s, c| imports::post(s, c.identity, c.body).await),
     route!(GET "/fleet/v1/journal/{unit}", ReadUnit, Empty, |s, c| journal::get(s, c.identity, c.param(), c.query).await),

@@ -172,9 +172,10 @@ pub struct EventPage {
 }
 
 impl EventPage {
-    /// Whether a reader that last saw `after` missed events trimmed since.
+    /// Whether a reader that last saw `after` missed events trimmed since. A reader from 0
+    /// asks for what is kept, from its oldest, and misses nothing it asked for.
     pub fn missed_after(&self, after: u64) -> bool {
-        after < self.trimmed_through
+        after != 0 && after < self.trimmed_through
     }
 }
 

@@ -36,8 +36,8 @@ use tokio::sync::watch;
 
 pub use budget_members::{BudgetedUnit, budget_members, budgeted_units};
 pub use disruption_ledger::{BudgetView, Decision as DisruptionDecision, DisruptionLedger, Shown};
-pub use event_sink::{EventSink, micros_now};
 pub use drain_units::{budgeted_requirers, drain_unit_names, drain_units, note_required_by};
+pub use event_sink::{EventSink, micros_now};
 pub use fleet_core::required_places::{RequiredPlace, RequiredPlaces};
 pub use fleet_core::schedule::SnapshotUnit;
 pub use fleet_core::schedule::departures::SilentDeparture;

@@ -39,7 +39,8 @@ impl EventLog for EmbeddedRegistry {
         if events.is_empty() {
             return Ok(());
         }
-        let batches: Vec<Vec<u8>> = events.chunks(PER_BATCH as usize).map(|chunk| fleet_registry::codec::encode(&chunk)).collect();
+        let batches: Vec<Vec<u8>> =
+            events.chunks(PER_BATCH as usize).map(|chunk| fleet_registry::codec::encode(&chunk)).collect();
         self.blocking(move |db| {
             let txn = db.begin_write().map_err(unavailable)?;
             {

@@ -64,11 +64,14 @@ impl EventLog for EtcdRegistry {
         let mirror = self.events_mirror();
         let data = mirror.listed(FIRST_LISTING).await?;
         let range = KeyRange::prefix(self.keys().events());
-        let mut page =
-            EventPage { trimmed_through: trimmed_through(&data, &self.keys().events_trimmed()), ..EventPage::default() };
+        let mut page = EventPage {
+            trimmed_through: trimmed_through(&data, &self.keys().events_trimmed()),
+            ..EventPage::default()
+        };
         let batches = batches(&data, &range, &self.keys().events_trimmed());
         page.oldest = batches.first().map(|(revision, ..)| index_of(*revision as u64, 0));
-        let first = batches.partition_point(|(revision, ..)| index_of(*revision as u64, PER_BATCH as usize - 1) <= after);
+        let first =
+            batches.partition_point(|(revision, ..)| index_of(*revision as u64, PER_BATCH as usize - 1) <= after);
         for (revision, _, events) in &batches[first..] {
             for (place, event) in events.iter().enumerate() {
                 let index = index_of(*revision as u64, place);
@@ -105,7 +108,8 @@ impl EventLog for EtcdRegistry {
                 .collect();
             let going = to_trim(&kept, most, oldest_at);
             // Whole batches go, each once all its events are due.
-            let (mut count, mut gone, mut through) = (0, Vec::new(), trimmed_through(&data, &self.keys().events_trimmed()));
+            let (mut count, mut gone, mut through) =
+                (0, Vec::new(), trimmed_through(&data, &self.keys().events_trimmed()));
             for (revision, key, events) in batches {
                 if count + events.len() > going {
                     break;

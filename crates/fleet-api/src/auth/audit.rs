@@ -3,6 +3,9 @@
 //! holds a credential: identities are names (`token:ci`), never tokens.
 
 use axum::http::{Method, StatusCode};
+use fleet_core::events::{EventKind, NewEvent};
+
+use crate::routes::Need;
 
 /// One audited request.
 pub struct AuditEntry<'a> {
@@ -40,4 +43,23 @@ pub fn record(entry: &AuditEntry<'_>) {
         outcome,
         "audit"
     );
+}
+
+/// The event a write leaves in the cluster's stream: every write but a machine's own (its
+/// presence, its reports, its renewals: a cluster's worth of them every few seconds, which
+/// the stream says as state changes and machines joining and lost).
+pub(crate) fn event_of(entry: &AuditEntry<'_>, need: Need) -> Option<NewEvent> {
+    let machines_own = matches!(need, Need::MachineFacet | Need::RenewMachine);
+    if matches!(*entry.method, Method::GET | Method::HEAD | Method::OPTIONS) || machines_own {
+        return None;
+    }
+    let status = entry.status;
+    let message =
+        format!("{} {}: {} {}", entry.method, entry.path, status.as_u16(), status.canonical_reason().unwrap_or(""));
+    let mut event =
+        NewEvent::new(fleet_registry::micros_now(), EventKind::Write, message.trim_end()).by(entry.identity);
+    if let Some(unit) = entry.unit {
+        event = event.of_unit(unit);
+    }
+    Some(event)
 }

@@ -7,6 +7,7 @@ pub mod backup;
 pub mod dependency_cycles;
 pub mod discovery;
 pub mod drains;
+pub mod events;
 pub mod imports;
 pub mod journal;
 pub mod machines;

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use fleet_core::{MachineState, UnitFile, UnitHash};
-use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry};
+use fleet_registry::{AgentRegistry, ApiRegistry, EngineRegistry, EventLog};
 use fleet_store_embedded::EmbeddedRegistry;
 use serde_json::{Value, json};
 use tower::ServiceExt;
@@ -52,6 +52,10 @@ impl Api {
             request.extensions_mut().insert(Peer::Unix { uid: Some(0) });
         }
         let response = self.router.clone().oneshot(request).await.unwrap();
+        self.answer(response).await
+    }
+
+    async fn answer(&self, response: axum::response::Response) -> Answer {
         let status = response.status();
         let text = |name| response.headers().get(name).map(|v: &HeaderValue| v.to_str().unwrap().to_string());
         let (content_type, server) = (text(header::CONTENT_TYPE), text(header::SERVER));
@@ -1191,4 +1195,104 @@ async fn a_units_versions_are_listed_and_each_read_back_with_its_file() {
     for (path, code, message) in cases {
         assert_eq!(api.call("GET", path, None).await.body, error(code, message), "{path}");
     }
+}
+
+/// The events of `path` (a stream that ends: `follow=false`) as (id, kind, data), or the
+/// status and JSON body of a refusal.
+async fn events_of(api: &Api, path: &str, last_event_id: Option<u64>) -> Result<Vec<(u64, String, Value)>, Answer> {
+    let mut request = Request::builder().method("GET").uri(path);
+    if let Some(id) = last_event_id {
+        request = request.header("last-event-id", id.to_string());
+    }
+    let mut request = request.body(Body::empty()).unwrap();
+    request.extensions_mut().insert(Peer::Unix { uid: Some(0) });
+    let response = api.router.clone().oneshot(request).await.unwrap();
+    if response.status() != StatusCode::OK {
+        return Err(api.answer(response).await);
+    }
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "text/event-stream");
+    let bytes = axum::body::to_bytes(response.into_body(), usize::MAX).await.unwrap();
+    let text = String::from_utf8(bytes.to_vec()).unwrap();
+    let mut events = Vec::new();
+    for block in text.split("\n\n").filter(|block| !block.trim().is_empty()) {
+        let field = |name: &str| {
+            block.lines().find_map(|line| line.strip_prefix(&format!("{name}: "))).unwrap_or_default().to_string()
+        };
+        let data: Value = serde_json::from_str(&field("data")).unwrap();
+        events.push((field("id").parse().unwrap(), field("event"), data));
+    }
+    Ok(events)
+}
+
+#[tokio::test]
+async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed() {
+    let mut api = api(100).await;
+    let state = ApiState {
+        events: fleet_registry::EventSink::writing_to(Arc::new(api.registry.clone())),
+        ..ApiState::new(Arc::new(api.registry.clone()), Auth::new(Arc::new(api.registry.clone()), None))
+    };
+    api.router = router(state);
+    api.call("PUT", "/fleet/v1/units/a.service", Some(hello(Some("inactive")))).await;
+    api.call("PUT", "/fleet/v1/units/b.service", Some(hello(Some("inactive")))).await;
+    api.call("PUT", "/fleet/v1/units/b.service", Some(json!({"desiredState": "sideways"}))).await;
+    api.call("DELETE", "/fleet/v1/units/b.service", None).await;
+    api.call("GET", "/fleet/v1/units", None).await;
+    let all = async || events_of(&api, "/fleet/v1/events?follow=false", None).await.ok().unwrap_or_default();
+    fleet_testkit::eventually("the four writes are events", async || all().await.len() == 4).await;
+
+    let events = all().await;
+    let messages: Vec<&str> = events.iter().map(|(_, _, data)| data["message"].as_str().unwrap()).collect();
+    assert_eq!(
+        messages,
+        [
+            "PUT /fleet/v1/units/a.service: 201 Created",
+            "PUT /fleet/v1/units/b.service: 201 Created",
+            "PUT /fleet/v1/units/b.service: 400 Bad Request",
+            "DELETE /fleet/v1/units/b.service: 204 No Content",
+        ],
+        "every write, refused ones too, and no read"
+    );
+    for (id, kind, data) in &events {
+        assert_eq!((kind.as_str(), data["kind"].as_str(), data["index"].as_u64()), ("write", Some("write"), Some(*id)));
+        assert_eq!(data["by"], json!("unix:uid=0"));
+        assert!(data["time"].as_str().unwrap().ends_with('Z'), "{data}");
+    }
+    assert_eq!(events[0].2["unit"], json!("a.service"));
+    let ids: Vec<u64> = events.iter().map(|(id, ..)| *id).collect();
+
+    let of_b = events_of(&api, "/fleet/v1/events?follow=false&unit=b.*", None).await.ok().unwrap();
+    assert_eq!(of_b.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), ids[1..]);
+    let placed = events_of(&api, "/fleet/v1/events?follow=false&kind=placed,moved", None).await.ok().unwrap();
+    assert!(placed.is_empty());
+    let resumed = events_of(&api, &format!("/fleet/v1/events?follow=false&since={}", ids[1]), None).await.ok().unwrap();
+    assert_eq!(resumed.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), ids[2..]);
+    let by_header = events_of(&api, "/fleet/v1/events?follow=false&since=0", Some(ids[2])).await.ok().unwrap();
+    assert_eq!(by_header.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), ids[3..], "Last-Event-ID resumes");
+
+    let refusals = [
+        (
+            "/fleet/v1/events?kind=bogus",
+            "invalid kind \"bogus\": one of placed, moved, unplaced, waiting, state, health, machine-joined, machine-lost, machine-revoked, drain, rollout, sync, write",
+        ),
+        ("/fleet/v1/events?since=soon", "invalid since \"soon\": an event index"),
+        ("/fleet/v1/events?unit=%5B", "invalid unit pattern \"[\""),
+        ("/fleet/v1/events?follow=maybe", "invalid follow \"maybe\": true or false"),
+    ];
+    for (path, message) in refusals {
+        let refused = events_of(&api, path, None).await.err().unwrap();
+        assert_eq!((refused.status, refused.body), (StatusCode::BAD_REQUEST, error(400, message)), "{path}");
+    }
+
+    // Trimmed to the newest: a reader from before it is told 410 and where to read from.
+    api.registry.trim_events(1, 0).await.unwrap();
+    let gone = events_of(&api, &format!("/fleet/v1/events?since={}", ids[0]), None).await.err().unwrap();
+    assert_eq!(gone.status, StatusCode::GONE);
+    let from = ids[3] - 1;
+    let message = format!(
+        "events after {} are no longer kept; the oldest kept is after {from}: read again with since={from}",
+        ids[0]
+    );
+    assert_eq!(gone.body, error(410, &message));
+    let rest = events_of(&api, &format!("/fleet/v1/events?follow=false&since={from}"), None).await.ok().unwrap();
+    assert_eq!(rest.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), ids[3..]);
 }

@@ -55,6 +55,7 @@ const EXPECTED: &[(&str, &str, &str)] = &[
     ("GET", "/fleet/v1/machines/{machine}/drain", "UAAAAADDUUUUA"),
     ("PUT", "/fleet/v1/machines/{machine}/drain", "UAAADDDDUUUUX"),
     ("DELETE", "/fleet/v1/machines/{machine}/drain", "UAAADDDDUUUUX"),
+    ("GET", "/fleet/v1/events", "UAAAAADDUUUUA"),
     ("POST", "/fleet/v1/plans", "UAAAAADDUUUUX"),
     ("POST", "/fleet/v1/imports", "UAADDDDDUUUUX"),
     ("GET", "/fleet/v1/journal/{unit}", "UAAAHADDUUUUA"),

@@ -21,7 +21,8 @@ pub fn state_changes(before: Option<&UnitState>, report: &StateReport, at: i64) 
                     |before| format!("{}/{}", before.systemd.active, before.systemd.sub),
                 );
                 let message = format!("{}/{} (was {was})", now.systemd.active, now.systemd.sub);
-                events.push(NewEvent::new(at, EventKind::State, message).of_unit(&now.name).on_machine(&now.machine_id));
+                events
+                    .push(NewEvent::new(at, EventKind::State, message).of_unit(&now.name).on_machine(&now.machine_id));
             }
             let verdict = |state: Option<&UnitState>| state.and_then(|state| state.health.as_ref()).map(|h| h.status);
             let (was, is) = (verdict(before), verdict(Some(now)));
@@ -34,7 +35,8 @@ pub fn state_changes(before: Option<&UnitState>, report: &StateReport, at: i64) 
                 if health.is_some_and(|h| h.given_up) {
                     message.push_str(" (restarted too often: given up)");
                 }
-                events.push(NewEvent::new(at, EventKind::Health, message).of_unit(&now.name).on_machine(&now.machine_id));
+                events
+                    .push(NewEvent::new(at, EventKind::Health, message).of_unit(&now.name).on_machine(&now.machine_id));
             }
         }
         StateReport::Remove(name) => {

@@ -84,9 +84,10 @@ fn what_is_trimmed_is_the_older_of_too_many_and_too_old() {
 }
 
 #[test]
-fn a_page_says_a_reader_missed_events_only_when_some_after_it_were_trimmed() {
+fn a_page_says_a_reader_missed_events_only_when_some_after_it_were_trimmed_and_never_to_one_from_the_start() {
     let page = EventPage { trimmed_through: 50_000, ..EventPage::default() };
-    assert!(page.missed_after(0));
+    assert!(!page.missed_after(0), "from 0 is from the oldest kept");
+    assert!(page.missed_after(1));
     assert!(page.missed_after(49_999));
     assert!(!page.missed_after(50_000));
     assert!(!EventPage::default().missed_after(0));
@@ -106,7 +107,10 @@ fn a_state_event_is_made_when_active_or_sub_moves_and_health_when_its_verdict_do
 
     let healthy = state("active", "running", Some(HealthStatus::Healthy));
     let events = state_changes(Some(&running), &StateReport::Set(healthy.clone()), 6);
-    assert_eq!(events.iter().map(|e| (e.kind, e.message.as_str())).collect::<Vec<_>>(), [(EventKind::Health, "healthy")]);
+    assert_eq!(
+        events.iter().map(|e| (e.kind, e.message.as_str())).collect::<Vec<_>>(),
+        [(EventKind::Health, "healthy")]
+    );
 
     let mut failed = state("failed", "failed", Some(HealthStatus::Unhealthy));
     if let Some(health) = failed.health.as_mut() {
@@ -114,7 +118,10 @@ fn a_state_event_is_made_when_active_or_sub_moves_and_health_when_its_verdict_do
     }
     let events = state_changes(Some(&healthy), &StateReport::Set(failed.clone()), 7);
     let shown: Vec<_> = events.iter().map(|e| (e.kind, e.message.as_str())).collect();
-    assert_eq!(shown, [(EventKind::State, "failed/failed (was active/running)"), (EventKind::Health, "unhealthy: exit 1")]);
+    assert_eq!(
+        shown,
+        [(EventKind::State, "failed/failed (was active/running)"), (EventKind::Health, "unhealthy: exit 1")]
+    );
 
     let gone = state_changes(Some(&failed), &StateReport::Remove("web@1.service".into()), 8);
     assert_eq!(gone[0].message, "gone (was failed/failed)");
