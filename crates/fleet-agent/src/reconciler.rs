@@ -79,6 +79,8 @@ pub struct Agent {
     loaded: BTreeMap<String, LoadedUnit>,
     /// The states last written to the registry.
     reported: BTreeMap<String, UnitState>,
+    /// Where its units' state and health changes go as events.
+    events: fleet_registry::EventSink,
     /// Whether the units were stopped because the presence lapsed (`stop_units_when_cut_off`).
     fenced: bool,
     /// Whether the presence may have lapsed, by this machine's clock.
@@ -182,6 +184,7 @@ impl Agent {
             bodies: HashMap::new(),
             loaded: BTreeMap::new(),
             reported: BTreeMap::new(),
+            events: fleet_registry::EventSink::discarding(),
             fenced: false,
             presence_lapsed: false,
             at_most_once: BTreeSet::new(),
@@ -202,6 +205,12 @@ impl Agent {
             secrets: None,
             lifecycle: None,
         }
+    }
+
+    /// Tells `events` of its units' state and health changes.
+    pub fn with_events(mut self, events: fleet_registry::EventSink) -> Self {
+        self.events = events;
+        self
     }
 
     /// Where the values of the secrets units name come from.
@@ -897,6 +906,16 @@ impl Agent {
         if let Err(error) = self.registry.report_states(self.machine_id(), &reports).await {
             apply_uncertain_reports(&mut self.reported, reports);
             return Err(error);
+        }
+        if self.events.keeps() {
+            let at = fleet_registry::micros_now();
+            for report in &reports {
+                let name = match report {
+                    StateReport::Set(state) => &state.name,
+                    StateReport::Remove(name) => name,
+                };
+                self.events.note_all(fleet_core::events::state_changes(self.reported.get(name), report, at));
+            }
         }
         apply_reports(&mut self.reported, reports);
         Ok(())

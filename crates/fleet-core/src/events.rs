@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::access::Role;
 use crate::glob::Glob;
 
+mod engine_events;
 mod state_changes;
+pub use engine_events::{machine_events, placement_events, waiting_events};
 pub use state_changes::state_changes;
 
 /// The most events one stored batch holds; an index is `batch × PER_BATCH + place`.
@@ -23,6 +25,9 @@ pub const LONGEST_MESSAGE: usize = 1024;
 
 /// How many events are kept unless configured otherwise.
 pub const DEFAULT_KEPT: usize = 100_000;
+
+/// The most events a cluster may be configured to keep.
+pub const MOST_KEPT: usize = 10_000_000;
 
 /// How long events are kept unless configured otherwise, in seconds (a day).
 pub const DEFAULT_KEPT_SECONDS: u64 = 86_400;

@@ -126,6 +126,11 @@ pub struct Engine {
     /// runs, at the last pass, while some unit has dependencies: the machines' reports wake the
     /// engine, and a pass that finds all three unchanged plans nothing.
     waiting_at: Option<(u64, dependencies::Waiting, dependencies::UpPlaces)>,
+    /// Where the decisions go as events.
+    events: fleet_registry::EventSink,
+    /// The machines (ID → address) of this leadership's last look, to tell those that joined
+    /// and those lost since; `None` before its first look.
+    machines_known: Option<BTreeMap<String, String>>,
 }
 
 impl Engine {
@@ -167,7 +172,30 @@ impl Engine {
             budgets_held_at: None,
             dependencies: dependencies::DependencyGate::default(),
             waiting_at: None,
+            events: fleet_registry::EventSink::discarding(),
+            machines_known: None,
         }
+    }
+
+    /// Tells `events` what the engine decides: units placed, moved, unplaced and waiting,
+    /// machines joined and lost.
+    pub fn with_events(mut self, events: fleet_registry::EventSink) -> Self {
+        self.events = events;
+        self
+    }
+
+    /// The machines that joined and were lost since the last look, as events; a leadership's
+    /// first look only learns them.
+    fn note_machines(&mut self, machines: &[MachineState]) {
+        if !self.events.keeps() {
+            return;
+        }
+        let now: BTreeMap<String, String> =
+            machines.iter().map(|machine| (machine.id.clone(), machine.public_ip.clone())).collect();
+        if let Some(before) = &self.machines_known {
+            self.events.note_all(fleet_core::events::machine_events(before, &now, (self.clock)()));
+        }
+        self.machines_known = Some(now);
     }
 
     /// Takes the engine's evictions and preemptions from the disruption budgets through
@@ -371,6 +399,7 @@ impl Engine {
             self.budgets_held_at = None;
             self.dependencies = dependencies::DependencyGate::default();
             self.waiting_at = None;
+            self.machines_known = None;
             self.first_look = true;
             self.jobs = jobs::Jobs::default();
         }
@@ -420,6 +449,7 @@ impl Engine {
         }
         let planning = tokio::time::Instant::now();
         let snapshot = self.registry.snapshot().await.map_err(|error| self.unread(error))?;
+        self.note_machines(&snapshot.machines);
         if self.planned == Some(snapshot.revision) {
             return Ok(());
         }
@@ -576,6 +606,9 @@ impl Engine {
                 self.preempted.insert(unit.clone(), preemptor.clone());
             }
         }
+        let at = (self.clock)();
+        self.events.note_all(fleet_core::events::placement_events(&decided.decisions, at));
+        self.events.note_all(fleet_core::events::waiting_events(&self.reasons, &reasons, at));
         self.reasons = reasons;
         self.planned = planned;
         // What is planned now is where the decisions just written leave the units, not

@@ -7,6 +7,8 @@
 //! reads the (empty) drains on each change and nothing more: never every machine, which at
 //! 10,000 machines cost the leader a third of its CPU while their agents reported states.
 
+use fleet_core::events::{EventKind, NewEvent};
+use fleet_registry::{EventSink, micros_now};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,11 +33,19 @@ pub struct DrainDriver {
     registry: Arc<dyn LeaderStore>,
     /// The disruptions this process decided, shared with the rollout driver.
     ledger: DisruptionLedger,
+    /// Where the drains' steps go as events.
+    events: EventSink,
 }
 
 impl DrainDriver {
     pub fn new(registry: Arc<dyn LeaderStore>) -> Self {
-        Self { registry, ledger: DisruptionLedger::default() }
+        Self { registry, ledger: DisruptionLedger::default(), events: EventSink::discarding() }
+    }
+
+    /// Tells `events` of each unit a drain lets go, each hold on a budget, each machine drained.
+    pub fn with_events(mut self, events: EventSink) -> Self {
+        self.events = events;
+        self
     }
 
     /// The driver counting disruption budgets with `ledger` (the one the rollout driver uses).
@@ -97,6 +107,10 @@ impl DrainDriver {
                 if !let_go.is_empty() {
                     tracing::info!(machine, units = ?let_go, "drain lets units go");
                 }
+                let at = micros_now();
+                self.events.note_all(let_go.iter().map(|unit| {
+                    NewEvent::new(at, EventKind::Drain, "the drain lets it go").of_unit(unit).on_machine(&machine)
+                }));
                 // Those that require what goes lose it while it moves: their budgets took it.
                 for unit in concerned.iter().filter(|unit| let_go.contains(&&unit.name)) {
                     for requirer in &unit.required_by {
@@ -107,9 +121,13 @@ impl DrainDriver {
                 let_go_from.extend(let_go.into_iter().map(|unit| (unit.clone(), machine.clone())));
                 if let Some(held) = drain.held.as_ref().filter(|held| before.held.as_ref() != Some(*held)) {
                     tracing::info!(machine, held, "drain waits on a disruption budget");
+                    let message = format!("the drain waits: {held}");
+                    self.events.note(NewEvent::new(at, EventKind::Drain, message).on_machine(&machine));
                 }
                 if progress.word() == "drained" {
                     tracing::info!(machine, moved = drain.moved, stay = progress.stays.len(), "machine drained");
+                    let message = format!("drained: {} moved, {} stay", drain.moved, progress.stays.len());
+                    self.events.note(NewEvent::new(at, EventKind::Drain, message).on_machine(&machine));
                 }
                 steps.push((machine, drain));
             }

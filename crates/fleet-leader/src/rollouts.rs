@@ -8,6 +8,8 @@
 //! clock (a deadline passing, a unit ready for long enough). With no rollout running it reads
 //! nothing until a rollout changes.
 
+use fleet_core::events::{EventKind, NewEvent};
+use fleet_registry::{EventSink, micros_now};
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -45,6 +47,8 @@ pub struct RolloutDriver {
     followed: HashMap<String, Followed>,
     /// How long the last pass waited on its writes (waves and records).
     writing: Duration,
+    /// Where the rollouts' steps go as events.
+    events: EventSink,
 }
 
 /// How a unit runs, as a rollout counts it: active counts only once its health check (where
@@ -135,7 +139,27 @@ pub fn observed<S: Borrow<UnitState>>(
 
 impl RolloutDriver {
     pub fn new(registry: Arc<dyn LeaderStore>) -> Self {
-        Self { registry, ledger: DisruptionLedger::default(), followed: HashMap::new(), writing: Duration::ZERO }
+        Self {
+            registry,
+            ledger: DisruptionLedger::default(),
+            followed: HashMap::new(),
+            writing: Duration::ZERO,
+            events: EventSink::discarding(),
+        }
+    }
+
+    /// Tells `events` of each unit a rollout replaces, each hold, pause, revert and end.
+    pub fn with_events(mut self, events: EventSink) -> Self {
+        self.events = events;
+        self
+    }
+
+    fn note(&self, name: &str, unit: Option<&str>, message: String) {
+        let event = NewEvent::new(micros_now(), EventKind::Rollout, format!("rollout {name}: {message}"));
+        self.events.note(match unit {
+            Some(unit) => event.of_unit(unit),
+            None => event,
+        });
     }
 
     /// The driver counting disruption budgets with `ledger` (the one the drain driver uses).
@@ -215,10 +239,14 @@ impl RolloutDriver {
             if let Some(held) = record.rollout.held.as_ref().filter(|held| before.rollout.held.as_ref() != Some(*held))
             {
                 tracing::info!(rollout = record.name, held, "rollout waits");
+                self.note(&record.name, None, format!("waits: {held}"));
             }
             let stepped = began.elapsed();
             if !step.replace.is_empty() {
                 tracing::info!(rollout = record.name, units = step.replace.len(), "rolling out new content");
+                for unit in &step.replace {
+                    self.note(&record.name, Some(unit.as_str()), "gives it its new content".to_string());
+                }
                 match &record.secret {
                     Some(secret) => self.move_secret(&record, secret, &step.replace).await?,
                     None => self.replace_all(&record, &step.replace).await?,
@@ -230,11 +258,19 @@ impl RolloutDriver {
             if record.rollout != before.rollout {
                 if let Some(why) = record.rollout.reverted.as_ref().filter(|_| before.rollout.reverted.is_none()) {
                     tracing::warn!(rollout = record.name, why, "rollout reverting by itself: a gate failed");
+                    self.note(&record.name, None, format!("reverting by itself: {why}"));
                 }
+                let state_moved = record.rollout.state != before.rollout.state;
                 if let RolloutState::Paused { reason } = &record.rollout.state {
                     tracing::warn!(rollout = record.name, reason, "rollout paused");
+                    if state_moved {
+                        self.note(&record.name, None, format!("paused: {reason}"));
+                    }
                 } else if record.rollout.state == RolloutState::Done {
                     tracing::info!(rollout = record.name, "rollout done");
+                    if state_moved {
+                        self.note(&record.name, None, "done".to_string());
+                    }
                 }
                 // Not over a pause, an undo or a promotion made since `before` was read:
                 // that change stands, and the next pass steps from it.

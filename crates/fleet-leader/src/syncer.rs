@@ -3,7 +3,9 @@
 //! writer; what happened goes to the source's status. Git → leader → agents: the agents see
 //! ordinary units.
 
+use fleet_core::events::{EventKind, NewEvent};
 use fleet_core::unpoisoned::Locked;
+use fleet_registry::{EventSink, micros_now};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -51,6 +53,8 @@ pub struct SourceSyncer {
     /// Each source's content at the commit last read, so that a sync that finds the same
     /// commit does not read and parse its files again.
     read: std::sync::Mutex<BTreeMap<String, ReadContent>>,
+    /// Where the syncs go as events.
+    events: EventSink,
 }
 
 /// A source's content as read at `commit`, from the place `origin` says.
@@ -67,7 +71,17 @@ fn origin(source: &SourceRecord) -> String {
 
 impl SourceSyncer {
     pub fn new(config: SyncerConfig, registry: Arc<dyn LeaderStore>) -> Self {
-        Self { config, registry, read: std::sync::Mutex::new(BTreeMap::new()) }
+        Self { config, registry, read: std::sync::Mutex::new(BTreeMap::new()), events: EventSink::discarding() }
+    }
+
+    /// Tells `events` of each sync that changed something and each that failed.
+    pub fn with_events(mut self, events: EventSink) -> Self {
+        self.events = events;
+        self
+    }
+
+    fn note(&self, source: &str, message: String) {
+        self.events.note(NewEvent::new(micros_now(), EventKind::Sync, format!("source {source}: {message}")));
     }
 
     /// The commit whose content is held for `source`, if any.
@@ -131,6 +145,9 @@ impl SourceSyncer {
             Ok(fetched) => fetched,
             Err(error) => {
                 tracing::warn!(source = source.name, %error, "source fetch failed");
+                if previous.error.as_ref() != Some(&error) {
+                    self.note(&source.name, format!("fetch failed: {error}"));
+                }
                 status.error = Some(error);
                 status.failures = previous.failures.saturating_add(1);
                 return status;
@@ -163,6 +180,7 @@ impl SourceSyncer {
                         changes = applied.changes,
                         "source synced"
                     );
+                    self.note(&source.name, format!("synced commit {}: {} changes", fetched.commit, applied.changes));
                 }
                 status.commit = Some(fetched.commit);
                 status.synced_at = Some(status.attempted_at);
@@ -174,6 +192,7 @@ impl SourceSyncer {
             }
             Err(error) => {
                 tracing::warn!(source = source.name, %error, "applying a source's changes failed");
+                self.note(&source.name, format!("applying commit {} failed: {error}", fetched.commit));
                 status.error = Some(format!("applying commit {}: {error}", fetched.commit));
                 status.failures = previous.failures.saturating_add(1);
             }

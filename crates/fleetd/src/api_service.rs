@@ -56,6 +56,7 @@ impl ApiService {
         backup: Option<Arc<dyn fleet_registry::StoreBackup>>,
         manager: Arc<dyn UnitManager>,
         activated: Vec<ApiListener>,
+        events: fleet_registry::EventSink,
     ) -> anyhow::Result<Self> {
         let tls_files = api_security::tls_files(config).map_err(anyhow::Error::msg)?;
         let tls = match &tls_files {
@@ -107,6 +108,7 @@ impl ApiService {
             preemption: config.preemption,
             agent_ttl: config.agent_ttl,
             plans_under_way: Default::default(),
+            events,
             backup: backup.map(|store| fleet_api::Backup {
                 store,
                 scratch: config.state_dir.clone(),

@@ -114,6 +114,10 @@ pub struct Config {
     /// How many past versions each unit keeps (`fleetctl history`), at most
     /// `unit_history::MOST_KEPT`; the fleetd that writes a unit applies its own.
     pub unit_versions_kept: usize,
+    /// How many of the cluster's events are kept (the engine leader trims the rest).
+    pub events_kept: usize,
+    /// How long the cluster's events are kept.
+    pub events_kept_for: Duration,
 }
 
 impl Default for Config {
@@ -172,6 +176,8 @@ impl Default for Config {
             placement_strategy: fleet_core::schedule::PlacementStrategy::Spread,
             preemption: false,
             unit_versions_kept: fleet_core::unit_history::DEFAULT_KEPT,
+            events_kept: fleet_core::events::DEFAULT_KEPT,
+            events_kept_for: Duration::from_secs(fleet_core::events::DEFAULT_KEPT_SECONDS),
         }
     }
 }
@@ -362,6 +368,20 @@ const OPTIONS: &[(&str, Setter)] = &[
     ("unit_versions_kept", |config, name, value| {
         let kept = fleet_core::unit_history::parse_kept(value).map_err(|error| bad(name, value, &error));
         assign(&mut config.unit_versions_kept, kept)
+    }),
+    ("events_kept", |config, name, value| {
+        let most = fleet_core::events::MOST_KEPT;
+        match value.trim().parse::<usize>() {
+            Ok(kept) if (1..=most).contains(&kept) => assign(&mut config.events_kept, Ok(kept)),
+            _ => Err(bad(name, value, &format!("expected a whole number from 1 to {most}"))),
+        }
+    }),
+    ("events_kept_for", |config, name, value| {
+        let kept_for = parse_go_duration(name, value)?;
+        if kept_for < Duration::from_secs(60) || kept_for > Duration::from_secs(90 * 86_400) {
+            return Err(bad(name, value, "expected a duration from 1m to 2160h (90 days)"));
+        }
+        assign(&mut config.events_kept_for, Ok(kept_for))
     }),
     ("placement_strategy", |config, name, value| {
         assign(&mut config.placement_strategy, value.parse().map_err(|reason: String| bad(name, value, &reason)))
@@ -621,6 +641,16 @@ mod tests {
                 "invalid value \"1001\" for option unit_versions_kept: expected a whole number from 0 to 1000",
             ),
             ("agent_ttl", "soon", "invalid value \"soon\" for option agent_ttl: expected a duration such as 30s"),
+            (
+                "events_kept",
+                "0",
+                "invalid value \"0\" for option events_kept: expected a whole number from 1 to 10000000",
+            ),
+            (
+                "events_kept_for",
+                "10s",
+                "invalid value \"10s\" for option events_kept_for: expected a duration from 1m to 2160h (90 days)",
+            ),
             (
                 "agent_heartbeat",
                 "2h",

@@ -86,6 +86,16 @@ pub const OPTION_DOCS: &[OptionDoc] = &[
         "How many past versions of each unit the store keeps for fleetctl history and revert (0 to 1000): each change of a unit's content or desired state makes a version. The fleetd that writes a unit applies its own setting: give every machine the same.",
     ),
     doc(
+        "events_kept",
+        "100000",
+        "How many of the cluster's events (fleetctl events, GET /fleet/v1/events) are kept, 1 to 10000000: the engine leader trims the oldest beyond it, whole batches at a time. The engine leader's setting applies.",
+    ),
+    doc(
+        "events_kept_for",
+        "24h",
+        "How long the cluster's events are kept, from 1m to 2160h: the engine leader trims those older. A reader resuming from an index trimmed away is told so (410) with the oldest index kept.",
+    ),
+    doc(
         "native_without_cgroups",
         "refuse",
         "What the native unit manager does where no cgroup v2 hierarchy can hold a unit's processes (fleetd mounts one at /run/fleet/cgroup2 when it runs as root and none is mounted): refuse to start, or allow units tracked by process group and environment only. With allow, a process that leaves its unit's session and clears its environment outlives the unit's stop.",

@@ -4,6 +4,7 @@ mod agent_journal_answers;
 mod api_service;
 mod capacity;
 mod daemon;
+mod event_trim;
 mod host;
 mod in_place;
 mod journal_answers;

@@ -22,6 +22,7 @@ use tokio::task::JoinSet;
 use crate::agent_journal_answers::AgentJournalAnswers;
 use crate::api_service::ApiService;
 use crate::daemon::{Components, Daemon};
+use crate::event_trim::EventTrimPass;
 use crate::journal_answers::JournalAnswers;
 use crate::memory_trim::MemoryTrim;
 use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
@@ -186,6 +187,8 @@ pub async fn run(
         "fleetd {} starting",
         fleetd::VERSION
     );
+    // Every part of this fleetd hands its events to one writer.
+    let events = fleet_registry::EventSink::writing_to(registry.clone());
     let api = ApiService::start(
         &config,
         &machine_id,
@@ -194,6 +197,7 @@ pub async fn run(
         backup,
         manager.clone(),
         activated,
+        events.clone(),
     )
     .await?;
     let serving = api.serving.clone();
@@ -208,6 +212,7 @@ pub async fn run(
         manager,
         api,
         secret_keys,
+        events,
     };
     let units = member.manager.clone();
     daemon.run(&serving, &mut member, units).await;
@@ -229,6 +234,8 @@ struct ClusterMember {
     api: ApiService,
     /// The cluster's secrets key, which opens what units name for the agent.
     secret_keys: Arc<fleet_api::secret_keys::SecretKeys>,
+    /// Where the agent, the engine and the leader's drivers hand their events.
+    events: fleet_registry::EventSink,
 }
 
 impl Components for ClusterMember {
@@ -251,9 +258,11 @@ impl Components for ClusterMember {
         let (registry, manager, running) = (self.registry.clone(), self.manager.clone(), lifecycle.clone());
         let secrets: Arc<dyn fleet_registry::UnitSecrets> =
             Arc::new(crate::store_secrets::StoreSecrets::new(self.registry.clone(), self.secret_keys.clone()));
+        let events = self.events.clone();
         tasks.spawn(supervise("agent", move || {
             Agent::new(agent_config.clone(), registry.clone(), manager.clone())
                 .with_secrets(secrets.clone())
+                .with_events(events.clone())
                 .run(running.clone())
         }));
         if self.api.serves_agents {
@@ -291,10 +300,12 @@ impl Components for ClusterMember {
         // same budgets.
         let ledger = DisruptionLedger::default();
         let (registry, running, shared) = (self.registry.clone(), lifecycle.clone(), ledger.clone());
+        let events = self.events.clone();
         tasks.spawn(supervise("engine", move || {
             Engine::new(engine_config.clone(), registry.clone())
                 .with_leadership_signal(leads.clone())
                 .with_disruption_ledger(shared.clone())
+                .with_events(events.clone())
                 .run(running.clone())
         }));
         let syncer_config = SyncerConfig {
@@ -304,17 +315,34 @@ impl Components for ClusterMember {
             max_units: config.source_max_units,
         };
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
+        let events = self.events.clone();
         tasks.spawn(supervise("source syncer", move || {
-            SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone())).run(leading.clone(), running.clone())
+            SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone()))
+                .with_events(events.clone())
+                .run(leading.clone(), running.clone())
         }));
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         let shared = ledger.clone();
+        let events = self.events.clone();
         tasks.spawn(supervise("rollout driver", move || {
-            RolloutDriver::new(Arc::new(registry.clone())).sharing(shared.clone()).run(leading.clone(), running.clone())
+            RolloutDriver::new(Arc::new(registry.clone()))
+                .sharing(shared.clone())
+                .with_events(events.clone())
+                .run(leading.clone(), running.clone())
         }));
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
+        let events = self.events.clone();
         tasks.spawn(supervise("drain driver", move || {
-            DrainDriver::new(Arc::new(registry.clone())).sharing(ledger.clone()).run(leading.clone(), running.clone())
+            DrainDriver::new(Arc::new(registry.clone()))
+                .sharing(ledger.clone())
+                .with_events(events.clone())
+                .run(leading.clone(), running.clone())
+        }));
+        let (log, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
+        let (kept, kept_for) = (config.events_kept, config.events_kept_for);
+        tasks.spawn(supervise("event trim", move || {
+            let pass = EventTrimPass::new(log.clone(), kept, kept_for);
+            fleet_runtime::while_leading(pass, fleet_runtime::Triggers::none(), leading.clone(), running.clone())
         }));
         if let Some(chores) = self.chores.clone() {
             tasks.spawn(supervise("store chores", move || {

@@ -152,6 +152,13 @@ pub async fn revoke(state: &ApiState, machine_id: &str) -> Result<Response, ApiE
     state.auth.forget_revoked().await;
     state.revocation_bell.ring();
     tracing::info!(machine = machine_id, "machine revoked");
+    let kind = fleet_core::events::EventKind::MachineRevoked;
+    let revoked = fleet_core::events::NewEvent::new(
+        fleet_registry::micros_now(),
+        kind,
+        "revoked: its certificates and its presence stop working",
+    );
+    state.events.note(revoked.on_machine(machine_id));
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

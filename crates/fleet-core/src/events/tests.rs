@@ -127,3 +127,61 @@ fn a_state_event_is_made_when_active_or_sub_moves_and_health_when_its_verdict_do
     assert_eq!(gone[0].message, "gone (was failed/failed)");
     assert!(state_changes(None, &StateReport::Remove("web@1.service".into()), 8).is_empty());
 }
+
+#[test]
+fn decisions_are_placed_moved_and_unplaced_each_with_why() {
+    use crate::schedule::{Decision, UnscheduleReason};
+    let decisions = [
+        Decision::Unschedule { unit: "a.service".into(), machine: "m1".into(), reason: UnscheduleReason::Drained },
+        Decision::Schedule { unit: "a.service".into(), machine: "m2".into() },
+        Decision::Schedule { unit: "b.service".into(), machine: "m1".into() },
+        Decision::Unschedule {
+            unit: "c.service".into(),
+            machine: "m3".into(),
+            reason: UnscheduleReason::TargetStateInactive,
+        },
+    ];
+    let shown: Vec<_> = placement_events(&decisions, 1)
+        .into_iter()
+        .map(|e| (e.kind, e.unit.unwrap(), e.machine.unwrap(), e.message))
+        .collect();
+    let expected = [
+        (EventKind::Moved, "a.service", "m2", "moved from m1 to m2: its machine is draining"),
+        (EventKind::Placed, "b.service", "m1", "placed on m1"),
+        (EventKind::Unplaced, "c.service", "m3", "taken off m3: target state inactive"),
+    ];
+    let expected: Vec<_> =
+        expected.iter().map(|(k, u, m, t)| (*k, u.to_string(), m.to_string(), t.to_string())).collect();
+    assert_eq!(shown, expected);
+}
+
+#[test]
+fn only_a_new_reason_to_wait_is_an_event() {
+    let before = [("a.service".to_string(), "no machine fits".to_string())];
+    let now = [
+        ("a.service".to_string(), "no machine fits".to_string()),
+        ("b.service".to_string(), "waiting for db.service: inactive on m1".to_string()),
+    ];
+    let events = waiting_events(&before, &now, 1);
+    assert_eq!(events.len(), 1);
+    assert_eq!(
+        (events[0].unit.as_deref(), events[0].message.as_str()),
+        (Some("b.service"), "waiting for db.service: inactive on m1")
+    );
+}
+
+#[test]
+fn machines_joined_and_lost_are_told_apart() {
+    use std::collections::BTreeMap;
+    let before = BTreeMap::from([("m1".to_string(), "10.0.0.1".to_string()), ("m2".to_string(), String::new())]);
+    let now = BTreeMap::from([("m1".to_string(), "10.0.0.1".to_string()), ("m3".to_string(), "10.0.0.3".to_string())]);
+    let shown: Vec<_> =
+        machine_events(&before, &now, 1).into_iter().map(|e| (e.kind, e.machine.unwrap(), e.message)).collect();
+    assert_eq!(
+        shown,
+        [
+            (EventKind::MachineJoined, "m3".to_string(), "joined (10.0.0.3)".to_string()),
+            (EventKind::MachineLost, "m2".to_string(), "its presence went away".to_string()),
+        ]
+    );
+}
