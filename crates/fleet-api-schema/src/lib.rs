@@ -1284,7 +1284,7 @@ pub struct ClusterEvent {
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "machineID", default, skip_serializing_if = "Option::is_none")]
     pub machine_id: Option<String>,
     /// The identity that asked, for what one asked for.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -2,8 +2,10 @@
 
 #![forbid(unsafe_code)]
 
+mod event_stream;
 pub mod original_registry;
 mod unreachable;
+pub use event_stream::EventQuery;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

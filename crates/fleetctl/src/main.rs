@@ -299,6 +299,35 @@ enum Command {
         no_legend: bool,
         unit: String,
     },
+    /// Show what happens in the cluster: units placed, moved, unplaced and waiting, their
+    /// state and health, machines joined, lost and revoked, drains, rollouts, syncs and every
+    /// write through the API (kept: fleetd's events_kept, events_kept_for)
+    Events {
+        #[command(flatten)]
+        output: output::OutputFlag,
+        /// Keep printing events as they happen (reconnecting after the last one read)
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only events of units matching this pattern (web@*.service)
+        #[arg(long)]
+        unit: Option<String>,
+        /// Only events of this machine (its ID or the start of it)
+        #[arg(long)]
+        machine: Option<String>,
+        /// Only these kinds, comma-separated: placed, moved, unplaced, waiting, state, health,
+        /// machine-joined, machine-lost, machine-revoked, drain, rollout, sync, write
+        #[arg(long, value_delimiter = ',')]
+        kind: Vec<String>,
+        /// Only events after this index (as the INDEX column shows; 0: the oldest kept)
+        #[arg(long, default_value_t = 0)]
+        since: u64,
+        /// Show machine IDs in full
+        #[arg(long)]
+        full: bool,
+        /// Omit the header line
+        #[arg(long)]
+        no_legend: bool,
+    },
     /// Bring back a version of a unit (see `fleetctl history`): its content and desired state;
     /// a unit that runs gets the old content through a rollout, waited for
     Revert {
@@ -867,8 +896,8 @@ async fn with_units(
 
 async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -> Outcome {
     use commands::{
-        backup, history, import_original, inspect, lifecycle, list, machine, plan, registration_token, remote, rollout,
-        runs, secret, source, token,
+        backup, events, history, import_original, inspect, lifecycle, list, machine, plan, registration_token, remote,
+        rollout, runs, secret, source, token,
     };
     match command {
         Command::Ssh { forward_agent, ssh_port, machine, unit, args } => {
@@ -880,6 +909,11 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         }
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Runs { unit, output } => runs::runs(&context, &unit, output.output).await,
+        Command::Events { output, follow, unit, machine, kind, since, full, no_legend } => {
+            let query = fleet_client::EventQuery { since, unit, machine, kinds: kind, follow };
+            let asked = events::EventsAsked { query, output: output.output, full, no_legend };
+            events::events(&context, &asked).await
+        }
         Command::History { unit, output, no_legend } => {
             history::history(&context, &unit, output.output, no_legend).await
         }

@@ -2,6 +2,7 @@
 
 pub mod backup;
 pub mod create;
+pub mod events;
 pub mod file_facts;
 pub mod history;
 pub mod import_original;

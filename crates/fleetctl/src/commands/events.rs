@@ -1,0 +1,83 @@
+//! `fleetctl events`: what happens in the cluster, from the events it keeps on, and with
+//! `--follow` as it happens (our addition; `GET /fleet/v1/events`).
+
+use std::io::Write;
+
+use fleet_api_schema::ClusterEvent;
+use fleet_client::EventQuery;
+
+use crate::Outcome;
+use crate::context::Context;
+use crate::output::OutputFormat;
+
+/// What `fleetctl events` was asked.
+pub struct EventsAsked {
+    pub query: EventQuery,
+    pub output: OutputFormat,
+    pub full: bool,
+    pub no_legend: bool,
+}
+
+const LEGEND: &str = "INDEX\tTIME\tKIND\tUNIT\tMACHINE\tMESSAGE";
+
+/// One line of the table: tab-separated, so a line is printed as its event comes.
+fn line(event: &ClusterEvent, full: bool) -> String {
+    let machine = event.machine_id.as_deref().unwrap_or("-");
+    let machine = if full { machine } else { machine.get(..8).unwrap_or(machine) };
+    let by = event.by.as_deref().map(|by| format!(" (by {by})")).unwrap_or_default();
+    format!(
+        "{}\t{}\t{}\t{}\t{machine}\t{}{by}",
+        event.index,
+        event.time,
+        event.kind,
+        event.unit.as_deref().unwrap_or("-"),
+        event.message
+    )
+}
+
+pub async fn events(context: &Context, asked: &EventsAsked) -> Outcome {
+    let mut out = std::io::stdout().lock();
+    if asked.output != OutputFormat::Json && !asked.no_legend && writeln!(out, "{LEGEND}").is_err() {
+        return Outcome::Success;
+    }
+    let shown = |event: ClusterEvent| {
+        let text = match asked.output {
+            OutputFormat::Json => serde_json::to_string(&event).unwrap_or_default(),
+            _ => line(&event, asked.full),
+        };
+        // A reader that went away (a pipe closed) ends it.
+        writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+    };
+    match context.client.events(&asked.query, shown).await {
+        Ok(()) => Outcome::Success,
+        Err(error) => {
+            eprintln!("Error reading events: {error}");
+            Outcome::Failure
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_shortens_the_machine_unless_full_and_names_who_asked() {
+        let event = ClusterEvent {
+            index: 120_003,
+            time: "2026-12-05T21:00:00.000000Z".into(),
+            kind: "write".into(),
+            unit: Some("web.service".into()),
+            machine_id: Some("0123456789abcdef".into()),
+            by: Some("token:ci".into()),
+            message: "PUT /fleet/v1/units/web.service: 201 Created".into(),
+        };
+        assert_eq!(
+            line(&event, false),
+            "120003\t2026-12-05T21:00:00.000000Z\twrite\tweb.service\t01234567\tPUT /fleet/v1/units/web.service: 201 Created (by token:ci)"
+        );
+        assert!(line(&event, true).contains("\t0123456789abcdef\t"));
+        let bare = ClusterEvent { unit: None, machine_id: None, by: None, ..event };
+        assert!(line(&bare, false).starts_with("120003\t2026-12-05T21:00:00.000000Z\twrite\t-\t-\tPUT"));
+    }
+}
