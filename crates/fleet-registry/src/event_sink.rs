@@ -96,3 +96,41 @@ async fn write_batches(log: Arc<dyn EventLog>, mut queued: mpsc::Receiver<NewEve
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fleet_core::events::{EventKind, EventPage};
+
+    /// A log that never answers: what a store away looks like to the writer.
+    struct Away;
+
+    #[async_trait::async_trait]
+    impl EventLog for Away {
+        async fn append_events(&self, _: &[NewEvent]) -> crate::Result<()> {
+            std::future::pending().await
+        }
+        async fn events_after(&self, _: u64, _: usize) -> crate::Result<EventPage> {
+            Ok(EventPage::default())
+        }
+        fn event_changes(&self) -> crate::ChangeSignal {
+            tokio::sync::watch::channel(0).1
+        }
+        async fn trim_events(&self, _: usize, _: i64) -> crate::Result<usize> {
+            Ok(0)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_drops_and_counts_without_waiting() {
+        let sink = EventSink::writing_to(Arc::new(Away));
+        // The writer holds one batch it cannot write; the queue behind it fills, then drops.
+        for _ in 0..(PER_WRITE + QUEUED + 10) {
+            sink.note(NewEvent::new(0, EventKind::Write, "x"));
+        }
+        assert!(sink.dropped.load(Ordering::Relaxed) >= 10, "{}", sink.dropped.load(Ordering::Relaxed));
+        let discarding = EventSink::discarding();
+        discarding.note(NewEvent::new(0, EventKind::Write, "x"));
+        assert!(!discarding.keeps());
+    }
+}
