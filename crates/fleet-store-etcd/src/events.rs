@@ -68,7 +68,9 @@ impl EventLog for EtcdRegistry {
             trimmed_through: trimmed_through(&data, &self.keys().events_trimmed()),
             ..EventPage::default()
         };
-        let batches = batches(&data, &range, &self.keys().events_trimmed());
+        // Sorted once per change of the copy, however many followers read it.
+        let mark = self.keys().events_trimmed();
+        let batches = mirror.derived(&data, |data| batches(data, &range, &mark));
         page.oldest = batches.first().map(|(revision, ..)| index_of(*revision as u64, 0));
         let first =
             batches.partition_point(|(revision, ..)| index_of(*revision as u64, PER_BATCH as usize - 1) <= after);
@@ -99,7 +101,8 @@ impl EventLog for EtcdRegistry {
             let mirror = self.events_mirror();
             let data = mirror.listed(FIRST_LISTING).await?;
             let range = KeyRange::prefix(self.keys().events());
-            let batches = batches(&data, &range, &self.keys().events_trimmed());
+            let mark = self.keys().events_trimmed();
+            let batches = mirror.derived(&data, |data| batches(data, &range, &mark));
             let kept: Vec<(u64, i64)> = batches
                 .iter()
                 .flat_map(|(revision, _, events)| {
@@ -110,13 +113,13 @@ impl EventLog for EtcdRegistry {
             // Whole batches go, each once all its events are due.
             let (mut count, mut gone, mut through) =
                 (0, Vec::new(), trimmed_through(&data, &self.keys().events_trimmed()));
-            for (revision, key, events) in batches {
+            for (revision, key, events) in batches.iter() {
                 if count + events.len() > going {
                     break;
                 }
                 count += events.len();
-                gone.push(key);
-                through = through.max(index_of(revision as u64, events.len().saturating_sub(1)));
+                gone.push(key.clone());
+                through = through.max(index_of(*revision as u64, events.len().saturating_sub(1)));
             }
             (gone, through, count)
         };
