@@ -36,9 +36,14 @@
 //! (`fleet_testkit::LARGE_CLUSTER_SETTINGS`), the header line says which; with
 //! `etcd-defaults`, with etcd's own defaults.
 //!
-//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health] [via-standby] [dependent] [etcd-defaults]`
+//! With `events=N`, N followers read the engine fleetd's event stream during (a)
+//! ([`event_followers`]): how soon after the units were launched each was told of every
+//! placement, and the engine fleetd's CPU over (a) with them (compare a run without).
+//!
+//! Run: `cargo build --release --workspace --bins && target/release/bench-cluster [MACHINES] [UNITS] [IDLE_SECONDS] [reserve] [health] [via-standby] [dependent] [etcd-defaults] [events=N]`
 
 mod etcd_metrics;
+mod event_followers;
 mod health_rollouts;
 
 use std::collections::HashSet;
@@ -102,6 +107,8 @@ fn main() {
     let via_standby = options.iter().any(|option| option == "via-standby");
     let etcd_defaults = options.iter().any(|option| option == "etcd-defaults");
     let dependent = options.iter().any(|option| option == "dependent");
+    let followers: usize =
+        options.iter().find_map(|option| option.strip_prefix("events=")).and_then(|n| n.parse().ok()).unwrap_or(0);
     // The simulated machines' own log (their renewals, registrations, passes), on stderr when
     // asked for: `RUST_LOG=fleet_registry=info`.
     if std::env::var_os("RUST_LOG").is_some() {
@@ -127,7 +134,12 @@ fn main() {
     let engine_config =
         [("etcd_servers", etcd.endpoint()), ("metadata", "role=engine".into()), ("etcd_request_timeout", "5".into())];
     let engine_config: Vec<(&str, &str)> = engine_config.iter().map(|(key, value)| (*key, value.as_str())).collect();
-    let mut engine = Fleetd::start("e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0", &engine_config);
+    // With followers, the engine fleetd also listens on HTTPS, where viewer tokens are taken.
+    let listener = (followers > 0).then(event_followers::Listener::new);
+    let listening = listener.as_ref().map(event_followers::Listener::config).unwrap_or_default();
+    let mut leader_config = engine_config.clone();
+    leader_config.extend(listening.iter().map(|(key, value)| (key.as_str(), value.as_str())));
+    let mut engine = Fleetd::start("e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0", &leader_config);
     wait_for_leader(&engine);
     // A second engine fleetd, standing by: it takes over when the leader is killed (f).
     let mut standby = Fleetd::start("e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1e1", &engine_config);
@@ -212,6 +224,7 @@ fn main() {
         let presence_before = presence_requests();
         let held_before = writes_held(&engine);
         let launched = LaunchedUnits::follow(&etcd.endpoint(), PREFIX).await;
+        let following = listener.as_ref().map(|listener| event_followers::Followers::start(&engine, listener, followers));
         let submitting = Instant::now();
         // `via-standby`: the units go through the standby fleetd's API, so the leader learns
         // them only through its watch, as it does when the submitting fleetd does not lead.
@@ -230,6 +243,18 @@ fn main() {
             submitting.elapsed().as_secs_f64(),
             cpu_seconds(engine.pid()) - cpu_before
         );
+        if let Some(following) = &following {
+            let told = following.wait_for(units as u64, Duration::from_secs(300));
+            let (fewest, most) = following.told();
+            match told {
+                Some(after) => println!(
+                    "      events: {followers} followers each told of all {units} placements {:.2} s after all were launched (told {fewest}..{most}); their fleetctl CPU {:.1} s",
+                    after.as_secs_f64(),
+                    following.cpu_seconds()
+                ),
+                None => panic!("events: not every follower was told of the {units} placements within 300 s (told {fewest}..{most})"),
+            }
+        }
         let counters = etcd_metrics::delta(&submission_counters, &etcd_metrics::read(&metrics_address));
         let seconds = submitting.elapsed().as_secs_f64();
         let rates: Vec<String> =
