@@ -60,6 +60,22 @@ impl FeedSlots {
     }
 }
 
+impl FeedSlots {
+    /// [`FeedSlots::take`], or the 429 that refuses the feed. The connection goes with the
+    /// refusal: a refused feed keeps no connection of the listener's for the keep-alive's
+    /// while (issue 67).
+    pub fn take_or_refuse(self: &Arc<Self>, identity: &str) -> Result<FeedSlot, axum::response::Response> {
+        use axum::http::{HeaderValue, StatusCode, header};
+        use axum::response::IntoResponse;
+        self.take(identity).map_err(|full| {
+            let refused = crate::error::ApiError::new(StatusCode::TOO_MANY_REQUESTS, full.to_string());
+            let mut refused = refused.into_response();
+            refused.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            refused
+        })
+    }
+}
+
 impl Drop for FeedSlot {
     fn drop(&mut self) {
         let mut open = self.slots.open.locked();

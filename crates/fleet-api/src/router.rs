@@ -90,23 +90,13 @@ async fn dispatch(State(state): State<ApiState>, request: Request) -> Response {
         Found::Route(route, params) => (route, params),
         Found::WrongMethod(message) => {
             let response = ApiError::new(StatusCode::METHOD_NOT_ALLOWED, message).into_response();
-            return finish(
-                Outcome { response, route: None, identity: None, action: None },
-                &method,
-                &path,
-                started,
-                &state.events,
-            );
+            let unrouted = Outcome { response, route: None, identity: None, action: None };
+            return finish(unrouted, &method, &path, started, &state.events);
         }
         Found::Nothing => {
             let response = ApiError::not_found("").into_response();
-            return finish(
-                Outcome { response, route: None, identity: None, action: None },
-                &method,
-                &path,
-                started,
-                &state.events,
-            );
+            let unrouted = Outcome { response, route: None, identity: None, action: None };
+            return finish(unrouted, &method, &path, started, &state.events);
         }
     };
     let query = query_pairs(parts.uri.query());

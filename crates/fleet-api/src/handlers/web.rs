@@ -93,15 +93,9 @@ async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)>
 }
 
 pub async fn events(state: &ApiState, identity: &Identity) -> Result<Response, ApiError> {
-    let slot = match state.feed_slots.take(&identity.name) {
+    let slot = match state.feed_slots.take_or_refuse(&identity.name) {
         Ok(slot) => slot,
-        // The connection goes with the refusal: a refused live view keeps no connection of the
-        // listener's for the keep-alive's while (issue 67).
-        Err(full) => {
-            let mut refused = ApiError::new(StatusCode::TOO_MANY_REQUESTS, full.to_string()).into_response();
-            refused.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return Ok(refused);
-        }
+        Err(refused) => return Ok(refused),
     };
     let (view, patches) = state.live_view.watch(state.registry.clone()).await?;
     let role = identity.role.clone();
