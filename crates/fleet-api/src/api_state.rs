@@ -122,6 +122,8 @@ pub struct ApiState {
     pub plans_under_way: Arc<std::sync::atomic::AtomicUsize>,
     /// Where the audit trail's writes go as events (discarding unless fleetd sets one).
     pub events: fleet_registry::EventSink,
+    /// Events as the event streams send them, each encoded once for every follower.
+    pub encoded_events: Arc<crate::encoded_events::EncodedEvents>,
 }
 
 impl ApiState {
@@ -153,6 +155,7 @@ impl ApiState {
             agent_ttl: std::time::Duration::from_secs(30),
             plans_under_way: Default::default(),
             events: fleet_registry::EventSink::discarding(),
+            encoded_events: Default::default(),
         }
     }
 }

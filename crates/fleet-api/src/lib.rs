@@ -15,6 +15,7 @@ mod api_state;
 pub mod auth;
 mod call;
 mod encoded_bodies;
+mod encoded_events;
 mod error;
 pub mod feed_slots;
 mod handlers;

@@ -109,6 +109,7 @@ impl ApiService {
             agent_ttl: config.agent_ttl,
             plans_under_way: Default::default(),
             events,
+            encoded_events: Default::default(),
             backup: backup.map(|store| fleet_api::Backup {
                 store,
                 scratch: config.state_dir.clone(),

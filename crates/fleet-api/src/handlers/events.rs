@@ -100,14 +100,11 @@ pub fn shown(event: &Event) -> ClusterEvent {
     }
 }
 
-/// Writes `event` as one server-sent event onto `out`.
-fn write_sent(out: &mut String, event: &Event) {
-    use std::fmt::Write;
+/// `event` as one server-sent event.
+fn encoded(event: &Event) -> String {
     match serde_json::to_string(&shown(event)) {
-        Ok(json) => {
-            let _ = write!(out, "id: {}\nevent: {}\ndata: {json}\n\n", event.index, event.event.kind.name());
-        }
-        Err(_) => out.push_str(": unencodable event\n\n"),
+        Ok(json) => format!("id: {}\nevent: {}\ndata: {json}\n\n", event.index, event.event.kind.name()),
+        Err(_) => ": unencodable event\n\n".to_string(),
     }
 }
 
@@ -154,7 +151,7 @@ async fn next_event(mut stream: Stream) -> Option<(Result<Bytes, Infallible>, St
             while chunk.len() < CHUNK_BYTES
                 && let Some(event) = stream.pending.pop_front()
             {
-                write_sent(&mut chunk, &event);
+                chunk.push_str(&stream.state.encoded_events.sent(&event, encoded));
             }
             return Some((Ok(Bytes::from(chunk)), stream));
         }
