@@ -64,14 +64,14 @@ impl FeedSlots {
     /// [`FeedSlots::take`], or the 429 that refuses the feed. The connection goes with the
     /// refusal: a refused feed keeps no connection of the listener's for the keep-alive's
     /// while (issue 67).
-    pub fn take_or_refuse(self: &Arc<Self>, identity: &str) -> Result<FeedSlot, axum::response::Response> {
+    pub fn take_or_refuse(self: &Arc<Self>, identity: &str) -> Result<FeedSlot, Box<axum::response::Response>> {
         use axum::http::{HeaderValue, StatusCode, header};
         use axum::response::IntoResponse;
         self.take(identity).map_err(|full| {
             let refused = crate::error::ApiError::new(StatusCode::TOO_MANY_REQUESTS, full.to_string());
             let mut refused = refused.into_response();
             refused.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-            refused
+            Box::new(refused)
         })
     }
 }

@@ -43,6 +43,8 @@ pub struct ApiService {
     owned_sockets: Vec<PathBuf>,
     /// The cluster's secrets key, shared with the agent; a reload reads its file again.
     pub secret_keys: Arc<fleet_api::secret_keys::SecretKeys>,
+    /// Where the API's writes go as events, and the agent's, the engine's and the leader's.
+    pub events: fleet_registry::EventSink,
 }
 
 impl ApiService {
@@ -56,7 +58,6 @@ impl ApiService {
         backup: Option<Arc<dyn fleet_registry::StoreBackup>>,
         manager: Arc<dyn UnitManager>,
         activated: Vec<ApiListener>,
-        events: fleet_registry::EventSink,
     ) -> anyhow::Result<Self> {
         let tls_files = api_security::tls_files(config).map_err(anyhow::Error::msg)?;
         let tls = match &tls_files {
@@ -85,6 +86,8 @@ impl ApiService {
         let serves_agents = agent_ca.is_some();
         let agent_presence = Arc::new(AgentPresence::new(config.agent_ttl));
         let journal_relay = Arc::new(fleet_api::journal_relay::JournalRelay::default());
+        // Every part of this fleetd hands its events to this one writer.
+        let events = fleet_registry::EventSink::writing_to(registry.clone());
         let state = ApiState {
             registry: registry.clone(),
             page_size: page_size.clone(),
@@ -108,7 +111,7 @@ impl ApiService {
             preemption: config.preemption,
             agent_ttl: config.agent_ttl,
             plans_under_way: Default::default(),
-            events,
+            events: events.clone(),
             encoded_events: Default::default(),
             backup: backup.map(|store| fleet_api::Backup {
                 store,
@@ -158,6 +161,7 @@ impl ApiService {
             server,
             owned_sockets,
             secret_keys,
+            events,
         })
     }
 

@@ -187,8 +187,6 @@ pub async fn run(
         "fleetd {} starting",
         fleetd::VERSION
     );
-    // Every part of this fleetd hands its events to one writer.
-    let events = fleet_registry::EventSink::writing_to(registry.clone());
     let api = ApiService::start(
         &config,
         &machine_id,
@@ -197,11 +195,10 @@ pub async fn run(
         backup,
         manager.clone(),
         activated,
-        events.clone(),
     )
     .await?;
     let serving = api.serving.clone();
-    let secret_keys = api.secret_keys.clone();
+    let (secret_keys, events) = (api.secret_keys.clone(), api.events.clone());
     let mut member = ClusterMember {
         config,
         config_path,

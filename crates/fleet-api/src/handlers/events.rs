@@ -195,7 +195,7 @@ pub async fn get(
     }
     let slot = match state.feed_slots.take_or_refuse(&identity.name) {
         Ok(slot) => slot,
-        Err(refused) => return Ok(refused),
+        Err(refused) => return Ok(*refused),
     };
     let role = identity.role.clone();
     let mut stream = Stream {

@@ -95,7 +95,7 @@ async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)>
 pub async fn events(state: &ApiState, identity: &Identity) -> Result<Response, ApiError> {
     let slot = match state.feed_slots.take_or_refuse(&identity.name) {
         Ok(slot) => slot,
-        Err(refused) => return Ok(refused),
+        Err(refused) => return Ok(*refused),
     };
     let (view, patches) = state.live_view.watch(state.registry.clone()).await?;
     let role = identity.role.clone();
