@@ -124,6 +124,8 @@ pub struct ApiState {
     pub events: fleet_registry::EventSink,
     /// Events as the event streams send them, each encoded once for every follower.
     pub encoded_events: Arc<crate::encoded_events::EncodedEvents>,
+    /// What pull agents last reported of their units, for the events their next reports make.
+    pub agent_state_events: Arc<crate::agent_state_events::AgentStateEvents>,
 }
 
 impl ApiState {
@@ -156,6 +158,7 @@ impl ApiState {
             plans_under_way: Default::default(),
             events: fleet_registry::EventSink::discarding(),
             encoded_events: Default::default(),
+            agent_state_events: Default::default(),
         }
     }
 }

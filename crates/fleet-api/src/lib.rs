@@ -10,6 +10,7 @@
 //! - [`serve`]: the connections on those listeners, with their limits and timeouts.
 
 pub mod agent_presence;
+mod agent_state_events;
 pub mod announce_pace;
 mod api_state;
 pub mod auth;

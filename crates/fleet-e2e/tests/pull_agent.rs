@@ -296,6 +296,13 @@ fn fleetd_in_pull_mode_joins_runs_units_and_comes_back_with_its_own_certificate(
     fleetd.wait_until("the pull fleetd reports pulled.service healthy", Duration::from_secs(30), health_is("healthy"));
     drop(listener);
     fleetd.wait_until("and unhealthy once its port closes", Duration::from_secs(30), health_is("unhealthy"));
+    // The manager makes the events of what its pull agents report.
+    fleetd.wait_until("the turn to unhealthy is an event", Duration::from_secs(30), |fleetd| {
+        let events = fleetd.ok(&["events", "-o", "json", "--unit", "pulled.service", "--kind", "health"]).stdout;
+        events
+            .lines()
+            .any(|line| line.contains("\"machineID\":\"pullfleetd000001\"") && line.contains("\"message\":\"unhealthy"))
+    });
     let status = fleetd.fleetctl_in(units.path(), &["status", "pulled.service"]).stdout;
     assert!(status.contains(&format!("connecting to 127.0.0.1:{checked}")), "{status}");
 

@@ -113,6 +113,7 @@ impl ApiService {
             plans_under_way: Default::default(),
             events: events.clone(),
             encoded_events: Default::default(),
+            agent_state_events: Default::default(),
             backup: backup.map(|store| fleet_api::Backup {
                 store,
                 scratch: config.state_dir.clone(),

@@ -136,6 +136,7 @@ fn announced_taints(written: &[String]) -> Result<fleet_core::taint::Taints, Api
 /// The machine leaves the cluster (a clean stop): it and its states go, its units move.
 pub async fn unregister(state: &ApiState, machine_id: &str) -> Result<Response, ApiError> {
     state.agent_presence.forget(machine_id);
+    state.agent_state_events.forget(machine_id);
     agents(state)?.unregister_machine(machine_id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -342,16 +343,18 @@ pub async fn report(state: &ApiState, machine_id: &str, body: &[u8]) -> Result<R
     let agents = agents(state)?;
     let request: AgentStates =
         serde_json::from_slice(body).map_err(|error| ApiError::bad_request(format!("invalid states: {error}")))?;
-    take_states(agents, machine_id, request).await?;
+    take_states(agents, machine_id, request, (&state.agent_state_events, &state.events)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 /// Stores the state changes `machine_id` reports of its own units (by request or on its
-/// change stream): a state only of a unit it holds, every value checked.
+/// change stream): a state only of a unit it holds, every value checked. Once stored, what
+/// they change of its units' states and health goes to the event sink (`noting`).
 pub(super) async fn take_states(
     agents: &Arc<dyn AgentRegistry>,
     machine_id: &str,
     request: AgentStates,
+    noting: (&crate::agent_state_events::AgentStateEvents, &fleet_registry::EventSink),
 ) -> Result<(), ApiError> {
     let work = agents.machine_work(machine_id).await?;
     let (names, _) = held(&work);
@@ -410,6 +413,10 @@ pub(super) async fn take_states(
     }
     reports.extend(request.removed.into_iter().map(StateReport::Remove));
     agents.report_states(machine_id, &reports).await?;
+    let (seen, sink) = noting;
+    if sink.keeps() {
+        sink.note_all(seen.events_of(machine_id, &reports, fleet_registry::micros_now()));
+    }
     Ok(())
 }
 

@@ -25,6 +25,7 @@ use self::changes_line::Carried;
 use self::incoming::{Incoming, Said};
 use super::agent_facet::{agents, take_states};
 use crate::agent_presence::AgentPresence;
+use crate::agent_state_events::AgentStateEvents;
 use crate::api_state::ApiState;
 use crate::auth::{Auth, Identity};
 use crate::encoded_bodies::EncodedBodies;
@@ -91,6 +92,8 @@ pub async fn open(
         journal: state.journal_relay.clone(),
         revocations: state.revocation_bell.clone(),
         auth: state.auth.clone(),
+        state_events: state.agent_state_events.clone(),
+        events: state.events.clone(),
     };
     tokio::spawn(stream.serve_upgraded(connection, hold));
     let mut response = Response::new(Body::empty());
@@ -148,6 +151,9 @@ struct ChangeStream {
     journal: Arc<JournalRelay>,
     revocations: Arc<RevocationBell>,
     auth: Auth,
+    /// What its reports make of events, and where they go.
+    state_events: Arc<AgentStateEvents>,
+    events: fleet_registry::EventSink,
 }
 
 /// A line the manager owes its agent.
@@ -319,7 +325,8 @@ impl ChangeStream {
 
     /// Stores the states the agent wrote and tells it how that went, as `POST …/states` would.
     async fn states_answer(&self, states: AgentStreamStates, revision: u64) -> Vec<u8> {
-        let answer = match take_states(&self.agents, &self.machine, states.states).await {
+        let noting = (self.state_events.as_ref(), &self.events);
+        let answer = match take_states(&self.agents, &self.machine, states.states, noting).await {
             Ok(()) => {
                 AgentStreamAnswer { id: states.id, status: StatusCode::NO_CONTENT.as_u16(), message: String::new() }
             }

@@ -53,6 +53,8 @@ async fn served_with(version: Version, scheduled: &[(&str, &UnitFile)], heartbea
         journal: Arc::new(JournalRelay::default()),
         revocations: Arc::new(RevocationBell::default()),
         auth: Auth::new(Arc::new(registry.clone()), None),
+        state_events: Arc::default(),
+        events: fleet_registry::EventSink::writing_to(Arc::new(registry.clone())),
     };
     let slots = Arc::new(Semaphore::new(1));
     let (stop, stopped) = watch::channel(false);
@@ -323,6 +325,28 @@ async fn states_written_on_a_second_version_stream_are_stored_and_answered() {
     assert_eq!((refused.id, refused.status), (2, 403));
     assert_eq!(refused.message, "machine m1 does not hold z.service");
     assert!(!served.task.is_finished(), "a refused report keeps the stream");
+
+    // The machine's first report taught the manager what runs; the next one's change is an
+    // event, made by the manager.
+    let failed = crate::schema::AgentUnitState {
+        systemd_active_state: "failed".into(),
+        systemd_sub_state: "failed".into(),
+        ..held.states.set[0].clone()
+    };
+    let next = AgentStreamStates { id: 3, states: crate::schema::AgentStates { set: vec![failed], removed: vec![] } };
+    let mut sent = serde_json::to_vec(&next).unwrap();
+    sent.push(b'\n');
+    served.agent.get_mut().write_all(&sent).await.unwrap();
+    assert_eq!(changes(&line(&mut served.agent).await).answer.map(|answer| answer.status), Some(204));
+    let registry = served.registry.clone();
+    let messages = async || {
+        let page = fleet_registry::EventLog::events_after(&registry, 0, 100).await.unwrap();
+        page.events.into_iter().map(|e| (e.event.unit, e.event.machine, e.event.message)).collect::<Vec<_>>()
+    };
+    fleet_testkit::eventually("the change is an event", async || !messages().await.is_empty()).await;
+    let expected =
+        (Some("a.service".to_string()), Some("m1".to_string()), "failed/failed (was active/running)".to_string());
+    assert_eq!(messages().await, [expected]);
 }
 
 #[tokio::test]
