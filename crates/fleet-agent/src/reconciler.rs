@@ -81,6 +81,9 @@ pub struct Agent {
     reported: BTreeMap<String, UnitState>,
     /// Where its units' state and health changes go as events.
     events: fleet_registry::EventSink,
+    /// Whether a report was stored since this agent started: the first only says what runs
+    /// here (a restarted fleetd finds its units running), and makes no events.
+    reported_once: bool,
     /// Whether the units were stopped because the presence lapsed (`stop_units_when_cut_off`).
     fenced: bool,
     /// Whether the presence may have lapsed, by this machine's clock.
@@ -185,6 +188,7 @@ impl Agent {
             loaded: BTreeMap::new(),
             reported: BTreeMap::new(),
             events: fleet_registry::EventSink::discarding(),
+            reported_once: false,
             fenced: false,
             presence_lapsed: false,
             at_most_once: BTreeSet::new(),
@@ -907,7 +911,7 @@ impl Agent {
             apply_uncertain_reports(&mut self.reported, reports);
             return Err(error);
         }
-        if self.events.keeps() {
+        if self.events.keeps() && std::mem::replace(&mut self.reported_once, true) {
             let at = fleet_registry::micros_now();
             for report in &reports {
                 let name = match report {
