@@ -132,12 +132,18 @@ impl Stream {
         if page.missed_after(self.after) {
             return Ok((false, false));
         }
-        if let Some(last) = page.events.last() {
+        self.take(page.events);
+        Ok((true, page.more))
+    }
+
+    /// Takes events read after the last: this reader's next index, and those it sees and
+    /// asked for to send.
+    fn take(&mut self, events: Vec<Event>) {
+        if let Some(last) = events.last() {
             self.after = last.index;
         }
         let (role, filter) = (&self.role, &self.filter);
-        self.pending.extend(page.events.into_iter().filter(|e| visible_to(role, &e.event) && filter.admits(&e.event)));
-        Ok((true, page.more))
+        self.pending.extend(events.into_iter().filter(|e| visible_to(role, &e.event) && filter.admits(&e.event)));
     }
 }
 
@@ -209,13 +215,7 @@ pub async fn get(
         ended: false,
         _slot: slot,
     };
-    if let Some(last) = first.events.last() {
-        stream.after = last.index;
-    }
-    let (role, filter) = (&stream.role, &stream.filter);
-    let seen: Vec<Event> =
-        first.events.into_iter().filter(|e| visible_to(role, &e.event) && filter.admits(&e.event)).collect();
-    stream.pending.extend(seen);
+    stream.take(first.events);
     let body = Body::from_stream(futures_util::stream::unfold(stream, next_event));
     let mut response = ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
     let headers = response.headers_mut();
