@@ -224,10 +224,41 @@ pub fn visible_to(role: &Role, event: &NewEvent) -> bool {
 /// Which of `kept` events to trim: those older than `oldest_at` (microseconds), and all but
 /// the newest `most`. `kept` is in index order, each with its time; returns how many from
 /// the front go.
-pub fn to_trim(kept: &[(u64, i64)], most: usize, oldest_at: i64) -> usize {
+fn to_trim(kept: &[(u64, i64)], most: usize, oldest_at: i64) -> usize {
     let over = kept.len().saturating_sub(most);
     let old = kept.iter().take_while(|(_, at)| *at < oldest_at).count();
     over.max(old)
+}
+
+/// What a trim takes from the front of a log: whole batches, each once all its events are due.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Trim {
+    /// How many batches go, from the oldest.
+    pub batches: usize,
+    /// How many events they hold.
+    pub events: usize,
+    /// The index of the last event that goes, if any does.
+    pub through: Option<u64>,
+}
+
+/// The trim of a log kept as `batches` (in index order: each its number and its events'
+/// times, microseconds) to its newest `most` events and those made from `oldest_at` on.
+pub fn batches_to_trim(batches: &[(u64, Vec<i64>)], most: usize, oldest_at: i64) -> Trim {
+    let kept: Vec<(u64, i64)> = batches
+        .iter()
+        .flat_map(|(batch, times)| times.iter().enumerate().map(|(place, at)| (index_of(*batch, place), *at)))
+        .collect();
+    let going = to_trim(&kept, most, oldest_at);
+    let mut trim = Trim::default();
+    for (batch, times) in batches {
+        if trim.events + times.len() > going {
+            break;
+        }
+        trim.batches += 1;
+        trim.events += times.len();
+        trim.through = Some(index_of(*batch, times.len().saturating_sub(1)));
+    }
+    trim
 }
 
 fn bounded(mut text: String, longest: usize) -> String {

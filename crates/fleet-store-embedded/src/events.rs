@@ -4,7 +4,7 @@
 //! so it wakes only the event log's readers, never the engine or an agent.
 
 use async_trait::async_trait;
-use fleet_core::events::{Event, EventPage, NewEvent, PER_BATCH, batch_of, index_of, to_trim};
+use fleet_core::events::{Event, EventPage, NewEvent, PER_BATCH, batch_of, batches_to_trim, index_of};
 use redb::{ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
 use super::{EmbeddedRegistry, unavailable};
@@ -104,29 +104,20 @@ impl EventLog for EmbeddedRegistry {
             let trimmed = {
                 let mut table = txn.open_table(EVENTS).map_err(unavailable)?;
                 let mut batches = Vec::new();
-                let mut kept = Vec::new();
                 for row in table.range(TRIMMED + 1..).map_err(unavailable)? {
                     let (number, value) = row.map_err(unavailable)?;
                     let number = number.value();
-                    let events = decode_batch(number, value.value());
-                    kept.extend(events.iter().enumerate().map(|(place, event)| (index_of(number, place), event.at)));
-                    batches.push((number, events.len()));
+                    let times = decode_batch(number, value.value()).iter().map(|event| event.at).collect();
+                    batches.push((number, times));
                 }
-                let going = to_trim(&kept, most, oldest_at);
-                // Whole batches go, each once all its events are due.
-                let (mut count, mut through) = (0, None);
-                for (number, events) in batches {
-                    if count + events > going {
-                        break;
-                    }
-                    table.remove(number).map_err(unavailable)?;
-                    count += events;
-                    through = Some(index_of(number, events.saturating_sub(1)));
+                let trim = batches_to_trim(&batches, most, oldest_at);
+                for (number, _) in &batches[..trim.batches] {
+                    table.remove(*number).map_err(unavailable)?;
                 }
-                if let Some(through) = through {
+                if let Some(through) = trim.through {
                     table.insert(TRIMMED, through.to_be_bytes().as_slice()).map_err(unavailable)?;
                 }
-                count
+                trim.events
             };
             txn.commit().map_err(unavailable)?;
             Ok::<_, RegistryError>(trimmed)

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fleet_core::events::{Event, EventPage, NewEvent, PER_BATCH, index_of, to_trim};
+use fleet_core::events::{Event, EventPage, NewEvent, PER_BATCH, batches_to_trim, index_of};
 
 use super::EtcdRegistry;
 use super::caches::Cache;
@@ -103,24 +103,14 @@ impl EventLog for EtcdRegistry {
             let range = KeyRange::prefix(self.keys().events());
             let mark = self.keys().events_trimmed();
             let batches = mirror.derived(&data, |data| batches(data, &range, &mark));
-            let kept: Vec<(u64, i64)> = batches
+            let times: Vec<(u64, Vec<i64>)> = batches
                 .iter()
-                .flat_map(|(revision, _, events)| {
-                    events.iter().enumerate().map(|(place, event)| (index_of(*revision as u64, place), event.at))
-                })
+                .map(|(revision, _, events)| (*revision as u64, events.iter().map(|event| event.at).collect()))
                 .collect();
-            let going = to_trim(&kept, most, oldest_at);
-            // Whole batches go, each once all its events are due.
-            let (mut count, mut gone, mut through) =
-                (0, Vec::new(), trimmed_through(&data, &self.keys().events_trimmed()));
-            for (revision, key, events) in batches.iter() {
-                if count + events.len() > going {
-                    break;
-                }
-                count += events.len();
-                gone.push(key.clone());
-                through = through.max(index_of(*revision as u64, events.len().saturating_sub(1)));
-            }
+            let trim = batches_to_trim(&times, most, oldest_at);
+            let gone: Vec<String> = batches[..trim.batches].iter().map(|(_, key, _)| key.clone()).collect();
+            let marked = trimmed_through(&data, &self.keys().events_trimmed());
+            let (through, count) = (trim.through.map_or(marked, |through| through.max(marked)), trim.events);
             (gone, through, count)
         };
         for keys in gone.chunks(DELETES_PER_TXN) {

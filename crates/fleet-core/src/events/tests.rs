@@ -84,6 +84,19 @@ fn what_is_trimmed_is_the_older_of_too_many_and_too_old() {
 }
 
 #[test]
+fn a_trim_takes_whole_batches_from_the_front_each_once_all_its_events_are_due() {
+    let batches = vec![(1, vec![10, 20]), (2, vec![30]), (3, vec![40, 50])];
+    assert_eq!(batches_to_trim(&batches, 10, 0), Trim::default());
+    // Two too many: the first batch goes whole.
+    assert_eq!(batches_to_trim(&batches, 3, 0), Trim { batches: 1, events: 2, through: Some(index_of(1, 1)) });
+    // One too many: no batch is all due, none goes.
+    assert_eq!(batches_to_trim(&batches, 4, 0), Trim::default());
+    // By age: what was made before 35 goes.
+    assert_eq!(batches_to_trim(&batches, 10, 35), Trim { batches: 2, events: 3, through: Some(index_of(2, 0)) });
+    assert_eq!(batches_to_trim(&batches, 0, 0), Trim { batches: 3, events: 5, through: Some(index_of(3, 1)) });
+}
+
+#[test]
 fn a_page_says_a_reader_missed_events_only_when_some_after_it_were_trimmed_and_never_to_one_from_the_start() {
     let page = EventPage { trimmed_through: 50_000, ..EventPage::default() };
     assert!(!page.missed_after(0), "from 0 is from the oldest kept");
