@@ -187,7 +187,8 @@ impl SimStore {
                     && world.claim_presence(&machine, lease).is_some()
                 {
                     // As the etcd store: the dead fleetd's reports go with it.
-                    world.states.retain(|(_, reporter), _| *reporter != machine.id);
+                    let dead_fleetds = world.reports_where(|reporter, _| reporter == machine.id);
+                    world.drop_reports(dead_fleetds);
                     world.state_signal.send_modify(|generation| *generation += 1);
                     return Ok((lease, 0));
                 }

@@ -405,15 +405,24 @@ impl World {
             self.record(Change::Presence { machine, present: false });
             self.wake_engines();
         }
-        let expired: Vec<(String, String)> = self
-            .states
+        let expired = self.reports_where(|_, lease| !self.leases.contains_key(&lease));
+        self.drop_reports(expired);
+    }
+
+    /// The unit state reports `picked` picks by reporting machine and lease.
+    pub fn reports_where(&self, picked: impl Fn(&str, i64) -> bool) -> Vec<(String, String)> {
+        self.states
             .iter()
-            .filter(|(_, (_, lease))| !self.leases.contains_key(lease))
+            .filter(|((_, machine), (_, lease))| picked(machine, *lease))
             .map(|(key, _)| key.clone())
-            .collect();
-        for (unit, machine) in expired {
-            // The judges count a unit whose report went with its machine's lease as down, as
-            // the engines then do.
+            .collect()
+    }
+
+    /// Removes the unit state reports `dropped` and tells the judges: a unit whose report went
+    /// (with its machine's lease, or with the fleetd a restarted one took the lease over from)
+    /// counts as down, as the engines then count it.
+    pub fn drop_reports(&mut self, dropped: Vec<(String, String)>) {
+        for (unit, machine) in dropped {
             let placed_on = self.schedule.get(&unit).cloned();
             self.budget.reported(&unit, &machine, false, placed_on.as_ref());
             self.dependencies.reported(&unit, &machine, false, placed_on.as_ref());

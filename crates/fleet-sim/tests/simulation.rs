@@ -198,9 +198,22 @@ fn units_with_lost_after_wait_their_span_for_a_machine_gone_and_never_with_never
 /// Units in one group with `DisruptionBudget=1` beside units of a higher priority under every
 /// fault: no preemption of one that runs while another preempted before is not back (the
 /// store's `BudgetJudge`). Seeds 1076 and 1177 preempt five of them in all, one at a time;
-/// both once found the judge counting a unit up on a machine it had left.
+/// both once found the judge counting a unit up on a machine it had left. Seed 796,512,763 of
+/// the whole workload found it counting three units up whose reports had gone with the fleetd
+/// a restarted one took its lease over from (the engine rightly preempted them as down).
 #[test]
 fn units_with_a_disruption_budget_are_preempted_one_at_a_time() {
+    let everything = fleet_sim::SimConfig {
+        scheduled: 4,
+        moving: 3,
+        prioritized: 8,
+        lost_after: 6,
+        budgeted: 6,
+        dependent: 6,
+        ..SimConfig::default()
+    };
+    let outcome = run(796_512_763, &everything);
+    assert!(outcome.passed() && outcome.budgeted_preempted >= 3, "{outcome}");
     let config = fleet_sim::SimConfig { prioritized: 8, budgeted: 6, ..SimConfig::default() };
     let first = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() % 1_000_000_007;
     println!(
