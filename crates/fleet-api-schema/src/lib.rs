@@ -1014,6 +1014,14 @@ pub struct PlanRequest {
     /// Machines (IDs or short IDs) drained: every unit on them let go.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drain: Vec<String>,
+    /// A source synced now (its name): what its branch holds now against the cluster. Given
+    /// alone: the sync's own writes are the plan's.
+    #[serde(default, rename = "sourceSync", skip_serializing_if = "is_empty")]
+    pub source_sync: Option<String>,
+    /// The sync planned is forced (`source sync --force`): a commit its rollout reverted is
+    /// rolled out again.
+    #[serde(default, rename = "sourceSyncForce", skip_serializing_if = "std::ops::Not::not")]
+    pub source_sync_force: bool,
 }
 
 /// One write of a [`PlanRequest`].
@@ -1036,6 +1044,39 @@ pub struct PlanUnit {
 pub struct Plan {
     pub index: u64,
     pub units: Vec<PlannedUnit>,
+    /// For a plan of a source's sync: what the sync read and what it leaves alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<PlannedSync>,
+}
+
+/// What a planned sync of a source read, and what of it the sync would not write.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedSync {
+    pub name: String,
+    /// The commit its branch (or revision) points at now.
+    pub commit: String,
+    /// Why the sync would write nothing: the source is paused, or halted after its rollout
+    /// reverted itself, or a desired-state file does not read.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub halted: Option<String>,
+    /// Files that do not read (`path:line: problem`): their units keep what they have.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+    /// Units the source names that another owner holds (`unit (owner)`): left alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub owned_elsewhere: Vec<String>,
+    /// The rollout that new content for the source's running units would go out in
+    /// (`source-NAME`), when the source rolls out in waves and some unit's content changes.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub rollout: Option<String>,
+    /// The units whose new content would go out in that rollout, by name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rolled: Vec<String>,
+    /// The source's file of each unit whose content the sync would change, for a diff
+    /// (files over 64 KiB, and past 4 MiB in all, are left out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub contents: BTreeMap<String, String>,
 }
 
 /// One unit of a [`Plan`].

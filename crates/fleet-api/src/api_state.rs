@@ -126,6 +126,9 @@ pub struct ApiState {
     pub encoded_events: Arc<crate::encoded_events::EncodedEvents>,
     /// What pull agents last reported of their units, for the events their next reports make.
     pub agent_state_events: Arc<crate::agent_state_events::AgentStateEvents>,
+    /// Reads git sources as a sync reads them, for plans of a sync; `None`: this fleetd
+    /// plans no sync.
+    pub source_reader: Option<Arc<dyn fleet_registry::SourceReading>>,
 }
 
 impl ApiState {
@@ -159,6 +162,7 @@ impl ApiState {
             events: fleet_registry::EventSink::discarding(),
             encoded_events: Default::default(),
             agent_state_events: Default::default(),
+            source_reader: None,
         }
     }
 }

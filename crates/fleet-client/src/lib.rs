@@ -84,6 +84,10 @@ pub struct Client {
 /// How long a journal request waits at least: fleetd's relay waits 10 s for the machine.
 const JOURNAL_RELAY_PATIENCE: Duration = Duration::from_secs(15);
 
+/// How long a plan of a source's sync waits at least: fleetd fetches the source first, and
+/// gives a fetch 300 s.
+const SOURCE_FETCH_PATIENCE: Duration = Duration::from_secs(310);
+
 /// Units of a batch per [`Client`] request timeout it is given.
 const UNITS_PER_TIMEOUT: usize = 100;
 
@@ -480,7 +484,12 @@ impl Client {
     /// What `request`'s unit writes would do; nothing is written.
     pub async fn plan(&self, request: &fleet_api_schema::PlanRequest) -> Result<fleet_api_schema::Plan> {
         let body = serde_json::to_string(request).map_err(|error| ClientError::Decode(error.to_string()))?;
-        let (_, bytes) = self.send(Method::POST, "plans", Some(body)).await?;
+        // A plan of a source's sync fetches the source first, as the sync would.
+        let timeout = match request.source_sync {
+            Some(_) => self.timeout.max(SOURCE_FETCH_PATIENCE),
+            None => self.timeout,
+        };
+        let (_, bytes) = self.send_within(Method::POST, "plans", Some(body), timeout).await?;
         serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
     }
 

@@ -224,3 +224,94 @@ fn on_etcd_a_plan_through_one_member_is_what_a_write_through_another_does() {
     said.sort();
     assert_eq!(landed, said, "planned {printed}, placed {now:?}");
 }
+
+/// A source's sync, planned against a real repository: what the sync would create, change and
+/// destroy (with the diff), and the file it could not read, before anything is written; then
+/// the sync does what the plan said, where the plan said.
+#[test]
+fn a_plan_of_a_source_sync_is_what_the_sync_then_does() {
+    const HELLO: &str = "[Service]\nExecStart=/bin/sleep 700001\n";
+    const HELLO_2: &str = "[Service]\nExecStart=/bin/sleep 700002\n";
+    const WEB: &str = "[Service]\nExecStart=/bin/sleep 700%i\n";
+    let fleet = Fleetd::start("e2e0plans0000003", &[]);
+    let repo = fleet_testkit::GitRepo::new();
+    let first = repo.commit(
+        &[
+            ("units/hello.service", Some(HELLO)),
+            ("units/web@.service", Some(WEB)),
+            ("units/fleet-desired.conf", Some("web@{1..2}.service = launched\n")),
+        ],
+        "first",
+    );
+    let url = repo.url();
+    // Synced when added, then not again for an hour unless asked: the plan comes first.
+    fleet.ok(&["source", "add", "--repo", &url, "--branch", "main", "--path", "units", "--interval", "1h", "apps"]);
+    let synced = |fleet: &Fleetd, commit: &str| fleet.ok(&["source", "status", "apps"]).stdout.contains(commit);
+    fleet.wait_until("the source's first sync", WAIT, |f| synced(f, &first));
+    fleet.wait_until("its units run", WAIT, |f| f.unit_rows().len() == 3);
+    let before = unit_files(&fleet);
+
+    let second = repo.commit(
+        &[
+            ("units/hello.service", Some(HELLO_2)),
+            ("units/new.service", Some(HELLO)),
+            ("units/fleet-desired.conf", Some("web@1.service = launched\n")),
+            ("units/bad.service", Some("[Service]\nExecStart=/bin/true\nnot an option\n")),
+        ],
+        "second",
+    );
+    let printed = fleet.ok(&["plan", "source", "sync", "apps", "-o", "json"]).stdout;
+    let plan: serde_json::Value = serde_json::from_str(&printed).unwrap_or_else(|error| panic!("{error}: {printed}"));
+    assert_eq!(plan["source"]["commit"], second.as_str(), "{printed}");
+    let problems = plan["source"]["problems"].to_string();
+    assert!(problems.contains("units/bad.service: line 3"), "{printed}");
+    let actions: std::collections::BTreeMap<String, String> = plan["units"]
+        .as_array()
+        .map(|units| {
+            let text = |unit: &serde_json::Value, field: &str| unit[field].as_str().unwrap_or_default().to_string();
+            units.iter().map(|unit| (text(unit, "name"), text(unit, "action"))).collect()
+        })
+        .unwrap_or_default();
+    let expected: std::collections::BTreeMap<String, String> =
+        [("hello.service", "change"), ("new.service", "create"), ("web@2.service", "destroy")]
+            .into_iter()
+            .map(|(unit, action)| (unit.to_string(), action.to_string()))
+            .collect();
+    assert_eq!(actions, expected, "{printed}");
+    let table = fleet.ok(&["plan", "source", "sync", "apps"]).stdout;
+    assert!(table.contains(&format!("Source apps at commit {}", &second[..12])), "{table}");
+    assert!(
+        table.contains("-ExecStart=/bin/sleep 700001") && table.contains("+ExecStart=/bin/sleep 700002"),
+        "{table}"
+    );
+    assert!(table.contains("Problem (its unit keeps what it has): units/bad.service"), "{table}");
+    assert_eq!(unit_files(&fleet), before, "a plan writes nothing");
+    assert!(synced(&fleet, &first), "and syncs nothing");
+
+    // The sync does what the plan said: the same units, on the machines it named.
+    let planned = planned_machines(&printed);
+    fleet.ok(&["source", "sync", "apps"]);
+    fleet.wait_until("the second commit synced", WAIT, |f| synced(f, &second));
+    fleet.wait_until("the sync applied", WAIT, |f| {
+        let rows: Vec<String> = f.unit_rows().into_iter().map(|(unit, _, _)| unit).collect();
+        rows == ["hello.service", "new.service", "web@1.service"]
+    });
+    assert!(fleet.ok(&["cat", "hello.service"]).stdout.contains("700002"));
+    let placed: std::collections::BTreeMap<String, Option<String>> = fleet
+        .api_units()
+        .iter()
+        .map(|unit| {
+            (unit["name"].as_str().unwrap_or_default().to_string(), unit["machineID"].as_str().map(str::to_string))
+        })
+        .collect();
+    for (unit, (_, after)) in planned.iter().filter(|(unit, _)| *unit != "web@2.service") {
+        assert_eq!(placed.get(unit).cloned().flatten(), after.clone(), "{unit}: {printed}");
+    }
+
+    // Nothing is left to sync, and a source that does not exist is not planned.
+    let again = fleet.ok(&["plan", "source", "sync", "apps"]).stdout;
+    assert!(again.contains("Nothing would change."), "{again}");
+    let missing = fleet.fleetctl(&["plan", "source", "sync", "nosuch"]);
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(missing.stderr.contains("source does not exist"), "{missing:?}");
+}

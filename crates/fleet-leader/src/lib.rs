@@ -11,12 +11,14 @@ pub mod budget_view;
 pub mod drains;
 pub mod leader_store;
 pub mod rollouts;
+pub mod source_reader;
 pub mod syncer;
 
 pub use drains::DrainDriver;
 pub use fleet_registry::DisruptionLedger;
 pub use leader_store::LeaderStore;
 pub use rollouts::RolloutDriver;
+pub use source_reader::{ReaderConfig, SourceReader};
 pub use syncer::{SourceSyncer, SyncerConfig};
 
 /// Seconds since the Unix epoch, as sources and rollouts record their times.

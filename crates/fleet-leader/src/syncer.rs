@@ -4,20 +4,16 @@
 //! ordinary units.
 
 use fleet_core::events::{EventKind, NewEvent};
-use fleet_core::unpoisoned::Locked;
 use fleet_registry::{EventSink, micros_now};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use fleet_core::DesiredState;
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, units_after_sync};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
 use fleet_core::source::halt::{Halt, LastRollout, RolledFrom, halt};
-use fleet_core::source::{FileProblem, HeldUnit, SourceContent, SyncChange, SyncRules, plan_sync, read_source};
+use fleet_core::source::{OwnedElsewhere, SourceContent, SyncChange, SyncRules, plan_sync, rollout_of};
 use fleet_core::unit_history::ChangedBy;
-use fleet_core::unit_name::validate_name;
 use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use fleet_runtime::Lifecycle;
 use fleet_runtime::Next;
@@ -25,53 +21,33 @@ use tokio::sync::watch;
 
 use crate::leader_store::LeaderStore;
 use crate::now;
+use crate::source_reader::SourceReader;
 use fleet_runtime::{LeaderPass, Triggers, while_leading};
-use fleet_source::{Credentials, FetchRequest, Fetched, fetch};
 
 /// The largest unit file a status keeps for a diff.
 const WANTED_TEXT_MAX: usize = 64 * 1024;
 
-/// The longest a fetch may take before the attempt counts as failed.
-const FETCH_LIMIT: Duration = Duration::from_secs(300);
-
 #[derive(Clone, Debug)]
 pub struct SyncerConfig {
-    /// Where each source's bare repository is kept (`<dir>/<source>`), made 0700.
-    pub cache_dir: PathBuf,
-    /// Where credentials files are read (`<dir>/<credentials name>`).
-    pub credentials_dir: PathBuf,
     /// The shortest wait between two passes (a source due again at once is not fetched in
     /// a tight loop).
     pub tick: Duration,
-    /// The most units one source may hold (`source_max_units`).
-    pub max_units: usize,
 }
 
 pub struct SourceSyncer {
     config: SyncerConfig,
     registry: Arc<dyn LeaderStore>,
-    /// Each source's content at the commit last read, so that a sync that finds the same
-    /// commit does not read and parse its files again.
-    read: std::sync::Mutex<BTreeMap<String, ReadContent>>,
+    /// Fetches and reads the sources (shared with the API's plans of a sync).
+    reader: Arc<SourceReader>,
     /// Where the syncs go as events.
     events: EventSink,
 }
 
-/// A source's content as read at `commit`, from the place `origin` says.
-struct ReadContent {
-    origin: String,
-    commit: String,
-    content: Arc<SourceContent>,
-}
-
-/// Where a source's files come from: a change of any of it means reading them again.
-fn origin(source: &SourceRecord) -> String {
-    format!("{}\n{:?}\n{:?}\n{:?}", source.repo, source.branch, source.revision, source.paths)
-}
-
 impl SourceSyncer {
-    pub fn new(config: SyncerConfig, registry: Arc<dyn LeaderStore>) -> Self {
-        Self { config, registry, read: std::sync::Mutex::new(BTreeMap::new()), events: EventSink::discarding() }
+    /// The syncer of the sources of `registry`, fetched and read through `reader` (one per
+    /// fleetd: its API plans syncs through it too).
+    pub fn new(config: SyncerConfig, registry: Arc<dyn LeaderStore>, reader: Arc<SourceReader>) -> Self {
+        Self { config, registry, reader, events: EventSink::discarding() }
     }
 
     /// Tells `events` of each sync that changed something and each that failed.
@@ -82,27 +58,6 @@ impl SourceSyncer {
 
     fn note(&self, source: &str, message: String) {
         self.events.note(NewEvent::new(micros_now(), EventKind::Sync, format!("source {source}: {message}")));
-    }
-
-    /// The commit whose content is held for `source`, if any.
-    fn known_commit(&self, source: &SourceRecord) -> Option<String> {
-        let read = self.read.locked();
-        read.get(&source.name).filter(|held| held.origin == origin(source)).map(|held| held.commit.clone())
-    }
-
-    /// The content of what was fetched: the held one when the commit is unchanged, or the
-    /// files read now (and held for next time).
-    fn content(&self, source: &SourceRecord, fetched: &Fetched) -> Arc<SourceContent> {
-        let mut read = self.read.locked();
-        if fetched.unchanged
-            && let Some(held) = read.get(&source.name).filter(|held| held.commit == fetched.commit)
-        {
-            return held.content.clone();
-        }
-        let content = Arc::new(content_of(fetched, self.config.max_units));
-        let held = ReadContent { origin: origin(source), commit: fetched.commit.clone(), content: content.clone() };
-        read.insert(source.name.clone(), held);
-        content
     }
 
     /// Syncs while `leads` says this fleetd leads, until `lifecycle` ends it.
@@ -141,7 +96,7 @@ impl SourceSyncer {
             units: previous.units,
             ..SourceStatus::default()
         };
-        let fetched = match self.fetch(source).await {
+        let fetched = match self.reader.read(source).await {
             Ok(fetched) => fetched,
             Err(error) => {
                 tracing::warn!(source = source.name, %error, "source fetch failed");
@@ -153,9 +108,9 @@ impl SourceSyncer {
                 return status;
             }
         };
-        let content = self.content(source, &fetched);
+        let content = fetched.content.clone();
         let last_rollout = match self.registry.rollouts().await {
-            Ok(rollouts) => rollouts.into_iter().find(|record| record.name == rollout_name(&source.name)),
+            Ok(rollouts) => rollouts.into_iter().find(|record| record.name == rollout_of(&source.name)),
             Err(error) => {
                 status.error = Some(format!("reading the source's rollout: {error}"));
                 status.failures = previous.failures.saturating_add(1);
@@ -200,34 +155,6 @@ impl SourceSyncer {
         status
     }
 
-    /// Fetches on a blocking thread; the error as the status shows it.
-    async fn fetch(&self, source: &SourceRecord) -> Result<Fetched, String> {
-        let credentials = match &source.credentials_file {
-            Some(name) => Some(read_credentials(&self.config.credentials_dir, name)?),
-            None => None,
-        };
-        let cache = self.config.cache_dir.join(&source.name);
-        make_private_dir(&self.config.cache_dir)?;
-        let known = self.known_commit(source);
-        let source = source.clone();
-        let work = tokio::task::spawn_blocking(move || {
-            let request = FetchRequest {
-                repo: &source.repo,
-                branch: source.branch.as_deref(),
-                revision: source.revision.as_deref(),
-                paths: &source.paths,
-                credentials: credentials.as_ref(),
-                known_commit: known.as_deref(),
-            };
-            fetch(&cache, &request).map_err(|error| error.to_string())
-        });
-        match tokio::time::timeout(FETCH_LIMIT, work).await {
-            Ok(Ok(result)) => result,
-            Ok(Err(error)) => Err(format!("the fetch stopped: {error}")),
-            Err(_) => Err(format!("the fetch took over {FETCH_LIMIT:?}")),
-        }
-    }
-
     /// Plans against what the cluster holds and writes the plan as the source; new content
     /// for its running units goes out as a rollout when the source asks for waves.
     async fn apply(
@@ -240,30 +167,23 @@ impl SourceSyncer {
         // answers: a sync of a source reads no unit from etcd.
         let views: BTreeMap<String, UnitView> =
             self.registry.units_copied().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
-        let held: BTreeMap<String, HeldUnit> = views
-            .iter()
-            .map(|(name, unit)| {
-                let held =
-                    HeldUnit { hash: unit.hash, desired: unit.desired, source: unit.source.clone(), drift: unit.drift };
-                (name.clone(), held)
-            })
-            .collect();
+        let listed: Vec<UnitView> = views.values().cloned().collect();
+        let held = fleet_registry::held_units(&listed);
         let rules = SyncRules { keep_removed: source.keep_removed, take_over: source.take_over, drift: source.drift };
         let plan = plan_sync(&source.name, content, &held, rules);
         let by = ChangedBy::source(&source.name, Some(&rolling.from.commit));
         let writer = Writer::Source { name: source.name.clone(), take_over: source.take_over, drift: source.drift, by };
-        let mut owned_elsewhere: Vec<String> =
-            plan.owned_elsewhere.iter().map(|owned| describe_owner(&owned.unit, owned.owner.as_deref())).collect();
+        let mut owned_elsewhere: Vec<String> = plan.owned_elsewhere.iter().map(OwnedElsewhere::describe).collect();
         let mut out_of_sync = Vec::new();
         for owned in &plan.owned_elsewhere {
-            out_of_sync.push(out_of_sync_entry(content, &owned.unit, held_elsewhere(owned.owner.as_deref())));
+            out_of_sync.push(out_of_sync_entry(content, &owned.unit, held_elsewhere(owned)));
         }
         let (rolled, direct) = match source.max_unavailable.as_deref().map(MaxUnavailable::parse) {
             Some(Ok(max_unavailable)) => {
                 let (rolled, direct): (Vec<&SyncChange>, Vec<&SyncChange>) =
-                    plan.changes.iter().partition(|change| runs_and_changes(change, &views, &source.name));
+                    plan.changes.iter().partition(|change| change.goes_out_in_waves(&held, &source.name));
                 self.roll_out(source, max_unavailable, &rolled, &views, rolling).await?;
-                let why = format!("new content waiting in rollout {}", rollout_name(&source.name));
+                let why = format!("new content waiting in rollout {}", rollout_of(&source.name));
                 out_of_sync.extend(rolled.iter().map(|change| out_of_sync_entry(content, change.unit(), why.clone())));
                 (rolled.len(), direct)
             }
@@ -290,8 +210,9 @@ impl SourceSyncer {
                 Ok(()) => changes += 1,
                 // Taken by another owner since the plan was made.
                 Err(RegistryError::Owned { unit, owner }) => {
-                    out_of_sync.push(out_of_sync_entry(content, &unit, held_elsewhere(owner.as_deref())));
-                    owned_elsewhere.push(describe_owner(&unit, owner.as_deref()));
+                    let owned = OwnedElsewhere { unit, owner };
+                    out_of_sync.push(out_of_sync_entry(content, &owned.unit, held_elsewhere(&owned)));
+                    owned_elsewhere.push(owned.describe());
                 }
                 Err(error) => return Err(error),
             }
@@ -300,15 +221,6 @@ impl SourceSyncer {
         out_of_sync.sort_by(|a, b| a.unit.cmp(&b.unit));
         Ok(Applied { changes, owned_elsewhere, out_of_sync, units })
     }
-}
-
-/// Whether a change is new content for a running unit the source already owns: what a
-/// rollout carries.
-fn runs_and_changes(change: &SyncChange, views: &BTreeMap<String, UnitView>, source: &str) -> bool {
-    let SyncChange::Replace { name, file, desired: DesiredState::Launched } = change else { return false };
-    views.get(name).is_some_and(|unit| {
-        unit.source.as_deref() == Some(source) && unit.desired == DesiredState::Launched && unit.hash != file.hash()
-    })
 }
 
 impl SourceSyncer {
@@ -327,7 +239,7 @@ impl SourceSyncer {
         if changes.is_empty() {
             return Ok(());
         }
-        let name = rollout_name(&source.name);
+        let name = rollout_of(&source.name);
         let mut bodies = BTreeMap::new();
         let mut units = Vec::new();
         for change in changes {
@@ -388,11 +300,6 @@ impl SourceSyncer {
     }
 }
 
-/// The rollout a source's new content goes out in.
-fn rollout_name(source: &str) -> String {
-    format!("source-{source}")
-}
-
 /// The status of `source` halted on `halted`: nothing written, what the last sync found kept,
 /// and its units waiting in the reverted rollout said to wait for the halt's end.
 fn halted_status(
@@ -410,7 +317,7 @@ fn halted_status(
             "source halted: its rollout reverted itself"
         );
     }
-    let waiting = format!("new content waiting in rollout {}", rollout_name(&source.name));
+    let waiting = format!("new content waiting in rollout {}", rollout_of(&source.name));
     status.commit = Some(halted.commit.clone());
     status.problems = previous.problems;
     status.owned_elsewhere = previous.owned_elsewhere;
@@ -437,19 +344,8 @@ struct Applied {
     units: usize,
 }
 
-fn describe_owner(unit: &str, owner: Option<&str>) -> String {
-    format!("{unit} ({})", owner_words(owner))
-}
-
-fn held_elsewhere(owner: Option<&str>) -> String {
-    format!("held elsewhere ({}); source add --take-over takes it", owner_words(owner))
-}
-
-fn owner_words(owner: Option<&str>) -> String {
-    match owner {
-        Some(source) => format!("source {source}"),
-        None => "made by hand".to_string(),
-    }
+fn held_elsewhere(owned: &OwnedElsewhere) -> String {
+    format!("held elsewhere ({}); source add --take-over takes it", owned.owner_words())
 }
 
 /// `unit` is out of sync for `why`; with the source's file for it, if small enough to keep.
@@ -457,38 +353,6 @@ fn out_of_sync_entry(content: &SourceContent, unit: &str, why: String) -> OutOfS
     let wanted =
         content.units.get(unit).map(|wanted| wanted.file.serialize()).filter(|text| text.len() <= WANTED_TEXT_MAX);
     OutOfSync { unit: unit.to_string(), why, wanted }
-}
-
-/// The source's content, with the files that could not be read as problems (and their units
-/// left alone).
-fn content_of(fetched: &Fetched, max_units: usize) -> SourceContent {
-    let mut content = read_source(&fetched.files, max_units);
-    for (path, why) in &fetched.unreadable {
-        let base = path.rsplit('/').next().unwrap_or(path);
-        if validate_name(base).is_ok() {
-            content.broken.insert(base.to_string());
-            content.units.remove(base);
-        }
-        content.problems.push(FileProblem { path: path.clone(), line: None, problem: why.clone() });
-    }
-    content
-}
-
-/// A credentials file of `dir`; errors never show its content.
-fn read_credentials(dir: &Path, name: &str) -> Result<Credentials, String> {
-    let path = dir.join(name);
-    let text = std::fs::read_to_string(&path)
-        .map_err(|error| format!("cannot read credentials file {}: {}", path.display(), error.kind()))?;
-    Credentials::parse(&text).ok_or_else(|| format!("credentials file {} holds no credentials", path.display()))
-}
-
-fn make_private_dir(dir: &Path) -> Result<(), String> {
-    use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(|error| format!("cannot make the source cache {}: {error}", dir.display()))
 }
 
 /// When `source` is due a sync, after the attempt `status` records (seconds since the epoch).

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use fleet_core::drain::Drain;
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step};
 use fleet_core::{DesiredState, MachineState, StateReport, SystemdState, UnitFile, UnitState};
-use fleet_leader::{DrainDriver, LeaderStore, RolloutDriver, SourceSyncer, SyncerConfig};
+use fleet_leader::{DrainDriver, LeaderStore, ReaderConfig, RolloutDriver, SourceReader, SourceSyncer, SyncerConfig};
 use fleet_registry::{
     AgentRegistry, ApiRegistry, ChangeSignal, RegistryError, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus,
     UnitChange, UnitChanged, UnitView, Writer,
@@ -150,13 +150,13 @@ fn start(leading: bool) -> Leader {
     });
     let (leads, leads_watch) = watch::channel(leading);
     let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
-    let config = SyncerConfig {
+    let reading = ReaderConfig {
         cache_dir: dir.path().join("sources"),
         credentials_dir: dir.path().join("credentials"),
-        tick: Duration::from_millis(250),
         max_units: 100,
     };
-    let syncer = SourceSyncer::new(config, store.clone());
+    let config = SyncerConfig { tick: Duration::from_millis(250) };
+    let syncer = SourceSyncer::new(config, store.clone(), Arc::new(SourceReader::new(reading)));
     tokio::spawn(syncer.run(leads_watch.clone(), lifecycle_watch.clone()));
     let driver = RolloutDriver::new(store.clone());
     tokio::spawn(driver.run(leads_watch.clone(), lifecycle_watch.clone()));

@@ -21,6 +21,7 @@ mod import;
 pub mod machine_identity;
 mod model;
 mod ownership;
+mod source_reading;
 mod source_record;
 mod unit_change;
 
@@ -48,6 +49,7 @@ pub use model::{
     SecretRecord, StateReport, TokenRecord, UnitRecord, UnitView,
 };
 pub use ownership::{OwnedBy, Writer};
+pub use source_reading::{ReadSource, SourceReading, held_units};
 pub use source_record::{DEFAULT_DEADLINE_SECONDS, OutOfSync, RolledSecret, RolloutRecord, SourceRecord, SourceStatus};
 pub use unit_change::{UnitChange, UnitChanged};
 

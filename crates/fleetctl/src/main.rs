@@ -396,8 +396,9 @@ enum Command {
         action: SourceCommand,
     },
     /// Show what submit, load, start, stop, unload, destroy, `machine drain MACHINE...`,
-    /// `rollout FILE` or `revert UNIT --to VERSION` would do, writing nothing: each unit's action, desired state and machine (or why it would
-    /// wait), the units the change would move, and the diff of changed unit files
+    /// `rollout FILE`, `revert UNIT --to VERSION` or `source sync NAME` would do, writing
+    /// nothing: each unit's action, desired state and machine (or why it would wait), the
+    /// units the change would move, and the diff of changed unit files
     Plan {
         /// The command to plan
         #[arg(value_enum)]
@@ -415,6 +416,10 @@ enum Command {
         /// With `plan revert`: the version to bring back (see `fleetctl history`)
         #[arg(long)]
         to: Option<u64>,
+        /// With `plan source sync`: plan a forced sync (`source sync --force`), which rolls
+        /// out again a commit whose rollout reverted itself
+        #[arg(long)]
+        force: bool,
         #[command(flatten)]
         units: unit_arguments::UnitList,
         #[command(flatten)]
@@ -953,13 +958,14 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::RegistrationToken { action } => registration_token::run(&context, action).await,
         Command::Source { action } => source::run(&context, action).await,
         Command::Rollout { action } => rollout::run(&context, action).await,
-        Command::Plan { command, create, instances, canary, to, units, output } => {
+        Command::Plan { command, create, instances, canary, to, force, units, output } => {
             let asked = plan::Asked {
                 planned: command,
                 create: &create,
                 instances: instances.as_deref(),
                 canary: canary.as_deref(),
                 to,
+                force,
             };
             let plan = async |units: &[String]| plan::run(&context, &asked, units, output.output).await;
             with_units(&context, &units, plan).await

@@ -184,6 +184,10 @@ pub type ReplacementOrder = std::collections::BTreeMap<String, (usize, bool)>;
 pub struct PlanOutput<'a> {
     pub index: u64,
     pub units: Vec<PlanUnitRow<'a>>,
+    /// `plan source sync`: the commit read, and what the sync would leave alone; absent
+    /// otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<&'a fleet_api_schema::PlannedSync>,
 }
 
 /// A unit of `plan -o json`.
@@ -232,7 +236,7 @@ impl<'a> PlanOutput<'a> {
                 version: unit.version,
             })
             .collect();
-        Self { index: plan.index, units }
+        Self { index: plan.index, units, source: plan.source.as_ref() }
     }
 }
 

@@ -45,6 +45,8 @@ pub struct ApiService {
     pub secret_keys: Arc<fleet_api::secret_keys::SecretKeys>,
     /// Where the API's writes go as events, and the agent's, the engine's and the leader's.
     pub events: fleet_registry::EventSink,
+    /// Reads git sources, for the engine leader's syncs and the API's plans of a sync.
+    pub source_reader: Arc<fleet_leader::SourceReader>,
 }
 
 impl ApiService {
@@ -88,6 +90,12 @@ impl ApiService {
         let journal_relay = Arc::new(fleet_api::journal_relay::JournalRelay::default());
         // Every part of this fleetd hands its events to this one writer.
         let events = fleet_registry::EventSink::writing_to(registry.clone());
+        // The engine leader's syncer reads sources through the same reader.
+        let source_reader = Arc::new(fleet_leader::SourceReader::new(fleet_leader::ReaderConfig {
+            cache_dir: config.state_dir.join("sources"),
+            credentials_dir: config.source_credentials_dir.clone(),
+            max_units: config.source_max_units,
+        }));
         let state = ApiState {
             registry: registry.clone(),
             page_size: page_size.clone(),
@@ -114,6 +122,7 @@ impl ApiService {
             events: events.clone(),
             encoded_events: Default::default(),
             agent_state_events: Default::default(),
+            source_reader: Some(source_reader.clone()),
             backup: backup.map(|store| fleet_api::Backup {
                 store,
                 scratch: config.state_dir.clone(),
@@ -163,6 +172,7 @@ impl ApiService {
             owned_sockets,
             secret_keys,
             events,
+            source_reader,
         })
     }
 

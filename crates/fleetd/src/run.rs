@@ -305,16 +305,11 @@ impl Components for ClusterMember {
                 .with_events(events.clone())
                 .run(running.clone())
         }));
-        let syncer_config = SyncerConfig {
-            cache_dir: config.state_dir.join("sources"),
-            credentials_dir: config.source_credentials_dir.clone(),
-            tick: SOURCE_TICK,
-            max_units: config.source_max_units,
-        };
+        let syncer_config = SyncerConfig { tick: SOURCE_TICK };
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
-        let events = self.events.clone();
+        let (events, reader) = (self.events.clone(), self.api.source_reader.clone());
         tasks.spawn(supervise("source syncer", move || {
-            SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone()))
+            SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone()), reader.clone())
                 .with_events(events.clone())
                 .run(leading.clone(), running.clone())
         }));

@@ -63,6 +63,15 @@ impl Drop for PlanSlot<'_> {
 
 pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response, ApiError> {
     let request: PlanRequest = json_object(body)?;
+    if let Some(source) = &request.source_sync {
+        if !(request.units.is_empty() && request.destroy.is_empty() && request.drain.is_empty()) {
+            return Err(ApiError::bad_request("sourceSync is planned alone: no units, destroy or drain with it"));
+        }
+        return plan_source_sync(state, role, source, request.source_sync_force).await;
+    }
+    if request.source_sync_force {
+        return Err(ApiError::bad_request("sourceSyncForce is given only with sourceSync"));
+    }
     if request.units.is_empty() && request.destroy.is_empty() && request.drain.is_empty() {
         return Err(ApiError::bad_request("no units given"));
     }
@@ -99,15 +108,60 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
             super::drains::find_in(&machines, requested)?.ok_or_else(|| super::drains::not_found(requested))?;
         drained.push(machine.id.clone());
     }
+    let plan = plan_over(state, (units, machines), changes, request.destroy, drained).await?;
+    Ok(json_response(StatusCode::OK, &Plan { units: seen_by(plan.units, role), ..plan }))
+}
+
+/// The plan of a sync of source `name` now (forced when `force`): its branch fetched and read
+/// through this fleetd's source reader, the writes the syncer would make worked out and
+/// planned. A scoped operator sees only the units within its pattern.
+async fn plan_source_sync(state: &ApiState, role: &Role, name: &str, force: bool) -> Result<Response, ApiError> {
+    let reader = state.source_reader.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this fleetd reads no git sources: plan the sync through another",
+        )
+    })?;
+    // What a source holds is for those who may read sources (not an operator scoped to some
+    // units): the plan shows its commit, problems and owners.
+    if fleet_core::access::decide(role, fleet_core::access::Action::ReadSources) != fleet_core::access::Access::Allowed
+    {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, format!("{role} may not plan a sync of a source")));
+    }
+    let source = super::sources::find(state, name).await?;
+    let _slot = PlanSlot::take(&state.plans_under_way)?;
+    let read = reader
+        .read_source(&source)
+        .await
+        .map_err(|error| ApiError::new(StatusCode::BAD_GATEWAY, format!("source {name}: {error}")))?;
+    let (units, machines) = (state.registry.units().await?, state.registry.machines().await?);
+    let rollouts = state.registry.rollouts().await?;
+    let writes = source_sync::sync_writes(&source, &read, force, &units, &rollouts);
+    let plan = plan_over(state, (units, machines), writes.changes, writes.destroy, Vec::new()).await?;
+    let mut sync = writes.sync;
+    sync.contents.retain(|unit, _| may(role, unit, Permission::Plan).is_ok());
+    sync.rolled.retain(|unit| may(role, unit, Permission::Plan).is_ok());
+    Ok(json_response(StatusCode::OK, &Plan { units: seen_by(plan.units, role), source: Some(sync), ..plan }))
+}
+
+/// The plan of `changes`, `destroy` and the drains of `drained` over the cluster of `units`
+/// on `machines`, as its engine would place them, with the index it stands at.
+async fn plan_over(
+    state: &ApiState,
+    (units, machines): (Vec<UnitView>, Vec<fleet_core::MachineState>),
+    changes: Vec<UnitChange>,
+    destroy: Vec<String>,
+    drained: Vec<String>,
+) -> Result<Plan, ApiError> {
     let index = standing_index(&units, &machines);
     let policy = (state.placement_strategy, state.preemption);
     let budgets = budget_view(state, &units, &machines).await?.budgets();
-    let waits = dependency_waits::dependency_waits(state, &units, &changes, &request.destroy).await?;
-    let asked = Asked { changes, destroy: request.destroy, drained, waits };
+    let waits = dependency_waits::dependency_waits(state, &units, &changes, &destroy).await?;
+    let asked = Asked { changes, destroy, drained, waits };
     let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, budgets, &asked))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
-    Ok(json_response(StatusCode::OK, &Plan { index, units: seen_by(planned, role) }))
+    Ok(Plan { index, units: planned, source: None })
 }
 
 /// The planned units `role` may see: a change (a drain, a unit that replaces another) may move
@@ -371,6 +425,7 @@ fn planned_unit(
 }
 
 mod dependency_waits;
+mod source_sync;
 
 #[cfg(test)]
 mod tests;

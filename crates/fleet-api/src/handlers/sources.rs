@@ -66,7 +66,7 @@ async fn statuses(state: &ApiState) -> Result<BTreeMap<String, SourceStatus>, Ap
     Ok(state.registry.source_statuses().await?.into_iter().collect())
 }
 
-async fn find(state: &ApiState, name: &str) -> Result<SourceRecord, ApiError> {
+pub(crate) async fn find(state: &ApiState, name: &str) -> Result<SourceRecord, ApiError> {
     state
         .registry
         .sources()

@@ -12,3 +12,8 @@ pub mod sync_plan;
 pub use content::{FileProblem, SourceContent, WantedUnit, read_source};
 pub use desired_file::DESIRED_FILE;
 pub use sync_plan::{HeldUnit, OwnedElsewhere, SyncChange, SyncPlan, SyncRules, plan_sync};
+
+/// The rollout that new content for a source's running units goes out in.
+pub fn rollout_of(source: &str) -> String {
+    format!("source-{source}")
+}

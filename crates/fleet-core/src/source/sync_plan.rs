@@ -52,12 +52,38 @@ impl SyncChange {
     }
 }
 
+impl SyncChange {
+    /// Whether this change is new content for a unit of `source` that runs: what a source
+    /// with waves (`--max-unavailable`) hands to its rollout rather than writing at once.
+    pub fn goes_out_in_waves(&self, held: &BTreeMap<String, HeldUnit>, source: &str) -> bool {
+        let Self::Replace { name, file, desired: DesiredState::Launched } = self else { return false };
+        held.get(name).is_some_and(|unit| {
+            unit.source.as_deref() == Some(source) && unit.desired == DesiredState::Launched && unit.hash != file.hash()
+        })
+    }
+}
+
 /// A unit the source names that another owner holds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnedElsewhere {
     pub unit: String,
     /// The other source; `None`: made by hand.
     pub owner: Option<String>,
+}
+
+impl OwnedElsewhere {
+    /// `unit (source other)` or `unit (made by hand)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({})", self.unit, self.owner_words())
+    }
+
+    /// `source other` or `made by hand`.
+    pub fn owner_words(&self) -> String {
+        match &self.owner {
+            Some(source) => format!("source {source}"),
+            None => "made by hand".to_string(),
+        }
+    }
 }
 
 /// How a source treats what it does not own and what it no longer names.
@@ -175,6 +201,29 @@ mod tests {
             kinds(&kept),
             vec!["replace byhand.service", "replace changed.service", "create new.service", "set stopped.service"]
         );
+    }
+
+    #[test]
+    fn only_new_content_for_its_own_running_units_goes_out_in_waves() {
+        let content = read_source(
+            &[
+                ("runs.service".into(), B.into()),
+                ("stopped.service".into(), B.into()),
+                ("byhand.service".into(), B.into()),
+                ("new.service".into(), B.into()),
+            ],
+            crate::source::content::DEFAULT_MAX_UNITS,
+        );
+        let held = BTreeMap::from([
+            ("runs.service".to_string(), held(A, DesiredState::Launched, Some("git"))),
+            ("stopped.service".to_string(), held(A, DesiredState::Loaded, Some("git"))),
+            ("byhand.service".to_string(), held(A, DesiredState::Launched, None)),
+        ]);
+        let rules = SyncRules { take_over: true, ..SyncRules::default() };
+        let plan = plan_sync("git", &content, &held, rules);
+        let waves: Vec<&str> =
+            plan.changes.iter().filter(|change| change.goes_out_in_waves(&held, "git")).map(SyncChange::unit).collect();
+        assert_eq!(waves, vec!["runs.service"], "{:?}", kinds(&plan));
     }
 
     #[test]

@@ -1,11 +1,11 @@
-//! `fleetctl plan`: what submit, load, start, stop, unload, destroy or revert would do, asked of
-//! fleetd before anything is written. The units' writes are worked out as the command works
+//! `fleetctl plan`: what submit, load, start, stop, unload, destroy, a drain, a rollout, a
+//! revert or a source's sync would do, asked of fleetd before anything is written. The units' writes are worked out as the command works
 //! them out (the same files, the same registry, the same warnings), then fleetd's planner
 //! says where each unit would go, what it would move and what would wait, and why.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fleet_api_schema::{Plan, PlanRequest, PlanUnit, PlannedUnit, Unit};
+use fleet_api_schema::{Plan, PlanRequest, PlanUnit, PlannedSync, PlannedUnit, Unit};
 use fleet_core::rollout::Gates;
 
 use super::create::{Creations, Replacing, creations, unit_file};
@@ -31,6 +31,8 @@ pub enum Planned {
     Rollout,
     /// `plan revert UNIT --to VERSION`: the unit as that version had it
     Revert,
+    /// `plan source sync NAME`: what a sync of the source would write now
+    Source,
 }
 
 /// What is planned: the command, with its flags.
@@ -43,6 +45,8 @@ pub struct Asked<'a> {
     pub canary: Option<&'a str>,
     /// `plan revert --to VERSION`.
     pub to: Option<u64>,
+    /// `plan source sync --force`.
+    pub force: bool,
 }
 
 /// Where a rollout started now would replace each unit of `plan` it changes, with the canary
@@ -65,6 +69,10 @@ pub async fn run(context: &Context, asked: &Asked<'_>, arguments: &[String], out
         eprintln!("--to goes with plan revert, which needs it: fleetctl plan revert UNIT --to VERSION");
         return Outcome::Usage;
     }
+    if asked.force && asked.planned != Planned::Source {
+        eprintln!("--force applies to plan source sync only");
+        return Outcome::Usage;
+    }
     let gates = match Gates::parse(asked.canary, None, false) {
         Ok(gates) => gates,
         Err(error) => {
@@ -76,7 +84,11 @@ pub async fn run(context: &Context, asked: &Asked<'_>, arguments: &[String], out
         Ok(asked) => asked,
         Err(outcome) => return outcome,
     };
-    if request.units.is_empty() && request.destroy.is_empty() && request.drain.is_empty() {
+    if request.units.is_empty()
+        && request.destroy.is_empty()
+        && request.drain.is_empty()
+        && request.source_sync.is_none()
+    {
         println!("Nothing to do: every unit named is as the command would leave it.");
         return Outcome::Success;
     }
@@ -91,10 +103,56 @@ pub async fn run(context: &Context, asked: &Asked<'_>, arguments: &[String], out
     match output {
         OutputFormat::Json => print_json(&PlanOutput::of(&plan, order.as_ref())),
         OutputFormat::Table | OutputFormat::Wide => {
-            print_plan(&plan, &contents, order.as_ref(), output == OutputFormat::Wide)
+            let (contents, from) = match &plan.source {
+                Some(sync) => {
+                    print_sync(sync);
+                    (sync_contents(context, sync).await, "source")
+                }
+                None => (contents, "local"),
+            };
+            print_plan(&plan, &contents, order.as_ref(), from, output == OutputFormat::Wide)
         }
     }
     Outcome::Success
+}
+
+/// What a planned sync read and what it would leave alone, before its table.
+fn print_sync(sync: &PlannedSync) {
+    let short: String = sync.commit.chars().take(12).collect();
+    println!("Source {} at commit {short}", sync.name);
+    if let Some(halted) = &sync.halted {
+        println!("Nothing would be written: {halted}");
+    }
+    for problem in &sync.problems {
+        println!("Problem (its unit keeps what it has): {problem}");
+    }
+    for owned in &sync.owned_elsewhere {
+        println!("Left alone, held elsewhere: {owned}");
+    }
+    if let Some(rollout) = &sync.rollout {
+        println!("New content for running units goes out in rollout {rollout}: {}", sync.rolled.join(", "));
+    }
+    println!();
+}
+
+/// The unit files before (the cluster's) and after (the source's) of the units a planned
+/// sync changes, for their diffs.
+async fn sync_contents(context: &Context, sync: &PlannedSync) -> Contents {
+    let names: BTreeSet<String> = sync.contents.keys().cloned().collect();
+    let existing = match crate::wait::fetch_units(context, &names).await {
+        Ok(existing) => existing,
+        Err(error) => {
+            eprintln!("Error reading the units' files for their diffs: {error}");
+            return Contents::new();
+        }
+    };
+    existing
+        .into_iter()
+        .filter_map(|(name, unit)| {
+            let after = sync.contents.get(&name)?.clone();
+            Some((name, (unit_file(&unit).serialize(), after)))
+        })
+        .collect()
 }
 
 /// The unit files before and after, by unit, for the diffs of changed units.
@@ -184,6 +242,20 @@ async fn request(
             }
             Ok((with_shared_contents(vec![reverted]), contents))
         }
+        Planned::Source => match arguments {
+            [verb, name] if verb == "sync" => {
+                let request = PlanRequest {
+                    source_sync: Some(name.clone()),
+                    source_sync_force: asked.force,
+                    ..PlanRequest::default()
+                };
+                Ok((request, Contents::new()))
+            }
+            _ => {
+                eprintln!("Usage: fleetctl plan source sync [--force] NAME");
+                Err(Outcome::Usage)
+            }
+        },
         Planned::Destroy => {
             let units = existing_units(context, arguments).await?;
             Ok((
@@ -245,7 +317,8 @@ fn with_shared_contents(units: Vec<Unit>) -> PlanRequest {
 }
 
 /// The plan as a table, then the diff of each changed unit, then the index.
-fn print_plan(plan: &Plan, contents: &Contents, order: Option<&ReplacementOrder>, wide: bool) {
+/// `from` names where the new files come from (`local`, `source`).
+fn print_plan(plan: &Plan, contents: &Contents, order: Option<&ReplacementOrder>, from: &str, wide: bool) {
     let mut header = ["UNIT", "ACTION", "STATE", "MACHINE"].map(str::to_string).to_vec();
     if order.is_some() {
         header.push("ORDER".to_string());
@@ -263,19 +336,27 @@ fn print_plan(plan: &Plan, contents: &Contents, order: Option<&ReplacementOrder>
             row
         }))
         .collect();
-    print!("{}", tab_table(&rows));
+    if plan.units.is_empty() {
+        println!("Nothing would change.");
+    } else {
+        print!("{}", tab_table(&rows));
+    }
     for unit in plan.units.iter().filter(|unit| unit.action == "change") {
         if let Some((before, after)) = contents.get(&unit.name) {
             print!(
                 "\n{}",
-                unified(&format!("{} (cluster)", unit.name), before, &format!("{} (local)", unit.name), after)
+                unified(&format!("{} (cluster)", unit.name), before, &format!("{} ({from})", unit.name), after)
             );
         }
     }
-    println!(
-        "\nPlan index: {} (nothing was written; with --if-unchanged {} the command refuses if the cluster changes first)",
-        plan.index, plan.index
-    );
+    match plan.source {
+        // A sync is made by the engine leader, when it comes to it: no index guards it.
+        Some(_) => println!("\nPlan index: {} (nothing was written)", plan.index),
+        None => println!(
+            "\nPlan index: {} (nothing was written; with --if-unchanged {} the command refuses if the cluster changes first)",
+            plan.index, plan.index
+        ),
+    }
 }
 
 fn row(unit: &PlannedUnit, wide: bool) -> Vec<String> {

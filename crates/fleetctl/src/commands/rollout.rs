@@ -42,7 +42,7 @@ async fn rollout_named(context: &Context, name: &str) -> String {
     if matches!(context.client.rollout_progress(name).await, Ok(Some(_))) {
         return name.to_string();
     }
-    let of_source = format!("source-{name}");
+    let of_source = fleet_core::source::rollout_of(name);
     match context.client.source(name).await {
         Ok(Some(_)) => {
             eprintln!("Rollout {of_source} (of source {name})");

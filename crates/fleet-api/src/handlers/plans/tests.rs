@@ -347,3 +347,24 @@ async fn a_plan_leaves_a_unit_waiting_for_what_it_requires_as_the_engine_would()
     let (_, planned) = call(&router, "POST", "/fleet/v1/plans", app).await;
     assert_eq!((planned["units"][0]["machine"].as_str(), planned["units"][0].get("waiting")), (Some("m0"), None));
 }
+
+/// A plan of a source's sync is asked alone, of a fleetd that reads sources, for a source that
+/// exists; anything else is refused before any fetch.
+#[tokio::test]
+async fn a_plan_of_a_sync_is_refused_with_other_writes_without_a_reader_or_a_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let state = ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None));
+    let router = router(state);
+    let unit =
+        json!({"name": "a.service", "options": [{"section": "Service", "name": "ExecStart", "value": "/bin/true"}]});
+    let (status, body) = call(&router, "POST", "/fleet/v1/plans", json!({"sourceSync": "apps", "units": [unit]})).await;
+    assert_eq!(
+        (status, body["error"]["message"].as_str()),
+        (400, Some("sourceSync is planned alone: no units, destroy or drain with it"))
+    );
+    let (status, _) = call(&router, "POST", "/fleet/v1/plans", json!({"sourceSyncForce": true, "units": [unit]})).await;
+    assert_eq!(status, 400);
+    let (status, body) = call(&router, "POST", "/fleet/v1/plans", json!({"sourceSync": "apps"})).await;
+    assert_eq!(status, 503, "{body}");
+}
