@@ -70,6 +70,9 @@ step target/debug/bench-pull 20 200 1
 step target/debug/bench-pull 20 200 1 2
 # And of the web view's: a real Chromium follows a fleetd of 300 units.
 step target/debug/bench-web 300 1
+# And of the event followers': 40 followers over HTTPS stream, sit idle and are each told of a
+# write (the 1,000-follower figures are in BENCHMARKS.md).
+step target/debug/bench-events 40 2
 # And the whole path at 1,000 simulated machines and 10,000 units on one etcd (issue 14's CI
 # size): fleetctl submits and lists them all, one change wakes one agent, a tenth of the
 # machines lost at once and a killed engine leader leave every unit running once; then a

@@ -17,6 +17,7 @@ pub mod cluster_bench;
 pub mod connect_proxy;
 pub mod delay_proxy;
 pub mod https;
+pub mod https_listener;
 pub mod lab;
 pub mod lab_etcd;
 pub mod lab_fleet;

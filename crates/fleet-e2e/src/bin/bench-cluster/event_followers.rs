@@ -5,62 +5,16 @@
 //! units were all launched that was, and what the followers cost.
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use fleet_e2e::pki::Authority;
+use fleet_e2e::https_listener::{Listener, write_private};
 use fleet_e2e::{Fleetd, binary, cpu_seconds};
 
 /// Followers one token serves (the API's bound per identity).
 const PER_TOKEN: usize = 8;
-
-/// The HTTPS listener the followers read through: its certificates and the config lines.
-pub struct Listener {
-    dir: tempfile::TempDir,
-    ca_file: PathBuf,
-    port: u16,
-    cert: PathBuf,
-    key: PathBuf,
-}
-
-impl Listener {
-    pub fn new() -> Self {
-        let dir = tempfile::tempdir().expect("a directory for the certificates");
-        let ca = Authority::new("bench CA");
-        let ca_file = ca.write(&dir.path().join("ca.pem"));
-        let server = ca.server(dir.path(), "server");
-        let port = fleet_testkit::free_port();
-        Self { dir, ca_file, port, cert: server.cert, key: server.key }
-    }
-
-    /// fleet.conf lines for the engine fleetd: the harness's socket and this listener.
-    pub fn config(&self) -> Vec<(String, String)> {
-        vec![
-            ("api_listen".into(), format!("unix://{{socket}},https://127.0.0.1:{}", self.port)),
-            ("api_tls_cert_file".into(), self.cert.display().to_string()),
-            ("api_tls_key_file".into(), self.key.display().to_string()),
-        ]
-    }
-
-    fn endpoint(&self) -> String {
-        format!("https://127.0.0.1:{}", self.port)
-    }
-
-    fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-fn write_private(path: &Path, text: &str) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file =
-        std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path).expect("a token file");
-    file.write_all(text.as_bytes()).expect("write the token");
-}
 
 pub struct Followers {
     children: Vec<Child>,

@@ -135,8 +135,8 @@ fn main() {
         [("etcd_servers", etcd.endpoint()), ("metadata", "role=engine".into()), ("etcd_request_timeout", "5".into())];
     let engine_config: Vec<(&str, &str)> = engine_config.iter().map(|(key, value)| (*key, value.as_str())).collect();
     // With followers, the engine fleetd also listens on HTTPS, where viewer tokens are taken.
-    let listener = (followers > 0).then(event_followers::Listener::new);
-    let listening = listener.as_ref().map(event_followers::Listener::config).unwrap_or_default();
+    let listener = (followers > 0).then(fleet_e2e::https_listener::Listener::new);
+    let listening = listener.as_ref().map(fleet_e2e::https_listener::Listener::config).unwrap_or_default();
     let mut leader_config = engine_config.clone();
     leader_config.extend(listening.iter().map(|(key, value)| (key.as_str(), value.as_str())));
     let mut engine = Fleetd::start("e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0e0", &leader_config);
