@@ -152,7 +152,8 @@ fn planned_machines(printed: &str) -> std::collections::BTreeMap<String, (Option
 }
 
 /// On etcd, three members: a plan made through one member is what a write through another then
-/// does, for a start and for a drain, and its index guards the write whichever member takes it.
+/// does, for a start, a drain and a source's sync, and its index guards the write whichever
+/// member takes it.
 #[test]
 fn on_etcd_a_plan_through_one_member_is_what_a_write_through_another_does() {
     use fleet_e2e::Cluster;
@@ -223,6 +224,26 @@ fn on_etcd_a_plan_through_one_member_is_what_a_write_through_another_does() {
     landed.sort();
     said.sort();
     assert_eq!(landed, said, "planned {printed}, placed {now:?}");
+
+    // A source's sync, planned through a member that need not lead (it fetches the source
+    // itself), then made by the leader: the unit it changes gets the content the plan showed.
+    let repo = fleet_testkit::GitRepo::new();
+    let first = repo.commit(&[("units/src.service", Some("[Service]\nExecStart=/bin/sleep 800001\n"))], "first");
+    let url = repo.url();
+    cluster.members[0].ok(&["source", "add", "--repo", &url, "--path", "units", "--interval", "1h", "apps"]);
+    let synced = |c: &Cluster, commit: &str| c.any().ok(&["source", "status", "apps"]).stdout.contains(commit);
+    cluster.wait_until("the source's first sync", Duration::from_secs(30), |c| synced(c, &first));
+    let second = repo.commit(&[("units/src.service", Some("[Service]\nExecStart=/bin/sleep 800002\n"))], "second");
+    for member in &cluster.members {
+        let printed = member.ok(&["plan", "source", "sync", "apps"]).stdout;
+        assert!(printed.contains(&format!("Source apps at commit {}", &second[..12])), "{printed}");
+        assert_eq!(row_of(&printed, "src.service")[1], "change", "{printed}");
+        assert!(printed.contains("+ExecStart=/bin/sleep 800002"), "{printed}");
+    }
+    assert!(synced(&cluster, &first), "the plans synced nothing");
+    cluster.members[1].ok(&["source", "sync", "apps"]);
+    cluster.wait_until("the second commit synced", Duration::from_secs(30), |c| synced(c, &second));
+    assert!(cluster.members[2].ok(&["cat", "src.service"]).stdout.contains("800002"));
 }
 
 /// A source's sync, planned against a real repository: what the sync would create, change and
