@@ -449,6 +449,23 @@ pub fn bench_instances(dir: &Path, count: usize) -> Vec<String> {
     (1..=count).map(|n| dir.join(format!("bench@{n}.service")).display().to_string()).collect()
 }
 
+/// A benchmark's positional argument `index` (from 1), or `default` when absent or not a value.
+pub fn argument<T: std::str::FromStr>(index: usize, default: T) -> T {
+    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+/// Resident memory of a process, in MiB, from /proc; 0 when it is gone.
+pub fn resident_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0);
+    kib / 1024.0
+}
+
 /// User plus system CPU seconds a process has used, from /proc; 0 when it is gone.
 pub fn cpu_seconds(pid: u32) -> f64 {
     // After the command name: state is field 0, utime is 11, stime is 12.

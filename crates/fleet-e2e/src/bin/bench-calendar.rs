@@ -11,6 +11,7 @@
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-calendar [MACHINES] [UNITS]`
 
+use fleet_e2e::argument;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -30,10 +31,6 @@ const CONNECTIONS: usize = 4;
 const PREFIX: &str = "/_coreos.com/fleet/";
 /// How long the bench waits for any one step before it gives up.
 const LIMIT: Duration = Duration::from_secs(900);
-
-fn argument(index: usize, default: usize) -> usize {
-    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
 
 fn wait_for_leader(fleetd: &Fleetd) {
     let deadline = Instant::now() + Duration::from_secs(120);

@@ -14,6 +14,7 @@
 //! Each step waits for what it measures (every follower streaming, every follower told), so a
 //! small debug run checks the streams as well.
 
+use fleet_e2e::{argument, resident_mib};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -26,22 +27,6 @@ const PER_TOKEN: usize = 8;
 
 /// The longest any step may take.
 const LIMIT: Duration = Duration::from_secs(120);
-
-fn argument(index: usize, default: u64) -> u64 {
-    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
-/// Resident memory of a process, in MiB.
-fn resident_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
 
 /// Follows the stream at `url` with `client` and `token`, counting the events it is told of
 /// in `told` (an `id:` line each), until the stream ends.
@@ -83,8 +68,8 @@ async fn all_told(told: &[Arc<AtomicU64>], least: &[u64], limit: Duration) -> Op
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let followers = argument(1, 1_000) as usize;
-    let idle = Duration::from_secs(argument(2, 30));
+    let followers: usize = argument(1, 1_000);
+    let idle = Duration::from_secs(argument(2, 30u64));
     let listener = Listener::new();
     let mut config = listener.config();
     // Event streams share the live feeds' slots: half of the connections in all.

@@ -6,6 +6,7 @@
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-health [UNITS] [INTERVAL] [WINDOW]`
 
+use fleet_e2e::argument;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,10 +16,6 @@ use fleet_core::health::HealthStatus;
 use fleet_e2e::{binary, cpu_seconds};
 use fleet_testkit::{FakeUnitManager, free_port};
 use fleet_unit_manager::UnitManager;
-
-fn argument(index: usize, default: u64) -> u64 {
-    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
 
 fn main() {
     let units = usize::try_from(argument(1, 10_000)).unwrap_or(10_000);

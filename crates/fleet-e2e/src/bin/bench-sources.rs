@@ -7,6 +7,7 @@
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-sources [UNITS] [PUSHES]`
 
+use fleet_e2e::argument;
 use std::time::{Duration, Instant};
 
 use fleet_e2e::webhook::{post, signature};
@@ -15,10 +16,6 @@ use fleet_testkit::GitRepo;
 
 const UNIT: &str = "[Service]\nExecStart=/bin/sleep 1000\n";
 const LIMIT: Duration = Duration::from_secs(600);
-
-fn argument(index: usize, default: usize) -> usize {
-    std::env::args().nth(index).and_then(|n| n.parse().ok()).unwrap_or(default)
-}
 
 /// A field of `fleetctl source status`.
 fn status_field(fleet: &Fleetd, field: &str) -> String {

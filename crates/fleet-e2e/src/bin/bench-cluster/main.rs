@@ -46,6 +46,7 @@ mod etcd_metrics;
 mod event_followers;
 mod health_rollouts;
 
+use fleet_e2e::argument;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -91,10 +92,6 @@ async fn idle_with_a_calendar_unit(api: &EtcdRegistry, engine: &Fleetd, idle_sec
         engine_cpu * 100.0 / idle_seconds as f64
     );
     api.destroy_unit("calendar-probe.service").await.expect("destroy the calendar unit");
-}
-
-fn argument(index: usize, default: usize) -> usize {
-    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
 }
 
 fn main() {

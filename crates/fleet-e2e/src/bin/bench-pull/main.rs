@@ -45,6 +45,7 @@
 //!
 //! Run: `cargo build --release --workspace --bins && target/release/bench-pull [AGENTS] [UNITS] [IDLE_SECONDS] [MANAGERS] [AGENT_TTL] [PER_PROCESS] [IDLE_HEARTBEAT]`
 
+use fleet_e2e::{argument, resident_mib};
 use std::time::{Duration, Instant};
 
 use fleet_core::{DesiredState, UnitFile};
@@ -57,22 +58,6 @@ use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 
 mod agent_hosts;
 use agent_hosts::{AgentHosts, Reach};
-
-fn argument(index: usize, default: usize) -> usize {
-    std::env::args().nth(index).and_then(|value| value.parse().ok()).unwrap_or(default)
-}
-
-/// Resident memory of a process, in MiB.
-fn resident_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kib: f64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0);
-    kib / 1024.0
-}
 
 /// The leases the agents' machine records hang on, read 10,000 keys at a time (keys only:
 /// 40,000 records with their values pass gRPC's 4 MiB answer, and so do 100,000 keys).
