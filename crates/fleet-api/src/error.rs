@@ -38,9 +38,10 @@ impl From<RegistryError> for ApiError {
             RegistryError::LeadershipLost | RegistryError::MachineInUse { .. } => {
                 Self::new(StatusCode::INTERNAL_SERVER_ERROR, "")
             }
-            RegistryError::NotAnnounced { .. } | RegistryError::Owned { .. } | RegistryError::SourceRemoved { .. } => {
-                Self::new(StatusCode::CONFLICT, error.to_string())
-            }
+            RegistryError::NotAnnounced { .. }
+            | RegistryError::Owned { .. }
+            | RegistryError::ChangedSincePlan { .. }
+            | RegistryError::SourceRemoved { .. } => Self::new(StatusCode::CONFLICT, error.to_string()),
         }
     }
 }

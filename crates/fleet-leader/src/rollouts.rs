@@ -326,7 +326,7 @@ impl RolloutDriver {
             let by = record.changed_by(current.source.as_deref());
             let writer = match &current.source {
                 Some(source) => Writer::Source { name: source.clone(), take_over: false, drift: current.drift, by },
-                None => Writer::Hand { take_over: false, by },
+                None => Writer::Hand { take_over: false, by, guard: None },
             };
             let change = UnitChange { name: name.clone(), file: Some(file.clone()), desired: current.desired };
             match by_writer.iter_mut().find(|(kept, _)| *kept == writer) {

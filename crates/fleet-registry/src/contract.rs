@@ -46,6 +46,7 @@ macro_rules! registry_contract {
             a_drain_reads_with_its_machine_and_is_stepped_only_while_it_stands,
             states_go_with_their_machine,
             units_belong_to_the_source_that_made_them,
+            a_write_guarded_by_a_plan_refuses_units_changed_since,
             a_sources_drift_policy_reaches_the_agents,
             sources_and_their_statuses_are_kept_by_name,
             rollouts_are_kept_by_name,
@@ -745,6 +746,48 @@ pub async fn a_sources_drift_policy_reaches_the_agents(registry: &dyn Registry, 
 
 /// A unit made by a source is its own: a hand write or another source is refused (and
 /// changes nothing) unless it takes the unit over; the unit shows its owner.
+/// A write guarded by a plan (`?ifUnchanged=`) is checked by the store inside the write, unit
+/// by unit: a unit changed (or created) since the plan is refused in every form of write and
+/// keeps what it has; a unit as the plan saw it is written, alone or in a batch beside a
+/// refused one.
+pub async fn a_write_guarded_by_a_plan_refuses_units_changed_since(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
+    use crate::PlanGuard;
+    registry.put_unit("a.service", &unit("/bin/a"), DesiredState::Launched).await.expect("a");
+    registry.put_unit("b.service", &unit("/bin/b"), DesiredState::Launched).await.expect("b");
+    let seen = registry.units().await.expect("the plan's view");
+    let guarded = Writer::identity("token:ci", false).guarded_by(Arc::new(PlanGuard::of(7, &seen)));
+    registry.put_unit("a.service", &unit("/bin/a2"), DesiredState::Launched).await.expect("a changes");
+    registry.put_unit("c.service", &unit("/bin/c"), DesiredState::Launched).await.expect("c is made");
+    let changed = |result: Result<(), RegistryError>, name: &str| {
+        assert!(
+            matches!(&result, Err(RegistryError::ChangedSincePlan { unit, index: 7 }) if unit == name),
+            "{name}: {result:?}"
+        );
+    };
+    changed(registry.put_unit_as("a.service", &unit("/bin/a3"), DesiredState::Launched, &guarded).await, "a.service");
+    changed(registry.set_desired_state_as("a.service", DesiredState::Loaded, &guarded).await.map(drop), "a.service");
+    changed(registry.destroy_unit_as("a.service", &guarded).await.map(drop), "a.service");
+    changed(registry.put_unit_as("c.service", &unit("/bin/c2"), DesiredState::Launched, &guarded).await, "c.service");
+    let view = registry.unit("a.service").await.expect("read").expect("a is kept");
+    assert_eq!(
+        (view.hash, view.desired),
+        (unit("/bin/a2").hash(), DesiredState::Launched),
+        "refused writes change nothing"
+    );
+    let c = registry.unit("c.service").await.expect("read").expect("c is kept");
+    assert_eq!(c.hash, unit("/bin/c").hash());
+    let batch = [
+        crate::UnitChange { name: "b.service".into(), file: None, desired: DesiredState::Loaded },
+        crate::UnitChange { name: "a.service".into(), file: None, desired: DesiredState::Loaded },
+    ];
+    let mut answers = registry.change_units_as(&batch, &guarded).await.expect("the batch is answered").into_iter();
+    let (b, a) = (answers.next(), answers.next());
+    assert!(matches!(b, Some(Ok(crate::UnitChanged::Written))), "{b:?}");
+    changed(a.expect("an answer for a.service").map(drop), "a.service");
+    assert_eq!(registry.unit("b.service").await.expect("read").expect("b").desired, DesiredState::Loaded);
+    registry.put_unit_as("d.service", &unit("/bin/d"), DesiredState::Launched, &guarded).await.expect("d was absent");
+}
+
 pub async fn units_belong_to_the_source_that_made_them(registry: &dyn Registry, _agent_for: AgentFor<'_>) {
     let git =
         Writer::Source { name: "git".into(), take_over: false, drift: Default::default(), by: Default::default() };

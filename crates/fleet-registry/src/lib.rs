@@ -21,6 +21,7 @@ mod import;
 pub mod machine_identity;
 mod model;
 mod ownership;
+mod plan_guard;
 mod source_reading;
 mod source_record;
 mod unit_change;
@@ -48,7 +49,8 @@ pub use model::{
     AssignedUnit, EngineSnapshot, MachineWork, MetadataChange, RegistrationRecord, RegistrationRefused, RevokedMachine,
     SecretRecord, StateReport, TokenRecord, UnitRecord, UnitView,
 };
-pub use ownership::{OwnedBy, Writer};
+pub use ownership::{Refused, Writer};
+pub use plan_guard::PlanGuard;
 pub use source_reading::{ReadSource, SourceReading, held_units};
 pub use source_record::{DEFAULT_DEADLINE_SECONDS, OutOfSync, RolledSecret, RolloutRecord, SourceRecord, SourceStatus};
 pub use unit_change::{UnitChange, UnitChanged};
@@ -83,6 +85,10 @@ pub enum RegistryError {
     /// The unit belongs to another owner (a source, or hand writes when a source writes).
     #[error("{}", owned_message(unit, owner))]
     Owned { unit: String, owner: Option<String> },
+    /// A write guarded by a plan's index (`?ifUnchanged=`) found the unit changed since
+    /// that plan: nothing of the unit was written.
+    #[error("unit {unit} changed since plan index {index}: plan again")]
+    ChangedSincePlan { unit: String, index: u64 },
     /// A source's write after the source was removed (a sync that was under way): the
     /// source's units are no longer its to write.
     #[error("source {name} was removed; its units are no longer its to write")]

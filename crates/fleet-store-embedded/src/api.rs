@@ -181,7 +181,7 @@ fn put_in(
     let hash = file.hash();
     let global = Requirements::from_unit(name, file).global;
     let previous = unit_record(txn, name)?;
-    let source = owner_after(writer, name, previous.as_ref())?;
+    let source = owner_after(txn, writer, name, previous.as_ref())?;
     // A rotation's pins hold across new content: the unit is still on its way.
     let secrets = previous.as_ref().map(|old| old.secrets.clone()).unwrap_or_default();
     let versions = UnitRecord::versions_after(previous.as_ref(), hash, desired, writer, kept);
@@ -209,7 +209,7 @@ fn set_desired_in(
         return Ok(false);
     };
     let before = record.contents();
-    record.source = owner_after(writer, name, Some(&record))?;
+    record.source = owner_after(txn, writer, name, Some(&record))?;
     record.versions = UnitRecord::versions_after(Some(&record), record.hash, desired, writer, kept);
     record.desired = desired;
     move_references(txn, &before, &record.contents(), None)?;
@@ -334,7 +334,11 @@ impl ApiRegistry for EmbeddedRegistry {
                         .map(|found| if found { UnitChanged::Written } else { UnitChanged::NoSuchUnit }),
                 };
                 match answer {
-                    Err(refused @ (RegistryError::Owned { .. } | RegistryError::SourceRemoved { .. })) => {
+                    Err(
+                        refused @ (RegistryError::Owned { .. }
+                        | RegistryError::ChangedSincePlan { .. }
+                        | RegistryError::SourceRemoved { .. }),
+                    ) => {
                         answers.push(Err(refused));
                     }
                     Err(error) => return Err(error),
@@ -366,7 +370,7 @@ impl ApiRegistry for EmbeddedRegistry {
                 }
                 Err(error) => return Err(error),
             };
-            owner_after(&writer, &name, Some(&record))?;
+            owner_after(txn, &writer, &name, Some(&record))?;
             touch_unit(txn, &name, record.global, touched)?;
             txn.open_table(tables::UNITS).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
             txn.open_table(tables::SCHEDULE).map_err(unavailable)?.remove(name.as_str()).map_err(unavailable)?;
@@ -561,9 +565,23 @@ impl ApiRegistry for EmbeddedRegistry {
     }
 }
 
-/// Who owns `name` after `writer` writes it (its record now is `current`).
-fn owner_after(writer: &Writer, name: &str, current: Option<&UnitRecord>) -> Result<Option<String>> {
-    writer
-        .owner_after(current.is_some(), current.and_then(|record| record.source.as_deref()))
-        .map_err(|refused| refused.into_error(name))
+/// Who owns `name` after `writer` writes it (its record now is `current`), or why it is kept
+/// out: another owner, or a change since the plan guarding the write (checked here, inside the
+/// write's transaction, against the machine the unit is placed on in it).
+fn owner_after(
+    txn: &WriteTransaction,
+    writer: &Writer,
+    name: &str,
+    current: Option<&UnitRecord>,
+) -> Result<Option<String>> {
+    let machine = match writer.guard() {
+        Some(_) => txn
+            .open_table(tables::SCHEDULE)
+            .map_err(unavailable)?
+            .get(name)
+            .map_err(unavailable)?
+            .map(|machine| machine.value().to_string()),
+        None => None,
+    };
+    writer.admits(name, current, machine.as_deref()).map_err(|refused| refused.into_error(name))
 }

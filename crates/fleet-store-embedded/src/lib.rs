@@ -179,7 +179,9 @@ impl EmbeddedRegistry {
         .await
         .map_err(unavailable)
         .and_then(|result| result);
-        let failed = result.as_ref().is_err_and(|error| !matches!(error, RegistryError::Owned { .. }));
+        let failed = result
+            .as_ref()
+            .is_err_and(|error| !matches!(error, RegistryError::Owned { .. } | RegistryError::ChangedSincePlan { .. }));
         fleet_metrics::metrics().store.observe("embedded", "write", started.elapsed(), failed);
         let (value, touched) = result?;
         self.signals.writes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -16,7 +16,7 @@ use super::EtcdRegistry;
 use super::records::{Assignment, CarryingAssignment};
 use fleet_registry::codec::{MetadataOverrides, Options, decode, encode};
 use fleet_registry::{
-    ApiRegistry, ChangeSignal, MetadataChange, OwnedBy, Page, PageRequest, RegistryError, Result, UnitChange,
+    ApiRegistry, ChangeSignal, MetadataChange, Page, PageRequest, Refused, RegistryError, Result, UnitChange,
     UnitChanged, UnitRecord, UnitView, Writer,
 };
 
@@ -284,9 +284,9 @@ impl EtcdRegistry {
         put: &UnitPut<'_>,
         writer: &Writer,
         current: &Current,
-    ) -> Planned<std::result::Result<(), OwnedBy>> {
+    ) -> Planned<std::result::Result<(), Refused>> {
         let (keys, name) = (self.keys(), put.name);
-        let source = match owner_after(writer, current) {
+        let source = match owner_after(writer, name, current) {
             Ok(source) => source,
             Err(refused) => return Planned::Done(Err(refused)),
         };
@@ -319,7 +319,7 @@ impl EtcdRegistry {
         name: &str,
         pins: &SecretPins,
         current: &Current,
-    ) -> Planned<std::result::Result<bool, OwnedBy>> {
+    ) -> Planned<std::result::Result<bool, Refused>> {
         let Some(old) = &current.record else {
             return Planned::Done(Ok(false));
         };
@@ -341,11 +341,11 @@ impl EtcdRegistry {
         desired: DesiredState,
         writer: &Writer,
         current: &Current,
-    ) -> Planned<std::result::Result<bool, OwnedBy>> {
+    ) -> Planned<std::result::Result<bool, Refused>> {
         let Some(old) = &current.record else {
             return Planned::Done(Ok(false));
         };
-        let source = match owner_after(writer, current) {
+        let source = match owner_after(writer, name, current) {
             Ok(source) => source,
             Err(refused) => return Planned::Done(Err(refused)),
         };
@@ -358,10 +358,11 @@ impl EtcdRegistry {
     }
 }
 
-/// Who owns the unit after `writer` writes it, or who keeps it out.
-fn owner_after(writer: &Writer, current: &Current) -> std::result::Result<Option<String>, OwnedBy> {
-    let record = current.record.as_ref();
-    writer.owner_after(record.is_some(), record.and_then(|record| record.source.as_deref()))
+/// Who owns `name` after `writer` writes it, or why it is kept out (another owner, or a
+/// change since the plan guarding the write): over `current`, which the write's transaction
+/// is conditioned on.
+fn owner_after(writer: &Writer, name: &str, current: &Current) -> std::result::Result<Option<String>, Refused> {
+    writer.admits(name, current.record.as_ref(), current.machine.as_deref())
 }
 
 fn missing_body(key: String) -> RegistryError {
@@ -493,7 +494,7 @@ impl ApiRegistry for EtcdRegistry {
                 let Some(record) = &current.record else {
                     return Planned::Done(Ok(false));
                 };
-                if let Err(refused) = owner_after(writer, current) {
+                if let Err(refused) = owner_after(writer, name, current) {
                     return Planned::Done(Err(refused));
                 }
                 let mut writes = Writes::default();

@@ -12,7 +12,7 @@ use super::api::{Current, Planned, UnitPut, Writes, put_if_absent};
 use super::connection::NESTED_PER_TXN;
 use super::{EtcdRegistry, UNIT_BATCHES_IN_FLIGHT};
 use fleet_registry::codec::encode;
-use fleet_registry::{ApiRegistry, OwnedBy, RegistryError, Result, UnitChange, UnitChanged, Writer};
+use fleet_registry::{ApiRegistry, Refused, RegistryError, Result, UnitChange, UnitChanged, Writer};
 
 /// One unit's nested transaction, waiting for its answer.
 struct Nested {
@@ -23,7 +23,7 @@ struct Nested {
 
 /// What a guess from the copy planned for one change: its writes, or nothing to batch (it is
 /// then made alone, from a fresh read).
-fn batched<T>(planned: Planned<std::result::Result<T, OwnedBy>>) -> Option<Writes> {
+fn batched<T>(planned: Planned<std::result::Result<T, Refused>>) -> Option<Writes> {
     match planned {
         Planned::Write(writes, Ok(_)) => Some(writes),
         // An answer without a write is given only from a fresh read.

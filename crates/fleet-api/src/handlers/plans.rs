@@ -17,7 +17,7 @@ use fleet_core::schedule::preview::{PreviewChange, PreviewedUnit, preview};
 use fleet_core::schedule::{ClusterSnapshot, UnitSpec};
 use fleet_core::unit_name::validate_name;
 use fleet_core::{DesiredState, UnitFile};
-use fleet_registry::{UnitChange, UnitView};
+use fleet_registry::{UnitChange, UnitView, Writer};
 
 use super::unit_batch::{Permission, admitted, may};
 use super::units::json_object;
@@ -193,10 +193,13 @@ fn with_contents(units: Vec<PlanUnit>, contents: &BTreeMap<String, Vec<UnitOptio
 }
 
 /// `?ifUnchanged=INDEX` on a unit write: the write is refused (409) unless the cluster is
-/// still as the plan that printed INDEX saw it. Checked just before the write, not with it: a
-/// write by someone else in between is not caught, a change before the check always is.
-pub async fn unchanged_since(state: &ApiState, query: &[(String, String)]) -> Result<(), ApiError> {
-    let Some(text) = crate::query::first_value(query, "ifUnchanged") else { return Ok(()) };
+/// still as the plan that printed INDEX saw it, and `writer` is returned guarded by that plan.
+/// The whole cluster is checked here, just before the write, against this member's copy; each
+/// unit the write then writes is checked again by the store inside its write
+/// ([`fleet_registry::PlanGuard`]), so a unit the command writes is never written over a
+/// change made since the plan.
+pub async fn guarded(state: &ApiState, writer: Writer, query: &[(String, String)]) -> Result<Writer, ApiError> {
+    let Some(text) = crate::query::first_value(query, "ifUnchanged") else { return Ok(writer) };
     let asked: u64 = text.parse().map_err(|_| {
         ApiError::bad_request(format!("invalid ifUnchanged {text:?}: a plan index, as fleetctl plan prints it"))
     })?;
@@ -208,7 +211,7 @@ pub async fn unchanged_since(state: &ApiState, query: &[(String, String)]) -> Re
             format!("the cluster changed since plan index {asked} (it is at {now} now): plan again"),
         ));
     }
-    Ok(())
+    Ok(writer.guarded_by(Arc::new(fleet_registry::PlanGuard::of(asked, &units))))
 }
 
 /// What a plan depends on, as one number: every unit's name, content, desired state and

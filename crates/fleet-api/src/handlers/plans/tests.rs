@@ -368,3 +368,24 @@ async fn a_plan_of_a_sync_is_refused_with_other_writes_without_a_reader_or_a_sou
     let (status, body) = call(&router, "POST", "/fleet/v1/plans", json!({"sourceSync": "apps"})).await;
     assert_eq!(status, 503, "{body}");
 }
+
+/// A write with the index of a plan of the cluster as it stands is made guarded by that plan
+/// (the store then checks each unit it writes inside the write); a stale index is refused.
+#[tokio::test]
+async fn a_write_with_a_current_index_is_guarded_by_its_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let state = ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None));
+    let file = fleet_core::UnitFile::parse("[Service]\nExecStart=/bin/true\n").unwrap();
+    registry.put_unit("a.service", &file, fleet_core::DesiredState::Launched).await.unwrap();
+    let index = super::standing_index(&registry.units().await.unwrap(), &registry.machines().await.unwrap());
+    let query = |index: String| vec![("ifUnchanged".to_string(), index)];
+    let writer = fleet_registry::Writer::identity("token:ci", false);
+    let unguarded = super::guarded(&state, writer.clone(), &[]).await.unwrap();
+    assert!(unguarded.guard().is_none());
+    let guarded = super::guarded(&state, writer.clone(), &query(index.to_string())).await.unwrap();
+    assert_eq!(guarded.guard().map(|guard| guard.index), Some(index));
+    registry.set_desired_state("a.service", fleet_core::DesiredState::Loaded).await.unwrap();
+    let stale = super::guarded(&state, writer, &query(index.to_string())).await;
+    assert_eq!(stale.err().map(|error| error.status.as_u16()), Some(409));
+}
