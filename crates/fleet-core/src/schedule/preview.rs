@@ -1,6 +1,8 @@
 //! What a change to the units would do to the schedule, before it is made: the engine's own
-//! [`plan`] run twice, on the cluster as it stands and on the cluster with the change, writing
-//! nothing. `fleetctl plan` shows it.
+//! planner run twice, on the cluster as it stands and on the cluster with the change, writing
+//! nothing. `fleetctl plan` shows it. The second run is the [`IncrementalPlanner`]'s, which
+//! remembers where the first left the cluster: a change of free units (new instances, say) is
+//! planned in proportion to itself, and the plan is [`super::plan`]'s all the same.
 //!
 //! The cluster as it stands is first settled (the decisions the engine is about to write are
 //! taken as written), so a preview shows what the change itself does, not what the engine
@@ -9,7 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{ClusterSnapshot, Decision, Plan, UnitSpec, plan};
+use super::{ClusterSnapshot, Decision, IncrementalPlanner, Plan, UnitSpec};
 use crate::drain::Drain;
 use crate::requirements::Requirements;
 use crate::rollout::MaxUnavailable;
@@ -51,7 +53,9 @@ pub struct Preview {
 
 /// Previews `changes` on `cluster` (a change of a unit the cluster does not hold creates it).
 pub fn preview(cluster: &ClusterSnapshot, changes: &[PreviewChange]) -> Preview {
-    let standing = settled(cluster.clone(), &plan(cluster));
+    let mut planner = IncrementalPlanner::default();
+    let (first, _) = planner.plan(cluster);
+    let standing = settled(cluster.clone(), &first);
     let before: BTreeMap<String, Option<String>> =
         standing.units.iter().map(|unit| (unit.name.clone(), unit.scheduled_on.clone())).collect();
     let mut named: BTreeSet<String> = BTreeSet::new();
@@ -70,7 +74,7 @@ pub fn preview(cluster: &ClusterSnapshot, changes: &[PreviewChange]) -> Preview 
         }
     }
     let changed = with_changes(standing, changes);
-    let after_plan = plan(&changed);
+    let (after_plan, _) = planner.plan(&changed);
     let waiting: BTreeMap<String, String> = after_plan.reason_texts().into_iter().collect();
     let after_cluster = settled(changed, &after_plan);
     let after: BTreeMap<&str, Option<&str>> =
