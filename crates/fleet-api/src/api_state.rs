@@ -120,6 +120,8 @@ pub struct ApiState {
     pub agent_ttl: std::time::Duration,
     /// How many plans are being worked out (at most `handlers::plans::MOST_PLANS_AT_ONCE`).
     pub plans_under_way: Arc<std::sync::atomic::AtomicUsize>,
+    /// The units' requirements as the last plan read them (a plan parses only new content).
+    pub plan_requirements: Arc<crate::handlers::plans::requirements_memo::RequirementsMemo>,
     /// Where the audit trail's writes go as events (discarding unless fleetd sets one).
     pub events: fleet_registry::EventSink,
     /// Events as the event streams send them, each encoded once for every follower.
@@ -159,6 +161,7 @@ impl ApiState {
             preemption: false,
             agent_ttl: std::time::Duration::from_secs(30),
             plans_under_way: Default::default(),
+            plan_requirements: Default::default(),
             events: fleet_registry::EventSink::discarding(),
             encoded_events: Default::default(),
             agent_state_events: Default::default(),

@@ -119,6 +119,7 @@ impl ApiService {
             preemption: config.preemption,
             agent_ttl: config.agent_ttl,
             plans_under_way: Default::default(),
+            plan_requirements: Default::default(),
             events: events.clone(),
             encoded_events: Default::default(),
             agent_state_events: Default::default(),

@@ -24,6 +24,7 @@ use super::units::json_object;
 use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
 use crate::schema::{Plan, PlanRequest, PlanUnit, PlannedUnit, Unit, UnitOption};
+use requirements_memo::RequirementsMemo;
 
 /// The most units one plan may name: ten thousand instances of a template fit the request
 /// body's bound when they carry its content once.
@@ -158,7 +159,8 @@ async fn plan_over(
     let budgets = budget_view(state, &units, &machines).await?.budgets();
     let waits = dependency_waits::dependency_waits(state, &units, &changes, &destroy).await?;
     let asked = Asked { changes, destroy, drained, waits };
-    let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, budgets, &asked))
+    let memo = state.plan_requirements.clone();
+    let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, budgets, &asked, &memo))
         .await
         .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
     Ok(Plan { index, units: planned, source: None })
@@ -294,20 +296,19 @@ fn planned(
     (strategy, preemption): (fleet_core::schedule::PlacementStrategy, bool),
     budgets: fleet_core::disruption_budget::Budgets,
     asked: &Asked,
+    memo: &RequirementsMemo,
 ) -> Vec<PlannedUnit> {
     let Asked { changes, destroy, drained, waits } = asked;
     let kept_off =
         |name: &str, desired: DesiredState| if waits.contains_key(name) { DesiredState::Inactive } else { desired };
     let specs = units
         .iter()
-        .map(|unit| {
-            let requirements = Arc::new(Requirements::from_unit(&unit.name, &unit.file));
-            UnitSpec {
-                name: unit.name.clone(),
-                desired: kept_off(&unit.name, as_planned(unit.desired, &requirements, unit.machine_id.is_some())),
-                requirements,
-                scheduled_on: unit.machine_id.clone(),
-            }
+        .zip(memo.of(&units))
+        .map(|(unit, requirements)| UnitSpec {
+            name: unit.name.clone(),
+            desired: kept_off(&unit.name, as_planned(unit.desired, &requirements, unit.machine_id.is_some())),
+            requirements,
+            scheduled_on: unit.machine_id.clone(),
         })
         .collect();
     let cluster = ClusterSnapshot { machines, units: specs, strategy, preemption, budgets, ..Default::default() };
@@ -428,6 +429,7 @@ fn planned_unit(
 }
 
 mod dependency_waits;
+pub mod requirements_memo;
 mod source_sync;
 
 #[cfg(test)]
