@@ -115,20 +115,20 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8]) -> Result<Response
 
 /// The plan of a sync of source `name` now (forced when `force`): its branch fetched and read
 /// through this fleetd's source reader, the writes the syncer would make worked out and
-/// planned. A scoped operator sees only the units within its pattern.
+/// planned. Only for identities that may read sources.
 async fn plan_source_sync(state: &ApiState, role: &Role, name: &str, force: bool) -> Result<Response, ApiError> {
-    let reader = state.source_reader.clone().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "this fleetd reads no git sources: plan the sync through another",
-        )
-    })?;
     // What a source holds is for those who may read sources (not an operator scoped to some
     // units): the plan shows its commit, problems and owners.
     if fleet_core::access::decide(role, fleet_core::access::Action::ReadSources) != fleet_core::access::Access::Allowed
     {
         return Err(ApiError::new(StatusCode::FORBIDDEN, format!("{role} may not plan a sync of a source")));
     }
+    let reader = state.source_reader.clone().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this fleetd reads no git sources: plan the sync through another",
+        )
+    })?;
     let source = super::sources::find(state, name).await?;
     let _slot = PlanSlot::take(&state.plans_under_way)?;
     let read = reader

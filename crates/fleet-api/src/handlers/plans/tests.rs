@@ -389,3 +389,18 @@ async fn a_write_with_a_current_index_is_guarded_by_its_plan() {
     let stale = super::guarded(&state, writer, &query(index.to_string())).await;
     assert_eq!(stale.err().map(|error| error.status.as_u16()), Some(409));
 }
+
+/// An operator scoped to some units may not plan a source's sync (a source's plan shows its
+/// commit, its problems and who holds its units), and is refused before anything is read.
+#[tokio::test]
+async fn a_scoped_operator_may_not_plan_a_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let registry = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let state = ApiState::new(Arc::new(registry.clone()), Auth::new(Arc::new(registry.clone()), None));
+    let scoped = fleet_core::access::Role::parse("operator", Some("web-*")).expect("a role");
+    let body = json!({"sourceSync": "apps"}).to_string();
+    let refused = super::post(&state, &scoped, body.as_bytes()).await.expect_err("refused");
+    assert_eq!(refused.status, axum::http::StatusCode::FORBIDDEN);
+    let viewer = super::post(&state, &fleet_core::access::Role::Viewer, body.as_bytes()).await.expect_err("no reader");
+    assert_eq!(viewer.status, axum::http::StatusCode::SERVICE_UNAVAILABLE, "a viewer gets as far as the reader");
+}
