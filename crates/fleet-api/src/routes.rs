@@ -124,10 +124,10 @@ pub(crate) static ROUTES: &[Route] = &[
     // The original's API (compat.md §2).
     route!(GET "/fleet/v1/discovery", List, Empty, |s, c| discovery::get()),
     route!(GET "/fleet/v1/units", List, Empty, |s, c| units::list(s, c.query, c.role()).await),
-    route!(POST "/fleet/v1/units", WriteUnits, Json, |s, c| unit_batch::post(s, c.role(), c.body, &units::guarded_writer(s, c.identity, c.query).await?).await),
+    route!(POST "/fleet/v1/units", WriteUnits, Json, |s, c| unit_batch::post(s, c.role(), c.body, &plans::guarded_writer(s, c.identity, c.query).await?).await),
     route!(GET "/fleet/v1/units/{unit}", ReadUnit, Empty, |s, c| units::get(s, c.role(), c.param()).await),
-    route!(PUT "/fleet/v1/units/{unit}", WriteUnit, Json, |s, c| units::put(s, c.role(), c.param(), c.body, &units::guarded_writer(s, c.identity, c.query).await?).await),
-    route!(DELETE "/fleet/v1/units/{unit}", WriteUnit, Empty, |s, c| units::delete(s, c.param(), &units::guarded_writer(s, c.identity, c.query).await?).await),
+    route!(PUT "/fleet/v1/units/{unit}", WriteUnit, Json, |s, c| units::put(s, c.role(), c.param(), c.body, &plans::guarded_writer(s, c.identity, c.query).await?).await),
+    route!(DELETE "/fleet/v1/units/{unit}", WriteUnit, Empty, |s, c| units::delete(s, c.param(), &plans::guarded_writer(s, c.identity, c.query).await?).await),
     route!(GET "/fleet/v1/units/{unit}/history", ReadUnit, Empty, |s, c| unit_history::list(s, c.param()).await),
     route!(GET "/fleet/v1/units/{unit}/history/{version}", ReadUnit, Empty, |s, c| unit_history::get(s, c.param(), c.second_param()).await),
     route!(GET "/fleet/v1/units/{unit}/runs", ReadUnit, Empty, |s, c| runs::get(s, c.param()).await),

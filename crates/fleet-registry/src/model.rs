@@ -32,6 +32,20 @@ pub struct UnitRecord {
 }
 
 impl UnitRecord {
+    /// The record of a unit made by hand with content `hash`, wanted `desired`: not global,
+    /// no secret pins, no versions kept yet.
+    pub fn by_hand(hash: UnitHash, desired: DesiredState) -> Self {
+        Self {
+            hash,
+            desired,
+            global: false,
+            source: None,
+            drift: DriftPolicy::default(),
+            secrets: SecretPins::default(),
+            versions: Versions::default(),
+        }
+    }
+
     /// The versions of a unit after `writer` writes `hash` with `desired` over `before` (`None`:
     /// it creates the unit) now, keeping `kept` past versions.
     pub fn versions_after(
@@ -278,15 +292,7 @@ mod tests {
     fn only_a_report_of_this_version_makes_a_unit_launched() {
         let old = UnitFile::parse("[Service]\nExecStart=/bin/sleep 1\n").expect("a unit file");
         let new = UnitFile::parse("[Service]\nExecStart=/bin/sleep 2\n").expect("a unit file");
-        let record = UnitRecord {
-            hash: new.hash(),
-            desired: DesiredState::Launched,
-            global: false,
-            source: None,
-            drift: Default::default(),
-            secrets: Default::default(),
-            versions: Default::default(),
-        };
+        let record = UnitRecord::by_hand(new.hash(), DesiredState::Launched);
         let report = |file: &UnitFile| UnitState {
             run: None,
             name: "a.service".into(),

@@ -63,15 +63,7 @@ mod tests {
 
     fn record(exec: &str, desired: DesiredState) -> UnitRecord {
         let file = UnitFile::parse(&format!("[Service]\nExecStart={exec}\n")).expect("a unit file");
-        UnitRecord {
-            hash: file.hash(),
-            desired,
-            global: false,
-            source: None,
-            drift: Default::default(),
-            secrets: Default::default(),
-            versions: Default::default(),
-        }
+        UnitRecord::by_hand(file.hash(), desired)
     }
 
     #[test]

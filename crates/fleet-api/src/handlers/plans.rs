@@ -194,6 +194,16 @@ fn with_contents(units: Vec<PlanUnit>, contents: &BTreeMap<String, Vec<UnitOptio
         .collect()
 }
 
+/// The writer of a unit write by `identity`, guarded by the plan whose index `?ifUnchanged=`
+/// gives, if any ([`guarded`]: refused at once when the cluster changed since).
+pub async fn guarded_writer(
+    state: &ApiState,
+    identity: &crate::auth::Identity,
+    query: &[(String, String)],
+) -> Result<Writer, ApiError> {
+    guarded(state, super::units::writer(identity, query)?, query).await
+}
+
 /// `?ifUnchanged=INDEX` on a unit write: the write is refused (409) unless the cluster is
 /// still as the plan that printed INDEX saw it, and `writer` is returned guarded by that plan.
 /// The whole cluster is checked here, just before the write, against this member's copy; each

@@ -172,15 +172,7 @@ mod tests {
             let file = fleet_core::UnitFile::parse("[Service]\nExecStart=/bin/true\n[X-Fleet]\nSecret=db\n").unwrap();
             UnitView::from_records(
                 name,
-                fleet_registry::UnitRecord {
-                    hash: file.hash(),
-                    desired: DesiredState::Launched,
-                    global: false,
-                    source: None,
-                    drift: Default::default(),
-                    secrets: Default::default(),
-                    versions: Default::default(),
-                },
+                fleet_registry::UnitRecord::by_hand(file.hash(), DesiredState::Launched),
                 file,
                 None,
                 None,

@@ -93,16 +93,6 @@ pub fn writer(identity: &Identity, query: &[(String, String)]) -> Result<Writer,
     Ok(Writer::identity(&identity.name, crate::query::flag(query, "takeOver", false)?))
 }
 
-/// [`writer`], guarded by the plan whose index `?ifUnchanged=` gives, if any
-/// ([`super::plans::guarded`]: refused at once when the cluster changed since).
-pub async fn guarded_writer(
-    state: &ApiState,
-    identity: &Identity,
-    query: &[(String, String)],
-) -> Result<Writer, ApiError> {
-    super::plans::guarded(state, writer(identity, query)?, query).await
-}
-
 pub async fn delete(state: &ApiState, name: &str, writer: &Writer) -> Result<Response, ApiError> {
     if state.registry.destroy_unit_as(name, writer).await? {
         Ok(StatusCode::NO_CONTENT.into_response())

@@ -46,15 +46,7 @@ mod tests {
 
     fn view(name: &str, x_fleet: &str) -> UnitView {
         let file = UnitFile::parse(&format!("[Service]\nExecStart=/bin/true\n[X-Fleet]\n{x_fleet}\n")).expect("a unit");
-        let record = UnitRecord {
-            hash: file.hash(),
-            desired: DesiredState::Launched,
-            global: false,
-            source: None,
-            drift: Default::default(),
-            secrets: Default::default(),
-            versions: Default::default(),
-        };
+        let record = UnitRecord::by_hand(file.hash(), DesiredState::Launched);
         UnitView::from_records(name, record, file, None, None, None)
     }
 

@@ -113,15 +113,7 @@ mod tests {
 
     fn view(name: &str, text: &str, desired: DesiredState, source: Option<&str>) -> UnitView {
         let file = UnitFile::parse(text).expect("a unit file");
-        let record = UnitRecord {
-            hash: file.hash(),
-            desired,
-            global: false,
-            source: source.map(str::to_string),
-            drift: Default::default(),
-            secrets: Default::default(),
-            versions: Default::default(),
-        };
+        let record = UnitRecord { source: source.map(str::to_string), ..UnitRecord::by_hand(file.hash(), desired) };
         UnitView::from_records(name, record, file, Some("m1".into()), None, None)
     }
 
