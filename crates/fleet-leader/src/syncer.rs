@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use fleet_core::rollout::{MaxUnavailable, Rollout, RolloutState, RolloutUnit, Step, units_after_sync};
 use fleet_core::source::cadence::{LastAttempt, next_sync};
-use fleet_core::source::halt::{Halt, LastRollout, RolledFrom, halt};
-use fleet_core::source::{OwnedElsewhere, SourceContent, SyncChange, SyncRules, plan_sync, rollout_of};
+use fleet_core::source::halt::{Halt, RolledFrom};
+use fleet_core::source::{OwnedElsewhere, SourceContent, SyncChange, plan_sync, rollout_of};
 use fleet_core::unit_history::ChangedBy;
 use fleet_registry::{OutOfSync, RegistryError, RolloutRecord, SourceRecord, SourceStatus, UnitView, Writer};
 use fleet_runtime::Lifecycle;
@@ -117,11 +117,7 @@ impl SourceSyncer {
                 return status;
             }
         };
-        let last = last_rollout.as_ref().map(|record| LastRollout {
-            from: record.source_commit.as_ref(),
-            reverted: record.rollout.reverted.as_deref(),
-        });
-        if let Some(halted) = halt(&fetched.commit, source.forced, last) {
+        if let Some(halted) = source.halted_at(&fetched.commit, source.forced, last_rollout.as_deref()) {
             return halted_status(source, status, previous, &halted);
         }
         let rolling =
@@ -167,10 +163,8 @@ impl SourceSyncer {
         // answers: a sync of a source reads no unit from etcd.
         let views: BTreeMap<String, UnitView> =
             self.registry.units_copied().await?.into_iter().map(|unit| (unit.name.clone(), unit)).collect();
-        let listed: Vec<UnitView> = views.values().cloned().collect();
-        let held = fleet_registry::held_units(&listed);
-        let rules = SyncRules { keep_removed: source.keep_removed, take_over: source.take_over, drift: source.drift };
-        let plan = plan_sync(&source.name, content, &held, rules);
+        let held = fleet_registry::held_units(views.values());
+        let plan = plan_sync(&source.name, content, &held, source.sync_rules());
         let by = ChangedBy::source(&source.name, Some(&rolling.from.commit));
         let writer = Writer::Source { name: source.name.clone(), take_over: source.take_over, drift: source.drift, by };
         let mut owned_elsewhere: Vec<String> = plan.owned_elsewhere.iter().map(OwnedElsewhere::describe).collect();
@@ -178,8 +172,8 @@ impl SourceSyncer {
         for owned in &plan.owned_elsewhere {
             out_of_sync.push(out_of_sync_entry(content, &owned.unit, held_elsewhere(owned)));
         }
-        let (rolled, direct) = match source.max_unavailable.as_deref().map(MaxUnavailable::parse) {
-            Some(Ok(max_unavailable)) => {
+        let (rolled, direct) = match source.waves() {
+            Some(max_unavailable) => {
                 let (rolled, direct): (Vec<&SyncChange>, Vec<&SyncChange>) =
                     plan.changes.iter().partition(|change| change.goes_out_in_waves(&held, &source.name));
                 self.roll_out(source, max_unavailable, &rolled, &views, rolling).await?;
@@ -187,7 +181,7 @@ impl SourceSyncer {
                 out_of_sync.extend(rolled.iter().map(|change| out_of_sync_entry(content, change.unit(), why.clone())));
                 (rolled.len(), direct)
             }
-            _ => (0, plan.changes.iter().collect()),
+            None => (0, plan.changes.iter().collect()),
         };
         for name in &content.broken {
             if views.get(name).is_some_and(|unit| unit.source.as_deref() == Some(source.name.as_str())) {

@@ -25,9 +25,9 @@ pub trait SourceReading: Send + Sync {
 }
 
 /// The cluster's units as a sync compares them with its source.
-pub fn held_units(units: &[UnitView]) -> BTreeMap<String, HeldUnit> {
+pub fn held_units<'a>(units: impl IntoIterator<Item = &'a UnitView>) -> BTreeMap<String, HeldUnit> {
     units
-        .iter()
+        .into_iter()
         .map(|unit| {
             let held =
                 HeldUnit { hash: unit.hash, desired: unit.desired, source: unit.source.clone(), drift: unit.drift };

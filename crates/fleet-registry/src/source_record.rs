@@ -99,6 +99,32 @@ impl SourceRecord {
             forced: 0,
         }
     }
+
+    /// How its syncs treat what it does not own and what it no longer names.
+    pub fn sync_rules(&self) -> fleet_core::source::SyncRules {
+        fleet_core::source::SyncRules { keep_removed: self.keep_removed, take_over: self.take_over, drift: self.drift }
+    }
+
+    /// The bound on units down at once its new content for running units rolls out with;
+    /// `None`: it writes new content at once.
+    pub fn waves(&self) -> Option<fleet_core::rollout::MaxUnavailable> {
+        self.max_unavailable.as_deref().and_then(|text| fleet_core::rollout::MaxUnavailable::parse(text).ok())
+    }
+
+    /// Whether a sync at `commit`, with `forced` forced syncs so far, is halted by the
+    /// source's rollout `last` (the one named `fleet_core::source::rollout_of` its name).
+    pub fn halted_at(
+        &self,
+        commit: &str,
+        forced: u64,
+        last: Option<&RolloutRecord>,
+    ) -> Option<fleet_core::source::halt::Halt> {
+        let last = last.map(|record| fleet_core::source::halt::LastRollout {
+            from: record.source_commit.as_ref(),
+            reverted: record.rollout.reverted.as_deref(),
+        });
+        fleet_core::source::halt::halt(commit, forced, last)
+    }
 }
 
 /// What the last sync of a source did, written by the engine leader that ran it.

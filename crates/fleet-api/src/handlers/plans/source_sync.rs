@@ -5,9 +5,7 @@
 
 use std::sync::Arc;
 
-use fleet_core::rollout::MaxUnavailable;
-use fleet_core::source::halt::{LastRollout, halt};
-use fleet_core::source::{OwnedElsewhere, SyncChange, SyncRules, plan_sync, rollout_of};
+use fleet_core::source::{OwnedElsewhere, SyncChange, plan_sync, rollout_of};
 use fleet_registry::{ReadSource, RolloutRecord, SourceRecord, UnitChange, UnitView, held_units};
 
 use crate::schema::PlannedSync;
@@ -51,11 +49,8 @@ pub fn sync_writes(
         return nothing(sync);
     }
     let rollout = rollout_of(&source.name);
-    let last = rollouts.iter().find(|record| record.name == rollout).map(|record| LastRollout {
-        from: record.source_commit.as_ref(),
-        reverted: record.rollout.reverted.as_deref(),
-    });
-    if let Some(halted) = halt(&read.commit, source.forced + u64::from(force), last) {
+    let last = rollouts.iter().find(|record| record.name == rollout);
+    if let Some(halted) = source.halted_at(&read.commit, source.forced + u64::from(force), last.map(Arc::as_ref)) {
         sync.halted = Some(halted.describe(&source.name));
         return nothing(sync);
     }
@@ -66,10 +61,9 @@ pub fn sync_writes(
         return nothing(sync);
     }
     let held = held_units(units);
-    let rules = SyncRules { keep_removed: source.keep_removed, take_over: source.take_over, drift: source.drift };
-    let plan = plan_sync(&source.name, content, &held, rules);
+    let plan = plan_sync(&source.name, content, &held, source.sync_rules());
     sync.owned_elsewhere = plan.owned_elsewhere.iter().map(OwnedElsewhere::describe).collect();
-    let in_waves = matches!(source.max_unavailable.as_deref().map(MaxUnavailable::parse), Some(Ok(_)));
+    let in_waves = source.waves().is_some();
     let (mut changes, mut destroy, mut carried) = (Vec::new(), Vec::new(), 0);
     for change in &plan.changes {
         if let SyncChange::Replace { name, file, .. } = change
