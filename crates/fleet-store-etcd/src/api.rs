@@ -13,6 +13,7 @@ use fleet_core::secrets::SecretPins;
 use fleet_core::{DesiredState, MachineId, MachineState, Requirements, UnitFile, UnitHash, UnitState};
 
 use super::EtcdRegistry;
+use super::job_records::ReadFor;
 use super::records::{Assignment, CarryingAssignment};
 use fleet_registry::codec::{MetadataOverrides, Options, decode, encode};
 use fleet_registry::{
@@ -384,28 +385,23 @@ impl ApiRegistry for EtcdRegistry {
         }
     }
 
-    /// One transaction comparing the record's own revision (0: absent); the engine wakes on
-    /// it through the cluster's cache, which holds the records.
+    /// From the cluster's cache, as the lists are (`job_records.rs`).
     async fn all_job_records(&self) -> Result<Vec<fleet_registry::StoredJob>> {
-        fleet_registry::EngineRegistry::job_records(self).await
+        self.stored_jobs(&self.api_mirror(), ReadFor::Showing).await
     }
 
+    /// One transaction comparing the record's own revision (0: absent); the engine wakes on
+    /// it through the cluster's cache, which holds the records.
     async fn put_dispatched_run(
         &self,
         unit: &str,
         record: &fleet_core::job::runs::JobRecord,
         version: u64,
     ) -> Result<bool> {
-        let key = self.keys().job(unit);
-        let unchanged = match version {
-            0 => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
-            version => {
-                Compare::mod_revision(key.as_str(), CompareOp::Equal, i64::try_from(version).unwrap_or(i64::MAX))
-            }
-        };
-        let write = TxnOp::put(key.as_str(), fleet_registry::codec::encode(record), None);
-        let reply = self.connection().txn(Txn::new().when([unchanged]).and_then([write])).await?;
-        Ok(reply.succeeded())
+        let (key, write) = self.job_write(unit, Some(record), version);
+        let reply = self.connection().txn(write).await?;
+        let revision = reply.header().map(|header| header.revision());
+        Ok(self.job_written(&key, revision, &reply))
     }
 
     /// etcd's revision, which every write under any key moves: one read of one key.

@@ -58,8 +58,10 @@ impl EtcdRegistry {
         let keys = self.keys();
         let mut ranges = engine_ranges(keys);
         ranges.push(KeyRange::prefix(keys.bodies()));
-        // The engine's own record of where requirements run: it wakes no engine.
+        // The engine's own records of where requirements run and of the runs of global units
+        // on a calendar: they wake no engine.
         ranges.push(KeyRange::prefix(keys.all_required_places()));
+        ranges.push(KeyRange::prefix(keys.run_tickets()));
         let inner = &self.inner;
         let waker = engine_waker(keys, inner.engine_leads.clone(), inner.engine_signal.clone());
         Mirror::signalling_observed(self.connection().clone(), ranges, inner.api_signal.clone(), waker)

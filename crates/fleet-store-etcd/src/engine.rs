@@ -7,13 +7,14 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fleet_core::job::global_runs::RunTicket;
 use fleet_core::job::runs::JobRecord;
 use fleet_core::schedule::Decision;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
+use super::job_records::ReadFor;
 use super::keys::KeyRange;
 use super::leadership::Leadership;
 use super::mirror::MirrorData;
@@ -61,23 +62,6 @@ pub(super) fn machine_in(
     let overrides = record(&metadata_key).map(|bytes| (metadata_key.as_str(), bytes));
     let drain = record(&drain_key).map(|bytes| (drain_key.as_str(), bytes));
     machine_from_records(key, &entry.value, overrides, drain)
-}
-
-impl EtcdRegistry {
-    /// Every record under `prefix`, one per unit (named by the rest of its key), read from the
-    /// store itself, with its revision; an unreadable one is left out (and logged).
-    async fn unit_records<T: serde::de::DeserializeOwned>(&self, prefix: String) -> Result<Vec<(String, T, u64)>> {
-        let reply = self.connection().get(&prefix, Some(GetOptions::new().with_prefix())).await?;
-        Ok(reply
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let key = kv.key_str().ok()?;
-                let unit = key.strip_prefix(prefix.as_str())?.to_string();
-                Some((unit, decode_listed::<T>(key, kv.value())?, kv.mod_revision() as u64))
-            })
-            .collect())
-    }
 }
 
 impl EtcdRegistry {
@@ -129,6 +113,12 @@ impl EtcdRegistry {
             ReasonWrite::Keep => {}
         }
         Some(TxnOp::txn(Txn::new().when(compares).and_then(ops)))
+    }
+
+    /// The compare every write of the leading engine is fenced by: the leader key still the
+    /// one `lease` created, so a deposed leader cannot write.
+    pub(super) fn leader_fence(&self, lease: &EngineLease) -> Compare {
+        Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64)
     }
 
     /// Ends the leadership if etcd said its lease is gone (its keeper renews it meanwhile; a
@@ -374,16 +364,14 @@ impl EngineRegistry for EtcdRegistry {
         fleet_registry::ApiRegistry::states_of_units(self, units).await
     }
 
-    /// Read from etcd itself, not a copy: a record is claimed from what is stored, and there
-    /// are as many as units with a schedule.
+    /// From the cluster's cache once it holds this engine's writes; from etcd after a compare
+    /// lost (`job_records.rs`).
     async fn job_records(&self) -> Result<Vec<StoredJob>> {
-        let listed = self.unit_records::<JobRecord>(self.keys().jobs()).await?;
-        Ok(listed.into_iter().map(|(unit, record, version)| StoredJob { unit, record, version }).collect())
+        self.stored_jobs(&self.engine_mirror(), ReadFor::Writing).await
     }
 
     async fn run_tickets(&self) -> Result<BTreeMap<String, RunTicket>> {
-        let listed = self.unit_records::<RunTicket>(self.keys().run_tickets()).await?;
-        Ok(listed.into_iter().map(|(unit, ticket, _)| (unit, ticket)).collect())
+        self.stored_tickets(&self.engine_mirror()).await
     }
 
     /// Fenced by the leader key; writing the same ticket again is harmless (a machine runs a
@@ -395,17 +383,17 @@ impl EngineRegistry for EtcdRegistry {
             Some(ticket) => TxnOp::put(key.as_str(), encode(ticket), None),
             None => TxnOp::delete(key.as_str(), None),
         };
-        let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
-        let reply = self.connection().txn(Txn::new().when([fence]).and_then([write])).await?;
+        let reply = self.connection().txn(Txn::new().when([self.leader_fence(lease)]).and_then([write])).await?;
         if !reply.succeeded() {
             *self.inner.leadership.lock().await = None;
             return Err(RegistryError::LeadershipLost);
         }
+        self.api_wrote(&reply, &[key]);
         Ok(())
     }
 
-    /// One transaction: fenced by the leader key, then the record's own revision compared (0:
-    /// absent), so a lost answer is read back rather than written twice.
+    /// Fenced by the leader key, then the record's own revision compared (0: absent), so a
+    /// lost answer is read back rather than written twice.
     async fn put_job_record(
         &self,
         lease: &EngineLease,
@@ -414,23 +402,17 @@ impl EngineRegistry for EtcdRegistry {
         version: u64,
     ) -> Result<bool> {
         self.check_leadership(lease).await?;
-        let key = self.keys().job(unit);
-        let unchanged = match version {
-            0 => Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
-            version => Compare::mod_revision(key.as_str(), CompareOp::Equal, version as i64),
-        };
-        let write = match record {
-            Some(record) => TxnOp::put(key.as_str(), encode(record), None),
-            None => TxnOp::delete(key.as_str(), None),
-        };
-        let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
-        let guarded = Txn::new().when([unchanged]).and_then([write]);
-        let reply = self.connection().txn(Txn::new().when([fence]).and_then([TxnOp::txn(guarded)])).await?;
+        let (key, guarded) = self.job_write(unit, record, version);
+        let reply =
+            self.connection().txn(Txn::new().when([self.leader_fence(lease)]).and_then([TxnOp::txn(guarded)])).await?;
         if !reply.succeeded() {
             *self.inner.leadership.lock().await = None;
             return Err(RegistryError::LeadershipLost);
         }
-        Ok(matches!(reply.op_responses().first(), Some(TxnOpResponse::Txn(inner)) if inner.succeeded()))
+        let revision = reply.header().map(|header| header.revision());
+        Ok(
+            matches!(reply.op_responses().first(), Some(TxnOpResponse::Txn(inner)) if self.job_written(&key, revision, inner)),
+        )
     }
 
     async fn apply(&self, lease: &EngineLease, decisions: &[Decision], unplaced: &[(String, String)]) -> Result<()> {
@@ -457,7 +439,7 @@ impl EngineRegistry for EtcdRegistry {
                 })
                 .collect()
         };
-        let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
+        let fence = self.leader_fence(lease);
         // Units are independent of each other, so their transactions go a few at a time:
         // etcd commits concurrent ones together.
         let mut batches =

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Txn, TxnOp};
 use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{EngineLease, RegistryError, Result};
 use serde::Serialize;
@@ -61,7 +61,7 @@ impl EtcdRegistry {
             }
             ops
         };
-        let fence = Compare::create_revision(self.keys().leader(), CompareOp::Equal, lease.token as i64);
+        let fence = self.leader_fence(lease);
         let mut last_write = None;
         for batch in ops.chunks(MAX_TXN_OPS) {
             let reply = self.connection().txn(Txn::new().when([fence.clone()]).and_then(batch.to_vec())).await?;

@@ -30,6 +30,7 @@ mod engine;
 mod events;
 mod format;
 mod imports;
+mod job_records;
 mod join_batches;
 mod journal_questions;
 mod keys;
@@ -185,6 +186,8 @@ struct Inner {
     apply_lag: apply_lag::ApplyLagGate,
     /// Moves when the engine's snapshot finds bodies to collect (see [`chores`]).
     chores_signal: watch::Sender<u64>,
+    /// A compare on a job record lost since the last read that feeds a write (`job_records.rs`).
+    job_compare_lost: AtomicBool,
 }
 
 impl EtcdRegistry {
@@ -234,6 +237,7 @@ impl EtcdRegistry {
                 versions_kept: std::sync::atomic::AtomicUsize::new(fleet_core::unit_history::DEFAULT_KEPT),
                 apply_lag: apply_lag::ApplyLagGate::default(),
                 chores_signal: watch::channel(0).0,
+                job_compare_lost: AtomicBool::new(false),
             }),
         })
     }

@@ -1201,3 +1201,41 @@ async fn an_import_that_finds_a_name_taken_midway_takes_back_what_it_wrote() {
     assert_eq!(keys_under(&registry, "/fleet-test/placement/").await, ["/fleet-test/placement/app-250.service"]);
     assert!(keys_under(&registry, "/fleet-test/schedule/").await.is_empty(), "the machine's entries taken back");
 }
+
+/// The leading engine reads job records and run tickets from the cluster's cache with its own
+/// writes in it, at no request to etcd; a compare that lost to another fleetd's write sends
+/// its next read to etcd, which shows that write, and the one after back to the cache.
+#[tokio::test]
+async fn job_records_are_read_from_the_cache_and_from_etcd_after_a_lost_compare() {
+    use fleet_core::job::global_runs::RunTicket;
+    use fleet_core::job::runs::JobRecord;
+    let etcd = EtcdServer::start();
+    let engine = registry(&etcd, Duration::from_secs(10)).await;
+    let other = registry(&etcd, Duration::from_secs(10)).await;
+    let lease = engine.acquire_leadership("ma").await.unwrap().expect("leads");
+    assert!(engine.job_records().await.unwrap().is_empty());
+    assert!(engine.put_job_record(&lease, "a.service", Some(&JobRecord::new(1)), 0).await.unwrap());
+    let ticket = RunTicket { id: 3, elapse: 4 };
+    engine.put_run_ticket(&lease, "g.service", Some(&ticket)).await.unwrap();
+    let before = (requests_sent("txn"), requests_sent("range"));
+    let stored = engine.job_records().await.unwrap();
+    assert_eq!(stored.len(), 1, "its own write, at once: {stored:?}");
+    assert_eq!((stored[0].unit.as_str(), &stored[0].record), ("a.service", &JobRecord::new(1)));
+    assert_eq!(engine.run_tickets().await.unwrap(), [("g.service".to_string(), ticket)].into());
+    assert_eq!((requests_sent("txn"), requests_sent("range")), before, "read from the cache");
+
+    // Another fleetd (a run started by hand through another member) writes over it; the
+    // engine's write over the version it read loses, and its next read is etcd's.
+    let version = stored[0].version;
+    assert!(other.put_dispatched_run("a.service", &JobRecord::new(2), version).await.unwrap());
+    let newer = engine.put_job_record(&lease, "a.service", Some(&JobRecord::new(3)), version).await.unwrap();
+    assert!(!newer, "the compare on the version read loses");
+    let ranges = requests_sent("range");
+    let fresh = engine.job_records().await.unwrap();
+    assert!(requests_sent("range") > ranges, "read from etcd after the lost compare");
+    assert_eq!(fresh[0].record, JobRecord::new(2), "the other fleetd's write");
+    assert!(engine.put_job_record(&lease, "a.service", None, fresh[0].version).await.unwrap());
+    let before = (requests_sent("txn"), requests_sent("range"));
+    assert!(engine.job_records().await.unwrap().is_empty(), "the removal, at once");
+    assert_eq!((requests_sent("txn"), requests_sent("range")), before, "from the cache again");
+}

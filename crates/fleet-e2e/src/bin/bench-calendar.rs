@@ -20,7 +20,7 @@ use fleet_core::UnitFile;
 use fleet_core::job::runs::Outcome;
 use fleet_e2e::cluster_bench::{registered_machines, simulated_machine, submit};
 use fleet_e2e::{EtcdServer, Fleetd, cpu_seconds, metric_value};
-use fleet_registry::EngineRegistry;
+use fleet_registry::ApiRegistry;
 use fleet_store_etcd::{EtcdOptions, EtcdRegistry, Lifetimes};
 use fleet_testkit::FakeUnitManager;
 use fleet_unit_manager::UnitManager;
@@ -139,7 +139,7 @@ fn main() {
             started_after.as_secs_f64()
         );
         let ended_after = loop {
-            let records = api.job_records().await.expect("the job records");
+            let records = api.all_job_records().await.expect("the job records");
             let ended = records.iter().filter(|stored| stored.record.runs.iter().any(|run| run.outcome.is_some())).count();
             let since = unix_now().saturating_sub(Duration::from_secs(elapse));
             if ended >= units {
