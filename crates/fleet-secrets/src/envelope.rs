@@ -35,10 +35,7 @@ impl Revealed {
 
 impl Drop for Revealed {
     fn drop(&mut self) {
-        for byte in self.0.iter_mut() {
-            // SAFETY: a volatile write to a byte this Vec owns, so it is not optimised away.
-            unsafe { std::ptr::write_volatile(byte, 0) };
-        }
+        crate::wipe::wipe(&mut self.0);
     }
 }
 

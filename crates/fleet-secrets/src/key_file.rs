@@ -62,10 +62,7 @@ impl ClusterKey {
 
 impl Drop for ClusterKey {
     fn drop(&mut self) {
-        for byte in self.bytes.iter_mut() {
-            // SAFETY: a volatile write to a byte this key owns, so it is not optimised away.
-            unsafe { std::ptr::write_volatile(byte, 0) };
-        }
+        crate::wipe::wipe(&mut self.bytes);
     }
 }
 

@@ -6,6 +6,7 @@
 
 mod envelope;
 mod key_file;
+mod wipe;
 
 pub use envelope::{Revealed, SealError, open, seal, sealed_with};
 pub use key_file::{ClusterKeys, KEY_FILE_NAME, KeyFileError};
