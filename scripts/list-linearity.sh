@@ -7,7 +7,7 @@ set -euo pipefail
 big_log=$1
 small_log=$(mktemp)
 trap 'rm -f "$small_log"' EXIT
-target/debug/bench-cluster 100 1000 1 > "$small_log"
+target/debug/bench-cluster 100 1000 1 lists-only > "$small_log"
 # "(d) fleetctl list-units: 10000 rows in 2.47 s" -> microseconds per row
 per_row() {
   awk -v list="$2:" '$1 == "(d)" && $3 == list { printf "%.1f\n", $7 / $4 * 1e6 }' "$1"
