@@ -372,17 +372,10 @@ fn missing_body(key: String) -> RegistryError {
 
 #[async_trait]
 impl ApiRegistry for EtcdRegistry {
+    /// From the cluster's cache when it runs (as a unit is, `unit_from_copy`), else from etcd
+    /// (`job_records.rs`).
     async fn job_record(&self, unit: &str) -> Result<Option<fleet_registry::StoredJob>> {
-        let key = self.keys().job(unit);
-        let reply = self.connection().get(&key, None).await?;
-        match reply.kvs().first() {
-            Some(kv) => Ok(Some(fleet_registry::StoredJob {
-                unit: unit.to_string(),
-                record: fleet_registry::codec::decode(&key, kv.value())?,
-                version: u64::try_from(kv.mod_revision()).unwrap_or(0),
-            })),
-            None => Ok(None),
-        }
+        self.stored_job(unit).await
     }
 
     /// From the cluster's cache, as the lists are (`job_records.rs`).

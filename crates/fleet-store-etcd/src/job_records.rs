@@ -14,11 +14,12 @@ use std::sync::atomic::Ordering;
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnResponse};
 use fleet_core::job::global_runs::RunTicket;
 use fleet_core::job::runs::JobRecord;
-use fleet_registry::codec::{decode_listed, encode};
+use fleet_registry::codec::{decode, decode_listed, encode};
 use fleet_registry::{Result, StoredJob};
 use serde::de::DeserializeOwned;
 
 use super::EtcdRegistry;
+use super::caches::Cache;
 use super::engine::CATCH_UP;
 use super::keys::KeyRange;
 use super::mirror::Mirror;
@@ -31,6 +32,11 @@ pub(super) enum ReadFor {
     Showing,
 }
 
+/// A record's version as the registry counts it: its key's mod revision.
+fn version_of(mod_revision: i64) -> u64 {
+    u64::try_from(mod_revision).unwrap_or(0)
+}
+
 impl EtcdRegistry {
     /// Every job record, from `cache` (the cluster's).
     pub(super) async fn stored_jobs(&self, cache: &Mirror, read_for: ReadFor) -> Result<Vec<StoredJob>> {
@@ -39,6 +45,27 @@ impl EtcdRegistry {
             .into_iter()
             .map(|(unit, record, version)| StoredJob { unit, record: Arc::unwrap_or_clone(record), version })
             .collect())
+    }
+
+    /// `unit`'s job record, for a run started by hand and for its runs shown: from the
+    /// cluster's cache when it runs and holds this fleetd's writes (never started for it: one
+    /// record is not worth a watch of the cluster), else, or after a lost compare, from etcd.
+    pub(super) async fn stored_job(&self, unit: &str) -> Result<Option<StoredJob>> {
+        let key = self.keys().job(unit);
+        let lost = self.inner.job_compare_lost.swap(false, Ordering::SeqCst);
+        let cache = self.api_copy_if_up(&Cache::Cluster).filter(|_| !lost);
+        if let Some(cache) = cache
+            && cache.caught_up(CATCH_UP).await
+        {
+            let data = cache.synced()?;
+            let Some(entry) = data.entries.get(&key) else { return Ok(None) };
+            let record = Arc::unwrap_or_clone(entry.decoded::<JobRecord>(&key)?);
+            return Ok(Some(StoredJob { unit: unit.to_string(), record, version: version_of(entry.mod_revision) }));
+        }
+        let reply = self.connection().get(&key, None).await?;
+        let Some(kv) = reply.kvs().first() else { return Ok(None) };
+        let record = decode(&key, kv.value())?;
+        Ok(Some(StoredJob { unit: unit.to_string(), record, version: version_of(kv.mod_revision()) }))
     }
 
     /// Every run ticket, from `cache` (the cluster's).
@@ -66,8 +93,7 @@ impl EtcdRegistry {
             .range(&KeyRange::prefix(prefix.clone()))
             .filter_map(|(key, entry)| {
                 let unit = key.strip_prefix(prefix.as_str())?.to_string();
-                let version = u64::try_from(entry.mod_revision).unwrap_or(0);
-                Some((unit, entry.decoded_listed::<T>(key)?, version))
+                Some((unit, entry.decoded_listed::<T>(key)?, version_of(entry.mod_revision)))
             })
             .collect())
     }
@@ -82,8 +108,7 @@ impl EtcdRegistry {
             .filter_map(|kv| {
                 let key = kv.key_str().ok()?;
                 let unit = key.strip_prefix(prefix.as_str())?.to_string();
-                let version = u64::try_from(kv.mod_revision()).unwrap_or(0);
-                Some((unit, Arc::new(decode_listed::<T>(key, kv.value())?), version))
+                Some((unit, Arc::new(decode_listed::<T>(key, kv.value())?), version_of(kv.mod_revision())))
             })
             .collect())
     }

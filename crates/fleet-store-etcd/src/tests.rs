@@ -1222,7 +1222,13 @@ async fn job_records_are_read_from_the_cache_and_from_etcd_after_a_lost_compare(
     assert_eq!(stored.len(), 1, "its own write, at once: {stored:?}");
     assert_eq!((stored[0].unit.as_str(), &stored[0].record), ("a.service", &JobRecord::new(1)));
     assert_eq!(engine.run_tickets().await.unwrap(), [("g.service".to_string(), ticket)].into());
+    let one = ApiRegistry::job_record(&engine, "a.service").await.unwrap();
+    assert_eq!(one.as_ref(), stored.first(), "one record, as the API reads it");
     assert_eq!((requests_sent("txn"), requests_sent("range")), before, "read from the cache");
+    let ranges = requests_sent("range");
+    assert_eq!(ApiRegistry::job_record(&other, "a.service").await.unwrap(), one);
+    assert!(requests_sent("range") > ranges, "a fleetd whose cache does not run reads etcd, starting none");
+    assert!(other.cluster_cache_running().is_none());
 
     // Another fleetd (a run started by hand through another member) writes over it; the
     // engine's write over the version it read loses, and its next read is etcd's.
