@@ -121,11 +121,12 @@ impl EtcdRegistry {
         let range = KeyRange::prefix(prefix.clone());
         let after = request.after.as_deref().map(|unit| keys.unit(unit));
         let units = resumed(&data, &range, after)
-            .filter_map(|(key, entry)| keys.name_in(&prefix, key).map(|name| Ok((name, (key.as_str(), &entry.value)))));
+            .filter_map(|(key, entry)| keys.name_in(&prefix, key).map(|name| Ok((name, (key.as_str(), entry)))));
         let mut bodies: HashMap<String, UnitFile> = HashMap::new();
-        Page::select(units, &request, |name, (key, value)| {
-            let Some(record) = decode_listed::<UnitRecord>(key, value) else { return Ok(None) };
-            self.view_in_copy(&data, &states, name, record, &mut bodies)
+        Page::select(units, &request, |name, (key, entry)| {
+            // Decoded once per version, and shared with the engine's snapshots of the cache.
+            let Some(record) = entry.decoded_listed::<UnitRecord>(key) else { return Ok(None) };
+            self.view_in_copy(&data, &states, name, Arc::unwrap_or_clone(record), &mut bodies)
         })
     }
 
@@ -139,8 +140,8 @@ impl EtcdRegistry {
         let (data, states) = (cache.synced().ok()?, states.synced().ok()?);
         let key = self.keys().unit(name);
         let Some(entry) = data.entries.get(&key) else { return Some(Ok(None)) };
-        let record = match decode::<UnitRecord>(&key, &entry.value) {
-            Ok(record) => record,
+        let record = match entry.decoded::<UnitRecord>(&key) {
+            Ok(record) => Arc::unwrap_or_clone(record),
             Err(error) => return Some(Err(error)),
         };
         // Ranges are watched apart: another fleetd's unit may show before its body does.

@@ -20,9 +20,9 @@ use super::leadership::Leadership;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarryingAssignment};
 use super::session::grant_lease;
-use super::{DecodedRecord, DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry};
+use super::{DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry, SeenRecord};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
-use fleet_registry::codec::{Options, decode, decode_listed, encode, machine_from_records};
+use fleet_registry::codec::{Options, decode_listed, encode, machine_from_records};
 use fleet_registry::{
     ChangeSignal, EngineLease, EngineRegistry, EngineSnapshot, RegistryError, Result, SilentDeparture, SnapshotUnit,
     StoredJob, UnitRecord,
@@ -98,7 +98,7 @@ impl EtcdRegistry {
             }
         }
         if let Some(machine) = &write.lands_on {
-            let record: UnitRecord = decode(&unit_key, &data.entries.get(&unit_key)?.value).ok()?;
+            let record = data.entries.get(&unit_key)?.decoded::<UnitRecord>(&unit_key).ok()?;
             let assignment = Assignment::of(&record);
             let value = match carried.filter(|(hash, _)| *hash == record.hash) {
                 Some((_, file)) => encode(&CarryingAssignment { assignment: &assignment, body: file.options() }),
@@ -154,13 +154,9 @@ impl EtcdRegistry {
             return HashMap::new();
         }
         let keys = self.keys();
-        let records = self.inner.engine_records.locked();
         let hash_of = |unit: &str| {
             let key = keys.unit(unit);
-            match records.by_key.get(&key) {
-                Some(record) => Some(record.hash),
-                None => decode_listed::<UnitRecord>(&key, &data.entries.get(&key)?.value).map(|record| record.hash),
-            }
+            data.entries.get(&key)?.decoded_listed::<UnitRecord>(&key).map(|record| record.hash)
         };
         let placements = keys.placements();
         let mut held: HashMap<&str, HashSet<UnitHash>> = HashMap::new();
@@ -299,47 +295,41 @@ impl EngineRegistry for EtcdRegistry {
             .peekable();
         let mut units = Vec::new();
         let unit_range = KeyRange::prefix(units_prefix.clone());
-        // Records are decoded once per version: a pass decodes only what changed since the last.
-        let mut decoded = self.inner.engine_records.locked();
-        decoded.pass = decoded.pass.wrapping_add(1);
-        let pass = decoded.pass;
+        // Each record is decoded once per version, by whichever reader of the cache asks first;
+        // the counts of units per content move only for what changed since the last pass.
+        let mut seen = self.inner.engine_records.locked();
+        seen.pass = seen.pass.wrapping_add(1);
+        let pass = seen.pass;
         for (key, entry) in data.range(&unit_range) {
             let Some(name) = keys.name_in(&units_prefix, key) else { continue };
-            let (hash, desired) = match decoded.by_key.get_mut(key.as_str()) {
-                Some(record) if record.mod_revision == entry.mod_revision => {
-                    record.seen = pass;
-                    (record.hash, record.desired)
-                }
+            let Some(record) = entry.decoded_listed::<UnitRecord>(key) else { continue };
+            match seen.by_key.get_mut(key.as_str()) {
+                Some(counted) if counted.mod_revision == entry.mod_revision => counted.seen = pass,
                 _ => {
-                    let Some(record) = decode_listed::<UnitRecord>(key, &entry.value) else { continue };
-                    let (hash, desired) = (record.hash, record.desired);
-                    let contents = record.contents().into_iter().collect();
-                    let record =
-                        DecodedRecord { mod_revision: entry.mod_revision, hash, desired, contents, seen: pass };
-                    record.contents.iter().for_each(|hash| decoded.contents.add(*hash));
-                    if let Some(replaced) = decoded.by_key.insert(key.clone(), record) {
-                        replaced.contents.iter().for_each(|hash| decoded.contents.remove(*hash));
+                    record.contents().into_iter().for_each(|hash| seen.contents.add(hash));
+                    let counted = SeenRecord { mod_revision: entry.mod_revision, record: record.clone(), seen: pass };
+                    if let Some(replaced) = seen.by_key.insert(key.clone(), counted) {
+                        replaced.record.contents().into_iter().for_each(|hash| seen.contents.remove(hash));
                     }
-                    (hash, desired)
                 }
-            };
+            }
             while placed.next_if(|(placed_name, _)| *placed_name < name).is_some() {}
             let machine_id = placed
                 .next_if(|(placed_name, _)| *placed_name == name)
                 .map(|(_, entry)| String::from_utf8_lossy(&entry.value).into_owned());
-            units.push(SnapshotUnit { name: name.to_string(), hash, desired, machine_id });
+            units.push(SnapshotUnit { name: name.to_string(), hash: record.hash, desired: record.desired, machine_id });
         }
-        let DecodedRecords { by_key, contents, .. } = &mut *decoded;
-        by_key.retain(|_, record| {
-            let current = record.seen == pass;
+        let DecodedRecords { by_key, contents, .. } = &mut *seen;
+        by_key.retain(|_, counted| {
+            let current = counted.seen == pass;
             if !current {
-                record.contents.iter().for_each(|hash| contents.remove(*hash));
+                counted.record.contents().into_iter().for_each(|hash| contents.remove(hash));
             }
             current
         });
         contents.counted_up_to(data.seen.get(ENGINE_UNITS_RANGE).copied().unwrap_or(0));
         let bodies_to_collect = contents.has_work();
-        drop(decoded);
+        drop(seen);
         if bodies_to_collect {
             self.inner.chores_signal.send_modify(|moves| *moves = moves.wrapping_add(1));
         }

@@ -82,23 +82,21 @@ const UNIT_BATCHES_IN_FLIGHT: usize = 2;
 /// Where the cluster's cache keeps the units among its ranges (`seen` is per range).
 const ENGINE_UNITS_RANGE: usize = 0;
 
-/// The engine copy's unit records as the snapshots decoded them, by key, and the number of
-/// the last snapshot.
+/// The unit records the engine's last snapshot saw, by key, for the counts of units per
+/// content; and the number of that snapshot.
 #[derive(Default)]
 struct DecodedRecords {
     pass: u64,
-    by_key: HashMap<String, DecodedRecord>,
+    by_key: HashMap<String, SeenRecord>,
     /// How many of those records have each content, for the collection of unused bodies.
     contents: body_collection::ContentCounts,
 }
 
-/// A unit record as the engine uses it, with the mod revision it was decoded at.
-struct DecodedRecord {
+/// A unit record a snapshot saw: the cluster cache's own decoded record (shared with the
+/// API's reads of it, never decoded twice), at the mod revision it was seen at.
+struct SeenRecord {
     mod_revision: i64,
-    hash: fleet_core::UnitHash,
-    desired: fleet_core::DesiredState,
-    /// Every content it refers to: its own and its kept versions' (`UnitRecord::contents`).
-    contents: Box<[fleet_core::UnitHash]>,
+    record: Arc<fleet_registry::UnitRecord>,
     /// The snapshot that last saw the record: one that no snapshot saw is gone.
     seen: u64,
 }

@@ -1245,3 +1245,28 @@ async fn job_records_are_read_from_the_cache_and_from_etcd_after_a_lost_compare(
     assert!(engine.job_records().await.unwrap().is_empty(), "the removal, at once");
     assert_eq!((requests_sent("txn"), requests_sent("range")), before, "from the cache again");
 }
+
+/// The leading engine's snapshot and the API's pages read one decoding of a unit record: the
+/// one the cluster's cache keeps with the entry until the record changes.
+#[tokio::test]
+async fn the_engine_and_the_api_share_a_unit_records_one_decoding() {
+    use fleet_registry::UnitRecord;
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(10)).await;
+    registry.put_unit("x.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    registry.acquire_leadership("m1").await.unwrap().expect("leads");
+    snapshot_shows(&registry, &["x.service"]).await;
+    let mirror = registry.engine_mirror();
+    let key = registry.keys().unit("x.service");
+    let kept = || {
+        let data = mirror.read();
+        let entry = data.entries.get(&key).expect("the unit in the cache");
+        (format!("{:?}", entry.decoded), entry.decoded_listed::<UnitRecord>(&key).expect("decodes"))
+    };
+    let (after_snapshot, record) = kept();
+    assert_eq!(after_snapshot, "Decoded(kept)", "the snapshot decoded it into the cache's entry");
+    let page = registry.units_page(every_unit_page()).await.unwrap();
+    assert_eq!(page.items[0].hash, record.hash);
+    let (_, still) = kept();
+    assert!(std::sync::Arc::ptr_eq(&record, &still), "the page read the same decoding, not one of its own");
+}
