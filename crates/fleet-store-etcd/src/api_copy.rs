@@ -16,14 +16,11 @@ use etcd_client::{TxnOpResponse, TxnResponse};
 use fleet_core::{MachineState, UnitFile, UnitState};
 
 use super::EtcdRegistry;
-use super::caches::{Cache, Held};
+use super::caches::{CATCH_UP, Cache, Held};
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
 use fleet_registry::codec::{Options, decode, decode_listed};
 use fleet_registry::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
-
-/// How long a list waits for the copy to catch up with this API's last write.
-const CATCH_UP: Duration = Duration::from_secs(2);
 
 /// How long the cluster's cache stays after an API read used it: a fleetd that an operator
 /// listed through once gives it back, and holds only its own work again.

@@ -16,6 +16,10 @@ use tokio::time::Instant;
 
 use super::mirror::Mirror;
 
+/// How long a reader waits for a cache to hold this fleetd's own writes (and its watch to be
+/// up) before it takes the cache for behind.
+pub(super) const CATCH_UP: Duration = Duration::from_secs(2);
+
 /// A key range set a cache is kept of.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(super) enum Cache {

@@ -4,7 +4,6 @@
 
 use fleet_core::unpoisoned::Locked;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
@@ -13,6 +12,7 @@ use fleet_core::job::runs::JobRecord;
 use fleet_core::schedule::Decision;
 use fleet_core::{MachineState, UnitFile, UnitHash};
 
+use super::caches::CATCH_UP;
 use super::connection::{MAX_TXN_OPS, NESTED_PER_TXN};
 use super::job_records::ReadFor;
 use super::keys::KeyRange;
@@ -30,9 +30,6 @@ use fleet_registry::{
 
 /// How many of the engine's schedule transactions are in flight at once.
 const TXNS_IN_FLIGHT: usize = 4;
-
-/// How long the engine waits for its own writes to come back through its watch.
-pub(super) const CATCH_UP: Duration = Duration::from_secs(2);
 
 /// The live machines of a copy that holds machines and metadata, in ID order.
 pub(super) fn machines_in(registry: &EtcdRegistry, data: &MirrorData) -> Result<Vec<MachineState>> {

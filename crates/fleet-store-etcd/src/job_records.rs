@@ -19,8 +19,7 @@ use fleet_registry::{Result, StoredJob};
 use serde::de::DeserializeOwned;
 
 use super::EtcdRegistry;
-use super::caches::Cache;
-use super::engine::CATCH_UP;
+use super::caches::{CATCH_UP, Cache};
 use super::keys::KeyRange;
 use super::mirror::Mirror;
 

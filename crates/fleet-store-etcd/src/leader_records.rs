@@ -72,7 +72,7 @@ impl EtcdRegistry {
             last_write = reply.header().map(|header| header.revision());
         }
         if let Some(revision) = last_write
-            && !mirror.wait_for(revision, super::engine::CATCH_UP).await
+            && !mirror.wait_for(revision, super::caches::CATCH_UP).await
         {
             tracing::debug!(revision, prefix, "the engine's watch has not caught up with its own record yet");
         }

@@ -2,21 +2,18 @@
 
 use async_trait::async_trait;
 use std::sync::Arc;
-use std::time::Duration;
 
 use std::collections::BTreeSet;
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, Txn, TxnOp, TxnOpResponse};
 
 use super::EtcdRegistry;
+use super::caches::CATCH_UP;
 use super::keys::KeyRange;
 use super::mirror::{Entry, MirrorData};
 use super::stored_rollouts::{self, Stored};
 use fleet_registry::codec::{decode, encode};
 use fleet_registry::{ChangeSignal, RegistryError, Result, RolloutRecord, SourceRecord, SourceRegistry, SourceStatus};
-
-/// How long a read of the rollouts waits for the copy to hold this fleetd's last write.
-const CATCH_UP: Duration = Duration::from_secs(2);
 
 #[async_trait]
 impl SourceRegistry for EtcdRegistry {
