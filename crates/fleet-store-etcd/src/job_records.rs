@@ -23,8 +23,9 @@ use super::caches::{CATCH_UP, Cache};
 use super::keys::KeyRange;
 use super::mirror::Mirror;
 
-/// Whether a read feeds a write of the records it reads (the engine's pass) or only shows
-/// them (the web view).
+/// Whether a read feeds a compare-and-swap of the job records it reads (the engine's pass),
+/// and so goes to etcd after a lost compare; or not (the web view's, and run tickets, which the
+/// leader writes without such a compare), and so leaves that turn to the next that does.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum ReadFor {
     Writing,
@@ -69,7 +70,7 @@ impl EtcdRegistry {
 
     /// Every run ticket, from `cache` (the cluster's).
     pub(super) async fn stored_tickets(&self, cache: &Mirror) -> Result<BTreeMap<String, RunTicket>> {
-        let listed = self.records_under::<RunTicket>(cache, self.keys().run_tickets(), ReadFor::Writing).await?;
+        let listed = self.records_under::<RunTicket>(cache, self.keys().run_tickets(), ReadFor::Showing).await?;
         Ok(listed.into_iter().map(|(unit, ticket, _)| (unit, *ticket)).collect())
     }
 
