@@ -20,7 +20,7 @@ use super::leadership::Leadership;
 use super::mirror::MirrorData;
 use super::records::{Assignment, CarryingAssignment};
 use super::session::grant_lease;
-use super::{DecodedRecords, ENGINE_UNITS_RANGE, EtcdRegistry, SeenRecord};
+use super::{ENGINE_UNITS_RANGE, EtcdRegistry, SeenRecord, SeenRecords};
 use fleet_registry::apply_rule::{Condition, ReasonWrite, UnitWrite, grouped_by_machine, unit_writes};
 use fleet_registry::codec::{Options, decode_listed, encode, machine_from_records};
 use fleet_registry::{
@@ -316,7 +316,7 @@ impl EngineRegistry for EtcdRegistry {
                 .map(|(_, entry)| String::from_utf8_lossy(&entry.value).into_owned());
             units.push(SnapshotUnit { name: name.to_string(), hash: record.hash, desired: record.desired, machine_id });
         }
-        let DecodedRecords { by_key, contents, .. } = &mut *seen;
+        let SeenRecords { by_key, contents, .. } = &mut *seen;
         by_key.retain(|_, counted| {
             let current = counted.seen == pass;
             if !current {

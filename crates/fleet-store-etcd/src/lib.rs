@@ -85,7 +85,7 @@ const ENGINE_UNITS_RANGE: usize = 0;
 /// The unit records the engine's last snapshot saw, by key, for the counts of units per
 /// content; and the number of that snapshot.
 #[derive(Default)]
-struct DecodedRecords {
+struct SeenRecords {
     pass: u64,
     by_key: HashMap<String, SeenRecord>,
     /// How many of those records have each content, for the collection of unused bodies.
@@ -133,8 +133,8 @@ struct Inner {
     engine_leads: Arc<AtomicBool>,
     /// Moves on every change of the leader key, and of the engine's ranges while it leads.
     engine_signal: watch::Sender<u64>,
-    /// The cluster cache's unit records as the engine last decoded them, by key.
-    engine_records: Mutex<DecodedRecords>,
+    /// The unit records the engine's last snapshot saw in the cluster's cache, by key.
+    engine_records: Mutex<SeenRecords>,
     /// Moves on every change the cluster's cache sees.
     api_signal: watch::Sender<u64>,
     /// How long the cluster's cache stays after an API read.
@@ -210,7 +210,7 @@ impl EtcdRegistry {
                 engine_hold: Mutex::default(),
                 engine_leads: Arc::default(),
                 engine_signal: watch::channel(0).0,
-                engine_records: Mutex::new(DecodedRecords::default()),
+                engine_records: Mutex::new(SeenRecords::default()),
                 api_signal: watch::channel(0).0,
                 api_copy_idle: options.api_copy_idle.unwrap_or(api_copy::IDLE),
                 kept_history: options.kept_history.unwrap_or(compaction::KEPT_HISTORY),
