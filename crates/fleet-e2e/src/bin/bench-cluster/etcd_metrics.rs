@@ -25,9 +25,13 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
     Some(&labels[start..end])
 }
 
+/// The raft entries etcd committed: each write request (a put, a transaction that writes, a
+/// lease grant), however many keys it writes, is one, and etcd applies them one by one.
+pub const PROPOSALS: &str = "etcd_server_proposals_committed_total";
+
 /// Messages received per gRPC method (unary requests and stream messages alike, so a
-/// keepalive counts once per renewal), etcd's MVCC operation totals and the bytes its clients
-/// sent and received.
+/// keepalive counts once per renewal), etcd's MVCC operation totals, its committed raft
+/// entries and the bytes its clients sent and received.
 pub fn read(address: &str) -> Counters {
     let mut counters = Counters::new();
     for line in scrape(address).lines() {
@@ -39,6 +43,7 @@ pub fn read(address: &str) -> Counters {
             }
         } else if (series.starts_with("etcd_mvcc_") && series.ends_with("_total") && !series.contains('{'))
             || series.starts_with("etcd_network_client_grpc_")
+            || series == PROPOSALS
         {
             counters.insert(series.to_string(), value);
         }

@@ -198,11 +198,12 @@ fn main() {
         let counters = etcd_metrics::delta(&registration_counters, &etcd_metrics::read(&metrics_address));
         let per_machine = |name: &str| counters.get(name).copied().unwrap_or(0.0) / machines as f64;
         println!(
-            "      etcd requests per machine registered: {:.2} lease grants, {:.2} transactions, {:.2} reads; {:.2} puts",
+            "      etcd requests per machine registered: {:.2} lease grants, {:.2} transactions, {:.2} reads; {:.2} puts, {:.2} raft entries",
             per_machine("grpc LeaseGrant"),
             per_machine("grpc Txn"),
             per_machine("grpc Range"),
-            per_machine("etcd_mvcc_put_total")
+            per_machine("etcd_mvcc_put_total"),
+            per_machine(etcd_metrics::PROPOSALS)
         );
         println!(
             "      CPU over the registration: etcd {:.1} s, the simulated machines' process {:.1} s, the engine fleetd {:.1} s",
@@ -261,6 +262,12 @@ fn main() {
         let rates: Vec<String> =
             counters.iter().map(|(name, moved)| format!("{name} {moved:.0} ({:.0}/s)", moved / seconds)).collect();
         println!("      etcd over (a): {}", rates.join(", "));
+        let per_unit = |name: &str| counters.get(name).copied().unwrap_or(0.0) / units as f64;
+        println!(
+            "      etcd puts per unit: {:.2} (keys written); raft entries per unit: {:.2} (write requests, each applied in turn)",
+            per_unit("etcd_mvcc_put_total"),
+            per_unit(etcd_metrics::PROPOSALS)
+        );
         println!(
             "      the engine fleetd's unit writes held while etcd was behind in applying: {:.1} s in all",
             writes_held(&engine) - held_before
