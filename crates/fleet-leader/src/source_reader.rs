@@ -4,7 +4,7 @@
 //! through it, and so does the API's plan of a sync (`fleet_registry::SourceReading`): one
 //! reader per fleetd, so the two never fetch into one repository at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -63,6 +63,42 @@ impl SourceReader {
         let _turn = turn.lock().await;
         let fetched = self.fetch(source).await?;
         Ok(ReadSource { content: self.content(source, &fetched), commit: fetched.commit })
+    }
+
+    /// Lets go of what is held for the sources not named in `kept` (removed from the cluster):
+    /// their content, their turn to fetch and the clone in the cache directory. A source whose
+    /// fetch is under way, or waited for, is left for the next call.
+    pub async fn forget_others(&self, kept: &BTreeSet<String>) {
+        self.read.locked().retain(|name, _| kept.contains(name));
+        let idle: Vec<(String, tokio::sync::OwnedMutexGuard<()>)> = {
+            let fetching = self.fetching.locked();
+            fetching
+                .iter()
+                .filter(|(name, _)| !kept.contains(*name))
+                // Held by the map alone: no fetch runs or waits for its turn.
+                .filter(|(_, turn)| Arc::strong_count(turn) == 1)
+                .filter_map(|(name, turn)| Some((name.clone(), turn.clone().try_lock_owned().ok()?)))
+                .collect()
+        };
+        for (name, turn) in idle {
+            // The turn stays in the map while the clone goes: a fetch asked for meanwhile
+            // waits for it, then clones afresh.
+            let clone = self.config.cache_dir.join(&name);
+            let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&clone) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+                _ => Ok(()),
+            })
+            .await;
+            if let Ok(Err(error)) = removed {
+                tracing::warn!(source = name, %error, "cannot remove the clone of a source removed");
+            }
+            let mut fetching = self.fetching.locked();
+            // Only the map's and this guard's: no fetch came for it meanwhile.
+            if fetching.get(&name).is_some_and(|held| Arc::strong_count(held) == 2) {
+                fetching.remove(&name);
+            }
+            drop(turn);
+        }
     }
 
     /// The commit whose content is held for `source`, if any.

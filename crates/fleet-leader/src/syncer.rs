@@ -71,7 +71,10 @@ impl SourceSyncer {
     async fn sync_due(&self) -> Result<Option<u64>, RegistryError> {
         let mut statuses: BTreeMap<String, SourceStatus> = self.registry.source_statuses().await?.into_iter().collect();
         let mut next_due: Option<u64> = None;
-        for source in self.registry.sources().await? {
+        let sources = self.registry.sources().await?;
+        // A source removed leaves nothing behind: its clone on disk, its content held.
+        self.reader.forget_others(&sources.iter().map(|source| source.name.clone()).collect()).await;
+        for source in sources {
             if source.paused {
                 continue;
             }

@@ -134,7 +134,7 @@ struct Leader {
     reads: watch::Receiver<usize>,
     leads: watch::Sender<bool>,
     lifecycle: watch::Sender<Lifecycle>,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 fn start(leading: bool) -> Leader {
@@ -161,7 +161,7 @@ fn start(leading: bool) -> Leader {
     let driver = RolloutDriver::new(store.clone());
     tokio::spawn(driver.run(leads_watch.clone(), lifecycle_watch.clone()));
     tokio::spawn(DrainDriver::new(store.clone()).run(leads_watch, lifecycle_watch));
-    Leader { store, reads, leads, lifecycle, _dir: dir }
+    Leader { store, reads, leads, lifecycle, dir }
 }
 
 impl Leader {
@@ -250,6 +250,30 @@ async fn a_source_is_synced_into_units_written_as_the_source_and_follows_its_com
     let unit = store.unit("web.service").await.expect("read").expect("the unit");
     let text = unit.file.serialize();
     assert!(text.contains("/bin/sleep 2000"), "the new commit's content: {text}");
+    leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_removed_leaves_no_clone_behind() {
+    let mut leader = start(true);
+    leader.reads_reach(FIRST_PASSES).await;
+    let store = leader.store.store.clone();
+    let repo = fleet_testkit::GitRepo::new();
+    let first = repo.commit(&[("units/web.service", Some("[Service]\nExecStart=/bin/sleep 1000\n"))], "first");
+    let source =
+        SourceRecord { paths: vec!["units".into()], interval_seconds: 3600, ..SourceRecord::new("apps", &repo.url()) };
+    store.put_source(&source).await.expect("store");
+    synced(&store, |status| status.commit.as_deref() == Some(first.as_str())).await;
+    let clone = leader.dir.path().join("sources").join("apps");
+    assert!(clone.is_dir(), "the source is cloned under the cache directory");
+    assert!(store.remove_source("apps").await.expect("remove"), "the source was there");
+    // The removal wakes the syncer, whose pass lets the clone go.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while clone.exists() {
+        assert!(std::time::Instant::now() < deadline, "the clone of a removed source is still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(leader.dir.path().join("sources").is_dir(), "the cache directory itself stays");
     leader.lifecycle.send_replace(Lifecycle::ShuttingDown);
 }
 
