@@ -294,8 +294,7 @@ impl EtcdRegistry {
             let ranges = vec![
                 KeyRange::prefix(keys.all_schedules()),
                 KeyRange::prefix(keys.all_required_places()),
-                KeyRange::prefix(keys.globals()),
-                KeyRange::prefix(keys.run_tickets()),
+                keys.globals_and_run_tickets(),
                 KeyRange::prefix(keys.machines()),
                 KeyRange::prefix(keys.all_metadata()),
             ];
@@ -360,8 +359,7 @@ impl EtcdRegistry {
                 let ranges = vec![
                     KeyRange::prefix(keys.schedule(machine_id)),
                     KeyRange::prefix(keys.required_places(machine_id)),
-                    KeyRange::prefix(keys.globals()),
-                    KeyRange::prefix(keys.run_tickets()),
+                    keys.globals_and_run_tickets(),
                     KeyRange::single(keys.machine(machine_id)),
                     KeyRange::single(keys.metadata(machine_id)),
                 ];
