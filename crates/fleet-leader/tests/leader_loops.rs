@@ -226,8 +226,9 @@ async fn synced(store: &EmbeddedRegistry, done: impl Fn(&SourceStatus) -> bool) 
     }
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_source_is_synced_into_units_written_as_the_source_and_follows_its_commits() {
+/// A leader, and source "apps" of one unit (`units/web.service`) in a git repository of its own,
+/// synced at its first commit: the source, the repository, and the sources' statuses then.
+async fn leader_with_a_source() -> (Leader, SourceRecord, fleet_testkit::GitRepo, Vec<(String, SourceStatus)>) {
     let mut leader = start(true);
     leader.reads_reach(FIRST_PASSES).await;
     let store = leader.store.store.clone();
@@ -237,6 +238,13 @@ async fn a_source_is_synced_into_units_written_as_the_source_and_follows_its_com
         SourceRecord { paths: vec!["units".into()], interval_seconds: 3600, ..SourceRecord::new("apps", &repo.url()) };
     store.put_source(&source).await.expect("store");
     let statuses = synced(&store, |status| status.commit.as_deref() == Some(first.as_str())).await;
+    (leader, source, repo, statuses)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_source_is_synced_into_units_written_as_the_source_and_follows_its_commits() {
+    let (leader, source, repo, statuses) = leader_with_a_source().await;
+    let store = leader.store.store.clone();
     assert_eq!(statuses[0].1.error, None);
     let unit = store.unit("web.service").await.expect("read").expect("the source's unit");
     assert_eq!(unit.source.as_deref(), Some("apps"), "written as the source");
@@ -255,15 +263,8 @@ async fn a_source_is_synced_into_units_written_as_the_source_and_follows_its_com
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_source_removed_leaves_no_clone_behind() {
-    let mut leader = start(true);
-    leader.reads_reach(FIRST_PASSES).await;
+    let (leader, _source, _repo, _) = leader_with_a_source().await;
     let store = leader.store.store.clone();
-    let repo = fleet_testkit::GitRepo::new();
-    let first = repo.commit(&[("units/web.service", Some("[Service]\nExecStart=/bin/sleep 1000\n"))], "first");
-    let source =
-        SourceRecord { paths: vec!["units".into()], interval_seconds: 3600, ..SourceRecord::new("apps", &repo.url()) };
-    store.put_source(&source).await.expect("store");
-    synced(&store, |status| status.commit.as_deref() == Some(first.as_str())).await;
     let clone = leader.dir.path().join("sources").join("apps");
     assert!(clone.is_dir(), "the source is cloned under the cache directory");
     assert!(store.remove_source("apps").await.expect("remove"), "the source was there");
