@@ -148,13 +148,6 @@ impl Keys {
     pub fn run_tickets(&self) -> String {
         self.key(&["global-runs", ""])
     }
-    /// One range holding the global units and their run tickets and nothing else: `global-runs/`
-    /// sorts just before `global/`, and no other family starts with `global`. A machine's
-    /// cache follows both with one watcher (each watcher costs etcd about as much to create as
-    /// a small write: 10,000 machines registering at once spent most of etcd's time on them).
-    pub fn globals_and_run_tickets(&self) -> KeyRange {
-        KeyRange { start: self.run_tickets(), end: prefix_end(&self.globals()) }
-    }
     pub fn run_ticket(&self, name: &str) -> String {
         self.key(&["global-runs", name])
     }
@@ -397,48 +390,6 @@ mod tests {
         assert_eq!(keys.work_touched_by(&keys.run_ticket("g.service")), WorkTouched::Everyone);
         assert_eq!(keys.work_touched_by(&keys.unit("a.service")), WorkTouched::Nobody);
         assert_eq!(keys.work_touched_by("/other/schedule/m1/a"), WorkTouched::Nobody);
-    }
-
-    #[test]
-    fn one_range_holds_the_globals_and_their_run_tickets_and_no_other_family() {
-        let keys = Keys::new("/p/");
-        let range = keys.globals_and_run_tickets();
-        assert!(range.contains(&keys.global("g.service")) && range.contains(&keys.run_ticket("g.service")));
-        let others = [
-            keys.unit("g.service"),
-            keys.event_batch(1, "w", 1),
-            keys.events_trimmed(),
-            keys.body("abc"),
-            keys.legacy_refs(),
-            keys.placement("g.service"),
-            keys.scheduled("m1", "g.service"),
-            keys.reason("g.service"),
-            keys.journal_question("m1", "1"),
-            keys.journal_answer("1"),
-            keys.store_format(),
-            keys.machine("m1"),
-            keys.metadata("m1"),
-            keys.drain("m1"),
-            keys.out_of_touch("m1"),
-            keys.required_place("m1", "g.service"),
-            keys.silent_departure("g.service"),
-            keys.state("m1", "g.service"),
-            keys.leader(),
-            keys.revoked("m1"),
-            keys.identity("m1"),
-            keys.registration("r"),
-            keys.registration_use_counter("r", "w"),
-            keys.source("s"),
-            keys.source_status("s"),
-            keys.rollout("r"),
-            keys.rollout_slice("r", "d", 0),
-            keys.job("g.service"),
-            keys.token("t"),
-            keys.secret("s"),
-        ];
-        for key in others {
-            assert!(!range.contains(&key), "{key} falls in the globals' range");
-        }
     }
 
     #[test]

@@ -294,7 +294,8 @@ impl EtcdRegistry {
             let ranges = vec![
                 KeyRange::prefix(keys.all_schedules()),
                 KeyRange::prefix(keys.all_required_places()),
-                keys.globals_and_run_tickets(),
+                KeyRange::prefix(keys.globals()),
+                KeyRange::prefix(keys.run_tickets()),
                 KeyRange::prefix(keys.machines()),
                 KeyRange::prefix(keys.all_metadata()),
             ];
@@ -359,7 +360,8 @@ impl EtcdRegistry {
                 let ranges = vec![
                     KeyRange::prefix(keys.schedule(machine_id)),
                     KeyRange::prefix(keys.required_places(machine_id)),
-                    keys.globals_and_run_tickets(),
+                    KeyRange::prefix(keys.globals()),
+                    KeyRange::prefix(keys.run_tickets()),
                     KeyRange::single(keys.machine(machine_id)),
                     KeyRange::single(keys.metadata(machine_id)),
                 ];
