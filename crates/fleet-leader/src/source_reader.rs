@@ -66,23 +66,34 @@ impl SourceReader {
     }
 
     /// Lets go of what is held for the sources not named in `kept` (removed from the cluster):
-    /// their content, their turn to fetch and the clone in the cache directory. A source whose
-    /// fetch is under way, or waited for, is left for the next call.
+    /// their content, their turn to fetch and their clones in the cache directory, those of
+    /// an earlier fleetd on this machine included. A source whose fetch is under way, or
+    /// waited for, is left for the next call.
     pub async fn forget_others(&self, kept: &BTreeSet<String>) {
         self.read.locked().retain(|name, _| kept.contains(name));
-        let idle: Vec<(String, tokio::sync::OwnedMutexGuard<()>)> = {
-            let fetching = self.fetching.locked();
-            fetching
-                .iter()
-                .filter(|(name, _)| !kept.contains(*name))
+        let mut gone: BTreeSet<String> =
+            self.fetching.locked().keys().filter(|name| !kept.contains(*name)).cloned().collect();
+        if let Ok(entries) = std::fs::read_dir(&self.config.cache_dir) {
+            let clones = entries.flatten().filter(|entry| entry.file_type().is_ok_and(|kind| kind.is_dir()));
+            gone.extend(
+                clones.filter_map(|entry| entry.file_name().into_string().ok()).filter(|name| !kept.contains(name)),
+            );
+        }
+        for name in gone {
+            // Its turn taken (made if there was none) while its clone goes: a fetch asked for
+            // meanwhile waits for it, then clones afresh.
+            let turn = {
+                let mut fetching = self.fetching.locked();
+                let turn = fetching.entry(name.clone()).or_default();
                 // Held by the map alone: no fetch runs or waits for its turn.
-                .filter(|(_, turn)| Arc::strong_count(turn) == 1)
-                .filter_map(|(name, turn)| Some((name.clone(), turn.clone().try_lock_owned().ok()?)))
-                .collect()
-        };
-        for (name, turn) in idle {
-            // The turn stays in the map while the clone goes: a fetch asked for meanwhile
-            // waits for it, then clones afresh.
+                if Arc::strong_count(turn) > 1 {
+                    continue;
+                }
+                match turn.clone().try_lock_owned() {
+                    Ok(turn) => turn,
+                    Err(_) => continue,
+                }
+            };
             let clone = self.config.cache_dir.join(&name);
             let removed = tokio::task::spawn_blocking(move || match std::fs::remove_dir_all(&clone) {
                 Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),

@@ -265,12 +265,15 @@ async fn a_source_is_synced_into_units_written_as_the_source_and_follows_its_com
 async fn a_source_removed_leaves_no_clone_behind() {
     let (leader, _source, _repo, _) = leader_with_a_source().await;
     let store = leader.store.store.clone();
+    // One an earlier fleetd left of a source removed while it was away.
+    let left = leader.dir.path().join("sources").join("gone-before");
+    std::fs::create_dir_all(left.join("objects")).expect("a clone left behind");
     let clone = leader.dir.path().join("sources").join("apps");
     assert!(clone.is_dir(), "the source is cloned under the cache directory");
     assert!(store.remove_source("apps").await.expect("remove"), "the source was there");
     // The removal wakes the syncer, whose pass lets the clone go.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while clone.exists() {
+    while clone.exists() || left.exists() {
         assert!(std::time::Instant::now() < deadline, "the clone of a removed source is still there");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
