@@ -19,7 +19,7 @@ use super::EtcdRegistry;
 use super::caches::{CATCH_UP, Cache, Held};
 use super::keys::KeyRange;
 use super::mirror::MirrorData;
-use fleet_registry::codec::{Options, decode, decode_listed};
+use fleet_registry::codec::{Options, decode_listed};
 use fleet_registry::{Page, PageRequest, RegistryError, Result, UnitRecord, UnitView};
 
 /// How long the cluster's cache stays after an API read used it: a fleetd that an operator
@@ -167,7 +167,8 @@ impl EtcdRegistry {
                     tracing::error!(key = body_key, "skipping a unit whose body is missing");
                     return Ok(None);
                 };
-                let file = UnitFile::from_options(decode::<Options>(&body_key, &body.value)?);
+                // Parsed once per revision of the body, shared with the engine's reads of it.
+                let file = UnitFile::from_options(body.decoded::<Options>(&body_key)?.as_ref().clone());
                 bodies.insert(body_key, file.clone());
                 file
             }
