@@ -3,7 +3,7 @@
 # registry.redb and an etcd key dump, each holding units (a template, instances, a global unit,
 # every desired state), a machine's metadata override, API tokens, a registration token, a git
 # source and a rollout, with what that release's API answered about them. The current fleetd
-# must read them as they are (crates/fleet-e2e/tests/format_fixtures.rs).
+# must read them as they are (crates/fleet-e2e/tests/e2e/format_fixtures.rs).
 #
 #   git worktree add /tmp/v0.1.0 v0.1.0 && (cd /tmp/v0.1.0 && cargo build -p fleetd -p fleetctl)
 #   scripts/make-format-fixtures.sh /tmp/v0.1.0/target/debug 1

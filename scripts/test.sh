@@ -46,6 +46,12 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 # A fresh checkout (CI's) builds everything once: incremental caches only cost it time.
 [ -d "${CARGO_TARGET_DIR:-target}/debug" ] || export CARGO_INCREMENTAL=0
+# A clean build of the whole tree takes about 6 GB. A disk that fills while linking shows
+# only as a linker killed by SIGBUS, so say beforehand when the room looks short.
+free_kb=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if [ "${free_kb:-0}" -lt $((8 * 1024 * 1024)) ]; then
+  echo "test.sh: only $((free_kb / 1024)) MB free here; a clean build needs about 6 GB" >&2
+fi
 # Each step says how long it took, so the suite's time is known where it goes.
 step() {
   local started=$SECONDS
