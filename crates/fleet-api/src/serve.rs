@@ -136,6 +136,12 @@ impl Accept for tokio::net::TcpListener {
     type Stream = tokio::net::TcpStream;
     async fn next(&self) -> std::io::Result<(Self::Stream, Peer)> {
         let (stream, _) = self.accept().await?;
+        // An answer goes out a record at a time, each smaller than loopback's segment: with
+        // Nagle's algorithm each waited for the client's delayed acknowledgement of the one
+        // before (40 ms), and a list over HTTPS took 44 ms where it takes 1.
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot turn off Nagle's algorithm on an API connection");
+        }
         Ok((stream, Peer::Tcp { tls: false, certificate: None }))
     }
 
@@ -376,6 +382,16 @@ mod tests {
         let (stop, stopped) = watch::channel(false);
         tokio::spawn(async move { serve(&listeners, router(state), stopped, limits, None).await });
         Server { tcp, unix, stop, _dir: dir }
+    }
+
+    /// An answer goes out a record at a time: with Nagle's algorithm each would wait for the
+    /// client's delayed acknowledgement of the one before.
+    #[tokio::test]
+    async fn tcp_connections_are_accepted_without_nagles_delay() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = tokio::net::TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (accepted, _) = Accept::next(&listener).await.unwrap();
+        assert!(accepted.nodelay().unwrap(), "an accepted connection sends at once");
     }
 
     fn ask(mut stream: impl Read + Write, host: &str) -> String {

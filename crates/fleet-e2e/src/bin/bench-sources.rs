@@ -46,6 +46,9 @@ fn main() {
     let port = fleet_testkit::free_port();
     let listen = format!("unix://{{socket}},http://127.0.0.1:{port}");
     let (endpoint, secrets_dir) = (etcd.endpoint(), secrets.path().display().to_string());
+    // Room for the pushed units beside the first commit's: a source past its bound changes
+    // nothing, and the pushes would wait for units that never come.
+    let most_units = (units + pushes).to_string();
     let fleet = Fleetd::start(
         "bebebebe000000000000000000000002",
         &[
@@ -53,6 +56,7 @@ fn main() {
             ("api_listen", listen.as_str()),
             ("source_credentials_dir", secrets_dir.as_str()),
             ("unit_manager", "native"),
+            ("source_max_units", most_units.as_str()),
         ],
     );
     let repo = GitRepo::new();
