@@ -2,8 +2,8 @@
 //! window (or never reads its socket) makes every answer it asks for wait in fleetd's memory
 //! (issue 67: 32 connections of 64 streams of a 392 KB page took fleetd from 29 MB to 839 MB).
 //! So what waits is bounded: a connection holds at most [`MOST_PER_CONNECTION`] bytes of
-//! answers and fleetd [`MOST_IN_ALL`] (an answer past either is refused with a 503, its page
-//! dropped at once), an answer goes out [`CHUNK`] bytes at a time, and a connection whose
+//! answers (or one answer, however large) and fleetd [`MOST_IN_ALL`] (an answer past either is
+//! refused with a 503, its page dropped at once), an answer goes out [`CHUNK`] bytes at a time, and a connection whose
 //! client took nothing of what it holds for [`STALL`] is closed, which drops it all.
 //! Streams (events, long polls) have no size and are not held here: they make what they send
 //! as it is taken. And what a page costs while it is built (the store's records, their schema,
@@ -96,9 +96,13 @@ impl ConnectionAnswers {
     fn reserve(&self, size: usize) -> Result<(), ApiError> {
         let before = self.held.fetch_add(size, Ordering::SeqCst);
         let all = IN_ALL.fetch_add(size, Ordering::SeqCst);
-        if before.saturating_add(size) > self.most || all.saturating_add(size) > MOST_IN_ALL {
+        // A connection holding nothing takes one answer of any size (fleetd's bound still
+        // holds): the bound is on what piles up unread, and a lone answer past it (the metrics
+        // of 10,000 machines, over 4 MiB) would otherwise be refused to every client.
+        let connection_full = before > 0 && before.saturating_add(size) > self.most;
+        if connection_full || all.saturating_add(size) > MOST_IN_ALL {
             self.release(size);
-            let why = if before.saturating_add(size) > self.most { "this connection" } else { "fleetd" };
+            let why = if connection_full { "this connection" } else { "fleetd" };
             return Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!("{why} holds too many answers not read yet; read those before asking for more"),
@@ -246,6 +250,20 @@ mod tests {
         assert_eq!(connection.held(), 300_000, "the refused page is not held");
         drop(kept);
         assert_eq!(connection.hold(page(100_000)).status(), StatusCode::OK, "room again");
+    }
+
+    #[tokio::test]
+    async fn one_answer_larger_than_the_bound_goes_out_alone() {
+        let connection = ConnectionAnswers::with_bound(300_000);
+        let large = connection.hold(page(1_000_000));
+        assert_eq!(large.status(), StatusCode::OK, "a connection holding nothing takes it");
+        let refused = connection.hold(page(1_000));
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE, "nothing more beside it");
+        drop(large);
+        assert_eq!(connection.held(), 0);
+        let small = connection.hold(page(1_000));
+        assert_eq!(connection.hold(page(1_000_000)).status(), StatusCode::SERVICE_UNAVAILABLE, "not beside another");
+        drop(small);
     }
 
     #[tokio::test(start_paused = true)]

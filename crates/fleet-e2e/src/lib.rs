@@ -389,7 +389,7 @@ impl Fleetd {
     pub fn metrics(&self) -> String {
         let answer = self.api("GET", "/metrics", "");
         let (head, body) = answer.split_once("\r\n\r\n").expect("an HTTP answer");
-        assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}");
+        assert!(head.starts_with("HTTP/1.0 200") || head.starts_with("HTTP/1.1 200"), "{head}\n\n{body}");
         promtool_check(body);
         body.to_string()
     }

@@ -44,4 +44,9 @@ fn main() {
     let stopping = Instant::now();
     fleet.stop_with(libc::SIGTERM);
     println!("  fleetd stopped {:.2} s after SIGTERM", stopping.elapsed().as_secs_f64());
+    // Where the stop's time went: the agent's leaving says how long its units took to stop and
+    // unload, and their states to be withdrawn.
+    if let Some(line) = fleet.log().lines().find(|line| line.contains("units stopped and their states withdrawn")) {
+        println!("  the agent's leaving: {}", line.split_once("withdrawn").map_or(line, |(_, rest)| rest).trim());
+    }
 }
