@@ -153,7 +153,13 @@ pub async fn run<R: Reconciler>(mut reconciler: R, mut lifecycle: watch::Receive
             () = reconciler.triggers().changed() => {}
             () = after(next) => {}
         }
-        tokio::time::sleep(reconciler.settle(took)).await;
+        // The gathering of a burst is cut by a stop too: the engine's lasts as long as its last
+        // plan took (seconds at 100,000 units), and a stopping fleetd waited it out.
+        tokio::select! {
+            biased;
+            _ = lifecycle.wait_for(|state| *state != Lifecycle::Running) => continue,
+            () = tokio::time::sleep(reconciler.settle(took)) => {}
+        }
         reconciler.triggers().mark_seen();
     };
     reconciler.finish(ending).await;
@@ -183,6 +189,8 @@ mod tests {
         triggers: Triggers,
         finished: std::sync::Arc<std::sync::Mutex<Option<Lifecycle>>>,
         spread: Option<u32>,
+        /// How long it gathers a burst after a wake.
+        settling: Duration,
     }
 
     impl Reconciler for Counting {
@@ -203,6 +211,10 @@ mod tests {
             self.spread
         }
 
+        fn settle(&mut self, _took: Duration) -> Duration {
+            self.settling
+        }
+
         async fn finish(self, ending: Lifecycle) {
             *self.finished.lock().expect("lock") = Some(ending);
         }
@@ -220,9 +232,26 @@ mod tests {
     }
 
     fn start_spread(failures: usize, next: Next, triggers: Triggers, spread: Option<u32>) -> Harness {
+        start_with(Counting { failures, next, triggers, spread, ..counting() })
+    }
+
+    /// A reconciler that never fails, asks for nothing and gathers no burst; its counter.
+    fn counting() -> Counting {
+        Counting {
+            passes: watch::channel(0).0,
+            failures: 0,
+            next: Next::OnChange,
+            triggers: Triggers::none(),
+            finished: std::sync::Arc::new(std::sync::Mutex::new(None)),
+            spread: None,
+            settling: Duration::ZERO,
+        }
+    }
+
+    fn start_with(reconciler: Counting) -> Harness {
         let (counter, passes) = watch::channel(0);
         let finished = std::sync::Arc::new(std::sync::Mutex::new(None));
-        let reconciler = Counting { passes: counter, failures, next, triggers, finished: finished.clone(), spread };
+        let reconciler = Counting { passes: counter, finished: finished.clone(), ..reconciler };
         let (lifecycle, watch) = watch::channel(Lifecycle::Running);
         let running = tokio::spawn(run(reconciler, watch));
         Harness { passes, finished, lifecycle, running }
@@ -279,6 +308,24 @@ mod tests {
         .await;
         assert_eq!(answer, 7);
         assert_eq!(log.text(), "");
+    }
+
+    /// A stop does not wait for the gathering of a burst after a wake (the engine's lasts as
+    /// long as its last plan took).
+    #[tokio::test(start_paused = true)]
+    async fn a_stop_cuts_the_gathering_after_a_wake() {
+        let (signal, watch) = watch::channel(0u64);
+        let hour = Duration::from_secs(3600);
+        let harness = start_with(Counting { triggers: Triggers::none().with(watch), settling: hour, ..counting() });
+        passes_reach(&harness.passes, 1).await;
+        signal.send_replace(1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stopping = tokio::time::Instant::now();
+        harness.lifecycle.send_replace(Lifecycle::ShuttingDown);
+        harness.running.await.expect("the loop ends");
+        assert!(stopping.elapsed() < Duration::from_secs(1), "stopped {:?} later", stopping.elapsed());
+        assert_eq!(*harness.finished.lock().expect("lock"), Some(Lifecycle::ShuttingDown));
+        assert_eq!(*harness.passes.borrow(), 1, "no pass after the stop");
     }
 
     #[tokio::test(start_paused = true)]
