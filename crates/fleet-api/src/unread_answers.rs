@@ -3,8 +3,9 @@
 //! (issue 67: 32 connections of 64 streams of a 392 KB page took fleetd from 29 MB to 839 MB).
 //! So what waits is bounded: a connection holds at most [`MOST_PER_CONNECTION`] bytes of
 //! answers (or one answer, however large) and fleetd [`MOST_IN_ALL`] (an answer past either is
-//! refused with a 503, its page dropped at once), an answer goes out [`CHUNK`] bytes at a time, and a connection whose
-//! client took nothing of what it holds for [`STALL`] is closed, which drops it all.
+//! refused with a 503, its page dropped at once), an answer goes out [`CHUNK`] bytes at a time,
+//! and a connection whose client took nothing of what it holds for [`STALL`] is closed, which
+//! drops it all.
 //! Streams (events, long polls) have no size and are not held here: they make what they send
 //! as it is taken. And what a page costs while it is built (the store's records, their schema,
 //! the JSON) is bounded by building [`PAGE_BUILDS_AT_ONCE`] at a time, whatever the number of
