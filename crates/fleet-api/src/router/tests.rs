@@ -1232,13 +1232,21 @@ async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed()
         ..ApiState::new(Arc::new(api.registry.clone()), Auth::new(Arc::new(api.registry.clone()), None))
     };
     api.router = router(state);
-    api.call("PUT", "/fleet/v1/units/a.service", Some(hello(Some("inactive")))).await;
-    api.call("PUT", "/fleet/v1/units/b.service", Some(hello(Some("inactive")))).await;
-    api.call("PUT", "/fleet/v1/units/b.service", Some(json!({"desiredState": "sideways"}))).await;
-    api.call("DELETE", "/fleet/v1/units/b.service", None).await;
-    api.call("GET", "/fleet/v1/units", None).await;
     let all = async || events_of(&api, "/fleet/v1/events?follow=false", None).await.ok().unwrap_or_default();
-    fleet_testkit::eventually("the four writes are events", async || all().await.len() == 4).await;
+    // Each write is waited for before the next, so each is a batch of its own in the log (the
+    // sink writes what is queued together, and the log is trimmed a batch at a time).
+    let writes = [
+        ("PUT", "/fleet/v1/units/a.service", Some(hello(Some("inactive")))),
+        ("PUT", "/fleet/v1/units/b.service", Some(hello(Some("inactive")))),
+        ("PUT", "/fleet/v1/units/b.service", Some(json!({"desiredState": "sideways"}))),
+        ("DELETE", "/fleet/v1/units/b.service", None),
+    ];
+    // A read first: were it an event, it would come before the first write's.
+    api.call("GET", "/fleet/v1/units", None).await;
+    for (written, (method, path, body)) in writes.into_iter().enumerate() {
+        api.call(method, path, body).await;
+        fleet_testkit::eventually("the write is an event", async || all().await.len() == written + 1).await;
+    }
 
     let events = all().await;
     let messages: Vec<&str> = events.iter().map(|(_, _, data)| data["message"].as_str().unwrap()).collect();
@@ -1285,7 +1293,7 @@ async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed()
 
     // Trimmed to the newest: a reader from before it is told 410 and where to read from.
     api.registry.trim_events(1, 0).await.unwrap();
-    let gone = events_of(&api, &format!("/fleet/v1/events?since={}", ids[0]), None).await.err().unwrap();
+    let gone = events_of(&api, &format!("/fleet/v1/events?follow=false&since={}", ids[0]), None).await.err().unwrap();
     assert_eq!(gone.status, StatusCode::GONE);
     let from = ids[3] - 1;
     let message = format!(
