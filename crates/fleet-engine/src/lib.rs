@@ -283,19 +283,26 @@ impl Engine {
             return Ok((cluster, BTreeMap::new()));
         }
         let now = tokio::time::Instant::now().into_std();
-        if self.first_look {
-            // The silent departures of the leader before: its reports cannot show them.
-            let recorded = self.registry.recorded_silent_departures().await?;
-            self.departures.adopt_silent(&recorded, &cluster, now + at_most_once_hold(self.config.agent_ttl));
-            self.silent_written = Some(recorded);
-        }
+        // On a leadership's first look, the silent departures of the leader before: its
+        // reports cannot show them.
+        let recorded = if self.first_look { Some(self.registry.recorded_silent_departures().await?) } else { None };
         let mut asked = self.departures.units();
         if self.first_look {
             asked.extend(Departures::unknown_on_takeover(&cluster));
         }
+        if let Some(recorded) = &recorded {
+            asked.extend(Departures::adoptable(recorded, &cluster).map(|departure| departure.unit.clone()));
+        }
         if !asked.is_empty() {
             let reports = reports_of(&*self.registry, &asked).await?;
+            if let Some(recorded) = &recorded {
+                let silent_until = now + at_most_once_hold(self.config.agent_ttl);
+                self.departures.adopt_silent(recorded, &cluster, &reports, silent_until);
+            }
             self.departures.settle(&reports, &cluster, self.first_look, now);
+        }
+        if let Some(recorded) = recorded {
+            self.silent_written = Some(recorded);
         }
         self.first_look = false;
         self.record_silent_departures(lease, None).await?;

@@ -174,7 +174,9 @@ fn units_of_a_higher_priority_take_the_room_of_lower_ones_under_faults() {
 
 /// `LostAfter=` units under every fault: none moves off a machine gone before its span (less
 /// `agent_ttl`), none with `never`, and none runs on a second machine sooner (the judge's
-/// `look_lost_after`). Seeds 2017 and 2030 move three of them each in their time.
+/// `look_lost_after`). Seeds 2028 and 2030 move three of them each in their time (2017 did
+/// until a stale report that a unit stopped stopped ending its departure: its faults fell
+/// otherwise, as any change to how many writes a run makes may).
 #[test]
 fn units_with_lost_after_wait_their_span_for_a_machine_gone_and_never_with_never() {
     let config = fleet_sim::SimConfig { lost_after: 6, ..SimConfig::default() };
@@ -186,13 +188,13 @@ fn units_with_lost_after_wait_their_span_for_a_machine_gone_and_never_with_never
     // 796460972: the leader's store answered, but a write hung while a machine came back for
     // 4 s and went again, and the engine moved a unit off it as if it had been gone all along.
     let budgeted = fleet_sim::SimConfig { budgeted: 6, ..all.clone() };
-    let named = [(2017, &config), (2030, &config), (796_436_904, &all), (796_460_972, &budgeted)];
+    let named = [(2028, &config), (2030, &config), (796_436_904, &all), (796_460_972, &budgeted)];
     for (seed, config) in named.into_iter().chain((first..first + 20).map(|seed| (seed, &config))) {
         let outcome = run(seed, config);
         assert!(outcome.passed(), "{outcome}");
         moved += outcome.lost_after_moves;
     }
-    assert!(moved >= 6, "seeds 2017 and 2030 move three units with LostAfter= each once their span is over: {moved}");
+    assert!(moved >= 6, "seeds 2028 and 2030 move three units with LostAfter= each once their span is over: {moved}");
 }
 
 /// Units in one group with `DisruptionBudget=1` beside units of a higher priority under every

@@ -13,7 +13,9 @@
 //!
 //! A machine that had not reported the unit when it was taken off may run it all the same (it
 //! started it and its report was lost, or it was cut off before writing it): its silence
-//! proves nothing. Such a departure ends when the machine reports the unit stopped, or once
+//! proves nothing. Nor does a report that it stopped, written before the unit was taken off
+//! and not since: the machine may have started it again and not said so yet (one back from a
+//! lapse starts what is still its own before its report lands). Such a departure ends when the machine reports the unit stopped, or once
 //! the machine has surely seen the change or stopped what it runs: a hold of `agent_ttl` (and
 //! the clocks' drift) after the unit was taken off, which a cut-off machine's agent never
 //! outlasts with its units running. The leader keeps these silent departures in the store
@@ -34,12 +36,13 @@ pub fn reports_running(state: &UnitState) -> bool {
     !matches!(state.systemd.active.as_str(), "inactive" | "failed")
 }
 
-/// What the machines report of some units: the (unit, machine) pairs of every report, and of
-/// those that say the unit may be running there.
+/// What the machines report of some units: the (unit, machine) pairs of every report, of
+/// those that say the unit may be running there, and the reports that say it stopped.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reports {
     pub reported: BTreeSet<(String, String)>,
     pub running: BTreeSet<(String, String)>,
+    pub stopped: BTreeMap<(String, String), UnitState>,
 }
 
 impl Reports {
@@ -49,6 +52,8 @@ impl Reports {
             let pair = (state.name.clone(), state.machine_id.clone());
             if reports_running(state) {
                 reports.running.insert(pair.clone());
+            } else {
+                reports.stopped.insert(pair.clone(), state.clone());
             }
             reports.reported.insert(pair);
         }
@@ -60,9 +65,12 @@ impl Reports {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Leaving {
     machine: String,
-    /// For a unit the machine had not reported when it was taken off: until when its silence
-    /// does not mean it stopped.
+    /// For a unit the machine had not reported running when it was taken off: until when its
+    /// silence (or the report it had) does not mean it stopped.
     silent_until: Option<Instant>,
+    /// The report that it stopped the machine had made when it was taken off, if any: until
+    /// the machine writes another (or removes it), it says nothing of now.
+    stopped_before: Option<UnitState>,
 }
 
 /// A unit taken off a present machine that had not reported it, as the leader records it.
@@ -112,9 +120,11 @@ impl Departures {
         silent_until: Instant,
     ) {
         for (unit, machine) in Self::taken_off(decisions, cluster) {
-            let reported = before.reported.contains(&(unit.clone(), machine.clone()));
-            let silent_until = (!reported).then_some(silent_until);
-            self.leaving.insert(unit, Leaving { machine, silent_until });
+            let pair = (unit, machine);
+            let silent_until = (!before.running.contains(&pair)).then_some(silent_until);
+            let stopped_before = before.stopped.get(&pair).cloned();
+            let (unit, machine) = pair;
+            self.leaving.insert(unit, Leaving { machine, silent_until, stopped_before });
         }
     }
 
@@ -124,8 +134,8 @@ impl Departures {
         cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.clone()).collect()
     }
 
-    /// The departures from a machine that had not reported the unit, in unit order: what the
-    /// leader records for one that takes over.
+    /// The departures from a machine that had not reported the unit running, in unit order:
+    /// what the leader records for one that takes over.
     pub fn silent(&self) -> Vec<SilentDeparture> {
         self.leaving
             .iter()
@@ -134,17 +144,36 @@ impl Departures {
             .collect()
     }
 
-    /// Takes over the silent departures a leader before recorded, of the units of `cluster`
-    /// still awaiting placement whose machine is present: each held until `silent_until`.
-    pub fn adopt_silent(&mut self, recorded: &[SilentDeparture], cluster: &ClusterSnapshot, silent_until: Instant) {
-        let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
-        let waiting: BTreeSet<&str> =
-            cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.as_str()).collect();
-        for departure in recorded {
-            if present.contains(departure.machine.as_str()) && waiting.contains(departure.unit.as_str()) {
-                let leaving = Leaving { machine: departure.machine.clone(), silent_until: Some(silent_until) };
-                self.leaving.entry(departure.unit.clone()).or_insert(leaving);
-            }
+    /// Of the silent departures a leader before recorded, those a leader taking over holds:
+    /// of units of `cluster` still awaiting placement whose machine is present.
+    pub fn adoptable<'a>(
+        recorded: &'a [SilentDeparture],
+        cluster: &ClusterSnapshot,
+    ) -> impl Iterator<Item = &'a SilentDeparture> + 'a {
+        let present: BTreeSet<String> = cluster.machines.iter().map(|machine| machine.id.clone()).collect();
+        let waiting: BTreeSet<String> =
+            cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.clone()).collect();
+        recorded
+            .iter()
+            .filter(move |departure| present.contains(&departure.machine) && waiting.contains(&departure.unit))
+    }
+
+    /// Takes over the [`Departures::adoptable`] silent departures a leader before recorded:
+    /// each held until `silent_until`, or until its machine reports it anew (what `reports`
+    /// holds now may be from before).
+    pub fn adopt_silent(
+        &mut self,
+        recorded: &[SilentDeparture],
+        cluster: &ClusterSnapshot,
+        reports: &Reports,
+        silent_until: Instant,
+    ) {
+        for departure in Self::adoptable(recorded, cluster) {
+            let pair = (departure.unit.clone(), departure.machine.clone());
+            let stopped_before = reports.stopped.get(&pair).cloned();
+            let leaving =
+                Leaving { machine: departure.machine.clone(), silent_until: Some(silent_until), stopped_before };
+            self.leaving.entry(departure.unit.clone()).or_insert(leaving);
         }
     }
 
@@ -159,8 +188,8 @@ impl Departures {
 
     /// Takes in what the machines report of the units asked about, at `now`. A departure ends
     /// once its machine is gone from `cluster`, or no longer reports the unit running: reports
-    /// it stopped, or has no report of it (for a unit it had not reported when it was taken
-    /// off, only once its silence may be trusted). With `takeover`, the units asked about that
+    /// it stopped, or has no report of it (for a unit it had not reported running when it was
+    /// taken off, only by a report made since or once its silence may be trusted). With `takeover`, the units asked about that
     /// a present machine still runs while they await placement are departures too.
     pub fn settle(&mut self, reports: &Reports, cluster: &ClusterSnapshot, takeover: bool, now: Instant) {
         let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
@@ -171,7 +200,7 @@ impl Departures {
                 cluster.units.iter().filter(|unit| awaits_placement(unit)).map(|unit| unit.name.as_str()).collect();
             for (unit, machine) in &reports.running {
                 if waiting.contains(unit.as_str()) && present.contains(machine.as_str()) {
-                    let leaving = Leaving { machine: machine.clone(), silent_until: None };
+                    let leaving = Leaving { machine: machine.clone(), silent_until: None, stopped_before: None };
                     self.leaving.entry(unit.clone()).or_insert(leaving);
                 }
             }
@@ -216,11 +245,19 @@ impl Departures {
 }
 
 impl Leaving {
-    /// Whether `unit` is still on its way off this machine, given `reports` at `now`.
+    /// Whether `unit` is still on its way off this machine, given `reports` at `now`: it
+    /// reports the unit running, or says nothing new of it while its silence is not trusted
+    /// (no report where it had none, or the report that it stopped it had made before).
     fn holds(&self, unit: &str, reports: &Reports, now: Instant) -> bool {
         let pair = (unit.to_string(), self.machine.clone());
-        reports.running.contains(&pair)
-            || (!reports.reported.contains(&pair) && self.silent_until.is_some_and(|until| now < until))
+        if reports.running.contains(&pair) {
+            return true;
+        }
+        let nothing_new = match reports.stopped.get(&pair) {
+            Some(stopped) => self.stopped_before.as_ref() == Some(stopped),
+            None => !reports.reported.contains(&pair) && self.stopped_before.is_none(),
+        };
+        nothing_new && self.silent_until.is_some_and(|until| now < until)
     }
 }
 
@@ -295,7 +332,27 @@ mod tests {
     fn running(pairs: &[(&str, &str)]) -> Reports {
         let pairs: BTreeSet<(String, String)> =
             pairs.iter().map(|(unit, machine)| (unit.to_string(), machine.to_string())).collect();
-        Reports { reported: pairs.clone(), running: pairs }
+        Reports { reported: pairs.clone(), running: pairs, stopped: BTreeMap::new() }
+    }
+
+    /// Reports that the units of `pairs` are `active` ("inactive", "failed") there, each
+    /// report telling `which` apart from another of the same.
+    fn reported(pairs: &[(&str, &str)], active: &str, which: u64) -> Reports {
+        let states: Vec<UnitState> = pairs
+            .iter()
+            .map(|(unit, machine)| UnitState {
+                name: unit.to_string(),
+                machine_id: machine.to_string(),
+                hash: crate::UnitHash([0; 20]),
+                systemd: crate::SystemdState::new("loaded", active, "dead"),
+                launched: false,
+                drift: None,
+                health: None,
+                secrets: BTreeMap::from([("which".to_string(), which)]),
+                run: None,
+            })
+            .collect();
+        Reports::of(&states)
     }
 
     /// One moment: the tests' clock.
@@ -375,7 +432,7 @@ mod tests {
         departures.settle(&running(&[]), &waiting, false, at(5));
         assert_eq!(departures.held(&waiting).len(), 1, "no report yet proves nothing");
         assert_eq!(departures.next_silence_end(), Some(at(10)));
-        let stopped = Reports { reported: running(&[("u.service", "a")]).reported, running: BTreeSet::new() };
+        let stopped = reported(&[("u.service", "a")], "inactive", 1);
         let mut told = departures.clone();
         assert!(told.settle_running(&stopped, at(6)), "a report that it stopped ends it");
         assert!(!departures.settle_running(&running(&[("u.service", "a")]), at(11)), "running, held past the silence");
@@ -385,6 +442,35 @@ mod tests {
         let mut reported = Departures::default();
         reported.note_decisions(&[unscheduled("u.service", "a")], &before, &running(&[("u.service", "a")]), at(10));
         assert!(reported.settle_running(&running(&[]), at(1)));
+    }
+
+    /// Seed 50503 of `fleet-sim --scheduled 4 --moving 3 --prioritized 12` with a fresh
+    /// registration asking again at once: a machine back from a lapse had stopped its units and
+    /// reported them stopped, started them again and was cut off before reporting that; they
+    /// were preempted off it, the stale "inactive" taken for a stop, and they started elsewhere
+    /// while it ran them with its presence held.
+    #[test]
+    fn a_report_that_it_stopped_made_before_it_was_taken_off_proves_nothing() {
+        let mut departures = Departures::default();
+        let before = cluster(&["a", "b"], vec![unit("u.service", Some("a"), DesiredState::Launched)]);
+        let stale = reported(&[("u.service", "a")], "inactive", 1);
+        departures.note_decisions(&[unscheduled("u.service", "a")], &before, &stale, at(10));
+        assert_eq!(departures.silent().len(), 1, "recorded for a leader that takes over");
+        assert!(!departures.clone().settle_running(&stale, at(5)), "the same report: nothing new");
+        assert!(departures.clone().settle_running(&stale, at(10)), "past the hold, trusted as a silence");
+        let anew = reported(&[("u.service", "a")], "inactive", 2);
+        assert!(departures.clone().settle_running(&anew, at(5)), "a report made since: stopped");
+        assert!(departures.clone().settle_running(&running(&[]), at(5)), "its report removed: the agent let it go");
+        assert!(!departures.settle_running(&running(&[("u.service", "a")]), at(11)), "running, held past the hold");
+
+        // A leader that takes over holds what it finds reported stopped the same way.
+        let waiting = cluster(&["a", "b"], vec![unit("u.service", None, DesiredState::Launched)]);
+        let recorded = [SilentDeparture { unit: "u.service".into(), machine: "a".into() }];
+        let mut new = Departures::default();
+        new.adopt_silent(&recorded, &waiting, &stale, at(30));
+        new.settle(&stale, &waiting, true, at(20));
+        assert_eq!(new.held(&waiting).len(), 1, "the stopped report found on taking over proves nothing");
+        assert!(new.settle_running(&anew, at(21)), "one made since does");
     }
 
     /// Seed 796436631 (`--scheduled 4 --moving 3 --prioritized 8`): a unit preempted off a
@@ -428,16 +514,16 @@ mod tests {
             vec![unit("u.service", None, DesiredState::Launched), unit("v.service", None, DesiredState::Launched)],
         );
         let mut new = Departures::default();
-        new.adopt_silent(&recorded, &waiting, at(30));
+        new.adopt_silent(&recorded, &waiting, &Reports::default(), at(30));
         assert_eq!(new.held(&waiting).keys().collect::<Vec<_>>(), ["u.service"]);
         assert!(!new.settle_running(&running(&[]), at(29)), "silent, counted from the new leader's sight");
         assert!(new.settle_running(&running(&[]), at(30)));
 
         let mut gone = Departures::default();
-        gone.adopt_silent(&recorded, &cluster(&["b"], waiting.units.clone()), at(30));
+        gone.adopt_silent(&recorded, &cluster(&["b"], waiting.units.clone()), &Reports::default(), at(30));
         assert!(gone.is_empty(), "its machine is gone: nothing to wait for");
         let mut placed = Departures::default();
-        placed.adopt_silent(&recorded, &before, at(30));
+        placed.adopt_silent(&recorded, &before, &Reports::default(), at(30));
         assert!(placed.is_empty(), "placed again meanwhile: nothing to wait for");
     }
 
