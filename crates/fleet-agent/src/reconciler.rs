@@ -261,10 +261,17 @@ impl Agent {
         fleet_metrics::metrics().agent.passes.inc();
         let registering = !self.registered;
         if registering {
-            match self.registry.register_machine(&self.config.machine).await {
-                Ok(()) => self.registered = true,
+            let mut registered = self.registry.register_machine(&self.config.machine).await;
+            if let Err(RegistryError::PresenceLapsed) = registered {
                 // A fresh presence: the store registers the machine once it stopped what runs
-                // here from before (it may have moved while the machine was away).
+                // here from before (it may have moved while the machine was away). Stopped, it
+                // asks again at once: every fresh start takes this turn, and a retry's wait
+                // (125-250 ms) made each one that much later.
+                self.stop_for_lapse("it registers afresh").await;
+                registered = self.registry.register_machine(&self.config.machine).await;
+            }
+            match registered {
+                Ok(()) => self.registered = true,
                 Err(RegistryError::PresenceLapsed) => self.stop_for_lapse("it registers afresh").await,
                 Err(error) => tracing::warn!(%error, "cannot register machine; retrying"),
             }

@@ -250,6 +250,11 @@ struct FlakyStore {
     /// How many registrations fail from now on; and every attempt, counted.
     registrations_failing: std::sync::atomic::AtomicUsize,
     registrations: std::sync::atomic::AtomicUsize,
+    /// Whether a registration is refused with a lapse until the agent says it handled one, as
+    /// etcd's store refuses a fresh presence until the agent stopped what ran here; and
+    /// whether it has said so.
+    lapse_before_registering: std::sync::atomic::AtomicBool,
+    lapse_handled: std::sync::atomic::AtomicBool,
 }
 
 impl FlakyStore {
@@ -265,6 +270,9 @@ impl fleet_registry::AgentRegistry for FlakyStore {
     async fn register_machine(&self, machine: &MachineState) -> fleet_registry::Result<()> {
         use std::sync::atomic::Ordering;
         self.registrations.fetch_add(1, Ordering::SeqCst);
+        if self.lapse_before_registering.load(Ordering::SeqCst) && !self.lapse_handled.load(Ordering::SeqCst) {
+            return Err(fleet_registry::RegistryError::PresenceLapsed);
+        }
         let failing = self.registrations_failing.load(Ordering::SeqCst);
         if failing > 0 {
             self.registrations_failing.store(failing - 1, Ordering::SeqCst);
@@ -300,6 +308,9 @@ impl fleet_registry::AgentRegistry for FlakyStore {
     ) -> fleet_registry::Result<()> {
         self.store.report_states(machine_id, reports).await
     }
+    fn presence_lapse_handled(&self, _machine_id: &str) {
+        self.lapse_handled.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     fn machine_changes(&self, machine_id: &str) -> fleet_registry::ChangeSignal {
         let mut store_changes = self.store.machine_changes(machine_id);
         let forward = self.changes.clone();
@@ -333,6 +344,8 @@ fn start_on_flaky_with(
         changes: watch::channel(0).0,
         registrations_failing: 0.into(),
         registrations: 0.into(),
+        lapse_before_registering: false.into(),
+        lapse_handled: false.into(),
     });
     let manager = Arc::new(FakeUnitManager::new());
     let (lifecycle, watch) = watch::channel(Lifecycle::Running);
@@ -389,6 +402,25 @@ async fn a_failed_registration_is_tried_again_on_a_backoff_not_at_the_fallback()
     assert!(began.elapsed() < Duration::from_secs(60), "registered {:?} later", began.elapsed());
     let attempts = flaky.registrations.load(Ordering::SeqCst);
     assert_eq!(attempts, 4, "three spaced failures, then the registration");
+}
+
+/// A store that has the agent stop what runs here before a fresh presence (etcd's) is asked
+/// again as soon as the agent has: registering costs no retry's wait (time is paused here, so
+/// only a wait the agent chose moves the clock).
+#[tokio::test(start_paused = true)]
+async fn a_fresh_presence_is_registered_in_the_pass_that_handled_its_lapse() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = EmbeddedRegistry::open(&dir.path().join("fleet.redb")).unwrap();
+    let (flaky, _manager, _agent) = start_on_flaky(&store);
+    // Set before the agent's task first runs (nothing has yielded to it yet).
+    flaky.lapse_before_registering.store(true, Ordering::SeqCst);
+    let began = tokio::time::Instant::now();
+    let registered = async || store.machines().await.unwrap().iter().any(|machine| machine.id == MACHINE);
+    eventually("the machine registers once its lapse is handled", async || registered().await).await;
+    assert!(flaky.lapse_handled.load(Ordering::SeqCst), "the lapse was handled before the registration");
+    assert_eq!(flaky.registrations.load(Ordering::SeqCst), 2, "refused once, then registered");
+    assert!(began.elapsed() < Duration::from_millis(100), "registered {:?} later", began.elapsed());
 }
 
 /// A store outage never stops a running unit: the agent leaves its units alone and retries
