@@ -27,7 +27,7 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
         let Some(name) = registry.keys().name_in(&collection, key) else { continue };
         // Parsed once per revision: an agent reads its work on every pass.
         let assignment = entry.decoded::<Assignment>(key)?;
-        let Assignment { hash, desired, drift, secrets } = Assignment::clone(&assignment);
+        let Assignment { hash, desired, drift, secrets, places_at: _ } = Assignment::clone(&assignment);
         units.push(AssignedUnit {
             name: name.to_string(),
             hash,
@@ -39,6 +39,14 @@ fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -
         });
     }
     Ok(units)
+}
+
+/// The revision of the record of where `unit`'s requirements run that its placement on
+/// `machine_id` was written after (0: none named).
+fn places_written_at(registry: &EtcdRegistry, data: &MirrorData, machine_id: &str, unit: &AssignedUnit) -> i64 {
+    let key = registry.keys().scheduled(machine_id, &unit.name);
+    let assignment = data.entries.get(&key).and_then(|entry| entry.decoded::<Assignment>(&key).ok());
+    assignment.and_then(|assignment| assignment.places_at).unwrap_or(0)
 }
 
 /// How long a read of a machine's work waits for its copy's first listing.
@@ -288,6 +296,12 @@ impl EtcdRegistry {
         let mut scheduled = assignments(self, &data, keys.schedule(machine_id))?;
         for unit in &mut scheduled {
             let key = keys.required_place(machine_id, &unit.name);
+            let written_at = places_written_at(self, &data, machine_id, unit);
+            if mirror.seen_through(&data, &key).is_some_and(|seen| seen < written_at) {
+                // The placement is here, where its requirements run not yet: the copy watches
+                // that range apart, and etcd may deliver it later. Read again once it came.
+                return Err(RegistryError::NotListedYet);
+            }
             let record = data.entries.get(&key).and_then(|entry| decode_listed::<RequiredPlaces>(&key, &entry.value));
             unit.required_at = record.map(|record| record.places).unwrap_or_default();
         }

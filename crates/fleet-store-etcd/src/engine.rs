@@ -96,7 +96,9 @@ impl EtcdRegistry {
         }
         if let Some(machine) = &write.lands_on {
             let record = data.entries.get(&unit_key)?.decoded::<UnitRecord>(&unit_key).ok()?;
-            let assignment = Assignment::of(&record);
+            let places_key = keys.required_place(machine, unit);
+            let places_at = data.entries.get(&places_key).map(|entry| entry.mod_revision);
+            let assignment = Assignment { places_at, ..Assignment::of(&record) };
             let value = match carried.filter(|(hash, _)| *hash == record.hash) {
                 Some((_, file)) => encode(&CarryingAssignment { assignment: &assignment, body: file.options() }),
                 None => encode(&assignment),

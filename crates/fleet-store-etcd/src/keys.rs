@@ -7,7 +7,7 @@
 //! | `global/<unit>` | [`fleet_registry::AssignedUnit`] fields, with the body when the API wrote the content | — | API, for global units |
 //! | `global-runs/<unit>` | [`fleet_core::job::global_runs::RunTicket`]: the run every machine of a global unit on a calendar is to run now | — | engine, fenced |
 //! | `placement/<unit>` | machine ID | — | engine, fenced; API's import of units it creates (`imports.rs`) |
-//! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body | — | engine (fenced); API on desired-state changes and imports |
+//! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body; a unit placed with a `required-at/` record names that record's revision (`places_at`) | — | engine (fenced); API on desired-state changes and imports |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |

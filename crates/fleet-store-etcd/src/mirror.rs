@@ -269,6 +269,13 @@ impl Mirror {
         self.changes.subscribe()
     }
 
+    /// The revision up to which `data` (this copy's) holds every event of the range `key`
+    /// falls in; `None` when no range of the copy holds it.
+    pub fn seen_through(&self, data: &MirrorData, key: &str) -> Option<i64> {
+        let index = self.ranges.iter().position(|range| range.contains(key))?;
+        data.seen.get(index).copied()
+    }
+
     /// Waits until `done` holds of the copy or `limit` passes; `true` if it holds.
     async fn wait_until(&self, limit: Duration, done: impl Fn(&MirrorData) -> bool) -> bool {
         let mut changes = self.moved.subscribe();

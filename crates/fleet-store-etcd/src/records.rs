@@ -17,12 +17,24 @@ pub struct Assignment {
     pub drift: DriftPolicy,
     #[serde(default, skip_serializing_if = "SecretPins::is_empty")]
     pub secrets: SecretPins,
+    /// For a unit placed with where its requirements run recorded for it: the revision of
+    /// that record, as the engine wrote the placement. The record is written first but in
+    /// another range, which an agent's copy may show later than this one; the agent reads its
+    /// work once its copy holds that range up to here. Absent in records of fleet 0.2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub places_at: Option<i64>,
 }
 
 impl Assignment {
     /// The agents' copy of `record`.
     pub fn of(record: &UnitRecord) -> Self {
-        Self { hash: record.hash, desired: record.desired, drift: record.drift, secrets: record.secrets.clone() }
+        Self {
+            hash: record.hash,
+            desired: record.desired,
+            drift: record.drift,
+            secrets: record.secrets.clone(),
+            places_at: None,
+        }
     }
 }
 

@@ -929,6 +929,7 @@ async fn a_machines_first_unit_of_each_content_carries_the_body() {
         desired: DesiredState::Launched,
         drift: Default::default(),
         secrets: Default::default(),
+        places_at: None,
     };
     let forged = fleet_registry::codec::encode(&CarryingAssignment { assignment: &assignment, body: other.options() });
     kv.put("/fleet-test/schedule/m1/a.service", forged, None).await.unwrap();
@@ -1269,4 +1270,64 @@ async fn the_engine_and_the_api_share_a_unit_records_one_decoding() {
     assert_eq!(page.items[0].hash, record.hash);
     let (_, still) = kept();
     assert!(std::sync::Arc::ptr_eq(&record, &still), "the page read the same decoding, not one of its own");
+}
+
+/// A unit placed with where its requirements run recorded for it is in its machine's work
+/// only once the machine's copy holds that record: the engine writes the record first, in
+/// another range, and etcd may deliver that range's events to the copy later (an app of the
+/// dependencies e2e test once started with no `fleet-requires` file). The placement names the
+/// record's revision; a copy behind it reads the work as not listed yet.
+#[tokio::test]
+async fn a_placement_is_read_only_with_the_record_of_where_its_requirements_run() {
+    use fleet_registry::{RequiredPlace, RequiredPlaces};
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(60)).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    registry.put_unit("app.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
+    eventually("the engine's copy has the unit", || async {
+        registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)
+    })
+    .await;
+    let db = RequiredPlace { unit: "db.service".into(), machine_id: "m2".into(), public_ip: "10.0.0.2".into() };
+    let record = RequiredPlaces { unit: "app.service".into(), machine: "m1".into(), places: vec![db.clone()] };
+    registry.record_required_places(&lease, std::slice::from_ref(&record)).await.unwrap();
+    let place = Decision::Schedule { unit: "app.service".into(), machine: "m1".into() };
+    registry.apply(&lease, &[place], &[]).await.unwrap();
+    let stored = registry.connection().get("/fleet-test/required-at/m1/app.service", None).await.unwrap();
+    let record_revision = stored.kvs()[0].mod_revision();
+    let scheduled = registry.connection().get("/fleet-test/schedule/m1/app.service", None).await.unwrap();
+    let assignment: super::records::Assignment =
+        fleet_registry::codec::decode("schedule", scheduled.kvs()[0].value()).unwrap();
+    assert_eq!(assignment.places_at, Some(record_revision), "the placement names the record it follows");
+    let work = async || {
+        let work = AgentRegistry::machine_work(&registry, "m1").await;
+        work.map(|work| work.scheduled.into_iter().map(|unit| unit.required_at).collect::<Vec<_>>())
+    };
+    eventually("m1's work has the unit with where the db runs", async || {
+        work().await.is_ok_and(|units| units == [vec![db.clone()]])
+    })
+    .await;
+
+    // A placement naming a record the copy does not hold yet (as etcd may deliver it): the
+    // work is not read until the copy holds that range that far.
+    let ahead = super::records::Assignment { places_at: Some(record_revision + 3), ..assignment };
+    let mut kv = registry.connection().kv();
+    let written =
+        kv.put("/fleet-test/schedule/m1/app.service", fleet_registry::codec::encode(&ahead), None).await.unwrap();
+    let written = written.header().unwrap().revision();
+    eventually("the copy holds the placement", async || {
+        let mirror = registry.work_mirror("m1");
+        let data = mirror.read();
+        data.entries.get("/fleet-test/schedule/m1/app.service").is_some_and(|entry| entry.mod_revision == written)
+    })
+    .await;
+    assert!(matches!(work().await, Err(RegistryError::NotListedYet)), "{:?}", work().await);
+    let moved = RequiredPlace { machine_id: "m3".into(), public_ip: "10.0.0.3".into(), ..db };
+    let record = RequiredPlaces { places: vec![moved.clone()], ..record };
+    registry.record_required_places(&lease, std::slice::from_ref(&record)).await.unwrap();
+    eventually("read once the copy holds the record's range that far", async || {
+        work().await.is_ok_and(|units| units == [vec![moved.clone()]])
+    })
+    .await;
 }
