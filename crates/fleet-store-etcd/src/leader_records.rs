@@ -43,20 +43,21 @@ impl EtcdRegistry {
     ) -> Result<()> {
         self.check_leadership(lease).await?;
         let mirror = self.engine_mirror();
-        let ops: Vec<TxnOp> = {
+        // Each write with its key: the copy is waited on for each in its own range.
+        let ops: Vec<(String, TxnOp)> = {
             let data = mirror.listed(self.connection().timeout).await?;
             let range = KeyRange::prefix(prefix.to_string());
             let stored: BTreeMap<&String, &[u8]> =
                 data.range(&range).map(|(key, entry)| (key, entry.value.as_slice())).collect();
-            let mut ops: Vec<TxnOp> = stored
+            let mut ops: Vec<(String, TxnOp)> = stored
                 .keys()
                 .filter(|key| !wanted.contains_key(key.as_str()))
-                .map(|key| TxnOp::delete(key.as_str(), None))
+                .map(|key| (key.to_string(), TxnOp::delete(key.as_str(), None)))
                 .collect();
             for (key, item) in &wanted {
                 let value = encode(*item);
                 if stored.get(key) != Some(&value.as_slice()) {
-                    ops.push(TxnOp::put(key.as_str(), value, None));
+                    ops.push((key.clone(), TxnOp::put(key.as_str(), value, None)));
                 }
             }
             ops
@@ -64,15 +65,21 @@ impl EtcdRegistry {
         let fence = self.leader_fence(lease);
         let mut last_write = None;
         for batch in ops.chunks(MAX_TXN_OPS) {
-            let reply = self.connection().txn(Txn::new().when([fence.clone()]).and_then(batch.to_vec())).await?;
+            let writes: Vec<TxnOp> = batch.iter().map(|(_, op)| op.clone()).collect();
+            let reply = self.connection().txn(Txn::new().when([fence.clone()]).and_then(writes)).await?;
             if !reply.succeeded() {
                 *self.inner.leadership.lock().await = None;
                 return Err(RegistryError::LeadershipLost);
             }
             last_write = reply.header().map(|header| header.revision());
+            if let Some(revision) = last_write {
+                // Awaited in the records' own range: another range's later events say nothing
+                // of it (a placement written next names what this copy holds of them).
+                batch.iter().for_each(|(key, _)| mirror.expect(key, revision));
+            }
         }
         if let Some(revision) = last_write
-            && !mirror.wait_for(revision, super::caches::CATCH_UP).await
+            && !mirror.caught_up(super::caches::CATCH_UP).await
         {
             tracing::debug!(revision, prefix, "the engine's watch has not caught up with its own record yet");
         }
