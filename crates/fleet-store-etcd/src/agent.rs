@@ -20,33 +20,25 @@ use fleet_registry::{
 };
 
 /// The assignments under `collection` in a machine's copy.
-fn assignments(registry: &EtcdRegistry, data: &MirrorData, collection: String) -> Result<Vec<AssignedUnit>> {
+/// The units assigned under `collection`, each with the revision of the record of where its
+/// requirements run that its assignment was written after (`Assignment::places_at`).
+fn assignments(
+    registry: &EtcdRegistry,
+    data: &MirrorData,
+    collection: String,
+) -> Result<Vec<(AssignedUnit, Option<i64>)>> {
     let range = KeyRange::prefix(collection.clone());
     let mut units = Vec::new();
     for (key, entry) in data.range(&range) {
         let Some(name) = registry.keys().name_in(&collection, key) else { continue };
         // Parsed once per revision: an agent reads its work on every pass.
         let assignment = entry.decoded::<Assignment>(key)?;
-        let Assignment { hash, desired, drift, secrets, places_at: _ } = Assignment::clone(&assignment);
-        units.push(AssignedUnit {
-            name: name.to_string(),
-            hash,
-            desired,
-            drift,
-            secrets,
-            run: None,
-            required_at: Vec::new(),
-        });
+        let Assignment { hash, desired, drift, secrets, places_at } = Assignment::clone(&assignment);
+        let unit =
+            AssignedUnit { name: name.to_string(), hash, desired, drift, secrets, run: None, required_at: Vec::new() };
+        units.push((unit, places_at));
     }
     Ok(units)
-}
-
-/// The revision of the record of where `unit`'s requirements run that its placement on
-/// `machine_id` was written after (0: none named).
-fn places_written_at(registry: &EtcdRegistry, data: &MirrorData, machine_id: &str, unit: &AssignedUnit) -> i64 {
-    let key = registry.keys().scheduled(machine_id, &unit.name);
-    let assignment = data.entries.get(&key).and_then(|entry| entry.decoded::<Assignment>(&key).ok());
-    assignment.and_then(|assignment| assignment.places_at).unwrap_or(0)
 }
 
 /// How long a read of a machine's work waits for its copy's first listing.
@@ -288,22 +280,25 @@ impl EtcdRegistry {
             .entries
             .get(&machine_key)
             .and_then(|entry| machine_from_records(&machine_key, &entry.value, overrides, None));
-        let mut globals = assignments(self, &data, keys.globals())?;
+        let mut globals: Vec<AssignedUnit> =
+            assignments(self, &data, keys.globals())?.into_iter().map(|(unit, _)| unit).collect();
         for global in &mut globals {
             let key = keys.run_ticket(&global.name);
             global.run = data.entries.get(&key).and_then(|entry| decode_listed(&key, &entry.value));
         }
-        let mut scheduled = assignments(self, &data, keys.schedule(machine_id))?;
-        for unit in &mut scheduled {
+        let mut scheduled = Vec::new();
+        for (mut unit, places_at) in assignments(self, &data, keys.schedule(machine_id))? {
             let key = keys.required_place(machine_id, &unit.name);
-            let written_at = places_written_at(self, &data, machine_id, unit);
-            if mirror.seen_through(&data, &key).is_some_and(|seen| seen < written_at) {
+            if let Some(written_at) = places_at
+                && mirror.seen_through(&data, &key).is_some_and(|seen| seen < written_at)
+            {
                 // The placement is here, where its requirements run not yet: the copy watches
                 // that range apart, and etcd may deliver it later. Read again once it came.
                 return Err(RegistryError::NotListedYet);
             }
             let record = data.entries.get(&key).and_then(|entry| decode_listed::<RequiredPlaces>(&key, &entry.value));
             unit.required_at = record.map(|record| record.places).unwrap_or_default();
+            scheduled.push(unit);
         }
         Ok(MachineWork { machine, scheduled, globals })
     }

@@ -272,8 +272,12 @@ impl Mirror {
     /// The revision up to which `data` (this copy's) holds every event of the range `key`
     /// falls in; `None` when no range of the copy holds it.
     pub fn seen_through(&self, data: &MirrorData, key: &str) -> Option<i64> {
-        let index = self.ranges.iter().position(|range| range.contains(key))?;
-        data.seen.get(index).copied()
+        data.seen.get(self.range_of(key)?).copied()
+    }
+
+    /// The index of the range `key` falls in, if any.
+    fn range_of(&self, key: &str) -> Option<usize> {
+        self.ranges.iter().position(|range| range.contains(key))
     }
 
     /// Waits until `done` holds of the copy or `limit` passes; `true` if it holds.
@@ -306,7 +310,7 @@ impl Mirror {
     /// [`Mirror::caught_up`] then waits for the event. Keys outside the ranges are
     /// ignored. Only changes that make an event may be noted, or the wait cannot end.
     pub fn expect(&self, key: &str, revision: i64) {
-        if let Some(index) = self.ranges.iter().position(|range| range.contains(key)) {
+        if let Some(index) = self.range_of(key) {
             let mut expected = self.expected.locked();
             expected[index] = expected[index].max(revision);
         }

@@ -15,8 +15,9 @@
 //! started it and its report was lost, or it was cut off before writing it): its silence
 //! proves nothing. Nor does a report that it stopped, written before the unit was taken off
 //! and not since: the machine may have started it again and not said so yet (one back from a
-//! lapse starts what is still its own before its report lands). Such a departure ends when the machine reports the unit stopped, or once
-//! the machine has surely seen the change or stopped what it runs: a hold of `agent_ttl` (and
+//! lapse starts what is still its own before its report lands). Such a departure ends when
+//! the machine reports the unit stopped (anew), or once the machine has surely seen the
+//! change or stopped what it runs: a hold of `agent_ttl` (and
 //! the clocks' drift) after the unit was taken off, which a cut-off machine's agent never
 //! outlasts with its units running. The leader keeps these silent departures in the store
 //! ([`SilentDeparture`]), so that one taking over holds them too, counted from its own sight:
@@ -36,11 +37,11 @@ pub fn reports_running(state: &UnitState) -> bool {
     !matches!(state.systemd.active.as_str(), "inactive" | "failed")
 }
 
-/// What the machines report of some units: the (unit, machine) pairs of every report, of
-/// those that say the unit may be running there, and the reports that say it stopped.
+/// What the machines report of some units: the (unit, machine) pairs whose report says the
+/// unit may be running there, and the reports that say it stopped (a pair in neither has no
+/// report).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Reports {
-    pub reported: BTreeSet<(String, String)>,
     pub running: BTreeSet<(String, String)>,
     pub stopped: BTreeMap<(String, String), UnitState>,
 }
@@ -51,11 +52,10 @@ impl Reports {
         for state in states {
             let pair = (state.name.clone(), state.machine_id.clone());
             if reports_running(state) {
-                reports.running.insert(pair.clone());
+                reports.running.insert(pair);
             } else {
-                reports.stopped.insert(pair.clone(), state.clone());
+                reports.stopped.insert(pair, state.clone());
             }
-            reports.reported.insert(pair);
         }
         reports
     }
@@ -119,8 +119,7 @@ impl Departures {
         before: &Reports,
         silent_until: Instant,
     ) {
-        for (unit, machine) in Self::taken_off(decisions, cluster) {
-            let pair = (unit, machine);
+        for pair in Self::taken_off(decisions, cluster) {
             let silent_until = (!before.running.contains(&pair)).then_some(silent_until);
             let stopped_before = before.stopped.get(&pair).cloned();
             let (unit, machine) = pair;
@@ -189,8 +188,9 @@ impl Departures {
     /// Takes in what the machines report of the units asked about, at `now`. A departure ends
     /// once its machine is gone from `cluster`, or no longer reports the unit running: reports
     /// it stopped, or has no report of it (for a unit it had not reported running when it was
-    /// taken off, only by a report made since or once its silence may be trusted). With `takeover`, the units asked about that
-    /// a present machine still runs while they await placement are departures too.
+    /// taken off, only by a report made since or once its silence may be trusted). With
+    /// `takeover`, the units asked about that a present machine still runs while they await
+    /// placement are departures too.
     pub fn settle(&mut self, reports: &Reports, cluster: &ClusterSnapshot, takeover: bool, now: Instant) {
         let present: BTreeSet<&str> = cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
         self.leaving
@@ -253,10 +253,8 @@ impl Leaving {
         if reports.running.contains(&pair) {
             return true;
         }
-        let nothing_new = match reports.stopped.get(&pair) {
-            Some(stopped) => self.stopped_before.as_ref() == Some(stopped),
-            None => !reports.reported.contains(&pair) && self.stopped_before.is_none(),
-        };
+        // No report, where it had none; or the very report that it stopped it had made.
+        let nothing_new = reports.stopped.get(&pair) == self.stopped_before.as_ref();
         nothing_new && self.silent_until.is_some_and(|until| now < until)
     }
 }
@@ -332,7 +330,7 @@ mod tests {
     fn running(pairs: &[(&str, &str)]) -> Reports {
         let pairs: BTreeSet<(String, String)> =
             pairs.iter().map(|(unit, machine)| (unit.to_string(), machine.to_string())).collect();
-        Reports { reported: pairs.clone(), running: pairs, stopped: BTreeMap::new() }
+        Reports { running: pairs, stopped: BTreeMap::new() }
     }
 
     /// Reports that the units of `pairs` are `active` ("inactive", "failed") there, each
