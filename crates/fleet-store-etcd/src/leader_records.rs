@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
 use fleet_registry::codec::{decode_listed, encode};
 use fleet_registry::{EngineLease, RegistryError, Result};
 use serde::Serialize;
@@ -21,6 +21,15 @@ pub(super) fn records_in<T: DeserializeOwned>(data: &MirrorData, prefix: &str) -
     data.range(&KeyRange::prefix(prefix.to_string()))
         .filter_map(|(key, entry)| decode_listed::<T>(key, &entry.value))
         .collect()
+}
+
+/// Whether a write of a transaction changed its key (a put always does; a delete only when
+/// the key was there), so that a watch of its range sees an event for it.
+fn makes_an_event(done: &TxnOpResponse) -> bool {
+    match done {
+        TxnOpResponse::Delete(deleted) => deleted.deleted() > 0,
+        _ => true,
+    }
 }
 
 impl EtcdRegistry {
@@ -74,8 +83,13 @@ impl EtcdRegistry {
             last_write = reply.header().map(|header| header.revision());
             if let Some(revision) = last_write {
                 // Awaited in the records' own range: another range's later events say nothing
-                // of it (a placement written next names what this copy holds of them).
-                batch.iter().for_each(|(key, _)| mirror.expect(key, revision));
+                // of it (a placement written next names what this copy holds of them). A
+                // delete of a key already gone makes no event: it is not awaited.
+                batch
+                    .iter()
+                    .zip(reply.op_responses())
+                    .filter(|(_, done)| makes_an_event(done))
+                    .for_each(|((key, _), _)| mirror.expect(key, revision));
             }
         }
         if let Some(revision) = last_write
@@ -84,5 +98,32 @@ impl EtcdRegistry {
             tracing::debug!(revision, prefix, "the engine's watch has not caught up with its own record yet");
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use etcd_client::{Txn, TxnOp};
+    use fleet_testkit::EtcdServer;
+
+    use super::makes_an_event;
+
+    /// A replacement awaits only the writes that make an event: a delete of a key already
+    /// gone (the copy held it a moment longer than etcd did) would have been waited on until
+    /// the catch-up limit.
+    #[tokio::test]
+    async fn a_delete_of_a_key_already_gone_is_not_awaited() {
+        let etcd = EtcdServer::start();
+        let registry = crate::tests::registry(&etcd, std::time::Duration::from_secs(60)).await;
+        let mut kv = registry.connection().kv();
+        kv.put("/fleet-test/out-of-touch/here", "1", None).await.unwrap();
+        let ops = vec![
+            TxnOp::delete("/fleet-test/out-of-touch/gone", None),
+            TxnOp::delete("/fleet-test/out-of-touch/here", None),
+            TxnOp::put("/fleet-test/out-of-touch/new", "2", None),
+        ];
+        let reply = registry.connection().txn(Txn::new().and_then(ops)).await.unwrap();
+        let events: Vec<bool> = reply.op_responses().iter().map(makes_an_event).collect();
+        assert_eq!(events, [false, true, true]);
     }
 }
