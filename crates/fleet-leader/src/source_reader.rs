@@ -167,6 +167,10 @@ impl SourceReading for SourceReader {
     async fn read_source(&self, source: &SourceRecord) -> Result<ReadSource, String> {
         self.read(source).await
     }
+
+    async fn forget_others(&self, kept: &BTreeSet<String>) {
+        SourceReader::forget_others(self, kept).await;
+    }
 }
 
 /// The source's content, with the files that could not be read as problems (and their units

@@ -2,7 +2,7 @@
 //! would do without making one (`fleetctl plan source sync`): the fleetd that reads its
 //! sources for its own syncs lends the same reader to its API.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -22,6 +22,10 @@ pub trait SourceReading: Send + Sync {
     /// Fetches `source` and reads its files, bounded as a sync bounds them; the error as a
     /// source's status would show it (never a credential).
     async fn read_source(&self, source: &SourceRecord) -> Result<ReadSource, String>;
+
+    /// Lets go of what is held for the sources not in `kept` (removed from the cluster since
+    /// they were read): a fleetd that only plans syncs, and runs no syncer that would.
+    async fn forget_others(&self, kept: &BTreeSet<String>);
 }
 
 /// The cluster's units as a sync compares them with its source.

@@ -129,8 +129,13 @@ async fn plan_source_sync(state: &ApiState, role: &Role, name: &str, force: bool
             "this fleetd reads no git sources: plan the sync through another",
         )
     })?;
-    let source = super::sources::find(state, name).await?;
+    let sources = state.registry.sources().await?;
+    let kept = sources.iter().map(|source| source.name.clone()).collect::<std::collections::BTreeSet<_>>();
+    let source = super::sources::named(sources, name)?;
     let _slot = PlanSlot::take(&state.plans_under_way)?;
+    // A fleetd that is not the engine leader runs no syncer to let go of removed sources'
+    // clones and content: its plans do.
+    reader.forget_others(&kept).await;
     let read = reader
         .read_source(&source)
         .await

@@ -67,13 +67,12 @@ async fn statuses(state: &ApiState) -> Result<BTreeMap<String, SourceStatus>, Ap
 }
 
 pub(crate) async fn find(state: &ApiState, name: &str) -> Result<SourceRecord, ApiError> {
-    state
-        .registry
-        .sources()
-        .await?
-        .into_iter()
-        .find(|record| record.name == name)
-        .ok_or_else(|| ApiError::not_found("source does not exist"))
+    named(state.registry.sources().await?, name)
+}
+
+/// The source called `name` among `sources`, or 404.
+pub(crate) fn named(sources: Vec<SourceRecord>, name: &str) -> Result<SourceRecord, ApiError> {
+    sources.into_iter().find(|record| record.name == name).ok_or_else(|| ApiError::not_found("source does not exist"))
 }
 
 pub async fn list(state: &ApiState) -> Result<Response, ApiError> {

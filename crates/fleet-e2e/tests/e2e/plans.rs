@@ -244,6 +244,24 @@ fn on_etcd_a_plan_through_one_member_is_what_a_write_through_another_does() {
     cluster.members[1].ok(&["source", "sync", "apps"]);
     cluster.wait_until("the second commit synced", Duration::from_secs(30), |c| synced(c, &second));
     assert!(cluster.members[2].ok(&["cat", "src.service"]).stdout.contains("800002"));
+
+    // A source planned and then removed: each member lets go of its clone at its next plan,
+    // whether or not it leads (a member that only plans runs no syncer that would).
+    // (Its first sync awaited: a fetch under way is not interrupted, and the next is in an hour.)
+    cluster.members[0].ok(&["source", "add", "--repo", &url, "--path", "units", "--interval", "1h", "other"]);
+    cluster.wait_until("the other source's first sync", Duration::from_secs(30), |c| {
+        c.any().ok(&["source", "status", "other"]).stdout.contains(&second)
+    });
+    let clone_of = |member: &fleet_e2e::Fleetd| member.state_dir().join("sources").join("other");
+    for member in &cluster.members {
+        member.ok(&["plan", "source", "sync", "other"]);
+        assert!(clone_of(member).is_dir(), "the plan fetched into {}", clone_of(member).display());
+    }
+    cluster.members[0].ok(&["source", "remove", "other"]);
+    for member in &cluster.members {
+        member.ok(&["plan", "source", "sync", "apps"]);
+        assert!(!clone_of(member).exists(), "{} is gone", clone_of(member).display());
+    }
 }
 
 /// A source's sync, planned against a real repository: what the sync would create, change and
