@@ -1325,6 +1325,10 @@ pub struct ClusterEvent {
     pub kind: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
+    /// The units of an event about several (a write of a batch of units), when `unit` is
+    /// absent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<String>,
     #[serde(rename = "machineID", default, skip_serializing_if = "Option::is_none")]
     pub machine_id: Option<String>,
     /// The identity that asked, for what one asked for.

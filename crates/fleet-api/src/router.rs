@@ -258,7 +258,10 @@ fn finish(
         };
         let established = matches!(identity, Some(Ok(_)));
         let unit = action.filter(|_| established).and_then(|action| action.unit().map(str::to_string));
-        let entry = AuditEntry { identity: &name, role: &role, method, path, unit: unit.as_deref(), status };
+        let units =
+            response.extensions_mut().remove::<audit::WrittenUnits>().filter(|_| established).unwrap_or_default();
+        let entry =
+            AuditEntry { identity: &name, role: &role, method, path, unit: unit.as_deref(), units: &units.0, status };
         audit::record(&entry);
         if let Some(event) = audit::event_of(&entry, route.need) {
             events.note(event);

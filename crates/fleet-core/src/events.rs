@@ -23,6 +23,9 @@ pub const PER_BATCH: u64 = 10_000;
 /// The longest message an event keeps; longer ones are cut where they are made.
 pub const LONGEST_MESSAGE: usize = 1024;
 
+/// The most units one event names (the units of one batch write at most).
+pub const MOST_UNITS_NAMED: usize = 1000;
+
 /// How many events are kept unless configured otherwise.
 pub const DEFAULT_KEPT: usize = 100_000;
 
@@ -114,6 +117,9 @@ pub struct NewEvent {
     pub kind: EventKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
+    /// The units of an event about several (a batch write), each once, when `unit` names none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub units: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine: Option<String>,
     /// The identity that asked, for what an identity asked for.
@@ -125,12 +131,30 @@ pub struct NewEvent {
 impl NewEvent {
     pub fn new(at: i64, kind: EventKind, message: impl Into<String>) -> Self {
         let message = bounded(message.into(), LONGEST_MESSAGE);
-        Self { at, kind, unit: None, machine: None, by: None, message }
+        Self { at, kind, unit: None, units: Vec::new(), machine: None, by: None, message }
     }
 
     pub fn of_unit(mut self, unit: &str) -> Self {
         self.unit = Some(bounded(unit.to_string(), 256));
         self
+    }
+
+    /// An event about several units: one named alone is the event's `unit`. At most
+    /// [`MOST_UNITS_NAMED`] are kept (a batch write carries no more).
+    pub fn of_units<'a>(mut self, units: impl IntoIterator<Item = &'a str>) -> Self {
+        let mut named: Vec<String> =
+            units.into_iter().take(MOST_UNITS_NAMED).map(|unit| bounded(unit.to_string(), 256)).collect();
+        if named.len() == 1 {
+            self.unit = named.pop();
+        } else {
+            self.units = named;
+        }
+        self
+    }
+
+    /// Every unit the event names (`unit`, or `units`).
+    pub fn named_units(&self) -> impl Iterator<Item = &str> {
+        self.unit.iter().chain(&self.units).map(String::as_str)
     }
 
     pub fn on_machine(mut self, machine: &str) -> Self {
@@ -199,7 +223,7 @@ impl EventFilter {
             return false;
         }
         if let Some(unit) = &self.unit
-            && !event.unit.as_deref().is_some_and(|name| unit.matches(name))
+            && !event.named_units().any(|name| unit.matches(name))
         {
             return false;
         }
@@ -212,13 +236,13 @@ impl EventFilter {
     }
 }
 
-/// Whether `role` may see an event: one about a unit, when it sees that unit; one about no
-/// unit (machines, drains, sources, writes of no unit), when it sees every unit.
+/// Whether `role` may see an event: one about units, when it sees each of them; one about
+/// no unit (machines, drains, sources, writes of no unit), when it sees every unit.
 pub fn visible_to(role: &Role, event: &NewEvent) -> bool {
-    match &event.unit {
-        Some(unit) => role.sees_unit(unit),
-        None => matches!(role.name(), "admin" | "operator" | "viewer") && role.scope().is_none(),
+    if event.unit.is_some() || !event.units.is_empty() {
+        return event.named_units().all(|unit| role.sees_unit(unit));
     }
+    matches!(role.name(), "admin" | "operator" | "viewer") && role.scope().is_none()
 }
 
 /// Which of `kept` events to trim: those older than `oldest_at` (microseconds), and all but

@@ -87,7 +87,8 @@ impl EventSink {
 /// About how many bytes an event takes stored.
 fn stored_size(event: &NewEvent) -> usize {
     let named: usize = [&event.unit, &event.machine, &event.by].into_iter().flatten().map(String::len).sum();
-    96 + event.message.len() + named
+    let units: usize = event.units.iter().map(|unit| unit.len() + 3).sum();
+    96 + event.message.len() + named + units
 }
 
 /// The next write's events, taken from the front of `pending`: at most [`PER_WRITE`] and

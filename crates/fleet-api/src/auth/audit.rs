@@ -16,8 +16,15 @@ pub struct AuditEntry<'a> {
     pub method: &'a Method,
     pub path: &'a str,
     pub unit: Option<&'a str>,
+    /// The units a request about several wrote ([`WrittenUnits`]).
+    pub units: &'a [String],
     pub status: StatusCode,
 }
+
+/// The units of a request that writes several (a batch), which its path does not name: its
+/// handler hands them to the audit with its answer (a response extension).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct WrittenUnits(pub Vec<String>);
 
 /// Whether a request is audited: every write, and every refusal.
 pub fn audited(method: &Method, status: StatusCode) -> bool {
@@ -60,6 +67,8 @@ pub(crate) fn event_of(entry: &AuditEntry<'_>, need: Need) -> Option<NewEvent> {
         NewEvent::new(fleet_registry::micros_now(), EventKind::Write, message.trim_end()).by(entry.identity);
     if let Some(unit) = entry.unit {
         event = event.of_unit(unit);
+    } else if !entry.units.is_empty() {
+        event = event.of_units(entry.units.iter().map(String::as_str));
     }
     Some(event)
 }

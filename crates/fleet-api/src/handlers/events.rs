@@ -94,6 +94,7 @@ pub fn shown(event: &Event) -> ClusterEvent {
         time: fleet_core::civil_time::rfc3339_of_micros(event.event.at),
         kind: event.event.kind.name().to_string(),
         unit: event.event.unit.clone(),
+        units: event.event.units.clone(),
         machine_id: event.event.machine.clone(),
         by: event.event.by.clone(),
         message: event.event.message.clone(),

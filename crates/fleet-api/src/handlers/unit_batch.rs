@@ -47,7 +47,10 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -
             UnitBatchResult { name: change.name.clone(), code: code.as_u16(), message }
         })
         .collect();
-    Ok(json_response(StatusCode::OK, &UnitBatchResults { units }))
+    let mut response = json_response(StatusCode::OK, &UnitBatchResults { units });
+    let written = changes.into_iter().map(|change| change.name).collect();
+    response.extensions_mut().insert(crate::auth::audit::WrittenUnits(written));
+    Ok(response)
 }
 
 /// What a request asks of each of its units: to write it, or to plan a write of it (which

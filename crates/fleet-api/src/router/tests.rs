@@ -1224,6 +1224,31 @@ async fn events_of(api: &Api, path: &str, last_event_id: Option<u64>) -> Result<
     Ok(events)
 }
 
+/// A batch write's event names its units (its path names none), so a pattern finds it; one
+/// refused whole names none.
+#[tokio::test]
+async fn a_batch_write_is_one_event_naming_its_units() {
+    let mut api = api(100).await;
+    let state = ApiState {
+        events: fleet_registry::EventSink::writing_to(Arc::new(api.registry.clone())),
+        ..ApiState::new(Arc::new(api.registry.clone()), Auth::new(Arc::new(api.registry.clone()), None))
+    };
+    api.router = router(state);
+    let unit = |name: &str| json!({"name": name, "desiredState": "inactive", "options": hello(None)["options"]});
+    let batch = json!({"units": [unit("web-1.service"), unit("web-2.service")]});
+    assert_eq!(api.call("POST", "/fleet/v1/units", Some(batch)).await.status, StatusCode::OK);
+    let refused = json!({"units": [unit("web-3.service"), {"name": "bad name"}]});
+    assert_eq!(api.call("POST", "/fleet/v1/units", Some(refused)).await.status, StatusCode::BAD_REQUEST);
+    let all = async || events_of(&api, "/fleet/v1/events?follow=false", None).await.ok().unwrap_or_default();
+    fleet_testkit::eventually("both writes are events", async || all().await.len() == 2).await;
+    let events = all().await;
+    assert_eq!(events[0].2["units"], json!(["web-1.service", "web-2.service"]), "{:?}", events[0]);
+    assert_eq!(events[0].2.get("unit"), None);
+    assert_eq!((events[1].2.get("units"), events[1].2.get("unit")), (None, None), "{:?}", events[1]);
+    let of_web_2 = events_of(&api, "/fleet/v1/events?follow=false&unit=web-2*", None).await.ok().unwrap();
+    assert_eq!(of_web_2.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), [events[0].0]);
+}
+
 #[tokio::test]
 async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed() {
     let mut api = api(100).await;

@@ -75,6 +75,26 @@ fn a_scoped_operator_sees_events_of_its_units_only_and_a_machine_none() {
 }
 
 #[test]
+fn an_event_of_several_units_is_seen_by_a_scoped_operator_that_sees_each_and_found_by_any() {
+    let scoped = Role::parse("operator", Some("web@*")).unwrap();
+    let own = NewEvent::new(0, EventKind::Write, "x").of_units(["web@1.service", "web@2.service"]);
+    let mixed = NewEvent::new(0, EventKind::Write, "x").of_units(["web@1.service", "db.service"]);
+    assert_eq!((own.unit.as_deref(), own.units.len()), (None, 2));
+    assert!(visible_to(&scoped, &own));
+    assert!(!visible_to(&scoped, &mixed), "it would name a unit the operator does not see");
+    assert!(visible_to(&Role::Viewer, &mixed));
+    assert!(!visible_to(&Role::Machine { id: "m1".into() }, &own));
+    let pattern = |glob: &str| EventFilter { unit: Some(Glob::new(glob).unwrap()), ..EventFilter::default() };
+    assert!(pattern("db*").admits(&mixed) && !pattern("db*").admits(&own));
+    // One unit alone is the event's unit; a batch names at most MOST_UNITS_NAMED.
+    let alone = NewEvent::new(0, EventKind::Write, "x").of_units(["db.service"]);
+    assert_eq!((alone.unit.as_deref(), alone.units.len()), (Some("db.service"), 0));
+    let names: Vec<String> = (0..MOST_UNITS_NAMED + 5).map(|n| format!("u{n}.service")).collect();
+    let many = NewEvent::new(0, EventKind::Write, "x").of_units(names.iter().map(String::as_str));
+    assert_eq!(many.units.len(), MOST_UNITS_NAMED);
+}
+
+#[test]
 fn what_is_trimmed_is_the_older_of_too_many_and_too_old() {
     let kept = [(1, 10), (2, 20), (3, 30), (4, 40)];
     assert_eq!(to_trim(&kept, 10, 0), 0);

@@ -53,8 +53,8 @@ fn a_started_unit_leaves_its_write_placement_and_states_and_a_follower_sees_its_
     let placed = of_unit.iter().find(|e| text(e, "kind") == "placed").expect("placed");
     assert_eq!(text(placed, "message"), format!("placed on {}", fleet.machine_id));
     assert_eq!(text(placed, "machineID"), fleet.machine_id);
-    // `fleetctl start` writes its units in one batch: a write of no one unit.
-    let writes = events(&fleet, &["--kind", "write"]);
+    // `fleetctl start` writes its units in one batch, whose event names them.
+    let writes = events(&fleet, &["--kind", "write", "--unit", "ev.service"]);
     let batch = writes.iter().find(|e| text(e, "message").starts_with("POST /fleet/v1/units: 20")).expect("a batch");
     assert_eq!(text(batch, "by"), "unix:uid=0");
     let indexes: Vec<u64> = of_unit.iter().map(|e| e["index"].as_u64().unwrap_or_default()).collect();

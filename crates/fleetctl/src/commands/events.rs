@@ -25,14 +25,18 @@ fn line(event: &ClusterEvent, full: bool) -> String {
     let machine = event.machine_id.as_deref().unwrap_or("-");
     let machine = if full { machine } else { machine.get(..8).unwrap_or(machine) };
     let by = event.by.as_deref().map(|by| format!(" (by {by})")).unwrap_or_default();
-    format!(
-        "{}\t{}\t{}\t{}\t{machine}\t{}{by}",
-        event.index,
-        event.time,
-        event.kind,
-        event.unit.as_deref().unwrap_or("-"),
-        event.message
-    )
+    format!("{}\t{}\t{}\t{}\t{machine}\t{}{by}", event.index, event.time, event.kind, units(event, full), event.message)
+}
+
+/// The unit column: the event's unit, or of several the first and how many more (all of
+/// them, comma-separated, with `--full`).
+fn units(event: &ClusterEvent, full: bool) -> String {
+    match (&event.unit, event.units.as_slice()) {
+        (Some(unit), _) => unit.clone(),
+        (None, []) => "-".to_string(),
+        (None, units) if full => units.join(","),
+        (None, [first, rest @ ..]) => format!("{first} (+{})", rest.len()),
+    }
 }
 
 pub async fn events(context: &Context, asked: &EventsAsked) -> Outcome {
@@ -71,6 +75,7 @@ mod tests {
             machine_id: Some("0123456789abcdef".into()),
             by: Some("token:ci".into()),
             message: "PUT /fleet/v1/units/web.service: 201 Created".into(),
+            units: Vec::new(),
         };
         assert_eq!(
             line(&event, false),
@@ -79,5 +84,8 @@ mod tests {
         assert!(line(&event, true).contains("\t0123456789abcdef\t"));
         let bare = ClusterEvent { unit: None, machine_id: None, by: None, ..event };
         assert!(line(&bare, false).starts_with("120003\t2026-12-05T21:00:00.000000Z\twrite\t-\t-\tPUT"));
+        let batch = ClusterEvent { units: vec!["a.service".into(), "b.service".into(), "c.service".into()], ..bare };
+        assert!(line(&batch, false).contains("\twrite\ta.service (+2)\t-\t"), "{}", line(&batch, false));
+        assert!(line(&batch, true).contains("\twrite\ta.service,b.service,c.service\t-\t"));
     }
 }
