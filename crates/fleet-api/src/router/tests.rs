@@ -1224,16 +1224,22 @@ async fn events_of(api: &Api, path: &str, last_event_id: Option<u64>) -> Result<
     Ok(events)
 }
 
-/// A batch write's event names its units (its path names none), so a pattern finds it; one
-/// refused whole names none.
-#[tokio::test]
-async fn a_batch_write_is_one_event_naming_its_units() {
+/// An API whose writes are events in its store's log.
+async fn api_with_events() -> Api {
     let mut api = api(100).await;
     let state = ApiState {
         events: fleet_registry::EventSink::writing_to(Arc::new(api.registry.clone())),
         ..ApiState::new(Arc::new(api.registry.clone()), Auth::new(Arc::new(api.registry.clone()), None))
     };
     api.router = router(state);
+    api
+}
+
+/// A batch write's event names its units (its path names none), so a pattern finds it; one
+/// refused whole names none.
+#[tokio::test]
+async fn a_batch_write_is_one_event_naming_its_units() {
+    let api = api_with_events().await;
     let unit = |name: &str| json!({"name": name, "desiredState": "inactive", "options": hello(None)["options"]});
     let batch = json!({"units": [unit("web-1.service"), unit("web-2.service")]});
     assert_eq!(api.call("POST", "/fleet/v1/units", Some(batch)).await.status, StatusCode::OK);
@@ -1251,12 +1257,7 @@ async fn a_batch_write_is_one_event_naming_its_units() {
 
 #[tokio::test]
 async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed() {
-    let mut api = api(100).await;
-    let state = ApiState {
-        events: fleet_registry::EventSink::writing_to(Arc::new(api.registry.clone())),
-        ..ApiState::new(Arc::new(api.registry.clone()), Auth::new(Arc::new(api.registry.clone()), None))
-    };
-    api.router = router(state);
+    let api = api_with_events().await;
     let all = async || events_of(&api, "/fleet/v1/events?follow=false", None).await.ok().unwrap_or_default();
     // Each write is waited for before the next, so each is a batch of its own in the log (the
     // sink writes what is queued together, and the log is trimmed a batch at a time).

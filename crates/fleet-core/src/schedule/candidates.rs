@@ -77,7 +77,7 @@ impl<'a> MetadataIndex<'a> {
 /// do not stand in its way while they can still be moved off.
 pub(super) fn able_to_run(working: &Working<'_>, unit: UnitIndex, rank: Rank) -> Result<(), Refusal> {
     fits_machine(working, unit, rank)?;
-    for &other in working.residents(rank) {
+    for &other in working.residents_related_to(unit, rank) {
         let name = || working.unit(other).name.clone();
         match working.relation(unit, other) {
             None => {}

@@ -367,8 +367,9 @@ fn count_global_units(working: &mut Working<'_>, globals: &[UnitIndex]) {
             continue;
         }
         for rank in working.ranks() {
-            let excludes_a_resident =
-                || working.residents(rank).iter().any(|other| working.relation(index, *other).is_some());
+            let excludes_a_resident = || {
+                working.residents_related_to(index, rank).iter().any(|other| working.relation(index, *other).is_some())
+            };
             if global_unit_runs(unit.desired, &unit.requirements, working.machine(rank), excludes_a_resident) {
                 working.place(index, rank);
             }
@@ -482,7 +483,7 @@ fn make_room(
     pending: &mut VecDeque<UnitIndex>,
 ) -> bool {
     let replaced: Vec<UnitIndex> = working
-        .residents(rank)
+        .residents_related_to(unit, rank)
         .iter()
         .copied()
         .filter(|other| working.relation(unit, *other) == Some(Relation::Replaces))

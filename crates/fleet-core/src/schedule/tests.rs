@@ -1169,3 +1169,35 @@ fn a_tainted_machine_takes_only_units_that_tolerate_it_and_evicts_only_with_evic
     );
     assert!(reasons.contains_key("cache.service"), "{reasons:?}");
 }
+
+/// A unit without rules is checked against the residents with rules only, and a unit with
+/// rules against all: a resident that conflicts still keeps a plain unit away, a plain
+/// resident still keeps away a unit that conflicts with it, and a placed or removed unit
+/// with rules is counted where it goes and forgotten where it left.
+#[test]
+fn only_residents_with_rules_can_stand_in_a_plain_units_way() {
+    let snapshot = ClusterSnapshot {
+        machines: vec![machine("a", &[])],
+        units: vec![
+            unit("guard.service", "Conflicts=plain.service", None),
+            unit("other.service", "", None),
+            unit("plain.service", "", None),
+            unit("picky.service", "Conflicts=other.service", None),
+        ],
+        ..ClusterSnapshot::default()
+    };
+    let mut working = working::Working::new(&snapshot, None);
+    let index = |name: &str| working.unit_index(name).unwrap();
+    let (guard, other, plain, picky) =
+        (index("guard.service"), index("other.service"), index("plain.service"), index("picky.service"));
+    let rank = working.ranks().next().unwrap();
+    working.place(guard, rank);
+    working.place(other, rank);
+    assert_eq!(working.residents_related_to(plain, rank), [guard]);
+    assert_eq!(working.residents_related_to(picky, rank), [guard, other]);
+    assert!(candidates::able_to_run(&working, plain, rank).is_err(), "guard conflicts with plain");
+    assert!(candidates::able_to_run(&working, picky, rank).is_err(), "picky conflicts with other");
+    working.remove(guard, rank);
+    assert!(working.residents_related_to(plain, rank).is_empty());
+    assert!(candidates::able_to_run(&working, plain, rank).is_ok());
+}

@@ -55,6 +55,9 @@ pub(super) struct Working<'a> {
     /// at these (the tainted ones, which few units may take, stay roomy and first in order).
     untainted_by_load: BTreeSet<(OrderKey, Rank)>,
     residents: Vec<Vec<UnitIndex>>,
+    /// Per rank, the residents with `Conflicts=` or `Replaces=` rules: the only ones that can
+    /// stand in the way of a unit without rules ([`Working::residents_related_to`]).
+    ruled_residents: Vec<Vec<UnitIndex>>,
     placement: Vec<Option<Rank>>,
     /// Where each unit was scheduled when planning began, if that machine is live.
     initial: Vec<Option<Rank>>,
@@ -99,6 +102,7 @@ impl<'a> Working<'a> {
             untainted_by_load: BTreeSet::new(),
             load,
             residents: vec![Vec::new(); count],
+            ruled_residents: vec![Vec::new(); count],
             placement: vec![None; units.len()],
             initial: Vec::new(),
             conflict_globs: units.iter().map(|unit| compile(&unit.requirements.conflicts)).collect(),
@@ -191,6 +195,9 @@ impl<'a> Working<'a> {
         self.set_load(rank, Load { units: units + 1, reserved: reserved.saturating_add(reservation) });
         self.count_spread(unit, rank, true);
         self.residents[rank.0].push(unit);
+        if self.has_rules(unit) {
+            self.ruled_residents[rank.0].push(unit);
+        }
         if !self.unit(unit).requirements.global {
             self.placement[unit.0] = Some(rank);
         }
@@ -198,6 +205,9 @@ impl<'a> Working<'a> {
 
     /// Takes `unit` off `rank`.
     pub fn remove(&mut self, unit: UnitIndex, rank: Rank) {
+        if self.has_rules(unit) {
+            self.ruled_residents[rank.0].retain(|resident| *resident != unit);
+        }
         let residents = &mut self.residents[rank.0];
         let before = residents.len();
         residents.retain(|resident| *resident != unit);
@@ -353,11 +363,25 @@ impl<'a> Working<'a> {
         self.followers.get(self.unit(unit).name.as_str()).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether `unit` has `Conflicts=` or `Replaces=` rules: two units without are never
+    /// related ([`Working::relation`]).
+    fn has_rules(&self, unit: UnitIndex) -> bool {
+        !self.conflict_globs[unit.0].is_empty() || !self.replace_globs[unit.0].is_empty()
+    }
+
+    /// The residents of `rank` that `unit` may have a [`Relation`] with: all of them for a
+    /// unit with rules, else only those with rules. (Checking every resident made placing
+    /// 100,000 units on one machine quadratic: 17 s of a 100,000-unit load.)
+    pub fn residents_related_to(&self, unit: UnitIndex, rank: Rank) -> &[UnitIndex] {
+        match self.has_rules(unit) {
+            true => &self.residents[rank.0],
+            false => &self.ruled_residents[rank.0],
+        }
+    }
+
     /// Why `unit` and `other` may not share a machine, if they may not.
     pub fn relation(&self, unit: UnitIndex, other: UnitIndex) -> Option<Relation> {
-        let without_rules =
-            |index: UnitIndex| self.conflict_globs[index.0].is_empty() && self.replace_globs[index.0].is_empty();
-        if without_rules(unit) && without_rules(other) {
+        if !self.has_rules(unit) && !self.has_rules(other) {
             return None;
         }
         let (name, other_name) = (self.unit(unit).name.as_str(), self.unit(other).name.as_str());
