@@ -258,8 +258,11 @@ fn finish(
         };
         let established = matches!(identity, Some(Ok(_)));
         let unit = action.filter(|_| established).and_then(|action| action.unit().map(str::to_string));
-        let units =
-            response.extensions_mut().remove::<audit::WrittenUnits>().filter(|_| established).unwrap_or_default();
+        let units = response
+            .extensions_mut()
+            .remove::<crate::handlers::unit_batch::WrittenUnits>()
+            .filter(|_| established)
+            .unwrap_or_default();
         let entry =
             AuditEntry { identity: &name, role: &role, method, path, unit: unit.as_deref(), units: &units.0, status };
         audit::record(&entry);

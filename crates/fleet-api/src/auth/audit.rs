@@ -16,15 +16,10 @@ pub struct AuditEntry<'a> {
     pub method: &'a Method,
     pub path: &'a str,
     pub unit: Option<&'a str>,
-    /// The units a request about several wrote ([`WrittenUnits`]).
+    /// The units a request about several wrote (`unit_batch::WrittenUnits`).
     pub units: &'a [String],
     pub status: StatusCode,
 }
-
-/// The units of a request that writes several (a batch), which its path does not name: its
-/// handler hands them to the audit with its answer (a response extension).
-#[derive(Clone, Debug, Default)]
-pub(crate) struct WrittenUnits(pub Vec<String>);
 
 /// Whether a request is audited: every write, and every refusal.
 pub fn audited(method: &Method, status: StatusCode) -> bool {

@@ -18,6 +18,11 @@ use crate::api_state::ApiState;
 use crate::error::{ApiError, json_response};
 use crate::schema::{Unit, UnitBatch, UnitBatchResult, UnitBatchResults};
 
+/// The units of a batch, which its path does not name: handed to the audit with the answer
+/// (a response extension), so that the write's event names them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct WrittenUnits(pub Vec<String>);
+
 /// The most units one request may carry (fleetctl sends at most this many at once).
 pub const MOST_UNITS_PER_BATCH: usize = 1000;
 
@@ -49,7 +54,7 @@ pub async fn post(state: &ApiState, role: &Role, body: &[u8], writer: &Writer) -
         .collect();
     let mut response = json_response(StatusCode::OK, &UnitBatchResults { units });
     let written = changes.into_iter().map(|change| change.name).collect();
-    response.extensions_mut().insert(crate::auth::audit::WrittenUnits(written));
+    response.extensions_mut().insert(WrittenUnits(written));
     Ok(response)
 }
 
