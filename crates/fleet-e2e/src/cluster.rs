@@ -39,6 +39,11 @@ impl Cluster {
         for index in 0..size {
             cluster.add_member(index, &extra(index));
         }
+        // A member answers before the others' presence reaches its copy: a test that reads
+        // the machines, or places units by them, starts once every member is listed.
+        cluster.wait_until("every member is listed", Duration::from_secs(30), |cluster| {
+            cluster.any().ok(&["list-machines", "--no-legend"]).stdout.lines().count() >= size
+        });
         cluster
     }
 
