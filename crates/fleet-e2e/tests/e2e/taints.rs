@@ -45,14 +45,9 @@ fn a_tainted_member_takes_only_tolerating_units_and_an_evicting_taint_moves_the_
         write("sweep.service", "Global=true\n"),
         write("probe.service", "Global=true\nTolerate=gpu\n"),
     ];
-    let machines_listed = |cluster: &Cluster| -> serde_json::Value {
-        serde_json::from_str(&cluster.any().ok(&["list-machines", "-o", "json"]).stdout).unwrap()
-    };
-    // A member answers before every member's presence shows in the lists.
-    cluster.wait_until("both members listed", WAIT, |cluster| {
-        machines_listed(cluster).as_array().is_some_and(|rows| rows.len() == 2)
-    });
-    let listed = machines_listed(&cluster);
+    // (`Cluster::start` hands the cluster over once every member is listed.)
+    let listed: serde_json::Value =
+        serde_json::from_str(&cluster.any().ok(&["list-machines", "-o", "json"]).stdout).unwrap();
     let taints_of = |id: &str| {
         listed.as_array().and_then(|rows| rows.iter().find(|row| row["machine"] == id)).map(|row| row["taints"].clone())
     };
