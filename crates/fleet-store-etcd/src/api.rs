@@ -215,21 +215,35 @@ impl EtcdRegistry {
         content: Option<&UnitFile>,
     ) {
         let keys = self.keys();
-        let assignment = Assignment::of(record);
-        let encoded = |content: Option<&UnitFile>| match content {
-            Some(file) => encode(&CarryingAssignment { assignment: &assignment, body: file.options() }),
-            None => encode(&assignment),
+        let encoded = |assignment: &Assignment, content: Option<&UnitFile>| match content {
+            Some(file) => encode(&CarryingAssignment { assignment, body: file.options() }),
+            None => encode(assignment),
         };
         if record.global {
-            writes.put(keys.global(name), encoded(content));
+            writes.put(keys.global(name), encoded(&Assignment::of(record), content));
         } else if current.record.as_ref().is_some_and(|old| old.global) {
             writes.delete(keys.global(name));
         }
         if let Some(machine) = &current.machine {
             // The machine holds the content it runs: only new content travels to it.
             let new_content = current.record.as_ref().is_none_or(|old| old.hash != record.hash);
-            writes.put(keys.scheduled(machine, name), encoded(content.filter(|_| new_content)));
+            let assignment = Assignment { places_at: self.places_at(machine, name), ..Assignment::of(record) };
+            writes.put(keys.scheduled(machine, name), encoded(&assignment, content.filter(|_| new_content)));
         }
+    }
+
+    /// The revision of the record of where `name`'s requirements run on `machine`, as the
+    /// cluster's cache holds it where it runs: a rewrite of the placement names it as the
+    /// engine's placement did (`Assignment::places_at`), so the agent does not read the one
+    /// before the other. A cache behind etcd names an earlier revision of the record, which
+    /// asks the agent's copy less, never more; with no cache running here, none is named.
+    fn places_at(&self, machine: &str, name: &str) -> Option<i64> {
+        let cache = self.cluster_cache_running()?;
+        let data = cache.read();
+        if !(data.synced && data.streaming) {
+            return None;
+        }
+        data.entries.get(&self.keys().required_place(machine, name)).map(|entry| entry.mod_revision)
     }
 }
 

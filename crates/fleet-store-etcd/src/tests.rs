@@ -1331,3 +1331,40 @@ async fn a_placement_is_read_only_with_the_record_of_where_its_requirements_run(
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_placement_rewritten_through_the_api_still_names_where_its_requirements_run() {
+    use fleet_registry::{RequiredPlace, RequiredPlaces};
+    let etcd = EtcdServer::start();
+    let registry = registry(&etcd, Duration::from_secs(60)).await;
+    registry.register_machine(&machine("m1")).await.unwrap();
+    registry.put_unit("app.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
+    eventually("the engine's copy has the unit", || async {
+        registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)
+    })
+    .await;
+    let db = RequiredPlace { unit: "db.service".into(), machine_id: "m2".into(), public_ip: "10.0.0.2".into() };
+    let record = RequiredPlaces { unit: "app.service".into(), machine: "m1".into(), places: vec![db.clone()] };
+    registry.record_required_places(&lease, std::slice::from_ref(&record)).await.unwrap();
+    let place = Decision::Schedule { unit: "app.service".into(), machine: "m1".into() };
+    registry.apply(&lease, &[place], &[]).await.unwrap();
+    // Where the db runs changes after the placement, and the unit is stopped by hand: the
+    // API rewrites the placement, which names the record as it now stands.
+    let moved = RequiredPlace { machine_id: "m3".into(), public_ip: "10.0.0.3".into(), ..db };
+    let record = RequiredPlaces { places: vec![moved.clone()], ..record };
+    registry.record_required_places(&lease, std::slice::from_ref(&record)).await.unwrap();
+    let stored = registry.connection().get("/fleet-test/required-at/m1/app.service", None).await.unwrap();
+    let record_revision = stored.kvs()[0].mod_revision();
+    assert!(registry.set_desired_state("app.service", DesiredState::Loaded).await.unwrap());
+    let scheduled = registry.connection().get("/fleet-test/schedule/m1/app.service", None).await.unwrap();
+    let assignment: super::records::Assignment =
+        fleet_registry::codec::decode("schedule", scheduled.kvs()[0].value()).unwrap();
+    assert_eq!(assignment.desired, DesiredState::Loaded);
+    assert_eq!(assignment.places_at, Some(record_revision), "the rewrite names the record it follows");
+    eventually("m1's work has the unit with where the db runs now", async || {
+        let work = AgentRegistry::machine_work(&registry, "m1").await;
+        work.is_ok_and(|work| work.scheduled.iter().map(|unit| &unit.required_at).eq([&vec![moved.clone()]]))
+    })
+    .await;
+}
