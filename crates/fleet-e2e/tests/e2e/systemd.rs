@@ -141,6 +141,13 @@ fn install_sections_enable_peers_and_failures_say_failed_while_the_rest_runs() {
     // Unloading a failed unit resets it: systemd forgets it.
     fleet.ok(&["destroy", "crashing.service"]);
     wait_for(&systemd, "crashing.service", "LoadState", "not-found");
+    // A unit fleet enabled is disabled as it goes: its [Install] link goes with it (units
+    // without one are not asked about, which saves systemd a search of every unit path).
+    let wants = systemd.runtime_dir().join("systemd/user/hello.service.wants/discovery.service");
+    assert!(wants.symlink_metadata().is_ok(), "enabled through hello.service.wants");
+    fleet.ok(&["destroy", "discovery.service"]);
+    wait_for(&systemd, "discovery.service", "LoadState", "not-found");
+    assert!(wants.symlink_metadata().is_err(), "the [Install] link is removed with the unit");
 }
 
 #[test]

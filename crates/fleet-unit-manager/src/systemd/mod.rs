@@ -191,6 +191,17 @@ impl SystemdManager {
         Ok(())
     }
 
+    /// Whether `name` may have been enabled when it was loaded: its file, as fleet wrote it,
+    /// has an `[Install]` section, or cannot be read to tell. Disabling asks systemd to look
+    /// through every unit path for links to the unit, the slowest call of an unload: a unit
+    /// fleet never enabled is not asked about.
+    fn may_be_enabled(&self, name: &str) -> bool {
+        std::fs::read_to_string(self.unit_path(name))
+            .ok()
+            .and_then(|text| UnitFile::parse(&text).ok())
+            .is_none_or(|file| has_install_section(&file))
+    }
+
     /// Counts `name`, loaded from `file`, among the units fleet holds.
     async fn hold(&self, name: &str, file: &UnitFile) {
         let mut held = self.held().await;
@@ -304,8 +315,10 @@ impl UnitManager for SystemdManager {
         {
             return Err(UnitManagerError::Refused { unit: name.to_string(), reason });
         }
-        let unit = name.to_string();
-        let _ = self.bus.call(|manager| async move { manager.disable_unit_files(vec![unit], true).await }).await;
+        if self.may_be_enabled(name) {
+            let unit = name.to_string();
+            let _ = self.bus.call(|manager| async move { manager.disable_unit_files(vec![unit], true).await }).await;
+        }
         let unit = name.to_string();
         let _ = self.bus.call(|manager| async move { manager.reset_failed_unit(unit).await }).await;
         if let Some(link) = self.runtime_link(name)
