@@ -585,6 +585,11 @@ impl Chaos {
     fn unsettled(&self) -> String {
         let running = self.running();
         let count = |unit: &usize| running.iter().filter(|on| on.contains(unit)).count();
+        let runs_on = |unit: &usize| {
+            let on: Vec<String> =
+                (0..running.len()).filter(|index| running[*index].contains(unit)).map(|i| i.to_string()).collect();
+            on.join(" and ")
+        };
         let wrong: Vec<String> = self
             .live
             .keys()
@@ -594,13 +599,20 @@ impl Chaos {
                 self.destroyed
                     .iter()
                     .filter(|unit| count(unit) != 0)
-                    .map(|unit| format!("destroyed sleeper-{unit} runs")),
+                    .map(|unit| format!("destroyed sleeper-{unit} runs on fleetd {}", runs_on(unit))),
             )
             .collect();
-        let lost: Vec<(usize, Option<(u64, u64)>)> =
-            self.live.keys().copied().filter(|unit| count(unit) == 0).map(|unit| (unit, None)).collect();
+        // The trail of each unit that runs nowhere though acknowledged, or still runs though
+        // destroyed: what etcd held of it and every line a fleetd wrote naming it.
+        let astray: Vec<(usize, Option<(u64, u64)>)> = self
+            .live
+            .keys()
+            .filter(|unit| count(unit) == 0)
+            .chain(self.destroyed.iter().filter(|unit| count(unit) != 0))
+            .map(|unit| (*unit, None))
+            .collect();
         let mut text = format!("not settled {SETTLE_LIMIT:?} after the last fault: {}", wrong.join(", "));
-        for trail in self.whereabouts(&lost) {
+        for trail in self.whereabouts(&astray) {
             text.push('\n');
             text.push_str(&trail);
         }
@@ -616,7 +628,8 @@ impl Chaos {
     }
 
     /// What the store went through for each of `units`, and what the fleetds said of it: the
-    /// trail of a unit that was acknowledged and runs nowhere, or that ran twice beyond any
+    /// trail of a unit that was acknowledged and runs nowhere, or still runs though destroyed,
+    /// or that ran twice beyond any
     /// outage. etcd's history and the logs are read once for all of them. With a window (a
     /// double run's, in seconds since the epoch) the log lines are those of the 20 s before
     /// it to 5 s after it, every line of every fleetd (not only the unit's): what the machines

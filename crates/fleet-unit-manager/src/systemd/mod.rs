@@ -207,15 +207,16 @@ impl SystemdManager {
         let mut held = self.held().await;
         let units = held.get_or_insert_with(BTreeMap::new);
         units.insert(name.to_string(), file.hash());
-        self.set_watched(units);
+        self.watched.locked().insert(unit_object_path(name));
         drop(held);
         self.remember_refusal(name, None);
     }
 
+    /// Watches the signals of every unit in `held` (read from `units_directory`), and no other.
+    /// A load or unload after adds or takes its own unit alone: rebuilt on each, the set cost
+    /// a pass of n loads n² paths.
     fn set_watched(&self, held: &BTreeMap<String, UnitHash>) {
-        if let Ok(mut watched) = self.watched.lock() {
-            *watched = held.keys().map(|name| unit_object_path(name)).collect();
-        }
+        *self.watched.locked() = held.keys().map(|name| unit_object_path(name)).collect();
     }
 
     fn remember_refusal(&self, name: &str, reason: Option<String>) {
@@ -338,8 +339,9 @@ impl UnitManager for SystemdManager {
         let mut held = self.held().await;
         if let Some(units) = held.as_mut() {
             units.remove(name);
-            self.set_watched(units);
         }
+        self.watched.locked().remove(&unit_object_path(name));
+        drop(held);
         self.remember_refusal(name, None);
         self.read_back.forget(name);
         self.seen.locked().forget(&unit_object_path(name));
