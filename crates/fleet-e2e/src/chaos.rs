@@ -73,8 +73,8 @@ mod tests {
     }
 
     #[test]
-    fn an_unsettled_report_ends_with_each_fleetds_last_lines_without_http2_frames() {
-        let log = "one\ntwo h2::codec frame\nthree\nfour\n";
+    fn an_unsettled_report_ends_with_each_fleetds_last_lines_without_the_transports() {
+        let log = "one\ntwo h2::codec frame\nthree\nx DEBUG tower::buffer::worker: ready\nfour\n";
         assert_eq!(super::last_lines(log, 2), ["three", "four"]);
         assert_eq!(super::last_lines(log, 9), ["one", "three", "four"]);
     }
@@ -669,7 +669,7 @@ impl Chaos {
             };
             for (index, log) in logs.iter().enumerate() {
                 // The HTTP/2 frames say nothing of what fleet did.
-                for line in log.lines().filter(|line| lines(line) && !line.contains(" h2::")) {
+                for line in log.lines().filter(|line| lines(line) && says_what_fleet_did(line)) {
                     text.push_str(&format!("\n    fleetd {index}: {line}"));
                 }
             }
@@ -682,9 +682,16 @@ impl Chaos {
 /// How many of each fleetd's last log lines an unsettled run's report prints.
 const LAST_LINES: usize = 40;
 
-/// The last `count` lines of `log`, without HTTP/2 frames (they say nothing of what fleet did).
+/// Whether a log line is fleet's own and not of the transport under it: HTTP/2 frames and
+/// tower's balancing of etcd's channel (a line or two for every request) say nothing of what
+/// fleet did.
+fn says_what_fleet_did(line: &str) -> bool {
+    !line.contains(" h2::") && !line.contains(" tower::")
+}
+
+/// The last `count` lines of `log` that say what fleet did ([`says_what_fleet_did`]).
 fn last_lines(log: &str, count: usize) -> Vec<&str> {
-    let mut lines: Vec<&str> = log.lines().rev().filter(|line| !line.contains(" h2::")).take(count).collect();
+    let mut lines: Vec<&str> = log.lines().rev().filter(|line| says_what_fleet_did(line)).take(count).collect();
     lines.reverse();
     lines
 }
