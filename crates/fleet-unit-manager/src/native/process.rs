@@ -89,9 +89,10 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
     let uid = context.account.as_ref().map(|account| account.uid);
     let gid = context.gid.or(context.account.as_ref().map(|account| account.gid));
     let cgroup = context.cgroup.clone();
-    // SAFETY: open, write, close, setgroups, setgid, setuid, prctl, umask, getrlimit and
-    // setrlimit are async-signal-safe system calls; the closure reads only memory prepared
-    // before the fork.
+    let fleetd = std::process::id();
+    // SAFETY: open, write, close, setgroups, setgid, setuid, prctl, getppid, umask, getrlimit
+    // and setrlimit are async-signal-safe system calls; the closure reads only memory prepared
+    // before the fork and allocates nothing.
     unsafe {
         process.pre_exec(move || {
             // Into the unit's cgroup while still root: once the unit's user, the process
@@ -103,6 +104,13 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
             // After the change of user, which clears the parent-death signal.
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
+            }
+            // fleetd may have died since the fork, before the signal was asked for: then none
+            // comes, and the keeper's sweep at fleetd's death may have looked before this
+            // process was in its unit's cgroup or carried the marker. It must not run on
+            // unseen (an `AtMostOnce=` unit would, while its machine's presence lapses).
+            if u32::try_from(libc::getppid()).ok() != Some(fleetd) {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
             }
             // What systemd gives a service: umask 0022 and at most 1024 open files by
             // default (fleetd itself runs with 0077 and a raised limit).
