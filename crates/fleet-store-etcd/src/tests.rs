@@ -1272,16 +1272,13 @@ async fn the_engine_and_the_api_share_a_unit_records_one_decoding() {
     assert!(std::sync::Arc::ptr_eq(&record, &still), "the page read the same decoding, not one of its own");
 }
 
-/// A unit placed with where its requirements run recorded for it is in its machine's work
-/// only once the machine's copy holds that record: the engine writes the record first, in
-/// another range, and etcd may deliver that range's events to the copy later (an app of the
-/// dependencies e2e test once started with no `fleet-requires` file). The placement names the
-/// record's revision; a copy behind it reads the work as not listed yet.
-#[tokio::test]
-async fn a_placement_is_read_only_with_the_record_of_where_its_requirements_run() {
+/// `app.service` placed on m1 by a leading engine, with the record that its db runs on m2
+/// written first: the registry, the engine's lease, the db's place and the record.
+async fn app_placed_on_m1_requiring_db_on_m2(
+    etcd: &EtcdServer,
+) -> (EtcdRegistry, fleet_registry::EngineLease, fleet_registry::RequiredPlace, fleet_registry::RequiredPlaces) {
     use fleet_registry::{RequiredPlace, RequiredPlaces};
-    let etcd = EtcdServer::start();
-    let registry = registry(&etcd, Duration::from_secs(60)).await;
+    let registry = registry(etcd, Duration::from_secs(60)).await;
     registry.register_machine(&machine("m1")).await.unwrap();
     registry.put_unit("app.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
     let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
@@ -1294,6 +1291,19 @@ async fn a_placement_is_read_only_with_the_record_of_where_its_requirements_run(
     registry.record_required_places(&lease, std::slice::from_ref(&record)).await.unwrap();
     let place = Decision::Schedule { unit: "app.service".into(), machine: "m1".into() };
     registry.apply(&lease, &[place], &[]).await.unwrap();
+    (registry, lease, db, record)
+}
+
+/// A unit placed with where its requirements run recorded for it is in its machine's work
+/// only once the machine's copy holds that record: the engine writes the record first, in
+/// another range, and etcd may deliver that range's events to the copy later (an app of the
+/// dependencies e2e test once started with no `fleet-requires` file). The placement names the
+/// record's revision; a copy behind it reads the work as not listed yet.
+#[tokio::test]
+async fn a_placement_is_read_only_with_the_record_of_where_its_requirements_run() {
+    use fleet_registry::{RequiredPlace, RequiredPlaces};
+    let etcd = EtcdServer::start();
+    let (registry, lease, db, record) = app_placed_on_m1_requiring_db_on_m2(&etcd).await;
     let stored = registry.connection().get("/fleet-test/required-at/m1/app.service", None).await.unwrap();
     let record_revision = stored.kvs()[0].mod_revision();
     let scheduled = registry.connection().get("/fleet-test/schedule/m1/app.service", None).await.unwrap();
@@ -1336,19 +1346,7 @@ async fn a_placement_is_read_only_with_the_record_of_where_its_requirements_run(
 async fn a_placement_rewritten_through_the_api_still_names_where_its_requirements_run() {
     use fleet_registry::{RequiredPlace, RequiredPlaces};
     let etcd = EtcdServer::start();
-    let registry = registry(&etcd, Duration::from_secs(60)).await;
-    registry.register_machine(&machine("m1")).await.unwrap();
-    registry.put_unit("app.service", &unit(SLEEP), DesiredState::Launched).await.unwrap();
-    let lease = registry.acquire_leadership("m1").await.unwrap().unwrap();
-    eventually("the engine's copy has the unit", || async {
-        registry.snapshot().await.is_ok_and(|s| s.units.len() == 1)
-    })
-    .await;
-    let db = RequiredPlace { unit: "db.service".into(), machine_id: "m2".into(), public_ip: "10.0.0.2".into() };
-    let record = RequiredPlaces { unit: "app.service".into(), machine: "m1".into(), places: vec![db.clone()] };
-    registry.record_required_places(&lease, std::slice::from_ref(&record)).await.unwrap();
-    let place = Decision::Schedule { unit: "app.service".into(), machine: "m1".into() };
-    registry.apply(&lease, &[place], &[]).await.unwrap();
+    let (registry, lease, db, record) = app_placed_on_m1_requiring_db_on_m2(&etcd).await;
     // Where the db runs changes after the placement, and the unit is stopped by hand: the
     // API rewrites the placement, which names the record as it now stands.
     let moved = RequiredPlace { machine_id: "m3".into(), public_ip: "10.0.0.3".into(), ..db };
