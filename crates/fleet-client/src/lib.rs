@@ -228,13 +228,16 @@ impl Client {
         timeout: Duration,
     ) -> Result<(StatusCode, Vec<u8>)> {
         let url = format!("{}/fleet/v1/{path}", self.base);
+        // A plan is asked for by POST and changes nothing.
+        let asks_a_change = !matches!(method, Method::GET | Method::HEAD) && path != "plans";
+        let explain = if asks_a_change { unreachable::explain_change } else { unreachable::explain };
         let mut request = self.http.request(method, url).timeout(timeout);
         if let Some(body) = body {
             request = request.header("Content-Type", "application/json").body(body);
         }
         let response = request.send().await.map_err(|error| {
             let failure = unreachable::failure(&error);
-            ClientError::Transport(unreachable::explain(&self.endpoint, failure, timeout, &describe_transport(&error)))
+            ClientError::Transport(explain(&self.endpoint, failure, timeout, &describe_transport(&error)))
         })?;
         let status = response.status();
         let bytes = response.bytes().await.map_err(|error| ClientError::Transport(error.to_string()))?;

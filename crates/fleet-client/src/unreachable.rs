@@ -78,6 +78,19 @@ pub(crate) fn explain(endpoint: &str, failure: Failure, timeout: Duration, cause
     format!("cannot reach fleetd at {endpoint}: {what_to_check} ({cause})")
 }
 
+/// [`explain`] for a request that asks for a change: one that got no answer in time may have
+/// been carried out all the same (fleetd may write it as the client gives up), so trying it
+/// again blind may act twice, or undo what came after.
+pub(crate) fn explain_change(endpoint: &str, failure: Failure, timeout: Duration, cause: &str) -> String {
+    let message = explain(endpoint, failure, timeout, cause);
+    match failure {
+        Failure::TimedOut => {
+            format!("{message}; the change may have been made all the same: read it back before asking again")
+        }
+        _ => message,
+    }
+}
+
 fn humanize(duration: Duration) -> String {
     if duration.subsec_millis() == 0 { format!("{}s", duration.as_secs()) } else { format!("{duration:?}") }
 }
@@ -110,6 +123,22 @@ mod tests {
             assert!(message.starts_with("cannot reach fleetd at unix:///var/run/fleet.sock: "), "{message}");
             assert!(message.contains("os error 2"), "the transport's words are kept: {message}");
         }
+    }
+
+    #[test]
+    fn a_change_without_an_answer_may_have_been_made() {
+        let endpoint = "unix:///var/run/fleet.sock";
+        let timed_out = explain_change(endpoint, Failure::TimedOut, Duration::from_secs(3), "operation timed out");
+        assert!(timed_out.starts_with(&explain(
+            endpoint,
+            Failure::TimedOut,
+            Duration::from_secs(3),
+            "operation timed out"
+        )));
+        assert!(timed_out.ends_with("the change may have been made all the same: read it back before asking again"));
+        // A change refused at the door was not made.
+        let refused = explain_change(endpoint, Failure::Refused, Duration::from_secs(3), "os error 111");
+        assert_eq!(refused, explain(endpoint, Failure::Refused, Duration::from_secs(3), "os error 111"));
     }
 
     /// Regression (issue 68): plain HTTP to an HTTPS listener said only "invalid HTTP version
