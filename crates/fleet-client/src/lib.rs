@@ -802,6 +802,30 @@ mod tests {
         String::from_utf8_lossy(&request).into_owned()
     }
 
+    /// A change whose answer does not come may have been made: its error says so; a read's
+    /// does not.
+    #[tokio::test]
+    async fn a_change_without_an_answer_says_it_may_have_been_made_and_a_read_does_not() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let client =
+            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_millis(300))
+                .expect("a client");
+        // Takes every connection and answers none.
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let may_have_been_made = "the change may have been made all the same";
+        let destroyed = client.destroy_unit("a.service").await.expect_err("no answer");
+        assert!(destroyed.to_string().contains(may_have_been_made), "{destroyed}");
+        let read = client.unit("a.service").await.expect_err("no answer");
+        assert!(read.to_string().contains("no answer within"), "{read}");
+        assert!(!read.to_string().contains(may_have_been_made), "{read}");
+        silent.abort();
+    }
+
     #[tokio::test]
     async fn a_server_without_batches_is_told_apart_from_a_refused_batch() {
         let units = [Unit { name: "a.service".into(), desired_state: Some("launched".into()), ..Unit::default() }];
