@@ -802,14 +802,18 @@ mod tests {
         String::from_utf8_lossy(&request).into_owned()
     }
 
+    /// A listener on a free loopback port, and a client of it giving up after `timeout`.
+    async fn listening(timeout: Duration) -> (tokio::net::TcpListener, Client) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("its address");
+        (listener, Client::new(&format!("http://{address}"), timeout).expect("a client"))
+    }
+
     /// A change whose answer does not come may have been made: its error says so; a read's
     /// does not.
     #[tokio::test]
     async fn a_change_without_an_answer_says_it_may_have_been_made_and_a_read_does_not() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
-        let client =
-            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_millis(300))
-                .expect("a client");
+        let (listener, client) = listening(Duration::from_millis(300)).await;
         // Takes every connection and answers none.
         let silent = tokio::spawn(async move {
             let mut held = Vec::new();
@@ -829,10 +833,7 @@ mod tests {
     #[tokio::test]
     async fn a_server_without_batches_is_told_apart_from_a_refused_batch() {
         let units = [Unit { name: "a.service".into(), desired_state: Some("launched".into()), ..Unit::default() }];
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
-        let client =
-            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
-                .expect("a client");
+        let (listener, client) = listening(Duration::from_secs(5)).await;
         // The original fleetd: /units takes GET only.
         let old = r#"{"error":{"code":405,"message":"only GET supported against this resource"}}"#;
         let (asked, answer) =
@@ -844,10 +845,7 @@ mod tests {
             ("400 Bad Request", r#"{"error":{"code":400,"message":"unit a.service: desiredState missing"}}"#, Err(400)),
             ("200 OK", r#"{"units":[{"name":"a.service","code":204}]}"#, Ok(Some(vec![204]))),
         ] {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
-            let client =
-                Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
-                    .expect("a client");
+            let (listener, client) = listening(Duration::from_secs(5)).await;
             let (_, answer) = tokio::join!(answer_once(&listener, status, body), client.put_units(&units));
             let answer = answer
                 .map(|results| results.map(|results| results.iter().map(|result| result.code).collect::<Vec<_>>()))
@@ -865,10 +863,7 @@ mod tests {
     async fn units_answered_503_are_sent_again_alone() {
         let unit = |name: &str| Unit { name: name.into(), desired_state: Some("launched".into()), ..Unit::default() };
         let units = [unit("a.service"), unit("b.service")];
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
-        let client =
-            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
-                .expect("a client");
+        let (listener, client) = listening(Duration::from_secs(5)).await;
         let busy = r#"{"units":[{"name":"a.service","code":503,"message":"fleet server unable to communicate with etcd"},{"name":"b.service","code":204}]}"#;
         let server = async {
             let first = answer_once(&listener, "200 OK", busy).await;
@@ -887,10 +882,7 @@ mod tests {
     /// does not decode fails the list.
     #[tokio::test]
     async fn pages_are_followed_in_order_and_a_bad_page_fails_the_list() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a port");
-        let client =
-            Client::new(&format!("http://{}", listener.local_addr().expect("its address")), Duration::from_secs(5))
-                .expect("a client");
+        let (listener, client) = listening(Duration::from_secs(5)).await;
         let page = |names: &[&str], next: Option<&str>| {
             let units: Vec<String> = names.iter().map(|name| format!(r#"{{"name":"{name}","options":[]}}"#)).collect();
             let token = next.map(|token| format!(r#","nextPageToken":"{token}""#)).unwrap_or_default();
