@@ -60,7 +60,10 @@ step() {
 }
 step cargo fmt --all -- --check
 step cargo clippy --workspace --all-targets --quiet -- -D warnings
-step cargo build --workspace --bins --quiet
+# Every target at once, tests included: the tests' dev-dependencies turn on features of shared
+# crates (tempfile's, regex's, tracing-subscriber's), and binaries built without them would
+# build gix and its fifty crates a second time for the tests. So nextest finds it all built.
+step cargo build --workspace --all-targets --quiet
 if cargo nextest --version >/dev/null 2>&1; then
   step cargo nextest run --workspace --no-fail-fast
 else
