@@ -43,9 +43,12 @@ fn mod_revision(reply: &GetResponse) -> i64 {
 /// What a unit write starts from: the unit and where it is placed, with their revisions.
 pub(super) struct Current {
     record: Option<UnitRecord>,
-    record_revision: i64,
+    pub(super) record_revision: i64,
     machine: Option<String>,
     placement_revision: i64,
+    /// The revision at which it was seen so: a write that finds the unit absent is fenced by
+    /// the destroys after it (`write_conditions`).
+    seen_at: i64,
 }
 
 /// A transaction's operations with the key each one changes, so that the cluster's cache can wait
@@ -154,6 +157,7 @@ impl EtcdRegistry {
             record_revision: unit.map_or(0, |entry| entry.mod_revision),
             machine: placement.map(|entry| String::from_utf8_lossy(&entry.value).into_owned()),
             placement_revision: placement.map_or(0, |entry| entry.mod_revision),
+            seen_at: data.revision,
         })
     }
 
@@ -170,7 +174,7 @@ impl EtcdRegistry {
         if let Some(source) = source {
             gets.push(TxnOp::get(keys.source(source), None));
         }
-        let (_, replies) = self.connection().read(gets).await?;
+        let (seen_at, replies) = self.connection().read(gets).await?;
         let [unit, placement, source_record @ ..] = replies.as_slice() else {
             return Err(RegistryError::Unavailable("etcd: short reply".into()));
         };
@@ -184,18 +188,27 @@ impl EtcdRegistry {
             record_revision: mod_revision(unit),
             machine: first(placement).map(text),
             placement_revision: mod_revision(placement),
+            seen_at,
         })
     }
 
     /// The conditions of a write of `name` by `writer` planned from `current`: the unit and
     /// its placement are as `current` holds them, and a source writing still exists (a sync
     /// under way when its source is removed writes nothing after).
+    ///
+    /// A unit seen absent is absent again after a destroy, so "absent" alone would let a
+    /// create that etcd carries out late (its answer lost, its member stalled or cut off while
+    /// it was on the way) bring back a unit destroyed since. So the write also asks that no
+    /// unit of its `destroyed/` bucket was destroyed after the unit was seen absent.
     pub(super) fn write_conditions(&self, name: &str, writer: &Writer, current: &Current) -> Vec<Compare> {
         let keys = self.keys();
         let mut compares = vec![
             Compare::mod_revision(keys.unit(name), CompareOp::Equal, current.record_revision),
             Compare::mod_revision(keys.placement(name), CompareOp::Equal, current.placement_revision),
         ];
+        if current.record_revision == 0 {
+            compares.push(Compare::mod_revision(keys.destroyed(name), CompareOp::Less, current.seen_at + 1));
+        }
         if let Writer::Source { name: source, .. } = writer {
             compares.push(Compare::version(keys.source(source), CompareOp::Greater, 0));
         }
@@ -262,6 +275,7 @@ impl EtcdRegistry {
         let keys = self.keys();
         let (_, replies) = self.connection().read(vec![TxnOp::get(keys.placement(name), None)]).await?;
         let mut ops = vec![
+            TxnOp::put(keys.destroyed(name), name, None),
             TxnOp::delete(keys.unit(name), None),
             TxnOp::delete(keys.placement(name), None),
             TxnOp::delete(keys.reason(name), None),
@@ -501,6 +515,7 @@ impl ApiRegistry for EtcdRegistry {
                     return Planned::Done(Err(refused));
                 }
                 let mut writes = Writes::default();
+                writes.put(keys.destroyed(name), name);
                 writes.delete(keys.unit(name));
                 writes.delete(keys.placement(name));
                 writes.delete(keys.reason(name));

@@ -9,6 +9,7 @@
 //! | `placement/<unit>` | machine ID | — | engine, fenced; API's import of units it creates (`imports.rs`) |
 //! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body; a unit placed with a `required-at/` record names that record's revision (`places_at`) | — | engine (fenced); API on desired-state changes and imports |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
+//! | `destroyed/<bucket>` | the unit destroyed last of those whose names hash to `bucket` (two hex digits, [`destroyed_bucket`]): its revision fences creates read before it (`api.rs::write_conditions`) | — | API |
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `drains/<machine>` | [`fleet_core::drain::Drain`] | — | API (starts and ends it), engine leader (steps it) |
@@ -37,6 +38,13 @@
 //! (units, placements, reasons, machines, metadata, drains, machines out of touch, states and bodies), every engine the
 //! leader key's; unit states, which change most, wake nobody but the API's readers and, while a
 //! unit waits for the machine it left to stop it, the leading engine.
+
+/// Which of the 256 `destroyed/` records stands for `unit`: FNV-1a over its name, folded to a
+/// byte. Part of the store's layout: every member must bucket a name alike.
+pub fn destroyed_bucket(unit: &str) -> u8 {
+    let hash = unit.bytes().fold(0x811c_9dc5_u32, |hash, byte| (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193));
+    hash.to_be_bytes().iter().fold(0, |folded, byte| folded ^ byte)
+}
 
 /// Whose work a key's change touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,6 +164,10 @@ impl Keys {
     }
     pub fn placement(&self, name: &str) -> String {
         self.key(&["placement", name])
+    }
+    /// The record of the last destroy among units whose names share `unit`'s bucket.
+    pub fn destroyed(&self, unit: &str) -> String {
+        self.key(&["destroyed", &format!("{:02x}", destroyed_bucket(unit))])
     }
     pub fn schedule(&self, machine: &str) -> String {
         self.key(&["schedule", machine, ""])
@@ -378,6 +390,18 @@ mod tests {
         assert_eq!(keys.schedule("m1"), "/_coreos.com/fleet/schedule/m1/");
         assert_eq!(keys.leader(), "/_coreos.com/fleet/engine/leader");
         assert_eq!(keys.name_in(&keys.units(), &keys.unit("x.service")), Some("x.service"));
+    }
+
+    /// The buckets are part of the store's layout: these values must never change.
+    #[test]
+    fn destroys_are_recorded_in_buckets_every_member_computes_alike() {
+        let keys = Keys::new("/p/");
+        assert_eq!(keys.destroyed("a.service"), "/p/destroyed/91");
+        assert_eq!(keys.destroyed("hello.service"), "/p/destroyed/8f");
+        assert_eq!(keys.destroyed("app@1.service"), "/p/destroyed/00");
+        let buckets: std::collections::BTreeSet<u8> =
+            (0..1000).map(|index| destroyed_bucket(&format!("app@{index}.service"))).collect();
+        assert!(buckets.len() > 200, "instances of one template spread: {} buckets", buckets.len());
     }
 
     #[test]

@@ -378,3 +378,6 @@ mod tests;
 
 #[cfg(test)]
 mod contract_tests;
+
+#[cfg(test)]
+mod late_writes_tests;

@@ -128,6 +128,14 @@ impl EtcdServer {
         self.dir.path().join("etcd.log")
     }
 
+    /// The value of one of etcd's own metrics without labels (e.g.
+    /// `etcd_server_proposals_applied_total`, the writes it has carried out), read from its
+    /// `/metrics`; `None` when it does not answer (or serves TLS).
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let page = http_get(&format!("{}:{}", self.host, self.client_port), "/metrics")?;
+        page.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+    }
+
     /// The etcd process, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -229,20 +237,20 @@ impl EtcdServer {
     }
 }
 
-/// Whether etcd's `/health` endpoint says it is healthy (a leader is elected).
-fn health_ok(address: &str) -> bool {
+/// What a plain HTTP GET of `path` from `address` answers (headers and body), or nothing.
+fn http_get(address: &str, path: &str) -> Option<String> {
     use std::io::{Read, Write};
-    let Ok(mut stream) = std::net::TcpStream::connect(address) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
-    let request = format!("GET /health HTTP/1.0\r\nHost: {address}\r\n\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
+    let mut stream = std::net::TcpStream::connect(address).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes()).ok()?;
     let mut response = String::new();
     let _ = stream.read_to_string(&mut response);
-    response.contains("\"health\":\"true\"")
+    Some(response)
+}
+
+/// Whether etcd's `/health` endpoint says it is healthy (a leader is elected).
+fn health_ok(address: &str) -> bool {
+    http_get(address, "/health").is_some_and(|response| response.contains("\"health\":\"true\""))
 }
 
 impl Drop for EtcdServer {

@@ -1,0 +1,89 @@
+//! Writes that etcd carries out after their writer gave up on them: a create held on its way
+//! (its member stalled, or a cut that TCP outlasted) arrives after its answer timed out, and
+//! must not bring back a unit destroyed meanwhile.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fleet_core::DesiredState;
+use fleet_registry::{ApiRegistry, RegistryError};
+use fleet_testkit::{EtcdServer, HoldingProxy, eventually};
+
+use super::keys::destroyed_bucket;
+use super::tests::{SLEEP, options, registry, unit};
+use super::{EtcdOptions, EtcdRegistry, Lifetimes};
+
+/// A store that reaches `etcd` through `proxy` with a short request timeout, and writes from
+/// its cluster cache's guesses (no read of its own first), which it starts and waits for.
+async fn registry_behind(proxy: &HoldingProxy, etcd: &EtcdServer) -> EtcdRegistry {
+    let options = EtcdOptions {
+        endpoints: vec![format!("http://{}", proxy.address)],
+        request_timeout: Duration::from_secs(1),
+        ..options(etcd)
+    };
+    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+    registry.units().await.unwrap();
+    eventually("its cluster cache is up", async || registry.current_in_copy("any.service").is_some()).await;
+    registry
+}
+
+/// The writes etcd has carried out (reads are not proposed).
+const APPLIED: &str = "etcd_server_proposals_applied_total";
+
+fn etcd_address(etcd: &EtcdServer) -> SocketAddr {
+    etcd.endpoint().trim_start_matches("http://").parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_create_that_etcd_carries_out_after_a_destroy_does_not_bring_the_unit_back() {
+    let etcd = EtcdServer::start();
+    let proxy = HoldingProxy::start(etcd_address(&etcd)).await;
+    let stalled = registry_behind(&proxy, &etcd).await;
+    let direct = registry(&etcd, Duration::from_secs(10)).await;
+    let file = unit(SLEEP);
+
+    proxy.hold();
+    let late = stalled.put_unit("back.service", &file, DesiredState::Launched).await;
+    assert!(matches!(late, Err(RegistryError::Unavailable(_))), "the create's answer timed out: {late:?}");
+    // Asked again elsewhere (as fleetctl does after a 503), then destroyed: both acknowledged.
+    direct.put_unit("back.service", &file, DesiredState::Launched).await.unwrap();
+    assert!(direct.destroy_unit("back.service").await.unwrap());
+    // Carried out or refused, the held create is a write etcd applies: one more than now.
+    let applied = etcd.metric(APPLIED).expect("etcd's metrics");
+    proxy.release();
+    eventually("etcd applied the held create", async || etcd.metric(APPLIED).is_some_and(|now| now > applied)).await;
+    assert!(direct.unit("back.service").await.unwrap().is_none(), "a destroyed unit came back");
+}
+
+/// A unit name other than `name` whose destroys fence the same creates (`destroyed/` bucket).
+fn neighbour_of(name: &str) -> String {
+    (0..)
+        .map(|index| format!("neighbour-{index}.service"))
+        .find(|neighbour| destroyed_bucket(neighbour) == destroyed_bucket(name))
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn units_are_created_at_once_after_a_destroy_the_writers_cache_has_not_seen() {
+    let etcd = EtcdServer::start();
+    let proxy = HoldingProxy::start(etcd_address(&etcd)).await;
+    let behind = registry_behind(&proxy, &etcd).await;
+    let direct = registry(&etcd, Duration::from_secs(10)).await;
+    let file = unit(SLEEP);
+    let neighbour = neighbour_of("again.service");
+    direct.put_unit("again.service", &file, DesiredState::Launched).await.unwrap();
+    eventually("the cache holds the unit", async || {
+        behind.current_in_copy("again.service").is_some_and(|current| current.record_revision != 0)
+    })
+    .await;
+    // Destroyed elsewhere, then the same name and another of its bucket created here at once:
+    // the cache may not hold the destroy yet, and a write it fences is made again from a
+    // fresh read rather than refused.
+    assert!(direct.destroy_unit("again.service").await.unwrap());
+    behind.put_unit(&neighbour, &file, DesiredState::Launched).await.unwrap();
+    behind.put_unit("again.service", &file, DesiredState::Loaded).await.unwrap();
+    let again = direct.unit("again.service").await.unwrap().expect("created again");
+    assert_eq!(again.desired, DesiredState::Loaded);
+    assert!(direct.unit(&neighbour).await.unwrap().is_some());
+}
