@@ -64,6 +64,23 @@ step cargo clippy --workspace --all-targets --quiet -- -D warnings
 # crates (tempfile's, regex's, tracing-subscriber's), and binaries built without them would
 # build gix and its fifty crates a second time for the tests. So nextest finds it all built.
 step cargo build --workspace --all-targets --quiet
+# The deterministic simulation of the protocol (the real engine and agents over a simulated
+# store, under seeded faults): 700 seeds from one drawn now, printed with any that fails (a
+# fresh slice each run; the release runs of tens of thousands are in BENCHMARKS.md). Besides
+# the 24 services of every run, four units on a calendar (each elapse run at most once and
+# every one accounted for: run, waiting or skipped with its reason) and three services that
+# fail on m0 and move (each ends running elsewhere, or off with its retries spent having failed
+# on m0 only; never recorded failed where it did not fail), eight units with priorities and six
+# with LostAfter= (none moved off a machine gone before its span). One run covers what a plain run
+# checks, so there is no plain run besides.
+# It only computes, and the tests mostly wait: it runs beside them at the lowest priority, on
+# the cores they leave idle (under nice 19 a test loses about 1% of a core to it), and its
+# answer is waited for at the end.
+sim_log=$(mktemp)
+sim_started=$SECONDS
+nice -n 19 target/debug/fleet-sim --scheduled 4 --moving 3 --prioritized 8 --lost-after 6 --budgeted 6 --dependent 6 700 >"$sim_log" 2>&1 &
+sim=$!
+trap 'kill "$sim" 2>/dev/null || true' EXIT
 if cargo nextest --version >/dev/null 2>&1; then
   step cargo nextest run --workspace --no-fail-fast
 else
@@ -99,13 +116,12 @@ step target/debug/bench-calendar 20 200
 # replaced in place: no unit restarted or lost, some member's API answering throughout (the run
 # from the previous release is in BENCHMARKS.md: building it here costs more than it is worth).
 step target/debug/bench-upgrade target/debug/fleetd 20 20
-# The deterministic simulation of the protocol (the real engine and agents over a simulated
-# store, under seeded faults): 700 seeds from one drawn now, printed with any that fails (a
-# fresh slice each run; the release runs of tens of thousands are in BENCHMARKS.md). Besides
-# the 24 services of every run, four units on a calendar (each elapse run at most once and
-# every one accounted for: run, waiting or skipped with its reason) and three services that
-# fail on m0 and move (each ends running elsewhere, or off with its retries spent having failed
-# on m0 only; never recorded failed where it did not fail), eight units with priorities and six
-# with LostAfter= (none moved off a machine gone before its span). One run covers what a plain run
-# checks, so there is no plain run besides.
-step target/debug/fleet-sim --scheduled 4 --moving 3 --prioritized 8 --lost-after 6 --budgeted 6 --dependent 6 700
+sim_status=0
+wait "$sim" || sim_status=$?
+cat "$sim_log"
+rm -f "$sim_log"
+echo "test.sh: the simulation, beside the tests, took $((SECONDS - sim_started)) s" >&2
+if [ "$sim_status" != 0 ]; then
+  echo "test.sh: the simulation failed (exit $sim_status)" >&2
+  exit "$sim_status"
+fi
