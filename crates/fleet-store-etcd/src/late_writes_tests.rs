@@ -13,34 +13,41 @@ use super::keys::destroyed_bucket;
 use super::tests::{SLEEP, options, registry, unit};
 use super::{EtcdOptions, EtcdRegistry, Lifetimes};
 
-/// A store that reaches `etcd` through `proxy` with a short request timeout, and writes from
-/// its cluster cache's guesses (no read of its own first), which it starts and waits for.
-async fn registry_behind(proxy: &HoldingProxy, etcd: &EtcdServer) -> EtcdRegistry {
-    let options = EtcdOptions {
-        endpoints: vec![format!("http://{}", proxy.address)],
-        request_timeout: Duration::from_secs(1),
-        ..options(etcd)
-    };
-    let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
-    let registry = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
-    registry.units().await.unwrap();
-    eventually("its cluster cache is up", async || registry.current_in_copy("any.service").is_some()).await;
-    registry
+/// One etcd, a store that reaches it through a [`HoldingProxy`] with a short request timeout
+/// and writes from its cluster cache's guesses (no read of its own first), and a store that
+/// reaches it directly.
+struct TwoWriters {
+    etcd: EtcdServer,
+    proxy: HoldingProxy,
+    behind: EtcdRegistry,
+    direct: EtcdRegistry,
+}
+
+impl TwoWriters {
+    async fn start() -> Self {
+        let etcd = EtcdServer::start();
+        let address: SocketAddr = etcd.endpoint().trim_start_matches("http://").parse().unwrap();
+        let proxy = HoldingProxy::start(address).await;
+        let options = EtcdOptions {
+            endpoints: vec![format!("http://{}", proxy.address)],
+            request_timeout: Duration::from_secs(1),
+            ..options(&etcd)
+        };
+        let lifetimes = Lifetimes { agent_ttl: Duration::from_secs(10), engine_lease_ttl: Duration::from_secs(3) };
+        let behind = EtcdRegistry::connect(&options, lifetimes).await.unwrap();
+        behind.units().await.unwrap();
+        eventually("its cluster cache is up", async || behind.current_in_copy("any.service").is_some()).await;
+        let direct = registry(&etcd, Duration::from_secs(10)).await;
+        Self { etcd, proxy, behind, direct }
+    }
 }
 
 /// The writes etcd has carried out (reads are not proposed).
 const APPLIED: &str = "etcd_server_proposals_applied_total";
 
-fn etcd_address(etcd: &EtcdServer) -> SocketAddr {
-    etcd.endpoint().trim_start_matches("http://").parse().unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_create_that_etcd_carries_out_after_a_destroy_does_not_bring_the_unit_back() {
-    let etcd = EtcdServer::start();
-    let proxy = HoldingProxy::start(etcd_address(&etcd)).await;
-    let stalled = registry_behind(&proxy, &etcd).await;
-    let direct = registry(&etcd, Duration::from_secs(10)).await;
+    let TwoWriters { etcd, proxy, behind: stalled, direct } = TwoWriters::start().await;
     let file = unit(SLEEP);
 
     proxy.hold();
@@ -66,10 +73,8 @@ fn neighbour_of(name: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn units_are_created_at_once_after_a_destroy_the_writers_cache_has_not_seen() {
-    let etcd = EtcdServer::start();
-    let proxy = HoldingProxy::start(etcd_address(&etcd)).await;
-    let behind = registry_behind(&proxy, &etcd).await;
-    let direct = registry(&etcd, Duration::from_secs(10)).await;
+    // (etcd and the proxy bound, so that they live to the end.)
+    let TwoWriters { etcd: _etcd, proxy: _proxy, behind, direct } = TwoWriters::start().await;
     let file = unit(SLEEP);
     let neighbour = neighbour_of("again.service");
     direct.put_unit("again.service", &file, DesiredState::Launched).await.unwrap();
