@@ -716,7 +716,10 @@ impl Reconciler for Engine {
 
     async fn pass(&mut self) -> Result<Next, RegistryError> {
         let metrics = &fleet_metrics::metrics().engine;
-        let started = std::time::Instant::now();
+        // tokio's clock, not std's: under the simulation's paused time a pass that dragged
+        // (a write hung by a fault) is seen to, and one whose thread the machine merely starved
+        // is not (seed 796593883 failed in one run of CI and passed when replayed).
+        let started = tokio::time::Instant::now();
         let outcome = self.reconcile().await;
         let took = started.elapsed();
         if outcome.is_err() || took >= self.config.agent_ttl {

@@ -12,7 +12,11 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// tokio's clock: the simulation runs the engine leader's drivers on paused time, and a note's
+// span is that time's.
+use tokio::time::Instant;
 
 use fleet_core::disruption_budget::Budgets;
 use fleet_core::drain::Drain;
