@@ -91,7 +91,9 @@ impl DependencyGate {
             None => {
                 let hashes: HashMap<&str, UnitHash> =
                     listed.iter().map(|unit| (unit.name.as_str(), unit.hash)).collect();
-                let index = DependencyIndex::build(&cluster.units, &hashes);
+                let present: std::collections::HashSet<&str> =
+                    cluster.machines.iter().map(|machine| machine.id.as_str()).collect();
+                let index = DependencyIndex::build(&cluster.units, &hashes, |machine| present.contains(machine));
                 Looked { revision, index, evaluations: Vec::new() }
             }
         };

@@ -73,8 +73,10 @@ pub struct DependencyIndex {
 impl DependencyIndex {
     /// The index of `units` (their current contents' hashes in `hashes`): every unit that
     /// should run with dependencies, and every unit its items name. Every standing starts as
-    /// not reported: [`DependencyIndex::stand`] sets them.
-    pub fn build(units: &[UnitSpec], hashes: &HashMap<&str, UnitHash>) -> Self {
+    /// not reported: [`DependencyIndex::stand`] sets them. A dependent counts as placed only on
+    /// a machine `present` holds: one on a machine gone is moved by the plan, and starts
+    /// afresh, so it waits as a new one does.
+    pub fn build(units: &[UnitSpec], hashes: &HashMap<&str, UnitHash>, present: impl Fn(&str) -> bool) -> Self {
         let mut index = Self::default();
         let waiting: Vec<&UnitSpec> = units
             .iter()
@@ -122,7 +124,7 @@ impl DependencyIndex {
             index.dependents.push(Dependent {
                 name: unit.name.clone(),
                 dependencies: unit.requirements.dependencies.clone(),
-                placed: unit.scheduled_on.is_some(),
+                placed: unit.scheduled_on.as_deref().is_some_and(&present),
                 items,
             });
         }
@@ -275,7 +277,7 @@ mod tests {
         ];
         let hashes: HashMap<&str, UnitHash> = units.iter().map(|(spec, hash)| (spec.name.as_str(), *hash)).collect();
         let specs: Vec<UnitSpec> = units.iter().map(|(spec, _)| spec.clone()).collect();
-        let mut index = DependencyIndex::build(&specs, &hashes);
+        let mut index = DependencyIndex::build(&specs, &hashes, |_| true);
         let named: Vec<String> = index.named().into_iter().collect();
         assert_eq!(named, ["cache.service", "db.service", "db@1.service", "db@2.service"]);
         let state = |name: &str, on: &str, active: &str| {
@@ -313,5 +315,26 @@ mod tests {
         assert_eq!(index.evaluate(app).waiting.as_deref(), Some("waiting for db.service: failed on m1"));
         assert_eq!(index.stand(&all("failed", "failed")), BTreeSet::from([api]));
         assert_eq!(index.evaluate(api).waiting.as_deref(), Some("waiting for 2 of db@*.service up: 1"));
+    }
+
+    /// Seeds 796593880 and 796593883 of `fleet-sim --dependent 6`: a dependent on a machine gone
+    /// was counted as running, so the plan that moved it started it at once, before what it
+    /// requires ran again.
+    #[test]
+    fn a_dependent_on_a_machine_gone_counts_as_not_placed() {
+        let units = [
+            spec("db.service", "", Some("m1")),
+            spec("app.service", "Requires=db.service", Some("m1")),
+            spec("web.service", "Requires=db.service", Some("m2")),
+        ];
+        let hashes: HashMap<&str, UnitHash> = units.iter().map(|(spec, hash)| (spec.name.as_str(), *hash)).collect();
+        let specs: Vec<UnitSpec> = units.iter().map(|(spec, _)| spec.clone()).collect();
+        let index = DependencyIndex::build(&specs, &hashes, |machine| machine == "m2");
+        let placed = |unit: &str| {
+            let (at, _) = index.dependents().find(|(_, name)| *name == unit).expect("a dependent");
+            index.placed_and_grace(at).0
+        };
+        assert!(!placed("app.service"), "m1 is gone: app moves, and waits for db as a new unit does");
+        assert!(placed("web.service"));
     }
 }
