@@ -1,9 +1,10 @@
 //! A proxy on loopback for a gRPC (HTTP/2) client that can hold what the client sends: while
 //! held, its frames wait in order and the server sees nothing; once released, they arrive all
-//! at once, without the cancels of the requests they began (a hang-up included). It stands for a link that stalls and comes back
-//! (a member frozen, a cut that TCP outlasts): a request sent during the stall is still
-//! carried out, after the client gave up on its answer. (Whether the server would have
-//! heeded a cancel arriving with its request is a race; losing it makes that case certain.)
+//! at once, without the cancels of the requests they began (a hang-up included). It stands
+//! for a link that stalls and comes back (a member frozen, a cut that TCP outlasts): a request
+//! sent during the stall is still carried out, after the client gave up on its answer.
+//! (Whether the server would have heeded a cancel arriving with its request is a race; losing
+//! it makes that case certain.)
 
 use std::net::SocketAddr;
 
@@ -141,5 +142,35 @@ impl HoldingProxy {
 impl Drop for HoldingProxy {
     fn drop(&mut self) {
         self.accepting.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let length = u32::try_from(payload.len()).unwrap_or(0).to_be_bytes();
+        let mut frame = vec![length[1], length[2], length[3], kind, 0];
+        frame.extend(stream.to_be_bytes());
+        frame.extend(payload);
+        frame
+    }
+
+    #[test]
+    fn frames_pass_whole_and_only_the_cancels_of_requests_begun_while_held_are_lost() {
+        let mut frames = Frames::default();
+        let preface = [b'P'; PREFACE];
+        let (early, late) = (frame(HEADERS, 1, b"early"), frame(HEADERS, 3, b"late"));
+        let mut sent = preface.to_vec();
+        sent.extend(&early);
+        // Cut anywhere, the frames come out whole and in order.
+        let (first, rest) = sent.split_at(PREFACE + 4);
+        assert_eq!(frames.complete(first, false), preface.to_vec());
+        assert_eq!(frames.complete(rest, false), early);
+        assert_eq!(frames.complete(&late, true), late, "held, but not lost");
+        let (cancel_early, cancel_late) = (frame(RST_STREAM, 1, &[0; 4]), frame(RST_STREAM, 3, &[0; 4]));
+        assert_eq!(frames.complete(&cancel_late, false), Vec::<u8>::new(), "begun while held: its cancel is lost");
+        assert_eq!(frames.complete(&cancel_early, true), cancel_early, "begun before the hold: its cancel goes");
     }
 }
