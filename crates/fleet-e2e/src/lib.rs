@@ -501,12 +501,26 @@ pub fn peak_resident_mib(pid: u32) -> f64 {
 
 /// Whether a process runs with exactly this argument list.
 pub fn process_running(args: &[&str]) -> bool {
+    process_with(args).is_some()
+}
+
+/// The ID of a process whose command line is exactly `args`, if one runs.
+pub fn process_with(args: &[&str]) -> Option<u32> {
     let wanted = format!("{}\0", args.join("\0"));
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|entry| std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| cmdline == wanted.as_bytes()))
+    std::fs::read_dir("/proc").into_iter().flatten().flatten().find_map(|entry| {
+        let pid = entry.file_name().to_str()?.parse().ok()?;
+        std::fs::read(entry.path().join("cmdline")).is_ok_and(|cmdline| cmdline == wanted.as_bytes()).then_some(pid)
+    })
+}
+
+/// Whether process `pid` still runs: it exists and is not a zombie. One file read, whatever
+/// else runs on the machine (a walk of /proc under load can take longer than what it times).
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // The state follows the command's name, which ends with the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state != "Z" && state != "X")
 }
 
 /// Polls `check` every 100 ms until it holds, or fails the test after `timeout` with `what`

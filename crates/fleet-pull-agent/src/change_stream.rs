@@ -198,12 +198,15 @@ async fn follow_lines<Io: AsyncBufRead + AsyncWrite + Unpin>(
                 Err(error) => return went_silent(error.to_string()),
             },
             () = tokio::time::sleep_until(beat_due) => {
+                // Taken before the write: the manager hears the beat no earlier than this, so
+                // the presence the agent counts from it never outlasts the manager's count.
+                let sending = Instant::now();
                 let beat = async {
                     io.write_all(b"\n").await?;
                     io.flush().await
                 };
                 match tokio::time::timeout(beats.answer_within, beat).await {
-                    Ok(Ok(())) => unanswered.push_back(Instant::now()),
+                    Ok(Ok(())) => unanswered.push_back(sending),
                     _ => return went_silent("a heartbeat could not be sent".into()),
                 }
                 last_beat = Instant::now();

@@ -18,8 +18,31 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use fleet_sim::{Outcome, SimConfig, run};
 
+const USAGE: &str = "\
+usage: fleet-sim [OPTIONS] [SEEDS [FIRST]]
+       fleet-sim [OPTIONS] --seed N
+
+Runs the simulated cluster (engines, agents, store and faults on a simulated clock) over SEEDS
+seeds (default 1000) from FIRST (default: drawn from the clock, and printed), on every core, and
+prints what the judges found. Exits 1 when any seed fails.
+
+  --seed N           one seed, in full, twice, to show it replays the same
+                     (FLEET_SIM_TRACE=1: its trace; FLEET_SIM_LOG=debug: the engines' logs)
+Workload options (before the rest), each adding N units to the default workload:
+  --scheduled N      units on a calendar
+  --moving N         services that move when they fail (each fails on m0)
+  --prioritized N    units with priorities, room for all only while every machine is up
+  --lost-after N     units with LostAfter= (three times agent_ttl, and never, in turn)
+  --budgeted N       low-priority instances in one group with DisruptionBudget=1
+  --dependent N      units that wait for N others that faults move
+";
+
 fn main() -> anyhow::Result<()> {
     let mut arguments: Vec<String> = std::env::args().skip(1).collect();
+    if arguments.iter().any(|argument| argument == "--help" || argument == "-h") {
+        print!("{USAGE}");
+        return Ok(());
+    }
     let mut config = SimConfig::default();
     while let Some(
         option @ ("--scheduled" | "--moving" | "--prioritized" | "--lost-after" | "--budgeted" | "--dependent"),
@@ -67,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         return Ok(());
     }
     let seeds: u64 =
-        arguments.first().map(|text| text.parse()).transpose().context("SEEDS must be a number")?.unwrap_or(1000);
+        arguments.first().map(|text| text.parse()).transpose().context("SEEDS must be a number (see fleet-sim --help)")?.unwrap_or(1000);
     let first: u64 = match arguments.get(1) {
         Some(text) => text.parse().context("FIRST must be a number")?,
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
