@@ -89,8 +89,12 @@ fn main() -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let seeds: u64 =
-        arguments.first().map(|text| text.parse()).transpose().context("SEEDS must be a number (see fleet-sim --help)")?.unwrap_or(1000);
+    let seeds: u64 = arguments
+        .first()
+        .map(|text| text.parse())
+        .transpose()
+        .context("SEEDS must be a number (see fleet-sim --help)")?
+        .unwrap_or(1000);
     let first: u64 = match arguments.get(1) {
         Some(text) => text.parse().context("FIRST must be a number")?,
         None => std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs() % 1_000_000_007,
