@@ -10,10 +10,16 @@ use std::time::Duration;
 
 use fleet_e2e::chaos::Chaos;
 
+const USAGE: &str = "usage: bench-chaos [SECONDS [SEED [MACHINES]]]   (defaults: 1800 s, seed 1, 4 fleetds)";
+
 fn main() -> std::process::ExitCode {
-    let argument =
-        |index: usize, default: u64| std::env::args().nth(index).and_then(|a| a.parse().ok()).unwrap_or(default);
-    let (seconds, seed, machines) = (argument(1, 1800), argument(2, 1), argument(3, 4));
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    if arguments.len() > 3 || arguments.iter().any(|argument| argument.parse::<u64>().is_err()) {
+        eprintln!("{USAGE}");
+        return std::process::ExitCode::from(2);
+    }
+    let argument = |index: usize, default: u64| arguments.get(index).and_then(|a| a.parse().ok()).unwrap_or(default);
+    let (seconds, seed, machines) = (argument(0, 1800), argument(1, 1), argument(2, 4));
     println!(
         "chaos run: {seconds} s, seed {seed}, {machines} fleetds, 3 etcd members; a unit may run twice while a machine is out of touch with etcd and {:?} after",
         Chaos::reaction()
