@@ -100,6 +100,10 @@ pub struct Requirements {
     pub reservation: Resources,
     /// Keys of `[X-Fleet]` the original does not know (fleet's own among them).
     pub unknown_keys: Vec<String>,
+    /// `MachineMetadata=` values that are not one `key=value` (`role`, `a=b=c`, `=x`): the
+    /// original ignores them, and so does the planner; read for warnings, since the unit is
+    /// not held to what its author meant.
+    pub ignored_metadata: Vec<String>,
     /// What a unit that runs to completion or on a calendar asks for (`Schedule=` and its
     /// companions); `None` for a service, and for one whose job options cannot be read (such a
     /// unit is refused at submission).
@@ -140,6 +144,7 @@ impl Default for Requirements {
             spread_group: None,
             reservation: Resources::default(),
             unknown_keys: Vec::new(),
+            ignored_metadata: Vec::new(),
             job: None,
             avoid: Vec::new(),
             tolerate: Vec::new(),
@@ -205,6 +210,7 @@ impl Requirements {
             spread_group,
             reservation,
             unknown_keys: _,
+            ignored_metadata: _,
             job,
             avoid,
             tolerate,
@@ -271,6 +277,8 @@ impl Requirements {
                 if !allowed.iter().any(|known| known == value) {
                     allowed.push(value.to_string());
                 }
+            } else if !requirements.ignored_metadata.contains(&item) {
+                requirements.ignored_metadata.push(item);
             }
         }
         requirements.conflicts = all(&["Conflicts", "X-Conflicts"])
@@ -598,6 +606,19 @@ mod tests {
         assert!(r.metadata_matches(&machine(&[("region", "eu"), ("disk", "ssd")])));
         assert!(!r.metadata_matches(&machine(&[("region", "eu")])));
         assert!(!r.metadata_matches(&machine(&[("region", "asia"), ("disk", "ssd")])));
+        assert_eq!(r.ignored_metadata, ["bad=a=b"], "ignored, as the original does, and kept for a warning");
+    }
+
+    #[test]
+    fn metadata_values_that_are_not_one_key_and_value_are_ignored_and_named() {
+        let r = requirements(
+            "a.service",
+            "MachineMetadata=role\nMachineMetadata=\"=x\" \"y=\" \"zone=b\"\nMachineMetadata=role\n",
+        );
+        assert_eq!(r.ignored_metadata, ["role", "=x", "y="], "each once, in file order");
+        assert_eq!(r.metadata.keys().collect::<Vec<_>>(), ["zone"]);
+        let other = requirements("a.service", "MachineMetadata=zone=b\n");
+        assert!(r.places_alike(&other), "what is ignored does not place the unit");
     }
 
     #[test]

@@ -19,9 +19,10 @@ pub fn read_unit_file(path: &Path) -> Result<Option<UnitFile>, String> {
 }
 
 /// Says on stderr what in `file`, about to be submitted as `name`, neither systemd nor fleet
-/// knows (the unit is still submitted, as the original did). An unknown `[X-Fleet]` key gets
-/// the original's warning, with the nearest known key when one is near.
-pub fn warn_unknown_options(name: &str, file: &UnitFile) {
+/// knows, and the metadata requirements that are ignored for not being one `key=value` (the
+/// unit is still submitted, as the original did). An unknown `[X-Fleet]` key gets the
+/// original's warning, with the nearest known key when one is near.
+pub fn warn_ignored_options(name: &str, file: &UnitFile) {
     for unknown in unknown_options(file.options()) {
         match unknown {
             Unknown::Option { section, name: key, nearest } if section == fleet_core::unit_file::X_FLEET => {
@@ -30,6 +31,11 @@ pub fn warn_unknown_options(name: &str, file: &UnitFile) {
             }
             unknown => eprintln!("Unit {name}: {unknown}"),
         }
+    }
+    for item in fleet_core::requirements::Requirements::from_unit(name, file).ignored_metadata {
+        eprintln!(
+            "Unit {name}: metadata requirement {item:?} is not one key=value, and is ignored (as the original does): it does not restrict where the unit runs"
+        );
     }
 }
 

@@ -205,6 +205,19 @@ fn typos_in_a_unit_file_are_warned_about_with_the_option_meant() {
          Unit typo.service: unrecognized requirement in [X-Fleet] section: \"MachineMetdata\"; did you mean \"MachineMetadata\"?\n"
     );
     assert_eq!(fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit"]).stdout, "typo.service\n");
+    // A metadata requirement without its value is ignored, as the original does: said so.
+    let loose = dir.path().join("loose.service");
+    std::fs::write(&loose, "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nMachineMetadata=role\n").unwrap();
+    let submitted = fleet.fleetctl(&["submit", &loose.display().to_string()]);
+    assert_eq!(
+        (submitted.code, submitted.stderr.as_str()),
+        (
+            0,
+            "Unit loose.service: metadata requirement \"role\" is not one key=value, and is ignored (as the original does): it does not restrict where the unit runs\n"
+        ),
+        "{submitted:?}"
+    );
+    fleet.ok(&["destroy", "loose.service"]);
     // Submitted again unchanged: nothing is written, nothing said again.
     let again = fleet.fleetctl(&["submit", &typo.display().to_string()]);
     assert_eq!((again.code, again.stderr.as_str()), (0, ""), "{again:?}");

@@ -9,7 +9,7 @@ use fleet_core::unit_name::{UnitNameInfo, mangle, validate_name, with_default_un
 use fleet_core::{Requirements, UnitFile};
 
 use crate::context::Context;
-use crate::local_units::{local_template_path, read_unit_file, warn_unknown_options};
+use crate::local_units::{local_template_path, read_unit_file, warn_ignored_options};
 use crate::wait::fetch_units;
 
 /// How many requests fleetctl keeps in flight at once.
@@ -284,7 +284,7 @@ pub async fn creations(
             && registry.get(name).is_none_or(|existing| unit_file(existing).hash() != local.hash())
             && warned.insert(local.hash())
         {
-            warn_unknown_options(name, local);
+            warn_ignored_options(name, local);
         }
         if let Some(existing) = registry.get(name) {
             let Some(local) = local else { continue };

@@ -12,7 +12,7 @@ use fleet_core::unit_name::{UnitNameInfo, with_default_unit_type};
 
 use super::create::schema_options;
 use crate::context::Context;
-use crate::local_units::{read_unit_file, warn_unknown_options};
+use crate::local_units::{read_unit_file, warn_ignored_options};
 use crate::output::OutputFormat;
 use crate::table::tab_table;
 use crate::{Outcome, RolloutCommand};
@@ -178,7 +178,7 @@ pub async fn targets(
             return Err(Outcome::Failure);
         }
     };
-    warn_unknown_options(&unit, &file);
+    warn_ignored_options(&unit, &file);
     let units: Vec<String> = if UnitNameInfo::new(&unit).is_template() {
         let cluster = match context.client.units().await {
             Ok(units) => units,
