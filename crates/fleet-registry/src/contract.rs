@@ -303,8 +303,12 @@ pub async fn desired_state_changes_reach_the_agent(registry: &dyn Registry, agen
         machine: "m1".into(),
         reason: UnscheduleReason::TargetStateInactive,
     };
-    eventually("the engine sees the placement", async || {
-        registry.snapshot().await.is_ok_and(|s| s.units.iter().any(|u| u.machine_id.as_deref() == Some("m1")))
+    // The engine's view is a copy of its own: a decision made from one that has not seen the
+    // new desired state is not written (the unit changed since), as a stale plan is not.
+    eventually("the engine sees the placement and the new desired state", async || {
+        registry.snapshot().await.is_ok_and(|s| {
+            s.units.iter().any(|u| u.machine_id.as_deref() == Some("m1") && u.desired == DesiredState::Loaded)
+        })
     })
     .await;
     registry.apply(&lease(registry).await, &[away], &[("x.service".into(), "no machine".into())]).await.unwrap();

@@ -125,7 +125,12 @@ impl Connection {
         let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.request_timeout)
             .with_keep_alive(Duration::from_secs(5), options.request_timeout.max(Duration::from_secs(2)))
-            .with_keep_alive_while_idle(true)
+            // Only while calls or watches are open: etcd allows no ping on a connection without
+            // one (its policy has no `PermitWithoutStream`), and closes one pinged so a fourth
+            // time (`GOAWAY too_many_pings`, 20 s after its last call), failing what is sent on
+            // it meanwhile. With several members, the connections to those no watch uses sit
+            // idle. etcd's own client pings idle connections no more.
+            .with_keep_alive_while_idle(false)
             // A member cut off from its cluster's leader refuses at once instead of answering
             // stale or not at all; above all it ends our watches on it, which would otherwise
             // stay open and silent for the whole partition (found by the minority-partition test).

@@ -380,4 +380,6 @@ mod tests;
 mod contract_tests;
 
 #[cfg(test)]
+mod idle_connection_tests;
+#[cfg(test)]
 mod late_writes_tests;
