@@ -163,7 +163,8 @@ pub struct UnitStatus<'a> {
     pub states: Vec<UnitRow<'a>>,
     /// The unit's recent log lines, from the machine serving the API, when it runs there.
     pub log: Vec<&'a str>,
-    /// What in the unit file neither systemd nor fleet knows (`fleet_core::unknown_options`).
+    /// What in the unit file neither systemd nor fleet knows (`fleet_core::unknown_options`),
+    /// and the metadata requirements it ignores for not being one `key=value`.
     pub unknown_options: Vec<String>,
 }
 

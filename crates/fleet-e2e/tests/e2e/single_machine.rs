@@ -217,6 +217,17 @@ fn typos_in_a_unit_file_are_warned_about_with_the_option_meant() {
         ),
         "{submitted:?}"
     );
+    fleet.ok(&["start", "--no-block", "loose.service"]);
+    fleet.wait_until("loose.service runs", WAIT, |fleet| {
+        fleet.ok(&["list-units", "--no-legend", "--fields", "unit,active"]).stdout.contains("loose.service\tactive")
+    });
+    let status = fleet.ok(&["status", "-o", "json", "loose.service"]);
+    let status: serde_json::Value = serde_json::from_str(&status.stdout).expect("json");
+    assert_eq!(
+        status[0]["unknownOptions"][0],
+        "metadata requirement \"role\" is not one key=value, and is ignored (as the original does): it does not restrict where the unit runs",
+        "{status}"
+    );
     fleet.ok(&["destroy", "loose.service"]);
     // Submitted again unchanged: nothing is written, nothing said again.
     let again = fleet.fleetctl(&["submit", &typo.display().to_string()]);

@@ -9,6 +9,7 @@ use super::create::{is_global, unit_file};
 use super::list::{health_text, unit_row};
 use crate::Outcome;
 use crate::context::Context;
+use crate::local_units::ignored_metadata_notes;
 use crate::output::{OutputFormat, UnitStatus, print_json};
 use crate::table::MachineLegends;
 
@@ -139,7 +140,11 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
                     hash: file.hash().to_string(),
                     states: states.iter().map(|state| unit_row(state, &machines)).collect(),
                     log: report.as_ref().map(|journal| journal.text.lines().collect()).unwrap_or_default(),
-                    unknown_options: unknown_options(file.options()).iter().map(ToString::to_string).collect(),
+                    unknown_options: unknown_options(file.options())
+                        .iter()
+                        .map(ToString::to_string)
+                        .chain(ignored_metadata_notes(&unit.name, file))
+                        .collect(),
                 }
             })
             .collect();
@@ -153,10 +158,15 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
 }
 
 /// `   Warning: unknown option ExecStrat= in [Service], …`: what in the unit file neither
-/// systemd nor fleet knows, a likely reason why it fails (issue 68).
+/// systemd nor fleet knows, a likely reason why it fails (issue 68), and the metadata
+/// requirements it ignores.
 fn print_unknown_options(unit: &fleet_api_schema::Unit) {
-    for unknown in unknown_options(unit_file(unit).options()) {
+    let file = unit_file(unit);
+    for unknown in unknown_options(file.options()) {
         println!("   Warning: {unknown}");
+    }
+    for note in ignored_metadata_notes(&unit.name, &file) {
+        println!("   Warning: {note}");
     }
 }
 
