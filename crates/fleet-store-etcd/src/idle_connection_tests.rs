@@ -7,18 +7,6 @@ use std::time::Duration;
 use crate::EtcdOptions;
 use crate::connection::Connection;
 
-/// The local addresses of the established connections to local `port`, sorted.
-fn connections_to(port: &str) -> Vec<String> {
-    let filter = format!("( dport = :{port} )");
-    let out = std::process::Command::new("ss").args(["-Htn", "state", "established", &filter]).output().expect("ss");
-    let mut locals: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(2).map(str::to_string))
-        .collect();
-    locals.sort();
-    locals
-}
-
 /// Regression: every idle connection was pinged every 5 s, and etcd closed it 19-20 s after
 /// its last call. The wait is the property's own: a connection that would be closed is
 /// closed by 20 s (later only if pings came late, which would let this pass, never fail).
@@ -26,7 +14,7 @@ fn connections_to(port: &str) -> Vec<String> {
 async fn an_idle_connection_is_not_closed_by_etcds_ping_policy() {
     let etcd = fleet_testkit::EtcdServer::start();
     let endpoint = etcd.endpoint();
-    let port = endpoint.rsplit(':').next().expect("port").to_string();
+    let port: u16 = endpoint.rsplit(':').next().and_then(|port| port.parse().ok()).expect("port");
     let options = EtcdOptions {
         endpoints: vec![endpoint],
         key_prefix: "/idle/".into(),
@@ -35,9 +23,9 @@ async fn an_idle_connection_is_not_closed_by_etcds_ping_policy() {
     };
     let connection = Connection::connect(&options).await.expect("connect");
     connection.get("/idle/x", None).await.expect("a first call");
-    let before = connections_to(&port);
+    let before = fleet_testkit::connections_to(port);
     assert!(!before.is_empty(), "connected");
     tokio::time::sleep(Duration::from_secs(23)).await;
-    assert_eq!(connections_to(&port), before, "the idle connection was closed and made again");
+    assert_eq!(fleet_testkit::connections_to(port), before, "the idle connection was closed and made again");
     connection.get("/idle/x", None).await.expect("a call after the idle time");
 }

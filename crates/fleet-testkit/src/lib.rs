@@ -20,7 +20,7 @@ pub use eventually::{eventually, eventually_within};
 pub use fake_manager::FakeUnitManager;
 pub use git_repo::GitRepo;
 pub use holding_proxy::HoldingProxy;
-pub use ports::free_port;
+pub use ports::{connections_to, free_port};
 pub use seeded::Seeded;
 pub use systemd::SystemdUser;
 pub use tls::TestCertificates;

@@ -654,10 +654,7 @@ fn a_pull_agent_stops_an_at_most_once_unit_once_its_manager_may_have_lost_it() {
 
 /// How many connections to local `port` are established, as their clients see them.
 fn established_to(port: u16) -> usize {
-    let filter = format!("( dport = :{port} )");
-    let out =
-        std::process::Command::new("ss").args(["-Htn", "state", "established", &filter]).output().expect("ss runs");
-    String::from_utf8_lossy(&out.stdout).lines().filter(|line| !line.trim().is_empty()).count()
+    fleet_testkit::connections_to(port).len()
 }
 
 /// Refuses new connections to a local port while it lives (those open stay up).
