@@ -31,6 +31,21 @@ pub fn free_port() -> u16 {
     }
 }
 
+/// The local addresses of the connections established to local `port`, as their clients see
+/// them, sorted: which connections a client holds (their number, or whether one was made
+/// again).
+pub fn connections_to(port: u16) -> Vec<String> {
+    let filter = format!("( dport = :{port} )");
+    let out =
+        std::process::Command::new("ss").args(["-Htn", "state", "established", &filter]).output().expect("ss runs");
+    let mut locals: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(2).map(str::to_string))
+        .collect();
+    locals.sort();
+    locals
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,19 +60,4 @@ mod tests {
             TcpListener::bind(("127.0.0.1", port)).expect("nothing listens on a port handed out");
         }
     }
-}
-
-/// The local addresses of the connections established to local `port`, as their clients see
-/// them, sorted: which connections a client holds (their number, or whether one was made
-/// again).
-pub fn connections_to(port: u16) -> Vec<String> {
-    let filter = format!("( dport = :{port} )");
-    let out =
-        std::process::Command::new("ss").args(["-Htn", "state", "established", &filter]).output().expect("ss runs");
-    let mut locals: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(2).map(str::to_string))
-        .collect();
-    locals.sort();
-    locals
 }
