@@ -112,7 +112,15 @@ async fn lease(registry: &dyn Registry) -> EngineLease {
     registry.acquire_leadership("m1").await.expect("leadership").expect("no other leader")
 }
 
+/// Schedules `unit` on `machine` as the leading engine does, once the engine's snapshot shows
+/// the unit: a store writes a schedule only for a unit its engine copy holds (a plan from a copy
+/// that has not seen the unit is skipped, to be planned again). A caller that changed the unit
+/// just before waits for the engine's copy to show that change itself.
 async fn place(registry: &dyn Registry, unit: &str, machine: &str) {
+    eventually("the engine sees the unit it places", async || {
+        registry.snapshot().await.is_ok_and(|snapshot| snapshot.units.iter().any(|seen| seen.name == unit))
+    })
+    .await;
     let decision = Decision::Schedule { unit: unit.into(), machine: machine.into() };
     registry.apply(&lease(registry).await, &[decision], &[]).await.expect("a schedule write");
 }
