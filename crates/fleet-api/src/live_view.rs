@@ -90,6 +90,12 @@ pub struct UnitRow {
     pub requires: Option<String>,
     /// Its current version and who made it (`3 by token:ci`); `fleetctl history` lists them all.
     pub version: String,
+    /// What in its file nothing knows, or is ignored (as `fleetctl status` warns).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+    /// The content the row was drawn from (not shown).
+    #[serde(skip)]
+    pub hash: fleet_core::UnitHash,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -132,8 +138,10 @@ impl Patch {
 }
 
 /// The rows of what the store holds, at `now` (microseconds since the epoch: when units on a
-/// calendar run next).
+/// calendar run next). What a row takes from its unit's content alone is kept from `previous`
+/// where the unit's content is the same.
 pub fn cluster_view(
+    previous: &ClusterView,
     units: &[UnitView],
     states: &[UnitState],
     machines: &[MachineState],
@@ -212,6 +220,11 @@ pub fn cluster_view(
                     .filter(|dependencies| !dependencies.is_empty())
                     .map(|dependencies| dependencies.short()),
                 version: version_cell(&unit.versions),
+                warnings: match previous.units.get(&unit.name).filter(|row| row.hash == unit.hash) {
+                    Some(row) => row.warnings.clone(),
+                    None => fleet_core::unknown_options::unit_warnings(&unit.name, &unit.file),
+                },
+                hash: unit.hash,
             };
             (row.name.clone(), row)
         })
@@ -321,8 +334,11 @@ pub fn reset(view: &ClusterView) -> Patch {
     }
 }
 
-/// Reads the cluster into rows.
-pub async fn read_view(registry: &dyn ApiRegistry) -> Result<ClusterView, fleet_registry::RegistryError> {
+/// Reads the cluster into rows, reusing what `previous` drew from the same contents.
+pub async fn read_view(
+    registry: &dyn ApiRegistry,
+    previous: &ClusterView,
+) -> Result<ClusterView, fleet_registry::RegistryError> {
     let (units, states, machines, jobs, out_of_touch) = tokio::try_join!(
         registry.units(),
         registry.unit_states(),
@@ -330,7 +346,7 @@ pub async fn read_view(registry: &dyn ApiRegistry) -> Result<ClusterView, fleet_
         registry.all_job_records(),
         registry.machines_out_of_touch()
     )?;
-    let view = cluster_view(&units, &states, &machines, &jobs, fleet_runtime::wall_clock::now_micros());
+    let view = cluster_view(previous, &units, &states, &machines, &jobs, fleet_runtime::wall_clock::now_micros());
     Ok(with_out_of_touch(view, &out_of_touch))
 }
 
@@ -354,7 +370,7 @@ impl LiveView {
         registry: Arc<dyn ApiRegistry>,
     ) -> Result<(ClusterView, broadcast::Receiver<Arc<Patch>>), fleet_registry::RegistryError> {
         let receiver = self.patches.subscribe();
-        let view = read_view(registry.as_ref()).await?;
+        let view = read_view(registry.as_ref(), &ClusterView::default()).await?;
         let mut reader = self.reader.locked();
         if reader.as_ref().is_none_or(|task| task.is_finished()) {
             *reader = Some(tokio::spawn(read_while_watched(registry, self.patches.clone(), view.clone())));
@@ -377,7 +393,7 @@ async fn read_while_watched(
         if revision.is_some() && revision == seen {
             continue;
         }
-        match read_view(registry.as_ref()).await {
+        match read_view(registry.as_ref(), &last).await {
             Ok(view) => {
                 let changes = patch(&last, &view);
                 if !changes.is_empty() {
@@ -436,6 +452,7 @@ mod tests {
     #[test]
     fn rows_say_where_units_run_and_why_others_wait() {
         let view = cluster_view(
+            &ClusterView::default(),
             &[unit("a.service", Some("m1"), None), unit("b.service", None, Some("no machine has region=x"))],
             &[state("a.service", "m1", "active")],
             &[machine("m1"), machine("m2")],
@@ -455,7 +472,14 @@ mod tests {
             unit("db.service", Some("m2"), Some("machine m2 out of touch since …")),
             unit("a.service", Some("m1"), None),
         ];
-        let view = cluster_view(&units, &[state("a.service", "m1", "active")], &[machine("m1")], &[], 0);
+        let view = cluster_view(
+            &ClusterView::default(),
+            &units,
+            &[state("a.service", "m1", "active")],
+            &[machine("m1")],
+            &[],
+            0,
+        );
         let gone = fleet_core::OutOfTouch {
             id: "m2".into(),
             since: 1_764_936_184_000_000,
@@ -481,11 +505,48 @@ mod tests {
             ..Default::default()
         };
         let checked = UnitState { health: Some(unhealthy), ..state("a.service", "m1", "active") };
-        let view = cluster_view(&[unit("a.service", Some("m1"), None)], &[checked], &[machine("m1")], &[], 0);
+        let view = cluster_view(
+            &ClusterView::default(),
+            &[unit("a.service", Some("m1"), None)],
+            &[checked],
+            &[machine("m1")],
+            &[],
+            0,
+        );
         assert_eq!(view.units["a.service"].health.as_deref(), Some("unhealthy: HTTP 500"));
-        let plain =
-            cluster_view(&[unit("a.service", Some("m1"), None)], &[state("a.service", "m1", "active")], &[], &[], 0);
+        let plain = cluster_view(
+            &ClusterView::default(),
+            &[unit("a.service", Some("m1"), None)],
+            &[state("a.service", "m1", "active")],
+            &[],
+            &[],
+            0,
+        );
         assert_eq!(plain.units["a.service"].health, None, "no check, no health");
+    }
+
+    #[test]
+    fn a_unit_whose_file_has_what_nothing_knows_carries_the_warnings() {
+        let file = UnitFile::parse("[Service]\nExecStart=/bin/true\nRestrt=always\n").expect("valid unit");
+        let typo = UnitView { hash: file.hash(), file, ..unit("typo.service", None, None) };
+        let view = cluster_view(&ClusterView::default(), &[typo, unit("clean.service", None, None)], &[], &[], &[], 0);
+        assert_eq!(
+            view.units["typo.service"].warnings,
+            ["unknown option Restrt= in [Service], which systemd ignores; did you mean Restart=?"]
+        );
+        assert!(view.units["clean.service"].warnings.is_empty());
+        let row = serde_json::to_value(&view.units["clean.service"]).expect("a row");
+        assert!(row.get("warnings").is_none(), "a row without warnings carries no field");
+        // Read again, a row of the same content keeps what the previous view found in it;
+        // new content is read again.
+        let mut previous = view.clone();
+        previous.units.get_mut("clean.service").expect("a row").warnings = vec!["kept".into()];
+        let again = cluster_view(&previous, &[unit("clean.service", None, None)], &[], &[], &[], 0);
+        assert_eq!(again.units["clean.service"].warnings, ["kept"]);
+        let changed = UnitFile::parse("[Service]\nExecStart=/bin/false\n").expect("valid unit");
+        let changed = UnitView { hash: changed.hash(), file: changed, ..unit("clean.service", None, None) };
+        let again = cluster_view(&previous, &[changed], &[], &[], &[], 0);
+        assert!(again.units["clean.service"].warnings.is_empty());
     }
 
     #[test]
@@ -493,12 +554,18 @@ mod tests {
         let mut drained = machine("m1");
         drained.drain = Some(fleet_core::drain::Drain::new(fleet_core::rollout::MaxUnavailable::Count(1), 0));
         let units = [unit("a.service", Some("m1"), None), unit("b.service", Some("m2"), None)];
-        let view =
-            cluster_view(&units, &[state("a.service", "m1", "active")], &[drained.clone(), machine("m2")], &[], 0);
+        let view = cluster_view(
+            &ClusterView::default(),
+            &units,
+            &[state("a.service", "m1", "active")],
+            &[drained.clone(), machine("m2")],
+            &[],
+            0,
+        );
         assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "draining", moving: 0, left: 1, held: false }));
         assert_eq!(view.machines["m2"].drain, None);
         let moved = [unit("a.service", Some("m2"), None), unit("b.service", Some("m2"), None)];
-        let view = cluster_view(&moved, &[], &[drained, machine("m2")], &[], 0);
+        let view = cluster_view(&ClusterView::default(), &moved, &[], &[drained, machine("m2")], &[], 0);
         assert_eq!(view.machines["m1"].drain, Some(DrainCell { state: "drained", moving: 0, left: 0, held: false }));
     }
 
@@ -506,6 +573,7 @@ mod tests {
     fn a_patch_carries_only_what_changed_and_applies_to_the_new_view() {
         let machines = [machine("m1")];
         let before = cluster_view(
+            &ClusterView::default(),
             &[unit("a.service", Some("m1"), None), unit("b.service", Some("m1"), None)],
             &[state("a.service", "m1", "activating"), state("b.service", "m1", "active")],
             &machines,
@@ -513,6 +581,7 @@ mod tests {
             0,
         );
         let after = cluster_view(
+            &ClusterView::default(),
             &[unit("a.service", Some("m1"), None), unit("c.service", None, None)],
             &[state("a.service", "m1", "active")],
             &machines,
@@ -540,7 +609,7 @@ mod tests {
             unit
         };
         let calendar = with("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nSchedule=*:0/15\n");
-        let view = cluster_view(std::slice::from_ref(&calendar), &[], &[], &[], START);
+        let view = cluster_view(&ClusterView::default(), std::slice::from_ref(&calendar), &[], &[], &[], START);
         assert_eq!(view.units["backup.service"].runs.as_deref(), Some("no runs yet; next 2026-12-04T00:15:00Z"));
         let job = fleet_core::job::job_of("backup.service", calendar.file.options()).unwrap().unwrap();
         let mut record = fleet_core::job::runs::advance(&job, &JobRecord::new(START), START + 901 * SECOND, 20).record;
@@ -549,26 +618,40 @@ mod tests {
         run.ended = Some(START + 950 * SECOND);
         run.released = true;
         let stored = StoredJob { unit: "backup.service".into(), record, version: 1 };
-        let view = cluster_view(&[calendar], &[], &[], std::slice::from_ref(&stored), START + 960 * SECOND);
+        let view = cluster_view(
+            &ClusterView::default(),
+            &[calendar],
+            &[],
+            &[],
+            std::slice::from_ref(&stored),
+            START + 960 * SECOND,
+        );
         assert_eq!(
             view.units["backup.service"].runs.as_deref(),
             Some("last: failed (status 3) (run 1); next 2026-12-04T00:30:00Z")
         );
         let batch = with("[Service]\nType=oneshot\nExecStart=/bin/true\n[X-Fleet]\nBatch=true\nRetries=1\n");
-        let view = cluster_view(&[batch], &[], &[], std::slice::from_ref(&stored), START + 960 * SECOND);
+        let view = cluster_view(
+            &ClusterView::default(),
+            &[batch],
+            &[],
+            &[],
+            std::slice::from_ref(&stored),
+            START + 960 * SECOND,
+        );
         assert_eq!(
             view.units["backup.service"].runs.as_deref(),
             Some("last: failed (status 3) (run 1); retry 2026-12-04T00:16:00Z")
         );
         // A service that moves when it fails shows its stays the same way.
         let moving = with("[Service]\nExecStart=/bin/web\n[X-Fleet]\nRetries=2\n");
-        let view = cluster_view(&[moving], &[], &[], &[stored], START + 960 * SECOND);
+        let view = cluster_view(&ClusterView::default(), &[moving], &[], &[], &[stored], START + 960 * SECOND);
         assert_eq!(
             view.units["backup.service"].runs.as_deref(),
             Some("last: failed (status 3) (run 1); retry 2026-12-04T00:16:00Z")
         );
         assert_eq!(
-            cluster_view(&[unit("web.service", None, None)], &[], &[], &[], START).units["web.service"].runs,
+            cluster_view(&ClusterView::default(), &[unit("web.service", None, None)], &[], &[], &[], START).units["web.service"].runs,
             None
         );
     }

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::LazyLock;
 
+use crate::UnitFile;
 use crate::closest::closest;
 use crate::requirements::{ADDED_KEYS, KNOWN_KEYS};
 use crate::unit_file::{UnitOption, X_FLEET};
@@ -84,6 +85,29 @@ pub fn unknown_options(options: &[UnitOption]) -> Vec<Unknown> {
     found
 }
 
+/// What `name`'s author is warned of in its file, each a sentence: the sections and options
+/// nothing knows (see [`unknown_options`]), then the metadata requirements ignored for not
+/// being one `key=value`. fleetctl says them at submission and in `status`; the web view marks
+/// the unit with them.
+pub fn unit_warnings(name: &str, file: &UnitFile) -> Vec<String> {
+    let unknown = unknown_options(file.options()).iter().map(ToString::to_string).collect::<Vec<_>>();
+    unknown.into_iter().chain(ignored_metadata_notes(name, file)).collect()
+}
+
+/// What `name`'s file asks of machines' metadata that is not one `key=value`, each said as
+/// ignored: the original ignores it too, so the unit is not held to what its author meant.
+pub fn ignored_metadata_notes(name: &str, file: &UnitFile) -> Vec<String> {
+    let ignored = crate::requirements::Requirements::from_unit(name, file).ignored_metadata;
+    ignored
+        .iter()
+        .map(|item| {
+            format!(
+                "metadata requirement {item:?} is not one key=value, and is ignored (as the original does): it does not restrict where the unit runs"
+            )
+        })
+        .collect()
+}
+
 /// `X-…`: a name systemd leaves to the user (fleet's own section aside).
 fn is_users_own(name: &str) -> bool {
     name.starts_with("X-") && name != X_FLEET
@@ -124,6 +148,21 @@ mod tests {
                     [X-Fleet]\nMachineID=abc\nX-ConditionMachineMetadata=a=b\nGlobal=true\nAtMostOnce=true\n\
                     HealthCheck=http://127.0.0.1/\n[X-Own]\nAnything=goes\n";
         assert_eq!(unknown(text), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_units_warnings_name_unknown_options_then_ignored_metadata() {
+        let file = crate::UnitFile::parse("[Service]\nExecStrat=/bin/x\n[X-Fleet]\nMachineMetadata=role\n")
+            .expect("a unit file");
+        assert_eq!(
+            unit_warnings("x.service", &file),
+            [
+                "unknown option ExecStrat= in [Service], which systemd ignores; did you mean ExecStart=?",
+                "metadata requirement \"role\" is not one key=value, and is ignored (as the original does): it does not restrict where the unit runs",
+            ]
+        );
+        let clean = crate::UnitFile::parse("[Service]\nExecStart=/bin/x\n").expect("a unit file");
+        assert_eq!(unit_warnings("x.service", &clean), Vec::<String>::new());
     }
 
     #[test]

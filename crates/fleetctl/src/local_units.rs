@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 
 use fleet_core::UnitFile;
 use fleet_core::unit_name::UnitNameInfo;
-use fleet_core::unknown_options::{Unknown, unknown_options};
+use fleet_core::unknown_options::{Unknown, ignored_metadata_notes, unknown_options};
 
 /// Reads a unit file; `None` when there is no such file. A malformed file is an error that
 /// names the file and the line.
@@ -35,20 +35,6 @@ pub fn warn_ignored_options(name: &str, file: &UnitFile) {
     for note in ignored_metadata_notes(name, file) {
         eprintln!("Unit {name}: {note}");
     }
-}
-
-/// What `name`'s file asks of machines' metadata that is not one `key=value`, each said as
-/// ignored: the original ignores it too, so the unit is not held to what its author meant.
-pub fn ignored_metadata_notes(name: &str, file: &UnitFile) -> Vec<String> {
-    let ignored = fleet_core::requirements::Requirements::from_unit(name, file).ignored_metadata;
-    ignored
-        .iter()
-        .map(|item| {
-            format!(
-                "metadata requirement {item:?} is not one key=value, and is ignored (as the original does): it does not restrict where the unit runs"
-            )
-        })
-        .collect()
 }
 
 /// Where the template of the instance `name` would be, beside the file `argument` names.

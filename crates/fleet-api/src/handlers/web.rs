@@ -82,7 +82,7 @@ async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)>
             }
             // Too slow to follow: start again from a whole view.
             Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                match crate::live_view::read_view(feed.state.registry.as_ref()).await {
+                match crate::live_view::read_view(feed.state.registry.as_ref(), &Default::default()).await {
                     Ok(view) => return Some((Ok(event(&reset(&view).visible_to(&feed.role))), feed)),
                     Err(_) => return None,
                 }

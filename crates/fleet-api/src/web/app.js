@@ -108,7 +108,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
   const machine = u.global ? "global (" + u.machines + ")" : u.machine ? short(u.machine) : "-";
   const ip = u.machine && machines.get(u.machine) ? machines.get(u.machine).ip : "";
   return [
-    [u.name, unitClass(u), u.name],
+    nameCell(u),
     [u.desired],
     [u.current || "-"],
     [ip ? machine + "/" + ip : machine, null, u.machine || ""],
@@ -122,6 +122,14 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];
 });
+
+// A unit's name, marked when its file has something nothing knows or that is ignored (the
+// warnings fleetctl gives at submission and in status), which its title lists.
+function nameCell(u) {
+  const warnings = u.warnings || [];
+  if (!warnings.length) return [u.name, unitClass(u), u.name];
+  return [u.name + " ⚠", unitClass(u) || "waiting", u.name + ":\n" + warnings.join("\n")];
+}
 
 // Waiting for a machine: asked to be somewhere and placed nowhere. A placed unit may carry a
 // reason too (spread unevenly, kept on a drained machine): a note, not a wait.
@@ -152,6 +160,7 @@ function unitShown(u, pattern, state) {
     case "unhealthy": return !!u.health && u.health.startsWith("unhealthy");
     case "unplaced": return isWaiting(u);
     case "inactive": return u.active !== "active";
+    case "warnings": return !!(u.warnings && u.warnings.length);
     default: return true;
   }
 }

@@ -220,3 +220,48 @@ fn a_unit_on_a_calendar_shows_its_runs_and_does_not_wait() {
     assert_eq!(priorities.as_str(), Some("50"), "a unit that sets no Priority= shows the default");
     assert!(text(&mut browser).contains("PRIORITY"), "the column has its head");
 }
+
+/// A unit whose file has an option nothing knows, or a metadata requirement that is ignored, is
+/// marked in the list with what `fleetctl status` warns of, and the filter "with warnings"
+/// shows those units alone.
+#[test]
+fn a_unit_with_warnings_is_marked_and_can_be_filtered() {
+    let port = fleet_testkit::free_port();
+    let listen = format!("unix://{{socket}},http://127.0.0.1:{port}");
+    let fleet = Fleetd::start(
+        "0e0e0e0e0000000000000000000000a4",
+        &[("api_listen", listen.as_str()), ("api_anonymous_role", "viewer")],
+    );
+    let dir = tempfile::tempdir().expect("scratch dir");
+    let typo = write_unit(
+        dir.path(),
+        "typo.service",
+        "[Service]\nExecStart=/bin/sleep 1000\nRestrt=always\n[X-Fleet]\nMachineMetadata=role\n",
+    );
+    let clean = write_unit(dir.path(), "clean.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    fleet.ok(&["submit", &typo, &clean]);
+    let mut browser = Browser::open(&format!("http://127.0.0.1:{port}/ui/"), 1600, 900);
+    let names = "[...document.querySelectorAll('#units .row')].map(r => r.children[0].innerText).join('|')";
+    poll_until(
+        "both units are listed, the one with warnings marked",
+        WAIT,
+        || browser.evaluate(names).as_str() == Some("clean.service|typo.service ⚠"),
+        String::new,
+    );
+    let title = browser.evaluate("document.querySelectorAll('#units .row')[1].children[0].title");
+    let title = title.as_str().unwrap_or_default();
+    assert!(
+        title.contains("unknown option Restrt= in [Service], which systemd ignores; did you mean Restart=?"),
+        "{title}"
+    );
+    assert!(title.contains("metadata requirement \"role\" is not one key=value, and is ignored"), "{title}");
+    browser.evaluate(
+        "(() => { const s = document.getElementById('unit-state'); s.value = 'warnings'; s.dispatchEvent(new Event('input')); })()",
+    );
+    poll_until(
+        "the filter shows the unit with warnings alone",
+        WAIT,
+        || browser.evaluate(names).as_str() == Some("typo.service ⚠"),
+        String::new,
+    );
+}

@@ -3,13 +3,12 @@
 use std::time::Duration;
 
 use fleet_core::unit_name::mangle;
-use fleet_core::unknown_options::unknown_options;
+use fleet_core::unknown_options::unit_warnings;
 
 use super::create::{is_global, unit_file};
 use super::list::{health_text, unit_row};
 use crate::Outcome;
 use crate::context::Context;
-use crate::local_units::ignored_metadata_notes;
 use crate::output::{OutputFormat, UnitStatus, print_json};
 use crate::table::MachineLegends;
 
@@ -140,11 +139,7 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
                     hash: file.hash().to_string(),
                     states: states.iter().map(|state| unit_row(state, &machines)).collect(),
                     log: report.as_ref().map(|journal| journal.text.lines().collect()).unwrap_or_default(),
-                    unknown_options: unknown_options(file.options())
-                        .iter()
-                        .map(ToString::to_string)
-                        .chain(ignored_metadata_notes(&unit.name, file))
-                        .collect(),
+                    unknown_options: unit_warnings(&unit.name, file),
                 }
             })
             .collect();
@@ -161,12 +156,8 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
 /// systemd nor fleet knows, a likely reason why it fails (issue 68), and the metadata
 /// requirements it ignores.
 fn print_unknown_options(unit: &fleet_api_schema::Unit) {
-    let file = unit_file(unit);
-    for unknown in unknown_options(file.options()) {
-        println!("   Warning: {unknown}");
-    }
-    for note in ignored_metadata_notes(&unit.name, &file) {
-        println!("   Warning: {note}");
+    for warning in unit_warnings(&unit.name, &unit_file(unit)) {
+        println!("   Warning: {warning}");
     }
 }
 
