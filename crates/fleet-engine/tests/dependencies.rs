@@ -11,8 +11,7 @@ use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 
-mod common;
-use common::{machine, machine_of, reason, running_on, start_engine};
+use crate::common::{machine, machine_of, reason, running_on, start_engine};
 
 fn unit(x_fleet: &str) -> UnitFile {
     UnitFile::parse(&format!("[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\n{x_fleet}\n")).unwrap()

@@ -10,8 +10,7 @@ use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 
-mod common;
-use common::{machine, machine_of, reason, running_on, start_engine};
+use crate::common::{machine, machine_of, reason, running_on, start_engine};
 
 #[tokio::test(start_paused = true)]
 async fn an_evicting_taint_moves_a_budgeted_group_one_unit_at_a_time() {

@@ -12,8 +12,7 @@ use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 
-mod common;
-use common::{reason, running_on};
+use crate::common::{reason, running_on};
 use tokio::sync::watch;
 
 fn machine(id: &str, region: &str) -> MachineState {

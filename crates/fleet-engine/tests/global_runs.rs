@@ -3,9 +3,7 @@
 //! the leader claims one run and publishes it as the ticket every machine's work carries; each
 //! machine's end is counted once into the run's tally; a stop takes the ticket away.
 
-mod common;
-
-use common::{machine, start_engine};
+use crate::common::{machine, start_engine};
 
 use std::time::Duration;
 

@@ -5,9 +5,7 @@
 //! machine let it go, and after its retries are spent kept off every machine, saying so, until
 //! it is stopped and started again.
 
-mod common;
-
-use common::{machine, start_engine};
+use crate::common::{machine, start_engine};
 
 use std::time::Duration;
 

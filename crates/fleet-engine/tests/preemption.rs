@@ -13,8 +13,7 @@ use fleet_runtime::Lifecycle;
 use fleet_store_embedded::EmbeddedRegistry;
 use fleet_testkit::eventually;
 
-mod common;
-use common::{machine_of, reason, running_on};
+use crate::common::{machine_of, reason, running_on};
 use tokio::sync::watch;
 
 fn unit(x_fleet: &str) -> UnitFile {

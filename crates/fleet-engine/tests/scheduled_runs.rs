@@ -5,9 +5,7 @@
 //! unit go; a run whose machine is lost is recorded lost and never placed elsewhere. A batch
 //! unit runs once per start, and its failed run is retried on the other machine.
 
-mod common;
-
-use common::{machine, start_engine};
+use crate::common::{machine, start_engine};
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The engine's passes while a unit on a calendar waits for its next elapse: they plan nothing
 //! (a unit on a calendar used to make every pass plan every unit), and a run started by hand
-//! is still claimed and placed at once. One test in this file: it counts the engine's plans
-//! in the process's metrics.
+//! is still claimed and placed at once. A binary of its own, with one test: it counts the
+//! engine's plans in the process's metrics, which another engine test would add to.
 
 mod common;
 
