@@ -1,14 +1,17 @@
 //! An import (`ApiRegistry::import_units`): units written with their placements, many per
-//! transaction, each on the condition that neither its unit nor its placement exists; when one
-//! finds its name taken, or etcd fails, what the import wrote is deleted again, so it leaves
-//! all of its units or none. (Bodies it wrote stay: the engine collects those no unit has.)
+//! transaction, each on the condition that neither its unit nor its placement exists and that
+//! nothing in its `destroyed/` bucket was destroyed since it was seen absent (as any create);
+//! when one finds its name taken, or etcd fails, what the import wrote is deleted again, so it
+//! leaves all of its units or none. An import that failed first fences its chunks as a destroy
+//! would, so one etcd carries out late (its answer lost) writes nothing. (Bodies it wrote stay:
+//! the engine collects those no unit has.)
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 use fleet_core::{Requirements, UnitHash};
 use fleet_registry::codec::encode;
-use fleet_registry::{Imported, ImportedUnit, Result, UnitRecord, Writer};
+use fleet_registry::{Imported, ImportedUnit, RegistryError, Result, UnitRecord, Writer};
 
 use super::EtcdRegistry;
 use super::api::{Writes, put_if_absent};
@@ -21,40 +24,104 @@ const BYTES_PER_TXN: usize = 1024 * 1024;
 /// A unit whose write was not answered: taken back only if written once and not since.
 const UNKNOWN_REVISION: i64 = 0;
 
+/// How often units refused for a destroy beside them are seen and written again.
+const FENCED_ATTEMPTS: usize = 5;
+
+/// What sending an import's chunks came to.
+enum Chunks<'a> {
+    /// Written, but for these units, refused for a destroy in their `destroyed/` bucket since
+    /// they were seen absent.
+    Fenced(Vec<&'a ImportedUnit>),
+    /// These names are taken: the import writes nothing.
+    Taken(Vec<String>),
+}
+
+/// Whether the counts of a refused unit's else branch found neither it nor its placement.
+fn found_none(counts: &[TxnOpResponse]) -> bool {
+    counts.iter().all(|response| matches!(response, TxnOpResponse::Get(get) if get.count() == 0))
+}
+
 /// One imported unit and its nested transaction's writes.
-struct Written<'a> {
+pub(super) struct Written<'a> {
     unit: &'a ImportedUnit,
     writes: Writes,
 }
 
 impl EtcdRegistry {
     pub(super) async fn import(&self, units: &[ImportedUnit], writer: &Writer) -> Result<Imported> {
-        let existing = self.existing_units(units).await?;
+        let all: Vec<&ImportedUnit> = units.iter().collect();
+        let (existing, seen_at) = self.existing_units(&all).await?;
         if !existing.is_empty() {
             return Ok(Imported::Existing(existing));
         }
+        self.import_seen_absent(all, seen_at, writer).await
+    }
+
+    /// Writes `units`, all seen absent at revision `seen_at`. Each is written on the condition
+    /// that neither it nor its placement exists and that no unit of its `destroyed/` bucket was
+    /// destroyed since `seen_at` (as a create is, `api.rs::write_conditions`); units refused for
+    /// a destroy beside them are seen again and written again, a few times at most.
+    pub(super) async fn import_seen_absent(
+        &self,
+        mut pending: Vec<&ImportedUnit>,
+        mut seen_at: i64,
+        writer: &Writer,
+    ) -> Result<Imported> {
         let mut written: Vec<(&ImportedUnit, i64)> = Vec::new();
+        for _ in 0..FENCED_ATTEMPTS {
+            let fenced = match self.write_chunks(&pending, seen_at, writer, &mut written).await {
+                Ok(Chunks::Fenced(fenced)) => fenced,
+                Ok(Chunks::Taken(taken)) => {
+                    self.take_back(&written).await;
+                    return Ok(Imported::Existing(taken));
+                }
+                Err(error) => {
+                    self.give_up(&written).await;
+                    return Err(error);
+                }
+            };
+            if fenced.is_empty() {
+                return Ok(Imported::Written);
+            }
+            let existing = self.existing_units(&fenced).await;
+            match existing {
+                Ok((existing, _)) if !existing.is_empty() => {
+                    self.take_back(&written).await;
+                    return Ok(Imported::Existing(existing));
+                }
+                Ok((_, now)) => (pending, seen_at) = (fenced, now),
+                Err(error) => {
+                    self.take_back(&written).await;
+                    return Err(error);
+                }
+            }
+        }
+        self.take_back(&written).await;
+        Err(RegistryError::Unavailable(format!(
+            "etcd: units kept being destroyed beside the import's (their names share its units' destroy records) through {FENCED_ATTEMPTS} attempts; nothing was imported, run it again"
+        )))
+    }
+
+    /// Sends `units` in chunks, each unit seen absent at `seen_at`, recording in `written`
+    /// each one written (at its revision, or unknown for a chunk etcd did not answer).
+    async fn write_chunks<'a>(
+        &self,
+        units: &[&'a ImportedUnit],
+        seen_at: i64,
+        writer: &Writer,
+        written: &mut Vec<(&'a ImportedUnit, i64)>,
+    ) -> Result<Chunks<'a>> {
+        let mut fenced = Vec::new();
         let mut next = 0;
         while next < units.len() {
             let (chunk, bodies, after) = self.import_chunk(units, next, writer);
             next = after;
-            let mut ops: Vec<TxnOp> = bodies.iter().map(|(key, value)| put_if_absent(key, value.clone())).collect();
-            let keys = self.keys();
-            for nested in &chunk {
-                let name = nested.unit.name.as_str();
-                let absent = [
-                    Compare::version(keys.unit(name), CompareOp::Equal, 0),
-                    Compare::version(keys.placement(name), CompareOp::Equal, 0),
-                ];
-                ops.push(TxnOp::txn(Txn::new().when(absent).and_then(nested.writes.ops.clone())));
-            }
-            let reply = match self.connection().big_txn(Txn::new().and_then(ops)).await {
+            let txn = self.chunk_txn(&chunk, &bodies, seen_at);
+            let reply = match self.connection().big_txn(txn).await {
                 Ok(reply) => reply,
                 Err(error) => {
-                    // The chunk may have been written without its answer reaching here: its
-                    // units are taken back too where they were written once and not since.
+                    // The chunk may have been written without its answer reaching here.
                     written.extend(chunk.iter().map(|nested| (nested.unit, UNKNOWN_REVISION)));
-                    self.take_back(&written).await;
                     return Err(error);
                 }
             };
@@ -70,41 +137,84 @@ impl EtcdRegistry {
                         self.api_wrote_at(revision, &nested.writes.keys, &inner.op_responses());
                         written.push((nested.unit, revision));
                     }
+                    // Refused: its else branch counted the unit and its placement.
+                    TxnOpResponse::Txn(inner) if found_none(&inner.op_responses()) => fenced.push(nested.unit),
                     _ => taken.push(nested.unit.name.clone()),
                 }
             }
             if !taken.is_empty() {
-                self.take_back(&written).await;
-                return Ok(Imported::Existing(taken));
+                return Ok(Chunks::Taken(taken));
             }
         }
-        Ok(Imported::Written)
+        Ok(Chunks::Fenced(fenced))
     }
 
-    /// The names of `units` that exist already, read from etcd (a copy could be behind).
-    async fn existing_units(&self, units: &[ImportedUnit]) -> Result<Vec<String>> {
+    /// One chunk's transaction: its bodies where absent, and each unit's nested transaction
+    /// on the conditions of [`Self::import_seen_absent`], counting the unit and its placement
+    /// where refused (a refusal that finds neither was a destroy beside it).
+    pub(super) fn chunk_txn(&self, chunk: &[Written<'_>], bodies: &BTreeMap<String, Vec<u8>>, seen_at: i64) -> Txn {
+        let keys = self.keys();
+        let mut ops: Vec<TxnOp> = bodies.iter().map(|(key, value)| put_if_absent(key, value.clone())).collect();
+        for nested in chunk {
+            let name = nested.unit.name.as_str();
+            let (unit_key, placement_key) = (keys.unit(name), keys.placement(name));
+            let absent = [
+                Compare::version(unit_key.as_str(), CompareOp::Equal, 0),
+                Compare::version(placement_key.as_str(), CompareOp::Equal, 0),
+                Compare::mod_revision(keys.destroyed(name), CompareOp::Less, seen_at + 1),
+            ];
+            let count = || Some(GetOptions::new().with_count_only());
+            let found = [TxnOp::get(unit_key, count()), TxnOp::get(placement_key, count())];
+            ops.push(TxnOp::txn(Txn::new().when(absent).and_then(nested.writes.ops.clone()).or_else(found)));
+        }
+        Txn::new().and_then(ops)
+    }
+
+    /// Gives up an import that failed with `written` sent: first fences every chunk sent, as
+    /// a destroy of their names does (a chunk etcd carries out after this, its answer lost, is
+    /// refused), then takes back what is there.
+    pub(super) async fn give_up(&self, written: &[(&ImportedUnit, i64)]) {
+        let keys = self.keys();
+        let mut fences: BTreeMap<String, &str> = BTreeMap::new();
+        for (unit, _) in written {
+            fences.entry(keys.destroyed(&unit.name)).or_insert(&unit.name);
+        }
+        let puts: Vec<TxnOp> = fences.iter().map(|(key, name)| TxnOp::put(key.as_str(), *name, None)).collect();
+        for batch in puts.chunks(NESTED_PER_TXN) {
+            if let Err(error) = self.connection().big_txn(Txn::new().and_then(batch.to_vec())).await {
+                tracing::error!(%error, "an import that failed could not fence the writes it may still have on their way");
+            }
+        }
+        self.take_back(written).await;
+    }
+
+    /// The names of `units` that exist already, read from etcd (a copy could be behind), and
+    /// the revision they were all seen at or after.
+    pub(super) async fn existing_units(&self, units: &[&ImportedUnit]) -> Result<(Vec<String>, i64)> {
         let keys = self.keys();
         let mut existing = Vec::new();
+        let mut seen_at: Option<i64> = None;
         for chunk in units.chunks(NESTED_PER_TXN) {
             let gets = chunk
                 .iter()
-                .map(|unit| TxnOp::get(keys.unit(&unit.name), Some(etcd_client::GetOptions::new().with_count_only())))
+                .map(|unit| TxnOp::get(keys.unit(&unit.name), Some(GetOptions::new().with_count_only())))
                 .collect();
-            let (_, replies) = self.connection().read(gets).await?;
+            let (revision, replies) = self.connection().read(gets).await?;
+            seen_at = Some(seen_at.map_or(revision, |seen| seen.min(revision)));
             for (unit, reply) in chunk.iter().zip(replies) {
                 if reply.count() > 0 {
                     existing.push(unit.name.clone());
                 }
             }
         }
-        Ok(existing)
+        Ok((existing, seen_at.unwrap_or(0)))
     }
 
     /// The units from `start` that fit one transaction with the bodies they need, and where
     /// the next chunk starts.
-    fn import_chunk<'a>(
+    pub(super) fn import_chunk<'a>(
         &self,
-        units: &'a [ImportedUnit],
+        units: &[&'a ImportedUnit],
         start: usize,
         writer: &Writer,
     ) -> (Vec<Written<'a>>, BTreeMap<String, Vec<u8>>, usize) {
@@ -114,7 +224,7 @@ impl EtcdRegistry {
         let mut carried_to: HashSet<(&str, UnitHash)> = HashSet::new();
         let mut index = start;
         while index < units.len() && chunk.len() + bodies.len() + 2 <= NESTED_PER_TXN && bytes < BYTES_PER_TXN {
-            let unit = &units[index];
+            let unit = units[index];
             index += 1;
             let hash = unit.file.hash();
             let body_key = keys.body(&hash.to_string());

@@ -9,7 +9,7 @@
 //! | `placement/<unit>` | machine ID | — | engine, fenced; API's import of units it creates (`imports.rs`) |
 //! | `schedule/<machine>/<unit>` | [`fleet_registry::AssignedUnit`] fields; the machine's first unit of each content also carries its body; a unit placed with a `required-at/` record names that record's revision (`places_at`) | — | engine (fenced); API on desired-state changes and imports |
 //! | `reasons/<unit>` | why it is unplaced | — | engine, fenced |
-//! | `destroyed/<bucket>` | the unit destroyed last of those whose names hash to `bucket` (two hex digits, [`destroyed_bucket`]): its revision fences creates read before it (`api.rs::write_conditions`) | — | API |
+//! | `destroyed/<bucket>` | the unit destroyed last of those whose names hash to `bucket` (two hex digits, [`destroyed_bucket`]): its revision fences creates read before it (`api.rs::write_conditions`, `imports.rs`); a failed import writes the buckets of what it sent | — | API |
 //! | `machines/<machine>` | [`fleet_core::MachineState`] | machine's | agent |
 //! | `metadata/<machine>` | runtime metadata overrides | — | API (`PATCH /machines`) |
 //! | `drains/<machine>` | [`fleet_core::drain::Drain`] | — | API (starts and ends it), engine leader (steps it) |

@@ -92,3 +92,63 @@ async fn units_are_created_at_once_after_a_destroy_the_writers_cache_has_not_see
     assert_eq!(again.desired, DesiredState::Loaded);
     assert!(direct.unit(&neighbour).await.unwrap().is_some());
 }
+
+fn imported(name: &str) -> fleet_registry::ImportedUnit {
+    fleet_registry::ImportedUnit {
+        name: name.into(),
+        file: unit(SLEEP),
+        desired: DesiredState::Launched,
+        machine: Some("m1".into()),
+    }
+}
+
+/// An import that failed fences what it sent before taking it back: a chunk etcd carries out
+/// only after that (its answer lost on the way, as for a create above) writes nothing, so the
+/// units of an import said to have failed never appear and are never adopted by their machine.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_import_chunk_etcd_carries_out_after_the_import_gave_up_writes_nothing() {
+    let etcd = EtcdServer::start();
+    let store = registry(&etcd, Duration::from_secs(10)).await;
+    let units = [imported("late-a.service"), imported("late-b.service")];
+    let all: Vec<_> = units.iter().collect();
+    let (existing, seen_at) = store.existing_units(&all).await.unwrap();
+    assert!(existing.is_empty());
+    let (chunk, bodies, _) = store.import_chunk(&all, 0, &fleet_registry::Writer::BY_HAND);
+    // The chunk's transaction, as it was sent before the import gave up; then the give-up.
+    let late = store.chunk_txn(&chunk, &bodies, seen_at);
+    let sent: Vec<_> = all.iter().map(|unit| (*unit, 0)).collect();
+    store.give_up(&sent).await;
+    let reply = store.connection().big_txn(late).await.unwrap();
+    let refused = reply
+        .op_responses()
+        .iter()
+        .filter(|response| matches!(response, etcd_client::TxnOpResponse::Txn(inner) if !inner.succeeded()))
+        .count();
+    assert_eq!(refused, 2, "both units' writes refused");
+    for name in ["late-a.service", "late-b.service"] {
+        assert!(store.unit(name).await.unwrap().is_none(), "{name} appeared after its import failed");
+    }
+    let work = fleet_registry::AgentRegistry::machine_work(&store, "m1").await.unwrap();
+    assert!(work.scheduled.is_empty(), "the machine was given {:?}", work.scheduled);
+}
+
+/// A destroy beside an import's units (a unit whose name shares one's destroy record) between
+/// the import's read and its write costs a read, not the import: the units it fenced are seen
+/// again and written.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_import_goes_on_past_a_destroy_beside_its_units() {
+    let etcd = EtcdServer::start();
+    let store = registry(&etcd, Duration::from_secs(10)).await;
+    let units = [imported("kept-a.service"), imported("kept-b.service")];
+    let all: Vec<_> = units.iter().collect();
+    let (_, seen_at) = store.existing_units(&all).await.unwrap();
+    let neighbour = neighbour_of("kept-a.service");
+    store.put_unit(&neighbour, &unit(SLEEP), DesiredState::Launched).await.unwrap();
+    assert!(store.destroy_unit(&neighbour).await.unwrap());
+    let imported = store.import_seen_absent(all, seen_at, &fleet_registry::Writer::BY_HAND).await.unwrap();
+    assert_eq!(imported, fleet_registry::Imported::Written);
+    for name in ["kept-a.service", "kept-b.service"] {
+        let written = store.unit(name).await.unwrap().expect("imported");
+        assert_eq!(written.machine_id.as_deref(), Some("m1"));
+    }
+}
