@@ -90,6 +90,10 @@ pub struct UnitRow {
     pub requires: Option<String>,
     /// Its current version and who made it (`3 by token:ci`); `fleetctl history` lists them all.
     pub version: String,
+    /// What it reserves, tolerates, how long its machine may be out of touch, whether it runs
+    /// at most once, what its instances spread by (`Requirements::terms`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub terms: Vec<String>,
     /// What in its file nothing knows, or is ignored (as `fleetctl status` warns).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<String>,
@@ -197,6 +201,8 @@ pub fn cluster_view(
                 Some(machine) => reported.iter().find(|state| &state.machine_id == machine),
                 None => reported.first(),
             };
+            // What the previous view read from the same content, reused.
+            let from_content = previous.units.get(&unit.name).filter(|row| row.hash == unit.hash);
             let row = UnitRow {
                 name: unit.name.clone(),
                 desired: unit.desired.as_str(),
@@ -220,10 +226,14 @@ pub fn cluster_view(
                     .filter(|dependencies| !dependencies.is_empty())
                     .map(|dependencies| dependencies.short()),
                 version: version_cell(&unit.versions),
-                warnings: match previous.units.get(&unit.name).filter(|row| row.hash == unit.hash) {
-                    Some(row) => row.warnings.clone(),
-                    None => fleet_core::unknown_options::unit_warnings(&unit.name, &unit.file),
-                },
+                terms: from_content.map_or_else(
+                    || fleet_core::Requirements::from_unit(&unit.name, &unit.file).terms(),
+                    |row| row.terms.clone(),
+                ),
+                warnings: from_content.map_or_else(
+                    || fleet_core::unknown_options::unit_warnings(&unit.name, &unit.file),
+                    |row| row.warnings.clone(),
+                ),
                 hash: unit.hash,
             };
             (row.name.clone(), row)
@@ -523,6 +533,16 @@ mod tests {
             0,
         );
         assert_eq!(plain.units["a.service"].health, None, "no check, no health");
+    }
+
+    #[test]
+    fn a_unit_shows_the_terms_no_other_column_shows() {
+        let file = UnitFile::parse("[Service]\nExecStart=/bin/true\n[X-Fleet]\nAtMostOnce=true\nTolerate=gpu\n")
+            .expect("valid unit");
+        let picky = UnitView { hash: file.hash(), file, ..unit("picky.service", None, None) };
+        let view = cluster_view(&ClusterView::default(), &[picky, unit("plain.service", None, None)], &[], &[], &[], 0);
+        assert_eq!(view.units["picky.service"].terms, ["tolerates gpu", "at most once"]);
+        assert!(view.units["plain.service"].terms.is_empty());
     }
 
     #[test]

@@ -1,5 +1,7 @@
 //! The `[X-Fleet]` section: where a unit may run, and the rules on combining options.
 
+mod terms;
+
 use std::collections::BTreeMap;
 
 use crate::glob::glob_matches;

@@ -216,7 +216,8 @@ enum Command {
         #[arg(long)]
         no_legend: bool,
         /// Columns: budget (DisruptionBudget=),desc,dstate,global,hash,next (when a unit on a calendar runs next),
-        /// priority,reason,requires (Requires=, After=),schedule,source,state,sync,target,tmachine,unit,
+        /// priority,reason,requires (Requires=, After=),schedule,source,state,sync,target,
+        /// terms (reserves, tolerates, lost after, at most once, spread by),tmachine,unit,
         /// version (see `fleetctl history`)
         #[arg(long, default_value = "unit,hash,dstate,state,target")]
         fields: String,

@@ -83,6 +83,9 @@ pub struct UnitFileRow<'a> {
     pub disruption_budget: Option<BudgetJson>,
     /// `[X-Fleet] Requires=`, `After=`, `RequiresGrace=`, `RequiresChange=`; `null` for none.
     pub requires: Option<RequiresJson>,
+    /// What it reserves, tolerates, how long its machine may be out of touch, whether it runs
+    /// at most once, what its instances spread by (`Requirements::terms`); `[]` for none.
+    pub terms: Vec<String>,
     /// Its current version (`fleetctl history`): 1 for a unit never changed.
     pub version: u64,
 }

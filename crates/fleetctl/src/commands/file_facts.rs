@@ -27,6 +27,8 @@ pub struct FileFacts {
     /// Whether units with this file are global, when that does not depend on the unit's name
     /// (no `[X-Fleet]` value has a specifier such as `%i`).
     global_for_any_name: Option<bool>,
+    /// Its placement terms no other column shows ([`Requirements::terms`]), likewise.
+    terms_for_any_name: Option<Vec<String>>,
 }
 
 impl FileFacts {
@@ -34,7 +36,9 @@ impl FileFacts {
         let file = unit_file(unit);
         let names_matter =
             file.options().iter().any(|option| option.section == "X-Fleet" && option.value.contains('%'));
-        let global_for_any_name = (!names_matter).then(|| Requirements::from_unit(&unit.name, &file).global);
+        let for_any_name = (!names_matter).then(|| Requirements::from_unit(&unit.name, &file));
+        let global_for_any_name = for_any_name.as_ref().map(|requirements| requirements.global);
+        let terms_for_any_name = for_any_name.as_ref().map(Requirements::terms);
         let priority =
             fleet_core::requirements::priority_of(file.options()).unwrap_or(fleet_core::requirements::DEFAULT_PRIORITY);
         // A budget does not depend on the unit's name once it belongs to a group.
@@ -43,6 +47,7 @@ impl FileFacts {
         Self {
             hash: file.hash(),
             global_for_any_name,
+            terms_for_any_name,
             schedule: schedule_of(&file),
             priority,
             budget,
@@ -53,6 +58,14 @@ impl FileFacts {
 
     pub fn description(&self) -> Option<&str> {
         self.file.description()
+    }
+
+    /// The placement terms of `unit` (which has this file) that no other column shows.
+    pub fn terms(&self, unit: &Unit) -> Vec<String> {
+        match &self.terms_for_any_name {
+            Some(terms) => terms.clone(),
+            None => Requirements::from_unit(&unit.name, &self.file).terms(),
+        }
     }
 
     /// Whether `unit` (which has this file) is global.

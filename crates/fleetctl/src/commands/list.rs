@@ -172,7 +172,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
     } else {
         let valid = [
             "budget", "desc", "dstate", "global", "hash", "next", "priority", "reason", "requires", "schedule",
-            "source", "state", "sync", "target", "tmachine", "unit", "version",
+            "source", "state", "sync", "target", "terms", "tmachine", "unit", "version",
         ];
         match columns(fields, &valid, output) {
             Ok(fields) => fields,
@@ -228,6 +228,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     priority: file.priority,
                     disruption_budget: file.budget.as_ref().map(BudgetJson::of),
                     requires: RequiresJson::of(&file.dependencies),
+                    terms: file.terms(unit),
                     version: unit.version.unwrap_or(1),
                 }
             })
@@ -264,6 +265,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     "priority" => file.priority.to_string(),
                     "budget" => file.budget.as_ref().map_or_else(|| "-".to_string(), |budget| budget.short()),
                     "requires" => file.dependencies.short(),
+                    "terms" => or_dash(&file.terms(unit).join(", ")),
                     "version" => unit.version.unwrap_or(1).to_string(),
                     _ => or_dash(unit.reason.as_deref().unwrap_or("")),
                 })
