@@ -15,6 +15,7 @@ pub fn admit_unit(name: &str, file: &UnitFile) -> Result<(), String> {
     crate::requirements::reservation_of(file.options()).map_err(|error| error.to_string())?;
     crate::requirements::check_tolerations(file.options())?;
     crate::requirements::priority_of(file.options())?;
+    crate::requirements::check_at_most_once(file.options())?;
     crate::lost_after::lost_after_of(file.options())?;
     crate::disruption_budget::budget_of(name, file.options())?;
     let dependencies = crate::dependency::dependencies_of(name, file.options())?;
@@ -106,6 +107,30 @@ mod tests {
         let file = UnitFile::parse("[X-Fleet]\nPriority=900\n").expect("a unit");
         assert_eq!(Requirements::from_unit("web.service", &file).priority, 900);
         assert_eq!(Requirements::from_unit("web.service", &UnitFile::parse("").expect("a unit")).priority, 50);
+    }
+
+    #[test]
+    fn an_at_most_once_that_is_neither_true_nor_false_is_refused_naming_the_option() {
+        for (good, asks) in
+            [("true", true), (" Yes ", true), ("1", true), ("off", false), ("false", false), ("", false)]
+        {
+            let file = UnitFile::parse(&format!("[X-Fleet]\nAtMostOnce={good}\n")).expect("a unit");
+            assert_eq!(admit_unit("web.service", &file), Ok(()), "{good:?}");
+            assert_eq!(Requirements::from_unit("web.service", &file).at_most_once, asks, "{good:?}");
+        }
+        for bad in ["maybe", "2", "truee"] {
+            let file = UnitFile::parse(&format!("[X-Fleet]\nAtMostOnce={bad}\n")).expect("a unit");
+            assert_eq!(
+                admit_unit("web.service", &file),
+                Err(format!(
+                    "invalid value {bad:?} for [X-Fleet] AtMostOnce: expected true or false (yes/no, on/off, 1/0)"
+                )),
+                "{bad}"
+            );
+        }
+        // The original's booleans read anything else as false, as the original does.
+        let global = UnitFile::parse("[X-Fleet]\nGlobal=perhaps\n").expect("a unit");
+        assert_eq!(admit_unit("web.service", &global), Ok(()));
     }
 
     #[test]

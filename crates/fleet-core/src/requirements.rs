@@ -33,7 +33,7 @@ pub const KNOWN_KEYS: &[&str] = &[
 /// the units that name the same pattern (and match it) spread together. The health check's
 /// keys are fleet's too ([`crate::health::check::KEYS`]); [`is_added_key`] knows both.
 pub const ADDED_KEYS: &[&str] = &[
-    "AtMostOnce",
+    AT_MOST_ONCE,
     "Memory",
     "CPU",
     "SpreadBy",
@@ -53,6 +53,10 @@ pub const ADDED_KEYS: &[&str] = &[
 /// placed first, and with preemption on (the engine leader's `preemption = on`) one that fits
 /// nowhere may take the room of units of a lower one ([`crate::schedule`]).
 pub const PRIORITY: &str = "Priority";
+
+/// `AtMostOnce=true`: the unit never runs on two machines at once, at the cost of stopping it
+/// whenever its machine may be out of touch.
+pub const AT_MOST_ONCE: &str = "AtMostOnce";
 
 /// A unit's priority when it sets none.
 pub const DEFAULT_PRIORITY: u16 = 50;
@@ -186,13 +190,28 @@ fn x_fleet_bool(value: &str) -> bool {
     matches!(value.to_ascii_lowercase().as_str(), "true" | "yes" | "1" | "on" | "t")
 }
 
+/// `AtMostOnce=`, fleet's own: a value that is neither true nor false is refused at submission
+/// (the original's booleans, such as `Global=`, read anything else as false, and still do).
+pub fn check_at_most_once(options: &[UnitOption]) -> Result<(), String> {
+    let Some(value) = last_value(options, SECTION, AT_MOST_ONCE) else {
+        return Ok(());
+    };
+    let word = value.trim().to_ascii_lowercase();
+    match x_fleet_bool(&word) || matches!(word.as_str(), "" | "false" | "no" | "0" | "off" | "f") {
+        true => Ok(()),
+        false => Err(format!(
+            "invalid value {value:?} for [X-Fleet] {AT_MOST_ONCE}: expected true or false (yes/no, on/off, 1/0)"
+        )),
+    }
+}
+
 /// Whether `unit` asks to run at most once (`[X-Fleet] AtMostOnce=`), read without the rest
 /// of its requirements: the agent asks it of every unit it holds.
 pub fn asks_at_most_once(unit: &UnitFile) -> bool {
     unit.options()
         .iter()
         .rev()
-        .find(|option| option.section == SECTION && option.name == "AtMostOnce")
+        .find(|option| option.section == SECTION && option.name == AT_MOST_ONCE)
         .is_some_and(|option| x_fleet_bool(&option.value))
 }
 
@@ -291,7 +310,7 @@ impl Requirements {
             values.get("Global").and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
         requirements.replaces = all(&["Replaces"]);
         requirements.at_most_once =
-            values.get("AtMostOnce").and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
+            values.get(AT_MOST_ONCE).and_then(|list| list.last()).is_some_and(|value| x_fleet_bool(value));
         requirements.spread_by = values
             .get("SpreadBy")
             .and_then(|list| list.last())
@@ -365,7 +384,7 @@ impl Requirements {
             _ if pinned && replaces => CombinationError::MachineIdWith("Replaces"),
             _ if self.global && peers => CombinationError::GlobalWith("Peers"),
             _ if self.global && replaces => CombinationError::GlobalWith("Replaces"),
-            _ if self.global && self.at_most_once => CombinationError::GlobalWith("AtMostOnce"),
+            _ if self.global && self.at_most_once => CombinationError::GlobalWith(AT_MOST_ONCE),
             _ if self.global && self.spread_by.is_some() => CombinationError::GlobalWith("SpreadBy"),
             _ if self.global && self.lost_after != crate::lost_after::LostAfter::AgentTtl => {
                 CombinationError::GlobalWith(crate::lost_after::KEY)

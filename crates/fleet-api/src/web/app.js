@@ -118,7 +118,7 @@ const unitList = new VirtualList(document.getElementById("units"), "units-grid",
     [String(u.priority)],
     [u.budget || "-"],
     [u.requires || "-"],
-    [(u.terms || []).join(", ") || "-", null, (u.terms || []).join("\n")],
+    [(u.terms || []).join("; ") || "-", null, (u.terms || []).join("\n")],
     [u.version, null, u.version],
     [u.reason || "", isWaiting(u) ? "waiting" : "note", u.reason || ""],
   ];

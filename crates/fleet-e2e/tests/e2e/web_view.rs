@@ -238,8 +238,11 @@ fn a_unit_with_warnings_is_marked_and_can_be_filtered() {
         "typo.service",
         "[Service]\nExecStart=/bin/sleep 1000\nRestrt=always\n[X-Fleet]\nMachineMetadata=role\n",
     );
-    let clean =
-        write_unit(dir.path(), "clean.service", "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nTolerate=gpu\n");
+    let clean = write_unit(
+        dir.path(),
+        "clean.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n[X-Fleet]\nTolerate=gpu\nLostAfter=never\n",
+    );
     fleet.ok(&["submit", &typo, &clean]);
     let mut browser = Browser::open(&format!("http://127.0.0.1:{port}/ui/"), 1600, 900);
     let names = "[...document.querySelectorAll('#units .row')].map(r => r.children[0].innerText).join('|')";
@@ -251,13 +254,13 @@ fn a_unit_with_warnings_is_marked_and_can_be_filtered() {
     );
     // The clean unit's terms have their column, as in list-unit-files.
     let terms = browser.evaluate("document.querySelectorAll('#units .row')[0].children[10].innerText");
-    assert_eq!(terms.as_str(), Some("tolerates gpu"));
+    assert_eq!(terms.as_str(), Some("tolerates gpu; never lost"));
     assert!(text(&mut browser).contains("TERMS"), "the column has its head");
     let listed = fleet.ok(&["list-unit-files", "--no-legend", "--fields", "unit,terms"]).stdout;
-    assert_eq!(listed, "clean.service\ttolerates gpu\ntypo.service\t-\n");
+    assert_eq!(listed, "clean.service\ttolerates gpu; never lost\ntypo.service\t-\n");
     let json = fleet.ok(&["list-unit-files", "-o", "json"]).stdout;
     let rows: serde_json::Value = serde_json::from_str(&json).expect("JSON");
-    assert_eq!(rows[0]["terms"], serde_json::json!(["tolerates gpu"]));
+    assert_eq!(rows[0]["terms"], serde_json::json!(["tolerates gpu", "never lost"]));
     assert_eq!(rows[1]["terms"], serde_json::json!([]));
     let title = browser.evaluate("document.querySelectorAll('#units .row')[1].children[0].title");
     let title = title.as_str().unwrap_or_default();

@@ -265,7 +265,7 @@ pub async fn unit_files(context: &Context, list: &ListFlags, fields: &str, outpu
                     "priority" => file.priority.to_string(),
                     "budget" => file.budget.as_ref().map_or_else(|| "-".to_string(), |budget| budget.short()),
                     "requires" => file.dependencies.short(),
-                    "terms" => or_dash(&file.terms(unit).join(", ")),
+                    "terms" => or_dash(&file.terms(unit).join("; ")),
                     "version" => unit.version.unwrap_or(1).to_string(),
                     _ => or_dash(unit.reason.as_deref().unwrap_or("")),
                 })
