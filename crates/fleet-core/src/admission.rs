@@ -122,9 +122,7 @@ mod tests {
             let file = UnitFile::parse(&format!("[X-Fleet]\nAtMostOnce={bad}\n")).expect("a unit");
             assert_eq!(
                 admit_unit("web.service", &file),
-                Err(format!(
-                    "invalid value {bad:?} for [X-Fleet] AtMostOnce: expected true or false (yes/no, on/off, 1/0)"
-                )),
+                Err(format!("invalid value {bad:?} for [X-Fleet] AtMostOnce: expected a boolean (yes or no)")),
                 "{bad}"
             );
         }

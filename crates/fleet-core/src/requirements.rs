@@ -199,9 +199,7 @@ pub fn check_at_most_once(options: &[UnitOption]) -> Result<(), String> {
     let word = value.trim().to_ascii_lowercase();
     match x_fleet_bool(&word) || matches!(word.as_str(), "" | "false" | "no" | "0" | "off" | "f") {
         true => Ok(()),
-        false => Err(format!(
-            "invalid value {value:?} for [X-Fleet] {AT_MOST_ONCE}: expected true or false (yes/no, on/off, 1/0)"
-        )),
+        false => Err(format!("invalid value {value:?} for [X-Fleet] {AT_MOST_ONCE}: expected a boolean (yes or no)")),
     }
 }
 

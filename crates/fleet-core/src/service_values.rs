@@ -38,7 +38,11 @@ pub fn parse_timespan(text: &str) -> Result<Option<Duration>, TimespanError> {
     let mut rest = text;
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        let number_text = &rest[..digits];
+        // A word with no number before it (`abc`, `s`) is named whole, not as an empty number.
+        let number_text = match digits {
+            0 => rest.split_whitespace().next().unwrap_or(rest),
+            _ => &rest[..digits],
+        };
         let number: f64 = number_text.parse().map_err(|_| TimespanError::NotANumber(number_text.to_string()))?;
         rest = rest[digits..].trim_start();
         let unit_len = rest.find(|c: char| !c.is_alphabetic()).unwrap_or(rest.len());
@@ -345,6 +349,9 @@ mod tests {
         assert_eq!(parse_timespan("5 parsecs"), Err(TimespanError::UnknownUnit("parsecs".into())));
         assert_eq!(parse_timespan(""), Err(TimespanError::Empty));
         assert_eq!(parse_timespan("."), Err(TimespanError::NotANumber(".".into())));
+        // Regression: a word was named as an empty number (`"" is not a number`).
+        assert_eq!(parse_timespan("abc"), Err(TimespanError::NotANumber("abc".into())));
+        assert_eq!(parse_timespan("5s soon"), Err(TimespanError::NotANumber("soon".into())));
     }
 
     /// Regression: a span too large for a `Duration` panicked inside the agent.
