@@ -38,11 +38,13 @@ pub fn parse_timespan(text: &str) -> Result<Option<Duration>, TimespanError> {
     let mut rest = text;
     while !rest.is_empty() {
         let digits = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
-        // A word with no number before it (`abc`, `s`) is named whole, not as an empty number.
-        let number_text = match digits {
-            0 => rest.split_whitespace().next().unwrap_or(rest),
-            _ => &rest[..digits],
-        };
+        if digits == 0 {
+            // A word with no number before it (`abc`, `s`, `+5`) is named whole; it is never
+            // read as a number, which would consume nothing and loop.
+            let word = rest.split_whitespace().next().unwrap_or(rest);
+            return Err(TimespanError::NotANumber(word.to_string()));
+        }
+        let number_text = &rest[..digits];
         let number: f64 = number_text.parse().map_err(|_| TimespanError::NotANumber(number_text.to_string()))?;
         rest = rest[digits..].trim_start();
         let unit_len = rest.find(|c: char| !c.is_alphabetic()).unwrap_or(rest.len());
@@ -352,6 +354,10 @@ mod tests {
         // Regression: a word was named as an empty number (`"" is not a number`).
         assert_eq!(parse_timespan("abc"), Err(TimespanError::NotANumber("abc".into())));
         assert_eq!(parse_timespan("5s soon"), Err(TimespanError::NotANumber("soon".into())));
+        // Regression (found by the fuzz target `service_directives`): a sign before a number
+        // read as a number of no digits, and the parse never moved on.
+        assert_eq!(parse_timespan("+5"), Err(TimespanError::NotANumber("+5".into())));
+        assert_eq!(parse_timespan("1s +5"), Err(TimespanError::NotANumber("+5".into())));
     }
 
     /// Regression: a span too large for a `Duration` panicked inside the agent.
