@@ -202,7 +202,13 @@ pub fn cluster_view(
                 None => reported.first(),
             };
             // What the previous view read from the same content, reused.
-            let from_content = previous.units.get(&unit.name).filter(|row| row.hash == unit.hash);
+            let (terms, warnings) = match previous.units.get(&unit.name).filter(|row| row.hash == unit.hash) {
+                Some(row) => (row.terms.clone(), row.warnings.clone()),
+                None => {
+                    let requirements = fleet_core::Requirements::from_unit(&unit.name, &unit.file);
+                    (requirements.terms(), fleet_core::unknown_options::warnings_read(&unit.file, &requirements))
+                }
+            };
             let row = UnitRow {
                 name: unit.name.clone(),
                 desired: unit.desired.as_str(),
@@ -226,14 +232,8 @@ pub fn cluster_view(
                     .filter(|dependencies| !dependencies.is_empty())
                     .map(|dependencies| dependencies.short()),
                 version: version_cell(&unit.versions),
-                terms: from_content.map_or_else(
-                    || fleet_core::Requirements::from_unit(&unit.name, &unit.file).terms(),
-                    |row| row.terms.clone(),
-                ),
-                warnings: from_content.map_or_else(
-                    || fleet_core::unknown_options::unit_warnings(&unit.name, &unit.file),
-                    |row| row.warnings.clone(),
-                ),
+                terms,
+                warnings,
                 hash: unit.hash,
             };
             (row.name.clone(), row)

@@ -14,6 +14,7 @@ use std::sync::LazyLock;
 
 use crate::UnitFile;
 use crate::closest::closest;
+use crate::requirements::Requirements;
 use crate::requirements::{ADDED_KEYS, KNOWN_KEYS};
 use crate::unit_file::{UnitOption, X_FLEET};
 
@@ -90,14 +91,23 @@ pub fn unknown_options(options: &[UnitOption]) -> Vec<Unknown> {
 /// being one `key=value`. fleetctl says them at submission and in `status`; the web view marks
 /// the unit with them.
 pub fn unit_warnings(name: &str, file: &UnitFile) -> Vec<String> {
+    warnings_read(file, &Requirements::from_unit(name, file))
+}
+
+/// [`unit_warnings`] of a file whose requirements are read already (`requirements`, read from
+/// `file` under the unit's name), for a caller that needs them too.
+pub fn warnings_read(file: &UnitFile, requirements: &Requirements) -> Vec<String> {
     let unknown = unknown_options(file.options()).iter().map(ToString::to_string).collect::<Vec<_>>();
-    unknown.into_iter().chain(ignored_metadata_notes(name, file)).collect()
+    unknown.into_iter().chain(metadata_notes(&requirements.ignored_metadata)).collect()
 }
 
 /// What `name`'s file asks of machines' metadata that is not one `key=value`, each said as
 /// ignored: the original ignores it too, so the unit is not held to what its author meant.
 pub fn ignored_metadata_notes(name: &str, file: &UnitFile) -> Vec<String> {
-    let ignored = crate::requirements::Requirements::from_unit(name, file).ignored_metadata;
+    metadata_notes(&Requirements::from_unit(name, file).ignored_metadata)
+}
+
+fn metadata_notes(ignored: &[String]) -> Vec<String> {
     ignored
         .iter()
         .map(|item| {
