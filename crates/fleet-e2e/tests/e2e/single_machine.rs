@@ -464,3 +464,47 @@ fn units_named_by_range_list_file_and_pattern() {
     assert!(partly.stdout.contains("Destroyed hello@9.service"), "the rest was done: {partly:?}");
     assert_eq!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout, "");
 }
+
+/// A batch unit under the native supervisor, run twice: `fleetctl runs` shows as the last
+/// run's log that run's lines only (it showed the runs' before it too), its output before the
+/// supervisor's line that it ended; `journal` of it between runs says where its logs are.
+#[test]
+fn a_runs_log_under_the_native_supervisor_is_that_runs_own() {
+    let fleet = Fleetd::start("e2e0runlogs00001", &[]);
+    let dir = tempfile::tempdir().unwrap();
+    let counter = dir.path().join("counter");
+    let path = dir.path().join("count.service");
+    std::fs::write(
+        &path,
+        format!(
+            "[Unit]\nDescription=Counting\n[Service]\nType=oneshot\nExecStart=/bin/sh -c 'n=$(cat {0} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {0}; echo counted $n'\n[X-Fleet]\nBatch=true\n",
+            counter.display()
+        ),
+    )
+    .unwrap();
+    fleet.ok(&["start", &path.display().to_string()]);
+    let runs_ended = |f: &Fleetd, count: usize| {
+        let json: serde_json::Value =
+            serde_json::from_str(&f.ok(&["runs", "count.service", "-o", "json"]).stdout).unwrap();
+        json["runs"].as_array().is_some_and(|runs| {
+            runs.len() == count && runs.iter().all(|run| run["state"] == "succeeded" && run["log"].is_string())
+        })
+    };
+    fleet.wait_until("the first run ended", WAIT, |f| runs_ended(f, 1));
+    fleet.ok(&["run", "count.service"]);
+    fleet.wait_until("the second run ended", WAIT, |f| runs_ended(f, 2));
+    let shown = fleet.ok(&["runs", "count.service"]).stdout;
+    let log = shown.split("The last lines of run 2's log:\n").nth(1).expect("the last run's log");
+    assert!(log.contains(": counted 2\n"), "{shown}");
+    assert!(!log.contains("counted 1"), "the first run's lines in the second's log: {shown}");
+    assert_eq!(log.matches("Starting Counting...").count(), 1, "{shown}");
+    let output = log.find(": counted 2").expect("the run's output");
+    let ended = log.find("count.service: Deactivated successfully.").expect("the supervisor's end line");
+    assert!(output < ended, "the output comes before the line that the run ended: {shown}");
+    let journal = fleet.fleetctl(&["journal", "count.service"]);
+    assert_eq!(journal.code, 1, "{journal:?}");
+    assert_eq!(
+        journal.stderr,
+        "Unit count.service does not appear to be running.\nIts runs' last lines: fleetctl runs count.service\n"
+    );
+}

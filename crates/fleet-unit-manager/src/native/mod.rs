@@ -11,6 +11,7 @@ mod handover;
 mod keeper;
 mod limits;
 mod main_process;
+mod output;
 mod process;
 mod runner;
 mod service;
@@ -40,7 +41,7 @@ use self::command::{Specifiers, parse_assignments, parse_environment_file};
 use self::process::{ExecContext, kill_leftovers, lookup_group, lookup_user};
 use self::runner::{Runner, StateSink};
 use self::spawner::Spawner;
-use self::unit_log::{LogSink, log_path, tail};
+use self::unit_log::{LogSink, log_path, tail, tail_of_last};
 use crate::{HeldUnit, Result, UnitManager, UnitManagerError};
 
 pub struct NativeOptions {
@@ -405,6 +406,22 @@ impl NativeManager {
         LogSink::new(&log_path(&self.shared.log_dir, unit), &self.shared.hostname, self.shared.log_limits)
     }
 
+    /// The last `lines` lines of a unit's log; with `written`, of its last that many bytes.
+    async fn read_log(&self, name: &str, lines: usize, written: Option<u64>) -> Result<String> {
+        let path = log_path(&self.shared.log_dir, name);
+        let limits = self.shared.log_limits;
+        tokio::task::spawn_blocking(move || match written {
+            Some(written) => tail_of_last(&path, lines, limits, written),
+            None => tail(&path, lines, limits),
+        })
+        .await
+        .map_err(|error| UnitManagerError::Io {
+            context: "reading unit log".into(),
+            source: std::io::Error::other(error),
+        })?
+        .map_err(|source| UnitManagerError::Io { context: "reading unit log".into(), source })
+    }
+
     /// Asks a unit's runner to stop and returns at once: a unit that takes long to stop
     /// (or never does) holds up nothing else. A later run of the unit waits for this stop.
     fn begin_stop(&self, name: &str, running: RunningUnit) {
@@ -556,15 +573,14 @@ impl UnitManager for NativeManager {
     }
 
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
-        let path = log_path(&self.shared.log_dir, name);
-        let limits = self.shared.log_limits;
-        tokio::task::spawn_blocking(move || tail(&path, lines, limits))
-            .await
-            .map_err(|error| UnitManagerError::Io {
-                context: "reading unit log".into(),
-                source: std::io::Error::other(error),
-            })?
-            .map_err(|source| UnitManagerError::Io { context: "reading unit log".into(), source })
+        self.read_log(name, lines, None).await
+    }
+
+    /// The lines written since the run's first start, where this fleetd started it; else
+    /// the log's last lines, as `journal`.
+    async fn run_log(&self, name: &str, since: i64, lines: usize) -> Result<String> {
+        let written = self.shared.slots().get(name).and_then(|slot| slot.log.bytes_since(since));
+        self.read_log(name, lines, written).await
     }
 
     /// Hands the fence to the keeper, which kills the units at the deadline even if this

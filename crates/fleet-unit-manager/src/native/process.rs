@@ -7,12 +7,12 @@ use std::os::fd::{AsRawFd, FromRawFd, RawFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 
-use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::{Child, Command};
 
 use super::cgroup::UnitCgroup;
 use super::command::ExecCommand;
-use super::unit_log::{LogSink, MAX_LINE_BYTES};
+use super::output::{OutputDrain, copy_streams};
+use super::unit_log::LogSink;
 pub use crate::account::{Account, lookup_group, lookup_user};
 
 /// Set in every unit process, so that a fleetd restarting after a crash can find and stop
@@ -68,6 +68,8 @@ pub struct Started {
     pub output: Vec<RawFd>,
     /// What its log lines are called: the program's file name.
     pub ident: String,
+    /// Takes what the process wrote into its log, once it exited.
+    pub drain: OutputDrain,
 }
 
 /// Starts `command` in a new process group whose output goes to `sink`.
@@ -126,16 +128,18 @@ pub fn spawn(command: &ExecCommand, context: &ExecContext, sink: &LogSink) -> io
     let mut child = process.spawn()?;
     let pid = child.id();
     let ident = program.rsplit('/').next().unwrap_or(program).to_string();
-    let mut output = Vec::new();
+    let mut streams: Vec<(Box<dyn tokio::io::AsyncRead + Unpin + Send>, RawFd)> = Vec::new();
     if let Some(stdout) = child.stdout.take() {
-        output.push(stdout.as_raw_fd());
-        tokio::spawn(copy_lines(stdout, sink.clone(), ident.clone(), pid));
+        let fd = stdout.as_raw_fd();
+        streams.push((Box::new(stdout), fd));
     }
     if let Some(stderr) = child.stderr.take() {
-        output.push(stderr.as_raw_fd());
-        tokio::spawn(copy_lines(stderr, sink.clone(), ident.clone(), pid));
+        let fd = stderr.as_raw_fd();
+        streams.push((Box::new(stderr), fd));
     }
-    Ok(Started { child, output, ident })
+    let output = streams.iter().map(|(_, fd)| *fd).collect();
+    let drain = copy_streams(streams, sink, &ident, pid);
+    Ok(Started { child, output, ident, drain })
 }
 
 /// Copies the output a process of an earlier image of fleetd writes into `fds` (pipes that
@@ -149,61 +153,13 @@ pub fn copy_handed_output(fds: &[RawFd], sink: &LogSink, ident: &str, pid: u32) 
         match tokio::net::unix::pipe::Receiver::from_owned_fd(owned) {
             Ok(receiver) => {
                 copied.push(fd);
-                tokio::spawn(copy_lines(receiver, sink.clone(), ident.to_string(), Some(pid)));
+                // Followed to its end: an adopted process's exit does not drain it.
+                drop(copy_streams(vec![(receiver, fd)], sink, ident, Some(pid)));
             }
             Err(error) => tracing::warn!(fd, %error, "cannot read a unit's output handed over"),
         }
     }
     copied
-}
-
-/// The read buffer of a unit's output stream until a read fills it.
-const QUIET_READ_BYTES: usize = 512;
-/// The read buffer of a stream that filled the quiet one.
-const BUSY_READ_BYTES: usize = 16 * 1024;
-
-/// Copies a process's output into its unit's log a line at a time; a line longer than
-/// [`MAX_LINE_BYTES`] is split, so output without newlines never grows fleetd's memory.
-async fn copy_lines(mut stream: impl AsyncRead + Unpin, sink: LogSink, ident: String, pid: Option<u32>) {
-    let _open = sink.attach();
-    let emit = |line: &[u8]| sink.line(&ident, pid, String::from_utf8_lossy(line).trim_end_matches('\r'));
-    let mut pending: Vec<u8> = Vec::new();
-    // Small while the stream is quiet, as most units' are: two of these per unit, held for
-    // as long as it runs (16 KiB each made 3,000 units 96 MiB of fleetd, and every fork of
-    // fleetd slower). A read that fills it gives the stream the large one.
-    let mut buffer = vec![0u8; QUIET_READ_BYTES];
-    loop {
-        let read = match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(read) => read,
-        };
-        let filled = read == buffer.len();
-        for piece in buffer[..read].split_inclusive(|byte| *byte == b'\n') {
-            let (text, ends_line) = match piece.strip_suffix(b"\n") {
-                Some(text) => (text, true),
-                None => (piece, false),
-            };
-            let mut text = text;
-            while pending.len() + text.len() >= MAX_LINE_BYTES {
-                let take = MAX_LINE_BYTES - pending.len();
-                pending.extend_from_slice(&text[..take]);
-                emit(&pending);
-                pending.clear();
-                text = &text[take..];
-            }
-            pending.extend_from_slice(text);
-            if ends_line {
-                emit(&pending);
-                pending.clear();
-            }
-        }
-        if filled && buffer.len() < BUSY_READ_BYTES {
-            buffer.resize(BUSY_READ_BYTES, 0);
-        }
-    }
-    if !pending.is_empty() {
-        emit(&pending);
-    }
 }
 
 /// Sends `signal` to every process in the group `pgid`.
@@ -290,30 +246,4 @@ fn unit_of(pid: u32) -> Option<String> {
         .split(|byte| *byte == 0)
         .find_map(|item| item.strip_prefix(prefix.as_bytes()))
         .map(|unit| String::from_utf8_lossy(unit).into_owned())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::native::unit_log::{LogLimits, tail};
-
-    /// Output copied through the small buffer of a quiet stream, then the large one once a read
-    /// filled it, comes out as the lines it was: a line across reads is joined, one over
-    /// [`MAX_LINE_BYTES`] is split, the last without a newline kept.
-    #[tokio::test]
-    async fn lines_come_out_whole_whatever_the_reads_that_carried_them() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("u.log");
-        let sink = LogSink::new(&path, "host", LogLimits { max_bytes: 1 << 30, files: 1 });
-        let long = "y".repeat(QUIET_READ_BYTES * 3);
-        let huge = "z".repeat(MAX_LINE_BYTES + 10);
-        let output = format!("short\n{long}\n{huge}\nlast without a newline");
-        copy_lines(output.as_bytes(), sink, "u".into(), Some(7)).await;
-        let logged = tail(&path, 10, LogLimits::default()).unwrap();
-        let said: Vec<&str> =
-            logged.lines().map(|line| line.split_once("u[7]: ").map_or("", |(_, text)| text)).collect();
-        let expected =
-            ["short", long.as_str(), &huge[..MAX_LINE_BYTES], &huge[MAX_LINE_BYTES..], "last without a newline"];
-        assert_eq!(said, expected);
-    }
 }

@@ -12,6 +12,7 @@ use super::cgroup::CgroupBase;
 use super::command::{ExecCommand, Specifiers, parse_command};
 use super::handover::ParkedProcess;
 use super::main_process::MainProcess;
+use super::output::OutputDrain;
 use super::process::{ExecContext, Started, process_alive, signal_group, signal_process};
 use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
 use super::spawner::Spawner;
@@ -82,6 +83,14 @@ fn exit_of(status: std::process::ExitStatus) -> Exit {
         (None, Some(signal)) => Exit::Signal(signal),
         (None, None) => Exit::Code(EXIT_EXEC),
     }
+}
+
+/// A main process's output: its pipes (for a handover), what its lines are called, and how
+/// to take in what it wrote before it exited.
+struct MainOutput {
+    output: Vec<std::os::fd::RawFd>,
+    ident: String,
+    drain: OutputDrain,
 }
 
 fn describe(exit: Exit) -> String {
@@ -212,6 +221,7 @@ impl<S: StateSink> Runner<S> {
                         self.state.set("failed", "failed");
                         return None;
                     }
+                    self.log.mark_start();
                     self.say(&format!("Starting {}...", self.description));
                     self.start_once().await
                 }
@@ -298,8 +308,8 @@ impl<S: StateSink> Runner<S> {
 
     /// Runs one command to its end, within `timeout`, unless a stop comes first.
     async fn run_to_end(&mut self, command: &ExecCommand, timeout: Option<Duration>) -> Outcome {
-        let mut child = match self.start_process(command).await {
-            Ok(started) => MainProcess::Spawned(started.child),
+        let (mut child, drain) = match self.start_process(command).await {
+            Ok(started) => (MainProcess::Spawned(started.child), started.drain),
             Err(exit) => return Outcome::Ended(exit),
         };
         let pgid = child.id();
@@ -311,6 +321,7 @@ impl<S: StateSink> Runner<S> {
         };
         tokio::select! {
             status = child.wait() => {
+                drain.drain().await;
                 if let Some(pgid) = pgid { signal_group(pgid, libc::SIGKILL) }
                 Outcome::Ended(status.map_or(Exit::Code(EXIT_EXEC), exit_of))
             }
@@ -365,7 +376,8 @@ impl<S: StateSink> Runner<S> {
         match parked {
             ParkedProcess::Main { main, output, ident } => {
                 let pgid = main.id();
-                self.supervise_main(*main, pgid, output, ident).await
+                // Its output is copied as the earlier image handed it over, without drains.
+                self.supervise_main(*main, pgid, MainOutput { output, ident, drain: OutputDrain::default() }).await
             }
             ParkedProcess::Forking { pgid, main_pid } => self.supervise_forking(pgid, main_pid).await,
             ParkedProcess::Exited => self.stay_exited().await,
@@ -377,8 +389,11 @@ impl<S: StateSink> Runner<S> {
             Ok(command) => command,
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
-        let (mut main, output, ident) = match self.start_process(&command).await {
-            Ok(started) => (MainProcess::Spawned(started.child), started.output, started.ident),
+        let (mut main, output) = match self.start_process(&command).await {
+            Ok(started) => (
+                MainProcess::Spawned(started.child),
+                MainOutput { output: started.output, ident: started.ident, drain: started.drain },
+            ),
             Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
         };
         let pgid = main.id();
@@ -390,25 +405,21 @@ impl<S: StateSink> Runner<S> {
             }
         }
         self.say(&format!("Started {}.", self.description));
-        self.supervise_main(main, pgid, output, ident).await
+        self.supervise_main(main, pgid, output).await
     }
 
     /// A running main process (of process group `pgid`), until it ends, is stopped, or is
     /// handed over.
-    async fn supervise_main(
-        &mut self,
-        mut main: MainProcess,
-        pgid: Option<u32>,
-        output: Vec<std::os::fd::RawFd>,
-        ident: String,
-    ) -> Outcome {
+    async fn supervise_main(&mut self, mut main: MainProcess, pgid: Option<u32>, output: MainOutput) -> Outcome {
         self.state.set("active", "running");
         loop {
             tokio::select! {
                 () = Self::parked(&mut self.park) => {
+                    let MainOutput { output, ident, .. } = output;
                     return Outcome::Parked(ParkedProcess::Main { main: Box::new(main), output, ident });
                 }
                 status = main.wait() => {
+                    output.drain.drain().await;
                     let exit = status.map_or(Exit::Code(EXIT_EXEC), exit_of);
                     self.say(&format!("{}: Main process exited, {}", self.unit, describe(exit)));
                     self.state.set("deactivating", "stop");

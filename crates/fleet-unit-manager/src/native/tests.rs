@@ -297,3 +297,41 @@ async fn reload_runs_exec_reload_with_the_main_pid_and_leaves_the_unit_running()
     assert!(refused.to_string().contains("ExecReload="), "{refused}");
     manager.stop_all().await.unwrap();
 }
+
+/// Regression: `fleetctl runs` showed, as a run's last lines, the lines of the runs before it.
+#[tokio::test]
+async fn a_runs_log_holds_the_lines_of_that_run_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = manager(dir.path());
+    let counter = dir.path().join("counter");
+    let unit = format!(
+        "[Unit]\nDescription=Counting\n[Service]\nType=oneshot\nExecStart=/bin/sh -c 'n=$(cat {0} 2>/dev/null || echo 0); n=$((n+1)); echo $n > {0}; echo run $n'\n",
+        counter.display()
+    );
+    load(&manager, "count.service", &unit).await;
+    let mut logs = Vec::new();
+    for _ in 0..2 {
+        let since =
+            i64::try_from(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros())
+                .unwrap();
+        manager.start("count.service").await.unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while manager.run_end("count.service").await.unwrap().is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the run never ended: {}",
+                manager.journal("count.service", 20).await.unwrap()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        logs.push(manager.run_log("count.service", since, 20).await.unwrap());
+    }
+    assert!(logs[0].contains(": run 1"), "{}", logs[0]);
+    assert!(logs[1].contains(": run 2"), "{}", logs[1]);
+    assert!(logs[1].contains("fleetd: Starting Counting..."), "{}", logs[1]);
+    assert!(!logs[1].contains(": run 1"), "the second run's log holds the first's lines:\n{}", logs[1]);
+    assert_eq!(logs[1].matches("Starting Counting").count(), 1, "{}", logs[1]);
+    // The unit's journal still holds both.
+    let journal = manager.journal("count.service", 20).await.unwrap();
+    assert!(journal.contains(": run 1") && journal.contains(": run 2"), "{journal}");
+}

@@ -2,6 +2,7 @@
 //! one timestamped line at a time, kept under `state_dir` so `fleetctl journal` can read it.
 
 use fleet_core::unpoisoned::Locked;
+use std::collections::VecDeque;
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
@@ -37,6 +38,10 @@ pub const MAX_LINE_BYTES: usize = 48 * 1024;
 /// The most a tail reads, whatever it is asked for, so a reader's memory stays bounded.
 const MAX_TAIL_BYTES: u64 = 16 * 1024 * 1024;
 
+/// The starts a log remembers where they began in it (a unit restarting often keeps only its
+/// newest ones; a run's log is read when it ends, long before this many more starts).
+const STARTS_KEPT: usize = 32;
+
 /// One unit's log file. It is open only while a process of the unit has output streams
 /// attached (or for the one write of a supervisor message), so idle units hold no descriptor.
 struct LogFile {
@@ -45,6 +50,11 @@ struct LogFile {
     open: Option<(File, u64)>,
     writers: usize,
     failing: bool,
+    /// Bytes written through this sink, across rotations.
+    written: u64,
+    /// When each of the unit's latest starts began (microseconds since the epoch), with
+    /// [`Self::written`] at that moment: where its lines begin.
+    starts: VecDeque<(i64, u64)>,
 }
 
 impl LogFile {
@@ -65,6 +75,7 @@ impl LogFile {
         if let Some((file, size)) = &mut self.open {
             file.write_all(text)?;
             *size += text.len() as u64;
+            self.written += text.len() as u64;
         }
         if self.writers == 0 {
             self.open = None;
@@ -123,7 +134,15 @@ impl Drop for AttachedWriter {
 impl LogSink {
     /// A sink for the log at `path`; nothing is opened until something is written.
     pub fn new(path: &Path, hostname: &str, limits: LogLimits) -> Self {
-        let file = LogFile { path: path.to_path_buf(), limits, open: None, writers: 0, failing: false };
+        let file = LogFile {
+            path: path.to_path_buf(),
+            limits,
+            open: None,
+            writers: 0,
+            failing: false,
+            written: 0,
+            starts: VecDeque::new(),
+        };
         Self { file: Arc::new(Mutex::new(file)), hostname: hostname.into() }
     }
 
@@ -135,6 +154,29 @@ impl LogSink {
     pub fn attach(&self) -> AttachedWriter {
         self.lock().writers += 1;
         AttachedWriter { sink: self.clone() }
+    }
+
+    /// Remembers that a start of the unit begins here: what is written from now on belongs to
+    /// it (and to the starts after it), which [`Self::bytes_since`] tells a run's log by.
+    pub fn mark_start(&self) {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let mut file = self.lock();
+        let written = file.written;
+        file.starts.push_back((now, written));
+        while file.starts.len() > STARTS_KEPT {
+            file.starts.pop_front();
+        }
+    }
+
+    /// The bytes written since the first start at or after `since` (microseconds since the
+    /// epoch), or `None` when this sink saw no such start (it was made after it, by a later
+    /// load or another fleetd, or the start was forgotten among many).
+    pub fn bytes_since(&self, since: i64) -> Option<u64> {
+        let file = self.lock();
+        let (_, at) = file.starts.iter().find(|(started, _)| *started >= since)?;
+        Some(file.written - at)
     }
 
     /// Appends `line`, said by `ident` (with `pid` when a process said it).
@@ -164,13 +206,25 @@ pub fn log_path(dir: &Path, unit: &str) -> PathBuf {
 /// The last `lines` lines of a unit's log, its rotated files included, reading only their
 /// ends and never more than [`MAX_TAIL_BYTES`] in all.
 pub fn tail(path: &Path, lines: usize, limits: LogLimits) -> io::Result<String> {
+    tail_within(path, lines, limits, MAX_TAIL_BYTES, false)
+}
+
+/// The last `lines` lines of the last `written` bytes of a unit's log (those a start wrote
+/// since it began, [`LogSink::bytes_since`]), its rotated files included.
+pub fn tail_of_last(path: &Path, lines: usize, limits: LogLimits, written: u64) -> io::Result<String> {
+    tail_within(path, lines, limits, written.min(MAX_TAIL_BYTES), written <= MAX_TAIL_BYTES)
+}
+
+/// The last `lines` lines within the last `budget` bytes; `at_line_start`: those bytes begin
+/// at the start of a line, so a window that reaches the budget's end has no cut first line.
+fn tail_within(path: &Path, lines: usize, limits: LogLimits, budget: u64, at_line_start: bool) -> io::Result<String> {
     let mut found: Vec<String> = Vec::new();
-    let mut budget = MAX_TAIL_BYTES;
+    let mut budget = budget;
     for n in 0..limits.files {
         if found.len() >= lines || budget == 0 {
             break;
         }
-        let (older, used, whole) = tail_of_file(&rotated_path(path, n), lines - found.len(), budget)?;
+        let (older, used, whole) = tail_of_file(&rotated_path(path, n), lines - found.len(), budget, at_line_start)?;
         budget -= used;
         found.splice(0..0, older);
         if !whole {
@@ -180,9 +234,9 @@ pub fn tail(path: &Path, lines: usize, limits: LogLimits) -> io::Result<String> 
     Ok(found.into_iter().map(|line| line + "\n").collect())
 }
 
-/// The last `lines` complete lines of one file, the bytes read for them, and whether the
-/// file was read to its start (so older files may add more).
-fn tail_of_file(path: &Path, lines: usize, budget: u64) -> io::Result<(Vec<String>, u64, bool)> {
+/// The last `lines` complete lines of one file within its last `budget` bytes, the bytes read
+/// for them, and whether the file was read to its start (so older files may add more).
+fn tail_of_file(path: &Path, lines: usize, budget: u64, at_line_start: bool) -> io::Result<(Vec<String>, u64, bool)> {
     let mut file = match fleet_fs::open_no_follow(path) {
         Ok(file) => file,
         Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok((Vec::new(), 0, true)),
@@ -197,8 +251,10 @@ fn tail_of_file(path: &Path, lines: usize, budget: u64) -> io::Result<(Vec<Strin
         (&mut file).take(length - start).read_to_end(&mut bytes)?;
         let text = String::from_utf8_lossy(&bytes);
         let all: Vec<&str> = text.lines().collect();
-        // The first line of a window that starts mid-file may be cut: it does not count.
-        let complete = if start == 0 { &all[..] } else { all.get(1..).unwrap_or(&[]) };
+        // The first line of a window that starts mid-file may be cut: it does not count,
+        // unless the window starts where the bytes asked for start (at a line's start).
+        let whole_first = start == 0 || (at_line_start && length - start == budget);
+        let complete = if whole_first { &all[..] } else { all.get(1..).unwrap_or(&[]) };
         if complete.len() >= lines || start == 0 || window >= budget {
             let from = complete.len().saturating_sub(lines);
             let taken = complete[from..].iter().map(|line| (*line).to_string()).collect();
@@ -268,6 +324,44 @@ mod rotation_tests {
         assert_eq!(lines.len(), 400);
         assert!(lines[399].ends_with("u: line 1999"), "{}", lines[399]);
         assert!(lines[0].ends_with("u: line 1600"), "{}", lines[0]);
+    }
+
+    /// Regression: a run's log (`fleetctl runs`) showed the lines of the runs before it.
+    #[test]
+    fn the_tail_of_a_start_holds_only_what_was_written_since_it_across_rotations() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("u.log");
+        let limits = LogLimits { max_bytes: 2_000, files: 3 };
+        let sink = LogSink::new(&path, "host", limits);
+        let now = || i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap();
+        for n in 0..30 {
+            sink.line("u", Some(1), &format!("first run {n}"));
+        }
+        let second = now();
+        sink.mark_start();
+        // Past a rotation: the second start's lines span two files.
+        for n in 0..40 {
+            sink.line("u", Some(2), &format!("second run {n}"));
+        }
+        assert!(path.with_extension("log.1").exists(), "the log rotated during the second run");
+        let written = sink.bytes_since(second).expect("a start since then");
+        let lines: Vec<String> = tail_of_last(&path, 100, limits, written).unwrap().lines().map(String::from).collect();
+        assert_eq!(lines.len(), 40, "{lines:?}");
+        assert!(lines[0].ends_with("u[2]: second run 0"), "{}", lines[0]);
+        assert!(lines[39].ends_with("u[2]: second run 39"), "{}", lines[39]);
+        // Fewer lines asked for than the start wrote: its last ones.
+        let last = tail_of_last(&path, 2, limits, written).unwrap();
+        assert!(last.lines().next().unwrap().ends_with("second run 38"), "{last}");
+        // A start after every mark is not known: the caller reads the log's tail instead.
+        assert_eq!(sink.bytes_since(now() + 1_000_000), None);
+        // The first of several starts since a moment: its lines and the later starts'.
+        let third = now();
+        sink.mark_start();
+        sink.line("u", Some(3), "third run");
+        sink.mark_start();
+        sink.line("u", Some(4), "fourth run");
+        let both = tail_of_last(&path, 100, limits, sink.bytes_since(third).unwrap()).unwrap();
+        assert_eq!(both.lines().count(), 2, "{both}");
     }
 
     #[test]

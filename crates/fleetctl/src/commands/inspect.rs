@@ -186,6 +186,11 @@ pub async fn journal(context: &Context, arguments: &[String], lines: usize, foll
     }
     if unit.current_state.as_deref().unwrap_or("inactive") == "inactive" {
         eprintln!("Unit {name} does not appear to be running.");
+        let file = super::create::unit_file(&unit);
+        if fleet_core::Requirements::from_unit(&name, &file).job.is_some_and(|job| job.keeps_runs()) {
+            // On a calendar or a batch unit: placed only while a run runs.
+            eprintln!("Its runs' last lines: fleetctl runs {name}");
+        }
         return Outcome::Failure;
     }
     let mut printed: Vec<String> = match context.client.journal(&name, lines).await {
