@@ -68,12 +68,20 @@ pub const MAX_PRIORITY: u16 = 1000;
 /// spaces): the machines' taints the unit may run beside ([`crate::taint`]).
 pub const TOLERATE: &str = "Tolerate";
 
-/// Whether `key` is one fleet adds to `[X-Fleet]` (placement or health check).
+/// Every key fleet adds to `[X-Fleet]`: placement, the health check, runs (calendar and
+/// batch) and secrets.
+pub fn added_keys() -> impl Iterator<Item = &'static str> {
+    ADDED_KEYS
+        .iter()
+        .chain(crate::health::check::KEYS)
+        .chain(crate::job::KEYS)
+        .chain(std::iter::once(&crate::secrets::KEY))
+        .copied()
+}
+
+/// Whether `key` is one fleet adds to `[X-Fleet]` ([`added_keys`]).
 pub fn is_added_key(key: &str) -> bool {
-    ADDED_KEYS.contains(&key)
-        || crate::health::check::KEYS.contains(&key)
-        || crate::job::KEYS.contains(&key)
-        || key == crate::secrets::KEY
+    added_keys().any(|added| added == key)
 }
 
 /// A unit's placement rules, with the unit's own specifiers already substituted.

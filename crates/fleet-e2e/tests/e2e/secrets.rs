@@ -68,7 +68,9 @@ fn secrets_are_sealed_at_rest_named_by_units_and_never_shown() {
     assert!(refused.stderr.contains("names secret nope, which does not exist"), "{refused:?}");
     let refused = fleet.fleetctl(&["submit", &bad]);
     assert!(refused.stderr.contains("is not 1 to 128"), "{refused:?}");
-    fleet.ok(&["submit", &uses]);
+    let submitted = fleet.ok(&["submit", &uses]);
+    // Regression: fleetctl warned of Secret= as a key fleet does not know.
+    assert_eq!(submitted.stderr, "", "no warning of Secret=: {submitted:?}");
     assert_eq!(fleet.ok(&["list-unit-files", "--no-legend"]).stdout.lines().count(), 1, "only the good unit");
     let cat = fleet.ok(&["cat", "uses.service"]).stdout;
     assert!(cat.contains("Secret=db-password:DB"), "{cat}");
