@@ -97,6 +97,9 @@ fn templates_cycles_order_and_cat() {
         fleet.wait_until("two units are loaded", WAIT, |f| f.unit_rows().len() == 2);
         fleet.ok(&["start", "hello@1", "hello@2"]);
         assert!(fleet.unit_rows().iter().all(|(_, active, _)| active == "active"));
+        // `status` reads as systemctl status: the name's specifiers expanded.
+        let status = fleet.ok(&["status", "hello@1"]).stdout;
+        assert!(status.starts_with("● hello@1.service - Hello instance 1\n"), "{status}");
         fleet.ok(&["restart", "hello@1", "hello@2"]);
         assert!(fleet.unit_rows().iter().all(|(_, active, _)| active == "active"));
         fleet.ok(&["stop", "hello@1", "hello@2"]);

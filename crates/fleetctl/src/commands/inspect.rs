@@ -102,7 +102,11 @@ pub async fn status(context: &Context, arguments: &[String], output: OutputForma
             print_unknown_options(&unit);
             continue;
         }
-        let description = unit_file(&unit).description().map(str::to_string);
+        // As systemctl status shows it: the specifiers of the unit's name expanded.
+        let name_info = fleet_core::unit_name::UnitNameInfo::new(&name);
+        let description = unit_file(&unit)
+            .description()
+            .map(|description| fleet_core::unit_name::expand_specifiers(description, &name_info));
         match &description {
             Some(description) => println!("● {name} - {description}"),
             None => println!("● {name}"),
