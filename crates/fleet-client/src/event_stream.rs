@@ -13,6 +13,8 @@ use super::{Client, ClientError, Result, encode_component};
 pub struct EventQuery {
     /// Events after this index (0: from the oldest kept).
     pub since: u64,
+    /// Only events of this moment or later (RFC 3339).
+    pub from: Option<String>,
     pub unit: Option<String>,
     pub machine: Option<String>,
     pub kinds: Vec<String>,
@@ -63,6 +65,9 @@ impl EventQuery {
         }
         if !self.kinds.is_empty() {
             path.push_str(&format!("&kind={}", encode_component(&self.kinds.join(","))));
+        }
+        if let Some(from) = &self.from {
+            path.push_str(&format!("&from={}", encode_component(from)));
         }
         path
     }
@@ -168,8 +173,12 @@ mod tests {
             unit: Some("web@*.service".into()),
             machine: Some("ab12".into()),
             kinds: vec!["placed".into(), "moved".into()],
+            from: Some("2026-12-07T07:00:00+01:00".into()),
             follow: true,
         };
-        assert_eq!(query.path(7), "events?since=7&follow=true&unit=web@%2A.service&machine=ab12&kind=placed%2Cmoved");
+        assert_eq!(
+            query.path(7),
+            "events?since=7&follow=true&unit=web@%2A.service&machine=ab12&kind=placed%2Cmoved&from=2026-12-07T07:00:00%2B01:00"
+        );
     }
 }

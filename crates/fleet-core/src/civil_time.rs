@@ -37,6 +37,13 @@ pub fn rfc3339_of_micros(micros: i64) -> String {
     CivilTime::from_unix(u64::try_from(micros.div_euclid(1_000_000)).unwrap_or(0)).rfc3339()
 }
 
+/// The moment an RFC 3339 time names (`2026-12-07T06:00:00Z`, `2026-12-07T07:00:00+01:00`,
+/// with a fraction or not), in microseconds since the epoch; `None` when `text` is not one.
+pub fn micros_of_rfc3339(text: &str) -> Option<i64> {
+    let moment: jiff::Timestamp = text.parse().ok()?;
+    Some(moment.as_microsecond())
+}
+
 /// The date `days` after 1970-01-01 (negative: before), as year, month (1 to 12) and day
 /// (Howard Hinnant's civil-from-days).
 pub fn civil_from_days(days: i64) -> (i64, u32, u32) {
@@ -66,6 +73,16 @@ pub fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_times_are_read_back_to_the_microsecond() {
+        assert_eq!(micros_of_rfc3339("1970-01-01T00:00:01Z"), Some(1_000_000));
+        assert_eq!(micros_of_rfc3339("2026-12-07T07:00:00.5+01:00"), Some(1_796_623_200_500_000));
+        assert_eq!(rfc3339_of_micros(micros_of_rfc3339("2026-11-22T10:37:33Z").unwrap()), "2026-11-22T10:37:33Z");
+        for not_one in ["", "yesterday", "2026-12-07", "2026-12-07T06:00:00", "10m"] {
+            assert_eq!(micros_of_rfc3339(not_one), None, "{not_one}");
+        }
+    }
 
     #[test]
     fn dates() {

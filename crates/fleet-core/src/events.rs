@@ -208,18 +208,25 @@ impl EventPage {
     }
 }
 
-/// What a reader asks to see: a unit pattern, a machine (ID or a prefix of it), kinds.
+/// What a reader asks to see: a unit pattern, a machine (ID or a prefix of it), kinds, and
+/// events from a moment on.
 #[derive(Clone, Debug, Default)]
 pub struct EventFilter {
     pub unit: Option<Glob>,
     pub machine: Option<String>,
     /// Empty: every kind.
     pub kinds: Vec<EventKind>,
+    /// Only events of this moment or later (microseconds since the epoch, as the
+    /// event's `at`: the clock of the fleetd that wrote it).
+    pub from: Option<i64>,
 }
 
 impl EventFilter {
     pub fn admits(&self, event: &NewEvent) -> bool {
         if !self.kinds.is_empty() && !self.kinds.contains(&event.kind) {
+            return false;
+        }
+        if self.from.is_some_and(|from| event.at < from) {
             return false;
         }
         if let Some(unit) = &self.unit

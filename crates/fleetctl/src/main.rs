@@ -319,9 +319,10 @@ enum Command {
         /// machine-joined, machine-lost, machine-revoked, drain, rollout, sync, write
         #[arg(long, value_delimiter = ',')]
         kind: Vec<String>,
-        /// Only events after this index (as the INDEX column shows; 0: the oldest kept)
-        #[arg(long, default_value_t = 0)]
-        since: u64,
+        /// Only events after this index (as the INDEX column shows; 0: the oldest kept), or of
+        /// the last span of time (10m, 2h, 1d) or from a time on (2026-12-07T06:00:00Z)
+        #[arg(long, default_value = "0")]
+        since: String,
         /// Show machine IDs in full
         #[arg(long)]
         full: bool,
@@ -916,7 +917,14 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Runs { unit, output } => runs::runs(&context, &unit, output.output).await,
         Command::Events { output, follow, unit, machine, kind, since, full, no_legend } => {
-            let query = fleet_client::EventQuery { since, unit, machine, kinds: kind, follow };
+            let (since, from) = match events::since_of(&since, events::now_micros()) {
+                Ok(since) => since,
+                Err(message) => {
+                    eprintln!("{message}");
+                    return Outcome::Usage;
+                }
+            };
+            let query = fleet_client::EventQuery { since, from, unit, machine, kinds: kind, follow };
             let asked = events::EventsAsked { query, output: output.output, full, no_legend };
             events::events(&context, &asked).await
         }

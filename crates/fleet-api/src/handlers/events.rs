@@ -1,6 +1,7 @@
 //! `GET /fleet/v1/events`: the cluster's events as server-sent events, each with its index as
 //! its id. A reader resumes after an index (`?since=` or the `Last-Event-ID` a browser sends
-//! again), filtered by unit pattern, machine and kind; it is told 410 with the oldest index
+//! again), filtered by unit pattern, machine, kind and time (`?from=`, RFC 3339: the events
+//! of that moment or later); it is told 410 with the oldest index
 //! kept when events after its index were trimmed. It sees only events of what it may read.
 //! `?follow=false` ends the stream once the events kept are sent.
 
@@ -75,8 +76,17 @@ fn asked(query: &[(String, String)], headers: &HeaderMap) -> Result<Asked, ApiEr
         })?;
         kinds.push(kind);
     }
+    let from = match first_value(query, "from").filter(|from| !from.is_empty()) {
+        None => None,
+        Some(text) => Some(fleet_core::civil_time::micros_of_rfc3339(text).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "invalid from {:?}: a time in RFC 3339 (2026-12-07T06:00:00Z)",
+                bounded(text)
+            ))
+        })?),
+    };
     let follow = flag(query, "follow", true)?;
-    Ok(Asked { after, filter: EventFilter { unit, machine, kinds }, follow })
+    Ok(Asked { after, filter: EventFilter { unit, machine, kinds, from }, follow })
 }
 
 /// `text`, cut short for an error message.

@@ -1302,6 +1302,14 @@ async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed()
     assert_eq!(resumed.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), ids[2..]);
     let by_header = events_of(&api, "/fleet/v1/events?follow=false&since=0", Some(ids[2])).await.ok().unwrap();
     assert_eq!(by_header.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), ids[3..], "Last-Event-ID resumes");
+    // From a moment on: the events of its second and later (their time is shown to the second).
+    let from = |time: &str| format!("/fleet/v1/events?follow=false&from={}", time.replace('+', "%2B"));
+    let first_second = events[0].2["time"].as_str().unwrap().to_string();
+    let since_first = events_of(&api, &from(&first_second), None).await.ok().unwrap();
+    assert_eq!(since_first.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), ids);
+    assert!(events_of(&api, &from("2999-01-01T00:00:00Z"), None).await.ok().unwrap().is_empty());
+    let with_offset = events_of(&api, &from("2000-01-01T01:00:00+01:00"), None).await.ok().unwrap();
+    assert_eq!(with_offset.len(), ids.len());
 
     let refusals = [
         (
@@ -1309,6 +1317,7 @@ async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed()
             "invalid kind \"bogus\": one of placed, moved, unplaced, waiting, state, health, machine-joined, machine-lost, machine-revoked, drain, rollout, sync, write",
         ),
         ("/fleet/v1/events?since=soon", "invalid since \"soon\": an event index"),
+        ("/fleet/v1/events?from=yesterday", "invalid from \"yesterday\": a time in RFC 3339 (2026-12-07T06:00:00Z)"),
         ("/fleet/v1/events?unit=%5B", "invalid unit pattern \"[\""),
         ("/fleet/v1/events?follow=maybe", "invalid follow \"maybe\": true or false"),
     ];

@@ -48,6 +48,7 @@ fn a_filter_admits_by_kind_unit_pattern_and_machine_prefix() {
         unit: unit.map(|pattern| Glob::new(pattern).unwrap()),
         machine: machine.map(str::to_string),
         kinds,
+        from: None,
     };
     assert!(filter(None, None, vec![]).admits(&event));
     assert!(filter(Some("web@*"), Some("abc"), vec![EventKind::Placed, EventKind::Moved]).admits(&event));
@@ -56,6 +57,15 @@ fn a_filter_admits_by_kind_unit_pattern_and_machine_prefix() {
     assert!(!filter(None, None, vec![EventKind::State]).admits(&event));
     let of_no_unit = NewEvent::new(0, EventKind::MachineJoined, "joined").on_machine("abcdef");
     assert!(!filter(Some("*"), None, vec![]).admits(&of_no_unit));
+}
+
+#[test]
+fn a_filter_from_a_moment_admits_the_events_of_that_moment_and_later() {
+    let at = |micros: i64| NewEvent::new(micros, EventKind::Placed, "placed");
+    let from = EventFilter { from: Some(5_000_000), ..EventFilter::default() };
+    assert!(!from.admits(&at(4_999_999)));
+    assert!(from.admits(&at(5_000_000)));
+    assert!(from.admits(&at(9_000_000)));
 }
 
 #[test]

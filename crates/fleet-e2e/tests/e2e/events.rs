@@ -65,6 +65,13 @@ fn a_started_unit_leaves_its_write_placement_and_states_and_a_follower_sees_its_
     assert!(table.starts_with("INDEX\tTIME\tKIND\tUNIT\tMACHINE\tMESSAGE\n"), "{table}");
     let refused = fleet.fleetctl(&["events", "--kind", "nonsense"]);
     assert!(refused.code != 0 && refused.stderr.contains("invalid kind \"nonsense\""), "{refused:?}");
+    // From a span back from now, or a time on: the unit's events are within the last hour, and
+    // none is after a time to come.
+    assert_eq!(summary(&events(&fleet, &["--unit", "ev.service", "--since", "1h"])), summary(&of_unit));
+    assert!(events(&fleet, &["--since", "2999-01-01T00:00:00Z"]).is_empty());
+    let refused = fleet.fleetctl(&["events", "--since", "yesterday"]);
+    assert_eq!(refused.code, 2, "{refused:?}");
+    assert!(refused.stderr.starts_with("invalid --since \"yesterday\": an event index, a span"), "{refused:?}");
 
     // A follower from the last index read sees the stop as it happens.
     let last = *indexes.last().expect("an event");

@@ -39,6 +39,34 @@ fn units(event: &ClusterEvent, full: bool) -> String {
     }
 }
 
+/// What `--since` asks for: an event index (digits), or a moment, the API's `from`: a span
+/// back from `now` (microseconds since the epoch), as systemd writes spans (`10m`, `2h`,
+/// `1d 12h`), or an RFC 3339 time.
+pub fn since_of(text: &str, now: i64) -> Result<(u64, Option<String>), String> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return text.parse().map(|index| (index, None)).map_err(|_| format!("invalid --since {text:?}: too large"));
+    }
+    if fleet_core::civil_time::micros_of_rfc3339(text).is_some() {
+        return Ok((0, Some(text.to_string())));
+    }
+    match fleet_core::service_values::parse_timespan(text) {
+        Ok(Some(span)) => {
+            let back = i64::try_from(span.as_micros()).unwrap_or(i64::MAX);
+            Ok((0, Some(fleet_core::civil_time::rfc3339_of_micros(now.saturating_sub(back)))))
+        }
+        _ => Err(format!(
+            "invalid --since {text:?}: an event index, a span of time back from now (10m, 2h, 1d) or a time (2026-12-07T06:00:00Z)"
+        )),
+    }
+}
+
+/// Now, in microseconds since the epoch.
+pub fn now_micros() -> i64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX)
+}
+
 pub async fn events(context: &Context, asked: &EventsAsked) -> Outcome {
     let mut out = std::io::stdout().lock();
     if asked.output != OutputFormat::Json && !asked.no_legend && writeln!(out, "{LEGEND}").is_err() {
@@ -64,6 +92,19 @@ pub async fn events(context: &Context, asked: &EventsAsked) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn since_is_an_index_a_span_back_from_now_or_a_time() {
+        let now = fleet_core::civil_time::micros_of_rfc3339("2026-12-07T06:30:00Z").unwrap();
+        assert_eq!(since_of("0", now), Ok((0, None)));
+        assert_eq!(since_of("120003", now), Ok((120_003, None)));
+        assert_eq!(since_of("10m", now), Ok((0, Some("2026-12-07T06:20:00Z".into()))));
+        assert_eq!(since_of("1d 2h", now), Ok((0, Some("2026-12-06T04:30:00Z".into()))));
+        assert_eq!(since_of("2026-12-07T06:00:00+01:00", now), Ok((0, Some("2026-12-07T06:00:00+01:00".into()))));
+        for bad in ["", "yesterday", "-5", "5 parsecs", "99999999999999999999999"] {
+            assert!(since_of(bad, now).is_err_and(|message| message.starts_with("invalid --since")), "{bad}");
+        }
+    }
 
     #[test]
     fn a_line_shortens_the_machine_unless_full_and_names_who_asked() {
