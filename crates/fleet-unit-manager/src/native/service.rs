@@ -31,10 +31,20 @@ pub struct ServiceConfig {
     pub pid_file: Option<String>,
 }
 
+/// What a unit of type `kind` may do instead under the native supervisor.
+fn instead_of(kind: &str) -> &'static str {
+    match kind {
+        "timer" => {
+            "; a service on a calendar runs under it with [X-Fleet] Schedule= (OnCalendar='s syntax) instead of a timer"
+        }
+        _ => "",
+    }
+}
+
 /// A unit the native supervisor cannot run, with systemd's kind of wording.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ServiceError {
-    #[error("unit type {0:?} is not supported by the native unit manager (only .service)")]
+    #[error("unit type {0:?} is not supported by the native unit manager (only .service){hint}", hint = instead_of(.0))]
     UnsupportedType(String),
     #[error("Service has no ExecStart= setting, which is only allowed for Type=oneshot services. Refusing.")]
     NoExecStart,
@@ -267,6 +277,10 @@ mod tests {
         assert_eq!(
             read("a.socket", "[Socket]\nListenStream=1\n").unwrap_err().to_string(),
             "unit type \"socket\" is not supported by the native unit manager (only .service)"
+        );
+        assert_eq!(
+            read("a.timer", "[Timer]\nOnCalendar=daily\n").unwrap_err().to_string(),
+            "unit type \"timer\" is not supported by the native unit manager (only .service); a service on a calendar runs under it with [X-Fleet] Schedule= (OnCalendar='s syntax) instead of a timer"
         );
         assert_eq!(
             read("a.service", "[Service]\nExecStart=a\nRestart=sometimes\n").unwrap_err().to_string(),

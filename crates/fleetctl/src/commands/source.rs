@@ -194,7 +194,8 @@ async fn status(context: &Context, name: &str, diff: bool) -> Outcome {
         return Outcome::Success;
     };
     println!("Commit:    {}", status.commit.as_deref().unwrap_or("-"));
-    println!("Units:     {} (last sync made {} changes)", status.units, status.changes);
+    let changes = if status.changes == 1 { "change" } else { "changes" };
+    println!("Units:     {} (last sync made {} {changes})", status.units, status.changes);
     println!("Attempted: {}", time(status.attempted_at));
     println!("Synced:    {}", status.synced_at.map_or("never".to_string(), time));
     if let Some(error) = &status.error {
