@@ -1632,6 +1632,18 @@ pub async fn events_are_one_stream_read_from_any_index_and_trimmed_oldest_first(
     assert_eq!(messages(&read(indexes[2], 100).await), Vec::<String>::new());
     let first_two = read(0, 2).await;
     assert_eq!((messages(&first_two), first_two.more), (vec!["e1".to_string(), "e2".to_string()], true));
+    // Backwards, newest first, from before any index: what a view of the latest reads.
+    let before = async |before: u64, limit: usize| {
+        let events = registry.events_before(before, limit).await.expect("events read back");
+        events.iter().map(|e| (e.index, e.event.message.clone())).collect::<Vec<_>>()
+    };
+    let newest_first: Vec<(u64, String)> =
+        page.events.iter().rev().map(|e| (e.index, e.event.message.clone())).collect();
+    assert_eq!(before(u64::MAX, 100).await, newest_first);
+    assert_eq!(before(u64::MAX, 2).await, newest_first[..2]);
+    assert_eq!(before(indexes[2], 100).await, newest_first[1..], "inside a batch's range and between batches");
+    assert_eq!(before(indexes[1], 1).await, newest_first[2..]);
+    assert_eq!(before(indexes[0], 100).await, Vec::<(u64, String)>::new());
 
     // The newest one kept: the first batch goes whole, and readers from before it are told.
     assert_eq!(registry.trim_events(1, 0).await.expect("a trim"), 2);

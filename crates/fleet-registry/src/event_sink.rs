@@ -166,6 +166,9 @@ mod tests {
         async fn events_after(&self, _: u64, _: usize) -> crate::Result<EventPage> {
             Ok(EventPage::default())
         }
+        async fn events_before(&self, _: u64, _: usize) -> crate::Result<Vec<fleet_core::events::Event>> {
+            Ok(Vec::new())
+        }
         fn event_changes(&self) -> crate::ChangeSignal {
             tokio::sync::watch::channel(0).1
         }

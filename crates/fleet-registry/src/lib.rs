@@ -130,6 +130,9 @@ pub trait EventLog: Send + Sync {
     async fn append_events(&self, events: &[NewEvent]) -> Result<()>;
     /// Up to `limit` events after index `after`, in index order, with what was trimmed.
     async fn events_after(&self, after: u64, limit: usize) -> Result<EventPage>;
+    /// Up to `limit` of the events kept before index `before` (`u64::MAX`: the newest),
+    /// newest first: what a reader that shows the latest events starts from.
+    async fn events_before(&self, before: u64, limit: usize) -> Result<Vec<fleet_core::events::Event>>;
     /// Moves when events may have been appended, by any member.
     fn event_changes(&self) -> ChangeSignal;
     /// Trims the events beyond the newest `most` and those made before `oldest_at`

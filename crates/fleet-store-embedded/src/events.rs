@@ -94,6 +94,34 @@ impl EventLog for EmbeddedRegistry {
         .await
     }
 
+    async fn events_before(&self, before: u64, limit: usize) -> Result<Vec<Event>> {
+        self.blocking(move |db| {
+            let txn = db.begin_read().map_err(unavailable)?;
+            let table = match txn.open_table(EVENTS) {
+                Ok(table) => table,
+                Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                Err(error) => return Err(unavailable(error)),
+            };
+            let mut found = Vec::new();
+            for row in table.range(TRIMMED + 1..=batch_of(before).max(TRIMMED + 1)).map_err(unavailable)?.rev() {
+                let (number, value) = row.map_err(unavailable)?;
+                let number = number.value();
+                for (place, event) in decode_batch(number, value.value()).into_iter().enumerate().rev() {
+                    let index = index_of(number, place);
+                    if index >= before {
+                        continue;
+                    }
+                    if found.len() == limit {
+                        return Ok(found);
+                    }
+                    found.push(Event { index, event });
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
     fn event_changes(&self) -> ChangeSignal {
         self.signals.events.subscribe()
     }

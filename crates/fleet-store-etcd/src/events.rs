@@ -90,6 +90,29 @@ impl EventLog for EtcdRegistry {
         Ok(page)
     }
 
+    async fn events_before(&self, before: u64, limit: usize) -> Result<Vec<Event>> {
+        let mirror = self.events_mirror();
+        let data = mirror.listed(FIRST_LISTING).await?;
+        let range = KeyRange::prefix(self.keys().events());
+        let mark = self.keys().events_trimmed();
+        let batches = mirror.derived(&data, |data| batches(data, &range, &mark));
+        let end = batches.partition_point(|(revision, ..)| index_of(*revision as u64, 0) < before);
+        let mut found = Vec::new();
+        for (revision, _, events) in batches[..end].iter().rev() {
+            for (place, event) in events.iter().enumerate().rev() {
+                let index = index_of(*revision as u64, place);
+                if index >= before {
+                    continue;
+                }
+                if found.len() == limit {
+                    return Ok(found);
+                }
+                found.push(Event { index, event: event.clone() });
+            }
+        }
+        Ok(found)
+    }
+
     fn event_changes(&self) -> ChangeSignal {
         // The copy starts with its first follower: its changes are what the signal moves on.
         self.events_mirror();

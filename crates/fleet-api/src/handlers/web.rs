@@ -1,5 +1,6 @@
 //! The web view: a read-only page of the cluster (assets embedded in the binary) and its live
-//! feed, `/ui/events`, as server-sent events: first every row, then only the rows that change.
+//! feed, `/ui/events`, as server-sent events: first every row, then only the rows that change;
+//! besides, the latest of the cluster's events the watcher may see, then each as it is stored.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -9,6 +10,8 @@ use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use fleet_core::access::Role;
+use fleet_core::events::{Event, visible_to};
+use fleet_registry::ChangeSignal;
 use tokio::sync::broadcast;
 
 use crate::api_state::ApiState;
@@ -57,39 +60,119 @@ fn event(patch: &Patch) -> Bytes {
     }
 }
 
+/// The cluster's events a watcher may see, as one `happened` message (oldest first).
+fn happened(events: &[Event]) -> Bytes {
+    let shown: Vec<_> = events.iter().map(super::events::shown).collect();
+    match serde_json::to_string(&shown) {
+        Ok(json) => Bytes::from(format!("event: happened\ndata: {json}\n\n")),
+        Err(_) => Bytes::from_static(b": unencodable events\n\n"),
+    }
+}
+
+/// How many of the latest events a new watcher is shown.
+const LATEST_SHOWN: usize = 50;
+/// How far back a new watcher's latest events are looked for (a scoped operator sees few).
+const LATEST_SCANNED: usize = 5_000;
+/// How many events one read of the log brings while following it.
+const EVENTS_PAGE: usize = 500;
+
+/// The latest events `role` may see (at most [`LATEST_SHOWN`], oldest first), and the index
+/// of the newest event kept, seen or not, to follow the log from.
+async fn latest_events(state: &ApiState, role: &Role) -> Result<(Vec<Event>, u64), ApiError> {
+    let mut shown = Vec::new();
+    let mut before = u64::MAX;
+    let mut newest = 0;
+    let mut scanned = 0;
+    while shown.len() < LATEST_SHOWN && scanned < LATEST_SCANNED {
+        let page = state.registry.events_before(before, EVENTS_PAGE).await?;
+        let Some(last) = page.last() else { break };
+        before = last.index;
+        newest = newest.max(page[0].index);
+        scanned += page.len();
+        shown.extend(page.into_iter().filter(|e| visible_to(role, &e.event)));
+    }
+    shown.truncate(LATEST_SHOWN);
+    shown.reverse();
+    Ok((shown, newest))
+}
+
 /// What the feed of one watcher holds between events.
 struct Feed {
     state: ApiState,
     role: Role,
     patches: broadcast::Receiver<Arc<Patch>>,
     first: Option<Patch>,
+    /// The latest events, sent after the first view.
+    first_events: Option<Vec<Event>>,
+    /// The last event index read from the log (seen by this watcher or not).
+    events_after: u64,
+    event_changes: ChangeSignal,
     /// Given back when the feed ends (its stream dropped with the connection).
     _slot: FeedSlot,
+}
+
+impl Feed {
+    /// The events stored since the last read that this watcher may see.
+    async fn new_events(&mut self) -> Result<Vec<Event>, ApiError> {
+        let mut seen = Vec::new();
+        loop {
+            self.event_changes.borrow_and_update();
+            let page = self.state.registry.events_after(self.events_after, EVENTS_PAGE).await?;
+            if let Some(last) = page.events.last() {
+                self.events_after = last.index;
+            }
+            seen.extend(page.events.into_iter().filter(|e| visible_to(&self.role, &e.event)));
+            if !page.more {
+                return Ok(seen);
+            }
+        }
+    }
 }
 
 async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)> {
     if let Some(first) = feed.first.take() {
         return Some((Ok(event(&first.visible_to(&feed.role))), feed));
     }
+    if let Some(latest) = feed.first_events.take() {
+        return Some((Ok(happened(&latest)), feed));
+    }
     loop {
-        match tokio::time::timeout(KEEPALIVE, feed.patches.recv()).await {
-            Err(_) => return Some((Ok(Bytes::from_static(b": keepalive\n\n")), feed)),
-            Ok(Ok(patch)) => {
+        let next = tokio::select! {
+            patch = feed.patches.recv() => Next::Patch(patch),
+            changed = feed.event_changes.changed() => match changed {
+                Ok(()) => Next::Events,
+                Err(_) => return None,
+            },
+            () = tokio::time::sleep(KEEPALIVE) => return Some((Ok(Bytes::from_static(b": keepalive\n\n")), feed)),
+        };
+        match next {
+            Next::Patch(Ok(patch)) => {
                 let visible = patch.visible_to(&feed.role);
                 if !visible.is_empty() {
                     return Some((Ok(event(&visible)), feed));
                 }
             }
             // Too slow to follow: start again from a whole view.
-            Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+            Next::Patch(Err(broadcast::error::RecvError::Lagged(_))) => {
                 match crate::live_view::read_view(feed.state.registry.as_ref(), &Default::default()).await {
                     Ok(view) => return Some((Ok(event(&reset(&view).visible_to(&feed.role))), feed)),
                     Err(_) => return None,
                 }
             }
-            Ok(Err(broadcast::error::RecvError::Closed)) => return None,
+            Next::Patch(Err(broadcast::error::RecvError::Closed)) => return None,
+            Next::Events => match feed.new_events().await {
+                Ok(events) if events.is_empty() => {}
+                Ok(events) => return Some((Ok(happened(&events)), feed)),
+                Err(_) => return None,
+            },
         }
     }
+}
+
+/// What woke a feed.
+enum Next {
+    Patch(Result<Arc<Patch>, broadcast::error::RecvError>),
+    Events,
 }
 
 pub async fn events(state: &ApiState, identity: &Identity) -> Result<Response, ApiError> {
@@ -99,7 +182,20 @@ pub async fn events(state: &ApiState, identity: &Identity) -> Result<Response, A
     };
     let (view, patches) = state.live_view.watch(state.registry.clone()).await?;
     let role = identity.role.clone();
-    let feed = Feed { state: state.clone(), role, patches, first: Some(reset(&view)), _slot: slot };
+    // Followed from before the latest are read: nothing stored in between is missed.
+    let mut event_changes = state.registry.event_changes();
+    event_changes.borrow_and_update();
+    let (latest, events_after) = latest_events(state, &role).await?;
+    let feed = Feed {
+        state: state.clone(),
+        role,
+        patches,
+        first: Some(reset(&view)),
+        first_events: Some(latest),
+        events_after,
+        event_changes,
+        _slot: slot,
+    };
     let body = Body::from_stream(futures_util::stream::unfold(feed, next_event));
     let response = ([(header::CONTENT_TYPE, "text/event-stream")], body).into_response();
     let mut response = hardened(response);

@@ -1255,6 +1255,81 @@ async fn a_batch_write_is_one_event_naming_its_units() {
     assert_eq!(of_web_2.iter().map(|(id, ..)| *id).collect::<Vec<_>>(), [events[0].0]);
 }
 
+/// Reads server-sent messages of `event` type `kind` from `body` until `wanted` of them came.
+async fn messages_of(body: &mut Body, kind: &str, wanted: usize) -> Vec<Value> {
+    use http_body_util::BodyExt;
+    let mut text = String::new();
+    let mut found = Vec::new();
+    while found.len() < wanted {
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(10), body.frame())
+            .await
+            .unwrap_or_else(|_| panic!("no {kind} message came; read: {text}"))
+            .expect("the feed goes on")
+            .expect("a frame");
+        if let Ok(data) = frame.into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            if block.lines().any(|line| line == format!("event: {kind}")) {
+                let data = block.lines().find_map(|line| line.strip_prefix("data: ")).unwrap_or("null");
+                found.push(serde_json::from_str(data).unwrap());
+            }
+        }
+    }
+    found
+}
+
+/// The web view's feed carries the latest events after its first view, then each new one.
+#[tokio::test]
+async fn the_web_views_feed_carries_the_latest_events_then_new_ones() {
+    let api = api_with_events().await;
+    let all = async || events_of(&api, "/fleet/v1/events?follow=false", None).await.ok().unwrap_or_default();
+    api.call("PUT", "/fleet/v1/units/a.service", Some(hello(Some("inactive")))).await;
+    fleet_testkit::eventually("the write is an event", async || all().await.len() == 1).await;
+    let mut request = Request::builder().uri("/ui/events").body(Body::empty()).unwrap();
+    request.extensions_mut().insert(Peer::Unix { uid: Some(0) });
+    let response = api.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let latest = messages_of(&mut body, "happened", 1).await.remove(0);
+    assert_eq!(latest.as_array().map(Vec::len), Some(1), "{latest}");
+    assert_eq!(latest[0]["message"], "PUT /fleet/v1/units/a.service: 201 Created");
+    assert_eq!(latest[0]["kind"], "write");
+    api.call("DELETE", "/fleet/v1/units/a.service", None).await;
+    let next = messages_of(&mut body, "happened", 1).await.remove(0);
+    assert_eq!(next[0]["message"], "DELETE /fleet/v1/units/a.service: 204 No Content", "{next}");
+    assert!(next[0]["index"].as_u64() > latest[0]["index"].as_u64(), "{next}");
+
+    // An operator limited to web-* sees the events of its units only.
+    use fleet_registry::CredentialRegistry;
+    let token = crate::auth::tokens::generate(crate::auth::tokens::TOKEN_PREFIX).unwrap();
+    let record = fleet_registry::TokenRecord {
+        name: "web-op".into(),
+        role: "operator".into(),
+        units: Some("web-*".into()),
+        secrets: None,
+        sha256: crate::auth::tokens::digest(&token),
+        created: 0,
+        expires: None,
+    };
+    assert!(api.registry.create_token(&record).await.unwrap());
+    api.call("PUT", "/fleet/v1/units/web-1.service", Some(hello(Some("inactive")))).await;
+    fleet_testkit::eventually("the web unit's write is an event", async || all().await.len() == 3).await;
+    let mut request = Request::builder()
+        .uri("/ui/events")
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Body::empty())
+        .unwrap();
+    request.extensions_mut().insert(Peer::Tcp { tls: true, certificate: None });
+    let response = api.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let scoped = messages_of(&mut body, "happened", 1).await.remove(0);
+    let units: Vec<&str> = scoped.as_array().unwrap().iter().filter_map(|e| e["unit"].as_str()).collect();
+    assert_eq!(units, ["web-1.service"], "{scoped}");
+}
+
 #[tokio::test]
 async fn writes_are_events_read_back_filtered_resumed_and_refused_once_trimmed() {
     let api = api_with_events().await;

@@ -1,11 +1,15 @@
 // The web view: rows of machines and units kept in maps, fed by /ui/events (server-sent
-// events: a whole view first, then only the rows that change), drawn as virtual lists so that
-// only the rows on screen exist in the page, whatever the size of the cluster.
+// events: a whole view first, then only the rows that change; and the cluster's latest events,
+// then each as it is stored), drawn as virtual lists so that only the rows on screen exist in
+// the page, whatever the size of the cluster.
 "use strict";
 
 const units = new Map();
 const machines = new Map();
 let patchesApplied = 0;
+// The cluster's events by index; the newest KEPT_EVENTS are kept.
+const happenings = new Map();
+const KEPT_EVENTS = 200;
 
 function short(id) {
   return id && id.length > 12 ? id.slice(0, 8) + "…" : id || "";
@@ -195,6 +199,53 @@ function redraw() {
   });
 }
 
+// An event's units: its unit, or of several the first and how many more.
+function eventUnits(e) {
+  if (e.unit) return e.unit;
+  const all = e.units || [];
+  return all.length ? all[0] + (all.length > 1 ? " (+" + (all.length - 1) + ")" : "") : "-";
+}
+
+function eventClass(e) {
+  if (e.kind === "machine-lost" || e.kind === "machine-revoked") return "failed";
+  if (e.kind === "waiting" || e.kind === "unplaced") return "waiting";
+  if (/^(failed|unhealthy)/.test(e.message)) return "failed";
+  return null;
+}
+
+const eventList = new VirtualList(document.getElementById("events"), "events-grid", (e) => {
+  const message = e.message + (e.by ? " (by " + e.by + ")" : "");
+  return [
+    [e.time.replace("T", " ").replace("Z", ""), null, e.time],
+    [e.kind, eventClass(e)],
+    [eventUnits(e), null, (e.units || []).join(", ")],
+    [e.machineID ? short(e.machineID) : "-", null, e.machineID || ""],
+    [message, eventClass(e), message],
+  ];
+});
+
+function drawEvents() {
+  const text = document.getElementById("event-filter").value.trim().toLowerCase();
+  const newestFirst = [...happenings.values()].sort((a, b) => b.index - a.index);
+  const shown = text
+    ? newestFirst.filter((e) =>
+        [e.kind, e.unit || "", (e.units || []).join(" "), e.machineID || "", e.message, e.by || ""]
+          .join(" ").toLowerCase().includes(text))
+    : newestFirst;
+  eventList.setItems(shown);
+  document.getElementById("event-count").textContent = "(" + shown.length + " of the latest " + newestFirst.length + ")";
+  document.body.dataset.events = String(newestFirst.length);
+}
+
+function happened(events) {
+  for (const e of events) happenings.set(e.index, e);
+  if (happenings.size > KEPT_EVENTS) {
+    const oldest = [...happenings.keys()].sort((a, b) => a - b).slice(0, happenings.size - KEPT_EVENTS);
+    for (const index of oldest) happenings.delete(index);
+  }
+  drawEvents();
+}
+
 function apply(patch) {
   if (patch.reset) {
     units.clear();
@@ -216,6 +267,7 @@ function connect() {
     status.textContent = "live";
   });
   feed.addEventListener("patch", (message) => apply(JSON.parse(message.data)));
+  feed.addEventListener("happened", (message) => happened(JSON.parse(message.data)));
   feed.addEventListener("error", () => {
     // EventSource reconnects by itself; the first message after it is a whole view.
     status.dataset.state = "lost";
@@ -226,4 +278,5 @@ function connect() {
 for (const id of ["unit-filter", "machine-filter", "unit-state"]) {
   document.getElementById(id).addEventListener("input", redraw);
 }
+document.getElementById("event-filter").addEventListener("input", drawEvents);
 connect();

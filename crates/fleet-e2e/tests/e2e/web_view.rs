@@ -73,7 +73,42 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
     }
     let latency = started.elapsed();
     assert!(latency < Duration::from_secs(1), "the page followed the unit in {latency:?}");
+    // The cluster's events: the latest when the page opened, then each as it comes (the
+    // sleeper's placement came after), newest first, and a filter.
+    let events = |browser: &mut Browser| {
+        browser.evaluate("document.getElementById('events').innerText").as_str().unwrap_or_default().to_string()
+    };
+    poll_until(
+        "the page shows the events of both units",
+        WAIT,
+        || {
+            let shown = events(&mut browser);
+            shown.contains("hello.service") && shown.contains("sleeper.service") && shown.contains("placed on 0e0e0e0e")
+        },
+        String::new,
+    );
+    let shown = events(&mut browser);
+    let newest_first = shown.find("sleeper.service").zip(shown.find("hello.service"));
+    assert!(newest_first.is_some_and(|(sleeper, hello)| sleeper < hello), "newest first: {shown}");
+    browser.evaluate(
+        "(f => { f.value = 'nowhere'; f.dispatchEvent(new Event('input')); })(document.getElementById('event-filter'))",
+    );
+    poll_until(
+        "the filter leaves nowhere.service's events",
+        WAIT,
+        || {
+            let shown = events(&mut browser);
+            shown.contains("nowhere.service") && !shown.contains("sleeper.service")
+        },
+        String::new,
+    );
+    browser.evaluate(
+        "(f => { f.value = ''; f.dispatchEvent(new Event('input')); })(document.getElementById('event-filter'))",
+    );
     browser.screenshot(&binary_dir().join("test-artifacts/web-view.png"));
+    browser.evaluate("document.getElementById('events').scrollIntoView()");
+    browser.screenshot(&binary_dir().join("test-artifacts/web-view-events.png"));
+    browser.evaluate("window.scrollTo(0, 0)");
 
     // A long list: only the rows in view exist in the page, and scrolling shows the end.
     let files: Vec<String> = (0..600)
