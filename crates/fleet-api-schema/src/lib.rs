@@ -130,6 +130,10 @@ pub struct Machine {
     /// (our addition; listed only when asked).
     #[serde(rename = "outOfTouchSince", default, skip_serializing_if = "String::is_empty")]
     pub out_of_touch_since: String,
+    /// The version of fleet its fleetd runs, as it registered (our addition; what a rolling
+    /// upgrade follows).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub version: String,
 }
 
 /// A machine's drain and where it stands (our addition): it takes no new units, and its units

@@ -42,6 +42,8 @@ pub struct MachineRow {
     /// Since when it is out of touch (RFC 3339), while units wait for it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub out_of_touch_since: Option<String>,
+    /// The version of fleet its fleetd runs, as it registered.
+    pub version: String,
 }
 
 /// A drained machine's drain, as the web view shows it.
@@ -189,6 +191,7 @@ pub fn cluster_view(
                     }
                 }),
                 out_of_touch_since: None,
+                version: machine.version.clone(),
             };
             (row.id.clone(), row)
         })
@@ -276,6 +279,7 @@ pub fn with_out_of_touch(mut view: ClusterView, machines: &[fleet_core::OutOfTou
             drain: None,
             taints: fleet_core::taint::written(&last.taints),
             out_of_touch_since: Some(since),
+            version: last.version,
         };
         view.machines.insert(machine.id.clone(), row);
     }

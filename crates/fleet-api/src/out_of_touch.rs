@@ -37,6 +37,7 @@ pub fn listed_machine(machine: OutOfTouch) -> Machine {
         id: machine.id,
         metadata: last.metadata,
         primary_ip: last.public_ip,
+        version: last.version,
         ..Machine::default()
     }
 }

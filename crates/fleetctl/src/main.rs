@@ -201,7 +201,7 @@ enum Command {
         /// Columns: machine,ip,metadata,units,connection (etcd, embedded or pull),leader (engine on the
         /// machine whose engine leads),capacity,reserved (memory and CPU units may reserve there, and
         /// what they do),drain,taints,state (present, or out of touch since when while units wait
-        /// for it)
+        /// for it),version (of fleet, as the machine's fleetd registered)
         #[arg(long, default_value = "machine,ip,metadata")]
         fields: String,
         #[command(flatten)]

@@ -48,6 +48,8 @@ pub struct MachineRow<'a> {
     pub taints: &'a [String],
     /// Since when it is out of touch (RFC 3339), while units wait for it; `null` while present.
     pub out_of_touch_since: Option<&'a str>,
+    /// The version of fleet its fleetd runs; `null` from a fleetd that does not say.
+    pub version: Option<&'a str>,
 }
 
 /// A row of `list-unit-files -o json`.

@@ -40,6 +40,7 @@ pub async fn list(state: &ApiState, query: &[(String, String)], role: &Role) -> 
             metadata: machine.metadata,
             primary_ip: machine.public_ip,
             out_of_touch_since: String::new(),
+            version: machine.version,
         })
         .collect();
     let mut machines = machines;

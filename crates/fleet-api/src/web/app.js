@@ -97,6 +97,7 @@ const machineList = new VirtualList(document.getElementById("machines"), "machin
   [fill(m), overCapacity(m) ? "failed" : null, overCapacity(m) ? "over capacity" : ""],
   drainCell(m),
   (m.taints || []).length ? [m.taints.join(","), null, "takes only the units that tolerate these (Tolerate=)"] : ["-"],
+  [m.version || "-", null, "the version of fleet its fleetd runs"],
   [Object.entries(m.metadata).map(([k, v]) => k + "=" + v).join(",") || "-"],
 ]);
 

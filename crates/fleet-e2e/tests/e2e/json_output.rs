@@ -33,6 +33,9 @@ fn lists_and_status_print_json_and_wide_tables() {
     assert_eq!(machines[0]["connection"], "embedded");
     assert_eq!(machines[0]["leader"], true, "a single machine's engine leads: {machines}");
     assert!(machines[0]["outOfTouchSince"].is_null(), "present: {machines}");
+    assert_eq!(machines[0]["version"], env!("CARGO_PKG_VERSION"), "the version its fleetd registered: {machines}");
+    let versions = fleet.ok(&["list-machines", "--no-legend", "--fields", "machine,version"]).stdout;
+    assert_eq!(versions, format!("e2e0json...\t{}\n", env!("CARGO_PKG_VERSION")));
     assert_eq!(machines[0]["capacity"], serde_json::json!({"memoryBytes": 4u64 << 30, "cpuMillicores": 2000}));
     assert_eq!(machines[0]["reserved"], serde_json::json!({"memoryBytes": 0, "cpuMillicores": 0}));
 
@@ -80,12 +83,13 @@ fn lists_and_status_print_json_and_wide_tables() {
     let wide = fleet.ok(&["list-machines", "-o", "wide"]).stdout;
     assert!(
         wide.starts_with(
-            "MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\tDRAIN\tTAINTS\tSTATE\n"
+            "MACHINE\t\t\tIP\t\tMETADATA\tUNITS\tCONNECTION\tLEADER\tCAPACITY\tRESERVED\tDRAIN\tTAINTS\tSTATE\tVERSION\n"
         ),
         "{wide}"
     );
     assert!(wide.contains("e2e0json00000001\t"), "-o wide shows machine IDs whole: {wide}");
-    assert!(wide.trim_end().ends_with("\t1\tembedded\tengine\t4 GiB, 2 CPU\t0 B, 0 CPU\t-\t-\tpresent"), "{wide}");
+    let tail = format!("\t1\tembedded\tengine\t4 GiB, 2 CPU\t0 B, 0 CPU\t-\t-\tpresent\t{}", env!("CARGO_PKG_VERSION"));
+    assert!(wide.trim_end().ends_with(&tail), "{wide}");
     let wide = fleet.ok(&["list-unit-files", "-o", "wide", "--no-legend"]).stdout;
     assert!(wide.contains("Waits for a machine"), "{wide}");
 }

@@ -44,6 +44,7 @@ fn the_web_view_shows_the_cluster_and_follows_it_live() {
             let seen = text(&mut browser);
             seen.contains("0e0e0e0e")
                 && seen.contains("region=web")
+                && seen.contains(env!("CARGO_PKG_VERSION"))
                 && seen.contains("0 B/4 GiB, 0/2 CPU")
                 && seen.contains("hello.service")
                 && seen.contains("active/running")

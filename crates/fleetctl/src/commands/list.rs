@@ -62,6 +62,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
         "drain",
         "taints",
         "state",
+        "version",
     ];
     let fields = match columns(fields, &valid, output) {
         Ok(fields) => fields,
@@ -117,6 +118,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                 drain: machine.drain.as_ref().map(|drain| drain.state.as_str()),
                 taints: &machine.taints,
                 out_of_touch_since: Some(machine.out_of_touch_since.as_str()).filter(|since| !since.is_empty()),
+                version: Some(machine.version.as_str()).filter(|version| !version.is_empty()),
             })
             .collect();
         print_json(&rows);
@@ -139,6 +141,7 @@ pub async fn machines(context: &Context, list: &ListFlags, fields: &str, output:
                     "drain" => machine.drain.as_ref().map_or("-".to_string(), |drain| drain.state.clone()),
                     "taints" => or_dash(&machine.taints.join(",")),
                     "state" => machine_state(machine),
+                    "version" => or_dash(&machine.version),
                     _ => {
                         or_dash(&machine.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(","))
                     }
