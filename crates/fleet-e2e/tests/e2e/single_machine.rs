@@ -62,7 +62,10 @@ fn hello_runs_and_stops() {
         f.ok(&["journal", "hello.service"]).stdout.contains("Hello, World!")
     });
     let status = fleet.ok(&["status", "hello.service"]).stdout;
-    assert!(status.contains("Active: active (running)"), "{status}");
+    assert!(status.contains("Active: active (running) since "), "{status}");
+    // The native supervisor's report, in systemctl status's words.
+    assert!(status.contains("   Main PID: ") && status.contains(" (sh)\n"), "{status}");
+    assert!(status.contains("Hello, World!"), "the log's last lines: {status}");
     let stopped = fleet.ok(&["stop", "hello.service"]);
     assert_eq!(stopped.stderr, "Successfully stopped units [hello.service].\n");
     assert!(unit_processes(&fleet.state_dir()).is_empty(), "stop kills the unit's processes");

@@ -114,6 +114,12 @@ impl CgroupBase {
         self.dir.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default()
     }
 
+    /// Where `unit`'s cgroup is in its hierarchy (`/fleet-units.…/web.service`), as
+    /// `/proc/PID/cgroup` and `systemctl status` name a cgroup.
+    pub fn path_of(&self, unit: &str) -> String {
+        format!("{}/{unit}", self.hierarchy_path)
+    }
+
     /// The cgroup of `unit`, created if missing.
     pub fn unit(&self, unit: &str) -> io::Result<UnitCgroup> {
         if unit.is_empty() || unit.contains('/') || unit.starts_with('.') || unit.starts_with("cgroup.") {
@@ -126,7 +132,7 @@ impl CgroupBase {
             Err(error) => return Err(error),
         }
         let procs = CgroupProcs::of_dirs([dir.as_path()])?;
-        Ok(UnitCgroup { hierarchy_path: format!("{}/{unit}", self.hierarchy_path), dir, procs, limited_in: Vec::new() })
+        Ok(UnitCgroup { hierarchy_path: self.path_of(unit), dir, procs, limited_in: Vec::new() })
     }
 
     /// What a process joins to be one of `unit`'s processes, while the unit has a cgroup here

@@ -12,10 +12,12 @@ mod keeper;
 mod limits;
 mod main_process;
 mod output;
+mod proc_stats;
 mod process;
 mod runner;
 mod service;
 mod spawner;
+mod status_report;
 mod tracking;
 mod unit_log;
 mod upgrade;
@@ -86,6 +88,10 @@ struct Slot {
     log: LogSink,
     /// How its last run ended by itself, since its last start.
     last_end: Option<fleet_core::job::runs::Outcome>,
+    /// When its active state last changed (microseconds since the epoch).
+    since: i64,
+    /// Its main process, while one runs.
+    main_pid: Option<u32>,
 }
 
 struct Shared {
@@ -155,9 +161,22 @@ impl StateSink for SlotState {
             let Some(slot) = slots.get_mut(&self.unit).filter(|slot| slot.generation == self.generation) else {
                 return;
             };
+            if slot.state.active != active {
+                slot.since = now_micros();
+            }
             slot.state = SystemdState::new("loaded", active, sub);
         }
         shared.changed();
+    }
+
+    fn main_pid(&self, pid: Option<u32>) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut slots = shared.slots();
+        if let Some(slot) = slots.get_mut(&self.unit).filter(|slot| slot.generation == self.generation) {
+            slot.main_pid = pid;
+        }
     }
 
     fn ended(&self, outcome: fleet_core::job::runs::Outcome) {
@@ -443,6 +462,12 @@ impl NativeManager {
     }
 }
 
+/// Now, in microseconds since the epoch.
+fn now_micros() -> i64 {
+    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX)
+}
+
 /// What the unit's log lines call it: its `Description=` with its specifiers expanded, as
 /// systemd's own lines have it ("Starting Hello instance 1..."), else its name.
 fn description(unit: &str, file: &UnitFile, specifiers: &Specifiers) -> String {
@@ -493,6 +518,8 @@ impl UnitManager for NativeManager {
                 running: None,
                 log,
                 last_end: None,
+                since: now_micros(),
+                main_pid: None,
             },
         );
         drop(slots);
@@ -574,6 +601,59 @@ impl UnitManager for NativeManager {
 
     async fn journal(&self, name: &str, lines: usize) -> Result<String> {
         self.read_log(name, lines, None).await
+    }
+
+    /// What `systemctl status` would say of the unit: its state and since when, its main
+    /// process, its processes with their memory and CPU, and its log's last lines.
+    async fn status(&self, name: &str) -> Result<Option<String>> {
+        let facts = {
+            let slots = self.shared.slots();
+            let Some(slot) = slots.get(name) else { return Ok(None) };
+            let specifiers = self.specifiers(name);
+            status_report::StatusFacts {
+                name: name.to_string(),
+                description: slot.file.description().map(|text| specifiers.expand(text)),
+                load: slot.state.load.clone(),
+                active: slot.state.active.clone(),
+                sub: slot.state.sub.clone(),
+                since: Some(slot.since),
+                main_pid: slot.main_pid,
+                ..Default::default()
+            }
+        };
+        let cgroup = self.shared.cgroups.as_ref().and_then(|base| {
+            let dir = base.dir().join(name);
+            dir.is_dir().then(|| (dir, base.path_of(name)))
+        });
+        let marker = self.shared.marker.clone();
+        let unit = name.to_string();
+        let mut facts = tokio::task::spawn_blocking(move || {
+            let mut facts = facts;
+            let pids = match &cgroup {
+                Some((dir, _)) => proc_stats::cgroup_pids(dir),
+                None => {
+                    let mut pids = process::unit_marked_processes(&marker, &unit);
+                    pids.sort_unstable();
+                    pids
+                }
+            };
+            facts.processes = proc_stats::command_lines(&pids);
+            let live: Vec<u32> = facts.processes.iter().map(|(pid, _)| *pid).collect();
+            facts.memory_bytes = proc_stats::resident_bytes(&live);
+            facts.cpu_micros = match &cgroup {
+                Some((dir, _)) => proc_stats::cgroup_cpu_micros(dir),
+                None => proc_stats::processes_cpu_micros(&live),
+            };
+            facts.cgroup = cgroup.map(|(_, path)| path);
+            facts
+        })
+        .await
+        .map_err(|error| UnitManagerError::Io {
+            context: "reading a unit's processes".into(),
+            source: std::io::Error::other(error),
+        })?;
+        facts.journal = self.journal(name, 10).await?;
+        Ok(Some(status_report::status_report(&facts, now_micros())))
     }
 
     /// The lines written since the run's first start, where this fleetd started it; else

@@ -32,6 +32,8 @@ pub trait StateSink: Send + Sync + 'static {
     fn set(&self, active: &str, sub: &str);
     /// The run ended by itself (not by a stop), with no restart to come: how.
     fn ended(&self, _outcome: fleet_core::job::runs::Outcome) {}
+    /// The unit's main process, while one runs (`None` once it ended).
+    fn main_pid(&self, _pid: Option<u32>) {}
 }
 
 /// How a run that ended by itself ended, in the words job records keep.
@@ -410,7 +412,16 @@ impl<S: StateSink> Runner<S> {
 
     /// A running main process (of process group `pgid`), until it ends, is stopped, or is
     /// handed over.
-    async fn supervise_main(&mut self, mut main: MainProcess, pgid: Option<u32>, output: MainOutput) -> Outcome {
+    async fn supervise_main(&mut self, main: MainProcess, pgid: Option<u32>, output: MainOutput) -> Outcome {
+        self.state.main_pid(main.id());
+        let outcome = self.follow_main(main, pgid, output).await;
+        if !matches!(outcome, Outcome::Parked(_)) {
+            self.state.main_pid(None);
+        }
+        outcome
+    }
+
+    async fn follow_main(&mut self, mut main: MainProcess, pgid: Option<u32>, output: MainOutput) -> Outcome {
         self.state.set("active", "running");
         loop {
             tokio::select! {
@@ -481,6 +492,7 @@ impl<S: StateSink> Runner<S> {
     async fn supervise_forking(&mut self, pgid: u32, main_pid: Option<u32>) -> Outcome {
         let context = self.context.clone();
         let alive = move || main_pid.map_or_else(|| context.unit_alive(pgid), process_alive);
+        self.state.main_pid(main_pid);
         self.state.set("active", "running");
         loop {
             tokio::select! {
@@ -488,6 +500,7 @@ impl<S: StateSink> Runner<S> {
                 () = tokio::time::sleep(POLL) => {
                     if !alive() {
                         self.say(&format!("{}: Main process exited", self.unit));
+                        self.state.main_pid(None);
                         self.kill_remaining(pgid);
                         self.run_stop_post().await;
                         return Outcome::Ended(Exit::Code(0));
@@ -519,6 +532,7 @@ impl<S: StateSink> Runner<S> {
             }
             self.context.unit_gone(pgid, KILL_WAIT).await;
         }
+        self.state.main_pid(None);
         self.run_stop_post().await;
         Outcome::Stopped
     }

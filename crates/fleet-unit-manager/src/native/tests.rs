@@ -335,3 +335,38 @@ async fn a_runs_log_holds_the_lines_of_that_run_only() {
     let journal = manager.journal("count.service", 20).await.unwrap();
     assert!(journal.contains(": run 1") && journal.contains(": run 2"), "{journal}");
 }
+
+/// `status` says what `systemctl status` would: state and since when, the main process, the
+/// unit's processes with what they hold, and its log's last lines.
+#[tokio::test]
+async fn status_reports_the_main_process_the_processes_and_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = manager(dir.path());
+    let unit =
+        "[Unit]\nDescription=Status of %i\n[Service]\nExecStart=/bin/sh -c 'echo up; sleep 1000 & exec sleep 1001'\n";
+    load(&manager, "st@one.service", unit).await;
+    manager.start("st@one.service").await.unwrap();
+    wait_for(&manager, "st@one.service", "active", "running").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let report = loop {
+        let report = manager.status("st@one.service").await.unwrap().expect("a report of a loaded unit");
+        if report.contains("Tasks: 2\n") && report.contains(": up\n") {
+            break report;
+        }
+        assert!(Instant::now() < deadline, "never both processes and the log line:\n{report}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(report.starts_with("● st@one.service - Status of one\n"), "{report}");
+    assert!(report.contains("     Loaded: loaded (fleet's native supervisor)\n"), "{report}");
+    assert!(report.contains("     Active: active (running) since "), "{report}");
+    let main = report.lines().find_map(|line| line.trim().strip_prefix("Main PID: ")).expect("a main PID");
+    assert!(main.ends_with(" (sleep)"), "{report}");
+    assert!(report.contains("sleep 1000") && report.contains("sleep 1001"), "{report}");
+    assert!(report.contains("     Memory: ") && report.contains("        CPU: "), "{report}");
+    manager.stop("st@one.service").await.unwrap();
+    wait_for(&manager, "st@one.service", "inactive", "dead").await;
+    let stopped = manager.status("st@one.service").await.unwrap().expect("a report");
+    assert!(!stopped.contains("Main PID") && !stopped.contains("Tasks:"), "{stopped}");
+    assert!(stopped.contains("Active: inactive (dead) since "), "{stopped}");
+    assert_eq!(manager.status("nothing.service").await.unwrap(), None);
+}

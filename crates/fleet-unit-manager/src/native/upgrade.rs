@@ -109,6 +109,8 @@ impl NativeManager {
             running: None,
             log,
             last_end: None,
+            since: super::now_micros(),
+            main_pid,
         };
         self.shared.slots().insert(unit.name.clone(), slot);
         self.launch(&unit.name, Some(parked)).map_err(|error| error.to_string())?;
