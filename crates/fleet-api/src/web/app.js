@@ -238,13 +238,21 @@ function drawEvents() {
   document.body.dataset.events = String(newestFirst.length);
 }
 
+// Events are drawn on the next frame, as units are: a burst of them is drawn once, and never
+// ahead of a unit's row.
+let eventsDrawPending = false;
 function happened(events) {
   for (const e of events) happenings.set(e.index, e);
   if (happenings.size > KEPT_EVENTS) {
     const oldest = [...happenings.keys()].sort((a, b) => a - b).slice(0, happenings.size - KEPT_EVENTS);
     for (const index of oldest) happenings.delete(index);
   }
-  drawEvents();
+  if (eventsDrawPending) return;
+  eventsDrawPending = true;
+  requestAnimationFrame(() => {
+    eventsDrawPending = false;
+    drawEvents();
+  });
 }
 
 function apply(patch) {
