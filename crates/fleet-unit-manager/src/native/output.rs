@@ -97,22 +97,32 @@ impl Lines {
     }
 }
 
-/// Reads what the pipe `fd` holds now, without waiting, into `lines`; false once the pipe
-/// reached its end (or failed).
+/// The most one drain takes in: more than a pipe holds (64 KiB by default, 1 MiB at most for
+/// a process that is not root), so what the exited process wrote is all in, while a child of
+/// it that keeps writing cannot hold the drain (and the runtime's thread) for ever.
+const MOST_DRAINED: usize = 2 * 1024 * 1024;
+
+/// Reads what the pipe `fd` holds now, without waiting, into `lines` (at most
+/// [`MOST_DRAINED`] bytes); false once the pipe reached its end (or failed).
 fn read_held(fd: RawFd, buffer: &mut [u8], lines: &mut Lines) -> bool {
-    loop {
+    let mut drained = 0;
+    while drained < MOST_DRAINED {
         // SAFETY: `fd` is the open, non-blocking read end of a pipe that the stream this task
         // owns holds open; `buffer` is valid for `buffer.len()` bytes of writing.
         let read = unsafe { libc::read(fd, buffer.as_mut_ptr().cast(), buffer.len()) };
         match usize::try_from(read) {
             Ok(0) => return false,
-            Ok(read) => lines.feed(&buffer[..read]),
+            Ok(read) => {
+                drained += read;
+                lines.feed(&buffer[..read]);
+            }
             Err(_) if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted => {}
             // Empty for now (EAGAIN): what was written is in. (A failing pipe: the stream's
             // own read finds it out.)
             Err(_) => return true,
         }
     }
+    true
 }
 
 /// Copies a process's output stream into its unit's log a line at a time until its end;
@@ -222,5 +232,29 @@ mod tests {
             tokio::task::yield_now().await;
         }
         drain.drain().await;
+    }
+
+    /// A child that goes on writing after its parent exited cannot hold a drain for ever.
+    #[tokio::test]
+    async fn a_drain_returns_while_something_keeps_writing() {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = LogSink::new(&dir.path().join("u.log"), "host", LogLimits { max_bytes: 1 << 20, files: 1 });
+        let mut child = tokio::process::Command::new("/usr/bin/yes")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&stdout);
+        let drain = copy_streams(vec![(stdout, fd)], &sink, "yes", None);
+        // Once it writes (the copier has taken some in), the pipe never runs dry.
+        let log = dir.path().join("u.log");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::fs::metadata(&log).map_or(0, |m| m.len()) == 0 {
+            assert!(std::time::Instant::now() < deadline, "yes never wrote");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        tokio::time::timeout(std::time::Duration::from_secs(60), drain.drain()).await.expect("the drain returned");
+        child.kill().await.unwrap();
     }
 }
