@@ -19,6 +19,15 @@ fn decode_batch(batch: u64, value: &[u8]) -> Vec<NewEvent> {
     fleet_registry::codec::decode_listed::<Vec<NewEvent>>(&format!("events/{batch}"), value).unwrap_or_default()
 }
 
+/// The log's table as of `txn`; `None` before the first event was stored.
+fn events_table(txn: &redb::ReadTransaction) -> Result<Option<redb::ReadOnlyTable<u64, &'static [u8]>>> {
+    match txn.open_table(EVENTS) {
+        Ok(table) => Ok(Some(table)),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(error) => Err(unavailable(error)),
+    }
+}
+
 fn trimmed_through(value: Option<&[u8]>) -> u64 {
     value.and_then(|bytes| <[u8; 8]>::try_from(bytes).ok()).map_or(0, u64::from_be_bytes)
 }
@@ -62,11 +71,7 @@ impl EventLog for EmbeddedRegistry {
     async fn events_after(&self, after: u64, limit: usize) -> Result<EventPage> {
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(unavailable)?;
-            let table = match txn.open_table(EVENTS) {
-                Ok(table) => table,
-                Err(TableError::TableDoesNotExist(_)) => return Ok(EventPage::default()),
-                Err(error) => return Err(unavailable(error)),
-            };
+            let Some(table) = events_table(&txn)? else { return Ok(EventPage::default()) };
             let trimmed = trimmed_through(table.get(TRIMMED).map_err(unavailable)?.as_ref().map(|value| value.value()));
             let mut page = EventPage { trimmed_through: trimmed, ..EventPage::default() };
             let first_batch = table.range(TRIMMED + 1..).map_err(unavailable)?.next();
@@ -97,11 +102,7 @@ impl EventLog for EmbeddedRegistry {
     async fn events_before(&self, before: u64, limit: usize) -> Result<Vec<Event>> {
         self.blocking(move |db| {
             let txn = db.begin_read().map_err(unavailable)?;
-            let table = match txn.open_table(EVENTS) {
-                Ok(table) => table,
-                Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-                Err(error) => return Err(unavailable(error)),
-            };
+            let Some(table) = events_table(&txn)? else { return Ok(Vec::new()) };
             let mut found = Vec::new();
             for row in table.range(TRIMMED + 1..=batch_of(before).max(TRIMMED + 1)).map_err(unavailable)?.rev() {
                 let (number, value) = row.map_err(unavailable)?;

@@ -917,7 +917,7 @@ async fn run(context: Context, command: Command, ssh: Option<ssh::SshOptions>) -
         Command::Cat { units } => inspect::cat(&context, &units).await,
         Command::Runs { unit, output } => runs::runs(&context, &unit, output.output).await,
         Command::Events { output, follow, unit, machine, kind, since, full, no_legend } => {
-            let (since, from) = match events::since_of(&since, events::now_micros()) {
+            let (since, from) = match events::since_of(&since, fleet_runtime::wall_clock::now_micros()) {
                 Ok(since) => since,
                 Err(message) => {
                     eprintln!("{message}");

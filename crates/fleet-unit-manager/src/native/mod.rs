@@ -162,7 +162,7 @@ impl StateSink for SlotState {
                 return;
             };
             if slot.state.active != active {
-                slot.since = now_micros();
+                slot.since = fleet_runtime::wall_clock::now_micros();
             }
             slot.state = SystemdState::new("loaded", active, sub);
         }
@@ -462,12 +462,6 @@ impl NativeManager {
     }
 }
 
-/// Now, in microseconds since the epoch.
-fn now_micros() -> i64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX)
-}
-
 /// What the unit's log lines call it: its `Description=` with its specifiers expanded, as
 /// systemd's own lines have it ("Starting Hello instance 1..."), else its name.
 fn description(unit: &str, file: &UnitFile, specifiers: &Specifiers) -> String {
@@ -518,7 +512,7 @@ impl UnitManager for NativeManager {
                 running: None,
                 log,
                 last_end: None,
-                since: now_micros(),
+                since: fleet_runtime::wall_clock::now_micros(),
                 main_pid: None,
             },
         );
@@ -653,7 +647,7 @@ impl UnitManager for NativeManager {
             source: std::io::Error::other(error),
         })?;
         facts.journal = self.journal(name, 10).await?;
-        Ok(Some(status_report::status_report(&facts, now_micros())))
+        Ok(Some(status_report::status_report(&facts, fleet_runtime::wall_clock::now_micros())))
     }
 
     /// The lines written since the run's first start, where this fleetd started it; else

@@ -2,7 +2,7 @@
 //! (its state and since when, its main process, its processes with their memory and CPU, and
 //! the last lines of its log), written from facts gathered elsewhere.
 
-use fleet_core::civil_time::{CivilTime, days_from_civil};
+use fleet_core::civil_time::CivilTime;
 
 /// What a unit's status report says.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -89,7 +89,7 @@ fn program(command: &str) -> &str {
 fn weekday_time(micros: i64) -> String {
     const DAYS: [&str; 7] = ["Thu", "Fri", "Sat", "Sun", "Mon", "Tue", "Wed"];
     let time = CivilTime::from_unix(u64::try_from(micros.div_euclid(1_000_000)).unwrap_or(0));
-    let days = days_from_civil(time.year, time.month, time.day);
+    let days = micros.max(0).div_euclid(86_400_000_000);
     format!(
         "{} {:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
         DAYS[days.rem_euclid(7) as usize],

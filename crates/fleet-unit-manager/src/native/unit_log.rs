@@ -159,9 +159,7 @@ impl LogSink {
     /// Remembers that a start of the unit begins here: what is written from now on belongs to
     /// it (and to the starts after it), which [`Self::bytes_since`] tells a run's log by.
     pub fn mark_start(&self) {
-        let now = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+        let now = fleet_runtime::wall_clock::now_micros();
         let mut file = self.lock();
         let written = file.written;
         file.starts.push_back((now, written));

@@ -109,7 +109,7 @@ impl NativeManager {
             running: None,
             log,
             last_end: None,
-            since: super::now_micros(),
+            since: fleet_runtime::wall_clock::now_micros(),
             main_pid,
         };
         self.shared.slots().insert(unit.name.clone(), slot);

@@ -61,12 +61,6 @@ pub fn since_of(text: &str, now: i64) -> Result<(u64, Option<String>), String> {
     }
 }
 
-/// Now, in microseconds since the epoch.
-pub fn now_micros() -> i64 {
-    let since_epoch = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    i64::try_from(since_epoch.as_micros()).unwrap_or(i64::MAX)
-}
-
 pub async fn events(context: &Context, asked: &EventsAsked) -> Outcome {
     let mut out = std::io::stdout().lock();
     if asked.output != OutputFormat::Json && !asked.no_legend && writeln!(out, "{LEGEND}").is_err() {
