@@ -1090,7 +1090,9 @@ pub struct PlannedUnit {
     pub name: String,
     /// `create`, `change` (new content), `set` (desired state only), `unchanged`, `destroy`,
     /// `missing` (named, but no such unit), `moved` (moved by the change: a unit it does not
-    /// name, or one on a machine it drains) or `stays` (on a machine it drains, with why).
+    /// name, or one on a machine it drains), `stays` (on a machine it drains, with why) or
+    /// `affected` (a running unit that waits for one the change takes down or moves:
+    /// [`PlannedUnit::on_required`]).
     pub action: String,
     /// The content's hash now and after (absent: no unit).
     #[serde(default, skip_serializing_if = "is_empty")]
@@ -1113,6 +1115,12 @@ pub struct PlannedUnit {
     /// (`runs on *-*-* 02:00:00, next at 2026-12-05T02:00:00Z`).
     #[serde(default, skip_serializing_if = "is_empty")]
     pub runs: Option<String>,
+    /// A running unit that waits for units (`[X-Fleet] Requires=`, `After=`) the change takes
+    /// down or moves: what it then does (`taken off if db.service is not up again within 30s
+    /// (RequiresGrace=)`, `restarted once db.service is up on 3f2a1b0c`). Its row's action is
+    /// `affected` when the change does nothing else to it.
+    #[serde(default, skip_serializing_if = "is_empty")]
+    pub on_required: Option<String>,
     /// The unit's version now and after (`fleetctl history`): a change of content or desired
     /// state makes the next one.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -355,6 +355,7 @@ pub fn find_cycle(units: &BTreeMap<String, Dependencies>) -> Option<Vec<String>>
     None
 }
 
+pub mod affected;
 pub mod index;
 
 #[cfg(test)]

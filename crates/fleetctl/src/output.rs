@@ -211,6 +211,8 @@ pub struct PlanUnitRow<'a> {
     pub waiting: Option<&'a str>,
     /// A unit on a calendar or a batch unit: when it runs (placed only for a run).
     pub runs: Option<&'a str>,
+    /// A running unit that waits for units the command takes down or moves: what it does.
+    pub on_required: Option<&'a str>,
     /// `plan rollout`: where the rollout would replace it (from 1); null otherwise.
     pub order: Option<usize>,
     /// `plan rollout`: whether it is among the canary's units.
@@ -236,6 +238,7 @@ impl<'a> PlanOutput<'a> {
                 machine: unit.machine.as_deref(),
                 waiting: unit.waiting.as_deref(),
                 runs: unit.runs.as_deref(),
+                on_required: unit.on_required.as_deref(),
                 order: order.and_then(|order| order.get(&unit.name)).map(|(place, _)| *place),
                 canary: order.and_then(|order| order.get(&unit.name)).is_some_and(|(_, canary)| *canary),
                 version_before: unit.version_before,

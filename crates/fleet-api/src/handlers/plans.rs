@@ -165,9 +165,13 @@ async fn plan_over(
     let waits = dependency_waits::dependency_waits(state, &units, &changes, &destroy).await?;
     let asked = Asked { changes, destroy, drained, waits };
     let memo = state.plan_requirements.clone();
-    let planned = tokio::task::spawn_blocking(move || planned(units, machines, policy, budgets, &asked, &memo))
-        .await
-        .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
+    let (mut planned, units) = tokio::task::spawn_blocking(move || {
+        let planned = planned(&units, machines, policy, budgets, &asked, &memo);
+        (planned, units)
+    })
+    .await
+    .map_err(|_| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "the plan could not be made"))?;
+    affected_dependents::note_affected_dependents(state, &units, &mut planned).await?;
     Ok(Plan { index, units: planned, source: None })
 }
 
@@ -306,7 +310,7 @@ struct Asked {
 
 /// The plan of `asked` over the cluster of `units` on `machines`.
 fn planned(
-    units: Vec<UnitView>,
+    units: &[UnitView],
     machines: Vec<fleet_core::MachineState>,
     (strategy, preemption): (fleet_core::schedule::PlacementStrategy, bool),
     budgets: fleet_core::disruption_budget::Budgets,
@@ -318,7 +322,7 @@ fn planned(
         |name: &str, desired: DesiredState| if waits.contains_key(name) { DesiredState::Inactive } else { desired };
     let specs = units
         .iter()
-        .zip(memo.of(&units))
+        .zip(memo.of(units))
         .map(|(unit, requirements)| UnitSpec {
             name: unit.name.clone(),
             desired: kept_off(&unit.name, as_planned(unit.desired, &requirements, unit.machine_id.is_some())),
@@ -439,10 +443,12 @@ fn planned_unit(
         machine: unit.after,
         waiting: unit.waiting,
         runs,
+        on_required: None,
         name: unit.name,
     }
 }
 
+mod affected_dependents;
 mod dependency_waits;
 pub mod requirements_memo;
 mod source_sync;

@@ -1,10 +1,10 @@
 //! Units that wait for units on other machines, on three real fleetds over a real etcd: an app
 //! on the app member requires a db (with an HTTP health check) on one of two db members. The
-//! app starts only once the db is healthy, its file naming where the db runs. The db's member
-//! goes away: the db moves to the other db member, and with `RequiresGrace=1s` the app is
-//! stopped while the db is down and started again once it is back, its file naming the db's
-//! new machine and address. A rollout of both replaces the db first, holding the app until the
-//! db is done on its new content.
+//! app starts only once the db is healthy, its file naming where the db runs; a plan to stop the
+//! db or drain its member says what the app would do. The db's member goes away: the db moves to
+//! the other db member, and with `RequiresGrace=1s` the app is stopped while the db is down and
+//! started again once it is back, its file naming the db's new machine and address. A rollout
+//! of both replaces the db first, holding the app until the db is done on its new content.
 
 use std::path::Path;
 use std::time::Duration;
@@ -99,9 +99,19 @@ fn an_app_waits_for_its_db_on_another_member_follows_it_when_it_moves_and_is_rol
     let db_member = (0..2).find(|index| first[0].1 == [place(*index)]).unwrap_or_else(|| panic!("{first:?}"));
     assert_eq!(running_on(&cluster, "db.service").as_deref(), Some(member_id(db_member).as_str()));
 
+    // A plan says what the app would do: taken off past its grace if the db stopped; restarted
+    // once the db is up on the other member if the db's member were drained.
+    let other = 1 - db_member;
+    let planned = cluster.any().ok(&["plan", "stop", "db.service"]).stdout;
+    let app_row = planned.lines().find(|line| line.starts_with("app.service")).unwrap_or_default();
+    assert!(app_row.contains("affected"), "{planned}");
+    assert!(app_row.ends_with("taken off if db.service is not up again within 1s (RequiresGrace=)"), "{planned}");
+    let planned = cluster.any().ok(&["plan", "machine", "drain", &member_id(db_member)]).stdout;
+    let app_row = planned.lines().find(|line| line.starts_with("app.service")).unwrap_or_default();
+    assert!(app_row.ends_with(&format!("restarted once db.service is up on {}", &member_id(other)[..8])), "{planned}");
+
     // The db's member goes: the db moves; the app stops past its grace and starts again once
     // the db is healthy on the other member, told where.
-    let other = 1 - db_member;
     let mut gone = cluster.members.remove(db_member);
     gone.stop_with(libc::SIGTERM);
     cluster.wait_until("the app started again, told the db's new place", WAIT, |_| {

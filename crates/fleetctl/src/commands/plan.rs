@@ -375,10 +375,11 @@ fn row(unit: &PlannedUnit, wide: bool) -> Vec<String> {
         (before, after, _) if before == after => machine(after),
         (before, after, _) => format!("{} -> {}", machine(before), machine(after)),
     };
-    // A unit on a calendar or a batch unit is placed only for a run: when that is.
-    let placement = match &unit.runs {
-        Some(runs) => format!("{placement}; {runs}"),
-        None => placement,
-    };
+    // A unit on a calendar or a batch unit is placed only for a run (when that is); a running
+    // unit that waits for units the change takes down or moves does something (what).
+    let placement = [&unit.runs, &unit.on_required]
+        .into_iter()
+        .flatten()
+        .fold(placement, |placement, note| format!("{placement}; {note}"));
     vec![unit.name.clone(), unit.action.clone(), state, placement]
 }
