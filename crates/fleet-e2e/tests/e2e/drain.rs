@@ -139,7 +139,15 @@ fn a_drained_pull_agent_hands_on_what_fits_and_names_what_has_nowhere_to_go() {
     let on = |m: &Fleetd, unit: &str| units(m).into_iter().find(|(name, ..)| name == unit).map(|u| u.1);
     assert_eq!(on(&manager, "roomy.service").as_deref(), Some("edge-drained"), "{}", agent.log());
     assert_eq!(on(&manager, "small.service").as_deref(), Some("edge-drained"));
-    manager.ok(&["machine", "drain", "edge-drained", "--max-unavailable", "2"]);
+    // The drain's answer says at once that both can go nowhere (the planner's reasons).
+    let drained = manager.ok(&["machine", "drain", "edge-drained", "--max-unavailable", "2"]);
+    assert!(
+        drained.stderr.contains(
+            "2 units can go to no other machine now and keep running here until one may take them: \
+             roomy.service, small.service"
+        ),
+        "{drained:?}"
+    );
     manager.wait_until("both units are stuck, each with its reason", Duration::from_secs(30), |m| {
         let drain = drain_of(m, "edge-drained");
         let moving = drain["moving"].as_array().cloned().unwrap_or_default();

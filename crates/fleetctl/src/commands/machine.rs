@@ -1,7 +1,7 @@
 //! `fleetctl machine revoke|forget|drain|undrain|taint|untaint|status`: what an administrator
 //! does to one machine.
 
-use fleet_api_schema::{DrainRequest, MachineDrain};
+use fleet_api_schema::{DrainRequest, MachineDrain, PlanRequest};
 
 use crate::context::Context;
 use crate::table::tab_table;
@@ -112,10 +112,16 @@ async fn drain(context: &Context, machine: &str, max_unavailable: Option<String>
         Ok(drain) => {
             let to_move = drain.left.len() + drain.moving.len();
             eprintln!(
-                "Draining machine {machine}: {to_move} units to move, at most {} down at once; {} stay",
+                "Draining machine {machine}: {to_move} {} to move, at most {} down at once; {} stay",
+                if to_move == 1 { "unit" } else { "units" },
                 drain.max_unavailable,
                 drain.stays.len()
             );
+            let stuck = unmovable(context, machine).await;
+            if !stuck.is_empty() {
+                let names: Vec<&str> = stuck.iter().map(String::as_str).collect();
+                eprintln!("{}", nowhere_to_go(&names));
+            }
             eprintln!("Follow it with: fleetctl machine status {machine}");
             Outcome::Success
         }
@@ -124,6 +130,35 @@ async fn drain(context: &Context, machine: &str, max_unavailable: Option<String>
             Outcome::Failure
         }
     }
+}
+
+/// The units of a drained `machine` that can go to no other machine now, as fleetd's planner
+/// sees the cluster (what the engine leader says of them at its next pass). Best effort: a
+/// plan refused (busy, or a fleetd without plans) names none.
+async fn unmovable(context: &Context, machine: &str) -> Vec<String> {
+    let request = PlanRequest { drain: vec![machine.to_string()], ..PlanRequest::default() };
+    let Ok(plan) = context.client.plan(&request).await else { return Vec::new() };
+    plan.units
+        .into_iter()
+        .filter(|unit| {
+            unit.action == "stays" && unit.waiting.as_deref().is_some_and(|why| why.starts_with("cannot leave"))
+        })
+        .map(|unit| unit.name)
+        .collect()
+}
+
+/// The line on a drain's units that can go to no other machine now (they keep running).
+fn nowhere_to_go(stuck: &[&str]) -> String {
+    const NAMED: usize = 5;
+    let mut names = stuck.iter().take(NAMED).copied().collect::<Vec<_>>().join(", ");
+    if stuck.len() > NAMED {
+        names.push_str(&format!(" and {} more", stuck.len() - NAMED));
+    }
+    let (count, them) = match stuck.len() {
+        1 => ("1 unit".to_string(), "it"),
+        many => (format!("{many} units"), "them"),
+    };
+    format!("{count} can go to no other machine now and keep running here until one may take {them}: {names}")
 }
 
 /// The drain's state line, then one row per unit it concerns: moving (with why it cannot
@@ -151,5 +186,21 @@ fn print_drain(machine: &str, drain: &MachineDrain, no_legend: bool) {
     table.extend(drain.stays.iter().map(|unit| vec![unit.name.clone(), "stays".into(), reason(&unit.reason)]));
     if table.len() > usize::from(!no_legend) {
         print!("{}", tab_table(&table));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn units_that_can_go_nowhere_are_counted_and_the_first_five_named() {
+        assert_eq!(
+            super::nowhere_to_go(&["db.service"]),
+            "1 unit can go to no other machine now and keep running here until one may take it: db.service"
+        );
+        let many = ["a.service", "b.service", "c.service", "d.service", "e.service", "f.service", "g.service"];
+        assert!(
+            super::nowhere_to_go(&many).ends_with(": a.service, b.service, c.service, d.service, e.service and 2 more")
+        );
+        assert!(super::nowhere_to_go(&many).starts_with("7 units can go"));
     }
 }
