@@ -17,8 +17,33 @@ use fleet_registry::{ApiRegistry, StoredJob, UnitView};
 use serde::Serialize;
 use tokio::sync::broadcast;
 
-/// How often the cluster is read while someone watches.
+/// How often the store is asked whether it moved while someone watches, for what it does not
+/// signal (machines); a change of units, placements or states is read as soon as its
+/// [`ReadPace`] allows.
 pub const READ_EVERY: Duration = Duration::from_millis(250);
+
+/// How often reads of the cluster may come while someone watches: a change is read at once
+/// (at least [`ReadPace::SHORTEST_GAP`] after the read before), until the reads have taken a
+/// fifth of the time over the last [`ReadPace::BURST`]; then each waits four times as long as
+/// the read before took. A unit started shows at once; a large cluster that changes all the
+/// time costs the feed at most a fifth of a core.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadPace {
+    /// The time the reads so far would have waited at a fifth of a core, not yet paid back.
+    owed: Duration,
+}
+
+impl ReadPace {
+    pub const SHORTEST_GAP: Duration = Duration::from_millis(50);
+    pub const BURST: Duration = Duration::from_secs(1);
+
+    /// After a read that took `took`, begun `since` after the read before ended: how long to
+    /// wait before the next.
+    pub fn after_read(&mut self, took: Duration, since: Duration) -> Duration {
+        self.owed = self.owed.saturating_sub(since) + took * 4;
+        self.owed.saturating_sub(Self::BURST).max(Self::SHORTEST_GAP)
+    }
+}
 
 /// A machine as the web view shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -393,20 +418,47 @@ impl LiveView {
     }
 }
 
-/// Looks every [`READ_EVERY`] whether the store moved, reads the cluster again when it did
-/// (or when the store cannot tell), and sends what changed, until nobody watches.
+/// Reads the cluster again when its units change, or when the store moved at a look every
+/// [`READ_EVERY`] (or cannot tell), as soon as its [`ReadPace`] allows, and
+/// sends what changed, until nobody watches. A unit's row shows soon after its state lands:
+/// on a fixed beat, a state that landed just past one waited for the next.
 async fn read_while_watched(
     registry: Arc<dyn ApiRegistry>,
     patches: broadcast::Sender<Arc<Patch>>,
     mut last: ClusterView,
 ) {
     let mut seen: Option<u64> = None;
+    let mut unit_changes = Some(registry.unit_changes());
+    let mut pace = ReadPace::default();
+    let mut last_end = tokio::time::Instant::now();
+    let mut next_read = last_end;
     while patches.receiver_count() > 0 {
-        tokio::time::sleep(READ_EVERY).await;
+        let changed = async {
+            match unit_changes.as_mut() {
+                Some(changes) => changes.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let moved = tokio::select! {
+            () = tokio::time::sleep(READ_EVERY) => false,
+            followed = changed => {
+                if !followed {
+                    // The store stopped signalling: the beat alone.
+                    unit_changes = None;
+                    continue;
+                }
+                true
+            }
+        };
+        tokio::time::sleep_until(next_read).await;
+        if let Some(changes) = unit_changes.as_mut() {
+            changes.borrow_and_update();
+        }
         let revision = registry.revision().await.ok().flatten();
-        if revision.is_some() && revision == seen {
+        if !moved && revision.is_some() && revision == seen {
             continue;
         }
+        let started = tokio::time::Instant::now();
         match read_view(registry.as_ref(), &last).await {
             Ok(view) => {
                 let changes = patch(&last, &view);
@@ -418,6 +470,9 @@ async fn read_while_watched(
             }
             Err(error) => tracing::debug!(%error, "the web view could not read the cluster"),
         }
+        let now = tokio::time::Instant::now();
+        next_read = now + pace.after_read(now - started, started - last_end);
+        last_end = now;
     }
 }
 
@@ -461,6 +516,24 @@ mod tests {
 
     fn machine(id: &str) -> MachineState {
         MachineState { id: id.into(), public_ip: "10.0.0.1".into(), ..MachineState::default() }
+    }
+
+    #[test]
+    fn reads_come_at_once_until_they_took_a_fifth_of_the_time_then_four_times_apart() {
+        let mut pace = ReadPace::default();
+        let (took, ms) = (Duration::from_millis(40), Duration::from_millis);
+        // Sporadic changes: each read as soon as may be.
+        assert_eq!(pace.after_read(took, ms(2_000)), ReadPace::SHORTEST_GAP);
+        assert_eq!(pace.after_read(took, ms(50)), ReadPace::SHORTEST_GAP);
+        // A cluster changing all the time: once a second's worth is owed, four times the read.
+        let mut gaps = Vec::new();
+        for _ in 0..40 {
+            let since = *gaps.last().unwrap_or(&ReadPace::SHORTEST_GAP);
+            gaps.push(pace.after_read(took, since));
+        }
+        assert_eq!(gaps.last(), Some(&(took * 4)), "{gaps:?}");
+        // Quiet for a while: at once again.
+        assert_eq!(pace.after_read(took, ms(5_000)), ReadPace::SHORTEST_GAP);
     }
 
     #[test]

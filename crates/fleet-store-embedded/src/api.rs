@@ -38,29 +38,50 @@ fn resumed<'t>(
     table.range::<&str>((after, std::ops::Bound::Unbounded)).map_err(unavailable)
 }
 
-/// Reads one unit with its body, schedule, reason and derived current state.
-fn unit_view(txn: &ReadTransaction, name: &str, record: UnitRecord) -> Result<UnitView> {
-    let bodies = txn.open_table(tables::BODIES).map_err(unavailable)?;
-    let hash_key = record.hash.to_string();
-    let options = match bodies.get(hash_key.as_str()).map_err(unavailable)? {
-        Some(body) => decode(&hash_key, body.value())?,
-        None => {
-            return Err(fleet_registry::RegistryError::Corrupt { key: hash_key, reason: "unit body missing".into() });
-        }
-    };
-    let schedule = txn.open_table(tables::SCHEDULE).map_err(unavailable)?;
-    let machine_id = schedule.get(name).map_err(unavailable)?.map(|m| m.value().to_string());
-    let reasons = txn.open_table(tables::REASONS).map_err(unavailable)?;
-    let reason = reasons.get(name).map_err(unavailable)?.map(|r| r.value().to_string());
-    let reported = match (&machine_id, record.global) {
-        (Some(machine), false) => {
-            let states = txn.open_table(tables::STATES).map_err(unavailable)?;
-            let key = tables::state_key(name, machine);
-            states.get(key.as_str()).map_err(unavailable)?.map(|s| decode::<UnitState>(&key, s.value())).transpose()?
-        }
-        _ => None,
-    };
-    Ok(UnitView::from_records(name, record, UnitFile::from_options(options), machine_id, reason, reported.as_ref()))
+/// The tables a unit's view is read from, opened once for every unit a read lists (opening
+/// them for each unit was a fifth of a 10,000-unit list's time).
+struct UnitTables {
+    bodies: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+    schedule: redb::ReadOnlyTable<&'static str, &'static str>,
+    reasons: redb::ReadOnlyTable<&'static str, &'static str>,
+    states: redb::ReadOnlyTable<&'static str, &'static [u8]>,
+}
+
+impl UnitTables {
+    fn open(txn: &ReadTransaction) -> Result<Self> {
+        Ok(Self {
+            bodies: txn.open_table(tables::BODIES).map_err(unavailable)?,
+            schedule: txn.open_table(tables::SCHEDULE).map_err(unavailable)?,
+            reasons: txn.open_table(tables::REASONS).map_err(unavailable)?,
+            states: txn.open_table(tables::STATES).map_err(unavailable)?,
+        })
+    }
+
+    /// Reads one unit with its body, schedule, reason and derived current state.
+    fn unit_view(&self, name: &str, record: UnitRecord) -> Result<UnitView> {
+        let hash_key = record.hash.to_string();
+        let options = match self.bodies.get(hash_key.as_str()).map_err(unavailable)? {
+            Some(body) => decode(&hash_key, body.value())?,
+            None => {
+                return Err(fleet_registry::RegistryError::Corrupt {
+                    key: hash_key,
+                    reason: "unit body missing".into(),
+                });
+            }
+        };
+        let machine_id = self.schedule.get(name).map_err(unavailable)?.map(|m| m.value().to_string());
+        let reason = self.reasons.get(name).map_err(unavailable)?.map(|r| r.value().to_string());
+        let reported = match (&machine_id, record.global) {
+            (Some(machine), false) => {
+                let key = tables::state_key(name, machine);
+                let state = self.states.get(key.as_str()).map_err(unavailable)?;
+                state.map(|s| decode::<UnitState>(&key, s.value())).transpose()?
+            }
+            _ => None,
+        };
+        let file = UnitFile::from_options(options);
+        Ok(UnitView::from_records(name, record, file, machine_id, reason, reported.as_ref()))
+    }
 }
 
 /// A unit of a listing: one whose body or state cannot be read is reported and left out.
@@ -288,9 +309,11 @@ impl ApiRegistry for EmbeddedRegistry {
     async fn units(&self) -> Result<Vec<UnitView>> {
         self.read(|txn| {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
-            let mut views = Vec::new();
-            for (name, record) in read_all::<UnitRecord>(&units)? {
-                views.extend(listed(unit_view(txn, &name, record))?);
+            let tables = UnitTables::open(txn)?;
+            let records = read_all::<UnitRecord>(&units)?;
+            let mut views = Vec::with_capacity(records.len());
+            for (name, record) in records {
+                views.extend(listed(tables.unit_view(&name, record))?);
             }
             Ok(views)
         })
@@ -305,7 +328,7 @@ impl ApiRegistry for EmbeddedRegistry {
                 return Ok(None);
             };
             let record = decode(&name, record.value())?;
-            unit_view(txn, &name, record).map(Some)
+            UnitTables::open(txn)?.unit_view(&name, record).map(Some)
         })
         .await
     }
@@ -423,12 +446,13 @@ impl ApiRegistry for EmbeddedRegistry {
     async fn units_page(&self, request: PageRequest) -> Result<Page<UnitView>> {
         self.read(move |txn| {
             let units = txn.open_table(tables::UNITS).map_err(unavailable)?;
+            let tables = UnitTables::open(txn)?;
             let rows = resumed(&units, request.after.as_deref())?.map(|row| {
                 let (name, record) = row.map_err(unavailable)?;
                 Ok((UnitKey(name), record))
             });
             Page::select(rows, &request, |name, record| match decode_listed::<UnitRecord>(name, record.value()) {
-                Some(record) => listed(unit_view(txn, name, record)),
+                Some(record) => listed(tables.unit_view(name, record)),
                 None => Ok(None),
             })
         })

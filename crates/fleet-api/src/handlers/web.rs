@@ -107,8 +107,9 @@ struct Feed {
     /// The last event index read from the log (seen by this watcher or not).
     events_after: u64,
     event_changes: ChangeSignal,
-    /// Events were stored since the log was last read: it is read on the view's next beat.
-    events_pending: bool,
+    /// Events were stored since the log was last read: it is read then, a view beat after the
+    /// first of them (a deadline, so that rows sent meanwhile do not put it off).
+    events_due: Option<tokio::time::Instant>,
     /// Given back when the feed ends (its stream dropped with the connection).
     _slot: FeedSlot,
 }
@@ -116,7 +117,7 @@ struct Feed {
 impl Feed {
     /// The events stored since the last read that this watcher may see.
     async fn new_events(&mut self) -> Result<Vec<Event>, ApiError> {
-        self.events_pending = false;
+        self.events_due = None;
         let mut seen = Vec::new();
         loop {
             self.event_changes.borrow_and_update();
@@ -145,10 +146,10 @@ async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)>
         let next = tokio::select! {
             biased;
             patch = feed.patches.recv() => Next::Patch(patch),
-            () = tokio::time::sleep(crate::live_view::READ_EVERY), if feed.events_pending => Next::Events,
-            changed = feed.event_changes.changed(), if !feed.events_pending => match changed {
+            () = sleep_until_due(feed.events_due), if feed.events_due.is_some() => Next::Events,
+            changed = feed.event_changes.changed(), if feed.events_due.is_none() => match changed {
                 Ok(()) => {
-                    feed.events_pending = true;
+                    feed.events_due = Some(tokio::time::Instant::now() + crate::live_view::READ_EVERY);
                     continue;
                 }
                 Err(_) => return None,
@@ -179,6 +180,14 @@ async fn next_event(mut feed: Feed) -> Option<(Result<Bytes, Infallible>, Feed)>
     }
 }
 
+/// Sleeps until `due` (for ever when there is none: the branch is disabled then).
+async fn sleep_until_due(due: Option<tokio::time::Instant>) {
+    match due {
+        Some(due) => tokio::time::sleep_until(due).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What woke a feed.
 enum Next {
     Patch(Result<Arc<Patch>, broadcast::error::RecvError>),
@@ -204,7 +213,7 @@ pub async fn events(state: &ApiState, identity: &Identity) -> Result<Response, A
         first_events: Some(latest),
         events_after,
         event_changes,
-        events_pending: false,
+        events_due: None,
         _slot: slot,
     };
     let body = Body::from_stream(futures_util::stream::unfold(feed, next_event));
