@@ -361,8 +361,10 @@ impl NativeManager {
             let config = match slot.config.clone() {
                 Ok(config) => config,
                 Err(reason) => {
-                    // A value that reached the store anyway: the unit fails with the reason.
-                    slot.log.line("fleetd", None, &format!("{name}: {reason}"));
+                    // A value that reached the store anyway: the unit fails with the reason
+                    // (logged when it was loaded; here, as systemd says it at a start).
+                    let refused = "Unit configuration has fatal error, unit will not be started.";
+                    slot.log.line("fleetd", None, &format!("{name}: {refused}"));
                     slot.state = SystemdState::new("bad-setting", "failed", "failed");
                     drop(slots);
                     self.shared.changed();

@@ -173,6 +173,13 @@ async fn units_it_cannot_run_say_why() {
     assert_eq!(state_of(&manager, "empty.service").await.load, "bad-setting");
     let error = manager.start("empty.service").await.unwrap_err().to_string();
     assert!(error.contains("no ExecStart="), "{error}");
+    // The reason once (at load), then what systemd says at a start.
+    let journal = manager.journal("empty.service", 10).await.unwrap();
+    assert_eq!(journal.matches("no ExecStart=").count(), 1, "{journal}");
+    assert!(
+        journal.contains("empty.service: Unit configuration has fatal error, unit will not be started."),
+        "{journal}"
+    );
     load(&manager, "nouser.service", "[Service]\nExecStart=/bin/true\nUser=no-such-user-here\n").await;
     assert!(manager.start("nouser.service").await.is_err());
     assert_eq!(state_of(&manager, "nouser.service").await.active, "failed");
