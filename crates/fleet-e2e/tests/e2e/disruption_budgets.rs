@@ -72,6 +72,8 @@ fn a_drain_and_a_rollout_at_once_keep_to_a_budget_of_one_down_per_zone() {
     cluster.any().ok(&["rollout", "start", "--max-unavailable", "4", "--min-ready", "1s", &new]);
 
     let mut holds: BTreeSet<String> = BTreeSet::new();
+    // What the wait saw, printed as it changes: a run that never finishes says where it stood.
+    let (mut last_seen, began) = (String::new(), std::time::Instant::now());
     cluster.wait_until("the drain and the rollout finish", WAIT, |cluster| {
         let fleetd = cluster.any();
         let running = active(fleetd);
@@ -79,6 +81,11 @@ fn a_drain_and_a_rollout_at_once_keep_to_a_budget_of_one_down_per_zone() {
             (1..=INSTANCES).map(|n| format!("web@{n}.service")).filter(|unit| !running.contains(unit)).collect();
         assert!(down.len() <= 2, "at most one down per zone, two in all: {down:?} down; {}", disruptions(cluster));
         let rollout = fleetd.ok(&["rollout", "status", "web"]).stdout;
+        let seen = format!("down: {down:?}\n{rollout}");
+        if seen != last_seen {
+            println!("{:.1?} after the drain and the rollout began\n{seen}", began.elapsed());
+            last_seen = seen;
+        }
         if let Some(held) = rollout.lines().find_map(|line| line.strip_prefix("Held:")) {
             holds.insert(held.trim().to_string());
         }
