@@ -7,11 +7,17 @@ use fleet_core::{MachineState, UnitFile, UnitHash};
 use redb::ReadableTable;
 
 use super::api::read_machines;
-use super::tables::{self, Options, UnitRecord, decode, encode, read_all, state_key};
+use super::tables::{self, Options, UnitRecord, decode, encode, state_key};
 use super::{EmbeddedRegistry, Touched, unavailable};
 use fleet_registry::{
     AgentRegistry, AssignedUnit, ChangeSignal, MachineIdentity, MachineWork, RequiredPlaces, Result, StateReport,
 };
+
+/// What a machine's work asks first of every unit record: whether the unit is global.
+#[derive(serde::Deserialize)]
+struct GlobalOnly {
+    global: bool,
+}
 
 #[async_trait]
 impl AgentRegistry for EmbeddedRegistry {
@@ -77,8 +83,16 @@ impl AgentRegistry for EmbeddedRegistry {
                 }
             }
             let tickets = txn.open_table(tables::RUN_TICKETS).map_err(unavailable)?;
-            for (name, record) in read_all::<UnitRecord>(&units)? {
-                if record.global {
+            for row in units.iter().map_err(unavailable)? {
+                let (key, value) = row.map_err(unavailable)?;
+                // Every unit of the cluster at every wake: whether it is global is read first,
+                // without decoding the rest (most are not).
+                let global = fleet_registry::codec::decode::<GlobalOnly>(key.value(), value.value());
+                if !global.is_ok_and(|unit| unit.global) {
+                    continue;
+                }
+                let name = key.value().to_string();
+                if let Some(record) = fleet_registry::codec::decode_listed::<UnitRecord>(&name, value.value()) {
                     let run = match tickets.get(name.as_str()).map_err(unavailable)? {
                         Some(ticket) => fleet_registry::codec::decode_listed(&name, ticket.value()),
                         None => None,
