@@ -232,7 +232,9 @@ impl LabEtcd {
             let mut changes = Vec::new();
             let mut reached = after;
             while reached < now {
-                let Ok(Ok(Some(reply))) = tokio::time::timeout(Duration::from_secs(2), stream.message()).await else {
+                // Long enough for a loaded machine: a history cut short hides the change the
+                // report is printed for (a chaos run's trail stopped before a unit's destroy).
+                let Ok(Ok(Some(reply))) = tokio::time::timeout(Duration::from_secs(15), stream.message()).await else {
                     break;
                 };
                 for event in reply.events() {
