@@ -400,7 +400,8 @@ enum Command {
     /// Show what submit, load, start, stop, unload, destroy, `machine drain MACHINE...`,
     /// `rollout FILE`, `revert UNIT --to VERSION` or `source sync NAME` would do, writing
     /// nothing: each unit's action, desired state and machine (or why it would wait), the
-    /// units the change would move, and the diff of changed unit files
+    /// units the change would move, what running units that wait for a unit it stops or moves
+    /// would do, and the diff of changed unit files
     Plan {
         /// The command to plan
         #[arg(value_enum)]

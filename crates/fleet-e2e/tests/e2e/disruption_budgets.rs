@@ -73,7 +73,7 @@ fn a_drain_and_a_rollout_at_once_keep_to_a_budget_of_one_down_per_zone() {
 
     let mut holds: BTreeSet<String> = BTreeSet::new();
     // What the wait saw, printed as it changes: a run that never finishes says where it stood.
-    let (mut last_seen, began) = (String::new(), std::time::Instant::now());
+    let (mut last_seen, began, mut told_stuck) = (String::new(), std::time::Instant::now(), false);
     cluster.wait_until("the drain and the rollout finish", WAIT, |cluster| {
         let fleetd = cluster.any();
         let running = active(fleetd);
@@ -85,6 +85,16 @@ fn a_drain_and_a_rollout_at_once_keep_to_a_budget_of_one_down_per_zone() {
         if seen != last_seen {
             println!("{:.1?} after the drain and the rollout began\n{seen}", began.elapsed());
             last_seen = seen;
+        }
+        // A unit down for a minute (it happened under load: one kept "replacing" for two):
+        // how its machine sees it, once.
+        if began.elapsed() > Duration::from_secs(60) && !told_stuck {
+            told_stuck = true;
+            for unit in &down {
+                let status = fleetd.fleetctl(&["status", unit]);
+                let rows = fleetd.fleetctl(&["list-units", "--full", "--fields", "unit,machine,hash,active,sub"]);
+                println!("still down after 60 s: {unit}\n{}{}\n{}", status.stdout, status.stderr, rows.stdout);
+            }
         }
         if let Some(held) = rollout.lines().find_map(|line| line.strip_prefix("Held:")) {
             holds.insert(held.trim().to_string());
