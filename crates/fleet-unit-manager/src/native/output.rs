@@ -21,10 +21,21 @@ pub struct OutputDrain {
     copiers: Vec<mpsc::Sender<oneshot::Sender<()>>>,
 }
 
+/// The longest a drain waits for its copiers. Taking in what a pipe holds takes
+/// microseconds; a copier that has not answered by then (its thread starved, or a fault not
+/// foreseen) must not hold a unit's start or its end for ever: the runner goes on without
+/// the last lines, and says so.
+pub const DRAIN_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 impl OutputDrain {
     /// Returns once every stream's copier has written what its pipe held when asked (at
-    /// once for a copier that has ended: its stream reached its end).
-    pub async fn drain(&self) {
+    /// once for a copier that has ended: its stream reached its end), or after
+    /// [`DRAIN_LIMIT`]: false then.
+    pub async fn drain(&self) -> bool {
+        tokio::time::timeout(DRAIN_LIMIT, self.drain_all()).await.is_ok()
+    }
+
+    async fn drain_all(&self) {
         let mut acks = Vec::new();
         for copier in &self.copiers {
             let (ack, acked) = oneshot::channel();
@@ -220,7 +231,7 @@ mod tests {
             writeln!(writer, "line {n}").unwrap();
         }
         write!(writer, "the last words, without a newline").unwrap();
-        drain.drain().await;
+        assert!(drain.drain().await, "every copier answered");
         let logged = tail(&path, 2000, LogLimits::default()).unwrap();
         assert_eq!(logged.lines().count(), 1001, "{logged}");
         assert!(logged.ends_with("u[7]: the last words, without a newline\n"), "{logged}");
@@ -232,6 +243,18 @@ mod tests {
             tokio::task::yield_now().await;
         }
         drain.drain().await;
+    }
+
+    /// A copier that never answers holds a drain no longer than [`DRAIN_LIMIT`] (a unit
+    /// replaced under load once stayed in its start for minutes, never failing; the drain is
+    /// the one wait there without a timeout).
+    #[tokio::test(start_paused = true)]
+    async fn a_copier_that_never_answers_holds_a_drain_no_longer_than_its_limit() {
+        let (asks, _never_read) = mpsc::channel(1);
+        let drain = OutputDrain { copiers: vec![asks] };
+        let began = tokio::time::Instant::now();
+        assert!(!drain.drain().await, "the drain says it did not finish");
+        assert_eq!(began.elapsed(), DRAIN_LIMIT);
     }
 
     /// A child that goes on writing after its parent exited cannot hold a drain for ever.

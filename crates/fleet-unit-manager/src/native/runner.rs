@@ -12,7 +12,7 @@ use super::cgroup::CgroupBase;
 use super::command::{ExecCommand, Specifiers, parse_command};
 use super::handover::ParkedProcess;
 use super::main_process::MainProcess;
-use super::output::OutputDrain;
+use super::output::{DRAIN_LIMIT, OutputDrain};
 use super::process::{ExecContext, Started, process_alive, signal_group, signal_process};
 use super::service::{Exit, KillMode, ServiceConfig, ServiceType};
 use super::spawner::Spawner;
@@ -308,6 +308,18 @@ impl<S: StateSink> Runner<S> {
         None
     }
 
+    /// Takes in what an exited process's pipes hold; says so in fleetd's log when that took
+    /// longer than [`DRAIN_LIMIT`] (the unit goes on, its last lines perhaps missing).
+    async fn drained(&self, drain: &OutputDrain, program: &str) {
+        if !drain.drain().await {
+            tracing::warn!(
+                unit = self.unit,
+                program,
+                "the output of an exited process was not all read within {DRAIN_LIMIT:?}; going on without it"
+            );
+        }
+    }
+
     /// Runs one command to its end, within `timeout`, unless a stop comes first.
     async fn run_to_end(&mut self, command: &ExecCommand, timeout: Option<Duration>) -> Outcome {
         let (mut child, drain) = match self.start_process(command).await {
@@ -323,7 +335,7 @@ impl<S: StateSink> Runner<S> {
         };
         tokio::select! {
             status = child.wait() => {
-                drain.drain().await;
+                self.drained(&drain, &command.argv[0]).await;
                 if let Some(pgid) = pgid { signal_group(pgid, libc::SIGKILL) }
                 Outcome::Ended(status.map_or(Exit::Code(EXIT_EXEC), exit_of))
             }
@@ -430,7 +442,7 @@ impl<S: StateSink> Runner<S> {
                     return Outcome::Parked(ParkedProcess::Main { main: Box::new(main), output, ident });
                 }
                 status = main.wait() => {
-                    output.drain.drain().await;
+                    self.drained(&output.drain, &output.ident).await;
                     let exit = status.map_or(Exit::Code(EXIT_EXEC), exit_of);
                     self.say(&format!("{}: Main process exited, {}", self.unit, describe(exit)));
                     self.state.set("deactivating", "stop");
