@@ -37,6 +37,8 @@ command -v script >/dev/null || missing+=(bsdutils)
 command -v git-upload-pack >/dev/null || missing+=(git)
 # IANA's zone files: the calendar tests read expressions in zones through systemd-analyze.
 [ -f /usr/share/zoneinfo/Europe/Berlin ] || missing+=(tzdata)
+# gdb: a fleetd that does not exit when a test stops it has its threads' stacks printed.
+command -v gdb >/dev/null || missing+=(gdb)
 if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"

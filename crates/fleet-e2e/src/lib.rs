@@ -310,9 +310,12 @@ impl Fleetd {
                 return status.code();
             }
             if Instant::now() > deadline {
+                // Where every thread of it stands: a fleetd that does not exit is wedged, and
+                // its log cannot say where.
+                let stacks = thread_stacks(child.id());
                 let _ = child.kill();
                 let _ = child.wait();
-                panic!("fleetd did not exit after signal {signal}; log:\n{}", self.log());
+                panic!("fleetd did not exit after signal {signal}; its threads:\n{stacks}\nlog:\n{}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -585,4 +588,23 @@ pub fn http_get(address: &str, path: &str) -> String {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).expect("read answer");
     answer
+}
+
+/// Every thread's stack of process `pid`, as gdb prints them (at most 600 lines; what went
+/// wrong when gdb cannot attach).
+pub fn thread_stacks(pid: u32) -> String {
+    let pid = pid.to_string();
+    let args = ["60", "gdb", "-p", pid.as_str(), "-batch", "-ex", "thread apply all bt"];
+    match std::process::Command::new("timeout").args(args).output() {
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            let lines: Vec<&str> =
+                text.lines().filter(|line| line.starts_with('#') || line.starts_with("Thread")).collect();
+            match lines.is_empty() {
+                true => format!("(gdb printed no stacks: {})", String::from_utf8_lossy(&out.stderr).trim()),
+                false => lines.iter().take(600).copied().collect::<Vec<_>>().join("\n"),
+            }
+        }
+        Err(error) => format!("(gdb could not be run: {error})"),
+    }
 }
