@@ -125,15 +125,16 @@ pub struct MachineLoad {
     pub reserved: crate::resources::Resources,
 }
 
+/// How the reason of a unit that cannot leave its drained machine begins (then `: ` and why):
+/// what clients recognise it by.
+pub const CANNOT_LEAVE: &str = "cannot leave its draining machine";
+
 impl Plan {
     /// The reasons units are unplaced, cannot leave a drained machine, were spread unevenly or
     /// are kept off every machine, as the stores keep them: unit and text, in unit name order.
     pub fn reason_texts(&self) -> Vec<(String, String)> {
         let unplaced = self.unplaced.iter().map(|(unit, reason)| (unit.clone(), reason.to_string()));
-        let stuck = self
-            .stuck
-            .iter()
-            .map(|(unit, reason)| (unit.clone(), format!("cannot leave its draining machine: {reason}")));
+        let stuck = self.stuck.iter().map(|(unit, reason)| (unit.clone(), format!("{CANNOT_LEAVE}: {reason}")));
         let notes = self.spread_notes.iter().chain(&self.kept_off).chain(&self.staying).chain(&self.held).cloned();
         let mut texts: Vec<(String, String)> = unplaced.chain(stuck).chain(notes).collect();
         texts.sort();

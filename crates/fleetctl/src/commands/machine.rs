@@ -141,7 +141,8 @@ async fn unmovable(context: &Context, machine: &str) -> Vec<String> {
     plan.units
         .into_iter()
         .filter(|unit| {
-            unit.action == "stays" && unit.waiting.as_deref().is_some_and(|why| why.starts_with("cannot leave"))
+            unit.action == "stays"
+                && unit.waiting.as_deref().is_some_and(|why| why.starts_with(fleet_core::schedule::CANNOT_LEAVE))
         })
         .map(|unit| unit.name)
         .collect()
