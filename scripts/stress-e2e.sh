@@ -3,6 +3,7 @@
 # replicas see), four at a time, until one fails or SECONDS pass; prints each failure.
 # A fleetd that does not exit when its test stops it has its threads' stacks in the output.
 #   scripts/stress-e2e.sh [SECONDS] [FILTER...]   (default 900 s; rollouts disruption_budgets drain required_places)
+# STRESS_THREADS sets how many tests run at once (default 4, as CI).
 set -u
 cd "$(dirname "$0")/.."
 seconds=${1:-900}
@@ -19,7 +20,7 @@ end=$(( $(date +%s) + seconds ))
 round=0
 while [ "$(date +%s)" -lt "$end" ]; do
   round=$((round + 1))
-  if ! cargo nextest run -p fleet-e2e --test e2e --test-threads 4 --no-fail-fast "${filters[@]}" > "$out/round-$round.log" 2>&1; then
+  if ! cargo nextest run -p fleet-e2e --test e2e --test-threads "${STRESS_THREADS:-4}" --no-fail-fast "${filters[@]}" > "$out/round-$round.log" 2>&1; then
     echo "round $round failed: $out/round-$round.log"
     grep -E "^\s+(FAIL|SIGABRT|TIMEOUT) \[" "$out/round-$round.log"
     exit 1

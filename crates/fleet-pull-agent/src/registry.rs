@@ -615,7 +615,9 @@ impl RemoteRegistry {
         drop(answered);
         // The first proof since the presence had to be proven: the agent may now start what
         // waited for it.
-        if let Some(since) = *self.proving.borrow()
+        // Copied out first: an `if let` would hold the watch's lock through the send below.
+        let proving = *self.proving.borrow();
+        if let Some(since) = proving
             && sent >= since
             && before.is_none_or(|before| before < since)
         {
