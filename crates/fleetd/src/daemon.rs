@@ -12,12 +12,13 @@ use fleet_runtime::Lifecycle;
 use fleet_unit_manager::UnitManager;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
+
+use crate::supervise::ComponentTasks;
 
 /// What a mode of fleetd runs under the daemon.
 pub trait Components {
     /// Spawns the components onto `tasks`, each running until `lifecycle` ends it.
-    fn start(&mut self, tasks: &mut JoinSet<()>, lifecycle: watch::Receiver<Lifecycle>);
+    fn start(&mut self, tasks: &mut ComponentTasks, lifecycle: watch::Receiver<Lifecycle>);
 
     /// Takes in what a reload changes, before the components start again.
     fn reload(&mut self);
@@ -71,7 +72,7 @@ impl Daemon {
         tokio::spawn(crate::service_manager::keep_alive(serving.to_string()));
         loop {
             let (lifecycle, lifecycle_watch) = watch::channel(Lifecycle::Running);
-            let mut tasks = JoinSet::new();
+            let mut tasks = ComponentTasks::default();
             components.start(&mut tasks, lifecycle_watch);
             let asked = loop {
                 let asked = tokio::select! {
@@ -109,7 +110,7 @@ impl Daemon {
                     let _ = lifecycle.send(Lifecycle::ShuttingDown);
                 }
             }
-            while tasks.join_next().await.is_some() {}
+            tasks.all_ended().await;
             if asked == Asked::UpgradeInPlace {
                 let error = self.in_place.replace(units.as_ref()).await;
                 tracing::error!("{error:#}; this fleetd goes on");

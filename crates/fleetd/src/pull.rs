@@ -12,12 +12,11 @@ use fleet_pull_agent::{DiskCopy, MachineCredentials, Manager, RemoteRegistry};
 use fleet_runtime::Lifecycle;
 use fleet_unit_manager::UnitManager;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::daemon::{Components, Daemon};
 use crate::journal_answers::JournalAnswers;
 use crate::reconcile_timing::{DEBOUNCE, PULL_RECONCILE_INTERVAL};
-use crate::supervise::supervise;
+use crate::supervise::ComponentTasks;
 use fleetd::config::Config;
 
 /// How long a request to the manager may take.
@@ -112,7 +111,7 @@ struct PullAgent {
 }
 
 impl Components for PullAgent {
-    fn start(&mut self, tasks: &mut JoinSet<()>, lifecycle: watch::Receiver<Lifecycle>) {
+    fn start(&mut self, tasks: &mut ComponentTasks, lifecycle: watch::Receiver<Lifecycle>) {
         let agent_config = AgentConfig {
             machine: self.machine.clone(),
             reconcile_interval: PULL_RECONCILE_INTERVAL,
@@ -125,18 +124,16 @@ impl Components for PullAgent {
         };
         let (registry, units, running) = (self.registry.clone(), self.units.clone(), lifecycle.clone());
         let secrets: Arc<dyn fleet_registry::UnitSecrets> = self.registry.clone();
-        tasks.spawn(supervise("agent", move || {
+        tasks.supervise("agent", move || {
             Agent::new(agent_config.clone(), registry.clone(), units.clone())
                 .with_secrets(secrets.clone())
                 .run(running.clone())
-        }));
+        });
         let (registry, running) = (self.registry.clone(), lifecycle.clone());
-        tasks.spawn(supervise("manager's changes", move || {
-            fleet_pull_agent::follow_changes(&registry, running.clone())
-        }));
+        tasks.supervise("manager's changes", move || fleet_pull_agent::follow_changes(&registry, running.clone()));
         let (manager, registry, running) = (self.manager.clone(), self.registry.clone(), lifecycle.clone());
         let (credentials, state_dir) = (self.credentials.clone(), self.state_dir.clone());
-        tasks.spawn(supervise("certificate renewal", move || {
+        tasks.supervise("certificate renewal", move || {
             fleet_pull_agent::keep_renewing(
                 manager.clone(),
                 registry.clone(),
@@ -144,12 +141,12 @@ impl Components for PullAgent {
                 state_dir.clone(),
                 running.clone(),
             )
-        }));
+        });
         let inbox: Arc<dyn fleet_registry::JournalInbox> = self.registry.clone();
         let local = fleet_api::LocalMachine { machine_id: self.machine.id.clone(), manager: self.units.clone() };
-        tasks.spawn(supervise("journal answers", move || {
+        tasks.supervise("journal answers", move || {
             fleet_runtime::run(JournalAnswers::new(inbox.clone(), local.clone()), lifecycle.clone())
-        }));
+        });
     }
 
     fn reload(&mut self) {

@@ -17,7 +17,6 @@ use fleet_unit_manager::UnitManager;
 use fleet_unit_manager::native::{LogLimits, NativeManager, NativeOptions};
 use fleet_unit_manager::systemd::{SystemdManager, SystemdOptions};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::agent_journal_answers::AgentJournalAnswers;
 use crate::api_service::ApiService;
@@ -27,7 +26,7 @@ use crate::journal_answers::JournalAnswers;
 use crate::memory_trim::MemoryTrim;
 use crate::reconcile_timing::{AGENT_RECONCILE_INTERVAL, DEBOUNCE};
 use crate::store_chores::StoreChoresPass;
-use crate::supervise::supervise;
+use crate::supervise::ComponentTasks;
 use crate::{host, store};
 use fleet_api::silent_agents::SilentAgentSweep;
 use fleetd::config::{Config, UnitManagerChoice};
@@ -236,7 +235,7 @@ struct ClusterMember {
 }
 
 impl Components for ClusterMember {
-    fn start(&mut self, tasks: &mut JoinSet<()>, lifecycle: watch::Receiver<Lifecycle>) {
+    fn start(&mut self, tasks: &mut ComponentTasks, lifecycle: watch::Receiver<Lifecycle>) {
         let config = &self.config;
         let agent_config = AgentConfig {
             machine: machine_state(config, &self.machine_id),
@@ -248,38 +247,38 @@ impl Components for ClusterMember {
         if let Some(questions) = self.journal_questions.clone() {
             let local = fleet_api::LocalMachine { machine_id: self.machine_id.clone(), manager: self.manager.clone() };
             let running = lifecycle.clone();
-            tasks.spawn(supervise("journal answers", move || {
+            tasks.supervise("journal answers", move || {
                 fleet_runtime::run(JournalAnswers::new(questions.clone(), local.clone()), running.clone())
-            }));
+            });
         }
         let (registry, manager, running) = (self.registry.clone(), self.manager.clone(), lifecycle.clone());
         let secrets: Arc<dyn fleet_registry::UnitSecrets> =
             Arc::new(crate::store_secrets::StoreSecrets::new(self.registry.clone(), self.secret_keys.clone()));
         let events = self.events.clone();
-        tasks.spawn(supervise("agent", move || {
+        tasks.supervise("agent", move || {
             Agent::new(agent_config.clone(), registry.clone(), manager.clone())
                 .with_secrets(secrets.clone())
                 .with_events(events.clone())
                 .run(running.clone())
-        }));
+        });
         if self.api.serves_agents {
             let (presence, registry, running) =
                 (self.api.agent_presence.clone(), self.registry.clone(), lifecycle.clone());
-            tasks.spawn(supervise("silent agent sweep", move || {
+            tasks.supervise("silent agent sweep", move || {
                 fleet_runtime::run(SilentAgentSweep::new(presence.clone(), registry.clone()), running.clone())
-            }));
+            });
             // A manager answers the journal questions put through the store to its agents.
             if let Some(questions) = self.journal_questions.clone() {
                 let (relay, presence, running) =
                     (self.api.journal_relay.clone(), self.api.agent_presence.clone(), lifecycle.clone());
-                tasks.spawn(supervise("agents' journal answers", move || {
+                tasks.supervise("agents' journal answers", move || {
                     let answers = AgentJournalAnswers::new(questions.clone(), relay.clone(), presence.clone());
                     fleet_runtime::run(answers, running.clone())
-                }));
+                });
             }
             // A manager's memory comes and goes with its agents' connections.
             let running = lifecycle.clone();
-            tasks.spawn(supervise("memory trim", move || fleet_runtime::run(MemoryTrim::new(), running.clone())));
+            tasks.supervise("memory trim", move || fleet_runtime::run(MemoryTrim::new(), running.clone()));
         }
         if config.disable_engine {
             return;
@@ -298,46 +297,46 @@ impl Components for ClusterMember {
         let ledger = DisruptionLedger::default();
         let (registry, running, shared) = (self.registry.clone(), lifecycle.clone(), ledger.clone());
         let events = self.events.clone();
-        tasks.spawn(supervise("engine", move || {
+        tasks.supervise("engine", move || {
             Engine::new(engine_config.clone(), registry.clone())
                 .with_leadership_signal(leads.clone())
                 .with_disruption_ledger(shared.clone())
                 .with_events(events.clone())
                 .run(running.clone())
-        }));
+        });
         let syncer_config = SyncerConfig { tick: SOURCE_TICK };
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         let (events, reader) = (self.events.clone(), self.api.source_reader.clone());
-        tasks.spawn(supervise("source syncer", move || {
+        tasks.supervise("source syncer", move || {
             SourceSyncer::new(syncer_config.clone(), Arc::new(registry.clone()), reader.clone())
                 .with_events(events.clone())
                 .run(leading.clone(), running.clone())
-        }));
+        });
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         let shared = ledger.clone();
         let events = self.events.clone();
-        tasks.spawn(supervise("rollout driver", move || {
+        tasks.supervise("rollout driver", move || {
             RolloutDriver::new(Arc::new(registry.clone()))
                 .sharing(shared.clone())
                 .with_events(events.clone())
                 .run(leading.clone(), running.clone())
-        }));
+        });
         let (registry, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         let events = self.events.clone();
-        tasks.spawn(supervise("drain driver", move || {
+        tasks.supervise("drain driver", move || {
             DrainDriver::new(Arc::new(registry.clone()))
                 .sharing(ledger.clone())
                 .with_events(events.clone())
                 .run(leading.clone(), running.clone())
-        }));
+        });
         let (log, running, leading) = (self.registry.clone(), lifecycle.clone(), leads_watch.clone());
         let (kept, kept_for) = (config.events_kept, config.events_kept_for);
-        tasks.spawn(supervise("event trim", move || {
+        tasks.supervise("event trim", move || {
             let pass = EventTrimPass::new(log.clone(), kept, kept_for);
             fleet_runtime::while_leading(pass, fleet_runtime::Triggers::none(), leading.clone(), running.clone())
-        }));
+        });
         if let Some(chores) = self.chores.clone() {
-            tasks.spawn(supervise("store chores", move || {
+            tasks.supervise("store chores", move || {
                 let changes = fleet_runtime::Triggers::none().with(chores.chore_changes());
                 fleet_runtime::while_leading(
                     StoreChoresPass::new(chores.clone()),
@@ -345,7 +344,7 @@ impl Components for ClusterMember {
                     leads_watch.clone(),
                     lifecycle.clone(),
                 )
-            }));
+            });
         }
     }
 

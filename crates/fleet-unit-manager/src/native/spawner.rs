@@ -8,7 +8,10 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::mpsc;
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::{Duration, Instant};
+
+use fleet_core::unpoisoned::Locked;
 
 use tokio::sync::oneshot;
 
@@ -30,7 +33,22 @@ enum Request {
 
 pub struct Spawner {
     requests: mpsc::Sender<Request>,
+    /// What the thread is starting now (unit, program) and since when: told when a start
+    /// waits long on it.
+    busy: Arc<Mutex<Option<Busy>>>,
 }
+
+#[derive(Clone, Debug)]
+struct Busy {
+    unit: String,
+    program: String,
+    since: Instant,
+}
+
+/// How long a start waits on the spawning thread before fleetd's log says so (again at twice,
+/// four times as long…). A fork and exec take milliseconds; a start that never comes would
+/// otherwise leave its unit activating with no word of why.
+const SLOW_SPAWN: Duration = Duration::from_secs(10);
 
 impl Spawner {
     /// Starts the spawning thread, in the current runtime (which the children's handles and
@@ -38,12 +56,21 @@ impl Spawner {
     pub fn start() -> io::Result<Self> {
         let runtime = tokio::runtime::Handle::try_current().map_err(io::Error::other)?;
         let (requests, incoming) = mpsc::channel::<Request>();
+        let busy = Arc::new(Mutex::new(None));
+        let noted = busy.clone();
         std::thread::Builder::new().name("fleet-unit-spawner".into()).spawn(move || {
             let _runtime = runtime.enter();
             for request in incoming {
                 match request {
                     Request::Spawn(request) => {
-                        let _ = request.reply.send(spawn(&request.command, &request.context, &request.log));
+                        *noted.locked() = Some(Busy {
+                            unit: request.context.unit.clone(),
+                            program: request.command.argv[0].clone(),
+                            since: Instant::now(),
+                        });
+                        let started = spawn(&request.command, &request.context, &request.log);
+                        *noted.locked() = None;
+                        let _ = request.reply.send(started);
                     }
                     Request::Exec { image, keep, reply } => {
                         let _ = reply.send(exec_keeping(&image, &keep));
@@ -51,7 +78,7 @@ impl Spawner {
                 }
             }
         })?;
-        Ok(Self { requests })
+        Ok(Self { requests, busy })
     }
 
     /// Starts `command` (see [`spawn`]) on the spawning thread.
@@ -64,7 +91,26 @@ impl Spawner {
             reply,
         }));
         self.requests.send(request).map_err(|_| io::Error::other("the unit spawner has stopped"))?;
-        answer.await.map_err(|_| io::Error::other("the unit spawner has stopped"))?
+        let asked = tokio::time::Instant::now();
+        let mut answer = std::pin::pin!(answer);
+        let mut warn_after = SLOW_SPAWN;
+        loop {
+            match tokio::time::timeout_at(asked + warn_after, &mut answer).await {
+                Ok(answered) => return answered.map_err(|_| io::Error::other("the unit spawner has stopped"))?,
+                Err(_) => {
+                    let busy = self.busy.locked().clone();
+                    tracing::warn!(
+                        unit = context.unit,
+                        program = command.argv[0],
+                        waited = ?warn_after,
+                        spawner_on = busy.as_ref().map(|busy| format!("{} of {}", busy.program, busy.unit)),
+                        spawner_for = ?busy.map(|busy| busy.since.elapsed()),
+                        "a unit's process waits to be started: the spawning thread has not come to it"
+                    );
+                    warn_after *= 2;
+                }
+            }
+        }
     }
 
     /// Replaces this process with `image` from the spawning thread, `keep` passed through;
