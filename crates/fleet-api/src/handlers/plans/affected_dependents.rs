@@ -57,9 +57,11 @@ pub(super) async fn note_affected_dependents(
         parsed.iter().map(|(unit, dependencies)| (unit.name.as_str(), dependencies)).collect();
     let lines = affected(&dependents, &going, &names, &standing);
     let views: HashMap<&str, &UnitView> = units.iter().map(|unit| (unit.name.as_str(), unit)).collect();
+    let positions: HashMap<String, usize> =
+        planned.iter().enumerate().map(|(index, unit)| (unit.name.clone(), index)).collect();
     for (name, line) in lines {
-        match planned.iter_mut().find(|unit| unit.name == name) {
-            Some(row) => row.on_required = Some(line),
+        match positions.get(&name) {
+            Some(&index) => planned[index].on_required = Some(line),
             None => {
                 let Some(view) = views.get(name.as_str()) else { continue };
                 planned.push(affected_row(view, line));
