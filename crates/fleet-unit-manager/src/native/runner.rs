@@ -160,12 +160,20 @@ impl<S: StateSink> Runner<S> {
         }
     }
 
-    /// Starts one command, on the manager's spawning thread.
-    async fn start_process(&self, command: &ExecCommand) -> Result<Started, Exit> {
-        self.spawner.spawn(command, &self.context, &self.log).await.map_err(|error| {
-            self.say(&format!("{}: Failed to execute {}: {error}", self.unit, command.argv[0]));
-            Exit::Code(EXIT_EXEC)
-        })
+    /// Starts one command, on the manager's spawning thread, unless a stop comes first: a
+    /// start still waiting its turn there (behind a thousand others, say) is given up, as
+    /// systemd's stop cancels a start job. A process started after all is killed (the
+    /// spawner's answer, unread, is dropped with it).
+    async fn start_process(&mut self, command: &ExecCommand) -> Result<Started, Outcome> {
+        let spawned = self.spawner.spawn(command, &self.context, &self.log);
+        tokio::select! {
+            biased;
+            () = Self::stopped(&mut self.stop) => Err(Outcome::Stopped),
+            started = spawned => started.map_err(|error| {
+                self.say(&format!("{}: Failed to execute {}: {error}", self.unit, command.argv[0]));
+                Outcome::Ended(Exit::Code(EXIT_EXEC))
+            }),
+        }
     }
 
     /// Runs the unit until it is stopped or ends for good (an empty cgroup is removed after),
@@ -324,7 +332,7 @@ impl<S: StateSink> Runner<S> {
     async fn run_to_end(&mut self, command: &ExecCommand, timeout: Option<Duration>) -> Outcome {
         let (mut child, drain) = match self.start_process(command).await {
             Ok(started) => (MainProcess::Spawned(started.child), started.drain),
-            Err(exit) => return Outcome::Ended(exit),
+            Err(outcome) => return outcome,
         };
         let pgid = child.id();
         let deadline = async {
@@ -408,7 +416,7 @@ impl<S: StateSink> Runner<S> {
                 MainProcess::Spawned(started.child),
                 MainOutput { output: started.output, ident: started.ident, drain: started.drain },
             ),
-            Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
+            Err(outcome) => return self.after_failed_start(outcome).await,
         };
         let pgid = main.id();
         if !self.config.exec_start_post.is_empty() {
@@ -472,7 +480,7 @@ impl<S: StateSink> Runner<S> {
         };
         let mut starter = match self.start_process(&command).await {
             Ok(started) => MainProcess::Spawned(started.child),
-            Err(exit) => return self.after_failed_start(Outcome::Ended(exit)).await,
+            Err(outcome) => return self.after_failed_start(outcome).await,
         };
         let Some(pgid) = starter.id() else {
             return self.after_failed_start(Outcome::Ended(Exit::Code(EXIT_EXEC))).await;

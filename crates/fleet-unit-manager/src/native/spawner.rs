@@ -28,7 +28,14 @@ struct SpawnRequest {
 
 enum Request {
     Spawn(Box<SpawnRequest>),
-    Exec { image: crate::reexec::ExecImage, keep: Vec<RawFd>, reply: oneshot::Sender<io::Error> },
+    /// Keeps the thread until the sender is dropped (tests: a start that waits its turn).
+    #[cfg(test)]
+    Hold(mpsc::Receiver<()>),
+    Exec {
+        image: crate::reexec::ExecImage,
+        keep: Vec<RawFd>,
+        reply: oneshot::Sender<io::Error>,
+    },
 }
 
 pub struct Spawner {
@@ -62,6 +69,8 @@ impl Spawner {
             let _runtime = runtime.enter();
             for request in incoming {
                 match request {
+                    // Its runner gave it up while it waited (a stop came): nothing to start.
+                    Request::Spawn(request) if request.reply.is_closed() => {}
                     Request::Spawn(request) => {
                         *noted.locked() = Some(Busy {
                             unit: request.context.unit.clone(),
@@ -71,6 +80,10 @@ impl Spawner {
                         let started = spawn(&request.command, &request.context, &request.log);
                         *noted.locked() = None;
                         let _ = request.reply.send(started);
+                    }
+                    #[cfg(test)]
+                    Request::Hold(release) => {
+                        let _ = release.recv();
                     }
                     Request::Exec { image, keep, reply } => {
                         let _ = reply.send(exec_keeping(&image, &keep));
@@ -111,6 +124,14 @@ impl Spawner {
                 }
             }
         }
+    }
+
+    /// Keeps the spawning thread busy until the returned sender is dropped.
+    #[cfg(test)]
+    pub fn hold(&self) -> mpsc::Sender<()> {
+        let (release, released) = mpsc::channel();
+        let _ = self.requests.send(Request::Hold(released));
+        release
     }
 
     /// Replaces this process with `image` from the spawning thread, `keep` passed through;

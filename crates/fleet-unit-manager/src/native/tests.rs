@@ -377,3 +377,29 @@ async fn status_reports_the_main_process_the_processes_and_the_log() {
     assert!(stopped.contains("Active: inactive (dead) since "), "{stopped}");
     assert_eq!(manager.status("nothing.service").await.unwrap(), None);
 }
+
+/// A stop gives up a start still waiting for the spawning thread (behind other starts), as
+/// systemd's stop cancels a start job: the unit is inactive at once, and its process never
+/// runs. (It waited for the thread, then ran, and a stop of it waited as long.)
+#[tokio::test]
+async fn a_stop_gives_up_a_start_still_waiting_for_the_spawning_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let manager = manager(dir.path());
+    let ran = dir.path().join("ran");
+    let unit = format!("[Service]\nExecStart=/bin/sh -c 'touch {}; exec sleep 1000'\n", ran.display());
+    load(&manager, "late.service", &unit).await;
+    let held = manager.shared.spawner.hold();
+    manager.start("late.service").await.unwrap();
+    manager.stop("late.service").await.unwrap();
+    wait_for(&manager, "late.service", "inactive", "dead").await;
+    drop(held);
+    // The thread takes its requests in order: once a unit started after runs, the first
+    // request was dealt with.
+    load(&manager, "next.service", "[Service]\nExecStart=/bin/sleep 1001\n").await;
+    manager.start("next.service").await.unwrap();
+    wait_for(&manager, "next.service", "active", "running").await;
+    assert!(!ran.exists(), "the start given up never ran");
+    let journal = manager.journal("late.service", 10).await.unwrap();
+    assert!(!journal.contains("Started"), "{journal}");
+    manager.stop_all().await.unwrap();
+}
