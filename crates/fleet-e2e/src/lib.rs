@@ -11,6 +11,7 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 pub mod browser;
+pub mod cgroups;
 pub mod chaos;
 mod cluster;
 pub mod cluster_bench;

@@ -7,6 +7,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use fleet_e2e::cgroups::mount_of;
 use fleet_e2e::{Fleetd, unit_processes, write_unit};
 
 /// The process running `/bin/sleep <marker>` among the supervisor's.
@@ -14,21 +15,6 @@ fn process_of(fleet: &Fleetd, marker: &str) -> Option<u32> {
     unit_processes(&fleet.state_dir()).into_iter().find(|pid| {
         std::fs::read(format!("/proc/{pid}/cmdline"))
             .is_ok_and(|cmdline| cmdline.split(|byte| *byte == 0).any(|arg| arg == marker.as_bytes()))
-    })
-}
-
-/// Where the cgroup hierarchy of `filesystem` (`cgroup2`, or `cgroup` with `controller`) is
-/// mounted at its root.
-fn mount_of(filesystem: &str, controller: &str) -> Option<PathBuf> {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    mountinfo.lines().find_map(|line| {
-        let (mount, fs) = line.split_once(" - ")?;
-        let mut fs = fs.split_whitespace();
-        let kind = fs.next()?;
-        let options = fs.nth(1).unwrap_or_default();
-        let wanted = kind == filesystem && (kind == "cgroup2" || options.split(',').any(|o| o == controller));
-        let fields: Vec<&str> = mount.split_whitespace().collect();
-        (wanted && fields.get(3) == Some(&"/")).then(|| PathBuf::from(fields[4]))
     })
 }
 

@@ -1,6 +1,7 @@
 //! A single-machine fleet, end to end: real fleetd on the embedded store with the native
 //! supervisor, driven by the real fleetctl.
 
+use std::path::Path;
 use std::time::Duration;
 
 use fleet_e2e::{Fleetd, examples_dir, unit_processes};
@@ -345,11 +346,26 @@ fn daemons_that_leave_their_group_die_with_a_crashed_fleetd() {
     fleet.ok(&["start", &path.display().to_string()]);
     let state_dir = fleet.state_dir();
     fleet.wait_until("both processes run", WAIT, |_| unit_processes(&state_dir).len() == 3);
+    // The cgroups fleetd made for its units, where the machine has a writable cgroup v2.
+    let base = unit_processes(&state_dir)
+        .into_iter()
+        .find_map(fleet_e2e::cgroups::cgroup2_dir_of)
+        .and_then(|unit| unit.parent().map(Path::to_path_buf))
+        .filter(|base| base.file_name().is_some_and(|name| name.to_string_lossy().starts_with("fleet-units.")));
     fleet.stop_with(libc::SIGKILL);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while !unit_processes(&state_dir).is_empty() {
         assert!(std::time::Instant::now() < deadline, "{:?} outlived a killed fleetd", unit_processes(&state_dir));
         std::thread::sleep(Duration::from_millis(50));
+    }
+    // The keeper leaves nothing behind, as a clean shutdown does: no cgroup of the dead
+    // fleetd's (a test machine had gathered over a thousand empty ones).
+    if let Some(base) = base {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while base.exists() {
+            assert!(std::time::Instant::now() < deadline, "{} outlived the keeper", base.display());
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 

@@ -125,6 +125,16 @@ struct Shared {
     fence: Mutex<crate::fence::Fence>,
 }
 
+/// A manager let go (a test's, or a fleetd's on its way out) leaves no empty cgroups behind;
+/// those of units still running stay.
+impl Drop for Shared {
+    fn drop(&mut self) {
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.remove_if_empty();
+        }
+    }
+}
+
 impl Shared {
     fn slots(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Slot>> {
         self.units.locked()
