@@ -432,8 +432,24 @@ impl Drop for Fleetd {
         if self.child.is_some() {
             self.stop_with(libc::SIGTERM);
         }
+        // Signs of a fleetd that nearly wedged, printed even when its test passed (nextest
+        // shows them with `--success-output`; scripts/stress-e2e.sh gathers them).
+        for line in self.log().lines().filter(|line| STALL_SIGNS.iter().any(|sign| line.contains(sign))) {
+            println!("{STALL_PREFIX}{line}");
+        }
     }
 }
+
+/// What starts each line [`Fleetd`]'s drop prints of a stall its fleetd logged.
+pub const STALL_PREFIX: &str = "fleetd stalled: ";
+
+/// The warnings fleetd logs when something waits far longer than it should.
+const STALL_SIGNS: &[&str] = &[
+    "one pass has not ended",
+    "components have not stopped yet",
+    "the spawning thread has not come to it",
+    "was not all read within",
+];
 
 pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};
 pub use fleet_testkit::{EtcdServer, LARGE_CLUSTER_SETTINGS, SystemdUser};
