@@ -449,6 +449,7 @@ const STALL_SIGNS: &[&str] = &[
     "components have not stopped yet",
     "the spawning thread has not come to it",
     "was not all read within",
+    "a runtime worker has run without a break",
 ];
 
 pub use cluster::{AGENT_TTL_SECONDS, Cluster, Placement, member_id};

@@ -20,6 +20,7 @@ mod rotate_secrets_key;
 mod run;
 mod secrets_key;
 mod service_manager;
+mod stall_watch;
 mod store;
 mod store_chores;
 mod store_format;
@@ -219,6 +220,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    stall_watch::start(runtime.handle());
     match runtime.block_on(run::run(config, config_path, activated, handover_nonce)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
