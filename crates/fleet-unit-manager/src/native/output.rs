@@ -84,16 +84,29 @@ impl OutputDrain {
     }
 
     async fn drain_all(&self) {
-        let mut acks = Vec::new();
+        let mut asked = Vec::new();
         for copier in &self.copiers {
             let (ack, acked) = oneshot::channel();
             if copier.send(ack).await.is_ok() {
-                acks.push(acked);
+                asked.push((copier, acked));
             }
         }
-        for acked in acks {
-            let _ = acked.await;
+        for (copier, acked) in asked {
+            answered(copier, acked).await;
         }
+    }
+}
+
+/// Resolves once a copier answered an ask, or ended. An ask can reach the copier's channel
+/// just as the copier ends (its stream's end comes with the process's exit, on another
+/// thread): the channel's room was taken before the copier let go of it, the ask put in
+/// after, and there it stays, neither answered nor dropped while the drain holds the
+/// channel. Waiting for the answer alone then waited out the drain's limit (a stress run's
+/// two timed-out drains of `/bin/sleep`), and before there was a limit, for ever.
+async fn answered(copier: &mpsc::Sender<oneshot::Sender<()>>, acked: oneshot::Receiver<()>) {
+    tokio::select! {
+        _ = acked => {}
+        () = copier.closed() => {}
     }
 }
 
@@ -329,6 +342,21 @@ mod tests {
         assert!(!drain.drain().await, "the drain says it did not finish");
         assert_eq!(began.elapsed(), DRAIN_LIMIT);
         assert_eq!(drain.standing(), "stream 0: ask not taken, waiting, 0 rounds", "what a timed-out drain tells");
+    }
+
+    /// An ask put into a copier's channel after the copier let go of it (the room taken before,
+    /// as `send` does) is never answered nor dropped; the drain returns at once all the same.
+    #[tokio::test(start_paused = true)]
+    async fn an_ask_that_reached_a_copier_as_it_ended_holds_nothing() {
+        let (asks, copier) = mpsc::channel(1);
+        let room = asks.reserve().await.expect("the copier is there");
+        drop(copier);
+        let (ack, acked) = oneshot::channel();
+        room.send(ack);
+        let began = tokio::time::Instant::now();
+        let returned = tokio::time::timeout(DRAIN_LIMIT, answered(&asks, acked)).await;
+        assert!(returned.is_ok(), "the drain waited for an answer that could not come");
+        assert_eq!(began.elapsed(), std::time::Duration::ZERO);
     }
 
     /// A child that goes on writing after its parent exited cannot hold a drain for ever.
