@@ -593,7 +593,13 @@ impl RemoteRegistry {
             return Ok(None);
         }
         let patience = self.manager.patience();
-        match tokio::time::timeout(patience, answered).await {
+        // The stream may end just as the states reach it (its channel's room taken before it
+        // let go): they then sit there unanswered, and only its end says so.
+        let answer = tokio::select! {
+            answer = tokio::time::timeout(patience, answered) => answer,
+            () = sender.closed() => return Ok(None),
+        };
+        match answer {
             Ok(Ok(answer)) => {
                 self.answer_heard();
                 if (200..300).contains(&answer.status) {
