@@ -12,6 +12,7 @@ mod failure_log;
 mod leading;
 mod lifecycle;
 mod reconciler;
+pub mod slow;
 mod triggers;
 pub mod wall_clock;
 

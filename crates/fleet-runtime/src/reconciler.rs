@@ -90,19 +90,10 @@ pub const SLOW_PASS: Duration = Duration::from_secs(30);
 
 /// Runs `pass` to its end, warning each time it has run for [`SLOW_PASS`] doubled.
 async fn watched<T>(name: &str, pass: impl Future<Output = T>) -> T {
-    let started = tokio::time::Instant::now();
-    let mut pass = std::pin::pin!(pass);
-    let mut warn_after = SLOW_PASS;
-    loop {
-        tokio::select! {
-            biased;
-            outcome = &mut pass => return outcome,
-            () = tokio::time::sleep_until(started + warn_after) => {
-                tracing::warn!(running_for = ?warn_after, "{name}: one pass has not ended");
-                warn_after *= 2;
-            }
-        }
-    }
+    crate::slow::telling_when_late(SLOW_PASS, pass, |running_for| {
+        tracing::warn!(?running_for, "{name}: one pass has not ended");
+    })
+    .await
 }
 
 /// Runs `reconciler` until `lifecycle` leaves [`Lifecycle::Running`], then finishes it.

@@ -109,9 +109,23 @@ pub fn threads_in_kernel() -> String {
     threads.join("; ")
 }
 
-/// `/proc/…/syscall`'s first field, named for the calls a thread is likely found in.
+/// `/proc/…/syscall`'s first field, named for the calls a thread is likely found in (x86-64's
+/// numbers; elsewhere the number as it is).
 fn describe_syscall(line: &str) -> String {
     let number = line.split_whitespace().next().unwrap_or_default();
+    match number {
+        "running" => number.to_string(),
+        _ => syscall_name(number).map_or_else(|| format!("syscall {number}"), str::to_string),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn syscall_name(_number: &str) -> Option<&'static str> {
+    None
+}
+
+#[cfg(target_arch = "x86_64")]
+fn syscall_name(number: &str) -> Option<&'static str> {
     let name = match number {
         "0" => "read",
         "1" => "write",
@@ -133,9 +147,9 @@ fn describe_syscall(line: &str) -> String {
         "257" => "openat",
         "281" => "epoll_pwait",
         "435" => "clone3",
-        other => return if other == "running" { other.to_string() } else { format!("syscall {other}") },
+        _ => return None,
     };
-    name.to_string()
+    Some(name)
 }
 
 #[cfg(test)]

@@ -4,8 +4,6 @@
 //! are the ones that say why it failed).
 
 use std::os::fd::RawFd;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::sync::{mpsc, oneshot};
@@ -21,29 +19,6 @@ const BUSY_READ_BYTES: usize = 16 * 1024;
 #[derive(Clone, Debug, Default)]
 pub struct OutputDrain {
     copiers: Vec<mpsc::Sender<oneshot::Sender<()>>>,
-    /// Where each copier stands, for a drain that timed out to say.
-    standing: Vec<Arc<CopierStanding>>,
-}
-
-/// Where a copier stands: what it is doing, and how many times it has gone round its loop.
-#[derive(Debug, Default)]
-struct CopierStanding {
-    doing: AtomicU8,
-    rounds: AtomicU64,
-}
-
-const WAITING: u8 = 0;
-const DRAINING: u8 = 1;
-const COPYING: u8 = 2;
-const ENDED: u8 = 3;
-
-impl CopierStanding {
-    fn now(&self, doing: u8) {
-        self.doing.store(doing, Ordering::Relaxed);
-        if doing == WAITING {
-            self.rounds.fetch_add(1, Ordering::Relaxed);
-        }
-    }
 }
 
 /// The longest a drain waits for its copiers. Taking in what a pipe holds takes
@@ -58,29 +33,6 @@ impl OutputDrain {
     /// [`DRAIN_LIMIT`]: false then.
     pub async fn drain(&self) -> bool {
         tokio::time::timeout(DRAIN_LIMIT, self.drain_all()).await.is_ok()
-    }
-
-    /// Where each stream's copier stands (for a drain that did not finish): whether it took
-    /// the ask, what it is doing, how many times it went round its loop.
-    pub fn standing(&self) -> String {
-        let described: Vec<String> = self
-            .copiers
-            .iter()
-            .zip(&self.standing)
-            .enumerate()
-            .map(|(stream, (asks, standing))| {
-                let doing = match standing.doing.load(Ordering::Relaxed) {
-                    WAITING => "waiting",
-                    DRAINING => "draining",
-                    COPYING => "copying",
-                    _ => "ended",
-                };
-                let taken =
-                    if asks.is_closed() || asks.capacity() == asks.max_capacity() { "taken" } else { "not taken" };
-                format!("stream {stream}: ask {taken}, {doing}, {} rounds", standing.rounds.load(Ordering::Relaxed))
-            })
-            .collect();
-        described.join("; ")
     }
 
     async fn drain_all(&self) {
@@ -118,20 +70,10 @@ where
     let mut drain = OutputDrain::default();
     for (stream, fd) in streams {
         let (asks, asked) = mpsc::channel(1);
-        let standing = Arc::new(CopierStanding::default());
         drain.copiers.push(asks);
-        drain.standing.push(standing.clone());
-        let copier = Copier { fd, asks: asked, standing };
-        tokio::spawn(copy_lines(stream, sink.clone(), ident.to_string(), pid, Some(copier)));
+        tokio::spawn(copy_lines(stream, sink.clone(), ident.to_string(), pid, Some((fd, asked))));
     }
     drain
-}
-
-/// A copier's side of its drains: the stream's descriptor, the asks, where it stands.
-pub struct Copier {
-    fd: RawFd,
-    asks: mpsc::Receiver<oneshot::Sender<()>>,
-    standing: Arc<CopierStanding>,
 }
 
 /// Cuts a stream's bytes into lines for the log; a line longer than [`MAX_LINE_BYTES`] is
@@ -179,15 +121,6 @@ impl Lines {
     }
 }
 
-/// Marks a copier ended however its task ends (its stream's end, or the task dropped).
-struct EndedOnDrop(Arc<CopierStanding>);
-
-impl Drop for EndedOnDrop {
-    fn drop(&mut self) {
-        self.0.now(ENDED);
-    }
-}
-
 /// The most one drain takes in: more than a pipe holds (64 KiB by default, 1 MiB at most for
 /// a process that is not root), so what the exited process wrote is all in, while a child of
 /// it that keeps writing cannot hold the drain (and the runtime's thread) for ever.
@@ -223,7 +156,7 @@ pub async fn copy_lines(
     sink: LogSink,
     ident: String,
     pid: Option<u32>,
-    mut drain: Option<Copier>,
+    mut drain: Option<(RawFd, mpsc::Receiver<oneshot::Sender<()>>)>,
 ) {
     let _open = sink.attach();
     let mut lines = Lines { sink, ident, pid, pending: Vec::new() };
@@ -231,13 +164,10 @@ pub async fn copy_lines(
     // as long as it runs (16 KiB each made 3,000 units 96 MiB of fleetd, and every fork of
     // fleetd slower). A read that fills it gives the stream the large one.
     let mut buffer = vec![0u8; QUIET_READ_BYTES];
-    let standing = drain.as_ref().map(|copier| copier.standing.clone()).unwrap_or_default();
-    let _ended = EndedOnDrop(standing.clone());
     loop {
-        standing.now(WAITING);
         let asked = async {
             match drain.as_mut() {
-                Some(copier) => copier.asks.recv().await,
+                Some((_, asks)) => asks.recv().await,
                 None => std::future::pending().await,
             }
         };
@@ -249,8 +179,7 @@ pub async fn copy_lines(
                     drain = None;
                     continue;
                 };
-                standing.now(DRAINING);
-                let open = drain.as_ref().is_some_and(|copier| read_held(copier.fd, &mut buffer, &mut lines));
+                let open = drain.as_ref().is_some_and(|(fd, _)| read_held(*fd, &mut buffer, &mut lines));
                 lines.flush();
                 let _ = ack.send(());
                 if !open {
@@ -258,7 +187,6 @@ pub async fn copy_lines(
                 }
             }
             read = stream.read(&mut buffer) => {
-                standing.now(COPYING);
                 let read = match read {
                     Ok(0) | Err(_) => break,
                     Ok(read) => read,
@@ -327,8 +255,7 @@ mod tests {
             assert!(std::time::Instant::now() < deadline, "the copier never ended");
             tokio::task::yield_now().await;
         }
-        drain.drain().await;
-        assert_eq!(drain.standing().split(", ").nth(1), Some("ended"), "{}", drain.standing());
+        assert!(drain.drain().await, "a drain of an ended copier returns at once");
     }
 
     /// A copier that never answers holds a drain no longer than [`DRAIN_LIMIT`] (a unit
@@ -337,11 +264,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_copier_that_never_answers_holds_a_drain_no_longer_than_its_limit() {
         let (asks, _never_read) = mpsc::channel(1);
-        let drain = OutputDrain { copiers: vec![asks], standing: vec![Arc::default()] };
+        let drain = OutputDrain { copiers: vec![asks] };
         let began = tokio::time::Instant::now();
         assert!(!drain.drain().await, "the drain says it did not finish");
         assert_eq!(began.elapsed(), DRAIN_LIMIT);
-        assert_eq!(drain.standing(), "stream 0: ask not taken, waiting, 0 rounds", "what a timed-out drain tells");
     }
 
     /// An ask put into a copier's channel after the copier let go of it (the room taken before,

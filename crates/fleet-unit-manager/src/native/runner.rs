@@ -323,7 +323,6 @@ impl<S: StateSink> Runner<S> {
             tracing::warn!(
                 unit = self.unit,
                 program,
-                copiers = drain.standing(),
                 "the output of an exited process was not all read within {DRAIN_LIMIT:?}; going on without it"
             );
         }

@@ -104,26 +104,19 @@ impl Spawner {
             reply,
         }));
         self.requests.send(request).map_err(|_| io::Error::other("the unit spawner has stopped"))?;
-        let asked = tokio::time::Instant::now();
-        let mut answer = std::pin::pin!(answer);
-        let mut warn_after = SLOW_SPAWN;
-        loop {
-            match tokio::time::timeout_at(asked + warn_after, &mut answer).await {
-                Ok(answered) => return answered.map_err(|_| io::Error::other("the unit spawner has stopped"))?,
-                Err(_) => {
-                    let busy = self.busy.locked().clone();
-                    tracing::warn!(
-                        unit = context.unit,
-                        program = command.argv[0],
-                        waited = ?warn_after,
-                        spawner_on = busy.as_ref().map(|busy| format!("{} of {}", busy.program, busy.unit)),
-                        spawner_for = ?busy.map(|busy| busy.since.elapsed()),
-                        "a unit's process waits to be started: the spawning thread has not come to it"
-                    );
-                    warn_after *= 2;
-                }
-            }
-        }
+        let answered = fleet_runtime::slow::telling_when_late(SLOW_SPAWN, answer, |waited| {
+            let busy = self.busy.locked().clone();
+            tracing::warn!(
+                unit = context.unit,
+                program = command.argv[0],
+                ?waited,
+                spawner_on = busy.as_ref().map(|busy| format!("{} of {}", busy.program, busy.unit)),
+                spawner_for = ?busy.map(|busy| busy.since.elapsed()),
+                "a unit's process waits to be started: the spawning thread has not come to it"
+            );
+        })
+        .await;
+        answered.map_err(|_| io::Error::other("the unit spawner has stopped"))?
     }
 
     /// Keeps the spawning thread busy until the returned sender is dropped.
