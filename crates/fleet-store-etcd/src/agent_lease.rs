@@ -30,7 +30,7 @@ use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use fleet_core::backoff::Backoff;
 
 use super::EtcdRegistry;
-use super::session::{MachineSession, RENEWAL_RETRY, grant, renew};
+use super::session::{MachineSession, RENEWAL_RETRY, grant, renew, renewal_patience};
 use fleet_registry::{RegistryError, Result};
 
 /// The manager's lease for its pull agents, granted on the first agent it holds.
@@ -135,7 +135,7 @@ impl EtcdRegistry {
     async fn recorded_agent_lease(&self) -> Option<i64> {
         let path = self.inner.agent_lease_file.as_ref()?;
         let lease = super::session::recorded_lease(path)?;
-        match renew(self.connection(), lease, &mut None).await {
+        match renew(self.connection(), lease, &mut None, self.connection().timeout).await {
             Ok(true) => Some(lease),
             Ok(false) => None,
             Err(error) => {
@@ -328,7 +328,10 @@ impl EtcdRegistry {
         let sent = tokio::time::Instant::now();
         let renewed = match lease {
             0 => false,
-            lease => renew(self.connection(), lease, keeper).await?,
+            lease => {
+                let patience = renewal_patience(self.connection().timeout, self.inner.lifetimes.agent_ttl);
+                renew(self.connection(), lease, keeper, patience).await?
+            }
         };
         match renewed {
             true => shared.mark_renewed(sent),

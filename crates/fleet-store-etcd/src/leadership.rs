@@ -14,7 +14,7 @@ use fleet_core::backoff::Backoff;
 use tokio::time::Instant;
 
 use super::connection::Connection;
-use super::session::{RENEWAL_RETRY, jitter_sample, renew};
+use super::session::{RENEWAL_RETRY, jitter_sample, renew, renewal_patience};
 
 /// How many lives of the lease the engine may go without coming by before its keeper stops
 /// renewing the lease.
@@ -99,14 +99,18 @@ impl LeaseClock {
     }
 }
 
-/// Sends a renewal of the lease every third of its time to live, a failed renewal again within a second
-/// (sooner for a short lease), until etcd says the lease is gone.
+/// Sends a renewal of the lease every third of its time to live, until etcd says the lease is
+/// gone. A renewal etcd refused is tried again within a second (sooner for a short lease); one
+/// that got no answer within its patience (a quarter of the lease's life at most) is tried
+/// again at once on a new stream: it already waited, and a lease of a few seconds over a
+/// lossy link would otherwise end behind one stalled connection while its leader is healthy.
 async fn keep_renewed(connection: Connection, lease: i64, clock: std::sync::Arc<LeaseClock>) {
     let period = clock.ttl / 3;
+    let patience = renewal_patience(connection.timeout, clock.ttl);
     let mut retry = Backoff::new(RENEWAL_RETRY.min(period / 2), period);
     let mut keeper = None;
     let mut wait = period;
-    let mut silent = false;
+    let (mut silent, mut told_late) = (false, false);
     loop {
         tokio::time::sleep(wait).await;
         if !clock.engine_at_work() {
@@ -121,10 +125,11 @@ async fn keep_renewed(connection: Connection, lease: i64, clock: std::sync::Arc<
         }
         silent = false;
         let sent = Instant::now();
-        wait = match renew(&connection, lease, &mut keeper).await {
+        wait = match renew(&connection, lease, &mut keeper, patience).await {
             Ok(true) => {
                 clock.mark_renewed(sent);
                 retry.reset();
+                told_late = false;
                 period.saturating_sub(sent.elapsed())
             }
             Ok(false) => {
@@ -132,9 +137,43 @@ async fn keep_renewed(connection: Connection, lease: i64, clock: std::sync::Arc<
                 return;
             }
             Err(error) => {
-                tracing::debug!(%error, since_renewed = ?clock.since_renewed(), "engine lease not renewed; trying again");
-                retry.next_delay_jittered(jitter_sample())
+                let since_renewed = clock.since_renewed();
+                if since_renewed >= clock.ttl / 2 && !std::mem::replace(&mut told_late, true) {
+                    tracing::warn!(%error, ?since_renewed, ttl = ?clock.ttl, "the engine lease has not been renewed for half its life; trying again");
+                } else {
+                    tracing::debug!(%error, ?since_renewed, "engine lease not renewed; trying again");
+                }
+                retry_after_failure(sent.elapsed(), patience, &mut retry)
             }
         };
+    }
+}
+
+/// How long the keeper waits to renew again after a renewal that failed having waited
+/// `waited`: at once when it got no answer within its `patience` (the wait is spent; the next
+/// renewal opens a new stream), after `retry`'s next delay when etcd refused it.
+fn retry_after_failure(waited: Duration, patience: Duration, retry: &mut Backoff) -> Duration {
+    if waited >= patience { Duration::ZERO } else { retry.next_delay_jittered(jitter_sample()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_renewal_without_an_answer_is_tried_again_at_once_and_a_refused_one_after_a_delay() {
+        let patience = Duration::from_millis(750);
+        let mut retry = Backoff::new(Duration::from_millis(500), Duration::from_secs(1));
+        assert_eq!(retry_after_failure(patience, patience, &mut retry), Duration::ZERO, "no answer within patience");
+        let refused = retry_after_failure(Duration::from_millis(3), patience, &mut retry);
+        assert!(refused > Duration::ZERO, "a refusal waits before the next try: {refused:?}");
+        assert!(refused <= Duration::from_secs(1), "within the backoff's bound: {refused:?}");
+    }
+
+    #[test]
+    fn a_renewal_waits_a_quarter_of_a_short_lease_and_the_request_timeout_of_a_long_one() {
+        let (lab, default) = (Duration::from_secs(3), Duration::from_secs(10));
+        assert_eq!(renewal_patience(Duration::from_secs(2), lab), Duration::from_millis(750));
+        assert_eq!(renewal_patience(Duration::from_secs(1), default), Duration::from_secs(1));
     }
 }

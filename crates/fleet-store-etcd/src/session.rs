@@ -69,8 +69,23 @@ pub(super) fn recorded_lease(path: &std::path::Path) -> Option<i64> {
     text.trim().parse::<i64>().ok()
 }
 
-/// Renews `lease` once; `false` when etcd says it has expired.
-pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keeper>) -> Result<bool> {
+/// How long a renewal of a lease that lives `ttl` waits for etcd's answer: the request
+/// timeout, but no more than a quarter of the lease's life, so that a renewal stalled on one
+/// connection (a lost packet's retransmissions on a lossy link) leaves time for others
+/// before the lease ends.
+pub(super) fn renewal_patience(request_timeout: Duration, ttl: Duration) -> Duration {
+    request_timeout.min(ttl / 4)
+}
+
+/// Renews `lease` once, waiting at most `patience` for etcd's answer; `false` when etcd says
+/// it has expired. A renewal that got no answer drops its stream: the next one opens another,
+/// which need not wait behind what stalled this one.
+pub async fn renew(
+    connection: &Connection,
+    lease: i64,
+    keeper: &mut Option<Keeper>,
+    patience: Duration,
+) -> Result<bool> {
     if keeper.as_ref().is_none_or(|(open, _)| open.id() != lease) {
         // Opening the stream renews once and reads etcd's answer itself.
         let mut client = connection.client();
@@ -81,7 +96,7 @@ pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keep
                 Err(error) => Err(error),
             }
         };
-        return match connection.within("lease_keepalive", connection.timeout, call).await? {
+        return match connection.within("lease_keepalive", patience, call).await? {
             Some(opened) => {
                 *keeper = Some(opened);
                 Ok(true)
@@ -96,7 +111,7 @@ pub async fn renew(connection: &Connection, lease: i64, keeper: &mut Option<Keep
         sender.keep_alive().await?;
         replies.message().await
     };
-    match connection.within("lease_keepalive", connection.timeout, answer).await {
+    match connection.within("lease_keepalive", patience, answer).await {
         Ok(Some(reply)) => Ok(reply.ttl() > 0),
         Ok(None) => {
             *keeper = None;
@@ -311,7 +326,7 @@ impl EtcdRegistry {
             // fleetd's): it counts as renewed only from a renewal of this fleetd's.
             Some(lease) => {
                 let sent = tokio::time::Instant::now();
-                if !renew(self.connection(), lease, &mut None).await? {
+                if !renew(self.connection(), lease, &mut None, self.connection().timeout).await? {
                     return Err(RegistryError::unavailable("etcd", "the machine lease expired as it was taken over"));
                 }
                 (lease, sent, 0)
@@ -471,12 +486,13 @@ impl EtcdRegistry {
         let mut keeper = None;
         let mut renewal_retry = Backoff::new(RENEWAL_RETRY.min(agent_ttl / 4), agent_ttl / 4);
         let mut rejoin_retry = Backoff::new(RENEWAL_RETRY.min(agent_ttl / 3), agent_ttl / 3);
+        let patience = renewal_patience(self.connection().timeout, agent_ttl);
         let mut wait = period;
         loop {
             tokio::time::sleep(wait).await;
             let lease = session.lease();
             let sent = tokio::time::Instant::now();
-            wait = match renew(self.connection(), lease, &mut keeper).await {
+            wait = match renew(self.connection(), lease, &mut keeper, patience).await {
                 Ok(true) => {
                     session.mark_renewed(sent);
                     renewal_retry.reset();
