@@ -87,9 +87,12 @@ async fn held_copy(
             return;
         }
         tokio::select! {
+            // Whether to hold is read again when bytes come: a hold set before the client sent
+            // them may not have been seen at the loop's top yet (both ready at once, on a busy
+            // machine), and a request begun then must be held with its cancel, not let through.
             read = from.read(&mut buffer) => match read {
                 Ok(0) | Err(_) => break,
-                Ok(read) => waiting.extend(frames.complete(&buffer[..read], holding)),
+                Ok(read) => waiting.extend(frames.complete(&buffer[..read], *held.borrow_and_update())),
             },
             changed = held.changed() => if changed.is_err() { return },
         }
