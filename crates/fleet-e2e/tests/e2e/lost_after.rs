@@ -61,11 +61,15 @@ fn a_unit_with_lost_after_never_waits_for_its_frozen_machine_and_runs_there_agai
         let line = units.lines().find(|line| line.starts_with(&format!("sleeper-{sleeper}."))).unwrap_or_default();
         assert!(line.contains("unknown (machine out of touch since"), "sleeper {sleeper}: {units}");
     }
-    let files = asked.ok(&["list-unit-files", "--fields", "unit,reason"]).stdout;
-    assert_eq!(
-        files.matches("waits for it to come back (LostAfter=never)").count(),
-        held.len(),
-        "each waits, saying so:\n{files}"
+    // The engine says why at its pass after the lapse, which may come after the listing does.
+    poll_until(
+        "each of its units waits, saying so",
+        limit,
+        || {
+            let files = asked.ok(&["list-unit-files", "--fields", "unit,reason"]).stdout;
+            files.matches("waits for it to come back (LostAfter=never)").count() == held.len()
+        },
+        || asked.ok(&["list-unit-files", "--fields", "unit,reason"]).stdout,
     );
     let json = asked.ok(&["list-machines", "-o", "json"]).stdout;
     assert!(json.contains("\"outOfTouchSince\""), "{json}");
