@@ -84,12 +84,9 @@ fn a_tainted_member_takes_only_tolerating_units_and_an_evicting_taint_moves_the_
     // Taken off, each first waits for the evicting member to stop it; then it waits with why.
     let reasons = || cluster.any().ok(&["list-unit-files", "--no-legend", "--fields", "unit,reason"]).stdout;
     cluster.wait_until("the web units wait with the taint they do not tolerate", WAIT, |_| {
-        let reasons = reasons();
-        reasons.lines().filter(|line| line.starts_with("web@")).count() == 3
-            && reasons
-                .lines()
-                .filter(|line| line.starts_with("web@"))
-                .all(|line| line.contains("which the unit does not tolerate (Tolerate=)"))
+        let listed = reasons();
+        let web: Vec<&str> = listed.lines().filter(|line| line.starts_with("web@")).collect();
+        web.len() == 3 && web.iter().all(|line| line.contains("which the unit does not tolerate (Tolerate=)"))
     });
     cluster.wait_until("the global unit leaves the evicting member too", WAIT, |cluster| {
         reporting(cluster, "sweep.service").is_empty()
